@@ -1,0 +1,37 @@
+"""The agent's settings; defaults work for a local run."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from common.config import load_config
+
+
+class AgentConfig(msgspec.Struct, kw_only=True):
+    state_dir: str = ".idlegrid/agent"
+    access_urls: list[str] = []  # wss://host:port of Access relays; filled in at enrollment when empty
+    http_url: str = ""  # the relay's HTTPS base (enrollment, speed test); filled in at enrollment
+    region: str = ""
+    simulate: str = ""  # e.g. "h100:8" or "a10:2,t4:1": simulated GPUs, reported as such
+    runtime: str = "process"  # "process" | "docker"
+    docker_socket: str = "/var/run/docker.sock"
+    measure_bandwidth: bool = True
+    bandwidth_interval_s: float = 6 * 3600.0
+    backoff_initial_s: float = 0.5
+    backoff_max_s: float = 30.0
+    result_resend_s: float = 5.0
+    log_level: str = "info"
+
+    @property
+    def state_path(self) -> Path:
+        return Path(self.state_dir)
+
+
+def load_agent_config(
+    path: Path | None = None, *, env: Mapping[str, str] | None = None, overrides: Mapping[str, Any] | None = None
+) -> AgentConfig:
+    return load_config(AgentConfig, path=path, env_prefix="IDLEGRID_AGENT_", env=env, overrides=overrides)

@@ -1,0 +1,68 @@
+"""``idlegrid agent enroll``: generate a key here, send a CSR with a join token, store what comes back."""
+
+from __future__ import annotations
+
+import shutil
+import ssl
+from pathlib import Path
+
+import aiohttp
+
+from agent.identity import CA_FILE, CERT_FILE, KEY_FILE, AgentIdentity
+from common.errors import EnrollmentError
+from common.pki import generate_key, identity_of, key_to_pem, load_cert, make_csr, write_private_key
+
+
+async def enroll(
+    state_dir: Path,
+    *,
+    token: str,
+    access_http_url: str,
+    ca_file: Path,
+    region: str = "",
+    access_urls: list[str] | None = None,
+    timeout_s: float = 30.0,
+) -> AgentIdentity:
+    """Enroll this host through an Access relay's HTTPS endpoint; the private key never leaves the host."""
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if not ca_file.exists():
+        raise EnrollmentError(f"CA certificate {ca_file} not found: ask the operator for the platform's ca.crt", code="bad_request")
+    key = generate_key()
+    csr = make_csr(key, "idlegrid-agent")
+    answer = await _post_csr(access_http_url, ca_file, {"token": token, "csr_pem": csr.decode(), "region": region}, timeout_s)
+    cert = load_cert(answer["cert_pem"].encode())
+    agent_id = identity_of(cert).id
+    write_private_key(state_dir / KEY_FILE, key_to_pem(key))
+    (state_dir / CERT_FILE).write_text(answer["cert_pem"])
+    if ca_file.resolve() != (state_dir / CA_FILE).resolve():
+        shutil.copyfile(ca_file, state_dir / CA_FILE)
+    urls = list(access_urls or [])
+    if not urls and answer.get("agent_url"):
+        urls = [answer["agent_url"]]
+    identity = AgentIdentity(
+        state_dir=state_dir,
+        agent_id=agent_id,
+        command_keys=dict(answer.get("command_keys", {})),
+        access_urls=urls,
+        http_url=access_http_url,
+    )
+    identity.save()
+    return identity
+
+
+async def _post_csr(base_url: str, ca_file: Path, payload: dict, timeout_s: float) -> dict:
+    context = ssl.create_default_context(cafile=str(ca_file))
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    url = base_url.rstrip("/") + "/enroll"
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+            async with session.post(url, json=payload, ssl=context) as response:
+                body = await response.json(content_type=None)
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        raise EnrollmentError(f"could not reach the enrollment endpoint {url}: {exc}", code="unreachable") from None
+    if response.status != 200:
+        error = (body or {}).get("error", {}) if isinstance(body, dict) else {}
+        raise EnrollmentError(
+            f"enrollment refused ({response.status}): {error.get('message', body)}", code=error.get("code", "enrollment_refused")
+        )
+    return body

@@ -1,0 +1,89 @@
+"""The agent's command ledger: which command ids ran and what they returned, kept across restarts.
+
+It is what makes execution at most once: a command id is recorded as started *before* the runtime
+is touched, and a result is kept until the Master acknowledges it.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS executed (
+    id TEXT PRIMARY KEY,
+    kind TEXT NOT NULL,
+    started_at REAL NOT NULL,
+    finished_at REAL,
+    ok INTEGER,
+    result TEXT,
+    error TEXT,
+    error_code TEXT,
+    acked INTEGER NOT NULL DEFAULT 0
+);
+"""
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    id: str
+    kind: str
+    finished: bool
+    ok: bool | None
+    result: dict[str, Any]
+    error: str | None
+    error_code: str | None
+    acked: bool
+
+
+class CommandLog:
+    def __init__(self, path: Path) -> None:
+        # synchronous=FULL: a "started" mark must be on disk before the runtime acts on the command.
+        self._db = sqlite3.connect(path, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def get(self, command_id: str) -> LedgerEntry | None:
+        row = self._db.execute(
+            "SELECT id, kind, finished_at, ok, result, error, error_code, acked FROM executed WHERE id = ?", (command_id,)
+        ).fetchone()
+        return None if row is None else _entry(row)
+
+    def start(self, command_id: str, kind: str) -> None:
+        self._db.execute("INSERT OR IGNORE INTO executed (id, kind, started_at) VALUES (?, ?, ?)", (command_id, kind, time.time()))
+
+    def finish(self, command_id: str, kind: str, *, ok: bool, result: dict[str, Any], error: str | None, error_code: str | None) -> None:
+        self._db.execute(
+            "INSERT INTO executed (id, kind, started_at, finished_at, ok, result, error, error_code) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT(id) DO UPDATE SET finished_at=excluded.finished_at, ok=excluded.ok, result=excluded.result, "
+            "error=excluded.error, error_code=excluded.error_code",
+            (command_id, kind, time.time(), time.time(), int(ok), json.dumps(result), error, error_code),
+        )
+
+    def mark_acked(self, command_id: str) -> None:
+        self._db.execute("UPDATE executed SET acked = 1 WHERE id = ?", (command_id,))
+
+    def unacked(self) -> list[LedgerEntry]:
+        rows = self._db.execute(
+            "SELECT id, kind, finished_at, ok, result, error, error_code, acked FROM executed "
+            "WHERE finished_at IS NOT NULL AND acked = 0 ORDER BY finished_at"
+        ).fetchall()
+        return [_entry(row) for row in rows]
+
+    def count(self) -> int:
+        return self._db.execute("SELECT COUNT(*) FROM executed").fetchone()[0]
+
+
+def _entry(row: tuple) -> LedgerEntry:
+    return LedgerEntry(
+        id=row[0], kind=row[1], finished=row[2] is not None, ok=None if row[3] is None else bool(row[3]),
+        result=json.loads(row[4]) if row[4] else {}, error=row[5], error_code=row[6], acked=bool(row[7]),
+    )

@@ -1,0 +1,58 @@
+"""Typed daemon configuration: defaults, then a TOML file, then environment variables, then flags."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import msgspec
+
+from common.errors import ConfigError
+
+T = TypeVar("T", bound=msgspec.Struct)
+
+
+def load_config(
+    cls: type[T],
+    *,
+    path: Path | None = None,
+    env_prefix: str,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> T:
+    """Build ``cls`` from its defaults, ``path`` (TOML), ``<env_prefix><FIELD>`` variables and ``overrides``.
+
+    ``None`` values in ``overrides`` mean "flag not given" and are ignored.
+    """
+    values: dict[str, Any] = {}
+    if path is not None:
+        values.update(_read_toml(path))
+    fields = {f.name for f in msgspec.structs.fields(cls)}
+    for key in values:
+        if key not in fields:
+            raise ConfigError(f"{path}: unknown setting {key!r}; known settings: {', '.join(sorted(fields))}")
+    env = os.environ if env is None else env
+    for name in fields:
+        raw = env.get(f"{env_prefix}{name.upper()}")
+        if raw is not None:
+            values[name] = raw
+    for name, value in (overrides or {}).items():
+        if value is not None:
+            values[name] = value
+    try:
+        return msgspec.convert(values, cls, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"invalid configuration: {exc}") from None
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"configuration file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"configuration file {path} is not valid TOML: {exc}") from None

@@ -1,0 +1,62 @@
+"""The container spec carried by ``create_container`` commands, validated in one place."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+import msgspec
+
+_LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
+
+LABEL_COMMAND_ID = "io.idlegrid.command-id"
+LABEL_RENTAL_ID = "io.idlegrid.rental-id"
+LABEL_AGENT_ID = "io.idlegrid.agent-id"
+LABEL_NAME = "io.idlegrid.name"
+
+
+class ContainerSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What a renter's container gets. GPUs are named by UUID (or index as a string)."""
+
+    name: Annotated[str, msgspec.Meta(pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$")]
+    image: Annotated[str, msgspec.Meta(min_length=1, max_length=512)]
+    command: list[str] = []
+    env: dict[str, str] = {}
+    gpus: list[str] = []
+    cpus: Annotated[float, msgspec.Meta(gt=0, le=1024)] | None = None
+    memory_mib: Annotated[int, msgspec.Meta(gt=4, le=16 * 1024 * 1024)] | None = None
+    labels: dict[str, str] = {}
+    rental_id: str | None = None
+
+    def __post_init__(self) -> None:
+        for key in self.labels:
+            if not _LABEL_KEY.match(key):
+                raise ValueError(f"label key {key!r} is not allowed")
+        for key in self.env:
+            if not key or "=" in key or "\0" in key:
+                raise ValueError(f"environment variable name {key!r} is not allowed")
+
+
+class DeleteSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    name: Annotated[str, msgspec.Meta(pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$")]
+    timeout_s: Annotated[float, msgspec.Meta(ge=0, le=600)] = 10.0
+
+
+def parse_create_spec(spec: dict) -> ContainerSpec:
+    """Validate a ``create_container`` spec; raises ``msgspec.ValidationError`` with the reason."""
+    return msgspec.convert(spec, ContainerSpec)
+
+
+def parse_delete_spec(spec: dict) -> DeleteSpec:
+    return msgspec.convert(spec, DeleteSpec)
+
+
+class ContainerInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """What a runtime reports about a container it runs."""
+
+    id: str
+    name: str
+    runtime: str
+    state: str  # "running", "exited", "created", ...
+    labels: dict[str, str] = {}
+    exit_code: int | None = None

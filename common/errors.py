@@ -1,0 +1,62 @@
+"""Error classes shared by every part. Each carries a stable machine-readable code."""
+
+from __future__ import annotations
+
+
+class IdlegridError(Exception):
+    """Base of all idlegrid errors; ``code`` is stable and goes on the wire and into API errors."""
+
+    code = "internal"
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+    @property
+    def message(self) -> str:
+        return str(self)
+
+
+class ConfigError(IdlegridError):
+    code = "bad_config"
+
+
+class ProtocolError(IdlegridError):
+    """A frame that cannot be accepted. ``code`` is one of the wire error codes."""
+
+    code = "bad_frame"
+
+
+class PKIError(IdlegridError):
+    code = "pki"
+
+
+class SignatureError(PKIError):
+    code = "bad_signature"
+
+
+class EnrollmentError(IdlegridError):
+    code = "enrollment_refused"
+
+
+class NotFound(IdlegridError):
+    code = "not_found"
+
+
+class Conflict(IdlegridError):
+    code = "conflict"
+
+
+class InvalidTransition(IdlegridError):
+    code = "invalid_transition"
+
+
+class RuntimeFailure(IdlegridError):
+    """A container runtime could not do what a command asked."""
+
+    code = "runtime_failure"
+
+
+class NvmlUnavailable(IdlegridError):
+    code = "nvml_unavailable"

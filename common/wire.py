@@ -1,0 +1,271 @@
+"""Wire protocol v1: every frame between agent, Access relay and Master, and the one codec for them.
+
+Frames are JSON objects with a ``type`` tag, sent as WebSocket text messages. Agent frames travel
+unchanged through the relay inside a ``relay`` envelope that names the agent; the relay sets that
+name from the agent's certificate, so an agent never chooses whose frames it sends.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Union
+
+import msgspec
+
+from common.errors import ProtocolError
+from common.inventory import GpuSample, Inventory
+
+PROTOCOL_VERSIONS: tuple[int, ...] = (1,)
+MAX_FRAME_BYTES = 256 * 1024  # protocol limit: larger frames get an ``error`` frame
+HARD_FRAME_BYTES = 4 * 1024 * 1024  # transport limit: larger messages close the connection (1009)
+
+
+class ErrorCode(str, enum.Enum):
+    BAD_JSON = "bad_json"
+    UNKNOWN_TYPE = "unknown_type"
+    FRAME_TOO_LARGE = "frame_too_large"
+    SCHEMA_VIOLATION = "schema_violation"
+    UNSUPPORTED_VERSION = "unsupported_version"
+    UNEXPECTED_FRAME = "unexpected_frame"
+    RATE_LIMITED = "rate_limited"
+    UNAUTHORIZED = "unauthorized"
+    INTERNAL = "internal"
+
+
+class _Frame(msgspec.Struct, tag_field="type", kw_only=True, omit_defaults=True):
+    pass
+
+
+# --- agent -> master -------------------------------------------------------------------------
+
+
+class Hello(_Frame, tag="hello"):
+    versions: list[int]
+    agent_version: str
+    inventory: Inventory
+    region: str = ""
+    command_keys: list[str] = []  # key ids the agent trusts; lets the master notice stale agents
+
+
+class Heartbeat(_Frame, tag="heartbeat"):
+    seq: int
+    ts: float
+    running: list[str] = []  # names of containers the agent runs
+    ping: str | None = None  # echoes the nonce of the last ``ping``
+
+
+class Telemetry(_Frame, tag="telemetry"):
+    ts: float
+    samples: list[GpuSample]
+
+
+class CommandAck(_Frame, tag="command_ack"):
+    id: str
+
+
+class CommandResult(_Frame, tag="command_result"):
+    id: str
+    ok: bool
+    result: dict[str, Any] = {}
+    error: str | None = None
+    error_code: str | None = None  # e.g. "bad_signature", "runtime_failure", "deadline_passed"
+
+
+class AgentEvent(_Frame, tag="event"):
+    kind: str
+    detail: dict[str, Any] = {}
+
+
+# --- master -> agent -------------------------------------------------------------------------
+
+
+class Welcome(_Frame, tag="welcome"):
+    version: int
+    agent_id: str
+    heartbeat_s: float
+    telemetry_s: float
+    command_keys: dict[str, str] = {}  # key id -> Ed25519 public key, base64
+    retired_keys: list[str] = []
+
+
+class CommandBody(msgspec.Struct, kw_only=True):
+    """The signed part of a command. Its signature covers ``signing_bytes(body)``."""
+
+    id: str
+    agent_id: str
+    kind: str
+    spec: dict[str, Any]
+    issued_at: float
+    deadline: float
+    key_id: str
+
+
+class Command(_Frame, tag="command"):
+    body: CommandBody
+    signature: str
+
+
+class ResultAck(_Frame, tag="result_ack"):
+    id: str
+
+
+class Ping(_Frame, tag="ping"):
+    nonce: str
+
+
+class Config(_Frame, tag="config"):
+    heartbeat_s: float | None = None
+    telemetry_s: float | None = None
+    command_keys: dict[str, str] | None = None
+    retired_keys: list[str] | None = None
+
+
+class Error(_Frame, tag="error"):
+    code: str
+    message: str
+    ref: str | None = None  # id of the frame or command it refers to, when known
+
+
+AgentFrame = Union[Hello, Heartbeat, Telemetry, CommandAck, CommandResult, AgentEvent, Error]
+MasterFrame = Union[Welcome, Command, ResultAck, Ping, Config, Error]
+
+
+# --- access <-> master -----------------------------------------------------------------------
+
+
+class AccessHello(_Frame, tag="access_hello"):
+    versions: list[int]
+    relay_id: str
+    region: str
+    public_url: str = ""
+
+
+class AccessWelcome(_Frame, tag="access_welcome"):
+    version: int
+    revoked_serials: list[str] = []
+
+
+class Relay(_Frame, tag="relay"):
+    """An agent frame in transit; ``frame`` is the agent frame's JSON, untouched."""
+
+    agent_id: str
+    frame: msgspec.Raw
+
+
+class AgentConnected(_Frame, tag="agent_connected"):
+    agent_id: str
+    serial: str
+    cert_not_after: float
+    remote: str = ""
+
+
+class AgentDisconnected(_Frame, tag="agent_disconnected"):
+    agent_id: str
+    reason: str = ""
+
+
+class Revocations(_Frame, tag="revocations"):
+    serials: list[str]
+
+
+class AccessStats(_Frame, tag="access_stats"):
+    agents: int
+    frames_in: int
+    frames_out: int
+    buffered: int
+    refused: int
+
+
+class EnrollRequest(_Frame, tag="enroll_request"):
+    req_id: str
+    token: str
+    csr_pem: str
+    region: str = ""
+    remote: str = ""
+
+
+class EnrollResponse(_Frame, tag="enroll_response"):
+    req_id: str
+    ok: bool
+    agent_id: str = ""
+    cert_pem: str = ""
+    ca_pem: str = ""
+    command_keys: dict[str, str] = {}
+    error_code: str = ""
+    error_message: str = ""
+
+
+LinkFrame = Union[
+    AccessHello,
+    AccessWelcome,
+    Relay,
+    AgentConnected,
+    AgentDisconnected,
+    Revocations,
+    AccessStats,
+    EnrollRequest,
+    EnrollResponse,
+    Error,
+]
+
+
+# --- codec -----------------------------------------------------------------------------------
+
+_encoder = msgspec.json.Encoder()
+_agent_decoder = msgspec.json.Decoder(AgentFrame)
+_master_decoder = msgspec.json.Decoder(MasterFrame)
+_link_decoder = msgspec.json.Decoder(LinkFrame)
+
+
+def encode(frame: msgspec.Struct) -> bytes:
+    return _encoder.encode(frame)
+
+
+def signing_bytes(body: CommandBody) -> bytes:
+    """Canonical bytes a command signature covers: sorted keys, so re-encoding cannot change them."""
+    return msgspec.json.encode(body, order="sorted")
+
+
+def _decode(decoder: msgspec.json.Decoder, data: bytes | str, max_bytes: int) -> Any:
+    if len(data) > max_bytes:
+        raise ProtocolError(
+            f"frame of {len(data)} bytes exceeds the {max_bytes}-byte limit",
+            code=ErrorCode.FRAME_TOO_LARGE.value,
+        )
+    try:
+        return decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        if text.endswith("at `$.type`") and text.startswith("Invalid value"):
+            raise ProtocolError(f"unknown frame type: {text}", code=ErrorCode.UNKNOWN_TYPE.value) from None
+        raise ProtocolError(f"frame does not match its schema: {text}", code=ErrorCode.SCHEMA_VIOLATION.value) from None
+    except msgspec.DecodeError as exc:
+        raise ProtocolError(f"frame is not valid JSON: {exc}", code=ErrorCode.BAD_JSON.value) from None
+
+
+def decode_agent_frame(data: bytes | str, max_bytes: int = MAX_FRAME_BYTES) -> AgentFrame:
+    """Decode and validate a frame an agent sent; raises ``ProtocolError`` with a wire error code."""
+    return _decode(_agent_decoder, data, max_bytes)
+
+
+def decode_master_frame(data: bytes | str, max_bytes: int = MAX_FRAME_BYTES) -> MasterFrame:
+    return _decode(_master_decoder, data, max_bytes)
+
+
+def decode_link_frame(data: bytes | str, max_bytes: int = HARD_FRAME_BYTES) -> LinkFrame:
+    return _decode(_link_decoder, data, max_bytes)
+
+
+def error_frame(exc: ProtocolError, ref: str | None = None) -> bytes:
+    return encode(Error(code=exc.code, message=str(exc), ref=ref))
+
+
+def negotiate(offered: list[int], supported: tuple[int, ...] = PROTOCOL_VERSIONS) -> int:
+    """The highest version both sides speak; ``ProtocolError`` when there is none."""
+    common = set(offered) & set(supported)
+    if not common:
+        raise ProtocolError(
+            f"no common protocol version: peer offers {sorted(offered)}, this side speaks {list(supported)}",
+            code=ErrorCode.UNSUPPORTED_VERSION.value,
+        )
+    return max(common)

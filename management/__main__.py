@@ -1,0 +1,5 @@
+import sys
+
+from management.cli import main
+
+sys.exit(main())

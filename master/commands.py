@@ -1,0 +1,176 @@
+"""The command ledger: signs container commands, dispatches them, and tracks each one to a final state.
+
+Delivery is at least once (unfinished commands are resent whenever their agent comes back) and
+execution at most once (the command id is the agent's idempotency key).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+
+from common.containers import parse_create_spec, parse_delete_spec
+from common.errors import Conflict, IdlegridError, NotFound
+from common.pki import CommandSigner
+from common.wire import Command, CommandBody, CommandResult, encode, signing_bytes
+from master.events import EventLog
+from master.records import CommandRecord
+from master.registry import Registry
+from master.states import COMMAND, FINAL_COMMAND_STATES, AgentState, CommandState
+from master.store.base import Store
+
+log = logging.getLogger(__name__)
+
+KINDS = ("create_container", "delete_container")
+_REFUSING_STATES = frozenset({AgentState.RETIRED.value, AgentState.QUARANTINED.value})
+
+SendToAgent = Callable[[str, bytes], Awaitable[bool]]
+
+
+class InvalidCommand(IdlegridError):
+    code = "invalid_command"
+
+
+class CommandLedger:
+    def __init__(
+        self, store: Store, events: EventLog, registry: Registry, signer: CommandSigner, send: SendToAgent, *, timeout_s: float
+    ) -> None:
+        self._store = store
+        self._events = events
+        self._registry = registry
+        self._signer = signer
+        self._send = send
+        self._timeout_s = timeout_s
+        self.open: dict[str, CommandRecord] = {}  # commands not yet final
+
+    async def load(self) -> None:
+        live = [s.value for s in CommandState if s not in FINAL_COMMAND_STATES]
+        for record in await self._store.commands.list(states=live, limit=1_000_000):
+            self.open[record.id] = record
+
+    async def create(self, agent_id: str, kind: str, spec: dict[str, Any], *, timeout_s: float | None = None) -> CommandRecord:
+        agent = self._registry.get(agent_id)
+        if agent.state in _REFUSING_STATES:
+            raise Conflict(f"agent {agent_id} is {agent.state} and takes no commands")
+        _validate(kind, spec)
+        now = time.time()
+        body = CommandBody(
+            id="cmd-" + uuid.uuid4().hex, agent_id=agent_id, kind=kind, spec=spec,
+            issued_at=now, deadline=now + (timeout_s or self._timeout_s), key_id=self._signer.key_id,
+        )
+        record = CommandRecord(
+            id=body.id, agent_id=agent_id, kind=kind, spec=spec, state=CommandState.PENDING.value,
+            created_at=now, deadline=body.deadline, signature=self._signer.sign(signing_bytes(body)), key_id=body.key_id,
+        )
+        await self._store.commands.put(record)
+        await self._events.record("command.created", record.id, agent_id=agent_id, kind=kind)
+        self.open[record.id] = record
+        await self.dispatch(record)
+        return record
+
+    async def get(self, command_id: str) -> CommandRecord:
+        record = self.open.get(command_id) or await self._store.commands.get(command_id)
+        if record is None:
+            raise NotFound(f"no command {command_id!r}")
+        return record
+
+    async def dispatch(self, record: CommandRecord) -> None:
+        """Send (or resend) a command if its agent is reachable; a miss is retried on reconnect."""
+        frame = encode(Command(body=_body(record), signature=record.signature))
+        if not await self._send(record.agent_id, frame):
+            return
+        record.attempts += 1
+        if record.state == CommandState.PENDING.value:
+            record.sent_at = time.time()
+            await self._move(record, "send")
+        else:
+            await self._store.commands.put(record)
+
+    async def resend_for(self, agent_id: str) -> int:
+        pending = sorted((r for r in self.open.values() if r.agent_id == agent_id), key=lambda r: r.created_at)
+        for record in pending:
+            await self.dispatch(record)
+        return len(pending)
+
+    async def on_ack(self, agent_id: str, command_id: str) -> None:
+        record = self._owned(agent_id, command_id)
+        if record is not None and COMMAND.allows(record.state, "ack"):
+            record.acked_at = time.time()
+            await self._move(record, "ack")
+
+    async def on_result(self, agent_id: str, result: CommandResult) -> None:
+        record = self._owned(agent_id, result.id)
+        if record is None:
+            return  # already final (a resent result) or not this agent's: the ack is still sent by the caller
+        event = "succeed" if result.ok else "fail"
+        record.result, record.error = result.result, result.error
+        if result.error_code:
+            record.result = {**record.result, "error_code": result.error_code}
+        record.finished_at = time.time()
+        await self._move(record, event)
+        agent = self._registry.get(agent_id)
+        if result.ok:
+            agent.commands_succeeded += 1
+            await self._track_gpus(record)
+        else:
+            agent.commands_failed += 1
+            if result.error_code == "bad_signature":
+                await self._events.record("command.refused", record.id, agent_id=agent_id, reason=result.error or "")
+        await self._registry.save(agent)
+
+    async def expire(self, now: float) -> list[str]:
+        expired = [r for r in self.open.values() if r.deadline < now]
+        for record in expired:
+            record.finished_at, record.error = now, "deadline passed before the agent reported a result"
+            await self._move(record, "expire")
+        return [r.id for r in expired]
+
+    def _owned(self, agent_id: str, command_id: str) -> CommandRecord | None:
+        record = self.open.get(command_id)
+        if record is not None and record.agent_id != agent_id:
+            log.warning("agent %s reported on command %s of agent %s; ignored", agent_id, command_id, record.agent_id)
+            return None
+        return record
+
+    async def _move(self, record: CommandRecord, event: str) -> None:
+        old, record.state = record.state, COMMAND.next(record.state, event)
+        record.version += 1
+        if record.state in {s.value for s in FINAL_COMMAND_STATES}:
+            self.open.pop(record.id, None)
+        await self._store.commands.put(record)
+        await self._events.transition("command", record.id, old, record.state, event, agent_id=record.agent_id)
+
+    async def _track_gpus(self, record: CommandRecord) -> None:
+        """Successful container commands move the GPUs they name between available and busy."""
+        agent = self._registry.get(record.agent_id)
+        gpus = self._registry.gpus_of(agent.id)
+        if record.kind == "create_container":
+            wanted = set(record.spec.get("gpus", []))
+            named = [g for g in gpus if g.uuid in wanted or str(g.index) in wanted]
+            agent.containers = {**agent.containers, record.spec["name"]: [g.uuid for g in named]}
+            await self._registry.gpu_transition(named, "start")
+        else:
+            uuids = set(agent.containers.get(record.spec["name"], []))
+            agent.containers = {k: v for k, v in agent.containers.items() if k != record.spec["name"]}
+            await self._registry.gpu_transition([g for g in gpus if g.uuid in uuids], "finish")
+
+
+def _validate(kind: str, spec: dict[str, Any]) -> None:
+    if kind not in KINDS:
+        raise InvalidCommand(f"unknown command kind {kind!r}; expected one of {', '.join(KINDS)}")
+    try:
+        parse_create_spec(spec) if kind == "create_container" else parse_delete_spec(spec)
+    except (msgspec.ValidationError, ValueError, TypeError) as exc:
+        raise InvalidCommand(f"invalid {kind} spec: {exc}") from None
+
+
+def _body(record: CommandRecord) -> CommandBody:
+    return CommandBody(
+        id=record.id, agent_id=record.agent_id, kind=record.kind, spec=record.spec,
+        issued_at=record.created_at, deadline=record.deadline, key_id=record.key_id,
+    )

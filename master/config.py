@@ -1,0 +1,43 @@
+"""The Master's settings; every value has a default that works for a local run."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from common.config import load_config
+
+
+class MasterConfig(msgspec.Struct, kw_only=True):
+    state_dir: str = ".idlegrid/master"
+    store_url: str = ""  # empty: SQLite at <state_dir>/master.db
+    host: str = "127.0.0.1"
+    link_port: int = 7100  # WebSocket endpoint for Access relays (mutual TLS)
+    api_port: int = 7000  # management HTTP API
+    heartbeat_s: float = 5.0
+    telemetry_s: float = 10.0
+    missed_heartbeats: int = 3
+    command_timeout_s: float = 300.0
+    token_ttl_s: float = 3600.0
+    agent_cert_s: float = 7 * 86400.0
+    tier_policy: str = ""  # empty: the built-in policy
+    server_names: list[str] = ["localhost"]
+    server_ips: list[str] = ["127.0.0.1"]
+    rollup_flush_s: float = 15.0
+    log_level: str = "info"
+
+    @property
+    def state_path(self) -> Path:
+        return Path(self.state_dir)
+
+    def resolved_store_url(self) -> str:
+        return self.store_url or f"sqlite:///{(self.state_path / 'master.db').resolve()}"
+
+
+def load_master_config(
+    path: Path | None = None, *, env: Mapping[str, str] | None = None, overrides: Mapping[str, Any] | None = None
+) -> MasterConfig:
+    return load_config(MasterConfig, path=path, env_prefix="IDLEGRID_MASTER_", env=env, overrides=overrides)

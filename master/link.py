@@ -1,0 +1,147 @@
+"""The Master's WebSocket endpoint for Access relays: mutual TLS, role ``access`` only, frames per agent."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import msgspec
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
+
+from common.errors import PKIError, ProtocolError
+from common.pki import Role, peer_identity
+from common.wire import (
+    HARD_FRAME_BYTES,
+    AccessHello,
+    AccessWelcome,
+    ErrorCode,
+    LinkFrame,
+    Relay,
+    decode_link_frame,
+    encode,
+    error_frame,
+    negotiate,
+)
+
+log = logging.getLogger(__name__)
+
+CLOSE_POLICY = 4003
+
+
+@dataclass(eq=False)
+class AccessLink:
+    """One connected Access relay."""
+
+    relay_id: str
+    region: str
+    connection: ServerConnection
+    agents: set[str] = field(default_factory=set)
+
+    async def send(self, data: bytes) -> bool:
+        try:
+            await self.connection.send(data, text=True)
+            return True
+        except ConnectionClosed:
+            return False
+
+    async def send_to_agent(self, agent_id: str, frame: bytes) -> bool:
+        return await self.send(encode(Relay(agent_id=agent_id, frame=msgspec.Raw(frame))))
+
+
+LinkHandler = Callable[[AccessLink, LinkFrame], Awaitable[None]]
+LinkEvent = Callable[[AccessLink], Awaitable[None]]
+
+
+class RelayHub:
+    def __init__(
+        self,
+        ssl_context: ssl.SSLContext,
+        on_frame: LinkHandler,
+        on_close: LinkEvent,
+        revoked: Callable[[], list[str]],
+    ) -> None:
+        self._ssl = ssl_context
+        self._on_frame = on_frame
+        self._on_close = on_close
+        self._revoked = revoked
+        self.links: dict[str, AccessLink] = {}
+        self.agent_links: dict[str, AccessLink] = {}
+        self._server: Server | None = None
+
+    async def start(self, host: str, port: int) -> int:
+        self._server = await serve(
+            self._serve_link, host, port, ssl=self._ssl, max_size=HARD_FRAME_BYTES, max_queue=64, compression=None
+        )
+        return self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def send_to_agent(self, agent_id: str, frame: bytes) -> bool:
+        link = self.agent_links.get(agent_id)
+        return link is not None and await link.send_to_agent(agent_id, frame)
+
+    async def broadcast(self, data: bytes) -> None:
+        await asyncio.gather(*(link.send(data) for link in list(self.links.values())))
+
+    async def _serve_link(self, connection: ServerConnection) -> None:
+        link = await self._open(connection)
+        if link is None:
+            return
+        try:
+            async for message in connection:
+                await self._receive(link, message)
+        except ConnectionClosed:
+            pass
+        finally:
+            if self.links.get(link.relay_id) is link:
+                del self.links[link.relay_id]
+            for agent_id in list(link.agents):
+                if self.agent_links.get(agent_id) is link:
+                    del self.agent_links[agent_id]
+            await self._on_close(link)
+            log.info("access relay disconnected", extra={"relay": link.relay_id})
+
+    async def _open(self, connection: ServerConnection) -> AccessLink | None:
+        try:
+            identity = peer_identity(connection.transport.get_extra_info("ssl_object"))
+            if identity.role is not Role.ACCESS:
+                raise PKIError(f"certificate role {identity.role.value!r} may not open a relay link")
+            hello = decode_link_frame(await asyncio.wait_for(connection.recv(), timeout=10))
+            if not isinstance(hello, AccessHello):
+                raise ProtocolError("the first frame on a relay link must be access_hello", code=ErrorCode.UNEXPECTED_FRAME.value)
+            version = negotiate(hello.versions)
+        except (PKIError, ProtocolError) as exc:
+            log.warning("relay link refused: %s", exc)
+            await connection.close(CLOSE_POLICY, str(exc)[:120])
+            return None
+        except (asyncio.TimeoutError, ConnectionClosed):
+            return None
+        if identity.id != hello.relay_id:
+            log.warning("relay %s announced itself as %s; using the certificate's name", identity.id, hello.relay_id)
+        link = AccessLink(relay_id=identity.id, region=hello.region, connection=connection)
+        old = self.links.get(link.relay_id)
+        if old is not None:
+            await old.connection.close(CLOSE_POLICY, "replaced by a newer link")
+        self.links[link.relay_id] = link
+        await link.send(encode(AccessWelcome(version=version, revoked_serials=self._revoked())))
+        log.info("access relay connected", extra={"relay": link.relay_id, "region": link.region})
+        return link
+
+    async def _receive(self, link: AccessLink, message: str | bytes) -> None:
+        try:
+            frame = decode_link_frame(message)
+        except ProtocolError as exc:
+            log.warning("bad frame from relay %s: %s", link.relay_id, exc)
+            await link.send(error_frame(exc))
+            return
+        try:
+            await self._on_frame(link, frame)
+        except Exception:  # one bad frame must not take the link down for every agent behind it
+            log.exception("failed to handle %s frame from relay %s", type(frame).__name__, link.relay_id)

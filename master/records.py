@@ -1,0 +1,115 @@
+"""What the Master stores: one record type per aggregate. Both store implementations persist exactly these."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from common.inventory import GpuInfo, HostInfo
+
+
+class AgentRecord(msgspec.Struct, kw_only=True):
+    id: str
+    provider: str
+    state: str  # see master.states.AgentState
+    region: str = ""
+    relay: str = ""  # id of the Access relay it is connected through, "" when not connected
+    cert_serial: str = ""
+    cert_not_after: float = 0.0
+    host: HostInfo | None = None
+    simulated: bool = False
+    enrolled_at: float = 0.0
+    last_seen: float = 0.0
+    connected_since: float | None = None
+    # Reputation inputs, kept as running counters so the score is explainable.
+    uptime_s: float = 0.0
+    downtime_s: float = 0.0
+    commands_succeeded: int = 0
+    commands_failed: int = 0
+    drained: bool = False  # an operator drained it: it comes back to maintenance, not ready
+    containers: dict[str, list[str]] = {}  # container name -> GPU uuids it was given
+    state_reason: str = ""
+    version: int = 0  # bumped on every write, for optimistic concurrency
+
+
+class GpuRecord(msgspec.Struct, kw_only=True):
+    uuid: str
+    agent_id: str
+    index: int
+    model: str  # catalog key, e.g. "h100-sxm", or "" when unknown
+    info: GpuInfo
+    state: str  # see master.states.GpuState
+    tier: str | None = None
+    flags: list[str] = []  # reasons the GPU was not tiered up, e.g. "vram_mismatch"
+    updated_at: float = 0.0
+
+
+class CommandRecord(msgspec.Struct, kw_only=True):
+    id: str
+    agent_id: str
+    kind: str  # "create_container" | "delete_container"
+    spec: dict[str, Any]
+    state: str  # see master.states.CommandState
+    created_at: float
+    deadline: float
+    signature: str = ""  # base64 Ed25519 over the command body
+    key_id: str = ""
+    sent_at: float | None = None
+    acked_at: float | None = None
+    finished_at: float | None = None
+    attempts: int = 0
+    result: dict[str, Any] | None = None
+    error: str | None = None
+    version: int = 0
+
+
+class TokenRecord(msgspec.Struct, kw_only=True):
+    """A one-time join token; only its SHA-256 is stored."""
+
+    token_hash: str
+    provider: str
+    created_at: float
+    expires_at: float
+    used_at: float | None = None
+    used_by: str | None = None  # agent id enrolled with it
+
+
+class ApiKeyRecord(msgspec.Struct, kw_only=True):
+    key_hash: str
+    name: str
+    role: str  # "operator" for now
+    created_at: float
+    subject: str = ""  # provider or renter account the key belongs to
+
+
+class EventRecord(msgspec.Struct, kw_only=True):
+    """One recorded fact: a state transition, a refusal, a reputation change."""
+
+    ts: float
+    kind: str  # e.g. "agent.transition", "gpu.transition", "command.transition", "agent.revoked"
+    subject: str  # id of the agent, gpu or command it is about
+    data: dict[str, Any] = {}
+    seq: int = 0  # assigned by the store, increasing
+
+
+class RevocationRecord(msgspec.Struct, kw_only=True):
+    serial: str  # certificate serial, hex
+    agent_id: str
+    revoked_at: float
+    reason: str = ""
+
+
+class TelemetryRollup(msgspec.Struct, kw_only=True):
+    """One minute of one GPU's telemetry."""
+
+    gpu_uuid: str
+    agent_id: str
+    minute: int  # unix time // 60
+    samples: int
+    utilization_avg: float
+    utilization_max: float
+    memory_used_mib_max: int
+    temperature_max: float | None = None
+    power_avg_w: float | None = None
+    ecc_uncorrected: int = 0

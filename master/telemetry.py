@@ -1,0 +1,75 @@
+"""Telemetry: the latest sample of every GPU in memory, one-minute rollups persisted."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from common.inventory import GpuSample
+from master.records import TelemetryRollup
+from master.store.base import Store
+
+
+@dataclass
+class _Minute:
+    agent_id: str
+    samples: int = 0
+    util_sum: float = 0.0
+    util_max: float = 0.0
+    mem_max: int = 0
+    temp_max: float | None = None
+    power_sum: float = 0.0
+    power_n: int = 0
+    ecc_uncorrected: int = 0
+
+    def add(self, s: GpuSample) -> None:
+        self.samples += 1
+        self.util_sum += s.utilization_pct
+        self.util_max = max(self.util_max, s.utilization_pct)
+        self.mem_max = max(self.mem_max, s.memory_used_mib)
+        if s.temperature_c is not None:
+            self.temp_max = s.temperature_c if self.temp_max is None else max(self.temp_max, s.temperature_c)
+        if s.power_w is not None:
+            self.power_sum += s.power_w
+            self.power_n += 1
+        self.ecc_uncorrected = max(self.ecc_uncorrected, s.ecc_uncorrected)
+
+
+@dataclass
+class TelemetryAggregator:
+    store: Store
+    latest: dict[str, GpuSample] = field(default_factory=dict)
+    _open: dict[tuple[str, int], _Minute] = field(default_factory=dict)
+
+    def ingest(self, agent_id: str, samples: Iterable[GpuSample]) -> None:
+        for sample in samples:
+            self.latest[sample.uuid] = sample
+            key = (sample.uuid, int(sample.ts // 60))
+            minute = self._open.get(key)
+            if minute is None:
+                minute = self._open[key] = _Minute(agent_id)
+            minute.add(sample)
+
+    async def flush(self, now: float, *, everything: bool = False) -> int:
+        """Persist the minutes that are over (all of them on shutdown); returns how many rollups were written."""
+        current = int(now // 60)
+        done = [key for key in self._open if everything or key[1] < current]
+        rollups = [self._rollup(key, self._open.pop(key)) for key in done]
+        if rollups:
+            await self.store.rollups.put_many(rollups)
+        return len(rollups)
+
+    @staticmethod
+    def _rollup(key: tuple[str, int], m: _Minute) -> TelemetryRollup:
+        return TelemetryRollup(
+            gpu_uuid=key[0],
+            agent_id=m.agent_id,
+            minute=key[1],
+            samples=m.samples,
+            utilization_avg=round(m.util_sum / m.samples, 2),
+            utilization_max=m.util_max,
+            memory_used_mib_max=m.mem_max,
+            temperature_max=m.temp_max,
+            power_avg_w=round(m.power_sum / m.power_n, 2) if m.power_n else None,
+            ecc_uncorrected=m.ecc_uncorrected,
+        )

@@ -1,0 +1,106 @@
+"""Wire protocol v1: typed frames, one codec, clear error codes for every kind of bad input."""
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from common.errors import ProtocolError
+from common.inventory import GpuInfo, HostInfo, Inventory
+from common.wire import (
+    MAX_FRAME_BYTES,
+    CommandBody,
+    Heartbeat,
+    Hello,
+    Relay,
+    decode_agent_frame,
+    decode_link_frame,
+    decode_master_frame,
+    encode,
+    negotiate,
+    signing_bytes,
+)
+
+HOST = HostInfo(hostname="h", cpu_model="cpu", cpu_cores=8, ram_mib=1024, disk_total_gib=10, disk_free_gib=5, os="Debian", kernel="6.1")
+
+
+def test_hello_round_trips_with_its_inventory():
+    gpu = GpuInfo(index=0, uuid="GPU-1", name="NVIDIA L4", pci_bus_id="0000:01:00.0", memory_total_mib=23034, compute_capability="8.9")
+    hello = Hello(versions=[1], agent_version="0.1", inventory=Inventory(host=HOST, gpus=[gpu]))
+    assert decode_agent_frame(encode(hello)) == hello
+
+
+@pytest.mark.parametrize(
+    ("data", "code"),
+    [
+        (b"{not json", "bad_json"),
+        (b'{"type": "teleport"}', "unknown_type"),
+        (b'{"type": "heartbeat", "seq": "one", "ts": 1}', "schema_violation"),
+        (b'{"seq": 1, "ts": 1}', "schema_violation"),
+        (b"[1, 2]", "schema_violation"),
+        (b'{"type": "heartbeat", "seq": 1, "ts": 1, "pad": "' + b"x" * MAX_FRAME_BYTES + b'"}', "frame_too_large"),
+    ],
+)
+def test_bad_input_raises_a_protocol_error_with_its_code(data, code):
+    with pytest.raises(ProtocolError) as info:
+        decode_agent_frame(data)
+    assert info.value.code == code
+
+
+def test_agent_frames_cannot_pose_as_master_frames():
+    with pytest.raises(ProtocolError) as info:
+        decode_master_frame(encode(Heartbeat(seq=1, ts=1.0)))
+    assert info.value.code == "unknown_type"
+
+
+def test_relay_envelope_carries_the_agent_frame_untouched():
+    inner = encode(Heartbeat(seq=7, ts=3.5))
+    envelope = decode_link_frame(encode(Relay(agent_id="agt-1", frame=msgspec.Raw(inner))))
+    assert envelope.agent_id == "agt-1"
+    assert bytes(envelope.frame) == inner
+
+
+def test_signing_bytes_do_not_depend_on_key_order():
+    a = CommandBody(id="c", agent_id="a", kind="k", spec={"x": 1, "y": 2}, issued_at=1.0, deadline=2.0, key_id="k1")
+    b = CommandBody(id="c", agent_id="a", kind="k", spec={"y": 2, "x": 1}, issued_at=1.0, deadline=2.0, key_id="k1")
+    assert signing_bytes(a) == signing_bytes(b)
+    decoded = msgspec.json.decode(msgspec.json.encode(a), type=CommandBody)
+    assert signing_bytes(decoded) == signing_bytes(a)
+
+
+def test_version_negotiation_picks_the_highest_common_version_or_refuses():
+    assert negotiate([1, 2, 3], (1, 2)) == 2
+    with pytest.raises(ProtocolError) as info:
+        negotiate([7])
+    assert info.value.code == "unsupported_version"
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.binary(max_size=2048))
+def test_no_byte_string_makes_a_decoder_raise_anything_but_protocol_error(data):
+    for decode in (decode_agent_frame, decode_master_frame, decode_link_frame):
+        try:
+            decode(data)
+        except ProtocolError:
+            pass
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.sampled_from(["hello", "heartbeat", "telemetry", "command_ack", "command_result", "event", "error", "relay", "x"]),
+    st.dictionaries(st.sampled_from(["seq", "ts", "id", "ok", "samples", "inventory", "versions", "agent_id", "frame", "code"]), json_values),
+)
+def test_well_formed_json_with_wrong_shapes_only_raises_protocol_error(frame_type, fields):
+    data = msgspec.json.encode({"type": frame_type, **fields})
+    for decode in (decode_agent_frame, decode_master_frame, decode_link_frame):
+        try:
+            decode(data)
+        except ProtocolError as exc:
+            assert exc.code in {"schema_violation", "unknown_type"}
