@@ -22,9 +22,9 @@ from agent.host import collect_host_info
 from agent.identity import AgentIdentity
 from agent.ledger import CommandLog
 from agent.runtime import open_runtime
-from common.errors import ConfigError, IdlegridError, ProtocolError
+from common.errors import ConfigError, IdlegridError, ProtocolError, SignatureError
 from common.inventory import HostInfo, Inventory
-from common.pki import CommandVerifier, client_tls_context
+from common.pki import CommandVerifier, client_tls_context, load_cert, verify_key_endorsement
 from common.wire import (
     HARD_FRAME_BYTES,
     PROTOCOL_VERSIONS,
@@ -56,6 +56,7 @@ class Agent:
         if not self.urls:
             raise ConfigError("no Access relay to connect to: set access_urls (--access wss://HOST:PORT)")
         self.collector = open_collector(config.simulate or None, host_key=str(config.state_path.resolve()))
+        self.ca_cert = load_cert(self.identity.ca_file.read_bytes())
         self.verifier = CommandVerifier(self.identity.command_keys)
         for key_id in self.identity.retired_keys:
             self.verifier.retire_key(key_id)
@@ -166,19 +167,26 @@ class Agent:
 
     def _on_welcome(self, welcome: Welcome) -> None:
         self.heartbeat_s, self.telemetry_s = welcome.heartbeat_s, welcome.telemetry_s
-        self._update_keys(welcome.command_keys, welcome.retired_keys)
+        self._update_keys(welcome.command_keys, welcome.key_endorsements, welcome.retired_keys)
         self.connected.set()
         log.info("welcomed by the master", extra={"agent_id": welcome.agent_id, "protocol": welcome.version})
 
     def _on_config(self, config: Config) -> None:
         self.heartbeat_s = config.heartbeat_s or self.heartbeat_s
         self.telemetry_s = config.telemetry_s or self.telemetry_s
-        self._update_keys(config.command_keys or {}, config.retired_keys or [])
+        self._update_keys(config.command_keys or {}, config.key_endorsements or {}, config.retired_keys or [])
 
-    def _update_keys(self, keys: dict[str, str], retired: list[str]) -> None:
+    def _update_keys(self, keys: dict[str, str], endorsements: dict[str, str], retired: list[str]) -> None:
+        """Keys arrive through relays, so only keys the platform CA endorsed are trusted."""
+        trusted = self.verifier.keys()
         for key_id, public in keys.items():
-            if key_id not in retired:
+            if key_id in retired or trusted.get(key_id) == public:
+                continue
+            try:
+                verify_key_endorsement(self.ca_cert, public, endorsements.get(key_id, ""))
                 self.verifier.add_key(key_id, public)
+            except SignatureError as exc:
+                log.warning("ignored command-signing key %s: %s", key_id, exc)
         for key_id in retired:
             self.verifier.retire_key(key_id)
         self.identity.command_keys = self.verifier.keys()

@@ -9,8 +9,17 @@ from pathlib import Path
 import aiohttp
 
 from agent.identity import CA_FILE, CERT_FILE, KEY_FILE, AgentIdentity
-from common.errors import EnrollmentError
-from common.pki import generate_key, identity_of, key_to_pem, load_cert, make_csr, write_private_key
+from common.errors import EnrollmentError, PKIError, SignatureError
+from common.pki import (
+    generate_key,
+    identity_of,
+    key_to_pem,
+    load_cert,
+    make_csr,
+    verify_issued_by,
+    verify_key_endorsement,
+    write_private_key,
+)
 
 
 async def enroll(
@@ -31,7 +40,13 @@ async def enroll(
     csr = make_csr(key, "idlegrid-agent")
     answer = await _post_csr(access_http_url, ca_file, {"token": token, "csr_pem": csr.decode(), "region": region}, timeout_s)
     cert = load_cert(answer["cert_pem"].encode())
+    ca_cert = load_cert(ca_file.read_bytes())
+    try:
+        verify_issued_by(cert, ca_cert)
+    except PKIError as exc:
+        raise EnrollmentError(f"the certificate the relay returned is not the platform's: {exc}", code="bad_certificate") from None
     agent_id = identity_of(cert).id
+    keys = _endorsed_keys(ca_cert, answer.get("command_keys", {}), answer.get("key_endorsements", {}))
     write_private_key(state_dir / KEY_FILE, key_to_pem(key))
     (state_dir / CERT_FILE).write_text(answer["cert_pem"])
     if ca_file.resolve() != (state_dir / CA_FILE).resolve():
@@ -42,7 +57,7 @@ async def enroll(
     identity = AgentIdentity(
         state_dir=state_dir,
         agent_id=agent_id,
-        command_keys=dict(answer.get("command_keys", {})),
+        command_keys=keys,
         access_urls=urls,
         http_url=access_http_url,
     )
@@ -66,3 +81,17 @@ async def _post_csr(base_url: str, ca_file: Path, payload: dict, timeout_s: floa
             f"enrollment refused ({response.status}): {error.get('message', body)}", code=error.get("code", "enrollment_refused")
         )
     return body
+
+
+def _endorsed_keys(ca_cert, keys: dict[str, str], endorsements: dict[str, str]) -> dict[str, str]:
+    """Only command-signing keys the platform CA endorsed are kept: the answer came through a relay."""
+    trusted = {}
+    for key_id, public in keys.items():
+        try:
+            verify_key_endorsement(ca_cert, public, endorsements.get(key_id, ""))
+        except SignatureError as exc:
+            raise EnrollmentError(f"command-signing key {key_id} refused: {exc}", code="bad_key") from None
+        trusted[key_id] = public
+    if not trusted:
+        raise EnrollmentError("the enrollment answer carried no endorsed command-signing key", code="bad_key")
+    return trusted

@@ -85,6 +85,7 @@ class Welcome(_Frame, tag="welcome"):
     heartbeat_s: float
     telemetry_s: float
     command_keys: dict[str, str] = {}  # key id -> Ed25519 public key, base64
+    key_endorsements: dict[str, str] = {}  # key id -> the platform CA's signature over the key
     retired_keys: list[str] = []
 
 
@@ -117,6 +118,7 @@ class Config(_Frame, tag="config"):
     heartbeat_s: float | None = None
     telemetry_s: float | None = None
     command_keys: dict[str, str] | None = None
+    key_endorsements: dict[str, str] | None = None
     retired_keys: list[str] | None = None
 
 
@@ -191,6 +193,7 @@ class EnrollResponse(_Frame, tag="enroll_response"):
     cert_pem: str = ""
     ca_pem: str = ""
     command_keys: dict[str, str] = {}
+    key_endorsements: dict[str, str] = {}
     error_code: str = ""
     error_message: str = ""
 

@@ -12,6 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, gen
 
 from common.errors import IdlegridError, NotFound
 from management.views import agent_view, command_view, event_view, gpu_view
+from master.records import ApiKeyRecord
 from master.service import Master
 from master.states import AgentState, CommandState
 from master.tiers import describe_tiers
@@ -19,7 +20,7 @@ from master.tiers import describe_tiers
 log = logging.getLogger(__name__)
 
 MASTER_KEY = web.AppKey("master", Master)
-PRINCIPAL_KEY = "principal"
+PRINCIPAL_KEY = web.RequestKey("principal", ApiKeyRecord)
 MAX_BODY = 256 * 1024
 
 _STATUS = {

@@ -9,7 +9,6 @@ from typing import Sequence
 
 from common.pki import CertificateAuthority, CommandSigner, Role, write_private_key
 
-_TEN_YEARS_S = 10 * 365 * 86400.0
 _SERVER_CERT_S = 365 * 86400.0
 
 
@@ -18,6 +17,7 @@ class Authority:
     pki_dir: Path
     ca: CertificateAuthority
     signer: CommandSigner
+    _endorsements: dict[str, str] | None = None
 
     @property
     def ca_file(self) -> Path:
@@ -45,6 +45,14 @@ class Authority:
         if not authority.cert_file.exists():
             authority.write_server_identity(pki_dir, Role.MASTER, "master", names=names, ips=ips, prefix="master")
         return authority
+
+    def command_keys(self) -> dict[str, str]:
+        return {self.signer.key_id: self.signer.public_key_b64()}
+
+    def key_endorsements(self) -> dict[str, str]:
+        if self._endorsements is None:
+            self._endorsements = {self.signer.key_id: self.ca.endorse_command_key(self.signer.public_key_b64())}
+        return self._endorsements
 
     def write_server_identity(
         self,

@@ -24,8 +24,8 @@ class MasterConfig(msgspec.Struct, kw_only=True):
     token_ttl_s: float = 3600.0
     agent_cert_s: float = 7 * 86400.0
     tier_policy: str = ""  # empty: the built-in policy
-    server_names: list[str] = ["localhost"]
-    server_ips: list[str] = ["127.0.0.1"]
+    server_names: list[str] = msgspec.field(default_factory=lambda: ["localhost"])
+    server_ips: list[str] = msgspec.field(default_factory=lambda: ["127.0.0.1"])
     rollup_flush_s: float = 15.0
     log_level: str = "info"
 

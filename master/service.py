@@ -219,10 +219,9 @@ class Master:
             return
         await self.registry.on_hello(agent, hello.inventory, relay=link.relay_id, region=link.region, now=now)
         self._helloed.add(agent.id)
-        signer = self.authority.signer
         welcome = Welcome(
             version=version, agent_id=agent.id, heartbeat_s=self.config.heartbeat_s, telemetry_s=self.config.telemetry_s,
-            command_keys={signer.key_id: signer.public_key_b64()},
+            command_keys=self.authority.command_keys(), key_endorsements=self.authority.key_endorsements(),
         )
         await link.send_to_agent(agent.id, encode(welcome))
         await self.ledger.resend_for(agent.id)
@@ -236,10 +235,10 @@ class Master:
             await self.events.record("agent.enrollment_refused", request.remote or "unknown", code=exc.code, reason=str(exc))
             return EnrollResponse(req_id=request.req_id, ok=False, error_code=exc.code, error_message=str(exc))
         await self.registry.add(agent)
-        signer = self.authority.signer
         return EnrollResponse(
             req_id=request.req_id, ok=True, agent_id=agent.id, cert_pem=cert_pem.decode(),
-            ca_pem=self.authority.ca.chain_pem().decode(), command_keys={signer.key_id: signer.public_key_b64()},
+            ca_pem=self.authority.ca.chain_pem().decode(), command_keys=self.authority.command_keys(),
+            key_endorsements=self.authority.key_endorsements(),
         )
 
     async def revoke(self, agent_id: str, reason: str = "revoked by an operator") -> AgentRecord:

@@ -1,0 +1,84 @@
+"""The Access relay's settings: defaults for a local run, then a TOML file, ``IDLEGRID_ACCESS_*`` variables, flags."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from common.config import load_config
+from common.wire import HARD_FRAME_BYTES, MAX_FRAME_BYTES
+
+ENV_PREFIX = "IDLEGRID_ACCESS_"
+
+
+class AccessConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    relay_id: str = "relay-1"
+    region: str = "local"
+    master_url: str = "wss://127.0.0.1:7100/link"
+    public_url: str = ""  # wss:// URL agents reach this relay at, announced to the Master; agent_url when empty
+    agent_host: str = "127.0.0.1"
+    agent_port: int = 7200  # wss, mutual TLS: agents present their certificate
+    http_host: str = "127.0.0.1"
+    http_port: int = 7201  # HTTPS, server-auth only: enrollment, speed test, /healthz, /metrics
+    cert_file: str = ".idlegrid/relay/relay-1.crt"  # role ``access``
+    key_file: str = ".idlegrid/relay/relay-1.key"
+    ca_file: str = ".idlegrid/relay/ca.crt"
+    max_frame_bytes: int = MAX_FRAME_BYTES
+    rate_per_agent: float = 50.0  # frames per second, sustained
+    burst: int = 200  # frames an agent may send at once before the rate applies
+    buffer_frames: int = 10_000  # agent frames held while the Master is unreachable
+    max_handshakes: int = 256  # concurrent TLS/WebSocket openings; more get 503 until some finish
+    handshake_timeout_s: float = 10.0
+    idle_timeout_s: float = 60.0  # a silent agent is pinged; one that does not answer in time is dropped
+    stats_interval_s: float = 10.0
+    backoff_initial_s: float = 0.5  # reconnecting to the Master: capped exponential backoff, full jitter
+    backoff_max_s: float = 30.0
+    enroll_timeout_s: float = 15.0
+    enroll_rate_per_ip: float = 1.0  # enrollment requests per second per client address
+    enroll_burst: int = 10
+    max_body_bytes: int = 64 * 1024
+    drain_timeout_s: float = 3.0  # on stop: how long to keep flushing buffered frames to the Master
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        _check(self)
+
+
+def _check(config: AccessConfig) -> None:
+    """Reject values that would make the relay misbehave, with a message naming the setting."""
+    problems: list[str] = []
+    if not config.relay_id:
+        problems.append("relay_id must not be empty")
+    if not config.master_url.startswith(("wss://", "ws://")):
+        problems.append(f"master_url must be a wss:// URL, got {config.master_url!r}")
+    for name in ("agent_port", "http_port"):
+        port = getattr(config, name)
+        if not 0 <= port <= 65535:
+            problems.append(f"{name} must be between 0 and 65535, got {port}")
+    if not 0 < config.max_frame_bytes <= HARD_FRAME_BYTES:
+        problems.append(f"max_frame_bytes must be between 1 and {HARD_FRAME_BYTES}, got {config.max_frame_bytes}")
+    for name in ("rate_per_agent", "handshake_timeout_s", "idle_timeout_s", "stats_interval_s", "backoff_initial_s",
+                 "backoff_max_s", "enroll_timeout_s", "enroll_rate_per_ip"):
+        if getattr(config, name) <= 0:
+            problems.append(f"{name} must be positive, got {getattr(config, name)}")
+    for name in ("burst", "buffer_frames", "max_handshakes", "enroll_burst", "max_body_bytes"):
+        if getattr(config, name) < 1:
+            problems.append(f"{name} must be at least 1, got {getattr(config, name)}")
+    if config.drain_timeout_s < 0:
+        problems.append(f"drain_timeout_s must not be negative, got {config.drain_timeout_s}")
+    if problems:
+        # msgspec wraps errors raised here in a ValidationError; load_config turns that into a ConfigError.
+        raise ValueError("; ".join(problems))
+
+
+def load_access_config(
+    path: Path | None = None, env: Mapping[str, str] | None = None, overrides: Mapping[str, Any] | None = None
+) -> AccessConfig:
+    """Defaults, then ``path`` (TOML), then ``IDLEGRID_ACCESS_<FIELD>`` variables, then ``overrides`` (flags).
+
+    ``None`` in ``overrides`` means "flag not given". Raises ``ConfigError`` naming the bad setting.
+    """
+    return load_config(AccessConfig, path=path, env_prefix=ENV_PREFIX, env=env, overrides=overrides)

@@ -1,0 +1,95 @@
+"""``AccessRelay``: the agent server, the Master link and the HTTPS endpoint of one relay, started and stopped together."""
+
+from __future__ import annotations
+
+import asyncio
+import asyncio.sslproto
+import contextlib
+import logging
+import signal
+
+from access.config import AccessConfig
+from access.http import RelayHttp
+from access.metrics import RelayMetrics
+from access.relay import AgentGateway
+from access.upstream import MasterLink
+from common.pki import client_tls_context, server_tls_context
+
+log = logging.getLogger(__name__)
+
+# asyncio gives every TLS connection a 256 KiB read buffer; at 32 KiB a relay holds about a quarter of
+# the memory per agent (DESIGN.md, measured) and frames of any size still arrive, in more reads.
+TLS_READ_BUFFER_BYTES = 32 * 1024
+
+
+class AccessRelay:
+    """One Access relay. ``start()`` binds both servers and begins dialling the Master; ``stop()`` undoes it."""
+
+    def __init__(self, config: AccessConfig) -> None:
+        self.config = config
+        self.metrics = RelayMetrics(config.relay_id)
+        self.link = MasterLink(
+            config, client_tls_context(config.ca_file, config.cert_file, config.key_file), self.metrics,
+            public_url=config.public_url,
+        )
+        self.agents = AgentGateway(
+            config, server_tls_context(config.cert_file, config.key_file, config.ca_file, require_client_cert=True),
+            self.link, self.metrics,
+        )
+        self.http = RelayHttp(
+            config, server_tls_context(config.cert_file, config.key_file, config.ca_file, require_client_cert=False),
+            self.link, self.metrics, agent_count=lambda: self.agents.agent_count, agent_url=lambda: self.agent_url,
+        )
+        self._started = False
+
+    @property
+    def agent_url(self) -> str:
+        return self.config.public_url or f"wss://{self.config.agent_host}:{self.agents.port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"https://{self.config.http_host}:{self.http.port}"
+
+    async def start(self) -> None:
+        self._started = True
+        try:
+            await self.agents.start()
+            await self.http.start()
+        except BaseException:
+            await self.stop()  # e.g. the HTTPS port is taken: do not leave the agent server behind
+            raise
+        if not self.link.public_url:
+            self.link.public_url = self.agent_url  # known only now when agent_port is 0
+        await self.link.start()
+        log.info("access relay started", extra={"relay": self.config.relay_id, "region": self.config.region,
+                                                "agent_url": self.agent_url, "http_url": self.http_url,
+                                                "master_url": self.config.master_url})
+
+    async def stop(self) -> None:
+        """Stop taking agents, give the Master what is buffered (up to drain_timeout_s), then close everything."""
+        if not self._started:
+            return
+        self._started = False
+        await self.agents.stop()
+        await self.link.stop(self.config.drain_timeout_s)
+        await self.http.stop()
+        log.info("access relay stopped", extra={"relay": self.config.relay_id})
+
+
+async def serve(config: AccessConfig) -> None:
+    """Run a relay until SIGTERM or SIGINT."""
+    asyncio.sslproto.SSLProtocol.max_size = TLS_READ_BUFFER_BYTES
+    relay = AccessRelay(config)
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    await relay.start()
+    try:
+        await stopping.wait()
+        log.info("shutting down", extra={"relay": config.relay_id})
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(Exception):
+                loop.remove_signal_handler(sig)
+        await relay.stop()

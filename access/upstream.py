@@ -1,0 +1,466 @@
+"""The relay's one link to the Master: mutual TLS as role ``access``, every agent multiplexed on it.
+
+Agent frames and the relay's ``agent_connected``/``agent_disconnected`` notices go through one ordered
+``FrameBuffer``, up or down, so the Master always learns of an agent before its frames and of its
+departure after them. While the Master is unreachable the buffer holds what agents send, bounded:
+only the latest heartbeat and telemetry per agent are kept, and acks, results, hellos and events are
+never dropped; when those alone fill it, agents are made to wait (backpressure) instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import ssl
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+import msgspec
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+
+from access.config import AccessConfig
+from access.metrics import RelayMetrics
+from common.errors import IdlegridError, ProtocolError
+from common.wire import (
+    HARD_FRAME_BYTES,
+    PROTOCOL_VERSIONS,
+    AccessHello,
+    AccessStats,
+    AccessWelcome,
+    AgentConnected,
+    AgentDisconnected,
+    EnrollRequest,
+    EnrollResponse,
+    Error,
+    ErrorCode,
+    Relay,
+    Revocations,
+    decode_link_frame,
+    encode,
+    error_frame,
+    negotiate,
+)
+
+log = logging.getLogger(__name__)
+
+# Only the newest of these says anything the Master needs: older ones may be replaced while they wait.
+SUPERSEDED_BY_NEWER = frozenset({"heartbeat", "telemetry"})
+CONNECTED, DISCONNECTED = "agent_connected", "agent_disconnected"
+WELCOME_TIMEOUT_S = 10.0
+
+
+class MasterUnavailable(IdlegridError):
+    code = "master_unavailable"
+
+
+# --- the buffer (no I/O but two wake-up events) --------------------------------------------------
+
+
+@dataclass(eq=False, slots=True)
+class Outbound:
+    """One link frame waiting to go to the Master, encoded already."""
+
+    agent_id: str
+    kind: str  # the agent frame's type, or agent_connected / agent_disconnected
+    data: bytes
+    live: bool = True  # False once sent, superseded or evicted; such entries are skipped and compacted away
+
+
+class FrameBuffer:
+    """Link frames in send order, at most ``limit`` live ones (notices may exceed it: they are tiny and few).
+
+    The sender ``peek``s the head, sends it, then calls ``done``; a failed send leaves it at the head.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._queue: deque[Outbound] = deque()
+        self._replaceable: deque[Outbound] = deque()  # heartbeats/telemetry, oldest first: evicted first when full
+        self._latest: dict[tuple[str, str], Outbound] = {}  # (agent, kind) -> its waiting heartbeat/telemetry
+        self._last: dict[str, Outbound] = {}  # agent -> its most recent entry
+        self._inflight: Outbound | None = None
+        self._live = 0
+        self.superseded = 0  # heartbeats/telemetry replaced by a newer one
+        self.evicted = 0  # heartbeats/telemetry pushed out (or refused) to make room
+        self._space = asyncio.Event()
+        self._ready = asyncio.Event()
+
+    def __len__(self) -> int:
+        return self._live
+
+    def offer(self, entry: Outbound, *, force: bool = False) -> bool:
+        """Queue ``entry`` without waiting; False only when it must be kept but there is no room."""
+        replaceable = entry.kind in SUPERSEDED_BY_NEWER
+        if replaceable:
+            older = self._latest.get((entry.agent_id, entry.kind))
+            if older is not None and older.live:
+                self._retire(older)
+                self.superseded += 1
+        if self._live >= self.limit and not force and not self._evict_one():
+            if not replaceable:
+                return False
+            self.evicted += 1  # a heartbeat with no room: the next one will say the same, so let it go
+            return True
+        self._append(entry, replaceable)
+        return True
+
+    async def put(self, entry: Outbound) -> None:
+        """Queue ``entry``, waiting for room if it must be kept and the buffer is full of what must be kept."""
+        while not self.offer(entry):
+            self._space.clear()
+            await self._space.wait()
+
+    def cancel_connect(self, agent_id: str) -> bool:
+        """Withdraw the agent's ``agent_connected`` notice if nothing followed it and it is not being sent.
+
+        An agent that connects and leaves while the Master is away then costs nothing in the buffer.
+        """
+        last = self._last.get(agent_id)
+        if last is None or not last.live or last.kind != CONNECTED or last is self._inflight:
+            return False
+        self._retire(last)
+        return True
+
+    def peek(self) -> Outbound | None:
+        while self._queue and not self._queue[0].live:
+            self._queue.popleft()
+        self._inflight = self._queue[0] if self._queue else None
+        return self._inflight
+
+    async def next(self) -> Outbound:
+        while (entry := self.peek()) is None:
+            self._ready.clear()
+            await self._ready.wait()
+        return entry
+
+    def done(self, entry: Outbound) -> None:
+        """``entry`` was sent: take it out."""
+        if self._inflight is entry:
+            self._inflight = None
+        if entry.live:
+            self._retire(entry)
+        while self._queue and not self._queue[0].live:
+            self._queue.popleft()
+
+    def first_kinds(self) -> dict[str, str]:
+        """Agent id -> kind of its first waiting entry, in queue order (what a fresh Master link must announce)."""
+        first: dict[str, str] = {}
+        for entry in self._queue:
+            if entry.live and entry.agent_id not in first:
+                first[entry.agent_id] = entry.kind
+        return first
+
+    def kinds(self) -> list[tuple[str, str]]:
+        """(agent id, kind) of every waiting entry, in order; for tests and diagnostics."""
+        return [(e.agent_id, e.kind) for e in self._queue if e.live]
+
+    def _append(self, entry: Outbound, replaceable: bool) -> None:
+        self._queue.append(entry)
+        self._live += 1
+        self._last[entry.agent_id] = entry
+        if replaceable:
+            self._latest[(entry.agent_id, entry.kind)] = entry
+            self._replaceable.append(entry)
+        self._ready.set()
+        self._compact()
+
+    def _evict_one(self) -> bool:
+        while self._replaceable:
+            victim = self._replaceable.popleft()
+            if victim.live and victim is not self._inflight:
+                self._retire(victim)
+                self.evicted += 1
+                return True
+        return False
+
+    def _retire(self, entry: Outbound) -> None:
+        entry.live = False
+        self._live -= 1
+        if self._latest.get((entry.agent_id, entry.kind)) is entry:
+            del self._latest[(entry.agent_id, entry.kind)]
+        if self._last.get(entry.agent_id) is entry:
+            del self._last[entry.agent_id]
+        self._space.set()
+
+    def _compact(self) -> None:
+        """Drop retired entries once they outnumber live ones, so superseded heartbeats cannot pile up."""
+        slack = 2 * self._live + 1024
+        if len(self._queue) > slack:
+            self._queue = deque(e for e in self._queue if e.live or e is self._inflight)
+        if len(self._replaceable) > slack:
+            self._replaceable = deque(e for e in self._replaceable if e.live)
+
+
+# --- the link --------------------------------------------------------------------------------
+
+
+class AgentSide(Protocol):
+    """What the link needs from the agent-facing server."""
+
+    @property
+    def agent_count(self) -> int: ...
+
+    async def deliver(self, agent_id: str, frame: bytes) -> bool: ...
+
+    async def revoke(self, serials: Iterable[str]) -> None: ...
+
+
+def full_jitter(attempt: int, initial_s: float, max_s: float) -> float:
+    """A delay drawn from [0, min(max_s, initial_s * 2**attempt)]: relays restarting together do not retry in step."""
+    return random.uniform(0.0, min(max_s, initial_s * 2 ** min(attempt, 32)))
+
+
+class MasterLink:
+    """Keeps one WebSocket to the Master open (reconnecting forever) and moves frames both ways."""
+
+    def __init__(self, config: AccessConfig, ssl_context: ssl.SSLContext, metrics: RelayMetrics, *, public_url: str = "") -> None:
+        self.config = config
+        self.public_url = public_url
+        self.buffer = FrameBuffer(config.buffer_frames)
+        self._ssl = ssl_context
+        self._metrics = metrics
+        self._agents: AgentSide | None = None
+        self._sessions: dict[str, AgentConnected] = {}  # agents connected here now
+        self._departed: dict[str, AgentConnected] = {}  # gone, but their frames may still be waiting
+        self._pending: dict[str, asyncio.Future[EnrollResponse]] = {}
+        self._connection: ClientConnection | None = None
+        self._up = asyncio.Event()
+        self._stopping = False
+        self._wake = asyncio.Event()  # cuts a reconnect delay short on stop
+        self._tasks: list[asyncio.Task[None]] = []
+        metrics.track_buffer(lambda: len(self.buffer))
+        metrics.master_link_up.set(0)
+
+    def attach(self, agents: AgentSide) -> None:
+        self._agents = agents
+
+    @property
+    def is_up(self) -> bool:
+        return self._up.is_set()
+
+    async def wait_up(self, timeout: float) -> None:
+        await asyncio.wait_for(self._up.wait(), timeout)
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._agents is None:
+            raise RuntimeError("MasterLink.attach() the agent side before start()")
+        self._tasks = [
+            asyncio.create_task(self._run(), name="master-link"),
+            asyncio.create_task(self._report_stats(), name="access-stats"),
+        ]
+
+    async def stop(self, drain_timeout_s: float = 0.0) -> None:
+        """Flush what is buffered for up to ``drain_timeout_s`` while the link is up, then close it."""
+        if self.is_up and drain_timeout_s > 0:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + drain_timeout_s
+            while len(self.buffer) and self.is_up and loop.time() < deadline:
+                await asyncio.sleep(0.02)
+            if len(self.buffer):
+                log.warning("stopping with %d frames not delivered to the Master", len(self.buffer))
+        self._stopping = True
+        self._wake.set()
+        if self._connection is not None:
+            await self._connection.close(1001, "relay shutting down")
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._fail_pending("the relay is shutting down")
+
+    # --- what the agent side calls ---------------------------------------------------------------
+
+    def agent_connected(self, notice: AgentConnected) -> None:
+        self._departed.pop(notice.agent_id, None)
+        self._sessions[notice.agent_id] = notice
+        self.buffer.offer(Outbound(notice.agent_id, CONNECTED, encode(notice)), force=True)
+
+    def agent_disconnected(self, agent_id: str, reason: str) -> None:
+        notice = self._sessions.pop(agent_id, None)
+        if notice is None:
+            return
+        if self.buffer.cancel_connect(agent_id):
+            return  # the Master never heard of this visit, so it needs no goodbye either
+        self._departed[agent_id] = notice
+        notice_out = AgentDisconnected(agent_id=agent_id, reason=reason)
+        self.buffer.offer(Outbound(agent_id, DISCONNECTED, encode(notice_out)), force=True)
+
+    async def forward(self, agent_id: str, kind: str, frame: bytes) -> None:
+        """Send an agent's frame (its JSON, untouched) under the certificate's agent id; may wait for room."""
+        data = encode(Relay(agent_id=agent_id, frame=msgspec.Raw(frame)))
+        await self.buffer.put(Outbound(agent_id, kind, data))
+
+    async def enroll(self, request: EnrollRequest, timeout_s: float) -> EnrollResponse:
+        """Ask the Master to enroll; ``MasterUnavailable`` when the link is down, ``TimeoutError`` when it is slow."""
+        connection = self._connection
+        if not self.is_up or connection is None:
+            raise MasterUnavailable("the Master is unreachable from this relay right now; retry in a few seconds")
+        future: asyncio.Future[EnrollResponse] = asyncio.get_running_loop().create_future()
+        self._pending[request.req_id] = future
+        try:
+            await connection.send(encode(request), text=True)
+            return await asyncio.wait_for(future, timeout_s)
+        except ConnectionClosed:
+            raise MasterUnavailable("the link to the Master closed while enrolling; retry in a few seconds") from None
+        finally:
+            self._pending.pop(request.req_id, None)
+
+    # --- connection loop -------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        attempt = 0
+        while not self._stopping:
+            try:
+                async with connect(
+                    self.config.master_url, ssl=self._ssl, max_size=HARD_FRAME_BYTES, compression=None,
+                    open_timeout=self.config.handshake_timeout_s, ping_interval=self.config.idle_timeout_s / 2,
+                    ping_timeout=self.config.idle_timeout_s / 2,
+                ) as connection:
+                    await self._open(connection)
+                    attempt = 0
+                    await self._serve(connection)
+            except (OSError, ssl.SSLError, InvalidHandshake, InvalidURI, ConnectionClosed, TimeoutError, ProtocolError) as exc:
+                if not self._stopping:
+                    log.warning("master link down: %s", exc or type(exc).__name__,
+                                extra={"master_url": self.config.master_url, "attempt": attempt})
+            except Exception:  # a bug here must not end reconnection for good
+                log.exception("master link failed", extra={"master_url": self.config.master_url})
+            finally:
+                self._down()
+            if self._stopping:
+                return
+            delay = full_jitter(attempt, self.config.backoff_initial_s, self.config.backoff_max_s)
+            attempt += 1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), delay)
+
+    async def _open(self, connection: ClientConnection) -> None:
+        """Hello, welcome, revocations, then tell the new Master link about every agent it must know."""
+        hello = AccessHello(versions=list(PROTOCOL_VERSIONS), relay_id=self.config.relay_id, region=self.config.region,
+                            public_url=self.public_url)
+        await connection.send(encode(hello), text=True)
+        welcome = decode_link_frame(await asyncio.wait_for(connection.recv(), WELCOME_TIMEOUT_S))
+        if not isinstance(welcome, AccessWelcome):
+            raise ProtocolError(f"the Master answered access_hello with {type(welcome).__name__}, not access_welcome",
+                                code=ErrorCode.UNEXPECTED_FRAME.value)
+        negotiate([welcome.version])
+        assert self._agents is not None
+        await self._agents.revoke(welcome.revoked_serials)
+        for notice in self._announcements():
+            await connection.send(encode(notice), text=True)
+        self._connection = connection
+        self._up.set()
+        self._metrics.master_link_up.set(1)
+        log.info("master link up", extra={"master_url": self.config.master_url, "agents": len(self._sessions),
+                                           "buffered": len(self.buffer)})
+
+    def _announcements(self) -> list[AgentConnected]:
+        """``agent_connected`` for each agent the Master must know before the buffer flushes.
+
+        The Master forgets a relay's agents when its link drops, and takes frames only from agents it
+        knows to be here. Agents whose first waiting entry is their own notice are announced by it.
+        """
+        first = self.buffer.first_kinds()
+        agents = list(first) + [a for a in self._sessions if a not in first]
+        notices = []
+        for agent_id in agents:
+            if first.get(agent_id) == CONNECTED:
+                continue
+            notice = self._sessions.get(agent_id) or self._departed.get(agent_id)
+            if notice is not None:
+                notices.append(notice)
+        return notices
+
+    async def _serve(self, connection: ClientConnection) -> None:
+        """Send and receive until either side stops; whichever failed decides what is logged."""
+        tasks = {
+            asyncio.create_task(self._pump(connection), name="master-link-send"),
+            asyncio.create_task(self._receive_all(connection), name="master-link-receive"),
+        }
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError, ConnectionClosed):
+                    await task
+
+    async def _receive_all(self, connection: ClientConnection) -> None:
+        async for message in connection:
+            await self._receive(connection, message)
+
+    async def _pump(self, connection: ClientConnection) -> None:
+        """Send the buffer in order; an entry leaves it only once the send went through."""
+        while True:
+            entry = await self.buffer.next()
+            await connection.send(entry.data, text=True)
+            self.buffer.done(entry)
+            if entry.kind == DISCONNECTED and entry.agent_id not in self._sessions:
+                self._departed.pop(entry.agent_id, None)
+
+    def _down(self) -> None:
+        was_up = self.is_up
+        self._connection = None
+        self._up.clear()
+        self._metrics.master_link_up.set(0)
+        self._fail_pending("the link to the Master went down while enrolling; retry in a few seconds")
+        if was_up:
+            log.warning("master link lost; buffering agent frames", extra={"buffered": len(self.buffer)})
+
+    def _fail_pending(self, why: str) -> None:
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(MasterUnavailable(why))
+
+    # --- frames from the Master --------------------------------------------------------------------
+
+    async def _receive(self, connection: ClientConnection, message: str | bytes) -> None:
+        try:
+            frame = decode_link_frame(message)
+        except ProtocolError as exc:
+            log.warning("bad frame from the Master: %s", exc, extra={"code": exc.code})
+            await connection.send(error_frame(exc), text=True)
+            return
+        assert self._agents is not None
+        try:
+            match frame:
+                case Relay():
+                    # An agent that is not (or no longer) here loses the frame; that is safe because the
+                    # Master resends unacknowledged commands when the agent says hello again.
+                    if not await self._agents.deliver(frame.agent_id, bytes(frame.frame)):
+                        self._metrics.drop("agent_not_here")
+                case Revocations():
+                    await self._agents.revoke(frame.serials)
+                case EnrollResponse():
+                    future = self._pending.get(frame.req_id)
+                    if future is not None and not future.done():
+                        future.set_result(frame)
+                case Error():
+                    log.warning("the Master reported an error: %s %s", frame.code, frame.message, extra={"ref": frame.ref})
+                case _:
+                    log.warning("unexpected %s frame from the Master; ignored", type(frame).__name__)
+        except Exception:  # one frame must not take down the link for every agent
+            log.exception("failed to handle %s frame from the Master", type(frame).__name__)
+
+    async def _report_stats(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.stats_interval_s)
+            connection = self._connection
+            if connection is None or self._agents is None:
+                continue
+            stats = AccessStats(agents=self._agents.agent_count, frames_in=self._metrics.frames_in,
+                                frames_out=self._metrics.frames_out, buffered=len(self.buffer), refused=self._metrics.refused)
+            with contextlib.suppress(ConnectionClosed):
+                await connection.send(encode(stats), text=True)
+

@@ -1,0 +1,244 @@
+"""GPU inventory and telemetry read through NVML (nvidia-ml-py, imported as ``pynvml``).
+
+A host without a usable NVIDIA driver gets one actionable line (``NvmlUnavailable``), never a
+traceback. A field a GPU does not have (NVLink on a PCIe card, ECC on a consumer card) reads as
+None, 0 or [] for that field only; a GPU that stops answering is left out and logged, so one bad
+card never hides the others.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
+
+import pynvml
+
+from common.errors import NvmlUnavailable
+from common.inventory import GpuInfo, GpuSample, NvLink
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+MIB = 1024 * 1024
+SIMULATE_HINT = "or run the agent with --simulate MODEL:COUNT for a test host"
+
+# NVML error class name -> (what is wrong, what the provider can do about it).
+_INIT_FAILURES: dict[str, tuple[str, str]] = {
+    "NVMLError_LibraryNotFound": (
+        "libnvidia-ml.so.1 not found (the NVIDIA driver is not installed)",
+        "install the NVIDIA driver",
+    ),
+    "NVMLError_DriverNotLoaded": (
+        "the NVIDIA kernel driver is not loaded",
+        "load it (modprobe nvidia) or reboot after installing the driver; `nvidia-smi` must work",
+    ),
+    "NVMLError_NoPermission": (
+        "no permission to open the NVIDIA device files (/dev/nvidia*)",
+        "run the agent as a user that may open them, or pass the devices into its container",
+    ),
+    "NVMLError_LibRmVersionMismatch": (
+        "the NVML library and the loaded kernel driver have different versions",
+        "reboot (or reload the nvidia module) after the driver upgrade",
+    ),
+    "NVMLError_FunctionNotFound": (
+        "the NVIDIA driver is too old for this agent's NVML bindings",
+        "upgrade the NVIDIA driver",
+    ),
+    "NVMLError_GpuIsLost": (
+        "a GPU has fallen off the bus",
+        "check the card and its power, then reboot; `nvidia-smi` must list every GPU",
+    ),
+    "NVMLError_InsufficientPower": (
+        "a GPU's external power cables are not properly attached",
+        "attach the power cables and reboot",
+    ),
+}
+
+
+class GpuCollector(Protocol):
+    """What the agent needs from a GPU source: real (NVML), simulated, or none."""
+
+    simulated: bool
+
+    def inventory(self) -> list[GpuInfo]: ...
+
+    def sample(self) -> list[GpuSample]: ...
+
+    def close(self) -> None: ...
+
+
+class NvmlCollector:
+    """Reads every GPU that NVML sees. NVML is thread-safe, so ``sample`` may run in a worker thread."""
+
+    simulated = False
+
+    def __init__(self) -> None:
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            raise NvmlUnavailable(_init_failure_message(exc)) from None
+        try:
+            self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        except pynvml.NVMLError as exc:
+            self.close()
+            raise NvmlUnavailable(_init_failure_message(exc)) from None
+        self._closed = False
+
+    def inventory(self) -> list[GpuInfo]:
+        driver = _text(_optional(pynvml.nvmlSystemGetDriverVersion) or "")
+        cuda = _cuda_version(_optional(pynvml.nvmlSystemGetCudaDriverVersion))
+        gpus = []
+        for index, handle in enumerate(self._handles):
+            try:
+                gpus.append(_gpu_info(index, handle, driver, cuda))
+            except pynvml.NVMLError as exc:
+                log.error("GPU %d left out of the inventory: NVML says %s", index, exc, extra={"gpu_index": index})
+        return gpus
+
+    def sample(self) -> list[GpuSample]:
+        now = time.time()
+        samples = []
+        for index, handle in enumerate(self._handles):
+            try:
+                samples.append(_gpu_sample(handle, now))
+            except pynvml.NVMLError as exc:
+                log.warning("GPU %d not sampled: NVML says %s", index, exc, extra={"gpu_index": index})
+        return samples
+
+    def close(self) -> None:
+        if getattr(self, "_closed", False):
+            return
+        self._closed = True
+        try:
+            pynvml.nvmlShutdown()
+        except pynvml.NVMLError as exc:  # shutting down must never stop the agent from exiting
+            log.debug("nvmlShutdown failed: %s", exc)
+
+
+class EmptyCollector:
+    """Stands in when NVML is unavailable: the host reports no GPUs and says why."""
+
+    simulated = False
+
+    def __init__(self, unavailable_reason: str) -> None:
+        self.unavailable_reason = unavailable_reason
+
+    def inventory(self) -> list[GpuInfo]:
+        return []
+
+    def sample(self) -> list[GpuSample]:
+        return []
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+def open_collector(simulate: str | None, *, host_key: str = "") -> GpuCollector:
+    """Simulated GPUs when ``simulate`` names them, else NVML, else an empty collector with the reason."""
+    if simulate:
+        from agent.simulate import SimulatedCollector
+
+        return SimulatedCollector(simulate, host_key=host_key)
+    try:
+        return NvmlCollector()
+    except NvmlUnavailable as exc:
+        log.warning("%s", exc, extra={"code": exc.code})
+        return EmptyCollector(str(exc))
+
+
+# ---------------------------------------------------------------- reading one GPU
+
+
+def _gpu_info(index: int, handle: Any, driver: str, cuda: str) -> GpuInfo:
+    major_minor = _optional(lambda: pynvml.nvmlDeviceGetCudaComputeCapability(handle))
+    power_mw = _optional(lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(handle))
+    return GpuInfo(
+        index=index,
+        uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
+        name=_text(pynvml.nvmlDeviceGetName(handle)),
+        pci_bus_id=_text(pynvml.nvmlDeviceGetPciInfo(handle).busId),
+        memory_total_mib=pynvml.nvmlDeviceGetMemoryInfo(handle).total // MIB,
+        compute_capability=f"{major_minor[0]}.{major_minor[1]}" if major_minor else "",
+        driver_version=driver,
+        cuda_version=cuda,
+        # The link generation an idle card runs drops to save power; what the card and its slot
+        # can run together is the figure a tier needs. The width does not drop at idle, so the
+        # current width shows a degraded link (a x16 card running x8) that the maximum would hide.
+        pcie_gen=_optional(lambda: pynvml.nvmlDeviceGetMaxPcieLinkGeneration(handle)),
+        pcie_width=_optional(lambda: pynvml.nvmlDeviceGetCurrPcieLinkWidth(handle)),
+        nvlinks=_nvlinks(handle),
+        clock_sm_max_mhz=_optional(lambda: pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM)),
+        clock_mem_max_mhz=_optional(lambda: pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_MEM)),
+        power_limit_w=power_mw / 1000.0 if power_mw is not None else None,
+        memory_bus_width_bits=_optional(lambda: pynvml.nvmlDeviceGetMemoryBusWidth(handle)),
+    )
+
+
+def _nvlinks(handle: Any) -> list[NvLink]:
+    links = []
+    for link in range(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)):
+        try:
+            state = pynvml.nvmlDeviceGetNvLinkState(handle, link)
+        except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound, pynvml.NVMLError_InvalidArgument):
+            break  # a PCIe card has no NVLink; an NVLink card answers InvalidArgument past its last link
+        active = state == pynvml.NVML_FEATURE_ENABLED
+        remote = _optional(lambda: pynvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId) if active else None
+        links.append(NvLink(link=link, active=active, remote_pci_bus_id=_text(remote) if remote else None))
+    return links
+
+
+def _gpu_sample(handle: Any, now: float) -> GpuSample:
+    utilization = _optional(lambda: pynvml.nvmlDeviceGetUtilizationRates(handle))
+    power_mw = _optional(lambda: pynvml.nvmlDeviceGetPowerUsage(handle))
+    temperature = _optional(lambda: pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU))
+    return GpuSample(
+        uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
+        ts=now,
+        utilization_pct=float(utilization.gpu) if utilization is not None else 0.0,
+        memory_used_mib=pynvml.nvmlDeviceGetMemoryInfo(handle).used // MIB,
+        temperature_c=float(temperature) if temperature is not None else None,
+        power_w=power_mw / 1000.0 if power_mw is not None else None,
+        clock_sm_mhz=_optional(lambda: pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)),
+        ecc_corrected=_ecc_total(handle, pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+        ecc_uncorrected=_ecc_total(handle, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
+    )
+
+
+def _ecc_total(handle: Any, error_type: int) -> int:
+    """Errors since the driver loaded (volatile); 0 on a card without ECC or with ECC switched off."""
+    count = _optional(lambda: pynvml.nvmlDeviceGetTotalEccErrors(handle, error_type, pynvml.NVML_VOLATILE_ECC))
+    return int(count or 0)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _optional(query: Callable[[], T]) -> T | None:
+    """None for a reading this GPU or driver does not offer; any other NVML error is the caller's."""
+    try:
+        return query()
+    except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
+        return None
+
+
+def _text(value: str | bytes) -> str:
+    """Older bindings return bytes, newer ones str."""
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", errors="replace")
+    return value.rstrip("\x00")
+
+
+def _cuda_version(version: int | None) -> str:
+    """NVML encodes CUDA 12.4 as 12040."""
+    if not version:
+        return ""
+    return f"{version // 1000}.{version % 1000 // 10}"
+
+
+def _init_failure_message(exc: Exception) -> str:
+    cause, remedy = _INIT_FAILURES.get(
+        type(exc).__name__, (f"NVML failed to start ({exc})", "check that `nvidia-smi` works")
+    )
+    return f"NVML is not available: {cause}; {remedy}, {SIMULATE_HINT}"

@@ -1,0 +1,325 @@
+"""Containers through the Docker Engine API on its unix socket; Podman's Docker-compatible service works too.
+
+Plain HTTP through aiohttp rather than the docker SDK: the agent needs six endpoints, and one HTTP stack.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+import msgspec
+
+from agent.runtime.base import STATE_REMOVED, check_same_command, container_labels
+from common.containers import LABEL_COMMAND_ID, ContainerInfo, ContainerSpec
+from common.errors import RuntimeFailure
+
+DEFAULT_SOCKET = "/var/run/docker.sock"
+MIB = 1024 * 1024
+# DeviceRequests (how the NVIDIA Container Toolkit is asked for GPUs) arrived in API 1.40 (Docker 19.03).
+MIN_API_VERSION = (1, 40)
+
+# Every capability is dropped, then these are given back: what images that start as root need to install
+# packages and step down to a user (apt, chown of a data dir, gosu/su). Left out of Docker's defaults:
+# NET_RAW (forged packets on the provider's network), MKNOD, SETFCAP, SETPCAP, SYS_CHROOT, AUDIT_WRITE.
+# Dropping ALL first means a newer engine's defaults can never widen what a renter gets.
+DEFAULT_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "NET_BIND_SERVICE", "SETGID", "SETUID")
+
+
+class DockerRuntime:
+    """A ``ContainerRuntime`` on a Docker-API engine. Images must already be on the host unless pulling is allowed."""
+
+    name = "docker"
+
+    def __init__(
+        self,
+        socket: str | Path = DEFAULT_SOCKET,
+        *,
+        allow_pull: bool = False,
+        timeout_s: float = 60.0,
+        pull_timeout_s: float = 1800.0,
+        capabilities: Sequence[str] = DEFAULT_CAPABILITIES,
+    ) -> None:
+        self.socket_path = str(socket)
+        self.allow_pull = allow_pull
+        self.timeout_s = timeout_s
+        self.pull_timeout_s = pull_timeout_s
+        self.capabilities = tuple(capabilities)
+        self._session: aiohttp.ClientSession | None = None
+        self._api_prefix: str | None = None
+
+    @property
+    def url(self) -> str:
+        return f"unix://{self.socket_path}"
+
+    # --- the ContainerRuntime interface -------------------------------------------------------------
+
+    async def create(self, spec: ContainerSpec, *, labels: Mapping[str, str]) -> ContainerInfo:
+        wanted = container_labels(spec, labels)
+        raw = await self._inspect_raw(spec.name) or await self._create(spec, wanted)
+        info = check_same_command(_info(raw), wanted)
+        if info.state != "created":
+            return info  # running or already finished: a repeat delivery, not a second run
+        # Ours and never started (a fresh create, or an agent that died between create and start).
+        await self._require_gpus(spec, raw)
+        await self._start(info)
+        return _info(await self._inspect_required(spec.name))
+
+    async def delete(self, name: str, *, timeout_s: float = 10.0) -> ContainerInfo | None:
+        raw = await self._inspect_raw(name)
+        if raw is None:
+            return None
+        cid = raw["Id"]
+        stop_after = math.ceil(timeout_s)
+        status, body = await self._call(
+            "POST", f"/containers/{cid}/stop", params={"t": str(stop_after)}, timeout_s=stop_after + self.timeout_s
+        )
+        if status not in (204, 304, 404):  # 304: already stopped
+            raise _failure(f"stopping container {name!r}", status, body)
+        stopped = await self._inspect_raw(name) or raw
+        status, body = await self._call("DELETE", f"/containers/{cid}", params={"force": "true", "v": "true"})
+        if status not in (200, 204, 404):
+            raise _failure(f"removing container {name!r}", status, body)
+        return msgspec.structs.replace(_info(stopped), state=STATE_REMOVED)
+
+    async def inspect(self, name: str) -> ContainerInfo | None:
+        raw = await self._inspect_raw(name)
+        return _info(raw) if raw is not None else None
+
+    async def find(self, label_key: str, label_value: str) -> list[ContainerInfo]:
+        return await self._list(f"{label_key}={label_value}")
+
+    async def list(self) -> list[ContainerInfo]:
+        return await self._list(LABEL_COMMAND_ID)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    # --- steps ------------------------------------------------------------------------------------------
+
+    async def _create(self, spec: ContainerSpec, labels: dict[str, str]) -> dict[str, Any]:
+        body = create_body(spec, labels, self.capabilities)
+        status, reply = await self._call("POST", "/containers/create", params={"name": spec.name}, body=body)
+        if status == 404 and self.allow_pull:
+            await self._pull(spec.image)
+            status, reply = await self._call("POST", "/containers/create", params={"name": spec.name}, body=body)
+        if status == 404:
+            raise RuntimeFailure(
+                f"image {spec.image!r} not found locally on this host; no registry pull "
+                "(load it with `docker load` or `podman import`, or allow pulling in the agent's settings)"
+            )
+        if _name_in_use(status, reply):
+            raced = await self._inspect_raw(spec.name)  # created meanwhile, maybe by a repeat of this command
+            if raced is not None:
+                return raced
+        if status != 201:
+            raise _failure(f"creating container {spec.name!r}", status, reply)
+        return await self._inspect_required(spec.name)
+
+    async def _start(self, info: ContainerInfo) -> None:
+        status, body = await self._call("POST", f"/containers/{info.id}/start")
+        if status in (204, 304):
+            return
+        await self._remove_quietly(info.id)  # a container that cannot start would block its name forever
+        raise _failure(f"starting container {info.name!r}", status, body)
+
+    async def _require_gpus(self, spec: ContainerSpec, raw: dict[str, Any]) -> None:
+        """A renter paying for GPUs must not get a container without them, so check what the engine kept."""
+        granted = {gpu for request in raw["HostConfig"].get("DeviceRequests") or [] for gpu in request.get("DeviceIDs") or []}
+        if set(spec.gpus) <= granted:
+            return
+        await self._remove_quietly(raw["Id"])
+        raise RuntimeFailure(
+            f"the engine at {self.url} dropped the request for GPUs {', '.join(spec.gpus)}; GPU containers need "
+            "Docker with the NVIDIA Container Toolkit (Podman's Docker API ignores DeviceRequests)"
+        )
+
+    async def _pull(self, image: str) -> None:
+        status, body = await self._call("POST", "/images/create", params={"fromImage": image}, timeout_s=self.pull_timeout_s)
+        # The engine streams progress as JSON lines and reports a failed pull inside a 200 stream.
+        lines = body.splitlines() if isinstance(body, str) else [json.dumps(body)]
+        errors = [msg for msg in map(_stream_error, lines) if msg]
+        if status != 200 or errors:
+            reason = errors[-1] if errors else _message(body)
+            raise RuntimeFailure(f"pulling image {image!r} through {self.url} failed: {reason}")
+
+    async def _remove_quietly(self, cid: str) -> None:
+        await self._call("DELETE", f"/containers/{cid}", params={"force": "true", "v": "true"})
+
+    async def _inspect_raw(self, name: str) -> dict[str, Any] | None:
+        status, body = await self._call("GET", f"/containers/{quote(name, safe='')}/json")
+        if status == 404:
+            return None
+        if status != 200:
+            raise _failure(f"inspecting container {name!r}", status, body)
+        # Engines also match an id prefix; only a container *named* so is the one asked for.
+        return body if body.get("Name", "").lstrip("/") == name else None
+
+    async def _inspect_required(self, name: str) -> dict[str, Any]:
+        raw = await self._inspect_raw(name)
+        if raw is None:
+            raise RuntimeFailure(f"container {name!r} vanished from {self.url} right after it was created")
+        return raw
+
+    async def _list(self, label_filter: str) -> list[ContainerInfo]:
+        filters = json.dumps({"label": [label_filter]})
+        status, body = await self._call("GET", "/containers/json", params={"all": "true", "filters": filters})
+        if status != 200:
+            raise _failure("listing containers", status, body)
+        return [_summary_info(entry) for entry in body]
+
+    # --- HTTP -------------------------------------------------------------------------------------------
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        body: Any = None,
+        timeout_s: float | None = None,
+        versioned: bool = True,
+    ) -> tuple[int, Any]:
+        prefix = await self._negotiate() if versioned else ""
+        limit = timeout_s or self.timeout_s
+        try:
+            async with self._open().request(
+                method, f"http://docker{prefix}{path}", params=params, json=body,
+                timeout=aiohttp.ClientTimeout(total=limit),
+            ) as response:
+                return response.status, _decode(await response.read())
+        except TimeoutError as exc:
+            raise RuntimeFailure(f"the Docker API at {self.url} did not answer {method} {path} within {limit:.0f} s") from exc
+        except aiohttp.ClientError as exc:
+            raise RuntimeFailure(f"cannot reach the Docker API at {self.url}: {_reason(exc)}") from exc
+
+    async def _negotiate(self) -> str:
+        """Speak the engine's own API version (as the docker CLI does), refusing engines too old for GPUs."""
+        if self._api_prefix is None:
+            status, info = await self._call("GET", "/version", versioned=False)
+            version = str(info.get("ApiVersion", "")) if status == 200 and isinstance(info, dict) else ""
+            if not version:
+                raise _failure("asking the engine for its API version", status, info)
+            if _version_tuple(version) < MIN_API_VERSION:
+                minimum = ".".join(map(str, MIN_API_VERSION))
+                raise RuntimeFailure(f"the engine at {self.url} speaks Docker API {version}; idlegrid needs {minimum} or newer")
+            self._api_prefix = f"/v{version}"
+        return self._api_prefix
+
+    def _open(self) -> aiohttp.ClientSession:
+        # Made on first use, inside the event loop that will use it.
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=self.socket_path))
+        return self._session
+
+
+def create_body(spec: ContainerSpec, labels: Mapping[str, str], capabilities: Sequence[str]) -> dict[str, Any]:
+    """The ``POST /containers/create`` body for ``spec``: limits, hardening and (for GPUs) an NVIDIA device request."""
+    host: dict[str, Any] = {
+        "Privileged": False,
+        "CapDrop": ["ALL"],
+        "CapAdd": list(capabilities),
+        "SecurityOpt": ["no-new-privileges"],  # setuid binaries in an image cannot raise privileges
+    }
+    if spec.cpus is not None:
+        host["NanoCpus"] = round(spec.cpus * 1e9)
+    if spec.memory_mib is not None:
+        host["Memory"] = spec.memory_mib * MIB
+        host["MemorySwap"] = spec.memory_mib * MIB  # equal: no swap beyond the memory that was sold
+    if spec.gpus:
+        host["DeviceRequests"] = [{"Driver": "nvidia", "DeviceIDs": list(spec.gpus), "Capabilities": [["gpu"]]}]
+    body: dict[str, Any] = {
+        "Image": spec.image,
+        "Env": [f"{key}={value}" for key, value in spec.env.items()],
+        "Labels": dict(labels),
+        "HostConfig": host,
+    }
+    if spec.command:
+        body["Cmd"] = list(spec.command)  # otherwise the image's own CMD runs
+    return body
+
+
+def _info(raw: Mapping[str, Any]) -> ContainerInfo:
+    state = raw.get("State") or {}
+    status = state.get("Status", "unknown")
+    return ContainerInfo(
+        id=raw["Id"],
+        name=raw.get("Name", "").lstrip("/"),
+        runtime=DockerRuntime.name,
+        state=status,
+        labels=(raw.get("Config") or {}).get("Labels") or {},
+        exit_code=state.get("ExitCode") if status in ("exited", "dead") else None,
+    )
+
+
+def _summary_info(entry: Mapping[str, Any]) -> ContainerInfo:
+    """From a ``/containers/json`` entry, which gives the exit code only inside its Status text."""
+    status = entry.get("State", "unknown")
+    names = entry.get("Names") or [""]
+    return ContainerInfo(
+        id=entry["Id"],
+        name=names[0].lstrip("/"),
+        runtime=DockerRuntime.name,
+        state=status,
+        labels=entry.get("Labels") or {},
+        exit_code=_exit_code_from_status(entry.get("Status", "")) if status in ("exited", "dead") else None,
+    )
+
+
+def _exit_code_from_status(text: str) -> int | None:
+    # "Exited (137) 5 seconds ago"
+    head, _, rest = text.partition("(")
+    code = rest.partition(")")[0]
+    return int(code) if head.strip() == "Exited" and code.lstrip("-").isdigit() else None
+
+
+def _decode(payload: bytes) -> Any:
+    text = payload.decode("utf-8", "replace")
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        return text
+
+
+def _message(body: Any) -> str:
+    if isinstance(body, dict):
+        return str(body.get("message") or body.get("cause") or body)
+    return str(body or "no details").strip()
+
+
+def _failure(what: str, status: int, body: Any) -> RuntimeFailure:
+    return RuntimeFailure(f"{what} failed: the engine answered {status}: {_message(body)}")
+
+
+def _name_in_use(status: int, body: Any) -> bool:
+    # Docker answers 409; Podman's compatible API answers 500 with "already in use".
+    return status == 409 or (status == 500 and "already in use" in _message(body))
+
+
+def _stream_error(line: str) -> str | None:
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return None
+    return event.get("error") if isinstance(event, dict) else None
+
+
+def _reason(exc: aiohttp.ClientError) -> str:
+    os_error = getattr(exc, "os_error", None)  # ClientConnectorError: the socket's own errno text is what helps
+    if isinstance(os_error, OSError) and os_error.strerror:
+        return os_error.strerror
+    return str(exc) or type(exc).__name__
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in version.split("."))
+    except ValueError:
+        return (0,)

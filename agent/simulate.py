@@ -1,0 +1,133 @@
+"""Simulated GPUs for hosts without NVML: the local demo, the fleet simulator and the tests.
+
+A simulated GPU reports what a healthy card of its catalog model reports through NVML, marked
+``simulated=True`` so the Master and renters can tell. Its telemetry wanders like a real card's
+under changing load, always within the model's limits.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from dataclasses import dataclass
+
+import msgspec
+
+from common.catalog import GpuModel, UnknownGpuModel, reference_gpu_info, resolve_alias
+from common.inventory import GpuInfo, GpuSample
+
+MAX_SIMULATED_GPUS = 64  # per host; keeps simulated PCI bus ids in range and a typo like "h100:800" out
+# What a current datacenter driver reports; nothing depends on the exact values.
+SIMULATED_DRIVER_VERSION = "550.54.15"
+SIMULATED_CUDA_VERSION = "12.4"
+_UUID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_DNS, "simulated-gpu.idlegrid")
+_FIRST_PCI_BUS = 0x10
+_IDLE_POWER_FRACTION = 0.1  # of TDP, what an idle card draws
+_AMBIENT_C, _FULL_LOAD_RISE_C = 30.0, 50.0
+
+
+def parse_simulate_spec(spec: str) -> list[tuple[GpuModel, int]]:
+    """Models and counts from "h100:8", "h100:4,a10:2" or "rtx4090" (count 1). ValueError says what is wrong."""
+    if not spec.strip():
+        raise ValueError("empty GPU simulation spec; expected e.g. 'h100:8' or 'h100:4,a10:2'")
+    groups = [_parse_group(spec, item) for item in spec.split(",")]
+    total = sum(count for _, count in groups)
+    if total > MAX_SIMULATED_GPUS:
+        raise ValueError(f"GPU simulation spec {spec!r} asks for {total} GPUs; at most {MAX_SIMULATED_GPUS} per host")
+    return groups
+
+
+def _parse_group(spec: str, item: str) -> tuple[GpuModel, int]:
+    name, has_count, count_text = item.partition(":")
+    if not name.strip():
+        raise ValueError(f"GPU simulation spec {spec!r}: {item.strip()!r} names no GPU model; expected MODEL[:COUNT]")
+    try:
+        model = resolve_alias(name.strip())
+    except UnknownGpuModel as exc:
+        raise ValueError(f"GPU simulation spec {spec!r}: {exc}") from None
+    if not has_count:
+        return model, 1
+    try:
+        count = int(count_text.strip())
+    except ValueError:
+        raise ValueError(f"GPU simulation spec {spec!r}: count {count_text.strip()!r} is not a whole number") from None
+    if count < 1:
+        raise ValueError(f"GPU simulation spec {spec!r}: count for {name.strip()!r} must be at least 1, got {count}")
+    return model, count
+
+
+@dataclass
+class _Load:
+    """One simulated card's workload, drifting between samples."""
+
+    utilization: float  # 0..1
+    memory_fraction: float  # of total memory, 0..1
+
+
+class SimulatedCollector:
+    """The GPU collector the agent uses when asked to simulate; same members as the NVML collector."""
+
+    simulated = True
+
+    def __init__(self, spec: str, *, seed: int | None = None, host_key: str = "") -> None:
+        """``host_key`` (e.g. the agent's state directory) keeps UUIDs stable across restarts of one host;
+        without it they derive from ``seed``, and without a seed they are fresh for each collector."""
+        groups = parse_simulate_spec(spec)
+        self._rng = random.Random(seed)
+        identity = host_key or (f"seed:{seed}" if seed is not None else uuid.uuid4().hex)
+        models = [model for model, count in groups for _ in range(count)]
+        self._gpus = [_simulated_info(model, i, identity) for i, model in enumerate(models)]
+        self._models = models
+        self._loads = [_Load(self._rng.random() * 0.3, self._rng.random() * 0.2) for _ in models]
+
+    def inventory(self) -> list[GpuInfo]:
+        return list(self._gpus)
+
+    def sample(self) -> list[GpuSample]:
+        now = time.time()
+        rows = zip(self._gpus, self._models, self._loads)
+        return [self._sample(info, model, load, now) for info, model, load in rows]
+
+    def close(self) -> None:
+        """Nothing to release; here so the agent treats both collectors alike."""
+
+    def _sample(self, info: GpuInfo, model: GpuModel, load: _Load, now: float) -> GpuSample:
+        self._drift(load)
+        rng, u = self._rng, load.utilization
+        power = model.tdp_w * (_IDLE_POWER_FRACTION + (1 - _IDLE_POWER_FRACTION) * u) + rng.gauss(0, 0.02 * model.tdp_w)
+        temperature = _AMBIENT_C + _FULL_LOAD_RISE_C * u + rng.gauss(0, 1.5)
+        return GpuSample(
+            uuid=info.uuid,
+            ts=now,
+            utilization_pct=round(100 * u, 1),
+            memory_used_mib=int(load.memory_fraction * model.memory_mib),
+            temperature_c=round(_clamp(temperature, 20.0, 90.0), 1),
+            power_w=round(_clamp(power, 0.05 * model.tdp_w, model.tdp_w), 1),
+            clock_sm_mhz=int(model.sm_clock_max_mhz * (0.3 + 0.7 * u)),  # idle cards clock down
+        )
+
+    def _drift(self, load: _Load) -> None:
+        """Jobs start and end now and then; in between, load wanders a little."""
+        rng = self._rng
+        if rng.random() < 0.1:
+            load.utilization, load.memory_fraction = rng.random(), rng.uniform(0.01, 0.95)
+        else:
+            load.utilization = _clamp(load.utilization + rng.gauss(0, 0.08), 0.0, 1.0)
+            load.memory_fraction = _clamp(load.memory_fraction + rng.gauss(0, 0.03), 0.0, 0.95)
+
+
+def _simulated_info(model: GpuModel, index: int, identity: str) -> GpuInfo:
+    reference = reference_gpu_info(
+        model,
+        index=index,
+        uuid=f"GPU-{uuid.uuid5(_UUID_NAMESPACE, f'{identity}/{index}/{model.key}')}",
+        pci_bus_id=f"00000000:{_FIRST_PCI_BUS + index:02X}:00.0",
+    )
+    return msgspec.structs.replace(
+        reference, simulated=True, driver_version=SIMULATED_DRIVER_VERSION, cuda_version=SIMULATED_CUDA_VERSION
+    )
+
+
+def _clamp(value: float, low: float, high: float) -> float:
+    return max(low, min(high, value))

@@ -1,0 +1,192 @@
+"""Built-in catalog of known GPU models and their public figures.
+
+The Master verifies what an agent reports against these figures (a card claiming to be an H100
+must look like one) and tiers GPUs by them; the agent's simulator reports them as NVML would.
+
+Figures are the vendors' published spec-sheet numbers, written down by hand:
+- ``fp16_tflops`` / ``bf16_tflops`` are DENSE tensor-core figures (no 2:4 sparsity). For GeForce
+  cards they are the FP32-accumulate figures (half the FP16-accumulate headline), because that is
+  what mixed-precision training and cuBLAS GEMMs run at, and what a throughput probe measures.
+  ``bf16_tflops`` is None where the architecture has no BF16 tensor cores (Volta, Turing).
+- ``memory_mib`` is what NVML reports as total memory, approximately; cards that reserve memory for
+  ECC by default (L40S) are listed with the ECC-on figure.
+- ``pcie_gen`` is the generation the card supports (a slot can run it slower).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from common.inventory import GpuInfo, NvLink
+
+
+@dataclass(frozen=True)
+class GpuModel:
+    key: str  # "h100-sxm", "a100-80gb", "rtx-4090", ...
+    name: str  # marketing name, "NVIDIA H100 SXM"
+    nvml_names: tuple[str, ...]  # names NVML reports; matched by match_model, reported by the simulator
+    memory_mib: int
+    compute_capability: str
+    fp16_tflops: float
+    bf16_tflops: float | None
+    memory_bandwidth_gbs: float
+    form_factor: str  # "sxm" | "pcie"
+    nvlink: bool  # NVLink capable (SXM fabric or a PCIe bridge)
+    pcie_gen: int
+    tdp_w: float
+    sm_clock_max_mhz: int
+    memory_bus_width_bits: int
+    nvlink_links: int = 0  # links per GPU where NVLink is built in (SXM); bridges are optional, so 0 for PCIe
+
+
+class UnknownGpuModel(KeyError):
+    """A GPU model name that is neither a catalog key nor an alias."""
+
+    def __str__(self) -> str:  # KeyError would print the message in quotes
+        return str(self.args[0]) if self.args else "unknown GPU model"
+
+
+_MODELS = (
+    # Hopper
+    GpuModel("h200", "NVIDIA H200 SXM", ("NVIDIA H200",), 143771, "9.0", 989.4, 989.4, 4800.0,
+             "sxm", True, 5, 700.0, 1980, 6144, nvlink_links=18),
+    GpuModel("h100-sxm", "NVIDIA H100 SXM", ("NVIDIA H100 80GB HBM3",), 81559, "9.0", 989.4, 989.4, 3350.0,
+             "sxm", True, 5, 700.0, 1980, 5120, nvlink_links=18),
+    GpuModel("h100-pcie", "NVIDIA H100 PCIe", ("NVIDIA H100 PCIe",), 81559, "9.0", 756.0, 756.0, 2000.0,
+             "pcie", True, 5, 350.0, 1755, 5120),
+    # Ampere datacenter
+    GpuModel("a100-80gb", "NVIDIA A100 80GB SXM", ("NVIDIA A100-SXM4-80GB",), 81920, "8.0", 312.0, 312.0, 2039.0,
+             "sxm", True, 4, 400.0, 1410, 5120, nvlink_links=12),
+    GpuModel("a100-80gb-pcie", "NVIDIA A100 80GB PCIe", ("NVIDIA A100 80GB PCIe",), 81920, "8.0", 312.0, 312.0,
+             1935.0, "pcie", True, 4, 300.0, 1410, 5120),
+    GpuModel("a100-40gb", "NVIDIA A100 40GB SXM", ("NVIDIA A100-SXM4-40GB",), 40960, "8.0", 312.0, 312.0, 1555.0,
+             "sxm", True, 4, 400.0, 1410, 5120, nvlink_links=12),
+    GpuModel("a100-40gb-pcie", "NVIDIA A100 40GB PCIe", ("NVIDIA A100-PCIE-40GB",), 40960, "8.0", 312.0, 312.0,
+             1555.0, "pcie", True, 4, 250.0, 1410, 5120),
+    GpuModel("a10", "NVIDIA A10", ("NVIDIA A10",), 23028, "8.6", 125.0, 125.0, 600.0,
+             "pcie", False, 4, 150.0, 1695, 384),
+    # Ada datacenter and workstation
+    GpuModel("l40s", "NVIDIA L40S", ("NVIDIA L40S",), 46068, "8.9", 362.1, 362.1, 864.0,
+             "pcie", False, 4, 350.0, 2520, 384),
+    GpuModel("l4", "NVIDIA L4", ("NVIDIA L4",), 23034, "8.9", 121.0, 121.0, 300.0,
+             "pcie", False, 4, 72.0, 2040, 192),
+    GpuModel("rtx-6000-ada", "NVIDIA RTX 6000 Ada Generation", ("NVIDIA RTX 6000 Ada Generation",), 49140, "8.9",
+             364.2, 364.2, 960.0, "pcie", False, 4, 300.0, 2505, 384),
+    GpuModel("rtx-a6000", "NVIDIA RTX A6000", ("NVIDIA RTX A6000",), 49140, "8.6", 154.8, 154.8, 768.0,
+             "pcie", True, 4, 300.0, 1800, 384),
+    # Volta and Turing: no BF16. V100 is listed as the SXM2 32GB module, the common cloud/HGX variant.
+    GpuModel("v100-32gb", "NVIDIA Tesla V100 SXM2 32GB", ("Tesla V100-SXM2-32GB",), 32768, "7.0", 125.0, None,
+             900.0, "sxm", True, 3, 300.0, 1530, 4096, nvlink_links=6),
+    GpuModel("t4", "NVIDIA T4", ("Tesla T4",), 15360, "7.5", 65.0, None, 320.0,
+             "pcie", False, 3, 70.0, 1590, 256),
+    # GeForce (FP32-accumulate tensor figures, see the module docstring)
+    GpuModel("rtx-4090", "NVIDIA GeForce RTX 4090", ("NVIDIA GeForce RTX 4090",), 24564, "8.9", 165.2, 165.2,
+             1008.0, "pcie", False, 4, 450.0, 2520, 384),
+    GpuModel("rtx-4080", "NVIDIA GeForce RTX 4080", ("NVIDIA GeForce RTX 4080",), 16376, "8.9", 97.5, 97.5, 716.8,
+             "pcie", False, 4, 320.0, 2505, 256),
+    GpuModel("rtx-3090", "NVIDIA GeForce RTX 3090", ("NVIDIA GeForce RTX 3090",), 24576, "8.6", 35.6, 35.6, 936.0,
+             "pcie", True, 4, 350.0, 1695, 384),
+    # The RTX 3080 shipped with 10 GB and 12 GB under the same NVML name: memory tells them apart.
+    GpuModel("rtx-3080", "NVIDIA GeForce RTX 3080", ("NVIDIA GeForce RTX 3080",), 10240, "8.6", 29.8, 29.8, 760.0,
+             "pcie", False, 4, 320.0, 1710, 320),
+    GpuModel("rtx-3080-12gb", "NVIDIA GeForce RTX 3080 12GB", ("NVIDIA GeForce RTX 3080",), 12288, "8.6", 30.6, 30.6,
+             912.0, "pcie", False, 4, 350.0, 1710, 384),
+)
+
+CATALOG: Mapping[str, GpuModel] = MappingProxyType({m.key: m for m in _MODELS})
+
+ALIASES: Mapping[str, str] = MappingProxyType({
+    "h200-sxm": "h200",
+    "h100": "h100-sxm",
+    "a100": "a100-80gb",
+    "a100-sxm": "a100-80gb",
+    "a100-pcie": "a100-80gb-pcie",
+    "a6000": "rtx-a6000",
+    "6000-ada": "rtx-6000-ada",
+    "v100": "v100-32gb",
+    "4090": "rtx-4090",
+    "4080": "rtx-4080",
+    "3090": "rtx-3090",
+    "3080": "rtx-3080",
+    "3080-12gb": "rtx-3080-12gb",
+})
+
+
+def _squash(name: str) -> str:
+    """"RTX 4090", "rtx_4090" and "rtx-4090" are the same thing to a person typing."""
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+_TYPED_NAMES: Mapping[str, str] = {_squash(k): k for k in CATALOG} | {_squash(a): k for a, k in ALIASES.items()}
+
+
+def resolve_alias(name: str) -> GpuModel:
+    """The catalog model for a key or a short name a person types ("h100", "RTX 4090"); case-insensitive."""
+    key = _TYPED_NAMES.get(_squash(name))
+    if key is None:
+        known = ", ".join(sorted(set(CATALOG) | set(ALIASES)))
+        raise UnknownGpuModel(f"unknown GPU model {name!r}; known models and aliases: {known}")
+    return CATALOG[key]
+
+
+# Vendor words carry no model information and come and go between driver versions ("Tesla T4").
+_NOISE_TOKENS = frozenset({"nvidia", "geforce", "tesla"})
+
+
+def _tokens(name: str) -> frozenset[str]:
+    return frozenset(re.findall(r"[a-z0-9]+", name.lower())) - _NOISE_TOKENS
+
+
+_MODEL_TOKENS: tuple[tuple[GpuModel, frozenset[str]], ...] = tuple(
+    (model, _tokens(n)) for model in _MODELS for n in model.nvml_names
+)
+
+
+def _candidates(reported: frozenset[str]) -> list[GpuModel]:
+    """Models the reported name can mean, most specific evidence first.
+
+    Tokens, not substrings: "rtx4070" contains "t4", but {"rtx", "4070"} does not contain {"t4"}.
+    """
+    exact = [m for m, toks in _MODEL_TOKENS if toks == reported]
+    if exact:
+        return exact
+    # The reported name says more than a catalog name ("RTX 4090 D"): prefer the longest catalog name it contains.
+    longer = [(len(toks), m) for m, toks in _MODEL_TOKENS if toks and toks < reported]
+    if longer:
+        best = max(n for n, _ in longer)
+        return [m for n, m in longer if n == best]
+    # The reported name says less ("NVIDIA A100"): every variant it could be; memory decides below.
+    if any(ch.isdigit() for tok in reported for ch in tok):
+        return [m for m, toks in _MODEL_TOKENS if reported < toks]
+    return []
+
+
+def match_model(info: GpuInfo) -> GpuModel | None:
+    """The catalog model a GPU claims to be, by its NVML name; variants sharing a name are told apart by memory."""
+    candidates = list(dict.fromkeys(_candidates(_tokens(info.name))))
+    if not candidates:
+        return None
+    reported = max(info.memory_total_mib, 0)
+    # Closest memory wins; on a tie the slower variant, so an ambiguous name is never tiered up.
+    return min(candidates, key=lambda m: (abs(m.memory_mib - reported) / m.memory_mib, m.fp16_tflops))
+
+
+def reference_gpu_info(model: GpuModel, *, index: int = 0, uuid: str = "", pci_bus_id: str = "") -> GpuInfo:
+    """What a healthy card of ``model`` reports through NVML: the simulator's output, the tier examples' input."""
+    return GpuInfo(
+        index=index,
+        uuid=uuid,
+        name=model.nvml_names[0],
+        pci_bus_id=pci_bus_id,
+        memory_total_mib=model.memory_mib,
+        compute_capability=model.compute_capability,
+        pcie_gen=model.pcie_gen,
+        pcie_width=16,
+        nvlinks=[NvLink(link=i, active=True) for i in range(model.nvlink_links)],
+        clock_sm_max_mhz=model.sm_clock_max_mhz,
+        power_limit_w=model.tdp_w,
+        memory_bus_width_bits=model.memory_bus_width_bits,
+    )

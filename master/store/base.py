@@ -1,0 +1,148 @@
+"""The Master's store: one repository per aggregate, the contract both backends (SQLite, MongoDB) keep.
+
+Repositories take and return the record structs of ``master.records``; a backend never hands out
+an object it still holds, and copies a record when it is written, so callers may keep mutating theirs.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Collection, Sequence
+from enum import Enum
+from typing import Protocol
+
+from master.records import (
+    AgentRecord,
+    ApiKeyRecord,
+    CommandRecord,
+    EventRecord,
+    GpuRecord,
+    RevocationRecord,
+    TelemetryRollup,
+    TokenRecord,
+)
+
+
+class TokenOutcome(str, Enum):
+    """What consuming a join token found."""
+
+    OK = "ok"
+    UNKNOWN = "unknown"
+    USED = "used"
+    EXPIRED = "expired"
+
+
+class AgentRepo(Protocol):
+    async def get(self, agent_id: str) -> AgentRecord | None: ...
+
+    async def put(self, rec: AgentRecord) -> None:
+        """Insert, or replace the agent with the same id."""
+
+    async def list(self, *, state: str | None = None, provider: str | None = None) -> builtins.list[AgentRecord]:
+        """Agents matching every filter given, ordered by id."""
+
+
+class GpuRepo(Protocol):
+    async def put_many(self, recs: Sequence[GpuRecord]) -> None:
+        """Insert, or replace the GPUs with the same uuid, in one batch."""
+
+    async def get(self, uuid: str) -> GpuRecord | None: ...
+
+    async def list(
+        self,
+        *,
+        agent_id: str | None = None,
+        tier: str | None = None,
+        state: str | None = None,
+        model: str | None = None,
+    ) -> builtins.list[GpuRecord]:
+        """GPUs matching every filter given, ordered by agent id, then index."""
+
+
+class CommandRepo(Protocol):
+    async def put(self, rec: CommandRecord) -> None:
+        """Insert, or replace the command with the same id."""
+
+    async def get(self, command_id: str) -> CommandRecord | None: ...
+
+    async def list(
+        self, *, agent_id: str | None = None, states: Collection[str] | None = None, limit: int = 1000
+    ) -> builtins.list[CommandRecord]:
+        """Commands matching the filters, newest first by ``created_at``; an empty ``states`` matches none."""
+
+
+class TokenRepo(Protocol):
+    async def put(self, rec: TokenRecord) -> None: ...
+
+    async def consume(self, token_hash: str, *, agent_id: str, now: float) -> tuple[TokenOutcome, TokenRecord | None]:
+        """Spend a join token once: of any number of concurrent consumers, exactly one gets ``OK``.
+
+        A token past its expiry is ``EXPIRED`` and stays unspent; a spent one is ``USED`` (even if it
+        has since expired). The record is returned with every outcome but ``UNKNOWN``.
+        """
+
+
+class ApiKeyRepo(Protocol):
+    async def put(self, rec: ApiKeyRecord) -> None: ...
+
+    async def get(self, key_hash: str) -> ApiKeyRecord | None: ...
+
+
+class EventRepo(Protocol):
+    async def append(self, rec: EventRecord) -> int:
+        """Record one event; returns the ``seq`` assigned to it, greater than any returned before."""
+
+    async def append_many(self, recs: Sequence[EventRecord]) -> None:
+        """Record events in one batch, with increasing ``seq`` in the order given."""
+
+    async def list(
+        self, *, subject: str | None = None, kind_prefix: str | None = None, after_seq: int = 0, limit: int = 100
+    ) -> builtins.list[EventRecord]:
+        """Events with ``seq > after_seq`` matching the filters, in ascending ``seq``, each with its ``seq`` set."""
+
+
+class RevocationRepo(Protocol):
+    async def put(self, rec: RevocationRecord) -> None:
+        """Insert, or replace the revocation of the same certificate serial."""
+
+    async def list(self) -> builtins.list[RevocationRecord]:
+        """Every revocation, oldest first."""
+
+
+class RollupRepo(Protocol):
+    async def put_many(self, recs: Sequence[TelemetryRollup]) -> None:
+        """Insert, or replace the rollups with the same (gpu_uuid, minute), in one batch."""
+
+    async def list(
+        self, gpu_uuid: str, *, since_minute: int = 0, until_minute: int | None = None
+    ) -> builtins.list[TelemetryRollup]:
+        """One GPU's rollups with ``since_minute <= minute < until_minute``, in ascending minute."""
+
+
+class Store(Protocol):
+    agents: AgentRepo
+    gpus: GpuRepo
+    commands: CommandRepo
+    tokens: TokenRepo
+    api_keys: ApiKeyRepo
+    events: EventRepo
+    revocations: RevocationRepo
+    rollups: RollupRepo
+    backend: str  # "sqlite" | "mongodb"
+
+    async def open(self) -> None:
+        """Connect and apply pending migrations; raises ConfigError for a store newer than this code."""
+
+    async def close(self) -> None: ...
+
+    async def schema_version(self) -> int:
+        """The highest migration applied to the underlying database."""
+
+
+def prefix_upper_bound(prefix: str) -> str:
+    """An exclusive upper bound for the strings that start with ``prefix``, for an index range scan.
+
+    Both backends compare strings by code point (as UTF-8 bytes), so the prefix followed by the highest
+    code point bounds them all (but those continuing with that very code point, which no kind uses).
+    """
+    return prefix + "\U0010ffff"

@@ -1,0 +1,180 @@
+"""Versioned schema migrations for both backends, numbered alike: version N means the same data shape.
+
+A migration is never edited once released; a change of schema is a new, higher-numbered step.
+SQLite records applied steps in ``schema_migrations`` (each step in its own transaction); MongoDB
+keeps the version in the ``meta`` collection, and its steps create indexes (idempotent, so two
+Masters opening one database at once do no harm).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from dataclasses import dataclass
+
+from pymongo import ASCENDING, DESCENDING, IndexModel
+from pymongo.asynchronous.database import AsyncDatabase
+
+from common.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class SqliteMigration:
+    version: int
+    description: str
+    statements: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class MongoMigration:
+    version: int
+    description: str
+    indexes: dict[str, list[IndexModel]]  # collection name -> indexes to create
+
+
+# Every table holds the record as JSON in ``doc``; the other columns are copies of the fields that
+# queries filter or sort on, so they can be indexed.
+SQLITE_MIGRATIONS: tuple[SqliteMigration, ...] = (
+    SqliteMigration(
+        1,
+        "agents, gpus, commands, tokens, api keys, events, revocations",
+        (
+            """CREATE TABLE agents (
+                id TEXT PRIMARY KEY, provider TEXT NOT NULL, state TEXT NOT NULL, doc TEXT NOT NULL)""",
+            "CREATE INDEX agents_by_state ON agents (state, id)",
+            "CREATE INDEX agents_by_provider ON agents (provider, id)",
+            """CREATE TABLE gpus (
+                uuid TEXT PRIMARY KEY, agent_id TEXT NOT NULL, idx INTEGER NOT NULL, model TEXT NOT NULL,
+                state TEXT NOT NULL, tier TEXT, doc TEXT NOT NULL)""",
+            "CREATE INDEX gpus_by_agent ON gpus (agent_id, idx)",
+            "CREATE INDEX gpus_by_tier ON gpus (tier)",
+            "CREATE INDEX gpus_by_state ON gpus (state)",
+            "CREATE INDEX gpus_by_model ON gpus (model)",
+            """CREATE TABLE commands (
+                id TEXT PRIMARY KEY, agent_id TEXT NOT NULL, state TEXT NOT NULL, created_at REAL NOT NULL,
+                doc TEXT NOT NULL)""",
+            "CREATE INDEX commands_by_created ON commands (created_at)",
+            "CREATE INDEX commands_by_agent ON commands (agent_id, created_at)",
+            "CREATE INDEX commands_by_state ON commands (state, created_at)",
+            """CREATE TABLE tokens (
+                token_hash TEXT PRIMARY KEY, expires_at REAL NOT NULL, used_at REAL, doc TEXT NOT NULL)""",
+            "CREATE TABLE api_keys (key_hash TEXT PRIMARY KEY, doc TEXT NOT NULL)",
+            # AUTOINCREMENT: a seq is never reused, even after the newest events are deleted.
+            """CREATE TABLE events (
+                seq INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL, kind TEXT NOT NULL,
+                subject TEXT NOT NULL, doc TEXT NOT NULL)""",
+            "CREATE INDEX events_by_subject ON events (subject, seq)",
+            "CREATE INDEX events_by_kind ON events (kind, seq)",
+            """CREATE TABLE revocations (
+                serial TEXT PRIMARY KEY, agent_id TEXT NOT NULL, revoked_at REAL NOT NULL, doc TEXT NOT NULL)""",
+        ),
+    ),
+    SqliteMigration(
+        2,
+        "telemetry rollups",
+        (
+            # Keyed and clustered by (gpu, minute): a GPU's history is one contiguous range scan.
+            """CREATE TABLE rollups (
+                gpu_uuid TEXT NOT NULL, minute INTEGER NOT NULL, doc TEXT NOT NULL,
+                PRIMARY KEY (gpu_uuid, minute)) WITHOUT ROWID""",
+        ),
+    ),
+)
+
+MONGO_MIGRATIONS: tuple[MongoMigration, ...] = (
+    MongoMigration(
+        1,
+        "agents, gpus, commands, events indexes",
+        {
+            "agents": [IndexModel([("state", ASCENDING)]), IndexModel([("provider", ASCENDING)])],
+            "gpus": [
+                IndexModel([("agent_id", ASCENDING), ("index", ASCENDING)]),
+                IndexModel([("tier", ASCENDING)]),
+                IndexModel([("state", ASCENDING)]),
+                IndexModel([("model", ASCENDING)]),
+            ],
+            "commands": [
+                IndexModel([("created_at", DESCENDING)]),
+                IndexModel([("agent_id", ASCENDING), ("created_at", DESCENDING)]),
+                IndexModel([("state", ASCENDING), ("created_at", DESCENDING)]),
+            ],
+            "events": [
+                IndexModel([("subject", ASCENDING), ("_id", ASCENDING)]),
+                IndexModel([("kind", ASCENDING), ("_id", ASCENDING)]),
+            ],
+        },
+    ),
+    MongoMigration(
+        2,
+        "telemetry rollups keyed by (gpu_uuid, minute)",
+        {"rollups": [IndexModel([("gpu_uuid", ASCENDING), ("minute", ASCENDING)], unique=True)]},
+    ),
+)
+
+LATEST_VERSION = SQLITE_MIGRATIONS[-1].version  # the contract tests check MongoDB reaches it too
+
+
+def _refuse_newer(found: int, where: str) -> None:
+    if found > LATEST_VERSION:
+        raise ConfigError(
+            f"{where} has schema version {found}, newer than this idlegrid understands ({LATEST_VERSION}): "
+            "upgrade idlegrid, or point it at another store"
+        )
+
+
+def sqlite_schema_version(conn: sqlite3.Connection) -> int:
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS schema_migrations "
+        "(version INTEGER PRIMARY KEY, description TEXT NOT NULL, applied_at REAL NOT NULL)"
+    )
+    (version,) = conn.execute("SELECT COALESCE(MAX(version), 0) FROM schema_migrations").fetchone()
+    return int(version)
+
+
+def migrate_sqlite(conn: sqlite3.Connection, *, up_to: int | None = None, where: str = "SQLite store") -> int:
+    """Apply the pending steps up to ``up_to`` (default: all); returns the version reached.
+
+    ``conn`` must be in autocommit mode (``isolation_level=None``): each step runs in its own
+    ``BEGIN IMMEDIATE`` transaction, which also makes a second process migrating the same file wait
+    and then find the step already applied.
+    """
+    _refuse_newer(sqlite_schema_version(conn), where)
+    for step in SQLITE_MIGRATIONS:
+        if up_to is not None and step.version > up_to:
+            break
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if sqlite_schema_version(conn) < step.version:
+                for statement in step.statements:
+                    conn.execute(statement)
+                conn.execute(
+                    "INSERT INTO schema_migrations (version, description, applied_at) VALUES (?, ?, ?)",
+                    (step.version, step.description, time.time()),
+                )
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+    return sqlite_schema_version(conn)
+
+
+async def mongo_schema_version(db: AsyncDatabase) -> int:
+    doc = await db.meta.find_one({"_id": "schema"})
+    return int(doc["version"]) if doc else 0
+
+
+async def migrate_mongo(db: AsyncDatabase, *, up_to: int | None = None) -> int:
+    """Apply the pending steps up to ``up_to`` (default: all); returns the version reached."""
+    current = await mongo_schema_version(db)
+    _refuse_newer(current, f"MongoDB database {db.name!r}")
+    for step in MONGO_MIGRATIONS:
+        if step.version <= current:
+            continue
+        if up_to is not None and step.version > up_to:
+            break
+        for collection, indexes in step.indexes.items():
+            await db[collection].create_indexes(indexes)
+        # $max: a Master that migrated further meanwhile is not set back.
+        await db.meta.update_one({"_id": "schema"}, {"$max": {"version": step.version}}, upsert=True)
+        current = step.version
+    return await mongo_schema_version(db)

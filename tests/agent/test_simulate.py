@@ -1,0 +1,102 @@
+"""Simulated GPUs: the spec a person types, an NVML-like inventory, stable identities, plausible telemetry."""
+
+import re
+
+import pytest
+
+from agent.simulate import MAX_SIMULATED_GPUS, SimulatedCollector, parse_simulate_spec
+from common.catalog import CATALOG, match_model
+from master.tiers import TierPolicy, classify
+
+
+def keys(spec: str) -> list[tuple[str, int]]:
+    return [(model.key, count) for model, count in parse_simulate_spec(spec)]
+
+
+def test_spec_names_models_and_counts():
+    assert keys("h100:8") == [("h100-sxm", 8)]
+    assert keys("h100:4,a10:2") == [("h100-sxm", 4), ("a10", 2)]
+    assert keys(" RTX4090 ") == [("rtx-4090", 1)]
+    assert keys("a100-80gb:2, t4 : 3") == [("a100-80gb", 2), ("t4", 3)]
+
+
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        ("", "empty"),
+        ("h300:2", "unknown GPU model 'h300'"),
+        ("h100:two", "'two' is not a whole number"),
+        ("h100:0", "at least 1"),
+        ("h100:-3", "at least 1"),
+        ("h100:2,", "names no GPU model"),
+        (":4", "names no GPU model"),
+        (f"h100:{MAX_SIMULATED_GPUS},t4:1", f"at most {MAX_SIMULATED_GPUS}"),
+    ],
+)
+def test_a_bad_spec_is_a_value_error_saying_what_is_wrong(spec: str, says: str):
+    with pytest.raises(ValueError, match=re.escape(says)):
+        parse_simulate_spec(spec)
+
+
+def test_inventory_has_the_asked_models_and_counts_in_order():
+    gpus = SimulatedCollector("h100:4,a10:2", seed=1).inventory()
+    assert [g.index for g in gpus] == list(range(6))
+    assert [match_model(g).key for g in gpus] == ["h100-sxm"] * 4 + ["a10"] * 2
+
+
+def test_inventory_looks_like_nvml_and_says_it_is_simulated():
+    gpus = SimulatedCollector("h100:2,t4:1", seed=1).inventory()
+    h100, t4 = gpus[0], gpus[2]
+    assert all(g.simulated for g in gpus)
+    assert all(re.fullmatch(r"GPU-[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}", g.uuid) for g in gpus)
+    assert [g.pci_bus_id for g in gpus] == ["00000000:10:00.0", "00000000:11:00.0", "00000000:12:00.0"]
+    assert (h100.name, h100.memory_total_mib, h100.compute_capability) == ("NVIDIA H100 80GB HBM3", 81559, "9.0")
+    assert len(h100.nvlinks) == 18 and t4.nvlinks == [] and (h100.pcie_gen, t4.pcie_gen) == (5, 3)
+    assert h100.driver_version and h100.cuda_version and h100.power_limit_w == 700.0
+
+
+def test_uuids_are_unique_and_stable_for_the_same_host_key():
+    first = SimulatedCollector("h100:8", host_key="/var/lib/idlegrid/agent").inventory()
+    again = SimulatedCollector("h100:8", host_key="/var/lib/idlegrid/agent").inventory()
+    other = SimulatedCollector("h100:8", host_key="/srv/other-agent").inventory()
+    assert [g.uuid for g in first] == [g.uuid for g in again]
+    assert len({g.uuid for g in first} | {g.uuid for g in other}) == 16
+
+
+def test_uuids_differ_between_collectors_without_host_key_or_seed():
+    assert SimulatedCollector("t4").inventory()[0].uuid != SimulatedCollector("t4").inventory()[0].uuid
+
+
+def test_simulated_gpus_are_classified_like_real_ones():
+    policy = TierPolicy.load()
+    for key in CATALOG:
+        for gpu in SimulatedCollector(key, seed=0).inventory():
+            result = classify(gpu, policy)
+            assert result.model == key and result.flags == () and result.tier is not None
+
+
+def test_samples_stay_within_the_models_limits_and_vary():
+    collector = SimulatedCollector("h100:2,t4:2", seed=7)
+    gpus = {g.uuid: CATALOG[match_model(g).key] for g in collector.inventory()}
+    seen = set()
+    for _ in range(200):
+        samples = collector.sample()
+        assert [s.uuid for s in samples] == list(gpus)
+        for s in samples:
+            model = gpus[s.uuid]
+            assert 0 <= s.utilization_pct <= 100
+            assert 0 <= s.memory_used_mib <= model.memory_mib
+            assert 0 < s.power_w <= model.tdp_w
+            assert 20 <= s.temperature_c <= 90
+            assert 0 < s.clock_sm_mhz <= model.sm_clock_max_mhz
+            assert s.ecc_uncorrected == 0
+            seen.add(round(s.utilization_pct))
+    assert len(seen) > 20  # load actually changes
+    collector.close()
+
+
+def test_the_same_seed_gives_the_same_telemetry():
+    a, b = SimulatedCollector("l4:2", seed=3, host_key="h"), SimulatedCollector("l4:2", seed=3, host_key="h")
+    for _ in range(5):
+        readings = [[(s.utilization_pct, s.power_w) for s in c.sample()] for c in (a, b)]
+        assert readings[0] == readings[1]

@@ -1,0 +1,138 @@
+"""The operator API on a real Master (SQLite store in a temp dir): authentication, JSON errors, filters."""
+
+import time
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from agent.simulate import SimulatedCollector
+from common.inventory import HostInfo, Inventory
+from management.api import build_app
+from master.config import MasterConfig
+from master.records import AgentRecord
+from master.service import Master
+
+HOST = HostInfo(hostname="h1", cpu_model="EPYC", cpu_cores=64, ram_mib=512000, disk_total_gib=2000, disk_free_gib=1500,
+                os="Debian 12", kernel="6.1")
+
+
+@pytest.fixture
+async def api(tmp_path):
+    master = Master(MasterConfig(state_dir=str(tmp_path), link_port=0))
+    await master.start()
+    key = await master.create_api_key("test operator")
+    client = TestClient(TestServer(build_app(master)))
+    await client.start_server()
+    client.master = master
+    client.auth = {"Authorization": f"Bearer {key}"}
+    yield client
+    await client.close()
+    await master.stop()
+
+
+async def add_agent(master: Master, agent_id: str, simulate: str) -> None:
+    agent = AgentRecord(id=agent_id, provider="prov", state="enrolled", enrolled_at=time.time())
+    await master.store.agents.put(agent)
+    await master.registry.add(agent)
+    gpus = SimulatedCollector(simulate, host_key=agent_id).inventory()
+    await master.registry.on_hello(agent, Inventory(host=HOST, gpus=gpus, simulated=True), relay="relay-1",
+                                   region="eu-west", now=time.time())
+
+
+async def test_every_api_call_needs_an_operator_key(api):
+    for headers in ({}, {"Authorization": "Bearer igak_wrong"}, {"Authorization": "Basic abc"}):
+        response = await api.get("/api/v1/agents", headers=headers)
+        assert response.status == 401
+        assert (await response.json())["error"]["code"] == "unauthorized"
+    assert (await api.get("/healthz")).status == 200
+
+
+async def test_agents_are_listed_with_state_region_relay_tiered_gpus_and_reputation(api):
+    await add_agent(api.master, "agt-a", "h100:2")
+    await add_agent(api.master, "agt-b", "rtx-4090:1")
+    body = await (await api.get("/api/v1/agents", headers=api.auth)).json()
+    assert [a["id"] for a in body["items"]] == ["agt-a", "agt-b"]
+    a = body["items"][0]
+    assert (a["state"], a["region"], a["relay"]) == ("ready", "eu-west", "relay-1")
+    assert len(a["gpus"]) == 2 and all(g["tier"] for g in a["gpus"])
+    assert set(a["reputation"]["components"]) == {"uptime", "command_success"}
+    one = await (await api.get("/api/v1/agents/agt-b", headers=api.auth)).json()
+    assert one["gpus"][0]["model"] == "rtx-4090"
+    missing = await api.get("/api/v1/agents/agt-zzz", headers=api.auth)
+    assert missing.status == 404 and (await missing.json())["error"]["code"] == "not_found"
+
+
+async def test_gpus_filter_by_tier_model_and_state(api):
+    await add_agent(api.master, "agt-a", "h100:2")
+    await add_agent(api.master, "agt-b", "t4:3")
+    everything = (await (await api.get("/api/v1/gpus", headers=api.auth)).json())["items"]
+    assert len(everything) == 5
+    t4_tier = next(g["tier"] for g in everything if g["model"] == "t4")
+    by_tier = (await (await api.get(f"/api/v1/gpus?tier={t4_tier}", headers=api.auth)).json())["items"]
+    assert {g["model"] for g in by_tier} == {"t4"}
+    by_model = (await (await api.get("/api/v1/gpus?model=h100-sxm&state=available", headers=api.auth)).json())["items"]
+    assert len(by_model) == 2
+    tiers = (await (await api.get("/api/v1/tiers", headers=api.auth)).json())["items"]
+    assert t4_tier in {t["name"] for t in tiers}
+
+
+async def test_join_tokens_are_created_for_a_provider_and_stored_only_hashed(api, tmp_path):
+    response = await api.post("/api/v1/tokens", json={"provider": "acme", "ttl_s": 60}, headers=api.auth)
+    assert response.status == 201
+    token = (await response.json())["token"]
+    for path in tmp_path.glob("master.db*"):
+        assert token.encode() not in path.read_bytes()
+    for bad in ({}, {"provider": ""}, {"provider": "acme", "ttl_s": -1}):
+        refused = await api.post("/api/v1/tokens", json=bad, headers=api.auth)
+        assert refused.status == 400 and "error" in await refused.json()
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code"),
+    [
+        ("not json", 400, "bad_json"),
+        ({"agent_id": "agt-a"}, 400, "bad_request"),
+        ({"agent_id": "agt-nobody", "kind": "create_container", "spec": {}}, 404, "not_found"),
+        ({"agent_id": "agt-a", "kind": "format_disk", "spec": {}}, 400, "invalid_command"),
+        ({"agent_id": "agt-a", "kind": "create_container", "spec": {"name": "x"}}, 400, "invalid_command"),
+        ({"agent_id": "agt-a", "kind": "create_container", "spec": {"name": "x", "image": "i", "privileged": True}}, 400, "invalid_command"),
+    ],
+)
+async def test_bad_commands_get_clear_json_errors(api, body, status, code):
+    await add_agent(api.master, "agt-a", "a10:1")
+    kwargs = {"data": body} if isinstance(body, str) else {"json": body}
+    response = await api.post("/api/v1/commands", headers=api.auth, **kwargs)
+    assert response.status == status
+    assert (await response.json())["error"]["code"] == code
+
+
+async def test_a_command_for_an_unreachable_agent_is_accepted_and_stays_pending(api):
+    await add_agent(api.master, "agt-a", "a10:1")
+    response = await api.post("/api/v1/commands", headers=api.auth,
+                              json={"agent_id": "agt-a", "kind": "delete_container", "spec": {"name": "x"}})
+    assert response.status == 202
+    command_id = (await response.json())["id"]
+    command = await (await api.get(f"/api/v1/commands/{command_id}", headers=api.auth)).json()
+    assert command["state"] == "pending"
+    assert (await api.get("/api/v1/commands/cmd-nope", headers=api.auth)).status == 404
+
+
+async def test_drain_and_revoke_move_the_agent_and_are_recorded(api):
+    await add_agent(api.master, "agt-a", "a10:1")
+    drained = await (await api.post("/api/v1/agents/agt-a/drain", headers=api.auth)).json()
+    assert drained["state"] == "maintenance"
+    revoked = await (await api.post("/api/v1/agents/agt-a/revoke", headers=api.auth)).json()
+    assert revoked["state"] == "retired"
+    events = (await (await api.get("/api/v1/events?subject=agt-a&kind=agent.transition", headers=api.auth)).json())["items"]
+    assert [e["data"]["new"] for e in events] == ["ready", "maintenance", "retired"]
+    again = await api.post("/api/v1/commands", headers=api.auth,
+                           json={"agent_id": "agt-a", "kind": "delete_container", "spec": {"name": "x"}})
+    assert again.status == 409
+
+
+async def test_metrics_and_unknown_routes(api):
+    await add_agent(api.master, "agt-a", "l4:2")
+    text = await (await api.get("/metrics")).text()
+    assert 'idlegrid_agents{state="ready"} 1.0' in text
+    unknown = await api.get("/api/v1/nothing", headers=api.auth)
+    assert unknown.status == 404 and (await unknown.json())["error"]["code"] == "not_found"
