@@ -162,6 +162,7 @@ class RelayHttp:
             "cert_pem": answer.cert_pem,
             "ca_pem": answer.ca_pem,
             "command_keys": answer.command_keys,
+            "key_endorsements": answer.key_endorsements,  # the agent trusts only keys the platform CA endorsed
             "agent_url": self._agent_url(),
         }
         return web.json_response(payload)

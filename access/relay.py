@@ -13,7 +13,7 @@ import logging
 import ssl
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from websockets.asyncio.server import Server, ServerConnection, serve
@@ -49,7 +49,7 @@ class Refusal:
 def refusal_for(identity: Identity, revoked: set[str], now: float) -> Refusal | None:
     """Why a certificate may not hold a session here, if it may not."""
     if identity.role is not Role.AGENT:
-        return Refusal("wrong_role", f"a {identity.role.value} certificate cannot connect as an agent")
+        return Refusal("wrong_role", f"certificate role {identity.role.value!r} cannot connect as an agent")
     if identity.serial in revoked:
         return Refusal("revoked", "certificate revoked")
     if identity.not_after <= now:
@@ -93,7 +93,6 @@ class AgentSession:
     remote: str
     bucket: TokenBucket
     open: bool = True  # False once the relay decided to close it: nothing more is relayed
-    connected_at: float = field(default_factory=time.time)
 
     @property
     def agent_id(self) -> str:
@@ -266,8 +265,10 @@ class AgentGateway:
             await self._answer_error(session, ProtocolError(f"{kind} frame dropped: over the rate limit of {limit}",
                                                             code=ErrorCode.RATE_LIMITED.value), quiet=True)
             return
-        await self._link.forward(session.agent_id, kind, message)
-        self._metrics.frame_in()
+        # Waits while the buffer is full of frames that must be kept (backpressure: this agent is not
+        # read meanwhile); gives up only if the connection ends, and an agent resends results until acked.
+        if await self._link.forward(session.agent_id, kind, message, until=session.connection.connection_lost_waiter):
+            self._metrics.frame_in()
 
     async def _answer_error(self, session: AgentSession, exc: ProtocolError, *, quiet: bool = False) -> None:
         self._metrics.frame_error(exc.code)

@@ -15,9 +15,9 @@ import logging
 import random
 import ssl
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import msgspec
 from websockets.asyncio.client import ClientConnection, connect
@@ -77,16 +77,18 @@ class FrameBuffer:
     The sender ``peek``s the head, sends it, then calls ``done``; a failed send leaves it at the head.
     """
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, on_drop: Callable[[str], None] = lambda reason: None) -> None:
         self.limit = limit
+        self._on_drop = on_drop  # told "superseded" or "evicted" for each heartbeat/telemetry let go
         self._queue: deque[Outbound] = deque()
         self._replaceable: deque[Outbound] = deque()  # heartbeats/telemetry, oldest first: evicted first when full
         self._latest: dict[tuple[str, str], Outbound] = {}  # (agent, kind) -> its waiting heartbeat/telemetry
         self._last: dict[str, Outbound] = {}  # agent -> its most recent entry
         self._inflight: Outbound | None = None
         self._live = 0
-        self.superseded = 0  # heartbeats/telemetry replaced by a newer one
-        self.evicted = 0  # heartbeats/telemetry pushed out (or refused) to make room
+        # Replace a waiting heartbeat/telemetry with its newer one. Off while the Master link is up, so
+        # that a momentary backlog loses no telemetry sample; on while it is down.
+        self.coalesce = True
         self._space = asyncio.Event()
         self._ready = asyncio.Event()
 
@@ -96,24 +98,38 @@ class FrameBuffer:
     def offer(self, entry: Outbound, *, force: bool = False) -> bool:
         """Queue ``entry`` without waiting; False only when it must be kept but there is no room."""
         replaceable = entry.kind in SUPERSEDED_BY_NEWER
-        if replaceable:
+        if replaceable and self.coalesce:
             older = self._latest.get((entry.agent_id, entry.kind))
             if older is not None and older.live:
                 self._retire(older)
-                self.superseded += 1
+                self._on_drop("superseded")
         if self._live >= self.limit and not force and not self._evict_one():
             if not replaceable:
                 return False
-            self.evicted += 1  # a heartbeat with no room: the next one will say the same, so let it go
+            self._on_drop("evicted")  # a heartbeat with no room: the next one will say the same, so let it go
             return True
         self._append(entry, replaceable)
         return True
 
-    async def put(self, entry: Outbound) -> None:
-        """Queue ``entry``, waiting for room if it must be kept and the buffer is full of what must be kept."""
+    async def put(self, entry: Outbound, until: asyncio.Future[Any] | None = None) -> bool:
+        """Queue ``entry``, waiting for room if it must be kept and the buffer is full of what must be kept.
+
+        Gives up, returning False, if ``until`` (say, the sender's connection closing) completes first,
+        so a closed or stopping connection is never stuck here.
+        """
         while not self.offer(entry):
             self._space.clear()
-            await self._space.wait()
+            if until is None:
+                await self._space.wait()
+                continue
+            if until.done():
+                return False
+            room = asyncio.ensure_future(self._space.wait())
+            try:
+                await asyncio.wait({room, until}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                room.cancel()
+        return True
 
     def cancel_connect(self, agent_id: str) -> bool:
         """Withdraw the agent's ``agent_connected`` notice if nothing followed it and it is not being sent.
@@ -138,6 +154,10 @@ class FrameBuffer:
             await self._ready.wait()
         return entry
 
+    def send_failed(self) -> None:
+        """The entry from ``peek`` did not go out (the link dropped): it stays at the head, no longer in flight."""
+        self._inflight = None
+
     def done(self, entry: Outbound) -> None:
         """``entry`` was sent: take it out."""
         if self._inflight is entry:
@@ -147,12 +167,20 @@ class FrameBuffer:
         while self._queue and not self._queue[0].live:
             self._queue.popleft()
 
-    def first_kinds(self) -> dict[str, str]:
-        """Agent id -> kind of its first waiting entry, in queue order (what a fresh Master link must announce)."""
+    def withdraw_connects(self, keep: Collection[str]) -> dict[str, str]:
+        """Withdraw the ``agent_connected`` notices of agents not in ``keep``; then, per agent, the kind of
+        its first waiting entry, in queue order (what a fresh Master link must be told first).
+
+        Only while nothing is being sent (between links).
+        """
         first: dict[str, str] = {}
         for entry in self._queue:
-            if entry.live and entry.agent_id not in first:
-                first[entry.agent_id] = entry.kind
+            if not entry.live:
+                continue
+            if entry.kind == CONNECTED and entry.agent_id not in keep:
+                self._retire(entry)
+                continue
+            first.setdefault(entry.agent_id, entry.kind)
         return first
 
     def kinds(self) -> list[tuple[str, str]]:
@@ -174,7 +202,7 @@ class FrameBuffer:
             victim = self._replaceable.popleft()
             if victim.live and victim is not self._inflight:
                 self._retire(victim)
-                self.evicted += 1
+                self._on_drop("evicted")
                 return True
         return False
 
@@ -221,12 +249,11 @@ class MasterLink:
     def __init__(self, config: AccessConfig, ssl_context: ssl.SSLContext, metrics: RelayMetrics, *, public_url: str = "") -> None:
         self.config = config
         self.public_url = public_url
-        self.buffer = FrameBuffer(config.buffer_frames)
+        self.buffer = FrameBuffer(config.buffer_frames, on_drop=metrics.drop)
         self._ssl = ssl_context
         self._metrics = metrics
         self._agents: AgentSide | None = None
         self._sessions: dict[str, AgentConnected] = {}  # agents connected here now
-        self._departed: dict[str, AgentConnected] = {}  # gone, but their frames may still be waiting
         self._pending: dict[str, asyncio.Future[EnrollResponse]] = {}
         self._connection: ClientConnection | None = None
         self._up = asyncio.Event()
@@ -279,7 +306,6 @@ class MasterLink:
     # --- what the agent side calls ---------------------------------------------------------------
 
     def agent_connected(self, notice: AgentConnected) -> None:
-        self._departed.pop(notice.agent_id, None)
         self._sessions[notice.agent_id] = notice
         self.buffer.offer(Outbound(notice.agent_id, CONNECTED, encode(notice)), force=True)
 
@@ -289,14 +315,16 @@ class MasterLink:
             return
         if self.buffer.cancel_connect(agent_id):
             return  # the Master never heard of this visit, so it needs no goodbye either
-        self._departed[agent_id] = notice
-        notice_out = AgentDisconnected(agent_id=agent_id, reason=reason)
-        self.buffer.offer(Outbound(agent_id, DISCONNECTED, encode(notice_out)), force=True)
+        goodbye = AgentDisconnected(agent_id=agent_id, reason=reason)
+        self.buffer.offer(Outbound(agent_id, DISCONNECTED, encode(goodbye)), force=True)
 
-    async def forward(self, agent_id: str, kind: str, frame: bytes) -> None:
-        """Send an agent's frame (its JSON, untouched) under the certificate's agent id; may wait for room."""
+    async def forward(self, agent_id: str, kind: str, frame: bytes, until: asyncio.Future[Any] | None = None) -> bool:
+        """Queue an agent's frame (its JSON, untouched) under the certificate's agent id; may wait for room.
+
+        False when ``until`` completed before there was room: the frame was not queued.
+        """
         data = encode(Relay(agent_id=agent_id, frame=msgspec.Raw(frame)))
-        await self.buffer.put(Outbound(agent_id, kind, data))
+        return await self.buffer.put(Outbound(agent_id, kind, data), until)
 
     async def enroll(self, request: EnrollRequest, timeout_s: float) -> EnrollResponse:
         """Ask the Master to enroll; ``MasterUnavailable`` when the link is down, ``TimeoutError`` when it is slow."""
@@ -329,8 +357,10 @@ class MasterLink:
                     await self._serve(connection)
             except (OSError, ssl.SSLError, InvalidHandshake, InvalidURI, ConnectionClosed, TimeoutError, ProtocolError) as exc:
                 if not self._stopping:
-                    log.warning("master link down: %s", exc or type(exc).__name__,
-                                extra={"master_url": self.config.master_url, "attempt": attempt})
+                    # The first failures say what is wrong; after that, one line in ten is enough.
+                    level = logging.WARNING if attempt < 3 or attempt % 10 == 0 else logging.DEBUG
+                    log.log(level, "master link down: %s", exc or type(exc).__name__,
+                            extra={"master_url": self.config.master_url, "attempt": attempt})
             except Exception:  # a bug here must not end reconnection for good
                 log.exception("master link failed", extra={"master_url": self.config.master_url})
             finally:
@@ -354,30 +384,26 @@ class MasterLink:
         negotiate([welcome.version])
         assert self._agents is not None
         await self._agents.revoke(welcome.revoked_serials)
-        for notice in self._announcements():
+        for notice in self._announcements(revoked=set(welcome.revoked_serials)):
             await connection.send(encode(notice), text=True)
         self._connection = connection
+        self.buffer.coalesce = False
         self._up.set()
         self._metrics.master_link_up.set(1)
         log.info("master link up", extra={"master_url": self.config.master_url, "agents": len(self._sessions),
                                            "buffered": len(self.buffer)})
 
-    def _announcements(self) -> list[AgentConnected]:
-        """``agent_connected`` for each agent the Master must know before the buffer flushes.
+    def _announcements(self, revoked: set[str]) -> list[AgentConnected]:
+        """``agent_connected`` for each agent here that the Master must know before the buffer flushes.
 
-        The Master forgets a relay's agents when its link drops, and takes frames only from agents it
-        knows to be here. Agents whose first waiting entry is their own notice are announced by it.
+        The Master forgets a relay's agents when its link drops and takes frames only from agents it
+        believes are on that link. Only agents connected here now are announced: one that left during
+        the outage may be on another relay by now, and announcing it would take it from there. Its
+        waiting frames still go; the Master ignores them and the agent resends results until acked.
         """
-        first = self.buffer.first_kinds()
-        agents = list(first) + [a for a in self._sessions if a not in first]
-        notices = []
-        for agent_id in agents:
-            if first.get(agent_id) == CONNECTED:
-                continue
-            notice = self._sessions.get(agent_id) or self._departed.get(agent_id)
-            if notice is not None:
-                notices.append(notice)
-        return notices
+        first = self.buffer.withdraw_connects(keep=self._sessions.keys())
+        return [notice for agent_id, notice in self._sessions.items()
+                if first.get(agent_id) != CONNECTED and notice.serial not in revoked]
 
     async def _serve(self, connection: ClientConnection) -> None:
         """Send and receive until either side stops; whichever failed decides what is logged."""
@@ -406,16 +432,16 @@ class MasterLink:
             entry = await self.buffer.next()
             await connection.send(entry.data, text=True)
             self.buffer.done(entry)
-            if entry.kind == DISCONNECTED and entry.agent_id not in self._sessions:
-                self._departed.pop(entry.agent_id, None)
 
     def _down(self) -> None:
         was_up = self.is_up
         self._connection = None
+        self.buffer.send_failed()
+        self.buffer.coalesce = True
         self._up.clear()
         self._metrics.master_link_up.set(0)
         self._fail_pending("the link to the Master went down while enrolling; retry in a few seconds")
-        if was_up:
+        if was_up and not self._stopping:
             log.warning("master link lost; buffering agent frames", extra={"buffered": len(self.buffer)})
 
     def _fail_pending(self, why: str) -> None:

@@ -13,6 +13,7 @@ LABEL_COMMAND_ID = "io.idlegrid.command-id"
 LABEL_RENTAL_ID = "io.idlegrid.rental-id"
 LABEL_AGENT_ID = "io.idlegrid.agent-id"
 LABEL_NAME = "io.idlegrid.name"
+RESERVED_LABEL_PREFIX = "io.idlegrid."
 
 
 class ContainerSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -32,6 +33,8 @@ class ContainerSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         for key in self.labels:
             if not _LABEL_KEY.match(key):
                 raise ValueError(f"label key {key!r} is not allowed")
+            if key.startswith(RESERVED_LABEL_PREFIX):
+                raise ValueError(f"label key {key!r} is reserved: labels under {RESERVED_LABEL_PREFIX} are set by idlegrid")
         for key in self.env:
             if not key or "=" in key or "\0" in key:
                 raise ValueError(f"environment variable name {key!r} is not allowed")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import socket
 import ssl
@@ -134,6 +135,20 @@ class Demo:
                 with contextlib.suppress(ProcessLookupError):
                     process.kill()
                 await process.wait()
+        kill_processes_under(self.state_dir)
+
+
+def kill_processes_under(root: Path) -> None:
+    """Process-runtime containers outlive their agent by design; stopping the demo stops them too."""
+    root_text = str(root.resolve())
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if os.readlink(entry / "cwd").startswith(root_text):
+                os.kill(int(entry.name), signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def _get(url: str, context: ssl.SSLContext | None = None) -> dict:

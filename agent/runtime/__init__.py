@@ -1,0 +1,27 @@
+"""Container runtimes the agent can drive: a Docker-API engine, or plain host processes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agent.runtime.base import ContainerRuntime
+from agent.runtime.docker import DockerRuntime
+from agent.runtime.process import ProcessRuntime
+from common.errors import ConfigError
+
+RUNTIMES: dict[str, type] = {"docker": DockerRuntime, "process": ProcessRuntime}
+
+
+def open_runtime(kind: str, **options: Any) -> ContainerRuntime:
+    """``docker``: options ``socket`` (default /var/run/docker.sock), ``allow_pull``, ``timeout_s``, ``capabilities``.
+    ``process``: option ``state_dir`` (required), where the container records live."""
+    runtime = RUNTIMES.get(kind)
+    if runtime is None:
+        raise ConfigError(f"unknown container runtime {kind!r}: choose one of {', '.join(RUNTIMES)}")
+    try:
+        return runtime(**options)
+    except TypeError as exc:  # a misspelt or missing option in the agent's settings
+        raise ConfigError(f"bad options for the {kind} runtime: {exc}") from exc
+
+
+__all__ = ["ContainerRuntime", "DockerRuntime", "ProcessRuntime", "RUNTIMES", "open_runtime"]

@@ -8,10 +8,6 @@ from typing import Protocol
 from common.containers import LABEL_COMMAND_ID, LABEL_NAME, ContainerInfo, ContainerSpec
 from common.errors import RuntimeFailure
 
-# Labels under this prefix are the agent's own (command, agent, rental ids); a renter's spec may not set them,
-# or a renter could pass a container off as another rental's.
-RESERVED_LABEL_PREFIX = "io.idlegrid."
-
 # The state a runtime reports for a container that ``delete`` has just removed.
 STATE_REMOVED = "removed"
 
@@ -46,9 +42,8 @@ class ContainerRuntime(Protocol):
 
 
 def container_labels(spec: ContainerSpec, labels: Mapping[str, str]) -> dict[str, str]:
-    """The labels a container gets: the renter's (minus reserved keys), then the agent's, then its name."""
-    merged = {key: value for key, value in spec.labels.items() if not key.startswith(RESERVED_LABEL_PREFIX)}
-    merged.update(labels)
+    """The labels a container gets: the renter's (ContainerSpec refuses reserved keys), then the agent's, then its name."""
+    merged = {**spec.labels, **labels}
     merged[LABEL_NAME] = spec.name
     return merged
 

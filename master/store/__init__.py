@@ -32,7 +32,9 @@ def sqlite_path(url: str) -> str:
         )
     path = url[len(SQLITE_PREFIX):]
     if not path:
-        raise ConfigError(f"SQLite store URL {url!r} names no file: sqlite:///relative.db or sqlite:////absolute/path.db")
+        raise ConfigError(
+            f"SQLite store URL {url!r} names no file: sqlite:///relative.db or sqlite:////absolute/path.db"
+        )
     return path
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sqlite3
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from pymongo import ASCENDING, DESCENDING, IndexModel
 from pymongo.asynchronous.database import AsyncDatabase
@@ -98,26 +99,28 @@ MONGO_MIGRATIONS: tuple[MongoMigration, ...] = (
                 IndexModel([("agent_id", ASCENDING), ("created_at", DESCENDING)]),
                 IndexModel([("state", ASCENDING), ("created_at", DESCENDING)]),
             ],
+            # Keyed by a unique seq rather than by _id: nx-27017 cannot index _id inside a compound index.
             "events": [
-                IndexModel([("subject", ASCENDING), ("_id", ASCENDING)]),
-                IndexModel([("kind", ASCENDING), ("_id", ASCENDING)]),
+                IndexModel([("seq", ASCENDING)], unique=True),
+                IndexModel([("subject", ASCENDING), ("seq", ASCENDING)]),
+                IndexModel([("kind", ASCENDING), ("seq", ASCENDING)]),
             ],
         },
     ),
     MongoMigration(
         2,
-        "telemetry rollups keyed by (gpu_uuid, minute)",
-        {"rollups": [IndexModel([("gpu_uuid", ASCENDING), ("minute", ASCENDING)], unique=True)]},
+        "telemetry rollups by (gpu_uuid, minute)",
+        {"rollups": [IndexModel([("gpu_uuid", ASCENDING), ("minute", ASCENDING)])]},
     ),
 )
 
 LATEST_VERSION = SQLITE_MIGRATIONS[-1].version  # the contract tests check MongoDB reaches it too
 
 
-def _refuse_newer(found: int, where: str) -> None:
+def _refuse_newer(found: int, store_name: str) -> None:
     if found > LATEST_VERSION:
         raise ConfigError(
-            f"{where} has schema version {found}, newer than this idlegrid understands ({LATEST_VERSION}): "
+            f"{store_name} has schema version {found}, newer than this idlegrid understands ({LATEST_VERSION}): "
             "upgrade idlegrid, or point it at another store"
         )
 
@@ -131,14 +134,14 @@ def sqlite_schema_version(conn: sqlite3.Connection) -> int:
     return int(version)
 
 
-def migrate_sqlite(conn: sqlite3.Connection, *, up_to: int | None = None, where: str = "SQLite store") -> int:
+def migrate_sqlite(conn: sqlite3.Connection, *, up_to: int | None = None, store_name: str = "the SQLite store") -> int:
     """Apply the pending steps up to ``up_to`` (default: all); returns the version reached.
 
     ``conn`` must be in autocommit mode (``isolation_level=None``): each step runs in its own
     ``BEGIN IMMEDIATE`` transaction, which also makes a second process migrating the same file wait
     and then find the step already applied.
     """
-    _refuse_newer(sqlite_schema_version(conn), where)
+    _refuse_newer(sqlite_schema_version(conn), store_name)
     for step in SQLITE_MIGRATIONS:
         if up_to is not None and step.version > up_to:
             break
@@ -158,12 +161,12 @@ def migrate_sqlite(conn: sqlite3.Connection, *, up_to: int | None = None, where:
     return sqlite_schema_version(conn)
 
 
-async def mongo_schema_version(db: AsyncDatabase) -> int:
+async def mongo_schema_version(db: AsyncDatabase[dict[str, Any]]) -> int:
     doc = await db.meta.find_one({"_id": "schema"})
     return int(doc["version"]) if doc else 0
 
 
-async def migrate_mongo(db: AsyncDatabase, *, up_to: int | None = None) -> int:
+async def migrate_mongo(db: AsyncDatabase[dict[str, Any]], *, up_to: int | None = None) -> int:
     """Apply the pending steps up to ``up_to`` (default: all); returns the version reached."""
     current = await mongo_schema_version(db)
     _refuse_newer(current, f"MongoDB database {db.name!r}")

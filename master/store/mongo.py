@@ -1,11 +1,16 @@
 """The MongoDB store: one collection per aggregate, one document per record, for Masters sharing a replica set.
 
 Documents are the records as builtins (``msgspec.to_builtins``) keyed by ``_id``, so an operator can
-query them directly. Upserts use ``update_one(..., {"$set": doc}, upsert=True)``: ``replace_one`` with
-``upsert=True`` is the textbook form, but the nx-27017 server used in tests inserts a document with a
-fresh ObjectId instead of the filter's ``_id``. That server also stores a top-level boolean written by
-``$set`` into an existing document as 0/1, which is why documents are read back with ``strict=False``
-(it turns 0/1 back into booleans; every other field already has its exact type).
+query them directly. Some choices are owed to nx-27017, the wire-compatible server the tests run on
+(0.8.1; each is checked by the contract tests, and each is also correct on a real mongod):
+
+- Upserts use ``update_one(..., {"$set": doc}, upsert=True)``: ``replace_one(..., upsert=True)``
+  inserts a document with a fresh ObjectId there instead of the filter's ``_id``.
+- ``$set`` into an existing document stores a top-level boolean as 0/1 there, so documents are read
+  back with ``strict=False``, which turns 0/1 back into booleans (every other field keeps its type).
+- Matching ``None`` is reliable there only next to an ``_id`` equality (``{"n": None}`` alone misses
+  explicit nulls), which is the one place this module needs it: consuming a token.
+- A compound index may not contain ``_id`` there, so events carry their own unique ``seq``.
 """
 
 from __future__ import annotations
@@ -32,7 +37,18 @@ from master.records import (
     TelemetryRollup,
     TokenRecord,
 )
-from master.store.base import TokenOutcome, prefix_upper_bound
+from master.store.base import (
+    AgentRepo,
+    ApiKeyRepo,
+    CommandRepo,
+    EventRepo,
+    GpuRepo,
+    RevocationRepo,
+    RollupRepo,
+    TokenOutcome,
+    TokenRepo,
+    prefix_upper_bound,
+)
 from master.store.migrations import migrate_mongo, mongo_schema_version
 
 R = TypeVar("R", bound=msgspec.Struct)
@@ -100,9 +116,10 @@ class _Collection(Generic[R]):
     async def _upsert(self, key: Any, rec: msgspec.Struct) -> None:
         await self._c.update_one({"_id": key}, _set(_document(rec)), upsert=True)
 
-    async def _upsert_many(self, keyed: Sequence[tuple[dict[str, Any], msgspec.Struct]]) -> None:
+    async def _upsert_many(self, keyed: Sequence[tuple[Any, msgspec.Struct]]) -> None:
+        """Upsert ``(key, record)`` pairs in one round trip."""
         if keyed:
-            ops = [UpdateOne(key, _set(_document(rec)), upsert=True) for key, rec in keyed]
+            ops = [UpdateOne({"_id": key}, _set(_document(rec)), upsert=True) for key, rec in keyed]
             await self._c.bulk_write(ops, ordered=False)
 
 
@@ -130,7 +147,7 @@ class MongoGpuRepo(_Collection[GpuRecord]):
         super().__init__(conn, "gpus", GpuRecord)
 
     async def put_many(self, recs: Sequence[GpuRecord]) -> None:
-        await self._upsert_many([({"_id": r.uuid}, r) for r in recs])
+        await self._upsert_many([(r.uuid, r) for r in recs])
 
     async def get(self, uuid: str) -> GpuRecord | None:
         return await self._get(uuid)
@@ -202,7 +219,7 @@ class MongoApiKeyRepo(_Collection[ApiKeyRecord]):
 
 
 class MongoEventRepo(_Collection[EventRecord]):
-    """Events are keyed by their seq, taken from a counter in ``meta``.
+    """Events are keyed by their ``seq`` (a unique index), taken from a counter in ``meta``.
 
     Seqs increase in the order they are taken; with several writers an event may become visible
     after one with a higher seq, so a reader paging by ``after_seq`` can, rarely, step over it.
@@ -222,7 +239,7 @@ class MongoEventRepo(_Collection[EventRecord]):
 
     @staticmethod
     def _numbered(rec: EventRecord, seq: int) -> dict[str, Any]:
-        return {**_document(rec), "_id": seq, "seq": seq}
+        return {**_document(rec), "seq": seq}
 
     async def append(self, rec: EventRecord) -> int:
         seq = await self._take_seqs(1)
@@ -239,10 +256,10 @@ class MongoEventRepo(_Collection[EventRecord]):
     ) -> builtins.list[EventRecord]:
         if limit <= 0:
             return []
-        query: dict[str, Any] = {"_id": {"$gt": after_seq}, **_only(subject=subject)}
+        query: dict[str, Any] = {"seq": {"$gt": after_seq}, **_only(subject=subject)}
         if kind_prefix:
             query["kind"] = {"$gte": kind_prefix, "$lt": prefix_upper_bound(kind_prefix)}
-        return await self._find(query, [("_id", ASCENDING)], limit)
+        return await self._find(query, [("seq", ASCENDING)], limit)
 
 
 class MongoRevocationRepo(_Collection[RevocationRecord]):
@@ -257,13 +274,17 @@ class MongoRevocationRepo(_Collection[RevocationRecord]):
 
 
 class MongoRollupRepo(_Collection[TelemetryRollup]):
-    """Keyed by the unique index on (gpu_uuid, minute), which also serves a GPU's range queries."""
+    """Keyed by ``_id = "<gpu_uuid>:<minute>"``; an index on (gpu_uuid, minute) serves the range queries.
+
+    Upserts by that compound filter instead would need no composite key, but nx-27017 scans the
+    collection for each: 10,000 of them took 63 s there, against under 1 s keyed by _id.
+    """
 
     def __init__(self, conn: _Connection) -> None:
         super().__init__(conn, "rollups", TelemetryRollup)
 
     async def put_many(self, recs: Sequence[TelemetryRollup]) -> None:
-        await self._upsert_many([({"gpu_uuid": r.gpu_uuid, "minute": r.minute}, r) for r in recs])
+        await self._upsert_many([(f"{r.gpu_uuid}:{r.minute}", r) for r in recs])
 
     async def list(
         self, gpu_uuid: str, *, since_minute: int = 0, until_minute: int | None = None
@@ -279,7 +300,8 @@ def database_name(url: str) -> str:
     name = urlsplit(url).path.lstrip("/")
     if not name:
         raise ConfigError(
-            f"the MongoDB URL {redacted(url)!r} names no database: add it as the path, e.g. mongodb://host:27017/idlegrid"
+            f"the MongoDB URL {redacted(url)!r} names no database: "
+            "add it as the path, e.g. mongodb://host:27017/idlegrid"
         )
     if any(c in name for c in '/\\. "$'):
         raise ConfigError(f"{name!r} is not a valid MongoDB database name (no / \\ . space \" or $)")
@@ -298,14 +320,18 @@ class MongoStore:
 
     def __init__(self, url: str) -> None:
         self._conn = _Connection(url)
-        self.agents = MongoAgentRepo(self._conn)
-        self.gpus = MongoGpuRepo(self._conn)
-        self.commands = MongoCommandRepo(self._conn)
-        self.tokens = MongoTokenRepo(self._conn)
-        self.api_keys = MongoApiKeyRepo(self._conn)
-        self.events = MongoEventRepo(self._conn)
-        self.revocations = MongoRevocationRepo(self._conn)
-        self.rollups = MongoRollupRepo(self._conn)
+        self.agents: AgentRepo = MongoAgentRepo(self._conn)
+        self.gpus: GpuRepo = MongoGpuRepo(self._conn)
+        self.commands: CommandRepo = MongoCommandRepo(self._conn)
+        self.tokens: TokenRepo = MongoTokenRepo(self._conn)
+        self.api_keys: ApiKeyRepo = MongoApiKeyRepo(self._conn)
+        self.events: EventRepo = MongoEventRepo(self._conn)
+        self.revocations: RevocationRepo = MongoRevocationRepo(self._conn)
+        self.rollups: RollupRepo = MongoRollupRepo(self._conn)
+
+    @property
+    def url(self) -> str:
+        return self._conn.url
 
     @property
     def database(self) -> str:

@@ -30,7 +30,18 @@ from master.records import (
     TelemetryRollup,
     TokenRecord,
 )
-from master.store.base import TokenOutcome, prefix_upper_bound
+from master.store.base import (
+    AgentRepo,
+    ApiKeyRepo,
+    CommandRepo,
+    EventRepo,
+    GpuRepo,
+    RevocationRepo,
+    RollupRepo,
+    TokenOutcome,
+    TokenRepo,
+    prefix_upper_bound,
+)
 from master.store.migrations import migrate_sqlite, sqlite_schema_version
 
 T = TypeVar("T")
@@ -58,18 +69,15 @@ class SqliteDatabase:
         if self.path != MEMORY:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="idlegrid-sqlite")
-        try:
-            await self._submit(self._connect)
-        except sqlite3.Error as exc:
-            await self.close()
-            raise ConfigError(f"cannot open the SQLite store at {self.path}: {exc}") from exc
+        await self._submit(self._connect)
 
     def _connect(self) -> None:
         # Autocommit mode: transactions are explicit (BEGIN IMMEDIATE), never opened behind our back.
         conn = sqlite3.connect(self.path, isolation_level=None)
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         conn.execute("PRAGMA journal_mode = WAL")  # readers never block the writer, nor it them
-        conn.execute("PRAGMA synchronous = NORMAL")  # safe with WAL: a power loss may drop the last commits, not corrupt
+        # Safe with WAL: a power loss may lose the last commits but never corrupts the file.
+        conn.execute("PRAGMA synchronous = NORMAL")
         self._conn = conn
 
     async def close(self) -> None:
@@ -197,7 +205,9 @@ class SqliteGpuRepo(_Table[GpuRecord]):
         state: str | None = None,
         model: str | None = None,
     ) -> builtins.list[GpuRecord]:
-        clause, params = where(("agent_id = ?", agent_id), ("tier = ?", tier), ("state = ?", state), ("model = ?", model))
+        clause, params = where(
+            ("agent_id = ?", agent_id), ("tier = ?", tier), ("state = ?", state), ("model = ?", model)
+        )
         return await self._select(f"SELECT doc FROM gpus{clause} ORDER BY agent_id, idx, uuid", params)
 
 
@@ -259,7 +269,9 @@ class SqliteTokenRepo(_Table[TokenRecord]):
                 "UPDATE tokens SET used_at = ?, doc = ? WHERE token_hash = ? AND used_at IS NULL AND expires_at > ?",
                 (now, _encode(spent), token_hash, now),
             )
-            return (TokenOutcome.OK, spent) if cursor.rowcount == 1 else (TokenOutcome.USED, token)
+            if cursor.rowcount != 1:  # not while this transaction holds the lock; the guard is for the statement
+                return TokenOutcome.USED, token
+            return TokenOutcome.OK, spent
 
 
 class SqliteApiKeyRepo(_Table[ApiKeyRecord]):
@@ -267,7 +279,9 @@ class SqliteApiKeyRepo(_Table[ApiKeyRecord]):
         super().__init__(db, ApiKeyRecord)
 
     async def put(self, rec: ApiKeyRecord) -> None:
-        await self._db.execute("INSERT OR REPLACE INTO api_keys (key_hash, doc) VALUES (?, ?)", (rec.key_hash, _encode(rec)))
+        await self._db.execute(
+            "INSERT OR REPLACE INTO api_keys (key_hash, doc) VALUES (?, ?)", (rec.key_hash, _encode(rec))
+        )
 
     async def get(self, key_hash: str) -> ApiKeyRecord | None:
         return await self._select_one("SELECT doc FROM api_keys WHERE key_hash = ?", (key_hash,))
@@ -299,7 +313,8 @@ class SqliteEventRepo(_Table[EventRecord]):
         clause, params = where(
             ("seq > ?", after_seq), ("subject = ?", subject), ("kind >= ?", kind_from), ("kind < ?", kind_to)
         )
-        return await self._db.fetch(f"SELECT seq, doc FROM events{clause} ORDER BY seq LIMIT ?", [*params, limit], self._decode_event)
+        sql = f"SELECT seq, doc FROM events{clause} ORDER BY seq LIMIT ?"
+        return await self._db.fetch(sql, [*params, limit], self._decode_event)
 
     def _decode_event(self, row: tuple[Any, ...]) -> EventRecord:
         event = self._decoder.decode(row[1])
@@ -344,22 +359,25 @@ class SqliteStore:
     def __init__(self, path: str) -> None:
         self.path = path
         self._db = SqliteDatabase(path)
-        self.agents = SqliteAgentRepo(self._db)
-        self.gpus = SqliteGpuRepo(self._db)
-        self.commands = SqliteCommandRepo(self._db)
-        self.tokens = SqliteTokenRepo(self._db)
-        self.api_keys = SqliteApiKeyRepo(self._db)
-        self.events = SqliteEventRepo(self._db)
-        self.revocations = SqliteRevocationRepo(self._db)
-        self.rollups = SqliteRollupRepo(self._db)
+        self.agents: AgentRepo = SqliteAgentRepo(self._db)
+        self.gpus: GpuRepo = SqliteGpuRepo(self._db)
+        self.commands: CommandRepo = SqliteCommandRepo(self._db)
+        self.tokens: TokenRepo = SqliteTokenRepo(self._db)
+        self.api_keys: ApiKeyRepo = SqliteApiKeyRepo(self._db)
+        self.events: EventRepo = SqliteEventRepo(self._db)
+        self.revocations: RevocationRepo = SqliteRevocationRepo(self._db)
+        self.rollups: RollupRepo = SqliteRollupRepo(self._db)
 
     def __repr__(self) -> str:
         return f"SqliteStore({self.path!r})"
 
     async def open(self) -> None:
-        await self._db.open()
         try:
-            await self._db.run(lambda conn: migrate_sqlite(conn, where=f"the SQLite store at {self.path}"))
+            await self._db.open()
+            await self._db.run(lambda conn: migrate_sqlite(conn, store_name=f"the SQLite store at {self.path}"))
+        except (sqlite3.Error, OSError) as exc:  # e.g. "file is not a database", or a folder we may not write
+            await self._db.close()
+            raise ConfigError(f"cannot open the SQLite store at {self.path}: {exc}") from exc
         except BaseException:
             await self._db.close()
             raise

@@ -93,7 +93,8 @@ class MasterStandIn:
         self.hellos: list[AccessHello] = []
         # Answer an enrollment request; None means "stay silent".
         self.answer_enroll: Callable[[EnrollRequest], EnrollResponse | None] = lambda req: EnrollResponse(
-            req_id=req.req_id, ok=True, agent_id="agt-new", cert_pem="CERT", ca_pem="CA", command_keys={"k1": "pub"}
+            req_id=req.req_id, ok=True, agent_id="agt-new", cert_pem="CERT", ca_pem="CA", command_keys={"k1": "pub"},
+            key_endorsements={"k1": "sig"},
         )
         self.port = 0
         self._server: Server | None = None

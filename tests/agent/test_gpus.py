@@ -10,7 +10,7 @@ raises the real ``pynvml`` error classes, so the error handling under test is th
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -112,7 +112,6 @@ class FakeGpu:
     nvlinks: list[tuple[bool, bytes]] | None  # None: a PCIe card, NVML answers NotSupported
     ecc: dict[int, int] | None  # None: no ECC, NVML answers NotSupported
     lost: bool = False
-    calls: list[str] = field(default_factory=list)
 
 
 def fake_nvml(gpus: list[FakeGpu], *, init_error: type[pynvml.NVMLError] | None = None) -> SimpleNamespace:

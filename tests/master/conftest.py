@@ -10,6 +10,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pymongo
 import pytest
@@ -28,10 +29,13 @@ OpenStore = Callable[[], Awaitable[Store]]
 def nx27017_uri(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """An nx-27017 server for the whole session; the test fails (not skips) when it cannot start."""
     server = Nx27017(tmp_path_factory.mktemp("nx27017"))
+    problem = None
     try:
         server.start()
     except MongoServerError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        problem = str(exc)
+    if problem is not None:
+        pytest.fail(problem, pytrace=False)
     try:
         yield server.uri
     finally:
@@ -44,7 +48,8 @@ def _mongo_server_uri(request: pytest.FixtureRequest, backend: str) -> str:
         uri = real_mongodb_uri()
         assert uri is not None
         return uri
-    return request.getfixturevalue("nx27017_uri")
+    nx_uri: str = request.getfixturevalue("nx27017_uri")
+    return nx_uri
 
 
 @contextmanager
@@ -54,7 +59,8 @@ def _fresh_database(server_uri: str) -> Iterator[str]:
     try:
         yield database_url(server_uri, database)
     finally:
-        with pymongo.MongoClient(server_uri) as client:
+        client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(server_uri)
+        with client:
             client.drop_database(database)
 
 

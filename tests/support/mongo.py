@@ -66,10 +66,17 @@ class Nx27017:
         for _ in range(START_ATTEMPTS):
             self.port = free_port()
             self._process = self._spawn(program)
-            if self._wait_ready():
+            try:
+                ready = self._wait_ready()
+            except BaseException:  # interrupted: leave no server behind
+                self.stop()
+                raise
+            if ready:
                 return self
             self.stop()
-        raise MongoServerError(f"{NX_PROGRAM} did not start after {START_ATTEMPTS} attempts; its log:\n{self._log_tail()}")
+        raise MongoServerError(
+            f"{NX_PROGRAM} did not start after {START_ATTEMPTS} attempts; its log:\n{self._log_tail()}"
+        )
 
     def _spawn(self, program: str) -> subprocess.Popen[bytes]:
         # Its own pid and log files: by default every instance shares /tmp/nx_27017.{pid,log}.

@@ -1,0 +1,48 @@
+"""Relay settings: defaults, then TOML, then IDLEGRID_ACCESS_* variables, then flags; bad values say which."""
+
+import pytest
+
+from access.config import load_access_config
+from common.errors import ConfigError
+from common.wire import MAX_FRAME_BYTES
+
+
+def test_defaults_suit_a_local_run():
+    config = load_access_config(None, {}, {})
+    assert (config.relay_id, config.region, config.master_url) == ("relay-1", "local", "wss://127.0.0.1:7100/link")
+    assert (config.agent_host, config.agent_port, config.http_port) == ("127.0.0.1", 7200, 7201)
+    assert (config.max_frame_bytes, config.rate_per_agent, config.burst) == (MAX_FRAME_BYTES, 50.0, 200)
+    assert (config.buffer_frames, config.max_handshakes, config.handshake_timeout_s, config.idle_timeout_s) == (10_000, 256, 10.0, 60.0)
+
+
+def test_file_then_environment_then_flags(tmp_path):
+    path = tmp_path / "relay.toml"
+    path.write_text('relay_id = "relay-eu-1"\nregion = "eu-west"\nagent_port = 9000\nburst = 10\n')
+    env = {"IDLEGRID_ACCESS_REGION": "eu-central", "IDLEGRID_ACCESS_AGENT_PORT": "9100", "OTHER": "x"}
+    config = load_access_config(path, env, {"agent_port": 9200, "http_port": None})
+    assert (config.relay_id, config.region, config.agent_port, config.http_port, config.burst) == (
+        "relay-eu-1", "eu-central", 9200, 7201, 10,
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "needle"),
+    [
+        ({"IDLEGRID_ACCESS_AGENT_PORT": "seventy"}, "agent_port"),
+        ({"IDLEGRID_ACCESS_HTTP_PORT": "70000"}, "http_port"),
+        ({"IDLEGRID_ACCESS_BURST": "0"}, "burst"),
+        ({"IDLEGRID_ACCESS_MASTER_URL": "http://x"}, "master_url"),
+        ({"IDLEGRID_ACCESS_MAX_FRAME_BYTES": str(64 * 1024 * 1024)}, "max_frame_bytes"),
+    ],
+)
+def test_a_bad_value_is_a_config_error_naming_the_setting(env, needle):
+    with pytest.raises(ConfigError, match=needle):
+        load_access_config(None, env, {})
+
+
+def test_an_unknown_setting_in_the_file_is_an_error(tmp_path):
+    path = tmp_path / "relay.toml"
+    path.write_text("agent_prot = 1\n")
+    with pytest.raises(ConfigError, match="agent_prot"):
+        load_access_config(path, {}, {})
+

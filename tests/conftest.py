@@ -1,0 +1,3 @@
+"""Fixtures shared across the suite. The Podman service is session-scoped and started only by tests that ask."""
+
+from tests.support.podman import podman  # noqa: F401

@@ -1,0 +1,30 @@
+"""Telemetry: the latest sample per GPU in memory; finished minutes persisted as rollups."""
+
+from common.inventory import GpuSample
+from master.store import SqliteStore
+from master.telemetry import TelemetryAggregator
+
+MINUTE = 29_000_000 * 60  # a whole minute, in seconds
+
+
+def sample(uuid: str, ts: float, util: float, temp: float = 50.0, power: float = 200.0) -> GpuSample:
+    return GpuSample(uuid=uuid, ts=ts, utilization_pct=util, memory_used_mib=int(util * 10), temperature_c=temp, power_w=power)
+
+
+async def test_latest_sample_is_kept_and_finished_minutes_are_rolled_up(tmp_path):
+    store = SqliteStore(str(tmp_path / "m.db"))
+    await store.open()
+    telemetry = TelemetryAggregator(store)
+    telemetry.ingest("agt-1", [sample("GPU-a", MINUTE + 1, 10, temp=40), sample("GPU-b", MINUTE + 2, 90)])
+    telemetry.ingest("agt-1", [sample("GPU-a", MINUTE + 30, 30, temp=70, power=300)])
+    telemetry.ingest("agt-1", [sample("GPU-a", MINUTE + 61, 50)])  # the next minute, still open
+    assert telemetry.latest["GPU-a"].utilization_pct == 50
+
+    assert await telemetry.flush(MINUTE + 65) == 2  # only the finished minute, for both GPUs
+    [rollup] = await store.rollups.list("GPU-a")
+    assert (rollup.minute, rollup.samples, rollup.utilization_avg, rollup.utilization_max) == (MINUTE // 60, 2, 20.0, 30)
+    assert (rollup.temperature_max, rollup.power_avg_w, rollup.memory_used_mib_max) == (70, 250.0, 300)
+
+    assert await telemetry.flush(MINUTE + 65, everything=True) == 1  # shutdown writes the open minute too
+    assert len(await store.rollups.list("GPU-a")) == 2
+    await store.close()
