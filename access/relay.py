@@ -32,12 +32,13 @@ log = logging.getLogger(__name__)
 
 CLOSE_POLICY = 4003  # this certificate may not be here: wrong role, revoked, expired
 CLOSE_REPLACED = 4008  # the same agent connected again; the newer connection wins
-CLOSE_TOO_SLOW = 1013  # the agent does not read what it is sent ("try again later")
 
 # Frames the relay never holds back: the agent resends results until acked anyway, but refusing them
 # would only delay the Master's view of what really happened to a command.
 NEVER_RATE_LIMITED = frozenset({"command_ack", "command_result"})
 SWEEP_INTERVAL_S = 5.0
+# Frames from the Master are delivered one at a time on the link's reader; one agent must not hold it long.
+DELIVER_TIMEOUT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -124,7 +125,8 @@ class AgentGateway:
         self._server: Server | None = None
         self._closers: set[asyncio.Task[None]] = set()
         self._sweeper: asyncio.Task[None] | None = None
-        # A connection that stops reading is cut off rather than allowed to stall the Master link.
+        # A connection that stops reading is cut off rather than allowed to stall the Master link: sends
+        # do not wait below this much unsent data (websockets' write_limit), and past it the agent is dropped.
         self._max_backlog = 4 * config.max_frame_bytes
         link.attach(self)
 
@@ -142,7 +144,7 @@ class AgentGateway:
         idle = self.config.idle_timeout_s
         self._server = await serve(
             self._serve_agent, self.config.agent_host, self.config.agent_port, ssl=self._ssl,
-            max_size=HARD_FRAME_BYTES, max_queue=8, compression=None,
+            max_size=HARD_FRAME_BYTES, max_queue=8, compression=None, write_limit=self._max_backlog,
             open_timeout=self.config.handshake_timeout_s, ping_interval=idle / 2, ping_timeout=idle / 2,
             process_request=self._process_request, create_connection=self._create_connection,
         )
@@ -283,12 +285,16 @@ class AgentGateway:
         session = self.sessions.get(agent_id)
         if session is None or not session.open:
             return False
-        if session.backlog() > self._max_backlog:
-            log.warning("agent is not reading its frames; disconnecting it", extra={"agent": agent_id, "backlog": session.backlog()})
-            self._metrics.refuse("too_slow")
-            self._close_later(session, CLOSE_TOO_SLOW, "not reading frames fast enough")
+        if session.backlog() + len(frame) > self._max_backlog:
+            self._cut_off_slow(session, session.backlog())
             return False
-        if not await session.send(frame):
+        try:
+            # Below write_limit a send does not wait; the timeout only guards against the unexpected.
+            sent = await asyncio.wait_for(session.send(frame), DELIVER_TIMEOUT_S)
+        except TimeoutError:
+            self._cut_off_slow(session, session.backlog())
+            return False
+        if not sent:
             return False
         self._metrics.frame_out()
         return True
@@ -313,6 +319,15 @@ class AgentGateway:
                     log.info("certificate expired; disconnecting the agent", extra={"agent": session.agent_id})
                     self._metrics.refuse("expired")
                     self._close_later(session, CLOSE_POLICY, "certificate expired; renew it")
+
+    def _cut_off_slow(self, session: AgentSession, backlog: int) -> None:
+        """Drop an agent that does not read what it is sent. No closing handshake: it would not read that
+        either. What it missed is not lost: the Master resends unacknowledged commands after it reconnects."""
+        log.warning("agent is not reading its frames; disconnecting it", extra={"agent": session.agent_id, "backlog": backlog})
+        self._metrics.refuse("too_slow")
+        session.open = False
+        if session.connection.transport is not None:
+            session.connection.transport.abort()
 
     def _close_later(self, session: AgentSession, code: int, reason: str) -> None:
         """Close without waiting for the closing handshake, so one dead peer holds nobody else up."""

@@ -214,12 +214,14 @@ class Agent:
     # --- periodic reports ----------------------------------------------------------------------
 
     async def _heartbeat_loop(self, ws: ClientConnection) -> None:
+        await self.connected.wait()  # the welcome sets the interval
         while True:
             running = sorted(c.name for c in await self.runtime.list() if c.state == "running")
             await self._send(Heartbeat(seq=next(self._seq), ts=time.time(), running=running, ping=self._ping))
             await asyncio.sleep(self.heartbeat_s)
 
     async def _telemetry_loop(self, ws: ClientConnection) -> None:
+        await self.connected.wait()
         while True:
             await asyncio.sleep(self.telemetry_s)
             samples = await asyncio.to_thread(self.collector.sample)

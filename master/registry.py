@@ -62,6 +62,10 @@ class Registry:
             gpu_event = "restored"
         if gpu_event:
             await self.gpu_transition(self.gpus_of(agent.id), gpu_event)
+        if gpu_event == "restored":
+            # GPUs given to containers that kept running while the agent was away are still taken.
+            held = {uuid for uuids in agent.containers.values() for uuid in uuids}
+            await self.gpu_transition([g for g in self.gpus_of(agent.id) if g.uuid in held], "start")
         return True
 
     async def gpu_transition(self, gpus: Iterable[GpuRecord], event: str) -> None:

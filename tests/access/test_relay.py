@@ -200,3 +200,18 @@ async def test_too_many_openings_at_once_get_503_until_they_finish(make_relay, p
     async with open_agent(relay, pki.agent()) as ws:
         await ws.send(heartbeat(1))
     assert 'reason="busy"' in relay.metrics.render().decode()
+
+
+async def test_an_agent_that_stops_reading_is_cut_off_and_does_not_hold_up_the_others(relay, master, pki, open_agent):
+    stuck, healthy = pki.agent(), pki.agent()
+    big = msgspec.Raw(json.dumps({"type": "ping", "nonce": "x" * 200_000}).encode())
+    async with open_agent(relay, stuck, max_queue=1, close_timeout=0.5), open_agent(relay, healthy) as other:
+        await master.wait_for(lambda: len(master.of_type(AgentConnected)) == 2, "both agents announced")
+        for _ in range(200):  # the stuck agent never calls recv(): its socket and then the relay's buffer fill up
+            await master.send(Relay(agent_id=stuck.identity.id, frame=big))
+            if stuck.identity.id not in relay.agents.sessions or not relay.agents.sessions[stuck.identity.id].open:
+                break
+        await eventually(lambda: stuck.identity.id not in relay.agents.sessions, "the stuck agent cut off", timeout=5)
+        await master.send(Relay(agent_id=healthy.identity.id, frame=msgspec.Raw(b'{"type":"ping","nonce":"ok"}')))
+        assert json.loads(await asyncio.wait_for(other.recv(), 3))["nonce"] == "ok"
+    assert 'reason="too_slow"' in relay.metrics.render().decode()

@@ -7,7 +7,7 @@ import json
 
 import aiohttp
 
-from common.wire import AccessStats, AgentConnected, AgentDisconnected, Relay
+from common.wire import AccessStats, AgentConnected, AgentDisconnected
 from tests.access.conftest import eventually, heartbeat, result
 
 

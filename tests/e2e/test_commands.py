@@ -30,7 +30,8 @@ def test_create_then_delete_with_the_process_runtime(grid, tmp_path):
     env = wait_for(lambda: marker.exists() and marker.read_text(), 10, "the container to start")
     assert f"CUDA_VISIBLE_DEVICES={gpus[0]}" in env
     agent = grid.wait_state(agent_id, "busy")
-    assert {g["uuid"]: g["state"] for g in agent["gpus"]}[gpus[0]] == "busy"
+    states = {g["uuid"]: g["state"] for g in agent["gpus"]}
+    assert states[gpus[0]] == "busy", grid.get(f"/api/v1/events?subject={gpus[0]}")
 
     deleted = grid.wait_command(grid.command(agent_id, "delete_container", {"name": "job-1"}))
     assert deleted["state"] == "succeeded", deleted

@@ -68,6 +68,7 @@ async def test_a_revoked_certificate_is_refused_and_a_connected_one_is_cut_off_w
         (json.dumps({"type": "heartbeat", "seq": 1, "ts": 1.0, "pad": "x" * (MAX_FRAME_BYTES + 10)}), "frame_too_large"),
         (json.dumps({"type": "heartbeat", "seq": "one", "ts": "noon"}), "schema_violation"),
     ],
+    ids=["bad_json", "unknown_type", "frame_too_large", "schema_violation"],
 )
 async def test_bad_frames_get_error_frames_and_everyone_else_is_served(grid, payload, code):
     grid.enroll("good", grid.relays["relay-1"])

@@ -163,3 +163,46 @@ class Grid:
                 pass
         kill_processes_under(self.root)
 
+    # --- the management API --------------------------------------------------------------------
+
+    @property
+    def operator_key(self) -> str:
+        return (self.master_dir / "operator.token").read_text().strip()
+
+    def call(self, method: str, path: str, body: Any = None, *, auth: bool = True) -> tuple[int, Any]:
+        headers = {"Content-Type": "application/json"}
+        if auth:
+            headers["Authorization"] = f"Bearer {self.operator_key}"
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(f"http://127.0.0.1:{self.api_port}{path}", data=data, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read() or b"null")
+
+    def get(self, path: str, *, auth: bool = True) -> Any:
+        status, body = self.call("GET", path, auth=auth)
+        assert status == 200, (status, body)
+        return body
+
+    def join_token(self, provider: str = "prov-1", ttl_s: float = 600) -> str:
+        status, body = self.call("POST", "/api/v1/tokens", {"provider": provider, "ttl_s": ttl_s})
+        assert status == 201, body
+        return body["token"]
+
+    def agent(self, agent_id: str) -> dict:
+        return self.get(f"/api/v1/agents/{agent_id}")
+
+    def wait_state(self, agent_id: str, state: str, timeout: float = 20) -> dict:
+        return wait_for(lambda: (a := self.agent(agent_id))["state"] == state and a, timeout, f"{agent_id} to be {state}")
+
+    def command(self, agent_id: str, kind: str, spec: dict) -> str:
+        status, body = self.call("POST", "/api/v1/commands", {"agent_id": agent_id, "kind": kind, "spec": spec})
+        assert status == 202, body
+        return body["id"]
+
+    def wait_command(self, command_id: str, timeout: float = 30) -> dict:
+        final = {"succeeded", "failed", "timed_out", "cancelled"}
+        return wait_for(lambda: (c := self.get(f"/api/v1/commands/{command_id}"))["state"] in final and c, timeout,
+                        f"command {command_id} to finish")
