@@ -103,13 +103,14 @@ async def list_agents(request: web.Request) -> web.Response:
     master = request.app[MASTER_KEY]
     state = request.query.get("state")
     agents = sorted(master.registry.agents.values(), key=lambda a: a.id)
-    return _items([agent_view(a, master.registry.gpus_of(a.id)) for a in agents if state in (None, a.state)])
+    latest = master.telemetry.latest
+    return _items([agent_view(a, master.registry.gpus_of(a.id), latest) for a in agents if state in (None, a.state)])
 
 
 async def get_agent(request: web.Request) -> web.Response:
     master = request.app[MASTER_KEY]
     agent = master.registry.get(request.match_info["agent_id"])
-    return web.json_response(agent_view(agent, master.registry.gpus_of(agent.id)))
+    return web.json_response(agent_view(agent, master.registry.gpus_of(agent.id), master.telemetry.latest))
 
 
 async def list_gpus(request: web.Request) -> web.Response:
@@ -117,7 +118,8 @@ async def list_gpus(request: web.Request) -> web.Response:
     q = request.query
     wanted = {k: q[k] for k in ("tier", "state", "model", "agent_id") if k in q}
     gpus = sorted(master.registry.gpus.values(), key=lambda g: (g.agent_id, g.index))
-    return _items([gpu_view(g) for g in gpus if all(getattr(g, k) == v for k, v in wanted.items())])
+    latest = master.telemetry.latest
+    return _items([gpu_view(g, latest.get(g.uuid)) for g in gpus if all(getattr(g, k) == v for k, v in wanted.items())])
 
 
 async def list_tiers(request: web.Request) -> web.Response:

@@ -6,11 +6,12 @@ from typing import Any
 
 import msgspec
 
+from common.inventory import GpuSample
 from master.records import AgentRecord, CommandRecord, EventRecord, GpuRecord
 from master.reputation import reputation
 
 
-def gpu_view(gpu: GpuRecord) -> dict[str, Any]:
+def gpu_view(gpu: GpuRecord, latest: GpuSample | None = None) -> dict[str, Any]:
     return {
         "uuid": gpu.uuid,
         "agent_id": gpu.agent_id,
@@ -25,10 +26,12 @@ def gpu_view(gpu: GpuRecord) -> dict[str, Any]:
         "pcie": {"gen": gpu.info.pcie_gen, "width": gpu.info.pcie_width},
         "nvlinks": sum(1 for link in gpu.info.nvlinks if link.active),
         "simulated": gpu.info.simulated,
+        "telemetry": msgspec.to_builtins(latest) if latest is not None else None,
     }
 
 
-def agent_view(agent: AgentRecord, gpus: list[GpuRecord]) -> dict[str, Any]:
+def agent_view(agent: AgentRecord, gpus: list[GpuRecord], latest: dict[str, GpuSample] | None = None) -> dict[str, Any]:
+    latest = latest or {}
     return {
         "id": agent.id,
         "provider": agent.provider,
@@ -44,7 +47,7 @@ def agent_view(agent: AgentRecord, gpus: list[GpuRecord]) -> dict[str, Any]:
         "cert_not_after": agent.cert_not_after,
         "drained": agent.drained,
         "containers": sorted(agent.containers),
-        "gpus": [gpu_view(g) for g in gpus],
+        "gpus": [gpu_view(g, latest.get(g.uuid)) for g in gpus],
         "reputation": msgspec.to_builtins(reputation(agent)),
     }
 

@@ -1,5 +1,6 @@
 """The operator API on a real Master (SQLite store in a temp dir): authentication, JSON errors, filters."""
 
+import asyncio
 import time
 
 import pytest
@@ -136,3 +137,27 @@ async def test_metrics_and_unknown_routes(api):
     assert 'idlegrid_agents{state="ready"} 1.0' in text
     unknown = await api.get("/api/v1/nothing", headers=api.auth)
     assert unknown.status == 404 and (await unknown.json())["error"]["code"] == "not_found"
+
+
+async def test_gpus_show_their_latest_telemetry_sample(api):
+    await add_agent(api.master, "agt-a", "l4:1")
+    [gpu] = api.master.registry.gpus_of("agt-a")
+    sample = SimulatedCollector("l4:1", host_key="agt-a").sample()[0]
+    api.master.telemetry.ingest("agt-a", [sample])
+    [shown] = (await (await api.get("/api/v1/gpus", headers=api.auth)).json())["items"]
+    assert shown["telemetry"]["utilization_pct"] == sample.utilization_pct
+    assert shown["uuid"] == gpu.uuid == sample.uuid
+
+
+async def test_a_command_nobody_answers_times_out_at_its_deadline(api):
+    await add_agent(api.master, "agt-a", "a10:1")
+    response = await api.post("/api/v1/commands", headers=api.auth, json={
+        "agent_id": "agt-a", "kind": "delete_container", "spec": {"name": "x"}, "timeout_s": 0.2})
+    command_id = (await response.json())["id"]
+    for _ in range(40):
+        command = await (await api.get(f"/api/v1/commands/{command_id}", headers=api.auth)).json()
+        if command["state"] != "pending":
+            break
+        await asyncio.sleep(0.1)
+    assert command["state"] == "timed_out"
+    assert "deadline" in command["error"]

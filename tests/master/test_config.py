@@ -1,0 +1,36 @@
+"""Settings come from defaults, then the TOML file, then environment variables, then flags."""
+
+import pytest
+
+from common.errors import ConfigError
+from master.config import load_master_config
+
+
+def test_later_sources_override_earlier_ones(tmp_path):
+    path = tmp_path / "master.toml"
+    path.write_text("heartbeat_s = 2.0\napi_port = 9000\nlink_port = 9100\n")
+    env = {"IDLEGRID_MASTER_API_PORT": "9001", "IDLEGRID_MASTER_LINK_PORT": "9101"}
+    config = load_master_config(path, env=env, overrides={"link_port": 9102, "state_dir": None})
+    assert (config.heartbeat_s, config.api_port, config.link_port) == (2.0, 9001, 9102)
+    assert config.state_dir == ".idlegrid/master"  # a flag not given changes nothing
+    assert config.missed_heartbeats == 3
+
+
+@pytest.mark.parametrize(
+    ("text", "env", "message"),
+    [
+        ("nonsense = 1\n", {}, "unknown setting 'nonsense'"),
+        ("heartbeat_s = [\n", {}, "not valid TOML"),
+        ("", {"IDLEGRID_MASTER_API_PORT": "seven"}, "api_port"),
+    ],
+)
+def test_bad_settings_are_named(tmp_path, text, env, message):
+    path = tmp_path / "master.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_master_config(path, env=env)
+
+
+def test_a_missing_file_is_a_clear_error(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_master_config(tmp_path / "nope.toml", env={})
