@@ -76,6 +76,12 @@ class AgentEvent(_Frame, tag="event"):
     detail: dict[str, Any] = {}
 
 
+class RenewRequest(_Frame, tag="renew_request"):
+    """A fresh CSR for the agent's next certificate, sent over the authenticated link before expiry."""
+
+    csr_pem: str
+
+
 # --- master -> agent -------------------------------------------------------------------------
 
 
@@ -122,14 +128,26 @@ class Config(_Frame, tag="config"):
     retired_keys: list[str] | None = None
 
 
+class RenewResponse(_Frame, tag="renew_response"):
+    cert_pem: str = ""
+    error: str = ""
+
+
+class RelayStatus(_Frame, tag="relay_status"):
+    """Sent by the Access relay itself: whether it can reach the Master right now."""
+
+    master_link: str  # "up" | "down"
+    buffered: int = 0
+
+
 class Error(_Frame, tag="error"):
     code: str
     message: str
     ref: str | None = None  # id of the frame or command it refers to, when known
 
 
-AgentFrame = Union[Hello, Heartbeat, Telemetry, CommandAck, CommandResult, AgentEvent, Error]
-MasterFrame = Union[Welcome, Command, ResultAck, Ping, Config, Error]
+AgentFrame = Union[Hello, Heartbeat, Telemetry, CommandAck, CommandResult, AgentEvent, RenewRequest, Error]
+MasterFrame = Union[Welcome, Command, ResultAck, Ping, Config, RenewResponse, RelayStatus, Error]
 
 
 # --- access <-> master -----------------------------------------------------------------------
