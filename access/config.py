@@ -30,9 +30,17 @@ class AccessConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     rate_per_agent: float = 50.0  # frames per second, sustained
     burst: int = 200  # frames an agent may send at once before the rate applies
     buffer_frames: int = 10_000  # agent frames held while the Master is unreachable
+    flood_limit: int = 1000  # frames over the rate (refilled at rate_per_agent/s) before an agent is cut off (1008)
     max_handshakes: int = 256  # concurrent TLS/WebSocket openings; more get 503 until some finish
-    handshake_timeout_s: float = 10.0
+    retry_after_s: float = 5.0  # a refused opening is told to come back after this, jittered up to twice as long
+    handshake_timeout_s: float = 10.0  # the whole opening, TCP accept to WebSocket open: TLS and upgrade together
     idle_timeout_s: float = 60.0  # a silent agent is pinged; one that does not answer in time is dropped
+    max_silence_s: float = 120.0  # an agent that sends no frame this long is dropped, pongs or not (heartbeats: ~5 s)
+    max_connections_per_ip: int = 256  # TCP connections one client address holds at once; NATed providers share one
+    connect_rate_per_ip: float = 20.0  # new TCP connections per second per client address, sustained ...
+    connect_burst_per_ip: int = 200  # ... after this many at once; over either limit the connection is reset at accept
+    reconnect_rate_per_agent: float = 0.2  # WebSocket openings per second per certificate's agent, sustained ...
+    reconnect_burst_per_agent: int = 10  # ... after this many; over it the opening gets 429 with Retry-After
     stats_interval_s: float = 10.0
     backoff_initial_s: float = 0.5  # reconnecting to the Master: capped exponential backoff, full jitter
     backoff_max_s: float = 30.0
@@ -61,10 +69,12 @@ def _check(config: AccessConfig) -> None:
     if not 0 < config.max_frame_bytes <= HARD_FRAME_BYTES:
         problems.append(f"max_frame_bytes must be between 1 and {HARD_FRAME_BYTES}, got {config.max_frame_bytes}")
     for name in ("rate_per_agent", "handshake_timeout_s", "idle_timeout_s", "stats_interval_s", "backoff_initial_s",
-                 "backoff_max_s", "enroll_timeout_s", "enroll_rate_per_ip"):
+                 "backoff_max_s", "enroll_timeout_s", "enroll_rate_per_ip", "retry_after_s", "max_silence_s",
+                 "connect_rate_per_ip", "reconnect_rate_per_agent"):
         if getattr(config, name) <= 0:
             problems.append(f"{name} must be positive, got {getattr(config, name)}")
-    for name in ("burst", "buffer_frames", "max_handshakes", "enroll_burst", "max_body_bytes"):
+    for name in ("burst", "buffer_frames", "max_handshakes", "enroll_burst", "max_body_bytes", "flood_limit",
+                 "max_connections_per_ip", "connect_burst_per_ip", "reconnect_burst_per_agent"):
         if getattr(config, name) < 1:
             problems.append(f"{name} must be at least 1, got {getattr(config, name)}")
     if config.drain_timeout_s < 0:

@@ -26,6 +26,8 @@ class RelayMetrics:
                                    registry=self.registry, labelnames=["relay"]).labels(**labels)
         self._frame_errors = Counter("idlegrid_access_frame_errors", "Agent frames answered with an error frame, by code",
                                      registry=self.registry, labelnames=["relay", "code"])
+        # reasons: at accept ip_connections, ip_rate, openings_full; opening slow_opening, busy (503), reconnect_rate
+        # (429), bad_certificate, wrong_role, revoked, expired; in session flood, silent, too_slow, revoked, expired
         self._refused = Counter("idlegrid_access_connections_refused", "Agent connections refused or cut off, by reason",
                                 registry=self.registry, labelnames=["relay", "reason"])
         self._dropped = Counter("idlegrid_access_frames_dropped",
@@ -34,6 +36,9 @@ class RelayMetrics:
         self._enrollments = Counter("idlegrid_access_enrollments", "Enrollment requests, by outcome",
                                     registry=self.registry, labelnames=["relay", "outcome"])
         self.buffered = Gauge("idlegrid_access_buffered_frames", "Agent frames waiting to go to the Master",
+                              registry=self.registry, labelnames=["relay"]).labels(**labels)
+        self.openings = Gauge("idlegrid_access_openings",
+                              "Agent connections between TCP accept and WebSocket open (TLS or upgrade in progress)",
                               registry=self.registry, labelnames=["relay"]).labels(**labels)
         self.master_link_up = Gauge("idlegrid_access_master_link_up", "1 while the link to the Master is up",
                                     registry=self.registry, labelnames=["relay"]).labels(**labels)
@@ -66,6 +71,9 @@ class RelayMetrics:
 
     def track_buffer(self, size: Callable[[], int]) -> None:
         self.buffered.set_function(lambda: float(size()))
+
+    def track_openings(self, count: Callable[[], int]) -> None:
+        self.openings.set_function(lambda: float(count()))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

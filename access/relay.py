@@ -2,6 +2,16 @@
 
 Whose frames an agent sends is decided here, from its certificate, never from anything in the frames.
 No frame an agent sends can take the relay down: bad ones get an ``error`` frame and the connection lives.
+
+What a connection may cost, stage by stage (limits in ``AccessConfig``):
+
+- TCP accept: the listening socket itself turns away an address holding too many connections or opening them
+  too fast, and everyone once too many openings are in flight; a reset costs no TLS work.
+- Opening (TLS, then the WebSocket upgrade): one deadline for both, from accept; the socket is shut when it passes,
+  whatever the peer is dribbling. Too many openings at once: 503; a certificate reconnecting too often: 429; both
+  with a jittered ``Retry-After``.
+- Session: frames are budgeted per connection; an agent that keeps flooding after ``rate_limited`` answers is
+  cut off (1008), one that falls silent is dropped (4010), one that stops reading is aborted.
 """
 
 from __future__ import annotations
@@ -10,28 +20,44 @@ import asyncio
 import contextlib
 import http
 import logging
+import math
+import random
+import socket
 import ssl
+import struct
 import time
-from collections.abc import Iterable
+import weakref
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from cryptography import x509
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from access.config import AccessConfig
 from access.metrics import RelayMetrics
-from access.ratelimit import TokenBucket
+from access.ratelimit import AddressGate, Admission, FrameBudget, KeyedRateLimiter
 from access.upstream import MasterLink
 from common.errors import PKIError, ProtocolError
-from common.pki import Identity, Role, peer_identity
-from common.wire import HARD_FRAME_BYTES, AgentConnected, ErrorCode, decode_agent_frame, error_frame
+from common.pki import Identity, Role, identity_of, load_cert, peer_identity, verify_issued_by
+from common.wire import (
+    HARD_FRAME_BYTES,
+    AgentConnected,
+    ErrorCode,
+    RenewResponse,
+    decode_agent_frame,
+    decode_master_frame,
+    error_frame,
+)
 
 log = logging.getLogger(__name__)
 
 CLOSE_POLICY = 4003  # this certificate may not be here: wrong role, revoked, expired
 CLOSE_REPLACED = 4008  # the same agent connected again; the newer connection wins
+CLOSE_SILENT = 4010  # no frame for max_silence_s
+CLOSE_FLOOD = 1008  # policy violation: kept sending far over the rate limit after being told
 
 # Frames the relay never holds back: the agent resends results until acked anyway, but refusing them
 # would only delay the Master's view of what really happened to a command.
@@ -39,6 +65,15 @@ NEVER_RATE_LIMITED = frozenset({"command_ack", "command_result"})
 SWEEP_INTERVAL_S = 5.0
 # Frames from the Master are delivered one at a time on the link's reader; one agent must not hold it long.
 DELIVER_TIMEOUT_S = 2.0
+# Past this many openings in flight per allowed one (max_handshakes), new TCP connections are reset at accept:
+# the 503 needs a finished TLS handshake to be said, so it cannot bound what unfinished ones hold.
+OPENINGS_CEILING_FACTOR = 4
+# One accept() call resets at most this many refused connections before letting the event loop run others.
+MAX_RESETS_PER_ACCEPT = 64
+REFUSAL_LOG_INTERVAL_S = 10.0
+FLOOD_CLOSE_GRACE_S = 1.0
+# The codec writes the type tag first, so a renewal answer is told apart without decoding every frame.
+RENEW_RESPONSE_PREFIX = b'{"type":"renew_response"'
 
 
 @dataclass(frozen=True)
@@ -59,30 +94,159 @@ def refusal_for(identity: Identity, revoked: set[str], now: float) -> Refusal | 
 
 
 class OpeningTracker:
-    """Connections accepted but not yet sessions: TLS or WebSocket handshake still in progress.
+    """Connections accepted but not yet sessions (TLS or WebSocket handshake in progress), by socket descriptor.
 
-    Counting starts at TCP accept, when websockets creates the connection object, before TLS. asyncio
-    tells no one when a TLS handshake fails, so an entry older than the handshake time limit is taken
-    as finished: by then asyncio has aborted it.
+    An opening begins at TCP accept and ends when its session starts or its socket closes; the listener's sockets
+    say when they close, which covers a failed TLS handshake (asyncio tells its protocol nothing then). A
+    descriptor is reused only after its socket closed, so it names one opening at a time. Entries older than
+    ``max_age_s`` are forgotten as a safety net: the opening deadline has shut them by then. An opening's deadline
+    timer is cancelled when it ends, so the timer does not keep its socket around.
     """
 
     def __init__(self, max_age_s: float) -> None:
         self.max_age_s = max_age_s
-        self._started: dict[ServerConnection, float] = {}  # insertion order is start order
+        # insertion order is start order
+        self._started: dict[int, tuple[socket.socket, float, asyncio.Handle | None]] = {}
 
-    def begin(self, connection: ServerConnection, now: float) -> None:
-        self._started[connection] = now
+    def begin(self, fd: int, sock: socket.socket, now: float, deadline: asyncio.Handle | None = None) -> None:
+        self._started[fd] = (sock, now, deadline)
 
-    def end(self, connection: ServerConnection) -> None:
-        self._started.pop(connection, None)
+    def end(self, fd: int) -> None:
+        entry = self._started.pop(fd, None)
+        if entry is not None and entry[2] is not None:
+            entry[2].cancel()
+
+    def holds(self, fd: int, sock: socket.socket) -> bool:
+        """Whether ``sock`` is still opening (and not a later socket that got the same descriptor)."""
+        entry = self._started.get(fd)
+        return entry is not None and entry[0] is sock
 
     def count(self, now: float) -> int:
         while self._started:
-            connection, started = next(iter(self._started.items()))
+            fd, (_, started, _) = next(iter(self._started.items()))
             if now - started <= self.max_age_s:
                 break
-            del self._started[connection]
+            self.end(fd)
         return len(self._started)
+
+
+class AcceptedSocket(socket.socket):
+    """A connection the listener let in. Says when it closes, however that happens: asyncio closes the socket
+    when its transport ends, and one that is only ever garbage-collected is reported by its finalizer."""
+
+    def __init__(self, fd: int, on_close: Callable[[], None]) -> None:
+        super().__init__(fileno=fd)
+        self.descriptor = fd  # fileno() turns -1 once closed; this names the opening for good
+        self._closed_hook = weakref.finalize(self, on_close)  # runs at most once
+
+    def close(self) -> None:
+        self._closed_hook()
+        super().close()
+
+
+class GatedListener(socket.socket):
+    """The agent port's listening socket, deciding at TCP accept, before any TLS work, who may start opening.
+
+    asyncio accepts through ``sock.accept()``: the one place before the TLS handshake where the client's
+    address is known. A refused connection is reset (RST: the client knows at once, no TIME_WAIT here).
+    """
+
+    admit: Callable[[str], bool]
+    on_accept: Callable[[AcceptedSocket], None]
+    on_close: Callable[[int, str], None]
+
+    @classmethod
+    def bind_to(cls, host: str, port: int) -> GatedListener:
+        family, _, _, _, address = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                                      flags=socket.AI_PASSIVE)[0]
+        plain = socket.create_server(address, family=family)  # bound, SO_REUSEADDR; asyncio sets the backlog
+        return cls(fileno=plain.detach())
+
+    def accept(self) -> tuple[socket.socket, Any]:
+        for _ in range(MAX_RESETS_PER_ACCEPT):
+            fd, address = self._accept()  # BlockingIOError when none is waiting: asyncio stops there
+            host = str(address[0]) if isinstance(address, tuple) else str(address)
+            if self.admit(host):
+                sock = AcceptedSocket(fd, lambda fd=fd, host=host: self.on_close(fd, host))
+                self.on_accept(sock)
+                return sock, address
+            _reset(fd)
+        raise BlockingIOError("reset a run of refused connections; the event loop comes back for the rest")
+
+
+def _reset(fd: int) -> None:
+    with socket.socket(fileno=fd) as refused, contextlib.suppress(OSError):
+        refused.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+
+def retry_after(base_s: float, rng: random.Random | None = None) -> str:
+    """A ``Retry-After`` value: whole seconds between ``base_s`` and twice that, so told agents come back spread out."""
+    return str(math.ceil(base_s * (1.0 + (rng or random).random())))
+
+
+class RefusalLog:
+    """Logs a recurring refusal at most once per interval, with how many went unlogged: a flood of connections
+    must not become a flood of log lines."""
+
+    def __init__(self, interval_s: float = REFUSAL_LOG_INTERVAL_S) -> None:
+        self.interval_s = interval_s
+        self._last: dict[str, float] = {}
+        self._unlogged: dict[str, int] = {}
+
+    def note(self, reason: str, message: str, now: float, **extra: Any) -> None:
+        if now - self._last.get(reason, -math.inf) < self.interval_s:
+            self._unlogged[reason] = self._unlogged.get(reason, 0) + 1
+            return
+        self._last[reason] = now
+        log.warning(message, extra={"reason": reason, "unlogged_since_last": self._unlogged.pop(reason, 0), **extra})
+
+
+# --- one agent frame, sans I/O: what the relay does with it ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Forward:
+    kind: str  # relay it upstream under the certificate's agent id
+
+
+@dataclass(frozen=True)
+class Answer:
+    error: ProtocolError  # send an ``error`` frame back; relay nothing
+    quiet: bool = False  # rate limiting would log once per dropped frame; the metric says enough
+
+
+@dataclass(frozen=True)
+class Ignore:
+    error: ProtocolError  # a bad frame over the sender's budget: answering each one would echo a flood back
+
+
+@dataclass(frozen=True)
+class CutOff:
+    reason: str  # kept flooding after being told to slow down: disconnect
+
+
+FrameVerdict = Forward | Answer | Ignore | CutOff
+
+
+def judge_frame(message: bytes | str, budget: FrameBudget, now: float, max_bytes: int) -> FrameVerdict:
+    """Decode and validate one agent message and charge it to its sender's budget. Never raises."""
+    try:
+        frame = decode_agent_frame(message, max_bytes)
+    except ProtocolError as exc:
+        admission = budget.admit(now)
+        if admission is Admission.CUT_OFF:
+            return CutOff("bad frames far over the rate limit")
+        return Answer(exc) if admission is Admission.PASS else Ignore(exc)
+    kind = type(frame).__struct_config__.tag
+    assert isinstance(kind, str)
+    admission = budget.admit(now, must_pass=kind in NEVER_RATE_LIMITED)
+    if admission is Admission.PASS:
+        return Forward(kind)
+    if admission is Admission.CUT_OFF:
+        return CutOff("frames far over the rate limit")
+    limit = f"{budget.frames.rate:g}/s, burst {budget.frames.burst:g}"
+    return Answer(ProtocolError(f"{kind} frame dropped: over the rate limit of {limit}",
+                                code=ErrorCode.RATE_LIMITED.value), quiet=True)
 
 
 @dataclass(eq=False)
@@ -92,7 +256,7 @@ class AgentSession:
     identity: Identity
     connection: ServerConnection
     remote: str
-    bucket: TokenBucket
+    budget: FrameBudget
     open: bool = True  # False once the relay decided to close it: nothing more is relayed
 
     @property
@@ -122,9 +286,15 @@ class AgentGateway:
         self._link = link
         self._metrics = metrics
         self._opening = OpeningTracker(config.handshake_timeout_s + 1.0)
+        self._addresses = AddressGate(config.max_connections_per_ip, config.connect_rate_per_ip,
+                                      config.connect_burst_per_ip)
+        self._reconnects = KeyedRateLimiter(config.reconnect_rate_per_agent, config.reconnect_burst_per_agent)
+        self._refusals = RefusalLog()
+        metrics.track_openings(lambda: self._opening.count(time.monotonic()))
         self._server: Server | None = None
         self._closers: set[asyncio.Task[None]] = set()
         self._sweeper: asyncio.Task[None] | None = None
+        self._ca_cert: x509.Certificate | None = None  # the platform CA, read when a renewed certificate first needs checking
         # A connection that stops reading is cut off rather than allowed to stall the Master link: sends
         # do not wait below this much unsent data (websockets' write_limit), and past it the agent is dropped.
         self._max_backlog = 4 * config.max_frame_bytes
@@ -142,11 +312,14 @@ class AgentGateway:
 
     async def start(self) -> None:
         idle = self.config.idle_timeout_s
+        listener = GatedListener.bind_to(self.config.agent_host, self.config.agent_port)
+        listener.admit, listener.on_accept, listener.on_close = self._admit_address, self._opening_began, self._socket_closed
+        # open_timeout bounds TLS (as ssl_handshake_timeout) and the upgrade each; _opening_began bounds the two together.
         self._server = await serve(
-            self._serve_agent, self.config.agent_host, self.config.agent_port, ssl=self._ssl,
+            self._serve_agent, sock=listener, ssl=self._ssl,
             max_size=HARD_FRAME_BYTES, max_queue=8, compression=None, write_limit=self._max_backlog,
             open_timeout=self.config.handshake_timeout_s, ping_interval=idle / 2, ping_timeout=idle / 2,
-            process_request=self._process_request, create_connection=self._create_connection,
+            process_request=self._process_request,
         )
         self._sweeper = asyncio.create_task(self._sweep_expired(), name="expiry-sweep")
 
@@ -165,26 +338,67 @@ class AgentGateway:
 
     # --- opening ----------------------------------------------------------------------------------
 
-    def _create_connection(self, *args: Any, **kwargs: Any) -> ServerConnection:
-        """websockets calls this at TCP accept, before TLS: the moment an opening starts costing."""
-        connection = ServerConnection(*args, **kwargs)
-        self._opening.begin(connection, time.monotonic())
-        connection.connection_lost_waiter.add_done_callback(lambda _: self._opening.end(connection))
-        return connection
+    def _admit_address(self, host: str) -> bool:
+        """At TCP accept: may this address start one more opening? Called by the listener, before TLS."""
+        now = time.monotonic()
+        reason = self._addresses.admit(host)
+        if reason is None and self._opening.count(now) >= OPENINGS_CEILING_FACTOR * self.config.max_handshakes:
+            self._addresses.release(host)
+            reason = "openings_full"
+        if reason is None:
+            return True
+        self._metrics.refuse(reason)
+        self._refusals.note(reason, "connection reset at accept", now, remote=host,
+                            held=self._addresses.holding(host))
+        return False
+
+    def _opening_began(self, sock: AcceptedSocket) -> None:
+        """One deadline for the whole opening, from accept: asyncio's and websockets' run one after the other."""
+        deadline = asyncio.get_running_loop().call_later(self.config.handshake_timeout_s, self._end_slow_opening, sock)
+        self._opening.begin(sock.descriptor, sock, time.monotonic(), deadline)
+
+    def _end_slow_opening(self, sock: AcceptedSocket) -> None:
+        if not self._opening.holds(sock.descriptor, sock):
+            return  # a session by now, or closed
+        self._opening.end(sock.descriptor)
+        self._metrics.refuse("slow_opening")
+        self._refusals.note("slow_opening", "opening took longer than the handshake time limit; shut it", time.monotonic())
+        # Shutting the socket makes asyncio read EOF and tear down whatever stage the opening is in.
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+    def _socket_closed(self, fd: int, host: str) -> None:
+        self._opening.end(fd)
+        self._addresses.release(host)
 
     def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        """After TLS, before the upgrade: the last cheap moment to say no, and the first to say when to come back."""
         if self._opening.count(time.monotonic()) > self.config.max_handshakes:
-            self._opening.end(connection)
-            self._metrics.refuse("busy")
-            log.warning("too many connections opening at once; refusing one", extra={"remote": _remote(connection)})
-            return connection.respond(http.HTTPStatus.SERVICE_UNAVAILABLE, "too many connections opening; retry with backoff\n")
+            self._opening.end(_descriptor(connection))
+            return self._refuse_opening(connection, http.HTTPStatus.SERVICE_UNAVAILABLE, "busy", self.config.retry_after_s,
+                                        "too many connections opening; retry after the time in Retry-After\n")
+        agent_id = _certificate_name(connection)  # None: unreadable, and _admit refuses it with a reason
+        if agent_id is not None and not self._reconnects.allow(agent_id):
+            wait = max(self.config.retry_after_s, self._reconnects.retry_after_s(agent_id))
+            return self._refuse_opening(connection, http.HTTPStatus.TOO_MANY_REQUESTS, "reconnect_rate", wait,
+                                        "this certificate reconnects too often; retry after the time in Retry-After\n")
         return None
 
+    def _refuse_opening(self, connection: ServerConnection, status: http.HTTPStatus, reason: str, wait_s: float,
+                        text: str) -> Response:
+        self._metrics.refuse(reason)
+        self._refusals.note(reason, f"opening refused with {status.value}", time.monotonic(), remote=_remote(connection))
+        response = connection.respond(status, text)
+        response.headers["Retry-After"] = retry_after(wait_s)
+        return response
+
     async def _serve_agent(self, connection: ServerConnection) -> None:
-        self._opening.end(connection)
+        self._opening.end(_descriptor(connection))
         session = await self._admit(connection)
         if session is None:
             return
+        if not self._link.is_up:  # it would otherwise take the Master's silence for a lost hello
+            await session.send(self._link.status_frame())
         try:
             await self._relay_frames(session)
         except ConnectionClosed:
@@ -203,8 +417,8 @@ class AgentGateway:
         if refusal is not None:
             await self._refuse(connection, refusal, remote, identity)
             return None
-        session = AgentSession(identity, connection, remote,
-                               TokenBucket(self.config.rate_per_agent, self.config.burst, time.monotonic()))
+        budget = FrameBudget(self.config.rate_per_agent, self.config.burst, self.config.flood_limit, time.monotonic())
+        session = AgentSession(identity, connection, remote, budget)
         older = self.sessions.get(identity.id)
         self.sessions[identity.id] = session
         if older is not None:
@@ -240,10 +454,22 @@ class AgentGateway:
 
     async def _relay_frames(self, session: AgentSession) -> None:
         while True:
-            # decode=False: the bytes go upstream untouched, so never decode text to str and back.
-            message = await session.connection.recv(decode=False)
-            if not session.open:
+            try:
+                # Pongs keep a connection alive but say nothing of the agent: heartbeats do.
+                async with asyncio.timeout(self.config.max_silence_s):
+                    # decode=False: the bytes go upstream untouched, so never decode text to str and back.
+                    message = await session.connection.recv(decode=False)
+            except TimeoutError:
+                if not session.open:
+                    return
+                if not self._link.is_up:
+                    continue  # waiting for a welcome the Master cannot send yet is not silence
+                await self._drop_silent(session)
                 return
+            if not session.open:
+                # Closing: read and discard until the agent's close frame arrives. Not reading would leave it
+                # behind whatever the agent still sends, and the close would wait out close_timeout.
+                continue
             try:
                 await self._on_message(session, message)
             except ConnectionClosed:
@@ -252,25 +478,36 @@ class AgentGateway:
                 log.exception("failed to relay a frame", extra={"agent": session.agent_id})
 
     async def _on_message(self, session: AgentSession, message: bytes) -> None:
-        try:
-            frame = decode_agent_frame(message, self.config.max_frame_bytes)
-        except ProtocolError as exc:
-            await self._answer_error(session, exc)
-            return
-        kind = type(frame).__struct_config__.tag
-        assert isinstance(kind, str)
-        now = time.monotonic()
-        if kind in NEVER_RATE_LIMITED:
-            session.bucket.charge(now)  # counted against the agent's budget all the same
-        elif not session.bucket.allow(now):
-            limit = f"{self.config.rate_per_agent:g}/s, burst {self.config.burst}"
-            await self._answer_error(session, ProtocolError(f"{kind} frame dropped: over the rate limit of {limit}",
-                                                            code=ErrorCode.RATE_LIMITED.value), quiet=True)
-            return
-        # Waits while the buffer is full of frames that must be kept (backpressure: this agent is not
-        # read meanwhile); gives up only if the connection ends, and an agent resends results until acked.
-        if await self._link.forward(session.agent_id, kind, message, until=session.connection.connection_lost_waiter):
-            self._metrics.frame_in()
+        match judge_frame(message, session.budget, time.monotonic(), self.config.max_frame_bytes):
+            case Forward(kind):
+                # Waits while the buffer is full of frames that must be kept (backpressure: this agent is not
+                # read meanwhile); gives up only if the connection ends, and an agent resends results until acked.
+                if await self._link.forward(session.agent_id, kind, message,
+                                            until=session.connection.connection_lost_waiter):
+                    self._metrics.frame_in()
+            case Answer(error, quiet):
+                await self._answer_error(session, error, quiet=quiet)
+            case Ignore(error):
+                self._metrics.frame_error(error.code)
+            case CutOff(reason):
+                self._cut_off_flood(session, reason)
+
+    async def _drop_silent(self, session: AgentSession) -> None:
+        log.info("agent sent nothing for %g s; disconnecting it", self.config.max_silence_s, extra={"agent": session.agent_id})
+        self._metrics.refuse("silent")
+        session.open = False
+        await session.connection.close(CLOSE_SILENT, f"no frame for {self.config.max_silence_s:g} s")
+
+    def _cut_off_flood(self, session: AgentSession, reason: str) -> None:
+        """Reading a flood forever would spend the relay on one agent; it reconnects (within its reconnect
+        limit) with a fresh budget, and resends any command result that was not acked."""
+        log.warning("agent kept sending far over its rate limit; disconnecting it: %s", reason,
+                    extra={"agent": session.agent_id})
+        self._metrics.refuse("flood")
+        self._close_later(session, CLOSE_FLOOD, "over the rate limit for too long")
+        # A flooder that does not read will not see the close frame either, and the closing handshake would
+        # have the relay read its flood until close_timeout: it gets a moment to read it, then the socket goes.
+        asyncio.get_running_loop().call_later(FLOOD_CLOSE_GRACE_S, _abort, session.connection)
 
     async def _answer_error(self, session: AgentSession, exc: ProtocolError, *, quiet: bool = False) -> None:
         self._metrics.frame_error(exc.code)
@@ -297,7 +534,44 @@ class AgentGateway:
         if not sent:
             return False
         self._metrics.frame_out()
+        if frame.startswith(RENEW_RESPONSE_PREFIX):
+            self._adopt_renewed_certificate(session, frame)
         return True
+
+    def _adopt_renewed_certificate(self, session: AgentSession, frame: bytes) -> None:
+        """The Master just renewed this agent's certificate over this session: the session now lives as long as it.
+
+        Otherwise a renewed agent would be cut off when its old certificate expires, though the Master
+        vouched for it on the mutually authenticated link. The certificate is checked all the same.
+        """
+        try:
+            response = decode_master_frame(frame)
+            if not isinstance(response, RenewResponse) or not response.cert_pem:
+                return
+            cert = load_cert(response.cert_pem.encode())
+            verify_issued_by(cert, self._platform_ca())
+            identity = identity_of(cert)
+        except (ProtocolError, PKIError, OSError) as exc:
+            log.warning("renewed certificate not adopted: %s", exc, extra={"agent": session.agent_id})
+            return
+        if identity.role is not Role.AGENT or identity.id != session.agent_id or identity.serial in self.revoked:
+            log.warning("renewed certificate names someone else or is revoked; not adopted",
+                        extra={"agent": session.agent_id, "named": identity.uri, "serial": identity.serial})
+            return
+        log.info("certificate renewed; the session now ends with the new one",
+                 extra={"agent": session.agent_id, "serial": identity.serial, "not_after": identity.not_after})
+        session.identity = identity
+
+    def _platform_ca(self) -> x509.Certificate:
+        if self._ca_cert is None:
+            with open(self.config.ca_file, "rb") as f:
+                self._ca_cert = load_cert(f.read())
+        return self._ca_cert
+
+    async def broadcast(self, frame: bytes) -> int:
+        """Send a frame of the relay's own (``relay_status``) to every agent here; how many it reached."""
+        sent = await asyncio.gather(*(self.deliver(agent_id, frame) for agent_id in list(self.sessions)))
+        return sum(sent)
 
     async def revoke(self, serials: Iterable[str]) -> None:
         """Remember revoked serials and cut off every session holding one, at once."""
@@ -335,6 +609,23 @@ class AgentGateway:
         task = asyncio.create_task(session.connection.close(code, reason), name=f"close-{session.agent_id}")
         self._closers.add(task)
         task.add_done_callback(self._closers.discard)
+
+
+def _abort(connection: ServerConnection) -> None:
+    if connection.transport is not None and not connection.transport.is_closing():
+        connection.transport.abort()
+
+
+def _descriptor(connection: ServerConnection) -> int:
+    sock = connection.transport.get_extra_info("socket") if connection.transport is not None else None
+    return sock.fileno() if sock is not None else -1
+
+
+def _certificate_name(connection: ServerConnection) -> str | None:
+    try:
+        return peer_identity(connection.transport.get_extra_info("ssl_object")).id
+    except (PKIError, AttributeError):
+        return None
 
 
 def _remote(connection: ServerConnection) -> str:

@@ -39,6 +39,7 @@ from common.wire import (
     Error,
     ErrorCode,
     Relay,
+    RelayStatus,
     Revocations,
     decode_link_frame,
     encode,
@@ -52,6 +53,7 @@ log = logging.getLogger(__name__)
 SUPERSEDED_BY_NEWER = frozenset({"heartbeat", "telemetry"})
 CONNECTED, DISCONNECTED = "agent_connected", "agent_disconnected"
 WELCOME_TIMEOUT_S = 10.0
+FLUSH_POLL_S = 0.02
 
 
 class MasterUnavailable(IdlegridError):
@@ -69,6 +71,7 @@ class Outbound:
     kind: str  # the agent frame's type, or agent_connected / agent_disconnected
     data: bytes
     live: bool = True  # False once sent, superseded or evicted; such entries are skipped and compacted away
+    seq: int = 0  # order of arrival in the buffer, set when queued
 
 
 class FrameBuffer:
@@ -86,6 +89,7 @@ class FrameBuffer:
         self._last: dict[str, Outbound] = {}  # agent -> its most recent entry
         self._inflight: Outbound | None = None
         self._live = 0
+        self._appended = 0  # entries ever queued: the seq of the next one
         # Replace a waiting heartbeat/telemetry with its newer one. Off while the Master link is up, so
         # that a momentary backlog loses no telemetry sample; on while it is down.
         self.coalesce = True
@@ -183,11 +187,24 @@ class FrameBuffer:
             first.setdefault(entry.agent_id, entry.kind)
         return first
 
+    @property
+    def mark(self) -> int:
+        """A point in the stream: ``sent_through(mark)`` is true once everything queued before it has left."""
+        return self._appended
+
+    def sent_through(self, mark: int) -> bool:
+        """Whether no entry queued before ``mark`` is still waiting (sent, or superseded by a newer one)."""
+        for entry in self._queue:
+            if entry.live:
+                return entry.seq >= mark
+        return True
+
     def kinds(self) -> list[tuple[str, str]]:
         """(agent id, kind) of every waiting entry, in order; for tests and diagnostics."""
         return [(e.agent_id, e.kind) for e in self._queue if e.live]
 
     def _append(self, entry: Outbound, replaceable: bool) -> None:
+        entry.seq, self._appended = self._appended, self._appended + 1
         self._queue.append(entry)
         self._live += 1
         self._last[entry.agent_id] = entry
@@ -237,6 +254,8 @@ class AgentSide(Protocol):
 
     async def revoke(self, serials: Iterable[str]) -> None: ...
 
+    async def broadcast(self, frame: bytes) -> int: ...
+
 
 def full_jitter(attempt: int, initial_s: float, max_s: float) -> float:
     """A delay drawn from [0, min(max_s, initial_s * 2**attempt)]: relays restarting together do not retry in step."""
@@ -258,7 +277,10 @@ class MasterLink:
         self._connection: ClientConnection | None = None
         self._up = asyncio.Event()
         self._stopping = False
-        self._wake = asyncio.Event()  # cuts a reconnect delay short on stop
+        self._wake = asyncio.Event()  # cuts a reconnect delay short on stop or flush
+        self._flushing = False  # a flush is waiting: redial at once rather than after a backoff
+        self._status_changed = asyncio.Event()
+        self._told = ""  # the Master link's state as last told to every agent here: "up", "down" or not yet
         self._tasks: list[asyncio.Task[None]] = []
         metrics.track_buffer(lambda: len(self.buffer))
         metrics.master_link_up.set(0)
@@ -281,17 +303,30 @@ class MasterLink:
         self._tasks = [
             asyncio.create_task(self._run(), name="master-link"),
             asyncio.create_task(self._report_stats(), name="access-stats"),
+            asyncio.create_task(self._tell_agents(), name="relay-status"),
         ]
 
+    async def flush(self, timeout_s: float) -> bool:
+        """Send the Master everything buffered until now, redialling at once if the link is down; whether it
+        all went within ``timeout_s``. Frames queued meanwhile are not waited for (agents keep talking)."""
+        mark = self.buffer.mark
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        self._flushing = True
+        self._wake.set()  # cut a reconnect delay short
+        try:
+            while not self.buffer.sent_through(mark) and loop.time() < deadline:
+                await asyncio.sleep(FLUSH_POLL_S)
+        finally:
+            self._flushing = False
+        return self.buffer.sent_through(mark)
+
     async def stop(self, drain_timeout_s: float = 0.0) -> None:
-        """Flush what is buffered for up to ``drain_timeout_s`` while the link is up, then close it."""
-        if self.is_up and drain_timeout_s > 0:
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + drain_timeout_s
-            while len(self.buffer) and self.is_up and loop.time() < deadline:
-                await asyncio.sleep(0.02)
-            if len(self.buffer):
-                log.warning("stopping with %d frames not delivered to the Master", len(self.buffer))
+        """Flush what is buffered for up to ``drain_timeout_s`` (redialling if the link is down), then close it."""
+        if drain_timeout_s > 0 and len(self.buffer):
+            await self.flush(drain_timeout_s)
+        if len(self.buffer):
+            log.warning("stopping with %d frames not delivered to the Master", len(self.buffer))
         self._stopping = True
         self._wake.set()
         if self._connection is not None:
@@ -367,10 +402,15 @@ class MasterLink:
                 self._down()
             if self._stopping:
                 return
-            delay = full_jitter(attempt, self.config.backoff_initial_s, self.config.backoff_max_s)
+            if self._flushing:  # a stopping relay has seconds left to hand its buffer over: no backoff
+                delay = self.config.backoff_initial_s
+            else:
+                delay = full_jitter(attempt, self.config.backoff_initial_s, self.config.backoff_max_s)
             attempt += 1
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), delay)
+            if not self._stopping:
+                self._wake.clear()
 
     async def _open(self, connection: ClientConnection) -> None:
         """Hello, welcome, revocations, then tell the new Master link about every agent it must know."""
@@ -389,6 +429,7 @@ class MasterLink:
         self._connection = connection
         self.buffer.coalesce = False
         self._up.set()
+        self._status_changed.set()
         self._metrics.master_link_up.set(1)
         log.info("master link up", extra={"master_url": self.config.master_url, "agents": len(self._sessions),
                                            "buffered": len(self.buffer)})
@@ -443,6 +484,28 @@ class MasterLink:
         self._fail_pending("the link to the Master went down while enrolling; retry in a few seconds")
         if was_up and not self._stopping:
             log.warning("master link lost; buffering agent frames", extra={"buffered": len(self.buffer)})
+            self._status_changed.set()
+
+    def status_frame(self) -> bytes:
+        """``relay_status`` as an agent here should hear it now: whether its frames reach the Master or wait here."""
+        return encode(RelayStatus(master_link="up" if self.is_up else "down", buffered=len(self.buffer)))
+
+    async def _tell_agents(self) -> None:
+        """Tell every agent here when the Master link goes down or comes back, so none mistakes the silence
+        for the Master's. Told in order, newest state last; a flap shorter than one round may go untold."""
+        while True:
+            await self._status_changed.wait()
+            self._status_changed.clear()
+            state = "up" if self.is_up else "down"
+            if state == self._told or self._agents is None:
+                continue
+            self._told = state
+            try:
+                reached = await self._agents.broadcast(self.status_frame())
+            except Exception:  # a bug here must not end the telling for good
+                log.exception("failed to tell agents the master link is %s", state)
+                continue
+            log.info("told agents the master link is %s", state, extra={"agents": reached, "buffered": len(self.buffer)})
 
     def _fail_pending(self, why: str) -> None:
         for future in self._pending.values():

@@ -15,7 +15,13 @@ class AgentConfig(msgspec.Struct, kw_only=True):
     state_dir: str = ".idlegrid/agent"
     access_urls: list[str] = []  # wss://host:port of Access relays; filled in at enrollment when empty
     http_url: str = ""  # the relay's HTTPS base (enrollment, speed test); filled in at enrollment
-    region: str = ""
+    region: str = ""  # the agent's home region: with dns_domain, its relays are preferred
+    # Relay discovery by DNS (SRV _idlegrid._tcp.<region>.<dns_domain>); empty: only access_urls are dialled,
+    # which otherwise are the fallback while DNS fails.
+    dns_domain: str = ""
+    dns_nameservers: list[str] = []  # empty: the system resolver
+    dns_port: int = 53
+    dns_retry_s: float = 30.0  # after DNS failed, the configured relays are used this long before asking again
     simulate: str = ""  # e.g. "h100:8" or "a10:2,t4:1": simulated GPUs, reported as such
     runtime: str = "process"  # "process" | "docker"
     docker_socket: str = "/var/run/docker.sock"
@@ -23,7 +29,9 @@ class AgentConfig(msgspec.Struct, kw_only=True):
     bandwidth_interval_s: float = 6 * 3600.0
     backoff_initial_s: float = 0.5
     backoff_max_s: float = 30.0
+    retry_after_max_s: float = 300.0  # the longest a relay's 503 Retry-After is honoured
     result_resend_s: float = 5.0
+    cert_renew_fraction: float = 2 / 3  # renew the certificate once this much of its lifetime has passed
     log_level: str = "info"
 
     @property

@@ -7,22 +7,24 @@ import contextlib
 import itertools
 import logging
 import signal
+import ssl
 import time
 from pathlib import Path
 
 import msgspec
-from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import ConnectionClosed
 
-from agent.backoff import full_jitter
 from agent.config import AgentConfig
+from agent.credentials import CertificateRenewer, RenewalError, describe_expiry, recover_interrupted_renewal
+from agent.connector import CONNECTION_ERRORS, RelayConnector, RelayTarget
 from agent.executor import CommandExecutor
 from agent.gpus import open_collector
 from agent.host import collect_host_info
 from agent.identity import AgentIdentity
 from agent.ledger import CommandLog
-from agent.runtime import open_runtime
-from common.errors import ConfigError, IdlegridError, ProtocolError, SignatureError
+from agent.runtime import ContainerRuntime, open_runtime
+from common.errors import IdlegridError, ProtocolError, SignatureError
 from common.inventory import HostInfo, Inventory
 from common.pki import CommandVerifier, client_tls_context, load_cert, verify_key_endorsement
 from common.wire import (
@@ -35,6 +37,8 @@ from common.wire import (
     Heartbeat,
     Hello,
     Ping,
+    RelayStatus,
+    RenewResponse,
     ResultAck,
     Telemetry,
     Welcome,
@@ -46,25 +50,40 @@ log = logging.getLogger(__name__)
 
 AGENT_VERSION = "0.1.0"
 HELLO_REQUIRED = "hello_required"
+# On SIGTERM, how long commands already running get to finish and report before the connection closes. Well
+# under the 10 s the test harness waits before SIGKILL; what does not finish in time is in the ledger as started,
+# and resumes safely (at most once) when the Master resends it.
+STOP_GRACE_S = 5.0
 
 
 class Agent:
-    def __init__(self, config: AgentConfig) -> None:
+    def __init__(self, config: AgentConfig, *, runtime: ContainerRuntime | None = None, ledger: CommandLog | None = None,
+                 host: HostInfo | None = None) -> None:
+        """``runtime``, ``ledger`` and ``host`` default to what ``config`` names; the fleet simulator passes its own,
+        so thousands of agents in one process share one host description and keep no database file each."""
         self.config = config
+        if recover_interrupted_renewal(config.state_path):
+            log.info("finished a certificate renewal interrupted by a restart")
         self.identity = AgentIdentity.load(config.state_path)
-        self.urls = list(config.access_urls or self.identity.access_urls)
-        if not self.urls:
-            raise ConfigError("no Access relay to connect to: set access_urls (--access wss://HOST:PORT)")
+        self.connector = RelayConnector.from_config(config, static_urls=config.access_urls or self.identity.access_urls)
         self.collector = open_collector(config.simulate or None, host_key=str(config.state_path.resolve()))
         self.ca_cert = load_cert(self.identity.ca_file.read_bytes())
+        self.renewer = CertificateRenewer(config.state_path, self.identity.agent_id, self.ca_cert,
+                                          fraction=config.cert_renew_fraction)
+        if (expired := describe_expiry(self.renewer)) is not None:
+            log.error(expired)
+        self._renewal: tuple[ClientConnection, asyncio.Task] | None = None  # the renewal timer of the current connection
+        self._renewal_news = asyncio.Event()  # an answer arrived: the timer looks again
         self.verifier = CommandVerifier(self.identity.command_keys)
         for key_id in self.identity.retired_keys:
             self.verifier.retire_key(key_id)
-        self.ledger = CommandLog(config.state_path / "commands.db")
-        options = {"state_dir": config.state_path} if config.runtime == "process" else {"socket": config.docker_socket}
-        self.runtime = open_runtime(config.runtime, **options)
+        self.ledger = ledger if ledger is not None else CommandLog(config.state_path / "commands.db")
+        if runtime is None:
+            options = {"state_dir": config.state_path} if config.runtime == "process" else {"socket": config.docker_socket}
+            runtime = open_runtime(config.runtime, **options)
+        self.runtime = runtime
         self.executor = CommandExecutor(self.identity.agent_id, self.ledger, self.runtime, self.verifier)
-        self.host: HostInfo = collect_host_info(config.state_path)
+        self.host: HostInfo = host if host is not None else collect_host_info(config.state_path)
         self.heartbeat_s = 5.0
         self.telemetry_s = 10.0
         self.connected = asyncio.Event()
@@ -75,50 +94,83 @@ class Agent:
         self._running: set[asyncio.Task] = set()
         self._inflight: set[str] = set()
         self._stopping = asyncio.Event()
+        self._stop_deadline = 0.0  # loop time by which running commands must have finished, once stopping
+        self._closer: asyncio.Future[None] | None = None
+        self._tls: tuple[tuple[int, int], ssl.SSLContext] | None = None  # (file stamps, context) of the last connection
+        self.relay_degraded = False  # the relay says it cannot reach the Master: what we send waits in its buffer
 
     # --- connection ----------------------------------------------------------------------------
 
     async def run(self) -> None:
         background = [asyncio.create_task(self._bandwidth_loop())] if self.config.measure_bandwidth else []
-        attempt = 0
-        urls = itertools.cycle(self.urls)
         try:
-            while not self._stopping.is_set():
-                url = next(urls)
-                try:
-                    await self._connect(url)
-                    attempt = 0
-                except (OSError, ConnectionClosed, InvalidHandshake, InvalidURI, TimeoutError, ProtocolError) as exc:
-                    log.warning("relay connection failed", extra={"relay": url, "error": str(exc) or type(exc).__name__})
-                self.connected.clear()
-                if self._stopping.is_set():
-                    break
-                delay = full_jitter(attempt, initial_s=self.config.backoff_initial_s, max_s=self.config.backoff_max_s)
-                attempt += 1
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._stopping.wait(), timeout=delay)
+            await self.connector.run(self._session, self._stopping)  # which relay, when: agent/connector.py
         finally:
             for task in background:
                 task.cancel()
             await self.close()
 
     def stop(self) -> None:
+        """Graceful stop (SIGTERM): take no new command, let running ones finish and send their results
+        (up to STOP_GRACE_S), then close the connection."""
+        if self._stopping.is_set():
+            return
         self._stopping.set()
+        self._stop_deadline = asyncio.get_running_loop().time() + STOP_GRACE_S
+        self._closer = asyncio.ensure_future(self._disconnect_when_settled())
+
+    async def _disconnect_when_settled(self) -> None:
+        await self._commands_settled()
         if self._ws is not None:
-            asyncio.ensure_future(self._ws.close())
+            await self._ws.close()  # the results sent before this go out ahead of the close frame
+
+    async def _commands_settled(self) -> None:
+        """Wait, until the stop deadline, for the commands running now; each has its result in the ledger when done."""
+        running = [task for task in self._running if not task.done()]
+        if not running:
+            return
+        log.info("stopping: waiting for running commands", extra={"commands": sorted(self._inflight)})
+        await asyncio.wait(running, timeout=max(0.0, self._stop_deadline - asyncio.get_running_loop().time()))
 
     async def close(self) -> None:
+        if self._stopping.is_set():
+            await self._commands_settled()  # also when no connection was open to wait on
         for task in list(self._running):
             task.cancel()
         await self.runtime.close()
         self.collector.close()
         self.ledger.close()
 
-    async def _connect(self, url: str) -> None:
-        ssl_context = client_tls_context(self.identity.ca_file, self.identity.cert_file, self.identity.key_file)
-        async with connect(url, ssl=ssl_context, max_size=HARD_FRAME_BYTES, open_timeout=10, compression=None) as ws:
-            self._ws, self.relay_url = ws, url
-            log.info("connected to relay", extra={"relay": url})
+    async def _session(self, relay: RelayTarget) -> bool:
+        """One connection to ``relay``, served until it ends; whether the Master welcomed us on it. Errors before
+        the welcome propagate (the attempt failed); after it, the loss of the link is the session's normal end."""
+        try:
+            await self._connect(relay)
+        except CONNECTION_ERRORS as exc:
+            if not self.connected.is_set():
+                raise
+            log.warning("relay connection lost", extra={"relay": str(relay), "error": str(exc) or type(exc).__name__})
+        finally:
+            welcomed = self.connected.is_set()
+            self.connected.clear()
+        return welcomed
+
+    def _tls_context(self) -> ssl.SSLContext:
+        """Built again only when the certificate or key files change (a renewal): loading them costs more CPU than
+        the handshake itself, which matters when thousands of agents share a process (agent/fleet.py)."""
+        stamp = (self.identity.cert_file.stat().st_mtime_ns, self.identity.key_file.stat().st_mtime_ns)
+        if self._tls is None or self._tls[0] != stamp:
+            context = client_tls_context(self.identity.ca_file, self.identity.cert_file, self.identity.key_file)
+            self._tls = (stamp, context)
+        return self._tls[1]
+
+    async def _connect(self, relay: RelayTarget) -> None:
+        ssl_context = self._tls_context()
+        dial = self.connector.dial(relay, ssl=ssl_context, max_size=HARD_FRAME_BYTES, open_timeout=10, compression=None)
+        async with dial as ws:
+            self._ws, self.relay_url = ws, relay.url
+            self.relay_degraded = False  # a new relay: it says so at once if it cannot reach the Master
+            log.info("connected to relay", extra={"relay": str(relay), "region": relay.region})
             await self._send(self._hello())
             tasks = [asyncio.create_task(self._heartbeat_loop(ws)), asyncio.create_task(self._telemetry_loop(ws)),
                      asyncio.create_task(self._resend_loop(ws))]
@@ -152,14 +204,20 @@ class Agent:
         match frame:
             case Welcome():
                 self._on_welcome(frame)
+            case Command() if self._stopping.is_set():
+                pass  # not acked: the Master resends it when this agent is back
             case Command():
                 self._spawn(self._on_command(frame))
+            case RelayStatus():
+                self._on_relay_status(frame)
             case ResultAck():
                 self.ledger.mark_acked(frame.id)
             case Ping():
                 self._ping = frame.nonce
             case Config():
                 self._on_config(frame)
+            case RenewResponse():
+                self._on_renew_response(frame)
             case Error() if frame.code == HELLO_REQUIRED:
                 await self._send(self._hello())
             case Error():
@@ -169,7 +227,18 @@ class Agent:
         self.heartbeat_s, self.telemetry_s = welcome.heartbeat_s, welcome.telemetry_s
         self._update_keys(welcome.command_keys, welcome.key_endorsements, welcome.retired_keys)
         self.connected.set()
+        self._start_renewal_timer()
         log.info("welcomed by the master", extra={"agent_id": welcome.agent_id, "protocol": welcome.version})
+
+    def _on_relay_status(self, status: RelayStatus) -> None:
+        """The relay says whether the Master is reachable through it. While it is not, frames wait in the relay's
+        buffer (results included, never dropped) and the Master's silence is no fault of this connection."""
+        self.relay_degraded = status.master_link != "up"
+        if self.relay_degraded:
+            log.warning("relay reports the master unreachable; frames wait in its buffer",
+                        extra={"relay": self.relay_url, "master_link": status.master_link, "buffered": status.buffered})
+        else:
+            log.info("relay reports the master reachable again", extra={"relay": self.relay_url, "buffered": status.buffered})
 
     def _on_config(self, config: Config) -> None:
         self.heartbeat_s = config.heartbeat_s or self.heartbeat_s
@@ -192,6 +261,45 @@ class Agent:
         self.identity.command_keys = self.verifier.keys()
         self.identity.retired_keys = sorted(set(self.identity.retired_keys) | set(retired))
         self.identity.save()
+
+    # --- certificate renewal -------------------------------------------------------------------
+
+    def _start_renewal_timer(self) -> None:
+        """One renewal timer per connection, started at the welcome: requests go only to a Master that answers."""
+        ws = self._ws
+        if ws is None or (self._renewal is not None and self._renewal[0] is ws and not self._renewal[1].done()):
+            return  # a second welcome on the same connection (after a refreshed hello) keeps the timer
+        if self._renewal is not None:
+            self._renewal[1].cancel()
+        # It ends by itself when its connection closes, so a graceful stop never waits on it.
+        self._renewal = (ws, asyncio.create_task(self._renewal_loop(ws), name="certificate-renewal"))
+
+    async def _renewal_loop(self, ws: ClientConnection) -> None:
+        closed = asyncio.ensure_future(ws.wait_closed())
+        try:
+            while not closed.done():
+                wait = self.renewer.next_attempt_at() - time.time()
+                if wait > 0:
+                    self._renewal_news.clear()
+                    news = asyncio.ensure_future(self._renewal_news.wait())
+                    await asyncio.wait({closed, news}, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+                    news.cancel()
+                    continue
+                log.info("renewing the certificate", extra={"serial": self.renewer.serial, "not_after": self.renewer.not_after})
+                with contextlib.suppress(ConnectionClosed):
+                    await ws.send(encode(self.renewer.request(time.time())), text=True)
+        finally:
+            closed.cancel()
+
+    def _on_renew_response(self, response: RenewResponse) -> None:
+        try:
+            identity = self.renewer.accept(response, time.time())
+        except RenewalError as exc:
+            log.warning("certificate not renewed: %s", exc)
+        else:
+            # This connection keeps its TLS session; the next one presents the new certificate.
+            log.info("certificate renewed", extra={"serial": identity.serial, "not_after": identity.not_after})
+        self._renewal_news.set()
 
     async def _on_command(self, command: Command) -> None:
         command_id = command.body.id

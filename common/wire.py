@@ -262,6 +262,12 @@ def _decode(decoder: msgspec.json.Decoder, data: bytes | str, max_bytes: int) ->
         raise ProtocolError(f"frame does not match its schema: {text}", code=ErrorCode.SCHEMA_VIOLATION.value) from None
     except msgspec.DecodeError as exc:
         raise ProtocolError(f"frame is not valid JSON: {exc}", code=ErrorCode.BAD_JSON.value) from None
+    # msgspec lets these two through for hostile input (found by tests/access/test_fuzz.py): text that is not
+    # UTF-8 (bytes inside a string, or a str holding lone surrogates), and arrays nested thousands deep.
+    except UnicodeError as exc:
+        raise ProtocolError(f"frame is not valid UTF-8: {exc}", code=ErrorCode.BAD_JSON.value) from None
+    except RecursionError:
+        raise ProtocolError("frame is nested too deeply", code=ErrorCode.SCHEMA_VIOLATION.value) from None
 
 
 def decode_agent_frame(data: bytes | str, max_bytes: int = MAX_FRAME_BYTES) -> AgentFrame:

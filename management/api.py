@@ -11,7 +11,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 
 from common.errors import IdlegridError, NotFound
-from management.views import agent_view, command_view, event_view, gpu_view
+from management.views import agent_view, command_view, event_view, gpu_view, signing_key_view
 from master.records import ApiKeyRecord
 from master.service import Master
 from master.states import AgentState, CommandState
@@ -164,6 +164,20 @@ async def revoke_agent(request: web.Request) -> web.Response:
     return web.json_response(agent_view(agent, master.registry.gpus_of(agent.id)))
 
 
+async def list_signing_keys(request: web.Request) -> web.Response:
+    return _items([signing_key_view(k) for k in request.app[MASTER_KEY].authority.keys.describe()])
+
+
+async def rotate_signing_key(request: web.Request) -> web.Response:
+    info = await request.app[MASTER_KEY].rotate_signing_key()
+    return web.json_response(signing_key_view(info), status=201)
+
+
+async def retire_signing_key(request: web.Request) -> web.Response:
+    info = await request.app[MASTER_KEY].retire_signing_key(request.match_info["key_id"])
+    return web.json_response(signing_key_view(info))
+
+
 async def create_token(request: web.Request) -> web.Response:
     master = request.app[MASTER_KEY]
     body = await _json_body(request)
@@ -256,6 +270,9 @@ def build_app(master: Master) -> web.Application:
     r.add_get("/api/v1/commands", list_commands)
     r.add_get("/api/v1/commands/{command_id}", get_command)
     r.add_post("/api/v1/tokens", create_token)
+    r.add_get("/api/v1/signing-keys", list_signing_keys)
+    r.add_post("/api/v1/signing-keys/rotate", rotate_signing_key)
+    r.add_post("/api/v1/signing-keys/{key_id}/retire", retire_signing_key)
     r.add_get("/api/v1/events", list_events)
     return app
 

@@ -47,6 +47,10 @@ def _agent_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--state-dir", help="where the agent keeps its key, certificate and ledger (default .idlegrid/agent)")
     p.add_argument("--access", action="append", dest="access_urls", help="wss://HOST:PORT of an Access relay (repeatable)")
     p.add_argument("--region", help="the region this host is in")
+    p.add_argument("--dns-domain", help="find relays by DNS: SRV _idlegrid._tcp.REGION.DOMAIN (--access is then the fallback)")
+    p.add_argument("--dns-nameserver", action="append", dest="dns_nameservers", metavar="ADDRESS",
+                   help="nameserver to ask for relays (repeatable; default: the system resolver)")
+    p.add_argument("--dns-port", type=int, help="port of the nameservers (default 53)")
     p.add_argument("--simulate", help="simulate GPUs instead of NVML, e.g. h100:8 or a10:2,t4:1 (reported as simulated)")
     p.add_argument("--runtime", choices=["process", "docker"], help="container runtime (default process)")
     p.add_argument("--docker-socket", help="Docker/Podman API socket (default /var/run/docker.sock)")
@@ -66,6 +70,7 @@ def _agent_parser(sub: argparse._SubParsersAction) -> None:
 def _agent_overrides(args: argparse.Namespace) -> dict:
     return {
         "state_dir": args.state_dir, "access_urls": args.access_urls, "region": args.region, "simulate": args.simulate,
+        "dns_domain": args.dns_domain, "dns_nameservers": args.dns_nameservers, "dns_port": args.dns_port,
         "runtime": args.runtime, "docker_socket": args.docker_socket,
         "measure_bandwidth": False if args.no_bandwidth else None,
     }

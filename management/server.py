@@ -6,17 +6,69 @@ import asyncio
 import logging
 import os
 import signal
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from aiohttp import web
 
-from management.api import build_app
+from management.api import Handler, build_app, error_response
 from master.config import MasterConfig
 from master.service import Master
 
 log = logging.getLogger(__name__)
 
 OPERATOR_TOKEN_FILE = "operator.token"
+# How long a stopping Master lets API calls already accepted finish (a command is stored, then sent).
+REQUEST_DRAIN_S = 10.0
+RETRY_AFTER_S = 5
+READ_ONLY_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
+
+
+class ApiGate:
+    """Refuses API calls (503, Retry-After) once the Master stops, and lets the changes under way finish.
+
+    A call answered 202 has stored what it did before answering, so letting those finish and
+    turning the rest away with a status that says "retry" is what makes a stop lose nothing.
+    Reads are refused too: the store they read is about to close. /healthz and /metrics still answer.
+    """
+
+    def __init__(self) -> None:
+        self.open = True
+        self._under_way = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def middleware(self) -> Middleware:
+        @web.middleware
+        async def gate(request: web.Request, handler: Handler) -> web.StreamResponse:
+            if not request.path.startswith("/api/"):
+                return await handler(request)
+            if not self.open:
+                response = error_response(503, "shutting_down", "the Master is shutting down; retry in a few seconds")
+                response.headers["Retry-After"] = str(RETRY_AFTER_S)
+                return response
+            if request.method in READ_ONLY_METHODS:
+                return await handler(request)
+            self._under_way += 1
+            self._idle.clear()
+            try:
+                return await handler(request)
+            finally:
+                self._under_way -= 1
+                if not self._under_way:
+                    self._idle.set()
+
+        return gate
+
+    async def close(self, timeout_s: float) -> None:
+        """Refuse new calls; wait (up to ``timeout_s``) for the changes under way."""
+        self.open = False
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except TimeoutError:
+            log.warning("stopping with API calls still under way", extra={"calls": self._under_way})
 
 
 class MasterServer:
@@ -26,12 +78,15 @@ class MasterServer:
         self.config = config
         self.master = Master(config)
         self._runner: web.AppRunner | None = None
+        self.gate = ApiGate()
         self.api_port = 0
 
     async def start(self) -> None:
         await self.master.start()
         await self._ensure_operator_token()
-        self._runner = web.AppRunner(build_app(self.master), access_log=None)
+        app = build_app(self.master)
+        app.middlewares.append(self.gate.middleware())  # innermost: a caller is authenticated before it is told 503
+        self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.config.host, self.config.api_port)
         await site.start()
@@ -39,9 +94,12 @@ class MasterServer:
         log.info("management API listening", extra={"url": self.api_url})
 
     async def stop(self) -> None:
+        """Graceful: new changes get 503, those accepted finish, the Master drains its links and flushes, then
+        the API closes (reads are served until then)."""
+        await self.gate.close(REQUEST_DRAIN_S)
+        await self.master.stop()
         if self._runner is not None:
             await self._runner.cleanup()
-        await self.master.stop()
 
     @property
     def api_url(self) -> str:
@@ -72,4 +130,5 @@ async def serve_master(config: MasterConfig) -> None:
         loop.add_signal_handler(sig, stop.set)
     print(f"idlegrid master: API {server.api_url}  relay link {server.master.link_url}", flush=True)
     await stop.wait()
+    log.info("shutting down: refusing API changes, draining relay links")
     await server.stop()

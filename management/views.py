@@ -7,6 +7,7 @@ from typing import Any
 import msgspec
 
 from common.inventory import GpuSample
+from master.keys import SigningKeyInfo
 from master.records import AgentRecord, CommandRecord, EventRecord, GpuRecord
 from master.reputation import reputation
 
@@ -44,6 +45,7 @@ def agent_view(agent: AgentRecord, gpus: list[GpuRecord], latest: dict[str, GpuS
         "enrolled_at": agent.enrolled_at,
         "last_seen": agent.last_seen or None,
         "connected_since": agent.connected_since,
+        "cert_serial": agent.cert_serial,
         "cert_not_after": agent.cert_not_after,
         "drained": agent.drained,
         "containers": sorted(agent.containers),
@@ -65,6 +67,7 @@ def command_view(command: CommandRecord) -> dict[str, Any]:
         "acked_at": command.acked_at,
         "finished_at": command.finished_at,
         "attempts": command.attempts,
+        "key_id": command.key_id,  # the command-signing key its signature is made with
         "result": command.result,
         "error": command.error,
     }
@@ -72,3 +75,13 @@ def command_view(command: CommandRecord) -> dict[str, Any]:
 
 def event_view(event: EventRecord) -> dict[str, Any]:
     return msgspec.to_builtins(event)
+
+
+def signing_key_view(key: SigningKeyInfo) -> dict[str, Any]:
+    return {
+        "key_id": key.key_id,
+        "public_key": key.public_key,
+        "state": key.state.value,
+        "created_at": key.created_at,
+        "retired_at": key.retired_at,
+    }

@@ -1,4 +1,4 @@
-"""The platform's keys on the Master's disk: the CA, the Master's TLS certificate, the command-signing key."""
+"""The platform's keys on the Master's disk: the CA, the Master's TLS certificate, the command-signing keys."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Sequence
 
 from common.pki import CertificateAuthority, CommandSigner, Role, write_private_key
+from master.keys import SigningKeyRing
 
 _SERVER_CERT_S = 365 * 86400.0
 
@@ -16,8 +17,7 @@ _SERVER_CERT_S = 365 * 86400.0
 class Authority:
     pki_dir: Path
     ca: CertificateAuthority
-    signer: CommandSigner
-    _endorsements: dict[str, str] | None = None
+    keys: SigningKeyRing
 
     @property
     def ca_file(self) -> Path:
@@ -41,18 +41,21 @@ class Authority:
         else:
             ca = CertificateAuthority.create()
             ca.save(pki_dir)
-        authority = cls(pki_dir, ca, CommandSigner.load_or_create(pki_dir / "signing.key"))
+        authority = cls(pki_dir, ca, SigningKeyRing.open(pki_dir, ca))
         if not authority.cert_file.exists():
             authority.write_server_identity(pki_dir, Role.MASTER, "master", names=names, ips=ips, prefix="master")
         return authority
 
+    @property
+    def signer(self) -> CommandSigner:
+        """The key that signs new commands; it changes when an operator rotates keys."""
+        return self.keys.current
+
     def command_keys(self) -> dict[str, str]:
-        return {self.signer.key_id: self.signer.public_key_b64()}
+        return self.keys.command_keys()
 
     def key_endorsements(self) -> dict[str, str]:
-        if self._endorsements is None:
-            self._endorsements = {self.signer.key_id: self.ca.endorse_command_key(self.signer.public_key_b64())}
-        return self._endorsements
+        return self.keys.key_endorsements()
 
     def write_server_identity(
         self,

@@ -16,9 +16,9 @@ import msgspec
 
 from common.containers import parse_create_spec, parse_delete_spec
 from common.errors import Conflict, IdlegridError, NotFound
-from common.pki import CommandSigner
 from common.wire import Command, CommandBody, CommandResult, encode, signing_bytes
 from master.events import EventLog
+from master.keys import SigningKeyRing
 from master.records import CommandRecord
 from master.registry import Registry
 from master.states import COMMAND, FINAL_COMMAND_STATES, AgentState, CommandState
@@ -38,12 +38,12 @@ class InvalidCommand(IdlegridError):
 
 class CommandLedger:
     def __init__(
-        self, store: Store, events: EventLog, registry: Registry, signer: CommandSigner, send: SendToAgent, *, timeout_s: float
+        self, store: Store, events: EventLog, registry: Registry, keys: SigningKeyRing, send: SendToAgent, *, timeout_s: float
     ) -> None:
         self._store = store
         self._events = events
         self._registry = registry
-        self._signer = signer
+        self._keys = keys
         self._send = send
         self._timeout_s = timeout_s
         self.open: dict[str, CommandRecord] = {}  # commands not yet final
@@ -59,13 +59,14 @@ class CommandLedger:
             raise Conflict(f"agent {agent_id} is {agent.state} and takes no commands")
         _validate(kind, spec)
         now = time.time()
+        signer = self._keys.current
         body = CommandBody(
             id="cmd-" + uuid.uuid4().hex, agent_id=agent_id, kind=kind, spec=spec,
-            issued_at=now, deadline=now + (timeout_s or self._timeout_s), key_id=self._signer.key_id,
+            issued_at=now, deadline=now + (timeout_s or self._timeout_s), key_id=signer.key_id,
         )
         record = CommandRecord(
             id=body.id, agent_id=agent_id, kind=kind, spec=spec, state=CommandState.PENDING.value,
-            created_at=now, deadline=body.deadline, signature=self._signer.sign(signing_bytes(body)), key_id=body.key_id,
+            created_at=now, deadline=body.deadline, signature=signer.sign(signing_bytes(body)), key_id=body.key_id,
         )
         await self._store.commands.put(record)
         await self._events.record("command.created", record.id, agent_id=agent_id, kind=kind)
@@ -81,6 +82,8 @@ class CommandLedger:
 
     async def dispatch(self, record: CommandRecord) -> None:
         """Send (or resend) a command if its agent is reachable; a miss is retried on reconnect."""
+        if self._keys.is_retired(record.key_id):
+            await self._resign(record)  # agents refuse what a retired key signed
         frame = encode(Command(body=_body(record), signature=record.signature))
         if not await self._send(record.agent_id, frame):
             return
@@ -90,6 +93,25 @@ class CommandLedger:
             await self._move(record, "send")
         else:
             await self._store.commands.put(record)
+
+    async def resign_retired(self, key_id: str) -> list[str]:
+        """Re-sign every open command ``key_id`` signed with the current key; returns their ids.
+
+        Done when the key is retired, so that nothing it signed is ever sent again. What an agent
+        already holds is unaffected: it remembers executed ids, and a resend carries the new signature.
+        """
+        stale = [r for r in self.open.values() if r.key_id == key_id]
+        for record in stale:
+            await self._resign(record)
+        return [r.id for r in stale]
+
+    async def _resign(self, record: CommandRecord) -> None:
+        old_key, signer = record.key_id, self._keys.current
+        record.key_id = signer.key_id
+        record.signature = signer.sign(signing_bytes(_body(record)))
+        record.version += 1
+        await self._store.commands.put(record)
+        await self._events.record("command.resigned", record.id, agent_id=record.agent_id, old_key=old_key, key=signer.key_id)
 
     async def resend_for(self, agent_id: str) -> int:
         pending = sorted((r for r in self.open.values() if r.agent_id == agent_id), key=lambda r: r.created_at)
@@ -123,8 +145,10 @@ class CommandLedger:
                 await self._events.record("command.refused", record.id, agent_id=agent_id, reason=result.error or "")
         await self._registry.save(agent)
 
-    async def expire(self, now: float) -> list[str]:
-        expired = [r for r in self.open.values() if r.deadline < now]
+    async def expire(self, now: float, *, spare_created_before: float = 0.0) -> list[str]:
+        """Time out open commands past their deadline, except those created before ``spare_created_before``
+        (a restarted Master spares what it inherited a while: their results may be on their way from a relay)."""
+        expired = [r for r in self.open.values() if r.deadline < now and r.created_at >= spare_created_before]
         for record in expired:
             record.finished_at, record.error = now, "deadline passed before the agent reported a result"
             await self._move(record, "expire")

@@ -23,6 +23,9 @@ class MasterConfig(msgspec.Struct, kw_only=True):
     command_timeout_s: float = 300.0
     token_ttl_s: float = 3600.0
     agent_cert_s: float = 7 * 86400.0
+    # An agent gets at most one new certificate per this many seconds (capped at a tenth of agent_cert_s),
+    # so a misbehaving agent cannot mint certificates in a loop.
+    agent_renew_min_interval_s: float = 600.0
     tier_policy: str = ""  # empty: the built-in policy
     server_names: list[str] = msgspec.field(default_factory=lambda: ["localhost"])
     server_ips: list[str] = msgspec.field(default_factory=lambda: ["127.0.0.1"])
@@ -32,6 +35,10 @@ class MasterConfig(msgspec.Struct, kw_only=True):
     @property
     def state_path(self) -> Path:
         return Path(self.state_dir)
+
+    @property
+    def renew_min_interval_s(self) -> float:
+        return min(self.agent_renew_min_interval_s, self.agent_cert_s / 10)
 
     def resolved_store_url(self) -> str:
         return self.store_url or f"sqlite:///{(self.state_path / 'master.db').resolve()}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import http
 import logging
 import ssl
 from collections.abc import Awaitable, Callable
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 import msgspec
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
 
 from common.errors import PKIError, ProtocolError
 from common.pki import Role, peer_identity
@@ -30,6 +32,9 @@ from common.wire import (
 log = logging.getLogger(__name__)
 
 CLOSE_POLICY = 4003
+# Only relays dial this endpoint. TLS, the upgrade and the first frame each get this long (websockets applies
+# open_timeout to TLS as well), so a peer that stalls anywhere in the opening is dropped.
+OPEN_TIMEOUT_S = 10.0
 
 
 @dataclass(eq=False)
@@ -74,7 +79,8 @@ class RelayHub:
 
     async def start(self, host: str, port: int) -> int:
         self._server = await serve(
-            self._serve_link, host, port, ssl=self._ssl, max_size=HARD_FRAME_BYTES, max_queue=64, compression=None
+            self._serve_link, host, port, ssl=self._ssl, max_size=HARD_FRAME_BYTES, max_queue=64, compression=None,
+            open_timeout=OPEN_TIMEOUT_S, process_request=_only_relays,
         )
         return self._server.sockets[0].getsockname()[1]
 
@@ -113,7 +119,7 @@ class RelayHub:
             identity = peer_identity(connection.transport.get_extra_info("ssl_object"))
             if identity.role is not Role.ACCESS:
                 raise PKIError(f"certificate role {identity.role.value!r} may not open a relay link")
-            hello = decode_link_frame(await asyncio.wait_for(connection.recv(), timeout=10))
+            hello = decode_link_frame(await asyncio.wait_for(connection.recv(), timeout=OPEN_TIMEOUT_S))
             if not isinstance(hello, AccessHello):
                 raise ProtocolError("the first frame on a relay link must be access_hello", code=ErrorCode.UNEXPECTED_FRAME.value)
             version = negotiate(hello.versions)
@@ -145,3 +151,16 @@ class RelayHub:
             await self._on_frame(link, frame)
         except Exception:  # one bad frame must not take the link down for every agent behind it
             log.exception("failed to handle %s frame from relay %s", type(frame).__name__, link.relay_id)
+
+
+def _only_relays(connection: ServerConnection, request: Request) -> Response | None:
+    """Refuse any certificate but a relay's before the upgrade: an agent's certificate is valid TLS here too."""
+    try:
+        role = peer_identity(connection.transport.get_extra_info("ssl_object")).role
+    except PKIError as exc:
+        log.warning("relay link refused: %s", exc)
+        return connection.respond(http.HTTPStatus.FORBIDDEN, "a relay certificate is required\n")
+    if role is not Role.ACCESS:
+        log.warning("relay link refused: certificate role %r", role.value)
+        return connection.respond(http.HTTPStatus.FORBIDDEN, f"certificate role {role.value!r} may not open a relay link\n")
+    return None

@@ -17,6 +17,9 @@ class AgentRecord(msgspec.Struct, kw_only=True):
     relay: str = ""  # id of the Access relay it is connected through, "" when not connected
     cert_serial: str = ""
     cert_not_after: float = 0.0
+    cert_issued_at: float = 0.0  # of the current certificate; 0 when enrolled before renewals were recorded
+    # Earlier certificates that may still be valid (serial -> not_after): a revocation must cover them too.
+    previous_serials: dict[str, float] = {}
     host: HostInfo | None = None
     simulated: bool = False
     enrolled_at: float = 0.0

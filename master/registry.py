@@ -28,13 +28,19 @@ class Registry:
         self.policy = policy
         self.agents: dict[str, AgentRecord] = {}
         self.gpus: dict[str, GpuRecord] = {}
+        self._gpus_by_agent: dict[str, dict[str, GpuRecord]] = {}  # agent id -> its GPUs by uuid: no scan of every GPU
         self._dirty: set[str] = set()
+        # The relay each agent was last seen through. AgentRecord.relay is cleared when the agent goes offline,
+        # and a failover usually goes through offline, so the previous relay is remembered here.
+        self._last_relay: dict[str, str] = {}
 
     async def load(self) -> None:
         for agent in await self._store.agents.list():
             self.agents[agent.id] = agent
+            if agent.relay:
+                self._last_relay[agent.id] = agent.relay
         for gpu in await self._store.gpus.list():
-            self.gpus[gpu.uuid] = gpu
+            self._put_gpu(gpu)
 
     def get(self, agent_id: str) -> AgentRecord:
         agent = self.agents.get(agent_id)
@@ -43,7 +49,14 @@ class Registry:
         return agent
 
     def gpus_of(self, agent_id: str) -> list[GpuRecord]:
-        return sorted((g for g in self.gpus.values() if g.agent_id == agent_id), key=lambda g: g.index)
+        return sorted(self._gpus_by_agent.get(agent_id, {}).values(), key=lambda g: g.index)
+
+    def _put_gpu(self, gpu: GpuRecord) -> None:
+        old = self.gpus.get(gpu.uuid)
+        if old is not None and old.agent_id != gpu.agent_id:
+            self._gpus_by_agent.get(old.agent_id, {}).pop(gpu.uuid, None)  # the card changed hosts
+        self.gpus[gpu.uuid] = gpu
+        self._gpus_by_agent.setdefault(gpu.agent_id, {})[gpu.uuid] = gpu
 
     async def add(self, agent: AgentRecord) -> None:
         self.agents[agent.id] = agent
@@ -84,12 +97,17 @@ class Registry:
         self._dirty.discard(agent.id)
         await self._store.agents.put(agent)
 
-    async def on_hello(self, agent: AgentRecord, inventory: Inventory, *, relay: str, region: str, now: float) -> None:
+    async def on_hello(
+        self, agent: AgentRecord, inventory: Inventory, *, relay: str, region: str, now: float, relay_region: str = ""
+    ) -> None:
         """A (re)connected agent described itself: refresh its inventory and bring it up."""
         if agent.state == AgentState.OFFLINE.value and agent.last_seen:
             agent.downtime_s += max(0.0, now - agent.last_seen)
         agent.host, agent.simulated, agent.relay = inventory.host, inventory.simulated, relay
-        agent.region = region or agent.region
+        # The region is the one the agent declares (or enrolled with): a failover to another region's relay
+        # does not move the host. The relay's region only fills in a region the agent never gave.
+        agent.region = region or agent.region or relay_region
+        await self._record_relay_change(agent, relay, relay_region=relay_region)
         agent.last_seen, agent.connected_since = now, now
         await self._update_gpus(agent.id, inventory.gpus, inventory.host)
         if agent.drained:
@@ -97,11 +115,25 @@ class Registry:
         elif not await self.transition(agent, "connected", f"connected through {relay}"):
             await self.save(agent)
 
+    async def _record_relay_change(self, agent: AgentRecord, relay: str, *, relay_region: str) -> None:
+        """An agent that shows up through another relay than before failed over (or was moved): an event says so."""
+        previous = self._last_relay.get(agent.id)
+        self._last_relay[agent.id] = relay
+        if previous and previous != relay:
+            await self._events.record(
+                "agent.relay_changed", agent.id, old_relay=previous, new_relay=relay, region=agent.region,
+                relay_region=relay_region,
+            )
+
     async def _update_gpus(self, agent_id: str, infos: list[GpuInfo], host: object) -> None:
         records = []
         for info in infos:
-            c = classify(info, self.policy, host=host)  # type: ignore[arg-type]
             old = self.gpus.get(info.uuid)
+            if old is not None and not self._may_claim(old, agent_id):
+                # A GPU UUID is whatever the agent says: one agent must not take over another's GPUs by naming them.
+                await self._events.record("gpu.claim_refused", info.uuid, agent_id=agent_id, owner=old.agent_id)
+                continue
+            c = classify(info, self.policy, host=host)  # type: ignore[arg-type]
             state = old.state if old is not None and old.agent_id == agent_id else GpuState.AVAILABLE.value
             record = GpuRecord(
                 uuid=info.uuid, agent_id=agent_id, index=info.index, model=c.model, info=info,
@@ -112,10 +144,15 @@ class Registry:
                     "gpu.classified", info.uuid, agent_id=agent_id, model=c.model, tier=c.tier,
                     flags=list(c.flags), reasons=list(c.reasons),
                 )
-            self.gpus[info.uuid] = record
+            self._put_gpu(record)
             records.append(record)
         if records:
             await self._store.gpus.put_many(records)
+
+    def _may_claim(self, gpu: GpuRecord, agent_id: str) -> bool:
+        """A GPU reported by another agent moves only once that agent is retired (the card changed hosts)."""
+        owner = self.agents.get(gpu.agent_id)
+        return gpu.agent_id == agent_id or owner is None or owner.state == AgentState.RETIRED.value
 
     def on_heartbeat(self, agent: AgentRecord, now: float, max_gap_s: float) -> None:
         """Heartbeats are frequent: kept in memory and written with the next flush."""

@@ -9,8 +9,10 @@ import time
 import secrets
 from pathlib import Path
 
-from common.errors import EnrollmentError, IdlegridError, NotFound, ProtocolError
-from common.pki import server_tls_context
+from cryptography.hazmat.primitives.serialization import Encoding
+
+from common.errors import EnrollmentError, IdlegridError, NotFound, PKIError, ProtocolError
+from common.pki import Role, server_tls_context
 from common.wire import (
     AccessStats,
     AgentConnected,
@@ -19,6 +21,7 @@ from common.wire import (
     AgentFrame,
     CommandAck,
     CommandResult,
+    Config,
     EnrollRequest,
     EnrollResponse,
     Error,
@@ -26,6 +29,8 @@ from common.wire import (
     Hello,
     LinkFrame,
     Relay,
+    RenewRequest,
+    RenewResponse,
     ResultAck,
     Revocations,
     Telemetry,
@@ -40,6 +45,7 @@ from master.commands import CommandLedger
 from master.config import MasterConfig
 from master.enrollment import Enrollment, hash_secret
 from master.events import EventLog
+from master.keys import SigningKeyInfo
 from master.link import AccessLink, RelayHub
 from master.records import AgentRecord, ApiKeyRecord, RevocationRecord
 from master.registry import Registry
@@ -75,11 +81,13 @@ class Master:
             lambda: sorted(self._revoked),
         )
         self.ledger = CommandLedger(
-            self.store, self.events, self.registry, self.authority.signer, self.hub.send_to_agent,
+            self.store, self.events, self.registry, self.authority.keys, self.hub.send_to_agent,
             timeout_s=config.command_timeout_s,
         )
         self._revoked: set[str] = set()
         self._helloed: set[str] = set()  # agents that said hello to this process since they connected
+        self._hello_asked: dict[str, float] = {}  # agent -> when it was last told hello_required
+        self.started_at = 0.0
         self.relay_stats: dict[str, AccessStats] = {}
         self.link_port = 0
         self._tasks: list[asyncio.Task] = []
@@ -92,6 +100,7 @@ class Master:
         await self.ledger.load()
         self._revoked = {r.serial for r in await self.store.revocations.list()}
         self.link_port = await self.hub.start(self.config.host, self.config.link_port)
+        self.started_at = time.time()
         self._tasks = [
             asyncio.create_task(self._sweep_loop(), name="sweep"),
             asyncio.create_task(self._flush_loop(), name="flush"),
@@ -99,15 +108,22 @@ class Master:
         log.info("master started", extra={"link_port": self.link_port, "store": self.store.backend})
 
     async def stop(self) -> None:
+        """Graceful stop (SIGTERM): close the relay links, flush what is held in memory, close the store.
+
+        Links close first, and their handlers run to the end: every frame a relay already sent is
+        handled (a result stored and acknowledged) before the store closes. A relay counts a frame as
+        delivered once it is written to the link, so this is what keeps them from being lost.
+        """
+        await self.hub.stop()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await self.hub.stop()
         await self.telemetry.flush(time.time(), everything=True)
         await self.registry.flush()
         await self.store.close()
+        log.info("master stopped")
 
     @property
     def link_url(self) -> str:
@@ -120,11 +136,26 @@ class Master:
             await asyncio.sleep(period)
             try:
                 now = time.time()
-                for agent_id in await self.registry.sweep(now, silence):
-                    self._helloed.discard(agent_id)
-                await self.ledger.expire(now)
+                in_grace = self._in_start_grace(now, silence)
+                if not in_grace:
+                    for agent_id in await self.registry.sweep(now, silence):
+                        self._helloed.discard(agent_id)
+                await self.ledger.expire(now, spare_created_before=self.started_at if in_grace else 0.0)
             except Exception:
                 log.exception("sweep failed; retrying")
+
+    def _in_start_grace(self, now: float, silence: float) -> bool:
+        """Whether this process is too young to judge anyone's silence.
+
+        After a restart the stored ``last_seen`` dates from before the crash (heartbeats are written
+        only with each flush), so sweeping at once would send every agent offline before its relay
+        had even reconnected. Silence is counted from the start instead: each agent gets one full
+        heartbeat timeout to be heard again. ``last_seen`` itself is left alone, so it stays the
+        time the agent was last heard and uptime is not credited for the outage. Commands inherited
+        from the previous process wait too before they time out: results a relay buffered while the
+        Master was down arrive in that window.
+        """
+        return now - self.started_at < silence
 
     async def _flush_loop(self) -> None:
         while True:
@@ -171,6 +202,7 @@ class Master:
         link.agents.add(frame.agent_id)
         self.hub.agent_links[frame.agent_id] = link
         self._helloed.discard(frame.agent_id)
+        self._hello_asked.pop(frame.agent_id, None)  # a new connection: ask it at once if it says no hello
 
     async def _on_relayed(self, link: AccessLink, envelope: Relay) -> None:
         agent_id = envelope.agent_id
@@ -192,7 +224,11 @@ class Master:
             await self._on_hello(link, agent, frame, now)
             return
         if agent.id not in self._helloed:
-            await link.send_to_agent(agent.id, encode(Error(code=HELLO_REQUIRED, message="send hello first")))
+            if isinstance(frame, (CommandAck, CommandResult)):
+                # Facts about commands this Master issued, true whoever asks: taken before the hello, so
+                # that what a relay buffered while the Master was down (or restarting) is not thrown away.
+                await self._on_command_report(link, agent, frame)
+            await self._ask_for_hello(link, agent.id, now)
             return
         match frame:
             case Heartbeat():
@@ -200,16 +236,38 @@ class Master:
                 await self.registry.on_running(agent, frame.running)
             case Telemetry():
                 self.registry.on_heartbeat(agent, now, max_gap_s=self.config.heartbeat_s * self.config.missed_heartbeats)
-                self.telemetry.ingest(agent.id, frame.samples)
-            case CommandAck():
-                await self.ledger.on_ack(agent.id, frame.id)
-            case CommandResult():
-                await self.ledger.on_result(agent.id, frame)
-                await link.send_to_agent(agent.id, encode(ResultAck(id=frame.id)))
+                # Only samples of GPUs this agent owns: it must not write figures onto another agent's GPUs.
+                self.telemetry.ingest(agent.id, [s for s in frame.samples if self._owns_gpu(agent.id, s.uuid)])
+            case CommandAck() | CommandResult():
+                await self._on_command_report(link, agent, frame)
             case AgentEvent():
                 await self.events.record(f"agent.{frame.kind}", agent.id, **frame.detail)
+            case RenewRequest():
+                await self._on_renew(link, agent, frame)
             case Error():
                 log.info("agent %s reported an error: %s %s", agent.id, frame.code, frame.message)
+
+    async def _on_command_report(self, link: AccessLink, agent: AgentRecord, frame: CommandAck | CommandResult) -> None:
+        if isinstance(frame, CommandAck):
+            await self.ledger.on_ack(agent.id, frame.id)
+            return
+        await self.ledger.on_result(agent.id, frame)  # stored before the ack, so an acked result is never lost
+        await link.send_to_agent(agent.id, encode(ResultAck(id=frame.id)))
+
+    async def _ask_for_hello(self, link: AccessLink, agent_id: str, now: float) -> None:
+        """Tell an agent this process does not know it yet (after a restart, say) to say hello again.
+
+        At most once per heartbeat interval: a relay replaying its buffer sends many frames of one
+        agent at once, and each hello costs a store write and a resend of its open commands.
+        """
+        if now - self._hello_asked.get(agent_id, 0.0) < self.config.heartbeat_s:
+            return
+        self._hello_asked[agent_id] = now
+        await link.send_to_agent(agent_id, encode(Error(code=HELLO_REQUIRED, message="send hello first")))
+
+    def _owns_gpu(self, agent_id: str, gpu_uuid: str) -> bool:
+        gpu = self.registry.gpus.get(gpu_uuid)
+        return gpu is not None and gpu.agent_id == agent_id
 
     async def _on_hello(self, link: AccessLink, agent: AgentRecord, hello: Hello, now: float) -> None:
         try:
@@ -217,14 +275,78 @@ class Master:
         except ProtocolError as exc:
             await link.send_to_agent(agent.id, error_frame(exc))
             return
-        await self.registry.on_hello(agent, hello.inventory, relay=link.relay_id, region=link.region, now=now)
+        await self.registry.on_hello(
+            agent, hello.inventory, relay=link.relay_id, region=hello.region, relay_region=link.region, now=now
+        )
         self._helloed.add(agent.id)
+        self._hello_asked.pop(agent.id, None)
         welcome = Welcome(
             version=version, agent_id=agent.id, heartbeat_s=self.config.heartbeat_s, telemetry_s=self.config.telemetry_s,
             command_keys=self.authority.command_keys(), key_endorsements=self.authority.key_endorsements(),
+            retired_keys=self.authority.keys.retired_keys(),
         )
         await link.send_to_agent(agent.id, encode(welcome))
         await self.ledger.resend_for(agent.id)
+
+    async def _on_renew(self, link: AccessLink, agent: AgentRecord, request: RenewRequest) -> None:
+        """A new certificate for the agent this link speaks for: whom it names comes from the link, never the CSR."""
+        try:
+            cert_pem = self._renew_certificate(agent, request.csr_pem, time.time())
+        except IdlegridError as exc:
+            await self.events.record("agent.renewal_refused", agent.id, code=exc.code, reason=str(exc))
+            await link.send_to_agent(agent.id, encode(RenewResponse(error=str(exc))))
+            return
+        await self.registry.save(agent)
+        await self.events.record("agent.renewed", agent.id, serial=agent.cert_serial, not_after=agent.cert_not_after)
+        await link.send_to_agent(agent.id, encode(RenewResponse(cert_pem=cert_pem)))
+
+    def _renew_certificate(self, agent: AgentRecord, csr_pem: str, now: float) -> str:
+        """Sign the CSR for ``agent`` and record the new serial, keeping the old ones for revocation.
+
+        Synchronous on purpose: the record names the new serial before any other task runs, so a
+        revocation racing this renewal cannot miss the certificate it issues.
+        """
+        wait = agent.cert_issued_at + self.config.renew_min_interval_s - now
+        if wait > 0:
+            raise IdlegridError(f"certificate was renewed moments ago; ask again in {wait:.0f} s", code="renewal_too_soon")
+        try:
+            cert = self.authority.ca.sign_csr(csr_pem.encode(), Role.AGENT, agent.id, valid_s=self.config.agent_cert_s)
+        except (PKIError, ValueError) as exc:
+            raise IdlegridError(f"certificate signing request refused: {exc}", code="bad_csr") from None
+        still_valid = {serial: until for serial, until in agent.previous_serials.items() if until > now}
+        if agent.cert_serial and agent.cert_not_after > now:
+            still_valid[agent.cert_serial] = agent.cert_not_after
+        agent.previous_serials = still_valid
+        agent.cert_serial = format(cert.serial_number, "x")
+        agent.cert_not_after = cert.not_valid_after_utc.timestamp()
+        agent.cert_issued_at = now
+        return cert.public_bytes(Encoding.PEM).decode()
+
+    # --- command-signing keys ------------------------------------------------------------------
+
+    async def rotate_signing_key(self) -> SigningKeyInfo:
+        """A new current key; the old one keeps verifying commands already signed until it is retired."""
+        info = self.authority.keys.rotate()
+        await self.events.record("signing_key.rotated", info.key_id)
+        await self._announce_keys()
+        return info
+
+    async def retire_signing_key(self, key_id: str) -> SigningKeyInfo:
+        """Agents stop trusting ``key_id``; open commands it signed are re-signed first, so none is lost."""
+        info = self.authority.keys.retire(key_id)
+        resigned = await self.ledger.resign_retired(key_id)
+        await self.events.record("signing_key.retired", key_id, resigned=resigned)
+        await self._announce_keys()
+        return info
+
+    async def _announce_keys(self) -> int:
+        """Tell every connected agent the keys in force now; agents not connected learn them in their welcome."""
+        frame = encode(Config(
+            command_keys=self.authority.command_keys(), key_endorsements=self.authority.key_endorsements(),
+            retired_keys=self.authority.keys.retired_keys(),
+        ))
+        sent = await asyncio.gather(*(self.hub.send_to_agent(agent_id, frame) for agent_id in list(self.hub.agent_links)))
+        return sum(sent)
 
     # --- enrollment, tokens, revocation --------------------------------------------------------
 
@@ -243,11 +365,12 @@ class Master:
 
     async def revoke(self, agent_id: str, reason: str = "revoked by an operator") -> AgentRecord:
         agent = self.registry.get(agent_id)
-        if agent.cert_serial:
-            self._revoked.add(agent.cert_serial)
-            await self.store.revocations.put(
-                RevocationRecord(serial=agent.cert_serial, agent_id=agent.id, revoked_at=time.time(), reason=reason)
-            )
+        now = time.time()
+        # Every certificate the agent holds that is still valid, not just its latest: renewal leaves the old one usable.
+        serials = [s for s in (agent.cert_serial, *agent.previous_serials) if s and s not in self._revoked]
+        for serial in serials:
+            self._revoked.add(serial)
+            await self.store.revocations.put(RevocationRecord(serial=serial, agent_id=agent.id, revoked_at=now, reason=reason))
         await self.registry.transition(agent, "revoke", reason)
         await self.hub.broadcast(encode(Revocations(serials=sorted(self._revoked))))
         return agent

@@ -7,14 +7,16 @@ from typing import Any
 from agent.runtime.base import ContainerRuntime
 from agent.runtime.docker import DockerRuntime
 from agent.runtime.process import ProcessRuntime
+from agent.runtime.simulated import SimulatedRuntime
 from common.errors import ConfigError
 
-RUNTIMES: dict[str, type] = {"docker": DockerRuntime, "process": ProcessRuntime}
+RUNTIMES: dict[str, type] = {"docker": DockerRuntime, "process": ProcessRuntime, "simulated": SimulatedRuntime}
 
 
 def open_runtime(kind: str, **options: Any) -> ContainerRuntime:
     """``docker``: options ``socket`` (default /var/run/docker.sock), ``allow_pull``, ``timeout_s``, ``capabilities``.
-    ``process``: option ``state_dir`` (required), where the container records live."""
+    ``process``: option ``state_dir`` (required), where the container records live.
+    ``simulated``: options ``latency_s``, ``jitter_s``, ``failure_rate``, ``seed``; runs nothing (fleet simulator, tests)."""
     runtime = RUNTIMES.get(kind)
     if runtime is None:
         raise ConfigError(f"unknown container runtime {kind!r}: choose one of {', '.join(RUNTIMES)}")
@@ -24,4 +26,4 @@ def open_runtime(kind: str, **options: Any) -> ContainerRuntime:
         raise ConfigError(f"bad options for the {kind} runtime: {exc}") from exc
 
 
-__all__ = ["ContainerRuntime", "DockerRuntime", "ProcessRuntime", "RUNTIMES", "open_runtime"]
+__all__ = ["ContainerRuntime", "DockerRuntime", "ProcessRuntime", "RUNTIMES", "SimulatedRuntime", "open_runtime"]

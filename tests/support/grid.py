@@ -12,7 +12,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,41 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: 
     raise AssertionError(f"timed out after {timeout} s waiting for {what} (last error: {last_error!r})")
 
 
+# Settings of relays and agents that redial within a second: tests wait for reconnections, not backoffs.
+QUICK_RECONNECT = {"backoff_initial_s": 0.2, "backoff_max_s": 1.0}
+
+
+def write_toml(path: Path, settings: dict[str, str | int | float | bool]) -> Path:
+    """A flat TOML settings file (what ``--config`` takes), for settings no flag offers."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"{key} = {json.dumps(value)}\n" for key, value in settings.items()))
+    return path
+
+
+def counted_spec(runs: Path, name: str, *, ignores_sigterm: bool = False) -> dict[str, Any]:
+    """A process-runtime container that appends its pid to ``runs/<name>`` when it starts, then sleeps: the
+    number of lines is the number of times the command ran. ``ignores_sigterm``: deleting it takes the
+    delete's whole ``timeout_s`` (SIGKILL ends it), which keeps a delete command running that long."""
+    runs.mkdir(parents=True, exist_ok=True)
+    trap = "trap '' TERM; " if ignores_sigterm else ""
+    return {"name": name, "image": "none", "command": ["sh", "-c", f"{trap}echo $$ >> {runs / name}; sleep 600"]}
+
+
+def run_pids(runs: Path, name: str) -> list[int]:
+    """The pids the container ``name`` of ``counted_spec`` started with, one per run."""
+    path = runs / name
+    return [int(line) for line in path.read_text().split()] if path.exists() else []
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
 @dataclass
 class Daemon:
     name: str
@@ -58,6 +93,17 @@ class Daemon:
         if self.alive():
             os.killpg(self.process.pid, sig)
             self.process.wait(timeout=10)
+
+    def terminate(self, timeout: float = 10) -> int:
+        """SIGTERM to the daemon alone (not its process group, so containers it started live on, as under a
+        service manager) and wait for it to exit; its exit status."""
+        if self.alive():
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=timeout)
+
+    def logged(self, text: str) -> bool:
+        """Whether its log mentions ``text`` so far."""
+        return self.log.exists() and text in self.log.read_text(errors="replace")
 
     def tail(self, n: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:]) if self.log.exists() else ""
@@ -95,6 +141,7 @@ class Grid:
         self.api_port = free_port()
         self.link_port = free_port()
         self.master: Daemon | None = None
+        self._master_extra: tuple[str, ...] = ()
 
     # --- processes -----------------------------------------------------------------------------
 
@@ -110,6 +157,7 @@ class Grid:
         return daemon
 
     def start_master(self, *extra: str) -> Daemon:
+        self._master_extra = extra
         self.master = self.spawn(
             "master", "master", "--state-dir", str(self.master_dir), "--api-port", str(self.api_port),
             "--link-port", str(self.link_port), "--heartbeat-s", str(self.heartbeat_s), *extra,
@@ -117,30 +165,51 @@ class Grid:
         wait_for(lambda: self.get("/healthz", auth=False), 30, f"the Master to serve\n{self.master.tail()}")
         return self.master
 
-    def start_relay(self, relay_id: str = "relay-1", region: str = "local") -> RelayInfo:
-        relay = self.relays.get(relay_id) or RelayInfo(relay_id, region, free_port(), free_port())
-        self.relays[relay_id] = relay
-        cert, key, ca = self.authority.write_server_identity(self.root / "relays" / relay_id, Role.ACCESS, relay_id)
+    def restart_master(self) -> Daemon:
+        """Start the Master again, as it was started last (same state directory, ports and flags)."""
+        assert self.master is None or not self.master.alive(), "stop the Master first"
+        return self.start_master(*self._master_extra)
+
+    def start_relay(self, relay_id: str = "relay-1", region: str = "local", *, names: Sequence[str] = (),
+                    extra: Sequence[str] = (), wait_link: bool = True) -> RelayInfo:
+        """Start (or restart, on the same ports) a relay; ``names``: host names its certificate holds besides
+        localhost and 127.0.0.1, e.g. the target of its SRV record."""
+        relay = self.plan_relay(relay_id, region)
+        cert, key, ca = self.authority.write_server_identity(
+            self.root / "relays" / relay_id, Role.ACCESS, relay_id, names=("localhost", *names))
         relay.daemon = self.spawn(
             relay_id, "access", "--relay-id", relay_id, "--region", region, "--master-url",
             f"wss://127.0.0.1:{self.link_port}/link", "--agent-port", str(relay.agent_port), "--http-port",
-            str(relay.http_port), "--cert", str(cert), "--key", str(key), "--ca", str(ca),
+            str(relay.http_port), "--cert", str(cert), "--key", str(key), "--ca", str(ca), *extra,
         )
-        wait_for(lambda: self.relay_health(relay)["master_link"] == "up", 30, f"{relay_id} to link up\n{relay.daemon.tail()}")
+        if wait_link:
+            wait_for(lambda: self.relay_health(relay)["master_link"] == "up", 30, f"{relay_id} to link up\n{relay.daemon.tail()}")
+        else:
+            wait_for(lambda: self.relay_health(relay), 30, f"{relay_id} to serve\n{relay.daemon.tail()}")
         return relay
+
+    def plan_relay(self, relay_id: str, region: str = "local") -> RelayInfo:
+        """A relay's ports, chosen now for a relay started later by start_relay, so agents can be told its URL first."""
+        return self.relays.setdefault(relay_id, RelayInfo(relay_id, region, free_port(), free_port()))
 
     def relay_health(self, relay: RelayInfo) -> dict:
         context = ssl.create_default_context(cafile=str(self.authority.ca_file))
         with urllib.request.urlopen(f"{relay.http_url}/healthz", timeout=2, context=context) as response:
             return json.loads(response.read())
 
+    def relay_metrics(self, relay: RelayInfo) -> str:
+        context = ssl.create_default_context(cafile=str(self.authority.ca_file))
+        with urllib.request.urlopen(f"{relay.http_url}/metrics", timeout=2, context=context) as response:
+            return response.read().decode()
+
     def agent_dir(self, name: str) -> Path:
         return self.root / "agents" / name
 
-    def enroll(self, name: str, relay: RelayInfo, token: str | None = None) -> subprocess.CompletedProcess:
+    def enroll(self, name: str, relay: RelayInfo, token: str | None = None, *, region: str = "") -> subprocess.CompletedProcess:
         token = token or self.join_token()
         return subprocess.run(
-            [sys.executable, "-m", "management.cli", "agent", "--state-dir", str(self.agent_dir(name)), "enroll",
+            [sys.executable, "-m", "management.cli", "agent", "--state-dir", str(self.agent_dir(name)),
+             *(["--region", region] if region else []), "enroll",
              "--token", token, "--access", relay.http_url, "--ca-file", str(self.authority.ca_file),
              "--connect", relay.agent_url],
             cwd=REPO, capture_output=True, text=True, timeout=60,
@@ -152,6 +221,21 @@ class Grid:
     def start_agent(self, name: str, *extra: str, simulate: str = "h100:2") -> Daemon:
         return self.spawn(name, "agent", "--state-dir", str(self.agent_dir(name)), "--simulate", simulate,
                           "--no-bandwidth", *extra)
+
+    def run_agent(self, name: str, *, simulate: str = "a10:2", relay: str = "relay-1",
+                  **settings: str | int | float | bool) -> tuple[str, Daemon]:
+        """Enroll ``name`` (first time only), start it with ``settings`` (TOML, over quick reconnects) and wait
+        until the Master has it ready; (agent id, daemon). Again for the same name: a restart, same settings."""
+        if not (self.agent_dir(name) / "identity.json").exists():
+            enrolled = self.enroll(name, self.relays[relay])
+            assert enrolled.returncode == 0, enrolled.stderr
+        config = self.root / "config" / f"{name}.toml"
+        if settings or not config.exists():
+            write_toml(config, {**QUICK_RECONNECT, **settings})
+        daemon = self.start_agent(name, "--config", str(config), simulate=simulate)
+        agent_id = self.agent_id(name)
+        wait_for(lambda: self.agent(agent_id)["state"] in ("ready", "busy"), 30, f"{name} to be ready\n{daemon.tail()}")
+        return agent_id, daemon
 
     def stop(self) -> None:
         for daemon in reversed(self.daemons):

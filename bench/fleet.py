@@ -1,0 +1,773 @@
+"""``python -m bench fleet``: a Master, Access relays and a simulated fleet, measured under load.
+
+What happens, in order (every process is ours and is stopped at the end, whatever happens):
+
+1. N agents are enrolled through the Master's own enrollment code (``bench.provision``).
+2. Baseline: one fleet process with the flood agents dials a plain websockets echo server with the
+   relay's TLS settings (``bench.echo``) and floods heartbeats: echoed messages per second.
+3. The Master and the relays start on the embedded store; then the fleet processes, which load
+   their agents and wait. Memory and CPU of every process are read here.
+4. Ramp: every agent dials its relay at ``connect_rate``; ``ready_s`` is until the last welcome.
+5. Hold for ``duration`` seconds: heartbeats and telemetry at the Master's intervals, commands through
+   the management API at ``cmd_rate`` (create, then delete once it succeeded), the round trip of each
+   timed from the API call to the final state; the relay buffers and the kernel's socket queues are
+   sampled throughout for backlog.
+6. Flood: the flood agents send heartbeats as fast as ``flood_rate`` asks through the relays; frames
+   the relays delivered to the Master per second, against the echo baseline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import shutil
+import ssl
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from agent.fleet import AGENT_DIR_FORMAT
+from bench.procs import BenchProcess, read_usage, spawn
+from bench.profile import Profiler
+from bench.provision import provision_agents
+from bench.sockets import queued_bytes
+from common.pki import Role
+from management.demo import free_port
+from master.authority import Authority
+from master.config import MasterConfig
+
+FINAL_STATES = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
+START_TIMEOUT_S = 60.0
+REQUEST_TIMEOUT_S = 120.0
+COMMAND_TIMEOUT_S = 30.0
+SAMPLE_EVERY_S = 1.0
+SETTLE_S = 2.0
+
+
+@dataclass
+class FleetOptions:
+    agents: int = 500
+    gpus_per_agent: int = 8
+    gpu_model: str = "h100"
+    duration: float = 30.0  # the hold, after every agent is ready
+    relays: int = 2
+    fleet_procs: int = 1
+    connect_rate: float = 500.0
+    heartbeat_s: float = 5.0
+    telemetry_s: float = 10.0
+    cmd_rate: float = 5.0  # creates per second; each successful create is followed by a delete
+    latency_ms: float = 20.0
+    jitter_ms: float = 5.0
+    failure_rate: float = 0.0
+    flood_seconds: float = 5.0
+    flood_agents: int = 500
+    flood_rate: float = 20_000.0  # heartbeats per second asked of the flood agents in all
+    baseline: bool = True
+    ready_timeout: float = 0.0  # 0: 60 s + 10 ms per agent
+    work_dir: str = ""
+    keep: bool = False
+    log_level: str = "warning"
+    profile_dir: str = ""  # py-spy every process during the ramp and the hold: raw stacks and a summary here
+    relay_tls_buffer_kib: int = 0  # 0: the relay's own TLS read buffer (access/daemon.py); else this, to compare
+
+    @property
+    def simulate(self) -> str:
+        return f"{self.gpu_model}:{self.gpus_per_agent}"
+
+    @property
+    def flood_size(self) -> int:
+        return max(1, min(self.flood_agents, self.agents))
+
+
+# --- one fleet process, driven over JSON lines -------------------------------------------------
+
+
+class FleetDriver:
+    def __init__(self, name: str, process: asyncio.subprocess.Process, log: Path) -> None:
+        self.name = name
+        self.process = process
+        self.log = log
+        self._ids = 0
+        self._waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._loaded: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._reader = asyncio.create_task(self._read(), name=f"{name}-reader")
+        self.readings: dict[str, Any] = {}
+
+    @classmethod
+    async def spawn(cls, name: str, args: list[str], logs: Path) -> "FleetDriver":
+        log = logs / f"{name}.log"
+        with open(log, "ab") as err:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "agent.fleet", "--control", *args, cwd=Path(__file__).resolve().parents[1],
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=err, start_new_session=True,
+                limit=1 << 20,
+            )
+        return cls(name, process, log)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    async def loaded(self, timeout: float) -> dict[str, Any]:
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._loaded), timeout)
+        except TimeoutError:
+            raise RuntimeError(f"{self.name} did not load its agents in {timeout:.0f} s; see {self.log}") from None
+
+    async def request(self, op: str, timeout: float = REQUEST_TIMEOUT_S, **fields: Any) -> dict[str, Any]:
+        self._ids += 1
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._waiting[self._ids] = future
+        assert self.process.stdin is not None
+        self.process.stdin.write((json.dumps({"op": op, "id": self._ids, **fields}) + "\n").encode())
+        await self.process.stdin.drain()
+        try:
+            answer = await asyncio.wait_for(future, timeout)
+        finally:
+            self._waiting.pop(self._ids, None)
+        if not answer.get("ok"):
+            raise RuntimeError(f"{self.name} refused {op}: {answer.get('error')}")
+        return answer
+
+    async def stop(self, timeout: float = 30.0) -> None:
+        """Ask it to stop its agents (closing handshakes and all), then make sure it is gone."""
+        if self.process.returncode is None and self.process.stdin is not None:
+            try:
+                self.process.stdin.write(b'{"op": "stop"}\n')
+                await self.process.stdin.drain()
+                self.process.stdin.close()
+                await asyncio.wait_for(self.process.wait(), timeout)
+            except (TimeoutError, ConnectionError, BrokenPipeError):
+                pass
+        if self.process.returncode is None:
+            try:
+                os.killpg(self.process.pid, 9)
+            except ProcessLookupError:
+                pass
+            await self.process.wait()
+        self._reader.cancel()
+
+    async def _read(self) -> None:
+        assert self.process.stdout is not None
+        while line := await self.process.stdout.readline():
+            try:
+                answer = json.loads(line)
+            except ValueError:
+                continue
+            if answer.get("op") == "loaded" and not self._loaded.done():
+                self._loaded.set_result(answer)
+            future = self._waiting.get(answer.get("id"))  # type: ignore[arg-type]
+            if future is not None and not future.done():
+                future.set_result(answer)
+        if not self._loaded.done():
+            self._loaded.set_exception(RuntimeError(f"{self.name} exited before loading its agents; see {self.log}"))
+        for future in self._waiting.values():
+            if not future.done():
+                future.set_exception(RuntimeError(f"{self.name} exited; see {self.log}"))
+
+
+# --- the grid under test -----------------------------------------------------------------------
+
+
+@dataclass
+class RelayProcess:
+    relay_id: str
+    agent_port: int
+    http_port: int
+    process: BenchProcess | None = None
+
+    @property
+    def agent_url(self) -> str:
+        return f"wss://127.0.0.1:{self.agent_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"https://127.0.0.1:{self.http_port}"
+
+
+@dataclass
+class RelayCounters:
+    frames_in: float = 0.0
+    dropped: float = 0.0  # superseded or evicted on the way to the Master
+    buffered: float = 0.0
+    agents: float = 0.0
+
+    def __add__(self, other: "RelayCounters") -> "RelayCounters":
+        return RelayCounters(self.frames_in + other.frames_in, self.dropped + other.dropped,
+                             self.buffered + other.buffered, self.agents + other.agents)
+
+    @property
+    def delivered(self) -> float:
+        """Frames that have gone to the Master: taken in, not dropped, no longer waiting."""
+        return self.frames_in - self.dropped - self.buffered
+
+
+def parse_relay_metrics(text: str) -> RelayCounters:
+    counters = RelayCounters()
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, value = line.rpartition(" ")
+        metric = name.split("{", 1)[0]
+        if metric == "idlegrid_access_frames_in_total":
+            counters.frames_in += float(value)
+        elif metric == "idlegrid_access_frames_dropped_total" and ('reason="superseded"' in name or 'reason="evicted"' in name):
+            counters.dropped += float(value)
+        elif metric == "idlegrid_access_buffered_frames":
+            counters.buffered += float(value)
+        elif metric == "idlegrid_access_agents_connected":
+            counters.agents += float(value)
+    return counters
+
+
+class BenchGrid:
+    """A Master and relays as processes, plus what the benchmark needs to talk to them."""
+
+    def __init__(self, root: Path, options: FleetOptions) -> None:
+        self.root = root
+        self.options = options
+        self.logs = root / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.master_config = MasterConfig(state_dir=str(root / "master"), heartbeat_s=options.heartbeat_s,
+                                          telemetry_s=options.telemetry_s)
+        self.authority = Authority.open(self.master_config.state_path)
+        self.api_port, self.link_port = free_port(), free_port()
+        self.master: BenchProcess | None = None
+        self.relays = [RelayProcess(f"relay-{i + 1}", free_port(), free_port()) for i in range(options.relays)]
+        self.echo: BenchProcess | None = None
+        self.echo_port = 0
+        self.tls = ssl.create_default_context(cafile=str(self.authority.ca_file))
+        self.session: aiohttp.ClientSession | None = None
+
+    @property
+    def api(self) -> str:
+        return f"http://127.0.0.1:{self.api_port}"
+
+    @property
+    def processes(self) -> list[BenchProcess]:
+        return [p for p in [self.master, *(r.process for r in self.relays), self.echo] if p is not None]
+
+    async def open(self) -> None:
+        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30),
+                                             connector=aiohttp.TCPConnector(limit=64))
+
+    async def start_echo(self) -> str:
+        cert, key, ca = self.authority.write_server_identity(self.root / "echo", Role.ACCESS, "echo")
+        self.echo_port = free_port()
+        self.echo = spawn("echo", ["bench.echo", "--port", str(self.echo_port), "--cert", str(cert), "--key", str(key),
+                                   "--ca", str(ca)], self.logs)
+        await self._wait(lambda: _port_open(self.echo_port), "the echo server", self.echo)
+        return f"wss://127.0.0.1:{self.echo_port}"
+
+    def stop_echo(self) -> None:
+        if self.echo is not None:
+            self.echo.stop()
+
+    async def start(self) -> None:
+        env = {"IDLEGRID_MASTER_TELEMETRY_S": str(self.options.telemetry_s),
+               "IDLEGRID_MASTER_LOG_LEVEL": self.options.log_level}
+        self.master = spawn("master", [
+            *self._gcwatch("master"), "management.cli", "master", "--state-dir", str(self.master_config.state_path), "--api-port",
+            str(self.api_port), "--link-port", str(self.link_port), "--heartbeat-s", str(self.options.heartbeat_s),
+        ], self.logs, env=env)
+        await self._wait(self._master_up, "the Master", self.master)
+        per_agent_flood = self.options.flood_rate / self.options.flood_size
+        relay_env = {
+            "IDLEGRID_ACCESS_LOG_LEVEL": self.options.log_level,
+            # The flood must not be cut by the per-agent rate limit; the limiter still runs on every frame.
+            "IDLEGRID_ACCESS_RATE_PER_AGENT": str(max(50.0, 2 * per_agent_flood)),
+            "IDLEGRID_ACCESS_BURST": str(max(200, math.ceil(2 * per_agent_flood))),
+        }
+        for relay in self.relays:
+            cert, key, ca = self.authority.write_server_identity(self.root / "relays" / relay.relay_id, Role.ACCESS,
+                                                                 relay.relay_id)
+            program = (["bench.relay", "--tls-buffer-kib", str(self.options.relay_tls_buffer_kib)]
+                       if self.options.relay_tls_buffer_kib else ["management.cli", "access"])
+            program = [*self._gcwatch(relay.relay_id), *program]
+            relay.process = spawn(relay.relay_id, [
+                *program, "--relay-id", relay.relay_id, "--region", "bench", "--master-url",
+                f"wss://127.0.0.1:{self.link_port}/link", "--agent-port", str(relay.agent_port), "--http-port",
+                str(relay.http_port), "--cert", str(cert), "--key", str(key), "--ca", str(ca),
+            ], self.logs, env=relay_env)
+        for relay in self.relays:
+            assert relay.process is not None
+            await self._wait(lambda r=relay: self._relay_linked(r), relay.relay_id, relay.process)
+
+    def _gcwatch(self, name: str) -> list[str]:
+        """Run the daemon under bench.gcwatch, which writes its garbage collector's pauses to gc/NAME.json."""
+        (self.root / "gc").mkdir(exist_ok=True)
+        return ["bench.gcwatch", str(self.root / "gc" / f"{name}.json")]
+
+    def gc_figures(self) -> dict[str, Any]:
+        figures = {}
+        for path in sorted((self.root / "gc").glob("*.json")):
+            try:
+                figures[path.stem] = json.loads(path.read_text())
+            except (OSError, ValueError):
+                pass
+        return figures
+
+    async def stop(self) -> None:
+        for process in reversed(self.processes):
+            await asyncio.to_thread(process.stop)
+        if self.session is not None:
+            await self.session.close()
+
+    async def operator_key(self) -> str:
+        return (self.master_config.state_path / "operator.token").read_text().strip()
+
+    async def relay_counters(self) -> RelayCounters:
+        assert self.session is not None
+        total = RelayCounters()
+        for relay in self.relays:
+            async with self.session.get(f"{relay.http_url}/metrics", ssl=self.tls) as response:
+                total = total + parse_relay_metrics(await response.text())
+        return total
+
+    async def _master_up(self) -> bool:
+        assert self.session is not None
+        async with self.session.get(f"{self.api}/healthz") as response:
+            return response.status == 200
+
+    async def _relay_linked(self, relay: RelayProcess) -> bool:
+        assert self.session is not None
+        async with self.session.get(f"{relay.http_url}/healthz", ssl=self.tls) as response:
+            return (await response.json())["master_link"] == "up"
+
+    async def _wait(self, probe: Any, what: str, process: BenchProcess) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if not process.alive():
+                raise RuntimeError(f"{what} exited at start:\n{process.tail()}")
+            try:
+                if await probe():
+                    return
+            except (aiohttp.ClientError, OSError, ValueError, KeyError):
+                pass
+            await asyncio.sleep(0.1)
+        raise RuntimeError(f"{what} did not come up in {START_TIMEOUT_S:.0f} s:\n{process.tail()}")
+
+
+async def _port_open(port: int) -> bool:
+    try:
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+    except OSError:
+        return False
+    writer.close()
+    return True
+
+
+# --- commands through the API ------------------------------------------------------------------
+
+
+@dataclass
+class CommandTiming:
+    kind: str
+    state: str
+    rtt_s: float
+    started: float = 0.0  # perf_counter at the API call
+
+
+class CommandLoad:
+    """Creates at ``rate`` per second, each followed by a delete of the same container once it succeeded."""
+
+    def __init__(self, session: aiohttp.ClientSession, api: str, key: str, agent_ids: list[str]) -> None:
+        self.session = session
+        self.api = api
+        self.headers = {"Authorization": f"Bearer {key}"}
+        self.agent_ids = agent_ids
+        self.timings: list[CommandTiming] = []
+        self.errors: list[str] = []
+        self.started = time.perf_counter()
+
+    async def run(self, rate: float, seconds: float) -> None:
+        if rate <= 0 or not self.agent_ids:
+            return
+        loop = asyncio.get_running_loop()
+        started, count = loop.time(), int(rate * seconds)
+        self.started = time.perf_counter()
+        tasks = []
+        for n in range(count):
+            delay = started + n / rate - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(self._pair(n)))
+        if tasks:
+            await asyncio.wait(tasks, timeout=2 * COMMAND_TIMEOUT_S + 5)
+
+    async def _pair(self, n: int) -> None:
+        agent_id = self.agent_ids[n % len(self.agent_ids)]
+        name = f"bench-{n}"
+        spec = {"name": name, "image": "bench/sleep", "command": ["sleep", "60"], "gpus": [str(n % 8)]}
+        created = await self._timed(agent_id, "create_container", spec)
+        if created is not None and created.state == "succeeded":
+            await self._timed(agent_id, "delete_container", {"name": name})
+
+    async def _timed(self, agent_id: str, kind: str, spec: dict[str, Any]) -> CommandTiming | None:
+        """From the API call to the first poll that sees a final state; polls after 2 ms, then less and less often."""
+        started = time.perf_counter()
+        try:
+            async with self.session.post(f"{self.api}/api/v1/commands", headers=self.headers,
+                                         json={"agent_id": agent_id, "kind": kind, "spec": spec}) as response:
+                body = await response.json()
+                if response.status != 202:
+                    self.errors.append(f"{kind}: {response.status} {body}")
+                    return None
+            command_id, pause = body["id"], 0.002
+            while time.perf_counter() - started < COMMAND_TIMEOUT_S:
+                async with self.session.get(f"{self.api}/api/v1/commands/{command_id}", headers=self.headers) as response:
+                    state = (await response.json())["state"]
+                if state in FINAL_STATES:
+                    timing = CommandTiming(kind, state, time.perf_counter() - started, started)
+                    self.timings.append(timing)
+                    return timing
+                await asyncio.sleep(pause)
+                # Fine steps while a command is quick, coarser ones (a tenth of the time so far) once it is slow,
+                # so that polling does not load the very API it measures.
+                pause = min(pause * 1.5, max(0.02, (time.perf_counter() - started) / 10))
+        except (aiohttp.ClientError, TimeoutError, KeyError, ValueError) as exc:
+            self.errors.append(f"{kind}: {type(exc).__name__}: {exc}")
+            return None
+        self.timings.append(CommandTiming(kind, "no_final_state", time.perf_counter() - started, started))
+        return None
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
+
+
+# --- the run -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Sampler:
+    """Backlog over time: frames waiting in the relays and bytes waiting in the kernel's socket queues."""
+
+    grid: BenchGrid
+    every_s: float = SAMPLE_EVERY_S
+    samples: list[dict[str, float]] = field(default_factory=list)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        link_ports = {self.grid.link_port}
+        agent_ports = {r.agent_port for r in self.grid.relays}
+        started = time.monotonic()
+        while not stop.is_set():
+            counters = await self.grid.relay_counters()
+            link, agents = await asyncio.to_thread(queued_bytes, link_ports, agent_ports)
+            self.samples.append({"t": round(time.monotonic() - started, 2), "relay_buffered": counters.buffered,
+                                 "link_queued_bytes": link, "agent_queued_bytes": agents})
+            try:
+                await asyncio.wait_for(stop.wait(), self.every_s)
+            except TimeoutError:
+                pass
+
+
+def _slope(points: list[tuple[float, float]]) -> float:
+    """Least-squares growth per second; 0 for fewer than two points."""
+    if len(points) < 2:
+        return 0.0
+    n = len(points)
+    mx, my = sum(p[0] for p in points) / n, sum(p[1] for p in points) / n
+    var = sum((p[0] - mx) ** 2 for p in points)
+    return sum((p[0] - mx) * (p[1] - my) for p in points) / var if var else 0.0
+
+
+async def _sum_stats(fleets: list[FleetDriver]) -> dict[str, Any]:
+    """The fleets' figures added up: counts summed, durations (``*_s``, ``*_ms``) the largest of them."""
+    answers = await asyncio.gather(*(f.request("stats") for f in fleets))
+    total: dict[str, Any] = {"sent": {}}
+    for answer in answers:
+        for key, value in answer.items():
+            if key in ("id", "op", "ok"):
+                continue
+            if key == "sent":
+                for kind, n in value.items():
+                    total["sent"][kind] = total["sent"].get(kind, 0) + n
+            elif key.endswith(("_s", "_ms")):
+                total[key] = _largest(total[key], value) if key in total else value
+            elif isinstance(value, list):
+                total[key] = [a + b for a, b in zip(total[key], value)] if key in total else value
+            else:
+                total[key] = total.get(key, 0) + value
+    return total
+
+
+def _largest(a: Any, b: Any) -> Any:
+    if a is None or b is None:
+        return None  # one fleet not there yet: neither is the whole
+    if isinstance(a, list):
+        return [max(x, y) for x, y in zip(a, b)]
+    return max(a, b)
+
+
+def _fleet_args(grid: BenchGrid, options: FleetOptions, urls: list[str], first: int, count: int) -> list[str]:
+    return [
+        "--agents-dir", str(grid.root / "agents"), *(a for url in urls for a in ("--access", url)),
+        "--first", str(first), "--count", str(count), "--simulate", options.simulate,
+        "--connect-rate", str(options.connect_rate / options.fleet_procs), "--latency-ms", str(options.latency_ms),
+        "--jitter-ms", str(options.jitter_ms), "--failure-rate", str(options.failure_rate),
+        "--log-level", options.log_level,
+    ]
+
+
+async def _flood(fleets: list[FleetDriver], options: FleetOptions) -> dict[str, float]:
+    share = len(fleets)
+    answers = await asyncio.gather(*(
+        f.request("flood", rate=options.flood_rate / share, agents=max(1, options.flood_size // share),
+                  seconds=options.flood_seconds, timeout=options.flood_seconds + 60)
+        for f in fleets))
+    elapsed = max(a["elapsed_s"] for a in answers) or options.flood_seconds
+    return {"agents": sum(a["agents"] for a in answers), "sent": sum(a["sent"] for a in answers),
+            "received": sum(a["received"] for a in answers), "elapsed_s": elapsed}
+
+
+async def measure_baseline(grid: BenchGrid, options: FleetOptions) -> dict[str, Any]:
+    """The same harness, the flood agents only, against the echo server."""
+    url = await grid.start_echo()
+    fleet = await FleetDriver.spawn("fleet-echo", _fleet_args(grid, options, [url], 0, options.flood_size), grid.logs)
+    try:
+        await fleet.loaded(START_TIMEOUT_S + options.flood_size / 50)
+        assert grid.echo is not None
+        echo_idle = read_usage(grid.echo.pid).rss_kib
+        await fleet.request("start")
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while (await fleet.request("stats"))["open"] < options.flood_size and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(SETTLE_S)
+        connected = (await fleet.request("stats"))["open"]
+        echo_kib = (read_usage(grid.echo.pid).rss_kib - echo_idle) / max(1, connected)
+        cpu_echo, cpu_fleet, wall = read_usage(grid.echo.pid).cpu_s, read_usage(fleet.pid).cpu_s, time.monotonic()
+        flood = await _flood([fleet], options)
+        wall = time.monotonic() - wall
+        cpu = {"echo": round(100 * (read_usage(grid.echo.pid).cpu_s - cpu_echo) / wall, 1),
+               "fleet-echo": round(100 * (read_usage(fleet.pid).cpu_s - cpu_fleet) / wall, 1)}
+    finally:
+        await fleet.stop()
+        grid.stop_echo()
+    return {"agents": flood["agents"], "sent_per_s": round(flood["sent"] / flood["elapsed_s"], 1),
+            "echoed_per_s": round(flood["received"] / flood["elapsed_s"], 1), "cpu_pct": cpu,
+            "echo_kib_per_connection": round(echo_kib, 1)}
+
+
+async def run_fleet_bench(options: FleetOptions) -> dict[str, Any]:
+    if options.work_dir:
+        Path(options.work_dir).mkdir(parents=True, exist_ok=True)
+        root = Path(tempfile.mkdtemp(prefix=time.strftime("run-%Y%m%d-%H%M%S-"), dir=options.work_dir))
+    else:
+        root = Path(tempfile.mkdtemp(prefix="idlegrid-bench-"))
+    grid = BenchGrid(root, options)
+    fleets: list[FleetDriver] = []
+    result: dict[str, Any] = {"agents": options.agents, "gpus_per_agent": options.gpus_per_agent,
+                              "options": asdict(options), "machine": machine_facts()}
+    await grid.open()
+    try:
+        provisioned = await provision_agents(grid.master_config, root / "agents", options.agents, region="bench")
+        result["provision_s"] = round(provisioned.seconds, 2)
+        if options.baseline:
+            result["baseline"] = await measure_baseline(grid, options)
+        await grid.start()
+        urls = [r.agent_url for r in grid.relays]
+        chunk = math.ceil(options.agents / options.fleet_procs)
+        for p in range(options.fleet_procs):
+            first, count = p * chunk, min(chunk, options.agents - p * chunk)
+            if count > 0:
+                fleets.append(await FleetDriver.spawn(f"fleet-{p + 1}", _fleet_args(grid, options, urls, first, count), grid.logs))
+        loads = await asyncio.gather(*(f.loaded(START_TIMEOUT_S + options.agents / 100) for f in fleets))
+        result["fleet_load_s"] = max(a["load_s"] for a in loads)
+        await asyncio.sleep(SETTLE_S)
+        watched = _Watched(grid, fleets)
+        watched.read("idle")
+        profiler = Profiler(Path(options.profile_dir) / "ramp") if options.profile_dir else None
+        if profiler is not None:
+            profiler.start(watched.named_pids(), options.ready_timeout or 60.0 + options.agents / 100)
+        result.update(await _ramp(fleets, options))
+        watched.read("ready")
+        if profiler is not None:
+            result["profile_ramp"] = profiler.finish()
+        await asyncio.sleep(SETTLE_S)
+        result.update(await _hold(grid, fleets, provisioned.agent_ids, options, watched))
+        result.update(await _flood_through_relays(grid, fleets, options, watched))
+        result["processes"] = watched.report(options.agents)
+        result["relay_kib_per_agent"] = watched.kib_per_agent("relay", options.agents)
+        result["master_kib_per_agent"] = watched.kib_per_agent("master", options.agents)
+        baseline = result.get("baseline", {}).get("echoed_per_s")
+        result["baseline_msgs_per_s"] = baseline
+        result["relay_vs_baseline"] = round(result["relay_msgs_per_s"] / baseline, 3) if baseline else None
+    finally:
+        for fleet in fleets:
+            await fleet.stop()
+        await grid.stop()
+        if not options.keep and not options.work_dir:
+            shutil.rmtree(root, ignore_errors=True)
+    result["work_dir"] = str(root) if options.keep or options.work_dir else None
+    return result
+
+
+async def _ramp(fleets: list[FleetDriver], options: FleetOptions) -> dict[str, Any]:
+    timeout = options.ready_timeout or 60.0 + options.agents / 100
+    await asyncio.gather(*(f.request("start") for f in fleets))
+    started = time.monotonic()
+    curve = []
+    while True:
+        stats = await _sum_stats(fleets)
+        elapsed = time.monotonic() - started
+        curve.append((round(elapsed, 1), stats["ever_ready"]))
+        if stats["ever_ready"] >= options.agents or elapsed > timeout:
+            break
+        await asyncio.sleep(0.5)
+    all_ready = stats["ever_ready"] >= options.agents
+    ready_s = stats["all_ready_s"] if all_ready else None
+    hellos = stats["sent"].get("hello", 0)
+    return {
+        "ready_s": ready_s,
+        "ready_agents": stats["ever_ready"],
+        "connect_rate_per_s": round(options.agents / ready_s, 1) if ready_s else None,
+        "ready_curve": curve[:: max(1, len(curve) // 20)],
+        "reconnects": max(0, hellos - stats["ever_ready"]),
+    }
+
+
+async def _hold(grid: BenchGrid, fleets: list[FleetDriver], agent_ids: list[str], options: FleetOptions,
+                watched: "_Watched") -> dict[str, Any]:
+    assert grid.session is not None
+    before_fleet, before_relay = await _sum_stats(fleets), await grid.relay_counters()
+    watched.read("hold_start")
+    stop = asyncio.Event()
+    sampler = Sampler(grid, every_s=SAMPLE_EVERY_S * max(1, options.agents // 2000))  # /proc/net/tcp grows with N
+    sampling = asyncio.create_task(sampler.run(stop))
+    profiler = Profiler(Path(options.profile_dir) / "hold") if options.profile_dir else None
+    if profiler is not None:
+        profiler.start(watched.named_pids(), options.duration)
+    load = CommandLoad(grid.session, grid.api, await grid.operator_key(), agent_ids)
+    started = time.monotonic()
+    commands = asyncio.create_task(load.run(options.cmd_rate, options.duration))
+    await asyncio.sleep(options.duration)
+    held = time.monotonic() - started
+    after_fleet, after_relay = await _sum_stats(fleets), await grid.relay_counters()
+    watched.read("hold_end")
+    stop.set()
+    await sampling
+    await commands  # bounded: each command gives up after COMMAND_TIMEOUT_S
+    profile = profiler.finish() if profiler is not None else None
+    sent = {k: after_fleet["sent"].get(k, 0) - before_fleet["sent"].get(k, 0) for k in after_fleet["sent"]}
+    rtts = [t.rtt_s * 1000 for t in load.timings if t.state in FINAL_STATES]
+    states: dict[str, int] = {}
+    for timing in load.timings:
+        states[timing.state] = states.get(timing.state, 0) + 1
+    buffered = [(s["t"], s["relay_buffered"]) for s in sampler.samples]
+    link = [(s["t"], s["link_queued_bytes"]) for s in sampler.samples]
+    expected = options.agents / options.heartbeat_s + options.agents / options.telemetry_s
+    return {
+        "hold_s": round(held, 1),
+        "expected_msgs_per_s": round(expected, 1),
+        "msgs_per_s": round((after_relay.delivered - before_relay.delivered) / held, 1),
+        "relay_frames_in_per_s": round((after_relay.frames_in - before_relay.frames_in) / held, 1),
+        "heartbeats_per_s": round(sent.get("heartbeat", 0) / held, 1),
+        "telemetry_per_s": round(sent.get("telemetry", 0) / held, 1),
+        "telemetry_samples_per_s": round(sent.get("telemetry", 0) * options.gpus_per_agent / held, 1),
+        "backlog": {
+            "relay_buffered_end": after_relay.buffered,
+            "relay_buffered_max": max((b for _, b in buffered), default=0),
+            "relay_buffered_growth_per_s": round(_slope(buffered), 2),
+            "link_queued_bytes_max": max((b for _, b in link), default=0),
+            "link_queued_bytes_end": link[-1][1] if link else 0,
+            "link_queued_growth_bytes_per_s": round(_slope(link), 1),
+            "agent_queued_bytes_max": max((s["agent_queued_bytes"] for s in sampler.samples), default=0),
+            "samples": len(sampler.samples),
+        },
+        "agents_ready_end": after_fleet["ready"],
+        "gc": {"fleet": {"collections": after_fleet.get("gc_collections"), "longest_ms": after_fleet.get("gc_longest_ms"),
+                         "total_s": after_fleet.get("gc_total_s")}, **grid.gc_figures()},
+        "commands": {"issued": len(load.timings), "states": states, "errors": load.errors[:5],
+                     "error_count": len(load.errors),
+                     "executed_by_fleet": after_fleet["commands_executed"],
+                     "duplicate_executions": after_fleet["duplicate_executions"]},
+        "cmd_rtt_p50_ms": _round(percentile(rtts, 50)),
+        "cmd_rtt_p99_ms": _round(percentile(rtts, 99)),
+        "cmd_rtt_max_ms": _round(max(rtts) if rtts else None),
+        "cmd_rtt_slowest": [[round(t.started - load.started, 2), t.kind, round(t.rtt_s * 1000, 1)]
+                            for t in sorted(load.timings, key=lambda t: -t.rtt_s)[:10]],
+        "profile_hold": profile,
+    }
+
+
+async def _flood_through_relays(grid: BenchGrid, fleets: list[FleetDriver], options: FleetOptions,
+                                watched: "_Watched") -> dict[str, Any]:
+    before = await grid.relay_counters()
+    watched.read("flood_start")
+    flood = await _flood(fleets, options)
+    after = await grid.relay_counters()
+    watched.read("flood_end")
+    elapsed = flood["elapsed_s"]
+    return {
+        "relay_msgs_per_s": round((after.delivered - before.delivered) / elapsed, 1),
+        "flood": {"agents": flood["agents"], "sent_per_s": round(flood["sent"] / elapsed, 1),
+                  "relay_in_per_s": round((after.frames_in - before.frames_in) / elapsed, 1),
+                  "dropped": after.dropped - before.dropped, "buffered_end": after.buffered},
+    }
+
+
+class _Watched:
+    """RSS and CPU readings of every process at the phases of the run."""
+
+    def __init__(self, grid: BenchGrid, fleets: list[FleetDriver]) -> None:
+        running = [p for p in grid.processes if p.alive()]
+        self.pids = {p.name: p.pid for p in running} | {f.name: f.pid for f in fleets} | {"bench": os.getpid()}
+        self.readings: dict[str, dict[str, Any]] = {name: {} for name in self.pids}
+        self.times: dict[str, float] = {}
+
+    def named_pids(self) -> dict[str, int]:
+        return {name: pid for name, pid in self.pids.items() if name != "bench"}
+
+    def read(self, label: str) -> None:
+        self.times[label] = time.monotonic()
+        for name, pid in self.pids.items():
+            try:
+                self.readings[name][label] = read_usage(pid)
+            except (OSError, StopIteration):
+                pass
+
+    def kib_per_agent(self, prefix: str, agents: int) -> float | None:
+        deltas = [r["hold_end"].rss_kib - r["idle"].rss_kib for name, r in self.readings.items()
+                  if name.startswith(prefix) and "idle" in r and "hold_end" in r]
+        return round(sum(deltas) / agents, 1) if deltas else None
+
+    def report(self, agents: int) -> dict[str, Any]:
+        out = {}
+        for name, r in self.readings.items():
+            entry: dict[str, Any] = {}
+            if "idle" in r and "hold_end" in r:
+                entry["rss_idle_mib"] = round(r["idle"].rss_kib / 1024, 1)
+                entry["rss_end_mib"] = round(r["hold_end"].rss_kib / 1024, 1)
+            for phase, (a, b) in {"ramp": ("idle", "ready"), "hold": ("hold_start", "hold_end"),
+                                  "flood": ("flood_start", "flood_end")}.items():
+                if a in r and b in r:
+                    wall = self.times[b] - self.times[a]
+                    entry[f"cpu_{phase}_pct"] = round(100 * (r[b].cpu_s - r[a].cpu_s) / wall, 1) if wall > 0 else None
+            out[name] = entry
+        return out
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
+
+
+def machine_facts() -> dict[str, Any]:
+    model = ""
+    try:
+        model = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                     if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"cpu": model, "cores": os.cpu_count(), "load_avg_at_start": [round(x, 2) for x in os.getloadavg()],
+            "python": sys.version.split()[0], "agent_dir_format": AGENT_DIR_FORMAT}

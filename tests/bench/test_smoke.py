@@ -1,0 +1,55 @@
+"""The benchmark harness works end to end at a small size; speed is not checked here (bench/README.md has the figures)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+FLEET_KEYS = {
+    "agents", "ready_s", "relay_kib_per_agent", "master_kib_per_agent", "msgs_per_s", "baseline_msgs_per_s",
+    "cmd_rtt_p50_ms", "cmd_rtt_p99_ms", "cmd_rtt_max_ms", "backlog", "connect_rate_per_s", "heartbeats_per_s",
+    "telemetry_samples_per_s", "relay_msgs_per_s", "relay_vs_baseline", "processes",
+}
+
+
+def run_bench(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "bench", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.e2e
+def test_the_fleet_benchmark_runs_50_agents_and_reports_every_figure(tmp_path):
+    out = tmp_path / "fleet.json"
+    done = run_bench("fleet", "--agents", "50", "--gpus-per-agent", "2", "--duration", "3", "--cmd-rate", "4",
+                     "--flood-seconds", "1", "--flood-agents", "20", "--flood-rate", "1000", "--json", str(out),
+                     timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(out.read_text())
+    assert FLEET_KEYS <= result.keys()
+    assert result["agents"] == 50 and result["ready_agents"] == 50
+    assert 0 < result["ready_s"] < 120
+    assert result["msgs_per_s"] > 0 and result["heartbeats_per_s"] > 0
+    assert result["relay_msgs_per_s"] > 0 and result["baseline_msgs_per_s"] > 0
+    assert result["commands"]["issued"] > 0 and result["commands"]["duplicate_executions"] == 0
+    assert set(result["commands"]["states"]) == {"succeeded"}
+    assert 0 < result["cmd_rtt_p50_ms"] <= result["cmd_rtt_p99_ms"] <= result["cmd_rtt_max_ms"]
+    assert isinstance(result["relay_kib_per_agent"], float) and isinstance(result["master_kib_per_agent"], float)
+    assert {"master", "relay-1", "relay-2", "fleet-1"} <= result["processes"].keys()
+    assert "ready_s" in done.stdout and "relay / baseline" in done.stdout  # the readable table
+
+
+@pytest.mark.e2e
+def test_the_ingest_benchmark_reports_each_store_against_its_raw_insert_baseline(tmp_path):
+    out = tmp_path / "ingest.json"
+    done = run_bench("ingest", "--gpus", "200", "--minutes", "2", "--json", str(out), timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    results = json.loads(out.read_text())
+    assert [r["store"].split()[0] for r in results] == ["sqlite", "mongodb"]
+    for r in results:
+        assert r["rollups"] == 400 and r["rollups_per_s"] > 0 and r["baseline_per_s"] > 0
+        assert r["vs_baseline"] == pytest.approx(r["rollups_per_s"] / r["baseline_per_s"], rel=0.01)
