@@ -29,6 +29,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from agent.identity import CERT_FILE, KEY_FILE
 from common.errors import ConfigError, PKIError
+from common.files import fsync_directory
 from common.pki import (
     CLOCK_SKEW_S,
     Identity,
@@ -84,15 +85,7 @@ def _promote_staged(state_dir: Path) -> None:
     if (state_dir / NEXT_KEY_FILE).exists():
         os.replace(state_dir / NEXT_KEY_FILE, state_dir / KEY_FILE)
     os.replace(state_dir / NEXT_CERT_FILE, state_dir / CERT_FILE)
-    _fsync_directory(state_dir)  # the renames themselves must survive a power cut
-
-
-def _fsync_directory(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_directory(state_dir)  # the renames themselves must survive a power cut
 
 
 # --- deciding and checking ---------------------------------------------------------------------

@@ -9,7 +9,6 @@ import logging
 import signal
 import ssl
 import time
-from pathlib import Path
 
 import msgspec
 from websockets.asyncio.client import ClientConnection
@@ -258,8 +257,12 @@ class Agent:
                 log.warning("ignored command-signing key %s: %s", key_id, exc)
         for key_id in retired:
             self.verifier.retire_key(key_id)
-        self.identity.command_keys = self.verifier.keys()
-        self.identity.retired_keys = sorted(set(self.identity.retired_keys) | set(retired))
+        keys_now = self.verifier.keys()
+        retired_now = sorted(set(self.identity.retired_keys) | set(retired))
+        if (keys_now, retired_now) == (self.identity.command_keys, self.identity.retired_keys):
+            return  # the usual welcome: nothing new, so no write (and no fsync) on every reconnect
+        self.identity.command_keys = keys_now
+        self.identity.retired_keys = retired_now
         self.identity.save()
 
     # --- certificate renewal -------------------------------------------------------------------
@@ -332,7 +335,9 @@ class Agent:
         await self.connected.wait()
         while True:
             await asyncio.sleep(self.telemetry_s)
-            samples = await asyncio.to_thread(self.collector.sample)
+            # NVML calls may block, so they run in a thread; simulated GPUs answer at once (and thousands of
+            # simulated agents in one process would spend more on the thread hand-off than on the samples).
+            samples = self.collector.sample() if self.collector.simulated else await asyncio.to_thread(self.collector.sample)
             if samples:
                 await self._send(Telemetry(ts=time.time(), samples=samples))
 

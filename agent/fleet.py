@@ -40,7 +40,7 @@ from agent.connector import RelayConnector, RelayTarget
 from agent.daemon import Agent
 from agent.host import collect_host_info
 from agent.ledger import CommandLog, LedgerEntry
-from agent.runtime.simulated import SimulatedRuntime
+from agent.runtime.simulated import Execution, SimulatedRuntime
 from common.config import load_config
 from common.logs import setup_logging
 from common.wire import Heartbeat
@@ -52,6 +52,7 @@ AGENT_DIR_FORMAT = "agent-{:05d}"
 # not the system under test, the first thing to run out of memory.
 TLS_READ_BUFFER_BYTES = 4 * 1024
 STOP_TIMEOUT_S = 15.0
+LONG_GC_PAUSE_S = 0.1
 FLOOD_TICK_S = 0.05
 
 
@@ -180,13 +181,14 @@ class SimulatedAgent(Agent):
     """A real agent that also counts what it sends and receives, and can flood heartbeats for throughput tests."""
 
     def __init__(self, config: AgentConfig, *, runtime: SimulatedRuntime, host: Any, source: str | None = None,
-                 gate: asyncio.Semaphore | None = None) -> None:
+                 gate: asyncio.Semaphore | None = None, sent: Counter[str] | None = None) -> None:
+        """``sent``: frames sent, by type; a fleet passes one counter for all its agents."""
         super().__init__(config, runtime=runtime, ledger=MemoryCommandLog(), host=host)
         connector = SimulatedHostConnector.from_config(config, static_urls=config.access_urls)
         connector.source, connector.gate = source, gate
         self.connector = connector
         self.simulated_runtime = runtime
-        self.sent: Counter[str] = Counter()
+        self.sent: Counter[str] = sent if sent is not None else Counter()
         self.received = 0
         self.ready_at: float | None = None  # first welcome
 
@@ -245,6 +247,7 @@ class GcPauses:
         self.count = [0, 0, 0]
         self.longest_ms = [0.0, 0.0, 0.0]
         self.total_s = 0.0
+        self.long_pauses: list[tuple[float, int, float]] = []  # (unix time, generation, ms), the last 20
         self._started = 0.0
 
     def install(self) -> None:
@@ -258,10 +261,14 @@ class GcPauses:
         self.count[generation] += 1
         self.total_s += took
         self.longest_ms[generation] = max(self.longest_ms[generation], took * 1000)
+        if took >= LONG_GC_PAUSE_S:
+            self.long_pauses.append((time.time() - took, generation, took * 1000))
+            del self.long_pauses[:-20]
 
     def figures(self) -> dict[str, Any]:
         return {"collections": list(self.count), "longest_ms": [round(ms, 1) for ms in self.longest_ms],
-                "total_s": round(self.total_s, 3)}
+                "total_s": round(self.total_s, 3),
+                "long_pauses": [[round(at, 2), generation, round(ms, 1)] for at, generation, ms in self.long_pauses]}
 
 
 class Fleet:
@@ -277,6 +284,8 @@ class Fleet:
         self.all_ready_at: float | None = None
         self._watch: asyncio.Task[None] | None = None
         self.gc = GcPauses()
+        self.sent: Counter[str] = Counter()  # every agent's frames, by type
+        self.journal: list[Execution] = []  # every agent's runtime operations, in order
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -296,9 +305,11 @@ class Fleet:
                 runtime="simulated", measure_bandwidth=False, result_resend_s=settings.result_resend_s,
             )
             runtime = SimulatedRuntime(latency_s=settings.latency_ms / 1000, jitter_s=settings.jitter_ms / 1000,
-                                       failure_rate=settings.failure_rate, seed=settings.seed * 1_000_003 + index)
+                                       failure_rate=settings.failure_rate, seed=settings.seed * 1_000_003 + index,
+                                       journal=self.journal)
             source = source_address(index) if settings.distinct_sources else None
-            self.agents.append(SimulatedAgent(config, runtime=runtime, host=host, source=source, gate=gate))
+            self.agents.append(SimulatedAgent(config, runtime=runtime, host=host, source=source, gate=gate,
+                                              sent=self.sent))
         self.load_s = time.monotonic() - started
         settle_heap()
 
@@ -375,13 +386,8 @@ class Fleet:
                 "elapsed_s": round(elapsed, 3)}
 
     def stats(self) -> dict[str, Any]:
-        sent: Counter[str] = Counter()
-        executions: Counter[str] = Counter()
-        failed = 0
-        for agent in self.agents:
-            sent.update(agent.sent)
-            executions.update(agent.simulated_runtime.executions())
-            failed += sum(1 for e in agent.simulated_runtime.journal if not e.ok)
+        executions = Counter(e.command_id for e in self.journal if e.op == "create" and e.command_id)
+        failed = sum(1 for e in self.journal if not e.ok)
         ready_times = [a.ready_at for a in self.agents if a.ready_at is not None]
         started = self.ramp_started
         return {
@@ -393,7 +399,7 @@ class Fleet:
             "load_s": round(self.load_s, 3),
             "all_ready_s": round(max(ready_times) - started, 3) if started and len(ready_times) == len(self.agents) else None,
             "first_ready_s": round(min(ready_times) - started, 3) if ready_times and started else None,
-            "sent": dict(sent),
+            "sent": dict(self.sent),
             "received": sum(a.received for a in self.agents),
             "commands_executed": len(executions),
             "duplicate_executions": sum(1 for n in executions.values() if n > 1),

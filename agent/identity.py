@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.errors import ConfigError
+from common.files import write_atomically
 from common.pki import identity_of, load_cert
 
 KEY_FILE, CERT_FILE, CA_FILE, IDENTITY_FILE = "agent.key", "agent.crt", "ca.crt", "identity.json"
@@ -56,6 +56,4 @@ class AgentIdentity:
             "access_urls": self.access_urls,
             "http_url": self.http_url,
         }
-        tmp = self.state_dir / (IDENTITY_FILE + ".tmp")
-        tmp.write_text(json.dumps(data, indent=2))
-        os.replace(tmp, self.state_dir / IDENTITY_FILE)
+        write_atomically(self.state_dir / IDENTITY_FILE, json.dumps(data, indent=2).encode())

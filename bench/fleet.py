@@ -386,6 +386,7 @@ class CommandLoad:
         self.timings: list[CommandTiming] = []
         self.errors: list[str] = []
         self.started = time.perf_counter()
+        self.wall_started = time.time()
 
     async def run(self, rate: float, seconds: float) -> None:
         if rate <= 0 or not self.agent_ids:
@@ -393,6 +394,7 @@ class CommandLoad:
         loop = asyncio.get_running_loop()
         started, count = loop.time(), int(rate * seconds)
         self.started = time.perf_counter()
+        self.wall_started = time.time()
         tasks = []
         for n in range(count):
             delay = started + n / rate - loop.time()
@@ -695,8 +697,11 @@ async def _hold(grid: BenchGrid, fleets: list[FleetDriver], agent_ids: list[str]
         "cmd_rtt_p50_ms": _round(percentile(rtts, 50)),
         "cmd_rtt_p99_ms": _round(percentile(rtts, 99)),
         "cmd_rtt_max_ms": _round(max(rtts) if rtts else None),
-        "cmd_rtt_slowest": [[round(t.started - load.started, 2), t.kind, round(t.rtt_s * 1000, 1)]
+        # [unix time of the API call, kind, RTT ms]: to lay beside the processes' long GC pauses (gc.*.long_pauses)
+        # and the minute turns (the Master writes the rollups of the minute just over at its next flush).
+        "cmd_rtt_slowest": [[round(load.wall_started + t.started - load.started, 2), t.kind, round(t.rtt_s * 1000, 1)]
                             for t in sorted(load.timings, key=lambda t: -t.rtt_s)[:10]],
+        "hold_started_unix": round(load.wall_started, 2),
         "profile_hold": profile,
     }
 

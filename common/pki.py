@@ -13,7 +13,6 @@ import hashlib
 import ipaddress
 import os
 import re
-import secrets
 import ssl
 import time
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from common.errors import PKIError, SignatureError
+from common.files import write_atomically, write_temp
 
 URI_SCHEME = "idlegrid"
 ORGANIZATION = "idlegrid"
@@ -81,35 +81,7 @@ def key_to_pem(key: ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey) -> b
 
 def write_private_key(path: Path, key_pem: bytes) -> None:
     """Write a private key readable by its owner only, replacing any file at ``path`` atomically."""
-    tmp = _write_temp(Path(path), key_pem, 0o600)
-    os.replace(tmp, path)
-
-
-def _write_public_file(path: Path, data: bytes) -> None:
-    tmp = _write_temp(Path(path), data, 0o644)
-    os.replace(tmp, path)
-
-
-def _write_temp(path: Path, data: bytes, mode: int) -> Path:
-    """A fully written, fsynced sibling of ``path`` created with ``mode`` from the start.
-
-    Writing a sibling and renaming it means the key is never world-readable, not even for the
-    moment between open() and chmod(), and a crash never leaves a half-written key behind.
-    """
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    try:
-        os.fchmod(fd, mode)  # the umask may have taken bits away from a public file
-        with os.fdopen(fd, "wb", closefd=False) as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    finally:
-        os.close(fd)
-    return tmp
+    write_atomically(Path(path), key_pem, mode=0o600)
 
 
 def make_csr(key: ec.EllipticCurvePrivateKey, common_name: str) -> bytes:
@@ -284,7 +256,7 @@ class CertificateAuthority:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         write_private_key(directory / CA_KEY_FILE, key_to_pem(self.key))
-        _write_public_file(directory / CA_FILE, self.chain_pem())
+        write_atomically(directory / CA_FILE, self.chain_pem(), mode=0o644)
 
     def chain_pem(self) -> bytes:
         return self.cert.public_bytes(serialization.Encoding.PEM)
@@ -460,7 +432,7 @@ class CommandSigner:
 
 def _publish_new(path: Path, key_pem: bytes) -> bool:
     """Create ``path`` holding ``key_pem`` unless it exists already; True if this call created it."""
-    tmp = _write_temp(path, key_pem, 0o600)
+    tmp = write_temp(path, key_pem, 0o600)
     try:
         os.link(tmp, path)  # unlike rename, link refuses to replace an existing key
         return True

@@ -13,8 +13,6 @@ On disk, under the Master's pki directory: each private key in its own 0600 PEM 
 
 from __future__ import annotations
 
-import os
-import secrets
 import time
 from dataclasses import dataclass
 from enum import Enum
@@ -24,6 +22,7 @@ import msgspec
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from common.errors import Conflict, NotFound, PKIError
+from common.files import write_atomically
 from common.pki import CertificateAuthority, CommandSigner, key_to_pem, write_private_key
 
 RING_FILE = "signing-keys.json"
@@ -191,14 +190,4 @@ def _load_signer(pki_dir: Path, entry: _KeyEntry) -> CommandSigner:
 
 def _write_ring(path: Path, ring: _RingFile) -> None:
     """Replace the ring file atomically: a crash leaves the old ring or the new one, never half of one."""
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(msgspec.json.format(msgspec.json.encode(ring)))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_atomically(path, msgspec.json.format(msgspec.json.encode(ring)), mode=0o600)

@@ -10,6 +10,9 @@ from master.records import TelemetryRollup
 from master.store.base import Store
 
 
+FLUSH_BATCH = 2000  # rollups per store write
+
+
 @dataclass
 class _Minute:
     agent_id: str
@@ -54,10 +57,12 @@ class TelemetryAggregator:
         """Persist the minutes that are over (all of them on shutdown); returns how many rollups were written."""
         current = int(now // 60)
         done = [key for key in self._open if everything or key[1] < current]
-        rollups = [self._rollup(key, self._open.pop(key)) for key in done]
-        if rollups:
-            await self.store.rollups.put_many(rollups)
-        return len(rollups)
+        # In batches: a minute of 10,000 agents is 80,000 rollups, and one batch of them would hold the store
+        # (and, while they are encoded, the event loop) for seconds, stalling commands behind it (bench/README.md).
+        for start in range(0, len(done), FLUSH_BATCH):
+            batch = done[start:start + FLUSH_BATCH]
+            await self.store.rollups.put_many([self._rollup(key, self._open.pop(key)) for key in batch])
+        return len(done)
 
     @staticmethod
     def _rollup(key: tuple[str, int], m: _Minute) -> TelemetryRollup:

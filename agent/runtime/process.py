@@ -40,6 +40,7 @@ import msgspec
 from agent.runtime.base import STATE_REMOVED, check_same_command, container_labels
 from common.containers import LABEL_COMMAND_ID, ContainerInfo, ContainerSpec
 from common.errors import RuntimeFailure
+from common.files import write_atomically
 
 MIB = 1024 * 1024
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -237,25 +238,6 @@ def child_env(spec: ContainerSpec, *, home: Path) -> dict[str, str]:
     env.update(spec.env)
     env["CUDA_VISIBLE_DEVICES"] = ",".join(spec.gpus)
     return env
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """Replace ``path`` so that a crash (even SIGKILL or power loss) leaves the old or the new file, never half."""
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(directory)  # the rename itself must reach the disk
-    finally:
-        os.close(directory)
 
 
 def _require_executable(spec: ContainerSpec, path: str, workdir: Path) -> None:

@@ -36,7 +36,8 @@ class SimulatedRuntime:
     name = "simulated"
 
     def __init__(self, *, latency_s: float = 0.0, jitter_s: float = 0.0, failure_rate: float = 0.0,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, journal: list[Execution] | None = None) -> None:
+        """``journal``: a list to append to, which several runtimes (a fleet's) may share."""
         if latency_s < 0 or jitter_s < 0:
             raise ValueError(f"latency_s and jitter_s must not be negative, got {latency_s} and {jitter_s}")
         if not 0.0 <= failure_rate <= 1.0:
@@ -46,7 +47,7 @@ class SimulatedRuntime:
         self.failure_rate = failure_rate
         self._rng = random.Random(seed)
         self._containers: dict[str, ContainerInfo] = {}
-        self.journal: list[Execution] = []
+        self.journal: list[Execution] = journal if journal is not None else []
 
     async def create(self, spec: ContainerSpec, *, labels: Mapping[str, str]) -> ContainerInfo:
         merged = container_labels(spec, labels)

@@ -1,6 +1,5 @@
 """Issue 3, graceful shutdown: SIGTERM to any daemon drains it, and nothing it had accepted is lost."""
 
-import asyncio
 import contextlib
 import json
 import signal
