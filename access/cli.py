@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from common.errors import IdlegridError
+from common.heap import tune_for_daemon
 from common.logs import setup_logging
 
 DESCRIPTION = (
@@ -54,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
 
     config = load_access_config(args.config, overrides=overrides(args))
     setup_logging("access", config.log_level)
+    tune_for_daemon()
     asyncio.run(serve(config))
     return 0
 

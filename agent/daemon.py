@@ -154,7 +154,7 @@ class Agent:
             self.connected.clear()
         return welcomed
 
-    def _tls_context(self) -> ssl.SSLContext:
+    def tls_context(self) -> ssl.SSLContext:
         """Built again only when the certificate or key files change (a renewal): loading them costs more CPU than
         the handshake itself, which matters when thousands of agents share a process (agent/fleet.py)."""
         stamp = (self.identity.cert_file.stat().st_mtime_ns, self.identity.key_file.stat().st_mtime_ns)
@@ -164,7 +164,7 @@ class Agent:
         return self._tls[1]
 
     async def _connect(self, relay: RelayTarget) -> None:
-        ssl_context = self._tls_context()
+        ssl_context = self.tls_context()
         dial = self.connector.dial(relay, ssl=ssl_context, max_size=HARD_FRAME_BYTES, open_timeout=10, compression=None)
         async with dial as ws:
             self._ws, self.relay_url = ws, relay.url

@@ -126,6 +126,7 @@ def fleet_table(r: dict[str, Any]) -> str:
         ("ready_s (all agents welcomed)", r.get("ready_s"), _verdict("ready_s", r.get("ready_s"))),
         ("connect rate, agents/s", r.get("connect_rate_per_s"), ""),
         ("reconnects during the ramp", r.get("reconnects"), ""),
+        ("ramp backlog drained after s", f"{_fmt(r.get('drain_s'))} ({_fmt(r.get('drain_left_bytes'))} bytes left)", ""),
         ("relay KiB per agent", r.get("relay_kib_per_agent"), _verdict("relay_kib_per_agent", r.get("relay_kib_per_agent"))),
         ("Master KiB per agent", r.get("master_kib_per_agent"), _verdict("master_kib_per_agent", r.get("master_kib_per_agent"))),
         ("msgs/s to the Master (expected)", f"{_fmt(r.get('msgs_per_s'))} ({_fmt(r.get('expected_msgs_per_s'))})", ""),

@@ -49,6 +49,8 @@ REQUEST_TIMEOUT_S = 120.0
 COMMAND_TIMEOUT_S = 30.0
 SAMPLE_EVERY_S = 1.0
 SETTLE_S = 2.0
+DRAIN_TIMEOUT_S = 60.0
+DRAINED_BYTES = 64 * 1024  # queued on the links to the Master, in all: a few hundred frames at most
 
 
 @dataclass
@@ -596,7 +598,7 @@ async def run_fleet_bench(options: FleetOptions) -> dict[str, Any]:
         watched.read("ready")
         if profiler is not None:
             result["profile_ramp"] = profiler.finish()
-        await asyncio.sleep(SETTLE_S)
+        result["drain_s"], result["drain_left_bytes"] = await _drain(grid, options)
         result.update(await _hold(grid, fleets, provisioned.agent_ids, options, watched))
         result.update(await _flood_through_relays(grid, fleets, options, watched))
         result["processes"] = watched.report(options.agents)
@@ -613,6 +615,21 @@ async def run_fleet_bench(options: FleetOptions) -> dict[str, Any]:
             shutil.rmtree(root, ignore_errors=True)
     result["work_dir"] = str(root) if options.keep or options.work_dir else None
     return result
+
+
+async def _drain(grid: BenchGrid, options: FleetOptions) -> tuple[float, int]:
+    """Wait until the ramp's backlog on the relays' links to the Master has drained (bounded), so that the hold
+    measures the steady state; how long that took is reported beside ``ready_s``."""
+    started = time.monotonic()
+    await asyncio.sleep(SETTLE_S)
+    quiet, left = 0, 0
+    while time.monotonic() - started < DRAIN_TIMEOUT_S:
+        left, _ = await asyncio.to_thread(queued_bytes, {grid.link_port}, set())
+        quiet = quiet + 1 if left <= DRAINED_BYTES else 0
+        if quiet >= 3:
+            break
+        await asyncio.sleep(0.5)
+    return round(time.monotonic() - started, 2), left
 
 
 async def _ramp(fleets: list[FleetDriver], options: FleetOptions) -> dict[str, Any]:

@@ -6,6 +6,7 @@ import json
 import shutil
 import signal
 import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -23,9 +24,11 @@ class Profiler:
         self.error = ""
 
     def start(self, pids: dict[str, int], seconds: float) -> None:
-        program = shutil.which("py-spy")
+        # Beside this interpreter first: a virtual environment's scripts are there even when it is not activated.
+        beside = Path(sys.executable).parent / "py-spy"
+        program = str(beside) if beside.exists() else shutil.which("py-spy")
         if program is None:
-            self.error = "py-spy is not installed (pip install py-spy)"
+            self.error = "py-spy is not installed (pip install -e '.[bench]')"
             return
         self.out_dir.mkdir(parents=True, exist_ok=True)
         for name, pid in pids.items():

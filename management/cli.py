@@ -11,6 +11,7 @@ import urllib.request
 from pathlib import Path
 
 from common.errors import IdlegridError
+from common.heap import tune_for_daemon
 from common.logs import setup_logging
 
 
@@ -36,6 +37,7 @@ def _run_master(args: argparse.Namespace) -> int:
         "store_url": args.store_url, "heartbeat_s": args.heartbeat_s,
     })
     setup_logging("master", config.log_level)
+    tune_for_daemon()
     asyncio.run(serve_master(config))
     return 0
 
@@ -82,6 +84,7 @@ def _run_agent(args: argparse.Namespace) -> int:
 
     config = load_agent_config(args.config, overrides=_agent_overrides(args))
     setup_logging("agent", config.log_level)
+    tune_for_daemon()
     asyncio.run(serve(config))
     return 0
 

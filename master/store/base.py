@@ -38,6 +38,9 @@ class AgentRepo(Protocol):
     async def put(self, rec: AgentRecord) -> None:
         """Insert, or replace the agent with the same id."""
 
+    async def put_many(self, recs: Sequence[AgentRecord]) -> None:
+        """Insert, or replace the agents with the same ids, in one batch."""
+
     async def list(self, *, state: str | None = None, provider: str | None = None) -> builtins.list[AgentRecord]:
         """Agents matching every filter given, ordered by id."""
 

@@ -138,6 +138,9 @@ class MongoAgentRepo(_Collection[AgentRecord]):
     async def put(self, rec: AgentRecord) -> None:
         await self._upsert(rec.id, rec)
 
+    async def put_many(self, recs: Sequence[AgentRecord]) -> None:
+        await self._upsert_many([(r.id, r) for r in recs])
+
     async def list(self, *, state: str | None = None, provider: str | None = None) -> builtins.list[AgentRecord]:
         return await self._find(_only(state=state, provider=provider), [("_id", ASCENDING)])
 

@@ -178,6 +178,12 @@ class SqliteAgentRepo(_Table[AgentRecord]):
             (rec.id, rec.provider, rec.state, _encode(rec)),
         )
 
+    async def put_many(self, recs: Sequence[AgentRecord]) -> None:
+        await self._db.execute_many(
+            "INSERT OR REPLACE INTO agents (id, provider, state, doc) VALUES (?, ?, ?, ?)",
+            [(r.id, r.provider, r.state, _encode(r)) for r in recs],
+        )
+
     async def list(self, *, state: str | None = None, provider: str | None = None) -> builtins.list[AgentRecord]:
         clause, params = where(("state = ?", state), ("provider = ?", provider))
         return await self._select(f"SELECT doc FROM agents{clause} ORDER BY id", params)

@@ -132,6 +132,16 @@ async def test_putting_an_agent_again_replaces_it(store: Store) -> None:
     assert await store.agents.list() == [changed]
 
 
+async def test_agent_put_many_inserts_and_replaces_in_one_batch(store: Store) -> None:
+    await store.agents.put(agent("agt-1"))
+    replaced = agent("agt-1", state="offline", drained=True)
+    await store.agents.put_many([replaced, agent("agt-2", provider="prov-b")])
+    assert_same(await store.agents.get("agt-1"), replaced)
+    assert [a.id for a in await store.agents.list()] == ["agt-1", "agt-2"]
+    await store.agents.put_many([])  # nothing to write is not an error
+    assert len(await store.agents.list()) == 2
+
+
 async def test_a_stored_agent_is_a_copy_of_the_callers_record(store: Store) -> None:
     rec = agent()
     await store.agents.put(rec)
