@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import msgspec
 
 from common.errors import NotFound
 from common.inventory import GpuInfo, Inventory
+from master.batches import write_paced
 from master.events import EventLog
 from master.records import AgentRecord, GpuRecord
 from master.states import AGENT, GPU, AgentState, GpuState
@@ -18,7 +19,6 @@ from master.tiers import TierPolicy, classify
 
 log = logging.getLogger(__name__)
 
-FLUSH_BATCH = 500  # agents per store write when heartbeats are flushed
 _LIVE = frozenset({AgentState.READY.value, AgentState.BUSY.value, AgentState.MAINTENANCE.value, AgentState.ENROLLED.value})
 
 
@@ -179,20 +179,26 @@ class Registry:
                 lost.append(agent.id)
         return lost
 
-    async def flush(self) -> None:
-        """Write the agents changed in memory only (heartbeats), in batches: one write per agent would queue
-        ten thousand store calls every flush, and a command's writes behind them (bench/README.md)."""
+    async def flush(self) -> int:
+        """Write the agents changed in memory only (heartbeats), in paced batches (master/batches.py): one write
+        per agent would queue ten thousand store calls every flush, and a command's writes behind them."""
         dirty = [a for a in (self.agents.get(i) for i in list(self._dirty)) if a is not None]
         self._dirty.clear()
-        for start in range(0, len(dirty), FLUSH_BATCH):
-            batch = dirty[start:start + FLUSH_BATCH]
+        written = 0
+
+        async def write(batch: Sequence[AgentRecord]) -> None:
+            nonlocal written
             for agent in batch:
                 agent.version += 1
-            try:
-                await self._store.agents.put_many(batch)
-            except BaseException:
-                self._dirty.update(a.id for a in dirty[start:])  # written with the next flush
-                raise
+            await self._store.agents.put_many(batch)
+            written += len(batch)
+
+        try:
+            await write_paced(dirty, write)
+        except BaseException:
+            self._dirty.update(a.id for a in dirty[written:])  # written with the next flush
+            raise
+        return len(dirty)
 
     def view(self, agent: AgentRecord) -> dict:
         return msgspec.to_builtins(agent)

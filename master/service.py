@@ -58,6 +58,7 @@ from master.tiers import TierPolicy
 log = logging.getLogger(__name__)
 
 HELLO_REQUIRED = "hello_required"
+SLOW_FLUSH_S = 1.0  # a flush longer than this is logged: writes queued behind it wait as long
 
 
 class Master:
@@ -161,8 +162,12 @@ class Master:
         while True:
             await asyncio.sleep(self.config.rollup_flush_s)
             try:
-                await self.telemetry.flush(time.time())
-                await self.registry.flush()
+                started = time.monotonic()
+                rollups = await self.telemetry.flush(time.time())
+                agents = await self.registry.flush()
+                took = time.monotonic() - started
+                if took > SLOW_FLUSH_S:
+                    log.warning("slow flush", extra={"rollups": rollups, "agents": agents, "seconds": round(took, 2)})
             except Exception:
                 log.exception("flush failed; retrying")
 

@@ -6,11 +6,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from common.inventory import GpuSample
+from master.batches import DUTY, write_paced
 from master.records import TelemetryRollup
 from master.store.base import Store
-
-
-FLUSH_BATCH = 2000  # rollups per store write
 
 
 @dataclass
@@ -54,15 +52,16 @@ class TelemetryAggregator:
             minute.add(sample)
 
     async def flush(self, now: float, *, everything: bool = False) -> int:
-        """Persist the minutes that are over (all of them on shutdown); returns how many rollups were written."""
+        """Persist the minutes that are over (all of them on shutdown); returns how many rollups were written.
+
+        Paced (master/batches.py): a minute of 10,000 agents is 80,000 rollups, which written at once would
+        stall every frame and command behind them for seconds.
+        """
         current = int(now // 60)
         done = [key for key in self._open if everything or key[1] < current]
-        # In batches: a minute of 10,000 agents is 80,000 rollups, and one batch of them would hold the store
-        # (and, while they are encoded, the event loop) for seconds, stalling commands behind it (bench/README.md).
-        for start in range(0, len(done), FLUSH_BATCH):
-            batch = done[start:start + FLUSH_BATCH]
-            await self.store.rollups.put_many([self._rollup(key, self._open.pop(key)) for key in batch])
-        return len(done)
+        rollups = [self._rollup(key, self._open.pop(key)) for key in done]
+        await write_paced(rollups, self.store.rollups.put_many, duty=1.0 if everything else DUTY)
+        return len(rollups)
 
     @staticmethod
     def _rollup(key: tuple[str, int], m: _Minute) -> TelemetryRollup:
