@@ -51,16 +51,19 @@ class TelemetryAggregator:
                 minute = self._open[key] = _Minute(agent_id)
             minute.add(sample)
 
-    async def flush(self, now: float, *, everything: bool = False) -> int:
+    async def flush(self, now: float, *, everything: bool = False, duty: float | None = None) -> int:
         """Persist the minutes that are over (all of them on shutdown); returns how many rollups were written.
 
         Paced (master/batches.py): a minute of 10,000 agents is 80,000 rollups, which written at once would
-        stall every frame and command behind them for seconds.
+        stall every frame and command behind them for seconds. ``duty``: the pacing's (default: rest as long as
+        each batch took; none when everything is flushed on shutdown).
         """
         current = int(now // 60)
         done = [key for key in self._open if everything or key[1] < current]
         rollups = [self._rollup(key, self._open.pop(key)) for key in done]
-        await write_paced(rollups, self.store.rollups.put_many, duty=1.0 if everything else DUTY)
+        if duty is None:
+            duty = 1.0 if everything else DUTY
+        await write_paced(rollups, self.store.rollups.put_many, duty=duty)
         return len(rollups)
 
     @staticmethod
