@@ -248,7 +248,7 @@ class GcPauses:
         self.count = [0, 0, 0]
         self.longest_ms = [0.0, 0.0, 0.0]
         self.total_s = 0.0
-        self.long_pauses: list[tuple[float, int, float]] = []  # (unix time, generation, ms), the last 20
+        self.long_pauses: list[tuple[float, int, float, int]] = []  # (unix time, generation, ms, collected), last 20
         self._started = 0.0
 
     def install(self) -> None:
@@ -263,13 +263,14 @@ class GcPauses:
         self.total_s += took
         self.longest_ms[generation] = max(self.longest_ms[generation], took * 1000)
         if took >= LONG_GC_PAUSE_S:
-            self.long_pauses.append((time.time() - took, generation, took * 1000))
+            self.long_pauses.append((time.time() - took, generation, took * 1000, info.get("collected", 0)))
             del self.long_pauses[:-20]
 
     def figures(self) -> dict[str, Any]:
         return {"collections": list(self.count), "longest_ms": [round(ms, 1) for ms in self.longest_ms],
                 "total_s": round(self.total_s, 3),
-                "long_pauses": [[round(at, 2), generation, round(ms, 1)] for at, generation, ms in self.long_pauses]}
+                "long_pauses": [[round(at, 2), generation, round(ms, 1), collected]
+                                for at, generation, ms, collected in self.long_pauses]}
 
 
 class Fleet:
