@@ -59,6 +59,9 @@ def _fleet_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", dest="profile_dir", default="", help="py-spy every process during the hold; stacks and a summary here")
     p.add_argument("--relay-tls-buffer-kib", type=int, default=0,
                    help="run the relays with asyncio's TLS read buffer at this size (default: the relay's own, 32)")
+    p.add_argument("--sample-s", type=float, default=0.0,
+                   help="backlog sampling period during the hold (default 1 s per 2,000 agents; reading the kernel's "
+                        "socket table costs CPU that grows with the number of connections)")
     p.add_argument("--json", type=Path, help="write the figures here")
     p.set_defaults(func=_run_fleet)
 

@@ -78,6 +78,7 @@ class FleetOptions:
     log_level: str = "warning"
     profile_dir: str = ""  # py-spy every process during the ramp and the hold: raw stacks and a summary here
     relay_tls_buffer_kib: int = 0  # 0: the relay's own TLS read buffer (access/daemon.py); else this, to compare
+    sample_s: float = 0.0  # backlog sampling period in the hold; 0: 1 s per 2,000 agents (/proc/net/tcp grows with N)
 
     @property
     def simulate(self) -> str:
@@ -662,7 +663,7 @@ async def _hold(grid: BenchGrid, fleets: list[FleetDriver], agent_ids: list[str]
     before_fleet, before_relay = await _sum_stats(fleets), await grid.relay_counters()
     watched.read("hold_start")
     stop = asyncio.Event()
-    sampler = Sampler(grid, every_s=SAMPLE_EVERY_S * max(1, options.agents // 2000))  # /proc/net/tcp grows with N
+    sampler = Sampler(grid, every_s=options.sample_s or SAMPLE_EVERY_S * max(1, options.agents // 2000))
     sampling = asyncio.create_task(sampler.run(stop))
     profiler = Profiler(Path(options.profile_dir) / "hold") if options.profile_dir else None
     if profiler is not None:
