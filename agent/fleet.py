@@ -248,29 +248,32 @@ class GcPauses:
         self.count = [0, 0, 0]
         self.longest_ms = [0.0, 0.0, 0.0]
         self.total_s = 0.0
-        self.long_pauses: list[tuple[float, int, float, int]] = []  # (unix time, generation, ms, collected), last 20
-        self._started = 0.0
+        # (unix time, generation, wall ms, CPU ms, collected), the last 20: a wall time well over the CPU time means
+        # the process was waiting for a core, not collecting
+        self.long_pauses: list[tuple[float, int, float, float, int]] = []
+        self._started = self._started_cpu = 0.0
 
     def install(self) -> None:
         gc.callbacks.append(self._on_gc)
 
     def _on_gc(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
-            self._started = time.perf_counter()
+            self._started, self._started_cpu = time.perf_counter(), time.thread_time()
             return
         took, generation = time.perf_counter() - self._started, info["generation"]
+        cpu = time.thread_time() - self._started_cpu
         self.count[generation] += 1
         self.total_s += took
         self.longest_ms[generation] = max(self.longest_ms[generation], took * 1000)
         if took >= LONG_GC_PAUSE_S:
-            self.long_pauses.append((time.time() - took, generation, took * 1000, info.get("collected", 0)))
+            self.long_pauses.append((time.time() - took, generation, took * 1000, cpu * 1000, info.get("collected", 0)))
             del self.long_pauses[:-20]
 
     def figures(self) -> dict[str, Any]:
         return {"collections": list(self.count), "longest_ms": [round(ms, 1) for ms in self.longest_ms],
                 "total_s": round(self.total_s, 3),
-                "long_pauses": [[round(at, 2), generation, round(ms, 1), collected]
-                                for at, generation, ms, collected in self.long_pauses]}
+                "long_pauses": [[round(at, 2), generation, round(ms, 1), round(cpu_ms, 1), collected]
+                                for at, generation, ms, cpu_ms, collected in self.long_pauses]}
 
 
 class Fleet:
