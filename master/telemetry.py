@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from common.inventory import GpuSample
@@ -41,6 +41,7 @@ class TelemetryAggregator:
     store: Store
     latest: dict[str, GpuSample] = field(default_factory=dict)
     _open: dict[tuple[str, int], _Minute] = field(default_factory=dict)
+    _unwritten: list[TelemetryRollup] = field(default_factory=list)  # a failed flush's rest, tried again first
 
     def ingest(self, agent_id: str, samples: Iterable[GpuSample]) -> None:
         for sample in samples:
@@ -60,10 +61,22 @@ class TelemetryAggregator:
         """
         current = int(now // 60)
         done = [key for key in self._open if everything or key[1] < current]
-        rollups = [self._rollup(key, self._open.pop(key)) for key in done]
+        rollups = self._unwritten + [self._rollup(key, self._open.pop(key)) for key in done]
+        self._unwritten = []
         if duty is None:
             duty = 1.0 if everything else DUTY
-        await write_paced(rollups, self.store.rollups.put_many, duty=duty)
+        written = 0
+
+        async def write(batch: Sequence[TelemetryRollup]) -> None:
+            nonlocal written
+            await self.store.rollups.put_many(batch)
+            written += len(batch)
+
+        try:
+            await write_paced(rollups, write, duty=duty)
+        except BaseException:
+            self._unwritten = rollups[written:]  # a store that failed keeps them for the next flush (upserts: no doubles)
+            raise
         return len(rollups)
 
     @staticmethod

@@ -1,5 +1,7 @@
 """Telemetry: the latest sample per GPU in memory; finished minutes persisted as rollups."""
 
+import pytest
+
 from common.inventory import GpuSample
 from master.store import SqliteStore
 from master.telemetry import TelemetryAggregator
@@ -27,4 +29,26 @@ async def test_latest_sample_is_kept_and_finished_minutes_are_rolled_up(tmp_path
 
     assert await telemetry.flush(MINUTE + 65, everything=True) == 1  # shutdown writes the open minute too
     assert len(await store.rollups.list("GPU-a")) == 2
+    await store.close()
+
+
+async def test_rollups_a_failed_flush_did_not_write_are_written_by_the_next(tmp_path, monkeypatch):
+    store = SqliteStore(str(tmp_path / "m.db"))
+    await store.open()
+    telemetry = TelemetryAggregator(store)
+    telemetry.ingest("agt-1", [sample(f"GPU-{i}", MINUTE + 1, 10) for i in range(1200)])
+    real_put_many, calls = store.rollups.put_many, []
+
+    async def failing_second_batch(batch):
+        calls.append(len(batch))
+        if len(calls) == 2:
+            raise OSError("disk full")  # the store fails mid-flush, after one batch went in
+        await real_put_many(batch)
+
+    monkeypatch.setattr(store.rollups, "put_many", failing_second_batch)
+    with pytest.raises(OSError, match="disk full"):
+        await telemetry.flush(MINUTE + 65, duty=1.0)
+    assert len([r for i in range(1200) for r in await store.rollups.list(f"GPU-{i}")]) == calls[0]
+    assert await telemetry.flush(MINUTE + 65, duty=1.0) == 1200 - calls[0]  # the rest, nothing twice
+    assert [len(await store.rollups.list(f"GPU-{i}")) for i in range(1200)] == [1] * 1200
     await store.close()
