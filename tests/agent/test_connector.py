@@ -26,7 +26,7 @@ from agent.connector import NoRelayAvailable, RelayConnector, RelayTarget, retry
 from agent.discovery import DiscoveryConfig, RelayDiscovery, fallback_name, srv_name
 from common.errors import ConfigError
 from common.pki import CertificateAuthority, Role, client_tls_context, server_tls_context, write_private_key
-from tests.agent.test_discovery import Clock, Relay  # a TCP listener standing in for a relay; a hand clock
+from tests.agent.test_discovery import Clock, Relay, running_relays  # a TCP listener standing in for a relay; a hand clock
 from tests.support.dnsmasq import Dnsmasq, HostRecord, Record, SrvRecord, TxtRecord
 
 ZONE = "idlegrid.test"
@@ -46,14 +46,8 @@ def records_for(relays: dict[str, Relay]) -> list[Record]:
 
 @pytest.fixture
 async def relays() -> AsyncIterator[dict[str, Relay]]:
-    started = {name: Relay(name) for members in LAYOUT.values() for name in members}
-    try:
-        for relay in started.values():
-            await relay.start()
+    async with running_relays(name for members in LAYOUT.values() for name in members) as started:
         yield started
-    finally:
-        for relay in started.values():
-            await relay.close()
 
 
 @pytest.fixture

@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -115,9 +116,10 @@ def labels(candidates: Sequence[RelayCandidate]) -> list[str]:
     return [label(c) for c in candidates]
 
 
-@pytest.fixture
-async def relays() -> AsyncIterator[dict[str, Relay]]:
-    started = {name: Relay(name) for members in LAYOUT.values() for name in members}
+@asynccontextmanager
+async def running_relays(names: Iterable[str]) -> AsyncIterator[dict[str, Relay]]:
+    """A listening ``Relay`` per name, all closed at the end."""
+    started = {name: Relay(name) for name in names}
     try:
         for relay in started.values():
             await relay.start()
@@ -125,6 +127,12 @@ async def relays() -> AsyncIterator[dict[str, Relay]]:
     finally:
         for relay in started.values():
             await relay.close()
+
+
+@pytest.fixture
+async def relays() -> AsyncIterator[dict[str, Relay]]:
+    async with running_relays(name for members in LAYOUT.values() for name in members) as started:
+        yield started
 
 
 @pytest.fixture

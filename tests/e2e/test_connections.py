@@ -3,17 +3,13 @@ and the relay and the Master keep serving everyone else."""
 
 import asyncio
 import json
-import ssl
 
 import pytest
 from websockets.asyncio.client import connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from common.pki import CertificateAuthority, Role, client_tls_context, write_private_key
 from common.wire import MAX_FRAME_BYTES
-from tests.support.grid import wait_for
-
-HANDSHAKE_FAILURES = (ssl.SSLError, OSError, ConnectionClosed, InvalidHandshake, asyncio.TimeoutError)
+from tests.support.grid import refused, wait_for
 
 
 def enrolled(grid, name):
@@ -21,17 +17,6 @@ def enrolled(grid, name):
     assert grid.enroll(name, relay).returncode == 0
     d = grid.agent_dir(name)
     return grid.agent_id(name), client_tls_context(d / "ca.crt", d / "agent.crt", d / "agent.key")
-
-
-async def refused(url: str, context: ssl.SSLContext) -> bool:
-    """True when the relay will not carry frames for this client (handshake fails or it closes at once)."""
-    try:
-        async with connect(url, ssl=context, open_timeout=5) as ws:
-            await ws.send(json.dumps({"type": "heartbeat", "seq": 1, "ts": 1.0}))
-            await asyncio.wait_for(ws.recv(), timeout=3)
-    except HANDSHAKE_FAILURES:
-        return True
-    return False
 
 
 async def test_agents_without_a_valid_certificate_cannot_connect(grid, tmp_path):

@@ -17,11 +17,20 @@ import msgspec
 from cryptography.hazmat.primitives.serialization import Encoding
 from prometheus_client.parser import text_string_to_metric_families
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from agent.simulate import SimulatedCollector
 from common.inventory import GpuSample, HostInfo, Inventory
-from common.pki import CommandSigner, Role, client_tls_context, generate_key, identity_of, key_to_pem, load_cert, make_csr, write_private_key
+from common.pki import (
+    CommandSigner,
+    Role,
+    client_tls_context,
+    generate_key,
+    identity_of,
+    key_to_pem,
+    load_cert,
+    make_csr,
+    write_private_key,
+)
 from common.wire import (
     AgentEvent,
     CommandAck,
@@ -35,10 +44,15 @@ from common.wire import (
     signing_bytes,
 )
 from master.keys import SigningKeyRing
-from tests.support.grid import Daemon, Grid, RelayInfo, wait_for
+from tests.support.grid import (
+    Daemon,
+    Grid,
+    RelayInfo,
+    refused,
+    wait_for,
+)
 from tests.support.tamper import TamperingRelay
 
-HANDSHAKE_FAILURES = (ssl.SSLError, OSError, ConnectionClosed, InvalidHandshake, asyncio.TimeoutError)
 EXPIRY_SWEEP_S = 5.0  # access.relay.SWEEP_INTERVAL_S: how often a relay looks for expired sessions
 REVOCATION_DEADLINE_S = 5.0
 
@@ -77,17 +91,6 @@ def context_for(pair: Path) -> ssl.SSLContext:
 
 def serial_of(pair: Path) -> str:
     return identity_of(load_cert((pair / "agent.crt").read_bytes())).serial
-
-
-async def refused(url: str, context: ssl.SSLContext) -> bool:
-    """True when the relay will not carry frames for this client (handshake fails or it closes at once)."""
-    try:
-        async with connect(url, ssl=context, open_timeout=5) as ws:
-            await ws.send(json.dumps({"type": "heartbeat", "seq": 1, "ts": 1.0}))
-            await asyncio.wait_for(ws.recv(), timeout=3)
-    except HANDSHAKE_FAILURES:
-        return True
-    return False
 
 
 def relay_counter(grid: Grid, relay: RelayInfo, name: str, **labels: str) -> float:

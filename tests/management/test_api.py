@@ -4,12 +4,9 @@ import asyncio
 import time
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 
 from agent.simulate import SimulatedCollector
 from common.inventory import HostInfo, Inventory
-from management.api import build_app
-from master.config import MasterConfig
 from master.records import AgentRecord
 from master.service import Master
 
@@ -17,18 +14,6 @@ HOST = HostInfo(hostname="h1", cpu_model="EPYC", cpu_cores=64, ram_mib=512000, d
                 os="Debian 12", kernel="6.1")
 
 
-@pytest.fixture
-async def api(tmp_path):
-    master = Master(MasterConfig(state_dir=str(tmp_path), link_port=0))
-    await master.start()
-    key = await master.create_api_key("test operator")
-    client = TestClient(TestServer(build_app(master)))
-    await client.start_server()
-    client.master = master
-    client.auth = {"Authorization": f"Bearer {key}"}
-    yield client
-    await client.close()
-    await master.stop()
 
 
 async def add_agent(master: Master, agent_id: str, simulate: str) -> None:

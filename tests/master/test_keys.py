@@ -4,7 +4,6 @@ import time
 from pathlib import Path
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 
 from common.errors import Conflict, IdlegridError, NotFound, PKIError, SignatureError
 from common.pki import (
@@ -19,7 +18,6 @@ from common.pki import (
     verify_key_endorsement,
 )
 from common.wire import CommandBody, signing_bytes
-from management.api import build_app
 from master.config import MasterConfig
 from master.keys import FIRST_KEY_FILE, RING_FILE, KeyState, SigningKeyRing
 from master.records import AgentRecord
@@ -97,18 +95,6 @@ def test_a_missing_key_file_is_reported_not_replaced(tmp_path: Path, ca):
 # --- the Master: signing with the ring, re-signing, the operator endpoints ------------------------
 
 
-@pytest.fixture
-async def api(tmp_path):
-    master = Master(MasterConfig(state_dir=str(tmp_path), link_port=0))
-    await master.start()
-    key = await master.create_api_key("test operator")
-    client = TestClient(TestServer(build_app(master)))
-    await client.start_server()
-    client.master = master
-    client.auth = {"Authorization": f"Bearer {key}"}
-    yield client
-    await client.close()
-    await master.stop()
 
 
 async def add_agent(master: Master, agent_id: str) -> None:

@@ -31,6 +31,8 @@ import dns.message
 import dns.query
 import pytest
 
+from tests.support.processes import stop_process
+
 START_TIMEOUT_S = 5.0
 STOP_TIMEOUT_S = 5.0
 START_ATTEMPTS = 3  # a free port can be taken by someone else before dnsmasq binds it
@@ -141,14 +143,7 @@ class Dnsmasq:
 
     def stop(self) -> None:
         process, self._process = self._process, None
-        if process is None or process.poll() is not None:
-            return
-        process.terminate()
-        try:
-            process.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=STOP_TIMEOUT_S)
+        stop_process(process, STOP_TIMEOUT_S)
 
     def __enter__(self) -> Dnsmasq:
         return self if self._process is not None else self.start()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -16,6 +17,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from common.pki import Role
 from management.demo import kill_processes_under
@@ -290,3 +294,17 @@ class Grid:
         final = {"succeeded", "failed", "timed_out", "cancelled"}
         return wait_for(lambda: (c := self.get(f"/api/v1/commands/{command_id}"))["state"] in final and c, timeout,
                         f"command {command_id} to finish")
+
+
+HANDSHAKE_FAILURES = (ssl.SSLError, OSError, ConnectionClosed, InvalidHandshake, asyncio.TimeoutError)
+
+
+async def refused(url: str, context: ssl.SSLContext) -> bool:
+    """True when the relay will not carry frames for this client (handshake fails or it closes at once)."""
+    try:
+        async with connect(url, ssl=context, open_timeout=5) as ws:
+            await ws.send(json.dumps({"type": "heartbeat", "seq": 1, "ts": 1.0}))
+            await asyncio.wait_for(ws.recv(), timeout=3)
+    except HANDSHAKE_FAILURES:
+        return True
+    return False

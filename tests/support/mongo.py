@@ -12,6 +12,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from tests.support.grid import free_port
+from tests.support.processes import stop_process
 
 NX_PROGRAM = "nx-27017"
 START_TIMEOUT_S = 15.0
@@ -103,14 +104,7 @@ class Nx27017:
 
     def stop(self) -> None:
         process, self._process = self._process, None
-        if process is None or process.poll() is not None:
-            return
-        process.terminate()
-        try:
-            process.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=STOP_TIMEOUT_S)
+        stop_process(process, STOP_TIMEOUT_S)
 
     def _log_tail(self, lines: int = 30) -> str:
         if not self.log.exists():
