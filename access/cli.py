@@ -43,9 +43,18 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 def overrides(args: argparse.Namespace) -> dict[str, object]:
     """Flags as config settings; None means the flag was not given."""
     return {
-        "relay_id": args.relay_id, "region": args.region, "master_url": args.master_url, "public_url": args.public_url,
-        "agent_host": args.host, "http_host": args.host, "agent_port": args.agent_port, "http_port": args.http_port,
-        "cert_file": args.cert, "key_file": args.key, "ca_file": args.ca, "log_level": args.log_level,
+        "relay_id": args.relay_id,
+        "region": args.region,
+        "master_url": args.master_url,
+        "public_url": args.public_url,
+        "agent_host": args.host,
+        "http_host": args.host,
+        "agent_port": args.agent_port,
+        "http_port": args.http_port,
+        "cert_file": args.cert,
+        "key_file": args.key,
+        "ca_file": args.ca,
+        "log_level": args.log_level,
     }
 
 

@@ -68,13 +68,33 @@ def _check(config: AccessConfig) -> None:
             problems.append(f"{name} must be between 0 and 65535, got {port}")
     if not 0 < config.max_frame_bytes <= HARD_FRAME_BYTES:
         problems.append(f"max_frame_bytes must be between 1 and {HARD_FRAME_BYTES}, got {config.max_frame_bytes}")
-    for name in ("rate_per_agent", "handshake_timeout_s", "idle_timeout_s", "stats_interval_s", "backoff_initial_s",
-                 "backoff_max_s", "enroll_timeout_s", "enroll_rate_per_ip", "retry_after_s", "max_silence_s",
-                 "connect_rate_per_ip", "reconnect_rate_per_agent"):
+    for name in (
+        "rate_per_agent",
+        "handshake_timeout_s",
+        "idle_timeout_s",
+        "stats_interval_s",
+        "backoff_initial_s",
+        "backoff_max_s",
+        "enroll_timeout_s",
+        "enroll_rate_per_ip",
+        "retry_after_s",
+        "max_silence_s",
+        "connect_rate_per_ip",
+        "reconnect_rate_per_agent",
+    ):
         if getattr(config, name) <= 0:
             problems.append(f"{name} must be positive, got {getattr(config, name)}")
-    for name in ("burst", "buffer_frames", "max_handshakes", "enroll_burst", "max_body_bytes", "flood_limit",
-                 "max_connections_per_ip", "connect_burst_per_ip", "reconnect_burst_per_agent"):
+    for name in (
+        "burst",
+        "buffer_frames",
+        "max_handshakes",
+        "enroll_burst",
+        "max_body_bytes",
+        "flood_limit",
+        "max_connections_per_ip",
+        "connect_burst_per_ip",
+        "reconnect_burst_per_agent",
+    ):
         if getattr(config, name) < 1:
             problems.append(f"{name} must be at least 1, got {getattr(config, name)}")
     if config.drain_timeout_s < 0:

@@ -30,16 +30,24 @@ class AccessRelay:
         self.config = config
         self.metrics = RelayMetrics(config.relay_id)
         self.link = MasterLink(
-            config, client_tls_context(config.ca_file, config.cert_file, config.key_file), self.metrics,
+            config,
+            client_tls_context(config.ca_file, config.cert_file, config.key_file),
+            self.metrics,
             public_url=config.public_url,
         )
         self.agents = AgentGateway(
-            config, server_tls_context(config.cert_file, config.key_file, config.ca_file, require_client_cert=True),
-            self.link, self.metrics,
+            config,
+            server_tls_context(config.cert_file, config.key_file, config.ca_file, require_client_cert=True),
+            self.link,
+            self.metrics,
         )
         self.http = RelayHttp(
-            config, server_tls_context(config.cert_file, config.key_file, config.ca_file, require_client_cert=False),
-            self.link, self.metrics, agent_count=lambda: self.agents.agent_count, agent_url=lambda: self.agent_url,
+            config,
+            server_tls_context(config.cert_file, config.key_file, config.ca_file, require_client_cert=False),
+            self.link,
+            self.metrics,
+            agent_count=lambda: self.agents.agent_count,
+            agent_url=lambda: self.agent_url,
         )
         self._started = False
 
@@ -62,9 +70,16 @@ class AccessRelay:
         if not self.link.public_url:
             self.link.public_url = self.agent_url  # known only now when agent_port is 0
         await self.link.start()
-        log.info("access relay started", extra={"relay": self.config.relay_id, "region": self.config.region,
-                                                "agent_url": self.agent_url, "http_url": self.http_url,
-                                                "master_url": self.config.master_url})
+        log.info(
+            "access relay started",
+            extra={
+                "relay": self.config.relay_id,
+                "region": self.config.region,
+                "agent_url": self.agent_url,
+                "http_url": self.http_url,
+                "master_url": self.config.master_url,
+            },
+        )
 
     async def stop(self) -> None:
         """Give the Master what is buffered (up to drain_timeout_s in all), let the agents go, then close everything.

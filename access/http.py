@@ -99,14 +99,16 @@ class RelayHttp:
 
     async def _healthz(self, request: web.Request) -> web.Response:
         up = self._link.is_up
-        return web.json_response({
-            "status": "ok" if up else "degraded",
-            "master_link": "up" if up else "down",
-            "agents": self._agent_count(),
-            "buffered": len(self._link.buffer),
-            "relay_id": self.config.relay_id,
-            "region": self.config.region,
-        })
+        return web.json_response(
+            {
+                "status": "ok" if up else "degraded",
+                "master_link": "up" if up else "down",
+                "agents": self._agent_count(),
+                "buffered": len(self._link.buffer),
+                "relay_id": self.config.relay_id,
+                "region": self.config.region,
+            }
+        )
 
     async def _metrics_page(self, request: web.Request) -> web.Response:
         response = web.Response(body=self._metrics.render())
@@ -117,14 +119,14 @@ class RelayHttp:
         remote = request.remote or ""
         if not self._enroll_limiter.allow(remote):
             self._metrics.enrollment("rate_limited")
-            return error_response(429, "rate_limited", "too many enrollment requests from this address; wait and retry",
-                                  **{"Retry-After": "5"})
+            return error_response(
+                429, "rate_limited", "too many enrollment requests from this address; wait and retry", **{"Retry-After": "5"}
+            )
         body = await self._read_body(request)
         if isinstance(body, web.Response):
             self._metrics.enrollment("bad_request")
             return body
-        enroll = EnrollRequest(req_id=uuid.uuid4().hex, token=body.token, csr_pem=body.csr_pem, region=body.region,
-                               remote=remote)
+        enroll = EnrollRequest(req_id=uuid.uuid4().hex, token=body.token, csr_pem=body.csr_pem, region=body.region, remote=remote)
         try:
             answer = await self._link.enroll(enroll, self.config.enroll_timeout_s)
         except MasterUnavailable as exc:
@@ -133,8 +135,9 @@ class RelayHttp:
         except TimeoutError:
             self._metrics.enrollment("timeout")
             log.warning("the Master did not answer an enrollment in time", extra={"req_id": enroll.req_id, "remote": remote})
-            return error_response(504, "master_timeout",
-                                  f"the Master did not answer within {self.config.enroll_timeout_s:g} s; retry")
+            return error_response(
+                504, "master_timeout", f"the Master did not answer within {self.config.enroll_timeout_s:g} s; retry"
+            )
         return self._enroll_answer(answer, remote)
 
     async def _read_body(self, request: web.Request) -> EnrollBody | web.Response:
@@ -153,8 +156,11 @@ class RelayHttp:
         if not answer.ok:
             self._metrics.enrollment(answer.error_code or "refused")
             log.info("enrollment refused", extra={"code": answer.error_code, "remote": remote})
-            return error_response(enroll_status(answer.error_code), answer.error_code or "enrollment_refused",
-                                  answer.error_message or "the Master refused the enrollment")
+            return error_response(
+                enroll_status(answer.error_code),
+                answer.error_code or "enrollment_refused",
+                answer.error_message or "the Master refused the enrollment",
+            )
         self._metrics.enrollment("ok")
         log.info("agent enrolled", extra={"agent": answer.agent_id, "remote": remote})
         payload: dict[str, Any] = {

@@ -18,30 +18,59 @@ class RelayMetrics:
     def __init__(self, relay_id: str) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         labels = {"relay": relay_id}
-        self.agents = Gauge("idlegrid_access_agents_connected", "Agents connected to this relay", registry=self.registry,
-                            labelnames=["relay"]).labels(**labels)
-        self._frames_in = Counter("idlegrid_access_frames_in", "Agent frames accepted and forwarded to the Master",
-                                  registry=self.registry, labelnames=["relay"]).labels(**labels)
-        self._frames_out = Counter("idlegrid_access_frames_out", "Master frames delivered to agents",
-                                   registry=self.registry, labelnames=["relay"]).labels(**labels)
-        self._frame_errors = Counter("idlegrid_access_frame_errors", "Agent frames answered with an error frame, by code",
-                                     registry=self.registry, labelnames=["relay", "code"])
+        self.agents = Gauge(
+            "idlegrid_access_agents_connected", "Agents connected to this relay", registry=self.registry, labelnames=["relay"]
+        ).labels(**labels)
+        self._frames_in = Counter(
+            "idlegrid_access_frames_in",
+            "Agent frames accepted and forwarded to the Master",
+            registry=self.registry,
+            labelnames=["relay"],
+        ).labels(**labels)
+        self._frames_out = Counter(
+            "idlegrid_access_frames_out", "Master frames delivered to agents", registry=self.registry, labelnames=["relay"]
+        ).labels(**labels)
+        self._frame_errors = Counter(
+            "idlegrid_access_frame_errors",
+            "Agent frames answered with an error frame, by code",
+            registry=self.registry,
+            labelnames=["relay", "code"],
+        )
         # reasons: at accept ip_connections, ip_rate, openings_full; opening slow_opening, busy (503), reconnect_rate
         # (429), bad_certificate, wrong_role, revoked, expired; in session flood, silent, too_slow, revoked, expired
-        self._refused = Counter("idlegrid_access_connections_refused", "Agent connections refused or cut off, by reason",
-                                registry=self.registry, labelnames=["relay", "reason"])
-        self._dropped = Counter("idlegrid_access_frames_dropped",
-                                "Frames not delivered: superseded heartbeats/telemetry, or no such agent here",
-                                registry=self.registry, labelnames=["relay", "reason"])
-        self._enrollments = Counter("idlegrid_access_enrollments", "Enrollment requests, by outcome",
-                                    registry=self.registry, labelnames=["relay", "outcome"])
-        self.buffered = Gauge("idlegrid_access_buffered_frames", "Agent frames waiting to go to the Master",
-                              registry=self.registry, labelnames=["relay"]).labels(**labels)
-        self.openings = Gauge("idlegrid_access_openings",
-                              "Agent connections between TCP accept and WebSocket open (TLS or upgrade in progress)",
-                              registry=self.registry, labelnames=["relay"]).labels(**labels)
-        self.master_link_up = Gauge("idlegrid_access_master_link_up", "1 while the link to the Master is up",
-                                    registry=self.registry, labelnames=["relay"]).labels(**labels)
+        self._refused = Counter(
+            "idlegrid_access_connections_refused",
+            "Agent connections refused or cut off, by reason",
+            registry=self.registry,
+            labelnames=["relay", "reason"],
+        )
+        self._dropped = Counter(
+            "idlegrid_access_frames_dropped",
+            "Frames not delivered: superseded heartbeats/telemetry, or no such agent here",
+            registry=self.registry,
+            labelnames=["relay", "reason"],
+        )
+        self._enrollments = Counter(
+            "idlegrid_access_enrollments",
+            "Enrollment requests, by outcome",
+            registry=self.registry,
+            labelnames=["relay", "outcome"],
+        )
+        self.buffered = Gauge(
+            "idlegrid_access_buffered_frames",
+            "Agent frames waiting to go to the Master",
+            registry=self.registry,
+            labelnames=["relay"],
+        ).labels(**labels)
+        self.openings = Gauge(
+            "idlegrid_access_openings",
+            "Agent connections between TCP accept and WebSocket open (TLS or upgrade in progress)",
+            registry=self.registry,
+            labelnames=["relay"],
+        ).labels(**labels)
+        self.master_link_up = Gauge(
+            "idlegrid_access_master_link_up", "1 while the link to the Master is up", registry=self.registry, labelnames=["relay"]
+        ).labels(**labels)
         self._relay_id = relay_id
         # Plain totals for the AccessStats frame: cheaper to read than Prometheus samples.
         self.frames_in = 0

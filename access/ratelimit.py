@@ -54,9 +54,7 @@ class KeyedRateLimiter:
     Forgetting a key only ever gives it a fresh (full) bucket, so the memory bound cannot lock anyone out.
     """
 
-    def __init__(
-        self, rate: float, burst: float, *, max_keys: int = 10_000, clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, rate: float, burst: float, *, max_keys: int = 10_000, clock: Callable[[], float] = time.monotonic) -> None:
         self.rate = rate
         self.burst = burst
         self.max_keys = max_keys
@@ -122,8 +120,9 @@ class AddressGate:
     Open counts are kept only for addresses holding connections; rates for at most ``max_keys`` addresses.
     """
 
-    def __init__(self, max_open: int, rate: float, burst: float, *, max_keys: int = 10_000,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, max_open: int, rate: float, burst: float, *, max_keys: int = 10_000, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.max_open = max_open
         self._open: dict[str, int] = {}
         self._rate = KeyedRateLimiter(rate, burst, max_keys=max_keys, clock=clock)

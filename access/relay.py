@@ -157,8 +157,7 @@ class GatedListener(socket.socket):
 
     @classmethod
     def bind_to(cls, host: str, port: int) -> GatedListener:
-        family, _, _, _, address = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
-                                                      flags=socket.AI_PASSIVE)[0]
+        family, _, _, _, address = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
         plain = socket.create_server(address, family=family)  # bound, SO_REUSEADDR; asyncio sets the backlog
         return cls(fileno=plain.detach())
 
@@ -245,8 +244,9 @@ def judge_frame(message: bytes | str, budget: FrameBudget, now: float, max_bytes
     if admission is Admission.CUT_OFF:
         return CutOff("frames far over the rate limit")
     limit = f"{budget.frames.rate:g}/s, burst {budget.frames.burst:g}"
-    return Answer(ProtocolError(f"{kind} frame dropped: over the rate limit of {limit}",
-                                code=ErrorCode.RATE_LIMITED.value), quiet=True)
+    return Answer(
+        ProtocolError(f"{kind} frame dropped: over the rate limit of {limit}", code=ErrorCode.RATE_LIMITED.value), quiet=True
+    )
 
 
 @dataclass(eq=False)
@@ -286,8 +286,7 @@ class AgentGateway:
         self._link = link
         self._metrics = metrics
         self._opening = OpeningTracker(config.handshake_timeout_s + 1.0)
-        self._addresses = AddressGate(config.max_connections_per_ip, config.connect_rate_per_ip,
-                                      config.connect_burst_per_ip)
+        self._addresses = AddressGate(config.max_connections_per_ip, config.connect_rate_per_ip, config.connect_burst_per_ip)
         self._reconnects = KeyedRateLimiter(config.reconnect_rate_per_agent, config.reconnect_burst_per_agent)
         self._refusals = RefusalLog()
         metrics.track_openings(lambda: self._opening.count(time.monotonic()))
@@ -316,9 +315,16 @@ class AgentGateway:
         listener.admit, listener.on_accept, listener.on_close = self._admit_address, self._opening_began, self._socket_closed
         # open_timeout bounds TLS (as ssl_handshake_timeout) and the upgrade each; _opening_began bounds the two together.
         self._server = await serve(
-            self._serve_agent, sock=listener, ssl=self._ssl,
-            max_size=HARD_FRAME_BYTES, max_queue=8, compression=None, write_limit=self._max_backlog,
-            open_timeout=self.config.handshake_timeout_s, ping_interval=idle / 2, ping_timeout=idle / 2,
+            self._serve_agent,
+            sock=listener,
+            ssl=self._ssl,
+            max_size=HARD_FRAME_BYTES,
+            max_queue=8,
+            compression=None,
+            write_limit=self._max_backlog,
+            open_timeout=self.config.handshake_timeout_s,
+            ping_interval=idle / 2,
+            ping_timeout=idle / 2,
             process_request=self._process_request,
         )
         self._sweeper = asyncio.create_task(self._sweep_expired(), name="expiry-sweep")
@@ -348,8 +354,7 @@ class AgentGateway:
         if reason is None:
             return True
         self._metrics.refuse(reason)
-        self._refusals.note(reason, "connection reset at accept", now, remote=host,
-                            held=self._addresses.holding(host))
+        self._refusals.note(reason, "connection reset at accept", now, remote=host, held=self._addresses.holding(host))
         return False
 
     def _opening_began(self, sock: AcceptedSocket) -> None:
@@ -375,17 +380,28 @@ class AgentGateway:
         """After TLS, before the upgrade: the last cheap moment to say no, and the first to say when to come back."""
         if self._opening.count(time.monotonic()) > self.config.max_handshakes:
             self._opening.end(_descriptor(connection))
-            return self._refuse_opening(connection, http.HTTPStatus.SERVICE_UNAVAILABLE, "busy", self.config.retry_after_s,
-                                        "too many connections opening; retry after the time in Retry-After\n")
+            return self._refuse_opening(
+                connection,
+                http.HTTPStatus.SERVICE_UNAVAILABLE,
+                "busy",
+                self.config.retry_after_s,
+                "too many connections opening; retry after the time in Retry-After\n",
+            )
         agent_id = _certificate_name(connection)  # None: unreadable, and _admit refuses it with a reason
         if agent_id is not None and not self._reconnects.allow(agent_id):
             wait = max(self.config.retry_after_s, self._reconnects.retry_after_s(agent_id))
-            return self._refuse_opening(connection, http.HTTPStatus.TOO_MANY_REQUESTS, "reconnect_rate", wait,
-                                        "this certificate reconnects too often; retry after the time in Retry-After\n")
+            return self._refuse_opening(
+                connection,
+                http.HTTPStatus.TOO_MANY_REQUESTS,
+                "reconnect_rate",
+                wait,
+                "this certificate reconnects too often; retry after the time in Retry-After\n",
+            )
         return None
 
-    def _refuse_opening(self, connection: ServerConnection, status: http.HTTPStatus, reason: str, wait_s: float,
-                        text: str) -> Response:
+    def _refuse_opening(
+        self, connection: ServerConnection, status: http.HTTPStatus, reason: str, wait_s: float, text: str
+    ) -> Response:
         self._metrics.refuse(reason)
         self._refusals.note(reason, f"opening refused with {status.value}", time.monotonic(), remote=_remote(connection))
         response = connection.respond(status, text)
@@ -431,13 +447,20 @@ class AgentGateway:
         log.info("agent connected", extra={"agent": identity.id, "serial": identity.serial, "remote": remote})
         return session
 
-    async def _refuse(self, connection: ServerConnection, refusal: Refusal, remote: str,
-                      identity: Identity | None = None) -> None:
+    async def _refuse(
+        self, connection: ServerConnection, refusal: Refusal, remote: str, identity: Identity | None = None
+    ) -> None:
         self._metrics.refuse(refusal.reason)
-        log.warning("agent refused: %s", refusal.message, extra={
-            "reason": refusal.reason, "remote": remote, "agent": identity.id if identity else None,
-            "serial": identity.serial if identity else None,
-        })
+        log.warning(
+            "agent refused: %s",
+            refusal.message,
+            extra={
+                "reason": refusal.reason,
+                "remote": remote,
+                "agent": identity.id if identity else None,
+                "serial": identity.serial if identity else None,
+            },
+        )
         await connection.close(CLOSE_POLICY, refusal.message)
 
     def _release(self, session: AgentSession) -> None:
@@ -482,8 +505,7 @@ class AgentGateway:
             case Forward(kind):
                 # Waits while the buffer is full of frames that must be kept (backpressure: this agent is not
                 # read meanwhile); gives up only if the connection ends, and an agent resends results until acked.
-                if await self._link.forward(session.agent_id, kind, message,
-                                            until=session.connection.connection_lost_waiter):
+                if await self._link.forward(session.agent_id, kind, message, until=session.connection.connection_lost_waiter):
                     self._metrics.frame_in()
             case Answer(error, quiet):
                 await self._answer_error(session, error, quiet=quiet)
@@ -501,8 +523,7 @@ class AgentGateway:
     def _cut_off_flood(self, session: AgentSession, reason: str) -> None:
         """Reading a flood forever would spend the relay on one agent; it reconnects (within its reconnect
         limit) with a fresh budget, and resends any command result that was not acked."""
-        log.warning("agent kept sending far over its rate limit; disconnecting it: %s", reason,
-                    extra={"agent": session.agent_id})
+        log.warning("agent kept sending far over its rate limit; disconnecting it: %s", reason, extra={"agent": session.agent_id})
         self._metrics.refuse("flood")
         self._close_later(session, CLOSE_FLOOD, "over the rate limit for too long")
         # A flooder that does not read will not see the close frame either, and the closing handshake would
@@ -555,11 +576,15 @@ class AgentGateway:
             log.warning("renewed certificate not adopted: %s", exc, extra={"agent": session.agent_id})
             return
         if identity.role is not Role.AGENT or identity.id != session.agent_id or identity.serial in self.revoked:
-            log.warning("renewed certificate names someone else or is revoked; not adopted",
-                        extra={"agent": session.agent_id, "named": identity.uri, "serial": identity.serial})
+            log.warning(
+                "renewed certificate names someone else or is revoked; not adopted",
+                extra={"agent": session.agent_id, "named": identity.uri, "serial": identity.serial},
+            )
             return
-        log.info("certificate renewed; the session now ends with the new one",
-                 extra={"agent": session.agent_id, "serial": identity.serial, "not_after": identity.not_after})
+        log.info(
+            "certificate renewed; the session now ends with the new one",
+            extra={"agent": session.agent_id, "serial": identity.serial, "not_after": identity.not_after},
+        )
         session.identity = identity
 
     def _platform_ca(self) -> x509.Certificate:
@@ -578,8 +603,10 @@ class AgentGateway:
         self.revoked.update(serials)
         for session in list(self.sessions.values()):
             if session.open and session.identity.serial in self.revoked:
-                log.warning("certificate revoked; disconnecting the agent",
-                            extra={"agent": session.agent_id, "serial": session.identity.serial})
+                log.warning(
+                    "certificate revoked; disconnecting the agent",
+                    extra={"agent": session.agent_id, "serial": session.identity.serial},
+                )
                 self._metrics.refuse("revoked")
                 self._close_later(session, CLOSE_POLICY, "certificate revoked")
 

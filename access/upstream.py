@@ -383,8 +383,12 @@ class MasterLink:
         while not self._stopping:
             try:
                 async with connect(
-                    self.config.master_url, ssl=self._ssl, max_size=HARD_FRAME_BYTES, compression=None,
-                    open_timeout=self.config.handshake_timeout_s, ping_interval=self.config.idle_timeout_s / 2,
+                    self.config.master_url,
+                    ssl=self._ssl,
+                    max_size=HARD_FRAME_BYTES,
+                    compression=None,
+                    open_timeout=self.config.handshake_timeout_s,
+                    ping_interval=self.config.idle_timeout_s / 2,
                     ping_timeout=self.config.idle_timeout_s / 2,
                 ) as connection:
                     await self._open(connection)
@@ -394,8 +398,12 @@ class MasterLink:
                 if not self._stopping:
                     # The first failures say what is wrong; after that, one line in ten is enough.
                     level = logging.WARNING if attempt < 3 or attempt % 10 == 0 else logging.DEBUG
-                    log.log(level, "master link down: %s", exc or type(exc).__name__,
-                            extra={"master_url": self.config.master_url, "attempt": attempt})
+                    log.log(
+                        level,
+                        "master link down: %s",
+                        exc or type(exc).__name__,
+                        extra={"master_url": self.config.master_url, "attempt": attempt},
+                    )
             except Exception:  # a bug here must not end reconnection for good
                 log.exception("master link failed", extra={"master_url": self.config.master_url})
             finally:
@@ -414,13 +422,16 @@ class MasterLink:
 
     async def _open(self, connection: ClientConnection) -> None:
         """Hello, welcome, revocations, then tell the new Master link about every agent it must know."""
-        hello = AccessHello(versions=list(PROTOCOL_VERSIONS), relay_id=self.config.relay_id, region=self.config.region,
-                            public_url=self.public_url)
+        hello = AccessHello(
+            versions=list(PROTOCOL_VERSIONS), relay_id=self.config.relay_id, region=self.config.region, public_url=self.public_url
+        )
         await connection.send(encode(hello), text=True)
         welcome = decode_link_frame(await asyncio.wait_for(connection.recv(), WELCOME_TIMEOUT_S))
         if not isinstance(welcome, AccessWelcome):
-            raise ProtocolError(f"the Master answered access_hello with {type(welcome).__name__}, not access_welcome",
-                                code=ErrorCode.UNEXPECTED_FRAME.value)
+            raise ProtocolError(
+                f"the Master answered access_hello with {type(welcome).__name__}, not access_welcome",
+                code=ErrorCode.UNEXPECTED_FRAME.value,
+            )
         negotiate([welcome.version])
         assert self._agents is not None
         await self._agents.revoke(welcome.revoked_serials)
@@ -431,8 +442,10 @@ class MasterLink:
         self._up.set()
         self._status_changed.set()
         self._metrics.master_link_up.set(1)
-        log.info("master link up", extra={"master_url": self.config.master_url, "agents": len(self._sessions),
-                                           "buffered": len(self.buffer)})
+        log.info(
+            "master link up",
+            extra={"master_url": self.config.master_url, "agents": len(self._sessions), "buffered": len(self.buffer)},
+        )
 
     def _announcements(self, revoked: set[str]) -> list[AgentConnected]:
         """``agent_connected`` for each agent here that the Master must know before the buffer flushes.
@@ -443,8 +456,11 @@ class MasterLink:
         waiting frames still go; the Master ignores them and the agent resends results until acked.
         """
         first = self.buffer.withdraw_connects(keep=self._sessions.keys())
-        return [notice for agent_id, notice in self._sessions.items()
-                if first.get(agent_id) != CONNECTED and notice.serial not in revoked]
+        return [
+            notice
+            for agent_id, notice in self._sessions.items()
+            if first.get(agent_id) != CONNECTED and notice.serial not in revoked
+        ]
 
     async def _serve(self, connection: ClientConnection) -> None:
         """Send and receive until either side stops; whichever failed decides what is logged."""
@@ -548,8 +564,12 @@ class MasterLink:
             connection = self._connection
             if connection is None or self._agents is None:
                 continue
-            stats = AccessStats(agents=self._agents.agent_count, frames_in=self._metrics.frames_in,
-                                frames_out=self._metrics.frames_out, buffered=len(self.buffer), refused=self._metrics.refused)
+            stats = AccessStats(
+                agents=self._agents.agent_count,
+                frames_in=self._metrics.frames_in,
+                frames_out=self._metrics.frames_out,
+                buffered=len(self.buffer),
+                refused=self._metrics.refused,
+            )
             with contextlib.suppress(ConnectionClosed):
                 await connection.send(encode(stats), text=True)
-

@@ -66,9 +66,7 @@ class SpeedtestPlan(msgspec.Struct, frozen=True, kw_only=True):
     def __post_init__(self) -> None:
         short = [size for size in self.upload_bytes if not _uploads_whole(size)]
         if short:
-            raise ValueError(
-                f"upload sizes {short} would stall: speedtest-cli sends fewer bytes than it announces for them"
-            )
+            raise ValueError(f"upload sizes {short} would stall: speedtest-cli sends fewer bytes than it announces for them")
 
 
 def _uploads_whole(size: int) -> bool:
@@ -123,7 +121,11 @@ def _tls_context(ca_file: Path | None) -> ssl.SSLContext:
 
 
 def _run_speedtest(
-    mini_url: str, plan: SpeedtestPlan, context: ssl.SSLContext | None, timeout_s: float, threads: int,
+    mini_url: str,
+    plan: SpeedtestPlan,
+    context: ssl.SSLContext | None,
+    timeout_s: float,
+    threads: int,
     stop: threading.Event,
 ) -> BandwidthResult:
     try:
@@ -136,8 +138,7 @@ def _run_speedtest(
     results = test.results
     if not results.bytes_received or not results.bytes_sent:
         raise BandwidthError(
-            f"speed test against {mini_url} moved no data "
-            f"(received {results.bytes_received} B, sent {results.bytes_sent} B)"
+            f"speed test against {mini_url} moved no data (received {results.bytes_received} B, sent {results.bytes_sent} B)"
         )
     return BandwidthResult(
         download_mbps=round(results.download / 1e6, 3),
@@ -157,9 +158,7 @@ class _StopSignal(threading.Event):
 class _RelaySpeedtest(speedtest.Speedtest):
     """speedtest-cli's Speedtest, configured locally and talking only to the relay."""
 
-    def __init__(
-        self, plan: SpeedtestPlan, context: ssl.SSLContext | None, *, timeout_s: float, stop: threading.Event
-    ) -> None:
+    def __init__(self, plan: SpeedtestPlan, context: ssl.SSLContext | None, *, timeout_s: float, stop: threading.Event) -> None:
         self._plan = plan  # read by get_config, which the base __init__ calls
         self._context = context
         super().__init__(timeout=timeout_s, shutdown_event=stop)
@@ -168,16 +167,18 @@ class _RelaySpeedtest(speedtest.Speedtest):
     def get_config(self) -> dict[str, Any]:
         """What speedtest.net's configuration would provide, written here instead of fetched."""
         plan = self._plan
-        self.config.update({
-            "client": {"ip": "", "isp": "idlegrid relay", "lat": "0", "lon": "0", "country": ""},
-            "ignore_servers": [],
-            "sizes": {"download": list(plan.download_sides), "upload": list(plan.upload_bytes)},
-            "counts": {"download": plan.downloads_per_side, "upload": plan.uploads_per_size},
-            "threads": {"download": 2, "upload": 2},  # overridden by the threads argument
-            "length": {"download": plan.phase_s, "upload": plan.phase_s},
-            # upload() waits for exactly this many requests, so it must equal the number it builds.
-            "upload_max": len(plan.upload_bytes) * plan.uploads_per_size,
-        })
+        self.config.update(
+            {
+                "client": {"ip": "", "isp": "idlegrid relay", "lat": "0", "lon": "0", "country": ""},
+                "ignore_servers": [],
+                "sizes": {"download": list(plan.download_sides), "upload": list(plan.upload_bytes)},
+                "counts": {"download": plan.downloads_per_side, "upload": plan.uploads_per_size},
+                "threads": {"download": 2, "upload": 2},  # overridden by the threads argument
+                "length": {"download": plan.phase_s, "upload": plan.phase_s},
+                # upload() waits for exactly this many requests, so it must equal the number it builds.
+                "upload_max": len(plan.upload_bytes) * plan.uploads_per_size,
+            }
+        )
         self.lat_lon = (0.0, 0.0)
         return self.config
 

@@ -48,7 +48,12 @@ log = logging.getLogger(__name__)
 
 # What ends an attempt or a session without ending the agent: the next relay is tried after a delay.
 CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
-    OSError, ConnectionClosed, InvalidHandshake, InvalidURI, TimeoutError, ProtocolError,
+    OSError,
+    ConnectionClosed,
+    InvalidHandshake,
+    InvalidURI,
+    TimeoutError,
+    ProtocolError,
 )
 # Answers to the WebSocket handshake whose Retry-After is honoured: the relay is busy opening connections (503),
 # or this agent reconnects too often (429).
@@ -122,8 +127,7 @@ class RelayConnector:
     ) -> None:
         if not static_urls and discovery is None:
             raise ConfigError(
-                "no Access relay to connect to: set access_urls (--access wss://HOST:PORT) "
-                "or a discovery domain (--dns-domain)"
+                "no Access relay to connect to: set access_urls (--access wss://HOST:PORT) or a discovery domain (--dns-domain)"
             )
         self.static_urls = list(static_urls)
         self.discovery = discovery
@@ -146,13 +150,20 @@ class RelayConnector:
         if config.dns_domain:
             if not config.region:
                 raise ConfigError("DNS discovery needs the agent's region: set region (--region)")
-            discovery = RelayDiscovery(DiscoveryConfig(
-                domain=config.dns_domain, region=config.region, nameservers=list(config.dns_nameservers),
-                port=config.dns_port,
-            ))
+            discovery = RelayDiscovery(
+                DiscoveryConfig(
+                    domain=config.dns_domain,
+                    region=config.region,
+                    nameservers=list(config.dns_nameservers),
+                    port=config.dns_port,
+                )
+            )
         return cls(
-            static_urls=static_urls, discovery=discovery, backoff_initial_s=config.backoff_initial_s,
-            backoff_max_s=config.backoff_max_s, retry_after_max_s=config.retry_after_max_s,
+            static_urls=static_urls,
+            discovery=discovery,
+            backoff_initial_s=config.backoff_initial_s,
+            backoff_max_s=config.backoff_max_s,
+            retry_after_max_s=config.retry_after_max_s,
             dns_retry_s=config.dns_retry_s,
         )
 
@@ -224,8 +235,10 @@ class RelayConnector:
     def _nothing_found(self) -> str:
         assert self.discovery is not None
         config = self.discovery.config
-        return (f"DNS found no live relay for region {config.region!r} under {config.domain!r} "
-                f"(nor in its fallback regions) and no access_urls are configured to fall back on")
+        return (
+            f"DNS found no live relay for region {config.region!r} under {config.domain!r} "
+            f"(nor in its fallback regions) and no access_urls are configured to fall back on"
+        )
 
     # --- after a session -------------------------------------------------------------------------
 

@@ -201,5 +201,7 @@ def describe_expiry(renewer: CertificateRenewer, now: float | None = None) -> st
     at = time.time() if now is None else now
     if not renewer.expired(at):
         return None
-    return (f"this agent's certificate {renewer.serial} expired {at - renewer.not_after:.0f} s ago; relays refuse it "
-            f"and it cannot be renewed over the link: enroll this host again with a new join token")
+    return (
+        f"this agent's certificate {renewer.serial} expired {at - renewer.not_after:.0f} s ago; relays refuse it "
+        f"and it cannot be renewed over the link: enroll this host again with a new join token"
+    )

@@ -15,8 +15,8 @@ from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
 from agent.config import AgentConfig
-from agent.credentials import CertificateRenewer, RenewalError, describe_expiry, recover_interrupted_renewal
 from agent.connector import CONNECTION_ERRORS, RelayConnector, RelayTarget
+from agent.credentials import CertificateRenewer, RenewalError, describe_expiry, recover_interrupted_renewal
 from agent.executor import CommandExecutor
 from agent.gpus import open_collector
 from agent.host import collect_host_info
@@ -56,8 +56,14 @@ STOP_GRACE_S = 5.0
 
 
 class Agent:
-    def __init__(self, config: AgentConfig, *, runtime: ContainerRuntime | None = None, ledger: CommandLog | None = None,
-                 host: HostInfo | None = None) -> None:
+    def __init__(
+        self,
+        config: AgentConfig,
+        *,
+        runtime: ContainerRuntime | None = None,
+        ledger: CommandLog | None = None,
+        host: HostInfo | None = None,
+    ) -> None:
         """``runtime``, ``ledger`` and ``host`` default to what ``config`` names; the fleet simulator passes its own,
         so thousands of agents in one process share one host description and keep no database file each."""
         self.config = config
@@ -67,8 +73,9 @@ class Agent:
         self.connector = RelayConnector.from_config(config, static_urls=config.access_urls or self.identity.access_urls)
         self.collector = open_collector(config.simulate or None, host_key=str(config.state_path.resolve()))
         self.ca_cert = load_cert(self.identity.ca_file.read_bytes())
-        self.renewer = CertificateRenewer(config.state_path, self.identity.agent_id, self.ca_cert,
-                                          fraction=config.cert_renew_fraction)
+        self.renewer = CertificateRenewer(
+            config.state_path, self.identity.agent_id, self.ca_cert, fraction=config.cert_renew_fraction
+        )
         if (expired := describe_expiry(self.renewer)) is not None:
             log.error(expired)
         self._renewal: tuple[ClientConnection, asyncio.Task] | None = None  # the renewal timer of the current connection
@@ -171,8 +178,11 @@ class Agent:
             self.relay_degraded = False  # a new relay: it says so at once if it cannot reach the Master
             log.info("connected to relay", extra={"relay": str(relay), "region": relay.region})
             await self._send(self._hello())
-            tasks = [asyncio.create_task(self._heartbeat_loop(ws)), asyncio.create_task(self._telemetry_loop(ws)),
-                     asyncio.create_task(self._resend_loop(ws))]
+            tasks = [
+                asyncio.create_task(self._heartbeat_loop(ws)),
+                asyncio.create_task(self._telemetry_loop(ws)),
+                asyncio.create_task(self._resend_loop(ws)),
+            ]
             try:
                 async for message in ws:
                     await self._on_message(message)
@@ -189,8 +199,13 @@ class Agent:
 
     def _hello(self) -> Hello:
         inventory = Inventory(host=self.host, gpus=self.collector.inventory(), simulated=self.collector.simulated)
-        return Hello(versions=list(PROTOCOL_VERSIONS), agent_version=AGENT_VERSION, inventory=inventory,
-                     region=self.config.region, command_keys=sorted(self.verifier.keys()))
+        return Hello(
+            versions=list(PROTOCOL_VERSIONS),
+            agent_version=AGENT_VERSION,
+            inventory=inventory,
+            region=self.config.region,
+            command_keys=sorted(self.verifier.keys()),
+        )
 
     # --- frames from the master ----------------------------------------------------------------
 
@@ -234,8 +249,10 @@ class Agent:
         buffer (results included, never dropped) and the Master's silence is no fault of this connection."""
         self.relay_degraded = status.master_link != "up"
         if self.relay_degraded:
-            log.warning("relay reports the master unreachable; frames wait in its buffer",
-                        extra={"relay": self.relay_url, "master_link": status.master_link, "buffered": status.buffered})
+            log.warning(
+                "relay reports the master unreachable; frames wait in its buffer",
+                extra={"relay": self.relay_url, "master_link": status.master_link, "buffered": status.buffered},
+            )
         else:
             log.info("relay reports the master reachable again", extra={"relay": self.relay_url, "buffered": status.buffered})
 
@@ -358,7 +375,9 @@ class Agent:
             try:
                 figures = await measure_bandwidth(base, ca_file=self.identity.ca_file)
                 self.host = msgspec.structs.replace(
-                    self.host, bandwidth_mbps_down=figures.download_mbps, bandwidth_mbps_up=figures.upload_mbps,
+                    self.host,
+                    bandwidth_mbps_down=figures.download_mbps,
+                    bandwidth_mbps_up=figures.upload_mbps,
                     latency_ms=figures.latency_ms,
                 )
                 if self._ws is not None:

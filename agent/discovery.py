@@ -154,9 +154,7 @@ def parse_fallback(strings: Iterable[bytes], *, own_region: str = "") -> list[st
     return regions
 
 
-def rank(
-    probes: Sequence[Probe], *, latency_bucket_ms: float = 0.0, rng: random.Random | None = None
-) -> list[RelayCandidate]:
+def rank(probes: Sequence[Probe], *, latency_bucket_ms: float = 0.0, rng: random.Random | None = None) -> list[RelayCandidate]:
     """The alive candidates, best first (see the module docstring); pure unless ``rng`` is given."""
     alive = [p for p in probes if p.latency_ms is not None]
 
@@ -302,12 +300,12 @@ class RelayDiscovery:
 
     async def _resolve_region(self, region: str) -> _Region:
         srv, txt = await self._gather_or_raise(
-            [self._query(srv_name(region, self.config.domain), "SRV"),
-             self._query(fallback_name(region, self.config.domain), "TXT")]
+            [
+                self._query(srv_name(region, self.config.domain), "SRV"),
+                self._query(fallback_name(region, self.config.domain), "TXT"),
+            ]
         )
-        fallbacks = parse_fallback(
-            (s for rdata in (txt.rrset if txt else ()) for s in rdata.strings), own_region=region
-        )
+        fallbacks = parse_fallback((s for rdata in (txt.rrset if txt else ()) for s in rdata.strings), own_region=region)
         candidates = await self._candidates(region, srv)
         ttls = [c.ttl for c in candidates] + ([float(txt.rrset.ttl)] if txt else [])
         return _Region(candidates, fallbacks, min(ttls, default=None))
@@ -333,12 +331,12 @@ class RelayDiscovery:
     async def _addresses(self, srv: dns.resolver.Answer, target: dns.name.Name) -> tuple[list[str], list[float]]:
         """The target's addresses and their TTLs: from the SRV answer's additional section when the server sent
         them (saves two queries per relay), else asked for; a target that does not resolve here gets none."""
-        rrsets = [rs for rs in srv.response.additional if rs.name == target
-                  and rs.rdtype in (dns.rdatatype.A, dns.rdatatype.AAAA)]
+        rrsets = [
+            rs for rs in srv.response.additional if rs.name == target and rs.rdtype in (dns.rdatatype.A, dns.rdatatype.AAAA)
+        ]
         if not rrsets:
             try:
-                answers = await self._gather_or_raise([self._query(target.to_text(), "A"),
-                                                       self._query(target.to_text(), "AAAA")])
+                answers = await self._gather_or_raise([self._query(target.to_text(), "A"), self._query(target.to_text(), "AAAA")])
             except DiscoveryError as exc:  # the probe will try the system resolver; a dead relay is dropped there
                 log.warning("relay address lookup failed", extra={"error": str(exc)})
                 return [], []
@@ -353,13 +351,10 @@ class RelayDiscovery:
             return None
         except dns.exception.Timeout:
             raise DiscoveryError(
-                f"DNS {rdtype} lookup of {name} timed out after {self.config.timeout_s}s "
-                f"asking {self.nameserver_description}"
+                f"DNS {rdtype} lookup of {name} timed out after {self.config.timeout_s}s asking {self.nameserver_description}"
             ) from None
         except dns.exception.DNSException as exc:
-            raise DiscoveryError(
-                f"DNS {rdtype} lookup of {name} failed asking {self.nameserver_description}: {exc}"
-            ) from exc
+            raise DiscoveryError(f"DNS {rdtype} lookup of {name} failed asking {self.nameserver_description}: {exc}") from exc
 
     @staticmethod
     async def _gather_or_raise(aws: Sequence[Awaitable[_T]]) -> list[_T]:

@@ -35,7 +35,9 @@ async def enroll(
     """Enroll this host through an Access relay's HTTPS endpoint; the private key never leaves the host."""
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     if not ca_file.exists():
-        raise EnrollmentError(f"CA certificate {ca_file} not found: ask the operator for the platform's ca.crt", code="bad_request")
+        raise EnrollmentError(
+            f"CA certificate {ca_file} not found: ask the operator for the platform's ca.crt", code="bad_request"
+        )
     key = generate_key()
     csr = make_csr(key, "idlegrid-agent")
     answer = await _post_csr(access_http_url, ca_file, {"token": token, "csr_pem": csr.decode(), "region": region}, timeout_s)
@@ -44,7 +46,9 @@ async def enroll(
     try:
         verify_issued_by(cert, ca_cert)
     except PKIError as exc:
-        raise EnrollmentError(f"the certificate the relay returned is not the platform's: {exc}", code="bad_certificate") from None
+        raise EnrollmentError(
+            f"the certificate the relay returned is not the platform's: {exc}", code="bad_certificate"
+        ) from None
     agent_id = identity_of(cert).id
     keys = _endorsed_keys(ca_cert, answer.get("command_keys", {}), answer.get("key_endorsements", {}))
     write_private_key(state_dir / KEY_FILE, key_to_pem(key))

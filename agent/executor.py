@@ -44,7 +44,14 @@ class CommandExecutor:
         if done is not None and done.finished:
             return _result(done)
         if done is None and body.deadline < time.time():
-            return self._finish(body.id, body.kind, ok=False, result={}, error="deadline passed before the command arrived", code="deadline_passed")
+            return self._finish(
+                body.id,
+                body.kind,
+                ok=False,
+                result={},
+                error="deadline passed before the command arrived",
+                code="deadline_passed",
+            )
         self.ledger.start(body.id, body.kind)  # on disk before the runtime acts
         try:
             info = await self._run(body.id, body.kind, body.spec, resumed=done is not None)
@@ -78,7 +85,9 @@ class CommandExecutor:
             return await self.runtime.delete(target.name, timeout_s=target.timeout_s)
         raise IdlegridError(f"this agent does not know the command kind {kind!r}", code="unknown_command")
 
-    def _finish(self, command_id: str, kind: str, *, ok: bool, result: dict, error: str | None, code: str | None) -> CommandResult:
+    def _finish(
+        self, command_id: str, kind: str, *, ok: bool, result: dict, error: str | None, code: str | None
+    ) -> CommandResult:
         self.ledger.finish(command_id, kind, ok=ok, result=result, error=error, error_code=code)
         return CommandResult(id=command_id, ok=ok, result=result, error=error, error_code=code)
 

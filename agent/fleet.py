@@ -115,8 +115,9 @@ class MemoryCommandLog(CommandLog):
     def start(self, command_id: str, kind: str) -> None:
         self._entries.setdefault(command_id, LedgerEntry(command_id, kind, False, None, {}, None, None, False))
 
-    def finish(self, command_id: str, kind: str, *, ok: bool, result: dict[str, Any], error: str | None,
-               error_code: str | None) -> None:
+    def finish(
+        self, command_id: str, kind: str, *, ok: bool, result: dict[str, Any], error: str | None, error_code: str | None
+    ) -> None:
         old = self._entries.get(command_id)
         acked = old.acked if old is not None else False
         self._entries[command_id] = LedgerEntry(command_id, kind, True, ok, result, error, error_code, acked)
@@ -181,8 +182,16 @@ class _GatedOpening:
 class SimulatedAgent(Agent):
     """A real agent that also counts what it sends and receives, and can flood heartbeats for throughput tests."""
 
-    def __init__(self, config: AgentConfig, *, runtime: SimulatedRuntime, host: Any, source: str | None = None,
-                 gate: asyncio.Semaphore | None = None, sent: Counter[str] | None = None) -> None:
+    def __init__(
+        self,
+        config: AgentConfig,
+        *,
+        runtime: SimulatedRuntime,
+        host: Any,
+        source: str | None = None,
+        gate: asyncio.Semaphore | None = None,
+        sent: Counter[str] | None = None,
+    ) -> None:
         """``sent``: frames sent, by type; a fleet passes one counter for all its agents."""
         super().__init__(config, runtime=runtime, ledger=MemoryCommandLog(), host=host)
         connector = SimulatedHostConnector.from_config(config, static_urls=config.access_urls)
@@ -270,10 +279,15 @@ class GcPauses:
             del self.long_pauses[:-20]
 
     def figures(self) -> dict[str, Any]:
-        return {"collections": list(self.count), "longest_ms": [round(ms, 1) for ms in self.longest_ms],
-                "total_s": round(self.total_s, 3),
-                "long_pauses": [[round(at, 2), generation, round(ms, 1), round(cpu_ms, 1), collected]
-                                for at, generation, ms, cpu_ms, collected in self.long_pauses]}
+        return {
+            "collections": list(self.count),
+            "longest_ms": [round(ms, 1) for ms in self.longest_ms],
+            "total_s": round(self.total_s, 3),
+            "long_pauses": [
+                [round(at, 2), generation, round(ms, 1), round(cpu_ms, 1), collected]
+                for at, generation, ms, cpu_ms, collected in self.long_pauses
+            ],
+        }
 
 
 class Fleet:
@@ -304,14 +318,22 @@ class Fleet:
         gate = asyncio.Semaphore(settings.max_openings)
         urls = settings.access_urls
         for index in indexes:
-            rotated = urls[index % len(urls):] + urls[: index % len(urls)]
+            rotated = urls[index % len(urls) :] + urls[: index % len(urls)]
             config = AgentConfig(
-                state_dir=str(agent_dir(root, index)), access_urls=rotated, simulate=settings.simulate,
-                runtime="simulated", measure_bandwidth=False, result_resend_s=settings.result_resend_s,
+                state_dir=str(agent_dir(root, index)),
+                access_urls=rotated,
+                simulate=settings.simulate,
+                runtime="simulated",
+                measure_bandwidth=False,
+                result_resend_s=settings.result_resend_s,
             )
-            runtime = SimulatedRuntime(latency_s=settings.latency_ms / 1000, jitter_s=settings.jitter_ms / 1000,
-                                       failure_rate=settings.failure_rate, seed=settings.seed * 1_000_003 + index,
-                                       journal=self.journal)
+            runtime = SimulatedRuntime(
+                latency_s=settings.latency_ms / 1000,
+                jitter_s=settings.jitter_ms / 1000,
+                failure_rate=settings.failure_rate,
+                seed=settings.seed * 1_000_003 + index,
+                journal=self.journal,
+            )
             source = source_address(index) if settings.distinct_sources else None
             agent = SimulatedAgent(config, runtime=runtime, host=host, source=source, gate=gate, sent=self.sent)
             # A real agent loads its certificate once, at start, on its own CPU; here that is done before the
@@ -390,8 +412,12 @@ class Fleet:
         started = loop.time()
         sent = await asyncio.gather(*(a.flood(rate / len(chosen), started + seconds) for a in chosen))
         elapsed = loop.time() - started
-        return {"agents": len(chosen), "sent": sum(sent), "received": sum(a.received for a in chosen) - received_before,
-                "elapsed_s": round(elapsed, 3)}
+        return {
+            "agents": len(chosen),
+            "sent": sum(sent),
+            "received": sum(a.received for a in chosen) - received_before,
+            "elapsed_s": round(elapsed, 3),
+        }
 
     def stats(self) -> dict[str, Any]:
         executions = Counter(e.command_id for e in self.journal if e.op == "create" and e.command_id)
@@ -497,8 +523,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m agent.fleet",
         description="Run many simulated agents in this process, each a real agent with its own mutual-TLS WebSocket "
-                    "to an Access relay. The agents must be enrolled already, one state directory each "
-                    f"({AGENT_DIR_FORMAT.format(0)}, ...) under --agents-dir.",
+        "to an Access relay. The agents must be enrolled already, one state directory each "
+        f"({AGENT_DIR_FORMAT.format(0)}, ...) under --agents-dir.",
     )
     p.add_argument("--config", type=Path, help="TOML file with the settings below (as snake_case keys)")
     p.add_argument("--agents-dir", help="directory of enrolled agent state directories")
@@ -513,19 +539,42 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="seed of the simulated runtimes (default 1)")
     p.add_argument("--log-level", help="log level of the simulator and its agents (default warning)")
     p.add_argument("--max-openings", type=int, help="connections opening at once in this process (default 64)")
-    p.add_argument("--shared-source", dest="distinct_sources", action="store_const", const=False,
-                   help="dial every relay from 127.0.0.1, like hosts behind one NAT (default: one loopback address each)")
-    p.add_argument("--control", action="store_true",
-                   help="take JSON-line requests on stdin (start, stats, flood, stop) and answer on stdout")
+    p.add_argument(
+        "--shared-source",
+        dest="distinct_sources",
+        action="store_const",
+        const=False,
+        help="dial every relay from 127.0.0.1, like hosts behind one NAT (default: one loopback address each)",
+    )
+    p.add_argument(
+        "--control", action="store_true", help="take JSON-line requests on stdin (start, stats, flood, stop) and answer on stdout"
+    )
     p.add_argument("--report-s", type=float, default=5.0, help="without --control: seconds between figures (default 5)")
-    p.add_argument("--duration", type=float, default=0.0, help="without --control: stop after this many seconds (default: run until Ctrl-C)")
+    p.add_argument(
+        "--duration", type=float, default=0.0, help="without --control: stop after this many seconds (default: run until Ctrl-C)"
+    )
     return p
 
 
 def load_settings(args: argparse.Namespace) -> FleetSettings:
-    overrides = {name: getattr(args, name) for name in (
-        "agents_dir", "access_urls", "first", "count", "simulate", "connect_rate", "latency_ms", "jitter_ms",
-        "failure_rate", "seed", "log_level", "distinct_sources", "max_openings")}
+    overrides = {
+        name: getattr(args, name)
+        for name in (
+            "agents_dir",
+            "access_urls",
+            "first",
+            "count",
+            "simulate",
+            "connect_rate",
+            "latency_ms",
+            "jitter_ms",
+            "failure_rate",
+            "seed",
+            "log_level",
+            "distinct_sources",
+            "max_openings",
+        )
+    }
     return load_config(FleetSettings, path=args.config, env_prefix="IDLEGRID_FLEET_", overrides=overrides)
 
 

@@ -184,7 +184,7 @@ def _nvlinks(handle: Any) -> list[NvLink]:
         except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound, pynvml.NVMLError_InvalidArgument):
             break  # a PCIe card has no NVLink; an NVLink card answers InvalidArgument past its last link
         active = state == pynvml.NVML_FEATURE_ENABLED
-        remote = _optional(lambda: pynvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId) if active else None
+        remote = _optional(lambda link=link: pynvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId) if active else None
         links.append(NvLink(link=link, active=active, remote_pci_bus_id=_text(remote) if remote else None))
     return links
 
@@ -238,7 +238,5 @@ def _cuda_version(version: int | None) -> str:
 
 
 def _init_failure_message(exc: Exception) -> str:
-    cause, remedy = _INIT_FAILURES.get(
-        type(exc).__name__, (f"NVML failed to start ({exc})", "check that `nvidia-smi` works")
-    )
+    cause, remedy = _INIT_FAILURES.get(type(exc).__name__, (f"NVML failed to start ({exc})", "check that `nvidia-smi` works"))
     return f"NVML is not available: {cause}; {remedy}, {SIMULATE_HINT}"

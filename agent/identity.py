@@ -35,7 +35,7 @@ class AgentIdentity:
         return self.state_dir / CA_FILE
 
     @classmethod
-    def load(cls, state_dir: Path) -> "AgentIdentity":
+    def load(cls, state_dir: Path) -> AgentIdentity:
         path = state_dir / IDENTITY_FILE
         if not path.exists():
             raise ConfigError(
@@ -45,7 +45,9 @@ class AgentIdentity:
         identity = cls(state_dir=state_dir, **data)
         cert = identity_of(load_cert(identity.cert_file.read_bytes()))
         if cert.id != identity.agent_id:
-            raise ConfigError(f"{identity.cert_file} names {cert.id}, not {identity.agent_id}: the state directory is inconsistent")
+            raise ConfigError(
+                f"{identity.cert_file} names {cert.id}, not {identity.agent_id}: the state directory is inconsistent"
+            )
         return identity
 
     def save(self) -> None:

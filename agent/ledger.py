@@ -58,11 +58,16 @@ class CommandLog:
         return None if row is None else _entry(row)
 
     def start(self, command_id: str, kind: str) -> None:
-        self._db.execute("INSERT OR IGNORE INTO executed (id, kind, started_at) VALUES (?, ?, ?)", (command_id, kind, time.time()))
-
-    def finish(self, command_id: str, kind: str, *, ok: bool, result: dict[str, Any], error: str | None, error_code: str | None) -> None:
         self._db.execute(
-            "INSERT INTO executed (id, kind, started_at, finished_at, ok, result, error, error_code) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+            "INSERT OR IGNORE INTO executed (id, kind, started_at) VALUES (?, ?, ?)", (command_id, kind, time.time())
+        )
+
+    def finish(
+        self, command_id: str, kind: str, *, ok: bool, result: dict[str, Any], error: str | None, error_code: str | None
+    ) -> None:
+        self._db.execute(
+            "INSERT INTO executed (id, kind, started_at, finished_at, ok, result, error, error_code) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
             "ON CONFLICT(id) DO UPDATE SET finished_at=excluded.finished_at, ok=excluded.ok, result=excluded.result, "
             "error=excluded.error, error_code=excluded.error_code",
             (command_id, kind, time.time(), time.time(), int(ok), json.dumps(result), error, error_code),
@@ -84,6 +89,12 @@ class CommandLog:
 
 def _entry(row: tuple) -> LedgerEntry:
     return LedgerEntry(
-        id=row[0], kind=row[1], finished=row[2] is not None, ok=None if row[3] is None else bool(row[3]),
-        result=json.loads(row[4]) if row[4] else {}, error=row[5], error_code=row[6], acked=bool(row[7]),
+        id=row[0],
+        kind=row[1],
+        finished=row[2] is not None,
+        ok=None if row[3] is None else bool(row[3]),
+        result=json.loads(row[4]) if row[4] else {},
+        error=row[5],
+        error_code=row[6],
+        acked=bool(row[7]),
     )

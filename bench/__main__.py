@@ -26,42 +26,84 @@ TARGETS = {  # bench/README.md: the issue's targets, beside which every figure i
 
 def _fleet_parser(sub: argparse._SubParsersAction) -> None:
     defaults = FleetOptions()
-    p = sub.add_parser("fleet", help="Master, relays and a simulated fleet under load",
-                       description="Enroll N simulated agents, start a Master and relays on the embedded store, ramp the "
-                                   "fleet up, hold the load while issuing commands, flood the relays, and report.")
+    p = sub.add_parser(
+        "fleet",
+        help="Master, relays and a simulated fleet under load",
+        description="Enroll N simulated agents, start a Master and relays on the embedded store, ramp the "
+        "fleet up, hold the load while issuing commands, flood the relays, and report.",
+    )
     p.add_argument("--agents", type=int, default=defaults.agents, help=f"simulated agents (default {defaults.agents})")
     p.add_argument("--gpus-per-agent", type=int, default=defaults.gpus_per_agent, help="simulated GPUs per agent (default 8)")
     p.add_argument("--gpu-model", default=defaults.gpu_model, help="catalog model of the simulated GPUs (default h100)")
-    p.add_argument("--duration", type=float, default=defaults.duration,
-                   help=f"seconds to hold the load once every agent is ready (default {defaults.duration:g})")
+    p.add_argument(
+        "--duration",
+        type=float,
+        default=defaults.duration,
+        help=f"seconds to hold the load once every agent is ready (default {defaults.duration:g})",
+    )
     p.add_argument("--relays", type=int, default=defaults.relays, help=f"Access relays (default {defaults.relays})")
     p.add_argument("--fleet-procs", type=int, default=defaults.fleet_procs, help="processes the fleet is split over (default 1)")
-    p.add_argument("--connect-rate", type=float, default=defaults.connect_rate,
-                   help=f"agents started per second during the ramp (default {defaults.connect_rate:g})")
+    p.add_argument(
+        "--connect-rate",
+        type=float,
+        default=defaults.connect_rate,
+        help=f"agents started per second during the ramp (default {defaults.connect_rate:g})",
+    )
     p.add_argument("--heartbeat-s", type=float, default=defaults.heartbeat_s, help="heartbeat interval (default 5)")
     p.add_argument("--telemetry-s", type=float, default=defaults.telemetry_s, help="telemetry interval (default 10)")
-    p.add_argument("--cmd-rate", type=float, default=defaults.cmd_rate,
-                   help=f"create commands per second during the hold, each then deleted (default {defaults.cmd_rate:g})")
+    p.add_argument(
+        "--cmd-rate",
+        type=float,
+        default=defaults.cmd_rate,
+        help=f"create commands per second during the hold, each then deleted (default {defaults.cmd_rate:g})",
+    )
     p.add_argument("--latency-ms", type=float, default=defaults.latency_ms, help="simulated runtime latency (default 20)")
     p.add_argument("--jitter-ms", type=float, default=defaults.jitter_ms, help="± jitter on that latency (default 5)")
-    p.add_argument("--failure-rate", type=float, default=defaults.failure_rate,
-                   help="share of simulated runtime operations that fail (default 0)")
+    p.add_argument(
+        "--failure-rate",
+        type=float,
+        default=defaults.failure_rate,
+        help="share of simulated runtime operations that fail (default 0)",
+    )
     p.add_argument("--flood-seconds", type=float, default=defaults.flood_seconds, help="throughput phase length (default 5)")
-    p.add_argument("--flood-agents", type=int, default=defaults.flood_agents,
-                   help=f"agents that flood, in the baseline and through the relays (default {defaults.flood_agents})")
-    p.add_argument("--flood-rate", type=float, default=defaults.flood_rate,
-                   help=f"heartbeats per second asked of the flood agents in all (default {defaults.flood_rate:g})")
+    p.add_argument(
+        "--flood-agents",
+        type=int,
+        default=defaults.flood_agents,
+        help=f"agents that flood, in the baseline and through the relays (default {defaults.flood_agents})",
+    )
+    p.add_argument(
+        "--flood-rate",
+        type=float,
+        default=defaults.flood_rate,
+        help=f"heartbeats per second asked of the flood agents in all (default {defaults.flood_rate:g})",
+    )
     p.add_argument("--no-baseline", action="store_true", help="skip the echo-server baseline")
-    p.add_argument("--ready-timeout", type=float, default=0.0, help="give up waiting for readiness after this (default 60 s + 10 ms per agent)")
+    p.add_argument(
+        "--ready-timeout",
+        type=float,
+        default=0.0,
+        help="give up waiting for readiness after this (default 60 s + 10 ms per agent)",
+    )
     p.add_argument("--work-dir", default="", help="keep every state directory and log here (default: a temporary one, removed)")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory")
     p.add_argument("--log-level", default=defaults.log_level, help="log level of every process (default warning)")
-    p.add_argument("--profile", dest="profile_dir", default="", help="py-spy every process during the hold; stacks and a summary here")
-    p.add_argument("--relay-tls-buffer-kib", type=int, default=0,
-                   help="run the relays with asyncio's TLS read buffer at this size (default: the relay's own, 32)")
-    p.add_argument("--sample-s", type=float, default=0.0,
-                   help="backlog sampling period during the hold (default 1 s per 2,000 agents; reading the kernel's "
-                        "socket table costs CPU that grows with the number of connections)")
+    p.add_argument(
+        "--profile", dest="profile_dir", default="", help="py-spy every process during the hold; stacks and a summary here"
+    )
+    p.add_argument(
+        "--relay-tls-buffer-kib",
+        type=int,
+        default=0,
+        help="run the relays with asyncio's TLS read buffer at this size (default: the relay's own, 32)",
+    )
+    p.add_argument(
+        "--sample-s",
+        type=float,
+        default=0.0,
+        help="backlog sampling period during the hold (default 1 s per 2,000 agents; reading the kernel's "
+        "socket table costs CPU that grows with the number of connections)",
+    )
     p.add_argument("--json", type=Path, help="write the figures here")
     p.set_defaults(func=_run_fleet)
 
@@ -77,22 +119,35 @@ def _run_fleet(args: argparse.Namespace) -> int:
 
 
 def _ingest_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("ingest", help="telemetry rollups per second to SQLite and MongoDB, against raw inserts",
-                       description="Feed the Master's telemetry aggregator and flush its rollups to each store; "
-                                   "compare with a raw insert loop on the same store.")
+    p = sub.add_parser(
+        "ingest",
+        help="telemetry rollups per second to SQLite and MongoDB, against raw inserts",
+        description="Feed the Master's telemetry aggregator and flush its rollups to each store; "
+        "compare with a raw insert loop on the same store.",
+    )
     p.add_argument("--gpus", type=int, default=10_000, help="GPUs reporting (default 10000: one rollup each per minute)")
     p.add_argument("--minutes", type=int, default=3, help="minutes of telemetry (default 3)")
     p.add_argument("--samples-per-minute", type=int, default=6, help="samples per GPU per minute (default 6: every 10 s)")
     p.add_argument("--store", action="append", choices=["sqlite", "mongodb"], help="store(s) to measure (default both)")
-    p.add_argument("--mongo-url", default=os.environ.get("MONGODB_URI", ""),
-                   help="mongodb://HOST:PORT/DB of a real server (default: start nx-27017)")
+    p.add_argument(
+        "--mongo-url",
+        default=os.environ.get("MONGODB_URI", ""),
+        help="mongodb://HOST:PORT/DB of a real server (default: start nx-27017)",
+    )
     p.add_argument("--json", type=Path, help="write the figures here")
     p.set_defaults(func=_run_ingest)
 
 
 def _run_ingest(args: argparse.Namespace) -> int:
-    results = asyncio.run(run_ingest_bench(gpus=args.gpus, minutes=args.minutes, samples_per_minute=args.samples_per_minute,
-                                           stores=tuple(args.store or ("sqlite", "mongodb")), mongo_url=args.mongo_url))
+    results = asyncio.run(
+        run_ingest_bench(
+            gpus=args.gpus,
+            minutes=args.minutes,
+            samples_per_minute=args.samples_per_minute,
+            stores=tuple(args.store or ("sqlite", "mongodb")),
+            mongo_url=args.mongo_url,
+        )
+    )
     _write(args.json, results)
     print(ingest_table(results))
     return 0
@@ -134,12 +189,23 @@ def fleet_table(r: dict[str, Any]) -> str:
         ("Master KiB per agent", r.get("master_kib_per_agent"), _verdict("master_kib_per_agent", r.get("master_kib_per_agent"))),
         ("msgs/s to the Master (expected)", f"{_fmt(r.get('msgs_per_s'))} ({_fmt(r.get('expected_msgs_per_s'))})", ""),
         ("heartbeats/s, telemetry samples/s", f"{_fmt(r.get('heartbeats_per_s'))}, {_fmt(r.get('telemetry_samples_per_s'))}", ""),
-        ("backlog: relay frames end / max", f"{_fmt(backlog.get('relay_buffered_end'))} / {_fmt(backlog.get('relay_buffered_max'))}", ""),
-        ("backlog: link queue bytes end / max", f"{_fmt(backlog.get('link_queued_bytes_end'))} / {_fmt(backlog.get('link_queued_bytes_max'))}", ""),
+        (
+            "backlog: relay frames end / max",
+            f"{_fmt(backlog.get('relay_buffered_end'))} / {_fmt(backlog.get('relay_buffered_max'))}",
+            "",
+        ),
+        (
+            "backlog: link queue bytes end / max",
+            f"{_fmt(backlog.get('link_queued_bytes_end'))} / {_fmt(backlog.get('link_queued_bytes_max'))}",
+            "",
+        ),
         ("commands: issued, states", f"{commands.get('issued')} {commands.get('states')}", ""),
         ("duplicate executions", commands.get("duplicate_executions"), "must be 0"),
-        ("cmd RTT p50 / p99 / max ms", f"{_fmt(r.get('cmd_rtt_p50_ms'))} / {_fmt(r.get('cmd_rtt_p99_ms'))} / {_fmt(r.get('cmd_rtt_max_ms'))}",
-         _verdict("cmd_rtt_p99_ms", r.get("cmd_rtt_p99_ms"))),
+        (
+            "cmd RTT p50 / p99 / max ms",
+            f"{_fmt(r.get('cmd_rtt_p50_ms'))} / {_fmt(r.get('cmd_rtt_p99_ms'))} / {_fmt(r.get('cmd_rtt_max_ms'))}",
+            _verdict("cmd_rtt_p99_ms", r.get("cmd_rtt_p99_ms")),
+        ),
         ("relay throughput msgs/s", r.get("relay_msgs_per_s"), ""),
         ("echo baseline msgs/s", r.get("baseline_msgs_per_s"), ""),
         ("echo server KiB per connection", r.get("baseline", {}).get("echo_kib_per_connection"), "transport alone"),
@@ -158,8 +224,10 @@ def ingest_table(results: list[dict[str, Any]]) -> str:
     for r in results:
         ratio = r.get("vs_baseline")
         verdict = "met" if ratio is not None and ratio >= 0.5 else "MISSED"
-        lines.append(f"{r['store']:<22} {r['rollups_per_s']:>12,.0f} {r['baseline_per_s']:>14,.0f} {ratio:>6.2f}  "
-                     f"{verdict:<13} {r.get('paced_rollups_per_s') or 0:>16,.0f}")
+        lines.append(
+            f"{r['store']:<22} {r['rollups_per_s']:>12,.0f} {r['baseline_per_s']:>14,.0f} {ratio:>6.2f}  "
+            f"{verdict:<13} {r.get('paced_rollups_per_s') or 0:>16,.0f}"
+        )
     return "\n".join(lines)
 
 

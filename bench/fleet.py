@@ -104,12 +104,20 @@ class FleetDriver:
         self.readings: dict[str, Any] = {}
 
     @classmethod
-    async def spawn(cls, name: str, args: list[str], logs: Path) -> "FleetDriver":
+    async def spawn(cls, name: str, args: list[str], logs: Path) -> FleetDriver:
         log = logs / f"{name}.log"
         with open(log, "ab") as err:
             process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "agent.fleet", "--control", *args, cwd=Path(__file__).resolve().parents[1],
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=err, start_new_session=True,
+                sys.executable,
+                "-m",
+                "agent.fleet",
+                "--control",
+                *args,
+                cwd=Path(__file__).resolve().parents[1],
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=err,
+                start_new_session=True,
                 limit=1 << 20,
             )
         return cls(name, process, log)
@@ -202,9 +210,13 @@ class RelayCounters:
     buffered: float = 0.0
     agents: float = 0.0
 
-    def __add__(self, other: "RelayCounters") -> "RelayCounters":
-        return RelayCounters(self.frames_in + other.frames_in, self.dropped + other.dropped,
-                             self.buffered + other.buffered, self.agents + other.agents)
+    def __add__(self, other: RelayCounters) -> RelayCounters:
+        return RelayCounters(
+            self.frames_in + other.frames_in,
+            self.dropped + other.dropped,
+            self.buffered + other.buffered,
+            self.agents + other.agents,
+        )
 
     @property
     def delivered(self) -> float:
@@ -238,8 +250,9 @@ class BenchGrid:
         self.options = options
         self.logs = root / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
-        self.master_config = MasterConfig(state_dir=str(root / "master"), heartbeat_s=options.heartbeat_s,
-                                          telemetry_s=options.telemetry_s)
+        self.master_config = MasterConfig(
+            state_dir=str(root / "master"), heartbeat_s=options.heartbeat_s, telemetry_s=options.telemetry_s
+        )
         self.authority = Authority.open(self.master_config.state_path)
         self.api_port, self.link_port = free_port(), free_port()
         self.master: BenchProcess | None = None
@@ -258,14 +271,16 @@ class BenchGrid:
         return [p for p in [self.master, *(r.process for r in self.relays), self.echo] if p is not None]
 
     async def open(self) -> None:
-        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30),
-                                             connector=aiohttp.TCPConnector(limit=64))
+        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30), connector=aiohttp.TCPConnector(limit=64))
 
     async def start_echo(self) -> str:
         cert, key, ca = self.authority.write_server_identity(self.root / "echo", Role.ACCESS, "echo")
         self.echo_port = free_port()
-        self.echo = spawn("echo", ["bench.echo", "--port", str(self.echo_port), "--cert", str(cert), "--key", str(key),
-                                   "--ca", str(ca)], self.logs)
+        self.echo = spawn(
+            "echo",
+            ["bench.echo", "--port", str(self.echo_port), "--cert", str(cert), "--key", str(key), "--ca", str(ca)],
+            self.logs,
+        )
         await self._wait(lambda: _port_open(self.echo_port), "the echo server", self.echo)
         return f"wss://127.0.0.1:{self.echo_port}"
 
@@ -274,12 +289,25 @@ class BenchGrid:
             self.echo.stop()
 
     async def start(self) -> None:
-        env = {"IDLEGRID_MASTER_TELEMETRY_S": str(self.options.telemetry_s),
-               "IDLEGRID_MASTER_LOG_LEVEL": self.options.log_level}
-        self.master = spawn("master", [
-            *self._gcwatch("master"), "management.cli", "master", "--state-dir", str(self.master_config.state_path), "--api-port",
-            str(self.api_port), "--link-port", str(self.link_port), "--heartbeat-s", str(self.options.heartbeat_s),
-        ], self.logs, env=env)
+        env = {"IDLEGRID_MASTER_TELEMETRY_S": str(self.options.telemetry_s), "IDLEGRID_MASTER_LOG_LEVEL": self.options.log_level}
+        self.master = spawn(
+            "master",
+            [
+                *self._gcwatch("master"),
+                "management.cli",
+                "master",
+                "--state-dir",
+                str(self.master_config.state_path),
+                "--api-port",
+                str(self.api_port),
+                "--link-port",
+                str(self.link_port),
+                "--heartbeat-s",
+                str(self.options.heartbeat_s),
+            ],
+            self.logs,
+            env=env,
+        )
         await self._wait(self._master_up, "the Master", self.master)
         per_agent_flood = self.options.flood_rate / self.options.flood_size
         relay_env = {
@@ -289,16 +317,39 @@ class BenchGrid:
             "IDLEGRID_ACCESS_BURST": str(max(200, math.ceil(2 * per_agent_flood))),
         }
         for relay in self.relays:
-            cert, key, ca = self.authority.write_server_identity(self.root / "relays" / relay.relay_id, Role.ACCESS,
-                                                                 relay.relay_id)
-            program = (["bench.relay", "--tls-buffer-kib", str(self.options.relay_tls_buffer_kib)]
-                       if self.options.relay_tls_buffer_kib else ["management.cli", "access"])
+            cert, key, ca = self.authority.write_server_identity(
+                self.root / "relays" / relay.relay_id, Role.ACCESS, relay.relay_id
+            )
+            program = (
+                ["bench.relay", "--tls-buffer-kib", str(self.options.relay_tls_buffer_kib)]
+                if self.options.relay_tls_buffer_kib
+                else ["management.cli", "access"]
+            )
             program = [*self._gcwatch(relay.relay_id), *program]
-            relay.process = spawn(relay.relay_id, [
-                *program, "--relay-id", relay.relay_id, "--region", "bench", "--master-url",
-                f"wss://127.0.0.1:{self.link_port}/link", "--agent-port", str(relay.agent_port), "--http-port",
-                str(relay.http_port), "--cert", str(cert), "--key", str(key), "--ca", str(ca),
-            ], self.logs, env=relay_env)
+            relay.process = spawn(
+                relay.relay_id,
+                [
+                    *program,
+                    "--relay-id",
+                    relay.relay_id,
+                    "--region",
+                    "bench",
+                    "--master-url",
+                    f"wss://127.0.0.1:{self.link_port}/link",
+                    "--agent-port",
+                    str(relay.agent_port),
+                    "--http-port",
+                    str(relay.http_port),
+                    "--cert",
+                    str(cert),
+                    "--key",
+                    str(key),
+                    "--ca",
+                    str(ca),
+                ],
+                self.logs,
+                env=relay_env,
+            )
         for relay in self.relays:
             assert relay.process is not None
             await self._wait(lambda r=relay: self._relay_linked(r), relay.relay_id, relay.process)
@@ -419,8 +470,9 @@ class CommandLoad:
         """From the API call to the first poll that sees a final state; polls after 2 ms, then less and less often."""
         started = time.perf_counter()
         try:
-            async with self.session.post(f"{self.api}/api/v1/commands", headers=self.headers,
-                                         json={"agent_id": agent_id, "kind": kind, "spec": spec}) as response:
+            async with self.session.post(
+                f"{self.api}/api/v1/commands", headers=self.headers, json={"agent_id": agent_id, "kind": kind, "spec": spec}
+            ) as response:
                 body = await response.json()
                 if response.status != 202:
                     self.errors.append(f"{kind}: {response.status} {body}")
@@ -469,8 +521,14 @@ class Sampler:
         while not stop.is_set():
             counters = await self.grid.relay_counters()
             link, agents = await asyncio.to_thread(queued_bytes, link_ports, agent_ports)
-            self.samples.append({"t": round(time.monotonic() - started, 2), "relay_buffered": counters.buffered,
-                                 "link_queued_bytes": link, "agent_queued_bytes": agents})
+            self.samples.append(
+                {
+                    "t": round(time.monotonic() - started, 2),
+                    "relay_buffered": counters.buffered,
+                    "link_queued_bytes": link,
+                    "agent_queued_bytes": agents,
+                }
+            )
             try:
                 await asyncio.wait_for(stop.wait(), self.every_s)
             except TimeoutError:
@@ -517,23 +575,49 @@ def _largest(a: Any, b: Any) -> Any:
 
 def _fleet_args(grid: BenchGrid, options: FleetOptions, urls: list[str], first: int, count: int) -> list[str]:
     return [
-        "--agents-dir", str(grid.root / "agents"), *(a for url in urls for a in ("--access", url)),
-        "--first", str(first), "--count", str(count), "--simulate", options.simulate,
-        "--connect-rate", str(options.connect_rate / options.fleet_procs), "--latency-ms", str(options.latency_ms),
-        "--jitter-ms", str(options.jitter_ms), "--failure-rate", str(options.failure_rate),
-        "--log-level", options.log_level,
+        "--agents-dir",
+        str(grid.root / "agents"),
+        *(a for url in urls for a in ("--access", url)),
+        "--first",
+        str(first),
+        "--count",
+        str(count),
+        "--simulate",
+        options.simulate,
+        "--connect-rate",
+        str(options.connect_rate / options.fleet_procs),
+        "--latency-ms",
+        str(options.latency_ms),
+        "--jitter-ms",
+        str(options.jitter_ms),
+        "--failure-rate",
+        str(options.failure_rate),
+        "--log-level",
+        options.log_level,
     ]
 
 
 async def _flood(fleets: list[FleetDriver], options: FleetOptions) -> dict[str, float]:
     share = len(fleets)
-    answers = await asyncio.gather(*(
-        f.request("flood", rate=options.flood_rate / share, agents=max(1, options.flood_size // share),
-                  seconds=options.flood_seconds, timeout=options.flood_seconds + 60)
-        for f in fleets))
+    answers = await asyncio.gather(
+        *(
+            f.request(
+                "flood",
+                rate=options.flood_rate / share,
+                agents=max(1, options.flood_size // share),
+                seconds=options.flood_seconds,
+                timeout=options.flood_seconds + 60,
+            )
+            for f in fleets
+        )
+    )
     elapsed = max(a["elapsed_s"] for a in answers) or options.flood_seconds
-    return {"agents": sum(a["agents"] for a in answers), "sent": sum(a["sent"] for a in answers),
-            "received": sum(a["received"] for a in answers), "elapsed_s": elapsed}
+    return {
+        "agents": sum(a["agents"] for a in answers),
+        "sent": sum(a["sent"] for a in answers),
+        "received": sum(a["received"] for a in answers),
+        "elapsed_s": elapsed,
+    }
 
 
 async def measure_baseline(grid: BenchGrid, options: FleetOptions) -> dict[str, Any]:
@@ -554,14 +638,20 @@ async def measure_baseline(grid: BenchGrid, options: FleetOptions) -> dict[str, 
         cpu_echo, cpu_fleet, wall = read_usage(grid.echo.pid).cpu_s, read_usage(fleet.pid).cpu_s, time.monotonic()
         flood = await _flood([fleet], options)
         wall = time.monotonic() - wall
-        cpu = {"echo": round(100 * (read_usage(grid.echo.pid).cpu_s - cpu_echo) / wall, 1),
-               "fleet-echo": round(100 * (read_usage(fleet.pid).cpu_s - cpu_fleet) / wall, 1)}
+        cpu = {
+            "echo": round(100 * (read_usage(grid.echo.pid).cpu_s - cpu_echo) / wall, 1),
+            "fleet-echo": round(100 * (read_usage(fleet.pid).cpu_s - cpu_fleet) / wall, 1),
+        }
     finally:
         await fleet.stop()
         grid.stop_echo()
-    return {"agents": flood["agents"], "sent_per_s": round(flood["sent"] / flood["elapsed_s"], 1),
-            "echoed_per_s": round(flood["received"] / flood["elapsed_s"], 1), "cpu_pct": cpu,
-            "echo_kib_per_connection": round(echo_kib, 1)}
+    return {
+        "agents": flood["agents"],
+        "sent_per_s": round(flood["sent"] / flood["elapsed_s"], 1),
+        "echoed_per_s": round(flood["received"] / flood["elapsed_s"], 1),
+        "cpu_pct": cpu,
+        "echo_kib_per_connection": round(echo_kib, 1),
+    }
 
 
 async def run_fleet_bench(options: FleetOptions) -> dict[str, Any]:
@@ -572,8 +662,12 @@ async def run_fleet_bench(options: FleetOptions) -> dict[str, Any]:
         root = Path(tempfile.mkdtemp(prefix="idlegrid-bench-"))
     grid = BenchGrid(root, options)
     fleets: list[FleetDriver] = []
-    result: dict[str, Any] = {"agents": options.agents, "gpus_per_agent": options.gpus_per_agent,
-                              "options": asdict(options), "machine": machine_facts()}
+    result: dict[str, Any] = {
+        "agents": options.agents,
+        "gpus_per_agent": options.gpus_per_agent,
+        "options": asdict(options),
+        "machine": machine_facts(),
+    }
     await grid.open()
     try:
         provisioned = await provision_agents(grid.master_config, root / "agents", options.agents, region="bench")
@@ -586,7 +680,9 @@ async def run_fleet_bench(options: FleetOptions) -> dict[str, Any]:
         for p in range(options.fleet_procs):
             first, count = p * chunk, min(chunk, options.agents - p * chunk)
             if count > 0:
-                fleets.append(await FleetDriver.spawn(f"fleet-{p + 1}", _fleet_args(grid, options, urls, first, count), grid.logs))
+                fleets.append(
+                    await FleetDriver.spawn(f"fleet-{p + 1}", _fleet_args(grid, options, urls, first, count), grid.logs)
+                )
         loads = await asyncio.gather(*(f.loaded(START_TIMEOUT_S + options.agents / 100) for f in fleets))
         result["fleet_load_s"] = max(a["load_s"] for a in loads)
         await asyncio.sleep(SETTLE_S)
@@ -657,8 +753,9 @@ async def _ramp(fleets: list[FleetDriver], options: FleetOptions) -> dict[str, A
     }
 
 
-async def _hold(grid: BenchGrid, fleets: list[FleetDriver], agent_ids: list[str], options: FleetOptions,
-                watched: "_Watched") -> dict[str, Any]:
+async def _hold(
+    grid: BenchGrid, fleets: list[FleetDriver], agent_ids: list[str], options: FleetOptions, watched: _Watched
+) -> dict[str, Any]:
     assert grid.session is not None
     before_fleet, before_relay = await _sum_stats(fleets), await grid.relay_counters()
     watched.read("hold_start")
@@ -706,26 +803,39 @@ async def _hold(grid: BenchGrid, fleets: list[FleetDriver], agent_ids: list[str]
             "samples": len(sampler.samples),
         },
         "agents_ready_end": after_fleet["ready"],
-        "gc": {"fleet": {"collections": after_fleet.get("gc_collections"), "longest_ms": after_fleet.get("gc_longest_ms"),
-                         "total_s": after_fleet.get("gc_total_s")}, **grid.gc_figures()},
-        "commands": {"issued": len(load.timings), "states": states, "errors": load.errors[:5],
-                     "error_count": len(load.errors),
-                     "executed_by_fleet": after_fleet["commands_executed"],
-                     "duplicate_executions": after_fleet["duplicate_executions"]},
+        "gc": {
+            "fleet": {
+                "collections": after_fleet.get("gc_collections"),
+                "longest_ms": after_fleet.get("gc_longest_ms"),
+                "total_s": after_fleet.get("gc_total_s"),
+            },
+            **grid.gc_figures(),
+        },
+        "commands": {
+            "issued": len(load.timings),
+            "states": states,
+            "errors": load.errors[:5],
+            "error_count": len(load.errors),
+            "executed_by_fleet": after_fleet["commands_executed"],
+            "duplicate_executions": after_fleet["duplicate_executions"],
+        },
         "cmd_rtt_p50_ms": _round(percentile(rtts, 50)),
         "cmd_rtt_p99_ms": _round(percentile(rtts, 99)),
         "cmd_rtt_max_ms": _round(max(rtts) if rtts else None),
         # [unix time of the API call, kind, RTT ms]: to lay beside the processes' long GC pauses (gc.*.long_pauses)
         # and the minute turns (the Master writes the rollups of the minute just over at its next flush).
-        "cmd_rtt_slowest": [[round(load.wall_started + t.started - load.started, 2), t.kind, round(t.rtt_s * 1000, 1)]
-                            for t in sorted(load.timings, key=lambda t: -t.rtt_s)[:10]],
+        "cmd_rtt_slowest": [
+            [round(load.wall_started + t.started - load.started, 2), t.kind, round(t.rtt_s * 1000, 1)]
+            for t in sorted(load.timings, key=lambda t: -t.rtt_s)[:10]
+        ],
         "hold_started_unix": round(load.wall_started, 2),
         "profile_hold": profile,
     }
 
 
-async def _flood_through_relays(grid: BenchGrid, fleets: list[FleetDriver], options: FleetOptions,
-                                watched: "_Watched") -> dict[str, Any]:
+async def _flood_through_relays(
+    grid: BenchGrid, fleets: list[FleetDriver], options: FleetOptions, watched: _Watched
+) -> dict[str, Any]:
     before = await grid.relay_counters()
     watched.read("flood_start")
     flood = await _flood(fleets, options)
@@ -734,9 +844,13 @@ async def _flood_through_relays(grid: BenchGrid, fleets: list[FleetDriver], opti
     elapsed = flood["elapsed_s"]
     return {
         "relay_msgs_per_s": round((after.delivered - before.delivered) / elapsed, 1),
-        "flood": {"agents": flood["agents"], "sent_per_s": round(flood["sent"] / elapsed, 1),
-                  "relay_in_per_s": round((after.frames_in - before.frames_in) / elapsed, 1),
-                  "dropped": after.dropped - before.dropped, "buffered_end": after.buffered},
+        "flood": {
+            "agents": flood["agents"],
+            "sent_per_s": round(flood["sent"] / elapsed, 1),
+            "relay_in_per_s": round((after.frames_in - before.frames_in) / elapsed, 1),
+            "dropped": after.dropped - before.dropped,
+            "buffered_end": after.buffered,
+        },
     }
 
 
@@ -761,8 +875,11 @@ class _Watched:
                 pass
 
     def kib_per_agent(self, prefix: str, agents: int) -> float | None:
-        deltas = [r["hold_end"].rss_kib - r["idle"].rss_kib for name, r in self.readings.items()
-                  if name.startswith(prefix) and "idle" in r and "hold_end" in r]
+        deltas = [
+            r["hold_end"].rss_kib - r["idle"].rss_kib
+            for name, r in self.readings.items()
+            if name.startswith(prefix) and "idle" in r and "hold_end" in r
+        ]
         return round(sum(deltas) / agents, 1) if deltas else None
 
     def report(self, agents: int) -> dict[str, Any]:
@@ -772,8 +889,11 @@ class _Watched:
             if "idle" in r and "hold_end" in r:
                 entry["rss_idle_mib"] = round(r["idle"].rss_kib / 1024, 1)
                 entry["rss_end_mib"] = round(r["hold_end"].rss_kib / 1024, 1)
-            for phase, (a, b) in {"ramp": ("idle", "ready"), "hold": ("hold_start", "hold_end"),
-                                  "flood": ("flood_start", "flood_end")}.items():
+            for phase, (a, b) in {
+                "ramp": ("idle", "ready"),
+                "hold": ("hold_start", "hold_end"),
+                "flood": ("flood_start", "flood_end"),
+            }.items():
                 if a in r and b in r:
                     wall = self.times[b] - self.times[a]
                     entry[f"cpu_{phase}_pct"] = round(100 * (r[b].cpu_s - r[a].cpu_s) / wall, 1) if wall > 0 else None
@@ -788,9 +908,17 @@ def _round(value: float | None) -> float | None:
 def machine_facts() -> dict[str, Any]:
     model = ""
     try:
-        model = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                     if line.startswith("model name"))
+        model = next(
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        )
     except (OSError, StopIteration):
         pass
-    return {"cpu": model, "cores": os.cpu_count(), "load_avg_at_start": [round(x, 2) for x in os.getloadavg()],
-            "python": sys.version.split()[0], "agent_dir_format": AGENT_DIR_FORMAT}
+    return {
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "load_avg_at_start": [round(x, 2) for x in os.getloadavg()],
+        "python": sys.version.split()[0],
+        "agent_dir_format": AGENT_DIR_FORMAT,
+    }

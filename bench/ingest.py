@@ -39,26 +39,37 @@ def _samples(gpus: list[str], minute: int, per_minute: int, rng: random.Random) 
     for k in range(per_minute):
         ts = minute * 60 + (k + 0.5) * 60 / per_minute
         for first in range(0, len(gpus), 8):
-            samples = [GpuSample(uuid=uuid, ts=ts, utilization_pct=round(rng.random() * 100, 1),
-                                 memory_used_mib=rng.randrange(80_000), temperature_c=round(30 + rng.random() * 50, 1),
-                                 power_w=round(70 + rng.random() * 600, 1), clock_sm_mhz=1980)
-                       for uuid in gpus[first:first + 8]]
+            samples = [
+                GpuSample(
+                    uuid=uuid,
+                    ts=ts,
+                    utilization_pct=round(rng.random() * 100, 1),
+                    memory_used_mib=rng.randrange(80_000),
+                    temperature_c=round(30 + rng.random() * 50, 1),
+                    power_w=round(70 + rng.random() * 600, 1),
+                    clock_sm_mhz=1980,
+                )
+                for uuid in gpus[first : first + 8]
+            ]
             frames.append((f"agt-{first // 8:06d}", samples))
     return frames
 
 
 async def measure_store(store: Store, *, gpus: int, minutes: int, samples_per_minute: int, seed: int = 1) -> dict[str, Any]:
     """The Master's path, unpaced then paced (on other GPUs): ingest samples, flush each finished minute."""
-    figures = await _measure(store, "bench", gpus=gpus, minutes=minutes, samples_per_minute=samples_per_minute,
-                             seed=seed, duty=1.0)
-    paced = await _measure(store, "paced", gpus=gpus, minutes=minutes, samples_per_minute=samples_per_minute,
-                           seed=seed, duty=None)
+    figures = await _measure(
+        store, "bench", gpus=gpus, minutes=minutes, samples_per_minute=samples_per_minute, seed=seed, duty=1.0
+    )
+    paced = await _measure(
+        store, "paced", gpus=gpus, minutes=minutes, samples_per_minute=samples_per_minute, seed=seed, duty=None
+    )
     figures["paced_rollups_per_s"] = paced["rollups_per_s"]
     return figures
 
 
-async def _measure(store: Store, name: str, *, gpus: int, minutes: int, samples_per_minute: int, seed: int,
-                   duty: float | None) -> dict[str, Any]:
+async def _measure(
+    store: Store, name: str, *, gpus: int, minutes: int, samples_per_minute: int, seed: int, duty: float | None
+) -> dict[str, Any]:
     rng = random.Random(seed)
     uuids = [f"GPU-{name}-{i:06d}" for i in range(gpus)]
     aggregator = TelemetryAggregator(store)
@@ -78,16 +89,37 @@ async def _measure(store: Store, name: str, *, gpus: int, minutes: int, samples_
     stored = await store.rollups.list(uuids[0])
     if len(stored) != minutes:
         raise RuntimeError(f"expected {minutes} rollups of {uuids[0]} in the store, found {len(stored)}")
-    return {"rollups": written, "rollups_per_s": round(written / flush_s, 1), "flush_s": round(flush_s, 3),
-            "samples_per_s": round(samples / ingest_s, 1)}
+    return {
+        "rollups": written,
+        "rollups_per_s": round(written / flush_s, 1),
+        "flush_s": round(flush_s, 3),
+        "samples_per_s": round(samples / ingest_s, 1),
+    }
 
 
 def _raw_rows(gpus: int, minute: int) -> list[tuple[str, int, bytes]]:
     encoder = msgspec.json.Encoder()
-    return [(f"GPU-raw-{i:06d}", minute, encoder.encode({
-        "gpu_uuid": f"GPU-raw-{i:06d}", "agent_id": f"agt-{i // 8:06d}", "minute": minute, "samples": 6,
-        "utilization_avg": 50.0, "utilization_max": 90.0, "memory_used_mib_max": 40000, "temperature_max": 70.0,
-        "power_avg_w": 400.0, "ecc_uncorrected": 0})) for i in range(gpus)]
+    return [
+        (
+            f"GPU-raw-{i:06d}",
+            minute,
+            encoder.encode(
+                {
+                    "gpu_uuid": f"GPU-raw-{i:06d}",
+                    "agent_id": f"agt-{i // 8:06d}",
+                    "minute": minute,
+                    "samples": 6,
+                    "utilization_avg": 50.0,
+                    "utilization_max": 90.0,
+                    "memory_used_mib_max": 40000,
+                    "temperature_max": 70.0,
+                    "power_avg_w": 400.0,
+                    "ecc_uncorrected": 0,
+                }
+            ),
+        )
+        for i in range(gpus)
+    ]
 
 
 def raw_sqlite(path: Path, *, gpus: int, minutes: int) -> float:
@@ -96,15 +128,16 @@ def raw_sqlite(path: Path, *, gpus: int, minutes: int) -> float:
     try:
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = NORMAL")
-        conn.execute("CREATE TABLE IF NOT EXISTS raw_rollups (gpu_uuid TEXT NOT NULL, minute INTEGER NOT NULL, "
-                     "doc TEXT NOT NULL, PRIMARY KEY (gpu_uuid, minute)) WITHOUT ROWID")
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS raw_rollups (gpu_uuid TEXT NOT NULL, minute INTEGER NOT NULL, "
+            "doc TEXT NOT NULL, PRIMARY KEY (gpu_uuid, minute)) WITHOUT ROWID"
+        )
         batches = [[(u, m, d.decode()) for u, m, d in _raw_rows(gpus, FIRST_MINUTE + k)] for k in range(minutes)]
         started = time.perf_counter()
         for rows in batches:
             for first in range(0, len(rows), BATCH):
                 conn.execute("BEGIN IMMEDIATE")
-                conn.executemany("INSERT INTO raw_rollups (gpu_uuid, minute, doc) VALUES (?, ?, ?)",
-                                 rows[first:first + BATCH])
+                conn.executemany("INSERT INTO raw_rollups (gpu_uuid, minute, doc) VALUES (?, ?, ?)", rows[first : first + BATCH])
                 conn.execute("COMMIT")
         return gpus * minutes / (time.perf_counter() - started)
     finally:
@@ -120,19 +153,27 @@ async def raw_mongo(url: str, *, gpus: int, minutes: int) -> float:
     client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(url)
     try:
         collection = client[database_name(url)]["raw_rollups"]
-        batches = [[{"_id": f"{u}:{m}", **msgspec.json.decode(d)} for u, m, d in _raw_rows(gpus, FIRST_MINUTE + k)]
-                   for k in range(minutes)]
+        batches = [
+            [{"_id": f"{u}:{m}", **msgspec.json.decode(d)} for u, m, d in _raw_rows(gpus, FIRST_MINUTE + k)]
+            for k in range(minutes)
+        ]
         started = time.perf_counter()
         for docs in batches:
             for first in range(0, len(docs), BATCH):
-                await collection.insert_many(docs[first:first + BATCH], ordered=False)
+                await collection.insert_many(docs[first : first + BATCH], ordered=False)
         return gpus * minutes / (time.perf_counter() - started)
     finally:
         await client.close()
 
 
-async def run_ingest_bench(*, gpus: int = 10_000, minutes: int = 3, samples_per_minute: int = 6,
-                           stores: tuple[str, ...] = ("sqlite", "mongodb"), mongo_url: str = "") -> list[dict[str, Any]]:
+async def run_ingest_bench(
+    *,
+    gpus: int = 10_000,
+    minutes: int = 3,
+    samples_per_minute: int = 6,
+    stores: tuple[str, ...] = ("sqlite", "mongodb"),
+    mongo_url: str = "",
+) -> list[dict[str, Any]]:
     results = []
     work = Path(tempfile.mkdtemp(prefix="idlegrid-ingest-"))
     try:
@@ -182,5 +223,11 @@ async def _mongo(work: Path, gpus: int, minutes: int, per_minute: int, url: str)
 
 
 def _result(store: str, figures: dict[str, Any], baseline: float, gpus: int, minutes: int) -> dict[str, Any]:
-    return {"store": store, "gpus": gpus, "minutes": minutes, **figures, "baseline_per_s": round(baseline, 1),
-            "vs_baseline": round(figures["rollups_per_s"] / baseline, 3) if baseline else None}
+    return {
+        "store": store,
+        "gpus": gpus,
+        "minutes": minutes,
+        **figures,
+        "baseline_per_s": round(baseline, 1),
+        "vs_baseline": round(figures["rollups_per_s"] / baseline, 3) if baseline else None,
+    }

@@ -27,7 +27,7 @@ def read_usage(pid: int) -> Usage:
     status = Path(f"/proc/{pid}/status").read_text()
     rss = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:"))
     stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2:].split()  # the name in parentheses may hold spaces
+    fields = stat[stat.rindex(")") + 2 :].split()  # the name in parentheses may hold spaces
     return Usage(rss_kib=rss, cpu_s=(int(fields[11]) + int(fields[12])) / _TICKS)
 
 
@@ -81,7 +81,12 @@ def spawn(name: str, args: list[str], logs: Path, *, env: dict[str, str] | None 
     log = logs / f"{name}.log"
     with open(log, "ab") as out:
         popen = subprocess.Popen(
-            [sys.executable, "-m", *args], cwd=REPO, env={**os.environ, **(env or {})},
-            stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
+            [sys.executable, "-m", *args],
+            cwd=REPO,
+            env={**os.environ, **(env or {})},
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            start_new_session=True,
         )
     return BenchProcess(name, popen, log)

@@ -35,9 +35,24 @@ class Profiler:
             raw = self.out_dir / f"{name}.txt"
             log = open(self.out_dir / f"{name}.py-spy.log", "wb")
             process = subprocess.Popen(
-                [program, "record", "--pid", str(pid), "--duration", str(max(1, int(seconds))), "--rate",
-                 str(SAMPLE_RATE_HZ), "--format", "raw", "--nonblocking", "--output", str(raw)],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                [
+                    program,
+                    "record",
+                    "--pid",
+                    str(pid),
+                    "--duration",
+                    str(max(1, int(seconds))),
+                    "--rate",
+                    str(SAMPLE_RATE_HZ),
+                    "--format",
+                    "raw",
+                    "--nonblocking",
+                    "--output",
+                    str(raw),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
             )
             log.close()
             self._running[name] = (process, raw)
@@ -78,8 +93,10 @@ def summarise(raw: Path, top: int = TOP) -> dict[str, Any]:
         own[_short(frames[-1])] += count
         for frame in {_short(f) for f in frames}:
             total[frame] += count
+
     def share(counter: Counter[str]) -> list[list[Any]]:
         return [[frame, round(100 * n / samples, 1)] for frame, n in counter.most_common(top)] if samples else []
+
     return {"samples": samples, "self_pct": share(own), "total_pct": share(total)}
 
 

@@ -61,8 +61,9 @@ async def provision_agents(master_config: MasterConfig, agents_dir: Path, count:
     return Provisioned(ids, time.monotonic() - started)
 
 
-def _write_state(state_dir: Path, agent_id: str, key_pem: bytes, cert_pem: bytes, ca_pem: bytes,
-                 command_keys: dict[str, str]) -> None:
+def _write_state(
+    state_dir: Path, agent_id: str, key_pem: bytes, cert_pem: bytes, ca_pem: bytes, command_keys: dict[str, str]
+) -> None:
     """What ``agent.enroll.enroll`` leaves on a host; the fleet names the relays itself."""
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     write_private_key(state_dir / KEY_FILE, key_pem)

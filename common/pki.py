@@ -15,10 +15,10 @@ import os
 import re
 import ssl
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Mapping, Sequence
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
@@ -146,7 +146,10 @@ def verify_issued_by(cert: x509.Certificate, ca_cert: x509.Certificate, *, now: 
         ) from None
     at = time.time() if now is None else now
     if at < cert.not_valid_before_utc.timestamp():
-        raise PKIError(f"certificate {_serial(cert)} is not yet valid: valid from {cert.not_valid_before_utc.isoformat()}; check this host's clock")
+        raise PKIError(
+            f"certificate {_serial(cert)} is not yet valid: valid from {cert.not_valid_before_utc.isoformat()}; "
+            "check this host's clock"
+        )
     if at > cert.not_valid_after_utc.timestamp():
         raise PKIError(f"certificate {_serial(cert)} expired at {cert.not_valid_after_utc.isoformat()}; renew it")
 
@@ -165,13 +168,14 @@ def peer_identity(ssl_object: ssl.SSLObject | ssl.SSLSocket | None) -> Identity:
 
 
 def _utc(ts: float) -> dt.datetime:
-    return dt.datetime.fromtimestamp(ts, dt.timezone.utc)
+    return dt.datetime.fromtimestamp(ts, dt.UTC)
 
 
 def _check_identity(identity: str) -> None:
     if not _IDENTITY.fullmatch(identity):
         raise PKIError(
-            f"identity {identity!r} is not allowed: use 1-64 letters, digits, '.', '_', '@' or '-', starting with a letter or digit"
+            f"identity {identity!r} is not allowed: use 1-64 letters, digits, '.', '_', '@' or '-', "
+            "starting with a letter or digit"
         )
 
 
@@ -190,8 +194,15 @@ def _leaf_extensions(role: Role) -> list[tuple[x509.ExtensionType, bool]]:
     if role in _SERVER_ROLES:
         usages.insert(0, ExtendedKeyUsageOID.SERVER_AUTH)
     key_usage = x509.KeyUsage(
-        digital_signature=True, content_commitment=False, key_encipherment=False, data_encipherment=False,
-        key_agreement=False, key_cert_sign=False, crl_sign=False, encipher_only=False, decipher_only=False,
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=False,
+        crl_sign=False,
+        encipher_only=False,
+        decipher_only=False,
     )
     return [
         (x509.BasicConstraints(ca=False, path_length=None), True),
@@ -208,16 +219,25 @@ class CertificateAuthority:
         self.key = key
 
     @classmethod
-    def create(cls, name: str = "idlegrid platform CA", valid_days: int = 3650) -> "CertificateAuthority":
+    def create(cls, name: str = "idlegrid platform CA", valid_days: int = 3650) -> CertificateAuthority:
         key = generate_key()
-        subject = x509.Name([
-            x509.NameAttribute(NameOID.ORGANIZATION_NAME, ORGANIZATION),
-            x509.NameAttribute(NameOID.COMMON_NAME, name),
-        ])
+        subject = x509.Name(
+            [
+                x509.NameAttribute(NameOID.ORGANIZATION_NAME, ORGANIZATION),
+                x509.NameAttribute(NameOID.COMMON_NAME, name),
+            ]
+        )
         now = time.time()
         key_usage = x509.KeyUsage(
-            digital_signature=True, content_commitment=False, key_encipherment=False, data_encipherment=False,
-            key_agreement=False, key_cert_sign=True, crl_sign=True, encipher_only=False, decipher_only=False,
+            digital_signature=True,
+            content_commitment=False,
+            key_encipherment=False,
+            data_encipherment=False,
+            key_agreement=False,
+            key_cert_sign=True,
+            crl_sign=True,
+            encipher_only=False,
+            decipher_only=False,
         )
         ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
         cert = (
@@ -238,11 +258,13 @@ class CertificateAuthority:
         return cls(cert, key)
 
     @classmethod
-    def load(cls, directory: Path) -> "CertificateAuthority":
+    def load(cls, directory: Path) -> CertificateAuthority:
         directory = Path(directory)
         missing = [n for n in (CA_FILE, CA_KEY_FILE) if not (directory / n).is_file()]
         if missing:
-            raise PKIError(f"platform CA not found in {directory}: {', '.join(missing)} missing; create it with `idlegrid ca init`")
+            raise PKIError(
+                f"platform CA not found in {directory}: {', '.join(missing)} missing; create it with `idlegrid ca init`"
+            )
         cert = load_cert((directory / CA_FILE).read_bytes())
         try:
             key = serialization.load_pem_private_key((directory / CA_KEY_FILE).read_bytes(), password=None)
@@ -288,11 +310,13 @@ class CertificateAuthority:
         if valid_s <= 0:
             raise PKIError(f"certificate validity must be positive, got {valid_s} s")
         at = time.time() if now is None else now
-        subject = x509.Name([
-            x509.NameAttribute(NameOID.ORGANIZATION_NAME, ORGANIZATION),
-            x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, role.value),
-            x509.NameAttribute(NameOID.COMMON_NAME, identity),
-        ])
+        subject = x509.Name(
+            [
+                x509.NameAttribute(NameOID.ORGANIZATION_NAME, ORGANIZATION),
+                x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, role.value),
+                x509.NameAttribute(NameOID.COMMON_NAME, identity),
+            ]
+        )
         builder = (
             x509.CertificateBuilder()
             .subject_name(subject)
@@ -338,7 +362,9 @@ class CertificateAuthority:
 def _check_public_key(public_key: object) -> None:
     if not isinstance(public_key, ec.EllipticCurvePublicKey) or not isinstance(public_key.curve, ec.SECP256R1):
         kind = getattr(getattr(public_key, "curve", None), "name", None) or type(public_key).__name__
-        raise PKIError(f"only ECDSA P-256 (secp256r1) keys are certified, got {kind}; generate the key with common.pki.generate_key()")
+        raise PKIError(
+            f"only ECDSA P-256 (secp256r1) keys are certified, got {kind}; generate the key with common.pki.generate_key()"
+        )
 
 
 # ---------------------------------------------------------------- TLS
@@ -409,11 +435,11 @@ class CommandSigner:
         self.key_id = _key_id(_raw_public(key.public_key()))
 
     @classmethod
-    def generate(cls) -> "CommandSigner":
+    def generate(cls) -> CommandSigner:
         return cls(ed25519.Ed25519PrivateKey.generate())
 
     @classmethod
-    def load_or_create(cls, path: Path) -> "CommandSigner":
+    def load_or_create(cls, path: Path) -> CommandSigner:
         """The signing key at ``path`` (PEM, 0600), created on first use."""
         path = Path(path)
         if not path.exists():
@@ -507,7 +533,9 @@ class CommandVerifier:
         try:
             key.verify(signature, body)
         except InvalidSignature:
-            raise SignatureError(f"signature does not verify with key {key_id!r}: the command was altered or signed by another key") from None
+            raise SignatureError(
+                f"signature does not verify with key {key_id!r}: the command was altered or signed by another key"
+            ) from None
 
     def keys(self) -> dict[str, str]:
         return dict(self._b64)

@@ -8,7 +8,7 @@ name from the agent's certificate, so an agent never chooses whose frames it sen
 from __future__ import annotations
 
 import enum
-from typing import Any, Union
+from typing import Any
 
 import msgspec
 
@@ -146,8 +146,8 @@ class Error(_Frame, tag="error"):
     ref: str | None = None  # id of the frame or command it refers to, when known
 
 
-AgentFrame = Union[Hello, Heartbeat, Telemetry, CommandAck, CommandResult, AgentEvent, RenewRequest, Error]
-MasterFrame = Union[Welcome, Command, ResultAck, Ping, Config, RenewResponse, RelayStatus, Error]
+AgentFrame = Hello | Heartbeat | Telemetry | CommandAck | CommandResult | AgentEvent | RenewRequest | Error
+MasterFrame = Welcome | Command | ResultAck | Ping | Config | RenewResponse | RelayStatus | Error
 
 
 # --- access <-> master -----------------------------------------------------------------------
@@ -216,18 +216,18 @@ class EnrollResponse(_Frame, tag="enroll_response"):
     error_message: str = ""
 
 
-LinkFrame = Union[
-    AccessHello,
-    AccessWelcome,
-    Relay,
-    AgentConnected,
-    AgentDisconnected,
-    Revocations,
-    AccessStats,
-    EnrollRequest,
-    EnrollResponse,
-    Error,
-]
+LinkFrame = (
+    AccessHello
+    | AccessWelcome
+    | Relay
+    | AgentConnected
+    | AgentDisconnected
+    | Revocations
+    | AccessStats
+    | EnrollRequest
+    | EnrollResponse
+    | Error
+)
 
 
 # --- codec -----------------------------------------------------------------------------------

@@ -136,7 +136,9 @@ async def create_command(request: web.Request) -> web.Response:
     timeout = body.get("timeout_s")
     if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
         raise ApiError(400, "bad_request", "timeout_s must be a positive number")
-    record = await request.app[MASTER_KEY].ledger.create(str(body["agent_id"]), str(body["kind"]), body["spec"], timeout_s=timeout)
+    record = await request.app[MASTER_KEY].ledger.create(
+        str(body["agent_id"]), str(body["kind"]), body["spec"], timeout_s=timeout
+    )
     return web.json_response({"id": record.id, "state": record.state}, status=202)
 
 
@@ -275,4 +277,3 @@ def build_app(master: Master) -> web.Application:
     r.add_post("/api/v1/signing-keys/{key_id}/retire", retire_signing_key)
     r.add_get("/api/v1/events", list_events)
     return app
-

@@ -16,8 +16,11 @@ from common.logs import setup_logging
 
 
 def _master_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("master", help="run the Master (control plane) and the management API",
-                       description="Run the Master: relay link endpoint, registry, command ledger, and the operator API.")
+    p = sub.add_parser(
+        "master",
+        help="run the Master (control plane) and the management API",
+        description="Run the Master: relay link endpoint, registry, command ledger, and the operator API.",
+    )
     p.add_argument("--config", type=Path, help="TOML configuration file")
     p.add_argument("--state-dir", help="where the store, keys and operator token live (default .idlegrid/master)")
     p.add_argument("--host", help="address to bind (default 127.0.0.1)")
@@ -32,10 +35,17 @@ def _run_master(args: argparse.Namespace) -> int:
     from management.server import serve_master
     from master.config import load_master_config
 
-    config = load_master_config(args.config, overrides={
-        "state_dir": args.state_dir, "host": args.host, "link_port": args.link_port, "api_port": args.api_port,
-        "store_url": args.store_url, "heartbeat_s": args.heartbeat_s,
-    })
+    config = load_master_config(
+        args.config,
+        overrides={
+            "state_dir": args.state_dir,
+            "host": args.host,
+            "link_port": args.link_port,
+            "api_port": args.api_port,
+            "store_url": args.store_url,
+            "heartbeat_s": args.heartbeat_s,
+        },
+    )
     setup_logging("master", config.log_level)
     tune_for_daemon()
     asyncio.run(serve_master(config))
@@ -43,15 +53,23 @@ def _run_master(args: argparse.Namespace) -> int:
 
 
 def _agent_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("agent", help="run the provider agent, or enroll this host",
-                       description="Run the provider agent: dial out to an Access relay, report GPUs, run renters' containers.")
+    p = sub.add_parser(
+        "agent",
+        help="run the provider agent, or enroll this host",
+        description="Run the provider agent: dial out to an Access relay, report GPUs, run renters' containers.",
+    )
     p.add_argument("--config", type=Path, help="TOML configuration file")
     p.add_argument("--state-dir", help="where the agent keeps its key, certificate and ledger (default .idlegrid/agent)")
     p.add_argument("--access", action="append", dest="access_urls", help="wss://HOST:PORT of an Access relay (repeatable)")
     p.add_argument("--region", help="the region this host is in")
     p.add_argument("--dns-domain", help="find relays by DNS: SRV _idlegrid._tcp.REGION.DOMAIN (--access is then the fallback)")
-    p.add_argument("--dns-nameserver", action="append", dest="dns_nameservers", metavar="ADDRESS",
-                   help="nameserver to ask for relays (repeatable; default: the system resolver)")
+    p.add_argument(
+        "--dns-nameserver",
+        action="append",
+        dest="dns_nameservers",
+        metavar="ADDRESS",
+        help="nameserver to ask for relays (repeatable; default: the system resolver)",
+    )
     p.add_argument("--dns-port", type=int, help="port of the nameservers (default 53)")
     p.add_argument("--simulate", help="simulate GPUs instead of NVML, e.g. h100:8 or a10:2,t4:1 (reported as simulated)")
     p.add_argument("--runtime", choices=["process", "docker"], help="container runtime (default process)")
@@ -59,9 +77,12 @@ def _agent_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-bandwidth", action="store_true", help="skip the bandwidth measurement")
     p.set_defaults(func=_run_agent)
     agent_sub = p.add_subparsers(dest="agent_command")
-    e = agent_sub.add_parser("enroll", help="enroll this host with a join token",
-                             description="Generate this host's key locally, send a CSR with a one-time join token through "
-                                         "an Access relay's HTTPS endpoint, and store the certificate.")
+    e = agent_sub.add_parser(
+        "enroll",
+        help="enroll this host with a join token",
+        description="Generate this host's key locally, send a CSR with a one-time join token through "
+        "an Access relay's HTTPS endpoint, and store the certificate.",
+    )
     e.add_argument("--token", required=True, help="one-time join token from the operator")
     e.add_argument("--access", required=True, dest="enroll_url", help="https://HOST:PORT of an Access relay")
     e.add_argument("--ca-file", type=Path, required=True, help="the platform CA certificate (ca.crt) to trust")
@@ -71,9 +92,15 @@ def _agent_parser(sub: argparse._SubParsersAction) -> None:
 
 def _agent_overrides(args: argparse.Namespace) -> dict:
     return {
-        "state_dir": args.state_dir, "access_urls": args.access_urls, "region": args.region, "simulate": args.simulate,
-        "dns_domain": args.dns_domain, "dns_nameservers": args.dns_nameservers, "dns_port": args.dns_port,
-        "runtime": args.runtime, "docker_socket": args.docker_socket,
+        "state_dir": args.state_dir,
+        "access_urls": args.access_urls,
+        "region": args.region,
+        "simulate": args.simulate,
+        "dns_domain": args.dns_domain,
+        "dns_nameservers": args.dns_nameservers,
+        "dns_port": args.dns_port,
+        "runtime": args.runtime,
+        "docker_socket": args.docker_socket,
         "measure_bandwidth": False if args.no_bandwidth else None,
     }
 
@@ -94,17 +121,26 @@ def _run_enroll(args: argparse.Namespace) -> int:
     from agent.enroll import enroll
 
     config = load_agent_config(args.config, overrides=_agent_overrides(args))
-    identity = asyncio.run(enroll(
-        config.state_path, token=args.token, access_http_url=args.enroll_url, ca_file=args.ca_file,
-        region=config.region, access_urls=args.connect or config.access_urls,
-    ))
+    identity = asyncio.run(
+        enroll(
+            config.state_path,
+            token=args.token,
+            access_http_url=args.enroll_url,
+            ca_file=args.ca_file,
+            region=config.region,
+            access_urls=args.connect or config.access_urls,
+        )
+    )
     print(f"enrolled as {identity.agent_id}; credentials in {config.state_path} (key 0600)")
     return 0
 
 
 def _ca_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("ca", help="platform CA: create it, issue relay certificates",
-                       description="Manage the platform certificate authority kept in the Master's state directory.")
+    p = sub.add_parser(
+        "ca",
+        help="platform CA: create it, issue relay certificates",
+        description="Manage the platform certificate authority kept in the Master's state directory.",
+    )
     ca_sub = p.add_subparsers(dest="ca_command", required=True)
     init = ca_sub.add_parser("init", help="create the CA, the Master's certificate and the command-signing key")
     init.add_argument("--state-dir", default=".idlegrid/master", help="the Master's state directory")
@@ -145,13 +181,19 @@ def _token_parser(sub: argparse._SubParsersAction) -> None:
     create.add_argument("--provider", required=True, help="provider account the enrolled host will belong to")
     create.add_argument("--ttl-s", type=float, default=3600.0, help="seconds until the token expires (default 3600)")
     create.add_argument("--api", default="http://127.0.0.1:7000", help="management API URL")
-    create.add_argument("--operator-token-file", type=Path, default=Path(".idlegrid/master/operator.token"),
-                        help="file holding the operator API key")
+    create.add_argument(
+        "--operator-token-file",
+        type=Path,
+        default=Path(".idlegrid/master/operator.token"),
+        help="file holding the operator API key",
+    )
     create.set_defaults(func=_run_token_create)
 
 
 def _run_token_create(args: argparse.Namespace) -> int:
-    body = _api_call(args.api, args.operator_token_file, "POST", "/api/v1/tokens", {"provider": args.provider, "ttl_s": args.ttl_s})
+    body = _api_call(
+        args.api, args.operator_token_file, "POST", "/api/v1/tokens", {"provider": args.provider, "ttl_s": args.ttl_s}
+    )
     print(body["token"])
     return 0
 
@@ -162,7 +204,9 @@ def _api_call(api: str, token_file: Path, method: str, path: str, payload: dict 
     except OSError as exc:
         raise IdlegridError(f"cannot read the operator API key from {token_file}: {exc.strerror}", code="bad_request") from None
     request = urllib.request.Request(
-        api.rstrip("/") + path, method=method, data=json.dumps(payload).encode() if payload is not None else None,
+        api.rstrip("/") + path,
+        method=method,
+        data=json.dumps(payload).encode() if payload is not None else None,
         headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
     )
     try:
@@ -176,9 +220,12 @@ def _api_call(api: str, token_file: Path, method: str, path: str, payload: dict 
 
 
 def _demo_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="run a whole grid locally: Master, two relays, simulated agents",
-                       description="Start one Master, two Access relays in two regions and simulated agents with a mix "
-                                   "of GPU models, each a separate process, on the embedded store. Ctrl-C stops everything.")
+    p = sub.add_parser(
+        "demo",
+        help="run a whole grid locally: Master, two relays, simulated agents",
+        description="Start one Master, two Access relays in two regions and simulated agents with a mix "
+        "of GPU models, each a separate process, on the embedded store. Ctrl-C stops everything.",
+    )
     p.add_argument("--state-dir", type=Path, default=Path(".idlegrid/demo"), help="where every process keeps its state")
     p.add_argument("--api-port", type=int, default=7000, help="port of the management API (default 7000)")
     p.add_argument("--agents", type=int, default=8, help="number of simulated agents (default 8)")

@@ -64,16 +64,43 @@ class Demo:
         self.logs.mkdir(parents=True, exist_ok=True)
         authority = Authority.open(self.master_dir)
         link_port = free_port()
-        await self._spawn("master", "master", "--state-dir", str(self.master_dir), "--api-port", str(self.api_port),
-                          "--link-port", str(link_port))
+        await self._spawn(
+            "master",
+            "master",
+            "--state-dir",
+            str(self.master_dir),
+            "--api-port",
+            str(self.api_port),
+            "--link-port",
+            str(link_port),
+        )
         await self._wait(lambda: _get(f"{self.api_url}/healthz"), "the Master's API")
         relays = [RelayPorts(rid, region, free_port(), free_port()) for rid, region in RELAYS]
         context = ssl.create_default_context(cafile=str(authority.ca_file))
         for relay in relays:
-            cert, key, ca = authority.write_server_identity(self.state_dir / "relays" / relay.relay_id, Role.ACCESS, relay.relay_id)
-            await self._spawn(relay.relay_id, "access", "--relay-id", relay.relay_id, "--region", relay.region,
-                              "--master-url", f"wss://127.0.0.1:{link_port}/link", "--agent-port", str(relay.agent_port),
-                              "--http-port", str(relay.http_port), "--cert", str(cert), "--key", str(key), "--ca", str(ca))
+            cert, key, ca = authority.write_server_identity(
+                self.state_dir / "relays" / relay.relay_id, Role.ACCESS, relay.relay_id
+            )
+            await self._spawn(
+                relay.relay_id,
+                "access",
+                "--relay-id",
+                relay.relay_id,
+                "--region",
+                relay.region,
+                "--master-url",
+                f"wss://127.0.0.1:{link_port}/link",
+                "--agent-port",
+                str(relay.agent_port),
+                "--http-port",
+                str(relay.http_port),
+                "--cert",
+                str(cert),
+                "--key",
+                str(key),
+                "--ca",
+                str(ca),
+            )
         for relay in relays:
             await self._wait(lambda r=relay: _get(f"{r.http_url}/healthz", context)["master_link"] == "up", relay.relay_id)
         await asyncio.gather(*(self._start_agent(i, relays[i % len(relays)], authority.ca_file) for i in range(self.agents)))
@@ -83,18 +110,45 @@ class Demo:
         agent_dir = self.state_dir / "agents" / name
         if not (agent_dir / "identity.json").exists():
             token = await asyncio.to_thread(self._join_token)
-            enroll = await self._spawn(f"{name}-enroll", "agent", "--state-dir", str(agent_dir), "--region", relay.region,
-                                       "enroll", "--token", token, "--access", relay.http_url, "--ca-file", str(ca_file),
-                                       "--connect", relay.agent_url, keep=False)
+            enroll = await self._spawn(
+                f"{name}-enroll",
+                "agent",
+                "--state-dir",
+                str(agent_dir),
+                "--region",
+                relay.region,
+                "enroll",
+                "--token",
+                token,
+                "--access",
+                relay.http_url,
+                "--ca-file",
+                str(ca_file),
+                "--connect",
+                relay.agent_url,
+                keep=False,
+            )
             if await enroll.wait() != 0:
                 raise RuntimeError(f"{name} could not enroll; see {self.logs / (name + '-enroll.log')}")
-        await self._spawn(name, "agent", "--state-dir", str(agent_dir), "--region", relay.region,
-                          "--simulate", FLEET[i % len(FLEET)], "--runtime", "process")
+        await self._spawn(
+            name,
+            "agent",
+            "--state-dir",
+            str(agent_dir),
+            "--region",
+            relay.region,
+            "--simulate",
+            FLEET[i % len(FLEET)],
+            "--runtime",
+            "process",
+        )
 
     def _join_token(self) -> str:
         key = (self.master_dir / "operator.token").read_text().strip()
         request = urllib.request.Request(
-            f"{self.api_url}/api/v1/tokens", method="POST", data=json.dumps({"provider": "demo-provider"}).encode(),
+            f"{self.api_url}/api/v1/tokens",
+            method="POST",
+            data=json.dumps({"provider": "demo-provider"}).encode(),
             headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
         )
         with urllib.request.urlopen(request, timeout=10) as response:
@@ -103,7 +157,13 @@ class Demo:
     async def _spawn(self, name: str, *args: str, keep: bool = True) -> asyncio.subprocess.Process:
         log = open(self.logs / f"{name}.log", "ab")
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "management.cli", *args, stdout=log, stderr=log, stdin=asyncio.subprocess.DEVNULL,
+            sys.executable,
+            "-m",
+            "management.cli",
+            *args,
+            stdout=log,
+            stderr=log,
+            stdin=asyncio.subprocess.DEVNULL,
             start_new_session=True,  # Ctrl-C reaches the demo only; it stops the children in order
         )
         log.close()
@@ -131,7 +191,7 @@ class Demo:
         for process in reversed(self.processes):
             try:
                 await asyncio.wait_for(process.wait(), timeout=5)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 with contextlib.suppress(ProcessLookupError):
                     process.kill()
                 await process.wait()
@@ -170,8 +230,11 @@ async def run_demo(state_dir: Path, *, api_port: int, agents: int) -> int:
         print(f"idlegrid demo is up: {agents} simulated agents, 2 relays, 1 master", flush=True)
         print(f"  API:            {demo.api_url}/api/v1/agents", flush=True)
         print(f"  operator token: {demo.state_dir / 'operator.token'}", flush=True)
-        print(f"  try:            curl -H \"Authorization: Bearer $(cat {demo.state_dir / 'operator.token'})\" "
-              f"{demo.api_url}/api/v1/agents", flush=True)
+        print(
+            f'  try:            curl -H "Authorization: Bearer $(cat {demo.state_dir / "operator.token"})" '
+            f"{demo.api_url}/api/v1/agents",
+            flush=True,
+        )
         print("  Ctrl-C stops everything.", flush=True)
         await stop.wait()
         return 0

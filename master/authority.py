@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from common.pki import CertificateAuthority, CommandSigner, Role, write_private_key
 from master.keys import SigningKeyRing
@@ -32,7 +32,7 @@ class Authority:
         return self.pki_dir / "master.key"
 
     @classmethod
-    def open(cls, state_dir: Path, *, names: Sequence[str] = ("localhost",), ips: Sequence[str] = ("127.0.0.1",)) -> "Authority":
+    def open(cls, state_dir: Path, *, names: Sequence[str] = ("localhost",), ips: Sequence[str] = ("127.0.0.1",)) -> Authority:
         """Load the platform keys under ``state_dir/pki``, creating whatever is missing."""
         pki_dir = state_dir / "pki"
         pki_dir.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -22,13 +22,14 @@ BATCH = 500
 DUTY = 0.5  # share of the time the store may be kept busy by one flush
 
 
-async def write_paced(items: Sequence[T], write: Callable[[Sequence[T]], Awaitable[None]], *,
-                      batch: int = BATCH, duty: float = DUTY) -> None:
+async def write_paced(
+    items: Sequence[T], write: Callable[[Sequence[T]], Awaitable[None]], *, batch: int = BATCH, duty: float = DUTY
+) -> None:
     """``write`` every item, ``batch`` at a time; after each batch, rest so that writing takes at most ``duty``."""
     if not 0 < duty <= 1:
         raise ValueError(f"duty must be in (0, 1], got {duty}")
     for start in range(0, len(items), batch):
         began = time.monotonic()
-        await write(items[start:start + batch])
+        await write(items[start : start + batch])
         if start + batch < len(items) and duty < 1:
             await asyncio.sleep((time.monotonic() - began) * (1 - duty) / duty)

@@ -61,12 +61,24 @@ class CommandLedger:
         now = time.time()
         signer = self._keys.current
         body = CommandBody(
-            id="cmd-" + uuid.uuid4().hex, agent_id=agent_id, kind=kind, spec=spec,
-            issued_at=now, deadline=now + (timeout_s or self._timeout_s), key_id=signer.key_id,
+            id="cmd-" + uuid.uuid4().hex,
+            agent_id=agent_id,
+            kind=kind,
+            spec=spec,
+            issued_at=now,
+            deadline=now + (timeout_s or self._timeout_s),
+            key_id=signer.key_id,
         )
         record = CommandRecord(
-            id=body.id, agent_id=agent_id, kind=kind, spec=spec, state=CommandState.PENDING.value,
-            created_at=now, deadline=body.deadline, signature=signer.sign(signing_bytes(body)), key_id=body.key_id,
+            id=body.id,
+            agent_id=agent_id,
+            kind=kind,
+            spec=spec,
+            state=CommandState.PENDING.value,
+            created_at=now,
+            deadline=body.deadline,
+            signature=signer.sign(signing_bytes(body)),
+            key_id=body.key_id,
         )
         await self._store.commands.put(record)
         await self._events.record("command.created", record.id, agent_id=agent_id, kind=kind)
@@ -195,6 +207,11 @@ def _validate(kind: str, spec: dict[str, Any]) -> None:
 
 def _body(record: CommandRecord) -> CommandBody:
     return CommandBody(
-        id=record.id, agent_id=record.agent_id, kind=record.kind, spec=record.spec,
-        issued_at=record.created_at, deadline=record.deadline, key_id=record.key_id,
+        id=record.id,
+        agent_id=record.agent_id,
+        kind=record.kind,
+        spec=record.spec,
+        issued_at=record.created_at,
+        deadline=record.deadline,
+        key_id=record.key_id,
     )

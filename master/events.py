@@ -21,7 +21,8 @@ class EventLog:
         if events:
             now = time.time()
             await self._store.events.append_many(
-                [EventRecord(ts=now, kind=kind, subject=subject, data=data) for kind, subject, data in events])
+                [EventRecord(ts=now, kind=kind, subject=subject, data=data) for kind, subject, data in events]
+            )
 
     async def transition(self, machine: str, subject: str, old: str, new: str, event: str, /, **data: Any) -> None:
         await self.record(f"{machine}.transition", subject, old=old, new=new, event=event, **data)

@@ -70,7 +70,7 @@ class SigningKeyRing:
         self._endorsements: dict[str, str] = {}  # ECDSA signatures are randomised: make each once
 
     @classmethod
-    def open(cls, pki_dir: Path, ca: CertificateAuthority) -> "SigningKeyRing":
+    def open(cls, pki_dir: Path, ca: CertificateAuthority) -> SigningKeyRing:
         """Load the ring, creating it (around an existing ``signing.key`` if there is one) on first use."""
         pki_dir = Path(pki_dir)
         path = pki_dir / RING_FILE
@@ -172,8 +172,11 @@ class SigningKeyRing:
         else:
             state = KeyState.CURRENT if entry.key_id == self._ring.current else KeyState.VERIFYING
         return SigningKeyInfo(
-            key_id=entry.key_id, public_key=self._signers[entry.key_id].public_key_b64(), state=state,
-            created_at=entry.created_at, retired_at=entry.retired_at,
+            key_id=entry.key_id,
+            public_key=self._signers[entry.key_id].public_key_b64(),
+            state=state,
+            created_at=entry.created_at,
+            retired_at=entry.retired_at,
         )
 
 

@@ -79,8 +79,15 @@ class RelayHub:
 
     async def start(self, host: str, port: int) -> int:
         self._server = await serve(
-            self._serve_link, host, port, ssl=self._ssl, max_size=HARD_FRAME_BYTES, max_queue=64, compression=None,
-            open_timeout=OPEN_TIMEOUT_S, process_request=_only_relays,
+            self._serve_link,
+            host,
+            port,
+            ssl=self._ssl,
+            max_size=HARD_FRAME_BYTES,
+            max_queue=64,
+            compression=None,
+            open_timeout=OPEN_TIMEOUT_S,
+            process_request=_only_relays,
         )
         return self._server.sockets[0].getsockname()[1]
 
@@ -127,7 +134,7 @@ class RelayHub:
             log.warning("relay link refused: %s", exc)
             await connection.close(CLOSE_POLICY, str(exc)[:120])
             return None
-        except (asyncio.TimeoutError, ConnectionClosed):
+        except (TimeoutError, ConnectionClosed):
             return None
         if identity.id != hello.relay_id:
             log.warning("relay %s announced itself as %s; using the certificate's name", identity.id, hello.relay_id)

@@ -122,7 +122,11 @@ class Registry:
         self._last_relay[agent.id] = relay
         if previous and previous != relay:
             await self._events.record(
-                "agent.relay_changed", agent.id, old_relay=previous, new_relay=relay, region=agent.region,
+                "agent.relay_changed",
+                agent.id,
+                old_relay=previous,
+                new_relay=relay,
+                region=agent.region,
                 relay_region=relay_region,
             )
 
@@ -138,13 +142,30 @@ class Registry:
             c = classify(info, self.policy, host=host)  # type: ignore[arg-type]
             state = old.state if old is not None and old.agent_id == agent_id else GpuState.AVAILABLE.value
             record = GpuRecord(
-                uuid=info.uuid, agent_id=agent_id, index=info.index, model=c.model, info=info,
-                state=state, tier=c.tier, flags=list(c.flags), updated_at=time.time(),
+                uuid=info.uuid,
+                agent_id=agent_id,
+                index=info.index,
+                model=c.model,
+                info=info,
+                state=state,
+                tier=c.tier,
+                flags=list(c.flags),
+                updated_at=time.time(),
             )
             if old is None or (old.tier, old.flags) != (record.tier, record.flags):
-                events.append(("gpu.classified", info.uuid, {
-                    "agent_id": agent_id, "model": c.model, "tier": c.tier, "flags": list(c.flags),
-                    "reasons": list(c.reasons)}))
+                events.append(
+                    (
+                        "gpu.classified",
+                        info.uuid,
+                        {
+                            "agent_id": agent_id,
+                            "model": c.model,
+                            "tier": c.tier,
+                            "flags": list(c.flags),
+                            "reasons": list(c.reasons),
+                        },
+                    )
+                )
             self._put_gpu(record)
             records.append(record)
         await self._events.record_many(events)

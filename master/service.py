@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 import secrets
+import time
 from pathlib import Path
 
 from cryptography.hazmat.primitives.serialization import Encoding
@@ -82,7 +82,11 @@ class Master:
             lambda: sorted(self._revoked),
         )
         self.ledger = CommandLedger(
-            self.store, self.events, self.registry, self.authority.keys, self.hub.send_to_agent,
+            self.store,
+            self.events,
+            self.registry,
+            self.authority.keys,
+            self.hub.send_to_agent,
             timeout_s=config.command_timeout_s,
         )
         self._revoked: set[str] = set()
@@ -191,7 +195,9 @@ class Master:
             case Error():
                 log.warning("relay %s reported an error: %s %s", link.relay_id, frame.code, frame.message)
             case _:
-                await link.send(encode(Error(code="unexpected_frame", message=f"{type(frame).__name__} is not expected from a relay")))
+                await link.send(
+                    encode(Error(code="unexpected_frame", message=f"{type(frame).__name__} is not expected from a relay"))
+                )
 
     async def _on_link_closed(self, link: AccessLink) -> None:
         for agent_id in link.agents:
@@ -286,8 +292,12 @@ class Master:
         self._helloed.add(agent.id)
         self._hello_asked.pop(agent.id, None)
         welcome = Welcome(
-            version=version, agent_id=agent.id, heartbeat_s=self.config.heartbeat_s, telemetry_s=self.config.telemetry_s,
-            command_keys=self.authority.command_keys(), key_endorsements=self.authority.key_endorsements(),
+            version=version,
+            agent_id=agent.id,
+            heartbeat_s=self.config.heartbeat_s,
+            telemetry_s=self.config.telemetry_s,
+            command_keys=self.authority.command_keys(),
+            key_endorsements=self.authority.key_endorsements(),
             retired_keys=self.authority.keys.retired_keys(),
         )
         await link.send_to_agent(agent.id, encode(welcome))
@@ -346,10 +356,13 @@ class Master:
 
     async def _announce_keys(self) -> int:
         """Tell every connected agent the keys in force now; agents not connected learn them in their welcome."""
-        frame = encode(Config(
-            command_keys=self.authority.command_keys(), key_endorsements=self.authority.key_endorsements(),
-            retired_keys=self.authority.keys.retired_keys(),
-        ))
+        frame = encode(
+            Config(
+                command_keys=self.authority.command_keys(),
+                key_endorsements=self.authority.key_endorsements(),
+                retired_keys=self.authority.keys.retired_keys(),
+            )
+        )
         sent = await asyncio.gather(*(self.hub.send_to_agent(agent_id, frame) for agent_id in list(self.hub.agent_links)))
         return sum(sent)
 
@@ -363,8 +376,12 @@ class Master:
             return EnrollResponse(req_id=request.req_id, ok=False, error_code=exc.code, error_message=str(exc))
         await self.registry.add(agent)
         return EnrollResponse(
-            req_id=request.req_id, ok=True, agent_id=agent.id, cert_pem=cert_pem.decode(),
-            ca_pem=self.authority.ca.chain_pem().decode(), command_keys=self.authority.command_keys(),
+            req_id=request.req_id,
+            ok=True,
+            agent_id=agent.id,
+            cert_pem=cert_pem.decode(),
+            ca_pem=self.authority.ca.chain_pem().decode(),
+            command_keys=self.authority.command_keys(),
             key_endorsements=self.authority.key_endorsements(),
         )
 

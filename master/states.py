@@ -41,9 +41,7 @@ class CommandState(str, enum.Enum):
     CANCELLED = "cancelled"
 
 
-FINAL_COMMAND_STATES = frozenset(
-    {CommandState.SUCCEEDED, CommandState.FAILED, CommandState.TIMED_OUT, CommandState.CANCELLED}
-)
+FINAL_COMMAND_STATES = frozenset({CommandState.SUCCEEDED, CommandState.FAILED, CommandState.TIMED_OUT, CommandState.CANCELLED})
 
 
 @dataclass(frozen=True)

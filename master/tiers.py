@@ -67,15 +67,22 @@ class TierRule:
             value = getattr(self, key)
             _check(value is None or (_is_int(value) and value >= 1), key, value, "an integer >= 1")
         cc = self.min_compute_capability
-        _check(cc is None or (isinstance(cc, str) and _parse_cc(cc) is not None), "min_compute_capability", cc,
-               'a string "major.minor" such as "8.0"')
+        _check(
+            cc is None or (isinstance(cc, str) and _parse_cc(cc) is not None),
+            "min_compute_capability",
+            cc,
+            'a string "major.minor" such as "8.0"',
+        )
         _check(isinstance(self.require_nvlink, bool), "require_nvlink", self.require_nvlink, "true or false")
 
     def criteria(self) -> dict[str, Any]:
         """The criteria this rule sets, by their policy-file names."""
         skip = {"name", "description"}
-        return {f.name: getattr(self, f.name) for f in fields(self)
-                if f.name not in skip and getattr(self, f.name) not in (None, False)}
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.name not in skip and getattr(self, f.name) not in (None, False)
+        }
 
 
 @dataclass(frozen=True)
@@ -92,8 +99,12 @@ class TierPolicy:
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ConfigError(f"tier names must be unique; repeated: {', '.join(duplicates)}")
-        _check(_is_number(self.vram_tolerance) and 0 <= self.vram_tolerance < 1, "vram_tolerance",
-               self.vram_tolerance, "a number in [0, 1)")
+        _check(
+            _is_number(self.vram_tolerance) and 0 <= self.vram_tolerance < 1,
+            "vram_tolerance",
+            self.vram_tolerance,
+            "a number in [0, 1)",
+        )
         for key in ("min_throughput_fraction", "min_bandwidth_fraction"):
             value = getattr(self, key)
             _check(_is_number(value) and 0 <= value <= 1, key, value, "a number in [0, 1]")
@@ -127,8 +138,7 @@ class TierPolicy:
         verification = data.get("verification", {})
         if not isinstance(verification, dict):
             raise ConfigError("[verification] must be a table")
-        _reject_unknown(verification, {"vram_tolerance", "min_throughput_fraction", "min_bandwidth_fraction"},
-                        "[verification]")
+        _reject_unknown(verification, {"vram_tolerance", "min_throughput_fraction", "min_bandwidth_fraction"}, "[verification]")
         return cls(tiers=tuple(_rule(i, t) for i, t in enumerate(tables)), **verification)
 
 
@@ -166,24 +176,34 @@ def describe_tiers(policy: TierPolicy) -> list[dict[str, Any]]:
         tier = classify(reference_gpu_info(model), policy).tier
         if tier is not None:
             examples[tier].append(model.key)
-    return [{"name": rule.name, "description": rule.description, "criteria": rule.criteria(),
-             "examples": examples[rule.name]} for rule in policy.tiers]
+    return [
+        {"name": rule.name, "description": rule.description, "criteria": rule.criteria(), "examples": examples[rule.name]}
+        for rule in policy.tiers
+    ]
 
 
 # -- verification -------------------------------------------------------------------------------
 
 
-def _verify(info: GpuInfo, model: GpuModel, policy: TierPolicy,
-            measured: Mapping[str, float]) -> list[tuple[str, str]]:
+def _verify(info: GpuInfo, model: GpuModel, policy: TierPolicy, measured: Mapping[str, float]) -> list[tuple[str, str]]:
     """(flag, reason) for each reported or measured fact that contradicts the claimed model."""
     problems = []
     # Compared without dividing: a reported value may be any integer, too large for a float.
     if abs(info.memory_total_mib - model.memory_mib) > policy.vram_tolerance * model.memory_mib:
-        problems.append(("vram_mismatch", f"reports {info.memory_total_mib} MiB of memory; a {model.name} has "
-                                          f"about {model.memory_mib} MiB (tolerance {policy.vram_tolerance:.0%})"))
+        problems.append(
+            (
+                "vram_mismatch",
+                f"reports {info.memory_total_mib} MiB of memory; a {model.name} has "
+                f"about {model.memory_mib} MiB (tolerance {policy.vram_tolerance:.0%})",
+            )
+        )
     if _parse_cc(info.compute_capability) != _parse_cc(model.compute_capability):
-        problems.append(("compute_capability_mismatch", f"reports compute capability {info.compute_capability!r}; "
-                                                        f"a {model.name} has {model.compute_capability}"))
+        problems.append(
+            (
+                "compute_capability_mismatch",
+                f"reports compute capability {info.compute_capability!r}; a {model.name} has {model.compute_capability}",
+            )
+        )
     if _active_nvlinks(info) and not model.nvlink:
         problems.append(("nvlink_mismatch", f"reports active NVLinks; a {model.name} has no NVLink"))
     return problems + _verify_measured(model, policy, measured)
@@ -200,8 +220,10 @@ def _verify_measured(model: GpuModel, policy: TierPolicy, measured: Mapping[str,
             continue
         fraction = policy.min_throughput_fraction if kind == "throughput" else policy.min_bandwidth_fraction
         if expected and value < fraction * expected:
-            reason = (f"measured {key} {value:g} is {value / expected:.0%} of a {model.name}'s {expected:g} "
-                      f"(at least {fraction:.0%} expected)")
+            reason = (
+                f"measured {key} {value:g} is {value / expected:.0%} of a {model.name}'s {expected:g} "
+                f"(at least {fraction:.0%} expected)"
+            )
             problems.append((f"{kind}_below_catalog", reason))
     return problems
 

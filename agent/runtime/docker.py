@@ -191,7 +191,10 @@ class DockerRuntime:
         limit = timeout_s or self.timeout_s
         try:
             async with self._open().request(
-                method, f"http://docker{prefix}{path}", params=params, json=body,
+                method,
+                f"http://docker{prefix}{path}",
+                params=params,
+                json=body,
                 timeout=aiohttp.ClientTimeout(total=limit),
             ) as response:
                 return response.status, _decode(await response.read())

@@ -134,8 +134,12 @@ class ProcessRuntime:
         with open(self._path(spec.name, ".log"), "ab") as log:
             proc = subprocess.Popen(
                 [SHELL, "-c", SHIM, "idlegrid-shim", str(exit_file), *spec.command],
-                stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
-                cwd=workdir, env=env, start_new_session=True,
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=workdir,
+                env=env,
+                start_new_session=True,
             )
         try:
             record = self._record(spec, labels, proc.pid)
@@ -157,8 +161,14 @@ class ProcessRuntime:
         if ticks is None:  # the shim is still waiting for "go" and unreaped, so /proc/<pid> must exist
             raise RuntimeFailure(f"the process started for container {spec.name!r} vanished at once")
         return ProcessRecord(
-            id=uuid.uuid4().hex, name=spec.name, pid=pid, start_ticks=ticks[2], labels=labels, spec=spec,
-            created_at=time.time(), cores=self._pick_cores(spec.cpus),
+            id=uuid.uuid4().hex,
+            name=spec.name,
+            pid=pid,
+            start_ticks=ticks[2],
+            labels=labels,
+            spec=spec,
+            created_at=time.time(),
+            cores=self._pick_cores(spec.cpus),
         )
 
     def _pick_cores(self, cpus: float | None) -> list[int]:
@@ -186,8 +196,12 @@ class ProcessRuntime:
     def _info(self, record: ProcessRecord) -> ContainerInfo:
         running = _alive(record)
         return ContainerInfo(
-            id=record.id, name=record.name, runtime=self.name, state="running" if running else "exited",
-            labels=record.labels, exit_code=None if running else self._exit_code(record),
+            id=record.id,
+            name=record.name,
+            runtime=self.name,
+            state="running" if running else "exited",
+            labels=record.labels,
+            exit_code=None if running else self._exit_code(record),
         )
 
     def _exit_code(self, record: ProcessRecord) -> int | None:

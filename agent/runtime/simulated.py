@@ -35,8 +35,15 @@ class SimulatedRuntime:
 
     name = "simulated"
 
-    def __init__(self, *, latency_s: float = 0.0, jitter_s: float = 0.0, failure_rate: float = 0.0,
-                 seed: int | None = None, journal: list[Execution] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        latency_s: float = 0.0,
+        jitter_s: float = 0.0,
+        failure_rate: float = 0.0,
+        seed: int | None = None,
+        journal: list[Execution] | None = None,
+    ) -> None:
         """``journal``: a list to append to, which several runtimes (a fleet's) may share."""
         if latency_s < 0 or jitter_s < 0:
             raise ValueError(f"latency_s and jitter_s must not be negative, got {latency_s} and {jitter_s}")

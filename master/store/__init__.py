@@ -27,14 +27,11 @@ def sqlite_path(url: str) -> str:
     """The file an ``sqlite:///`` URL names (see the module doc); ConfigError if it names none."""
     if not url.startswith(SQLITE_PREFIX):
         raise ConfigError(
-            f"SQLite store URL {url!r} must start with {SQLITE_PREFIX!r}: "
-            "sqlite:///relative.db or sqlite:////absolute/path.db"
+            f"SQLite store URL {url!r} must start with {SQLITE_PREFIX!r}: sqlite:///relative.db or sqlite:////absolute/path.db"
         )
-    path = url[len(SQLITE_PREFIX):]
+    path = url[len(SQLITE_PREFIX) :]
     if not path:
-        raise ConfigError(
-            f"SQLite store URL {url!r} names no file: sqlite:///relative.db or sqlite:////absolute/path.db"
-        )
+        raise ConfigError(f"SQLite store URL {url!r} names no file: sqlite:///relative.db or sqlite:////absolute/path.db")
     return path
 
 
@@ -44,6 +41,4 @@ def open_store(url: str) -> Store:
         return SqliteStore(sqlite_path(url))
     if url.startswith(MONGO_SCHEMES):
         return MongoStore(url)
-    raise ConfigError(
-        f"unsupported store URL {url!r}: use sqlite:///<path> (the default) or mongodb://host:port/<database>"
-    )
+    raise ConfigError(f"unsupported store URL {url!r}: use sqlite:///<path> (the default) or mongodb://host:port/<database>")

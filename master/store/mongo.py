@@ -303,11 +303,10 @@ def database_name(url: str) -> str:
     name = urlsplit(url).path.lstrip("/")
     if not name:
         raise ConfigError(
-            f"the MongoDB URL {redacted(url)!r} names no database: "
-            "add it as the path, e.g. mongodb://host:27017/idlegrid"
+            f"the MongoDB URL {redacted(url)!r} names no database: add it as the path, e.g. mongodb://host:27017/idlegrid"
         )
     if any(c in name for c in '/\\. "$'):
-        raise ConfigError(f"{name!r} is not a valid MongoDB database name (no / \\ . space \" or $)")
+        raise ConfigError(f'{name!r} is not a valid MongoDB database name (no / \\ . space " or $)')
     return name
 
 

@@ -211,9 +211,7 @@ class SqliteGpuRepo(_Table[GpuRecord]):
         state: str | None = None,
         model: str | None = None,
     ) -> builtins.list[GpuRecord]:
-        clause, params = where(
-            ("agent_id = ?", agent_id), ("tier = ?", tier), ("state = ?", state), ("model = ?", model)
-        )
+        clause, params = where(("agent_id = ?", agent_id), ("tier = ?", tier), ("state = ?", state), ("model = ?", model))
         return await self._select(f"SELECT doc FROM gpus{clause} ORDER BY agent_id, idx, uuid", params)
 
 
@@ -285,9 +283,7 @@ class SqliteApiKeyRepo(_Table[ApiKeyRecord]):
         super().__init__(db, ApiKeyRecord)
 
     async def put(self, rec: ApiKeyRecord) -> None:
-        await self._db.execute(
-            "INSERT OR REPLACE INTO api_keys (key_hash, doc) VALUES (?, ?)", (rec.key_hash, _encode(rec))
-        )
+        await self._db.execute("INSERT OR REPLACE INTO api_keys (key_hash, doc) VALUES (?, ?)", (rec.key_hash, _encode(rec)))
 
     async def get(self, key_hash: str) -> ApiKeyRecord | None:
         return await self._select_one("SELECT doc FROM api_keys WHERE key_hash = ?", (key_hash,))
@@ -316,9 +312,7 @@ class SqliteEventRepo(_Table[EventRecord]):
             return []
         kind_from = kind_prefix or None  # "" is every kind
         kind_to = prefix_upper_bound(kind_prefix) if kind_prefix else None
-        clause, params = where(
-            ("seq > ?", after_seq), ("subject = ?", subject), ("kind >= ?", kind_from), ("kind < ?", kind_to)
-        )
+        clause, params = where(("seq > ?", after_seq), ("subject = ?", subject), ("kind >= ?", kind_from), ("kind < ?", kind_to))
         sql = f"SELECT seq, doc FROM events{clause} ORDER BY seq LIMIT ?"
         return await self._db.fetch(sql, [*params, limit], self._decode_event)
 

@@ -18,7 +18,16 @@ from websockets.exceptions import ConnectionClosed
 
 from access.config import AccessConfig
 from access.daemon import AccessRelay
-from common.pki import CertificateAuthority, Identity, Role, client_tls_context, identity_of, load_cert, server_tls_context, write_private_key
+from common.pki import (
+    CertificateAuthority,
+    Identity,
+    Role,
+    client_tls_context,
+    identity_of,
+    load_cert,
+    server_tls_context,
+    write_private_key,
+)
 from common.wire import (
     HARD_FRAME_BYTES,
     AccessHello,
@@ -54,8 +63,9 @@ class TestPki:
         self.relay = self.issue(Role.ACCESS, "relay-test", server=True)
         self.master = self.issue(Role.MASTER, "master", server=True)
 
-    def issue(self, role: Role, name: str, *, server: bool = False, ca: CertificateAuthority | None = None,
-              valid_s: float = 3600) -> Credentials:
+    def issue(
+        self, role: Role, name: str, *, server: bool = False, ca: CertificateAuthority | None = None, valid_s: float = 3600
+    ) -> Credentials:
         names = {"dns_names": ["localhost"], "ip_addresses": ["127.0.0.1"]} if server else {}
         key_pem, cert_pem = (ca or self.ca).issue_keypair(role, name, valid_s=valid_s, **names)
         cert, key = self.root / f"{name}.crt", self.root / f"{name}.key"
@@ -93,7 +103,12 @@ class MasterStandIn:
         self.hellos: list[AccessHello] = []
         # Answer an enrollment request; None means "stay silent".
         self.answer_enroll: Callable[[EnrollRequest], EnrollResponse | None] = lambda req: EnrollResponse(
-            req_id=req.req_id, ok=True, agent_id="agt-new", cert_pem="CERT", ca_pem="CA", command_keys={"k1": "pub"},
+            req_id=req.req_id,
+            ok=True,
+            agent_id="agt-new",
+            cert_pem="CERT",
+            ca_pem="CA",
+            command_keys={"k1": "pub"},
             key_endorsements={"k1": "sig"},
         )
         self.port = 0
@@ -142,8 +157,11 @@ class MasterStandIn:
 
     def relayed(self, agent_id: str | None = None) -> list[tuple[str, dict[str, Any]]]:
         """(agent id on the envelope, the agent frame as JSON) for every relayed frame, in arrival order."""
-        return [(f.agent_id, json.loads(bytes(f.frame))) for f in self.frames
-                if isinstance(f, Relay) and (agent_id is None or f.agent_id == agent_id)]
+        return [
+            (f.agent_id, json.loads(bytes(f.frame)))
+            for f in self.frames
+            if isinstance(f, Relay) and (agent_id is None or f.agent_id == agent_id)
+        ]
 
     async def wait_for(self, predicate: Callable[[], Any], what: str, timeout: float = 3.0) -> Any:
         return await eventually(predicate, what, timeout)
@@ -181,9 +199,17 @@ async def make_relay(pki: TestPki, master: MasterStandIn) -> AsyncIterator[Relay
 
     async def start(*, wait_link: bool = True, **settings: Any) -> AccessRelay:
         values: dict[str, Any] = {
-            "relay_id": pki.relay.identity.id, "region": "test", "master_url": master.url,
-            "agent_port": 0, "http_port": 0, "cert_file": str(pki.relay.cert), "key_file": str(pki.relay.key),
-            "ca_file": str(pki.ca_file), "backoff_initial_s": 0.05, "backoff_max_s": 0.2, "drain_timeout_s": 0.5,
+            "relay_id": pki.relay.identity.id,
+            "region": "test",
+            "master_url": master.url,
+            "agent_port": 0,
+            "http_port": 0,
+            "cert_file": str(pki.relay.cert),
+            "key_file": str(pki.relay.key),
+            "ca_file": str(pki.ca_file),
+            "backoff_initial_s": 0.05,
+            "backoff_max_s": 0.2,
+            "drain_timeout_s": 0.5,
             "enroll_timeout_s": 2.0,
         }
         values.update(settings)

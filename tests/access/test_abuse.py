@@ -241,8 +241,9 @@ async def test_the_masters_link_endpoint_refuses_an_agent_certificate_before_the
     port = await hub.start("127.0.0.1", 0)
     try:
         with pytest.raises(InvalidStatus) as refused:
-            async with connect(f"wss://127.0.0.1:{port}/link", ssl=pki.client_context(pki.agent()), open_timeout=5,
-                               max_size=HARD_FRAME_BYTES):
+            async with connect(
+                f"wss://127.0.0.1:{port}/link", ssl=pki.client_context(pki.agent()), open_timeout=5, max_size=HARD_FRAME_BYTES
+            ):
                 pass
         assert refused.value.response.status_code == 403
         async with connect(f"wss://127.0.0.1:{port}/link", ssl=pki.client_context(pki.relay), open_timeout=5) as ws:
@@ -282,8 +283,9 @@ class AbuseRun:
         return "\n".join(lines)
 
 
-async def throw_everything(port: int, grid: Grid, flooder: str, relay_pid: int, run: AbuseRun,
-                           handshake_timeout_s: float) -> None:
+async def throw_everything(
+    port: int, grid: Grid, flooder: str, relay_pid: int, run: AbuseRun, handshake_timeout_s: float
+) -> None:
     """Every hostile client at once for about ABUSE_S seconds, sampling the relay's memory meanwhile."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + ABUSE_S
@@ -307,13 +309,25 @@ async def throw_everything(port: int, grid: Grid, flooder: str, relay_pid: int, 
 
     await asyncio.gather(
         sample_memory(),
-        timed("random bytes (64 B-16 KiB)", 300, 50,
-              lambda i: throw(port, random_bytes(64 << (i % 9)), wait_s=3.0, source=address(i))),
-        timed("TLS handshakes cut in half, then silence", 100, 100,
-              lambda i: cut_by_deadline(hello[: len(hello) // 2], 0.0, address(i))),
+        timed(
+            "random bytes (64 B-16 KiB)",
+            300,
+            50,
+            lambda i: throw(port, random_bytes(64 << (i % 9)), wait_s=3.0, source=address(i)),
+        ),
+        timed(
+            "TLS handshakes cut in half, then silence",
+            100,
+            100,
+            lambda i: cut_by_deadline(hello[: len(hello) // 2], 0.0, address(i)),
+        ),
         timed("ClientHello byte by byte, 10 bytes/s", 20, 20, lambda i: cut_by_deadline(hello, 0.1, address(i))),
-        timed("TLS without a client certificate", 1000, 100,
-              lambda i: tls_without_certificate(port, no_certificate, source=address(i))),
+        timed(
+            "TLS without a client certificate",
+            1000,
+            100,
+            lambda i: tls_without_certificate(port, no_certificate, source=address(i)),
+        ),
         flood_and_oversize(port, grid, flooder, run.flood, deadline),
     )
 
@@ -383,8 +397,11 @@ def test_the_relay_holds_under_hostile_load_while_real_agents_keep_working(tmp_p
         rss_before = rss_kib(relay_pid)
 
         run = AbuseRun()
-        abuse = threading.Thread(target=asyncio.run, daemon=True, args=(
-            throw_everything(relay.agent_port, grid, "flooder", relay_pid, run, handshake_timeout_s),))
+        abuse = threading.Thread(
+            target=asyncio.run,
+            daemon=True,
+            args=(throw_everything(relay.agent_port, grid, "flooder", relay_pid, run, handshake_timeout_s),),
+        )
         started = time.monotonic()
         abuse.start()
         polls, all_up, commands = 0, 0, Counter()
@@ -398,25 +415,34 @@ def test_the_relay_holds_under_hostile_load_while_real_agents_keep_working(tmp_p
         assert not abuse.is_alive(), "the hostile clients did not finish"
         time.sleep(1.0)  # let the relay close what the hostile clients left
         rss_after = rss_kib(relay_pid)
-        offline = [e for agent_id in agents for e in grid.get(f"/api/v1/events?subject={agent_id}")["items"]
-                   if "offline" in json.dumps(e)]
+        offline = [
+            e
+            for agent_id in agents
+            for e in grid.get(f"/api/v1/events?subject={agent_id}")["items"]
+            if "offline" in json.dumps(e)
+        ]
         states = {agent_id: grid.agent(agent_id)["state"] for agent_id in agents}
 
-        print(f"\n{run.report()}\nwhat the relay counted: {relay_refusals(grid, relay)}\nwhat held:\n"
-              f"  agents ready throughout: {all_up}/{polls} polls saw all {GOOD_AGENTS} ready or busy; "
-              f"offline events: {len(offline)}; final states: {sorted(states.values())}\n"
-              f"  commands (create then delete, through the relay): {dict(commands)}\n"
-              f"  relay RSS: before {rss_before // 1024} MiB, peak {max(run.rss_kib) // 1024} MiB, "
-              f"after {rss_after // 1024} MiB (delta {(rss_after - rss_before) / 1024:+.1f} MiB, "
-              f"bound +{RSS_GROWTH_BOUND_KIB // 1024} MiB)\n"
-              f"  relay alive: {relay.daemon.alive()}")
+        print(
+            f"\n{run.report()}\nwhat the relay counted: {relay_refusals(grid, relay)}\nwhat held:\n"
+            f"  agents ready throughout: {all_up}/{polls} polls saw all {GOOD_AGENTS} ready or busy; "
+            f"offline events: {len(offline)}; final states: {sorted(states.values())}\n"
+            f"  commands (create then delete, through the relay): {dict(commands)}\n"
+            f"  relay RSS: before {rss_before // 1024} MiB, peak {max(run.rss_kib) // 1024} MiB, "
+            f"after {rss_after // 1024} MiB (delta {(rss_after - rss_before) / 1024:+.1f} MiB, "
+            f"bound +{RSS_GROWTH_BOUND_KIB // 1024} MiB)\n"
+            f"  relay alive: {relay.daemon.alive()}"
+        )
         assert relay.daemon.alive()
         assert all_up == polls and not offline, (states, offline)
         assert commands and set(commands) == {"succeeded"}, commands
         assert max(run.rss_kib) - rss_before < RSS_GROWTH_BOUND_KIB
         assert rss_after - rss_before < RSS_GROWTH_BOUND_KIB
         assert run.flood["heartbeats sent"] > 0 and any("closed with 1008" in k for k in run.flood), run.flood
-        assert run.thrown["TLS handshakes cut in half, then silence"].keys() <= {"closed by the deadline", "reset by the deadline"}
+        assert run.thrown["TLS handshakes cut in half, then silence"].keys() <= {
+            "closed by the deadline",
+            "reset by the deadline",
+        }
     finally:
         grid.stop()
 

@@ -109,8 +109,13 @@ def test_between_links_notices_of_agents_gone_are_withdrawn_and_first_kinds_name
     buffer.offer(entry("gone", DISCONNECTED))
     buffer.offer(entry("back", "heartbeat"))
     assert buffer.withdraw_connects(keep={"here", "back"}) == {"gone": "command_result", "here": CONNECTED, "back": "heartbeat"}
-    assert buffer.kinds() == [("gone", "command_result"), ("here", CONNECTED), ("here", "hello"), ("gone", DISCONNECTED),
-                              ("back", "heartbeat")]
+    assert buffer.kinds() == [
+        ("gone", "command_result"),
+        ("here", CONNECTED),
+        ("here", "hello"),
+        ("gone", DISCONNECTED),
+        ("back", "heartbeat"),
+    ]
 
 
 def test_superseded_entries_do_not_pile_up():

@@ -28,8 +28,25 @@ def free_port() -> int:
 def test_the_access_subcommand_turns_flags_into_settings():
     parser = argparse.ArgumentParser(prog="idlegrid")
     add_parser(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["access", "--relay-id", "relay-eu-1", "--region", "eu-west", "--agent-port", "9000",
-                              "--host", "0.0.0.0", "--cert", "r.crt", "--key", "r.key", "--ca", "ca.crt"])
+    args = parser.parse_args(
+        [
+            "access",
+            "--relay-id",
+            "relay-eu-1",
+            "--region",
+            "eu-west",
+            "--agent-port",
+            "9000",
+            "--host",
+            "0.0.0.0",
+            "--cert",
+            "r.crt",
+            "--key",
+            "r.key",
+            "--ca",
+            "ca.crt",
+        ]
+    )
     assert callable(args.func)
     config = load_access_config(None, {}, overrides(args))
     assert (config.relay_id, config.region, config.agent_port, config.http_port) == ("relay-eu-1", "eu-west", 9000, 7201)
@@ -39,10 +56,28 @@ def test_the_access_subcommand_turns_flags_into_settings():
 async def test_python_m_access_links_up_serves_and_stops_on_sigterm(master, pki):
     agent_port, http_port = free_port(), free_port()
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "access", "--relay-id", pki.relay.identity.id, "--region", "cli", "--master-url", master.url,
-        "--agent-port", str(agent_port), "--http-port", str(http_port), "--cert", str(pki.relay.cert),
-        "--key", str(pki.relay.key), "--ca", str(pki.ca_file),
-        cwd=REPO, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        sys.executable,
+        "-m",
+        "access",
+        "--relay-id",
+        pki.relay.identity.id,
+        "--region",
+        "cli",
+        "--master-url",
+        master.url,
+        "--agent-port",
+        str(agent_port),
+        "--http-port",
+        str(http_port),
+        "--cert",
+        str(pki.relay.cert),
+        "--key",
+        str(pki.relay.key),
+        "--ca",
+        str(pki.ca_file),
+        cwd=REPO,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
     )
     try:
         await eventually(lambda: master.hellos, "the relay process to link up", timeout=15)

@@ -12,7 +12,12 @@ def test_defaults_suit_a_local_run():
     assert (config.relay_id, config.region, config.master_url) == ("relay-1", "local", "wss://127.0.0.1:7100/link")
     assert (config.agent_host, config.agent_port, config.http_port) == ("127.0.0.1", 7200, 7201)
     assert (config.max_frame_bytes, config.rate_per_agent, config.burst) == (MAX_FRAME_BYTES, 50.0, 200)
-    assert (config.buffer_frames, config.max_handshakes, config.handshake_timeout_s, config.idle_timeout_s) == (10_000, 256, 10.0, 60.0)
+    assert (config.buffer_frames, config.max_handshakes, config.handshake_timeout_s, config.idle_timeout_s) == (
+        10_000,
+        256,
+        10.0,
+        60.0,
+    )
 
 
 def test_file_then_environment_then_flags(tmp_path):
@@ -21,7 +26,11 @@ def test_file_then_environment_then_flags(tmp_path):
     env = {"IDLEGRID_ACCESS_REGION": "eu-central", "IDLEGRID_ACCESS_AGENT_PORT": "9100", "OTHER": "x"}
     config = load_access_config(path, env, {"agent_port": 9200, "http_port": None})
     assert (config.relay_id, config.region, config.agent_port, config.http_port, config.burst) == (
-        "relay-eu-1", "eu-central", 9200, 7201, 10,
+        "relay-eu-1",
+        "eu-central",
+        9200,
+        7201,
+        10,
     )
 
 
@@ -45,4 +54,3 @@ def test_an_unknown_setting_in_the_file_is_an_error(tmp_path):
     path.write_text("agent_prot = 1\n")
     with pytest.raises(ConfigError, match="agent_prot"):
         load_access_config(path, {}, {})
-

@@ -63,8 +63,14 @@ def of_type(hint: Any) -> st.SearchStrategy[Any]:
         return st.dictionaries(of_type(args[0]), of_type(args[1]), max_size=3)
     if isinstance(hint, type) and issubclass(hint, msgspec.Struct):
         return of_struct(hint)
-    simple = {type(None): st.none(), bool: st.booleans(), int: st.integers(-(2**63), 2**63 - 1),
-              float: st.floats(allow_nan=False, allow_infinity=False), str: st.text(max_size=16), Any: json_values}
+    simple = {
+        type(None): st.none(),
+        bool: st.booleans(),
+        int: st.integers(-(2**63), 2**63 - 1),
+        float: st.floats(allow_nan=False, allow_infinity=False),
+        str: st.text(max_size=16),
+        Any: json_values,
+    }
     return simple[hint]
 
 
@@ -123,7 +129,8 @@ def test_any_bytes_get_a_verdict_and_never_an_exception(message: bytes) -> None:
 # Text as Python holds it, lone surrogates included: UTF-8 cannot encode those.
 any_char = st.characters(exclude_categories=()) | st.sampled_from(["\ud800", "\udfff", "\x00", '"', "\\", "{"])
 any_text = st.text(any_char, max_size=512) | st.builds(
-    lambda tag, rest: f'{{"type":"{tag}",{rest}', st.sampled_from(TAGS), st.text(any_char, max_size=64))
+    lambda tag, rest: f'{{"type":"{tag}",{rest}', st.sampled_from(TAGS), st.text(any_char, max_size=64)
+)
 
 
 @FUZZ

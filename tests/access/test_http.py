@@ -27,8 +27,14 @@ async def call(relay, pki, method: str, path: str, **kwargs: Any) -> tuple[int, 
 async def test_enrollment_goes_through_the_master_link_and_back(relay, master, pki):
     status, body = await call(relay, pki, "POST", "/enroll", json={"token": "igjt_x", "csr_pem": CSR, "region": "eu"})
     assert status == 200
-    assert body == {"agent_id": "agt-new", "cert_pem": "CERT", "ca_pem": "CA", "command_keys": {"k1": "pub"},
-                    "key_endorsements": {"k1": "sig"}, "agent_url": relay.agent_url}
+    assert body == {
+        "agent_id": "agt-new",
+        "cert_pem": "CERT",
+        "ca_pem": "CA",
+        "command_keys": {"k1": "pub"},
+        "key_endorsements": {"k1": "sig"},
+        "agent_url": relay.agent_url,
+    }
     request = master.of_type(EnrollRequest)[0]
     assert (request.token, request.csr_pem, request.region, request.remote) == ("igjt_x", CSR, "eu", "127.0.0.1")
     assert len(request.req_id) == 32
@@ -36,8 +42,14 @@ async def test_enrollment_goes_through_the_master_link_and_back(relay, master, p
 
 @pytest.mark.parametrize(
     ("code", "status"),
-    [("token_unknown", 401), ("token_invalid", 401), ("token_used", 409), ("token_expired", 410), ("bad_csr", 400),
-     ("bad_request", 400)],
+    [
+        ("token_unknown", 401),
+        ("token_invalid", 401),
+        ("token_used", 409),
+        ("token_expired", 410),
+        ("bad_csr", 400),
+        ("bad_request", 400),
+    ],
 )
 async def test_a_refused_enrollment_maps_to_its_http_status(relay, master, pki, code, status):
     master.answer_enroll = lambda req: EnrollResponse(req_id=req.req_id, ok=False, error_code=code, error_message=f"no: {code}")
@@ -62,8 +74,12 @@ async def test_enrollment_the_master_does_not_answer_is_a_504(make_relay, master
 
 @pytest.mark.parametrize(
     ("payload", "needle"),
-    [(b"{not json", "not valid JSON"), (json.dumps({"token": "t"}).encode(), "csr_pem"),
-     (json.dumps({"token": 5, "csr_pem": CSR}).encode(), "token"), (b"[]", "token")],
+    [
+        (b"{not json", "not valid JSON"),
+        (json.dumps({"token": "t"}).encode(), "csr_pem"),
+        (json.dumps({"token": 5, "csr_pem": CSR}).encode(), "token"),
+        (b"[]", "token"),
+    ],
 )
 async def test_a_malformed_enrollment_request_is_a_400_saying_what_is_wrong(relay, master, pki, payload, needle):
     status, body = await call(relay, pki, "POST", "/enroll", data=payload)

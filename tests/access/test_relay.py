@@ -135,8 +135,9 @@ async def test_a_bad_frame_gets_an_error_frame_and_the_connection_and_others_kee
         assert (error["type"], error["code"]) == ("error", code)
         await ws.send(heartbeat(2))
         await other.send(heartbeat(3))
-        await master.wait_for(lambda: master.relayed(noisy.identity.id) and master.relayed(quiet.identity.id),
-                              "both agents' heartbeats")
+        await master.wait_for(
+            lambda: master.relayed(noisy.identity.id) and master.relayed(quiet.identity.id), "both agents' heartbeats"
+        )
     assert [f["seq"] for _, f in master.relayed(noisy.identity.id)] == [2]  # the bad frame never went upstream
     assert f'code="{code}"' in relay.metrics.render().decode()
 

@@ -33,14 +33,27 @@ async def test_while_the_master_is_down_frames_are_buffered_and_replayed_in_orde
         await eventually(lambda: not relay.link.is_up, "the relay to notice")
         assert (await health(relay, pki))["status"] == "degraded"
 
-        for seq, frame in enumerate([heartbeat(2), result("c-1"), json.dumps({"type": "telemetry", "ts": 1.0, "samples": []}),
-                                     heartbeat(3), result("c-2"), json.dumps({"type": "event", "kind": "disk_full"}),
-                                     json.dumps({"type": "telemetry", "ts": 2.0, "samples": []}), heartbeat(4)]):
+        for _seq, frame in enumerate(
+            [
+                heartbeat(2),
+                result("c-1"),
+                json.dumps({"type": "telemetry", "ts": 1.0, "samples": []}),
+                heartbeat(3),
+                result("c-2"),
+                json.dumps({"type": "event", "kind": "disk_full"}),
+                json.dumps({"type": "telemetry", "ts": 2.0, "samples": []}),
+                heartbeat(4),
+            ]
+        ):
             await ws.send(frame)
         await eventually(lambda: len(relay.link.buffer) == 5, "the frames in the buffer")
         assert await health(relay, pki) == {
-            "status": "degraded", "master_link": "down", "agents": 1, "buffered": 5,
-            "relay_id": pki.relay.identity.id, "region": "test",
+            "status": "degraded",
+            "master_link": "down",
+            "agents": 1,
+            "buffered": 5,
+            "relay_id": pki.relay.identity.id,
+            "region": "test",
         }
         text = relay.metrics.render().decode()
         assert f'idlegrid_access_buffered_frames{{relay="{pki.relay.identity.id}"}} 5.0' in text
@@ -56,7 +69,11 @@ async def test_while_the_master_is_down_frames_are_buffered_and_replayed_in_orde
     replayed = [(f["type"], f.get("id") or f.get("seq") or f.get("ts") or f.get("kind")) for _, f in master.relayed()]
     # Results and events in the order sent; only the newest heartbeat and telemetry survive.
     assert replayed == [
-        ("command_result", "c-1"), ("command_result", "c-2"), ("event", "disk_full"), ("telemetry", 2.0), ("heartbeat", 4),
+        ("command_result", "c-1"),
+        ("command_result", "c-2"),
+        ("event", "disk_full"),
+        ("telemetry", 2.0),
+        ("heartbeat", 4),
     ]
 
 

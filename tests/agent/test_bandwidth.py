@@ -20,8 +20,9 @@ from agent.bandwidth import BandwidthError, SpeedtestPlan, measure_bandwidth
 from common.pki import CertificateAuthority, Role, server_tls_context
 
 # Small enough that both phases finish in well under a second on loopback.
-QUICK = SpeedtestPlan(download_sides=(350, 500), downloads_per_side=2, upload_bytes=(32_768, 131_072),
-                      uploads_per_size=2, phase_s=2.0)
+QUICK = SpeedtestPlan(
+    download_sides=(350, 500), downloads_per_side=2, upload_bytes=(32_768, 131_072), uploads_per_size=2, phase_s=2.0
+)
 LOCAL_HOSTS = {"127.0.0.1", "localhost"}
 
 
@@ -82,8 +83,7 @@ async def https_relay(resolved_hosts, tmp_path) -> AsyncIterator[Relay]:
     (tmp_path / "ca.crt").write_bytes(ca.chain_pem())
     (tmp_path / "relay.crt").write_bytes(cert_pem)
     (tmp_path / "relay.key").write_bytes(key_pem)
-    context = server_tls_context(tmp_path / "relay.crt", tmp_path / "relay.key", tmp_path / "ca.crt",
-                                 require_client_cert=False)
+    context = server_tls_context(tmp_path / "relay.crt", tmp_path / "relay.key", tmp_path / "ca.crt", require_client_cert=False)
     runner, relay = await _serve(context)
     relay.ca_file = tmp_path / "ca.crt"
     yield relay
@@ -139,8 +139,9 @@ async def test_a_url_that_is_not_http_is_refused_before_anything_runs():
 
 async def test_long_phases_are_cut_to_fit_the_time_limit(http_relay):
     # 4000x4000 images are 32 MB each: a minute of them would overrun the limit many times over.
-    plan = SpeedtestPlan(download_sides=(4000,) * 8, downloads_per_side=4, upload_bytes=(1_048_576,),
-                         uploads_per_size=20, phase_s=60.0)
+    plan = SpeedtestPlan(
+        download_sides=(4000,) * 8, downloads_per_side=4, upload_bytes=(1_048_576,), uploads_per_size=20, phase_s=60.0
+    )
 
     started = time.monotonic()
     result = await measure_bandwidth(http_relay.base_url, plan=plan, timeout_s=1.5)

@@ -39,8 +39,10 @@ def records_for(relays: dict[str, Relay]) -> list[Record]:
     for region, members in LAYOUT.items():
         for name, priority in members.items():
             relay = relays[name]
-            records += [SrvRecord(srv_name(region, ZONE).rstrip("."), relay.host, relay.port, priority, 10),
-                        HostRecord(relay.host, "127.0.0.1", DNS_TTL_S)]
+            records += [
+                SrvRecord(srv_name(region, ZONE).rstrip("."), relay.host, relay.port, priority, 10),
+                HostRecord(relay.host, "127.0.0.1", DNS_TTL_S),
+            ]
     return records
 
 
@@ -57,10 +59,10 @@ def dns(tmp_path: Path, relays: dict[str, Relay]) -> Iterator[Dnsmasq]:
 
 
 def connector_of(dns: Dnsmasq, *, static: list[str] | None = None, **settings: object) -> RelayConnector:
-    config = DiscoveryConfig(domain=ZONE, region="a", nameservers=[dns.address], port=dns.port,
-                             timeout_s=1.0, probe_timeout_s=1.0)
-    return RelayConnector(static_urls=static or [], discovery=RelayDiscovery(config),
-                          rng=random.Random(1), **settings)  # type: ignore[arg-type]
+    config = DiscoveryConfig(
+        domain=ZONE, region="a", nameservers=[dns.address], port=dns.port, timeout_s=1.0, probe_timeout_s=1.0
+    )
+    return RelayConnector(static_urls=static or [], discovery=RelayDiscovery(config), rng=random.Random(1), **settings)  # type: ignore[arg-type]
 
 
 def name(target: RelayTarget) -> str:
@@ -91,9 +93,7 @@ async def test_a_failed_relay_is_retried_only_after_every_other_one_of_the_ranki
     assert await failed(connector) == "a1"  # both failed: resolved and probed again; both still answer
 
 
-async def test_with_the_home_region_down_it_fails_over_to_the_fallback_region_and_goes_home_on_the_next_reconnect(
-    dns, relays
-):
+async def test_with_the_home_region_down_it_fails_over_to_the_fallback_region_and_goes_home_on_the_next_reconnect(dns, relays):
     connector = connector_of(dns)
     assert name(await connector.next_relay()) == "a1"
     for relay in ("a1", "a2"):
@@ -109,8 +109,7 @@ async def test_with_the_home_region_down_it_fails_over_to_the_fallback_region_an
 
 async def test_while_dns_fails_the_static_relays_are_used_and_dns_is_asked_again_after_a_pause(dns, relays):
     clock = Clock()
-    connector = connector_of(dns, static=["wss://127.0.0.1:7201", "wss://127.0.0.1:7202"], clock=clock,
-                             dns_retry_s=30.0)
+    connector = connector_of(dns, static=["wss://127.0.0.1:7201", "wss://127.0.0.1:7202"], clock=clock, dns_retry_s=30.0)
     dns.stop()
 
     assert name(await connector.next_relay()) == "wss://127.0.0.1:7201"
@@ -130,21 +129,22 @@ async def test_with_no_live_relay_anywhere_and_no_static_list_it_says_what_it_tr
         await connector_of(dns).next_relay()
 
 
-async def test_a_relay_found_by_dns_is_dialled_at_its_address_and_its_certificate_checked_against_its_name(
-    tmp_path, dns
-):
+async def test_a_relay_found_by_dns_is_dialled_at_its_address_and_its_certificate_checked_against_its_name(tmp_path, dns):
     ca = CertificateAuthority.create("test CA")
     (tmp_path / "ca.crt").write_bytes(ca.chain_pem())
     key_pem, cert_pem = ca.issue_keypair(Role.ACCESS, "relay-a1", valid_s=600, dns_names=[f"a1.{ZONE}"])
     write_private_key(tmp_path / "a1.key", key_pem)
     (tmp_path / "a1.crt").write_bytes(cert_pem)
-    server_tls = server_tls_context(tmp_path / "a1.crt", tmp_path / "a1.key", tmp_path / "ca.crt",
-                                    require_client_cert=False)
+    server_tls = server_tls_context(tmp_path / "a1.crt", tmp_path / "a1.key", tmp_path / "ca.crt", require_client_cert=False)
 
     async with serve(lambda ws: ws.send("hi"), "127.0.0.1", 0, ssl=server_tls) as server:
         port = server.sockets[0].getsockname()[1]
-        dns.replace([SrvRecord(srv_name("a", ZONE).rstrip("."), f"a1.{ZONE}", port, 10, 10),
-                     HostRecord(f"a1.{ZONE}", "127.0.0.1", DNS_TTL_S)])
+        dns.replace(
+            [
+                SrvRecord(srv_name("a", ZONE).rstrip("."), f"a1.{ZONE}", port, 10, 10),
+                HostRecord(f"a1.{ZONE}", "127.0.0.1", DNS_TTL_S),
+            ]
+        )
         connector = connector_of(dns)
         target = await connector.next_relay()
         async with connector.dial(target, ssl=client_tls_context(tmp_path / "ca.crt"), open_timeout=5) as ws:
@@ -152,8 +152,9 @@ async def test_a_relay_found_by_dns_is_dialled_at_its_address_and_its_certificat
 
         # The certificate names a1.idlegrid.test only: dialled by address, without the name, it is refused.
         with pytest.raises(ssl.SSLCertVerificationError, match="127.0.0.1"):
-            async with connector.dial(RelayTarget(f"wss://127.0.0.1:{port}"),
-                                      ssl=client_tls_context(tmp_path / "ca.crt"), open_timeout=5):
+            async with connector.dial(
+                RelayTarget(f"wss://127.0.0.1:{port}"), ssl=client_tls_context(tmp_path / "ca.crt"), open_timeout=5
+            ):
                 pass
 
 
@@ -179,8 +180,7 @@ def test_backoff_is_jittered_under_an_exponential_ceiling_capped_and_reset_by_a_
     target = RelayTarget("wss://r1:1")
     delays_by_attempt: dict[int, list[float]] = {}
     for seed in range(200):
-        connector = RelayConnector(static_urls=[target.url], backoff_initial_s=0.5, backoff_max_s=8.0,
-                                   rng=random.Random(seed))
+        connector = RelayConnector(static_urls=[target.url], backoff_initial_s=0.5, backoff_max_s=8.0, rng=random.Random(seed))
         for attempt in range(8):
             delays_by_attempt.setdefault(attempt, []).append(connector.ended(target, welcomed=False))
         assert connector.ended(target, welcomed=True) <= 0.5  # a welcomed session starts the count again

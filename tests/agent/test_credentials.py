@@ -100,9 +100,12 @@ def test_an_untrustworthy_answer_is_refused_and_the_old_pair_kept(state_dir, ca,
         "refused": lambda: RenewResponse(error="agent is retired"),
         "other_ca": lambda: answer(CertificateAuthority.create("rogue"), csr),
         "other_agent": lambda: answer(ca, csr, agent_id="agt-someone-else"),
-        "other_key": lambda: RenewResponse(cert_pem=ca.issue(Role.AGENT, AGENT, generate_key().public_key(), valid_s=20)
-                                           .public_bytes(Encoding.PEM).decode()),
-        "expired": lambda: RenewResponse(cert_pem=ca.sign_csr(csr.encode(), Role.AGENT, AGENT, valid_s=1).public_bytes(Encoding.PEM).decode()),
+        "other_key": lambda: RenewResponse(
+            cert_pem=ca.issue(Role.AGENT, AGENT, generate_key().public_key(), valid_s=20).public_bytes(Encoding.PEM).decode()
+        ),
+        "expired": lambda: RenewResponse(
+            cert_pem=ca.sign_csr(csr.encode(), Role.AGENT, AGENT, valid_s=1).public_bytes(Encoding.PEM).decode()
+        ),
     }[problem]()
     before = {name: (state_dir / name).read_bytes() for name in (KEY_FILE, CERT_FILE)}
     at = time.time() + (100 if problem == "expired" else 0)

@@ -156,7 +156,11 @@ def discovery_of(
 ) -> RelayDiscovery:
     settings = {"timeout_s": 1.0, "probe_timeout_s": 1.0, **settings}
     config = DiscoveryConfig(
-        domain=ZONE, region=region, nameservers=[server.address], port=server.port, **settings  # type: ignore[arg-type]
+        domain=ZONE,
+        region=region,
+        nameservers=[server.address],
+        port=server.port,
+        **settings,  # type: ignore[arg-type]
     )
     return RelayDiscovery(config, probe=probe or scripted_probe(LATENCY_MS), clock=clock)
 
@@ -307,9 +311,7 @@ async def test_a_probe_slower_than_the_probe_timeout_counts_as_dead(dns_server):
 
 async def test_the_default_probe_times_a_tcp_connect_and_finds_closed_relays_dead(dns_server, relays):
     await relays["a1"].close()
-    discovery = RelayDiscovery(
-        DiscoveryConfig(domain=ZONE, region="a", nameservers=[dns_server.address], port=dns_server.port)
-    )
+    discovery = RelayDiscovery(DiscoveryConfig(domain=ZONE, region="a", nameservers=[dns_server.address], port=dns_server.port))
 
     candidates, _ = await discovery.resolve("a")
     probes = {label(p.candidate): p for p in await discovery.probe_all(candidates)}
@@ -371,9 +373,7 @@ async def test_an_empty_ranking_is_not_cached(dns_server, relays):
 
 async def test_a_nameserver_that_does_not_answer_gives_a_clear_error_quickly():
     port = free_port()  # nothing listens there
-    discovery = RelayDiscovery(
-        DiscoveryConfig(domain=ZONE, region="a", nameservers=["127.0.0.1"], port=port, timeout_s=0.5)
-    )
+    discovery = RelayDiscovery(DiscoveryConfig(domain=ZONE, region="a", nameservers=["127.0.0.1"], port=port, timeout_s=0.5))
 
     started = time.monotonic()
     with pytest.raises(DiscoveryError) as caught:
@@ -435,16 +435,22 @@ def candidate(name: str, priority: int = 10, weight: int = 10) -> RelayCandidate
 
 
 def test_equal_priority_and_latency_are_ordered_by_weight_heaviest_first_without_rng():
-    probes = [Probe(candidate("light", weight=1), 5.0), Probe(candidate("none", weight=0), 5.0),
-              Probe(candidate("heavy", weight=9), 5.0)]
+    probes = [
+        Probe(candidate("light", weight=1), 5.0),
+        Probe(candidate("none", weight=0), 5.0),
+        Probe(candidate("heavy", weight=9), 5.0),
+    ]
 
     assert labels(rank(probes)) == ["heavy", "light", "none"]
 
 
 def test_with_an_rng_equal_relays_are_picked_in_proportion_to_weight():
     rng = random.Random(42)
-    probes = [Probe(candidate("heavy", weight=3), 5.0), Probe(candidate("light", weight=1), 5.0),
-              Probe(candidate("none", weight=0), 5.0)]
+    probes = [
+        Probe(candidate("heavy", weight=3), 5.0),
+        Probe(candidate("light", weight=1), 5.0),
+        Probe(candidate("none", weight=0), 5.0),
+    ]
 
     firsts = [label(rank(probes, rng=rng)[0]) for _ in range(4000)]
     orders = {tuple(labels(rank(probes, rng=rng))) for _ in range(200)}

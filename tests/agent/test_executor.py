@@ -20,8 +20,13 @@ def signer():
 
 def command(signer, kind="create_container", spec=None, *, command_id="cmd-1", agent_id=AGENT, deadline=None):
     body = CommandBody(
-        id=command_id, agent_id=agent_id, kind=kind, spec=spec or {}, issued_at=time.time(),
-        deadline=deadline or time.time() + 60, key_id=signer.key_id,
+        id=command_id,
+        agent_id=agent_id,
+        kind=kind,
+        spec=spec or {},
+        issued_at=time.time(),
+        deadline=deadline or time.time() + 60,
+        key_id=signer.key_id,
     )
     return Command(body=body, signature=signer.sign(signing_bytes(body)))
 

@@ -137,14 +137,16 @@ def test_each_simulated_host_gets_a_loopback_address_of_its_own():
 @pytest.fixture
 async def grid(tmp_path: Path):
     """A Master and one relay in this process, on free ports, and four agents enrolled by the Master's own code."""
-    config = MasterConfig(state_dir=str(tmp_path / "master"), link_port=0, heartbeat_s=1.0, telemetry_s=1.0,
-                          rollup_flush_s=1.0)
+    config = MasterConfig(state_dir=str(tmp_path / "master"), link_port=0, heartbeat_s=1.0, telemetry_s=1.0, rollup_flush_s=1.0)
     provisioned = await provision_agents(config, tmp_path / "agents", 4)
     master = Master(config)
     await master.start()
     cert, key, ca = master.authority.write_server_identity(tmp_path / "relay", Role.ACCESS, "relay-1")
-    relay = AccessRelay(AccessConfig(master_url=master.link_url, agent_port=0, http_port=0, cert_file=str(cert),
-                                     key_file=str(key), ca_file=str(ca)))
+    relay = AccessRelay(
+        AccessConfig(
+            master_url=master.link_url, agent_port=0, http_port=0, cert_file=str(cert), key_file=str(key), ca_file=str(ca)
+        )
+    )
     await relay.start()
     await relay.link.wait_up(10)
     try:
@@ -166,8 +168,16 @@ async def _final(master: Master, command_id: str, timeout: float = 10.0) -> str:
 
 async def test_a_fleet_of_real_agents_gets_ready_reports_and_runs_each_command_once(grid):
     master, relay, agent_ids, agents_dir = grid
-    fleet = Fleet(FleetSettings(agents_dir=str(agents_dir), access_urls=[relay.agent_url], simulate="h100:2",
-                                connect_rate=100, latency_ms=10, jitter_ms=0))
+    fleet = Fleet(
+        FleetSettings(
+            agents_dir=str(agents_dir),
+            access_urls=[relay.agent_url],
+            simulate="h100:2",
+            connect_rate=100,
+            latency_ms=10,
+            jitter_ms=0,
+        )
+    )
     fleet.load()
     assert all(isinstance(a, Agent) and isinstance(a, SimulatedAgent) for a in fleet.agents)  # the agent's own code
     await fleet.start()
@@ -197,8 +207,17 @@ async def test_a_fleet_of_real_agents_gets_ready_reports_and_runs_each_command_o
 
 async def test_failures_of_the_simulated_runtime_reach_the_master_as_failed_commands(grid):
     master, relay, agent_ids, agents_dir = grid
-    fleet = Fleet(FleetSettings(agents_dir=str(agents_dir), access_urls=[relay.agent_url], simulate="a10:1", count=1,
-                                failure_rate=1.0, latency_ms=0, jitter_ms=0))
+    fleet = Fleet(
+        FleetSettings(
+            agents_dir=str(agents_dir),
+            access_urls=[relay.agent_url],
+            simulate="a10:1",
+            count=1,
+            failure_rate=1.0,
+            latency_ms=0,
+            jitter_ms=0,
+        )
+    )
     fleet.load()
     await fleet.start()
     try:

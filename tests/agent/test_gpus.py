@@ -178,11 +178,21 @@ def fake_nvml(gpus: list[FakeGpu], *, init_error: type[pynvml.NVMLError] | None 
 def h100_sxm() -> FakeGpu:
     """An NVLink card with ECC, bindings returning str."""
     return FakeGpu(
-        uuid="GPU-11111111-2222-3333-4444-555555555555", name="NVIDIA H100 80GB HBM3",
-        bus_id=b"00000000:1B:00.0", memory_total=81559 * MIB, memory_used=1024 * MIB, capability=(9, 0),
-        max_pcie_gen=5, pcie_width=16,
-        clocks_max={pynvml.NVML_CLOCK_SM: 1980, pynvml.NVML_CLOCK_MEM: 2619}, sm_clock=1755,
-        power_limit_mw=700_000, power_mw=312_456, temperature=41, utilization=87, bus_width=5120,
+        uuid="GPU-11111111-2222-3333-4444-555555555555",
+        name="NVIDIA H100 80GB HBM3",
+        bus_id=b"00000000:1B:00.0",
+        memory_total=81559 * MIB,
+        memory_used=1024 * MIB,
+        capability=(9, 0),
+        max_pcie_gen=5,
+        pcie_width=16,
+        clocks_max={pynvml.NVML_CLOCK_SM: 1980, pynvml.NVML_CLOCK_MEM: 2619},
+        sm_clock=1755,
+        power_limit_mw=700_000,
+        power_mw=312_456,
+        temperature=41,
+        utilization=87,
+        bus_width=5120,
         nvlinks=[(True, b"00000000:2A:00.0"), (True, b"00000000:2B:00.0"), (False, b"")],
         ecc={pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED: 3, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED: 0},
     )
@@ -191,12 +201,23 @@ def h100_sxm() -> FakeGpu:
 def rtx_4090() -> FakeGpu:
     """A consumer PCIe card: no NVLink, no ECC, and older bindings returning bytes."""
     return FakeGpu(
-        uuid=b"GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee", name=b"NVIDIA GeForce RTX 4090",
-        bus_id=b"00000000:41:00.0", memory_total=24564 * MIB, memory_used=300 * MIB, capability=(8, 9),
-        max_pcie_gen=4, pcie_width=16,
-        clocks_max={pynvml.NVML_CLOCK_SM: 3120, pynvml.NVML_CLOCK_MEM: 10501}, sm_clock=210,
-        power_limit_mw=450_000, power_mw=21_000, temperature=35, utilization=0, bus_width=384,
-        nvlinks=None, ecc=None,
+        uuid=b"GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee",
+        name=b"NVIDIA GeForce RTX 4090",
+        bus_id=b"00000000:41:00.0",
+        memory_total=24564 * MIB,
+        memory_used=300 * MIB,
+        capability=(8, 9),
+        max_pcie_gen=4,
+        pcie_width=16,
+        clocks_max={pynvml.NVML_CLOCK_SM: 3120, pynvml.NVML_CLOCK_MEM: 10501},
+        sm_clock=210,
+        power_limit_mw=450_000,
+        power_mw=21_000,
+        temperature=35,
+        utilization=0,
+        bus_width=384,
+        nvlinks=None,
+        ecc=None,
     )
 
 
@@ -254,8 +275,13 @@ def test_a_reading_the_driver_does_not_offer_is_none_not_a_failure(monkeypatch, 
     def not_supported(*args):
         raise pynvml.NVMLError_NotSupported()
 
-    for name in ("nvmlDeviceGetMemoryBusWidth", "nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetTemperature",
-                 "nvmlDeviceGetPowerUsage", "nvmlDeviceGetUtilizationRates"):
+    for name in (
+        "nvmlDeviceGetMemoryBusWidth",
+        "nvmlDeviceGetEnforcedPowerLimit",
+        "nvmlDeviceGetTemperature",
+        "nvmlDeviceGetPowerUsage",
+        "nvmlDeviceGetUtilizationRates",
+    ):
         monkeypatch.setattr(two_gpu_host, name, not_supported)
     collector = NvmlCollector()
 

@@ -42,7 +42,11 @@ async def test_a_container_runs_with_the_specs_limits_hardening_and_labels(runti
     assert "no-new-privileges" in host["SecurityOpt"]
     assert "NET_RAW" in host["CapDrop"] and "MKNOD" in host["CapDrop"]
     assert raw["Config"]["Labels"] == {
-        "team": "vision", LABEL_COMMAND_ID: "cmd-1", LABEL_AGENT_ID: "agt-1", LABEL_RENTAL_ID: "rent-7", LABEL_NAME: "limits",
+        "team": "vision",
+        LABEL_COMMAND_ID: "cmd-1",
+        LABEL_AGENT_ID: "agt-1",
+        LABEL_RENTAL_ID: "rent-7",
+        LABEL_NAME: "limits",
     }
     assert "MODE=train" in raw["Config"]["Env"]
     assert raw["State"]["Running"] is True
@@ -111,7 +115,9 @@ async def test_a_finished_container_reports_its_exit_code(runtime, podman):
 
 async def test_a_missing_image_fails_clearly_and_nothing_is_pulled(runtime, podman):
     job = ContainerSpec(name="noimage", image="example.invalid/nothing:1", command=["true"])
-    with pytest.raises(RuntimeFailure, match="image 'example.invalid/nothing:1' not found locally on this host; no registry pull"):
+    with pytest.raises(
+        RuntimeFailure, match="image 'example.invalid/nothing:1' not found locally on this host; no registry pull"
+    ):
         await runtime.create(job, labels=agent_labels("cmd-8"))
     assert podman.inspect("noimage") is None
 

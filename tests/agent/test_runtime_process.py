@@ -71,8 +71,14 @@ def record(tmp_path, name):
 async def test_a_container_is_a_process_with_its_gpus_env_and_memory_limit(runtime, tmp_path):
     out = tmp_path / "seen"
     script = publish(out, "env; cat /proc/self/limits") + "; sleep 300"
-    job = shell("job", script, gpus=["GPU-a", "GPU-b"], memory_mib=64, env={"MODE": "train", "CUDA_VISIBLE_DEVICES": "0,1,2,3"},
-                labels={"team": "vision"})
+    job = shell(
+        "job",
+        script,
+        gpus=["GPU-a", "GPU-b"],
+        memory_mib=64,
+        env={"MODE": "train", "CUDA_VISIBLE_DEVICES": "0,1,2,3"},
+        labels={"team": "vision"},
+    )
     info = await runtime.create(job, labels=labels("cmd-1"))
 
     assert (info.state, info.runtime, info.exit_code) == ("running", "process", None)
@@ -96,7 +102,9 @@ async def test_a_container_without_gpus_sees_none_and_is_pinned_to_whole_cores(r
 async def test_a_new_runtime_on_the_same_state_dir_finds_inspects_and_deletes_the_container(runtime, tmp_path):
     pids = tmp_path / "pids"
     # The command starts a child of its own: delete must end the whole session, not just the first process.
-    created = await runtime.create(shell("shared", "sleep 300 & " + publish(pids, "echo $$ $!") + "; wait"), labels=labels("cmd-3"))
+    created = await runtime.create(
+        shell("shared", "sleep 300 & " + publish(pids, "echo $$ $!") + "; wait"), labels=labels("cmd-3")
+    )
     shell_pid, child_pid = map(int, (await wait_until(lambda: file_text(pids), "the pids")).split())
 
     restarted = ProcessRuntime(tmp_path / "state")
@@ -115,7 +123,9 @@ async def test_a_new_runtime_on_the_same_state_dir_finds_inspects_and_deletes_th
 
 async def test_a_session_that_ignores_sigterm_is_killed_after_the_timeout(runtime, tmp_path):
     ready = tmp_path / "ready"
-    await runtime.create(shell("stubborn", "trap '' TERM; sleep 300 & " + publish(ready, "echo $!") + "; wait"), labels=labels("cmd-4"))
+    await runtime.create(
+        shell("stubborn", "trap '' TERM; sleep 300 & " + publish(ready, "echo $!") + "; wait"), labels=labels("cmd-4")
+    )
     child = int(await wait_until(lambda: file_text(ready), "the command to start"))
     started = time.monotonic()
     deleted = await runtime.delete("stubborn", timeout_s=0.5)

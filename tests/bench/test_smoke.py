@@ -11,23 +11,52 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 FLEET_KEYS = {
-    "agents", "ready_s", "relay_kib_per_agent", "master_kib_per_agent", "msgs_per_s", "baseline_msgs_per_s",
-    "cmd_rtt_p50_ms", "cmd_rtt_p99_ms", "cmd_rtt_max_ms", "backlog", "connect_rate_per_s", "heartbeats_per_s",
-    "telemetry_samples_per_s", "relay_msgs_per_s", "relay_vs_baseline", "processes",
+    "agents",
+    "ready_s",
+    "relay_kib_per_agent",
+    "master_kib_per_agent",
+    "msgs_per_s",
+    "baseline_msgs_per_s",
+    "cmd_rtt_p50_ms",
+    "cmd_rtt_p99_ms",
+    "cmd_rtt_max_ms",
+    "backlog",
+    "connect_rate_per_s",
+    "heartbeats_per_s",
+    "telemetry_samples_per_s",
+    "relay_msgs_per_s",
+    "relay_vs_baseline",
+    "processes",
 }
 
 
 def run_bench(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "bench", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "bench", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.mark.e2e
 def test_the_fleet_benchmark_runs_50_agents_and_reports_every_figure(tmp_path):
     out = tmp_path / "fleet.json"
-    done = run_bench("fleet", "--agents", "50", "--gpus-per-agent", "2", "--duration", "3", "--cmd-rate", "4",
-                     "--flood-seconds", "1", "--flood-agents", "20", "--flood-rate", "1000", "--json", str(out),
-                     timeout=240)
+    done = run_bench(
+        "fleet",
+        "--agents",
+        "50",
+        "--gpus-per-agent",
+        "2",
+        "--duration",
+        "3",
+        "--cmd-rate",
+        "4",
+        "--flood-seconds",
+        "1",
+        "--flood-agents",
+        "20",
+        "--flood-rate",
+        "1000",
+        "--json",
+        str(out),
+        timeout=240,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(out.read_text())
     assert FLEET_KEYS <= result.keys()

@@ -6,13 +6,30 @@ import pytest
 from common.catalog import ALIASES, CATALOG, GpuModel, UnknownGpuModel, match_model, reference_gpu_info, resolve_alias
 from common.inventory import GpuInfo
 
-REQUIRED = ("h200", "h100-sxm", "h100-pcie", "a100-80gb", "a100-40gb", "l40s", "rtx-6000-ada", "rtx-a6000", "a10",
-            "l4", "v100-32gb", "t4", "rtx-4090", "rtx-4080", "rtx-3090", "rtx-3080")
+REQUIRED = (
+    "h200",
+    "h100-sxm",
+    "h100-pcie",
+    "a100-80gb",
+    "a100-40gb",
+    "l40s",
+    "rtx-6000-ada",
+    "rtx-a6000",
+    "a10",
+    "l4",
+    "v100-32gb",
+    "t4",
+    "rtx-4090",
+    "rtx-4080",
+    "rtx-3090",
+    "rtx-3080",
+)
 
 
 def gpu(name: str, memory_mib: int) -> GpuInfo:
-    return GpuInfo(index=0, uuid="GPU-test", name=name, pci_bus_id="00000000:10:00.0",
-                   memory_total_mib=memory_mib, compute_capability="8.0")
+    return GpuInfo(
+        index=0, uuid="GPU-test", name=name, pci_bus_id="00000000:10:00.0", memory_total_mib=memory_mib, compute_capability="8.0"
+    )
 
 
 def test_catalog_lists_the_models_the_marketplace_sells():
@@ -80,10 +97,21 @@ def test_unknown_names_match_nothing(name: str):
 
 @pytest.mark.parametrize(
     ("typed", "key"),
-    [("h100", "h100-sxm"), ("H200", "h200"), ("a100", "a100-80gb"), ("4090", "rtx-4090"), ("rtx4090", "rtx-4090"),
-     ("RTX 4090", "rtx-4090"), ("rtx_3080", "rtx-3080"), ("v100", "v100-32gb"), ("T4", "t4"),
-     ("h100-pcie", "h100-pcie"),
-     ("A100 40GB", "a100-40gb"), ("a6000", "rtx-a6000"), ("L40S", "l40s")],
+    [
+        ("h100", "h100-sxm"),
+        ("H200", "h200"),
+        ("a100", "a100-80gb"),
+        ("4090", "rtx-4090"),
+        ("rtx4090", "rtx-4090"),
+        ("RTX 4090", "rtx-4090"),
+        ("rtx_3080", "rtx-3080"),
+        ("v100", "v100-32gb"),
+        ("T4", "t4"),
+        ("h100-pcie", "h100-pcie"),
+        ("A100 40GB", "a100-40gb"),
+        ("a6000", "rtx-a6000"),
+        ("L40S", "l40s"),
+    ],
 )
 def test_aliases_resolve_case_insensitively(typed: str, key: str):
     assert resolve_alias(typed).key == key

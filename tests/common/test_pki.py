@@ -128,7 +128,9 @@ def test_only_master_and_access_certificates_may_serve_tls(ca: CertificateAuthor
 
 
 def test_server_certificate_carries_the_given_names_next_to_the_identity(ca: CertificateAuthority):
-    _, cert_pem = ca.issue_keypair(Role.ACCESS, "relay-eu-1", valid_s=HOUR, dns_names=["relay.example"], ip_addresses=["127.0.0.1", "::1"])
+    _, cert_pem = ca.issue_keypair(
+        Role.ACCESS, "relay-eu-1", valid_s=HOUR, dns_names=["relay.example"], ip_addresses=["127.0.0.1", "::1"]
+    )
     san = load_cert(cert_pem).extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert san.get_values_for_type(x509.UniformResourceIdentifier) == ["idlegrid://access/relay-eu-1"]
     assert san.get_values_for_type(x509.DNSName) == ["relay.example"]
@@ -192,7 +194,12 @@ def test_sign_csr_refuses_a_tampered_csr(ca: CertificateAuthority):
 
 def _csr(key, algorithm) -> bytes:
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "idlegrid-agent")])
-    return x509.CertificateSigningRequestBuilder().subject_name(subject).sign(key, algorithm).public_bytes(serialization.Encoding.PEM)
+    return (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(subject)
+        .sign(key, algorithm)
+        .public_bytes(serialization.Encoding.PEM)
+    )
 
 
 @pytest.mark.parametrize(
@@ -241,7 +248,9 @@ def tls_files(tmp_path_factory: pytest.TempPathFactory, ca: CertificateAuthority
     d = tmp_path_factory.mktemp("tls")
     (d / "ca.crt").write_bytes(ca.chain_pem())
     (d / "other-ca.crt").write_bytes(other_ca.chain_pem())
-    _write_pair(d, "master", ca.issue_keypair(Role.MASTER, "master", valid_s=HOUR, dns_names=["localhost"], ip_addresses=["127.0.0.1"]))
+    _write_pair(
+        d, "master", ca.issue_keypair(Role.MASTER, "master", valid_s=HOUR, dns_names=["localhost"], ip_addresses=["127.0.0.1"])
+    )
     _write_pair(d, "agent", ca.issue_keypair(Role.AGENT, "agt-good", valid_s=HOUR))
     _write_pair(d, "stranger", other_ca.issue_keypair(Role.AGENT, "agt-impostor", valid_s=HOUR))
     key = generate_key()
@@ -327,7 +336,9 @@ async def test_client_refuses_a_server_from_another_ca(tls_files: Path):
 
 
 async def test_peer_identity_says_when_the_peer_sent_no_certificate(tls_files: Path):
-    server = server_tls_context(tls_files / "master.crt", tls_files / "master.key", tls_files / "ca.crt", require_client_cert=False)
+    server = server_tls_context(
+        tls_files / "master.crt", tls_files / "master.key", tls_files / "ca.crt", require_client_cert=False
+    )
     answer = await greet(server, client_tls_context(tls_files / "ca.crt"))
     assert answer.startswith(b"refused: peer presented no certificate")
 

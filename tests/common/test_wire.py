@@ -21,11 +21,15 @@ from common.wire import (
     signing_bytes,
 )
 
-HOST = HostInfo(hostname="h", cpu_model="cpu", cpu_cores=8, ram_mib=1024, disk_total_gib=10, disk_free_gib=5, os="Debian", kernel="6.1")
+HOST = HostInfo(
+    hostname="h", cpu_model="cpu", cpu_cores=8, ram_mib=1024, disk_total_gib=10, disk_free_gib=5, os="Debian", kernel="6.1"
+)
 
 
 def test_hello_round_trips_with_its_inventory():
-    gpu = GpuInfo(index=0, uuid="GPU-1", name="NVIDIA L4", pci_bus_id="0000:01:00.0", memory_total_mib=23034, compute_capability="8.9")
+    gpu = GpuInfo(
+        index=0, uuid="GPU-1", name="NVIDIA L4", pci_bus_id="0000:01:00.0", memory_total_mib=23034, compute_capability="8.9"
+    )
     hello = Hello(versions=[1], agent_version="0.1", inventory=Inventory(host=HOST, gpus=[gpu]))
     assert decode_agent_frame(encode(hello)) == hello
 
@@ -95,7 +99,9 @@ json_values = st.recursive(
 @settings(max_examples=400, deadline=None)
 @given(
     st.sampled_from(["hello", "heartbeat", "telemetry", "command_ack", "command_result", "event", "error", "relay", "x"]),
-    st.dictionaries(st.sampled_from(["seq", "ts", "id", "ok", "samples", "inventory", "versions", "agent_id", "frame", "code"]), json_values),
+    st.dictionaries(
+        st.sampled_from(["seq", "ts", "id", "ok", "samples", "inventory", "versions", "agent_id", "frame", "code"]), json_values
+    ),
 )
 def test_well_formed_json_with_wrong_shapes_only_raises_protocol_error(frame_type, fields):
     data = msgspec.json.encode({"type": frame_type, **fields})

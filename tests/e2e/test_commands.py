@@ -20,8 +20,14 @@ def test_create_then_delete_with_the_process_runtime(grid, tmp_path):
     agent_id, _ = start(grid, "proc-host")
     marker = tmp_path / "env.txt"
     gpus = [g["uuid"] for g in grid.agent(agent_id)["gpus"]][:1]
-    spec = {"name": "job-1", "image": "none", "command": ["sh", "-c", f"env > {marker}; sleep 60"], "gpus": gpus,
-            "memory_mib": 256, "labels": {"team": "vision"}}
+    spec = {
+        "name": "job-1",
+        "image": "none",
+        "command": ["sh", "-c", f"env > {marker}; sleep 60"],
+        "gpus": gpus,
+        "memory_mib": 256,
+        "labels": {"team": "vision"},
+    }
     created = grid.wait_command(grid.command(agent_id, "create_container", spec))
     assert created["state"] == "succeeded", created
     container = created["result"]["container"]
@@ -42,8 +48,15 @@ def test_create_then_delete_with_the_process_runtime(grid, tmp_path):
 @pytest.mark.podman
 def test_create_then_delete_against_a_real_podman_service(grid, podman):
     agent_id, _ = start(grid, "podman-host", "--runtime", "docker", "--docker-socket", str(podman.socket_path))
-    spec = {"name": "pod-job", "image": podman.image, "command": ["sleep", "300"], "cpus": 0.5, "memory_mib": 64,
-            "labels": {"team": "nlp"}, "rental_id": "rent-42"}
+    spec = {
+        "name": "pod-job",
+        "image": podman.image,
+        "command": ["sleep", "300"],
+        "cpus": 0.5,
+        "memory_mib": 64,
+        "labels": {"team": "nlp"},
+        "rental_id": "rent-42",
+    }
     created = grid.wait_command(grid.command(agent_id, "create_container", spec), timeout=60)
     assert created["state"] == "succeeded", created
     inspected = podman.inspect("pod-job")
@@ -86,8 +99,11 @@ def test_a_command_whose_signature_does_not_verify_is_refused_and_reported_faile
     with tampering_relay(grid, "victim") as rogue:
         daemon.kill()
         grid.start_agent("victim", "--access", rogue.agent_url, simulate="a10:2")
-        wait_for(lambda: rogue.connections >= 1 and grid.agent(agent_id)["state"] == "ready", 20,
-                 "the agent to reconnect through the rogue relay")
+        wait_for(
+            lambda: rogue.connections >= 1 and grid.agent(agent_id)["state"] == "ready",
+            20,
+            "the agent to reconnect through the rogue relay",
+        )
         rogue.tamper_next_command()
         witness = tmp_path / "ran"
         spec = {"name": "honest", "image": "none", "command": ["sh", "-c", f"touch {witness}; sleep 5"]}

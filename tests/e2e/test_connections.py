@@ -84,7 +84,11 @@ async def test_bad_frames_on_the_master_link_get_error_frames_and_the_master_kee
         await ws.send(json.dumps({"type": "access_hello", "versions": [1], "relay_id": "relay-rogue", "region": "x"}))
         welcome = json.loads(await asyncio.wait_for(ws.recv(), timeout=5))
         assert welcome["type"] == "access_welcome"
-        for payload, code in [("{{", "bad_json"), ('{"type": "nope"}', "unknown_type"), ('{"type": "relay"}', "schema_violation")]:
+        for payload, code in [
+            ("{{", "bad_json"),
+            ('{"type": "nope"}', "unknown_type"),
+            ('{"type": "relay"}', "schema_violation"),
+        ]:
             await ws.send(payload)
             error = json.loads(await asyncio.wait_for(ws.recv(), timeout=5))
             assert (error["type"], error["code"]) == ("error", code)

@@ -25,7 +25,9 @@ def processes_mentioning(text: str) -> list[int]:
 
 
 def ready_agents(api: str, token_file: Path) -> int:
-    request = urllib.request.Request(f"{api}/api/v1/agents", headers={"Authorization": f"Bearer {token_file.read_text().strip()}"})
+    request = urllib.request.Request(
+        f"{api}/api/v1/agents", headers={"Authorization": f"Bearer {token_file.read_text().strip()}"}
+    )
     with urllib.request.urlopen(request, timeout=2) as response:
         return sum(1 for a in json.loads(response.read())["items"] if a["state"] == "ready")
 
@@ -35,7 +37,10 @@ def test_demo_brings_up_eight_ready_agents_within_20_seconds_and_stops_cleanly(t
     started = time.monotonic()
     demo = subprocess.Popen(
         [sys.executable, "-m", "management.cli", "demo", "--state-dir", str(state_dir), "--api-port", str(port)],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         api = f"http://127.0.0.1:{port}"

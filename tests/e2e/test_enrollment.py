@@ -64,9 +64,23 @@ def test_an_operator_creates_a_token_with_the_cli_and_the_host_reports_its_bandw
     from tests.support.grid import REPO
 
     made = subprocess.run(
-        [sys.executable, "-m", "management.cli", "token", "create", "--provider", "acme",
-         "--api", f"http://127.0.0.1:{grid.api_port}", "--operator-token-file", str(grid.master_dir / "operator.token")],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "management.cli",
+            "token",
+            "create",
+            "--provider",
+            "acme",
+            "--api",
+            f"http://127.0.0.1:{grid.api_port}",
+            "--operator-token-file",
+            str(grid.master_dir / "operator.token"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert made.returncode == 0, made.stderr
     token = made.stdout.strip()
@@ -74,8 +88,11 @@ def test_an_operator_creates_a_token_with_the_cli_and_the_host_reports_its_bandw
     assert grid.enroll("measured", grid.relays["relay-1"], token).returncode == 0
     agent_id = grid.agent_id("measured")
     grid.spawn("measured", "agent", "--state-dir", str(grid.agent_dir("measured")), "--simulate", "l4:1")
-    host = wait_for(lambda: (h := grid.agent(agent_id)["host"]) and h.get("bandwidth_mbps_down") and h, 40,
-                    "the bandwidth measured against the relay")
+    host = wait_for(
+        lambda: (h := grid.agent(agent_id)["host"]) and h.get("bandwidth_mbps_down") and h,
+        40,
+        "the bandwidth measured against the relay",
+    )
     assert host["bandwidth_mbps_down"] > 0 and host["bandwidth_mbps_up"] > 0
     assert host["cpu_cores"] >= 1 and host["ram_mib"] > 0 and host["kernel"]
     assert grid.agent(agent_id)["provider"] == "acme"

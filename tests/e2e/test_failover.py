@@ -45,13 +45,24 @@ class FleetProcess:
 
     def __init__(self, grid: Grid, agents_dir: Path, access_urls: list[str]) -> None:
         log = grid.logs / "fleet.log"
-        args = [sys.executable, "-m", "agent.fleet", "--control", "--agents-dir", str(agents_dir), "--simulate", "a10:1",
-                "--log-level", "info"]
+        args = [
+            sys.executable,
+            "-m",
+            "agent.fleet",
+            "--control",
+            "--agents-dir",
+            str(agents_dir),
+            "--simulate",
+            "a10:1",
+            "--log-level",
+            "info",
+        ]
         for url in access_urls:
             args += ["--access", url]
         with open(log, "ab") as err:
-            self.process = subprocess.Popen(args, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
-                                            bufsize=0, start_new_session=True)
+            self.process = subprocess.Popen(
+                args, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, bufsize=0, start_new_session=True
+            )
         self.daemon = Daemon("fleet", self.process, log)
         grid.daemons.append(self.daemon)  # grid.stop() kills it whatever happens
         loaded = self._answer("loaded")
@@ -90,8 +101,9 @@ def grid(tmp_path: Path) -> Iterator[Grid]:
 def relays_of(grid: Grid, agent_ids: list[str]) -> dict[str, str]:
     """agent id -> the relay the Master saw its last hello through, for agents the Master has ready."""
     wanted = set(agent_ids)
-    return {a["id"]: a["relay"] for a in grid.get("/api/v1/agents")["items"]
-            if a["id"] in wanted and a["state"] in ("ready", "busy")}
+    return {
+        a["id"]: a["relay"] for a in grid.get("/api/v1/agents")["items"] if a["id"] in wanted and a["state"] in ("ready", "busy")
+    }
 
 
 def all_on(grid: Grid, agent_ids: list[str], relay_id: str) -> bool:
@@ -123,16 +135,16 @@ def test_sigkill_of_a_relay_with_50_agents_moves_them_all_within_10_s_and_comman
     killed_at = time.monotonic()
     command_ids += [create(grid, targets[n], n) for n in range(COMMANDS_BEFORE_KILL, COMMANDS)]
 
-    wait_for(lambda: all_on(grid, agent_ids, "relay-2"), FAILOVER_LIMIT_S, f"all {AGENTS} agents on relay-2",
-             interval=0.05)
+    wait_for(lambda: all_on(grid, agent_ids, "relay-2"), FAILOVER_LIMIT_S, f"all {AGENTS} agents on relay-2", interval=0.05)
     failover_s = time.monotonic() - killed_at
     print(f"\nfailover: {AGENTS} agents connected through relay-2 {failover_s:.2f} s after the SIGKILL of relay-1")
     assert failover_s <= FAILOVER_LIMIT_S
 
     results = [grid.wait_command(command_id, timeout=30) for command_id in command_ids]
     assert [r["state"] for r in results] == ["succeeded"] * COMMANDS, results
-    ran = wait_for(lambda: (s := fleet.request("stats"))["commands_executed"] >= COMMANDS and s, 10,
-                   "the agents to report their executions")
+    ran = wait_for(
+        lambda: (s := fleet.request("stats"))["commands_executed"] >= COMMANDS and s, 10, "the agents to report their executions"
+    )
     assert (ran["commands_executed"], ran["duplicate_executions"], ran["failed_executions"]) == (COMMANDS, 0, 0), ran
 
     moves = grid.get("/api/v1/events?kind=agent.relay_changed")["items"]

@@ -42,8 +42,10 @@ def zone_records(relays: dict[str, RelayInfo]) -> list[Record]:
     records: list[Record] = []
     for relay_id, (region, priority) in RELAYS.items():
         host = relay_host(relay_id)
-        records += [SrvRecord(srv_name(region, ZONE).rstrip("."), host, relays[relay_id].agent_port, priority, 10),
-                    HostRecord(host, "127.0.0.1", DNS_TTL_S)]
+        records += [
+            SrvRecord(srv_name(region, ZONE).rstrip("."), host, relays[relay_id].agent_port, priority, 10),
+            HostRecord(host, "127.0.0.1", DNS_TTL_S),
+        ]
     records += [TxtRecord(fallback_name(region, ZONE).rstrip("."), f"regions={other}") for region, other in FALLBACK.items()]
     return records
 
@@ -69,8 +71,18 @@ def start_agents(grid: Grid, dns: Dnsmasq) -> dict[str, str]:
         assert enrolled.returncode == 0, enrolled.stderr
         ids[grid.agent_id(name)] = region
     for name, region in AGENTS.items():
-        grid.start_agent(name, "--region", region, "--dns-domain", ZONE, "--dns-nameserver", dns.address,
-                         "--dns-port", str(dns.port), simulate="l4:1")
+        grid.start_agent(
+            name,
+            "--region",
+            region,
+            "--dns-domain",
+            ZONE,
+            "--dns-nameserver",
+            dns.address,
+            "--dns-port",
+            str(dns.port),
+            simulate="l4:1",
+        )
     return ids
 
 
@@ -81,8 +93,11 @@ def placement(grid: Grid, ids: dict[str, str]) -> dict[str, tuple[str, str, str]
 
 def wait_placed(grid: Grid, ids: dict[str, str], relay_of_region: dict[str, str], what: str) -> None:
     want = {agent_id: ("ready", region, relay_of_region[region]) for agent_id, region in ids.items()}
-    wait_for(lambda: placement(grid, ids) == want, SWITCH_TIMEOUT_S,
-             f"{what}: want {want}\nrelay-b1 log:\n{grid.relays['relay-b1'].daemon.tail(10)}")
+    wait_for(
+        lambda: placement(grid, ids) == want,
+        SWITCH_TIMEOUT_S,
+        f"{what}: want {want}\nrelay-b1 log:\n{grid.relays['relay-b1'].daemon.tail(10)}",
+    )
 
 
 def relay_changes(grid: Grid) -> list[tuple[str, str, str, str]]:
@@ -117,5 +132,6 @@ def test_agents_use_their_regions_best_relay_fail_over_to_the_fallback_region_an
     kill(grid, "relay-b1")  # the next reconnect: region a's agents go home, region b's agent falls back to a
     wait_placed(grid, ids, {"a": "relay-a1", "b": "relay-a1"}, "everyone on relay-a1")
     home_again = [c for c in relay_changes(grid) if c[1] == "relay-b1"]
-    assert sorted(home_again) == sorted([(a, "relay-b1", "relay-a1", "a") for a in a_agents]
-                                        + [(b_agent, "relay-b1", "relay-a1", "b")])
+    assert sorted(home_again) == sorted(
+        [(a, "relay-b1", "relay-a1", "a") for a in a_agents] + [(b_agent, "relay-b1", "relay-a1", "b")]
+    )

@@ -122,7 +122,7 @@ def restart_master(grid: Grid, *extra: str) -> None:
     grid.master.kill(signal.SIGTERM)
     grid.start_master(*extra)
     for relay in grid.relays.values():
-        wait_for(lambda: grid.relay_health(relay)["master_link"] == "up", 45, f"{relay.relay_id} to link up again")
+        wait_for(lambda relay=relay: grid.relay_health(relay)["master_link"] == "up", 45, f"{relay.relay_id} to link up again")
 
 
 def restart_relay(grid: Grid, relay_id: str) -> None:
@@ -149,13 +149,16 @@ async def test_an_agent_renews_its_certificate_on_its_open_connection_and_uses_i
         assert first["cert_serial"] == serial_of(first_pair)
 
         renewed = await asyncio.to_thread(
-            wait_for, lambda: (a := grid.agent(agent_id))["cert_serial"] != first["cert_serial"] and a, 30,
+            wait_for,
+            lambda: (a := grid.agent(agent_id))["cert_serial"] != first["cert_serial"] and a,
+            30,
             "the Master to record a renewed certificate",
         )
         assert renewed["cert_not_after"] > first["cert_not_after"]
         state_dir = grid.agent_dir("renewer")
-        await asyncio.to_thread(wait_for, lambda: serial_of(state_dir) != serial_of(first_pair), 10,
-                                "the agent to store its new certificate")
+        await asyncio.to_thread(
+            wait_for, lambda: serial_of(state_dir) != serial_of(first_pair), 10, "the agent to store its new certificate"
+        )
         for file in ("agent.key", "agent.crt"):
             assert (state_dir / file).stat().st_mode & 0o777 == 0o600
         assert (state_dir / "agent.key").read_bytes() != (first_pair / "agent.key").read_bytes()  # a fresh key
@@ -177,7 +180,9 @@ async def test_an_agent_renews_its_certificate_on_its_open_connection_and_uses_i
         latest = serial_of(state_dir)
         grid.start_agent("renewer", simulate="l4:1")
         await asyncio.to_thread(
-            wait_for, lambda: any(e["serial"] == latest for e in log_entries(relay.daemon, "agent connected")), 20,
+            wait_for,
+            lambda: any(e["serial"] == latest for e in log_entries(relay.daemon, "agent connected")),
+            20,
             "the agent to reconnect with its renewed certificate",
         )
         await asyncio.to_thread(grid.wait_state, agent_id, "ready")
@@ -219,7 +224,10 @@ async def test_revocation_covers_every_valid_certificate_on_every_relay_across_r
         (tmp_path / "agent.toml").write_text("cert_renew_fraction = 0.1\n")
         a_daemon = grid.start_agent("a", "--config", str(tmp_path / "agent.toml"), simulate="l4:1")
         await asyncio.to_thread(
-            wait_for, lambda: grid.agent(a_id)["cert_serial"] not in ("", serial_of(a_first)), 40, "a to renew",
+            wait_for,
+            lambda: grid.agent(a_id)["cert_serial"] not in ("", serial_of(a_first)),
+            40,
+            "a to renew",
         )
         b_id = await asyncio.to_thread(enroll, grid, "b")
         c_id = await asyncio.to_thread(enroll, grid, "c")  # never revoked: refusals must be about A and B only
@@ -236,8 +244,11 @@ async def test_revocation_covers_every_valid_certificate_on_every_relay_across_r
         await wait_closed_by(first_on_r2, started + REVOCATION_DEADLINE_S)  # relay-2: the old certificate
         assert "revoked" in (first_on_r2.close_reason or "")
         await asyncio.to_thread(  # relay-1: the agent's session with its renewed certificate
-            wait_for, lambda: relay_counter(grid, r1, "idlegrid_access_connections_refused", reason="revoked") > refused_before,
-            max(0.1, started + REVOCATION_DEADLINE_S - time.monotonic()), "relay-1 to cut a off", 0.05,
+            wait_for,
+            lambda: relay_counter(grid, r1, "idlegrid_access_connections_refused", reason="revoked") > refused_before,
+            max(0.1, started + REVOCATION_DEADLINE_S - time.monotonic()),
+            "relay-1 to cut a off",
+            0.05,
         )
         a_daemon.kill()
         a_latest = keep_pair(grid, "a", tmp_path / "a-latest")
@@ -282,7 +293,9 @@ class ResigningRelay(TamperingRelay):
         body = msgspec.convert(frame["body"], CommandBody)
         body.key_id = self.signer.key_id
         self.tampered.append(body.id)
-        return json.dumps({"type": "command", "body": msgspec.to_builtins(body), "signature": self.signer.sign(signing_bytes(body))})
+        return json.dumps(
+            {"type": "command", "body": msgspec.to_builtins(body), "signature": self.signer.sign(signing_bytes(body))}
+        )
 
 
 def agent_keys(grid: Grid, name: str) -> dict:
@@ -302,19 +315,23 @@ async def test_a_rotated_key_reaches_connected_agents_and_a_retired_key_signs_no
         status, rotated = await asyncio.to_thread(grid.call, "POST", "/api/v1/signing-keys/rotate")
         assert status == 201, rotated
         new = rotated["key_id"]
-        await asyncio.to_thread(wait_for, lambda: new in agent_keys(grid, "rot")["command_keys"], 10,
-                                "the agent to learn the new key")
+        await asyncio.to_thread(
+            wait_for, lambda: new in agent_keys(grid, "rot")["command_keys"], 10, "the agent to learn the new key"
+        )
 
         ran = tmp_path / "ran-new"
         spec = {"name": "signed-new", "image": "none", "command": ["sh", "-c", f"touch {ran}; sleep 30"]}
-        result = await asyncio.to_thread(grid.wait_command, await asyncio.to_thread(grid.command, agent_id, "create_container", spec))
+        result = await asyncio.to_thread(
+            grid.wait_command, await asyncio.to_thread(grid.command, agent_id, "create_container", spec)
+        )
         assert result["state"] == "succeeded" and result["key_id"] == new, result
         assert ran.exists()
 
         status, retired = await asyncio.to_thread(grid.call, "POST", f"/api/v1/signing-keys/{old}/retire")
         assert status == 200 and retired["state"] == "retired", retired
-        await asyncio.to_thread(wait_for, lambda: old in agent_keys(grid, "rot")["retired_keys"], 10,
-                                "the agent to learn the key is retired")
+        await asyncio.to_thread(
+            wait_for, lambda: old in agent_keys(grid, "rot")["retired_keys"], 10, "the agent to learn the key is retired"
+        )
         assert old not in agent_keys(grid, "rot")["command_keys"]
 
         # A command signed (validly) with the retired key, loaded from the Master's own pki directory.
@@ -352,13 +369,21 @@ async def test_an_agent_naming_another_in_every_field_changes_nothing_of_the_oth
     b_events_before = (await asyncio.to_thread(grid.get, f"/api/v1/events?subject={b_id}&limit=1000"))["items"]
     b_gpus = [g["uuid"] for g in b_before["gpus"]]
 
-    forged_host = HostInfo(hostname=b_id, cpu_model=b_id, cpu_cores=1, ram_mib=1024, disk_total_gib=1, disk_free_gib=1,
-                           os=b_id, kernel=b_id)
-    forged_gpus = [msgspec.structs.replace(g, uuid=u) for g, u in zip(SimulatedCollector("a10:2", host_key=b_id).inventory(), b_gpus)]
+    forged_host = HostInfo(
+        hostname=b_id, cpu_model=b_id, cpu_cores=1, ram_mib=1024, disk_total_gib=1, disk_free_gib=1, os=b_id, kernel=b_id
+    )
+    forged_gpus = [
+        msgspec.structs.replace(g, uuid=u) for g, u in zip(SimulatedCollector("a10:2", host_key=b_id).inventory(), b_gpus)
+    ]
     csr_for_b = make_csr(generate_key(), b_id).decode()
     frames = [
-        Hello(versions=[1], agent_version=b_id, inventory=Inventory(host=forged_host, gpus=forged_gpus), region=b_id,
-              command_keys=[b_id]),
+        Hello(
+            versions=[1],
+            agent_version=b_id,
+            inventory=Inventory(host=forged_host, gpus=forged_gpus),
+            region=b_id,
+            command_keys=[b_id],
+        ),
         Heartbeat(seq=1, ts=time.time(), running=["b-job"], ping=b_id),
         Telemetry(ts=time.time(), samples=[GpuSample(uuid=u, ts=time.time(), utilization_pct=99.5) for u in b_gpus]),
         CommandAck(id=b_command),
@@ -395,7 +420,9 @@ async def test_an_agent_naming_another_in_every_field_changes_nothing_of_the_oth
     assert (command["state"], command["attempts"], command["result"]) == ("pending", 0, None)
     a_now = await asyncio.to_thread(grid.agent, a_id)
     assert a_now["gpus"] == []  # B's GPUs stay B's
-    forged_events = (await asyncio.to_thread(grid.get, f"/api/v1/events?subject={a_id}&kind=agent.transition&limit=1000"))["items"]
+    forged_events = (await asyncio.to_thread(grid.get, f"/api/v1/events?subject={a_id}&kind=agent.transition&limit=1000"))[
+        "items"
+    ]
     assert all(e["subject"] == a_id for e in forged_events)
 
     # B itself, back, gets and runs its command.

@@ -34,8 +34,11 @@ def command_state(grid: Grid, command_id: str) -> str:
 
 def refusals(metrics: str, reason: str) -> float:
     """How many agent connections a relay refused for ``reason``, from its /metrics text."""
-    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-               if line.startswith("idlegrid_access_connections_refused_total{") and f'reason="{reason}"' in line)
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("idlegrid_access_connections_refused_total{") and f'reason="{reason}"' in line
+    )
 
 
 def kill_master(grid: Grid) -> float:
@@ -88,8 +91,10 @@ def test_sigkill_of_the_master_with_commands_in_flight_every_command_ends_once_w
     away_id, away = grid.run_agent("away")
     slow = [f"slow-{n}" for n in range(2)]
     for name in slow:
-        assert grid.wait_command(grid.command(busy_id, "create_container", counted_spec(runs, name, ignores_sigterm=True)))[
-            "state"] == "succeeded"
+        assert (
+            grid.wait_command(grid.command(busy_id, "create_container", counted_spec(runs, name, ignores_sigterm=True)))["state"]
+            == "succeeded"
+        )
     # An agent away when the commands are issued: they stay pending across the Master's restart.
     away.kill(signal.SIGKILL)
     wait_for(lambda: grid.relay_health(grid.relays["relay-1"])["agents"] == 2, 10, "the relay to see it go")
@@ -118,8 +123,11 @@ def test_sigkill_of_the_master_with_commands_in_flight_every_command_ends_once_w
     for agent_id in (busy_id, calm_id, away_id):
         assert grid.agent(agent_id)["state"] == "busy"
     for agent_id in (busy_id, calm_id):
-        lost = [e for e in grid.get(f"/api/v1/events?subject={agent_id}&kind=agent.transition&limit=1000")["items"]
-                if e["data"]["event"] == "heartbeat_lost" and e["ts"] > died_at]
+        lost = [
+            e
+            for e in grid.get(f"/api/v1/events?subject={agent_id}&kind=agent.transition&limit=1000")["items"]
+            if e["data"]["event"] == "heartbeat_lost" and e["ts"] > died_at
+        ]
         assert not lost, (lost, restarted_at)
 
 

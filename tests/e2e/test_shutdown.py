@@ -38,8 +38,9 @@ def create_slow_containers(grid: Grid, agent_id: str, runs, names: list[str]) ->
 def delete_slowly(grid: Grid, agent_id: str, names: list[str], timeout_s: float) -> list[str]:
     """Issue the deletes and wait until the agent runs them (acked); their ids."""
     deletes = [grid.command(agent_id, "delete_container", {"name": name, "timeout_s": timeout_s}) for name in names]
-    wait_for(lambda: all(grid.get(f"/api/v1/commands/{c}")["state"] == "acked" for c in deletes), 10,
-             "the agent to take the deletes")
+    wait_for(
+        lambda: all(grid.get(f"/api/v1/commands/{c}")["state"] == "acked" for c in deletes), 10, "the agent to take the deletes"
+    )
     return deletes
 
 
@@ -112,8 +113,11 @@ def test_a_relay_stopped_with_sigterm_hands_its_buffer_to_the_master_before_it_e
         assert grid.wait_command(command_id, timeout=10)["state"] == "succeeded"
 
     grid.start_relay("relay-1", "eu-west")
-    wait_for(lambda: grid.agent(agent_id)["relay"] == "relay-1" and grid.agent(agent_id)["state"] == "ready", 20,
-             "the agent back through the new relay")
+    wait_for(
+        lambda: grid.agent(agent_id)["relay"] == "relay-1" and grid.agent(agent_id)["state"] == "ready",
+        20,
+        "the agent back through the new relay",
+    )
     assert agent.alive()
 
 

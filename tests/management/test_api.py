@@ -10,10 +10,16 @@ from common.inventory import HostInfo, Inventory
 from master.records import AgentRecord
 from master.service import Master
 
-HOST = HostInfo(hostname="h1", cpu_model="EPYC", cpu_cores=64, ram_mib=512000, disk_total_gib=2000, disk_free_gib=1500,
-                os="Debian 12", kernel="6.1")
-
-
+HOST = HostInfo(
+    hostname="h1",
+    cpu_model="EPYC",
+    cpu_cores=64,
+    ram_mib=512000,
+    disk_total_gib=2000,
+    disk_free_gib=1500,
+    os="Debian 12",
+    kernel="6.1",
+)
 
 
 async def add_agent(master: Master, agent_id: str, simulate: str) -> None:
@@ -21,8 +27,9 @@ async def add_agent(master: Master, agent_id: str, simulate: str) -> None:
     await master.store.agents.put(agent)
     await master.registry.add(agent)
     gpus = SimulatedCollector(simulate, host_key=agent_id).inventory()
-    await master.registry.on_hello(agent, Inventory(host=HOST, gpus=gpus, simulated=True), relay="relay-1",
-                                   region="eu-west", now=time.time())
+    await master.registry.on_hello(
+        agent, Inventory(host=HOST, gpus=gpus, simulated=True), relay="relay-1", region="eu-west", now=time.time()
+    )
 
 
 async def test_every_api_call_needs_an_operator_key(api):
@@ -81,7 +88,11 @@ async def test_join_tokens_are_created_for_a_provider_and_stored_only_hashed(api
         ({"agent_id": "agt-nobody", "kind": "create_container", "spec": {}}, 404, "not_found"),
         ({"agent_id": "agt-a", "kind": "format_disk", "spec": {}}, 400, "invalid_command"),
         ({"agent_id": "agt-a", "kind": "create_container", "spec": {"name": "x"}}, 400, "invalid_command"),
-        ({"agent_id": "agt-a", "kind": "create_container", "spec": {"name": "x", "image": "i", "privileged": True}}, 400, "invalid_command"),
+        (
+            {"agent_id": "agt-a", "kind": "create_container", "spec": {"name": "x", "image": "i", "privileged": True}},
+            400,
+            "invalid_command",
+        ),
     ],
 )
 async def test_bad_commands_get_clear_json_errors(api, body, status, code):
@@ -94,8 +105,9 @@ async def test_bad_commands_get_clear_json_errors(api, body, status, code):
 
 async def test_a_command_for_an_unreachable_agent_is_accepted_and_stays_pending(api):
     await add_agent(api.master, "agt-a", "a10:1")
-    response = await api.post("/api/v1/commands", headers=api.auth,
-                              json={"agent_id": "agt-a", "kind": "delete_container", "spec": {"name": "x"}})
+    response = await api.post(
+        "/api/v1/commands", headers=api.auth, json={"agent_id": "agt-a", "kind": "delete_container", "spec": {"name": "x"}}
+    )
     assert response.status == 202
     command_id = (await response.json())["id"]
     command = await (await api.get(f"/api/v1/commands/{command_id}", headers=api.auth)).json()
@@ -111,8 +123,9 @@ async def test_drain_and_revoke_move_the_agent_and_are_recorded(api):
     assert revoked["state"] == "retired"
     events = (await (await api.get("/api/v1/events?subject=agt-a&kind=agent.transition", headers=api.auth)).json())["items"]
     assert [e["data"]["new"] for e in events] == ["ready", "maintenance", "retired"]
-    again = await api.post("/api/v1/commands", headers=api.auth,
-                           json={"agent_id": "agt-a", "kind": "delete_container", "spec": {"name": "x"}})
+    again = await api.post(
+        "/api/v1/commands", headers=api.auth, json={"agent_id": "agt-a", "kind": "delete_container", "spec": {"name": "x"}}
+    )
     assert again.status == 409
 
 
@@ -136,8 +149,11 @@ async def test_gpus_show_their_latest_telemetry_sample(api):
 
 async def test_a_command_nobody_answers_times_out_at_its_deadline(api):
     await add_agent(api.master, "agt-a", "a10:1")
-    response = await api.post("/api/v1/commands", headers=api.auth, json={
-        "agent_id": "agt-a", "kind": "delete_container", "spec": {"name": "x"}, "timeout_s": 0.2})
+    response = await api.post(
+        "/api/v1/commands",
+        headers=api.auth,
+        json={"agent_id": "agt-a", "kind": "delete_container", "spec": {"name": "x"}, "timeout_s": 0.2},
+    )
     command_id = (await response.json())["id"]
     for _ in range(40):
         command = await (await api.get(f"/api/v1/commands/{command_id}", headers=api.auth)).json()

@@ -7,13 +7,20 @@ import pytest
 
 from tests.support.grid import REPO
 
-COMMANDS = [["master"], ["access"], ["agent"], ["agent", "enroll"], ["demo"], ["ca", "init"], ["ca", "issue-access"],
-            ["token", "create"]]
+COMMANDS = [
+    ["master"],
+    ["access"],
+    ["agent"],
+    ["agent", "enroll"],
+    ["demo"],
+    ["ca", "init"],
+    ["ca", "issue-access"],
+    ["token", "create"],
+]
 
 
 def idlegrid(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "management.cli", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run([sys.executable, "-m", "management.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=60)
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=" ".join)

@@ -77,7 +77,9 @@ def test_keys_and_their_states_survive_a_restart(tmp_path: Path, ca):
     reopened = SigningKeyRing.open(tmp_path, ca)
     assert reopened.current.key_id == third
     assert {k.key_id: k.state for k in reopened.describe()} == {
-        first: KeyState.RETIRED, second: KeyState.VERIFYING, third: KeyState.CURRENT,
+        first: KeyState.RETIRED,
+        second: KeyState.VERIFYING,
+        third: KeyState.CURRENT,
     }
     body = b"same key, same signature"
     verifier = CommandVerifier(reopened.command_keys())
@@ -95,8 +97,6 @@ def test_a_missing_key_file_is_reported_not_replaced(tmp_path: Path, ca):
 # --- the Master: signing with the ring, re-signing, the operator endpoints ------------------------
 
 
-
-
 async def add_agent(master: Master, agent_id: str) -> None:
     agent = AgentRecord(id=agent_id, provider="prov", state="enrolled", enrolled_at=time.time())
     await master.store.agents.put(agent)
@@ -104,8 +104,15 @@ async def add_agent(master: Master, agent_id: str) -> None:
 
 
 def verifies(record, public_keys: dict[str, str]) -> bool:
-    body = CommandBody(id=record.id, agent_id=record.agent_id, kind=record.kind, spec=record.spec,
-                       issued_at=record.created_at, deadline=record.deadline, key_id=record.key_id)
+    body = CommandBody(
+        id=record.id,
+        agent_id=record.agent_id,
+        kind=record.kind,
+        spec=record.spec,
+        issued_at=record.created_at,
+        deadline=record.deadline,
+        key_id=record.key_id,
+    )
     try:
         CommandVerifier(public_keys).verify(record.key_id, signing_bytes(body), record.signature)
     except SignatureError:
@@ -145,7 +152,7 @@ async def test_new_commands_are_signed_with_the_current_key_and_open_ones_re_sig
     stored = await master.store.commands.get(before.id)
     assert stored.key_id == new
     assert verifies(stored, master.authority.command_keys())
-    resigned = (await master.store.events.list(subject=before.id, kind_prefix="command.resigned", after_seq=0, limit=10))
+    resigned = await master.store.events.list(subject=before.id, kind_prefix="command.resigned", after_seq=0, limit=10)
     assert resigned and resigned[0].data["old_key"] == old
 
 

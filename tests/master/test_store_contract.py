@@ -46,20 +46,38 @@ def raw_client(url: str) -> pymongo.AsyncMongoClient[dict[str, Any]]:
 
 def host(**overrides: Any) -> HostInfo:
     fields: dict[str, Any] = dict(
-        hostname="rig-7", cpu_model="AMD EPYC 9354", cpu_cores=64, ram_mib=515_000, disk_total_gib=3725.5,
-        disk_free_gib=2048.25, os="Debian 12", kernel="6.1.0-18-amd64", bandwidth_mbps_down=940.5,
-        bandwidth_mbps_up=480.0, latency_ms=None,
+        hostname="rig-7",
+        cpu_model="AMD EPYC 9354",
+        cpu_cores=64,
+        ram_mib=515_000,
+        disk_total_gib=3725.5,
+        disk_free_gib=2048.25,
+        os="Debian 12",
+        kernel="6.1.0-18-amd64",
+        bandwidth_mbps_down=940.5,
+        bandwidth_mbps_up=480.0,
+        latency_ms=None,
     )
     return HostInfo(**(fields | overrides))
 
 
 def gpu_info(uuid: str, index: int = 0, **overrides: Any) -> GpuInfo:
     fields: dict[str, Any] = dict(
-        index=index, uuid=uuid, name="NVIDIA H100 80GB HBM3", pci_bus_id=f"00000000:{index:02x}:00.0",
-        memory_total_mib=81_559, compute_capability="9.0", driver_version="550.54.15", cuda_version="12.4",
-        pcie_gen=5, pcie_width=16, nvlinks=[NvLink(link=0, active=True, remote_pci_bus_id="00000000:1b:00.0"),
-                                            NvLink(link=1, active=False)],
-        clock_sm_max_mhz=1980, clock_mem_max_mhz=2619, power_limit_w=700.0, memory_bus_width_bits=5120,
+        index=index,
+        uuid=uuid,
+        name="NVIDIA H100 80GB HBM3",
+        pci_bus_id=f"00000000:{index:02x}:00.0",
+        memory_total_mib=81_559,
+        compute_capability="9.0",
+        driver_version="550.54.15",
+        cuda_version="12.4",
+        pcie_gen=5,
+        pcie_width=16,
+        nvlinks=[NvLink(link=0, active=True, remote_pci_bus_id="00000000:1b:00.0"), NvLink(link=1, active=False)],
+        clock_sm_max_mhz=1980,
+        clock_mem_max_mhz=2619,
+        power_limit_w=700.0,
+        memory_bus_width_bits=5120,
         simulated=True,
     )
     return GpuInfo(**(fields | overrides))
@@ -67,10 +85,25 @@ def gpu_info(uuid: str, index: int = 0, **overrides: Any) -> GpuInfo:
 
 def agent(agent_id: str = "agt-1", **overrides: Any) -> AgentRecord:
     fields: dict[str, Any] = dict(
-        id=agent_id, provider="prov-a", state="ready", region="eu-west", relay="relay-1", cert_serial="1f2e3d",
-        cert_not_after=NOW + 86_400, host=host(), simulated=True, enrolled_at=NOW - 3600, last_seen=NOW,
-        connected_since=NOW - 60, uptime_s=3540.5, downtime_s=0.0, commands_succeeded=12, commands_failed=1,
-        drained=False, containers={"ig-job-1": ["GPU-a", "GPU-b"]}, state_reason="connected through relay-1",
+        id=agent_id,
+        provider="prov-a",
+        state="ready",
+        region="eu-west",
+        relay="relay-1",
+        cert_serial="1f2e3d",
+        cert_not_after=NOW + 86_400,
+        host=host(),
+        simulated=True,
+        enrolled_at=NOW - 3600,
+        last_seen=NOW,
+        connected_since=NOW - 60,
+        uptime_s=3540.5,
+        downtime_s=0.0,
+        commands_succeeded=12,
+        commands_failed=1,
+        drained=False,
+        containers={"ig-job-1": ["GPU-a", "GPU-b"]},
+        state_reason="connected through relay-1",
         version=3,
     )
     return AgentRecord(**(fields | overrides))
@@ -78,8 +111,15 @@ def agent(agent_id: str = "agt-1", **overrides: Any) -> AgentRecord:
 
 def gpu(uuid: str, agent_id: str = "agt-1", index: int = 0, **overrides: Any) -> GpuRecord:
     fields: dict[str, Any] = dict(
-        uuid=uuid, agent_id=agent_id, index=index, model="h100-sxm", info=gpu_info(uuid, index),
-        state="available", tier="premium", flags=["nvlink_partial"], updated_at=NOW,
+        uuid=uuid,
+        agent_id=agent_id,
+        index=index,
+        model="h100-sxm",
+        info=gpu_info(uuid, index),
+        state="available",
+        tier="premium",
+        flags=["nvlink_partial"],
+        updated_at=NOW,
     )
     return GpuRecord(**(fields | overrides))
 
@@ -88,9 +128,15 @@ def command(
     command_id: str, created_at: float, agent_id: str = "agt-1", state: str = "pending", **overrides: Any
 ) -> CommandRecord:
     fields: dict[str, Any] = dict(
-        id=command_id, agent_id=agent_id, kind="create_container",
+        id=command_id,
+        agent_id=agent_id,
+        kind="create_container",
         spec={"name": "ig-job-1", "image": "busybox", "gpus": ["GPU-a"], "env": {"A": "1"}, "limits": {"cpus": 2.5}},
-        state=state, created_at=created_at, deadline=created_at + 300, signature="c2lnbmF0dXJl", key_id="k1",
+        state=state,
+        created_at=created_at,
+        deadline=created_at + 300,
+        signature="c2lnbmF0dXJl",
+        key_id="k1",
     )
     return CommandRecord(**(fields | overrides))
 
@@ -105,8 +151,16 @@ def event(kind: str, subject: str, ts: float = NOW, **data: Any) -> EventRecord:
 
 def rollup(gpu_uuid: str, minute: int, samples: int = 6, **overrides: Any) -> TelemetryRollup:
     fields: dict[str, Any] = dict(
-        gpu_uuid=gpu_uuid, agent_id="agt-1", minute=minute, samples=samples, utilization_avg=41.5,
-        utilization_max=97.0, memory_used_mib_max=40_960, temperature_max=71.0, power_avg_w=455.25, ecc_uncorrected=0,
+        gpu_uuid=gpu_uuid,
+        agent_id="agt-1",
+        minute=minute,
+        samples=samples,
+        utilization_avg=41.5,
+        utilization_max=97.0,
+        memory_used_mib_max=40_960,
+        temperature_max=71.0,
+        power_avg_w=455.25,
+        ecc_uncorrected=0,
     )
     return TelemetryRollup(**(fields | overrides))
 
@@ -184,11 +238,13 @@ async def test_gpu_put_many_of_nothing_is_a_no_op(store: Store) -> None:
 
 
 async def test_gpus_filter_by_agent_tier_state_and_model(store: Store) -> None:
-    await store.gpus.put_many([
-        gpu("GPU-b1", "agt-2", 1, tier="standard", model="a100-pcie"),
-        gpu("GPU-b0", "agt-2", 0, state="busy"),
-        gpu("GPU-a0", "agt-1", 0, tier=None, model=""),
-    ])
+    await store.gpus.put_many(
+        [
+            gpu("GPU-b1", "agt-2", 1, tier="standard", model="a100-pcie"),
+            gpu("GPU-b0", "agt-2", 0, state="busy"),
+            gpu("GPU-a0", "agt-1", 0, tier=None, model=""),
+        ]
+    )
     assert [g.uuid for g in await store.gpus.list()] == ["GPU-a0", "GPU-b0", "GPU-b1"]  # by agent, then index
     assert [g.uuid for g in await store.gpus.list(agent_id="agt-2")] == ["GPU-b0", "GPU-b1"]
     assert [g.uuid for g in await store.gpus.list(tier="premium")] == ["GPU-b0"]
@@ -202,8 +258,16 @@ async def test_gpus_filter_by_agent_tier_state_and_model(store: Store) -> None:
 
 
 async def test_command_round_trips_spec_and_result(store: Store) -> None:
-    rec = command("cmd-1", NOW, state="succeeded", sent_at=NOW + 1, acked_at=NOW + 1.5, finished_at=NOW + 9,
-                  attempts=2, result={"container_id": "abc", "ok": True, "ports": [8080], "extra": None})
+    rec = command(
+        "cmd-1",
+        NOW,
+        state="succeeded",
+        sent_at=NOW + 1,
+        acked_at=NOW + 1.5,
+        finished_at=NOW + 9,
+        attempts=2,
+        result={"container_id": "abc", "ok": True, "ports": [8080], "extra": None},
+    )
     await store.commands.put(rec)
     assert_same(await store.commands.get("cmd-1"), rec)
     assert await store.commands.get("cmd-nope") is None
@@ -409,9 +473,7 @@ async def test_an_sqlite_file_written_by_schema_version_1_is_migrated(tmp_path: 
     with sqlite3.connect(path, isolation_level=None) as conn:  # what an idlegrid of schema version 1 wrote
         assert migrate_sqlite(conn, up_to=1) == 1
         doc = msgspec.json.encode(agent()).decode()
-        conn.execute(
-            "INSERT INTO agents (id, provider, state, doc) VALUES (?, ?, ?, ?)", ("agt-1", "prov-a", "ready", doc)
-        )
+        conn.execute("INSERT INTO agents (id, provider, state, doc) VALUES (?, ?, ?, ?)", ("agt-1", "prov-a", "ready", doc))
     conn.close()
 
     store = SqliteStore(str(path))

@@ -21,8 +21,18 @@ def card(key: str, **changes) -> GpuInfo:
 
 
 def host(down: float | None = None, up: float | None = None) -> HostInfo:
-    return HostInfo(hostname="h", cpu_model="x", cpu_cores=8, ram_mib=65536, disk_total_gib=100, disk_free_gib=50,
-                    os="linux", kernel="6.1", bandwidth_mbps_down=down, bandwidth_mbps_up=up)
+    return HostInfo(
+        hostname="h",
+        cpu_model="x",
+        cpu_cores=8,
+        ram_mib=65536,
+        disk_total_gib=100,
+        disk_free_gib=50,
+        os="linux",
+        kernel="6.1",
+        bandwidth_mbps_down=down,
+        bandwidth_mbps_up=up,
+    )
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -128,8 +138,7 @@ def test_nonsense_measurements_are_flagged():
 
 
 def test_several_contradictions_are_all_reported():
-    result = classify(card("h100-sxm", memory_total_mib=8192, compute_capability="7.5"), POLICY,
-                      measured={"fp16_tflops": 10.0})
+    result = classify(card("h100-sxm", memory_total_mib=8192, compute_capability="7.5"), POLICY, measured={"fp16_tflops": 10.0})
     assert set(result.flags) == {"vram_mismatch", "compute_capability_mismatch", "throughput_below_catalog"}
     assert len(result.reasons) == 3 and result.tier is None
 
@@ -152,8 +161,9 @@ def test_network_criterion_applies_once_bandwidth_is_measured():
 
 
 def test_pcie_and_nvlink_criteria_use_the_reported_link():
-    policy = TierPolicy(tiers=(TierRule(name="fabric", require_nvlink=True, min_pcie_gen=5, min_pcie_width=16),
-                               TierRule(name="any")))
+    policy = TierPolicy(
+        tiers=(TierRule(name="fabric", require_nvlink=True, min_pcie_gen=5, min_pcie_width=16), TierRule(name="any"))
+    )
     assert classify(card("h100-sxm"), policy).tier == "fabric"
     assert classify(card("h100-sxm", pcie_gen=4), policy).tier == "any"  # an H100 in a Gen4 slot
     assert classify(card("h100-sxm", pcie_width=8), policy).tier == "any"
@@ -177,7 +187,9 @@ def test_a_gpu_meeting_no_tier_gets_none_without_flags():
 
 
 def test_a_custom_policy_file_changes_the_result(tmp_path):
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
 [[tier]]
 name = "gold"
 description = "anything with 12 GiB"
@@ -185,7 +197,8 @@ min_vram_gib = 12
 
 [[tier]]
 name = "tin"
-""")
+""",
+    )
     policy = TierPolicy.load(path)
     assert classify(card("t4"), policy).tier == "gold"
     assert classify(card("rtx-3080"), policy).tier == "tin"
@@ -207,9 +220,9 @@ def test_a_custom_vram_tolerance_is_applied(tmp_path):
         ('[[tier]]\nname = "x"\nmin_compute_capability = "eight"\n', "'eight'"),
         ('[[tier]]\nname = "x"\nmin_pcie_gen = 4.5\n', "min_pcie_gen"),
         ('[[tier]]\nname = "x"\nrequire_nvlink = "yes"\n', "require_nvlink"),
-        ('[[tier]]\nmin_vram_gib = 1\n', "name"),
+        ("[[tier]]\nmin_vram_gib = 1\n", "name"),
         ('[[tier]]\nname = "x"\n[[tier]]\nname = "x"\n', "repeated: x"),
-        ('[verification]\nvram_tolerance = 0.1\n', "[[tier]]"),
+        ("[verification]\nvram_tolerance = 0.1\n", "[[tier]]"),
         ('[[tier]]\nname = "x"\n[verification]\nvram_tolerance = 2\n', "vram_tolerance"),
         ('[[tier]]\nname = "x"\n[verification]\ntolerance = 0.1\n', "tolerance"),
         ('[[tier]]\nname = "x"\n[extras]\n', "extras"),
@@ -273,8 +286,7 @@ _gpu_infos = st.builds(
     simulated=st.booleans(),
 )
 _hosts = st.none() | st.builds(host, down=st.none() | _any_float, up=st.none() | _any_float)
-_measured = st.none() | st.dictionaries(st.sampled_from(["fp16_tflops", "bf16_tflops", "memory_bandwidth_gbs", "x"]),
-                                        _any_float)
+_measured = st.none() | st.dictionaries(st.sampled_from(["fp16_tflops", "bf16_tflops", "memory_bandwidth_gbs", "x"]), _any_float)
 
 
 @settings(max_examples=300, deadline=None)

@@ -53,8 +53,9 @@ async def how_it_ended(reader: asyncio.StreamReader, timeout: float) -> str:
 Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 
-async def open_tcp(port: int, timeout: float = 5.0, *, source: str | None = None,
-                   tls: ssl.SSLContext | None = None) -> Connection | str:
+async def open_tcp(
+    port: int, timeout: float = 5.0, *, source: str | None = None, tls: ssl.SSLContext | None = None
+) -> Connection | str:
     """A TCP (or TLS) connection, or how connecting failed: ``reset`` (the server accepted and reset at once, often
     before the client's connect() returned), ``refused``, ``tls_failed`` or ``timeout``.
 
@@ -90,8 +91,7 @@ async def throw(port: int, payload: bytes, *, wait_s: float = 3.0, source: str |
             await writer.wait_closed()
 
 
-async def dribble(port: int, payload: bytes, *, every_s: float, wait_s: float,
-                  source: str | None = None) -> tuple[str, float]:
+async def dribble(port: int, payload: bytes, *, every_s: float, wait_s: float, source: str | None = None) -> tuple[str, float]:
     """Send ``payload`` one byte at a time (slowloris); how the server ended it and after how many seconds."""
     loop = asyncio.get_running_loop()
     started = loop.time()

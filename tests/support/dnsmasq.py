@@ -82,13 +82,10 @@ Record = SrvRecord | TxtRecord | HostRecord
 
 def dnsmasq_program() -> str:
     # /usr/sbin is not on every user's PATH, and that is where Debian's dnsmasq-base puts it.
-    found = shutil.which("dnsmasq") or next(
-        (p for p in ("/usr/sbin/dnsmasq", "/sbin/dnsmasq") if os.access(p, os.X_OK)), None
-    )
+    found = shutil.which("dnsmasq") or next((p for p in ("/usr/sbin/dnsmasq", "/sbin/dnsmasq") if os.access(p, os.X_OK)), None)
     if found is None:
         raise DnsmasqUnavailable(
-            "dnsmasq is not installed, and the relay discovery tests need a real DNS server: "
-            "apt-get install dnsmasq-base"
+            "dnsmasq is not installed, and the relay discovery tests need a real DNS server: apt-get install dnsmasq-base"
         )
     return found
 
@@ -148,9 +145,7 @@ class Dnsmasq:
     def __enter__(self) -> Dnsmasq:
         return self if self._process is not None else self.start()
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
 
     def log_tail(self, lines: int = 20) -> str:
@@ -164,10 +159,18 @@ class Dnsmasq:
 
     def _arguments(self, program: str) -> list[str]:
         args = [
-            program, "--keep-in-foreground", "--no-resolv", "--no-hosts",
-            f"--port={self.port}", f"--listen-address={self.address}", "--bind-interfaces",
-            f"--conf-file={self.records_path}", f"--pid-file={self.workdir / 'dnsmasq.pid'}",
-            f"--log-facility={self.log_path}", f"--local=/{self.zone}/", f"--local-ttl={self.local_ttl}",
+            program,
+            "--keep-in-foreground",
+            "--no-resolv",
+            "--no-hosts",
+            f"--port={self.port}",
+            f"--listen-address={self.address}",
+            "--bind-interfaces",
+            f"--conf-file={self.records_path}",
+            f"--pid-file={self.workdir / 'dnsmasq.pid'}",
+            f"--log-facility={self.log_path}",
+            f"--local=/{self.zone}/",
+            f"--local-ttl={self.local_ttl}",
         ]
         if os.geteuid() == 0:
             args.append("--user=root")

@@ -153,8 +153,12 @@ class Grid:
         log = self.logs / f"{name}.log"
         with open(log, "ab") as out:
             process = subprocess.Popen(
-                [sys.executable, "-m", "management.cli", *args], cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
+                [sys.executable, "-m", "management.cli", *args],
+                cwd=REPO,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
             )
         daemon = Daemon(name, process, log)
         self.daemons.append(daemon)
@@ -163,8 +167,17 @@ class Grid:
     def start_master(self, *extra: str) -> Daemon:
         self._master_extra = extra
         self.master = self.spawn(
-            "master", "master", "--state-dir", str(self.master_dir), "--api-port", str(self.api_port),
-            "--link-port", str(self.link_port), "--heartbeat-s", str(self.heartbeat_s), *extra,
+            "master",
+            "master",
+            "--state-dir",
+            str(self.master_dir),
+            "--api-port",
+            str(self.api_port),
+            "--link-port",
+            str(self.link_port),
+            "--heartbeat-s",
+            str(self.heartbeat_s),
+            *extra,
         )
         wait_for(lambda: self.get("/healthz", auth=False), 30, f"the Master to serve\n{self.master.tail()}")
         return self.master
@@ -174,17 +187,41 @@ class Grid:
         assert self.master is None or not self.master.alive(), "stop the Master first"
         return self.start_master(*self._master_extra)
 
-    def start_relay(self, relay_id: str = "relay-1", region: str = "local", *, names: Sequence[str] = (),
-                    extra: Sequence[str] = (), wait_link: bool = True) -> RelayInfo:
+    def start_relay(
+        self,
+        relay_id: str = "relay-1",
+        region: str = "local",
+        *,
+        names: Sequence[str] = (),
+        extra: Sequence[str] = (),
+        wait_link: bool = True,
+    ) -> RelayInfo:
         """Start (or restart, on the same ports) a relay; ``names``: host names its certificate holds besides
         localhost and 127.0.0.1, e.g. the target of its SRV record."""
         relay = self.plan_relay(relay_id, region)
         cert, key, ca = self.authority.write_server_identity(
-            self.root / "relays" / relay_id, Role.ACCESS, relay_id, names=("localhost", *names))
+            self.root / "relays" / relay_id, Role.ACCESS, relay_id, names=("localhost", *names)
+        )
         relay.daemon = self.spawn(
-            relay_id, "access", "--relay-id", relay_id, "--region", region, "--master-url",
-            f"wss://127.0.0.1:{self.link_port}/link", "--agent-port", str(relay.agent_port), "--http-port",
-            str(relay.http_port), "--cert", str(cert), "--key", str(key), "--ca", str(ca), *extra,
+            relay_id,
+            "access",
+            "--relay-id",
+            relay_id,
+            "--region",
+            region,
+            "--master-url",
+            f"wss://127.0.0.1:{self.link_port}/link",
+            "--agent-port",
+            str(relay.agent_port),
+            "--http-port",
+            str(relay.http_port),
+            "--cert",
+            str(cert),
+            "--key",
+            str(key),
+            "--ca",
+            str(ca),
+            *extra,
         )
         if wait_link:
             wait_for(lambda: self.relay_health(relay)["master_link"] == "up", 30, f"{relay_id} to link up\n{relay.daemon.tail()}")
@@ -212,22 +249,41 @@ class Grid:
     def enroll(self, name: str, relay: RelayInfo, token: str | None = None, *, region: str = "") -> subprocess.CompletedProcess:
         token = token or self.join_token()
         return subprocess.run(
-            [sys.executable, "-m", "management.cli", "agent", "--state-dir", str(self.agent_dir(name)),
-             *(["--region", region] if region else []), "enroll",
-             "--token", token, "--access", relay.http_url, "--ca-file", str(self.authority.ca_file),
-             "--connect", relay.agent_url],
-            cwd=REPO, capture_output=True, text=True, timeout=60,
+            [
+                sys.executable,
+                "-m",
+                "management.cli",
+                "agent",
+                "--state-dir",
+                str(self.agent_dir(name)),
+                *(["--region", region] if region else []),
+                "enroll",
+                "--token",
+                token,
+                "--access",
+                relay.http_url,
+                "--ca-file",
+                str(self.authority.ca_file),
+                "--connect",
+                relay.agent_url,
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
 
     def agent_id(self, name: str) -> str:
         return json.loads((self.agent_dir(name) / "identity.json").read_text())["agent_id"]
 
     def start_agent(self, name: str, *extra: str, simulate: str = "h100:2") -> Daemon:
-        return self.spawn(name, "agent", "--state-dir", str(self.agent_dir(name)), "--simulate", simulate,
-                          "--no-bandwidth", *extra)
+        return self.spawn(
+            name, "agent", "--state-dir", str(self.agent_dir(name)), "--simulate", simulate, "--no-bandwidth", *extra
+        )
 
-    def run_agent(self, name: str, *, simulate: str = "a10:2", relay: str = "relay-1",
-                  **settings: str | int | float | bool) -> tuple[str, Daemon]:
+    def run_agent(
+        self, name: str, *, simulate: str = "a10:2", relay: str = "relay-1", **settings: str | int | float | bool
+    ) -> tuple[str, Daemon]:
         """Enroll ``name`` (first time only), start it with ``settings`` (TOML, over quick reconnects) and wait
         until the Master has it ready; (agent id, daemon). Again for the same name: a restart, same settings."""
         if not (self.agent_dir(name) / "identity.json").exists():
@@ -292,8 +348,11 @@ class Grid:
 
     def wait_command(self, command_id: str, timeout: float = 30) -> dict:
         final = {"succeeded", "failed", "timed_out", "cancelled"}
-        return wait_for(lambda: (c := self.get(f"/api/v1/commands/{command_id}"))["state"] in final and c, timeout,
-                        f"command {command_id} to finish")
+        return wait_for(
+            lambda: (c := self.get(f"/api/v1/commands/{command_id}"))["state"] in final and c,
+            timeout,
+            f"command {command_id} to finish",
+        )
 
 
 HANDSHAKE_FAILURES = (ssl.SSLError, OSError, ConnectionClosed, InvalidHandshake, asyncio.TimeoutError)

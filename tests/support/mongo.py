@@ -75,15 +75,22 @@ class Nx27017:
             if ready:
                 return self
             self.stop()
-        raise MongoServerError(
-            f"{NX_PROGRAM} did not start after {START_ATTEMPTS} attempts; its log:\n{self._log_tail()}"
-        )
+        raise MongoServerError(f"{NX_PROGRAM} did not start after {START_ATTEMPTS} attempts; its log:\n{self._log_tail()}")
 
     def _spawn(self, program: str) -> subprocess.Popen[bytes]:
         # Its own pid and log files: by default every instance shares /tmp/nx_27017.{pid,log}.
         args = [
-            program, "--db", "memory", "--host", "127.0.0.1", "-p", str(self.port),
-            "--pid-file", str(self.workdir / f"nx-27017-{self.port}.pid"), "--log-file", str(self.log),
+            program,
+            "--db",
+            "memory",
+            "--host",
+            "127.0.0.1",
+            "-p",
+            str(self.port),
+            "--pid-file",
+            str(self.workdir / f"nx-27017-{self.port}.pid"),
+            "--log-file",
+            str(self.log),
         ]
         with self.log.open("ab") as log:
             return subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)

@@ -136,10 +136,7 @@ class PodmanService:
             'default_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]\n'
         )
         (self.workdir / "storage.conf").write_text(
-            "[storage]\n"
-            'driver = "vfs"\n'
-            f'graphroot = "{self.workdir / "storage"}"\n'
-            f'runroot = "{self.workdir / "run"}"\n'
+            f'[storage]\ndriver = "vfs"\ngraphroot = "{self.workdir / "storage"}"\nrunroot = "{self.workdir / "run"}"\n'
         )
 
     def _import_image(self) -> None:
@@ -155,8 +152,14 @@ class PodmanService:
         archive = self.workdir / "rootfs.tar"
         subprocess.run(["tar", "-C", str(rootfs), "-cf", str(archive), "."], check=True)
         self.podman(
-            "import", "--quiet", "--change", "ENV PATH=/bin", "--change", 'CMD ["sleep", "3600"]',
-            str(archive), self.image,
+            "import",
+            "--quiet",
+            "--change",
+            "ENV PATH=/bin",
+            "--change",
+            'CMD ["sleep", "3600"]',
+            str(archive),
+            self.image,
         )
         archive.unlink()
         shutil.rmtree(rootfs)
@@ -166,7 +169,10 @@ class PodmanService:
         with log:
             self._service = subprocess.Popen(
                 ["podman", "system", "service", "--time=0", self.url],
-                env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
@@ -175,7 +181,9 @@ class PodmanService:
             if self._ping():
                 return
             time.sleep(0.05)
-        raise PodmanUnavailable(f"podman system service did not answer /_ping within {self.start_timeout_s:.0f} s: {self._log_tail()}")
+        raise PodmanUnavailable(
+            f"podman system service did not answer /_ping within {self.start_timeout_s:.0f} s: {self._log_tail()}"
+        )
 
     def _ping(self) -> bool:
         connection = _UnixHTTPConnection(str(self.socket_path), timeout=2)

@@ -57,6 +57,7 @@ class TamperingRelay:
     async def _pipe(self, agent: ServerConnection) -> None:
         async with connect(self._upstream, ssl=self._client_ssl) as relay:
             self.connections += 1
+
             async def down() -> None:
                 async for message in relay:
                     await agent.send(self._maybe_tamper(message))
