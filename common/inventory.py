@@ -2,29 +2,41 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
+
+# Bounds on what a host may say about itself: a hello is taken from an untrusted host, so every string
+# and list has a ceiling. The Master applies a tighter, configurable bound on GPUs per host.
+ShortText = Annotated[str, msgspec.Meta(max_length=128)]
+LongText = Annotated[str, msgspec.Meta(max_length=512)]
+MAX_GPUS_IN_REPORT = 64  # hard wire limit; the Master's own limit (default 16) is applied on top
+MAX_NVLINKS = 32
+
+RUNTIMES = ("docker", "process", "simulated")  # what runs renters' containers on the host
+ISOLATIONS = ("container", "sandbox", "none")  # how well a workload is kept from the host
 
 
 class NvLink(msgspec.Struct, frozen=True, kw_only=True):
     link: int
     active: bool
-    remote_pci_bus_id: str | None = None
+    remote_pci_bus_id: ShortText | None = None
 
 
 class GpuInfo(msgspec.Struct, frozen=True, kw_only=True):
     """Static facts of one GPU, as read from NVML (or simulated, then ``simulated`` is true)."""
 
     index: int
-    uuid: str
-    name: str  # as NVML reports it, e.g. "NVIDIA H100 80GB HBM3"
-    pci_bus_id: str
+    uuid: ShortText
+    name: ShortText  # as NVML reports it, e.g. "NVIDIA H100 80GB HBM3"
+    pci_bus_id: ShortText
     memory_total_mib: int
-    compute_capability: str  # "9.0"
-    driver_version: str = ""
-    cuda_version: str = ""
+    compute_capability: ShortText  # "9.0"
+    driver_version: ShortText = ""
+    cuda_version: ShortText = ""
     pcie_gen: int | None = None
     pcie_width: int | None = None
-    nvlinks: list[NvLink] = []
+    nvlinks: Annotated[list[NvLink], msgspec.Meta(max_length=MAX_NVLINKS)] = []
     clock_sm_max_mhz: int | None = None
     clock_mem_max_mhz: int | None = None
     power_limit_w: float | None = None
@@ -35,7 +47,7 @@ class GpuInfo(msgspec.Struct, frozen=True, kw_only=True):
 class GpuSample(msgspec.Struct, frozen=True, kw_only=True):
     """One telemetry reading of one GPU."""
 
-    uuid: str
+    uuid: ShortText
     ts: float
     utilization_pct: float = 0.0
     memory_used_mib: int = 0
@@ -47,14 +59,14 @@ class GpuSample(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class HostInfo(msgspec.Struct, frozen=True, kw_only=True):
-    hostname: str
-    cpu_model: str
+    hostname: ShortText
+    cpu_model: ShortText
     cpu_cores: int
     ram_mib: int
     disk_total_gib: float
     disk_free_gib: float
-    os: str
-    kernel: str
+    os: ShortText
+    kernel: ShortText
     bandwidth_mbps_down: float | None = None
     bandwidth_mbps_up: float | None = None
     latency_ms: float | None = None
@@ -62,5 +74,7 @@ class HostInfo(msgspec.Struct, frozen=True, kw_only=True):
 
 class Inventory(msgspec.Struct, frozen=True, kw_only=True):
     host: HostInfo
-    gpus: list[GpuInfo] = []
+    gpus: Annotated[list[GpuInfo], msgspec.Meta(max_length=MAX_GPUS_IN_REPORT)] = []
     simulated: bool = False
+    runtime: ShortText = ""  # one of RUNTIMES; "" from agents older than the field
+    isolation: ShortText = ""  # one of ISOLATIONS: "container" (an engine), "sandbox" (the process runtime), "none"

@@ -8,12 +8,12 @@ name from the agent's certificate, so an agent never chooses whose frames it sen
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
 from common.errors import ProtocolError
-from common.inventory import GpuSample, Inventory
+from common.inventory import GpuSample, Inventory, LongText, ShortText
 
 PROTOCOL_VERSIONS: tuple[int, ...] = (1,)
 MAX_FRAME_BYTES = 256 * 1024  # protocol limit: larger frames get an ``error`` frame
@@ -71,9 +71,34 @@ class CommandResult(_Frame, tag="command_result"):
     error_code: str | None = None  # e.g. "bad_signature", "runtime_failure", "deadline_passed"
 
 
+class AgentEventKind(str, enum.Enum):
+    """What an agent can truly report about its own host: a closed set, nothing else is taken."""
+
+    CONTAINER_EXITED = "container_exited"  # a renter's container ended on its own (code = exit status)
+    GPU_XID = "gpu_xid"  # the driver reported an Xid error (code = the Xid number)
+    GPU_ECC = "gpu_ecc"  # uncorrectable ECC errors (code = count since the last report)
+    GPU_THROTTLED = "gpu_throttled"  # clocks held down (message = the throttle reasons)
+    RUNTIME_FAILURE = "runtime_failure"  # the container engine failed or went away
+
+
 class AgentEvent(_Frame, tag="event"):
-    kind: str
-    detail: dict[str, Any] = {}
+    """An agent's report of something on its host. Stored under the agent's own subject in the
+    ``agent_report.`` namespace, never as a Master transition or an operator's action."""
+
+    kind: AgentEventKind
+    ts: float
+    container: ShortText | None = None
+    gpu_uuid: ShortText | None = None
+    code: int | None = None
+    message: LongText = ""
+
+
+class RelayEntry(msgspec.Struct, frozen=True, kw_only=True):
+    """One Access relay linked to the Master: what an agent needs to fail over to it."""
+
+    relay_id: ShortText
+    region: ShortText
+    url: Annotated[str, msgspec.Meta(max_length=512)]  # wss://HOST:PORT an agent dials
 
 
 class RenewRequest(_Frame, tag="renew_request"):
@@ -93,6 +118,7 @@ class Welcome(_Frame, tag="welcome"):
     command_keys: dict[str, str] = {}  # key id -> Ed25519 public key, base64
     key_endorsements: dict[str, str] = {}  # key id -> the platform CA's signature over the key
     retired_keys: list[str] = []
+    relays: list[RelayEntry] = []  # the relay directory at the time of the welcome
 
 
 class CommandBody(msgspec.Struct, kw_only=True):
@@ -128,6 +154,15 @@ class Config(_Frame, tag="config"):
     retired_keys: list[str] | None = None
 
 
+class RelayDirectory(_Frame, tag="relay_directory"):
+    """Every relay linked to the Master now; sent to every agent whenever a relay comes or goes.
+
+    An agent fails over along it (nearest region first) when DNS gives it nothing better.
+    """
+
+    relays: list[RelayEntry]
+
+
 class RenewResponse(_Frame, tag="renew_response"):
     cert_pem: str = ""
     error: str = ""
@@ -147,7 +182,7 @@ class Error(_Frame, tag="error"):
 
 
 AgentFrame = Hello | Heartbeat | Telemetry | CommandAck | CommandResult | AgentEvent | RenewRequest | Error
-MasterFrame = Welcome | Command | ResultAck | Ping | Config | RenewResponse | RelayStatus | Error
+MasterFrame = Welcome | Command | ResultAck | Ping | Config | RelayDirectory | RenewResponse | RelayStatus | Error
 
 
 # --- access <-> master -----------------------------------------------------------------------
@@ -212,6 +247,7 @@ class EnrollResponse(_Frame, tag="enroll_response"):
     ca_pem: str = ""
     command_keys: dict[str, str] = {}
     key_endorsements: dict[str, str] = {}
+    relays: list[RelayEntry] = []  # the relay directory, so a new agent can fail over from its first relay
     error_code: str = ""
     error_message: str = ""
 

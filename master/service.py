@@ -9,6 +9,7 @@ import secrets
 import time
 from pathlib import Path
 
+import msgspec
 from cryptography.hazmat.primitives.serialization import Encoding
 
 from common.errors import EnrollmentError, IdlegridError, NotFound, PKIError, ProtocolError
@@ -252,7 +253,10 @@ class Master:
             case CommandAck() | CommandResult():
                 await self._on_command_report(link, agent, frame)
             case AgentEvent():
-                await self.events.record(f"agent.{frame.kind}", agent.id, **frame.detail)
+                # Kept apart from the Master's own facts: an agent can report, never write the audit log.
+                report = msgspec.structs.asdict(frame)
+                report["kind"] = frame.kind.value
+                await self.events.record(f"agent_report.{frame.kind.value}", agent.id, **report)
             case RenewRequest():
                 await self._on_renew(link, agent, frame)
             case Error():

@@ -8,6 +8,7 @@ decide refusals: the per-agent frame budget and the per-address connection gate.
 
 from __future__ import annotations
 
+import enum
 import types
 import typing
 from typing import Any
@@ -63,6 +64,8 @@ def of_type(hint: Any) -> st.SearchStrategy[Any]:
         return st.dictionaries(of_type(args[0]), of_type(args[1]), max_size=3)
     if isinstance(hint, type) and issubclass(hint, msgspec.Struct):
         return of_struct(hint)
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return st.sampled_from(list(hint))
     simple = {
         type(None): st.none(),
         bool: st.booleans(),
@@ -103,7 +106,7 @@ def mutated(draw: st.DrawFn, frames: st.SearchStrategy[bytes]) -> bytes:
             data[at:at] = draw(st.sampled_from([b"\xff", b"\xc3", b"\x00", b'"', b"\\", b"\\ud800", b"[", b"{", b","]))
         case "nest":  # deep nesting inside a free-form field: msgspec recurses
             depth = draw(st.integers(1, 50_000))
-            data = bytearray(b'{"type":"event","kind":"x","detail":{"a":' + b"[" * depth + b"]" * depth + b"}}")
+            data = bytearray(b'{"type":"command_result","id":"x","ok":true,"result":{"a":' + b"[" * depth + b"]" * depth + b"}}")
     return bytes(data)
 
 

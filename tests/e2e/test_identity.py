@@ -33,6 +33,7 @@ from common.pki import (
 )
 from common.wire import (
     AgentEvent,
+    AgentEventKind,
     CommandAck,
     CommandBody,
     CommandResult,
@@ -388,7 +389,7 @@ async def test_an_agent_naming_another_in_every_field_changes_nothing_of_the_oth
         Telemetry(ts=time.time(), samples=[GpuSample(uuid=u, ts=time.time(), utilization_pct=99.5) for u in b_gpus]),
         CommandAck(id=b_command),
         CommandResult(id=b_command, ok=True, result={"agent_id": b_id}),
-        AgentEvent(kind="transition", detail={"agent_id": b_id, "subject": b_id, "new": "retired"}),
+        AgentEvent(kind=AgentEventKind.GPU_XID, ts=time.time(), gpu_uuid=b_gpus[0], code=79, message=b_id),
         RenewRequest(csr_pem=csr_for_b),
     ]
     async with connect(relay.agent_url, ssl=context_for(keep_pair(grid, "a", tmp_path / "a")), open_timeout=5) as ws:
