@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
 from collections.abc import Mapping
@@ -43,9 +44,20 @@ def load_config(
         if value is not None:
             values[name] = value
     try:
-        return msgspec.convert(values, cls, strict=False)
+        config = msgspec.convert(values, cls, strict=False)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"invalid configuration: {exc}") from None
+    _refuse_non_finite(config)
+    return config
+
+
+def _refuse_non_finite(config: msgspec.Struct) -> None:
+    """TOML and the environment can spell ``nan`` and ``inf``; no setting means either (a NaN timeout never expires)."""
+    for field in msgspec.structs.fields(config):
+        value = getattr(config, field.name)
+        items = value if isinstance(value, list | tuple) else [value]
+        if any(isinstance(item, float) and not math.isfinite(item) for item in items):
+            raise ConfigError(f"invalid configuration: {field.name} must be a finite number, not {value!r}")
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
