@@ -43,6 +43,10 @@ from access.upstream import MasterLink
 from common.errors import PKIError, ProtocolError
 from common.pki import Identity, Role, identity_of, load_cert, peer_identity, verify_issued_by
 from common.wire import (
+    CLOSE_FLOOD,
+    CLOSE_POLICY,
+    CLOSE_REPLACED,
+    CLOSE_SILENT,
     HARD_FRAME_BYTES,
     AgentConnected,
     ErrorCode,
@@ -54,10 +58,6 @@ from common.wire import (
 
 log = logging.getLogger(__name__)
 
-CLOSE_POLICY = 4003  # this certificate may not be here: wrong role, revoked, expired
-CLOSE_REPLACED = 4008  # the same agent connected again; the newer connection wins
-CLOSE_SILENT = 4010  # no frame for max_silence_s
-CLOSE_FLOOD = 1008  # policy violation: kept sending far over the rate limit after being told
 
 # Frames the relay never holds back: the agent resends results until acked anyway, but refusing them
 # would only delay the Master's view of what really happened to a command.

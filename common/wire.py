@@ -20,6 +20,14 @@ MAX_FRAME_BYTES = 256 * 1024  # protocol limit: larger frames get an ``error`` f
 HARD_FRAME_BYTES = 4 * 1024 * 1024  # transport limit: larger messages close the connection (1009)
 
 
+# WebSocket close codes a relay or the Master closes a connection with (RFC 6455 keeps 4000-4999 for applications).
+CLOSE_POLICY = 4003  # this certificate may not be here: wrong role, revoked, expired
+CLOSE_REVOKED = 4004  # this certificate is revoked: the agent must enroll again, retrying cannot help
+CLOSE_REPLACED = 4008  # the same agent connected again; the newer connection wins
+CLOSE_SILENT = 4010  # no frame for max_silence_s
+CLOSE_FLOOD = 1008  # policy violation: kept sending far over the rate limit after being told
+
+
 class ErrorCode(str, enum.Enum):
     BAD_JSON = "bad_json"
     UNKNOWN_TYPE = "unknown_type"

@@ -17,6 +17,7 @@ from websockets.http11 import Request, Response
 from common.errors import PKIError, ProtocolError
 from common.pki import Role, peer_identity
 from common.wire import (
+    CLOSE_POLICY,
     HARD_FRAME_BYTES,
     AccessHello,
     AccessWelcome,
@@ -31,7 +32,6 @@ from common.wire import (
 
 log = logging.getLogger(__name__)
 
-CLOSE_POLICY = 4003
 # Only relays dial this endpoint. TLS, the upgrade and the first frame each get this long (websockets applies
 # open_timeout to TLS as well), so a peer that stalls anywhere in the opening is dropped.
 OPEN_TIMEOUT_S = 10.0

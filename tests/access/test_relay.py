@@ -31,7 +31,7 @@ async def test_frames_go_upstream_under_the_certificates_agent_id_whatever_the_f
     victim = pki.agent()
     async with open_agent(relay, agent) as ws:
         await ws.send(heartbeat(1, agent_id=victim.identity.id))
-        await ws.send(json.dumps({"type": "event", "kind": "note", "detail": {"agent_id": victim.identity.id}}))
+        await ws.send(json.dumps({"type": "event", "kind": "gpu_xid", "ts": 1.0, "code": 79, "agent_id": victim.identity.id}))
         relayed = await master.wait_for(lambda: len(master.relayed()) == 2 and master.relayed(), "two relayed frames")
 
     assert [agent_id for agent_id, _ in relayed] == [agent.identity.id, agent.identity.id]

@@ -40,7 +40,7 @@ async def test_while_the_master_is_down_frames_are_buffered_and_replayed_in_orde
                 json.dumps({"type": "telemetry", "ts": 1.0, "samples": []}),
                 heartbeat(3),
                 result("c-2"),
-                json.dumps({"type": "event", "kind": "disk_full"}),
+                json.dumps({"type": "event", "kind": "runtime_failure", "ts": 1.0, "message": "disk full"}),
                 json.dumps({"type": "telemetry", "ts": 2.0, "samples": []}),
                 heartbeat(4),
             ]
