@@ -71,7 +71,7 @@ async def test_while_the_master_is_down_frames_are_buffered_and_replayed_in_orde
     assert replayed == [
         ("command_result", "c-1"),
         ("command_result", "c-2"),
-        ("event", "disk_full"),
+        ("event", 1.0),
         ("telemetry", 2.0),
         ("heartbeat", 4),
     ]
