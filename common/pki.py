@@ -24,6 +24,7 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+from cryptography.hazmat.primitives.asymmetric.types import CertificatePublicKeyTypes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from common.errors import PKIError, SignatureError
@@ -292,7 +293,7 @@ class CertificateAuthority:
         self,
         role: Role,
         identity: str,
-        public_key: ec.EllipticCurvePublicKey,
+        public_key: CertificatePublicKeyTypes,
         *,
         valid_s: float,
         dns_names: Sequence[str] = (),
@@ -486,7 +487,10 @@ def verify_key_endorsement(ca_cert: x509.Certificate, public_key_b64: str, endor
     """Raise ``SignatureError`` unless the platform CA endorsed this command-signing key."""
     try:
         signature = base64.b64decode(endorsement_b64, validate=True)
-        ca_cert.public_key().verify(signature, _endorsement_bytes(public_key_b64), ec.ECDSA(hashes.SHA256()))
+        ca_key = ca_cert.public_key()
+        if not isinstance(ca_key, ec.EllipticCurvePublicKey):
+            raise SignatureError("the platform CA's key is not ECDSA; it cannot have endorsed a command-signing key")
+        ca_key.verify(signature, _endorsement_bytes(public_key_b64), ec.ECDSA(hashes.SHA256()))
     except (binascii.Error, ValueError, InvalidSignature):
         raise SignatureError("command-signing key is not endorsed by the platform CA; refusing to trust it") from None
 
