@@ -3,18 +3,21 @@ place, and every other record is served; a record holding a NaN or an infinity i
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from pathlib import Path
 
 import pytest
+from msgspec import Struct
 from prometheus_client import CollectorRegistry, generate_latest
 
 from master.records import ApiKeyRecord, RevocationRecord
 from master.store import SqliteStore, UnstorableRecord
 from master.store.aggregates import Aggregate
 from master.store.base import Store, TokenOutcome
+from master.store.codec import to_document, to_json
 from master.store.quarantine import Quarantine
-from tests.master.test_store_contract import NOW, agent, command, event, gpu, rollup, token
+from tests.master.test_store_contract import NOW, agent, command, event, gpu, gpu_info, host, rollup, token
 from tests.support.poison import nan_command_doc, poison, poison_sqlite
 
 
@@ -179,6 +182,26 @@ async def test_a_non_finite_float_deep_in_a_record_is_refused_with_its_path(stor
     with pytest.raises(UnstorableRecord, match=r"data\.ratio is inf"):
         await store.events.append(event("agent.transition", "agt-1", ratio=float("inf")))
     assert await store.events.list() == []
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize(
+    ("aggregate", "rec", "named"),
+    [
+        (Aggregate.AGENTS, agent(host=host(latency_ms=INF)), "host.latency_ms is inf"),  # an optional nested struct
+        (Aggregate.AGENTS, agent(previous_serials={"0a": NAN}), "previous_serials.0a is nan"),  # dict[str, float]
+        (Aggregate.GPUS, gpu("GPU-a", info=gpu_info("GPU-a", power_limit_w=-INF)), "info.power_limit_w is -inf"),
+        (Aggregate.COMMANDS, command("cmd-1", NOW, result={"times": [1.0, NAN]}), "result.times[1] is nan"),  # Any
+        (Aggregate.ROLLUPS, rollup("GPU-a", 1, temperature_max=NAN), "temperature_max is nan"),  # float | None
+    ],
+)
+def test_the_refusal_names_the_non_finite_field_wherever_it_is(aggregate: Aggregate, rec: Struct, named: str) -> None:
+    with pytest.raises(UnstorableRecord, match=re.escape(named)):
+        to_json(aggregate, "key", rec)
+    with pytest.raises(UnstorableRecord, match=re.escape(named)):
+        to_document(aggregate, "key", rec)
 
 
 async def test_a_batch_with_one_non_finite_record_writes_nothing(store: Store) -> None:
