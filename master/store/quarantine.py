@@ -17,12 +17,20 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 import msgspec
 
 from master.store.aggregates import Aggregate
 
 log = logging.getLogger(__name__)
+
+Raw = TypeVar("Raw")
+Decoded = TypeVar("Decoded")
+
+# Everything a stored record can fail to decode with: bad JSON, a field missing or of the wrong type, a value
+# out of range, a SQLite doc that is not text.
+DECODE_ERRORS = (msgspec.MsgspecError, TypeError, ValueError)
 
 REASON_MAX_CHARS = 300  # a decoder's message can quote the record; the log and the event need only its start
 
@@ -47,6 +55,18 @@ class Quarantine:
         self._lock = threading.Lock()
         self._found: dict[tuple[Aggregate, str], QuarantinedRecord] = {}
         self._unreported: list[QuarantinedRecord] = []
+
+    def decode_each(
+        self, aggregate: Aggregate, raw: Iterable[Raw], decode: Callable[[Raw], Decoded], key_of: Callable[[Raw], object]
+    ) -> list[Decoded]:
+        """Each of ``raw`` (rows, documents) decoded; those that fail are added here and left out."""
+        decoded = []
+        for item in raw:
+            try:
+                decoded.append(decode(item))
+            except DECODE_ERRORS as exc:
+                self.add(aggregate, key_of(item), exc)
+        return decoded
 
     def add(self, aggregate: Aggregate, key: object, error: Exception) -> None:
         """Note one record that failed to decode; logged the first time it is met."""

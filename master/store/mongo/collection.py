@@ -27,9 +27,6 @@ R = TypeVar("R", bound=msgspec.Struct)
 
 Sort = list[tuple[str, int]]
 
-# Everything a stored document can fail with: a field of the wrong type or missing, a value out of range.
-DECODE_ERRORS = (msgspec.MsgspecError, TypeError, ValueError)
-
 
 def set_fields(doc: dict[str, Any]) -> dict[str, Any]:
     # An upsert by $set, not replace_one(..., upsert=True): nx-27017 inserts a fresh ObjectId for the latter.
@@ -64,13 +61,7 @@ class MongoCollection(Generic[R]):
 
     def _decoded(self, docs: Sequence[dict[str, Any]]) -> builtins.list[R]:
         """The records of ``docs``, those that fail to decode quarantined and skipped."""
-        records = []
-        for doc in docs:
-            try:
-                records.append(self._decode(doc))
-            except DECODE_ERRORS as exc:
-                self._quarantine.add(self.aggregate, self._key_of(doc), exc)
-        return records
+        return self._quarantine.decode_each(self.aggregate, docs, self._decode, self._key_of)
 
     def _decode_or_quarantine(self, doc: dict[str, Any] | None) -> R | None:
         decoded = self._decoded([doc] if doc is not None else [])

@@ -22,8 +22,9 @@ from master.store.sqlite.database import SqliteDatabase, read_snapshot
 
 R = TypeVar("R", bound=msgspec.Struct)
 
-# Everything a stored doc can fail with: bad JSON, a field of the wrong type or missing, a doc that is not text.
-DECODE_ERRORS = (msgspec.MsgspecError, TypeError, ValueError)
+
+def _key_of_row(row: tuple[Any, ...]) -> object:
+    return row[0]
 
 
 class SqliteTable(Generic[R]):
@@ -44,13 +45,7 @@ class SqliteTable(Generic[R]):
 
     def _decoded(self, rows: Iterable[tuple[Any, ...]]) -> builtins.list[R]:
         """The records of ``rows``, those that fail to decode quarantined and skipped."""
-        records = []
-        for row in rows:
-            try:
-                records.append(self._decode_row(row))
-            except DECODE_ERRORS as exc:
-                self._quarantine.add(self.aggregate, row[0], exc)
-        return records
+        return self._quarantine.decode_each(self.aggregate, rows, self._decode_row, _key_of_row)
 
     def _decode_or_quarantine(self, row: tuple[Any, ...] | None) -> R | None:
         decoded = self._decoded([row] if row is not None else [])
