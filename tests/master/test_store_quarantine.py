@@ -4,7 +4,9 @@ place, and every other record is served; a record holding a NaN or an infinity i
 from __future__ import annotations
 
 import re
+import shutil
 import sqlite3
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -255,3 +257,16 @@ def test_a_quarantine_reason_is_bounded() -> None:
     quarantine.add(Aggregate.AGENTS, "agt-1", ValueError("x" * 10_000))
     [found] = quarantine.records
     assert len(found.reason) < 400 and found.found_at == NOW
+
+
+async def test_the_store_metrics_pass_promtool(store: Store) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed (Debian package prometheus): the exposition format is not checked")
+    registry = CollectorRegistry()
+    store.metrics.register(registry)
+    await store.agents.put(agent())
+    await poison(store, Aggregate.AGENTS, "agt-bad")
+    await store.agents.list()
+    checked = subprocess.run([promtool, "check", "metrics"], input=generate_latest(registry), capture_output=True, timeout=30)
+    assert checked.returncode == 0, (checked.stdout + checked.stderr).decode()
