@@ -83,17 +83,19 @@ class SqliteTable(Generic[R]):
         """The JSON to store for ``rec``; UnstorableRecord if it holds a NaN or an infinity."""
         return to_json(self.aggregate, key, rec)
 
-    async def _write(self, sql: str, key: object, row: Sequence[Any]) -> int | None:
-        """One row in its own transaction; returns the rowid it inserted, if any."""
+    async def _write(self, sql: str, key: object | None, row: Sequence[Any]) -> int | None:
+        """One row in its own transaction; returns the rowid it inserted, if any. ``key``: the record it replaces
+        (None for an insert that replaces nothing, such as an event's)."""
         with self._metrics.timed_write(self.aggregate):
             rowid = await self._db.execute(sql, row)
-        self._quarantine.release(self.aggregate, [key])
+        if key is not None:
+            self._quarantine.release(self.aggregate, [key])
         return rowid
 
-    async def _write_many(self, sql: str, keyed_rows: Sequence[tuple[object, Sequence[Any]]]) -> None:
-        """``(key, row)`` pairs in one transaction."""
+    async def _write_many(self, sql: str, keyed_rows: Sequence[tuple[object | None, Sequence[Any]]]) -> None:
+        """``(key, row)`` pairs in one transaction (keys as for ``_write``)."""
         if not keyed_rows:
             return
         with self._metrics.timed_write(self.aggregate):
             await self._db.execute_many(sql, [row for _, row in keyed_rows])
-        self._quarantine.release(self.aggregate, [key for key, _ in keyed_rows])
+        self._quarantine.release(self.aggregate, [key for key, _ in keyed_rows if key is not None])
