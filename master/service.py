@@ -105,6 +105,7 @@ class Master:
         await self.registry.load()
         await self.ledger.load()
         self._revoked = {r.serial for r in await self.store.revocations.list()}
+        await self._report_quarantined()
         self.link_port = await self.hub.start(self.config.host, self.config.link_port)
         self.started_at = time.time()
         self._tasks = [
@@ -147,8 +148,16 @@ class Master:
                     for agent_id in await self.registry.sweep(now, silence):
                         self._helloed.discard(agent_id)
                 await self.ledger.expire(now, spare_created_before=self.started_at if in_grace else 0.0)
+                await self._report_quarantined()
             except Exception:
                 log.exception("sweep failed; retrying")
+
+    async def _report_quarantined(self) -> None:
+        """One event for each stored record the store found undecodable (and skipped) since the last report."""
+        for found in self.store.quarantine.take_unreported():
+            await self.events.record(
+                "store.quarantined", found.key, aggregate=found.aggregate.value, backend=found.backend, reason=found.reason
+            )
 
     def _in_start_grace(self, now: float, silence: float) -> bool:
         """Whether this process is too young to judge anyone's silence.

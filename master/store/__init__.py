@@ -8,16 +8,36 @@ URLs:
   ``sqlite:///:memory:`` is a private in-memory database (tests, demos).
 - ``mongodb://[user:pass@]host[:port][,host...]/<database>[?options]`` (or ``mongodb+srv://``):
   the database is required; options are passed to PyMongo unchanged.
+
+Layout: ``base`` (the repository interfaces), ``aggregates``, ``codec``, ``quarantine``, ``metrics`` and
+``migrations`` (shared by both backends), and one package per backend, ``sqlite`` and ``mongo``, with a
+module per aggregate. docs/store.md tells the whole story.
 """
 
 from __future__ import annotations
 
 from common.errors import ConfigError
+from master.store.aggregates import Aggregate
 from master.store.base import Store, TokenOutcome
+from master.store.errors import UnstorableRecord
+from master.store.metrics import StoreMetrics
 from master.store.mongo import MongoStore
+from master.store.quarantine import Quarantine, QuarantinedRecord
 from master.store.sqlite import SqliteStore
 
-__all__ = ["MongoStore", "SqliteStore", "Store", "TokenOutcome", "open_store", "sqlite_path"]
+__all__ = [
+    "Aggregate",
+    "MongoStore",
+    "Quarantine",
+    "QuarantinedRecord",
+    "SqliteStore",
+    "Store",
+    "StoreMetrics",
+    "TokenOutcome",
+    "UnstorableRecord",
+    "open_store",
+    "sqlite_path",
+]
 
 SQLITE_PREFIX = "sqlite:///"
 MONGO_SCHEMES = ("mongodb://", "mongodb+srv://")

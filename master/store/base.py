@@ -2,6 +2,10 @@
 
 Repositories take and return the record structs of ``master.records``; a backend never hands out
 an object it still holds, and copies a record when it is written, so callers may keep mutating theirs.
+
+Reading never fails on one bad record: a stored record that no longer decodes is left where it is,
+skipped, and reported in ``Store.quarantine`` (``get`` answers None for it). Writing refuses a record
+holding a NaN or an infinity (``UnstorableRecord``), which JSON cannot carry back.
 """
 
 from __future__ import annotations
@@ -21,6 +25,24 @@ from master.records import (
     TelemetryRollup,
     TokenRecord,
 )
+from master.store.aggregates import Aggregate
+from master.store.metrics import StoreMetrics
+from master.store.quarantine import Quarantine
+
+__all__ = [
+    "Aggregate",
+    "AgentRepo",
+    "ApiKeyRepo",
+    "CommandRepo",
+    "EventRepo",
+    "GpuRepo",
+    "RevocationRepo",
+    "RollupRepo",
+    "Store",
+    "TokenOutcome",
+    "TokenRepo",
+    "prefix_upper_bound",
+]
 
 
 class TokenOutcome(str, Enum):
@@ -132,6 +154,8 @@ class Store(Protocol):
     revocations: RevocationRepo
     rollups: RollupRepo
     backend: str  # "sqlite" | "mongodb"
+    quarantine: Quarantine  # the records found undecodable, kept aside
+    metrics: StoreMetrics  # write latency and quarantined records; register into the daemon's registry
 
     async def open(self) -> None:
         """Connect and apply pending migrations; raises ConfigError for a store newer than this code."""

@@ -1,0 +1,134 @@
+"""The Master starts and serves with an undecodable record in each of its tables, and reports it.
+
+In-process Master on each backend (SQLite file, nx-27017), with the operator API in front of it. The
+end-to-end twin, with the Master as a process of its own, is tests/e2e/test_poisoned_store.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from common.errors import EnrollmentError
+from common.pki import generate_key, make_csr
+from management.api import build_app
+from master.config import MasterConfig
+from master.enrollment import hash_secret
+from master.records import RevocationRecord
+from master.service import Master
+from master.store import open_store
+from master.store.aggregates import Aggregate
+from tests.management.test_api import add_agent
+from tests.master.test_store_contract import NOW, agent, command, gpu, rollup
+from tests.support.poison import poison
+
+REPORT_TIMEOUT_S = 10.0  # the sweep that reports runs every second or faster
+POISONED_API_KEY = "igak_poisoned"
+POISONED_TOKEN = "igjt_poisoned"
+
+
+async def _plant_good_and_bad_records(store_url: str) -> dict[Aggregate, str]:
+    """One good record and one undecodable one in every table; the keys the bad ones are reported under."""
+    store = open_store(store_url)
+    await store.open()
+    try:
+        await store.agents.put(agent("agt-1", state="offline", relay=""))
+        await store.gpus.put_many([gpu("GPU-a")])
+        await store.commands.put(command("cmd-1", NOW))
+        await store.revocations.put(RevocationRecord(serial="0a", agent_id="agt-0", revoked_at=NOW))
+        await store.rollups.put_many([rollup("GPU-a", 1)])
+        return {
+            Aggregate.AGENTS: await poison(store, Aggregate.AGENTS, "agt-bad"),
+            Aggregate.GPUS: await poison(store, Aggregate.GPUS, "GPU-bad"),
+            Aggregate.COMMANDS: await poison(store, Aggregate.COMMANDS, "cmd-bad"),
+            Aggregate.TOKENS: await poison(store, Aggregate.TOKENS, hash_secret(POISONED_TOKEN)),
+            Aggregate.API_KEYS: await poison(store, Aggregate.API_KEYS, hash_secret(POISONED_API_KEY)),
+            Aggregate.EVENTS: await poison(store, Aggregate.EVENTS, "agt-1"),
+            Aggregate.REVOCATIONS: await poison(store, Aggregate.REVOCATIONS, "0b"),
+            Aggregate.ROLLUPS: await poison(store, Aggregate.ROLLUPS, "GPU-a", minute=2),
+        }
+    finally:
+        await store.close()
+
+
+async def _reported(client: TestClient, auth: dict[str, str], count: int) -> list[dict[str, Any]]:
+    """The store.quarantined events, once there are ``count`` of them."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + REPORT_TIMEOUT_S
+    while True:
+        response = await client.get("/api/v1/events", params={"kind": "store.quarantined", "limit": "100"}, headers=auth)
+        assert response.status == 200
+        items: list[dict[str, Any]] = (await response.json())["items"]
+        if len(items) >= count or loop.time() > deadline:
+            return items
+        await asyncio.sleep(0.1)
+
+
+async def test_the_master_starts_and_serves_with_an_undecodable_record_in_every_table_and_reports_each(
+    store_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="master.store.quarantine")
+    bad = await _plant_good_and_bad_records(store_url)
+    master = Master(MasterConfig(state_dir=str(tmp_path / "master"), link_port=0), store=open_store(store_url))
+    await master.start()  # the incident: this raised, and the Master could not start again
+    client = TestClient(TestServer(build_app(master)))
+    await client.start_server()
+    try:
+        auth = {"Authorization": f"Bearer {await master.create_api_key('operator')}"}
+
+        # What the Master loads at start is served without the bad records.
+        agents = await (await client.get("/api/v1/agents", headers=auth)).json()
+        assert [a["id"] for a in agents["items"]] == ["agt-1"]
+        assert [g["uuid"] for g in agents["items"][0]["gpus"]] == ["GPU-a"]
+        commands = await client.get("/api/v1/commands", headers=auth)
+        assert commands.status == 200 and [c["id"] for c in (await commands.json())["items"]] == ["cmd-1"]
+        assert [r.serial for r in await master.store.revocations.list()] == ["0a"]
+
+        # What it reads on demand is served too, and an unreadable credential is refused, not a crash.
+        events = await client.get("/api/v1/events", headers=auth)
+        assert events.status == 200
+        assert (await client.get("/api/v1/agents", headers={"Authorization": f"Bearer {POISONED_API_KEY}"})).status == 401
+        with pytest.raises(EnrollmentError) as refused:
+            await master.enrollment.enroll(POISONED_TOKEN, make_csr(generate_key(), "host").decode())
+        assert refused.value.code == "token_unknown"
+        assert [r.minute for r in await master.store.rollups.list("GPU-a")] == [1]  # the telemetry history's read
+
+        # Each bad record is reported: an event naming its aggregate and key, a log line, a count.
+        reported = await _reported(client, auth, len(Aggregate))
+        assert sorted((e["data"]["aggregate"], e["subject"]) for e in reported) == sorted(
+            (aggregate.value, key) for aggregate, key in bad.items()
+        )
+        assert {e["data"]["backend"] for e in reported} == {master.store.backend}
+        logged = {(r.aggregate, r.key) for r in caplog.records if "quarantined" in r.getMessage()}  # type: ignore[attr-defined]
+        assert logged == {(aggregate.value, key) for aggregate, key in bad.items()}
+        assert len(master.store.quarantine) == len(Aggregate)
+    finally:
+        await client.close()
+        await master.stop()
+
+
+async def test_a_command_with_a_nan_timeout_is_refused_and_the_commands_stay_listable(store_url: str, tmp_path: Path) -> None:
+    """The incident's first half: the store is the last line of defence, whatever the API lets through."""
+    master = Master(MasterConfig(state_dir=str(tmp_path / "master"), link_port=0), store=open_store(store_url))
+    await master.start()
+    client = TestClient(TestServer(build_app(master)))
+    await client.start_server()
+    try:
+        auth = {"Authorization": f"Bearer {await master.create_api_key('operator')}"}
+        await add_agent(master, "agt-a", "h100:1")
+        spec = json.dumps({"name": "ig-job", "image": "busybox"})
+        body = f'{{"agent_id": "agt-a", "kind": "create_container", "spec": {spec}, "timeout_s": NaN}}'
+        created = await client.post("/api/v1/commands", data=body, headers=auth | {"Content-Type": "application/json"})
+        assert created.status == 400, await created.text()  # unstorable_record here; bad_request once the API checks
+        listed = await client.get("/api/v1/commands", headers=auth)
+        assert listed.status == 200 and (await listed.json())["items"] == []
+        assert master.ledger.open == {}
+    finally:
+        await client.close()
+        await master.stop()

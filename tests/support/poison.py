@@ -1,0 +1,109 @@
+"""Undecodable records planted in a store's database from outside, as a buggy release or a hand edit leaves them.
+
+Each planted row or document carries the columns (or fields) the store's queries filter and sort on, so
+the queries find it, and a body no record type decodes. ``NAN_COMMAND_DOC`` is the command the poisoned-
+state incident left behind: its ``timeout_s`` was NaN, which msgspec wrote into the JSON as ``null``.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+import msgspec
+import pymongo
+
+from master.records import CommandRecord
+from master.store import MongoStore, SqliteStore, Store
+from master.store.aggregates import Aggregate, rollup_key
+
+KEY = object()  # stands for the planted record's key among the columns below
+FAR_FUTURE = 4_000_000_000.0
+
+# The indexed columns of each SQLite table (all but ``doc``, and an event's seq), as the planted row fills them.
+_SQLITE_COLUMNS: dict[Aggregate, dict[str, Any]] = {
+    Aggregate.AGENTS: {"id": KEY, "provider": "prov-a", "state": "ready"},
+    Aggregate.GPUS: {"uuid": KEY, "agent_id": "agt-1", "idx": 9, "model": "h100-sxm", "state": "available", "tier": None},
+    Aggregate.COMMANDS: {"id": KEY, "agent_id": "agt-1", "state": "pending", "created_at": 1_700_000_000.0},
+    Aggregate.TOKENS: {"token_hash": KEY, "expires_at": FAR_FUTURE, "used_at": None},
+    Aggregate.API_KEYS: {"key_hash": KEY},
+    Aggregate.EVENTS: {"ts": 1_700_000_000.0, "kind": "agent.transition", "subject": KEY},
+    Aggregate.REVOCATIONS: {"serial": KEY, "agent_id": "agt-1", "revoked_at": 1_700_000_000.0},
+    Aggregate.ROLLUPS: {"gpu_uuid": KEY, "minute": 5},
+}
+# The MongoDB field each SQLite column is kept in, where the names differ; the key column is _id.
+_MONGO_FIELD = {"idx": "index"}
+# A field of the wrong type in each planted record (a command's deadline as a NaN was written: null).
+_BROKEN: dict[Aggregate, dict[str, Any]] = {
+    Aggregate.AGENTS: {"host": "not a host"},
+    Aggregate.GPUS: {"info": "not GPU info"},
+    Aggregate.COMMANDS: {"kind": "create_container", "spec": {}, "deadline": None},
+    Aggregate.TOKENS: {"provider": 7, "created_at": 0.0},
+    Aggregate.API_KEYS: {"name": "ops", "role": 7, "created_at": 0.0},
+    Aggregate.EVENTS: {"data": "not a mapping"},
+    Aggregate.REVOCATIONS: {"reason": 7},
+    Aggregate.ROLLUPS: {"agent_id": "agt-1", "samples": "many"},
+}
+
+
+def nan_command_doc(command_id: str, created_at: float) -> str:
+    """A command as the version before the fix stored it when created with timeout_s NaN."""
+    rec = CommandRecord(
+        id=command_id, agent_id="agt-1", kind="create_container", spec={}, state="pending", created_at=created_at, deadline=0.0
+    )
+    rec.deadline = float("nan")  # as created_at + NaN was
+    return msgspec.json.encode(rec).decode()
+
+
+def _columns(aggregate: Aggregate, key: str, overrides: dict[str, Any]) -> dict[str, Any]:
+    columns = {name: (key if value is KEY else value) for name, value in _SQLITE_COLUMNS[aggregate].items()}
+    return columns | overrides
+
+
+def _undecodable(aggregate: Aggregate, columns: dict[str, Any]) -> dict[str, Any]:
+    """A record body with the planted row's columns and one field of the wrong type."""
+    return {_MONGO_FIELD.get(name, name): value for name, value in columns.items()} | _BROKEN[aggregate]
+
+
+def poison_sqlite(path: str, aggregate: Aggregate, key: str, *, doc: str | None = None, **overrides: Any) -> str:
+    """Plant an undecodable row; returns the key the store will report it under (an event's seq for events)."""
+    columns = _columns(aggregate, key, overrides)
+    columns["doc"] = doc if doc is not None else msgspec.json.encode(_undecodable(aggregate, columns)).decode()
+    names = ", ".join(columns)
+    marks = ", ".join("?" for _ in columns)
+    with sqlite3.connect(path, isolation_level=None) as conn:
+        cursor = conn.execute(f"INSERT INTO {aggregate.value} ({names}) VALUES ({marks})", list(columns.values()))
+    conn.close()
+    if aggregate is Aggregate.EVENTS:
+        return str(cursor.lastrowid)
+    if aggregate is Aggregate.ROLLUPS:
+        return rollup_key(key, columns["minute"])
+    return key
+
+
+async def poison_mongo(url: str, database: str, aggregate: Aggregate, key: str, **overrides: Any) -> str:
+    """Plant an undecodable document; returns the key the store will report it under."""
+    columns = _columns(aggregate, key, overrides)
+    doc = _undecodable(aggregate, columns)
+    async with pymongo.AsyncMongoClient(url) as client:
+        db = client[database]
+        if aggregate is Aggregate.EVENTS:  # numbered from the store's own counter, so later appends do not collide
+            counter = await db.meta.find_one_and_update(
+                {"_id": "event_seq"}, {"$inc": {"value": 1}}, upsert=True, return_document=pymongo.ReturnDocument.AFTER
+            )
+            assert counter is not None
+            doc["seq"] = counter["value"]
+            reported = str(counter["value"])
+        else:
+            reported = rollup_key(key, columns["minute"]) if aggregate is Aggregate.ROLLUPS else key
+            doc["_id"] = reported
+        await db[aggregate.value].insert_one(doc)
+    return reported
+
+
+async def poison(store: Store, aggregate: Aggregate, key: str, **overrides: Any) -> str:
+    """Plant an undecodable record in ``store``'s database (SQLite or MongoDB); returns the key it is reported under."""
+    if isinstance(store, SqliteStore):
+        return poison_sqlite(store.path, aggregate, key, **overrides)
+    assert isinstance(store, MongoStore)
+    return await poison_mongo(store.url, store.database, aggregate, key, **overrides)
