@@ -136,9 +136,6 @@ class ApiCalls(Generic[R]):
     def agent(self, agent_id: str) -> R:
         return self.send(ApiRequest("GET", f"{API_PREFIX}/agents/{_segment(agent_id)}"))
 
-    def gpu(self, uuid: str) -> R:
-        return self.send(ApiRequest("GET", f"{API_PREFIX}/gpus/{_segment(uuid)}"))
-
     def command(self, command_id: str) -> R:
         return self.send(ApiRequest("GET", f"{API_PREFIX}/commands/{_segment(command_id)}"))
 
