@@ -6,13 +6,15 @@ import argparse
 import asyncio
 import errno
 import re
+import ssl
 import sys
+import textwrap
 import urllib.parse
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from common.errors import ConfigError, IdlegridError
+from common.errors import ConfigError, EnrollmentError, IdlegridError
 from common.heap import tune_for_daemon
 from common.logs import setup_logging
 
@@ -27,8 +29,17 @@ DEFAULT_DEMO_DIR = Path(".idlegrid/demo")
 ERRNO_PREFIX = re.compile(r"^\[Errno \d+\] ")
 
 
-class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Descriptions keep their line breaks (the examples in them stay readable)."""
+class HelpFormatter(argparse.HelpFormatter):
+    """Descriptions are wrapped line by line; a line indented by two spaces (an example command) is kept as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        lines = []
+        for line in text.splitlines():
+            if line.startswith("  "):
+                lines.append(indent + line)
+            else:
+                lines.append(textwrap.fill(line, width, initial_indent=indent, subsequent_indent=indent))
+        return "\n".join(lines)
 
 
 def _parser(sub: argparse._SubParsersAction, name: str, help_text: str, description: str) -> argparse.ArgumentParser:
@@ -62,13 +73,19 @@ def _master_parser(sub: argparse._SubParsersAction) -> None:
         "Settings come from --config FILE (TOML), IDLEGRID_MASTER_<SETTING> environment variables and these "
         "flags, in that order.",
     )
-    p.add_argument("--config", type=Path, help="TOML configuration file (default: none)")
-    p.add_argument("--state-dir", help=f"where the store, CA, keys and operator API key live (default {d.state_dir})")
-    p.add_argument("--host", help=f"address to bind (default {d.host})")
-    p.add_argument("--link-port", type=int, help=f"port of the relay link endpoint (default {d.link_port})")
-    p.add_argument("--api-port", type=int, help=f"port of the management API (default {d.api_port})")
-    p.add_argument("--store-url", help="sqlite:///PATH or mongodb://HOST:PORT/DB (default: SQLite in the state directory)")
-    p.add_argument("--heartbeat-s", type=float, help=f"agent heartbeat interval in seconds (default {d.heartbeat_s:g})")
+    p.add_argument("--config", type=Path, metavar="FILE", help="TOML configuration file (default: none)")
+    p.add_argument(
+        "--state-dir", metavar="DIR", help=f"where the store, CA, keys and operator API key live (default {d.state_dir})"
+    )
+    p.add_argument("--host", metavar="ADDRESS", help=f"address to bind (default {d.host})")
+    p.add_argument("--link-port", type=int, metavar="PORT", help=f"port of the relay link endpoint (default {d.link_port})")
+    p.add_argument("--api-port", type=int, metavar="PORT", help=f"port of the management API (default {d.api_port})")
+    p.add_argument(
+        "--store-url", metavar="URL", help="sqlite:///PATH or mongodb://HOST:PORT/DB (default: SQLite in the state directory)"
+    )
+    p.add_argument(
+        "--heartbeat-s", type=float, metavar="SECONDS", help=f"agent heartbeat interval in seconds (default {d.heartbeat_s:g})"
+    )
     _log_level(p, d.log_level)
     p.set_defaults(func=_run_master)
 
@@ -105,9 +122,14 @@ def _agent_common(p: argparse.ArgumentParser, *, suppress: bool) -> None:
 
     d = AgentConfig()
     extra: dict[str, Any] = {"default": argparse.SUPPRESS} if suppress else {}
-    p.add_argument("--config", type=Path, help="TOML configuration file (default: none)", **extra)
-    p.add_argument("--state-dir", help=f"where the agent keeps its key, certificate and ledger (default {d.state_dir})", **extra)
-    p.add_argument("--region", help="the region this host is in (default: none; the relay's region)", **extra)
+    p.add_argument("--config", type=Path, metavar="FILE", help="TOML configuration file (default: none)", **extra)
+    p.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        help=f"where the agent keeps its key, certificate and ledger (default {d.state_dir})",
+        **extra,
+    )
+    p.add_argument("--region", metavar="NAME", help="the region this host is in (default: none; the relay's region)", **extra)
     _log_level(p, d.log_level, **extra)
 
 
@@ -135,7 +157,9 @@ def _agent_parser(sub: argparse._SubParsersAction) -> None:
         "through (default: the relays recorded at enrollment)",
     )
     p.add_argument(
-        "--dns-domain", help="find relays by DNS: SRV _idlegrid._tcp.REGION.DOMAIN; --access is then the fallback (default: none)"
+        "--dns-domain",
+        metavar="DOMAIN",
+        help="find relays by DNS: SRV _idlegrid._tcp.REGION.DOMAIN; --access is then the fallback (default: none)",
     )
     p.add_argument(
         "--dns-nameserver",
@@ -144,12 +168,14 @@ def _agent_parser(sub: argparse._SubParsersAction) -> None:
         metavar="ADDRESS",
         help="nameserver to ask for relays, repeatable (default: the system resolver)",
     )
-    p.add_argument("--dns-port", type=int, help=f"port of the nameservers (default {d.dns_port})")
+    p.add_argument("--dns-port", type=int, metavar="PORT", help=f"port of the nameservers (default {d.dns_port})")
     p.add_argument(
-        "--simulate", help="simulate GPUs instead of NVML, e.g. h100:8 or a10:2,t4:1, reported as simulated (default: none, NVML)"
+        "--simulate",
+        metavar="SPEC",
+        help="simulate GPUs instead of NVML, e.g. h100:8 or a10:2,t4:1, reported as simulated (default: none, NVML)",
     )
     p.add_argument("--runtime", choices=["process", "docker"], help=f"container runtime (default {d.runtime})")
-    p.add_argument("--docker-socket", help=f"Docker/Podman API socket (default {d.docker_socket})")
+    p.add_argument("--docker-socket", metavar="PATH", help=f"Docker/Podman API socket (default {d.docker_socket})")
     p.add_argument("--no-bandwidth", action="store_true", help="skip the bandwidth measurement (default: measure it)")
     p.set_defaults(func=_run_agent)
     agent_sub = p.add_subparsers(dest="agent_command", metavar="{enroll}")
@@ -162,7 +188,9 @@ def _agent_parser(sub: argparse._SubParsersAction) -> None:
         formatter_class=HelpFormatter,
     )
     _agent_common(e, suppress=True)
-    e.add_argument("--token", required=True, help="one-time join token from the operator (idlegrid token create)")
+    e.add_argument(
+        "--token", required=True, metavar="TOKEN", help="one-time join token from the operator (idlegrid token create)"
+    )
     e.add_argument(
         "--access",
         required=True,
@@ -170,7 +198,7 @@ def _agent_parser(sub: argparse._SubParsersAction) -> None:
         metavar="URL",
         help="the relay's https:// URL (its enrollment endpoint); a wss:// URL is read as the same host and port",
     )
-    e.add_argument("--ca-file", type=Path, required=True, help="the platform CA certificate (ca.crt) to trust")
+    e.add_argument("--ca-file", type=Path, required=True, metavar="FILE", help="the platform CA certificate (ca.crt) to trust")
     e.add_argument(
         "--connect",
         action="append",
@@ -233,6 +261,16 @@ def _check_simulate(spec: str | None) -> None:
         raise ConfigError(f"--simulate: {exc}") from None
 
 
+def _check_ca_file(path: Path) -> None:
+    """The CA file must hold a PEM certificate; a wrong file is named in one line, not a TLS library traceback."""
+    if not path.exists():
+        return  # enroll() says what to do about a missing one
+    try:
+        ssl.create_default_context(cafile=str(path))
+    except (ssl.SSLError, OSError) as exc:
+        raise ConfigError(f"--ca-file {path} is not a PEM certificate ({getattr(exc, 'reason', None) or exc})") from None
+
+
 def _agent_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "state_dir": getattr(args, "state_dir", None),
@@ -280,16 +318,28 @@ def _run_enroll(args: argparse.Namespace) -> int:
 
     config = load_agent_config(getattr(args, "config", None), overrides=_agent_overrides(args))
     connect = [relay_url(url, "wss") for url in args.connect] if args.connect else None
-    identity = asyncio.run(
-        enroll(
-            config.state_path,
-            token=args.token,
-            access_http_url=relay_url(args.enroll_url, "https"),
-            ca_file=args.ca_file,
-            region=config.region,
-            access_urls=connect or config.access_urls,
+    enroll_url = relay_url(args.enroll_url, "https")
+    _check_ca_file(args.ca_file)
+    try:
+        identity = asyncio.run(
+            enroll(
+                config.state_path,
+                token=args.token,
+                access_http_url=enroll_url,
+                ca_file=args.ca_file,
+                region=config.region,
+                access_urls=connect or config.access_urls,
+            )
         )
-    )
+    except EnrollmentError as exc:
+        if exc.code == "unreachable" and args.enroll_url.strip().startswith("wss://"):
+            # A relay's agent port (wss) and its enrollment port (https) differ unless a proxy joins them.
+            raise EnrollmentError(
+                f"{exc}; {args.enroll_url} looks like a relay's agent URL: enroll through its https:// URL "
+                "(the relay's HTTPS port, 7201 by default)",
+                code=exc.code,
+            ) from None
+        raise
     print(f"enrolled as {identity.agent_id}; credentials in {config.state_path} (key 0600)")
     print(f"start it with: idlegrid agent --state-dir {config.state_path}")
     return 0
@@ -313,7 +363,9 @@ def _ca_parser(sub: argparse._SubParsersAction) -> None:
         "Create the platform CA, the Master's certificate and the command-signing key in the Master's state "
         "directory (the Master does this itself on its first start). Private keys are written 0600.",
     )
-    init.add_argument("--state-dir", default=".idlegrid/master", help="the Master's state directory (default %(default)s)")
+    init.add_argument(
+        "--state-dir", default=".idlegrid/master", metavar="DIR", help="the Master's state directory (default %(default)s)"
+    )
     init.set_defaults(func=_run_ca_init)
     issue = _parser(
         ca_sub,
@@ -322,11 +374,19 @@ def _ca_parser(sub: argparse._SubParsersAction) -> None:
         "Issue a relay's certificate (role access) signed by the platform CA, and write it with its key and the CA "
         "certificate to --out.",
     )
-    issue.add_argument("--state-dir", default=".idlegrid/master", help="the Master's state directory (default %(default)s)")
-    issue.add_argument("--relay-id", required=True, help="the relay's name, e.g. relay-eu-1")
-    issue.add_argument("--out", type=Path, required=True, help="directory for RELAY-ID.crt, RELAY-ID.key and ca.crt")
-    issue.add_argument("--name", action="append", help="DNS name the relay is reached at, repeatable (default localhost)")
-    issue.add_argument("--ip", action="append", help="IP address the relay is reached at, repeatable (default 127.0.0.1)")
+    issue.add_argument(
+        "--state-dir", default=".idlegrid/master", metavar="DIR", help="the Master's state directory (default %(default)s)"
+    )
+    issue.add_argument("--relay-id", required=True, metavar="ID", help="the relay's name, e.g. relay-eu-1")
+    issue.add_argument(
+        "--out", type=Path, required=True, metavar="DIR", help="directory for RELAY-ID.crt, RELAY-ID.key and ca.crt"
+    )
+    issue.add_argument(
+        "--name", action="append", metavar="DNS_NAME", help="DNS name the relay is reached at, repeatable (default localhost)"
+    )
+    issue.add_argument(
+        "--ip", action="append", metavar="ADDRESS", help="IP address the relay is reached at, repeatable (default 127.0.0.1)"
+    )
     issue.set_defaults(func=_run_ca_issue)
 
 
@@ -360,13 +420,16 @@ def _token_parser(sub: argparse._SubParsersAction) -> None:
         "Create a one-time join token bound to a provider account and print it; the host that enrolls with it "
         "belongs to that provider. The API stores only its hash.",
     )
-    create.add_argument("--provider", required=True, help="provider account the enrolled host will belong to")
-    create.add_argument("--ttl-s", type=float, default=3600.0, help="seconds until the token expires (default %(default)g)")
-    create.add_argument("--api", default=DEFAULT_API, help="management API URL (default %(default)s)")
+    create.add_argument("--provider", required=True, metavar="ACCOUNT", help="provider account the enrolled host will belong to")
+    create.add_argument(
+        "--ttl-s", type=float, default=3600.0, metavar="SECONDS", help="seconds until the token expires (default %(default)g)"
+    )
+    create.add_argument("--api", default=DEFAULT_API, metavar="URL", help="management API URL (default %(default)s)")
     create.add_argument(
         "--operator-token-file",
         type=Path,
         default=DEFAULT_OPERATOR_KEY,
+        metavar="FILE",
         help="file holding the operator API key (default %(default)s)",
     )
     create.set_defaults(func=_run_token_create)
@@ -396,14 +459,21 @@ def _demo_parser(sub: argparse._SubParsersAction) -> None:
         "Started again on the same --state-dir, it reuses the ports, the agents and their enrollment.",
     )
     p.add_argument(
-        "--state-dir", type=Path, default=DEFAULT_DEMO_DIR, help="where every process keeps its state (default %(default)s)"
+        "--state-dir",
+        type=Path,
+        default=DEFAULT_DEMO_DIR,
+        metavar="DIR",
+        help="where every process keeps its state (default %(default)s)",
     )
     p.add_argument(
         "--api-port",
         type=int,
+        metavar="PORT",
         help=f"port of the management API (default: the port of the last run on this state directory, else {DEFAULT_API_PORT})",
     )
-    p.add_argument("--agents", type=int, default=DEFAULT_AGENTS, help="number of simulated agents (default %(default)s)")
+    p.add_argument(
+        "--agents", type=int, default=DEFAULT_AGENTS, metavar="N", help="number of simulated agents (default %(default)s)"
+    )
     p.set_defaults(func=_run_demo)
 
 

@@ -224,3 +224,41 @@ def test_a_revoked_agent_stops_with_its_own_exit_status_and_says_to_enroll_again
         assert daemon.logged("certificate revoked: enroll again")
     finally:
         grid.stop()
+
+
+def test_a_ca_file_that_is_not_a_certificate_is_one_line(tmp_path):
+    not_a_cert = tmp_path / "ca.crt"
+    not_a_cert.write_text("hello\n")
+    done = idlegrid(
+        "agent",
+        "enroll",
+        "--state-dir",
+        str(tmp_path / "s"),
+        "--token",
+        "t",
+        "--access",
+        "https://127.0.0.1:1",
+        "--ca-file",
+        str(not_a_cert),
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.startswith(f"idlegrid agent enroll: --ca-file {not_a_cert} is not a PEM certificate")
+
+
+def test_enrolling_through_a_relays_agent_url_says_which_url_enrollment_needs(tmp_path):
+    assert idlegrid("ca", "init", "--state-dir", str(tmp_path / "m")).returncode == 0
+    ca = tmp_path / "m" / "pki" / "ca.crt"
+    done = idlegrid(
+        "agent",
+        "enroll",
+        "--state-dir",
+        str(tmp_path / "s"),
+        "--token",
+        "t",
+        "--access",
+        f"wss://127.0.0.1:{free_port()}",
+        "--ca-file",
+        str(ca),
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "looks like a relay's agent URL: enroll through its https:// URL" in done.stderr
