@@ -62,7 +62,10 @@ class Demo:
             if done.returncode != 0:
                 reason = (done.stderr.strip().splitlines() or ["no output"])[-1]
                 raise StartupFailed(f"{name} could not enroll: {reason}")
-        self.grid.start_agent(name, "--region", relay.region, "--runtime", "process", simulate=FLEET[index % len(FLEET)])
+        # The relay's URL as of this run, whatever the agent recorded at enrollment (a state directory from before
+        # ports were kept would otherwise send it to a port nobody listens on).
+        flags = ("--region", relay.region, "--runtime", "process", "--access", relay.agent_url)
+        self.grid.start_agent(name, *flags, simulate=FLEET[index % len(FLEET)])
         return self.grid.agent_id(name)
 
     def banner(self) -> str:

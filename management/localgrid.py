@@ -106,9 +106,9 @@ class Daemon:
     """One process of the grid, in a session of its own (Ctrl-C reaches the launcher, which stops it in order)."""
 
     name: str
-    role: str
     process: subprocess.Popen[bytes]
     log: Path
+    role: str = "other"  # agent, relay or master: what decides when it stops (STOP_ORDER)
 
     @property
     def pid(self) -> int:
@@ -269,7 +269,7 @@ class LocalGrid:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
-        daemon = Daemon(name, role, process, log)
+        daemon = Daemon(name, process, log, role)
         self.daemons.append(daemon)
         return daemon
 

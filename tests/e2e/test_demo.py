@@ -143,3 +143,19 @@ def test_when_a_relay_dies_its_agents_are_ready_through_the_other_within_10_s_an
     finally:
         assert run.interrupt() == 0, run.output
         wait_for(lambda: processes_mentioning(str(run.state_dir)) == [], 5, "every demo process to exit")
+
+
+def test_agents_enrolled_before_the_relays_moved_are_told_where_the_relays_are_now(tmp_path):
+    state_dir, port = tmp_path / "demo", free_port()
+    first = DemoRun(state_dir, port, "--agents", "2")
+    try:
+        first.wait_up(30)
+    finally:
+        assert_stopped_cleanly(first)
+    (state_dir / "ports.json").unlink()  # as a state directory from before ports were kept: relays get new ones
+    again = DemoRun(state_dir, port, "--agents", "2")
+    try:
+        again.wait_up(30)
+        assert len(agents_connected_since(again.client(), again.started)) == 2
+    finally:
+        assert_stopped_cleanly(again)
