@@ -532,6 +532,13 @@ def main(argv: list[str] | None = None) -> int:
         raise
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    except Exception as exc:
+        # A daemon's error that says how the process must end (e.g. a revoked certificate), whatever its base class.
+        exit_code = getattr(exc, "exit_code", None)
+        if isinstance(exit_code, int) and not isinstance(exit_code, bool):
+            print(f"idlegrid {name}: {exc}", file=sys.stderr)
+            return exit_code
+        raise
 
 
 if __name__ == "__main__":

@@ -162,8 +162,9 @@ def test_a_relay_url_that_is_not_one_is_refused_clearly(given):
         cli.relay_url(given, "wss")
 
 
-def test_an_error_class_with_an_exit_code_sets_the_exit_status(monkeypatch, capsys):
-    class CertificateRevokedLike(IdlegridError):
+@pytest.mark.parametrize("base", [IdlegridError, RuntimeError])
+def test_an_error_class_with_an_exit_code_sets_the_exit_status(monkeypatch, capsys, base):
+    class CertificateRevokedLike(base):
         exit_code = 5
 
     def revoked(args):
