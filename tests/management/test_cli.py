@@ -164,11 +164,10 @@ def test_a_relay_url_that_is_not_one_is_refused_clearly(given):
 
 @pytest.mark.parametrize("base", [IdlegridError, RuntimeError])
 def test_an_error_class_with_an_exit_code_sets_the_exit_status(monkeypatch, capsys, base):
-    class CertificateRevokedLike(base):
-        exit_code = 5
+    certificate_revoked_like = type("CertificateRevokedLike", (base,), {"exit_code": 5})
 
     def revoked(args):
-        raise CertificateRevokedLike("certificate revoked: enroll again")
+        raise certificate_revoked_like("certificate revoked: enroll again")
 
     monkeypatch.setattr(cli, "_run_token_create", revoked)
     assert cli.main(["token", "create", "--provider", "acme"]) == 5
