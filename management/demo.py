@@ -8,7 +8,9 @@ then the Master.
 
 from __future__ import annotations
 
+import shutil
 import signal
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -75,6 +77,7 @@ class Demo:
             f"    {r.relay_id} ({r.region}): agents {r.agent_url}   enrollment {r.http_url}" for r in grid.relays.values()
         )
         first = next(iter(grid.relays.values()))
+        idlegrid = idlegrid_command()
         return "\n".join(
             [
                 f"idlegrid demo is up: {self.agents} simulated agents ready, {len(grid.relays)} relays, 1 Master",
@@ -83,7 +86,7 @@ class Demo:
                 "  relays:",
                 relays,
                 f"  CA file:         {grid.ca_file}",
-                '  enroll a host:   idlegrid agent enroll --state-dir DIR --token "$(idlegrid token create --provider NAME '
+                f'  enroll a host:   {idlegrid} agent enroll --state-dir DIR --token "$({idlegrid} token create --provider NAME '
                 f'--api {grid.api_url} --operator-token-file {key})" --access {first.http_url} --ca-file {grid.ca_file}',
                 f'  try:             curl -H "Authorization: Bearer $(cat {key})" {grid.api_url}/api/v1/agents',
                 f"  logs:            {grid.logs}",
@@ -96,6 +99,15 @@ class Demo:
         key = self.grid.root / "operator.token"
         key.write_text(self.grid.operator_key_file.read_text())
         key.chmod(0o600)
+
+
+def idlegrid_command() -> str:
+    """How to call ``idlegrid`` from this shell: the name when it is on PATH, else the one beside this Python
+    (scripts/demo runs it from .venv/bin without activating the environment)."""
+    if shutil.which("idlegrid"):
+        return "idlegrid"
+    beside = Path(sys.executable).parent / "idlegrid"
+    return str(beside) if beside.exists() else f"{sys.executable} -m management.cli"
 
 
 def run_demo(state_dir: Path, *, api_port: int | None, agents: int) -> int:
