@@ -39,8 +39,8 @@ from bench.profile import Profiler
 from bench.provision import provision_agents
 from bench.sockets import queued_bytes
 from common.pki import Role
-from management.demo import free_port
-from master.authority import Authority
+from management.client import ApiError, AsyncApiClient, read_key_file
+from management.localgrid import Daemon, LocalGrid, free_port
 from master.config import MasterConfig
 
 FINAL_STATES = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
@@ -188,22 +188,6 @@ class FleetDriver:
 
 
 @dataclass
-class RelayProcess:
-    relay_id: str
-    agent_port: int
-    http_port: int
-    process: BenchProcess | None = None
-
-    @property
-    def agent_url(self) -> str:
-        return f"wss://127.0.0.1:{self.agent_port}"
-
-    @property
-    def http_url(self) -> str:
-        return f"https://127.0.0.1:{self.http_port}"
-
-
-@dataclass
 class RelayCounters:
     frames_in: float = 0.0
     dropped: float = 0.0  # superseded or evicted on the way to the Master
@@ -243,32 +227,32 @@ def parse_relay_metrics(text: str) -> RelayCounters:
 
 
 class BenchGrid:
-    """A Master and relays as processes, plus what the benchmark needs to talk to them."""
+    """A Master and relays started by the local-grid launcher, plus what the benchmark needs to talk to them."""
 
     def __init__(self, root: Path, options: FleetOptions) -> None:
         self.root = root
         self.options = options
-        self.logs = root / "logs"
-        self.logs.mkdir(parents=True, exist_ok=True)
         self.master_config = MasterConfig(
             state_dir=str(root / "master"), heartbeat_s=options.heartbeat_s, telemetry_s=options.telemetry_s
         )
-        self.authority = Authority.open(self.master_config.state_path)
-        self.api_port, self.link_port = free_port(), free_port()
-        self.master: BenchProcess | None = None
-        self.relays = [RelayProcess(f"relay-{i + 1}", free_port(), free_port()) for i in range(options.relays)]
+        self.launcher = LocalGrid(root, heartbeat_s=options.heartbeat_s)
+        self.logs = self.launcher.logs
+        self.authority = self.launcher.authority
+        self.api_port, self.link_port = self.launcher.api_port, self.launcher.link_port
+        self.relays = [self.launcher.plan_relay(f"relay-{i + 1}", "bench") for i in range(options.relays)]
         self.echo: BenchProcess | None = None
         self.echo_port = 0
         self.tls = ssl.create_default_context(cafile=str(self.authority.ca_file))
         self.session: aiohttp.ClientSession | None = None
+        self.client: AsyncApiClient | None = None
 
     @property
     def api(self) -> str:
-        return f"http://127.0.0.1:{self.api_port}"
+        return self.launcher.api_url
 
     @property
-    def processes(self) -> list[BenchProcess]:
-        return [p for p in [self.master, *(r.process for r in self.relays), self.echo] if p is not None]
+    def processes(self) -> list[Daemon | BenchProcess]:
+        return [*self.launcher.daemons, *([self.echo] if self.echo is not None else [])]
 
     async def open(self) -> None:
         self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30), connector=aiohttp.TCPConnector(limit=64))
@@ -289,26 +273,11 @@ class BenchGrid:
             self.echo.stop()
 
     async def start(self) -> None:
+        """The Master, then each relay (under bench.gcwatch), each waited for by the launcher."""
         env = {"IDLEGRID_MASTER_TELEMETRY_S": str(self.options.telemetry_s), "IDLEGRID_MASTER_LOG_LEVEL": self.options.log_level}
-        self.master = spawn(
-            "master",
-            [
-                *self._gcwatch("master"),
-                "management.cli",
-                "master",
-                "--state-dir",
-                str(self.master_config.state_path),
-                "--api-port",
-                str(self.api_port),
-                "--link-port",
-                str(self.link_port),
-                "--heartbeat-s",
-                str(self.options.heartbeat_s),
-            ],
-            self.logs,
-            env=env,
+        await asyncio.to_thread(
+            self.launcher.start_master, program=(*self._gcwatch("master"), "management.cli"), env=env, timeout_s=START_TIMEOUT_S
         )
-        await self._wait(self._master_up, "the Master", self.master)
         per_agent_flood = self.options.flood_rate / self.options.flood_size
         relay_env = {
             "IDLEGRID_ACCESS_LOG_LEVEL": self.options.log_level,
@@ -317,42 +286,20 @@ class BenchGrid:
             "IDLEGRID_ACCESS_BURST": str(max(200, math.ceil(2 * per_agent_flood))),
         }
         for relay in self.relays:
-            cert, key, ca = self.authority.write_server_identity(
-                self.root / "relays" / relay.relay_id, Role.ACCESS, relay.relay_id
-            )
             program = (
                 ["bench.relay", "--tls-buffer-kib", str(self.options.relay_tls_buffer_kib)]
                 if self.options.relay_tls_buffer_kib
                 else ["management.cli", "access"]
             )
-            program = [*self._gcwatch(relay.relay_id), *program]
-            relay.process = spawn(
+            await asyncio.to_thread(
+                self.launcher.start_relay,
                 relay.relay_id,
-                [
-                    *program,
-                    "--relay-id",
-                    relay.relay_id,
-                    "--region",
-                    "bench",
-                    "--master-url",
-                    f"wss://127.0.0.1:{self.link_port}/link",
-                    "--agent-port",
-                    str(relay.agent_port),
-                    "--http-port",
-                    str(relay.http_port),
-                    "--cert",
-                    str(cert),
-                    "--key",
-                    str(key),
-                    "--ca",
-                    str(ca),
-                ],
-                self.logs,
+                relay.region,
+                program=(*self._gcwatch(relay.relay_id), *program),
                 env=relay_env,
+                timeout_s=START_TIMEOUT_S,
             )
-        for relay in self.relays:
-            assert relay.process is not None
-            await self._wait(lambda r=relay: self._relay_linked(r), relay.relay_id, relay.process)
+        self.client = AsyncApiClient(self.api, read_key_file(self.launcher.operator_key_file))
 
     def _gcwatch(self, name: str) -> list[str]:
         """Run the daemon under bench.gcwatch, which writes its garbage collector's pauses to gc/NAME.json."""
@@ -369,13 +316,13 @@ class BenchGrid:
         return figures
 
     async def stop(self) -> None:
-        for process in reversed(self.processes):
-            await asyncio.to_thread(process.stop)
+        """Relays, then the Master (the launcher's order), then the echo server."""
+        await asyncio.to_thread(self.launcher.stop)
+        self.stop_echo()
+        if self.client is not None:
+            await self.client.close()
         if self.session is not None:
             await self.session.close()
-
-    async def operator_key(self) -> str:
-        return (self.master_config.state_path / "operator.token").read_text().strip()
 
     async def relay_counters(self) -> RelayCounters:
         assert self.session is not None
@@ -384,16 +331,6 @@ class BenchGrid:
             async with self.session.get(f"{relay.http_url}/metrics", ssl=self.tls) as response:
                 total = total + parse_relay_metrics(await response.text())
         return total
-
-    async def _master_up(self) -> bool:
-        assert self.session is not None
-        async with self.session.get(f"{self.api}/healthz") as response:
-            return response.status == 200
-
-    async def _relay_linked(self, relay: RelayProcess) -> bool:
-        assert self.session is not None
-        async with self.session.get(f"{relay.http_url}/healthz", ssl=self.tls) as response:
-            return (await response.json())["master_link"] == "up"
 
     async def _wait(self, probe: Any, what: str, process: BenchProcess) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -432,10 +369,8 @@ class CommandTiming:
 class CommandLoad:
     """Creates at ``rate`` per second, each followed by a delete of the same container once it succeeded."""
 
-    def __init__(self, session: aiohttp.ClientSession, api: str, key: str, agent_ids: list[str]) -> None:
-        self.session = session
-        self.api = api
-        self.headers = {"Authorization": f"Bearer {key}"}
+    def __init__(self, client: AsyncApiClient, agent_ids: list[str]) -> None:
+        self.client = client
         self.agent_ids = agent_ids
         self.timings: list[CommandTiming] = []
         self.errors: list[str] = []
@@ -470,17 +405,13 @@ class CommandLoad:
         """From the API call to the first poll that sees a final state; polls after 2 ms, then less and less often."""
         started = time.perf_counter()
         try:
-            async with self.session.post(
-                f"{self.api}/api/v1/commands", headers=self.headers, json={"agent_id": agent_id, "kind": kind, "spec": spec}
-            ) as response:
-                body = await response.json()
-                if response.status != 202:
-                    self.errors.append(f"{kind}: {response.status} {body}")
-                    return None
-            command_id, pause = body["id"], 0.002
+            try:
+                command_id, pause = (await self.client.issue_command(agent_id, kind, spec))["id"], 0.002
+            except ApiError as exc:
+                self.errors.append(f"{kind}: {exc}")
+                return None
             while time.perf_counter() - started < COMMAND_TIMEOUT_S:
-                async with self.session.get(f"{self.api}/api/v1/commands/{command_id}", headers=self.headers) as response:
-                    state = (await response.json())["state"]
+                state = (await self.client.command(command_id))["state"]
                 if state in FINAL_STATES:
                     timing = CommandTiming(kind, state, time.perf_counter() - started, started)
                     self.timings.append(timing)
@@ -489,7 +420,7 @@ class CommandLoad:
                 # Fine steps while a command is quick, coarser ones (a tenth of the time so far) once it is slow,
                 # so that polling does not load the very API it measures.
                 pause = min(pause * 1.5, max(0.02, (time.perf_counter() - started) / 10))
-        except (aiohttp.ClientError, TimeoutError, KeyError, ValueError) as exc:
+        except (ApiError, aiohttp.ClientError, TimeoutError, KeyError, ValueError) as exc:
             self.errors.append(f"{kind}: {type(exc).__name__}: {exc}")
             return None
         self.timings.append(CommandTiming(kind, "no_final_state", time.perf_counter() - started, started))
@@ -765,7 +696,8 @@ async def _hold(
     profiler = Profiler(Path(options.profile_dir) / "hold") if options.profile_dir else None
     if profiler is not None:
         profiler.start(watched.named_pids(), options.duration)
-    load = CommandLoad(grid.session, grid.api, await grid.operator_key(), agent_ids)
+    assert grid.client is not None
+    load = CommandLoad(grid.client, agent_ids)
     started = time.monotonic()
     commands = asyncio.create_task(load.run(options.cmd_rate, options.duration))
     await asyncio.sleep(options.duration)

@@ -4,30 +4,89 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
+import errno
+import re
+import ssl
 import sys
-import urllib.error
-import urllib.request
+import textwrap
+import urllib.parse
+from importlib import metadata
 from pathlib import Path
+from typing import Any
 
-from common.errors import IdlegridError
+from common.errors import ConfigError, EnrollmentError, IdlegridError
 from common.heap import tune_for_daemon
 from common.logs import setup_logging
 
+# Exit statuses: what a service manager or a script can tell apart. An error class may carry its own
+# ``exit_code`` (a revoked agent certificate does: re-enrolling, not restarting, is the cure).
+EXIT_ERROR = 2
+EXIT_INTERRUPTED = 130
+LOG_LEVELS = ("debug", "info", "warning", "error")
+DEFAULT_OPERATOR_KEY = Path(".idlegrid/master/operator.token")
+DEFAULT_API = "http://127.0.0.1:7000"
+DEFAULT_DEMO_DIR = Path(".idlegrid/demo")
+ERRNO_PREFIX = re.compile(r"^\[Errno \d+\] ")
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Descriptions are wrapped line by line; a line indented by two spaces (an example command) is kept as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        lines = []
+        for line in text.splitlines():
+            if line.startswith("  "):
+                lines.append(indent + line)
+            else:
+                lines.append(textwrap.fill(line, width, initial_indent=indent, subsequent_indent=indent))
+        return "\n".join(lines)
+
+
+def _parser(sub: argparse._SubParsersAction, name: str, help_text: str, description: str) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = sub.add_parser(name, help=help_text, description=description, formatter_class=HelpFormatter)
+    return parser
+
+
+def _log_level(p: argparse.ArgumentParser, shown_default: str = "info", **kwargs: Any) -> None:
+    p.add_argument("--log-level", choices=LOG_LEVELS, help=f"how much the daemon logs (default {shown_default})", **kwargs)
+
+
+def _version() -> str:
+    try:
+        return metadata.version("idlegrid")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+# --- master ---------------------------------------------------------------------------------------
+
 
 def _master_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+    from master.config import MasterConfig
+
+    d = MasterConfig()
+    p = _parser(
+        sub,
         "master",
-        help="run the Master (control plane) and the management API",
-        description="Run the Master: relay link endpoint, registry, command ledger, and the operator API.",
+        "run the Master (control plane) and the management API",
+        "Run the Master: the relay link endpoint, registry, command ledger and the management API.\n"
+        "Settings come from --config FILE (TOML), IDLEGRID_MASTER_<SETTING> environment variables and these "
+        "flags, in that order.",
     )
-    p.add_argument("--config", type=Path, help="TOML configuration file")
-    p.add_argument("--state-dir", help="where the store, keys and operator token live (default .idlegrid/master)")
-    p.add_argument("--host", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--link-port", type=int, help="port of the relay link endpoint (default 7100)")
-    p.add_argument("--api-port", type=int, help="port of the management API (default 7000)")
-    p.add_argument("--store-url", help="sqlite:///PATH (default) or mongodb://HOST:PORT/DB")
-    p.add_argument("--heartbeat-s", type=float, help="agent heartbeat interval in seconds (default 5)")
+    p.add_argument("--config", type=Path, metavar="FILE", help="TOML configuration file (default: none)")
+    p.add_argument(
+        "--state-dir", metavar="DIR", help=f"where the store, CA, keys and operator API key live (default {d.state_dir})"
+    )
+    p.add_argument("--host", metavar="ADDRESS", help=f"address to bind (default {d.host})")
+    p.add_argument("--link-port", type=int, metavar="PORT", help=f"port of the relay link endpoint (default {d.link_port})")
+    p.add_argument("--api-port", type=int, metavar="PORT", help=f"port of the management API (default {d.api_port})")
+    p.add_argument(
+        "--store-url", metavar="URL", help="sqlite:///PATH or mongodb://HOST:PORT/DB (default: SQLite in the state directory)"
+    )
+    p.add_argument(
+        "--heartbeat-s", type=float, metavar="SECONDS", help=f"agent heartbeat interval in seconds (default {d.heartbeat_s:g})"
+    )
+    _log_level(p, d.log_level)
     p.set_defaults(func=_run_master)
 
 
@@ -44,6 +103,7 @@ def _run_master(args: argparse.Namespace) -> int:
             "api_port": args.api_port,
             "store_url": args.store_url,
             "heartbeat_s": args.heartbeat_s,
+            "log_level": args.log_level,
         },
     )
     setup_logging("master", config.log_level)
@@ -52,64 +112,200 @@ def _run_master(args: argparse.Namespace) -> int:
     return 0
 
 
-def _agent_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "agent",
-        help="run the provider agent, or enroll this host",
-        description="Run the provider agent: dial out to an Access relay, report GPUs, run renters' containers.",
+# --- agent ----------------------------------------------------------------------------------------
+
+
+def _agent_common(p: argparse.ArgumentParser, *, suppress: bool) -> None:
+    """Options of both ``agent`` and ``agent enroll``, so they work before or after ``enroll``. On the
+    subcommand they default to SUPPRESS: one given before ``enroll`` is not reset by the subcommand's default."""
+    from agent.config import AgentConfig
+
+    d = AgentConfig()
+    extra: dict[str, Any] = {"default": argparse.SUPPRESS} if suppress else {}
+    p.add_argument("--config", type=Path, metavar="FILE", help="TOML configuration file (default: none)", **extra)
+    p.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        help=f"where the agent keeps its key, certificate and ledger (default {d.state_dir})",
+        **extra,
     )
-    p.add_argument("--config", type=Path, help="TOML configuration file")
-    p.add_argument("--state-dir", help="where the agent keeps its key, certificate and ledger (default .idlegrid/agent)")
-    p.add_argument("--access", action="append", dest="access_urls", help="wss://HOST:PORT of an Access relay (repeatable)")
-    p.add_argument("--region", help="the region this host is in")
-    p.add_argument("--dns-domain", help="find relays by DNS: SRV _idlegrid._tcp.REGION.DOMAIN (--access is then the fallback)")
+    p.add_argument("--region", metavar="NAME", help="the region this host is in (default: none; the relay's region)", **extra)
+    _log_level(p, d.log_level, **extra)
+
+
+def _agent_parser(sub: argparse._SubParsersAction) -> None:
+    from agent.config import AgentConfig
+
+    d = AgentConfig()
+    p = _parser(
+        sub,
+        "agent",
+        "run the provider agent, or enroll this host (agent enroll)",
+        "Run the provider agent: dial out to an Access relay, report GPUs, run renters' containers.\n"
+        "Enroll the host once first:\n"
+        "  idlegrid agent enroll --token TOKEN --access https://RELAY:PORT --ca-file ca.crt\n"
+        "Settings come from --config FILE (TOML), IDLEGRID_AGENT_<SETTING> environment variables and these "
+        "flags, in that order.",
+    )
+    _agent_common(p, suppress=False)
+    p.add_argument(
+        "--access",
+        action="append",
+        dest="access_urls",
+        metavar="URL",
+        help="a relay to connect to, repeatable: its wss:// agent URL, or the https:// URL the host enrolled "
+        "through (default: the relays recorded at enrollment)",
+    )
+    p.add_argument(
+        "--dns-domain",
+        metavar="DOMAIN",
+        help="find relays by DNS: SRV _idlegrid._tcp.REGION.DOMAIN; --access is then the fallback (default: none)",
+    )
     p.add_argument(
         "--dns-nameserver",
         action="append",
         dest="dns_nameservers",
         metavar="ADDRESS",
-        help="nameserver to ask for relays (repeatable; default: the system resolver)",
+        help="nameserver to ask for relays, repeatable (default: the system resolver)",
     )
-    p.add_argument("--dns-port", type=int, help="port of the nameservers (default 53)")
-    p.add_argument("--simulate", help="simulate GPUs instead of NVML, e.g. h100:8 or a10:2,t4:1 (reported as simulated)")
-    p.add_argument("--runtime", choices=["process", "docker"], help="container runtime (default process)")
-    p.add_argument("--docker-socket", help="Docker/Podman API socket (default /var/run/docker.sock)")
-    p.add_argument("--no-bandwidth", action="store_true", help="skip the bandwidth measurement")
+    p.add_argument("--dns-port", type=int, metavar="PORT", help=f"port of the nameservers (default {d.dns_port})")
+    p.add_argument(
+        "--simulate",
+        metavar="SPEC",
+        help="simulate GPUs instead of NVML, e.g. h100:8 or a10:2,t4:1, reported as simulated (default: none, NVML)",
+    )
+    p.add_argument("--runtime", choices=["process", "docker"], help=f"container runtime (default {d.runtime})")
+    p.add_argument("--docker-socket", metavar="PATH", help=f"Docker/Podman API socket (default {d.docker_socket})")
+    p.add_argument("--no-bandwidth", action="store_true", help="skip the bandwidth measurement (default: measure it)")
     p.set_defaults(func=_run_agent)
-    agent_sub = p.add_subparsers(dest="agent_command")
+    agent_sub = p.add_subparsers(dest="agent_command", metavar="{enroll}")
     e = agent_sub.add_parser(
         "enroll",
-        help="enroll this host with a join token",
-        description="Generate this host's key locally, send a CSR with a one-time join token through "
-        "an Access relay's HTTPS endpoint, and store the certificate.",
+        help="enroll this host with a one-time join token",
+        description="Generate this host's key locally, send a CSR with a one-time join token through an Access "
+        "relay's HTTPS endpoint, and store the certificate. Only the CSR leaves the host.\n"
+        "  idlegrid agent enroll --token TOKEN --access https://RELAY:PORT --ca-file ca.crt",
+        formatter_class=HelpFormatter,
     )
-    e.add_argument("--token", required=True, help="one-time join token from the operator")
-    e.add_argument("--access", required=True, dest="enroll_url", help="https://HOST:PORT of an Access relay")
-    e.add_argument("--ca-file", type=Path, required=True, help="the platform CA certificate (ca.crt) to trust")
-    e.add_argument("--connect", action="append", help="wss://HOST:PORT relay(s) to connect to afterwards")
+    _agent_common(e, suppress=True)
+    e.add_argument(
+        "--token", required=True, metavar="TOKEN", help="one-time join token from the operator (idlegrid token create)"
+    )
+    e.add_argument(
+        "--access",
+        required=True,
+        dest="enroll_url",
+        metavar="URL",
+        help="the relay's https:// URL (its enrollment endpoint); a wss:// URL is read as the same host and port",
+    )
+    e.add_argument("--ca-file", type=Path, required=True, metavar="FILE", help="the platform CA certificate (ca.crt) to trust")
+    e.add_argument(
+        "--connect",
+        action="append",
+        metavar="URL",
+        help="wss:// relay URL(s) to connect to afterwards, repeatable (default: the one the relay announces)",
+    )
     e.set_defaults(func=_run_enroll)
 
 
-def _agent_overrides(args: argparse.Namespace) -> dict:
+def relay_url(url: str, scheme: str) -> str:
+    """``url`` with the scheme of the use it is put to: wss:// to connect, https:// to enroll. A relay's URL may
+    be given with either scheme, or none (``HOST:PORT``); the host and port are kept."""
+    text = url.strip()
+    if "://" not in text:
+        text = f"{scheme}://{text}"
+    parts = urllib.parse.urlsplit(text)
+    if parts.scheme not in ("wss", "https", "ws", "http") or not parts.hostname:
+        raise ConfigError(f"{url!r} is not a relay URL; expected wss://HOST:PORT or https://HOST:PORT")
+    if parts.scheme in ("ws", "http"):
+        raise ConfigError(f"{url!r}: relays only speak TLS; use wss:// or https://")
+    try:
+        port = parts.port
+    except ValueError:
+        raise ConfigError(f"{url!r} has a bad port") from None
+    netloc = parts.hostname if port is None else f"{parts.hostname}:{port}"
+    if ":" in (parts.hostname or "") and port is not None:  # IPv6 literal
+        netloc = f"[{parts.hostname}]:{port}"
+    return urllib.parse.urlunsplit((scheme, netloc, parts.path.rstrip("/"), "", ""))
+
+
+def _agent_access_urls(args: argparse.Namespace, state_dir: Path) -> list[str] | None:
+    """The relays to dial: wss:// URLs as given; an https:// URL the host enrolled through stands for the relays
+    recorded at enrollment (its agent URL is on another port), any other https:// URL for wss:// on that port."""
+    if not args.access_urls:
+        return None
+    from agent.identity import AgentIdentity
+
+    enrolled_through, recorded = "", []
+    if (state_dir / "identity.json").exists():
+        identity = AgentIdentity.load(state_dir)
+        enrolled_through, recorded = identity.http_url.rstrip("/"), identity.access_urls
+    urls: list[str] = []
+    for given in args.access_urls:
+        as_https = relay_url(given, "https")
+        if given.strip().startswith("https://") and recorded and as_https == relay_url(enrolled_through, "https"):
+            urls.extend(recorded)
+        else:
+            urls.append(relay_url(given, "wss"))
+    return list(dict.fromkeys(urls))
+
+
+def _check_simulate(spec: str | None) -> None:
+    if spec is None:
+        return
+    from agent.simulate import parse_simulate_spec
+
+    try:
+        parse_simulate_spec(spec)
+    except ValueError as exc:
+        raise ConfigError(f"--simulate: {exc}") from None
+
+
+def _check_ca_file(path: Path) -> None:
+    """The CA file must hold a PEM certificate; a wrong file is named in one line, not a TLS library traceback."""
+    if not path.exists():
+        return  # enroll() says what to do about a missing one
+    try:
+        ssl.create_default_context(cafile=str(path))
+    except (ssl.SSLError, OSError) as exc:
+        raise ConfigError(f"--ca-file {path} is not a PEM certificate ({getattr(exc, 'reason', None) or exc})") from None
+
+
+def _agent_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return {
-        "state_dir": args.state_dir,
-        "access_urls": args.access_urls,
-        "region": args.region,
-        "simulate": args.simulate,
-        "dns_domain": args.dns_domain,
-        "dns_nameservers": args.dns_nameservers,
-        "dns_port": args.dns_port,
-        "runtime": args.runtime,
-        "docker_socket": args.docker_socket,
-        "measure_bandwidth": False if args.no_bandwidth else None,
+        "state_dir": getattr(args, "state_dir", None),
+        "region": getattr(args, "region", None),
+        "log_level": getattr(args, "log_level", None),
+        "simulate": getattr(args, "simulate", None),
+        "dns_domain": getattr(args, "dns_domain", None),
+        "dns_nameservers": getattr(args, "dns_nameservers", None),
+        "dns_port": getattr(args, "dns_port", None),
+        "runtime": getattr(args, "runtime", None),
+        "docker_socket": getattr(args, "docker_socket", None),
+        "measure_bandwidth": False if getattr(args, "no_bandwidth", False) else None,
     }
 
 
+def _not_enrolled_hint(state_dir: Path, default_state_dir: str) -> str:
+    where = "" if str(state_dir) == default_state_dir else f" --state-dir {state_dir}"
+    return (
+        f"this host is not enrolled yet ({state_dir / 'identity.json'} is missing); enroll it once with:\n"
+        f"  idlegrid agent enroll{where} --token TOKEN --access https://RELAY:PORT --ca-file ca.crt\n"
+        "(the token from the operator's `idlegrid token create`, the relay's URL and the platform CA from the operator)"
+    )
+
+
 def _run_agent(args: argparse.Namespace) -> int:
-    from agent.config import load_agent_config
+    from agent.config import AgentConfig, load_agent_config
     from agent.daemon import serve
 
-    config = load_agent_config(args.config, overrides=_agent_overrides(args))
+    _check_simulate(args.simulate)
+    config = load_agent_config(getattr(args, "config", None), overrides=_agent_overrides(args))
+    if not (config.state_path / "identity.json").exists():
+        raise ConfigError(_not_enrolled_hint(config.state_path, AgentConfig().state_dir))
+    urls = _agent_access_urls(args, config.state_path)
+    if urls is not None:
+        config.access_urls = urls
     setup_logging("agent", config.log_level)
     tune_for_daemon()
     asyncio.run(serve(config))
@@ -120,37 +316,77 @@ def _run_enroll(args: argparse.Namespace) -> int:
     from agent.config import load_agent_config
     from agent.enroll import enroll
 
-    config = load_agent_config(args.config, overrides=_agent_overrides(args))
-    identity = asyncio.run(
-        enroll(
-            config.state_path,
-            token=args.token,
-            access_http_url=args.enroll_url,
-            ca_file=args.ca_file,
-            region=config.region,
-            access_urls=args.connect or config.access_urls,
+    config = load_agent_config(getattr(args, "config", None), overrides=_agent_overrides(args))
+    connect = [relay_url(url, "wss") for url in args.connect] if args.connect else None
+    enroll_url = relay_url(args.enroll_url, "https")
+    _check_ca_file(args.ca_file)
+    try:
+        identity = asyncio.run(
+            enroll(
+                config.state_path,
+                token=args.token,
+                access_http_url=enroll_url,
+                ca_file=args.ca_file,
+                region=config.region,
+                access_urls=connect or config.access_urls,
+            )
         )
-    )
+    except EnrollmentError as exc:
+        if exc.code == "unreachable" and args.enroll_url.strip().startswith("wss://"):
+            # A relay's agent port (wss) and its enrollment port (https) differ unless a proxy joins them.
+            raise EnrollmentError(
+                f"{exc}; {args.enroll_url} looks like a relay's agent URL: enroll through its https:// URL "
+                "(the relay's HTTPS port, 7201 by default)",
+                code=exc.code,
+            ) from None
+        raise
     print(f"enrolled as {identity.agent_id}; credentials in {config.state_path} (key 0600)")
+    print(f"start it with: idlegrid agent --state-dir {config.state_path}")
     return 0
 
 
+# --- ca, token --------------------------------------------------------------------------------------
+
+
 def _ca_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+    p = _parser(
+        sub,
         "ca",
-        help="platform CA: create it, issue relay certificates",
-        description="Manage the platform certificate authority kept in the Master's state directory.",
+        "platform CA: create it, issue relay certificates",
+        "Manage the platform certificate authority kept in the Master's state directory.",
     )
-    ca_sub = p.add_subparsers(dest="ca_command", required=True)
-    init = ca_sub.add_parser("init", help="create the CA, the Master's certificate and the command-signing key")
-    init.add_argument("--state-dir", default=".idlegrid/master", help="the Master's state directory")
+    ca_sub = p.add_subparsers(dest="ca_command", required=True, metavar="{init,issue-access}")
+    init = _parser(
+        ca_sub,
+        "init",
+        "create the CA, the Master's certificate and the command-signing key",
+        "Create the platform CA, the Master's certificate and the command-signing key in the Master's state "
+        "directory (the Master does this itself on its first start). Private keys are written 0600.",
+    )
+    init.add_argument(
+        "--state-dir", default=".idlegrid/master", metavar="DIR", help="the Master's state directory (default %(default)s)"
+    )
     init.set_defaults(func=_run_ca_init)
-    issue = ca_sub.add_parser("issue-access", help="issue an Access relay's certificate")
-    issue.add_argument("--state-dir", default=".idlegrid/master", help="the Master's state directory")
-    issue.add_argument("--relay-id", required=True, help="the relay's name, e.g. relay-eu-1")
-    issue.add_argument("--out", type=Path, required=True, help="directory for <relay-id>.crt/.key and ca.crt")
-    issue.add_argument("--name", action="append", help="DNS name the relay is reached at (default localhost)")
-    issue.add_argument("--ip", action="append", help="IP address the relay is reached at (default 127.0.0.1)")
+    issue = _parser(
+        ca_sub,
+        "issue-access",
+        "issue an Access relay's certificate",
+        "Issue a relay's certificate (role access) signed by the platform CA, and write it with its key and the CA "
+        "certificate to --out.",
+    )
+    issue.add_argument(
+        "--state-dir", default=".idlegrid/master", metavar="DIR", help="the Master's state directory (default %(default)s)"
+    )
+    issue.add_argument("--relay-id", required=True, metavar="ID", help="the relay's name, e.g. relay-eu-1")
+    issue.add_argument(
+        "--out", type=Path, required=True, metavar="DIR", help="directory for RELAY-ID.crt, RELAY-ID.key and ca.crt"
+    )
+    issue.add_argument(
+        "--name", action="append", metavar="DNS_NAME", help="DNS name the relay is reached at, repeatable (default localhost)"
+    )
+    issue.add_argument(
+        "--ip", action="append", metavar="ADDRESS", help="IP address the relay is reached at, repeatable (default 127.0.0.1)"
+    )
     issue.set_defaults(func=_run_ca_issue)
 
 
@@ -175,72 +411,92 @@ def _run_ca_issue(args: argparse.Namespace) -> int:
 
 
 def _token_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("token", help="join tokens for providers' hosts")
-    t_sub = p.add_subparsers(dest="token_command", required=True)
-    create = t_sub.add_parser("create", help="create a one-time join token bound to a provider account")
-    create.add_argument("--provider", required=True, help="provider account the enrolled host will belong to")
-    create.add_argument("--ttl-s", type=float, default=3600.0, help="seconds until the token expires (default 3600)")
-    create.add_argument("--api", default="http://127.0.0.1:7000", help="management API URL")
+    p = _parser(sub, "token", "join tokens for providers' hosts", "Create one-time join tokens that enroll providers' hosts.")
+    t_sub = p.add_subparsers(dest="token_command", required=True, metavar="{create}")
+    create = _parser(
+        t_sub,
+        "create",
+        "create a one-time join token bound to a provider account",
+        "Create a one-time join token bound to a provider account and print it; the host that enrolls with it "
+        "belongs to that provider. The API stores only its hash.",
+    )
+    create.add_argument("--provider", required=True, metavar="ACCOUNT", help="provider account the enrolled host will belong to")
+    create.add_argument(
+        "--ttl-s", type=float, default=3600.0, metavar="SECONDS", help="seconds until the token expires (default %(default)g)"
+    )
+    create.add_argument("--api", default=DEFAULT_API, metavar="URL", help="management API URL (default %(default)s)")
     create.add_argument(
         "--operator-token-file",
         type=Path,
-        default=Path(".idlegrid/master/operator.token"),
-        help="file holding the operator API key",
+        default=DEFAULT_OPERATOR_KEY,
+        metavar="FILE",
+        help="file holding the operator API key (default %(default)s)",
     )
     create.set_defaults(func=_run_token_create)
 
 
 def _run_token_create(args: argparse.Namespace) -> int:
-    body = _api_call(
-        args.api, args.operator_token_file, "POST", "/api/v1/tokens", {"provider": args.provider, "ttl_s": args.ttl_s}
-    )
-    print(body["token"])
+    from management.client import ApiClient
+
+    client = ApiClient.with_key_file(args.api, args.operator_token_file)
+    print(client.create_join_token(args.provider, ttl_s=args.ttl_s)["token"])
     return 0
 
 
-def _api_call(api: str, token_file: Path, method: str, path: str, payload: dict | None = None) -> dict:
-    try:
-        key = token_file.read_text().strip()
-    except OSError as exc:
-        raise IdlegridError(f"cannot read the operator API key from {token_file}: {exc.strerror}", code="bad_request") from None
-    request = urllib.request.Request(
-        api.rstrip("/") + path,
-        method=method,
-        data=json.dumps(payload).encode() if payload is not None else None,
-        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        error = json.loads(exc.read() or b"{}").get("error", {})
-        raise IdlegridError(f"{exc.code}: {error.get('message', exc.reason)}", code=error.get("code", "api_error")) from None
-    except urllib.error.URLError as exc:
-        raise IdlegridError(f"cannot reach the management API at {api}: {exc.reason}", code="unreachable") from None
+# --- demo -----------------------------------------------------------------------------------------
 
 
 def _demo_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+    from management.demo import DEFAULT_AGENTS, DEFAULT_API_PORT
+
+    p = _parser(
+        sub,
         "demo",
-        help="run a whole grid locally: Master, two relays, simulated agents",
-        description="Start one Master, two Access relays in two regions and simulated agents with a mix "
-        "of GPU models, each a separate process, on the embedded store. Ctrl-C stops everything.",
+        "run a whole grid locally: Master, two relays, simulated agents",
+        "Start one Master, two Access relays in two regions and simulated agents with a mix of GPU models, each "
+        "a separate process, on the embedded store. It prints the API, the operator key, the relays' URLs and "
+        "the CA file once every agent is ready. Ctrl-C stops agents, relays, then the Master.\n"
+        "Started again on the same --state-dir, it reuses the ports, the agents and their enrollment.",
     )
-    p.add_argument("--state-dir", type=Path, default=Path(".idlegrid/demo"), help="where every process keeps its state")
-    p.add_argument("--api-port", type=int, default=7000, help="port of the management API (default 7000)")
-    p.add_argument("--agents", type=int, default=8, help="number of simulated agents (default 8)")
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        default=DEFAULT_DEMO_DIR,
+        metavar="DIR",
+        help="where every process keeps its state (default %(default)s)",
+    )
+    p.add_argument(
+        "--api-port",
+        type=int,
+        metavar="PORT",
+        help=f"port of the management API (default: the port of the last run on this state directory, else {DEFAULT_API_PORT})",
+    )
+    p.add_argument(
+        "--agents", type=int, default=DEFAULT_AGENTS, metavar="N", help="number of simulated agents (default %(default)s)"
+    )
     p.set_defaults(func=_run_demo)
 
 
 def _run_demo(args: argparse.Namespace) -> int:
     from management.demo import run_demo
 
-    return asyncio.run(run_demo(args.state_dir, api_port=args.api_port, agents=args.agents))
+    if args.agents < 1:
+        raise ConfigError("--agents must be at least 1")
+    return run_demo(args.state_dir, api_port=args.api_port, agents=args.agents)
+
+
+# --- the command ----------------------------------------------------------------------------------
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="idlegrid", description="idlegrid: a decentralized GPU marketplace.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="idlegrid",
+        description="idlegrid: a decentralized GPU marketplace. Run a daemon (master, access, agent), manage the "
+        "platform CA and join tokens, or run the whole grid locally (demo).",
+        formatter_class=HelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"idlegrid {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{master,access,agent,ca,token,demo}")
     _master_parser(sub)
     from access.cli import add_parser as add_access_parser
 
@@ -252,15 +508,37 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _command_name(args: argparse.Namespace) -> str:
+    words = [args.command]
+    for attr in ("agent_command", "ca_command", "token_command"):
+        if getattr(args, attr, None):
+            words.append(getattr(args, attr))
+    return " ".join(words)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    name = _command_name(args)
     try:
-        return args.func(args)
+        return int(args.func(args))
     except IdlegridError as exc:
-        print(f"idlegrid {args.command}: {exc}", file=sys.stderr)
-        return 2
+        print(f"idlegrid {name}: {exc}", file=sys.stderr)
+        return int(getattr(exc, "exit_code", EXIT_ERROR))
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            # One line, not a traceback: the address comes from the error itself ("... on address (HOST, PORT) ...").
+            print(f"idlegrid {name}: cannot listen: {ERRNO_PREFIX.sub('', str(exc))}", file=sys.stderr)
+            return EXIT_ERROR
+        raise
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
+    except Exception as exc:
+        # A daemon's error that says how the process must end (e.g. a revoked certificate), whatever its base class.
+        exit_code = getattr(exc, "exit_code", None)
+        if isinstance(exit_code, int) and not isinstance(exit_code, bool):
+            print(f"idlegrid {name}: {exc}", file=sys.stderr)
+            return exit_code
+        raise
 
 
 if __name__ == "__main__":

@@ -1,245 +1,134 @@
-"""``idlegrid demo``: a whole grid on this machine, each part its own process, on the embedded store."""
+"""``idlegrid demo``: a whole grid on this machine, each part its own process, on the embedded store.
+
+One Master, two relays in two regions and simulated agents with a mix of GPU models, started by the local-grid
+launcher. Started again on the same state directory it comes back as it was: same ports, same agents (enrolled
+once). It says "up" only when the API shows every agent connected in this run, and Ctrl-C stops agents, relays,
+then the Master.
+"""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import json
-import os
+import shutil
 import signal
-import socket
-import ssl
 import sys
 import time
-import urllib.request
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import FrameType
 
-from common.pki import Role
-from master.authority import Authority
+from management.localgrid import PORTS_FILE, LocalGrid, RelayInfo, StartupFailed
 
 # Two regions, one relay each; agents alternate between them.
 RELAYS = (("relay-a", "eu-west"), ("relay-b", "us-east"))
 # A mix of GPU models, as a marketplace would see them.
 FLEET = ("h100:8", "a100-80gb:4", "l40s:4", "rtx-4090:2", "a10:1", "t4:4", "rtx-3090:2", "h200:8", "l4:2", "v100:4")
-STARTUP_TIMEOUT_S = 30.0
+DEFAULT_API_PORT = 7000
+DEFAULT_AGENTS = 8
+PROVIDER = "demo-provider"
+READY_TIMEOUT_S = 30.0
 
 
-@dataclass
-class RelayPorts:
-    relay_id: str
-    region: str
-    agent_port: int
-    http_port: int
-
-    @property
-    def agent_url(self) -> str:
-        return f"wss://127.0.0.1:{self.agent_port}"
-
-    @property
-    def http_url(self) -> str:
-        return f"https://127.0.0.1:{self.http_port}"
+class Interrupted(BaseException):  # not an Exception: no "not up yet" retry loop may swallow it
+    """SIGINT or SIGTERM: stop the demo in order."""
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise Interrupted
+
+
+def agent_name(index: int) -> str:
+    return f"agent-{index:02d}"
 
 
 class Demo:
-    def __init__(self, state_dir: Path, api_port: int, agents: int) -> None:
-        self.state_dir = state_dir.resolve()
-        self.api_port = api_port
+    def __init__(self, state_dir: Path, *, api_port: int | None, agents: int) -> None:
+        first_run = not (state_dir / PORTS_FILE).exists()
+        self.grid = LocalGrid(state_dir, api_port=api_port if api_port is not None or not first_run else DEFAULT_API_PORT)
         self.agents = agents
-        self.processes: list[asyncio.subprocess.Process] = []
-        self.master_dir = self.state_dir / "master"
-        self.logs = self.state_dir / "logs"
 
-    @property
-    def api_url(self) -> str:
-        return f"http://127.0.0.1:{self.api_port}"
+    def start(self) -> list[str]:
+        """Master, relays, then the agents (enrolled the first time); the agent ids once all are ready."""
+        started = time.time()
+        self.grid.start_master()
+        relays = [self.grid.start_relay(relay_id, region) for relay_id, region in RELAYS]
+        with ThreadPoolExecutor(max_workers=max(1, self.agents)) as pool:
+            ids = list(pool.map(lambda i: self._start_agent(i, relays[i % len(relays)]), range(self.agents)))
+        self.grid.wait_agents_ready(ids, since=started, timeout_s=READY_TIMEOUT_S)
+        return ids
 
-    async def start(self) -> None:
-        self.logs.mkdir(parents=True, exist_ok=True)
-        authority = Authority.open(self.master_dir)
-        link_port = free_port()
-        await self._spawn(
-            "master",
-            "master",
-            "--state-dir",
-            str(self.master_dir),
-            "--api-port",
-            str(self.api_port),
-            "--link-port",
-            str(link_port),
+    def _start_agent(self, index: int, relay: RelayInfo) -> str:
+        name = agent_name(index)
+        if not self.grid.enrolled(name):
+            token = self.grid.join_token(PROVIDER)
+            done = self.grid.enroll(name, relay, token, region=relay.region)
+            if done.returncode != 0:
+                reason = (done.stderr.strip().splitlines() or ["no output"])[-1]
+                raise StartupFailed(f"{name} could not enroll: {reason}")
+        # The relay's URL as of this run, whatever the agent recorded at enrollment (a state directory from before
+        # ports were kept would otherwise send it to a port nobody listens on).
+        flags = ("--region", relay.region, "--runtime", "process", "--access", relay.agent_url)
+        self.grid.start_agent(name, *flags, simulate=FLEET[index % len(FLEET)])
+        return self.grid.agent_id(name)
+
+    def banner(self) -> str:
+        grid = self.grid
+        key = grid.root / "operator.token"
+        relays = "\n".join(
+            f"    {r.relay_id} ({r.region}): agents {r.agent_url}   enrollment {r.http_url}" for r in grid.relays.values()
         )
-        await self._wait(lambda: _get(f"{self.api_url}/healthz"), "the Master's API")
-        relays = [RelayPorts(rid, region, free_port(), free_port()) for rid, region in RELAYS]
-        context = ssl.create_default_context(cafile=str(authority.ca_file))
-        for relay in relays:
-            cert, key, ca = authority.write_server_identity(
-                self.state_dir / "relays" / relay.relay_id, Role.ACCESS, relay.relay_id
-            )
-            await self._spawn(
-                relay.relay_id,
-                "access",
-                "--relay-id",
-                relay.relay_id,
-                "--region",
-                relay.region,
-                "--master-url",
-                f"wss://127.0.0.1:{link_port}/link",
-                "--agent-port",
-                str(relay.agent_port),
-                "--http-port",
-                str(relay.http_port),
-                "--cert",
-                str(cert),
-                "--key",
-                str(key),
-                "--ca",
-                str(ca),
-            )
-        for relay in relays:
-            await self._wait(lambda r=relay: _get(f"{r.http_url}/healthz", context)["master_link"] == "up", relay.relay_id)
-        await asyncio.gather(*(self._start_agent(i, relays[i % len(relays)], authority.ca_file) for i in range(self.agents)))
-
-    async def _start_agent(self, i: int, relay: RelayPorts, ca_file: Path) -> None:
-        name = f"agent-{i:02d}"
-        agent_dir = self.state_dir / "agents" / name
-        if not (agent_dir / "identity.json").exists():
-            token = await asyncio.to_thread(self._join_token)
-            enroll = await self._spawn(
-                f"{name}-enroll",
-                "agent",
-                "--state-dir",
-                str(agent_dir),
-                "--region",
-                relay.region,
-                "enroll",
-                "--token",
-                token,
-                "--access",
-                relay.http_url,
-                "--ca-file",
-                str(ca_file),
-                "--connect",
-                relay.agent_url,
-                keep=False,
-            )
-            if await enroll.wait() != 0:
-                raise RuntimeError(f"{name} could not enroll; see {self.logs / (name + '-enroll.log')}")
-        await self._spawn(
-            name,
-            "agent",
-            "--state-dir",
-            str(agent_dir),
-            "--region",
-            relay.region,
-            "--simulate",
-            FLEET[i % len(FLEET)],
-            "--runtime",
-            "process",
+        first = next(iter(grid.relays.values()))
+        idlegrid = idlegrid_command()
+        return "\n".join(
+            [
+                f"idlegrid demo is up: {self.agents} simulated agents ready, {len(grid.relays)} relays, 1 Master",
+                f"  API:             {grid.api_url}/api/v1/agents",
+                f"  operator key:    {key}",
+                "  relays:",
+                relays,
+                f"  CA file:         {grid.ca_file}",
+                f'  enroll a host:   {idlegrid} agent enroll --state-dir DIR --token "$({idlegrid} token create --provider NAME '
+                f'--api {grid.api_url} --operator-token-file {key})" --access {first.http_url} --ca-file {grid.ca_file}',
+                f'  try:             curl -H "Authorization: Bearer $(cat {key})" {grid.api_url}/api/v1/agents',
+                f"  logs:            {grid.logs}",
+                "  Ctrl-C stops everything.",
+            ]
         )
 
-    def _join_token(self) -> str:
-        key = (self.master_dir / "operator.token").read_text().strip()
-        request = urllib.request.Request(
-            f"{self.api_url}/api/v1/tokens",
-            method="POST",
-            data=json.dumps({"provider": "demo-provider"}).encode(),
-            headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return json.loads(response.read())["token"]
-
-    async def _spawn(self, name: str, *args: str, keep: bool = True) -> asyncio.subprocess.Process:
-        log = open(self.logs / f"{name}.log", "ab")
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "management.cli",
-            *args,
-            stdout=log,
-            stderr=log,
-            stdin=asyncio.subprocess.DEVNULL,
-            start_new_session=True,  # Ctrl-C reaches the demo only; it stops the children in order
-        )
-        log.close()
-        if keep:
-            self.processes.append(process)
-        return process
-
-    async def _wait(self, probe, what: str) -> None:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while time.monotonic() < deadline:
-            with contextlib.suppress(Exception):
-                if await asyncio.to_thread(probe):
-                    return
-            if any(p.returncode is not None for p in self.processes):
-                break
-            await asyncio.sleep(0.2)
-        raise RuntimeError(f"{what} did not come up; logs are in {self.logs}")
-
-    async def stop(self) -> None:
-        """Agents first, then relays, then the Master: each gets SIGTERM, then SIGKILL after 5 s."""
-        for process in reversed(self.processes):
-            if process.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    process.send_signal(signal.SIGTERM)
-        for process in reversed(self.processes):
-            try:
-                await asyncio.wait_for(process.wait(), timeout=5)
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    process.kill()
-                await process.wait()
-        kill_processes_under(self.state_dir)
+    def publish_operator_key(self) -> None:
+        """The operator key beside the state directory's other files, 0600, where the banner says it is."""
+        key = self.grid.root / "operator.token"
+        key.write_text(self.grid.operator_key_file.read_text())
+        key.chmod(0o600)
 
 
-def kill_processes_under(root: Path) -> None:
-    """Process-runtime containers outlive their agent by design; stopping the demo stops them too."""
-    root_text = str(root.resolve())
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if os.readlink(entry / "cwd").startswith(root_text):
-                os.kill(int(entry.name), signal.SIGKILL)
-        except OSError:
-            pass
+def idlegrid_command() -> str:
+    """How to call ``idlegrid`` from this shell: the name when it is on PATH, else the one beside this Python
+    (scripts/demo runs it from .venv/bin without activating the environment)."""
+    if shutil.which("idlegrid"):
+        return "idlegrid"
+    beside = Path(sys.executable).parent / "idlegrid"
+    return str(beside) if beside.exists() else f"{sys.executable} -m management.cli"
 
 
-def _get(url: str, context: ssl.SSLContext | None = None) -> dict:
-    with urllib.request.urlopen(url, timeout=2, context=context) as response:
-        return json.loads(response.read())
-
-
-async def run_demo(state_dir: Path, *, api_port: int, agents: int) -> int:
-    demo = Demo(state_dir, api_port, agents)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+def run_demo(state_dir: Path, *, api_port: int | None, agents: int) -> int:
+    """Run until SIGINT or SIGTERM; errors (a port in use, a process that does not come up) raise IdlegridError."""
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    demo: Demo | None = None
     try:
-        await demo.start()
-        token_file = demo.master_dir / "operator.token"
-        (demo.state_dir / "operator.token").write_text(token_file.read_text())
-        (demo.state_dir / "operator.token").chmod(0o600)
-        print(f"idlegrid demo is up: {agents} simulated agents, 2 relays, 1 master", flush=True)
-        print(f"  API:            {demo.api_url}/api/v1/agents", flush=True)
-        print(f"  operator token: {demo.state_dir / 'operator.token'}", flush=True)
-        print(
-            f'  try:            curl -H "Authorization: Bearer $(cat {demo.state_dir / "operator.token"})" '
-            f"{demo.api_url}/api/v1/agents",
-            flush=True,
-        )
-        print("  Ctrl-C stops everything.", flush=True)
-        await stop.wait()
+        demo = Demo(state_dir, api_port=api_port, agents=agents)
+        demo.start()
+        demo.publish_operator_key()
+        print(demo.banner(), flush=True)
+        while True:
+            signal.pause()
+    except Interrupted:
         return 0
-    except RuntimeError as exc:
-        print(f"idlegrid demo: {exc}", file=sys.stderr)
-        return 1
     finally:
-        await demo.stop()
+        # A second Ctrl-C must not cut the orderly stop short: agents, relays, then the Master.
+        for sig in previous:
+            signal.signal(sig, signal.SIG_IGN)
+        if demo is not None:
+            demo.grid.stop()
+            print("idlegrid demo: stopped", flush=True)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

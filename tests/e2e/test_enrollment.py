@@ -87,7 +87,7 @@ def test_an_operator_creates_a_token_with_the_cli_and_the_host_reports_its_bandw
     assert token.startswith("igjt_")
     assert grid.enroll("measured", grid.relays["relay-1"], token).returncode == 0
     agent_id = grid.agent_id("measured")
-    grid.spawn("measured", "agent", "--state-dir", str(grid.agent_dir("measured")), "--simulate", "l4:1")
+    grid.spawn("measured", "agent", ["agent", "--state-dir", str(grid.agent_dir("measured")), "--simulate", "l4:1"])
     host = wait_for(
         lambda: (h := grid.agent(agent_id)["host"]) and h.get("bandwidth_mbps_down") and h,
         40,

@@ -2,24 +2,38 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from pathlib import Path
+
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from management.api import build_app
+from management.client import AsyncApiClient
 from master.config import MasterConfig
 from master.service import Master
 
 
+class OperatorApi(TestClient[web.Request, web.Application]):
+    """aiohttp's test client, for asserting on raw HTTP, with the Master behind it and the operator's credentials."""
+
+    master: Master
+    auth: dict[str, str]  # the operator's Authorization header
+    operator: AsyncApiClient  # the project's own API client (management/client.py), as the operator
+
+
 @pytest.fixture
-async def api(tmp_path):
-    """A test client of the API; ``api.master`` is the Master behind it, ``api.auth`` the operator's header."""
+async def api(tmp_path: Path) -> AsyncIterator[OperatorApi]:
     master = Master(MasterConfig(state_dir=str(tmp_path), link_port=0))
     await master.start()
     key = await master.create_api_key("test operator")
-    client = TestClient(TestServer(build_app(master)))
+    client = OperatorApi(TestServer(build_app(master)))
     await client.start_server()
     client.master = master
     client.auth = {"Authorization": f"Bearer {key}"}
+    client.operator = AsyncApiClient(str(client.make_url("")), key)
     yield client
+    await client.operator.close()
     await client.close()
     await master.stop()

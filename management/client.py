@@ -1,0 +1,285 @@
+"""The one client of the management API, used by the CLI, the demo, the tests and the benchmarks.
+
+The calls themselves are written once, without I/O (websockets' shape): an ``ApiRequest`` says what to send,
+``read_answer`` turns what came back into JSON or an ``ApiError`` carrying the API's error code and HTTP status,
+and ``next_page`` follows the cursor of a list. Two thin transports move the bytes: ``ApiClient`` (blocking,
+the standard library's urllib; for the CLI and tests) and ``AsyncApiClient`` (aiohttp; for the demo's and the
+benchmark's event loops). Both authenticate with a bearer API key.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Awaitable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+import aiohttp
+
+from common.errors import IdlegridError
+
+Json = Any
+R = TypeVar("R")
+
+API_PREFIX = "/api/v1"
+REQUEST_TIMEOUT_S = 30.0
+# A list call asks for this many items a page; the API caps it (1,000) and defaults to 100.
+PAGE_LIMIT = 500
+FINAL_COMMAND_STATES = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
+
+
+class ApiError(IdlegridError):
+    """The API answered with an error: ``status`` is the HTTP status, ``code`` the API's error code."""
+
+    def __init__(self, status: int, code: str, message: str, body: Json = None) -> None:
+        super().__init__(f"{status} {code}: {message}", code=code)
+        self.status = status
+        self.detail = message
+        self.body = body
+
+
+class ApiUnreachable(ApiError):
+    """Nothing answered at the API's address (status 0: no HTTP exchange happened)."""
+
+    def __init__(self, base_url: str, reason: object) -> None:
+        super().__init__(0, "unreachable", f"cannot reach the management API at {base_url}: {reason}")
+        self.args = (f"cannot reach the management API at {base_url}: {reason}",)
+
+
+@dataclass(frozen=True)
+class ApiRequest:
+    """One HTTP call of the API, before any I/O."""
+
+    method: str
+    path: str
+    query: Mapping[str, str] = field(default_factory=dict)
+    body: Json = None
+
+    def url(self, base_url: str) -> str:
+        query = f"?{urllib.parse.urlencode(self.query)}" if self.query else ""
+        return base_url.rstrip("/") + self.path + query
+
+    def payload(self) -> bytes | None:
+        return json.dumps(self.body, allow_nan=False).encode() if self.body is not None else None
+
+
+def read_answer(request: ApiRequest, status: int, raw: bytes) -> Json:
+    """The JSON body of a 2xx answer; any other status raises ``ApiError`` with the API's own code and message."""
+    try:
+        body = json.loads(raw) if raw else None
+    except ValueError:
+        body = raw.decode(errors="replace")
+    if 200 <= status < 300:
+        return body
+    error = body.get("error", {}) if isinstance(body, dict) else {}
+    code = error.get("code") if isinstance(error, dict) else None
+    message = error.get("message") if isinstance(error, dict) else None
+    raise ApiError(status, code or "http_error", message or f"{request.method} {request.path} answered {status}", body)
+
+
+def next_page(request: ApiRequest, page: Json) -> ApiRequest | None:
+    """The request for the page after ``page``, or None on the last page (no ``next_cursor``)."""
+    cursor = page.get("next_cursor") if isinstance(page, dict) else None
+    return replace(request, query={**request.query, "cursor": str(cursor)}) if cursor else None
+
+
+def list_request(path: str, filters: Mapping[str, object], limit: int = PAGE_LIMIT) -> ApiRequest:
+    """``GET path?filter=...&limit=...``; filters left as None are not sent."""
+    query = {key: _query_value(value) for key, value in filters.items() if value is not None}
+    return ApiRequest("GET", path, {**query, "limit": str(limit)})
+
+
+def instant(value: object) -> float | None:
+    """A timestamp of the API as seconds since the epoch: RFC 3339 strings and plain numbers are both read."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int | float):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, str) and value:
+        try:
+            return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            return None
+    return None
+
+
+def _query_value(value: object) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def read_key_file(path: Path) -> str:
+    """The API key kept in ``path`` (one line), or a clear error naming the file."""
+    try:
+        key = path.read_text().strip()
+    except OSError as exc:
+        raise IdlegridError(f"cannot read the API key from {path}: {exc.strerror}", code="bad_request") from None
+    if not key:
+        raise IdlegridError(f"{path} holds no API key", code="bad_request")
+    return key
+
+
+class ApiCalls(Generic[R]):
+    """The API's calls by name, written once for both transports; ``R`` is what a transport's send returns."""
+
+    def send(self, request: ApiRequest) -> R:
+        raise NotImplementedError
+
+    def health(self) -> R:
+        return self.send(ApiRequest("GET", "/healthz"))
+
+    def agent(self, agent_id: str) -> R:
+        return self.send(ApiRequest("GET", f"{API_PREFIX}/agents/{_segment(agent_id)}"))
+
+    def command(self, command_id: str) -> R:
+        return self.send(ApiRequest("GET", f"{API_PREFIX}/commands/{_segment(command_id)}"))
+
+    def issue_command(self, agent_id: str, kind: str, spec: Mapping[str, Json], *, timeout_s: float | None = None) -> R:
+        body: dict[str, Json] = {"agent_id": agent_id, "kind": kind, "spec": dict(spec)}
+        if timeout_s is not None:
+            body["timeout_s"] = timeout_s
+        return self.send(ApiRequest("POST", f"{API_PREFIX}/commands", body=body))
+
+    def create_join_token(self, provider: str, *, ttl_s: float | None = None) -> R:
+        body: dict[str, Json] = {"provider": provider}
+        if ttl_s is not None:
+            body["ttl_s"] = ttl_s
+        return self.send(ApiRequest("POST", f"{API_PREFIX}/tokens", body=body))
+
+    def drain(self, agent_id: str) -> R:
+        return self.send(ApiRequest("POST", f"{API_PREFIX}/agents/{_segment(agent_id)}/drain"))
+
+    def undrain(self, agent_id: str) -> R:
+        return self.send(ApiRequest("POST", f"{API_PREFIX}/agents/{_segment(agent_id)}/undrain"))
+
+    def revoke(self, agent_id: str) -> R:
+        return self.send(ApiRequest("POST", f"{API_PREFIX}/agents/{_segment(agent_id)}/revoke"))
+
+    def rotate_signing_key(self) -> R:
+        return self.send(ApiRequest("POST", f"{API_PREFIX}/signing-keys/rotate"))
+
+    def retire_signing_key(self, key_id: str) -> R:
+        return self.send(ApiRequest("POST", f"{API_PREFIX}/signing-keys/{_segment(key_id)}/retire"))
+
+
+def _segment(value: str) -> str:
+    return urllib.parse.quote(value, safe="")
+
+
+class ApiClient(ApiCalls[Json]):
+    """Blocking client (urllib). ``list`` follows the cursor and returns every item in one call."""
+
+    def __init__(self, base_url: str, api_key: str | None, *, timeout_s: float = REQUEST_TIMEOUT_S) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.api_key = api_key
+        self.timeout_s = timeout_s
+
+    @classmethod
+    def with_key_file(cls, base_url: str, key_file: Path, *, timeout_s: float = REQUEST_TIMEOUT_S) -> ApiClient:
+        return cls(base_url, read_key_file(key_file), timeout_s=timeout_s)
+
+    def send(self, request: ApiRequest) -> Json:
+        status, raw = self._exchange(request)
+        return read_answer(request, status, raw)
+
+    def exchange(self, request: ApiRequest) -> tuple[int, Json]:
+        """Status and decoded body, whatever the status (for callers that judge the status themselves)."""
+        status, raw = self._exchange(request)
+        try:
+            return status, read_answer(request, status, raw)
+        except ApiError as exc:
+            return status, exc.body
+
+    def get(self, path: str, **query: object) -> Json:
+        return self.send(ApiRequest("GET", path, {k: _query_value(v) for k, v in query.items() if v is not None}))
+
+    def pages(self, path: str, *, limit: int = PAGE_LIMIT, **filters: object) -> Iterator[list[Json]]:
+        request: ApiRequest | None = list_request(path, filters, limit)
+        while request is not None:
+            page = self.send(request)
+            yield list(page.get("items", []))
+            request = next_page(request, page)
+
+    def list(self, path: str, *, limit: int = PAGE_LIMIT, **filters: object) -> list[Json]:
+        """Every item of a list resource, across all its pages, e.g. ``list("/api/v1/agents", state="ready")``."""
+        return [item for page in self.pages(path, limit=limit, **filters) for item in page]
+
+    def _exchange(self, request: ApiRequest) -> tuple[int, bytes]:
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        http = urllib.request.Request(request.url(self.base_url), data=request.payload(), method=request.method, headers=headers)
+        try:
+            with urllib.request.urlopen(http, timeout=self.timeout_s) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+        except (urllib.error.URLError, OSError) as exc:
+            raise ApiUnreachable(self.base_url, getattr(exc, "reason", exc)) from None
+
+
+class AsyncApiClient(ApiCalls[Awaitable[Json]]):
+    """The same calls on aiohttp, for code already in an event loop. Close it (or use ``async with``)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None,
+        *,
+        timeout_s: float = REQUEST_TIMEOUT_S,
+        connections: int = 64,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.api_key = api_key
+        self.timeout_s = timeout_s
+        self.connections = connections
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> AsyncApiClient:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def send(self, request: ApiRequest) -> Json:
+        status, raw = await self._exchange(request)
+        return read_answer(request, status, raw)
+
+    async def list(self, path: str, *, limit: int = PAGE_LIMIT, **filters: object) -> list[Json]:
+        items: list[Json] = []
+        request: ApiRequest | None = list_request(path, filters, limit)
+        while request is not None:
+            page = await self.send(request)
+            items.extend(page.get("items", []))
+            request = next_page(request, page)
+        return items
+
+    async def _exchange(self, request: ApiRequest) -> tuple[int, bytes]:
+        if self._session is None:
+            headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+            self._session = aiohttp.ClientSession(
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                connector=aiohttp.TCPConnector(limit=self.connections),
+            )
+        data = request.payload()
+        try:
+            async with self._session.request(
+                request.method,
+                request.url(self.base_url),
+                data=data,
+                headers={"Content-Type": "application/json"} if data is not None else None,
+            ) as response:
+                return response.status, await response.read()
+        except (aiohttp.ClientConnectionError, OSError) as exc:
+            raise ApiUnreachable(self.base_url, exc) from None
