@@ -165,13 +165,14 @@ def _api_pages_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--agents", type=int, default=10_000, help="generated agents (default 10000)")
     p.add_argument("--gpus-per-agent", type=int, default=8, help="GPUs per agent (default 8)")
     p.add_argument("--limit", type=int, default=100, help="GPUs per page (default 100)")
+    p.add_argument("--query", default="", help="filters for every page, e.g. 'model=l4&state=available' (default none)")
     p.add_argument("--work-dir", default="", help="where the temporary state directory goes (default: the system's)")
     p.add_argument("--json", type=Path, help="write the figures here")
     p.set_defaults(func=_run_api_pages)
 
 
 def _run_api_pages(args: argparse.Namespace) -> int:
-    result = run_api_pages(args.agents, args.gpus_per_agent, args.limit, args.work_dir)
+    result = run_api_pages(args.agents, args.gpus_per_agent, args.limit, args.query, args.work_dir)
     _write(args.json, result)
     print(api_pages_table(result))
     return 0 if result["every_gpu_once_in_order"] else 1

@@ -101,7 +101,8 @@ def _percentile(values: list[float], share: float) -> float:
 
 
 async def page_through(session: aiohttp.ClientSession, url: str, headers: dict[str, str]) -> tuple[list[str], list[float]]:
-    """Every item's uuid (in the order served) and each page's latency in ms, following next_cursor to the end."""
+    """Every item's uuid (in the order served) and each page's latency in ms, following next_cursor to the end.
+    ``url`` carries the limit and filters; they go with every page (a cursor is valid only with its filters)."""
     uuids: list[str] = []
     latencies: list[float] = []
     cursor: str | None = None
@@ -119,7 +120,9 @@ async def page_through(session: aiohttp.ClientSession, url: str, headers: dict[s
             return uuids, latencies
 
 
-async def run_api_pages_bench(*, agents: int, gpus_per_agent: int, limit: int, work_dir: str = "") -> dict[str, Any]:
+async def run_api_pages_bench(
+    *, agents: int, gpus_per_agent: int, limit: int, query: str = "", work_dir: str = ""
+) -> dict[str, Any]:
     from management.server import MasterServer  # the real server: keep-alive, middlewares, settings
 
     with tempfile.TemporaryDirectory(dir=work_dir or None) as tmp:
@@ -135,17 +138,22 @@ async def run_api_pages_bench(*, agents: int, gpus_per_agent: int, limit: int, w
         try:
             headers = {"Authorization": f"Bearer {server.operator_token_file.read_text().strip()}"}
             async with aiohttp.ClientSession() as session:
-                uuids, latencies = await page_through(session, f"{server.api_url}/api/v1/gpus?limit={limit}", headers)
+                url = f"{server.api_url}/api/v1/gpus?limit={limit}" + (f"&{query}" if query else "")
+                uuids, latencies = await page_through(session, url, headers)
             registry = server.master.registry
             started = time.perf_counter()
             sorted(registry.gpus.values(), key=lambda g: (g.agent_id, g.index, g.uuid))
             sort_all_ms = (time.perf_counter() - started) * 1000
         finally:
             await server.stop()
-    expected = [g.uuid for g in sorted(fleet.gpus, key=lambda g: (g.agent_id, g.index, g.uuid))]
+    wanted = dict(part.split("=", 1) for part in query.split("&") if part)
+    matching = [g for g in fleet.gpus if all(str(getattr(g, k)) == v for k, v in wanted.items())]
+    expected = [g.uuid for g in sorted(matching, key=lambda g: (g.agent_id, g.index, g.uuid))]
     return {
         "agents": agents,
         "gpus": len(fleet.gpus),
+        "query": query,
+        "matching": len(matching),
         "limit": limit,
         "pages": len(latencies),
         "every_gpu_once_in_order": uuids == expected,
@@ -162,6 +170,7 @@ def api_pages_table(r: dict[str, Any]) -> str:
     target_met = "met" if r["page_p99_ms"] < 50 else "MISSED"
     rows = [
         ("agents x GPUs per agent", f"{r['agents']:,} x {r['gpus'] // max(1, r['agents'])} = {r['gpus']:,} GPUs"),
+        ("filter, GPUs matching", f"{r['query'] or '(none)'}, {r['matching']:,}"),
         ("pages of limit", f"{r['pages']:,} of {r['limit']}"),
         ("every GPU exactly once, in order", "yes" if r["every_gpu_once_in_order"] else "NO"),
         (
@@ -175,5 +184,7 @@ def api_pages_table(r: dict[str, Any]) -> str:
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 
 
-def run(agents: int, gpus_per_agent: int, limit: int, work_dir: str = "") -> dict[str, Any]:
-    return asyncio.run(run_api_pages_bench(agents=agents, gpus_per_agent=gpus_per_agent, limit=limit, work_dir=work_dir))
+def run(agents: int, gpus_per_agent: int, limit: int, query: str = "", work_dir: str = "") -> dict[str, Any]:
+    return asyncio.run(
+        run_api_pages_bench(agents=agents, gpus_per_agent=gpus_per_agent, limit=limit, query=query, work_dir=work_dir)
+    )
