@@ -13,9 +13,11 @@ decided them, so a provider's page never contains another account's hosts.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Annotated, Any, Generic, TypeVar
+
+import msgspec
 
 from common.errors import NotFound
 from common.inventory import GpuSample
@@ -31,10 +33,41 @@ T = TypeVar("T")
 COMMAND_WINDOW_GROWTH = 4
 
 
+# --- sort keys: where a page ends and the next begins ------------------------------------------------------------
+# Encoded as JSON arrays inside the API's cursors; anyone can build a cursor, so every field is bounded.
+
+KeyText = Annotated[str, msgspec.Meta(max_length=128)]
+Position = Annotated[int, msgspec.Meta(ge=0, le=10**9)]
+
+
+class AgentKey(msgspec.Struct, array_like=True, frozen=True):
+    id: KeyText
+
+
+class GpuKey(msgspec.Struct, array_like=True, frozen=True):
+    agent_id: KeyText
+    index: Annotated[int, msgspec.Meta(ge=-1, le=10**6)]
+    uuid: KeyText
+
+
+class CommandKey(msgspec.Struct, array_like=True, frozen=True):
+    created_at: Annotated[float, msgspec.Meta(ge=0, le=1e11)]
+    id: KeyText
+    depth: Position  # how many commands the previous page's read went through: where the next read starts looking
+
+
+class SeqKey(msgspec.Struct, array_like=True, frozen=True):
+    seq: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
+
+
+class PositionKey(msgspec.Struct, array_like=True, frozen=True):
+    position: Position  # in a short list kept in memory, in its own order
+
+
 @dataclass(frozen=True)
 class Page(Generic[T]):
     items: list[T]
-    next_key: list[Any] | None  # the sort key of the last item, when more may follow
+    next_key: msgspec.Struct | None  # the sort key of the last item, when more may follow
 
 
 @dataclass(frozen=True)
@@ -65,10 +98,10 @@ class Health:
     relays: list[str]
 
 
-def _page(items: list[T], limit: int, key: Any) -> Page[T]:
+def _page(items: list[T], limit: int, key: Callable[[T], msgspec.Struct]) -> Page[T]:
     """``items`` holds up to ``limit + 1`` candidates: one more than asked says that another page follows."""
     if len(items) > limit:
-        return Page(items[:limit], list(key(items[limit - 1])))
+        return Page(items[:limit], key(items[limit - 1]))
     return Page(items, None)
 
 
@@ -103,12 +136,12 @@ class Operations:
         provider: str | None = None,
         region: str | None = None,
         owner: str | None = None,
-        after: Sequence[Any] | None = None,
+        after: AgentKey | None = None,
         limit: int,
     ) -> Page[AgentDetail]:
         agents = self._master.registry.agents
         found: list[AgentRecord] = []
-        for agent_id in self._ids_after(after[0] if after else None, strictly=True):
+        for agent_id in self._ids_after(after.id if after else None, strictly=True):
             agent = agents[agent_id]
             if (
                 (state is None or agent.state == state)
@@ -119,7 +152,7 @@ class Operations:
                 found.append(agent)
                 if len(found) > limit:
                     break
-        page = _page(found, limit, lambda a: (a.id,))
+        page = _page(found, limit, lambda a: AgentKey(a.id))
         return Page([self._detail(a) for a in page.items], page.next_key)
 
     def _ids_after(self, agent_id: str | None, *, strictly: bool) -> Iterator[str]:
@@ -153,24 +186,24 @@ class Operations:
         model: str | None = None,
         agent_id: str | None = None,
         owner: str | None = None,
-        after: Sequence[Any] | None = None,
+        after: GpuKey | None = None,
         limit: int,
     ) -> Page[GpuDetail]:
         """GPUs ordered by (agent id, index, uuid). Walks the agents in id order from the cursor's agent and each
         agent's few GPUs, so a page costs one sort of agent ids and ``limit`` GPUs, never a sort of every GPU."""
         registry = self._master.registry
-        start = tuple(after) if after else None
+        start = after
         if agent_id is not None:
-            wanted = agent_id in registry.agents and (start is None or agent_id >= start[0])
+            wanted = agent_id in registry.agents and (start is None or agent_id >= start.agent_id)
             ids: Iterator[str] = iter([agent_id] if wanted else [])
         else:
-            ids = self._ids_after(start[0] if start else None, strictly=False)
+            ids = self._ids_after(start.agent_id if start else None, strictly=False)
         found: list[GpuRecord] = []
         for aid in ids:
             if owner is not None and registry.agents[aid].provider != owner:
                 continue
             for gpu in registry.gpus_of(aid):
-                if start is not None and (gpu.agent_id, gpu.index, gpu.uuid) <= start:
+                if start is not None and (gpu.agent_id, gpu.index, gpu.uuid) <= (start.agent_id, start.index, start.uuid):
                     continue
                 if (
                     (state is None or gpu.state == state)
@@ -180,16 +213,16 @@ class Operations:
                     found.append(gpu)
             if len(found) > limit:
                 break
-        page = _page(found, limit, lambda g: (g.agent_id, g.index, g.uuid))
+        page = _page(found, limit, lambda g: GpuKey(g.agent_id, g.index, g.uuid))
         latest = self._master.telemetry.latest
         return Page([GpuDetail(g, latest.get(g.uuid)) for g in page.items], page.next_key)
 
-    def list_tiers(self, *, after: Sequence[Any] | None = None, limit: int) -> Page[dict[str, Any]]:
+    def list_tiers(self, *, after: PositionKey | None = None, limit: int) -> Page[dict[str, Any]]:
         """Tiers in the policy's order (the order is meaningful: best first); the key is the position."""
         tiers = describe_tiers(self._master.policy)
-        start = int(after[0]) + 1 if after else 0
+        start = after.position + 1 if after else 0
         window = tiers[start : start + limit + 1]
-        page = _page(list(enumerate(window, start)), limit, lambda t: (t[0],))
+        page = _page(list(enumerate(window, start)), limit, lambda t: PositionKey(t[0]))
         return Page([t for _, t in page.items], page.next_key)
 
     # --- commands ------------------------------------------------------------------------------
@@ -205,13 +238,13 @@ class Operations:
         *,
         agent_id: str | None = None,
         states: list[str] | None = None,
-        after: Sequence[Any] | None = None,
+        after: CommandKey | None = None,
         limit: int,
     ) -> Page[CommandRecord]:
         """Newest first, by (created_at, id) descending. New commands are created at the head, so they never shift
         a page that is under way; a deep page reads the store from the head to its position (see docs/api.md)."""
-        start = (float(after[0]), str(after[1])) if after else None
-        window = limit + 1 + (int(after[2]) if after and len(after) > 2 else 0)
+        start = (after.created_at, after.id) if after else None
+        window = limit + 1 + (after.depth if after else 0)
         while True:
             records = await self._master.store.commands.list(agent_id=agent_id, states=states, limit=window)
             older = [r for r in records if start is None or (r.created_at, r.id) < start]
@@ -219,10 +252,7 @@ class Operations:
                 break
             window *= COMMAND_WINDOW_GROWTH
         skipped = len(records) - len(older)
-        page = _page(older[: limit + 1], limit, lambda r: (r.created_at, r.id))
-        if page.next_key is not None:
-            page.next_key.append(skipped + limit)  # where the next page starts: its first read reaches that far
-        return page
+        return _page(older[: limit + 1], limit, lambda r: CommandKey(r.created_at, r.id, skipped + limit))
 
     # --- events --------------------------------------------------------------------------------
 
@@ -230,7 +260,7 @@ class Operations:
         self, *, subject: str | None = None, kind: str | None = None, after_seq: int = 0, limit: int
     ) -> Page[EventRecord]:
         events = await self._master.store.events.list(subject=subject, kind_prefix=kind, after_seq=after_seq, limit=limit + 1)
-        return _page(events, limit, lambda e: (e.seq,))
+        return _page(events, limit, lambda e: SeqKey(e.seq))
 
     # --- join tokens ---------------------------------------------------------------------------
 
@@ -241,12 +271,12 @@ class Operations:
 
     # --- command-signing keys ------------------------------------------------------------------
 
-    def list_signing_keys(self, *, after: Sequence[Any] | None = None, limit: int) -> Page[SigningKeyInfo]:
+    def list_signing_keys(self, *, after: PositionKey | None = None, limit: int) -> Page[SigningKeyInfo]:
         """Newest first, as the key ring describes them; the key is the position in that order (keys are few and
         only ever added, at the head, so a rotation during paging repeats at most one key)."""
         keys = self._master.authority.keys.describe()
-        start = int(after[0]) + 1 if after else 0
-        page = _page(list(enumerate(keys[start : start + limit + 1], start)), limit, lambda k: (k[0],))
+        start = after.position + 1 if after else 0
+        page = _page(list(enumerate(keys[start : start + limit + 1], start)), limit, lambda k: PositionKey(k[0]))
         return Page([k for _, k in page.items], page.next_key)
 
     async def rotate_signing_key(self) -> SigningKeyInfo:

@@ -8,7 +8,7 @@ from management.api.auth import OPERATIONS_KEY, scope_of
 from management.api.paging import decode_cursor, page_response
 from management.api.requests import json_response, parse_query
 from management.api.schemas import AgentQuery, EmptyQuery
-from management.operations import AgentDetail
+from management.operations import AgentDetail, AgentKey
 from management.views import agent_view
 
 RESOURCE = "agents"
@@ -25,7 +25,7 @@ async def list_agents(request: web.Request) -> web.Response:
         provider=query.provider,
         region=query.region,
         owner=scope_of(request).owner,
-        after=decode_cursor(RESOURCE, query),
+        after=decode_cursor(RESOURCE, query, AgentKey),
         limit=query.limit,
     )
     return page_response(RESOURCE, query, page, render)

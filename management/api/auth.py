@@ -135,7 +135,8 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     route = request.match_info.route.resource
     if route is None:  # no such route: the router answers 404 (or 405) to whoever asks
         return await handler(request)
-    what = ROUTES.get((request.method, route.canonical))
+    method = "GET" if request.method == "HEAD" else request.method  # aiohttp serves HEAD on every GET route
+    what = ROUTES.get((method, route.canonical))
     if what is None:
         if principal.role is not Role.OPERATOR:
             raise Forbidden(f"a {principal.role.value} key may not use {request.method} {route.canonical}")

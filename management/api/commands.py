@@ -8,6 +8,7 @@ from management.api.auth import OPERATIONS_KEY
 from management.api.paging import decode_cursor, page_response
 from management.api.requests import json_response, parse_body, parse_query
 from management.api.schemas import CommandQuery, CreateCommand, EmptyQuery
+from management.operations import CommandKey
 from management.views import command_accepted_view, command_view
 
 RESOURCE = "commands"
@@ -27,7 +28,7 @@ async def get_command(request: web.Request) -> web.Response:
 async def list_commands(request: web.Request) -> web.Response:
     query = parse_query(request, CommandQuery)
     page = await request.app[OPERATIONS_KEY].list_commands(
-        agent_id=query.agent_id, states=query.state, after=decode_cursor(RESOURCE, query), limit=query.limit
+        agent_id=query.agent_id, states=query.state, after=decode_cursor(RESOURCE, query, CommandKey), limit=query.limit
     )
     return page_response(RESOURCE, query, page, command_view)
 

@@ -8,7 +8,7 @@ from management.api.auth import OPERATIONS_KEY, scope_of
 from management.api.paging import decode_cursor, page_response
 from management.api.requests import parse_query
 from management.api.schemas import GpuQuery
-from management.operations import GpuDetail
+from management.operations import GpuDetail, GpuKey
 from management.views import gpu_view
 
 RESOURCE = "gpus"
@@ -26,7 +26,7 @@ async def list_gpus(request: web.Request) -> web.Response:
         model=query.model,
         agent_id=query.agent_id,
         owner=scope_of(request).owner,
-        after=decode_cursor(RESOURCE, query),
+        after=decode_cursor(RESOURCE, query, GpuKey),
         limit=query.limit,
     )
     return page_response(RESOURCE, query, page, render)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import msgspec
@@ -24,33 +24,35 @@ from management.api.schemas import PageQuery
 from management.operations import Page
 
 T = TypeVar("T")
-Key = list[Any]
+K = TypeVar("K", bound=msgspec.Struct)
 
 
-def _fingerprint(query: PageQuery) -> str:
+def fingerprint(query: PageQuery) -> str:
+    """Of the filters a list was asked with (all but limit and cursor): a cursor is valid only with the same."""
     filters = {k: v for k, v in msgspec.structs.asdict(query).items() if k not in ("limit", "cursor")}
     return hashlib.sha256(msgspec.json.encode(filters, order="sorted")).hexdigest()[:16]
 
 
-def encode_cursor(resource: str, query: PageQuery, key: Sequence[Any]) -> str:
-    raw = msgspec.json.encode([resource, _fingerprint(query), list(key)])
+def encode_cursor(resource: str, query: PageQuery, key: msgspec.Struct) -> str:
+    raw = msgspec.json.encode([resource, fingerprint(query), key])
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
 
 
-def decode_cursor(resource: str, query: PageQuery) -> Key | None:
-    """The key the page starts after, or None for the first page; BadRequest for a cursor not issued for this query."""
+def decode_cursor(resource: str, query: PageQuery, key_type: type[K]) -> K | None:
+    """The key the page starts after (typed and bounded by ``key_type``), or None for the first page;
+    BadRequest for a cursor that was not issued for this list and these filters."""
     if query.cursor is None:
         return None
     try:
         raw = base64.urlsafe_b64decode(query.cursor + "=" * (-len(query.cursor) % 4))
-        name, fingerprint, key = msgspec.json.decode(raw, type=tuple[str, str, list[str | int | float]])
+        name, issued_for, key = msgspec.json.decode(raw, type=tuple[str, str, msgspec.Raw])
+        if name != resource or issued_for != fingerprint(query):
+            raise BadRequest(
+                "cursor was issued for another list or other filters; repeat the filters of the first page", code="bad_cursor"
+            )
+        return msgspec.json.decode(key, type=key_type)
     except (binascii.Error, ValueError, msgspec.DecodeError):
         raise BadRequest("cursor is not one this API issued; pass back next_cursor unchanged", code="bad_cursor") from None
-    if name != resource or fingerprint != _fingerprint(query):
-        raise BadRequest(
-            "cursor was issued for another list or other filters; repeat the filters of the first page", code="bad_cursor"
-        )
-    return key
 
 
 def page_response(resource: str, query: PageQuery, page: Page[T], render: Callable[[T], Any]) -> web.Response:

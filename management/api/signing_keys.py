@@ -8,6 +8,7 @@ from management.api.auth import OPERATIONS_KEY
 from management.api.paging import decode_cursor, page_response
 from management.api.requests import json_response, parse_query
 from management.api.schemas import PageQuery
+from management.operations import PositionKey
 from management.views import signing_key_view
 
 RESOURCE = "signing_keys"
@@ -15,7 +16,7 @@ RESOURCE = "signing_keys"
 
 async def list_signing_keys(request: web.Request) -> web.Response:
     query = parse_query(request, PageQuery)
-    page = request.app[OPERATIONS_KEY].list_signing_keys(after=decode_cursor(RESOURCE, query), limit=query.limit)
+    page = request.app[OPERATIONS_KEY].list_signing_keys(after=decode_cursor(RESOURCE, query, PositionKey), limit=query.limit)
     return page_response(RESOURCE, query, page, signing_key_view)
 
 

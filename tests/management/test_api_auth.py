@@ -115,3 +115,8 @@ def test_every_route_of_the_app_is_in_the_one_table_that_authorizes_it(api):
 def test_the_operator_may_do_everything_and_a_renter_only_read_tiers():
     assert all(PERMISSIONS[Role.OPERATOR][r] == frozenset(Action) for r in Resource)
     assert PERMISSIONS[Role.RENTER] == {Resource.TIERS: frozenset({Action.READ})}
+
+
+async def test_head_is_authorized_as_the_get_it_mirrors(api, two_providers):
+    assert (await api.head("/api/v1/agents", headers=two_providers["acme"])).status == 200
+    assert (await api.head("/api/v1/commands", headers=two_providers["acme"])).status == 403

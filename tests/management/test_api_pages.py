@@ -7,11 +7,16 @@ api-pages`` measures it.
 
 from __future__ import annotations
 
+import base64
+
+import msgspec
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from bench.api_pages import generated_fleet, seed_store
 from management.api import build_app
+from management.api.paging import fingerprint
+from management.api.schemas import AgentQuery, CommandQuery, EventQuery, GpuQuery, PageQuery
 from master.config import MasterConfig
 from master.service import Master
 from tests.management.hosts import add_agent
@@ -142,3 +147,23 @@ async def test_tiers_and_signing_keys_page_too(fleet_api):
     tiers = await every_page(fleet_api, "/api/v1/tiers", limit=1)
     everything = (await page(fleet_api, "/api/v1/tiers"))["items"]
     assert [p[0]["name"] for p in tiers] == [t["name"] for t in everything] and len(tiers) > 1
+
+
+@pytest.mark.parametrize(
+    ("path", "query", "key"),
+    [
+        ("/api/v1/events", EventQuery(), [10**30]),
+        ("/api/v1/commands", CommandQuery(), [1.0, "cmd-x", 10**30]),
+        ("/api/v1/commands", CommandQuery(), [float("1e300"), "cmd-x", 0]),
+        ("/api/v1/gpus", GpuQuery(), ["agt-1", "zero", "GPU-1"]),
+        ("/api/v1/agents", AgentQuery(), ["a" * 129]),
+        ("/api/v1/tiers", PageQuery(), [-5]),
+    ],
+)
+async def test_a_forged_cursor_with_the_right_fingerprint_but_an_out_of_range_key_is_a_400_not_a_500(fleet_api, path, query, key):
+    resource = path.rsplit("/", 1)[1]
+    raw = msgspec.json.encode([resource, fingerprint(query), key])
+    cursor = base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+    response = await fleet_api.get(path, params={"cursor": cursor}, headers=fleet_api.auth)
+    assert response.status == 400
+    assert (await response.json())["error"]["code"] == "bad_cursor"
