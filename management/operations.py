@@ -13,6 +13,7 @@ decided them, so a provider's page never contains another account's hosts.
 from __future__ import annotations
 
 import bisect
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Annotated, Any, Generic, TypeVar
@@ -96,6 +97,16 @@ class IssuedToken:
 class Health:
     store: str
     relays: list[str]
+
+
+@dataclass(frozen=True)
+class FleetCounts:
+    """What the fleet gauges show, counted from the Master's memory."""
+
+    agents_by_state: Counter[str]
+    gpus_by_state_and_tier: Counter[tuple[str, str]]  # tier "none" for GPUs not tiered
+    open_commands_by_state: Counter[str]
+    relays: int
 
 
 def _page(items: list[T], limit: int, key: Callable[[T], msgspec.Struct]) -> Page[T]:
@@ -289,3 +300,12 @@ class Operations:
 
     def health(self) -> Health:
         return Health(store=self._master.store.backend, relays=sorted(self._master.hub.links))
+
+    def fleet_counts(self) -> FleetCounts:
+        registry = self._master.registry
+        return FleetCounts(
+            agents_by_state=Counter(a.state for a in registry.agents.values()),
+            gpus_by_state_and_tier=Counter((g.state, g.tier or "none") for g in registry.gpus.values()),
+            open_commands_by_state=Counter(c.state for c in self._master.ledger.open.values()),
+            relays=len(self._master.hub.links),
+        )

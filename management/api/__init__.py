@@ -38,13 +38,14 @@ class ApiSettings:
 
 def build_app(master: Master, settings: ApiSettings | None = None) -> web.Application:
     settings = settings or ApiSettings()
-    # The lead points this at master.metrics.registry once the Master owns its metrics (one line).
-    registry = fleet_registry(master)
+    operations = Operations(master)
+    # Once the Master owns its metrics, this line becomes ``registry = master.metrics.registry``.
+    registry = fleet_registry(operations)
     api_metrics = ApiMetrics(registry)
     app = web.Application(
         middlewares=[api_metrics.middleware(), errors_middleware, auth_middleware], client_max_size=settings.max_body_bytes
     )
-    app[OPERATIONS_KEY] = Operations(master)
+    app[OPERATIONS_KEY] = operations
     app[METRICS_REGISTRY_KEY] = registry
     for resource in (health, agents, gpus, tiers, commands, tokens, events, signing_keys):
         resource.add_routes(app.router)

@@ -8,7 +8,6 @@ state and tier, open commands, relays) in a registry made here, read from memory
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Iterator
 
 from aiohttp import web
@@ -19,7 +18,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from management.api.errors import Handler
-from master.service import Master
+from management.operations import Operations
 from master.states import AgentState, CommandState
 
 # Buckets for calls that are answered from memory (a page of GPUs, an agent) up to those that write the store.
@@ -32,33 +31,30 @@ OTHER_METHOD = "other"  # a client may send any token as a method: labels stay b
 class FleetGauges(Collector):
     """The Master's fleet, counted at scrape time (custom collector: nothing to keep in step between scrapes)."""
 
-    def __init__(self, master: Master) -> None:
-        self._master = master
+    def __init__(self, operations: Operations) -> None:
+        self._operations = operations
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        registry = self._master.registry
+        counts = self._operations.fleet_counts()
         agents = GaugeMetricFamily("idlegrid_agents", "Agents by state", labels=["state"])
-        by_state = Counter(a.state for a in registry.agents.values())
         for agent_state in AgentState:
-            agents.add_metric([agent_state.value], by_state.get(agent_state.value, 0))
+            agents.add_metric([agent_state.value], counts.agents_by_state.get(agent_state.value, 0))
         yield agents
         gpus = GaugeMetricFamily("idlegrid_gpus", "GPUs by state and tier", labels=["state", "tier"])
-        for (state, tier), n in sorted(Counter((g.state, g.tier or "none") for g in registry.gpus.values()).items()):
+        for (state, tier), n in sorted(counts.gpus_by_state_and_tier.items()):
             gpus.add_metric([state, tier], n)
         yield gpus
         commands = GaugeMetricFamily("idlegrid_commands_open", "Commands not yet final", labels=["state"])
-        open_by_state = Counter(c.state for c in self._master.ledger.open.values())
         for command_state in (CommandState.PENDING, CommandState.SENT, CommandState.ACKED):
-            commands.add_metric([command_state.value], open_by_state.get(command_state.value, 0))
+            commands.add_metric([command_state.value], counts.open_commands_by_state.get(command_state.value, 0))
         yield commands
-        relays = len(self._master.hub.links)
-        yield GaugeMetricFamily("idlegrid_relays_connected", "Access relays linked to this Master", value=relays)
+        yield GaugeMetricFamily("idlegrid_relays_connected", "Access relays linked to this Master", value=counts.relays)
 
 
-def fleet_registry(master: Master) -> CollectorRegistry:
+def fleet_registry(operations: Operations) -> CollectorRegistry:
     """The registry ``/metrics`` serves, with the fleet gauges. At the merge this becomes ``master.metrics.registry``."""
     registry = CollectorRegistry()
-    registry.register(FleetGauges(master))
+    registry.register(FleetGauges(operations))
     return registry
 
 

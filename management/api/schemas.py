@@ -138,3 +138,12 @@ def query_fields(schema: type[msgspec.Struct], query: Any) -> dict[str, Any]:
         else:
             fields[name] = values[0]
     return fields
+
+
+REQUEST_SCHEMAS: tuple[type[msgspec.Struct], ...] = (CreateCommand, CreateToken, AgentQuery, GpuQuery, CommandQuery, EventQuery)
+
+
+def json_schemas() -> dict[str, Any]:
+    """JSON Schema (2020-12, as OpenAPI 3.1 uses) of every request body and list query, by struct name."""
+    _, components = msgspec.json.schema_components(REQUEST_SCHEMAS, ref_template="#/components/schemas/{name}")
+    return components

@@ -10,6 +10,7 @@ import re
 
 import pytest
 
+from management.api.schemas import json_schemas
 from tests.management.hosts import add_agent
 
 DELETE_X = {"agent_id": "agt-a", "kind": "delete_container", "spec": {"name": "x"}}
@@ -180,3 +181,12 @@ async def test_the_master_goes_on_serving_after_every_refusal(api):
         assert response.status == 400
     accepted = await api.post("/api/v1/commands", json=DELETE_X, headers=api.auth)
     assert accepted.status == 202
+
+
+def test_the_request_schemas_publish_their_bounds_as_json_schema():
+    schemas = json_schemas()
+    timeout = schemas["CreateCommand"]["properties"]["timeout_s"]["anyOf"][0]
+    assert (timeout["type"], timeout["exclusiveMinimum"], timeout["maximum"]) == ("number", 0, 7 * 86400)
+    provider = schemas["CreateToken"]["properties"]["provider"]
+    assert (provider["maxLength"], provider["pattern"]) == (64, "^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    assert set(schemas["CreateCommand"]["required"]) == {"agent_id", "kind", "spec"}
