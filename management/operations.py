@@ -16,7 +16,7 @@ import bisect
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Annotated, Any, Generic, TypeVar
+from typing import Annotated, Any, Generic, Protocol, TypeVar, cast
 
 import msgspec
 
@@ -109,6 +109,10 @@ class FleetCounts:
     relays: int
 
 
+class _Undrains(Protocol):
+    async def undrain(self, agent_id: str) -> AgentRecord: ...
+
+
 def _page(items: list[T], limit: int, key: Callable[[T], msgspec.Struct]) -> Page[T]:
     """``items`` holds up to ``limit + 1`` candidates: one more than asked says that another page follows."""
     if len(items) > limit:
@@ -181,8 +185,9 @@ class Operations:
 
     async def undrain(self, agent_id: str, *, owner: str | None = None) -> AgentDetail:
         self._owned_agent(agent_id, owner)
-        # Master.undrain comes with the Master's reshaping (branch h/master); the ignore goes when that is merged.
-        return self._detail(await self._master.undrain(agent_id))  # type: ignore[attr-defined]
+        # Master.undrain comes with the Master's reshaping (branch h/master): typed through a protocol so that this
+        # checks before and after that merge; until then the call fails (the API answers 500, its test is skipped).
+        return self._detail(await cast(_Undrains, self._master).undrain(agent_id))
 
     async def revoke(self, agent_id: str) -> AgentDetail:
         return self._detail(await self._master.revoke(agent_id))
