@@ -1,4 +1,4 @@
-"""``python -m bench fleet ...`` and ``python -m bench ingest ...``: run a benchmark, print a table, write JSON."""
+"""``python -m bench fleet|ingest|api-pages ...``: run a benchmark, print a table, write JSON."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from bench.api_pages import api_pages_table
+from bench.api_pages import run as run_api_pages
 from bench.fleet import FleetOptions, run_fleet_bench
 from bench.ingest import run_ingest_bench
 
@@ -153,6 +155,29 @@ def _run_ingest(args: argparse.Namespace) -> int:
     return 0
 
 
+def _api_pages_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "api-pages",
+        help="page through a fleet's GPUs over the management API, timing each page",
+        description="Seed a store with a generated fleet, start the real Master and API on it, follow "
+        "next_cursor through GET /api/v1/gpus from the first page to the last, and report p50/p99/max per page.",
+    )
+    p.add_argument("--agents", type=int, default=10_000, help="generated agents (default 10000)")
+    p.add_argument("--gpus-per-agent", type=int, default=8, help="GPUs per agent (default 8)")
+    p.add_argument("--limit", type=int, default=100, help="GPUs per page (default 100)")
+    p.add_argument("--query", default="", help="filters for every page, e.g. 'model=l4&state=available' (default none)")
+    p.add_argument("--work-dir", default="", help="where the temporary state directory goes (default: the system's)")
+    p.add_argument("--json", type=Path, help="write the figures here")
+    p.set_defaults(func=_run_api_pages)
+
+
+def _run_api_pages(args: argparse.Namespace) -> int:
+    result = run_api_pages(args.agents, args.gpus_per_agent, args.limit, args.query, args.work_dir)
+    _write(args.json, result)
+    print(api_pages_table(result))
+    return 0 if result["every_gpu_once_in_order"] else 1
+
+
 def _write(path: Path | None, data: Any) -> None:
     if path is not None:
         path.write_text(json.dumps(data, indent=2) + "\n")
@@ -236,6 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="benchmark", required=True)
     _fleet_parser(sub)
     _ingest_parser(sub)
+    _api_pages_parser(sub)
     return parser
 
 

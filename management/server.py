@@ -6,12 +6,12 @@ import asyncio
 import logging
 import os
 import signal
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
-from management.api import Handler, build_app, error_response
+from management.api import ApiSettings, Handler, build_app, error_response
 from master.config import MasterConfig
 from master.service import Master
 
@@ -22,8 +22,6 @@ OPERATOR_TOKEN_FILE = "operator.token"
 REQUEST_DRAIN_S = 10.0
 RETRY_AFTER_S = 5
 READ_ONLY_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-
-Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
 
 
 class ApiGate:
@@ -74,8 +72,9 @@ class ApiGate:
 class MasterServer:
     """The Master plus its HTTP API; ``start``/``stop`` for tests and the daemon alike."""
 
-    def __init__(self, config: MasterConfig) -> None:
+    def __init__(self, config: MasterConfig, api_settings: ApiSettings | None = None) -> None:
         self.config = config
+        self.api_settings = api_settings or ApiSettings()
         self.master = Master(config)
         self._runner: web.AppRunner | None = None
         self.gate = ApiGate()
@@ -84,9 +83,9 @@ class MasterServer:
     async def start(self) -> None:
         await self.master.start()
         await self._ensure_operator_token()
-        app = build_app(self.master)
+        app = build_app(self.master, self.api_settings)
         app.middlewares.append(self.gate.middleware())  # innermost: a caller is authenticated before it is told 503
-        self._runner = web.AppRunner(app, access_log=None)
+        self._runner = web.AppRunner(app, access_log=None, **self.api_settings.runner_options())
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.config.host, self.config.api_port)
         await site.start()

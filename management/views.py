@@ -1,15 +1,34 @@
-"""What the API shows of the Master's records: plain JSON-ready dicts, one function per resource."""
+"""What the API shows of the Master's records: plain JSON-ready dicts, one function per resource.
+
+Every timestamp is an RFC 3339 UTC string with milliseconds ("2026-11-22T17:40:00.000Z"), or null
+for a moment that has not happened (the records keep 0 or None for "never").
+"""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
 
 from common.inventory import GpuSample
 from master.keys import SigningKeyInfo
-from master.records import AgentRecord, CommandRecord, EventRecord, GpuRecord
+from master.records import AgentRecord, CommandRecord, EventRecord, GpuRecord, TokenRecord
 from master.reputation import reputation
+
+
+def rfc3339(ts: float | None) -> str | None:
+    """Unix seconds as RFC 3339 UTC with milliseconds; None (null) for None or 0 (never)."""
+    if not ts:
+        return None
+    moment = datetime.fromtimestamp(ts, UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def sample_view(sample: GpuSample) -> dict[str, Any]:
+    view = msgspec.to_builtins(sample)
+    view["ts"] = rfc3339(sample.ts)
+    return view
 
 
 def gpu_view(gpu: GpuRecord, latest: GpuSample | None = None) -> dict[str, Any]:
@@ -27,11 +46,15 @@ def gpu_view(gpu: GpuRecord, latest: GpuSample | None = None) -> dict[str, Any]:
         "pcie": {"gen": gpu.info.pcie_gen, "width": gpu.info.pcie_width},
         "nvlinks": sum(1 for link in gpu.info.nvlinks if link.active),
         "simulated": gpu.info.simulated,
-        "telemetry": msgspec.to_builtins(latest) if latest is not None else None,
+        "updated_at": rfc3339(gpu.updated_at),
+        "telemetry": sample_view(latest) if latest is not None else None,
     }
 
 
-def agent_view(agent: AgentRecord, gpus: list[GpuRecord], latest: dict[str, GpuSample] | None = None) -> dict[str, Any]:
+def agent_view(
+    agent: AgentRecord, gpus: list[GpuRecord], latest: dict[str, GpuSample] | None = None, *, reachable: bool = False
+) -> dict[str, Any]:
+    """``reachable``: a relay link carries the agent now (a command reaches it at once, not on its return)."""
     latest = latest or {}
     return {
         "id": agent.id,
@@ -40,13 +63,16 @@ def agent_view(agent: AgentRecord, gpus: list[GpuRecord], latest: dict[str, GpuS
         "state_reason": agent.state_reason,
         "region": agent.region,
         "relay": agent.relay,
+        "reachable": reachable,
+        "runtime": agent.runtime or None,  # what runs containers on the host: docker | process | simulated
+        "isolation": agent.isolation or None,  # how workloads are kept from the host: container | sandbox | none
         "simulated": agent.simulated,
         "host": msgspec.to_builtins(agent.host) if agent.host else None,
-        "enrolled_at": agent.enrolled_at,
-        "last_seen": agent.last_seen or None,
-        "connected_since": agent.connected_since,
+        "enrolled_at": rfc3339(agent.enrolled_at),
+        "last_seen": rfc3339(agent.last_seen),
+        "connected_since": rfc3339(agent.connected_since),
         "cert_serial": agent.cert_serial,
-        "cert_not_after": agent.cert_not_after,
+        "cert_not_after": rfc3339(agent.cert_not_after),
         "drained": agent.drained,
         "containers": sorted(agent.containers),
         "gpus": [gpu_view(g, latest.get(g.uuid)) for g in gpus],
@@ -61,11 +87,11 @@ def command_view(command: CommandRecord) -> dict[str, Any]:
         "kind": command.kind,
         "spec": command.spec,
         "state": command.state,
-        "created_at": command.created_at,
-        "deadline": command.deadline,
-        "sent_at": command.sent_at,
-        "acked_at": command.acked_at,
-        "finished_at": command.finished_at,
+        "created_at": rfc3339(command.created_at),
+        "deadline": rfc3339(command.deadline),
+        "sent_at": rfc3339(command.sent_at),
+        "acked_at": rfc3339(command.acked_at),
+        "finished_at": rfc3339(command.finished_at),
         "attempts": command.attempts,
         "key_id": command.key_id,  # the command-signing key its signature is made with
         "result": command.result,
@@ -74,7 +100,17 @@ def command_view(command: CommandRecord) -> dict[str, Any]:
 
 
 def event_view(event: EventRecord) -> dict[str, Any]:
-    return msgspec.to_builtins(event)
+    """``data`` is the event's payload as recorded (its own fields, numbers included, are not reinterpreted)."""
+    return {"seq": event.seq, "ts": rfc3339(event.ts), "kind": event.kind, "subject": event.subject, "data": event.data}
+
+
+def token_view(token: str, record: TokenRecord) -> dict[str, Any]:
+    """The token itself is shown this once; only its hash is kept."""
+    return {"token": token, "provider": record.provider, "expires_at": rfc3339(record.expires_at)}
+
+
+def command_accepted_view(command: CommandRecord) -> dict[str, Any]:
+    return {"id": command.id, "state": command.state}
 
 
 def signing_key_view(key: SigningKeyInfo) -> dict[str, Any]:
@@ -82,6 +118,6 @@ def signing_key_view(key: SigningKeyInfo) -> dict[str, Any]:
         "key_id": key.key_id,
         "public_key": key.public_key,
         "state": key.state.value,
-        "created_at": key.created_at,
-        "retired_at": key.retired_at,
+        "created_at": rfc3339(key.created_at),
+        "retired_at": rfc3339(key.retired_at),
     }

@@ -5,6 +5,7 @@ import contextlib
 import signal
 import sqlite3
 import time
+from datetime import datetime
 
 import pytest
 
@@ -126,7 +127,7 @@ def test_sigkill_of_the_master_with_commands_in_flight_every_command_ends_once_w
         lost = [
             e
             for e in grid.get(f"/api/v1/events?subject={agent_id}&kind=agent.transition&limit=1000")["items"]
-            if e["data"]["event"] == "heartbeat_lost" and e["ts"] > died_at
+            if e["data"]["event"] == "heartbeat_lost" and datetime.fromisoformat(e["ts"]).timestamp() > died_at
         ]
         assert not lost, (lost, restarted_at)
 

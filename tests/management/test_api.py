@@ -1,35 +1,11 @@
 """The operator API on a real Master (SQLite store in a temp dir): authentication, JSON errors, filters."""
 
 import asyncio
-import time
 
 import pytest
 
 from agent.simulate import SimulatedCollector
-from common.inventory import HostInfo, Inventory
-from master.records import AgentRecord
-from master.service import Master
-
-HOST = HostInfo(
-    hostname="h1",
-    cpu_model="EPYC",
-    cpu_cores=64,
-    ram_mib=512000,
-    disk_total_gib=2000,
-    disk_free_gib=1500,
-    os="Debian 12",
-    kernel="6.1",
-)
-
-
-async def add_agent(master: Master, agent_id: str, simulate: str) -> None:
-    agent = AgentRecord(id=agent_id, provider="prov", state="enrolled", enrolled_at=time.time())
-    await master.store.agents.put(agent)
-    await master.registry.add(agent)
-    gpus = SimulatedCollector(simulate, host_key=agent_id).inventory()
-    await master.registry.on_hello(
-        agent, Inventory(host=HOST, gpus=gpus, simulated=True), relay="relay-1", region="eu-west", now=time.time()
-    )
+from tests.management.hosts import add_agent
 
 
 async def test_every_api_call_needs_an_operator_key(api):

@@ -1,0 +1,52 @@
+"""The management HTTP API, served in the Master's process: one module per resource (see docs/api.md).
+
+A handler parses the request into a schema (``schemas``), makes one call on the façade of operations
+(``management.operations``) and renders the answer (``management.views``). Who may call what is decided
+in ``auth``; errors take one JSON shape (``errors``); lists are paged by cursor (``paging``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from management.api import agents, commands, events, gpus, health, signing_keys, tiers, tokens
+from management.api.auth import OPERATIONS_KEY, auth_middleware
+from management.api.errors import ApiError, Handler, error_response, errors_middleware
+from management.api.health import METRICS_REGISTRY_KEY
+from management.api.metrics import ApiMetrics, fleet_registry
+from management.operations import Operations
+from master.service import Master
+
+__all__ = ["ApiError", "ApiSettings", "Handler", "build_app", "error_response"]
+
+
+@dataclass(frozen=True)
+class ApiSettings:
+    max_body_bytes: int = 256 * 1024
+    # A client has this long to send a request's headers, and an idle keep-alive connection is closed after it.
+    # aiohttp arms its keep-alive timer when a connection opens and does not re-arm it on bytes received, so
+    # ``keepalive_timeout`` also cuts off a client that trickles its headers (Slowloris): see docs/api.md.
+    header_timeout_s: float = 5.0
+
+    def runner_options(self) -> dict[str, Any]:
+        """Keyword arguments for ``web.AppRunner`` (and aiohttp's TestServer) that apply these settings."""
+        return {"keepalive_timeout": self.header_timeout_s}
+
+
+def build_app(master: Master, settings: ApiSettings | None = None) -> web.Application:
+    settings = settings or ApiSettings()
+    operations = Operations(master)
+    # Once the Master owns its metrics, this line becomes ``registry = master.metrics.registry``.
+    registry = fleet_registry(operations)
+    api_metrics = ApiMetrics(registry)
+    app = web.Application(
+        middlewares=[api_metrics.middleware(), errors_middleware, auth_middleware], client_max_size=settings.max_body_bytes
+    )
+    app[OPERATIONS_KEY] = operations
+    app[METRICS_REGISTRY_KEY] = registry
+    for resource in (health, agents, gpus, tiers, commands, tokens, events, signing_keys):
+        resource.add_routes(app.router)
+    return app

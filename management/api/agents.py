@@ -1,0 +1,60 @@
+"""Agents (hosts): list, show, drain, undrain, revoke. Providers see and maintain only their own hosts."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from management.api.auth import OPERATIONS_KEY, scope_of
+from management.api.paging import decode_cursor, page_response
+from management.api.requests import json_response, parse_query
+from management.api.schemas import AgentQuery, EmptyQuery
+from management.operations import AgentDetail, AgentKey
+from management.views import agent_view
+
+RESOURCE = "agents"
+
+
+def render(detail: AgentDetail) -> dict:
+    return agent_view(detail.agent, detail.gpus, detail.latest, reachable=detail.reachable)
+
+
+async def list_agents(request: web.Request) -> web.Response:
+    query = parse_query(request, AgentQuery)
+    page = request.app[OPERATIONS_KEY].list_agents(
+        state=query.state,
+        provider=query.provider,
+        region=query.region,
+        owner=scope_of(request).owner,
+        after=decode_cursor(RESOURCE, query, AgentKey),
+        limit=query.limit,
+    )
+    return page_response(RESOURCE, query, page, render)
+
+
+async def get_agent(request: web.Request) -> web.Response:
+    parse_query(request, EmptyQuery)
+    detail = request.app[OPERATIONS_KEY].get_agent(request.match_info["agent_id"], owner=scope_of(request).owner)
+    return json_response(render(detail))
+
+
+async def drain_agent(request: web.Request) -> web.Response:
+    detail = await request.app[OPERATIONS_KEY].drain(request.match_info["agent_id"], owner=scope_of(request).owner)
+    return json_response(render(detail))
+
+
+async def undrain_agent(request: web.Request) -> web.Response:
+    detail = await request.app[OPERATIONS_KEY].undrain(request.match_info["agent_id"], owner=scope_of(request).owner)
+    return json_response(render(detail))
+
+
+async def revoke_agent(request: web.Request) -> web.Response:
+    detail = await request.app[OPERATIONS_KEY].revoke(request.match_info["agent_id"])
+    return json_response(render(detail))
+
+
+def add_routes(router: web.UrlDispatcher) -> None:
+    router.add_get("/api/v1/agents", list_agents)
+    router.add_get("/api/v1/agents/{agent_id}", get_agent)
+    router.add_post("/api/v1/agents/{agent_id}/drain", drain_agent)
+    router.add_post("/api/v1/agents/{agent_id}/undrain", undrain_agent)
+    router.add_post("/api/v1/agents/{agent_id}/revoke", revoke_agent)

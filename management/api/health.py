@@ -1,0 +1,26 @@
+"""/healthz and /metrics: unauthenticated, for load balancers and Prometheus."""
+
+from __future__ import annotations
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from management.api.auth import OPERATIONS_KEY
+from management.api.requests import json_response
+
+METRICS_REGISTRY_KEY = web.AppKey("metrics_registry", CollectorRegistry)
+
+
+async def healthz(request: web.Request) -> web.Response:
+    health = request.app[OPERATIONS_KEY].health()
+    return json_response({"status": "ok", "store": health.store, "relays": health.relays})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[METRICS_REGISTRY_KEY])
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def add_routes(router: web.UrlDispatcher) -> None:
+    router.add_get("/healthz", healthz)
+    router.add_get("/metrics", metrics)

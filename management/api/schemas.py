@@ -1,0 +1,149 @@
+"""What the API accepts: one msgspec struct per request body and per list query, typed and bounded.
+
+Decoding goes through msgspec, never the stdlib ``json`` module: msgspec refuses ``NaN`` and
+``Infinity`` (which ``json`` accepts), numbers out of the float range (``1e999``), booleans where a
+number is asked for, and unknown fields. Every string has a length and a character class; every
+number has bounds. A struct's JSON Schema (``msgspec.json.schema``) can feed an OpenAPI document.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection
+from typing import Annotated, Any, ClassVar
+
+import msgspec
+
+from master.states import AgentState, CommandState, GpuState
+
+# Ids the Master mints ("agt-…", "cmd-…", GPU UUIDs, key ids), tier and model names, event subjects.
+Identifier = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")]
+# Account and place names people choose: a provider, a region.
+AccountName = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+EventKindPrefix = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[a-z_]+(\.[a-z_]*)*$")]
+Cursor = Annotated[str, msgspec.Meta(min_length=1, max_length=512, pattern=r"^[A-Za-z0-9_-]+$")]
+
+DEFAULT_PAGE = 100
+MAX_PAGE = 1000
+PageLimit = Annotated[int, msgspec.Meta(ge=1, le=MAX_PAGE)]
+SEQ_MAX = 2**63 - 1  # the store keeps event sequence numbers as signed 64-bit integers
+EventSeq = Annotated[int, msgspec.Meta(ge=0, le=SEQ_MAX)]
+
+MAX_COMMAND_TIMEOUT_S = 7 * 86400.0
+MAX_TOKEN_TTL_S = 30 * 86400.0
+
+AGENT_STATES = tuple(s.value for s in AgentState)
+GPU_STATES = tuple(s.value for s in GpuState)
+COMMAND_STATES = tuple(s.value for s in CommandState)
+
+
+def _one_of(field: str, value: str | None, valid: Collection[str]) -> None:
+    if value is not None and value not in valid:
+        raise ValueError(f"{field} {value!r} is not one of: {', '.join(valid)}")
+
+
+def _finite(field: str, value: float | None) -> None:
+    # msgspec's own bounds refuse inf; NaN compares false with every bound, so it is refused here by name.
+    if value is not None and not math.isfinite(value):
+        raise ValueError(f"{field} must be a finite number")
+
+
+# --- bodies ----------------------------------------------------------------------------------
+
+
+class CreateCommand(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """POST /api/v1/commands. ``kind`` and ``spec`` are checked by the Master's command ledger."""
+
+    agent_id: Identifier
+    kind: Identifier
+    spec: dict[str, Any]
+    timeout_s: Annotated[float, msgspec.Meta(gt=0, le=MAX_COMMAND_TIMEOUT_S)] | None = None
+
+    def __post_init__(self) -> None:
+        _finite("timeout_s", self.timeout_s)
+
+
+class CreateToken(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """POST /api/v1/tokens: a one-time join token enrolling hosts for ``provider``."""
+
+    provider: AccountName
+    ttl_s: Annotated[float, msgspec.Meta(ge=1, le=MAX_TOKEN_TTL_S)] | None = None  # default: the Master's setting
+
+    def __post_init__(self) -> None:
+        _finite("ttl_s", self.ttl_s)
+
+
+# --- list queries ----------------------------------------------------------------------------
+
+
+class PageQuery(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    repeatable: ClassVar[frozenset[str]] = frozenset()  # parameters that may be given more than once
+
+    limit: PageLimit = DEFAULT_PAGE
+    cursor: Cursor | None = None
+
+
+class AgentQuery(PageQuery, kw_only=True, forbid_unknown_fields=True):
+    state: Identifier | None = None
+    provider: AccountName | None = None
+    region: AccountName | None = None
+
+    def __post_init__(self) -> None:
+        _one_of("state", self.state, AGENT_STATES)
+
+
+class GpuQuery(PageQuery, kw_only=True, forbid_unknown_fields=True):
+    state: Identifier | None = None
+    tier: Identifier | None = None
+    model: Identifier | None = None
+    agent_id: Identifier | None = None
+
+    def __post_init__(self) -> None:
+        _one_of("state", self.state, GPU_STATES)
+
+
+class CommandQuery(PageQuery, kw_only=True, forbid_unknown_fields=True):
+    agent_id: Identifier | None = None
+    repeatable: ClassVar[frozenset[str]] = frozenset({"state"})
+
+    state: list[Identifier] | None = None  # ?state=pending&state=sent
+
+    def __post_init__(self) -> None:
+        for state in self.state or ():
+            _one_of("state", state, COMMAND_STATES)
+
+
+class EventQuery(PageQuery, kw_only=True, forbid_unknown_fields=True):
+    subject: Identifier | None = None
+    kind: EventKindPrefix | None = None
+    after: EventSeq | None = None  # start after this sequence number (a cursor continues from there)
+
+
+class EmptyQuery(msgspec.Struct, forbid_unknown_fields=True):
+    """Routes that take no query parameters still refuse unknown ones, so a typo is never silently ignored."""
+
+
+def query_fields(schema: type[msgspec.Struct], query: Any) -> dict[str, Any]:
+    """A query string (a MultiDict) as a plain dict: repeatable fields as lists, others given once."""
+    repeatable: frozenset[str] = getattr(schema, "repeatable", frozenset())
+    fields: dict[str, Any] = {}
+    for name in query.keys():
+        if name in fields:
+            continue
+        values = query.getall(name)
+        if name in repeatable:
+            fields[name] = values
+        elif len(values) > 1:
+            raise ValueError(f"query parameter {name!r} is given {len(values)} times; give it once")
+        else:
+            fields[name] = values[0]
+    return fields
+
+
+REQUEST_SCHEMAS: tuple[type[msgspec.Struct], ...] = (CreateCommand, CreateToken, AgentQuery, GpuQuery, CommandQuery, EventQuery)
+
+
+def json_schemas() -> dict[str, Any]:
+    """JSON Schema (2020-12, as OpenAPI 3.1 uses) of every request body and list query, by struct name."""
+    _, components = msgspec.json.schema_components(REQUEST_SCHEMAS, ref_template="#/components/schemas/{name}")
+    return components

@@ -1,0 +1,34 @@
+"""Command-signing keys (operator only): list, rotate, retire. Only public halves are ever shown."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from management.api.auth import OPERATIONS_KEY
+from management.api.paging import decode_cursor, page_response
+from management.api.requests import json_response, parse_query
+from management.api.schemas import PageQuery
+from management.operations import PositionKey
+from management.views import signing_key_view
+
+RESOURCE = "signing_keys"
+
+
+async def list_signing_keys(request: web.Request) -> web.Response:
+    query = parse_query(request, PageQuery)
+    page = request.app[OPERATIONS_KEY].list_signing_keys(after=decode_cursor(RESOURCE, query, PositionKey), limit=query.limit)
+    return page_response(RESOURCE, query, page, signing_key_view)
+
+
+async def rotate_signing_key(request: web.Request) -> web.Response:
+    return json_response(signing_key_view(await request.app[OPERATIONS_KEY].rotate_signing_key()), status=201)
+
+
+async def retire_signing_key(request: web.Request) -> web.Response:
+    return json_response(signing_key_view(await request.app[OPERATIONS_KEY].retire_signing_key(request.match_info["key_id"])))
+
+
+def add_routes(router: web.UrlDispatcher) -> None:
+    router.add_get("/api/v1/signing-keys", list_signing_keys)
+    router.add_post("/api/v1/signing-keys/rotate", rotate_signing_key)
+    router.add_post("/api/v1/signing-keys/{key_id}/retire", retire_signing_key)

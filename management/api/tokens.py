@@ -1,0 +1,20 @@
+"""Join tokens (operator only): one-time, short-lived, bound to the provider account whose hosts they enroll."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from management.api.auth import OPERATIONS_KEY
+from management.api.requests import json_response, parse_body
+from management.api.schemas import CreateToken
+from management.views import token_view
+
+
+async def create_token(request: web.Request) -> web.Response:
+    body = await parse_body(request, CreateToken)
+    issued = await request.app[OPERATIONS_KEY].create_token(body.provider, body.ttl_s)
+    return json_response(token_view(issued.token, issued.record), status=201)
+
+
+def add_routes(router: web.UrlDispatcher) -> None:
+    router.add_post("/api/v1/tokens", create_token)

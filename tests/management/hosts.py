@@ -1,0 +1,43 @@
+"""Hosts and API keys put into a real Master the way it would have them: records, a hello, hashed keys."""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+from agent.simulate import SimulatedCollector
+from common.inventory import HostInfo, Inventory
+from master.enrollment import hash_secret
+from master.records import AgentRecord, ApiKeyRecord
+from master.service import Master
+
+HOST = HostInfo(
+    hostname="h1",
+    cpu_model="EPYC",
+    cpu_cores=64,
+    ram_mib=512000,
+    disk_total_gib=2000,
+    disk_free_gib=1500,
+    os="Debian 12",
+    kernel="6.1",
+)
+
+
+async def add_agent(
+    master: Master, agent_id: str, simulate: str, *, provider: str = "prov", runtime: str = "", isolation: str = ""
+) -> None:
+    """An enrolled agent that said hello through relay-1 with the simulated GPUs ``simulate`` describes."""
+    agent = AgentRecord(id=agent_id, provider=provider, state="enrolled", enrolled_at=time.time())
+    await master.store.agents.put(agent)
+    await master.registry.add(agent)
+    gpus = SimulatedCollector(simulate, host_key=agent_id).inventory()
+    inventory = Inventory(host=HOST, gpus=gpus, simulated=True, runtime=runtime, isolation=isolation)
+    await master.registry.on_hello(agent, inventory, relay="relay-1", region="eu-west", now=time.time())
+
+
+async def api_key(master: Master, role: str, subject: str = "") -> dict[str, str]:
+    """The Authorization header of a new key with ``role`` for account ``subject``, stored hashed as the Master does."""
+    key = "igak_" + secrets.token_urlsafe(16)
+    record = ApiKeyRecord(key_hash=hash_secret(key), name=f"{role} {subject}", role=role, created_at=time.time(), subject=subject)
+    await master.store.api_keys.put(record)
+    return {"Authorization": f"Bearer {key}"}
