@@ -5,6 +5,7 @@ Plain HTTP through aiohttp rather than the docker SDK: the agent needs six endpo
 
 from __future__ import annotations
 
+import builtins
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -168,7 +169,7 @@ class DockerRuntime:
             raise RuntimeFailure(f"container {name!r} vanished from {self.url} right after it was created")
         return raw
 
-    async def _list(self, label_filter: str) -> list[ContainerInfo]:
+    async def _list(self, label_filter: str) -> builtins.list[ContainerInfo]:
         filters = json.dumps({"label": [label_filter]})
         status, body = await self._call("GET", "/containers/json", params={"all": "true", "filters": filters})
         if status != 200:
