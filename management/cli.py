@@ -72,7 +72,9 @@ def _agent_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--dns-port", type=int, help="port of the nameservers (default 53)")
     p.add_argument("--simulate", help="simulate GPUs instead of NVML, e.g. h100:8 or a10:2,t4:1 (reported as simulated)")
-    p.add_argument("--runtime", choices=["process", "docker"], help="container runtime (default process)")
+    p.add_argument(
+        "--runtime", choices=["docker", "process"], help="container runtime (default docker; process: demos and tests)"
+    )
     p.add_argument("--docker-socket", help="Docker/Podman API socket (default /var/run/docker.sock)")
     p.add_argument("--no-bandwidth", action="store_true", help="skip the bandwidth measurement")
     p.set_defaults(func=_run_agent)
@@ -258,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except IdlegridError as exc:
         print(f"idlegrid {args.command}: {exc}", file=sys.stderr)
-        return 2
+        return getattr(exc, "exit_code", 2)  # e.g. agent.errors.CertificateRevoked: 3, "enroll again"
     except KeyboardInterrupt:
         return 130
 

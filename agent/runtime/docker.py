@@ -36,6 +36,7 @@ class DockerRuntime:
     """A ``ContainerRuntime`` on a Docker-API engine. Images must already be on the host unless pulling is allowed."""
 
     name = "docker"
+    isolation = "container"
 
     def __init__(
         self,
@@ -59,6 +60,10 @@ class DockerRuntime:
         return f"unix://{self.socket_path}"
 
     # --- the ContainerRuntime interface -------------------------------------------------------------
+
+    async def probe(self) -> None:
+        self._api_prefix = None  # ask again: the engine may have gone away, come back or been upgraded since
+        await self._negotiate()
 
     async def create(self, spec: ContainerSpec, *, labels: Mapping[str, str]) -> ContainerInfo:
         wanted = container_labels(spec, labels)

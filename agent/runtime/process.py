@@ -8,8 +8,9 @@ What this runtime is and is not:
 - The spec's ``image`` is recorded but not used: the command runs on the host's own filesystem.
 - As an unprivileged user (``user``, default ``nobody``) when the agent runs as root, with no new privileges, in a
   working directory of its own (``<work_root>/<name>``, 0700, owned by that user). The agent's state directory is
-  0700 and its key and database 0600, so the command cannot read them. An agent that is not root cannot switch
-  users: the command then runs as the agent's own user and the runtime reports isolation ``none``.
+  0700 and its key and database 0600, so the command cannot read them: isolation ``sandbox``. An agent that is not
+  root cannot switch users, and an empty ``user`` asks it not to: the command then runs as the agent's own user
+  and the runtime reports isolation ``none``.
 - In a PID namespace of its own (``unshare --pid --fork --kill-child``, util-linux): the shim is the namespace's
   init, so when it dies the kernel kills everything the command started, ``setsid`` and double forks included.
   Delete SIGTERMs every process of the namespace, then SIGKILLs what is left.
@@ -115,9 +116,10 @@ class ProcessRuntime:
         self._children: dict[str, subprocess.Popen[bytes]] = {}  # by record id: the processes this instance started
         self._switch_to = _unprivileged_user(user)
         if self._switch_to is None:
+            why = "the agent is not root, so it cannot switch users" if user else "process_user is empty"
             log.warning(
-                "the agent is not root, so the process runtime cannot switch users: commands run as the agent's own "
-                "user and could read its files; reporting isolation 'none'",
+                "%s: process-runtime commands run as the agent's own user and could read its files; reporting isolation 'none'",
+                why,
                 extra={"uid": os.geteuid()},
             )
         self.isolation = ISOLATION_SANDBOX if self._switch_to is not None else ISOLATION_NONE
@@ -199,10 +201,11 @@ class ProcessRuntime:
         return self._start(spec, labels, proc, cores)
 
     def _sandbox(self) -> builtins.list[str]:
-        """Puts what follows in a PID namespace of its own, as its init (with /proc showing only that namespace)."""
+        """Puts what follows in a PID namespace of its own, as its init. /proc stays the host's (no mount namespace):
+        the command sees the host's process list as any unprivileged user does, and can name its own host pid."""
         # Not root: a user namespace is what lets an unprivileged user make the PID namespace.
         user = ["--user", "--map-current-user"] if self._switch_to is None else []
-        return [UNSHARE, *user, "--pid", "--fork", "--kill-child", "--mount-proc", "--"]
+        return [UNSHARE, *user, "--pid", "--fork", "--kill-child", "--"]
 
     def _drop_privileges(self) -> builtins.list[str]:
         """As root: become the unprivileged user, with no supplementary groups and no way back (no setuid gains)."""
@@ -438,8 +441,9 @@ def _signal(pids: list[int], sig: signal.Signals) -> None:
 
 
 def _unprivileged_user(user: str) -> tuple[int, int] | None:
-    """(uid, gid) to run commands as, or None when the agent cannot switch users (it is not root)."""
-    if os.geteuid() != 0:
+    """(uid, gid) to run commands as, or None when the agent does not switch users: it is not root, or ``user`` is
+    empty (the operator's choice, for a trusted host or a test grid that must see what commands write)."""
+    if os.geteuid() != 0 or not user:
         return None
     try:
         entry = pwd.getpwnam(user)

@@ -63,10 +63,14 @@ def write_toml(path: Path, settings: dict[str, str | int | float | bool]) -> Pat
 def counted_spec(runs: Path, name: str, *, ignores_sigterm: bool = False) -> dict[str, Any]:
     """A process-runtime container that appends its pid to ``runs/<name>`` when it starts, then sleeps: the
     number of lines is the number of times the command ran. ``ignores_sigterm``: deleting it takes the
-    delete's whole ``timeout_s`` (SIGKILL ends it), which keeps a delete command running that long."""
+    delete's whole ``timeout_s`` (SIGKILL ends it), which keeps a delete command running that long.
+
+    The pid is the host's: the command runs in a PID namespace of its own, where ``$$`` is small, so it reads its
+    own /proc/self/stat (a redirection the shell itself opens, no child process), which the host's /proc numbers."""
     runs.mkdir(parents=True, exist_ok=True)
     trap = "trap '' TERM; " if ignores_sigterm else ""
-    return {"name": name, "image": "none", "command": ["sh", "-c", f"{trap}echo $$ >> {runs / name}; sleep 600"]}
+    record = f"read -r pid _ < /proc/self/stat; echo $pid >> {runs / name}"
+    return {"name": name, "image": "none", "command": ["sh", "-c", f"{trap}{record}; sleep 600"]}
 
 
 def run_pids(runs: Path, name: str) -> list[int]:
@@ -149,12 +153,13 @@ class Grid:
 
     # --- processes -----------------------------------------------------------------------------
 
-    def spawn(self, name: str, *args: str) -> Daemon:
+    def spawn(self, name: str, *args: str, environment: dict[str, str] | None = None) -> Daemon:
         log = self.logs / f"{name}.log"
         with open(log, "ab") as out:
             process = subprocess.Popen(
                 [sys.executable, "-m", "management.cli", *args],
                 cwd=REPO,
+                env={**os.environ, **(environment or {})},
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -277,8 +282,20 @@ class Grid:
         return json.loads((self.agent_dir(name) / "identity.json").read_text())["agent_id"]
 
     def start_agent(self, name: str, *extra: str, simulate: str = "h100:2") -> Daemon:
+        """The process runtime, run as the agent's own user (process_user empty), so the containers the tests start
+        can write where the test looks (pytest's directories are private to root)."""
         return self.spawn(
-            name, "agent", "--state-dir", str(self.agent_dir(name)), "--simulate", simulate, "--no-bandwidth", *extra
+            name,
+            "agent",
+            "--state-dir",
+            str(self.agent_dir(name)),
+            "--simulate",
+            simulate,
+            "--no-bandwidth",
+            "--runtime",
+            "process",
+            *extra,
+            environment={"IDLEGRID_AGENT_PROCESS_USER": ""},
         )
 
     def run_agent(
