@@ -36,7 +36,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
@@ -162,9 +162,7 @@ class RelayConnector:
         self._dns_quiet_until = -float("inf")
 
     @classmethod
-    def from_config(
-        cls, config: AgentConfig, *, static_urls: Sequence[str], directory: Sequence[RelayEntry] = ()
-    ) -> RelayConnector:
+    def from_config(cls, config: AgentConfig, *, static_urls: Sequence[str], directory: Sequence[RelayEntry] = ()) -> Self:
         discovery = None
         if config.dns_domain:
             if not config.region:

@@ -192,7 +192,7 @@ class Agent:
 
     def tls_context(self) -> ssl.SSLContext:
         """Built again only when the certificate or key files change (a renewal): loading them costs more CPU than
-        the handshake itself, which matters when thousands of agents share a process (agent/fleet.py)."""
+        the handshake itself, which matters when thousands of agents share a process (bench/fleet_agents.py)."""
         stamp = (self.identity.cert_file.stat().st_mtime_ns, self.identity.key_file.stat().st_mtime_ns)
         if self._tls is None or self._tls[0] != stamp:
             context = client_tls_context(self.identity.ca_file, self.identity.cert_file, self.identity.key_file)

@@ -21,7 +21,7 @@ from agent.config import AgentConfig
 from agent.daemon import Agent
 from agent.directory import DIRECTORY_FILE
 from agent.errors import EXIT_CERTIFICATE_REVOKED
-from agent.fleet import agent_dir
+from bench.fleet_agents import agent_dir
 from bench.provision import provision_agents
 from common.wire import RelayDirectory, RelayEntry, Welcome, encode
 from master.config import MasterConfig
