@@ -6,7 +6,9 @@ import ssl
 from pathlib import Path
 
 import aiohttp
+import msgspec
 
+from agent.directory import save_directory
 from agent.identity import CA_FILE, CERT_FILE, KEY_FILE, AgentIdentity
 from agent.state import PRIVATE_FILE_MODE, private_dir
 from common.errors import EnrollmentError, PKIError, SignatureError
@@ -21,6 +23,7 @@ from common.pki import (
     verify_key_endorsement,
     write_private_key,
 )
+from common.wire import RelayEntry
 
 
 async def enroll(
@@ -67,6 +70,7 @@ async def enroll(
         http_url=access_http_url,
     )
     identity.save()
+    save_directory(state_dir, _relay_directory(answer.get("relays")))
     return identity
 
 
@@ -86,6 +90,17 @@ async def _post_csr(base_url: str, ca_file: Path, payload: dict, timeout_s: floa
             f"enrollment refused ({response.status}): {error.get('message', body)}", code=error.get("code", "enrollment_refused")
         )
     return body
+
+
+def _relay_directory(listed: object) -> list[RelayEntry]:
+    """The relays the enrollment answer names (the relay passes on the Master's directory), if it names any.
+    A malformed list is dropped: the Master sends the directory again at the first welcome."""
+    if not listed:
+        return []
+    try:
+        return msgspec.convert(listed, list[RelayEntry])
+    except msgspec.ValidationError:
+        return []
 
 
 def _endorsed_keys(ca_cert, keys: dict[str, str], endorsements: dict[str, str]) -> dict[str, str]:
