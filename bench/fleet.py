@@ -174,7 +174,7 @@ class FleetDriver:
                 continue
             if answer.get("op") == "loaded" and not self._loaded.done():
                 self._loaded.set_result(answer)
-            future = self._waiting.get(answer.get("id"))  # type: ignore[arg-type]
+            future = self._waiting.get(answer.get("id"))
             if future is not None and not future.done():
                 future.set_result(answer)
         if not self._loaded.done():
