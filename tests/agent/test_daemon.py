@@ -16,14 +16,15 @@ import time
 from pathlib import Path
 
 import pytest
+from websockets.frames import Close
 
 from agent.config import AgentConfig
 from agent.daemon import Agent
 from agent.directory import DIRECTORY_FILE
-from agent.errors import EXIT_CERTIFICATE_REVOKED
+from agent.errors import EXIT_CERTIFICATE_REVOKED, is_revocation
 from bench.fleet_agents import agent_dir
 from bench.provision import provision_agents
-from common.wire import RelayDirectory, RelayEntry, Welcome, encode
+from common.wire import CLOSE_POLICY, CLOSE_REVOKED, RelayDirectory, RelayEntry, Welcome, encode
 from master.config import MasterConfig
 from tests.support.grid import QUICK_RECONNECT, REPO, Grid, wait_for, write_toml
 
@@ -198,3 +199,11 @@ def test_sigkill_of_its_relay_moves_the_agent_along_its_directory_to_a_relay_in_
 def _ready_through(grid: Grid, agent_id: str, relay_id: str) -> bool:
     agent = grid.agent(agent_id)
     return agent["state"] in ("ready", "busy") and agent.get("relay") == relay_id
+
+
+def test_only_a_close_for_a_revoked_certificate_counts_as_revocation():
+    assert is_revocation(Close(CLOSE_REVOKED, ""))
+    assert is_revocation(Close(CLOSE_POLICY, "certificate revoked"))  # what relays send today
+    assert not is_revocation(Close(CLOSE_POLICY, "certificate expired; renew it"))  # renewal, then retry
+    assert not is_revocation(Close(1011, "certificate revoked"))
+    assert not is_revocation(None)  # the connection dropped without a close frame
