@@ -30,6 +30,7 @@ class AgentConfig(msgspec.Struct, kw_only=True):
     runtime: str = "docker"
     docker_socket: str = "/var/run/docker.sock"
     runtime_probe_s: float = 60.0  # how often the agent checks that its runtime can run containers
+    runtime_probe_timeout_s: float = 5.0  # a runtime slower than this to answer the check offers nothing meanwhile
     process_user: str = "nobody"  # the process runtime runs commands as this user; "" runs them as the agent's
     process_work_dir: str = ""  # the process runtime's containers' working directories; "" is <state_dir>-work
     measure_bandwidth: bool = True

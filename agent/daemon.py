@@ -309,10 +309,12 @@ class Agent:
     async def probe_runtime(self) -> bool:
         """Ask the runtime whether it can run containers; log when that changes. Whether it changed."""
         try:
-            await self.runtime.probe()
+            await asyncio.wait_for(self.runtime.probe(), self.config.runtime_probe_timeout_s)
             problem = None
         except RuntimeFailure as exc:
             problem = str(exc)
+        except TimeoutError:  # a hung engine must not keep the agent from its relay
+            problem = f"the {self.runtime.name} runtime did not answer within {self.config.runtime_probe_timeout_s:g} s"
         if problem == self.runtime_problem:
             return False
         self.runtime_problem = problem

@@ -70,6 +70,23 @@ async def test_with_no_engine_reachable_the_agent_says_so_once_and_offers_nothin
         await agent.close()
 
 
+async def test_an_engine_that_never_answers_is_no_runtime_after_the_probe_timeout(enrolled, tmp_path):
+    async def hang(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # accepts, never answers
+
+    engine = await asyncio.start_unix_server(hang, path=str(tmp_path / "hung.sock"))
+    agent = Agent(agent_config(enrolled, docker_socket=str(tmp_path / "hung.sock"), runtime_probe_timeout_s=0.3))
+    try:
+        started = time.monotonic()
+        await agent.probe_runtime()
+        assert time.monotonic() - started < 5  # the connection to the relay is not held up
+        assert agent._hello().inventory.runtime == ""
+        assert "did not answer within 0.3 s" in (agent.runtime_problem or "")
+    finally:
+        await agent.close()
+        engine.close()
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="the process runtime reports 'sandbox' only when the agent is root")
 async def test_the_process_runtime_reports_itself_and_its_sandbox_in_hello(enrolled):
     agent = Agent(agent_config(enrolled, runtime="process"))
