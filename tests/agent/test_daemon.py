@@ -10,6 +10,7 @@ import asyncio
 import json
 import logging
 import os
+import stat
 import subprocess
 import sys
 import time
@@ -104,6 +105,23 @@ async def test_the_process_runtime_run_as_the_agents_own_user_reports_no_isolati
         await agent.probe_runtime()
         inventory = agent._hello().inventory
         assert (inventory.runtime, inventory.isolation) == ("process", "none")
+    finally:
+        await agent.close()
+
+
+# --- the state directory ---------------------------------------------------------------------------------------
+
+
+async def test_the_agent_makes_its_state_directory_and_database_private_whatever_the_umask(enrolled):
+    enrolled.chmod(0o755)  # as an older agent, or a hand-made directory, may have left it
+    old_umask = os.umask(0)
+    try:
+        agent = Agent(agent_config(enrolled))
+    finally:
+        os.umask(old_umask)
+    try:
+        assert stat.S_IMODE(enrolled.stat().st_mode) == 0o700
+        assert stat.S_IMODE((enrolled / "commands.db").stat().st_mode) == 0o600
     finally:
         await agent.close()
 
