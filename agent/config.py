@@ -22,6 +22,9 @@ class AgentConfig(msgspec.Struct, kw_only=True):
     dns_nameservers: list[str] = []  # empty: the system resolver
     dns_port: int = 53
     dns_retry_s: float = 30.0  # after DNS failed, the configured relays are used this long before asking again
+    # Rank the relay directory by measured latency (a TCP connect to each); off, its order and regions alone decide
+    # (the fleet simulator: thousands of agents on one machine, where latency says nothing).
+    relay_probe: bool = True
     relay_probe_timeout_s: float = 2.0  # a relay of the directory that takes longer to accept TCP ranks last
     directory_rank_ttl_s: float = 60.0  # the relay directory is probed and ranked again after this long
     simulate: str = ""  # e.g. "h100:8" or "a10:2,t4:1": simulated GPUs, reported as such

@@ -125,6 +125,7 @@ class RelayConnector:
         home_region: str = "",
         discovery: RelayDiscovery | None = None,
         probe: Callable[[str], Awaitable[float]] | None = None,
+        probe_relays: bool = True,
         probe_timeout_s: float = 2.0,
         latency_bucket_ms: float = 5.0,
         directory_rank_ttl_s: float = 60.0,
@@ -144,6 +145,7 @@ class RelayConnector:
         self.discovery = discovery
         self.home_region = discovery.config.region if discovery is not None else home_region
         self._probe = probe or tcp_latency_ms
+        self.probe_relays = probe_relays
         self.probe_timeout_s = probe_timeout_s
         self.latency_bucket_ms = latency_bucket_ms
         self.directory_rank_ttl_s = directory_rank_ttl_s
@@ -180,6 +182,7 @@ class RelayConnector:
             directory=directory,
             home_region=config.region,
             discovery=discovery,
+            probe_relays=config.relay_probe,
             probe_timeout_s=config.relay_probe_timeout_s,
             directory_rank_ttl_s=config.directory_rank_ttl_s,
             backoff_initial_s=config.backoff_initial_s,
@@ -241,13 +244,19 @@ class RelayConnector:
         self._ranked_at = -float("inf")
         return True
 
+    async def _latencies(self, relays: list[RelayEntry]) -> dict[str, float | None]:
+        """Measured, unless there is no choice to make or probing is off: then all equal, and order decides."""
+        if len(relays) < 2 or not self.probe_relays:
+            return {entry.url: 0.0 for entry in relays}
+        return await probe_relays(relays, self._probe, timeout_s=self.probe_timeout_s)
+
     async def _ranked_directory(self, relays: list[RelayEntry]) -> list[RelayEntry]:
         """The directory ranked; probed again when it changed, when its ranking is old, or when every relay failed."""
         stale = self._clock() - self._ranked_at >= self.directory_rank_ttl_s
         changed = {entry.url for entry in relays} != {entry.url for entry in self._ranking}
         exhausted = all(entry.url in self._ranking_tried for entry in relays)
         if stale or changed or exhausted:
-            latencies = await probe_relays(relays, self._probe, timeout_s=self.probe_timeout_s)
+            latencies = await self._latencies(relays)
             self._ranking = rank_relays(relays, latencies, home_region=self.home_region, latency_bucket_ms=self.latency_bucket_ms)
             self._ranked_at = self._clock()
             if exhausted:

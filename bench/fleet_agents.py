@@ -325,6 +325,7 @@ class Fleet:
                 simulate=settings.simulate,
                 runtime="simulated",
                 measure_bandwidth=False,
+                relay_probe=False,  # one machine: latency says nothing, and 10,000 probes would load the relays
                 result_resend_s=settings.result_resend_s,
             )
             runtime = SimulatedRuntime(

@@ -168,3 +168,12 @@ async def test_the_ranking_is_reused_until_its_ttl_then_measured_again():
     clock.now += 31.0
     await connector.next_relay()
     assert probe.calls > first
+
+
+async def test_with_probing_off_or_a_single_relay_nothing_is_probed_and_order_and_region_decide():
+    probe = Probe({EU1.url: 20.0, EU2.url: 9.0, US1.url: 1.0})
+    connector = directory_connector(probe, probe_relays=False)
+    assert (await connector.next_relay()).url == EU1.url  # home region, directory order
+    alone = RelayConnector(static_urls=["wss://only:7000"], probe=probe)
+    assert (await alone.next_relay()).url == "wss://only:7000"
+    assert probe.calls == 0
