@@ -22,9 +22,20 @@ class AgentConfig(msgspec.Struct, kw_only=True):
     dns_nameservers: list[str] = []  # empty: the system resolver
     dns_port: int = 53
     dns_retry_s: float = 30.0  # after DNS failed, the configured relays are used this long before asking again
+    # Rank the relay directory by measured latency (a TCP connect to each); off, its order and regions alone decide
+    # (the fleet simulator: thousands of agents on one machine, where latency says nothing).
+    relay_probe: bool = True
+    relay_probe_timeout_s: float = 2.0  # a relay of the directory that takes longer to accept TCP ranks last
+    directory_rank_ttl_s: float = 60.0  # the relay directory is probed and ranked again after this long
     simulate: str = ""  # e.g. "h100:8" or "a10:2,t4:1": simulated GPUs, reported as such
-    runtime: str = "process"  # "process" | "docker"
+    # "docker" (any Docker-API engine, Podman included) or "process" (host processes in a sandbox: demos and tests,
+    # never the default; see agent/runtime/process.py).
+    runtime: str = "docker"
     docker_socket: str = "/var/run/docker.sock"
+    runtime_probe_s: float = 60.0  # how often the agent checks that its runtime can run containers
+    runtime_probe_timeout_s: float = 5.0  # a runtime slower than this to answer the check offers nothing meanwhile
+    process_user: str = "nobody"  # the process runtime runs commands as this user; "" runs them as the agent's
+    process_work_dir: str = ""  # the process runtime's containers' working directories; "" is <state_dir>-work
     measure_bandwidth: bool = True
     bandwidth_interval_s: float = 6 * 3600.0
     backoff_initial_s: float = 0.5

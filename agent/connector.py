@@ -6,8 +6,10 @@ Where relays come from:
   regions when none of those is alive (see agent/discovery.py). A candidate whose target resolved through the
   configured nameservers (a private zone) is dialled at that address, while the URL keeps the SRV target, so
   the TLS handshake checks the relay's certificate against that name and the Host header carries it.
-- The static list (``access_urls``, or the relays stored at enrollment), tried round robin. In DNS mode it is
-  the fallback while DNS itself fails, or finds no live relay anywhere.
+- The relay directory (agent/directory.py): the relays the Master last named, with the static list (``access_urls``,
+  or the relays stored at enrollment), ranked home region first and by measured latency, re-probed when every
+  one of them was tried or the ranking is older than ``directory_rank_ttl_s``. Without DNS it is all the agent
+  has; in DNS mode it is the fallback while DNS itself fails, or finds no live relay anywhere.
 
 Which one next (DNS mode):
 
@@ -34,15 +36,17 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
 from agent.backoff import full_jitter
 from agent.config import AgentConfig
+from agent.directory import merge_relays, probe_relays, rank_relays, tcp_latency_ms
 from agent.discovery import DiscoveryConfig, DiscoveryError, RelayCandidate, RelayDiscovery
 from common.errors import ConfigError, IdlegridError, ProtocolError
+from common.wire import RelayEntry
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +77,7 @@ class RelayTarget:
 
     url: str
     address: str | None = None  # None: the system resolver resolves the URL's host
-    region: str | None = None  # known for relays found by DNS
+    region: str | None = None  # known for relays found by DNS or named in the directory
     candidate: RelayCandidate | None = None
 
     @classmethod
@@ -117,7 +121,14 @@ class RelayConnector:
         self,
         *,
         static_urls: Sequence[str] = (),
+        directory: Sequence[RelayEntry] = (),
+        home_region: str = "",
         discovery: RelayDiscovery | None = None,
+        probe: Callable[[str], Awaitable[float]] | None = None,
+        probe_relays: bool = True,
+        probe_timeout_s: float = 2.0,
+        latency_bucket_ms: float = 5.0,
+        directory_rank_ttl_s: float = 60.0,
         backoff_initial_s: float = 0.5,
         backoff_max_s: float = 30.0,
         retry_after_max_s: float = 300.0,
@@ -125,13 +136,19 @@ class RelayConnector:
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if not static_urls and discovery is None:
+        if not static_urls and not directory and discovery is None:
             raise ConfigError(
                 "no Access relay to connect to: set access_urls (--access wss://HOST:PORT) or a discovery domain (--dns-domain)"
             )
         self.static_urls = list(static_urls)
+        self.directory = list(directory)
         self.discovery = discovery
-        self.home_region = discovery.config.region if discovery is not None else ""
+        self.home_region = discovery.config.region if discovery is not None else home_region
+        self._probe = probe or tcp_latency_ms
+        self.probe_relays = probe_relays
+        self.probe_timeout_s = probe_timeout_s
+        self.latency_bucket_ms = latency_bucket_ms
+        self.directory_rank_ttl_s = directory_rank_ttl_s
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
         self.retry_after_max_s = retry_after_max_s
@@ -139,13 +156,15 @@ class RelayConnector:
         self._rng = rng if rng is not None else random.Random()
         self._clock = clock
         self._failures = 0  # consecutive sessions the Master did not welcome
-        self._static_next = 0
+        self._ranking: list[RelayEntry] = []  # the directory and static list, best first
+        self._ranked_at = -float("inf")
+        self._ranking_tried: set[str] = set()  # URLs of the ranking that failed or were lost
         self._tried: set[tuple[str, int]] = set()  # relays of the current ranking that failed
         self._resolve_next = False
         self._dns_quiet_until = -float("inf")
 
     @classmethod
-    def from_config(cls, config: AgentConfig, *, static_urls: Sequence[str]) -> RelayConnector:
+    def from_config(cls, config: AgentConfig, *, static_urls: Sequence[str], directory: Sequence[RelayEntry] = ()) -> Self:
         discovery = None
         if config.dns_domain:
             if not config.region:
@@ -160,7 +179,12 @@ class RelayConnector:
             )
         return cls(
             static_urls=static_urls,
+            directory=directory,
+            home_region=config.region,
             discovery=discovery,
+            probe_relays=config.relay_probe,
+            probe_timeout_s=config.relay_probe_timeout_s,
+            directory_rank_ttl_s=config.directory_rank_ttl_s,
             backoff_initial_s=config.backoff_initial_s,
             backoff_max_s=config.backoff_max_s,
             retry_after_max_s=config.retry_after_max_s,
@@ -172,7 +196,8 @@ class RelayConnector:
     async def run(self, session: Session, stopping: asyncio.Event) -> None:
         """Dial relays one session at a time until ``stopping`` is set."""
         while not stopping.is_set():
-            target, welcomed, error = None, False, None
+            target, welcomed = None, False
+            error: BaseException | None = None
             try:
                 target = await self.next_relay()
                 welcomed = await session(target)
@@ -198,15 +223,46 @@ class RelayConnector:
     # --- choosing --------------------------------------------------------------------------------
 
     async def next_relay(self) -> RelayTarget:
-        """The relay to dial now: the best untried one from DNS, else the next of the static list."""
+        """The relay to dial now: the best untried one from DNS, else the best untried one of the directory."""
         if self.discovery is not None and self._clock() >= self._dns_quiet_until:
             found = await self._next_discovered(self.discovery)
             if found is not None:
                 return found
-        if not self.static_urls:
+        relays = merge_relays(self.directory, self.static_urls)
+        if not relays:
             raise NoRelayAvailable(self._nothing_found())
-        url = self.static_urls[self._static_next % len(self.static_urls)]
-        return RelayTarget(url)
+        ranking = await self._ranked_directory(relays)
+        best = next(entry for entry in ranking if entry.url not in self._ranking_tried)
+        return RelayTarget(best.url, region=best.region or None)
+
+    def update_directory(self, relays: Sequence[RelayEntry]) -> bool:
+        """The Master's latest directory; whether it changed. It is ranked afresh at the next pick."""
+        relays = list(relays)
+        if relays == self.directory:
+            return False
+        self.directory = relays
+        self._ranked_at = -float("inf")
+        return True
+
+    async def _latencies(self, relays: list[RelayEntry]) -> dict[str, float | None]:
+        """Measured, unless there is no choice to make or probing is off: then all equal, and order decides."""
+        if len(relays) < 2 or not self.probe_relays:
+            return {entry.url: 0.0 for entry in relays}
+        return await probe_relays(relays, self._probe, timeout_s=self.probe_timeout_s)
+
+    async def _ranked_directory(self, relays: list[RelayEntry]) -> list[RelayEntry]:
+        """The directory ranked; probed again when it changed, when its ranking is old, or when every relay failed."""
+        stale = self._clock() - self._ranked_at >= self.directory_rank_ttl_s
+        changed = {entry.url for entry in relays} != {entry.url for entry in self._ranking}
+        exhausted = all(entry.url in self._ranking_tried for entry in relays)
+        if stale or changed or exhausted:
+            latencies = await self._latencies(relays)
+            self._ranking = rank_relays(relays, latencies, home_region=self.home_region, latency_bucket_ms=self.latency_bucket_ms)
+            self._ranked_at = self._clock()
+            if exhausted:
+                self._ranking_tried.clear()  # each one failed: every relay gets its chance again
+            self._ranking_tried &= {entry.url for entry in relays}
+        return self._ranking
 
     async def _next_discovered(self, discovery: RelayDiscovery) -> RelayTarget | None:
         try:
@@ -233,11 +289,12 @@ class RelayConnector:
         return untried
 
     def _nothing_found(self) -> str:
-        assert self.discovery is not None
+        if self.discovery is None:
+            return "neither access_urls nor the Master's relay directory name a relay: enroll again or set access_urls"
         config = self.discovery.config
         return (
             f"DNS found no live relay for region {config.region!r} under {config.domain!r} "
-            f"(nor in its fallback regions) and no access_urls are configured to fall back on"
+            f"(nor in its fallback regions), and neither access_urls nor the Master's relay directory name a relay"
         )
 
     # --- after a session -------------------------------------------------------------------------
@@ -254,7 +311,7 @@ class RelayConnector:
 
     def _step_past(self, target: RelayTarget) -> None:
         if target.candidate is None:
-            self._static_next += 1
+            self._ranking_tried.add(target.url)
             return
         assert self.discovery is not None
         self.discovery.mark_failed(target.candidate)

@@ -13,17 +13,22 @@ import time
 import msgspec
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
+from websockets.frames import CloseCode
 
 from agent.config import AgentConfig
 from agent.connector import CONNECTION_ERRORS, RelayConnector, RelayTarget
 from agent.credentials import CertificateRenewer, RenewalError, describe_expiry, recover_interrupted_renewal
+from agent.directory import load_directory, save_directory
+from agent.errors import CertificateRevoked, is_revocation
 from agent.executor import CommandExecutor
 from agent.gpus import open_collector
 from agent.host import collect_host_info
 from agent.identity import AgentIdentity
 from agent.ledger import CommandLog
 from agent.runtime import ContainerRuntime, open_runtime
-from common.errors import IdlegridError, ProtocolError, SignatureError
+from agent.simulate import parse_simulate_spec
+from agent.state import private_dir
+from common.errors import IdlegridError, ProtocolError, RuntimeFailure, SignatureError
 from common.inventory import HostInfo, Inventory
 from common.pki import CommandVerifier, client_tls_context, load_cert, verify_key_endorsement
 from common.wire import (
@@ -36,6 +41,8 @@ from common.wire import (
     Heartbeat,
     Hello,
     Ping,
+    RelayDirectory,
+    RelayEntry,
     RelayStatus,
     RenewResponse,
     ResultAck,
@@ -53,6 +60,8 @@ HELLO_REQUIRED = "hello_required"
 # under the 10 s the test harness waits before SIGKILL; what does not finish in time is in the ledger as started,
 # and resumes safely (at most once) when the Master resends it.
 STOP_GRACE_S = 5.0
+STOP_REASON = "agent stopping"  # with close code 1001 (going away): the relay tells the Master at once
+NO_RUNTIME, NO_ISOLATION = "", "none"  # what hello reports while the runtime cannot run containers
 
 
 class Agent:
@@ -67,10 +76,16 @@ class Agent:
         """``runtime``, ``ledger`` and ``host`` default to what ``config`` names; the fleet simulator passes its own,
         so thousands of agents in one process share one host description and keep no database file each."""
         self.config = config
+        if config.simulate:
+            parse_simulate_spec(config.simulate)  # a typo is a one-line error now, before anything else is read
+        private_dir(config.state_path)  # also a state directory an older agent made with the umask's mode
         if recover_interrupted_renewal(config.state_path):
             log.info("finished a certificate renewal interrupted by a restart")
         self.identity = AgentIdentity.load(config.state_path)
-        self.connector = RelayConnector.from_config(config, static_urls=config.access_urls or self.identity.access_urls)
+        self.relay_directory: list[RelayEntry] = load_directory(config.state_path)
+        self.connector = RelayConnector.from_config(
+            config, static_urls=config.access_urls or self.identity.access_urls, directory=self.relay_directory
+        )
         self.collector = open_collector(config.simulate or None, host_key=str(config.state_path.resolve()))
         self.ca_cert = load_cert(self.identity.ca_file.read_bytes())
         self.renewer = CertificateRenewer(
@@ -85,10 +100,12 @@ class Agent:
             self.verifier.retire_key(key_id)
         self.ledger = ledger if ledger is not None else CommandLog(config.state_path / "commands.db")
         if runtime is None:
-            options = {"state_dir": config.state_path} if config.runtime == "process" else {"socket": config.docker_socket}
-            runtime = open_runtime(config.runtime, **options)
+            runtime = open_runtime(config.runtime, **_runtime_options(config))
         self.runtime = runtime
-        self.executor = CommandExecutor(self.identity.agent_id, self.ledger, self.runtime, self.verifier)
+        self.runtime_problem: str | None = None  # why the runtime cannot run containers, as last probed
+        self.executor = CommandExecutor(
+            self.identity.agent_id, self.ledger, self.runtime, self.verifier, host_gpus=self.collector.inventory
+        )
         self.host: HostInfo = host if host is not None else collect_host_info(config.state_path)
         self.heartbeat_s = 5.0
         self.telemetry_s = 10.0
@@ -108,7 +125,11 @@ class Agent:
     # --- connection ----------------------------------------------------------------------------
 
     async def run(self) -> None:
-        background = [asyncio.create_task(self._bandwidth_loop())] if self.config.measure_bandwidth else []
+        """Serve until stopped; raises CertificateRevoked when a relay says this agent's certificate is revoked."""
+        await self.probe_runtime()
+        background = [asyncio.create_task(self._runtime_probe_loop())]
+        if self.config.measure_bandwidth:
+            background.append(asyncio.create_task(self._bandwidth_loop()))
         try:
             await self.connector.run(self._session, self._stopping)  # which relay, when: agent/connector.py
         finally:
@@ -128,7 +149,8 @@ class Agent:
     async def _disconnect_when_settled(self) -> None:
         await self._commands_settled()
         if self._ws is not None:
-            await self._ws.close()  # the results sent before this go out ahead of the close frame
+            # The results sent before this go out ahead of the close frame; 1001 says the agent is going away.
+            await self._ws.close(CloseCode.GOING_AWAY, STOP_REASON)
 
     async def _commands_settled(self) -> None:
         """Wait, until the stop deadline, for the commands running now; each has its result in the ledger when done."""
@@ -152,6 +174,13 @@ class Agent:
         the welcome propagate (the attempt failed); after it, the loss of the link is the session's normal end."""
         try:
             await self._connect(relay)
+        except ConnectionClosed as exc:
+            if is_revocation(exc.rcvd):
+                log.error("the relay says this agent's certificate is revoked; stopping", extra={"relay": str(relay)})
+                raise CertificateRevoked() from None
+            if not self.connected.is_set():
+                raise
+            log.warning("relay connection lost", extra={"relay": str(relay), "error": str(exc) or type(exc).__name__})
         except CONNECTION_ERRORS as exc:
             if not self.connected.is_set():
                 raise
@@ -163,7 +192,7 @@ class Agent:
 
     def tls_context(self) -> ssl.SSLContext:
         """Built again only when the certificate or key files change (a renewal): loading them costs more CPU than
-        the handshake itself, which matters when thousands of agents share a process (agent/fleet.py)."""
+        the handshake itself, which matters when thousands of agents share a process (bench/fleet_agents.py)."""
         stamp = (self.identity.cert_file.stat().st_mtime_ns, self.identity.key_file.stat().st_mtime_ns)
         if self._tls is None or self._tls[0] != stamp:
             context = client_tls_context(self.identity.ca_file, self.identity.cert_file, self.identity.key_file)
@@ -198,7 +227,14 @@ class Agent:
         await ws.send(encode(frame), text=True)
 
     def _hello(self) -> Hello:
-        inventory = Inventory(host=self.host, gpus=self.collector.inventory(), simulated=self.collector.simulated)
+        ready = self.runtime_problem is None
+        inventory = Inventory(
+            host=self.host,
+            gpus=self.collector.inventory(),
+            simulated=self.collector.simulated,
+            runtime=self.runtime.name if ready else NO_RUNTIME,
+            isolation=self.runtime.isolation if ready else NO_ISOLATION,
+        )
         return Hello(
             versions=list(PROTOCOL_VERSIONS),
             agent_version=AGENT_VERSION,
@@ -224,6 +260,8 @@ class Agent:
                 self._spawn(self._on_command(frame))
             case RelayStatus():
                 self._on_relay_status(frame)
+            case RelayDirectory():
+                self._on_relay_directory(frame.relays)
             case ResultAck():
                 self.ledger.mark_acked(frame.id)
             case Ping():
@@ -240,6 +278,8 @@ class Agent:
     def _on_welcome(self, welcome: Welcome) -> None:
         self.heartbeat_s, self.telemetry_s = welcome.heartbeat_s, welcome.telemetry_s
         self._update_keys(welcome.command_keys, welcome.key_endorsements, welcome.retired_keys)
+        if welcome.relays:  # a Master older than the directory sends none: keep the one we have
+            self._on_relay_directory(welcome.relays)
         self.connected.set()
         self._start_renewal_timer()
         log.info("welcomed by the master", extra={"agent_id": welcome.agent_id, "protocol": welcome.version})
@@ -255,6 +295,46 @@ class Agent:
             )
         else:
             log.info("relay reports the master reachable again", extra={"relay": self.relay_url, "buffered": status.buffered})
+
+    def _on_relay_directory(self, relays: list[RelayEntry]) -> None:
+        """Keep the Master's latest relay directory, on disk too, so a restarted agent can fail over along it."""
+        if not self.connector.update_directory(relays):
+            return
+        self.relay_directory = list(relays)
+        save_directory(self.config.state_path, self.relay_directory)
+        log.info("relay directory updated", extra={"relays": [f"{r.relay_id}@{r.region}" for r in relays]})
+
+    # --- the runtime -----------------------------------------------------------------------------
+
+    async def probe_runtime(self) -> bool:
+        """Ask the runtime whether it can run containers; log when that changes. Whether it changed."""
+        try:
+            await asyncio.wait_for(self.runtime.probe(), self.config.runtime_probe_timeout_s)
+            problem = None
+        except RuntimeFailure as exc:
+            problem = str(exc)
+        except TimeoutError:  # a hung engine must not keep the agent from its relay
+            problem = f"the {self.runtime.name} runtime did not answer within {self.config.runtime_probe_timeout_s:g} s"
+        if problem == self.runtime_problem:
+            return False
+        self.runtime_problem = problem
+        if problem is None:
+            log.info("container runtime ready", extra={"runtime": self.runtime.name, "isolation": self.runtime.isolation})
+        else:
+            log.error(
+                "no container runtime: this host offers nothing to run until it is fixed: %s",
+                problem,
+                extra={"runtime": self.runtime.name},
+            )
+        return True
+
+    async def _runtime_probe_loop(self) -> None:
+        """An engine started (or stopped) after the agent: a new hello tells the Master what the host offers now."""
+        while True:
+            await asyncio.sleep(self.config.runtime_probe_s)
+            if await self.probe_runtime() and self._ws is not None:
+                with contextlib.suppress(ConnectionError, ConnectionClosed):
+                    await self._send(self._hello())
 
     def _on_config(self, config: Config) -> None:
         self.heartbeat_s = config.heartbeat_s or self.heartbeat_s
@@ -385,6 +465,15 @@ class Agent:
             except (IdlegridError, ConnectionError, ConnectionClosed) as exc:
                 log.warning("bandwidth measurement failed: %s", exc)
             await asyncio.sleep(self.config.bandwidth_interval_s)
+
+
+def _runtime_options(config: AgentConfig) -> dict[str, object]:
+    if config.runtime == "process":
+        work = config.process_work_dir or None
+        return {"state_dir": config.state_path, "user": config.process_user, "work_root": work}
+    if config.runtime == "docker":
+        return {"socket": config.docker_socket}
+    return {}  # open_runtime names the runtimes it knows
 
 
 async def serve(config: AgentConfig) -> None:

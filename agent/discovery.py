@@ -305,14 +305,16 @@ class RelayDiscovery:
                 self._query(fallback_name(region, self.config.domain), "TXT"),
             ]
         )
-        fallbacks = parse_fallback((s for rdata in (txt.rrset if txt else ()) for s in rdata.strings), own_region=region)
+        txt_records = txt.rrset if txt is not None and txt.rrset is not None else None
+        fallbacks = parse_fallback((s for rdata in (txt_records or ()) for s in rdata.strings), own_region=region)
         candidates = await self._candidates(region, srv)
-        ttls = [c.ttl for c in candidates] + ([float(txt.rrset.ttl)] if txt else [])
+        ttls = [c.ttl for c in candidates] + ([float(txt_records.ttl)] if txt_records is not None else [])
         return _Region(candidates, fallbacks, min(ttls, default=None))
 
     async def _candidates(self, region: str, srv: dns.resolver.Answer | None) -> list[RelayCandidate]:
-        if srv is None:
+        if srv is None or srv.rrset is None:
             return []
+        srv_ttl = srv.rrset.ttl
         records = [r for r in srv.rrset if r.target.to_text() != "."]
         addresses = await asyncio.gather(*(self._addresses(srv, r.target) for r in records))
         return [
@@ -322,7 +324,7 @@ class RelayDiscovery:
                 region=region,
                 priority=int(r.priority),
                 weight=int(r.weight),
-                ttl=float(min([srv.rrset.ttl, *ttls])),
+                ttl=float(min([srv_ttl, *ttls])),
                 addresses=tuple(found),
             )
             for r, (found, ttls) in zip(records, addresses)
@@ -340,7 +342,7 @@ class RelayDiscovery:
             except DiscoveryError as exc:  # the probe will try the system resolver; a dead relay is dropped there
                 log.warning("relay address lookup failed", extra={"error": str(exc)})
                 return [], []
-            rrsets = [a.rrset for a in answers if a is not None]
+            rrsets = [a.rrset for a in answers if a is not None and a.rrset is not None]
         return [r.to_text() for rs in rrsets for r in rs], [float(rs.ttl) for rs in rrsets]
 
     async def _query(self, name: str, rdtype: str) -> dns.resolver.Answer | None:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-import shutil
 import ssl
 from pathlib import Path
 
 import aiohttp
+import msgspec
 
+from agent.directory import save_directory
 from agent.identity import CA_FILE, CERT_FILE, KEY_FILE, AgentIdentity
+from agent.state import PRIVATE_FILE_MODE, private_dir
 from common.errors import EnrollmentError, PKIError, SignatureError
+from common.files import write_atomically
 from common.pki import (
     generate_key,
     identity_of,
@@ -20,6 +23,7 @@ from common.pki import (
     verify_key_endorsement,
     write_private_key,
 )
+from common.wire import RelayEntry
 
 
 async def enroll(
@@ -33,7 +37,7 @@ async def enroll(
     timeout_s: float = 30.0,
 ) -> AgentIdentity:
     """Enroll this host through an Access relay's HTTPS endpoint; the private key never leaves the host."""
-    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    private_dir(state_dir)
     if not ca_file.exists():
         raise EnrollmentError(
             f"CA certificate {ca_file} not found: ask the operator for the platform's ca.crt", code="bad_request"
@@ -52,9 +56,9 @@ async def enroll(
     agent_id = identity_of(cert).id
     keys = _endorsed_keys(ca_cert, answer.get("command_keys", {}), answer.get("key_endorsements", {}))
     write_private_key(state_dir / KEY_FILE, key_to_pem(key))
-    (state_dir / CERT_FILE).write_text(answer["cert_pem"])
+    write_atomically(state_dir / CERT_FILE, answer["cert_pem"].encode(), mode=PRIVATE_FILE_MODE)
     if ca_file.resolve() != (state_dir / CA_FILE).resolve():
-        shutil.copyfile(ca_file, state_dir / CA_FILE)
+        write_atomically(state_dir / CA_FILE, ca_file.read_bytes(), mode=PRIVATE_FILE_MODE)
     urls = list(access_urls or [])
     if not urls and answer.get("agent_url"):
         urls = [answer["agent_url"]]
@@ -66,6 +70,7 @@ async def enroll(
         http_url=access_http_url,
     )
     identity.save()
+    save_directory(state_dir, _relay_directory(answer.get("relays")))
     return identity
 
 
@@ -85,6 +90,17 @@ async def _post_csr(base_url: str, ca_file: Path, payload: dict, timeout_s: floa
             f"enrollment refused ({response.status}): {error.get('message', body)}", code=error.get("code", "enrollment_refused")
         )
     return body
+
+
+def _relay_directory(listed: object) -> list[RelayEntry]:
+    """The relays the enrollment answer names (the relay passes on the Master's directory), if it names any.
+    A malformed list is dropped: the Master sends the directory again at the first welcome."""
+    if not listed:
+        return []
+    try:
+        return msgspec.convert(listed, list[RelayEntry])
+    except msgspec.ValidationError:
+        return []
 
 
 def _endorsed_keys(ca_cert, keys: dict[str, str], endorsements: dict[str, str]) -> dict[str, str]:

@@ -1,13 +1,22 @@
-"""Runs the Master's container commands: verified, at most once, each result kept until acknowledged."""
+"""Runs the Master's container commands: verified, at most once, each result kept until acknowledged.
+
+Before it starts a container with GPUs, the agent checks again what the Master already enforces (one holder per
+GPU): every GPU named must be on this host, and none held by another running container of this agent. The GPUs a
+container holds travel on it as a label (``LABEL_GPUS``, UUIDs), so the check also sees containers a previous agent
+process started. Checks and creates run one at a time, so two commands cannot both take the same GPU.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
 
+from agent.errors import GpuConflict, UnknownGpu
 from agent.ledger import CommandLog, LedgerEntry
 from agent.runtime.base import ContainerRuntime
 from common.containers import (
@@ -15,22 +24,42 @@ from common.containers import (
     LABEL_COMMAND_ID,
     LABEL_RENTAL_ID,
     ContainerInfo,
+    ContainerSpec,
     parse_create_spec,
     parse_delete_spec,
 )
 from common.errors import IdlegridError, SignatureError
+from common.inventory import GpuInfo
 from common.pki import CommandVerifier
 from common.wire import Command, CommandResult, signing_bytes
 
 log = logging.getLogger(__name__)
 
+LABEL_GPUS = "io.idlegrid.gpus"  # the UUIDs of the GPUs a container holds, comma-separated
+RUNNING = "running"
+
+
+def _no_gpus() -> Sequence[GpuInfo]:
+    return ()
+
 
 class CommandExecutor:
-    def __init__(self, agent_id: str, ledger: CommandLog, runtime: ContainerRuntime, verifier: CommandVerifier) -> None:
+    def __init__(
+        self,
+        agent_id: str,
+        ledger: CommandLog,
+        runtime: ContainerRuntime,
+        verifier: CommandVerifier,
+        *,
+        host_gpus: Callable[[], Sequence[GpuInfo]] = _no_gpus,
+    ) -> None:
+        """``host_gpus``: this host's GPUs now (the collector's inventory)."""
         self.agent_id = agent_id
         self.ledger = ledger
         self.runtime = runtime
         self.verifier = verifier
+        self.host_gpus = host_gpus
+        self._placing = asyncio.Lock()  # GPU check and create, one command at a time
 
     async def execute(self, command: Command) -> CommandResult:
         """Return the command's result, running it only if this host has never run that id."""
@@ -79,11 +108,42 @@ class CommandExecutor:
                 existing = await self.runtime.find(LABEL_COMMAND_ID, command_id)
                 if existing:
                     return existing[0]
-            return await self.runtime.create(container, labels=labels)
+            async with self._placing:
+                gpus = await self._claimable_gpus(container, command_id)
+                if gpus:
+                    labels[LABEL_GPUS] = ",".join(gpus)
+                return await self.runtime.create(container, labels=labels)
         if kind == "delete_container":
             target = parse_delete_spec(spec)
             return await self.runtime.delete(target.name, timeout_s=target.timeout_s)
         raise IdlegridError(f"this agent does not know the command kind {kind!r}", code="unknown_command")
+
+    async def _claimable_gpus(self, container: ContainerSpec, command_id: str) -> list[str]:
+        """The UUIDs of the GPUs ``container`` asks for, once sure each is on this host and free here."""
+        if not container.gpus:
+            return []
+        by_id = {gpu.uuid: gpu.uuid for gpu in self.host_gpus()}
+        by_id.update({str(gpu.index): gpu.uuid for gpu in self.host_gpus()})
+        unknown = [gpu for gpu in container.gpus if gpu not in by_id]
+        if unknown:
+            raise UnknownGpu(
+                f"container {container.name!r} asks for GPU(s) {', '.join(unknown)}, which this host does not have; "
+                f"it has {', '.join(sorted(set(by_id.values()))) or 'no GPUs'}"
+            )
+        wanted = [by_id[gpu] for gpu in container.gpus]
+        held = {}
+        for other in await self.runtime.list():
+            if other.state != RUNNING or other.labels.get(LABEL_COMMAND_ID) == command_id:
+                continue  # a repeat of this very command is the runtime's to answer (same container back)
+            for gpu in filter(None, other.labels.get(LABEL_GPUS, "").split(",")):
+                held[gpu] = other.name
+        taken = [f"{gpu} (held by container {held[gpu]!r})" for gpu in wanted if gpu in held]
+        if taken:
+            raise GpuConflict(
+                f"container {container.name!r} cannot start: GPU {', '.join(taken)} is in use on this host; "
+                "delete that container first, or ask for another GPU"
+            )
+        return wanted
 
     def _finish(
         self, command_id: str, kind: str, *, ok: bool, result: dict, error: str | None, code: str | None

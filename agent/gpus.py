@@ -8,6 +8,7 @@ card never hides the others.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -184,9 +185,13 @@ def _nvlinks(handle: Any) -> list[NvLink]:
         except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound, pynvml.NVMLError_InvalidArgument):
             break  # a PCIe card has no NVLink; an NVLink card answers InvalidArgument past its last link
         active = state == pynvml.NVML_FEATURE_ENABLED
-        remote = _optional(lambda link=link: pynvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId) if active else None
+        remote = _optional(functools.partial(_remote_bus_id, handle, link)) if active else None
         links.append(NvLink(link=link, active=active, remote_pci_bus_id=_text(remote) if remote else None))
     return links
+
+
+def _remote_bus_id(handle: Any, link: int) -> Any:
+    return pynvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId
 
 
 def _gpu_sample(handle: Any, now: float) -> GpuSample:

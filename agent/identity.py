@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agent.state import PRIVATE_FILE_MODE
 from common.errors import ConfigError
 from common.files import write_atomically
 from common.pki import identity_of, load_cert
@@ -58,4 +59,4 @@ class AgentIdentity:
             "access_urls": self.access_urls,
             "http_url": self.http_url,
         }
-        write_atomically(self.state_dir / IDENTITY_FILE, json.dumps(data, indent=2).encode())
+        write_atomically(self.state_dir / IDENTITY_FILE, json.dumps(data, indent=2).encode(), mode=PRIVATE_FILE_MODE)

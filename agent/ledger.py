@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.state import private_file
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS executed (
     id TEXT PRIMARY KEY,
@@ -43,7 +45,8 @@ class LedgerEntry:
 class CommandLog:
     def __init__(self, path: Path) -> None:
         # synchronous=FULL: a "started" mark must be on disk before the runtime acts on the command.
-        self._db = sqlite3.connect(path, isolation_level=None)
+        # 0600 before SQLite opens it: its WAL and shared-memory files take the database file's mode.
+        self._db = sqlite3.connect(private_file(path), isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import msgspec
 
+from agent.errors import SimulationSpecError
 from common.catalog import GpuModel, UnknownGpuModel, reference_gpu_info, resolve_alias
 from common.inventory import GpuInfo, GpuSample
 
@@ -28,32 +29,34 @@ _AMBIENT_C, _FULL_LOAD_RISE_C = 30.0, 50.0
 
 
 def parse_simulate_spec(spec: str) -> list[tuple[GpuModel, int]]:
-    """Models and counts from "h100:8", "h100:4,a10:2" or "rtx4090" (count 1). ValueError says what is wrong."""
+    """Models and counts from "h100:8", "h100:4,a10:2" or "rtx4090" (count 1).
+
+    SimulationSpecError (a ConfigError, and a ValueError) says what is wrong, in one line."""
     if not spec.strip():
-        raise ValueError("empty GPU simulation spec; expected e.g. 'h100:8' or 'h100:4,a10:2'")
+        raise SimulationSpecError("empty GPU simulation spec; expected e.g. 'h100:8' or 'h100:4,a10:2'")
     groups = [_parse_group(spec, item) for item in spec.split(",")]
     total = sum(count for _, count in groups)
     if total > MAX_SIMULATED_GPUS:
-        raise ValueError(f"GPU simulation spec {spec!r} asks for {total} GPUs; at most {MAX_SIMULATED_GPUS} per host")
+        raise SimulationSpecError(f"GPU simulation spec {spec!r} asks for {total} GPUs; at most {MAX_SIMULATED_GPUS} per host")
     return groups
 
 
 def _parse_group(spec: str, item: str) -> tuple[GpuModel, int]:
     name, has_count, count_text = item.partition(":")
     if not name.strip():
-        raise ValueError(f"GPU simulation spec {spec!r}: {item.strip()!r} names no GPU model; expected MODEL[:COUNT]")
+        raise SimulationSpecError(f"GPU simulation spec {spec!r}: {item.strip()!r} names no GPU model; expected MODEL[:COUNT]")
     try:
         model = resolve_alias(name.strip())
     except UnknownGpuModel as exc:
-        raise ValueError(f"GPU simulation spec {spec!r}: {exc}") from None
+        raise SimulationSpecError(f"GPU simulation spec {spec!r}: {exc}") from None
     if not has_count:
         return model, 1
     try:
         count = int(count_text.strip())
     except ValueError:
-        raise ValueError(f"GPU simulation spec {spec!r}: count {count_text.strip()!r} is not a whole number") from None
+        raise SimulationSpecError(f"GPU simulation spec {spec!r}: count {count_text.strip()!r} is not a whole number") from None
     if count < 1:
-        raise ValueError(f"GPU simulation spec {spec!r}: count for {name.strip()!r} must be at least 1, got {count}")
+        raise SimulationSpecError(f"GPU simulation spec {spec!r}: count for {name.strip()!r} must be at least 1, got {count}")
     return model, count
 
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import aiohttp
 
-from agent.fleet import AGENT_DIR_FORMAT
+from bench.fleet_agents import AGENT_DIR_FORMAT
 from bench.procs import BenchProcess, read_usage, spawn
 from bench.profile import Profiler
 from bench.provision import provision_agents
@@ -110,7 +110,7 @@ class FleetDriver:
             process = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
-                "agent.fleet",
+                "bench.fleet_agents",
                 "--control",
                 *args,
                 cwd=Path(__file__).resolve().parents[1],
@@ -174,7 +174,7 @@ class FleetDriver:
                 continue
             if answer.get("op") == "loaded" and not self._loaded.done():
                 self._loaded.set_result(answer)
-            future = self._waiting.get(answer.get("id"))  # type: ignore[arg-type]
+            future = self._waiting.get(answer.get("id"))
             if future is not None and not future.done():
                 future.set_result(answer)
         if not self._loaded.done():
@@ -369,7 +369,9 @@ class CommandTiming:
 class CommandLoad:
     """Creates at ``rate`` per second, each followed by a delete of the same container once it succeeded."""
 
-    def __init__(self, client: AsyncApiClient, agent_ids: list[str]) -> None:
+    def __init__(self, client: AsyncApiClient, agent_ids: list[str], *, gpus_per_agent: int) -> None:
+        """``gpus_per_agent``: each create asks for one GPU the host has (agents refuse a GPU they lack)."""
+        self.gpus_per_agent = gpus_per_agent
         self.client = client
         self.agent_ids = agent_ids
         self.timings: list[CommandTiming] = []
@@ -396,7 +398,7 @@ class CommandLoad:
     async def _pair(self, n: int) -> None:
         agent_id = self.agent_ids[n % len(self.agent_ids)]
         name = f"bench-{n}"
-        spec = {"name": name, "image": "bench/sleep", "command": ["sleep", "60"], "gpus": [str(n % 8)]}
+        spec = {"name": name, "image": "bench/sleep", "command": ["sleep", "60"], "gpus": [str(n % self.gpus_per_agent)]}
         created = await self._timed(agent_id, "create_container", spec)
         if created is not None and created.state == "succeeded":
             await self._timed(agent_id, "delete_container", {"name": name})
@@ -697,7 +699,7 @@ async def _hold(
     if profiler is not None:
         profiler.start(watched.named_pids(), options.duration)
     assert grid.client is not None
-    load = CommandLoad(grid.client, agent_ids)
+    load = CommandLoad(grid.client, agent_ids, gpus_per_agent=options.gpus_per_agent)
     started = time.monotonic()
     commands = asyncio.create_task(load.run(options.cmd_rate, options.duration))
     await asyncio.sleep(options.duration)

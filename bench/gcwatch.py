@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from agent.fleet import GcPauses
+from bench.fleet_agents import GcPauses
 
 WRITE_EVERY_S = 1.0
 

@@ -16,8 +16,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.fleet import agent_dir
 from agent.identity import CA_FILE, CERT_FILE, KEY_FILE, AgentIdentity
+from bench.fleet_agents import agent_dir
 from common.pki import generate_key, key_to_pem, make_csr, write_private_key
 from master.authority import Authority
 from master.config import MasterConfig

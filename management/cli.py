@@ -174,7 +174,11 @@ def _agent_parser(sub: argparse._SubParsersAction) -> None:
         metavar="SPEC",
         help="simulate GPUs instead of NVML, e.g. h100:8 or a10:2,t4:1, reported as simulated (default: none, NVML)",
     )
-    p.add_argument("--runtime", choices=["process", "docker"], help=f"container runtime (default {d.runtime})")
+    p.add_argument(
+        "--runtime",
+        choices=["docker", "process"],
+        help=f"container runtime (default {d.runtime}; process: a sandboxed host process, for demos and tests)",
+    )
     p.add_argument("--docker-socket", metavar="PATH", help=f"Docker/Podman API socket (default {d.docker_socket})")
     p.add_argument("--no-bandwidth", action="store_true", help="skip the bandwidth measurement (default: measure it)")
     p.set_defaults(func=_run_agent)

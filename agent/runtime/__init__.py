@@ -1,4 +1,4 @@
-"""Container runtimes the agent can drive: a Docker-API engine, or plain host processes."""
+"""Container runtimes the agent can drive: a Docker-API engine (the default), or sandboxed host processes."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ RUNTIMES: dict[str, type] = {"docker": DockerRuntime, "process": ProcessRuntime,
 
 def open_runtime(kind: str, **options: Any) -> ContainerRuntime:
     """``docker``: options ``socket`` (default /var/run/docker.sock), ``allow_pull``, ``timeout_s``, ``capabilities``.
-    ``process``: option ``state_dir`` (required), where the container records live.
+    ``process``: options ``state_dir`` (required), where the container records live; ``user`` (default ``nobody``,
+    "" for the agent's own) and ``work_root`` (default ``<state_dir>-work``), see agent/runtime/process.py.
     ``simulated``: options ``latency_s``, ``jitter_s``, ``failure_rate``, ``seed``; runs nothing (fleet simulator, tests)."""
     runtime = RUNTIMES.get(kind)
     if runtime is None:

@@ -18,7 +18,12 @@ class ContainerRuntime(Protocol):
     Every method raises ``RuntimeFailure`` with a message a provider can act on.
     """
 
-    name: str
+    name: str  # one of common.inventory.RUNTIMES, reported in hello
+    isolation: str  # one of common.inventory.ISOLATIONS: how well a container is kept from the host
+
+    async def probe(self) -> None:
+        """Raise ``RuntimeFailure`` saying why, when this runtime cannot run containers now (no engine reachable)."""
+        ...
 
     async def create(self, spec: ContainerSpec, *, labels: Mapping[str, str]) -> ContainerInfo:
         """Start ``spec``; if a container of that name exists with the same command id, return it instead."""

@@ -5,6 +5,7 @@ Plain HTTP through aiohttp rather than the docker SDK: the agent needs six endpo
 
 from __future__ import annotations
 
+import builtins
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -35,6 +36,7 @@ class DockerRuntime:
     """A ``ContainerRuntime`` on a Docker-API engine. Images must already be on the host unless pulling is allowed."""
 
     name = "docker"
+    isolation = "container"
 
     def __init__(
         self,
@@ -58,6 +60,10 @@ class DockerRuntime:
         return f"unix://{self.socket_path}"
 
     # --- the ContainerRuntime interface -------------------------------------------------------------
+
+    async def probe(self) -> None:
+        self._api_prefix = None  # ask again: the engine may have gone away, come back or been upgraded since
+        await self._negotiate()
 
     async def create(self, spec: ContainerSpec, *, labels: Mapping[str, str]) -> ContainerInfo:
         wanted = container_labels(spec, labels)
@@ -168,7 +174,7 @@ class DockerRuntime:
             raise RuntimeFailure(f"container {name!r} vanished from {self.url} right after it was created")
         return raw
 
-    async def _list(self, label_filter: str) -> list[ContainerInfo]:
+    async def _list(self, label_filter: str) -> builtins.list[ContainerInfo]:
         filters = json.dumps({"label": [label_filter]})
         status, body = await self._call("GET", "/containers/json", params={"all": "true", "filters": filters})
         if status != 200:

@@ -1,19 +1,30 @@
-"""Containers without an engine: each one a process session on the host, for hosts with no Docker and for the demo.
+"""Containers without an engine: each one a sandboxed process tree on the host, for hosts with no Docker and the demo.
 
 What this runtime is and is not:
 
-- The spec's ``image`` is recorded but not used: the command runs on the host's own filesystem, as the agent's user.
-  It isolates nothing; it is for trusted workloads, demos and tests.
+- Never the agent's default (that is ``docker``), and the Master offers its hosts to renters only when the operator
+  allows it: it keeps a command away from the agent and from other containers, but shares the host's kernel,
+  filesystem and network.
+- The spec's ``image`` is recorded but not used: the command runs on the host's own filesystem.
+- As an unprivileged user (``user``, default ``nobody``) when the agent runs as root, with no new privileges, in a
+  working directory of its own (``<work_root>/<name>``, 0700, owned by that user). The agent's state directory is
+  0700 and its key and database 0600, so the command cannot read them: isolation ``sandbox``. An agent that is not
+  root cannot switch users, and an empty ``user`` asks it not to: the command then runs as the agent's own user
+  and the runtime reports isolation ``none``.
+- In a PID namespace of its own (``unshare --pid --fork --kill-child``, util-linux): the shim is the namespace's
+  init, so when it dies the kernel kills everything the command started, ``setsid`` and double forks included.
+  Delete SIGTERMs every process of the namespace, then SIGKILLs what is left.
 - GPUs: ``CUDA_VISIBLE_DEVICES`` is set to the spec's GPUs (empty when none, so CUDA sees no device).
 - Memory: ``RLIMIT_AS`` (address space, not resident memory). CUDA reserves far more address space than it uses,
   so a GPU workload wants the docker runtime rather than a memory limit here.
 - CPU: a coarse limit. The process is pinned to ``ceil(cpus)`` cores, preferring cores no other container holds;
   half a CPU becomes one whole core.
 
-Each container is a ``/bin/sh`` shim in a new session that waits on a pipe for "go", then runs the command and
-writes its exit code to a file. The agent sets the limits and writes the record (pid and kernel start time, which
-tells a live process from a reused pid) before it sends "go", so a command never runs without a record: an agent
-killed in between leaves a shim that reads end-of-file and exits without running anything. Records live in
+Each container is a ``/bin/sh`` shim that waits on a pipe for "go", then runs the command and writes its exit code
+to a file the agent opened for it (the command itself cannot open it). The agent sets the limits and writes
+the record (the shim's pid, its kernel start time, which tells a live process from a reused pid, and its PID
+namespace) before it sends "go", so a command never runs without a record: an agent killed in between leaves a
+shim that reads end-of-file and exits without running anything. Records live in
 ``<state_dir>/containers/<name>.json``, so a new agent process finds, inspects and deletes what an old one started;
 the processes themselves, in their own sessions, live through an agent restart.
 """
@@ -21,10 +32,12 @@ the processes themselves, in their own sessions, live through an agent restart.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
+import logging
 import math
 import os
-import resource
+import pwd
 import shutil
 import signal
 import subprocess
@@ -38,27 +51,42 @@ from pathlib import Path
 import msgspec
 
 from agent.runtime.base import STATE_REMOVED, check_same_command, container_labels
+from agent.state import PRIVATE_FILE_MODE, private_dir
 from common.containers import LABEL_COMMAND_ID, ContainerInfo, ContainerSpec
-from common.errors import RuntimeFailure
+from common.errors import ConfigError, RuntimeFailure
 from common.files import write_atomically
+
+log = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SHELL = "/bin/sh"
+UNSHARE = "unshare"
+SETPRIV = "setpriv"
+PRLIMIT = "prlimit"
+TASKSET = "taskset"
+DEFAULT_USER = "nobody"
+# The shim's standard error is the exit file, which only the agent could open: the command's own standard error goes
+# to the log with its output, and the shim writes the command's exit code there. (The shell cannot redirect a file
+# descriptor numbered above 9, so the exit file cannot simply be passed as one more descriptor.)
 # The shim runs nothing unless the agent wrote the record first (see the module's docstring). Its trap (a handler,
-# which exec resets, not an ignore, which the command would inherit) keeps it alive through a SIGTERM to the session
-# until the command itself has exited, so "running" means the command runs and the code written is the command's.
+# which exec resets, not an ignore, which the command would inherit) keeps it alive through a SIGTERM to the
+# namespace until the command itself has exited, so "running" means the command runs and the code written is the
+# command's. As the namespace's init it only receives signals it has a handler for, and SIGKILL from outside.
 SHIM = """trap : TERM INT HUP
-exit_file=$1; shift
 IFS= read -r go
 [ "$go" = go ] || exit 125
-"$@"
+"$@" 2>&1
 code=$?
-echo "$code" > "$exit_file"
+echo "$code" >&2
 exit "$code"
 """
 KILL_GRACE_S = 5.0  # how long SIGKILLed processes get to disappear before delete gives up
+SPAWN_TIMEOUT_S = 5.0  # how long unshare gets to start the namespace's init
 POLL_S = 0.05
+MAX_LAUNCH_ERROR_CHARS = 300
+ISOLATION_SANDBOX = "sandbox"
+ISOLATION_NONE = "none"
 
 
 class ProcessRecord(msgspec.Struct, kw_only=True):
@@ -66,8 +94,9 @@ class ProcessRecord(msgspec.Struct, kw_only=True):
 
     id: str
     name: str
-    pid: int
+    pid: int  # the shim: init of the container's PID namespace, as the host numbers it
     start_ticks: int  # field 22 of /proc/<pid>/stat
+    pid_namespace: str = ""  # readlink of /proc/<pid>/ns/pid, e.g. "pid:[4026532281]"
     labels: dict[str, str]
     spec: ContainerSpec
     created_at: float
@@ -75,16 +104,33 @@ class ProcessRecord(msgspec.Struct, kw_only=True):
 
 
 class ProcessRuntime:
-    """A ``ContainerRuntime`` that runs each spec's command as a host process session."""
+    """A ``ContainerRuntime`` that runs each spec's command as a sandboxed process tree on the host."""
 
     name = "process"
 
-    def __init__(self, state_dir: str | Path) -> None:
-        self.root = Path(state_dir) / "containers"
-        self.root.mkdir(parents=True, exist_ok=True)
+    def __init__(self, state_dir: str | Path, *, user: str = DEFAULT_USER, work_root: str | Path | None = None) -> None:
+        state = Path(state_dir)
+        self.root = private_dir(private_dir(state) / "containers")
+        self.work_root = Path(work_root) if work_root is not None else state.parent / f"{state.name}-work"
+        self.work_root.mkdir(parents=True, exist_ok=True)
         self._children: dict[str, subprocess.Popen[bytes]] = {}  # by record id: the processes this instance started
+        self._switch_to = _unprivileged_user(user)
+        if self._switch_to is None:
+            why = "the agent is not root, so it cannot switch users" if user else "process_user is empty"
+            log.warning(
+                "%s: process-runtime commands run as the agent's own user and could read its files; reporting isolation 'none'",
+                why,
+                extra={"uid": os.geteuid()},
+            )
+        self.isolation = ISOLATION_SANDBOX if self._switch_to is not None else ISOLATION_NONE
 
     # --- the ContainerRuntime interface -------------------------------------------------------------
+
+    async def probe(self) -> None:
+        """Ready whenever util-linux is there: checked here so a host without it says so before taking work."""
+        for tool in (UNSHARE, SETPRIV, PRLIMIT, TASKSET):
+            if shutil.which(tool) is None:
+                raise RuntimeFailure(f"the process runtime needs {tool!r} (util-linux) on PATH; install util-linux")
 
     async def create(self, spec: ContainerSpec, *, labels: Mapping[str, str]) -> ContainerInfo:
         # No await from the look-up to the record being written, so two creates on this loop cannot interleave.
@@ -98,7 +144,7 @@ class ProcessRuntime:
         record = self._load(name)
         if record is None:
             return None
-        await _end_session(record, timeout_s)
+        await _end_namespace(record, timeout_s)
         await self._reaped(record)
         info = self._info(record)
         self._forget(record)
@@ -117,6 +163,10 @@ class ProcessRuntime:
     async def close(self) -> None:
         """Nothing to stop: containers outlive the agent by design, and reaper threads are daemons."""
 
+    def workdir(self, name: str) -> Path:
+        """The container's working directory and HOME, owned by the user it runs as."""
+        return self.work_root / name
+
     # --- launching ----------------------------------------------------------------------------------
 
     def _launch(self, spec: ContainerSpec, labels: dict[str, str]) -> ProcessRecord:
@@ -125,28 +175,60 @@ class ProcessRuntime:
                 f"container {spec.name!r} has no command; the process runtime runs the spec's command on the host "
                 f"and cannot use the image's default ({spec.image!r} is not used)"
             )
-        workdir = self._workdir(spec.name)
+        workdir = self.workdir(spec.name)
         env = child_env(spec, home=workdir)
         _require_executable(spec, env["PATH"], workdir)
-        workdir.mkdir(parents=True, exist_ok=True)
+        self._make_workdir(workdir)
         exit_file = self._path(spec.name, ".exit")
         exit_file.unlink(missing_ok=True)
-        with open(self._path(spec.name, ".log"), "ab") as log:
-            proc = subprocess.Popen(
-                [SHELL, "-c", SHIM, "idlegrid-shim", str(exit_file), *spec.command],
-                stdin=subprocess.PIPE,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=workdir,
-                env=env,
-                start_new_session=True,
-            )
+        cores = self._pick_cores(spec.cpus)
+        shim = [SHELL, "-c", SHIM, "idlegrid-shim", *spec.command]
+        exit_fd = os.open(exit_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE_MODE)
         try:
-            record = self._record(spec, labels, proc.pid)
-            _apply_limits(proc.pid, spec, record.cores)
+            with open(self._path(spec.name, ".log"), "ab") as output:
+                os.fchmod(output.fileno(), PRIVATE_FILE_MODE)
+                proc = subprocess.Popen(
+                    [*self._sandbox(), *_limits(spec, cores), *self._drop_privileges(), *shim],
+                    stdin=subprocess.PIPE,
+                    stdout=output,
+                    stderr=exit_fd,
+                    cwd=workdir,
+                    env=env,
+                    start_new_session=True,
+                )
+        finally:
+            os.close(exit_fd)
+        return self._start(spec, labels, proc, cores)
+
+    def _sandbox(self) -> builtins.list[str]:
+        """Puts what follows in a PID namespace of its own, as its init. /proc stays the host's (no mount namespace):
+        the command sees the host's process list as any unprivileged user does, and can name its own host pid."""
+        # Not root: a user namespace is what lets an unprivileged user make the PID namespace.
+        user = ["--user", "--map-current-user"] if self._switch_to is None else []
+        return [UNSHARE, *user, "--pid", "--fork", "--kill-child", "--"]
+
+    def _drop_privileges(self) -> builtins.list[str]:
+        """As root: become the unprivileged user, with no supplementary groups and no way back (no setuid gains)."""
+        if self._switch_to is None:
+            return []
+        uid, gid = self._switch_to
+        return [SETPRIV, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--no-new-privs", "--"]
+
+    def _make_workdir(self, workdir: Path) -> None:
+        workdir.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(workdir, 0o700)
+        if self._switch_to is not None:
+            os.chown(workdir, *self._switch_to)
+
+    def _start(
+        self, spec: ContainerSpec, labels: dict[str, str], proc: subprocess.Popen[bytes], cores: builtins.list[int]
+    ) -> ProcessRecord:
+        try:
+            init = _namespace_init(proc, spec.name, self._path(spec.name, ".exit"))
+            record = self._record(spec, labels, init, cores)
             self._save(record)
         except BaseException:
-            proc.kill()  # never got "go": nothing of the command ran
+            proc.kill()  # never got "go": nothing of the command ran (--kill-child takes the shim along)
             proc.communicate()
             self._discard(spec.name)
             raise
@@ -156,22 +238,24 @@ class ProcessRuntime:
         self._adopt(record, proc)
         return record
 
-    def _record(self, spec: ContainerSpec, labels: dict[str, str], pid: int) -> ProcessRecord:
+    def _record(self, spec: ContainerSpec, labels: dict[str, str], pid: int, cores: builtins.list[int]) -> ProcessRecord:
         ticks = _stat(pid)
-        if ticks is None:  # the shim is still waiting for "go" and unreaped, so /proc/<pid> must exist
+        namespace = _pid_namespace(pid)
+        if ticks is None or namespace is None:  # the shim is still waiting for "go", so /proc/<pid> must exist
             raise RuntimeFailure(f"the process started for container {spec.name!r} vanished at once")
         return ProcessRecord(
             id=uuid.uuid4().hex,
             name=spec.name,
             pid=pid,
             start_ticks=ticks[2],
+            pid_namespace=namespace,
             labels=labels,
             spec=spec,
             created_at=time.time(),
-            cores=self._pick_cores(spec.cpus),
+            cores=cores,
         )
 
-    def _pick_cores(self, cpus: float | None) -> list[int]:
+    def _pick_cores(self, cpus: float | None) -> builtins.list[int]:
         if cpus is None:
             return []
         allowed = sorted(os.sched_getaffinity(0))
@@ -205,17 +289,14 @@ class ProcessRuntime:
         )
 
     def _exit_code(self, record: ProcessRecord) -> int | None:
+        """The code the shim wrote; none written means the shim was SIGKILLed (by delete, or the OOM killer): as the
+        namespace's init it receives no other signal it has no handler for, and it writes before it exits."""
         try:
             return int(self._path(record.name, ".exit").read_text())
         except (OSError, ValueError):
-            pass  # killed before the shim could write it, or not finished writing
-        proc = self._children.get(record.id)
-        code = proc.poll() if proc is not None else None
-        if code is not None and code < 0:
-            return 128 - code  # killed by a signal: the shell's (and Docker's) convention
-        return code
+            return 128 + signal.SIGKILL  # the shell's (and Docker's) convention for a process killed by a signal
 
-    def _records(self) -> list[ProcessRecord]:
+    def _records(self) -> builtins.list[ProcessRecord]:
         names = sorted(path.stem for path in self.root.glob("*.json"))
         return [record for record in map(self._load, names) if record is not None]
 
@@ -228,7 +309,7 @@ class ProcessRuntime:
             raise RuntimeFailure(f"the record of container {name!r} in {self.root} is unreadable: {exc}") from exc
 
     def _save(self, record: ProcessRecord) -> None:
-        write_atomically(self._path(record.name, ".json"), msgspec.json.encode(record))
+        write_atomically(self._path(record.name, ".json"), msgspec.json.encode(record), mode=PRIVATE_FILE_MODE)
 
     def _forget(self, record: ProcessRecord) -> None:
         self._discard(record.name)
@@ -237,13 +318,10 @@ class ProcessRuntime:
     def _discard(self, name: str) -> None:
         for suffix in (".json", ".exit", ".log"):
             self._path(name, suffix).unlink(missing_ok=True)
-        shutil.rmtree(self._workdir(name), ignore_errors=True)
+        shutil.rmtree(self.workdir(name), ignore_errors=True)
 
     def _path(self, name: str, suffix: str) -> Path:
         return self.root / f"{name}{suffix}"
-
-    def _workdir(self, name: str) -> Path:
-        return self.root / f"{name}.d"
 
 
 def child_env(spec: ContainerSpec, *, home: Path) -> dict[str, str]:
@@ -264,17 +342,16 @@ def _require_executable(spec: ContainerSpec, path: str, workdir: Path) -> None:
         )
 
 
-def _apply_limits(pid: int, spec: ContainerSpec, cores: list[int]) -> None:
-    # Set on the waiting shim rather than in a preexec_fn (unsafe once the agent has threads); the command,
-    # forked after "go", inherits both.
-    try:
-        if spec.memory_mib is not None:
-            limit = spec.memory_mib * MIB
-            resource.prlimit(pid, resource.RLIMIT_AS, (limit, limit))
-        if cores:
-            os.sched_setaffinity(pid, cores)
-    except OSError as exc:
-        raise RuntimeFailure(f"cannot apply the limits of container {spec.name!r}: {exc}") from exc
+def _limits(spec: ContainerSpec, cores: list[int]) -> list[str]:
+    """util-linux commands that set the container's limits on themselves and exec on: the agent may lack
+    CAP_SYS_RESOURCE (as in a container), so it could not set them later on a process of another user."""
+    argv = []
+    if spec.memory_mib is not None:
+        limit = spec.memory_mib * MIB
+        argv += [PRLIMIT, f"--as={limit}:{limit}", "--"]
+    if cores:
+        argv += [TASKSET, "--cpu-list", ",".join(map(str, cores))]  # taskset takes no "--"
+    return argv
 
 
 def _stat(pid: int) -> tuple[str, int, int] | None:
@@ -292,34 +369,66 @@ def _alive(record: ProcessRecord) -> bool:
     return stat is not None and stat[2] == record.start_ticks and stat[0] not in "ZX"
 
 
-def _session_members(record: ProcessRecord) -> list[int]:
-    """Live processes of the container's session: the shim and everything it started that did not call setsid."""
-    leader = _stat(record.pid)
-    if leader is not None and leader[2] != record.start_ticks:
-        # Linux reuses no pid still in use as a session id, so the number being taken means our session is over.
+def _pid_namespace(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+
+
+def _namespace_init(launcher: subprocess.Popen[bytes], name: str, exit_file: Path) -> int:
+    """The host pid of the shim: the child unshare forked into the new PID namespace."""
+    ours = _pid_namespace(os.getpid())
+    children = Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children")
+    deadline = time.monotonic() + SPAWN_TIMEOUT_S
+    while time.monotonic() < deadline:
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            for pid in map(int, children.read_text().split()):
+                if _pid_namespace(pid) not in (None, ours):
+                    return pid
+        if launcher.poll() is not None:
+            break
+        time.sleep(POLL_S / 10)
+    said = exit_file.read_text(errors="replace").strip()[-MAX_LAUNCH_ERROR_CHARS:]  # unshare's own complaint
+    raise RuntimeFailure(
+        f"could not start container {name!r} in a PID namespace of its own ({UNSHARE} exited with "
+        f"{launcher.poll()}: {said or 'no message'}); the process runtime needs util-linux and, unless the agent "
+        "runs as root, unprivileged user namespaces"
+    )
+
+
+def namespace_members(record: ProcessRecord) -> list[int]:
+    """Live processes in the container's PID namespace: the shim and everything the command started, whatever it
+    did (setsid, double forks) to leave its session."""
+    init = _stat(record.pid)
+    if init is None or init[2] != record.start_ticks:
+        # The init is gone (and with it, by the kernel's hand, the namespace's processes) or its pid reused.
         return []
     members = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
-        stat = _stat(int(entry.name))
-        # The shim's descendants started no earlier than it: older processes in a same-numbered session are not ours.
-        if stat is not None and stat[1] == record.pid and stat[2] >= record.start_ticks and stat[0] not in "ZX":
-            members.append(int(entry.name))
+        pid = int(entry.name)
+        stat = _stat(pid)
+        # Started no earlier than the shim: a namespace id can only be reused after this one is gone.
+        if stat is None or stat[0] in "ZX" or stat[2] < record.start_ticks:
+            continue
+        if _pid_namespace(pid) == record.pid_namespace:
+            members.append(pid)
     return members
 
 
-async def _end_session(record: ProcessRecord, timeout_s: float) -> None:
-    """SIGTERM the whole session, SIGKILL what is left after ``timeout_s``."""
+async def _end_namespace(record: ProcessRecord, timeout_s: float) -> None:
+    """SIGTERM every process of the namespace, SIGKILL what is left after ``timeout_s``."""
     for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, KILL_GRACE_S)):
-        members = _session_members(record)
+        members = namespace_members(record)
         if not members:
             return
         _signal(members, sig)
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline and members:
             await asyncio.sleep(POLL_S)
-            members = _session_members(record)
+            members = namespace_members(record)
         if not members:
             return
     raise RuntimeFailure(f"processes {members} of container {record.name!r} survived SIGKILL")
@@ -329,3 +438,19 @@ def _signal(pids: list[int], sig: signal.Signals) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):  # exited meanwhile
             os.kill(pid, sig)
+
+
+def _unprivileged_user(user: str) -> tuple[int, int] | None:
+    """(uid, gid) to run commands as, or None when the agent does not switch users: it is not root, or ``user`` is
+    empty (the operator's choice, for a trusted host or a test grid that must see what commands write)."""
+    if os.geteuid() != 0 or not user:
+        return None
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        raise ConfigError(
+            f"the process runtime's user {user!r} does not exist on this host: create it or set process_user"
+        ) from None
+    if entry.pw_uid == 0:
+        raise ConfigError(f"the process runtime's user {user!r} is root: choose an unprivileged user (process_user)")
+    return entry.pw_uid, entry.pw_gid

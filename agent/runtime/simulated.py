@@ -34,6 +34,8 @@ class SimulatedRuntime:
     and then fails with probability ``failure_rate``."""
 
     name = "simulated"
+    # It stands in for an engine host in the fleet simulator and benchmarks, so the Master treats it like one.
+    isolation = "container"
 
     def __init__(
         self,
@@ -55,6 +57,9 @@ class SimulatedRuntime:
         self._rng = random.Random(seed)
         self._containers: dict[str, ContainerInfo] = {}
         self.journal: list[Execution] = journal if journal is not None else []
+
+    async def probe(self) -> None:
+        """Always ready: it runs nothing."""
 
     async def create(self, spec: ContainerSpec, *, labels: Mapping[str, str]) -> ContainerInfo:
         merged = container_labels(spec, labels)

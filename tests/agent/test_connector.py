@@ -125,7 +125,7 @@ async def test_with_no_live_relay_anywhere_and_no_static_list_it_says_what_it_tr
     for relay in relays.values():
         await relay.close()
 
-    with pytest.raises(NoRelayAvailable, match="region 'a'.*no access_urls"):
+    with pytest.raises(NoRelayAvailable, match="region 'a'.*neither access_urls nor the Master's relay directory"):
         await connector_of(dns).next_relay()
 
 

@@ -1,5 +1,6 @@
 """The agent's executor: only verified commands run, each id at most once, across restarts."""
 
+import asyncio
 import time
 
 import pytest
@@ -7,6 +8,7 @@ import pytest
 from agent.executor import CommandExecutor
 from agent.ledger import CommandLog
 from agent.runtime.process import ProcessRuntime
+from common.inventory import GpuInfo
 from common.pki import CommandSigner, CommandVerifier
 from common.wire import Command, CommandBody, signing_bytes
 
@@ -31,15 +33,16 @@ def command(signer, kind="create_container", spec=None, *, command_id="cmd-1", a
     return Command(body=body, signature=signer.sign(signing_bytes(body)))
 
 
-def executor(tmp_path, signer):
+def executor(tmp_path, signer, gpus=()):
     verifier = CommandVerifier({signer.key_id: signer.public_key_b64()})
-    runtime = ProcessRuntime(state_dir=tmp_path)
-    return CommandExecutor(AGENT, CommandLog(tmp_path / "commands.db"), runtime, verifier), runtime
+    runtime = ProcessRuntime(state_dir=tmp_path / "state", work_root=tmp_path / "work")
+    ledger = CommandLog(tmp_path / "state" / "commands.db")
+    return CommandExecutor(AGENT, ledger, runtime, verifier, host_gpus=lambda: list(gpus)), runtime
 
 
 async def test_a_command_runs_once_even_when_delivered_again_after_a_restart(tmp_path, signer):
-    runs = tmp_path / "runs"
-    spec = {"name": "once", "image": "none", "command": ["sh", "-c", f"echo x >> {runs}; sleep 30"]}
+    runs = tmp_path / "work" / "once" / "runs"  # the container's own working directory
+    spec = {"name": "once", "image": "none", "command": ["sh", "-c", "echo x >> runs; sleep 30"]}
     cmd = command(signer, spec=spec)
     first, runtime = executor(tmp_path, signer)
     result = await first.execute(cmd)
@@ -55,8 +58,8 @@ async def test_a_command_runs_once_even_when_delivered_again_after_a_restart(tmp
 
 
 async def test_a_command_started_before_a_crash_is_not_run_twice(tmp_path, signer):
-    runs = tmp_path / "runs"
-    spec = {"name": "crash", "image": "none", "command": ["sh", "-c", f"echo x >> {runs}; sleep 30"]}
+    runs = tmp_path / "work" / "crash" / "runs"
+    spec = {"name": "crash", "image": "none", "command": ["sh", "-c", "echo x >> runs; sleep 30"]}
     cmd = command(signer, spec=spec, command_id="cmd-crash")
     first, runtime = executor(tmp_path, signer)
     await first.execute(cmd)
@@ -100,3 +103,65 @@ async def test_an_invalid_spec_or_a_late_command_fails_cleanly(tmp_path, signer)
     assert {e.id for e in ex.ledger.unacked()} == {"c4", "c5"}
     ex.ledger.mark_acked("c4")
     assert [r.id for r in ex.pending_results()] == ["c5"]
+
+
+def gpu(index, uuid):
+    return GpuInfo(
+        index=index, uuid=uuid, name="A10", pci_bus_id=f"0000:0{index}:00", memory_total_mib=24576, compute_capability="8.6"
+    )
+
+
+HOST_GPUS = [gpu(0, "GPU-aaaa"), gpu(1, "GPU-bbbb")]
+
+
+def sleeper(name, gpus):
+    return {"name": name, "image": "none", "command": ["sleep", "300"], "gpus": gpus}
+
+
+async def test_a_gpu_held_by_another_running_container_is_refused_with_gpu_conflict(tmp_path, signer):
+    ex, runtime = executor(tmp_path, signer, HOST_GPUS)
+    try:
+        first = await ex.execute(command(signer, spec=sleeper("first", ["GPU-aaaa"]), command_id="cmd-first"))
+        assert first.ok, first
+        # The same GPU again, named by its index this time: still the one the first container holds.
+        second = await ex.execute(command(signer, spec=sleeper("second", ["1", "0"]), command_id="cmd-second"))
+        assert (second.ok, second.error_code) == (False, "gpu_conflict")
+        assert "GPU-aaaa (held by container 'first')" in second.error
+        assert await runtime.inspect("second") is None  # nothing started
+
+        free = await ex.execute(command(signer, spec=sleeper("third", ["GPU-bbbb"]), command_id="cmd-third"))
+        assert free.ok, free
+    finally:
+        for name in ("first", "second", "third"):
+            await runtime.delete(name, timeout_s=0)
+
+
+async def test_a_gpu_freed_by_delete_can_be_taken_again(tmp_path, signer):
+    ex, runtime = executor(tmp_path, signer, HOST_GPUS)
+    try:
+        assert (await ex.execute(command(signer, spec=sleeper("old", ["GPU-aaaa"]), command_id="cmd-old"))).ok
+        deleted = await ex.execute(command(signer, "delete_container", {"name": "old", "timeout_s": 0}, command_id="cmd-del"))
+        assert deleted.ok, deleted
+        assert (await ex.execute(command(signer, spec=sleeper("new", ["GPU-aaaa"]), command_id="cmd-new"))).ok
+    finally:
+        await runtime.delete("new", timeout_s=0)
+
+
+async def test_a_gpu_this_host_does_not_have_is_refused_with_unknown_gpu(tmp_path, signer):
+    ex, runtime = executor(tmp_path, signer, HOST_GPUS)
+    result = await ex.execute(command(signer, spec=sleeper("ghost", ["GPU-zzzz"]), command_id="cmd-ghost"))
+    assert (result.ok, result.error_code) == (False, "unknown_gpu")
+    assert "GPU(s) GPU-zzzz, which this host does not have; it has GPU-aaaa, GPU-bbbb" in result.error
+    assert await runtime.inspect("ghost") is None
+
+
+async def test_two_commands_for_one_gpu_at_once_start_only_one_container(tmp_path, signer):
+    ex, runtime = executor(tmp_path, signer, HOST_GPUS)
+    try:
+        results = await asyncio.gather(
+            *(ex.execute(command(signer, spec=sleeper(f"race-{i}", ["GPU-bbbb"]), command_id=f"cmd-race-{i}")) for i in range(3))
+        )
+        assert sorted((r.ok, r.error_code) for r in results) == [(False, "gpu_conflict"), (False, "gpu_conflict"), (True, None)]
+    finally:
+        for i in range(3):
+            await runtime.delete(f"race-{i}", timeout_s=0)

@@ -1,9 +1,13 @@
-"""The process runtime: real subprocesses, records that outlive the agent, whole sessions killed on delete."""
+"""The process runtime: real subprocesses as an unprivileged user in their own PID namespace, records that outlive
+the agent, every process of a container killed on delete. These tests run as root (the agent's production case), so
+the commands run as ``nobody``; they write what they saw into their own working directory."""
 
 import asyncio
 import json
 import os
+import pwd
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
@@ -13,10 +17,12 @@ from pathlib import Path
 import pytest
 
 import agent.runtime.process as process_module
+from agent.identity import KEY_FILE
 from agent.runtime import open_runtime
 from agent.runtime.process import ProcessRuntime
 from common.containers import LABEL_AGENT_ID, LABEL_COMMAND_ID, ContainerSpec
 from common.errors import ConfigError, RuntimeFailure
+from common.pki import write_private_key
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -68,9 +74,13 @@ def record(tmp_path, name):
     return json.loads((tmp_path / "state" / "containers" / f"{name}.json").read_text())
 
 
+def load_record(runtime, name):
+    return runtime._load(name)
+
+
 async def test_a_container_is_a_process_with_its_gpus_env_and_memory_limit(runtime, tmp_path):
-    out = tmp_path / "seen"
-    script = publish(out, "env; cat /proc/self/limits") + "; sleep 300"
+    out = runtime.workdir("job") / "seen"
+    script = publish("seen", "env; cat /proc/self/limits") + "; sleep 300"
     job = shell(
         "job",
         script,
@@ -90,8 +100,8 @@ async def test_a_container_is_a_process_with_its_gpus_env_and_memory_limit(runti
 
 
 async def test_a_container_without_gpus_sees_none_and_is_pinned_to_whole_cores(runtime, tmp_path):
-    out = tmp_path / "seen"
-    script = publish(out, "env; grep Cpus_allowed_list /proc/self/status") + "; sleep 300"
+    out = runtime.workdir("cpu-job") / "seen"
+    script = publish("seen", "env; grep Cpus_allowed_list /proc/self/status") + "; sleep 300"
     await runtime.create(shell("cpu-job", script, cpus=0.5), labels=labels("cmd-2"))
     seen = (await wait_until(lambda: file_text(out), "the command's env")).splitlines()
     assert "CUDA_VISIBLE_DEVICES=" in seen
@@ -100,12 +110,14 @@ async def test_a_container_without_gpus_sees_none_and_is_pinned_to_whole_cores(r
 
 
 async def test_a_new_runtime_on_the_same_state_dir_finds_inspects_and_deletes_the_container(runtime, tmp_path):
-    pids = tmp_path / "pids"
-    # The command starts a child of its own: delete must end the whole session, not just the first process.
+    pids = runtime.workdir("shared") / "pids"
+    # The command starts a child of its own: delete must end the whole container, not just the first process.
     created = await runtime.create(
-        shell("shared", "sleep 300 & " + publish(pids, "echo $$ $!") + "; wait"), labels=labels("cmd-3")
+        shell("shared", "sleep 300 & " + publish("pids", "echo $$ $!") + "; wait"), labels=labels("cmd-3")
     )
-    shell_pid, child_pid = map(int, (await wait_until(lambda: file_text(pids), "the pids")).split())
+    await wait_until(lambda: file_text(pids), "the pids")
+    members = process_module.namespace_members(load_record(runtime, "shared"))
+    assert len(members) == 3  # the shim, the command's shell and its sleep
 
     restarted = ProcessRuntime(tmp_path / "state")
     assert [c.id for c in await restarted.find(LABEL_COMMAND_ID, "cmd-3")] == [created.id]
@@ -116,22 +128,23 @@ async def test_a_new_runtime_on_the_same_state_dir_finds_inspects_and_deletes_th
     deleted = await restarted.delete("shared", timeout_s=5)
     assert deleted.id == created.id and deleted.state == "removed"
     assert deleted.exit_code == 143  # ended by SIGTERM; known to a runtime that is not its parent, from the shim's file
-    assert not alive(shell_pid) and not alive(child_pid)
+    assert not any(map(alive, members))
     assert await restarted.inspect("shared") is None and await runtime.inspect("shared") is None
     assert await restarted.delete("shared") is None
 
 
 async def test_a_session_that_ignores_sigterm_is_killed_after_the_timeout(runtime, tmp_path):
-    ready = tmp_path / "ready"
+    ready = runtime.workdir("stubborn") / "ready"
     await runtime.create(
-        shell("stubborn", "trap '' TERM; sleep 300 & " + publish(ready, "echo $!") + "; wait"), labels=labels("cmd-4")
+        shell("stubborn", "trap '' TERM; sleep 300 & " + publish("ready", "echo $!") + "; wait"), labels=labels("cmd-4")
     )
-    child = int(await wait_until(lambda: file_text(ready), "the command to start"))
+    await wait_until(lambda: file_text(ready), "the command to start")
+    members = process_module.namespace_members(load_record(runtime, "stubborn"))
     started = time.monotonic()
     deleted = await runtime.delete("stubborn", timeout_s=0.5)
     assert time.monotonic() - started >= 0.5
     assert deleted.exit_code == 137  # SIGKILL, reported as a shell (and Docker) would
-    assert not alive(child)
+    assert members and not any(map(alive, members))
 
 
 async def test_an_exited_process_is_reaped_and_reports_its_exit_code(runtime, tmp_path):
@@ -150,8 +163,8 @@ async def exited(runtime, name):
 
 
 async def test_creating_twice_under_one_command_id_returns_the_same_container(runtime, tmp_path):
-    runs = tmp_path / "runs"
-    job = shell("twice", f"echo run >> {runs}; sleep 300")  # appends: a second run would show
+    runs = runtime.workdir("twice") / "runs"
+    job = shell("twice", "echo run >> runs; sleep 300")  # appends: a second run would show
     first = await runtime.create(job, labels=labels("cmd-6"))
     again = await ProcessRuntime(tmp_path / "state").create(job, labels=labels("cmd-6"))
     assert again.id == first.id and again.state == "running"
@@ -195,14 +208,15 @@ async def test_containers_outlive_an_agent_killed_with_sigkill(tmp_path):
 
 
 async def test_a_command_never_runs_when_its_record_could_not_be_written(tmp_path, monkeypatch):
-    witness = tmp_path / "ran"
+    runtime = ProcessRuntime(tmp_path / "state")
+    witness = runtime.workdir("unrecorded") / "ran"
 
-    def disk_full(path, data):
+    def disk_full(path, data, **options):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(process_module, "write_atomically", disk_full)
     with pytest.raises(OSError, match="No space left"):
-        await ProcessRuntime(tmp_path / "state").create(shell("unrecorded", f"touch {witness}"), labels=labels("cmd-10"))
+        await runtime.create(shell("unrecorded", "touch ran"), labels=labels("cmd-10"))
     await asyncio.sleep(0.3)
     assert not witness.exists()
 
@@ -219,3 +233,61 @@ def test_the_process_runtime_needs_a_state_dir(tmp_path):
     assert open_runtime("process", state_dir=tmp_path).name == "process"
     with pytest.raises(ConfigError, match="bad options for the process runtime"):
         open_runtime("process")
+
+
+def host_processes_running(marker):
+    """Pids of every process on the host whose command line holds ``marker``, whatever namespace it is in."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and alive(int(entry.name)):
+            try:
+                if marker in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                    found.append(int(entry.name))
+            except (FileNotFoundError, ProcessLookupError):
+                pass
+    return found
+
+
+async def test_a_container_that_calls_setsid_and_double_forks_leaves_nothing_behind_after_delete(runtime):
+    # Two escapes from the container's session: a setsid'd sleeper, and a double fork whose grandchild is orphaned.
+    script = "setsid sleep 3001 & sh -c 'sleep 3002 & exit 0'; " + publish("ready", "echo started") + "; sleep 3003"
+    await runtime.create(shell("escaper", script), labels=labels("cmd-13"))
+    await wait_until(lambda: file_text(runtime.workdir("escaper") / "ready"), "the command to start")
+    for marker in ("sleep 3001", "sleep 3002", "sleep 3003"):
+        await wait_until(lambda m=marker: asyncio.sleep(0, host_processes_running(m)), f"{marker} to run")
+
+    deleted = await runtime.delete("escaper", timeout_s=1)
+
+    assert deleted.state == "removed"
+    for marker in ("sleep 3001", "sleep 3002", "sleep 3003"):
+        assert host_processes_running(marker) == [], f"{marker} outlived delete_container"
+
+
+async def test_a_container_runs_as_an_unprivileged_user_and_cannot_read_the_agents_key(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("needs root: an agent that is not root cannot switch users (and reports isolation 'none')")
+    state = tmp_path / "state"
+    runtime = ProcessRuntime(state)  # makes the state directory, as the agent does, private
+    write_private_key(state / KEY_FILE, b"-----BEGIN PRIVATE KEY-----\nsecret\n-----END PRIVATE KEY-----\n")
+    key = state / KEY_FILE
+    script = publish("seen", f"id -u; id -G; cat {key} || echo refused; ls {state} || echo refused") + "; sleep 300"
+    await runtime.create(shell("thief", script), labels=labels("cmd-14"))
+    try:
+        seen = (await wait_until(lambda: file_text(runtime.workdir("thief") / "seen"), "the command to run")).splitlines()
+    finally:
+        await runtime.delete("thief", timeout_s=0)
+
+    nobody = pwd.getpwnam("nobody")
+    assert seen[0] == str(nobody.pw_uid) and seen[1] == str(nobody.pw_gid)  # no root, no supplementary groups
+    assert "secret" not in seen and seen[2:] == ["refused", "refused"]
+    assert runtime.isolation == "sandbox"
+    assert stat.S_IMODE(state.stat().st_mode) == 0o700
+    assert stat.S_IMODE(runtime.workdir("thief").parent.stat().st_mode) & 0o022 == 0  # nobody may not plant files
+
+
+async def test_the_records_and_logs_of_containers_are_private_to_the_agent(runtime, tmp_path):
+    await runtime.create(shell("quiet", "echo hello; sleep 300"), labels=labels("cmd-15"))
+    containers = tmp_path / "state" / "containers"
+    assert stat.S_IMODE(containers.stat().st_mode) == 0o700
+    for suffix in (".json", ".log", ".exit"):
+        assert stat.S_IMODE((containers / f"quiet{suffix}").stat().st_mode) == 0o600, suffix

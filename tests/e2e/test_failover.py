@@ -2,7 +2,7 @@
 within 10 s, and 20 commands issued during the failover each run exactly once.
 
 50 agent processes would cost about a CPU-second each to start on these 2 cores, so the agents run in one fleet
-process (``python -m agent.fleet --control``): each is a real ``agent.daemon.Agent`` with its own certificate, its
+process (``python -m bench.fleet_agents --control``): each is a real ``agent.daemon.Agent`` with its own certificate, its
 own mutual-TLS WebSocket and the same relay connector, with simulated GPUs and a simulated container runtime. They
 are enrolled beforehand through the Master's own enrollment code (bench/provision.py), which takes a second
 instead of 50 enrollment round trips.
@@ -41,14 +41,14 @@ FLEET_ANSWER_TIMEOUT_S = 30.0
 
 
 class FleetProcess:
-    """``python -m agent.fleet --control``: JSON-line requests on its stdin, answers on its stdout."""
+    """``python -m bench.fleet_agents --control``: JSON-line requests on its stdin, answers on its stdout."""
 
     def __init__(self, grid: Grid, agents_dir: Path, access_urls: list[str]) -> None:
         log = grid.logs / "fleet.log"
         args = [
             sys.executable,
             "-m",
-            "agent.fleet",
+            "bench.fleet_agents",
             "--control",
             "--agents-dir",
             str(agents_dir),

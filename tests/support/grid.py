@@ -44,10 +44,14 @@ def write_toml(path: Path, settings: dict[str, str | int | float | bool]) -> Pat
 def counted_spec(runs: Path, name: str, *, ignores_sigterm: bool = False) -> dict[str, Any]:
     """A process-runtime container that appends its pid to ``runs/<name>`` when it starts, then sleeps: the
     number of lines is the number of times the command ran. ``ignores_sigterm``: deleting it takes the
-    delete's whole ``timeout_s`` (SIGKILL ends it), which keeps a delete command running that long."""
+    delete's whole ``timeout_s`` (SIGKILL ends it), which keeps a delete command running that long.
+
+    The pid is the host's: the command runs in a PID namespace of its own, where ``$$`` is small, so it reads its
+    own /proc/self/stat (a redirection the shell itself opens, no child process), which the host's /proc numbers."""
     runs.mkdir(parents=True, exist_ok=True)
     trap = "trap '' TERM; " if ignores_sigterm else ""
-    return {"name": name, "image": "none", "command": ["sh", "-c", f"{trap}echo $$ >> {runs / name}; sleep 600"]}
+    record = f"read -r pid _ < /proc/self/stat; echo $pid >> {runs / name}"
+    return {"name": name, "image": "none", "command": ["sh", "-c", f"{trap}{record}; sleep 600"]}
 
 
 def run_pids(runs: Path, name: str) -> list[int]:
@@ -90,6 +94,12 @@ class Grid(LocalGrid):
 
     def agent(self, agent_id: str) -> dict[str, Any]:
         return dict(self.client.agent(agent_id))
+
+    def start_agent(self, name: str, *extra: str, simulate: str = "h100:2") -> Daemon:
+        """The process runtime, run as the agent's own user (process_user empty), so the containers the tests start
+        can write where the test looks (pytest's directories are private to root)."""
+        args = ["agent", "--state-dir", str(self.agent_dir(name)), "--simulate", simulate, "--no-bandwidth"]
+        return self.spawn(name, "agent", [*args, "--runtime", "process", *extra], env={"IDLEGRID_AGENT_PROCESS_USER": ""})
 
     def run_agent(
         self, name: str, *, simulate: str = "a10:2", relay: str = "relay-1", **settings: str | int | float | bool

@@ -9,7 +9,7 @@ instead of one SQLite file per agent. The agents share one description of the ho
 The agents must be enrolled already: ``agents_dir`` holds one state directory per agent
 (``agent-00000``, ``agent-00001``, ...), as ``idlegrid agent enroll`` writes it.
 
-``python -m agent.fleet`` runs a fleet until interrupted and prints its figures; with ``--control`` it
+``python -m bench.fleet_agents`` runs a fleet until interrupted and prints its figures; with ``--control`` it
 instead takes JSON lines on stdin (``start``, ``stats``, ``flood``, ``stop``) and answers on stdout,
 which is how ``python -m bench fleet`` drives it.
 """
@@ -194,7 +194,7 @@ class SimulatedAgent(Agent):
     ) -> None:
         """``sent``: frames sent, by type; a fleet passes one counter for all its agents."""
         super().__init__(config, runtime=runtime, ledger=MemoryCommandLog(), host=host)
-        connector = SimulatedHostConnector.from_config(config, static_urls=config.access_urls)
+        connector = SimulatedHostConnector.from_config(config, static_urls=config.access_urls, directory=self.relay_directory)
         connector.source, connector.gate = source, gate
         self.connector = connector
         self.simulated_runtime = runtime
@@ -325,6 +325,7 @@ class Fleet:
                 simulate=settings.simulate,
                 runtime="simulated",
                 measure_bandwidth=False,
+                relay_probe=False,  # one machine: latency says nothing, and 10,000 probes would load the relays
                 result_resend_s=settings.result_resend_s,
             )
             runtime = SimulatedRuntime(
@@ -521,7 +522,7 @@ async def _standalone(fleet: Fleet, report_s: float, duration_s: float) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m agent.fleet",
+        prog="python -m bench.fleet_agents",
         description="Run many simulated agents in this process, each a real agent with its own mutual-TLS WebSocket "
         "to an Access relay. The agents must be enrolled already, one state directory each "
         f"({AGENT_DIR_FORMAT.format(0)}, ...) under --agents-dir.",
@@ -583,7 +584,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = load_settings(args)
     except Exception as exc:
-        print(f"agent.fleet: {exc}", file=sys.stderr)
+        print(f"bench.fleet_agents: {exc}", file=sys.stderr)
         return 2
     setup_logging("fleet", settings.log_level)
     tune_for_daemon()
@@ -593,7 +594,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         fleet.load()
     except (FileNotFoundError, OSError) as exc:
-        print(f"agent.fleet: {exc}", file=sys.stderr)
+        print(f"bench.fleet_agents: {exc}", file=sys.stderr)
         return 2
     if args.control:
         asyncio.run(_control(fleet))

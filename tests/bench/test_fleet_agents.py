@@ -14,10 +14,10 @@ import pytest
 from access.config import AccessConfig
 from access.daemon import AccessRelay
 from agent.daemon import Agent
-from agent.fleet import Fleet, FleetSettings, MemoryCommandLog, SimulatedAgent, build_parser, load_settings, source_address
 from agent.ledger import CommandLog
 from agent.runtime import open_runtime
 from agent.runtime.simulated import SimulatedRuntime
+from bench.fleet_agents import Fleet, FleetSettings, MemoryCommandLog, SimulatedAgent, build_parser, load_settings, source_address
 from bench.provision import provision_agents
 from common.containers import LABEL_COMMAND_ID, ContainerSpec
 from common.errors import ConfigError, RuntimeFailure

@@ -1,0 +1,244 @@
+"""The agent daemon: what it reports about its runtime, the relay directory it keeps, and how it stops.
+
+In-process tests use agents enrolled offline through the Master's own enrollment code (bench/provision.py); the
+ones that need a relay or a Master start them as real processes (tests/support/grid.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from websockets.frames import Close
+
+from agent.config import AgentConfig
+from agent.daemon import Agent
+from agent.directory import DIRECTORY_FILE
+from agent.errors import EXIT_CERTIFICATE_REVOKED, is_revocation
+from bench.fleet_agents import agent_dir
+from bench.provision import provision_agents
+from common.wire import CLOSE_POLICY, CLOSE_REVOKED, RelayDirectory, RelayEntry, Welcome, encode
+from master.config import MasterConfig
+from tests.support.grid import QUICK_RECONNECT, REPO, Grid, wait_for, write_toml
+
+RELAY_A = RelayEntry(relay_id="relay-a", region="eu-west", url="wss://127.0.0.1:1")
+RELAY_B = RelayEntry(relay_id="relay-b", region="us-east", url="wss://127.0.0.1:2")
+
+
+@pytest.fixture
+def enrolled(tmp_path: Path) -> Path:
+    """An agent state directory, enrolled offline: identity, key, certificate, CA and command keys."""
+    asyncio.run(provision_agents(MasterConfig(state_dir=str(tmp_path / "master")), tmp_path / "agents", 1))
+    return agent_dir(tmp_path / "agents", 0)
+
+
+def agent_config(state_dir: Path, **settings: object) -> AgentConfig:
+    base: dict[str, object] = {
+        "state_dir": str(state_dir),
+        "access_urls": ["wss://127.0.0.1:1"],
+        "simulate": "a10:1",
+        "measure_bandwidth": False,
+    }
+    return AgentConfig(**{**base, **settings})  # type: ignore[arg-type]
+
+
+# --- runtime and isolation in hello --------------------------------------------------------------------------
+
+
+def test_docker_is_the_default_runtime():
+    assert AgentConfig().runtime == "docker"
+
+
+async def test_with_no_engine_reachable_the_agent_says_so_once_and_offers_nothing_to_run(enrolled, tmp_path, caplog):
+    agent = Agent(agent_config(enrolled, docker_socket=str(tmp_path / "no-engine.sock")))
+    try:
+        with caplog.at_level(logging.ERROR, logger="agent.daemon"):
+            await agent.probe_runtime()
+            await agent.probe_runtime()  # still down: not said again
+        inventory = agent._hello().inventory
+        assert (inventory.runtime, inventory.isolation) == ("", "none")
+        said = [r.getMessage() for r in caplog.records if "no container runtime" in r.getMessage()]
+        assert len(said) == 1 and "no-engine.sock" in said[0]
+    finally:
+        await agent.close()
+
+
+async def test_an_engine_that_never_answers_is_no_runtime_after_the_probe_timeout(enrolled, tmp_path):
+    async def hang(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # accepts, never answers
+
+    engine = await asyncio.start_unix_server(hang, path=str(tmp_path / "hung.sock"))
+    agent = Agent(agent_config(enrolled, docker_socket=str(tmp_path / "hung.sock"), runtime_probe_timeout_s=0.3))
+    try:
+        started = time.monotonic()
+        await agent.probe_runtime()
+        assert time.monotonic() - started < 5  # the connection to the relay is not held up
+        assert agent._hello().inventory.runtime == ""
+        assert "did not answer within 0.3 s" in (agent.runtime_problem or "")
+    finally:
+        await agent.close()
+        engine.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the process runtime reports 'sandbox' only when the agent is root")
+async def test_the_process_runtime_reports_itself_and_its_sandbox_in_hello(enrolled):
+    agent = Agent(agent_config(enrolled, runtime="process"))
+    try:
+        await agent.probe_runtime()
+        inventory = agent._hello().inventory
+        assert (inventory.runtime, inventory.isolation) == ("process", "sandbox")
+    finally:
+        await agent.close()
+
+
+async def test_the_process_runtime_run_as_the_agents_own_user_reports_no_isolation(enrolled):
+    agent = Agent(agent_config(enrolled, runtime="process", process_user=""))
+    try:
+        await agent.probe_runtime()
+        inventory = agent._hello().inventory
+        assert (inventory.runtime, inventory.isolation) == ("process", "none")
+    finally:
+        await agent.close()
+
+
+# --- the state directory ---------------------------------------------------------------------------------------
+
+
+async def test_the_agent_makes_its_state_directory_and_database_private_whatever_the_umask(enrolled):
+    enrolled.chmod(0o755)  # as an older agent, or a hand-made directory, may have left it
+    old_umask = os.umask(0)
+    try:
+        agent = Agent(agent_config(enrolled))
+    finally:
+        os.umask(old_umask)
+    try:
+        assert stat.S_IMODE(enrolled.stat().st_mode) == 0o700
+        assert stat.S_IMODE((enrolled / "commands.db").stat().st_mode) == 0o600
+    finally:
+        await agent.close()
+
+
+# --- the relay directory ---------------------------------------------------------------------------------------
+
+
+async def test_the_relay_directory_from_the_master_is_kept_across_a_restart(enrolled):
+    agent = Agent(agent_config(enrolled))
+    try:
+        welcome = Welcome(version=1, agent_id=agent.identity.agent_id, heartbeat_s=5, telemetry_s=10, relays=[RELAY_A])
+        await agent._on_message(encode(welcome))
+        await agent._on_message(encode(RelayDirectory(relays=[RELAY_A, RELAY_B])))
+    finally:
+        await agent.close()
+    assert (enrolled / DIRECTORY_FILE).stat().st_mode & 0o077 == 0
+
+    restarted = Agent(agent_config(enrolled))
+    try:
+        assert restarted.connector.directory == [RELAY_A, RELAY_B]
+        # A welcome from a Master that sends no directory keeps the one the agent has.
+        await restarted._on_message(encode(Welcome(version=1, agent_id="x", heartbeat_s=5, telemetry_s=10)))
+        assert restarted.connector.directory == [RELAY_A, RELAY_B]
+    finally:
+        await restarted.close()
+
+
+# --- settings typos ----------------------------------------------------------------------------------------------
+
+
+def test_a_typo_in_simulate_is_one_line_naming_the_model_not_a_traceback(tmp_path):
+    ran = subprocess.run(
+        [sys.executable, "-m", "management.cli", "agent", "--state-dir", str(tmp_path), "--simulate", "h1000:2"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert ran.returncode == 2
+    assert "Traceback" not in ran.stderr
+    [line] = ran.stderr.strip().splitlines()
+    assert line.startswith("idlegrid agent: GPU simulation spec 'h1000:2': unknown GPU model 'h1000'")
+
+
+# --- real processes: stopping, revocation, failover --------------------------------------------------------------
+
+
+@pytest.fixture
+def grid(tmp_path: Path):
+    g = Grid(tmp_path)
+    try:
+        g.start_master()
+        g.start_relay("relay-1", "eu-west")
+        yield g
+    finally:
+        g.stop()
+
+
+def test_an_agent_stopped_with_sigterm_closes_its_connection_going_away(grid):
+    agent_id, daemon = grid.run_agent("leaver")
+    assert daemon.terminate() == 0
+    relay_log = grid.relays["relay-1"].daemon.log
+    # 1001, going away: a clean stop the relay reports to the Master at once, not a lost connection.
+    wait_for(lambda: _relay_saw_close(relay_log, agent_id, 1001), 5, "the relay to log close code 1001")
+
+
+def _relay_saw_close(log: Path, agent_id: str, code: int) -> bool:
+    for line in log.read_text(errors="replace").splitlines():
+        if line.startswith("{"):
+            entry = json.loads(line)
+            if entry.get("agent") == agent_id and entry.get("close_code") == code:
+                return True
+    return False
+
+
+def test_a_revoked_agent_stops_saying_enroll_again_with_its_own_exit_code(grid):
+    agent_id, daemon = grid.run_agent("revoked")
+    status, _ = grid.call("POST", f"/api/v1/agents/{agent_id}/revoke")
+    assert status == 200
+    exit_code = daemon.process.wait(timeout=20)  # not retrying forever
+    assert exit_code == EXIT_CERTIFICATE_REVOKED
+    assert daemon.logged("certificate revoked: enroll again")
+
+    again = grid.start_agent("revoked", "--config", str(grid.root / "config" / "revoked.toml"))
+    assert again.process.wait(timeout=30) == EXIT_CERTIFICATE_REVOKED  # a restart is refused the same way
+
+
+def test_sigkill_of_its_relay_moves_the_agent_along_its_directory_to_a_relay_in_another_region(grid):
+    relay_1 = grid.relays["relay-1"]
+    relay_2 = grid.start_relay("relay-2", "us-east")
+    agent_id, daemon = grid.run_agent("traveller", region="eu-west")
+    daemon.terminate()
+    # What the Master sends (RelayDirectory), as the agent keeps it: the agent itself knows only relay-1's URL.
+    directory = [
+        RelayEntry(relay_id="relay-1", region="eu-west", url=relay_1.agent_url),
+        RelayEntry(relay_id="relay-2", region="us-east", url=relay_2.agent_url),
+    ]
+    (grid.agent_dir("traveller") / DIRECTORY_FILE).write_bytes(encode(directory))
+    write_toml(grid.root / "config" / "traveller.toml", {**QUICK_RECONNECT, "region": "eu-west"})
+    grid.start_agent("traveller", "--config", str(grid.root / "config" / "traveller.toml"))
+    wait_for(lambda: _ready_through(grid, agent_id, "relay-1"), 30, "the agent on relay-1, its home region's relay")
+
+    assert relay_1.daemon is not None
+    relay_1.daemon.kill()  # SIGKILL
+    killed_at = time.monotonic()
+    wait_for(lambda: _ready_through(grid, agent_id, "relay-2"), 10, "the agent ready through relay-2", interval=0.05)
+    print(f"\nfailover along the directory: ready through relay-2 {time.monotonic() - killed_at:.2f} s after the SIGKILL")
+
+
+def _ready_through(grid: Grid, agent_id: str, relay_id: str) -> bool:
+    agent = grid.agent(agent_id)
+    return agent["state"] in ("ready", "busy") and agent.get("relay") == relay_id
+
+
+def test_only_a_close_for_a_revoked_certificate_counts_as_revocation():
+    assert is_revocation(Close(CLOSE_REVOKED, ""))
+    assert is_revocation(Close(CLOSE_POLICY, "certificate revoked"))  # what relays send today
+    assert not is_revocation(Close(CLOSE_POLICY, "certificate expired; renew it"))  # renewal, then retry
+    assert not is_revocation(Close(1011, "certificate revoked"))
+    assert not is_revocation(None)  # the connection dropped without a close frame
