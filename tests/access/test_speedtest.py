@@ -85,7 +85,7 @@ async def test_a_whole_default_measurement_fits_in_the_default_limits(relay, pki
     assert result.download_mbps > 0 and result.upload_mbps > 0
     metrics = relay.metrics.render()
     assert not samples(metrics, "idlegrid_access_speedtest_refused_total")
-    assert sample(metrics, "idlegrid_access_speedtest_bytes_total", direction="upload") > 0
+    assert (sample(metrics, "idlegrid_access_speedtest_bytes_total", direction="upload") or 0) > 0
 
 
 async def test_two_addresses_have_separate_allowances(make_relay, pki):
