@@ -1,6 +1,7 @@
 """Every daemon's /metrics is what Prometheus can take: a real Master and a real relay, as processes, after an
 agent enrolled through the relay and has been sending frames, scraped and passed through ``promtool check
-metrics`` (format and lint), with the series a person running them looks at present."""
+metrics`` (format and lint), with the series a person running them looks at present; and a real Prometheus
+scrapes both (the relay over TLS, trusting the platform CA)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import urllib.request
 
 import pytest
 
-from tests.support.grid import Grid, wait_for
-from tests.support.prometheus import check_metrics, names, sample
+from tests.support.grid import Grid, free_port, wait_for
+from tests.support.prometheus import PrometheusServer, ScrapeJob, check_metrics, names, sample
 
 pytestmark = pytest.mark.e2e
 
@@ -71,3 +72,27 @@ def test_the_masters_metrics_pass_promtool_and_carry_the_key_series(busy_grid):
     assert set(MASTER_SERIES) <= names(text), set(MASTER_SERIES) - names(text)
     assert sample(text, "idlegrid_agents", state="ready") == 1
     assert sample(text, "idlegrid_relays_connected") == 1
+
+
+def test_a_real_prometheus_scrapes_the_master_and_the_relay_over_tls(busy_grid, tmp_path):
+    relay = busy_grid.relays["relay-1"]
+    server = PrometheusServer(
+        tmp_path / "prometheus",
+        [
+            ScrapeJob("master", (f"127.0.0.1:{busy_grid.api_port}",)),
+            ScrapeJob("access", (f"127.0.0.1:{relay.http_port}",), scheme="https", ca_file=busy_grid.authority.ca_file),
+        ],
+        port=free_port(),
+    )
+    server.start()
+    try:
+        up = wait_for(
+            lambda: (t := server.targets()) and all(target["health"] == "up" for target in t) and t,
+            30,
+            "both targets scraped",
+        )
+        assert {target["labels"]["job"] for target in up} == {"master", "access"}
+        assert [value for _, value in server.query("idlegrid_access_agents_connected")] == [1.0]
+        assert [value for _, value in server.query("idlegrid_relays_connected")] == [1.0]
+    finally:
+        server.stop()

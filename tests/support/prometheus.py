@@ -1,5 +1,5 @@
-"""Reading a daemon's /metrics as Prometheus would: ``promtool check metrics`` (Debian ``prometheus``), and samples
-by name and labels through prometheus_client's own parser.
+"""Reading a daemon's /metrics as Prometheus would: ``promtool check metrics`` (Debian ``prometheus``), samples
+by name and labels through prometheus_client's own parser, and a real Prometheus server scraping daemons.
 
 promtool is required, not optional: ``scripts/setup-env --test`` installs it (as root, Debian ``prometheus``),
 and a test that needs it fails saying so rather than skipping, so CI can never pass without the check.
@@ -7,9 +7,15 @@ and a test that needs it fails saying so rather than skipping, so CI can never p
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
+import time
+import urllib.parse
+import urllib.request
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -75,3 +81,106 @@ def names(exposition: str | bytes) -> set[str]:
     """Every sample name present."""
     text = exposition.decode() if isinstance(exposition, bytes) else exposition
     return {sample.name for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+# --- a real Prometheus ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ScrapeJob:
+    name: str
+    targets: tuple[str, ...]  # host:port
+    scheme: str = "http"
+    ca_file: Path | None = None  # the CA that signed an https target's certificate
+
+
+class PrometheusServer:
+    """A real Prometheus (Debian ``prometheus``) on 127.0.0.1 scraping ``jobs`` every ``interval_s``, its data in
+    ``root``. ``start()`` waits until it is ready; ``stop()`` ends it (and is safe to call twice)."""
+
+    def __init__(self, root: Path, jobs: list[ScrapeJob], *, port: int, interval_s: float = 1.0) -> None:
+        self.root = root
+        self.jobs = jobs
+        self.port = port
+        self.interval_s = interval_s
+        self.log = root / "prometheus.log"
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        executable = shutil.which("prometheus")
+        if executable is None:
+            raise PromtoolMissing("prometheus not found: run `scripts/setup-env --test` as root (Debian `prometheus`)")
+        self.root.mkdir(parents=True, exist_ok=True)
+        config = self.root / "prometheus.yml"
+        config.write_text(json.dumps(self._config()))  # JSON is YAML
+        with open(self.log, "ab") as out:
+            self._process = subprocess.Popen(
+                [
+                    executable,
+                    f"--config.file={config}",
+                    f"--web.listen-address=127.0.0.1:{self.port}",
+                    f"--storage.tsdb.path={self.root / 'data'}",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise AssertionError(f"prometheus exited with {self._process.returncode}:\n{self.log.read_text()[-2000:]}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"prometheus not ready after {timeout_s} s:\n{self.log.read_text()[-2000:]}")
+
+    def stop(self) -> None:
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait(timeout=10)
+
+    def targets(self) -> list[dict[str, Any]]:
+        """The active scrape targets, as the API reports them (``health``, ``lastError``, ``labels``...)."""
+        return list(self._api("/api/v1/targets")["activeTargets"])
+
+    def query(self, expr: str) -> list[tuple[dict[str, str], float]]:
+        """An instant query: (labels, value) per series."""
+        data = self._api("/api/v1/query?" + urllib.parse.urlencode({"query": expr}))
+        return [(dict(series["metric"]), float(series["value"][1])) for series in data["result"]]
+
+    def _api(self, path: str) -> Any:
+        with urllib.request.urlopen(self.url + path, timeout=5) as response:
+            body = json.loads(response.read())
+        if body.get("status") != "success":
+            raise AssertionError(f"prometheus API {path}: {body}")
+        return body["data"]
+
+    def _config(self) -> dict[str, Any]:
+        def job(spec: ScrapeJob) -> dict[str, Any]:
+            entry: dict[str, Any] = {
+                "job_name": spec.name,
+                "scheme": spec.scheme,
+                "static_configs": [{"targets": list(spec.targets)}],
+            }
+            if spec.ca_file is not None:
+                entry["tls_config"] = {"ca_file": str(spec.ca_file)}
+            return entry
+
+        interval = f"{max(1, round(self.interval_s * 1000))}ms"
+        return {
+            "global": {"scrape_interval": interval, "scrape_timeout": interval},
+            "scrape_configs": [job(j) for j in self.jobs],
+        }
