@@ -63,7 +63,6 @@ class RelayHttp:
         agent_url: Callable[[], str],
     ) -> None:
         self.config = config
-        self._ssl = ssl_context
         self._link = link
         self._metrics = metrics
         self._agent_count = agent_count

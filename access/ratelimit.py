@@ -120,6 +120,29 @@ class FrameBudget:
         return Admission.PASS if must_pass else Admission.REFUSE
 
 
+class OpenCounts:
+    """How many of something each key holds at once (connections, transfers); a key holding none is forgotten,
+    so memory follows what is open now, not who ever came."""
+
+    __slots__ = ("_held",)
+
+    def __init__(self) -> None:
+        self._held: dict[str, int] = {}
+
+    def take(self, key: str) -> None:
+        self._held[key] = self._held.get(key, 0) + 1
+
+    def release(self, key: str) -> None:
+        held = self._held.get(key, 0) - 1
+        if held > 0:
+            self._held[key] = held
+        else:
+            self._held.pop(key, None)
+
+    def held(self, key: str) -> int:
+        return self._held.get(key, 0)
+
+
 class AddressGate:
     """Per client address: how many connections it holds at once and how fast it opens new ones.
 
@@ -131,29 +154,24 @@ class AddressGate:
         self, max_open: int, rate: float, burst: float, *, max_keys: int = 10_000, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.max_open = max_open
-        self._open: dict[str, int] = {}
+        self._open = OpenCounts()
         self._rate = KeyedRateLimiter(rate, burst, max_keys=max_keys, clock=clock)
 
     def admit(self, address: str) -> str | None:
         """Count a new connection from ``address``; or why not: ``ip_connections`` or ``ip_rate``."""
-        held = self._open.get(address, 0)
-        if held >= self.max_open:
+        if self._open.held(address) >= self.max_open:
             return "ip_connections"
         if not self._rate.allow(address):
             return "ip_rate"
-        self._open[address] = held + 1
+        self._open.take(address)
         return None
 
     def release(self, address: str) -> None:
         """A connection ``admit`` counted has closed."""
-        held = self._open.get(address, 0) - 1
-        if held > 0:
-            self._open[address] = held
-        else:
-            self._open.pop(address, None)
+        self._open.release(address)
 
     def holding(self, address: str) -> int:
-        return self._open.get(address, 0)
+        return self._open.held(address)
 
 
 @dataclass(frozen=True)
@@ -185,14 +203,13 @@ class TransferGate:
         self.max_transfers = max_transfers
         self.bytes_per_window = bytes_per_window
         self.window_s = window_s
-        self._open: dict[str, int] = {}
+        self._open = OpenCounts()
         self._bytes = KeyedRateLimiter(bytes_per_window / window_s, bytes_per_window, max_keys=max_keys, clock=clock)
 
     def begin(self, address: str, size: int) -> TransferRefusal | None:
         """Start a transfer of ``size`` bytes (0 when not known yet) for ``address``, or say why not and when to
         come back. A started transfer must be ``end``ed."""
-        held = self._open.get(address, 0)
-        if held >= self.max_transfers:
+        if self._open.held(address) >= self.max_transfers:
             return TransferRefusal(
                 "transfers",
                 1.0,
@@ -214,7 +231,7 @@ class TransferGate:
                 f"speed-test limit: this client address has used its {self.bytes_per_window} bytes per "
                 f"{self.window_s:g} s; {size} more are available in {wait:.0f} s",
             )
-        self._open[address] = held + 1
+        self._open.take(address)
         return None
 
     def charge(self, address: str, size: int) -> None:
@@ -222,11 +239,8 @@ class TransferGate:
         self._bytes.charge(address, size)
 
     def end(self, address: str) -> None:
-        held = self._open.get(address, 0) - 1
-        if held > 0:
-            self._open[address] = held
-        else:
-            self._open.pop(address, None)
+        """A transfer ``begin`` let start has finished, however it ended."""
+        self._open.release(address)
 
     def transfers(self, address: str) -> int:
-        return self._open.get(address, 0)
+        return self._open.held(address)
