@@ -7,7 +7,7 @@ from __future__ import annotations
 import enum
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 
@@ -141,6 +141,10 @@ class OpenCounts:
 
     def held(self, key: str) -> int:
         return self._held.get(key, 0)
+
+    def __iter__(self) -> Iterator[str]:
+        """The keys holding something now."""
+        return iter(self._held)
 
 
 class AddressGate:
