@@ -8,6 +8,7 @@ from typing import Any
 
 import msgspec
 
+from access.speedtest import MAX_IMAGE_SIDE, image_bytes
 from common.config import load_config
 from common.wire import HARD_FRAME_BYTES, MAX_FRAME_BYTES
 
@@ -48,6 +49,15 @@ class AccessConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     enroll_rate_per_ip: float = 1.0  # enrollment requests per second per client address
     enroll_burst: int = 10
     max_body_bytes: int = 64 * 1024
+    # Request heads (line and headers) on the HTTPS endpoint must arrive this soon after the connection opens
+    # (or, on a kept-alive connection, after their first byte); a client trickling them is cut off with 408.
+    http_head_timeout_s: float = 5.0
+    # The speed test, per client address: transfers at once (speedtest-cli runs 2 to 8 threads) ...
+    speedtest_transfers_per_ip: int = 8
+    # ... and bytes moved, refilled evenly over the window: a whole default measurement (about 470 MB, 413 MB of
+    # it downloads) fits twice; a client looping on the largest image is stopped within seconds.
+    speedtest_bytes_per_window: int = 1024 * 1024 * 1024
+    speedtest_window_s: float = 3600.0
     drain_timeout_s: float = 3.0  # on stop: how long to keep flushing buffered frames to the Master
     log_level: str = "info"
 
@@ -81,6 +91,8 @@ def _check(config: AccessConfig) -> None:
         "max_silence_s",
         "connect_rate_per_ip",
         "reconnect_rate_per_agent",
+        "http_head_timeout_s",
+        "speedtest_window_s",
     ):
         if getattr(config, name) <= 0:
             problems.append(f"{name} must be positive, got {getattr(config, name)}")
@@ -94,9 +106,16 @@ def _check(config: AccessConfig) -> None:
         "max_connections_per_ip",
         "connect_burst_per_ip",
         "reconnect_burst_per_agent",
+        "speedtest_transfers_per_ip",
     ):
         if getattr(config, name) < 1:
             problems.append(f"{name} must be at least 1, got {getattr(config, name)}")
+    largest = image_bytes(MAX_IMAGE_SIDE)
+    if config.speedtest_bytes_per_window < largest:
+        problems.append(
+            f"speedtest_bytes_per_window must be at least {largest} (the largest speed-test image), "
+            f"got {config.speedtest_bytes_per_window}"
+        )
     if config.drain_timeout_s < 0:
         problems.append(f"drain_timeout_s must not be negative, got {config.drain_timeout_s}")
     if problems:

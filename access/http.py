@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import logging
 import ssl
+import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -16,9 +17,10 @@ from aiohttp import web
 
 from access.config import AccessConfig
 from access.metrics import CONTENT_TYPE_LATEST, RelayMetrics
-from access.ratelimit import KeyedRateLimiter
+from access.ratelimit import KeyedRateLimiter, TransferGate
 from access.speedtest import add_speedtest_routes
 from access.upstream import MasterLink, MasterUnavailable
+from common.http import HttpServer
 from common.wire import EnrollRequest, EnrollResponse
 
 log = logging.getLogger(__name__)
@@ -61,39 +63,61 @@ class RelayHttp:
         agent_url: Callable[[], str],
     ) -> None:
         self.config = config
-        self._ssl = ssl_context
         self._link = link
         self._metrics = metrics
         self._agent_count = agent_count
         self._agent_url = agent_url
         self._enroll_limiter = KeyedRateLimiter(config.enroll_rate_per_ip, config.enroll_burst)
-        self._runner: web.AppRunner | None = None
-        self._site: web.TCPSite | None = None
+        self.speedtest_gate = TransferGate(
+            config.speedtest_transfers_per_ip, config.speedtest_bytes_per_window, config.speedtest_window_s
+        )
         self.app = self._build_app()
+        self._server = HttpServer(
+            self.app,
+            config.http_host,
+            config.http_port,
+            ssl_context=ssl_context,
+            head_timeout_s=config.http_head_timeout_s,
+            on_head_timeout=metrics.http_head_timeout,
+            access_log=None,
+        )
 
     def _build_app(self) -> web.Application:
-        app = web.Application(client_max_size=self.config.max_body_bytes)
+        app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=[self._count_requests])
         app.router.add_post("/enroll", self._enroll)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/metrics", self._metrics_page)
-        add_speedtest_routes(app)
+        add_speedtest_routes(app, gate=self.speedtest_gate, meter=self._metrics)
         return app
 
     @property
     def port(self) -> int:
-        if self._runner is None or not self._runner.addresses:
-            raise RuntimeError("the HTTPS endpoint is not started")
-        return int(self._runner.addresses[0][1])
+        return self._server.port
 
     async def start(self) -> None:
-        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
-        await self._runner.setup()
-        self._site = web.TCPSite(self._runner, self.config.http_host, self.config.http_port, ssl_context=self._ssl)
-        await self._site.start()
+        await self._server.start()
 
     async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
+        await self._server.stop()
+
+    @web.middleware
+    async def _count_requests(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        """Requests by route and status, and how long each took (a download's time included)."""
+        started = time.perf_counter()
+        route = request.match_info.route.resource
+        name = route.canonical if route is not None else "unmatched"
+        status = 500
+        try:
+            response = await handler(request)
+            status = response.status
+            return response
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        finally:
+            self._metrics.http_request(name, request.method, status, time.perf_counter() - started)
 
     # --- routes -------------------------------------------------------------------------------------
 
@@ -154,7 +178,7 @@ class RelayHttp:
 
     def _enroll_answer(self, answer: EnrollResponse, remote: str) -> web.Response:
         if not answer.ok:
-            self._metrics.enrollment(answer.error_code or "refused")
+            self._metrics.enrollment(answer.error_code if answer.error_code in ENROLL_STATUS else "refused")
             log.info("enrollment refused", extra={"code": answer.error_code, "remote": remote})
             return error_response(
                 enroll_status(answer.error_code),

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import http
 import logging
 import math
@@ -46,6 +47,7 @@ from common.wire import (
     CLOSE_FLOOD,
     CLOSE_POLICY,
     CLOSE_REPLACED,
+    CLOSE_REVOKED,
     CLOSE_SILENT,
     HARD_FRAME_BYTES,
     AgentConnected,
@@ -80,6 +82,7 @@ RENEW_RESPONSE_PREFIX = b'{"type":"renew_response"'
 class Refusal:
     reason: str  # metrics label
     message: str  # close reason the agent sees (a WebSocket close reason holds at most 123 bytes)
+    code: int = CLOSE_POLICY  # close code the agent sees: CLOSE_REVOKED tells it that retrying cannot help
 
 
 def refusal_for(identity: Identity, revoked: set[str], now: float) -> Refusal | None:
@@ -87,7 +90,7 @@ def refusal_for(identity: Identity, revoked: set[str], now: float) -> Refusal | 
     if identity.role is not Role.AGENT:
         return Refusal("wrong_role", f"certificate role {identity.role.value!r} cannot connect as an agent")
     if identity.serial in revoked:
-        return Refusal("revoked", "certificate revoked")
+        return Refusal("revoked", "certificate revoked", CLOSE_REVOKED)
     if identity.not_after <= now:
         return Refusal("expired", "certificate expired; renew it")
     return None
@@ -163,14 +166,20 @@ class GatedListener(socket.socket):
 
     def accept(self) -> tuple[socket.socket, Any]:
         for _ in range(MAX_RESETS_PER_ACCEPT):
-            fd, address = self._accept()  # BlockingIOError when none is waiting: asyncio stops there
+            fd, address = self._accept_descriptor()  # BlockingIOError when none is waiting: asyncio stops there
             host = str(address[0]) if isinstance(address, tuple) else str(address)
             if self.admit(host):
-                sock = AcceptedSocket(fd, lambda fd=fd, host=host: self.on_close(fd, host))
+                sock = AcceptedSocket(fd, functools.partial(self.on_close, fd, host))
                 self.on_accept(sock)
                 return sock, address
             _reset(fd)
         raise BlockingIOError("reset a run of refused connections; the event loop comes back for the rest")
+
+    def _accept_descriptor(self) -> tuple[int, Any]:
+        """The raw descriptor and address, before any socket object is made for a connection that may be reset.
+
+        ``socket.socket._accept`` is what ``accept`` itself calls; typeshed does not list it."""
+        return self._accept()  # type: ignore[attr-defined]
 
 
 def _reset(fd: int) -> None:
@@ -444,6 +453,7 @@ class AgentGateway:
             AgentConnected(agent_id=identity.id, serial=identity.serial, cert_not_after=identity.not_after, remote=remote)
         )
         self._metrics.agents.set(len(self.sessions))
+        self._metrics.session_opened()
         log.info("agent connected", extra={"agent": identity.id, "serial": identity.serial, "remote": remote})
         return session
 
@@ -461,14 +471,15 @@ class AgentGateway:
                 "serial": identity.serial if identity else None,
             },
         )
-        await connection.close(CLOSE_POLICY, refusal.message)
+        await connection.close(refusal.code, refusal.message)
 
     def _release(self, session: AgentSession) -> None:
         session.open = False
+        close = session.connection.close_code
+        self._metrics.session_closed(close)
         if self.sessions.get(session.agent_id) is not session:
             return  # replaced by a newer connection, which now speaks for this agent
         del self.sessions[session.agent_id]
-        close = session.connection.close_code
         self._link.agent_disconnected(session.agent_id, f"connection closed ({close})" if close else "connection lost")
         self._metrics.agents.set(len(self.sessions))
         log.info("agent disconnected", extra={"agent": session.agent_id, "close_code": close, "remote": session.remote})
@@ -506,7 +517,7 @@ class AgentGateway:
                 # Waits while the buffer is full of frames that must be kept (backpressure: this agent is not
                 # read meanwhile); gives up only if the connection ends, and an agent resends results until acked.
                 if await self._link.forward(session.agent_id, kind, message, until=session.connection.connection_lost_waiter):
-                    self._metrics.frame_in()
+                    self._metrics.frame_in(kind)
             case Answer(error, quiet):
                 await self._answer_error(session, error, quiet=quiet)
             case Ignore(error):
@@ -554,7 +565,7 @@ class AgentGateway:
             return False
         if not sent:
             return False
-        self._metrics.frame_out()
+        self._metrics.frame_out(frame)
         if frame.startswith(RENEW_RESPONSE_PREFIX):
             self._adopt_renewed_certificate(session, frame)
         return True
@@ -608,7 +619,7 @@ class AgentGateway:
                     extra={"agent": session.agent_id, "serial": session.identity.serial},
                 )
                 self._metrics.refuse("revoked")
-                self._close_later(session, CLOSE_POLICY, "certificate revoked")
+                self._close_later(session, CLOSE_REVOKED, "certificate revoked")
 
     async def _sweep_expired(self) -> None:
         """Certificates are short-lived: one that expires mid-session ends the session."""

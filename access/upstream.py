@@ -407,6 +407,8 @@ class MasterLink:
             except Exception:  # a bug here must not end reconnection for good
                 log.exception("master link failed", extra={"master_url": self.config.master_url})
             finally:
+                if not self.is_up and not self._stopping:
+                    self._metrics.link_dial("failed")  # one that came up was counted in _open
                 self._down()
             if self._stopping:
                 return
@@ -442,6 +444,7 @@ class MasterLink:
         self._up.set()
         self._status_changed.set()
         self._metrics.master_link_up.set(1)
+        self._metrics.link_dial("up")
         log.info(
             "master link up",
             extra={"master_url": self.config.master_url, "agents": len(self._sessions), "buffered": len(self.buffer)},

@@ -18,6 +18,8 @@ def test_defaults_suit_a_local_run():
         10.0,
         60.0,
     )
+    assert (config.http_head_timeout_s, config.speedtest_transfers_per_ip) == (5.0, 8)
+    assert (config.speedtest_bytes_per_window, config.speedtest_window_s) == (1024**3, 3600.0)
 
 
 def test_file_then_environment_then_flags(tmp_path):
@@ -42,6 +44,10 @@ def test_file_then_environment_then_flags(tmp_path):
         ({"IDLEGRID_ACCESS_BURST": "0"}, "burst"),
         ({"IDLEGRID_ACCESS_MASTER_URL": "http://x"}, "master_url"),
         ({"IDLEGRID_ACCESS_MAX_FRAME_BYTES": str(64 * 1024 * 1024)}, "max_frame_bytes"),
+        ({"IDLEGRID_ACCESS_HTTP_HEAD_TIMEOUT_S": "0"}, "http_head_timeout_s"),
+        ({"IDLEGRID_ACCESS_SPEEDTEST_TRANSFERS_PER_IP": "0"}, "speedtest_transfers_per_ip"),
+        ({"IDLEGRID_ACCESS_SPEEDTEST_WINDOW_S": "-1"}, "speedtest_window_s"),
+        ({"IDLEGRID_ACCESS_SPEEDTEST_BYTES_PER_WINDOW": "1000000"}, "the largest speed-test image"),
     ],
 )
 def test_a_bad_value_is_a_config_error_naming_the_setting(env, needle):

@@ -121,7 +121,7 @@ async def test_metrics_are_prometheus_text_with_connected_agents_and_link_state(
     relay_label = f'relay="{pki.relay.identity.id}"'
     assert f"idlegrid_access_agents_connected{{{relay_label}}} 1.0" in text
     assert f"idlegrid_access_master_link_up{{{relay_label}}} 1.0" in text
-    assert f"idlegrid_access_frames_in_total{{{relay_label}}} 1.0" in text
+    assert f'idlegrid_access_frames_in_total{{{relay_label},type="heartbeat"}} 1.0' in text
 
 
 async def test_two_relays_in_one_process_keep_separate_metrics(make_relay, relay, pki, open_agent):

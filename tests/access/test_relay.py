@@ -14,6 +14,8 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 
 from common.pki import CertificateAuthority, Role
 from common.wire import (
+    CLOSE_POLICY,
+    CLOSE_REVOKED,
     HARD_FRAME_BYTES,
     MAX_FRAME_BYTES,
     AgentConnected,
@@ -83,7 +85,8 @@ async def test_a_certificate_for_another_role_is_refused_with_4003(relay, master
     async with open_agent(relay, operator) as ws:
         with pytest.raises(ConnectionClosed) as closed:
             await asyncio.wait_for(ws.recv(), 3)
-    assert closed.value.rcvd.code == 4003 and "agent" in closed.value.rcvd.reason
+    received = closed.value.rcvd
+    assert received is not None and received.code == CLOSE_POLICY and "agent" in received.reason
     assert not master.of_type(AgentConnected)
 
 
@@ -94,7 +97,8 @@ async def test_a_serial_revoked_before_connecting_is_refused(make_relay, master,
     async with open_agent(relay, agent) as ws:
         with pytest.raises(ConnectionClosed) as closed:
             await asyncio.wait_for(ws.recv(), 3)
-    assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (4003, "certificate revoked")
+    received = closed.value.rcvd
+    assert received is not None and (received.code, received.reason) == (CLOSE_REVOKED, "certificate revoked")
     assert not master.of_type(AgentConnected)
 
 
@@ -107,7 +111,7 @@ async def test_a_revocations_frame_cuts_off_a_connected_agent_within_a_second(re
         await master.send(Revocations(serials=[doomed.identity.serial]))
         await asyncio.wait_for(ws.wait_closed(), 1.0)
         assert loop.time() - started < 1.0
-        assert (ws.close_code, ws.close_reason) == (4003, "certificate revoked")
+        assert (ws.close_code, ws.close_reason) == (CLOSE_REVOKED, "certificate revoked")
         await other.send(heartbeat(7))
         await master.wait_for(lambda: master.relayed(bystander.identity.id), "the bystander still relayed")
     async with open_agent(relay, doomed) as ws:  # and it cannot come back

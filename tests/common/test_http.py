@@ -1,0 +1,76 @@
+"""``common.http.HttpServer``: any aiohttp application, served with request heads held to a deadline (plain HTTP
+here; the relay's HTTPS endpoint is tested with TLS in tests/access/test_slow_requests.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import pytest
+from aiohttp import web
+
+from common.http import HttpServer
+
+HEAD_TIMEOUT_S = 0.5
+
+
+@dataclass
+class Served:
+    http: HttpServer
+    cuts: list[float] = field(default_factory=list)  # when on_head_timeout was called
+
+    @property
+    def port(self) -> int:
+        return self.http.port
+
+
+@pytest.fixture
+async def server():
+    app = web.Application()
+
+    async def hello(request: web.Request) -> web.Response:
+        return web.Response(text="hello")
+
+    app.router.add_get("/", hello)
+    cuts: list[float] = []
+    http = HttpServer(app, "127.0.0.1", 0, head_timeout_s=HEAD_TIMEOUT_S, on_head_timeout=lambda: cuts.append(time.monotonic()))
+    await http.start()
+    try:
+        yield Served(http, cuts)
+    finally:
+        await http.stop()
+
+
+async def get(port: int) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    try:
+        return await asyncio.wait_for(reader.read(), 3)
+    finally:
+        writer.close()
+
+
+async def test_a_head_that_stops_halfway_gets_408_and_the_connection_closes(server):
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n")  # no blank line: the head never ends
+    started = time.monotonic()
+    answer = await asyncio.wait_for(reader.read(), 3)
+    writer.close()
+
+    assert answer.startswith(b"HTTP/1.1 408 Request Timeout\r\n") and b"Connection: close" in answer
+    assert time.monotonic() - started < HEAD_TIMEOUT_S + 1.5  # slack for a loaded machine
+    assert len(server.cuts) == 1
+    assert (await get(server.port)).endswith(b"hello")
+
+
+async def test_a_prompt_request_is_served_as_usual(server):
+    answer = await get(server.port)
+    assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"hello")
+    await asyncio.sleep(HEAD_TIMEOUT_S * 2)
+    assert server.cuts == []
+
+
+def test_a_deadline_that_is_not_positive_is_refused():
+    with pytest.raises(ValueError, match="head_timeout_s must be positive"):
+        HttpServer(web.Application(), "127.0.0.1", 0, head_timeout_s=0)
