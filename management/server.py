@@ -11,6 +11,7 @@ from pathlib import Path
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from common.http import HttpServer
 from management.api import ApiSettings, Handler, build_app, error_response
 from master.config import MasterConfig
 from master.service import Master
@@ -76,7 +77,7 @@ class MasterServer:
         self.config = config
         self.api_settings = api_settings or ApiSettings()
         self.master = Master(config)
-        self._runner: web.AppRunner | None = None
+        self._http: HttpServer | None = None
         self.gate = ApiGate()
         self.api_port = 0
 
@@ -85,11 +86,16 @@ class MasterServer:
         await self._ensure_operator_token()
         app = build_app(self.master, self.api_settings)
         app.middlewares.append(self.gate.middleware())  # innermost: a caller is authenticated before it is told 503
-        self._runner = web.AppRunner(app, access_log=None, **self.api_settings.runner_options())
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.config.host, self.config.api_port)
-        await site.start()
-        self.api_port = self._runner.addresses[0][1]
+        self._http = HttpServer(
+            app,
+            self.config.host,
+            self.config.api_port,
+            head_timeout_s=self.api_settings.header_timeout_s,
+            access_log=None,
+            keepalive_timeout=self.api_settings.idle_timeout_s,
+        )
+        await self._http.start()
+        self.api_port = self._http.port
         log.info("management API listening", extra={"url": self.api_url})
 
     async def stop(self) -> None:
@@ -97,8 +103,8 @@ class MasterServer:
         the API closes (reads are served until then)."""
         await self.gate.close(REQUEST_DRAIN_S)
         await self.master.stop()
-        if self._runner is not None:
-            await self._runner.cleanup()
+        if self._http is not None:
+            await self._http.stop()
 
     @property
     def api_url(self) -> str:

@@ -8,7 +8,6 @@ in ``auth``; errors take one JSON shape (``errors``); lists are paged by cursor 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from aiohttp import web
 
@@ -26,14 +25,9 @@ __all__ = ["ApiError", "ApiSettings", "Handler", "build_app", "error_response"]
 @dataclass(frozen=True)
 class ApiSettings:
     max_body_bytes: int = 256 * 1024
-    # A client has this long to send a request's headers, and an idle keep-alive connection is closed after it.
-    # aiohttp arms its keep-alive timer when a connection opens and does not re-arm it on bytes received, so
-    # ``keepalive_timeout`` also cuts off a client that trickles its headers (Slowloris): see docs/api.md.
+    # A client has this long to send a request's line and headers (Slowloris), enforced by common.http.HttpServer.
     header_timeout_s: float = 5.0
-
-    def runner_options(self) -> dict[str, Any]:
-        """Keyword arguments for ``web.AppRunner`` (and aiohttp's TestServer) that apply these settings."""
-        return {"keepalive_timeout": self.header_timeout_s}
+    idle_timeout_s: float = 15.0  # an idle kept-alive connection is closed after this
 
 
 def build_app(master: Master, settings: ApiSettings | None = None) -> web.Application:

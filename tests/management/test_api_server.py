@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import shutil
-import subprocess
 
 import aiohttp
 import pytest
@@ -17,6 +15,7 @@ from management.api import ApiSettings
 from management.server import MasterServer
 from master.config import MasterConfig
 from tests.management.hosts import add_agent
+from tests.support.prometheus import check_metrics
 
 HEADER_TIMEOUT_S = 1.0
 SLACK_S = 1.5  # the loop's timer granularity (aiohttp rounds timeouts over 5 s up) and a busy 2-core machine
@@ -34,7 +33,9 @@ async def server(tmp_path):
 
 
 async def held_open_for(port: int, first: bytes, trickle: bytes, every_s: float, give_up_s: float) -> float:
-    """Send ``first``, then one byte of ``trickle`` every ``every_s``; seconds until the server closed (inf: never)."""
+    """Send ``first``, then one byte of ``trickle`` every ``every_s``; seconds until the server closed (inf: never).
+
+    A ``408 Request Timeout`` before the close is what a server says of a head that came too late: allowed."""
     loop = asyncio.get_running_loop()
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     started = loop.time()
@@ -49,6 +50,8 @@ async def held_open_for(port: int, first: bytes, trickle: bytes, every_s: float,
                     writer.write(bytes([to_send.pop(0)]))
                     await writer.drain()
                 continue
+            if data.startswith(b"HTTP/1.1 408 "):
+                continue  # the server's word that the head came too late; the close follows
             assert data == b"", f"the server answered a request it never fully got: {data[:80]!r}"
             return loop.time() - started
         return math.inf
@@ -100,12 +103,11 @@ async def test_api_requests_are_counted_by_route_pattern_and_status_never_by_raw
     assert 'idlegrid_agents{state="ready"} 1.0' in text  # the fleet gauges share the registry
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian package prometheus) is not installed")
 async def test_the_metrics_page_passes_promtool(server):
     async with aiohttp.ClientSession(headers=server.auth) as session:
         async with session.get(f"{server.api_url}/api/v1/gpus"):
             pass
         async with session.get(f"{server.api_url}/metrics") as response:
             body = await response.read()
-    checked = subprocess.run(["promtool", "check", "metrics"], input=body, capture_output=True, timeout=30)
-    assert checked.returncode == 0, checked.stdout + checked.stderr
+    checked = check_metrics(body)
+    assert checked.clean, checked.findings
