@@ -10,6 +10,7 @@ import msgspec
 
 from common.errors import NotFound
 from common.inventory import GpuInfo, Inventory
+from master.allocations import DUPLICATE_UUID_FLAG, GpuAllocations, gpu_state_for
 from master.batches import write_paced
 from master.events import EventLog
 from master.records import AgentRecord, GpuRecord
@@ -19,14 +20,23 @@ from master.tiers import TierPolicy, classify
 
 log = logging.getLogger(__name__)
 
+# A GPU that left the pool keeps its stored record (the store keeps history) with one of these flags,
+# and is not loaded again: its host no longer reports it, or its host was retired.
+MISSING_FROM_INVENTORY_FLAG = "missing_from_inventory"
+HOST_RETIRED_FLAG = "host_retired"
+_WITHDRAWN_FLAGS = frozenset({MISSING_FROM_INVENTORY_FLAG, HOST_RETIRED_FLAG})
+
 _LIVE = frozenset({AgentState.READY.value, AgentState.BUSY.value, AgentState.MAINTENANCE.value, AgentState.ENROLLED.value})
 
 
 class Registry:
-    def __init__(self, store: Store, events: EventLog, policy: TierPolicy) -> None:
+    def __init__(self, store: Store, events: EventLog, policy: TierPolicy, allocations: GpuAllocations | None = None) -> None:
         self._store = store
         self._events = events
         self.policy = policy
+        self.allocations = allocations if allocations is not None else GpuAllocations()
+        # GPU uuid -> the hosts that reported it, for uuids reported by more than one host.
+        self._duplicates: dict[str, set[str]] = {}
         self.agents: dict[str, AgentRecord] = {}
         self.gpus: dict[str, GpuRecord] = {}
         self._gpus_by_agent: dict[str, dict[str, GpuRecord]] = {}  # agent id -> its GPUs by uuid: no scan of every GPU
@@ -35,13 +45,34 @@ class Registry:
         # and a failover usually goes through offline, so the previous relay is remembered here.
         self._last_relay: dict[str, str] = {}
 
-    async def load(self) -> None:
-        for agent in await self._store.agents.list():
-            self.agents[agent.id] = agent
-            if agent.relay:
-                self._last_relay[agent.id] = agent.relay
-        for gpu in await self._store.gpus.list():
-            self._put_gpu(gpu)
+    async def load(self) -> list[str]:
+        """Agents and GPUs from the store; returns what could not be loaded (each logged and an event recorded).
+
+        A store that fails to hand back one aggregate leaves the rest served: an agent the Master does not
+        know is asked to enroll again, which is better than a Master that cannot start.
+        """
+        problems: list[str] = []
+        try:
+            for agent in await self._store.agents.list():
+                self.agents[agent.id] = agent
+                if agent.relay:
+                    self._last_relay[agent.id] = agent.relay
+        except Exception as exc:
+            problems.append(f"agents: {exc}")
+        try:
+            for gpu in await self._store.gpus.list():
+                owner = self.agents.get(gpu.agent_id)
+                if _WITHDRAWN_FLAGS.intersection(gpu.flags) or owner is None or owner.state == AgentState.RETIRED.value:
+                    continue
+                if DUPLICATE_UUID_FLAG in gpu.flags:
+                    self._duplicates.setdefault(gpu.uuid, set()).add(gpu.agent_id)
+                self._put_gpu(gpu)
+        except Exception as exc:
+            problems.append(f"gpus: {exc}")
+        for problem in problems:
+            log.error("registry: could not load %s; serving the rest", problem)
+            await self._events.record("master.load_failed", "registry", problem=problem)
+        return problems
 
     def get(self, agent_id: str) -> AgentRecord:
         agent = self.agents.get(agent_id)
@@ -63,6 +94,10 @@ class Registry:
         self.agents[agent.id] = agent
         await self._events.record("agent.enrolled", agent.id, provider=agent.provider, serial=agent.cert_serial)
 
+    def may(self, agent: AgentRecord, event: str) -> bool:
+        """Whether the agent table allows ``event`` from the agent's state now."""
+        return AGENT.allows(agent.state, event)
+
     async def transition(self, agent: AgentRecord, event: str, reason: str = "") -> bool:
         """Apply ``event`` if the table allows it from the agent's state; returns whether it changed."""
         if not AGENT.allows(agent.state, event):
@@ -71,27 +106,48 @@ class Registry:
         agent.state_reason = reason
         await self._events.transition("agent", agent.id, old, agent.state, event, reason=reason)
         await self.save(agent)
-        gpu_event = {"heartbeat_lost": "lost", "revoke": "lost", "quarantine": "fault"}.get(event)
-        if gpu_event is None and event == "connected":
-            gpu_event = "restored"
-        if gpu_event:
-            await self.gpu_transition(self.gpus_of(agent.id), gpu_event)
-        if gpu_event == "restored":
-            # GPUs given to containers that kept running while the agent was away are still taken.
-            held = {uuid for uuids in agent.containers.values() for uuid in uuids}
-            await self.gpu_transition([g for g in self.gpus_of(agent.id) if g.uuid in held], "start")
+        if agent.state == AgentState.RETIRED.value:
+            await self.withdraw_gpus(agent.id, self.gpus_of(agent.id), HOST_RETIRED_FLAG)
+            self.allocations.release_host(agent.id)
+        else:
+            await self.settle_gpus(agent)
         return True
 
-    async def gpu_transition(self, gpus: Iterable[GpuRecord], event: str) -> None:
-        changed = []
-        for gpu in gpus:
-            if GPU.allows(gpu.state, event):
+    async def settle_gpus(self, agent: AgentRecord) -> None:
+        """Bring each GPU of ``agent`` to the state its holder and its host call for (allocations.gpu_state_for),
+        through the GPU table, every step recorded."""
+        changed: list[GpuRecord] = []
+        events: list[tuple[str, str, dict[str, object]]] = []
+        for gpu in self._gpus_by_agent.get(agent.id, {}).values():
+            wanted = gpu_state_for(gpu, self.allocations.holder(gpu.uuid), agent)
+            if wanted == gpu.state:
+                continue
+            for event in GPU.path(gpu.state, wanted):
                 old, gpu.state = gpu.state, GPU.next(gpu.state, event)
-                gpu.updated_at = time.time()
-                changed.append(gpu)
-                await self._events.transition("gpu", gpu.uuid, old, gpu.state, event, agent_id=gpu.agent_id)
+                events.append(("gpu.transition", gpu.uuid, {"old": old, "new": gpu.state, "event": event, "agent_id": agent.id}))
+            gpu.updated_at = time.time()
+            changed.append(gpu)
+        await self._events.record_many(events)
         if changed:
             await self._store.gpus.put_many(changed)
+
+    async def settle_gpus_of(self, agent_ids: Iterable[str]) -> None:
+        for agent_id in set(agent_ids):
+            agent = self.agents.get(agent_id)
+            if agent is not None:
+                await self.settle_gpus(agent)
+
+    async def withdraw_gpus(self, agent_id: str, gpus: Iterable[GpuRecord], flag: str) -> None:
+        """GPUs leave the pool: gone from memory (never offered, never listed), stored offline with ``flag``."""
+        withdrawn = []
+        for gpu in list(gpus):
+            self.gpus.pop(gpu.uuid, None)
+            self._gpus_by_agent.get(agent_id, {}).pop(gpu.uuid, None)
+            gpu.state, gpu.flags, gpu.updated_at = GpuState.OFFLINE.value, [*gpu.flags, flag], time.time()
+            withdrawn.append(gpu)
+        if withdrawn:
+            await self._events.record_many([("gpu.withdrawn", g.uuid, {"agent_id": agent_id, "reason": flag}) for g in withdrawn])
+            await self._store.gpus.put_many(withdrawn)
 
     async def save(self, agent: AgentRecord) -> None:
         agent.version += 1
@@ -112,9 +168,12 @@ class Registry:
         agent.last_seen, agent.connected_since = now, now
         await self._update_gpus(agent.id, inventory.gpus, inventory.host)
         if agent.drained:
-            await self.transition(agent, "drain", "drained by an operator")
-        elif not await self.transition(agent, "connected", f"connected through {relay}"):
+            changed = await self.transition(agent, "drain", "drained by an operator")
+        else:
+            changed = await self.transition(agent, "connected", f"connected through {relay}")
+        if not changed:
             await self.save(agent)
+            await self.settle_gpus(agent)
 
     async def _record_relay_change(self, agent: AgentRecord, relay: str, *, relay_region: str) -> None:
         """An agent that shows up through another relay than before failed over (or was moved): an event says so."""
@@ -131,13 +190,25 @@ class Registry:
             )
 
     async def _update_gpus(self, agent_id: str, infos: list[GpuInfo], host: object) -> None:
+        """The latest report replaces the previous one: GPUs it no longer lists leave the pool."""
         records = []
         events: list[tuple[str, str, dict[str, object]]] = []  # one store write for all of them, not one per GPU
+        reported: set[str] = set()
+        duplicated_owners: set[str] = set()
         for info in infos:
+            if info.uuid in reported:
+                continue  # listed twice in one report: the first entry stands
+            reported.add(info.uuid)
             old = self.gpus.get(info.uuid)
             if old is not None and not self._may_claim(old, agent_id):
-                # A GPU UUID is whatever the agent says: one agent must not take over another's GPUs by naming them.
-                events.append(("gpu.claim_refused", info.uuid, {"agent_id": agent_id, "owner": old.agent_id}))
+                # A GPU UUID is whatever the agent says: one agent must not take over another's GPUs by naming them,
+                # and a card two hosts claim is offered by neither until an operator sorts it out.
+                events.append(("gpu.duplicate_uuid", info.uuid, {"agent_id": agent_id, "owner": old.agent_id}))
+                self._duplicates.setdefault(info.uuid, set()).update({old.agent_id, agent_id})
+                if DUPLICATE_UUID_FLAG not in old.flags:
+                    old.flags = [*old.flags, DUPLICATE_UUID_FLAG]
+                    records.append(old)
+                duplicated_owners.add(old.agent_id)
                 continue
             c = classify(info, self.policy, host=host)  # type: ignore[arg-type]
             state = old.state if old is not None and old.agent_id == agent_id else GpuState.AVAILABLE.value
@@ -149,7 +220,7 @@ class Registry:
                 info=info,
                 state=state,
                 tier=c.tier,
-                flags=list(c.flags),
+                flags=[*c.flags, DUPLICATE_UUID_FLAG] if info.uuid in self._duplicates else list(c.flags),
                 updated_at=time.time(),
             )
             if old is None or (old.tier, old.flags) != (record.tier, record.flags):
@@ -171,6 +242,9 @@ class Registry:
         await self._events.record_many(events)
         if records:
             await self._store.gpus.put_many(records)
+        gone = [g for uuid, g in self._gpus_by_agent.get(agent_id, {}).items() if uuid not in reported]
+        await self.withdraw_gpus(agent_id, gone, MISSING_FROM_INVENTORY_FLAG)
+        await self.settle_gpus_of(duplicated_owners)
 
     def _may_claim(self, gpu: GpuRecord, agent_id: str) -> bool:
         """A GPU reported by another agent moves only once that agent is retired (the card changed hosts)."""
