@@ -120,10 +120,7 @@ class RelayHub:
         finally:
             if self.links.get(link.relay_id) is link:
                 del self.links[link.relay_id]
-            for agent_id in list(link.agents):
-                if self.agent_links.get(agent_id) is link:
-                    del self.agent_links[agent_id]
-            await self._on_close(link)
+            await self._on_close(link)  # which also forgets the agents this link still spoke for
             log.info("access relay disconnected", extra={"relay": link.relay_id})
 
     async def _open(self, connection: ServerConnection) -> AccessLink | None:

@@ -126,6 +126,7 @@ class Master:
         )
         self._announced: list[RelayEntry] = []  # the relay directory agents were last told
         self._announcing: asyncio.Task[None] | None = None
+        self._stopping = False
         self.started_at = 0.0
         self.relay_stats: dict[str, AccessStats] = {}
         self.link_port = 0
@@ -154,6 +155,7 @@ class Master:
         handled (a result stored and acknowledged) before the store closes. A relay counts a frame as
         delivered once it is written to the link, so this is what keeps them from being lost.
         """
+        self._stopping = True
         await self.hub.stop()
         tasks = [*self._tasks, *([self._announcing] if self._announcing is not None else [])]
         for task in tasks:
@@ -244,9 +246,12 @@ class Master:
         """Every agent this relay carried, and not since reconnected through another, is unreachable now."""
         self.metrics.relay_links_closed.inc()
         for agent_id in list(link.agents):
-            if agent_id not in self.hub.agent_links:
-                await self._lose(agent_id, f"relay {link.relay_id} lost")
-        self._announce_directory_soon()
+            if self.hub.agent_links.get(agent_id) is link:
+                del self.hub.agent_links[agent_id]
+                if not self._stopping:  # this Master going away says nothing about its agents
+                    await self._lose(agent_id, f"relay {link.relay_id} lost")
+        if not self._stopping:
+            self._announce_directory_soon()
 
     async def _lose(self, agent_id: str, reason: str) -> None:
         """The agent's connection is gone: it leaves ``ready`` now rather than after missed heartbeats."""

@@ -30,7 +30,14 @@ from master.records import AgentRecord
 from master.service import Master
 
 HOST = HostInfo(
-    hostname="gpu-host", cpu_model="EPYC", cpu_cores=32, ram_mib=256_000, disk_total_gib=1000, disk_free_gib=900, os="linux", kernel="6.1"
+    hostname="gpu-host",
+    cpu_model="EPYC",
+    cpu_cores=32,
+    ram_mib=256_000,
+    disk_total_gib=1000,
+    disk_free_gib=900,
+    os="linux",
+    kernel="6.1",
 )
 
 
@@ -76,7 +83,9 @@ def gpus(count: int, *, prefix: str = "GPU-h100", name: str = "NVIDIA H100 80GB 
 
 
 def hello(gpu_list: list[GpuInfo]) -> Hello:
-    return Hello(versions=list(PROTOCOL_VERSIONS), agent_version="test", inventory=Inventory(host=HOST, gpus=gpu_list, simulated=True))
+    return Hello(
+        versions=list(PROTOCOL_VERSIONS), agent_version="test", inventory=Inventory(host=HOST, gpus=gpu_list, simulated=True)
+    )
 
 
 async def enrolled(master: Master, agent_id: str) -> AgentRecord:

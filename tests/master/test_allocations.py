@@ -13,7 +13,9 @@ from master.service import Master
 from tests.master.linked import connect, gpus, relay, relay_link
 
 
-def gpu(uuid: str, index: int = 0, agent_id: str = "agt-a", state: str = "available", flags: list[str] | None = None) -> GpuRecord:
+def gpu(
+    uuid: str, index: int = 0, agent_id: str = "agt-a", state: str = "available", flags: list[str] | None = None
+) -> GpuRecord:
     info = gpus(index + 1)[index]
     return GpuRecord(uuid=uuid, agent_id=agent_id, index=index, model="h100", info=info, state=state, flags=flags or [])
 
