@@ -71,8 +71,6 @@ from master.tiers import TierPolicy
 
 log = logging.getLogger(__name__)
 
-__all__ = ["HELLO_REQUIRED", "Master"]  # HELLO_REQUIRED is imported from here by older callers
-
 # Agents in these states are shown reachable; a clean disconnect or a lost relay takes them offline at once.
 _CONNECTED = frozenset({AgentState.ENROLLED.value, AgentState.READY.value, AgentState.BUSY.value, AgentState.MAINTENANCE.value})
 SLOW_FLUSH_S = 1.0  # a flush longer than this is logged: writes queued behind it wait as long
