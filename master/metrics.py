@@ -7,6 +7,7 @@ are bounded sets (states, tiers, frame types, outcome codes), never agent, GPU o
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Callable, Iterable, Iterator
 
 import msgspec
@@ -14,23 +15,14 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from common.wire import AgentEvent, AgentFrame, CommandAck, CommandResult, Error, Heartbeat, Hello, RenewRequest, Telemetry
+from common.wire import AgentFrame
 from master.records import AgentRecord, CommandRecord, GpuRecord
 from master.states import AgentState, CommandState
 
 # Seconds from a command's creation to its final state: a container starts in seconds, a delete may wait
 # for its grace period, a timeout takes the command's whole deadline.
 COMMAND_LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900)
-_FRAME_TYPES: tuple[type[msgspec.Struct], ...] = (  # every AgentFrame type
-    Hello,
-    Heartbeat,
-    Telemetry,
-    CommandAck,
-    CommandResult,
-    AgentEvent,
-    RenewRequest,
-    Error,
-)
+_FRAME_TYPES: tuple[type[msgspec.Struct], ...] = typing.get_args(AgentFrame)  # every frame an agent may send
 _OPEN_COMMAND_STATES = (CommandState.PENDING.value, CommandState.SENT.value, CommandState.ACKED.value)
 
 

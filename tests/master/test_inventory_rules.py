@@ -89,3 +89,11 @@ async def test_a_revoked_hosts_gpus_leave_the_pool_and_may_be_reported_by_their_
 
     await connect(master, link, "agt-b", gpus(2))  # the cards moved to another host
     assert [g.state for g in master.gpus("agt-b")] == ["available", "available"]
+
+
+async def test_a_hello_with_100_gpus_is_answered_with_an_error_and_registers_nothing(master):
+    link = relay_link()
+    await connect(master, link, "agt-a", gpus(100))  # over the wire's own bound (64): refused when decoded
+    [error] = to_agent(link, "agt-a")
+    assert isinstance(error, Error) and error.code == "schema_violation" and "gpus" in error.message
+    assert master.gpus() == [] and master.agent("agt-a").state == "enrolled"
