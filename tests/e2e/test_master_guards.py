@@ -69,3 +69,11 @@ def test_a_clean_stop_shows_at_once_and_a_restart_with_other_gpus_replaces_the_i
     new = gpu_states(grid, agent_id)
     assert len(new) == 1 and not (set(new) & old) and list(new.values()) == ["available"]
     assert not any(g["uuid"] in old for g in grid.get("/api/v1/gpus")["items"])
+
+
+def test_agents_behind_a_relay_that_dies_show_offline_at_once_naming_the_relay(grid):
+    agent_id, _ = grid.run_agent("host-c", simulate="a10:1")
+    grid.relays["relay-1"].daemon.kill(signal.SIGKILL)
+    agent = wait_for(lambda: (a := grid.agent(agent_id))["state"] == "offline" and a, 10, "the agent to show offline")
+    assert agent["state_reason"] == "relay relay-1 lost", agent["state_reason"]  # not the sweep's "no heartbeat"
+    assert [g["state"] for g in agent["gpus"]] == ["offline"]
