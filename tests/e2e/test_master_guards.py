@@ -3,10 +3,17 @@ checked through the real API against real Master, relay and agent processes."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import signal
 import time
 
-from tests.support.grid import wait_for
+from websockets.asyncio.client import connect
+
+from common.pki import client_tls_context
+from common.wire import encode
+from tests.master.linked import gpus, hello
+from tests.support.grid import Grid, wait_for, write_toml
 
 
 def create(grid, agent_id: str, name: str, gpus: list[str]) -> tuple[int, dict]:
@@ -77,3 +84,40 @@ def test_agents_behind_a_relay_that_dies_show_offline_at_once_naming_the_relay(g
     agent = wait_for(lambda: (a := grid.agent(agent_id))["state"] == "offline" and a, 10, "the agent to show offline")
     assert agent["state_reason"] == "relay relay-1 lost", agent["state_reason"]  # not the sweep's "no heartbeat"
     assert [g["state"] for g in agent["gpus"]] == ["offline"]
+
+
+async def test_an_agents_event_flood_is_cut_to_its_budget_and_never_reaches_the_masters_kinds(tmp_path):
+    grid = Grid(tmp_path)
+    try:
+        budget = write_toml(tmp_path / "master.toml", {"report_events_per_window": 10, "report_window_s": 3600})
+        grid.start_master("--config", str(budget))
+        relay = grid.start_relay("relay-1", "eu-west")
+        assert grid.enroll("flooder", relay).returncode == 0
+        agent_id, home = grid.agent_id("flooder"), grid.agent_dir("flooder")
+        context = client_tls_context(home / "ca.crt", home / "agent.crt", home / "agent.key")
+        async with connect(relay.agent_url, ssl=context, open_timeout=5) as ws:
+            await ws.send(encode(hello(gpus(1))).decode())
+            while json.loads(await asyncio.wait_for(ws.recv(), timeout=10))["type"] != "welcome":
+                pass
+            report = {"type": "event", "kind": "runtime_failure", "ts": 1.0, "message": "x" * 500}
+            for _ in range(150):
+                await ws.send(json.dumps(report))
+            forged = {"type": "event", "kind": "transition", "ts": 1.0, "message": "revoked by an operator"}
+            await ws.send(json.dumps(forged))
+            while (answer := json.loads(await asyncio.wait_for(ws.recv(), timeout=10)))["type"] != "error":
+                pass
+            assert answer["code"] == "schema_violation"
+
+            def reports() -> list[dict]:
+                return grid.get(f"/api/v1/events?subject={agent_id}&kind=agent_report.&limit=1000")["items"]
+
+            noted = await asyncio.to_thread(
+                wait_for, lambda: [e for e in reports() if e["kind"] == "agent_report.budget_exceeded"], 20, "the flood noted"
+            )
+        kinds = [e["kind"] for e in reports()]
+        assert kinds.count("agent_report.runtime_failure") == 10 and len(noted) == 1
+        for prefix in ("agent.", "gpu.", "command."):
+            listed = grid.get(f"/api/v1/events?kind={prefix}&limit=1000")["items"]
+            assert not any("revoked by an operator" in json.dumps(e) for e in listed)
+    finally:
+        grid.stop()
