@@ -46,6 +46,10 @@ class GpuAllocations:
     def __len__(self) -> int:
         return len(self._holds)
 
+    def holds(self) -> dict[str, Hold]:
+        """Every hold now, GPU uuid -> holder: a snapshot (a copy), for a scheduler's pure core."""
+        return dict(self._holds)
+
     def resolve(self, agent_id: str, host_gpus: Sequence[GpuRecord], named: Iterable[str]) -> list[str]:
         """The uuids of the GPUs ``named`` (uuids or indexes) on the host; Conflict for one not on it."""
         by_name = {g.uuid: g for g in host_gpus} | {str(g.index): g for g in host_gpus}

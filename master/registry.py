@@ -40,6 +40,9 @@ class Registry:
         self.agents: dict[str, AgentRecord] = {}
         self.gpus: dict[str, GpuRecord] = {}
         self._gpus_by_agent: dict[str, dict[str, GpuRecord]] = {}  # agent id -> its GPUs by uuid: no scan of every GPU
+        # agent id -> the GPUs it reported under a uuid another host holds: shown on it (flagged, offline), never
+        # stored (the store keys GPUs by uuid, the holder's record is the one there) and never offered.
+        self._shadows: dict[str, dict[str, GpuRecord]] = {}
         self._dirty: set[str] = set()
         # The relay each agent was last seen through. AgentRecord.relay is cleared when the agent goes offline,
         # and a failover usually goes through offline, so the previous relay is remembered here.
@@ -81,7 +84,11 @@ class Registry:
         return agent
 
     def gpus_of(self, agent_id: str) -> list[GpuRecord]:
-        return sorted(self._gpus_by_agent.get(agent_id, {}).values(), key=lambda g: g.index)
+        """The GPUs the agent reported, those another host also claims included (flagged ``duplicate_uuid``)."""
+        owned = self._gpus_by_agent.get(agent_id, {})
+        shadows = self._shadows.get(agent_id)
+        gpus = [*owned.values(), *shadows.values()] if shadows else owned.values()
+        return sorted(gpus, key=lambda g: g.index)
 
     def _put_gpu(self, gpu: GpuRecord) -> None:
         old = self.gpus.get(gpu.uuid)
@@ -107,7 +114,8 @@ class Registry:
         await self._events.transition("agent", agent.id, old, agent.state, event, reason=reason)
         await self.save(agent)
         if agent.state == AgentState.RETIRED.value:
-            await self.withdraw_gpus(agent.id, self.gpus_of(agent.id), HOST_RETIRED_FLAG)
+            self._shadows.pop(agent.id, None)
+            await self.withdraw_gpus(agent.id, list(self._gpus_by_agent.get(agent.id, {}).values()), HOST_RETIRED_FLAG)
             self.allocations.release_host(agent.id)
         else:
             await self.settle_gpus(agent)
@@ -195,6 +203,7 @@ class Registry:
         events: list[tuple[str, str, dict[str, object]]] = []  # one store write for all of them, not one per GPU
         reported: set[str] = set()
         duplicated_owners: set[str] = set()
+        self._shadows.pop(agent_id, None)
         for info in infos:
             if info.uuid in reported:
                 continue  # listed twice in one report: the first entry stands
@@ -209,6 +218,17 @@ class Registry:
                     old.flags = [*old.flags, DUPLICATE_UUID_FLAG]
                     records.append(old)
                 duplicated_owners.add(old.agent_id)
+                shadow = GpuRecord(
+                    uuid=info.uuid,
+                    agent_id=agent_id,
+                    index=info.index,
+                    model=old.model,
+                    info=info,
+                    state=GpuState.OFFLINE.value,
+                    flags=[DUPLICATE_UUID_FLAG],
+                    updated_at=time.time(),
+                )
+                self._shadows.setdefault(agent_id, {})[info.uuid] = shadow
                 continue
             c = classify(info, self.policy, host=host)  # type: ignore[arg-type]
             state = old.state if old is not None and old.agent_id == agent_id else GpuState.AVAILABLE.value

@@ -47,8 +47,9 @@ def test_deleting_a_container_frees_its_own_gpus_and_no_other():
     allocations = GpuAllocations()
     allocations.claim("agt-a", "job-1", "cmd-1", ["GPU-0"])
     allocations.claim("agt-a", "job-2", "cmd-2", ["GPU-1"])
+    snapshot = allocations.holds()
     assert allocations.release("agt-a", "job-1") == ["GPU-0"]
-    assert allocations.holder("GPU-0") is None
+    assert allocations.holder("GPU-0") is None and "GPU-0" in snapshot  # a snapshot does not change under its reader
     assert allocations.holder("GPU-1") == Hold("agt-a", "job-2", "cmd-2", running=False)
 
 

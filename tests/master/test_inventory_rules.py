@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+
+from common.errors import Conflict
 from common.wire import Error, Welcome
 from master.config import MasterConfig
 from master.service import Master
@@ -40,7 +43,11 @@ async def test_a_uuid_two_hosts_report_is_flagged_and_offered_by_neither(master)
     shared = master.registry.gpus["GPU-h100-0"]
     assert shared.agent_id == "agt-a" and "duplicate_uuid" in shared.flags and shared.state == "offline"
     assert master.registry.gpus["GPU-h100-1"].state == "available"  # agt-a's other GPU is fine
-    assert [g.uuid for g in master.gpus("agt-b")] == []  # never moved to the second host
+    [copy] = master.gpus("agt-b")  # shown on the second host too, flagged, never offered, never stored over the first
+    assert (copy.uuid, copy.state, copy.flags) == ("GPU-h100-0", "offline", ["duplicate_uuid"])
+    assert (await master.store.gpus.get("GPU-h100-0")).agent_id == "agt-a"
+    with pytest.raises(Conflict, match="more than one host"):
+        await master.create_command("agt-b", "create_container", {"name": "j", "image": "none", "gpus": ["GPU-h100-0"]})
     [flagged] = await events(master, "gpu.duplicate_uuid")
     assert flagged.data == {"agent_id": "agt-b", "owner": "agt-a"}
 
