@@ -17,10 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from cryptography.hazmat.primitives.serialization import Encoding
 
-from common.errors import Conflict, EnrollmentError, IdlegridError, NotFound, PKIError, ProtocolError
-from common.pki import Role, server_tls_context
+from common.errors import Conflict, EnrollmentError, IdlegridError, NotFound, ProtocolError
+from common.pki import server_tls_context
 from common.wire import (
     AccessStats,
     AgentConnected,
@@ -37,7 +36,6 @@ from common.wire import (
     Hello,
     LinkFrame,
     Relay,
-    RelayDirectory,
     RelayEntry,
     RenewRequest,
     RenewResponse,
@@ -54,6 +52,7 @@ from master.authority import Authority
 from master.budget import ReportLimits
 from master.commands import CommandLedger
 from master.config import MasterConfig
+from master.directory import RelayDirectoryAnnouncer
 from master.enrollment import Enrollment, hash_secret
 from master.events import EventLog
 from master.keys import SigningKeyInfo
@@ -62,6 +61,7 @@ from master.loops import Loop
 from master.metrics import FleetGauges, MasterMetrics
 from master.records import AgentRecord, ApiKeyRecord, CommandRecord, EventRecord, GpuRecord, RevocationRecord, TokenRecord
 from master.registry import Registry
+from master.renewal import renew_certificate
 from master.session import HELLO_REQUIRED, Act, AgentSession, SessionRules, Verdict
 from master.states import AgentState
 from master.store import open_store
@@ -122,8 +122,9 @@ class Master:
             max_gpus_per_host=config.max_gpus_per_host,
             reports=ReportLimits(config.report_events_per_window, config.report_bytes_per_window, config.report_window_s),
         )
-        self._announced: list[RelayEntry] = []  # the relay directory agents were last told
-        self._announcing: asyncio.Task[None] | None = None
+        self.directory = RelayDirectoryAnnouncer(
+            lambda: self.hub.links.values(), self._announce_to_agents, coalesce_s=config.relay_directory_coalesce_s
+        )
         self._stopping = False
         self.started_at = 0.0
         self.relay_stats: dict[str, AccessStats] = {}
@@ -155,10 +156,10 @@ class Master:
         """
         self._stopping = True
         await self.hub.stop()
-        tasks = [*self._tasks, *([self._announcing] if self._announcing is not None else [])]
-        for task in tasks:
+        await self.directory.stop()
+        for task in self._tasks:
             task.cancel()
-        for task in tasks:
+        for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.telemetry.flush(time.time(), everything=True)
@@ -238,7 +239,7 @@ class Master:
 
     async def _on_link_opened(self, link: AccessLink) -> None:
         self.metrics.relay_links_opened.inc()
-        self._announce_directory_soon()
+        self.directory.changed()
 
     async def _on_link_closed(self, link: AccessLink) -> None:
         """Every agent this relay carried, and not since reconnected through another, is unreachable now."""
@@ -249,7 +250,7 @@ class Master:
                 if not self._stopping:  # this Master going away says nothing about its agents
                     await self._lose(agent_id, f"relay {link.relay_id} lost")
         if not self._stopping:
-            self._announce_directory_soon()
+            self.directory.changed()
 
     async def _lose(self, agent_id: str, reason: str) -> None:
         """The agent's connection is gone: it leaves ``ready`` now rather than after missed heartbeats."""
@@ -259,28 +260,11 @@ class Master:
             agent.relay = ""
             await self.registry.transition(agent, "disconnected", reason)
 
-    # --- the relay directory -------------------------------------------------------------------
-
     def relay_directory(self) -> list[RelayEntry]:
         """Every relay linked now that told where agents dial it, by id."""
-        return [
-            RelayEntry(relay_id=link.relay_id, region=link.region, url=link.public_url)
-            for link in sorted(self.hub.links.values(), key=lambda link: link.relay_id)
-            if link.public_url
-        ]
+        return self.directory.current()
 
-    def _announce_directory_soon(self) -> None:
-        """Relays come and go in bursts (a restart, a network split): one announcement for the burst."""
-        if self._announcing is None or self._announcing.done():
-            self._announcing = asyncio.create_task(self._announce_directory(), name="relay-directory")
-
-    async def _announce_directory(self) -> None:
-        await asyncio.sleep(self.config.relay_directory_coalesce_s)
-        directory = self.relay_directory()
-        if directory == self._announced:
-            return
-        self._announced = directory
-        frame = encode(RelayDirectory(relays=directory))
+    async def _announce_to_agents(self, frame: bytes) -> None:
         await asyncio.gather(*(self.hub.send_to_agent(agent_id, frame) for agent_id in list(self.hub.agent_links)))
 
     async def _on_agent_connected(self, link: AccessLink, frame: AgentConnected) -> None:
@@ -400,7 +384,14 @@ class Master:
     async def _on_renew(self, link: AccessLink, agent: AgentRecord, request: RenewRequest) -> None:
         """A new certificate for the agent this link speaks for: whom it names comes from the link, never the CSR."""
         try:
-            cert_pem = self._renew_certificate(agent, request.csr_pem, time.time())
+            cert_pem = renew_certificate(
+                self.authority.ca,
+                agent,
+                request.csr_pem,
+                time.time(),
+                min_interval_s=self.config.renew_min_interval_s,
+                valid_s=self.config.agent_cert_s,
+            )
         except IdlegridError as exc:
             await self.events.record("agent.renewal_refused", agent.id, code=exc.code, reason=str(exc))
             await link.send_to_agent(agent.id, encode(RenewResponse(error=str(exc))))
@@ -408,28 +399,6 @@ class Master:
         await self.registry.save(agent)
         await self.events.record("agent.renewed", agent.id, serial=agent.cert_serial, not_after=agent.cert_not_after)
         await link.send_to_agent(agent.id, encode(RenewResponse(cert_pem=cert_pem)))
-
-    def _renew_certificate(self, agent: AgentRecord, csr_pem: str, now: float) -> str:
-        """Sign the CSR for ``agent`` and record the new serial, keeping the old ones for revocation.
-
-        Synchronous on purpose: the record names the new serial before any other task runs, so a
-        revocation racing this renewal cannot miss the certificate it issues.
-        """
-        wait = agent.cert_issued_at + self.config.renew_min_interval_s - now
-        if wait > 0:
-            raise IdlegridError(f"certificate was renewed moments ago; ask again in {wait:.0f} s", code="renewal_too_soon")
-        try:
-            cert = self.authority.ca.sign_csr(csr_pem.encode(), Role.AGENT, agent.id, valid_s=self.config.agent_cert_s)
-        except (PKIError, ValueError) as exc:
-            raise IdlegridError(f"certificate signing request refused: {exc}", code="bad_csr") from None
-        still_valid = {serial: until for serial, until in agent.previous_serials.items() if until > now}
-        if agent.cert_serial and agent.cert_not_after > now:
-            still_valid[agent.cert_serial] = agent.cert_not_after
-        agent.previous_serials = still_valid
-        agent.cert_serial = format(cert.serial_number, "x")
-        agent.cert_not_after = cert.not_valid_after_utc.timestamp()
-        agent.cert_issued_at = now
-        return cert.public_bytes(Encoding.PEM).decode()
 
     # --- command-signing keys ------------------------------------------------------------------
 
