@@ -121,11 +121,44 @@ class Registry:
             await self.settle_gpus(agent)
         return True
 
+    async def transition_many(self, moves: Sequence[tuple[AgentRecord, str]], event: str) -> list[AgentRecord]:
+        """``event`` for many agents at once (agent, reason), written in paced batches: a lost relay may have
+        carried thousands, and one write per agent would hold up every other store call. Returns those moved.
+
+        Not for an event that retires an agent (``transition`` withdraws its GPUs)."""
+        moved: list[AgentRecord] = []
+        events: list[tuple[str, str, dict[str, object]]] = []
+        gpus: list[GpuRecord] = []
+        for agent, reason in moves:
+            if not AGENT.allows(agent.state, event):
+                continue
+            old, agent.state = agent.state, AGENT.next(agent.state, event)
+            agent.state_reason = reason
+            events.append(("agent.transition", agent.id, {"old": old, "new": agent.state, "event": event, "reason": reason}))
+            self._settle_in_memory(agent, gpus, events)
+            moved.append(agent)
+        await self._events.record_many(events)
+        for agent in moved:
+            agent.version += 1
+            self._dirty.discard(agent.id)
+        await write_paced(moved, self._store.agents.put_many)
+        await write_paced(gpus, self._store.gpus.put_many)
+        return moved
+
     async def settle_gpus(self, agent: AgentRecord) -> None:
         """Bring each GPU of ``agent`` to the state its holder and its host call for (allocations.gpu_state_for),
         through the GPU table, every step recorded."""
         changed: list[GpuRecord] = []
         events: list[tuple[str, str, dict[str, object]]] = []
+        self._settle_in_memory(agent, changed, events)
+        await self._events.record_many(events)
+        if changed:
+            await self._store.gpus.put_many(changed)
+
+    def _settle_in_memory(
+        self, agent: AgentRecord, changed: list[GpuRecord], events: list[tuple[str, str, dict[str, object]]]
+    ) -> None:
+        """The GPU moves of ``settle_gpus``, applied in memory; the records and events to write are appended."""
         for gpu in self._gpus_by_agent.get(agent.id, {}).values():
             wanted = gpu_state_for(gpu, self.allocations.holder(gpu.uuid), agent)
             if wanted == gpu.state:
@@ -135,9 +168,6 @@ class Registry:
                 events.append(("gpu.transition", gpu.uuid, {"old": old, "new": gpu.state, "event": event, "agent_id": agent.id}))
             gpu.updated_at = time.time()
             changed.append(gpu)
-        await self._events.record_many(events)
-        if changed:
-            await self._store.gpus.put_many(changed)
 
     async def settle_gpus_of(self, agent_ids: Iterable[str]) -> None:
         for agent_id in set(agent_ids):
@@ -285,14 +315,16 @@ class Registry:
             await self.transition(agent, "workload_finished", "no container running")
 
     async def sweep(self, now: float, timeout_s: float) -> list[str]:
-        """Agents silent for longer than ``timeout_s`` go offline, with their GPUs."""
-        lost = []
-        for agent in list(self.agents.values()):
-            if agent.state in _LIVE and agent.state != AgentState.ENROLLED.value and now - agent.last_seen > timeout_s:
-                agent.relay = ""
-                await self.transition(agent, "heartbeat_lost", f"no heartbeat for {now - agent.last_seen:.1f} s")
-                lost.append(agent.id)
-        return lost
+        """Agents silent for longer than ``timeout_s`` go offline, with their GPUs (in one batched write)."""
+        silent = [
+            a
+            for a in self.agents.values()
+            if a.state in _LIVE and a.state != AgentState.ENROLLED.value and now - a.last_seen > timeout_s
+        ]
+        for agent in silent:
+            agent.relay = ""
+        moves = [(agent, f"no heartbeat for {now - agent.last_seen:.1f} s") for agent in silent]
+        return [agent.id for agent in await self.transition_many(moves, "heartbeat_lost")]
 
     async def flush(self) -> int:
         """Write the agents changed in memory only (heartbeats), in paced batches (master/batches.py): one write

@@ -244,13 +244,23 @@ class Master:
     async def _on_link_closed(self, link: AccessLink) -> None:
         """Every agent this relay carried, and not since reconnected through another, is unreachable now."""
         self.metrics.relay_links_closed.inc()
+        lost = []
         for agent_id in list(link.agents):
             if self.hub.agent_links.get(agent_id) is link:
                 del self.hub.agent_links[agent_id]
-                if not self._stopping:  # this Master going away says nothing about its agents
-                    await self._lose(agent_id, f"relay {link.relay_id} lost")
+                self.sessions.pop(agent_id, None)
+                lost.append(agent_id)
+        if not self._stopping:  # this Master going away says nothing about its agents
+            await self._lose_all(lost, f"relay {link.relay_id} lost")
         if not self._stopping:
             self.directory.changed()
+
+    async def _lose_all(self, agent_ids: list[str], reason: str) -> None:
+        """Many agents gone at once (their relay): one batched write, not one per agent."""
+        agents = [a for a in (self.registry.agents.get(i) for i in agent_ids) if a is not None and a.state in _CONNECTED]
+        for agent in agents:
+            agent.relay = ""
+        await self.registry.transition_many([(agent, reason) for agent in agents], "disconnected")
 
     async def _lose(self, agent_id: str, reason: str) -> None:
         """The agent's connection is gone: it leaves ``ready`` now rather than after missed heartbeats."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from common.wire import RelayDirectory, RelayEntry, Welcome
-from tests.master.linked import connect, disconnect, relay_link, to_agent
+from tests.master.linked import connect, disconnect, events, relay_link, to_agent
 
 
 async def test_a_clean_agent_stop_takes_it_offline_at_once_with_its_gpus(master):
@@ -25,6 +25,11 @@ async def test_a_lost_relay_takes_every_agent_it_carried_offline_at_once(master)
     for agent_id in ("agt-a", "agt-b"):
         agent = master.agent(agent_id)
         assert (agent.state, agent.state_reason) == ("offline", "relay relay-a lost")
+        assert {g.state for g in master.gpus(agent_id)} == {"offline"}
+        stored = await master.store.agents.get(agent_id)
+        assert stored is not None and stored.state == "offline"
+        [moved] = [e for e in await events(master, "agent.transition", agent_id) if e.data["event"] == "disconnected"]
+        assert moved.data["reason"] == "relay relay-a lost"
 
 
 async def test_an_agent_already_back_through_another_relay_stays_reachable(master):
