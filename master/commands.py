@@ -7,6 +7,7 @@ execution at most once (the command id is the agent's idempotency key).
 from __future__ import annotations
 
 import logging
+import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -17,6 +18,7 @@ import msgspec
 from common.containers import parse_create_spec, parse_delete_spec
 from common.errors import Conflict, IdlegridError, NotFound
 from common.wire import Command, CommandBody, CommandResult, encode, signing_bytes
+from master.allocations import GpuAllocations
 from master.events import EventLog
 from master.keys import SigningKeyRing
 from master.records import CommandRecord
@@ -28,6 +30,7 @@ log = logging.getLogger(__name__)
 
 KINDS = ("create_container", "delete_container")
 _REFUSING_STATES = frozenset({AgentState.RETIRED.value, AgentState.QUARANTINED.value})
+CREATE, DELETE = KINDS
 
 SendToAgent = Callable[[str, bytes], Awaitable[bool]]
 
@@ -47,17 +50,55 @@ class CommandLedger:
         self._send = send
         self._timeout_s = timeout_s
         self.open: dict[str, CommandRecord] = {}  # commands not yet final
+        self.allocations: GpuAllocations = registry.allocations
+        # Called with each command that reaches a final state (metrics count them); must not raise.
+        self.on_final: Callable[[CommandRecord], None] = lambda record: None
 
-    async def load(self) -> None:
+    async def load(self) -> list[str]:
+        """Open commands from the store, and the GPU holds they and the agents' containers make.
+
+        Returns what could not be loaded: logged and recorded, the rest is served.
+        """
+        problems: list[str] = []
         live = [s.value for s in CommandState if s not in FINAL_COMMAND_STATES]
-        for record in await self._store.commands.list(states=live, limit=1_000_000):
+        try:
+            records = await self._store.commands.list(states=live, limit=1_000_000)
+        except Exception as exc:
+            records = []
+            problems.append(f"open commands: {exc}")
+        for record in records:
+            if not math.isfinite(record.deadline):
+                # Written before timeouts were checked: it would never expire. It gets the default timeout.
+                record.deadline = record.created_at + self._timeout_s
+                problems.append(f"command {record.id} had a deadline that never comes; given {self._timeout_s} s")
             self.open[record.id] = record
+        dropped = self.allocations.rebuild(
+            self._registry.agents.values(),
+            [(r, self._gpus_named(r)) for r in self.open.values() if r.kind == CREATE],
+            {uuid: gpu.agent_id for uuid, gpu in self._registry.gpus.items()},
+        )
+        problems.extend(f"GPU hold dropped, its GPU is gone or taken: {what}" for what in dropped)
+        for problem in problems:
+            log.error("command ledger: %s", problem)
+            await self._events.record("master.load_failed", "commands", problem=problem)
+        return problems
+
+    def _gpus_named(self, record: CommandRecord) -> list[str]:
+        host = self._registry.gpus_of(record.agent_id)
+        by_name = {g.uuid: g.uuid for g in host} | {str(g.index): g.uuid for g in host}
+        return [by_name[name] for name in record.spec.get("gpus", []) or [] if name in by_name]
 
     async def create(self, agent_id: str, kind: str, spec: dict[str, Any], *, timeout_s: float | None = None) -> CommandRecord:
+        """Sign, store and dispatch a command; refused before dispatch (Conflict) when the host or its GPUs
+        cannot take it, InvalidCommand when it is malformed."""
         agent = self._registry.get(agent_id)
         if agent.state in _REFUSING_STATES:
             raise Conflict(f"agent {agent_id} is {agent.state} and takes no commands")
         _validate(kind, spec)
+        if timeout_s is not None and not (math.isfinite(timeout_s) and timeout_s > 0):
+            raise InvalidCommand(f"timeout_s must be a positive number of seconds, not {timeout_s!r}")
+        if kind == CREATE and (agent.drained or agent.state == AgentState.MAINTENANCE.value):
+            raise Conflict(f"agent {agent_id} is drained and takes no new containers; undrain it first")
         now = time.time()
         signer = self._keys.current
         body = CommandBody(
@@ -80,9 +121,18 @@ class CommandLedger:
             signature=signer.sign(signing_bytes(body)),
             key_id=body.key_id,
         )
-        await self._store.commands.put(record)
+        if kind == CREATE:
+            uuids = self.allocations.resolve(agent_id, self._registry.gpus_of(agent_id), spec.get("gpus", []) or [])
+            self.allocations.claim(agent_id, spec["name"], record.id, uuids)
+        try:
+            await self._store.commands.put(record)
+        except BaseException:
+            self.allocations.abandon(record.id)
+            raise
         await self._events.record("command.created", record.id, agent_id=agent_id, kind=kind)
         self.open[record.id] = record
+        if kind == CREATE:
+            await self._registry.settle_gpus(agent)
         await self.dispatch(record)
         return record
 
@@ -150,11 +200,11 @@ class CommandLedger:
         agent = self._registry.get(agent_id)
         if result.ok:
             agent.commands_succeeded += 1
-            await self._track_gpus(record)
         else:
             agent.commands_failed += 1
-            if result.error_code == "bad_signature":
-                await self._events.record("command.refused", record.id, agent_id=agent_id, reason=result.error or "")
+        await self._track_gpus(record, ok=result.ok)
+        if not result.ok and result.error_code == "bad_signature":
+            await self._events.record("command.refused", record.id, agent_id=agent_id, reason=result.error or "")
         await self._registry.save(agent)
 
     async def expire(self, now: float, *, spare_created_before: float = 0.0) -> list[str]:
@@ -164,6 +214,7 @@ class CommandLedger:
         for record in expired:
             record.finished_at, record.error = now, "deadline passed before the agent reported a result"
             await self._move(record, "expire")
+            await self._track_gpus(record, ok=False)
         return [r.id for r in expired]
 
     def _owned(self, agent_id: str, command_id: str) -> CommandRecord | None:
@@ -176,24 +227,29 @@ class CommandLedger:
     async def _move(self, record: CommandRecord, event: str) -> None:
         old, record.state = record.state, COMMAND.next(record.state, event)
         record.version += 1
-        if record.state in {s.value for s in FINAL_COMMAND_STATES}:
+        if record.state in _FINAL:
             self.open.pop(record.id, None)
+            self.on_final(record)
         await self._store.commands.put(record)
         await self._events.transition("command", record.id, old, record.state, event, agent_id=record.agent_id)
 
-    async def _track_gpus(self, record: CommandRecord) -> None:
-        """Successful container commands move the GPUs they name between available and busy."""
+    async def _track_gpus(self, record: CommandRecord, *, ok: bool) -> None:
+        """A final container command moves its GPU holds: a create that started confirms them (and the agent
+        record lists the container, which is what a restart rebuilds from); one that did not gives them back;
+        a delete that succeeded frees that container's GPUs and no other."""
         agent = self._registry.get(record.agent_id)
-        gpus = self._registry.gpus_of(agent.id)
-        if record.kind == "create_container":
-            wanted = set(record.spec.get("gpus", []))
-            named = [g for g in gpus if g.uuid in wanted or str(g.index) in wanted]
-            agent.containers = {**agent.containers, record.spec["name"]: [g.uuid for g in named]}
-            await self._registry.gpu_transition(named, "start")
-        else:
-            uuids = set(agent.containers.get(record.spec["name"], []))
-            agent.containers = {k: v for k, v in agent.containers.items() if k != record.spec["name"]}
-            await self._registry.gpu_transition([g for g in gpus if g.uuid in uuids], "finish")
+        name = record.spec["name"]
+        if record.kind == CREATE and ok:
+            agent.containers = {**agent.containers, name: self.allocations.confirm(record.id)}
+        elif record.kind == CREATE:
+            self.allocations.abandon(record.id)
+        elif ok:
+            self.allocations.release(agent.id, name)
+            agent.containers = {k: v for k, v in agent.containers.items() if k != name}
+        await self._registry.settle_gpus(agent)
+
+
+_FINAL = frozenset(s.value for s in FINAL_COMMAND_STATES)
 
 
 def _validate(kind: str, spec: dict[str, Any]) -> None:

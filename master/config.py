@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -30,6 +30,17 @@ class MasterConfig(msgspec.Struct, kw_only=True):
     server_names: list[str] = msgspec.field(default_factory=lambda: ["localhost"])
     server_ips: list[str] = msgspec.field(default_factory=lambda: ["127.0.0.1"])
     rollup_flush_s: float = 15.0
+    # What one host may report: a hello listing more GPUs is refused and nothing of it registered.
+    max_gpus_per_host: Annotated[int, msgspec.Meta(ge=1)] = 16
+    # Each agent's budget of event reports (AgentEvent frames): a token bucket holding this many events and
+    # bytes, refilled over report_window_s. What is over is dropped, counted, and noted once per window.
+    report_events_per_window: Annotated[int, msgspec.Meta(ge=1)] = 60
+    report_bytes_per_window: Annotated[int, msgspec.Meta(ge=1)] = 256 * 1024
+    report_window_s: Annotated[float, msgspec.Meta(gt=0)] = 60.0
+    # A burst of relay links opening or closing is announced to agents as one directory, this long after the first.
+    relay_directory_coalesce_s: Annotated[float, msgspec.Meta(ge=0)] = 0.5
+    # A background loop that raised waits this long before it runs again.
+    loop_restart_s: Annotated[float, msgspec.Meta(gt=0)] = 1.0
     log_level: str = "info"
 
     @property

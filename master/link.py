@@ -44,6 +44,7 @@ class AccessLink:
     relay_id: str
     region: str
     connection: ServerConnection
+    public_url: str = ""  # where agents dial this relay (its AccessHello says), "" when it did not say
     agents: set[str] = field(default_factory=set)
 
     async def send(self, data: bytes) -> bool:
@@ -68,10 +69,12 @@ class RelayHub:
         on_frame: LinkHandler,
         on_close: LinkEvent,
         revoked: Callable[[], list[str]],
+        on_open: LinkEvent | None = None,
     ) -> None:
         self._ssl = ssl_context
         self._on_frame = on_frame
         self._on_close = on_close
+        self._on_open = on_open
         self._revoked = revoked
         self.links: dict[str, AccessLink] = {}
         self.agent_links: dict[str, AccessLink] = {}
@@ -107,6 +110,8 @@ class RelayHub:
         link = await self._open(connection)
         if link is None:
             return
+        if self._on_open is not None:
+            await self._on_open(link)
         try:
             async for message in connection:
                 await self._receive(link, message)
@@ -115,10 +120,7 @@ class RelayHub:
         finally:
             if self.links.get(link.relay_id) is link:
                 del self.links[link.relay_id]
-            for agent_id in list(link.agents):
-                if self.agent_links.get(agent_id) is link:
-                    del self.agent_links[agent_id]
-            await self._on_close(link)
+            await self._on_close(link)  # which also forgets the agents this link still spoke for
             log.info("access relay disconnected", extra={"relay": link.relay_id})
 
     async def _open(self, connection: ServerConnection) -> AccessLink | None:
@@ -138,7 +140,7 @@ class RelayHub:
             return None
         if identity.id != hello.relay_id:
             log.warning("relay %s announced itself as %s; using the certificate's name", identity.id, hello.relay_id)
-        link = AccessLink(relay_id=identity.id, region=hello.region, connection=connection)
+        link = AccessLink(relay_id=identity.id, region=hello.region, connection=connection, public_url=hello.public_url)
         old = self.links.get(link.relay_id)
         if old is not None:
             await old.connection.close(CLOSE_POLICY, "replaced by a newer link")

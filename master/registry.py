@@ -10,6 +10,7 @@ import msgspec
 
 from common.errors import NotFound
 from common.inventory import GpuInfo, Inventory
+from master.allocations import DUPLICATE_UUID_FLAG, GpuAllocations, gpu_state_for
 from master.batches import write_paced
 from master.events import EventLog
 from master.records import AgentRecord, GpuRecord
@@ -19,29 +20,62 @@ from master.tiers import TierPolicy, classify
 
 log = logging.getLogger(__name__)
 
+# A GPU that left the pool keeps its stored record (the store keeps history) with one of these flags,
+# and is not loaded again: its host no longer reports it, or its host was retired.
+MISSING_FROM_INVENTORY_FLAG = "missing_from_inventory"
+HOST_RETIRED_FLAG = "host_retired"
+_WITHDRAWN_FLAGS = frozenset({MISSING_FROM_INVENTORY_FLAG, HOST_RETIRED_FLAG})
+
 _LIVE = frozenset({AgentState.READY.value, AgentState.BUSY.value, AgentState.MAINTENANCE.value, AgentState.ENROLLED.value})
 
 
 class Registry:
-    def __init__(self, store: Store, events: EventLog, policy: TierPolicy) -> None:
+    def __init__(self, store: Store, events: EventLog, policy: TierPolicy, allocations: GpuAllocations | None = None) -> None:
         self._store = store
         self._events = events
         self.policy = policy
+        self.allocations = allocations if allocations is not None else GpuAllocations()
+        # GPU uuid -> the hosts that reported it, for uuids reported by more than one host.
+        self._duplicates: dict[str, set[str]] = {}
         self.agents: dict[str, AgentRecord] = {}
         self.gpus: dict[str, GpuRecord] = {}
         self._gpus_by_agent: dict[str, dict[str, GpuRecord]] = {}  # agent id -> its GPUs by uuid: no scan of every GPU
+        # agent id -> the GPUs it reported under a uuid another host holds: shown on it (flagged, offline), never
+        # stored (the store keys GPUs by uuid, the holder's record is the one there) and never offered.
+        self._shadows: dict[str, dict[str, GpuRecord]] = {}
         self._dirty: set[str] = set()
         # The relay each agent was last seen through. AgentRecord.relay is cleared when the agent goes offline,
         # and a failover usually goes through offline, so the previous relay is remembered here.
         self._last_relay: dict[str, str] = {}
 
-    async def load(self) -> None:
-        for agent in await self._store.agents.list():
-            self.agents[agent.id] = agent
-            if agent.relay:
-                self._last_relay[agent.id] = agent.relay
-        for gpu in await self._store.gpus.list():
-            self._put_gpu(gpu)
+    async def load(self) -> list[str]:
+        """Agents and GPUs from the store; returns what could not be loaded (each logged and an event recorded).
+
+        A store that fails to hand back one aggregate leaves the rest served: an agent the Master does not
+        know is asked to enroll again, which is better than a Master that cannot start.
+        """
+        problems: list[str] = []
+        try:
+            for agent in await self._store.agents.list():
+                self.agents[agent.id] = agent
+                if agent.relay:
+                    self._last_relay[agent.id] = agent.relay
+        except Exception as exc:
+            problems.append(f"agents: {exc}")
+        try:
+            for gpu in await self._store.gpus.list():
+                owner = self.agents.get(gpu.agent_id)
+                if _WITHDRAWN_FLAGS.intersection(gpu.flags) or owner is None or owner.state == AgentState.RETIRED.value:
+                    continue
+                if DUPLICATE_UUID_FLAG in gpu.flags:
+                    self._duplicates.setdefault(gpu.uuid, set()).add(gpu.agent_id)
+                self._put_gpu(gpu)
+        except Exception as exc:
+            problems.append(f"gpus: {exc}")
+        for problem in problems:
+            log.error("registry: could not load %s; serving the rest", problem)
+            await self._events.record("master.load_failed", "registry", problem=problem)
+        return problems
 
     def get(self, agent_id: str) -> AgentRecord:
         agent = self.agents.get(agent_id)
@@ -50,7 +84,11 @@ class Registry:
         return agent
 
     def gpus_of(self, agent_id: str) -> list[GpuRecord]:
-        return sorted(self._gpus_by_agent.get(agent_id, {}).values(), key=lambda g: g.index)
+        """The GPUs the agent reported, those another host also claims included (flagged ``duplicate_uuid``)."""
+        owned = self._gpus_by_agent.get(agent_id, {})
+        shadows = self._shadows.get(agent_id)
+        gpus = [*owned.values(), *shadows.values()] if shadows else owned.values()
+        return sorted(gpus, key=lambda g: g.index)
 
     def _put_gpu(self, gpu: GpuRecord) -> None:
         old = self.gpus.get(gpu.uuid)
@@ -63,6 +101,10 @@ class Registry:
         self.agents[agent.id] = agent
         await self._events.record("agent.enrolled", agent.id, provider=agent.provider, serial=agent.cert_serial)
 
+    def may(self, agent: AgentRecord, event: str) -> bool:
+        """Whether the agent table allows ``event`` from the agent's state now."""
+        return AGENT.allows(agent.state, event)
+
     async def transition(self, agent: AgentRecord, event: str, reason: str = "") -> bool:
         """Apply ``event`` if the table allows it from the agent's state; returns whether it changed."""
         if not AGENT.allows(agent.state, event):
@@ -71,27 +113,79 @@ class Registry:
         agent.state_reason = reason
         await self._events.transition("agent", agent.id, old, agent.state, event, reason=reason)
         await self.save(agent)
-        gpu_event = {"heartbeat_lost": "lost", "revoke": "lost", "quarantine": "fault"}.get(event)
-        if gpu_event is None and event == "connected":
-            gpu_event = "restored"
-        if gpu_event:
-            await self.gpu_transition(self.gpus_of(agent.id), gpu_event)
-        if gpu_event == "restored":
-            # GPUs given to containers that kept running while the agent was away are still taken.
-            held = {uuid for uuids in agent.containers.values() for uuid in uuids}
-            await self.gpu_transition([g for g in self.gpus_of(agent.id) if g.uuid in held], "start")
+        if agent.state == AgentState.RETIRED.value:
+            self._shadows.pop(agent.id, None)
+            await self.withdraw_gpus(agent.id, list(self._gpus_by_agent.get(agent.id, {}).values()), HOST_RETIRED_FLAG)
+            self.allocations.release_host(agent.id)
+        else:
+            await self.settle_gpus(agent)
         return True
 
-    async def gpu_transition(self, gpus: Iterable[GpuRecord], event: str) -> None:
-        changed = []
-        for gpu in gpus:
-            if GPU.allows(gpu.state, event):
-                old, gpu.state = gpu.state, GPU.next(gpu.state, event)
-                gpu.updated_at = time.time()
-                changed.append(gpu)
-                await self._events.transition("gpu", gpu.uuid, old, gpu.state, event, agent_id=gpu.agent_id)
+    async def transition_many(self, moves: Sequence[tuple[AgentRecord, str]], event: str) -> list[AgentRecord]:
+        """``event`` for many agents at once (agent, reason), written in paced batches: a lost relay may have
+        carried thousands, and one write per agent would hold up every other store call. Returns those moved.
+
+        Not for an event that retires an agent (``transition`` withdraws its GPUs)."""
+        moved: list[AgentRecord] = []
+        events: list[tuple[str, str, dict[str, object]]] = []
+        gpus: list[GpuRecord] = []
+        for agent, reason in moves:
+            if not AGENT.allows(agent.state, event):
+                continue
+            old, agent.state = agent.state, AGENT.next(agent.state, event)
+            agent.state_reason = reason
+            events.append(("agent.transition", agent.id, {"old": old, "new": agent.state, "event": event, "reason": reason}))
+            self._settle_in_memory(agent, gpus, events)
+            moved.append(agent)
+        await self._events.record_many(events)
+        for agent in moved:
+            agent.version += 1
+            self._dirty.discard(agent.id)
+        await write_paced(moved, self._store.agents.put_many)
+        await write_paced(gpus, self._store.gpus.put_many)
+        return moved
+
+    async def settle_gpus(self, agent: AgentRecord) -> None:
+        """Bring each GPU of ``agent`` to the state its holder and its host call for (allocations.gpu_state_for),
+        through the GPU table, every step recorded."""
+        changed: list[GpuRecord] = []
+        events: list[tuple[str, str, dict[str, object]]] = []
+        self._settle_in_memory(agent, changed, events)
+        await self._events.record_many(events)
         if changed:
             await self._store.gpus.put_many(changed)
+
+    def _settle_in_memory(
+        self, agent: AgentRecord, changed: list[GpuRecord], events: list[tuple[str, str, dict[str, object]]]
+    ) -> None:
+        """The GPU moves of ``settle_gpus``, applied in memory; the records and events to write are appended."""
+        for gpu in self._gpus_by_agent.get(agent.id, {}).values():
+            wanted = gpu_state_for(gpu, self.allocations.holder(gpu.uuid), agent)
+            if wanted == gpu.state:
+                continue
+            for event in GPU.path(gpu.state, wanted):
+                old, gpu.state = gpu.state, GPU.next(gpu.state, event)
+                events.append(("gpu.transition", gpu.uuid, {"old": old, "new": gpu.state, "event": event, "agent_id": agent.id}))
+            gpu.updated_at = time.time()
+            changed.append(gpu)
+
+    async def settle_gpus_of(self, agent_ids: Iterable[str]) -> None:
+        for agent_id in set(agent_ids):
+            agent = self.agents.get(agent_id)
+            if agent is not None:
+                await self.settle_gpus(agent)
+
+    async def withdraw_gpus(self, agent_id: str, gpus: Iterable[GpuRecord], flag: str) -> None:
+        """GPUs leave the pool: gone from memory (never offered, never listed), stored offline with ``flag``."""
+        withdrawn = []
+        for gpu in list(gpus):
+            self.gpus.pop(gpu.uuid, None)
+            self._gpus_by_agent.get(agent_id, {}).pop(gpu.uuid, None)
+            gpu.state, gpu.flags, gpu.updated_at = GpuState.OFFLINE.value, [*gpu.flags, flag], time.time()
+            withdrawn.append(gpu)
+        if withdrawn:
+            await self._events.record_many([("gpu.withdrawn", g.uuid, {"agent_id": agent_id, "reason": flag}) for g in withdrawn])
+            await self._store.gpus.put_many(withdrawn)
 
     async def save(self, agent: AgentRecord) -> None:
         agent.version += 1
@@ -113,9 +207,12 @@ class Registry:
         agent.last_seen, agent.connected_since = now, now
         await self._update_gpus(agent.id, inventory.gpus, inventory.host)
         if agent.drained:
-            await self.transition(agent, "drain", "drained by an operator")
-        elif not await self.transition(agent, "connected", f"connected through {relay}"):
+            changed = await self.transition(agent, "drain", "drained by an operator")
+        else:
+            changed = await self.transition(agent, "connected", f"connected through {relay}")
+        if not changed:
             await self.save(agent)
+            await self.settle_gpus(agent)
 
     async def _record_relay_change(self, agent: AgentRecord, relay: str, *, relay_region: str) -> None:
         """An agent that shows up through another relay than before failed over (or was moved): an event says so."""
@@ -132,13 +229,37 @@ class Registry:
             )
 
     async def _update_gpus(self, agent_id: str, infos: list[GpuInfo], host: object) -> None:
+        """The latest report replaces the previous one: GPUs it no longer lists leave the pool."""
         records = []
         events: list[tuple[str, str, dict[str, object]]] = []  # one store write for all of them, not one per GPU
+        reported: set[str] = set()
+        duplicated_owners: set[str] = set()
+        self._shadows.pop(agent_id, None)
         for info in infos:
+            if info.uuid in reported:
+                continue  # listed twice in one report: the first entry stands
+            reported.add(info.uuid)
             old = self.gpus.get(info.uuid)
             if old is not None and not self._may_claim(old, agent_id):
-                # A GPU UUID is whatever the agent says: one agent must not take over another's GPUs by naming them.
-                events.append(("gpu.claim_refused", info.uuid, {"agent_id": agent_id, "owner": old.agent_id}))
+                # A GPU UUID is whatever the agent says: one agent must not take over another's GPUs by naming them,
+                # and a card two hosts claim is offered by neither until an operator sorts it out.
+                events.append(("gpu.duplicate_uuid", info.uuid, {"agent_id": agent_id, "owner": old.agent_id}))
+                self._duplicates.setdefault(info.uuid, set()).update({old.agent_id, agent_id})
+                if DUPLICATE_UUID_FLAG not in old.flags:
+                    old.flags = [*old.flags, DUPLICATE_UUID_FLAG]
+                    records.append(old)
+                duplicated_owners.add(old.agent_id)
+                shadow = GpuRecord(
+                    uuid=info.uuid,
+                    agent_id=agent_id,
+                    index=info.index,
+                    model=old.model,
+                    info=info,
+                    state=GpuState.OFFLINE.value,
+                    flags=[DUPLICATE_UUID_FLAG],
+                    updated_at=time.time(),
+                )
+                self._shadows.setdefault(agent_id, {})[info.uuid] = shadow
                 continue
             c = classify(info, self.policy, host=host)  # type: ignore[arg-type]
             state = old.state if old is not None and old.agent_id == agent_id else GpuState.AVAILABLE.value
@@ -150,7 +271,7 @@ class Registry:
                 info=info,
                 state=state,
                 tier=c.tier,
-                flags=list(c.flags),
+                flags=[*c.flags, DUPLICATE_UUID_FLAG] if info.uuid in self._duplicates else list(c.flags),
                 updated_at=time.time(),
             )
             if old is None or (old.tier, old.flags) != (record.tier, record.flags):
@@ -172,6 +293,9 @@ class Registry:
         await self._events.record_many(events)
         if records:
             await self._store.gpus.put_many(records)
+        gone = [g for uuid, g in self._gpus_by_agent.get(agent_id, {}).items() if uuid not in reported]
+        await self.withdraw_gpus(agent_id, gone, MISSING_FROM_INVENTORY_FLAG)
+        await self.settle_gpus_of(duplicated_owners)
 
     def _may_claim(self, gpu: GpuRecord, agent_id: str) -> bool:
         """A GPU reported by another agent moves only once that agent is retired (the card changed hosts)."""
@@ -192,14 +316,16 @@ class Registry:
             await self.transition(agent, "workload_finished", "no container running")
 
     async def sweep(self, now: float, timeout_s: float) -> list[str]:
-        """Agents silent for longer than ``timeout_s`` go offline, with their GPUs."""
-        lost = []
-        for agent in list(self.agents.values()):
-            if agent.state in _LIVE and agent.state != AgentState.ENROLLED.value and now - agent.last_seen > timeout_s:
-                agent.relay = ""
-                await self.transition(agent, "heartbeat_lost", f"no heartbeat for {now - agent.last_seen:.1f} s")
-                lost.append(agent.id)
-        return lost
+        """Agents silent for longer than ``timeout_s`` go offline, with their GPUs (in one batched write)."""
+        silent = [
+            a
+            for a in self.agents.values()
+            if a.state in _LIVE and a.state != AgentState.ENROLLED.value and now - a.last_seen > timeout_s
+        ]
+        for agent in silent:
+            agent.relay = ""
+        moves = [(agent, f"no heartbeat for {now - agent.last_seen:.1f} s") for agent in silent]
+        return [agent.id for agent in await self.transition_many(moves, "heartbeat_lost")]
 
     async def flush(self) -> int:
         """Write the agents changed in memory only (heartbeats), in paced batches (master/batches.py): one write

@@ -1,4 +1,9 @@
-"""The Master: owns all state, answers relays and agents, and offers the operations the management API calls."""
+"""The Master: composes its parts, runs them, and offers the operations the management API calls.
+
+What each part owns: the registry (agents and GPUs), the GPU allocations, the command ledger, the
+relay hub (links), one sans-I/O session per connected agent (master/session.py) and the background
+loops (master/loops.py). This module moves frames between them and keeps their lifecycle.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +12,14 @@ import contextlib
 import logging
 import secrets
 import time
+from collections.abc import Collection
 from pathlib import Path
+from typing import Any
 
 import msgspec
-from cryptography.hazmat.primitives.serialization import Encoding
 
-from common.errors import EnrollmentError, IdlegridError, NotFound, PKIError, ProtocolError
-from common.pki import Role, server_tls_context
+from common.errors import Conflict, EnrollmentError, IdlegridError, NotFound, ProtocolError
+from common.pki import server_tls_context
 from common.wire import (
     AccessStats,
     AgentConnected,
@@ -30,6 +36,7 @@ from common.wire import (
     Hello,
     LinkFrame,
     Relay,
+    RelayEntry,
     RenewRequest,
     RenewResponse,
     ResultAck,
@@ -39,17 +46,23 @@ from common.wire import (
     decode_agent_frame,
     encode,
     error_frame,
-    negotiate,
 )
+from master.allocations import GpuAllocations
 from master.authority import Authority
+from master.budget import ReportLimits
 from master.commands import CommandLedger
 from master.config import MasterConfig
+from master.directory import RelayDirectoryAnnouncer
 from master.enrollment import Enrollment, hash_secret
 from master.events import EventLog
 from master.keys import SigningKeyInfo
 from master.link import AccessLink, RelayHub
-from master.records import AgentRecord, ApiKeyRecord, RevocationRecord
+from master.loops import Loop
+from master.metrics import FleetGauges, MasterMetrics
+from master.records import AgentRecord, ApiKeyRecord, CommandRecord, EventRecord, GpuRecord, RevocationRecord, TokenRecord
 from master.registry import Registry
+from master.renewal import renew_certificate
+from master.session import HELLO_REQUIRED, Act, AgentSession, SessionRules, Verdict
 from master.states import AgentState
 from master.store import open_store
 from master.store.base import Store
@@ -58,7 +71,8 @@ from master.tiers import TierPolicy
 
 log = logging.getLogger(__name__)
 
-HELLO_REQUIRED = "hello_required"
+# Agents in these states are shown reachable; a clean disconnect or a lost relay takes them offline at once.
+_CONNECTED = frozenset({AgentState.ENROLLED.value, AgentState.READY.value, AgentState.BUSY.value, AgentState.MAINTENANCE.value})
 SLOW_FLUSH_S = 1.0  # a flush longer than this is logged: writes queued behind it wait as long
 
 
@@ -71,7 +85,8 @@ class Master:
         self.authority = Authority.open(self.state_dir, names=config.server_names, ips=config.server_ips)
         self.policy = TierPolicy.load(Path(config.tier_policy) if config.tier_policy else None)
         self.events = EventLog(self.store)
-        self.registry = Registry(self.store, self.events, self.policy)
+        self.allocations = GpuAllocations()
+        self.registry = Registry(self.store, self.events, self.policy, self.allocations)
         self.telemetry = TelemetryAggregator(self.store)
         self.enrollment = Enrollment(self.store, self.authority.ca, cert_validity_s=config.agent_cert_s)
         self.hub = RelayHub(
@@ -81,6 +96,7 @@ class Master:
             self._on_link_frame,
             self._on_link_closed,
             lambda: sorted(self._revoked),
+            on_open=self._on_link_opened,
         )
         self.ledger = CommandLedger(
             self.store,
@@ -90,13 +106,30 @@ class Master:
             self.hub.send_to_agent,
             timeout_s=config.command_timeout_s,
         )
+        self.metrics = MasterMetrics(
+            FleetGauges(
+                lambda: self.registry.agents.values(),
+                lambda: self.registry.gpus.values(),
+                lambda: self.ledger.open.values(),
+                lambda: len(self.hub.links),
+            )
+        )
+        self.ledger.on_final = self.metrics.command_finished
         self._revoked: set[str] = set()
-        self._helloed: set[str] = set()  # agents that said hello to this process since they connected
-        self._hello_asked: dict[str, float] = {}  # agent -> when it was last told hello_required
+        self.sessions: dict[str, AgentSession] = {}  # agent id -> its session on its current connection
+        self._rules = SessionRules(
+            hello_ask_interval_s=config.heartbeat_s,
+            max_gpus_per_host=config.max_gpus_per_host,
+            reports=ReportLimits(config.report_events_per_window, config.report_bytes_per_window, config.report_window_s),
+        )
+        self.directory = RelayDirectoryAnnouncer(
+            lambda: self.hub.links.values(), self._announce_to_agents, coalesce_s=config.relay_directory_coalesce_s
+        )
+        self._stopping = False
         self.started_at = 0.0
         self.relay_stats: dict[str, AccessStats] = {}
         self.link_port = 0
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[None]] = []
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -104,13 +137,14 @@ class Master:
         await self.store.open()
         await self.registry.load()
         await self.ledger.load()
-        self._revoked = {r.serial for r in await self.store.revocations.list()}
+        self._revoked = await self._load_revocations()
         await self._report_quarantined()
         self.link_port = await self.hub.start(self.config.host, self.config.link_port)
         self.started_at = time.time()
+        restart_s = self.config.loop_restart_s
         self._tasks = [
-            asyncio.create_task(self._sweep_loop(), name="sweep"),
-            asyncio.create_task(self._flush_loop(), name="flush"),
+            Loop("sweep", min(1.0, self.config.heartbeat_s / 4), self._sweep, restart_s).start(),
+            Loop("flush", self.config.rollup_flush_s, self._flush, restart_s).start(),
         ]
         log.info("master started", extra={"link_port": self.link_port, "store": self.store.backend})
 
@@ -121,7 +155,9 @@ class Master:
         handled (a result stored and acknowledged) before the store closes. A relay counts a frame as
         delivered once it is written to the link, so this is what keeps them from being lost.
         """
+        self._stopping = True
         await self.hub.stop()
+        await self.directory.stop()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -136,21 +172,25 @@ class Master:
     def link_url(self) -> str:
         return f"wss://{self.config.host}:{self.link_port}/link"
 
-    async def _sweep_loop(self) -> None:
-        period = min(1.0, self.config.heartbeat_s / 4)
+    async def _load_revocations(self) -> set[str]:
+        try:
+            return {r.serial for r in await self.store.revocations.list()}
+        except Exception as exc:
+            # Relays keep the list they have; revocations made from now on are still sent to them.
+            log.error("could not load revocations; serving the rest: %s", exc)
+            await self.events.record("master.load_failed", "revocations", problem=str(exc))
+            return set()
+
+    async def _sweep(self) -> None:
+        """Agents silent too long go offline; commands past their deadline time out."""
+        now = time.time()
         silence = self.config.heartbeat_s * self.config.missed_heartbeats
-        while True:
-            await asyncio.sleep(period)
-            try:
-                now = time.time()
-                in_grace = self._in_start_grace(now, silence)
-                if not in_grace:
-                    for agent_id in await self.registry.sweep(now, silence):
-                        self._helloed.discard(agent_id)
-                await self.ledger.expire(now, spare_created_before=self.started_at if in_grace else 0.0)
-                await self._report_quarantined()
-            except Exception:
-                log.exception("sweep failed; retrying")
+        in_grace = self._in_start_grace(now, silence)
+        if not in_grace:
+            for agent_id in await self.registry.sweep(now, silence):
+                self.sessions.pop(agent_id, None)
+        await self.ledger.expire(now, spare_created_before=self.started_at if in_grace else 0.0)
+        await self._report_quarantined()
 
     async def _report_quarantined(self) -> None:
         """One event for each stored record the store found undecodable (and skipped) since the last report."""
@@ -172,18 +212,14 @@ class Master:
         """
         return now - self.started_at < silence
 
-    async def _flush_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.rollup_flush_s)
-            try:
-                started = time.monotonic()
-                rollups = await self.telemetry.flush(time.time())
-                agents = await self.registry.flush()
-                took = time.monotonic() - started
-                if took > SLOW_FLUSH_S:
-                    log.warning("slow flush", extra={"rollups": rollups, "agents": agents, "seconds": round(took, 2)})
-            except Exception:
-                log.exception("flush failed; retrying")
+    async def _flush(self) -> None:
+        """Telemetry rollups and heartbeat-only agent changes, written in batches."""
+        started = time.monotonic()
+        rollups = await self.telemetry.flush(time.time())
+        agents = await self.registry.flush()
+        took = time.monotonic() - started
+        if took > SLOW_FLUSH_S:
+            log.warning("slow flush", extra={"rollups": rollups, "agents": agents, "seconds": round(took, 2)})
 
     # --- relay links ---------------------------------------------------------------------------
 
@@ -195,9 +231,10 @@ class Master:
                 await self._on_agent_connected(link, frame)
             case AgentDisconnected():
                 link.agents.discard(frame.agent_id)
+                # Only if this link still speaks for it: an agent already back through another relay stays reachable.
                 if self.hub.agent_links.get(frame.agent_id) is link:
                     del self.hub.agent_links[frame.agent_id]
-                    self._helloed.discard(frame.agent_id)
+                    await self._lose(frame.agent_id, f"disconnected from relay {link.relay_id}: {frame.reason or 'closed'}")
             case EnrollRequest():
                 await link.send(encode(await self._enroll(frame)))
             case AccessStats():
@@ -209,10 +246,45 @@ class Master:
                     encode(Error(code="unexpected_frame", message=f"{type(frame).__name__} is not expected from a relay"))
                 )
 
+    async def _on_link_opened(self, link: AccessLink) -> None:
+        self.metrics.relay_links_opened.inc()
+        self.directory.changed()
+
     async def _on_link_closed(self, link: AccessLink) -> None:
-        for agent_id in link.agents:
-            if agent_id not in self.hub.agent_links:
-                self._helloed.discard(agent_id)
+        """Every agent this relay carried, and not since reconnected through another, is unreachable now."""
+        self.metrics.relay_links_closed.inc()
+        lost = []
+        for agent_id in list(link.agents):
+            if self.hub.agent_links.get(agent_id) is link:
+                del self.hub.agent_links[agent_id]
+                self.sessions.pop(agent_id, None)
+                lost.append(agent_id)
+        if not self._stopping:  # this Master going away says nothing about its agents
+            await self._lose_all(lost, f"relay {link.relay_id} lost")
+        if not self._stopping:
+            self.directory.changed()
+
+    async def _lose_all(self, agent_ids: list[str], reason: str) -> None:
+        """Many agents gone at once (their relay): one batched write, not one per agent."""
+        agents = [a for a in (self.registry.agents.get(i) for i in agent_ids) if a is not None and a.state in _CONNECTED]
+        for agent in agents:
+            agent.relay = ""
+        await self.registry.transition_many([(agent, reason) for agent in agents], "disconnected")
+
+    async def _lose(self, agent_id: str, reason: str) -> None:
+        """The agent's connection is gone: it leaves ``ready`` now rather than after missed heartbeats."""
+        self.sessions.pop(agent_id, None)
+        agent = self.registry.agents.get(agent_id)
+        if agent is not None and agent.state in _CONNECTED:
+            agent.relay = ""
+            await self.registry.transition(agent, "disconnected", reason)
+
+    def relay_directory(self) -> list[RelayEntry]:
+        """Every relay linked now that told where agents dial it, by id."""
+        return self.directory.current()
+
+    async def _announce_to_agents(self, frame: bytes) -> None:
+        await asyncio.gather(*(self.hub.send_to_agent(agent_id, frame) for agent_id in list(self.hub.agent_links)))
 
     async def _on_agent_connected(self, link: AccessLink, frame: AgentConnected) -> None:
         agent = self.registry.agents.get(frame.agent_id)
@@ -222,35 +294,60 @@ class Master:
             return
         link.agents.add(frame.agent_id)
         self.hub.agent_links[frame.agent_id] = link
-        self._helloed.discard(frame.agent_id)
-        self._hello_asked.pop(frame.agent_id, None)  # a new connection: ask it at once if it says no hello
+        # A new connection, a new session: it must say hello again, and is asked at once if it does not.
+        self.sessions[frame.agent_id] = AgentSession(frame.agent_id, self._rules, time.time())
 
     async def _on_relayed(self, link: AccessLink, envelope: Relay) -> None:
         agent_id = envelope.agent_id
         agent = self.registry.agents.get(agent_id)
         if agent is None or agent.state == AgentState.RETIRED.value or self.hub.agent_links.get(agent_id) is not link:
             return  # not (or no longer) connected here: nothing it says is taken
+        raw = bytes(envelope.frame)
         try:
-            frame = decode_agent_frame(bytes(envelope.frame))
+            frame = decode_agent_frame(raw)
         except ProtocolError as exc:
             await link.send_to_agent(agent_id, error_frame(exc))
             return
-        await self._on_agent_frame(link, agent, frame)
+        now = time.time()
+        self.metrics.frame_received(frame)
+        session = self.sessions.get(agent_id)
+        if session is None:
+            session = self.sessions[agent_id] = AgentSession(agent_id, self._rules, now)
+        await self._act(link, agent, session, frame, session.receive(frame, len(raw), now), now)
 
     # --- agent frames --------------------------------------------------------------------------
 
-    async def _on_agent_frame(self, link: AccessLink, agent: AgentRecord, frame: AgentFrame) -> None:
-        now = time.time()
-        if isinstance(frame, Hello):
-            await self._on_hello(link, agent, frame, now)
-            return
-        if agent.id not in self._helloed:
-            if isinstance(frame, (CommandAck, CommandResult)):
-                # Facts about commands this Master issued, true whoever asks: taken before the hello, so
-                # that what a relay buffered while the Master was down (or restarting) is not thrown away.
+    async def _act(
+        self, link: AccessLink, agent: AgentRecord, session: AgentSession, frame: AgentFrame, verdict: Verdict, now: float
+    ) -> None:
+        """Carry out what the session decided about ``frame``."""
+        match verdict.act:
+            case Act.TAKE:
+                await self._take(link, agent, frame, now)
+            case Act.WELCOME if isinstance(frame, Hello):
+                await self._welcome(link, agent, frame, verdict.version, now)
+                session.welcomed()
+            case Act.REFUSE:
+                self.metrics.hellos_refused.labels(verdict.code).inc()
+                await self.events.record("agent.hello_refused", agent.id, code=verdict.code, reason=verdict.message)
+                await link.send_to_agent(agent.id, encode(Error(code=verdict.code, message=verdict.message)))
+            case Act.TAKE_AND_ASK_HELLO if isinstance(frame, (CommandAck, CommandResult)):
                 await self._on_command_report(link, agent, frame)
-            await self._ask_for_hello(link, agent.id, now)
-            return
+                await self._ask_for_hello(link, agent.id)
+            case Act.ASK_HELLO:
+                await self._ask_for_hello(link, agent.id)
+            case Act.DROP:
+                self.metrics.reports_dropped.inc()
+            case Act.DROP_AND_NOTE:
+                self.metrics.reports_dropped.inc()
+                budget = session.budget
+                await self.events.record(
+                    "agent_report.budget_exceeded", agent.id, dropped=budget.dropped, dropped_bytes=budget.dropped_bytes
+                )
+            case Act.IGNORE:
+                pass
+
+    async def _take(self, link: AccessLink, agent: AgentRecord, frame: AgentFrame, now: float) -> None:
         match frame:
             case Heartbeat():
                 self.registry.on_heartbeat(agent, now, max_gap_s=self.config.heartbeat_s * self.config.missed_heartbeats)
@@ -278,32 +375,18 @@ class Master:
         await self.ledger.on_result(agent.id, frame)  # stored before the ack, so an acked result is never lost
         await link.send_to_agent(agent.id, encode(ResultAck(id=frame.id)))
 
-    async def _ask_for_hello(self, link: AccessLink, agent_id: str, now: float) -> None:
-        """Tell an agent this process does not know it yet (after a restart, say) to say hello again.
-
-        At most once per heartbeat interval: a relay replaying its buffer sends many frames of one
-        agent at once, and each hello costs a store write and a resend of its open commands.
-        """
-        if now - self._hello_asked.get(agent_id, 0.0) < self.config.heartbeat_s:
-            return
-        self._hello_asked[agent_id] = now
+    async def _ask_for_hello(self, link: AccessLink, agent_id: str) -> None:
+        """Tell an agent this process does not know it yet (after a restart, say) to say hello again."""
         await link.send_to_agent(agent_id, encode(Error(code=HELLO_REQUIRED, message="send hello first")))
 
     def _owns_gpu(self, agent_id: str, gpu_uuid: str) -> bool:
         gpu = self.registry.gpus.get(gpu_uuid)
         return gpu is not None and gpu.agent_id == agent_id
 
-    async def _on_hello(self, link: AccessLink, agent: AgentRecord, hello: Hello, now: float) -> None:
-        try:
-            version = negotiate(hello.versions)
-        except ProtocolError as exc:
-            await link.send_to_agent(agent.id, error_frame(exc))
-            return
+    async def _welcome(self, link: AccessLink, agent: AgentRecord, hello: Hello, version: int, now: float) -> None:
         await self.registry.on_hello(
             agent, hello.inventory, relay=link.relay_id, region=hello.region, relay_region=link.region, now=now
         )
-        self._helloed.add(agent.id)
-        self._hello_asked.pop(agent.id, None)
         welcome = Welcome(
             version=version,
             agent_id=agent.id,
@@ -312,6 +395,7 @@ class Master:
             command_keys=self.authority.command_keys(),
             key_endorsements=self.authority.key_endorsements(),
             retired_keys=self.authority.keys.retired_keys(),
+            relays=self.relay_directory(),
         )
         await link.send_to_agent(agent.id, encode(welcome))
         await self.ledger.resend_for(agent.id)
@@ -319,7 +403,14 @@ class Master:
     async def _on_renew(self, link: AccessLink, agent: AgentRecord, request: RenewRequest) -> None:
         """A new certificate for the agent this link speaks for: whom it names comes from the link, never the CSR."""
         try:
-            cert_pem = self._renew_certificate(agent, request.csr_pem, time.time())
+            cert_pem = renew_certificate(
+                self.authority.ca,
+                agent,
+                request.csr_pem,
+                time.time(),
+                min_interval_s=self.config.renew_min_interval_s,
+                valid_s=self.config.agent_cert_s,
+            )
         except IdlegridError as exc:
             await self.events.record("agent.renewal_refused", agent.id, code=exc.code, reason=str(exc))
             await link.send_to_agent(agent.id, encode(RenewResponse(error=str(exc))))
@@ -327,28 +418,6 @@ class Master:
         await self.registry.save(agent)
         await self.events.record("agent.renewed", agent.id, serial=agent.cert_serial, not_after=agent.cert_not_after)
         await link.send_to_agent(agent.id, encode(RenewResponse(cert_pem=cert_pem)))
-
-    def _renew_certificate(self, agent: AgentRecord, csr_pem: str, now: float) -> str:
-        """Sign the CSR for ``agent`` and record the new serial, keeping the old ones for revocation.
-
-        Synchronous on purpose: the record names the new serial before any other task runs, so a
-        revocation racing this renewal cannot miss the certificate it issues.
-        """
-        wait = agent.cert_issued_at + self.config.renew_min_interval_s - now
-        if wait > 0:
-            raise IdlegridError(f"certificate was renewed moments ago; ask again in {wait:.0f} s", code="renewal_too_soon")
-        try:
-            cert = self.authority.ca.sign_csr(csr_pem.encode(), Role.AGENT, agent.id, valid_s=self.config.agent_cert_s)
-        except (PKIError, ValueError) as exc:
-            raise IdlegridError(f"certificate signing request refused: {exc}", code="bad_csr") from None
-        still_valid = {serial: until for serial, until in agent.previous_serials.items() if until > now}
-        if agent.cert_serial and agent.cert_not_after > now:
-            still_valid[agent.cert_serial] = agent.cert_not_after
-        agent.previous_serials = still_valid
-        agent.cert_serial = format(cert.serial_number, "x")
-        agent.cert_not_after = cert.not_valid_after_utc.timestamp()
-        agent.cert_issued_at = now
-        return cert.public_bytes(Encoding.PEM).decode()
 
     # --- command-signing keys ------------------------------------------------------------------
 
@@ -385,9 +454,11 @@ class Master:
         try:
             agent, cert_pem = await self.enrollment.enroll(request.token, request.csr_pem, region=request.region)
         except EnrollmentError as exc:
+            self.metrics.enrollments.labels(exc.code).inc()
             await self.events.record("agent.enrollment_refused", request.remote or "unknown", code=exc.code, reason=str(exc))
             return EnrollResponse(req_id=request.req_id, ok=False, error_code=exc.code, error_message=str(exc))
         await self.registry.add(agent)
+        self.metrics.enrollments.labels("ok").inc()
         return EnrollResponse(
             req_id=request.req_id,
             ok=True,
@@ -396,6 +467,7 @@ class Master:
             ca_pem=self.authority.ca.chain_pem().decode(),
             command_keys=self.authority.command_keys(),
             key_endorsements=self.authority.key_endorsements(),
+            relays=self.relay_directory(),
         )
 
     async def revoke(self, agent_id: str, reason: str = "revoked by an operator") -> AgentRecord:
@@ -411,13 +483,61 @@ class Master:
         return agent
 
     async def drain(self, agent_id: str) -> AgentRecord:
+        """The host takes no new work and its free GPUs are no longer offered; running containers stay."""
         agent = self.registry.get(agent_id)
+        if agent.state != AgentState.MAINTENANCE.value and not self.registry.may(agent, "drain"):
+            raise Conflict(f"agent {agent_id} is {agent.state} and cannot be drained")
         agent.drained = True
         if not await self.registry.transition(agent, "drain", "drained by an operator"):
-            if agent.state != AgentState.MAINTENANCE.value:
-                raise IdlegridError(f"agent {agent_id} is {agent.state} and cannot be drained", code="conflict")
             await self.registry.save(agent)
         return agent
+
+    async def undrain(self, agent_id: str) -> AgentRecord:
+        """A drained host takes work again, and its free GPUs are offered again."""
+        agent = self.registry.get(agent_id)
+        if not agent.drained and agent.state != AgentState.MAINTENANCE.value:
+            raise Conflict(f"agent {agent_id} is {agent.state} and not drained")
+        agent.drained = False
+        if not await self.registry.transition(agent, "undrain", "undrained by an operator"):
+            await self.registry.save(agent)  # offline (or quarantined): comes back ready, not to maintenance
+            await self.registry.settle_gpus(agent)
+        return agent
+
+    # --- operations the management API calls ---------------------------------------------------
+
+    async def create_command(
+        self, agent_id: str, kind: str, spec: dict[str, Any], *, timeout_s: float | None = None
+    ) -> CommandRecord:
+        """Sign and dispatch a container command; Conflict when the host or a GPU it names cannot take it."""
+        return await self.ledger.create(agent_id, kind, spec, timeout_s=timeout_s)
+
+    async def command(self, command_id: str) -> CommandRecord:
+        return await self.ledger.get(command_id)
+
+    async def commands(
+        self, *, agent_id: str | None = None, states: Collection[str] | None = None, limit: int = 1000
+    ) -> list[CommandRecord]:
+        return await self.store.commands.list(agent_id=agent_id, states=states, limit=limit)
+
+    def agent(self, agent_id: str) -> AgentRecord:
+        return self.registry.get(agent_id)
+
+    def agents(self, state: str | None = None) -> list[AgentRecord]:
+        return sorted((a for a in self.registry.agents.values() if state in (None, a.state)), key=lambda a: a.id)
+
+    def gpus(self, agent_id: str | None = None) -> list[GpuRecord]:
+        if agent_id is not None:
+            return self.registry.gpus_of(agent_id)
+        return sorted(self.registry.gpus.values(), key=lambda g: (g.agent_id, g.index))
+
+    async def events_after(
+        self, *, subject: str | None = None, kind_prefix: str | None = None, after_seq: int = 0, limit: int = 100
+    ) -> list[EventRecord]:
+        return await self.store.events.list(subject=subject, kind_prefix=kind_prefix, after_seq=after_seq, limit=limit)
+
+    async def create_token(self, provider: str, ttl_s: float | None = None) -> tuple[str, TokenRecord]:
+        """A one-time join token for ``provider``; shown once, stored hashed."""
+        return await self.enrollment.create_token(provider, self.config.token_ttl_s if ttl_s is None else ttl_s)
 
     async def create_api_key(self, name: str, role: str = "operator") -> str:
         key = "igak_" + secrets.token_urlsafe(32)

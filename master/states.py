@@ -61,6 +61,24 @@ class StateMachine:
     def events(self) -> set[str]:
         return {event for _, event in self.table}
 
+    def path(self, state: str, target: str) -> list[str]:
+        """The shortest list of events that leads from ``state`` to ``target`` ([] when already there).
+
+        Raises InvalidTransition when the table offers no way there.
+        """
+        frontier, seen = [(state, list[str]())], {state}
+        while frontier:
+            following = []
+            for current, events in frontier:
+                if current == target:
+                    return events
+                for (source, event), nxt in self.table.items():
+                    if source == current and nxt not in seen:
+                        seen.add(nxt)
+                        following.append((nxt, [*events, event]))
+            frontier = following
+        raise InvalidTransition(f"{self.name}: no way from {state!r} to {target!r}")
+
 
 def _table(rows: list[tuple[list[enum.Enum], str, enum.Enum]]) -> dict[tuple[str, str], str]:
     table: dict[tuple[str, str], str] = {}
@@ -81,6 +99,7 @@ AGENT = StateMachine(
             ([A.ENROLLED, A.READY, A.BUSY, A.OFFLINE], "drain", A.MAINTENANCE),
             ([A.MAINTENANCE], "undrain", A.READY),
             ([A.ENROLLED, A.READY, A.BUSY, A.MAINTENANCE], "heartbeat_lost", A.OFFLINE),
+            ([A.ENROLLED, A.READY, A.BUSY, A.MAINTENANCE], "disconnected", A.OFFLINE),  # a clean stop, a lost relay
             ([A.ENROLLED, A.READY, A.BUSY, A.MAINTENANCE, A.OFFLINE], "quarantine", A.QUARANTINED),
             ([A.QUARANTINED], "release", A.OFFLINE),
             ([A.ENROLLED, A.READY, A.BUSY, A.MAINTENANCE, A.OFFLINE, A.QUARANTINED], "revoke", A.RETIRED),

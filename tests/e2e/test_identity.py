@@ -420,7 +420,10 @@ async def test_an_agent_naming_another_in_every_field_changes_nothing_of_the_oth
     command = await asyncio.to_thread(grid.get, f"/api/v1/commands/{b_command}")
     assert (command["state"], command["attempts"], command["result"]) == ("pending", 0, None)
     a_now = await asyncio.to_thread(grid.agent, a_id)
-    assert a_now["gpus"] == []  # B's GPUs stay B's
+    # B's GPUs stay B's: what A claimed shows on A only as flagged copies, offline, never offered.
+    assert [(g["uuid"], g["state"], g["flags"]) for g in a_now["gpus"]] == [(u, "offline", ["duplicate_uuid"]) for u in b_gpus]
+    listed = (await asyncio.to_thread(grid.get, "/api/v1/gpus"))["items"]
+    assert sorted(g["agent_id"] for g in listed if g["uuid"] in b_gpus) == [b_id, b_id]
     forged_events = (await asyncio.to_thread(grid.get, f"/api/v1/events?subject={a_id}&kind=agent.transition&limit=1000"))[
         "items"
     ]

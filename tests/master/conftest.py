@@ -100,3 +100,15 @@ async def open_stores(store_url: str) -> AsyncIterator[OpenStore]:
 @pytest.fixture
 async def store(open_stores: OpenStore) -> Store:
     return await open_stores()
+
+
+@pytest.fixture
+async def master(tmp_path: Path) -> AsyncIterator[Any]:
+    """A real Master on SQLite in tmp_path, its relay endpoint on a free port; tests drive it with tests/master/linked.py."""
+    from master.config import MasterConfig
+    from master.service import Master
+
+    running = Master(MasterConfig(state_dir=str(tmp_path / "master"), link_port=0, relay_directory_coalesce_s=0.05))
+    await running.start()
+    yield running
+    await running.stop()

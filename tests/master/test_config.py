@@ -22,6 +22,9 @@ def test_later_sources_override_earlier_ones(tmp_path):
         ("nonsense = 1\n", {}, "unknown setting 'nonsense'"),
         ("heartbeat_s = [\n", {}, "not valid TOML"),
         ("", {"IDLEGRID_MASTER_API_PORT": "seven"}, "api_port"),
+        ("max_gpus_per_host = 0\n", {}, "max_gpus_per_host"),
+        ("report_window_s = 0\n", {}, "report_window_s"),
+        ("report_events_per_window = -1\n", {}, "report_events_per_window"),
     ],
 )
 def test_bad_settings_are_named(tmp_path, text, env, message):

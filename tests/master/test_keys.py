@@ -21,6 +21,7 @@ from common.wire import CommandBody, signing_bytes
 from master.config import MasterConfig
 from master.keys import FIRST_KEY_FILE, RING_FILE, KeyState, SigningKeyRing
 from master.records import AgentRecord
+from master.renewal import renew_certificate
 from master.service import Master
 
 
@@ -178,6 +179,13 @@ async def test_keys_rotated_and_retired_survive_a_master_restart(tmp_path):
 # --- agent certificates the Master renews --------------------------------------------------------
 
 
+def renew(master: Master, agent: AgentRecord, csr_pem: str, now: float) -> str:
+    config = master.config
+    return renew_certificate(
+        master.authority.ca, agent, csr_pem, now, min_interval_s=config.renew_min_interval_s, valid_s=config.agent_cert_s
+    )
+
+
 async def test_a_renewal_names_the_agent_keeps_the_old_serial_for_revocation_and_is_spaced_out(tmp_path):
     master = Master(MasterConfig(state_dir=str(tmp_path), link_port=0, agent_cert_s=100.0))
     await master.start()
@@ -188,13 +196,13 @@ async def test_a_renewal_names_the_agent_keeps_the_old_serial_for_revocation_and
         agent.cert_serial, agent.cert_not_after = format(first.serial_number, "x"), first.not_valid_after_utc.timestamp()
 
         now = time.time()
-        cert_pem = master._renew_certificate(agent, make_csr(generate_key(), "agt-someone-else").decode(), now)
+        cert_pem = renew(master, agent, make_csr(generate_key(), "agt-someone-else").decode(), now)
         renewed = identity_of(load_cert(cert_pem.encode()))
         assert renewed.id == "agt-a" and agent.cert_serial == renewed.serial
         assert list(agent.previous_serials) == [format(first.serial_number, "x")]
 
         with pytest.raises(IdlegridError, match="ask again"):  # at most one per agent_cert_s / 10 here
-            master._renew_certificate(agent, make_csr(generate_key(), "agt-a").decode(), now + 1)
+            renew(master, agent, make_csr(generate_key(), "agt-a").decode(), now + 1)
 
         await master.revoke("agt-a")
         assert {format(first.serial_number, "x"), renewed.serial} <= set(master._revoked)

@@ -1,0 +1,38 @@
+"""The Master's background work as small, named, restartable loops.
+
+Each loop runs one step every period. A step that raises is logged with the loop's name and the loop
+goes on after a pause: one bad sweep must not stop every later sweep. Cancelling the task stops it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+Step = Callable[[], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Loop:
+    name: str
+    period_s: float
+    step: Step
+    restart_s: float  # the pause after a step that raised
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.period_s)
+            try:
+                await self.step()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("loop %s failed; running it again in %.1f s", self.name, self.restart_s)
+                await asyncio.sleep(self.restart_s)
+
+    def start(self) -> asyncio.Task[None]:
+        return asyncio.create_task(self.run(), name=self.name)

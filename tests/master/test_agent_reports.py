@@ -1,0 +1,43 @@
+"""What an agent reports is kept apart from the Master's own facts, and bounded by a budget."""
+
+from __future__ import annotations
+
+import msgspec
+
+from common.wire import AgentEvent, AgentEventKind, Error
+from master.config import MasterConfig
+from master.service import Master
+from tests.master.linked import connect, events, relay, relay_link, to_agent
+
+
+async def test_an_agent_cannot_write_an_event_under_the_masters_kinds(master):
+    link = relay_link()
+    await connect(master, link, "agt-a")
+    forged = msgspec.json.encode({"type": "event", "kind": "transition", "ts": 0, "message": "revoked by an operator"})
+    await relay(master, link, "agt-a", forged)
+    assert isinstance(to_agent(link, "agt-a")[-1], Error)  # a schema violation, answered
+    for kind in ("agent.", "gpu.", "command."):
+        assert all(e.data.get("message") != "revoked by an operator" for e in await events(master, kind))
+
+    await relay(master, link, "agt-a", AgentEvent(kind=AgentEventKind.GPU_XID, ts=1.0, gpu_uuid="GPU-h100-0", code=79))
+    [report] = await events(master, "agent_report.")
+    assert (report.kind, report.subject, report.data["code"]) == ("agent_report.gpu_xid", "agt-a", 79)
+
+
+async def test_an_event_flood_is_cut_to_the_budget_and_noted_once(tmp_path):
+    config = MasterConfig(state_dir=str(tmp_path), link_port=0, report_events_per_window=5, report_window_s=3600)
+    master = Master(config)
+    await master.start()
+    try:
+        link = relay_link()
+        await connect(master, link, "agt-a")
+        for _ in range(150):
+            await relay(master, link, "agt-a", AgentEvent(kind=AgentEventKind.RUNTIME_FAILURE, ts=1.0, message="x" * 500))
+        reports = await events(master, "agent_report.")
+        assert [e.kind for e in reports].count("agent_report.runtime_failure") == 5
+        [note] = [e for e in reports if e.kind == "agent_report.budget_exceeded"]
+        assert note.subject == "agt-a" and note.data["dropped"] == 1
+        dropped = master.metrics.registry.get_sample_value("idlegrid_agent_reports_dropped_total")
+        assert dropped == 145
+    finally:
+        await master.stop()
