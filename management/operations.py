@@ -13,10 +13,9 @@ decided them, so a provider's page never contains another account's hosts.
 from __future__ import annotations
 
 import bisect
-from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Annotated, Any, Generic, Protocol, TypeVar, cast
+from typing import Annotated, Any, Generic, TypeVar
 
 import msgspec
 
@@ -99,20 +98,6 @@ class Health:
     relays: list[str]
 
 
-@dataclass(frozen=True)
-class FleetCounts:
-    """What the fleet gauges show, counted from the Master's memory."""
-
-    agents_by_state: Counter[str]
-    gpus_by_state_and_tier: Counter[tuple[str, str]]  # tier "none" for GPUs not tiered
-    open_commands_by_state: Counter[str]
-    relays: int
-
-
-class _Undrains(Protocol):
-    async def undrain(self, agent_id: str) -> AgentRecord: ...
-
-
 def _page(items: list[T], limit: int, key: Callable[[T], msgspec.Struct]) -> Page[T]:
     """``items`` holds up to ``limit + 1`` candidates: one more than asked says that another page follows."""
     if len(items) > limit:
@@ -185,9 +170,7 @@ class Operations:
 
     async def undrain(self, agent_id: str, *, owner: str | None = None) -> AgentDetail:
         self._owned_agent(agent_id, owner)
-        # Master.undrain comes with the Master's reshaping (branch h/master): typed through a protocol so that this
-        # checks before and after that merge; until then the call fails (the API answers 500, its test is skipped).
-        return self._detail(await cast(_Undrains, self._master).undrain(agent_id))
+        return self._detail(await self._master.undrain(agent_id))
 
     async def revoke(self, agent_id: str) -> AgentDetail:
         return self._detail(await self._master.revoke(agent_id))
@@ -305,12 +288,3 @@ class Operations:
 
     def health(self) -> Health:
         return Health(store=self._master.store.backend, relays=sorted(self._master.hub.links))
-
-    def fleet_counts(self) -> FleetCounts:
-        registry = self._master.registry
-        return FleetCounts(
-            agents_by_state=Counter(a.state for a in registry.agents.values()),
-            gpus_by_state_and_tier=Counter((g.state, g.tier or "none") for g in registry.gpus.values()),
-            open_commands_by_state=Counter(c.state for c in self._master.ledger.open.values()),
-            relays=len(self._master.hub.links),
-        )

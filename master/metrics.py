@@ -11,7 +11,7 @@ import typing
 from collections.abc import Callable, Iterable, Iterator
 
 import msgspec
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -71,6 +71,7 @@ class MasterMetrics:
     def __init__(self, fleet: FleetGauges) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(fleet)
+        ProcessCollector(registry=self.registry)  # CPU seconds, resident memory, open descriptors of this process
         frames = Counter(
             "idlegrid_master_frames_received", "Agent frames received through relays, by type", ["type"], registry=self.registry
         )

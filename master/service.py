@@ -115,6 +115,7 @@ class Master:
             )
         )
         self.ledger.on_final = self.metrics.command_finished
+        self.store.metrics.register(self.metrics.registry)
         self._revoked: set[str] = set()
         self.sessions: dict[str, AgentSession] = {}  # agent id -> its session on its current connection
         self._rules = SessionRules(

@@ -15,7 +15,7 @@ from management.api import agents, commands, events, gpus, health, signing_keys,
 from management.api.auth import OPERATIONS_KEY, auth_middleware
 from management.api.errors import ApiError, Handler, error_response, errors_middleware
 from management.api.health import METRICS_REGISTRY_KEY
-from management.api.metrics import ApiMetrics, fleet_registry
+from management.api.metrics import ApiMetrics
 from management.operations import Operations
 from master.service import Master
 
@@ -33,8 +33,7 @@ class ApiSettings:
 def build_app(master: Master, settings: ApiSettings | None = None) -> web.Application:
     settings = settings or ApiSettings()
     operations = Operations(master)
-    # Once the Master owns its metrics, this line becomes ``registry = master.metrics.registry``.
-    registry = fleet_registry(operations)
+    registry = master.metrics.registry
     api_metrics = ApiMetrics(registry)
     app = web.Application(
         middlewares=[api_metrics.middleware(), errors_middleware, auth_middleware], client_max_size=settings.max_body_bytes

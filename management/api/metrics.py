@@ -1,61 +1,25 @@
 """Prometheus metrics of the API: requests by route pattern and status, and their latency.
 
-They go into the registry the Master's ``/metrics`` serves. Until the Master owns one
-(``master.metrics.registry``), ``FleetGauges`` keeps the fleet gauges (agents by state, GPUs by
-state and tier, open commands, relays) in a registry made here, read from memory at scrape time.
+They go into the registry the Master's ``/metrics`` serves (``master.metrics.registry``), beside the
+Master's own series: the fleet gauges, frames, commands, enrollments, the store's write latency.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client import Counter as RequestCounter
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
 
 from management.api.errors import Handler
-from management.operations import Operations
-from master.states import AgentState, CommandState
 
 # Buckets for calls that are answered from memory (a page of GPUs, an agent) up to those that write the store.
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 UNMATCHED_ROUTE = "unmatched"  # every path no route knows, under one label: raw paths would be unbounded
 KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 OTHER_METHOD = "other"  # a client may send any token as a method: labels stay bounded
-
-
-class FleetGauges(Collector):
-    """The Master's fleet, counted at scrape time (custom collector: nothing to keep in step between scrapes)."""
-
-    def __init__(self, operations: Operations) -> None:
-        self._operations = operations
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        counts = self._operations.fleet_counts()
-        agents = GaugeMetricFamily("idlegrid_agents", "Agents by state", labels=["state"])
-        for agent_state in AgentState:
-            agents.add_metric([agent_state.value], counts.agents_by_state.get(agent_state.value, 0))
-        yield agents
-        gpus = GaugeMetricFamily("idlegrid_gpus", "GPUs by state and tier", labels=["state", "tier"])
-        for (state, tier), n in sorted(counts.gpus_by_state_and_tier.items()):
-            gpus.add_metric([state, tier], n)
-        yield gpus
-        commands = GaugeMetricFamily("idlegrid_commands_open", "Commands not yet final", labels=["state"])
-        for command_state in (CommandState.PENDING, CommandState.SENT, CommandState.ACKED):
-            commands.add_metric([command_state.value], counts.open_commands_by_state.get(command_state.value, 0))
-        yield commands
-        yield GaugeMetricFamily("idlegrid_relays_connected", "Access relays linked to this Master", value=counts.relays)
-
-
-def fleet_registry(operations: Operations) -> CollectorRegistry:
-    """The registry ``/metrics`` serves, with the fleet gauges. At the merge this becomes ``master.metrics.registry``."""
-    registry = CollectorRegistry()
-    registry.register(FleetGauges(operations))
-    return registry
 
 
 class ApiMetrics:

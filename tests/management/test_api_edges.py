@@ -147,8 +147,6 @@ async def test_drain_answers_the_agent_view(api):
 
 
 async def test_undrain_brings_a_drained_agent_back_and_answers_its_view(api):
-    if not hasattr(api.master, "undrain"):
-        pytest.skip("Master.undrain comes with the Master's reshaping (branch h/master): this test runs once merged")
     await add_agent(api.master, "agt-a", "a10:1")
     await api.post("/api/v1/agents/agt-a/drain", headers=api.auth)
     response = await api.post("/api/v1/agents/agt-a/undrain", headers=api.auth)
@@ -160,10 +158,6 @@ async def test_undrain_brings_a_drained_agent_back_and_answers_its_view(api):
 
 
 async def test_a_create_container_naming_a_gpu_not_on_the_host_is_a_409_with_a_clear_message(api):
-    import importlib.util
-
-    if importlib.util.find_spec("master.allocations") is None:
-        pytest.skip("GPU allocations come with the Master's reshaping (branch h/master): this test runs once merged")
     await add_agent(api.master, "agt-a", "a10:1")
     spec = {"name": "job", "image": "busybox", "gpus": ["GPU-not-on-this-host"]}
     response = await api.post(
