@@ -194,5 +194,6 @@ class RelayHttp:
             "command_keys": answer.command_keys,
             "key_endorsements": answer.key_endorsements,  # the agent trusts only keys the platform CA endorsed
             "agent_url": self._agent_url(),
+            "relays": msgspec.to_builtins(answer.relays),  # the Master's relay directory: where to fail over to
         }
         return web.json_response(payload)

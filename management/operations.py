@@ -227,10 +227,10 @@ class Operations:
     # --- commands ------------------------------------------------------------------------------
 
     async def create_command(self, agent_id: str, kind: str, spec: dict[str, Any], *, timeout_s: float | None) -> CommandRecord:
-        return await self._master.ledger.create(agent_id, kind, spec, timeout_s=timeout_s)
+        return await self._master.create_command(agent_id, kind, spec, timeout_s=timeout_s)
 
     async def get_command(self, command_id: str) -> CommandRecord:
-        return await self._master.ledger.get(command_id)
+        return await self._master.command(command_id)
 
     async def list_commands(
         self,
@@ -245,7 +245,7 @@ class Operations:
         start = (after.created_at, after.id) if after else None
         window = limit + 1 + (after.depth if after else 0)
         while True:
-            records = await self._master.store.commands.list(agent_id=agent_id, states=states, limit=window)
+            records = await self._master.commands(agent_id=agent_id, states=states, limit=window)
             older = [r for r in records if start is None or (r.created_at, r.id) < start]
             if len(older) > limit or len(records) < window:
                 break
@@ -258,14 +258,13 @@ class Operations:
     async def list_events(
         self, *, subject: str | None = None, kind: str | None = None, after_seq: int = 0, limit: int
     ) -> Page[EventRecord]:
-        events = await self._master.store.events.list(subject=subject, kind_prefix=kind, after_seq=after_seq, limit=limit + 1)
+        events = await self._master.events_after(subject=subject, kind_prefix=kind, after_seq=after_seq, limit=limit + 1)
         return _page(events, limit, lambda e: SeqKey(e.seq))
 
     # --- join tokens ---------------------------------------------------------------------------
 
     async def create_token(self, provider: str, ttl_s: float | None) -> IssuedToken:
-        ttl = self._master.config.token_ttl_s if ttl_s is None else ttl_s
-        token, record = await self._master.enrollment.create_token(provider, float(ttl))
+        token, record = await self._master.create_token(provider, ttl_s)
         return IssuedToken(token, record)
 
     # --- command-signing keys ------------------------------------------------------------------

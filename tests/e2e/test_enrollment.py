@@ -1,5 +1,6 @@
 """Acceptance 1: an agent enrolls through an Access relay with a join token and comes up ready with its GPUs tiered."""
 
+import json
 import time
 
 from tests.support.grid import wait_for
@@ -12,6 +13,9 @@ def test_agent_enrolls_through_a_relay_and_comes_up_ready_with_tiered_gpus(grid)
     agent_id = grid.agent_id("host-a")
     key_file = grid.agent_dir("host-a") / "agent.key"
     assert key_file.stat().st_mode & 0o777 == 0o600
+    # The relay passes on the Master's relay directory, so the host can fail over from its very first start.
+    directory = json.loads((grid.agent_dir("host-a") / "relays.json").read_text())
+    assert [(r["relay_id"], r["region"], r["url"]) for r in directory] == [("relay-1", "eu-west", relay.agent_url)]
 
     grid.start_agent("host-a", simulate="h100:2,t4:1")
     agent = grid.wait_state(agent_id, "ready")
