@@ -78,12 +78,14 @@ class AgentDetail:
     gpus: list[GpuRecord]
     latest: dict[str, GpuSample]
     reachable: bool  # a relay link carries it now: commands sent to it are delivered at once
+    offered: frozenset[str]  # uuids of its GPUs renters are offered now
 
 
 @dataclass(frozen=True)
 class GpuDetail:
     gpu: GpuRecord
     latest: GpuSample | None
+    offered: bool  # renters are offered it now: available, on a host that isolates workloads well enough
 
 
 @dataclass(frozen=True)
@@ -118,7 +120,9 @@ class Operations:
 
     def _detail(self, agent: AgentRecord) -> AgentDetail:
         m = self._master
-        return AgentDetail(agent, m.registry.gpus_of(agent.id), m.telemetry.latest, agent.id in m.hub.agent_links)
+        gpus = m.registry.gpus_of(agent.id)
+        offered = frozenset(g.uuid for g in gpus if m.offered(g))
+        return AgentDetail(agent, gpus, m.telemetry.latest, agent.id in m.hub.agent_links, offered)
 
     def _owned_agent(self, agent_id: str, owner: str | None) -> AgentRecord:
         agent = self._master.registry.get(agent_id)
@@ -184,6 +188,7 @@ class Operations:
         tier: str | None = None,
         model: str | None = None,
         agent_id: str | None = None,
+        offered: bool | None = None,
         owner: str | None = None,
         after: GpuKey | None = None,
         limit: int,
@@ -208,13 +213,14 @@ class Operations:
                     (state is None or gpu.state == state)
                     and (tier is None or gpu.tier == tier)
                     and (model is None or gpu.model == model)
+                    and (offered is None or self._master.offered(gpu) == offered)
                 ):
                     found.append(gpu)
             if len(found) > limit:
                 break
         page = _page(found, limit, lambda g: GpuKey(g.agent_id, g.index, g.uuid))
         latest = self._master.telemetry.latest
-        return Page([GpuDetail(g, latest.get(g.uuid)) for g in page.items], page.next_key)
+        return Page([GpuDetail(g, latest.get(g.uuid), self._master.offered(g)) for g in page.items], page.next_key)
 
     def list_tiers(self, *, after: PositionKey | None = None, limit: int) -> Page[dict[str, Any]]:
         """Tiers in the policy's order (the order is meaningful: best first); the key is the position."""

@@ -31,7 +31,8 @@ def sample_view(sample: GpuSample) -> dict[str, Any]:
     return view
 
 
-def gpu_view(gpu: GpuRecord, latest: GpuSample | None = None) -> dict[str, Any]:
+def gpu_view(gpu: GpuRecord, latest: GpuSample | None = None, *, offered: bool = False) -> dict[str, Any]:
+    """``offered``: renters are offered this GPU now (available, on a host that isolates workloads well enough)."""
     return {
         "uuid": gpu.uuid,
         "agent_id": gpu.agent_id,
@@ -41,6 +42,7 @@ def gpu_view(gpu: GpuRecord, latest: GpuSample | None = None) -> dict[str, Any]:
         "tier": gpu.tier,
         "state": gpu.state,
         "flags": gpu.flags,
+        "offered": offered,
         "memory_total_mib": gpu.info.memory_total_mib,
         "compute_capability": gpu.info.compute_capability,
         "pcie": {"gen": gpu.info.pcie_gen, "width": gpu.info.pcie_width},
@@ -52,9 +54,15 @@ def gpu_view(gpu: GpuRecord, latest: GpuSample | None = None) -> dict[str, Any]:
 
 
 def agent_view(
-    agent: AgentRecord, gpus: list[GpuRecord], latest: dict[str, GpuSample] | None = None, *, reachable: bool = False
+    agent: AgentRecord,
+    gpus: list[GpuRecord],
+    latest: dict[str, GpuSample] | None = None,
+    *,
+    reachable: bool = False,
+    offered: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
-    """``reachable``: a relay link carries the agent now (a command reaches it at once, not on its return)."""
+    """``reachable``: a relay link carries the agent now (a command reaches it at once, not on its return).
+    ``offered``: uuids of its GPUs renters are offered now."""
     latest = latest or {}
     return {
         "id": agent.id,
@@ -75,7 +83,7 @@ def agent_view(
         "cert_not_after": rfc3339(agent.cert_not_after),
         "drained": agent.drained,
         "containers": sorted(agent.containers),
-        "gpus": [gpu_view(g, latest.get(g.uuid)) for g in gpus],
+        "gpus": [gpu_view(g, latest.get(g.uuid), offered=g.uuid in offered) for g in gpus],
         "reputation": msgspec.to_builtins(reputation(agent)),
     }
 

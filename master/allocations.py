@@ -140,6 +140,14 @@ class GpuAllocations:
         return dropped
 
 
+def offered(gpu: GpuRecord, host: AgentRecord, *, allow_sandboxed: bool) -> bool:
+    """Whether renters are offered ``gpu``: it is ``available`` and its host keeps workloads in a container (or in
+    the process runtime's sandbox, when the operator allows that). A host with no isolation is never offered."""
+    if gpu.state != GpuState.AVAILABLE.value:
+        return False
+    return host.isolation == "container" or (allow_sandboxed and host.isolation == "sandbox")
+
+
 def gpu_state_for(gpu: GpuRecord, hold: Hold | None, host: AgentRecord) -> str:
     """The state a GPU should show given its holder and its host: ``available`` only when nothing
     holds it and its host takes work. A faulty GPU stays faulty until repaired."""

@@ -39,6 +39,9 @@ class MasterConfig(msgspec.Struct, kw_only=True):
     report_window_s: Annotated[float, msgspec.Meta(gt=0)] = 60.0
     # A burst of relay links opening or closing is announced to agents as one directory, this long after the first.
     relay_directory_coalesce_s: Annotated[float, msgspec.Meta(ge=0)] = 0.5
+    # Whether GPUs of hosts whose isolation is only a sandbox (the process runtime) are offered to renters. Off by
+    # default: a sandboxed process shares the host's kernel, files and /proc with the provider's own processes.
+    offer_sandboxed_hosts: bool = False
     # A background loop that raised waits this long before it runs again.
     loop_restart_s: Annotated[float, msgspec.Meta(gt=0)] = 1.0
     log_level: str = "info"

@@ -47,7 +47,7 @@ from common.wire import (
     encode,
     error_frame,
 )
-from master.allocations import GpuAllocations
+from master.allocations import GpuAllocations, offered
 from master.authority import Authority
 from master.budget import ReportLimits
 from master.commands import CommandLedger
@@ -530,6 +530,11 @@ class Master:
         if agent_id is not None:
             return self.registry.gpus_of(agent_id)
         return sorted(self.registry.gpus.values(), key=lambda g: (g.agent_id, g.index))
+
+    def offered(self, gpu: GpuRecord) -> bool:
+        """Whether renters are offered ``gpu`` now (allocations.offered, with the operator's setting)."""
+        host = self.registry.agents.get(gpu.agent_id)
+        return host is not None and offered(gpu, host, allow_sandboxed=self.config.offer_sandboxed_hosts)
 
     async def events_after(
         self, *, subject: str | None = None, kind_prefix: str | None = None, after_seq: int = 0, limit: int = 100

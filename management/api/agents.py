@@ -15,7 +15,7 @@ RESOURCE = "agents"
 
 
 def render(detail: AgentDetail) -> dict:
-    return agent_view(detail.agent, detail.gpus, detail.latest, reachable=detail.reachable)
+    return agent_view(detail.agent, detail.gpus, detail.latest, reachable=detail.reachable, offered=detail.offered)
 
 
 async def list_agents(request: web.Request) -> web.Response:

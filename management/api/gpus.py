@@ -15,7 +15,7 @@ RESOURCE = "gpus"
 
 
 def render(detail: GpuDetail) -> dict:
-    return gpu_view(detail.gpu, detail.latest)
+    return gpu_view(detail.gpu, detail.latest, offered=detail.offered)
 
 
 async def list_gpus(request: web.Request) -> web.Response:
@@ -25,6 +25,7 @@ async def list_gpus(request: web.Request) -> web.Response:
         tier=query.tier,
         model=query.model,
         agent_id=query.agent_id,
+        offered=query.offered,
         owner=scope_of(request).owner,
         after=decode_cursor(RESOURCE, query, GpuKey),
         limit=query.limit,

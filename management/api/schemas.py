@@ -97,6 +97,7 @@ class GpuQuery(PageQuery, kw_only=True, forbid_unknown_fields=True):
     tier: Identifier | None = None
     model: Identifier | None = None
     agent_id: Identifier | None = None
+    offered: bool | None = None  # ?offered=true: only GPUs renters are offered now
 
     def __post_init__(self) -> None:
         _one_of("state", self.state, GPU_STATES)

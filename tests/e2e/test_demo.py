@@ -105,6 +105,9 @@ def test_demo_started_twice_on_one_state_directory_has_every_agent_ready_each_ti
             print(f"demo, {attempt} run: up after {up_after:.1f} s")
             ready = agents_connected_since(run.client(), run.started)
             assert len(ready) == 8, f"{attempt} run: {len(ready)} agents connected in this run\n{banner}"
+            # The demo's hosts run the sandboxed process runtime, which the demo's operator allows to be offered.
+            assert {(a["runtime"], a["isolation"]) for a in ready} == {("process", "sandbox")}
+            assert run.client().list("/api/v1/gpus", offered="true"), "the demo offers no GPU to renters"
             assert up_after <= 20, f"{attempt} run took {up_after:.1f} s"
             ports = json.loads((state_dir / "ports.json").read_text())
             for relay in ports["relays"].values():

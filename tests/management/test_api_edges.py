@@ -138,6 +138,27 @@ async def test_the_agent_view_shows_runtime_isolation_and_reachability(api):
     assert (b["runtime"], b["isolation"]) == (None, None)
 
 
+async def test_process_runtime_hosts_are_not_offered_to_renters_unless_the_operator_allows_it(api):
+    await add_agent(api.master, "agt-engine", "a10:1", runtime="docker", isolation="container")
+    await add_agent(api.master, "agt-sandbox", "a10:1", runtime="process", isolation="sandbox")
+    await add_agent(api.master, "agt-bare", "a10:1", runtime="process", isolation="none")
+
+    async def offered_hosts() -> list[str]:
+        page = await (await api.get("/api/v1/gpus?offered=true", headers=api.auth)).json()
+        return sorted(g["agent_id"] for g in page["items"])
+
+    every = await (await api.get("/api/v1/gpus", headers=api.auth)).json()
+    assert {g["state"] for g in every["items"]} == {"available"}  # all free; only the engine host's is offered
+    assert await offered_hosts() == ["agt-engine"]
+    sandbox = await (await api.get("/api/v1/agents/agt-sandbox", headers=api.auth)).json()
+    assert [g["offered"] for g in sandbox["gpus"]] == [False]
+
+    api.master.config.offer_sandboxed_hosts = True  # as `offer_sandboxed_hosts = true` in the Master's config
+    assert await offered_hosts() == ["agt-engine", "agt-sandbox"]  # a host with no isolation never is
+    not_offered = await (await api.get("/api/v1/gpus?offered=false", headers=api.auth)).json()
+    assert [g["agent_id"] for g in not_offered["items"]] == ["agt-bare"]
+
+
 async def test_drain_answers_the_agent_view(api):
     await add_agent(api.master, "agt-a", "a10:1")
     response = await api.post("/api/v1/agents/agt-a/drain", headers=api.auth)

@@ -6,7 +6,7 @@ import pytest
 
 from common.errors import Conflict
 from common.wire import CommandResult
-from master.allocations import DUPLICATE_UUID_FLAG, GpuAllocations, Hold, gpu_state_for
+from master.allocations import DUPLICATE_UUID_FLAG, GpuAllocations, Hold, gpu_state_for, offered
 from master.config import MasterConfig
 from master.records import AgentRecord, CommandRecord, GpuRecord
 from master.service import Master
@@ -94,6 +94,23 @@ def test_holds_are_rebuilt_from_running_containers_and_open_creates_and_conflict
 def test_a_gpu_is_available_only_when_nothing_holds_it_and_its_host_takes_work(host_state, drained, hold, expected):
     host = AgentRecord(id="agt-a", provider="p", state=host_state, drained=drained)
     assert gpu_state_for(gpu("GPU-0"), hold, host) == expected
+
+
+@pytest.mark.parametrize(
+    ("isolation", "allow_sandboxed", "state", "expected"),
+    [
+        ("container", False, "available", True),
+        ("sandbox", False, "available", False),  # the process runtime: not offered unless the operator allows it
+        ("sandbox", True, "available", True),
+        ("none", True, "available", False),  # no isolation (no engine, or a runtime that cannot switch users): never
+        ("", True, "available", False),  # an agent that never said
+        ("container", False, "busy", False),
+        ("container", False, "offline", False),
+    ],
+)
+def test_renters_are_offered_only_available_gpus_on_hosts_that_isolate_workloads(isolation, allow_sandboxed, state, expected):
+    host = AgentRecord(id="agt-a", provider="p", state="ready", isolation=isolation)
+    assert offered(gpu("GPU-0", state=state), host, allow_sandboxed=allow_sandboxed) is expected
 
 
 # --- through the real Master's ledger ------------------------------------------------------------
