@@ -121,6 +121,7 @@ class RelayConnector:
         self,
         *,
         static_urls: Sequence[str] = (),
+        preferred_urls: Sequence[str] = (),
         directory: Sequence[RelayEntry] = (),
         home_region: str = "",
         discovery: RelayDiscovery | None = None,
@@ -141,6 +142,7 @@ class RelayConnector:
                 "no Access relay to connect to: set access_urls (--access wss://HOST:PORT) or a discovery domain (--dns-domain)"
             )
         self.static_urls = list(static_urls)
+        self.preferred_urls = list(preferred_urls)  # named by the operator (--access): tried before the directory
         self.directory = list(directory)
         self.discovery = discovery
         self.home_region = discovery.config.region if discovery is not None else home_region
@@ -179,6 +181,7 @@ class RelayConnector:
             )
         return cls(
             static_urls=static_urls,
+            preferred_urls=config.access_urls,
             directory=directory,
             home_region=config.region,
             discovery=discovery,
@@ -257,7 +260,13 @@ class RelayConnector:
         exhausted = all(entry.url in self._ranking_tried for entry in relays)
         if stale or changed or exhausted:
             latencies = await self._latencies(relays)
-            self._ranking = rank_relays(relays, latencies, home_region=self.home_region, latency_bucket_ms=self.latency_bucket_ms)
+            self._ranking = rank_relays(
+                relays,
+                latencies,
+                home_region=self.home_region,
+                latency_bucket_ms=self.latency_bucket_ms,
+                preferred_urls=self.preferred_urls,
+            )
             self._ranked_at = self._clock()
             if exhausted:
                 self._ranking_tried.clear()  # each one failed: every relay gets its chance again

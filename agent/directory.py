@@ -6,7 +6,9 @@ one in ``<state_dir>/relays.json`` (0600), so a restarted agent still knows wher
 The relays the agent was configured with or enrolled through are always candidates too, even when the Master's
 directory no longer names them (they may be the only ones this host can reach).
 
-How it is ranked (``rank_relays``, pure): the agent's home region first, then the other regions; inside each, by
+How it is ranked (``rank_relays``, pure): relays the operator named (``--access``) first, in the order given: an
+explicit choice is kept, and the directory is where the agent goes when they fail. Then the agent's home region, then
+the other regions; inside each, by
 measured latency in buckets (as agent/discovery.py ranks DNS candidates, so a few milliseconds of noise do not pile
 every agent onto one relay); relays the probe could not reach come last, still tried (a relay that just restarted
 may refuse a probe and accept the next connection). Ties keep the directory's order.
@@ -51,17 +53,21 @@ def rank_relays(
     *,
     home_region: str,
     latency_bucket_ms: float = 0.0,
+    preferred_urls: Sequence[str] = (),
 ) -> list[RelayEntry]:
-    """``relays`` best first: home region, then the others; by latency bucket; unreachable last (see the docstring)."""
+    """``relays`` best first: ``preferred_urls`` in their order, then home region, then the others; by latency
+    bucket; unreachable last (see the docstring)."""
+    preferred = {url: rank for rank, url in enumerate(preferred_urls)}
 
-    def key(indexed: tuple[int, RelayEntry]) -> tuple[int, int, float, int]:
+    def key(indexed: tuple[int, RelayEntry]) -> tuple[int, int, int, float, int]:
         position, entry = indexed
         latency = latencies_ms.get(entry.url)
+        chosen = preferred.get(entry.url, len(preferred))
         away = 0 if home_region and entry.region == home_region else 1
         if latency is None:
-            return (1, away, math.inf, position)
+            return (1, chosen, away, math.inf, position)
         bucket = math.floor(latency / latency_bucket_ms) if latency_bucket_ms > 0 else latency
-        return (0, away, bucket, position)
+        return (0, chosen, away, bucket, position)
 
     return [entry for _, entry in sorted(enumerate(relays), key=key)]
 

@@ -54,6 +54,12 @@ def test_an_unreachable_relay_comes_last_even_from_the_home_region_but_is_kept()
     assert ids(rank_relays([EU1, US1], latencies, home_region="eu")) == ["us-1", "eu-1"]
 
 
+def test_relays_the_operator_named_come_first_in_their_order_then_the_directory():
+    latencies = {EU1.url: 3.0, EU2.url: 4.0, US1.url: 90.0, AP1.url: 50.0}
+    ranked = rank_relays([EU1, EU2, US1, AP1], latencies, home_region="eu", preferred_urls=[AP1.url, US1.url])
+    assert ids(ranked) == ["ap-1", "us-1", "eu-1", "eu-2"]
+
+
 def test_without_a_home_region_latency_alone_decides():
     latencies = {EU1.url: 30.0, US1.url: 10.0}
     assert ids(rank_relays([EU1, US1], latencies, home_region="")) == ["us-1", "eu-1"]

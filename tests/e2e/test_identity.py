@@ -44,6 +44,7 @@ from common.wire import (
     encode,
     signing_bytes,
 )
+from management.client import instant
 from master.keys import SigningKeyRing
 from tests.support.grid import (
     Daemon,
@@ -155,7 +156,7 @@ async def test_an_agent_renews_its_certificate_on_its_open_connection_and_uses_i
             30,
             "the Master to record a renewed certificate",
         )
-        assert renewed["cert_not_after"] > first["cert_not_after"]
+        assert instant(renewed["cert_not_after"]) > instant(first["cert_not_after"])
         state_dir = grid.agent_dir("renewer")
         await asyncio.to_thread(
             wait_for, lambda: serial_of(state_dir) != serial_of(first_pair), 10, "the agent to store its new certificate"
@@ -165,7 +166,7 @@ async def test_an_agent_renews_its_certificate_on_its_open_connection_and_uses_i
         assert (state_dir / "agent.key").read_bytes() != (first_pair / "agent.key").read_bytes()  # a fresh key
 
         # The first certificate expires while the session it opened is still up: the relay adopted the new one.
-        await asyncio.sleep(max(0.0, first["cert_not_after"] + EXPIRY_SWEEP_S + 1.5 - time.time()))
+        await asyncio.sleep(max(0.0, instant(first["cert_not_after"]) + EXPIRY_SWEEP_S + 1.5 - time.time()))
         now = await asyncio.to_thread(grid.agent, agent_id)
         assert now["state"] == "ready"
         assert now["connected_since"] == first["connected_since"]  # no new hello, so no new connection
@@ -423,7 +424,10 @@ async def test_an_agent_naming_another_in_every_field_changes_nothing_of_the_oth
     # B's GPUs stay B's: what A claimed shows on A only as flagged copies, offline, never offered.
     assert [(g["uuid"], g["state"], g["flags"]) for g in a_now["gpus"]] == [(u, "offline", ["duplicate_uuid"]) for u in b_gpus]
     listed = (await asyncio.to_thread(grid.get, "/api/v1/gpus"))["items"]
-    assert sorted(g["agent_id"] for g in listed if g["uuid"] in b_gpus) == [b_id, b_id]
+    # The fleet list shows both claims of each UUID, B's and A's flagged copy; renters are offered neither.
+    claims = [g for g in listed if g["uuid"] in b_gpus]
+    assert sorted(g["agent_id"] for g in claims) == sorted([a_id, a_id, b_id, b_id])
+    assert not any(g["offered"] for g in claims)
     forged_events = (await asyncio.to_thread(grid.get, f"/api/v1/events?subject={a_id}&kind=agent.transition&limit=1000"))[
         "items"
     ]
