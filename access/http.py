@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import logging
 import ssl
-import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -20,7 +19,7 @@ from access.metrics import CONTENT_TYPE_LATEST, RelayMetrics
 from access.ratelimit import KeyedRateLimiter, TransferGate
 from access.speedtest import add_speedtest_routes
 from access.upstream import MasterLink, MasterUnavailable
-from common.http import HttpServer
+from common.http import HttpServer, timed_requests
 from common.wire import EnrollRequest, EnrollResponse
 
 log = logging.getLogger(__name__)
@@ -83,7 +82,7 @@ class RelayHttp:
         )
 
     def _build_app(self) -> web.Application:
-        app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=[self._count_requests])
+        app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=[timed_requests(self._count_request)])
         app.router.add_post("/enroll", self._enroll)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/metrics", self._metrics_page)
@@ -100,24 +99,8 @@ class RelayHttp:
     async def stop(self) -> None:
         await self._server.stop()
 
-    @web.middleware
-    async def _count_requests(
-        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-    ) -> web.StreamResponse:
-        """Requests by route and status, and how long each took (a download's time included)."""
-        started = time.perf_counter()
-        route = request.match_info.route.resource
-        name = route.canonical if route is not None else "unmatched"
-        status = 500
-        try:
-            response = await handler(request)
-            status = response.status
-            return response
-        except web.HTTPException as exc:
-            status = exc.status
-            raise
-        finally:
-            self._metrics.http_request(name, request.method, status, time.perf_counter() - started)
+    def _count_request(self, method: str, route: str, status: int, seconds: float) -> None:
+        self._metrics.http_request(route, method, status, seconds)
 
     # --- routes -------------------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -185,3 +186,34 @@ class HttpServer:
             self._server.close()
             self._server = None
         await self._runner.cleanup()
+
+
+UNMATCHED_ROUTE = "unmatched"  # every path no route knows, under one label: raw paths would be unbounded
+KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+OTHER_METHOD = "other"  # a client may send any token as a method: labels stay bounded
+
+RequestObserver = Callable[[str, str, int, float], None]  # (method, route pattern, status, seconds)
+
+
+def timed_requests(observe: RequestObserver) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """A middleware telling ``observe`` of every request: its method (bounded), its route pattern (never the raw
+    path), its status (500 for an exception that is not an HTTP answer) and how long it took."""
+
+    @web.middleware
+    async def timed(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        started = time.perf_counter()
+        status = 500
+        try:
+            response = await handler(request)
+            status = response.status
+            return response
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        finally:
+            resource = request.match_info.route.resource
+            route = resource.canonical if resource is not None else UNMATCHED_ROUTE
+            method = request.method if request.method in KNOWN_METHODS else OTHER_METHOD
+            observe(method, route, status, time.perf_counter() - started)
+
+    return timed

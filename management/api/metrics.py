@@ -6,20 +6,14 @@ Master's own series: the fleet gauges, frames, commands, enrollments, the store'
 
 from __future__ import annotations
 
-import time
-
-from aiohttp import web
 from aiohttp.typedefs import Middleware
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client import Counter as RequestCounter
 
-from management.api.errors import Handler
+from common.http import timed_requests
 
 # Buckets for calls that are answered from memory (a page of GPUs, an agent) up to those that write the store.
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
-UNMATCHED_ROUTE = "unmatched"  # every path no route knows, under one label: raw paths would be unbounded
-KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
-OTHER_METHOD = "other"  # a client may send any token as a method: labels stay bounded
 
 
 class ApiMetrics:
@@ -40,25 +34,9 @@ class ApiMetrics:
         )
 
     def observe(self, method: str, route: str, status: int, seconds: float) -> None:
-        labels = (method if method in KNOWN_METHODS else OTHER_METHOD, route, str(status))
+        labels = (method, route, str(status))
         self.requests.labels(*labels).observe(seconds)
         self.responses.labels(*labels).inc()
 
     def middleware(self) -> Middleware:
-        @web.middleware
-        async def measure(request: web.Request, handler: Handler) -> web.StreamResponse:
-            started = time.perf_counter()
-            status = 500
-            try:
-                response = await handler(request)
-                status = response.status
-                return response
-            except web.HTTPException as exc:
-                status = exc.status
-                raise
-            finally:
-                resource = request.match_info.route.resource
-                route = resource.canonical if resource is not None else UNMATCHED_ROUTE
-                self.observe(request.method, route, status, time.perf_counter() - started)
-
-        return measure
+        return timed_requests(self.observe)

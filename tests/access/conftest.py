@@ -36,6 +36,7 @@ from common.wire import (
     EnrollResponse,
     LinkFrame,
     Relay,
+    RelayEntry,
     decode_link_frame,
     encode,
 )
@@ -110,6 +111,7 @@ class MasterStandIn:
             ca_pem="CA",
             command_keys={"k1": "pub"},
             key_endorsements={"k1": "sig"},
+            relays=[RelayEntry(relay_id="relay-2", region="us-east", url="wss://relay-2.example:7200")],
         )
         self.port = 0
         self._server: Server | None = None

@@ -34,6 +34,7 @@ async def test_enrollment_goes_through_the_master_link_and_back(relay, master, p
         "command_keys": {"k1": "pub"},
         "key_endorsements": {"k1": "sig"},
         "agent_url": relay.agent_url,
+        "relays": [{"relay_id": "relay-2", "region": "us-east", "url": "wss://relay-2.example:7200"}],  # passed on
     }
     request = master.of_type(EnrollRequest)[0]
     assert (request.token, request.csr_pem, request.region, request.remote) == ("igjt_x", CSR, "eu", "127.0.0.1")
