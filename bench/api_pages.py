@@ -40,7 +40,8 @@ class Fleet:
 
 def generated_fleet(agents: int, gpus_per_agent: int, *, providers: int = PROVIDERS, now: float | None = None) -> Fleet:
     """A deterministic fleet: agent i belongs to provider i % providers, runs model i % len(MODELS); every 10th
-    agent is offline (its GPUs too), so the filters have something to choose between."""
+    agent is offline (its GPUs too) and every 4th runs the process runtime (a sandbox, not offered), so the filters
+    have something to choose between."""
     now = time.time() if now is None else now
     policy = TierPolicy.load(None)
     tier_of = {key: classify(reference_gpu_info(CATALOG[key]), policy).tier for key in MODELS}
@@ -57,8 +58,8 @@ def generated_fleet(agents: int, gpus_per_agent: int, *, providers: int = PROVID
                 region=REGIONS[i % len(REGIONS)],
                 enrolled_at=now,
                 last_seen=now,
-                runtime="simulated",
-                isolation="none",
+                runtime="process" if i % 4 == 3 else "docker",
+                isolation="sandbox" if i % 4 == 3 else "container",
                 simulated=True,
             )
         )
@@ -141,13 +142,18 @@ async def run_api_pages_bench(
                 url = f"{server.api_url}/api/v1/gpus?limit={limit}" + (f"&{query}" if query else "")
                 uuids, latencies = await page_through(session, url, headers)
             registry = server.master.registry
+            offered = {uuid for uuid, gpu in registry.gpus.items() if server.master.offered(gpu)}
             started = time.perf_counter()
             sorted(registry.gpus.values(), key=lambda g: (g.agent_id, g.index, g.uuid))
             sort_all_ms = (time.perf_counter() - started) * 1000
         finally:
             await server.stop()
     wanted = dict(part.split("=", 1) for part in query.split("&") if part)
-    matching = [g for g in fleet.gpus if all(str(getattr(g, k)) == v for k, v in wanted.items())]
+
+    def value(gpu: GpuRecord, field: str) -> str:
+        return str(gpu.uuid in offered).lower() if field == "offered" else str(getattr(gpu, field))
+
+    matching = [g for g in fleet.gpus if all(value(g, k) == v for k, v in wanted.items())]
     expected = [g.uuid for g in sorted(matching, key=lambda g: (g.agent_id, g.index, g.uuid))]
     return {
         "agents": agents,
