@@ -38,6 +38,7 @@ from common.wire import (
     CommandAck,
     Config,
     Error,
+    ErrorCode,
     Heartbeat,
     Hello,
     Ping,
@@ -55,7 +56,7 @@ from common.wire import (
 log = logging.getLogger(__name__)
 
 AGENT_VERSION = "0.1.0"
-HELLO_REQUIRED = "hello_required"
+HELLO_REQUIRED = ErrorCode.HELLO_REQUIRED.value
 # On SIGTERM, how long commands already running get to finish and report before the connection closes. Well
 # under the 10 s the test harness waits before SIGKILL; what does not finish in time is in the ledger as started,
 # and resumes safely (at most once) when the Master resends it.

@@ -38,6 +38,8 @@ class ErrorCode(str, enum.Enum):
     RATE_LIMITED = "rate_limited"
     UNAUTHORIZED = "unauthorized"
     INTERNAL = "internal"
+    HELLO_REQUIRED = "hello_required"  # this Master process does not know the agent yet: send hello first
+    INVENTORY_TOO_LARGE = "inventory_too_large"  # a hello listed more GPUs than the Master takes from one host
 
 
 class _Frame(msgspec.Struct, tag_field="type", kw_only=True, omit_defaults=True):

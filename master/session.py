@@ -14,11 +14,11 @@ import enum
 from dataclasses import dataclass
 
 from common.errors import ProtocolError
-from common.wire import AgentEvent, AgentFrame, CommandAck, CommandResult, Hello, negotiate
+from common.wire import AgentEvent, AgentFrame, CommandAck, CommandResult, ErrorCode, Hello, negotiate
 from master.budget import ReportBudget, ReportLimits, Spend
 
-HELLO_REQUIRED = "hello_required"
-INVENTORY_TOO_LARGE = "inventory_too_large"
+HELLO_REQUIRED = ErrorCode.HELLO_REQUIRED.value
+INVENTORY_TOO_LARGE = ErrorCode.INVENTORY_TOO_LARGE.value
 
 
 class Act(enum.Enum):

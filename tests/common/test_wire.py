@@ -9,6 +9,8 @@ from common.errors import ProtocolError
 from common.inventory import GpuInfo, HostInfo, Inventory
 from common.wire import (
     MAX_FRAME_BYTES,
+    AgentEvent,
+    AgentEventKind,
     CommandBody,
     Heartbeat,
     Hello,
@@ -110,3 +112,42 @@ def test_well_formed_json_with_wrong_shapes_only_raises_protocol_error(frame_typ
             decode(data)
         except ProtocolError as exc:
             assert exc.code in {"schema_violation", "unknown_type"}
+
+
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1e999", "-1e999"])
+def test_a_non_finite_number_in_a_frame_is_refused_as_bad_input(number):
+    frame = f'{{"type":"heartbeat","seq":1,"ts":{number}}}'
+    with pytest.raises(ProtocolError) as refused:
+        decode_agent_frame(frame.encode())
+    assert refused.value.code in ("bad_json", "schema_violation")
+
+
+def test_an_agent_event_outside_the_closed_set_is_refused():
+    with pytest.raises(ProtocolError, match="kind") as refused:
+        decode_agent_frame(b'{"type":"event","kind":"transition","ts":1.0}')
+    assert refused.value.code == "schema_violation"
+    report = decode_agent_frame(b'{"type":"event","kind":"gpu_xid","ts":1.0,"gpu_uuid":"GPU-1","code":79}')
+    assert report == AgentEvent(kind=AgentEventKind.GPU_XID, ts=1.0, gpu_uuid="GPU-1", code=79)
+
+
+def test_an_agent_event_message_is_bounded():
+    too_long = "x" * 513
+    with pytest.raises(ProtocolError, match="length"):
+        decode_agent_frame(f'{{"type":"event","kind":"runtime_failure","ts":1.0,"message":"{too_long}"}}'.encode())
+
+
+def test_an_inventory_with_more_gpus_than_the_wire_allows_is_refused():
+    gpu = {"index": 0, "uuid": "GPU-x", "name": "n", "pci_bus_id": "0", "memory_total_mib": 1, "compute_capability": "9.0"}
+    host = {
+        "hostname": "h",
+        "cpu_model": "c",
+        "cpu_cores": 1,
+        "ram_mib": 1,
+        "disk_total_gib": 1,
+        "disk_free_gib": 1,
+        "os": "o",
+        "kernel": "k",
+    }
+    hello = {"type": "hello", "versions": [1], "agent_version": "1", "inventory": {"host": host, "gpus": [gpu] * 65}}
+    with pytest.raises(ProtocolError, match="length"):
+        decode_agent_frame(msgspec.json.encode(hello))
