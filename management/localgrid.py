@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import random
 import signal
 import socket
 import ssl
@@ -54,10 +55,21 @@ class StartupFailed(IdlegridError):
     code = "startup_failed"
 
 
+# Ports handed to daemons come from below the kernel's ephemeral range (where it puts the outgoing connections of
+# every process), so no client can take a port between the moment it is chosen here and the moment a daemon binds it.
+LISTEN_PORTS = (20000, 32767)
+_handed_out: set[int] = set()  # never the same port twice from one process, though the first daemon has not bound yet
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
+    """A port nothing listens on, from ``LISTEN_PORTS``."""
+    low, high = LISTEN_PORTS
+    for _ in range(1000):
+        port = random.randint(low, high)
+        if port not in _handed_out and port_is_free(port):
+            _handed_out.add(port)
+            return port
+    raise RuntimeError(f"no free port between {low} and {high}")
 
 
 def port_is_free(port: int) -> bool:

@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import json
 import signal
-import socket
 import sys
 from pathlib import Path
 
@@ -14,15 +13,10 @@ import aiohttp
 
 from access.cli import add_parser, overrides
 from access.config import load_access_config
+from management.localgrid import free_port
 from tests.access.conftest import eventually
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_the_access_subcommand_turns_flags_into_settings():
