@@ -17,9 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 from common.catalog import CATALOG, reference_gpu_info
+from management.client import ApiRequest, AsyncApiClient, list_request, next_page
 from master.config import MasterConfig
 from master.records import AgentRecord, GpuRecord
 from master.states import AgentState, GpuState
@@ -101,24 +100,19 @@ def _percentile(values: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
 
 
-async def page_through(session: aiohttp.ClientSession, url: str, headers: dict[str, str]) -> tuple[list[str], list[float]]:
+async def page_through(client: AsyncApiClient, first: ApiRequest) -> tuple[list[str], list[float]]:
     """Every item's uuid (in the order served) and each page's latency in ms, following next_cursor to the end.
-    ``url`` carries the limit and filters; they go with every page (a cursor is valid only with its filters)."""
+    ``first`` carries the limit and filters; they go with every page (a cursor is valid only with its filters)."""
     uuids: list[str] = []
     latencies: list[float] = []
-    cursor: str | None = None
-    while True:
-        params = {"cursor": cursor} if cursor else {}
+    request: ApiRequest | None = first
+    while request is not None:
         started = time.perf_counter()
-        async with session.get(url, params=params, headers=headers) as response:
-            if response.status != 200:
-                raise RuntimeError(f"GET {url} answered {response.status}: {await response.text()}")
-            body = await response.json()
+        page = await client.send(request)
         latencies.append((time.perf_counter() - started) * 1000)
-        uuids.extend(g["uuid"] for g in body["items"])
-        cursor = body["next_cursor"]
-        if cursor is None:
-            return uuids, latencies
+        uuids.extend(g["uuid"] for g in page["items"])
+        request = next_page(request, page)
+    return uuids, latencies
 
 
 async def run_api_pages_bench(
@@ -137,10 +131,10 @@ async def run_api_pages_bench(
         await server.start()
         loaded_s = time.perf_counter() - started
         try:
-            headers = {"Authorization": f"Bearer {server.operator_token_file.read_text().strip()}"}
-            async with aiohttp.ClientSession() as session:
-                url = f"{server.api_url}/api/v1/gpus?limit={limit}" + (f"&{query}" if query else "")
-                uuids, latencies = await page_through(session, url, headers)
+            key = server.operator_token_file.read_text().strip()
+            async with AsyncApiClient(server.api_url, key) as client:
+                filters = dict(part.split("=", 1) for part in query.split("&") if part)
+                uuids, latencies = await page_through(client, list_request("/api/v1/gpus", filters, limit))
             registry = server.master.registry
             offered = {uuid for uuid, gpu in registry.gpus.items() if server.master.offered(gpu)}
             started = time.perf_counter()

@@ -369,10 +369,10 @@ class LocalGrid:
             stdin=subprocess.DEVNULL,
         )
 
-    def start_agent(self, name: str, *extra: str, simulate: str = "h100:2") -> Daemon:
+    def start_agent(self, name: str, *extra: str, simulate: str = "h100:2", env: Mapping[str, str] | None = None) -> Daemon:
         """Start an enrolled agent with simulated GPUs (bandwidth not measured: no speed test on every start)."""
         args = ["agent", "--state-dir", str(self.agent_dir(name)), "--simulate", simulate, "--no-bandwidth", *extra]
-        return self.spawn(name, "agent", args)
+        return self.spawn(name, "agent", args, env=env)
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
         """Agents, then relays, then the Master: each group gets SIGTERM and up to ``timeout_s`` before SIGKILL."""

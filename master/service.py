@@ -523,9 +523,6 @@ class Master:
     def agent(self, agent_id: str) -> AgentRecord:
         return self.registry.get(agent_id)
 
-    def agents(self, state: str | None = None) -> list[AgentRecord]:
-        return sorted((a for a in self.registry.agents.values() if state in (None, a.state)), key=lambda a: a.id)
-
     def gpus(self, agent_id: str | None = None) -> list[GpuRecord]:
         if agent_id is not None:
             return self.registry.gpus_of(agent_id)

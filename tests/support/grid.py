@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -95,11 +95,11 @@ class Grid(LocalGrid):
     def agent(self, agent_id: str) -> dict[str, Any]:
         return dict(self.client.agent(agent_id))
 
-    def start_agent(self, name: str, *extra: str, simulate: str = "h100:2") -> Daemon:
+    def start_agent(self, name: str, *extra: str, simulate: str = "h100:2", env: Mapping[str, str] | None = None) -> Daemon:
         """The process runtime, run as the agent's own user (process_user empty), so the containers the tests start
         can write where the test looks (pytest's directories are private to root)."""
-        args = ["agent", "--state-dir", str(self.agent_dir(name)), "--simulate", simulate, "--no-bandwidth"]
-        return self.spawn(name, "agent", [*args, "--runtime", "process", *extra], env={"IDLEGRID_AGENT_PROCESS_USER": ""})
+        env = {"IDLEGRID_AGENT_PROCESS_USER": "", **(env or {})}
+        return super().start_agent(name, "--runtime", "process", *extra, simulate=simulate, env=env)
 
     def run_agent(
         self, name: str, *, simulate: str = "a10:2", relay: str = "relay-1", **settings: str | int | float | bool
