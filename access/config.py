@@ -58,6 +58,12 @@ class AccessConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # it downloads) fits twice; a client looping on the largest image is stopped within seconds.
     speedtest_bytes_per_window: int = 1024 * 1024 * 1024
     speedtest_window_s: float = 3600.0
+    # Frames to the Master go several to a WebSocket message (a JSON array) when the Master takes batches: at most
+    # this many frames and bytes in one, and under load at most one message per window (an idle link sends at once).
+    # 1 sends every frame on its own.
+    link_batch_frames: int = 256
+    link_batch_bytes: int = 1024 * 1024
+    link_batch_window_s: float = 0.005
     drain_timeout_s: float = 3.0  # on stop: how long to keep flushing buffered frames to the Master
     log_level: str = "info"
 
@@ -107,6 +113,7 @@ def _check(config: AccessConfig) -> None:
         "connect_burst_per_ip",
         "reconnect_burst_per_agent",
         "speedtest_transfers_per_ip",
+        "link_batch_frames",
     ):
         if getattr(config, name) < 1:
             problems.append(f"{name} must be at least 1, got {getattr(config, name)}")
@@ -116,6 +123,11 @@ def _check(config: AccessConfig) -> None:
             f"speedtest_bytes_per_window must be at least {largest} (the largest speed-test image), "
             f"got {config.speedtest_bytes_per_window}"
         )
+    if not MAX_FRAME_BYTES <= config.link_batch_bytes <= HARD_FRAME_BYTES // 2:
+        bounds = f"{MAX_FRAME_BYTES} and {HARD_FRAME_BYTES // 2}"
+        problems.append(f"link_batch_bytes must be between {bounds}, got {config.link_batch_bytes}")
+    if not 0 <= config.link_batch_window_s <= 1:
+        problems.append(f"link_batch_window_s must be between 0 and 1, got {config.link_batch_window_s}")
     if config.drain_timeout_s < 0:
         problems.append(f"drain_timeout_s must not be negative, got {config.drain_timeout_s}")
     if problems:

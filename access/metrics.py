@@ -91,7 +91,7 @@ class RelayMetrics:
             "idlegrid_access_frame_errors", "Agent frames answered with an error frame, by code", ["relay", "code"], registry=r
         )
         # reasons: at accept ip_connections, ip_rate, openings_full; opening slow_opening, busy (503), reconnect_rate
-        # (429), bad_certificate, wrong_role, revoked, expired; in session flood, silent, too_slow, revoked, expired
+        # (429), bad_certificate, wrong_role, revoked, expired; in session flood, silent, no_pong, too_slow, revoked, expired
         self._refused = Counter(
             "idlegrid_access_connections_refused",
             "Agent connections refused or cut off, by reason",
@@ -156,6 +156,15 @@ class RelayMetrics:
             buckets=HTTP_SECONDS_BUCKETS,
             registry=r,
         )
+        self._link_messages = Counter(
+            "idlegrid_access_master_link_messages",
+            "WebSocket messages sent to the Master; frames per message is link_frames / link_messages",
+            ["relay"],
+            registry=r,
+        ).labels(**labels)
+        self._link_frames = Counter(
+            "idlegrid_access_master_link_frames", "Frames sent to the Master, batched or not", ["relay"], registry=r
+        ).labels(**labels)
         self._http_head_timeouts = Counter(
             "idlegrid_access_http_head_timeouts",
             "HTTPS connections cut off (408) for not sending a request head in time",
@@ -184,6 +193,11 @@ class RelayMetrics:
         start = len(_TYPE_TAG)
         end = frame.find(b'"', start, _TYPE_TAG_END) if frame.startswith(_TYPE_TAG) else -1
         self._frames_out.count_tag(frame[start:end] if end > 0 else b"")
+
+    def link_message(self, frames: int) -> None:
+        """One message of ``frames`` frames went to the Master."""
+        self._link_messages.inc()
+        self._link_frames.inc(frames)
 
     def frame_error(self, code: str) -> None:
         self._frame_errors.labels(relay=self._relay_id, code=code).inc()

@@ -267,6 +267,9 @@ class AgentSession:
     remote: str
     budget: FrameBudget
     open: bool = True  # False once the relay decided to close it: nothing more is relayed
+    last_frame: float = 0.0  # monotonic time of the last message (frame) the agent sent
+    ping: asyncio.Future[float] | None = None  # the pong awaited for a ping to a silent agent, while one is out
+    ping_sent: float = 0.0
 
     @property
     def agent_id(self) -> str:
@@ -319,7 +322,6 @@ class AgentGateway:
         return self._server.sockets[0].getsockname()[1]
 
     async def start(self) -> None:
-        idle = self.config.idle_timeout_s
         listener = GatedListener.bind_to(self.config.agent_host, self.config.agent_port)
         listener.admit, listener.on_accept, listener.on_close = self._admit_address, self._opening_began, self._socket_closed
         # open_timeout bounds TLS (as ssl_handshake_timeout) and the upgrade each; _opening_began bounds the two together.
@@ -332,11 +334,12 @@ class AgentGateway:
             compression=None,
             write_limit=self._max_backlog,
             open_timeout=self.config.handshake_timeout_s,
-            ping_interval=idle / 2,
-            ping_timeout=idle / 2,
+            # No keepalive pings on a schedule: agents heartbeat every few seconds, and the sweep pings only the
+            # silent ones (thousands of agents would otherwise cost a ping and a pong each every idle_timeout_s / 2).
+            ping_interval=None,
             process_request=self._process_request,
         )
-        self._sweeper = asyncio.create_task(self._sweep_expired(), name="expiry-sweep")
+        self._sweeper = asyncio.create_task(self._sweep(), name="session-sweep")
 
     async def stop(self) -> None:
         """Stop accepting and close every agent connection (1001, going away); each says goodbye upstream."""
@@ -442,8 +445,9 @@ class AgentGateway:
         if refusal is not None:
             await self._refuse(connection, refusal, remote, identity)
             return None
-        budget = FrameBudget(self.config.rate_per_agent, self.config.burst, self.config.flood_limit, time.monotonic())
-        session = AgentSession(identity, connection, remote, budget)
+        now = time.monotonic()
+        budget = FrameBudget(self.config.rate_per_agent, self.config.burst, self.config.flood_limit, now)
+        session = AgentSession(identity, connection, remote, budget, last_frame=now)
         older = self.sessions.get(identity.id)
         self.sessions[identity.id] = session
         if older is not None:
@@ -487,19 +491,11 @@ class AgentGateway:
     # --- agent -> master ---------------------------------------------------------------------------
 
     async def _relay_frames(self, session: AgentSession) -> None:
+        """Until the connection closes; silence is the sweep's business (``_sweep``), not a timer per frame."""
         while True:
-            try:
-                # Pongs keep a connection alive but say nothing of the agent: heartbeats do.
-                async with asyncio.timeout(self.config.max_silence_s):
-                    # decode=False: the bytes go upstream untouched, so never decode text to str and back.
-                    message = await session.connection.recv(decode=False)
-            except TimeoutError:
-                if not session.open:
-                    return
-                if not self._link.is_up:
-                    continue  # waiting for a welcome the Master cannot send yet is not silence
-                await self._drop_silent(session)
-                return
+            # decode=False: the bytes go upstream untouched, so never decode text to str and back.
+            message = await session.connection.recv(decode=False)
+            session.last_frame = time.monotonic()
             if not session.open:
                 # Closing: read and discard until the agent's close frame arrives. Not reading would leave it
                 # behind whatever the agent still sends, and the close would wait out close_timeout.
@@ -525,11 +521,11 @@ class AgentGateway:
             case CutOff(reason):
                 self._cut_off_flood(session, reason)
 
-    async def _drop_silent(self, session: AgentSession) -> None:
+    def _drop_silent(self, session: AgentSession) -> None:
+        """Pongs keep a connection alive but say nothing of the agent: heartbeats do."""
         log.info("agent sent nothing for %g s; disconnecting it", self.config.max_silence_s, extra={"agent": session.agent_id})
         self._metrics.refuse("silent")
-        session.open = False
-        await session.connection.close(CLOSE_SILENT, f"no frame for {self.config.max_silence_s:g} s")
+        self._close_later(session, CLOSE_SILENT, f"no frame for {self.config.max_silence_s:g} s")
 
     def _cut_off_flood(self, session: AgentSession, reason: str) -> None:
         """Reading a flood forever would spend the relay on one agent; it reconnects (within its reconnect
@@ -621,16 +617,65 @@ class AgentGateway:
                 self._metrics.refuse("revoked")
                 self._close_later(session, CLOSE_REVOKED, "certificate revoked")
 
-    async def _sweep_expired(self) -> None:
-        """Certificates are short-lived: one that expires mid-session ends the session."""
+    async def _sweep(self) -> None:
+        """Every few seconds, over every session: expired certificates, silent agents, unanswered pings.
+
+        Certificates are short-lived: one that expires mid-session ends the session. An agent silent for
+        ``idle_timeout_s`` is pinged, and dropped if the pong does not come within half that (its connection is
+        dead); one silent for ``max_silence_s`` is dropped, pongs or not. While the Master link is down agents wait
+        for a welcome that cannot come, which is not silence: their clocks start again.
+        """
+        config = self.config
+        period = min(SWEEP_INTERVAL_S, config.max_silence_s / 4, config.idle_timeout_s / 4)
         while True:
-            await asyncio.sleep(SWEEP_INTERVAL_S)
-            now = time.time()
-            for session in list(self.sessions.values()):
-                if session.open and session.identity.not_after <= now:
-                    log.info("certificate expired; disconnecting the agent", extra={"agent": session.agent_id})
-                    self._metrics.refuse("expired")
-                    self._close_later(session, CLOSE_POLICY, "certificate expired; renew it")
+            await asyncio.sleep(period)
+            try:
+                self._sweep_once(time.time(), time.monotonic())
+            except Exception:  # a bug here must not end the sweeping for good
+                log.exception("session sweep failed")
+
+    def _sweep_once(self, now: float, clock: float) -> None:
+        config = self.config
+        link_up = self._link.is_up
+        for session in list(self.sessions.values()):
+            if not session.open:
+                continue
+            if session.identity.not_after <= now:
+                log.info("certificate expired; disconnecting the agent", extra={"agent": session.agent_id})
+                self._metrics.refuse("expired")
+                self._close_later(session, CLOSE_POLICY, "certificate expired; renew it")
+                continue
+            if not link_up:
+                session.last_frame = clock
+                continue
+            silent = clock - session.last_frame
+            if silent >= config.max_silence_s:
+                self._drop_silent(session)
+            elif silent < config.idle_timeout_s:
+                continue
+            elif session.ping_sent <= session.last_frame:
+                self._ping(session, clock)  # silent for a while: is anybody there?
+            elif session.ping is None or not session.ping.done():
+                if clock - session.ping_sent >= config.idle_timeout_s / 2:
+                    log.info("agent did not answer a ping; its connection is gone", extra={"agent": session.agent_id})
+                    self._metrics.refuse("no_pong")
+                    session.open = False
+                    _abort(session.connection)
+            elif clock - session.ping_sent >= config.idle_timeout_s:
+                self._ping(session, clock)  # answered, still silent: ask again until max_silence_s
+
+    def _ping(self, session: AgentSession, clock: float) -> None:
+        session.ping_sent = clock
+        session.ping = None
+        task = asyncio.create_task(self._send_ping(session), name=f"ping-{session.agent_id}")
+        self._closers.add(task)
+        task.add_done_callback(self._closers.discard)
+
+    async def _send_ping(self, session: AgentSession) -> None:
+        try:
+            session.ping = asyncio.ensure_future(await session.connection.ping())  # a future already: done() is read
+        except ConnectionClosed:
+            pass
 
     def _cut_off_slow(self, session: AgentSession, backlog: int) -> None:
         """Drop an agent that does not read what it is sent. No closing handshake: it would not read that

@@ -44,6 +44,7 @@ from agent.runtime.simulated import Execution, SimulatedRuntime
 from common.config import load_config
 from common.heap import tune_for_daemon
 from common.logs import setup_logging
+from common.loop import run as run_loop
 from common.wire import Heartbeat
 
 log = logging.getLogger(__name__)
@@ -597,9 +598,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bench.fleet_agents: {exc}", file=sys.stderr)
         return 2
     if args.control:
-        asyncio.run(_control(fleet))
+        run_loop(_control(fleet))
     else:
-        asyncio.run(_standalone(fleet, args.report_s, args.duration))
+        run_loop(_standalone(fleet, args.report_s, args.duration))
     return 0
 
 

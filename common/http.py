@@ -19,7 +19,7 @@ import asyncio
 import ssl
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 
@@ -59,8 +59,7 @@ class HeadDeadline(asyncio.Protocol):
     # --- asyncio.Protocol, passed on to aiohttp ---
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
         self._arm()
         self.inner.connection_made(transport)
 

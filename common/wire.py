@@ -208,6 +208,9 @@ class AccessHello(_Frame, tag="access_hello"):
 class AccessWelcome(_Frame, tag="access_welcome"):
     version: int
     revoked_serials: list[str] = []
+    # The Master takes a JSON array of link frames as one message (in order, as if sent one by one). A relay sends
+    # arrays only when told so: an older Master, which leaves this out, gets one frame per message.
+    batches: bool = False
 
 
 class Relay(_Frame, tag="relay"):
@@ -282,6 +285,8 @@ _encoder = msgspec.json.Encoder()
 _agent_decoder = msgspec.json.Decoder(AgentFrame)
 _master_decoder = msgspec.json.Decoder(MasterFrame)
 _link_decoder = msgspec.json.Decoder(LinkFrame)
+_link_batch_decoder = msgspec.json.Decoder(list[LinkFrame])
+_raw_batch_decoder = msgspec.json.Decoder(list[msgspec.Raw])
 
 
 def encode(frame: msgspec.Struct) -> bytes:
@@ -327,6 +332,35 @@ def decode_master_frame(data: bytes | str, max_bytes: int = MAX_FRAME_BYTES) -> 
 
 def decode_link_frame(data: bytes | str, max_bytes: int = HARD_FRAME_BYTES) -> LinkFrame:
     return _decode(_link_decoder, data, max_bytes)
+
+
+def decode_link_message(data: bytes | str, max_bytes: int = HARD_FRAME_BYTES) -> list[LinkFrame | ProtocolError]:
+    """One link message: a frame, or a batch of them (a JSON array), each decoded on its own.
+
+    A bad frame in a batch costs only itself: its place in the list holds its ``ProtocolError``, the others are
+    decoded. A message that is neither an object nor an array of them is one error.
+    """
+    start = data.lstrip()[:1]
+    if start not in (b"[", "["):
+        try:
+            return [decode_link_frame(data, max_bytes)]
+        except ProtocolError as exc:
+            return [exc]
+    try:
+        return list(_decode(_link_batch_decoder, data, max_bytes))
+    except ProtocolError:
+        pass  # one frame (or more) is bad, or the array itself: sort them out one by one
+    try:
+        parts = _decode(_raw_batch_decoder, data, max_bytes)
+    except ProtocolError as exc:
+        return [exc]
+    decoded: list[LinkFrame | ProtocolError] = []
+    for part in parts:
+        try:
+            decoded.append(decode_link_frame(bytes(part), max_bytes))
+        except ProtocolError as exc:
+            decoded.append(exc)
+    return decoded
 
 
 def error_frame(exc: ProtocolError, ref: str | None = None) -> bytes:

@@ -17,6 +17,7 @@ from typing import Any
 from common.errors import ConfigError, EnrollmentError, IdlegridError
 from common.heap import tune_for_daemon
 from common.logs import setup_logging
+from common.loop import run as run_loop
 
 # Exit statuses: what a service manager or a script can tell apart. An error class may carry its own
 # ``exit_code`` (a revoked agent certificate does: re-enrolling, not restarting, is the cure).
@@ -108,7 +109,7 @@ def _run_master(args: argparse.Namespace) -> int:
     )
     setup_logging("master", config.log_level)
     tune_for_daemon()
-    asyncio.run(serve_master(config))
+    run_loop(serve_master(config))
     return 0
 
 
@@ -312,7 +313,7 @@ def _run_agent(args: argparse.Namespace) -> int:
         config.access_urls = urls
     setup_logging("agent", config.log_level)
     tune_for_daemon()
-    asyncio.run(serve(config))
+    run_loop(serve(config))
     return 0
 
 

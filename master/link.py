@@ -25,6 +25,7 @@ from common.wire import (
     LinkFrame,
     Relay,
     decode_link_frame,
+    decode_link_message,
     encode,
     error_frame,
     negotiate,
@@ -113,8 +114,9 @@ class RelayHub:
         if self._on_open is not None:
             await self._on_open(link)
         try:
-            async for message in connection:
-                await self._receive(link, message)
+            while True:
+                # bytes: msgspec reads UTF-8 itself, so websockets need not decode a batch to str first
+                await self._receive(link, await connection.recv(decode=False))
         except ConnectionClosed:
             pass
         finally:
@@ -145,21 +147,21 @@ class RelayHub:
         if old is not None:
             await old.connection.close(CLOSE_POLICY, "replaced by a newer link")
         self.links[link.relay_id] = link
-        await link.send(encode(AccessWelcome(version=version, revoked_serials=self._revoked())))
+        await link.send(encode(AccessWelcome(version=version, revoked_serials=self._revoked(), batches=True)))
         log.info("access relay connected", extra={"relay": link.relay_id, "region": link.region})
         return link
 
     async def _receive(self, link: AccessLink, message: str | bytes) -> None:
-        try:
-            frame = decode_link_frame(message)
-        except ProtocolError as exc:
-            log.warning("bad frame from relay %s: %s", link.relay_id, exc)
-            await link.send(error_frame(exc))
-            return
-        try:
-            await self._on_frame(link, frame)
-        except Exception:  # one bad frame must not take the link down for every agent behind it
-            log.exception("failed to handle %s frame from relay %s", type(frame).__name__, link.relay_id)
+        """One message: a frame, or a relay's batch of them, handled in order."""
+        for frame in decode_link_message(message):
+            if isinstance(frame, ProtocolError):
+                log.warning("bad frame from relay %s: %s", link.relay_id, frame)
+                await link.send(error_frame(frame))
+                continue
+            try:
+                await self._on_frame(link, frame)
+            except Exception:  # one bad frame must not take the link down for every agent behind it
+                log.exception("failed to handle %s frame from relay %s", type(frame).__name__, link.relay_id)
 
 
 def _only_relays(connection: ServerConnection, request: Request) -> Response | None:
