@@ -11,7 +11,7 @@ from master.records import TelemetryRollup
 from master.store.base import Store
 
 
-@dataclass
+@dataclass(slots=True)
 class _Minute:
     agent_id: str
     samples: int = 0
@@ -61,23 +61,29 @@ class TelemetryAggregator:
         """
         current = int(now // 60)
         done = [key for key in self._open if everything or key[1] < current]
-        rollups = self._unwritten + [self._rollup(key, self._open.pop(key)) for key in done]
-        self._unwritten = []
+        retry, self._unwritten = self._unwritten, []
         if duty is None:
             duty = 1.0 if everything else DUTY
         written = 0
 
-        async def write(batch: Sequence[TelemetryRollup]) -> None:
+        async def put(rollups: list[TelemetryRollup]) -> None:
             nonlocal written
-            await self.store.rollups.put_many(batch)
-            written += len(batch)
+            try:
+                await self.store.rollups.put_many(rollups)
+            except BaseException:
+                self._unwritten.extend(rollups)  # kept for the next flush (upserts: no doubles)
+                raise
+            written += len(rollups)
 
-        try:
-            await write_paced(rollups, write, duty=duty)
-        except BaseException:
-            self._unwritten = rollups[written:]  # a store that failed keeps them for the next flush (upserts: no doubles)
-            raise
-        return len(rollups)
+        async def write(keys: Sequence[tuple[str, int]]) -> None:
+            # Each batch's rollups are made when it is written, not all at once: 80,000 of them would hold the event
+            # loop for a quarter of a second. A minute not yet written stays open (a late sample still counts).
+            await put([self._rollup(key, minute) for key in keys if (minute := self._open.pop(key, None)) is not None])
+
+        if retry:
+            await put(retry)  # a failed batch of an earlier flush (more of them stay open until written)
+        await write_paced(done, write, duty=duty)
+        return written
 
     @staticmethod
     def _rollup(key: tuple[str, int], m: _Minute) -> TelemetryRollup:

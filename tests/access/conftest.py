@@ -18,6 +18,7 @@ from websockets.exceptions import ConnectionClosed
 
 from access.config import AccessConfig
 from access.daemon import AccessRelay
+from common.errors import ProtocolError
 from common.pki import (
     CertificateAuthority,
     Identity,
@@ -38,6 +39,7 @@ from common.wire import (
     Relay,
     RelayEntry,
     decode_link_frame,
+    decode_link_message,
     encode,
 )
 
@@ -102,6 +104,8 @@ class MasterStandIn:
         self.revoked: list[str] = []  # sent in access_welcome
         self.links: list[ServerConnection] = []
         self.hellos: list[AccessHello] = []
+        self.batches = True  # tells relays it takes several frames per message, as the Master does
+        self.messages: list[int] = []  # frames in each message received after the hello
         # Answer an enrollment request; None means "stay silent".
         self.answer_enroll: Callable[[EnrollRequest], EnrollResponse | None] = lambda req: EnrollResponse(
             req_id=req.req_id,
@@ -136,16 +140,20 @@ class MasterStandIn:
         hello = decode_link_frame(await connection.recv())
         assert isinstance(hello, AccessHello)
         self.hellos.append(hello)
-        await connection.send(encode(AccessWelcome(version=1, revoked_serials=self.revoked)), text=True)
+        welcome = AccessWelcome(version=1, revoked_serials=self.revoked, batches=self.batches)
+        await connection.send(encode(welcome), text=True)
         self.links.append(connection)
         try:
             async for message in connection:
-                frame = decode_link_frame(message)
-                self.frames.append(frame)
-                if isinstance(frame, EnrollRequest):
-                    answer = self.answer_enroll(frame)
-                    if answer is not None:
-                        await connection.send(encode(answer), text=True)
+                frames = decode_link_message(message)
+                self.messages.append(len(frames))
+                for frame in frames:
+                    assert not isinstance(frame, ProtocolError), f"the relay sent a bad frame: {frame}"
+                    self.frames.append(frame)
+                    if isinstance(frame, EnrollRequest):
+                        answer = self.answer_enroll(frame)
+                        if answer is not None:
+                            await connection.send(encode(answer), text=True)
         except ConnectionClosed:
             pass
 

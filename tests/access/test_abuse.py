@@ -462,3 +462,25 @@ def run_command_pair(grid: Grid, agent_id: str, name: str) -> str:
     created = grid.wait_command(grid.command(agent_id, "create_container", spec), timeout=20)
     deleted = grid.wait_command(grid.command(agent_id, "delete_container", {"name": name}), timeout=20)
     return created["state"] if created["state"] != "succeeded" else deleted["state"]
+
+
+async def test_a_silent_agent_is_pinged_and_cut_off_when_no_pong_comes(make_relay, pki, open_agent):
+    relay = await make_relay(idle_timeout_s=0.4, max_silence_s=30)
+    async with open_agent(relay, pki.agent(), ping_interval=None) as ws:
+        assert ws.transport is not None
+        ws.transport.pause_reading()  # the agent's side no longer answers anything: as good as gone
+        await eventually(lambda: 'reason="no_pong"' in relay.metrics.render().decode(), "the unanswered ping noticed")
+        ws.transport.resume_reading()
+        await asyncio.wait_for(ws.wait_closed(), 3)
+    assert relay.agents.agent_count == 0
+
+
+async def test_a_silent_agent_that_answers_pings_stays_until_max_silence(make_relay, pki, open_agent):
+    relay = await make_relay(idle_timeout_s=0.2, max_silence_s=1.5)
+    async with open_agent(relay, pki.agent(), ping_interval=None) as ws:
+        await asyncio.sleep(1.0)  # several idle periods: pinged, and each ping answered by the client library
+        assert relay.agents.agent_count == 1
+        await asyncio.wait_for(ws.wait_closed(), 3)
+    assert ws.close_code == 4010
+    text = relay.metrics.render().decode()
+    assert 'reason="silent"' in text and 'reason="no_pong"' not in text

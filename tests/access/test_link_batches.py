@@ -1,0 +1,104 @@
+"""The relay's link to the Master: several frames per message when the Master takes batches, in order, none lost."""
+
+from __future__ import annotations
+
+import asyncio
+
+from access.upstream import FrameBuffer, Outbound
+from common.wire import AgentConnected, Relay
+from tests.access.conftest import heartbeat, result
+from tests.support.prometheus import sample
+
+
+def entry(agent: str, kind: str, size: int = 10) -> Outbound:
+    return Outbound(agent, kind, agent.encode().ljust(size, b"."))
+
+
+def test_take_gives_the_oldest_entries_in_order_within_both_limits():
+    buffer = FrameBuffer(limit=100)
+    for n in range(10):
+        buffer.offer(entry(f"a{n}", "command_result", size=100))
+    assert [e.agent_id for e in buffer.take(4, 10_000)] == ["a0", "a1", "a2", "a3"]
+    buffer.done()
+    assert [e.agent_id for e in buffer.take(100, 250)] == ["a4", "a5"]  # a third would pass 250 bytes
+    buffer.done()
+    assert [e.agent_id for e in buffer.take(100, 10)] == ["a6"]  # the first always goes, whatever its size
+    buffer.done()
+    assert len(buffer) == 3
+
+
+def test_what_is_being_sent_is_neither_evicted_nor_withdrawn_and_a_failed_send_gives_it_back():
+    dropped: list[str] = []
+    buffer = FrameBuffer(limit=2, on_drop=dropped.append)
+    buffer.offer(entry("a1", "agent_connected"))
+    buffer.offer(entry("a2", "heartbeat"))
+    taken = buffer.take(10, 10_000)
+    assert [e.agent_id for e in taken] == ["a1", "a2"]
+    assert not buffer.cancel_connect("a1")  # on the wire: the Master will hear of the visit
+    assert not buffer.offer(entry("a3", "command_result"))  # the heartbeat being sent is not evicted for it
+    assert dropped == []
+    buffer.send_failed()
+    assert buffer.kinds() == [("a1", "agent_connected"), ("a2", "heartbeat")]
+    assert [e.agent_id for e in buffer.take(10, 10_000)] == ["a1", "a2"]
+    buffer.done()
+    assert len(buffer) == 0
+
+
+async def test_frames_of_many_agents_reach_the_master_batched_and_in_order(make_relay, master, pki, open_agent):
+    relay = await make_relay(link_batch_window_s=0.2)  # long enough that the frames below pile up behind the first
+    agents = [pki.agent() for _ in range(3)]
+    sockets = [await open_agent(relay, agent) for agent in agents]
+    try:
+        for seq in range(20):
+            for ws in sockets:
+                await ws.send(heartbeat(seq))
+        for ws, agent in zip(sockets, agents):
+            await ws.send(result(f"cmd-{agent.identity.id}"))
+        await master.wait_for(lambda: len(master.relayed()) == 63, "every frame relayed")
+    finally:
+        for ws in sockets:
+            await ws.close()
+    for agent in agents:
+        frames = [frame for _, frame in master.relayed(agent.identity.id)]
+        assert [f["seq"] for f in frames[:20]] == list(range(20))  # each agent's frames in the order it sent them
+        assert frames[20]["type"] == "command_result"
+    # every agent_connected before the agent's first frame
+    order = [(type(f).__name__, f.agent_id) for f in master.frames if isinstance(f, (Relay, AgentConnected))]
+    for agent in agents:
+        assert order.index(("AgentConnected", agent.identity.id)) < order.index(("Relay", agent.identity.id))
+    assert max(master.messages) > 1
+    assert len(master.messages) < len(master.frames) / 4
+    text = relay.metrics.render().decode()
+    frames_sent = sample(text, "idlegrid_access_master_link_frames_total")
+    assert frames_sent == len(master.frames)
+    assert sample(text, "idlegrid_access_master_link_messages_total") == len(master.messages)
+
+
+async def test_a_master_that_does_not_take_batches_gets_one_frame_per_message(make_relay, master, pki, open_agent):
+    master.batches = False
+    relay = await make_relay(link_batch_window_s=0.2)
+    agent = pki.agent()
+    async with open_agent(relay, agent) as ws:
+        for seq in range(10):
+            await ws.send(heartbeat(seq))
+        await master.wait_for(lambda: len(master.relayed()) == 10, "every frame relayed")
+    assert [frame["seq"] for _, frame in master.relayed()] == list(range(10))
+    assert set(master.messages) == {1}
+
+
+async def test_batching_can_be_turned_off(make_relay, master, pki, open_agent):
+    relay = await make_relay(link_batch_frames=1)
+    async with open_agent(relay, pki.agent()) as ws:
+        for seq in range(10):
+            await ws.send(heartbeat(seq))
+        await master.wait_for(lambda: len(master.relayed()) == 10, "every frame relayed")
+    assert set(master.messages) == {1}
+
+
+async def test_an_idle_link_sends_a_frame_at_once(make_relay, master, pki, open_agent):
+    relay = await make_relay(link_batch_window_s=1.0)
+    async with open_agent(relay, pki.agent()) as ws:
+        await master.wait_for(lambda: master.of_type(AgentConnected), "the agent_connected notice")
+        await asyncio.sleep(1.1)  # a window's length since the notice went: the link is idle
+        await ws.send(heartbeat(1))
+        await master.wait_for(lambda: len(master.relayed()) == 1, "the heartbeat, not held for a window", timeout=0.5)
