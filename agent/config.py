@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -42,6 +42,14 @@ class AgentConfig(msgspec.Struct, kw_only=True):
     backoff_max_s: float = 30.0
     retry_after_max_s: float = 300.0  # the longest a relay's 503 Retry-After is honoured
     result_resend_s: float = 5.0
+    # A relay that stops acknowledging what the agent sends (its host or the network gone) is given up after this long
+    # by the kernel (TCP_USER_TIMEOUT; heartbeats every few seconds keep data in flight), at no cost to the relay ...
+    relay_ack_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 30.0
+    # ... and one that still acknowledges but no longer answers (a hung process) by a WebSocket ping this often, given
+    # up when the pong takes longer than ping_timeout_s. Pings every 20 s would cost a relay of 5,000 agents 250 pongs
+    # a second.
+    ping_interval_s: Annotated[float, msgspec.Meta(gt=0)] = 60.0
+    ping_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 30.0
     cert_renew_fraction: float = 2 / 3  # renew the certificate once this much of its lifetime has passed
     log_level: str = "info"
 

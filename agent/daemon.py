@@ -7,6 +7,7 @@ import contextlib
 import itertools
 import logging
 import signal
+import socket
 import ssl
 import time
 
@@ -206,8 +207,18 @@ class Agent:
 
     async def _connect(self, relay: RelayTarget) -> None:
         ssl_context = self.tls_context()
-        dial = self.connector.dial(relay, ssl=ssl_context, max_size=HARD_FRAME_BYTES, open_timeout=10, compression=None)
+        config = self.config
+        dial = self.connector.dial(
+            relay,
+            ssl=ssl_context,
+            max_size=HARD_FRAME_BYTES,
+            open_timeout=10,
+            compression=None,
+            ping_interval=config.ping_interval_s,
+            ping_timeout=config.ping_timeout_s,
+        )
         async with dial as ws:
+            give_up_unacknowledged(ws, config.relay_ack_timeout_s)
             self._ws, self.relay_url = ws, relay.url
             self.relay_degraded = False  # a new relay: it says so at once if it cannot reach the Master
             log.info("connected to relay", extra={"relay": str(relay), "region": relay.region})
@@ -495,3 +506,18 @@ async def serve(config: AgentConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, agent.stop)
     await agent.run()
+
+
+def give_up_unacknowledged(ws: ClientConnection, timeout_s: float) -> bool:
+    """Have the kernel end the connection when what was sent stays unacknowledged for ``timeout_s``
+    (TCP_USER_TIMEOUT, Linux); whether it could."""
+    sock = ws.transport.get_extra_info("socket") if ws.transport is not None else None
+    option = getattr(socket, "TCP_USER_TIMEOUT", None)
+    if sock is None or option is None:
+        return False
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, option, int(timeout_s * 1000))
+    except OSError as exc:
+        log.info("could not set TCP_USER_TIMEOUT on the relay connection: %s", exc)
+        return False
+    return True

@@ -30,6 +30,10 @@ class MasterConfig(msgspec.Struct, kw_only=True):
     server_names: list[str] = msgspec.field(default_factory=lambda: ["localhost"])
     server_ips: list[str] = msgspec.field(default_factory=lambda: ["127.0.0.1"])
     rollup_flush_s: float = 15.0
+    # Heartbeats change only an agent's last_seen and uptime in memory; those are written this often (state changes
+    # at once). 10,000 agents rewritten every rollup_flush_s cost the Master as much store time as all telemetry; a
+    # restarted Master gives every agent a full heartbeat timeout before judging silence, so nothing rests on it.
+    heartbeat_flush_s: Annotated[float, msgspec.Meta(gt=0)] = 60.0
     # What one host may report: a hello listing more GPUs is refused and nothing of it registered.
     max_gpus_per_host: Annotated[int, msgspec.Meta(ge=1)] = 16
     # Each agent's budget of event reports (AgentEvent frames): a token bucket holding this many events and

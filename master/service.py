@@ -128,6 +128,7 @@ class Master:
         )
         self._stopping = False
         self.started_at = 0.0
+        self._agents_flushed_at = 0.0  # monotonic time of the last heartbeat flush (master/config.py, heartbeat_flush_s)
         self.relay_stats: dict[str, AccessStats] = {}
         self.link_port = 0
         self._tasks: list[asyncio.Task[None]] = []
@@ -142,6 +143,7 @@ class Master:
         await self._report_quarantined()
         self.link_port = await self.hub.start(self.config.host, self.config.link_port)
         self.started_at = time.time()
+        self._agents_flushed_at = time.monotonic()
         restart_s = self.config.loop_restart_s
         self._tasks = [
             Loop("sweep", min(1.0, self.config.heartbeat_s / 4), self._sweep, restart_s).start(),
@@ -217,7 +219,10 @@ class Master:
         """Telemetry rollups and heartbeat-only agent changes, written in batches."""
         started = time.monotonic()
         rollups = await self.telemetry.flush(time.time())
-        agents = await self.registry.flush()
+        agents = 0
+        if started - self._agents_flushed_at >= self.config.heartbeat_flush_s:
+            self._agents_flushed_at = started
+            agents = await self.registry.flush()
         took = time.monotonic() - started
         if took > SLOW_FLUSH_S:
             log.warning("slow flush", extra={"rollups": rollups, "agents": agents, "seconds": round(took, 2)})

@@ -1,0 +1,33 @@
+"""Heartbeats are held in memory and written every heartbeat_flush_s, not with every telemetry flush."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from common.wire import Heartbeat
+from master.config import MasterConfig
+from master.service import Master
+from tests.master.linked import connect, gpus, relay, relay_link
+
+
+async def test_heartbeats_are_written_once_per_heartbeat_flush_not_with_each_rollup_flush(tmp_path):
+    config = MasterConfig(state_dir=str(tmp_path), link_port=0, rollup_flush_s=0.05, heartbeat_flush_s=0.6)
+    master = Master(config)
+    await master.start()
+    try:
+        link = relay_link()
+        await connect(master, link, "agt-a", gpus(1))
+        stored_before = (await master.store.agents.get("agt-a")).last_seen
+        await asyncio.sleep(0.1)  # past the welcome's own write
+        await relay(master, link, "agt-a", Heartbeat(seq=1, ts=time.time()))
+        seen = master.agent("agt-a").last_seen
+        assert seen > stored_before
+        await asyncio.sleep(0.25)  # several rollup flushes
+        assert (await master.store.agents.get("agt-a")).last_seen < seen  # in memory only, so far
+        deadline = time.monotonic() + 3
+        while (await master.store.agents.get("agt-a")).last_seen < seen and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert (await master.store.agents.get("agt-a")).last_seen == seen  # written by the heartbeat flush
+    finally:
+        await master.stop()
