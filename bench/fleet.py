@@ -19,8 +19,10 @@ What happens, in order (every process is ours and is stopped at the end, whateve
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import math
+import multiprocessing
 import os
 import shutil
 import ssl
@@ -451,21 +453,26 @@ class Sampler:
         link_ports = {self.grid.link_port}
         agent_ports = {r.agent_port for r in self.grid.relays}
         started = time.monotonic()
-        while not stop.is_set():
-            counters = await self.grid.relay_counters()
-            link, agents = await asyncio.to_thread(queued_bytes, link_ports, agent_ports)
-            self.samples.append(
-                {
-                    "t": round(time.monotonic() - started, 2),
-                    "relay_buffered": counters.buffered,
-                    "link_queued_bytes": link,
-                    "agent_queued_bytes": agents,
-                }
-            )
-            try:
-                await asyncio.wait_for(stop.wait(), self.every_s)
-            except TimeoutError:
-                pass
+        loop = asyncio.get_running_loop()
+        # The kernel's table holds a line per connection (20,000 at 10,000 agents): parsed in a thread of this
+        # process, it held the interpreter lock through every sample and stalled the very loop that times commands
+        # (the slowest round trips fell on the sampling period, bench/README.md). A process of its own parses it.
+        with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as parser:
+            while not stop.is_set():
+                counters = await self.grid.relay_counters()
+                link, agents = await loop.run_in_executor(parser, queued_bytes, link_ports, agent_ports)
+                self.samples.append(
+                    {
+                        "t": round(time.monotonic() - started, 2),
+                        "relay_buffered": counters.buffered,
+                        "link_queued_bytes": link,
+                        "agent_queued_bytes": agents,
+                    }
+                )
+                try:
+                    await asyncio.wait_for(stop.wait(), self.every_s)
+                except TimeoutError:
+                    pass
 
 
 def _slope(points: list[tuple[float, float]]) -> float:

@@ -13,7 +13,11 @@ from master.store.base import Store
 
 @dataclass(slots=True)
 class _Minute:
+    """One GPU's samples of one minute, summed up as they come."""
+
+    uuid: str
     agent_id: str
+    minute: int
     samples: int = 0
     util_sum: float = 0.0
     util_max: float = 0.0
@@ -26,41 +30,61 @@ class _Minute:
     def add(self, s: GpuSample) -> None:
         self.samples += 1
         self.util_sum += s.utilization_pct
-        self.util_max = max(self.util_max, s.utilization_pct)
-        self.mem_max = max(self.mem_max, s.memory_used_mib)
-        if s.temperature_c is not None:
-            self.temp_max = s.temperature_c if self.temp_max is None else max(self.temp_max, s.temperature_c)
+        if s.utilization_pct > self.util_max:
+            self.util_max = s.utilization_pct
+        if s.memory_used_mib > self.mem_max:
+            self.mem_max = s.memory_used_mib
+        if s.temperature_c is not None and (self.temp_max is None or s.temperature_c > self.temp_max):
+            self.temp_max = s.temperature_c
         if s.power_w is not None:
             self.power_sum += s.power_w
             self.power_n += 1
-        self.ecc_uncorrected = max(self.ecc_uncorrected, s.ecc_uncorrected)
+        if s.ecc_uncorrected > self.ecc_uncorrected:
+            self.ecc_uncorrected = s.ecc_uncorrected
 
 
 @dataclass
 class TelemetryAggregator:
+    """Memory: one open minute per GPU (``_open``, by UUID); a sample of a later minute moves the open one to
+    ``_ended`` until the next flush writes it. Samples of a minute already ended (out of order) are rare and kept
+    apart, by (UUID, minute), in ``_stray``."""
+
     store: Store
     latest: dict[str, GpuSample] = field(default_factory=dict)
-    _open: dict[tuple[str, int], _Minute] = field(default_factory=dict)
+    _open: dict[str, _Minute] = field(default_factory=dict)
+    _ended: list[_Minute] = field(default_factory=list)
+    _stray: dict[tuple[str, int], _Minute] = field(default_factory=dict)
     _unwritten: list[TelemetryRollup] = field(default_factory=list)  # a failed flush's rest, tried again first
 
     def ingest(self, agent_id: str, samples: Iterable[GpuSample]) -> None:
         for sample in samples:
-            self.latest[sample.uuid] = sample
-            key = (sample.uuid, int(sample.ts // 60))
-            minute = self._open.get(key)
-            if minute is None:
-                minute = self._open[key] = _Minute(agent_id)
+            uuid = sample.uuid
+            self.latest[uuid] = sample
+            number = int(sample.ts // 60)
+            minute = self._open.get(uuid)
+            if minute is None or minute.minute < number:
+                if minute is not None:
+                    self._ended.append(minute)
+                minute = self._open[uuid] = _Minute(uuid, agent_id, number)
+            elif minute.minute > number:
+                key = (uuid, number)
+                minute = self._stray.get(key) or self._stray.setdefault(key, _Minute(uuid, agent_id, number))
             minute.add(sample)
 
     async def flush(self, now: float, *, everything: bool = False, duty: float | None = None) -> int:
         """Persist the minutes that are over (all of them on shutdown); returns how many rollups were written.
 
         Paced (master/batches.py): a minute of 10,000 agents is 80,000 rollups, which written at once would
-        stall every frame and command behind them for seconds. ``duty``: the pacing's (default: rest as long as
-        each batch took; none when everything is flushed on shutdown).
+        stall every frame and command behind them for seconds. Each batch's rollups are made when it is written,
+        not all at once (80,000 of them would hold the event loop for a quarter of a second). ``duty``: the
+        pacing's (default: rest as long as each batch took; none when everything is flushed on shutdown).
         """
         current = int(now // 60)
-        done = [key for key in self._open if everything or key[1] < current]
+        over = [m for m in self._open.values() if everything or m.minute < current]
+        for minute in over:
+            del self._open[minute.uuid]
+        done = self._ended + over + list(self._stray.values())
+        self._ended, self._stray = [], {}
         retry, self._unwritten = self._unwritten, []
         if duty is None:
             duty = 1.0 if everything else DUTY
@@ -75,22 +99,28 @@ class TelemetryAggregator:
                 raise
             written += len(rollups)
 
-        async def write(keys: Sequence[tuple[str, int]]) -> None:
-            # Each batch's rollups are made when it is written, not all at once: 80,000 of them would hold the event
-            # loop for a quarter of a second. A minute not yet written stays open (a late sample still counts).
-            await put([self._rollup(key, minute) for key in keys if (minute := self._open.pop(key, None)) is not None])
+        consumed = 0  # minutes of ``done`` made into rollups so far
 
-        if retry:
-            await put(retry)  # a failed batch of an earlier flush (more of them stay open until written)
-        await write_paced(done, write, duty=duty)
+        async def write(minutes: Sequence[_Minute]) -> None:
+            nonlocal consumed
+            consumed += len(minutes)
+            await put([self._rollup(m) for m in minutes])
+
+        try:
+            if retry:
+                await put(retry)  # a failed batch of an earlier flush
+            await write_paced(done, write, duty=duty)
+        except BaseException:
+            self._ended.extend(done[consumed:])  # not reached: written by the next flush
+            raise
         return written
 
     @staticmethod
-    def _rollup(key: tuple[str, int], m: _Minute) -> TelemetryRollup:
+    def _rollup(m: _Minute) -> TelemetryRollup:
         return TelemetryRollup(
-            gpu_uuid=key[0],
+            gpu_uuid=m.uuid,
             agent_id=m.agent_id,
-            minute=key[1],
+            minute=m.minute,
             samples=m.samples,
             utilization_avg=round(m.util_sum / m.samples, 2),
             utilization_max=m.util_max,

@@ -17,6 +17,7 @@ from common.wire import (
     Relay,
     decode_agent_frame,
     decode_link_frame,
+    decode_link_message,
     decode_master_frame,
     encode,
     negotiate,
@@ -151,3 +152,35 @@ def test_an_inventory_with_more_gpus_than_the_wire_allows_is_refused():
     hello = {"type": "hello", "versions": [1], "agent_version": "1", "inventory": {"host": host, "gpus": [gpu] * 65}}
     with pytest.raises(ProtocolError, match="length"):
         decode_agent_frame(msgspec.json.encode(hello))
+
+
+# --- link batches ---------------------------------------------------------------------------------------------
+
+
+def test_a_link_message_is_one_frame_or_an_array_of_them_in_order():
+    frames = [Relay(agent_id=f"agt-{n}", frame=msgspec.Raw(b'{"type":"heartbeat","seq":%d,"ts":1.0}' % n)) for n in range(3)]
+    assert decode_link_message(encode(frames[0])) == [frames[0]]
+    batch = b"[" + b",".join(encode(f) for f in frames) + b"]"
+    assert decode_link_message(batch) == frames
+    assert decode_link_message(batch.decode()) == frames  # text as well as bytes
+
+
+def test_a_bad_frame_in_a_batch_costs_only_itself():
+    good = [encode(Relay(agent_id=f"agt-{n}", frame=msgspec.Raw(b'{"type":"heartbeat","seq":1,"ts":1.0}'))) for n in range(2)]
+    batch = b"[" + good[0] + b',{"type":"no_such_frame"},' + good[1] + b"]"
+    first, bad, last = decode_link_message(batch)
+    assert isinstance(first, Relay) and first.agent_id == "agt-0"
+    assert isinstance(bad, ProtocolError) and bad.code == "unknown_type"
+    assert isinstance(last, Relay) and last.agent_id == "agt-1"
+
+
+@pytest.mark.parametrize("data", [b"[", b"[1,", b"{", b"", b"[{}]x"])
+def test_a_broken_link_message_is_one_protocol_error(data):
+    [error] = decode_link_message(data)
+    assert isinstance(error, ProtocolError)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=1024))
+def test_no_byte_string_makes_the_link_message_decoder_raise(data):
+    assert all(isinstance(part, (ProtocolError, msgspec.Struct)) for part in decode_link_message(b"[" + data))
