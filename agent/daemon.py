@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import random
 import signal
 import socket
 import ssl
@@ -62,6 +63,10 @@ HELLO_REQUIRED = ErrorCode.HELLO_REQUIRED.value
 # under the 10 s the test harness waits before SIGKILL; what does not finish in time is in the ledger as started,
 # and resumes safely (at most once) when the Master resends it.
 STOP_GRACE_S = 5.0
+# Each report period is drawn from the interval give or take this share of it. Agents that began together (thousands
+# reconnecting when a relay restarts, or a host that stalled) would otherwise report in step for good, and every
+# period their relay and the Master would take thousands of frames in the same few milliseconds.
+REPORT_JITTER = 0.2
 STOP_REASON = "agent stopping"  # with close code 1001 (going away): the relay tells the Master at once
 NO_RUNTIME, NO_ISOLATION = "", "none"  # what hello reports while the runtime cannot run containers
 
@@ -450,12 +455,12 @@ class Agent:
         while True:
             running = sorted(c.name for c in await self.runtime.list() if c.state == "running")
             await self._send(Heartbeat(seq=next(self._seq), ts=time.time(), running=running, ping=self._ping))
-            await asyncio.sleep(self.heartbeat_s)
+            await asyncio.sleep(jittered(self.heartbeat_s))
 
     async def _telemetry_loop(self, ws: ClientConnection) -> None:
         await self.connected.wait()
         while True:
-            await asyncio.sleep(self.telemetry_s)
+            await asyncio.sleep(jittered(self.telemetry_s))
             # NVML calls may block, so they run in a thread; simulated GPUs answer at once (and thousands of
             # simulated agents in one process would spend more on the thread hand-off than on the samples).
             samples = self.collector.sample() if self.collector.simulated else await asyncio.to_thread(self.collector.sample)
@@ -506,6 +511,11 @@ async def serve(config: AgentConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, agent.stop)
     await agent.run()
+
+
+def jittered(period_s: float, spread: float = REPORT_JITTER) -> float:
+    """``period_s`` give or take ``spread`` of it, drawn afresh each time: the mean stays ``period_s``."""
+    return period_s * (1.0 + spread * (2.0 * random.random() - 1.0))
 
 
 def give_up_unacknowledged(ws: ClientConnection, timeout_s: float) -> bool:
