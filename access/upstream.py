@@ -179,12 +179,6 @@ class FrameBuffer:
             self._ready.clear()
             await self._ready.wait()
 
-    async def next(self) -> Outbound:
-        while (entry := self.peek()) is None:
-            self._ready.clear()
-            await self._ready.wait()
-        return entry
-
     def send_failed(self) -> None:
         """What was taken did not go out (the link dropped): it stays at the head, no longer being sent."""
         for entry in self._sending:
