@@ -63,7 +63,7 @@ class AccessConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # 1 sends every frame on its own.
     link_batch_frames: int = 256
     link_batch_bytes: int = 1024 * 1024
-    link_batch_window_s: float = 0.005
+    link_batch_window_s: float = 0.01
     drain_timeout_s: float = 3.0  # on stop: how long to keep flushing buffered frames to the Master
     log_level: str = "info"
 

@@ -74,6 +74,8 @@ log = logging.getLogger(__name__)
 # Agents in these states are shown reachable; a clean disconnect or a lost relay takes them offline at once.
 _CONNECTED = frozenset({AgentState.ENROLLED.value, AgentState.READY.value, AgentState.BUSY.value, AgentState.MAINTENANCE.value})
 SLOW_FLUSH_S = 1.0  # a flush longer than this is logged: writes queued behind it wait as long
+API_KEY_CACHE_S = 10.0  # how long a checked API key is trusted without reading the store again
+API_KEY_CACHE_SIZE = 10_000  # keys remembered at most (the cache starts over when full)
 
 
 class Master:
@@ -128,6 +130,7 @@ class Master:
         )
         self._stopping = False
         self.started_at = 0.0
+        self._api_keys: dict[str, tuple[ApiKeyRecord, float]] = {}  # key hash -> (record, until when it is trusted)
         self._agents_flushed_at = 0.0  # monotonic time of the last heartbeat flush (master/config.py, heartbeat_flush_s)
         self.relay_stats: dict[str, AccessStats] = {}
         self.link_port = 0
@@ -553,7 +556,20 @@ class Master:
         return key
 
     async def check_api_key(self, key: str) -> ApiKeyRecord:
-        record = await self.store.api_keys.get(hash_secret(key))
+        """The key's record. Known keys are remembered for ``API_KEY_CACHE_S``: every API request checks its key, and
+        a store read each time cost the Master a thread hop per request (bench/README.md). Unknown keys are looked
+        up every time (nothing a caller invents is remembered), and a key deleted from the store by another process
+        is refused again within that time."""
+        key_hash = hash_secret(key)
+        now = time.monotonic()
+        cached = self._api_keys.get(key_hash)
+        if cached is not None and cached[1] > now:
+            return cached[0]
+        record = await self.store.api_keys.get(key_hash)
         if record is None:
+            self._api_keys.pop(key_hash, None)
             raise NotFound("unknown API key")
+        if len(self._api_keys) >= API_KEY_CACHE_SIZE:
+            self._api_keys.clear()
+        self._api_keys[key_hash] = (record, now + API_KEY_CACHE_S)
         return record
