@@ -195,6 +195,7 @@ class FrameBuffer:
         self._sending = [] if entry is None else [e for e in self._sending if e is not entry]
         while self._queue and not self._queue[0].live:
             self._queue.popleft()
+        self._compact()  # a batch sent may leave many retired heartbeats behind, and nothing else may come to clear them
 
     def withdraw_connects(self, keep: Collection[str]) -> dict[str, str]:
         """Withdraw the ``agent_connected`` notices of agents not in ``keep``; then, per agent, the kind of
