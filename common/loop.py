@@ -12,6 +12,8 @@ import os
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+from common.errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -23,7 +25,7 @@ def chosen() -> str:
     """The loop asked for: ``uvloop`` or ``asyncio``; anything else is an error the operator sees at start."""
     name = os.environ.get(ENV, "uvloop").strip().lower() or "uvloop"
     if name not in LOOPS:
-        raise ValueError(f"{ENV}={name!r}: choose one of {', '.join(LOOPS)}")
+        raise ConfigError(f"{ENV}={name!r}: choose one of {', '.join(LOOPS)}")
     return name
 
 
@@ -40,7 +42,12 @@ def loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
 
 def run(main: Coroutine[Any, Any, T]) -> T:
     """``asyncio.run`` on the chosen loop."""
-    with asyncio.Runner(loop_factory=loop_factory()) as runner:
+    try:
+        factory = loop_factory()
+    except ConfigError:
+        main.close()  # never run: say only what is wrong, not that a coroutine was never awaited
+        raise
+    with asyncio.Runner(loop_factory=factory) as runner:
         return runner.run(main)
 
 
