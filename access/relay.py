@@ -508,7 +508,7 @@ class AgentGateway:
                 log.exception("failed to relay a frame", extra={"agent": session.agent_id})
 
     async def _on_message(self, session: AgentSession, message: bytes) -> None:
-        match judge_frame(message, session.budget, time.monotonic(), self.config.max_frame_bytes):
+        match judge_frame(message, session.budget, session.last_frame, self.config.max_frame_bytes):  # stamped on receipt
             case Forward(kind):
                 # Waits while the buffer is full of frames that must be kept (backpressure: this agent is not
                 # read meanwhile); gives up only if the connection ends, and an agent resends results until acked.

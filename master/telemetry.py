@@ -46,14 +46,13 @@ class _Minute:
 @dataclass
 class TelemetryAggregator:
     """Memory: one open minute per GPU (``_open``, by UUID); a sample of a later minute moves the open one to
-    ``_ended`` until the next flush writes it. Samples of a minute already ended (out of order) are rare and kept
-    apart, by (UUID, minute), in ``_stray``."""
+    ``_ended``, by (UUID, minute), until the next flush writes it. A late sample (out of order) of an ended minute
+    is added to it there."""
 
     store: Store
     latest: dict[str, GpuSample] = field(default_factory=dict)
     _open: dict[str, _Minute] = field(default_factory=dict)
-    _ended: list[_Minute] = field(default_factory=list)
-    _stray: dict[tuple[str, int], _Minute] = field(default_factory=dict)
+    _ended: dict[tuple[str, int], _Minute] = field(default_factory=dict)
     _unwritten: list[TelemetryRollup] = field(default_factory=list)  # a failed flush's rest, tried again first
 
     def ingest(self, agent_id: str, samples: Iterable[GpuSample]) -> None:
@@ -64,11 +63,13 @@ class TelemetryAggregator:
             minute = self._open.get(uuid)
             if minute is None or minute.minute < number:
                 if minute is not None:
-                    self._ended.append(minute)
+                    self._ended[(uuid, minute.minute)] = minute
                 minute = self._open[uuid] = _Minute(uuid, agent_id, number)
             elif minute.minute > number:
-                key = (uuid, number)
-                minute = self._stray.get(key) or self._stray.setdefault(key, _Minute(uuid, agent_id, number))
+                ended = self._ended.get((uuid, number))
+                if ended is None:
+                    ended = self._ended[(uuid, number)] = _Minute(uuid, agent_id, number)
+                minute = ended
             minute.add(sample)
 
     async def flush(self, now: float, *, everything: bool = False, duty: float | None = None) -> int:
@@ -83,8 +84,8 @@ class TelemetryAggregator:
         over = [m for m in self._open.values() if everything or m.minute < current]
         for minute in over:
             del self._open[minute.uuid]
-        done = self._ended + over + list(self._stray.values())
-        self._ended, self._stray = [], {}
+        done = [*self._ended.values(), *over]
+        self._ended = {}
         retry, self._unwritten = self._unwritten, []
         if duty is None:
             duty = 1.0 if everything else DUTY
@@ -111,7 +112,8 @@ class TelemetryAggregator:
                 await put(retry)  # a failed batch of an earlier flush
             await write_paced(done, write, duty=duty)
         except BaseException:
-            self._ended.extend(done[consumed:])  # not reached: written by the next flush
+            for minute in done[consumed:]:  # not reached: written by the next flush
+                self._ended[(minute.uuid, minute.minute)] = minute
             raise
         return written
 

@@ -48,6 +48,9 @@ def test_file_then_environment_then_flags(tmp_path):
         ({"IDLEGRID_ACCESS_SPEEDTEST_TRANSFERS_PER_IP": "0"}, "speedtest_transfers_per_ip"),
         ({"IDLEGRID_ACCESS_SPEEDTEST_WINDOW_S": "-1"}, "speedtest_window_s"),
         ({"IDLEGRID_ACCESS_SPEEDTEST_BYTES_PER_WINDOW": "1000000"}, "the largest speed-test image"),
+        ({"IDLEGRID_ACCESS_LINK_BATCH_FRAMES": "0"}, "link_batch_frames"),
+        ({"IDLEGRID_ACCESS_LINK_BATCH_BYTES": "1000"}, "link_batch_bytes"),
+        ({"IDLEGRID_ACCESS_LINK_BATCH_WINDOW_S": "5"}, "link_batch_window_s"),
     ],
 )
 def test_a_bad_value_is_a_config_error_naming_the_setting(env, needle):

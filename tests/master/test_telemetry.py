@@ -52,3 +52,19 @@ async def test_rollups_a_failed_flush_did_not_write_are_written_by_the_next(tmp_
     assert await telemetry.flush(MINUTE + 65, duty=1.0) == 1200 - calls[0]  # the rest, nothing twice
     assert [len(await store.rollups.list(f"GPU-{i}")) for i in range(1200)] == [1] * 1200
     await store.close()
+
+
+async def test_a_minute_ended_by_a_later_sample_and_a_late_sample_of_it_are_both_written(tmp_path):
+    store = SqliteStore(str(tmp_path / "m.db"))
+    await store.open()
+    telemetry = TelemetryAggregator(store)
+    telemetry.ingest("agt-1", [sample("GPU-a", MINUTE + 10, 10)])
+    telemetry.ingest("agt-1", [sample("GPU-a", MINUTE + 70, 70)])  # the next minute: the first one has ended
+    telemetry.ingest("agt-1", [sample("GPU-a", MINUTE + 20, 30)])  # late, out of order: still counted for its minute
+    assert telemetry.latest["GPU-a"].utilization_pct == 30  # the latest to arrive
+
+    assert await telemetry.flush(MINUTE + 125) == 2
+    first, second = await store.rollups.list("GPU-a")
+    assert (first.minute, first.samples, first.utilization_avg) == (MINUTE // 60, 2, 20.0)
+    assert (second.minute, second.samples, second.utilization_avg) == (MINUTE // 60 + 1, 1, 70.0)
+    await store.close()
