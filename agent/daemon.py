@@ -140,7 +140,10 @@ class Agent:
         self._tls: tuple[tuple[int, int], ssl.SSLContext] | None = None  # (file stamps, context) of the last connection
         self.relay_degraded = False  # the relay says it cannot reach the Master: what we send waits in its buffer
         self._exits_told: dict[str, int] = {}  # exits sent as events by this process (name -> code), not resent
-        self._watch_exits = True  # whether a container may be running: the exit check looks only then
+        # Set while a container may be running: the exit check looks only then, and otherwise costs nothing (the
+        # fleet simulator runs thousands of agents in one process, most with no container).
+        self._watch_exits = asyncio.Event()
+        self._watch_exits.set()
 
     # --- connection ----------------------------------------------------------------------------
 
@@ -453,7 +456,7 @@ class Agent:
             result = await self.executor.execute(command)
         finally:
             self._inflight.discard(command_id)
-            self._watch_exits = True  # a container may have started
+            self._watch_exits.set()  # a container may have started
         with contextlib.suppress(ConnectionError, ConnectionClosed):
             await self._send(result)  # if the link is down, the resend loop delivers it later
 
@@ -478,9 +481,8 @@ class Agent:
         rather than with the next heartbeat."""
         await self.connected.wait()
         while True:
+            await self._watch_exits.wait()
             await asyncio.sleep(self.config.exit_check_s)
-            if not self._watch_exits:
-                continue
             try:
                 await self._report_exits(await self.runtime.list())
             except RuntimeFailure as exc:
@@ -491,7 +493,10 @@ class Agent:
         yet is sent as a ``container_exited`` event first. An exit told while the link was down is told again by
         every heartbeat, which carries them all."""
         exited = {c.name: c.exit_code for c in containers if c.state in ENDED_STATES and c.exit_code is not None}
-        self._watch_exits = any(c.state == "running" for c in containers)
+        if any(c.state == "running" for c in containers):
+            self._watch_exits.set()
+        else:
+            self._watch_exits.clear()
         for name, code in exited.items():
             if self._exits_told.get(name) == code:
                 continue

@@ -103,10 +103,10 @@ async def test_an_exit_while_the_link_was_down_is_told_on_the_next_link_and_by_a
     check = asyncio.create_task(agent._exit_check_loop(None))  # type: ignore[arg-type]
     try:
         await start_job(agent, "exit 5")
-        await until(lambda: agent.runtime_problem is None and not agent._watch_exits, "the check to see the exit")
+        await until(lambda: not agent._watch_exits.is_set(), "the check to see the exit")
         link = RecordingLink()
         agent._ws = link  # type: ignore[assignment]
-        agent._watch_exits = True  # reconnected: the check looks again
+        agent._watch_exits.set()  # reconnected (a command ran, or a heartbeat saw a container): the check looks again
         await until(lambda: link.exit_events(), "the exit event on the new link")
         assert link.exit_events()[0].code == 5
     finally:
