@@ -39,7 +39,7 @@ def test_injected_faults_turn_gpus_faulty_in_the_api_and_back(tmp_path):
         faults.write_text("{}")  # the card cools down; the Xid stays until the operator repairs it
         wait_for(lambda: gpu_of(grid, agent_id, hot)["state"] == "available", 10, f"{hot} to cool down")
         assert gpu_of(grid, agent_id, broken)["state"] == "faulty"
-        status, body = grid.call("POST", f"/api/v1/gpus/{broken}/repair")
-        assert status == 200 and body["state"] == "available" and body["fault"] is None
+        repaired = grid.client.repair_gpu(broken)
+        assert repaired["state"] == "available" and repaired["fault"] is None
     finally:
         grid.stop()

@@ -82,3 +82,17 @@ async def test_the_feed_announces_hosts_going_and_coming_and_every_final_command
     assert changes.get_nowait() == HostChanged(
         agent_id="agt-a", state="maintenance", previous="offline", reason="drained by an operator"
     )
+
+
+async def test_a_lost_relay_announces_each_of_its_hosts_offline(master):
+    link = relay_link()
+    await connect(master, link, "agt-a")
+    await connect(master, link, "agt-b")
+    changes = master.changes.subscribe()
+    await master._on_link_closed(link)
+    announced = [changes.get_nowait(), changes.get_nowait()]
+    assert {(c.agent_id, c.state, c.previous) for c in announced if isinstance(c, HostChanged)} == {
+        ("agt-a", "offline", "ready"),
+        ("agt-b", "offline", "ready"),
+    }
+    assert changes.get_nowait() is None
