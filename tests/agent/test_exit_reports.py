@@ -125,3 +125,26 @@ async def test_an_exit_while_the_link_was_down_is_told_on_the_next_link_and_by_a
         heartbeat.cancel()
         await restarted.runtime.delete("job")
         await restarted.close()
+
+
+async def test_a_simulated_container_finished_by_a_test_is_reported_like_a_real_one(enrolled):
+    from agent.runtime.simulated import SimulatedRuntime
+
+    runtime = SimulatedRuntime()
+    config = AgentConfig(
+        state_dir=str(enrolled), access_urls=["wss://127.0.0.1:1"], simulate="a10:1", measure_bandwidth=False, runtime="simulated"
+    )
+    agent = Agent(config, runtime=runtime)
+    agent.heartbeat_s = 0.1
+    agent.connected.set()
+    link = RecordingLink()
+    agent._ws = link  # type: ignore[assignment]
+    heartbeat = asyncio.create_task(agent._heartbeat_loop(None))  # type: ignore[arg-type]
+    try:
+        await start_job(agent, "ignored by the simulated runtime", name="sim-job")
+        runtime.finish("sim-job", 2)
+        await until(lambda: [h for h in link.heartbeats() if h.exited], "a heartbeat with the exit")
+        assert [(e.container, e.code) for e in link.exit_events()] == [("sim-job", 2)]
+    finally:
+        heartbeat.cancel()
+        await agent.close()
