@@ -19,6 +19,7 @@ class Aggregate(str, Enum):
     EVENTS = "events"
     REVOCATIONS = "revocations"
     ROLLUPS = "rollups"
+    ACCOUNTS = "accounts"
 
 
 def rollup_key(gpu_uuid: str, minute: int) -> str:

@@ -9,9 +9,10 @@ from __future__ import annotations
 from pymongo.errors import PyMongoError
 
 from common.errors import ConfigError
-from master.store.base import AgentRepo, ApiKeyRepo, CommandRepo, EventRepo, GpuRepo, RevocationRepo, RollupRepo, TokenRepo
+from master.store.base import AccountRepo, AgentRepo, ApiKeyRepo, CommandRepo, EventRepo, GpuRepo, RevocationRepo, RollupRepo, TokenRepo
 from master.store.metrics import StoreMetrics
 from master.store.migrations import migrate_mongo, mongo_schema_version
+from master.store.mongo.accounts import MongoAccountRepo
 from master.store.mongo.agents import MongoAgentRepo
 from master.store.mongo.api_keys import MongoApiKeyRepo
 from master.store.mongo.commands import MongoCommandRepo
@@ -37,6 +38,7 @@ class MongoStore:
         self.commands: CommandRepo = MongoCommandRepo(*upkeep)
         self.tokens: TokenRepo = MongoTokenRepo(*upkeep)
         self.api_keys: ApiKeyRepo = MongoApiKeyRepo(*upkeep)
+        self.accounts: AccountRepo = MongoAccountRepo(*upkeep)
         self.events: EventRepo = MongoEventRepo(*upkeep)
         self.revocations: RevocationRepo = MongoRevocationRepo(*upkeep)
         self.rollups: RollupRepo = MongoRollupRepo(*upkeep)
