@@ -115,6 +115,9 @@ class ApiKeyRepo(Protocol):
 
     async def get(self, key_hash: str) -> ApiKeyRecord | None: ...
 
+    async def mark_used(self, key_hash: str, when: float) -> None:
+        """Set the key's ``last_used`` and nothing else (a revocation written meanwhile is kept); no key, no change."""
+
     async def by_key_id(self, key_id: str) -> ApiKeyRecord | None:
         """The key with this public id ("" names none)."""
 
@@ -131,9 +134,7 @@ class AccountRepo(Protocol):
 
     async def get(self, account_id: str) -> AccountRecord | None: ...
 
-    async def list(
-        self, *, role: str | None = None, after: str | None = None, limit: int = 1000
-    ) -> builtins.list[AccountRecord]:
+    async def list(self, *, role: str | None = None, after: str | None = None, limit: int = 1000) -> builtins.list[AccountRecord]:
         """Accounts with ``id > after`` (all when None) and the role given, ordered by id, at most ``limit``."""
 
 

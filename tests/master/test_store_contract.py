@@ -370,7 +370,12 @@ async def test_api_keys_are_found_by_public_key_id_and_listed_by_account_oldest_
         )
         return ApiKeyRecord(**(fields | overrides))
 
-    for rec in (key(1, "acme"), key(2, "acme"), key(3, "bob"), ApiKeyRecord(key_hash="e" * 64, name="legacy", role="operator", created_at=NOW)):
+    for rec in (
+        key(1, "acme"),
+        key(2, "acme"),
+        key(3, "bob"),
+        ApiKeyRecord(key_hash="e" * 64, name="legacy", role="operator", created_at=NOW),
+    ):
         await store.api_keys.put(rec)
     assert_same(await store.api_keys.by_key_id("key-3"), key(3, "bob"))
     assert await store.api_keys.by_key_id("key-9") is None
@@ -381,6 +386,15 @@ async def test_api_keys_are_found_by_public_key_id_and_listed_by_account_oldest_
     assert_same(await store.api_keys.list(subject="acme"), [revoked, key(1, "acme")])
     assert [k.name for k in await store.api_keys.list(subject="")] == ["legacy"]
     assert await store.api_keys.list(subject="nobody") == []
+
+
+async def test_marking_a_key_used_sets_last_used_only_and_keeps_a_revocation(store: Store) -> None:
+    key = ApiKeyRecord(key_hash="k" * 64, name="ci", role="", created_at=NOW, subject="acme", key_id="key-1")
+    await store.api_keys.put(msgspec.structs.replace(key, revoked_at=NOW + 1))  # written by another Master meanwhile
+    await store.api_keys.mark_used("k" * 64, NOW + 2)
+    assert_same(await store.api_keys.get("k" * 64), msgspec.structs.replace(key, revoked_at=NOW + 1, last_used=NOW + 2))
+    await store.api_keys.mark_used("z" * 64, NOW + 2)
+    assert await store.api_keys.get("z" * 64) is None
 
 
 # --- accounts ---------------------------------------------------------------------------------------
@@ -422,7 +436,13 @@ async def test_putting_an_account_replaces_it_and_moves_it_between_roles(store: 
 
 
 async def test_accounts_list_by_role_in_id_order_after_a_cursor_up_to_a_limit(store: Store) -> None:
-    for account_id, role in (("zed", "renter"), ("acme", "provider"), ("bob", "renter"), ("ops", "operator"), ("carol", "renter")):
+    for account_id, role in (
+        ("zed", "renter"),
+        ("acme", "provider"),
+        ("bob", "renter"),
+        ("ops", "operator"),
+        ("carol", "renter"),
+    ):
         await store.accounts.add(account(account_id, role))
     assert [a.id for a in await store.accounts.list()] == ["acme", "bob", "carol", "ops", "zed"]
     assert [a.id for a in await store.accounts.list(role="renter")] == ["bob", "carol", "zed"]

@@ -33,9 +33,7 @@ class MongoAccountRepo(MongoCollection[AccountRecord]):
     async def get(self, account_id: str) -> AccountRecord | None:
         return await self._get(account_id)
 
-    async def list(
-        self, *, role: str | None = None, after: str | None = None, limit: int = 1000
-    ) -> builtins.list[AccountRecord]:
+    async def list(self, *, role: str | None = None, after: str | None = None, limit: int = 1000) -> builtins.list[AccountRecord]:
         query: dict[str, Any] = only(role=role)
         if after is not None:
             query["_id"] = {"$gt": after}

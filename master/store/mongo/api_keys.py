@@ -21,6 +21,10 @@ class MongoApiKeyRepo(MongoCollection[ApiKeyRecord]):
     async def get(self, key_hash: str) -> ApiKeyRecord | None:
         return await self._get(key_hash)
 
+    async def mark_used(self, key_hash: str, when: float) -> None:
+        with self._metrics.timed_write(self.aggregate):
+            await self._c.update_one({"_id": key_hash}, {"$set": {"last_used": when}})  # no upsert: no key, no change
+
     async def by_key_id(self, key_id: str) -> ApiKeyRecord | None:
         if not key_id:
             return None

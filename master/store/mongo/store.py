@@ -9,7 +9,17 @@ from __future__ import annotations
 from pymongo.errors import PyMongoError
 
 from common.errors import ConfigError
-from master.store.base import AccountRepo, AgentRepo, ApiKeyRepo, CommandRepo, EventRepo, GpuRepo, RevocationRepo, RollupRepo, TokenRepo
+from master.store.base import (
+    AccountRepo,
+    AgentRepo,
+    ApiKeyRepo,
+    CommandRepo,
+    EventRepo,
+    GpuRepo,
+    RevocationRepo,
+    RollupRepo,
+    TokenRepo,
+)
 from master.store.metrics import StoreMetrics
 from master.store.migrations import migrate_mongo, mongo_schema_version
 from master.store.mongo.accounts import MongoAccountRepo

@@ -34,8 +34,6 @@ class SqliteAccountRepo(SqliteTable[AccountRecord]):
     async def get(self, account_id: str) -> AccountRecord | None:
         return await self._select_one("SELECT id, doc FROM accounts WHERE id = ?", (account_id,))
 
-    async def list(
-        self, *, role: str | None = None, after: str | None = None, limit: int = 1000
-    ) -> builtins.list[AccountRecord]:
+    async def list(self, *, role: str | None = None, after: str | None = None, limit: int = 1000) -> builtins.list[AccountRecord]:
         clause, params = where(("role = ?", role), ("id > ?", after))
         return await self._select(f"SELECT id, doc FROM accounts{clause} ORDER BY id", params, limit=limit)

@@ -23,12 +23,16 @@ class SqliteApiKeyRepo(SqliteTable[ApiKeyRecord]):
     async def get(self, key_hash: str) -> ApiKeyRecord | None:
         return await self._select_one("SELECT key_hash, doc FROM api_keys WHERE key_hash = ?", (key_hash,))
 
+    async def mark_used(self, key_hash: str, when: float) -> None:
+        # One statement on the stored document: whatever else was written to the key since it was read is kept.
+        await self._write(
+            "UPDATE api_keys SET doc = json_set(doc, '$.last_used', ?) WHERE key_hash = ?", key_hash, (when, key_hash)
+        )
+
     async def by_key_id(self, key_id: str) -> ApiKeyRecord | None:
         if not key_id:
             return None
         return await self._select_one("SELECT key_hash, doc FROM api_keys WHERE key_id = ?", (key_id,))
 
     async def list(self, *, subject: str) -> builtins.list[ApiKeyRecord]:
-        return await self._select(
-            "SELECT key_hash, doc FROM api_keys WHERE subject = ? ORDER BY created_at, key_id", (subject,)
-        )
+        return await self._select("SELECT key_hash, doc FROM api_keys WHERE subject = ? ORDER BY created_at, key_id", (subject,))

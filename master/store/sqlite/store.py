@@ -5,7 +5,17 @@ from __future__ import annotations
 import sqlite3
 
 from common.errors import ConfigError
-from master.store.base import AccountRepo, AgentRepo, ApiKeyRepo, CommandRepo, EventRepo, GpuRepo, RevocationRepo, RollupRepo, TokenRepo
+from master.store.base import (
+    AccountRepo,
+    AgentRepo,
+    ApiKeyRepo,
+    CommandRepo,
+    EventRepo,
+    GpuRepo,
+    RevocationRepo,
+    RollupRepo,
+    TokenRepo,
+)
 from master.store.metrics import StoreMetrics
 from master.store.migrations import migrate_sqlite, sqlite_schema_version
 from master.store.quarantine import Quarantine
