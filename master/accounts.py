@@ -55,6 +55,7 @@ class AccountChange(msgspec.Struct, kw_only=True):
     """What an operator may change on an account; a field left UNSET is left as it is."""
 
     name: str | msgspec.UnsetType = msgspec.UNSET
+    role: str | msgspec.UnsetType = msgspec.UNSET  # the account's keys take the new role on their next call
     disabled: bool | msgspec.UnsetType = msgspec.UNSET
     share: float | msgspec.UnsetType = msgspec.UNSET
     project_shares: dict[str, float] | msgspec.UnsetType = msgspec.UNSET

@@ -104,6 +104,7 @@ class UpdateAccount(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """PATCH /api/v1/accounts/{id}: the fields given are changed; ``"gpu_quota": null`` removes the limit."""
 
     name: DisplayName | msgspec.UnsetType = msgspec.UNSET
+    role: AccountRole | msgspec.UnsetType = msgspec.UNSET
     disabled: bool | msgspec.UnsetType = msgspec.UNSET
     share: Share | msgspec.UnsetType = msgspec.UNSET
     project_shares: Annotated[dict[QuotaName, Share], msgspec.Meta(max_length=64)] | msgspec.UnsetType = msgspec.UNSET
