@@ -170,6 +170,29 @@ class ApiCalls(Generic[R]):
     def retire_signing_key(self, key_id: str) -> R:
         return self.send(ApiRequest("POST", f"{API_PREFIX}/signing-keys/{_segment(key_id)}/retire"))
 
+    # --- accounts and API keys ---
+
+    def whoami(self) -> R:
+        return self.send(ApiRequest("GET", f"{API_PREFIX}/whoami"))
+
+    def create_account(self, account_id: str, role: str, **settings: Json) -> R:
+        """``settings``: name, share, gpu_quota, tier_quotas, project_shares; those left None are not sent."""
+        body = {"id": account_id, "role": role, **{k: v for k, v in settings.items() if v is not None}}
+        return self.send(ApiRequest("POST", f"{API_PREFIX}/accounts", body=body))
+
+    def account(self, account_id: str) -> R:
+        return self.send(ApiRequest("GET", f"{API_PREFIX}/accounts/{_segment(account_id)}"))
+
+    def update_account(self, account_id: str, changes: Mapping[str, Json]) -> R:
+        """Only the fields in ``changes`` change; ``{"gpu_quota": None}`` removes the limit."""
+        return self.send(ApiRequest("PATCH", f"{API_PREFIX}/accounts/{_segment(account_id)}", body=dict(changes)))
+
+    def create_api_key(self, account_id: str, name: str) -> R:
+        return self.send(ApiRequest("POST", f"{API_PREFIX}/accounts/{_segment(account_id)}/keys", body={"name": name}))
+
+    def revoke_api_key(self, key_id: str) -> R:
+        return self.send(ApiRequest("POST", f"{API_PREFIX}/keys/{_segment(key_id)}/revoke"))
+
 
 def _segment(value: str) -> str:
     return urllib.parse.quote(value, safe="")

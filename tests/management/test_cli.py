@@ -20,6 +20,14 @@ COMMANDS = [
     ["ca", "init"],
     ["ca", "issue-access"],
     ["token", "create"],
+    ["whoami"],
+    ["account", "create"],
+    ["account", "list"],
+    ["account", "get"],
+    ["account", "update"],
+    ["account", "key", "create"],
+    ["account", "key", "list"],
+    ["account", "key", "revoke"],
 ]
 
 
