@@ -52,6 +52,7 @@ async def _plant_good_and_bad_records(store_url: str) -> dict[Aggregate, str]:
             Aggregate.EVENTS: await poison(store, Aggregate.EVENTS, "agt-1"),
             Aggregate.REVOCATIONS: await poison(store, Aggregate.REVOCATIONS, "0b"),
             Aggregate.ROLLUPS: await poison(store, Aggregate.ROLLUPS, "GPU-a", minute=2),
+            Aggregate.ACCOUNTS: await poison(store, Aggregate.ACCOUNTS, "bad-account"),
         }
     finally:
         await store.close()
@@ -98,6 +99,8 @@ async def test_the_master_starts_and_serves_with_an_undecodable_record_in_every_
             await master.enrollment.enroll(POISONED_TOKEN, make_csr(generate_key(), "host").decode())
         assert refused.value.code == "token_unknown"
         assert [r.minute for r in await master.store.rollups.list("GPU-a")] == [1]  # the telemetry history's read
+        accounts = await client.get("/api/v1/accounts", headers=auth)
+        assert accounts.status == 200 and [a["id"] for a in (await accounts.json())["items"]] == ["operator"]
 
         # Each bad record is reported: an event naming its aggregate and key, a log line, a count.
         reported = await _reported(client, auth, len(Aggregate))
