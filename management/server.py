@@ -76,7 +76,7 @@ class MasterServer:
 
     def __init__(self, config: MasterConfig, api_settings: ApiSettings | None = None) -> None:
         self.config = config
-        self.api_settings = api_settings or ApiSettings()
+        self.api_settings = api_settings or ApiSettings(key_rate_per_s=config.api_key_rate_per_s, key_burst=config.api_key_burst)
         self.master = Master(config)
         self._http: HttpServer | None = None
         self.gate = ApiGate()

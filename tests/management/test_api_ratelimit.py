@@ -63,3 +63,16 @@ async def test_a_key_over_its_limit_gets_429_with_retry_after_and_another_key_is
     assert error["code"] == "rate_limited" and "retry in" in error["message"]
     assert (await limited.get("/api/v1/tiers", headers=calm)).status == 200
     assert (await limited.get("/healthz")).status == 200  # not an API call: no key, no limit
+
+
+def test_the_limits_are_master_settings_from_a_file_or_the_environment(tmp_path):
+    from management.server import MasterServer
+    from master.config import load_master_config
+
+    config = load_master_config(
+        env={"IDLEGRID_MASTER_API_KEY_RATE_PER_S": "1e9", "IDLEGRID_MASTER_API_KEY_BURST": "1000000000"},
+        overrides={"state_dir": str(tmp_path)},
+    )
+    settings = MasterServer(config).api_settings
+    assert (settings.key_rate_per_s, settings.key_burst) == (1e9, 1_000_000_000)
+    assert (ApiSettings().key_rate_per_s, ApiSettings().key_burst) == (20.0, 40)  # the defaults
