@@ -81,12 +81,12 @@ def check_account(rec: AccountRecord) -> None:
     """InvalidAccount naming the first field that breaks a rule."""
     if not _ACCOUNT_ID.match(rec.id):
         raise InvalidAccount(
-            f"id {rec.id!r} is not an account id: 1 to 63 lowercase letters, digits and '-', starting with a letter or digit"
+            f"id: {rec.id!r} is not an account id: 1 to 63 lowercase letters, digits and '-', starting with a letter or digit"
         )
     if rec.role not in ROLES:
-        raise InvalidAccount(f"role {rec.role!r} is not one of: {', '.join(ROLES)}")
+        raise InvalidAccount(f"role: {rec.role!r} is not one of: {', '.join(ROLES)}")
     if len(rec.name) > MAX_NAME:
-        raise InvalidAccount(f"name is {len(rec.name)} characters long; at most {MAX_NAME}")
+        raise InvalidAccount(f"name: {len(rec.name)} characters long; at most {MAX_NAME}")
     _check_weight("share", rec.share)
     _check_entries("project_shares", rec.project_shares)
     for project, weight in rec.project_shares.items():
@@ -100,19 +100,19 @@ def check_account(rec: AccountRecord) -> None:
 
 def _check_weight(field: str, value: float) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise InvalidAccount(f"{field} must be a finite number")
+        raise InvalidAccount(f"{field}: must be a finite number")
     if not 0 < value <= MAX_SHARE:
-        raise InvalidAccount(f"{field} is {value}; it must be greater than 0 and at most {MAX_SHARE:g}")
+        raise InvalidAccount(f"{field}: {value} is not a weight; it must be greater than 0 and at most {MAX_SHARE:g}")
 
 
 def _check_quota(field: str, value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_QUOTA:
-        raise InvalidAccount(f"{field} is {value!r}; it must be a whole number of GPUs from 0 to {MAX_QUOTA}")
+        raise InvalidAccount(f"{field}: {value!r} is not a quota; it must be a whole number of GPUs from 0 to {MAX_QUOTA}")
 
 
 def _check_entries(field: str, entries: Mapping[str, object]) -> None:
     if len(entries) > MAX_QUOTA_ENTRIES:
-        raise InvalidAccount(f"{field} has {len(entries)} entries; at most {MAX_QUOTA_ENTRIES}")
+        raise InvalidAccount(f"{field}: {len(entries)} entries; at most {MAX_QUOTA_ENTRIES}")
     for name in entries:
         if not name or len(name) > 64:
             raise InvalidAccount(f"{field}: every name must be 1 to 64 characters long")
