@@ -142,8 +142,10 @@ class AccountBook:
             return found
         rec = AccountRecord(id=account_id, role=role.value, name=name, created_at=time.time())
         check_account(rec)
-        await self._store.accounts.add(rec)  # a concurrent ensure may win: either way the account exists now
-        return await self.get(account_id)
+        if await self._store.accounts.add(rec):
+            return rec
+        # Taken meanwhile by a concurrent ensure, or there but unreadable (quarantined, reported): left as it is.
+        return await self._store.accounts.get(account_id) or rec
 
     async def get(self, account_id: str) -> AccountRecord:
         found = await self._store.accounts.get(account_id)

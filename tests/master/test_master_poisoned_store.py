@@ -135,3 +135,20 @@ async def test_a_command_with_a_nan_timeout_is_refused_and_the_commands_stay_lis
     finally:
         await client.close()
         await master.stop()
+
+
+async def test_the_master_starts_when_its_own_operator_account_is_unreadable(store_url: str, tmp_path: Path) -> None:
+    """The operator account is ensured at every start; an undecodable one is quarantined and left, not a crash."""
+    store = open_store(store_url)
+    await store.open()
+    try:
+        await poison(store, Aggregate.ACCOUNTS, "operator")
+    finally:
+        await store.close()
+    master = Master(MasterConfig(state_dir=str(tmp_path / "master"), link_port=0), store=open_store(store_url))
+    await master.start()
+    try:
+        assert await master.store.accounts.get("operator") is None  # still there, still unreadable, and reported
+        assert len(master.store.quarantine) == 1
+    finally:
+        await master.stop()
