@@ -76,3 +76,31 @@ def test_the_limits_are_master_settings_from_a_file_or_the_environment(tmp_path)
     settings = MasterServer(config).api_settings
     assert (settings.key_rate_per_s, settings.key_burst) == (1e9, 1_000_000_000)
     assert (ApiSettings().key_rate_per_s, ApiSettings().key_burst) == (20.0, 40)  # the defaults
+
+
+def test_the_client_sends_a_429_again_after_its_retry_after_a_few_times_and_nothing_else():
+    from management.client import MAX_RETRY_AFTER_S, RATE_LIMIT_RETRIES, retry_after_s
+
+    assert retry_after_s(429, {"retry-after": "2"}, attempt=0) == 2.0
+    assert retry_after_s(429, {"Retry-After": "3600"}, attempt=0) == MAX_RETRY_AFTER_S
+    assert retry_after_s(429, {}, attempt=0) == 1.0
+    assert retry_after_s(429, {"Retry-After": "1"}, attempt=RATE_LIMIT_RETRIES) is None  # then the 429 is the answer
+    assert retry_after_s(503, {"Retry-After": "1"}, attempt=0) is None
+
+
+async def test_the_client_waits_out_its_keys_limit_and_gets_its_answer(tmp_path):
+    from management.client import AsyncApiClient
+
+    master = Master(MasterConfig(state_dir=str(tmp_path), link_port=0))
+    await master.start()
+    server = TestServer(build_app(master, ApiSettings(key_rate_per_s=2.0, key_burst=1)))
+    await server.start_server()
+    key = (await api_key(master, "renter", "bob"))["Authorization"].removeprefix("Bearer ")
+    try:
+        async with AsyncApiClient(str(server.make_url("")), key) as client:
+            first = await client.whoami()
+            second = await client.whoami()  # over the limit: answered 429, sent again after Retry-After (1 s)
+        assert first == second and second["account"] == "bob"
+    finally:
+        await server.close()
+        await master.stop()
