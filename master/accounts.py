@@ -204,6 +204,19 @@ class AccountBook:
         await self._store.api_keys.put(ApiKeyRecord(key_hash=hash_secret(key), name=name, role=role, created_at=time.time()))
         return key
 
+    async def adopt_legacy_keys(self) -> int:
+        """Give operator keys from before accounts (no account, role operator) to the bootstrap account, each with a
+        key id, so they are listed and can be revoked like any other; they keep working as the operator. Returns how
+        many were adopted. Keys naming no account with another role stay as they are (and are refused)."""
+        adopted = 0
+        for key in await self._store.api_keys.list(subject=""):
+            if key.role == AccountRole.OPERATOR.value and not key.key_id and key.revoked_at is None:
+                key_id = KEY_ID_PREFIX + secrets.token_hex(8)
+                await self._store.api_keys.put(msgspec.structs.replace(key, subject=BOOTSTRAP_ACCOUNT, key_id=key_id))
+                self._checked.pop(key.key_hash, None)
+                adopted += 1
+        return adopted
+
     async def keys(self, account_id: str) -> builtins.list[ApiKeyRecord]:
         await self.get(account_id)
         return await self._store.api_keys.list(subject=account_id)

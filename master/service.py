@@ -155,6 +155,7 @@ class Master:
         await self.ledger.load()
         # Keys naming no account (the bootstrap operator key of a Master older than accounts) belong to this one.
         await self.accounts.ensure(BOOTSTRAP_ACCOUNT, AccountRole.OPERATOR, name="Operator")
+        await self.accounts.adopt_legacy_keys()
         self._revoked = await self._load_revocations()
         await self._report_quarantined()
         self.link_port = await self.hub.start(self.config.host, self.config.link_port)

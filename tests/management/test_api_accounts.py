@@ -256,3 +256,21 @@ async def test_the_bootstrap_operator_key_belongs_to_the_operator_account_and_le
 async def test_a_legacy_key_naming_no_account_is_the_operator(api):
     me = await (await api.get("/api/v1/whoami", headers=api.auth)).json()  # api.auth: a key naming no account
     assert me == {"account": "operator", "role": "operator", "key_id": "", "key_name": "test operator", "name": "Operator"}
+
+
+async def test_an_operator_key_from_before_accounts_is_adopted_by_the_operator_account_at_the_next_start(tmp_path):
+    config = MasterConfig(state_dir=str(tmp_path), link_port=0, api_port=0)
+    first = MasterServer(config)
+    await first.start()
+    legacy = await first.master.create_api_key("old ops key")  # as a Master before accounts wrote it: no account
+    await first.stop()
+    server = MasterServer(config)
+    await server.start()
+    try:
+        adopted = [k for k in await server.master.accounts.keys("operator") if k.name == "old ops key"]
+        assert len(adopted) == 1 and adopted[0].key_id.startswith("key-")
+        assert (await server.master.accounts.credential(legacy)).account.role == "operator"  # still the operator
+        await server.master.accounts.revoke_key(adopted[0].key_id)  # and now it can be revoked like any other
+        assert (await server.master.accounts.credential(legacy)).key.revoked_at is not None
+    finally:
+        await server.stop()
