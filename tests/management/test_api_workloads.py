@@ -125,7 +125,12 @@ async def test_the_operator_names_the_account_and_sees_everyones(api, keys):
 
 @pytest.mark.parametrize(
     ("method", "path"),
-    [("GET", "/api/v1/workloads"), ("POST", "/api/v1/workloads"), ("GET", "/api/v1/workloads/wl-1"), ("POST", "/api/v1/workloads/wl-1/cancel")],
+    [
+        ("GET", "/api/v1/workloads"),
+        ("POST", "/api/v1/workloads"),
+        ("GET", "/api/v1/workloads/wl-1"),
+        ("POST", "/api/v1/workloads/wl-1/cancel"),
+    ],
 )
 async def test_providers_may_not_use_the_workload_routes(api, keys, method, path):
     response = await api.request(method, path, json=SPEC if method == "POST" else None, headers=keys["provider"])
