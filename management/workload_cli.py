@@ -62,7 +62,12 @@ def add_parser(sub: argparse._SubParsersAction, make: Parser) -> None:
     submit.add_argument("--port", action="append", type=int, metavar="PORT", help="port to expose, repeatable (default: none)")
     submit.add_argument("--max-duration-s", type=float, metavar="SECONDS", help="stop it after this long (default: no limit)")
     submit.add_argument("--account", help="account it belongs to; operator keys only (default: the key's own account)")
-    submit.add_argument("command", nargs="*", help="command to run in the container, after '--' (default: the image's)")
+    submit.add_argument(
+        "container_command",
+        nargs="*",
+        metavar="COMMAND",
+        help="command to run in the container, after '--' (default: the image's)",
+    )
     _connection(submit)
     submit.set_defaults(func=run_submit)
 
@@ -141,8 +146,8 @@ def spec_from(args: argparse.Namespace) -> dict[str, Any]:
         spec["env"] = dict(spec.get("env") or {}) | dict(_env_pair(e) for e in args.env)
     if args.port:
         spec["ports"] = args.port
-    if args.command:
-        spec["command"] = args.command
+    if args.container_command:
+        spec["command"] = args.container_command
     for required in ("name", "image"):
         if required not in spec:
             raise BadSpec(f"{required}: give --{required} or put {required} in a spec file (-f)")
