@@ -42,6 +42,9 @@ class AgentConfig(msgspec.Struct, kw_only=True):
     backoff_max_s: float = 30.0
     retry_after_max_s: float = 300.0  # the longest a relay's 503 Retry-After is honoured
     result_resend_s: float = 5.0
+    # While a container runs, how often the agent looks for one that ended on its own, to report it at once (a
+    # heartbeat repeats every exit until the container is deleted, so 0, which turns the look off, only delays it).
+    exit_check_s: Annotated[float, msgspec.Meta(ge=0)] = 1.0
     # A relay that stops acknowledging what the agent sends (its host or the network gone) is given up after this long
     # by the kernel (TCP_USER_TIMEOUT; heartbeats every few seconds keep data in flight), at no cost to the relay ...
     relay_ack_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 30.0

@@ -23,6 +23,7 @@ from agent.credentials import CertificateRenewer, RenewalError, describe_expiry,
 from agent.directory import load_directory, save_directory
 from agent.errors import CertificateRevoked, is_revocation
 from agent.executor import CommandExecutor
+from agent.fault_injection import FAULTS_FILE
 from agent.gpus import open_collector
 from agent.host import collect_host_info
 from agent.identity import AgentIdentity
@@ -30,12 +31,15 @@ from agent.ledger import CommandLog
 from agent.runtime import ContainerRuntime, open_runtime
 from agent.simulate import parse_simulate_spec
 from agent.state import private_dir
+from common.containers import ContainerInfo
 from common.errors import IdlegridError, ProtocolError, RuntimeFailure, SignatureError
 from common.inventory import HostInfo, Inventory
 from common.pki import CommandVerifier, client_tls_context, load_cert, verify_key_endorsement
 from common.wire import (
     HARD_FRAME_BYTES,
     PROTOCOL_VERSIONS,
+    AgentEvent,
+    AgentEventKind,
     Command,
     CommandAck,
     Config,
@@ -69,6 +73,7 @@ STOP_GRACE_S = 5.0
 REPORT_JITTER = 0.2
 STOP_REASON = "agent stopping"  # with close code 1001 (going away): the relay tells the Master at once
 NO_RUNTIME, NO_ISOLATION = "", "none"  # what hello reports while the runtime cannot run containers
+ENDED_STATES = frozenset({"exited", "dead"})  # a container in one of these ended (on its own: delete removes it)
 
 
 class Agent:
@@ -95,7 +100,11 @@ class Agent:
         self.connector = RelayConnector.from_config(
             config, static_urls=config.access_urls or self.identity.access_urls, directory=self.relay_directory
         )
-        self.collector = open_collector(config.simulate or None, host_key=str(config.state_path.resolve()))
+        self.collector = open_collector(
+            config.simulate or None,
+            host_key=str(config.state_path.resolve()),
+            faults_file=config.state_path / FAULTS_FILE,
+        )
         self.ca_cert = load_cert(self.identity.ca_file.read_bytes())
         self.renewer = CertificateRenewer(
             config.state_path, self.identity.agent_id, self.ca_cert, fraction=config.cert_renew_fraction
@@ -130,6 +139,11 @@ class Agent:
         self._closer: asyncio.Future[None] | None = None
         self._tls: tuple[tuple[int, int], ssl.SSLContext] | None = None  # (file stamps, context) of the last connection
         self.relay_degraded = False  # the relay says it cannot reach the Master: what we send waits in its buffer
+        self._exits_told: dict[str, int] = {}  # exits sent as events by this process (name -> code), not resent
+        # Set while a container may be running: the exit check looks only then, and otherwise costs nothing (the
+        # fleet simulator runs thousands of agents in one process, most with no container).
+        self._watch_exits = asyncio.Event()
+        self._watch_exits.set()
 
     # --- connection ----------------------------------------------------------------------------
 
@@ -233,6 +247,8 @@ class Agent:
                 asyncio.create_task(self._telemetry_loop(ws)),
                 asyncio.create_task(self._resend_loop(ws)),
             ]
+            if config.exit_check_s > 0:
+                tasks.append(asyncio.create_task(self._exit_check_loop(ws)))
             try:
                 async for message in ws:
                     await self._on_message(message)
@@ -440,6 +456,7 @@ class Agent:
             result = await self.executor.execute(command)
         finally:
             self._inflight.discard(command_id)
+            self._watch_exits.set()  # a container may have started
         with contextlib.suppress(ConnectionError, ConnectionClosed):
             await self._send(result)  # if the link is down, the resend loop delivers it later
 
@@ -453,9 +470,44 @@ class Agent:
     async def _heartbeat_loop(self, ws: ClientConnection) -> None:
         await self.connected.wait()  # the welcome sets the interval
         while True:
-            running = sorted(c.name for c in await self.runtime.list() if c.state == "running")
-            await self._send(Heartbeat(seq=next(self._seq), ts=time.time(), running=running, ping=self._ping))
+            containers = await self.runtime.list()
+            running = sorted(c.name for c in containers if c.state == "running")
+            exited = await self._report_exits(containers)
+            await self._send(Heartbeat(seq=next(self._seq), ts=time.time(), running=running, exited=exited, ping=self._ping))
             await asyncio.sleep(jittered(self.heartbeat_s))
+
+    async def _exit_check_loop(self, ws: ClientConnection) -> None:
+        """While a container runs, look for one that ended every ``exit_check_s``, so its exit is reported at once
+        rather than with the next heartbeat."""
+        await self.connected.wait()
+        while True:
+            await self._watch_exits.wait()
+            await asyncio.sleep(self.config.exit_check_s)
+            try:
+                await self._report_exits(await self.runtime.list())
+            except RuntimeFailure as exc:
+                log.debug("exit check skipped: %s", exc)
+
+    async def _report_exits(self, containers: list[ContainerInfo]) -> dict[str, int]:
+        """Every container that ended and is not deleted (name -> exit status), for the heartbeat; each one not told
+        yet is sent as a ``container_exited`` event first. An exit told while the link was down is told again by
+        every heartbeat, which carries them all."""
+        exited = {c.name: c.exit_code for c in containers if c.state in ENDED_STATES and c.exit_code is not None}
+        if any(c.state == "running" for c in containers):
+            self._watch_exits.set()
+        else:
+            self._watch_exits.clear()
+        for name, code in exited.items():
+            if self._exits_told.get(name) == code:
+                continue
+            log.info("container ended on its own", extra={"container": name, "exit_code": code})
+            event = AgentEvent(kind=AgentEventKind.CONTAINER_EXITED, ts=time.time(), container=name, code=code)
+            with contextlib.suppress(ConnectionError, ConnectionClosed):
+                await self._send(event)
+                self._exits_told[name] = code
+        if self._exits_told.keys() - exited.keys():
+            self._exits_told = {name: code for name, code in self._exits_told.items() if name in exited}
+        return exited
 
     async def _telemetry_loop(self, ws: ClientConnection) -> None:
         await self.connected.wait()
@@ -466,6 +518,9 @@ class Agent:
             samples = self.collector.sample() if self.collector.simulated else await asyncio.to_thread(self.collector.sample)
             if samples:
                 await self._send(Telemetry(ts=time.time(), samples=samples))
+            reports = self.collector.reports() if self.collector.simulated else await asyncio.to_thread(self.collector.reports)
+            for report in reports:  # Xid and ECC errors: the Master decides which make a GPU faulty
+                await self._send(report)
 
     async def _resend_loop(self, ws: ClientConnection) -> None:
         """Results stay in the ledger until the Master acknowledges them."""

@@ -8,21 +8,25 @@ card never hides the others.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import pynvml
 
 from common.errors import NvmlUnavailable
 from common.inventory import GpuInfo, GpuSample, NvLink
+from common.wire import AgentEvent, AgentEventKind
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 MIB = 1024 * 1024
+MAX_EVENTS_PER_READ = 64  # fault events taken per telemetry tick; the rest wait for the next
 SIMULATE_HINT = "or run the agent with --simulate MODEL:COUNT for a test host"
 
 # NVML error class name -> (what is wrong, what the provider can do about it).
@@ -67,6 +71,10 @@ class GpuCollector(Protocol):
 
     def sample(self) -> list[GpuSample]: ...
 
+    def reports(self) -> list[AgentEvent]:
+        """GPU faults seen since the last call (Xid errors, uncorrectable ECC errors), as events to send."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -86,6 +94,7 @@ class NvmlCollector:
             self.close()
             raise NvmlUnavailable(_init_failure_message(exc)) from None
         self._closed = False
+        self._events = _fault_event_set(self._handles)
 
     def inventory(self) -> list[GpuInfo]:
         driver = _text(_optional(pynvml.nvmlSystemGetDriverVersion) or "")
@@ -108,10 +117,38 @@ class NvmlCollector:
                 log.warning("GPU %d not sampled: NVML says %s", index, exc, extra={"gpu_index": index})
         return samples
 
+    def reports(self) -> list[AgentEvent]:
+        """Xid critical errors and double-bit ECC errors NVML queued since the last call; never waits.
+
+        Untested on hardware (no GPU where this was written): it follows NVML's documented event API."""
+        if self._events is None:
+            return []
+        found: list[AgentEvent] = []
+        now = time.time()
+        while len(found) < MAX_EVENTS_PER_READ:
+            try:
+                data = pynvml.nvmlEventSetWait_v2(self._events, 0)
+            except pynvml.NVMLError_Timeout:
+                break  # nothing (more) queued
+            except pynvml.NVMLError as exc:
+                log.warning("reading GPU fault events failed: NVML says %s", exc)
+                break
+            uuid = _text(pynvml.nvmlDeviceGetUUID(data.device))
+            if data.eventType & pynvml.nvmlEventTypeXidCriticalError:
+                found.append(AgentEvent(kind=AgentEventKind.GPU_XID, ts=now, gpu_uuid=uuid, code=int(data.eventData)))
+            elif data.eventType & pynvml.nvmlEventTypeDoubleBitEccError:
+                found.append(
+                    AgentEvent(kind=AgentEventKind.GPU_ECC, ts=now, gpu_uuid=uuid, code=1, message="double-bit ECC error")
+                )
+        return found
+
     def close(self) -> None:
         if getattr(self, "_closed", False):
             return
         self._closed = True
+        if getattr(self, "_events", None) is not None:
+            with contextlib.suppress(pynvml.NVMLError):
+                pynvml.nvmlEventSetFree(self._events)
         try:
             pynvml.nvmlShutdown()
         except pynvml.NVMLError as exc:  # shutting down must never stop the agent from exiting
@@ -132,21 +169,52 @@ class EmptyCollector:
     def sample(self) -> list[GpuSample]:
         return []
 
+    def reports(self) -> list[AgentEvent]:
+        return []
+
     def close(self) -> None:
         """Nothing to release."""
 
 
-def open_collector(simulate: str | None, *, host_key: str = "") -> GpuCollector:
-    """Simulated GPUs when ``simulate`` names them, else NVML, else an empty collector with the reason."""
+def open_collector(simulate: str | None, *, host_key: str = "", faults_file: Path | None = None) -> GpuCollector:
+    """Simulated GPUs when ``simulate`` names them (faults injected through ``faults_file``, if given), else NVML,
+    else an empty collector with the reason."""
     if simulate:
+        from agent.fault_injection import FaultInjection
         from agent.simulate import SimulatedCollector
 
-        return SimulatedCollector(simulate, host_key=host_key)
+        faults = FaultInjection(faults_file) if faults_file is not None else None
+        return SimulatedCollector(simulate, host_key=host_key, faults=faults)
     try:
         return NvmlCollector()
     except NvmlUnavailable as exc:
         log.warning("%s", exc, extra={"code": exc.code})
         return EmptyCollector(str(exc))
+
+
+def _fault_event_set(handles: list[Any]) -> Any:
+    """An NVML event set for Xid critical errors and double-bit ECC errors on every GPU that supports them, or None
+    (logged once) when none does: faults then show only in the ECC counters of telemetry."""
+    try:
+        events = pynvml.nvmlEventSetCreate()
+    except pynvml.NVMLError as exc:
+        log.warning("GPU fault events unavailable (NVML says %s): Xid errors will not be reported", exc)
+        return None
+    wanted = pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError
+    registered = 0
+    for index, handle in enumerate(handles):
+        try:
+            supported = pynvml.nvmlDeviceGetSupportedEventTypes(handle) & wanted
+            if supported:
+                pynvml.nvmlDeviceRegisterEvents(handle, supported, events)
+                registered += 1
+        except pynvml.NVMLError as exc:
+            log.warning("GPU %d: fault events unavailable (NVML says %s)", index, exc, extra={"gpu_index": index})
+    if not registered:
+        with contextlib.suppress(pynvml.NVMLError):
+            pynvml.nvmlEventSetFree(events)
+        return None
+    return events
 
 
 # ---------------------------------------------------------------- reading one GPU

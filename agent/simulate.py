@@ -15,8 +15,10 @@ from dataclasses import dataclass
 import msgspec
 
 from agent.errors import SimulationSpecError
+from agent.fault_injection import FaultInjection, InjectedFault
 from common.catalog import GpuModel, UnknownGpuModel, reference_gpu_info, resolve_alias
 from common.inventory import GpuInfo, GpuSample
+from common.wire import AgentEvent, AgentEventKind
 
 MAX_SIMULATED_GPUS = 64  # per host; keeps simulated PCI bus ids in range and a typo like "h100:800" out
 # What a current datacenter driver reports; nothing depends on the exact values.
@@ -73,9 +75,11 @@ class SimulatedCollector:
 
     simulated = True
 
-    def __init__(self, spec: str, *, seed: int | None = None, host_key: str = "") -> None:
+    def __init__(self, spec: str, *, seed: int | None = None, host_key: str = "", faults: FaultInjection | None = None) -> None:
         """``host_key`` (e.g. the agent's state directory) keeps UUIDs stable across restarts of one host;
-        without it they derive from ``seed``, and without a seed they are fresh for each collector."""
+        without it they derive from ``seed``, and without a seed they are fresh for each collector.
+        ``faults``: where a test or an operator injects faults (agent/fault_injection.py); none by default."""
+        self.faults = faults
         groups = parse_simulate_spec(spec)
         self._rng = random.Random(seed)
         identity = host_key or (f"seed:{seed}" if seed is not None else uuid.uuid4().hex)
@@ -90,7 +94,21 @@ class SimulatedCollector:
     def sample(self) -> list[GpuSample]:
         now = time.time()
         rows = zip(self._gpus, self._models, self._loads)
-        return [self._sample(info, model, load, now) for info, model, load in rows]
+        samples = [self._sample(info, model, load, now) for info, model, load in rows]
+        if self.faults is None:
+            return samples
+        injected = self.faults.current()
+        return [_with_fault(s, injected[s.uuid]) if s.uuid in injected else s for s in samples]
+
+    def reports(self) -> list[AgentEvent]:
+        """Xid errors injected since the last call, as the agent reports them."""
+        if self.faults is None:
+            return []
+        now = time.time()
+        return [
+            AgentEvent(kind=AgentEventKind.GPU_XID, ts=now, gpu_uuid=uuid, code=xid, message="injected (simulated GPU)")
+            for uuid, xid in self.faults.new_xids().items()
+        ]
 
     def close(self) -> None:
         """Nothing to release; here so the agent treats both collectors alike."""
@@ -118,6 +136,15 @@ class SimulatedCollector:
         else:
             load.utilization = _clamp(load.utilization + rng.gauss(0, 0.08), 0.0, 1.0)
             load.memory_fraction = _clamp(load.memory_fraction + rng.gauss(0, 0.03), 0.0, 0.95)
+
+
+def _with_fault(sample: GpuSample, fault: InjectedFault) -> GpuSample:
+    """``sample`` as the injected fault has the card read."""
+    if fault.temperature_c is not None:
+        sample = msgspec.structs.replace(sample, temperature_c=fault.temperature_c)
+    if fault.ecc_uncorrected is not None:
+        sample = msgspec.structs.replace(sample, ecc_uncorrected=fault.ecc_uncorrected)
+    return sample
 
 
 def _simulated_info(model: GpuModel, index: int, identity: str) -> GpuInfo:

@@ -60,3 +60,9 @@ class RuntimeFailure(IdlegridError):
 
 class NvmlUnavailable(IdlegridError):
     code = "nvml_unavailable"
+
+
+class SubscriptionClosed(IdlegridError):
+    """A change-feed subscription was closed: nothing more will arrive on it."""
+
+    code = "subscription_closed"

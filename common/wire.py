@@ -61,6 +61,9 @@ class Heartbeat(_Frame, tag="heartbeat"):
     seq: int
     ts: float
     running: list[str] = []  # names of containers the agent runs
+    # Containers that ended on their own and are not deleted yet, name -> exit status; repeated in every heartbeat
+    # until deleted, so an exit seen while the link or the Master was down still arrives. Omitted when empty.
+    exited: dict[ShortText, int] = {}
     ping: str | None = None  # echoes the nonce of the last ``ping``
 
 

@@ -160,6 +160,10 @@ class ApiCalls(Generic[R]):
     def revoke(self, agent_id: str) -> R:
         return self.send(ApiRequest("POST", f"{API_PREFIX}/agents/{_segment(agent_id)}/revoke"))
 
+    def repair_gpu(self, uuid: str) -> R:
+        """A faulty GPU back in service (operator only)."""
+        return self.send(ApiRequest("POST", f"{API_PREFIX}/gpus/{_segment(uuid)}/repair"))
+
     def rotate_signing_key(self) -> R:
         return self.send(ApiRequest("POST", f"{API_PREFIX}/signing-keys/rotate"))
 

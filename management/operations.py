@@ -240,6 +240,11 @@ class Operations:
         latest = self._master.telemetry.latest
         return Page([GpuDetail(g, latest.get(g.uuid), self._master.offered(g)) for g in page.items], page.next_key)
 
+    async def repair_gpu(self, uuid: str) -> GpuDetail:
+        """Clear a faulty GPU's fault (master/faults.py): NotFound for an unknown GPU, Conflict for one not faulty."""
+        gpu = await self._master.repair_gpu(uuid)
+        return GpuDetail(gpu, self._master.telemetry.latest.get(gpu.uuid), self._master.offered(gpu))
+
     def list_tiers(self, *, after: PositionKey | None = None, limit: int) -> Page[dict[str, Any]]:
         """Tiers in the policy's order (the order is meaningful: best first); the key is the position."""
         tiers = describe_tiers(self._master.policy)

@@ -42,6 +42,8 @@ def gpu_view(gpu: GpuRecord, latest: GpuSample | None = None, *, offered: bool =
         "tier": gpu.tier,
         "state": gpu.state,
         "flags": gpu.flags,
+        # Why the GPU is faulty (an Xid, ECC errors, overheating), until repaired or cooled down; None when healthy.
+        "fault": msgspec.to_builtins(gpu.fault) if gpu.fault is not None else None,
         "offered": offered,
         "memory_total_mib": gpu.info.memory_total_mib,
         "compute_capability": gpu.info.compute_capability,
@@ -83,6 +85,7 @@ def agent_view(
         "cert_not_after": rfc3339(agent.cert_not_after),
         "drained": agent.drained,
         "containers": sorted(agent.containers),
+        "exited": dict(agent.exited),  # containers that ended on their own (name -> exit status), until deleted
         "gpus": [gpu_view(g, latest.get(g.uuid), offered=g.uuid in offered) for g in gpus],
         "reputation": msgspec.to_builtins(reputation(agent)),
     }

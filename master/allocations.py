@@ -61,6 +61,9 @@ class GpuAllocations:
                 raise Conflict(f"GPU {name!r} is not on host {agent_id}; it reports {reported}")
             if DUPLICATE_UUID_FLAG in gpu.flags:
                 raise Conflict(f"GPU {gpu.uuid} is reported by more than one host and is not offered until that is resolved")
+            if gpu.state == GpuState.FAULTY.value:
+                why = f" ({gpu.fault.reason})" if gpu.fault is not None else ""
+                raise Conflict(f"GPU {gpu.uuid} is faulty{why} and takes no new container until an operator repairs it")
             if gpu.uuid not in uuids:
                 uuids.append(gpu.uuid)
         return uuids

@@ -246,6 +246,8 @@ class CommandLedger:
         elif ok:
             self.allocations.release(agent.id, name)
             agent.containers = {k: v for k, v in agent.containers.items() if k != name}
+            if name in agent.exited:  # an ended container is gone once deleted
+                agent.exited = {k: v for k, v in agent.exited.items() if k != name}
         await self._registry.settle_gpus(agent)
 
 

@@ -48,6 +48,18 @@ class MasterConfig(msgspec.Struct, kw_only=True):
     offer_sandboxed_hosts: bool = False
     # A background loop that raised waits this long before it runs again.
     loop_restart_s: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+    # --- GPU faults (master/faults.py) ---
+    # Xid errors after which a GPU is faulty until an operator repairs it (NVIDIA's Xid catalog):
+    #  48: double-bit (uncorrectable) ECC error           63: ECC page retirement / row remapping event recorded
+    #  64: ECC page retirement / row remapping failed      74: NVLink error
+    #  79: GPU has fallen off the bus                      92: high single-bit ECC error rate
+    #  94: contained ECC error (application killed)        95: uncontained ECC error (GPU reset needed)
+    fatal_xids: list[int] = msgspec.field(default_factory=lambda: [48, 63, 64, 74, 79, 92, 94, 95])
+    # A GPU at or above this temperature for overheat_samples telemetry samples in a row is faulty; it is healthy
+    # again after cool_samples samples in a row below it (hysteresis: a card at the limit does not flap).
+    max_temperature_c: Annotated[float, msgspec.Meta(gt=0)] = 90.0
+    overheat_samples: Annotated[int, msgspec.Meta(ge=1)] = 3
+    cool_samples: Annotated[int, msgspec.Meta(ge=1)] = 3
     log_level: str = "info"
 
     @property

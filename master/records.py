@@ -35,8 +35,19 @@ class AgentRecord(msgspec.Struct, kw_only=True):
     commands_failed: int = 0
     drained: bool = False  # an operator drained it: it comes back to maintenance, not ready
     containers: dict[str, list[str]] = {}  # container name -> GPU uuids it was given
+    # Containers that ended on their own (name -> exit status) and are not deleted yet: they keep their GPUs.
+    exited: dict[str, int] = {}
     state_reason: str = ""
     version: int = 0  # bumped on every write, for optimistic concurrency
+
+
+class GpuFault(msgspec.Struct, frozen=True, kw_only=True):
+    """Why a GPU is faulty (master/faults.py): an Xid error, uncorrectable ECC errors, or overheating."""
+
+    kind: str  # "xid" | "ecc" | "overheat"
+    reason: str  # for a person: what was seen, e.g. "Xid 79: GPU has fallen off the bus"
+    since: float
+    code: int | None = None  # the Xid number, the ECC count, the temperature
 
 
 class GpuRecord(msgspec.Struct, kw_only=True):
@@ -49,6 +60,10 @@ class GpuRecord(msgspec.Struct, kw_only=True):
     tier: str | None = None
     flags: list[str] = []  # reasons the GPU was not tiered up, e.g. "vram_mismatch"
     updated_at: float = 0.0
+    fault: GpuFault | None = None  # set while the GPU is faulty because of its hardware; cleared by a repair
+    # The uncorrectable ECC count (volatile, since the driver loaded) an operator accepted with the last repair:
+    # only a count above it is a new fault.
+    ecc_acknowledged: int = 0
 
 
 class CommandRecord(msgspec.Struct, kw_only=True):

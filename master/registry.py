@@ -12,8 +12,9 @@ from common.errors import NotFound
 from common.inventory import GpuInfo, Inventory
 from master.allocations import DUPLICATE_UUID_FLAG, GpuAllocations, gpu_state_for
 from master.batches import write_paced
+from master.changes import ChangeFeed, ContainerExited, GpuHealthChanged, HostChanged
 from master.events import EventLog
-from master.records import AgentRecord, GpuRecord
+from master.records import AgentRecord, GpuFault, GpuRecord
 from master.states import AGENT, GPU, AgentState, GpuState
 from master.store.base import Store
 from master.tiers import TierPolicy, classify
@@ -30,8 +31,17 @@ _LIVE = frozenset({AgentState.READY.value, AgentState.BUSY.value, AgentState.MAI
 
 
 class Registry:
-    def __init__(self, store: Store, events: EventLog, policy: TierPolicy, allocations: GpuAllocations | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        events: EventLog,
+        policy: TierPolicy,
+        allocations: GpuAllocations | None = None,
+        *,
+        changes: ChangeFeed | None = None,
+    ) -> None:
         self._store = store
+        self.changes = changes if changes is not None else ChangeFeed()  # host, GPU health and exit changes go here
         self._events = events
         self.policy = policy
         self.allocations = allocations if allocations is not None else GpuAllocations()
@@ -112,6 +122,8 @@ class Registry:
         old, agent.state = agent.state, AGENT.next(agent.state, event)
         agent.state_reason = reason
         await self._events.transition("agent", agent.id, old, agent.state, event, reason=reason)
+        if self.changes.listening:
+            self.changes.publish(HostChanged(agent_id=agent.id, state=agent.state, previous=old, reason=reason))
         await self.save(agent)
         if agent.state == AgentState.RETIRED.value:
             self._shadows.pop(agent.id, None)
@@ -135,6 +147,8 @@ class Registry:
             old, agent.state = agent.state, AGENT.next(agent.state, event)
             agent.state_reason = reason
             events.append(("agent.transition", agent.id, {"old": old, "new": agent.state, "event": event, "reason": reason}))
+            if self.changes.listening:
+                self.changes.publish(HostChanged(agent_id=agent.id, state=agent.state, previous=old, reason=reason))
             self._settle_in_memory(agent, gpus, events)
             moved.append(agent)
         await self._events.record_many(events)
@@ -262,7 +276,8 @@ class Registry:
                 self._shadows.setdefault(agent_id, {})[info.uuid] = shadow
                 continue
             c = classify(info, self.policy, host=host)  # type: ignore[arg-type]
-            state = old.state if old is not None and old.agent_id == agent_id else GpuState.AVAILABLE.value
+            same_host = old is not None and old.agent_id == agent_id
+            state = old.state if old is not None and same_host else GpuState.AVAILABLE.value
             record = GpuRecord(
                 uuid=info.uuid,
                 agent_id=agent_id,
@@ -273,6 +288,9 @@ class Registry:
                 tier=c.tier,
                 flags=[*c.flags, DUPLICATE_UUID_FLAG] if info.uuid in self._duplicates else list(c.flags),
                 updated_at=time.time(),
+                # A hello does not clear a fault: a card that threw a fatal Xid may do so again (docs/master.md).
+                fault=old.fault if old is not None and same_host else None,
+                ecc_acknowledged=old.ecc_acknowledged if old is not None and same_host else 0,
             )
             if old is None or (old.tier, old.flags) != (record.tier, record.flags):
                 events.append(
@@ -314,6 +332,72 @@ class Registry:
             await self.transition(agent, "workload_started", f"{len(running)} container(s) running")
         elif not running and agent.state == AgentState.BUSY.value:
             await self.transition(agent, "workload_finished", "no container running")
+
+    async def on_exited(self, agent: AgentRecord, exited: dict[str, int]) -> list[str]:
+        """Containers of ``agent`` that ended on their own (name -> exit status), as its heartbeat or an event says.
+
+        Only containers the Master created on it count (an agent cannot invent one), each exit is taken once (the
+        heartbeat repeats it until a delete), and the container keeps its GPUs: it exists until deleted. Returns the
+        names newly recorded."""
+        new = {n: c for n, c in exited.items() if n in agent.containers and agent.exited.get(n) != c}
+        if not new:
+            return []
+        agent.exited = {**agent.exited, **new}
+        await self._events.record_many([("container.exited", agent.id, {"container": n, "code": c}) for n, c in new.items()])
+        await self.save(agent)
+        if self.changes.listening:
+            for name, code in new.items():
+                self.changes.publish(ContainerExited(agent_id=agent.id, container=name, code=code))
+        return list(new)
+
+    async def mark_faulty(self, gpu: GpuRecord, fault: GpuFault) -> None:
+        """``gpu`` is faulty for ``fault``: not offered, given nothing new (a container on it keeps its hold)."""
+        was_healthy = gpu.fault is None and gpu.state != GpuState.FAULTY.value
+        gpu.fault = fault
+        events: list[tuple[str, str, dict[str, object]]] = [
+            ("gpu.fault", gpu.uuid, {"agent_id": gpu.agent_id, "kind": fault.kind, "reason": fault.reason, "code": fault.code})
+        ]
+        if GPU.allows(gpu.state, "fault"):
+            old, gpu.state = gpu.state, GPU.next(gpu.state, "fault")
+            events.append(
+                (
+                    "gpu.transition",
+                    gpu.uuid,
+                    {"old": old, "new": gpu.state, "event": "fault", "agent_id": gpu.agent_id, "reason": fault.reason},
+                )
+            )
+        gpu.updated_at = time.time()
+        await self._events.record_many(events)
+        await self._store.gpus.put_many([gpu])
+        if was_healthy and self.changes.listening:
+            self.changes.publish(GpuHealthChanged(uuid=gpu.uuid, agent_id=gpu.agent_id, healthy=False, reason=fault.reason))
+
+    async def clear_fault(self, gpu: GpuRecord, reason: str, *, ecc_acknowledged: int | None = None) -> None:
+        """``gpu`` is healthy again (repaired, or cooled down): back to the state its holder and host call for."""
+        gpu.fault = None
+        if ecc_acknowledged is not None:
+            gpu.ecc_acknowledged = ecc_acknowledged
+        events: list[tuple[str, str, dict[str, object]]] = [
+            ("gpu.fault_cleared", gpu.uuid, {"agent_id": gpu.agent_id, "reason": reason})
+        ]
+        if GPU.allows(gpu.state, "repair"):
+            old, gpu.state = gpu.state, GPU.next(gpu.state, "repair")
+            events.append(
+                (
+                    "gpu.transition",
+                    gpu.uuid,
+                    {"old": old, "new": gpu.state, "event": "repair", "agent_id": gpu.agent_id, "reason": reason},
+                )
+            )
+        gpu.updated_at = time.time()
+        await self._events.record_many(events)
+        await self._store.gpus.put_many([gpu])
+        agent = self.agents.get(gpu.agent_id)
+        if agent is not None:
+            await self.settle_gpus(agent)
+        if self.changes.listening:
+            healthy = gpu.state != GpuState.FAULTY.value
+            self.changes.publish(GpuHealthChanged(uuid=gpu.uuid, agent_id=gpu.agent_id, healthy=healthy, reason=reason))
 
     async def sweep(self, now: float, timeout_s: float) -> list[str]:
         """Agents silent for longer than ``timeout_s`` go offline, with their GPUs (in one batched write)."""

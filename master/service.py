@@ -19,12 +19,14 @@ from typing import Any
 import msgspec
 
 from common.errors import Conflict, EnrollmentError, IdlegridError, NotFound, ProtocolError
+from common.inventory import GpuSample
 from common.pki import server_tls_context
 from common.wire import (
     AccessStats,
     AgentConnected,
     AgentDisconnected,
     AgentEvent,
+    AgentEventKind,
     AgentFrame,
     CommandAck,
     CommandResult,
@@ -50,11 +52,13 @@ from common.wire import (
 from master.allocations import GpuAllocations, offered
 from master.authority import Authority
 from master.budget import ReportLimits
+from master.changes import ChangeFeed, CommandFinished
 from master.commands import CommandLedger
 from master.config import MasterConfig
 from master.directory import RelayDirectoryAnnouncer
 from master.enrollment import Enrollment, hash_secret
 from master.events import EventLog
+from master.faults import FaultRules, HealthVerdict, HealthWatch, Recovered
 from master.keys import SigningKeyInfo
 from master.link import AccessLink, RelayHub
 from master.loops import Loop
@@ -63,7 +67,7 @@ from master.records import AgentRecord, ApiKeyRecord, CommandRecord, EventRecord
 from master.registry import Registry
 from master.renewal import renew_certificate
 from master.session import HELLO_REQUIRED, Act, AgentSession, SessionRules, Verdict
-from master.states import AgentState
+from master.states import AgentState, GpuState
 from master.store import open_store
 from master.store.base import Store
 from master.telemetry import TelemetryAggregator
@@ -88,7 +92,16 @@ class Master:
         self.policy = TierPolicy.load(Path(config.tier_policy) if config.tier_policy else None)
         self.events = EventLog(self.store)
         self.allocations = GpuAllocations()
-        self.registry = Registry(self.store, self.events, self.policy, self.allocations)
+        self.changes = ChangeFeed()  # what management code (a scheduler) subscribes to: master/changes.py
+        self.registry = Registry(self.store, self.events, self.policy, self.allocations, changes=self.changes)
+        self.health = HealthWatch(
+            FaultRules(
+                fatal_xids=frozenset(config.fatal_xids),
+                max_temperature_c=config.max_temperature_c,
+                overheat_samples=config.overheat_samples,
+                cool_samples=config.cool_samples,
+            )
+        )
         self.telemetry = TelemetryAggregator(self.store)
         self.enrollment = Enrollment(self.store, self.authority.ca, cert_validity_s=config.agent_cert_s)
         self.hub = RelayHub(
@@ -116,7 +129,7 @@ class Master:
                 lambda: len(self.hub.links),
             )
         )
-        self.ledger.on_final = self.metrics.command_finished
+        self.ledger.on_final = self._command_finished
         self.store.metrics.register(self.metrics.registry)
         self._revoked: set[str] = set()
         self.sessions: dict[str, AgentSession] = {}  # agent id -> its session on its current connection
@@ -360,11 +373,15 @@ class Master:
         match frame:
             case Heartbeat():
                 self.registry.on_heartbeat(agent, now, max_gap_s=self.config.heartbeat_s * self.config.missed_heartbeats)
+                if frame.exited:
+                    await self.registry.on_exited(agent, frame.exited)
                 await self.registry.on_running(agent, frame.running)
             case Telemetry():
                 self.registry.on_heartbeat(agent, now, max_gap_s=self.config.heartbeat_s * self.config.missed_heartbeats)
                 # Only samples of GPUs this agent owns: it must not write figures onto another agent's GPUs.
-                self.telemetry.ingest(agent.id, [s for s in frame.samples if self._owns_gpu(agent.id, s.uuid)])
+                owned = [s for s in frame.samples if self._owns_gpu(agent.id, s.uuid)]
+                self.telemetry.ingest(agent.id, owned)
+                await self._check_health(owned)
             case CommandAck() | CommandResult():
                 await self._on_command_report(link, agent, frame)
             case AgentEvent():
@@ -372,6 +389,7 @@ class Master:
                 report = msgspec.structs.asdict(frame)
                 report["kind"] = frame.kind.value
                 await self.events.record(f"agent_report.{frame.kind.value}", agent.id, **report)
+                await self._on_agent_report(agent, frame, now)
             case RenewRequest():
                 await self._on_renew(link, agent, frame)
             case Error():
@@ -387,6 +405,48 @@ class Master:
     async def _ask_for_hello(self, link: AccessLink, agent_id: str) -> None:
         """Tell an agent this process does not know it yet (after a restart, say) to say hello again."""
         await link.send_to_agent(agent_id, encode(Error(code=HELLO_REQUIRED, message="send hello first")))
+
+    async def _on_agent_report(self, agent: AgentRecord, report: AgentEvent, now: float) -> None:
+        """What an agent's report changes beyond the record of it: an exit, a GPU fault."""
+        if report.kind == AgentEventKind.CONTAINER_EXITED:
+            if report.container and report.code is not None:
+                await self.registry.on_exited(agent, {report.container: report.code})
+            return
+        if report.kind in (AgentEventKind.GPU_XID, AgentEventKind.GPU_ECC) and report.gpu_uuid:
+            gpu = self.registry.gpus.get(report.gpu_uuid)
+            if gpu is None or gpu.agent_id != agent.id:
+                return  # not its GPU: it cannot fault another host's card
+            fault = self.health.on_report(gpu, report, now)
+            if fault is not None:
+                await self.registry.mark_faulty(gpu, fault)
+
+    async def _check_health(self, samples: list[GpuSample]) -> None:
+        """Telemetry's part in GPU health (master/faults.py); a store write only when a GPU's health changes."""
+        verdicts: list[tuple[GpuRecord, HealthVerdict]] = []
+        for sample in samples:
+            gpu = self.registry.gpus[sample.uuid]  # owned: checked by the caller
+            verdict = self.health.on_sample(gpu, sample)
+            if verdict is not None:
+                verdicts.append((gpu, verdict))
+        for gpu, verdict in verdicts:
+            if isinstance(verdict, Recovered):
+                await self.registry.clear_fault(gpu, verdict.reason)
+            else:
+                await self.registry.mark_faulty(gpu, verdict)
+
+    def _command_finished(self, record: CommandRecord) -> None:
+        self.metrics.command_finished(record)
+        if self.changes.listening:
+            self.changes.publish(
+                CommandFinished(
+                    command_id=record.id,
+                    agent_id=record.agent_id,
+                    kind=record.kind,
+                    state=record.state,
+                    container=str(record.spec.get("name", "")),
+                    error=record.error,
+                )
+            )
 
     def _owns_gpu(self, agent_id: str, gpu_uuid: str) -> bool:
         gpu = self.registry.gpus.get(gpu_uuid)
@@ -530,6 +590,23 @@ class Master:
 
     def agent(self, agent_id: str) -> AgentRecord:
         return self.registry.get(agent_id)
+
+    async def repair_gpu(self, uuid: str) -> GpuRecord:
+        """An operator says ``uuid`` is sound again (after a reset, a reseat, a swap): its fault is cleared and it
+        goes back to the state its holder and host call for. Its current uncorrectable ECC count is accepted."""
+        gpu = self.registry.gpus.get(uuid)
+        if gpu is None:
+            raise NotFound(f"no GPU {uuid!r}")
+        host = self.registry.agents.get(gpu.agent_id)
+        if gpu.fault is None and gpu.state != GpuState.FAULTY.value:
+            raise Conflict(f"GPU {uuid} is {gpu.state}, not faulty: there is nothing to repair")
+        if gpu.fault is None and host is not None and host.state == AgentState.QUARANTINED.value:
+            raise Conflict(f"GPU {uuid} is faulty because host {host.id} is quarantined; release the host instead")
+        latest = self.telemetry.latest.get(uuid)
+        counted = max(gpu.ecc_acknowledged, latest.ecc_uncorrected if latest is not None else 0)
+        self.health.forget([uuid])
+        await self.registry.clear_fault(gpu, "repaired by an operator", ecc_acknowledged=counted)
+        return gpu
 
     def gpus(self, agent_id: str | None = None) -> list[GpuRecord]:
         if agent_id is not None:

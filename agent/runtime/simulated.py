@@ -14,6 +14,8 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import msgspec
+
 from agent.runtime.base import STATE_REMOVED, check_same_command, container_labels
 from common.containers import LABEL_COMMAND_ID, ContainerInfo, ContainerSpec
 from common.errors import RuntimeFailure
@@ -91,6 +93,14 @@ class SimulatedRuntime:
 
     async def close(self) -> None:
         """Nothing to release: the containers are only entries in memory."""
+
+    def finish(self, name: str, code: int) -> None:
+        """The container ``name`` ends on its own with exit status ``code``, as a real one would (tests, the fleet
+        simulator): it stays, ``exited``, until deleted."""
+        existing = self._containers.get(name)
+        if existing is None:
+            raise RuntimeFailure(f"no simulated container {name!r} to finish")
+        self._containers[name] = msgspec.structs.replace(existing, state="exited", exit_code=code)
 
     def executions(self) -> Counter[str]:
         """How many times each command id's create was carried out; more than once breaks at-most-once."""

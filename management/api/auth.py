@@ -67,6 +67,7 @@ ROUTES: dict[tuple[str, str], tuple[Resource, Action]] = {
     ("POST", "/api/v1/agents/{agent_id}/undrain"): (Resource.AGENTS, Action.MAINTAIN),
     ("POST", "/api/v1/agents/{agent_id}/revoke"): (Resource.AGENTS, Action.WRITE),
     ("GET", "/api/v1/gpus"): (Resource.GPUS, Action.READ),
+    ("POST", "/api/v1/gpus/{uuid}/repair"): (Resource.GPUS, Action.WRITE),  # clear a fault: the operator's call
     ("GET", "/api/v1/tiers"): (Resource.TIERS, Action.READ),
     ("GET", "/api/v1/commands"): (Resource.COMMANDS, Action.READ),
     ("GET", "/api/v1/commands/{command_id}"): (Resource.COMMANDS, Action.READ),

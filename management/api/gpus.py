@@ -1,4 +1,4 @@
-"""GPUs: the list, filtered and paged by cursor. A provider's list holds only its own hosts' GPUs."""
+"""GPUs: the list, filtered and paged by cursor (a provider's holds only its own hosts' GPUs); an operator's repair."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from aiohttp import web
 
 from management.api.auth import OPERATIONS_KEY, scope_of
 from management.api.paging import decode_cursor, page_response
-from management.api.requests import parse_query
-from management.api.schemas import GpuQuery
+from management.api.requests import json_response, parse_query
+from management.api.schemas import EmptyQuery, GpuQuery
 from management.operations import GpuDetail, GpuKey
 from management.views import gpu_view
 
@@ -33,5 +33,13 @@ async def list_gpus(request: web.Request) -> web.Response:
     return page_response(RESOURCE, query, page, render)
 
 
+async def repair_gpu(request: web.Request) -> web.Response:
+    """A faulty GPU is sound again (reset, reseated, replaced): it goes back into service."""
+    parse_query(request, EmptyQuery)
+    detail = await request.app[OPERATIONS_KEY].repair_gpu(request.match_info["uuid"])
+    return json_response(render(detail))
+
+
 def add_routes(router: web.UrlDispatcher) -> None:
     router.add_get("/api/v1/gpus", list_gpus)
+    router.add_post("/api/v1/gpus/{uuid}/repair", repair_gpu)

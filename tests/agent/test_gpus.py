@@ -117,7 +117,8 @@ class FakeGpu:
 def fake_nvml(gpus: list[FakeGpu], *, init_error: type[pynvml.NVMLError] | None = None) -> SimpleNamespace:
     """A stand-in for the ``pynvml`` module: real constants and error classes, readings from ``gpus``."""
     real = {name: getattr(pynvml, name) for name in dir(pynvml) if name.startswith(("NVML_", "NVMLError"))}
-    state = {"initialized": False, "shutdowns": 0}
+    state: dict[str, Any] = {"initialized": False, "shutdowns": 0, "events": [], "event_sets_freed": 0}
+    real |= {name: getattr(pynvml, name) for name in ("nvmlEventTypeXidCriticalError", "nvmlEventTypeDoubleBitEccError")}
 
     def gpu(handle: int) -> FakeGpu:
         if gpus[handle].lost:
@@ -147,6 +148,13 @@ def fake_nvml(gpus: list[FakeGpu], *, init_error: type[pynvml.NVMLError] | None 
             raise pynvml.NVMLError_NotSupported()
         return ecc[error_type]
 
+    def event_wait(event_set: str, timeout_ms: int) -> SimpleNamespace:
+        assert timeout_ms == 0  # never blocks the agent
+        if not state["events"]:
+            raise pynvml.NVMLError_Timeout()
+        handle, kind, data = state["events"].pop(0)
+        return SimpleNamespace(device=handle, eventType=kind, eventData=data)
+
     functions: dict[str, Any] = {
         "nvmlInit": init,
         "nvmlShutdown": shutdown,
@@ -171,6 +179,14 @@ def fake_nvml(gpus: list[FakeGpu], *, init_error: type[pynvml.NVMLError] | None 
         "nvmlDeviceGetPowerUsage": lambda h: gpu(h).power_mw,
         "nvmlDeviceGetClockInfo": lambda h, clock: gpu(h).sm_clock,
         "nvmlDeviceGetTotalEccErrors": ecc_errors,
+        # Fault events: ``state["events"]`` holds what the driver queued, (handle, event type, Xid) each.
+        "nvmlEventSetCreate": lambda: "event-set",
+        "nvmlDeviceGetSupportedEventTypes": lambda h: (
+            pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError
+        ),
+        "nvmlDeviceRegisterEvents": lambda h, types, event_set: None,
+        "nvmlEventSetWait_v2": event_wait,
+        "nvmlEventSetFree": lambda event_set: state.__setitem__("event_sets_freed", state["event_sets_freed"] + 1),
     }
     return SimpleNamespace(**real, **functions, state=state)
 
@@ -328,3 +344,17 @@ def test_close_shuts_nvml_down_once(two_gpu_host):
     collector.close()
     collector.close()
     assert two_gpu_host.state["shutdowns"] == 1
+
+
+def test_xid_and_double_bit_ecc_events_are_reported_once_without_waiting(two_gpu_host):
+    """Against the fake NVML only: the event API is untested on real hardware."""
+    collector = NvmlCollector()
+    assert collector.reports() == []
+    two_gpu_host.state["events"] += [(1, pynvml.nvmlEventTypeXidCriticalError, 79), (0, pynvml.nvmlEventTypeDoubleBitEccError, 0)]
+    xid, ecc = collector.reports()
+    uuids = [g.uuid for g in collector.inventory()]
+    assert (xid.kind.value, xid.gpu_uuid, xid.code) == ("gpu_xid", uuids[1], 79)
+    assert (ecc.kind.value, ecc.gpu_uuid, ecc.code) == ("gpu_ecc", uuids[0], 1)
+    assert collector.reports() == []
+    collector.close()
+    assert two_gpu_host.state["event_sets_freed"] == 1

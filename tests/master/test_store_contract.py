@@ -20,6 +20,7 @@ from master.records import (
     Assignment,
     CommandRecord,
     EventRecord,
+    GpuFault,
     GpuRecord,
     PlacementConstraints,
     ReplicaSpec,
@@ -579,6 +580,24 @@ async def test_an_in_memory_sqlite_store_works() -> None:
 async def test_an_unopened_store_says_so(store_url: str) -> None:
     with pytest.raises(RuntimeError, match="not open"):
         await open_store(store_url).agents.get("agt-1")
+
+
+# --- GPU faults and container exits (master/faults.py) -----------------------------------------------
+
+
+async def test_a_gpus_fault_and_accepted_ecc_count_and_an_agents_exited_containers_round_trip(store: Store) -> None:
+    fault = GpuFault(kind="xid", reason="Xid 79: fallen off the bus", since=NOW, code=79)
+    rec = gpu("GPU-a", state="faulty", fault=fault, ecc_acknowledged=3)
+    await store.gpus.put_many([rec])
+    assert_same(await store.gpus.get("GPU-a"), rec)
+    assert [g.fault for g in await store.gpus.list(state="faulty")] == [fault]
+    ended = agent(exited={"job-1": 3, "job-2": 137})
+    await store.agents.put(ended)
+    assert_same(await store.agents.get("agt-1"), ended)
+    healthy = gpu("GPU-a")  # a repair clears the fault: the stored record has none
+    await store.gpus.put_many([healthy])
+    stored = await store.gpus.get("GPU-a")
+    assert stored is not None and stored.fault is None
 
 
 # --- workloads ------------------------------------------------------------------------------------
