@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from management.api import agents, commands, events, gpus, health, signing_keys, tiers, tokens
+from management.api import workloads as workloads_api
 from management.api.auth import OPERATIONS_KEY, auth_middleware
 from management.api.errors import ApiError, Handler, error_response, errors_middleware
 from management.api.health import METRICS_REGISTRY_KEY
@@ -30,6 +31,11 @@ class ApiSettings:
     idle_timeout_s: float = 15.0  # an idle kept-alive connection is closed after this
 
 
+async def _load_workloads(app: web.Application) -> None:
+    """The open workloads are in memory before the first call (and for the scheduling loop), after any restart."""
+    await app[OPERATIONS_KEY].workloads.load()
+
+
 def build_app(master: Master, settings: ApiSettings | None = None) -> web.Application:
     settings = settings or ApiSettings()
     operations = Operations(master)
@@ -42,4 +48,6 @@ def build_app(master: Master, settings: ApiSettings | None = None) -> web.Applic
     app[METRICS_REGISTRY_KEY] = registry
     for resource in (health, agents, gpus, tiers, commands, tokens, events, signing_keys):
         resource.add_routes(app.router)
+    workloads_api.add_routes(app.router)
+    app.on_startup.append(_load_workloads)
     return app

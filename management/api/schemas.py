@@ -14,6 +14,8 @@ from typing import Annotated, Any, ClassVar
 
 import msgspec
 
+from management.scheduler.workloads import WORKLOAD_STATES
+from master.records import WorkloadSpec
 from master.states import AgentState, CommandState, GpuState
 
 # Ids the Master mints ("agt-…", "cmd-…", GPU UUIDs, key ids), tier and model names, event subjects.
@@ -73,6 +75,15 @@ class CreateToken(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         _finite("ttl_s", self.ttl_s)
 
 
+class SubmitWorkload(WorkloadSpec, kw_only=True, forbid_unknown_fields=True):
+    """POST /api/v1/workloads: a workload spec (master.records.WorkloadSpec), and for an operator the account."""
+
+    account: AccountName | None = None  # a renter's key submits for its own account; an operator names one
+
+    def spec(self) -> WorkloadSpec:
+        return WorkloadSpec(**{name: getattr(self, name) for name in WorkloadSpec.__struct_fields__})
+
+
 # --- list queries ----------------------------------------------------------------------------
 
 
@@ -120,6 +131,17 @@ class EventQuery(PageQuery, kw_only=True, forbid_unknown_fields=True):
     after: EventSeq | None = None  # start after this sequence number (a cursor continues from there)
 
 
+class WorkloadQuery(PageQuery, kw_only=True, forbid_unknown_fields=True):
+    repeatable: ClassVar[frozenset[str]] = frozenset({"state"})
+
+    account: AccountName | None = None  # an operator's filter; a renter sees only its own
+    state: list[Identifier] | None = None  # ?state=queued&state=running
+
+    def __post_init__(self) -> None:
+        for state in self.state or ():
+            _one_of("state", state, WORKLOAD_STATES)
+
+
 class EmptyQuery(msgspec.Struct, forbid_unknown_fields=True):
     """Routes that take no query parameters still refuse unknown ones, so a typo is never silently ignored."""
 
@@ -141,7 +163,16 @@ def query_fields(schema: type[msgspec.Struct], query: Any) -> dict[str, Any]:
     return fields
 
 
-REQUEST_SCHEMAS: tuple[type[msgspec.Struct], ...] = (CreateCommand, CreateToken, AgentQuery, GpuQuery, CommandQuery, EventQuery)
+REQUEST_SCHEMAS: tuple[type[msgspec.Struct], ...] = (
+    CreateCommand,
+    CreateToken,
+    AgentQuery,
+    GpuQuery,
+    CommandQuery,
+    EventQuery,
+    SubmitWorkload,
+    WorkloadQuery,
+)
 
 
 def json_schemas() -> dict[str, Any]:

@@ -80,6 +80,19 @@ SQLITE_MIGRATIONS: tuple[SqliteMigration, ...] = (
                 PRIMARY KEY (gpu_uuid, minute)) WITHOUT ROWID""",
         ),
     ),
+    SqliteMigration(
+        3,
+        "workloads",
+        (
+            # ``listed``: aggregates.workload_order(created_at, id), the one column lists sort and page on.
+            """CREATE TABLE workloads (
+                id TEXT PRIMARY KEY, account TEXT NOT NULL, state TEXT NOT NULL, listed TEXT NOT NULL,
+                version INTEGER NOT NULL, doc TEXT NOT NULL)""",
+            "CREATE INDEX workloads_by_listed ON workloads (listed)",
+            "CREATE INDEX workloads_by_account ON workloads (account, listed)",
+            "CREATE INDEX workloads_by_state ON workloads (state, listed)",
+        ),
+    ),
 )
 
 MONGO_MIGRATIONS: tuple[MongoMigration, ...] = (
@@ -111,6 +124,17 @@ MONGO_MIGRATIONS: tuple[MongoMigration, ...] = (
         2,
         "telemetry rollups by (gpu_uuid, minute)",
         {"rollups": [IndexModel([("gpu_uuid", ASCENDING), ("minute", ASCENDING)])]},
+    ),
+    MongoMigration(
+        3,
+        "workloads by listing order, account and state",
+        {
+            "workloads": [
+                IndexModel([("listed", DESCENDING)]),
+                IndexModel([("account", ASCENDING), ("listed", DESCENDING)]),
+                IndexModel([("state", ASCENDING), ("listed", DESCENDING)]),
+            ]
+        },
     ),
 )
 

@@ -112,9 +112,13 @@ def test_every_route_of_the_app_is_in_the_one_table_that_authorizes_it(api):
     assert app_routes == set(ROUTES)
 
 
-def test_the_operator_may_do_everything_and_a_renter_only_read_tiers():
+def test_the_operator_may_do_everything_and_a_renter_only_read_tiers_and_run_its_workloads():
     assert all(PERMISSIONS[Role.OPERATOR][r] == frozenset(Action) for r in Resource)
-    assert PERMISSIONS[Role.RENTER] == {Resource.TIERS: frozenset({Action.READ})}
+    assert PERMISSIONS[Role.RENTER] == {
+        Resource.TIERS: frozenset({Action.READ}),
+        Resource.WORKLOADS: frozenset({Action.READ, Action.WRITE}),
+    }
+    assert Resource.WORKLOADS not in PERMISSIONS[Role.PROVIDER]
 
 
 async def test_head_is_authorized_as_the_get_it_mirrors(api, two_providers):

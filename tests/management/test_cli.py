@@ -20,6 +20,10 @@ COMMANDS = [
     ["ca", "init"],
     ["ca", "issue-access"],
     ["token", "create"],
+    ["workload", "submit"],
+    ["workload", "list"],
+    ["workload", "get"],
+    ["workload", "cancel"],
 ]
 
 

@@ -9,7 +9,17 @@ from __future__ import annotations
 from pymongo.errors import PyMongoError
 
 from common.errors import ConfigError
-from master.store.base import AgentRepo, ApiKeyRepo, CommandRepo, EventRepo, GpuRepo, RevocationRepo, RollupRepo, TokenRepo
+from master.store.base import (
+    AgentRepo,
+    ApiKeyRepo,
+    CommandRepo,
+    EventRepo,
+    GpuRepo,
+    RevocationRepo,
+    RollupRepo,
+    TokenRepo,
+    WorkloadRepo,
+)
 from master.store.metrics import StoreMetrics
 from master.store.migrations import migrate_mongo, mongo_schema_version
 from master.store.mongo.agents import MongoAgentRepo
@@ -21,6 +31,7 @@ from master.store.mongo.gpus import MongoGpuRepo
 from master.store.mongo.revocations import MongoRevocationRepo
 from master.store.mongo.rollups import MongoRollupRepo
 from master.store.mongo.tokens import MongoTokenRepo
+from master.store.mongo.workloads import MongoWorkloadRepo
 from master.store.quarantine import Quarantine
 
 
@@ -40,6 +51,7 @@ class MongoStore:
         self.events: EventRepo = MongoEventRepo(*upkeep)
         self.revocations: RevocationRepo = MongoRevocationRepo(*upkeep)
         self.rollups: RollupRepo = MongoRollupRepo(*upkeep)
+        self.workloads: WorkloadRepo = MongoWorkloadRepo(*upkeep)
 
     @property
     def url(self) -> str:

@@ -5,7 +5,17 @@ from __future__ import annotations
 import sqlite3
 
 from common.errors import ConfigError
-from master.store.base import AgentRepo, ApiKeyRepo, CommandRepo, EventRepo, GpuRepo, RevocationRepo, RollupRepo, TokenRepo
+from master.store.base import (
+    AgentRepo,
+    ApiKeyRepo,
+    CommandRepo,
+    EventRepo,
+    GpuRepo,
+    RevocationRepo,
+    RollupRepo,
+    TokenRepo,
+    WorkloadRepo,
+)
 from master.store.metrics import StoreMetrics
 from master.store.migrations import migrate_sqlite, sqlite_schema_version
 from master.store.quarantine import Quarantine
@@ -18,6 +28,7 @@ from master.store.sqlite.gpus import SqliteGpuRepo
 from master.store.sqlite.revocations import SqliteRevocationRepo
 from master.store.sqlite.rollups import SqliteRollupRepo
 from master.store.sqlite.tokens import SqliteTokenRepo
+from master.store.sqlite.workloads import SqliteWorkloadRepo
 
 
 class SqliteStore:
@@ -37,6 +48,7 @@ class SqliteStore:
         self.events: EventRepo = SqliteEventRepo(*upkeep)
         self.revocations: RevocationRepo = SqliteRevocationRepo(*upkeep)
         self.rollups: RollupRepo = SqliteRollupRepo(*upkeep)
+        self.workloads: WorkloadRepo = SqliteWorkloadRepo(*upkeep)
 
     def __repr__(self) -> str:
         return f"SqliteStore({self.path!r})"
