@@ -23,6 +23,8 @@ from common.containers import (
     LABEL_AGENT_ID,
     LABEL_COMMAND_ID,
     LABEL_RENTAL_ID,
+    LABEL_REPLICA,
+    LABEL_WORKLOAD_ID,
     ContainerInfo,
     ContainerSpec,
     parse_create_spec,
@@ -103,6 +105,10 @@ class CommandExecutor:
             labels = {LABEL_COMMAND_ID: command_id, LABEL_AGENT_ID: self.agent_id}
             if container.rental_id:
                 labels[LABEL_RENTAL_ID] = container.rental_id
+            if container.workload_id:
+                labels[LABEL_WORKLOAD_ID] = container.workload_id
+            if container.replica is not None:
+                labels[LABEL_REPLICA] = str(container.replica)
             if resumed:
                 # Started before a crash: the runtime knows whether the container came to be.
                 existing = await self.runtime.find(LABEL_COMMAND_ID, command_id)

@@ -13,6 +13,8 @@ LABEL_COMMAND_ID = "io.idlegrid.command-id"
 LABEL_RENTAL_ID = "io.idlegrid.rental-id"
 LABEL_AGENT_ID = "io.idlegrid.agent-id"
 LABEL_NAME = "io.idlegrid.name"
+LABEL_WORKLOAD_ID = "io.idlegrid.workload-id"  # the workload a replica's container belongs to
+LABEL_REPLICA = "io.idlegrid.replica"  # which replica of it (0-based)
 RESERVED_LABEL_PREFIX = "io.idlegrid."
 
 
@@ -28,6 +30,8 @@ class ContainerSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     memory_mib: Annotated[int, msgspec.Meta(gt=4, le=16 * 1024 * 1024)] | None = None
     labels: dict[str, str] = {}
     rental_id: str | None = None
+    workload_id: Annotated[str, msgspec.Meta(pattern=r"^wl-[0-9a-f]{1,60}$")] | None = None
+    replica: Annotated[int, msgspec.Meta(ge=0, le=1023)] | None = None
 
     def __post_init__(self) -> None:
         for key in self.labels:

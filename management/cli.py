@@ -501,7 +501,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=HelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"idlegrid {_version()}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{master,access,agent,ca,token,account,whoami,demo}")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="{master,access,agent,ca,token,account,whoami,demo,workload}"
+    )
     _master_parser(sub)
     from access.cli import add_parser as add_access_parser
 
@@ -513,12 +515,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_account_parsers(sub, _parser)
     _demo_parser(sub)
+    from management.workload_cli import add_parser as add_workload_parser
+
+    add_workload_parser(sub, _parser)
     return parser
 
 
 def _command_name(args: argparse.Namespace) -> str:
     words = [args.command]
-    for attr in ("agent_command", "ca_command", "token_command", "account_command", "key_command"):
+    for attr in ("agent_command", "ca_command", "token_command", "workload_command", "account_command", "key_command"):
         if getattr(args, attr, None):
             words.append(getattr(args, attr))
     return " ".join(words)

@@ -189,6 +189,21 @@ class ApiCalls(Generic[R]):
     def retire_signing_key(self, key_id: str) -> R:
         return self.send(ApiRequest("POST", f"{API_PREFIX}/signing-keys/{_segment(key_id)}/retire"))
 
+    # --- workloads ---
+
+    def submit_workload(self, spec: Mapping[str, Json], *, account: str | None = None) -> R:
+        """``spec``: the fields of a workload spec (docs/workloads.md); ``account``: for an operator's key only."""
+        body: dict[str, Json] = dict(spec)
+        if account is not None:
+            body["account"] = account
+        return self.send(ApiRequest("POST", f"{API_PREFIX}/workloads", body=body))
+
+    def workload(self, workload_id: str) -> R:
+        return self.send(ApiRequest("GET", f"{API_PREFIX}/workloads/{_segment(workload_id)}"))
+
+    def cancel_workload(self, workload_id: str) -> R:
+        return self.send(ApiRequest("POST", f"{API_PREFIX}/workloads/{_segment(workload_id)}/cancel"))
+
     # --- accounts and API keys ---
 
     def whoami(self) -> R:

@@ -13,6 +13,7 @@ decided them, so a provider's page never contains another account's hosts.
 from __future__ import annotations
 
 import bisect
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Annotated, Any, Generic, TypeVar
@@ -21,10 +22,22 @@ import msgspec
 
 from common.errors import NotFound
 from common.inventory import GpuSample
+from management.scheduler.book import WorkloadBook
 from master.accounts import AccountChange, Credential, IssuedKey
 from master.keys import SigningKeyInfo
-from master.records import AccountRecord, AgentRecord, ApiKeyRecord, CommandRecord, EventRecord, GpuRecord, TokenRecord
+from master.records import (
+    AccountRecord,
+    AgentRecord,
+    ApiKeyRecord,
+    CommandRecord,
+    EventRecord,
+    GpuRecord,
+    TokenRecord,
+    WorkloadRecord,
+    WorkloadSpec,
+)
 from master.service import Master
+from master.store.aggregates import workload_order
 from master.tiers import describe_tiers
 
 T = TypeVar("T")
@@ -59,6 +72,10 @@ class CommandKey(msgspec.Struct, array_like=True, frozen=True):
 
 class SeqKey(msgspec.Struct, array_like=True, frozen=True):
     seq: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
+
+
+class WorkloadKey(msgspec.Struct, array_like=True, frozen=True):
+    listed: Annotated[str, msgspec.Meta(max_length=160)]  # master.store.aggregates.workload_order of the last item
 
 
 class AccountIdKey(msgspec.Struct, array_like=True, frozen=True):
@@ -128,6 +145,8 @@ def _page(items: list[T], limit: int, key: Callable[[T], msgspec.Struct]) -> Pag
 class Operations:
     def __init__(self, master: Master) -> None:
         self._master = master
+        # The one writer of workload records; the scheduling loop (next round) shares this instance.
+        self.workloads = WorkloadBook(master.store, master.events, master, policy=master.policy)
 
     # --- accounts and API keys ------------------------------------------------------------------
     # ``owner`` (as auth decided it): the one account a provider's or renter's call may see; another account
@@ -376,3 +395,37 @@ class Operations:
 
     def health(self) -> Health:
         return Health(store=self._master.store.backend, relays=sorted(self._master.hub.links))
+
+    # --- workloads -----------------------------------------------------------------------------
+    # ``account``: the renter account a call is limited to (auth.Scope.owner), None for the operator.
+
+    async def submit_workload(self, account: str, spec: WorkloadSpec) -> WorkloadRecord:
+        await self.workloads.load()
+        return await self.workloads.submit(account, spec, time.time())
+
+    async def get_workload(self, workload_id: str, *, account: str | None = None) -> WorkloadRecord:
+        await self.workloads.load()
+        return await self.workloads.get(workload_id, account=account)
+
+    async def list_workloads(
+        self,
+        *,
+        account: str | None = None,
+        states: list[str] | None = None,
+        owner: str | None = None,
+        after: WorkloadKey | None = None,
+        limit: int,
+    ) -> Page[WorkloadRecord]:
+        """Newest first (by creation time, then id); a page continues strictly after the last one's key. ``owner``
+        limits it to one account whatever ``account`` asks (another account's filter finds nothing)."""
+        if owner is not None:
+            if account is not None and account != owner:
+                return Page([], None)
+            account = owner
+        await self.workloads.load()
+        found = await self.workloads.list(account=account, states=states, before=after.listed if after else None, limit=limit + 1)
+        return _page(found, limit, lambda w: WorkloadKey(workload_order(w.created_at, w.id)))
+
+    async def cancel_workload(self, workload_id: str, *, account: str | None = None) -> WorkloadRecord:
+        await self.workloads.load()
+        return await self.workloads.cancel(workload_id, account, time.time())

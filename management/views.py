@@ -13,7 +13,16 @@ import msgspec
 
 from common.inventory import GpuSample
 from master.keys import SigningKeyInfo
-from master.records import AccountRecord, AgentRecord, ApiKeyRecord, CommandRecord, EventRecord, GpuRecord, TokenRecord
+from master.records import (
+    AccountRecord,
+    AgentRecord,
+    ApiKeyRecord,
+    CommandRecord,
+    EventRecord,
+    GpuRecord,
+    TokenRecord,
+    WorkloadRecord,
+)
 from master.reputation import reputation
 
 
@@ -131,6 +140,32 @@ def signing_key_view(key: SigningKeyInfo) -> dict[str, Any]:
         "state": key.state.value,
         "created_at": rfc3339(key.created_at),
         "retired_at": rfc3339(key.retired_at),
+    }
+
+
+def workload_view(workload: WorkloadRecord) -> dict[str, Any]:
+    """A workload as its owner and the operator see it. The env's values are the renter's secrets: they go to the
+    containers only, and are never shown again, to anyone (the names are, so a renter can check what it sent)."""
+    spec = msgspec.to_builtins(workload.spec)
+    spec["env"] = sorted(workload.spec.env)
+    return {
+        "id": workload.id,
+        "account": workload.account,
+        "name": workload.spec.name,
+        "state": workload.state,
+        "state_reason": workload.state_reason,
+        "spec": spec,
+        "created_at": rfc3339(workload.created_at),
+        "queued_at": rfc3339(workload.queued_at),
+        "scheduled_at": rfc3339(workload.scheduled_at),
+        "started_at": rfc3339(workload.started_at),
+        "finished_at": rfc3339(workload.finished_at),
+        "attempts": workload.attempts,
+        "restarts": workload.restarts,
+        "preemptions": workload.preemptions,
+        "exit_codes": workload.exit_codes,
+        "assignments": [msgspec.to_builtins(a) for a in workload.assignments],
+        "version": workload.version,
     }
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Annotated, Any
 
 import msgspec
 
@@ -158,3 +159,126 @@ class TelemetryRollup(msgspec.Struct, kw_only=True):
     temperature_max: float | None = None
     power_avg_w: float | None = None
     ecc_uncorrected: int = 0
+
+
+# --- workloads: what a renter asks to run, and what became of it -------------------------------------------------
+# The spec is checked here for shape and bounds (every error names its field, e.g. ``$.replica.gpus``); what it
+# names against the Master's configuration (GPU models in the catalog, tiers in the policy, priority classes) is
+# checked where a workload is submitted (management/scheduler/workloads.py), so a stored record never stops
+# decoding because the configuration changed.
+
+WorkloadName = Annotated[str, msgspec.Meta(min_length=1, max_length=63, pattern=r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")]
+ImageRef = Annotated[str, msgspec.Meta(min_length=1, max_length=512, pattern=r"^[^\s\x00]+$")]
+ShortText = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+CommandArg = Annotated[str, msgspec.Meta(max_length=4096)]
+EnvName = Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+EnvValue = Annotated[str, msgspec.Meta(max_length=32768)]
+LabelKey = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")]
+LabelValue = Annotated[str, msgspec.Meta(max_length=256)]
+PortNumber = Annotated[int, msgspec.Meta(ge=1, le=65535)]
+
+MAX_REPLICAS = 64
+MAX_GPUS_PER_REPLICA = 16
+RESTART_POLICIES = ("never", "on_failure", "always")
+PLACEMENTS = ("binpack", "spread")
+
+
+def _require_finite(field: str, value: float | None) -> None:
+    # msgspec's bounds refuse infinities; NaN passes every comparison, and TOML or Python callers can hand one in.
+    if value is not None and not math.isfinite(value):
+        raise ValueError(f"{field} must be a finite number, not {value!r}")
+
+
+class ReplicaSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """What one replica needs from one host."""
+
+    gpus: Annotated[int, msgspec.Meta(ge=1, le=MAX_GPUS_PER_REPLICA)] = 1
+    min_vram_mib: Annotated[int, msgspec.Meta(ge=0, le=16 * 1024 * 1024)] = 0
+    models: Annotated[list[ShortText], msgspec.Meta(max_length=64)] = []  # catalog keys; [] = any model
+    tiers: Annotated[list[ShortText], msgspec.Meta(max_length=64)] = []  # tier names; [] = any tier
+    min_compute_capability: Annotated[str, msgspec.Meta(pattern=r"^[0-9]{1,2}\.[0-9]$")] | None = None
+    cpu_cores: Annotated[float, msgspec.Meta(gt=0, le=1024)] | None = None
+    ram_mib: Annotated[int, msgspec.Meta(ge=1, le=16 * 1024 * 1024)] | None = None
+    mig_profile: Annotated[str, msgspec.Meta(pattern=r"^[1-9][0-9]?g\.[0-9]{1,3}gb(\+me)?$")] | None = None
+
+    def __post_init__(self) -> None:
+        _require_finite("replica.cpu_cores", self.cpu_cores)
+        for field in ("models", "tiers"):
+            values = getattr(self, field)
+            repeated = sorted({v for v in values if values.count(v) > 1})
+            if repeated:
+                raise ValueError(f"replica.{field} names {', '.join(repeated)} more than once")
+
+
+class PlacementConstraints(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Where replicas may run."""
+
+    regions: Annotated[list[ShortText], msgspec.Meta(max_length=64)] = []  # [] = anywhere
+    min_reputation: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.0
+    min_bandwidth_mbps: Annotated[float, msgspec.Meta(ge=0, le=1_000_000)] = 0.0
+    nvlink: bool = False  # a multi-GPU replica needs its GPUs NVLinked
+    allow_process_runtime: bool = False  # may run on a host without container isolation
+
+    def __post_init__(self) -> None:
+        _require_finite("constraints.min_reputation", self.min_reputation)
+        _require_finite("constraints.min_bandwidth_mbps", self.min_bandwidth_mbps)
+
+
+class WorkloadSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A renter's workload: ``replicas`` copies of one container, each on one host."""
+
+    name: WorkloadName
+    image: ImageRef
+    command: Annotated[list[CommandArg], msgspec.Meta(max_length=256)] = []
+    env: Annotated[dict[EnvName, EnvValue], msgspec.Meta(max_length=256)] = {}  # the renter's secrets
+    ports: Annotated[list[PortNumber], msgspec.Meta(max_length=64)] = []  # container ports to expose
+    replicas: Annotated[int, msgspec.Meta(ge=1, le=MAX_REPLICAS)] = 1
+    replica: ReplicaSpec = msgspec.field(default_factory=ReplicaSpec)
+    constraints: PlacementConstraints = msgspec.field(default_factory=PlacementConstraints)
+    priority: ShortText = "normal"  # a priority class name
+    project: ShortText = "default"
+    max_duration_s: Annotated[float, msgspec.Meta(gt=0, le=366 * 86400.0)] | None = None
+    restart_policy: str = "never"  # one of RESTART_POLICIES
+    max_restarts: Annotated[int, msgspec.Meta(ge=0, le=1000)] = 3  # with on_failure or always
+    placement: str | None = None  # one of PLACEMENTS; None: the policy's default
+    labels: Annotated[dict[LabelKey, LabelValue], msgspec.Meta(max_length=64)] = {}
+
+    def __post_init__(self) -> None:
+        _require_finite("max_duration_s", self.max_duration_s)
+        repeated = sorted({p for p in self.ports if self.ports.count(p) > 1})
+        if repeated:
+            raise ValueError(f"ports lists {', '.join(map(str, repeated))} more than once")
+        if self.restart_policy not in RESTART_POLICIES:
+            raise ValueError(f"restart_policy {self.restart_policy!r} is not one of: {', '.join(RESTART_POLICIES)}")
+        if self.placement is not None and self.placement not in PLACEMENTS:
+            raise ValueError(f"placement {self.placement!r} is not one of: {', '.join(PLACEMENTS)} (or null for the default)")
+
+
+class Assignment(msgspec.Struct, kw_only=True):
+    """One replica placed on one host: the container that runs it and the create command that started it."""
+
+    replica: int
+    agent_id: str
+    units: list[str]  # GPU uuids (or MIG instance ids) the container was given
+    container: str  # its name on the host
+    command_id: str = ""  # of the create_container command
+    state: str = "pending"  # "pending" | "running" | "exited" | "deleting" | "deleted"
+
+
+class WorkloadRecord(msgspec.Struct, kw_only=True):
+    id: str  # "wl-" + random hex
+    account: str  # the renter account that owns it
+    spec: WorkloadSpec
+    state: str  # see management.scheduler.workloads.WorkloadState
+    state_reason: str = ""
+    created_at: float
+    queued_at: float  # when it was submitted: its place in a FIFO queue, kept across requeues
+    attempts: int = 0  # how many times it was scheduled
+    scheduled_at: float | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    assignments: list[Assignment] = []
+    restarts: int = 0
+    preemptions: int = 0
+    exit_codes: list[int] = []
+    version: int = 0  # bumped on every write; a write naming an older version is refused (StaleWorkload)

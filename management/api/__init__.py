@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from management.api import accounts, agents, commands, events, gpus, health, signing_keys, tiers, tokens
+from management.api import workloads as workloads_api
 from management.api.audit import audit_middleware
 from management.api.auth import OPERATIONS_KEY, auth_middleware
 from management.api.errors import ApiError, Handler, error_response, errors_middleware
@@ -35,6 +36,11 @@ class ApiSettings:
     key_burst: int = 40
 
 
+async def _load_workloads(app: web.Application) -> None:
+    """The open workloads are in memory before the first call (and for the scheduling loop), after any restart."""
+    await app[OPERATIONS_KEY].workloads.load()
+
+
 def build_app(master: Master, settings: ApiSettings | None = None) -> web.Application:
     settings = settings or ApiSettings()
     operations = Operations(master)
@@ -47,4 +53,6 @@ def build_app(master: Master, settings: ApiSettings | None = None) -> web.Applic
     app[METRICS_REGISTRY_KEY] = registry
     for resource in (health, accounts, agents, gpus, tiers, commands, tokens, events, signing_keys):
         resource.add_routes(app.router)
+    workloads_api.add_routes(app.router)
+    app.on_startup.append(_load_workloads)
     return app

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from common.errors import NotFound
-from management.api.errors import Forbidden, Handler, Unauthorized
+from management.api.errors import BadRequest, Forbidden, Handler, Unauthorized
 from management.operations import Operations
 from master.accounts import BOOTSTRAP_ACCOUNT
 
@@ -37,9 +37,9 @@ class Resource(str, enum.Enum):
     EVENTS = "events"
     SIGNING_KEYS = "signing_keys"
     TIERS = "tiers"
+    WORKLOADS = "workloads"
     ACCOUNTS = "accounts"  # accounts, and whoami
     KEYS = "keys"  # API keys
-    # WORKLOADS: added with the workloads API.
 
 
 class Action(str, enum.Enum):
@@ -66,6 +66,9 @@ PERMISSIONS: dict[Role, dict[Resource, frozenset[Action]]] = {
     },
     Role.RENTER: {Resource.TIERS: frozenset({Action.READ}), **_OWN_ACCOUNT_AND_KEYS},
 }
+# Workloads: a renter submits, reads and cancels its own (Scope.owner is its account); providers see none of them
+# through these routes (what runs on their hosts shows in the agents' and GPUs' views, never a renter's env).
+PERMISSIONS[Role.RENTER][Resource.WORKLOADS] = frozenset({Action.READ, Action.WRITE})
 
 # (method, route pattern) -> what the route does. A route missing here is refused to everyone but the operator.
 ROUTES: dict[tuple[str, str], tuple[Resource, Action]] = {
@@ -85,6 +88,10 @@ ROUTES: dict[tuple[str, str], tuple[Resource, Action]] = {
     ("GET", "/api/v1/signing-keys"): (Resource.SIGNING_KEYS, Action.READ),
     ("POST", "/api/v1/signing-keys/rotate"): (Resource.SIGNING_KEYS, Action.WRITE),
     ("POST", "/api/v1/signing-keys/{key_id}/retire"): (Resource.SIGNING_KEYS, Action.WRITE),
+    ("POST", "/api/v1/workloads"): (Resource.WORKLOADS, Action.WRITE),
+    ("GET", "/api/v1/workloads"): (Resource.WORKLOADS, Action.READ),
+    ("GET", "/api/v1/workloads/{workload_id}"): (Resource.WORKLOADS, Action.READ),
+    ("POST", "/api/v1/workloads/{workload_id}/cancel"): (Resource.WORKLOADS, Action.WRITE),
     # accounts and API keys
     ("GET", "/api/v1/whoami"): (Resource.ACCOUNTS, Action.READ),
     ("POST", "/api/v1/accounts"): (Resource.ACCOUNTS, Action.WRITE),
@@ -130,6 +137,18 @@ def scope_for(principal: Principal, resource: Resource, action: Action) -> Scope
         raise Forbidden(f"a {principal.role.value} key may not {action.value} {resource.value.replace('_', ' ')}")
     owner = None if principal.role is Role.OPERATOR else principal.account
     return Scope(principal, owner)
+
+
+def acting_account(scope: Scope, named: str | None) -> str:
+    """The account a new resource (a workload) belongs to: a renter's own (naming another is Forbidden); the
+    operator must name one (BadRequest otherwise)."""
+    if scope.owner is not None:
+        if named is not None and named != scope.owner:
+            raise Forbidden(f"a {scope.principal.role.value} key acts only for its own account ({scope.owner!r}), not {named!r}")
+        return scope.owner
+    if named is None:
+        raise BadRequest("account: an operator must name the account the workload belongs to")
+    return named
 
 
 def scope_of(request: web.Request) -> Scope:

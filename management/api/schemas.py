@@ -14,6 +14,8 @@ from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 
+from management.scheduler.workloads import WORKLOAD_STATES
+from master.records import WorkloadSpec
 from master.states import AgentState, CommandState, GpuState
 
 # Ids the Master mints ("agt-…", "cmd-…", GPU UUIDs, key ids), tier and model names, event subjects.
@@ -71,6 +73,15 @@ class CreateToken(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     def __post_init__(self) -> None:
         _finite("ttl_s", self.ttl_s)
+
+
+class SubmitWorkload(WorkloadSpec, kw_only=True, forbid_unknown_fields=True):
+    """POST /api/v1/workloads: a workload spec (master.records.WorkloadSpec), and for an operator the account."""
+
+    account: AccountName | None = None  # a renter's key submits for its own account; an operator names one
+
+    def spec(self) -> WorkloadSpec:
+        return WorkloadSpec(**{name: getattr(self, name) for name in WorkloadSpec.__struct_fields__})
 
 
 # --- accounts and API keys -------------------------------------------------------------------
@@ -170,6 +181,17 @@ class EventQuery(PageQuery, kw_only=True, forbid_unknown_fields=True):
     after: EventSeq | None = None  # start after this sequence number (a cursor continues from there)
 
 
+class WorkloadQuery(PageQuery, kw_only=True, forbid_unknown_fields=True):
+    repeatable: ClassVar[frozenset[str]] = frozenset({"state"})
+
+    account: AccountName | None = None  # an operator's filter; a renter sees only its own
+    state: list[Identifier] | None = None  # ?state=queued&state=running
+
+    def __post_init__(self) -> None:
+        for state in self.state or ():
+            _one_of("state", state, WORKLOAD_STATES)
+
+
 class AccountQuery(PageQuery, kw_only=True, forbid_unknown_fields=True):
     role: AccountRole | None = None
 
@@ -195,7 +217,16 @@ def query_fields(schema: type[msgspec.Struct], query: Any) -> dict[str, Any]:
     return fields
 
 
-REQUEST_SCHEMAS: tuple[type[msgspec.Struct], ...] = (CreateCommand, CreateToken, AgentQuery, GpuQuery, CommandQuery, EventQuery)
+REQUEST_SCHEMAS: tuple[type[msgspec.Struct], ...] = (
+    CreateCommand,
+    CreateToken,
+    AgentQuery,
+    GpuQuery,
+    CommandQuery,
+    EventQuery,
+    SubmitWorkload,
+    WorkloadQuery,
+)
 REQUEST_SCHEMAS += (CreateAccount, UpdateAccount, CreateApiKey, AccountQuery)
 
 

@@ -20,6 +20,12 @@ class Aggregate(str, Enum):
     REVOCATIONS = "revocations"
     ROLLUPS = "rollups"
     ACCOUNTS = "accounts"
+    WORKLOADS = "workloads"
+
+
+def workload_order(created_at: float, workload_id: str) -> str:
+    """Where a workload sorts in lists, in both backends: by creation time, then id, as one comparable string."""
+    return f"{created_at:020.6f}|{workload_id}"
 
 
 def rollup_key(gpu_uuid: str, minute: int) -> str:

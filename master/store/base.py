@@ -25,6 +25,7 @@ from master.records import (
     RevocationRecord,
     TelemetryRollup,
     TokenRecord,
+    WorkloadRecord,
 )
 from master.store.aggregates import Aggregate
 from master.store.metrics import StoreMetrics
@@ -43,6 +44,7 @@ __all__ = [
     "Store",
     "TokenOutcome",
     "TokenRepo",
+    "WorkloadRepo",
     "prefix_upper_bound",
 ]
 
@@ -169,6 +171,33 @@ class RollupRepo(Protocol):
         """One GPU's rollups with ``since_minute <= minute < until_minute``, in ascending minute."""
 
 
+class WorkloadRepo(Protocol):
+    """Renters' workloads; written with a version check (optimistic concurrency), listed newest first.
+
+    The order of a list is ``aggregates.workload_order(created_at, id)``, descending; ``before`` is such an
+    order key (the last one of the previous page) and the list continues strictly after it.
+    """
+
+    async def get(self, workload_id: str) -> WorkloadRecord | None: ...
+
+    async def insert(self, rec: WorkloadRecord) -> None:
+        """Store a new workload; DuplicateWorkload if its id is taken."""
+
+    async def update(self, rec: WorkloadRecord, *, expected_version: int) -> None:
+        """Replace the stored workload if its stored ``version`` is ``expected_version``, else StaleWorkload
+        (also when it is not stored at all). The caller sets ``rec.version`` (normally ``expected_version + 1``)."""
+
+    async def list(
+        self,
+        *,
+        account: str | None = None,
+        states: Collection[str] | None = None,
+        before: str | None = None,
+        limit: int = 1000,
+    ) -> builtins.list[WorkloadRecord]:
+        """Workloads matching every filter, newest first; an empty ``states`` matches none."""
+
+
 class Store(Protocol):
     agents: AgentRepo
     gpus: GpuRepo
@@ -179,6 +208,7 @@ class Store(Protocol):
     events: EventRepo
     revocations: RevocationRepo
     rollups: RollupRepo
+    workloads: WorkloadRepo
     backend: str  # "sqlite" | "mongodb"
     quarantine: Quarantine  # the records found undecodable, kept aside
     metrics: StoreMetrics  # write latency and quarantined records; register into the daemon's registry

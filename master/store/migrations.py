@@ -82,6 +82,19 @@ SQLITE_MIGRATIONS: tuple[SqliteMigration, ...] = (
     ),
     SqliteMigration(
         3,
+        "workloads",
+        (
+            # ``listed``: aggregates.workload_order(created_at, id), the one column lists sort and page on.
+            """CREATE TABLE workloads (
+                id TEXT PRIMARY KEY, account TEXT NOT NULL, state TEXT NOT NULL, listed TEXT NOT NULL,
+                version INTEGER NOT NULL, doc TEXT NOT NULL)""",
+            "CREATE INDEX workloads_by_listed ON workloads (listed)",
+            "CREATE INDEX workloads_by_account ON workloads (account, listed)",
+            "CREATE INDEX workloads_by_state ON workloads (state, listed)",
+        ),
+    ),
+    SqliteMigration(
+        4,
         "accounts; api keys by public key id and by account",
         (
             "CREATE TABLE accounts (id TEXT PRIMARY KEY, role TEXT NOT NULL, doc TEXT NOT NULL)",
@@ -129,6 +142,17 @@ MONGO_MIGRATIONS: tuple[MongoMigration, ...] = (
     ),
     MongoMigration(
         3,
+        "workloads by listing order, account and state",
+        {
+            "workloads": [
+                IndexModel([("listed", DESCENDING)]),
+                IndexModel([("account", ASCENDING), ("listed", DESCENDING)]),
+                IndexModel([("state", ASCENDING), ("listed", DESCENDING)]),
+            ]
+        },
+    ),
+    MongoMigration(
+        4,
         "accounts by role; api keys by public key id and by account",
         {
             "accounts": [IndexModel([("role", ASCENDING)])],

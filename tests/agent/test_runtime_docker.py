@@ -1,13 +1,26 @@
 """The Docker-API runtime, against the real Podman Docker-compatible service."""
 
 import asyncio
+import time
 
 import pytest
 
+from agent.executor import CommandExecutor
+from agent.ledger import CommandLog
 from agent.runtime import open_runtime
 from agent.runtime.docker import DockerRuntime
-from common.containers import LABEL_AGENT_ID, LABEL_COMMAND_ID, LABEL_NAME, LABEL_RENTAL_ID, ContainerSpec
+from common.containers import (
+    LABEL_AGENT_ID,
+    LABEL_COMMAND_ID,
+    LABEL_NAME,
+    LABEL_RENTAL_ID,
+    LABEL_REPLICA,
+    LABEL_WORKLOAD_ID,
+    ContainerSpec,
+)
 from common.errors import ConfigError, RuntimeFailure
+from common.pki import CommandSigner, CommandVerifier
+from common.wire import Command, CommandBody, signing_bytes
 
 pytestmark = pytest.mark.podman
 MIB = 1024 * 1024
@@ -150,3 +163,31 @@ def test_an_unknown_runtime_kind_or_option_is_a_config_error():
         open_runtime("lxc")
     with pytest.raises(ConfigError, match="bad options for the docker runtime"):
         open_runtime("docker", sokcet="/run/docker.sock")
+
+
+async def test_a_workload_replicas_container_carries_the_workload_and_replica_labels(runtime, podman, tmp_path):
+    """Set by the agent's executor from the signed spec (as it sets the rental id), read back from Podman."""
+    signer = CommandSigner.generate()
+    executor = CommandExecutor(
+        "agt-1",
+        CommandLog(tmp_path / "commands.db"),
+        runtime,
+        CommandVerifier({signer.key_id: signer.public_key_b64()}),
+        host_gpus=list,
+    )
+    name = "wl-0123456789abcdef-r1-a1"
+    job = {"name": name, "image": podman.image, "command": ["sleep", "300"], "workload_id": "wl-0123456789abcdef", "replica": 1}
+    body = CommandBody(
+        id="cmd-wl", agent_id="agt-1", kind="create_container", spec=job, issued_at=time.time(),
+        deadline=time.time() + 60, key_id=signer.key_id,
+    )  # fmt: skip
+    result = await executor.execute(Command(body=body, signature=signer.sign(signing_bytes(body))))
+    assert result.ok, result
+    labels = podman.inspect(name)["Config"]["Labels"]
+    assert (labels[LABEL_WORKLOAD_ID], labels[LABEL_REPLICA], labels[LABEL_COMMAND_ID]) == ("wl-0123456789abcdef", "1", "cmd-wl")
+    executor.ledger.close()
+
+
+def test_a_renter_cannot_set_the_workload_labels_itself(podman):
+    with pytest.raises(ValueError, match="reserved"):
+        spec(podman, "spoof", labels={"io.idlegrid.workload-id": "wl-someone-elses"})

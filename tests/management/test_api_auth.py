@@ -112,13 +112,15 @@ def test_every_route_of_the_app_is_in_the_one_table_that_authorizes_it(api):
     assert app_routes == set(ROUTES)
 
 
-def test_the_operator_may_do_everything_and_a_renter_only_read_tiers_and_its_own_account_and_keys():
+def test_the_operator_may_do_everything_and_a_renter_reads_tiers_runs_its_workloads_and_manages_its_own_keys():
     assert all(PERMISSIONS[Role.OPERATOR][r] == frozenset(Action) for r in Resource)
     assert PERMISSIONS[Role.RENTER] == {
         Resource.TIERS: frozenset({Action.READ}),
+        Resource.WORKLOADS: frozenset({Action.READ, Action.WRITE}),
         Resource.ACCOUNTS: frozenset({Action.READ}),
         Resource.KEYS: frozenset({Action.READ, Action.WRITE}),
     }
+    assert Resource.WORKLOADS not in PERMISSIONS[Role.PROVIDER]
 
 
 async def test_head_is_authorized_as_the_get_it_mirrors(api, two_providers):

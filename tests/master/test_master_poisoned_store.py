@@ -25,7 +25,7 @@ from master.service import Master
 from master.store import open_store
 from master.store.aggregates import Aggregate
 from tests.management.test_api import add_agent
-from tests.master.test_store_contract import NOW, agent, command, gpu, rollup
+from tests.master.test_store_contract import NOW, agent, command, gpu, rollup, workload
 from tests.support.poison import poison
 
 REPORT_TIMEOUT_S = 10.0  # the sweep that reports runs every second or faster
@@ -43,6 +43,7 @@ async def _plant_good_and_bad_records(store_url: str) -> dict[Aggregate, str]:
         await store.commands.put(command("cmd-1", NOW))
         await store.revocations.put(RevocationRecord(serial="0a", agent_id="agt-0", revoked_at=NOW))
         await store.rollups.put_many([rollup("GPU-a", 1)])
+        await store.workloads.insert(workload("wl-1"))
         return {
             Aggregate.AGENTS: await poison(store, Aggregate.AGENTS, "agt-bad"),
             Aggregate.GPUS: await poison(store, Aggregate.GPUS, "GPU-bad"),
@@ -52,6 +53,7 @@ async def _plant_good_and_bad_records(store_url: str) -> dict[Aggregate, str]:
             Aggregate.EVENTS: await poison(store, Aggregate.EVENTS, "agt-1"),
             Aggregate.REVOCATIONS: await poison(store, Aggregate.REVOCATIONS, "0b"),
             Aggregate.ROLLUPS: await poison(store, Aggregate.ROLLUPS, "GPU-a", minute=2),
+            Aggregate.WORKLOADS: await poison(store, Aggregate.WORKLOADS, "wl-bad"),
             Aggregate.ACCOUNTS: await poison(store, Aggregate.ACCOUNTS, "bad-account"),
         }
     finally:
@@ -90,6 +92,8 @@ async def test_the_master_starts_and_serves_with_an_undecodable_record_in_every_
         commands = await client.get("/api/v1/commands", headers=auth)
         assert commands.status == 200 and [c["id"] for c in (await commands.json())["items"]] == ["cmd-1"]
         assert [r.serial for r in await master.store.revocations.list()] == ["0a"]
+        workloads = await client.get("/api/v1/workloads", headers=auth)
+        assert workloads.status == 200 and [w["id"] for w in (await workloads.json())["items"]] == ["wl-1"]
 
         # What it reads on demand is served too, and an unreadable credential is refused, not a crash.
         events = await client.get("/api/v1/events", headers=auth)

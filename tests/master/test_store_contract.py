@@ -18,16 +18,23 @@ from master.records import (
     AccountRecord,
     AgentRecord,
     ApiKeyRecord,
+    Assignment,
     CommandRecord,
     EventRecord,
     GpuFault,
     GpuRecord,
+    PlacementConstraints,
+    ReplicaSpec,
     RevocationRecord,
     TelemetryRollup,
     TokenRecord,
+    WorkloadRecord,
+    WorkloadSpec,
 )
 from master.store import MongoStore, SqliteStore, open_store
+from master.store.aggregates import workload_order
 from master.store.base import Store, TokenOutcome
+from master.store.errors import DuplicateWorkload, StaleWorkload, UnstorableRecord
 from master.store.migrations import LATEST_VERSION, MONGO_MIGRATIONS, migrate_mongo, migrate_sqlite
 from tests.master.conftest import OpenStore
 from tests.support.grid import free_port
@@ -698,3 +705,107 @@ async def test_a_gpus_fault_and_accepted_ecc_count_and_an_agents_exited_containe
     await store.gpus.put_many([healthy])
     stored = await store.gpus.get("GPU-a")
     assert stored is not None and stored.fault is None
+
+
+# --- workloads ------------------------------------------------------------------------------------
+
+
+def workload(workload_id: str = "wl-1", account: str = "alice", created_at: float = NOW, **overrides: Any) -> WorkloadRecord:
+    spec = WorkloadSpec(
+        name="train",
+        image="ghcr.io/acme/train:1",
+        command=["python", "train.py"],
+        env={"HF_TOKEN": "secret"},
+        ports=[8080, 9090],
+        replicas=2,
+        replica=ReplicaSpec(gpus=2, models=["h100-sxm"], cpu_cores=8.5, mig_profile=None),
+        constraints=PlacementConstraints(regions=["eu-west"], min_reputation=0.75, nvlink=True),
+        max_duration_s=3600.5,
+        labels={"team": "ml"},
+    )
+    fields: dict[str, Any] = dict(
+        id=workload_id,
+        account=account,
+        spec=spec,
+        state="queued",
+        state_reason="submitted",
+        created_at=created_at,
+        queued_at=created_at,
+        version=1,
+    )
+    return WorkloadRecord(**(fields | overrides))
+
+
+async def test_workload_round_trips_its_spec_and_assignments(store: Store) -> None:
+    placed = workload(
+        state="running",
+        assignments=[
+            Assignment(replica=0, agent_id="agt-1", units=["GPU-a", "GPU-b"], container="wl-1-r0-a1", command_id="cmd-1")
+        ],
+        exit_codes=[0, 137],
+        started_at=NOW + 5.5,
+    )
+    await store.workloads.insert(placed)
+    assert_same(await store.workloads.get("wl-1"), placed)
+    assert await store.workloads.get("wl-nope") is None
+
+
+async def test_a_workload_id_is_inserted_once(store: Store) -> None:
+    await store.workloads.insert(workload())
+    with pytest.raises(DuplicateWorkload):
+        await store.workloads.insert(workload(state="running"))
+    assert (await store.workloads.get("wl-1")).state == "queued"  # type: ignore[union-attr]
+
+
+async def test_a_workload_update_needs_the_version_it_read(store: Store) -> None:
+    await store.workloads.insert(workload())
+    await store.workloads.update(workload(state="scheduled", version=2), expected_version=1)
+    with pytest.raises(StaleWorkload):  # a writer that read version 1 too comes second
+        await store.workloads.update(workload(state="cancelled", version=2), expected_version=1)
+    assert_same(await store.workloads.get("wl-1"), workload(state="scheduled", version=2))
+    with pytest.raises(StaleWorkload):
+        await store.workloads.update(workload("wl-never", version=2), expected_version=1)
+
+
+async def test_of_concurrent_workload_writers_on_separate_connections_exactly_one_wins(open_stores: OpenStore) -> None:
+    stores = [await open_stores() for _ in range(4)]
+    await stores[0].workloads.insert(workload())
+
+    async def write(store: Store, state: str) -> bool:
+        try:
+            await store.workloads.update(workload(state=state, version=2), expected_version=1)
+        except StaleWorkload:
+            return False
+        return True
+
+    states = ["scheduled", "cancelled", "failed", "running"]
+    won = await asyncio.gather(*(write(s, state) for s, state in zip(stores, states, strict=True)))
+    assert sum(won) == 1
+    assert (await stores[0].workloads.get("wl-1")).state == states[won.index(True)]  # type: ignore[union-attr]
+
+
+async def test_workloads_list_newest_first_filtered_and_paged(store: Store) -> None:
+    recs = [
+        workload("wl-a", "alice", NOW + 1),
+        workload("wl-b", "bob", NOW + 2, state="running"),
+        workload("wl-c", "alice", NOW + 3, state="cancelled"),
+        workload("wl-d", "alice", NOW + 3),  # same instant as wl-c: the id breaks the tie
+    ]
+    for rec in recs:
+        await store.workloads.insert(rec)
+    ids = lambda found: [w.id for w in found]  # noqa: E731
+    assert ids(await store.workloads.list()) == ["wl-d", "wl-c", "wl-b", "wl-a"]
+    assert ids(await store.workloads.list(account="alice")) == ["wl-d", "wl-c", "wl-a"]
+    assert ids(await store.workloads.list(states=["queued", "running"])) == ["wl-d", "wl-b", "wl-a"]
+    assert ids(await store.workloads.list(account="alice", states=["queued"])) == ["wl-d", "wl-a"]
+    assert await store.workloads.list(states=[]) == []
+    first = await store.workloads.list(limit=2)
+    assert ids(first) == ["wl-d", "wl-c"]
+    rest = await store.workloads.list(before=workload_order(first[-1].created_at, first[-1].id), limit=2)
+    assert ids(rest) == ["wl-b", "wl-a"]
+
+
+async def test_a_workload_holding_a_nan_is_refused_before_it_is_written(store: Store) -> None:
+    with pytest.raises(UnstorableRecord, match="created_at"):
+        await store.workloads.insert(workload(created_at=float("nan")))
+    assert await store.workloads.list() == []

@@ -19,6 +19,7 @@ from master.store.base import (
     RevocationRepo,
     RollupRepo,
     TokenRepo,
+    WorkloadRepo,
 )
 from master.store.metrics import StoreMetrics
 from master.store.migrations import migrate_mongo, mongo_schema_version
@@ -32,6 +33,7 @@ from master.store.mongo.gpus import MongoGpuRepo
 from master.store.mongo.revocations import MongoRevocationRepo
 from master.store.mongo.rollups import MongoRollupRepo
 from master.store.mongo.tokens import MongoTokenRepo
+from master.store.mongo.workloads import MongoWorkloadRepo
 from master.store.quarantine import Quarantine
 
 
@@ -52,6 +54,7 @@ class MongoStore:
         self.events: EventRepo = MongoEventRepo(*upkeep)
         self.revocations: RevocationRepo = MongoRevocationRepo(*upkeep)
         self.rollups: RollupRepo = MongoRollupRepo(*upkeep)
+        self.workloads: WorkloadRepo = MongoWorkloadRepo(*upkeep)
 
     @property
     def url(self) -> str:

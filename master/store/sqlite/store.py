@@ -15,6 +15,7 @@ from master.store.base import (
     RevocationRepo,
     RollupRepo,
     TokenRepo,
+    WorkloadRepo,
 )
 from master.store.metrics import StoreMetrics
 from master.store.migrations import migrate_sqlite, sqlite_schema_version
@@ -29,6 +30,7 @@ from master.store.sqlite.gpus import SqliteGpuRepo
 from master.store.sqlite.revocations import SqliteRevocationRepo
 from master.store.sqlite.rollups import SqliteRollupRepo
 from master.store.sqlite.tokens import SqliteTokenRepo
+from master.store.sqlite.workloads import SqliteWorkloadRepo
 
 
 class SqliteStore:
@@ -49,6 +51,7 @@ class SqliteStore:
         self.events: EventRepo = SqliteEventRepo(*upkeep)
         self.revocations: RevocationRepo = SqliteRevocationRepo(*upkeep)
         self.rollups: RollupRepo = SqliteRollupRepo(*upkeep)
+        self.workloads: WorkloadRepo = SqliteWorkloadRepo(*upkeep)
 
     def __repr__(self) -> str:
         return f"SqliteStore({self.path!r})"

@@ -1,0 +1,51 @@
+"""Workloads: submit, list, show, cancel. A renter sees and cancels only its own; another's answers 404."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from management.api.auth import OPERATIONS_KEY, acting_account, scope_of
+from management.api.paging import decode_cursor, page_response
+from management.api.requests import json_response, parse_body, parse_query
+from management.api.schemas import EmptyQuery, SubmitWorkload, WorkloadQuery
+from management.operations import WorkloadKey
+from management.views import workload_view
+
+RESOURCE = "workloads"
+
+
+async def submit_workload(request: web.Request) -> web.Response:
+    body = await parse_body(request, SubmitWorkload)
+    account = acting_account(scope_of(request), body.account)
+    record = await request.app[OPERATIONS_KEY].submit_workload(account, body.spec())
+    return json_response(workload_view(record), status=201)
+
+
+async def list_workloads(request: web.Request) -> web.Response:
+    query = parse_query(request, WorkloadQuery)
+    page = await request.app[OPERATIONS_KEY].list_workloads(
+        account=query.account,
+        states=query.state,
+        owner=scope_of(request).owner,
+        after=decode_cursor(RESOURCE, query, WorkloadKey),
+        limit=query.limit,
+    )
+    return page_response(RESOURCE, query, page, workload_view)
+
+
+async def get_workload(request: web.Request) -> web.Response:
+    parse_query(request, EmptyQuery)
+    record = await request.app[OPERATIONS_KEY].get_workload(request.match_info["workload_id"], account=scope_of(request).owner)
+    return json_response(workload_view(record))
+
+
+async def cancel_workload(request: web.Request) -> web.Response:
+    record = await request.app[OPERATIONS_KEY].cancel_workload(request.match_info["workload_id"], account=scope_of(request).owner)
+    return json_response(workload_view(record))
+
+
+def add_routes(router: web.UrlDispatcher) -> None:
+    router.add_post("/api/v1/workloads", submit_workload)
+    router.add_get("/api/v1/workloads", list_workloads)
+    router.add_get("/api/v1/workloads/{workload_id}", get_workload)
+    router.add_post("/api/v1/workloads/{workload_id}/cancel", cancel_workload)

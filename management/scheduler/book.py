@@ -1,0 +1,282 @@
+"""The workload book: the one writer of workload records, and the scheduler's in-memory view of the open ones.
+
+It owns every write of a ``WorkloadRecord``. A write goes through the store with a version check
+(``WorkloadRepo.update(expected_version=...)``), so a second writer (another Master on the same store)
+that wrote first makes this write fail with ``StaleWorkload`` rather than be overwritten silently; every
+state change is recorded as a ``workload.transition`` event. Open workloads (not succeeded, failed or
+cancelled) are kept in memory, indexed by id, by state and by account; they are loaded from the store at
+start, so a Master restart loses none. Final ones are read from the store when asked for.
+
+Listeners: the scheduling loop waits on ``wakeup`` (an ``asyncio.Event`` set on every submit, cancel and
+return to the queue; the loop clears it before it reads the queue), and/or registers a callback with
+``subscribe``; callbacks are called synchronously after the write with ``(what, record)``, ``what`` one
+of ``"submitted"``, ``"cancelled"`` or ``"transition"``, and must not block.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import logging
+import secrets
+from collections import defaultdict
+from collections.abc import Callable, Collection, Iterable
+from typing import Any, Protocol
+
+import msgspec
+
+from common.errors import IdlegridError, InvalidTransition, NotFound
+from management.scheduler.workloads import (
+    DEFAULT_PRIORITY_CLASSES,
+    FINAL_WORKLOAD_STATES,
+    OPEN_WORKLOAD_STATES,
+    WORKLOAD,
+    WorkloadState,
+    check_spec,
+)
+from master.events import EventLog
+from master.records import Assignment, CommandRecord, WorkloadRecord, WorkloadSpec
+from master.store.aggregates import workload_order
+from master.store.base import Store
+from master.tiers import TierPolicy
+
+log = logging.getLogger(__name__)
+
+TRANSITION_EVENT = "workload.transition"
+DELETE_REFUSED_EVENT = "workload.delete_refused"
+DEFAULT_DELETE_GRACE_S = 30.0  # what a cancelled workload's containers get to stop before they are killed
+LOAD_PAGE = 1000
+# Fields a transition may not change: identity, what was asked, and what the book itself keeps.
+_FIXED_FIELDS = frozenset({"id", "account", "spec", "state", "state_reason", "created_at", "queued_at", "version"})
+
+Listener = Callable[[str, WorkloadRecord], None]
+
+
+class ContainerCommands(Protocol):
+    """How the book reaches hosts: ``master.service.Master`` is one."""
+
+    async def create_command(
+        self, agent_id: str, kind: str, spec: dict[str, Any], *, timeout_s: float | None = None
+    ) -> CommandRecord: ...
+
+
+def new_workload_id() -> str:
+    return "wl-" + secrets.token_hex(8)
+
+
+class WorkloadBook:
+    def __init__(
+        self,
+        store: Store,
+        events: EventLog,
+        commands: ContainerCommands,
+        *,
+        policy: TierPolicy,
+        priority_classes: Collection[str] = DEFAULT_PRIORITY_CLASSES,
+        delete_grace_s: float = DEFAULT_DELETE_GRACE_S,
+    ) -> None:
+        self._store = store
+        self._events = events
+        self._commands = commands
+        self._policy = policy
+        self._priority_classes = tuple(priority_classes)
+        self._delete_grace_s = delete_grace_s
+        self._open: dict[str, WorkloadRecord] = {}
+        self._by_state: dict[str, set[str]] = defaultdict(set)
+        self._by_account: dict[str, set[str]] = defaultdict(set)
+        self._lock = asyncio.Lock()  # one write at a time: a transition never races this book's own other writes
+        self._loaded = False
+        self.wakeup = asyncio.Event()
+        self._listeners: list[Listener] = []
+
+    # --- start -------------------------------------------------------------------------------------------
+
+    async def load(self) -> int:
+        """Read every open workload from the store into memory (once; later calls do nothing); returns how many."""
+        async with self._lock:
+            if self._loaded:
+                return len(self._open)
+            before: str | None = None
+            while True:
+                page = await self._store.workloads.list(states=OPEN_WORKLOAD_STATES, before=before, limit=LOAD_PAGE)
+                for rec in page:
+                    self._index(rec)
+                if len(page) < LOAD_PAGE:
+                    break
+                last = page[-1]
+                before = workload_order(last.created_at, last.id)
+            self._loaded = True
+            if self._open:
+                self.wakeup.set()  # queued work from before the restart waits for the loop
+            return len(self._open)
+
+    def subscribe(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    # --- reading -----------------------------------------------------------------------------------------
+
+    async def get(self, workload_id: str, *, account: str | None = None) -> WorkloadRecord:
+        """The workload; NotFound when missing or (with ``account``) owned by another account, alike."""
+        rec = self._open.get(workload_id) or await self._store.workloads.get(workload_id)
+        if rec is None or (account is not None and rec.account != account):
+            raise NotFound(f"no workload {workload_id!r}")
+        return rec
+
+    async def list(
+        self,
+        *,
+        account: str | None = None,
+        states: Collection[str] | None = None,
+        before: str | None = None,
+        limit: int = 100,
+    ) -> builtins.list[WorkloadRecord]:
+        """Open and final workloads alike, newest first, from the store (which holds every write of this book)."""
+        return await self._store.workloads.list(account=account, states=states, before=before, limit=limit)
+
+    def open_workloads(self, *, state: str | None = None, account: str | None = None) -> builtins.list[WorkloadRecord]:
+        """Open workloads in memory, oldest submission first (``queued_at``, then id): the scheduler's FIFO."""
+        ids: Iterable[str]
+        if state is not None and account is not None:
+            ids = self._by_state.get(state, set()) & self._by_account.get(account, set())
+        elif state is not None:
+            ids = self._by_state.get(state, set())
+        elif account is not None:
+            ids = self._by_account.get(account, set())
+        else:
+            ids = self._open
+        return sorted((self._open[i] for i in ids), key=lambda w: (w.queued_at, w.id))
+
+    def counts(self) -> dict[str, int]:
+        """Open workloads by state."""
+        return {state: len(ids) for state, ids in self._by_state.items() if ids}
+
+    # --- writing -----------------------------------------------------------------------------------------
+
+    async def submit(self, account: str, spec: WorkloadSpec, now: float) -> WorkloadRecord:
+        """Store a new queued workload for ``account``; InvalidWorkloadSpec when it names what is not configured."""
+        check_spec(spec, policy=self._policy, priority_classes=self._priority_classes)
+        rec = WorkloadRecord(
+            id=new_workload_id(),
+            account=account,
+            spec=spec,
+            state=WorkloadState.QUEUED.value,
+            state_reason="submitted",
+            created_at=now,
+            queued_at=now,
+            version=1,
+        )
+        async with self._lock:
+            await self._store.workloads.insert(rec)
+            self._index(rec)
+            await self._record(rec, "", "submit", "submitted")
+        self._notify("submitted", rec)
+        return rec
+
+    async def transition(self, workload_id: str, event: str, reason: str, now: float, **changes: Any) -> WorkloadRecord:
+        """Apply ``event`` to an open workload and store it; ``changes`` sets other fields on the way (e.g.
+        ``assignments``). InvalidTransition when the table has no such move (or the workload is final),
+        NotFound when there is no such workload, StaleWorkload when another writer changed it first."""
+        async with self._lock:
+            rec = await self._transition(workload_id, event, reason, now, changes)
+        self._notify("transition", rec)
+        return rec
+
+    async def cancel(self, workload_id: str, account_scope: str | None, now: float) -> WorkloadRecord:
+        """Cancel a workload from any open state. Its containers are deleted (a ``delete_container`` command per
+        assignment, through the Master); the allocation ledger frees their GPUs once the deletes succeed.
+        ``account_scope``: the caller's account (another account's workload is NotFound), None for an operator."""
+        async with self._lock:
+            rec = await self.get(workload_id, account=account_scope)
+            if rec.state in FINAL_WORKLOAD_STATES:
+                raise InvalidTransition(f"workload {workload_id} is already {rec.state}; there is nothing to cancel")
+            assignments, refused = await self._delete_containers(rec)
+            who = "its owner" if account_scope is not None else "an operator"
+            reason = f"cancelled by {who}"
+            if refused:
+                reason += f"; {len(refused)} container(s) could not be deleted now: {'; '.join(refused)}"
+            rec = await self._transition(workload_id, "cancel", reason, now, {"assignments": assignments})
+        self._notify("cancelled", rec)
+        return rec
+
+    # --- inside ------------------------------------------------------------------------------------------
+
+    async def _transition(self, workload_id: str, event: str, reason: str, now: float, changes: dict[str, Any]) -> WorkloadRecord:
+        rec = self._open.get(workload_id)
+        if rec is None:
+            stored = await self._store.workloads.get(workload_id)
+            if stored is None:
+                raise NotFound(f"no workload {workload_id!r}")
+            raise InvalidTransition(f"workload {workload_id} is {stored.state}, which is final; it takes no {event!r}")
+        fixed = sorted(_FIXED_FIELDS & changes.keys())
+        if fixed:
+            raise ValueError(f"a transition may not set {', '.join(fixed)}")
+        target = WORKLOAD.next(rec.state, event)
+        updated = msgspec.structs.replace(
+            rec, **(_implied(rec, event, target, now) | changes), state=target, state_reason=reason, version=rec.version + 1
+        )
+        await self._store.workloads.update(updated, expected_version=rec.version)
+        self._unindex(rec)
+        if target not in FINAL_WORKLOAD_STATES:
+            self._index(updated)
+        await self._record(updated, rec.state, event, reason)
+        return updated
+
+    async def _delete_containers(self, rec: WorkloadRecord) -> tuple[builtins.list[Assignment], builtins.list[str]]:
+        """Issue a delete for each assignment that has a container; returns the assignments as they now stand and
+        what could not be issued (the host refused: e.g. it was retired), each as a sentence."""
+        assignments: builtins.list[Assignment] = []
+        refused: builtins.list[str] = []
+        for a in rec.assignments:
+            if not a.container or a.state == "deleted":
+                assignments.append(a)
+                continue
+            spec = {"name": a.container, "timeout_s": self._delete_grace_s}
+            try:
+                await self._commands.create_command(a.agent_id, "delete_container", spec)
+            except IdlegridError as exc:
+                refused.append(f"{a.container} on {a.agent_id}: {exc}")
+                await self._events.record(
+                    DELETE_REFUSED_EVENT, rec.id, agent_id=a.agent_id, container=a.container, error=str(exc)
+                )
+                assignments.append(a)
+                continue
+            assignments.append(msgspec.structs.replace(a, state="deleting"))
+        return assignments, refused
+
+    async def _record(self, rec: WorkloadRecord, old: str, event: str, reason: str) -> None:
+        data = {"from": old, "to": rec.state, "event": event, "reason": reason, "account": rec.account}
+        await self._events.record(TRANSITION_EVENT, rec.id, **data)
+
+    def _index(self, rec: WorkloadRecord) -> None:
+        self._open[rec.id] = rec
+        self._by_state[rec.state].add(rec.id)
+        self._by_account[rec.account].add(rec.id)
+
+    def _unindex(self, rec: WorkloadRecord) -> None:
+        self._open.pop(rec.id, None)
+        self._by_state[rec.state].discard(rec.id)
+        self._by_account[rec.account].discard(rec.id)
+
+    def _notify(self, what: str, rec: WorkloadRecord) -> None:
+        if what != "transition" or rec.state == WorkloadState.QUEUED.value:
+            self.wakeup.set()
+        for listener in self._listeners:
+            try:
+                listener(what, rec)
+            except Exception:
+                log.exception("a workload listener failed", extra={"workload": rec.id})
+
+
+def _implied(rec: WorkloadRecord, event: str, target: str, now: float) -> dict[str, Any]:
+    """What an event changes besides the state: timestamps and counters."""
+    if event == "schedule":
+        return {"scheduled_at": now, "attempts": rec.attempts + 1}
+    if event == "run":
+        return {"started_at": now}
+    if event == "preempt":
+        return {"preemptions": rec.preemptions + 1}
+    if event == "requeue":  # back in line at its original place (queued_at is kept), placed anew
+        return {"assignments": [], "scheduled_at": None, "started_at": None}
+    if target in FINAL_WORKLOAD_STATES:
+        return {"finished_at": now}
+    return {}

@@ -1,0 +1,257 @@
+"""``idlegrid workload submit|list|get|cancel``: a renter's (or the operator's) workloads, through the management API.
+
+Output is a table (or ``key: value`` lines for one workload) by default, the API's JSON with ``--json``.
+A spec is checked here first (the same struct the API decodes), so a bad field is named before anything is sent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tomllib
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from common.errors import IdlegridError
+from management.cli import DEFAULT_API, DEFAULT_OPERATOR_KEY
+from master.records import WorkloadSpec
+
+DEFAULT_KEY_FILE = DEFAULT_OPERATOR_KEY  # a renter points --key-file at its own key
+TABLE_COLUMNS = ("ID", "NAME", "ACCOUNT", "STATE", "REPLICAS", "GPUS", "PRIORITY", "CREATED", "REASON")
+
+Parser = Callable[[argparse._SubParsersAction, str, str, str], argparse.ArgumentParser]
+
+
+class BadSpec(IdlegridError):
+    code = "bad_request"
+
+
+def add_parser(sub: argparse._SubParsersAction, make: Parser) -> None:
+    p = make(
+        sub,
+        "workload",
+        "submit, list, show and cancel workloads",
+        "Submit a workload (containers on rented GPUs), list and show your workloads, cancel one. A renter's API key "
+        "acts for its own account; the operator's key sees every account's and names the account when it submits.",
+    )
+    w_sub = p.add_subparsers(dest="workload_command", required=True, metavar="{submit,list,get,cancel}")
+
+    submit = make(
+        w_sub,
+        "submit",
+        "submit a workload; it waits in the queue until the scheduler places it",
+        "Submit a workload from a spec file (-f, TOML or JSON; every field, see docs/workloads.md) and/or flags, "
+        "which override the file's fields. The command to run follows '--'. Examples:\n"
+        "  idlegrid workload submit --name train --image ghcr.io/acme/train:1 --gpus 2 --model h100-sxm -- python train.py\n"
+        "  idlegrid workload submit -f train.toml --replicas 4",
+    )
+    submit.add_argument("-f", "--file", type=Path, metavar="SPEC", help="spec file, .toml or .json (default: none, flags only)")
+    submit.add_argument("--name", help="workload name: lowercase letters, digits, '-' (default: the file's)")
+    submit.add_argument("--image", help="container image (default: the file's)")
+    submit.add_argument("--replicas", type=int, metavar="N", help="copies to run, 1..64 (default: the file's, else 1)")
+    submit.add_argument("--gpus", type=int, metavar="N", help="GPUs per replica, 1..16 (default: the file's, else 1)")
+    submit.add_argument("--model", action="append", metavar="KEY", help="allowed GPU model, repeatable (default: any)")
+    submit.add_argument("--tier", action="append", metavar="NAME", help="allowed tier, repeatable (default: any)")
+    submit.add_argument("--priority", metavar="CLASS", help="low, normal, high or critical (default: the file's, else normal)")
+    submit.add_argument("--project", metavar="NAME", help="project to account it to (default: the file's, else 'default')")
+    submit.add_argument("--env", action="append", metavar="KEY=VALUE", help="environment variable, repeatable (default: none)")
+    submit.add_argument("--port", action="append", type=int, metavar="PORT", help="port to expose, repeatable (default: none)")
+    submit.add_argument("--max-duration-s", type=float, metavar="SECONDS", help="stop it after this long (default: no limit)")
+    submit.add_argument("--account", help="account it belongs to; operator keys only (default: the key's own account)")
+    submit.add_argument(
+        "container_command",
+        nargs="*",
+        metavar="COMMAND",
+        help="command to run in the container, after '--' (default: the image's)",
+    )
+    _connection(submit)
+    submit.set_defaults(func=run_submit)
+
+    listing = make(
+        w_sub, "list", "list workloads, newest first", "List workloads, newest first: a renter its own, the operator all."
+    )
+    listing.add_argument("--state", help="only workloads in this state, e.g. queued or running (default: every state)")
+    listing.add_argument("--account", help="only this account's; operator keys only (default: every account the key sees)")
+    _connection(listing)
+    listing.set_defaults(func=run_list)
+
+    get = make(
+        w_sub, "get", "show one workload", "Show one workload: its spec (env values are never shown), state and placement."
+    )
+    get.add_argument("workload_id", metavar="ID", help="the workload's id, wl-…")
+    _connection(get)
+    get.set_defaults(func=run_get)
+
+    cancel = make(
+        w_sub, "cancel", "cancel a workload", "Cancel a workload in any state that is not final; its containers are deleted."
+    )
+    cancel.add_argument("workload_id", metavar="ID", help="the workload's id, wl-…")
+    _connection(cancel)
+    cancel.set_defaults(func=run_cancel)
+
+
+def _connection(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--api", default=DEFAULT_API, metavar="URL", help="management API URL (default %(default)s)")
+    p.add_argument(
+        "--key-file", type=Path, default=DEFAULT_KEY_FILE, metavar="FILE", help="file holding your API key (default %(default)s)"
+    )
+    p.add_argument("--json", action="store_true", help="print the API's JSON instead of a table (default: a table)")
+
+
+def _client(args: argparse.Namespace) -> Any:
+    from management.client import ApiClient
+
+    return ApiClient.with_key_file(args.api, args.key_file)
+
+
+# --- submit ---------------------------------------------------------------------------------------
+
+
+def read_spec_file(path: Path) -> dict[str, Any]:
+    """A spec file's fields: TOML by default, JSON for a .json file; errors name the file."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise BadSpec(f"cannot read the spec file {path}: {exc.strerror}") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+    except (ValueError, tomllib.TOMLDecodeError) as exc:
+        raise BadSpec(f"{path} is not valid {'JSON' if path.suffix == '.json' else 'TOML'}: {exc}") from None
+    if not isinstance(data, dict):
+        raise BadSpec(f"{path} must hold a table of spec fields")
+    return data
+
+
+def spec_from(args: argparse.Namespace) -> dict[str, Any]:
+    """The spec to send: the file's fields, then the flags given over them; checked as the API will check it."""
+    spec = read_spec_file(args.file) if args.file else {}
+    account = spec.pop("account", None)
+    for field in ("name", "image", "replicas", "priority", "project", "max_duration_s"):
+        if getattr(args, field) is not None:
+            spec[field] = getattr(args, field)
+    replica = dict(spec.get("replica") or {})
+    if args.gpus is not None:
+        replica["gpus"] = args.gpus
+    if args.model:
+        replica["models"] = args.model
+    if args.tier:
+        replica["tiers"] = args.tier
+    if replica:
+        spec["replica"] = replica
+    if args.env:
+        spec["env"] = dict(spec.get("env") or {}) | dict(_env_pair(e) for e in args.env)
+    if args.port:
+        spec["ports"] = args.port
+    if args.container_command:
+        spec["command"] = args.container_command
+    for required in ("name", "image"):
+        if required not in spec:
+            raise BadSpec(f"{required}: give --{required} or put {required} in a spec file (-f)")
+    try:
+        msgspec.convert(spec, WorkloadSpec)
+    except msgspec.ValidationError as exc:
+        raise BadSpec(f"the spec is refused: {_where(exc)}") from None
+    if args.account is not None or account is not None:
+        spec["account"] = args.account if args.account is not None else account
+    return spec
+
+
+def _env_pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise BadSpec(f"--env {text!r}: write it as KEY=VALUE")
+    return key, value
+
+
+def _where(exc: msgspec.ValidationError) -> str:
+    text = str(exc)
+    message, sep, path = text.rpartition(" - at `$.")
+    return f"{path.rstrip('`')}: {message}" if sep else text
+
+
+def run_submit(args: argparse.Namespace) -> int:
+    spec = spec_from(args)
+    account = spec.pop("account", None)
+    workload = _client(args).submit_workload(spec, account=account)
+    _print(args, workload, lambda w: print(f"submitted {w['id']} ({w['name']}) for account {w['account']}: {w['state']}"))
+    return 0
+
+
+# --- list, get, cancel ----------------------------------------------------------------------------
+
+
+def run_list(args: argparse.Namespace) -> int:
+    workloads = _client(args).list("/api/v1/workloads", state=args.state, account=args.account)
+    _print(args, workloads, lambda ws: print(table([_row(w) for w in ws]) if ws else "no workloads"))
+    return 0
+
+
+def run_get(args: argparse.Namespace) -> int:
+    _print(args, _client(args).workload(args.workload_id), lambda w: print(describe(w)))
+    return 0
+
+
+def run_cancel(args: argparse.Namespace) -> int:
+    workload = _client(args).cancel_workload(args.workload_id)
+    _print(args, workload, lambda w: print(f"{w['id']} ({w['name']}): {w['state']} ({w['state_reason']})"))
+    return 0
+
+
+def _print(args: argparse.Namespace, answer: Any, human: Callable[[Any], None]) -> None:
+    if args.json:
+        json.dump(answer, sys.stdout, indent=2)
+        print()
+    else:
+        human(answer)
+
+
+def _row(w: dict[str, Any]) -> list[str]:
+    spec = w["spec"]
+    return [
+        w["id"],
+        w["name"],
+        w["account"],
+        w["state"],
+        str(spec["replicas"]),
+        str(spec["replica"]["gpus"]),
+        spec["priority"],
+        _short_time(w["created_at"]),
+        w["state_reason"],
+    ]
+
+
+def table(rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(str(c)) for c in column) for column in zip(TABLE_COLUMNS, *rows, strict=False)]
+    lines = [TABLE_COLUMNS, *rows]
+    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in lines)
+
+
+def _short_time(value: str | None) -> str:
+    return value.replace("T", " ")[:19] if value else "-"
+
+
+def describe(w: dict[str, Any]) -> str:
+    spec = w["spec"]
+    replica = spec["replica"]
+    lines = [
+        f"id:          {w['id']}",
+        f"name:        {w['name']}",
+        f"account:     {w['account']}  (project {spec['project']})",
+        f"state:       {w['state']}  ({w['state_reason']})",
+        f"image:       {spec['image']}",
+        f"command:     {' '.join(spec['command']) or '(the image default)'}",
+        f"replicas:    {spec['replicas']} x {replica['gpus']} GPU"
+        + (f" ({', '.join(replica['models'])})" if replica["models"] else ""),
+        f"priority:    {spec['priority']}",
+        f"env:         {', '.join(spec['env']) or '-'}  (values are never shown)",
+        f"ports:       {', '.join(map(str, spec['ports'])) or '-'}",
+        f"submitted:   {_short_time(w['created_at'])}   attempts: {w['attempts']}   restarts: {w['restarts']}",
+        f"started:     {_short_time(w['started_at'])}   finished: {_short_time(w['finished_at'])}",
+    ]
+    for a in w["assignments"]:
+        lines.append(f"replica {a['replica']}:   {a['container']} on {a['agent_id']} ({', '.join(a['units'])}) {a['state']}")
+    return "\n".join(lines)

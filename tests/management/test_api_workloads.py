@@ -1,0 +1,168 @@
+"""Workloads through the real API on a real Master (SQLite): a renter submits, lists, reads and cancels its own;
+each bad field of a spec is refused with a 400 that names it; another account's workload answers 404 exactly as
+a missing one does; providers get 403 on these routes; the operator sees every account's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.management.hosts import api_key
+
+SPEC: dict[str, Any] = {
+    "name": "train-llm",
+    "image": "ghcr.io/acme/train:1.4",
+    "command": ["python", "train.py"],
+    "env": {"HF_TOKEN": "hf_secret_value"},
+    "ports": [8080],
+    "replicas": 2,
+    "replica": {"gpus": 2, "models": ["h100-sxm"], "min_vram_mib": 40000},
+}
+
+
+@pytest.fixture
+async def keys(api):
+    return {
+        "alice": await api_key(api.master, "renter", "alice"),
+        "bob": await api_key(api.master, "renter", "bob"),
+        "provider": await api_key(api.master, "provider", "acme"),
+    }
+
+
+async def submit(api, headers, **overrides: Any) -> dict:
+    response = await api.post("/api/v1/workloads", json=SPEC | overrides, headers=headers)
+    assert response.status == 201, await response.text()
+    return await response.json()
+
+
+async def test_a_renter_submits_a_workload_that_waits_in_the_queue(api, keys):
+    body = await submit(api, keys["alice"])
+    assert body["id"].startswith("wl-") and body["account"] == "alice"
+    assert (body["state"], body["name"], body["version"]) == ("queued", "train-llm", 1)
+    assert body["spec"]["replica"]["gpus"] == 2 and body["spec"]["priority"] == "normal"
+    assert body["created_at"] == body["queued_at"]
+    # The env's values are the renter's secrets: stored for the containers, never shown again.
+    assert body["spec"]["env"] == ["HF_TOKEN"]
+    got = await api.get(f"/api/v1/workloads/{body['id']}", headers=keys["alice"])
+    assert "hf_secret_value" not in await got.text()
+    assert (await api.master.store.workloads.get(body["id"])).spec.env == {"HF_TOKEN": "hf_secret_value"}
+    events = await api.master.store.events.list(subject=body["id"])
+    assert [(e.kind, e.data["to"], e.data["account"]) for e in events] == [("workload.transition", "queued", "alice")]
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"replica": {"gpus": 0}}, "replica.gpus"),
+        ({"replica": {"gpus": 17}}, "replica.gpus"),
+        ({"replicas": 65}, "replicas"),
+        ({"replicas": 0}, "replicas"),
+        ({"ports": [8080, 8080]}, "ports"),
+        ({"ports": [70000]}, "ports"),
+        ({"replica": {"models": ["h900-imaginary"]}}, "replica.models"),
+        ({"replica": {"tiers": ["platinum-plus"]}}, "replica.tiers"),
+        ({"replica": {"min_compute_capability": "eight"}}, "replica.min_compute_capability"),
+        ({"replica": {"mig_profile": "big"}}, "replica.mig_profile"),
+        ({"replica": {"cpu_cores": 0}}, "replica.cpu_cores"),
+        ({"priority": "urgent"}, "priority"),
+        ({"constraints": {"min_reputation": 1.5}}, "constraints.min_reputation"),
+        ({"constraints": {"min_bandwidth_mbps": -1}}, "constraints.min_bandwidth_mbps"),
+        ({"max_duration_s": 0}, "max_duration_s"),
+        ({"restart_policy": "sometimes"}, "restart_policy"),
+        ({"placement": "anywhere"}, "placement"),
+        ({"name": "Not A Name"}, "name"),
+        ({"image": ""}, "image"),
+        ({"env": {"1BAD": "x"}}, "env"),
+        ({"gpu_count": 4}, "gpu_count"),  # an unknown field is refused by name, not ignored
+    ],
+)
+async def test_each_bad_field_is_refused_with_a_400_that_names_it(api, keys, change, field):
+    response = await api.post("/api/v1/workloads", json=SPEC | change, headers=keys["alice"])
+    assert response.status == 400, await response.text()
+    assert field in (await response.json())["error"]["message"]
+    assert await api.master.store.workloads.list() == []
+
+
+async def test_nan_and_infinity_are_refused(api, keys):
+    for raw in (b'{"name": "x", "image": "y", "max_duration_s": NaN}', b'{"name": "x", "image": "y", "max_duration_s": 1e999}'):
+        response = await api.post("/api/v1/workloads", data=raw, headers=keys["alice"] | {"Content-Type": "application/json"})
+        assert response.status == 400, raw
+
+
+async def test_another_renters_workload_answers_404_like_a_missing_one(api, keys):
+    theirs = (await submit(api, keys["alice"]))["id"]
+    for method, path in (("GET", "/api/v1/workloads/{}"), ("POST", "/api/v1/workloads/{}/cancel")):
+        other = await api.request(method, path.format(theirs), headers=keys["bob"])
+        missing = await api.request(method, path.format("wl-0000000000000000"), headers=keys["bob"])
+        assert (other.status, missing.status) == (404, 404), path
+        assert (await other.json())["error"]["message"] == (await missing.json())["error"]["message"].replace(
+            "wl-0000000000000000", theirs
+        )
+    assert (await api.master.store.workloads.get(theirs)).state == "queued"  # bob's cancel did nothing
+    listed = await api.get("/api/v1/workloads", headers=keys["bob"])
+    assert (await listed.json())["items"] == []
+    filtered = await api.get("/api/v1/workloads?account=alice", headers=keys["bob"])
+    assert (await filtered.json())["items"] == []
+
+
+async def test_a_renter_may_not_submit_for_another_account(api, keys):
+    response = await api.post("/api/v1/workloads", json=SPEC | {"account": "bob"}, headers=keys["alice"])
+    assert response.status == 403
+    assert "own account" in (await response.json())["error"]["message"]
+
+
+async def test_the_operator_names_the_account_and_sees_everyones(api, keys):
+    refused = await api.post("/api/v1/workloads", json=SPEC, headers=api.auth)
+    assert refused.status == 400 and "account" in (await refused.json())["error"]["message"]
+    carol = await submit(api, api.auth, account="carol")
+    alice = await submit(api, keys["alice"])
+    everyone = await api.get("/api/v1/workloads", headers=api.auth)
+    assert [w["id"] for w in (await everyone.json())["items"]] == [alice["id"], carol["id"]]  # newest first
+    only_carol = await api.get("/api/v1/workloads?account=carol", headers=api.auth)
+    assert [w["id"] for w in (await only_carol.json())["items"]] == [carol["id"]]
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/api/v1/workloads"),
+        ("POST", "/api/v1/workloads"),
+        ("GET", "/api/v1/workloads/wl-1"),
+        ("POST", "/api/v1/workloads/wl-1/cancel"),
+    ],
+)
+async def test_providers_may_not_use_the_workload_routes(api, keys, method, path):
+    response = await api.request(method, path, json=SPEC if method == "POST" else None, headers=keys["provider"])
+    assert response.status == 403
+
+
+async def test_a_renter_cancels_its_workload_once(api, keys):
+    wl = await submit(api, keys["alice"])
+    cancelled = await api.post(f"/api/v1/workloads/{wl['id']}/cancel", headers=keys["alice"])
+    assert cancelled.status == 200
+    body = await cancelled.json()
+    assert (body["state"], body["state_reason"], body["version"]) == ("cancelled", "cancelled by its owner", 2)
+    assert body["finished_at"] is not None
+    again = await api.post(f"/api/v1/workloads/{wl['id']}/cancel", headers=keys["alice"])
+    assert again.status == 409
+    assert "already cancelled" in (await again.json())["error"]["message"]
+
+
+async def test_lists_page_by_cursor_and_filter_by_state(api, keys):
+    ids = [(await submit(api, keys["alice"], name=f"job-{i}"))["id"] for i in range(5)]
+    await api.post(f"/api/v1/workloads/{ids[1]}/cancel", headers=keys["alice"])
+    seen: list[str] = []
+    cursor = None
+    while True:
+        query = "?limit=2" + (f"&cursor={cursor}" if cursor else "")
+        page = await (await api.get(f"/api/v1/workloads{query}", headers=keys["alice"])).json()
+        seen += [w["id"] for w in page["items"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == ids[::-1]
+    queued = await (await api.get("/api/v1/workloads?state=queued", headers=keys["alice"])).json()
+    assert [w["id"] for w in queued["items"]] == [i for i in ids[::-1] if i != ids[1]]
+    bad = await api.get("/api/v1/workloads?state=sleeping", headers=keys["alice"])
+    assert bad.status == 400 and "state" in (await bad.json())["error"]["message"]
