@@ -597,7 +597,7 @@ async def test_api_keys_written_at_schema_version_2_are_listed_by_account_after_
     try:
         assert_same(await store.api_keys.get("a" * 64), legacy)
         assert_same(await store.api_keys.list(subject="acme"), [by_hand])
-        assert await store.accounts.add(account("acme", "provider"))  # the table version 3 added
+        assert await store.accounts.add(account("acme", "provider"))  # the table version 4 added
     finally:
         await store.close()
 
