@@ -16,7 +16,7 @@ async def key_id_of(api, headers) -> str:
     return (await (await api.get("/api/v1/whoami", headers=headers)).json())["key_id"]
 
 
-async def test_account_creation_token_creation_drain_and_key_revocation_each_leave_an_audit_event(api):
+async def test_account_creation_token_creation_drain_and_key_and_host_revocation_each_leave_an_audit_event(api):
     created = await api.post("/api/v1/accounts", json={"id": "acme", "role": "provider"}, headers=api.auth)
     assert created.status == 201
     assert (await api.post("/api/v1/tokens", json={"provider": "acme"}, headers=api.auth)).status == 201
@@ -25,6 +25,7 @@ async def test_account_creation_token_creation_drain_and_key_revocation_each_lea
     assert (await api.post("/api/v1/agents/agt-acme-1/drain", headers=acme)).status == 200
     issued = await (await api.post("/api/v1/accounts/acme/keys", json={"name": "spare"}, headers=acme)).json()
     assert (await api.post(f"/api/v1/keys/{issued['key_id']}/revoke", headers=acme)).status == 200
+    assert (await api.post("/api/v1/agents/agt-acme-1/revoke", headers=api.auth)).status == 200
 
     acme_key = await key_id_of(api, acme)
     seen = [
@@ -37,6 +38,7 @@ async def test_account_creation_token_creation_drain_and_key_revocation_each_lea
         ("acme", acme_key, "POST", "/api/v1/agents/{agent_id}/drain", "agt-acme-1"),
         ("acme", acme_key, "POST", "/api/v1/accounts/{account_id}/keys", issued["key_id"]),
         ("acme", acme_key, "POST", "/api/v1/keys/{key_id}/revoke", issued["key_id"]),
+        ("operator", "", "POST", "/api/v1/agents/{agent_id}/revoke", "agt-acme-1"),
     ]
     [drain] = [e for e in await audit_events(api) if e["data"]["route"].endswith("/drain")]
     assert (drain["data"]["role"], drain["data"]["status"]) == ("provider", 200)
