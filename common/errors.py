@@ -66,3 +66,9 @@ class SubscriptionClosed(IdlegridError):
     """A change-feed subscription was closed: nothing more will arrive on it."""
 
     code = "subscription_closed"
+
+
+class InvalidAccount(IdlegridError):
+    """An account, or a change to one, that breaks a rule; the message names the field."""
+
+    code = "bad_request"

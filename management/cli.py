@@ -497,11 +497,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="idlegrid",
         description="idlegrid: a decentralized GPU marketplace. Run a daemon (master, access, agent), manage the "
-        "platform CA and join tokens, or run the whole grid locally (demo).",
+        "platform CA, join tokens, accounts and API keys, or run the whole grid locally (demo).",
         formatter_class=HelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"idlegrid {_version()}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{master,access,agent,ca,token,demo,workload}")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="{master,access,agent,ca,token,account,whoami,demo,workload}"
+    )
     _master_parser(sub)
     from access.cli import add_parser as add_access_parser
 
@@ -509,6 +511,9 @@ def build_parser() -> argparse.ArgumentParser:
     _agent_parser(sub)
     _ca_parser(sub)
     _token_parser(sub)
+    from management.cli_accounts import add_parsers as add_account_parsers
+
+    add_account_parsers(sub, _parser)
     _demo_parser(sub)
     from management.workload_cli import add_parser as add_workload_parser
 
@@ -518,7 +523,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _command_name(args: argparse.Namespace) -> str:
     words = [args.command]
-    for attr in ("agent_command", "ca_command", "token_command", "workload_command"):
+    for attr in ("agent_command", "ca_command", "token_command", "workload_command", "account_command", "key_command"):
         if getattr(args, attr, None):
             words.append(getattr(args, attr))
     return " ".join(words)

@@ -9,8 +9,10 @@ benchmark's event loops). Both authenticate with a bearer API key.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -32,6 +34,9 @@ REQUEST_TIMEOUT_S = 30.0
 # A list call asks for this many items a page; the API caps it (1,000) and defaults to 100.
 PAGE_LIMIT = 500
 FINAL_COMMAND_STATES = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
+# A call answered 429 (the key's rate limit: nothing was done) is sent again after its Retry-After, this many times.
+RATE_LIMIT_RETRIES = 3
+MAX_RETRY_AFTER_S = 5.0
 
 
 class ApiError(IdlegridError):
@@ -67,6 +72,20 @@ class ApiRequest:
 
     def payload(self) -> bytes | None:
         return json.dumps(self.body, allow_nan=False).encode() if self.body is not None else None
+
+
+def retry_after_s(status: int, headers: Mapping[str, str], attempt: int) -> float | None:
+    """How long to wait before sending a call again that was answered ``status``; None: do not send it again.
+
+    Only a 429 is sent again (the API did nothing with it), after its ``Retry-After`` (capped), a few times."""
+    if status != 429 or attempt >= RATE_LIMIT_RETRIES:
+        return None
+    given = next((value for name, value in headers.items() if name.lower() == "retry-after"), "1")
+    try:
+        wait = float(given)
+    except ValueError:
+        wait = 1.0
+    return min(max(wait, 0.0), MAX_RETRY_AFTER_S) if math.isfinite(wait) else MAX_RETRY_AFTER_S
 
 
 def read_answer(request: ApiRequest, status: int, raw: bytes) -> Json:
@@ -185,6 +204,29 @@ class ApiCalls(Generic[R]):
     def cancel_workload(self, workload_id: str) -> R:
         return self.send(ApiRequest("POST", f"{API_PREFIX}/workloads/{_segment(workload_id)}/cancel"))
 
+    # --- accounts and API keys ---
+
+    def whoami(self) -> R:
+        return self.send(ApiRequest("GET", f"{API_PREFIX}/whoami"))
+
+    def create_account(self, account_id: str, role: str, **settings: Json) -> R:
+        """``settings``: name, share, gpu_quota, tier_quotas, project_shares; those left None are not sent."""
+        body = {"id": account_id, "role": role, **{k: v for k, v in settings.items() if v is not None}}
+        return self.send(ApiRequest("POST", f"{API_PREFIX}/accounts", body=body))
+
+    def account(self, account_id: str) -> R:
+        return self.send(ApiRequest("GET", f"{API_PREFIX}/accounts/{_segment(account_id)}"))
+
+    def update_account(self, account_id: str, changes: Mapping[str, Json]) -> R:
+        """Only the fields in ``changes`` change; ``{"gpu_quota": None}`` removes the limit."""
+        return self.send(ApiRequest("PATCH", f"{API_PREFIX}/accounts/{_segment(account_id)}", body=dict(changes)))
+
+    def create_api_key(self, account_id: str, name: str) -> R:
+        return self.send(ApiRequest("POST", f"{API_PREFIX}/accounts/{_segment(account_id)}/keys", body={"name": name}))
+
+    def revoke_api_key(self, key_id: str) -> R:
+        return self.send(ApiRequest("POST", f"{API_PREFIX}/keys/{_segment(key_id)}/revoke"))
+
 
 def _segment(value: str) -> str:
     return urllib.parse.quote(value, safe="")
@@ -229,15 +271,25 @@ class ApiClient(ApiCalls[Json]):
         return [item for page in self.pages(path, limit=limit, **filters) for item in page]
 
     def _exchange(self, request: ApiRequest) -> tuple[int, bytes]:
+        attempt = 0
+        while True:
+            status, response_headers, raw = self._exchange_once(request)
+            wait = retry_after_s(status, response_headers, attempt)
+            if wait is None:
+                return status, raw
+            time.sleep(wait)
+            attempt += 1
+
+    def _exchange_once(self, request: ApiRequest) -> tuple[int, Mapping[str, str], bytes]:
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         http = urllib.request.Request(request.url(self.base_url), data=request.payload(), method=request.method, headers=headers)
         try:
             with urllib.request.urlopen(http, timeout=self.timeout_s) as response:
-                return response.status, response.read()
+                return response.status, dict(response.headers.items()), response.read()
         except urllib.error.HTTPError as exc:
-            return exc.code, exc.read()
+            return exc.code, dict(exc.headers.items()), exc.read()
         except (urllib.error.URLError, OSError) as exc:
             raise ApiUnreachable(self.base_url, getattr(exc, "reason", exc)) from None
 
@@ -284,6 +336,16 @@ class AsyncApiClient(ApiCalls[Awaitable[Json]]):
         return items
 
     async def _exchange(self, request: ApiRequest) -> tuple[int, bytes]:
+        attempt = 0
+        while True:
+            status, headers, raw = await self._exchange_once(request)
+            wait = retry_after_s(status, headers, attempt)
+            if wait is None:
+                return status, raw
+            await asyncio.sleep(wait)
+            attempt += 1
+
+    async def _exchange_once(self, request: ApiRequest) -> tuple[int, Mapping[str, str], bytes]:
         if self._session is None:
             headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
             self._session = aiohttp.ClientSession(
@@ -299,6 +361,6 @@ class AsyncApiClient(ApiCalls[Awaitable[Json]]):
                 data=data,
                 headers={"Content-Type": "application/json"} if data is not None else None,
             ) as response:
-                return response.status, await response.read()
+                return response.status, dict(response.headers.items()), await response.read()
         except (aiohttp.ClientConnectionError, OSError) as exc:
             raise ApiUnreachable(self.base_url, exc) from None

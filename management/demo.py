@@ -87,8 +87,9 @@ class Demo:
                 "  relays:",
                 relays,
                 f"  CA file:         {grid.ca_file}",
-                f'  enroll a host:   {idlegrid} agent enroll --state-dir DIR --token "$({idlegrid} token create --provider NAME '
-                f'--api {grid.api_url} --operator-token-file {key})" --access {first.http_url} --ca-file {grid.ca_file}',
+                f'  enroll a host:   {idlegrid} agent enroll --state-dir DIR --token "$({idlegrid} token create '
+                f'--provider {PROVIDER} --api {grid.api_url} --operator-token-file {key})" '
+                f"--access {first.http_url} --ca-file {grid.ca_file}",
                 f'  try:             curl -H "Authorization: Bearer $(cat {key})" {grid.api_url}/api/v1/agents',
                 f"  logs:            {grid.logs}",
                 "  Ctrl-C stops everything.",

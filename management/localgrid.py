@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 from common.errors import IdlegridError
 from common.files import write_atomically
 from common.pki import Role
-from management.client import ApiClient, instant
+from management.client import ApiClient, ApiError, instant
 from master.authority import Authority
 
 T = TypeVar("T")
@@ -407,7 +407,17 @@ class LocalGrid:
             return str(response.read().decode())
 
     def join_token(self, provider: str = "local-provider", ttl_s: float = 600.0) -> str:
+        """A join token for ``provider``, whose account is created first if it does not exist yet."""
+        self.ensure_provider(provider)
         return str(self.client.create_join_token(provider, ttl_s=ttl_s)["token"])
+
+    def ensure_provider(self, provider: str) -> None:
+        """Create the provider account ``provider`` unless it exists (a join token must name one)."""
+        try:
+            self.client.create_account(provider, "provider", name=provider)
+        except ApiError as exc:
+            if exc.status != 409:  # 409: it exists, as on a second run over the same state directory
+                raise
 
     def ready_agents(self, agent_ids: Sequence[str], *, since: float = 0.0) -> set[str]:
         """Those of ``agent_ids`` the Master has ready (or busy) over a connection made at or after ``since``: a

@@ -23,8 +23,10 @@ import msgspec
 from common.errors import NotFound
 from common.inventory import GpuSample
 from management.scheduler.book import WorkloadBook
+from master.accounts import AccountChange, Credential, IssuedKey
 from master.keys import SigningKeyInfo
 from master.records import (
+    AccountRecord,
     AgentRecord,
     ApiKeyRecord,
     CommandRecord,
@@ -76,6 +78,10 @@ class WorkloadKey(msgspec.Struct, array_like=True, frozen=True):
     listed: Annotated[str, msgspec.Meta(max_length=160)]  # master.store.aggregates.workload_order of the last item
 
 
+class AccountIdKey(msgspec.Struct, array_like=True, frozen=True):
+    id: KeyText
+
+
 class PositionKey(msgspec.Struct, array_like=True, frozen=True):
     position: Position  # in a short list kept in memory, in its own order
 
@@ -111,6 +117,19 @@ class IssuedToken:
 
 
 @dataclass(frozen=True)
+class AuditEntry:
+    """One successful change made through the API, as the audit middleware saw it."""
+
+    account: str
+    key_id: str
+    role: str
+    method: str
+    route: str  # the route's pattern, e.g. "/api/v1/agents/{agent_id}/drain"
+    target: str  # what it changed: the id in the path, or the id of what it created
+    status: int
+
+
+@dataclass(frozen=True)
 class Health:
     store: str
     relays: list[str]
@@ -129,10 +148,70 @@ class Operations:
         # The one writer of workload records; the scheduling loop (next round) shares this instance.
         self.workloads = WorkloadBook(master.store, master.events, master, policy=master.policy)
 
-    # --- accounts ------------------------------------------------------------------------------
+    # --- accounts and API keys ------------------------------------------------------------------
+    # ``owner`` (as auth decided it): the one account a provider's or renter's call may see; another account
+    # answers NotFound, as a missing one does.
 
-    async def check_api_key(self, key: str) -> ApiKeyRecord:
-        return await self._master.check_api_key(key)
+    async def credential(self, key: str) -> Credential:
+        return await self._master.accounts.credential(key)
+
+    @staticmethod
+    def _owned(account_id: str, owner: str | None) -> None:
+        if owner is not None and account_id != owner:
+            raise NotFound(f"no account {account_id!r}")
+
+    async def create_account(self, account: AccountRecord) -> AccountRecord:
+        return await self._master.accounts.create(account)
+
+    async def get_account(self, account_id: str, *, owner: str | None = None) -> AccountRecord:
+        self._owned(account_id, owner)
+        return await self._master.accounts.get(account_id)
+
+    async def list_accounts(
+        self, *, role: str | None = None, owner: str | None = None, after: AccountIdKey | None = None, limit: int
+    ) -> Page[AccountRecord]:
+        """Ordered by id. A non-operator's list holds its own account only."""
+        if owner is not None:
+            own = await self._master.accounts.get(owner)
+            wanted = (role is None or own.role == role) and (after is None or own.id > after.id)
+            return Page([own] if wanted else [], None)
+        found = await self._master.accounts.list(role=role, after=after.id if after else None, limit=limit + 1)
+        return _page(found, limit, lambda a: AccountIdKey(a.id))
+
+    async def update_account(self, account_id: str, change: AccountChange) -> AccountRecord:
+        return await self._master.accounts.update(account_id, change)
+
+    async def create_api_key(self, account_id: str, name: str, *, owner: str | None = None) -> IssuedKey:
+        self._owned(account_id, owner)
+        return await self._master.accounts.create_key(account_id, name)
+
+    async def list_api_keys(
+        self, account_id: str, *, owner: str | None = None, after: PositionKey | None = None, limit: int
+    ) -> Page[ApiKeyRecord]:
+        """Oldest first; the key is the position in that order (keys are only ever added, at the end)."""
+        self._owned(account_id, owner)
+        keys = await self._master.accounts.keys(account_id)
+        start = after.position + 1 if after else 0
+        page = _page(list(enumerate(keys[start : start + limit + 1], start)), limit, lambda k: PositionKey(k[0]))
+        return Page([k for _, k in page.items], page.next_key)
+
+    async def revoke_api_key(self, key_id: str, *, owner: str | None = None) -> ApiKeyRecord:
+        key = await self._master.accounts.key(key_id)
+        if owner is not None and key.subject != owner:
+            raise NotFound(f"no API key {key_id!r}")
+        return await self._master.accounts.revoke_key(key_id)
+
+    async def record_audit(self, entry: AuditEntry) -> None:
+        await self._master.events.record(
+            "audit",
+            entry.account,
+            key_id=entry.key_id,
+            role=entry.role,
+            method=entry.method,
+            route=entry.route,
+            target=entry.target,
+            status=entry.status,
+        )
 
     # --- agents --------------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from aiohttp.typedefs import Middleware
 
 from common.http import HttpServer
 from management.api import ApiSettings, Handler, build_app, error_response
+from master.accounts import BOOTSTRAP_ACCOUNT
 from master.config import MasterConfig
 from master.service import Master
 
@@ -75,7 +76,7 @@ class MasterServer:
 
     def __init__(self, config: MasterConfig, api_settings: ApiSettings | None = None) -> None:
         self.config = config
-        self.api_settings = api_settings or ApiSettings()
+        self.api_settings = api_settings or ApiSettings(key_rate_per_s=config.api_key_rate_per_s, key_burst=config.api_key_burst)
         self.master = Master(config)
         self._http: HttpServer | None = None
         self.gate = ApiGate()
@@ -119,7 +120,7 @@ class MasterServer:
         path = self.operator_token_file
         if path.exists():
             return
-        key = await self.master.create_api_key("bootstrap operator")
+        key = (await self.master.accounts.create_key(BOOTSTRAP_ACCOUNT, "bootstrap operator")).key
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as fh:
             fh.write(key + "\n")

@@ -13,7 +13,16 @@ import msgspec
 
 from common.inventory import GpuSample
 from master.keys import SigningKeyInfo
-from master.records import AgentRecord, CommandRecord, EventRecord, GpuRecord, TokenRecord, WorkloadRecord
+from master.records import (
+    AccountRecord,
+    AgentRecord,
+    ApiKeyRecord,
+    CommandRecord,
+    EventRecord,
+    GpuRecord,
+    TokenRecord,
+    WorkloadRecord,
+)
 from master.reputation import reputation
 
 
@@ -158,3 +167,42 @@ def workload_view(workload: WorkloadRecord) -> dict[str, Any]:
         "assignments": [msgspec.to_builtins(a) for a in workload.assignments],
         "version": workload.version,
     }
+
+
+# --- accounts and API keys ------------------------------------------------------------------------
+
+
+def account_view(account: AccountRecord) -> dict[str, Any]:
+    return {
+        "id": account.id,
+        "role": account.role,
+        "name": account.name,
+        "disabled": account.disabled,
+        "created_at": rfc3339(account.created_at),
+        "updated_at": rfc3339(account.updated_at or None),
+        "share": account.share,
+        "project_shares": account.project_shares,
+        "gpu_quota": account.gpu_quota,
+        "tier_quotas": account.tier_quotas,
+    }
+
+
+def api_key_view(key: ApiKeyRecord) -> dict[str, Any]:
+    """Never the key, never its hash."""
+    return {
+        "key_id": key.key_id,
+        "account": key.subject,
+        "name": key.name,
+        "created_at": rfc3339(key.created_at),
+        "last_used": rfc3339(key.last_used),
+        "revoked_at": rfc3339(key.revoked_at),
+    }
+
+
+def issued_api_key_view(key: str, record: ApiKeyRecord) -> dict[str, Any]:
+    """The key itself is shown this once; only its hash is kept."""
+    return {"key": key, **api_key_view(record)}
+
+
+def whoami_view(account: str, role: str, key_id: str, key_name: str, name: str) -> dict[str, Any]:
+    return {"account": account, "role": role, "key_id": key_id, "key_name": key_name, "name": name}

@@ -60,6 +60,11 @@ class MasterConfig(msgspec.Struct, kw_only=True):
     max_temperature_c: Annotated[float, msgspec.Meta(gt=0)] = 90.0
     overheat_samples: Annotated[int, msgspec.Meta(ge=1)] = 3
     cool_samples: Annotated[int, msgspec.Meta(ge=1)] = 3
+    # --- the management API ---
+    # Each API key may make this many management API requests a second sustained, and this many at once; over
+    # that it is answered 429 with Retry-After (management/api/ratelimit.py). Other keys are not affected.
+    api_key_rate_per_s: Annotated[float, msgspec.Meta(gt=0)] = 20.0
+    api_key_burst: Annotated[int, msgspec.Meta(ge=1)] = 40
     log_level: str = "info"
 
     @property

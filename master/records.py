@@ -97,11 +97,36 @@ class TokenRecord(msgspec.Struct, kw_only=True):
 
 
 class ApiKeyRecord(msgspec.Struct, kw_only=True):
+    """An API key; only its SHA-256 is stored. A key naming an account (``subject``) takes its role from that
+    account at every check, so a key never outlives a change of role; ``role`` counts only for legacy keys
+    naming no account (the operator's, from before accounts existed)."""
+
     key_hash: str
     name: str
-    role: str  # "operator" for now
+    role: str  # legacy keys only: "operator"
     created_at: float
-    subject: str = ""  # provider or renter account the key belongs to
+    subject: str = ""  # the account (AccountRecord.id) the key belongs to; "" for a legacy operator key
+    key_id: str = ""  # public id ("key-…"), safe to show and to name in a revocation; "" for legacy keys
+    revoked_at: float | None = None  # refused from then on
+    last_used: float | None = None  # when a check last read it from the store (accurate to the key cache period)
+
+
+# --- accounts: who uses the grid, and what the scheduler reads about them -------------------------------------
+
+
+class AccountRecord(msgspec.Struct, kw_only=True):
+    """An account: an operator, a provider (its id is the ``provider`` of its agents and join tokens) or a renter."""
+
+    id: str  # chosen by the operator, see master.accounts.ACCOUNT_ID_PATTERN
+    role: str  # "operator" | "provider" | "renter"
+    name: str = ""  # for display
+    created_at: float = 0.0
+    disabled: bool = False  # every key of a disabled account is refused
+    share: float = 1.0  # fair-share weight among renters
+    project_shares: dict[str, float] = {}  # project -> weight within the account's share
+    gpu_quota: int | None = None  # GPUs held at once; None: no limit
+    tier_quotas: dict[str, int] = {}  # tier -> GPUs of that tier held at once
+    updated_at: float = 0.0
 
 
 class EventRecord(msgspec.Struct, kw_only=True):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
 import time
 from collections.abc import Collection
 from pathlib import Path
@@ -49,6 +48,7 @@ from common.wire import (
     encode,
     error_frame,
 )
+from master.accounts import BOOTSTRAP_ACCOUNT, AccountBook, AccountRole
 from master.allocations import GpuAllocations, offered
 from master.authority import Authority
 from master.budget import ReportLimits
@@ -56,7 +56,7 @@ from master.changes import ChangeFeed, CommandFinished
 from master.commands import CommandLedger
 from master.config import MasterConfig
 from master.directory import RelayDirectoryAnnouncer
-from master.enrollment import Enrollment, hash_secret
+from master.enrollment import Enrollment
 from master.events import EventLog
 from master.faults import FaultRules, HealthVerdict, HealthWatch, Recovered
 from master.keys import SigningKeyInfo
@@ -78,8 +78,6 @@ log = logging.getLogger(__name__)
 # Agents in these states are shown reachable; a clean disconnect or a lost relay takes them offline at once.
 _CONNECTED = frozenset({AgentState.ENROLLED.value, AgentState.READY.value, AgentState.BUSY.value, AgentState.MAINTENANCE.value})
 SLOW_FLUSH_S = 1.0  # a flush longer than this is logged: writes queued behind it wait as long
-API_KEY_CACHE_S = 10.0  # how long a checked API key is trusted without reading the store again
-API_KEY_CACHE_SIZE = 10_000  # keys remembered at most (the cache starts over when full)
 
 
 class Master:
@@ -103,6 +101,7 @@ class Master:
             )
         )
         self.telemetry = TelemetryAggregator(self.store)
+        self.accounts = AccountBook(self.store)
         self.enrollment = Enrollment(self.store, self.authority.ca, cert_validity_s=config.agent_cert_s)
         self.hub = RelayHub(
             server_tls_context(
@@ -143,7 +142,6 @@ class Master:
         )
         self._stopping = False
         self.started_at = 0.0
-        self._api_keys: dict[str, tuple[ApiKeyRecord, float]] = {}  # key hash -> (record, until when it is trusted)
         self._agents_flushed_at = 0.0  # monotonic time of the last heartbeat flush (master/config.py, heartbeat_flush_s)
         self.relay_stats: dict[str, AccessStats] = {}
         self.link_port = 0
@@ -155,6 +153,9 @@ class Master:
         await self.store.open()
         await self.registry.load()
         await self.ledger.load()
+        # Keys naming no account (the bootstrap operator key of a Master older than accounts) belong to this one.
+        await self.accounts.ensure(BOOTSTRAP_ACCOUNT, AccountRole.OPERATOR, name="Operator")
+        await self.accounts.adopt_legacy_keys()
         self._revoked = await self._load_revocations()
         await self._report_quarantined()
         self.link_port = await self.hub.start(self.config.host, self.config.link_port)
@@ -624,29 +625,15 @@ class Master:
         return await self.store.events.list(subject=subject, kind_prefix=kind_prefix, after_seq=after_seq, limit=limit)
 
     async def create_token(self, provider: str, ttl_s: float | None = None) -> tuple[str, TokenRecord]:
-        """A one-time join token for ``provider``; shown once, stored hashed."""
+        """A one-time join token for ``provider`` (an enabled provider account); shown once, stored hashed."""
+        await self.accounts.require_provider(provider)
         return await self.enrollment.create_token(provider, self.config.token_ttl_s if ttl_s is None else ttl_s)
 
     async def create_api_key(self, name: str, role: str = "operator") -> str:
-        key = "igak_" + secrets.token_urlsafe(32)
-        await self.store.api_keys.put(ApiKeyRecord(key_hash=hash_secret(key), name=name, role=role, created_at=time.time()))
-        return key
+        """A key naming no account, working as ``role`` (the operator): what tests and old tools use. Keys for an
+        account are issued by ``accounts.create_key``."""
+        return await self.accounts.create_legacy_key(name, role)
 
     async def check_api_key(self, key: str) -> ApiKeyRecord:
-        """The key's record. Known keys are remembered for ``API_KEY_CACHE_S``: every API request checks its key, and
-        a store read each time cost the Master a thread hop per request (bench/README.md). Unknown keys are looked
-        up every time (nothing a caller invents is remembered), and a key deleted from the store by another process
-        is refused again within that time."""
-        key_hash = hash_secret(key)
-        now = time.monotonic()
-        cached = self._api_keys.get(key_hash)
-        if cached is not None and cached[1] > now:
-            return cached[0]
-        record = await self.store.api_keys.get(key_hash)
-        if record is None:
-            self._api_keys.pop(key_hash, None)
-            raise NotFound("unknown API key")
-        if len(self._api_keys) >= API_KEY_CACHE_SIZE:
-            self._api_keys.clear()
-        self._api_keys[key_hash] = (record, now + API_KEY_CACHE_S)
-        return record
+        """The key's record (NotFound for a key never issued), remembered a while: see master/accounts.py."""
+        return (await self.accounts.credential(key)).key

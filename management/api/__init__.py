@@ -11,12 +11,14 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from management.api import agents, commands, events, gpus, health, signing_keys, tiers, tokens
+from management.api import accounts, agents, commands, events, gpus, health, signing_keys, tiers, tokens
 from management.api import workloads as workloads_api
+from management.api.audit import audit_middleware
 from management.api.auth import OPERATIONS_KEY, auth_middleware
 from management.api.errors import ApiError, Handler, error_response, errors_middleware
 from management.api.health import METRICS_REGISTRY_KEY
 from management.api.metrics import ApiMetrics
+from management.api.ratelimit import KeyRateLimits
 from management.operations import Operations
 from master.service import Master
 
@@ -29,6 +31,9 @@ class ApiSettings:
     # A client has this long to send a request's line and headers (Slowloris), enforced by common.http.HttpServer.
     header_timeout_s: float = 5.0
     idle_timeout_s: float = 15.0  # an idle kept-alive connection is closed after this
+    # Each API key may make this many requests a second sustained, and this many at once (management/api/ratelimit.py).
+    key_rate_per_s: float = 20.0
+    key_burst: int = 40
 
 
 async def _load_workloads(app: web.Application) -> None:
@@ -41,12 +46,12 @@ def build_app(master: Master, settings: ApiSettings | None = None) -> web.Applic
     operations = Operations(master)
     registry = master.metrics.registry
     api_metrics = ApiMetrics(registry)
-    app = web.Application(
-        middlewares=[api_metrics.middleware(), errors_middleware, auth_middleware], client_max_size=settings.max_body_bytes
-    )
+    rate_limits = KeyRateLimits(settings.key_rate_per_s, settings.key_burst)
+    middlewares = [api_metrics.middleware(), errors_middleware, auth_middleware, rate_limits.middleware(), audit_middleware]
+    app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
     app[OPERATIONS_KEY] = operations
     app[METRICS_REGISTRY_KEY] = registry
-    for resource in (health, agents, gpus, tiers, commands, tokens, events, signing_keys):
+    for resource in (health, accounts, agents, gpus, tiers, commands, tokens, events, signing_keys):
         resource.add_routes(app.router)
     workloads_api.add_routes(app.router)
     app.on_startup.append(_load_workloads)

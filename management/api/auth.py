@@ -1,11 +1,13 @@
 """Who may do what, decided here and nowhere else.
 
-Every API call carries a key (``Authorization: Bearer <key>``); the key's record names a role and a
-subject (the provider or renter account it belongs to). Routes name the resource and the action they
-perform in ``ROUTES``; ``PERMISSIONS`` says which role may perform which action on which resource;
-``Scope.owner`` is the ownership filter the façade applies to what it reads, so that a provider's
-call only ever sees its own hosts and their GPUs, and another account's resource answers 404 just
-as a missing one does (existence is not leaked).
+Every API call carries a key (``Authorization: Bearer <key>``); the key belongs to an account, and
+the account's role (read at every check, never stored on the key) is the caller's role. A revoked
+key is refused (401), so is every key of a disabled account (403). Keys naming no account are the
+legacy operator keys and belong to the bootstrap ``operator`` account. Routes name the resource and
+the action they perform in ``ROUTES``; ``PERMISSIONS`` says which role may perform which action on
+which resource; ``Scope.owner`` is the ownership filter the façade applies: a provider's or renter's
+call only ever sees its own account's hosts, GPUs, account and keys, and another account's resource
+answers 404 just as a missing one does (existence is not leaked).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from aiohttp import web
 from common.errors import NotFound
 from management.api.errors import BadRequest, Forbidden, Handler, Unauthorized
 from management.operations import Operations
+from master.accounts import BOOTSTRAP_ACCOUNT
 
 
 class Role(str, enum.Enum):
@@ -35,6 +38,8 @@ class Resource(str, enum.Enum):
     SIGNING_KEYS = "signing_keys"
     TIERS = "tiers"
     WORKLOADS = "workloads"
+    ACCOUNTS = "accounts"  # accounts, and whoami
+    KEYS = "keys"  # API keys
 
 
 class Action(str, enum.Enum):
@@ -44,16 +49,22 @@ class Action(str, enum.Enum):
 
 
 # The operator may do everything. A provider reads its own hosts and their GPUs and takes its own hosts in and out
-# of maintenance; it issues no raw commands, tokens or keys. A renter has no operator/provider resource yet (its
-# workloads come with the scheduler). Tiers describe what is sold: any account may read them.
+# of maintenance; it issues no raw commands or join tokens. Every account reads its own account (whoami) and
+# manages its own API keys (create, list, revoke), as on GitHub or Vast: only an operator creates or changes
+# accounts. Tiers describe what is sold: any account may read them.
+_OWN_ACCOUNT_AND_KEYS: dict[Resource, frozenset[Action]] = {
+    Resource.ACCOUNTS: frozenset({Action.READ}),
+    Resource.KEYS: frozenset({Action.READ, Action.WRITE}),
+}
 PERMISSIONS: dict[Role, dict[Resource, frozenset[Action]]] = {
     Role.OPERATOR: {resource: frozenset(Action) for resource in Resource},
     Role.PROVIDER: {
         Resource.AGENTS: frozenset({Action.READ, Action.MAINTAIN}),
         Resource.GPUS: frozenset({Action.READ}),
         Resource.TIERS: frozenset({Action.READ}),
+        **_OWN_ACCOUNT_AND_KEYS,
     },
-    Role.RENTER: {Resource.TIERS: frozenset({Action.READ})},
+    Role.RENTER: {Resource.TIERS: frozenset({Action.READ}), **_OWN_ACCOUNT_AND_KEYS},
 }
 # Workloads: a renter submits, reads and cancels its own (Scope.owner is its account); providers see none of them
 # through these routes (what runs on their hosts shows in the agents' and GPUs' views, never a renter's env).
@@ -81,19 +92,32 @@ ROUTES: dict[tuple[str, str], tuple[Resource, Action]] = {
     ("GET", "/api/v1/workloads"): (Resource.WORKLOADS, Action.READ),
     ("GET", "/api/v1/workloads/{workload_id}"): (Resource.WORKLOADS, Action.READ),
     ("POST", "/api/v1/workloads/{workload_id}/cancel"): (Resource.WORKLOADS, Action.WRITE),
+    # accounts and API keys
+    ("GET", "/api/v1/whoami"): (Resource.ACCOUNTS, Action.READ),
+    ("POST", "/api/v1/accounts"): (Resource.ACCOUNTS, Action.WRITE),
+    ("GET", "/api/v1/accounts"): (Resource.ACCOUNTS, Action.READ),
+    ("GET", "/api/v1/accounts/{account_id}"): (Resource.ACCOUNTS, Action.READ),
+    ("PATCH", "/api/v1/accounts/{account_id}"): (Resource.ACCOUNTS, Action.WRITE),
+    ("POST", "/api/v1/accounts/{account_id}/keys"): (Resource.KEYS, Action.WRITE),
+    ("GET", "/api/v1/accounts/{account_id}/keys"): (Resource.KEYS, Action.READ),
+    ("POST", "/api/v1/keys/{key_id}/revoke"): (Resource.KEYS, Action.WRITE),
 }
 
 
 @dataclass(frozen=True)
 class Principal:
-    name: str
-    role: Role
-    subject: str  # the provider or renter account; "" for the operator
+    """Who is calling: the key and the account it belongs to."""
+
+    name: str  # the key's name
+    role: Role  # the account's
+    account: str  # the account's id; the bootstrap "operator" account for a legacy key
+    key_id: str  # the key's public id; "" for a legacy key
+    key_hash: str  # what the key is told apart by (its rate limit)
 
 
 @dataclass(frozen=True)
 class Scope:
-    """What one call may see: ``owner`` is the provider or renter account it is limited to, None for everything."""
+    """What one call may see: ``owner`` is the account it is limited to, None (the operator) for everything."""
 
     principal: Principal
     owner: str | None
@@ -111,7 +135,7 @@ def scope_for(principal: Principal, resource: Resource, action: Action) -> Scope
     """The scope of a call, or Forbidden naming what the role may not do."""
     if not permitted(principal.role, resource, action):
         raise Forbidden(f"a {principal.role.value} key may not {action.value} {resource.value.replace('_', ' ')}")
-    owner = principal.subject if principal.role in (Role.PROVIDER, Role.RENTER) else None
+    owner = None if principal.role is Role.OPERATOR else principal.account
     return Scope(principal, owner)
 
 
@@ -136,16 +160,27 @@ async def authenticate(operations: Operations, header: str) -> Principal:
     if scheme.lower() != "bearer" or not key.strip():
         raise Unauthorized("send an API key as 'Authorization: Bearer <key>'")
     try:
-        record = await operations.check_api_key(key.strip())
+        credential = await operations.credential(key.strip())
     except NotFound:
         raise Unauthorized("API key not recognised") from None
+    record, account = credential.key, credential.account
+    if record.revoked_at is not None:
+        raise Unauthorized(f"API key {record.key_id} ({record.name!r}) was revoked; use another key, or ask for a new one")
+    if not record.subject:  # a legacy key: its own role counts, and only the operator's is valid
+        if record.role != Role.OPERATOR.value:
+            raise Forbidden(
+                f"API key {record.name!r} is a {record.role or 'roleless'} key naming no account; issue it again with one"
+            )
+        return Principal(record.name, Role.OPERATOR, BOOTSTRAP_ACCOUNT, record.key_id, record.key_hash)
+    if account is None:
+        raise Forbidden(f"API key {record.key_id} belongs to account {record.subject!r}, which does not exist")
+    if account.disabled:
+        raise Forbidden(f"account {account.id!r} is disabled; its keys are refused until an operator enables it")
     try:
-        role = Role(record.role)
+        role = Role(account.role)
     except ValueError:
-        raise Forbidden(f"API key {record.name!r} has role {record.role!r}, which this API does not know") from None
-    if role is not Role.OPERATOR and not record.subject:
-        raise Forbidden(f"API key {record.name!r} is a {role.value} key naming no account; issue it again with one")
-    return Principal(name=record.name, role=role, subject=record.subject)
+        raise Forbidden(f"account {account.id!r} has role {account.role!r}, which this API does not know") from None
+    return Principal(record.name, role, account.id, record.key_id, record.key_hash)
 
 
 @web.middleware

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 
@@ -84,6 +84,56 @@ class SubmitWorkload(WorkloadSpec, kw_only=True, forbid_unknown_fields=True):
         return WorkloadSpec(**{name: getattr(self, name) for name in WorkloadSpec.__struct_fields__})
 
 
+# --- accounts and API keys -------------------------------------------------------------------
+# The Master checks every account again (master/accounts.py); these bounds make a bad body a 400 naming the field.
+
+# The id's characters are checked by the Master (master/accounts.py), whose message says what an id may hold.
+AccountId = Annotated[str, msgspec.Meta(min_length=1, max_length=63)]
+AccountRole = Literal["operator", "provider", "renter"]
+DisplayName = Annotated[str, msgspec.Meta(max_length=128)]
+QuotaName = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+Share = Annotated[float, msgspec.Meta(gt=0, le=1e6)]
+Quota = Annotated[int, msgspec.Meta(ge=0, le=1_000_000)]
+KeyName = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+
+
+class CreateAccount(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """POST /api/v1/accounts."""
+
+    id: AccountId
+    role: AccountRole
+    name: DisplayName = ""
+    share: Share = 1.0
+    project_shares: Annotated[dict[QuotaName, Share], msgspec.Meta(max_length=64)] = {}
+    gpu_quota: Quota | None = None
+    tier_quotas: Annotated[dict[QuotaName, Quota], msgspec.Meta(max_length=64)] = {}
+
+    def __post_init__(self) -> None:
+        _finite("share", self.share)
+
+
+class UpdateAccount(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """PATCH /api/v1/accounts/{id}: the fields given are changed; ``"gpu_quota": null`` removes the limit."""
+
+    name: DisplayName | msgspec.UnsetType = msgspec.UNSET
+    role: AccountRole | msgspec.UnsetType = msgspec.UNSET
+    disabled: bool | msgspec.UnsetType = msgspec.UNSET
+    share: Share | msgspec.UnsetType = msgspec.UNSET
+    project_shares: Annotated[dict[QuotaName, Share], msgspec.Meta(max_length=64)] | msgspec.UnsetType = msgspec.UNSET
+    gpu_quota: Quota | None | msgspec.UnsetType = msgspec.UNSET
+    tier_quotas: Annotated[dict[QuotaName, Quota], msgspec.Meta(max_length=64)] | msgspec.UnsetType = msgspec.UNSET
+
+    def __post_init__(self) -> None:
+        if isinstance(self.share, float):
+            _finite("share", self.share)
+
+
+class CreateApiKey(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """POST /api/v1/accounts/{id}/keys: ``name`` says what the key is for ("ci", "laptop")."""
+
+    name: KeyName
+
+
 # --- list queries ----------------------------------------------------------------------------
 
 
@@ -142,6 +192,10 @@ class WorkloadQuery(PageQuery, kw_only=True, forbid_unknown_fields=True):
             _one_of("state", state, WORKLOAD_STATES)
 
 
+class AccountQuery(PageQuery, kw_only=True, forbid_unknown_fields=True):
+    role: AccountRole | None = None
+
+
 class EmptyQuery(msgspec.Struct, forbid_unknown_fields=True):
     """Routes that take no query parameters still refuse unknown ones, so a typo is never silently ignored."""
 
@@ -173,6 +227,7 @@ REQUEST_SCHEMAS: tuple[type[msgspec.Struct], ...] = (
     SubmitWorkload,
     WorkloadQuery,
 )
+REQUEST_SCHEMAS += (CreateAccount, UpdateAccount, CreateApiKey, AccountQuery)
 
 
 def json_schemas() -> dict[str, Any]:

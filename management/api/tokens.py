@@ -1,9 +1,11 @@
-"""Join tokens (operator only): one-time, short-lived, bound to the provider account whose hosts they enroll."""
+"""Join tokens (operator only): one-time, short-lived, bound to the provider account whose hosts they enroll
+(an existing, enabled account of role provider)."""
 
 from __future__ import annotations
 
 from aiohttp import web
 
+from management.api.audit import created
 from management.api.auth import OPERATIONS_KEY
 from management.api.requests import json_response, parse_body
 from management.api.schemas import CreateToken
@@ -13,6 +15,7 @@ from management.views import token_view
 async def create_token(request: web.Request) -> web.Response:
     body = await parse_body(request, CreateToken)
     issued = await request.app[OPERATIONS_KEY].create_token(body.provider, body.ttl_s)
+    created(request, body.provider)
     return json_response(token_view(issued.token, issued.record), status=201)
 
 

@@ -19,6 +19,7 @@ class Aggregate(str, Enum):
     EVENTS = "events"
     REVOCATIONS = "revocations"
     ROLLUPS = "rollups"
+    ACCOUNTS = "accounts"
     WORKLOADS = "workloads"
 
 

@@ -16,6 +16,7 @@ from enum import Enum
 from typing import Protocol
 
 from master.records import (
+    AccountRecord,
     AgentRecord,
     ApiKeyRecord,
     CommandRecord,
@@ -31,6 +32,7 @@ from master.store.metrics import StoreMetrics
 from master.store.quarantine import Quarantine
 
 __all__ = [
+    "AccountRepo",
     "Aggregate",
     "AgentRepo",
     "ApiKeyRepo",
@@ -110,9 +112,32 @@ class TokenRepo(Protocol):
 
 
 class ApiKeyRepo(Protocol):
-    async def put(self, rec: ApiKeyRecord) -> None: ...
+    async def put(self, rec: ApiKeyRecord) -> None:
+        """Insert, or replace the key with the same hash."""
 
     async def get(self, key_hash: str) -> ApiKeyRecord | None: ...
+
+    async def mark_used(self, key_hash: str, when: float) -> None:
+        """Set the key's ``last_used`` and nothing else (a revocation written meanwhile is kept); no key, no change."""
+
+    async def by_key_id(self, key_id: str) -> ApiKeyRecord | None:
+        """The key with this public id ("" names none)."""
+
+    async def list(self, *, subject: str) -> builtins.list[ApiKeyRecord]:
+        """The keys of one account, revoked ones included, oldest first (then by key id)."""
+
+
+class AccountRepo(Protocol):
+    async def add(self, rec: AccountRecord) -> bool:
+        """Insert a new account; False (and nothing written) when the id is taken, even by a concurrent add."""
+
+    async def put(self, rec: AccountRecord) -> None:
+        """Replace the account with the same id (or insert it)."""
+
+    async def get(self, account_id: str) -> AccountRecord | None: ...
+
+    async def list(self, *, role: str | None = None, after: str | None = None, limit: int = 1000) -> builtins.list[AccountRecord]:
+        """Accounts with ``id > after`` (all when None) and the role given, ordered by id, at most ``limit``."""
 
 
 class EventRepo(Protocol):
@@ -179,6 +204,7 @@ class Store(Protocol):
     commands: CommandRepo
     tokens: TokenRepo
     api_keys: ApiKeyRepo
+    accounts: AccountRepo
     events: EventRepo
     revocations: RevocationRepo
     rollups: RollupRepo

@@ -93,6 +93,21 @@ SQLITE_MIGRATIONS: tuple[SqliteMigration, ...] = (
             "CREATE INDEX workloads_by_state ON workloads (state, listed)",
         ),
     ),
+    SqliteMigration(
+        4,
+        "accounts; api keys by public key id and by account",
+        (
+            "CREATE TABLE accounts (id TEXT PRIMARY KEY, role TEXT NOT NULL, doc TEXT NOT NULL)",
+            "CREATE INDEX accounts_by_role ON accounts (role, id)",
+            "ALTER TABLE api_keys ADD COLUMN key_id TEXT",  # NULL for legacy keys: a unique index lets NULLs repeat
+            "ALTER TABLE api_keys ADD COLUMN subject TEXT NOT NULL DEFAULT ''",
+            "ALTER TABLE api_keys ADD COLUMN created_at REAL NOT NULL DEFAULT 0",
+            """UPDATE api_keys SET subject = COALESCE(json_extract(doc, '$.subject'), ''),
+                created_at = COALESCE(json_extract(doc, '$.created_at'), 0)""",
+            "CREATE UNIQUE INDEX api_keys_by_key_id ON api_keys (key_id)",
+            "CREATE INDEX api_keys_by_subject ON api_keys (subject, created_at, key_id)",
+        ),
+    ),
 )
 
 MONGO_MIGRATIONS: tuple[MongoMigration, ...] = (
@@ -134,6 +149,17 @@ MONGO_MIGRATIONS: tuple[MongoMigration, ...] = (
                 IndexModel([("account", ASCENDING), ("listed", DESCENDING)]),
                 IndexModel([("state", ASCENDING), ("listed", DESCENDING)]),
             ]
+        },
+    ),
+    MongoMigration(
+        4,
+        "accounts by role; api keys by public key id and by account",
+        {
+            "accounts": [IndexModel([("role", ASCENDING)])],
+            "api_keys": [
+                IndexModel([("key_id", ASCENDING)]),
+                IndexModel([("subject", ASCENDING), ("created_at", ASCENDING)]),
+            ],
         },
     ),
 )

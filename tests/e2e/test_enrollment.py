@@ -67,6 +67,7 @@ def test_an_operator_creates_a_token_with_the_cli_and_the_host_reports_its_bandw
 
     from tests.support.grid import REPO
 
+    grid.ensure_provider("acme")
     made = subprocess.run(
         [
             sys.executable,

@@ -80,6 +80,8 @@ async def test_a_stopping_master_answers_api_calls_with_503_and_retry_after(tmp_
     try:
         auth = {"Authorization": f"Bearer {server.operator_token_file.read_text().strip()}"}
         async with aiohttp.ClientSession(server.api_url) as http:
+            async with http.post("/api/v1/accounts", json={"id": "p", "role": "provider"}, headers=auth) as response:
+                assert response.status == 201
             async with http.post("/api/v1/tokens", json={"provider": "p"}, headers=auth) as response:
                 assert response.status == 201
             await server.gate.close(timeout_s=5)  # the first step of server.stop()

@@ -7,6 +7,7 @@ import time
 
 from agent.simulate import SimulatedCollector
 from common.inventory import HostInfo, Inventory
+from master.accounts import AccountRole
 from master.enrollment import hash_secret
 from master.records import AgentRecord, ApiKeyRecord
 from master.service import Master
@@ -36,8 +37,13 @@ async def add_agent(
 
 
 async def api_key(master: Master, role: str, subject: str = "") -> dict[str, str]:
-    """The Authorization header of a new key with ``role`` for account ``subject``, stored hashed as the Master does."""
+    """The Authorization header of a new key for account ``subject`` (created with ``role`` if it does not exist),
+    as the Master issues them; with no ``subject``, a legacy key naming no account, written into the store by hand."""
+    if subject:
+        await master.accounts.ensure(subject, AccountRole(role))
+        issued = await master.accounts.create_key(subject, f"{role} {subject}")
+        return {"Authorization": f"Bearer {issued.key}"}
     key = "igak_" + secrets.token_urlsafe(16)
-    record = ApiKeyRecord(key_hash=hash_secret(key), name=f"{role} {subject}", role=role, created_at=time.time(), subject=subject)
+    record = ApiKeyRecord(key_hash=hash_secret(key), name=f"{role} key", role=role, created_at=time.time())
     await master.store.api_keys.put(record)
     return {"Authorization": f"Bearer {key}"}

@@ -46,6 +46,7 @@ async def test_gpus_filter_by_tier_model_and_state(api):
 
 
 async def test_join_tokens_are_created_for_a_provider_and_stored_only_hashed(api, tmp_path):
+    await api.post("/api/v1/accounts", json={"id": "acme", "role": "provider"}, headers=api.auth)
     response = await api.post("/api/v1/tokens", json={"provider": "acme", "ttl_s": 60}, headers=api.auth)
     assert response.status == 201
     token = (await response.json())["token"]

@@ -112,11 +112,13 @@ def test_every_route_of_the_app_is_in_the_one_table_that_authorizes_it(api):
     assert app_routes == set(ROUTES)
 
 
-def test_the_operator_may_do_everything_and_a_renter_only_read_tiers_and_run_its_workloads():
+def test_the_operator_may_do_everything_and_a_renter_reads_tiers_runs_its_workloads_and_manages_its_own_keys():
     assert all(PERMISSIONS[Role.OPERATOR][r] == frozenset(Action) for r in Resource)
     assert PERMISSIONS[Role.RENTER] == {
         Resource.TIERS: frozenset({Action.READ}),
         Resource.WORKLOADS: frozenset({Action.READ, Action.WRITE}),
+        Resource.ACCOUNTS: frozenset({Action.READ}),
+        Resource.KEYS: frozenset({Action.READ, Action.WRITE}),
     }
     assert Resource.WORKLOADS not in PERMISSIONS[Role.PROVIDER]
 
@@ -124,3 +126,41 @@ def test_the_operator_may_do_everything_and_a_renter_only_read_tiers_and_run_its
 async def test_head_is_authorized_as_the_get_it_mirrors(api, two_providers):
     assert (await api.head("/api/v1/agents", headers=two_providers["acme"])).status == 200
     assert (await api.head("/api/v1/commands", headers=two_providers["acme"])).status == 403
+
+
+# --- accounts and keys: the matrix ---------------------------------------------------------------------------
+# (method, path, body) -> the status each role gets, calling as account "acme" (provider) or "bob" (renter) with
+# the operator's own account "operator". "own" paths name the caller's account; "other" paths name "zed".
+
+ACCOUNT_ROUTES = [
+    ("GET", "/api/v1/whoami", None, {"operator": 200, "provider": 200, "renter": 200}),
+    ("POST", "/api/v1/accounts", {"id": "new-one", "role": "renter"}, {"operator": 201, "provider": 403, "renter": 403}),
+    ("GET", "/api/v1/accounts", None, {"operator": 200, "provider": 200, "renter": 200}),
+    ("GET", "/api/v1/accounts/{own}", None, {"operator": 200, "provider": 200, "renter": 200}),
+    ("GET", "/api/v1/accounts/zed", None, {"operator": 200, "provider": 404, "renter": 404}),
+    ("PATCH", "/api/v1/accounts/{own}", {"share": 2}, {"operator": 200, "provider": 403, "renter": 403}),
+    ("POST", "/api/v1/accounts/{own}/keys", {"name": "x"}, {"operator": 201, "provider": 201, "renter": 201}),
+    ("GET", "/api/v1/accounts/{own}/keys", None, {"operator": 200, "provider": 200, "renter": 200}),
+    ("POST", "/api/v1/accounts/zed/keys", {"name": "x"}, {"operator": 201, "provider": 404, "renter": 404}),
+    ("GET", "/api/v1/accounts/zed/keys", None, {"operator": 200, "provider": 404, "renter": 404}),
+    ("POST", "/api/v1/keys/{zed_key}/revoke", None, {"operator": 200, "provider": 404, "renter": 404}),
+]
+
+
+@pytest.mark.parametrize("role", ["operator", "provider", "renter"])
+@pytest.mark.parametrize(("method", "path", "body", "expected"), ACCOUNT_ROUTES, ids=lambda v: v if isinstance(v, str) else "")
+async def test_who_may_call_each_account_and_key_route(api, role, method, path, body, expected):
+    from master.accounts import AccountRole
+    from master.records import AccountRecord
+
+    await api.master.accounts.create(AccountRecord(id="zed", role="renter"))
+    zed_key = (await api.master.accounts.create_key("zed", "zed's")).record.key_id
+    own = {"operator": "operator", "provider": "acme", "renter": "bob"}[role]
+    if role == "operator":
+        issued = await api.master.accounts.create_key("operator", "matrix")
+        headers = {"Authorization": f"Bearer {issued.key}"}
+    else:
+        await api.master.accounts.ensure(own, AccountRole(role))
+        headers = await api_key(api.master, role, own)
+    response = await api.request(method, path.format(own=own, zed_key=zed_key), json=body, headers=headers)
+    assert response.status == expected[role], await response.text()

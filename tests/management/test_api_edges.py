@@ -112,6 +112,7 @@ async def test_every_timestamp_in_a_response_is_an_rfc3339_utc_string(api):
     command = await (await api.get(f"/api/v1/commands/{accepted['id']}", headers=api.auth)).json()
     agent = await (await api.get("/api/v1/agents/agt-a", headers=api.auth)).json()
     [event, *_] = (await (await api.get("/api/v1/events", headers=api.auth)).json())["items"]
+    await api.post("/api/v1/accounts", json={"id": "acme", "role": "provider"}, headers=api.auth)
     token = await (await api.post("/api/v1/tokens", json={"provider": "acme"}, headers=api.auth)).json()
     [key] = (await (await api.get("/api/v1/signing-keys", headers=api.auth)).json())["items"]
     stamps = [

@@ -24,6 +24,14 @@ COMMANDS = [
     ["workload", "list"],
     ["workload", "get"],
     ["workload", "cancel"],
+    ["whoami"],
+    ["account", "create"],
+    ["account", "list"],
+    ["account", "get"],
+    ["account", "update"],
+    ["account", "key", "create"],
+    ["account", "key", "list"],
+    ["account", "key", "revoke"],
 ]
 
 

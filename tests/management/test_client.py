@@ -22,6 +22,7 @@ async def test_an_api_error_carries_the_apis_code_and_http_status(api):
 
 
 async def test_calls_carry_the_bearer_key_and_without_it_are_refused(api):
+    await api.operator.create_account("acme", "provider")
     token = await api.operator.create_join_token("acme", ttl_s=60)
     assert token["token"].startswith("igjt_")
     anonymous = AsyncApiClient(str(api.make_url("")), None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from common.errors import NotFound
-from master import service
+from master import accounts
 from master.config import MasterConfig
 from master.service import Master
 
@@ -30,7 +30,7 @@ async def test_a_known_key_is_read_from_the_store_once_per_cache_period(tmp_path
             with pytest.raises(NotFound):
                 await master.check_api_key("igak_made_up")
         assert len(reads) == 4  # unknown keys are never remembered
-        monkeypatch.setattr(service, "API_KEY_CACHE_S", 0.0)
+        monkeypatch.setattr(accounts, "API_KEY_CACHE_S", 0.0)
         other = await master.create_api_key("ci")
         await master.check_api_key(other)
         await master.check_api_key(other)

@@ -54,6 +54,7 @@ async def _plant_good_and_bad_records(store_url: str) -> dict[Aggregate, str]:
             Aggregate.REVOCATIONS: await poison(store, Aggregate.REVOCATIONS, "0b"),
             Aggregate.ROLLUPS: await poison(store, Aggregate.ROLLUPS, "GPU-a", minute=2),
             Aggregate.WORKLOADS: await poison(store, Aggregate.WORKLOADS, "wl-bad"),
+            Aggregate.ACCOUNTS: await poison(store, Aggregate.ACCOUNTS, "bad-account"),
         }
     finally:
         await store.close()
@@ -102,6 +103,8 @@ async def test_the_master_starts_and_serves_with_an_undecodable_record_in_every_
             await master.enrollment.enroll(POISONED_TOKEN, make_csr(generate_key(), "host").decode())
         assert refused.value.code == "token_unknown"
         assert [r.minute for r in await master.store.rollups.list("GPU-a")] == [1]  # the telemetry history's read
+        accounts = await client.get("/api/v1/accounts", headers=auth)
+        assert accounts.status == 200 and [a["id"] for a in (await accounts.json())["items"]] == ["operator"]
 
         # Each bad record is reported: an event naming its aggregate and key, a log line, a count.
         reported = await _reported(client, auth, len(Aggregate))
@@ -135,4 +138,21 @@ async def test_a_command_with_a_nan_timeout_is_refused_and_the_commands_stay_lis
         assert master.ledger.open == {}
     finally:
         await client.close()
+        await master.stop()
+
+
+async def test_the_master_starts_when_its_own_operator_account_is_unreadable(store_url: str, tmp_path: Path) -> None:
+    """The operator account is ensured at every start; an undecodable one is quarantined and left, not a crash."""
+    store = open_store(store_url)
+    await store.open()
+    try:
+        await poison(store, Aggregate.ACCOUNTS, "operator")
+    finally:
+        await store.close()
+    master = Master(MasterConfig(state_dir=str(tmp_path / "master"), link_port=0), store=open_store(store_url))
+    await master.start()
+    try:
+        assert await master.store.accounts.get("operator") is None  # still there, still unreadable, and reported
+        assert len(master.store.quarantine) == 1
+    finally:
         await master.stop()

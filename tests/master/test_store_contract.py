@@ -15,6 +15,7 @@ import pytest
 from common.errors import ConfigError
 from common.inventory import GpuInfo, HostInfo, NvLink
 from master.records import (
+    AccountRecord,
     AgentRecord,
     ApiKeyRecord,
     Assignment,
@@ -369,6 +370,93 @@ async def test_api_key_round_trips_and_put_replaces(store: Store) -> None:
     assert await store.api_keys.get("z" * 64) is None
 
 
+async def test_api_keys_are_found_by_public_key_id_and_listed_by_account_oldest_first(store: Store) -> None:
+    def key(n: int, subject: str, **overrides: Any) -> ApiKeyRecord:
+        fields: dict[str, Any] = dict(
+            key_hash=f"{n:064x}", name=f"k{n}", role="", created_at=NOW + 10 - n, subject=subject, key_id=f"key-{n}"
+        )
+        return ApiKeyRecord(**(fields | overrides))
+
+    for rec in (
+        key(1, "acme"),
+        key(2, "acme"),
+        key(3, "bob"),
+        ApiKeyRecord(key_hash="e" * 64, name="legacy", role="operator", created_at=NOW),
+    ):
+        await store.api_keys.put(rec)
+    assert_same(await store.api_keys.by_key_id("key-3"), key(3, "bob"))
+    assert await store.api_keys.by_key_id("key-9") is None
+    assert await store.api_keys.by_key_id("") is None  # legacy keys have no public id and are never found by one
+    assert [k.key_id for k in await store.api_keys.list(subject="acme")] == ["key-2", "key-1"]
+    revoked = key(2, "acme", revoked_at=NOW + 20, last_used=NOW + 19)
+    await store.api_keys.put(revoked)
+    assert_same(await store.api_keys.list(subject="acme"), [revoked, key(1, "acme")])
+    assert [k.name for k in await store.api_keys.list(subject="")] == ["legacy"]
+    assert await store.api_keys.list(subject="nobody") == []
+
+
+async def test_marking_a_key_used_sets_last_used_only_and_keeps_a_revocation(store: Store) -> None:
+    key = ApiKeyRecord(key_hash="k" * 64, name="ci", role="", created_at=NOW, subject="acme", key_id="key-1")
+    await store.api_keys.put(msgspec.structs.replace(key, revoked_at=NOW + 1))  # written by another Master meanwhile
+    await store.api_keys.mark_used("k" * 64, NOW + 2)
+    assert_same(await store.api_keys.get("k" * 64), msgspec.structs.replace(key, revoked_at=NOW + 1, last_used=NOW + 2))
+    await store.api_keys.mark_used("z" * 64, NOW + 2)
+    assert await store.api_keys.get("z" * 64) is None
+
+
+# --- accounts ---------------------------------------------------------------------------------------
+
+
+def account(account_id: str, role: str = "renter", **overrides: Any) -> AccountRecord:
+    fields: dict[str, Any] = dict(id=account_id, role=role, name=account_id.title(), created_at=NOW)
+    return AccountRecord(**(fields | overrides))
+
+
+async def test_an_account_round_trips_every_field(store: Store) -> None:
+    full = account(
+        "lab-7", share=2.5, project_shares={"vision": 3.0, "nlp": 1.0}, gpu_quota=16, tier_quotas={"h100": 8}, disabled=True
+    )
+    assert await store.accounts.add(full)
+    assert_same(await store.accounts.get("lab-7"), full)
+    assert await store.accounts.get("lab-8") is None
+
+
+async def test_adding_a_taken_account_id_is_refused_and_changes_nothing(store: Store) -> None:
+    assert await store.accounts.add(account("acme", "provider"))
+    assert not await store.accounts.add(account("acme", "renter", name="Impostor"))
+    assert_same(await store.accounts.get("acme"), account("acme", "provider"))
+
+
+async def test_of_concurrent_adds_of_one_account_id_exactly_one_wins(open_stores: OpenStore) -> None:
+    stores = [await open_stores() for _ in range(3)]
+    won = await asyncio.gather(*(s.accounts.add(account("acme", name=f"try {i}")) for i, s in enumerate(stores)))
+    assert sorted(won) == [False, False, True]
+
+
+async def test_putting_an_account_replaces_it_and_moves_it_between_roles(store: Store) -> None:
+    await store.accounts.add(account("acme", "provider"))
+    changed = account("acme", "renter", disabled=True, gpu_quota=0, updated_at=NOW + 1)
+    await store.accounts.put(changed)
+    assert_same(await store.accounts.get("acme"), changed)
+    assert await store.accounts.list(role="provider") == []
+    assert [a.id for a in await store.accounts.list(role="renter")] == ["acme"]
+
+
+async def test_accounts_list_by_role_in_id_order_after_a_cursor_up_to_a_limit(store: Store) -> None:
+    for account_id, role in (
+        ("zed", "renter"),
+        ("acme", "provider"),
+        ("bob", "renter"),
+        ("ops", "operator"),
+        ("carol", "renter"),
+    ):
+        await store.accounts.add(account(account_id, role))
+    assert [a.id for a in await store.accounts.list()] == ["acme", "bob", "carol", "ops", "zed"]
+    assert [a.id for a in await store.accounts.list(role="renter")] == ["bob", "carol", "zed"]
+    assert [a.id for a in await store.accounts.list(role="renter", after="bob", limit=1)] == ["carol"]
+    assert [a.id for a in await store.accounts.list(after="ops")] == ["zed"]
+
+
 # --- events -----------------------------------------------------------------------------------------
 
 
@@ -491,6 +579,25 @@ async def test_an_sqlite_file_written_by_schema_version_1_is_migrated(tmp_path: 
         assert_same(await store.agents.get("agt-1"), agent())
         await store.rollups.put_many([rollup("GPU-a", 1)])  # the table version 2 added
         assert len(await store.rollups.list("GPU-a")) == 1
+    finally:
+        await store.close()
+
+
+async def test_api_keys_written_at_schema_version_2_are_listed_by_account_after_migrating(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    legacy = ApiKeyRecord(key_hash="a" * 64, name="bootstrap operator", role="operator", created_at=NOW)
+    by_hand = ApiKeyRecord(key_hash="b" * 64, name="acme ci", role="provider", created_at=NOW, subject="acme")
+    with sqlite3.connect(path, isolation_level=None) as conn:
+        assert migrate_sqlite(conn, up_to=2) == 2
+        for rec in (legacy, by_hand):
+            conn.execute("INSERT INTO api_keys (key_hash, doc) VALUES (?, ?)", (rec.key_hash, msgspec.json.encode(rec).decode()))
+    conn.close()
+    store = SqliteStore(str(path))
+    await store.open()
+    try:
+        assert_same(await store.api_keys.get("a" * 64), legacy)
+        assert_same(await store.api_keys.list(subject="acme"), [by_hand])
+        assert await store.accounts.add(account("acme", "provider"))  # the table version 4 added
     finally:
         await store.close()
 

@@ -31,6 +31,7 @@ _SQLITE_COLUMNS: dict[Aggregate, dict[str, Any]] = {
     Aggregate.REVOCATIONS: {"serial": KEY, "agent_id": "agt-1", "revoked_at": 1_700_000_000.0},
     Aggregate.ROLLUPS: {"gpu_uuid": KEY, "minute": 5},
     Aggregate.WORKLOADS: {"id": KEY, "account": "bob", "state": "queued", "listed": "0|poisoned", "version": 0},
+    Aggregate.ACCOUNTS: {"id": KEY, "role": "renter"},
 }
 # The MongoDB field each SQLite column is kept in, where the names differ; the key column is _id.
 _MONGO_FIELD = {"idx": "index"}
@@ -45,6 +46,7 @@ _BROKEN: dict[Aggregate, dict[str, Any]] = {
     Aggregate.REVOCATIONS: {"reason": 7},
     Aggregate.ROLLUPS: {"agent_id": "agt-1", "samples": "many"},
     Aggregate.WORKLOADS: {"account": "bob", "spec": "not a spec", "state": "queued", "created_at": 0.0},
+    Aggregate.ACCOUNTS: {"share": "a lot"},
 }
 
 

@@ -10,6 +10,7 @@ from pymongo.errors import PyMongoError
 
 from common.errors import ConfigError
 from master.store.base import (
+    AccountRepo,
     AgentRepo,
     ApiKeyRepo,
     CommandRepo,
@@ -22,6 +23,7 @@ from master.store.base import (
 )
 from master.store.metrics import StoreMetrics
 from master.store.migrations import migrate_mongo, mongo_schema_version
+from master.store.mongo.accounts import MongoAccountRepo
 from master.store.mongo.agents import MongoAgentRepo
 from master.store.mongo.api_keys import MongoApiKeyRepo
 from master.store.mongo.commands import MongoCommandRepo
@@ -48,6 +50,7 @@ class MongoStore:
         self.commands: CommandRepo = MongoCommandRepo(*upkeep)
         self.tokens: TokenRepo = MongoTokenRepo(*upkeep)
         self.api_keys: ApiKeyRepo = MongoApiKeyRepo(*upkeep)
+        self.accounts: AccountRepo = MongoAccountRepo(*upkeep)
         self.events: EventRepo = MongoEventRepo(*upkeep)
         self.revocations: RevocationRepo = MongoRevocationRepo(*upkeep)
         self.rollups: RollupRepo = MongoRollupRepo(*upkeep)

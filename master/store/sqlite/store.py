@@ -6,6 +6,7 @@ import sqlite3
 
 from common.errors import ConfigError
 from master.store.base import (
+    AccountRepo,
     AgentRepo,
     ApiKeyRepo,
     CommandRepo,
@@ -19,6 +20,7 @@ from master.store.base import (
 from master.store.metrics import StoreMetrics
 from master.store.migrations import migrate_sqlite, sqlite_schema_version
 from master.store.quarantine import Quarantine
+from master.store.sqlite.accounts import SqliteAccountRepo
 from master.store.sqlite.agents import SqliteAgentRepo
 from master.store.sqlite.api_keys import SqliteApiKeyRepo
 from master.store.sqlite.commands import SqliteCommandRepo
@@ -45,6 +47,7 @@ class SqliteStore:
         self.commands: CommandRepo = SqliteCommandRepo(*upkeep)
         self.tokens: TokenRepo = SqliteTokenRepo(*upkeep)
         self.api_keys: ApiKeyRepo = SqliteApiKeyRepo(*upkeep)
+        self.accounts: AccountRepo = SqliteAccountRepo(*upkeep)
         self.events: EventRepo = SqliteEventRepo(*upkeep)
         self.revocations: RevocationRepo = SqliteRevocationRepo(*upkeep)
         self.rollups: RollupRepo = SqliteRollupRepo(*upkeep)

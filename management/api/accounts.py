@@ -1,0 +1,99 @@
+"""Accounts and their API keys, and whoami.
+
+The operator creates, lists and changes accounts and manages every account's keys. Any other account
+reads its own account and manages its own keys (create, list, revoke); another account answers 404.
+A key is shown once, when it is created; afterwards only its public ``key_id`` and its dates are.
+"""
+
+from __future__ import annotations
+
+import msgspec
+from aiohttp import web
+
+from management.api.audit import created
+from management.api.auth import OPERATIONS_KEY, scope_of
+from management.api.paging import decode_cursor, page_response
+from management.api.requests import json_response, parse_body, parse_query
+from management.api.schemas import AccountQuery, CreateAccount, CreateApiKey, EmptyQuery, PageQuery, UpdateAccount
+from management.operations import AccountIdKey, PositionKey
+from management.views import account_view, api_key_view, issued_api_key_view, whoami_view
+from master.accounts import AccountChange
+from master.records import AccountRecord
+
+ACCOUNTS = "accounts"
+KEYS = "keys"
+
+
+async def whoami(request: web.Request) -> web.Response:
+    parse_query(request, EmptyQuery)
+    principal = scope_of(request).principal
+    account = await request.app[OPERATIONS_KEY].get_account(principal.account)
+    view = whoami_view(principal.account, principal.role.value, principal.key_id, principal.name, account.name)
+    return json_response(view)
+
+
+async def create_account(request: web.Request) -> web.Response:
+    body = await parse_body(request, CreateAccount)
+    account = await request.app[OPERATIONS_KEY].create_account(AccountRecord(**msgspec.structs.asdict(body)))
+    created(request, account.id)
+    return json_response(account_view(account), status=201)
+
+
+async def list_accounts(request: web.Request) -> web.Response:
+    query = parse_query(request, AccountQuery)
+    page = await request.app[OPERATIONS_KEY].list_accounts(
+        role=query.role,
+        owner=scope_of(request).owner,
+        after=decode_cursor(ACCOUNTS, query, AccountIdKey),
+        limit=query.limit,
+    )
+    return page_response(ACCOUNTS, query, page, account_view)
+
+
+async def get_account(request: web.Request) -> web.Response:
+    parse_query(request, EmptyQuery)
+    account = await request.app[OPERATIONS_KEY].get_account(request.match_info["account_id"], owner=scope_of(request).owner)
+    return json_response(account_view(account))
+
+
+async def update_account(request: web.Request) -> web.Response:
+    body = await parse_body(request, UpdateAccount)
+    change = AccountChange(**msgspec.structs.asdict(body))
+    account = await request.app[OPERATIONS_KEY].update_account(request.match_info["account_id"], change)
+    return json_response(account_view(account))
+
+
+async def create_api_key(request: web.Request) -> web.Response:
+    body = await parse_body(request, CreateApiKey)
+    issued = await request.app[OPERATIONS_KEY].create_api_key(
+        request.match_info["account_id"], body.name, owner=scope_of(request).owner
+    )
+    created(request, issued.record.key_id)
+    return json_response(issued_api_key_view(issued.key, issued.record), status=201)
+
+
+async def list_api_keys(request: web.Request) -> web.Response:
+    query = parse_query(request, PageQuery)
+    page = await request.app[OPERATIONS_KEY].list_api_keys(
+        request.match_info["account_id"],
+        owner=scope_of(request).owner,
+        after=decode_cursor(KEYS, query, PositionKey),
+        limit=query.limit,
+    )
+    return page_response(KEYS, query, page, api_key_view)
+
+
+async def revoke_api_key(request: web.Request) -> web.Response:
+    key = await request.app[OPERATIONS_KEY].revoke_api_key(request.match_info["key_id"], owner=scope_of(request).owner)
+    return json_response(api_key_view(key))
+
+
+def add_routes(router: web.UrlDispatcher) -> None:
+    router.add_get("/api/v1/whoami", whoami)
+    router.add_post("/api/v1/accounts", create_account)
+    router.add_get("/api/v1/accounts", list_accounts)
+    router.add_get("/api/v1/accounts/{account_id}", get_account)
+    router.add_patch("/api/v1/accounts/{account_id}", update_account)
+    router.add_post("/api/v1/accounts/{account_id}/keys", create_api_key)
+    router.add_get("/api/v1/accounts/{account_id}/keys", list_api_keys)
+    router.add_post("/api/v1/keys/{key_id}/revoke", revoke_api_key)

@@ -1,0 +1,106 @@
+"""Per-key rate limits (management/api/ratelimit.py): a token bucket per API key; a key over its limit gets 429
+with Retry-After and the JSON error shape, and never slows another key."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from management.api import ApiSettings, build_app
+from management.api.ratelimit import KeyRateLimits
+from master.config import MasterConfig
+from master.service import Master
+from tests.management.hosts import api_key
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_key_gets_its_burst_at_once_then_its_rate_and_another_key_its_own_burst():
+    clock = FakeClock()
+    limits = KeyRateLimits(rate=2.0, burst=3, clock=clock)
+    assert [limits.retry_after_s("a") for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert limits.retry_after_s("a") == pytest.approx(0.5)  # one request's worth at 2 a second
+    assert [limits.retry_after_s("b") for _ in range(3)] == [0.0, 0.0, 0.0]  # "a" being out costs "b" nothing
+    clock.now += 0.5
+    assert limits.retry_after_s("a") == 0.0
+    assert limits.retry_after_s("a") > 0
+
+
+def test_a_limit_that_allows_nothing_is_refused_at_start():
+    with pytest.raises(ValueError, match="rate > 0"):
+        KeyRateLimits(rate=0, burst=10)
+
+
+@pytest.fixture
+async def limited(tmp_path) -> AsyncIterator[TestClient]:
+    """The API with a burst of 3 and a refill too slow to matter within a test."""
+    master = Master(MasterConfig(state_dir=str(tmp_path), link_port=0))
+    await master.start()
+    client = TestClient(TestServer(build_app(master, ApiSettings(key_rate_per_s=0.01, key_burst=3))))
+    await client.start_server()
+    client.master = master  # type: ignore[attr-defined]
+    yield client
+    await client.close()
+    await master.stop()
+
+
+async def test_a_key_over_its_limit_gets_429_with_retry_after_and_another_key_is_served(limited):
+    busy = await api_key(limited.master, "renter", "busy")
+    calm = await api_key(limited.master, "renter", "calm")
+    assert [(await limited.get("/api/v1/tiers", headers=busy)).status for _ in range(3)] == [200, 200, 200]
+    refused = await limited.get("/api/v1/tiers", headers=busy)
+    assert refused.status == 429
+    assert int(refused.headers["Retry-After"]) >= 1
+    error = (await refused.json())["error"]
+    assert error["code"] == "rate_limited" and "retry in" in error["message"]
+    assert (await limited.get("/api/v1/tiers", headers=calm)).status == 200
+    assert (await limited.get("/healthz")).status == 200  # not an API call: no key, no limit
+
+
+def test_the_limits_are_master_settings_from_a_file_or_the_environment(tmp_path):
+    from management.server import MasterServer
+    from master.config import load_master_config
+
+    config = load_master_config(
+        env={"IDLEGRID_MASTER_API_KEY_RATE_PER_S": "1e9", "IDLEGRID_MASTER_API_KEY_BURST": "1000000000"},
+        overrides={"state_dir": str(tmp_path)},
+    )
+    settings = MasterServer(config).api_settings
+    assert (settings.key_rate_per_s, settings.key_burst) == (1e9, 1_000_000_000)
+    assert (ApiSettings().key_rate_per_s, ApiSettings().key_burst) == (20.0, 40)  # the defaults
+
+
+def test_the_client_sends_a_429_again_after_its_retry_after_a_few_times_and_nothing_else():
+    from management.client import MAX_RETRY_AFTER_S, RATE_LIMIT_RETRIES, retry_after_s
+
+    assert retry_after_s(429, {"retry-after": "2"}, attempt=0) == 2.0
+    assert retry_after_s(429, {"Retry-After": "3600"}, attempt=0) == MAX_RETRY_AFTER_S
+    assert retry_after_s(429, {}, attempt=0) == 1.0
+    assert retry_after_s(429, {"Retry-After": "1"}, attempt=RATE_LIMIT_RETRIES) is None  # then the 429 is the answer
+    assert retry_after_s(503, {"Retry-After": "1"}, attempt=0) is None
+
+
+async def test_the_client_waits_out_its_keys_limit_and_gets_its_answer(tmp_path):
+    from management.client import AsyncApiClient
+
+    master = Master(MasterConfig(state_dir=str(tmp_path), link_port=0))
+    await master.start()
+    server = TestServer(build_app(master, ApiSettings(key_rate_per_s=2.0, key_burst=1)))
+    await server.start_server()
+    key = (await api_key(master, "renter", "bob"))["Authorization"].removeprefix("Bearer ")
+    try:
+        async with AsyncApiClient(str(server.make_url("")), key) as client:
+            first = await client.whoami()
+            second = await client.whoami()  # over the limit: answered 429, sent again after Retry-After (1 s)
+        assert first == second and second["account"] == "bob"
+    finally:
+        await server.close()
+        await master.stop()
