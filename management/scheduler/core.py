@@ -82,6 +82,9 @@ class _Cycle:
         self.preempting: dict[str, int] = {}  # preemptor -> victims it waits for
         self._reserve_keys: list[str] = []
         self._reject_cache: dict[tuple[object, ...], str | None] = {}
+        self._no_fit: set[tuple[object, ...]] = set()
+        self._victims_by_rank: dict[int, list[Job]] = {}
+        self._preempt_attempts = 0
         for job in snapshot.running.values():
             if job.assignment:
                 self._charge(job, job.assignment)
@@ -173,8 +176,12 @@ class _Cycle:
                 return "behind_head"
             if not self._ends_before_head(job):
                 exclude = self.head.hosts
-        assignment = self.pool.place(job, exclude)
-        if assignment is not None:
+        fail_key = (job.request, job.constraints, job.replicas, job.placement, bool(exclude))
+        assignment = None if fail_key in self._no_fit else self.pool.place(job, exclude)
+        if assignment is None:
+            # the pool only shrinks during a cycle (what-ifs are undone), so the same ask fails again
+            self._no_fit.add(fail_key)
+        else:
             over = self._quota_check(job, assignment)
             if over is not None:
                 self.pool.release(job.id)
@@ -184,16 +191,17 @@ class _Cycle:
             self.placed_jobs[job.id] = job
             return "placed"
         cls = self._class(job)
-        if cls is not None and cls.may_preempt and self._preempt_for(job, cls, exclude):
+        if (
+            cls is not None
+            and cls.may_preempt
+            and self._preempt_attempts < self.policy.max_preemption_attempts_per_cycle
+            and self._preempt_for(job, cls, exclude)
+        ):
             return "preempting"
         if self.head is None:
             self.head = self._reservation(job)
             return "head"
-        return "behind_head" if self.pool.place(job) is not None and self._undo_place(job) else "no_room"
-
-    def _undo_place(self, job: Job) -> bool:
-        self.pool.release(job.id)
-        return True
+        return "waiting"
 
     def _ends_before_head(self, job: Job) -> bool:
         head = self.head
@@ -275,16 +283,20 @@ class _Cycle:
     # --- preemption --------------------------------------------------------------------------------
 
     def _victim_candidates(self, cls: PriorityClass) -> list[Job]:
-        out = []
-        for v in self.s.running.values():
-            if v.id in self.victims or v.id in self.broken or not v.preemptible or not v.assignment:
-                continue
-            vc = self._class(v)
-            if vc is None or not vc.preemptible or vc.rank >= cls.rank:
-                continue
-            out.append(v)
-        out.sort(key=lambda v: (-(v.started_at or 0.0), v.id))  # most recently started first
-        return out
+        """Running jobs ``cls`` may preempt, most recently started first (listed once per cycle and class)."""
+        out = self._victims_by_rank.get(cls.rank)
+        if out is None:
+            out = []
+            for v in self.s.running.values():
+                if v.id in self.broken or not v.preemptible or not v.assignment:
+                    continue
+                vc = self._class(v)
+                if vc is None or not vc.preemptible or vc.rank >= cls.rank:
+                    continue
+                out.append(v)
+            out.sort(key=lambda v: (-(v.started_at or 0.0), v.id))
+            self._victims_by_rank[cls.rank] = out
+        return [v for v in out if v.id not in self.victims]
 
     def _fits_with(self, job: Job, exclude: frozenset[str]) -> bool:
         if self.pool.place(job, exclude) is None:
@@ -295,6 +307,7 @@ class _Cycle:
     def _preempt_for(self, job: Job, cls: PriorityClass, exclude: frozenset[str]) -> bool:
         """Decide victims for ``job`` (or find the ones already stopping suffice); False if none make it fit."""
         pool = self.pool
+        self._preempt_attempts += 1
         held: dict[str, Assignment] = {}
         mine = self.terminating.get(job.id, [])
         for v in mine:
@@ -485,7 +498,7 @@ class _Cycle:
                     f"First in line: {job.units_asked} GPUs are reserved for it from t={head.start:g}, when running jobs "
                     f"reach their maximum duration; smaller jobs only use room that does not delay it."
                 )
-        elif status in ("behind_head", "no_room") and head is not None and (status == "behind_head" or e.fits_now):
+        elif status in ("behind_head", "waiting") and head is not None and (status == "behind_head" or e.fits_now):
             hj = head.job
             when = f" at t={head.start:g}" if head.start is not None else ""
             e.blocked_by = f"waits behind {hj.id} (priority {hj.priority}), which has {hj.units_asked} GPUs reserved for it{when}"
