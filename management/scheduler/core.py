@@ -13,7 +13,7 @@ The cycle, in order (docs/scheduler.md has the whole contract):
 from __future__ import annotations
 
 import heapq
-import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from common.errors import NotFound
@@ -32,9 +32,8 @@ from management.scheduler.model import (
     Snapshot,
 )
 from management.scheduler.order import QueueOrder
-from management.scheduler.pool import FreePool, nvlink_group, runtime_allowed, shape_matches, shape_of
+from management.scheduler.pool import FreePool, host_static_ok, nvlink_group, runtime_allowed, shape_matches, shape_of
 
-SINGLE_VICTIM_PROBE = 64  # single-victim preemption tries this many candidates before accumulating
 FILTER_NAMES = (
     "unhealthy or offline",
     "host takes no work",
@@ -81,12 +80,13 @@ class _Cycle:
         self.head: Reservation | None = None
         self.preempting: dict[str, int] = {}  # preemptor -> victims it waits for
         self._reserve_keys: list[str] = []
-        self._reject_cache: dict[tuple[object, ...], str | None] = {}
         self._no_fit: set[tuple[object, ...]] = set()
         self._victims_by_rank: dict[int, list[Job]] = {}
         self._preempt_attempts = 0
+        self.pool.now = snapshot.now
+        quotas = self.policy.quotas
         for job in snapshot.running.values():
-            if job.assignment:
+            if job.assignment and job.account in quotas:  # usage against quotas is all that is counted
                 self._charge(job, job.assignment)
             if job.preempted_for is not None:
                 self.victims.add(job.id)
@@ -110,11 +110,20 @@ class _Cycle:
     # --- 1. reallocation -----------------------------------------------------------------------------
 
     def requeue_broken(self) -> None:
-        for job in sorted(self.s.running.values(), key=lambda j: j.id):
-            reason = self._broken_reason(job)
-            if reason is not None:
+        s = self.s
+        offline = {h.id for h in s.hosts.values() if not h.online}
+        suspects = {s.holders[u.id] for u in s.units.values() if (not u.healthy or u.host in offline) and u.id in s.holders}
+        for job_id in sorted(suspects):
+            job = s.running.get(job_id)
+            reason = self._broken_reason(job) if job is not None else None
+            if job is not None and reason is not None:
                 self.broken.add(job.id)
                 self.plan.decisions.append(Requeue(job.id, reason))
+        for job in s.running.values():  # units that left the grid altogether
+            for replica in job.assignment or ():
+                if any(u not in s.units for u in replica) and job.id not in self.broken:
+                    self.broken.add(job.id)
+                    self.plan.decisions.append(Requeue(job.id, self._broken_reason(job) or "a unit left the grid"))
 
     def _broken_reason(self, job: Job) -> str | None:
         for replica in job.assignment or ():
@@ -187,7 +196,10 @@ class _Cycle:
                 self.pool.release(job.id)
                 return "quota"
             self.plan.decisions.append(Place(job.id, assignment))
-            self._charge(job, assignment)
+            if job.max_duration_s is not None:
+                self.pool.note_end(job.id, self.s.now + job.max_duration_s)
+            if job.account in self.policy.quotas:
+                self._charge(job, assignment)
             self.placed_jobs[job.id] = job
             return "placed"
         cls = self._class(job)
@@ -223,12 +235,11 @@ class _Cycle:
         if quota is not None and quota.gpus is not None and job.units_asked > quota.gpus:
             return f"the job asks for {job.units_asked} GPUs at once; account {job.account}'s quota is {quota.gpus}"
         allow = job.constraints.allow_process_runtime
-        key = (r, job.replicas, allow)
-        if key in self._reject_cache:
-            return self._reject_cache[key]
-        reason = self._capacity_reason(job)
-        self._reject_cache[key] = reason
-        return reason
+        key = (r, job.replicas, allow, self.policy.allow_process_runtime)
+        cache = self.pool.capacity_verdicts
+        if key not in cache:
+            cache[key] = self._capacity_reason(job)
+        return cache[key]
 
     def _capacity_reason(self, job: Job) -> str | None:
         r = job.request
@@ -314,30 +325,12 @@ class _Cycle:
             held[v.id] = pool.release(v.id)
         chosen: list[Job] = []
         if not self._fits_with(job, exclude):
-            candidates = self._victim_candidates(cls)
-            for v in candidates[:SINGLE_VICTIM_PROBE]:  # the fewest: one victim, if one is enough
-                held[v.id] = pool.release(v.id)
-                if self._fits_with(job, exclude):
-                    chosen = [v]
-                    break
-                pool.restore(v, held.pop(v.id))
-            if not chosen:
-                for v in candidates:  # else the most recently started, until it fits ...
-                    held[v.id] = pool.release(v.id)
-                    chosen.append(v)
-                    if self._fits_with(job, exclude):
-                        break
-                else:
-                    for v in chosen + mine:
-                        pool.restore(v, held[v.id])
-                    return False
-                for v in sorted(chosen, key=lambda v: (v.started_at or 0.0, v.id)):  # ... then spare the oldest
+            picked = self._pick_victims(job, cls, exclude, held)
+            if picked is None:
+                for v in mine:
                     pool.restore(v, held[v.id])
-                    if self._fits_with(job, exclude):
-                        chosen.remove(v)
-                        del held[v.id]
-                    else:
-                        held[v.id] = pool.release(v.id)
+                return False
+            chosen = picked
         assignment = pool.place(job, exclude)
         assert assignment is not None  # it fitted with exactly these units released
         pool.release(job.id)
@@ -356,23 +349,89 @@ class _Cycle:
         self.preempting[job.id] = len(chosen) + len(mine)
         return True
 
+    def _pick_victims(
+        self, job: Job, cls: PriorityClass, exclude: frozenset[str], held: dict[str, Assignment]
+    ) -> list[Job] | None:
+        """The fewest victims (then the most recently started) whose units make ``job`` fit, left released.
+
+        Per host, the victims to free for one replica are counted (most recently started first); hosts are
+        taken cheapest first until the job fits, then victims it turns out not to need are spared, oldest first.
+        On failure everything is restored and None is returned.
+        """
+        pool, units, hosts = self.pool, self.s.units, self.s.hosts
+        g = job.request.gpus
+        shapes = set(pool.shapes_for(job.request))
+        on_host: dict[str, list[Job]] = {}
+        for v in self._victim_candidates(cls):
+            for h in {units[u].host for rep in v.assignment or () for u in rep if u in units}:
+                on_host.setdefault(h, []).append(v)
+        options: list[tuple[int, float, str, list[Job]]] = []
+        for h, victims in on_host.items():
+            host = hosts.get(h)
+            if h in exclude or host is None or not host_static_ok(host, job, self.policy):
+                continue
+            idle = pool.free.get(h, {})
+            best: tuple[int, float, str, list[Job]] | None = None
+            for shape in shapes:
+                have = len(idle.get(shape, ()))
+                gains = [
+                    (sum(1 for rep in v.assignment or () for u in rep if units[u].host == h and shape_of(units[u]) == shape), v)
+                    for v in victims
+                ]
+                # the largest first gives the fewest victims; among equal gains the most recently started
+                gains.sort(key=lambda gv: (-gv[0], -(gv[1].started_at or 0.0), gv[1].id))
+                need: list[Job] = []
+                for gain, v in gains:
+                    if have >= g or not gain:
+                        break
+                    need.append(v)
+                    have += gain
+                if have >= g and need:
+                    option = (len(need), -max(v.started_at or 0.0 for v in need), h, need)
+                    best = option if best is None or option[:2] < best[:2] else best
+            if best is not None:
+                options.append(best)
+        options.sort(key=lambda o: (o[0], o[1], o[2]))
+        chosen: list[Job] = []
+        fits = False
+        for _, _, _, need in options:
+            for v in need:
+                if v.id not in held:
+                    held[v.id] = pool.release(v.id)
+                    chosen.append(v)
+            if self._fits_with(job, exclude):
+                fits = True
+                break
+        if not fits:
+            for v in chosen:
+                pool.restore(v, held.pop(v.id))
+            return None
+        for v in sorted(chosen, key=lambda v: (v.started_at or 0.0, v.id)):  # spare the oldest it does not need
+            if len(chosen) == 1:
+                break
+            pool.restore(v, held[v.id])
+            if self._fits_with(job, exclude):
+                chosen = [c for c in chosen if c.id != v.id]
+                del held[v.id]
+            else:
+                held[v.id] = pool.release(v.id)
+        return chosen
+
     # --- EASY backfill reservation -------------------------------------------------------------------
 
-    def _ending(self) -> list[tuple[float, Job]]:
+    def _ending(self) -> Iterator[tuple[float, Job]]:
+        """Jobs holding units, in the order they will have ended (max durations; victims by grace; broken now)."""
         now = self.s.now
-        out: list[tuple[float, Job]] = []
-        for job in list(self.s.running.values()) + list(self.placed_jobs.values()):
-            if job.id not in self.pool.holds:
+        early: list[tuple[float, str]] = [(now, j) for j in self.broken]
+        early += [(now + self.policy.grace_s, j) for j in self.victims]
+        seen: set[str] = set()
+        for end, job_id in self.pool.ends_in_order(early):
+            if job_id in seen or job_id not in self.pool.holds:
                 continue
-            end = job.ends_at if job.id in self.s.running else (now + job.max_duration_s if job.max_duration_s else None)
-            if job.id in self.broken:
-                end = now
-            elif job.id in self.victims:
-                end = min(end if end is not None else math.inf, now + self.policy.grace_s)
-            if end is not None and end != math.inf:
-                out.append((max(end, now), job))
-        out.sort(key=lambda e: (e[0], e[1].id))
-        return out
+            seen.add(job_id)
+            job = self.s.running.get(job_id) or self.placed_jobs.get(job_id)
+            if job is not None:
+                yield max(end, now), job
 
     def earliest_fit(self, job: Job) -> tuple[float, frozenset[str]] | None:
         """The earliest time ``job`` fits as running jobs end (jobs ahead ignored), and the hosts it gets then."""

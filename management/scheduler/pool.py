@@ -17,6 +17,7 @@ and undone by their inverse, so the index is never copied during a cycle.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
@@ -104,12 +105,39 @@ class FreePool:
         self.holds: dict[str, _Hold] = {}
         self._shapes_for: dict[ReplicaRequest, list[Shape]] = {}
         self._static: dict[Shape, dict[str, int]] | None = None
+        self.capacity_verdicts: dict[tuple[object, ...], str | None] = {}  # for rejections; the grid's shape is fixed
+        self.now = snapshot.now
+        self.ends: dict[str, float] = {}  # job -> when it ends at the latest (max duration), where known
+        self._ends_heap: list[tuple[float, str]] = []
         for uid in sorted(self.units, key=lambda u: (self.units[u].host, self.units[u].index, u)):
             if uid not in self.holder:
                 self._add_free(uid)
         for job in snapshot.running.values():
             if job.assignment is not None:
                 self._record(job, job.assignment)
+                if job.ends_at is not None:
+                    self.note_end(job.id, job.ends_at)
+
+    # --- when holds end --------------------------------------------------------------------------------
+
+    def note_end(self, job_id: str, end: float) -> None:
+        self.ends[job_id] = end
+        heapq.heappush(self._ends_heap, (end, job_id))
+        if len(self._ends_heap) > 2 * len(self.holds) + 1024:  # drop entries of jobs that are gone
+            self.ends = {j: e for j, e in self.ends.items() if j in self.holds}
+            self._ends_heap = [(e, j) for j, e in self.ends.items()]
+            heapq.heapify(self._ends_heap)
+
+    def ends_in_order(self, extra: list[tuple[float, str]]) -> Iterator[tuple[float, str]]:
+        """(end, job id) of current holds by end time, ``extra`` merged in; may repeat a job (callers skip)."""
+        heap = self._ends_heap.copy()
+        if extra:
+            heap.extend(extra)
+            heapq.heapify(heap)
+        while heap:
+            end, job_id = heapq.heappop(heap)
+            if job_id in self.holds and (self.ends.get(job_id) == end or (end, job_id) in extra):
+                yield end, job_id
 
     # --- index maintenance -------------------------------------------------------------------------
 
