@@ -20,6 +20,7 @@ import resource
 import statistics
 import time
 from dataclasses import dataclass, replace
+from collections.abc import Iterable
 from typing import Any
 
 from common.catalog import GpuModel, resolve_alias
@@ -160,10 +161,8 @@ def run_scheduler_bench(o: SchedulerBenchOptions) -> dict[str, Any]:
             else:
                 queue.pop(d.job_id, None)
                 rejects += 1
-        if queue:
-            busy = len(holders)  # every generated job fits this grid when it is empty
-            asked = sum(job.units_asked for job in queue.values())
-            utilization.append(busy / min(total_units, busy + asked))
+        if queue and backlog_cycles:  # steady state: the backlog's ramp (a bounded batch per cycle) is not counted
+            utilization.append(_utilization(pool, queue.values(), len(holders)))
         if not backlog_cycles and not plan.places():
             backlog_cycles = cycle + 1  # the backlog is placed as far as it goes: the steady stream starts
         cycle += 1
@@ -192,6 +191,28 @@ def run_scheduler_bench(o: SchedulerBenchOptions) -> dict[str, Any]:
         "index_build_s": round(index_build_s, 3),
         "setup_s": round(setup_s, 2),
     }
+
+
+def _utilization(pool: FreePool, queue: Iterable[Job], busy: int) -> float:
+    """Busy GPUs over what could be busy: idle GPUs count only as far as queued jobs could use them.
+
+    Jobs that name a model can use only idle GPUs of that model; the others any idle GPU (every generated
+    job fits the empty grid). Fragmentation is not subtracted: idle GPUs a gang cannot use count against us.
+    """
+    idle_by_model: dict[str, int] = {}
+    for shape, buckets in pool.buckets.items():
+        idle_by_model[shape[0]] = idle_by_model.get(shape[0], 0) + sum(c * len(h) for c, h in buckets.items())
+    asked_any = 0
+    asked_by_model: dict[str, int] = {}
+    for job in queue:
+        if job.request.models:
+            (model,) = job.request.models
+            asked_by_model[model] = asked_by_model.get(model, 0) + job.units_asked
+        else:
+            asked_any += job.units_asked
+    usable = asked_any + sum(min(idle_by_model.get(m, 0), n) for m, n in asked_by_model.items())
+    could = busy + min(sum(idle_by_model.values()), usable)
+    return busy / could if could else 1.0
 
 
 def _finish(jid: str, running: dict[str, Job], holders: dict[str, str], pool: FreePool) -> None:
