@@ -1,4 +1,4 @@
-"""``python -m bench fleet|ingest|api-pages ...``: run a benchmark, print a table, write JSON."""
+"""``python -m bench fleet|ingest|api-pages|scheduler ...``: run a benchmark, print a table, write JSON."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from bench.api_pages import api_pages_table
 from bench.api_pages import run as run_api_pages
 from bench.fleet import FleetOptions, run_fleet_bench
 from bench.ingest import run_ingest_bench
+from bench.scheduler import SchedulerBenchOptions, run_scheduler_bench, scheduler_table
 
 TARGETS = {  # bench/README.md: the issue's targets, beside which every figure is printed
     "ready_s": ("<=", 60.0),
@@ -178,6 +179,43 @@ def _run_api_pages(args: argparse.Namespace) -> int:
     return 0 if result["every_gpu_once_in_order"] else 1
 
 
+def _scheduler_parser(sub: argparse._SubParsersAction) -> None:
+    d = SchedulerBenchOptions()
+    p = sub.add_parser(
+        "scheduler",
+        help="the scheduler core on a generated grid: placements/s, cycle p50/p99, memory, utilization",
+        description="Place a backlog of workloads on a generated grid, then run a steady arrival stream with "
+        "completions, in simulated time, timing each scheduling cycle (one core).",
+    )
+    p.add_argument("--hosts", type=int, default=d.hosts, help=f"hosts (default {d.hosts})")
+    p.add_argument("--gpus-per-host", type=int, default=d.gpus_per_host, help=f"GPUs per host (default {d.gpus_per_host})")
+    p.add_argument("--queued", type=int, default=d.queued, help=f"workloads queued at the start (default {d.queued})")
+    p.add_argument("--accounts", type=int, default=d.accounts, help=f"accounts (default {d.accounts})")
+    p.add_argument(
+        "--steady-cycles", type=int, default=d.steady_cycles, help=f"cycles after the backlog (default {d.steady_cycles})"
+    )
+    p.add_argument("--arrivals", type=int, default=d.arrivals_per_cycle, help="workloads arriving per cycle in the steady phase")
+    p.add_argument("--seed", type=int, default=d.seed, help="seed of the generated grid and workloads")
+    p.add_argument("--json", type=Path, help="write the figures here")
+    p.set_defaults(func=_run_scheduler)
+
+
+def _run_scheduler(args: argparse.Namespace) -> int:
+    options = SchedulerBenchOptions(
+        hosts=args.hosts,
+        gpus_per_host=args.gpus_per_host,
+        queued=args.queued,
+        accounts=args.accounts,
+        steady_cycles=args.steady_cycles,
+        arrivals_per_cycle=args.arrivals,
+        seed=args.seed,
+    )
+    result = run_scheduler_bench(options)
+    _write(args.json, result)
+    print(scheduler_table(result))
+    return 0
+
+
 def _write(path: Path | None, data: Any) -> None:
     if path is not None:
         path.write_text(json.dumps(data, indent=2) + "\n")
@@ -262,6 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     _fleet_parser(sub)
     _ingest_parser(sub)
     _api_pages_parser(sub)
+    _scheduler_parser(sub)
     return parser
 
 

@@ -1,0 +1,635 @@
+"""One scheduling cycle: ``schedule(snapshot) -> Plan``, and ``explain(snapshot, job_id)`` for one waiting job.
+
+The cycle, in order (docs/scheduler.md has the whole contract):
+1. running jobs on unhealthy units or offline hosts get ``Requeue`` (their units stay held this cycle);
+2. queued jobs are taken in ``QueueOrder`` (class, aging, fair share, FIFO); for each:
+   impossible on this grid -> ``Reject``; over quota -> waits (does not block anyone);
+   fits -> ``Place`` (all replicas or none); else a class that may preempt looks for the fewest lower,
+   preemptible victims whose units make it fit -> ``Preempt`` each; else the first such job is the *head*:
+   it gets a reservation (the earliest time running jobs' ends free enough room) and every later job
+   may start only where it cannot delay that start (EASY backfill).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from common.errors import NotFound
+from management.scheduler.model import (
+    Assignment,
+    Explanation,
+    FilterCount,
+    Job,
+    Place,
+    Plan,
+    Preempt,
+    PriorityClass,
+    QuotaCheck,
+    Reject,
+    Requeue,
+    Snapshot,
+)
+from management.scheduler.order import QueueOrder
+from management.scheduler.pool import FreePool, host_static_ok, nvlink_group, runtime_allowed, shape_matches, shape_of
+
+FILTER_NAMES = (
+    "unhealthy or offline",
+    "host takes no work",
+    "runtime/isolation",
+    "region",
+    "reputation",
+    "bandwidth",
+    "model",
+    "tier",
+    "VRAM",
+    "compute capability",
+    "MIG profile",
+    "CPU",
+    "RAM",
+    "held by others",
+    "NVLink",
+    "replica fit",
+)
+
+
+@dataclass(slots=True)
+class Reservation:
+    """The head's reservation: it can start at ``start`` on ``hosts`` (EASY backfill protects it)."""
+
+    job: Job
+    start: float | None  # None: no running job's end is known that makes room
+    hosts: frozenset[str]
+
+
+class _Cycle:
+    def __init__(self, snapshot: Snapshot, pool: FreePool | None) -> None:
+        self.s = snapshot
+        self.policy = snapshot.policy
+        self.pool = pool if pool is not None else FreePool(snapshot)
+        self.classes = {c.name: c for c in self.policy.classes}
+        self.plan = Plan()
+        self.order = QueueOrder(snapshot)
+        self.in_use: dict[str, int] = {}
+        self.tier_in_use: dict[tuple[str, str], int] = {}
+        self.placed_jobs: dict[str, Job] = {}
+        self.broken: set[str] = set()
+        self.victims: set[str] = set()  # running jobs being stopped (before or during this cycle)
+        self.terminating: dict[str, list[Job]] = {}
+        self.head: Reservation | None = None
+        self.preempting: dict[str, int] = {}  # preemptor -> victims it waits for
+        self._reserve_keys: list[str] = []
+        self._no_fit: set[tuple[object, ...]] = set()
+        self._victims_by_rank: dict[int, list[Job]] = {}
+        self._preempt_attempts = 0
+        self.pool.now = snapshot.now
+        quotas = self.policy.quotas
+        for job in snapshot.running.values():
+            if job.assignment and job.account in quotas:  # usage against quotas is all that is counted
+                self._charge(job, job.assignment)
+            if job.preempted_for is not None:
+                self.victims.add(job.id)
+                self.terminating.setdefault(job.preempted_for, []).append(job)
+
+    # --- bookkeeping ---------------------------------------------------------------------------------
+
+    def _charge(self, job: Job, assignment: Assignment) -> None:
+        units = self.s.units
+        for replica in assignment:
+            for uid in replica:
+                self.in_use[job.account] = self.in_use.get(job.account, 0) + 1
+                unit = units.get(uid)
+                if unit is not None and unit.tier is not None:
+                    key = (job.account, unit.tier)
+                    self.tier_in_use[key] = self.tier_in_use.get(key, 0) + 1
+
+    def _class(self, job: Job) -> PriorityClass | None:
+        return self.classes.get(job.priority)
+
+    # --- 1. reallocation -----------------------------------------------------------------------------
+
+    def requeue_broken(self) -> None:
+        s = self.s
+        offline = {h.id for h in s.hosts.values() if not h.online}
+        suspects = {s.holders[u.id] for u in s.units.values() if (not u.healthy or u.host in offline) and u.id in s.holders}
+        for job_id in sorted(suspects):
+            job = s.running.get(job_id)
+            reason = self._broken_reason(job) if job is not None else None
+            if job is not None and reason is not None:
+                self.broken.add(job.id)
+                self.plan.decisions.append(Requeue(job.id, reason))
+        for job in s.running.values():  # units that left the grid altogether
+            for replica in job.assignment or ():
+                if any(u not in s.units for u in replica) and job.id not in self.broken:
+                    self.broken.add(job.id)
+                    self.plan.decisions.append(Requeue(job.id, self._broken_reason(job) or "a unit left the grid"))
+
+    def _broken_reason(self, job: Job) -> str | None:
+        for replica in job.assignment or ():
+            for uid in replica:
+                unit = self.s.units.get(uid)
+                if unit is None:
+                    return f"unit {uid} left the grid"
+                if not unit.healthy:
+                    return f"unit {uid} on host {unit.host} is unhealthy"
+                host = self.s.hosts.get(unit.host)
+                if host is None or not host.online:
+                    return f"host {unit.host} went offline"
+        return None
+
+    # --- 2. the queue ----------------------------------------------------------------------------------
+
+    def ordered_queue(self, whole: bool) -> list[Job]:
+        queue = self.s.queue
+        limit = self.policy.max_considered_per_cycle
+        if whole or len(queue) <= limit:
+            return self.order.ordered(queue)
+        return heapq.nsmallest(limit, queue, key=self.order.key)
+
+    def run(self, explain: bool, only: str | None = None) -> Explanation | None:
+        ordered = self.ordered_queue(whole=only is not None)
+        places = 0
+        try:
+            for position, job in enumerate(ordered, 1):
+                if only is None and places >= self.policy.max_places_per_cycle:
+                    if explain:
+                        for rest_pos, rest in enumerate(ordered[position - 1 :], position):
+                            self._explain(rest, rest_pos, ordered, "not_reached")
+                    break
+                status = self._consider(job)
+                if status in ("placed", "rejected"):
+                    places += status == "placed"
+                    if job.id == only:
+                        return None
+                    continue
+                if explain or job.id == only:
+                    e = self._explain(job, position, ordered, status)
+                    if job.id == only:
+                        return e
+            return None
+        finally:
+            for key in self._reserve_keys:
+                self.pool.unreserve(key)
+
+    def _consider(self, job: Job) -> str:
+        reason = self._impossible(job)
+        if reason is not None:
+            self.plan.decisions.append(Reject(job.id, reason))
+            return "rejected"
+        if self._quota_check(job, None) is not None:
+            return "quota"
+        exclude: frozenset[str] = frozenset()
+        if self.head is not None:
+            if not self.policy.backfill:
+                return "behind_head"
+            if not self._ends_before_head(job):
+                exclude = self.head.hosts
+        fail_key = (job.request, job.constraints, job.replicas, job.placement, bool(exclude))
+        assignment = None if fail_key in self._no_fit else self.pool.place(job, exclude)
+        if assignment is None:
+            # the pool only shrinks during a cycle (what-ifs are undone), so the same ask fails again
+            self._no_fit.add(fail_key)
+        else:
+            over = self._quota_check(job, assignment)
+            if over is not None:
+                self.pool.release(job.id)
+                return "quota"
+            self.plan.decisions.append(Place(job.id, assignment))
+            if job.max_duration_s is not None:
+                self.pool.note_end(job.id, self.s.now + job.max_duration_s)
+            if job.account in self.policy.quotas:
+                self._charge(job, assignment)
+            self.placed_jobs[job.id] = job
+            return "placed"
+        cls = self._class(job)
+        if (
+            cls is not None
+            and cls.may_preempt
+            and self._preempt_attempts < self.policy.max_preemption_attempts_per_cycle
+            and self._preempt_for(job, cls, exclude)
+        ):
+            return "preempting"
+        if self.head is None:
+            self.head = self._reservation(job)
+            return "head"
+        return "waiting"
+
+    def _ends_before_head(self, job: Job) -> bool:
+        head = self.head
+        if head is None or head.start is None:
+            return True  # no known start to delay
+        return job.max_duration_s is not None and self.s.now + job.max_duration_s <= head.start
+
+    # --- rejection and quota -----------------------------------------------------------------------
+
+    def _impossible(self, job: Job) -> str | None:
+        cls = self._class(job)
+        if cls is None:
+            names = ", ".join(c.name for c in self.policy.classes)
+            return f"priority class {job.priority!r} does not exist (classes: {names})"
+        r = job.request
+        if r.gpus < 1 or job.replicas < 1:
+            return "the job asks for no GPUs (gpus and replicas must be at least 1)"
+        quota = self.policy.quotas.get(job.account)
+        if quota is not None and quota.gpus is not None and job.units_asked > quota.gpus:
+            return f"the job asks for {job.units_asked} GPUs at once; account {job.account}'s quota is {quota.gpus}"
+        allow = job.constraints.allow_process_runtime
+        key = (r, job.replicas, allow, self.policy.allow_process_runtime)
+        cache = self.pool.capacity_verdicts
+        if key not in cache:
+            cache[key] = self._capacity_reason(job)
+        return cache[key]
+
+    def _capacity_reason(self, job: Job) -> str | None:
+        r = job.request
+        static = self.pool.static_counts()
+        shapes = [s for s in static if shape_matches(s, r)]
+        if not shapes:
+            if r.tiers and not any(s[1] in r.tiers for s in static):
+                return f"no GPU on this grid is in tier {', '.join(sorted(r.tiers))}"
+            if r.models and not any(s[0] in r.models for s in static):
+                return f"no GPU on this grid is a {', '.join(sorted(r.models))}"
+            if r.mig_profile is not None and not any(s[4] == r.mig_profile for s in static):
+                return f"no GPU on this grid offers MIG profile {r.mig_profile}"
+            return "no GPU on this grid matches the request (model, tier, VRAM, compute capability, MIG profile)"
+        replicas = 0
+        biggest = 0
+        for shape in shapes:
+            for host_id, count in static[shape].items():
+                host = self.s.hosts.get(host_id)
+                if host is None or not runtime_allowed(host, job, self.policy):
+                    continue
+                biggest = max(biggest, count)
+                replicas += count // r.gpus
+        if biggest < r.gpus:
+            return f"each replica asks for {r.gpus} GPUs on one host; the most any host has that match is {biggest}"
+        if replicas < job.replicas:
+            return f"the gang needs {job.replicas} replicas of {r.gpus} GPUs; this grid can hold at most {replicas}"
+        return None
+
+    def _quota_check(self, job: Job, assignment: Assignment | None) -> QuotaCheck | None:
+        """The quota ``job`` would exceed (before placing: overall; with an assignment: per tier), or None."""
+        quota = self.policy.quotas.get(job.account)
+        if quota is None:
+            return None
+        if assignment is None:
+            used = self.in_use.get(job.account, 0)
+            if quota.gpus is not None and used + job.units_asked > quota.gpus:
+                return QuotaCheck("gpus", quota.gpus, used, job.units_asked)
+            return None
+        asked: dict[str, int] = {}
+        for replica in assignment:
+            for uid in replica:
+                tier = self.s.units[uid].tier
+                if tier is not None:
+                    asked[tier] = asked.get(tier, 0) + 1
+        for tier, n in sorted(asked.items()):
+            limit = quota.per_tier.get(tier)
+            used = self.tier_in_use.get((job.account, tier), 0)
+            if limit is not None and used + n > limit:
+                return QuotaCheck(f"tier:{tier}", limit, used, n)
+        return None
+
+    # --- preemption --------------------------------------------------------------------------------
+
+    def _victim_candidates(self, cls: PriorityClass) -> list[Job]:
+        """Running jobs ``cls`` may preempt, most recently started first (listed once per cycle and class)."""
+        out = self._victims_by_rank.get(cls.rank)
+        if out is None:
+            out = []
+            for v in self.s.running.values():
+                if v.id in self.broken or not v.preemptible or not v.assignment:
+                    continue
+                vc = self._class(v)
+                if vc is None or not vc.preemptible or vc.rank >= cls.rank:
+                    continue
+                out.append(v)
+            out.sort(key=lambda v: (-(v.started_at or 0.0), v.id))
+            self._victims_by_rank[cls.rank] = out
+        return [v for v in out if v.id not in self.victims]
+
+    def _fits_with(self, job: Job, exclude: frozenset[str]) -> bool:
+        if self.pool.place(job, exclude) is None:
+            return False
+        self.pool.release(job.id)
+        return True
+
+    def _preempt_for(self, job: Job, cls: PriorityClass, exclude: frozenset[str]) -> bool:
+        """Decide victims for ``job`` (or find the ones already stopping suffice); False if none make it fit."""
+        pool = self.pool
+        self._preempt_attempts += 1
+        held: dict[str, Assignment] = {}
+        mine = self.terminating.get(job.id, [])
+        for v in mine:
+            held[v.id] = pool.release(v.id)
+        chosen: list[Job] = []
+        if not self._fits_with(job, exclude):
+            picked = self._pick_victims(job, cls, exclude, held)
+            if picked is None:
+                for v in mine:
+                    pool.restore(v, held[v.id])
+                return False
+            chosen = picked
+        assignment = pool.place(job, exclude)
+        assert assignment is not None  # it fitted with exactly these units released
+        pool.release(job.id)
+        for v in chosen + mine:
+            pool.restore(v, held[v.id])
+        # the idle units it will use are kept from everyone else this cycle; the victims' stay held
+        key = f"preemptor:{job.id}"
+        pool.reserve(key, (u for replica in assignment for u in replica))
+        self._reserve_keys.append(key)
+        for v in chosen:
+            self.victims.add(v.id)
+            vc = self._class(v)
+            self.plan.decisions.append(
+                Preempt(v.id, job.id, f"preempted for {job.id} (priority {job.priority}) over {v.priority if vc else '?'}")
+            )
+        self.preempting[job.id] = len(chosen) + len(mine)
+        return True
+
+    def _pick_victims(
+        self, job: Job, cls: PriorityClass, exclude: frozenset[str], held: dict[str, Assignment]
+    ) -> list[Job] | None:
+        """The fewest victims (then the most recently started) whose units make ``job`` fit, left released.
+
+        Per host, the victims to free for one replica are counted (most recently started first); hosts are
+        taken cheapest first until the job fits, then victims it turns out not to need are spared, oldest first.
+        On failure everything is restored and None is returned.
+        """
+        pool, units, hosts = self.pool, self.s.units, self.s.hosts
+        g = job.request.gpus
+        shapes = set(pool.shapes_for(job.request))
+        on_host: dict[str, list[Job]] = {}
+        for v in self._victim_candidates(cls):
+            for h in {units[u].host for rep in v.assignment or () for u in rep if u in units}:
+                on_host.setdefault(h, []).append(v)
+        options: list[tuple[int, float, str, list[Job]]] = []
+        for h, victims in on_host.items():
+            host = hosts.get(h)
+            if h in exclude or host is None or not host_static_ok(host, job, self.policy):
+                continue
+            idle = pool.free.get(h, {})
+            best: tuple[int, float, str, list[Job]] | None = None
+            for shape in shapes:
+                have = len(idle.get(shape, ()))
+                gains = [
+                    (sum(1 for rep in v.assignment or () for u in rep if units[u].host == h and shape_of(units[u]) == shape), v)
+                    for v in victims
+                ]
+                # the largest first gives the fewest victims; among equal gains the most recently started
+                gains.sort(key=lambda gv: (-gv[0], -(gv[1].started_at or 0.0), gv[1].id))
+                need: list[Job] = []
+                for gain, v in gains:
+                    if have >= g or not gain:
+                        break
+                    need.append(v)
+                    have += gain
+                if have >= g and need:
+                    option = (len(need), -max(v.started_at or 0.0 for v in need), h, need)
+                    best = option if best is None or option[:2] < best[:2] else best
+            if best is not None:
+                options.append(best)
+        options.sort(key=lambda o: (o[0], o[1], o[2]))
+        chosen: list[Job] = []
+        fits = False
+        for _, _, _, need in options:
+            for v in need:
+                if v.id not in held:
+                    held[v.id] = pool.release(v.id)
+                    chosen.append(v)
+            if self._fits_with(job, exclude):
+                fits = True
+                break
+        if not fits:
+            for v in chosen:
+                pool.restore(v, held.pop(v.id))
+            return None
+        for v in sorted(chosen, key=lambda v: (v.started_at or 0.0, v.id)):  # spare the oldest it does not need
+            if len(chosen) == 1:
+                break
+            pool.restore(v, held[v.id])
+            if self._fits_with(job, exclude):
+                chosen = [c for c in chosen if c.id != v.id]
+                del held[v.id]
+            else:
+                held[v.id] = pool.release(v.id)
+        return chosen
+
+    # --- EASY backfill reservation -------------------------------------------------------------------
+
+    def _ending(self) -> Iterator[tuple[float, Job]]:
+        """Jobs holding units, in the order they will have ended (max durations; victims by grace; broken now)."""
+        now = self.s.now
+        early: list[tuple[float, str]] = [(now, j) for j in self.broken]
+        early += [(now + self.policy.grace_s, j) for j in self.victims]
+        seen: set[str] = set()
+        for end, job_id in self.pool.ends_in_order(early):
+            if job_id in seen or job_id not in self.pool.holds:
+                continue
+            seen.add(job_id)
+            job = self.s.running.get(job_id) or self.placed_jobs.get(job_id)
+            if job is not None:
+                yield max(end, now), job
+
+    def earliest_fit(self, job: Job) -> tuple[float, frozenset[str]] | None:
+        """The earliest time ``job`` fits as running jobs end (jobs ahead ignored), and the hosts it gets then."""
+        pool = self.pool
+        if self._fits_with(job, frozenset()):
+            assignment = pool.place(job)
+            assert assignment is not None
+            pool.release(job.id)
+            return self.s.now, frozenset(self.s.units[r[0]].host for r in assignment)
+        shapes = pool.shapes_for(job.request)
+        free = pool.free_count(shapes)
+        shape_set = set(shapes)
+        released: list[tuple[Job, Assignment]] = []
+        found: tuple[float, frozenset[str]] | None = None
+        try:
+            for end, ending in self._ending():
+                assignment = pool.release(ending.id)
+                released.append((ending, assignment))
+                free += sum(1 for rep in assignment for u in rep if shape_of(self.s.units[u]) in shape_set and pool.is_free(u))
+                if free < job.units_asked:
+                    continue
+                placed = pool.place(job)
+                if placed is not None:
+                    pool.release(job.id)
+                    found = end, frozenset(self.s.units[r[0]].host for r in placed)
+                    break
+        finally:
+            for ending, assignment in reversed(released):
+                pool.restore(ending, assignment)
+        return found
+
+    def _reservation(self, job: Job) -> Reservation:
+        fit = self.earliest_fit(job) if self.policy.backfill else None
+        if fit is None:
+            return Reservation(job, None, frozenset())
+        return Reservation(job, fit[0], fit[1])
+
+    # --- explanations ------------------------------------------------------------------------------
+
+    def filter_counts(self, job: Job) -> list[FilterCount]:
+        s, pool, policy = self.s, self.pool, self.policy
+        r, c = job.request, job.constraints
+        remaining = list(s.units.values())
+        counts: list[FilterCount] = []
+
+        def keep(name: str, pred: object) -> None:
+            nonlocal remaining
+            before = len(remaining)
+            remaining = [u for u in remaining if pred(u)]  # type: ignore[operator]
+            counts.append(FilterCount(name, before - len(remaining), len(remaining)))
+
+        hosts = s.hosts
+        keep(FILTER_NAMES[0], lambda u: u.healthy and u.host in hosts and hosts[u.host].online)
+        keep(FILTER_NAMES[1], lambda u: hosts[u.host].takes_work)
+        keep(FILTER_NAMES[2], lambda u: runtime_allowed(hosts[u.host], job, policy))
+        keep(FILTER_NAMES[3], lambda u: not c.regions or hosts[u.host].region in c.regions)
+        keep(FILTER_NAMES[4], lambda u: hosts[u.host].reputation >= c.min_reputation)
+        bw = c.min_bandwidth_mbps
+        keep(FILTER_NAMES[5], lambda u: bw is None or (hosts[u.host].bandwidth_mbps or 0.0) >= bw)
+        keep(FILTER_NAMES[6], lambda u: not r.models or u.model in r.models)
+        keep(FILTER_NAMES[7], lambda u: not r.tiers or u.tier in r.tiers)
+        keep(FILTER_NAMES[8], lambda u: u.vram_mib >= r.min_vram_mib)
+        mcc = r.min_compute_capability
+        keep(FILTER_NAMES[9], lambda u: mcc is None or u.compute_capability >= mcc)
+        keep(FILTER_NAMES[10], lambda u: u.mig_profile == r.mig_profile)
+        keep(FILTER_NAMES[11], lambda u: pool.cpu_free.get(u.host, 0.0) >= r.cpu_cores)
+        keep(FILTER_NAMES[12], lambda u: pool.ram_free.get(u.host, 0) >= r.ram_mib)
+        keep(FILTER_NAMES[13], lambda u: u.id not in pool.holder)
+        by_host: dict[str, list[str]] = {}
+        for u in remaining:
+            by_host.setdefault(u.host, []).append(u.id)
+        if c.nvlink and r.gpus > 1:
+            ok = {h for h, ids in by_host.items() if nvlink_group(ids, r.gpus, s.units) is not None}
+        else:
+            ok = set(by_host)
+        keep(FILTER_NAMES[14], lambda u: u.host in ok)
+        keep(FILTER_NAMES[15], lambda u: len(by_host[u.host]) >= r.gpus)
+        return counts
+
+    def _explain(self, job: Job, position: int, ordered: list[Job], status: str) -> Explanation:
+        s = self.s
+        e = Explanation(job.id, position, len(s.queue), ahead=[j.id for j in ordered[max(0, position - 6) : position - 1]])
+        e.filters = self.filter_counts(job)
+        quota = self.policy.quotas.get(job.account)
+        if quota is not None and quota.gpus is not None:
+            e.quota = QuotaCheck("gpus", quota.gpus, self.in_use.get(job.account, 0), job.units_asked)
+        e.fits_now = self._fits_with(job, frozenset())
+        fit = self.earliest_fit(job)
+        e.estimated_start = fit[0] if fit is not None else None
+        head = self.head
+        if status == "quota":
+            over = self._quota_check(job, None)
+            if over is None:  # a per-tier quota: find which by trying
+                placed = self.pool.place(job)
+                if placed is not None:
+                    over = self._quota_check(job, placed)
+                    self.pool.release(job.id)
+            e.quota = over or e.quota
+            q = e.quota
+            what = "GPUs" if q is None or q.quota == "gpus" else f"GPUs of {q.quota[5:]}"
+            e.summary = (
+                f"Waiting for quota: account {job.account} holds {q.in_use} of its {q.limit} {what} and this job asks "
+                f"for {q.asked} more; it starts when the account's other jobs free enough."
+                if q is not None
+                else f"Waiting for quota of account {job.account}."
+            )
+            e.blocked_by = f"quota {q.quota} of account {job.account}" if q is not None else "quota"
+        elif status == "preempting":
+            n = self.preempting.get(job.id, 0)
+            e.blocked_by = f"{n} lower-priority job(s) being stopped for it"
+            e.estimated_start = s.now + self.policy.grace_s
+            e.summary = (
+                f"Starting soon: {n} lower-priority job(s) are being stopped to make room "
+                f"(they get {self.policy.grace_s:g} s to exit)."
+            )
+        elif status == "head" and head is not None:
+            e.reserved_start = head.start
+            e.estimated_start = head.start
+            if head.start is None:
+                e.summary = self._no_room_summary(job, e, "It is first in line")
+            else:
+                e.summary = (
+                    f"First in line: {job.units_asked} GPUs are reserved for it from t={head.start:g}, when running jobs "
+                    f"reach their maximum duration; smaller jobs only use room that does not delay it."
+                )
+        elif status in ("behind_head", "waiting") and head is not None and (status == "behind_head" or e.fits_now):
+            hj = head.job
+            when = f" at t={head.start:g}" if head.start is not None else ""
+            e.blocked_by = f"waits behind {hj.id} (priority {hj.priority}), which has {hj.units_asked} GPUs reserved for it{when}"
+            if head.start is not None and e.estimated_start is not None:
+                e.estimated_start = max(e.estimated_start, head.start)
+            hint = (
+                " A job with a max duration that ends before then could start now."
+                if head.start is not None and self.policy.backfill
+                else ""
+            )
+            e.summary = f"Waiting behind {hj.id} (priority {hj.priority}), which is first in line{when}.{hint}"
+        elif status == "not_reached":
+            e.blocked_by = "cycle batch limit"
+            e.summary = (
+                f"Not reached this cycle: a cycle places at most {self.policy.max_places_per_cycle} jobs; "
+                "it is looked at again in the next one."
+            )
+        else:
+            e.summary = self._no_room_summary(job, e, "Waiting for room")
+        self.plan.explanations[job.id] = e
+        return e
+
+    def _no_room_summary(self, job: Job, e: Explanation, lead: str) -> str:
+        for f in e.filters:
+            if f.remaining == 0 and f.removed > 0:
+                if f.name in ("held by others", "replica fit", "CPU", "RAM"):
+                    break
+                return f"{lead}: no GPU passes the {f.name} filter (it removed the last {f.removed}); change the request or wait."
+        when = f" about t={e.estimated_start:g}" if e.estimated_start is not None else " (no running job has a known end)"
+        r = job.request
+        gang = f"{job.replicas} replicas of " if job.replicas > 1 else ""
+        return f"{lead}: it needs {gang}{r.gpus} matching GPU(s) on one host and not enough are idle now; expected{when}."
+
+
+def schedule(snapshot: Snapshot, *, pool: FreePool | None = None, explain: bool = True) -> Plan:
+    """One cycle. With ``pool`` (an index built for this snapshot) the plan's placements are applied to it.
+
+    ``explain=False`` skips the per-job explanations (they cost a pass over the units per waiting job).
+    """
+    cycle = _Cycle(snapshot, pool)
+    cycle.requeue_broken()
+    cycle.run(explain)
+    return cycle.plan
+
+
+def explain(snapshot: Snapshot, job_id: str) -> Explanation:
+    """Why the queued job ``job_id`` waits: the cycle is run only up to it (nothing after it is looked at)."""
+    if not any(j.id == job_id for j in snapshot.queue):
+        raise NotFound(f"job {job_id} is not in the queue")
+    cycle = _Cycle(snapshot, None)
+    cycle.requeue_broken()
+    e = cycle.run(explain=False, only=job_id)
+    if e is not None:
+        return e
+    # it would be placed (or rejected) this cycle
+    for d in cycle.plan.decisions:
+        if isinstance(d, Reject) and d.job_id == job_id:
+            return Explanation(job_id, 0, len(snapshot.queue), summary=f"Rejected: {d.reason}.")
+    order = cycle.ordered_queue(whole=True)
+    pos = next(i for i, j in enumerate(order, 1) if j.id == job_id)
+    job = order[pos - 1]
+    out = Explanation(job_id, pos, len(snapshot.queue), ahead=[j.id for j in order[max(0, pos - 6) : pos - 1]])
+    out.filters = cycle.filter_counts(job)
+    out.fits_now = True
+    out.estimated_start = snapshot.now
+    out.summary = "Starts at the next cycle: it fits on idle GPUs and nothing ahead of it needs them."
+    return out
+
+
+def reserved_start(snapshot: Snapshot, job: Job) -> float | None:
+    """The earliest time ``job`` fits as running jobs end (the queue ignored); ``now`` if it fits now."""
+    cycle = _Cycle(snapshot, None)
+    cycle.requeue_broken()
+    fit = cycle.earliest_fit(job)
+    return fit[0] if fit is not None else None

@@ -1,0 +1,256 @@
+"""What the scheduler core reads (a ``Snapshot``) and what it answers (a ``Plan``): plain, frozen values.
+
+The core is sans-I/O: the loop gathers a snapshot (the grid, the queue, usage, the policy, and ``now``),
+calls ``schedule``, and carries out the decisions. Nothing here reads a clock or draws randomness.
+Explanations use only plain types so the API can render them as JSON as they are.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, TypeVar
+
+Placement = Literal["binpack", "spread"]
+Runtime = Literal["docker", "process", "simulated"]
+Isolation = Literal["container", "sandbox", "none"]
+Assignment = tuple[tuple[str, ...], ...]  # per replica, the unit ids it holds
+
+DEFAULT_HALF_LIFE_S = 7 * 24 * 3600.0
+K = TypeVar("K")  # an account, or an (account, project) pair
+
+
+@dataclass(frozen=True, slots=True)
+class Unit:
+    """The thing placed: a whole GPU (``mig_profile`` None) or one MIG instance on ``parent``."""
+
+    id: str
+    host: str
+    index: int
+    model: str
+    tier: str | None
+    vram_mib: int
+    compute_capability: tuple[int, int]
+    nvlink_peers: frozenset[str] = frozenset()
+    mig_profile: str | None = None
+    parent: str | None = None
+    healthy: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Host:
+    id: str
+    provider: str = ""
+    region: str = ""
+    reputation: float = 1.0
+    bandwidth_mbps: float | None = None
+    cpu_cores: float = 64.0
+    ram_mib: int = 512 * 1024
+    takes_work: bool = True  # False: drained, quarantined or offline
+    online: bool = True  # False: its workloads are requeued
+    runtime: Runtime = "docker"
+    isolation: Isolation = "container"
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaRequest:
+    """What one replica needs; a job has ``Job.replicas`` of them, each on one host."""
+
+    gpus: int = 1
+    min_vram_mib: int = 0
+    models: frozenset[str] = frozenset()  # empty: any model
+    tiers: frozenset[str] = frozenset()  # empty: any tier
+    min_compute_capability: tuple[int, int] | None = None
+    cpu_cores: float = 0.0
+    ram_mib: int = 0
+    mig_profile: str | None = None  # MIG instances of this profile instead of whole GPUs
+
+
+@dataclass(frozen=True, slots=True)
+class Constraints:
+    regions: frozenset[str] = frozenset()  # empty: any region
+    min_reputation: float = 0.0
+    min_bandwidth_mbps: float | None = None
+    nvlink: bool = False  # the GPUs of one replica must be pairwise NVLink-connected
+    allow_process_runtime: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A workload as the scheduler sees it: queued, or running (``started_at`` and ``assignment`` set)."""
+
+    id: str
+    account: str
+    project: str = ""
+    priority: str = "normal"  # the name of a class in the policy
+    submitted_at: float = 0.0
+    replicas: int = 1
+    request: ReplicaRequest = ReplicaRequest()
+    constraints: Constraints = Constraints()
+    max_duration_s: float | None = None
+    placement: Placement | None = None  # None: the policy's default
+    preemptible: bool = True
+    started_at: float | None = None
+    assignment: Assignment | None = None
+    preempted_for: str | None = None  # running job already told to stop for this queued job
+
+    @property
+    def units_asked(self) -> int:
+        return self.replicas * self.request.gpus
+
+    @property
+    def ends_at(self) -> float | None:
+        if self.started_at is None or self.max_duration_s is None:
+            return None
+        return self.started_at + self.max_duration_s
+
+
+@dataclass(frozen=True, slots=True)
+class PriorityClass:
+    name: str
+    rank: int  # higher goes first
+    may_preempt: bool = False
+    preemptible: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Quota:
+    gpus: int | None = None  # units held at once, overall
+    per_tier: Mapping[str, int] = field(default_factory=dict)
+
+
+DEFAULT_CLASSES = (
+    PriorityClass("critical", 300, may_preempt=True, preemptible=False),
+    PriorityClass("high", 200, may_preempt=True),
+    PriorityClass("normal", 100),
+    PriorityClass("low", 0),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    classes: tuple[PriorityClass, ...] = DEFAULT_CLASSES
+    aging_step_s: float = 600.0  # one step of boost per this much waiting
+    aging_max_boost: int = 6  # boost steps are capped; a boost never lifts a job into the next class
+    half_life_s: float = DEFAULT_HALF_LIFE_S
+    shares: Mapping[str, float] = field(default_factory=dict)  # account -> share (absent: 1.0)
+    project_shares: Mapping[tuple[str, str], float] = field(default_factory=dict)
+    quotas: Mapping[str, Quota] = field(default_factory=dict)
+    placement_default: Placement = "binpack"
+    backfill: bool = True
+    allow_process_runtime: bool = False  # operator-wide
+    grace_s: float = 30.0  # preemption grace, carried out by the loop
+    max_places_per_cycle: int = 512  # a cycle places a bounded batch; the loop runs again
+    max_considered_per_cycle: int = 4096  # and looks at a bounded part of the queue
+    max_preemption_attempts_per_cycle: int = 32  # what-ifs for preemptors are bounded too
+
+    def priority_class(self, name: str) -> PriorityClass | None:
+        for c in self.classes:
+            if c.name == name:
+                return c
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    now: float
+    hosts: Mapping[str, Host]
+    units: Mapping[str, Unit]
+    holders: Mapping[str, str]  # unit id -> job id, every hold (also ones that are not scheduler jobs)
+    running: Mapping[str, Job]  # jobs holding units
+    queue: Sequence[Job]
+    usage: Mapping[str, float] = field(default_factory=dict)  # account -> decayed GPU-seconds as of now
+    project_usage: Mapping[tuple[str, str], float] = field(default_factory=dict)
+    policy: Policy = Policy()
+
+
+# --- decisions -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    job_id: str
+    assignment: Assignment
+
+
+@dataclass(frozen=True, slots=True)
+class Preempt:
+    job_id: str  # the victim
+    for_job: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Requeue:
+    job_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    job_id: str
+    reason: str
+
+
+Decision = Place | Preempt | Requeue | Reject
+
+
+@dataclass(slots=True)
+class FilterCount:
+    name: str
+    removed: int
+    remaining: int
+
+
+@dataclass(slots=True)
+class QuotaCheck:
+    quota: str  # "gpus" or "tier:<name>"
+    limit: int
+    in_use: int
+    asked: int
+
+
+@dataclass(slots=True)
+class Explanation:
+    job_id: str
+    position: int  # 1-based, in the order the core considers jobs
+    queue_length: int
+    ahead: list[str] = field(default_factory=list)
+    filters: list[FilterCount] = field(default_factory=list)
+    quota: QuotaCheck | None = None
+    blocked_by: str | None = None
+    reserved_start: float | None = None
+    estimated_start: float | None = None
+    fits_now: bool = False
+    summary: str = ""
+
+
+@dataclass(slots=True)
+class Plan:
+    decisions: list[Decision] = field(default_factory=list)
+    explanations: dict[str, Explanation] = field(default_factory=dict)
+
+    def places(self) -> list[Place]:
+        return [d for d in self.decisions if isinstance(d, Place)]
+
+    def preempts(self) -> list[Preempt]:
+        return [d for d in self.decisions if isinstance(d, Preempt)]
+
+
+# --- usage, for fair share -------------------------------------------------------------------------
+
+
+def decay(usage: Mapping[K, float], elapsed_s: float, half_life_s: float) -> dict[K, float]:
+    """Usage ``elapsed_s`` later: every figure halves each ``half_life_s``."""
+    if elapsed_s <= 0 or half_life_s <= 0 or math.isinf(half_life_s):
+        return dict(usage)
+    factor = 0.5 ** (elapsed_s / half_life_s)
+    return {k: v * factor for k, v in usage.items()}
+
+
+def add_usage(usage: Mapping[K, float], account: K, gpu_seconds: float) -> dict[K, float]:
+    """Usage with ``gpu_seconds`` more charged to ``account``."""
+    out = dict(usage)
+    out[account] = out.get(account, 0.0) + gpu_seconds
+    return out

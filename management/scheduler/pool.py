@@ -1,0 +1,354 @@
+"""The free-unit index the core places against: which units are idle, where, of what kind.
+
+Placing by scanning 80,000 units per job would be far too slow, so the pool keeps, for each unit *shape*
+(model, tier, VRAM, compute capability, MIG profile), the idle units per host and the hosts bucketed by
+how many idle units of that shape they have. Finding a host for a replica of ``g`` units is then a walk
+over the buckets ``g, g+1, ...`` (bin-packing: the fullest host that still fits) or from the top down
+(spread), checking host-level constraints only on the hosts it meets.
+
+Invariants:
+- a unit is in the pool only if it is healthy, its host is online and takes work, and nobody holds it;
+- ``holder`` has exactly one entry per held unit (one holder per unit, always);
+- free CPU and RAM of a host are its totals less what the replicas placed there asked for.
+
+Tentative work (a gang's replicas, a preemption or reservation what-if) is done by ``take``/``release``
+and undone by their inverse, so the index is never copied during a cycle.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
+from management.scheduler.model import Assignment, Host, Job, Policy, ReplicaRequest, Snapshot, Unit
+
+Shape = tuple[str, str | None, int, tuple[int, int], str | None]  # model, tier, VRAM, compute capability, MIG profile
+REPUTATION_PROBE = 8  # among equally good hosts, the best reputation of the first few that pass is taken
+
+
+def shape_of(unit: Unit) -> Shape:
+    return (unit.model, unit.tier, unit.vram_mib, unit.compute_capability, unit.mig_profile)
+
+
+def shape_matches(shape: Shape, r: ReplicaRequest) -> bool:
+    model, tier, vram, cc, mig = shape
+    if r.models and model not in r.models:
+        return False
+    if r.tiers and tier not in r.tiers:
+        return False
+    if vram < r.min_vram_mib:
+        return False
+    if r.min_compute_capability is not None and cc < r.min_compute_capability:
+        return False
+    return mig == r.mig_profile
+
+
+def runtime_allowed(host: Host, job: Job, policy: Policy) -> bool:
+    if host.isolation == "none":
+        return False
+    if host.runtime == "process":
+        return policy.allow_process_runtime and job.constraints.allow_process_runtime
+    return True
+
+
+def host_static_ok(host: Host, job: Job, policy: Policy) -> bool:
+    """Every host-level constraint except free CPU/RAM: takes work, runtime, region, reputation, bandwidth."""
+    c = job.constraints
+    if not (host.online and host.takes_work) or not runtime_allowed(host, job, policy):
+        return False
+    if c.regions and host.region not in c.regions:
+        return False
+    if host.reputation < c.min_reputation:
+        return False
+    if c.min_bandwidth_mbps is not None and (host.bandwidth_mbps is None or host.bandwidth_mbps < c.min_bandwidth_mbps):
+        return False
+    return True
+
+
+def nvlink_group(units: Iterable[str], size: int, table: Mapping[str, Unit]) -> tuple[str, ...] | None:
+    """``size`` units from ``units`` that are pairwise NVLink-connected (greedy, in index order), or None."""
+    pool = list(units)
+    for i, first in enumerate(pool):
+        group = [first]
+        for other in pool[i + 1 :]:
+            peers_other = table[other].nvlink_peers
+            if all(g in peers_other and other in table[g].nvlink_peers for g in group):
+                group.append(other)
+                if len(group) == size:
+                    return tuple(group)
+        if size == 1:
+            return (first,)
+    return None
+
+
+@dataclass(slots=True)
+class _Hold:
+    job_id: str
+    replicas: Assignment
+    cpu: float
+    ram: int
+
+
+class FreePool:
+    """Idle units indexed by shape and host; see the module docstring for the invariants."""
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        self.hosts = snapshot.hosts
+        self.units = snapshot.units
+        self.policy = snapshot.policy
+        self.free: dict[str, dict[Shape, dict[str, None]]] = {}  # host -> shape -> idle unit ids (ordered set)
+        self.buckets: dict[Shape, dict[int, dict[str, None]]] = {}  # shape -> idle count -> hosts
+        self.cpu_free: dict[str, float] = {h.id: h.cpu_cores for h in snapshot.hosts.values()}
+        self.ram_free: dict[str, int] = {h.id: h.ram_mib for h in snapshot.hosts.values()}
+        self.holder: dict[str, str] = dict(snapshot.holders)
+        self.holds: dict[str, _Hold] = {}
+        self._shapes_for: dict[ReplicaRequest, list[Shape]] = {}
+        self._static: dict[Shape, dict[str, int]] | None = None
+        self.capacity_verdicts: dict[tuple[object, ...], str | None] = {}  # for rejections; the grid's shape is fixed
+        self.now = snapshot.now
+        self.ends: dict[str, float] = {}  # job -> when it ends at the latest (max duration), where known
+        self._ends_heap: list[tuple[float, str]] = []
+        for uid in sorted(self.units, key=lambda u: (self.units[u].host, self.units[u].index, u)):
+            if uid not in self.holder:
+                self._add_free(uid)
+        for job in snapshot.running.values():
+            if job.assignment is not None:
+                self._record(job, job.assignment)
+                if job.ends_at is not None:
+                    self.note_end(job.id, job.ends_at)
+
+    # --- when holds end --------------------------------------------------------------------------------
+
+    def note_end(self, job_id: str, end: float) -> None:
+        self.ends[job_id] = end
+        heapq.heappush(self._ends_heap, (end, job_id))
+        if len(self._ends_heap) > 2 * len(self.holds) + 1024:  # drop entries of jobs that are gone
+            self.ends = {j: e for j, e in self.ends.items() if j in self.holds}
+            self._ends_heap = [(e, j) for j, e in self.ends.items()]
+            heapq.heapify(self._ends_heap)
+
+    def ends_in_order(self, extra: list[tuple[float, str]]) -> Iterator[tuple[float, str]]:
+        """(end, job id) of current holds by end time, ``extra`` merged in; may repeat a job (callers skip)."""
+        heap = self._ends_heap.copy()
+        if extra:
+            heap.extend(extra)
+            heapq.heapify(heap)
+        while heap:
+            end, job_id = heapq.heappop(heap)
+            if job_id in self.holds and (self.ends.get(job_id) == end or (end, job_id) in extra):
+                yield end, job_id
+
+    # --- index maintenance -------------------------------------------------------------------------
+
+    def placeable(self, uid: str) -> bool:
+        unit = self.units.get(uid)
+        if unit is None or not unit.healthy:
+            return False
+        host = self.hosts.get(unit.host)
+        return host is not None and host.online and host.takes_work
+
+    def _add_free(self, uid: str) -> None:
+        if not self.placeable(uid):
+            return
+        unit = self.units[uid]
+        shape = shape_of(unit)
+        per_shape = self.free.setdefault(unit.host, {}).setdefault(shape, {})
+        n = len(per_shape)
+        per_shape[uid] = None
+        buckets = self.buckets.setdefault(shape, {})
+        if n:
+            del buckets[n][unit.host]
+        buckets.setdefault(n + 1, {})[unit.host] = None
+
+    def _remove_free(self, uid: str) -> None:
+        unit = self.units[uid]
+        shape = shape_of(unit)
+        per_shape = self.free[unit.host][shape]
+        n = len(per_shape)
+        del per_shape[uid]
+        buckets = self.buckets[shape]
+        del buckets[n][unit.host]
+        if n > 1:
+            buckets.setdefault(n - 1, {})[unit.host] = None
+
+    def is_free(self, uid: str) -> bool:
+        unit = self.units.get(uid)
+        if unit is None:
+            return False
+        return uid in self.free.get(unit.host, {}).get(shape_of(unit), {})
+
+    def _record(self, job: Job, assignment: Assignment) -> None:
+        r = job.request
+        for replica in assignment:
+            if replica:
+                host = self.units[replica[0]].host if replica[0] in self.units else None
+                if host in self.cpu_free:
+                    self.cpu_free[host] -= r.cpu_cores
+                    self.ram_free[host] -= r.ram_mib
+        self.holds[job.id] = _Hold(job.id, assignment, r.cpu_cores, r.ram_mib)
+
+    def take(self, job: Job, assignment: Assignment) -> None:
+        """``job`` now holds ``assignment`` (every unit must be idle)."""
+        for replica in assignment:
+            for uid in replica:
+                self._remove_free(uid)
+                self.holder[uid] = job.id
+        self._record(job, assignment)
+
+    def release(self, job_id: str) -> Assignment:
+        """``job_id`` holds nothing any more; its placeable units become idle. Returns what it held."""
+        hold = self.holds.pop(job_id, None)
+        if hold is None:
+            return ()
+        for replica in hold.replicas:
+            if replica and replica[0] in self.units:
+                host = self.units[replica[0]].host
+                if host in self.cpu_free:
+                    self.cpu_free[host] += hold.cpu
+                    self.ram_free[host] += hold.ram
+            for uid in replica:
+                if self.holder.get(uid) == job_id:
+                    del self.holder[uid]
+                    self._add_free(uid)
+        return hold.replicas
+
+    def restore(self, job: Job, assignment: Assignment) -> None:
+        """Undo ``release``: ``job`` holds ``assignment`` again (units that were not placeable were never freed)."""
+        for replica in assignment:
+            for uid in replica:
+                if self.is_free(uid):
+                    self._remove_free(uid)
+                self.holder[uid] = job.id
+        self._record(job, assignment)
+
+    # --- finding room ------------------------------------------------------------------------------
+
+    def shapes_for(self, r: ReplicaRequest) -> list[Shape]:
+        shapes = self._shapes_for.get(r)
+        if shapes is None:
+            shapes = [s for s in self.static_counts() if shape_matches(s, r)]
+            self._shapes_for[r] = shapes
+        return shapes
+
+    def _host_fits(self, host_id: str, job: Job) -> bool:
+        host = self.hosts[host_id]
+        r = job.request
+        return (
+            host_static_ok(host, job, self.policy)
+            and self.cpu_free[host_id] >= r.cpu_cores
+            and self.ram_free[host_id] >= r.ram_mib
+        )
+
+    def _units_on(self, host_id: str, shape: Shape, job: Job) -> tuple[str, ...] | None:
+        idle = self.free[host_id][shape]
+        g = job.request.gpus
+        if g == 1:
+            return (next(iter(idle)),)
+        group = nvlink_group(idle, g, self.units)
+        if group is not None:
+            return group
+        if job.constraints.nvlink:
+            return None
+        return tuple(list(idle)[:g])
+
+    def _candidates(self, job: Job, exclude: frozenset[str]) -> Iterator[tuple[str, Shape]]:
+        """Hosts (with the shape to use there) in order of preference for one replica of ``job``."""
+        g = job.request.gpus
+        spread = (job.placement or self.policy.placement_default) == "spread"
+        levels: dict[int, list[Shape]] = {}
+        for shape in self.shapes_for(job.request):
+            for count, hosts in self.buckets.get(shape, {}).items():
+                if count >= g and hosts:
+                    levels.setdefault(count, []).append(shape)
+        for count in sorted(levels, reverse=spread):
+            for shape in levels[count]:
+                hosts = self.buckets[shape][count]
+                best: list[tuple[float, str]] = []
+                for host_id in hosts:
+                    if host_id in exclude or not self._host_fits(host_id, job):
+                        continue
+                    best.append((-self.hosts[host_id].reputation, host_id))
+                    if len(best) >= REPUTATION_PROBE:
+                        break
+                best.sort()
+                for _, host_id in best:
+                    yield host_id, shape
+                if len(best) >= REPUTATION_PROBE:  # the rest of this bucket, beyond the probe
+                    seen = {h for _, h in best}
+                    for host_id in list(hosts):
+                        if host_id not in seen and host_id not in exclude and self._host_fits(host_id, job):
+                            yield host_id, shape
+
+    def _find_replica(self, job: Job, exclude: frozenset[str]) -> tuple[str, ...] | None:
+        for host_id, shape in self._candidates(job, exclude):
+            units = self._units_on(host_id, shape, job)
+            if units is not None:
+                return units
+        return None
+
+    def place(self, job: Job, exclude: frozenset[str] = frozenset()) -> Assignment | None:
+        """Place every replica of ``job`` (all or none) on idle units, avoiding hosts in ``exclude``.
+
+        On success the units are taken (``release(job.id)`` undoes it); on failure nothing changed.
+        """
+        r = job.request
+        if r.gpus <= 0 or job.replicas <= 0:
+            return None
+        placed: list[tuple[str, ...]] = []
+        for _ in range(job.replicas):
+            units = self._find_replica(job, exclude)  # sees the room the replicas before it took
+            if units is None:
+                self._undo(job.id, placed, r)
+                return None
+            host = self.units[units[0]].host
+            for uid in units:
+                self._remove_free(uid)
+                self.holder[uid] = job.id
+            self.cpu_free[host] -= r.cpu_cores
+            self.ram_free[host] -= r.ram_mib
+            placed.append(units)
+        assignment = tuple(placed)
+        self.holds[job.id] = _Hold(job.id, assignment, r.cpu_cores, r.ram_mib)
+        return assignment
+
+    def _undo(self, job_id: str, placed: list[tuple[str, ...]], r: ReplicaRequest) -> None:
+        for units in placed:
+            host = self.units[units[0]].host
+            self.cpu_free[host] += r.cpu_cores
+            self.ram_free[host] += r.ram_mib
+            for uid in units:
+                del self.holder[uid]
+                self._add_free(uid)
+
+    # --- reservations that hold units without a job (a preemptor's share of idle units) -----------
+
+    def reserve(self, key: str, units: Iterable[str]) -> None:
+        taken = tuple(u for u in units if self.is_free(u))
+        for uid in taken:
+            self._remove_free(uid)
+            self.holder[uid] = key
+        self.holds[key] = _Hold(key, (taken,), 0.0, 0)
+
+    def unreserve(self, key: str) -> None:
+        hold = self.holds.pop(key, None)
+        if hold is not None:
+            for uid in hold.replicas[0]:
+                del self.holder[uid]
+                self._add_free(uid)
+
+    # --- what the grid could ever hold, for rejecting the impossible --------------------------------
+
+    def static_counts(self) -> dict[Shape, dict[str, int]]:
+        """Units per shape per host, whatever their health or holder (computed once per pool)."""
+        counts = self._static
+        if counts is None:
+            counts = {}
+            for unit in self.units.values():
+                per_host = counts.setdefault(shape_of(unit), {})
+                per_host[unit.host] = per_host.get(unit.host, 0) + 1
+            self._static = counts
+        return counts
+
+    def free_count(self, shapes: Iterable[Shape]) -> int:
+        return sum(count * len(hosts) for s in shapes for count, hosts in self.buckets.get(s, {}).items())

@@ -1,0 +1,300 @@
+"""The scheduler core, one policy at a time: snapshot in, decisions out (no I/O, nothing mocked)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from management.scheduler import (
+    Constraints,
+    Host,
+    Job,
+    Policy,
+    Preempt,
+    Quota,
+    Reject,
+    ReplicaRequest,
+    Requeue,
+    schedule,
+)
+from management.scheduler.model import add_usage, decay
+from tests.management.scheduler.grid import gpus, grid, host_of, mig, placed, running, snapshot
+
+
+def job(jid: str, n: int = 1, *, account: str = "acme", prio: str = "normal", t: float = 0.0, replicas: int = 1, **kw) -> Job:
+    request = kw.pop("request", ReplicaRequest(gpus=n))
+    return Job(jid, account, priority=prio, submitted_at=t, replicas=replicas, request=request, **kw)
+
+
+# --- ordering -----------------------------------------------------------------------------------------
+
+
+def test_a_higher_class_goes_first_even_when_submitted_later():
+    hosts, units = grid({"h1": 1})
+    plan = schedule(snapshot(hosts, units, queue=[job("old-low", prio="low", t=0), job("new-high", prio="high", t=900)]))
+    assert list(placed(plan)) == ["new-high"]
+
+
+def test_fifo_within_a_class_and_aging_lifts_a_long_waiting_job_but_never_above_the_next_class():
+    hosts, units = grid({"h1": 1})
+    policy = Policy(aging_step_s=100, aging_max_boost=3)
+    # b waited 900 s (boost capped at 3), a waited 50 s; both normal: b first
+    q = [job("a", t=950), job("b", t=100)]
+    assert list(placed(schedule(snapshot(hosts, units, queue=q, policy=policy)))) == ["b"]
+    # a low job that waited forever still loses to a fresh normal one
+    q = [job("ancient-low", prio="low", t=-(10**6)), job("fresh", t=1000)]
+    assert list(placed(schedule(snapshot(hosts, units, queue=q, policy=policy)))) == ["fresh"]
+
+
+def test_among_equal_priority_the_most_under_served_account_goes_first():
+    hosts, units = grid({"h1": 1})
+    q = [job("heavy-1", account="heavy", t=10), job("light-1", account="light", t=20)]
+    plan = schedule(snapshot(hosts, units, queue=q, usage={"heavy": 5000.0, "light": 100.0}))
+    assert list(placed(plan)) == ["light-1"]
+
+
+def test_shares_weigh_usage():
+    hosts, units = grid({"h1": 1})
+    q = [job("big-1", account="big", t=10), job("small-1", account="small", t=20)]
+    # big used twice what small used, but has four times the share: big is the more under-served
+    policy = Policy(shares={"big": 4.0, "small": 1.0})
+    plan = schedule(snapshot(hosts, units, queue=q, usage={"big": 200.0, "small": 100.0}, policy=policy))
+    assert list(placed(plan)) == ["big-1"]
+
+
+def test_usage_decays_by_half_life_and_adds_up():
+    assert decay({"a": 100.0}, 3600, 3600) == {"a": 50.0}
+    assert decay({"a": 100.0}, 0, 3600) == {"a": 100.0}
+    assert add_usage({"a": 1.0}, "b", 2.0) == {"a": 1.0, "b": 2.0}
+
+
+# --- gangs and placement ----------------------------------------------------------------------------
+
+
+def test_a_gang_is_placed_whole_with_each_replica_on_one_host():
+    hosts, units = grid({"h1": 8, "h2": 8, "h3": 4})
+    plan = schedule(snapshot(hosts, units, queue=[job("gang", 8, replicas=2)]))
+    assignment = placed(plan)["gang"]
+    assert len(assignment) == 2 and all(len(r) == 8 and len(host_of(units, r)) == 1 for r in assignment)
+
+
+def test_a_gang_that_does_not_fit_holds_nothing_and_smaller_work_still_runs():
+    hosts, units = grid({"h1": 8, "h2": 8})
+    busy = running(job("busy", 4, max_duration_s=None), [[f"h2-g{i}" for i in range(4)]])
+    q = [job("gang", 8, replicas=2, prio="normal"), job("small", 2, prio="low")]
+    plan = schedule(snapshot(hosts, units, queue=q, run=[busy]))
+    assert "gang" not in placed(plan) and "small" in placed(plan)
+    # busy has no max_duration: the gang has no known start, so the small job cannot delay it
+    assert plan.explanations["gang"].reserved_start is None
+
+
+def test_binpack_fills_the_fullest_host_and_keeps_whole_hosts_free():
+    hosts, units = grid({"h1": 8, "h2": 8})
+    busy = running(job("busy", 6), [[f"h1-g{i}" for i in range(6)]])
+    plan = schedule(snapshot(hosts, units, queue=[job("two", 2)], run=[busy]))
+    assert host_of(units, placed(plan)["two"][0]) == {"h1"}
+
+
+def test_spread_takes_the_emptiest_host():
+    hosts, units = grid({"h1": 8, "h2": 8})
+    busy = running(job("busy", 6), [[f"h1-g{i}" for i in range(6)]])
+    plan = schedule(snapshot(hosts, units, queue=[job("two", 2, placement="spread")], run=[busy]))
+    assert host_of(units, placed(plan)["two"][0]) == {"h2"}
+
+
+def test_higher_reputation_is_preferred_among_equal_hosts():
+    hs = [Host("low", reputation=0.2), Host("high", reputation=0.9)]
+    hosts, units = grid(hs, units=gpus("low", 4) + gpus("high", 4))
+    plan = schedule(snapshot(hosts, units, queue=[job("j", 4)]))
+    assert host_of(units, placed(plan)["j"][0]) == {"high"}
+
+
+def test_nvlink_is_required_when_asked_and_preferred_otherwise():
+    pcie = gpus("pcie", 4, "l40s")
+    hosts, units = grid([Host("pcie")], units=pcie)
+    asks = Constraints(nvlink=True)
+    plan = schedule(snapshot(hosts, units, queue=[job("nv", 2, constraints=asks, request=ReplicaRequest(gpus=2))]))
+    assert not placed(plan) and plan.explanations["nv"].summary
+    nv = {f.name: f for f in plan.explanations["nv"].filters}["NVLink"]
+    assert nv.removed == 4 and nv.remaining == 0
+    assert placed(schedule(snapshot(hosts, units, queue=[job("any", 2)])))
+
+
+def test_drained_and_isolation_none_and_process_hosts_get_nothing_unless_allowed():
+    hs = [Host("drained", takes_work=False), Host("bare", isolation="none"), Host("proc", runtime="process", isolation="sandbox")]
+    hosts, units = grid(hs, units=gpus("drained", 1) + gpus("bare", 1) + gpus("proc", 1))
+    assert not placed(schedule(snapshot(hosts, units, queue=[job("j")])))
+    allowed = job("j", constraints=Constraints(allow_process_runtime=True))
+    assert not placed(schedule(snapshot(hosts, units, queue=[allowed])))  # the operator has not allowed it
+    plan = schedule(snapshot(hosts, units, queue=[allowed], policy=Policy(allow_process_runtime=True)))
+    assert host_of(units, placed(plan)["j"][0]) == {"proc"}
+
+
+def test_mig_requests_land_only_on_that_profile_and_whole_gpu_requests_never_on_mig():
+    hosts, units = grid([Host("m")], units=mig("m", 0, "1g.10gb", 7) + gpus("m", 1, "a100-80gb"))
+    # the whole GPU g0 is split; g0 itself is listed too here as a separate whole unit id "m-g0"
+    want = ReplicaRequest(gpus=2, mig_profile="1g.10gb")
+    plan = schedule(snapshot(hosts, units, queue=[job("small", request=want), job("whole", 1)]))
+    got = placed(plan)
+    assert all(units[u].mig_profile == "1g.10gb" for u in got["small"][0])
+    assert units[got["whole"][0][0]].mig_profile is None
+    wrong = ReplicaRequest(gpus=1, mig_profile="3g.40gb")
+    plan = schedule(snapshot(hosts, units, queue=[job("other", request=wrong)]))
+    assert isinstance(plan.decisions[0], Reject) and "3g.40gb" in plan.decisions[0].reason
+
+
+def test_cpu_and_ram_of_a_host_bound_what_it_takes():
+    hosts, units = grid([Host("h", cpu_cores=16, ram_mib=65536)], units=gpus("h", 4))
+    req = ReplicaRequest(gpus=1, cpu_cores=10, ram_mib=1024)
+    plan = schedule(snapshot(hosts, units, queue=[job("a", request=req), job("b", request=req)]))
+    assert list(placed(plan)) == ["a"]
+    cpu = {f.name: f for f in plan.explanations["b"].filters}["CPU"]
+    assert cpu.removed == 4
+
+
+def test_units_held_outside_the_scheduler_are_never_given_out():
+    hosts, units = grid({"h": 2})
+    plan = schedule(snapshot(hosts, units, queue=[job("a"), job("b")], extra_holders={"h-g0": "raw-container-7"}))
+    assert list(placed(plan)) == ["a"] and placed(plan)["a"] == (("h-g1",),)
+
+
+# --- rejection -------------------------------------------------------------------------------------
+
+
+def test_what_can_never_fit_is_rejected_with_the_reason_and_busy_is_not_rejection():
+    hosts, units = grid({"h1": 8, "h2": 8})
+    q = [
+        job("too-wide", 9),
+        job("no-tier", request=ReplicaRequest(gpus=1, tiers=frozenset({"platinum"}))),
+        job("no-class", prio="urgent"),
+        job("big-gang", 8, replicas=3),
+    ]
+    plan = schedule(snapshot(hosts, units, queue=q))
+    reasons = {d.job_id: d.reason for d in plan.decisions if isinstance(d, Reject)}
+    assert set(reasons) == {"too-wide", "no-tier", "no-class", "big-gang"}
+    assert "8" in reasons["too-wide"] and "platinum" in reasons["no-tier"] and "urgent" in reasons["no-class"]
+    busy = running(job("busy", 8), [[f"h1-g{i}" for i in range(8)], [f"h2-g{i}" for i in range(8)]])
+    busy = replace(busy, replicas=2, request=ReplicaRequest(gpus=8))
+    plan = schedule(snapshot(hosts, units, queue=[job("waits", 8)], run=[busy]))
+    assert not plan.decisions and not plan.explanations["waits"].fits_now
+
+
+# --- quotas ----------------------------------------------------------------------------------------
+
+
+def test_a_job_over_quota_waits_explained_and_does_not_block_others_behind_it():
+    hosts, units = grid({"h": 8})
+    mine = running(job("mine", 3, account="acme"), [["h-g0", "h-g1", "h-g2"]])
+    policy = Policy(quotas={"acme": Quota(gpus=4)})
+    q = [job("over", 2, account="acme", prio="high"), job("other", 2, account="zed", prio="low")]
+    plan = schedule(snapshot(hosts, units, queue=q, run=[mine], policy=policy))
+    assert list(placed(plan)) == ["other"]
+    e = plan.explanations["over"]
+    assert e.quota is not None and (e.quota.limit, e.quota.in_use, e.quota.asked) == (4, 3, 2)
+    assert "quota" in e.summary
+
+
+def test_per_tier_quota():
+    hs = [Host("h")]
+    hosts, units = grid(hs, units=gpus("h", 2, "h100-sxm"))
+    policy = Policy(quotas={"acme": Quota(per_tier={"premium": 1})})
+    plan = schedule(snapshot(hosts, units, queue=[job("a", t=1), job("b", t=2)], policy=policy))
+    assert list(placed(plan)) == ["a"]
+    assert plan.explanations["b"].quota is not None and plan.explanations["b"].quota.quota == "tier:premium"
+
+
+# --- preemption ------------------------------------------------------------------------------------
+
+
+def test_preemption_takes_the_fewest_victims_then_the_most_recently_started():
+    hosts, units = grid({"h": 4})
+    low = [running(job(f"low{i}", 1, prio="low"), [[f"h-g{i}"]], started_at=100.0 + i) for i in range(3)]
+    pair = running(job("pair", 1, prio="low"), [["h-g3"]], started_at=50.0)
+    plan = schedule(snapshot(hosts, units, queue=[job("hi", 1, prio="high")], run=[*low, pair]))
+    assert [(p.job_id, p.for_job) for p in plan.preempts()] == [("low2", "hi")]
+    assert "hi" not in placed(plan)  # it waits for the victim to exit
+    assert plan.explanations["hi"].blocked_by and "Starting soon" in plan.explanations["hi"].summary
+
+
+def test_one_big_victim_beats_two_small_ones():
+    hosts, units = grid({"h": 4})
+    run = [
+        running(job("s1", 1, prio="low"), [["h-g0"]], started_at=300.0),
+        running(job("s2", 1, prio="low"), [["h-g1"]], started_at=301.0),
+        running(job("big", 2, prio="low"), [["h-g2", "h-g3"]], started_at=10.0),
+    ]
+    plan = schedule(snapshot(hosts, units, queue=[job("hi", 2, prio="high")], run=run))
+    assert [p.job_id for p in plan.preempts()] == ["big"]
+
+
+def test_no_preemption_unless_the_preemptor_then_fits_nor_of_equal_or_unpreemptible_work():
+    hosts, units = grid({"h": 2})
+    run = [
+        running(job("lo", 1, prio="low"), [["h-g0"]]),
+        running(job("peer", 1, prio="high"), [["h-g1"]]),
+    ]
+    plan = schedule(snapshot(hosts, units, queue=[job("hi", 2, prio="high")], run=run))
+    assert not plan.preempts()  # freeing lo alone leaves it short; peer is the same class
+    run2 = [running(job("keep", 1, prio="low", preemptible=False), [["h-g0"]])]
+    hosts1, units1 = grid({"h": 1})
+    assert not schedule(snapshot(hosts1, units1, queue=[job("hi", prio="high")], run=run2)).preempts()
+    # a normal job never preempts (its class may not)
+    run3 = [running(job("lo", 1, prio="low"), [["h-g0"]])]
+    assert not schedule(snapshot(hosts1, units1, queue=[job("n", prio="normal")], run=run3)).preempts()
+
+
+def test_victims_already_stopping_are_not_preempted_twice_and_their_units_go_to_nobody_else():
+    hosts, units = grid({"h": 1})
+    stopping = replace(running(job("lo", 1, prio="low"), [["h-g0"]]), preempted_for="hi")
+    q = [job("hi", prio="high"), job("other", prio="normal", t=-5)]
+    plan = schedule(snapshot(hosts, units, queue=q, run=[stopping]))
+    assert not plan.decisions
+
+
+def test_preempted_units_are_not_given_to_anyone_else_in_the_same_cycle():
+    hosts, units = grid({"h": 2})
+    run = [running(job("lo", 2, prio="low"), [["h-g0", "h-g1"]])]
+    q = [job("hi", 1, prio="high"), job("next", 1, prio="normal")]
+    plan = schedule(snapshot(hosts, units, queue=q, run=run))
+    assert [p.job_id for p in plan.preempts()] == ["lo"] and not placed(plan)
+
+
+# --- reallocation ----------------------------------------------------------------------------------
+
+
+def test_jobs_on_a_faulty_unit_or_an_offline_host_are_requeued_and_nothing_new_lands_there():
+    hs = [Host("ok"), Host("gone", online=False)]
+    bad = gpus("ok", 2)
+    bad[0] = replace(bad[0], healthy=False)
+    hosts, units = grid(hs, units=bad + gpus("gone", 2))
+    run = [running(job("on-bad", 1), [["ok-g0"]]), running(job("on-gone", 1), [["gone-g0"]])]
+    plan = schedule(snapshot(hosts, units, queue=[job("new", 1), job("new2", 1)], run=run))
+    requeued = {d.job_id: d.reason for d in plan.decisions if isinstance(d, Requeue)}
+    assert set(requeued) == {"on-bad", "on-gone"} and "unhealthy" in requeued["on-bad"] and "offline" in requeued["on-gone"]
+    assert placed(plan) == {"new": (("ok-g1",),)}
+
+
+# --- backfill ----------------------------------------------------------------------------------------
+
+
+def test_easy_backfill_lets_a_short_job_run_before_the_heads_reserved_start_but_not_a_long_one():
+    hosts, units = grid({"h1": 4, "h2": 4})
+    # h1 busy until t=2000 (now=1000), h2 half busy with no known end
+    run = [
+        running(job("r1", 4, max_duration_s=1500.0), [[f"h1-g{i}" for i in range(4)]], started_at=500.0),
+        running(job("r2", 2), [["h2-g0", "h2-g1"]], started_at=500.0),
+    ]
+    q = [
+        job("head", 4, prio="high", t=0),
+        job("long", 2, prio="low", t=1, max_duration_s=5000.0),
+        job("short", 2, prio="low", t=2, max_duration_s=500.0),
+    ]
+    plan = schedule(snapshot(hosts, units, queue=q, run=run, policy=Policy(classes=Policy().classes)))
+    # head (high) may preempt... r1/r2 are normal: preempting r1 (the most recent of equal size) would fit it
+    assert plan.preempts()
+    plan = schedule(snapshot(hosts, units, queue=[replace(q[0], priority="normal"), *q[1:]], run=run))
+    got = placed(plan)
+    e = plan.explanations["head"]
+    assert e.reserved_start == 2000.0 and "First in line" in e.summary
+    # the head will get h1 at 2000: long may not take h2's idle GPUs? it may: h2 is not the head's host
+    assert "long" in got and host_of(units, got["long"][0]) == {"h2"}
+    assert "short" not in got  # h2 is full now; h1 is busy; nothing idle left

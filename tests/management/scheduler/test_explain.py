@@ -1,0 +1,83 @@
+"""``explain``: why a queued job waits, in figures and in one sentence a renter understands."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+import pytest
+
+from common.errors import NotFound
+from management.scheduler import Constraints, Host, Job, Policy, Quota, ReplicaRequest, explain
+from management.scheduler.core import FILTER_NAMES
+from tests.management.scheduler.grid import gpus, grid, running, snapshot
+
+
+def job(jid: str, n: int = 1, **kw) -> Job:
+    return Job(jid, kw.pop("account", "acme"), request=kw.pop("request", ReplicaRequest(gpus=n)), **kw)
+
+
+def test_every_filter_is_counted_in_the_fixed_order_and_the_one_that_empties_the_pool_is_named():
+    hs = [Host("eu1", region="eu"), Host("eu2", region="eu", takes_work=False), Host("us1", region="us")]
+    units = gpus("eu1", 4) + gpus("eu2", 4) + gpus("us1", 4, "l40s")
+    hosts, us = grid(hs, units=units)
+    want = job(
+        "w", request=ReplicaRequest(gpus=1, models=frozenset({"l40s"})), constraints=Constraints(regions=frozenset({"eu"}))
+    )
+    e = explain(snapshot(hosts, us, queue=[want]), "w")
+    assert [f.name for f in e.filters] == list(FILTER_NAMES)
+    by = {f.name: (f.removed, f.remaining) for f in e.filters}
+    assert by["host takes no work"] == (4, 8)
+    assert by["region"] == (4, 4)
+    assert by["model"] == (4, 0)
+    assert not e.fits_now and "model filter" in e.summary
+    json.dumps(asdict(e))  # plain types only: the API renders it as it is
+
+
+def test_a_job_behind_the_head_is_told_who_it_waits_for_and_when_that_starts():
+    hosts, units = grid({"h1": 4, "h2": 2})
+    run = [running(job("r1", 4, max_duration_s=600.0), [[f"h1-g{i}" for i in range(4)]], started_at=900.0)]
+    q = [
+        job("head", 4, priority="normal", submitted_at=1.0),
+        job("long", 2, priority="low", submitted_at=2.0),  # no max duration: could delay the head
+        job("later", 2, priority="low", submitted_at=3.0),
+    ]
+    snap = snapshot(hosts, units, queue=q, run=run)
+    head = explain(snap, "head")
+    assert head.reserved_start == 1500.0 and head.position == 1 and "First in line" in head.summary
+    # "long" fits h2 now (h2 is not the head's host): nothing to explain but that it starts
+    assert explain(snap, "long").fits_now and "next cycle" in explain(snap, "long").summary
+    later = explain(snap, "later")
+    assert later.position == 3 and later.queue_length == 3 and later.ahead == ["head", "long"]
+    assert later.fits_now is False and later.estimated_start == 1500.0
+
+
+def test_a_fitting_job_held_back_by_the_heads_reservation_names_the_head():
+    hosts, units = grid({"h1": 4})
+    run = [running(job("r1", 2, max_duration_s=600.0), [["h1-g0", "h1-g1"]], started_at=900.0)]
+    q = [job("head", 4, priority="high", submitted_at=1.0), job("long", 2, priority="low", submitted_at=2.0)]
+    policy = Policy(classes=tuple(type(c)(c.name, c.rank) for c in Policy().classes))  # nobody may preempt
+    e = explain(snapshot(hosts, units, queue=q, run=run, policy=policy), "long")
+    assert e.fits_now and e.blocked_by is not None and "head" in e.blocked_by and "priority high" in e.blocked_by
+    assert "t=1500" in e.blocked_by and "ends before then" in e.summary
+
+
+def test_quota_is_explained_with_limit_use_and_ask():
+    hosts, units = grid({"h": 8})
+    run = [running(job("mine", 6), [[f"h-g{i}" for i in range(6)]])]
+    snap = snapshot(hosts, units, queue=[job("more", 2)], run=run, policy=Policy(quotas={"acme": Quota(gpus=7)}))
+    e = explain(snap, "more")
+    assert e.quota is not None and (e.quota.limit, e.quota.in_use, e.quota.asked) == (7, 6, 2)
+    assert "holds 6 of its 7 GPUs" in e.summary
+
+
+def test_a_job_that_is_not_queued_is_not_found():
+    hosts, units = grid({"h": 1})
+    with pytest.raises(NotFound, match="nope"):
+        explain(snapshot(hosts, units, queue=[job("a")]), "nope")
+
+
+def test_a_rejected_job_says_why():
+    hosts, units = grid({"h": 2})
+    e = explain(snapshot(hosts, units, queue=[job("wide", 3)]), "wide")
+    assert e.summary.startswith("Rejected") and "2" in e.summary
