@@ -20,9 +20,11 @@ from typing import Annotated, Any, Generic, TypeVar
 
 import msgspec
 
-from common.errors import NotFound
+from common.errors import Conflict, NotFound
 from common.inventory import GpuSample
 from management.scheduler.book import WorkloadBook
+from management.scheduler.loop import SchedulerLoop, SchedulerSettings
+from management.scheduler.model import Explanation
 from master.accounts import AccountChange, Credential, IssuedKey
 from master.keys import SigningKeyInfo
 from master.records import (
@@ -143,10 +145,12 @@ def _page(items: list[T], limit: int, key: Callable[[T], msgspec.Struct]) -> Pag
 
 
 class Operations:
-    def __init__(self, master: Master) -> None:
+    def __init__(self, master: Master, *, book: WorkloadBook | None = None, scheduler: SchedulerLoop | None = None) -> None:
         self._master = master
-        # The one writer of workload records; the scheduling loop (next round) shares this instance.
-        self.workloads = WorkloadBook(master.store, master.events, master, policy=master.policy)
+        # The one writer of workload records, shared with the scheduling loop.
+        self.workloads = book or WorkloadBook(master.store, master.events, master, policy=master.policy)
+        # The loop runs only where it was started (the Master's server); explaining needs only its snapshot.
+        self.scheduler = scheduler or SchedulerLoop(master, self.workloads, SchedulerSettings.of(master.config))
 
     # --- accounts and API keys ------------------------------------------------------------------
     # ``owner`` (as auth decided it): the one account a provider's or renter's call may see; another account
@@ -425,6 +429,13 @@ class Operations:
         await self.workloads.load()
         found = await self.workloads.list(account=account, states=states, before=after.listed if after else None, limit=limit + 1)
         return _page(found, limit, lambda w: WorkloadKey(workload_order(w.created_at, w.id)))
+
+    async def explain_workload(self, workload_id: str, *, account: str | None = None) -> Explanation:
+        """Why a queued workload waits, constraint by constraint; Conflict for one that does not wait."""
+        record = await self.get_workload(workload_id, account=account)
+        if record.state != "queued":
+            raise Conflict(f"workload {workload_id} is {record.state} ({record.state_reason}); only a queued workload waits")
+        return await self.scheduler.explain(workload_id)
 
     async def cancel_workload(self, workload_id: str, *, account: str | None = None) -> WorkloadRecord:
         await self.workloads.load()

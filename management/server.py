@@ -13,6 +13,7 @@ from aiohttp.typedefs import Middleware
 
 from common.http import HttpServer
 from management.api import ApiSettings, Handler, build_app, error_response
+from management.operations import Operations
 from master.accounts import BOOTSTRAP_ACCOUNT
 from master.config import MasterConfig
 from master.service import Master
@@ -78,6 +79,7 @@ class MasterServer:
         self.config = config
         self.api_settings = api_settings or ApiSettings(key_rate_per_s=config.api_key_rate_per_s, key_burst=config.api_key_burst)
         self.master = Master(config)
+        self.operations = Operations(self.master)  # its scheduling loop runs while this server does
         self._http: HttpServer | None = None
         self.gate = ApiGate()
         self.api_port = 0
@@ -85,7 +87,9 @@ class MasterServer:
     async def start(self) -> None:
         await self.master.start()
         await self._ensure_operator_token()
-        app = build_app(self.master, self.api_settings)
+        await self.operations.workloads.load()
+        self.operations.scheduler.start()
+        app = build_app(self.master, self.api_settings, self.operations)
         app.middlewares.append(self.gate.middleware())  # innermost: a caller is authenticated before it is told 503
         self._http = HttpServer(
             app,
@@ -103,6 +107,7 @@ class MasterServer:
         """Graceful: new changes get 503, those accepted finish, the Master drains its links and flushes, then
         the API closes (reads are served until then)."""
         await self.gate.close(REQUEST_DRAIN_S)
+        await self.operations.scheduler.stop()
         await self.master.stop()
         if self._http is not None:
             await self._http.stop()

@@ -6,12 +6,14 @@ for a moment that has not happened (the records keep 0 or None for "never").
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
 
 from common.inventory import GpuSample
+from management.scheduler.model import Explanation
 from master.keys import SigningKeyInfo
 from master.records import (
     AccountRecord,
@@ -167,6 +169,14 @@ def workload_view(workload: WorkloadRecord) -> dict[str, Any]:
         "assignments": [msgspec.to_builtins(a) for a in workload.assignments],
         "version": workload.version,
     }
+
+
+def explanation_view(explanation: Explanation) -> dict[str, Any]:
+    """Why a workload waits: the scheduler core's explanation, as it is (plain values), times as RFC 3339."""
+    view = dataclasses.asdict(explanation)
+    view["reserved_start"] = rfc3339(explanation.reserved_start)
+    view["estimated_start"] = rfc3339(explanation.estimated_start)
+    return view
 
 
 # --- accounts and API keys ------------------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -46,6 +46,16 @@ class MasterConfig(msgspec.Struct, kw_only=True):
     # Whether GPUs of hosts whose isolation is only a sandbox (the process runtime) are offered to renters. Off by
     # default: a sandboxed process shares the host's kernel, files and /proc with the provider's own processes.
     offer_sandboxed_hosts: bool = False
+    # The scheduler (management/scheduler/): it runs on every change that can matter, and at least this often.
+    scheduler_period_s: Annotated[float, msgspec.Meta(gt=0)] = 5.0
+    # A preempted (or cancelled) workload's containers get this long between SIGTERM and SIGKILL.
+    preemption_grace_s: Annotated[float, msgspec.Meta(ge=0, le=600)] = 30.0
+    # A host unseen this long has its workloads placed elsewhere (shorter gaps, a relay failover, are ridden out).
+    requeue_offline_after_s: Annotated[float, msgspec.Meta(gt=0)] = 20.0
+    # "binpack" fills hosts already in use first (whole hosts stay free for large gangs); "spread" the emptiest first.
+    placement: Literal["binpack", "spread"] = "binpack"
+    # Fair share: an account's GPU-seconds count half after this long (Slurm's default half-life is 7 days).
+    fair_share_half_life_s: Annotated[float, msgspec.Meta(gt=0)] = 7 * 86400.0
     # A background loop that raised waits this long before it runs again.
     loop_restart_s: Annotated[float, msgspec.Meta(gt=0)] = 1.0
     # --- GPU faults (master/faults.py) ---

@@ -41,9 +41,11 @@ async def _load_workloads(app: web.Application) -> None:
     await app[OPERATIONS_KEY].workloads.load()
 
 
-def build_app(master: Master, settings: ApiSettings | None = None) -> web.Application:
+def build_app(master: Master, settings: ApiSettings | None = None, operations: Operations | None = None) -> web.Application:
+    """The API over ``master``; ``operations``: the façade to serve (the server's, which shares its workload book
+    with the running scheduler), a new one when not given."""
     settings = settings or ApiSettings()
-    operations = Operations(master)
+    operations = operations or Operations(master)
     registry = master.metrics.registry
     api_metrics = ApiMetrics(registry)
     rate_limits = KeyRateLimits(settings.key_rate_per_s, settings.key_burst)

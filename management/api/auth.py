@@ -91,6 +91,7 @@ ROUTES: dict[tuple[str, str], tuple[Resource, Action]] = {
     ("POST", "/api/v1/workloads"): (Resource.WORKLOADS, Action.WRITE),
     ("GET", "/api/v1/workloads"): (Resource.WORKLOADS, Action.READ),
     ("GET", "/api/v1/workloads/{workload_id}"): (Resource.WORKLOADS, Action.READ),
+    ("GET", "/api/v1/workloads/{workload_id}/explain"): (Resource.WORKLOADS, Action.READ),
     ("POST", "/api/v1/workloads/{workload_id}/cancel"): (Resource.WORKLOADS, Action.WRITE),
     # accounts and API keys
     ("GET", "/api/v1/whoami"): (Resource.ACCOUNTS, Action.READ),

@@ -9,7 +9,7 @@ from management.api.paging import decode_cursor, page_response
 from management.api.requests import json_response, parse_body, parse_query
 from management.api.schemas import EmptyQuery, SubmitWorkload, WorkloadQuery
 from management.operations import WorkloadKey
-from management.views import workload_view
+from management.views import explanation_view, workload_view
 
 RESOURCE = "workloads"
 
@@ -39,6 +39,13 @@ async def get_workload(request: web.Request) -> web.Response:
     return json_response(workload_view(record))
 
 
+async def explain_workload(request: web.Request) -> web.Response:
+    parse_query(request, EmptyQuery)
+    operations = request.app[OPERATIONS_KEY]
+    explanation = await operations.explain_workload(request.match_info["workload_id"], account=scope_of(request).owner)
+    return json_response(explanation_view(explanation))
+
+
 async def cancel_workload(request: web.Request) -> web.Response:
     record = await request.app[OPERATIONS_KEY].cancel_workload(request.match_info["workload_id"], account=scope_of(request).owner)
     return json_response(workload_view(record))
@@ -48,4 +55,5 @@ def add_routes(router: web.UrlDispatcher) -> None:
     router.add_post("/api/v1/workloads", submit_workload)
     router.add_get("/api/v1/workloads", list_workloads)
     router.add_get("/api/v1/workloads/{workload_id}", get_workload)
+    router.add_get("/api/v1/workloads/{workload_id}/explain", explain_workload)
     router.add_post("/api/v1/workloads/{workload_id}/cancel", cancel_workload)

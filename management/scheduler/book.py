@@ -198,6 +198,39 @@ class WorkloadBook:
         self._notify("cancelled", rec)
         return rec
 
+    async def amend(self, workload_id: str, **changes: Any) -> WorkloadRecord:
+        """Store ``changes`` on an open workload without a state change (the loop notes its create commands' ids)."""
+        async with self._lock:
+            rec = self._open.get(workload_id)
+            if rec is None:
+                raise NotFound(f"no open workload {workload_id!r}")
+            fixed = sorted(_FIXED_FIELDS & changes.keys())
+            if fixed:
+                raise ValueError(f"an amendment may not set {', '.join(fixed)}")
+            updated = msgspec.structs.replace(rec, **changes, version=rec.version + 1)
+            await self._store.workloads.update(updated, expected_version=rec.version)
+            self._unindex(rec)
+            self._index(updated)
+            return updated
+
+    async def end(
+        self, workload_id: str, event: str, reason: str, now: float, *, grace_s: float, **changes: Any
+    ) -> WorkloadRecord:
+        """Delete the workload's containers (SIGTERM, ``grace_s``, then SIGKILL) and apply ``event``: how the loop
+        preempts, requeues, fails or finishes one. A workload sent back to the queue forgets its assignments (the
+        deletes under way free their GPUs); one that keeps them (preempted) shows them as ``deleting``."""
+        async with self._lock:
+            rec = await self.get(workload_id)
+            target = WORKLOAD.next(rec.state, event)
+            assignments, refused = await self._delete_containers(rec, grace_s=grace_s)
+            if refused:
+                reason += f"; {len(refused)} container(s) could not be deleted now: {'; '.join(refused)}"
+            if target != WorkloadState.QUEUED.value:
+                changes = {"assignments": assignments} | changes
+            rec = await self._transition(workload_id, event, reason, now, changes)
+        self._notify("transition", rec)
+        return rec
+
     # --- inside ------------------------------------------------------------------------------------------
 
     async def _transition(self, workload_id: str, event: str, reason: str, now: float, changes: dict[str, Any]) -> WorkloadRecord:
@@ -221,16 +254,18 @@ class WorkloadBook:
         await self._record(updated, rec.state, event, reason)
         return updated
 
-    async def _delete_containers(self, rec: WorkloadRecord) -> tuple[builtins.list[Assignment], builtins.list[str]]:
+    async def _delete_containers(
+        self, rec: WorkloadRecord, *, grace_s: float | None = None
+    ) -> tuple[builtins.list[Assignment], builtins.list[str]]:
         """Issue a delete for each assignment that has a container; returns the assignments as they now stand and
         what could not be issued (the host refused: e.g. it was retired), each as a sentence."""
         assignments: builtins.list[Assignment] = []
         refused: builtins.list[str] = []
         for a in rec.assignments:
-            if not a.container or a.state == "deleted":
+            if not a.container or a.state in ("deleting", "deleted"):
                 assignments.append(a)
                 continue
-            spec = {"name": a.container, "timeout_s": self._delete_grace_s}
+            spec = {"name": a.container, "timeout_s": self._delete_grace_s if grace_s is None else grace_s}
             try:
                 await self._commands.create_command(a.agent_id, "delete_container", spec)
             except IdlegridError as exc:

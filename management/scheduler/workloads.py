@@ -8,7 +8,8 @@ States::
     preempted -> queued
 
 plus: running/starting/scheduled -> queued ("requeue": its GPU turned faulty or its host went offline),
-running -> preempted ("preempt"), scheduled/starting -> failed ("start_failed": no restarts left),
+scheduled/starting/running -> preempted ("preempt"), preempted -> failed (restart policy "never"),
+scheduled/starting -> failed ("start_failed": no restarts left),
 queued -> failed ("reject": it can never fit), and "cancel" from every state that is not final.
 """
 
@@ -57,7 +58,8 @@ WORKLOAD = StateMachine(
             ([W.RUNNING], "fail", W.FAILED),
             ([W.SCHEDULED, W.STARTING], "start_failed", W.FAILED),
             ([W.QUEUED], "reject", W.FAILED),
-            ([W.RUNNING], "preempt", W.PREEMPTED),
+            ([W.SCHEDULED, W.STARTING, W.RUNNING], "preempt", W.PREEMPTED),
+            ([W.PREEMPTED], "fail", W.FAILED),  # stopped for a higher priority, and its restart policy is "never"
             ([W.PREEMPTED], "requeue", W.QUEUED),
             ([W.SCHEDULED, W.STARTING, W.RUNNING], "requeue", W.QUEUED),
             ([W.QUEUED, W.SCHEDULED, W.STARTING, W.RUNNING, W.PREEMPTED], "cancel", W.CANCELLED),

@@ -28,8 +28,12 @@ ALLOWED = {
     ("starting", "run"): "running",
     ("running", "succeed"): "succeeded",
     ("running", "fail"): "failed",
+    # stopped for a higher priority: from any state that holds GPUs; back in the queue, or failed by restart policy
+    ("scheduled", "preempt"): "preempted",
+    ("starting", "preempt"): "preempted",
     ("running", "preempt"): "preempted",
     ("preempted", "requeue"): "queued",
+    ("preempted", "fail"): "failed",
     # its GPU turned faulty or its host went offline: back to the queue
     ("scheduled", "requeue"): "queued",
     ("starting", "requeue"): "queued",

@@ -1,0 +1,406 @@
+"""The scheduling loop: snapshot, core, decisions carried out through the Master's commands. Small, named, restartable.
+
+One cycle, always in this order:
+
+1. **Reconcile** (level-triggered, like a Kubernetes controller): every open workload holding GPUs is compared with
+   what the Master knows now: its create commands (acked, succeeded, failed, timed out), its containers on their hosts
+   (exited with a code, gone), its maximum duration. Events only wake the loop; the facts are read here, so a change
+   lost to a full feed, or made while this Master was down, is still acted on.
+2. **Snapshot** the grid and the queue (management/scheduler/snapshot.py) and run the pure core
+   (management/scheduler/core.py).
+3. **Carry out** its decisions: ``Place`` records the assignment first (intent is stored before any command, so a
+   Master killed in between finds the workload ``scheduled`` and issues what is missing) and then creates one container
+   per replica; ``Preempt`` deletes the victim's containers with the policy's grace (SIGTERM, then SIGKILL) and marks it
+   ``preempted``, requeued (or failed, by its restart policy) once its containers are gone; ``Requeue`` deletes what is
+   left of it and puts it back in the queue at its original place; ``Reject`` fails it with the reason.
+
+The loop runs when something that can change the answer happens (a workload submitted, cancelled or back in the queue;
+a GPU's health, a host's state, a container's exit, a container command's end: master/changes.py) and on a timer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from common.errors import IdlegridError, NotFound
+from management.scheduler.book import WorkloadBook
+from management.scheduler.core import explain, schedule
+from management.scheduler.model import DEFAULT_HALF_LIFE_S, Explanation, Place, Plan, Policy, Preempt, Reject, Requeue, Snapshot
+from management.scheduler.snapshot import HOLDING_STATES, build_snapshot, policy_of
+from management.scheduler.usage import UsageMeter
+from management.scheduler.workloads import WorkloadState, container_name
+from master.config import MasterConfig
+from master.records import Assignment, CommandRecord, WorkloadRecord
+from master.service import Master
+from master.states import AgentState, CommandState
+
+log = logging.getLogger(__name__)
+
+W = WorkloadState
+_FAILED_COMMAND = frozenset({CommandState.FAILED.value, CommandState.TIMED_OUT.value, CommandState.CANCELLED.value})
+_GONE_HOST = frozenset({AgentState.RETIRED.value, AgentState.QUARANTINED.value})
+RESTARTING_POLICIES = frozenset({"on_failure", "always"})
+
+
+class SchedulerSettings(msgspec.Struct, frozen=True, kw_only=True):
+    period_s: float = 5.0  # a cycle at least this often, even when nothing woke the loop
+    settle_s: float = 0.05  # after a wake-up, wait this long so a burst of changes makes one cycle
+    grace_s: float = 30.0  # a preempted or cancelled container gets this long between SIGTERM and SIGKILL
+    offline_grace_s: float = 20.0  # a host unseen this long has its workloads placed elsewhere
+    start_timeout_s: float = 300.0  # a container create that has not finished by then failed
+    half_life_s: float = DEFAULT_HALF_LIFE_S
+    placement: str = "binpack"
+    backfill: bool = True
+    allow_process_runtime: bool = False
+
+    @classmethod
+    def of(cls, config: MasterConfig) -> SchedulerSettings:
+        """The settings a Master's configuration gives (master/config.py documents each)."""
+        return cls(
+            period_s=config.scheduler_period_s,
+            grace_s=config.preemption_grace_s,
+            offline_grace_s=config.requeue_offline_after_s,
+            start_timeout_s=config.command_timeout_s,
+            half_life_s=config.fair_share_half_life_s,
+            placement=config.placement,
+            allow_process_runtime=config.offer_sandboxed_hosts,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CycleReport:
+    placed: int
+    preempted: int
+    requeued: int
+    rejected: int
+    reconciled: int
+    seconds: float
+
+
+class SchedulerLoop:
+    def __init__(
+        self,
+        master: Master,
+        book: WorkloadBook,
+        settings: SchedulerSettings | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.master = master
+        self.book = book
+        self.settings = settings or SchedulerSettings()
+        self._clock = clock
+        self.usage = UsageMeter(self.settings.half_life_s)
+        self.base_policy = Policy(
+            half_life_s=self.settings.half_life_s,
+            placement_default=self.settings.placement,  # type: ignore[arg-type]  # checked by the settings' user
+            backfill=self.settings.backfill,
+            allow_process_runtime=self.settings.allow_process_runtime,
+            grace_s=self.settings.grace_s,
+        )
+        self._preempting: dict[str, str] = {}  # victim workload id -> the workload it makes room for
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._pump: asyncio.Task[None] | None = None
+        self.cycles = 0
+        self.last: CycleReport | None = None
+        book.subscribe(lambda _what, _rec: self._wake.set())
+
+    # --- lifecycle -----------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        subscription = self.master.changes.subscribe()
+
+        async def pump() -> None:
+            async for _change in subscription:
+                self._wake.set()
+
+        self._pump = asyncio.create_task(pump(), name="scheduler-changes")
+        self._task = asyncio.create_task(self._run(), name="scheduler")
+        self._wake.set()
+
+    async def stop(self) -> None:
+        for task in (self._task, self._pump):
+            if task is not None:
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
+        self._task = self._pump = None
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.settings.period_s)
+                await asyncio.sleep(self.settings.settle_s)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            try:
+                await self.cycle()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("scheduling cycle failed; the next one runs in %.1f s", self.settings.period_s)
+
+    # --- one cycle ------------------------------------------------------------------------------------------
+
+    async def cycle(self) -> CycleReport:
+        started = time.perf_counter()
+        now = self._clock()
+        reconciled = await self.reconcile(now)
+        snapshot = await self.snapshot(now)
+        plan = schedule(snapshot, explain=False)
+        counts = await self.carry_out(plan, now)
+        self.cycles += 1
+        self.last = CycleReport(*counts, reconciled=reconciled, seconds=time.perf_counter() - started)
+        if counts[0] or counts[1] or counts[2]:
+            log.info(
+                "scheduling cycle",
+                extra={"placed": counts[0], "preempted": counts[1], "requeued": counts[2], "rejected": counts[3]},
+            )
+        return self.last
+
+    async def snapshot(self, now: float) -> Snapshot:
+        m = self.master
+        workloads = self.book.open_workloads()
+        holding = [w for w in workloads if w.state in HOLDING_STATES and w.assignments]
+        accounts = await m.accounts.list(limit=100_000)
+        policy = policy_of(accounts, base=self.base_policy)
+        snapshot = build_snapshot(
+            now=now,
+            agents=m.registry.agents,
+            gpus_by_agent={agent_id: m.registry.gpus_of(agent_id) for agent_id in m.registry.agents},
+            holds=m.allocations.holds(),
+            workloads=workloads,
+            usage={},
+            project_usage={},
+            policy=policy,
+            offline_grace_s=self.settings.offline_grace_s,
+            preempting=self._preempting,
+        )
+        self.usage.advance(
+            now, [snapshot.running[w.id] for w in holding if w.state == W.RUNNING.value and w.id in snapshot.running]
+        )
+        return dataclasses.replace(snapshot, usage=dict(self.usage.usage), project_usage=dict(self.usage.project_usage))
+
+    async def explain(self, workload_id: str) -> Explanation:
+        """Why a queued workload waits, constraint by constraint (management/scheduler/core.py ``explain``)."""
+        snapshot = await self.snapshot(self._clock())
+        return explain(snapshot, workload_id)
+
+    # --- carrying out the core's decisions ------------------------------------------------------------------
+
+    async def carry_out(self, plan: Plan, now: float) -> tuple[int, int, int, int]:
+        placed = preempted = requeued = rejected = 0
+        for decision in plan.decisions:
+            try:
+                if isinstance(decision, Place):
+                    placed += await self._place(decision, now)
+                elif isinstance(decision, Preempt):
+                    preempted += await self._preempt(decision, now)
+                elif isinstance(decision, Requeue):
+                    requeued += await self._requeue(decision.job_id, decision.reason, now)
+                elif isinstance(decision, Reject):
+                    await self.book.transition(decision.job_id, "reject", decision.reason, now)
+                    rejected += 1
+            except (IdlegridError, ValueError) as exc:
+                log.warning("scheduling decision not carried out: %s", exc, extra={"decision": repr(decision)})
+        return placed, preempted, requeued, rejected
+
+    async def _place(self, decision: Place, now: float) -> int:
+        rec = await self.book.get(decision.job_id)
+        if rec.state != W.QUEUED.value:
+            return 0
+        attempt = rec.attempts + 1
+        assignments = []
+        for replica, units in enumerate(decision.assignment):
+            host = self.master.registry.gpus[units[0]].agent_id
+            assignments.append(
+                Assignment(replica=replica, agent_id=host, units=list(units), container=container_name(rec.id, replica, attempt))
+            )
+        hosts = sorted({a.agent_id for a in assignments})
+        reason = f"placed on {', '.join(hosts)}"
+        # The intent is stored before any command: a Master killed after this line finds it and issues what is missing.
+        rec = await self.book.transition(rec.id, "schedule", reason, now, assignments=assignments)
+        await self._issue_creates(rec, now)
+        return 1
+
+    async def _issue_creates(self, rec: WorkloadRecord, now: float) -> WorkloadRecord:
+        """Create every replica's container that has no create command yet; a refused create requeues the workload."""
+        changed = False
+        assignments = list(rec.assignments)
+        for i, a in enumerate(assignments):
+            if a.command_id:
+                continue
+            agent = self.master.registry.agents.get(a.agent_id)
+            if agent is not None and a.container in agent.containers:  # created before a restart: adopt it
+                assignments[i] = msgspec.structs.replace(a, state="running")
+                changed = True
+                continue
+            try:
+                command = await self.master.create_command(
+                    a.agent_id, "create_container", self._container_spec(rec, a), timeout_s=self.settings.start_timeout_s
+                )
+            except IdlegridError as exc:
+                if changed:
+                    rec = await self.book.amend(rec.id, assignments=assignments)
+                await self._requeue(rec.id, f"host {a.agent_id} refused the container: {exc}", now)
+                return rec
+            assignments[i] = msgspec.structs.replace(a, command_id=command.id)
+            changed = True
+        if changed:
+            rec = await self.book.amend(rec.id, assignments=assignments)
+        return rec
+
+    def _container_spec(self, rec: WorkloadRecord, a: Assignment) -> dict[str, Any]:
+        spec = rec.spec
+        body: dict[str, Any] = {
+            "name": a.container,
+            "image": spec.image,
+            "command": list(spec.command),
+            "env": dict(spec.env),
+            "gpus": list(a.units),
+            "labels": dict(spec.labels),
+            "workload_id": rec.id,
+            "replica": a.replica,
+        }
+        if spec.replica.cpu_cores is not None:
+            body["cpus"] = spec.replica.cpu_cores
+        if spec.replica.ram_mib is not None:
+            body["memory_mib"] = spec.replica.ram_mib
+        return body
+
+    async def _preempt(self, decision: Preempt, now: float) -> int:
+        rec = await self.book.get(decision.job_id)
+        if rec.state not in (W.SCHEDULED.value, W.STARTING.value, W.RUNNING.value):
+            return 0
+        self._preempting[rec.id] = decision.for_job
+        await self.book.end(rec.id, "preempt", decision.reason, now, grace_s=self.settings.grace_s)
+        return 1
+
+    async def _requeue(self, workload_id: str, reason: str, now: float, *, restarts: int | None = None) -> int:
+        rec = await self.book.get(workload_id)
+        if rec.state not in (W.SCHEDULED.value, W.STARTING.value, W.RUNNING.value, W.PREEMPTED.value):
+            return 0
+        self._preempting.pop(workload_id, None)
+        changes = {} if restarts is None else {"restarts": restarts}
+        await self.book.end(rec.id, "requeue", reason, now, grace_s=self.settings.grace_s, **changes)
+        return 1
+
+    # --- reconciling with what the Master knows ----------------------------------------------------------------
+
+    async def reconcile(self, now: float) -> int:
+        moved = 0
+        for rec in self.book.open_workloads():
+            try:
+                if rec.state in (W.SCHEDULED.value, W.STARTING.value):
+                    moved += await self._reconcile_start(rec, now)
+                elif rec.state == W.RUNNING.value:
+                    moved += await self._reconcile_running(rec, now)
+                elif rec.state == W.PREEMPTED.value:
+                    moved += await self._reconcile_preempted(rec, now)
+            except (IdlegridError, ValueError) as exc:
+                log.warning("workload %s not reconciled: %s", rec.id, exc)
+        return moved
+
+    async def _command(self, command_id: str) -> CommandRecord | None:
+        if not command_id:
+            return None
+        try:
+            return await self.master.command(command_id)
+        except NotFound:
+            return None
+
+    async def _reconcile_start(self, rec: WorkloadRecord, now: float) -> int:
+        if any(not a.command_id and a.state == "pending" for a in rec.assignments):
+            rec = await self._issue_creates(rec, now)
+            if rec.state not in (W.SCHEDULED.value, W.STARTING.value):
+                return 1
+        states = []
+        for a in rec.assignments:
+            command = await self._command(a.command_id)
+            states.append("succeeded" if a.state == "running" else (command.state if command else "pending"))
+        failed = [s for s in states if s in _FAILED_COMMAND]
+        if failed:
+            return await self._failed(rec, f"{len(failed)} of {len(states)} container(s) did not start ({failed[0]})", now)
+        if all(s == CommandState.SUCCEEDED.value for s in states):
+            if rec.state == W.SCHEDULED.value:
+                rec = await self.book.transition(rec.id, "start", "containers created", now)
+            assignments = [msgspec.structs.replace(a, state="running") for a in rec.assignments]
+            await self.book.transition(rec.id, "run", f"{len(assignments)} container(s) running", now, assignments=assignments)
+            return 1
+        if rec.state == W.SCHEDULED.value and any(s in (CommandState.ACKED.value, CommandState.SUCCEEDED.value) for s in states):
+            await self.book.transition(rec.id, "start", "hosts acknowledged", now)
+            return 1
+        return 0
+
+    async def _reconcile_running(self, rec: WorkloadRecord, now: float) -> int:
+        codes: list[int] = []
+        lost: list[str] = []
+        for a in rec.assignments:
+            agent = self.master.registry.agents.get(a.agent_id)
+            if agent is None or agent.state in _GONE_HOST:
+                lost.append(f"host {a.agent_id} is gone")
+                continue
+            code = agent.exited.get(a.container)
+            if code is not None:
+                codes.append(code)
+            elif a.container not in agent.containers and agent.state != AgentState.OFFLINE.value:
+                lost.append(f"container {a.container} vanished from {a.agent_id}")
+        if lost:
+            return await self._requeue(rec.id, "; ".join(lost), now)
+        if any(code != 0 for code in codes):
+            bad = next(code for code in codes if code != 0)
+            return await self._failed(rec, f"a container exited with code {bad}", now, exit_codes=codes)
+        if len(codes) == len(rec.assignments):
+            if rec.spec.restart_policy == "always" and rec.restarts < rec.spec.max_restarts:
+                return await self._requeue(
+                    rec.id, "all containers exited 0; restart_policy always", now, restarts=rec.restarts + 1
+                )
+            await self.book.end(rec.id, "succeed", "all containers exited 0", now, grace_s=0.0, exit_codes=codes)
+            return 1
+        started = rec.started_at or rec.scheduled_at or rec.queued_at
+        if rec.spec.max_duration_s is not None and now - started > rec.spec.max_duration_s:
+            reason = f"ran past its max_duration_s ({rec.spec.max_duration_s:g} s)"
+            await self.book.end(rec.id, "fail", reason, now, grace_s=self.settings.grace_s)
+            return 1
+        return 0
+
+    async def _reconcile_preempted(self, rec: WorkloadRecord, now: float) -> int:
+        for a in rec.assignments:
+            agent = self.master.registry.agents.get(a.agent_id)
+            if (
+                agent is not None
+                and agent.state not in _GONE_HOST | {AgentState.OFFLINE.value}
+                and a.container in agent.containers
+            ):
+                return 0  # still stopping
+        for_job = self._preempting.pop(rec.id, "a higher priority workload")
+        if rec.spec.restart_policy in RESTARTING_POLICIES:
+            await self.book.transition(rec.id, "requeue", f"preempted for {for_job}; back in the queue", now)
+        else:
+            await self.book.transition(rec.id, "fail", f"preempted for {for_job}; restart_policy never", now)
+        return 1
+
+    async def _failed(self, rec: WorkloadRecord, reason: str, now: float, *, exit_codes: list[int] | None = None) -> int:
+        """A replica failed: restart (back to the queue) while the restart policy allows, otherwise fail."""
+        extra: dict[str, Any] = {} if exit_codes is None else {"exit_codes": exit_codes}
+        if rec.spec.restart_policy in RESTARTING_POLICIES and rec.restarts < rec.spec.max_restarts:
+            restarts = rec.restarts + 1
+            return await self._requeue(rec.id, f"{reason}; restart {restarts} of {rec.spec.max_restarts}", now, restarts=restarts)
+        event = "fail" if rec.state == W.RUNNING.value else "start_failed"
+        await self.book.end(rec.id, event, reason, now, grace_s=0.0, **extra)
+        return 1

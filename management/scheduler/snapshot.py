@@ -1,0 +1,239 @@
+"""The grid as the scheduler core reads it: hosts, units and holds from the Master, jobs from the workload book.
+
+Everything here is a translation from records to the core's frozen values (management/scheduler/model.py); it
+reads memory only (the Master's registry and allocation ledger, the book's open workloads), so a snapshot of
+10,000 hosts costs a pass over them and no store call. Which facts count is decided here:
+
+- a host is ``online`` while it answers, and also while it was last seen less than ``offline_grace_s`` ago: a relay
+  failover shows a host offline for a moment, which must not requeue its workloads;
+- it ``takes_work`` only when ready or busy and not drained;
+- a unit is ``healthy`` unless its GPU is faulty (an Xid, ECC errors, overheating: master/faults.py), reported by two
+  hosts, or gone from its host's inventory;
+- a hold whose container belongs to no placed workload (an operator's raw container, or a workload's container still
+  being deleted after a requeue) is held by a placeholder job that is never placed, moved or preempted.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+
+from management.scheduler.model import (
+    DEFAULT_CLASSES,
+    Constraints,
+    Host,
+    Job,
+    Policy,
+    PriorityClass,
+    Quota,
+    ReplicaRequest,
+    Snapshot,
+    Unit,
+)
+from master.allocations import DUPLICATE_UUID_FLAG, Hold
+from master.records import AccountRecord, AgentRecord, GpuRecord, WorkloadRecord
+from master.reputation import reputation
+from master.states import AgentState, GpuState
+
+# States a workload holds (or is about to hold) GPUs in: it is a running job to the core.
+HOLDING_STATES = frozenset({"scheduled", "starting", "running", "preempted"})
+_ANSWERING = frozenset({AgentState.READY.value, AgentState.BUSY.value, AgentState.MAINTENANCE.value})
+_TAKES_WORK = frozenset({AgentState.READY.value, AgentState.BUSY.value})
+_CONTAINER = re.compile(r"^(wl-[0-9a-f]+)-r(\d+)-a(\d+)$")
+_RUNTIMES = frozenset({"docker", "process", "simulated"})
+_ISOLATIONS = frozenset({"container", "sandbox", "none"})
+
+
+def workload_of(container: str) -> str | None:
+    """The workload id a container name belongs to (``wl-<hex>-r<replica>-a<attempt>``), None for other names."""
+    match = _CONTAINER.match(container)
+    return match.group(1) if match else None
+
+
+def compute_capability(text: str) -> tuple[int, int]:
+    major, _, minor = text.partition(".")
+    try:
+        return int(major), int(minor or 0)
+    except ValueError:
+        return 0, 0
+
+
+def host_of(agent: AgentRecord, now: float, *, offline_grace_s: float) -> Host:
+    answering = agent.state in _ANSWERING
+    recently_seen = agent.state == AgentState.OFFLINE.value and now - agent.last_seen < offline_grace_s
+    info = agent.host
+    runtime = agent.runtime if agent.runtime in _RUNTIMES else "docker"
+    isolation = agent.isolation if agent.isolation in _ISOLATIONS else "none"
+    return Host(
+        id=agent.id,
+        provider=agent.provider,
+        region=agent.region,
+        reputation=reputation(agent).score,
+        bandwidth_mbps=info.bandwidth_mbps_down if info is not None else None,
+        cpu_cores=float(info.cpu_cores) if info is not None else 0.0,
+        ram_mib=info.ram_mib if info is not None else 0,
+        takes_work=agent.state in _TAKES_WORK and not agent.drained,
+        online=answering or recently_seen,
+        runtime=runtime,  # type: ignore[arg-type]  # checked against the literal's values above
+        isolation=isolation,  # type: ignore[arg-type]
+    )
+
+
+def units_of(gpus: Iterable[GpuRecord]) -> list[Unit]:
+    """One host's GPUs as units, with NVLink peers resolved from PCI bus ids to unit ids on the same host."""
+    gpus = list(gpus)
+    by_bus = {g.info.pci_bus_id.lower(): g.uuid for g in gpus if g.info.pci_bus_id}
+    units = []
+    for gpu in gpus:
+        peers = frozenset(
+            by_bus[link.remote_pci_bus_id.lower()]
+            for link in gpu.info.nvlinks
+            if link.active and link.remote_pci_bus_id and link.remote_pci_bus_id.lower() in by_bus
+        ) - {gpu.uuid}
+        healthy = gpu.state != GpuState.FAULTY.value and gpu.fault is None and DUPLICATE_UUID_FLAG not in gpu.flags
+        units.append(
+            Unit(
+                id=gpu.uuid,
+                host=gpu.agent_id,
+                index=gpu.index,
+                model=gpu.model,
+                tier=gpu.tier,
+                vram_mib=gpu.info.memory_total_mib,
+                compute_capability=compute_capability(gpu.info.compute_capability),
+                nvlink_peers=peers,
+                healthy=healthy,
+            )
+        )
+    return units
+
+
+def job_of(rec: WorkloadRecord, *, preempted_for: str | None = None) -> Job:
+    spec = rec.spec
+    replica = spec.replica
+    holding = rec.state in HOLDING_STATES and rec.assignments
+    assignment = tuple(tuple(a.units) for a in sorted(rec.assignments, key=lambda a: a.replica)) if holding else None
+    return Job(
+        id=rec.id,
+        account=rec.account,
+        project=spec.project,
+        priority=spec.priority,
+        submitted_at=rec.queued_at,
+        replicas=spec.replicas,
+        request=ReplicaRequest(
+            gpus=replica.gpus,
+            min_vram_mib=replica.min_vram_mib,
+            models=frozenset(replica.models),
+            tiers=frozenset(replica.tiers),
+            min_compute_capability=compute_capability(replica.min_compute_capability) if replica.min_compute_capability else None,
+            cpu_cores=replica.cpu_cores or 0.0,
+            ram_mib=replica.ram_mib or 0,
+            mig_profile=replica.mig_profile,
+        ),
+        constraints=Constraints(
+            regions=frozenset(spec.constraints.regions),
+            min_reputation=spec.constraints.min_reputation,
+            min_bandwidth_mbps=spec.constraints.min_bandwidth_mbps or None,
+            nvlink=spec.constraints.nvlink,
+            allow_process_runtime=spec.constraints.allow_process_runtime,
+        ),
+        max_duration_s=spec.max_duration_s,
+        placement=spec.placement,  # type: ignore[arg-type]  # the spec allows only the literal's values
+        started_at=(rec.started_at or rec.scheduled_at or rec.queued_at) if holding else None,
+        assignment=assignment,
+        preempted_for=preempted_for if preempted_for is not None else ("(stopping)" if rec.state == "preempted" else None),
+    )
+
+
+def policy_of(
+    accounts: Iterable[AccountRecord],
+    *,
+    base: Policy,
+) -> Policy:
+    """The policy with every renter account's share, project shares and quotas."""
+    shares: dict[str, float] = {}
+    project_shares: dict[tuple[str, str], float] = {}
+    quotas: dict[str, Quota] = {}
+    for account in accounts:
+        shares[account.id] = account.share
+        for project, weight in account.project_shares.items():
+            project_shares[(account.id, project)] = weight
+        if account.gpu_quota is not None or account.tier_quotas:
+            quotas[account.id] = Quota(gpus=account.gpu_quota, per_tier=dict(account.tier_quotas))
+    return Policy(
+        classes=base.classes,
+        aging_step_s=base.aging_step_s,
+        aging_max_boost=base.aging_max_boost,
+        half_life_s=base.half_life_s,
+        shares=shares,
+        project_shares=project_shares,
+        quotas=quotas,
+        placement_default=base.placement_default,
+        backfill=base.backfill,
+        allow_process_runtime=base.allow_process_runtime,
+        grace_s=base.grace_s,
+        max_places_per_cycle=base.max_places_per_cycle,
+        max_considered_per_cycle=base.max_considered_per_cycle,
+        max_preemption_attempts_per_cycle=base.max_preemption_attempts_per_cycle,
+    )
+
+
+def classes_named(names: Iterable[str]) -> tuple[PriorityClass, ...]:
+    """The default classes in the order given (every name must be one of them)."""
+    known = {c.name: c for c in DEFAULT_CLASSES}
+    return tuple(known[name] for name in names)
+
+
+def build_snapshot(
+    *,
+    now: float,
+    agents: Mapping[str, AgentRecord],
+    gpus_by_agent: Mapping[str, Iterable[GpuRecord]],
+    holds: Mapping[str, Hold],
+    workloads: Iterable[WorkloadRecord],
+    usage: Mapping[str, float],
+    project_usage: Mapping[tuple[str, str], float],
+    policy: Policy,
+    offline_grace_s: float,
+    preempting: Mapping[str, str],
+) -> Snapshot:
+    """The core's snapshot. ``preempting``: victim workload id -> the workload it is being stopped for."""
+    hosts: dict[str, Host] = {}
+    units: dict[str, Unit] = {}
+    for agent in agents.values():
+        if agent.state == AgentState.RETIRED.value:
+            continue
+        hosts[agent.id] = host_of(agent, now, offline_grace_s=offline_grace_s)
+        for unit in units_of(gpus_by_agent.get(agent.id, ())):
+            units[unit.id] = unit
+    running: dict[str, Job] = {}
+    queue: list[Job] = []
+    containers: dict[tuple[str, str], str] = {}  # (agent, container) -> the holding workload's id
+    for rec in workloads:
+        if rec.state == "queued":
+            queue.append(job_of(rec))
+        elif rec.state in HOLDING_STATES and rec.assignments:
+            running[rec.id] = job_of(rec, preempted_for=preempting.get(rec.id))
+            for a in rec.assignments:
+                containers[(a.agent_id, a.container)] = rec.id
+    holders = {}
+    for uuid, hold in holds.items():
+        if uuid not in units:
+            continue
+        holders[uuid] = containers.get((hold.agent_id, hold.container)) or f"container:{hold.agent_id}/{hold.container}"
+    # A placed workload's units that the ledger does not (yet, or any more) hold are still its own to the core.
+    for job in running.values():
+        for replica in job.assignment or ():
+            for uuid in replica:
+                if uuid in units:
+                    holders.setdefault(uuid, job.id)
+    return Snapshot(
+        now=now,
+        hosts=hosts,
+        units=units,
+        holders=holders,
+        running=running,
+        queue=queue,
+        usage=dict(usage),
+        project_usage=dict(project_usage),
+        policy=policy,
+    )

@@ -1,0 +1,298 @@
+"""The scheduling loop on a real Master (SQLite in tmp_path), driven through its relay-link handlers without sockets
+(tests/master/linked.py): agents say hello, acknowledge and report results, exits and faults as a relay would carry
+them; the test runs cycles by hand and asserts what the Master sent and what the workload book recorded.
+No GPU is needed: the agents report simulated H100s."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from common.wire import AgentEvent, AgentEventKind, Command, CommandResult, Heartbeat
+from management.scheduler.book import WorkloadBook
+from management.scheduler.loop import SchedulerLoop, SchedulerSettings
+from master.accounts import AccountRole
+from master.config import MasterConfig
+from master.link import AccessLink
+from master.records import Assignment, ReplicaSpec, WorkloadRecord, WorkloadSpec
+from master.service import Master
+from tests.master.linked import connect, gpus, relay, relay_link, to_agent
+
+GRACE_S = 7.0
+
+
+@pytest.fixture
+async def master(tmp_path: Path) -> AsyncIterator[Master]:
+    m = Master(MasterConfig(state_dir=str(tmp_path / "master"), link_port=0))
+    await m.start()
+    await m.accounts.ensure("alice", AccountRole.RENTER)
+    await m.accounts.ensure("bob", AccountRole.RENTER)
+    yield m
+    await m.stop()
+
+
+@pytest.fixture
+def link() -> AccessLink:
+    return relay_link()
+
+
+async def host(master: Master, link: AccessLink, agent_id: str, count: int = 1) -> list[str]:
+    """A host with ``count`` simulated H100s in containers (Docker runtime); returns their uuids."""
+    gpu_list = gpus(count, prefix=f"GPU-{agent_id}")
+    await connect(master, link, agent_id, gpu_list, runtime="docker", isolation="container")
+    return [g.uuid for g in gpu_list]
+
+
+def scheduler(master: Master) -> SchedulerLoop:
+    book = WorkloadBook(master.store, master.events, master, policy=master.policy)
+    return SchedulerLoop(master, book, SchedulerSettings(grace_s=GRACE_S, offline_grace_s=5.0))
+
+
+def spec(name: str = "train", **fields: Any) -> WorkloadSpec:
+    replica = ReplicaSpec(gpus=fields.pop("gpus", 1))
+    return WorkloadSpec(name=name, image="busybox", command=["sleep", "600"], replica=replica, **fields)
+
+
+def creates_sent(link: AccessLink, agent_id: str) -> list[Command]:
+    return [f for f in to_agent(link, agent_id) if isinstance(f, Command) and f.body.kind == "create_container"]
+
+
+def deletes_sent(link: AccessLink, agent_id: str) -> list[Command]:
+    return [f for f in to_agent(link, agent_id) if isinstance(f, Command) and f.body.kind == "delete_container"]
+
+
+async def started(master: Master, link: AccessLink, rec: WorkloadRecord) -> None:
+    """Every replica's host reports its create command succeeded."""
+    for a in rec.assignments:
+        await relay(master, link, a.agent_id, CommandResult(id=a.command_id, ok=True, result={"id": a.container}))
+
+
+async def deleted(master: Master, link: AccessLink, agent_id: str) -> None:
+    """The host reports every delete it was sent as done."""
+    for command in deletes_sent(link, agent_id):
+        await relay(master, link, agent_id, CommandResult(id=command.body.id, ok=True))
+
+
+async def test_a_gang_is_placed_on_two_hosts_at_once_runs_and_succeeds(master, link):
+    a, b = await host(master, link, "agt-a"), await host(master, link, "agt-b")
+    loop = scheduler(master)
+    await loop.book.load()
+    wl = await loop.book.submit("alice", spec(replicas=2, env={"TOKEN": "s3cret"}), time.time())
+
+    report = await loop.cycle()
+
+    rec = await loop.book.get(wl.id)
+    assert report.placed == 1 and rec.state == "scheduled"
+    assert sorted(x.agent_id for x in rec.assignments) == ["agt-a", "agt-b"]
+    assert sorted(u for x in rec.assignments for u in x.units) == sorted(a + b)
+    for x in rec.assignments:
+        (command,) = creates_sent(link, x.agent_id)
+        assert command.body.spec["name"] == x.container == f"{wl.id}-r{x.replica}-a1"
+        assert command.body.spec["gpus"] == x.units
+        assert command.body.spec["workload_id"] == wl.id and command.body.spec["replica"] == x.replica
+        assert command.body.spec["env"] == {"TOKEN": "s3cret"}  # the renter's secret goes to its container
+        assert x.command_id == command.body.id
+
+    await started(master, link, rec)
+    await loop.cycle()
+    rec = await loop.book.get(wl.id)
+    assert rec.state == "running" and all(x.state == "running" for x in rec.assignments)
+
+    for x in rec.assignments:
+        await relay(master, link, x.agent_id, Heartbeat(seq=1, ts=time.time(), running=[], exited={x.container: 0}))
+    await loop.cycle()
+    rec = await loop.book.get(wl.id)
+    assert (rec.state, rec.exit_codes) == ("succeeded", [0, 0])
+    assert all(len(deletes_sent(link, agent)) == 1 for agent in ("agt-a", "agt-b"))  # ended containers are removed
+
+
+async def test_a_gang_that_does_not_fit_takes_nothing(master, link):
+    await host(master, link, "agt-a")
+    loop = scheduler(master)
+    await loop.book.load()
+    wl = await loop.book.submit("alice", spec(replicas=2), time.time())
+
+    await loop.cycle()
+
+    assert (await loop.book.get(wl.id)).state == "queued"
+    assert creates_sent(link, "agt-a") == [] and master.allocations.holds() == {}
+    explanation = await loop.explain(wl.id)
+    assert not explanation.fits_now and explanation.summary
+
+
+async def test_a_faulty_gpu_moves_its_workload_to_another_host(master, link):
+    await host(master, link, "agt-a")
+    await host(master, link, "agt-b")
+    loop = scheduler(master)
+    await loop.book.load()
+    wl = await loop.book.submit("alice", spec(), time.time())
+    await loop.cycle()
+    rec = await loop.book.get(wl.id)
+    await started(master, link, rec)
+    await loop.cycle()
+    (first,) = (await loop.book.get(wl.id)).assignments
+    other = "agt-b" if first.agent_id == "agt-a" else "agt-a"
+
+    fault = AgentEvent(kind=AgentEventKind.GPU_XID, ts=time.time(), gpu_uuid=first.units[0], code=79)
+    await relay(master, link, first.agent_id, fault)
+    await loop.cycle()  # requeued, its container deleted with the grace period
+    await loop.cycle()  # placed elsewhere
+
+    rec = await loop.book.get(wl.id)
+    assert rec.state == "scheduled" and rec.attempts == 2
+    (second,) = rec.assignments
+    assert second.agent_id == other and second.container == f"{wl.id}-r0-a2"
+    (delete,) = deletes_sent(link, first.agent_id)
+    assert delete.body.spec == {"name": first.container, "timeout_s": GRACE_S}
+    reasons = [e.data["reason"] for e in await master.store.events.list(subject=wl.id, kind_prefix="workload.transition")]
+    assert any("Xid 79" in reason or "faulty" in reason or "unhealthy" in reason for reason in reasons), reasons
+
+
+async def test_a_higher_class_preempts_a_lower_one_which_goes_back_to_the_queue(master, link):
+    await host(master, link, "agt-a")
+    loop = scheduler(master)
+    await loop.book.load()
+    low = await loop.book.submit("bob", spec("low", priority="low", restart_policy="on_failure"), time.time())
+    await loop.cycle()
+    await started(master, link, await loop.book.get(low.id))
+    await loop.cycle()
+    assert (await loop.book.get(low.id)).state == "running"
+
+    high = await loop.book.submit("alice", spec("high", priority="high"), time.time())
+    report = await loop.cycle()
+
+    assert report.preempted == 1
+    victim = await loop.book.get(low.id)
+    assert victim.state == "preempted" and victim.preemptions == 1
+    (delete,) = deletes_sent(link, "agt-a")
+    assert delete.body.spec["timeout_s"] == GRACE_S  # SIGTERM, then this long before SIGKILL
+    assert (await loop.book.get(high.id)).state == "queued"  # the victim's GPU is not free until its container is gone
+    await loop.cycle()
+    assert (await loop.book.get(high.id)).state == "queued" and len(deletes_sent(link, "agt-a")) == 1  # no second victim
+
+    await deleted(master, link, "agt-a")
+    await loop.cycle()
+
+    assert (await loop.book.get(low.id)).state == "queued"
+    assert (await loop.book.get(high.id)).state == "scheduled"
+
+
+async def test_a_victim_with_restart_policy_never_fails_when_preempted(master, link):
+    await host(master, link, "agt-a")
+    loop = scheduler(master)
+    await loop.book.load()
+    low = await loop.book.submit("bob", spec("low", priority="low"), time.time())
+    await loop.cycle()
+    await started(master, link, await loop.book.get(low.id))
+    await loop.cycle()
+    await loop.book.submit("alice", spec("high", priority="high"), time.time())
+    await loop.cycle()
+    await deleted(master, link, "agt-a")
+    await loop.cycle()
+
+    victim = await loop.book.get(low.id)
+    assert victim.state == "failed" and "restart_policy never" in victim.state_reason
+
+
+async def test_a_failing_container_is_restarted_while_its_policy_allows_then_fails(master, link):
+    await host(master, link, "agt-a")
+    loop = scheduler(master)
+    await loop.book.load()
+    wl = await loop.book.submit("alice", spec(restart_policy="on_failure", max_restarts=1), time.time())
+    for attempt in (1, 2):
+        await loop.cycle()
+        rec = await loop.book.get(wl.id)
+        assert rec.state == "scheduled" and rec.attempts == attempt
+        await started(master, link, rec)
+        await loop.cycle()
+        (x,) = (await loop.book.get(wl.id)).assignments
+        await relay(master, link, "agt-a", Heartbeat(seq=attempt, ts=time.time(), exited={x.container: 3}))
+        await loop.cycle()
+        await deleted(master, link, "agt-a")
+
+    rec = await loop.book.get(wl.id)
+    assert (rec.state, rec.restarts, rec.exit_codes) == ("failed", 1, [3])
+    assert "exited with code 3" in rec.state_reason
+
+
+async def test_a_create_the_host_refuses_to_start_requeues_the_workload(master, link):
+    await host(master, link, "agt-a")
+    loop = scheduler(master)
+    await loop.book.load()
+    wl = await loop.book.submit("alice", spec(restart_policy="on_failure"), time.time())
+    await loop.cycle()
+    (x,) = (await loop.book.get(wl.id)).assignments
+    refused = CommandResult(id=x.command_id, ok=False, error="image not found", error_code="runtime_failure")
+    await relay(master, link, "agt-a", refused)
+
+    await loop.cycle()
+
+    rec = await loop.book.get(wl.id)
+    assert (rec.state, rec.restarts, rec.attempts) == ("scheduled", 1, 2)  # back in the queue, and placed again at once
+    assert rec.assignments[0].container == f"{wl.id}-r0-a2"
+    moves = await master.store.events.list(subject=wl.id, kind_prefix="workload.transition")
+    requeue = next(e for e in moves if e.data["event"] == "requeue")
+    assert "1 of 1 container(s) did not start (failed); restart 1 of 3" in requeue.data["reason"]
+
+
+async def test_a_workload_past_its_max_duration_is_stopped_and_failed(master, link):
+    await host(master, link, "agt-a")
+    loop = scheduler(master)
+    await loop.book.load()
+    wl = await loop.book.submit("alice", spec(max_duration_s=60.0), time.time())
+    await loop.cycle()
+    await started(master, link, await loop.book.get(wl.id))
+    await loop.cycle()
+    assert (await loop.book.get(wl.id)).state == "running"
+
+    loop._clock = lambda: time.time() + 61.0  # noqa: SLF001  (a minute passes)
+    await loop.cycle()
+
+    rec = await loop.book.get(wl.id)
+    assert rec.state == "failed" and "max_duration_s" in rec.state_reason
+    assert len(deletes_sent(link, "agt-a")) == 1
+
+
+async def test_a_restarted_master_adopts_running_containers_and_issues_what_was_missing(tmp_path, link):
+    config = MasterConfig(state_dir=str(tmp_path / "master"), link_port=0)
+    first = Master(config)
+    await first.start()
+    await first.accounts.ensure("alice", AccountRole.RENTER)
+    await host(first, link, "agt-a", count=2)
+    loop = scheduler(first)
+    await loop.book.load()
+    running = await loop.book.submit("alice", spec("running"), time.time())
+    await loop.cycle()
+    await started(first, link, await loop.book.get(running.id))
+    await loop.cycle()
+    assert (await loop.book.get(running.id)).state == "running"
+    # A second workload whose placement was stored, but the Master died before it sent the create.
+    pending = await loop.book.submit("alice", spec("pending"), time.time())
+    free = next(u for u in (g.uuid for g in first.registry.gpus_of("agt-a")) if first.allocations.holder(u) is None)
+    placed = [Assignment(replica=0, agent_id="agt-a", units=[free], container=f"{pending.id}-r0-a1")]
+    await loop.book.transition(pending.id, "schedule", "placed on agt-a", time.time(), assignments=placed)
+    await first.stop()
+
+    second = Master(config)
+    await second.start()
+    try:
+        link2 = relay_link("relay-b")
+        await connect(second, link2, "agt-a", gpus(2, prefix="GPU-agt-a"), runtime="docker", isolation="container")
+        (container,) = [x.container for x in (await loop.book.get(running.id)).assignments]
+        await relay(second, link2, "agt-a", Heartbeat(seq=1, ts=time.time(), running=[container]))
+        again = scheduler(second)
+        await again.book.load()
+
+        await again.cycle()
+
+        assert (await again.book.get(running.id)).state == "running"
+        creates = creates_sent(link2, "agt-a")
+        assert [c.body.spec["name"] for c in creates] == [f"{pending.id}-r0-a1"]  # the missing one, not the running one
+        holders = second.allocations.holds()
+        assert len({(h.agent_id, h.container) for h in holders.values()}) == 2 and len(holders) == 2
+    finally:
+        await second.stop()
