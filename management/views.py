@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import UTC, datetime
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
 
 from common.inventory import GpuSample
+from management.operations import HostedReplica
 from management.scheduler.model import Explanation
 from master.keys import SigningKeyInfo
 from master.records import (
@@ -73,9 +75,11 @@ def agent_view(
     *,
     reachable: bool = False,
     offered: frozenset[str] = frozenset(),
+    workloads: Sequence[HostedReplica] = (),
 ) -> dict[str, Any]:
     """``reachable``: a relay link carries the agent now (a command reaches it at once, not on its return).
-    ``offered``: uuids of its GPUs renters are offered now."""
+    ``offered``: uuids of its GPUs renters are offered now. ``workloads``: what runs (or is being started or stopped)
+    on it, as its provider may see it (``hosted_replica_view``)."""
     latest = latest or {}
     return {
         "id": agent.id,
@@ -99,6 +103,24 @@ def agent_view(
         "exited": dict(agent.exited),  # containers that ended on their own (name -> exit status), until deleted
         "gpus": [gpu_view(g, latest.get(g.uuid), offered=g.uuid in offered) for g in gpus],
         "reputation": msgspec.to_builtins(reputation(agent)),
+        "workloads": [hosted_replica_view(r) for r in workloads],
+    }
+
+
+def hosted_replica_view(replica: HostedReplica) -> dict[str, Any]:
+    """One replica placed on a host, for the host's provider and the operator: what runs there and on which GPUs.
+    Never the renter's env (names or values), command, labels or account: a provider learns what its hardware
+    runs, not the renter's secrets or who the renter is."""
+    return {
+        "workload_id": replica.workload_id,
+        "name": replica.name,
+        "image": replica.image,
+        "replica": replica.replica,
+        "gpus": replica.units,
+        "container": replica.container,
+        "state": replica.state,
+        "container_state": replica.container_state,
+        "started_at": rfc3339(replica.started_at),
     }
 
 
