@@ -7,8 +7,8 @@ for a moment that has not happened (the records keep 0 or None for "never").
 from __future__ import annotations
 
 import dataclasses
-from datetime import UTC, datetime
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
