@@ -7,45 +7,62 @@ constraints (how many GPUs each one removed and how many were left), showing onl
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Any
 
 REJECTED = "Rejected: "  # how the scheduler core starts the sentence of a workload it can never place
+_RFC3339 = re.compile(r"(\d{4}-\d\d-\d\d)T(\d\d:\d\d:\d\d)\.\d{3}Z")
 
 
 def render_explanation(workload: dict[str, Any], explanation: dict[str, Any], now: datetime) -> str:
     """The explanation of ``workload``'s wait, at ``now`` (for the "in 5 min" next to each time)."""
     e = explanation
-    summary = e["summary"] or "The scheduler gave no reason."
-    if e["position"] == 0 and summary.startswith(REJECTED):
-        summary = (
-            f"It cannot run on this grid as the grid is now: {summary.removeprefix(REJECTED)} "
-            "Change the request (or wait for such hosts to join)."
-        )
-    spec = workload["spec"]
-    lines = [
-        f"{workload['id']} ({workload['name']}) waits. {summary}",
-        "",
-        f"asks:             {_asks(spec)}",
-        f"queue:            {_queue(e)}",
-    ]
-    if e["blocked_by"]:
-        lines.append(f"blocked by:       {e['blocked_by']}")
+    summary = _readable(e["summary"] or "The scheduler gave no reason.")
+    cannot = e["position"] == 0 and summary.startswith(REJECTED)
+    who = f"{workload['id']} ({workload['name']})"
+    if cannot:
+        first = f"{who} cannot be placed on this grid as it is now: {summary.removeprefix(REJECTED)} Change the request."
+    else:
+        first = f"{who} waits. {summary}"
+    lines = [first, "", f"asks:             {_asks(workload['spec'])}", f"queue:            {_queue(e)}"]
+    quota_over = _over(e["quota"])
+    if quota_over:
+        lines.append(f"blocked by:       the GPU quota of account {workload['account']}")
+    elif e["blocked_by"]:
+        lines.append(f"blocked by:       {_readable(e['blocked_by'])}")
     lines.append(f"quota:            {_quota(workload['account'], e['quota'])}")
     lines.append(f"fits idle GPUs:   {'yes' if e['fits_now'] else 'no'}")
     lines.append(f"reserved start:   {_moment(e['reserved_start'], now) if e['reserved_start'] else 'none'}")
-    lines.append(f"estimated start:  {_estimate(e, now)}")
+    if cannot:
+        lines.append("estimated start:  never, on the grid as it is now")
+    elif quota_over:
+        lines.append("estimated start:  when the account's other workloads end and free enough of its quota")
+    elif e["estimated_start"] is None:
+        lines.append("estimated start:  unknown: no running workload that would make room has a known end")
+    else:
+        lines.append(f"estimated start:  {_moment(e['estimated_start'], now)}")
     lines.append("")
     lines.extend(_constraints(e["filters"]))
     return "\n".join(lines)
 
 
+def _readable(sentence: str) -> str:
+    """RFC 3339 times in the scheduler's sentences as a person reads them: 2026-11-22 18:04:01 UTC."""
+    return _RFC3339.sub(r"\1 \2 UTC", sentence)
+
+
+def _over(quota: dict[str, Any] | None) -> bool:
+    return quota is not None and quota["in_use"] + quota["asked"] > quota["limit"]
+
+
 def _asks(spec: dict[str, Any]) -> str:
-    replica = spec["replica"]
-    what = f"{spec['replicas']} x {replica['gpus']} GPU" if spec["replicas"] > 1 else f"{replica['gpus']} GPU"
-    gang = " (a gang: every replica starts at once, each on one host)" if spec["replicas"] > 1 else " on one host"
-    models = f" of {', '.join(replica['models'])}" if replica["models"] else ""
-    return f"{what}{models}{gang}, priority {spec['priority']}"
+    gpus = spec["replica"]["gpus"]
+    models = spec["replica"]["models"]
+    what = f"{gpus} GPU{'s' if gpus > 1 else ''}" + (f" ({' or '.join(models)})" if models else "")
+    if spec["replicas"] > 1:
+        return f"{spec['replicas']} replicas of {what}, each on one host, all started at once; priority {spec['priority']}"
+    return f"{what} on one host; priority {spec['priority']}"
 
 
 def _queue(e: dict[str, Any]) -> str:
@@ -60,18 +77,9 @@ def _quota(account: str, quota: dict[str, Any] | None) -> str:
         return f"account {account} has no GPU quota"
     what = "GPUs" if quota["quota"] == "gpus" else f"GPUs of tier {quota['quota'].removeprefix('tier:')}"
     over = quota["in_use"] + quota["asked"] - quota["limit"]
-    verdict = f"over by {over}" if over > 0 else "within it"
+    verdict = f"{over} over it" if over > 0 else "within it"
     held = f"account {account} holds {quota['in_use']} of its {quota['limit']} {what}"
     return f"{held}; this asks {quota['asked']} more ({verdict})"
-
-
-def _estimate(e: dict[str, Any], now: datetime) -> str:
-    quota = e["quota"]
-    if quota is not None and quota["in_use"] + quota["asked"] > quota["limit"]:
-        return "when the account's other workloads end and free enough of its quota"
-    if e["estimated_start"] is None:
-        return "unknown: no running workload that would make room has a known end"
-    return _moment(e["estimated_start"], now)
 
 
 def _moment(stamp: str, now: datetime) -> str:
@@ -88,7 +96,7 @@ def _moment(stamp: str, now: datetime) -> str:
 
 def _constraints(filters: list[dict[str, Any]]) -> list[str]:
     if not filters:
-        return ["constraints:      not checked (the scheduler decided before looking at GPUs)"]
+        return ["constraints:      not counted (the scheduler decided before it looked at single GPUs)"]
     total = filters[0]["removed"] + filters[0]["remaining"]
     removing = [f for f in filters if f["removed"]]
     rows = [("constraint", "removed", "remaining"), ("(GPUs on the grid)", "", str(total))]

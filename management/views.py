@@ -201,10 +201,18 @@ def explanation_view(explanation: Explanation) -> dict[str, Any]:
     moments = (explanation.reserved_start, explanation.estimated_start)
     view["reserved_start"] = rfc3339(explanation.reserved_start)
     view["estimated_start"] = rfc3339(explanation.estimated_start)
-    view["summary"] = readable_times(explanation.summary, moments)
+    view["summary"] = renter_words(readable_times(explanation.summary, moments))
     if explanation.blocked_by is not None:
-        view["blocked_by"] = readable_times(explanation.blocked_by, moments)
+        view["blocked_by"] = renter_words(readable_times(explanation.blocked_by, moments))
     return view
+
+
+_JOB = re.compile(r"\b([Jj])ob(s|\(s\))?\b")
+
+
+def renter_words(text: str) -> str:
+    """The core says "job"; what a renter submits and reads about everywhere else is a "workload"."""
+    return _JOB.sub(lambda m: ("W" if m.group(1) == "J" else "w") + "orkload" + (m.group(2) or ""), text)
 
 
 _CORE_MOMENT = re.compile(r"\bt=(\d+(?:\.\d+)?(?:e[+-]\d+)?)")
