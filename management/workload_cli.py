@@ -199,7 +199,7 @@ def run_submit(args: argparse.Namespace) -> int:
     return 0
 
 
-# --- list, get, cancel ----------------------------------------------------------------------------
+# --- list, get, explain, cancel ----------------------------------------------------------------------------
 
 
 def run_list(args: argparse.Namespace) -> int:
@@ -209,33 +209,31 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_get(args: argparse.Namespace) -> int:
+    client = _client(args)
+    _print(args, client.workload(args.workload_id), lambda w: print(describe(w) + _why_it_waits(client, w)))
+    return 0
+
+
+def _why_it_waits(client: Any, workload: dict[str, Any]) -> str:
+    """For a queued workload, the explanation under a heading; "" for any other (or one placed meanwhile)."""
     from management.client import ApiError
 
-    client = _client(args)
-    workload = client.workload(args.workload_id)
-    if args.json:
-        _print(args, workload, print)
-        return 0
-    text = describe(workload)
-    if workload["state"] == "queued":
-        try:
-            explanation = client.explain_workload(args.workload_id)
-        except ApiError as exc:
-            if exc.status != 409:  # placed meanwhile: nothing to explain any more
-                raise
-        else:
-            text += "\n\nwhy it waits:\n" + _indent(render_explanation(workload, explanation, datetime.now(UTC)))
-    print(text)
-    return 0
+    if workload["state"] != "queued":
+        return ""
+    try:
+        explanation = client.explain_workload(workload["id"])
+    except ApiError as exc:
+        if exc.status != 409:  # 409: placed since it was read, nothing to explain any more
+            raise
+        return ""
+    return "\n\nwhy it waits:\n" + _indent(render_explanation(workload, explanation, datetime.now(UTC)))
 
 
 def run_explain(args: argparse.Namespace) -> int:
     client = _client(args)
     explanation = client.explain_workload(args.workload_id)
-    if args.json:
-        _print(args, explanation, print)
-        return 0
-    print(render_explanation(client.workload(args.workload_id), explanation, datetime.now(UTC)))
+    now = datetime.now(UTC)
+    _print(args, explanation, lambda e: print(render_explanation(client.workload(args.workload_id), e, now)))
     return 0
 
 
