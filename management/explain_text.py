@@ -43,7 +43,8 @@ def render_explanation(workload: dict[str, Any], explanation: dict[str, Any], no
     else:
         lines.append(f"estimated start:  {_moment(e['estimated_start'], now)}")
     lines.append("")
-    lines.extend(_constraints(e["filters"]))
+    spec = workload["spec"]
+    lines.extend(_constraints(e["filters"], spec["replicas"] * spec["replica"]["gpus"]))
     return "\n".join(lines)
 
 
@@ -94,7 +95,7 @@ def _moment(stamp: str, now: datetime) -> str:
     return f"{moment.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC ({relative})"
 
 
-def _constraints(filters: list[dict[str, Any]]) -> list[str]:
+def _constraints(filters: list[dict[str, Any]], needed: int) -> list[str]:
     if not filters:
         return ["constraints:      not counted (the scheduler decided before it looked at single GPUs)"]
     total = filters[0]["removed"] + filters[0]["remaining"]
@@ -107,5 +108,9 @@ def _constraints(filters: list[dict[str, Any]]) -> list[str]:
     if others:
         lines.append(f"(the other {others} constraints removed none)")
     left = filters[-1]["remaining"]
-    lines.append(f"{left} GPU(s) pass every constraint now" if left else "no GPU passes every constraint now")
+    passing = f"{left} GPU passes" if left == 1 else f"{left} GPUs pass"
+    if left >= needed:
+        lines.append(f"{passing} every constraint now; it needs {needed} at once")
+    else:
+        lines.append(f"only {left} of the {needed} GPUs it needs at once pass every constraint now")
     return lines
