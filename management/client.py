@@ -204,6 +204,10 @@ class ApiCalls(Generic[R]):
     def cancel_workload(self, workload_id: str) -> R:
         return self.send(ApiRequest("POST", f"{API_PREFIX}/workloads/{_segment(workload_id)}/cancel"))
 
+    def explain_workload(self, workload_id: str) -> R:
+        """Why a queued workload waits (409 conflict for one that is not queued)."""
+        return self.send(ApiRequest("GET", f"{API_PREFIX}/workloads/{_segment(workload_id)}/explain"))
+
     # --- accounts and API keys ---
 
     def whoami(self) -> R:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import bisect
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Generic, TypeVar
 
 import msgspec
@@ -95,6 +95,22 @@ class Page(Generic[T]):
 
 
 @dataclass(frozen=True)
+class HostedReplica:
+    """One replica of a workload placed on a host, as the host's provider may see it: what runs on its GPUs, never
+    the renter's env, command, labels or account (docs/workloads.md, "What a provider sees")."""
+
+    workload_id: str
+    name: str
+    image: str
+    replica: int
+    units: list[str]  # the GPU uuids (or MIG instance ids) the replica's container was given
+    container: str
+    state: str  # the workload's
+    container_state: str  # the assignment's: pending | running | exited | deleting | deleted
+    started_at: float | None
+
+
+@dataclass(frozen=True)
 class AgentDetail:
     """An agent with what its view shows beside the record."""
 
@@ -103,6 +119,7 @@ class AgentDetail:
     latest: dict[str, GpuSample]
     reachable: bool  # a relay link carries it now: commands sent to it are delivered at once
     offered: frozenset[str]  # uuids of its GPUs renters are offered now
+    workloads: list[HostedReplica] = field(default_factory=list)  # open workloads' replicas placed on it
 
 
 @dataclass(frozen=True)
@@ -219,11 +236,34 @@ class Operations:
 
     # --- agents --------------------------------------------------------------------------------
 
-    def _detail(self, agent: AgentRecord) -> AgentDetail:
+    def _detail(self, agent: AgentRecord, hosted: dict[str, list[HostedReplica]] | None = None) -> AgentDetail:
         m = self._master
         gpus = m.registry.gpus_of(agent.id)
         offered = frozenset(g.uuid for g in gpus if m.offered(g))
-        return AgentDetail(agent, gpus, m.telemetry.latest, agent.id in m.hub.agent_links, offered)
+        replicas = (hosted if hosted is not None else self._hosted({agent.id})).get(agent.id, [])
+        return AgentDetail(agent, gpus, m.telemetry.latest, agent.id in m.hub.agent_links, offered, replicas)
+
+    def _hosted(self, agent_ids: set[str]) -> dict[str, list[HostedReplica]]:
+        """The replicas of open workloads placed on these agents (whose containers are not yet deleted), oldest
+        workload first. One pass over the open workloads in memory: a page of agents costs one, not one per agent."""
+        found: dict[str, list[HostedReplica]] = {}
+        for rec in self.workloads.open_workloads():
+            for a in rec.assignments:
+                if a.agent_id in agent_ids and a.state != "deleted":
+                    found.setdefault(a.agent_id, []).append(
+                        HostedReplica(
+                            workload_id=rec.id,
+                            name=rec.spec.name,
+                            image=rec.spec.image,
+                            replica=a.replica,
+                            units=list(a.units),
+                            container=a.container,
+                            state=rec.state,
+                            container_state=a.state,
+                            started_at=rec.started_at,
+                        )
+                    )
+        return found
 
     def _owned_agent(self, agent_id: str, owner: str | None) -> AgentRecord:
         agent = self._master.registry.get(agent_id)
@@ -258,7 +298,8 @@ class Operations:
                 if len(found) > limit:
                     break
         page = _page(found, limit, lambda a: AgentKey(a.id))
-        return Page([self._detail(a) for a in page.items], page.next_key)
+        hosted = self._hosted({a.id for a in page.items})
+        return Page([self._detail(a, hosted) for a in page.items], page.next_key)
 
     def _ids_after(self, agent_id: str | None, *, strictly: bool) -> Iterator[str]:
         """Agent ids in order, from ``agent_id`` on. Sorting 10,000 ids takes about a millisecond: cheaper than

@@ -7,12 +7,15 @@ for a moment that has not happened (the records keep 0 or None for "never").
 from __future__ import annotations
 
 import dataclasses
+import re
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
 
 from common.inventory import GpuSample
+from management.operations import HostedReplica
 from management.scheduler.model import Explanation
 from master.keys import SigningKeyInfo
 from master.records import (
@@ -73,9 +76,11 @@ def agent_view(
     *,
     reachable: bool = False,
     offered: frozenset[str] = frozenset(),
+    workloads: Sequence[HostedReplica] = (),
 ) -> dict[str, Any]:
     """``reachable``: a relay link carries the agent now (a command reaches it at once, not on its return).
-    ``offered``: uuids of its GPUs renters are offered now."""
+    ``offered``: uuids of its GPUs renters are offered now. ``workloads``: what runs (or is being started or stopped)
+    on it, as its provider may see it (``hosted_replica_view``)."""
     latest = latest or {}
     return {
         "id": agent.id,
@@ -99,6 +104,24 @@ def agent_view(
         "exited": dict(agent.exited),  # containers that ended on their own (name -> exit status), until deleted
         "gpus": [gpu_view(g, latest.get(g.uuid), offered=g.uuid in offered) for g in gpus],
         "reputation": msgspec.to_builtins(reputation(agent)),
+        "workloads": [hosted_replica_view(r) for r in workloads],
+    }
+
+
+def hosted_replica_view(replica: HostedReplica) -> dict[str, Any]:
+    """One replica placed on a host, for the host's provider and the operator: what runs there and on which GPUs.
+    Never the renter's env (names or values), command, labels or account: a provider learns what its hardware
+    runs, not the renter's secrets or who the renter is."""
+    return {
+        "workload_id": replica.workload_id,
+        "name": replica.name,
+        "image": replica.image,
+        "replica": replica.replica,
+        "gpus": replica.units,
+        "container": replica.container,
+        "state": replica.state,
+        "container_state": replica.container_state,
+        "started_at": rfc3339(replica.started_at),
     }
 
 
@@ -172,11 +195,40 @@ def workload_view(workload: WorkloadRecord) -> dict[str, Any]:
 
 
 def explanation_view(explanation: Explanation) -> dict[str, Any]:
-    """Why a workload waits: the scheduler core's explanation, as it is (plain values), times as RFC 3339."""
+    """Why a workload waits: the scheduler core's explanation, as it is (plain values), times as RFC 3339, in the
+    sentences too (``readable_times``)."""
     view = dataclasses.asdict(explanation)
+    moments = (explanation.reserved_start, explanation.estimated_start)
     view["reserved_start"] = rfc3339(explanation.reserved_start)
     view["estimated_start"] = rfc3339(explanation.estimated_start)
+    view["summary"] = renter_words(readable_times(explanation.summary, moments))
+    if explanation.blocked_by is not None:
+        view["blocked_by"] = renter_words(readable_times(explanation.blocked_by, moments))
     return view
+
+
+_JOB = re.compile(r"\b([Jj])ob(s|\(s\))?\b")
+
+
+def renter_words(text: str) -> str:
+    """The core says "job"; what a renter submits and reads about everywhere else is a "workload"."""
+    return _JOB.sub(lambda m: ("W" if m.group(1) == "J" else "w") + "orkload" + (m.group(2) or ""), text)
+
+
+_CORE_MOMENT = re.compile(r"\bt=(\d+(?:\.\d+)?(?:e[+-]\d+)?)")
+
+
+def readable_times(text: str, moments: Iterable[float | None]) -> str:
+    """The core writes a moment in its sentences as ``t=<Unix seconds>`` with six significant digits (up to
+    ~80 minutes off, and unreadable); each one that is the explanation's own reserved or estimated start, printed
+    the same way, becomes that start in RFC 3339. Any other is left as it is."""
+    known = {f"{m:g}": m for m in moments if m is not None}
+
+    def swap(match: re.Match[str]) -> str:
+        moment = known.get(match.group(1))
+        return rfc3339(moment) or match.group(0) if moment is not None else match.group(0)
+
+    return _CORE_MOMENT.sub(swap, text)
 
 
 # --- accounts and API keys ------------------------------------------------------------------------

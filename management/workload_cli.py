@@ -1,4 +1,4 @@
-"""``idlegrid workload submit|list|get|cancel``: a renter's (or the operator's) workloads, through the management API.
+"""``idlegrid workload submit|list|get|explain|cancel``: a renter's (or the operator's) workloads, through the management API.
 
 Output is a table (or ``key: value`` lines for one workload) by default, the API's JSON with ``--json``.
 A spec is checked here first (the same struct the API decodes), so a bad field is named before anything is sent.
@@ -11,6 +11,7 @@ import json
 import sys
 import tomllib
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import msgspec
 
 from common.errors import IdlegridError
 from management.cli import DEFAULT_API, DEFAULT_OPERATOR_KEY
+from management.explain_text import render_explanation
 from master.records import WorkloadSpec
 
 DEFAULT_KEY_FILE = DEFAULT_OPERATOR_KEY  # a renter points --key-file at its own key
@@ -38,7 +40,7 @@ def add_parser(sub: argparse._SubParsersAction, make: Parser) -> None:
         "Submit a workload (containers on rented GPUs), list and show your workloads, cancel one. A renter's API key "
         "acts for its own account; the operator's key sees every account's and names the account when it submits.",
     )
-    w_sub = p.add_subparsers(dest="workload_command", required=True, metavar="{submit,list,get,cancel}")
+    w_sub = p.add_subparsers(dest="workload_command", required=True, metavar="{submit,list,get,explain,cancel}")
 
     submit = make(
         w_sub,
@@ -80,11 +82,27 @@ def add_parser(sub: argparse._SubParsersAction, make: Parser) -> None:
     listing.set_defaults(func=run_list)
 
     get = make(
-        w_sub, "get", "show one workload", "Show one workload: its spec (env values are never shown), state and placement."
+        w_sub,
+        "get",
+        "show one workload",
+        "Show one workload: its spec (env values are never shown), state and placement; for a queued one, also why it "
+        "waits (as 'workload explain' tells it).",
     )
     get.add_argument("workload_id", metavar="ID", help="the workload's id, wl-…")
     _connection(get)
     get.set_defaults(func=run_get)
+
+    explain = make(
+        w_sub,
+        "explain",
+        "say why a queued workload waits",
+        "Say why a queued workload waits: the scheduler's sentence, its place in the queue, what blocks it (a workload "
+        "ahead with GPUs reserved, the account's quota), the reserved and estimated start, and how many GPUs each "
+        "constraint of the request removed. A workload that is not queued answers 409.",
+    )
+    explain.add_argument("workload_id", metavar="ID", help="the workload's id, wl-…")
+    _connection(explain)
+    explain.set_defaults(func=run_explain)
 
     cancel = make(
         w_sub, "cancel", "cancel a workload", "Cancel a workload in any state that is not final; its containers are deleted."
@@ -181,7 +199,7 @@ def run_submit(args: argparse.Namespace) -> int:
     return 0
 
 
-# --- list, get, cancel ----------------------------------------------------------------------------
+# --- list, get, explain, cancel ----------------------------------------------------------------------------
 
 
 def run_list(args: argparse.Namespace) -> int:
@@ -191,8 +209,36 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_get(args: argparse.Namespace) -> int:
-    _print(args, _client(args).workload(args.workload_id), lambda w: print(describe(w)))
+    client = _client(args)
+    _print(args, client.workload(args.workload_id), lambda w: print(describe(w) + _why_it_waits(client, w)))
     return 0
+
+
+def _why_it_waits(client: Any, workload: dict[str, Any]) -> str:
+    """For a queued workload, the explanation under a heading; "" for any other (or one placed meanwhile)."""
+    from management.client import ApiError
+
+    if workload["state"] != "queued":
+        return ""
+    try:
+        explanation = client.explain_workload(workload["id"])
+    except ApiError as exc:
+        if exc.status != 409:  # 409: placed since it was read, nothing to explain any more
+            raise
+        return ""
+    return "\n\nwhy it waits:\n" + _indent(render_explanation(workload, explanation, datetime.now(UTC)))
+
+
+def run_explain(args: argparse.Namespace) -> int:
+    client = _client(args)
+    explanation = client.explain_workload(args.workload_id)
+    now = datetime.now(UTC)
+    _print(args, explanation, lambda e: print(render_explanation(client.workload(args.workload_id), e, now)))
+    return 0
+
+
+def _indent(text: str) -> str:
+    return "\n".join(f"  {line}" if line else "" for line in text.splitlines())
 
 
 def run_cancel(args: argparse.Namespace) -> int:

@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from management import cli
-from tests.management.hosts import api_key
+from management.api.auth import OPERATIONS_KEY
+from tests.management.hosts import add_agent, api_key
 
 
 @pytest.fixture
@@ -93,3 +95,125 @@ async def test_another_accounts_workload_is_not_found(renter, capsys, api):
     theirs = await api.operator.submit_workload({"name": "secret-job", "image": "busybox"}, account="bob")
     code, _, err = await renter("cancel", theirs["id"], capsys=capsys)
     assert code == 2 and f"404 not_found: no workload '{theirs['id']}'" in err
+
+
+# --- why a workload waits: `workload explain` and `workload get` ---------------------------------------------------
+# A real Master with three hosts of two simulated H100s each (no GPU here); the scheduling loop is run by hand.
+
+
+@pytest.fixture
+async def grid(api):
+    for n in (1, 2, 3):
+        await add_agent(api.master, f"agt-{n}", "h100:2", provider="acme", runtime="docker", isolation="container")
+    return api.app[OPERATIONS_KEY].scheduler
+
+
+async def submitted(renter, capsys, *args: str) -> str:
+    code, out, err = await renter("submit", "--image", "busybox", *args, capsys=capsys)
+    assert code == 0, err
+    return out.split()[1]
+
+
+async def explained(renter, capsys, workload_id: str) -> str:
+    code, out, err = await renter("explain", workload_id, capsys=capsys)
+    assert code == 0, err
+    return out
+
+
+async def bob_submits(api, **spec: Any) -> str:
+    response = await api.post(
+        "/api/v1/workloads", json={"image": "busybox"} | spec, headers=await api_key(api.master, "renter", "bob")
+    )
+    assert response.status == 201, await response.text()
+    return (await response.json())["id"]
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--gpus", "8"], ("8 GPUs",)),  # hosts have 2 each
+        (["--model", "l40s"], ("l40s", "model")),  # a catalog model no host here has
+    ],
+)
+async def test_explain_says_why_a_workload_cannot_fit_on_this_grid(renter, capsys, grid, args, said):
+    wl = await submitted(renter, capsys, "--name", "too-big", *args)
+
+    out = await explained(renter, capsys, wl)
+
+    first = out.splitlines()[0]
+    assert first.startswith(f"{wl} (too-big) ") and any(word in first for word in said), first
+    assert "quota:            account alice has no GPU quota" in out
+    assert "fits idle GPUs:   no" in out
+    assert "estimated start:  20" not in out  # no time is promised
+
+
+async def test_explain_names_the_quota_that_holds_a_workload_back(renter, capsys, grid, api):
+    response = await api.patch("/api/v1/accounts/alice", json={"gpu_quota": 2}, headers=api.auth)
+    assert response.status == 200, await response.text()
+    first = await submitted(renter, capsys, "--name", "first", "--gpus", "2")
+    await grid.cycle()
+    assert (await api.master.store.workloads.get(first)).state == "scheduled"
+    wl = await submitted(renter, capsys, "--name", "second", "--gpus", "1")
+
+    out = await explained(renter, capsys, wl)
+
+    lines = out.splitlines()
+    assert lines[0] == (
+        f"{wl} (second) waits. Waiting for quota: account alice holds 2 of its 2 GPUs and this workload asks for 1 "
+        "more; it starts when the account's other workloads free enough."
+    )
+    assert "quota:            account alice holds 2 of its 2 GPUs; this asks 1 more (1 over it)" in lines
+    assert "blocked by:       the GPU quota of account alice" in lines
+    assert "fits idle GPUs:   yes" in lines  # the grid has room: only the quota holds it back
+    assert "estimated start:  when the account's other workloads end and free enough of its quota" in lines
+    assert any(line.split() == ["held", "by", "others", "2", "4"] for line in lines)  # 2 of 6 GPUs are alice's first
+
+
+async def test_explain_names_the_gang_ahead_that_has_the_gpus_reserved(renter, capsys, grid, api):
+    # Two high-priority workloads of 2 GPUs run on two of the three hosts for an hour at most.
+    for n in (1, 2):
+        await bob_submits(api, name=f"running-{n}", priority="high", max_duration_s=3600, replica={"gpus": 2})
+    await grid.cycle()
+    # A high-priority gang of 2 x 2 GPUs cannot preempt its equals: it is first in line, with GPUs reserved for the
+    # hour's end; alice's small job with no max duration would delay it on the idle host, so it waits behind.
+    gang = await bob_submits(api, name="gang", priority="high", replicas=2, replica={"gpus": 2})
+    wl = await submitted(renter, capsys, "--name", "small", "--gpus", "1")
+
+    out = await explained(renter, capsys, wl)
+
+    lines = out.splitlines()
+    assert lines[0].startswith(f"{wl} (small) waits. Waiting behind {gang} (priority high), which is first in line at 20")
+    assert "t=" not in out  # every moment is a time a person reads
+    assert lines[0].endswith("A workload with a max duration that ends before then could start now.")
+    assert f"queue:            position 2 of 2 in the order the scheduler considers them; just ahead: {gang}" in lines
+    assert any(
+        line.startswith(f"blocked by:       waits behind {gang} (priority high), which has 4 GPUs reserved") for line in lines
+    )
+    assert "fits idle GPUs:   yes" in lines
+    assert any(line.startswith("estimated start:  20") and line.endswith("UTC (in 60 min)") for line in lines)
+
+    code, out, _ = await renter("explain", gang, capsys=capsys)
+    assert code == 2  # bob's gang is not alice's to explain
+
+    code, out, err = await renter("explain", wl, "--json", capsys=capsys)
+    body = json.loads(out)
+    assert (body["position"], body["ahead"], body["fits_now"]) == (2, [gang], True)
+    assert f"first in line at {body['estimated_start']}." in body["summary"]  # the API's sentence has its RFC 3339 time
+
+
+async def test_get_shows_why_a_queued_workload_waits_and_nothing_once_it_is_placed(renter, capsys, grid, api):
+    wl = await submitted(renter, capsys, "--name", "waits", "--gpus", "4")  # hosts have 2 GPUs each
+    code, out, _ = await renter("get", wl, capsys=capsys)
+    assert code == 0 and "state:       queued" in out
+    description, why = out.split("\n\nwhy it waits:\n")
+    assert why.startswith(f"  {wl} (waits) ") and "\n  asks:             4 GPUs on one host; priority normal\n" in why
+
+    small = await submitted(renter, capsys, "--name", "fits", "--gpus", "1")
+    await grid.cycle()
+    code, out, _ = await renter("get", small, capsys=capsys)
+    assert code == 0 and "state:       scheduled" in out and "why it waits" not in out
+    code, out, _ = await renter("get", small, "--json", capsys=capsys)
+    assert json.loads(out)["id"] == small  # the API's JSON, as it is
+
+    code, _, err = await renter("explain", small, capsys=capsys)
+    assert code == 2 and "409 conflict" in err and "only a queued workload waits" in err
