@@ -141,15 +141,19 @@ class CommandExecutor:
                 f"it has {', '.join(sorted(set(by_id.values()))) or 'no GPUs'}"
             )
         wanted = [by_id[gpu] for gpu in container.gpus]
-        held: dict[str, str] = {}
+        held: dict[str, str] = {}  # uuid (GPU or MIG instance) -> the running container holding it
         for other in await self.runtime.list():
             if other.state != RUNNING or other.labels.get(LABEL_COMMAND_ID) == command_id:
                 continue  # a repeat of this very command is the runtime's to answer (same container back)
             for gpu in filter(None, other.labels.get(LABEL_GPUS, "").split(",")):
                 held[gpu] = other.name
-                if gpu in parent:  # an instance held keeps its whole GPU from anyone else
-                    held.setdefault(parent[gpu], other.name)
+        instances_held = {parent[uuid]: name for uuid, name in held.items() if uuid in parent}  # GPU -> a holder
         taken = [f"{gpu} (held by container {held[gpu]!r})" for gpu in wanted if gpu in held]
+        taken += [
+            f"{gpu} (its MIG instances are in use by container {instances_held[gpu]!r})"
+            for gpu in wanted
+            if gpu not in held and gpu in instances_held
+        ]
         taken += [
             f"{gpu} (its GPU {parent[gpu]} is held whole by container {held[parent[gpu]]!r})"
             for gpu in wanted
