@@ -106,6 +106,8 @@ class Registry:
             self._gpus_by_agent.get(old.agent_id, {}).pop(gpu.uuid, None)  # the card changed hosts
         self.gpus[gpu.uuid] = gpu
         self._gpus_by_agent.setdefault(gpu.agent_id, {})[gpu.uuid] = gpu
+        # The ledger keeps a whole-GPU hold and holds on its MIG instances apart (master/allocations.py).
+        self.allocations.set_partition(gpu.uuid, [m.uuid for m in gpu.info.mig_instances] if gpu.info.mig_enabled else [])
 
     async def add(self, agent: AgentRecord) -> None:
         self.agents[agent.id] = agent
@@ -174,7 +176,7 @@ class Registry:
     ) -> None:
         """The GPU moves of ``settle_gpus``, applied in memory; the records and events to write are appended."""
         for gpu in self._gpus_by_agent.get(agent.id, {}).values():
-            wanted = gpu_state_for(gpu, self.allocations.holder(gpu.uuid), agent)
+            wanted = gpu_state_for(gpu, self.allocations.covering(gpu.uuid), agent)
             if wanted == gpu.state:
                 continue
             for event in GPU.path(gpu.state, wanted):
@@ -195,6 +197,7 @@ class Registry:
         for gpu in list(gpus):
             self.gpus.pop(gpu.uuid, None)
             self._gpus_by_agent.get(agent_id, {}).pop(gpu.uuid, None)
+            self.allocations.set_partition(gpu.uuid, [])
             gpu.state, gpu.flags, gpu.updated_at = GpuState.OFFLINE.value, [*gpu.flags, flag], time.time()
             withdrawn.append(gpu)
         if withdrawn:
