@@ -100,6 +100,14 @@ class Registry:
         gpus = [*owned.values(), *shadows.values()] if shadows else owned.values()
         return sorted(gpus, key=lambda g: g.index)
 
+    def gpu_of_unit(self, uuid: str) -> GpuRecord | None:
+        """The GPU a placed unit is on: the GPU itself, or for a MIG instance ("MIG-…") the GPU it splits."""
+        gpu = self.gpus.get(uuid)
+        if gpu is not None:
+            return gpu
+        parent = self.allocations.parent_of(uuid)
+        return self.gpus.get(parent) if parent is not None else None
+
     def _put_gpu(self, gpu: GpuRecord) -> None:
         old = self.gpus.get(gpu.uuid)
         if old is not None and old.agent_id != gpu.agent_id:
