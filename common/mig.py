@@ -96,9 +96,7 @@ def lay_out(model_key: str, names: Sequence[str]) -> list[tuple[MigProfile, int]
     return [(profiles[i], starts[i]) for i in range(len(profiles))]
 
 
-def _place(
-    order: list[int], profiles: list[MigProfile], starts: dict[int, int], used: frozenset[int]
-) -> dict[int, int] | None:
+def _place(order: list[int], profiles: list[MigProfile], starts: dict[int, int], used: frozenset[int]) -> dict[int, int] | None:
     """A start for every instance in ``order`` (largest first), by trying each allowed start: at most 7 instances."""
     if not order:
         return starts

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Generic, TypeVar
 
 import msgspec
@@ -103,6 +103,7 @@ class AgentDetail:
     latest: dict[str, GpuSample]
     reachable: bool  # a relay link carries it now: commands sent to it are delivered at once
     offered: frozenset[str]  # uuids of its GPUs renters are offered now
+    holders: Mapping[str, str] = field(default_factory=dict)  # GPU or MIG instance uuid -> the container holding it
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,7 @@ class GpuDetail:
     gpu: GpuRecord
     latest: GpuSample | None
     offered: bool  # renters are offered it now: available, on a host that isolates workloads well enough
+    holders: Mapping[str, str] = field(default_factory=dict)  # the GPU's and its MIG instances' holding containers
 
 
 @dataclass(frozen=True)
@@ -223,7 +225,18 @@ class Operations:
         m = self._master
         gpus = m.registry.gpus_of(agent.id)
         offered = frozenset(g.uuid for g in gpus if m.offered(g))
-        return AgentDetail(agent, gpus, m.telemetry.latest, agent.id in m.hub.agent_links, offered)
+        return AgentDetail(agent, gpus, m.telemetry.latest, agent.id in m.hub.agent_links, offered, self._holders(gpus))
+
+    def _holders(self, gpus: Iterable[GpuRecord]) -> dict[str, str]:
+        """GPU and MIG instance uuid -> the container holding it, for the GPUs given."""
+        allocations = self._master.allocations
+        found: dict[str, str] = {}
+        for gpu in gpus:
+            for uuid in (gpu.uuid, *(m.uuid for m in gpu.info.mig_instances)):
+                hold = allocations.holder(uuid)
+                if hold is not None:
+                    found[uuid] = hold.container
+        return found
 
     def _owned_agent(self, agent_id: str, owner: str | None) -> AgentRecord:
         agent = self._master.registry.get(agent_id)
@@ -321,12 +334,14 @@ class Operations:
                 break
         page = _page(found, limit, lambda g: GpuKey(g.agent_id, g.index, g.uuid))
         latest = self._master.telemetry.latest
-        return Page([GpuDetail(g, latest.get(g.uuid), self._master.offered(g)) for g in page.items], page.next_key)
+        return Page(
+            [GpuDetail(g, latest.get(g.uuid), self._master.offered(g), self._holders([g])) for g in page.items], page.next_key
+        )
 
     async def repair_gpu(self, uuid: str) -> GpuDetail:
         """Clear a faulty GPU's fault (master/faults.py): NotFound for an unknown GPU, Conflict for one not faulty."""
         gpu = await self._master.repair_gpu(uuid)
-        return GpuDetail(gpu, self._master.telemetry.latest.get(gpu.uuid), self._master.offered(gpu))
+        return GpuDetail(gpu, self._master.telemetry.latest.get(gpu.uuid), self._master.offered(gpu), self._holders([gpu]))
 
     def list_tiers(self, *, after: PositionKey | None = None, limit: int) -> Page[dict[str, Any]]:
         """Tiers in the policy's order (the order is meaningful: best first); the key is the position."""

@@ -15,7 +15,9 @@ RESOURCE = "agents"
 
 
 def render(detail: AgentDetail) -> dict:
-    return agent_view(detail.agent, detail.gpus, detail.latest, reachable=detail.reachable, offered=detail.offered)
+    return agent_view(
+        detail.agent, detail.gpus, detail.latest, reachable=detail.reachable, offered=detail.offered, holders=detail.holders
+    )
 
 
 async def list_agents(request: web.Request) -> web.Response:
