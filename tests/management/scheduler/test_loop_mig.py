@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from agent.simulate import SimulatedCollector
-from common.wire import Command
+from common.wire import AgentEvent, AgentEventKind, Command, CommandResult
 from management.scheduler.book import WorkloadBook
 from management.scheduler.loop import SchedulerLoop, SchedulerSettings
 from master.accounts import AccountRole
@@ -20,7 +20,7 @@ from master.config import MasterConfig
 from master.link import AccessLink
 from master.records import ReplicaSpec, WorkloadSpec
 from master.service import Master
-from tests.master.linked import connect, relay_link, to_agent
+from tests.master.linked import connect, relay, relay_link, to_agent
 
 
 @pytest.fixture
@@ -88,3 +88,31 @@ async def test_a_profile_the_partition_does_not_offer_is_not_placed(master):
 
     assert (await loop.book.get(wl.id)).state != "scheduled"
     assert creates_sent(link, "agt-mig") == [] and master.allocations.holds() == {}
+
+
+async def test_a_fault_on_a_split_gpu_moves_its_instance_workload_to_another_card(master):
+    link = relay_link()
+    (first_card,) = SimulatedCollector("a100:1:mig=1g.10gb*7", host_key="agt-a").inventory()
+    (second_card,) = SimulatedCollector("h100:1:mig=1g.10gb*7", host_key="agt-b").inventory()
+    await connect(master, link, "agt-a", [first_card], runtime="docker", isolation="container")
+    await connect(master, link, "agt-b", [second_card], runtime="docker", isolation="container")
+    loop = SchedulerLoop(master, WorkloadBook(master.store, master.events, master, policy=master.policy), SchedulerSettings())
+    await loop.book.load()
+    wl = await loop.book.submit("alice", spec("small", "1g.10gb"), time.time())
+    await loop.cycle()
+    rec = await loop.book.get(wl.id)
+    (placed,) = rec.assignments
+    await relay(master, link, placed.agent_id, CommandResult(id=placed.command_id, ok=True))
+    await loop.cycle()
+    faulty, other = (first_card, second_card) if placed.agent_id == "agt-a" else (second_card, first_card)
+
+    # The agent reports the Xid against the GPU (NVML's events name the card, not an instance).
+    fault = AgentEvent(kind=AgentEventKind.GPU_XID, ts=time.time(), gpu_uuid=faulty.uuid, code=79)
+    await relay(master, link, placed.agent_id, fault)
+    await loop.cycle()  # requeued
+    await loop.cycle()  # placed on an instance of the sound card
+
+    rec = await loop.book.get(wl.id)
+    assert rec.state == "scheduled" and rec.attempts == 2
+    ((unit,),) = [a.units for a in rec.assignments]
+    assert unit in {m.uuid for m in other.mig_instances}
