@@ -1,7 +1,8 @@
 """Runs the Master's container commands: verified, at most once, each result kept until acknowledged.
 
 Before it starts a container with GPUs, the agent checks again what the Master already enforces (one holder per
-GPU): every GPU named must be on this host, and none held by another running container of this agent. The GPUs a
+GPU or MIG instance, and a whole GPU and its instances exclude each other): every GPU named must be on this host,
+and none held by another running container of this agent. The GPUs a
 container holds travel on it as a label (``LABEL_GPUS``, UUIDs), so the check also sees containers a previous agent
 process started. Checks and creates run one at a time, so two commands cannot both take the same GPU.
 """

@@ -143,3 +143,17 @@ async def test_mig_holds_survive_a_master_restart_and_keep_excluding(tmp_path):
         await again.create_command("agt-a", "create_container", spec("c", MIG[1]))  # the free one is still free
     finally:
         await again.stop()
+
+
+async def test_a_host_cannot_claim_another_host_s_mig_instance_or_a_gpu_uuid(master):
+    link = relay_link()
+    await connect(master, link, "agt-a", host_gpus())
+    impostor = split(gpus(1, prefix="GPU-b")[0], MIG[0], "GPU-h100-1", "MIG-b-own", "MIG-b-own")
+    await connect(master, link, "agt-b", [impostor])
+
+    (gpu_b,) = master.registry.gpus_of("agt-b")
+    assert [m.uuid for m in gpu_b.info.mig_instances] == ["MIG-b-own"]  # the others are left out
+    assert master.allocations.parent_of(MIG[0]) == "GPU-h100-0"  # still agt-a's
+    assert master.registry.gpu_of_unit(MIG[0]).agent_id == "agt-a"
+    refused = await master.store.events.list(subject="GPU-b-0", kind_prefix="gpu.mig_instance_refused")
+    assert sorted(e.data["instance"] for e in refused) == sorted([MIG[0], "GPU-h100-1", "MIG-b-own"])
