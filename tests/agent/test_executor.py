@@ -8,6 +8,7 @@ import pytest
 
 from agent.executor import CommandExecutor
 from agent.ledger import CommandLog
+from agent.runtime.docker import create_body
 from agent.runtime.process import ProcessRuntime, child_env
 from common.containers import parse_create_spec
 from common.inventory import GpuInfo, MigInstance
@@ -227,3 +228,9 @@ def test_the_process_runtime_shows_a_mig_instance_to_cuda_by_its_uuid(tmp_path):
     spec = parse_create_spec({"name": "m", "image": "none", "command": ["true"], "gpus": [MIG_A]})
     env = child_env(spec, home=tmp_path)
     assert env["CUDA_VISIBLE_DEVICES"] == MIG_A and env["NVIDIA_VISIBLE_DEVICES"] == MIG_A
+
+
+def test_docker_asks_the_nvidia_toolkit_for_a_mig_instance_by_its_uuid():
+    spec = parse_create_spec({"name": "m", "image": "busybox", "gpus": [MIG_A]})
+    body = create_body(spec, {}, [])
+    assert body["HostConfig"]["DeviceRequests"] == [{"Driver": "nvidia", "DeviceIDs": [MIG_A], "Capabilities": [["gpu"]]}]
