@@ -1,7 +1,8 @@
 """Runs the Master's container commands: verified, at most once, each result kept until acknowledged.
 
 Before it starts a container with GPUs, the agent checks again what the Master already enforces (one holder per
-GPU): every GPU named must be on this host, and none held by another running container of this agent. The GPUs a
+GPU or MIG instance, and a whole GPU and its instances exclude each other): every GPU named must be on this host,
+and none held by another running container of this agent. The GPUs a
 container holds travel on it as a label (``LABEL_GPUS``, UUIDs), so the check also sees containers a previous agent
 process started. Checks and creates run one at a time, so two commands cannot both take the same GPU.
 """
@@ -125,11 +126,15 @@ class CommandExecutor:
         raise IdlegridError(f"this agent does not know the command kind {kind!r}", code="unknown_command")
 
     async def _claimable_gpus(self, container: ContainerSpec, command_id: str) -> list[str]:
-        """The UUIDs of the GPUs ``container`` asks for, once sure each is on this host and free here."""
+        """The UUIDs of the GPUs (or MIG instances) ``container`` asks for, once sure each is on this host and free
+        here. A whole GPU and any of its MIG instances exclude each other, both ways."""
         if not container.gpus:
             return []
-        by_id = {gpu.uuid: gpu.uuid for gpu in self.host_gpus()}
-        by_id.update({str(gpu.index): gpu.uuid for gpu in self.host_gpus()})
+        host_gpus = list(self.host_gpus())
+        by_id = {gpu.uuid: gpu.uuid for gpu in host_gpus}
+        by_id.update({str(gpu.index): gpu.uuid for gpu in host_gpus})
+        parent = {mig.uuid: gpu.uuid for gpu in host_gpus for mig in gpu.mig_instances}
+        by_id.update({uuid: uuid for uuid in parent})
         unknown = [gpu for gpu in container.gpus if gpu not in by_id]
         if unknown:
             raise UnknownGpu(
@@ -137,13 +142,24 @@ class CommandExecutor:
                 f"it has {', '.join(sorted(set(by_id.values()))) or 'no GPUs'}"
             )
         wanted = [by_id[gpu] for gpu in container.gpus]
-        held = {}
+        held: dict[str, str] = {}  # uuid (GPU or MIG instance) -> the running container holding it
         for other in await self.runtime.list():
             if other.state != RUNNING or other.labels.get(LABEL_COMMAND_ID) == command_id:
                 continue  # a repeat of this very command is the runtime's to answer (same container back)
             for gpu in filter(None, other.labels.get(LABEL_GPUS, "").split(",")):
                 held[gpu] = other.name
+        instances_held = {parent[uuid]: name for uuid, name in held.items() if uuid in parent}  # GPU -> a holder
         taken = [f"{gpu} (held by container {held[gpu]!r})" for gpu in wanted if gpu in held]
+        taken += [
+            f"{gpu} (its MIG instances are in use by container {instances_held[gpu]!r})"
+            for gpu in wanted
+            if gpu not in held and gpu in instances_held
+        ]
+        taken += [
+            f"{gpu} (its GPU {parent[gpu]} is held whole by container {held[parent[gpu]]!r})"
+            for gpu in wanted
+            if gpu not in held and gpu in parent and parent[gpu] in held
+        ]
         if taken:
             raise GpuConflict(
                 f"container {container.name!r} cannot start: GPU {', '.join(taken)} is in use on this host; "

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import Any, Protocol, TypeVar
 import pynvml
 
 from common.errors import NvmlUnavailable
-from common.inventory import GpuInfo, GpuSample, NvLink
+from common.inventory import MAX_MIG_INSTANCES, GpuInfo, GpuSample, MigInstance, NvLink
 from common.wire import AgentEvent, AgentEventKind
 
 log = logging.getLogger(__name__)
@@ -223,6 +224,7 @@ def _fault_event_set(handles: list[Any]) -> Any:
 def _gpu_info(index: int, handle: Any, driver: str, cuda: str) -> GpuInfo:
     major_minor = _optional(lambda: pynvml.nvmlDeviceGetCudaComputeCapability(handle))
     power_mw = _optional(lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(handle))
+    mig_enabled, mig_instances = _mig(index, handle)
     return GpuInfo(
         index=index,
         uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
@@ -242,7 +244,86 @@ def _gpu_info(index: int, handle: Any, driver: str, cuda: str) -> GpuInfo:
         clock_mem_max_mhz=_optional(lambda: pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_MEM)),
         power_limit_w=power_mw / 1000.0 if power_mw is not None else None,
         memory_bus_width_bits=_optional(lambda: pynvml.nvmlDeviceGetMemoryBusWidth(handle)),
+        mig_enabled=mig_enabled,
+        mig_instances=mig_instances,
     )
+
+
+# ---------------------------------------------------------------- MIG (untested on hardware: no GPU where written)
+
+
+def _mig(index: int, handle: Any) -> tuple[bool, list[MigInstance]]:
+    """Whether the GPU runs in MIG mode, and the instances it is split into now.
+
+    A card without MIG (most) answers NotSupported: not in MIG mode, said nowhere. A GPU in MIG mode whose
+    instances cannot be read is reported in MIG mode with none (it is then placed nowhere), and the log says why."""
+    try:
+        current, _pending = pynvml.nvmlDeviceGetMigMode(handle)
+    except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
+        return False, []
+    except pynvml.NVMLError as exc:
+        log.warning("GPU %d: MIG mode unreadable (NVML says %s); taken as off", index, exc, extra={"gpu_index": index})
+        return False, []
+    if current != pynvml.NVML_DEVICE_MIG_ENABLE:
+        return False, []
+    try:
+        slots = pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)
+    except pynvml.NVMLError as exc:
+        log.warning(
+            "GPU %d is in MIG mode but its instances cannot be listed (NVML says %s): it takes no work until they can",
+            index,
+            exc,
+            extra={"gpu_index": index},
+        )
+        return True, []
+    instances: list[MigInstance] = []
+    for slot in range(slots):
+        try:
+            mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+        except pynvml.NVMLError_NotFound:
+            continue  # no instance in this slot
+        try:
+            instances.append(_mig_instance(handle, mig, slot))
+        except pynvml.NVMLError as exc:
+            log.warning("GPU %d: MIG device %d left out (NVML says %s)", index, slot, exc, extra={"gpu_index": index})
+        if len(instances) == MAX_MIG_INSTANCES:
+            break
+    return True, instances
+
+
+def _mig_instance(parent: Any, mig: Any, slot: int) -> MigInstance:
+    memory_mib = pynvml.nvmlDeviceGetMemoryInfo(mig).total // MIB
+    gpu_instance = _optional(lambda: pynvml.nvmlDeviceGetGpuInstanceId(mig))
+    return MigInstance(
+        uuid=_text(pynvml.nvmlDeviceGetUUID(mig)),
+        profile=_mig_profile(parent, mig, gpu_instance),
+        memory_mib=memory_mib,
+        gpu_instance_id=gpu_instance,
+        compute_instance_id=_optional(lambda: pynvml.nvmlDeviceGetComputeInstanceId(mig)),
+        index=slot,
+    )
+
+
+def _mig_profile(parent: Any, mig: Any, gpu_instance: int | None) -> str:
+    """The instance's profile name ("1g.10gb"): NVIDIA's own name from its GPU instance's profile where NVML hands
+    it out (it may need more privilege), else made from the device's slices and memory as NVIDIA names them
+    ("<slices>g.<GiB rounded up>gb", "<c>c.<g>g.<GiB>gb" for a compute instance smaller than its GPU instance;
+    a "+me" instance then reads as its plain profile). "" when neither can be read: matched by no request."""
+    if gpu_instance is not None:
+        try:
+            info = pynvml.nvmlGpuInstanceGetInfo(pynvml.nvmlDeviceGetGpuInstanceById(parent, gpu_instance))
+            name = _text(pynvml.nvmlDeviceGetGpuInstanceProfileInfoById(parent, info.profileId).name)
+            return name.removeprefix("MIG ").strip()
+        except pynvml.NVMLError as exc:
+            log.debug("MIG profile name unreadable (NVML says %s); derived from the device's attributes", exc)
+    try:
+        attributes = pynvml.nvmlDeviceGetAttributes(mig)
+    except pynvml.NVMLError as exc:
+        log.warning("MIG device profile unreadable (NVML says %s): it matches no request", exc)
+        return ""
+    slices, compute = attributes.gpuInstanceSliceCount, attributes.computeInstanceSliceCount
+    name = f"{slices}g.{math.ceil(attributes.memorySizeMB / 1024)}gb"
+    return name if compute in (0, slices) else f"{compute}c.{name}"
 
 
 def _nvlinks(handle: Any) -> list[NvLink]:

@@ -8,6 +8,7 @@ under changing load, always within the model's limits.
 from __future__ import annotations
 
 import random
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -17,7 +18,8 @@ import msgspec
 from agent.errors import SimulationSpecError
 from agent.fault_injection import FaultInjection, InjectedFault
 from common.catalog import GpuModel, UnknownGpuModel, reference_gpu_info, resolve_alias
-from common.inventory import GpuInfo, GpuSample
+from common.inventory import MAX_MIG_INSTANCES, GpuInfo, GpuSample, MigInstance
+from common.mig import MigLayoutError, instance_memory_mib, lay_out
 from common.wire import AgentEvent, AgentEventKind
 
 MAX_SIMULATED_GPUS = 64  # per host; keeps simulated PCI bus ids in range and a typo like "h100:800" out
@@ -30,20 +32,37 @@ _IDLE_POWER_FRACTION = 0.1  # of TDP, what an idle card draws
 _AMBIENT_C, _FULL_LOAD_RISE_C = 30.0, 50.0
 
 
+@dataclass(frozen=True)
+class SimulatedGroup:
+    """``count`` GPUs of ``model``, each partitioned into ``mig`` (MIG profile names) when ``mig`` is not None."""
+
+    model: GpuModel
+    count: int
+    mig: tuple[str, ...] | None = None
+
+
 def parse_simulate_spec(spec: str) -> list[tuple[GpuModel, int]]:
     """Models and counts from "h100:8", "h100:4,a10:2" or "rtx4090" (count 1).
 
     SimulationSpecError (a ConfigError, and a ValueError) says what is wrong, in one line."""
+    return [(group.model, group.count) for group in parse_simulate_groups(spec)]
+
+
+def parse_simulate_groups(spec: str) -> list[SimulatedGroup]:
+    """Groups of ``MODEL[:COUNT][:mig=LAYOUT]``, comma-separated. LAYOUT is MIG profiles joined by "+", each with an
+    optional "*N" ("1g.10gb*7", "3g.40gb+2g.20gb+1g.10gb*2"); every GPU of the group is split alike. An empty
+    LAYOUT ("a100:1:mig=") is a GPU in MIG mode with no instances yet."""
     if not spec.strip():
         raise SimulationSpecError("empty GPU simulation spec; expected e.g. 'h100:8' or 'h100:4,a10:2'")
     groups = [_parse_group(spec, item) for item in spec.split(",")]
-    total = sum(count for _, count in groups)
+    total = sum(group.count for group in groups)
     if total > MAX_SIMULATED_GPUS:
         raise SimulationSpecError(f"GPU simulation spec {spec!r} asks for {total} GPUs; at most {MAX_SIMULATED_GPUS} per host")
     return groups
 
 
-def _parse_group(spec: str, item: str) -> tuple[GpuModel, int]:
+def _parse_group(spec: str, item: str) -> SimulatedGroup:
+    item, has_mig, layout = item.partition(":mig=")
     name, has_count, count_text = item.partition(":")
     if not name.strip():
         raise SimulationSpecError(f"GPU simulation spec {spec!r}: {item.strip()!r} names no GPU model; expected MODEL[:COUNT]")
@@ -51,15 +70,40 @@ def _parse_group(spec: str, item: str) -> tuple[GpuModel, int]:
         model = resolve_alias(name.strip())
     except UnknownGpuModel as exc:
         raise SimulationSpecError(f"GPU simulation spec {spec!r}: {exc}") from None
-    if not has_count:
-        return model, 1
+    count = 1
+    if has_count:
+        try:
+            count = int(count_text.strip())
+        except ValueError:
+            raise SimulationSpecError(
+                f"GPU simulation spec {spec!r}: count {count_text.strip()!r} is not a whole number"
+            ) from None
+        if count < 1:
+            raise SimulationSpecError(f"GPU simulation spec {spec!r}: count for {name.strip()!r} must be at least 1, got {count}")
+    mig = _parse_layout(spec, model, layout) if has_mig else None
+    return SimulatedGroup(model, count, mig)
+
+
+# "+" joins profiles, but "+me" is part of a profile's name ("1g.10gb+me").
+_LAYOUT_SEPARATOR = re.compile(r"\+(?!\s*me\s*(?:\*|\+|$))")
+
+
+def _parse_layout(spec: str, model: GpuModel, layout: str) -> tuple[str, ...]:
+    names: list[str] = []
+    for part in filter(None, (p.strip() for p in _LAYOUT_SEPARATOR.split(layout))):
+        profile, has_times, times_text = part.partition("*")
+        try:
+            times = int(times_text) if has_times else 1
+        except ValueError:
+            raise SimulationSpecError(f"GPU simulation spec {spec!r}: {part!r}: {times_text!r} is not a whole number") from None
+        if not 1 <= times <= MAX_MIG_INSTANCES:
+            raise SimulationSpecError(f"GPU simulation spec {spec!r}: {part!r}: the count must be 1 to {MAX_MIG_INSTANCES}")
+        names.extend([profile.strip()] * times)
     try:
-        count = int(count_text.strip())
-    except ValueError:
-        raise SimulationSpecError(f"GPU simulation spec {spec!r}: count {count_text.strip()!r} is not a whole number") from None
-    if count < 1:
-        raise SimulationSpecError(f"GPU simulation spec {spec!r}: count for {name.strip()!r} must be at least 1, got {count}")
-    return model, count
+        lay_out(model.key, names)
+    except MigLayoutError as exc:
+        raise SimulationSpecError(f"GPU simulation spec {spec!r}: {exc}") from None
+    return tuple(names)
 
 
 @dataclass
@@ -80,11 +124,12 @@ class SimulatedCollector:
         without it they derive from ``seed``, and without a seed they are fresh for each collector.
         ``faults``: where a test or an operator injects faults (agent/fault_injection.py); none by default."""
         self.faults = faults
-        groups = parse_simulate_spec(spec)
+        groups = parse_simulate_groups(spec)
         self._rng = random.Random(seed)
         identity = host_key or (f"seed:{seed}" if seed is not None else uuid.uuid4().hex)
-        models = [model for model, count in groups for _ in range(count)]
-        self._gpus = [_simulated_info(model, i, identity) for i, model in enumerate(models)]
+        cards = [(group.model, group.mig) for group in groups for _ in range(group.count)]
+        models = [model for model, _ in cards]
+        self._gpus = [_simulated_info(model, i, identity, mig) for i, (model, mig) in enumerate(cards)]
         self._models = models
         self._loads = [_Load(self._rng.random() * 0.3, self._rng.random() * 0.2) for _ in models]
 
@@ -147,16 +192,34 @@ def _with_fault(sample: GpuSample, fault: InjectedFault) -> GpuSample:
     return sample
 
 
-def _simulated_info(model: GpuModel, index: int, identity: str) -> GpuInfo:
+def _simulated_info(model: GpuModel, index: int, identity: str, mig: tuple[str, ...] | None) -> GpuInfo:
     reference = reference_gpu_info(
         model,
         index=index,
         uuid=f"GPU-{uuid.uuid5(_UUID_NAMESPACE, f'{identity}/{index}/{model.key}')}",
         pci_bus_id=f"00000000:{_FIRST_PCI_BUS + index:02X}:00.0",
     )
-    return msgspec.structs.replace(
+    info = msgspec.structs.replace(
         reference, simulated=True, driver_version=SIMULATED_DRIVER_VERSION, cuda_version=SIMULATED_CUDA_VERSION
     )
+    if mig is None:
+        return info
+    return msgspec.structs.replace(info, mig_enabled=True, mig_instances=_mig_instances(model, info.uuid, mig))
+
+
+def _mig_instances(model: GpuModel, gpu_uuid: str, names: tuple[str, ...]) -> list[MigInstance]:
+    """The instances of a simulated partition: stable MIG uuids (from the GPU's), GPU instance ids from 1."""
+    return [
+        MigInstance(
+            uuid=f"MIG-{uuid.uuid5(_UUID_NAMESPACE, f'{gpu_uuid}/mig/{i}/{profile.name}@{start}')}",
+            profile=profile.name,
+            memory_mib=instance_memory_mib(model.memory_mib, profile),
+            gpu_instance_id=i + 1,
+            compute_instance_id=0,
+            index=i,
+        )
+        for i, (profile, start) in enumerate(lay_out(model.key, names))
+    ]
 
 
 def _clamp(value: float, low: float, high: float) -> float:

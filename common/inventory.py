@@ -12,6 +12,7 @@ ShortText = Annotated[str, msgspec.Meta(max_length=128)]
 LongText = Annotated[str, msgspec.Meta(max_length=512)]
 MAX_GPUS_IN_REPORT = 64  # hard wire limit; the Master's own limit (default 16) is applied on top
 MAX_NVLINKS = 32
+MAX_MIG_INSTANCES = 8  # MIG splits a GPU into at most 7 GPU instances today; one spare
 
 RUNTIMES = ("docker", "process", "simulated")  # what runs renters' containers on the host
 ISOLATIONS = ("container", "sandbox", "none")  # how well a workload is kept from the host
@@ -21,6 +22,20 @@ class NvLink(msgspec.Struct, frozen=True, kw_only=True):
     link: int
     active: bool
     remote_pci_bus_id: ShortText | None = None
+
+
+class MigInstance(msgspec.Struct, frozen=True, kw_only=True):
+    """One MIG instance of a partitioned GPU: a GPU instance with its compute instance, placed on its own.
+
+    ``uuid`` is what CUDA_VISIBLE_DEVICES and the NVIDIA container toolkit accept ("MIG-…"); ``profile`` is
+    NVIDIA's name without the "MIG " prefix ("1g.10gb", "3g.40gb", "1g.10gb+me")."""
+
+    uuid: ShortText
+    profile: ShortText
+    memory_mib: int
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+    index: int = 0  # the MIG device's index on its GPU, as NVML numbers them
 
 
 class GpuInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -42,6 +57,10 @@ class GpuInfo(msgspec.Struct, frozen=True, kw_only=True):
     power_limit_w: float | None = None
     memory_bus_width_bits: int | None = None
     simulated: bool = False
+    # MIG: whether the GPU runs in MIG mode, and its instances. A GPU in MIG mode runs CUDA work only in its
+    # instances, so it is placed instance by instance (none, while it is not partitioned), never whole.
+    mig_enabled: bool = False
+    mig_instances: Annotated[list[MigInstance], msgspec.Meta(max_length=MAX_MIG_INSTANCES)] = []
 
 
 class GpuSample(msgspec.Struct, frozen=True, kw_only=True):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Generic, TypeVar
 
@@ -120,6 +120,7 @@ class AgentDetail:
     reachable: bool  # a relay link carries it now: commands sent to it are delivered at once
     offered: frozenset[str]  # uuids of its GPUs renters are offered now
     workloads: list[HostedReplica] = field(default_factory=list)  # open workloads' replicas placed on it
+    holders: Mapping[str, str] = field(default_factory=dict)  # GPU or MIG instance uuid -> the container holding it
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,7 @@ class GpuDetail:
     gpu: GpuRecord
     latest: GpuSample | None
     offered: bool  # renters are offered it now: available, on a host that isolates workloads well enough
+    holders: Mapping[str, str] = field(default_factory=dict)  # the GPU's and its MIG instances' holding containers
 
 
 @dataclass(frozen=True)
@@ -241,7 +243,7 @@ class Operations:
         gpus = m.registry.gpus_of(agent.id)
         offered = frozenset(g.uuid for g in gpus if m.offered(g))
         replicas = (hosted if hosted is not None else self._hosted({agent.id})).get(agent.id, [])
-        return AgentDetail(agent, gpus, m.telemetry.latest, agent.id in m.hub.agent_links, offered, replicas)
+        return AgentDetail(agent, gpus, m.telemetry.latest, agent.id in m.hub.agent_links, offered, replicas, self._holders(gpus))
 
     def _hosted(self, agent_ids: set[str]) -> dict[str, list[HostedReplica]]:
         """The replicas of open workloads placed on these agents (whose containers are not yet deleted), oldest
@@ -263,6 +265,17 @@ class Operations:
                             started_at=rec.started_at,
                         )
                     )
+        return found
+
+    def _holders(self, gpus: Iterable[GpuRecord]) -> dict[str, str]:
+        """GPU and MIG instance uuid -> the container holding it, for the GPUs given."""
+        allocations = self._master.allocations
+        found: dict[str, str] = {}
+        for gpu in gpus:
+            for uuid in (gpu.uuid, *(m.uuid for m in gpu.info.mig_instances)):
+                hold = allocations.holder(uuid)
+                if hold is not None:
+                    found[uuid] = hold.container
         return found
 
     def _owned_agent(self, agent_id: str, owner: str | None) -> AgentRecord:
@@ -362,12 +375,14 @@ class Operations:
                 break
         page = _page(found, limit, lambda g: GpuKey(g.agent_id, g.index, g.uuid))
         latest = self._master.telemetry.latest
-        return Page([GpuDetail(g, latest.get(g.uuid), self._master.offered(g)) for g in page.items], page.next_key)
+        return Page(
+            [GpuDetail(g, latest.get(g.uuid), self._master.offered(g), self._holders([g])) for g in page.items], page.next_key
+        )
 
     async def repair_gpu(self, uuid: str) -> GpuDetail:
         """Clear a faulty GPU's fault (master/faults.py): NotFound for an unknown GPU, Conflict for one not faulty."""
         gpu = await self._master.repair_gpu(uuid)
-        return GpuDetail(gpu, self._master.telemetry.latest.get(gpu.uuid), self._master.offered(gpu))
+        return GpuDetail(gpu, self._master.telemetry.latest.get(gpu.uuid), self._master.offered(gpu), self._holders([gpu]))
 
     def list_tiers(self, *, after: PositionKey | None = None, limit: int) -> Page[dict[str, Any]]:
         """Tiers in the policy's order (the order is meaningful: best first); the key is the position."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -45,8 +45,12 @@ def sample_view(sample: GpuSample) -> dict[str, Any]:
     return view
 
 
-def gpu_view(gpu: GpuRecord, latest: GpuSample | None = None, *, offered: bool = False) -> dict[str, Any]:
-    """``offered``: renters are offered this GPU now (available, on a host that isolates workloads well enough)."""
+def gpu_view(
+    gpu: GpuRecord, latest: GpuSample | None = None, *, offered: bool = False, holders: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """``offered``: renters are offered this GPU now (available, on a host that isolates workloads well enough).
+    ``holders``: the container holding the GPU, or each of its MIG instances (uuid -> container name)."""
+    holders = holders or {}
     return {
         "uuid": gpu.uuid,
         "agent_id": gpu.agent_id,
@@ -66,6 +70,26 @@ def gpu_view(gpu: GpuRecord, latest: GpuSample | None = None, *, offered: bool =
         "simulated": gpu.info.simulated,
         "updated_at": rfc3339(gpu.updated_at),
         "telemetry": sample_view(latest) if latest is not None else None,
+        "held_by": holders.get(gpu.uuid),  # the container holding the whole GPU, None when none does
+        "mig": mig_view(gpu, holders),
+    }
+
+
+def mig_view(gpu: GpuRecord, holders: Mapping[str, str]) -> dict[str, Any]:
+    """A GPU's MIG mode and instances, each with the container holding it (None: free)."""
+    return {
+        "enabled": gpu.info.mig_enabled,
+        "instances": [
+            {
+                "uuid": m.uuid,
+                "profile": m.profile,
+                "memory_mib": m.memory_mib,
+                "gpu_instance_id": m.gpu_instance_id,
+                "compute_instance_id": m.compute_instance_id,
+                "held_by": holders.get(m.uuid),
+            }
+            for m in gpu.info.mig_instances
+        ],
     }
 
 
@@ -77,6 +101,7 @@ def agent_view(
     reachable: bool = False,
     offered: frozenset[str] = frozenset(),
     workloads: Sequence[HostedReplica] = (),
+    holders: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """``reachable``: a relay link carries the agent now (a command reaches it at once, not on its return).
     ``offered``: uuids of its GPUs renters are offered now. ``workloads``: what runs (or is being started or stopped)
@@ -102,7 +127,7 @@ def agent_view(
         "drained": agent.drained,
         "containers": sorted(agent.containers),
         "exited": dict(agent.exited),  # containers that ended on their own (name -> exit status), until deleted
-        "gpus": [gpu_view(g, latest.get(g.uuid), offered=g.uuid in offered) for g in gpus],
+        "gpus": [gpu_view(g, latest.get(g.uuid), offered=g.uuid in offered, holders=holders) for g in gpus],
         "reputation": msgspec.to_builtins(reputation(agent)),
         "workloads": [hosted_replica_view(r) for r in workloads],
     }

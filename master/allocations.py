@@ -6,6 +6,11 @@ the hold is confirmed when the agent reports the container started, and given ba
 fails or times out, or when the container is deleted. Nothing here does I/O: the ledger calls it, the
 registry derives each GPU's state from it, and after a restart it is rebuilt from what is stored
 (the containers each agent record lists and the create commands still open).
+
+MIG: a GPU in MIG mode is split into instances, each held on its own (by its "MIG-…" uuid). The ledger knows
+each GPU's instances (``set_partition``, from the registry's latest inventory), so a hold on a whole GPU and a
+hold on any of its instances exclude each other, both ways, in a claim and in a rebuild alike. A GPU with any
+instance held counts as held (``covering``) for its state.
 """
 
 from __future__ import annotations
@@ -38,10 +43,53 @@ class Hold:
 
 class GpuAllocations:
     def __init__(self) -> None:
-        self._holds: dict[str, Hold] = {}  # GPU uuid -> its holder
+        self._holds: dict[str, Hold] = {}  # GPU (or MIG instance) uuid -> its holder
+        self._parent: dict[str, str] = {}  # MIG instance uuid -> its GPU's uuid
+        self._instances: dict[str, tuple[str, ...]] = {}  # GPU uuid -> its MIG instances' uuids (only when split)
 
     def holder(self, gpu_uuid: str) -> Hold | None:
+        """The hold on exactly this GPU or MIG instance."""
         return self._holds.get(gpu_uuid)
+
+    def set_partition(self, gpu_uuid: str, instance_uuids: Sequence[str]) -> None:
+        """``gpu_uuid`` is split into ``instance_uuids`` now (none: not split, or gone). Holds are not touched: a
+        hold on an instance that is no longer reported stays until its container is deleted."""
+        for old in self._instances.pop(gpu_uuid, ()):
+            self._parent.pop(old, None)
+        if instance_uuids:
+            self._instances[gpu_uuid] = tuple(instance_uuids)
+            for uuid in instance_uuids:
+                self._parent[uuid] = gpu_uuid
+
+    def parent_of(self, uuid: str) -> str | None:
+        """The GPU a MIG instance belongs to; None for a whole GPU (or an unknown uuid)."""
+        return self._parent.get(uuid)
+
+    def covering(self, gpu_uuid: str) -> Hold | None:
+        """The hold that keeps ``gpu_uuid`` from being free: on the GPU itself, else on one of its MIG instances
+        (a running one first)."""
+        hold = self._holds.get(gpu_uuid)
+        if hold is not None:
+            return hold
+        held = [h for h in (self._holds.get(u) for u in self._instances.get(gpu_uuid, ())) if h is not None]
+        return next((h for h in held if h.running), held[0] if held else None)
+
+    def _clash(self, uuid: str, agent_id: str, container: str) -> str | None:
+        """Why ``container`` may not hold ``uuid``: another container holds it, its GPU whole, or one of its
+        instances. None when it may."""
+        mine = (agent_id, container)
+        hold = self._holds.get(uuid)
+        if hold is not None and (hold.agent_id, hold.container) != mine:
+            return f"GPU {uuid} is held by container {hold.container!r} on host {hold.agent_id}"
+        parent = self._parent.get(uuid)
+        hold = self._holds.get(parent) if parent is not None else None
+        if hold is not None and (hold.agent_id, hold.container) != mine:
+            return f"MIG instance {uuid}: its GPU {parent} is held whole by container {hold.container!r} on host {hold.agent_id}"
+        for instance in self._instances.get(uuid, ()):
+            hold = self._holds.get(instance)
+            if hold is not None and (hold.agent_id, hold.container) != mine:
+                return f"GPU {uuid}: its MIG instance {instance} is held by container {hold.container!r} on host {hold.agent_id}"
+        return None
 
     def __len__(self) -> int:
         return len(self._holds)
@@ -51,32 +99,33 @@ class GpuAllocations:
         return dict(self._holds)
 
     def resolve(self, agent_id: str, host_gpus: Sequence[GpuRecord], named: Iterable[str]) -> list[str]:
-        """The uuids of the GPUs ``named`` (uuids or indexes) on the host; Conflict for one not on it."""
+        """The uuids of the GPUs ``named`` (uuids or indexes, or MIG instance uuids) on the host; Conflict for one
+        not on it, or whose GPU is faulty or claimed by two hosts (a MIG instance goes down with its GPU)."""
         by_name = {g.uuid: g for g in host_gpus} | {str(g.index): g for g in host_gpus}
+        instances = {m.uuid: g for g in host_gpus for m in g.info.mig_instances}
         uuids: list[str] = []
         for name in named:
+            if name in instances:
+                _refuse_unsound(instances[name])
+                if name not in uuids:
+                    uuids.append(name)
+                continue
             gpu = by_name.get(name)
             if gpu is None:
                 reported = ", ".join(sorted(g.uuid for g in host_gpus)) or "no GPU"
                 raise Conflict(f"GPU {name!r} is not on host {agent_id}; it reports {reported}")
-            if DUPLICATE_UUID_FLAG in gpu.flags:
-                raise Conflict(f"GPU {gpu.uuid} is reported by more than one host and is not offered until that is resolved")
-            if gpu.state == GpuState.FAULTY.value:
-                why = f" ({gpu.fault.reason})" if gpu.fault is not None else ""
-                raise Conflict(f"GPU {gpu.uuid} is faulty{why} and takes no new container until an operator repairs it")
+            _refuse_unsound(gpu)
             if gpu.uuid not in uuids:
                 uuids.append(gpu.uuid)
         return uuids
 
     def claim(self, agent_id: str, container: str, command_id: str, gpu_uuids: Sequence[str]) -> None:
-        """Take ``gpu_uuids`` for ``container``, all or none; Conflict when another container holds one."""
+        """Take ``gpu_uuids`` (GPUs or MIG instances) for ``container``, all or none; Conflict when another
+        container holds one, or holds its GPU whole, or holds one of its instances."""
         for uuid in gpu_uuids:
-            hold = self._holds.get(uuid)
-            if hold is not None and (hold.agent_id, hold.container) != (agent_id, container):
-                raise Conflict(
-                    f"GPU {uuid} is held by container {hold.container!r} on host {hold.agent_id}; "
-                    "delete that container first or name another GPU"
-                )
+            clash = self._clash(uuid, agent_id, container)
+            if clash is not None:
+                raise Conflict(f"{clash}; delete that container first or name another GPU")
         for uuid in gpu_uuids:
             held = self._holds.get(uuid)
             self._holds[uuid] = Hold(agent_id, container, command_id, running=held is not None and held.running)
@@ -119,15 +168,16 @@ class GpuAllocations:
         """Holds as they were before a restart; returns a description of each conflict found and dropped.
 
         Running containers first (what an agent confirmed is a fact), then open creates in the order
-        they were made (each with the uuids its GPU names resolve to). A hold naming a GPU its host does
-        not own, or one already held, is dropped.
+        they were made (each with the uuids its GPU names resolve to). A hold naming a GPU (or MIG instance,
+        ``gpu_owner`` lists those too) its host does not own, or one already held (the instance's GPU held whole,
+        or the GPU's instance held: ``set_partition`` ran before), is dropped.
         """
         self._holds.clear()
         dropped: list[str] = []
         for agent in agents:
             for container, uuids in agent.containers.items():
                 for uuid in uuids:
-                    if gpu_owner.get(uuid) == agent.id and uuid not in self._holds:
+                    if gpu_owner.get(uuid) == agent.id and self._clash(uuid, agent.id, container) is None:
                         self._holds[uuid] = Hold(agent.id, container, "", running=True)
                     else:
                         dropped.append(f"container {container!r} of {agent.id} on GPU {uuid}")
@@ -136,11 +186,20 @@ class GpuAllocations:
             for uuid in named:
                 owned = gpu_owner.get(uuid) == command.agent_id
                 hold = self._holds.get(uuid)
-                if owned and (hold is None or (hold.agent_id, hold.container) == (command.agent_id, container)):
+                if owned and self._clash(uuid, command.agent_id, container) is None:
                     self._holds[uuid] = Hold(command.agent_id, container, command.id, running=hold is not None and hold.running)
                 else:
                     dropped.append(f"command {command.id} on GPU {uuid}")
         return dropped
+
+
+def _refuse_unsound(gpu: GpuRecord) -> None:
+    """Conflict when ``gpu`` (or a MIG instance of it) may take no new container."""
+    if DUPLICATE_UUID_FLAG in gpu.flags:
+        raise Conflict(f"GPU {gpu.uuid} is reported by more than one host and is not offered until that is resolved")
+    if gpu.state == GpuState.FAULTY.value:
+        why = f" ({gpu.fault.reason})" if gpu.fault is not None else ""
+        raise Conflict(f"GPU {gpu.uuid} is faulty{why} and takes no new container until an operator repairs it")
 
 
 def offered(gpu: GpuRecord, host: AgentRecord, *, allow_sandboxed: bool) -> bool:

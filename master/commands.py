@@ -75,7 +75,8 @@ class CommandLedger:
         dropped = self.allocations.rebuild(
             self._registry.agents.values(),
             [(r, self._gpus_named(r)) for r in self.open.values() if r.kind == CREATE],
-            {uuid: gpu.agent_id for uuid, gpu in self._registry.gpus.items()},
+            {uuid: gpu.agent_id for uuid, gpu in self._registry.gpus.items()}
+            | {m.uuid: gpu.agent_id for gpu in self._registry.gpus.values() for m in gpu.info.mig_instances},
         )
         problems.extend(f"GPU hold dropped, its GPU is gone or taken: {what}" for what in dropped)
         for problem in problems:
@@ -86,6 +87,7 @@ class CommandLedger:
     def _gpus_named(self, record: CommandRecord) -> list[str]:
         host = self._registry.gpus_of(record.agent_id)
         by_name = {g.uuid: g.uuid for g in host} | {str(g.index): g.uuid for g in host}
+        by_name |= {m.uuid: m.uuid for g in host for m in g.info.mig_instances}
         return [by_name[name] for name in record.spec.get("gpus", []) or [] if name in by_name]
 
     async def create(self, agent_id: str, kind: str, spec: dict[str, Any], *, timeout_s: float | None = None) -> CommandRecord:

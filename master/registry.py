@@ -100,12 +100,22 @@ class Registry:
         gpus = [*owned.values(), *shadows.values()] if shadows else owned.values()
         return sorted(gpus, key=lambda g: g.index)
 
+    def gpu_of_unit(self, uuid: str) -> GpuRecord | None:
+        """The GPU a placed unit is on: the GPU itself, or for a MIG instance ("MIG-…") the GPU it splits."""
+        gpu = self.gpus.get(uuid)
+        if gpu is not None:
+            return gpu
+        parent = self.allocations.parent_of(uuid)
+        return self.gpus.get(parent) if parent is not None else None
+
     def _put_gpu(self, gpu: GpuRecord) -> None:
         old = self.gpus.get(gpu.uuid)
         if old is not None and old.agent_id != gpu.agent_id:
             self._gpus_by_agent.get(old.agent_id, {}).pop(gpu.uuid, None)  # the card changed hosts
         self.gpus[gpu.uuid] = gpu
         self._gpus_by_agent.setdefault(gpu.agent_id, {})[gpu.uuid] = gpu
+        # The ledger keeps a whole-GPU hold and holds on its MIG instances apart (master/allocations.py).
+        self.allocations.set_partition(gpu.uuid, [m.uuid for m in gpu.info.mig_instances] if gpu.info.mig_enabled else [])
 
     async def add(self, agent: AgentRecord) -> None:
         self.agents[agent.id] = agent
@@ -174,7 +184,7 @@ class Registry:
     ) -> None:
         """The GPU moves of ``settle_gpus``, applied in memory; the records and events to write are appended."""
         for gpu in self._gpus_by_agent.get(agent.id, {}).values():
-            wanted = gpu_state_for(gpu, self.allocations.holder(gpu.uuid), agent)
+            wanted = gpu_state_for(gpu, self.allocations.covering(gpu.uuid), agent)
             if wanted == gpu.state:
                 continue
             for event in GPU.path(gpu.state, wanted):
@@ -195,6 +205,7 @@ class Registry:
         for gpu in list(gpus):
             self.gpus.pop(gpu.uuid, None)
             self._gpus_by_agent.get(agent_id, {}).pop(gpu.uuid, None)
+            self.allocations.set_partition(gpu.uuid, [])
             gpu.state, gpu.flags, gpu.updated_at = GpuState.OFFLINE.value, [*gpu.flags, flag], time.time()
             withdrawn.append(gpu)
         if withdrawn:
@@ -275,6 +286,7 @@ class Registry:
                 )
                 self._shadows.setdefault(agent_id, {})[info.uuid] = shadow
                 continue
+            info = self._own_mig_instances(agent_id, info, events)
             c = classify(info, self.policy, host=host)  # type: ignore[arg-type]
             same_host = old is not None and old.agent_id == agent_id
             state = old.state if old is not None and same_host else GpuState.AVAILABLE.value
@@ -314,6 +326,25 @@ class Registry:
         gone = [g for uuid, g in self._gpus_by_agent.get(agent_id, {}).items() if uuid not in reported]
         await self.withdraw_gpus(agent_id, gone, MISSING_FROM_INVENTORY_FLAG)
         await self.settle_gpus_of(duplicated_owners)
+
+    def _own_mig_instances(self, agent_id: str, info: GpuInfo, events: list[tuple[str, str, dict[str, object]]]) -> GpuInfo:
+        """``info`` without the MIG instances it may not claim: a uuid that is a GPU's, one listed twice, or one
+        another GPU (of any host) reports as its instance. Like a GPU uuid, an instance uuid is whatever the agent says,
+        and one host must not shadow another's instance by naming it; each one left out is recorded."""
+        kept = []
+        seen: set[str] = set()
+        for instance in info.mig_instances:
+            parent = self.allocations.parent_of(instance.uuid)
+            owner = self.gpus.get(parent) if parent is not None else None
+            taken = owner is not None and owner.uuid != info.uuid  # another GPU's (of this host or another)
+            if instance.uuid in seen or instance.uuid in self.gpus or taken:
+                events.append(("gpu.mig_instance_refused", info.uuid, {"agent_id": agent_id, "instance": instance.uuid}))
+                continue
+            seen.add(instance.uuid)
+            kept.append(instance)
+        if len(kept) == len(info.mig_instances):
+            return info
+        return msgspec.structs.replace(info, mig_instances=kept)
 
     def _may_claim(self, gpu: GpuRecord, agent_id: str) -> bool:
         """A GPU reported by another agent moves only once that agent is retired (the card changed hosts)."""

@@ -328,7 +328,8 @@ def child_env(spec: ContainerSpec, *, home: Path) -> dict[str, str]:
     """A small base, the spec's variables, then the GPU set, which the renter's env must not widen."""
     env = {"PATH": BASE_PATH, "HOME": str(home), "LANG": "C.UTF-8"}
     env.update(spec.env)
-    env["CUDA_VISIBLE_DEVICES"] = ",".join(spec.gpus)
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(spec.gpus)  # GPU uuids, indexes or MIG instance uuids ("MIG-…")
+    env["NVIDIA_VISIBLE_DEVICES"] = env["CUDA_VISIBLE_DEVICES"] or "none"  # for tools that read the toolkit's name
     return env
 
 

@@ -16,7 +16,13 @@ RESOURCE = "agents"
 
 def render(detail: AgentDetail) -> dict:
     return agent_view(
-        detail.agent, detail.gpus, detail.latest, reachable=detail.reachable, offered=detail.offered, workloads=detail.workloads
+        detail.agent,
+        detail.gpus,
+        detail.latest,
+        reachable=detail.reachable,
+        offered=detail.offered,
+        workloads=detail.workloads,
+        holders=detail.holders,
     )
 
 

@@ -15,7 +15,7 @@ RESOURCE = "gpus"
 
 
 def render(detail: GpuDetail) -> dict:
-    return gpu_view(detail.gpu, detail.latest, offered=detail.offered)
+    return gpu_view(detail.gpu, detail.latest, offered=detail.offered, holders=detail.holders)
 
 
 async def list_gpus(request: web.Request) -> web.Response:

@@ -227,7 +227,10 @@ class SchedulerLoop:
         attempt = rec.attempts + 1
         assignments = []
         for replica, units in enumerate(decision.assignment):
-            host = self.master.registry.gpus[units[0]].agent_id
+            gpu = self.master.registry.gpu_of_unit(units[0])  # a whole GPU, or the GPU a MIG instance splits
+            if gpu is None:
+                raise NotFound(f"GPU {units[0]} left the grid since the snapshot; {rec.id} is placed again next cycle")
+            host = gpu.agent_id
             assignments.append(
                 Assignment(replica=replica, agent_id=host, units=list(units), container=container_name(rec.id, replica, attempt))
             )

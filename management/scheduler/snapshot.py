@@ -80,7 +80,9 @@ def host_of(agent: AgentRecord, now: float, *, offline_grace_s: float) -> Host:
 
 
 def units_of(gpus: Iterable[GpuRecord]) -> list[Unit]:
-    """One host's GPUs as units, with NVLink peers resolved from PCI bus ids to unit ids on the same host."""
+    """One host's GPUs as units, with NVLink peers resolved from PCI bus ids to unit ids on the same host.
+
+    A GPU in MIG mode is its instances, never itself (CUDA runs only in the instances): see ``mig_units_of``."""
     gpus = list(gpus)
     by_bus = {g.info.pci_bus_id.lower(): g.uuid for g in gpus if g.info.pci_bus_id}
     units = []
@@ -91,6 +93,9 @@ def units_of(gpus: Iterable[GpuRecord]) -> list[Unit]:
             if link.active and link.remote_pci_bus_id and link.remote_pci_bus_id.lower() in by_bus
         ) - {gpu.uuid}
         healthy = gpu.state != GpuState.FAULTY.value and gpu.fault is None and DUPLICATE_UUID_FLAG not in gpu.flags
+        if gpu.info.mig_enabled:
+            units.extend(mig_units_of(gpu, healthy=healthy))
+            continue
         units.append(
             Unit(
                 id=gpu.uuid,
@@ -105,6 +110,27 @@ def units_of(gpus: Iterable[GpuRecord]) -> list[Unit]:
             )
         )
     return units
+
+
+def mig_units_of(gpu: GpuRecord, *, healthy: bool) -> list[Unit]:
+    """A GPU in MIG mode as units: one per instance (its profile, its own memory, the GPU as ``parent``), none while
+    it is not partitioned. An instance is as healthy as its GPU (a fault takes every instance down) and has no
+    NVLink peers (MIG instances do not do peer-to-peer)."""
+    return [
+        Unit(
+            id=instance.uuid,
+            host=gpu.agent_id,
+            index=gpu.index,
+            model=gpu.model,
+            tier=gpu.tier,
+            vram_mib=instance.memory_mib,
+            compute_capability=compute_capability(gpu.info.compute_capability),
+            mig_profile=instance.profile,
+            parent=gpu.uuid,
+            healthy=healthy,
+        )
+        for instance in gpu.info.mig_instances
+    ]
 
 
 def job_of(rec: WorkloadRecord, *, preempted_for: str | None = None) -> Job:
@@ -215,11 +241,17 @@ def build_snapshot(
             running[rec.id] = job_of(rec, preempted_for=preempting.get(rec.id))
             for a in rec.assignments:
                 containers[(a.agent_id, a.container)] = rec.id
+    instances: dict[str, list[str]] = {}  # a GPU in MIG mode -> its instances' unit ids
+    for unit in units.values():
+        if unit.parent is not None:
+            instances.setdefault(unit.parent, []).append(unit.id)
     holders = {}
     for uuid, hold in holds.items():
-        if uuid not in units:
-            continue
-        holders[uuid] = containers.get((hold.agent_id, hold.container)) or f"container:{hold.agent_id}/{hold.container}"
+        holder = containers.get((hold.agent_id, hold.container)) or f"container:{hold.agent_id}/{hold.container}"
+        if uuid in units:
+            holders[uuid] = holder
+        for instance in instances.get(uuid, ()):  # a GPU in MIG mode held whole: every instance is taken
+            holders.setdefault(instance, holder)
     # A placed workload's units that the ledger does not (yet, or any more) hold are still its own to the core.
     for job in running.values():
         for replica in job.assignment or ():

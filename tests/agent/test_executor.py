@@ -3,12 +3,15 @@
 import asyncio
 import time
 
+import msgspec
 import pytest
 
 from agent.executor import CommandExecutor
 from agent.ledger import CommandLog
-from agent.runtime.process import ProcessRuntime
-from common.inventory import GpuInfo
+from agent.runtime.docker import create_body
+from agent.runtime.process import ProcessRuntime, child_env
+from common.containers import parse_create_spec
+from common.inventory import GpuInfo, MigInstance
 from common.pki import CommandSigner, CommandVerifier
 from common.wire import Command, CommandBody, signing_bytes
 
@@ -165,3 +168,69 @@ async def test_two_commands_for_one_gpu_at_once_start_only_one_container(tmp_pat
     finally:
         for i in range(3):
             await runtime.delete(f"race-{i}", timeout_s=0)
+
+
+# --- MIG instances: placed one by one; a whole GPU and its instances exclude each other --------------------------
+
+MIG_A, MIG_B = "MIG-1111", "MIG-2222"
+PARTITIONED = [
+    msgspec.structs.replace(
+        gpu(0, "GPU-aaaa"),
+        mig_enabled=True,
+        mig_instances=[
+            MigInstance(uuid=MIG_A, profile="3g.40gb", memory_mib=40960, index=0),
+            MigInstance(uuid=MIG_B, profile="3g.40gb", memory_mib=40960, index=1),
+        ],
+    ),
+    gpu(1, "GPU-bbbb"),
+]
+
+
+async def test_two_mig_instances_of_one_gpu_run_side_by_side(tmp_path, signer):
+    ex, runtime = executor(tmp_path, signer, PARTITIONED)
+    try:
+        assert (await ex.execute(command(signer, spec=sleeper("a", [MIG_A]), command_id="cmd-a"))).ok
+        assert (await ex.execute(command(signer, spec=sleeper("b", [MIG_B]), command_id="cmd-b"))).ok
+        again = await ex.execute(command(signer, spec=sleeper("c", [MIG_A]), command_id="cmd-c"))
+        assert (again.ok, again.error_code) == (False, "gpu_conflict")
+        assert f"{MIG_A} (held by container 'a')" in again.error
+    finally:
+        for name in ("a", "b", "c"):
+            await runtime.delete(name, timeout_s=0)
+
+
+async def test_a_gpu_with_an_instance_held_cannot_be_taken_whole(tmp_path, signer):
+    ex, runtime = executor(tmp_path, signer, PARTITIONED)
+    try:
+        assert (await ex.execute(command(signer, spec=sleeper("part", [MIG_A]), command_id="cmd-part"))).ok
+        whole = await ex.execute(command(signer, spec=sleeper("whole", ["0"]), command_id="cmd-whole"))
+        assert (whole.ok, whole.error_code) == (False, "gpu_conflict")
+        assert "GPU-aaaa (its MIG instances are in use by container 'part')" in whole.error
+        assert await runtime.inspect("whole") is None
+    finally:
+        for name in ("part", "whole"):
+            await runtime.delete(name, timeout_s=0)
+
+
+async def test_an_instance_of_a_gpu_held_whole_is_refused(tmp_path, signer):
+    ex, runtime = executor(tmp_path, signer, PARTITIONED)
+    try:
+        assert (await ex.execute(command(signer, spec=sleeper("whole", ["GPU-aaaa"]), command_id="cmd-whole"))).ok
+        part = await ex.execute(command(signer, spec=sleeper("part", [MIG_B]), command_id="cmd-part"))
+        assert (part.ok, part.error_code) == (False, "gpu_conflict")
+        assert f"{MIG_B} (its GPU GPU-aaaa is held whole by container 'whole')" in part.error
+    finally:
+        for name in ("part", "whole"):
+            await runtime.delete(name, timeout_s=0)
+
+
+def test_the_process_runtime_shows_a_mig_instance_to_cuda_by_its_uuid(tmp_path):
+    spec = parse_create_spec({"name": "m", "image": "none", "command": ["true"], "gpus": [MIG_A]})
+    env = child_env(spec, home=tmp_path)
+    assert env["CUDA_VISIBLE_DEVICES"] == MIG_A and env["NVIDIA_VISIBLE_DEVICES"] == MIG_A
+
+
+def test_docker_asks_the_nvidia_toolkit_for_a_mig_instance_by_its_uuid():
+    spec = parse_create_spec({"name": "m", "image": "busybox", "gpus": [MIG_A]})
+    body = create_body(spec, {}, [])
+    assert body["HostConfig"]["DeviceRequests"] == [{"Driver": "nvidia", "DeviceIDs": [MIG_A], "Capabilities": [["gpu"]]}]

@@ -112,6 +112,24 @@ class FakeGpu:
     nvlinks: list[tuple[bool, bytes]] | None  # None: a PCIe card, NVML answers NotSupported
     ecc: dict[int, int] | None  # None: no ECC, NVML answers NotSupported
     lost: bool = False
+    # MIG: None for a card without MIG (NVML answers NotSupported); else the mode and the instances by slot.
+    mig_mode: int | None = None
+    mig: dict[int, FakeMig] | None = None
+
+
+@dataclass
+class FakeMig:
+    """One MIG device as NVML shows it. ``profile_name`` None: the GPU instance's profile is not readable
+    (NVML answers NoPermission), so the agent derives the name from the device's attributes."""
+
+    uuid: str
+    memory_total: int
+    gpu_instance_id: int
+    compute_instance_id: int
+    profile_id: int
+    profile_name: bytes | None
+    slices: int
+    compute_slices: int
 
 
 def fake_nvml(gpus: list[FakeGpu], *, init_error: type[pynvml.NVMLError] | None = None) -> SimpleNamespace:
@@ -155,6 +173,38 @@ def fake_nvml(gpus: list[FakeGpu], *, init_error: type[pynvml.NVMLError] | None 
         handle, kind, data = state["events"].pop(0)
         return SimpleNamespace(device=handle, eventType=kind, eventData=data)
 
+    def mig_mode(handle: int) -> list[int]:
+        mode = gpu(handle).mig_mode
+        if mode is None:
+            raise pynvml.NVMLError_NotSupported()
+        return [mode, mode]
+
+    def mig_device(handle: int, slot: int) -> tuple[int, int]:
+        found = (gpu(handle).mig or {}).get(slot)
+        if found is None:
+            raise pynvml.NVMLError_NotFound()
+        return (handle, slot)  # a MIG device handle: (its GPU, its slot)
+
+    def mig_of(handle: Any) -> FakeMig:
+        return gpus[handle[0]].mig[handle[1]]  # type: ignore[index]
+
+    def instance_by_id(handle: int, gi: int) -> tuple[int, int]:
+        return next((handle, slot) for slot, m in (gpu(handle).mig or {}).items() if m.gpu_instance_id == gi)
+
+    def profile_by_id(handle: int, profile_id: int) -> SimpleNamespace:
+        found = next(m for m in (gpu(handle).mig or {}).values() if m.profile_id == profile_id)
+        if found.profile_name is None:
+            raise pynvml.NVMLError_NoPermission()
+        return SimpleNamespace(id=profile_id, name=found.profile_name)
+
+    def uuid_of(handle: Any) -> str | bytes:
+        return mig_of(handle).uuid if isinstance(handle, tuple) else gpu(handle).uuid
+
+    def memory_of(handle: Any) -> SimpleNamespace:
+        if isinstance(handle, tuple):
+            return SimpleNamespace(total=mig_of(handle).memory_total, used=0)
+        return SimpleNamespace(total=gpu(handle).memory_total, used=gpu(handle).memory_used)
+
     functions: dict[str, Any] = {
         "nvmlInit": init,
         "nvmlShutdown": shutdown,
@@ -162,10 +212,10 @@ def fake_nvml(gpus: list[FakeGpu], *, init_error: type[pynvml.NVMLError] | None 
         "nvmlDeviceGetHandleByIndex": lambda i: i,
         "nvmlSystemGetDriverVersion": lambda: "550.54.15",
         "nvmlSystemGetCudaDriverVersion": lambda: 12040,
-        "nvmlDeviceGetUUID": lambda h: gpu(h).uuid,
+        "nvmlDeviceGetUUID": uuid_of,
         "nvmlDeviceGetName": lambda h: gpu(h).name,
         "nvmlDeviceGetPciInfo": lambda h: SimpleNamespace(busId=gpu(h).bus_id),
-        "nvmlDeviceGetMemoryInfo": lambda h: SimpleNamespace(total=gpu(h).memory_total, used=gpu(h).memory_used),
+        "nvmlDeviceGetMemoryInfo": memory_of,
         "nvmlDeviceGetCudaComputeCapability": lambda h: gpu(h).capability,
         "nvmlDeviceGetMaxPcieLinkGeneration": lambda h: gpu(h).max_pcie_gen,
         "nvmlDeviceGetCurrPcieLinkWidth": lambda h: gpu(h).pcie_width,
@@ -187,6 +237,20 @@ def fake_nvml(gpus: list[FakeGpu], *, init_error: type[pynvml.NVMLError] | None 
         "nvmlDeviceRegisterEvents": lambda h, types, event_set: None,
         "nvmlEventSetWait_v2": event_wait,
         "nvmlEventSetFree": lambda event_set: state.__setitem__("event_sets_freed", state["event_sets_freed"] + 1),
+        # MIG: a MIG device handle is (GPU handle, slot); a GPU instance handle is the same pair.
+        "nvmlDeviceGetMigMode": mig_mode,
+        "nvmlDeviceGetMaxMigDeviceCount": lambda h: 7,
+        "nvmlDeviceGetMigDeviceHandleByIndex": mig_device,
+        "nvmlDeviceGetGpuInstanceId": lambda h: mig_of(h).gpu_instance_id,
+        "nvmlDeviceGetComputeInstanceId": lambda h: mig_of(h).compute_instance_id,
+        "nvmlDeviceGetGpuInstanceById": instance_by_id,
+        "nvmlGpuInstanceGetInfo": lambda gi: SimpleNamespace(id=mig_of(gi).gpu_instance_id, profileId=mig_of(gi).profile_id),
+        "nvmlDeviceGetGpuInstanceProfileInfoById": profile_by_id,
+        "nvmlDeviceGetAttributes": lambda h: SimpleNamespace(
+            gpuInstanceSliceCount=mig_of(h).slices,
+            computeInstanceSliceCount=mig_of(h).compute_slices,
+            memorySizeMB=mig_of(h).memory_total // MIB,
+        ),
     }
     return SimpleNamespace(**real, **functions, state=state)
 
@@ -358,3 +422,58 @@ def test_xid_and_double_bit_ecc_events_are_reported_once_without_waiting(two_gpu
     assert collector.reports() == []
     collector.close()
     assert two_gpu_host.state["event_sets_freed"] == 1
+
+
+# ---------------------------------------------------------------- MIG, through the fake NVML (untested on hardware)
+
+
+def partitioned_h100() -> FakeGpu:
+    """An H100 in MIG mode, split 3g.40gb + 1g.10gb in slots 0 and 2 (slot 1 empty), as ``nvidia-smi mig -lgi``
+    would show it; the 1g.10gb's profile needs more privilege than the agent has."""
+    card = h100_sxm()
+    card.mig_mode = pynvml.NVML_DEVICE_MIG_ENABLE
+    card.mig = {
+        0: FakeMig("MIG-aaaaaaaa-0000-0000-0000-000000000001", 40448 * MIB, 1, 0, 9, b"MIG 3g.40gb", 3, 3),
+        2: FakeMig("MIG-aaaaaaaa-0000-0000-0000-000000000002", 9984 * MIB, 13, 0, 19, None, 1, 1),
+    }
+    return card
+
+
+def test_a_gpu_in_mig_mode_reports_its_instances_with_profile_memory_and_ids(monkeypatch):
+    monkeypatch.setattr(gpus, "pynvml", fake_nvml([partitioned_h100(), rtx_4090()]))
+
+    h100, rtx = NvmlCollector().inventory()
+
+    assert h100.mig_enabled is True
+    big, small = h100.mig_instances
+    assert (big.uuid, big.profile, big.memory_mib) == ("MIG-aaaaaaaa-0000-0000-0000-000000000001", "3g.40gb", 40448)
+    assert (big.gpu_instance_id, big.compute_instance_id, big.index) == (1, 0, 0)
+    # No permission for the profile: named from the device's slices and memory (9.75 GiB rounds up to 10).
+    assert (small.profile, small.memory_mib, small.gpu_instance_id, small.index) == ("1g.10gb", 9984, 13, 2)
+    assert (rtx.mig_enabled, rtx.mig_instances) == (False, [])
+
+
+def test_mig_capable_gpu_with_mig_off_is_placed_whole(monkeypatch):
+    card = h100_sxm()
+    card.mig_mode = pynvml.NVML_DEVICE_MIG_DISABLE
+    monkeypatch.setattr(gpus, "pynvml", fake_nvml([card]))
+
+    (gpu,) = NvmlCollector().inventory()
+
+    assert (gpu.mig_enabled, gpu.mig_instances) == (False, [])
+
+
+def test_instances_that_cannot_be_listed_leave_the_gpu_in_mig_mode_with_none_and_say_why(monkeypatch, caplog):
+    fake = fake_nvml([partitioned_h100()])
+
+    def broken(handle: int) -> int:
+        raise pynvml.NVMLError_Unknown()
+
+    monkeypatch.setattr(fake, "nvmlDeviceGetMaxMigDeviceCount", broken)
+    monkeypatch.setattr(gpus, "pynvml", fake)
+
+    with caplog.at_level(logging.WARNING, logger="agent.gpus"):
+        (gpu,) = NvmlCollector().inventory()
+
+    assert (gpu.mig_enabled, gpu.mig_instances) == (True, [])
+    assert any("MIG mode but its instances cannot be listed" in r.getMessage() for r in caplog.records)

@@ -100,3 +100,68 @@ def test_the_same_seed_gives_the_same_telemetry():
     for _ in range(5):
         readings = [[(s.utilization_pct, s.power_w) for s in c.sample()] for c in (a, b)]
         assert readings[0] == readings[1]
+
+
+# --- MIG partitions ------------------------------------------------------------------------------------------
+
+
+def test_a_group_can_be_split_into_mig_instances_each_gpu_alike():
+    gpus = SimulatedCollector("a100:2:mig=3g.40gb+2g.20gb+1g.10gb*2,h100:1", seed=1).inventory()
+
+    first, second, whole = gpus
+    for gpu in (first, second):
+        assert gpu.mig_enabled is True
+        assert [m.profile for m in gpu.mig_instances] == ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]
+        assert [m.memory_mib for m in gpu.mig_instances] == [40960, 20480, 10240, 10240]  # slices/8 of 80 GiB
+        assert [m.index for m in gpu.mig_instances] == [0, 1, 2, 3]
+        assert all(m.uuid.startswith("MIG-") for m in gpu.mig_instances)
+    assert len({m.uuid for g in (first, second) for m in g.mig_instances}) == 8  # every instance its own uuid
+    assert (whole.mig_enabled, whole.mig_instances) == (False, [])
+
+
+def test_mig_uuids_are_as_stable_as_the_gpus_they_split():
+    spec = "h100:1:mig=1g.10gb*7"
+    first = SimulatedCollector(spec, host_key="/var/lib/idlegrid/agent").inventory()[0]
+    again = SimulatedCollector(spec, host_key="/var/lib/idlegrid/agent").inventory()[0]
+    assert [m.uuid for m in first.mig_instances] == [m.uuid for m in again.mig_instances]
+    assert len(first.mig_instances) == 7
+
+
+def test_mig_mode_without_instances_is_an_empty_layout():
+    (gpu,) = SimulatedCollector("a100-40gb:1:mig=", seed=1).inventory()
+    assert (gpu.mig_enabled, gpu.mig_instances) == (True, [])
+
+
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        ("l4:1:mig=1g.10gb", "GPU model 'l4' has no MIG"),
+        ("a100:1:mig=1g.5gb", "a100-80gb has no MIG profile '1g.5gb'"),  # the 40 GB card's name
+        ("a100:1:mig=1g.10gb*8", "at most 7 × 1g.10gb"),
+        ("h100:1:mig=1g.10gb+me*2", "at most 1 × 1g.10gb+me"),
+        ("a100:1:mig=7g.80gb+1g.10gb", "needs 8 compute slices"),
+        ("a100:1:mig=1g.20gb*4+1g.10gb", "no placement of its memory slices"),
+        ("a100:1:mig=1g.10gb*x", "'x' is not a whole number"),
+    ],
+)
+def test_a_mig_layout_the_model_cannot_take_is_refused_saying_why(spec: str, says: str):
+    with pytest.raises(ValueError, match=re.escape(says)):
+        parse_simulate_spec(spec)
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        "1g.10gb*7",
+        "7g.80gb",
+        "4g.40gb+3g.40gb",
+        "3g.40gb*2",
+        "2g.20gb*3+1g.10gb",
+        "1g.20gb*4",
+        "3g.40gb+2g.20gb+1g.10gb*2",
+        "1g.10gb*6+1g.10gb+me",
+    ],
+)
+def test_layouts_from_nvidia_s_tables_fit_an_80gb_card(layout: str):
+    for model in ("a100-80gb", "h100-sxm", "h100-pcie", "a100-80gb-pcie"):
+        assert len(SimulatedCollector(f"{model}:1:mig={layout}", seed=1).inventory()[0].mig_instances) >= 1

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from common.errors import ProtocolError
-from common.inventory import GpuInfo, HostInfo, Inventory
+from common.inventory import MAX_MIG_INSTANCES, GpuInfo, HostInfo, Inventory, MigInstance
 from common.wire import (
     MAX_FRAME_BYTES,
     AgentEvent,
@@ -184,3 +184,41 @@ def test_a_broken_link_message_is_one_protocol_error(data):
 @given(st.binary(max_size=1024))
 def test_no_byte_string_makes_the_link_message_decoder_raise(data):
     assert all(isinstance(part, (ProtocolError, msgspec.Struct)) for part in decode_link_message(b"[" + data))
+
+
+# --- MIG in the inventory -------------------------------------------------------------------------------------
+
+
+def test_a_partitioned_gpu_round_trips_with_its_mig_instances():
+    instances = [
+        MigInstance(uuid=f"MIG-{i}", profile="1g.10gb", memory_mib=9984, gpu_instance_id=7 + i, compute_instance_id=0, index=i)
+        for i in range(7)
+    ]
+    gpu = GpuInfo(
+        index=0,
+        uuid="GPU-1",
+        name="NVIDIA H100 80GB HBM3",
+        pci_bus_id="0000:01:00.0",
+        memory_total_mib=81559,
+        compute_capability="9.0",
+        mig_enabled=True,
+        mig_instances=instances,
+    )
+    hello = Hello(versions=[1], agent_version="0.1", inventory=Inventory(host=HOST, gpus=[gpu]))
+    assert decode_agent_frame(encode(hello)) == hello
+
+
+def test_an_inventory_from_an_agent_that_knows_no_mig_reads_as_mig_off():
+    old = {"index": 0, "uuid": "GPU-x", "name": "n", "pci_bus_id": "0", "memory_total_mib": 1, "compute_capability": "9.0"}
+    gpu = msgspec.json.decode(msgspec.json.encode(old), type=GpuInfo)
+    assert (gpu.mig_enabled, gpu.mig_instances) == (False, [])
+
+
+def test_a_gpu_claiming_more_mig_instances_than_the_wire_allows_is_refused():
+    mig = {"uuid": "MIG-x", "profile": "1g.10gb", "memory_mib": 1}
+    gpu = {"index": 0, "uuid": "GPU-x", "name": "n", "pci_bus_id": "0", "memory_total_mib": 1, "compute_capability": "9.0"}
+    gpu |= {"mig_enabled": True, "mig_instances": [mig] * (MAX_MIG_INSTANCES + 1)}
+    host = msgspec.to_builtins(HOST)
+    hello = {"type": "hello", "versions": [1], "agent_version": "1", "inventory": {"host": host, "gpus": [gpu]}}
+    with pytest.raises(ProtocolError, match="length"):
+        decode_agent_frame(msgspec.json.encode(hello))

@@ -13,7 +13,7 @@ import pymongo
 import pytest
 
 from common.errors import ConfigError
-from common.inventory import GpuInfo, HostInfo, NvLink
+from common.inventory import GpuInfo, HostInfo, MigInstance, NvLink
 from master.records import (
     AccountRecord,
     AgentRecord,
@@ -231,6 +231,16 @@ async def test_gpu_round_trips_nested_gpu_info_with_nvlinks(store: Store) -> Non
     await store.gpus.put_many([rec])
     assert_same(await store.gpus.get("GPU-a"), rec)
     assert await store.gpus.get("GPU-nope") is None
+
+
+async def test_gpu_round_trips_its_mig_instances(store: Store) -> None:
+    instances = [
+        MigInstance(uuid="MIG-a-0", profile="3g.40gb", memory_mib=40448, gpu_instance_id=1, compute_instance_id=0, index=0),
+        MigInstance(uuid="MIG-a-1", profile="1g.10gb+me", memory_mib=9984, index=1),
+    ]
+    rec = gpu("GPU-a", info=gpu_info("GPU-a", mig_enabled=True, mig_instances=instances))
+    await store.gpus.put_many([rec])
+    assert_same(await store.gpus.get("GPU-a"), rec)
 
 
 async def test_gpu_put_many_upserts_by_uuid(store: Store) -> None:
