@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from agent.fault_injection import FAULTS_FILE
-from management.client import ApiClient
+from management.client import ApiClient, ApiRequest
 from tests.support.grid import Grid, pid_alive, wait_for, write_toml
 
 PERIOD_S = 1.0
@@ -163,6 +163,13 @@ def test_a_gang_runs_on_two_hosts_at_once_and_a_fatal_xid_moves_it_within_30_s(g
     creates = [c for c in grid.client.list("/api/v1/commands", agent_id=broken_host) if c["kind"] == "create_container"]
     assert [c["spec"]["name"] for c in creates] == [replicas[0]["container"]]  # the first attempt's, nothing since
 
+    # One more GPU asked for: the only one not held is the faulty one, so it waits, and says the fault is why.
+    probe = alice.submit_workload(workload("probe", "exec sleep 600"))
+    why = alice.send(ApiRequest("GET", f"/api/v1/workloads/{probe['id']}/explain"))
+    assert why["fits_now"] is False, why
+    assert any("unhealthy" in f["name"] and f["removed"] == 1 for f in why["filters"]), why
+    assert alice.workload(probe["id"])["assignments"] == []
+
 
 def test_a_high_workload_preempts_a_low_one_whose_container_sees_sigterm_first(grid, drop):
     (host, gpu), *_ = sandboxed_hosts(grid, 1).items()
@@ -191,3 +198,11 @@ def test_a_high_workload_preempts_a_low_one_whose_container_sees_sigterm_first(g
     moves = [e["data"] for e in grid.get(f"/api/v1/events?subject={low['id']}&kind=workload.transition")["items"]]
     assert {"preempt", "requeue"} <= {m["event"] for m in moves}, moves
     assert len(starts(drop, "low")) == 1  # it waits; nothing else could hold it
+
+    # The high one is cancelled: the victim, waiting in the queue, gets the GPU back.
+    assert carol.cancel_workload(high["id"])["state"] == "cancelled"
+    again = wait_workload(bob, low["id"], "running again", lambda w: w["state"] == "running", timeout=GRACE_S + 15)
+    assert again["attempts"] == 2 and [a["units"] for a in again["assignments"]] == [[gpu]]
+    assert not pid_alive(high_pid)
+    (_, (second_pid, _)) = wait_for(lambda: len(s := starts(drop, "low")) == 2 and s, 10, "the victim to start again")
+    assert pid_alive(second_pid)
