@@ -114,7 +114,7 @@ def by_replica(rec: dict[str, Any]) -> dict[int, dict[str, Any]]:
     return {a["replica"]: a for a in rec["assignments"]}
 
 
-def test_a_gang_runs_on_two_hosts_at_once_and_a_fatal_xid_moves_it_within_30_s(grid, drop):
+def test_a_gang_runs_on_two_hosts_at_once_and_a_fatal_xid_moves_it_within_30_s(drop, grid):
     hosts = sandboxed_hosts(grid, 3)
     alice = renter(grid, "alice")
     gang = workload("gang", f"{RECORD_START.format(file=drop / 'gang')}; exec sleep 600", replicas=2)
@@ -171,7 +171,7 @@ def test_a_gang_runs_on_two_hosts_at_once_and_a_fatal_xid_moves_it_within_30_s(g
     assert alice.workload(probe["id"])["assignments"] == []
 
 
-def test_a_high_workload_preempts_a_low_one_whose_container_sees_sigterm_first(grid, drop):
+def test_a_high_workload_preempts_a_low_one_whose_container_sees_sigterm_first(drop, grid):
     (host, gpu), *_ = sandboxed_hosts(grid, 1).items()
     bob, carol = renter(grid, "bob"), renter(grid, "carol")
     # The victim never stops on its own. On SIGTERM it writes its pid to a marker, takes a second to clean up (within
