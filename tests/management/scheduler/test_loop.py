@@ -324,3 +324,23 @@ async def test_a_container_created_after_its_delete_is_deleted_again(master, lin
     await relay(master, link, "agt-a", CommandResult(id=second.body.id, ok=True))
     await loop.cycle()
     assert (await loop.book.get(low.id)).state == "queued"
+
+
+async def test_a_workload_cancelled_while_its_create_is_under_way_leaves_no_container(master, link):
+    await host(master, link, "agt-a")
+    loop = scheduler(master)
+    await loop.book.load()
+    wl = await loop.book.submit("alice", spec(), time.time())
+    await loop.cycle()
+    (placed,) = (await loop.book.get(wl.id)).assignments
+    await loop.book.cancel(wl.id, "alice", time.time())
+    (delete,) = deletes_sent(link, "agt-a")
+    await relay(master, link, "agt-a", CommandResult(id=delete.body.id, ok=True, result={"container": None}))
+    await relay(master, link, "agt-a", CommandResult(id=placed.command_id, ok=True, result={"id": placed.container}))
+
+    await loop.cycle()
+
+    _, again = deletes_sent(link, "agt-a")
+    assert again.body.spec["name"] == placed.container
+    await relay(master, link, "agt-a", CommandResult(id=again.body.id, ok=True))
+    assert master.allocations.holds() == {} and master.registry.agents["agt-a"].containers == {}
