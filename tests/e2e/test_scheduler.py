@@ -5,7 +5,7 @@ Hosts run the process runtime sandboxed: the agent runs as root and starts each 
 namespace of its own (isolation ``sandbox``), and the Master offers such hosts because ``offer_sandboxed_hosts`` is
 set and the workloads allow the process runtime. It starts a container in milliseconds, needs nothing but
 util-linux, and its containers are host processes whose pids the test can watch. (The Docker runtime through
-Podman is the other isolating choice; an image import and a vfs container per replica cost seconds each.)
+Podman is the other isolating choice; it needs a Podman service and an imported image first, and more moving parts.)
 The GPUs are simulated (none exists here); a fault is injected through the agent's simulated-faults.json.
 
 Containers run as ``nobody``, which cannot enter pytest's private directories, so they report to a drop directory
@@ -21,7 +21,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -66,14 +66,20 @@ def grid(tmp_path: Path) -> Iterator[Grid]:
         g.stop()
 
 
-def sandboxed_hosts(grid: Grid, count: int) -> dict[str, str]:
-    """``count`` hosts with one simulated A10 each; host id -> its GPU's uuid."""
+class Sandboxed(NamedTuple):
+    name: str  # the agent's name in the grid (its state directory)
+    gpu: str  # the uuid of its one GPU
+
+
+def sandboxed_hosts(grid: Grid, count: int) -> dict[str, Sandboxed]:
+    """``count`` hosts with one simulated A10 each, by host id."""
     hosts = {}
     for n in range(count):
         agent_id, _ = grid.run_agent(f"host-{n}", simulate="a10:1", env=SANDBOXED)
         agent = grid.agent(agent_id)
         assert (agent["runtime"], agent["isolation"]) == ("process", "sandbox"), agent
-        [hosts[agent_id]] = [g["uuid"] for g in agent["gpus"]]
+        [gpu] = [g["uuid"] for g in agent["gpus"]]
+        hosts[agent_id] = Sandboxed(f"host-{n}", gpu)
     return hosts
 
 
@@ -128,7 +134,7 @@ def test_a_gang_runs_on_two_hosts_at_once_and_a_fatal_xid_moves_it_within_30_s(d
     assert sorted(replicas) == [0, 1]
     assert replicas[0]["agent_id"] != replicas[1]["agent_id"]
     for a in replicas.values():
-        assert a["units"] == [hosts[a["agent_id"]]]
+        assert a["units"] == [hosts[a["agent_id"]].gpu]
         assert a["container"] in grid.agent(a["agent_id"])["containers"]
     live = wait_for(lambda: len(s := live_starts(drop, "gang")) == 2 and s, 10, "both replicas to record their start")
     assert set(live) == {a["units"][0] for a in replicas.values()}
@@ -137,7 +143,7 @@ def test_a_gang_runs_on_two_hosts_at_once_and_a_fatal_xid_moves_it_within_30_s(d
     # A fatal Xid on replica 0's GPU: the gang is running again, replica 0 elsewhere, within 30 s.
     broken_host, broken = replicas[0]["agent_id"], replicas[0]["units"][0]
     (spare,) = set(hosts) - {a["agent_id"] for a in replicas.values()}
-    faults = grid.agent_dir(f"host-{list(hosts).index(broken_host)}") / FAULTS_FILE
+    faults = grid.agent_dir(hosts[broken_host].name) / FAULTS_FILE
     injected = time.monotonic()
     faults.write_text(json.dumps({broken: {"xid": 79}}))
 
@@ -172,7 +178,7 @@ def test_a_gang_runs_on_two_hosts_at_once_and_a_fatal_xid_moves_it_within_30_s(d
 
 
 def test_a_high_workload_preempts_a_low_one_whose_container_sees_sigterm_first(drop, grid):
-    (host, gpu), *_ = sandboxed_hosts(grid, 1).items()
+    ((host, (_, gpu)),) = sandboxed_hosts(grid, 1).items()
     bob, carol = renter(grid, "bob"), renter(grid, "carol")
     # The victim never stops on its own. On SIGTERM it writes its pid to a marker, takes a second to clean up (within
     # the grace; SIGKILL would cut it short), notes that it finished, and exits.
@@ -192,7 +198,7 @@ def test_a_high_workload_preempts_a_low_one_whose_container_sees_sigterm_first(d
     assert not pid_alive(victim_pid)
     ((high_pid, high_gpu),) = wait_for(lambda: starts(drop, "high"), 10, "the high workload's container to start")
     assert high_gpu == gpu and pid_alive(high_pid)
-    assert marker.stat().st_mtime_ns <= (drop / "high").stat().st_mtime_ns  # the GPU was never run by both at once
+    assert marker.stat().st_mtime_ns <= (drop / "high").stat().st_mtime_ns  # the victim was done before it started
     victim = bob.workload(low["id"])
     assert victim["preemptions"] == 1 and victim["state"] == "queued", victim  # on_failure: back in the queue
     moves = [e["data"] for e in grid.get(f"/api/v1/events?subject={low['id']}&kind=workload.transition")["items"]]
