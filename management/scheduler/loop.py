@@ -5,7 +5,8 @@ One cycle, always in this order:
 1. **Reconcile** (level-triggered, like a Kubernetes controller): every open workload holding GPUs is compared with
    what the Master knows now: its create commands (acked, succeeded, failed, timed out), its containers on their hosts
    (exited with a code, gone), its maximum duration. Events only wake the loop; the facts are read here, so a change
-   lost to a full feed, or made while this Master was down, is still acted on.
+   lost to a full feed, or made while this Master was down, is still acted on. A workload container a host runs
+   that no open workload holds (its create ran after its delete: a host runs commands concurrently) is deleted again.
 2. **Snapshot** the grid and the queue (management/scheduler/snapshot.py) and run the pure core
    (management/scheduler/core.py).
 3. **Carry out** its decisions: ``Place`` records the assignment first (intent is stored before any command, so a
@@ -34,7 +35,7 @@ from common.errors import IdlegridError, NotFound
 from management.scheduler.book import WorkloadBook
 from management.scheduler.core import explain, schedule
 from management.scheduler.model import DEFAULT_HALF_LIFE_S, Explanation, Place, Plan, Policy, Preempt, Reject, Requeue, Snapshot
-from management.scheduler.snapshot import HOLDING_STATES, build_snapshot, policy_of
+from management.scheduler.snapshot import HOLDING_STATES, build_snapshot, policy_of, workload_of
 from management.scheduler.usage import UsageMeter
 from management.scheduler.workloads import WorkloadState, container_name
 from master.config import MasterConfig
@@ -48,6 +49,7 @@ W = WorkloadState
 _FAILED_COMMAND = frozenset({CommandState.FAILED.value, CommandState.TIMED_OUT.value, CommandState.CANCELLED.value})
 _GONE_HOST = frozenset({AgentState.RETIRED.value, AgentState.QUARANTINED.value})
 RESTARTING_POLICIES = frozenset({"on_failure", "always"})
+STRAY_RETRY_S = 30.0  # a stray container whose delete failed is tried again after this long
 
 
 class SchedulerSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -107,6 +109,7 @@ class SchedulerLoop:
             grace_s=self.settings.grace_s,
         )
         self._preempting: dict[str, str] = {}  # victim workload id -> the workload it makes room for
+        self._strays: dict[tuple[str, str], float] = {}  # (host, container) -> when this loop last deleted it
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._pump: asyncio.Task[None] | None = None
@@ -317,7 +320,37 @@ class SchedulerLoop:
                     moved += await self._reconcile_preempted(rec, now)
             except (IdlegridError, ValueError) as exc:
                 log.warning("workload %s not reconciled: %s", rec.id, exc)
-        return moved
+        return moved + await self._delete_strays(now)
+
+    async def _delete_strays(self, now: float) -> int:
+        """Delete again every workload container a host runs that no open workload holds and no delete is under way
+        for: its create ran after its delete (a host runs commands concurrently, so a delete can find nothing yet),
+        and it would otherwise hold its GPUs, and keep a preempted workload stopping, for ever."""
+        held = {(a.agent_id, a.container) for rec in self.book.open_workloads() for a in rec.assignments if a.state != "deleting"}
+        deleting = {(c.agent_id, c.spec.get("name")) for c in self.master.ledger.open.values() if c.kind == "delete_container"}
+        issued = 0
+        strays: set[tuple[str, str]] = set()
+        for agent in self.master.registry.agents.values():
+            if agent.state in _GONE_HOST or agent.state == AgentState.OFFLINE.value:
+                continue
+            for name in agent.containers:
+                key = (agent.id, name)
+                if workload_of(name) is None or key in held or key in deleting:
+                    continue
+                strays.add(key)
+                if now - self._strays.get(key, now - STRAY_RETRY_S) < STRAY_RETRY_S:
+                    continue
+                self._strays[key] = now
+                spec = {"name": name, "timeout_s": self.settings.grace_s}
+                try:
+                    await self.master.create_command(agent.id, "delete_container", spec)
+                except IdlegridError as exc:
+                    log.warning("stray container %s on %s not deleted: %s", name, agent.id, exc)
+                    continue
+                log.info("deleting a stray workload container", extra={"agent_id": agent.id, "container": name})
+                issued += 1
+        self._strays = {key: at for key, at in self._strays.items() if key in strays}  # gone ones are forgotten
+        return issued
 
     async def _command(self, command_id: str) -> CommandRecord | None:
         if not command_id:

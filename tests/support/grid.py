@@ -102,17 +102,24 @@ class Grid(LocalGrid):
         return super().start_agent(name, "--runtime", "process", *extra, simulate=simulate, env=env)
 
     def run_agent(
-        self, name: str, *, simulate: str = "a10:2", relay: str = "relay-1", **settings: str | int | float | bool
+        self,
+        name: str,
+        *,
+        simulate: str = "a10:2",
+        relay: str = "relay-1",
+        env: Mapping[str, str] | None = None,
+        **settings: str | int | float | bool,
     ) -> tuple[str, Daemon]:
         """Enroll ``name`` (first time only), start it with ``settings`` (TOML, over quick reconnects) and wait
-        until the Master has it ready; (agent id, daemon). Again for the same name: a restart, same settings."""
+        until the Master has it ready; (agent id, daemon). Again for the same name: a restart, same settings.
+        ``env``: variables for the agent's process (they win over the TOML, e.g. IDLEGRID_AGENT_PROCESS_USER)."""
         if not self.enrolled(name):
             enrolled = self.enroll(name, self.relays[relay])
             assert enrolled.returncode == 0, enrolled.stderr
         config = self.root / "config" / f"{name}.toml"
         if settings or not config.exists():
             write_toml(config, {**QUICK_RECONNECT, **settings})
-        daemon = self.start_agent(name, "--config", str(config), simulate=simulate)
+        daemon = self.start_agent(name, "--config", str(config), simulate=simulate, env=env)
         agent_id = self.agent_id(name)
         wait_for(lambda: self.agent(agent_id)["state"] in ("ready", "busy"), 30, f"{name} to be ready\n{daemon.tail()}")
         return agent_id, daemon

@@ -296,3 +296,51 @@ async def test_a_restarted_master_adopts_running_containers_and_issues_what_was_
         assert len({(h.agent_id, h.container) for h in holders.values()}) == 2 and len(holders) == 2
     finally:
         await second.stop()
+
+
+async def test_a_container_created_after_its_delete_is_deleted_again(master, link):
+    """A host runs commands concurrently: the delete of a container whose create has not run yet finds nothing, and
+    the create then starts it. The loop deletes such a stray again, so the victim does not wait for it forever."""
+    await host(master, link, "agt-a")
+    loop = scheduler(master)
+    await loop.book.load()
+    low = await loop.book.submit("bob", spec("low", priority="low", restart_policy="on_failure"), time.time())
+    await loop.cycle()
+    (placed,) = (await loop.book.get(low.id)).assignments  # its create is under way
+    await loop.book.submit("alice", spec("high", priority="high"), time.time())
+    await loop.cycle()
+    (first_delete,) = deletes_sent(link, "agt-a")
+    await relay(master, link, "agt-a", CommandResult(id=first_delete.body.id, ok=True, result={"container": None}))
+    await relay(master, link, "agt-a", CommandResult(id=placed.command_id, ok=True, result={"id": placed.container}))
+    assert placed.container in master.registry.agents["agt-a"].containers  # the late create: a stray now
+
+    await loop.cycle()
+
+    first, second = deletes_sent(link, "agt-a")
+    assert second.body.spec == {"name": placed.container, "timeout_s": GRACE_S}
+    assert (await loop.book.get(low.id)).state == "preempted"  # still stopping
+    await loop.cycle()
+    assert len(deletes_sent(link, "agt-a")) == 2  # not again while that delete is under way
+    await relay(master, link, "agt-a", CommandResult(id=second.body.id, ok=True))
+    await loop.cycle()
+    assert (await loop.book.get(low.id)).state == "queued"
+
+
+async def test_a_workload_cancelled_while_its_create_is_under_way_leaves_no_container(master, link):
+    await host(master, link, "agt-a")
+    loop = scheduler(master)
+    await loop.book.load()
+    wl = await loop.book.submit("alice", spec(), time.time())
+    await loop.cycle()
+    (placed,) = (await loop.book.get(wl.id)).assignments
+    await loop.book.cancel(wl.id, "alice", time.time())
+    (delete,) = deletes_sent(link, "agt-a")
+    await relay(master, link, "agt-a", CommandResult(id=delete.body.id, ok=True, result={"container": None}))
+    await relay(master, link, "agt-a", CommandResult(id=placed.command_id, ok=True, result={"id": placed.container}))
+
+    await loop.cycle()
+
+    _, again = deletes_sent(link, "agt-a")
+    assert again.body.spec["name"] == placed.container
+    await relay(master, link, "agt-a", CommandResult(id=again.body.id, ok=True))
+    assert master.allocations.holds() == {} and master.registry.agents["agt-a"].containers == {}
