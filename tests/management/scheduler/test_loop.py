@@ -16,6 +16,7 @@ from common.wire import AgentEvent, AgentEventKind, Command, CommandResult, Hear
 from management.scheduler.book import WorkloadBook
 from management.scheduler.loop import SchedulerLoop, SchedulerSettings
 from master.accounts import AccountRole
+from master.allocations import Hold
 from master.config import MasterConfig
 from master.link import AccessLink
 from master.records import Assignment, ReplicaSpec, WorkloadRecord, WorkloadSpec
@@ -344,3 +345,45 @@ async def test_a_workload_cancelled_while_its_create_is_under_way_leaves_no_cont
     assert again.body.spec["name"] == placed.container
     await relay(master, link, "agt-a", CommandResult(id=again.body.id, ok=True))
     assert master.allocations.holds() == {} and master.registry.agents["agt-a"].containers == {}
+
+
+async def test_a_create_made_just_before_the_master_died_is_taken_over_not_issued_again(tmp_path, link):
+    """The Master died after it made a replica's create command and before it noted the command's id on the workload:
+    the restarted loop finds that command (still open) and waits for it. A second create of the same container, under
+    another command id, would be refused by the host as a name clash (and fail the workload) or would take the GPU's
+    hold from the first command, which would then run holding nothing."""
+    config = MasterConfig(state_dir=str(tmp_path / "master"), link_port=0)
+    first = Master(config)
+    await first.start()
+    await first.accounts.ensure("alice", AccountRole.RENTER)
+    (uuid,) = await host(first, link, "agt-a")
+    loop = scheduler(first)
+    await loop.book.load()
+    wl = await loop.book.submit("alice", spec(), time.time())
+    container = f"{wl.id}-r0-a1"
+    placed = [Assignment(replica=0, agent_id="agt-a", units=[uuid], container=container)]
+    await loop.book.transition(wl.id, "schedule", "placed on agt-a", time.time(), assignments=placed)
+    made = await first.create_command(
+        "agt-a", "create_container", {"name": container, "image": "busybox", "command": ["sleep", "600"], "gpus": [uuid]}
+    )
+    await first.stop()
+
+    second = Master(config)
+    await second.start()
+    try:
+        link2 = relay_link("relay-b")
+        await connect(second, link2, "agt-a", gpus(1, prefix="GPU-agt-a"), runtime="docker", isolation="container")
+        again = scheduler(second)
+        await again.book.load()
+
+        await again.cycle()
+
+        assert {c.body.id for c in creates_sent(link2, "agt-a")} == {made.id}  # resent on reconnect, never a new one
+        (a,) = (await again.book.get(wl.id)).assignments
+        assert a.command_id == made.id
+        await relay(second, link2, "agt-a", CommandResult(id=made.id, ok=True, result={"id": container}))
+        await again.cycle()
+        assert (await again.book.get(wl.id)).state == "running"
+        assert second.allocations.holds() == {uuid: Hold("agt-a", container, made.id, running=True)}
+    finally:
+        await second.stop()
