@@ -193,6 +193,7 @@ class SchedulerLoop:
             policy=policy,
             offline_grace_s=self.settings.offline_grace_s,
             preempting=self._preempting,
+            listening_since=m.started_at,
         )
         self.usage.advance(
             now, [snapshot.running[w.id] for w in holding if w.state == W.RUNNING.value and w.id in snapshot.running]

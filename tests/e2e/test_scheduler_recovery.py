@@ -35,9 +35,12 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="the process runtime sandboxes a container (as nobody) only under root"),
 ]
 
+OFFLINE_GRACE_S = 12  # a host unseen this long has its workloads requeued
 MASTER_ENV = {
     "IDLEGRID_MASTER_OFFER_SANDBOXED_HOSTS": "true",  # the process runtime's sandboxed hosts take workloads
     "IDLEGRID_MASTER_SCHEDULER_PERIOD_S": "1",
+    # (Heartbeats come every second: a host is offline after 3 s of silence.)
+    "IDLEGRID_MASTER_REQUEUE_OFFLINE_AFTER_S": str(OFFLINE_GRACE_S),
 }
 # A cycle runs at least every second: after this long, a container about to be started a second time would have been.
 SETTLE_S = 3.0
@@ -204,3 +207,36 @@ def test_a_master_killed_while_workloads_start_and_run_loses_none_and_starts_non
             status, answer = grid.call("POST", "/api/v1/commands", command)
             assert status == 409, answer
             assert f"held by container {a['container']!r} on host {a['agent_id']}" in answer["error"]["message"], answer
+
+
+def test_hosts_whose_relay_redials_late_after_a_master_restart_keep_their_running_workloads(grid, runs):
+    """After an outage, a relay comes back on its own backoff: its hosts go offline one heartbeat timeout after the
+    restart, with the ``last_seen`` the store holds, which is older than the outage. The Master's own silence does not
+    count against them: they get the whole offline grace from its start, and their containers are adopted."""
+    steady_id, _steady = sandboxed_host(grid, "steady", "l4:1")
+    workload_id = submit(grid, runs, "steady", "l4")
+    wait_workload(grid, workload_id, "running")
+    relay = grid.relays["relay-1"].daemon
+    assert relay is not None
+
+    os.kill(relay.pid, signal.SIGSTOP)  # it cannot redial until let go
+    try:
+        grid.master.kill(signal.SIGKILL)
+        time.sleep(OFFLINE_GRACE_S - 2)  # the outage: longer than the offline grace less the heartbeat timeout
+        grid.restart_master()
+        restarted = time.time()
+        grid.wait_state(steady_id, "offline", timeout=10)
+        # Its stored last_seen is older than the offline grace by now; the grace from the restart is not over.
+        time.sleep(max(0.0, restarted + 6 - time.time()))
+    finally:
+        os.kill(relay.pid, signal.SIGCONT)
+    grid.wait_state(steady_id, "busy", timeout=OFFLINE_GRACE_S - 6)
+    time.sleep(SETTLE_S)
+
+    rec = workload(grid, workload_id)
+    assert (rec["state"], rec["attempts"], rec["restarts"]) == ("running", 1, 0), rec
+    moves = grid.get(f"/api/v1/events?subject={workload_id}&kind=workload.transition&limit=100")["items"]
+    assert sorted(e["data"]["event"] for e in moves) == sorted(["submit", "schedule", "start", "run"]), moves
+    (a,) = rec["assignments"]
+    (pid, gpus), *again = starts(runs, a["container"])
+    assert again == [] and pid_alive(pid) and gpus.split(",") == a["units"]
