@@ -82,13 +82,8 @@ def runs(root: Path) -> Path:
 
 def sandboxed_host(grid: Grid, name: str, simulate: str) -> tuple[str, Daemon]:
     """A host whose process runtime runs containers as ``nobody`` (isolation ``sandbox``), ready."""
-    enrolled = grid.enroll(name, grid.relays["relay-1"])
-    assert enrolled.returncode == 0, enrolled.stderr
-    config = write_toml(grid.root / "config" / f"{name}.toml", QUICK_RECONNECT)
-    daemon = grid.start_agent(name, "--config", str(config), simulate=simulate, env={"IDLEGRID_AGENT_PROCESS_USER": "nobody"})
-    agent_id = grid.agent_id(name)
-    agent = wait_for(lambda: (a := grid.agent(agent_id))["state"] == "ready" and a, 30, f"{name} ready\n{daemon.tail()}")
-    assert agent["isolation"] == "sandbox", agent
+    agent_id, daemon = grid.run_agent(name, simulate=simulate, env={"IDLEGRID_AGENT_PROCESS_USER": "nobody"})
+    assert grid.agent(agent_id)["isolation"] == "sandbox"
     return agent_id, daemon
 
 
