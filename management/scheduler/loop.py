@@ -193,6 +193,7 @@ class SchedulerLoop:
             policy=policy,
             offline_grace_s=self.settings.offline_grace_s,
             preempting=self._preempting,
+            listening_since=m.started_at,
         )
         self.usage.advance(
             now, [snapshot.running[w.id] for w in holding if w.state == W.RUNNING.value and w.id in snapshot.running]
@@ -256,6 +257,11 @@ class SchedulerLoop:
                 assignments[i] = msgspec.structs.replace(a, state="running")
                 changed = True
                 continue
+            made = self._create_made_for(a)
+            if made:  # made by a Master that died before it noted the id here: that create is the one to wait for
+                assignments[i] = msgspec.structs.replace(a, command_id=made)
+                changed = True
+                continue
             try:
                 command = await self.master.create_command(
                     a.agent_id, "create_container", self._container_spec(rec, a), timeout_s=self.settings.start_timeout_s
@@ -270,6 +276,17 @@ class SchedulerLoop:
         if changed:
             rec = await self.book.amend(rec.id, assignments=assignments)
         return rec
+
+    def _create_made_for(self, a: Assignment) -> str:
+        """The id of the create command that holds ``a``'s GPUs for its container, "" when none does. One exists when a
+        Master made it and was killed before it stored the id on the workload (the ledger rebuilds its holds from the
+        open creates). Another create would take those holds over (the first, already on its way, would then run
+        holding nothing) and the host would refuse it as a name clash, failing the workload."""
+        for uuid in a.units:
+            hold = self.master.allocations.holder(uuid)
+            if hold is not None and hold.command_id and (hold.agent_id, hold.container) == (a.agent_id, a.container):
+                return hold.command_id
+        return ""
 
     def _container_spec(self, rec: WorkloadRecord, a: Assignment) -> dict[str, Any]:
         spec = rec.spec

@@ -5,7 +5,9 @@ reads memory only (the Master's registry and allocation ledger, the book's open 
 10,000 hosts costs a pass over them and no store call. Which facts count is decided here:
 
 - a host is ``online`` while it answers, and also while it was last seen less than ``offline_grace_s`` ago: a relay
-  failover shows a host offline for a moment, which must not requeue its workloads;
+  failover shows a host offline for a moment, which must not requeue its workloads. Silence is counted from when this
+  Master began listening at the earliest (``listening_since``): after a restart the stored ``last_seen`` is as old as
+  the outage (plus the heartbeat flush lag), time in which the Master, not the host, was silent;
 - it ``takes_work`` only when ready or busy and not drained;
 - a unit is ``healthy`` unless its GPU is faulty (an Xid, ECC errors, overheating: master/faults.py), reported by two
   hosts, or gone from its host's inventory;
@@ -58,9 +60,10 @@ def compute_capability(text: str) -> tuple[int, int]:
         return 0, 0
 
 
-def host_of(agent: AgentRecord, now: float, *, offline_grace_s: float) -> Host:
+def host_of(agent: AgentRecord, now: float, *, offline_grace_s: float, listening_since: float = 0.0) -> Host:
     answering = agent.state in _ANSWERING
-    recently_seen = agent.state == AgentState.OFFLINE.value and now - agent.last_seen < offline_grace_s
+    last_heard = max(agent.last_seen, listening_since)
+    recently_seen = agent.state == AgentState.OFFLINE.value and now - last_heard < offline_grace_s
     info = agent.host
     runtime = agent.runtime if agent.runtime in _RUNTIMES else "docker"
     isolation = agent.isolation if agent.isolation in _ISOLATIONS else "none"
@@ -221,14 +224,16 @@ def build_snapshot(
     policy: Policy,
     offline_grace_s: float,
     preempting: Mapping[str, str],
+    listening_since: float = 0.0,
 ) -> Snapshot:
-    """The core's snapshot. ``preempting``: victim workload id -> the workload it is being stopped for."""
+    """The core's snapshot. ``preempting``: victim workload id -> the workload it is being stopped for;
+    ``listening_since``: when this Master started (a host's silence is not counted before it)."""
     hosts: dict[str, Host] = {}
     units: dict[str, Unit] = {}
     for agent in agents.values():
         if agent.state == AgentState.RETIRED.value:
             continue
-        hosts[agent.id] = host_of(agent, now, offline_grace_s=offline_grace_s)
+        hosts[agent.id] = host_of(agent, now, offline_grace_s=offline_grace_s, listening_since=listening_since)
         for unit in units_of(gpus_by_agent.get(agent.id, ())):
             units[unit.id] = unit
     running: dict[str, Job] = {}

@@ -16,6 +16,7 @@ from common.wire import AgentEvent, AgentEventKind, Command, CommandResult, Hear
 from management.scheduler.book import WorkloadBook
 from management.scheduler.loop import SchedulerLoop, SchedulerSettings
 from master.accounts import AccountRole
+from master.allocations import Hold
 from master.config import MasterConfig
 from master.link import AccessLink
 from master.records import Assignment, ReplicaSpec, WorkloadRecord, WorkloadSpec
@@ -344,3 +345,87 @@ async def test_a_workload_cancelled_while_its_create_is_under_way_leaves_no_cont
     assert again.body.spec["name"] == placed.container
     await relay(master, link, "agt-a", CommandResult(id=again.body.id, ok=True))
     assert master.allocations.holds() == {} and master.registry.agents["agt-a"].containers == {}
+
+
+async def test_a_create_made_just_before_the_master_died_is_taken_over_not_issued_again(tmp_path, link):
+    """The Master died after it made a replica's create command and before it noted the command's id on the workload:
+    the restarted loop finds that command (still open) and waits for it. A second create of the same container, under
+    another command id, would be refused by the host as a name clash (and fail the workload) or would take the GPU's
+    hold from the first command, which would then run holding nothing."""
+    config = MasterConfig(state_dir=str(tmp_path / "master"), link_port=0)
+    first = Master(config)
+    await first.start()
+    await first.accounts.ensure("alice", AccountRole.RENTER)
+    (uuid,) = await host(first, link, "agt-a")
+    loop = scheduler(first)
+    await loop.book.load()
+    wl = await loop.book.submit("alice", spec(), time.time())
+    container = f"{wl.id}-r0-a1"
+    placed = [Assignment(replica=0, agent_id="agt-a", units=[uuid], container=container)]
+    await loop.book.transition(wl.id, "schedule", "placed on agt-a", time.time(), assignments=placed)
+    made = await first.create_command(
+        "agt-a", "create_container", {"name": container, "image": "busybox", "command": ["sleep", "600"], "gpus": [uuid]}
+    )
+    await first.stop()
+
+    second = Master(config)
+    await second.start()
+    try:
+        link2 = relay_link("relay-b")
+        await connect(second, link2, "agt-a", gpus(1, prefix="GPU-agt-a"), runtime="docker", isolation="container")
+        again = scheduler(second)
+        await again.book.load()
+
+        await again.cycle()
+
+        assert {c.body.id for c in creates_sent(link2, "agt-a")} == {made.id}  # resent on reconnect, never a new one
+        (a,) = (await again.book.get(wl.id)).assignments
+        assert a.command_id == made.id
+        await relay(second, link2, "agt-a", CommandResult(id=made.id, ok=True, result={"id": container}))
+        await again.cycle()
+        assert (await again.book.get(wl.id)).state == "running"
+        assert second.allocations.holds() == {uuid: Hold("agt-a", container, made.id, running=True)}
+    finally:
+        await second.stop()
+
+
+async def test_a_restarted_master_counts_a_hosts_silence_from_its_own_start_not_from_the_stored_last_seen(tmp_path, link):
+    """A host the restarted Master has not heard from yet (its relay redials with backoff) goes offline after one
+    heartbeat timeout, with the ``last_seen`` the store holds: written with a state change or a heartbeat flush, so as
+    old as the outage plus up to ``heartbeat_flush_s``. Its workloads stay put for the whole offline grace counted from
+    the Master's start, since before that the Master, not the host, was silent; only after it are they requeued."""
+    config = MasterConfig(state_dir=str(tmp_path / "master"), link_port=0)
+    first = Master(config)
+    await first.start()
+    await first.accounts.ensure("alice", AccountRole.RENTER)
+    await host(first, link, "agt-a")
+    loop = scheduler(first)
+    await loop.book.load()
+    wl = await loop.book.submit("alice", spec(), time.time())
+    await loop.cycle()
+    await started(first, link, await loop.book.get(wl.id))
+    await loop.cycle()
+    assert (await loop.book.get(wl.id)).state == "running"
+    agent = first.registry.get("agt-a")
+    agent.last_seen = time.time() - 50.0  # last written to the store 50 s before the Master died
+    await first.registry.save(agent)
+    await first.stop()
+
+    second = Master(config)
+    await second.start()
+    try:
+        await second.registry.sweep(time.time(), 3.0)  # what the Master's sweep does once its start grace is over
+        assert second.registry.get("agt-a").state == "offline"
+        again = scheduler(second)  # offline grace: 5 s
+        await again.book.load()
+
+        await again.cycle()
+
+        assert (await again.book.get(wl.id)).state == "running"
+        assert not [c for c in second.ledger.open.values() if c.kind == "delete_container"]
+        again._clock = lambda: second.started_at + 6.0  # noqa: SLF001  (the host stays silent past the grace)
+        await again.cycle()
+        rec = await again.book.get(wl.id)
+        assert rec.state == "queued" and "went offline" in rec.state_reason
+    finally:
+        await second.stop()
