@@ -189,13 +189,33 @@ class WorkloadBook:
             rec = await self.get(workload_id, account=account_scope)
             if rec.state in FINAL_WORKLOAD_STATES:
                 raise InvalidTransition(f"workload {workload_id} is already {rec.state}; there is nothing to cancel")
-            assignments, refused = await self._delete_containers(rec)
             who = "its owner" if account_scope is not None else "an operator"
-            reason = f"cancelled by {who}"
-            if refused:
-                reason += f"; {len(refused)} container(s) could not be deleted now: {'; '.join(refused)}"
-            rec = await self._transition(workload_id, "cancel", reason, now, {"assignments": assignments})
+            rec = await self._end(rec, "cancel", f"cancelled by {who}", now, grace_s=None, changes={})
         self._notify("cancelled", rec)
+        return rec
+
+    async def _end(
+        self, rec: WorkloadRecord, event: str, reason: str, now: float, *, grace_s: float | None, changes: dict[str, Any]
+    ) -> WorkloadRecord:
+        """Store ``event`` with the live containers marked ``deleting``, THEN send their deletes: a Master killed in
+        between leaves containers that no open workload holds (or holds as ``deleting``) with no delete under way,
+        which the scheduling loop deletes again (``SchedulerLoop._delete_strays``); the other order could leave a
+        workload the store still calls running whose containers are gone."""
+        target = WORKLOAD.next(rec.state, event)
+        live = [a for a in rec.assignments if a.container and a.state not in ("deleting", "deleted")]
+        marked = [msgspec.structs.replace(a, state="deleting") if a in live else a for a in rec.assignments]
+        if target != WorkloadState.QUEUED.value:
+            changes = {"assignments": marked} | changes
+        rec = await self._transition(rec.id, event, reason, now, changes)
+        refused = await self._delete_containers(rec.id, live, grace_s=grace_s)
+        if refused:
+            note = f"; {len(refused)} container(s) could not be deleted now: {'; '.join(refused)}"
+            updated = msgspec.structs.replace(rec, state_reason=rec.state_reason + note, version=rec.version + 1)
+            await self._store.workloads.update(updated, expected_version=rec.version)
+            if rec.id in self._open:
+                self._unindex(rec)
+                self._index(updated)
+            rec = updated
         return rec
 
     async def amend(self, workload_id: str, **changes: Any) -> WorkloadRecord:
@@ -220,14 +240,7 @@ class WorkloadBook:
         preempts, requeues, fails or finishes one. A workload sent back to the queue forgets its assignments (the
         deletes under way free their GPUs); one that keeps them (preempted) shows them as ``deleting``."""
         async with self._lock:
-            rec = await self.get(workload_id)
-            target = WORKLOAD.next(rec.state, event)
-            assignments, refused = await self._delete_containers(rec, grace_s=grace_s)
-            if refused:
-                reason += f"; {len(refused)} container(s) could not be deleted now: {'; '.join(refused)}"
-            if target != WorkloadState.QUEUED.value:
-                changes = {"assignments": assignments} | changes
-            rec = await self._transition(workload_id, event, reason, now, changes)
+            rec = await self._end(await self.get(workload_id), event, reason, now, grace_s=grace_s, changes=changes)
         self._notify("transition", rec)
         return rec
 
@@ -255,28 +268,21 @@ class WorkloadBook:
         return updated
 
     async def _delete_containers(
-        self, rec: WorkloadRecord, *, grace_s: float | None = None
-    ) -> tuple[builtins.list[Assignment], builtins.list[str]]:
-        """Issue a delete for each assignment that has a container; returns the assignments as they now stand and
-        what could not be issued (the host refused: e.g. it was retired), each as a sentence."""
-        assignments: builtins.list[Assignment] = []
+        self, workload_id: str, assignments: Iterable[Assignment], *, grace_s: float | None
+    ) -> builtins.list[str]:
+        """Send a delete for each of ``assignments``; returns what could not be sent (the host refused: e.g. it was
+        retired), each as a sentence, and records each refusal as an event."""
         refused: builtins.list[str] = []
-        for a in rec.assignments:
-            if not a.container or a.state in ("deleting", "deleted"):
-                assignments.append(a)
-                continue
+        for a in assignments:
             spec = {"name": a.container, "timeout_s": self._delete_grace_s if grace_s is None else grace_s}
             try:
                 await self._commands.create_command(a.agent_id, "delete_container", spec)
             except IdlegridError as exc:
                 refused.append(f"{a.container} on {a.agent_id}: {exc}")
                 await self._events.record(
-                    DELETE_REFUSED_EVENT, rec.id, agent_id=a.agent_id, container=a.container, error=str(exc)
+                    DELETE_REFUSED_EVENT, workload_id, agent_id=a.agent_id, container=a.container, error=str(exc)
                 )
-                assignments.append(a)
-                continue
-            assignments.append(msgspec.structs.replace(a, state="deleting"))
-        return assignments, refused
+        return refused
 
     async def _record(self, rec: WorkloadRecord, old: str, event: str, reason: str) -> None:
         data = {"from": old, "to": rec.state, "event": event, "reason": reason, "account": rec.account}

@@ -429,3 +429,27 @@ async def test_a_restarted_master_counts_a_hosts_silence_from_its_own_start_not_
         assert rec.state == "queued" and "went offline" in rec.state_reason
     finally:
         await second.stop()
+
+
+async def test_a_stop_is_stored_before_its_deletes_are_sent_so_a_master_killed_between_loses_no_state(master, link, monkeypatch):
+    await host(master, link, "agt-a")
+    loop = scheduler(master)
+    await loop.book.load()
+    wl = await loop.book.submit("alice", spec(), time.time())
+    await loop.cycle()
+    await started(master, link, await loop.book.get(wl.id))
+    await loop.cycle()
+    stored_when_sent: list[tuple[str, list[str]]] = []
+    create_command = master.create_command
+
+    async def recording(agent_id: str, kind: str, body: dict[str, Any], **kw: Any) -> Any:
+        if kind == "delete_container":
+            rec = await master.store.workloads.get(wl.id)
+            assert rec is not None
+            stored_when_sent.append((rec.state, [a.state for a in rec.assignments]))
+        return await create_command(agent_id, kind, body, **kw)
+
+    monkeypatch.setattr(master, "create_command", recording)
+    await loop.book.cancel(wl.id, "alice", time.time())
+
+    assert stored_when_sent == [("cancelled", ["deleting"])]
