@@ -107,28 +107,33 @@ class Demo:
                 f'  try:             curl -H "Authorization: Bearer $(cat {key})" {grid.api_url}/api/v1/agents',
                 f"  logs:            {grid.logs}",
                 "",
-                *self.renter_lines(idlegrid),
+                *self.renter_lines(),
                 "",
                 "  Ctrl-C stops everything.",
             ]
         )
 
-    def renter_lines(self, idlegrid: str) -> list[str]:
-        """What a renter types, in another shell: its key in the environment, then the workload commands."""
+    def renter_lines(self) -> list[str]:
+        """What a renter types in another shell: the API and its key in the environment, then workload commands."""
+        exports = [f"IDLEGRID_API={self.grid.api_url}", f'IDLEGRID_API_KEY="$(cat {self.grid.root / RENTER_KEY_FILE})"']
+        idlegrid = idlegrid_command()
+        if idlegrid != "idlegrid" and Path(idlegrid).name == "idlegrid":  # in .venv/bin, not on PATH: put it there
+            exports.insert(0, f'PATH="{Path(idlegrid).parent}:$PATH"')
+            idlegrid = "idlegrid"
         lines = [
-            f"  Rent GPUs as {RENTER}: in another shell, set the API and the renter's key, then submit, list, show, cancel:",
-            f'    export IDLEGRID_API={self.grid.api_url} IDLEGRID_API_KEY="$(cat {self.grid.root / RENTER_KEY_FILE})"',
+            f"  Rent a GPU as {RENTER}, from another shell:",
+            f"    export {' '.join(exports)}",
             f"    submit:        {idlegrid} workload submit --name hello --image none --allow-process-runtime -- sleep 300",
             f"    list:          {idlegrid} workload list",
             f"    show:          {idlegrid} workload get ID",
             f"    why it waits:  {idlegrid} workload explain ID",
             f"    cancel:        {idlegrid} workload cancel ID",
-            "    (the demo's hosts run a workload's command as a sandboxed process on the host: the image is not pulled)",
+            "    The demo's hosts run a workload's command as a sandboxed process on the host (the image is not pulled).",
         ]
         if self.unsandboxed:
             lines.append(
                 f"    NOTE: {len(self.unsandboxed)} of {self.agents} hosts cannot sandbox a command (the demo is not "
-                "root, so they cannot run it as another user): no workload is placed on them; run the demo as root"
+                "root, so they cannot run it as another user): no workload is placed on them; run the demo as root."
             )
         return lines
 
