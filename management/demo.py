@@ -132,8 +132,8 @@ class Demo:
         ]
         if self.unsandboxed:
             lines.append(
-                f"    NOTE: {len(self.unsandboxed)} of {self.agents} hosts cannot sandbox a command (the demo is not "
-                "root, so they cannot run it as another user): no workload is placed on them; run the demo as root."
+                f"    NOTE: {len(self.unsandboxed)} of {self.agents} hosts report isolation 'none', so no workload is "
+                "placed on them: their agents run commands as an unprivileged user only when the demo runs as root."
             )
         return lines
 
