@@ -62,7 +62,8 @@ class Credentials:
     key_source: str  # where the key was found, for messages
 
 
-def resolve_credentials(args: argparse.Namespace, env: Mapping[str, str]) -> Credentials:
+def resolve_credentials(args: argparse.Namespace, env: Mapping[str, str], *, key_option: str = "--api-key KEY") -> Credentials:
+    """``key_option``: how the calling command takes a key, for the message when none is found."""
     config_path = cli_config_path(env)
     config = _read_cli_config(config_path)
     api = args.api or env.get(API_ENV) or config.get("api") or DEFAULT_API
@@ -79,7 +80,7 @@ def resolve_credentials(args: argparse.Namespace, env: Mapping[str, str]) -> Cre
         key = ""
     if not key:
         raise ConfigError(
-            f"no API key: pass --api-key KEY, set {API_KEY_ENV}, put api_key in {config_path}, "
+            f"no API key: pass {key_option}, set {API_KEY_ENV}, put api_key in {config_path}, "
             f"or run where the Master's operator key file {token_file} is readable"
         )
     return Credentials(api, key, str(token_file))

@@ -4,6 +4,11 @@ One Master, two relays in two regions and simulated agents with a mix of GPU mod
 launcher. Started again on the same state directory it comes back as it was: same ports, same agents (enrolled
 once). It says "up" only when the API shows every agent connected in this run, and Ctrl-C stops agents, relays,
 then the Master.
+
+It is a marketplace too: the Master offers the agents' sandboxed hosts to renters (a real Master does not unless
+its operator says so), and the demo keeps a renter account, ``demo-renter``, whose API key it writes beside the
+operator's (``renter.token``, 0600). The banner shows the commands a renter types to submit, list, show, explain
+and cancel a workload.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import FrameType
 
+from common.files import write_atomically
+from management.client import ApiClient, ApiError
 from management.localgrid import PORTS_FILE, LocalGrid, RelayInfo, StartupFailed
 
 # Two regions, one relay each; agents alternate between them.
@@ -25,6 +32,10 @@ FLEET = ("h100:8", "a100-80gb:4", "l40s:4", "rtx-4090:2", "a10:1", "t4:4", "rtx-
 DEFAULT_API_PORT = 7000
 DEFAULT_AGENTS = 8
 PROVIDER = "demo-provider"
+RENTER = "demo-renter"
+OPERATOR_KEY_FILE = "operator.token"
+RENTER_KEY_FILE = "renter.token"
+SANDBOX = "sandbox"  # the isolation the demo's process-runtime hosts report when the demo runs as root
 READY_TIMEOUT_S = 30.0
 
 
@@ -45,6 +56,7 @@ class Demo:
         first_run = not (state_dir / PORTS_FILE).exists()
         self.grid = LocalGrid(state_dir, api_port=api_port if api_port is not None or not first_run else DEFAULT_API_PORT)
         self.agents = agents
+        self.unsandboxed: list[str] = []  # agents that cannot sandbox commands: the scheduler never places work there
 
     def start(self) -> list[str]:
         """Master, relays, then the agents (enrolled the first time); the agent ids once all are ready."""
@@ -55,6 +67,7 @@ class Demo:
         with ThreadPoolExecutor(max_workers=max(1, self.agents)) as pool:
             ids = list(pool.map(lambda i: self._start_agent(i, relays[i % len(relays)]), range(self.agents)))
         self.grid.wait_agents_ready(ids, since=started, timeout_s=READY_TIMEOUT_S)
+        self.unsandboxed = sorted(a["id"] for a in self.grid.client.list("/api/v1/agents") if a["isolation"] != SANDBOX)
         return ids
 
     def _start_agent(self, index: int, relay: RelayInfo) -> str:
@@ -73,7 +86,7 @@ class Demo:
 
     def banner(self) -> str:
         grid = self.grid
-        key = grid.root / "operator.token"
+        key = grid.root / OPERATOR_KEY_FILE
         relays = "\n".join(
             f"    {r.relay_id} ({r.region}): agents {r.agent_url}   enrollment {r.http_url}" for r in grid.relays.values()
         )
@@ -84,6 +97,7 @@ class Demo:
                 f"idlegrid demo is up: {self.agents} simulated agents ready, {len(grid.relays)} relays, 1 Master",
                 f"  API:             {grid.api_url}/api/v1/agents",
                 f"  operator key:    {key}",
+                f"  renter key:      {grid.root / RENTER_KEY_FILE}   (account {RENTER})",
                 "  relays:",
                 relays,
                 f"  CA file:         {grid.ca_file}",
@@ -92,15 +106,61 @@ class Demo:
                 f"--access {first.http_url} --ca-file {grid.ca_file}",
                 f'  try:             curl -H "Authorization: Bearer $(cat {key})" {grid.api_url}/api/v1/agents',
                 f"  logs:            {grid.logs}",
+                "",
+                *self.renter_lines(),
+                "",
                 "  Ctrl-C stops everything.",
             ]
         )
 
+    def renter_lines(self) -> list[str]:
+        """What a renter types in another shell: the API and its key in the environment, then workload commands."""
+        exports = [f"IDLEGRID_API={self.grid.api_url}", f'IDLEGRID_API_KEY="$(cat {self.grid.root / RENTER_KEY_FILE})"']
+        idlegrid = idlegrid_command()
+        if idlegrid != "idlegrid" and Path(idlegrid).name == "idlegrid":  # in .venv/bin, not on PATH: put it there
+            exports.insert(0, f'PATH="{Path(idlegrid).parent}:$PATH"')
+            idlegrid = "idlegrid"
+        lines = [
+            f"  Rent a GPU as {RENTER}, from another shell:",
+            f"    export {' '.join(exports)}",
+            f"    submit:        {idlegrid} workload submit --name hello --image none --allow-process-runtime -- sleep 300",
+            f"    list:          {idlegrid} workload list",
+            f"    show:          {idlegrid} workload get ID",
+            f"    why it waits:  {idlegrid} workload explain ID",
+            f"    cancel:        {idlegrid} workload cancel ID",
+            "    The demo's hosts run a workload's command as a sandboxed process on the host (the image is not pulled).",
+        ]
+        if self.unsandboxed:
+            lines.append(
+                f"    NOTE: {len(self.unsandboxed)} of {self.agents} hosts report isolation 'none', so no workload is "
+                "placed on them: their agents run commands as an unprivileged user only when the demo runs as root."
+            )
+        return lines
+
     def publish_operator_key(self) -> None:
         """The operator key beside the state directory's other files, 0600, where the banner says it is."""
-        key = self.grid.root / "operator.token"
-        key.write_text(self.grid.operator_key_file.read_text())
-        key.chmod(0o600)
+        write_atomically(self.grid.root / OPERATOR_KEY_FILE, self.grid.operator_key_file.read_bytes(), mode=0o600)
+
+    def publish_renter_key(self) -> None:
+        """The renter account and an API key of its own in ``renter.token`` (0600). A key already there that still
+        acts for the renter is kept, so a restart on the same state directory gives the same key."""
+        path = self.grid.root / RENTER_KEY_FILE
+        if path.exists() and self._acts_for_renter(path.read_text().strip()):
+            return
+        self.grid.ensure_account(RENTER, "renter")
+        issued = self.grid.client.create_api_key(RENTER, "demo")
+        write_atomically(path, f"{issued['key']}\n".encode(), mode=0o600)
+
+    def _acts_for_renter(self, key: str) -> bool:
+        if not key:
+            return False
+        try:
+            me = ApiClient(self.grid.api_url, key).whoami()
+        except ApiError as exc:
+            if exc.status in (401, 403):  # revoked, or the store was wiped: issue a new one
+                return False
+            raise
+        return bool(me["account"] == RENTER)
 
 
 def idlegrid_command() -> str:
@@ -120,6 +180,7 @@ def run_demo(state_dir: Path, *, api_port: int | None, agents: int) -> int:
         demo = Demo(state_dir, api_port=api_port, agents=agents)
         demo.start()
         demo.publish_operator_key()
+        demo.publish_renter_key()
         print(demo.banner(), flush=True)
         while True:
             signal.pause()

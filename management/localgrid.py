@@ -413,8 +413,12 @@ class LocalGrid:
 
     def ensure_provider(self, provider: str) -> None:
         """Create the provider account ``provider`` unless it exists (a join token must name one)."""
+        self.ensure_account(provider, "provider")
+
+    def ensure_account(self, account_id: str, role: str) -> None:
+        """Create the account ``account_id`` with ``role`` unless it exists (its role is then left as it is)."""
         try:
-            self.client.create_account(provider, "provider", name=provider)
+            self.client.create_account(account_id, role, name=account_id)
         except ApiError as exc:
             if exc.status != 409:  # 409: it exists, as on a second run over the same state directory
                 raise

@@ -1,6 +1,9 @@
 """``idlegrid workload submit|list|get|explain|cancel``: a renter's (or the operator's) workloads, through the management API.
 
 Output is a table (or ``key: value`` lines for one workload) by default, the API's JSON with ``--json``.
+The API and the key are found as ``idlegrid account`` finds them (management/cli_accounts.py), except that a key is
+given as a file: ``--key-file``, else $IDLEGRID_API_KEY, else ``api_key`` in the CLI config file, else the local
+Master's operator key file; the URL from ``--api``, else $IDLEGRID_API, else the config file, else the default.
 A spec is checked here first (the same struct the API decodes), so a bad field is named before anything is sent.
 """
 
@@ -8,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tomllib
 from collections.abc import Callable, Sequence
@@ -18,7 +22,7 @@ from typing import Any
 import msgspec
 
 from common.errors import IdlegridError
-from management.cli import DEFAULT_API, DEFAULT_OPERATOR_KEY
+from management.cli import DEFAULT_OPERATOR_KEY
 from management.explain_text import render_explanation
 from master.records import WorkloadSpec
 
@@ -64,6 +68,13 @@ def add_parser(sub: argparse._SubParsersAction, make: Parser) -> None:
     submit.add_argument("--port", action="append", type=int, metavar="PORT", help="port to expose, repeatable (default: none)")
     submit.add_argument("--max-duration-s", type=float, metavar="SECONDS", help="stop it after this long (default: no limit)")
     submit.add_argument("--account", help="account it belongs to; operator keys only (default: the key's own account)")
+    submit.add_argument(
+        "--allow-process-runtime",
+        action="store_true",
+        default=None,
+        help="it may run on hosts that sandbox it as a host process, not a container, where the operator offers such "
+        "hosts, as the demo does (default: the file's constraints.allow_process_runtime, else no)",
+    )
     submit.add_argument(
         "container_command",
         nargs="*",
@@ -113,17 +124,29 @@ def add_parser(sub: argparse._SubParsersAction, make: Parser) -> None:
 
 
 def _connection(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--api", default=DEFAULT_API, metavar="URL", help="management API URL (default %(default)s)")
     p.add_argument(
-        "--key-file", type=Path, default=DEFAULT_KEY_FILE, metavar="FILE", help="file holding your API key (default %(default)s)"
+        "--api",
+        metavar="URL",
+        help="management API URL (default: $IDLEGRID_API, else api in ~/.config/idlegrid/cli.toml, else http://127.0.0.1:7000)",
+    )
+    p.add_argument(
+        "--key-file",
+        type=Path,
+        metavar="FILE",
+        help="file holding your API key (default: the key in $IDLEGRID_API_KEY, else api_key in "
+        f"~/.config/idlegrid/cli.toml, else the local Master's operator key {DEFAULT_KEY_FILE})",
     )
     p.add_argument("--json", action="store_true", help="print the API's JSON instead of a table (default: a table)")
 
 
 def _client(args: argparse.Namespace) -> Any:
-    from management.client import ApiClient
+    from management.cli_accounts import resolve_credentials
+    from management.client import ApiClient, read_key_file
 
-    return ApiClient.with_key_file(args.api, args.key_file)
+    key = read_key_file(args.key_file) if args.key_file is not None else None
+    found = argparse.Namespace(api=args.api, api_key=key, operator_token_file=DEFAULT_KEY_FILE)
+    credentials = resolve_credentials(found, os.environ, key_option="--key-file FILE")
+    return ApiClient(credentials.api, credentials.api_key)
 
 
 # --- submit ---------------------------------------------------------------------------------------
@@ -166,6 +189,8 @@ def spec_from(args: argparse.Namespace) -> dict[str, Any]:
         spec["ports"] = args.port
     if args.container_command:
         spec["command"] = args.container_command
+    if args.allow_process_runtime:
+        spec["constraints"] = dict(spec.get("constraints") or {}) | {"allow_process_runtime": True}
     for required in ("name", "image"):
         if required not in spec:
             raise BadSpec(f"{required}: give --{required} or put {required} in a spec file (-f)")

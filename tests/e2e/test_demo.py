@@ -1,5 +1,6 @@
 """The README's demo, run as a new user runs it: up with every agent ready, again on the same state directory, and
-through the loss of a relay; Ctrl-C leaves no process and no undelivered frame."""
+through the loss of a relay; Ctrl-C leaves no process and no undelivered frame. A renter pastes the banner's
+commands into a shell and sees its workload run on one of the demo's (simulated, sandboxed) hosts."""
 
 from __future__ import annotations
 
@@ -74,6 +75,9 @@ class DemoRun:
     def client(self) -> ApiClient:
         return ApiClient.with_key_file(f"http://127.0.0.1:{self.api_port}", self.state_dir / "operator.token")
 
+    def renter(self) -> ApiClient:
+        return ApiClient.with_key_file(f"http://127.0.0.1:{self.api_port}", self.state_dir / "renter.token")
+
     def relay_pid(self, relay_id: str) -> int:
         pids = [p for p in processes_mentioning(f"--relay-id {relay_id}") if p in processes_mentioning(str(self.state_dir))]
         assert len(pids) == 1, pids
@@ -117,6 +121,14 @@ def test_demo_started_twice_on_one_state_directory_has_every_agent_ready_each_ti
             assert str(ca_file) in banner and ca_file.exists()
             assert f"http://127.0.0.1:{port}/api/v1/agents" in banner
             assert oct((state_dir / "operator.token").stat().st_mode & 0o777) == "0o600"
+            assert oct((state_dir / "renter.token").stat().st_mode & 0o777) == "0o600"
+            assert str(state_dir / "renter.token") in banner
+            me = run.renter().whoami()
+            assert (me["account"], me["role"]) == ("demo-renter", "renter")
+            if attempt == "first":
+                first_key = (state_dir / "renter.token").read_text()
+            else:
+                assert (state_dir / "renter.token").read_text() == first_key, "a second run issued another renter key"
         finally:
             assert_stopped_cleanly(run)
 
@@ -160,5 +172,64 @@ def test_agents_enrolled_before_the_relays_moved_are_told_where_the_relays_are_n
     try:
         again.wait_up(30)
         assert len(agents_connected_since(again.client(), again.started)) == 2
+    finally:
+        assert_stopped_cleanly(again)
+
+
+def banner_command(banner: str, label: str) -> str:
+    """The command the banner shows after ``label:`` (e.g. "submit"), or its line that starts with ``label``."""
+    for line in banner.splitlines():
+        text = line.strip()
+        if text.startswith(f"{label}:"):
+            return text.removeprefix(f"{label}:").strip()
+        if text.startswith(f"{label} "):
+            return text
+    raise AssertionError(f"the banner shows no {label!r} line:\n{banner}")
+
+
+def test_a_renter_pasting_the_banner_sees_its_workload_run_and_cancels_it_then_a_revoked_key_is_replaced(tmp_path):
+    state_dir, port = tmp_path / "demo", free_port()
+    run = DemoRun(state_dir, port, "--agents", "2")
+    try:
+        banner = run.wait_up(30)
+        export = banner_command(banner, "export")
+
+        def paste(label: str, workload_id: str = "") -> str:
+            """The banner's ``label`` line run by bash as a person pastes it, after its export line, elsewhere."""
+            command = banner_command(banner, label).replace(" ID", f" {workload_id}")
+            done = subprocess.run(["bash", "-c", f"{export}\n{command}"], cwd=tmp_path, capture_output=True, text=True)
+            assert done.returncode == 0, f"{command}\n{done.stdout}{done.stderr}"
+            return done.stdout
+
+        submitted = paste("submit")
+        assert submitted.startswith("submitted wl-") and "for account demo-renter: queued" in submitted, submitted
+        workload_id = submitted.split()[1]
+        renter = run.renter()
+        wait_for(lambda: renter.workload(workload_id)["state"] == "running", 20, f"{workload_id} to run")
+
+        [row] = paste("list").splitlines()[1:]
+        assert row.split()[:4] == [workload_id, "hello", "demo-renter", "running"]
+        shown = paste("show", workload_id)
+        assert "state:       running" in shown
+        [placed] = renter.workload(workload_id)["assignments"]
+        assert f"replica 0:   {placed['container']} on {placed['agent_id']}" in shown
+        assert placed["container"] in run.client().agent(placed["agent_id"])["containers"]
+
+        assert "cancelled (cancelled by its owner)" in paste("cancel", workload_id)
+        assert renter.workload(workload_id)["state"] == "cancelled"
+        wait_for(
+            lambda: placed["container"] not in run.client().agent(placed["agent_id"])["containers"],
+            15,
+            "the cancelled workload's container to be deleted from its host",
+        )
+        run.client().revoke_api_key(renter.whoami()["key_id"])  # the next run must notice, and issue another
+    finally:
+        assert_stopped_cleanly(run)
+    revoked = (state_dir / "renter.token").read_text()
+    again = DemoRun(state_dir, port, "--agents", "2")
+    try:
+        again.wait_up(30)
+        assert (state_dir / "renter.token").read_text() != revoked
+        assert again.renter().whoami()["account"] == "demo-renter"
     finally:
         assert_stopped_cleanly(again)

@@ -73,6 +73,32 @@ async def test_a_spec_file_gives_every_field_and_flags_override_it(renter, capsy
     assert body["spec"]["constraints"] == body["spec"]["constraints"] | {"regions": ["eu-west"], "min_reputation": 0.8}
 
 
+async def test_allow_process_runtime_is_a_flag_and_is_off_without_it(renter, capsys):
+    flags = ("--name", "demo", "--image", "none", "--allow-process-runtime", "--json")
+    code, out, err = await renter("submit", *flags, capsys=capsys)
+    assert code == 0, err
+    assert json.loads(out)["spec"]["constraints"]["allow_process_runtime"] is True
+    code, out, err = await renter("submit", "--name", "plain", "--image", "busybox", "--json", capsys=capsys)
+    assert json.loads(out)["spec"]["constraints"]["allow_process_runtime"] is False
+
+
+async def test_the_api_and_key_come_from_the_environment_unless_a_flag_names_them(api, renter, capsys, tmp_path, monkeypatch):
+    """As for `idlegrid account`: IDLEGRID_API and IDLEGRID_API_KEY, which the demo's banner tells a renter to set."""
+    await renter("submit", "--name", "mine", "--image", "busybox", capsys=capsys)  # the fixture writes alice's key file
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "no-config"))
+    monkeypatch.setenv("IDLEGRID_API", str(api.make_url("")).rstrip("/"))
+    monkeypatch.setenv("IDLEGRID_API_KEY", (tmp_path / "alice.key").read_text())
+    capsys.readouterr()
+    assert await asyncio.to_thread(cli.main, ["workload", "list", "--json"]) == 0
+    assert [w["name"] for w in json.loads(capsys.readouterr().out)] == ["mine"]
+
+    monkeypatch.setenv("IDLEGRID_API_KEY", "igak_not_a_key")  # --key-file wins over the environment
+    assert await asyncio.to_thread(cli.main, ["workload", "list", "--key-file", str(tmp_path / "alice.key")]) == 0
+    assert "mine" in capsys.readouterr().out
+    assert await asyncio.to_thread(cli.main, ["workload", "list"]) == 2
+    assert "401" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("args", "said"),
     [
