@@ -19,8 +19,8 @@ import random
 import resource
 import statistics
 import time
-from dataclasses import dataclass, replace
 from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from typing import Any
 
 from common.catalog import GpuModel, resolve_alias

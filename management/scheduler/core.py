@@ -32,7 +32,7 @@ from management.scheduler.model import (
     Snapshot,
 )
 from management.scheduler.order import QueueOrder
-from management.scheduler.pool import FreePool, host_static_ok, nvlink_group, runtime_allowed, shape_matches, shape_of
+from management.scheduler.pool import FreePool, Shape, host_static_ok, nvlink_group, runtime_allowed, shape_matches, shape_of
 
 FILTER_NAMES = (
     "unhealthy or offline",
@@ -81,6 +81,7 @@ class _Cycle:
         self.preempting: dict[str, int] = {}  # preemptor -> victims it waits for
         self._reserve_keys: list[str] = []
         self._no_fit: set[tuple[object, ...]] = set()
+        self._no_victims: set[tuple[object, ...]] = set()
         self._victims_by_rank: dict[int, list[Job]] = {}
         self._preempt_attempts = 0
         self.pool.now = snapshot.now
@@ -111,19 +112,19 @@ class _Cycle:
 
     def requeue_broken(self) -> None:
         s = self.s
+        units, holders = s.units, s.holders
         offline = {h.id for h in s.hosts.values() if not h.online}
-        suspects = {s.holders[u.id] for u in s.units.values() if (not u.healthy or u.host in offline) and u.id in s.holders}
+        bad = [u.id for u in units.values() if not u.healthy]
+        if offline:
+            bad += [u.id for u in units.values() if u.host in offline]
+        suspects = {holders[u] for u in bad if u in holders}
+        suspects |= {holders[u] for u in holders.keys() - units.keys()}  # units that left the grid
         for job_id in sorted(suspects):
             job = s.running.get(job_id)
             reason = self._broken_reason(job) if job is not None else None
             if job is not None and reason is not None:
                 self.broken.add(job.id)
                 self.plan.decisions.append(Requeue(job.id, reason))
-        for job in s.running.values():  # units that left the grid altogether
-            for replica in job.assignment or ():
-                if any(u not in s.units for u in replica) and job.id not in self.broken:
-                    self.broken.add(job.id)
-                    self.plan.decisions.append(Requeue(job.id, self._broken_reason(job) or "a unit left the grid"))
 
     def _broken_reason(self, job: Job) -> str | None:
         for replica in job.assignment or ():
@@ -206,10 +207,13 @@ class _Cycle:
         if (
             cls is not None
             and cls.may_preempt
+            and (fail_key, cls.rank) not in self._no_victims
             and self._preempt_attempts < self.policy.max_preemption_attempts_per_cycle
-            and self._preempt_for(job, cls, exclude)
         ):
-            return "preempting"
+            if self._preempt_for(job, cls, exclude):
+                return "preempting"
+            if job.id not in self.terminating:  # victims only get fewer during a cycle
+                self._no_victims.add((fail_key, cls.rank))
         if self.head is None:
             self.head = self._reservation(job)
             return "head"
@@ -235,7 +239,8 @@ class _Cycle:
         if quota is not None and quota.gpus is not None and job.units_asked > quota.gpus:
             return f"the job asks for {job.units_asked} GPUs at once; account {job.account}'s quota is {quota.gpus}"
         allow = job.constraints.allow_process_runtime
-        key = (r, job.replicas, allow, self.policy.allow_process_runtime)
+        shape_part = (r.gpus, r.min_vram_mib, r.models, r.tiers, r.min_compute_capability, r.mig_profile)
+        key = (shape_part, job.replicas, allow, self.policy.allow_process_runtime)
         cache = self.pool.capacity_verdicts
         if key not in cache:
             cache[key] = self._capacity_reason(job)
@@ -361,36 +366,58 @@ class _Cycle:
         pool, units, hosts = self.pool, self.s.units, self.s.hosts
         g = job.request.gpus
         shapes = set(pool.shapes_for(job.request))
-        on_host: dict[str, list[Job]] = {}
-        for v in self._victim_candidates(cls):
-            for h in {units[u].host for rep in v.assignment or () for u in rep if u in units}:
-                on_host.setdefault(h, []).append(v)
-        options: list[tuple[int, float, str, list[Job]]] = []
-        for h, victims in on_host.items():
-            host = hosts.get(h)
-            if h in exclude or host is None or not host_static_ok(host, job, self.policy):
+        candidates = self._victim_candidates(cls)
+        if job.replicas == 1:  # one victim, the most recently started that is enough, is the best answer
+            for v in candidates:
+                for h in {units[u].host for rep in v.assignment or () for u in rep if u in units}:
+                    host = hosts.get(h)
+                    if h in exclude or host is None or not host_static_ok(host, job, self.policy):
+                        continue
+                    idle = pool.free.get(h, {})
+                    for shape in shapes:
+                        gain = sum(
+                            1 for rep in v.assignment or () for u in rep if units[u].host == h and shape_of(units[u]) == shape
+                        )
+                        if gain and gain + len(idle.get(shape, ())) >= g:
+                            held[v.id] = pool.release(v.id)
+                            if self._fits_with(job, exclude):
+                                return [v]
+                            pool.restore(v, held.pop(v.id))
+                            break
+        # per (host, shape): what each victim there would free, counted in one pass over the victims' units
+        on_host_shape: dict[tuple[str, Shape], list[tuple[int, Job]]] = {}
+        for v in candidates:
+            gains: dict[tuple[str, Shape], int] = {}
+            for rep in v.assignment or ():
+                for u in rep:
+                    unit = units.get(u)
+                    if unit is not None and pool.shape[u] in shapes:
+                        key = (unit.host, pool.shape[u])
+                        gains[key] = gains.get(key, 0) + 1
+            for key, gain in gains.items():
+                on_host_shape.setdefault(key, []).append((gain, v))
+        host_ok: dict[str, bool] = {}
+        best_on: dict[str, tuple[int, float, str, list[Job]]] = {}
+        for (h, shape), victims in on_host_shape.items():
+            if h not in host_ok:
+                host = hosts.get(h)
+                host_ok[h] = h not in exclude and host is not None and host_static_ok(host, job, self.policy)
+            if not host_ok[h]:
                 continue
-            idle = pool.free.get(h, {})
-            best: tuple[int, float, str, list[Job]] | None = None
-            for shape in shapes:
-                have = len(idle.get(shape, ()))
-                gains = [
-                    (sum(1 for rep in v.assignment or () for u in rep if units[u].host == h and shape_of(units[u]) == shape), v)
-                    for v in victims
-                ]
-                # the largest first gives the fewest victims; among equal gains the most recently started
-                gains.sort(key=lambda gv: (-gv[0], -(gv[1].started_at or 0.0), gv[1].id))
-                need: list[Job] = []
-                for gain, v in gains:
-                    if have >= g or not gain:
-                        break
-                    need.append(v)
-                    have += gain
-                if have >= g and need:
-                    option = (len(need), -max(v.started_at or 0.0 for v in need), h, need)
-                    best = option if best is None or option[:2] < best[:2] else best
-            if best is not None:
-                options.append(best)
+            have = len(pool.free.get(h, {}).get(shape, ()))
+            # the largest first gives the fewest victims; among equal gains the most recently started
+            victims.sort(key=lambda gv: (-gv[0], -(gv[1].started_at or 0.0), gv[1].id))
+            need: list[Job] = []
+            for gain, v in victims:
+                if have >= g:
+                    break
+                need.append(v)
+                have += gain
+            if have >= g and need:
+                option = (len(need), -max(v.started_at or 0.0 for v in need), h, need)
+                if h not in best_on or option[:2] < best_on[h][:2]:
+                    best_on[h] = option
+        options = list(best_on.values())
         options.sort(key=lambda o: (o[0], o[1], o[2]))
         chosen: list[Job] = []
         fits = False
@@ -402,6 +429,14 @@ class _Cycle:
             if self._fits_with(job, exclude):
                 fits = True
                 break
+        if not fits:  # a gang may need more than one replica's room per host: the rest, most recent first
+            for v in candidates:
+                if v.id not in held:
+                    held[v.id] = pool.release(v.id)
+                    chosen.append(v)
+                    if self._fits_with(job, exclude):
+                        fits = True
+                        break
         if not fits:
             for v in chosen:
                 pool.restore(v, held.pop(v.id))
@@ -441,22 +476,28 @@ class _Cycle:
             assert assignment is not None
             pool.release(job.id)
             return self.s.now, frozenset(self.s.units[r[0]].host for r in assignment)
-        shapes = pool.shapes_for(job.request)
-        free = pool.free_count(shapes)
-        shape_set = set(shapes)
+        g, units = job.request.gpus, self.s.units
+        shape_set = set(pool.shapes_for(job.request))
+        # replica slots (idle units of one shape on one host, in groups of g): a cheap bound checked first
+        slots = sum(
+            (count // g) * len(hosts) for shape in shape_set for count, hosts in pool.buckets.get(shape, {}).items() if count >= g
+        )
         released: list[tuple[Job, Assignment]] = []
         found: tuple[float, frozenset[str]] | None = None
         try:
             for end, ending in self._ending():
-                assignment = pool.release(ending.id)
-                released.append((ending, assignment))
-                free += sum(1 for rep in assignment for u in rep if shape_of(self.s.units[u]) in shape_set and pool.is_free(u))
-                if free < job.units_asked:
+                hold = pool.holds[ending.id]
+                touched = {(units[u].host, shape_of(units[u])) for rep in hold.replicas for u in rep if u in units}
+                touched = {t for t in touched if t[1] in shape_set}
+                before = {t: len(pool.free.get(t[0], {}).get(t[1], ())) for t in touched}
+                released.append((ending, pool.release(ending.id)))
+                slots += sum(len(pool.free.get(t[0], {}).get(t[1], ())) // g - n // g for t, n in before.items())
+                if slots < job.replicas:
                     continue
                 placed = pool.place(job)
                 if placed is not None:
                     pool.release(job.id)
-                    found = end, frozenset(self.s.units[r[0]].host for r in placed)
+                    found = end, frozenset(units[r[0]].host for r in placed)
                     break
         finally:
             for ending, assignment in reversed(released):

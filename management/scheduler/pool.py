@@ -109,6 +109,7 @@ class FreePool:
         self.now = snapshot.now
         self.ends: dict[str, float] = {}  # job -> when it ends at the latest (max duration), where known
         self._ends_heap: list[tuple[float, str]] = []
+        self.shape: dict[str, Shape] = {uid: shape_of(u) for uid, u in self.units.items()}
         for uid in sorted(self.units, key=lambda u: (self.units[u].host, self.units[u].index, u)):
             if uid not in self.holder:
                 self._add_free(uid)
@@ -152,7 +153,7 @@ class FreePool:
         if not self.placeable(uid):
             return
         unit = self.units[uid]
-        shape = shape_of(unit)
+        shape = self.shape.get(uid) or shape_of(unit)
         per_shape = self.free.setdefault(unit.host, {}).setdefault(shape, {})
         n = len(per_shape)
         per_shape[uid] = None
@@ -163,7 +164,7 @@ class FreePool:
 
     def _remove_free(self, uid: str) -> None:
         unit = self.units[uid]
-        shape = shape_of(unit)
+        shape = self.shape.get(uid) or shape_of(unit)
         per_shape = self.free[unit.host][shape]
         n = len(per_shape)
         del per_shape[uid]
@@ -176,7 +177,7 @@ class FreePool:
         unit = self.units.get(uid)
         if unit is None:
             return False
-        return uid in self.free.get(unit.host, {}).get(shape_of(unit), {})
+        return uid in self.free.get(unit.host, {}).get(self.shape.get(uid) or shape_of(unit), {})
 
     def _record(self, job: Job, assignment: Assignment) -> None:
         r = job.request

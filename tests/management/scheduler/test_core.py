@@ -9,7 +9,6 @@ from management.scheduler import (
     Host,
     Job,
     Policy,
-    Preempt,
     Quota,
     Reject,
     ReplicaRequest,
