@@ -34,6 +34,8 @@ from management.scheduler.model import (
 from management.scheduler.order import QueueOrder
 from management.scheduler.pool import FreePool, Shape, host_static_ok, nvlink_group, runtime_allowed, shape_matches, shape_of
 
+VICTIM_CHUNK = 256  # preemption reads victims in chunks of this many, most recently started first ...
+VICTIM_HOSTS_ENOUGH = 32  # ... and stops once room is found on this many hosts more than the replicas asked
 FILTER_NAMES = (
     "unhealthy or offline",
     "host takes no work",
@@ -258,15 +260,14 @@ class _Cycle:
             if r.mig_profile is not None and not any(s[4] == r.mig_profile for s in static):
                 return f"no GPU on this grid offers MIG profile {r.mig_profile}"
             return "no GPU on this grid matches the request (model, tier, VRAM, compute capability, MIG profile)"
+        allow = job.constraints.allow_process_runtime and self.policy.allow_process_runtime
+        histogram = self.pool.static_histogram(allow)
         replicas = 0
         biggest = 0
         for shape in shapes:
-            for host_id, count in static[shape].items():
-                host = self.s.hosts.get(host_id)
-                if host is None or not runtime_allowed(host, job, self.policy):
-                    continue
+            for count, n_hosts in histogram.get(shape, {}).items():
                 biggest = max(biggest, count)
-                replicas += count // r.gpus
+                replicas += (count // r.gpus) * n_hosts
         if biggest < r.gpus:
             return f"each replica asks for {r.gpus} GPUs on one host; the most any host has that match is {biggest}"
         if replicas < job.replicas:
@@ -325,7 +326,9 @@ class _Cycle:
         pool = self.pool
         self._preempt_attempts += 1
         held: dict[str, Assignment] = {}
-        mine = self.terminating.get(job.id, [])
+        # jobs already stopping for it, and requeued jobs (they stop this cycle), count as room first
+        mine = list(self.terminating.get(job.id, []))
+        mine += [self.s.running[j] for j in sorted(self.broken) if j in pool.holds and j not in {m.id for m in mine}]
         for v in mine:
             held[v.id] = pool.release(v.id)
         chosen: list[Job] = []
@@ -367,56 +370,46 @@ class _Cycle:
         g = job.request.gpus
         shapes = set(pool.shapes_for(job.request))
         candidates = self._victim_candidates(cls)
-        if job.replicas == 1:  # one victim, the most recently started that is enough, is the best answer
-            for v in candidates:
-                for h in {units[u].host for rep in v.assignment or () for u in rep if u in units}:
-                    host = hosts.get(h)
-                    if h in exclude or host is None or not host_static_ok(host, job, self.policy):
-                        continue
-                    idle = pool.free.get(h, {})
-                    for shape in shapes:
-                        gain = sum(
-                            1 for rep in v.assignment or () for u in rep if units[u].host == h and shape_of(units[u]) == shape
-                        )
-                        if gain and gain + len(idle.get(shape, ())) >= g:
-                            held[v.id] = pool.release(v.id)
-                            if self._fits_with(job, exclude):
-                                return [v]
-                            pool.restore(v, held.pop(v.id))
-                            break
-        # per (host, shape): what each victim there would free, counted in one pass over the victims' units
+        # per (host, shape): what each victim there would free. Victims are read most recent first, in
+        # chunks; once room is found on enough hosts the rest of the victims are not read (a bound per cycle).
         on_host_shape: dict[tuple[str, Shape], list[tuple[int, Job]]] = {}
-        for v in candidates:
-            gains: dict[tuple[str, Shape], int] = {}
-            for rep in v.assignment or ():
-                for u in rep:
-                    unit = units.get(u)
-                    if unit is not None and pool.shape[u] in shapes:
-                        key = (unit.host, pool.shape[u])
-                        gains[key] = gains.get(key, 0) + 1
-            for key, gain in gains.items():
-                on_host_shape.setdefault(key, []).append((gain, v))
         host_ok: dict[str, bool] = {}
         best_on: dict[str, tuple[int, float, str, list[Job]]] = {}
-        for (h, shape), victims in on_host_shape.items():
-            if h not in host_ok:
-                host = hosts.get(h)
-                host_ok[h] = h not in exclude and host is not None and host_static_ok(host, job, self.policy)
-            if not host_ok[h]:
-                continue
-            have = len(pool.free.get(h, {}).get(shape, ()))
-            # the largest first gives the fewest victims; among equal gains the most recently started
-            victims.sort(key=lambda gv: (-gv[0], -(gv[1].started_at or 0.0), gv[1].id))
-            need: list[Job] = []
-            for gain, v in victims:
-                if have >= g:
-                    break
-                need.append(v)
-                have += gain
-            if have >= g and need:
-                option = (len(need), -max(v.started_at or 0.0 for v in need), h, need)
-                if h not in best_on or option[:2] < best_on[h][:2]:
-                    best_on[h] = option
+        for first in range(0, len(candidates), VICTIM_CHUNK):
+            touched: set[tuple[str, Shape]] = set()
+            for v in candidates[first : first + VICTIM_CHUNK]:
+                gains: dict[tuple[str, Shape], int] = {}
+                for rep in v.assignment or ():
+                    for u in rep:
+                        unit = units.get(u)
+                        if unit is not None and pool.shape[u] in shapes and pool.placeable(u):
+                            key = (unit.host, pool.shape[u])
+                            gains[key] = gains.get(key, 0) + 1
+                for key, gain in gains.items():
+                    on_host_shape.setdefault(key, []).append((gain, v))
+                    touched.add(key)
+            for h, shape in touched:
+                if h not in host_ok:
+                    host = hosts.get(h)
+                    host_ok[h] = h not in exclude and host is not None and host_static_ok(host, job, self.policy)
+                if not host_ok[h]:
+                    continue
+                victims = on_host_shape[(h, shape)]
+                have = len(pool.free.get(h, {}).get(shape, ()))
+                # the largest first gives the fewest victims; among equal gains the most recently started
+                victims.sort(key=lambda gv: (-gv[0], -(gv[1].started_at or 0.0), gv[1].id))
+                need: list[Job] = []
+                for gain, v in victims:
+                    if have >= g:
+                        break
+                    need.append(v)
+                    have += gain
+                if have >= g and need:
+                    option = (len(need), -max(v.started_at or 0.0 for v in need), h, need)
+                    if h not in best_on or option[:2] < best_on[h][:2]:
+                        best_on[h] = option
+            if len(best_on) >= job.replicas + VICTIM_HOSTS_ENOUGH:
+                break
         options = list(best_on.values())
         options.sort(key=lambda o: (o[0], o[1], o[2]))
         chosen: list[Job] = []

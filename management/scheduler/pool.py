@@ -105,6 +105,7 @@ class FreePool:
         self.holds: dict[str, _Hold] = {}
         self._shapes_for: dict[ReplicaRequest, list[Shape]] = {}
         self._static: dict[Shape, dict[str, int]] | None = None
+        self._histograms: dict[bool, dict[Shape, dict[int, int]]] = {}
         self.capacity_verdicts: dict[tuple[object, ...], str | None] = {}  # for rejections; the grid's shape is fixed
         self.now = snapshot.now
         self.ends: dict[str, float] = {}  # job -> when it ends at the latest (max duration), where known
@@ -350,6 +351,22 @@ class FreePool:
                 per_host[unit.host] = per_host.get(unit.host, 0) + 1
             self._static = counts
         return counts
+
+    def static_histogram(self, process_allowed: bool) -> dict[Shape, dict[int, int]]:
+        """Per shape: how many hosts (that may run the job at all) have how many units of it, whatever their state."""
+        cached = self._histograms.get(process_allowed)
+        if cached is None:
+            cached = {}
+            for shape, per_host in self.static_counts().items():
+                hist: dict[int, int] = {}
+                for host_id, count in per_host.items():
+                    host = self.hosts.get(host_id)
+                    if host is None or host.isolation == "none" or (host.runtime == "process" and not process_allowed):
+                        continue
+                    hist[count] = hist.get(count, 0) + 1
+                cached[shape] = hist
+            self._histograms[process_allowed] = cached
+        return cached
 
     def free_count(self, shapes: Iterable[Shape]) -> int:
         return sum(count * len(hosts) for s in shapes for count, hosts in self.buckets.get(s, {}).items())
