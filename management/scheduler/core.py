@@ -32,10 +32,10 @@ from management.scheduler.model import (
     Snapshot,
 )
 from management.scheduler.order import QueueOrder
-from management.scheduler.pool import FreePool, Shape, host_static_ok, nvlink_group, runtime_allowed, shape_matches, shape_of
+from management.scheduler.pool import FreePool, Shape, host_static_ok, nvlink_group, runtime_allowed, shape_matches
 
 VICTIM_CHUNK = 256  # preemption reads victims in chunks of this many, most recently started first ...
-VICTIM_HOSTS_ENOUGH = 32  # ... and stops once room is found on this many hosts more than the replicas asked
+VICTIM_HOSTS_ENOUGH = 8  # ... and stops once room is found on this many hosts more than the replicas asked
 FILTER_NAMES = (
     "unhealthy or offline",
     "host takes no work",
@@ -85,6 +85,8 @@ class _Cycle:
         self._no_fit: set[tuple[object, ...]] = set()
         self._no_victims: set[tuple[object, ...]] = set()
         self._victims_by_rank: dict[int, list[Job]] = {}
+        self._victims_seen: dict[int, int] = {}
+        self._preemptible: list[tuple[int, Job]] | None = None
         self._preempt_attempts = 0
         self.pool.now = snapshot.now
         quotas = self.policy.quotas
@@ -300,20 +302,24 @@ class _Cycle:
     # --- preemption --------------------------------------------------------------------------------
 
     def _victim_candidates(self, cls: PriorityClass) -> list[Job]:
-        """Running jobs ``cls`` may preempt, most recently started first (listed once per cycle and class)."""
-        out = self._victims_by_rank.get(cls.rank)
-        if out is None:
-            out = []
+        """Running jobs ``cls`` may preempt, most recently started first (sorted once per cycle)."""
+        if self._preemptible is None:
+            pairs = []
             for v in self.s.running.values():
                 if v.id in self.broken or not v.preemptible or not v.assignment:
                     continue
                 vc = self._class(v)
-                if vc is None or not vc.preemptible or vc.rank >= cls.rank:
-                    continue
-                out.append(v)
-            out.sort(key=lambda v: (-(v.started_at or 0.0), v.id))
+                if vc is not None and vc.preemptible:
+                    pairs.append((-(v.started_at or 0.0), v.id, vc.rank, v))
+            pairs.sort()
+            self._preemptible = [(rank, v) for _, _, rank, v in pairs]
+        out = self._victims_by_rank.get(cls.rank)
+        if out is None or len(self.victims) != self._victims_seen.get(cls.rank):
+            victims = self.victims
+            out = [v for rank, v in self._preemptible if rank < cls.rank and v.id not in victims]
             self._victims_by_rank[cls.rank] = out
-        return [v for v in out if v.id not in self.victims]
+            self._victims_seen[cls.rank] = len(victims)
+        return out
 
     def _fits_with(self, job: Job, exclude: frozenset[str]) -> bool:
         if self.pool.place(job, exclude) is None:
@@ -422,8 +428,8 @@ class _Cycle:
             if self._fits_with(job, exclude):
                 fits = True
                 break
-        if not fits:  # a gang may need more than one replica's room per host: the rest, most recent first
-            for v in candidates:
+        if not fits:  # a gang may need more than one replica's room per host: more, most recent first (bounded)
+            for v in candidates[:VICTIM_CHUNK]:
                 if v.id not in held:
                     held[v.id] = pool.release(v.id)
                     chosen.append(v)
@@ -475,18 +481,35 @@ class _Cycle:
         slots = sum(
             (count // g) * len(hosts) for shape in shape_set for count, hosts in pool.buckets.get(shape, {}).items() if count >= g
         )
+        hosts_with = pool.hosts_with(shape_set)
         released: list[tuple[Job, Assignment]] = []
         found: tuple[float, frozenset[str]] | None = None
+        # ends are first only counted (idle units per host and shape, as they would be); the pool is
+        # changed only when the count says the job may fit, and put back as it was afterwards
+        pending: list[Job] = []
+        extra: dict[tuple[str, Shape], int] = {}
         try:
             for end, ending in self._ending():
-                hold = pool.holds[ending.id]
-                touched = {(units[u].host, shape_of(units[u])) for rep in hold.replicas for u in rep if u in units}
-                touched = {t for t in touched if t[1] in shape_set}
-                before = {t: len(pool.free.get(t[0], {}).get(t[1], ())) for t in touched}
-                released.append((ending, pool.release(ending.id)))
-                slots += sum(len(pool.free.get(t[0], {}).get(t[1], ())) // g - n // g for t, n in before.items())
+                relevant = False  # it frees units, CPU or RAM on a host that has units of a shape the job takes
+                for rep in pool.holds[ending.id].replicas:
+                    for u in rep:
+                        if not relevant and u in units and units[u].host in hosts_with:
+                            relevant = True
+                        shape = pool.shape.get(u)
+                        if shape is None or shape not in shape_set or pool.holder.get(u) != ending.id or not pool.placeable(u):
+                            continue
+                        key = (units[u].host, shape)
+                        now_idle = len(pool.free.get(key[0], {}).get(shape, ())) + extra.get(key, 0)
+                        extra[key] = extra.get(key, 0) + 1
+                        slots += (now_idle + 1) // g - now_idle // g
+                if relevant:
+                    pending.append(ending)
                 if slots < job.replicas:
                     continue
+                for p in pending:
+                    released.append((p, pool.release(p.id)))
+                pending.clear()
+                extra.clear()
                 placed = pool.place(job)
                 if placed is not None:
                     pool.release(job.id)

@@ -143,7 +143,7 @@ class Policy:
     grace_s: float = 30.0  # preemption grace, carried out by the loop
     max_places_per_cycle: int = 256  # a cycle places a bounded batch; the loop runs again
     max_considered_per_cycle: int = 4096  # and looks at a bounded part of the queue
-    max_preemption_attempts_per_cycle: int = 32  # what-ifs for preemptors are bounded too
+    max_preemption_attempts_per_cycle: int = 2  # what-ifs for preemptors are bounded too
 
     def priority_class(self, name: str) -> PriorityClass | None:
         for c in self.classes:

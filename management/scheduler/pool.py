@@ -106,6 +106,7 @@ class FreePool:
         self._shapes_for: dict[ReplicaRequest, list[Shape]] = {}
         self._static: dict[Shape, dict[str, int]] | None = None
         self._histograms: dict[bool, dict[Shape, dict[int, int]]] = {}
+        self._hosts_with: dict[frozenset[Shape], frozenset[str]] = {}
         self.capacity_verdicts: dict[tuple[object, ...], str | None] = {}  # for rejections; the grid's shape is fixed
         self.now = snapshot.now
         self.ends: dict[str, float] = {}  # job -> when it ends at the latest (max duration), where known
@@ -367,6 +368,16 @@ class FreePool:
                 cached[shape] = hist
             self._histograms[process_allowed] = cached
         return cached
+
+    def hosts_with(self, shapes: Iterable[Shape]) -> frozenset[str]:
+        """Hosts that have any unit of these shapes (cached per set of shapes)."""
+        key = frozenset(shapes)
+        found = self._hosts_with.get(key)
+        if found is None:
+            static = self.static_counts()
+            found = frozenset(h for s in key for h in static.get(s, {}))
+            self._hosts_with[key] = found
+        return found
 
     def free_count(self, shapes: Iterable[Shape]) -> int:
         return sum(count * len(hosts) for s in shapes for count, hosts in self.buckets.get(s, {}).items())
