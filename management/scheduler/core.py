@@ -379,11 +379,15 @@ class _Cycle:
         # per (host, shape): what each victim there would free. Victims are read most recent first, in
         # chunks; once room is found on enough hosts the rest of the victims are not read (a bound per cycle).
         on_host_shape: dict[tuple[str, Shape], list[tuple[int, Job]]] = {}
+        hosts_with = pool.hosts_with(shapes)
         host_ok: dict[str, bool] = {}
         best_on: dict[str, tuple[int, float, str, list[Job]]] = {}
         for first in range(0, len(candidates), VICTIM_CHUNK):
             touched: set[tuple[str, Shape]] = set()
             for v in candidates[first : first + VICTIM_CHUNK]:
+                # a victim none of whose replicas is on a host with units of a wanted shape cannot help
+                if not any(rep and rep[0] in units and units[rep[0]].host in hosts_with for rep in v.assignment or ()):
+                    continue
                 gains: dict[tuple[str, Shape], int] = {}
                 for rep in v.assignment or ():
                     for u in rep:
