@@ -70,6 +70,8 @@ class _Cycle:
         self.s = snapshot
         self.policy = snapshot.policy
         self.pool = pool if pool is not None else FreePool(snapshot)
+        if pool is not None:
+            pool.adopt(snapshot)
         self.classes = {c.name: c for c in self.policy.classes}
         self.plan = Plan()
         self.order = QueueOrder(snapshot)
@@ -121,7 +123,12 @@ class _Cycle:
         bad = [u.id for u in units.values() if not u.healthy]
         if offline:
             bad += [u.id for u in units.values() if u.host in offline]
-        suspects = {holders[u] for u in bad if u in holders}
+        not_taking = {h.id for h in s.hosts.values() if not h.takes_work}
+        if not_taking:
+            bad += [u.id for u in units.values() if u.host in not_taking]
+        for u in bad:  # a kept pool may still list them as idle
+            self.pool.refresh(u)
+        suspects = {holders[u] for u in bad if u in holders and (not units[u].healthy or units[u].host in offline)}
         suspects |= {holders[u] for u in holders.keys() - units.keys()}  # units that left the grid
         for job_id in sorted(suspects):
             job = s.running.get(job_id)

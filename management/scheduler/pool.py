@@ -175,6 +175,19 @@ class FreePool:
         if n > 1:
             buckets.setdefault(n - 1, {})[unit.host] = None
 
+    def adopt(self, snapshot: Snapshot) -> None:
+        """Read hosts, units and policy from this (later) snapshot of the same grid."""
+        self.hosts, self.units, self.policy, self.now = snapshot.hosts, snapshot.units, snapshot.policy, snapshot.now
+        self._shapes_for.clear()
+
+    def refresh(self, uid: str) -> None:
+        """Bring one unit's idle entry in line with its health and its host's state (after either changed)."""
+        free, held = self.is_free(uid), uid in self.holder
+        if free and not self.placeable(uid):
+            self._remove_free(uid)
+        elif not free and not held and uid in self.units and self.placeable(uid):
+            self._add_free(uid)
+
     def is_free(self, uid: str) -> bool:
         unit = self.units.get(uid)
         if unit is None:

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 from management.scheduler import (
     Constraints,
+    FreePool,
     Host,
     Job,
     Policy,
@@ -297,3 +298,15 @@ def test_easy_backfill_lets_a_short_job_run_before_the_heads_reserved_start_but_
     # the head will get h1 at 2000: long may not take h2's idle GPUs? it may: h2 is not the head's host
     assert "long" in got and host_of(units, got["long"][0]) == {"h2"}
     assert "short" not in got  # h2 is full now; h1 is busy; nothing idle left
+
+
+def test_a_kept_pool_follows_units_that_turn_faulty_and_hosts_that_stop_taking_work():
+    hosts, units = grid({"h1": 1, "h2": 1})
+    pool = FreePool(snapshot(hosts, units))
+    units["h1-g0"] = replace(units["h1-g0"], healthy=False)
+    hosts["h2"] = replace(hosts["h2"], takes_work=False)
+    plan = schedule(snapshot(hosts, units, queue=[job("a")]), pool=pool)
+    assert not placed(plan)
+    units["h1-g0"] = replace(units["h1-g0"], healthy=True)
+    pool.refresh("h1-g0")  # the loop tells a kept pool about a unit that came back
+    assert placed(schedule(snapshot(hosts, units, queue=[job("a")]), pool=pool)) == {"a": (("h1-g0",),)}
