@@ -34,8 +34,8 @@ from management.scheduler.model import (
 from management.scheduler.order import QueueOrder
 from management.scheduler.pool import FreePool, Shape, host_static_ok, nvlink_group, runtime_allowed, shape_matches
 
-VICTIM_CHUNK = 256  # preemption reads victims in chunks of this many, most recently started first ...
-VICTIM_HOSTS_ENOUGH = 8  # ... and stops once room is found on this many hosts more than the replicas asked
+VICTIM_CHUNK = 128  # preemption reads victims in chunks of this many, most recently started first ...
+VICTIM_HOSTS_ENOUGH = 2  # ... and stops once room is found on this many hosts more than the replicas asked
 FILTER_NAMES = (
     "unhealthy or offline",
     "host takes no work",

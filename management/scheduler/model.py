@@ -141,7 +141,7 @@ class Policy:
     backfill: bool = True
     allow_process_runtime: bool = False  # operator-wide
     grace_s: float = 30.0  # preemption grace, carried out by the loop
-    max_places_per_cycle: int = 256  # a cycle places a bounded batch; the loop runs again
+    max_places_per_cycle: int = 128  # a cycle places a bounded batch; the loop runs again
     max_considered_per_cycle: int = 1024  # and looks at a bounded part of the queue
     max_preemption_attempts_per_cycle: int = 2  # what-ifs for preemptors are bounded too
 

@@ -120,6 +120,7 @@ class FreePool:
                 self._record(job, job.assignment)
                 if job.ends_at is not None:
                     self.note_end(job.id, job.ends_at)
+        self.static_counts()  # part of building the index, not of the first cycle
 
     # --- when holds end --------------------------------------------------------------------------------
 
