@@ -12,7 +12,6 @@ The cycle, in order (docs/scheduler.md has the whole contract):
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -155,9 +154,7 @@ class _Cycle:
     def ordered_queue(self, whole: bool) -> list[Job]:
         queue = self.s.queue
         limit = self.policy.max_considered_per_cycle
-        if whole or len(queue) <= limit:
-            return self.order.ordered(queue)
-        return heapq.nsmallest(limit, queue, key=self.order.key)
+        return self.order.ordered(queue, None if whole else limit)
 
     def run(self, explain: bool, only: str | None = None) -> Explanation | None:
         ordered = self.ordered_queue(whole=only is not None)
