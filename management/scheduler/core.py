@@ -91,12 +91,14 @@ class _Cycle:
         self._preempt_attempts = 0
         self.pool.now = snapshot.now
         quotas = self.policy.quotas
-        for job in snapshot.running.values():
-            if job.assignment and job.account in quotas:  # usage against quotas is all that is counted
-                self._charge(job, job.assignment)
-            if job.preempted_for is not None:
-                self.victims.add(job.id)
-                self.terminating.setdefault(job.preempted_for, []).append(job)
+        running = snapshot.running.values()
+        if quotas:  # usage against quotas is all that is counted
+            for job in running:
+                if job.assignment and job.account in quotas:
+                    self._charge(job, job.assignment)
+        for job in [j for j in running if j.preempted_for is not None]:
+            self.victims.add(job.id)
+            self.terminating.setdefault(job.preempted_for, []).append(job)  # type: ignore[arg-type]
 
     # --- bookkeeping ---------------------------------------------------------------------------------
 
@@ -308,13 +310,13 @@ class _Cycle:
     def _victim_candidates(self, cls: PriorityClass) -> list[Job]:
         """Running jobs ``cls`` may preempt, most recently started first (sorted once per cycle)."""
         if self._preemptible is None:
-            pairs = []
-            for v in self.s.running.values():
-                if v.id in self.broken or not v.preemptible or not v.assignment:
-                    continue
-                vc = self._class(v)
-                if vc is not None and vc.preemptible:
-                    pairs.append((-(v.started_at or 0.0), v.id, vc.rank, v))
+            rank_of = {c.name: c.rank for c in self.policy.classes if c.preemptible}
+            broken = self.broken
+            pairs = [
+                (-(v.started_at or 0.0), v.id, rank_of[v.priority], v)
+                for v in self.s.running.values()
+                if v.preemptible and v.priority in rank_of and v.assignment and v.id not in broken
+            ]
             pairs.sort()
             self._preemptible = [(rank, v) for _, _, rank, v in pairs]
         out = self._victims_by_rank.get(cls.rank)
