@@ -581,6 +581,14 @@ class _Cycle:
     def _explain(self, job: Job, position: int, ordered: list[Job], status: str) -> Explanation:
         s = self.s
         e = Explanation(job.id, position, len(s.queue), ahead=[j.id for j in ordered[max(0, position - 6) : position - 1]])
+        if status == "not_reached":  # not looked at this cycle: nothing measured, nothing claimed
+            e.blocked_by = "cycle batch limit"
+            e.summary = (
+                f"Not reached this cycle: a cycle places at most {self.policy.max_places_per_cycle} jobs; "
+                "it is looked at again in the next one."
+            )
+            self.plan.explanations[job.id] = e
+            return e
         e.filters = self.filter_counts(job)
         quota = self.policy.quotas.get(job.account)
         if quota is not None and quota.gpus is not None:
@@ -636,12 +644,6 @@ class _Cycle:
                 else ""
             )
             e.summary = f"Waiting behind {hj.id} (priority {hj.priority}), which is first in line{when}.{hint}"
-        elif status == "not_reached":
-            e.blocked_by = "cycle batch limit"
-            e.summary = (
-                f"Not reached this cycle: a cycle places at most {self.policy.max_places_per_cycle} jobs; "
-                "it is looked at again in the next one."
-            )
         else:
             e.summary = self._no_room_summary(job, e, "Waiting for room")
         self.plan.explanations[job.id] = e
