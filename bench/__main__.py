@@ -196,6 +196,7 @@ def _scheduler_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--arrivals", type=int, default=d.arrivals_per_cycle, help="workloads arriving per cycle in the steady phase")
     p.add_argument("--seed", type=int, default=d.seed, help="seed of the generated grid and workloads")
+    p.add_argument("--no-freeze", action="store_true", help="leave the grid in the garbage collector's sight (gc.freeze off)")
     p.add_argument("--json", type=Path, help="write the figures here")
     p.set_defaults(func=_run_scheduler)
 
@@ -209,6 +210,7 @@ def _run_scheduler(args: argparse.Namespace) -> int:
         steady_cycles=args.steady_cycles,
         arrivals_per_cycle=args.arrivals,
         seed=args.seed,
+        freeze_heap=not args.no_freeze,
     )
     result = run_scheduler_bench(options)
     _write(args.json, result)

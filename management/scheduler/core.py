@@ -12,7 +12,6 @@ The cycle, in order (docs/scheduler.md has the whole contract):
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -32,8 +31,10 @@ from management.scheduler.model import (
     Snapshot,
 )
 from management.scheduler.order import QueueOrder
-from management.scheduler.pool import FreePool, host_static_ok, nvlink_group, runtime_allowed, shape_matches, shape_of
+from management.scheduler.pool import FreePool, Shape, host_static_ok, nvlink_group, runtime_allowed, shape_matches
 
+VICTIM_CHUNK = 128  # preemption reads victims in chunks of this many, most recently started first ...
+VICTIM_HOSTS_ENOUGH = 2  # ... and stops once room is found on this many hosts more than the replicas asked
 FILTER_NAMES = (
     "unhealthy or offline",
     "host takes no work",
@@ -68,6 +69,8 @@ class _Cycle:
         self.s = snapshot
         self.policy = snapshot.policy
         self.pool = pool if pool is not None else FreePool(snapshot)
+        if pool is not None:
+            pool.adopt(snapshot)
         self.classes = {c.name: c for c in self.policy.classes}
         self.plan = Plan()
         self.order = QueueOrder(snapshot)
@@ -81,16 +84,21 @@ class _Cycle:
         self.preempting: dict[str, int] = {}  # preemptor -> victims it waits for
         self._reserve_keys: list[str] = []
         self._no_fit: set[tuple[object, ...]] = set()
+        self._no_victims: set[tuple[object, ...]] = set()
         self._victims_by_rank: dict[int, list[Job]] = {}
+        self._victims_seen: dict[int, int] = {}
+        self._preemptible: list[tuple[int, Job]] | None = None
         self._preempt_attempts = 0
         self.pool.now = snapshot.now
         quotas = self.policy.quotas
-        for job in snapshot.running.values():
-            if job.assignment and job.account in quotas:  # usage against quotas is all that is counted
-                self._charge(job, job.assignment)
-            if job.preempted_for is not None:
-                self.victims.add(job.id)
-                self.terminating.setdefault(job.preempted_for, []).append(job)
+        running = snapshot.running.values()
+        if quotas:  # usage against quotas is all that is counted
+            for job in running:
+                if job.assignment and job.account in quotas:
+                    self._charge(job, job.assignment)
+        for job in [j for j in running if j.preempted_for is not None]:
+            self.victims.add(job.id)
+            self.terminating.setdefault(job.preempted_for, []).append(job)  # type: ignore[arg-type]
 
     # --- bookkeeping ---------------------------------------------------------------------------------
 
@@ -111,19 +119,24 @@ class _Cycle:
 
     def requeue_broken(self) -> None:
         s = self.s
+        units, holders = s.units, s.holders
         offline = {h.id for h in s.hosts.values() if not h.online}
-        suspects = {s.holders[u.id] for u in s.units.values() if (not u.healthy or u.host in offline) and u.id in s.holders}
+        bad = [u.id for u in units.values() if not u.healthy]
+        if offline:
+            bad += [u.id for u in units.values() if u.host in offline]
+        not_taking = {h.id for h in s.hosts.values() if not h.takes_work}
+        if not_taking:
+            bad += [u.id for u in units.values() if u.host in not_taking]
+        for u in bad:  # a kept pool may still list them as idle
+            self.pool.refresh(u)
+        suspects = {holders[u] for u in bad if u in holders and (not units[u].healthy or units[u].host in offline)}
+        suspects |= {holders[u] for u in holders.keys() - units.keys()}  # units that left the grid
         for job_id in sorted(suspects):
             job = s.running.get(job_id)
             reason = self._broken_reason(job) if job is not None else None
             if job is not None and reason is not None:
                 self.broken.add(job.id)
                 self.plan.decisions.append(Requeue(job.id, reason))
-        for job in s.running.values():  # units that left the grid altogether
-            for replica in job.assignment or ():
-                if any(u not in s.units for u in replica) and job.id not in self.broken:
-                    self.broken.add(job.id)
-                    self.plan.decisions.append(Requeue(job.id, self._broken_reason(job) or "a unit left the grid"))
 
     def _broken_reason(self, job: Job) -> str | None:
         for replica in job.assignment or ():
@@ -143,9 +156,7 @@ class _Cycle:
     def ordered_queue(self, whole: bool) -> list[Job]:
         queue = self.s.queue
         limit = self.policy.max_considered_per_cycle
-        if whole or len(queue) <= limit:
-            return self.order.ordered(queue)
-        return heapq.nsmallest(limit, queue, key=self.order.key)
+        return self.order.ordered(queue, None if whole else limit)
 
     def run(self, explain: bool, only: str | None = None) -> Explanation | None:
         ordered = self.ordered_queue(whole=only is not None)
@@ -206,10 +217,13 @@ class _Cycle:
         if (
             cls is not None
             and cls.may_preempt
+            and (fail_key, cls.rank) not in self._no_victims
             and self._preempt_attempts < self.policy.max_preemption_attempts_per_cycle
-            and self._preempt_for(job, cls, exclude)
         ):
-            return "preempting"
+            if self._preempt_for(job, cls, exclude):
+                return "preempting"
+            if job.id not in self.terminating:  # victims only get fewer during a cycle
+                self._no_victims.add((fail_key, cls.rank))
         if self.head is None:
             self.head = self._reservation(job)
             return "head"
@@ -235,7 +249,8 @@ class _Cycle:
         if quota is not None and quota.gpus is not None and job.units_asked > quota.gpus:
             return f"the job asks for {job.units_asked} GPUs at once; account {job.account}'s quota is {quota.gpus}"
         allow = job.constraints.allow_process_runtime
-        key = (r, job.replicas, allow, self.policy.allow_process_runtime)
+        shape_part = (r.gpus, r.min_vram_mib, r.models, r.tiers, r.min_compute_capability, r.mig_profile)
+        key = (shape_part, job.replicas, allow, self.policy.allow_process_runtime)
         cache = self.pool.capacity_verdicts
         if key not in cache:
             cache[key] = self._capacity_reason(job)
@@ -253,15 +268,14 @@ class _Cycle:
             if r.mig_profile is not None and not any(s[4] == r.mig_profile for s in static):
                 return f"no GPU on this grid offers MIG profile {r.mig_profile}"
             return "no GPU on this grid matches the request (model, tier, VRAM, compute capability, MIG profile)"
+        allow = job.constraints.allow_process_runtime and self.policy.allow_process_runtime
+        histogram = self.pool.static_histogram(allow)
         replicas = 0
         biggest = 0
         for shape in shapes:
-            for host_id, count in static[shape].items():
-                host = self.s.hosts.get(host_id)
-                if host is None or not runtime_allowed(host, job, self.policy):
-                    continue
+            for count, n_hosts in histogram.get(shape, {}).items():
                 biggest = max(biggest, count)
-                replicas += count // r.gpus
+                replicas += (count // r.gpus) * n_hosts
         if biggest < r.gpus:
             return f"each replica asks for {r.gpus} GPUs on one host; the most any host has that match is {biggest}"
         if replicas < job.replicas:
@@ -294,20 +308,24 @@ class _Cycle:
     # --- preemption --------------------------------------------------------------------------------
 
     def _victim_candidates(self, cls: PriorityClass) -> list[Job]:
-        """Running jobs ``cls`` may preempt, most recently started first (listed once per cycle and class)."""
+        """Running jobs ``cls`` may preempt, most recently started first (sorted once per cycle)."""
+        if self._preemptible is None:
+            rank_of = {c.name: c.rank for c in self.policy.classes if c.preemptible}
+            broken = self.broken
+            pairs = [
+                (-(v.started_at or 0.0), v.id, rank_of[v.priority], v)
+                for v in self.s.running.values()
+                if v.preemptible and v.priority in rank_of and v.assignment and v.id not in broken
+            ]
+            pairs.sort()
+            self._preemptible = [(rank, v) for _, _, rank, v in pairs]
         out = self._victims_by_rank.get(cls.rank)
-        if out is None:
-            out = []
-            for v in self.s.running.values():
-                if v.id in self.broken or not v.preemptible or not v.assignment:
-                    continue
-                vc = self._class(v)
-                if vc is None or not vc.preemptible or vc.rank >= cls.rank:
-                    continue
-                out.append(v)
-            out.sort(key=lambda v: (-(v.started_at or 0.0), v.id))
+        if out is None or len(self.victims) != self._victims_seen.get(cls.rank):
+            victims = self.victims
+            out = [v for rank, v in self._preemptible if rank < cls.rank and v.id not in victims]
             self._victims_by_rank[cls.rank] = out
-        return [v for v in out if v.id not in self.victims]
+            self._victims_seen[cls.rank] = len(victims)
+        return out
 
     def _fits_with(self, job: Job, exclude: frozenset[str]) -> bool:
         if self.pool.place(job, exclude) is None:
@@ -320,7 +338,9 @@ class _Cycle:
         pool = self.pool
         self._preempt_attempts += 1
         held: dict[str, Assignment] = {}
-        mine = self.terminating.get(job.id, [])
+        # jobs already stopping for it, and requeued jobs (they stop this cycle), count as room first
+        mine = list(self.terminating.get(job.id, []))
+        mine += [self.s.running[j] for j in sorted(self.broken) if j in pool.holds and j not in {m.id for m in mine}]
         for v in mine:
             held[v.id] = pool.release(v.id)
         chosen: list[Job] = []
@@ -361,36 +381,52 @@ class _Cycle:
         pool, units, hosts = self.pool, self.s.units, self.s.hosts
         g = job.request.gpus
         shapes = set(pool.shapes_for(job.request))
-        on_host: dict[str, list[Job]] = {}
-        for v in self._victim_candidates(cls):
-            for h in {units[u].host for rep in v.assignment or () for u in rep if u in units}:
-                on_host.setdefault(h, []).append(v)
-        options: list[tuple[int, float, str, list[Job]]] = []
-        for h, victims in on_host.items():
-            host = hosts.get(h)
-            if h in exclude or host is None or not host_static_ok(host, job, self.policy):
-                continue
-            idle = pool.free.get(h, {})
-            best: tuple[int, float, str, list[Job]] | None = None
-            for shape in shapes:
-                have = len(idle.get(shape, ()))
-                gains = [
-                    (sum(1 for rep in v.assignment or () for u in rep if units[u].host == h and shape_of(units[u]) == shape), v)
-                    for v in victims
-                ]
+        candidates = self._victim_candidates(cls)
+        # per (host, shape): what each victim there would free. Victims are read most recent first, in
+        # chunks; once room is found on enough hosts the rest of the victims are not read (a bound per cycle).
+        on_host_shape: dict[tuple[str, Shape], list[tuple[int, Job]]] = {}
+        hosts_with = pool.hosts_with(shapes)
+        host_ok: dict[str, bool] = {}
+        best_on: dict[str, tuple[int, float, str, list[Job]]] = {}
+        for first in range(0, len(candidates), VICTIM_CHUNK):
+            touched: set[tuple[str, Shape]] = set()
+            for v in candidates[first : first + VICTIM_CHUNK]:
+                # a victim none of whose replicas is on a host with units of a wanted shape cannot help
+                if not any(rep and rep[0] in units and units[rep[0]].host in hosts_with for rep in v.assignment or ()):
+                    continue
+                gains: dict[tuple[str, Shape], int] = {}
+                for rep in v.assignment or ():
+                    for u in rep:
+                        unit = units.get(u)
+                        if unit is not None and pool.shape[u] in shapes and pool.placeable(u):
+                            key = (unit.host, pool.shape[u])
+                            gains[key] = gains.get(key, 0) + 1
+                for key, gain in gains.items():
+                    on_host_shape.setdefault(key, []).append((gain, v))
+                    touched.add(key)
+            for h, shape in touched:
+                if h not in host_ok:
+                    host = hosts.get(h)
+                    host_ok[h] = h not in exclude and host is not None and host_static_ok(host, job, self.policy)
+                if not host_ok[h]:
+                    continue
+                victims = on_host_shape[(h, shape)]
+                have = len(pool.free.get(h, {}).get(shape, ()))
                 # the largest first gives the fewest victims; among equal gains the most recently started
-                gains.sort(key=lambda gv: (-gv[0], -(gv[1].started_at or 0.0), gv[1].id))
+                victims.sort(key=lambda gv: (-gv[0], -(gv[1].started_at or 0.0), gv[1].id))
                 need: list[Job] = []
-                for gain, v in gains:
-                    if have >= g or not gain:
+                for gain, v in victims:
+                    if have >= g:
                         break
                     need.append(v)
                     have += gain
                 if have >= g and need:
                     option = (len(need), -max(v.started_at or 0.0 for v in need), h, need)
-                    best = option if best is None or option[:2] < best[:2] else best
-            if best is not None:
-                options.append(best)
+                    if h not in best_on or option[:2] < best_on[h][:2]:
+                        best_on[h] = option
+            if len(best_on) >= job.replicas + VICTIM_HOSTS_ENOUGH:
+                break
+        options = list(best_on.values())
         options.sort(key=lambda o: (o[0], o[1], o[2]))
         chosen: list[Job] = []
         fits = False
@@ -402,6 +438,14 @@ class _Cycle:
             if self._fits_with(job, exclude):
                 fits = True
                 break
+        if not fits:  # a gang may need more than one replica's room per host: more, most recent first (bounded)
+            for v in candidates[:VICTIM_CHUNK]:
+                if v.id not in held:
+                    held[v.id] = pool.release(v.id)
+                    chosen.append(v)
+                    if self._fits_with(job, exclude):
+                        fits = True
+                        break
         if not fits:
             for v in chosen:
                 pool.restore(v, held.pop(v.id))
@@ -441,22 +485,45 @@ class _Cycle:
             assert assignment is not None
             pool.release(job.id)
             return self.s.now, frozenset(self.s.units[r[0]].host for r in assignment)
-        shapes = pool.shapes_for(job.request)
-        free = pool.free_count(shapes)
-        shape_set = set(shapes)
+        g, units = job.request.gpus, self.s.units
+        shape_set = set(pool.shapes_for(job.request))
+        # replica slots (idle units of one shape on one host, in groups of g): a cheap bound checked first
+        slots = sum(
+            (count // g) * len(hosts) for shape in shape_set for count, hosts in pool.buckets.get(shape, {}).items() if count >= g
+        )
+        hosts_with = pool.hosts_with(shape_set)
         released: list[tuple[Job, Assignment]] = []
         found: tuple[float, frozenset[str]] | None = None
+        # ends are first only counted (idle units per host and shape, as they would be); the pool is
+        # changed only when the count says the job may fit, and put back as it was afterwards
+        pending: list[Job] = []
+        extra: dict[tuple[str, Shape], int] = {}
         try:
             for end, ending in self._ending():
-                assignment = pool.release(ending.id)
-                released.append((ending, assignment))
-                free += sum(1 for rep in assignment for u in rep if shape_of(self.s.units[u]) in shape_set and pool.is_free(u))
-                if free < job.units_asked:
+                relevant = False  # it frees units, CPU or RAM on a host that has units of a shape the job takes
+                for rep in pool.holds[ending.id].replicas:
+                    for u in rep:
+                        if not relevant and u in units and units[u].host in hosts_with:
+                            relevant = True
+                        shape = pool.shape.get(u)
+                        if shape is None or shape not in shape_set or pool.holder.get(u) != ending.id or not pool.placeable(u):
+                            continue
+                        key = (units[u].host, shape)
+                        now_idle = len(pool.free.get(key[0], {}).get(shape, ())) + extra.get(key, 0)
+                        extra[key] = extra.get(key, 0) + 1
+                        slots += (now_idle + 1) // g - now_idle // g
+                if relevant:
+                    pending.append(ending)
+                if slots < job.replicas:
                     continue
+                for p in pending:
+                    released.append((p, pool.release(p.id)))
+                pending.clear()
+                extra.clear()
                 placed = pool.place(job)
                 if placed is not None:
                     pool.release(job.id)
-                    found = end, frozenset(self.s.units[r[0]].host for r in placed)
+                    found = end, frozenset(units[r[0]].host for r in placed)
                     break
         finally:
             for ending, assignment in reversed(released):
@@ -514,6 +581,14 @@ class _Cycle:
     def _explain(self, job: Job, position: int, ordered: list[Job], status: str) -> Explanation:
         s = self.s
         e = Explanation(job.id, position, len(s.queue), ahead=[j.id for j in ordered[max(0, position - 6) : position - 1]])
+        if status == "not_reached":  # not looked at this cycle: nothing measured, nothing claimed
+            e.blocked_by = "cycle batch limit"
+            e.summary = (
+                f"Not reached this cycle: a cycle places at most {self.policy.max_places_per_cycle} jobs; "
+                "it is looked at again in the next one."
+            )
+            self.plan.explanations[job.id] = e
+            return e
         e.filters = self.filter_counts(job)
         quota = self.policy.quotas.get(job.account)
         if quota is not None and quota.gpus is not None:
@@ -569,12 +644,6 @@ class _Cycle:
                 else ""
             )
             e.summary = f"Waiting behind {hj.id} (priority {hj.priority}), which is first in line{when}.{hint}"
-        elif status == "not_reached":
-            e.blocked_by = "cycle batch limit"
-            e.summary = (
-                f"Not reached this cycle: a cycle places at most {self.policy.max_places_per_cycle} jobs; "
-                "it is looked at again in the next one."
-            )
         else:
             e.summary = self._no_room_summary(job, e, "Waiting for room")
         self.plan.explanations[job.id] = e

@@ -141,9 +141,9 @@ class Policy:
     backfill: bool = True
     allow_process_runtime: bool = False  # operator-wide
     grace_s: float = 30.0  # preemption grace, carried out by the loop
-    max_places_per_cycle: int = 512  # a cycle places a bounded batch; the loop runs again
-    max_considered_per_cycle: int = 4096  # and looks at a bounded part of the queue
-    max_preemption_attempts_per_cycle: int = 32  # what-ifs for preemptors are bounded too
+    max_places_per_cycle: int = 128  # a cycle places a bounded batch; the loop runs again
+    max_considered_per_cycle: int = 1024  # and looks at a bounded part of the queue
+    max_preemption_attempts_per_cycle: int = 2  # what-ifs for preemptors are bounded too
 
     def priority_class(self, name: str) -> PriorityClass | None:
         for c in self.classes:

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Mapping
 
 from management.scheduler.model import Job, Policy, Snapshot
@@ -37,6 +38,8 @@ def fair_share_factors(usage: Mapping[str, float], shares: Mapping[str, float], 
 def project_factors(snapshot: Snapshot, jobs: Iterable[Job]) -> dict[tuple[str, str], float]:
     """The fair-share factor of each (account, project) among the projects of its account."""
     policy = snapshot.policy
+    if not snapshot.project_usage:
+        return {}  # nobody used anything: every project's factor is 1.0
     by_account: dict[str, set[str]] = {}
     for j in jobs:
         by_account.setdefault(j.account, set()).add(j.project)
@@ -82,5 +85,25 @@ class QueueOrder:
             job.id,
         )
 
-    def ordered(self, jobs: Iterable[Job]) -> list[Job]:
-        return sorted(jobs, key=self.key)
+    def ordered(self, jobs: Iterable[Job], limit: int | None = None) -> list[Job]:
+        """``jobs`` in order (the first ``limit`` only, when given). Keys are built inline: this runs on
+        the whole queue every cycle, and a call per job would cost more than the ordering itself."""
+        snap = self.snapshot
+        now, step, cap = snap.now, snap.policy.aging_step_s, snap.policy.aging_max_boost
+        rank, af, pf = self.rank, self.account_factor, self.project_factor
+        missing = -(10**9)
+        decorated = [
+            (
+                -rank.get(j.priority, missing),
+                -(min(int((now - j.submitted_at) // step), cap) if step > 0 and now > j.submitted_at else 0),
+                -af.get(j.account, 1.0),
+                -pf.get((j.account, j.project), 1.0),
+                j.submitted_at,
+                j.id,
+                i,  # ids are unique, but a total order must never need to compare the jobs themselves
+                j,
+            )
+            for i, j in enumerate(jobs)
+        ]
+        chosen = heapq.nsmallest(limit, decorated) if limit is not None and limit < len(decorated) else sorted(decorated)
+        return [d[-1] for d in chosen]

@@ -105,10 +105,13 @@ class FreePool:
         self.holds: dict[str, _Hold] = {}
         self._shapes_for: dict[ReplicaRequest, list[Shape]] = {}
         self._static: dict[Shape, dict[str, int]] | None = None
+        self._histograms: dict[bool, dict[Shape, dict[int, int]]] = {}
+        self._hosts_with: dict[frozenset[Shape], frozenset[str]] = {}
         self.capacity_verdicts: dict[tuple[object, ...], str | None] = {}  # for rejections; the grid's shape is fixed
         self.now = snapshot.now
         self.ends: dict[str, float] = {}  # job -> when it ends at the latest (max duration), where known
         self._ends_heap: list[tuple[float, str]] = []
+        self.shape: dict[str, Shape] = {uid: shape_of(u) for uid, u in self.units.items()}
         for uid in sorted(self.units, key=lambda u: (self.units[u].host, self.units[u].index, u)):
             if uid not in self.holder:
                 self._add_free(uid)
@@ -117,6 +120,7 @@ class FreePool:
                 self._record(job, job.assignment)
                 if job.ends_at is not None:
                     self.note_end(job.id, job.ends_at)
+        self.static_counts()  # part of building the index, not of the first cycle
 
     # --- when holds end --------------------------------------------------------------------------------
 
@@ -152,7 +156,7 @@ class FreePool:
         if not self.placeable(uid):
             return
         unit = self.units[uid]
-        shape = shape_of(unit)
+        shape = self.shape.get(uid) or shape_of(unit)
         per_shape = self.free.setdefault(unit.host, {}).setdefault(shape, {})
         n = len(per_shape)
         per_shape[uid] = None
@@ -163,7 +167,7 @@ class FreePool:
 
     def _remove_free(self, uid: str) -> None:
         unit = self.units[uid]
-        shape = shape_of(unit)
+        shape = self.shape.get(uid) or shape_of(unit)
         per_shape = self.free[unit.host][shape]
         n = len(per_shape)
         del per_shape[uid]
@@ -172,11 +176,24 @@ class FreePool:
         if n > 1:
             buckets.setdefault(n - 1, {})[unit.host] = None
 
+    def adopt(self, snapshot: Snapshot) -> None:
+        """Read hosts, units and policy from this (later) snapshot of the same grid."""
+        self.hosts, self.units, self.policy, self.now = snapshot.hosts, snapshot.units, snapshot.policy, snapshot.now
+        self._shapes_for.clear()
+
+    def refresh(self, uid: str) -> None:
+        """Bring one unit's idle entry in line with its health and its host's state (after either changed)."""
+        free, held = self.is_free(uid), uid in self.holder
+        if free and not self.placeable(uid):
+            self._remove_free(uid)
+        elif not free and not held and uid in self.units and self.placeable(uid):
+            self._add_free(uid)
+
     def is_free(self, uid: str) -> bool:
         unit = self.units.get(uid)
         if unit is None:
             return False
-        return uid in self.free.get(unit.host, {}).get(shape_of(unit), {})
+        return uid in self.free.get(unit.host, {}).get(self.shape.get(uid) or shape_of(unit), {})
 
     def _record(self, job: Job, assignment: Assignment) -> None:
         r = job.request
@@ -349,6 +366,32 @@ class FreePool:
                 per_host[unit.host] = per_host.get(unit.host, 0) + 1
             self._static = counts
         return counts
+
+    def static_histogram(self, process_allowed: bool) -> dict[Shape, dict[int, int]]:
+        """Per shape: how many hosts (that may run the job at all) have how many units of it, whatever their state."""
+        cached = self._histograms.get(process_allowed)
+        if cached is None:
+            cached = {}
+            for shape, per_host in self.static_counts().items():
+                hist: dict[int, int] = {}
+                for host_id, count in per_host.items():
+                    host = self.hosts.get(host_id)
+                    if host is None or host.isolation == "none" or (host.runtime == "process" and not process_allowed):
+                        continue
+                    hist[count] = hist.get(count, 0) + 1
+                cached[shape] = hist
+            self._histograms[process_allowed] = cached
+        return cached
+
+    def hosts_with(self, shapes: Iterable[Shape]) -> frozenset[str]:
+        """Hosts that have any unit of these shapes (cached per set of shapes)."""
+        key = frozenset(shapes)
+        found = self._hosts_with.get(key)
+        if found is None:
+            static = self.static_counts()
+            found = frozenset(h for s in key for h in static.get(s, {}))
+            self._hosts_with[key] = found
+        return found
 
     def free_count(self, shapes: Iterable[Shape]) -> int:
         return sum(count * len(hosts) for s in shapes for count, hosts in self.buckets.get(s, {}).items())

@@ -6,10 +6,10 @@ from dataclasses import replace
 
 from management.scheduler import (
     Constraints,
+    FreePool,
     Host,
     Job,
     Policy,
-    Preempt,
     Quota,
     Reject,
     ReplicaRequest,
@@ -276,25 +276,39 @@ def test_jobs_on_a_faulty_unit_or_an_offline_host_are_requeued_and_nothing_new_l
 # --- backfill ----------------------------------------------------------------------------------------
 
 
-def test_easy_backfill_lets_a_short_job_run_before_the_heads_reserved_start_but_not_a_long_one():
-    hosts, units = grid({"h1": 4, "h2": 4})
-    # h1 busy until t=2000 (now=1000), h2 half busy with no known end
+def test_a_higher_class_preempts_instead_of_waiting_for_a_reservation():
+    hosts, units = grid({"h1": 4})
+    run = [running(job("r1", 4, max_duration_s=1500.0), [[f"h1-g{i}" for i in range(4)]], started_at=500.0)]
+    plan = schedule(snapshot(hosts, units, queue=[job("head", 4, prio="high")], run=run))
+    assert [p.job_id for p in plan.preempts()] == ["r1"]
+
+
+def test_easy_backfill_lets_a_short_job_use_the_heads_hosts_but_keeps_a_long_one_off_them():
+    hosts, units = grid({"h1": 4, "h2": 2})
+    # now=1000: h1 has 2 GPUs busy until t=2000 and 2 idle; h2 is busy with no known end
     run = [
-        running(job("r1", 4, max_duration_s=1500.0), [[f"h1-g{i}" for i in range(4)]], started_at=500.0),
+        running(job("r1", 2, max_duration_s=1500.0), [["h1-g0", "h1-g1"]], started_at=500.0),
         running(job("r2", 2), [["h2-g0", "h2-g1"]], started_at=500.0),
     ]
     q = [
-        job("head", 4, prio="high", t=0),
+        job("head", 4, t=0),  # normal: may not preempt; fits h1 at t=2000
         job("long", 2, prio="low", t=1, max_duration_s=5000.0),
         job("short", 2, prio="low", t=2, max_duration_s=500.0),
     ]
-    plan = schedule(snapshot(hosts, units, queue=q, run=run, policy=Policy(classes=Policy().classes)))
-    # head (high) may preempt... r1/r2 are normal: preempting r1 (the most recent of equal size) would fit it
-    assert plan.preempts()
-    plan = schedule(snapshot(hosts, units, queue=[replace(q[0], priority="normal"), *q[1:]], run=run))
-    got = placed(plan)
+    plan = schedule(snapshot(hosts, units, queue=q, run=run))
     e = plan.explanations["head"]
     assert e.reserved_start == 2000.0 and "First in line" in e.summary
-    # the head will get h1 at 2000: long may not take h2's idle GPUs? it may: h2 is not the head's host
-    assert "long" in got and host_of(units, got["long"][0]) == {"h2"}
-    assert "short" not in got  # h2 is full now; h1 is busy; nothing idle left
+    assert placed(plan) == {"short": (("h1-g2", "h1-g3"),)}  # ends at 1500, before the head's start
+    assert "long" in plan.explanations and "head" in (plan.explanations["long"].blocked_by or "")
+
+
+def test_a_kept_pool_follows_units_that_turn_faulty_and_hosts_that_stop_taking_work():
+    hosts, units = grid({"h1": 1, "h2": 1})
+    pool = FreePool(snapshot(hosts, units))
+    units["h1-g0"] = replace(units["h1-g0"], healthy=False)
+    hosts["h2"] = replace(hosts["h2"], takes_work=False)
+    plan = schedule(snapshot(hosts, units, queue=[job("a")]), pool=pool)
+    assert not placed(plan)
+    units["h1-g0"] = replace(units["h1-g0"], healthy=True)
+    pool.refresh("h1-g0")  # the loop tells a kept pool about a unit that came back
+    assert placed(schedule(snapshot(hosts, units, queue=[job("a")]), pool=pool)) == {"a": (("h1-g0",),)}

@@ -8,7 +8,7 @@ from dataclasses import asdict
 import pytest
 
 from common.errors import NotFound
-from management.scheduler import Constraints, Host, Job, Policy, Quota, ReplicaRequest, explain
+from management.scheduler import Constraints, Host, Job, Policy, Quota, ReplicaRequest, explain, schedule
 from management.scheduler.core import FILTER_NAMES
 from tests.management.scheduler.grid import gpus, grid, running, snapshot
 
@@ -81,3 +81,12 @@ def test_a_rejected_job_says_why():
     hosts, units = grid({"h": 2})
     e = explain(snapshot(hosts, units, queue=[job("wide", 3)]), "wide")
     assert e.summary.startswith("Rejected") and "2" in e.summary
+
+
+def test_jobs_past_the_cycles_batch_are_explained_as_not_reached():
+    hosts, units = grid({"h": 4})
+    q = [job(f"j{i}", submitted_at=float(i)) for i in range(4)]
+    plan = schedule(snapshot(hosts, units, queue=q, policy=Policy(max_places_per_cycle=2)))
+    assert len(plan.places()) == 2
+    assert {k for k, e in plan.explanations.items() if e.blocked_by == "cycle batch limit"} == {"j2", "j3"}
+    assert "Not reached this cycle" in plan.explanations["j3"].summary
