@@ -19,10 +19,11 @@ def render_explanation(workload: dict[str, Any], explanation: dict[str, Any], no
     """The explanation of ``workload``'s wait, at ``now`` (for the "in 5 min" next to each time)."""
     e = explanation
     summary = _readable(e["summary"] or "The scheduler gave no reason.")
-    cannot = e["position"] == 0 and summary.startswith(REJECTED)
+    rejected = e["position"] == 0 and summary.startswith(REJECTED)
+    cannot = rejected or bool(e.get("cannot_fit"))
     who = f"{workload['id']} ({workload['name']})"
-    if cannot:
-        first = f"{who} cannot be placed on this grid as it is now: {summary.removeprefix(REJECTED)} Change the request."
+    if rejected:
+        first = f"{who} can never run as asked: {summary.removeprefix(REJECTED)} Change the request."
     else:
         first = f"{who} waits. {summary}"
     lines = [first, "", f"asks:             {_asks(workload['spec'])}", f"queue:            {_queue(e)}"]
@@ -34,8 +35,10 @@ def render_explanation(workload: dict[str, Any], explanation: dict[str, Any], no
     lines.append(f"quota:            {_quota(workload['account'], e['quota'])}")
     lines.append(f"fits idle GPUs:   {'yes' if e['fits_now'] else 'no'}")
     lines.append(f"reserved start:   {_moment(e['reserved_start'], now) if e['reserved_start'] else 'none'}")
-    if cannot:
-        lines.append("estimated start:  never, on the grid as it is now")
+    if rejected:
+        lines.append("estimated start:  never: it is refused as asked")
+    elif cannot:
+        lines.append("estimated start:  when hosts that can hold it join (none on the grid as it is now)")
     elif quota_over:
         lines.append("estimated start:  when the account's other workloads end and free enough of its quota")
     elif e["estimated_start"] is None:

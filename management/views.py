@@ -7,8 +7,7 @@ for a moment that has not happened (the records keep 0 or None for "never").
 from __future__ import annotations
 
 import dataclasses
-import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -220,40 +219,12 @@ def workload_view(workload: WorkloadRecord) -> dict[str, Any]:
 
 
 def explanation_view(explanation: Explanation) -> dict[str, Any]:
-    """Why a workload waits: the scheduler core's explanation, as it is (plain values), times as RFC 3339, in the
-    sentences too (``readable_times``)."""
+    """Why a workload waits: the scheduler core's explanation as it is (plain values; its sentences already speak of
+    workloads and print times for people), with its two times as RFC 3339."""
     view = dataclasses.asdict(explanation)
-    moments = (explanation.reserved_start, explanation.estimated_start)
     view["reserved_start"] = rfc3339(explanation.reserved_start)
     view["estimated_start"] = rfc3339(explanation.estimated_start)
-    view["summary"] = renter_words(readable_times(explanation.summary, moments))
-    if explanation.blocked_by is not None:
-        view["blocked_by"] = renter_words(readable_times(explanation.blocked_by, moments))
     return view
-
-
-_JOB = re.compile(r"\b([Jj])ob(s|\(s\))?\b")
-
-
-def renter_words(text: str) -> str:
-    """The core says "job"; what a renter submits and reads about everywhere else is a "workload"."""
-    return _JOB.sub(lambda m: ("W" if m.group(1) == "J" else "w") + "orkload" + (m.group(2) or ""), text)
-
-
-_CORE_MOMENT = re.compile(r"\bt=(\d+(?:\.\d+)?(?:e[+-]\d+)?)")
-
-
-def readable_times(text: str, moments: Iterable[float | None]) -> str:
-    """The core writes a moment in its sentences as ``t=<Unix seconds>`` with six significant digits (up to
-    ~80 minutes off, and unreadable); each one that is the explanation's own reserved or estimated start, printed
-    the same way, becomes that start in RFC 3339. Any other is left as it is."""
-    known = {f"{m:g}": m for m in moments if m is not None}
-
-    def swap(match: re.Match[str]) -> str:
-        moment = known.get(match.group(1))
-        return rfc3339(moment) or match.group(0) if moment is not None else match.group(0)
-
-    return _CORE_MOMENT.sub(swap, text)
 
 
 # --- accounts and API keys ------------------------------------------------------------------------

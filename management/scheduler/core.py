@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from common.errors import NotFound
 from management.scheduler.model import (
@@ -184,10 +185,12 @@ class _Cycle:
                 self.pool.unreserve(key)
 
     def _consider(self, job: Job) -> str:
-        reason = self._impossible(job)
+        reason = self._invalid(job)
         if reason is not None:
             self.plan.decisions.append(Reject(job.id, reason))
             return "rejected"
+        if self._cannot_fit(job) is not None:
+            return "cannot_fit"  # waits, explained; it never becomes the head, so it holds nobody up
         if self._quota_check(job, None) is not None:
             return "quota"
         exclude: frozenset[str] = frozenset()
@@ -237,17 +240,23 @@ class _Cycle:
 
     # --- rejection and quota -----------------------------------------------------------------------
 
-    def _impossible(self, job: Job) -> str | None:
+    def _invalid(self, job: Job) -> str | None:
+        """Why ``job`` can never run under this policy, whatever hosts join (it is rejected), or None."""
         cls = self._class(job)
         if cls is None:
             names = ", ".join(c.name for c in self.policy.classes)
             return f"priority class {job.priority!r} does not exist (classes: {names})"
         r = job.request
         if r.gpus < 1 or job.replicas < 1:
-            return "the job asks for no GPUs (gpus and replicas must be at least 1)"
+            return "the workload asks for no GPUs (gpus and replicas must be at least 1)"
         quota = self.policy.quotas.get(job.account)
         if quota is not None and quota.gpus is not None and job.units_asked > quota.gpus:
-            return f"the job asks for {job.units_asked} GPUs at once; account {job.account}'s quota is {quota.gpus}"
+            return f"the workload asks for {_gpus(job.units_asked)} at once; account {job.account}'s quota is {quota.gpus}"
+        return None
+
+    def _cannot_fit(self, job: Job) -> str | None:
+        """Why ``job`` cannot be placed on the grid as it is now, even empty (hosts may still join), or None."""
+        r = job.request
         allow = job.constraints.allow_process_runtime
         shape_part = (r.gpus, r.min_vram_mib, r.models, r.tiers, r.min_compute_capability, r.mig_profile)
         key = (shape_part, job.replicas, allow, self.policy.allow_process_runtime)
@@ -277,9 +286,9 @@ class _Cycle:
                 biggest = max(biggest, count)
                 replicas += (count // r.gpus) * n_hosts
         if biggest < r.gpus:
-            return f"each replica asks for {r.gpus} GPUs on one host; the most any host has that match is {biggest}"
+            return f"each replica asks for {_gpus(r.gpus)} on one host; the most any host has that match is {biggest}"
         if replicas < job.replicas:
-            return f"the gang needs {job.replicas} replicas of {r.gpus} GPUs; this grid can hold at most {replicas}"
+            return f"the gang needs {job.replicas} replicas of {_gpus(r.gpus)}; this grid can hold at most {replicas}"
         return None
 
     def _quota_check(self, job: Job, assignment: Assignment | None) -> QuotaCheck | None:
@@ -584,7 +593,7 @@ class _Cycle:
         if status == "not_reached":  # not looked at this cycle: nothing measured, nothing claimed
             e.blocked_by = "cycle batch limit"
             e.summary = (
-                f"Not reached this cycle: a cycle places at most {self.policy.max_places_per_cycle} jobs; "
+                f"Not reached this cycle: a cycle places at most {self.policy.max_places_per_cycle} workloads; "
                 "it is looked at again in the next one."
             )
             self.plan.explanations[job.id] = e
@@ -597,7 +606,14 @@ class _Cycle:
         fit = self.earliest_fit(job)
         e.estimated_start = fit[0] if fit is not None else None
         head = self.head
-        if status == "quota":
+        if status == "cannot_fit":
+            e.cannot_fit = self._cannot_fit(job)
+            e.estimated_start = None
+            e.summary = (
+                f"Cannot be placed on this grid as it is now: {e.cannot_fit}. It waits, and starts when hosts that "
+                "match join; or change the request."
+            )
+        elif status == "quota":
             over = self._quota_check(job, None)
             if over is None:  # a per-tier quota: find which by trying
                 placed = self.pool.place(job)
@@ -608,42 +624,44 @@ class _Cycle:
             q = e.quota
             what = "GPUs" if q is None or q.quota == "gpus" else f"GPUs of {q.quota[5:]}"
             e.summary = (
-                f"Waiting for quota: account {job.account} holds {q.in_use} of its {q.limit} {what} and this job asks "
-                f"for {q.asked} more; it starts when the account's other jobs free enough."
+                f"Waiting for quota: account {job.account} holds {q.in_use} of its {q.limit} {what} and this workload "
+                f"asks for {q.asked} more; it starts when the account's other workloads free enough."
                 if q is not None
                 else f"Waiting for quota of account {job.account}."
             )
-            e.blocked_by = f"quota {q.quota} of account {job.account}" if q is not None else "quota"
+            e.blocked_by = f"the {_quota_name(q.quota)} quota of account {job.account}" if q is not None else "quota"
+            e.estimated_start = None  # when the account's own workloads end: not known from the grid
         elif status == "preempting":
             n = self.preempting.get(job.id, 0)
-            e.blocked_by = f"{n} lower-priority job(s) being stopped for it"
+            e.blocked_by = f"{_count(n, 'lower-priority workload')} being stopped for it"
             e.estimated_start = s.now + self.policy.grace_s
             e.summary = (
-                f"Starting soon: {n} lower-priority job(s) are being stopped to make room "
+                f"Starting soon: {_count(n, 'lower-priority workload')} {'is' if n == 1 else 'are'} being stopped to make room "
                 f"(they get {self.policy.grace_s:g} s to exit)."
             )
         elif status == "head" and head is not None:
             e.reserved_start = head.start
             e.estimated_start = head.start
             if head.start is None:
-                e.summary = self._no_room_summary(job, e, "It is first in line")
+                e.summary = self._no_room_summary(job, e, "It is next in line for room")
             else:
                 e.summary = (
-                    f"First in line: {job.units_asked} GPUs are reserved for it from t={head.start:g}, when running jobs "
-                    f"reach their maximum duration; smaller jobs only use room that does not delay it."
+                    f"Next in line for room: {_gpus(job.units_asked)} reserved for it from {_at(head.start)}, when "
+                    "running workloads are due to end; others only use room that does not delay it."
                 )
         elif status in ("behind_head", "waiting") and head is not None and (status == "behind_head" or e.fits_now):
             hj = head.job
-            when = f" at t={head.start:g}" if head.start is not None else ""
-            e.blocked_by = f"waits behind {hj.id} (priority {hj.priority}), which has {hj.units_asked} GPUs reserved for it{when}"
+            when = f" from {_at(head.start)}" if head.start is not None else ""
+            reserved = _gpus(hj.units_asked)
+            e.blocked_by = f"waits behind {hj.id} (priority {hj.priority}), which has {reserved} reserved for it{when}"
             if head.start is not None and e.estimated_start is not None:
                 e.estimated_start = max(e.estimated_start, head.start)
             hint = (
-                " A job with a max duration that ends before then could start now."
+                " A workload with a max duration that ends before then could start now."
                 if head.start is not None and self.policy.backfill
                 else ""
             )
-            e.summary = f"Waiting behind {hj.id} (priority {hj.priority}), which is first in line{when}.{hint}"
+            e.summary = f"Waiting behind {hj.id} (priority {hj.priority}), which is next in line for room{when}.{hint}"
         else:
             e.summary = self._no_room_summary(job, e, "Waiting for room")
         self.plan.explanations[job.id] = e
@@ -655,10 +673,14 @@ class _Cycle:
                 if f.name in ("held by others", "replica fit", "CPU", "RAM"):
                     break
                 return f"{lead}: no GPU passes the {f.name} filter (it removed the last {f.removed}); change the request or wait."
-        when = f" about t={e.estimated_start:g}" if e.estimated_start is not None else " (no running job has a known end)"
+        when = (
+            f"; expected about {_at(e.estimated_start)}"
+            if e.estimated_start is not None
+            else "; no running workload that would make room has a known end"
+        )
         r = job.request
         gang = f"{job.replicas} replicas of " if job.replicas > 1 else ""
-        return f"{lead}: it needs {gang}{r.gpus} matching GPU(s) on one host and not enough are idle now; expected{when}."
+        return f"{lead}: it needs {gang}{_gpus(r.gpus, 'matching')} on one host and not enough are idle now{when}."
 
 
 def schedule(snapshot: Snapshot, *, pool: FreePool | None = None, explain: bool = True) -> Plan:
@@ -684,7 +706,10 @@ def explain(snapshot: Snapshot, job_id: str) -> Explanation:
     # it would be placed (or rejected) this cycle
     for d in cycle.plan.decisions:
         if isinstance(d, Reject) and d.job_id == job_id:
-            return Explanation(job_id, 0, len(snapshot.queue), summary=f"Rejected: {d.reason}.")
+            job = next(j for j in snapshot.queue if j.id == job_id)
+            rejected = Explanation(job_id, 0, len(snapshot.queue), summary=f"Rejected: {d.reason}.")
+            rejected.filters = cycle.filter_counts(job)
+            return rejected
     order = cycle.ordered_queue(whole=True)
     pos = next(i for i, j in enumerate(order, 1) if j.id == job_id)
     job = order[pos - 1]
@@ -702,3 +727,20 @@ def reserved_start(snapshot: Snapshot, job: Job) -> float | None:
     cycle.requeue_broken()
     fit = cycle.earliest_fit(job)
     return fit[0] if fit is not None else None
+
+
+def _at(ts: float) -> str:
+    """A moment as a person reads it (the core has no clock: formatting one is not reading one)."""
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def _gpus(n: int, adjective: str = "") -> str:
+    return f"{n} {adjective + ' ' if adjective else ''}GPU" + ("" if n == 1 else "s")
+
+
+def _quota_name(quota: str) -> str:
+    return "GPU" if quota == "gpus" else f"{quota.removeprefix('tier:')} tier"

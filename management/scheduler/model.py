@@ -223,6 +223,7 @@ class Explanation:
     reserved_start: float | None = None
     estimated_start: float | None = None
     fits_now: bool = False
+    cannot_fit: str | None = None  # why it cannot be placed on the grid as it is now, even empty (it waits for hosts)
     summary: str = ""
 
 

@@ -1,30 +1,13 @@
-"""The wording fixes ``management/views.py`` applies to the scheduler's explanations."""
+"""The explanation view: the core's explanation as it is, its two times as RFC 3339."""
 
 from __future__ import annotations
 
 from management.scheduler.model import Explanation
-from management.views import explanation_view, readable_times, renter_words
+from management.views import explanation_view
 
 
-def test_a_core_moment_that_is_the_explanations_own_start_becomes_rfc3339_and_any_other_is_left_alone():
-    start = 1795380123.456
-    text = f"reserved from t={start:g}, when running jobs end."
-    assert readable_times(text, [None, start]) == "reserved from 2026-11-22T20:42:03.456Z, when running jobs end."
-    assert readable_times("at t=12345.6.", [start]) == "at t=12345.6."  # not a moment it knows: unchanged
-    assert readable_times("start=5 and t=", [start]) == "start=5 and t="
-
-
-def test_the_renter_reads_workload_where_the_core_says_job():
-    said = "A job with a max duration could start; this job asks; 2 lower-priority job(s); smaller jobs; jobsite"
-    assert renter_words(said) == (
-        "A workload with a max duration could start; this workload asks; 2 lower-priority workload(s); smaller workloads; jobsite"
-    )
-
-
-def test_the_explanation_view_applies_both_to_the_sentences_only():
-    e = Explanation(
-        "wl-1", 2, 2, summary=f"First in line from t={1795380123.0:g}.", blocked_by="a job", reserved_start=1795380123.0
-    )
+def test_the_explanation_view_keeps_the_sentences_and_writes_its_times_as_rfc3339():
+    e = Explanation("wl-1", 2, 2, summary="Next in line for room.", blocked_by="a workload", reserved_start=1795380123.0)
     view = explanation_view(e)
-    assert view["summary"] == "First in line from 2026-11-22T20:42:03.000Z."
-    assert (view["blocked_by"], view["reserved_start"], view["job_id"]) == ("a workload", "2026-11-22T20:42:03.000Z", "wl-1")
+    assert (view["summary"], view["blocked_by"], view["job_id"]) == ("Next in line for room.", "a workload", "wl-1")
+    assert (view["reserved_start"], view["estimated_start"], view["cannot_fit"]) == ("2026-11-22T20:42:03.000Z", None, None)

@@ -139,7 +139,7 @@ def test_mig_requests_land_only_on_that_profile_and_whole_gpu_requests_never_on_
     assert units[got["whole"][0][0]].mig_profile is None
     wrong = ReplicaRequest(gpus=1, mig_profile="3g.40gb")
     plan = schedule(snapshot(hosts, units, queue=[job("other", request=wrong)]))
-    assert isinstance(plan.decisions[0], Reject) and "3g.40gb" in plan.decisions[0].reason
+    assert not plan.decisions and "3g.40gb" in (plan.explanations["other"].cannot_fit or "")
 
 
 def test_cpu_and_ram_of_a_host_bound_what_it_takes():
@@ -160,7 +160,7 @@ def test_units_held_outside_the_scheduler_are_never_given_out():
 # --- rejection -------------------------------------------------------------------------------------
 
 
-def test_what_can_never_fit_is_rejected_with_the_reason_and_busy_is_not_rejection():
+def test_only_what_no_grid_could_run_is_rejected_what_this_grid_cannot_hold_waits_explained():
     hosts, units = grid({"h1": 8, "h2": 8})
     q = [
         job("too-wide", 9),
@@ -170,12 +170,27 @@ def test_what_can_never_fit_is_rejected_with_the_reason_and_busy_is_not_rejectio
     ]
     plan = schedule(snapshot(hosts, units, queue=q))
     reasons = {d.job_id: d.reason for d in plan.decisions if isinstance(d, Reject)}
-    assert set(reasons) == {"too-wide", "no-tier", "no-class", "big-gang"}
-    assert "8" in reasons["too-wide"] and "platinum" in reasons["no-tier"] and "urgent" in reasons["no-class"]
+    assert set(reasons) == {"no-class"} and "urgent" in reasons["no-class"]  # no priority class of that name, anywhere
+    assert not plan.places()  # and nothing else was placed or preempted for them
+    cannot = {job_id: e.cannot_fit for job_id, e in plan.explanations.items()}
+    assert "the most any host has that match is 8" in (cannot["too-wide"] or "")
+    assert "platinum" in (cannot["no-tier"] or "")
+    assert "at most 2" in (cannot["big-gang"] or "")  # hosts may join: it waits, saying why
+    assert "Cannot be placed on this grid as it is now" in plan.explanations["big-gang"].summary
     busy = running(job("busy", 8), [[f"h1-g{i}" for i in range(8)], [f"h2-g{i}" for i in range(8)]])
     busy = replace(busy, replicas=2, request=ReplicaRequest(gpus=8))
     plan = schedule(snapshot(hosts, units, queue=[job("waits", 8)], run=[busy]))
     assert not plan.decisions and not plan.explanations["waits"].fits_now
+    assert plan.explanations["waits"].cannot_fit is None  # busy now is not "cannot fit"
+
+
+def test_a_job_that_cannot_fit_never_becomes_the_head_so_it_holds_nobody_up():
+    hosts, units = grid({"h1": 2})
+    blocker = running(job("blocker", 2, max_duration_s=3600.0), [["h1-g0", "h1-g1"]])
+    q = [job("huge", 4, t=0.0), job("short", 1, t=1.0, max_duration_s=60.0)]
+    plan = schedule(snapshot(hosts, units, queue=q, run=[blocker]))
+    e = plan.explanations["short"]
+    assert e.blocked_by is None or "huge" not in e.blocked_by  # the one that can never fit here reserves nothing
 
 
 # --- quotas ----------------------------------------------------------------------------------------
@@ -297,7 +312,8 @@ def test_easy_backfill_lets_a_short_job_use_the_heads_hosts_but_keeps_a_long_one
     ]
     plan = schedule(snapshot(hosts, units, queue=q, run=run))
     e = plan.explanations["head"]
-    assert e.reserved_start == 2000.0 and "First in line" in e.summary
+    assert e.reserved_start == 2000.0
+    assert "Next in line for room: 4 GPUs reserved for it from 1970-01-01 00:33:20 UTC" in e.summary
     assert placed(plan) == {"short": (("h1-g2", "h1-g3"),)}  # ends at 1500, before the head's start
     assert "long" in plan.explanations and "head" in (plan.explanations["long"].blocked_by or "")
 

@@ -44,7 +44,7 @@ def test_a_job_behind_the_head_is_told_who_it_waits_for_and_when_that_starts():
     ]
     snap = snapshot(hosts, units, queue=q, run=run)
     head = explain(snap, "head")
-    assert head.reserved_start == 1500.0 and head.position == 1 and "First in line" in head.summary
+    assert head.reserved_start == 1500.0 and head.position == 1 and "Next in line for room" in head.summary
     # "long" fits h2 now (h2 is not the head's host): nothing to explain but that it starts
     assert explain(snap, "long").fits_now and "next cycle" in explain(snap, "long").summary
     later = explain(snap, "later")
@@ -59,7 +59,7 @@ def test_a_fitting_job_held_back_by_the_heads_reservation_names_the_head():
     policy = Policy(classes=tuple(type(c)(c.name, c.rank) for c in Policy().classes))  # nobody may preempt
     e = explain(snapshot(hosts, units, queue=q, run=run, policy=policy), "long")
     assert e.fits_now and e.blocked_by is not None and "head" in e.blocked_by and "priority high" in e.blocked_by
-    assert "t=1500" in e.blocked_by and "ends before then" in e.summary
+    assert "from 1970-01-01 00:25:00 UTC" in e.blocked_by and "ends before then" in e.summary
 
 
 def test_quota_is_explained_with_limit_use_and_ask():
@@ -77,10 +77,18 @@ def test_a_job_that_is_not_queued_is_not_found():
         explain(snapshot(hosts, units, queue=[job("a")]), "nope")
 
 
-def test_a_rejected_job_says_why():
+def test_a_job_this_grid_cannot_hold_says_why_and_what_each_constraint_left():
     hosts, units = grid({"h": 2})
     e = explain(snapshot(hosts, units, queue=[job("wide", 3)]), "wide")
-    assert e.summary.startswith("Rejected") and "2" in e.summary
+    assert e.cannot_fit == "each replica asks for 3 GPUs on one host; the most any host has that match is 2"
+    assert e.summary.startswith("Cannot be placed on this grid as it is now") and e.estimated_start is None
+    assert e.position == 1 and e.filters and e.filters[-1].name == "replica fit"
+
+
+def test_a_rejected_job_says_why():
+    hosts, units = grid({"h": 2})
+    e = explain(snapshot(hosts, units, queue=[job("odd", 1, priority="urgent")]), "odd")
+    assert e.summary.startswith("Rejected: priority class 'urgent' does not exist") and e.filters
 
 
 def test_jobs_past_the_cycles_batch_are_explained_as_not_reached():
