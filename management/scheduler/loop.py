@@ -55,6 +55,7 @@ STRAY_RETRY_S = 30.0  # a stray container whose delete failed is tried again aft
 class SchedulerSettings(msgspec.Struct, frozen=True, kw_only=True):
     period_s: float = 5.0  # a cycle at least this often, even when nothing woke the loop
     settle_s: float = 0.05  # after a wake-up, wait this long so a burst of changes makes one cycle
+    min_gap_s: float = 0.25  # and never start a cycle sooner than this after the last one ended
     grace_s: float = 30.0  # a preempted or cancelled container gets this long between SIGTERM and SIGKILL
     offline_grace_s: float = 20.0  # a host unseen this long has its workloads placed elsewhere
     start_timeout_s: float = 300.0  # a container create that has not finished by then failed
@@ -157,6 +158,8 @@ class SchedulerLoop:
                 raise
             except Exception:
                 log.exception("scheduling cycle failed; the next one runs in %.1f s", self.settings.period_s)
+            # A snapshot of a large grid costs real CPU: however often changes arrive, cycles are this far apart.
+            await asyncio.sleep(self.settings.min_gap_s)
 
     # --- one cycle ------------------------------------------------------------------------------------------
 
@@ -164,9 +167,11 @@ class SchedulerLoop:
         started = time.perf_counter()
         now = self._clock()
         reconciled = await self.reconcile(now)
-        snapshot = await self.snapshot(now)
-        plan = schedule(snapshot, explain=False)
-        counts = await self.carry_out(plan, now)
+        counts = (0, 0, 0, 0)
+        if self.book.counts():  # with no open workload there is nothing to place, move or stop: no snapshot
+            snapshot = await self.snapshot(now)
+            plan = schedule(snapshot, explain=False)
+            counts = await self.carry_out(plan, now)
         self.cycles += 1
         self.last = CycleReport(*counts, reconciled=reconciled, seconds=time.perf_counter() - started)
         if counts[0] or counts[1] or counts[2]:
