@@ -115,5 +115,11 @@ def _constraints(filters: list[dict[str, Any]], needed: int) -> list[str]:
     if left >= needed:
         lines.append(f"{passing} every constraint now; it needs {needed} at once")
     else:
-        lines.append(f"only {left} of the {needed} GPUs it needs at once pass every constraint now")
+        some = "no GPU" if left == 0 else f"only {left}"
+        verb = "passes" if left <= 1 else "pass"
+        lines.append(f"{some} of the {_gpus(needed)} it needs at once {verb} every constraint now")
     return lines
+
+
+def _gpus(n: int) -> str:
+    return f"{n} GPU" + ("" if n == 1 else "s")
