@@ -280,5 +280,6 @@ class WorkloadRecord(msgspec.Struct, kw_only=True):
     assignments: list[Assignment] = []
     restarts: int = 0
     preemptions: int = 0
+    preempted_for: str = ""  # while preempted: the workload it is stopping for (kept across a Master restart)
     exit_codes: list[int] = []
     version: int = 0  # bumped on every write; a write naming an older version is refused (StaleWorkload)

@@ -317,7 +317,7 @@ def _implied(rec: WorkloadRecord, event: str, target: str, now: float) -> dict[s
     if event == "preempt":
         return {"preemptions": rec.preemptions + 1}
     if event == "requeue":  # back in line at its original place (queued_at is kept), placed anew
-        return {"assignments": [], "scheduled_at": None, "started_at": None}
+        return {"assignments": [], "scheduled_at": None, "started_at": None, "preempted_for": ""}
     if target in FINAL_WORKLOAD_STATES:
-        return {"finished_at": now}
+        return {"finished_at": now, "preempted_for": ""}
     return {}

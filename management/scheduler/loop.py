@@ -109,7 +109,6 @@ class SchedulerLoop:
             allow_process_runtime=self.settings.allow_process_runtime,
             grace_s=self.settings.grace_s,
         )
-        self._preempting: dict[str, str] = {}  # victim workload id -> the workload it makes room for
         self._strays: dict[tuple[str, str], float] = {}  # (host, container) -> when this loop last deleted it
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -197,7 +196,6 @@ class SchedulerLoop:
             project_usage={},
             policy=policy,
             offline_grace_s=self.settings.offline_grace_s,
-            preempting=self._preempting,
             listening_since=m.started_at,
         )
         self.usage.advance(
@@ -315,15 +313,15 @@ class SchedulerLoop:
         rec = await self.book.get(decision.job_id)
         if rec.state not in (W.SCHEDULED.value, W.STARTING.value, W.RUNNING.value):
             return 0
-        self._preempting[rec.id] = decision.for_job
-        await self.book.end(rec.id, "preempt", decision.reason, now, grace_s=self.settings.grace_s)
+        await self.book.end(
+            rec.id, "preempt", decision.reason, now, grace_s=self.settings.grace_s, preempted_for=decision.for_job
+        )
         return 1
 
     async def _requeue(self, workload_id: str, reason: str, now: float, *, restarts: int | None = None) -> int:
         rec = await self.book.get(workload_id)
         if rec.state not in (W.SCHEDULED.value, W.STARTING.value, W.RUNNING.value, W.PREEMPTED.value):
             return 0
-        self._preempting.pop(workload_id, None)
         changes = {} if restarts is None else {"restarts": restarts}
         await self.book.end(rec.id, "requeue", reason, now, grace_s=self.settings.grace_s, **changes)
         return 1
@@ -446,7 +444,7 @@ class SchedulerLoop:
                 and a.container in agent.containers
             ):
                 return 0  # still stopping
-        for_job = self._preempting.pop(rec.id, "a higher priority workload")
+        for_job = rec.preempted_for or "a higher priority workload"
         if rec.spec.restart_policy in RESTARTING_POLICIES:
             await self.book.transition(rec.id, "requeue", f"preempted for {for_job}; back in the queue", now)
         else:

@@ -136,7 +136,7 @@ def mig_units_of(gpu: GpuRecord, *, healthy: bool) -> list[Unit]:
     ]
 
 
-def job_of(rec: WorkloadRecord, *, preempted_for: str | None = None) -> Job:
+def job_of(rec: WorkloadRecord) -> Job:
     spec = rec.spec
     replica = spec.replica
     holding = rec.state in HOLDING_STATES and rec.assignments
@@ -169,7 +169,7 @@ def job_of(rec: WorkloadRecord, *, preempted_for: str | None = None) -> Job:
         placement=spec.placement,  # type: ignore[arg-type]  # the spec allows only the literal's values
         started_at=(rec.started_at or rec.scheduled_at or rec.queued_at) if holding else None,
         assignment=assignment,
-        preempted_for=preempted_for if preempted_for is not None else ("(stopping)" if rec.state == "preempted" else None),
+        preempted_for=(rec.preempted_for or "(stopping)") if rec.state == "preempted" else None,
     )
 
 
@@ -223,11 +223,9 @@ def build_snapshot(
     project_usage: Mapping[tuple[str, str], float],
     policy: Policy,
     offline_grace_s: float,
-    preempting: Mapping[str, str],
     listening_since: float = 0.0,
 ) -> Snapshot:
-    """The core's snapshot. ``preempting``: victim workload id -> the workload it is being stopped for;
-    ``listening_since``: when this Master started (a host's silence is not counted before it)."""
+    """The core's snapshot. ``listening_since``: when this Master started (a host's silence is not counted before it)."""
     hosts: dict[str, Host] = {}
     units: dict[str, Unit] = {}
     for agent in agents.values():
@@ -243,7 +241,7 @@ def build_snapshot(
         if rec.state == "queued":
             queue.append(job_of(rec))
         elif rec.state in HOLDING_STATES and rec.assignments:
-            running[rec.id] = job_of(rec, preempted_for=preempting.get(rec.id))
+            running[rec.id] = job_of(rec)
             for a in rec.assignments:
                 containers[(a.agent_id, a.container)] = rec.id
     instances: dict[str, list[str]] = {}  # a GPU in MIG mode -> its instances' unit ids

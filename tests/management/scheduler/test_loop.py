@@ -169,6 +169,7 @@ async def test_a_higher_class_preempts_a_lower_one_which_goes_back_to_the_queue(
     assert report.preempted == 1
     victim = await loop.book.get(low.id)
     assert victim.state == "preempted" and victim.preemptions == 1
+    assert (await master.store.workloads.get(low.id)).preempted_for == high.id  # stored: a restarted Master knows it
     (delete,) = deletes_sent(link, "agt-a")
     assert delete.body.spec["timeout_s"] == GRACE_S  # SIGTERM, then this long before SIGKILL
     assert (await loop.book.get(high.id)).state == "queued"  # the victim's GPU is not free until its container is gone
@@ -178,7 +179,12 @@ async def test_a_higher_class_preempts_a_lower_one_which_goes_back_to_the_queue(
     await deleted(master, link, "agt-a")
     await loop.cycle()
 
-    assert (await loop.book.get(low.id)).state == "queued"
+    requeued = await loop.book.get(low.id)
+    assert (requeued.state, requeued.state_reason, requeued.preempted_for) == (
+        "queued",
+        f"preempted for {high.id}; back in the queue",
+        "",
+    )
     assert (await loop.book.get(high.id)).state == "scheduled"
 
 

@@ -65,7 +65,6 @@ def snapshot(holds: dict[str, Hold]):
         project_usage={},
         policy=Policy(),
         offline_grace_s=5.0,
-        preempting={},
     )
 
 
