@@ -2,7 +2,7 @@
 
 Where the API and the key come from, first found wins:
   API URL:  --api, then IDLEGRID_API, then ``api`` in the CLI config file, then http://127.0.0.1:7000
-  API key:  --api-key, then IDLEGRID_API_KEY, then ``api_key`` in the CLI config file, then the local
+  API key:  --api-key, then --key-file, then IDLEGRID_API_KEY, then ``api_key`` in the CLI config file, then the local
             Master's operator key file (--operator-token-file, .idlegrid/master/operator.token by default)
 The CLI config file is ``$XDG_CONFIG_HOME/idlegrid/cli.toml`` (``~/.config/idlegrid/cli.toml``); keep it 0600.
 Output is a table for people; ``--json`` prints the API's JSON for scripts.
@@ -69,6 +69,11 @@ def resolve_credentials(args: argparse.Namespace, env: Mapping[str, str], *, key
     api = args.api or env.get(API_ENV) or config.get("api") or DEFAULT_API
     if args.api_key:
         return Credentials(api, args.api_key, "--api-key")
+    key_file: Path | None = getattr(args, "key_file", None)
+    if key_file is not None:
+        from management.client import read_key_file
+
+        return Credentials(api, read_key_file(key_file), str(key_file))
     if env.get(API_KEY_ENV):
         return Credentials(api, env[API_KEY_ENV], API_KEY_ENV)
     if config.get("api_key"):
@@ -144,7 +149,12 @@ def _connection_options(p: argparse.ArgumentParser) -> None:
         "--api", metavar="URL", help=f"management API URL (default: ${API_ENV}, the CLI config file, else {DEFAULT_API})"
     )
     p.add_argument(
-        "--api-key", metavar="KEY", help=f"API key (default: ${API_KEY_ENV}, the CLI config file, else the operator key file)"
+        "--api-key",
+        metavar="KEY",
+        help=f"API key (default: --key-file, ${API_KEY_ENV}, the CLI config file, else the operator key file)",
+    )
+    p.add_argument(
+        "--key-file", type=Path, metavar="FILE", help="file holding the API key: keeps it out of shell history (default: none)"
     )
     p.add_argument(
         "--operator-token-file",

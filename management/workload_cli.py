@@ -129,6 +129,7 @@ def _connection(p: argparse.ArgumentParser) -> None:
         metavar="URL",
         help="management API URL (default: $IDLEGRID_API, else api in ~/.config/idlegrid/cli.toml, else http://127.0.0.1:7000)",
     )
+    p.add_argument("--api-key", metavar="KEY", help="API key (default: --key-file, else as below)")
     p.add_argument(
         "--key-file",
         type=Path,
@@ -141,11 +142,10 @@ def _connection(p: argparse.ArgumentParser) -> None:
 
 def _client(args: argparse.Namespace) -> Any:
     from management.cli_accounts import resolve_credentials
-    from management.client import ApiClient, read_key_file
+    from management.client import ApiClient
 
-    key = read_key_file(args.key_file) if args.key_file is not None else None
-    found = argparse.Namespace(api=args.api, api_key=key, operator_token_file=DEFAULT_KEY_FILE)
-    credentials = resolve_credentials(found, os.environ, key_option="--key-file FILE")
+    found = argparse.Namespace(api=args.api, api_key=args.api_key, key_file=args.key_file, operator_token_file=DEFAULT_KEY_FILE)
+    credentials = resolve_credentials(found, os.environ, key_option="--key-file FILE or --api-key KEY")
     return ApiClient(credentials.api, credentials.api_key)
 
 

@@ -4,6 +4,7 @@ documented order says."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import threading
@@ -152,3 +153,17 @@ def test_a_config_file_with_an_unknown_setting_is_named(tmp_path):
     cli_config_path(env).write_text('apikey = "x"\n')
     with pytest.raises(Exception, match="unknown setting"):
         resolve_credentials(namespace(None, tmp_path / "none"), env)
+
+
+def test_every_command_group_takes_a_key_by_flag_or_by_file(tmp_path, capsys):
+    key_file = tmp_path / "key"
+    key_file.write_text("igak_from_file\n")
+    args = argparse.Namespace(api=None, api_key=None, key_file=key_file, operator_token_file=tmp_path / "none")
+    assert resolve_credentials(args, {"IDLEGRID_API_KEY": "igak_env"}).api_key == "igak_from_file"
+    args.api_key = "igak_flag"
+    assert resolve_credentials(args, {}).api_key == "igak_flag"
+    for group in (["account", "list"], ["workload", "list"]):
+        with pytest.raises(SystemExit):
+            cli.main([*group, "--help"])
+        usage = capsys.readouterr().out
+        assert "--api-key KEY" in usage and "--key-file FILE" in usage, group
