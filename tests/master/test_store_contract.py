@@ -831,11 +831,23 @@ def figure(account: str, project: str | None = None, gpu_seconds: float = 3600.0
 
 async def test_fair_share_figures_round_trip_by_account_its_own_first_then_by_project(store: Store) -> None:
     assert await store.fair_share.list() == []
-    written = [figure("bob", "vision", 7.5), figure("alice-2"), figure("alice", "nlp", 0.25), figure("bob", None, 12.0), figure("alice")]
+    written = [
+        figure("bob", "vision", 7.5),
+        figure("alice-2"),
+        figure("alice", "nlp", 0.25),
+        figure("bob", None, 12.0),
+        figure("alice"),
+    ]
     await store.fair_share.put_many(written)
     assert_same(
         await store.fair_share.list(),
-        [figure("alice"), figure("alice", "nlp", 0.25), figure("alice-2"), figure("bob", None, 12.0), figure("bob", "vision", 7.5)],
+        [
+            figure("alice"),
+            figure("alice", "nlp", 0.25),
+            figure("alice-2"),
+            figure("bob", None, 12.0),
+            figure("bob", "vision", 7.5),
+        ],
     )
 
 
