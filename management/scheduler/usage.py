@@ -21,6 +21,11 @@ class UsageMeter:
         self.project_usage: dict[tuple[str, str], float] = {}
         self._at: float | None = None
 
+    @property
+    def at(self) -> float | None:
+        """The time the figures are decayed to (None before the clock has started)."""
+        return self._at
+
     def advance(self, now: float, holding: Iterable[Job]) -> None:
         """Decay to ``now`` and charge ``holding`` jobs for the time since the last call (the first call only starts
         the clock). A clock that went back charges nothing."""

@@ -31,7 +31,7 @@ class UsageSaver:
         self.timeout_s = timeout_s
         self.loaded = False
         self.saves = 0  # successful saves, for tests and metrics
-        self._saved_at: float | None = None  # loop clock of the last successful load or save
+        self._saved_at: float | None = None  # the time the figures last loaded or saved are of
         self._task: asyncio.Task[bool] | None = None
 
     async def load(self, now: float) -> bool:
@@ -69,7 +69,7 @@ class UsageSaver:
         except Exception as exc:  # any store failure: the figures stay in memory and the next save writes them
             log.warning("fair-share usage not saved to the store; tried again after the next cycle: %s", exc)
             return False
-        self._saved_at = now
+        self._saved_at = now if self.meter.at is None else self.meter.at  # the time the saved figures are of
         self.saves += 1
         return True
 
