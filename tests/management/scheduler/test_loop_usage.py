@@ -19,6 +19,7 @@ from management.scheduler.loop import SchedulerLoop, SchedulerSettings
 from master.accounts import AccountRole
 from master.config import MasterConfig
 from master.link import AccessLink
+from master.records import FairShareUsage
 from master.service import Master
 from master.store import SqliteStore
 from master.store.migrations import SQLITE_MIGRATIONS
@@ -157,6 +158,49 @@ async def test_a_save_the_store_refuses_is_logged_the_loop_cycles_on_and_the_nex
         assert set(saved) == {("alice", None), ("alice", "default")}
         assert saved[("alice", None)].gpu_seconds == pytest.approx(3601.0, abs=0.1)
         assert saved[("alice", None)].decayed_to == clock.now
+        await loop.stop()
+    finally:
+        await master.stop()
+
+
+async def test_a_loop_that_could_not_load_the_usage_never_overwrites_it_and_adds_it_once_it_can(
+    tmp_path: Path, link: AccessLink, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="management.scheduler.usage_saving")
+    master = Master(MasterConfig(state_dir=str(tmp_path / "master"), link_port=0))
+    await master.start()
+    try:
+        await master.accounts.ensure("alice", AccountRole.RENTER)
+        assert isinstance(master.store, SqliteStore)
+        clock = Clock(time.time())
+        await master.store.fair_share.put_many([FairShareUsage(account="alice", gpu_seconds=1000.0, decayed_to=clock.now)])
+        with sqlite3.connect(master.store.path, isolation_level=None) as outside:  # the store cannot be read...
+            outside.execute("ALTER TABLE fair_share RENAME TO fair_share_away")
+        outside.close()
+        loop = running_loop(master, clock)
+        await loop.book.load()
+        loop.start()
+        await until(lambda: "fair-share usage not loaded" in caplog.text, "the failed load to be logged")
+
+        await alice_runs_one_gpu_for_an_hour(master, link, loop, clock)
+        tries = caplog.text.count("fair-share usage not loaded")
+        loop.wake()
+        await until(lambda: caplog.text.count("fair-share usage not loaded") > tries, "the load to be tried again, for a save")
+        with sqlite3.connect(master.store.path, isolation_level=None) as outside:  # ...and is back, untouched
+            assert outside.execute("SELECT key FROM fair_share_away").fetchall() == [("alice",)]
+            outside.execute("ALTER TABLE fair_share_away RENAME TO fair_share")
+        outside.close()
+        assert loop.usage_saver.saves == 0 and not loop.usage_saver.loaded
+
+        clock.now += 1
+        loop.wake()
+        await until(lambda: loop.usage_saver.saves == 1, "the usage to be loaded and saved")
+
+        hour = 3600.0 * 0.5 ** (1 / HALF_LIFE_S) + 1.0  # what this loop charged, decayed to its clock
+        stored = 1000.0 * 0.5 ** (3601 / HALF_LIFE_S)  # what was saved before, decayed to the same clock
+        assert loop.usage.usage == pytest.approx({"alice": hour + stored})
+        saved = {(u.account, u.project): u.gpu_seconds for u in await master.store.fair_share.list()}
+        assert saved == pytest.approx({("alice", None): hour + stored, ("alice", "default"): hour})
         await loop.stop()
     finally:
         await master.stop()
