@@ -129,6 +129,16 @@ class AccountRecord(msgspec.Struct, kw_only=True):
     updated_at: float = 0.0
 
 
+class FairShareUsage(msgspec.Struct, kw_only=True):
+    """The scheduler's fair-share memory of one account (``project`` None) or of one project in it: GPU-seconds used,
+    decayed with the policy's half-life to ``decayed_to`` (management/scheduler/usage.py decays it on from there)."""
+
+    account: str
+    project: str | None = None  # None: the account's own figure, all its projects together
+    gpu_seconds: float
+    decayed_to: float  # unix time the figure is decayed to
+
+
 class EventRecord(msgspec.Struct, kw_only=True):
     """One recorded fact: a state transition, a refusal, a reputation change."""
 

@@ -37,6 +37,7 @@ from management.scheduler.core import explain, schedule
 from management.scheduler.model import DEFAULT_HALF_LIFE_S, Explanation, Place, Plan, Policy, Preempt, Reject, Requeue, Snapshot
 from management.scheduler.snapshot import HOLDING_STATES, build_snapshot, policy_of, workload_of
 from management.scheduler.usage import UsageMeter
+from management.scheduler.usage_saving import UsageSaver
 from management.scheduler.workloads import WorkloadState, container_name
 from master.config import MasterConfig
 from master.records import Assignment, CommandRecord, WorkloadRecord
@@ -63,6 +64,7 @@ class SchedulerSettings(msgspec.Struct, frozen=True, kw_only=True):
     placement: str = "binpack"
     backfill: bool = True
     allow_process_runtime: bool = False
+    usage_save_every_s: float = 60.0  # fair-share usage is saved to the store at most this often, and when the loop stops
 
     @classmethod
     def of(cls, config: MasterConfig) -> SchedulerSettings:
@@ -102,6 +104,7 @@ class SchedulerLoop:
         self.settings = settings or SchedulerSettings()
         self._clock = clock
         self.usage = UsageMeter(self.settings.half_life_s)
+        self.usage_saver = UsageSaver(self.usage, master.store.fair_share, every_s=self.settings.usage_save_every_s)
         self.base_policy = Policy(
             half_life_s=self.settings.half_life_s,
             placement_default=self.settings.placement,  # type: ignore[arg-type]  # checked by the settings' user
@@ -131,6 +134,7 @@ class SchedulerLoop:
         self._wake.set()
 
     async def stop(self) -> None:
+        ran = self._task is not None
         for task in (self._task, self._pump):
             if task is not None:
                 task.cancel()
@@ -139,11 +143,14 @@ class SchedulerLoop:
                 except asyncio.CancelledError:
                     pass
         self._task = self._pump = None
+        if ran:
+            await self.usage_saver.flush(self._clock())
 
     def wake(self) -> None:
         self._wake.set()
 
     async def _run(self) -> None:
+        await self.usage_saver.load(self._clock())  # fair share goes on from the saved usage, decayed across the downtime
         while True:
             try:
                 await asyncio.wait_for(self._wake.wait(), self.settings.period_s)
@@ -157,6 +164,7 @@ class SchedulerLoop:
                 raise
             except Exception:
                 log.exception("scheduling cycle failed; the next one runs in %.1f s", self.settings.period_s)
+            self.usage_saver.tick(self._clock())
             # A snapshot of a large grid costs real CPU: however often changes arrive, cycles are this far apart.
             await asyncio.sleep(self.settings.min_gap_s)
 

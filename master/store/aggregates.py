@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from enum import Enum
 
+from master.records import FairShareUsage
+
 
 class Aggregate(str, Enum):
     """The aggregates the store keeps; each value names its SQLite table and its MongoDB collection alike.
@@ -21,6 +23,7 @@ class Aggregate(str, Enum):
     ROLLUPS = "rollups"
     ACCOUNTS = "accounts"
     WORKLOADS = "workloads"
+    FAIR_SHARE = "fair_share"
 
 
 def workload_order(created_at: float, workload_id: str) -> str:
@@ -31,3 +34,13 @@ def workload_order(created_at: float, workload_id: str) -> str:
 def rollup_key(gpu_uuid: str, minute: int) -> str:
     """The key of one GPU's rollup of one minute, in both backends (MongoDB's ``_id``)."""
     return f"{gpu_uuid}:{minute}"
+
+
+def fair_share_key(account: str, project: str | None) -> str:
+    """The key of one fair-share figure, in both backends: the account id (which has no "/"), then "/project"."""
+    return account if project is None else f"{account}/{project}"
+
+
+def fair_share_order(rec: FairShareUsage) -> tuple[str, bool, str]:
+    """Where a fair-share figure sorts in both backends: by account, its own figure first, then by project."""
+    return (rec.account, rec.project is not None, rec.project or "")

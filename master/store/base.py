@@ -21,6 +21,7 @@ from master.records import (
     ApiKeyRecord,
     CommandRecord,
     EventRecord,
+    FairShareUsage,
     GpuRecord,
     RevocationRecord,
     TelemetryRollup,
@@ -38,6 +39,7 @@ __all__ = [
     "ApiKeyRepo",
     "CommandRepo",
     "EventRepo",
+    "FairShareRepo",
     "GpuRepo",
     "RevocationRepo",
     "RollupRepo",
@@ -198,6 +200,17 @@ class WorkloadRepo(Protocol):
         """Workloads matching every filter, newest first; an empty ``states`` matches none."""
 
 
+class FairShareRepo(Protocol):
+    """The scheduler's decayed usage, one figure per account and per (account, project), keyed by
+    ``aggregates.fair_share_key``. Figures are written whole (last writer wins: see docs/scheduler.md)."""
+
+    async def put_many(self, recs: Sequence[FairShareUsage]) -> None:
+        """Insert, or replace the figures with the same (account, project), in one batch."""
+
+    async def list(self) -> builtins.list[FairShareUsage]:
+        """Every figure, by account, the account's own figure before its projects, then by project."""
+
+
 class Store(Protocol):
     agents: AgentRepo
     gpus: GpuRepo
@@ -209,6 +222,7 @@ class Store(Protocol):
     revocations: RevocationRepo
     rollups: RollupRepo
     workloads: WorkloadRepo
+    fair_share: FairShareRepo
     backend: str  # "sqlite" | "mongodb"
     quarantine: Quarantine  # the records found undecodable, kept aside
     metrics: StoreMetrics  # write latency and quarantined records; register into the daemon's registry

@@ -108,6 +108,12 @@ SQLITE_MIGRATIONS: tuple[SqliteMigration, ...] = (
             "CREATE INDEX api_keys_by_subject ON api_keys (subject, created_at, key_id)",
         ),
     ),
+    SqliteMigration(
+        5,
+        "the scheduler's fair-share usage",
+        # ``key``: aggregates.fair_share_key(account, project); the table is small (one row per account and project).
+        ("CREATE TABLE fair_share (key TEXT PRIMARY KEY, account TEXT NOT NULL, doc TEXT NOT NULL)",),
+    ),
 )
 
 MONGO_MIGRATIONS: tuple[MongoMigration, ...] = (
@@ -161,6 +167,11 @@ MONGO_MIGRATIONS: tuple[MongoMigration, ...] = (
                 IndexModel([("subject", ASCENDING), ("created_at", ASCENDING)]),
             ],
         },
+    ),
+    MongoMigration(
+        5,
+        "the scheduler's fair-share usage by account",
+        {"fair_share": [IndexModel([("account", ASCENDING)])]},
     ),
 )
 

@@ -20,7 +20,7 @@ from common.pki import generate_key, make_csr
 from management.api import build_app
 from master.config import MasterConfig
 from master.enrollment import hash_secret
-from master.records import RevocationRecord
+from master.records import FairShareUsage, RevocationRecord
 from master.service import Master
 from master.store import open_store
 from master.store.aggregates import Aggregate
@@ -44,6 +44,7 @@ async def _plant_good_and_bad_records(store_url: str) -> dict[Aggregate, str]:
         await store.revocations.put(RevocationRecord(serial="0a", agent_id="agt-0", revoked_at=NOW))
         await store.rollups.put_many([rollup("GPU-a", 1)])
         await store.workloads.insert(workload("wl-1"))
+        await store.fair_share.put_many([FairShareUsage(account="alice", gpu_seconds=60.0, decayed_to=NOW)])
         return {
             Aggregate.AGENTS: await poison(store, Aggregate.AGENTS, "agt-bad"),
             Aggregate.GPUS: await poison(store, Aggregate.GPUS, "GPU-bad"),
@@ -55,6 +56,7 @@ async def _plant_good_and_bad_records(store_url: str) -> dict[Aggregate, str]:
             Aggregate.ROLLUPS: await poison(store, Aggregate.ROLLUPS, "GPU-a", minute=2),
             Aggregate.WORKLOADS: await poison(store, Aggregate.WORKLOADS, "wl-bad"),
             Aggregate.ACCOUNTS: await poison(store, Aggregate.ACCOUNTS, "bad-account"),
+            Aggregate.FAIR_SHARE: await poison(store, Aggregate.FAIR_SHARE, "bad-account/default"),
         }
     finally:
         await store.close()
@@ -103,6 +105,7 @@ async def test_the_master_starts_and_serves_with_an_undecodable_record_in_every_
             await master.enrollment.enroll(POISONED_TOKEN, make_csr(generate_key(), "host").decode())
         assert refused.value.code == "token_unknown"
         assert [r.minute for r in await master.store.rollups.list("GPU-a")] == [1]  # the telemetry history's read
+        assert [u.account for u in await master.store.fair_share.list()] == ["alice"]  # what a scheduling loop loads
         accounts = await client.get("/api/v1/accounts", headers=auth)
         assert accounts.status == 200 and [a["id"] for a in (await accounts.json())["items"]] == ["operator"]
 

@@ -21,6 +21,7 @@ from master.records import (
     Assignment,
     CommandRecord,
     EventRecord,
+    FairShareUsage,
     GpuFault,
     GpuRecord,
     PlacementConstraints,
@@ -819,3 +820,61 @@ async def test_a_workload_holding_a_nan_is_refused_before_it_is_written(store: S
     with pytest.raises(UnstorableRecord, match="created_at"):
         await store.workloads.insert(workload(created_at=float("nan")))
     assert await store.workloads.list() == []
+
+
+# --- fair-share usage (management/scheduler/usage_saving.py) ---------------------------------------------
+
+
+def figure(account: str, project: str | None = None, gpu_seconds: float = 3600.0, decayed_to: float = NOW) -> FairShareUsage:
+    return FairShareUsage(account=account, project=project, gpu_seconds=gpu_seconds, decayed_to=decayed_to)
+
+
+async def test_fair_share_figures_round_trip_by_account_its_own_first_then_by_project(store: Store) -> None:
+    assert await store.fair_share.list() == []
+    written = [
+        figure("bob", "vision", 7.5),
+        figure("alice-2"),
+        figure("alice", "nlp", 0.25),
+        figure("bob", None, 12.0),
+        figure("alice"),
+    ]
+    await store.fair_share.put_many(written)
+    assert_same(
+        await store.fair_share.list(),
+        [
+            figure("alice"),
+            figure("alice", "nlp", 0.25),
+            figure("alice-2"),
+            figure("bob", None, 12.0),
+            figure("bob", "vision", 7.5),
+        ],
+    )
+
+
+async def test_putting_fair_share_figures_replaces_those_of_the_same_account_and_project_only(store: Store) -> None:
+    await store.fair_share.put_many([figure("alice", None, 100.0), figure("alice", "nlp", 60.0), figure("bob", None, 5.0)])
+    later = NOW + 60
+    await store.fair_share.put_many([figure("alice", None, 99.0, later), figure("alice", "nlp", 59.5, later)])
+    assert_same(
+        await store.fair_share.list(),
+        [figure("alice", None, 99.0, later), figure("alice", "nlp", 59.5, later), figure("bob", None, 5.0)],
+    )
+
+
+async def test_a_fair_share_batch_holding_a_nan_writes_nothing(store: Store) -> None:
+    with pytest.raises(UnstorableRecord, match="gpu_seconds"):
+        await store.fair_share.put_many([figure("alice"), figure("bob", None, float("nan"))])
+    assert await store.fair_share.list() == []
+
+
+async def test_fair_share_figures_outlive_the_store_connection(store_url: str) -> None:
+    first = open_store(store_url)
+    await first.open()
+    await first.fair_share.put_many([figure("alice"), figure("alice", "default", 1800.0)])
+    await first.close()
+    second = open_store(store_url)
+    await second.open()
+    try:
+        assert_same(await second.fair_share.list(), [figure("alice"), figure("alice", "default", 1800.0)])
+    finally:
+        await second.close()

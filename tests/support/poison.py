@@ -32,6 +32,7 @@ _SQLITE_COLUMNS: dict[Aggregate, dict[str, Any]] = {
     Aggregate.ROLLUPS: {"gpu_uuid": KEY, "minute": 5},
     Aggregate.WORKLOADS: {"id": KEY, "account": "bob", "state": "queued", "listed": "0|poisoned", "version": 0},
     Aggregate.ACCOUNTS: {"id": KEY, "role": "renter"},
+    Aggregate.FAIR_SHARE: {"key": KEY, "account": "alice"},
 }
 # The MongoDB field each SQLite column is kept in, where the names differ; the key column is _id.
 _MONGO_FIELD = {"idx": "index"}
@@ -47,6 +48,7 @@ _BROKEN: dict[Aggregate, dict[str, Any]] = {
     Aggregate.ROLLUPS: {"agent_id": "agt-1", "samples": "many"},
     Aggregate.WORKLOADS: {"account": "bob", "spec": "not a spec", "state": "queued", "created_at": 0.0},
     Aggregate.ACCOUNTS: {"share": "a lot"},
+    Aggregate.FAIR_SHARE: {"gpu_seconds": "a lot", "decayed_to": 0.0},
 }
 
 

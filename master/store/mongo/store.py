@@ -15,6 +15,7 @@ from master.store.base import (
     ApiKeyRepo,
     CommandRepo,
     EventRepo,
+    FairShareRepo,
     GpuRepo,
     RevocationRepo,
     RollupRepo,
@@ -29,6 +30,7 @@ from master.store.mongo.api_keys import MongoApiKeyRepo
 from master.store.mongo.commands import MongoCommandRepo
 from master.store.mongo.connection import MongoConnection, redacted
 from master.store.mongo.events import MongoEventRepo
+from master.store.mongo.fair_share import MongoFairShareRepo
 from master.store.mongo.gpus import MongoGpuRepo
 from master.store.mongo.revocations import MongoRevocationRepo
 from master.store.mongo.rollups import MongoRollupRepo
@@ -55,6 +57,7 @@ class MongoStore:
         self.revocations: RevocationRepo = MongoRevocationRepo(*upkeep)
         self.rollups: RollupRepo = MongoRollupRepo(*upkeep)
         self.workloads: WorkloadRepo = MongoWorkloadRepo(*upkeep)
+        self.fair_share: FairShareRepo = MongoFairShareRepo(*upkeep)
 
     @property
     def url(self) -> str:

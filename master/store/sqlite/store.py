@@ -11,6 +11,7 @@ from master.store.base import (
     ApiKeyRepo,
     CommandRepo,
     EventRepo,
+    FairShareRepo,
     GpuRepo,
     RevocationRepo,
     RollupRepo,
@@ -26,6 +27,7 @@ from master.store.sqlite.api_keys import SqliteApiKeyRepo
 from master.store.sqlite.commands import SqliteCommandRepo
 from master.store.sqlite.database import SqliteDatabase
 from master.store.sqlite.events import SqliteEventRepo
+from master.store.sqlite.fair_share import SqliteFairShareRepo
 from master.store.sqlite.gpus import SqliteGpuRepo
 from master.store.sqlite.revocations import SqliteRevocationRepo
 from master.store.sqlite.rollups import SqliteRollupRepo
@@ -52,6 +54,7 @@ class SqliteStore:
         self.revocations: RevocationRepo = SqliteRevocationRepo(*upkeep)
         self.rollups: RollupRepo = SqliteRollupRepo(*upkeep)
         self.workloads: WorkloadRepo = SqliteWorkloadRepo(*upkeep)
+        self.fair_share: FairShareRepo = SqliteFairShareRepo(*upkeep)
 
     def __repr__(self) -> str:
         return f"SqliteStore({self.path!r})"
