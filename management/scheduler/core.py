@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from itertools import islice
+from operator import itemgetter
 
 from common.errors import NotFound
 from management.scheduler.model import (
@@ -36,6 +38,7 @@ from management.scheduler.pool import FreePool, Shape, host_static_ok, nvlink_gr
 
 VICTIM_CHUNK = 128  # preemption reads victims in chunks of this many, most recently started first ...
 VICTIM_HOSTS_ENOUGH = 2  # ... and stops once room is found on this many hosts more than the replicas asked
+_first = itemgetter(0)
 FILTER_NAMES = (
     "unhealthy or offline",
     "host takes no work",
@@ -86,9 +89,7 @@ class _Cycle:
         self._reserve_keys: list[str] = []
         self._no_fit: set[tuple[object, ...]] = set()
         self._no_victims: set[tuple[object, ...]] = set()
-        self._victims_by_rank: dict[int, list[Job]] = {}
-        self._victims_seen: dict[int, int] = {}
-        self._preemptible: list[tuple[int, Job]] | None = None
+        self._preemptible: tuple[list[float], dict[float, list[tuple[str, int, Job]]], set[float]] | None = None
         self._preempt_attempts = 0
         self.pool.now = snapshot.now
         quotas = self.policy.quotas
@@ -121,17 +122,20 @@ class _Cycle:
     def requeue_broken(self) -> None:
         s = self.s
         units, holders = s.units, s.holders
-        offline = {h.id for h in s.hosts.values() if not h.online}
+        # the common case (nothing faulty, every host up) costs one pass over the units and one over the hosts
+        hosts = s.hosts.values()
+        offline = {h.id for h in hosts if not h.online}
         bad = [u.id for u in units.values() if not u.healthy]
         if offline:
             bad += [u.id for u in units.values() if u.host in offline]
-        not_taking = {h.id for h in s.hosts.values() if not h.takes_work}
+        not_taking = {h.id for h in hosts if not h.takes_work}
         if not_taking:
             bad += [u.id for u in units.values() if u.host in not_taking]
         for u in bad:  # a kept pool may still list them as idle
             self.pool.refresh(u)
         suspects = {holders[u] for u in bad if u in holders and (not units[u].healthy or units[u].host in offline)}
-        suspects |= {holders[u] for u in holders.keys() - units.keys()}  # units that left the grid
+        if not holders.keys() <= units.keys():  # a subset test builds no set; the difference only when it fails
+            suspects |= {holders[u] for u in holders.keys() - units.keys()}  # units that left the grid
         for job_id in sorted(suspects):
             job = s.running.get(job_id)
             reason = self._broken_reason(job) if job is not None else None
@@ -316,25 +320,38 @@ class _Cycle:
 
     # --- preemption --------------------------------------------------------------------------------
 
-    def _victim_candidates(self, cls: PriorityClass) -> list[Job]:
-        """Running jobs ``cls`` may preempt, most recently started first (sorted once per cycle)."""
+    def _victim_candidates(self, cls: PriorityClass) -> Iterator[Job]:
+        """Running jobs ``cls`` may preempt, most recently started first (then by id), read lazily.
+
+        The running jobs are grouped by start time once per cycle (one pass, no sort of them all); a group is
+        sorted by id when the reading first reaches it, and the reading usually stops after a few chunks.
+        Victims chosen before the iterator is made are left out (the set does not change while it is read).
+        """
         if self._preemptible is None:
             rank_of = {c.name: c.rank for c in self.policy.classes if c.preemptible}
             broken = self.broken
-            pairs = [
-                (-(v.started_at or 0.0), v.id, rank_of[v.priority], v)
-                for v in self.s.running.values()
-                if v.preemptible and v.priority in rank_of and v.assignment and v.id not in broken
-            ]
-            pairs.sort()
-            self._preemptible = [(rank, v) for _, _, rank, v in pairs]
-        out = self._victims_by_rank.get(cls.rank)
-        if out is None or len(self.victims) != self._victims_seen.get(cls.rank):
-            victims = self.victims
-            out = [v for rank, v in self._preemptible if rank < cls.rank and v.id not in victims]
-            self._victims_by_rank[cls.rank] = out
-            self._victims_seen[cls.rank] = len(victims)
-        return out
+            groups: dict[float, list[tuple[str, int, Job]]] = {}
+            for v in self.s.running.values():
+                if v.preemptible and v.assignment and v.id not in broken:
+                    rank = rank_of.get(v.priority)
+                    if rank is not None:
+                        start = v.started_at or 0.0
+                        group = groups.get(start)
+                        if group is None:
+                            groups[start] = [(v.id, rank, v)]
+                        else:
+                            group.append((v.id, rank, v))
+            self._preemptible = (sorted(groups, reverse=True), groups, set())
+        starts, groups, ordered = self._preemptible
+        below, victims = cls.rank, self.victims
+        for start in starts:
+            group = groups[start]
+            if start not in ordered:
+                group.sort(key=_first)  # ids are unique
+                ordered.add(start)
+            for victim_id, rank, v in group:
+                if rank < below and victim_id not in victims:
+                    yield v
 
     def _fits_with(self, job: Job, exclude: frozenset[str]) -> bool:
         if self.pool.place(job, exclude) is None:
@@ -391,15 +408,18 @@ class _Cycle:
         g = job.request.gpus
         shapes = set(pool.shapes_for(job.request))
         candidates = self._victim_candidates(cls)
+        first_chunk: list[Job] | None = None
         # per (host, shape): what each victim there would free. Victims are read most recent first, in
         # chunks; once room is found on enough hosts the rest of the victims are not read (a bound per cycle).
         on_host_shape: dict[tuple[str, Shape], list[tuple[int, Job]]] = {}
         hosts_with = pool.hosts_with(shapes)
         host_ok: dict[str, bool] = {}
         best_on: dict[str, tuple[int, float, str, list[Job]]] = {}
-        for first in range(0, len(candidates), VICTIM_CHUNK):
+        while chunk := list(islice(candidates, VICTIM_CHUNK)):
+            if first_chunk is None:
+                first_chunk = chunk
             touched: set[tuple[str, Shape]] = set()
-            for v in candidates[first : first + VICTIM_CHUNK]:
+            for v in chunk:
                 # a victim none of whose replicas is on a host with units of a wanted shape cannot help
                 if not any(rep and rep[0] in units and units[rep[0]].host in hosts_with for rep in v.assignment or ()):
                     continue
@@ -448,7 +468,7 @@ class _Cycle:
                 fits = True
                 break
         if not fits:  # a gang may need more than one replica's room per host: more, most recent first (bounded)
-            for v in candidates[:VICTIM_CHUNK]:
+            for v in first_chunk or ():
                 if v.id not in held:
                     held[v.id] = pool.release(v.id)
                     chosen.append(v)

@@ -17,7 +17,7 @@ and undone by their inverse, so the index is never copied during a cycle.
 
 from __future__ import annotations
 
-import heapq
+import bisect
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
@@ -110,7 +110,7 @@ class FreePool:
         self.capacity_verdicts: dict[tuple[object, ...], str | None] = {}  # for rejections; the grid's shape is fixed
         self.now = snapshot.now
         self.ends: dict[str, float] = {}  # job -> when it ends at the latest (max duration), where known
-        self._ends_heap: list[tuple[float, str]] = []
+        self._ends_sorted: list[tuple[float, str]] = []  # (end, job) ascending; entries of gone jobs skipped when read
         self.shape: dict[str, Shape] = {uid: shape_of(u) for uid, u in self.units.items()}
         for uid in sorted(self.units, key=lambda u: (self.units[u].host, self.units[u].index, u)):
             if uid not in self.holder:
@@ -119,28 +119,50 @@ class FreePool:
             if job.assignment is not None:
                 self._record(job, job.assignment)
                 if job.ends_at is not None:
-                    self.note_end(job.id, job.ends_at)
+                    self.ends[job.id] = job.ends_at
+        self._ends_sorted = sorted((end, job_id) for job_id, end in self.ends.items())
         self.static_counts()  # part of building the index, not of the first cycle
 
     # --- when holds end --------------------------------------------------------------------------------
 
     def note_end(self, job_id: str, end: float) -> None:
         self.ends[job_id] = end
-        heapq.heappush(self._ends_heap, (end, job_id))
-        if len(self._ends_heap) > 2 * len(self.holds) + 1024:  # drop entries of jobs that are gone
-            self.ends = {j: e for j, e in self.ends.items() if j in self.holds}
-            self._ends_heap = [(e, j) for j, e in self.ends.items()]
-            heapq.heapify(self._ends_heap)
+        bisect.insort(self._ends_sorted, (end, job_id))
+        if len(self._ends_sorted) > 2 * len(self.holds) + 1024:  # drop entries of jobs that are gone (order kept)
+            holds = self.holds
+            self.ends = ends = {j: e for j, e in self.ends.items() if j in holds}
+            kept: list[tuple[float, str]] = []
+            for entry in self._ends_sorted:
+                if ends.get(entry[1]) == entry[0] and (not kept or kept[-1] != entry):
+                    kept.append(entry)
+            self._ends_sorted = kept
 
     def ends_in_order(self, extra: list[tuple[float, str]]) -> Iterator[tuple[float, str]]:
-        """(end, job id) of current holds by end time, ``extra`` merged in; may repeat a job (callers skip)."""
-        heap = self._ends_heap.copy()
-        if extra:
-            heap.extend(extra)
-            heapq.heapify(heap)
-        while heap:
-            end, job_id = heapq.heappop(heap)
-            if job_id in self.holds and (self.ends.get(job_id) == end or (end, job_id) in extra):
+        """(end, job id) of current holds by end time, ``extra`` merged in; may repeat a job (callers skip).
+
+        A walk over the kept sorted list (no copy, no heap): the pool must not be changed by ``note_end``
+        while the iterator is in use (taking and releasing units is fine: holds are checked as it goes).
+        """
+        holds, ends = self.holds, self.ends
+        if not extra:
+            for end, job_id in self._ends_sorted:
+                if job_id in holds and ends.get(job_id) == end:
+                    yield end, job_id
+            return
+        early = sorted(extra)
+        early_set = set(early)
+        k, n = 0, len(early)
+        for entry in self._ends_sorted:
+            while k < n and early[k] <= entry:
+                end, job_id = early[k]
+                k += 1
+                if job_id in holds:
+                    yield end, job_id
+            end, job_id = entry
+            if job_id in holds and (ends.get(job_id) == end or entry in early_set):
+                yield end, job_id
+        for end, job_id in early[k:]:
+            if job_id in holds:
                 yield end, job_id
 
     # --- index maintenance -------------------------------------------------------------------------
