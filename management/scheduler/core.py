@@ -12,6 +12,7 @@ The cycle, in order (docs/scheduler.md has the whole contract):
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -330,18 +331,13 @@ class _Cycle:
         if self._preemptible is None:
             rank_of = {c.name: c.rank for c in self.policy.classes if c.preemptible}
             broken = self.broken
-            groups: dict[float, list[tuple[str, int, Job]]] = {}
+            by_start: defaultdict[float, list[tuple[str, int, Job]]] = defaultdict(list)
             for v in self.s.running.values():
-                if v.preemptible and v.assignment and v.id not in broken:
+                if v.preemptible and v.assignment:
                     rank = rank_of.get(v.priority)
-                    if rank is not None:
-                        start = v.started_at or 0.0
-                        group = groups.get(start)
-                        if group is None:
-                            groups[start] = [(v.id, rank, v)]
-                        else:
-                            group.append((v.id, rank, v))
-            self._preemptible = (sorted(groups, reverse=True), groups, set())
+                    if rank is not None and (not broken or v.id not in broken):
+                        by_start[v.started_at or 0.0].append((v.id, rank, v))
+            self._preemptible = (sorted(by_start, reverse=True), dict(by_start), set())
         starts, groups, ordered = self._preemptible
         below, victims = cls.rank, self.victims
         for start in starts:
@@ -421,7 +417,10 @@ class _Cycle:
             touched: set[tuple[str, Shape]] = set()
             for v in chunk:
                 # a victim none of whose replicas is on a host with units of a wanted shape cannot help
-                if not any(rep and rep[0] in units and units[rep[0]].host in hosts_with for rep in v.assignment or ()):
+                for rep in v.assignment or ():
+                    if rep and (first_unit := units.get(rep[0])) is not None and first_unit.host in hosts_with:
+                        break
+                else:
                     continue
                 gains: dict[tuple[str, Shape], int] = {}
                 for rep in v.assignment or ():
