@@ -12,12 +12,10 @@ The cycle, in order (docs/scheduler.md has the whole contract):
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from itertools import islice
-from operator import itemgetter
 
 from common.errors import NotFound
 from management.scheduler.model import (
@@ -39,7 +37,6 @@ from management.scheduler.pool import FreePool, Shape, host_static_ok, nvlink_gr
 
 VICTIM_CHUNK = 128  # preemption reads victims in chunks of this many, most recently started first ...
 VICTIM_HOSTS_ENOUGH = 2  # ... and stops once room is found on this many hosts more than the replicas asked
-_first = itemgetter(0)
 FILTER_NAMES = (
     "unhealthy or offline",
     "host takes no work",
@@ -90,7 +87,8 @@ class _Cycle:
         self._reserve_keys: list[str] = []
         self._no_fit: set[tuple[object, ...]] = set()
         self._no_victims: set[tuple[object, ...]] = set()
-        self._preemptible: tuple[list[float], dict[float, list[tuple[str, int, Job]]], set[float]] | None = None
+        self._running_synced = False
+        self._preemptible_rank = {c.name: c.rank for c in self.policy.classes if c.preemptible}
         self._preempt_attempts = 0
         self.pool.now = snapshot.now
         quotas = self.policy.quotas
@@ -324,29 +322,21 @@ class _Cycle:
     def _victim_candidates(self, cls: PriorityClass) -> Iterator[Job]:
         """Running jobs ``cls`` may preempt, most recently started first (then by id), read lazily.
 
-        The running jobs are grouped by start time once per cycle (one pass, no sort of them all); a group is
-        sorted by id when the reading first reaches it, and the reading usually stops after a few chunks.
-        Victims chosen before the iterator is made are left out (the set does not change while it is read).
+        The pool keeps the running jobs grouped by start time across cycles (synced with this snapshot once
+        per cycle, by identity), so no cycle regroups or sorts them all; the reading usually stops after a
+        few chunks. Victims chosen before the iterator is made are left out (the set does not change while
+        it is read).
         """
-        if self._preemptible is None:
-            rank_of = {c.name: c.rank for c in self.policy.classes if c.preemptible}
-            broken = self.broken
-            by_start: defaultdict[float, list[tuple[str, int, Job]]] = defaultdict(list)
-            for v in self.s.running.values():
-                if v.preemptible and v.assignment:
-                    rank = rank_of.get(v.priority)
-                    if rank is not None and (not broken or v.id not in broken):
-                        by_start[v.started_at or 0.0].append((v.id, rank, v))
-            self._preemptible = (sorted(by_start, reverse=True), dict(by_start), set())
-        starts, groups, ordered = self._preemptible
-        below, victims = cls.rank, self.victims
-        for start in starts:
-            group = groups[start]
-            if start not in ordered:
-                group.sort(key=_first)  # ids are unique
-                ordered.add(start)
-            for victim_id, rank, v in group:
-                if rank < below and victim_id not in victims:
+        index = self.pool.running_by_start
+        if not self._running_synced:
+            index.sync(self.s.running)
+            self._running_synced = True
+        rank_of = self._preemptible_rank
+        below, victims, broken = cls.rank, self.victims, self.broken
+        for v in index.most_recent_first():
+            if v.preemptible and v.assignment:
+                rank = rank_of.get(v.priority)
+                if rank is not None and rank < below and v.id not in victims and v.id not in broken:
                     yield v
 
     def _fits_with(self, job: Job, exclude: frozenset[str]) -> bool:

@@ -82,6 +82,73 @@ def nvlink_group(units: Iterable[str], size: int, table: Mapping[str, Unit]) -> 
     return None
 
 
+class RunningByStart:
+    """The running jobs of the latest snapshot, grouped by start time, kept across cycles with a kept pool.
+
+    ``sync`` brings it in line with a snapshot's running jobs by identity (jobs are frozen values: an
+    unchanged job is the same object), so a cycle pays a walk that compares pointers instead of regrouping
+    and sorting every running job. ``most_recent_first`` yields them by start time, latest first, then by id
+    (a group is sorted when first read after it changed). What it holds is only ever read from snapshots.
+    """
+
+    __slots__ = ("_jobs", "_groups", "_starts", "_ordered")
+
+    def __init__(self) -> None:
+        self._jobs: dict[str, Job] = {}  # as last synced
+        self._groups: dict[float, dict[str, Job]] = {}  # start time -> its jobs
+        self._starts: list[float] = []  # ascending
+        self._ordered: dict[float, list[Job]] = {}  # start time -> its jobs by id, while unchanged
+
+    def sync(self, running: Mapping[str, Job]) -> None:
+        jobs = self._jobs
+        seen = jobs.get
+        changed = [(job_id, job) for job_id, job in running.items() if seen(job_id) is not job]
+        added = sum(1 for job_id, _ in changed if job_id not in jobs)
+        if len(jobs) + added != len(running):  # some ended: find which
+            for job_id in [j for j in jobs if j not in running]:
+                self._drop(job_id)
+        new_starts: list[float] = []
+        for job_id, job in changed:
+            if job_id in jobs:
+                self._drop(job_id)
+            start = job.started_at or 0.0
+            group = self._groups.get(start)
+            if group is None:
+                group = self._groups[start] = {}
+                new_starts.append(start)
+            group[job_id] = job
+            jobs[job_id] = job
+            self._ordered.pop(start, None)
+        if len(new_starts) > 64:  # a first sync, or a burst of starts: one sort instead of many inserts
+            self._starts = sorted(self._groups)
+        else:
+            for start in new_starts:
+                bisect.insort(self._starts, start)
+
+    def _drop(self, job_id: str) -> None:
+        job = self._jobs.pop(job_id)
+        start = job.started_at or 0.0
+        group = self._groups[start]
+        del group[job_id]
+        self._ordered.pop(start, None)
+        if not group:
+            del self._groups[start]
+            del self._starts[bisect.bisect_left(self._starts, start)]
+
+    def most_recent_first(self) -> Iterator[Job]:
+        """Every job as last synced, latest start first, then by id (do not ``sync`` while reading)."""
+        ordered = self._ordered
+        for start in reversed(self._starts):
+            group = ordered.get(start)
+            if group is None:
+                group = ordered[start] = sorted(self._groups[start].values(), key=_job_id)
+            yield from group
+
+
+def _job_id(job: Job) -> str:
+    return job.id
+
+
 @dataclass(slots=True)
 class _Hold:
     job_id: str
@@ -112,6 +179,7 @@ class FreePool:
         self.ends: dict[str, float] = {}  # job -> when it ends at the latest (max duration), where known
         self._ends_sorted: list[tuple[float, str]] = []  # (end, job) ascending; entries of gone jobs skipped when read
         self.shape: dict[str, Shape] = {uid: shape_of(u) for uid, u in self.units.items()}
+        self.running_by_start = RunningByStart()  # synced by the core when a cycle looks for victims
         for uid in sorted(self.units, key=lambda u: (self.units[u].host, self.units[u].index, u)):
             if uid not in self.holder:
                 self._add_free(uid)
