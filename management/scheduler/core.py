@@ -333,11 +333,12 @@ class _Cycle:
             self._running_synced = True
         rank_of = self._preemptible_rank
         below, victims, broken = cls.rank, self.victims, self.broken
-        for v in index.most_recent_first():
-            if v.preemptible and v.assignment:
-                rank = rank_of.get(v.priority)
-                if rank is not None and rank < below and v.id not in victims and v.id not in broken:
-                    yield v
+        for group in index.groups_most_recent_first():
+            for v in group:
+                if v.preemptible and v.assignment:
+                    rank = rank_of.get(v.priority)
+                    if rank is not None and rank < below and v.id not in victims and v.id not in broken:
+                        yield v
 
     def _fits_with(self, job: Job, exclude: frozenset[str]) -> bool:
         if self.pool.place(job, exclude) is None:
@@ -401,6 +402,7 @@ class _Cycle:
         hosts_with = pool.hosts_with(shapes)
         host_ok: dict[str, bool] = {}
         best_on: dict[str, tuple[int, float, str, list[Job]]] = {}
+        shape_of_unit, placeable = pool.shape, pool.placeable
         while chunk := list(islice(candidates, VICTIM_CHUNK)):
             if first_chunk is None:
                 first_chunk = chunk
@@ -416,8 +418,8 @@ class _Cycle:
                 for rep in v.assignment or ():
                     for u in rep:
                         unit = units.get(u)
-                        if unit is not None and pool.shape[u] in shapes and pool.placeable(u):
-                            key = (unit.host, pool.shape[u])
+                        if unit is not None and (shape := shape_of_unit[u]) in shapes and placeable(u):
+                            key = (unit.host, shape)
                             gains[key] = gains.get(key, 0) + 1
                 for key, gain in gains.items():
                     on_host_shape.setdefault(key, []).append((gain, v))

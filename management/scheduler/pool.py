@@ -135,13 +135,19 @@ class RunningByStart:
             del self._groups[start]
             del self._starts[bisect.bisect_left(self._starts, start)]
 
-    def most_recent_first(self) -> Iterator[Job]:
-        """Every job as last synced, latest start first, then by id (do not ``sync`` while reading)."""
+    def groups_most_recent_first(self) -> Iterator[list[Job]]:
+        """The jobs as last synced, one group per start time, latest first; each group by id (do not
+        ``sync`` while reading)."""
         ordered = self._ordered
         for start in reversed(self._starts):
             group = ordered.get(start)
             if group is None:
                 group = ordered[start] = sorted(self._groups[start].values(), key=_job_id)
+            yield group
+
+    def most_recent_first(self) -> Iterator[Job]:
+        """Every job as last synced, latest start first, then by id."""
+        for group in self.groups_most_recent_first():
             yield from group
 
 
