@@ -6,7 +6,7 @@ are counted, never keyed); this checks that shortcut against the whole order, un
 
 from __future__ import annotations
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from management.scheduler import Job, Snapshot
@@ -22,7 +22,9 @@ jobs_st = st.lists(
 )
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=200, deadline=None)
+@example([("critical", 0, 0.0)] * 4 + [("low", 1, 0.0)] * 3, 5, {})  # the cut falls just past a class
+@example([("high", 0, 0.0)] * 3 + [("no-such-class", 1, 0.0)] * 3, 4, {})
 @given(jobs_st, st.integers(1, 70), st.dictionaries(st.sampled_from([f"a{i}" for i in range(6)]), st.floats(0, 1e6)))
 def test_the_first_jobs_by_a_limit_are_the_head_of_the_whole_order(spec, limit, usage):
     queue = [Job(f"wl-{i:03d}", f"a{acct}", priority=prio, submitted_at=t) for i, (prio, acct, t) in enumerate(spec)]
