@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from itertools import islice
+from operator import itemgetter
 
 from common.errors import NotFound
 from management.scheduler.model import (
@@ -37,6 +38,7 @@ from management.scheduler.pool import FreePool, Shape, host_static_ok, nvlink_gr
 
 VICTIM_CHUNK = 128  # preemption reads victims in chunks of this many, most recently started first ...
 VICTIM_HOSTS_ENOUGH = 2  # ... and stops once room is found on this many hosts more than the replicas asked
+_gain = itemgetter(0)  # of a (units freed, victim) pair
 FILTER_NAMES = (
     "unhealthy or offline",
     "host takes no work",
@@ -382,6 +384,11 @@ class _Cycle:
         self.preempting[job.id] = len(chosen) + len(mine)
         return True
 
+    def _frees_on(self, victim: Job, hosts: frozenset[str]) -> bool:
+        """Whether stopping ``victim`` frees a unit (or its CPU/RAM) on any of ``hosts``."""
+        units = self.s.units
+        return any(u in units and units[u].host in hosts for replica in victim.assignment or () for u in replica)
+
     def _pick_victims(
         self, job: Job, cls: PriorityClass, exclude: frozenset[str], held: dict[str, Assignment]
     ) -> list[Job] | None:
@@ -433,7 +440,8 @@ class _Cycle:
                 victims = on_host_shape[(h, shape)]
                 have = len(pool.free.get(h, {}).get(shape, ()))
                 # the largest first gives the fewest victims; among equal gains the most recently started
-                victims.sort(key=lambda gv: (-gv[0], -(gv[1].started_at or 0.0), gv[1].id))
+                # (they were appended in that order, and a stable sort keeps it)
+                victims.sort(key=_gain, reverse=True)
                 need: list[Job] = []
                 for gain, v in victims:
                     if have >= g:
@@ -463,7 +471,8 @@ class _Cycle:
                 if v.id not in held:
                     held[v.id] = pool.release(v.id)
                     chosen.append(v)
-                    if self._fits_with(job, exclude):
+                    # it did not fit before; freeing nothing on a host with units it could take changes nothing
+                    if self._frees_on(v, hosts_with) and self._fits_with(job, exclude):
                         fits = True
                         break
         if not fits:
