@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from itertools import islice
 from operator import itemgetter
 
 from common.errors import NotFound
@@ -321,8 +320,9 @@ class _Cycle:
 
     # --- preemption --------------------------------------------------------------------------------
 
-    def _victim_candidates(self, cls: PriorityClass) -> Iterator[Job]:
-        """Running jobs ``cls`` may preempt, most recently started first (then by id), read lazily.
+    def _victim_chunks(self, cls: PriorityClass) -> Iterator[list[Job]]:
+        """Running jobs ``cls`` may preempt, most recently started first (then by id), in chunks of
+        ``VICTIM_CHUNK``, read lazily.
 
         The pool keeps the running jobs grouped by start time across cycles (synced with this snapshot once
         per cycle, by identity), so no cycle regroups or sorts them all; the reading usually stops after a
@@ -335,12 +335,18 @@ class _Cycle:
             self._running_synced = True
         rank_of = self._preemptible_rank
         below, victims, broken = cls.rank, self.victims, self.broken
+        chunk: list[Job] = []
         for group in index.groups_most_recent_first():
             for v in group:
                 if v.preemptible and v.assignment:
                     rank = rank_of.get(v.priority)
                     if rank is not None and rank < below and v.id not in victims and v.id not in broken:
-                        yield v
+                        chunk.append(v)
+                        if len(chunk) == VICTIM_CHUNK:
+                            yield chunk
+                            chunk = []
+        if chunk:
+            yield chunk
 
     def _fits_with(self, job: Job, exclude: frozenset[str]) -> bool:
         if self.pool.place(job, exclude) is None:
@@ -401,7 +407,6 @@ class _Cycle:
         pool, units, hosts = self.pool, self.s.units, self.s.hosts
         g = job.request.gpus
         shapes = set(pool.shapes_for(job.request))
-        candidates = self._victim_candidates(cls)
         first_chunk: list[Job] | None = None
         # per (host, shape): what each victim there would free. Victims are read most recent first, in
         # chunks; once room is found on enough hosts the rest of the victims are not read (a bound per cycle).
@@ -410,7 +415,7 @@ class _Cycle:
         host_ok: dict[str, bool] = {}
         best_on: dict[str, tuple[int, float, str, list[Job]]] = {}
         shape_of_unit, placeable = pool.shape, pool.placeable
-        while chunk := list(islice(candidates, VICTIM_CHUNK)):
+        for chunk in self._victim_chunks(cls):
             if first_chunk is None:
                 first_chunk = chunk
             touched: set[tuple[str, Shape]] = set()
