@@ -415,16 +415,14 @@ class _Cycle:
         host_ok: dict[str, bool] = {}
         best_on: dict[str, tuple[int, float, str, list[Job]]] = {}
         shape_of_unit, placeable = pool.shape, pool.placeable
+        replica_hosts = pool.running_by_start.replica_hosts
         for chunk in self._victim_chunks(cls):
             if first_chunk is None:
                 first_chunk = chunk
             touched: set[tuple[str, Shape]] = set()
             for v in chunk:
                 # a victim none of whose replicas is on a host with units of a wanted shape cannot help
-                for rep in v.assignment or ():
-                    if rep and (first_unit := units.get(rep[0])) is not None and first_unit.host in hosts_with:
-                        break
-                else:
+                if hosts_with.isdisjoint(replica_hosts(v, units)):
                     continue
                 gains: dict[tuple[str, Shape], int] = {}
                 for rep in v.assignment or ():

@@ -91,13 +91,14 @@ class RunningByStart:
     (a group is sorted when first read after it changed). What it holds is only ever read from snapshots.
     """
 
-    __slots__ = ("_jobs", "_groups", "_starts", "_ordered")
+    __slots__ = ("_jobs", "_groups", "_starts", "_ordered", "_hosts")
 
     def __init__(self) -> None:
         self._jobs: dict[str, Job] = {}  # as last synced
         self._groups: dict[float, dict[str, Job]] = {}  # start time -> its jobs
         self._starts: list[float] = []  # ascending
         self._ordered: dict[float, list[Job]] = {}  # start time -> its jobs by id, while unchanged
+        self._hosts: dict[str, frozenset[str]] = {}  # job -> the hosts of its replicas, while unchanged
 
     def sync(self, running: Mapping[str, Job]) -> None:
         jobs = self._jobs
@@ -125,7 +126,20 @@ class RunningByStart:
             for start in new_starts:
                 bisect.insort(self._starts, start)
 
+    def replica_hosts(self, job: Job, units: Mapping[str, Unit]) -> frozenset[str]:
+        """The hosts of ``job``'s replicas (of each replica's first unit still on the grid), kept while the
+        job is unchanged: a unit's host is part of the grid's layout, which a kept pool assumes fixed."""
+        hosts = self._hosts.get(job.id)
+        if hosts is None:
+            hosts = frozenset(
+                unit.host for replica in job.assignment or () if replica and (unit := units.get(replica[0])) is not None
+            )
+            if self._jobs.get(job.id) is job:
+                self._hosts[job.id] = hosts
+        return hosts
+
     def _drop(self, job_id: str) -> None:
+        self._hosts.pop(job_id, None)
         job = self._jobs.pop(job_id)
         start = job.started_at or 0.0
         group = self._groups[start]
