@@ -13,6 +13,9 @@ Invariants:
 
 Tentative work (a gang's replicas, a preemption or reservation what-if) is done by ``take``/``release``
 and undone by their inverse, so the index is never copied during a cycle.
+
+Kept across cycles as well (a pool the loop keeps): hold end times in order, and the running jobs by start
+time (``RunningByStart``), which preemption reads most recently started first.
 """
 
 from __future__ import annotations
