@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from operator import itemgetter
 
 from common.errors import NotFound
 from management.scheduler.model import (
@@ -36,6 +37,7 @@ from management.scheduler.pool import FreePool, Shape, host_static_ok, nvlink_gr
 
 VICTIM_CHUNK = 128  # preemption reads victims in chunks of this many, most recently started first ...
 VICTIM_HOSTS_ENOUGH = 2  # ... and stops once room is found on this many hosts more than the replicas asked
+_gain = itemgetter(0)  # of a (units freed, victim) pair
 FILTER_NAMES = (
     "unhealthy or offline",
     "host takes no work",
@@ -86,9 +88,8 @@ class _Cycle:
         self._reserve_keys: list[str] = []
         self._no_fit: set[tuple[object, ...]] = set()
         self._no_victims: set[tuple[object, ...]] = set()
-        self._victims_by_rank: dict[int, list[Job]] = {}
-        self._victims_seen: dict[int, int] = {}
-        self._preemptible: list[tuple[int, Job]] | None = None
+        self._running_synced = False
+        self._preemptible_rank = {c.name: c.rank for c in self.policy.classes if c.preemptible}
         self._preempt_attempts = 0
         self.pool.now = snapshot.now
         quotas = self.policy.quotas
@@ -121,17 +122,20 @@ class _Cycle:
     def requeue_broken(self) -> None:
         s = self.s
         units, holders = s.units, s.holders
-        offline = {h.id for h in s.hosts.values() if not h.online}
+        # the common case (nothing faulty, every host up) costs one pass over the units and one over the hosts
+        hosts = s.hosts.values()
+        offline = {h.id for h in hosts if not h.online}
         bad = [u.id for u in units.values() if not u.healthy]
         if offline:
             bad += [u.id for u in units.values() if u.host in offline]
-        not_taking = {h.id for h in s.hosts.values() if not h.takes_work}
+        not_taking = {h.id for h in hosts if not h.takes_work}
         if not_taking:
             bad += [u.id for u in units.values() if u.host in not_taking]
         for u in bad:  # a kept pool may still list them as idle
             self.pool.refresh(u)
         suspects = {holders[u] for u in bad if u in holders and (not units[u].healthy or units[u].host in offline)}
-        suspects |= {holders[u] for u in holders.keys() - units.keys()}  # units that left the grid
+        if not holders.keys() <= units.keys():  # a subset test builds no set; the difference only when it fails
+            suspects |= {holders[u] for u in holders.keys() - units.keys()}  # units that left the grid
         for job_id in sorted(suspects):
             job = s.running.get(job_id)
             reason = self._broken_reason(job) if job is not None else None
@@ -316,25 +320,33 @@ class _Cycle:
 
     # --- preemption --------------------------------------------------------------------------------
 
-    def _victim_candidates(self, cls: PriorityClass) -> list[Job]:
-        """Running jobs ``cls`` may preempt, most recently started first (sorted once per cycle)."""
-        if self._preemptible is None:
-            rank_of = {c.name: c.rank for c in self.policy.classes if c.preemptible}
-            broken = self.broken
-            pairs = [
-                (-(v.started_at or 0.0), v.id, rank_of[v.priority], v)
-                for v in self.s.running.values()
-                if v.preemptible and v.priority in rank_of and v.assignment and v.id not in broken
-            ]
-            pairs.sort()
-            self._preemptible = [(rank, v) for _, _, rank, v in pairs]
-        out = self._victims_by_rank.get(cls.rank)
-        if out is None or len(self.victims) != self._victims_seen.get(cls.rank):
-            victims = self.victims
-            out = [v for rank, v in self._preemptible if rank < cls.rank and v.id not in victims]
-            self._victims_by_rank[cls.rank] = out
-            self._victims_seen[cls.rank] = len(victims)
-        return out
+    def _victim_chunks(self, cls: PriorityClass) -> Iterator[list[Job]]:
+        """Running jobs ``cls`` may preempt, most recently started first (then by id), in chunks of
+        ``VICTIM_CHUNK``, read lazily.
+
+        The pool keeps the running jobs grouped by start time across cycles (synced with this snapshot once
+        per cycle, by identity), so no cycle regroups or sorts them all; the reading usually stops after a
+        few chunks. Victims chosen before the iterator is made are left out (the set does not change while
+        it is read).
+        """
+        index = self.pool.running_by_start
+        if not self._running_synced:
+            index.sync(self.s.running)
+            self._running_synced = True
+        rank_of = self._preemptible_rank
+        below, victims, broken = cls.rank, self.victims, self.broken
+        chunk: list[Job] = []
+        for group in index.groups_most_recent_first():
+            for v in group:
+                if v.preemptible and v.assignment:
+                    rank = rank_of.get(v.priority)
+                    if rank is not None and rank < below and v.id not in victims and v.id not in broken:
+                        chunk.append(v)
+                        if len(chunk) == VICTIM_CHUNK:
+                            yield chunk
+                            chunk = []
+        if chunk:
+            yield chunk
 
     def _fits_with(self, job: Job, exclude: frozenset[str]) -> bool:
         if self.pool.place(job, exclude) is None:
@@ -378,6 +390,11 @@ class _Cycle:
         self.preempting[job.id] = len(chosen) + len(mine)
         return True
 
+    def _frees_on(self, victim: Job, hosts: frozenset[str]) -> bool:
+        """Whether stopping ``victim`` frees a unit (or its CPU/RAM) on any of ``hosts``."""
+        units = self.s.units
+        return any(u in units and units[u].host in hosts for replica in victim.assignment or () for u in replica)
+
     def _pick_victims(
         self, job: Job, cls: PriorityClass, exclude: frozenset[str], held: dict[str, Assignment]
     ) -> list[Job] | None:
@@ -390,25 +407,29 @@ class _Cycle:
         pool, units, hosts = self.pool, self.s.units, self.s.hosts
         g = job.request.gpus
         shapes = set(pool.shapes_for(job.request))
-        candidates = self._victim_candidates(cls)
+        first_chunk: list[Job] | None = None
         # per (host, shape): what each victim there would free. Victims are read most recent first, in
         # chunks; once room is found on enough hosts the rest of the victims are not read (a bound per cycle).
         on_host_shape: dict[tuple[str, Shape], list[tuple[int, Job]]] = {}
         hosts_with = pool.hosts_with(shapes)
         host_ok: dict[str, bool] = {}
         best_on: dict[str, tuple[int, float, str, list[Job]]] = {}
-        for first in range(0, len(candidates), VICTIM_CHUNK):
+        shape_of_unit, placeable = pool.shape, pool.placeable
+        replica_hosts = pool.running_by_start.replica_hosts
+        for chunk in self._victim_chunks(cls):
+            if first_chunk is None:
+                first_chunk = chunk
             touched: set[tuple[str, Shape]] = set()
-            for v in candidates[first : first + VICTIM_CHUNK]:
+            for v in chunk:
                 # a victim none of whose replicas is on a host with units of a wanted shape cannot help
-                if not any(rep and rep[0] in units and units[rep[0]].host in hosts_with for rep in v.assignment or ()):
+                if hosts_with.isdisjoint(replica_hosts(v, units)):
                     continue
                 gains: dict[tuple[str, Shape], int] = {}
                 for rep in v.assignment or ():
                     for u in rep:
                         unit = units.get(u)
-                        if unit is not None and pool.shape[u] in shapes and pool.placeable(u):
-                            key = (unit.host, pool.shape[u])
+                        if unit is not None and (shape := shape_of_unit[u]) in shapes and placeable(u):
+                            key = (unit.host, shape)
                             gains[key] = gains.get(key, 0) + 1
                 for key, gain in gains.items():
                     on_host_shape.setdefault(key, []).append((gain, v))
@@ -422,7 +443,8 @@ class _Cycle:
                 victims = on_host_shape[(h, shape)]
                 have = len(pool.free.get(h, {}).get(shape, ()))
                 # the largest first gives the fewest victims; among equal gains the most recently started
-                victims.sort(key=lambda gv: (-gv[0], -(gv[1].started_at or 0.0), gv[1].id))
+                # (they were appended in that order, and a stable sort keeps it)
+                victims.sort(key=_gain, reverse=True)
                 need: list[Job] = []
                 for gain, v in victims:
                     if have >= g:
@@ -448,11 +470,12 @@ class _Cycle:
                 fits = True
                 break
         if not fits:  # a gang may need more than one replica's room per host: more, most recent first (bounded)
-            for v in candidates[:VICTIM_CHUNK]:
+            for v in first_chunk or ():
                 if v.id not in held:
                     held[v.id] = pool.release(v.id)
                     chosen.append(v)
-                    if self._fits_with(job, exclude):
+                    # it did not fit before; freeing nothing on a host with units it could take changes nothing
+                    if self._frees_on(v, hosts_with) and self._fits_with(job, exclude):
                         fits = True
                         break
         if not fits:

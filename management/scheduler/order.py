@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 from collections.abc import Iterable, Mapping
 
 from management.scheduler.model import Job, Policy, Snapshot
@@ -87,11 +88,24 @@ class QueueOrder:
 
     def ordered(self, jobs: Iterable[Job], limit: int | None = None) -> list[Job]:
         """``jobs`` in order (the first ``limit`` only, when given). Keys are built inline: this runs on
-        the whole queue every cycle, and a call per job would cost more than the ordering itself."""
+        the whole queue every cycle, and a call per job would cost more than the ordering itself.
+
+        With a limit, class rank decides first, so only the classes the first ``limit`` jobs can come from
+        get full keys: the jobs of lower classes are counted, never keyed."""
         snap = self.snapshot
         now, step, cap = snap.now, snap.policy.aging_step_s, snap.policy.aging_max_boost
         rank, af, pf = self.rank, self.account_factor, self.project_factor
         missing = -(10**9)
+        queue = list(jobs)
+        lowest = missing  # the lowest rank that can be among the first ``limit``
+        if limit is not None and limit < len(queue):
+            per_rank = Counter(rank.get(j.priority, missing) for j in queue)
+            taken = 0
+            for r in sorted(per_rank, reverse=True):
+                taken += per_rank[r]
+                if taken >= limit:
+                    lowest = r
+                    break
         decorated = [
             (
                 -rank.get(j.priority, missing),
@@ -103,7 +117,8 @@ class QueueOrder:
                 i,  # ids are unique, but a total order must never need to compare the jobs themselves
                 j,
             )
-            for i, j in enumerate(jobs)
+            for i, j in enumerate(queue)
+            if lowest == missing or rank.get(j.priority, missing) >= lowest
         ]
         chosen = heapq.nsmallest(limit, decorated) if limit is not None and limit < len(decorated) else sorted(decorated)
         return [d[-1] for d in chosen]

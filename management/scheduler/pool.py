@@ -13,11 +13,14 @@ Invariants:
 
 Tentative work (a gang's replicas, a preemption or reservation what-if) is done by ``take``/``release``
 and undone by their inverse, so the index is never copied during a cycle.
+
+Kept across cycles as well (a pool the loop keeps): hold end times in order, and the running jobs by start
+time (``RunningByStart``), which preemption reads most recently started first.
 """
 
 from __future__ import annotations
 
-import heapq
+import bisect
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
@@ -82,6 +85,93 @@ def nvlink_group(units: Iterable[str], size: int, table: Mapping[str, Unit]) -> 
     return None
 
 
+class RunningByStart:
+    """The running jobs of the latest snapshot, grouped by start time, kept across cycles with a kept pool.
+
+    ``sync`` brings it in line with a snapshot's running jobs by identity (jobs are frozen values: an
+    unchanged job is the same object), so a cycle pays a walk that compares pointers instead of regrouping
+    and sorting every running job. ``most_recent_first`` yields them by start time, latest first, then by id
+    (a group is sorted when first read after it changed). What it holds is only ever read from snapshots.
+    """
+
+    __slots__ = ("_jobs", "_groups", "_starts", "_ordered", "_hosts")
+
+    def __init__(self) -> None:
+        self._jobs: dict[str, Job] = {}  # as last synced
+        self._groups: dict[float, dict[str, Job]] = {}  # start time -> its jobs
+        self._starts: list[float] = []  # ascending
+        self._ordered: dict[float, list[Job]] = {}  # start time -> its jobs by id, while unchanged
+        self._hosts: dict[str, frozenset[str]] = {}  # job -> the hosts of its replicas, while unchanged
+
+    def sync(self, running: Mapping[str, Job]) -> None:
+        jobs = self._jobs
+        seen = jobs.get
+        changed = [(job_id, job) for job_id, job in running.items() if seen(job_id) is not job]
+        added = sum(1 for job_id, _ in changed if job_id not in jobs)
+        if len(jobs) + added != len(running):  # some ended: find which
+            for job_id in [j for j in jobs if j not in running]:
+                self._drop(job_id)
+        new_starts: list[float] = []
+        for job_id, job in changed:
+            if job_id in jobs:
+                self._drop(job_id)
+            start = job.started_at or 0.0
+            group = self._groups.get(start)
+            if group is None:
+                group = self._groups[start] = {}
+                new_starts.append(start)
+            group[job_id] = job
+            jobs[job_id] = job
+            self._ordered.pop(start, None)
+        if len(new_starts) > 64:  # a first sync, or a burst of starts: one sort instead of many inserts
+            self._starts = sorted(self._groups)
+        else:
+            for start in new_starts:
+                bisect.insort(self._starts, start)
+
+    def replica_hosts(self, job: Job, units: Mapping[str, Unit]) -> frozenset[str]:
+        """The hosts of ``job``'s replicas (of each replica's first unit still on the grid), kept while the
+        job is unchanged: a unit's host is part of the grid's layout, which a kept pool assumes fixed."""
+        hosts = self._hosts.get(job.id)
+        if hosts is None:
+            hosts = frozenset(
+                unit.host for replica in job.assignment or () if replica and (unit := units.get(replica[0])) is not None
+            )
+            if self._jobs.get(job.id) is job:
+                self._hosts[job.id] = hosts
+        return hosts
+
+    def _drop(self, job_id: str) -> None:
+        self._hosts.pop(job_id, None)
+        job = self._jobs.pop(job_id)
+        start = job.started_at or 0.0
+        group = self._groups[start]
+        del group[job_id]
+        self._ordered.pop(start, None)
+        if not group:
+            del self._groups[start]
+            del self._starts[bisect.bisect_left(self._starts, start)]
+
+    def groups_most_recent_first(self) -> Iterator[list[Job]]:
+        """The jobs as last synced, one group per start time, latest first; each group by id (do not
+        ``sync`` while reading)."""
+        ordered = self._ordered
+        for start in reversed(self._starts):
+            group = ordered.get(start)
+            if group is None:
+                group = ordered[start] = sorted(self._groups[start].values(), key=_job_id)
+            yield group
+
+    def most_recent_first(self) -> Iterator[Job]:
+        """Every job as last synced, latest start first, then by id."""
+        for group in self.groups_most_recent_first():
+            yield from group
+
+
+def _job_id(job: Job) -> str:
+    return job.id
+
+
 @dataclass(slots=True)
 class _Hold:
     job_id: str
@@ -110,8 +200,9 @@ class FreePool:
         self.capacity_verdicts: dict[tuple[object, ...], str | None] = {}  # for rejections; the grid's shape is fixed
         self.now = snapshot.now
         self.ends: dict[str, float] = {}  # job -> when it ends at the latest (max duration), where known
-        self._ends_heap: list[tuple[float, str]] = []
+        self._ends_sorted: list[tuple[float, str]] = []  # (end, job) ascending; entries of gone jobs skipped when read
         self.shape: dict[str, Shape] = {uid: shape_of(u) for uid, u in self.units.items()}
+        self.running_by_start = RunningByStart()  # synced by the core when a cycle looks for victims
         for uid in sorted(self.units, key=lambda u: (self.units[u].host, self.units[u].index, u)):
             if uid not in self.holder:
                 self._add_free(uid)
@@ -119,28 +210,50 @@ class FreePool:
             if job.assignment is not None:
                 self._record(job, job.assignment)
                 if job.ends_at is not None:
-                    self.note_end(job.id, job.ends_at)
+                    self.ends[job.id] = job.ends_at
+        self._ends_sorted = sorted((end, job_id) for job_id, end in self.ends.items())
         self.static_counts()  # part of building the index, not of the first cycle
 
     # --- when holds end --------------------------------------------------------------------------------
 
     def note_end(self, job_id: str, end: float) -> None:
         self.ends[job_id] = end
-        heapq.heappush(self._ends_heap, (end, job_id))
-        if len(self._ends_heap) > 2 * len(self.holds) + 1024:  # drop entries of jobs that are gone
-            self.ends = {j: e for j, e in self.ends.items() if j in self.holds}
-            self._ends_heap = [(e, j) for j, e in self.ends.items()]
-            heapq.heapify(self._ends_heap)
+        bisect.insort(self._ends_sorted, (end, job_id))
+        if len(self._ends_sorted) > 2 * len(self.holds) + 1024:  # drop entries of jobs that are gone (order kept)
+            holds = self.holds
+            self.ends = ends = {j: e for j, e in self.ends.items() if j in holds}
+            kept: list[tuple[float, str]] = []
+            for entry in self._ends_sorted:
+                if ends.get(entry[1]) == entry[0] and (not kept or kept[-1] != entry):
+                    kept.append(entry)
+            self._ends_sorted = kept
 
     def ends_in_order(self, extra: list[tuple[float, str]]) -> Iterator[tuple[float, str]]:
-        """(end, job id) of current holds by end time, ``extra`` merged in; may repeat a job (callers skip)."""
-        heap = self._ends_heap.copy()
-        if extra:
-            heap.extend(extra)
-            heapq.heapify(heap)
-        while heap:
-            end, job_id = heapq.heappop(heap)
-            if job_id in self.holds and (self.ends.get(job_id) == end or (end, job_id) in extra):
+        """(end, job id) of current holds by end time, ``extra`` merged in; may repeat a job (callers skip).
+
+        A walk over the kept sorted list (no copy, no heap): the pool must not be changed by ``note_end``
+        while the iterator is in use (taking and releasing units is fine: holds are checked as it goes).
+        """
+        holds, ends = self.holds, self.ends
+        if not extra:
+            for end, job_id in self._ends_sorted:
+                if job_id in holds and ends.get(job_id) == end:
+                    yield end, job_id
+            return
+        early = sorted(extra)
+        early_set = set(early)
+        k, n = 0, len(early)
+        for entry in self._ends_sorted:
+            while k < n and early[k] <= entry:
+                end, job_id = early[k]
+                k += 1
+                if job_id in holds:
+                    yield end, job_id
+            end, job_id = entry
+            if job_id in holds and (ends.get(job_id) == end or entry in early_set):
+                yield end, job_id
+        for end, job_id in early[k:]:
+            if job_id in holds:
                 yield end, job_id
 
     # --- index maintenance -------------------------------------------------------------------------
