@@ -165,8 +165,11 @@ class SchedulerLoop:
             except Exception:
                 log.exception("scheduling cycle failed; the next one runs in %.1f s", self.settings.period_s)
             self.usage_saver.tick(self._clock())
-            # A snapshot of a large grid costs real CPU: however often changes arrive, cycles are this far apart.
-            await asyncio.sleep(self.settings.min_gap_s)
+            # A snapshot of a large grid costs real CPU: however often changes arrive, cycles are at least this far
+            # apart, and a long cycle is followed by twice its length, so the loop takes at most a third of the
+            # Master's time (its relay links and API share the same event loop).
+            took = self.last.seconds if self.last is not None else 0.0
+            await asyncio.sleep(max(self.settings.min_gap_s, 2 * took))
 
     # --- one cycle ------------------------------------------------------------------------------------------
 
