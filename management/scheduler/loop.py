@@ -35,7 +35,7 @@ from common.errors import IdlegridError, NotFound
 from management.scheduler.book import WorkloadBook
 from management.scheduler.core import explain, schedule
 from management.scheduler.model import DEFAULT_HALF_LIFE_S, Explanation, Place, Plan, Policy, Preempt, Reject, Requeue, Snapshot
-from management.scheduler.snapshot import HOLDING_STATES, build_snapshot, policy_of, workload_of
+from management.scheduler.snapshot import HOLDING_STATES, UnitCache, build_snapshot, policy_of, workload_of
 from management.scheduler.usage import UsageMeter
 from management.scheduler.usage_saving import UsageSaver
 from management.scheduler.workloads import WorkloadState, container_name
@@ -112,6 +112,7 @@ class SchedulerLoop:
             allow_process_runtime=self.settings.allow_process_runtime,
             grace_s=self.settings.grace_s,
         )
+        self._units = UnitCache()  # each host's units, rebuilt only when its GPUs change
         self._strays: dict[tuple[str, str], float] = {}  # (host, container) -> when this loop last deleted it
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -208,7 +209,9 @@ class SchedulerLoop:
             policy=policy,
             offline_grace_s=self.settings.offline_grace_s,
             listening_since=m.started_at,
+            unit_cache=self._units,
         )
+        self._units.forget_all_but(m.registry.agents)
         self.usage.advance(
             now, [snapshot.running[w.id] for w in holding if w.state == W.RUNNING.value and w.id in snapshot.running]
         )

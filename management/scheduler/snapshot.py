@@ -18,7 +18,7 @@ reads memory only (the Master's registry and allocation ledger, the book's open 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 from management.scheduler.model import (
     DEFAULT_CLASSES,
@@ -44,6 +44,7 @@ _TAKES_WORK = frozenset({AgentState.READY.value, AgentState.BUSY.value})
 _CONTAINER = re.compile(r"^(wl-[0-9a-f]+)-r(\d+)-a(\d+)$")
 _RUNTIMES = frozenset({"docker", "process", "simulated"})
 _ISOLATIONS = frozenset({"container", "sandbox", "none"})
+_NO_PEERS: frozenset[str] = frozenset()
 
 
 def workload_of(container: str) -> str | None:
@@ -90,11 +91,13 @@ def units_of(gpus: Iterable[GpuRecord]) -> list[Unit]:
     by_bus = {g.info.pci_bus_id.lower(): g.uuid for g in gpus if g.info.pci_bus_id}
     units = []
     for gpu in gpus:
-        peers = frozenset(
-            by_bus[link.remote_pci_bus_id.lower()]
-            for link in gpu.info.nvlinks
-            if link.active and link.remote_pci_bus_id and link.remote_pci_bus_id.lower() in by_bus
-        ) - {gpu.uuid}
+        peers = _NO_PEERS
+        if gpu.info.nvlinks:
+            peers = frozenset(
+                by_bus[link.remote_pci_bus_id.lower()]
+                for link in gpu.info.nvlinks
+                if link.active and link.remote_pci_bus_id and link.remote_pci_bus_id.lower() in by_bus
+            ) - {gpu.uuid}
         healthy = gpu.state != GpuState.FAULTY.value and gpu.fault is None and DUPLICATE_UUID_FLAG not in gpu.flags
         if gpu.info.mig_enabled:
             units.extend(mig_units_of(gpu, healthy=healthy))
@@ -113,6 +116,43 @@ def units_of(gpus: Iterable[GpuRecord]) -> list[Unit]:
             )
         )
     return units
+
+
+class UnitCache:
+    """Each host's units, rebuilt only when one of its GPUs changed in a way a unit shows (a new inventory, state,
+    fault, tier, model, the duplicate flag): a snapshot of 80,000 GPUs then costs a signature per GPU instead of a
+    unit per GPU. The cached GpuInfo objects are kept alive with the entry, so their ids cannot be reused."""
+
+    def __init__(self) -> None:
+        self._hosts: dict[str, tuple[tuple[object, ...], list[Unit]]] = {}
+
+    def units(self, agent_id: str, gpus: Iterable[GpuRecord]) -> list[Unit]:
+        gpus = list(gpus)
+        signature = tuple(
+            (g.info, id(g.info), g.uuid, g.index, g.state, g.fault, g.tier, g.model, DUPLICATE_UUID_FLAG in g.flags) for g in gpus
+        )
+        cached = self._hosts.get(agent_id)
+        if cached is not None and _same(cached[0], signature):
+            return cached[1]
+        units = units_of(gpus)
+        self._hosts[agent_id] = (signature, units)
+        return units
+
+    def forget_all_but(self, agent_ids: Collection[str]) -> None:
+        """Drop the hosts not in ``agent_ids`` (gone from the grid), once there are more cached than known."""
+        if len(self._hosts) > len(agent_ids):
+            self._hosts = {a: entry for a, entry in self._hosts.items() if a in agent_ids}
+
+
+def _same(old: tuple[object, ...], new: tuple[object, ...]) -> bool:
+    """Signatures compared with GpuInfo by identity (a new inventory is a new object), everything else by value."""
+    if len(old) != len(new):
+        return False
+    for a, b in zip(old, new, strict=True):
+        assert isinstance(a, tuple) and isinstance(b, tuple)
+        if a[1:] != b[1:]:
+            return False
+    return True
 
 
 def mig_units_of(gpu: GpuRecord, *, healthy: bool) -> list[Unit]:
@@ -224,6 +264,7 @@ def build_snapshot(
     policy: Policy,
     offline_grace_s: float,
     listening_since: float = 0.0,
+    unit_cache: UnitCache | None = None,
 ) -> Snapshot:
     """The core's snapshot. ``listening_since``: when this Master started (a host's silence is not counted before it)."""
     hosts: dict[str, Host] = {}
@@ -232,7 +273,8 @@ def build_snapshot(
         if agent.state == AgentState.RETIRED.value:
             continue
         hosts[agent.id] = host_of(agent, now, offline_grace_s=offline_grace_s, listening_since=listening_since)
-        for unit in units_of(gpus_by_agent.get(agent.id, ())):
+        gpus = gpus_by_agent.get(agent.id, ())
+        for unit in unit_cache.units(agent.id, gpus) if unit_cache is not None else units_of(gpus):
             units[unit.id] = unit
     running: dict[str, Job] = {}
     queue: list[Job] = []
