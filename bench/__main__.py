@@ -17,6 +17,7 @@ from bench.api_pages import run as run_api_pages
 from bench.fleet import FleetOptions, run_fleet_bench
 from bench.ingest import run_ingest_bench
 from bench.scheduler import SchedulerBenchOptions, run_scheduler_bench, scheduler_table
+from bench.scheduler_snapshot import SnapshotBenchOptions, run_snapshot_bench, snapshot_table
 
 TARGETS = {  # bench/README.md: the targets, beside which every figure is printed
     "ready_s": ("<=", 60.0),
@@ -218,6 +219,28 @@ def _run_scheduler(args: argparse.Namespace) -> int:
     return 0
 
 
+def _scheduler_snapshot_parser(sub: argparse._SubParsersAction) -> None:
+    d = SnapshotBenchOptions()
+    p = sub.add_parser(
+        "scheduler-snapshot",
+        help="what the scheduling loop pays per cycle before the core: the snapshot of Master records, the index",
+        description="Build the scheduling loop's snapshot from generated Master records (with and without the unit "
+        "cache) and the core's free-unit index from it, several times.",
+    )
+    p.add_argument("--hosts", type=int, default=d.hosts, help=f"hosts (default {d.hosts})")
+    p.add_argument("--gpus-per-host", type=int, default=d.gpus_per_host, help=f"GPUs per host (default {d.gpus_per_host})")
+    p.add_argument("--repeats", type=int, default=d.repeats, help=f"runs of each (default {d.repeats})")
+    p.add_argument("--json", type=Path, help="write the figures here")
+    p.set_defaults(func=_run_scheduler_snapshot)
+
+
+def _run_scheduler_snapshot(args: argparse.Namespace) -> int:
+    result = run_snapshot_bench(SnapshotBenchOptions(hosts=args.hosts, gpus_per_host=args.gpus_per_host, repeats=args.repeats))
+    _write(args.json, result)
+    print(snapshot_table(result))
+    return 0
+
+
 def _write(path: Path | None, data: Any) -> None:
     if path is not None:
         path.write_text(json.dumps(data, indent=2) + "\n")
@@ -303,6 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
     _ingest_parser(sub)
     _api_pages_parser(sub)
     _scheduler_parser(sub)
+    _scheduler_snapshot_parser(sub)
     return parser
 
 

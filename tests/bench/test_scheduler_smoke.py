@@ -24,3 +24,15 @@ def test_the_scheduler_benchmark_runs_a_tiny_grid_and_reports_every_figure(tmp_p
     for key in ("placements_per_s", "cycle_p50_ms", "cycle_p99_ms", "peak_rss_mib", "utilization"):
         assert figures[key] is not None and figures[key] > 0, key
     assert "placements per second" in done.stdout and "target" in done.stdout
+
+
+def test_the_loop_snapshot_benchmark_runs_a_tiny_grid_and_reports_every_figure(tmp_path):
+    out = tmp_path / "snapshot.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "scheduler-snapshot", "--hosts", "20", "--repeats", "2", "--json", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(out.read_text())
+    assert (figures["gpus"], len(figures["snapshot_s"]), len(figures["index_build_s"])) == (160, 2, 2)
+    assert "snapshot, unit cache" in done.stdout
