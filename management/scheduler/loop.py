@@ -57,6 +57,7 @@ class SchedulerSettings(msgspec.Struct, frozen=True, kw_only=True):
     period_s: float = 5.0  # a cycle at least this often, even when nothing woke the loop
     settle_s: float = 0.05  # after a wake-up, wait this long so a burst of changes makes one cycle
     min_gap_s: float = 0.25  # and never start a cycle sooner than this after the last one ended
+    stray_sweep_s: float = 5.0  # look for workload containers nobody holds (a pass over every host) this often
     grace_s: float = 30.0  # a preempted or cancelled container gets this long between SIGTERM and SIGKILL
     offline_grace_s: float = 20.0  # a host unseen this long has its workloads placed elsewhere
     start_timeout_s: float = 300.0  # a container create that has not finished by then failed
@@ -113,7 +114,8 @@ class SchedulerLoop:
             grace_s=self.settings.grace_s,
         )
         self._units = UnitCache()  # each host's units, rebuilt only when its GPUs change
-        self._strays: dict[tuple[str, str], float] = {}  # (host, container) -> when this loop last deleted it
+        self._strays: dict[tuple[str, str], float] = {}
+        self._strays_swept_at = float("-inf")  # (host, container) -> when this loop last deleted it
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._pump: asyncio.Task[None] | None = None
@@ -354,7 +356,11 @@ class SchedulerLoop:
                     moved += await self._reconcile_preempted(rec, now)
             except (IdlegridError, ValueError) as exc:
                 log.warning("workload %s not reconciled: %s", rec.id, exc)
-        return moved + await self._delete_strays(now)
+        if now - self._strays_swept_at >= self.settings.stray_sweep_s or now < self._strays_swept_at:
+            # A pass over every host's containers: at 10,000 hosts worth doing once a period, not on every wake-up.
+            self._strays_swept_at = now
+            moved += await self._delete_strays(now)
+        return moved
 
     async def _delete_strays(self, now: float) -> int:
         """Delete again every workload container a host runs that no open workload holds and no delete is under way

@@ -50,7 +50,7 @@ async def host(master: Master, link: AccessLink, agent_id: str, count: int = 1) 
 
 def scheduler(master: Master) -> SchedulerLoop:
     book = WorkloadBook(master.store, master.events, master, policy=master.policy)
-    return SchedulerLoop(master, book, SchedulerSettings(grace_s=GRACE_S, offline_grace_s=5.0))
+    return SchedulerLoop(master, book, SchedulerSettings(grace_s=GRACE_S, offline_grace_s=5.0, stray_sweep_s=0.0))
 
 
 def spec(name: str = "train", **fields: Any) -> WorkloadSpec:
@@ -459,3 +459,28 @@ async def test_a_stop_is_stored_before_its_deletes_are_sent_so_a_master_killed_b
     await loop.book.cancel(wl.id, "alice", time.time())
 
     assert stored_when_sent == [("cancelled", ["deleting"])]
+
+
+async def test_strays_are_looked_for_once_per_sweep_period_not_on_every_wake_up(master, link):
+    """The look for strays is a pass over every host's containers: at 10,000 hosts it is paid once a period."""
+    await host(master, link, "agt-a")
+    now = [time.time()]
+    book = WorkloadBook(master.store, master.events, master, policy=master.policy)
+    loop = SchedulerLoop(master, book, SchedulerSettings(grace_s=GRACE_S, stray_sweep_s=5.0), clock=lambda: now[0])
+    await loop.book.load()
+    low = await loop.book.submit("bob", spec("low", priority="low", restart_policy="on_failure"), now[0])
+    await loop.cycle()  # the first cycle sweeps (nothing to find), then not for 5 s
+    (placed,) = (await loop.book.get(low.id)).assignments
+    await loop.book.submit("alice", spec("high", priority="high"), now[0])
+    await loop.cycle()
+    (first_delete,) = deletes_sent(link, "agt-a")
+    await relay(master, link, "agt-a", CommandResult(id=first_delete.body.id, ok=True, result={"container": None}))
+    await relay(master, link, "agt-a", CommandResult(id=placed.command_id, ok=True, result={"id": placed.container}))
+
+    now[0] += 1.0
+    await loop.cycle()
+    assert len(deletes_sent(link, "agt-a")) == 1  # within the period: not looked for yet
+
+    now[0] += 5.0
+    await loop.cycle()
+    assert [d.body.spec["name"] for d in deletes_sent(link, "agt-a")] == [placed.container, placed.container]
