@@ -111,15 +111,6 @@ def _constraints(filters: list[dict[str, Any]], needed: int) -> list[str]:
     if others:
         lines.append(f"(the other {others} constraints removed none)")
     left = filters[-1]["remaining"]
-    passing = f"{left} GPU passes" if left == 1 else f"{left} GPUs pass"
-    if left >= needed:
-        lines.append(f"{passing} every constraint now; it needs {needed} at once")
-    else:
-        some = "no GPU" if left == 0 else f"only {left}"
-        verb = "passes" if left <= 1 else "pass"
-        lines.append(f"{some} of the {_gpus(needed)} it needs at once {verb} every constraint now")
+    passing = "no GPU passes" if left == 0 else ("1 GPU passes" if left == 1 else f"{left} GPUs pass")
+    lines.append(f"{passing} every constraint now; it needs {needed} at once")
     return lines
-
-
-def _gpus(n: int) -> str:
-    return f"{n} GPU" + ("" if n == 1 else "s")

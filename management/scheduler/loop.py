@@ -155,8 +155,11 @@ class SchedulerLoop:
     async def _run(self) -> None:
         await self.usage_saver.load(self._clock())  # fair share goes on from the saved usage, decayed across the downtime
         while True:
+            # asyncio.timeout, not wait_for: wait_for's inner task, cancelled together with this one when the process
+            # shuts down (asyncio.run cancels every task at once), left this task waiting for ever on Python 3.11.
             try:
-                await asyncio.wait_for(self._wake.wait(), self.settings.period_s)
+                async with asyncio.timeout(self.settings.period_s):
+                    await self._wake.wait()
                 await asyncio.sleep(self.settings.settle_s)
             except TimeoutError:
                 pass

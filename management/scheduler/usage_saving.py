@@ -37,7 +37,8 @@ class UsageSaver:
     async def load(self, now: float) -> bool:
         """Add the saved figures to the meter, decayed to ``now``; False (logged) when the store did not answer."""
         try:
-            saved = await asyncio.wait_for(self.repo.list(), self.timeout_s)
+            async with asyncio.timeout(self.timeout_s):
+                saved = await self.repo.list()
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # any store failure: the loop schedules on without the history, and tries again
@@ -63,7 +64,8 @@ class UsageSaver:
             return False
         records = self.meter.snapshot_for_store()
         try:
-            await asyncio.wait_for(self.repo.put_many(records), self.timeout_s)
+            async with asyncio.timeout(self.timeout_s):
+                await self.repo.put_many(records)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # any store failure: the figures stay in memory and the next save writes them
