@@ -486,6 +486,18 @@ class Operations:
         found = await self.workloads.list(account=account, states=states, before=after.listed if after else None, limit=limit + 1)
         return _page(found, limit, lambda w: WorkloadKey(workload_order(w.created_at, w.id)))
 
+    async def workload_and_wait(
+        self, workload_id: str, *, account: str | None = None
+    ) -> tuple[WorkloadRecord, Explanation | None]:
+        """The workload and, while it is queued, why it waits."""
+        record = await self.get_workload(workload_id, account=account)
+        if record.state != "queued":
+            return record, None
+        try:
+            return record, await self.scheduler.explain(workload_id)
+        except NotFound:  # placed or cancelled between the two reads
+            return await self.get_workload(workload_id, account=account), None
+
     async def explain_workload(self, workload_id: str, *, account: str | None = None) -> Explanation:
         """Why a queued workload waits, constraint by constraint; Conflict for one that does not wait."""
         record = await self.get_workload(workload_id, account=account)

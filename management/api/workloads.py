@@ -35,8 +35,11 @@ async def list_workloads(request: web.Request) -> web.Response:
 
 async def get_workload(request: web.Request) -> web.Response:
     parse_query(request, EmptyQuery)
-    record = await request.app[OPERATIONS_KEY].get_workload(request.match_info["workload_id"], account=scope_of(request).owner)
-    return json_response(workload_view(record))
+    operations = request.app[OPERATIONS_KEY]
+    record, waiting = await operations.workload_and_wait(request.match_info["workload_id"], account=scope_of(request).owner)
+    view = workload_view(record)
+    view["waiting"] = explanation_view(waiting) if waiting is not None else None
+    return json_response(view)
 
 
 async def explain_workload(request: web.Request) -> web.Response:

@@ -46,6 +46,10 @@ async def test_a_renter_submits_a_workload_that_waits_in_the_queue(api, keys):
     assert body["spec"]["env"] == ["HF_TOKEN"]
     got = await api.get(f"/api/v1/workloads/{body['id']}", headers=keys["alice"])
     assert "hf_secret_value" not in await got.text()
+    waiting = (await got.json())["waiting"]  # a queued workload's view says why it waits
+    assert waiting["job_id"] == body["id"] and waiting["cannot_fit"] == "no GPU on this grid is a h100-sxm"
+    assert [f["name"] for f in waiting["filters"]][:2] == ["unhealthy or offline", "host takes no work"]
+    assert waiting["summary"].startswith("Cannot be placed on this grid as it is now: no GPU on this grid is a h100-sxm")
     assert (await api.master.store.workloads.get(body["id"])).spec.env == {"HF_TOKEN": "hf_secret_value"}
     events = await api.master.store.events.list(subject=body["id"])
     assert [(e.kind, e.data["to"], e.data["account"]) for e in events] == [("workload.transition", "queued", "alice")]
@@ -105,6 +109,13 @@ async def test_the_operator_names_the_account_and_sees_everyones(api, keys):
     assert [w["id"] for w in (await everyone.json())["items"]] == [alice["id"], carol["id"]]  # newest first
     only_carol = await api.get("/api/v1/workloads?account=carol", headers=api.auth)
     assert [w["id"] for w in (await only_carol.json())["items"]] == [carol["id"]]
+
+
+async def test_a_workload_that_is_not_queued_shows_no_wait(api, keys):
+    body = await submit(api, keys["alice"])
+    await api.post(f"/api/v1/workloads/{body['id']}/cancel", headers=keys["alice"])
+    got = await (await api.get(f"/api/v1/workloads/{body['id']}", headers=keys["alice"])).json()
+    assert (got["state"], got["waiting"]) == ("cancelled", None)
 
 
 async def test_a_renter_cancels_its_workload_once(api, keys):

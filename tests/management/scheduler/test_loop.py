@@ -484,3 +484,17 @@ async def test_strays_are_looked_for_once_per_sweep_period_not_on_every_wake_up(
     now[0] += 5.0
     await loop.cycle()
     assert [d.body.spec["name"] for d in deletes_sent(link, "agt-a")] == [placed.container, placed.container]
+
+
+async def test_explanations_reuse_a_snapshot_but_never_miss_a_workload_just_submitted(master, link):
+    await host(master, link, "agt-a")
+    loop = scheduler(master)
+    await loop.book.load()
+    first = await loop.book.submit("alice", spec("first", replicas=2), time.time())
+    assert (await loop.explain(first.id)).cannot_fit  # one host: a 2-host gang cannot be held
+    taken = loop._explain_snapshot  # noqa: SLF001
+    assert (await loop.explain(first.id)).cannot_fit and loop._explain_snapshot is taken  # noqa: SLF001  (reused)
+
+    second = await loop.book.submit("alice", spec("second", replicas=2), time.time())
+
+    assert (await loop.explain(second.id)).position == 2  # the submission dropped the old snapshot
