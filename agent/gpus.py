@@ -245,7 +245,7 @@ def _gpu_info(index: int, handle: Any, driver: str, cuda: str) -> GpuInfo:
         power_limit_w=power_mw / 1000.0 if power_mw is not None else None,
         memory_bus_width_bits=_optional(lambda: pynvml.nvmlDeviceGetMemoryBusWidth(handle)),
         mig_enabled=mig_enabled,
-        mig_instances=mig_instances,
+        mig_instances=tuple(mig_instances),
     )
 
 

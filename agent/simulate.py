@@ -204,7 +204,7 @@ def _simulated_info(model: GpuModel, index: int, identity: str, mig: tuple[str, 
     )
     if mig is None:
         return info
-    return msgspec.structs.replace(info, mig_enabled=True, mig_instances=_mig_instances(model, info.uuid, mig))
+    return msgspec.structs.replace(info, mig_enabled=True, mig_instances=tuple(_mig_instances(model, info.uuid, mig)))
 
 
 def _mig_instances(model: GpuModel, gpu_uuid: str, names: tuple[str, ...]) -> list[MigInstance]:

@@ -60,7 +60,8 @@ class GpuInfo(msgspec.Struct, frozen=True, kw_only=True):
     # MIG: whether the GPU runs in MIG mode, and its instances. A GPU in MIG mode runs CUDA work only in its
     # instances, so it is placed instance by instance (none, while it is not partitioned), never whole.
     mig_enabled: bool = False
-    mig_instances: Annotated[list[MigInstance], msgspec.Meta(max_length=MAX_MIG_INSTANCES)] = []
+    # A tuple: the empty default is one shared object, not an empty list per GPU (10,000 hosts × 8 GPUs on the Master).
+    mig_instances: Annotated[tuple[MigInstance, ...], msgspec.Meta(max_length=MAX_MIG_INSTANCES)] = ()
 
 
 class GpuSample(msgspec.Struct, frozen=True, kw_only=True):

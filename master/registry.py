@@ -344,7 +344,7 @@ class Registry:
             kept.append(instance)
         if len(kept) == len(info.mig_instances):
             return info
-        return msgspec.structs.replace(info, mig_instances=kept)
+        return msgspec.structs.replace(info, mig_instances=tuple(kept))
 
     def _may_claim(self, gpu: GpuRecord, agent_id: str) -> bool:
         """A GPU reported by another agent moves only once that agent is retired (the card changed hosts)."""

@@ -60,6 +60,8 @@ def of_type(hint: Any) -> st.SearchStrategy[Any]:
         return st.one_of(*(of_type(arg) for arg in args))
     if origin is list:
         return st.lists(of_type(args[0]), max_size=3)
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        return st.lists(of_type(args[0]), max_size=3).map(tuple)
     if origin is dict:
         return st.dictionaries(of_type(args[0]), of_type(args[1]), max_size=3)
     if isinstance(hint, type) and issubclass(hint, msgspec.Struct):

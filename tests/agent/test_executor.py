@@ -177,10 +177,10 @@ PARTITIONED = [
     msgspec.structs.replace(
         gpu(0, "GPU-aaaa"),
         mig_enabled=True,
-        mig_instances=[
+        mig_instances=(
             MigInstance(uuid=MIG_A, profile="3g.40gb", memory_mib=40960, index=0),
             MigInstance(uuid=MIG_B, profile="3g.40gb", memory_mib=40960, index=1),
-        ],
+        ),
     ),
     gpu(1, "GPU-bbbb"),
 ]

@@ -450,7 +450,7 @@ def test_a_gpu_in_mig_mode_reports_its_instances_with_profile_memory_and_ids(mon
     assert (big.gpu_instance_id, big.compute_instance_id, big.index) == (1, 0, 0)
     # No permission for the profile: named from the device's slices and memory (9.75 GiB rounds up to 10).
     assert (small.profile, small.memory_mib, small.gpu_instance_id, small.index) == ("1g.10gb", 9984, 13, 2)
-    assert (rtx.mig_enabled, rtx.mig_instances) == (False, [])
+    assert (rtx.mig_enabled, rtx.mig_instances) == (False, ())
 
 
 def test_mig_capable_gpu_with_mig_off_is_placed_whole(monkeypatch):
@@ -460,7 +460,7 @@ def test_mig_capable_gpu_with_mig_off_is_placed_whole(monkeypatch):
 
     (gpu,) = NvmlCollector().inventory()
 
-    assert (gpu.mig_enabled, gpu.mig_instances) == (False, [])
+    assert (gpu.mig_enabled, gpu.mig_instances) == (False, ())
 
 
 def test_instances_that_cannot_be_listed_leave_the_gpu_in_mig_mode_with_none_and_say_why(monkeypatch, caplog):
@@ -475,5 +475,5 @@ def test_instances_that_cannot_be_listed_leave_the_gpu_in_mig_mode_with_none_and
     with caplog.at_level(logging.WARNING, logger="agent.gpus"):
         (gpu,) = NvmlCollector().inventory()
 
-    assert (gpu.mig_enabled, gpu.mig_instances) == (True, [])
+    assert (gpu.mig_enabled, gpu.mig_instances) == (True, ())
     assert any("MIG mode but its instances cannot be listed" in r.getMessage() for r in caplog.records)

@@ -116,7 +116,7 @@ def test_a_group_can_be_split_into_mig_instances_each_gpu_alike():
         assert [m.index for m in gpu.mig_instances] == [0, 1, 2, 3]
         assert all(m.uuid.startswith("MIG-") for m in gpu.mig_instances)
     assert len({m.uuid for g in (first, second) for m in g.mig_instances}) == 8  # every instance its own uuid
-    assert (whole.mig_enabled, whole.mig_instances) == (False, [])
+    assert (whole.mig_enabled, whole.mig_instances) == (False, ())
 
 
 def test_mig_uuids_are_as_stable_as_the_gpus_they_split():
@@ -129,7 +129,7 @@ def test_mig_uuids_are_as_stable_as_the_gpus_they_split():
 
 def test_mig_mode_without_instances_is_an_empty_layout():
     (gpu,) = SimulatedCollector("a100-40gb:1:mig=", seed=1).inventory()
-    assert (gpu.mig_enabled, gpu.mig_instances) == (True, [])
+    assert (gpu.mig_enabled, gpu.mig_instances) == (True, ())
 
 
 @pytest.mark.parametrize(

@@ -202,7 +202,7 @@ def test_a_partitioned_gpu_round_trips_with_its_mig_instances():
         memory_total_mib=81559,
         compute_capability="9.0",
         mig_enabled=True,
-        mig_instances=instances,
+        mig_instances=tuple(instances),
     )
     hello = Hello(versions=[1], agent_version="0.1", inventory=Inventory(host=HOST, gpus=[gpu]))
     assert decode_agent_frame(encode(hello)) == hello
@@ -211,7 +211,7 @@ def test_a_partitioned_gpu_round_trips_with_its_mig_instances():
 def test_an_inventory_from_an_agent_that_knows_no_mig_reads_as_mig_off():
     old = {"index": 0, "uuid": "GPU-x", "name": "n", "pci_bus_id": "0", "memory_total_mib": 1, "compute_capability": "9.0"}
     gpu = msgspec.json.decode(msgspec.json.encode(old), type=GpuInfo)
-    assert (gpu.mig_enabled, gpu.mig_instances) == (False, [])
+    assert (gpu.mig_enabled, gpu.mig_instances) == (False, ())
 
 
 def test_a_gpu_claiming_more_mig_instances_than_the_wire_allows_is_refused():

@@ -21,7 +21,7 @@ MIG = ["MIG-a-0", "MIG-a-1", "MIG-a-2"]
 def split(info: GpuInfo, *uuids: str) -> GpuInfo:
     """``info`` in MIG mode, split into 2g.20gb instances named ``uuids``."""
     instances = [MigInstance(uuid=u, profile="2g.20gb", memory_mib=20389, index=i) for i, u in enumerate(uuids)]
-    return msgspec.structs.replace(info, mig_enabled=True, mig_instances=instances)
+    return msgspec.structs.replace(info, mig_enabled=True, mig_instances=tuple(instances))
 
 
 def host_gpus() -> list[GpuInfo]:

@@ -239,7 +239,7 @@ async def test_gpu_round_trips_its_mig_instances(store: Store) -> None:
         MigInstance(uuid="MIG-a-0", profile="3g.40gb", memory_mib=40448, gpu_instance_id=1, compute_instance_id=0, index=0),
         MigInstance(uuid="MIG-a-1", profile="1g.10gb+me", memory_mib=9984, index=1),
     ]
-    rec = gpu("GPU-a", info=gpu_info("GPU-a", mig_enabled=True, mig_instances=instances))
+    rec = gpu("GPU-a", info=gpu_info("GPU-a", mig_enabled=True, mig_instances=tuple(instances)))
     await store.gpus.put_many([rec])
     assert_same(await store.gpus.get("GPU-a"), rec)
 

@@ -19,7 +19,7 @@ def records(*, mig_enabled: bool = True, instances: list[tuple[str, str, int]] =
     """GPU-h100-0 in MIG mode split into ``instances``; GPU-h100-1 whole, NVLinked to it."""
     first, second = gpus(2)
     split = [MigInstance(uuid=u, profile=p, memory_mib=m, index=i) for i, (u, p, m) in enumerate(instances)]
-    first = msgspec.structs.replace(first, mig_enabled=mig_enabled, mig_instances=split)
+    first = msgspec.structs.replace(first, mig_enabled=mig_enabled, mig_instances=tuple(split))
     return [
         GpuRecord(uuid=first.uuid, agent_id="agt-a", index=0, model="h100-sxm", info=first, state="available", tier="t1"),
         GpuRecord(uuid=second.uuid, agent_id="agt-a", index=1, model="h100-sxm", info=second, state="available", tier="t1"),
