@@ -62,7 +62,9 @@ class Credentials:
     key_source: str  # where the key was found, for messages
 
 
-def resolve_credentials(args: argparse.Namespace, env: Mapping[str, str], *, key_option: str = "--api-key KEY") -> Credentials:
+def resolve_credentials(
+    args: argparse.Namespace, env: Mapping[str, str], *, key_option: str = "--api-key KEY or --key-file FILE"
+) -> Credentials:
     """``key_option``: how the calling command takes a key, for the message when none is found."""
     config_path = cli_config_path(env)
     config = _read_cli_config(config_path)
@@ -101,7 +103,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells)
 
 
-def _when(value: object) -> str | None:
+def when(value: object) -> str | None:
     """An API timestamp to the second: "2026-11-22 21:40:05Z"."""
     return value[:19].replace("T", " ") + "Z" if isinstance(value, str) else None
 
@@ -122,7 +124,7 @@ def _account_rows(accounts: Sequence[Mapping[str, Any]]) -> str:
                 a["gpu_quota"] if a["gpu_quota"] is not None else "none",
                 _mapping(a["tier_quotas"]),
                 "disabled" if a["disabled"] else "enabled",
-                _when(a["created_at"]),
+                when(a["created_at"]),
             ]
             for a in accounts
         ],
@@ -132,7 +134,7 @@ def _account_rows(accounts: Sequence[Mapping[str, Any]]) -> str:
 def _key_rows(keys: Sequence[Mapping[str, Any]]) -> str:
     return table(
         ["KEY ID", "NAME", "CREATED", "LAST USED", "REVOKED"],
-        [[k["key_id"], k["name"], _when(k["created_at"]), _when(k["last_used"]), _when(k["revoked_at"])] for k in keys],
+        [[k["key_id"], k["name"], when(k["created_at"]), when(k["last_used"]), when(k["revoked_at"])] for k in keys],
     )
 
 
@@ -144,7 +146,8 @@ def _show(args: argparse.Namespace, body: Any, human: Callable[[Any], str]) -> i
 # --- parsing -------------------------------------------------------------------------------------------
 
 
-def _connection_options(p: argparse.ArgumentParser) -> None:
+def connection_options(p: argparse.ArgumentParser) -> None:
+    """The options every command that calls the API takes (account, key and workload commands alike)."""
     p.add_argument(
         "--api", metavar="URL", help=f"management API URL (default: ${API_ENV}, the CLI config file, else {DEFAULT_API})"
     )
@@ -224,7 +227,7 @@ def add_parsers(sub: argparse._SubParsersAction, parser: Parser) -> None:
         "show the account, role and key the CLI calls the API as",
         "Show the account, role and API key the CLI calls the API as, and where it found the key.\n" + _SOURCES,
     )
-    _connection_options(who)
+    connection_options(who)
     who.set_defaults(func=_run_whoami)
 
     p = parser(
@@ -240,17 +243,17 @@ def add_parsers(sub: argparse._SubParsersAction, parser: Parser) -> None:
     create.add_argument("account_id", metavar="ID", help="lowercase letters, digits and '-', e.g. acme-gpu")
     create.add_argument("--role", required=True, choices=ROLES, help="what the account does on the grid")
     _settings_options(create, creating=True)
-    _connection_options(create)
+    connection_options(create)
     create.set_defaults(func=_run_create)
 
     listing = parser(a_sub, "list", "list accounts", "List accounts in id order (a non-operator sees its own).")
     listing.add_argument("--role", choices=ROLES, help="only accounts with this role (default: all)")
-    _connection_options(listing)
+    connection_options(listing)
     listing.set_defaults(func=_run_list)
 
     get = parser(a_sub, "get", "show one account", "Show one account and its scheduling settings.")
     get.add_argument("account_id", metavar="ID", help="the account's id")
-    _connection_options(get)
+    connection_options(get)
     get.set_defaults(func=_run_get)
 
     update = parser(
@@ -275,7 +278,7 @@ def add_parsers(sub: argparse._SubParsersAction, parser: Parser) -> None:
     state.add_argument(
         "--enable", dest="disabled", action="store_const", const=False, help="accept its keys again (default: unchanged)"
     )
-    _connection_options(update)
+    connection_options(update)
     update.set_defaults(func=_run_update)
 
     keys = parser(a_sub, "key", "an account's API keys", "Create, list and revoke API keys. Any account manages its own.")
@@ -288,24 +291,25 @@ def add_parsers(sub: argparse._SubParsersAction, parser: Parser) -> None:
     )
     k_create.add_argument("account_id", metavar="ACCOUNT", help="the account the key belongs to")
     k_create.add_argument("--name", required=True, metavar="TEXT", help="what the key is for, e.g. ci or laptop")
-    _connection_options(k_create)
+    connection_options(k_create)
     k_create.set_defaults(func=_run_key_create)
     k_list = parser(
         k_sub, "list", "list an account's API keys", "List an account's keys, oldest first: never the keys themselves."
     )
     k_list.add_argument("account_id", metavar="ACCOUNT", help="the account whose keys to list")
-    _connection_options(k_list)
+    connection_options(k_list)
     k_list.set_defaults(func=_run_key_list)
     k_revoke = parser(
         k_sub, "revoke", "revoke an API key at once", "Revoke an API key by its key id; it is refused from the next call on."
     )
     k_revoke.add_argument("key_id", metavar="KEY_ID", help="the key's public id (key-...), as key list shows it")
-    _connection_options(k_revoke)
+    connection_options(k_revoke)
     k_revoke.set_defaults(func=_run_key_revoke)
 
 
 _SOURCES = (
-    "The API key is taken from --api-key, else $IDLEGRID_API_KEY, else api_key in ~/.config/idlegrid/cli.toml, else "
+    "The API key is taken from --api-key, else --key-file, else $IDLEGRID_API_KEY, else api_key in "
+    "~/.config/idlegrid/cli.toml, else "
     "the local Master's operator key file; the API URL from --api, else $IDLEGRID_API, else api in that file."
 )
 
@@ -313,7 +317,8 @@ _SOURCES = (
 # --- running -------------------------------------------------------------------------------------------
 
 
-def _client(args: argparse.Namespace) -> tuple[Any, Credentials]:
+def api_client(args: argparse.Namespace) -> tuple[Any, Credentials]:
+    """A client for the API and key ``connection_options`` found, and where they came from."""
     from management.client import ApiClient
 
     credentials = resolve_credentials(args, os.environ)
@@ -335,7 +340,7 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _run_whoami(args: argparse.Namespace) -> int:
-    client, credentials = _client(args)
+    client, credentials = api_client(args)
     me = client.whoami()
     if args.json:
         return _show(args, me, str)
@@ -351,17 +356,17 @@ def _run_whoami(args: argparse.Namespace) -> int:
 
 
 def _run_create(args: argparse.Namespace) -> int:
-    client, _ = _client(args)
+    client, _ = api_client(args)
     return _show(args, client.create_account(args.account_id, args.role, **_settings(args)), lambda a: _account_rows([a]))
 
 
 def _run_list(args: argparse.Namespace) -> int:
-    client, _ = _client(args)
+    client, _ = api_client(args)
     return _show(args, client.list("/api/v1/accounts", role=args.role), _account_rows)
 
 
 def _run_get(args: argparse.Namespace) -> int:
-    client, _ = _client(args)
+    client, _ = api_client(args)
     return _show(args, client.account(args.account_id), lambda a: _account_rows([a]))
 
 
@@ -376,12 +381,12 @@ def _run_update(args: argparse.Namespace) -> int:
             "nothing to change: name at least one of --name, --share, --gpu-quota, --tier-quota, "
             "--project-share, --role, --disable, --enable"
         )
-    client, _ = _client(args)
+    client, _ = api_client(args)
     return _show(args, client.update_account(args.account_id, changes), lambda a: _account_rows([a]))
 
 
 def _run_key_create(args: argparse.Namespace) -> int:
-    client, _ = _client(args)
+    client, _ = api_client(args)
     issued = client.create_api_key(args.account_id, args.name)
     if args.json:
         return _show(args, issued, str)
@@ -391,10 +396,10 @@ def _run_key_create(args: argparse.Namespace) -> int:
 
 
 def _run_key_list(args: argparse.Namespace) -> int:
-    client, _ = _client(args)
+    client, _ = api_client(args)
     return _show(args, client.list(f"/api/v1/accounts/{args.account_id}/keys"), _key_rows)
 
 
 def _run_key_revoke(args: argparse.Namespace) -> int:
-    client, _ = _client(args)
+    client, _ = api_client(args)
     return _show(args, client.revoke_api_key(args.key_id), lambda k: f"revoked {k['key_id']} ({k['name']}) of {k['account']}")

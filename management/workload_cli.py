@@ -1,9 +1,8 @@
 """``idlegrid workload submit|list|get|explain|cancel``: a renter's (or the operator's) workloads, through the management API.
 
 Output is a table (or ``key: value`` lines for one workload) by default, the API's JSON with ``--json``.
-The API and the key are found as ``idlegrid account`` finds them (management/cli_accounts.py), except that a key is
-given as a file: ``--key-file``, else $IDLEGRID_API_KEY, else ``api_key`` in the CLI config file, else the local
-Master's operator key file; the URL from ``--api``, else $IDLEGRID_API, else the config file, else the default.
+The API and the key are found as ``idlegrid account`` finds them, with the same options (management/cli_accounts.py:
+``connection_options``, ``resolve_credentials``).
 A spec is checked here first (the same struct the API decodes), so a bad field is named before anything is sent.
 """
 
@@ -11,10 +10,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tomllib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -22,11 +20,10 @@ from typing import Any
 import msgspec
 
 from common.errors import IdlegridError
-from management.cli import DEFAULT_OPERATOR_KEY
+from management.cli_accounts import api_client, connection_options, table, when
 from management.explain_text import render_explanation
 from master.records import WorkloadSpec
 
-DEFAULT_KEY_FILE = DEFAULT_OPERATOR_KEY  # a renter points --key-file at its own key
 TABLE_COLUMNS = ("ID", "NAME", "ACCOUNT", "STATE", "REPLICAS", "GPUS", "PRIORITY", "CREATED", "REASON")
 
 Parser = Callable[[argparse._SubParsersAction, str, str, str], argparse.ArgumentParser]
@@ -124,29 +121,11 @@ def add_parser(sub: argparse._SubParsersAction, make: Parser) -> None:
 
 
 def _connection(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--api",
-        metavar="URL",
-        help="management API URL (default: $IDLEGRID_API, else api in ~/.config/idlegrid/cli.toml, else http://127.0.0.1:7000)",
-    )
-    p.add_argument("--api-key", metavar="KEY", help="API key (default: --key-file, else as below)")
-    p.add_argument(
-        "--key-file",
-        type=Path,
-        metavar="FILE",
-        help="file holding your API key (default: the key in $IDLEGRID_API_KEY, else api_key in "
-        f"~/.config/idlegrid/cli.toml, else the local Master's operator key {DEFAULT_KEY_FILE})",
-    )
-    p.add_argument("--json", action="store_true", help="print the API's JSON instead of a table (default: a table)")
+    connection_options(p)
 
 
 def _client(args: argparse.Namespace) -> Any:
-    from management.cli_accounts import resolve_credentials
-    from management.client import ApiClient
-
-    found = argparse.Namespace(api=args.api, api_key=args.api_key, key_file=args.key_file, operator_token_file=DEFAULT_KEY_FILE)
-    credentials = resolve_credentials(found, os.environ, key_option="--key-file FILE or --api-key KEY")
-    return ApiClient(credentials.api, credentials.api_key)
+    return api_client(args)[0]
 
 
 # --- submit ---------------------------------------------------------------------------------------
@@ -229,7 +208,7 @@ def run_submit(args: argparse.Namespace) -> int:
 
 def run_list(args: argparse.Namespace) -> int:
     workloads = _client(args).list("/api/v1/workloads", state=args.state, account=args.account)
-    _print(args, workloads, lambda ws: print(table([_row(w) for w in ws]) if ws else "no workloads"))
+    _print(args, workloads, lambda ws: print(table(TABLE_COLUMNS, [_row(w) for w in ws]) if ws else "no workloads"))
     return 0
 
 
@@ -290,19 +269,9 @@ def _row(w: dict[str, Any]) -> list[str]:
         str(spec["replicas"]),
         str(spec["replica"]["gpus"]),
         spec["priority"],
-        _short_time(w["created_at"]),
+        when(w["created_at"]),
         w["state_reason"],
     ]
-
-
-def table(rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(str(c)) for c in column) for column in zip(TABLE_COLUMNS, *rows, strict=False)]
-    lines = [TABLE_COLUMNS, *rows]
-    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in lines)
-
-
-def _short_time(value: str | None) -> str:
-    return value.replace("T", " ")[:19] if value else "-"
 
 
 def describe(w: dict[str, Any]) -> str:
@@ -320,8 +289,8 @@ def describe(w: dict[str, Any]) -> str:
         f"priority:    {spec['priority']}",
         f"env:         {', '.join(spec['env']) or '-'}  (values are never shown)",
         f"ports:       {', '.join(map(str, spec['ports'])) or '-'}",
-        f"submitted:   {_short_time(w['created_at'])}   attempts: {w['attempts']}   restarts: {w['restarts']}",
-        f"started:     {_short_time(w['started_at'])}   finished: {_short_time(w['finished_at'])}",
+        f"submitted:   {when(w['created_at']) or '-'}   attempts: {w['attempts']}   restarts: {w['restarts']}",
+        f"started:     {when(w['started_at']) or '-'}   finished: {when(w['finished_at']) or '-'}",
     ]
     for a in w["assignments"]:
         lines.append(f"replica {a['replica']}:   {a['container']} on {a['agent_id']} ({', '.join(a['units'])}) {a['state']}")
