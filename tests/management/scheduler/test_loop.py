@@ -6,11 +6,7 @@ No GPU is needed: the agents report simulated H100s."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
-
-import pytest
 
 from common.wire import AgentEvent, AgentEventKind, Command, CommandResult, Heartbeat
 from management.scheduler.book import WorkloadBook
@@ -24,21 +20,6 @@ from master.service import Master
 from tests.master.linked import connect, gpus, relay, relay_link, to_agent
 
 GRACE_S = 7.0
-
-
-@pytest.fixture
-async def master(tmp_path: Path) -> AsyncIterator[Master]:
-    m = Master(MasterConfig(state_dir=str(tmp_path / "master"), link_port=0))
-    await m.start()
-    await m.accounts.ensure("alice", AccountRole.RENTER)
-    await m.accounts.ensure("bob", AccountRole.RENTER)
-    yield m
-    await m.stop()
-
-
-@pytest.fixture
-def link() -> AccessLink:
-    return relay_link()
 
 
 async def host(master: Master, link: AccessLink, agent_id: str, count: int = 1) -> list[str]:

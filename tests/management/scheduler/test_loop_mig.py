@@ -6,31 +6,14 @@ card; a renter asking for a whole GPU gets nothing there, since a GPU in MIG mod
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
-from pathlib import Path
-
-import pytest
 
 from agent.simulate import SimulatedCollector
 from common.wire import AgentEvent, AgentEventKind, Command, CommandResult
 from management.scheduler.book import WorkloadBook
 from management.scheduler.loop import SchedulerLoop, SchedulerSettings
-from master.accounts import AccountRole
-from master.config import MasterConfig
 from master.link import AccessLink
 from master.records import ReplicaSpec, WorkloadSpec
-from master.service import Master
 from tests.master.linked import connect, relay, relay_link, to_agent
-
-
-@pytest.fixture
-async def master(tmp_path: Path) -> AsyncIterator[Master]:
-    m = Master(MasterConfig(state_dir=str(tmp_path / "master"), link_port=0))
-    await m.start()
-    await m.accounts.ensure("alice", AccountRole.RENTER)
-    await m.accounts.ensure("bob", AccountRole.RENTER)
-    yield m
-    await m.stop()
 
 
 def spec(name: str, mig_profile: str | None = None) -> WorkloadSpec:

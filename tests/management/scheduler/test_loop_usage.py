@@ -24,17 +24,11 @@ from master.service import Master
 from master.store import SqliteStore
 from master.store.migrations import SQLITE_MIGRATIONS
 from tests.management.scheduler.test_loop import host, spec, started
-from tests.master.linked import relay_link
 
 HALF_LIFE_S = 86_400.0
 # No cycle on the timer (period_s): cycles run when something wakes the loop, the test's clock moves only when it says.
 SETTINGS = SchedulerSettings(half_life_s=HALF_LIFE_S, usage_save_every_s=60.0, period_s=600.0, settle_s=0.0, min_gap_s=0.0)
 WAIT_S = 5.0
-
-
-@pytest.fixture
-def link() -> AccessLink:
-    return relay_link()
 
 
 class Clock:
