@@ -70,6 +70,22 @@ class MasterConfig(msgspec.Struct, kw_only=True):
     max_temperature_c: Annotated[float, msgspec.Meta(gt=0)] = 90.0
     overheat_samples: Annotated[int, msgspec.Meta(ge=1)] = 3
     cool_samples: Annotated[int, msgspec.Meta(ge=1)] = 3
+    # --- the market (management/market/, docs/market.md) ---
+    # Prices of hosts whose provider set none, per GPU-hour, as decimal strings (0: free, as on a shared cluster).
+    # default_min_bid "" rents such hosts on demand only.
+    currency: Annotated[str, msgspec.Meta(pattern=r"^[A-Z]{3}$")] = "USD"
+    default_price: Annotated[str, msgspec.Meta(pattern=r"^[0-9]{1,9}(\.[0-9]{1,6})?$")] = "0"
+    default_min_bid: Annotated[str, msgspec.Meta(pattern=r"^([0-9]{1,9}(\.[0-9]{1,6})?)?$")] = "0"
+    # Running rentals are charged in entries this far apart (and at their end); a Master killed loses at most one.
+    metering_period_s: Annotated[float, msgspec.Meta(ge=1, le=3600)] = 60.0
+    # The platform's share of every charge; hosts whose reliability over reliable_window_s is at least
+    # reliable_threshold pay reliable_fee_percent instead.
+    platform_fee_percent: Annotated[float, msgspec.Meta(ge=0, le=100)] = 10.0
+    reliable_fee_percent: Annotated[float, msgspec.Meta(ge=0, le=100)] = 5.0
+    reliable_threshold: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.97
+    reliable_window_s: Annotated[float, msgspec.Meta(gt=0)] = 30 * 86400.0
+    # A renter whose balance will not cover this long of its running rentals is warned (an event, the console).
+    low_balance_warning_s: Annotated[float, msgspec.Meta(gt=0)] = 3600.0
     # --- the management API ---
     # Each API key may make this many management API requests a second sustained, and this many at once; over
     # that it is answered 429 with Retry-After (management/api/ratelimit.py). Other keys are not affected.

@@ -186,6 +186,10 @@ EnvValue = Annotated[str, msgspec.Meta(max_length=32768)]
 LabelKey = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")]
 LabelValue = Annotated[str, msgspec.Meta(max_length=256)]
 PortNumber = Annotated[int, msgspec.Meta(ge=1, le=65535)]
+# Money in a spec or a request: a decimal string in the grid's currency, exact to the micro-unit ("2.5", "0.000125");
+# stored and computed as integer micro-units (management/market/money.py), never as a float.
+Amount = Annotated[str, msgspec.Meta(pattern=r"^[0-9]{1,9}(\.[0-9]{1,6})?$", max_length=16)]
+HostRef = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")]
 
 MAX_REPLICAS = 64
 MAX_GPUS_PER_REPLICA = 16
@@ -234,6 +238,40 @@ class PlacementConstraints(msgspec.Struct, kw_only=True, forbid_unknown_fields=T
         _require_finite("constraints.min_bandwidth_mbps", self.min_bandwidth_mbps)
 
 
+RENTAL_KINDS = ("on_demand", "interruptible", "reserved")
+
+
+class RentalTerms(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """How a renter pays for a workload (docs/market.md). Absent from a spec: on demand at the listed price.
+
+    - ``on_demand``: runs until stopped, at the price the host lists when it starts; ``max_price`` caps what it takes.
+    - ``interruptible``: runs at ``bid`` per GPU-hour on hosts whose minimum bid it meets; an on-demand or reserved
+      rental, or a higher bid, that needs its GPUs preempts it (SIGTERM, grace, back to the queue).
+    - ``reserved``: ``reserved_s`` prepaid at the host's reserved discount, never preempted.
+    """
+
+    kind: str = "on_demand"  # one of RENTAL_KINDS
+    max_price: Amount | None = None  # per GPU-hour: on_demand and reserved take only offers at or under it
+    bid: Amount | None = None  # per GPU-hour: interruptible only, and required there
+    offer: HostRef | None = None  # rent this offer: the workload runs on this host or waits for it
+    reserved_s: Annotated[float, msgspec.Meta(ge=3600, le=366 * 86400.0)] | None = None  # reserved only, and required
+
+    def __post_init__(self) -> None:
+        _require_finite("rental.reserved_s", self.reserved_s)
+        if self.kind not in RENTAL_KINDS:
+            raise ValueError(f"rental.kind {self.kind!r} is not one of: {', '.join(RENTAL_KINDS)}")
+        if self.kind == "interruptible" and self.bid is None:
+            raise ValueError("rental.bid is required for an interruptible rental (the price per GPU-hour offered)")
+        if self.kind != "interruptible" and self.bid is not None:
+            raise ValueError(f"rental.bid is for interruptible rentals; a {self.kind} rental pays the listed price")
+        if self.kind == "interruptible" and self.max_price is not None:
+            raise ValueError("rental.max_price is for on_demand and reserved rentals; an interruptible one pays its bid")
+        if self.kind == "reserved" and self.reserved_s is None:
+            raise ValueError("rental.reserved_s is required for a reserved rental (the prepaid period, at least 3600 s)")
+        if self.kind != "reserved" and self.reserved_s is not None:
+            raise ValueError(f"rental.reserved_s is for reserved rentals, not {self.kind}")
+
+
 class WorkloadSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """A renter's workload: ``replicas`` copies of one container, each on one host."""
 
@@ -252,6 +290,7 @@ class WorkloadSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_restarts: Annotated[int, msgspec.Meta(ge=0, le=1000)] = 3  # with on_failure or always
     placement: str | None = None  # one of PLACEMENTS; None: the policy's default
     labels: Annotated[dict[LabelKey, LabelValue], msgspec.Meta(max_length=64)] = {}
+    rental: RentalTerms | None = None  # None: on demand at the listed price (answers always state the terms in force)
 
     def __post_init__(self) -> None:
         _require_finite("max_duration_s", self.max_duration_s)
@@ -293,3 +332,84 @@ class WorkloadRecord(msgspec.Struct, kw_only=True):
     preempted_for: str = ""  # while preempted: the workload it is stopping for (kept across a Master restart)
     exit_codes: list[int] = []
     version: int = 0  # bumped on every write; a write naming an older version is refused (StaleWorkload)
+
+
+# --- the market: prices, rentals, the ledger (docs/market.md) --------------------------------------------------
+
+
+class PriceRecord(msgspec.Struct, kw_only=True):
+    """A provider's prices, in micro-units per GPU-hour: for one host (``agent_id``), or its default for every host
+    that has none of its own (``agent_id`` ""). Keyed by (provider, agent_id)."""
+
+    provider: str
+    agent_id: str = ""
+    on_demand: int  # >= 0
+    min_bid: int | None = None  # None: the host is not rented interruptible
+    reserved_discount: float = 0.0  # fraction off on_demand for a prepaid reserved period, in [0, 0.9]
+    max_duration_s: float | None = None  # the longest rental the host takes; None: no limit
+    updated_at: float = 0.0
+
+
+class RentalHost(msgspec.Struct, kw_only=True):
+    """One host of a rental: who earns from it and how many GPUs (units) it gave."""
+
+    agent_id: str
+    provider: str
+    gpus: int
+    units: list[str] = []
+
+
+class PriceChange(msgspec.Struct, kw_only=True):
+    """From ``at`` on, the rental costs ``price`` micro-units per GPU-hour (a bid raised or lowered adds one)."""
+
+    at: float
+    price: int
+
+
+class RentalRecord(msgspec.Struct, kw_only=True):
+    """One run of a workload on its hosts, from the moment every container runs (charging starts) to its end.
+    A workload that is requeued and placed again gets a new rental: its id is ``<workload id>-a<attempt>``."""
+
+    id: str
+    workload_id: str
+    account: str  # the renter
+    kind: str  # one of RENTAL_KINDS
+    prices: list[PriceChange]  # ascending ``at``; the first at ``started_at``
+    hosts: list[RentalHost]
+    started_at: float
+    ended_at: float | None = None  # None while it runs
+    end_reason: str = ""
+    # Set when it ended through the host (a container that failed to start, the host offline mid-run, a GPU fault):
+    # the renter is refunded the affected time and the host's reputation takes a penalty. For a person: why.
+    host_failure: str = ""
+    reserved_until: float | None = None  # reserved rentals: the end of the prepaid period
+    rating: int | None = None  # 1..5, the renter's, once it has ended
+    version: int = 0  # bumped on every write (optimistic concurrency)
+
+    @property
+    def gpus(self) -> int:
+        return sum(h.gpus for h in self.hosts)
+
+
+class LedgerLine(msgspec.Struct, kw_only=True):
+    """One side of a ledger entry: ``amount`` micro-units onto ledger account ``account`` (negative: off it).
+    ``host`` and ``workload`` say what the money was for, so statements can group by them."""
+
+    account: str  # e.g. "renter:alice", "hold:alice", "provider:acme", "platform:fees", "external"
+    amount: int
+    host: str = ""
+    workload: str = ""
+
+
+class LedgerEntry(msgspec.Struct, kw_only=True):
+    """A double-entry posting: its lines sum to zero. ``key`` makes it idempotent: an entry whose key is already in the
+    ledger is not written again (e.g. ``charge:<rental>:<period>``), so a restarted Master neither charges twice nor
+    skips a period."""
+
+    key: str
+    ts: float
+    kind: str  # "credit" | "hold" | "charge" | "refund" | "release" | "prepay" | "payout" | "adjust"
+    memo: str  # why, for a person
+    lines: list[LedgerLine]
+    rental: str = ""  # the rental it belongs to, "" for none
+    seq: int = 0  # assigned by the store, increasing

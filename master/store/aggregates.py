@@ -24,6 +24,9 @@ class Aggregate(str, Enum):
     ACCOUNTS = "accounts"
     WORKLOADS = "workloads"
     FAIR_SHARE = "fair_share"
+    PRICES = "prices"
+    RENTALS = "rentals"
+    LEDGER = "ledger"
 
 
 def workload_order(created_at: float, workload_id: str) -> str:
@@ -44,3 +47,13 @@ def fair_share_key(account: str, project: str | None) -> str:
 def fair_share_order(rec: FairShareUsage) -> tuple[str, bool, str]:
     """Where a fair-share figure sorts in both backends: by account, its own figure first, then by project."""
     return (rec.account, rec.project is not None, rec.project or "")
+
+
+def price_key(provider: str, agent_id: str) -> str:
+    """The key of one price record in both backends: the provider, then "/" and the host ("" for its default)."""
+    return f"{provider}/{agent_id}"
+
+
+def rental_order(started_at: float, rental_id: str) -> str:
+    """Where a rental sorts in lists, in both backends: by start, then id, as one comparable string."""
+    return f"{started_at:020.6f}|{rental_id}"

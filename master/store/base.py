@@ -23,6 +23,9 @@ from master.records import (
     EventRecord,
     FairShareUsage,
     GpuRecord,
+    LedgerEntry,
+    PriceRecord,
+    RentalRecord,
     RevocationRecord,
     TelemetryRollup,
     TokenRecord,
@@ -41,6 +44,9 @@ __all__ = [
     "EventRepo",
     "FairShareRepo",
     "GpuRepo",
+    "LedgerRepo",
+    "PriceRepo",
+    "RentalRepo",
     "RevocationRepo",
     "RollupRepo",
     "Store",
@@ -211,6 +217,68 @@ class FairShareRepo(Protocol):
         """Every figure, by account, the account's own figure before its projects, then by project."""
 
 
+class PriceRepo(Protocol):
+    """Providers' prices, one record per (provider, agent_id); agent_id "" is the provider's default."""
+
+    async def put(self, rec: PriceRecord) -> None:
+        """Insert, or replace the record with the same (provider, agent_id)."""
+
+    async def delete(self, provider: str, agent_id: str) -> bool:
+        """Remove one record; False when there was none."""
+
+    async def list(self, *, provider: str | None = None) -> builtins.list[PriceRecord]:
+        """Every record (of one provider when given), by provider, then agent_id ("" first)."""
+
+
+class RentalRepo(Protocol):
+    """Rentals (one run of a workload, priced); written with a version check like workloads."""
+
+    async def get(self, rental_id: str) -> RentalRecord | None: ...
+
+    async def insert(self, rec: RentalRecord) -> bool:
+        """Store a new rental; False (nothing written) when its id is taken, even by a concurrent insert."""
+
+    async def update(self, rec: RentalRecord, *, expected_version: int) -> None:
+        """Replace the stored rental if its stored ``version`` is ``expected_version``, else StaleRental (also when
+        it is not stored). The caller sets ``rec.version``."""
+
+    async def list(
+        self,
+        *,
+        account: str | None = None,
+        workload_id: str | None = None,
+        agent_id: str | None = None,
+        provider: str | None = None,
+        open_only: bool = False,
+        ended_since: float | None = None,
+        after: str | None = None,
+        limit: int = 1000,
+    ) -> builtins.list[RentalRecord]:
+        """Rentals matching every filter, by ``started_at`` then id (ascending); ``agent_id``/``provider``: rentals
+        with a host of theirs; ``open_only``: not ended; ``ended_since``: open, or ended at or after it; ``after``: an
+        order key (``aggregates.rental_order``) of the last one of the previous page."""
+
+
+class LedgerRepo(Protocol):
+    """The double-entry ledger: entries are appended, never changed; an entry's key is unique."""
+
+    async def post(self, entry: LedgerEntry) -> int | None:
+        """Append ``entry`` atomically (all its lines or none) and return its ``seq``; None, and nothing written, when
+        an entry with its key is already there (even one written concurrently). UnbalancedEntry when its lines do not
+        sum to zero, or it has none."""
+
+    async def get(self, key: str) -> LedgerEntry | None: ...
+
+    async def list(
+        self, *, account: str | None = None, rental: str | None = None, after_seq: int = 0, limit: int = 1000
+    ) -> builtins.list[LedgerEntry]:
+        """Entries with ``seq > after_seq``, ascending; ``account``: those with a line on that ledger account;
+        ``rental``: those of that rental."""
+
+    async def balances(self) -> dict[str, int]:
+        """The sum of every ledger account's lines (accounts with no line are absent)."""
+
+
 class Store(Protocol):
     agents: AgentRepo
     gpus: GpuRepo
@@ -223,6 +291,9 @@ class Store(Protocol):
     rollups: RollupRepo
     workloads: WorkloadRepo
     fair_share: FairShareRepo
+    prices: PriceRepo
+    rentals: RentalRepo
+    ledger: LedgerRepo
     backend: str  # "sqlite" | "mongodb"
     quarantine: Quarantine  # the records found undecodable, kept aside
     metrics: StoreMetrics  # write latency and quarantined records; register into the daemon's registry

@@ -1,0 +1,38 @@
+"""Money: integer micro-units of the grid's currency inside, exact decimal strings outside. Never a float.
+
+A price is micro-units per GPU-hour; a charge is price x GPUs x whole seconds / 3600, rounded down (the renter never
+pays for a fraction of a micro-unit it did not use).
+"""
+
+from __future__ import annotations
+
+import re
+
+MICRO = 1_000_000
+_AMOUNT = re.compile(r"^([0-9]{1,12})(?:\.([0-9]{1,6}))?$")
+
+
+class BadAmount(ValueError):
+    """Text that is not an amount of money."""
+
+
+def parse_amount(text: str) -> int:
+    """``"2.5"`` -> 2_500_000. At most six decimals; no sign, exponent or thousands separator."""
+    match = _AMOUNT.match(text.strip())
+    if match is None:
+        raise BadAmount(f"{text!r} is not an amount: write a decimal number such as 2.5 or 0.000125 (at most 6 decimals)")
+    whole, frac = match.group(1), match.group(2) or ""
+    return int(whole) * MICRO + int(frac.ljust(6, "0"))
+
+
+def format_amount(micro: int) -> str:
+    """2_500_000 -> ``"2.50"``; at least two decimals, more only when they are not zero: 1_234_567 -> ``"1.234567"``."""
+    sign = "-" if micro < 0 else ""
+    whole, frac = divmod(abs(micro), MICRO)
+    digits = f"{frac:06d}".rstrip("0").ljust(2, "0")
+    return f"{sign}{whole}.{digits}"
+
+
+def cost(price_per_gpu_hour: int, gpus: int, seconds: int) -> int:
+    """What ``gpus`` GPUs cost for ``seconds`` whole seconds at ``price_per_gpu_hour`` micro-units, rounded down."""
+    return price_per_gpu_hour * gpus * seconds // 3600
