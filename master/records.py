@@ -331,6 +331,10 @@ class WorkloadRecord(msgspec.Struct, kw_only=True):
     preemptions: int = 0
     preempted_for: str = ""  # while preempted: the workload it is stopping for (kept across a Master restart)
     exit_codes: list[int] = []
+    # Set by the transition that ended a run through a host (its container did not start, the host went offline or
+    # away, a GPU became faulty): "<agent id>: why". Cleared when it is placed again. The market refunds the renter
+    # and records a penalty in that host's reputation.
+    host_failure: str = ""
     version: int = 0  # bumped on every write; a write naming an older version is refused (StaleWorkload)
 
 
@@ -351,16 +355,19 @@ class PriceRecord(msgspec.Struct, kw_only=True):
 
 
 class RentalHost(msgspec.Struct, kw_only=True):
-    """One host of a rental: who earns from it and how many GPUs (units) it gave."""
+    """One host of a rental: who earns from it, how many GPUs (units) it gave, at what price per GPU-hour
+    (micro-units) when the rental started: the listed price (on demand), the reserved price, or the bid."""
 
     agent_id: str
     provider: str
     gpus: int
+    price: int
     units: list[str] = []
 
 
 class PriceChange(msgspec.Struct, kw_only=True):
-    """From ``at`` on, the rental costs ``price`` micro-units per GPU-hour (a bid raised or lowered adds one)."""
+    """From ``at`` on, every host of the rental costs ``price`` micro-units per GPU-hour (an interruptible rental's
+    bid raised or lowered)."""
 
     at: float
     price: int
@@ -374,10 +381,10 @@ class RentalRecord(msgspec.Struct, kw_only=True):
     workload_id: str
     account: str  # the renter
     kind: str  # one of RENTAL_KINDS
-    prices: list[PriceChange]  # ascending ``at``; the first at ``started_at``
     hosts: list[RentalHost]
-    started_at: float
-    ended_at: float | None = None  # None while it runs
+    bid_changes: list[PriceChange] = []  # ascending ``at``, all after ``started_at``
+    started_at: float  # charging starts: every container runs
+    ended_at: float | None = None  # None while it runs; charging stops here (at the latest at its hosts' last heartbeat)
     end_reason: str = ""
     # Set when it ended through the host (a container that failed to start, the host offline mid-run, a GPU fault):
     # the renter is refunded the affected time and the host's reputation takes a penalty. For a person: why.
