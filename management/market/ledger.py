@@ -209,6 +209,17 @@ class LedgerBook:
                 after = page[-1].seq
         return [found[s] for s in sorted(found)]
 
+    async def rental_entries(self, rental_id: str) -> list[LedgerEntry]:
+        """Every entry of one rental, ascending."""
+        found: list[LedgerEntry] = []
+        after = 0
+        while True:
+            page = await self._repo.list(rental=rental_id, after_seq=after, limit=PAGE)
+            found += page
+            if len(page) < PAGE:
+                return found
+            after = page[-1].seq
+
     async def statement(self, ledger_accounts: Sequence[str], after_seq: int = 0, limit: int = 100) -> Statement:
         """The entries touching ``ledger_accounts`` (together) after ``after_seq``, each with the running balance."""
         if not ledger_accounts:
@@ -272,8 +283,7 @@ class LedgerBook:
             for i, value in enumerate(figures):
                 totals[host][i] += value
         return [
-            HostEarnings(agent_id=host, gross=g, fee=f, refunded=r, net=g - f - r)
-            for host, (g, f, r) in sorted(totals.items())
+            HostEarnings(agent_id=host, gross=g, fee=f, refunded=r, net=g - f - r) for host, (g, f, r) in sorted(totals.items())
         ]
 
     async def payouts(self, provider_id: str, period: str) -> list[PeriodEarnings]:

@@ -227,9 +227,7 @@ def test_after_any_sequence_every_entry_balances_no_renter_or_hold_goes_negative
             kind, price, gpus, hosts = op[1:]
             extra = {"reserved_until": now + 3600.0} if kind == "reserved" else {}
             r = rental(kind, price=price, gpus=gpus, hosts=hosts, id=f"r{count}", started_at=now, **extra)
-            r = msgspec.structs.replace(
-                r, hosts=[msgspec.structs.replace(h, agent_id=f"r{count}-{h.agent_id}") for h in r.hosts]
-            )
+            r = msgspec.structs.replace(r, hosts=[msgspec.structs.replace(h, agent_id=f"r{count}-{h.agent_id}") for h in r.hosts])
             open_rentals[r.id], states[r.id] = r, MeterState(rental=r.id)
         elif op[0] == "advance":
             now += op[1]
