@@ -151,6 +151,10 @@ class LedgerBook:
     def funds(self, renter_id: str) -> Funds:
         return Funds(available=self.balance(renter_account(renter_id)), held=self.balance(hold_account(renter_id)))
 
+    def has_funds(self, renter_id: str) -> bool:
+        """Whether a renter has money available (the scheduler's ``funded``: without, only free hosts)."""
+        return self.balance(renter_account(renter_id)) > 0
+
     # --- writing -----------------------------------------------------------------------------------------------
 
     async def post(self, entry: LedgerEntry) -> bool:

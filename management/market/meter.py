@@ -110,6 +110,7 @@ class MeterLoop:
         self._state: dict[str, MeterState] = {}  # rental id -> what the ledger holds for it
         self._noted: list[tuple[WorkloadRecord, float]] = []  # transitions seen, not yet acted on
         self._warned: set[str] = set()  # renters warned of a low balance, until it is covered again
+        self._outcomes: set[str] = set()  # rental ids whose outcome went into their hosts' reputation
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         book.subscribe(self._on_workload)
@@ -216,6 +217,17 @@ class MeterLoop:
                     await self._start(wl, wl.started_at if wl.started_at is not None else seen)
             elif rid in self._open:
                 await self._end(rid, wl, wl.finished_at if wl.finished_at is not None else seen)
+            elif wl.host_failure and rid not in self._outcomes:
+                # It never ran (a container did not start there): nothing was charged, but the host failed a renter.
+                self._outcomes.add(rid)
+                await self._record_failure_before_start(wl, rid, seen)
+
+    async def _record_failure_before_start(self, wl: WorkloadRecord, rid: str, now: float) -> None:
+        record = getattr(self._master, "record_rental_outcome", None)
+        agent_id = wl.host_failure.split(":", 1)[0]
+        if record is None or agent_id not in self._master.registry.agents:
+            return
+        await record(agent_id, failed=True, reason=f"rental {rid} did not start through the host: {wl.host_failure}", now=now)
 
     async def _start(self, wl: WorkloadRecord, started_at: float) -> None:
         rid = rental_id(wl)
@@ -283,6 +295,7 @@ class MeterLoop:
         await self._record_outcome(ended, now)
 
     async def _record_outcome(self, rental: RentalRecord, now: float) -> None:
+        self._outcomes.add(rental.id)
         record = getattr(self._master, "record_rental_outcome", None)  # Master.record_rental_outcome (reputation)
         if record is None:
             return

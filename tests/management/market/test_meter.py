@@ -6,6 +6,7 @@ run, and a restarted Master carries on without charging twice. (The hosts are si
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -264,3 +265,44 @@ async def test_after_a_restart_open_rentals_continue_without_a_double_charge_and
     assert again.ledger.funds("alice").held == 0
     assert sum(again.ledger.balances().values()) == 0
     assert renter_account("alice") in again.ledger.balances() and hold_account("alice") in again.ledger.balances()
+
+
+async def test_a_workload_that_never_ran_is_not_charged_and_the_host_it_failed_through_is_penalised(start_market):
+    T = t0()
+    m = await start_market(t0=T)
+    await m.ledger.credit("alice", 10_000_000, "credit", key="c1")
+    spec = WorkloadSpec(name="broken", image="busybox", replica=ReplicaSpec(gpus=1))
+    wl = await m.book.submit("alice", spec, T)
+    units = [m.master.gpus("agt-1")[0].uuid]
+    placed = [Assignment(replica=0, agent_id="agt-1", units=units, container=container_name(wl.id, 0, 1))]
+    await m.book.transition(wl.id, "schedule", "placed", T + 1, assignments=placed)
+    await m.book.transition(wl.id, "start", "acknowledged", T + 2)
+    why = "agt-1: container did not start (image not found)"
+    await m.book.end(wl.id, "start_failed", "a container did not start", T + 3, grace_s=5.0, host_failure=why)
+    await m.tick(T + 4)
+    await m.tick(T + 5)
+    assert await m.master.store.rentals.get(f"{wl.id}-a1") is None
+    assert m.ledger.funds("alice").available == 10_000_000
+    if hasattr(m.master, "record_rental_outcome"):  # the reputation half lands with branch h/prices
+        events = await m.master.store.events.list(subject="agt-1", kind_prefix="agent.reputation")
+        assert [e.data.get("reason", "") for e in events if "did not start" in e.data.get("reason", "")] == [
+            f"rental {wl.id}-a1 did not start through the host: {why}"
+        ]
+
+
+async def test_started_the_loop_meters_on_its_own_every_quarter_period_and_stops(start_market):
+    T = t0()
+    m = await start_market(t0=T)
+    await m.ledger.credit("alice", 10_000_000, "credit", key="c1")
+    m.meter.settings = MeterSettings(period_s=0.2)  # ticks every 0.05 s
+    assert m.meter.settings.tick_s == 0.05 and MeterSettings(period_s=60).tick_s == 5.0
+    wl = await m.run("train", 1, T)
+    m.meter.start()
+    try:
+        deadline = asyncio.get_running_loop().time() + 5.0
+        while await m.master.store.rentals.get(f"{wl.id}-a1") is None:
+            assert asyncio.get_running_loop().time() < deadline, "the loop never metered the rental"
+            await asyncio.sleep(0.01)
+    finally:
+        await m.meter.stop()
+    assert [r.id for r in m.meter.open_rentals()] == [f"{wl.id}-a1"]
