@@ -40,6 +40,8 @@ class Resource(str, enum.Enum):
     WORKLOADS = "workloads"
     ACCOUNTS = "accounts"  # accounts, and whoami
     KEYS = "keys"  # API keys
+    PRICES = "prices"  # providers' price records and defaults (the market)
+    HOST_PRICES = "host_prices"  # the price in force on one host: public, as it is in offers
 
 
 class Action(str, enum.Enum):
@@ -69,6 +71,12 @@ PERMISSIONS: dict[Role, dict[Resource, frozenset[Action]]] = {
 # Workloads: a renter submits, reads and cancels its own (Scope.owner is its account); providers see none of them
 # through these routes (what runs on their hosts shows in the agents' and GPUs' views, never a renter's env).
 PERMISSIONS[Role.RENTER][Resource.WORKLOADS] = frozenset({Action.READ, Action.WRITE})
+
+# The market's prices: a provider reads and sets its own (its hosts' and its default), as the operator does anyone's.
+# The price in force on a host is public (offers show it): every role reads it, of any host, whoever owns it.
+PERMISSIONS[Role.PROVIDER][Resource.PRICES] = frozenset({Action.READ, Action.WRITE})
+PERMISSIONS[Role.PROVIDER][Resource.HOST_PRICES] = frozenset({Action.READ})
+PERMISSIONS[Role.RENTER][Resource.HOST_PRICES] = frozenset({Action.READ})
 
 # (method, route pattern) -> what the route does. A route missing here is refused to everyone but the operator.
 ROUTES: dict[tuple[str, str], tuple[Resource, Action]] = {
@@ -102,6 +110,13 @@ ROUTES: dict[tuple[str, str], tuple[Resource, Action]] = {
     ("POST", "/api/v1/accounts/{account_id}/keys"): (Resource.KEYS, Action.WRITE),
     ("GET", "/api/v1/accounts/{account_id}/keys"): (Resource.KEYS, Action.READ),
     ("POST", "/api/v1/keys/{key_id}/revoke"): (Resource.KEYS, Action.WRITE),
+}
+ROUTES |= {  # the market: prices
+    ("GET", "/api/v1/prices"): (Resource.PRICES, Action.READ),
+    ("PUT", "/api/v1/prices/default"): (Resource.PRICES, Action.WRITE),
+    ("PUT", "/api/v1/agents/{agent_id}/price"): (Resource.PRICES, Action.WRITE),
+    ("DELETE", "/api/v1/agents/{agent_id}/price"): (Resource.PRICES, Action.WRITE),
+    ("GET", "/api/v1/agents/{agent_id}/price"): (Resource.HOST_PRICES, Action.READ),
 }
 
 
@@ -149,6 +164,18 @@ def acting_account(scope: Scope, named: str | None) -> str:
         return scope.owner
     if named is None:
         raise BadRequest("account: an operator must name the account the workload belongs to")
+    return named
+
+
+def acting_provider(scope: Scope, named: str | None) -> str:
+    """The provider whose prices a call sets: a provider's own (naming another is Forbidden); the operator must name
+    one (BadRequest otherwise)."""
+    if scope.owner is not None:
+        if named is not None and named != scope.owner:
+            raise Forbidden(f"a {scope.principal.role.value} key sets only its own prices ({scope.owner!r}), not {named!r}'s")
+        return scope.owner
+    if named is None:
+        raise BadRequest("provider: an operator must name the provider whose default price this is")
     return named
 
 
