@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from management.api.audit import created
 from management.api.auth import OPERATIONS_KEY, acting_provider, scope_of
 from management.api.requests import json_response, parse_body, parse_query
 from management.api.schemas import EmptyQuery, PriceQuery, SetDefaultPrice, SetPrice
@@ -39,6 +40,7 @@ async def list_prices(request: web.Request) -> web.Response:
 async def set_default_price(request: web.Request) -> web.Response:
     body = await parse_body(request, SetDefaultPrice)
     provider = acting_provider(scope_of(request), body.provider)
+    created(request, provider)  # the audit event names the provider whose default changed
     detail = await request.app[OPERATIONS_KEY].set_default_price(provider, _setting(body))
     return json_response(price_record_view(detail.record, detail.currency))
 
