@@ -83,6 +83,8 @@ class Registry:
                 self._put_gpu(gpu)
         except Exception as exc:
             problems.append(f"gpus: {exc}")
+        for agent in self.agents.values():  # agents stored before reputation counted verification: counted from here
+            agent.gpus_verified, agent.gpus_unverified, agent.gpus_flagged = verification_counts(self.gpus_of(agent.id))
         for problem in problems:
             log.error("registry: could not load %s; serving the rest", problem)
             await self._events.record("master.load_failed", "registry", problem=problem)

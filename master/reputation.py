@@ -79,6 +79,12 @@ def score_of(components: dict[str, float]) -> float:
     return round(min(1.0, max(0.0, sum(WEIGHTS[name] * value for name, value in components.items()))), 4)
 
 
+def reputation_score(agent: AgentRecord) -> float:
+    """Only the score (what the scheduler reads per host and cycle): ``reputation(agent).score`` without building the
+    components' and evidence's views; about half the cost."""
+    return score_of(components_of(agent))
+
+
 def reputation(agent: AgentRecord) -> Reputation:
     """The score, its components (rounded to 4 places) and the counters behind them."""
     components = components_of(agent)

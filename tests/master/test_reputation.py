@@ -10,7 +10,7 @@ import pytest
 from common.errors import InvalidRating
 from common.wire import CommandResult
 from master.records import AgentRecord
-from master.reputation import COMPONENTS, WEIGHTS, reputation
+from master.reputation import COMPONENTS, WEIGHTS, reputation, reputation_score
 from tests.master.linked import connect, events, gpus, relay, relay_link
 
 
@@ -82,6 +82,7 @@ def test_scoring_ten_thousand_hosts_is_cheap():
     for host in hosts:
         reputation(host).score  # noqa: B018  # what the scheduler's snapshot reads per host and cycle
     assert time.perf_counter() - started < 0.5
+    assert [reputation_score(h) for h in hosts[:50]] == [reputation(h).score for h in hosts[:50]]
 
 
 # --- on the real Master -------------------------------------------------------------------------------------------
@@ -139,3 +140,24 @@ async def test_verification_counts_follow_the_hosts_inventory(master):
     agent_b = master.agent("agt-b")
     assert (agent_b.gpus_verified, agent_b.gpus_flagged) == (1, 1)
     assert reputation(agent_b).components["verification"] == 0.5
+
+
+async def test_an_agent_stored_without_verification_counts_gets_them_from_its_gpus_when_the_master_loads(tmp_path):
+    from master.config import MasterConfig
+    from master.service import Master
+
+    config = MasterConfig(state_dir=str(tmp_path / "m"), link_port=0)
+    first = Master(config)
+    await first.start()
+    await connect(first, relay_link(), "agt-a")
+    stored = first.agent("agt-a")
+    stored.gpus_verified = 0  # as a record written before the counters existed
+    await first.registry.save(stored)
+    await first.stop()
+    again = Master(config)
+    await again.start()
+    try:
+        assert again.agent("agt-a").gpus_verified == 2
+        assert reputation(again.agent("agt-a")).components["verification"] == 1.0
+    finally:
+        await again.stop()
