@@ -40,6 +40,9 @@ class Resource(str, enum.Enum):
     WORKLOADS = "workloads"
     ACCOUNTS = "accounts"  # accounts, and whoami
     KEYS = "keys"  # API keys
+    OFFERS = "offers"  # the market's offers: public to every account
+    LEDGER = "ledger"  # balances, ledger statements, spend, earnings, payouts; credits (write)
+    RENTALS = "rentals"  # rentals (a renter's own; a provider's hosts'), and rating one (write)
     PRICES = "prices"  # providers' price records and defaults (the market)
     HOST_PRICES = "host_prices"  # the price in force on one host: public, as it is in offers
 
@@ -72,6 +75,13 @@ PERMISSIONS: dict[Role, dict[Resource, frozenset[Action]]] = {
 # through these routes (what runs on their hosts shows in the agents' and GPUs' views, never a renter's env).
 PERMISSIONS[Role.RENTER][Resource.WORKLOADS] = frozenset({Action.READ, Action.WRITE})
 
+# The market: every account searches offers; a renter rents, bids, reads its balance and ledger and rates its rentals;
+# a provider reads its earnings, payouts and the rentals on its hosts. Only the operator credits an account.
+for _role in (Role.PROVIDER, Role.RENTER):
+    PERMISSIONS[_role][Resource.OFFERS] = frozenset({Action.READ})
+    PERMISSIONS[_role][Resource.LEDGER] = frozenset({Action.READ})
+PERMISSIONS[Role.PROVIDER][Resource.RENTALS] = frozenset({Action.READ})
+PERMISSIONS[Role.RENTER][Resource.RENTALS] = frozenset({Action.READ, Action.WRITE})
 # The market's prices: a provider reads and sets its own (its hosts' and its default), as the operator does anyone's.
 # The price in force on a host is public (offers show it): every role reads it, of any host, whoever owns it.
 PERMISSIONS[Role.PROVIDER][Resource.PRICES] = frozenset({Action.READ, Action.WRITE})
@@ -110,6 +120,20 @@ ROUTES: dict[tuple[str, str], tuple[Resource, Action]] = {
     ("POST", "/api/v1/accounts/{account_id}/keys"): (Resource.KEYS, Action.WRITE),
     ("GET", "/api/v1/accounts/{account_id}/keys"): (Resource.KEYS, Action.READ),
     ("POST", "/api/v1/keys/{key_id}/revoke"): (Resource.KEYS, Action.WRITE),
+    # the market
+    ("GET", "/api/v1/offers"): (Resource.OFFERS, Action.READ),
+    ("GET", "/api/v1/offers/{offer_id}"): (Resource.OFFERS, Action.READ),
+    ("POST", "/api/v1/offers/{offer_id}/rent"): (Resource.WORKLOADS, Action.WRITE),
+    ("POST", "/api/v1/workloads/{workload_id}/bid"): (Resource.WORKLOADS, Action.WRITE),
+    ("GET", "/api/v1/accounts/{account_id}/balance"): (Resource.LEDGER, Action.READ),
+    ("POST", "/api/v1/accounts/{account_id}/credit"): (Resource.LEDGER, Action.WRITE),
+    ("GET", "/api/v1/accounts/{account_id}/ledger"): (Resource.LEDGER, Action.READ),
+    ("GET", "/api/v1/accounts/{account_id}/spend"): (Resource.LEDGER, Action.READ),
+    ("GET", "/api/v1/accounts/{account_id}/earnings"): (Resource.LEDGER, Action.READ),
+    ("GET", "/api/v1/accounts/{account_id}/payouts"): (Resource.LEDGER, Action.READ),
+    ("GET", "/api/v1/rentals"): (Resource.RENTALS, Action.READ),
+    ("GET", "/api/v1/rentals/{rental_id}"): (Resource.RENTALS, Action.READ),
+    ("POST", "/api/v1/rentals/{rental_id}/rating"): (Resource.RENTALS, Action.WRITE),
 }
 ROUTES |= {  # the market: prices
     ("GET", "/api/v1/prices"): (Resource.PRICES, Action.READ),

@@ -144,7 +144,7 @@ SQLITE_MIGRATIONS: tuple[SqliteMigration, ...] = (
             # One row per line, written with its entry: balances and an account's entries without decoding entries.
             """CREATE TABLE ledger_lines (
                 seq INTEGER NOT NULL, account TEXT NOT NULL, amount INTEGER NOT NULL)""",
-            "CREATE INDEX ledger_lines_by_account ON ledger_lines (account, seq)",
+            "CREATE INDEX ledger_lines_by_account ON ledger_lines (account, seq, amount)",  # covering: balances read only it
         ),
     ),
 )

@@ -1046,6 +1046,13 @@ async def test_rentals_filter_by_renter_workload_host_provider_and_end(store: St
     assert await ids(agent_id="agt-nowhere") == []
 
 
+async def test_a_rental_with_two_units_on_one_host_is_listed_once_for_it(store: Store) -> None:
+    rec = rental(hosts=[rental_host("agt-1", gpus=1), rental_host("agt-1", gpus=1, price=2_000_000)])
+    await store.rentals.insert(rec)
+    assert_same(await store.rentals.list(agent_id="agt-1"), [rec])
+    assert_same(await store.rentals.list(provider="acme"), [rec])
+
+
 async def test_rentals_list_by_start_then_id_and_page_strictly_after_a_cursor(store: Store) -> None:
     recs = [rental("wl-b-a1", NOW + 5), rental("wl-a-a1", NOW + 5), rental("wl-c-a1", NOW + 1), rental("wl-d-a1", NOW + 9)]
     for rec in recs:
@@ -1110,6 +1117,13 @@ async def test_a_posted_entry_round_trips_with_the_seq_it_was_given(store: Store
     assert_same(await store.ledger.get(CREDIT.key), numbered(CREDIT, first))
     assert_same(await store.ledger.get(HOLD.key), numbered(HOLD, second))
     assert await store.ledger.get("charge:never:1") is None
+
+
+async def test_the_store_assigns_the_seq_whatever_the_caller_set(store: Store) -> None:
+    first = await store.ledger.post(numbered(CREDIT, 1_000))
+    second = await store.ledger.post(numbered(HOLD, 1))
+    assert first is not None and second is not None and second > first
+    assert [e.seq for e in await store.ledger.list()] == [first, second]
 
 
 async def test_posting_an_entry_again_by_its_key_writes_nothing(store: Store) -> None:
