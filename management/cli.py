@@ -505,7 +505,7 @@ def build_parser() -> argparse.ArgumentParser:
         dest="command",
         required=True,
         metavar="{master,access,agent,ca,token,account,whoami,demo,workload,offers,rent,bid,"
-        "balance,ledger,spend,earnings,payouts,credit}",
+        "balance,ledger,spend,earnings,payouts,credit,host}",
     )
     _master_parser(sub)
     from access.cli import add_parser as add_access_parser
@@ -524,6 +524,9 @@ def build_parser() -> argparse.ArgumentParser:
     from management.cli_market import add_parsers as add_market_parsers
 
     add_market_parsers(sub, _parser)
+    from management.cli_host import add_parsers as add_host_parsers
+
+    add_host_parsers(sub, _parser)
     return parser
 
 
@@ -537,6 +540,8 @@ def _command_name(args: argparse.Namespace) -> str:
         "account_command",
         "key_command",
         "offers_command",
+        "host_command",
+        "price_command",
     ):
         if getattr(args, attr, None):
             words.append(getattr(args, attr))

@@ -264,6 +264,30 @@ class ApiCalls(Generic[R]):
     def rate_rental(self, rental_id: str, rating: int) -> R:
         return self.send(ApiRequest("POST", f"{API_PREFIX}/rentals/{_segment(rental_id)}/rating", body={"rating": rating}))
 
+    # --- the market: providers' prices (amounts as decimal strings per GPU-hour, e.g. "2.50") ---
+
+    def prices(self, *, provider: str | None = None) -> R:
+        """A provider's own price records and the grid default; an operator's: everyone's, or ``provider``'s."""
+        query = {"provider": provider} if provider is not None else {}
+        return self.send(ApiRequest("GET", f"{API_PREFIX}/prices", query=query))
+
+    def set_default_price(self, terms: Mapping[str, Json], *, provider: str | None = None) -> R:
+        """``terms``: on_demand, min_bid, reserved_discount, max_duration_s; ``provider``: for an operator's key."""
+        body: dict[str, Json] = dict(terms)
+        if provider is not None:
+            body["provider"] = provider
+        return self.send(ApiRequest("PUT", f"{API_PREFIX}/prices/default", body=body))
+
+    def host_price(self, agent_id: str) -> R:
+        """The price in force on a host and its source (host | provider | grid)."""
+        return self.send(ApiRequest("GET", f"{API_PREFIX}/agents/{_segment(agent_id)}/price"))
+
+    def set_host_price(self, agent_id: str, terms: Mapping[str, Json]) -> R:
+        return self.send(ApiRequest("PUT", f"{API_PREFIX}/agents/{_segment(agent_id)}/price", body=dict(terms)))
+
+    def clear_host_price(self, agent_id: str) -> R:
+        return self.send(ApiRequest("DELETE", f"{API_PREFIX}/agents/{_segment(agent_id)}/price"))
+
 
 def _segment(value: str) -> str:
     return urllib.parse.quote(value, safe="")

@@ -43,6 +43,8 @@ class Resource(str, enum.Enum):
     OFFERS = "offers"  # the market's offers: public to every account
     LEDGER = "ledger"  # balances, ledger statements, spend, earnings, payouts; credits (write)
     RENTALS = "rentals"  # rentals (a renter's own; a provider's hosts'), and rating one (write)
+    PRICES = "prices"  # providers' price records and defaults (the market)
+    HOST_PRICES = "host_prices"  # the price in force on one host: public, as it is in offers
 
 
 class Action(str, enum.Enum):
@@ -80,6 +82,11 @@ for _role in (Role.PROVIDER, Role.RENTER):
     PERMISSIONS[_role][Resource.LEDGER] = frozenset({Action.READ})
 PERMISSIONS[Role.PROVIDER][Resource.RENTALS] = frozenset({Action.READ})
 PERMISSIONS[Role.RENTER][Resource.RENTALS] = frozenset({Action.READ, Action.WRITE})
+# The market's prices: a provider reads and sets its own (its hosts' and its default), as the operator does anyone's.
+# The price in force on a host is public (offers show it): every role reads it, of any host, whoever owns it.
+PERMISSIONS[Role.PROVIDER][Resource.PRICES] = frozenset({Action.READ, Action.WRITE})
+PERMISSIONS[Role.PROVIDER][Resource.HOST_PRICES] = frozenset({Action.READ})
+PERMISSIONS[Role.RENTER][Resource.HOST_PRICES] = frozenset({Action.READ})
 
 # (method, route pattern) -> what the route does. A route missing here is refused to everyone but the operator.
 ROUTES: dict[tuple[str, str], tuple[Resource, Action]] = {
@@ -128,6 +135,13 @@ ROUTES: dict[tuple[str, str], tuple[Resource, Action]] = {
     ("GET", "/api/v1/rentals/{rental_id}"): (Resource.RENTALS, Action.READ),
     ("POST", "/api/v1/rentals/{rental_id}/rating"): (Resource.RENTALS, Action.WRITE),
 }
+ROUTES |= {  # the market: prices
+    ("GET", "/api/v1/prices"): (Resource.PRICES, Action.READ),
+    ("PUT", "/api/v1/prices/default"): (Resource.PRICES, Action.WRITE),
+    ("PUT", "/api/v1/agents/{agent_id}/price"): (Resource.PRICES, Action.WRITE),
+    ("DELETE", "/api/v1/agents/{agent_id}/price"): (Resource.PRICES, Action.WRITE),
+    ("GET", "/api/v1/agents/{agent_id}/price"): (Resource.HOST_PRICES, Action.READ),
+}
 
 
 @dataclass(frozen=True)
@@ -174,6 +188,18 @@ def acting_account(scope: Scope, named: str | None) -> str:
         return scope.owner
     if named is None:
         raise BadRequest("account: an operator must name the account the workload belongs to")
+    return named
+
+
+def acting_provider(scope: Scope, named: str | None) -> str:
+    """The provider whose prices a call sets: a provider's own (naming another is Forbidden); the operator must name
+    one (BadRequest otherwise)."""
+    if scope.owner is not None:
+        if named is not None and named != scope.owner:
+            raise Forbidden(f"a {scope.principal.role.value} key sets only its own prices ({scope.owner!r}), not {named!r}'s")
+        return scope.owner
+    if named is None:
+        raise BadRequest("provider: an operator must name the provider whose default price this is")
     return named
 
 
