@@ -72,3 +72,19 @@ class InvalidAccount(IdlegridError):
     """An account, or a change to one, that breaks a rule; the message names the field."""
 
     code = "bad_request"
+
+
+# --- the market ---------------------------------------------------------------------------------------------------
+
+
+class InvalidPrice(IdlegridError):
+    """A price a provider set that breaks a rule (a negative or malformed amount, a discount out of range, ...);
+    the message names the field."""
+
+    code = "bad_request"
+
+
+class InvalidRating(IdlegridError):
+    """A renter's rating that is not a whole number from 1 to 5, or of a rental that cannot be rated."""
+
+    code = "bad_request"
