@@ -223,11 +223,11 @@ class MeterLoop:
                 await self._record_failure_before_start(wl, rid, seen)
 
     async def _record_failure_before_start(self, wl: WorkloadRecord, rid: str, now: float) -> None:
-        record = getattr(self._master, "record_rental_outcome", None)
         agent_id = wl.host_failure.split(":", 1)[0]
-        if record is None or agent_id not in self._master.registry.agents:
+        if agent_id not in self._master.registry.agents:
             return
-        await record(agent_id, failed=True, reason=f"rental {rid} did not start through the host: {wl.host_failure}", now=now)
+        why = f"rental {rid} did not start through the host: {wl.host_failure}"
+        await self._master.record_rental_outcome(agent_id, failed=True, reason=why, now=now)
 
     async def _start(self, wl: WorkloadRecord, started_at: float) -> None:
         rid = rental_id(wl)
@@ -296,16 +296,13 @@ class MeterLoop:
 
     async def _record_outcome(self, rental: RentalRecord, now: float) -> None:
         self._outcomes.add(rental.id)
-        record = getattr(self._master, "record_rental_outcome", None)  # Master.record_rental_outcome (reputation)
-        if record is None:
-            return
         failed_host = rental.host_failure.split(":", 1)[0] if rental.host_failure else ""
         for host in rental.hosts:
             if host.agent_id not in self._master.registry.agents:
                 continue
             failed = host.agent_id == failed_host
             why = f"rental {rental.id} ended through the host: {rental.host_failure}" if failed else f"rental {rental.id} ended"
-            await record(host.agent_id, failed=failed, reason=why, now=now)
+            await self._master.record_rental_outcome(host.agent_id, failed=failed, reason=why, now=now)
 
     async def _meter(self, rental: RentalRecord, now: float) -> MeterStep:
         state = self._state.setdefault(rental.id, MeterState(rental=rental.id))
