@@ -25,7 +25,7 @@ from typing import Literal
 
 import msgspec
 
-from common.errors import IdlegridError
+from common.errors import Conflict, IdlegridError
 from management.market.money import format_amount
 from master.records import LedgerEntry, LedgerLine
 from master.store.base import LedgerRepo
@@ -176,16 +176,19 @@ class LedgerBook:
         return posted
 
     async def _post(self, entry: LedgerEntry) -> bool:
-        seq = await self._repo.post(entry)
-        if seq is None:
-            return False
-        for line in entry.lines:
-            self._balances[line.account] += line.amount
-        return True
+        return await self._post_seq(entry) is not None
 
-    async def credit(self, account_id: str, amount: int, memo: str, *, key: str) -> bool:
-        """Move ``amount`` micro-units from ``external`` to renter ``account_id`` (an operator's credit); False when
-        ``key`` was already posted (the same credit asked twice)."""
+    async def _post_seq(self, entry: LedgerEntry) -> int | None:
+        seq = await self._repo.post(entry)
+        if seq is not None:
+            for line in entry.lines:
+                self._balances[line.account] += line.amount
+        return seq
+
+    async def credit(self, account_id: str, amount: int, memo: str, *, key: str) -> LedgerEntry:
+        """Move ``amount`` micro-units from ``external`` to renter ``account_id`` (an operator's credit); returns the
+        entry as stored (with its seq). The same credit asked again under the same ``key`` returns the first one and
+        moves nothing; a key that names a different entry is a Conflict."""
         if amount <= 0:
             raise InvalidLedgerRequest(f"amount must be more than 0, not {format_amount(amount)}")
         if not key:
@@ -195,7 +198,14 @@ class LedgerBook:
             LedgerLine(account=renter_account(account_id), amount=amount),
         ]
         entry = LedgerEntry(key=key, ts=self._clock(), kind="credit", memo=memo or "credit", lines=lines)
-        return await self.post(entry)
+        async with self.lock:
+            seq = await self._post_seq(entry)
+        if seq is not None:
+            return msgspec.structs.replace(entry, seq=seq)
+        stored = await self._repo.get(key)
+        if stored is None or stored.kind != "credit" or stored.lines != lines:
+            raise Conflict(f"key {key!r} already names another ledger entry; choose a new key for this credit")
+        return stored
 
     # --- reading -----------------------------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import msgspec
 import pytest
 
+from common.errors import Conflict
 from management.market.ledger import (
     EXTERNAL,
     FEES,
@@ -84,8 +85,11 @@ async def run(book: LedgerBook, r: RentalRecord, seconds: float, *, failure: str
 
 async def test_a_credit_moves_money_from_external_to_the_renter_once_per_key_and_survives_a_restart(open_one):
     book = await book_on(open_one)
-    assert await book.credit("alice", 5_000_000, "top-up by the operator", key="credit:alice:1")
-    assert not await book.credit("alice", 5_000_000, "the same top-up asked twice", key="credit:alice:1")
+    first = await book.credit("alice", 5_000_000, "top-up by the operator", key="credit:alice:1")
+    assert first.seq > 0 and first.kind == "credit" and first.memo == "top-up by the operator"
+    assert await book.credit("alice", 5_000_000, "the same top-up asked twice", key="credit:alice:1") == first
+    with pytest.raises(Conflict, match="credit:alice:1"):
+        await book.credit("alice", 1, "another credit under a used key", key="credit:alice:1")
     assert book.funds("alice") == Funds(available=5_000_000, held=0)
     assert book.balance(EXTERNAL) == -5_000_000
 
@@ -114,7 +118,7 @@ async def test_an_unbalanced_entry_is_refused_whole_and_changes_no_balance(open_
 async def test_concurrent_posts_of_one_key_apply_it_once(open_one):
     book = await book_on(open_one)
     results = await asyncio.gather(*(book.credit("alice", 7, "same", key="credit:race") for _ in range(8)))
-    assert sorted(results) == [False] * 7 + [True]
+    assert len({r.seq for r in results}) == 1
     assert book.balance(renter_account("alice")) == 7
 
 
