@@ -118,7 +118,8 @@ class MeterLoop:
     # --- start and stop --------------------------------------------------------------------------------------------
 
     async def load(self) -> int:
-        """Pick up after a restart (see the module's text); returns how many rentals are open."""
+        """Pick up after a restart (see the module's text); returns how many rentals are open. The workload book
+        and the ledger book must be loaded first."""
         now = self._clock()
         async with self._lock:
             after: str | None = None

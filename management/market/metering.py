@@ -16,7 +16,7 @@ rebuilt from its entries by ``state_of``) and the renter's available balance int
   ``platform:fees``, and the hold is moved to the next period's cost (from or back to the renter). Settling and
   re-holding in one entry means a Master killed between them cannot exist;
 - at the end, ``charge:<rental>:end``: the rest up to ``ended_at`` (a reserved rental ended by its renter owes its
-  whole prepaid period: the provider keeps it), and the release of what is left in the hold;
+  whole prepaid period, the provider keeps it, unless it was never prepaid whole), and the release of what is left in the hold;
 - when the rental ended through its host (``host_failure``), ``refund:<rental>``: every charge of the rental, from
   the providers and the fees, back to the renter.
 
@@ -81,6 +81,7 @@ class MeterState:
     held: int = 0  # what the rental holds now in hold:<renter>
     charged: dict[str, int] = dataclasses.field(default_factory=dict)  # agent id -> charged so far
     paid: dict[tuple[str, str], int] = dataclasses.field(default_factory=dict)  # (account, agent id) -> received
+    prepaid: int = 0  # what prepay:<rental> took into the hold (a reserved rental)
     settled: bool = False  # charge:<rental>:end posted
     refunded: bool = False  # refund:<rental> posted
 
@@ -159,6 +160,8 @@ def apply(state: MeterState, entry: LedgerEntry) -> None:
     rid = state.rental
     if entry.key in (f"hold:{rid}:0", f"prepay:{rid}"):
         state.opened = True
+    if entry.key == f"prepay:{rid}":
+        state.prepaid = sum(line.amount for line in entry.lines if line.account.startswith("hold:"))
     period = _charge_period(entry.key, rid)
     if period == END:
         state.settled = True
@@ -315,8 +318,13 @@ def step(
 
     if not st.settled:
         end = max(rental.ended_at, rental.started_at + st.last_period * period_s)
-        keeps_prepaid = rental.kind == "reserved" and rental.reserved_until is not None and not rental.host_failure
-        until = max(end, rental.reserved_until) if keeps_prepaid and rental.reserved_until is not None else end
+        # The provider keeps a reserved rental's unused prepaid time, unless its host failed it, or it was never
+        # prepaid whole (the renter could not pay it: the rental ran out at once and pays only the time it ran).
+        reserved_until = rental.reserved_until if rental.kind == "reserved" else None
+        keeps_prepaid = (
+            reserved_until is not None and not rental.host_failure and st.prepaid >= cost_until(rental, reserved_until)
+        )
+        until = max(end, reserved_until) if keeps_prepaid and reserved_until is not None else end
         owed = owed_at(until)
         budget = st.held + available
         charges = _take(owed, budget)

@@ -172,6 +172,18 @@ def test_a_reserved_rental_prepays_its_period_and_the_provider_keeps_the_unused_
         assert ledger.balance(renter_account("alice")) == 5_000_000 - kept
 
 
+def test_a_reserved_rental_the_renter_cannot_prepay_whole_runs_out_at_once():
+    ledger, state = Ledger(), MeterState(rental="wl-1-a1")
+    r = rental("reserved", price=3_600_000, gpus=1, reserved_until=T0 + 3600)  # 3.60 to prepay
+    credit(ledger, 1_000_000, "c1")
+    assert meter(ledger, r, T0, {"agt-1": T0}, state)
+    assert ledger.entries[-1].key == "prepay:wl-1-a1" and "the renter had 1.00" in ledger.entries[-1].memo
+    ended = msgspec.structs.replace(r, ended_at=T0 + 2, end_reason="the renter's balance ran out")
+    meter(ledger, ended, T0 + 2, {"agt-1": T0 + 2}, state)
+    assert ledger.charged("wl-1-a1") == 2_000  # the 2 s it ran: never prepaid whole, so nothing is kept
+    assert ledger.balance(renter_account("alice")) == 1_000_000 - 2_000 and ledger.balance(hold_account("alice")) == 0
+
+
 def test_the_state_rebuilt_from_the_entries_is_the_state_the_steps_kept():
     ledger, r, state = Ledger(), rental(hosts=2), MeterState(rental="wl-1-a1")
     credit(ledger, 10_000_000, "c1")
