@@ -72,3 +72,15 @@ class InvalidAccount(IdlegridError):
     """An account, or a change to one, that breaks a rule; the message names the field."""
 
     code = "bad_request"
+
+
+class BadQuery(IdlegridError):
+    """An offer search query that does not parse or names a field or value the offers do not have. ``position`` is
+    the 0-based character where the trouble starts, ``token`` the text found there; the message says both."""
+
+    code = "bad_request"
+
+    def __init__(self, message: str, *, position: int = 0, token: str = "") -> None:
+        super().__init__(message)
+        self.position = position
+        self.token = token

@@ -1,0 +1,154 @@
+"""Keeps an OfferIndex current for a running Master: a host's offer is re-derived before the next search after
+anything it rests on changed, and only then (docs/offers.md, "Freshness").
+
+What marks a host dirty, each synchronously, before the change is acted on:
+- the change feed (master/changes.py): a host's state, a GPU's health, a container's exit, a command's end; a
+  ``Resync`` (changes were lost) marks every host;
+- the allocation ledger (``GpuAllocations.listen``): a hold taken, confirmed, given back, or the holds rebuilt;
+- the registry (``Registry.on_saved``): an agent record written (a hello with a new inventory, a drain, an undrain);
+- ``prices_changed(provider, agent_id | None)``: a host's price, or its provider's default (every host of it).
+Reputation moves with every heartbeat (uptime) and is not worth a change each time: each host is also re-derived
+when its offer is older than ``max_age_s``, a few hosts per search, oldest first.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+
+from management.market.offers import DEFAULT_LIMIT, Offer, OfferIndex, SearchResult
+from management.market.prices import HostPrice
+from management.market.query import Query, SortKey
+from master.changes import Resync, Subscription
+from master.records import AgentRecord
+from master.reputation import reputation
+from master.service import Master
+from master.states import AgentState
+
+PriceOf = Callable[[str, str], HostPrice]  # (provider, agent id) -> the price in force, e.g. PriceTable.price
+
+
+def reputation_score(agent: AgentRecord) -> float:
+    return reputation(agent).score
+
+
+class OfferFeed:
+    """The offers of one Master's hosts: ``search`` answers from an index that has taken in every change so far."""
+
+    def __init__(
+        self,
+        master: Master,
+        price_of: PriceOf,
+        *,
+        reliability_of: Callable[[AgentRecord], float] = reputation_score,
+        max_age_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.master = master
+        self.index = OfferIndex()
+        self._price_of = price_of
+        self._reliability_of = reliability_of
+        self._max_age_s = max_age_s
+        self._clock = clock
+        self._dirty: set[str] = set()
+        self._everything_dirty = True  # the first search builds every host's offer
+        self._refreshed: OrderedDict[str, float] = OrderedDict()  # host -> when its offer was derived, oldest first
+        self._subscription: Subscription | None = master.changes.subscribe()
+        self._unlisten = [master.allocations.listen(self._on_holds), master.registry.on_saved(self._mark)]
+
+    def close(self) -> None:
+        """Stop following the Master (the index keeps what it has)."""
+        if self._subscription is not None:
+            self._subscription.close()
+            self._subscription = None
+        for unlisten in self._unlisten:
+            unlisten()
+        self._unlisten = []
+
+    def prices_changed(self, provider: str, agent_id: str | None = None) -> None:
+        """A price record changed: one host's (``agent_id``), or the provider's default (None: every host of it)."""
+        if agent_id:
+            self._dirty.add(agent_id)
+        else:
+            self._dirty.update(a.id for a in self.master.registry.agents.values() if a.provider == provider)
+
+    def _mark(self, agent_id: str) -> None:
+        self._dirty.add(agent_id)
+
+    def _on_holds(self, agent_id: str | None) -> None:
+        if agent_id is None:
+            self._everything_dirty = True
+        else:
+            self._dirty.add(agent_id)
+
+    def _drain_changes(self) -> None:
+        subscription = self._subscription
+        if subscription is None:
+            return
+        while (change := subscription.get_nowait()) is not None:
+            if isinstance(change, Resync):
+                self._everything_dirty = True
+            else:
+                self._dirty.add(change.agent_id)
+
+    def refresh(self, *, now: float | None = None) -> int:
+        """Re-derive the offers of every host changed since the last refresh, and of those whose offer is older than
+        ``max_age_s``; returns how many hosts were looked at."""
+        now = self._clock() if now is None else now
+        self._drain_changes()
+        registry = self.master.registry
+        if self._everything_dirty:
+            self._everything_dirty = False
+            self._dirty.clear()
+            for gone in [h for h in self._refreshed if h not in registry.agents]:
+                self._forget(gone)
+            hosts: list[str] = list(registry.agents)
+        else:
+            hosts = list(self._dirty)
+            self._dirty.clear()
+            stale_before = now - self._max_age_s
+            for host, at in self._refreshed.items():
+                if at > stale_before:
+                    break
+                hosts.append(host)
+        for host in hosts:
+            self._refresh_host(host, now)
+        return len(hosts)
+
+    def _forget(self, host: str) -> None:
+        self.index.remove_host(host)
+        self._refreshed.pop(host, None)
+
+    def _refresh_host(self, host: str, now: float) -> Offer | None:
+        registry = self.master.registry
+        agent = registry.agents.get(host)
+        if agent is None or agent.state == AgentState.RETIRED.value:
+            self._forget(host)
+            return None
+        gpus = registry.gpus_of(host)
+        allocations = self.master.allocations
+        held: set[str] = set()
+        for gpu in gpus:
+            if allocations.holder(gpu.uuid) is not None:
+                held.add(gpu.uuid)
+            for instance in gpu.info.mig_instances:
+                if allocations.holder(instance.uuid) is not None:
+                    held.add(instance.uuid)
+        price = self._price_of(agent.provider, agent.id)
+        sandboxed = self.master.config.offer_sandboxed_hosts
+        offer = self.index.update_host(agent, gpus, held, price, self._reliability_of(agent), allow_sandboxed=sandboxed)
+        self._refreshed.pop(host, None)
+        self._refreshed[host] = now
+        return offer
+
+    def search(
+        self,
+        query: Query | str = "",
+        sort: SortKey | str | None = None,
+        limit: int = DEFAULT_LIMIT,
+        cursor: str | None = None,
+    ) -> SearchResult:
+        """``OfferIndex.search`` after taking in every change so far."""
+        self.refresh()
+        return self.index.search(query, sort, limit, cursor)
