@@ -46,6 +46,7 @@ from master.states import AgentState
 SCORE_RELIABILITY_POWER = 4
 SCORE_PRICE_FLOOR = 0.10  # currency units per GPU-hour added to every price in the score
 DEFAULT_LIMIT = 50
+MAX_CACHED_SORTS = 8
 MAX_LIMIT = 1000
 _OFFERED_STATES = frozenset({AgentState.READY.value, AgentState.BUSY.value})
 
@@ -265,7 +266,9 @@ class OfferIndex:
 
     def __init__(self) -> None:
         self._rows: dict[str, _Row] = {}
-        self._order: dict[str, list[tuple[tuple[Any, ...], _Row]]] = {}  # sort -> rows in order, cached until a change
+        # sort ("-score") -> its key and every row in that order: kept in step with each change (a removal and an
+        # insertion each), so a search never sorts the whole index again; at most MAX_CACHED_SORTS sorts, latest used.
+        self._order: dict[str, tuple[Callable[[_Row], tuple[Any, ...]], list[tuple[tuple[Any, ...], _Row]]]] = {}
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -285,8 +288,13 @@ class OfferIndex:
         old = self._rows.get(offer.id)
         if old is not None and old.offer == offer:
             return
-        self._rows[offer.id] = _Row(offer)
-        self._order.clear()
+        row = _Row(offer)
+        self._rows[offer.id] = row
+        for key, ordered in self._order.values():
+            if old is not None:
+                _take_out(ordered, key(old), old)
+            pair = (key(row), row)
+            ordered.insert(bisect.bisect_left(ordered, pair[0], key=_first), pair)
 
     def update_host(
         self,
@@ -308,8 +316,10 @@ class OfferIndex:
         return offer
 
     def remove_host(self, host_id: str) -> None:
-        if self._rows.pop(host_id, None) is not None:
-            self._order.clear()
+        old = self._rows.pop(host_id, None)
+        if old is not None:
+            for key, ordered in self._order.values():
+                _take_out(ordered, key(old), old)
 
     def search(
         self,
@@ -337,7 +347,10 @@ class OfferIndex:
             if not rows:
                 break
         ordered = self._ordered(order, rows, whole=not parsed.conditions)
-        start = bisect.bisect_right(ordered, after, key=lambda pair: pair[0]) if after is not None else 0
+        try:
+            start = bisect.bisect_right(ordered, after, key=_first) if after is not None else 0
+        except TypeError:
+            raise BadQuery(f"cursor {cursor!r} is not a cursor from a previous page of this search", token=cursor or "") from None
         page = ordered[start : start + limit]
         more = start + limit < len(ordered)
         next_cursor = _encode_cursor(order, page[-1][0]) if more and page else None
@@ -350,20 +363,35 @@ class OfferIndex:
         )
 
     def _ordered(self, order: SortKey, rows: list[_Row], *, whole: bool) -> list[tuple[tuple[Any, ...], _Row]]:
-        """``rows`` with their sort keys, in order. Every row's order is cached per sort until the index changes; a
-        filtered set is sorted on its own when it is small, else taken from that cached order."""
-        key = _sort_key(order.field, FIELDS[order.field], order.descending)
+        """``rows`` with their sort keys, in order: taken from the index's kept order of that sort (made on first use),
+        or, for a filtered set under a quarter of the index with no kept order, sorted on its own."""
         name = str(order)
-        if not whole and len(rows) * 4 < len(self._rows) and name not in self._order:
-            return sorted(((key(row), row) for row in rows), key=lambda pair: pair[0])
-        everything = self._order.get(name)
-        if everything is None:
-            everything = sorted(((key(row), row) for row in self._rows.values()), key=lambda pair: pair[0])
-            self._order[name] = everything
+        cached = self._order.pop(name, None)
+        if cached is None:
+            key = _sort_key(order.field, FIELDS[order.field], order.descending)
+            if not whole and len(rows) * 4 < len(self._rows):
+                return sorted(((key(row), row) for row in rows), key=_first)
+            cached = (key, sorted(((key(row), row) for row in self._rows.values()), key=_first))
+            while len(self._order) >= MAX_CACHED_SORTS:
+                del self._order[next(iter(self._order))]
+        self._order[name] = cached  # the latest used last
+        everything = cached[1]
         if whole:
             return everything
         wanted = {id(row) for row in rows}
         return [pair for pair in everything if id(pair[1]) in wanted]
+
+
+def _first(pair: tuple[tuple[Any, ...], _Row]) -> tuple[Any, ...]:
+    return pair[0]
+
+
+def _take_out(ordered: list[tuple[tuple[Any, ...], _Row]], key: tuple[Any, ...], row: _Row) -> None:
+    at = bisect.bisect_left(ordered, key, key=_first)
+    if at < len(ordered) and ordered[at][1] is row:
+        del ordered[at]
+    else:  # not where its key says (cannot happen while keys are pure): find it the slow way
+        ordered[:] = [pair for pair in ordered if pair[1] is not row]
 
 
 def _encode_cursor(order: SortKey, key: tuple[Any, ...]) -> str:
