@@ -406,6 +406,8 @@ def _decode_cursor(cursor: str, order: SortKey) -> tuple[Any, ...]:
         made_for, key = msgspec.json.decode(raw, type=tuple[str, list[Any]])
     except (binascii.Error, msgspec.DecodeError, ValueError):
         raise BadQuery(f"cursor {cursor[:40]!r} is not a cursor from a previous page of this search", token=cursor) from None
+    if len(key) != 3 or key[0] not in (0, 1) or not isinstance(key[2], str):  # (missing, value, id): _sort_key
+        raise BadQuery(f"cursor {cursor[:40]!r} is not a cursor from a previous page of this search", token=cursor)
     if made_for != str(order):
         raise BadQuery(
             f"cursor was made for sort={made_for}, and this search sorts by {order}: start again without a cursor",
