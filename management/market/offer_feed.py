@@ -20,7 +20,7 @@ from collections.abc import Callable
 from management.market.offers import DEFAULT_LIMIT, Offer, OfferIndex, SearchResult
 from management.market.prices import HostPrice
 from management.market.query import Query, SortKey
-from master.changes import Resync, Subscription
+from master.changes import DEFAULT_CAPACITY, Resync, Subscription
 from master.records import AgentRecord
 from master.reputation import reputation
 from master.service import Master
@@ -44,6 +44,7 @@ class OfferFeed:
         reliability_of: Callable[[AgentRecord], float] = reputation_score,
         max_age_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        changes_capacity: int = DEFAULT_CAPACITY,
     ) -> None:
         self.master = master
         self.index = OfferIndex()
@@ -54,7 +55,7 @@ class OfferFeed:
         self._dirty: set[str] = set()
         self._everything_dirty = True  # the first search builds every host's offer
         self._refreshed: OrderedDict[str, float] = OrderedDict()  # host -> when its offer was derived, oldest first
-        self._subscription: Subscription | None = master.changes.subscribe()
+        self._subscription: Subscription | None = master.changes.subscribe(changes_capacity)
         self._unlisten = [master.allocations.listen(self._on_holds), master.registry.on_saved(self._mark)]
 
     def close(self) -> None:

@@ -1,0 +1,162 @@
+"""The offer feed on a real Master (SQLite in tmp_path), its agents driven through the relay-link handlers without
+sockets (tests/master/linked.py): every change a search must show (a hold, a fault, a drain, a disconnect, a new
+inventory, a price) shows in the very next search, with no refresh called in between. No GPU is needed: the agents
+report simulated H100s."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from management.market.offer_feed import OfferFeed
+from management.market.offers import Offer
+from management.market.prices import HostPrice, PriceTable
+from master.config import MasterConfig
+from master.link import AccessLink
+from master.records import GpuFault, PriceRecord
+from master.service import Master
+from tests.master.linked import connect, disconnect, gpus, relay_link
+
+
+@pytest.fixture
+async def master(tmp_path: Path) -> AsyncIterator[Master]:
+    m = Master(MasterConfig(state_dir=str(tmp_path / "master"), link_port=0))
+    await m.start()
+    yield m
+    await m.stop()
+
+
+@pytest.fixture
+def link() -> AccessLink:
+    return relay_link()
+
+
+@pytest.fixture
+def prices() -> PriceTable:
+    return PriceTable([], HostPrice(on_demand=1_000_000))
+
+
+async def host(master: Master, link: AccessLink, agent_id: str, count: int = 2, *, isolation: str = "container") -> list[str]:
+    gpu_list = gpus(count, prefix=f"GPU-{agent_id}")
+    await connect(master, link, agent_id, gpu_list, runtime="docker", isolation=isolation)
+    return [g.uuid for g in gpu_list]
+
+
+def offered(feed: OfferFeed) -> dict[str, Offer]:
+    return {o.id: o for o in feed.search(limit=1000).offers}
+
+
+async def test_hosts_that_connect_are_offered_with_their_free_gpus(master, link, prices):
+    feed = OfferFeed(master, prices.price)
+    await host(master, link, "h1", 2)
+    await host(master, link, "h2", 4)
+    await host(master, link, "bare", 1, isolation="none")  # runs renters' work unisolated: never offered
+    offers = offered(feed)
+    assert {k: (o.num_gpus, o.model, o.provider, o.price) for k, o in offers.items()} == {
+        "h1": (2, "h100-sxm", "prov", 1_000_000),
+        "h2": (4, "h100-sxm", "prov", 1_000_000),
+    }
+    await host(master, link, "h3", 1)  # after the first search: marked by its hello, not by a rebuild
+    assert set(offered(feed)) == {"h1", "h2", "h3"}
+
+
+async def test_a_hold_taken_or_given_back_shows_in_the_next_search(master, link, prices):
+    feed = OfferFeed(master, prices.price)
+    uuids = await host(master, link, "h1", 2)
+    assert offered(feed)["h1"].num_gpus == 2
+    master.allocations.claim("h1", "c1", "cmd-1", [uuids[0]])
+    assert offered(feed)["h1"].num_gpus == 1
+    master.allocations.claim("h1", "c2", "cmd-2", [uuids[1]])
+    assert "h1" not in offered(feed)
+    master.allocations.abandon("cmd-2")  # the create failed: its GPU is free again
+    assert offered(feed)["h1"].num_gpus == 1
+    master.allocations.release("h1", "c1")
+    assert offered(feed)["h1"].num_gpus == 2
+
+
+async def test_a_faulty_gpu_leaves_the_offer_and_a_repaired_one_comes_back(master, link, prices):
+    feed = OfferFeed(master, prices.price)
+    uuids = await host(master, link, "h1", 2)
+    assert offered(feed)["h1"].num_gpus == 2
+    gpu = master.registry.gpus[uuids[1]]
+    await master.registry.mark_faulty(gpu, GpuFault(kind="xid", reason="Xid 79: fell off the bus", since=0.0, code=79))
+    assert offered(feed)["h1"].num_gpus == 1
+    await master.repair_gpu(uuids[1])
+    assert offered(feed)["h1"].num_gpus == 2
+
+
+async def test_a_drained_or_disconnected_host_is_not_offered_until_it_is_back(master, link, prices):
+    feed = OfferFeed(master, prices.price)
+    await host(master, link, "h1")
+    await host(master, link, "h2")
+    await master.drain("h1")
+    assert set(offered(feed)) == {"h2"}
+    await master.undrain("h1")
+    assert set(offered(feed)) == {"h1", "h2"}
+    await disconnect(master, link, "h2", "relay lost it")
+    assert set(offered(feed)) == {"h1"}
+    await host(master, link, "h2", 3)
+    assert offered(feed)["h2"].num_gpus == 3
+
+
+async def test_a_new_inventory_from_a_host_that_stays_ready_shows_in_the_next_search(master, link, prices):
+    feed = OfferFeed(master, prices.price)
+    await host(master, link, "h1", 4)
+    assert offered(feed)["h1"].num_gpus == 4
+    await host(master, link, "h1", 2)  # a second hello while ready: no state change, the record is written
+    assert offered(feed)["h1"].num_gpus == 2
+
+
+async def test_a_price_shows_once_the_feed_is_told_it_changed_for_the_host_or_its_provider(master, link, prices):
+    feed = OfferFeed(master, prices.price)
+    await host(master, link, "h1")
+    await host(master, link, "h2")
+    assert offered(feed)["h1"].price == 1_000_000
+    prices.put(PriceRecord(provider="prov", agent_id="h1", on_demand=2_500_000, min_bid=1_000_000))
+    feed.prices_changed("prov", "h1")
+    offers = offered(feed)
+    assert (offers["h1"].price, offers["h1"].min_bid, offers["h2"].price) == (2_500_000, 1_000_000, 1_000_000)
+    prices.put(PriceRecord(provider="prov", on_demand=500_000))  # the provider's default: every host without its own
+    feed.prices_changed("prov", None)
+    offers = offered(feed)
+    assert (offers["h1"].price, offers["h2"].price) == (2_500_000, 500_000)
+    assert feed.search("price<=0.5").total == 1
+
+
+async def test_changes_lost_to_a_full_queue_rebuild_every_offer(master, link, prices):
+    feed = OfferFeed(master, prices.price, changes_capacity=1)
+    await host(master, link, "h1", 2)
+    await host(master, link, "h2", 2)
+    assert set(offered(feed)) == {"h1", "h2"}
+    # Only the change feed can tell of these now (the direct listeners are taken away): two GPU faults overflow its
+    # queue of one, and the Resync that replaces them makes the next search re-derive every offer.
+    master.registry._saved_listeners.clear()
+    master.allocations._listeners.clear()
+    for agent_id in ("h1", "h2"):
+        gpu = master.registry.gpus[f"GPU-{agent_id}-0"]
+        await master.registry.mark_faulty(gpu, GpuFault(kind="ecc", reason="uncorrectable ECC", since=0.0, code=3))
+    assert {k: o.num_gpus for k, o in offered(feed).items()} == {"h1": 1, "h2": 1}
+
+
+async def test_reputation_is_re_read_once_an_offer_is_older_than_max_age(master, link, prices):
+    now = [1000.0]
+    feed = OfferFeed(master, prices.price, max_age_s=30.0, clock=lambda: now[0])
+    await host(master, link, "h1")
+    before = offered(feed)["h1"].reliability
+    master.registry.agents["h1"].uptime_s += 7 * 86_400.0  # a week of heartbeats: no change is published for those
+    now[0] += 10.0
+    assert offered(feed)["h1"].reliability == before
+    now[0] += 25.0
+    assert offered(feed)["h1"].reliability > before
+
+
+async def test_a_closed_feed_stops_listening(master, link, prices):
+    feed = OfferFeed(master, prices.price)
+    uuids = await host(master, link, "h1", 2)
+    offered(feed)
+    feed.close()
+    assert not master.changes.listening
+    master.allocations.claim("h1", "c1", "cmd-1", [uuids[0]])
+    assert feed.refresh() == 0
