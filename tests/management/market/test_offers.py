@@ -17,21 +17,41 @@ PRICE = HostPrice(on_demand=2_000_000, min_bid=500_000, reserved_discount=0.25, 
 
 def host(agent_id: str, *, state: str = "ready", region: str = "eu-west", isolation: str = "container", **fields) -> AgentRecord:
     info = HostInfo(
-        hostname=f"{agent_id}.lan", cpu_model="EPYC", cpu_cores=64, ram_mib=512 * 1024, disk_total_gib=2000,
-        disk_free_gib=1600, os="linux", kernel="6.1", bandwidth_mbps_down=1000.0, bandwidth_mbps_up=400.0,
-    )  # fmt: skip
-    return AgentRecord(id=agent_id, provider="acme", state=state, region=region, host=info, runtime="docker", isolation=isolation, **fields)
+        hostname=f"{agent_id}.lan",
+        cpu_model="EPYC",
+        cpu_cores=64,
+        ram_mib=512 * 1024,
+        disk_total_gib=2000,
+        disk_free_gib=1600,
+        os="linux",
+        kernel="6.1",
+        bandwidth_mbps_down=1000.0,
+        bandwidth_mbps_up=400.0,
+    )
+    return AgentRecord(
+        id=agent_id, provider="acme", state=state, region=region, host=info, runtime="docker", isolation=isolation, **fields
+    )
 
 
 def cards(agent_id: str, n: int, model: str = "h100-sxm", *, nvlink: bool = False, cuda: str = "12.4") -> list[GpuRecord]:
     out = []
     for i in range(n):
-        links = [NvLink(link=j, active=True, remote_pci_bus_id=f"0000:{j:02x}:00.0") for j in range(n) if j != i] if nvlink else []
+        links = (
+            [NvLink(link=j, active=True, remote_pci_bus_id=f"0000:{j:02x}:00.0") for j in range(n) if j != i] if nvlink else []
+        )
         info = GpuInfo(
-            index=i, uuid=f"GPU-{agent_id}-{i}", name=model, pci_bus_id=f"0000:{i:02x}:00.0", memory_total_mib=VRAM[model],
-            compute_capability="9.0", cuda_version=cuda, nvlinks=links,
-        )  # fmt: skip
-        out.append(GpuRecord(uuid=info.uuid, agent_id=agent_id, index=i, model=model, info=info, state="available", tier=TIER[model]))
+            index=i,
+            uuid=f"GPU-{agent_id}-{i}",
+            name=model,
+            pci_bus_id=f"0000:{i:02x}:00.0",
+            memory_total_mib=VRAM[model],
+            compute_capability="9.0",
+            cuda_version=cuda,
+            nvlinks=links,
+        )
+        out.append(
+            GpuRecord(uuid=info.uuid, agent_id=agent_id, index=i, model=model, info=info, state="available", tier=TIER[model])
+        )
     return out
 
 
@@ -41,8 +61,13 @@ def test_an_offer_describes_the_free_healthy_units_of_a_host_and_its_price():
     offer = offer_of(host("h1"), gpus, held={gpus[0].uuid, gpus[1].uuid}, price=PRICE, reliability=0.97)
     assert offer is not None
     assert (offer.id, offer.host, offer.provider, offer.region, offer.model, offer.tier) == (
-        "h1", "h1.lan", "acme", "eu-west", "h100-sxm", "flagship",
-    )  # fmt: skip
+        "h1",
+        "h1.lan",
+        "acme",
+        "eu-west",
+        "h100-sxm",
+        "flagship",
+    )
     assert (offer.num_gpus, offer.total_gpus, offer.gpu_ram, offer.cuda, offer.compute_capability) == (5, 8, 79.65, "12.4", "9.0")
     assert (offer.price, offer.min_bid, offer.reserved_price, offer.max_duration_s) == (2_000_000, 500_000, 1_500_000, 86_400.0)
     assert (offer.cpu_cores, offer.ram_gib, offer.disk_gib, offer.inet_down, offer.inet_up) == (8.0, 64.0, 200.0, 1000.0, 400.0)
@@ -81,9 +106,15 @@ def test_a_flagged_gpu_makes_the_offer_unverified_and_mig_instances_are_units_he
     gpus[0].flags = ["vram_mismatch"]
     assert offer_of(host("h1"), gpus, held=set(), price=PRICE, reliability=1.0).verified is False  # type: ignore[union-attr]
     split = GpuInfo(
-        index=0, uuid="GPU-m", name="a100", pci_bus_id="0000:00:00.0", memory_total_mib=81_920, compute_capability="8.0",
-        mig_enabled=True, mig_instances=tuple(MigInstance(uuid=f"MIG-{i}", profile="3g.40gb", memory_mib=40_960) for i in range(2)),
-    )  # fmt: skip
+        index=0,
+        uuid="GPU-m",
+        name="a100",
+        pci_bus_id="0000:00:00.0",
+        memory_total_mib=81_920,
+        compute_capability="8.0",
+        mig_enabled=True,
+        mig_instances=tuple(MigInstance(uuid=f"MIG-{i}", profile="3g.40gb", memory_mib=40_960) for i in range(2)),
+    )
     mig = [GpuRecord(uuid="GPU-m", agent_id="h2", index=0, model="a100-80gb", info=split, state="available", tier="datacenter")]
     offer = offer_of(host("h2"), mig, held={"MIG-0"}, price=PRICE, reliability=1.0)
     assert offer is not None and (offer.num_gpus, offer.gpu_ram) == (1, 40.0)

@@ -35,7 +35,13 @@ def test_the_issue_example_parses_into_typed_conditions_in_query_order():
 def test_values_may_be_quoted_lists_may_have_spaces_and_notin_excludes():
     query = parse_query("""region notin [ "us-east" , 'eu west' ] host="node 7" """)
     assert query.conditions == (
-        Condition(field="region", op="notin", value=("us-east", "eu west"), text="""region notin [ "us-east" , 'eu west' ]""", position=0),
+        Condition(
+            field="region",
+            op="notin",
+            value=("us-east", "eu west"),
+            text="""region notin [ "us-east" , 'eu west' ]""",
+            position=0,
+        ),
         Condition(field="host", op="=", value="node 7", text='host="node 7"', position=39),
     )
 
