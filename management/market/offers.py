@@ -88,6 +88,7 @@ class EmptiedBy(msgspec.Struct, frozen=True, kw_only=True):
     condition: str
     position: int
     matched_before: int
+    sentence: str  # for a person: "no offer has price<1 (2 matched the conditions before it)"
 
 
 class SearchResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -108,6 +109,13 @@ def offer_view(offer: Offer) -> dict[str, Any]:
     view["price"] = format_amount(offer.price)
     view["reserved_price"] = format_amount(offer.reserved_price)
     view["min_bid"] = format_amount(offer.min_bid) if offer.min_bid is not None else None
+    return view
+
+
+def search_view(result: SearchResult) -> dict[str, Any]:
+    """A search's answer as the API shows it: each offer through ``offer_view``."""
+    view = msgspec.to_builtins(result)
+    view["offers"] = [offer_view(o) for o in result.offers]
     return view
 
 
@@ -342,7 +350,17 @@ class OfferIndex:
             test = _predicate(condition)
             kept = [row for row in rows if test(row.values)]
             if not kept and rows:
-                emptied_by = EmptiedBy(condition=condition.text, position=condition.position, matched_before=len(rows))
+                before = (
+                    f"{len(rows)} matched the conditions before it"
+                    if condition is not parsed.conditions[0]
+                    else (f"it is the first condition; {len(rows)} offers in all")
+                )
+                emptied_by = EmptiedBy(
+                    condition=condition.text,
+                    position=condition.position,
+                    matched_before=len(rows),
+                    sentence=f"no offer has {condition.text} ({before})",
+                )
             rows = kept
             if not rows:
                 break

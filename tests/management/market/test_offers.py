@@ -6,7 +6,7 @@ import pytest
 
 from common.errors import BadQuery
 from common.inventory import GpuInfo, HostInfo, MigInstance, NvLink
-from management.market.offers import Offer, OfferIndex, offer_of, offer_view, score_of
+from management.market.offers import Offer, OfferIndex, offer_of, offer_view, score_of, search_view
 from management.market.prices import HostPrice
 from master.records import AgentRecord, GpuFault, GpuRecord
 
@@ -176,6 +176,7 @@ def test_default_order_is_score_descending_and_sort_orders_by_any_field_with_tie
     by_score = index.search().offers
     assert [o.score for o in by_score] == sorted((o.score for o in by_score), reverse=True)
     assert ids(by_score)[0] == "h5"  # free and reliable enough
+    assert search_view(index.search())["offers"][0]["price"] == "0.00"
     assert ids(index.search("", sort="price").offers) == ["h5", "h3", "h2", "h4", "h1", "h0"]
     assert ids(index.search("sort=-num_gpus", sort="price").offers)[:2] == ["h0", "h2"]  # the query's own sort wins
     assert ids(index.search("", sort="-region").offers) == ["h2", "h4", "h0", "h1", "h3", "h5"]
@@ -188,6 +189,10 @@ def test_an_empty_result_names_the_condition_that_emptied_it_and_how_many_matche
     assert (result.offers, result.total, result.next_cursor) == ([], 0, None)
     assert result.emptied_by is not None
     assert (result.emptied_by.condition, result.emptied_by.position, result.emptied_by.matched_before) == ("price<1", 30, 2)
+    assert result.emptied_by.sentence == "no offer has price<1 (2 matched the conditions before it)"
+    view = search_view(market().search("model=h200"))
+    assert view["emptied_by"]["sentence"] == "no offer has model=h200 (it is the first condition; 6 offers in all)"
+    assert (view["offers"], view["total"], view["next_cursor"]) == ([], 0, None)
 
 
 def test_pages_follow_each_other_without_gap_or_repeat_even_when_offers_change_between_them():
