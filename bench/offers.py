@@ -4,6 +4,8 @@ The grid is Master records (AgentRecord + GpuRecords) of mixed models, regions, 
 reputations, a share of every host's GPUs held; the OfferIndex is built from them the way the OfferFeed builds it
 (management/market/offers.py), then a set of realistic queries (filters, sorts, the first page and deep cursor pages)
 is run ``rounds`` times each and timed one by one: p50/p99 per query and overall, beside the target (p99 < 50 ms).
+The first run of a query in a new sort order pays for that order (kept from then on, and kept in step with every
+change); it is among the timed runs. The garbage collector is set as the management daemon sets it (common/heap.py).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 
 import msgspec
 
+from common.heap import tune_for_daemon
 from common.inventory import GpuInfo, HostInfo, NvLink
 from management.market.offers import OfferIndex, score_of
 from management.market.prices import HostPrice
@@ -151,6 +154,7 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def run_offers_bench(o: OffersBenchOptions) -> dict[str, Any]:
+    tune_for_daemon()  # the collector's settings of the management daemon the search runs in (common/heap.py)
     index, build_s = market(o)
     per_query: list[dict[str, Any]] = []
     every: list[float] = []

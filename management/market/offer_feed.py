@@ -8,7 +8,8 @@ What marks a host dirty, each synchronously, before the change is acted on:
 - the registry (``Registry.on_saved``): an agent record written (a hello with a new inventory, a drain, an undrain);
 - ``prices_changed(provider, agent_id | None)``: a host's price, or its provider's default (every host of it).
 Reputation moves with every heartbeat (uptime) and is not worth a change each time: each host is also re-derived
-when its offer is older than ``max_age_s``, a few hosts per search, oldest first.
+when its offer is older than ``max_age_s``: at most ``max_aged_per_refresh`` such hosts per search, oldest first, so
+a search after a quiet spell does not re-derive the whole grid (about 40 µs a host) before it answers.
 """
 
 from __future__ import annotations
@@ -45,12 +46,14 @@ class OfferFeed:
         max_age_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
         changes_capacity: int = DEFAULT_CAPACITY,
+        max_aged_per_refresh: int = 200,
     ) -> None:
         self.master = master
         self.index = OfferIndex()
         self._price_of = price_of
         self._reliability_of = reliability_of
         self._max_age_s = max_age_s
+        self._max_aged = max_aged_per_refresh
         self._clock = clock
         self._dirty: set[str] = set()
         self._everything_dirty = True  # the first search builds every host's offer
@@ -94,8 +97,8 @@ class OfferFeed:
                 self._dirty.add(change.agent_id)
 
     def refresh(self, *, now: float | None = None) -> int:
-        """Re-derive the offers of every host changed since the last refresh, and of those whose offer is older than
-        ``max_age_s``; returns how many hosts were looked at."""
+        """Re-derive the offers of every host changed since the last refresh, and of up to ``max_aged_per_refresh``
+        whose offer is older than ``max_age_s`` (oldest first); returns how many hosts were looked at."""
         now = self._clock() if now is None else now
         self._drain_changes()
         registry = self.master.registry
@@ -109,10 +112,12 @@ class OfferFeed:
             hosts = list(self._dirty)
             self._dirty.clear()
             stale_before = now - self._max_age_s
+            aged = 0
             for host, at in self._refreshed.items():
-                if at > stale_before:
+                if at > stale_before or aged >= self._max_aged:
                     break
                 hosts.append(host)
+                aged += 1
         for host in hosts:
             self._refresh_host(host, now)
         return len(hosts)

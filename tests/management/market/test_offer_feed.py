@@ -152,6 +152,18 @@ async def test_reputation_is_re_read_once_an_offer_is_older_than_max_age(master,
     assert offered(feed)["h1"].reliability > before
 
 
+async def test_a_search_after_a_quiet_spell_re_derives_only_a_few_aged_offers_at_a_time(master, link, prices):
+    now = [1000.0]
+    feed = OfferFeed(master, prices.price, max_age_s=30.0, clock=lambda: now[0], max_aged_per_refresh=2)
+    for agent_id in ("h1", "h2", "h3"):
+        await host(master, link, agent_id)
+    assert feed.refresh() == 3  # the first: every host
+    now[0] += 60.0
+    assert feed.refresh() == 2  # the two oldest
+    assert feed.refresh() == 1  # the third; the two before are fresh again
+    assert feed.refresh() == 0
+
+
 async def test_a_closed_feed_stops_listening(master, link, prices):
     feed = OfferFeed(master, prices.price)
     uuids = await host(master, link, "h1", 2)
