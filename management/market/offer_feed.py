@@ -18,6 +18,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
+from common.errors import NotFound
 from management.market.offers import DEFAULT_LIMIT, Offer, OfferIndex, SearchResult
 from management.market.prices import HostPrice
 from management.market.query import Query, SortKey
@@ -147,6 +148,20 @@ class OfferFeed:
         self._refreshed.pop(host, None)
         self._refreshed[host] = now
         return offer
+
+    def offer(self, host_id: str) -> Offer:
+        """The offer of one host now; NotFound when it offers nothing (say why: unknown, not taking work, all held)."""
+        self.refresh()
+        offer = self.index.get(host_id)
+        if offer is not None:
+            return offer
+        agent = self.master.registry.agents.get(host_id)
+        if agent is None:
+            raise NotFound(f"no offer {host_id!r}: no such host")
+        if agent.state not in (AgentState.READY.value, AgentState.BUSY.value) or agent.drained:
+            why = "drained" if agent.drained else agent.state
+            raise NotFound(f"no offer {host_id!r}: the host is {why} and takes no new work")
+        raise NotFound(f"no offer {host_id!r}: the host has no free healthy GPU it may rent out now")
 
     def search(
         self,

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from common.errors import NotFound
 from management.market.offer_feed import OfferFeed
 from management.market.offers import Offer
 from management.market.prices import HostPrice, PriceTable
@@ -162,6 +163,21 @@ async def test_a_search_after_a_quiet_spell_re_derives_only_a_few_aged_offers_at
     assert feed.refresh() == 2  # the two oldest
     assert feed.refresh() == 1  # the third; the two before are fresh again
     assert feed.refresh() == 0
+
+
+async def test_one_offer_is_looked_up_by_host_and_its_absence_is_explained(master, link, prices):
+    feed = OfferFeed(master, prices.price)
+    uuids = await host(master, link, "h1", 1)
+    await host(master, link, "h2", 1)
+    assert feed.offer("h1").num_gpus == 1
+    master.allocations.claim("h1", "c1", "cmd-1", uuids)
+    with pytest.raises(NotFound, match="no offer 'h1': the host has no free healthy GPU"):
+        feed.offer("h1")
+    await master.drain("h2")
+    with pytest.raises(NotFound, match="no offer 'h2': the host is drained"):
+        feed.offer("h2")
+    with pytest.raises(NotFound, match="no such host"):
+        feed.offer("h9")
 
 
 async def test_a_closed_feed_stops_listening(master, link, prices):
