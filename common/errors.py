@@ -74,6 +74,22 @@ class InvalidAccount(IdlegridError):
     code = "bad_request"
 
 
+# --- the market ---------------------------------------------------------------------------------------------------
+
+
+class InvalidPrice(IdlegridError):
+    """A price a provider set that breaks a rule (a negative or malformed amount, a discount out of range, ...);
+    the message names the field."""
+
+    code = "bad_request"
+
+
+class InvalidRating(IdlegridError):
+    """A renter's rating that is not a whole number from 1 to 5, or of a rental that cannot be rated."""
+
+    code = "bad_request"
+
+
 class BadQuery(IdlegridError):
     """An offer search query that does not parse or names a field or value the offers do not have. ``position`` is
     the 0-based character where the trouble starts, ``token`` the text found there; the message says both."""

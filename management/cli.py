@@ -502,7 +502,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"idlegrid {_version()}")
     sub = parser.add_subparsers(
-        dest="command", required=True, metavar="{master,access,agent,ca,token,account,whoami,demo,workload}"
+        dest="command",
+        required=True,
+        metavar="{master,access,agent,ca,token,account,whoami,demo,workload,offers,rent,bid,"
+        "balance,ledger,spend,earnings,payouts,credit,host}",
     )
     _master_parser(sub)
     from access.cli import add_parser as add_access_parser
@@ -518,12 +521,28 @@ def build_parser() -> argparse.ArgumentParser:
     from management.workload_cli import add_parser as add_workload_parser
 
     add_workload_parser(sub, _parser)
+    from management.cli_market import add_parsers as add_market_parsers
+
+    add_market_parsers(sub, _parser)
+    from management.cli_host import add_parsers as add_host_parsers
+
+    add_host_parsers(sub, _parser)
     return parser
 
 
 def _command_name(args: argparse.Namespace) -> str:
     words = [args.command]
-    for attr in ("agent_command", "ca_command", "token_command", "workload_command", "account_command", "key_command"):
+    for attr in (
+        "agent_command",
+        "ca_command",
+        "token_command",
+        "workload_command",
+        "account_command",
+        "key_command",
+        "offers_command",
+        "host_command",
+        "price_command",
+    ):
         if getattr(args, attr, None):
             words.append(getattr(args, attr))
     return " ".join(words)

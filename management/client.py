@@ -231,6 +231,63 @@ class ApiCalls(Generic[R]):
     def revoke_api_key(self, key_id: str) -> R:
         return self.send(ApiRequest("POST", f"{API_PREFIX}/keys/{_segment(key_id)}/revoke"))
 
+    # --- the market ---
+
+    def search_offers(self, query: str, *, sort: str | None = None, limit: int = 50, cursor: str | None = None) -> R:
+        params = {"q": query, "limit": str(limit)} | ({"sort": sort} if sort else {}) | ({"cursor": cursor} if cursor else {})
+        return self.send(ApiRequest("GET", f"{API_PREFIX}/offers", params))
+
+    def rent_offer(self, offer_id: str, spec: Mapping[str, Json], *, account: str | None = None) -> R:
+        body: dict[str, Json] = {"spec": dict(spec)}
+        if account is not None:
+            body["account"] = account
+        return self.send(ApiRequest("POST", f"{API_PREFIX}/offers/{_segment(offer_id)}/rent", body=body))
+
+    def change_bid(self, workload_id: str, bid: str) -> R:
+        return self.send(ApiRequest("POST", f"{API_PREFIX}/workloads/{_segment(workload_id)}/bid", body={"bid": bid}))
+
+    def balance(self, account_id: str) -> R:
+        return self.send(ApiRequest("GET", f"{API_PREFIX}/accounts/{_segment(account_id)}/balance"))
+
+    def credit(self, account_id: str, amount: str, *, memo: str = "") -> R:
+        body: dict[str, Json] = {"amount": amount, "memo": memo}
+        return self.send(ApiRequest("POST", f"{API_PREFIX}/accounts/{_segment(account_id)}/credit", body=body))
+
+    def ledger(self, account_id: str, *, after: int = 0, limit: int = 100, csv: bool = False) -> R:
+        query = {"after": str(after), "limit": str(limit), "format": "csv" if csv else "json"}
+        return self.send(ApiRequest("GET", f"{API_PREFIX}/accounts/{_segment(account_id)}/ledger", query))
+
+    def statement(self, account_id: str, which: str, **query: str) -> R:
+        """``which``: "spend" (a renter's, per workload), "earnings" (a provider's, per host) or "payouts"."""
+        return self.send(ApiRequest("GET", f"{API_PREFIX}/accounts/{_segment(account_id)}/{which}", dict(query)))
+
+    def rate_rental(self, rental_id: str, rating: int) -> R:
+        return self.send(ApiRequest("POST", f"{API_PREFIX}/rentals/{_segment(rental_id)}/rating", body={"rating": rating}))
+
+    # --- the market: providers' prices (amounts as decimal strings per GPU-hour, e.g. "2.50") ---
+
+    def prices(self, *, provider: str | None = None) -> R:
+        """A provider's own price records and the grid default; an operator's: everyone's, or ``provider``'s."""
+        query = {"provider": provider} if provider is not None else {}
+        return self.send(ApiRequest("GET", f"{API_PREFIX}/prices", query=query))
+
+    def set_default_price(self, terms: Mapping[str, Json], *, provider: str | None = None) -> R:
+        """``terms``: on_demand, min_bid, reserved_discount, max_duration_s; ``provider``: for an operator's key."""
+        body: dict[str, Json] = dict(terms)
+        if provider is not None:
+            body["provider"] = provider
+        return self.send(ApiRequest("PUT", f"{API_PREFIX}/prices/default", body=body))
+
+    def host_price(self, agent_id: str) -> R:
+        """The price in force on a host and its source (host | provider | grid)."""
+        return self.send(ApiRequest("GET", f"{API_PREFIX}/agents/{_segment(agent_id)}/price"))
+
+    def set_host_price(self, agent_id: str, terms: Mapping[str, Json]) -> R:
+        return self.send(ApiRequest("PUT", f"{API_PREFIX}/agents/{_segment(agent_id)}/price", body=dict(terms)))
+
+    def clear_host_price(self, agent_id: str) -> R:
+        return self.send(ApiRequest("DELETE", f"{API_PREFIX}/agents/{_segment(agent_id)}/price"))
+
 
 def _segment(value: str) -> str:
     return urllib.parse.quote(value, safe="")

@@ -22,6 +22,7 @@ import msgspec
 
 from common.errors import Conflict, NotFound
 from common.inventory import GpuSample
+from management.market.prices import HostPrice, PriceBook, PriceSetting, grid_default_of
 from management.scheduler.book import WorkloadBook
 from management.scheduler.loop import SchedulerLoop, SchedulerSettings
 from management.scheduler.model import Explanation
@@ -34,6 +35,7 @@ from master.records import (
     CommandRecord,
     EventRecord,
     GpuRecord,
+    PriceRecord,
     TokenRecord,
     WorkloadRecord,
     WorkloadSpec,
@@ -132,6 +134,31 @@ class GpuDetail:
 
 
 @dataclass(frozen=True)
+class PriceListing:
+    """Providers' price records (defaults have agent_id ""), the grid's default, and the currency they are in."""
+
+    records: list[PriceRecord]
+    grid_default: HostPrice
+    currency: str
+
+
+@dataclass(frozen=True)
+class PriceRecordDetail:
+    record: PriceRecord
+    currency: str
+
+
+@dataclass(frozen=True)
+class HostPriceDetail:
+    """The price in force on one host and where it comes from (``price.source``: host | provider | grid)."""
+
+    agent_id: str
+    provider: str
+    price: HostPrice
+    currency: str
+
+
+@dataclass(frozen=True)
 class IssuedToken:
     token: str  # shown once; only its hash is stored
     record: TokenRecord
@@ -164,8 +191,19 @@ def _page(items: list[T], limit: int, key: Callable[[T], msgspec.Struct]) -> Pag
 
 
 class Operations:
-    def __init__(self, master: Master, *, book: WorkloadBook | None = None, scheduler: SchedulerLoop | None = None) -> None:
+    def __init__(
+        self,
+        master: Master,
+        *,
+        book: WorkloadBook | None = None,
+        scheduler: SchedulerLoop | None = None,
+        prices: PriceBook | None = None,
+    ) -> None:
         self._master = master
+        # The one writer of providers' prices; the offer index and the scheduler read (and subscribe to) the same book.
+        self.prices = prices or PriceBook(
+            master.store.prices, grid_default_of(master.config), time.time, owner_of=self._provider_of
+        )
         # The one writer of workload records, shared with the scheduling loop.
         self.workloads = book or WorkloadBook(master.store, master.events, master, policy=master.policy)
         # The loop runs only where it was started (the Master's server); explaining needs only its snapshot.
@@ -508,3 +546,48 @@ class Operations:
     async def cancel_workload(self, workload_id: str, *, account: str | None = None) -> WorkloadRecord:
         await self.workloads.load()
         return await self.workloads.cancel(workload_id, account, time.time())
+
+    # --- the market: providers' prices (management/market/prices.py) ---------------------------------------------
+    # ``owner`` (as auth decided it): the provider a call acts for, None for the operator. A host of another provider
+    # answers NotFound, as a missing one does. The price in force on a host is public: ``host_price`` takes no owner.
+
+    def _provider_of(self, agent_id: str) -> str | None:
+        agent = self._master.registry.agents.get(agent_id)
+        return agent.provider if agent is not None else None
+
+    async def list_prices(self, *, owner: str | None = None, provider: str | None = None) -> PriceListing:
+        """A provider's own records (its default and its hosts'), or the operator's view of all (of ``provider``)."""
+        await self.prices.load()
+        if owner is not None:
+            if provider is not None and provider != owner:
+                raise NotFound(f"no provider {provider!r}")
+            provider = owner
+        return PriceListing(self.prices.records(provider), self.prices.grid_default, self._master.config.currency)
+
+    async def set_default_price(self, provider: str, setting: PriceSetting) -> PriceRecordDetail:
+        """``provider``'s default for its hosts without a price of their own (an enabled provider account)."""
+        await self._master.accounts.require_provider(provider)
+        await self.prices.load()
+        return PriceRecordDetail(await self.prices.set_default(provider, setting), self._master.config.currency)
+
+    async def set_host_price(self, agent_id: str, setting: PriceSetting, *, owner: str | None = None) -> HostPriceDetail:
+        agent = self._owned_agent(agent_id, owner)
+        await self.prices.load()
+        await self.prices.set_host(agent.provider, agent.id, setting)
+        return self._host_price(agent)
+
+    async def clear_host_price(self, agent_id: str, *, owner: str | None = None) -> HostPriceDetail:
+        """The host goes back to its provider's default (or the grid's); clearing a host with no price of its own
+        changes nothing and answers the price in force as well."""
+        agent = self._owned_agent(agent_id, owner)
+        await self.prices.load()
+        await self.prices.clear_host(agent.provider, agent.id)
+        return self._host_price(agent)
+
+    async def host_price(self, agent_id: str) -> HostPriceDetail:
+        await self.prices.load()
+        return self._host_price(self._master.registry.get(agent_id))
+
+    def _host_price(self, agent: AgentRecord) -> HostPriceDetail:
+        price = self.prices.price(agent.provider, agent.id)
+        return HostPriceDetail(agent.id, agent.provider, price, self._master.config.currency)

@@ -14,6 +14,8 @@ from typing import Any
 import msgspec
 
 from common.inventory import GpuSample
+from management.market.money import format_amount
+from management.market.prices import HostPrice
 from management.operations import HostedReplica
 from management.scheduler.model import Explanation
 from master.keys import SigningKeyInfo
@@ -24,6 +26,7 @@ from master.records import (
     CommandRecord,
     EventRecord,
     GpuRecord,
+    PriceRecord,
     TokenRecord,
     WorkloadRecord,
 )
@@ -264,3 +267,55 @@ def issued_api_key_view(key: str, record: ApiKeyRecord) -> dict[str, Any]:
 
 def whoami_view(account: str, role: str, key_id: str, key_name: str, name: str) -> dict[str, Any]:
     return {"account": account, "role": role, "key_id": key_id, "key_name": key_name, "name": name}
+
+
+# --- the market: prices (management/api/prices.py) -------------------------------------------------------------------
+# Money goes out as decimal strings per GPU-hour ("2.50"), with the currency; never a float.
+
+
+def _price_terms(price: HostPrice) -> dict[str, Any]:
+    return {
+        "on_demand": format_amount(price.on_demand),
+        "min_bid": format_amount(price.min_bid) if price.min_bid is not None else None,  # null: not interruptible
+        "reserved_discount": price.reserved_discount,
+        "reserved": format_amount(price.reserved),
+        "max_duration_s": price.max_duration_s,
+    }
+
+
+def price_record_view(record: PriceRecord, currency: str) -> dict[str, Any]:
+    """One provider's price record: its default (``agent_id`` null) or one host's own."""
+    return {
+        "provider": record.provider,
+        "agent_id": record.agent_id or None,
+        "scope": "host" if record.agent_id else "provider",
+        "currency": currency,
+        **_price_terms(
+            HostPrice(
+                on_demand=record.on_demand,
+                min_bid=record.min_bid,
+                reserved_discount=record.reserved_discount,
+                max_duration_s=record.max_duration_s,
+            )
+        ),
+        "updated_at": rfc3339(record.updated_at),
+    }
+
+
+def host_price_view(agent_id: str, provider: str, price: HostPrice, currency: str) -> dict[str, Any]:
+    """The price in force on a host and its ``source``: the host's own, its provider's default, or the grid's."""
+    return {
+        "agent_id": agent_id,
+        "provider": provider,
+        "source": price.source,
+        "currency": currency,
+        **_price_terms(price),
+    }
+
+
+def price_listing_view(records: Sequence[PriceRecord], grid_default: HostPrice, currency: str) -> dict[str, Any]:
+    return {
+        "currency": currency,
+        "grid_default": _price_terms(grid_default),
+        "items": [price_record_view(r, currency) for r in records],
+    }

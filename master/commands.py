@@ -204,6 +204,11 @@ class CommandLedger:
             agent.commands_succeeded += 1
         else:
             agent.commands_failed += 1
+        if record.kind == "create_container" and result.error_code != "bad_signature":  # reputation: container_success
+            if result.ok:
+                agent.containers_started += 1
+            else:
+                agent.containers_failed += 1
         await self._track_gpus(record, ok=result.ok)
         if not result.ok and result.error_code == "bad_signature":
             await self._events.record("command.refused", record.id, agent_id=agent_id, reason=result.error or "")

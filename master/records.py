@@ -33,6 +33,17 @@ class AgentRecord(msgspec.Struct, kw_only=True):
     downtime_s: float = 0.0
     commands_succeeded: int = 0
     commands_failed: int = 0
+    # --- market reputation inputs (master/reputation.py): running counters, so every component shows its evidence ---
+    containers_started: int = 0  # create_container commands the host carried out
+    containers_failed: int = 0  # create_container commands the host reported failed
+    rentals_completed: int = 0  # rentals that ended without a host failure
+    rentals_failed: int = 0  # rentals that ended through the host (the renter refunded)
+    ratings_count: int = 0  # renters' ratings of ended rentals on the host
+    ratings_sum: int = 0  # their sum (each 1..5)
+    gpus_verified: int = 0  # of the GPUs in its latest inventory: tiered, with no flag
+    gpus_unverified: int = 0  # no tier matched, but nothing flagged either
+    gpus_flagged: int = 0  # flagged: unknown model, VRAM mismatch, a duplicated uuid, ...
+    # --- end of market reputation inputs ---
     drained: bool = False  # an operator drained it: it comes back to maintenance, not ready
     containers: dict[str, list[str]] = {}  # container name -> GPU uuids it was given
     # Containers that ended on their own (name -> exit status) and are not deleted yet: they keep their GPUs.

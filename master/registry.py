@@ -15,6 +15,7 @@ from master.batches import write_paced
 from master.changes import ChangeFeed, ContainerExited, GpuHealthChanged, HostChanged
 from master.events import EventLog
 from master.records import AgentRecord, GpuFault, GpuRecord
+from master.reputation import verification_counts
 from master.states import AGENT, GPU, AgentState, GpuState
 from master.store.base import Store
 from master.tiers import TierPolicy, classify
@@ -89,6 +90,8 @@ class Registry:
                 self._put_gpu(gpu)
         except Exception as exc:
             problems.append(f"gpus: {exc}")
+        for agent in self.agents.values():  # agents stored before reputation counted verification: counted from here
+            agent.gpus_verified, agent.gpus_unverified, agent.gpus_flagged = verification_counts(self.gpus_of(agent.id))
         for problem in problems:
             log.error("registry: could not load %s; serving the rest", problem)
             await self._events.record("master.load_failed", "registry", problem=problem)
@@ -240,6 +243,8 @@ class Registry:
         await self._record_relay_change(agent, relay, relay_region=relay_region)
         agent.last_seen, agent.connected_since = now, now
         await self._update_gpus(agent.id, inventory.gpus, inventory.host)
+        # reputation's verification component reads these counts, never the GPU list (master/reputation.py)
+        agent.gpus_verified, agent.gpus_unverified, agent.gpus_flagged = verification_counts(self.gpus_of(agent.id))
         if agent.drained:
             changed = await self.transition(agent, "drain", "drained by an operator")
         else:

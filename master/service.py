@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from common.errors import Conflict, EnrollmentError, IdlegridError, NotFound, ProtocolError
+from common.errors import Conflict, EnrollmentError, IdlegridError, InvalidRating, NotFound, ProtocolError
 from common.inventory import GpuSample
 from common.pki import server_tls_context
 from common.wire import (
@@ -66,6 +66,7 @@ from master.metrics import FleetGauges, MasterMetrics
 from master.records import AgentRecord, ApiKeyRecord, CommandRecord, EventRecord, GpuRecord, RevocationRecord, TokenRecord
 from master.registry import Registry
 from master.renewal import renew_certificate
+from master.reputation import Reputation, reputation
 from master.session import HELLO_REQUIRED, Act, AgentSession, SessionRules, Verdict
 from master.states import AgentState, GpuState
 from master.store import open_store
@@ -572,6 +573,53 @@ class Master:
             await self.registry.save(agent)  # offline (or quarantined): comes back ready, not to maintenance
             await self.registry.settle_gpus(agent)
         return agent
+
+    # --- the market: reputation that pays (master/reputation.py) -------------------------------
+
+    async def record_rental_outcome(self, agent_id: str, *, failed: bool, reason: str, now: float) -> Reputation:
+        """A rental on ``agent_id`` ended: without a host failure (``failed`` False) or through the host (a container
+        that would not start, the host offline mid-run, a GPU fault). Counts it in the ``rentals`` component, stores
+        the agent and records ``agent.reputation`` with the old and new score and ``reason``."""
+        agent = self.registry.get(agent_id)
+        before = reputation(agent)
+        if failed:
+            agent.rentals_failed += 1
+        else:
+            agent.rentals_completed += 1
+        return await self._reputation_changed(agent, before, "rentals", reason, now)
+
+    async def record_rating(self, agent_id: str, rating: int, rental_id: str, now: float) -> Reputation:
+        """A renter rated its ended rental ``rental_id`` on ``agent_id`` (1..5): counted in the ``ratings`` component,
+        with an ``agent.reputation`` event. Whether the rental may be rated (ended, not rated before) is the caller's."""
+        if isinstance(rating, bool) or not isinstance(rating, int) or not 1 <= rating <= 5:
+            raise InvalidRating(f"rating: {rating!r} is not a whole number from 1 to 5")
+        agent = self.registry.get(agent_id)
+        before = reputation(agent)
+        agent.ratings_count += 1
+        agent.ratings_sum += rating
+        return await self._reputation_changed(agent, before, "ratings", f"rental {rental_id} rated {rating} of 5", now)
+
+    async def _reputation_changed(
+        self, agent: AgentRecord, before: Reputation, component: str, reason: str, now: float
+    ) -> Reputation:
+        after = reputation(agent)
+        await self.registry.save(agent)
+        await self.store.events.append(
+            EventRecord(
+                ts=now,
+                kind="agent.reputation",
+                subject=agent.id,
+                data={
+                    "component": component,
+                    "old": before.score,
+                    "new": after.score,
+                    "component_old": before.components[component],
+                    "component_new": after.components[component],
+                    "reason": reason,
+                },
+            )
+        )
+        return after
 
     # --- operations the management API calls ---------------------------------------------------
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from management.api import accounts, agents, commands, events, gpus, health, signing_keys, tiers, tokens
+from management.api import prices as prices_api
 from management.api import workloads as workloads_api
 from management.api.audit import audit_middleware
 from management.api.auth import OPERATIONS_KEY, auth_middleware
@@ -41,6 +42,11 @@ async def _load_workloads(app: web.Application) -> None:
     await app[OPERATIONS_KEY].workloads.load()
 
 
+async def _load_prices(app: web.Application) -> None:
+    """Providers' prices are in memory before the first call (the offer index and scheduler read them there)."""
+    await app[OPERATIONS_KEY].prices.load()
+
+
 def build_app(master: Master, settings: ApiSettings | None = None, operations: Operations | None = None) -> web.Application:
     """The API over ``master``; ``operations``: the façade to serve (the server's, which shares its workload book
     with the running scheduler), a new one when not given."""
@@ -56,5 +62,7 @@ def build_app(master: Master, settings: ApiSettings | None = None, operations: O
     for resource in (health, accounts, agents, gpus, tiers, commands, tokens, events, signing_keys):
         resource.add_routes(app.router)
     workloads_api.add_routes(app.router)
+    prices_api.add_routes(app.router)
     app.on_startup.append(_load_workloads)
+    app.on_startup.append(_load_prices)
     return app

@@ -40,6 +40,11 @@ class Resource(str, enum.Enum):
     WORKLOADS = "workloads"
     ACCOUNTS = "accounts"  # accounts, and whoami
     KEYS = "keys"  # API keys
+    OFFERS = "offers"  # the market's offers: public to every account
+    LEDGER = "ledger"  # balances, ledger statements, spend, earnings, payouts; credits (write)
+    RENTALS = "rentals"  # rentals (a renter's own; a provider's hosts'), and rating one (write)
+    PRICES = "prices"  # providers' price records and defaults (the market)
+    HOST_PRICES = "host_prices"  # the price in force on one host: public, as it is in offers
 
 
 class Action(str, enum.Enum):
@@ -69,6 +74,19 @@ PERMISSIONS: dict[Role, dict[Resource, frozenset[Action]]] = {
 # Workloads: a renter submits, reads and cancels its own (Scope.owner is its account); providers see none of them
 # through these routes (what runs on their hosts shows in the agents' and GPUs' views, never a renter's env).
 PERMISSIONS[Role.RENTER][Resource.WORKLOADS] = frozenset({Action.READ, Action.WRITE})
+
+# The market: every account searches offers; a renter rents, bids, reads its balance and ledger and rates its rentals;
+# a provider reads its earnings, payouts and the rentals on its hosts. Only the operator credits an account.
+for _role in (Role.PROVIDER, Role.RENTER):
+    PERMISSIONS[_role][Resource.OFFERS] = frozenset({Action.READ})
+    PERMISSIONS[_role][Resource.LEDGER] = frozenset({Action.READ})
+PERMISSIONS[Role.PROVIDER][Resource.RENTALS] = frozenset({Action.READ})
+PERMISSIONS[Role.RENTER][Resource.RENTALS] = frozenset({Action.READ, Action.WRITE})
+# The market's prices: a provider reads and sets its own (its hosts' and its default), as the operator does anyone's.
+# The price in force on a host is public (offers show it): every role reads it, of any host, whoever owns it.
+PERMISSIONS[Role.PROVIDER][Resource.PRICES] = frozenset({Action.READ, Action.WRITE})
+PERMISSIONS[Role.PROVIDER][Resource.HOST_PRICES] = frozenset({Action.READ})
+PERMISSIONS[Role.RENTER][Resource.HOST_PRICES] = frozenset({Action.READ})
 
 # (method, route pattern) -> what the route does. A route missing here is refused to everyone but the operator.
 ROUTES: dict[tuple[str, str], tuple[Resource, Action]] = {
@@ -102,6 +120,27 @@ ROUTES: dict[tuple[str, str], tuple[Resource, Action]] = {
     ("POST", "/api/v1/accounts/{account_id}/keys"): (Resource.KEYS, Action.WRITE),
     ("GET", "/api/v1/accounts/{account_id}/keys"): (Resource.KEYS, Action.READ),
     ("POST", "/api/v1/keys/{key_id}/revoke"): (Resource.KEYS, Action.WRITE),
+    # the market
+    ("GET", "/api/v1/offers"): (Resource.OFFERS, Action.READ),
+    ("GET", "/api/v1/offers/{offer_id}"): (Resource.OFFERS, Action.READ),
+    ("POST", "/api/v1/offers/{offer_id}/rent"): (Resource.WORKLOADS, Action.WRITE),
+    ("POST", "/api/v1/workloads/{workload_id}/bid"): (Resource.WORKLOADS, Action.WRITE),
+    ("GET", "/api/v1/accounts/{account_id}/balance"): (Resource.LEDGER, Action.READ),
+    ("POST", "/api/v1/accounts/{account_id}/credit"): (Resource.LEDGER, Action.WRITE),
+    ("GET", "/api/v1/accounts/{account_id}/ledger"): (Resource.LEDGER, Action.READ),
+    ("GET", "/api/v1/accounts/{account_id}/spend"): (Resource.LEDGER, Action.READ),
+    ("GET", "/api/v1/accounts/{account_id}/earnings"): (Resource.LEDGER, Action.READ),
+    ("GET", "/api/v1/accounts/{account_id}/payouts"): (Resource.LEDGER, Action.READ),
+    ("GET", "/api/v1/rentals"): (Resource.RENTALS, Action.READ),
+    ("GET", "/api/v1/rentals/{rental_id}"): (Resource.RENTALS, Action.READ),
+    ("POST", "/api/v1/rentals/{rental_id}/rating"): (Resource.RENTALS, Action.WRITE),
+}
+ROUTES |= {  # the market: prices
+    ("GET", "/api/v1/prices"): (Resource.PRICES, Action.READ),
+    ("PUT", "/api/v1/prices/default"): (Resource.PRICES, Action.WRITE),
+    ("PUT", "/api/v1/agents/{agent_id}/price"): (Resource.PRICES, Action.WRITE),
+    ("DELETE", "/api/v1/agents/{agent_id}/price"): (Resource.PRICES, Action.WRITE),
+    ("GET", "/api/v1/agents/{agent_id}/price"): (Resource.HOST_PRICES, Action.READ),
 }
 
 
@@ -149,6 +188,18 @@ def acting_account(scope: Scope, named: str | None) -> str:
         return scope.owner
     if named is None:
         raise BadRequest("account: an operator must name the account the workload belongs to")
+    return named
+
+
+def acting_provider(scope: Scope, named: str | None) -> str:
+    """The provider whose prices a call sets: a provider's own (naming another is Forbidden); the operator must name
+    one (BadRequest otherwise)."""
+    if scope.owner is not None:
+        if named is not None and named != scope.owner:
+            raise Forbidden(f"a {scope.principal.role.value} key sets only its own prices ({scope.owner!r}), not {named!r}'s")
+        return scope.owner
+    if named is None:
+        raise BadRequest("provider: an operator must name the provider whose default price this is")
     return named
 
 

@@ -230,6 +230,31 @@ REQUEST_SCHEMAS: tuple[type[msgspec.Struct], ...] = (
 REQUEST_SCHEMAS += (CreateAccount, UpdateAccount, CreateApiKey, AccountQuery)
 
 
+# --- the market: providers' prices (management/api/prices.py) ---------------------------------------------------------
+# Amounts are decimal strings per GPU-hour ("2.50"); the price book (management/market/prices.py) checks the rest and
+# names the field it refuses.
+AmountText = Annotated[str, msgspec.Meta(min_length=1, max_length=32)]
+
+
+class SetPrice(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    on_demand: AmountText
+    min_bid: AmountText | None = None  # null: the host is not rented interruptible
+    reserved_discount: Annotated[float, msgspec.Meta(ge=0, le=0.9)] = 0.0
+    max_duration_s: Annotated[float, msgspec.Meta(ge=3600, le=10 * 365 * 86400.0)] | None = None
+
+
+class SetDefaultPrice(SetPrice, kw_only=True, forbid_unknown_fields=True):
+    provider: AccountName | None = None  # an operator names the provider; a provider sets its own
+
+
+class PriceQuery(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    provider: AccountName | None = None  # an operator's filter; a provider sees only its own
+
+
+REQUEST_SCHEMAS += (SetPrice, SetDefaultPrice, PriceQuery)
+# --- end of the market's prices ---
+
+
 def json_schemas() -> dict[str, Any]:
     """JSON Schema (2020-12, as OpenAPI 3.1 uses) of every request body and list query, by struct name."""
     _, components = msgspec.json.schema_components(REQUEST_SCHEMAS, ref_template="#/components/schemas/{name}")

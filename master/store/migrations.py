@@ -114,6 +114,39 @@ SQLITE_MIGRATIONS: tuple[SqliteMigration, ...] = (
         # ``key``: aggregates.fair_share_key(account, project); the table is small (one row per account and project).
         ("CREATE TABLE fair_share (key TEXT PRIMARY KEY, account TEXT NOT NULL, doc TEXT NOT NULL)",),
     ),
+    SqliteMigration(
+        6,
+        "the market: prices, rentals (and their hosts), the ledger (and its lines)",
+        (
+            # ``key``: aggregates.price_key(provider, agent_id).
+            """CREATE TABLE prices (
+                key TEXT PRIMARY KEY, provider TEXT NOT NULL, agent_id TEXT NOT NULL, doc TEXT NOT NULL)""",
+            "CREATE INDEX prices_by_provider ON prices (provider, agent_id)",
+            # ``listed``: aggregates.rental_order(started_at, id), the one column lists sort and page on.
+            """CREATE TABLE rentals (
+                id TEXT PRIMARY KEY, workload_id TEXT NOT NULL, account TEXT NOT NULL, listed TEXT NOT NULL,
+                ended_at REAL, version INTEGER NOT NULL, doc TEXT NOT NULL)""",
+            "CREATE INDEX rentals_by_listed ON rentals (listed)",
+            "CREATE INDEX rentals_by_account ON rentals (account, listed)",
+            "CREATE INDEX rentals_by_workload ON rentals (workload_id, listed)",
+            "CREATE INDEX rentals_by_ended ON rentals (ended_at)",
+            # One row per host of a rental, written with it: a host's or a provider's rentals by index.
+            """CREATE TABLE rental_hosts (
+                rental_id TEXT NOT NULL, agent_id TEXT NOT NULL, provider TEXT NOT NULL,
+                PRIMARY KEY (rental_id, agent_id, provider)) WITHOUT ROWID""",
+            "CREATE INDEX rental_hosts_by_agent ON rental_hosts (agent_id, rental_id)",
+            "CREATE INDEX rental_hosts_by_provider ON rental_hosts (provider, rental_id)",
+            # AUTOINCREMENT: a seq is never reused. ``key`` unique: an entry is posted once (idempotency).
+            """CREATE TABLE ledger (
+                seq INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT NOT NULL UNIQUE, rental TEXT NOT NULL,
+                doc TEXT NOT NULL)""",
+            "CREATE INDEX ledger_by_rental ON ledger (rental, seq)",
+            # One row per line, written with its entry: balances and an account's entries without decoding entries.
+            """CREATE TABLE ledger_lines (
+                seq INTEGER NOT NULL, account TEXT NOT NULL, amount INTEGER NOT NULL)""",
+            "CREATE INDEX ledger_lines_by_account ON ledger_lines (account, seq, amount)",  # covering: balances read only it
+        ),
+    ),
 )
 
 MONGO_MIGRATIONS: tuple[MongoMigration, ...] = (
@@ -172,6 +205,28 @@ MONGO_MIGRATIONS: tuple[MongoMigration, ...] = (
         5,
         "the scheduler's fair-share usage by account",
         {"fair_share": [IndexModel([("account", ASCENDING)])]},
+    ),
+    MongoMigration(
+        6,
+        "the market: prices by provider; rentals by order, renter, workload, host, provider and end; the ledger by "
+        "seq, ledger account and rental",
+        {
+            "prices": [IndexModel([("provider", ASCENDING), ("agent_id", ASCENDING)])],
+            "rentals": [
+                IndexModel([("listed", ASCENDING)]),
+                IndexModel([("account", ASCENDING), ("listed", ASCENDING)]),
+                IndexModel([("workload_id", ASCENDING), ("listed", ASCENDING)]),
+                IndexModel([("host_agents", ASCENDING), ("listed", ASCENDING)]),  # multikey: one key per host
+                IndexModel([("host_providers", ASCENDING), ("listed", ASCENDING)]),
+                IndexModel([("ends", ASCENDING)]),
+            ],
+            # _id is the entry's key (unique: an entry is posted once); seq is unique too.
+            "ledger": [
+                IndexModel([("seq", ASCENDING)], unique=True),
+                IndexModel([("lines.account", ASCENDING), ("seq", ASCENDING)]),  # multikey: one key per line
+                IndexModel([("rental", ASCENDING), ("seq", ASCENDING)]),
+            ],
+        },
     ),
 )
 

@@ -28,7 +28,14 @@ def test_agent_enrolls_through_a_relay_and_comes_up_ready_with_tiered_gpus(grid)
     assert all(tier for tier in tiers.values()), tiers
     assert tiers["h100-sxm"] != tiers["t4"]
     assert 0 <= agent["reputation"]["score"] <= 1
-    assert set(agent["reputation"]["components"]) == {"uptime", "command_success"}
+    assert set(agent["reputation"]["components"]) == {
+        "uptime",
+        "command_success",
+        "container_success",
+        "rentals",
+        "verification",
+        "ratings",
+    }
 
 
 def test_a_join_token_works_once(grid):

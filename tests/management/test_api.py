@@ -24,7 +24,15 @@ async def test_agents_are_listed_with_state_region_relay_tiered_gpus_and_reputat
     a = body["items"][0]
     assert (a["state"], a["region"], a["relay"]) == ("ready", "eu-west", "relay-1")
     assert len(a["gpus"]) == 2 and all(g["tier"] for g in a["gpus"])
-    assert set(a["reputation"]["components"]) == {"uptime", "command_success"}
+    assert set(a["reputation"]["components"]) == {
+        "uptime",
+        "command_success",
+        "container_success",
+        "rentals",
+        "verification",
+        "ratings",
+    }
+    assert a["reputation"]["components"]["verification"] == 1.0  # every GPU tiered, none flagged
     one = await (await api.get("/api/v1/agents/agt-b", headers=api.auth)).json()
     assert one["gpus"][0]["model"] == "rtx-4090"
     missing = await api.get("/api/v1/agents/agt-zzz", headers=api.auth)

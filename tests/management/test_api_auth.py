@@ -119,8 +119,10 @@ def test_the_operator_may_do_everything_and_a_renter_reads_tiers_runs_its_worklo
         Resource.WORKLOADS: frozenset({Action.READ, Action.WRITE}),
         Resource.ACCOUNTS: frozenset({Action.READ}),
         Resource.KEYS: frozenset({Action.READ, Action.WRITE}),
+        Resource.HOST_PRICES: frozenset({Action.READ}),  # the price in force on a host is public, as in offers
     }
     assert Resource.WORKLOADS not in PERMISSIONS[Role.PROVIDER]
+    assert PERMISSIONS[Role.PROVIDER][Resource.PRICES] == frozenset({Action.READ, Action.WRITE})
 
 
 async def test_head_is_authorized_as_the_get_it_mirrors(api, two_providers):

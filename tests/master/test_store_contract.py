@@ -24,7 +24,13 @@ from master.records import (
     FairShareUsage,
     GpuFault,
     GpuRecord,
+    LedgerEntry,
+    LedgerLine,
     PlacementConstraints,
+    PriceChange,
+    PriceRecord,
+    RentalHost,
+    RentalRecord,
     ReplicaSpec,
     RevocationRecord,
     TelemetryRollup,
@@ -33,12 +39,13 @@ from master.records import (
     WorkloadSpec,
 )
 from master.store import MongoStore, SqliteStore, open_store
-from master.store.aggregates import workload_order
+from master.store.aggregates import Aggregate, rental_order, workload_order
 from master.store.base import Store, TokenOutcome
-from master.store.errors import DuplicateWorkload, StaleWorkload, UnstorableRecord
+from master.store.errors import DuplicateWorkload, StaleRental, StaleWorkload, UnbalancedEntry, UnstorableRecord
 from master.store.migrations import LATEST_VERSION, MONGO_MIGRATIONS, migrate_mongo, migrate_sqlite
 from tests.master.conftest import OpenStore
 from tests.support.grid import free_port
+from tests.support.poison import poison
 
 NOW = 1_700_000_000.25
 
@@ -878,3 +885,417 @@ async def test_fair_share_figures_outlive_the_store_connection(store_url: str) -
         assert_same(await second.fair_share.list(), [figure("alice"), figure("alice", "default", 1800.0)])
     finally:
         await second.close()
+
+
+# --- the market: prices ------------------------------------------------------------------------------
+
+
+def price(provider: str = "acme", agent_id: str = "", on_demand: int = 2_500_000, **overrides: Any) -> PriceRecord:
+    fields: dict[str, Any] = dict(
+        provider=provider,
+        agent_id=agent_id,
+        on_demand=on_demand,
+        min_bid=800_000,
+        reserved_discount=0.25,
+        max_duration_s=86_400.0,
+        updated_at=NOW,
+    )
+    return PriceRecord(**(fields | overrides))
+
+
+async def test_a_price_round_trips_and_put_replaces_the_same_provider_and_host_only(store: Store) -> None:
+    await store.prices.put(price())
+    await store.prices.put(price(agent_id="agt-1", min_bid=None, max_duration_s=None))
+    await store.prices.put(price(on_demand=3_000_000, reserved_discount=0.0))  # the default again: replaces it
+    assert_same(
+        await store.prices.list(),
+        [price(on_demand=3_000_000, reserved_discount=0.0), price(agent_id="agt-1", min_bid=None, max_duration_s=None)],
+    )
+
+
+async def test_prices_list_by_provider_then_host_the_providers_default_first(store: Store) -> None:
+    for rec in [price("zeta", "agt-2"), price("acme", "agt-9"), price("zeta"), price("acme", "agt-1"), price("acme")]:
+        await store.prices.put(rec)
+    assert [(p.provider, p.agent_id) for p in await store.prices.list()] == [
+        ("acme", ""),
+        ("acme", "agt-1"),
+        ("acme", "agt-9"),
+        ("zeta", ""),
+        ("zeta", "agt-2"),
+    ]
+    assert [(p.provider, p.agent_id) for p in await store.prices.list(provider="zeta")] == [("zeta", ""), ("zeta", "agt-2")]
+    assert await store.prices.list(provider="nobody") == []
+
+
+async def test_deleting_a_price_removes_that_record_only_and_says_whether_there_was_one(store: Store) -> None:
+    await store.prices.put(price())
+    await store.prices.put(price(agent_id="agt-1"))
+    assert await store.prices.delete("acme", "agt-1") is True
+    assert await store.prices.delete("acme", "agt-1") is False
+    assert await store.prices.delete("other", "") is False
+    assert_same(await store.prices.list(), [price()])
+
+
+# --- the market: rentals -----------------------------------------------------------------------------
+
+
+def rental_host(agent_id: str = "agt-1", provider: str = "acme", gpus: int = 2, price: int = 2_500_000) -> RentalHost:
+    return RentalHost(
+        agent_id=agent_id, provider=provider, gpus=gpus, price=price, units=[f"{agent_id}/GPU-{i}" for i in range(gpus)]
+    )
+
+
+def rental(
+    rental_id: str = "wl-1-a1", started_at: float = NOW, *, hosts: list[RentalHost] | None = None, **overrides: Any
+) -> RentalRecord:
+    fields: dict[str, Any] = dict(
+        id=rental_id,
+        workload_id=rental_id.rsplit("-a", 1)[0],
+        account="alice",
+        kind="interruptible",
+        hosts=[rental_host()] if hosts is None else hosts,
+        bid_changes=[PriceChange(at=started_at + 60.5, price=1_000_000)],
+        started_at=started_at,
+        version=1,
+    )
+    return RentalRecord(**(fields | overrides))
+
+
+async def test_a_rental_round_trips_its_hosts_and_bid_changes(store: Store) -> None:
+    rec = rental(
+        hosts=[rental_host(), rental_host("agt-2", "zeta", gpus=1, price=900_000)],
+        ended_at=NOW + 120.0,
+        end_reason="container exited",
+        host_failure="GPU-1 fell off the bus",
+        reserved_until=NOW + 3600.0,
+        rating=4,
+    )
+    assert await store.rentals.insert(rec) is True
+    assert_same(await store.rentals.get("wl-1-a1"), rec)
+    assert await store.rentals.get("wl-never-a1") is None
+
+
+async def test_a_taken_rental_id_is_refused_and_changes_nothing(store: Store) -> None:
+    assert await store.rentals.insert(rental()) is True
+    assert await store.rentals.insert(rental(account="mallory", hosts=[rental_host("agt-9", "evil")])) is False
+    assert_same(await store.rentals.get("wl-1-a1"), rental())
+    assert await store.rentals.list(agent_id="agt-9") == []
+
+
+async def test_of_concurrent_inserts_of_one_rental_id_exactly_one_wins(open_stores: OpenStore) -> None:
+    stores = [await open_stores() for _ in range(4)]
+    accounts = [f"renter-{i}" for i in range(8)]
+    won = await asyncio.gather(*(s.rentals.insert(rental(account=a)) for s, a in zip(stores * 2, accounts, strict=True)))
+    assert sum(won) == 1
+    assert (await stores[0].rentals.get("wl-1-a1")).account == accounts[won.index(True)]  # type: ignore[union-attr]
+
+
+async def test_a_rental_update_needs_the_version_it_read(store: Store) -> None:
+    await store.rentals.insert(rental())
+    await store.rentals.update(rental(ended_at=NOW + 60, version=2), expected_version=1)
+    with pytest.raises(StaleRental):  # a writer that read version 1 too comes second
+        await store.rentals.update(rental(rating=1, version=2), expected_version=1)
+    assert_same(await store.rentals.get("wl-1-a1"), rental(ended_at=NOW + 60, version=2))
+    with pytest.raises(StaleRental):  # never stored
+        await store.rentals.update(rental("wl-never-a1", version=2), expected_version=1)
+    assert await store.rentals.get("wl-never-a1") is None
+
+
+async def test_of_concurrent_rental_writers_on_separate_connections_exactly_one_wins(open_stores: OpenStore) -> None:
+    stores = [await open_stores() for _ in range(4)]
+    await stores[0].rentals.insert(rental())
+
+    async def rate(store: Store, rating: int) -> bool:
+        try:
+            await store.rentals.update(rental(rating=rating, version=2), expected_version=1)
+        except StaleRental:
+            return False
+        return True
+
+    won = await asyncio.gather(*(rate(s, r) for s, r in zip(stores, [1, 2, 3, 4], strict=True)))
+    assert sum(won) == 1
+    assert (await stores[0].rentals.get("wl-1-a1")).rating == won.index(True) + 1  # type: ignore[union-attr]
+
+
+async def test_rentals_filter_by_renter_workload_host_provider_and_end(store: Store) -> None:
+    both = [rental_host("agt-1", "acme"), rental_host("agt-2", "zeta")]
+    recs = [
+        rental("wl-1-a1", NOW + 1, hosts=both, ended_at=NOW + 50),
+        rental("wl-1-a2", NOW + 2, hosts=[rental_host("agt-2", "zeta")]),
+        rental("wl-2-a1", NOW + 3, account="bob", hosts=[rental_host("agt-3", "acme")], ended_at=NOW + 100),
+        rental("wl-3-a1", NOW + 4, account="bob", hosts=[rental_host("agt-1", "acme")]),
+    ]
+    for rec in reversed(recs):
+        assert await store.rentals.insert(rec)
+
+    async def ids(**filters: Any) -> list[str]:
+        return [r.id for r in await store.rentals.list(**filters)]
+
+    assert await ids() == ["wl-1-a1", "wl-1-a2", "wl-2-a1", "wl-3-a1"]
+    assert await ids(account="bob") == ["wl-2-a1", "wl-3-a1"]
+    assert await ids(workload_id="wl-1") == ["wl-1-a1", "wl-1-a2"]
+    assert await ids(agent_id="agt-1") == ["wl-1-a1", "wl-3-a1"]  # a rental of two hosts is found by either
+    assert await ids(agent_id="agt-2") == ["wl-1-a1", "wl-1-a2"]
+    assert await ids(provider="acme") == ["wl-1-a1", "wl-2-a1", "wl-3-a1"]
+    assert await ids(provider="zeta", account="alice") == ["wl-1-a1", "wl-1-a2"]
+    assert await ids(open_only=True) == ["wl-1-a2", "wl-3-a1"]
+    assert await ids(ended_since=NOW + 100) == ["wl-1-a2", "wl-2-a1", "wl-3-a1"]  # open, or ended at or after it
+    assert await ids(ended_since=NOW + 100.5) == ["wl-1-a2", "wl-3-a1"]
+    assert await ids(ended_since=NOW, agent_id="agt-1") == ["wl-1-a1", "wl-3-a1"]
+    assert await ids(open_only=True, provider="acme") == ["wl-3-a1"]
+    assert await ids(agent_id="agt-nowhere") == []
+
+
+async def test_a_rental_with_two_units_on_one_host_is_listed_once_for_it(store: Store) -> None:
+    rec = rental(hosts=[rental_host("agt-1", gpus=1), rental_host("agt-1", gpus=1, price=2_000_000)])
+    await store.rentals.insert(rec)
+    assert_same(await store.rentals.list(agent_id="agt-1"), [rec])
+    assert_same(await store.rentals.list(provider="acme"), [rec])
+
+
+async def test_rentals_list_by_start_then_id_and_page_strictly_after_a_cursor(store: Store) -> None:
+    recs = [rental("wl-b-a1", NOW + 5), rental("wl-a-a1", NOW + 5), rental("wl-c-a1", NOW + 1), rental("wl-d-a1", NOW + 9)]
+    for rec in recs:
+        await store.rentals.insert(rec)
+    everything = [r.id for r in await store.rentals.list()]
+    assert everything == ["wl-c-a1", "wl-a-a1", "wl-b-a1", "wl-d-a1"]  # by start, a tie by id
+    page = await store.rentals.list(limit=2)
+    assert [r.id for r in page] == everything[:2]
+    last = page[-1]
+    rest = await store.rentals.list(after=rental_order(last.started_at, last.id), limit=10)
+    assert [r.id for r in rest] == everything[2:]
+    assert await store.rentals.list(limit=0) == []
+
+
+async def test_updating_a_rental_moves_it_between_host_and_end_filters(store: Store) -> None:
+    await store.rentals.insert(rental())
+    moved = rental(hosts=[rental_host("agt-7", "zeta")], ended_at=NOW + 30, version=2)
+    await store.rentals.update(moved, expected_version=1)
+    assert await store.rentals.list(agent_id="agt-1") == []
+    assert await store.rentals.list(provider="acme") == []
+    assert_same(await store.rentals.list(agent_id="agt-7", provider="zeta"), [moved])
+    assert await store.rentals.list(open_only=True) == []
+    assert_same(await store.rentals.list(ended_since=NOW + 30), [moved])
+
+
+# --- the market: the ledger --------------------------------------------------------------------------
+
+
+def entry(key: str, *lines: tuple[str, int], rental: str = "", kind: str = "charge", ts: float = NOW) -> LedgerEntry:
+    return LedgerEntry(
+        key=key,
+        ts=ts,
+        kind=kind,
+        memo=f"{kind} for {key}",
+        lines=[
+            LedgerLine(account=account, amount=amount, host="agt-1" if rental else "", workload="wl-1" if rental else "")
+            for account, amount in lines
+        ],
+        rental=rental,
+    )
+
+
+CREDIT = entry("credit:alice:1", ("external", -10_000_000), ("renter:alice", 10_000_000), kind="credit")
+HOLD = entry("hold:wl-1-a1:1", ("renter:alice", -3_000_000), ("hold:alice", 3_000_000), rental="wl-1-a1", kind="hold")
+CHARGE = entry(
+    "charge:wl-1-a1:1",
+    ("hold:alice", -2_500_000),
+    ("provider:acme", 2_250_000),
+    ("platform:fees", 250_000),
+    rental="wl-1-a1",
+)
+
+
+def numbered(rec: LedgerEntry, seq: int) -> LedgerEntry:
+    return msgspec.structs.replace(rec, seq=seq)
+
+
+async def test_a_posted_entry_round_trips_with_the_seq_it_was_given(store: Store) -> None:
+    first = await store.ledger.post(CREDIT)
+    second = await store.ledger.post(HOLD)
+    assert first is not None and second is not None and second > first
+    assert_same(await store.ledger.get(CREDIT.key), numbered(CREDIT, first))
+    assert_same(await store.ledger.get(HOLD.key), numbered(HOLD, second))
+    assert await store.ledger.get("charge:never:1") is None
+
+
+async def test_the_store_assigns_the_seq_whatever_the_caller_set(store: Store) -> None:
+    first = await store.ledger.post(numbered(CREDIT, 1_000))
+    second = await store.ledger.post(numbered(HOLD, 1))
+    assert first is not None and second is not None and second > first
+    assert [e.seq for e in await store.ledger.list()] == [first, second]
+
+
+async def test_posting_an_entry_again_by_its_key_writes_nothing(store: Store) -> None:
+    seq = await store.ledger.post(CREDIT)
+    assert seq is not None
+    again = entry(CREDIT.key, ("external", -99), ("renter:alice", 99), kind="credit")  # same key, other amounts
+    assert await store.ledger.post(again) is None
+    assert await store.ledger.post(CREDIT) is None
+    assert await store.ledger.balances() == {"external": -10_000_000, "renter:alice": 10_000_000}
+    assert_same(await store.ledger.list(), [numbered(CREDIT, seq)])
+    later = await store.ledger.post(HOLD)
+    assert later is not None and later > seq
+
+
+async def test_of_concurrent_posts_of_one_key_exactly_one_gets_a_seq(open_stores: OpenStore) -> None:
+    stores = [await open_stores() for _ in range(4)]  # as four Master processes would race after a restart
+    seqs = await asyncio.gather(*(s.ledger.post(CHARGE) for s in stores * 4))
+    assigned = [seq for seq in seqs if seq is not None]
+    assert len(assigned) == 1
+    assert_same(await stores[0].ledger.list(), [numbered(CHARGE, assigned[0])])
+    assert await stores[0].ledger.balances() == {"hold:alice": -2_500_000, "provider:acme": 2_250_000, "platform:fees": 250_000}
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        [("renter:alice", -3_000_000), ("hold:alice", 2_999_999)],
+        [("external", 5)],
+        [],
+    ],
+    ids=["off-by-one", "one-sided", "no-lines"],
+)
+async def test_an_unbalanced_or_empty_entry_is_refused_whole(store: Store, lines: list[tuple[str, int]]) -> None:
+    await store.ledger.post(CREDIT)
+    with pytest.raises(UnbalancedEntry, match="hold:wl-1-a1:1"):
+        await store.ledger.post(entry("hold:wl-1-a1:1", *lines, rental="wl-1-a1"))
+    assert await store.ledger.get("hold:wl-1-a1:1") is None
+    assert await store.ledger.balances() == {"external": -10_000_000, "renter:alice": 10_000_000}
+    assert await store.ledger.post(HOLD) is not None  # the key was not taken by the refused entry
+
+
+async def test_an_entry_holding_a_nan_is_refused_and_nothing_is_written(store: Store) -> None:
+    with pytest.raises(UnstorableRecord, match="ts"):
+        await store.ledger.post(entry("credit:alice:nan", ("external", -1), ("renter:alice", 1), ts=float("nan")))
+    assert await store.ledger.list() == []
+    assert await store.ledger.balances() == {}
+
+
+async def test_ledger_lists_by_account_and_rental_paged_by_after_seq(store: Store) -> None:
+    other = entry("hold:wl-2-a1:1", ("renter:alice", -1_000_000), ("hold:alice", 1_000_000), rental="wl-2-a1", kind="hold")
+    seqs = [await store.ledger.post(rec) for rec in (CREDIT, HOLD, CHARGE, other)]
+    posted = [numbered(rec, seq) for rec, seq in zip((CREDIT, HOLD, CHARGE, other), seqs, strict=True) if seq is not None]
+    assert len(posted) == 4
+
+    assert_same(await store.ledger.list(), posted)
+    assert_same(await store.ledger.list(account="renter:alice"), [posted[0], posted[1], posted[3]])
+    assert_same(await store.ledger.list(account="provider:acme"), [posted[2]])
+    assert_same(await store.ledger.list(rental="wl-1-a1"), [posted[1], posted[2]])
+    assert_same(await store.ledger.list(account="hold:alice", rental="wl-2-a1"), [posted[3]])
+    assert await store.ledger.list(account="provider:nobody") == []
+
+    page = await store.ledger.list(account="hold:alice", limit=2)
+    assert_same(page, [posted[1], posted[2]])
+    assert_same(await store.ledger.list(account="hold:alice", after_seq=page[-1].seq, limit=2), [posted[3]])
+    assert await store.ledger.list(after_seq=posted[-1].seq) == []
+    assert await store.ledger.list(limit=0) == []
+
+
+async def test_balances_are_the_sum_of_every_ledger_accounts_lines(store: Store) -> None:
+    assert await store.ledger.balances() == {}
+    release = entry("release:wl-1-a1", ("hold:alice", -500_000), ("renter:alice", 500_000), rental="wl-1-a1", kind="release")
+    for rec in (CREDIT, HOLD, CHARGE, release):
+        await store.ledger.post(rec)
+    balances = await store.ledger.balances()
+    assert balances == {
+        "external": -10_000_000,
+        "renter:alice": 7_500_000,
+        "hold:alice": 0,  # an account whose lines cancel out is still there, at zero
+        "provider:acme": 2_250_000,
+        "platform:fees": 250_000,
+    }
+    assert sum(balances.values()) == 0
+
+
+async def test_ledger_seqs_continue_after_reopening_the_store(store_url: str) -> None:
+    first = open_store(store_url)
+    await first.open()
+    seq = await first.ledger.post(CREDIT)
+    await first.close()
+    second = open_store(store_url)
+    await second.open()
+    try:
+        assert await second.ledger.post(CREDIT) is None  # still there: not posted twice across a restart
+        later = await second.ledger.post(HOLD)
+        assert seq is not None and later is not None and later > seq
+    finally:
+        await second.close()
+
+
+# --- the market: undecodable records and the migration to schema version 6 -----------------------------
+
+
+async def test_undecodable_prices_rentals_and_entries_are_skipped_and_reported(store: Store) -> None:
+    await store.prices.put(price())
+    await poison(store, Aggregate.PRICES, "acme/agt-poisoned")
+    await store.rentals.insert(rental("wl-1-a1", NOW + 1))
+    await poison(store, Aggregate.RENTALS, "wl-0-a1")
+    first = await store.ledger.post(CREDIT)
+    await poison(store, Aggregate.LEDGER, "charge:poisoned:1")
+    second = await store.ledger.post(HOLD)
+    assert first is not None and second is not None
+
+    assert_same(await store.prices.list(), [price()])
+    assert_same(await store.rentals.list(limit=1), [rental("wl-1-a1", NOW + 1)])  # a page is topped up past it
+    assert await store.rentals.get("wl-0-a1") is None
+    assert_same(await store.ledger.list(limit=2), [numbered(CREDIT, first), numbered(HOLD, second)])
+    assert await store.ledger.get("charge:poisoned:1") is None
+    assert await store.ledger.balances() == {"external": -10_000_000, "renter:alice": 7_000_000, "hold:alice": 3_000_000}
+    assert sorted((q.aggregate.value, q.key) for q in store.quarantine.records) == [
+        ("ledger", "charge:poisoned:1"),
+        ("prices", "acme/agt-poisoned"),
+        ("rentals", "wl-0-a1"),
+    ]
+
+
+async def test_an_sqlite_file_at_schema_version_5_is_migrated_to_the_market_keeping_its_data(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    old = workload()
+    with sqlite3.connect(path, isolation_level=None) as conn:  # what an idlegrid of schema version 5 wrote
+        assert migrate_sqlite(conn, up_to=5) == 5
+        row = (
+            old.id,
+            old.account,
+            old.state,
+            workload_order(old.created_at, old.id),
+            old.version,
+            msgspec.json.encode(old).decode(),
+        )
+        conn.execute("INSERT INTO workloads (id, account, state, listed, version, doc) VALUES (?, ?, ?, ?, ?, ?)", row)
+    conn.close()
+
+    store = SqliteStore(str(path))
+    await store.open()
+    try:
+        assert await store.schema_version() == LATEST_VERSION == 6
+        assert_same(await store.workloads.get(old.id), old)
+        await store.prices.put(price())  # the tables version 6 added
+        assert await store.rentals.insert(rental())
+        assert await store.ledger.post(CREDIT) is not None
+        assert len(await store.ledger.list(account="renter:alice")) == 1
+    finally:
+        await store.close()
+
+
+async def test_a_mongodb_database_at_schema_version_5_gets_the_market_indexes_and_keeps_its_data(mongo_url: str) -> None:
+    store = MongoStore(mongo_url)
+    old = workload()
+    async with raw_client(mongo_url) as client:  # what an idlegrid of schema version 5 wrote
+        assert await migrate_mongo(client[store.database], up_to=5) == 5
+        doc = msgspec.to_builtins(old) | {"_id": old.id, "listed": workload_order(old.created_at, old.id)}
+        await client[store.database].workloads.insert_one(doc)
+    await store.open()
+    try:
+        assert await store.schema_version() == LATEST_VERSION == 6
+        assert_same(await store.workloads.get(old.id), old)
+        async with raw_client(mongo_url) as client:
+            ledger_indexes = await client[store.database].ledger.index_information()
+            rental_indexes = await client[store.database].rentals.index_information()
+        assert [("lines.account", 1), ("seq", 1)] in [spec["key"] for spec in ledger_indexes.values()]
+        assert any(spec["key"] == [("seq", 1)] and spec.get("unique") for spec in ledger_indexes.values())
+        assert [("host_agents", 1), ("listed", 1)] in [spec["key"] for spec in rental_indexes.values()]
+        assert await store.ledger.post(CREDIT) is not None
+        assert await store.rentals.insert(rental())
+    finally:
+        await store.close()

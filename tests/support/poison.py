@@ -33,6 +33,16 @@ _SQLITE_COLUMNS: dict[Aggregate, dict[str, Any]] = {
     Aggregate.WORKLOADS: {"id": KEY, "account": "bob", "state": "queued", "listed": "0|poisoned", "version": 0},
     Aggregate.ACCOUNTS: {"id": KEY, "role": "renter"},
     Aggregate.FAIR_SHARE: {"key": KEY, "account": "alice"},
+    Aggregate.PRICES: {"key": KEY, "provider": "acme", "agent_id": "agt-poisoned"},
+    Aggregate.RENTALS: {
+        "id": KEY,
+        "workload_id": "wl-1",
+        "account": "alice",
+        "listed": "0|poisoned",
+        "ended_at": None,
+        "version": 0,
+    },
+    Aggregate.LEDGER: {"key": KEY, "rental": "wl-1-a1"},
 }
 # The MongoDB field each SQLite column is kept in, where the names differ; the key column is _id.
 _MONGO_FIELD = {"idx": "index"}
@@ -49,6 +59,9 @@ _BROKEN: dict[Aggregate, dict[str, Any]] = {
     Aggregate.WORKLOADS: {"account": "bob", "spec": "not a spec", "state": "queued", "created_at": 0.0},
     Aggregate.ACCOUNTS: {"share": "a lot"},
     Aggregate.FAIR_SHARE: {"gpu_seconds": "a lot", "decayed_to": 0.0},
+    Aggregate.PRICES: {"on_demand": "a lot"},
+    Aggregate.RENTALS: {"kind": "on_demand", "hosts": "not hosts", "started_at": 0.0},
+    Aggregate.LEDGER: {"ts": 0.0, "kind": "charge", "memo": "", "lines": "not lines"},
 }
 
 
@@ -101,6 +114,12 @@ async def poison_mongo(url: str, database: str, aggregate: Aggregate, key: str, 
             doc["seq"] = counter["value"]
             reported = str(counter["value"])
         else:
+            if aggregate is Aggregate.LEDGER:  # numbered like the store numbers entries, so lists by seq find it
+                counter = await db.meta.find_one_and_update(
+                    {"_id": "ledger_seq"}, {"$inc": {"value": 1}}, upsert=True, return_document=pymongo.ReturnDocument.AFTER
+                )
+                assert counter is not None
+                doc["seq"] = counter["value"]
             reported = rollup_key(key, columns["minute"]) if aggregate is Aggregate.ROLLUPS else key
             doc["_id"] = reported
         await db[aggregate.value].insert_one(doc)

@@ -17,6 +17,9 @@ from master.store.base import (
     EventRepo,
     FairShareRepo,
     GpuRepo,
+    LedgerRepo,
+    PriceRepo,
+    RentalRepo,
     RevocationRepo,
     RollupRepo,
     TokenRepo,
@@ -32,6 +35,9 @@ from master.store.mongo.connection import MongoConnection, redacted
 from master.store.mongo.events import MongoEventRepo
 from master.store.mongo.fair_share import MongoFairShareRepo
 from master.store.mongo.gpus import MongoGpuRepo
+from master.store.mongo.ledger import MongoLedgerRepo
+from master.store.mongo.prices import MongoPriceRepo
+from master.store.mongo.rentals import MongoRentalRepo
 from master.store.mongo.revocations import MongoRevocationRepo
 from master.store.mongo.rollups import MongoRollupRepo
 from master.store.mongo.tokens import MongoTokenRepo
@@ -58,6 +64,9 @@ class MongoStore:
         self.rollups: RollupRepo = MongoRollupRepo(*upkeep)
         self.workloads: WorkloadRepo = MongoWorkloadRepo(*upkeep)
         self.fair_share: FairShareRepo = MongoFairShareRepo(*upkeep)
+        self.prices: PriceRepo = MongoPriceRepo(*upkeep)
+        self.rentals: RentalRepo = MongoRentalRepo(*upkeep)
+        self.ledger: LedgerRepo = MongoLedgerRepo(*upkeep)
 
     @property
     def url(self) -> str:

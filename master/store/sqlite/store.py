@@ -13,6 +13,9 @@ from master.store.base import (
     EventRepo,
     FairShareRepo,
     GpuRepo,
+    LedgerRepo,
+    PriceRepo,
+    RentalRepo,
     RevocationRepo,
     RollupRepo,
     TokenRepo,
@@ -29,6 +32,9 @@ from master.store.sqlite.database import SqliteDatabase
 from master.store.sqlite.events import SqliteEventRepo
 from master.store.sqlite.fair_share import SqliteFairShareRepo
 from master.store.sqlite.gpus import SqliteGpuRepo
+from master.store.sqlite.ledger import SqliteLedgerRepo
+from master.store.sqlite.prices import SqlitePriceRepo
+from master.store.sqlite.rentals import SqliteRentalRepo
 from master.store.sqlite.revocations import SqliteRevocationRepo
 from master.store.sqlite.rollups import SqliteRollupRepo
 from master.store.sqlite.tokens import SqliteTokenRepo
@@ -55,6 +61,9 @@ class SqliteStore:
         self.rollups: RollupRepo = SqliteRollupRepo(*upkeep)
         self.workloads: WorkloadRepo = SqliteWorkloadRepo(*upkeep)
         self.fair_share: FairShareRepo = SqliteFairShareRepo(*upkeep)
+        self.prices: PriceRepo = SqlitePriceRepo(*upkeep)
+        self.rentals: RentalRepo = SqliteRentalRepo(*upkeep)
+        self.ledger: LedgerRepo = SqliteLedgerRepo(*upkeep)
 
     def __repr__(self) -> str:
         return f"SqliteStore({self.path!r})"

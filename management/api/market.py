@@ -1,0 +1,251 @@
+"""The market: offers and their search, renting an offer, bids, balances, the ledger and statements, rentals.
+
+Money goes in and out as decimal strings in the grid's currency ("2.50"), exact to the micro-unit; every answer about a
+workload's money states the rental kind and the price in force (docs/market.md).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+from aiohttp import web
+
+from management.api.auth import OPERATIONS_KEY, acting_account, scope_of
+from management.api.errors import BadRequest
+from management.api.requests import json_response, parse_body, parse_query
+from management.api.schemas import AccountName, Cursor, EmptyQuery, EventSeq, Identifier, PageLimit, PageQuery
+from management.market.money import BadAmount, parse_amount
+from management.views import (
+    funds_view,
+    ledger_entry_view,
+    offer_view,
+    rental_view,
+    search_view,
+    workload_view,
+)
+from master.records import Amount, WorkloadSpec
+
+RENTALS = "rentals"
+
+# --- requests --------------------------------------------------------------------------------------------------------
+
+OfferQueryText = Annotated[str, msgspec.Meta(max_length=2000)]
+SortText = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^-?[a-z_]+$")]
+Memo = Annotated[str, msgspec.Meta(max_length=256)]
+
+
+class OfferQuery(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """GET /api/v1/offers: ``q`` in the offer query language (docs/offers.md), ``sort`` a field (``-field``:
+    descending), a cursor from the previous page."""
+
+    q: OfferQueryText = ""
+    sort: SortText | None = None
+    limit: PageLimit = 50
+    cursor: Annotated[str, msgspec.Meta(min_length=1, max_length=1024)] | None = None
+
+
+class RentOffer(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """POST /api/v1/offers/{offer_id}/rent: the workload to run on that host (its ``rental`` says on demand,
+    interruptible with a bid, or reserved; the offer is filled in), and for an operator the account."""
+
+    spec: WorkloadSpec
+    account: AccountName | None = None
+
+
+class ChangeBid(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """POST /api/v1/workloads/{workload_id}/bid: the new bid per GPU-hour of an interruptible workload."""
+
+    bid: Amount
+
+
+class Credit(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """POST /api/v1/accounts/{account_id}/credit: money onto a renter's balance (the operator's, for now)."""
+
+    amount: Amount
+    memo: Memo = ""
+    key: Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")] | None = None
+
+
+class LedgerQuery(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    after: EventSeq = 0  # entries after this sequence number
+    limit: PageLimit = 100
+    format: Literal["json", "csv"] = "json"
+
+
+class PayoutQuery(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    period: Literal["day", "week", "month"] = "day"
+
+
+class RentalQuery(PageQuery, kw_only=True, forbid_unknown_fields=True):
+    workload: Identifier | None = None
+    agent_id: Identifier | None = None
+    open: bool | None = None
+
+
+class Rate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """POST /api/v1/rentals/{rental_id}/rating: the renter's rating of an ended rental, 1 (bad) to 5 (good)."""
+
+    rating: Annotated[int, msgspec.Meta(ge=1, le=5)]
+
+
+REQUEST_SCHEMAS: tuple[type[msgspec.Struct], ...] = (
+    OfferQuery,
+    RentOffer,
+    ChangeBid,
+    Credit,
+    LedgerQuery,
+    PayoutQuery,
+    RentalQuery,
+    Rate,
+)
+
+
+def _amount(field: str, text: str) -> int:
+    try:
+        return parse_amount(text)
+    except BadAmount as exc:
+        raise BadRequest(f"{field}: {exc}") from None
+
+
+# --- offers ----------------------------------------------------------------------------------------------------------
+
+
+async def search_offers(request: web.Request) -> web.Response:
+    query = parse_query(request, OfferQuery)
+    result = await request.app[OPERATIONS_KEY].search_offers(query.q, sort=query.sort, limit=query.limit, cursor=query.cursor)
+    return json_response(search_view(result))
+
+
+async def get_offer(request: web.Request) -> web.Response:
+    parse_query(request, EmptyQuery)
+    offer = await request.app[OPERATIONS_KEY].get_offer(request.match_info["offer_id"])
+    return json_response(offer_view(offer))
+
+
+async def rent_offer(request: web.Request) -> web.Response:
+    body = await parse_body(request, RentOffer)
+    account = acting_account(scope_of(request), body.account)
+    operations = request.app[OPERATIONS_KEY]
+    record = await operations.rent_offer(account, request.match_info["offer_id"], body.spec)
+    view = workload_view(record)
+    view["rental"] = operations.workload_terms(record)
+    return json_response(view, status=201)
+
+
+async def change_bid(request: web.Request) -> web.Response:
+    body = await parse_body(request, ChangeBid)
+    operations = request.app[OPERATIONS_KEY]
+    record = await operations.change_bid(
+        request.match_info["workload_id"], _amount("bid", body.bid), account=scope_of(request).owner
+    )
+    view = workload_view(record)
+    view["rental"] = operations.workload_terms(record)
+    return json_response(view)
+
+
+# --- money -----------------------------------------------------------------------------------------------------------
+
+
+async def get_balance(request: web.Request) -> web.Response:
+    parse_query(request, EmptyQuery)
+    funds = await request.app[OPERATIONS_KEY].funds(request.match_info["account_id"], owner=scope_of(request).owner)
+    return json_response(funds_view(funds))
+
+
+async def credit_account(request: web.Request) -> web.Response:
+    body = await parse_body(request, Credit)
+    operations = request.app[OPERATIONS_KEY]
+    account_id = request.match_info["account_id"]
+    entry = await operations.credit(account_id, _amount("amount", body.amount), body.memo, key=body.key)
+    funds = await operations.funds(account_id)
+    return json_response({"entry": ledger_entry_view(entry), "balance": funds_view(funds)}, status=201)
+
+
+async def get_ledger(request: web.Request) -> web.Response:
+    query = parse_query(request, LedgerQuery)
+    operations = request.app[OPERATIONS_KEY]
+    statement = await operations.ledger_statement(
+        request.match_info["account_id"], owner=scope_of(request).owner, after_seq=query.after, limit=query.limit
+    )
+    if query.format == "csv":
+        return web.Response(
+            text=operations.statement_csv(statement),
+            content_type="text/csv",
+            headers={"Content-Disposition": f'attachment; filename="ledger-{request.match_info["account_id"]}.csv"'},
+        )
+    return json_response(msgspec.to_builtins(statement))
+
+
+async def get_spend(request: web.Request) -> web.Response:
+    parse_query(request, EmptyQuery)
+    spend = await request.app[OPERATIONS_KEY].spend(request.match_info["account_id"], owner=scope_of(request).owner)
+    return json_response(msgspec.to_builtins(spend))
+
+
+async def get_earnings(request: web.Request) -> web.Response:
+    parse_query(request, EmptyQuery)
+    earnings = await request.app[OPERATIONS_KEY].earnings(request.match_info["account_id"], owner=scope_of(request).owner)
+    return json_response(msgspec.to_builtins(earnings))
+
+
+async def get_payouts(request: web.Request) -> web.Response:
+    query = parse_query(request, PayoutQuery)
+    payouts = await request.app[OPERATIONS_KEY].payouts(
+        request.match_info["account_id"], query.period, owner=scope_of(request).owner
+    )
+    return json_response(msgspec.to_builtins(payouts))
+
+
+# --- rentals ---------------------------------------------------------------------------------------------------------
+
+
+async def list_rentals(request: web.Request) -> web.Response:
+    query = parse_query(request, RentalQuery)
+    scope = scope_of(request)
+    operations = request.app[OPERATIONS_KEY]
+    rentals, next_cursor = await operations.list_rentals(
+        owner=scope.owner,
+        workload=query.workload,
+        agent_id=query.agent_id,
+        open_only=bool(query.open),
+        after=query.cursor,
+        limit=query.limit,
+    )
+    items = [rental_view(r, operations.rental_charged(r), for_provider=operations.is_provider(scope.owner)) for r in rentals]
+    return json_response({"items": items, "next_cursor": next_cursor})
+
+
+async def get_rental(request: web.Request) -> web.Response:
+    parse_query(request, EmptyQuery)
+    scope = scope_of(request)
+    operations = request.app[OPERATIONS_KEY]
+    rental = await operations.get_rental(request.match_info["rental_id"], owner=scope.owner)
+    return json_response(rental_view(rental, operations.rental_charged(rental), for_provider=operations.is_provider(scope.owner)))
+
+
+async def rate_rental(request: web.Request) -> web.Response:
+    body = await parse_body(request, Rate)
+    scope = scope_of(request)
+    operations = request.app[OPERATIONS_KEY]
+    rental = await operations.rate_rental(request.match_info["rental_id"], body.rating, owner=scope.owner)
+    return json_response(rental_view(rental, operations.rental_charged(rental), for_provider=False))
+
+
+def add_routes(router: web.UrlDispatcher) -> None:
+    router.add_get("/api/v1/offers", search_offers)
+    router.add_get("/api/v1/offers/{offer_id}", get_offer)
+    router.add_post("/api/v1/offers/{offer_id}/rent", rent_offer)
+    router.add_post("/api/v1/workloads/{workload_id}/bid", change_bid)
+    router.add_get("/api/v1/accounts/{account_id}/balance", get_balance)
+    router.add_post("/api/v1/accounts/{account_id}/credit", credit_account)
+    router.add_get("/api/v1/accounts/{account_id}/ledger", get_ledger)
+    router.add_get("/api/v1/accounts/{account_id}/spend", get_spend)
+    router.add_get("/api/v1/accounts/{account_id}/earnings", get_earnings)
+    router.add_get("/api/v1/accounts/{account_id}/payouts", get_payouts)
+    router.add_get("/api/v1/rentals", list_rentals)
+    router.add_get("/api/v1/rentals/{rental_id}", get_rental)
+    router.add_post("/api/v1/rentals/{rental_id}/rating", rate_rental)
+
+
+__all__ = ["REQUEST_SCHEMAS", "add_routes", "Cursor"]

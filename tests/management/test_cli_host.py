@@ -1,0 +1,77 @@
+"""``idlegrid host price ...`` and ``idlegrid host drain/undrain`` against a real Master with its API (in a thread of
+this process), through the CLI's own entry point: tables by default, ``--json`` for scripts."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+
+import pytest
+
+from management.cli_host import duration_s
+from tests.management.hosts import add_agent, api_key
+from tests.management.test_cli_accounts import idlegrid, served  # noqa: F401  # the served Master and the CLI runner
+
+
+def in_master(served, coro):  # noqa: F811
+    return asyncio.run_coroutine_threadsafe(coro, served.loop).result(timeout=30)
+
+
+@pytest.fixture
+def acme(served) -> str:  # noqa: F811
+    """Provider acme with two hosts; the value is its API key."""
+    master = served.server.master
+    in_master(served, add_agent(master, "agt-a1", "a10:1", provider="acme"))
+    in_master(served, add_agent(master, "agt-a2", "a10:1", provider="acme"))
+    header = in_master(served, api_key(master, "provider", "acme"))
+    return header["Authorization"].removeprefix("Bearer ")
+
+
+def test_a_provider_sets_shows_and_clears_a_hosts_price(idlegrid, acme):  # noqa: F811
+    out = idlegrid(
+        "host", "price", "set", "agt-a1", "--on-demand", "2.50", "--min-bid", "0.80", "--reserved-discount", "0.2",
+        "--max-duration", "7d", "--api-key", acme,
+    )  # fmt: skip
+    header, row = out.splitlines()
+    assert header.split()[:4] == ["HOST", "PROVIDER", "SOURCE", "ON"]
+    assert row.split() == ["agt-a1", "acme", "host", "2.50", "0.80", "2.00", "20%", "7d", "USD"]
+    shown = json.loads(idlegrid("host", "price", "show", "agt-a1", "--json", "--api-key", acme))
+    assert (shown["source"], shown["on_demand"], shown["max_duration_s"]) == ("host", "2.50", 604800)
+    cleared = idlegrid("host", "price", "clear", "agt-a1", "--api-key", acme)
+    assert cleared.splitlines()[1].split()[:4] == ["agt-a1", "acme", "grid", "0.00"]
+
+
+def test_a_providers_default_is_listed_with_its_hosts_own_prices(idlegrid, acme):  # noqa: F811
+    idlegrid("host", "price", "default", "--on-demand", "1.2", "--api-key", acme)
+    idlegrid("host", "price", "set", "agt-a2", "--on-demand", "3", "--api-key", acme)
+    listed = idlegrid("host", "price", "show", "--api-key", acme)
+    assert listed.splitlines()[0].startswith("grid default: 0.00 USD per GPU-hour")
+    rows = [line.split()[:3] for line in listed.splitlines()[3:]]
+    assert rows == [["acme", "(default)", "1.20"], ["acme", "agt-a2", "3.00"]]
+    in_force = json.loads(idlegrid("host", "price", "show", "agt-a1", "--json", "--api-key", acme))
+    assert (in_force["source"], in_force["on_demand"]) == ("provider", "1.20")
+    everyone = json.loads(idlegrid("host", "price", "show", "--provider", "acme", "--json"))  # the operator
+    assert len(everyone["items"]) == 2
+
+
+def test_a_bad_price_is_one_line_naming_the_field(idlegrid, acme):  # noqa: F811
+    err = idlegrid("host", "price", "set", "agt-a1", "--on-demand", "2,50", "--api-key", acme, ok=False)
+    assert err.startswith("idlegrid host price set: 400 bad_request: on_demand:") and len(err.splitlines()) == 1
+    err = idlegrid("host", "price", "default", "--on-demand", "1", ok=False)  # the operator names no provider
+    assert "provider:" in err
+
+
+def test_a_host_is_drained_and_undrained_from_the_command_line(idlegrid, acme):  # noqa: F811
+    drained = idlegrid("host", "drain", "agt-a1", "--api-key", acme)
+    assert drained.splitlines()[1].split() == ["agt-a1", "acme", "maintenance", "True"]
+    undrained = json.loads(idlegrid("host", "undrain", "agt-a1", "--json", "--api-key", acme))
+    assert (undrained["state"], undrained["drained"]) == ("ready", False)
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("7d", 604800.0), ("12h", 43200.0), ("90m", 5400.0), ("3600s", 3600.0)])
+def test_a_max_duration_is_read_in_days_hours_minutes_or_seconds(text, seconds):
+    assert duration_s(text) == seconds
+    assert duration_s("none") is None
+    with pytest.raises(argparse.ArgumentTypeError, match="not a duration"):
+        duration_s("a week")
