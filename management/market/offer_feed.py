@@ -24,19 +24,17 @@ from management.market.prices import HostPrice
 from management.market.query import Query, SortKey
 from master.changes import DEFAULT_CAPACITY, Resync, Subscription
 from master.records import AgentRecord
-from master.reputation import reputation
+from master.reputation import reputation_score
 from master.service import Master
 from master.states import AgentState
 
-PriceOf = Callable[[str, str], HostPrice]  # (provider, agent id) -> the price in force, e.g. PriceTable.price
-
-
-def reputation_score(agent: AgentRecord) -> float:
-    return reputation(agent).score
+PriceOf = Callable[[str, str], HostPrice]  # (provider, agent id) -> the price in force: PriceBook.price
 
 
 class OfferFeed:
-    """The offers of one Master's hosts: ``search`` answers from an index that has taken in every change so far."""
+    """The offers of one Master's hosts: ``search`` answers from an index that has taken in every change so far.
+
+    Wiring: ``feed = OfferFeed(master, book.price)`` and ``book.subscribe(feed.prices_changed)`` (PriceBook)."""
 
     def __init__(
         self,

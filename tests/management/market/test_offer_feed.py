@@ -13,7 +13,7 @@ import pytest
 from common.errors import NotFound
 from management.market.offer_feed import OfferFeed
 from management.market.offers import Offer
-from management.market.prices import HostPrice, PriceTable
+from management.market.prices import HostPrice, PriceBook, PriceSetting, PriceTable, grid_default_of
 from master.config import MasterConfig
 from master.link import AccessLink
 from master.records import GpuFault, PriceRecord
@@ -124,6 +124,26 @@ async def test_a_price_shows_once_the_feed_is_told_it_changed_for_the_host_or_it
     offers = offered(feed)
     assert (offers["h1"].price, offers["h2"].price) == (2_500_000, 500_000)
     assert feed.search("price<=0.5").total == 1
+
+
+async def test_a_price_set_in_the_price_book_shows_in_the_next_search(master, link):
+    book = PriceBook(master.store.prices, grid_default_of(master.config))
+    feed = OfferFeed(master, book.price)
+    book.subscribe(feed.prices_changed)
+    await host(master, link, "h1")
+    await host(master, link, "h2")
+    assert {o.price for o in offered(feed).values()} == {0}  # the grid's default: free, as on a shared cluster
+    await book.set_default("prov", PriceSetting(on_demand="1.20", min_bid="0.40"))
+    await book.set_host("prov", "h2", PriceSetting(on_demand="3.00"))
+    offers = offered(feed)
+    assert (offers["h1"].price, offers["h1"].min_bid, offers["h2"].price, offers["h2"].min_bid) == (
+        1_200_000,
+        400_000,
+        3_000_000,
+        None,
+    )
+    await book.clear_host("prov", "h2")
+    assert offered(feed)["h2"].price == 1_200_000
 
 
 async def test_changes_lost_to_a_full_queue_rebuild_every_offer(master, link, prices):
