@@ -14,6 +14,8 @@ a search after a quiet spell does not re-derive the whole grid (about 40 µs a h
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -27,6 +29,8 @@ from master.records import AgentRecord
 from master.reputation import reputation_score
 from master.service import Master
 from master.states import AgentState
+
+log = logging.getLogger(__name__)
 
 PriceOf = Callable[[str, str], HostPrice]  # (provider, agent id) -> the price in force: PriceBook.price
 
@@ -59,9 +63,27 @@ class OfferFeed:
         self._refreshed: OrderedDict[str, float] = OrderedDict()  # host -> when its offer was derived, oldest first
         self._subscription: Subscription | None = master.changes.subscribe(changes_capacity)
         self._unlisten = [master.allocations.listen(self._on_holds), master.registry.on_saved(self._mark)]
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self, *, refresh_every_s: float = 1.0) -> None:
+        """Also refresh in the background, every ``refresh_every_s``: the change feed's queue never overflows while
+        nobody searches (a Resync would mean a full rebuild), and a search finds little left to re-derive."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._refresh_forever(refresh_every_s), name="offer-feed")
+
+    async def _refresh_forever(self, every_s: float) -> None:
+        while self._subscription is not None:
+            await asyncio.sleep(every_s)
+            try:
+                self.refresh()
+            except Exception:  # a host whose records break the derivation must not stop the refreshes of the rest
+                log.exception("offer feed: background refresh failed; the next search tries again")
 
     def close(self) -> None:
-        """Stop following the Master (the index keeps what it has)."""
+        """Stop following the Master and refreshing (the index keeps what it has)."""
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
         if self._subscription is not None:
             self._subscription.close()
             self._subscription = None
@@ -118,7 +140,11 @@ class OfferFeed:
                 hosts.append(host)
                 aged += 1
         for host in hosts:
-            self._refresh_host(host, now)
+            try:
+                self._refresh_host(host, now)
+            except Exception:  # one host's odd records must not fail every search: it is not offered, and said so
+                log.exception("offer feed: could not derive the offer of host %s; it is not offered", host)
+                self.index.remove_host(host)
         return len(hosts)
 
     def _forget(self, host: str) -> None:

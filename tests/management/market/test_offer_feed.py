@@ -5,6 +5,7 @@ report simulated H100s."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -198,6 +199,34 @@ async def test_one_offer_is_looked_up_by_host_and_its_absence_is_explained(maste
         feed.offer("h2")
     with pytest.raises(NotFound, match="no such host"):
         feed.offer("h9")
+
+
+async def test_a_started_feed_takes_changes_in_without_a_search(master, link, prices):
+    feed = OfferFeed(master, prices.price)
+    uuids = await host(master, link, "h1", 2)
+    feed.refresh()
+    feed.start(refresh_every_s=0.01)
+    try:
+        master.allocations.claim("h1", "c1", "cmd-1", [uuids[0]])
+        deadline = asyncio.get_running_loop().time() + 5.0
+        while feed.index.get("h1").num_gpus != 1:  # type: ignore[union-attr]
+            assert asyncio.get_running_loop().time() < deadline, "the background refresh never took the hold in"
+            await asyncio.sleep(0.01)
+    finally:
+        feed.close()
+    assert feed._task is None
+
+
+async def test_a_host_whose_offer_cannot_be_derived_is_left_out_and_the_rest_are_served(master, link):
+    def price_of(provider: str, agent_id: str) -> HostPrice:
+        if agent_id == "h2":
+            raise ValueError("a price record that does not decode")  # stands in for any odd record of one host
+        return HostPrice(on_demand=1_000_000)
+
+    feed = OfferFeed(master, price_of)
+    await host(master, link, "h1")
+    await host(master, link, "h2")
+    assert set(offered(feed)) == {"h1"}
 
 
 async def test_a_closed_feed_stops_listening(master, link, prices):
