@@ -160,6 +160,7 @@ def ids(offers: list[Offer]) -> list[str]:
         ("price=0", {"h5"}),
         ("cuda>=12.4", {"h0", "h2"}),  # 12.10 > 12.4; h4 reports no CUDA version and matches no comparison
         ("cuda!=12.2", {"h0", "h2", "h3", "h4"}),
+        ("cuda=12.2.0 compute_capability>=9", {"h1", "h5"}),
         ("gpu_ram>=79 reliability>0.9", {"h0", "h4"}),  # an H100 SXM: 79.65 GiB
         ("region!=eu-west tier=consumer", {"h2"}),
         ("interruptible=false", {"h0", "h1", "h2", "h3", "h4", "h5"}),

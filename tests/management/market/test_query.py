@@ -56,6 +56,8 @@ def test_sort_is_part_of_the_query_ascending_or_descending():
 def test_versions_compare_numerically_part_by_part():
     assert parse_version("12.10") > parse_version("12.2") > parse_version("12")
     assert parse_version("9.0") < parse_version("10.0")
+    assert parse_version("12.2.0") == parse_version("12.2") and parse_version("9.0") == parse_version("9")
+    assert parse_version("12") < parse_version("12.0.1")
     with pytest.raises(ValueError):
         parse_version("12.x")
 
