@@ -113,7 +113,8 @@ class Query(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def parse_version(text: str) -> Version:
-    """``"12.2"`` -> (12, 2), ``"9.0"`` -> (9,) (trailing zeros do not count); ValueError for anything but dot-separated whole numbers (at most four parts)."""
+    """``"12.2"`` -> (12, 2), ``"9.0"`` -> (9,) (trailing zeros do not count); ValueError for anything but
+    dot-separated whole numbers (at most four parts)."""
     if not _VERSION.match(text):
         raise ValueError(f"{text!r} is not a version such as 12.2")
     parts = [int(part) for part in text.split(".")]
