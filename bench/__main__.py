@@ -1,4 +1,4 @@
-"""``python -m bench fleet|ingest|api-pages|scheduler ...``: run a benchmark, print a table, write JSON."""
+"""``python -m bench fleet|ingest|api-pages|scheduler|offers ...``: run a benchmark, print a table, write JSON."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from bench.api_pages import api_pages_table
 from bench.api_pages import run as run_api_pages
 from bench.fleet import FleetOptions, run_fleet_bench
 from bench.ingest import run_ingest_bench
+from bench.offers import OffersBenchOptions, offers_table, run_offers_bench
 from bench.scheduler import SchedulerBenchOptions, run_scheduler_bench, scheduler_table
 from bench.scheduler_snapshot import SnapshotBenchOptions, run_snapshot_bench, snapshot_table
 
@@ -241,6 +242,30 @@ def _run_scheduler_snapshot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _offers_parser(sub: argparse._SubParsersAction) -> None:
+    d = OffersBenchOptions()
+    p = sub.add_parser(
+        "offers",
+        help="offer search on a generated market: p50/p99 per query and overall",
+        description="Build the offer index of a generated market (mixed models, regions, prices) and time a set "
+        "of realistic searches, first pages and deep cursor pages.",
+    )
+    p.add_argument("--hosts", type=int, default=d.hosts, help=f"hosts (default {d.hosts})")
+    p.add_argument("--gpus-per-host", type=int, default=d.gpus_per_host, help=f"GPUs per host (default {d.gpus_per_host})")
+    p.add_argument("--rounds", type=int, default=d.rounds, help=f"timed runs of each query (default {d.rounds})")
+    p.add_argument("--seed", type=int, default=d.seed, help=f"seed of the generated market (default {d.seed})")
+    p.add_argument("--json", type=Path, help="write the figures here")
+    p.set_defaults(func=_run_offers)
+
+
+def _run_offers(args: argparse.Namespace) -> int:
+    options = OffersBenchOptions(hosts=args.hosts, gpus_per_host=args.gpus_per_host, rounds=args.rounds, seed=args.seed)
+    result = run_offers_bench(options)
+    _write(args.json, result)
+    print(offers_table(result))
+    return 0
+
+
 def _write(path: Path | None, data: Any) -> None:
     if path is not None:
         path.write_text(json.dumps(data, indent=2) + "\n")
@@ -327,6 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
     _api_pages_parser(sub)
     _scheduler_parser(sub)
     _scheduler_snapshot_parser(sub)
+    _offers_parser(sub)
     return parser
 
 

@@ -88,3 +88,15 @@ class InvalidRating(IdlegridError):
     """A renter's rating that is not a whole number from 1 to 5, or of a rental that cannot be rated."""
 
     code = "bad_request"
+
+
+class BadQuery(IdlegridError):
+    """An offer search query that does not parse or names a field or value the offers do not have. ``position`` is
+    the 0-based character where the trouble starts, ``token`` the text found there; the message says both."""
+
+    code = "bad_request"
+
+    def __init__(self, message: str, *, position: int = 0, token: str = "") -> None:
+        super().__init__(message)
+        self.position = position
+        self.token = token

@@ -15,7 +15,7 @@ instance held counts as held (``covering``) for its state.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from common.errors import Conflict
@@ -46,6 +46,19 @@ class GpuAllocations:
         self._holds: dict[str, Hold] = {}  # GPU (or MIG instance) uuid -> its holder
         self._parent: dict[str, str] = {}  # MIG instance uuid -> its GPU's uuid
         self._instances: dict[str, tuple[str, ...]] = {}  # GPU uuid -> its MIG instances' uuids (only when split)
+        self._listeners: list[Callable[[str | None], None]] = []  # told of each host whose holds changed
+
+    def listen(self, listener: Callable[[str | None], None]) -> Callable[[], None]:
+        """Call ``listener(agent_id)`` after the holds on a host change (None: every host's may have, a rebuild);
+        synchronously, so what it records is there before the change is acted on. Returns how to stop listening."""
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener) if listener in self._listeners else None
+
+    def _changed(self, agent_ids: Iterable[str | None]) -> None:
+        if self._listeners:
+            for agent_id in set(agent_ids):
+                for listener in list(self._listeners):
+                    listener(agent_id)
 
     def holder(self, gpu_uuid: str) -> Hold | None:
         """The hold on exactly this GPU or MIG instance."""
@@ -129,6 +142,7 @@ class GpuAllocations:
         for uuid in gpu_uuids:
             held = self._holds.get(uuid)
             self._holds[uuid] = Hold(agent_id, container, command_id, running=held is not None and held.running)
+        self._changed([agent_id] if gpu_uuids else [])
 
     def confirm(self, command_id: str) -> list[str]:
         """The create ``command_id`` succeeded: its GPUs are now in use by a running container."""
@@ -136,13 +150,16 @@ class GpuAllocations:
         for uuid in taken:
             hold = self._holds[uuid]
             self._holds[uuid] = Hold(hold.agent_id, hold.container, hold.command_id, running=True)
+        self._changed(self._holds[uuid].agent_id for uuid in taken)
         return taken
 
     def abandon(self, command_id: str) -> list[str]:
         """The create ``command_id`` failed or timed out: what it took and never started is free again."""
         freed = [uuid for uuid, hold in self._holds.items() if hold.command_id == command_id and not hold.running]
+        hosts = [self._holds[uuid].agent_id for uuid in freed]
         for uuid in freed:
             del self._holds[uuid]
+        self._changed(hosts)
         return freed
 
     def release(self, agent_id: str, container: str) -> list[str]:
@@ -150,6 +167,7 @@ class GpuAllocations:
         freed = [uuid for uuid, hold in self._holds.items() if (hold.agent_id, hold.container) == (agent_id, container)]
         for uuid in freed:
             del self._holds[uuid]
+        self._changed([agent_id] if freed else [])
         return freed
 
     def release_host(self, agent_id: str) -> list[str]:
@@ -157,6 +175,7 @@ class GpuAllocations:
         freed = [uuid for uuid, hold in self._holds.items() if hold.agent_id == agent_id]
         for uuid in freed:
             del self._holds[uuid]
+        self._changed([agent_id] if freed else [])
         return freed
 
     def rebuild(
@@ -190,6 +209,7 @@ class GpuAllocations:
                     self._holds[uuid] = Hold(command.agent_id, container, command.id, running=hold is not None and hold.running)
                 else:
                     dropped.append(f"command {command.id} on GPU {uuid}")
+        self._changed([None])
         return dropped
 
 

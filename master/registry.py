@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import msgspec
 
@@ -58,6 +58,13 @@ class Registry:
         # The relay each agent was last seen through. AgentRecord.relay is cleared when the agent goes offline,
         # and a failover usually goes through offline, so the previous relay is remembered here.
         self._last_relay: dict[str, str] = {}
+        self._saved_listeners: list[Callable[[str], None]] = []  # told of each agent record written (save)
+
+    def on_saved(self, listener: Callable[[str], None]) -> Callable[[], None]:
+        """Call ``listener(agent_id)`` whenever an agent record is written by ``save`` (a hello, a drain or undrain,
+        a transition: whatever changed it beyond a heartbeat), synchronously. Returns how to stop listening."""
+        self._saved_listeners.append(listener)
+        return lambda: self._saved_listeners.remove(listener) if listener in self._saved_listeners else None
 
     async def load(self) -> list[str]:
         """Agents and GPUs from the store; returns what could not be loaded (each logged and an event recorded).
@@ -218,6 +225,8 @@ class Registry:
     async def save(self, agent: AgentRecord) -> None:
         agent.version += 1
         self._dirty.discard(agent.id)
+        for listener in list(self._saved_listeners):
+            listener(agent.id)
         await self._store.agents.put(agent)
 
     async def on_hello(
