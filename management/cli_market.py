@@ -66,13 +66,22 @@ def add_parsers(sub: argparse._SubParsersAction, make: Parser) -> None:
     rent.add_argument("--gpus", type=int, metavar="N", help="GPUs, 1..16 (default 1)")
     kind = rent.add_mutually_exclusive_group()
     kind.add_argument("--bid", metavar="PRICE", help="rent interruptible at this price per GPU-hour (default: on demand)")
-    kind.add_argument("--reserved", type=duration_s, metavar="DURATION", help="prepay this long (e.g. 7d) at the reserved price (default: not reserved)")
-    rent.add_argument("--max-price", metavar="PRICE", help="refuse to pay more than this per GPU-hour, on demand or reserved (default: no cap)")
+    kind.add_argument(
+        "--reserved",
+        type=duration_s,
+        metavar="DURATION",
+        help="prepay this long (e.g. 7d) at the reserved price (default: not reserved)",
+    )
+    rent.add_argument(
+        "--max-price", metavar="PRICE", help="refuse to pay more than this per GPU-hour, on demand or reserved (default: no cap)"
+    )
     rent.add_argument("--env", action="append", metavar="KEY=VALUE", help="environment variable, repeatable (default: none)")
     rent.add_argument("--port", action="append", type=int, metavar="PORT", help="port to expose, repeatable (default: none)")
     rent.add_argument("--max-duration-s", type=float, metavar="SECONDS", help="stop it after this long (default: no limit)")
     rent.add_argument("--account", help="account it belongs to; operator keys only (default: the key's own)")
-    rent.add_argument("--allow-process-runtime", action="store_true", default=None, help="it may run sandboxed as a host process (default: no)")
+    rent.add_argument(
+        "--allow-process-runtime", action="store_true", default=None, help="it may run sandboxed as a host process (default: no)"
+    )
     rent.add_argument("container_command", nargs="*", metavar="COMMAND", help="command to run, after '--' (default: the image's)")
     connection_options(rent)
     rent.set_defaults(func=run_rent)

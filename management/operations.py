@@ -22,6 +22,8 @@ import msgspec
 
 from common.errors import Conflict, NotFound
 from common.inventory import GpuSample
+from management.market.market import Market
+from management.market.operations import MarketOperations
 from management.market.prices import HostPrice, PriceBook, PriceSetting, grid_default_of
 from management.scheduler.book import WorkloadBook
 from management.scheduler.loop import SchedulerLoop, SchedulerSettings
@@ -206,6 +208,8 @@ class Operations:
         )
         # The one writer of workload records, shared with the scheduling loop.
         self.workloads = book or WorkloadBook(master.store, master.events, master, policy=master.policy)
+        # Offers, the ledger and the metering of rentals; the scheduler reads its prices and who has money.
+        self.market = MarketOperations(master, self.workloads, Market(master, self.workloads, self.prices))
         # The loop runs only where it was started (the Master's server); explaining needs only its snapshot.
         self.scheduler = scheduler or SchedulerLoop(master, self.workloads, SchedulerSettings.of(master.config))
 

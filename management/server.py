@@ -88,7 +88,9 @@ class MasterServer:
         await self.master.start()
         await self._ensure_operator_token()
         await self.operations.workloads.load()
+        await self.operations.market.market.load()
         self.operations.scheduler.start()
+        self.operations.market.market.start()
         app = build_app(self.master, self.api_settings, self.operations)
         app.middlewares.append(self.gate.middleware())  # innermost: a caller is authenticated before it is told 503
         self._http = HttpServer(
@@ -108,6 +110,7 @@ class MasterServer:
         the API closes (reads are served until then)."""
         await self.gate.close(REQUEST_DRAIN_S)
         await self.operations.scheduler.stop()
+        await self.operations.market.market.stop()
         await self.master.stop()
         if self._http is not None:
             await self._http.stop()

@@ -14,7 +14,9 @@ from typing import Any
 import msgspec
 
 from common.inventory import GpuSample
+from management.market.ledger import Statement
 from management.market.money import format_amount
+from management.market.operations import FundsDetail, RentalDetail, Statements
 from management.market.prices import HostPrice
 from management.operations import HostedReplica
 from management.scheduler.model import Explanation
@@ -26,6 +28,7 @@ from master.records import (
     CommandRecord,
     EventRecord,
     GpuRecord,
+    LedgerEntry,
     PriceRecord,
     TokenRecord,
     WorkloadRecord,
@@ -319,3 +322,108 @@ def price_listing_view(records: Sequence[PriceRecord], grid_default: HostPrice, 
         "grid_default": _price_terms(grid_default),
         "items": [price_record_view(r, currency) for r in records],
     }
+
+
+# --- the market -------------------------------------------------------------------------------------------------
+# Money as decimal strings in the grid's currency ("2.50"), exact to the micro-unit.
+
+
+def funds_view(funds: FundsDetail) -> dict[str, Any]:
+    covers = funds.covers_s
+    return {
+        "account": funds.account,
+        "currency": funds.currency,
+        "available": format_amount(funds.available),
+        "held": format_amount(funds.held),
+        "running_per_hour": format_amount(funds.running_per_hour),
+        "covers_s": round(covers, 1) if covers is not None else None,
+        "warning": funds.warning or None,
+    }
+
+
+def ledger_entry_view(entry: LedgerEntry) -> dict[str, Any]:
+    return {
+        "seq": entry.seq,
+        "key": entry.key,
+        "ts": rfc3339(entry.ts),
+        "kind": entry.kind,
+        "memo": entry.memo,
+        "rental": entry.rental or None,
+        "lines": [
+            {
+                "account": line.account,
+                "amount": format_amount(line.amount),
+                "host": line.host or None,
+                "workload": line.workload or None,
+            }
+            for line in entry.lines
+        ],
+    }
+
+
+def statement_view(statement: Statement, currency: str) -> dict[str, Any]:
+    """A ledger statement: each entry's effect on the account's ledger accounts, with the balance after it."""
+    return {
+        "accounts": statement.accounts,
+        "currency": currency,
+        "after_seq": statement.after_seq,
+        "opening": format_amount(statement.opening),
+        "closing": format_amount(statement.closing),
+        "lines": [
+            {
+                "seq": line.seq,
+                "ts": rfc3339(line.ts),
+                "key": line.key,
+                "kind": line.kind,
+                "memo": line.memo,
+                "rental": line.rental or None,
+                "workload": line.workload or None,
+                "amount": format_amount(line.amount),
+                "balance": format_amount(line.balance),
+            }
+            for line in statement.lines
+        ],
+        "next_after": statement.next_after,
+        "more": statement.more,
+    }
+
+
+def statements_view(statements: Statements) -> dict[str, Any]:
+    """Spend per workload, earnings per host or per period: every integer amount as a decimal string."""
+    items = []
+    for item in statements.items:
+        row = msgspec.to_builtins(item)
+        for name, value in row.items():
+            if isinstance(value, int) and name not in ("start", "end") and not isinstance(value, bool):
+                row[name] = format_amount(value)
+        for name in ("start", "end"):
+            if name in row:
+                row[name] = rfc3339(row[name])
+        items.append(row)
+    return {"account": statements.account, "currency": statements.currency, "items": items}
+
+
+def rental_view(detail: RentalDetail, *, for_provider: bool) -> dict[str, Any]:
+    """A rental; a provider sees its hosts' rentals without the renter or its workload (they are the renter's)."""
+    r = detail.rental
+    view: dict[str, Any] = {
+        "id": r.id,
+        "kind": r.kind,
+        "currency": detail.currency,
+        "hosts": [
+            {"agent_id": h.agent_id, "provider": h.provider, "gpus": h.gpus, "price": format_amount(h.price)} for h in r.hosts
+        ],
+        "bid_changes": [{"at": rfc3339(c.at), "price": format_amount(c.price)} for c in r.bid_changes],
+        "gpus": r.gpus,
+        "started_at": rfc3339(r.started_at),
+        "ended_at": rfc3339(r.ended_at),
+        "end_reason": r.end_reason or None,
+        "host_failure": r.host_failure or None,
+        "reserved_until": rfc3339(r.reserved_until),
+        "rating": r.rating,
+        "charged": format_amount(detail.charged),
+    }
+    if not for_provider:
+        view["account"] = r.account
+        view["workload"] = r.workload_id
+    return view

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from management.api import accounts, agents, commands, events, gpus, health, signing_keys, tiers, tokens
+from management.api import market as market_api
 from management.api import prices as prices_api
 from management.api import workloads as workloads_api
 from management.api.audit import audit_middleware
@@ -47,6 +48,11 @@ async def _load_prices(app: web.Application) -> None:
     await app[OPERATIONS_KEY].prices.load()
 
 
+async def _load_market(app: web.Application) -> None:
+    """Balances, open rentals and the fee window's figures are in memory before the first call, after any restart."""
+    await app[OPERATIONS_KEY].market.market.load()
+
+
 def build_app(master: Master, settings: ApiSettings | None = None, operations: Operations | None = None) -> web.Application:
     """The API over ``master``; ``operations``: the façade to serve (the server's, which shares its workload book
     with the running scheduler), a new one when not given."""
@@ -63,6 +69,8 @@ def build_app(master: Master, settings: ApiSettings | None = None, operations: O
         resource.add_routes(app.router)
     workloads_api.add_routes(app.router)
     prices_api.add_routes(app.router)
+    market_api.add_routes(app.router)
     app.on_startup.append(_load_workloads)
     app.on_startup.append(_load_prices)
+    app.on_startup.append(_load_market)
     return app

@@ -24,6 +24,7 @@ STATUS_OF_CODE = {
     "bad_request": 400,
     "unauthorized": 401,
     "forbidden": 403,
+    "insufficient_funds": 402,  # the market: a balance that does not cover what was asked
 }
 
 

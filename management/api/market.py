@@ -13,17 +13,12 @@ from aiohttp import web
 
 from management.api.auth import OPERATIONS_KEY, acting_account, scope_of
 from management.api.errors import BadRequest
+from management.api.paging import decode_cursor, encode_cursor
 from management.api.requests import json_response, parse_body, parse_query
-from management.api.schemas import AccountName, Cursor, EmptyQuery, EventSeq, Identifier, PageLimit, PageQuery
+from management.api.schemas import AccountName, EmptyQuery, EventSeq, Identifier, PageLimit, PageQuery
 from management.market.money import BadAmount, parse_amount
-from management.views import (
-    funds_view,
-    ledger_entry_view,
-    offer_view,
-    rental_view,
-    search_view,
-    workload_view,
-)
+from management.market.offers import offer_view, search_view
+from management.views import funds_view, ledger_entry_view, rental_view, statement_view, statements_view, workload_view
 from master.records import Amount, WorkloadSpec
 
 RENTALS = "rentals"
@@ -113,34 +108,34 @@ def _amount(field: str, text: str) -> int:
 
 async def search_offers(request: web.Request) -> web.Response:
     query = parse_query(request, OfferQuery)
-    result = await request.app[OPERATIONS_KEY].search_offers(query.q, sort=query.sort, limit=query.limit, cursor=query.cursor)
+    result = await request.app[OPERATIONS_KEY].market.search_offers(
+        query.q, sort=query.sort, limit=query.limit, cursor=query.cursor
+    )
     return json_response(search_view(result))
 
 
 async def get_offer(request: web.Request) -> web.Response:
     parse_query(request, EmptyQuery)
-    offer = await request.app[OPERATIONS_KEY].get_offer(request.match_info["offer_id"])
+    offer = await request.app[OPERATIONS_KEY].market.get_offer(request.match_info["offer_id"])
     return json_response(offer_view(offer))
 
 
 async def rent_offer(request: web.Request) -> web.Response:
     body = await parse_body(request, RentOffer)
     account = acting_account(scope_of(request), body.account)
-    operations = request.app[OPERATIONS_KEY]
-    record = await operations.rent_offer(account, request.match_info["offer_id"], body.spec)
+    market = request.app[OPERATIONS_KEY].market
+    record = await market.rent_offer(account, request.match_info["offer_id"], body.spec)
     view = workload_view(record)
-    view["rental"] = operations.workload_terms(record)
+    view["rental"] = market.workload_terms(record)
     return json_response(view, status=201)
 
 
 async def change_bid(request: web.Request) -> web.Response:
     body = await parse_body(request, ChangeBid)
-    operations = request.app[OPERATIONS_KEY]
-    record = await operations.change_bid(
-        request.match_info["workload_id"], _amount("bid", body.bid), account=scope_of(request).owner
-    )
+    market = request.app[OPERATIONS_KEY].market
+    record = await market.change_bid(request.match_info["workload_id"], _amount("bid", body.bid), account=scope_of(request).owner)
     view = workload_view(record)
-    view["rental"] = operations.workload_terms(record)
+    view["rental"] = market.workload_terms(record)
     return json_response(view)
 
 
@@ -149,87 +144,94 @@ async def change_bid(request: web.Request) -> web.Response:
 
 async def get_balance(request: web.Request) -> web.Response:
     parse_query(request, EmptyQuery)
-    funds = await request.app[OPERATIONS_KEY].funds(request.match_info["account_id"], owner=scope_of(request).owner)
+    funds = await request.app[OPERATIONS_KEY].market.funds(request.match_info["account_id"], owner=scope_of(request).owner)
     return json_response(funds_view(funds))
 
 
 async def credit_account(request: web.Request) -> web.Response:
     body = await parse_body(request, Credit)
-    operations = request.app[OPERATIONS_KEY]
+    market = request.app[OPERATIONS_KEY].market
     account_id = request.match_info["account_id"]
-    entry = await operations.credit(account_id, _amount("amount", body.amount), body.memo, key=body.key)
-    funds = await operations.funds(account_id)
+    entry = await market.credit(account_id, _amount("amount", body.amount), body.memo, key=body.key)
+    funds = await market.funds(account_id)
     return json_response({"entry": ledger_entry_view(entry), "balance": funds_view(funds)}, status=201)
 
 
 async def get_ledger(request: web.Request) -> web.Response:
     query = parse_query(request, LedgerQuery)
-    operations = request.app[OPERATIONS_KEY]
-    statement = await operations.ledger_statement(
+    market = request.app[OPERATIONS_KEY].market
+    statement = await market.ledger_statement(
         request.match_info["account_id"], owner=scope_of(request).owner, after_seq=query.after, limit=query.limit
     )
     if query.format == "csv":
         return web.Response(
-            text=operations.statement_csv(statement),
+            text=market.statement_csv(statement),
             content_type="text/csv",
             headers={"Content-Disposition": f'attachment; filename="ledger-{request.match_info["account_id"]}.csv"'},
         )
-    return json_response(msgspec.to_builtins(statement))
+    return json_response(statement_view(statement, market.currency))
 
 
 async def get_spend(request: web.Request) -> web.Response:
     parse_query(request, EmptyQuery)
-    spend = await request.app[OPERATIONS_KEY].spend(request.match_info["account_id"], owner=scope_of(request).owner)
-    return json_response(msgspec.to_builtins(spend))
+    spend = await request.app[OPERATIONS_KEY].market.spend(request.match_info["account_id"], owner=scope_of(request).owner)
+    return json_response(statements_view(spend))
 
 
 async def get_earnings(request: web.Request) -> web.Response:
     parse_query(request, EmptyQuery)
-    earnings = await request.app[OPERATIONS_KEY].earnings(request.match_info["account_id"], owner=scope_of(request).owner)
-    return json_response(msgspec.to_builtins(earnings))
+    earnings = await request.app[OPERATIONS_KEY].market.earnings(request.match_info["account_id"], owner=scope_of(request).owner)
+    return json_response(statements_view(earnings))
 
 
 async def get_payouts(request: web.Request) -> web.Response:
     query = parse_query(request, PayoutQuery)
-    payouts = await request.app[OPERATIONS_KEY].payouts(
+    payouts = await request.app[OPERATIONS_KEY].market.payouts(
         request.match_info["account_id"], query.period, owner=scope_of(request).owner
     )
-    return json_response(msgspec.to_builtins(payouts))
+    return json_response(statements_view(payouts))
 
 
 # --- rentals ---------------------------------------------------------------------------------------------------------
 
 
+class RentalKey(msgspec.Struct, array_like=True, frozen=True):
+    listed: Annotated[str, msgspec.Meta(max_length=200)]  # master.store.aggregates.rental_order of the last one shown
+
+
 async def list_rentals(request: web.Request) -> web.Response:
     query = parse_query(request, RentalQuery)
     scope = scope_of(request)
-    operations = request.app[OPERATIONS_KEY]
-    rentals, next_cursor = await operations.list_rentals(
+    after = decode_cursor(RENTALS, query, RentalKey)
+    rentals, next_key = await request.app[OPERATIONS_KEY].market.list_rentals(
         owner=scope.owner,
+        role=scope.principal.role.value,
         workload=query.workload,
         agent_id=query.agent_id,
         open_only=bool(query.open),
-        after=query.cursor,
+        after=after.listed if after is not None else None,
         limit=query.limit,
     )
-    items = [rental_view(r, operations.rental_charged(r), for_provider=operations.is_provider(scope.owner)) for r in rentals]
-    return json_response({"items": items, "next_cursor": next_cursor})
+    provider = scope.principal.role.value == "provider"
+    next_cursor = encode_cursor(RENTALS, query, RentalKey(next_key)) if next_key is not None else None
+    return json_response({"items": [rental_view(r, for_provider=provider) for r in rentals], "next_cursor": next_cursor})
 
 
 async def get_rental(request: web.Request) -> web.Response:
     parse_query(request, EmptyQuery)
     scope = scope_of(request)
-    operations = request.app[OPERATIONS_KEY]
-    rental = await operations.get_rental(request.match_info["rental_id"], owner=scope.owner)
-    return json_response(rental_view(rental, operations.rental_charged(rental), for_provider=operations.is_provider(scope.owner)))
+    role = scope.principal.role.value
+    rental = await request.app[OPERATIONS_KEY].market.get_rental(request.match_info["rental_id"], owner=scope.owner, role=role)
+    return json_response(rental_view(rental, for_provider=role == "provider"))
 
 
 async def rate_rental(request: web.Request) -> web.Response:
     body = await parse_body(request, Rate)
     scope = scope_of(request)
-    operations = request.app[OPERATIONS_KEY]
-    rental = await operations.rate_rental(request.match_info["rental_id"], body.rating, owner=scope.owner)
-    return json_response(rental_view(rental, operations.rental_charged(rental), for_provider=False))
+    market = request.app[OPERATIONS_KEY].market
+    role = scope.principal.role.value
+    rental = await market.rate_rental(request.match_info["rental_id"], body.rating, owner=scope.owner, role=role)
+    return json_response(rental_view(rental, for_provider=False))
 
 
 def add_routes(router: web.UrlDispatcher) -> None:
@@ -248,4 +250,4 @@ def add_routes(router: web.UrlDispatcher) -> None:
     router.add_post("/api/v1/rentals/{rental_id}/rating", rate_rental)
 
 
-__all__ = ["REQUEST_SCHEMAS", "add_routes", "Cursor"]
+__all__ = ["REQUEST_SCHEMAS", "add_routes"]

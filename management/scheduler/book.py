@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 
 TRANSITION_EVENT = "workload.transition"
 DELETE_REFUSED_EVENT = "workload.delete_refused"
+BID_EVENT = "workload.bid"  # an interruptible workload's bid raised or lowered
 DEFAULT_DELETE_GRACE_S = 30.0  # what a cancelled workload's containers get to stop before they are killed
 LOAD_PAGE = 1000
 # Fields a transition may not change: identity, what was asked, and what the book itself keeps.
@@ -232,6 +233,26 @@ class WorkloadBook:
             self._unindex(rec)
             self._index(updated)
             return updated
+
+    async def change_bid(self, workload_id: str, bid: str, now: float) -> WorkloadRecord:
+        """Store a new bid on an open interruptible workload's rental terms (the scheduler ranks and preempts by it);
+        recorded as a ``workload.bid`` event. The caller checks the bid against the hosts' minimums."""
+        async with self._lock:
+            rec = self._open.get(workload_id)
+            if rec is None:
+                raise NotFound(f"no open workload {workload_id!r}")
+            terms = rec.spec.rental
+            if terms is None or terms.kind != "interruptible":
+                kind = terms.kind if terms is not None else "on_demand"
+                raise InvalidTransition(f"workload {workload_id} is rented {kind}; only an interruptible workload has a bid")
+            spec = msgspec.structs.replace(rec.spec, rental=msgspec.structs.replace(terms, bid=bid))
+            updated = msgspec.structs.replace(rec, spec=spec, version=rec.version + 1)
+            await self._store.workloads.update(updated, expected_version=rec.version)
+            self._unindex(rec)
+            self._index(updated)
+            await self._events.record(BID_EVENT, workload_id, account=rec.account, old=terms.bid, new=bid, at=now)
+        self._notify("bid", updated)
+        return updated
 
     async def end(
         self, workload_id: str, event: str, reason: str, now: float, *, grace_s: float, **changes: Any

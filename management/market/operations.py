@@ -1,0 +1,340 @@
+"""The market's part of the façade of operations (``Operations.market``): what the API may ask of the market, one
+method each. Handlers parse, call one method here, render; ownership (``owner``: the caller's account, None for the
+operator) is applied here as the API's auth module decided it, and another account's resource answers NotFound.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from common.errors import Conflict, IdlegridError, NotFound
+from management.market.ledger import (
+    EXTERNAL,
+    FEES,
+    HostEarnings,
+    PeriodEarnings,
+    Statement,
+    WorkloadSpend,
+    hold_account,
+    provider_account,
+    renter_account,
+    statement_csv,
+)
+from management.market.market import Market
+from management.market.metering import cost_until, price_at
+from management.market.money import format_amount, parse_amount
+from management.market.offers import Offer, SearchResult
+from management.scheduler.book import WorkloadBook
+from master.accounts import BOOTSTRAP_ACCOUNT
+from master.records import RentalRecord, RentalTerms, WorkloadRecord, WorkloadSpec
+from master.service import Master
+from master.store.aggregates import rental_order
+
+PROVIDER_PREFIX = provider_account("")
+KINDS_SAID = {"on_demand": "on demand", "interruptible": "interruptible", "reserved": "reserved"}
+
+
+class PaymentRequired(IdlegridError):
+    """The renter's balance does not cover what it asked for (a reserved period is prepaid whole)."""
+
+    code = "insufficient_funds"
+
+
+@dataclass(frozen=True)
+class FundsDetail:
+    account: str
+    available: int
+    held: int
+    running_per_hour: int  # what the account's running rentals cost per hour now
+    currency: str
+    warning: str = ""
+
+    @property
+    def covers_s(self) -> float | None:
+        """How long the money lasts at the running rate; None when nothing costs anything."""
+        if self.running_per_hour <= 0:
+            return None
+        return (self.available + self.held) * 3600 / self.running_per_hour
+
+
+@dataclass(frozen=True)
+class RentalDetail:
+    rental: RentalRecord
+    charged: int  # what the renter paid for it so far, refunds taken off
+    currency: str
+
+
+@dataclass
+class Statements:
+    account: str
+    currency: str
+    items: list[Any] = field(default_factory=list)
+
+
+class MarketOperations:
+    def __init__(self, master: Master, book: WorkloadBook, market: Market) -> None:
+        self._master = master
+        self._book = book
+        self.market = market
+
+    @property
+    def currency(self) -> str:
+        return self._master.config.currency
+
+    # --- offers ---------------------------------------------------------------------------------------------------
+
+    async def search_offers(self, query: str, *, sort: str | None, limit: int, cursor: str | None) -> SearchResult:
+        await self.market.load()
+        return self.market.offers.search(query, sort, limit, cursor)
+
+    async def get_offer(self, offer_id: str) -> Offer:
+        await self.market.load()
+        return self.market.offers.offer(offer_id)
+
+    async def rent_offer(self, account: str, offer_id: str, spec: WorkloadSpec) -> WorkloadRecord:
+        """A workload pinned to one offer's host. Refused at once (never left waiting for ever) when the offer cannot
+        take it: too few free GPUs, a bid under the host's minimum or a host that is not rented interruptible, a price
+        over the renter's cap, a reserved period the balance does not cover."""
+        await self.market.load()
+        offer = self.market.offers.offer(offer_id)
+        terms = msgspec.structs.replace(spec.rental or RentalTerms(), offer=offer_id)
+        gpus = spec.replicas * spec.replica.gpus
+        if spec.replicas != 1:
+            raise Conflict(f"an offer is one host: rent it with replicas 1 (asked {spec.replicas}); submit a gang instead")
+        if spec.replica.gpus > offer.num_gpus:
+            raise Conflict(f"offer {offer_id} has {offer.num_gpus} free GPU(s) now; the workload asks for {spec.replica.gpus}")
+        cur = self.currency
+        if terms.kind == "interruptible":
+            bid = parse_amount(terms.bid or "0")
+            if offer.min_bid is None:
+                raise Conflict(
+                    f"offer {offer_id} is not rented interruptible; rent it on demand at {format_amount(offer.price)} {cur}"
+                )
+            if bid < offer.min_bid:
+                raise Conflict(
+                    f"bid {format_amount(bid)} {cur} is under offer {offer_id}'s minimum bid {format_amount(offer.min_bid)} {cur}"
+                )
+        else:
+            price = offer.reserved_price if terms.kind == "reserved" else offer.price
+            if terms.max_price is not None and price > parse_amount(terms.max_price):
+                raise Conflict(
+                    f"offer {offer_id} costs {format_amount(price)} {cur} per GPU-hour {KINDS_SAID[terms.kind]}, over "
+                    f"your max_price {terms.max_price}"
+                )
+            if terms.kind == "reserved" and terms.reserved_s is not None:
+                prepaid = price * gpus * int(terms.reserved_s) // 3600
+                funds = self.market.ledger.funds(account)
+                if funds.available < prepaid:
+                    raise PaymentRequired(
+                        f"a reserved period of {terms.reserved_s / 3600:g} h on {gpus} GPU(s) is prepaid: "
+                        f"{format_amount(prepaid)} {cur}; the balance available is {format_amount(funds.available)} {cur}"
+                    )
+        if offer.max_duration_s is not None:
+            longest = terms.reserved_s if terms.kind == "reserved" else spec.max_duration_s
+            if longest is None or longest > offer.max_duration_s:
+                raise Conflict(
+                    f"offer {offer_id} takes rentals of at most {offer.max_duration_s / 3600:g} h: set max_duration_s "
+                    "(or a reserved period) within it"
+                )
+        rented = msgspec.structs.replace(spec, rental=terms)
+        return await self._book.submit(account, rented, time.time())
+
+    async def change_bid(self, workload_id: str, bid: int, *, account: str | None) -> WorkloadRecord:
+        """A new bid on an interruptible workload: stored on its terms (the scheduler ranks and preempts by it) and, while
+        it runs, on its rental from now on. A running rental's bid must still meet each of its hosts' minimum bids."""
+        await self.market.load()
+        rec = await self._book.get(workload_id, account=account)
+        rental = self.market.meter.rental_of(workload_id)
+        if rental is not None:
+            for host in rental.hosts:
+                minimum = self.market.prices.price(host.provider, host.agent_id).min_bid
+                if minimum is None or bid < minimum:
+                    said = "is no longer rented interruptible" if minimum is None else f"takes bids from {format_amount(minimum)}"
+                    raise Conflict(f"host {host.agent_id}, where {workload_id} runs, {said} {self.currency}; bid again")
+        updated = await self._book.change_bid(rec.id, format_amount(bid), time.time())
+        if rental is not None:
+            await self.market.meter.change_bid(workload_id, bid, time.time())
+        return updated
+
+    def workload_terms(self, rec: WorkloadRecord) -> dict[str, Any]:
+        """How a workload pays, stated plainly (renters of other markets are surprised by silent on-demand fallbacks):
+        the kind, the price per GPU-hour in force (while it runs) or what decides it (while it waits), and a sentence."""
+        terms = rec.spec.rental or RentalTerms()
+        cur = self.currency
+        rental = self.market.meter.rental_of(rec.id)
+        view: dict[str, Any] = {
+            "kind": terms.kind,
+            "currency": cur,
+            "max_price": terms.max_price,
+            "bid": terms.bid,
+            "offer": terms.offer,
+            "reserved_s": terms.reserved_s,
+            "rental": rental.id if rental is not None else None,
+            "price": None,
+            "per_hour": None,
+        }
+        said = KINDS_SAID[terms.kind]
+        if rental is not None:
+            now = time.time()
+            per_hour = sum(price_at(rental, h, now) * h.gpus for h in rental.hosts)
+            prices = sorted({price_at(rental, h, now) for h in rental.hosts})
+            view["price"] = format_amount(prices[0]) if len(prices) == 1 else [format_amount(p) for p in prices]
+            view["per_hour"] = format_amount(per_hour)
+            source = {"on_demand": "the host's listed price", "interruptible": "your bid", "reserved": "the reserved price"}
+            view["summary"] = (
+                f"{said} at {' / '.join(format_amount(p) for p in prices)} {cur} per GPU-hour ({source[terms.kind]}): "
+                f"{format_amount(per_hour)} {cur} per hour for {rental.gpus} GPU(s), charged per second while it runs"
+            )
+        elif terms.kind == "interruptible":
+            view["summary"] = f"{said} at your bid of {terms.bid} {cur} per GPU-hour, on hosts whose minimum bid it meets"
+        elif terms.kind == "reserved":
+            view["summary"] = (
+                f"{said} for {(terms.reserved_s or 0) / 3600:g} h at the host's reserved price, prepaid when it starts"
+            )
+        else:
+            cap = f", at most {terms.max_price} {cur}" if terms.max_price is not None else ""
+            view["summary"] = f"{said} at the listed price per GPU-hour of the host it is placed on{cap}; charged once it runs"
+        return view
+
+    # --- money ----------------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _owned(account_id: str, owner: str | None) -> None:
+        if owner is not None and account_id != owner:
+            raise NotFound(f"no account {account_id!r}")
+
+    async def _ledger_accounts(self, account_id: str) -> list[str]:
+        account = await self._master.accounts.get(account_id)
+        if account.role == "renter":
+            return [renter_account(account_id), hold_account(account_id)]
+        if account.role == "provider":
+            return [provider_account(account_id)]
+        return [FEES, EXTERNAL] if account_id == BOOTSTRAP_ACCOUNT else [FEES]
+
+    async def funds(self, account_id: str, *, owner: str | None = None) -> FundsDetail:
+        self._owned(account_id, owner)
+        await self._master.accounts.get(account_id)  # NotFound for no such account
+        await self.market.load()
+        funds = self.market.ledger.funds(account_id)
+        now = time.time()
+        running = sum(price_at(r, h, now) * h.gpus for r in self.market.meter.open_rentals(account=account_id) for h in r.hosts)
+        warning = ""
+        warn_s = self._master.config.low_balance_warning_s
+        if running > 0 and (funds.available + funds.held) * 3600 < running * warn_s:
+            warning = f"the balance covers less than {warn_s / 3600:g} h of what runs now; at zero, running work is stopped"
+        return FundsDetail(account_id, funds.available, funds.held, running, self.currency, warning)
+
+    async def credit(self, account_id: str, amount: int, memo: str, *, key: str | None) -> msgspec.Struct:
+        account = await self._master.accounts.get(account_id)
+        if account.role != "renter":
+            raise Conflict(f"account {account_id!r} is a {account.role}; only renters' balances are credited")
+        await self.market.load()
+        key = key or f"credit:{account_id}:{time.time_ns()}"
+        return await self.market.ledger.credit(account_id, amount, memo or "credited by an operator", key=f"credit:{key}")
+
+    async def ledger_statement(self, account_id: str, *, owner: str | None, after_seq: int, limit: int) -> Statement:
+        self._owned(account_id, owner)
+        accounts = await self._ledger_accounts(account_id)
+        await self.market.load()
+        return await self.market.ledger.statement(accounts, after_seq, limit)
+
+    @staticmethod
+    def statement_csv(statement: Statement) -> str:
+        return statement_csv(statement)
+
+    async def spend(self, account_id: str, *, owner: str | None) -> Statements:
+        self._owned(account_id, owner)
+        await self._master.accounts.get(account_id)
+        await self.market.load()
+        items: list[WorkloadSpend] = await self.market.ledger.spend_by_workload(account_id)
+        return Statements(account_id, self.currency, list(items))
+
+    async def earnings(self, account_id: str, *, owner: str | None) -> Statements:
+        self._owned(account_id, owner)
+        await self._master.accounts.get(account_id)
+        await self.market.load()
+        items: list[HostEarnings] = await self.market.ledger.earnings_by_host(account_id)
+        return Statements(account_id, self.currency, list(items))
+
+    async def payouts(self, account_id: str, period: str, *, owner: str | None) -> Statements:
+        self._owned(account_id, owner)
+        await self._master.accounts.get(account_id)
+        await self.market.load()
+        items: list[PeriodEarnings] = await self.market.ledger.payouts(account_id, period)
+        return Statements(account_id, self.currency, list(items))
+
+    # --- rentals --------------------------------------------------------------------------------------------------
+
+    async def _detail(self, rental: RentalRecord) -> RentalDetail:
+        charged = 0
+        for entry in await self.market.ledger.rental_entries(rental.id):
+            for line in entry.lines:
+                if line.account.startswith(PROVIDER_PREFIX) or line.account == FEES:  # what the renter paid out
+                    charged += line.amount
+        return RentalDetail(rental, charged, self.currency)
+
+    async def list_rentals(
+        self,
+        *,
+        owner: str | None,
+        role: str,
+        workload: str | None,
+        agent_id: str | None,
+        open_only: bool,
+        after: str | None,
+        limit: int,
+    ) -> tuple[list[RentalDetail], str | None]:
+        """A renter's own rentals, a provider's hosts' rentals, or (operator) all; by start."""
+        await self.market.load()
+        account = owner if role == "renter" else None
+        provider = owner if role == "provider" else None
+        found = await self._master.store.rentals.list(
+            account=account,
+            provider=provider,
+            workload_id=workload,
+            agent_id=agent_id,
+            open_only=open_only,
+            after=after,
+            limit=limit + 1,
+        )
+        more = len(found) > limit
+        found = found[:limit]
+        next_key = rental_order(found[-1].started_at, found[-1].id) if more and found else None
+        return [await self._detail(r) for r in found], next_key
+
+    async def _owned_rental(self, rental_id: str, owner: str | None, role: str) -> RentalRecord:
+        rental = await self._master.store.rentals.get(rental_id)
+        visible = rental is not None and (
+            owner is None
+            or (role == "renter" and rental.account == owner)
+            or (role == "provider" and any(h.provider == owner for h in rental.hosts))
+        )
+        if rental is None or not visible:
+            raise NotFound(f"no rental {rental_id!r}")
+        return rental
+
+    async def get_rental(self, rental_id: str, *, owner: str | None, role: str) -> RentalDetail:
+        await self.market.load()
+        return await self._detail(await self._owned_rental(rental_id, owner, role))
+
+    async def rate_rental(self, rental_id: str, rating: int, *, owner: str | None, role: str) -> RentalDetail:
+        """The renter's 1..5 of an ended rental, once; it counts in each of its hosts' reputation."""
+        await self.market.load()
+        rental = await self._owned_rental(rental_id, owner, role)
+        if rental.ended_at is None:
+            raise Conflict(f"rental {rental_id} is still running; rate it once it has ended")
+        if rental.rating is not None:
+            raise Conflict(f"rental {rental_id} was already rated {rental.rating}")
+        rated = msgspec.structs.replace(rental, rating=rating, version=rental.version + 1)
+        await self._master.store.rentals.update(rated, expected_version=rental.version)
+        now = time.time()
+        for host in rental.hosts:
+            await self._master.record_rating(host.agent_id, rating, rental_id, now)
+        return await self._detail(rated)
+
+
+__all__ = ["FundsDetail", "MarketOperations", "PaymentRequired", "RentalDetail", "Statements", "cost_until"]
