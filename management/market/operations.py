@@ -30,7 +30,7 @@ from management.market.money import format_amount, parse_amount
 from management.market.offers import Offer, SearchResult
 from management.scheduler.book import WorkloadBook
 from master.accounts import BOOTSTRAP_ACCOUNT
-from master.records import RentalRecord, RentalTerms, WorkloadRecord, WorkloadSpec
+from master.records import LedgerEntry, RentalRecord, RentalTerms, WorkloadRecord, WorkloadSpec
 from master.service import Master
 from master.store.aggregates import rental_order
 
@@ -228,7 +228,7 @@ class MarketOperations:
             warning = f"the balance covers less than {warn_s / 3600:g} h of what runs now; at zero, running work is stopped"
         return FundsDetail(account_id, funds.available, funds.held, running, self.currency, warning)
 
-    async def credit(self, account_id: str, amount: int, memo: str, *, key: str | None) -> msgspec.Struct:
+    async def credit(self, account_id: str, amount: int, memo: str, *, key: str | None) -> LedgerEntry:
         account = await self._master.accounts.get(account_id)
         if account.role != "renter":
             raise Conflict(f"account {account_id!r} is a {account.role}; only renters' balances are credited")

@@ -120,9 +120,14 @@ def test_the_operator_may_do_everything_and_a_renter_reads_tiers_runs_its_worklo
         Resource.ACCOUNTS: frozenset({Action.READ}),
         Resource.KEYS: frozenset({Action.READ, Action.WRITE}),
         Resource.HOST_PRICES: frozenset({Action.READ}),  # the price in force on a host is public, as in offers
+        Resource.OFFERS: frozenset({Action.READ}),
+        Resource.LEDGER: frozenset({Action.READ}),  # its own balance, ledger and spend; never a credit
+        Resource.RENTALS: frozenset({Action.READ, Action.WRITE}),  # its own rentals, and rating them
     }
     assert Resource.WORKLOADS not in PERMISSIONS[Role.PROVIDER]
     assert PERMISSIONS[Role.PROVIDER][Resource.PRICES] == frozenset({Action.READ, Action.WRITE})
+    assert PERMISSIONS[Role.PROVIDER][Resource.LEDGER] == frozenset({Action.READ})  # its earnings and payouts
+    assert PERMISSIONS[Role.PROVIDER][Resource.RENTALS] == frozenset({Action.READ})  # the rentals on its hosts
 
 
 async def test_head_is_authorized_as_the_get_it_mirrors(api, two_providers):
