@@ -1,0 +1,152 @@
+"""The market through the real API on a real Master (SQLite in the test's tmp_path): offers and their search, renting an
+offer (refused at once when the offer cannot take it), bids, credits and balances, the ledger as JSON and CSV, rentals.
+The hosts are simulated (no GPU here): add_agent registers them as a hello would.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+
+import pytest
+
+from tests.management.hosts import add_agent, api_key
+
+
+async def error_of(response) -> tuple[int, str, str]:
+    error = (await response.json())["error"]
+    return response.status, error["code"], error["message"]
+
+
+@pytest.fixture
+async def market(api):
+    """Provider acme with a 1-GPU and a 2-GPU host (container isolation), priced; renters lab and zoo."""
+    await add_agent(api.master, "agt-a1", "a10:1", provider="acme", runtime="docker", isolation="container")
+    await add_agent(api.master, "agt-a2", "a10:2", provider="acme", runtime="docker", isolation="container")
+    api.acme = await api_key(api.master, "provider", "acme")
+    api.lab = await api_key(api.master, "renter", "lab")
+    api.zoo = await api_key(api.master, "renter", "zoo")
+    put = await api.put("/api/v1/prices/default", json={"on_demand": "1.50", "min_bid": "0.40"}, headers=api.acme)
+    assert put.status == 200, await put.text()
+    put = await api.put("/api/v1/agents/agt-a2/price", json={"on_demand": "3", "reserved_discount": 0.5}, headers=api.acme)
+    assert put.status == 200, await put.text()
+    return api
+
+
+def spec(**rental: object) -> dict[str, object]:
+    body: dict[str, object] = {"name": "job", "image": "python:3.11", "command": ["sleep", "60"]}
+    if rental:
+        body["rental"] = rental
+    return body
+
+
+async def test_a_renter_searches_offers_and_a_price_change_shows_in_the_next_search(market):
+    found = await market.get("/api/v1/offers", params={"q": "num_gpus>=1 price<=2"}, headers=market.lab)
+    assert found.status == 200, await found.text()
+    body = await found.json()
+    assert [o["id"] for o in body["offers"]] == ["agt-a1"]
+    [offer] = body["offers"]
+    assert (offer["price"], offer["min_bid"], offer["num_gpus"], offer["provider"]) == ("1.50", "0.40", 1, "acme")
+    await market.put("/api/v1/agents/agt-a2/price", json={"on_demand": "1.10"}, headers=market.acme)
+    again = await (await market.get("/api/v1/offers", params={"q": "price<=2", "sort": "price"}, headers=market.lab)).json()
+    assert [o["id"] for o in again["offers"]] == ["agt-a2", "agt-a1"]
+
+
+async def test_a_query_that_does_not_parse_is_a_400_naming_the_position_and_the_token(market):
+    response = await market.get("/api/v1/offers", params={"q": "gpu_ram=>24"}, headers=market.lab)
+    status, code, message = await error_of(response)
+    assert (status, code) == (400, "bad_request")
+    assert "position 7" in message and "'=>'" in message, message
+
+
+async def test_an_empty_search_says_which_condition_emptied_it(market):
+    body = await (await market.get("/api/v1/offers", params={"q": "num_gpus>=1 price<0.5"}, headers=market.lab)).json()
+    assert body["offers"] == []
+    assert body["emptied_by"]["condition"] == "price<0.5"
+    assert "price<0.5" in body["emptied_by"]["sentence"]
+
+
+async def test_renting_an_offer_pins_the_workload_to_its_host_and_states_the_terms(market):
+    response = await market.post("/api/v1/offers/agt-a1/rent", json={"spec": spec()}, headers=market.lab)
+    assert response.status == 201, await response.text()
+    workload = await response.json()
+    assert workload["account"] == "lab" and workload["state"] == "queued"
+    assert workload["spec"]["rental"] == {"kind": "on_demand", "max_price": None, "bid": None, "offer": "agt-a1", "reserved_s": None}
+    assert workload["rental"]["kind"] == "on_demand"
+    assert "on demand at the listed price" in workload["rental"]["summary"]
+
+
+@pytest.mark.parametrize(
+    ("offer", "body", "status", "says"),
+    [
+        ("agt-a1", spec(kind="interruptible", bid="0.30"), 409, "under offer agt-a1's minimum bid 0.40"),
+        ("agt-a2", spec(kind="interruptible", bid="1"), 409, "not rented interruptible"),
+        ("agt-a1", spec(kind="on_demand", max_price="1.00"), 409, "over your max_price 1.00"),
+        ("agt-a2", spec(kind="reserved", reserved_s=86400), 402, "prepaid: 36.00 USD"),
+        ("agt-zz", spec(), 404, "no offer 'agt-zz'"),
+    ],
+)
+async def test_an_offer_that_cannot_take_the_rental_is_refused_at_once_saying_why(market, offer, body, status, says):
+    response = await market.post(f"/api/v1/offers/{offer}/rent", json={"spec": body}, headers=market.lab)
+    got_status, _, message = await error_of(response)
+    assert got_status == status and says in message, message
+    assert (await market.get("/api/v1/workloads", headers=market.lab)).status == 200  # still serving everyone
+
+
+async def test_renting_more_gpus_than_the_offer_has_free_is_refused(market):
+    body = spec()
+    body["replica"] = {"gpus": 2}
+    status, _, message = await error_of(await market.post("/api/v1/offers/agt-a1/rent", json={"spec": body}, headers=market.lab))
+    assert status == 409 and "has 1 free GPU(s) now" in message
+
+
+async def test_the_operator_credits_a_renter_who_reads_its_balance_and_ledger_and_no_one_else_can(market):
+    credited = await market.post("/api/v1/accounts/lab/credit", json={"amount": "25.50", "memo": "prepaid"}, headers=market.auth)
+    assert credited.status == 201, await credited.text()
+    assert (await credited.json())["balance"]["available"] == "25.50"
+    balance = await (await market.get("/api/v1/accounts/lab/balance", headers=market.lab)).json()
+    assert (balance["available"], balance["held"], balance["currency"]) == ("25.50", "0.00", "USD")
+    assert (await market.post("/api/v1/accounts/lab/credit", json={"amount": "1"}, headers=market.lab)).status == 403
+    assert (await market.get("/api/v1/accounts/lab/balance", headers=market.zoo)).status == 404
+    assert (await market.get("/api/v1/accounts/lab/ledger", headers=market.zoo)).status == 404
+    status, _, message = await error_of(await market.post("/api/v1/accounts/acme/credit", json={"amount": "1"}, headers=market.auth))
+    assert status == 409 and "only renters' balances are credited" in message
+    ledger = await (await market.get("/api/v1/accounts/lab/ledger", headers=market.lab)).json()
+    [line] = ledger["lines"]
+    assert (line["kind"], line["amount"], line["balance"], line["memo"]) == ("credit", "25.50", "25.50", "prepaid")
+    as_csv = await market.get("/api/v1/accounts/lab/ledger", params={"format": "csv"}, headers=market.lab)
+    assert as_csv.status == 200 and as_csv.content_type == "text/csv"
+    rows = list(csv.reader(io.StringIO(await as_csv.text())))
+    assert len(rows) == 2 and "25.50" in rows[1]
+
+
+async def test_a_bad_amount_is_a_400_naming_the_field(market):
+    for amount in ("-1", "1.2345678", "1e3", "abc", ""):
+        response = await market.post("/api/v1/accounts/lab/credit", json={"amount": amount}, headers=market.auth)
+        status, _, message = await error_of(response)
+        assert status == 400 and "amount" in message, (amount, message)
+
+
+async def test_a_queued_interruptible_workloads_bid_changes_and_an_on_demand_one_has_none(market):
+    rented = await market.post(
+        "/api/v1/offers/agt-a1/rent", json={"spec": spec(kind="interruptible", bid="0.50")}, headers=market.lab
+    )
+    workload = await rented.json()
+    changed = await market.post(f"/api/v1/workloads/{workload['id']}/bid", json={"bid": "0.75"}, headers=market.lab)
+    assert changed.status == 200, await changed.text()
+    assert (await changed.json())["rental"]["bid"] == "0.75"
+    assert (await market.post(f"/api/v1/workloads/{workload['id']}/bid", json={"bid": "1"}, headers=market.zoo)).status == 404
+    on_demand = await (await market.post("/api/v1/offers/agt-a1/rent", json={"spec": spec()}, headers=market.lab)).json()
+    status, _, message = await error_of(
+        await market.post(f"/api/v1/workloads/{on_demand['id']}/bid", json={"bid": "1"}, headers=market.lab)
+    )
+    assert status == 409 and "only an interruptible workload has a bid" in message
+
+
+async def test_rentals_are_listed_per_owner_and_a_missing_one_answers_404(market):
+    listed = await market.get("/api/v1/rentals", headers=market.lab)
+    assert (listed.status, (await listed.json())["items"]) == (200, [])
+    assert (await market.get("/api/v1/rentals/wl-0-a1", headers=market.lab)).status == 404
+    assert (await market.post("/api/v1/rentals/wl-0-a1/rating", json={"rating": 6}, headers=market.lab)).status == 400
+    assert (await market.get("/api/v1/accounts/acme/earnings", headers=market.acme)).status == 200
+    assert (await market.get("/api/v1/accounts/acme/payouts", params={"period": "week"}, headers=market.acme)).status == 200
