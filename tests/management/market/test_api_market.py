@@ -71,7 +71,8 @@ async def test_renting_an_offer_pins_the_workload_to_its_host_and_states_the_ter
     assert response.status == 201, await response.text()
     workload = await response.json()
     assert workload["account"] == "lab" and workload["state"] == "queued"
-    assert workload["spec"]["rental"] == {"kind": "on_demand", "max_price": None, "bid": None, "offer": "agt-a1", "reserved_s": None}
+    terms = {"kind": "on_demand", "max_price": None, "bid": None, "offer": "agt-a1", "reserved_s": None}
+    assert workload["spec"]["rental"] == terms
     assert workload["rental"]["kind"] == "on_demand"
     assert "on demand at the listed price" in workload["rental"]["summary"]
 
@@ -109,7 +110,8 @@ async def test_the_operator_credits_a_renter_who_reads_its_balance_and_ledger_an
     assert (await market.post("/api/v1/accounts/lab/credit", json={"amount": "1"}, headers=market.lab)).status == 403
     assert (await market.get("/api/v1/accounts/lab/balance", headers=market.zoo)).status == 404
     assert (await market.get("/api/v1/accounts/lab/ledger", headers=market.zoo)).status == 404
-    status, _, message = await error_of(await market.post("/api/v1/accounts/acme/credit", json={"amount": "1"}, headers=market.auth))
+    provider_credit = await market.post("/api/v1/accounts/acme/credit", json={"amount": "1"}, headers=market.auth)
+    status, _, message = await error_of(provider_credit)
     assert status == 409 and "only renters' balances are credited" in message
     ledger = await (await market.get("/api/v1/accounts/lab/ledger", headers=market.lab)).json()
     [line] = ledger["lines"]
