@@ -249,8 +249,11 @@ class ApiCalls(Generic[R]):
     def balance(self, account_id: str) -> R:
         return self.send(ApiRequest("GET", f"{API_PREFIX}/accounts/{_segment(account_id)}/balance"))
 
-    def credit(self, account_id: str, amount: str, *, memo: str = "") -> R:
+    def credit(self, account_id: str, amount: str, *, memo: str = "", key: str | None = None) -> R:
+        """``key``: the same key again credits nothing more (the first credit's answer comes back)."""
         body: dict[str, Json] = {"amount": amount, "memo": memo}
+        if key is not None:
+            body["key"] = key
         return self.send(ApiRequest("POST", f"{API_PREFIX}/accounts/{_segment(account_id)}/credit", body=body))
 
     def ledger(self, account_id: str, *, after: int = 0, limit: int = 100, csv: bool = False) -> R:

@@ -7,8 +7,10 @@ then the Master.
 
 It is a marketplace too: the Master offers the agents' sandboxed hosts to renters (a real Master does not unless
 its operator says so), and the demo keeps a renter account, ``demo-renter``, whose API key it writes beside the
-operator's (``renter.token``, 0600). The banner shows the commands a renter types to submit, list, show, explain
-and cancel a workload.
+operator's (``renter.token``, 0600). Its provider's hosts are priced (DEMO_PRICES per GPU-hour) and the renter is
+credited once (RENTER_CREDIT), so renting costs money and the ledger shows every cent. The banner shows the commands a
+renter types to search offers, rent one, read its balance and ledger, and submit, list, show, explain and cancel a
+workload.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ PROVIDER = "demo-provider"
 RENTER = "demo-renter"
 OPERATOR_KEY_FILE = "operator.token"
 RENTER_KEY_FILE = "renter.token"
+DEMO_PRICES = {"on_demand": "1.20", "min_bid": "0.40", "reserved_discount": 0.25}  # per GPU-hour
+RENTER_CREDIT = "25.00"  # the renter's first credit (once per state directory)
 SANDBOX = "sandbox"  # the isolation the demo's process-runtime hosts report when the demo runs as root
 READY_TIMEOUT_S = 30.0
 
@@ -123,6 +127,10 @@ class Demo:
         lines = [
             f"  Rent a GPU as {RENTER}, from another shell:",
             f"    export {' '.join(exports)}",
+            f"    search:        {idlegrid} offers search 'num_gpus>=1 price<=2'",
+            f"    rent:          {idlegrid} rent OFFER --image none --allow-process-runtime -- sleep 300",
+            f"    balance:       {idlegrid} balance",
+            f"    ledger:        {idlegrid} ledger",
             f"    submit:        {idlegrid} workload submit --name hello --image none --allow-process-runtime -- sleep 300",
             f"    list:          {idlegrid} workload list",
             f"    show:          {idlegrid} workload get ID",
@@ -150,6 +158,14 @@ class Demo:
         self.grid.ensure_account(RENTER, "renter")
         issued = self.grid.client.create_api_key(RENTER, "demo")
         write_atomically(path, f"{issued['key']}\n".encode(), mode=0o600)
+
+    def open_market(self) -> None:
+        """Prices on the demo's hosts (their provider's default, unless one is set already) and a first credit for the
+        renter, so a renter sees what renting costs and where every cent goes. Both are kept across restarts."""
+        listing = self.grid.client.prices(provider=PROVIDER)
+        if not any(item["scope"] == "provider" for item in listing["items"]):
+            self.grid.client.set_default_price(DEMO_PRICES, provider=PROVIDER)
+        self.grid.client.credit(RENTER, RENTER_CREDIT, memo="the demo's welcome credit", key="demo-welcome")
 
     def _acts_for_renter(self, key: str) -> bool:
         if not key:
@@ -181,6 +197,7 @@ def run_demo(state_dir: Path, *, api_port: int | None, agents: int) -> int:
         demo.start()
         demo.publish_operator_key()
         demo.publish_renter_key()
+        demo.open_market()
         print(demo.banner(), flush=True)
         while True:
             signal.pause()
