@@ -198,9 +198,10 @@ def signing_key_view(key: SigningKeyInfo) -> dict[str, Any]:
     }
 
 
-def workload_view(workload: WorkloadRecord) -> dict[str, Any]:
+def workload_view(workload: WorkloadRecord, terms: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """A workload as its owner and the operator see it. The env's values are the renter's secrets: they go to the
-    containers only, and are never shown again, to anyone (the names are, so a renter can check what it sent)."""
+    containers only, and are never shown again, to anyone (the names are, so a renter can check what it sent).
+    ``terms``: how it pays (the market's ``workload_terms``), stated in every answer about a workload as ``rental``."""
     spec = msgspec.to_builtins(workload.spec)
     spec["env"] = sorted(workload.spec.env)
     return {
@@ -220,7 +221,9 @@ def workload_view(workload: WorkloadRecord) -> dict[str, Any]:
         "preemptions": workload.preemptions,
         "exit_codes": workload.exit_codes,
         "assignments": [msgspec.to_builtins(a) for a in workload.assignments],
+        "host_failure": workload.host_failure or None,
         "version": workload.version,
+        **({"rental": dict(terms)} if terms is not None else {}),
     }
 
 

@@ -125,18 +125,14 @@ async def rent_offer(request: web.Request) -> web.Response:
     account = acting_account(scope_of(request), body.account)
     market = request.app[OPERATIONS_KEY].market
     record = await market.rent_offer(account, request.match_info["offer_id"], body.spec)
-    view = workload_view(record)
-    view["rental"] = market.workload_terms(record)
-    return json_response(view, status=201)
+    return json_response(workload_view(record, market.workload_terms(record)), status=201)
 
 
 async def change_bid(request: web.Request) -> web.Response:
     body = await parse_body(request, ChangeBid)
     market = request.app[OPERATIONS_KEY].market
     record = await market.change_bid(request.match_info["workload_id"], _amount("bid", body.bid), account=scope_of(request).owner)
-    view = workload_view(record)
-    view["rental"] = market.workload_terms(record)
-    return json_response(view)
+    return json_response(workload_view(record, market.workload_terms(record)))
 
 
 # --- money -----------------------------------------------------------------------------------------------------------

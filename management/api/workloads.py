@@ -17,8 +17,9 @@ RESOURCE = "workloads"
 async def submit_workload(request: web.Request) -> web.Response:
     body = await parse_body(request, SubmitWorkload)
     account = acting_account(scope_of(request), body.account)
-    record = await request.app[OPERATIONS_KEY].submit_workload(account, body.spec())
-    return json_response(workload_view(record), status=201)
+    operations = request.app[OPERATIONS_KEY]
+    record = await operations.submit_workload(account, body.spec())
+    return json_response(workload_view(record, operations.market.workload_terms(record)), status=201)
 
 
 async def list_workloads(request: web.Request) -> web.Response:
@@ -30,14 +31,15 @@ async def list_workloads(request: web.Request) -> web.Response:
         after=decode_cursor(RESOURCE, query, WorkloadKey),
         limit=query.limit,
     )
-    return page_response(RESOURCE, query, page, workload_view)
+    operations = request.app[OPERATIONS_KEY]
+    return page_response(RESOURCE, query, page, lambda record: workload_view(record, operations.market.workload_terms(record)))
 
 
 async def get_workload(request: web.Request) -> web.Response:
     parse_query(request, EmptyQuery)
     operations = request.app[OPERATIONS_KEY]
     record, waiting = await operations.workload_and_wait(request.match_info["workload_id"], account=scope_of(request).owner)
-    view = workload_view(record)
+    view = workload_view(record, operations.market.workload_terms(record))
     view["waiting"] = explanation_view(waiting) if waiting is not None else None
     return json_response(view)
 
@@ -50,8 +52,9 @@ async def explain_workload(request: web.Request) -> web.Response:
 
 
 async def cancel_workload(request: web.Request) -> web.Response:
-    record = await request.app[OPERATIONS_KEY].cancel_workload(request.match_info["workload_id"], account=scope_of(request).owner)
-    return json_response(workload_view(record))
+    operations = request.app[OPERATIONS_KEY]
+    record = await operations.cancel_workload(request.match_info["workload_id"], account=scope_of(request).owner)
+    return json_response(workload_view(record, operations.market.workload_terms(record)))
 
 
 def add_routes(router: web.UrlDispatcher) -> None:

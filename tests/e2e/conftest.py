@@ -1,3 +1,10 @@
+import os
+import pwd
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 
 from tests.support.grid import Grid
@@ -13,3 +20,15 @@ def grid(tmp_path):
         yield g
     finally:
         g.stop()
+
+
+@pytest.fixture
+def drop() -> Iterator[Path]:
+    """A directory only ``nobody`` (and root, the test) may use, outside pytest's root-only tree."""
+    path = Path(tempfile.mkdtemp(prefix="idlegrid-e2e-drop-"))
+    nobody = pwd.getpwnam("nobody")
+    os.chown(path, nobody.pw_uid, nobody.pw_gid)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

@@ -14,10 +14,6 @@ of their own: each appends ``<host pid> <CUDA_VISIBLE_DEVICES>`` (its GPU) to a 
 from __future__ import annotations
 
 import json
-import os
-import pwd
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,18 +36,6 @@ MASTER_SETTINGS: dict[str, str | int | float | bool] = {
     "telemetry_s": 0.5,  # the agents sample (and read simulated-faults.json) twice a second
 }
 RECORD_START = "read -r pid _ < /proc/self/stat; echo $pid $CUDA_VISIBLE_DEVICES >> {file}"
-
-
-@pytest.fixture
-def drop() -> Iterator[Path]:
-    """A directory only ``nobody`` (and root, the test) may use, outside pytest's root-only tree."""
-    path = Path(tempfile.mkdtemp(prefix="idlegrid-e2e-drop-"))
-    nobody = pwd.getpwnam("nobody")
-    os.chown(path, nobody.pw_uid, nobody.pw_gid)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

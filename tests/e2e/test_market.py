@@ -1,0 +1,215 @@
+"""The market on a real local grid: a Master (its scheduler and metering inside), a relay and sandboxed agents, each its
+own process (tests/support/grid.py). Renters use the API with their own keys; money is checked in the ledger to the
+micro-unit. Metering posts every second here (``metering_period_s`` 1) so a test sees several periods in seconds.
+
+Prices: 3.60 per GPU-hour on demand = 0.001 per second, so a whole second is 1,000 micro-units and the exact charge of
+a run is easy to state. GPUs are simulated (none exists here); faults are injected through simulated-faults.json.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.fault_injection import FAULTS_FILE
+from management.client import ApiClient
+from tests.e2e.test_scheduler import renter, sandboxed_hosts, wait_workload, workload
+from tests.support.grid import TEST_PROVIDER, Grid, wait_for, write_toml
+
+PRICES = {"on_demand": "3.60", "min_bid": "0.36"}  # per GPU-hour: 0.001 and 0.0001 per second
+MASTER_SETTINGS: dict[str, str | int | float | bool] = {
+    "scheduler_period_s": 1.0,
+    "preemption_grace_s": 3.0,
+    "offer_sandboxed_hosts": True,
+    "telemetry_s": 0.5,
+    "metering_period_s": 1.0,
+    "platform_fee_percent": 10.0,
+}
+TRAP = "trap 'echo TERM >> {file}; exit 0' TERM; while :; do sleep 0.2; done"  # writes TERM when it gets SIGTERM
+
+
+@pytest.fixture
+def grid(tmp_path: Path) -> Iterator[Grid]:
+    g = Grid(tmp_path)
+    try:
+        g.start_master("--config", str(write_toml(tmp_path / "master.toml", MASTER_SETTINGS)))
+        g.start_relay("relay-1", "eu-west")
+        yield g
+    finally:
+        g.stop()
+
+
+def micro(amount: str) -> int:
+    return int(Decimal(amount) * 1_000_000)
+
+
+def priced_grid(grid: Grid, hosts: int) -> dict[str, Any]:
+    found = sandboxed_hosts(grid, hosts)
+    grid.client.set_default_price(PRICES, provider=TEST_PROVIDER)
+    return found
+
+
+def funded_renter(grid: Grid, account: str, amount: str) -> ApiClient:
+    client = renter(grid, account)
+    grid.client.credit(account, amount, memo="test credit")
+    return client
+
+
+def statement(client: ApiClient, account: str) -> list[dict[str, Any]]:
+    return list(client.ledger(account, limit=1000)["lines"])
+
+
+def rentals_of(client: ApiClient, workload_id: str) -> list[dict[str, Any]]:
+    return list(client.get("/api/v1/rentals", workload=workload_id, limit=100)["items"])
+
+
+def seconds_run(rental: dict[str, Any]) -> int:
+    from management.client import instant
+
+    start, end = instant(rental["started_at"]), instant(rental["ended_at"])
+    assert start is not None and end is not None, rental
+    return int(end - start)
+
+
+def books(grid: Grid, renters: list[str]) -> dict[str, int]:
+    """Every ledger account's balance, as the API shows them: the renters' available and held money, the provider's
+    net earnings, the operator's (the platform's fees and the money credited from outside, negative)."""
+    balances: dict[str, int] = {}
+    for account in renters:
+        balance = grid.client.balance(account)
+        balances[f"renter:{account}"] = micro(balance["available"])
+        balances[f"hold:{account}"] = micro(balance["held"])
+    earnings = grid.client.statement(TEST_PROVIDER, "earnings")["items"]
+    balances[f"provider:{TEST_PROVIDER}"] = sum(micro(e["net"]) for e in earnings)
+    operator = grid.client.ledger("operator", limit=1000)
+    balances["platform"] = micro(operator["closing"])
+    return balances
+
+
+def test_a_renter_rents_an_offer_on_demand_runs_and_stops_and_the_ledger_shows_the_exact_charge(grid, drop):
+    priced_grid(grid, 1)
+    alice = funded_renter(grid, "alice", "10")
+    [offer] = alice.search_offers("num_gpus>=1 price<=4")["offers"]
+    assert (offer["price"], offer["min_bid"]) == ("3.60", "0.36")
+    rented = alice.rent_offer(offer["id"], workload("od", "sleep 300"))
+    assert rented["rental"]["kind"] == "on_demand" and rented["spec"]["rental"]["offer"] == offer["id"]
+    running = wait_workload(alice, rented["id"], "runs", lambda w: w["state"] == "running")
+    assert running["rental"]["summary"].startswith("on demand at 3.60 USD per GPU-hour (the host's listed price)")
+    time.sleep(3.5)
+    alice.cancel_workload(rented["id"])
+    [rental] = wait_for(lambda: [r for r in rentals_of(alice, rented["id"]) if r["ended_at"]] or None, 15, "the rental to end")
+    seconds = seconds_run(rental)
+    assert seconds >= 3
+    expected = 3_600_000 * 1 * seconds // 3600  # price x GPUs x whole seconds
+    wait_for(lambda: micro(rental_charge(alice, rental["id"])) == expected, 10, "the last period to be posted")
+    assert micro(alice.balance("alice")["available"]) == 10_000_000 - expected
+    assert micro(alice.balance("alice")["held"]) == 0  # the hold released at the end
+    earnings = grid.client.statement(TEST_PROVIDER, "earnings")["items"]
+    gross = sum(micro(e["gross"]) for e in earnings)
+    fees = sum(micro(e["fee"]) for e in earnings)
+    assert gross == expected and fees == expected // 10
+    assert sum(micro(e["net"]) for e in earnings) == expected - fees
+    balances = books(grid, ["alice"])
+    assert sum(balances.values()) == 0, balances  # the platform's account holds the fees less the credit from outside
+
+
+def rental_charge(client: ApiClient, rental_id: str) -> str:
+    return str(client.get(f"/api/v1/rentals/{rental_id}")["charged"])
+
+
+def test_an_interruptible_rental_is_preempted_by_an_on_demand_one_requeued_uncharged_and_resumes(grid, drop):
+    [host] = priced_grid(grid, 1)
+    alice = funded_renter(grid, "alice", "10")
+    bob = funded_renter(grid, "bob", "10")
+    trap = workload(
+        "cheap",
+        TRAP.format(file=drop / "cheap"),
+        rental={"kind": "interruptible", "bid": "0.72"},
+        restart_policy="on_failure",
+    )
+    cheap = alice.submit_workload(trap)
+    wait_workload(alice, cheap["id"], "runs", lambda w: w["state"] == "running")
+    od = bob.submit_workload(workload("urgent", "sleep 300", rental={"kind": "on_demand", "max_price": "5"}))
+    wait_workload(bob, od["id"], "runs", lambda w: w["state"] == "running", timeout=30)
+    assert (drop / "cheap").read_text().split() == ["TERM"], "the interruptible container saw no SIGTERM"
+    waiting = alice.workload(cheap["id"])
+    assert waiting["state"] == "queued" and waiting["preemptions"] == 1, waiting
+    assert "interruptible at your bid of 0.72" in waiting["rental"]["summary"]
+    [first] = rentals_of(alice, cheap["id"])
+    assert first["ended_at"] is not None and first["hosts"][0]["price"] == "0.72"
+    charged = alice.balance("alice")
+    time.sleep(2.5)  # queued: nothing is charged while it waits
+    assert alice.balance("alice") == charged
+    assert bob.workload(od["id"])["assignments"][0]["agent_id"] == host
+    bob.cancel_workload(od["id"])
+    wait_workload(alice, cheap["id"], "runs again", lambda w: w["state"] == "running", timeout=30)
+    assert [r["id"] for r in rentals_of(alice, cheap["id"])] == [f"{cheap['id']}-a1", f"{cheap['id']}-a2"]
+
+
+def test_a_renter_at_zero_balance_has_its_work_stopped_and_is_charged_nothing_after(grid, drop):
+    priced_grid(grid, 1)
+    carol = funded_renter(grid, "carol", "0.003")  # three seconds at 3.60 per hour
+    started = carol.submit_workload(workload("short", "sleep 300"))
+    done = wait_workload(carol, started["id"], "stopped", lambda w: w["state"] == "failed", timeout=30)
+    assert "balance ran out" in done["state_reason"], done
+    balance = carol.balance("carol")
+    assert (balance["available"], balance["held"]) == ("0.00", "0.00")
+    [rental] = rentals_of(carol, started["id"])
+    assert micro(rental["charged"]) == 3_000
+    entries = statement(carol, "carol")
+    time.sleep(2.5)
+    assert statement(carol, "carol") == entries, "charged after the work was stopped"
+
+
+def test_a_master_killed_during_metering_charges_no_period_twice_and_loses_at_most_one(grid, drop):
+    priced_grid(grid, 1)
+    dave = funded_renter(grid, "dave", "10")
+    job = dave.submit_workload(workload("long", "sleep 300"))
+    wait_workload(dave, job["id"], "runs", lambda w: w["state"] == "running")
+    time.sleep(2.5)
+    grid.master.kill(signal.SIGKILL)
+    time.sleep(1.5)
+    grid.restart_master()
+    dave = ApiClient(grid.api_url, dave.api_key)
+    time.sleep(2.5)
+    dave.cancel_workload(job["id"])
+    [rental] = wait_for(lambda: [r for r in rentals_of(dave, job["id"]) if r["ended_at"]] or None, 20, "the rental to end")
+    keys = [line["key"] for line in statement(dave, "dave")]
+    assert len(keys) == len(set(keys)), "an entry posted twice"
+    full = 3_600_000 * seconds_run(rental) // 3600
+    charged = micro(rental["charged"])
+    assert full - 1_000 * MASTER_SETTINGS["metering_period_s"] <= charged <= full, (charged, full)  # type: ignore[operator]
+    assert sum(books(grid, ["dave"]).values()) == 0
+
+
+def test_a_host_that_fails_a_rental_refunds_the_renter_and_its_reputation_says_why(grid, drop):
+    hosts = priced_grid(grid, 2)
+    erin = funded_renter(grid, "erin", "10")
+    job = erin.submit_workload(workload("faulty", "sleep 300", restart_policy="on_failure"))
+    first = wait_workload(erin, job["id"], "runs", lambda w: w["state"] == "running")
+    [placed] = first["assignments"]
+    host = hosts[placed["agent_id"]]
+    time.sleep(2.5)
+    score_before = grid.agent(placed["agent_id"])["reputation"]["score"]
+    faults = grid.root / "agents" / host.name / FAULTS_FILE
+    faults.write_text(json.dumps({host.gpu: {"xid": 79}}))
+    wait_for(
+        lambda: erin.workload(job["id"])["attempts"] == 2 and erin.workload(job["id"])["state"] == "running",
+        30,
+        "the workload to run again on the healthy host",
+    )
+    [failed, _] = rentals_of(erin, job["id"])
+    assert failed["host_failure"] and placed["agent_id"] in failed["host_failure"], failed
+    assert micro(failed["charged"]) == 0, "the renter paid for a run its host failed"
+    refunds = [line for line in statement(erin, "erin") if line["kind"] == "refund"]
+    assert refunds and placed["agent_id"] in refunds[0]["memo"], refunds
+    events = grid.get(f"/api/v1/events?subject={placed['agent_id']}&kind=agent.reputation&limit=10")["items"]
+    assert any(e["data"]["component"] == "rentals" and e["data"]["reason"] for e in events), events
+    assert grid.agent(placed["agent_id"])["reputation"]["score"] < score_before
