@@ -55,10 +55,46 @@ def runtime_allowed(host: Host, job: Job, policy: Policy) -> bool:
     return True
 
 
+def price_for(host: Host, job: Job) -> int:
+    """What ``job`` pays per GPU-hour on ``host``: the listed price (on demand), the reserved price, or its bid."""
+    if job.rental == "interruptible":
+        return job.bid
+    return host.reserved_price if job.rental == "reserved" else host.price
+
+
+def price_refusal(host: Host, job: Job) -> str | None:
+    """Why ``host`` is not for ``job`` by price or rental terms (a short key, see ``PRICE_REASONS``), or None."""
+    if job.pin is not None and host.id != job.pin:
+        return "pin"
+    rental = job.rental
+    if rental == "interruptible":
+        if host.min_bid is None:
+            return "not_interruptible"
+        if host.min_bid > job.bid:
+            return "bid"
+    elif job.max_price is not None and (host.reserved_price if rental == "reserved" else host.price) > job.max_price:
+        return "max_price"
+    if host.max_duration_s is not None:
+        duration = job.reserved_s if rental == "reserved" and job.reserved_s is not None else job.max_duration_s
+        if duration is None or duration > host.max_duration_s:
+            return "duration"
+    if not job.funded and price_for(host, job) > 0:
+        return "unfunded"
+    return None
+
+
+def price_ok(host: Host, job: Job) -> bool:
+    if job.rental == "on_demand" and job.funded and job.max_price is None and job.pin is None and host.max_duration_s is None:
+        return True  # the common case on a free grid, checked per host met: no call beyond this line
+    return price_refusal(host, job) is None
+
+
 def host_static_ok(host: Host, job: Job, policy: Policy) -> bool:
-    """Every host-level constraint except free CPU/RAM: takes work, runtime, region, reputation, bandwidth."""
+    """Every host-level constraint except free CPU/RAM: takes work, runtime, region, reputation, bandwidth, price."""
     c = job.constraints
     if not (host.online and host.takes_work) or not runtime_allowed(host, job, policy):
+        return False
+    if not price_ok(host, job):
         return False
     if c.regions and host.region not in c.regions:
         return False
@@ -94,7 +130,7 @@ class RunningByStart:
     (a group is sorted when first read after it changed). What it holds is only ever read from snapshots.
     """
 
-    __slots__ = ("_jobs", "_groups", "_starts", "_ordered", "_hosts")
+    __slots__ = ("_jobs", "_groups", "_starts", "_ordered", "_hosts", "interruptible")
 
     def __init__(self) -> None:
         self._jobs: dict[str, Job] = {}  # as last synced
@@ -102,6 +138,8 @@ class RunningByStart:
         self._starts: list[float] = []  # ascending
         self._ordered: dict[float, list[Job]] = {}  # start time -> its jobs by id, while unchanged
         self._hosts: dict[str, frozenset[str]] = {}  # job -> the hosts of its replicas, while unchanged
+        # (priority class, bid) -> how many interruptible jobs run with it: whether a market preemption can find anyone
+        self.interruptible: dict[tuple[str, int], int] = {}
 
     def sync(self, running: Mapping[str, Job]) -> None:
         jobs = self._jobs
@@ -122,6 +160,9 @@ class RunningByStart:
                 new_starts.append(start)
             group[job_id] = job
             jobs[job_id] = job
+            if job.rental == "interruptible":
+                key = (job.priority, job.bid)
+                self.interruptible[key] = self.interruptible.get(key, 0) + 1
             self._ordered.pop(start, None)
         if len(new_starts) > 64:  # a first sync, or a burst of starts: one sort instead of many inserts
             self._starts = sorted(self._groups)
@@ -144,6 +185,13 @@ class RunningByStart:
     def _drop(self, job_id: str) -> None:
         self._hosts.pop(job_id, None)
         job = self._jobs.pop(job_id)
+        if job.rental == "interruptible":
+            key = (job.priority, job.bid)
+            left = self.interruptible[key] - 1
+            if left:
+                self.interruptible[key] = left
+            else:
+                del self.interruptible[key]
         start = job.started_at or 0.0
         group = self._groups[start]
         del group[job_id]
@@ -203,6 +251,7 @@ class FreePool:
         self._ends_sorted: list[tuple[float, str]] = []  # (end, job) ascending; entries of gone jobs skipped when read
         self.shape: dict[str, Shape] = {uid: shape_of(u) for uid, u in self.units.items()}
         self.running_by_start = RunningByStart()  # synced by the core when a cycle looks for victims
+        self._price_span: dict[str, tuple[int, int]] = {}  # rental kind -> (lowest, highest) price hosts list for it
         for uid in sorted(self.units, key=lambda u: (self.units[u].host, self.units[u].index, u)):
             if uid not in self.holder:
                 self._add_free(uid)
@@ -291,6 +340,8 @@ class FreePool:
 
     def adopt(self, snapshot: Snapshot) -> None:
         """Read hosts, units and policy from this (later) snapshot of the same grid."""
+        if snapshot.hosts is not self.hosts:
+            self._price_span.clear()  # prices may have changed with the hosts' values
         self.hosts, self.units, self.policy, self.now = snapshot.hosts, snapshot.units, snapshot.policy, snapshot.now
         self._shapes_for.clear()
 
@@ -382,8 +433,49 @@ class FreePool:
             return None
         return tuple(list(idle)[:g])
 
+    def limits_duration(self) -> bool:
+        """Whether any host limits a rental's duration (kept like ``price_span``)."""
+        limits = self._price_span.get("duration")
+        if limits is None:
+            limits = self._price_span["duration"] = (int(any(h.max_duration_s is not None for h in self.hosts.values())), 0)
+        return bool(limits[0])
+
+    def price_span(self, rental: str) -> tuple[int, int]:
+        """The lowest and highest price hosts list for an on-demand or reserved rental (one pass, kept while the
+        snapshot's hosts are the same mapping)."""
+        span = self._price_span.get(rental)
+        if span is None:
+            prices = [h.reserved_price if rental == "reserved" else h.price for h in self.hosts.values()]
+            span = self._price_span[rental] = (min(prices), max(prices)) if prices else (0, 0)
+        return span
+
     def _candidates(self, job: Job, exclude: frozenset[str]) -> Iterator[tuple[str, Shape]]:
-        """Hosts (with the shape to use there) in order of preference for one replica of ``job``."""
+        """Hosts (with the shape to use there) in order of preference for one replica of ``job``: the cheapest
+        first (where hosts list different prices for it), then by the placement order below."""
+        if job.rental == "interruptible":  # it pays its bid wherever it runs
+            yield from self._candidates_by_fit(job, exclude)
+            return
+        lowest, highest = self.price_span(job.rental)
+        if lowest == highest:
+            yield from self._candidates_by_fit(job, exclude)
+            return
+        # Walk in placement order: a host at the lowest price anyone lists is the best there is and goes out at
+        # once (a placement usually takes the first candidate); the others wait and go out by price afterwards.
+        hosts, reserved = self.hosts, job.rental == "reserved"
+        later: list[tuple[int, int, str, Shape]] = []
+        for host_id, shape in self._candidates_by_fit(job, exclude):
+            host = hosts[host_id]
+            price = host.reserved_price if reserved else host.price
+            if price == lowest:
+                yield host_id, shape
+            else:
+                later.append((price, len(later), host_id, shape))
+        later.sort()
+        for _, _, host_id, shape in later:
+            yield host_id, shape
+
+    def _candidates_by_fit(self, job: Job, exclude: frozenset[str]) -> Iterator[tuple[str, Shape]]:
+        """Hosts (with the shape to use there) in placement order (bin-packing or spread, then reputation)."""
         g = job.request.gpus
         spread = (job.placement or self.policy.placement_default) == "spread"
         levels: dict[int, list[Shape]] = {}
