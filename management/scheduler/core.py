@@ -764,7 +764,8 @@ class _Cycle:
         )
         r = job.request
         gang = f"{job.replicas} replicas of " if job.replicas > 1 else ""
-        return f"{lead}: it needs {gang}{_gpus(r.gpus, 'matching')} on one host and not enough are idle now{when}."
+        priced = "".join(f" ({f.name}: {f.detail})" for f in e.filters if f.detail and f.removed)
+        return f"{lead}: it needs {gang}{_gpus(r.gpus, 'matching')} on one host and not enough are idle now{priced}{when}."
 
 
 def schedule(snapshot: Snapshot, *, pool: FreePool | None = None, explain: bool = True) -> Plan:

@@ -2,7 +2,9 @@
 
 1. no unit ever has two holders; 2. gangs are all-or-nothing; 3. a higher class is never left waiting
 when preempting lower work would fit it; 4. backfill never delays the head's reserved start; 5. two
-accounts of equal share, both always submitting, get GPU-seconds within 5% of each other over a day.
+accounts of equal share, both always submitting, get GPU-seconds within 5% of each other over a day;
+6. (prices and bids) no job is ever preempted by a job of lower or equal (class, market) rank, and reserved
+rentals never are.
 """
 
 from __future__ import annotations
@@ -53,8 +55,19 @@ def requests(draw: st.DrawFn, max_gpus: int = 8) -> ReplicaRequest:
 
 
 @st.composite
-def scenarios(draw: st.DrawFn, classes: tuple[PriorityClass, ...] | None = None, queued_prio: str | None = None) -> Snapshot:
+def scenarios(
+    draw: st.DrawFn, classes: tuple[PriorityClass, ...] | None = None, queued_prio: str | None = None, market: bool = False
+) -> Snapshot:
     hosts, units = draw(grids())
+
+    def terms() -> dict[str, object]:
+        """Rental terms (with ``market``): a kind, and a bid for interruptibles (prices on a free grid are all 0)."""
+        if not market:
+            return {}
+        rental = draw(st.sampled_from(["on_demand", "interruptible", "reserved"]))
+        bid = draw(st.sampled_from([0, 1_000_000, 2_000_000, 3_000_000])) if rental == "interruptible" else 0
+        return {"rental": rental, "bid": bid, "reserved_s": 3600.0 if rental == "reserved" else None}
+
     now = 1000.0
     free = sorted(units)
     running: dict[str, Job] = {}
@@ -74,6 +87,7 @@ def scenarios(draw: st.DrawFn, classes: tuple[PriorityClass, ...] | None = None,
             started_at=draw(st.sampled_from([0.0, 400.0, 900.0])),
             assignment=(tuple(on),),
             preemptible=draw(st.integers(0, 4)) > 0,
+            **terms(),  # type: ignore[arg-type]
         )
         running[jid] = job
         for u in on:
@@ -92,6 +106,7 @@ def scenarios(draw: st.DrawFn, classes: tuple[PriorityClass, ...] | None = None,
                 constraints=Constraints(nvlink=draw(st.booleans())),
                 max_duration_s=draw(st.one_of(st.none(), st.sampled_from([50.0, 300.0, 3000.0]))),
                 placement=draw(st.sampled_from(["binpack", "spread"])),
+                **terms(),  # type: ignore[arg-type]
             )
         )
     policy = Policy(classes=classes or Policy().classes)
@@ -158,6 +173,17 @@ def test_3_a_higher_class_is_never_left_waiting_when_preempting_lower_work_would
             holders={u: j for u, j in snap.holders.items() if j not in victims},
         )
         assert hi.id in placed(schedule(after, explain=False))
+
+
+@SETTINGS
+@given(scenarios(market=True))
+def test_6_no_job_is_preempted_by_one_of_lower_or_equal_class_and_market_rank_nor_a_reserved_one(snap: Snapshot) -> None:
+    rank = {c.name: c.rank for c in snap.policy.classes}
+    queued = {j.id: j for j in snap.queue}
+    for p in schedule(snap).preempts():
+        victim, preemptor = snap.running[p.job_id], queued[p.for_job]
+        assert victim.rental != "reserved" and victim.preemptible
+        assert (rank[victim.priority], victim.market_rank) < (rank[preemptor.priority], preemptor.market_rank)
 
 
 @SETTINGS
