@@ -55,19 +55,8 @@ def requests(draw: st.DrawFn, max_gpus: int = 8) -> ReplicaRequest:
 
 
 @st.composite
-def scenarios(
-    draw: st.DrawFn, classes: tuple[PriorityClass, ...] | None = None, queued_prio: str | None = None, market: bool = False
-) -> Snapshot:
+def scenarios(draw: st.DrawFn, classes: tuple[PriorityClass, ...] | None = None, queued_prio: str | None = None) -> Snapshot:
     hosts, units = draw(grids())
-
-    def terms() -> dict[str, object]:
-        """Rental terms (with ``market``): a kind, and a bid for interruptibles (prices on a free grid are all 0)."""
-        if not market:
-            return {}
-        rental = draw(st.sampled_from(["on_demand", "interruptible", "reserved"]))
-        bid = draw(st.sampled_from([0, 1_000_000, 2_000_000, 3_000_000])) if rental == "interruptible" else 0
-        return {"rental": rental, "bid": bid, "reserved_s": 3600.0 if rental == "reserved" else None}
-
     now = 1000.0
     free = sorted(units)
     running: dict[str, Job] = {}
@@ -87,7 +76,6 @@ def scenarios(
             started_at=draw(st.sampled_from([0.0, 400.0, 900.0])),
             assignment=(tuple(on),),
             preemptible=draw(st.integers(0, 4)) > 0,
-            **terms(),  # type: ignore[arg-type]
         )
         running[jid] = job
         for u in on:
@@ -106,7 +94,6 @@ def scenarios(
                 constraints=Constraints(nvlink=draw(st.booleans())),
                 max_duration_s=draw(st.one_of(st.none(), st.sampled_from([50.0, 300.0, 3000.0]))),
                 placement=draw(st.sampled_from(["binpack", "spread"])),
-                **terms(),  # type: ignore[arg-type]
             )
         )
     policy = Policy(classes=classes or Policy().classes)
@@ -175,8 +162,43 @@ def test_3_a_higher_class_is_never_left_waiting_when_preempting_lower_work_would
         assert hi.id in placed(schedule(after, explain=False))
 
 
-@SETTINGS
-@given(scenarios(market=True))
+@st.composite
+def full_markets(draw: st.DrawFn) -> Snapshot:
+    """A small grid every GPU of which is rented (any class, kind and bid), and a queue that wants some of it."""
+    hosts: dict[str, Host] = {}
+    units: dict[str, Unit] = {}
+    running: dict[str, Job] = {}
+    bids = st.sampled_from([0, 1_000_000, 2_000_000])
+    kinds = st.sampled_from(["on_demand", "interruptible", "reserved"])
+
+    def terms() -> dict[str, object]:
+        rental = draw(kinds)
+        return {
+            "rental": rental,
+            "bid": draw(bids) if rental == "interruptible" else 0,
+            "reserved_s": 3600.0 if rental == "reserved" else None,
+            "priority": draw(st.sampled_from(CLASSES)),
+        }
+
+    for h in range(draw(st.integers(1, 3))):
+        for u in gpus(f"h{h}", draw(st.integers(1, 2))):
+            hosts[u.host] = Host(u.host)
+            units[u.id] = u
+            jid = f"run-{u.id}"
+            running[jid] = Job(
+                jid,
+                "a",
+                started_at=float(draw(st.integers(0, 3))),
+                assignment=((u.id,),),
+                **terms(),  # type: ignore[arg-type]
+            )
+    queue = [Job(f"q{i}", "b", submitted_at=float(i), **terms()) for i in range(draw(st.integers(1, 3)))]  # type: ignore[arg-type]
+    holders = {u: j.id for j in running.values() for r in j.assignment or () for u in r}
+    return Snapshot(1000.0, hosts, units, holders, running, queue)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(full_markets())
 def test_6_no_job_is_preempted_by_one_of_lower_or_equal_class_and_market_rank_nor_a_reserved_one(snap: Snapshot) -> None:
     rank = {c.name: c.rank for c in snap.policy.classes}
     queued = {j.id: j for j in snap.queue}
