@@ -356,18 +356,6 @@ class _Cycle:
             for priority, bid in self._running_index().interruptible
         )
 
-    def _may_preempt(self, job: Job, cls: PriorityClass, victim: Job) -> bool:
-        """The rule (docs/scheduler.md): a preemptible, not reserved victim of a lower class, for a class that may
-        preempt; or an interruptible victim whose (class rank, market rank) is below the preemptor's."""
-        if not victim.preemptible or victim.rental == "reserved":
-            return False
-        rank = self._preemptible_rank.get(victim.priority)
-        if rank is None:
-            return False
-        if cls.may_preempt and rank < cls.rank:
-            return True
-        return victim.rental == "interruptible" and (rank, victim.bid) < (cls.rank, job.market_rank)
-
     def _victim_chunks(self, job: Job, cls: PriorityClass) -> Iterator[list[Job]]:
         """Running jobs ``job`` (of class ``cls``) may preempt, most recently started first (then by id), in
         chunks of ``VICTIM_CHUNK``, read lazily.
