@@ -89,6 +89,10 @@ async def test_a_container_that_vanished_from_a_host_that_answers_is_noted_as_it
     assert after.host_failure == f"agt-a: container {a.container} vanished"
 
 
+def no_such_image(command_id: str) -> CommandResult:
+    return CommandResult(id=command_id, ok=False, error="no such image", error_code="runtime_failure")
+
+
 async def test_a_container_that_did_not_start_is_noted_on_the_failure_and_on_a_restart(master, link):
     await host(master, link, "agt-a")
     loop = scheduler(master)
@@ -98,7 +102,7 @@ async def test_a_container_that_did_not_start_is_noted_on_the_failure_and_on_a_r
     wl = await loop.book.submit("alice", spec("once"), time.time())
     await loop.cycle()
     (x,) = (await loop.book.get(wl.id)).assignments
-    await relay(master, link, "agt-a", CommandResult(id=x.command_id, ok=False, error="no such image", error_code="runtime_failure"))
+    await relay(master, link, "agt-a", no_such_image(x.command_id))
     await loop.cycle()
     failed = await master.store.workloads.get(wl.id)
     assert failed.state == "failed" and failed.host_failure == "agt-a: container did not start (failed)"
@@ -107,7 +111,7 @@ async def test_a_container_that_did_not_start_is_noted_on_the_failure_and_on_a_r
     again = await loop.book.submit("alice", spec("again", restart_policy="on_failure"), time.time())
     await loop.cycle()
     (y,) = (await loop.book.get(again.id)).assignments
-    await relay(master, link, "agt-a", CommandResult(id=y.command_id, ok=False, error="no such image", error_code="runtime_failure"))
+    await relay(master, link, "agt-a", no_such_image(y.command_id))
     await loop.cycle()
     mine = [(r.state, r.host_failure) for r in seen if r.id == again.id]
     assert ("queued", "agt-a: container did not start (failed)") in mine

@@ -71,7 +71,8 @@ def test_prices_in_force_and_funds_are_read_per_host_and_per_renter():
         s = snap(prices=prices, funded=funded)
         assert sorted(asked) == [("other", "agt-default"), ("prov", "agt-priced")]
         priced: Host = s.hosts["agt-priced"]
-        assert (priced.price, priced.min_bid, priced.reserved_price, priced.max_duration_s) == (2_000_000, 500_000, 1_500_000, 3600.0)
+        terms = (priced.price, priced.min_bid, priced.reserved_price, priced.max_duration_s)
+        assert terms == (2_000_000, 500_000, 1_500_000, 3600.0)
         default: Host = s.hosts["agt-default"]
         assert (default.price, default.min_bid) == (1_000_000, None)
         by_account: dict[str, Job] = {j.account: j for j in s.queue}
