@@ -107,7 +107,6 @@ def _constraints(filters: list[dict[str, Any]], needed: int) -> list[str]:
     rows += [(f["name"], str(f["removed"]), str(f["remaining"])) for f in removing]
     width = max(len(r[0]) for r in rows)
     lines = [f"{name.ljust(width)}  {removed.rjust(7)}  {remaining.rjust(9)}" for name, removed, remaining in rows]
-    lines += [f"{f['name']}: {f['detail']}" for f in removing if f.get("detail")]
     others = len(filters) - len(removing)
     if others:
         lines.append(f"(the other {others} constraints removed none)")
