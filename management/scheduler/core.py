@@ -107,6 +107,7 @@ class _Cycle:
         self._running_synced = False
         self._preemptible_rank = {c.name: c.rank for c in self.policy.classes if c.preemptible}
         self._preempt_attempts = 0
+        self._duration_limited = self.pool.limits_duration()  # a host limits rentals' durations: they decide fits too
         self.pool.now = snapshot.now
         quotas = self.policy.quotas
         running = snapshot.running.values()
@@ -220,7 +221,7 @@ class _Cycle:
                 return "behind_head"
             if not self._ends_before_head(job):
                 exclude = self.head.hosts
-        duration = (job.max_duration_s, job.reserved_s) if self.pool.limits_duration() else None
+        duration = (job.max_duration_s, job.reserved_s) if self._duration_limited else None
         terms = (job.rental, job.bid, job.max_price, job.pin, job.funded, duration)
         fail_key = (job.request, job.constraints, job.replicas, job.placement, bool(exclude), terms)
         assignment = None if fail_key in self._no_fit else self.pool.place(job, exclude)
@@ -349,6 +350,8 @@ class _Cycle:
 
     def _outbids_someone(self, job: Job, cls: PriorityClass) -> bool:
         """Whether an interruptible job runs whose (class rank, market rank) is below ``job``'s (a market victim)."""
+        if not self.pool.interruptible_holds:  # no interruptible job holds anything: nobody to outbid
+            return False
         ranks = self._preemptible_rank
         mine = (cls.rank, job.market_rank)
         return any(

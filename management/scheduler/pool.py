@@ -83,18 +83,18 @@ def price_refusal(host: Host, job: Job) -> str | None:
     return None
 
 
-def price_ok(host: Host, job: Job) -> bool:
-    if job.rental == "on_demand" and job.funded and job.max_price is None and job.pin is None and host.max_duration_s is None:
-        return True  # the common case on a free grid, checked per host met: no call beyond this line
-    return price_refusal(host, job) is None
-
-
 def host_static_ok(host: Host, job: Job, policy: Policy) -> bool:
     """Every host-level constraint except free CPU/RAM: takes work, runtime, region, reputation, bandwidth, price."""
     c = job.constraints
     if not (host.online and host.takes_work) or not runtime_allowed(host, job, policy):
         return False
-    if not price_ok(host, job):
+    if (
+        job.rental != "on_demand"
+        or not job.funded
+        or job.max_price is not None
+        or job.pin is not None
+        or host.max_duration_s is not None
+    ) and price_refusal(host, job) is not None:  # checked per host met: a free grid's job makes no call
         return False
     if c.regions and host.region not in c.regions:
         return False
@@ -226,6 +226,7 @@ class _Hold:
     replicas: Assignment
     cpu: float
     ram: int
+    interruptible: bool = False
 
 
 class FreePool:
@@ -241,6 +242,7 @@ class FreePool:
         self.ram_free: dict[str, int] = {h.id: h.ram_mib for h in snapshot.hosts.values()}
         self.holder: dict[str, str] = dict(snapshot.holders)
         self.holds: dict[str, _Hold] = {}
+        self.interruptible_holds = 0  # holds of interruptible jobs: with none, no market preemption is looked for
         self._shapes_for: dict[ReplicaRequest, list[Shape]] = {}
         self._static: dict[Shape, dict[str, int]] | None = None
         self._histograms: dict[bool, dict[Shape, dict[int, int]]] = {}
@@ -367,7 +369,15 @@ class FreePool:
                 if host in self.cpu_free:
                     self.cpu_free[host] -= r.cpu_cores
                     self.ram_free[host] -= r.ram_mib
-        self.holds[job.id] = _Hold(job.id, assignment, r.cpu_cores, r.ram_mib)
+        self._hold(job, assignment)
+
+    def _hold(self, job: Job, assignment: Assignment) -> None:
+        interruptible = job.rental == "interruptible"
+        self.interruptible_holds += interruptible
+        previous = self.holds.get(job.id)
+        if previous is not None:
+            self.interruptible_holds -= previous.interruptible
+        self.holds[job.id] = _Hold(job.id, assignment, job.request.cpu_cores, job.request.ram_mib, interruptible)
 
     def take(self, job: Job, assignment: Assignment) -> None:
         """``job`` now holds ``assignment`` (every unit must be idle)."""
@@ -382,6 +392,7 @@ class FreePool:
         hold = self.holds.pop(job_id, None)
         if hold is None:
             return ()
+        self.interruptible_holds -= hold.interruptible
         for replica in hold.replicas:
             if replica and replica[0] in self.units:
                 host = self.units[replica[0]].host
@@ -451,14 +462,15 @@ class FreePool:
 
     def _candidates(self, job: Job, exclude: frozenset[str]) -> Iterator[tuple[str, Shape]]:
         """Hosts (with the shape to use there) in order of preference for one replica of ``job``: the cheapest
-        first (where hosts list different prices for it), then by the placement order below."""
+        first (where hosts list different prices for it), then by the placement order (``_candidates_by_fit``)."""
         if job.rental == "interruptible":  # it pays its bid wherever it runs
-            yield from self._candidates_by_fit(job, exclude)
-            return
+            return self._candidates_by_fit(job, exclude)
         lowest, highest = self.price_span(job.rental)
         if lowest == highest:
-            yield from self._candidates_by_fit(job, exclude)
-            return
+            return self._candidates_by_fit(job, exclude)
+        return self._cheapest_first(job, exclude, lowest)
+
+    def _cheapest_first(self, job: Job, exclude: frozenset[str], lowest: int) -> Iterator[tuple[str, Shape]]:
         # Walk in placement order: a host at the lowest price anyone lists is the best there is and goes out at
         # once (a placement usually takes the first candidate); the others wait and go out by price afterwards.
         hosts, reserved = self.hosts, job.rental == "reserved"
@@ -531,7 +543,7 @@ class FreePool:
             self.ram_free[host] -= r.ram_mib
             placed.append(units)
         assignment = tuple(placed)
-        self.holds[job.id] = _Hold(job.id, assignment, r.cpu_cores, r.ram_mib)
+        self._hold(job, assignment)
         return assignment
 
     def _undo(self, job_id: str, placed: list[tuple[str, ...]], r: ReplicaRequest) -> None:
