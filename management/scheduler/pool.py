@@ -23,19 +23,23 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from itertools import chain
 
 from management.scheduler.model import Assignment, Host, Job, Policy, ReplicaRequest, Snapshot, Unit
 
-Shape = tuple[str, str | None, int, tuple[int, int], str | None]  # model, tier, VRAM, compute capability, MIG profile
+# model, tier, VRAM, compute capability, MIG profile; and the host's on-demand and reserved price, so that the idle
+# units are bucketed by price too and a priced job walks the cheapest buckets first (a free grid has one price)
+Shape = tuple[str, str | None, int, tuple[int, int], str | None, int, int]
 REPUTATION_PROBE = 8  # among equally good hosts, the best reputation of the first few that pass is taken
 
 
-def shape_of(unit: Unit) -> Shape:
-    return (unit.model, unit.tier, unit.vram_mib, unit.compute_capability, unit.mig_profile)
+def shape_of(unit: Unit, host: Host | None = None) -> Shape:
+    price, reserved = (host.price, host.reserved_price) if host is not None else (0, 0)
+    return (unit.model, unit.tier, unit.vram_mib, unit.compute_capability, unit.mig_profile, price, reserved)
 
 
 def shape_matches(shape: Shape, r: ReplicaRequest) -> bool:
-    model, tier, vram, cc, mig = shape
+    model, tier, vram, cc, mig, _, _ = shape
     if r.models and model not in r.models:
         return False
     if r.tiers and tier not in r.tiers:
@@ -251,9 +255,11 @@ class FreePool:
         self.now = snapshot.now
         self.ends: dict[str, float] = {}  # job -> when it ends at the latest (max duration), where known
         self._ends_sorted: list[tuple[float, str]] = []  # (end, job) ascending; entries of gone jobs skipped when read
-        self.shape: dict[str, Shape] = {uid: shape_of(u) for uid, u in self.units.items()}
+        hosts = self.hosts
+        self.shape: dict[str, Shape] = {uid: shape_of(u, hosts.get(u.host)) for uid, u in self.units.items()}
+        self._prices: dict[str, tuple[int, int]] = {h.id: (h.price, h.reserved_price) for h in hosts.values()}  # in shapes
         self.running_by_start = RunningByStart()  # synced by the core when a cycle looks for victims
-        self._price_span: dict[str, tuple[int, int]] = {}  # rental kind -> (lowest, highest) price hosts list for it
+        self._duration_limited: bool | None = None  # whether a host limits rentals' durations (kept with the hosts)
         for uid in sorted(self.units, key=lambda u: (self.units[u].host, self.units[u].index, u)):
             if uid not in self.holder:
                 self._add_free(uid)
@@ -320,7 +326,7 @@ class FreePool:
         if not self.placeable(uid):
             return
         unit = self.units[uid]
-        shape = self.shape.get(uid) or shape_of(unit)
+        shape = self.shape.get(uid) or shape_of(unit, self.hosts.get(unit.host))
         per_shape = self.free.setdefault(unit.host, {}).setdefault(shape, {})
         n = len(per_shape)
         per_shape[uid] = None
@@ -331,7 +337,7 @@ class FreePool:
 
     def _remove_free(self, uid: str) -> None:
         unit = self.units[uid]
-        shape = self.shape.get(uid) or shape_of(unit)
+        shape = self.shape.get(uid) or shape_of(unit, self.hosts.get(unit.host))
         per_shape = self.free[unit.host][shape]
         n = len(per_shape)
         del per_shape[uid]
@@ -342,10 +348,36 @@ class FreePool:
 
     def adopt(self, snapshot: Snapshot) -> None:
         """Read hosts, units and policy from this (later) snapshot of the same grid."""
-        if snapshot.hosts is not self.hosts:
-            self._price_span.clear()  # prices may have changed with the hosts' values
+        changed_hosts = snapshot.hosts is not self.hosts
         self.hosts, self.units, self.policy, self.now = snapshot.hosts, snapshot.units, snapshot.policy, snapshot.now
         self._shapes_for.clear()
+        if changed_hosts:
+            self._duration_limited = None
+            self._reprice()
+
+    def _reprice(self) -> None:
+        """Move the units of hosts whose prices changed to the shapes of their new prices (a pass over the hosts)."""
+        hosts, prices = self.hosts, self._prices
+        moved = set()
+        for h, host in hosts.items():
+            now = (host.price, host.reserved_price)
+            if prices.get(h, now) != now:
+                moved.add(h)
+        if not moved:
+            return
+        for uid, unit in self.units.items():
+            if unit.host in moved:
+                free = self.is_free(uid)
+                if free:
+                    self._remove_free(uid)
+                self.shape[uid] = shape_of(unit, hosts.get(unit.host))
+                if free:
+                    self._add_free(uid)
+        for h in moved:
+            prices[h] = (hosts[h].price, hosts[h].reserved_price)
+        self._static = None
+        self._histograms.clear()
+        self._hosts_with.clear()
 
     def refresh(self, uid: str) -> None:
         """Bring one unit's idle entry in line with its health and its host's state (after either changed)."""
@@ -359,7 +391,7 @@ class FreePool:
         unit = self.units.get(uid)
         if unit is None:
             return False
-        return uid in self.free.get(unit.host, {}).get(self.shape.get(uid) or shape_of(unit), {})
+        return uid in self.free.get(unit.host, {}).get(self.shape.get(uid) or shape_of(unit, self.hosts.get(unit.host)), {})
 
     def _record(self, job: Job, assignment: Assignment) -> None:
         r = job.request
@@ -445,53 +477,33 @@ class FreePool:
         return tuple(list(idle)[:g])
 
     def limits_duration(self) -> bool:
-        """Whether any host limits a rental's duration (kept like ``price_span``)."""
-        limits = self._price_span.get("duration")
-        if limits is None:
-            limits = self._price_span["duration"] = (int(any(h.max_duration_s is not None for h in self.hosts.values())), 0)
-        return bool(limits[0])
-
-    def price_span(self, rental: str) -> tuple[int, int]:
-        """The lowest and highest price hosts list for an on-demand or reserved rental (one pass, kept while the
-        snapshot's hosts are the same mapping)."""
-        span = self._price_span.get(rental)
-        if span is None:
-            prices = [h.reserved_price if rental == "reserved" else h.price for h in self.hosts.values()]
-            span = self._price_span[rental] = (min(prices), max(prices)) if prices else (0, 0)
-        return span
+        """Whether any host limits a rental's duration (one pass, kept while the snapshot's hosts are the same mapping)."""
+        if self._duration_limited is None:
+            self._duration_limited = any(h.max_duration_s is not None for h in self.hosts.values())
+        return self._duration_limited
 
     def _candidates(self, job: Job, exclude: frozenset[str]) -> Iterator[tuple[str, Shape]]:
         """Hosts (with the shape to use there) in order of preference for one replica of ``job``: the cheapest
-        first (where hosts list different prices for it), then by the placement order (``_candidates_by_fit``)."""
+        first, then by the placement order (``_candidates_by_fit``). Shapes carry their hosts' prices, so this is
+        the placement walk over the buckets of the lowest price, then of the next: a free grid has one."""
+        shapes = self.shapes_for(job.request)
         if job.rental == "interruptible":  # it pays its bid wherever it runs
-            return self._candidates_by_fit(job, exclude)
-        lowest, highest = self.price_span(job.rental)
-        if lowest == highest:
-            return self._candidates_by_fit(job, exclude)
-        return self._cheapest_first(job, exclude, lowest)
+            return self._candidates_by_fit(job, exclude, shapes)
+        reserved = job.rental == "reserved"
+        by_price: dict[int, list[Shape]] = {}
+        for shape in shapes:
+            by_price.setdefault(shape[6] if reserved else shape[5], []).append(shape)
+        if len(by_price) <= 1:
+            return self._candidates_by_fit(job, exclude, shapes)
+        return chain.from_iterable(self._candidates_by_fit(job, exclude, by_price[p]) for p in sorted(by_price))
 
-    def _cheapest_first(self, job: Job, exclude: frozenset[str], lowest: int) -> Iterator[tuple[str, Shape]]:
-        # Walk in placement order: a host at the lowest price anyone lists is the best there is and goes out at
-        # once (a placement usually takes the first candidate); the others wait and go out by price afterwards.
-        hosts, reserved = self.hosts, job.rental == "reserved"
-        later: list[tuple[int, int, str, Shape]] = []
-        for host_id, shape in self._candidates_by_fit(job, exclude):
-            host = hosts[host_id]
-            price = host.reserved_price if reserved else host.price
-            if price == lowest:
-                yield host_id, shape
-            else:
-                later.append((price, len(later), host_id, shape))
-        later.sort()
-        for _, _, host_id, shape in later:
-            yield host_id, shape
-
-    def _candidates_by_fit(self, job: Job, exclude: frozenset[str]) -> Iterator[tuple[str, Shape]]:
-        """Hosts (with the shape to use there) in placement order (bin-packing or spread, then reputation)."""
+    def _candidates_by_fit(self, job: Job, exclude: frozenset[str], shapes: list[Shape]) -> Iterator[tuple[str, Shape]]:
+        """Hosts (with the shape to use there, one of ``shapes``) in placement order (bin-packing or spread, then
+        reputation)."""
         g = job.request.gpus
         spread = (job.placement or self.policy.placement_default) == "spread"
         levels: dict[int, list[Shape]] = {}
-        for shape in self.shapes_for(job.request):
+        for shape in shapes:
             for count, hosts in self.buckets.get(shape, {}).items():
                 if count >= g and hosts:
                     levels.setdefault(count, []).append(shape)
@@ -579,7 +591,8 @@ class FreePool:
         if counts is None:
             counts = {}
             for unit in self.units.values():
-                per_host = counts.setdefault(shape_of(unit), {})
+                shape = self.shape.get(unit.id) or shape_of(unit, self.hosts.get(unit.host))
+                per_host = counts.setdefault(shape, {})
                 per_host[unit.host] = per_host.get(unit.host, 0) + 1
             self._static = counts
         return counts

@@ -4,7 +4,7 @@ preemption (docs/scheduler.md, "Prices and bids"). Snapshot in, decisions out; n
 from __future__ import annotations
 
 from management.market.money import parse_amount
-from management.scheduler import Host, Job, ReplicaRequest, explain, schedule
+from management.scheduler import FreePool, Host, Job, ReplicaRequest, explain, schedule
 from management.scheduler.model import Plan
 from tests.management.scheduler.grid import gpus, grid, host_of, placed, running, snapshot
 
@@ -136,6 +136,20 @@ def test_among_equal_prices_the_placement_order_decides():
     assert host_of(units, placed(plan)["j"][0]) == {"h2"}  # bin-packing among the cheapest: the fullest that fits
     plan = schedule(snapshot(hosts, units, queue=[job("s", 1, placement="spread")]))
     assert host_of(units, placed(plan)["s"][0]) == {"h1"}
+
+
+def test_a_kept_pool_follows_a_hosts_new_price():
+    hosts, units = priced({"a": (2, {"price": money("1")}), "b": (2, {"price": money("2")})})
+    pool = FreePool(snapshot(hosts, units))
+    first = placed(schedule(snapshot(hosts, units, queue=[job("x")]), pool=pool))["x"]
+    assert host_of(units, first[0]) == {"a"}
+    repriced = {**hosts, "a": Host("a", price=money("3"))}  # the next cycle's snapshot: a now costs more than b
+    x = running(job("x"), first)
+    plan = schedule(snapshot(repriced, units, queue=[job("y")], run=[x]), pool=pool)
+    assert host_of(units, placed(plan)["y"][0]) == {"b"}
+    # and the kept pool answers as one built from scratch
+    fresh = schedule(snapshot(repriced, units, queue=[job("y")], run=[x]))
+    assert placed(fresh) == placed(plan)
 
 
 # --- queue order ------------------------------------------------------------------------------------
