@@ -67,7 +67,9 @@ def price_for(host: Host, job: Job) -> int:
 
 
 def price_refusal(host: Host, job: Job) -> str | None:
-    """Why ``host`` is not for ``job`` by price or rental terms (a short key, see ``PRICE_REASONS``), or None."""
+    """Why ``host`` is not for ``job`` by price or rental terms, or None: "pin" (not the offer rented), "not_interruptible"
+    (no min bid), "bid" (under the min bid), "max_price", "duration" (longer than the host takes, or unbounded),
+    "unfunded" (it would pay and the renter has no money)."""
     if job.pin is not None and host.id != job.pin:
         return "pin"
     rental = job.rental
