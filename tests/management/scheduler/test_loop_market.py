@@ -15,6 +15,7 @@ from management.scheduler.loop import SchedulerLoop, SchedulerSettings
 from master.records import RentalTerms, WorkloadRecord
 from master.service import Master
 from tests.management.scheduler.test_loop import GRACE_S, creates_sent, host, relay, scheduler, spec, started
+from tests.master.linked import disconnect
 
 
 def transitions(loop: SchedulerLoop) -> list[WorkloadRecord]:
@@ -57,6 +58,22 @@ async def test_a_faulty_gpu_notes_the_host_on_the_requeue_and_placing_it_again_c
     placed = await loop.book.get(rec.id)
     assert placed.state == "scheduled" and placed.host_failure == ""
     assert [r.host_failure != "" for r in seen if r.id == rec.id][-2:] == [True, False]
+
+
+async def test_a_host_gone_offline_past_the_grace_is_noted_as_the_host_failure_of_the_requeue(master, link):
+    await host(master, link, "agt-a")
+    loop = scheduler(master)
+    await loop.book.load()
+    rec = await running_on_one_host(master, link, loop)
+
+    await disconnect(master, link, "agt-a", "relay lost")
+    await loop.cycle()
+    assert (await loop.book.get(rec.id)).state == "running"  # within the offline grace: nothing moves
+    loop._clock = lambda: time.time() + 6.0  # noqa: SLF001  (past offline_grace_s = 5 s)
+    await loop.cycle()
+
+    requeued = await loop.book.get(rec.id)
+    assert requeued.state == "queued" and requeued.host_failure == "agt-a: host agt-a went offline"
 
 
 async def test_a_host_that_is_quarantined_under_a_running_workload_is_noted_as_its_host_failure(master, link):
