@@ -366,7 +366,7 @@ class SchedulerLoop:
             rec = await self.book.get(decision.job_id)
             gone = [a.agent_id for a in rec.assignments if any(self.master.registry.gpu_of_unit(u) is None for u in a.units)]
             host = gone[0] if gone else (rec.assignments[0].agent_id if rec.assignments else "")
-        return f"{host}: {decision.reason}" if host else decision.reason
+        return f"{host}: {decision.reason}" if host else ""  # no host to name (it held nothing): not set
 
     async def _requeue(
         self, workload_id: str, reason: str, now: float, *, restarts: int | None = None, host_failure: str = ""
