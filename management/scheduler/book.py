@@ -331,8 +331,8 @@ class WorkloadBook:
 
 def _implied(rec: WorkloadRecord, event: str, target: str, now: float) -> dict[str, Any]:
     """What an event changes besides the state: timestamps and counters."""
-    if event == "schedule":
-        return {"scheduled_at": now, "attempts": rec.attempts + 1}
+    if event == "schedule":  # placed again: a run that ended through a host is behind it
+        return {"scheduled_at": now, "attempts": rec.attempts + 1, "host_failure": ""}
     if event == "run":
         return {"started_at": now}
     if event == "preempt":

@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from operator import itemgetter
 
 from common.errors import NotFound
+from management.market.money import format_amount
 from management.scheduler.model import (
     Assignment,
     Explanation,
@@ -33,11 +33,26 @@ from management.scheduler.model import (
     Snapshot,
 )
 from management.scheduler.order import QueueOrder
-from management.scheduler.pool import FreePool, Shape, host_static_ok, nvlink_group, runtime_allowed, shape_matches
+from management.scheduler.pool import (
+    FreePool,
+    RunningByStart,
+    Shape,
+    host_static_ok,
+    nvlink_group,
+    price_refusal,
+    runtime_allowed,
+    shape_matches,
+)
 
 VICTIM_CHUNK = 128  # preemption reads victims in chunks of this many, most recently started first ...
 VICTIM_HOSTS_ENOUGH = 2  # ... and stops once room is found on this many hosts more than the replicas asked
-_gain = itemgetter(0)  # of a (units freed, victim) pair
+
+
+def _market_then_gain(entry: tuple[int, Job]) -> tuple[int, int]:
+    """Of a (units freed, victim) pair: the lowest market rank first, then the largest gain."""
+    return entry[1].market_rank, -entry[0]
+
+
 FILTER_NAMES = (
     "unhealthy or offline",
     "host takes no work",
@@ -45,6 +60,7 @@ FILTER_NAMES = (
     "region",
     "reputation",
     "bandwidth",
+    "price",
     "model",
     "tier",
     "VRAM",
@@ -91,6 +107,7 @@ class _Cycle:
         self._running_synced = False
         self._preemptible_rank = {c.name: c.rank for c in self.policy.classes if c.preemptible}
         self._preempt_attempts = 0
+        self._duration_limited = self.pool.limits_duration()  # a host limits rentals' durations: they decide fits too
         self.pool.now = snapshot.now
         quotas = self.policy.quotas
         running = snapshot.running.values()
@@ -138,22 +155,23 @@ class _Cycle:
             suspects |= {holders[u] for u in holders.keys() - units.keys()}  # units that left the grid
         for job_id in sorted(suspects):
             job = s.running.get(job_id)
-            reason = self._broken_reason(job) if job is not None else None
-            if job is not None and reason is not None:
+            broken = self._broken_reason(job) if job is not None else None
+            if job is not None and broken is not None:
                 self.broken.add(job.id)
-                self.plan.decisions.append(Requeue(job.id, reason))
+                self.plan.decisions.append(Requeue(job.id, broken[1], host=broken[0]))
 
-    def _broken_reason(self, job: Job) -> str | None:
+    def _broken_reason(self, job: Job) -> tuple[str, str] | None:
+        """(the host it broke through, "" when the snapshot no longer knows it; why), or None if it is sound."""
         for replica in job.assignment or ():
             for uid in replica:
                 unit = self.s.units.get(uid)
                 if unit is None:
-                    return f"unit {uid} left the grid"
+                    return "", f"unit {uid} left the grid"
                 if not unit.healthy:
-                    return f"unit {uid} on host {unit.host} is unhealthy"
+                    return unit.host, f"unit {uid} on host {unit.host} is unhealthy"
                 host = self.s.hosts.get(unit.host)
                 if host is None or not host.online:
-                    return f"host {unit.host} went offline"
+                    return unit.host, f"host {unit.host} went offline"
         return None
 
     # --- 2. the queue ----------------------------------------------------------------------------------
@@ -203,7 +221,9 @@ class _Cycle:
                 return "behind_head"
             if not self._ends_before_head(job):
                 exclude = self.head.hosts
-        fail_key = (job.request, job.constraints, job.replicas, job.placement, bool(exclude))
+        duration = (job.max_duration_s, job.reserved_s) if self._duration_limited else None
+        terms = (job.rental, job.bid, job.max_price, job.pin, job.funded, duration)
+        fail_key = (job.request, job.constraints, job.replicas, job.placement, bool(exclude), terms)
         assignment = None if fail_key in self._no_fit else self.pool.place(job, exclude)
         if assignment is None:
             # the pool only shrinks during a cycle (what-ifs are undone), so the same ask fails again
@@ -221,16 +241,17 @@ class _Cycle:
             self.placed_jobs[job.id] = job
             return "placed"
         cls = self._class(job)
+        victims_key = (fail_key, cls.rank if cls is not None else 0, job.market_rank)
         if (
             cls is not None
-            and cls.may_preempt
-            and (fail_key, cls.rank) not in self._no_victims
+            and victims_key not in self._no_victims
             and self._preempt_attempts < self.policy.max_preemption_attempts_per_cycle
+            and (cls.may_preempt or self._outbids_someone(job, cls))
         ):
             if self._preempt_for(job, cls, exclude):
                 return "preempting"
             if job.id not in self.terminating:  # victims only get fewer during a cycle
-                self._no_victims.add((fail_key, cls.rank))
+                self._no_victims.add(victims_key)
         if self.head is None:
             self.head = self._reservation(job)
             return "head"
@@ -320,27 +341,49 @@ class _Cycle:
 
     # --- preemption --------------------------------------------------------------------------------
 
-    def _victim_chunks(self, cls: PriorityClass) -> Iterator[list[Job]]:
-        """Running jobs ``cls`` may preempt, most recently started first (then by id), in chunks of
-        ``VICTIM_CHUNK``, read lazily.
+    def _running_index(self) -> RunningByStart:
+        index = self.pool.running_by_start
+        if not self._running_synced:
+            index.sync(self.s.running)
+            self._running_synced = True
+        return index
+
+    def _outbids_someone(self, job: Job, cls: PriorityClass) -> bool:
+        """Whether an interruptible job runs whose (class rank, market rank) is below ``job``'s (a market victim)."""
+        if not self.pool.interruptible_holds:  # no interruptible job holds anything: nobody to outbid
+            return False
+        ranks = self._preemptible_rank
+        mine = (cls.rank, job.market_rank)
+        return any(
+            (rank := ranks.get(priority)) is not None and (rank, bid) < mine
+            for priority, bid in self._running_index().interruptible
+        )
+
+    def _victim_chunks(self, job: Job, cls: PriorityClass) -> Iterator[list[Job]]:
+        """Running jobs ``job`` (of class ``cls``) may preempt, most recently started first (then by id), in
+        chunks of ``VICTIM_CHUNK``, read lazily.
 
         The pool keeps the running jobs grouped by start time across cycles (synced with this snapshot once
         per cycle, by identity), so no cycle regroups or sorts them all; the reading usually stops after a
         few chunks. Victims chosen before the iterator is made are left out (the set does not change while
         it is read).
         """
-        index = self.pool.running_by_start
-        if not self._running_synced:
-            index.sync(self.s.running)
-            self._running_synced = True
+        index = self._running_index()
         rank_of = self._preemptible_rank
         below, victims, broken = cls.rank, self.victims, self.broken
+        by_class = cls.may_preempt
+        mine = (cls.rank, job.market_rank)
         chunk: list[Job] = []
         for group in index.groups_most_recent_first():
             for v in group:
-                if v.preemptible and v.assignment:
+                if v.preemptible and v.assignment and v.rental != "reserved":
                     rank = rank_of.get(v.priority)
-                    if rank is not None and rank < below and v.id not in victims and v.id not in broken:
+                    if (
+                        rank is not None
+                        and ((by_class and rank < below) or (v.rental == "interruptible" and (rank, v.bid) < mine))
+                        and v.id not in victims
+                        and v.id not in broken
+                    ):
                         chunk.append(v)
                         if len(chunk) == VICTIM_CHUNK:
                             yield chunk
@@ -384,9 +427,11 @@ class _Cycle:
         for v in chosen:
             self.victims.add(v.id)
             vc = self._class(v)
-            self.plan.decisions.append(
-                Preempt(v.id, job.id, f"preempted for {job.id} (priority {job.priority}) over {v.priority if vc else '?'}")
-            )
+            if cls.may_preempt and vc is not None and vc.rank < cls.rank:
+                reason = f"preempted for {job.id} (priority {job.priority}) over {v.priority}"
+            else:
+                reason = f"preempted for {job.id} ({_market_terms(job)}) over its bid {format_amount(v.bid)}"
+            self.plan.decisions.append(Preempt(v.id, job.id, reason))
         self.preempting[job.id] = len(chosen) + len(mine)
         return True
 
@@ -413,10 +458,10 @@ class _Cycle:
         on_host_shape: dict[tuple[str, Shape], list[tuple[int, Job]]] = {}
         hosts_with = pool.hosts_with(shapes)
         host_ok: dict[str, bool] = {}
-        best_on: dict[str, tuple[int, float, str, list[Job]]] = {}
+        best_on: dict[str, tuple[int, int, float, str, list[Job]]] = {}
         shape_of_unit, placeable = pool.shape, pool.placeable
         replica_hosts = pool.running_by_start.replica_hosts
-        for chunk in self._victim_chunks(cls):
+        for chunk in self._victim_chunks(job, cls):
             if first_chunk is None:
                 first_chunk = chunk
             touched: set[tuple[str, Shape]] = set()
@@ -444,7 +489,8 @@ class _Cycle:
                 have = len(pool.free.get(h, {}).get(shape, ()))
                 # the largest first gives the fewest victims; among equal gains the most recently started
                 # (they were appended in that order, and a stable sort keeps it)
-                victims.sort(key=_gain, reverse=True)
+                # interruptibles first, the lowest bid first (on-demand victims of a lower class all rank alike)
+                victims.sort(key=_market_then_gain)
                 need: list[Job] = []
                 for gain, v in victims:
                     if have >= g:
@@ -452,16 +498,17 @@ class _Cycle:
                     need.append(v)
                     have += gain
                 if have >= g and need:
-                    option = (len(need), -max(v.started_at or 0.0 for v in need), h, need)
-                    if h not in best_on or option[:2] < best_on[h][:2]:
+                    top = max(v.market_rank for v in need)
+                    option = (top, len(need), -max(v.started_at or 0.0 for v in need), h, need)
+                    if h not in best_on or option[:3] < best_on[h][:3]:
                         best_on[h] = option
             if len(best_on) >= job.replicas + VICTIM_HOSTS_ENOUGH:
                 break
         options = list(best_on.values())
-        options.sort(key=lambda o: (o[0], o[1], o[2]))
+        options.sort(key=lambda o: (o[0], o[1], o[2], o[3]))
         chosen: list[Job] = []
         fits = False
-        for _, _, _, need in options:
+        for _, _, _, _, need in options:
             for v in need:
                 if v.id not in held:
                     held[v.id] = pool.release(v.id)
@@ -590,15 +637,18 @@ class _Cycle:
         keep(FILTER_NAMES[4], lambda u: hosts[u.host].reputation >= c.min_reputation)
         bw = c.min_bandwidth_mbps
         keep(FILTER_NAMES[5], lambda u: bw is None or (hosts[u.host].bandwidth_mbps or 0.0) >= bw)
-        keep(FILTER_NAMES[6], lambda u: not r.models or u.model in r.models)
-        keep(FILTER_NAMES[7], lambda u: not r.tiers or u.tier in r.tiers)
-        keep(FILTER_NAMES[8], lambda u: u.vram_mib >= r.min_vram_mib)
+        refused = {h: why for h in {u.host for u in remaining} if (why := price_refusal(hosts[h], job)) is not None}
+        keep(FILTER_NAMES[6], lambda u: u.host not in refused)
+        counts[-1].detail = _price_detail(job, refused)
+        keep(FILTER_NAMES[7], lambda u: not r.models or u.model in r.models)
+        keep(FILTER_NAMES[8], lambda u: not r.tiers or u.tier in r.tiers)
+        keep(FILTER_NAMES[9], lambda u: u.vram_mib >= r.min_vram_mib)
         mcc = r.min_compute_capability
-        keep(FILTER_NAMES[9], lambda u: mcc is None or u.compute_capability >= mcc)
-        keep(FILTER_NAMES[10], lambda u: u.mig_profile == r.mig_profile)
-        keep(FILTER_NAMES[11], lambda u: pool.cpu_free.get(u.host, 0.0) >= r.cpu_cores)
-        keep(FILTER_NAMES[12], lambda u: pool.ram_free.get(u.host, 0) >= r.ram_mib)
-        keep(FILTER_NAMES[13], lambda u: u.id not in pool.holder)
+        keep(FILTER_NAMES[10], lambda u: mcc is None or u.compute_capability >= mcc)
+        keep(FILTER_NAMES[11], lambda u: u.mig_profile == r.mig_profile)
+        keep(FILTER_NAMES[12], lambda u: pool.cpu_free.get(u.host, 0.0) >= r.cpu_cores)
+        keep(FILTER_NAMES[13], lambda u: pool.ram_free.get(u.host, 0) >= r.ram_mib)
+        keep(FILTER_NAMES[14], lambda u: u.id not in pool.holder)
         by_host: dict[str, list[str]] = {}
         for u in remaining:
             by_host.setdefault(u.host, []).append(u.id)
@@ -606,8 +656,8 @@ class _Cycle:
             ok = {h for h, ids in by_host.items() if nvlink_group(ids, r.gpus, s.units) is not None}
         else:
             ok = set(by_host)
-        keep(FILTER_NAMES[14], lambda u: u.host in ok)
-        keep(FILTER_NAMES[15], lambda u: len(by_host[u.host]) >= r.gpus)
+        keep(FILTER_NAMES[15], lambda u: u.host in ok)
+        keep(FILTER_NAMES[16], lambda u: len(by_host[u.host]) >= r.gpus)
         return counts
 
     def _explain(self, job: Job, position: int, ordered: list[Job], status: str) -> Explanation:
@@ -695,6 +745,8 @@ class _Cycle:
             if f.remaining == 0 and f.removed > 0:
                 if f.name in ("held by others", "replica fit", "CPU", "RAM"):
                     break
+                if f.detail:
+                    return f"{lead}: no GPU passes the {f.name} filter ({f.name}: {f.detail}); change the request or wait."
                 return f"{lead}: no GPU passes the {f.name} filter (it removed the last {f.removed}); change the request or wait."
         when = (
             f"; expected about {_at(e.estimated_start)}"
@@ -703,7 +755,8 @@ class _Cycle:
         )
         r = job.request
         gang = f"{job.replicas} replicas of " if job.replicas > 1 else ""
-        return f"{lead}: it needs {gang}{_gpus(r.gpus, 'matching')} on one host and not enough are idle now{when}."
+        priced = "".join(f" ({f.name}: {f.detail})" for f in e.filters if f.detail and f.removed)
+        return f"{lead}: it needs {gang}{_gpus(r.gpus, 'matching')} on one host and not enough are idle now{priced}{when}."
 
 
 def schedule(snapshot: Snapshot, *, pool: FreePool | None = None, explain: bool = True) -> Plan:
@@ -755,6 +808,37 @@ def reserved_start(snapshot: Snapshot, job: Job) -> float | None:
 def _at(ts: float) -> str:
     """A moment as a person reads it (the core has no clock: formatting one is not reading one)."""
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _market_terms(job: Job) -> str:
+    if job.rental == "interruptible":
+        return f"interruptible, bid {format_amount(job.bid)}"
+    return job.rental
+
+
+def _price_detail(job: Job, refused: dict[str, str]) -> str:
+    """What the price filter removed, by reason, e.g. "12 hosts list more than your max_price 2.00"."""
+    per_reason: dict[str, int] = {}
+    for why in refused.values():
+        per_reason[why] = per_reason.get(why, 0) + 1
+    parts = []
+    for why, n in sorted(per_reason.items(), key=lambda item: (-item[1], item[0])):
+        hosts = _count(n, "host")
+        if why == "max_price":
+            listed = "a reserved price of" if job.rental == "reserved" else ""
+            what = f"list {listed + ' ' if listed else ''}more than your max_price {format_amount(job.max_price or 0)}"
+        elif why == "bid":
+            what = f"ask a min bid above your bid {format_amount(job.bid)}"
+        elif why == "not_interruptible":
+            what = "are not rented interruptible"
+        elif why == "pin":
+            what = f"are not the offer you rent ({job.pin})"
+        elif why == "duration":
+            what = "take rentals only up to a max duration shorter than yours (or yours sets none)"
+        else:  # unfunded
+            what = "charge money and your account has no available balance"
+        parts.append(f"{hosts} {what}")
+    return "; ".join(parts)
 
 
 def _count(n: int, noun: str) -> str:

@@ -35,7 +35,7 @@ from common.errors import IdlegridError, NotFound
 from management.scheduler.book import WorkloadBook
 from management.scheduler.core import explain, schedule
 from management.scheduler.model import DEFAULT_HALF_LIFE_S, Explanation, Place, Plan, Policy, Preempt, Reject, Requeue, Snapshot
-from management.scheduler.snapshot import HOLDING_STATES, UnitCache, build_snapshot, policy_of, workload_of
+from management.scheduler.snapshot import HOLDING_STATES, PriceOf, UnitCache, build_snapshot, policy_of, workload_of
 from management.scheduler.usage import UsageMeter
 from management.scheduler.usage_saving import UsageSaver
 from management.scheduler.workloads import WorkloadState, container_name
@@ -100,8 +100,14 @@ class SchedulerLoop:
         settings: SchedulerSettings | None = None,
         *,
         clock: Callable[[], float] = time.time,
+        prices: PriceOf | None = None,
+        funded: Callable[[str], bool] | None = None,
     ) -> None:
+        """``prices``: each host's prices in force, ``(provider, agent id) -> HostPrice`` (None: a free grid);
+        ``funded``: whether a renter account has money available (None: every renter has)."""
         self.master = master
+        self.prices = prices
+        self.funded = funded
         self.book = book
         self.settings = settings or SchedulerSettings()
         self._clock = clock
@@ -221,6 +227,8 @@ class SchedulerLoop:
             offline_grace_s=self.settings.offline_grace_s,
             listening_since=m.started_at,
             unit_cache=self._units,
+            prices=self.prices,
+            funded=self.funded,
         )
         self._units.forget_all_but(m.registry.agents)
         self.usage.advance(
@@ -249,7 +257,9 @@ class SchedulerLoop:
                 elif isinstance(decision, Preempt):
                     preempted += await self._preempt(decision, now)
                 elif isinstance(decision, Requeue):
-                    requeued += await self._requeue(decision.job_id, decision.reason, now)
+                    requeued += await self._requeue(
+                        decision.job_id, decision.reason, now, host_failure=await self._failed_host(decision)
+                    )
                 elif isinstance(decision, Reject):
                     await self.book.transition(decision.job_id, "reject", decision.reason, now)
                     rejected += 1
@@ -348,11 +358,26 @@ class SchedulerLoop:
         )
         return 1
 
-    async def _requeue(self, workload_id: str, reason: str, now: float, *, restarts: int | None = None) -> int:
+    async def _failed_host(self, decision: Requeue) -> str:
+        """``WorkloadRecord.host_failure`` for a core ``Requeue`` (every one ends a run through a host): "<agent>: why".
+        A unit that left the grid has no host in the snapshot: the workload's assignment names it."""
+        host = decision.host
+        if not host:
+            rec = await self.book.get(decision.job_id)
+            gone = [a.agent_id for a in rec.assignments if any(self.master.registry.gpu_of_unit(u) is None for u in a.units)]
+            host = gone[0] if gone else (rec.assignments[0].agent_id if rec.assignments else "")
+        return f"{host}: {decision.reason}" if host else ""  # no host to name (it held nothing): not set
+
+    async def _requeue(
+        self, workload_id: str, reason: str, now: float, *, restarts: int | None = None, host_failure: str = ""
+    ) -> int:
+        """Back to the queue; ``host_failure`` ("<agent id>: why") when the run ended through a host."""
         rec = await self.book.get(workload_id)
         if rec.state not in (W.SCHEDULED.value, W.STARTING.value, W.RUNNING.value, W.PREEMPTED.value):
             return 0
-        changes = {} if restarts is None else {"restarts": restarts}
+        changes: dict[str, Any] = {} if restarts is None else {"restarts": restarts}
+        if host_failure:
+            changes["host_failure"] = host_failure
         await self.book.end(rec.id, "requeue", reason, now, grace_s=self.settings.grace_s, **changes)
         return 1
 
@@ -420,12 +445,17 @@ class SchedulerLoop:
             if rec.state not in (W.SCHEDULED.value, W.STARTING.value):
                 return 1
         states = []
+        failed_on: list[str] = []  # the hosts whose create failed, in replica order
         for a in rec.assignments:
             command = await self._command(a.command_id)
-            states.append("succeeded" if a.state == "running" else (command.state if command else "pending"))
+            state = "succeeded" if a.state == "running" else (command.state if command else "pending")
+            states.append(state)
+            if state in _FAILED_COMMAND:
+                failed_on.append(a.agent_id)
         failed = [s for s in states if s in _FAILED_COMMAND]
         if failed:
-            return await self._failed(rec, f"{len(failed)} of {len(states)} container(s) did not start ({failed[0]})", now)
+            reason = f"{len(failed)} of {len(states)} container(s) did not start ({failed[0]})"
+            return await self._failed(rec, reason, now, host_failure=f"{failed_on[0]}: container did not start ({failed[0]})")
         if all(s == CommandState.SUCCEEDED.value for s in states):
             if rec.state == W.SCHEDULED.value:
                 rec = await self.book.transition(rec.id, "start", "containers created", now)
@@ -440,18 +470,22 @@ class SchedulerLoop:
     async def _reconcile_running(self, rec: WorkloadRecord, now: float) -> int:
         codes: list[int] = []
         lost: list[str] = []
+        through: list[str] = []  # "<agent id>: why", per lost replica
         for a in rec.assignments:
             agent = self.master.registry.agents.get(a.agent_id)
             if agent is None or agent.state in _GONE_HOST:
                 lost.append(f"host {a.agent_id} is gone")
+                why = "retired or quarantined" if agent is not None else "left the grid"
+                through.append(f"{a.agent_id}: host is gone ({why})")
                 continue
             code = agent.exited.get(a.container)
             if code is not None:
                 codes.append(code)
             elif a.container not in agent.containers and agent.state != AgentState.OFFLINE.value:
                 lost.append(f"container {a.container} vanished from {a.agent_id}")
+                through.append(f"{a.agent_id}: container {a.container} vanished")
         if lost:
-            return await self._requeue(rec.id, "; ".join(lost), now)
+            return await self._requeue(rec.id, "; ".join(lost), now, host_failure=through[0])
         if any(code != 0 for code in codes):
             bad = next(code for code in codes if code != 0)
             return await self._failed(rec, f"a container exited with code {bad}", now, exit_codes=codes)
@@ -485,12 +519,18 @@ class SchedulerLoop:
             await self.book.transition(rec.id, "fail", f"preempted for {for_job}; restart_policy never", now)
         return 1
 
-    async def _failed(self, rec: WorkloadRecord, reason: str, now: float, *, exit_codes: list[int] | None = None) -> int:
-        """A replica failed: restart (back to the queue) while the restart policy allows, otherwise fail."""
+    async def _failed(
+        self, rec: WorkloadRecord, reason: str, now: float, *, exit_codes: list[int] | None = None, host_failure: str = ""
+    ) -> int:
+        """A replica failed: restart (back to the queue) while the restart policy allows, otherwise fail.
+        ``host_failure`` ("<agent id>: why"): it failed through that host (a container that did not start there)."""
         extra: dict[str, Any] = {} if exit_codes is None else {"exit_codes": exit_codes}
+        if host_failure:
+            extra["host_failure"] = host_failure
         if rec.spec.restart_policy in RESTARTING_POLICIES and rec.restarts < rec.spec.max_restarts:
             restarts = rec.restarts + 1
-            return await self._requeue(rec.id, f"{reason}; restart {restarts} of {rec.spec.max_restarts}", now, restarts=restarts)
+            why = f"{reason}; restart {restarts} of {rec.spec.max_restarts}"
+            return await self._requeue(rec.id, why, now, restarts=restarts, host_failure=host_failure)
         event = "fail" if rec.state == W.RUNNING.value else "start_failed"
         await self.book.end(rec.id, event, reason, now, grace_s=0.0, **extra)
         return 1

@@ -16,8 +16,10 @@ Placement = Literal["binpack", "spread"]
 Runtime = Literal["docker", "process", "simulated"]
 Isolation = Literal["container", "sandbox", "none"]
 Assignment = tuple[tuple[str, ...], ...]  # per replica, the unit ids it holds
+Rental = Literal["on_demand", "interruptible", "reserved"]
 
 DEFAULT_HALF_LIFE_S = 7 * 24 * 3600.0
+ON_DEMAND_RANK = 2**62  # an on-demand or reserved job's market rank: above every bid
 K = TypeVar("K")  # an account, or an (account, project) pair
 
 
@@ -51,6 +53,11 @@ class Host:
     online: bool = True  # False: its workloads are requeued
     runtime: Runtime = "docker"
     isolation: Isolation = "container"
+    # Prices, in micro-units per GPU-hour (management/market/prices.py); the defaults are a free grid.
+    price: int = 0  # on demand
+    min_bid: int | None = 0  # the lowest bid an interruptible rental may make here; None: not rented interruptible
+    reserved_price: int = 0  # per GPU-hour of a prepaid reserved period
+    max_duration_s: float | None = None  # the longest rental it takes; None: no limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,10 +101,22 @@ class Job:
     started_at: float | None = None
     assignment: Assignment | None = None
     preempted_for: str | None = None  # running job already told to stop for this queued job
+    # How it is rented (docs/scheduler.md, "Prices and bids"); the defaults are a free grid's job.
+    rental: Rental = "on_demand"
+    bid: int = 0  # interruptible: micro-units per GPU-hour offered
+    max_price: int | None = None  # on_demand/reserved: the most it takes per GPU-hour (None: no cap)
+    pin: str | None = None  # a host id: it rents that offer, and runs there or waits
+    funded: bool = True  # False: the renter has no available money, so only hosts that charge it 0
+    reserved_s: float | None = None  # reserved: the prepaid period (it counts as its max duration for hosts)
 
     @property
     def units_asked(self) -> int:
         return self.replicas * self.request.gpus
+
+    @property
+    def market_rank(self) -> int:
+        """Higher goes first and is preempted last: on demand and reserved above any bid; interruptibles by bid."""
+        return self.bid if self.rental == "interruptible" else ON_DEMAND_RANK
 
     @property
     def ends_at(self) -> float | None:
@@ -185,6 +204,7 @@ class Preempt:
 class Requeue:
     job_id: str
     reason: str
+    host: str = ""  # the host through which the run ended, where the snapshot knows it
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +221,7 @@ class FilterCount:
     name: str
     removed: int
     remaining: int
+    detail: str = ""  # what removed them, where one filter has several reasons (price: max_price, bid, pin, ...)
 
 
 @dataclass(slots=True)

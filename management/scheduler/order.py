@@ -1,6 +1,7 @@
-"""The order in which the core considers queued jobs: priority class, then aging, then fair share, then FIFO.
+"""The order in which the core considers queued jobs: priority class, market rank, aging, fair share, FIFO.
 
 - Class rank decides first, so a boost from waiting never lifts a job above the next class.
+- Then the market: on-demand and reserved rentals before interruptible ones, interruptibles by bid (higher first).
 - Aging: one boost step per ``aging_step_s`` waited, at most ``aging_max_boost`` steps.
 - Fair share (Slurm's classic factor): ``F = 2 ** (-U / S)`` where ``U`` is the account's share of all
   decayed usage and ``S`` its share of all shares; a project's factor is computed the same way inside its
@@ -14,9 +15,9 @@ import heapq
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
-from management.scheduler.model import Job, Policy, Snapshot
+from management.scheduler.model import ON_DEMAND_RANK, Job, Policy, Snapshot
 
-OrderKey = tuple[int, int, float, float, float, str]
+OrderKey = tuple[int, int, int, float, float, float, str]
 
 
 def fair_share_factors(usage: Mapping[str, float], shares: Mapping[str, float], accounts: Iterable[str]) -> dict[str, float]:
@@ -79,6 +80,7 @@ class QueueOrder:
         boost = aging_boost(snap.policy, snap.now - job.submitted_at)
         return (
             -rank,
+            -job.market_rank,
             -boost,
             -self.account_factor.get(job.account, 1.0),
             -self.project_factor.get((job.account, job.project), 1.0),
@@ -109,6 +111,7 @@ class QueueOrder:
         decorated = [
             (
                 -rank.get(j.priority, missing),
+                -(j.bid if j.rental == "interruptible" else ON_DEMAND_RANK),
                 -(min(int((now - j.submitted_at) // step), cap) if step > 0 and now > j.submitted_at else 0),
                 -af.get(j.account, 1.0),
                 -pf.get((j.account, j.project), 1.0),

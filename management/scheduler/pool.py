@@ -23,19 +23,23 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from itertools import chain
 
 from management.scheduler.model import Assignment, Host, Job, Policy, ReplicaRequest, Snapshot, Unit
 
-Shape = tuple[str, str | None, int, tuple[int, int], str | None]  # model, tier, VRAM, compute capability, MIG profile
+# model, tier, VRAM, compute capability, MIG profile; and the host's on-demand and reserved price, so that the idle
+# units are bucketed by price too and a priced job walks the cheapest buckets first (a free grid has one price)
+Shape = tuple[str, str | None, int, tuple[int, int], str | None, int, int]
 REPUTATION_PROBE = 8  # among equally good hosts, the best reputation of the first few that pass is taken
 
 
-def shape_of(unit: Unit) -> Shape:
-    return (unit.model, unit.tier, unit.vram_mib, unit.compute_capability, unit.mig_profile)
+def shape_of(unit: Unit, host: Host | None = None) -> Shape:
+    price, reserved = (host.price, host.reserved_price) if host is not None else (0, 0)
+    return (unit.model, unit.tier, unit.vram_mib, unit.compute_capability, unit.mig_profile, price, reserved)
 
 
 def shape_matches(shape: Shape, r: ReplicaRequest) -> bool:
-    model, tier, vram, cc, mig = shape
+    model, tier, vram, cc, mig, _, _ = shape
     if r.models and model not in r.models:
         return False
     if r.tiers and tier not in r.tiers:
@@ -55,10 +59,48 @@ def runtime_allowed(host: Host, job: Job, policy: Policy) -> bool:
     return True
 
 
+def price_for(host: Host, job: Job) -> int:
+    """What ``job`` pays per GPU-hour on ``host``: the listed price (on demand), the reserved price, or its bid."""
+    if job.rental == "interruptible":
+        return job.bid
+    return host.reserved_price if job.rental == "reserved" else host.price
+
+
+def price_refusal(host: Host, job: Job) -> str | None:
+    """Why ``host`` is not for ``job`` by price or rental terms, or None: "pin" (not the offer rented), "not_interruptible"
+    (no min bid), "bid" (under the min bid), "max_price", "duration" (longer than the host takes, or unbounded),
+    "unfunded" (it would pay and the renter has no money)."""
+    if job.pin is not None and host.id != job.pin:
+        return "pin"
+    rental = job.rental
+    if rental == "interruptible":
+        if host.min_bid is None:
+            return "not_interruptible"
+        if host.min_bid > job.bid:
+            return "bid"
+    elif job.max_price is not None and (host.reserved_price if rental == "reserved" else host.price) > job.max_price:
+        return "max_price"
+    if host.max_duration_s is not None:
+        duration = job.reserved_s if rental == "reserved" and job.reserved_s is not None else job.max_duration_s
+        if duration is None or duration > host.max_duration_s:
+            return "duration"
+    if not job.funded and price_for(host, job) > 0:
+        return "unfunded"
+    return None
+
+
 def host_static_ok(host: Host, job: Job, policy: Policy) -> bool:
-    """Every host-level constraint except free CPU/RAM: takes work, runtime, region, reputation, bandwidth."""
+    """Every host-level constraint except free CPU/RAM: takes work, runtime, region, reputation, bandwidth, price."""
     c = job.constraints
     if not (host.online and host.takes_work) or not runtime_allowed(host, job, policy):
+        return False
+    if (
+        job.rental != "on_demand"
+        or not job.funded
+        or job.max_price is not None
+        or job.pin is not None
+        or host.max_duration_s is not None
+    ) and price_refusal(host, job) is not None:  # checked per host met: a free grid's job makes no call
         return False
     if c.regions and host.region not in c.regions:
         return False
@@ -94,7 +136,7 @@ class RunningByStart:
     (a group is sorted when first read after it changed). What it holds is only ever read from snapshots.
     """
 
-    __slots__ = ("_jobs", "_groups", "_starts", "_ordered", "_hosts")
+    __slots__ = ("_jobs", "_groups", "_starts", "_ordered", "_hosts", "interruptible")
 
     def __init__(self) -> None:
         self._jobs: dict[str, Job] = {}  # as last synced
@@ -102,6 +144,8 @@ class RunningByStart:
         self._starts: list[float] = []  # ascending
         self._ordered: dict[float, list[Job]] = {}  # start time -> its jobs by id, while unchanged
         self._hosts: dict[str, frozenset[str]] = {}  # job -> the hosts of its replicas, while unchanged
+        # (priority class, bid) -> how many interruptible jobs run with it: whether a market preemption can find anyone
+        self.interruptible: dict[tuple[str, int], int] = {}
 
     def sync(self, running: Mapping[str, Job]) -> None:
         jobs = self._jobs
@@ -122,6 +166,9 @@ class RunningByStart:
                 new_starts.append(start)
             group[job_id] = job
             jobs[job_id] = job
+            if job.rental == "interruptible":
+                key = (job.priority, job.bid)
+                self.interruptible[key] = self.interruptible.get(key, 0) + 1
             self._ordered.pop(start, None)
         if len(new_starts) > 64:  # a first sync, or a burst of starts: one sort instead of many inserts
             self._starts = sorted(self._groups)
@@ -144,6 +191,13 @@ class RunningByStart:
     def _drop(self, job_id: str) -> None:
         self._hosts.pop(job_id, None)
         job = self._jobs.pop(job_id)
+        if job.rental == "interruptible":
+            key = (job.priority, job.bid)
+            left = self.interruptible[key] - 1
+            if left:
+                self.interruptible[key] = left
+            else:
+                del self.interruptible[key]
         start = job.started_at or 0.0
         group = self._groups[start]
         del group[job_id]
@@ -178,6 +232,7 @@ class _Hold:
     replicas: Assignment
     cpu: float
     ram: int
+    interruptible: bool = False
 
 
 class FreePool:
@@ -193,6 +248,7 @@ class FreePool:
         self.ram_free: dict[str, int] = {h.id: h.ram_mib for h in snapshot.hosts.values()}
         self.holder: dict[str, str] = dict(snapshot.holders)
         self.holds: dict[str, _Hold] = {}
+        self.interruptible_holds = 0  # holds of interruptible jobs: with none, no market preemption is looked for
         self._shapes_for: dict[ReplicaRequest, list[Shape]] = {}
         self._static: dict[Shape, dict[str, int]] | None = None
         self._histograms: dict[bool, dict[Shape, dict[int, int]]] = {}
@@ -201,8 +257,11 @@ class FreePool:
         self.now = snapshot.now
         self.ends: dict[str, float] = {}  # job -> when it ends at the latest (max duration), where known
         self._ends_sorted: list[tuple[float, str]] = []  # (end, job) ascending; entries of gone jobs skipped when read
-        self.shape: dict[str, Shape] = {uid: shape_of(u) for uid, u in self.units.items()}
+        hosts = self.hosts
+        self.shape: dict[str, Shape] = {uid: shape_of(u, hosts.get(u.host)) for uid, u in self.units.items()}
+        self._prices: dict[str, tuple[int, int]] = {h.id: (h.price, h.reserved_price) for h in hosts.values()}  # in shapes
         self.running_by_start = RunningByStart()  # synced by the core when a cycle looks for victims
+        self._duration_limited: bool | None = None  # whether a host limits rentals' durations (kept with the hosts)
         for uid in sorted(self.units, key=lambda u: (self.units[u].host, self.units[u].index, u)):
             if uid not in self.holder:
                 self._add_free(uid)
@@ -269,7 +328,7 @@ class FreePool:
         if not self.placeable(uid):
             return
         unit = self.units[uid]
-        shape = self.shape.get(uid) or shape_of(unit)
+        shape = self.shape.get(uid) or shape_of(unit, self.hosts.get(unit.host))
         per_shape = self.free.setdefault(unit.host, {}).setdefault(shape, {})
         n = len(per_shape)
         per_shape[uid] = None
@@ -280,7 +339,7 @@ class FreePool:
 
     def _remove_free(self, uid: str) -> None:
         unit = self.units[uid]
-        shape = self.shape.get(uid) or shape_of(unit)
+        shape = self.shape.get(uid) or shape_of(unit, self.hosts.get(unit.host))
         per_shape = self.free[unit.host][shape]
         n = len(per_shape)
         del per_shape[uid]
@@ -291,8 +350,36 @@ class FreePool:
 
     def adopt(self, snapshot: Snapshot) -> None:
         """Read hosts, units and policy from this (later) snapshot of the same grid."""
+        changed_hosts = snapshot.hosts is not self.hosts
         self.hosts, self.units, self.policy, self.now = snapshot.hosts, snapshot.units, snapshot.policy, snapshot.now
         self._shapes_for.clear()
+        if changed_hosts:
+            self._duration_limited = None
+            self._reprice()
+
+    def _reprice(self) -> None:
+        """Move the units of hosts whose prices changed to the shapes of their new prices (a pass over the hosts)."""
+        hosts, prices = self.hosts, self._prices
+        moved = set()
+        for h, host in hosts.items():
+            now = (host.price, host.reserved_price)
+            if prices.get(h, now) != now:
+                moved.add(h)
+        if not moved:
+            return
+        for uid, unit in self.units.items():
+            if unit.host in moved:
+                free = self.is_free(uid)
+                if free:
+                    self._remove_free(uid)
+                self.shape[uid] = shape_of(unit, hosts.get(unit.host))
+                if free:
+                    self._add_free(uid)
+        for h in moved:
+            prices[h] = (hosts[h].price, hosts[h].reserved_price)
+        self._static = None
+        self._histograms.clear()
+        self._hosts_with.clear()
 
     def refresh(self, uid: str) -> None:
         """Bring one unit's idle entry in line with its health and its host's state (after either changed)."""
@@ -306,7 +393,7 @@ class FreePool:
         unit = self.units.get(uid)
         if unit is None:
             return False
-        return uid in self.free.get(unit.host, {}).get(self.shape.get(uid) or shape_of(unit), {})
+        return uid in self.free.get(unit.host, {}).get(self.shape.get(uid) or shape_of(unit, self.hosts.get(unit.host)), {})
 
     def _record(self, job: Job, assignment: Assignment) -> None:
         r = job.request
@@ -316,7 +403,15 @@ class FreePool:
                 if host in self.cpu_free:
                     self.cpu_free[host] -= r.cpu_cores
                     self.ram_free[host] -= r.ram_mib
-        self.holds[job.id] = _Hold(job.id, assignment, r.cpu_cores, r.ram_mib)
+        self._hold(job, assignment)
+
+    def _hold(self, job: Job, assignment: Assignment) -> None:
+        interruptible = job.rental == "interruptible"
+        self.interruptible_holds += interruptible
+        previous = self.holds.get(job.id)
+        if previous is not None:
+            self.interruptible_holds -= previous.interruptible
+        self.holds[job.id] = _Hold(job.id, assignment, job.request.cpu_cores, job.request.ram_mib, interruptible)
 
     def take(self, job: Job, assignment: Assignment) -> None:
         """``job`` now holds ``assignment`` (every unit must be idle)."""
@@ -331,6 +426,7 @@ class FreePool:
         hold = self.holds.pop(job_id, None)
         if hold is None:
             return ()
+        self.interruptible_holds -= hold.interruptible
         for replica in hold.replicas:
             if replica and replica[0] in self.units:
                 host = self.units[replica[0]].host
@@ -382,12 +478,34 @@ class FreePool:
             return None
         return tuple(list(idle)[:g])
 
+    def limits_duration(self) -> bool:
+        """Whether any host limits a rental's duration (one pass, kept while the snapshot's hosts are the same mapping)."""
+        if self._duration_limited is None:
+            self._duration_limited = any(h.max_duration_s is not None for h in self.hosts.values())
+        return self._duration_limited
+
     def _candidates(self, job: Job, exclude: frozenset[str]) -> Iterator[tuple[str, Shape]]:
-        """Hosts (with the shape to use there) in order of preference for one replica of ``job``."""
+        """Hosts (with the shape to use there) in order of preference for one replica of ``job``: the cheapest
+        first, then by the placement order (``_candidates_by_fit``). Shapes carry their hosts' prices, so this is
+        the placement walk over the buckets of the lowest price, then of the next: a free grid has one."""
+        shapes = self.shapes_for(job.request)
+        if job.rental == "interruptible":  # it pays its bid wherever it runs
+            return self._candidates_by_fit(job, exclude, shapes)
+        reserved = job.rental == "reserved"
+        by_price: dict[int, list[Shape]] = {}
+        for shape in shapes:
+            by_price.setdefault(shape[6] if reserved else shape[5], []).append(shape)
+        if len(by_price) <= 1:
+            return self._candidates_by_fit(job, exclude, shapes)
+        return chain.from_iterable(self._candidates_by_fit(job, exclude, by_price[p]) for p in sorted(by_price))
+
+    def _candidates_by_fit(self, job: Job, exclude: frozenset[str], shapes: list[Shape]) -> Iterator[tuple[str, Shape]]:
+        """Hosts (with the shape to use there, one of ``shapes``) in placement order (bin-packing or spread, then
+        reputation)."""
         g = job.request.gpus
         spread = (job.placement or self.policy.placement_default) == "spread"
         levels: dict[int, list[Shape]] = {}
-        for shape in self.shapes_for(job.request):
+        for shape in shapes:
             for count, hosts in self.buckets.get(shape, {}).items():
                 if count >= g and hosts:
                     levels.setdefault(count, []).append(shape)
@@ -439,7 +557,7 @@ class FreePool:
             self.ram_free[host] -= r.ram_mib
             placed.append(units)
         assignment = tuple(placed)
-        self.holds[job.id] = _Hold(job.id, assignment, r.cpu_cores, r.ram_mib)
+        self._hold(job, assignment)
         return assignment
 
     def _undo(self, job_id: str, placed: list[tuple[str, ...]], r: ReplicaRequest) -> None:
@@ -475,7 +593,8 @@ class FreePool:
         if counts is None:
             counts = {}
             for unit in self.units.values():
-                per_host = counts.setdefault(shape_of(unit), {})
+                shape = self.shape.get(unit.id) or shape_of(unit, self.hosts.get(unit.host))
+                per_host = counts.setdefault(shape, {})
                 per_host[unit.host] = per_host.get(unit.host, 0) + 1
             self._static = counts
         return counts

@@ -11,6 +11,8 @@ reads memory only (the Master's registry and allocation ledger, the book's open 
 - it ``takes_work`` only when ready or busy and not drained;
 - a unit is ``healthy`` unless its GPU is faulty (an Xid, ECC errors, overheating: master/faults.py), reported by two
   hosts, or gone from its host's inventory;
+- prices come from a ``prices`` callable (management/market/prices.py ``PriceTable.price``); without one the grid is
+  free. A renter ``funded`` says has no available money takes only hosts that charge it nothing;
 - a hold whose container belongs to no placed workload (an operator's raw container, or a workload's container still
   being deleted after a requeue) is held by a placeholder job that is never placed, moved or preempted.
 """
@@ -18,8 +20,10 @@ reads memory only (the Master's registry and allocation ledger, the book's open 
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 
+from management.market.money import parse_amount
+from management.market.prices import HostPrice
 from management.scheduler.model import (
     DEFAULT_CLASSES,
     Constraints,
@@ -45,6 +49,11 @@ _CONTAINER = re.compile(r"^(wl-[0-9a-f]+)-r(\d+)-a(\d+)$")
 _RUNTIMES = frozenset({"docker", "process", "simulated"})
 _ISOLATIONS = frozenset({"container", "sandbox", "none"})
 _NO_PEERS: frozenset[str] = frozenset()
+FREE = HostPrice(on_demand=0, min_bid=0)  # a host of a free grid: everything costs 0, interruptible at any bid
+_RENTAL_KINDS = frozenset({"on_demand", "interruptible", "reserved"})
+
+PriceOf = Callable[[str, str], HostPrice]  # (provider, agent id) -> the host's prices in force
+Funded = Callable[[str], bool] | Collection[str]  # an account -> whether it has money available (or the set that has)
 
 
 def workload_of(container: str) -> str | None:
@@ -61,7 +70,11 @@ def compute_capability(text: str) -> tuple[int, int]:
         return 0, 0
 
 
-def host_of(agent: AgentRecord, now: float, *, offline_grace_s: float, listening_since: float = 0.0) -> Host:
+def host_of(
+    agent: AgentRecord, now: float, *, offline_grace_s: float, listening_since: float = 0.0, price: HostPrice | None = None
+) -> Host:
+    """The core's host; ``price`` None: it charges nothing (a free grid)."""
+    price = price if price is not None else FREE
     answering = agent.state in _ANSWERING
     last_heard = max(agent.last_seen, listening_since)
     recently_seen = agent.state == AgentState.OFFLINE.value and now - last_heard < offline_grace_s
@@ -80,6 +93,10 @@ def host_of(agent: AgentRecord, now: float, *, offline_grace_s: float, listening
         online=answering or recently_seen,
         runtime=runtime,  # type: ignore[arg-type]  # checked against the literal's values above
         isolation=isolation,  # type: ignore[arg-type]
+        price=price.on_demand,
+        min_bid=price.min_bid,
+        reserved_price=price.reserved,
+        max_duration_s=price.max_duration_s,
     )
 
 
@@ -176,8 +193,11 @@ def mig_units_of(gpu: GpuRecord, *, healthy: bool) -> list[Unit]:
     ]
 
 
-def job_of(rec: WorkloadRecord) -> Job:
+def job_of(rec: WorkloadRecord, *, funded: bool = True) -> Job:
+    """The core's job for a workload; ``funded`` False: its renter has no available money (only free hosts)."""
     spec = rec.spec
+    terms = spec.rental
+    rental = terms.kind if terms is not None and terms.kind in _RENTAL_KINDS else "on_demand"
     replica = spec.replica
     holding = rec.state in HOLDING_STATES and rec.assignments
     assignment = tuple(tuple(a.units) for a in sorted(rec.assignments, key=lambda a: a.replica)) if holding else None
@@ -210,6 +230,12 @@ def job_of(rec: WorkloadRecord) -> Job:
         started_at=(rec.started_at or rec.scheduled_at or rec.queued_at) if holding else None,
         assignment=assignment,
         preempted_for=(rec.preempted_for or "(stopping)") if rec.state == "preempted" else None,
+        rental=rental,  # type: ignore[arg-type]  # checked against the literal's values above
+        bid=parse_amount(terms.bid) if terms is not None and terms.bid is not None else 0,
+        max_price=parse_amount(terms.max_price) if terms is not None and terms.max_price is not None else None,
+        pin=terms.offer if terms is not None else None,
+        funded=funded,
+        reserved_s=terms.reserved_s if terms is not None else None,
     )
 
 
@@ -265,25 +291,35 @@ def build_snapshot(
     offline_grace_s: float,
     listening_since: float = 0.0,
     unit_cache: UnitCache | None = None,
+    prices: PriceOf | None = None,
+    funded: Funded | None = None,
 ) -> Snapshot:
-    """The core's snapshot. ``listening_since``: when this Master started (a host's silence is not counted before it)."""
+    """The core's snapshot. ``listening_since``: when this Master started (a host's silence is not counted before it).
+    ``prices``: each host's prices in force (None: everything is free); ``funded``: which renters have money available
+    (None: all of them)."""
     hosts: dict[str, Host] = {}
     units: dict[str, Unit] = {}
     for agent in agents.values():
         if agent.state == AgentState.RETIRED.value:
             continue
-        hosts[agent.id] = host_of(agent, now, offline_grace_s=offline_grace_s, listening_since=listening_since)
+        price = prices(agent.provider, agent.id) if prices is not None else None
+        hosts[agent.id] = host_of(agent, now, offline_grace_s=offline_grace_s, listening_since=listening_since, price=price)
         gpus = gpus_by_agent.get(agent.id, ())
         for unit in unit_cache.units(agent.id, gpus) if unit_cache is not None else units_of(gpus):
             units[unit.id] = unit
     running: dict[str, Job] = {}
     queue: list[Job] = []
     containers: dict[tuple[str, str], str] = {}  # (agent, container) -> the holding workload's id
+    has_money: Callable[[str], bool] | None
+    if funded is None or callable(funded):
+        has_money = funded
+    else:
+        has_money = funded.__contains__
     for rec in workloads:
         if rec.state == "queued":
-            queue.append(job_of(rec))
+            queue.append(job_of(rec, funded=has_money(rec.account) if has_money is not None else True))
         elif rec.state in HOLDING_STATES and rec.assignments:
-            running[rec.id] = job_of(rec)
+            running[rec.id] = job_of(rec, funded=has_money(rec.account) if has_money is not None else True)
             for a in rec.assignments:
                 containers[(a.agent_id, a.container)] = rec.id
     instances: dict[str, list[str]] = {}  # a GPU in MIG mode -> its instances' unit ids

@@ -2,7 +2,9 @@
 
 1. no unit ever has two holders; 2. gangs are all-or-nothing; 3. a higher class is never left waiting
 when preempting lower work would fit it; 4. backfill never delays the head's reserved start; 5. two
-accounts of equal share, both always submitting, get GPU-seconds within 5% of each other over a day.
+accounts of equal share, both always submitting, get GPU-seconds within 5% of each other over a day;
+6. (prices and bids) no job is ever preempted by a job of lower or equal (class, market) rank, and reserved
+rentals never are.
 """
 
 from __future__ import annotations
@@ -158,6 +160,52 @@ def test_3_a_higher_class_is_never_left_waiting_when_preempting_lower_work_would
             holders={u: j for u, j in snap.holders.items() if j not in victims},
         )
         assert hi.id in placed(schedule(after, explain=False))
+
+
+@st.composite
+def full_markets(draw: st.DrawFn) -> Snapshot:
+    """A small grid every GPU of which is rented (any class, kind and bid), and a queue that wants some of it."""
+    hosts: dict[str, Host] = {}
+    units: dict[str, Unit] = {}
+    running: dict[str, Job] = {}
+    bids = st.sampled_from([0, 1_000_000, 2_000_000])
+    kinds = st.sampled_from(["on_demand", "interruptible", "reserved"])
+
+    def terms() -> dict[str, object]:
+        rental = draw(kinds)
+        return {
+            "rental": rental,
+            "bid": draw(bids) if rental == "interruptible" else 0,
+            "reserved_s": 3600.0 if rental == "reserved" else None,
+            "priority": draw(st.sampled_from(CLASSES)),
+        }
+
+    for h in range(draw(st.integers(1, 3))):
+        for u in gpus(f"h{h}", draw(st.integers(1, 2))):
+            hosts[u.host] = Host(u.host)
+            units[u.id] = u
+            jid = f"run-{u.id}"
+            running[jid] = Job(
+                jid,
+                "a",
+                started_at=float(draw(st.integers(0, 3))),
+                assignment=((u.id,),),
+                **terms(),  # type: ignore[arg-type]
+            )
+    queue = [Job(f"q{i}", "b", submitted_at=float(i), **terms()) for i in range(draw(st.integers(1, 3)))]  # type: ignore[arg-type]
+    holders = {u: j.id for j in running.values() for r in j.assignment or () for u in r}
+    return Snapshot(1000.0, hosts, units, holders, running, queue)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(full_markets())
+def test_6_no_job_is_preempted_by_one_of_lower_or_equal_class_and_market_rank_nor_a_reserved_one(snap: Snapshot) -> None:
+    rank = {c.name: c.rank for c in snap.policy.classes}
+    queued = {j.id: j for j in snap.queue}
+    for p in schedule(snap).preempts():
+        victim, preemptor = snap.running[p.job_id], queued[p.for_job]
+        assert victim.rental != "reserved" and victim.preemptible
+        assert (rank[victim.priority], victim.market_rank) < (rank[preemptor.priority], preemptor.market_rank)
 
 
 @SETTINGS

@@ -1,0 +1,192 @@
+"""The scheduling loop and the market: a run that ends through a host is noted on the workload (``host_failure``, the
+market refunds and penalises from it) and forgotten when it is placed again; prices and renters' funds, given to the
+loop, steer placement. A real Master (SQLite in tmp_path) driven through its relay-link handlers (no sockets); the
+agents report simulated H100s, no GPU is needed."""
+
+from __future__ import annotations
+
+import time
+
+from common.wire import AgentEvent, AgentEventKind, CommandResult, Heartbeat
+from management.market.money import parse_amount
+from management.market.prices import HostPrice
+from management.scheduler.book import WorkloadBook
+from management.scheduler.loop import SchedulerLoop, SchedulerSettings
+from master.records import RentalTerms, WorkloadRecord
+from master.service import Master
+from tests.management.scheduler.test_loop import GRACE_S, creates_sent, host, relay, scheduler, spec, started
+from tests.master.linked import disconnect
+
+
+def transitions(loop: SchedulerLoop) -> list[WorkloadRecord]:
+    """Every workload record the book hands its listeners on a transition, in order."""
+    seen: list[WorkloadRecord] = []
+    loop.book.subscribe(lambda what, rec: seen.append(rec) if what == "transition" else None)
+    return seen
+
+
+async def running_on_one_host(master: Master, link, loop: SchedulerLoop, **fields) -> WorkloadRecord:
+    wl = await loop.book.submit("alice", spec(**fields), time.time())
+    await loop.cycle()
+    await started(master, link, await loop.book.get(wl.id))
+    await loop.cycle()
+    rec = await loop.book.get(wl.id)
+    assert rec.state == "running"
+    return rec
+
+
+async def test_a_faulty_gpu_notes_the_host_on_the_requeue_and_placing_it_again_clears_it(master, link):
+    await host(master, link, "agt-a")
+    await host(master, link, "agt-b")
+    loop = scheduler(master)
+    await loop.book.load()
+    seen = transitions(loop)
+    rec = await running_on_one_host(master, link, loop)
+    (first,) = rec.assignments
+    assert rec.host_failure == ""
+
+    fault = AgentEvent(kind=AgentEventKind.GPU_XID, ts=time.time(), gpu_uuid=first.units[0], code=79)
+    await relay(master, link, first.agent_id, fault)
+    await loop.cycle()  # the core's Requeue
+
+    requeued = await loop.book.get(rec.id)
+    assert requeued.state == "queued"
+    assert requeued.host_failure == f"{first.agent_id}: unit {first.units[0]} on host {first.agent_id} is unhealthy"
+    assert (await master.store.workloads.get(rec.id)).host_failure == requeued.host_failure  # stored with the transition
+
+    await loop.cycle()  # placed on the other host
+    placed = await loop.book.get(rec.id)
+    assert placed.state == "scheduled" and placed.host_failure == ""
+    assert [r.host_failure != "" for r in seen if r.id == rec.id][-2:] == [True, False]
+
+
+async def test_a_host_gone_offline_past_the_grace_is_noted_as_the_host_failure_of_the_requeue(master, link):
+    await host(master, link, "agt-a")
+    loop = scheduler(master)
+    await loop.book.load()
+    rec = await running_on_one_host(master, link, loop)
+
+    await disconnect(master, link, "agt-a", "relay lost")
+    await loop.cycle()
+    assert (await loop.book.get(rec.id)).state == "running"  # within the offline grace: nothing moves
+    loop._clock = lambda: time.time() + 6.0  # noqa: SLF001  (past offline_grace_s = 5 s)
+    await loop.cycle()
+
+    requeued = await loop.book.get(rec.id)
+    assert requeued.state == "queued" and requeued.host_failure == "agt-a: host agt-a went offline"
+
+
+async def test_a_host_that_is_quarantined_under_a_running_workload_is_noted_as_its_host_failure(master, link):
+    await host(master, link, "agt-a")
+    loop = scheduler(master)
+    await loop.book.load()
+    rec = await running_on_one_host(master, link, loop, restart_policy="on_failure")
+
+    agent = master.registry.agents["agt-a"]
+    assert await master.registry.transition(agent, "quarantine", "failed verification")
+    await loop.cycle()
+
+    requeued = await loop.book.get(rec.id)
+    assert requeued.state == "queued" and "host agt-a is gone" in requeued.state_reason
+    assert requeued.host_failure == "agt-a: host is gone (retired or quarantined)"
+
+
+async def test_a_container_that_vanished_from_a_host_that_answers_is_noted_as_its_host_failure(master, link):
+    await host(master, link, "agt-a")
+    loop = scheduler(master)
+    await loop.book.load()
+    rec = await running_on_one_host(master, link, loop)
+    (a,) = rec.assignments
+
+    agent = master.registry.agents["agt-a"]
+    agent.containers = {k: v for k, v in agent.containers.items() if k != a.container}  # the host no longer reports it
+    await loop.cycle()
+
+    after = await master.store.workloads.get(rec.id)
+    assert after.host_failure == f"agt-a: container {a.container} vanished"
+
+
+def no_such_image(command_id: str) -> CommandResult:
+    return CommandResult(id=command_id, ok=False, error="no such image", error_code="runtime_failure")
+
+
+async def test_a_container_that_did_not_start_is_noted_on_the_failure_and_on_a_restart(master, link):
+    await host(master, link, "agt-a")
+    loop = scheduler(master)
+    await loop.book.load()
+    seen = transitions(loop)
+    # restart_policy never: the workload fails, and the failure names the host
+    wl = await loop.book.submit("alice", spec("once"), time.time())
+    await loop.cycle()
+    (x,) = (await loop.book.get(wl.id)).assignments
+    await relay(master, link, "agt-a", no_such_image(x.command_id))
+    await loop.cycle()
+    failed = await master.store.workloads.get(wl.id)
+    assert failed.state == "failed" and failed.host_failure == "agt-a: container did not start (failed)"
+
+    # on_failure: the requeue names the host; placed again in the same cycle, the new placement clears it
+    again = await loop.book.submit("alice", spec("again", restart_policy="on_failure"), time.time())
+    await loop.cycle()
+    (y,) = (await loop.book.get(again.id)).assignments
+    await relay(master, link, "agt-a", no_such_image(y.command_id))
+    await loop.cycle()
+    mine = [(r.state, r.host_failure) for r in seen if r.id == again.id]
+    assert ("queued", "agt-a: container did not start (failed)") in mine
+    assert mine[-1] == ("scheduled", "")
+
+
+async def test_a_container_that_exited_non_zero_is_no_host_failure(master, link):
+    await host(master, link, "agt-a")
+    loop = scheduler(master)
+    await loop.book.load()
+    rec = await running_on_one_host(master, link, loop)
+    (x,) = rec.assignments
+    await relay(master, link, "agt-a", Heartbeat(seq=1, ts=time.time(), exited={x.container: 2}))
+    await loop.cycle()
+    after = await master.store.workloads.get(rec.id)
+    assert after.state == "failed" and after.host_failure == ""
+
+
+# --- prices and funds, given to the loop --------------------------------------------------------------------------
+
+
+def priced_loop(master: Master, prices: dict[str, HostPrice], funded: set[str] | None = None) -> SchedulerLoop:
+    book = WorkloadBook(master.store, master.events, master, policy=master.policy)
+    free = HostPrice(on_demand=0, min_bid=0)
+    return SchedulerLoop(
+        master,
+        book,
+        SchedulerSettings(grace_s=GRACE_S, offline_grace_s=5.0, stray_sweep_s=0.0),
+        prices=lambda _provider, agent_id: prices.get(agent_id, free),
+        funded=None if funded is None else funded.__contains__,
+    )
+
+
+async def test_the_loop_places_by_the_prices_and_funds_it_is_given(master, link):
+    await host(master, link, "agt-dear")
+    await host(master, link, "agt-cheap")
+    loop = priced_loop(
+        master, {"agt-dear": HostPrice(on_demand=parse_amount("4")), "agt-cheap": HostPrice(on_demand=parse_amount("1"))}
+    )
+    await loop.book.load()
+    first = await loop.book.submit("alice", spec("first"), time.time())
+    await loop.cycle()
+    assert [a.agent_id for a in (await loop.book.get(first.id)).assignments] == ["agt-cheap"]  # cheapest first
+    capped = await loop.book.submit("alice", spec("capped", rental=RentalTerms(max_price="2")), time.time())
+    await loop.cycle()
+    assert (await loop.book.get(capped.id)).state == "queued" and creates_sent(link, "agt-dear") == []
+    e = await loop.explain(capped.id)
+    assert "price: 1 host list more than your max_price 2.00" in e.summary
+
+
+async def test_a_renter_without_money_waits_for_a_free_host(master, link):
+    await host(master, link, "agt-paid")
+    loop = priced_loop(master, {"agt-paid": HostPrice(on_demand=parse_amount("1"))}, funded={"bob"})
+    await loop.book.load()
+    broke = await loop.book.submit("alice", spec("broke"), time.time())
+    await loop.cycle()
+    assert (await loop.book.get(broke.id)).state == "queued"
+    assert "no available balance" in (await loop.explain(broke.id)).summary
+    paying = await loop.book.submit("bob", spec("paying"), time.time())
+    await loop.cycle()
+    assert (await loop.book.get(paying.id)).state == "scheduled"
