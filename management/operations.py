@@ -211,7 +211,13 @@ class Operations:
         # Offers, the ledger and the metering of rentals; the scheduler reads its prices and who has money.
         self.market = MarketOperations(master, self.workloads, Market(master, self.workloads, self.prices))
         # The loop runs only where it was started (the Master's server); explaining needs only its snapshot.
-        self.scheduler = scheduler or SchedulerLoop(master, self.workloads, SchedulerSettings.of(master.config))
+        self.scheduler = scheduler or SchedulerLoop(
+            master,
+            self.workloads,
+            SchedulerSettings.of(master.config),
+            prices=self.prices.price,
+            funded=self.market.market.funded,
+        )
 
     # --- accounts and API keys ------------------------------------------------------------------
     # ``owner`` (as auth decided it): the one account a provider's or renter's call may see; another account
