@@ -40,6 +40,7 @@ from master.loops import Loop
 from master.records import LedgerEntry, PriceChange, RentalHost, RentalRecord, WorkloadRecord
 from master.reputation import reputation
 from master.service import Master
+from master.states import AgentState
 from master.store.aggregates import rental_order
 from master.store.base import RentalRepo
 from master.store.errors import StaleRental
@@ -83,6 +84,29 @@ class MeterSettings(msgspec.Struct, frozen=True, kw_only=True):
 def rental_id(workload: WorkloadRecord) -> str:
     """The rental of a workload's current run: ``<workload id>-a<attempt>``."""
     return f"{workload.id}-a{workload.attempts}"
+
+
+def rental_hosts(wl: WorkloadRecord, master: Master, prices: Prices) -> list[RentalHost]:
+    """The hosts a running workload's rental pays, each at its price per GPU-hour now: the bid (interruptible), the
+    host's reserved price (reserved) or its listed price (on demand)."""
+    terms = wl.spec.rental
+    kind = terms.kind if terms is not None else "on_demand"
+    gpus: dict[str, list[str]] = {}
+    for a in wl.assignments:
+        gpus.setdefault(a.agent_id, []).extend(a.units)
+    hosts = []
+    for agent_id, units in gpus.items():
+        agent = master.registry.agents.get(agent_id)
+        provider = agent.provider if agent is not None else ""
+        listed = prices(provider, agent_id)
+        if kind == "interruptible" and terms is not None and terms.bid is not None:
+            price = parse_amount(terms.bid)
+        elif kind == "reserved":
+            price = listed.reserved
+        else:
+            price = listed.on_demand
+        hosts.append(RentalHost(agent_id=agent_id, provider=provider, gpus=max(1, len(units)), price=price, units=units))
+    return hosts
 
 
 class MeterLoop:
@@ -234,21 +258,7 @@ class MeterLoop:
         rid = rental_id(wl)
         terms = wl.spec.rental
         kind = terms.kind if terms is not None else "on_demand"
-        gpus: dict[str, list[str]] = {}
-        for a in wl.assignments:
-            gpus.setdefault(a.agent_id, []).extend(a.units)
-        hosts = []
-        for agent_id, units in gpus.items():
-            agent = self._master.registry.agents.get(agent_id)
-            provider = agent.provider if agent is not None else ""
-            listed = self._prices(provider, agent_id)
-            if kind == "interruptible" and terms is not None and terms.bid is not None:
-                price = parse_amount(terms.bid)
-            elif kind == "reserved":
-                price = listed.reserved
-            else:
-                price = listed.on_demand
-            hosts.append(RentalHost(agent_id=agent_id, provider=provider, gpus=max(1, len(units)), price=price, units=units))
+        hosts = rental_hosts(wl, self._master, self._prices)
         reserved_s = terms.reserved_s if terms is not None else None
         rec = RentalRecord(
             id=rid,
@@ -366,11 +376,19 @@ class MeterLoop:
     # --- inside ----------------------------------------------------------------------------------------------------
 
     def _heartbeats(self, rental: RentalRecord) -> dict[str, float]:
-        """Each host's last heartbeat (a host the registry does not know has none: -inf)."""
+        """Each host's last heartbeat (a host the registry does not know has none: -inf). A host not known to be offline
+        counts as heard when this Master began listening: the time the Master itself was down (SIGKILL, restart) is
+        not the host's silence, and its rentals ran on; the stored ``last_seen`` also lags by the heartbeat flush."""
         seen = {}
+        listening_since = self._master.started_at
         for h in rental.hosts:
             agent = self._master.registry.agents.get(h.agent_id)
-            seen[h.agent_id] = agent.last_seen if agent is not None else -math.inf
+            if agent is None:
+                seen[h.agent_id] = -math.inf
+            elif agent.state == AgentState.OFFLINE.value:
+                seen[h.agent_id] = agent.last_seen
+            else:
+                seen[h.agent_id] = max(agent.last_seen, listening_since)
         return seen
 
     def _reputation_score(self, agent_id: str) -> float | None:

@@ -25,6 +25,7 @@ from management.market.ledger import (
     statement_csv,
 )
 from management.market.market import Market
+from management.market.meter import rental_hosts
 from management.market.metering import cost_until, price_at
 from management.market.money import format_amount, parse_amount
 from management.market.offers import Offer, SearchResult
@@ -178,16 +179,21 @@ class MarketOperations:
             "per_hour": None,
         }
         said = KINDS_SAID[terms.kind]
-        if rental is not None:
+        hosts = rental.hosts if rental is not None else None
+        if hosts is None and rec.state == "running":  # the meter opens its rental on its next tick, at these prices
+            hosts = rental_hosts(rec, self._master, self.market.prices.price)
+        if hosts:
             now = time.time()
-            per_hour = sum(price_at(rental, h, now) * h.gpus for h in rental.hosts)
-            prices = sorted({price_at(rental, h, now) for h in rental.hosts})
+            price_of = (lambda h: price_at(rental, h, now)) if rental is not None else (lambda h: h.price)
+            per_hour = sum(price_of(h) * h.gpus for h in hosts)
+            prices = sorted({price_of(h) for h in hosts})
             view["price"] = format_amount(prices[0]) if len(prices) == 1 else [format_amount(p) for p in prices]
             view["per_hour"] = format_amount(per_hour)
             source = {"on_demand": "the host's listed price", "interruptible": "your bid", "reserved": "the reserved price"}
             view["summary"] = (
                 f"{said} at {' / '.join(format_amount(p) for p in prices)} {cur} per GPU-hour ({source[terms.kind]}): "
-                f"{format_amount(per_hour)} {cur} per hour for {rental.gpus} GPU(s), charged per second while it runs"
+                f"{format_amount(per_hour)} {cur} per hour for {sum(h.gpus for h in hosts)} GPU(s), charged per second while "
+                "it runs"
             )
         elif terms.kind == "interruptible":
             view["summary"] = f"{said} at your bid of {terms.bid} {cur} per GPU-hour, on hosts whose minimum bid it meets"

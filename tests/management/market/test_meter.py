@@ -305,3 +305,25 @@ async def test_started_the_loop_meters_on_its_own_every_quarter_period_and_stops
     finally:
         await m.meter.stop()
     assert [r.id for r in m.meter.open_rentals()] == [f"{wl.id}-a1"]
+
+
+async def test_after_a_restart_a_host_not_known_offline_counts_as_heard_when_the_master_began_listening(start_market):
+    """The Master's own downtime is not the host's silence: its rentals ran on. A restarted Master has only the stored
+    last_seen (older, by the flush lag and the outage), so charges up to its start are not held back by it."""
+    T = t0()
+    m = await start_market(t0=T)
+    await m.ledger.credit("alice", 10_000_000, "credit", key="c1")
+    wl = await m.run("a", 1, T)
+    await m.tick(T + 61)
+    await start_market.stop_master(m.master)
+
+    again = await start_market(t0=T + 200, first=False)
+    agent = again.master.registry.agents["agt-1"]
+    assert agent.state != "offline" and agent.last_seen < T + 100  # nothing heard since the restart
+    again.master.started_at = T + 190  # the restarted Master began listening then
+    await again.tick(T + 200, beat=False)
+    keys = await again.keys(f"{wl.id}-a1")
+    assert keys[-1] == f"charge:{wl.id}-a1:3", keys  # periods 2 and 3 (up to T + 180) charged at once
+    agent.state = "offline"  # found silent: only its own last heartbeat counts
+    await again.tick(T + 400, beat=False)
+    assert (await again.keys(f"{wl.id}-a1"))[-1] == f"charge:{wl.id}-a1:3"
