@@ -186,7 +186,7 @@ def test_a_master_killed_during_metering_charges_no_period_twice_and_loses_at_mo
     assert len(keys) == len(set(keys)), "an entry posted twice"
     full = 3_600_000 * seconds_run(rental) // 3600
     charged = micro(rental["charged"])
-    assert full - 1_000 * MASTER_SETTINGS["metering_period_s"] <= charged <= full, (charged, full, rentals_of(dave, job["id"]), statement(dave, "dave"))  # type: ignore[operator]
+    assert full - 1_000 * MASTER_SETTINGS["metering_period_s"] <= charged <= full, (charged, full)  # type: ignore[operator]
     assert sum(books(grid, ["dave"]).values()) == 0
 
 
@@ -206,7 +206,7 @@ def test_a_host_that_fails_a_rental_refunds_the_renter_and_its_reputation_says_w
         30,
         "the workload to run again on the healthy host",
     )
-    [failed, _] = rentals_of(erin, job["id"])
+    failed, _ = wait_for(lambda: (r := rentals_of(erin, job["id"])) and len(r) == 2 and r, 5, "the second rental")
     assert failed["host_failure"] and placed["agent_id"] in failed["host_failure"], failed
     assert micro(failed["charged"]) == 0, "the renter paid for a run its host failed"
     refunds = [line for line in statement(erin, "erin") if line["kind"] == "refund"]
