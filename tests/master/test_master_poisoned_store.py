@@ -12,6 +12,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
@@ -20,7 +21,15 @@ from common.pki import generate_key, make_csr
 from management.api import build_app
 from master.config import MasterConfig
 from master.enrollment import hash_secret
-from master.records import FairShareUsage, RevocationRecord
+from master.records import (
+    FairShareUsage,
+    LedgerEntry,
+    LedgerLine,
+    PriceRecord,
+    RentalHost,
+    RentalRecord,
+    RevocationRecord,
+)
 from master.service import Master
 from master.store import open_store
 from master.store.aggregates import Aggregate
@@ -45,6 +54,14 @@ async def _plant_good_and_bad_records(store_url: str) -> dict[Aggregate, str]:
         await store.rollups.put_many([rollup("GPU-a", 1)])
         await store.workloads.insert(workload("wl-1"))
         await store.fair_share.put_many([FairShareUsage(account="alice", gpu_seconds=60.0, decayed_to=NOW)])
+        await store.prices.put(PriceRecord(provider="acme", on_demand=1_000_000, updated_at=NOW))
+        host = RentalHost(agent_id="agt-1", provider="prov", gpus=1, price=1_000_000)
+        rental = RentalRecord(
+            id="wl-1-a1", workload_id="wl-1", account="alice", kind="on_demand", hosts=[host], started_at=NOW, version=1
+        )
+        await store.rentals.insert(msgspec.structs.replace(rental, ended_at=NOW + 60))
+        lines = [LedgerLine(account="external", amount=-5), LedgerLine(account="renter:alice", amount=5)]
+        await store.ledger.post(LedgerEntry(key="credit:alice:1", ts=NOW, kind="credit", memo="", lines=lines, rental="wl-1-a1"))
         return {
             Aggregate.AGENTS: await poison(store, Aggregate.AGENTS, "agt-bad"),
             Aggregate.GPUS: await poison(store, Aggregate.GPUS, "GPU-bad"),
@@ -57,6 +74,9 @@ async def _plant_good_and_bad_records(store_url: str) -> dict[Aggregate, str]:
             Aggregate.WORKLOADS: await poison(store, Aggregate.WORKLOADS, "wl-bad"),
             Aggregate.ACCOUNTS: await poison(store, Aggregate.ACCOUNTS, "bad-account"),
             Aggregate.FAIR_SHARE: await poison(store, Aggregate.FAIR_SHARE, "bad-account/default"),
+            Aggregate.PRICES: await poison(store, Aggregate.PRICES, "acme/agt-poisoned"),
+            Aggregate.RENTALS: await poison(store, Aggregate.RENTALS, "wl-bad-a1"),
+            Aggregate.LEDGER: await poison(store, Aggregate.LEDGER, "charge:wl-1-a1:1"),
         }
     finally:
         await store.close()
@@ -108,6 +128,13 @@ async def test_the_master_starts_and_serves_with_an_undecodable_record_in_every_
         assert [u.account for u in await master.store.fair_share.list()] == ["alice"]  # what a scheduling loop loads
         accounts = await client.get("/api/v1/accounts", headers=auth)
         assert accounts.status == 200 and [a["id"] for a in (await accounts.json())["items"]] == ["operator"]
+        # The market's: prices (loaded at start), rentals and a rental's ledger entries (read on demand).
+        prices = await (await client.get("/api/v1/prices", headers=auth)).json()
+        assert [(p["provider"], p["agent_id"]) for p in prices["items"]] == [("acme", None)]
+        rentals = await client.get("/api/v1/rentals", headers=auth)
+        assert rentals.status == 200 and [r["id"] for r in (await rentals.json())["items"]] == ["wl-1-a1"]
+        rental = await client.get("/api/v1/rentals/wl-1-a1", headers=auth)
+        assert rental.status == 200 and (await rental.json())["charged"] == "0.00"
 
         # Each bad record is reported: an event naming its aggregate and key, a log line, a count.
         reported = await _reported(client, auth, len(Aggregate))
