@@ -549,7 +549,18 @@ def _command_name(args: argparse.Namespace) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # What follows "--" is a container's command, whole: argparse would give a second positional (``rent OFFER -- CMD``)
+    # nothing of it once the first took its place.
+    tail: list[str] | None = None
+    if "--" in argv:
+        at = argv.index("--")
+        argv, tail = argv[:at], argv[at + 1 :]
     args = build_parser().parse_args(argv)
+    if tail is not None:
+        if not hasattr(args, "container_command"):
+            build_parser().error(f"'--' takes a container's command; 'idlegrid {_command_name(args)}' runs none")
+        args.container_command = tail
     name = _command_name(args)
     try:
         return int(args.func(args))

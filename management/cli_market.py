@@ -14,22 +14,17 @@ from typing import Any
 
 from common.errors import IdlegridError
 from management.cli_accounts import api_client, connection_options, table, when
+from management.cli_host import duration_s
 from management.workload_cli import BadSpec, spec_from
 
 Parser = Callable[[argparse._SubParsersAction, str, str, str], argparse.ArgumentParser]
-DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-def duration_s(text: str) -> float:
-    """``"7d"``, ``"12h"``, ``"90m"``, ``"3600s"`` or plain seconds."""
-    unit = text[-1:].lower()
-    number = text[:-1] if unit in DURATION_UNITS else text
-    try:
-        value = float(number) * DURATION_UNITS.get(unit, 1)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration: write 7d, 12h, 90m or 3600s") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive duration")
+def period_s(text: str) -> float:
+    """A reserved period: a duration as ``host price`` takes one (``7d``, ``12h``), never "none"."""
+    value = duration_s(text)
+    if value is None:
+        raise argparse.ArgumentTypeError("a reserved period needs a length, e.g. 7d or 12h")
     return value
 
 
@@ -246,7 +241,8 @@ def run_ledger(args: argparse.Namespace) -> int:
     client = api_client(args)[0]
     account = _own(client, args)
     if args.csv:
-        sys.stdout.write(client.ledger(account, after=args.after, limit=args.limit, csv=True))
+        text = client.ledger(account, after=args.after, limit=args.limit, csv=True)
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
         return 0
     statement = client.ledger(account, after=args.after, limit=args.limit)
 
@@ -254,22 +250,12 @@ def run_ledger(args: argparse.Namespace) -> int:
         if not s["lines"]:
             return "no ledger entries"
         return table(
-            ["SEQ", "WHEN", "KIND", "LEDGER ACCOUNT", "AMOUNT", "BALANCE", "WORKLOAD", "HOST", "MEMO"],
+            ["SEQ", "WHEN", "KIND", "AMOUNT", "BALANCE", "WORKLOAD", "MEMO"],
             [
-                [
-                    line["seq"],
-                    when(line["ts"]),
-                    line["kind"],
-                    line["account"],
-                    line["amount"],
-                    line["balance"],
-                    line["workload"] or None,
-                    line["host"] or None,
-                    line["memo"],
-                ]
+                [line["seq"], when(line["ts"]), line["kind"], line["amount"], line["balance"], line["workload"], line["memo"]]
                 for line in s["lines"]
             ],
-        )
+        ) + (f"\n(more: --after {s['next_after']})" if s["more"] else "")
 
     return _out(args, statement, human)
 
@@ -301,7 +287,7 @@ def run_earnings(args: argparse.Namespace) -> int:
         lambda s: (
             table(
                 ["HOST", "GROSS", "FEES", "REFUNDED", "NET"],
-                [[r["host"], r["gross"], r["fees"], r["refunded"], r["net"]] for r in s["items"]],
+                [[r["agent_id"], r["gross"], r["fee"], r["refunded"], r["net"]] for r in s["items"]],
             )
             if s["items"]
             else "nothing earned yet"
@@ -316,7 +302,7 @@ def run_payouts(args: argparse.Namespace) -> int:
         lambda s: (
             table(
                 ["PERIOD", "GROSS", "FEES", "REFUNDED", "NET"],
-                [[r["period"], r["gross"], r["fees"], r["refunded"], r["net"]] for r in s["items"]],
+                [[r["label"], r["gross"], r["fee"], r["refunded"], r["net"]] for r in s["items"]],
             )
             if s["items"]
             else "nothing earned yet"
@@ -332,4 +318,4 @@ def run_credit(args: argparse.Namespace) -> int:
     )
 
 
-__all__ = ["IdlegridError", "add_parsers", "duration_s", "offer_rows"]
+__all__ = ["IdlegridError", "add_parsers", "offer_rows", "period_s"]

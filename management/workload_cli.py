@@ -287,6 +287,7 @@ def describe(w: dict[str, Any]) -> str:
         f"replicas:    {spec['replicas']} x {replica['gpus']} GPU"
         + (f" ({', '.join(replica['models'])})" if replica["models"] else ""),
         f"priority:    {spec['priority']}",
+        f"rental:      {w['rental']['summary']}" if w.get("rental") else "rental:      -",
         f"env:         {', '.join(spec['env']) or '-'}  (values are never shown)",
         f"ports:       {', '.join(map(str, spec['ports'])) or '-'}",
         f"submitted:   {when(w['created_at']) or '-'}   attempts: {w['attempts']}   restarts: {w['restarts']}",

@@ -353,7 +353,7 @@ class OfferIndex:
                 before = (
                     f"{len(rows)} matched the conditions before it"
                     if condition is not parsed.conditions[0]
-                    else (f"it is the first condition; {len(rows)} offers in all")
+                    else f"it is the first condition; {len(rows)} offer{'s' if len(rows) != 1 else ''} in all"
                 )
                 emptied_by = EmptiedBy(
                     condition=condition.text,

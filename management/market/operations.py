@@ -201,6 +201,12 @@ class MarketOperations:
             view["summary"] = (
                 f"{said} for {(terms.reserved_s or 0) / 3600:g} h at the host's reserved price, prepaid when it starts"
             )
+        elif terms.offer is not None and (agent := self._master.registry.agents.get(terms.offer)) is not None:
+            listed = self.market.prices.price(agent.provider, agent.id)
+            price = listed.reserved if terms.kind == "reserved" else listed.on_demand
+            view["price"] = format_amount(price)
+            when = "prepaid when it starts" if terms.kind == "reserved" else "charged per second once it runs"
+            view["summary"] = f"{said} at {format_amount(price)} {cur} per GPU-hour (offer {terms.offer}'s price now); {when}"
         else:
             cap = f", at most {terms.max_price} {cur}" if terms.max_price is not None else ""
             view["summary"] = f"{said} at the listed price per GPU-hour of the host it is placed on{cap}; charged once it runs"

@@ -74,7 +74,7 @@ async def test_renting_an_offer_pins_the_workload_to_its_host_and_states_the_ter
     terms = {"kind": "on_demand", "max_price": None, "bid": None, "offer": "agt-a1", "reserved_s": None}
     assert workload["spec"]["rental"] == terms
     assert workload["rental"]["kind"] == "on_demand"
-    assert "on demand at the listed price" in workload["rental"]["summary"]
+    assert workload["rental"]["summary"].startswith("on demand at 1.50 USD per GPU-hour (offer agt-a1's price now)")
 
 
 @pytest.mark.parametrize(

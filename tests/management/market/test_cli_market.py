@@ -1,0 +1,97 @@
+"""The market's commands against a real Master with its API (in a thread of this process), through the CLI's own entry
+point, read as a person reads them: ``offers search``, ``rent``, ``bid``, ``credit``, ``balance``, ``ledger`` (and
+``--csv``), ``spend``, ``earnings``, ``payouts``. The hosts are simulated (no GPU here)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from management import cli
+from tests.management.hosts import add_agent, api_key
+from tests.management.test_cli_accounts import idlegrid, served  # noqa: F401  # the served Master and the CLI runner
+
+
+def in_master(served, coro):  # noqa: F811
+    return asyncio.run_coroutine_threadsafe(coro, served.loop).result(timeout=30)
+
+
+@pytest.fixture
+def keys(served) -> dict[str, str]:  # noqa: F811
+    """Provider acme with a priced 2-GPU host; renter lab. The values are their API keys."""
+    master = served.server.master
+    in_master(served, add_agent(master, "agt-a1", "a10:2", provider="acme", runtime="docker", isolation="container"))
+    found = {}
+    for role, account in (("provider", "acme"), ("renter", "lab")):
+        found[account] = in_master(served, api_key(master, role, account))["Authorization"].removeprefix("Bearer ")
+    return found
+
+
+def test_a_renter_searches_rents_and_bids_from_the_command_line(idlegrid, keys):  # noqa: F811
+    idlegrid("host", "price", "set", "agt-a1", "--on-demand", "2.40", "--min-bid", "0.60", "--api-key", keys["acme"])
+    table = idlegrid("offers", "search", "num_gpus>=2 price<=3", "--api-key", keys["lab"])
+    header, row = table.splitlines()
+    assert header.split()[:4] == ["OFFER", "MODEL", "GPUS", "VRAM"]
+    assert row.split()[:3] == ["agt-a1", "a10", "2/2"] and "2.40" in row.split() and "0.60" in row.split()
+    empty = idlegrid("offers", "search", "price<1", "--api-key", keys["lab"])
+    assert empty.strip() == "no offers: no offer has price<1 (it is the first condition; 1 offer in all)"
+    refused = idlegrid("offers", "search", "gpu_ram=>24", "--api-key", keys["lab"], ok=False)
+    assert (
+        refused.strip() == "idlegrid offers search: 400 bad_request: position 7: expected an operator after 'gpu_ram', found '=>'"
+    )
+
+    rented = idlegrid("rent", "agt-a1", "--image", "python:3.11", "--bid", "0.70", "--api-key", keys["lab"])
+    first, terms = rented.splitlines()
+    assert first.startswith("rented agt-a1: workload wl-") and first.endswith("is queued")
+    assert terms == "interruptible at your bid of 0.70 USD per GPU-hour, on hosts whose minimum bid it meets"
+    workload_id = first.split()[3]
+    rebid = idlegrid("bid", workload_id, "0.90", "--api-key", keys["lab"])
+    assert (
+        rebid.strip() == f"{workload_id}: interruptible at your bid of 0.90 USD per GPU-hour, on hosts whose minimum bid it meets"
+    )
+    low = idlegrid("rent", "agt-a1", "--image", "python:3.11", "--bid", "0.10", "--api-key", keys["lab"], ok=False)
+    assert "bid 0.10 USD is under offer agt-a1's minimum bid 0.60 USD" in low
+
+
+def test_money_commands_show_balances_ledger_and_statements(idlegrid, keys):  # noqa: F811
+    credited = idlegrid("credit", "lab", "12.5", "--memo", "top-up")
+    assert credited.strip() == "credited lab: available 12.50 USD"
+    balance = idlegrid("balance", "--api-key", keys["lab"])
+    assert balance.splitlines()[:3] == [
+        "account:    lab",
+        "available:  12.50 USD",
+        "held:       0.00 USD  (for the next period of running rentals)",
+    ]
+    ledger = idlegrid("ledger", "--api-key", keys["lab"])
+    header, row = ledger.splitlines()
+    assert header.split() == ["SEQ", "WHEN", "KIND", "AMOUNT", "BALANCE", "WORKLOAD", "MEMO"]
+    assert row.split()[3:] == ["credit", "12.50", "12.50", "-", "top-up"]
+    as_csv = idlegrid("ledger", "--csv", "--api-key", keys["lab"])
+    assert as_csv.endswith("\n") and as_csv.splitlines()[1].endswith("top-up,12.50,12.50")
+    assert idlegrid("spend", "--api-key", keys["lab"]).strip() == "nothing spent yet"
+    assert idlegrid("earnings", "--api-key", keys["acme"]).strip() == "nothing earned yet"
+    assert idlegrid("payouts", "--period", "week", "--api-key", keys["acme"]).strip() == "nothing earned yet"
+    as_json = json.loads(idlegrid("balance", "lab", "--json"))
+    assert (as_json["available"], as_json["currency"]) == ("12.50", "USD")
+    refused = idlegrid("credit", "lab", "1", "--api-key", keys["lab"], ok=False)
+    assert "403" in refused and "may not write ledger" in refused
+
+
+def test_the_command_after_a_double_dash_is_the_containers_and_a_command_that_runs_none_refuses_it(
+    idlegrid,  # noqa: F811
+    keys,
+    served,  # noqa: F811
+    capsys,
+):
+    api = ["--api", served.server.api_url, "--api-key", keys["lab"]]
+    assert cli.main(["rent", "agt-a1", "--image", "python:3.11", *api, "--", "sh", "-c", "echo hi"]) == 0
+    workload_id = capsys.readouterr().out.split()[3]
+    shown = json.loads(idlegrid("workload", "get", workload_id, "--json", "--api-key", keys["lab"]))
+    assert shown["spec"]["command"] == ["sh", "-c", "echo hi"]
+    assert shown["rental"]["summary"].startswith("on demand at 0.00 USD per GPU-hour (offer agt-a1's price now)")
+    with pytest.raises(SystemExit) as refused:
+        cli.main(["balance", *api, "--", "sleep", "1"])
+    assert refused.value.code == 2
+    assert "'--' takes a container's command; 'idlegrid balance' runs none" in capsys.readouterr().err
