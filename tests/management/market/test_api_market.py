@@ -152,3 +152,35 @@ async def test_rentals_are_listed_per_owner_and_a_missing_one_answers_404(market
     assert (await market.post("/api/v1/rentals/wl-0-a1/rating", json={"rating": 6}, headers=market.lab)).status == 400
     assert (await market.get("/api/v1/accounts/acme/earnings", headers=market.acme)).status == 200
     assert (await market.get("/api/v1/accounts/acme/payouts", params={"period": "week"}, headers=market.acme)).status == 200
+
+
+async def test_a_renter_rates_an_ended_rental_once_and_it_counts_in_the_hosts_reputation(market):
+    import time
+
+    from master.records import RentalHost, RentalRecord
+
+    now = time.time()
+    host = RentalHost(agent_id="agt-a1", provider="acme", gpus=1, price=1_500_000)
+    ended = RentalRecord(
+        id="wl-1-a1", workload_id="wl-1", account="lab", kind="on_demand", hosts=[host], started_at=now - 60, ended_at=now
+    )
+    running = RentalRecord(id="wl-2-a1", workload_id="wl-2", account="lab", kind="on_demand", hosts=[host], started_at=now)
+    for rental in (ended, running):
+        assert await market.master.store.rentals.insert(rental)
+    before = market.master.registry.agents["agt-a1"].ratings_count
+
+    rated = await market.post("/api/v1/rentals/wl-1-a1/rating", json={"rating": 5}, headers=market.lab)
+    assert rated.status == 200, await rated.text()
+    assert (await rated.json())["rating"] == 5
+    again = await market.post("/api/v1/rentals/wl-1-a1/rating", json={"rating": 1}, headers=market.lab)
+    assert (await error_of(again))[0] == 409
+    assert (await market.post("/api/v1/rentals/wl-1-a1/rating", json={"rating": 1}, headers=market.zoo)).status == 404
+    status, _, message = await error_of(
+        await market.post("/api/v1/rentals/wl-2-a1/rating", json={"rating": 4}, headers=market.lab)
+    )
+    assert status == 409 and "still running" in message
+    assert market.master.registry.agents["agt-a1"].ratings_count == before + 1
+    events = await market.master.store.events.list(subject="agt-a1", kind_prefix="agent.reputation")
+    assert [e.data["component"] for e in events] == ["ratings"]
+    seen_by_provider = await (await market.get("/api/v1/rentals/wl-1-a1", headers=market.acme)).json()
+    assert "account" not in seen_by_provider and seen_by_provider["rating"] == 5  # the renter stays the renter's
