@@ -15,6 +15,7 @@ from management.market.meter import MeterLoop, MeterSettings
 from management.market.offer_feed import OfferFeed
 from management.market.prices import PriceBook
 from management.scheduler.book import WorkloadBook
+from management.scheduler.snapshot import workload_of
 from master.service import Master
 from master.store.aggregates import rental_order
 from master.store.base import RentalRepo
@@ -79,7 +80,7 @@ class Market:
         config = master.config
         self.prices = prices
         self.ledger = LedgerBook(master.store.ledger)
-        self.offers = OfferFeed(master, prices.price)
+        self.offers = OfferFeed(master, prices.price, interruptible=self._interruptible_container)
         prices.subscribe(self.offers.prices_changed)
         self.reliability = HostReliability(master, master.store.rentals, window_s=config.reliable_window_s)
         self.meter = MeterLoop(
@@ -94,6 +95,12 @@ class Market:
         self._book = book
         self._loaded = False
         self._task: asyncio.Task[None] | None = None
+
+    def _interruptible_container(self, container: str) -> bool:
+        """Whether ``container`` belongs to an open interruptible workload (its GPUs are on offer on demand)."""
+        workload_id = workload_of(container)
+        rec = self._book.open_workload(workload_id) if workload_id is not None else None
+        return rec is not None and rec.spec.rental is not None and rec.spec.rental.kind == "interruptible"
 
     def funded(self, account: str) -> bool:
         """Whether a renter has money available: the scheduler gives one without only free hosts."""

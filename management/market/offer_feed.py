@@ -50,10 +50,12 @@ class OfferFeed:
         clock: Callable[[], float] = time.monotonic,
         changes_capacity: int = DEFAULT_CAPACITY,
         max_aged_per_refresh: int = 200,
+        interruptible: Callable[[str], bool] = lambda _container: False,
     ) -> None:
         self.master = master
         self.index = OfferIndex()
         self._price_of = price_of
+        self._interruptible = interruptible  # container name -> whether an interruptible rental's container holds it
         self._reliability_of = reliability_of
         self._max_age_s = max_age_s
         self._max_aged = max_aged_per_refresh
@@ -160,15 +162,18 @@ class OfferFeed:
         gpus = registry.gpus_of(host)
         allocations = self.master.allocations
         held: set[str] = set()
+        outbid: set[str] = set()  # held by an interruptible rental: an on-demand one may preempt it
         for gpu in gpus:
-            if allocations.holder(gpu.uuid) is not None:
-                held.add(gpu.uuid)
-            for instance in gpu.info.mig_instances:
-                if allocations.holder(instance.uuid) is not None:
-                    held.add(instance.uuid)
+            for uuid in (gpu.uuid, *(instance.uuid for instance in gpu.info.mig_instances)):
+                hold = allocations.holder(uuid)
+                if hold is not None:
+                    held.add(uuid)
+                    if self._interruptible(hold.container):
+                        outbid.add(uuid)
         price = self._price_of(agent.provider, agent.id)
         sandboxed = self.master.config.offer_sandboxed_hosts
-        offer = self.index.update_host(agent, gpus, held, price, self._reliability_of(agent), allow_sandboxed=sandboxed)
+        reliability = self._reliability_of(agent)
+        offer = self.index.update_host(agent, gpus, held, price, reliability, allow_sandboxed=sandboxed, outbid=outbid)
         self._refreshed.pop(host, None)
         self._refreshed[host] = now
         return offer

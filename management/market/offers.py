@@ -60,6 +60,7 @@ class Offer(msgspec.Struct, frozen=True, kw_only=True):
     region: str
     model: str  # of its free units (the most common model, on a host with more than one)
     num_gpus: int  # free healthy units now
+    num_gpus_on_demand: int  # what an on-demand or reserved rental can have: the free units and those interruptible rentals hold
     total_gpus: int  # every unit it has, held and faulty included
     gpu_ram: float  # GiB, of its smallest free unit
     tier: str  # of the free units of ``model`` ("" when not tiered)
@@ -127,22 +128,27 @@ def offer_of(
     reliability: float,
     *,
     allow_sandboxed: bool = False,
+    outbid: Collection[str] = (),
 ) -> Offer | None:
     """The offer of one host, or None when it offers nothing: not ready/busy, drained, not isolating a renter's work
     in a container (or in the process runtime's sandbox, when the operator allows it: ``allow_sandboxed``, as
     master/allocations.py ``offered`` decides), or no free healthy unit.
-    ``held``: the uuids of its GPUs and MIG instances that a container holds (a GPU held whole takes its instances)."""
+    ``held``: the uuids of its GPUs and MIG instances that a container holds (a GPU held whole takes its instances);
+    ``outbid``: those of them an interruptible rental holds, which an on-demand or reserved rental may have by preempting
+    it (a host they fill still offers them, on demand)."""
     if agent.state not in _OFFERED_STATES or agent.drained:
         return None
     if not (agent.isolation == "container" or (allow_sandboxed and agent.isolation == "sandbox")):
         return None
     units = units_of(gpus)
     free = [u for u in units if u.healthy and u.id not in held and (u.parent is None or u.parent not in held)]
-    if not free:
+    preemptible = [u for u in units if u.healthy and (u.id in outbid or (u.parent is not None and u.parent in outbid))]
+    shown = free or preemptible  # what the offer describes: its free units, else those it offers on demand only
+    if not shown:
         return None
     by_uuid = {g.uuid: g for g in gpus}
-    model = Counter(u.model for u in free).most_common(1)[0][0]
-    of_model = [u for u in free if u.model == model]
+    model = Counter(u.model for u in shown).most_common(1)[0][0]
+    of_model = [u for u in shown if u.model == model]
     first = of_model[0]
     gpu = by_uuid.get(first.parent or first.id)
     info = agent.host
@@ -156,8 +162,9 @@ def offer_of(
         region=agent.region,
         model=model,
         num_gpus=len(free),
+        num_gpus_on_demand=len(free) + len(preemptible),
         total_gpus=total,
-        gpu_ram=round(min(u.vram_mib for u in free) / 1024, 2),
+        gpu_ram=round(min(u.vram_mib for u in shown) / 1024, 2),
         tier=first.tier or "",
         compute_capability=gpu.info.compute_capability if gpu is not None else "",
         cuda=cuda,
@@ -171,10 +178,10 @@ def offer_of(
         cpu_cores=round(info.cpu_cores / total, 2) if info is not None else 0.0,
         ram_gib=round(info.ram_mib / 1024 / total, 2) if info is not None else 0.0,
         disk_gib=round(disk, 1) if disk is not None else None,
-        verified=_verified(free, by_uuid),
+        verified=_verified(shown, by_uuid),
         interruptible=price.min_bid is not None,
         runtime=agent.runtime or "docker",
-        nvlink=_nvlinked(free),
+        nvlink=_nvlinked(shown),
         score=score_of(reliability, price.on_demand),
     )
 
@@ -313,10 +320,11 @@ class OfferIndex:
         reliability: float,
         *,
         allow_sandboxed: bool = False,
+        outbid: Collection[str] = (),
     ) -> Offer | None:
         """Re-derive one host's offer from plain inputs (``offer_of``); the host leaves the index when it offers
         nothing. Returns the offer now held, or None."""
-        offer = offer_of(agent, gpus, held, price, reliability, allow_sandboxed=allow_sandboxed)
+        offer = offer_of(agent, gpus, held, price, reliability, allow_sandboxed=allow_sandboxed, outbid=outbid)
         if offer is None:
             self.remove_host(agent.id)
         else:

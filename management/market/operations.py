@@ -106,8 +106,11 @@ class MarketOperations:
         gpus = spec.replicas * spec.replica.gpus
         if spec.replicas != 1:
             raise Conflict(f"an offer is one host: rent it with replicas 1 (asked {spec.replicas}); submit a gang instead")
-        if spec.replica.gpus > offer.num_gpus:
-            raise Conflict(f"offer {offer_id} has {offer.num_gpus} free GPU(s) now; the workload asks for {spec.replica.gpus}")
+        # on demand (and reserved) may take what interruptible rentals hold there: the scheduler preempts them
+        room = offer.num_gpus if terms.kind == "interruptible" else offer.num_gpus_on_demand
+        if spec.replica.gpus > room:
+            what = "free" if terms.kind == "interruptible" else "free or held by interruptible rentals"
+            raise Conflict(f"offer {offer_id} has {room} GPU(s) {what} now; the workload asks for {spec.replica.gpus}")
         cur = self.currency
         if terms.kind == "interruptible":
             bid = parse_amount(terms.bid or "0")

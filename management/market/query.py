@@ -42,6 +42,7 @@ FIELDS: dict[str, Kind] = {
     "tier": Kind.WORD,
     "runtime": Kind.WORD,
     "num_gpus": Kind.NUMBER,
+    "num_gpus_on_demand": Kind.NUMBER,
     "total_gpus": Kind.NUMBER,
     "gpu_ram": Kind.NUMBER,
     "compute_capability": Kind.VERSION,

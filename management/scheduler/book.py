@@ -134,6 +134,10 @@ class WorkloadBook:
         """Open and final workloads alike, newest first, from the store (which holds every write of this book)."""
         return await self._store.workloads.list(account=account, states=states, before=before, limit=limit)
 
+    def open_workload(self, workload_id: str) -> WorkloadRecord | None:
+        """An open workload as held in memory (no store read), None when it is not open."""
+        return self._open.get(workload_id)
+
     def open_workloads(self, *, state: str | None = None, account: str | None = None) -> builtins.list[WorkloadRecord]:
         """Open workloads in memory, oldest submission first (``queued_at``, then id): the scheduler's FIFO."""
         ids: Iterable[str]

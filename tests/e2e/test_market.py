@@ -136,7 +136,9 @@ def test_an_interruptible_rental_is_preempted_by_an_on_demand_one_requeued_uncha
     )
     cheap = alice.submit_workload(trap)
     wait_workload(alice, cheap["id"], "runs", lambda w: w["state"] == "running")
-    od = bob.submit_workload(workload("urgent", "sleep 300", rental={"kind": "on_demand", "max_price": "5"}))
+    [offer] = bob.search_offers("num_gpus_on_demand>=1")["offers"]  # its GPU is held, by an interruptible rental
+    assert (offer["id"], offer["num_gpus"], offer["num_gpus_on_demand"]) == (host, 0, 1)
+    od = bob.rent_offer(host, workload("urgent", "sleep 300", rental={"kind": "on_demand", "max_price": "5"}))
     wait_workload(bob, od["id"], "runs", lambda w: w["state"] == "running", timeout=30)
     assert (drop / "cheap").read_text().split() == ["TERM"], "the interruptible container saw no SIGTERM"
     waiting = alice.workload(cheap["id"])

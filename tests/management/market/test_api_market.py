@@ -98,7 +98,7 @@ async def test_renting_more_gpus_than_the_offer_has_free_is_refused(market):
     body = spec()
     body["replica"] = {"gpus": 2}
     status, _, message = await error_of(await market.post("/api/v1/offers/agt-a1/rent", json={"spec": body}, headers=market.lab))
-    assert status == 409 and "has 1 free GPU(s) now" in message
+    assert status == 409 and "has 1 GPU(s) free or held by interruptible rentals now" in message
 
 
 async def test_the_operator_credits_a_renter_who_reads_its_balance_and_ledger_and_no_one_else_can(market):

@@ -101,6 +101,18 @@ def test_a_host_whose_every_unit_is_held_or_faulty_offers_nothing_and_a_busy_hos
     assert offer_of(host("h1", isolation="sandbox"), gpus, held=set(), price=PRICE, reliability=1.0, allow_sandboxed=True)
 
 
+def test_units_an_interruptible_rental_holds_are_offered_on_demand_only():
+    gpus = cards("h1", 3)
+    gpus[2].state, gpus[2].fault = "faulty", GpuFault(kind="xid", reason="Xid 79", since=0.0)
+    held = {gpus[0].uuid, gpus[1].uuid, gpus[2].uuid}
+    busy = host("h1", state="busy")
+    assert offer_of(busy, gpus, held=held, price=PRICE, reliability=1.0) is None  # held by on-demand work: nothing
+    offer = offer_of(busy, gpus, held=held, price=PRICE, reliability=1.0, outbid={gpus[0].uuid, gpus[2].uuid})
+    assert offer is not None and (offer.num_gpus, offer.num_gpus_on_demand) == (0, 1)  # the faulty one never counts
+    mixed = offer_of(busy, gpus, held={gpus[0].uuid}, price=PRICE, reliability=1.0, outbid={gpus[0].uuid})
+    assert mixed is not None and (mixed.num_gpus, mixed.num_gpus_on_demand) == (1, 2)
+
+
 def test_a_flagged_gpu_makes_the_offer_unverified_and_mig_instances_are_units_held_by_their_gpu():
     gpus = cards("h1", 2, "a100-80gb")
     gpus[0].flags = ["vram_mismatch"]
