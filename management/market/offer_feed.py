@@ -32,6 +32,7 @@ from master.states import AgentState
 
 log = logging.getLogger(__name__)
 
+BACKGROUND_SLICE = 100  # hosts the background refresh re-derives before it lets the event loop run (about 5 ms)
 PriceOf = Callable[[str, str], HostPrice]  # (provider, agent id) -> the price in force: PriceBook.price
 
 
@@ -74,10 +75,13 @@ class OfferFeed:
             self._task = asyncio.create_task(self._refresh_forever(refresh_every_s), name="offer-feed")
 
     async def _refresh_forever(self, every_s: float) -> None:
+        # In slices, yielding between them: a burst of changes (10,000 hellos, a resync) must not hold the Master's
+        # event loop, which times every relay link's frames, for the half second a full rebuild of 10,000 offers takes.
         while self._subscription is not None:
             await asyncio.sleep(every_s)
             try:
-                self.refresh()
+                while self.refresh(limit=BACKGROUND_SLICE) and (self._dirty or self._everything_dirty):
+                    await asyncio.sleep(0)
             except Exception:  # a host whose records break the derivation must not stop the refreshes of the rest
                 log.exception("offer feed: background refresh failed; the next search tries again")
 
@@ -119,25 +123,29 @@ class OfferFeed:
             else:
                 self._dirty.add(change.agent_id)
 
-    def refresh(self, *, now: float | None = None) -> int:
-        """Re-derive the offers of every host changed since the last refresh, and of up to ``max_aged_per_refresh``
-        whose offer is older than ``max_age_s`` (oldest first); returns how many hosts were looked at."""
+    def refresh(self, *, now: float | None = None, limit: int | None = None) -> int:
+        """Re-derive the offers of every host changed since the last refresh (at most ``limit`` of them, the rest left
+        for the next call), and of up to ``max_aged_per_refresh`` whose offer is older than ``max_age_s`` (oldest
+        first) while there is room; returns how many hosts were looked at. A search calls it without a limit, so it
+        never answers from a host's offer that a change has made stale."""
         now = self._clock() if now is None else now
         self._drain_changes()
         registry = self.master.registry
         if self._everything_dirty:
             self._everything_dirty = False
-            self._dirty.clear()
             for gone in [h for h in self._refreshed if h not in registry.agents]:
                 self._forget(gone)
-            hosts: list[str] = list(registry.agents)
+            self._dirty.update(registry.agents)
+        if limit is not None and len(self._dirty) > limit:
+            hosts = [self._dirty.pop() for _ in range(limit)]
         else:
             hosts = list(self._dirty)
             self._dirty.clear()
+            room = self._max_aged if limit is None else min(self._max_aged, limit - len(hosts))
             stale_before = now - self._max_age_s
             aged = 0
             for host, at in self._refreshed.items():
-                if at > stale_before or aged >= self._max_aged:
+                if at > stale_before or aged >= room:
                     break
                 hosts.append(host)
                 aged += 1

@@ -237,3 +237,23 @@ async def test_a_closed_feed_stops_listening(master, link, prices):
     assert not master.changes.listening
     master.allocations.claim("h1", "c1", "cmd-1", [uuids[0]])
     assert feed.refresh() == 0
+
+
+async def test_a_refresh_in_slices_leaves_the_rest_for_later_and_a_search_still_sees_every_change(master, link, prices):
+    feed = OfferFeed(master, prices.price)
+    for n in range(5):
+        await host(master, link, f"h{n}", 1)
+    assert feed.refresh(limit=2) == 2  # the first two of the five (every host is due: the first build)
+    assert feed.refresh(limit=2) == 2
+    uuid = master.registry.gpus_of("h0")[0].uuid
+    master.allocations.claim("h0", "c1", "cmd-1", [uuid])  # a change while one host still waits for its slice
+    assert set(offered(feed)) == {"h1", "h2", "h3", "h4"}  # the search takes in all that is left, and the change
+
+
+async def test_units_an_interruptible_container_holds_are_offered_on_demand(master, link, prices):
+    feed = OfferFeed(master, prices.price, interruptible=lambda container: container.startswith("cheap"))
+    uuids = await host(master, link, "h1", 2)
+    master.allocations.claim("h1", "cheap-1", "cmd-1", [uuids[0]])
+    master.allocations.claim("h1", "dear-1", "cmd-2", [uuids[1]])
+    offer = offered(feed)["h1"]
+    assert (offer.num_gpus, offer.num_gpus_on_demand) == (0, 1)
