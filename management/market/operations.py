@@ -26,7 +26,7 @@ from management.market.ledger import (
 )
 from management.market.market import Market
 from management.market.meter import rental_hosts
-from management.market.metering import cost_until, price_at
+from management.market.metering import price_at
 from management.market.money import format_amount, parse_amount
 from management.market.offers import Offer, SearchResult
 from management.scheduler.book import WorkloadBook
@@ -352,4 +352,4 @@ class MarketOperations:
         return await self._detail(rated)
 
 
-__all__ = ["FundsDetail", "MarketOperations", "PaymentRequired", "RentalDetail", "Statements", "cost_until"]
+__all__ = ["FundsDetail", "MarketOperations", "PaymentRequired", "RentalDetail", "Statements"]
