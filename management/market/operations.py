@@ -248,7 +248,7 @@ class MarketOperations:
         if account.role != "renter":
             raise Conflict(f"account {account_id!r} is a {account.role}; only renters' balances are credited")
         await self.market.load()
-        key = key or f"credit:{account_id}:{time.time_ns()}"
+        key = key or f"{account_id}:{time.time_ns()}"  # no key given: a credit of its own
         return await self.market.ledger.credit(account_id, amount, memo or "credited by an operator", key=f"credit:{key}")
 
     async def ledger_statement(self, account_id: str, *, owner: str | None, after_seq: int, limit: int) -> Statement:
