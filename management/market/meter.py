@@ -188,6 +188,10 @@ class MeterLoop:
             (r for r in self._open.values() if account is None or r.account == account), key=lambda r: (r.started_at, r.id)
         )
 
+    def rental_for(self, wl: WorkloadRecord) -> RentalRecord | None:
+        """The open rental of this run of a workload (its id names the attempt): one lookup, for lists of workloads."""
+        return self._open.get(rental_id(wl))
+
     def rental_of(self, workload_id: str) -> RentalRecord | None:
         """The open rental of a workload, if it runs."""
         return next((r for r in self._open.values() if r.workload_id == workload_id), None)

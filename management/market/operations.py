@@ -169,7 +169,7 @@ class MarketOperations:
         the kind, the price per GPU-hour in force (while it runs) or what decides it (while it waits), and a sentence."""
         terms = rec.spec.rental or RentalTerms()
         cur = self.currency
-        rental = self.market.meter.rental_of(rec.id)
+        rental = self.market.meter.rental_for(rec)
         view: dict[str, Any] = {
             "kind": terms.kind,
             "currency": cur,
