@@ -151,6 +151,10 @@ async def test_rentals_are_listed_per_owner_and_a_missing_one_answers_404(market
     assert (await market.get("/api/v1/rentals/wl-0-a1", headers=market.lab)).status == 404
     assert (await market.post("/api/v1/rentals/wl-0-a1/rating", json={"rating": 6}, headers=market.lab)).status == 400
     assert (await market.get("/api/v1/accounts/acme/earnings", headers=market.acme)).status == 200
+    bolt = await api_key(market.master, "provider", "bolt")
+    for path in ("earnings", "payouts", "ledger", "balance"):  # another account's money answers as a missing one
+        assert (await market.get(f"/api/v1/accounts/acme/{path}", headers=bolt)).status == 404, path
+        assert (await market.get(f"/api/v1/accounts/acme/{path}", headers=market.lab)).status == 404, path
     assert (await market.get("/api/v1/accounts/acme/payouts", params={"period": "week"}, headers=market.acme)).status == 200
 
 
@@ -184,3 +188,6 @@ async def test_a_renter_rates_an_ended_rental_once_and_it_counts_in_the_hosts_re
     assert [e.data["component"] for e in events] == ["ratings"]
     seen_by_provider = await (await market.get("/api/v1/rentals/wl-1-a1", headers=market.acme)).json()
     assert "account" not in seen_by_provider and seen_by_provider["rating"] == 5  # the renter stays the renter's
+    bolt = await api_key(market.master, "provider", "bolt")  # not its host: as missing
+    assert (await market.get("/api/v1/rentals/wl-1-a1", headers=bolt)).status == 404
+    assert (await (await market.get("/api/v1/rentals", headers=bolt)).json())["items"] == []
