@@ -14,6 +14,7 @@ import msgspec
 
 from common.errors import ProtocolError
 from common.inventory import GpuSample, Inventory, LongText, ShortText
+from common.tunnel import Ticket
 
 PROTOCOL_VERSIONS: tuple[int, ...] = (1,)
 MAX_FRAME_BYTES = 256 * 1024  # protocol limit: larger frames get an ``error`` frame
@@ -26,6 +27,12 @@ CLOSE_REVOKED = 4004  # this certificate is revoked: the agent must enroll again
 CLOSE_REPLACED = 4008  # the same agent connected again; the newer connection wins
 CLOSE_SILENT = 4010  # no frame for max_silence_s
 CLOSE_FLOOD = 1008  # policy violation: kept sending far over the rate limit after being told
+# Tunnels (common/tunnel.py): why a relay closes one end of a data WebSocket.
+CLOSE_TICKET_REFUSED = 4020  # the ticket is malformed, forged, expired, used already, or for another relay or agent
+CLOSE_TUNNEL_UNMET = 4021  # the other end did not arrive before the ticket expired
+CLOSE_TUNNEL_PEER_GONE = 4022  # the other end went away; the reason names why when it is known
+CLOSE_TUNNEL_LIMIT = 4023  # this relay (or this agent) has as many tunnels open as it allows
+CLOSE_TUNNEL_BAD_FRAME = 4024  # a message that is not a tunnel frame, or larger than one may be
 
 
 class ErrorCode(str, enum.Enum):
@@ -151,6 +158,12 @@ class Command(_Frame, tag="command"):
     signature: str
 
 
+class TunnelOpen(_Frame, tag="tunnel_open"):
+    """Dial the relay the ticket names and serve its tunnel (common/tunnel.py); the agent checks the ticket first."""
+
+    ticket: Ticket
+
+
 class ResultAck(_Frame, tag="result_ack"):
     id: str
 
@@ -195,7 +208,7 @@ class Error(_Frame, tag="error"):
 
 
 AgentFrame = Hello | Heartbeat | Telemetry | CommandAck | CommandResult | AgentEvent | RenewRequest | Error
-MasterFrame = Welcome | Command | ResultAck | Ping | Config | RelayDirectory | RenewResponse | RelayStatus | Error
+MasterFrame = Welcome | Command | ResultAck | Ping | Config | RelayDirectory | RenewResponse | RelayStatus | TunnelOpen | Error
 
 
 # --- access <-> master -----------------------------------------------------------------------
@@ -206,6 +219,7 @@ class AccessHello(_Frame, tag="access_hello"):
     relay_id: str
     region: str
     public_url: str = ""
+    http_url: str = ""  # https://HOST:PORT renters reach the relay's HTTPS port at (tunnels); "" from older relays
 
 
 class AccessWelcome(_Frame, tag="access_welcome"):

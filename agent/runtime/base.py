@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Protocol
 
 from common.containers import LABEL_COMMAND_ID, LABEL_NAME, ContainerInfo, ContainerSpec
@@ -10,6 +11,36 @@ from common.errors import RuntimeFailure
 
 # The state a runtime reports for a container that ``delete`` has just removed.
 STATE_REMOVED = "removed"
+STDOUT = 1  # the channel numbers of output (common.tunnel.Op.DATA and Op.STDERR carry them)
+STDERR = 2
+
+
+class ExecSession(Protocol):
+    """A command running in a container for a renter (``ContainerRuntime.exec``): its output, its input, its end."""
+
+    async def read(self) -> tuple[int, bytes] | None:
+        """The next output, ``(STDOUT or STDERR, bytes)`` (always STDOUT with a tty); ``None`` once it has ended."""
+        ...
+
+    async def write(self, data: bytes) -> None:
+        """Feed the command's standard input."""
+        ...
+
+    async def close_stdin(self) -> None:
+        """End of input (the command reads EOF); its output goes on."""
+        ...
+
+    async def resize(self, cols: int, rows: int) -> None:
+        """Change the terminal's size (with a tty; a no-op otherwise)."""
+        ...
+
+    async def wait(self) -> int:
+        """The command's exit status, once it has ended (128 + N when killed by signal N)."""
+        ...
+
+    async def close(self) -> None:
+        """Stop it if it still runs (the renter went away) and free what it holds."""
+        ...
 
 
 class ContainerRuntime(Protocol):
@@ -44,6 +75,21 @@ class ContainerRuntime(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+    # --- renter access (common/tunnel.py): each raises RuntimeFailure when the container does not run here
+
+    def logs(self, name: str, *, tail: int, follow: bool) -> AsyncIterator[tuple[int, bytes]]:
+        """The container's output as ``(STDOUT or STDERR, bytes)``: the last ``tail`` lines (-1: all), then, when
+        ``follow``, what it writes until it ends."""
+        ...
+
+    async def exec(self, name: str, command: Sequence[str], *, tty: bool, cols: int = 80, rows: int = 24) -> ExecSession:
+        """Start ``command`` inside the running container ``name`` (its filesystem, environment, user and limits)."""
+        ...
+
+    async def connect(self, name: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A TCP connection to ``port`` of the running container ``name``, as seen from inside it."""
+        ...
 
 
 def container_labels(spec: ContainerSpec, labels: Mapping[str, str]) -> dict[str, str]:

@@ -5,10 +5,11 @@ Plain HTTP through aiohttp rather than the docker SDK: the agent needs six endpo
 
 from __future__ import annotations
 
+import asyncio as _asyncio_stub  # noqa: F401
 import builtins
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -16,7 +17,7 @@ from urllib.parse import quote
 import aiohttp
 import msgspec
 
-from agent.runtime.base import STATE_REMOVED, check_same_command, container_labels
+from agent.runtime.base import STATE_REMOVED, ExecSession, check_same_command, container_labels
 from common.containers import LABEL_COMMAND_ID, ContainerInfo, ContainerSpec
 from common.errors import RuntimeFailure
 
@@ -102,6 +103,16 @@ class DockerRuntime:
 
     async def list(self) -> list[ContainerInfo]:
         return await self._list(LABEL_COMMAND_ID)
+
+    # Renter access: contract stubs, replaced by the runtime's real logs/exec/connect.
+    def logs(self, name: str, *, tail: int, follow: bool) -> AsyncIterator[tuple[int, bytes]]:
+        raise RuntimeFailure(f"the {self.name} runtime cannot show logs yet")
+
+    async def exec(self, name: str, command: Sequence[str], *, tty: bool, cols: int = 80, rows: int = 24) -> ExecSession:
+        raise RuntimeFailure(f"the {self.name} runtime cannot exec yet")
+
+    async def connect(self, name: str, port: int) -> tuple[_asyncio_stub.StreamReader, _asyncio_stub.StreamWriter]:
+        raise RuntimeFailure(f"the {self.name} runtime cannot connect to a container's port yet")
 
     async def close(self) -> None:
         if self._session is not None:

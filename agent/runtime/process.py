@@ -32,6 +32,7 @@ the processes themselves, in their own sessions, live through an agent restart.
 from __future__ import annotations
 
 import asyncio
+import asyncio as _asyncio_stub  # noqa: F401
 import builtins
 import contextlib
 import logging
@@ -45,12 +46,12 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 
 import msgspec
 
-from agent.runtime.base import STATE_REMOVED, check_same_command, container_labels
+from agent.runtime.base import STATE_REMOVED, ExecSession, check_same_command, container_labels
 from agent.state import PRIVATE_FILE_MODE, private_dir
 from common.containers import LABEL_COMMAND_ID, ContainerInfo, ContainerSpec
 from common.errors import ConfigError, RuntimeFailure
@@ -159,6 +160,16 @@ class ProcessRuntime:
 
     async def list(self) -> list[ContainerInfo]:
         return [self._info(r) for r in self._records() if LABEL_COMMAND_ID in r.labels]
+
+    # Renter access: contract stubs, replaced by the runtime's real logs/exec/connect.
+    def logs(self, name: str, *, tail: int, follow: bool) -> AsyncIterator[tuple[int, bytes]]:
+        raise RuntimeFailure(f"the {self.name} runtime cannot show logs yet")
+
+    async def exec(self, name: str, command: Sequence[str], *, tty: bool, cols: int = 80, rows: int = 24) -> ExecSession:
+        raise RuntimeFailure(f"the {self.name} runtime cannot exec yet")
+
+    async def connect(self, name: str, port: int) -> tuple[_asyncio_stub.StreamReader, _asyncio_stub.StreamWriter]:
+        raise RuntimeFailure(f"the {self.name} runtime cannot connect to a container's port yet")
 
     async def close(self) -> None:
         """Nothing to stop: containers outlive the agent by design, and reaper threads are daemons."""

@@ -8,15 +8,16 @@ it carried out, so a test can check that each command id ran exactly once.
 from __future__ import annotations
 
 import asyncio
+import asyncio as _asyncio_stub  # noqa: F401
 import random
 import uuid
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import msgspec
 
-from agent.runtime.base import STATE_REMOVED, check_same_command, container_labels
+from agent.runtime.base import STATE_REMOVED, ExecSession, check_same_command, container_labels
 from common.containers import LABEL_COMMAND_ID, ContainerInfo, ContainerSpec
 from common.errors import RuntimeFailure
 
@@ -90,6 +91,16 @@ class SimulatedRuntime:
 
     async def list(self) -> list[ContainerInfo]:
         return [c for c in self._containers.values() if LABEL_COMMAND_ID in c.labels]
+
+    # Renter access: contract stubs, replaced by the runtime's real logs/exec/connect.
+    def logs(self, name: str, *, tail: int, follow: bool) -> AsyncIterator[tuple[int, bytes]]:
+        raise RuntimeFailure(f"the {self.name} runtime cannot show logs yet")
+
+    async def exec(self, name: str, command: Sequence[str], *, tty: bool, cols: int = 80, rows: int = 24) -> ExecSession:
+        raise RuntimeFailure(f"the {self.name} runtime cannot exec yet")
+
+    async def connect(self, name: str, port: int) -> tuple[_asyncio_stub.StreamReader, _asyncio_stub.StreamWriter]:
+        raise RuntimeFailure(f"the {self.name} runtime cannot connect to a container's port yet")
 
     async def close(self) -> None:
         """Nothing to release: the containers are only entries in memory."""
