@@ -378,6 +378,7 @@ class Master:
     async def _take(self, link: AccessLink, agent: AgentRecord, frame: AgentFrame, now: float) -> None:
         match frame:
             case Heartbeat():
+                self.metrics.heartbeat_transit.observe(max(0.0, now - frame.ts))
                 self.registry.on_heartbeat(agent, now, max_gap_s=self.config.heartbeat_s * self.config.missed_heartbeats)
                 if frame.exited:
                     await self.registry.on_exited(agent, frame.exited)
