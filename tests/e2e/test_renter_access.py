@@ -37,8 +37,10 @@ def grid(tmp_path: Path) -> Iterator[Grid]:
 
 
 def cli(grid: Grid, key: str, *args: str, stdin: str = "", timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    """``idlegrid ARGS`` as a renter runs it: the connection options go before a container command's ``--``."""
+    at = args.index("--") if "--" in args else len(args)
     return subprocess.run(
-        [*CLI, *args, "--api", grid.api_url, "--api-key", key],
+        [*CLI, *args[:at], "--api", grid.api_url, "--api-key", key, *args[at:]],
         input=stdin,
         capture_output=True,
         text=True,
@@ -46,20 +48,19 @@ def cli(grid: Grid, key: str, *args: str, stdin: str = "", timeout: float = 30) 
     )
 
 
-def web_server(port: int) -> str:
-    """A container that serves one known file over HTTP on ``port`` and logs each request to its stderr."""
-    return (
-        'mkdir -p "$HOME/www" && echo hello-from-the-container > "$HOME/www/index.txt" && '
-        f'echo serving on {port} && exec python3 -m http.server {port} --bind 127.0.0.1 --directory "$HOME/www"'
-    )
+def web_server(port: int, www: Path) -> str:
+    """A container that serves ``www`` over HTTP on ``port`` and logs each request (to its output)."""
+    return f"echo serving on {port} && exec python3 -m http.server {port} --bind 127.0.0.1 --directory {www}"
 
 
 @pytest.fixture
-def serving(grid: Grid) -> tuple[ApiClient, str, int, str]:
+def serving(grid: Grid, drop: Path) -> tuple[ApiClient, str, int, str]:
+    """A running workload of alice's serving a known file (from ``drop``, which the sandbox's user may read)."""
+    (drop / "index.txt").write_text("hello-from-the-container\n")
     sandboxed_hosts(grid, 1)
     alice = renter(grid, "alice")
     port = free_port()
-    submitted = alice.submit_workload(workload("web", web_server(port)))
+    submitted = alice.submit_workload(workload("web", web_server(port, drop)))
     wait_workload(alice, submitted["id"], "running", lambda w: w["state"] == "running")
     return alice, submitted["id"], port, alice.api_key
 
@@ -124,7 +125,7 @@ def test_another_renter_is_refused_and_every_opening_is_an_event_naming_the_acco
     for args in (("exec", workload_id, "--no-tty", "--", "true"), ("logs", workload_id)):
         refused = cli(grid, bob.api_key, "workload", *args)
         assert refused.returncode != 0
-        assert f"workload {workload_id!r} not found" in refused.stderr or "not found" in refused.stderr, refused.stderr
+        assert f"404 not_found: no workload {workload_id!r}" in refused.stderr, refused.stderr
     assert cli(grid, key, "workload", "exec", workload_id, "--no-tty", "--", "true").returncode == 0
     events = wait_for(
         lambda: [
