@@ -27,6 +27,7 @@ from common.errors import IdlegridError, ProtocolError
 from common.tunnel import Op, Resize, decode_frame, encode_frame
 from management.api.auth import OPERATIONS_KEY, Scope
 from management.renter_access import TunnelRequest
+from management.tunnel_client import Tunnel
 
 log = logging.getLogger(__name__)
 
@@ -70,18 +71,14 @@ async def _serve(
     return socket
 
 
-async def _open(request: web.Request, scope: Scope, workload_id: str, wanted: TunnelRequest) -> Any:
+async def _open(request: web.Request, scope: Scope, workload_id: str, wanted: TunnelRequest) -> Tunnel:
     """The tunnel, opened through the façade (which decides whether this account may) and dialled at the relay."""
-    from management.tunnel_client import Tunnel
-
-    access = getattr(request.app[OPERATIONS_KEY], "access", None)
-    if access is None:
-        raise IdlegridError("live logs and terminals need renter access, which this Master does not offer yet")
+    access = request.app[OPERATIONS_KEY].access
     grant = await access.open(workload_id, wanted, account=scope.principal.account, owner=scope.owner)
     return await Tunnel.open(grant)
 
 
-async def _bridge(socket: web.WebSocketResponse, tunnel: Any, allowed: frozenset[Op]) -> None:
+async def _bridge(socket: web.WebSocketResponse, tunnel: Tunnel, allowed: frozenset[Op]) -> None:
     async def to_browser() -> None:
         while (frame := await tunnel.receive()) is not None:
             await socket.send_bytes(encode_frame(frame.op, frame.stream, frame.payload))

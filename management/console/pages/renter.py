@@ -26,9 +26,9 @@ from management.console.nav import NavItem
 from management.console.rendering import page
 from management.console.terminal import serve_logs, serve_terminal
 from management.explain_text import render_explanation
-from management.market.money import format_amount
+from management.market.money import MICRO, format_amount
 from management.market.offers import Offer
-from management.operations import WorkloadKey
+from management.operations import SpendOverTime, WorkloadKey
 from management.scheduler.workloads import WORKLOAD_STATES
 from management.views import explanation_view, workload_view
 from master.records import MAX_GPUS_PER_REPLICA, WorkloadSpec
@@ -43,6 +43,7 @@ SORTS = {
     "-num_gpus": "free GPUs, most first",
     "-gpu_ram": "GPU memory, most first",
 }
+LIVE_STATE_KEY = web.RequestKey("console_workload_state", str)
 RENTAL_KINDS = {"on_demand": "On demand (runs until stopped)", "interruptible": "Interruptible (your bid; may be preempted)"}
 
 
@@ -237,7 +238,7 @@ async def workloads(request: web.Request) -> web.Response:
     )  # fmt: skip
 
 
-async def workload(request: web.Request) -> web.Response:
+async def workload(request: web.Request, *, template: str = "renter/workload.html") -> web.Response:
     scope = await session.signed_in(request, Resource.WORKLOADS, Action.READ)
     overview = await request.app[OPERATIONS_KEY].workload_overview(request.match_info["workload_id"], account=scope.owner)
     record = overview.workload
@@ -245,11 +246,23 @@ async def workload(request: web.Request) -> web.Response:
     if overview.explanation is not None:
         waits = render_explanation(workload_view(record), _plain(explanation_view(overview.explanation)), datetime.now(UTC))
     ports = record.spec.ports
+    request[LIVE_STATE_KEY] = record.state
     return await page(
-        request, "renter/workload.html", title=f"{record.spec.name} ({record.id})", w=record, overview=overview,
+        request, template, fragment=template != "renter/workload.html", title=f"{record.spec.name} ({record.id})",
+        w=record, overview=overview,
         waits=waits, ports=ports, money=format_amount, running=record.state == "running",
         open=record.state not in ("succeeded", "failed", "cancelled"), now=time.time(),
     )  # fmt: skip
+
+
+async def workload_live(request: web.Request) -> web.Response:
+    """The state and charge part of a workload's page, which the page polls (htmx) while the workload is open; when
+    the state is not the one the page shows (``seen``) the whole page is reloaded (its logs and terminal appear)."""
+    response = await workload(request, template="renter/workload_live.html")
+    state = request.get(LIVE_STATE_KEY)
+    if state is not None and state != request.query.get("seen"):
+        response.headers["HX-Refresh"] = "true"
+    return response
 
 
 def _plain(view: dict[str, Any]) -> dict[str, Any]:
@@ -285,11 +298,20 @@ async def billing(request: web.Request) -> web.Response:
     funds = await operations.market.funds(account, owner=scope.owner)
     spend = await operations.spend_over_time(account, owner=scope.owner)
     statement = await operations.market.ledger_statement(account, owner=scope.owner, after_seq=after, limit=LEDGER_PER_PAGE)
-    chart = {"x": [p.start for p in spend.points], "y": [p.spent / 1_000_000 for p in spend.points]}
+    chart = spend_chart(spend)
     return await page(
         request, "renter/billing.html", title="Billing", funds=funds, spend=spend, statement=statement, chart=chart,
         money=format_amount, after=after,
     )  # fmt: skip
+
+
+def spend_chart(spend: SpendOverTime) -> dict[str, list[float]]:
+    """The chart's series: x in unix seconds, y in currency units; a lone bucket gets an empty one before it, so that
+    the chart has a span to draw."""
+    points = [(p.start, p.spent / MICRO) for p in spend.points]
+    if len(points) == 1:
+        points.insert(0, (points[0][0] - spend.bucket_s, 0.0))
+    return {"x": [x for x, _ in points], "y": [y for _, y in points]}
 
 
 async def ledger_csv(request: web.Request) -> web.Response:
@@ -320,6 +342,7 @@ def add_routes(router: web.UrlDispatcher) -> None:
     router.add_post("/console/launch", launch)
     router.add_get("/console/workloads", workloads)
     router.add_get("/console/workloads/{workload_id}", workload)
+    router.add_get("/console/workloads/{workload_id}/live", workload_live)
     router.add_post("/console/workloads/{workload_id}/stop", stop)
     router.add_get("/console/workloads/{workload_id}/logs", logs_socket)
     router.add_get("/console/workloads/{workload_id}/terminal", terminal_socket)

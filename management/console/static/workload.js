@@ -37,6 +37,7 @@
       } else if (f.op === OP.ERROR) {
         ended = true;
         status.textContent = "Logs unavailable: " + decoder.decode(f.payload);
+        if (!pre.textContent) pre.hidden = true;
       } else if (f.op === OP.EXIT || f.op === OP.CLOSE) {
         ended = true;
         status.textContent = "The logs ended" + (f.op === OP.CLOSE && f.payload.length ? ": " + decoder.decode(f.payload) : ".");
