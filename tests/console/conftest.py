@@ -4,7 +4,7 @@ and screenshots of each step.
 - ``console_master``: a MasterServer (SQLite in the test's tmp_path, the API and the console on a free port) running
   on an event loop of its own in a thread, with three accounts that have console passwords (``ACCOUNTS``);
   ``console_master.run(coro)`` runs a coroutine on the Master's loop (to seed data through the façade).
-- ``browser`` (one Chromium per session: /usr/bin/chromium, headless, never a downloaded browser) and ``page`` (a
+- ``browser`` (one Chromium per module: /usr/bin/chromium, headless, never a downloaded browser) and ``page`` (a
   fresh context per test: no cookies carried from another test).
 - ``shot(page, "step")`` saves ``$IDLEGRID_SCREENSHOTS/<test>/NN-step.png`` (default .artifacts/screenshots/).
 - ``sign_in(page, role)`` signs in through the form as the operator, the provider or the renter.
@@ -114,8 +114,10 @@ def console_master(tmp_path: Path) -> Iterator[ConsoleMaster]:
     master.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    """One Chromium per test module: Playwright's synchronous API keeps an event loop marked running in this thread
+    while it is started, which pytest-asyncio's tests (in other modules) cannot run beside."""
     if not CHROMIUM.exists():
         pytest.skip("Debian's chromium is not installed (scripts/setup-env --test installs it as root)")
     sync_api = pytest.importorskip("playwright.sync_api")
