@@ -16,7 +16,7 @@ import asyncio
 import os
 import re
 import threading
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -27,6 +27,7 @@ from management.server import MasterServer
 from master.accounts import BOOTSTRAP_ACCOUNT
 from master.config import ConsoleSettings, MasterConfig
 from master.records import AccountRecord
+from tests.console.plain_http import Console, console_for
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
@@ -174,3 +175,12 @@ def sign_in_as(page: Any, base_url: str, role: str) -> ConsoleAccount:
 @pytest.fixture
 def sign_in(console_master: ConsoleMaster) -> Callable[[Any, str], ConsoleAccount]:
     return lambda page, role: sign_in_as(page, console_master.url, role)
+
+
+@pytest.fixture
+async def console(tmp_path: Path) -> AsyncIterator[Console]:
+    """The console over plain HTTP (tests/console/plain_http.py) on a Master with the renter rita."""
+    client = await console_for(tmp_path)
+    yield client
+    await client.close()
+    await client.master.stop()
