@@ -10,6 +10,7 @@ import pytest
 
 from common.errors import SignInRefused
 from master.accounts import AccountChange
+from master.records import AccountRecord
 from tests.console.plain_http import PASSWORD, console_for, csrf_of, sign_in
 
 
@@ -138,3 +139,12 @@ async def test_console_pages_carry_security_headers(console):
     assert "default-src 'self'" in response.headers["Content-Security-Policy"]
     assert response.headers["X-Frame-Options"] == "DENY"
     assert (await console.get("/", allow_redirects=False)).headers["Location"] == "/console/"
+
+
+async def test_a_page_of_another_role_is_refused_with_a_page_saying_why(console):
+    await console.master.accounts.create(AccountRecord(id="acme", role="provider"))
+    await console.master.accounts.set_password("acme", "provider-password-1")
+    assert (await sign_in(console, "acme", "provider-password-1")).status == 303
+    response = await console.get("/console/launch")
+    assert response.status == 403 and response.content_type == "text/html"
+    assert "a provider key may not write workloads" in await response.text()
