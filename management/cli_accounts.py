@@ -296,9 +296,13 @@ def add_parsers(sub: argparse._SubParsersAction, parser: Parser) -> None:
         "--stdin",
         action="store_true",
         help="read the new password from the first line of standard input (then the current one, when --current is "
-        "given, from the second) instead of asking",
+        "given, from the second) instead of asking (default: ask on the terminal)",
     )
-    password.add_argument("--current", action="store_true", help="also ask for the current password (needed to change one's own)")
+    password.add_argument(
+        "--current",
+        action="store_true",
+        help="also ask for the current password (needed to change one's own; default: not asked)",
+    )
     connection_options(password)
     password.set_defaults(func=_run_password)
 
