@@ -13,7 +13,7 @@
       width: width,
       height: 220,
       series: [{}, { label: box.getAttribute("data-label") || "", stroke: "#1f5fbf", fill: "rgba(31,95,191,0.12)", width: 2 }],
-      axes: [{}, { size: 60 }],
+      axes: [{}, { size: 70, values: function (u, splits) { return splits.map(function (v) { return String(+v.toPrecision(3)); }); } }],
     };
     var plot = new uPlot(options, [data.x, data.y], box);
     window.addEventListener("resize", function () { plot.setSize({ width: Math.max(280, box.clientWidth), height: 220 }); });
