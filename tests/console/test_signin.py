@@ -4,12 +4,16 @@ Runs the console as the Master serves it (management/api build_app) on aiohttp's
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
+from cryptography.fernet import Fernet
 
 from common.errors import SignInRefused
+from management.console.session import COOKIE_NAME, KEY_FILE
 from master.accounts import AccountChange
+from master.config import ConsoleSettings
 from master.records import AccountRecord
 from tests.console.plain_http import PASSWORD, console_for, csrf_of, sign_in
 
@@ -148,3 +152,18 @@ async def test_a_page_of_another_role_is_refused_with_a_page_saying_why(console)
     response = await console.get("/console/launch")
     assert response.status == 403 and response.content_type == "text/html"
     assert "a provider key may not write workloads" in await response.text()
+
+
+async def test_a_session_older_than_its_lifetime_ends_however_it_is_used(console):
+    """The sign-in time inside the cookie is what counts: aged by hand (with the Master's own cookie key, from its state
+    dir), the same session is signed out."""
+    await sign_in(console)
+    fernet = Fernet((console.master.config.state_path / KEY_FILE).read_bytes().strip())
+    cookie = console.session.cookie_jar.filter_cookies(console.make_url("/console/"))[COOKIE_NAME].value
+    content = json.loads(fernet.decrypt(cookie.encode()))
+    assert (await console.get("/console/account", allow_redirects=False)).status == 200
+    content["session"]["since"] -= ConsoleSettings().session_lifetime_s + 60
+    aged = fernet.encrypt(json.dumps(content).encode()).decode()
+    console.session.cookie_jar.clear()
+    response = await console.get("/console/account", headers={"Cookie": f"{COOKIE_NAME}={aged}"}, allow_redirects=False)
+    assert response.status == 303 and response.headers["Location"].startswith("/console/signin")
