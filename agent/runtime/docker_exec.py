@@ -114,6 +114,8 @@ class DockerExecSession:
             info = await self._inspect()
             if info.get("Running") and info.get("Pid"):
                 self._kill(int(info["Pid"]))
+        except RuntimeFailure as exc:  # the engine forgot the exec (it ended long ago) or went away: nothing to stop
+            log.info("not stopping a command in container %r: %s", self.container, exc)
         finally:
             self._writer.close()
             with contextlib.suppress(OSError):
