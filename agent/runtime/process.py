@@ -20,6 +20,10 @@ What this runtime is and is not:
 - CPU: a coarse limit. The process is pinned to ``ceil(cpus)`` cores, preferring cores no other container holds;
   half a CPU becomes one whole core.
 
+- Renter access: logs from the container's log file; exec joins the container's PID namespace (``nsenter``) with
+  its limits, user, working directory and environment, on pipes or a pty (agent/runtime/process_exec.py); connect
+  is the host's 127.0.0.1, since containers share the host's network.
+
 Each container is a ``/bin/sh`` shim that waits on a pipe for "go", then runs the command and writes its exit code
 to a file the agent opened for it (the command itself cannot open it). The agent sets the limits and writes
 the record (the shim's pid, its kernel start time, which tells a live process from a reused pid, and its PID
