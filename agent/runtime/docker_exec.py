@@ -21,6 +21,7 @@ import os
 import signal
 import socket
 import struct
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -31,6 +32,7 @@ FRAME_HEADER = struct.Struct(">BxxxI")  # stream type (0 stdin, 1 stdout, 2 stde
 MAX_HEAD_BYTES = 64 * 1024  # status line and headers of the upgrade answer
 MAX_ERROR_BYTES = 16 * 1024
 READ_CHUNK = 64 * 1024
+EOF_CHARACTER = b"\x04"  # end of input on a terminal (VEOF at the start of a line)
 STREAM_LIMIT = 1024 * 1024  # the asyncio reader's buffer; frames are read with readexactly, so any size passes
 
 log = logging.getLogger(__name__)
@@ -38,6 +40,9 @@ log = logging.getLogger(__name__)
 ReadExactly = Callable[[int], Awaitable[bytes]]
 ApiCall = Callable[..., Awaitable[tuple[int, Any]]]  # DockerRuntime._call: (method, path, *, params=...)
 WAIT_FIRST_POLL_S = 0.02
+# Podman applies the start's first size a moment after the connection is upgraded, so it can land after a renter's
+# own early resize and undo it: a resize this soon after the start is applied again once this has passed.
+FIRST_SIZE_SETTLE_S = 0.5
 WAIT_MAX_POLL_S = 1.0
 
 
@@ -63,6 +68,9 @@ class DockerExecSession:
         self._writer = writer
         self._call = call
         self._stdin_closed = False
+        self._started = time.monotonic()
+        self._size: tuple[int, int] | None = None
+        self._reapply: asyncio.Task[None] | None = None
 
     async def read(self) -> tuple[int, bytes] | None:
         if not self.tty:
@@ -80,7 +88,13 @@ class DockerExecSession:
             raise RuntimeFailure(f"the command in container {self.container!r} has ended; it takes no more input") from exc
 
     async def close_stdin(self) -> None:
+        """Without a tty a half-close, which the engine passes on as end of input; a terminal has no such thing, so
+        with one it is the terminal's EOF character (as a person types it)."""
         if self._stdin_closed:
+            return
+        if self.tty:
+            await self.write(EOF_CHARACTER)
+            self._stdin_closed = True
             return
         self._stdin_closed = True
         with contextlib.suppress(OSError):  # the command ended and the engine closed the connection already
@@ -90,6 +104,13 @@ class DockerExecSession:
     async def resize(self, cols: int, rows: int) -> None:
         if not self.tty:
             return
+        self._size = (cols, rows)
+        await self._resize(cols, rows)
+        settled_at = self._started + FIRST_SIZE_SETTLE_S
+        if self._reapply is None and time.monotonic() < settled_at:
+            self._reapply = asyncio.create_task(self._resize_again(settled_at))
+
+    async def _resize(self, cols: int, rows: int) -> None:
         status, body = await self._call("POST", f"/exec/{self.exec_id}/resize", params={"h": str(rows), "w": str(cols)})
         if status in (200, 201, 204):
             return
@@ -98,6 +119,12 @@ class DockerExecSession:
         raise RuntimeFailure(
             f"resizing the terminal in container {self.container!r} failed: the engine answered {status}: {_message(body)}"
         )
+
+    async def _resize_again(self, at: float) -> None:
+        await asyncio.sleep(max(at - time.monotonic(), 0))
+        if self._size is not None:
+            with contextlib.suppress(RuntimeFailure):
+                await self._resize(*self._size)
 
     async def wait(self) -> int:
         poll_s = WAIT_FIRST_POLL_S
@@ -110,6 +137,8 @@ class DockerExecSession:
 
     async def close(self) -> None:
         """Closing the connection does not end an exec (in Docker or Podman), so a command still running is killed."""
+        if self._reapply is not None:
+            self._reapply.cancel()
         try:
             info = await self._inspect()
             if info.get("Running") and info.get("Pid"):

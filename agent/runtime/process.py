@@ -199,6 +199,8 @@ class ProcessRuntime:
         record = self._require_running(name)
         workdir = self.workdir(name)
         env = child_env(record.spec, home=workdir)
+        if tty:
+            env.setdefault("TERM", "xterm")  # as Docker sets it for a terminal; the container's own env wins
         session = [SETSID, "--ctty"] if tty else [SETSID]
         argv = [
             *self._enter(record),

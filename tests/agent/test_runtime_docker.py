@@ -271,10 +271,27 @@ async def test_exec_with_a_tty_gets_the_asked_size_and_reports_the_status(runtim
 
 async def test_resizing_an_exec_terminal_changes_what_the_command_sees(runtime, podman):
     await runtime.create(spec(podman, "resizer"), labels=agent_labels("cmd-e3"))
-    session = await runtime.exec("resizer", ["sh", "-c", "read line; stty size"], tty=True)
-    await session.resize(132, 50)
-    await session.write(b"go\r")
-    assert b"50 132" in (await output_of(session))[STDOUT]
+    session = await runtime.exec("resizer", ["sh", "-c", "while read line; do stty size; done"], tty=True)
+    await session.resize(132, 50)  # at once: the engine's own first size (80x24) must not win over it
+    seen = b""
+    deadline = time.monotonic() + 5
+    while b"50 132" not in seen and time.monotonic() < deadline:
+        await session.write(b"size?\r")  # each line asks the terminal's size again
+        chunk = await asyncio.wait_for(session.read(), 5)
+        seen += chunk[1]
+    assert b"50 132" in seen
+    await session.close_stdin()
+    await output_of(session)
+    assert await asyncio.wait_for(session.wait(), 10) == 0
+    await session.close()
+
+
+async def test_end_of_input_on_a_terminal_reaches_the_command(runtime, podman):
+    await runtime.create(spec(podman, "typist"), labels=agent_labels("cmd-e7"))
+    session = await runtime.exec("typist", ["sh", "-c", "cat > /tmp/typed; echo saw-eof; cat /tmp/typed"], tty=True)
+    await session.write(b"abc\r")
+    await session.close_stdin()  # a terminal's EOF character: the engine cannot close a terminal's input
+    assert (await output_of(session))[STDOUT].endswith(b"saw-eof\r\nabc\r\n")
     assert await asyncio.wait_for(session.wait(), 10) == 0
     await session.close()
 
@@ -347,3 +364,12 @@ async def test_connect_goes_through_exec_where_the_agent_cannot_reach_the_port_d
     response = await http_get(reader, writer, "/index.html")
     assert b" 200 " in response.split(b"\r\n")[0]
     assert response.endswith(b"hello-from-inside\n")
+
+
+async def test_exec_of_a_program_the_image_lacks_exits_127_saying_so(runtime, podman):
+    await runtime.create(spec(podman, "bare"), labels=agent_labels("cmd-e6"))
+    session = await runtime.exec("bare", ["no-such-program"], tty=False)
+    output = await output_of(session)
+    assert b'"no-such-program": executable file not found' in output[STDERR]
+    assert await asyncio.wait_for(session.wait(), 10) == 127  # as a shell reports a command it cannot find
+    await session.close()

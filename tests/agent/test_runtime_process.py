@@ -472,3 +472,21 @@ async def test_connect_to_a_port_nothing_listens_on_fails_saying_so(runtime):
     port = free_port()
     with pytest.raises(RuntimeFailure, match=f"nothing listens on port {port} of container 'silent'"):
         await runtime.connect("silent", port)
+
+
+async def test_exec_of_a_program_the_host_lacks_exits_127_saying_so(runtime):
+    await runtime.create(shell("bare", "sleep 300"), labels=labels("cmd-e8"))
+    session = await runtime.exec("bare", ["no-such-program"], tty=False)
+    output = await output_of(session)
+    assert b"no-such-program: No such file or directory" in output[STDERR]
+    assert await asyncio.wait_for(session.wait(), 10) == 127  # as the Docker runtime and a shell report it
+    await session.close()
+
+
+async def test_a_terminal_gets_term_unless_the_container_sets_its_own(runtime):
+    await runtime.create(shell("styled", "sleep 300", env={"TERM": "vt100"}), labels=labels("cmd-e9"))
+    await runtime.create(shell("plain", "sleep 300"), labels=labels("cmd-e10"))
+    for name, term in (("styled", b"vt100"), ("plain", b"xterm")):
+        session = await runtime.exec(name, ["sh", "-c", "echo $TERM"], tty=True)
+        assert (await output_of(session))[STDOUT] == term + b"\r\n"
+        await session.close()
