@@ -43,6 +43,9 @@ WAIT_FIRST_POLL_S = 0.02
 # Podman applies the start's first size a moment after the connection is upgraded, so it can land after a renter's
 # own early resize and undo it: a resize this soon after the start is applied again once this has passed.
 FIRST_SIZE_SETTLE_S = 0.5
+# How long a port bridge still carries the far side's answer after the caller closed its side (half-close or not,
+# it cannot tell) before it stops the command: a caller that went away must not leave ``nc`` running for good.
+BRIDGE_LINGER_S = 60.0
 WAIT_MAX_POLL_S = 1.0
 
 
@@ -252,7 +255,8 @@ async def _read_error(reader: asyncio.StreamReader, timeout_s: float) -> str:
 
 async def exec_streams(session: ExecSession, tasks: set[asyncio.Task[None]]) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """A TCP-like stream pair over a command such as ``nc 127.0.0.1 PORT``: what is written goes to its stdin, its
-    stdout comes back, and its stderr is logged. The pump runs as a task kept in ``tasks`` until either side ends."""
+    stdout comes back, and its stderr is logged. The pump, a task kept in ``tasks``, ends with the command, or
+    ``BRIDGE_LINGER_S`` after the caller closed its side; it then stops the command."""
     ours, theirs = socket.socketpair()
     reader, writer = await asyncio.open_connection(sock=ours, limit=STREAM_LIMIT)
     far_reader, far_writer = await asyncio.open_connection(sock=theirs, limit=STREAM_LIMIT)
@@ -273,13 +277,15 @@ async def exec_streams(session: ExecSession, tasks: set[asyncio.Task[None]]) -> 
         await session.close_stdin()
 
     async def pump() -> None:
-        upward = asyncio.ensure_future(up())
+        upward, downward = asyncio.ensure_future(up()), asyncio.ensure_future(down())
         try:
-            await down()  # the command ended (the far side closed): what the caller still writes has nowhere to go
-        except (OSError, RuntimeFailure):
-            pass
+            done, _ = await asyncio.wait({upward, downward}, return_when=asyncio.FIRST_COMPLETED)
+            if downward not in done:  # the caller has finished writing: the answer may still be on its way
+                await asyncio.wait({downward}, timeout=BRIDGE_LINGER_S)
         finally:
-            upward.cancel()
+            for side in (upward, downward):
+                side.cancel()
+            await asyncio.gather(upward, downward, return_exceptions=True)  # OSError, RuntimeFailure: the end anyway
             with contextlib.suppress(Exception):
                 await session.close()
             far_writer.close()

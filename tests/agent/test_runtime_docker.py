@@ -299,12 +299,8 @@ async def test_end_of_input_on_a_terminal_reaches_the_command(runtime, podman):
 async def test_closing_an_exec_session_stops_a_command_that_still_runs(runtime, podman):
     await runtime.create(spec(podman, "host-of-sleeper"), labels=agent_labels("cmd-e4"))
     session = await runtime.exec("host-of-sleeper", ["sleep", "3001"], tty=False)
-    running = lambda: "3001" in podman.podman("top", "host-of-sleeper").stdout  # noqa: E731
-    for _ in range(100):
-        if running():
-            break
-        await asyncio.sleep(0.05)
-    assert running()
+    running = lambda: "sleep 3001" in podman.podman("top", "host-of-sleeper").stdout  # noqa: E731
+    await until(running, "the command to run")
     await session.close()  # the renter went away; the engine would leave it running
     assert await asyncio.wait_for(session.wait(), 10) == 137
     assert not running()
@@ -361,9 +357,23 @@ async def test_connect_goes_through_exec_where_the_agent_cannot_reach_the_port_d
     await until_logged(runtime, "inside", b"serving")
     reader, writer = await runtime.connect("inside", 8888)
     assert writer.get_extra_info("socket").family == socket.AF_UNIX  # the far end is nc, run in the container
+    await until(lambda: bridge_runs(podman, "inside"), "nc to run in the container")
     response = await http_get(reader, writer, "/index.html")
     assert b" 200 " in response.split(b"\r\n")[0]
     assert response.endswith(b"hello-from-inside\n")
+    # The server closed the connection, so nc ends, and nothing of the bridge stays.
+    await until(lambda: not bridge_runs(podman, "inside"), "nc to end")
+
+
+def bridge_runs(podman, name):
+    return "nc 127.0.0.1 8888" in podman.podman("top", name).stdout
+
+
+async def until(condition, what, timeout_s=10.0):
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
 
 
 async def test_exec_of_a_program_the_image_lacks_exits_127_saying_so(runtime, podman):
