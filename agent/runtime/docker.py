@@ -141,6 +141,7 @@ class DockerRuntime:
         if not command:
             raise RuntimeFailure(f"nothing to run in container {name!r}: the command is empty")
         raw = await self._running(name)
+        cols, rows = (cols, rows) if cols > 0 and rows > 0 else (80, 24)  # no size given: a terminal's usual
         create = {"Cmd": list(command), "AttachStdin": True, "AttachStdout": True, "AttachStderr": True, "Tty": tty}
         status, body = await self._call("POST", f"/containers/{raw['Id']}/exec", body=create)
         if status != 201 or not isinstance(body, dict) or "Id" not in body:

@@ -197,6 +197,7 @@ class ProcessRuntime:
         if not command:
             raise RuntimeFailure(f"nothing to run in container {name!r}: the command is empty")
         record = self._require_running(name)
+        cols, rows = (cols, rows) if cols > 0 and rows > 0 else (80, 24)  # no size given: a terminal's usual
         workdir = self.workdir(name)
         env = child_env(record.spec, home=workdir)
         if tty:

@@ -378,6 +378,13 @@ async def test_exec_with_a_tty_gets_the_asked_size_and_reports_the_status(runtim
     await session.close()
 
 
+async def test_a_terminal_without_a_size_is_80_by_24(runtime):
+    await runtime.create(shell("unsized", "sleep 300"), labels=labels("cmd-e11"))
+    session = await runtime.exec("unsized", ["stty", "size"], tty=True, cols=0, rows=0)  # a ticket that gave none
+    assert (await output_of(session))[STDOUT] == b"24 80\r\n"
+    await session.close()
+
+
 async def test_resizing_an_exec_terminal_changes_what_the_command_sees(runtime):
     await runtime.create(shell("resizer", "sleep 300"), labels=labels("cmd-e3"))
     session = await runtime.exec("resizer", ["sh", "-c", "read line; stty size"], tty=True)
