@@ -21,6 +21,8 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
+import access.http
+import access.relay
 from access.daemon import AccessRelay
 from access.tunnels import MAX_MESSAGE_BYTES
 from common.pki import CertificateAuthority, CommandSigner
@@ -538,3 +540,20 @@ async def test_a_tunnel_moving_tens_of_megabytes_does_not_hold_up_control_frames
         MAX_MESSAGE_BYTES / MAX_TUNNEL_PAYLOAD
     )
     await tunnel.close()
+
+
+@pytest.mark.parametrize("silent", ["agent", "renter"])
+async def test_an_end_that_stops_answering_pings_is_dropped_and_its_peer_told(relay, pki, issuer, monkeypatch, silent):
+    """A host (or a renter) that vanished without a close: its connection no longer answers pings."""
+    monkeypatch.setattr(access.relay, "PING_INTERVAL_S", 0.2)
+    monkeypatch.setattr(access.http, "PING_INTERVAL_S", 0.2)
+    monkeypatch.setattr(access.relay, "CLOSE_TIMEOUT_S", 0.5)
+    agent = pki.agent()
+    ticket = issuer.ticket(agent)
+    async with bare_renter(relay, pki, ticket) as ws_renter, agent_end(relay, pki, agent, ticket) as ws_agent:
+        await eventually(lambda: relay.tunnels.tunnels[ticket.body.id].state.value == "joined", "the tunnel to join")
+        vanished, peer = (ws_agent, ws_renter) if silent == "agent" else (ws_renter, ws_agent)
+        vanished.transport.pause_reading()  # reads nothing more, so answers no ping
+        code, reason = await closed_with(peer, timeout=5)
+        assert code == CLOSE_TUNNEL_PEER_GONE, (code, reason)
+        vanished.transport.abort()
