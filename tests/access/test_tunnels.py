@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -166,7 +167,8 @@ def sample(relay: AccessRelay, name: str, **labels: str) -> float:
 
 
 @pytest.mark.parametrize("first", ["renter", "agent"])
-async def test_a_renter_and_an_agent_meet_and_exchange_frames_both_ways_in_order(relay, pki, issuer, first):
+async def test_a_renter_and_an_agent_meet_and_exchange_frames_both_ways_in_order(relay, pki, issuer, first, caplog):
+    caplog.set_level(logging.INFO, logger="access.tunnels")
     agent = pki.agent()
     ticket = issuer.ticket(agent)
     tunnel: Tunnel | None = None
@@ -200,6 +202,14 @@ async def test_a_renter_and_an_agent_meet_and_exchange_frames_both_ways_in_order
     )
     assert sample(relay, "idlegrid_access_tunnel_bytes_total", direction="to_renter") == 3 * 5 + len(big) + 8 + 10
     assert sample(relay, "idlegrid_access_tunnels_open") == 0
+    closed = [r for r in caplog.records if r.getMessage() == "tunnel closed"]
+    assert len(closed) == 1
+    line = closed[0].__dict__
+    assert (line["tunnel"], line["kind"], line["workload"], line["agent"]) == (ticket.body.id, "exec", "wl-1", agent.identity.id)
+    assert (line["ended_by"], line["close_code"], line["bytes_to_renter"]) == ("agent", 1000, 3 * 5 + len(big) + 8 + 10)
+    assert line["duration_s"] >= 0
+    text = encode_ticket(ticket)
+    assert not any(text in r.getMessage() or text in str(r.__dict__) for r in caplog.records), "a ticket in the logs"
 
 
 # --- refusals -----------------------------------------------------------------------------------
