@@ -91,7 +91,8 @@ class RelayMetrics:
             "idlegrid_access_frame_errors", "Agent frames answered with an error frame, by code", ["relay", "code"], registry=r
         )
         # reasons: at accept ip_connections, ip_rate, openings_full; opening slow_opening, busy (503), reconnect_rate
-        # (429), bad_certificate, wrong_role, revoked, expired; in session flood, silent, no_pong, too_slow, revoked, expired
+        # (429), tunnel_rate (429, tunnel connections),
+        # bad_certificate, wrong_role, revoked, expired; in session flood, silent, no_pong, too_slow, revoked, expired
         self._refused = Counter(
             "idlegrid_access_connections_refused",
             "Agent connections refused or cut off, by reason",

@@ -20,7 +20,7 @@ import aiohttp
 import msgspec
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 import access.http
 import access.relay
@@ -567,3 +567,14 @@ async def test_an_end_that_stops_answering_pings_is_dropped_and_its_peer_told(re
         code, reason = await closed_with(peer, timeout=5)
         assert code == CLOSE_TUNNEL_PEER_GONE, (code, reason)
         vanished.transport.abort()
+
+
+async def test_an_agent_opening_tunnel_connections_too_often_gets_429(make_relay, pki, issuer):
+    relay = await make_relay(tunnel_open_burst_per_agent=1, tunnel_open_rate_per_agent=0.01)
+    agent = pki.agent()
+    async with agent_end(relay, pki, agent, issuer.ticket(agent)):
+        with pytest.raises(InvalidStatus) as refused:
+            async with agent_end(relay, pki, agent, issuer.ticket(agent)):
+                pass
+    assert refused.value.response.status_code == 429
+    assert int(refused.value.response.headers["Retry-After"]) >= 5
