@@ -561,6 +561,7 @@ class TunnelServer:
         started = time.monotonic()
         report = TunnelReport()
         fields = {"ticket": body.id, "kind": body.kind, "workload": body.workload, "container": body.container}
+        ws: ClientConnection | None = None
         try:
             try:
                 check_container(ticket, await self.runtime.inspect(body.container))
@@ -585,6 +586,8 @@ class TunnelServer:
             await session.serve()
         except asyncio.CancelledError:
             report.ended = report.ended or STOPPING_REASON
+            if ws is not None:  # serve() closes its own; this is for a stop that came before it began
+                await _close(ws, CloseCode.GOING_AWAY, STOPPING_REASON)
             raise
         finally:
             log.info(
