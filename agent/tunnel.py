@@ -173,7 +173,7 @@ class PortStreams:
 
     def open(self, stream: int) -> None:
         if stream in self.phases:
-            raise TunnelRefusal(f"stream {stream} is open already")
+            raise ProtocolError(f"OPEN of stream {stream}, which is open already")
         if len(self.phases) >= self.max_streams:
             raise TunnelRefusal(f"this tunnel has {len(self.phases)} connections open, the most it allows")
         self.phases[stream] = StreamPhase.OPEN
@@ -277,6 +277,12 @@ class TunnelSession:
             self.report.ended = f"runtime failure: {exc}"
             with contextlib.suppress(ConnectionClosed):
                 await self.send(encode_frame(Op.ERROR, 0, str(exc).encode()[:MAX_TUNNEL_PAYLOAD]))
+        except OSError as exc:  # the container's side failed under us (a pipe or socket gone)
+            self.report.ended, code, reason = f"I/O error: {exc}", CloseCode.INTERNAL_ERROR, "the agent's side failed"
+        except Exception as exc:  # a fault here ends this tunnel only, never the agent; the traceback is logged
+            log.exception("tunnel %s failed", self.ticket.body.id)
+            self.report.ended = f"internal error: {type(exc).__name__}"
+            code, reason = CloseCode.INTERNAL_ERROR, "the agent's side failed"
         except asyncio.CancelledError:
             self.report.ended, code, reason = STOPPING_REASON, CloseCode.GOING_AWAY, STOPPING_REASON
             await _close(self.ws, code, reason)
@@ -328,7 +334,7 @@ class TunnelSession:
         await self.send(encode_frame(Op.EXIT, 0, exit_payload(code)))
 
     async def _exec_input(self, session: ExecSession) -> None:
-        stdin_open = True
+        stdin_open, stdin_gone = True, False
         while True:
             frame = await self.receive()
             if frame.op is Op.CLOSE:
@@ -343,9 +349,15 @@ class TunnelSession:
                 raise ProtocolError(f"{frame.op.name} after EOF on the command's input")
             elif frame.op is Op.EOF:
                 stdin_open = False
-                await session.close_stdin()
+                with contextlib.suppress(OSError):  # the command ended first: its EXIT is on its way
+                    await session.close_stdin()
+            elif stdin_gone:
+                continue  # the command no longer reads; what it printed and its EXIT still come
             else:
-                await session.write(frame.payload)
+                try:
+                    await session.write(frame.payload)
+                except OSError:
+                    stdin_gone = True
 
     # port ------------------------------------------------------------------------------------------
 
@@ -403,9 +415,9 @@ class TunnelSession:
         """One TCP connection to the container's port: renter bytes in from ``queue``, its bytes out as DATA."""
         body = self.ticket.body
         try:
-            reader, writer = await self.runtime.connect(body.container, body.port)
-        except (RuntimeFailure, OSError) as exc:
-            why = str(exc) or type(exc).__name__
+            reader, writer = await asyncio.wait_for(self.runtime.connect(body.container, body.port), self.limits.dial_timeout_s)
+        except (RuntimeFailure, OSError, TimeoutError) as exc:
+            why = str(exc) or f"no answer within {self.limits.dial_timeout_s:g} s"
             await self._stream_error(stream, f"cannot connect to port {body.port} of container {body.container}: {why}")
             return
         # Both ways at once; the stream is over when both sides sent EOF, or either way fails.

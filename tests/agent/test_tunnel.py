@@ -14,6 +14,7 @@ replays what the test wrote to the container's log. It is used only through the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import ssl
 import time
@@ -26,6 +27,7 @@ import msgspec
 import pytest
 from aiohttp import web
 from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from agent.config import AgentConfig
@@ -355,9 +357,12 @@ class LocalRuntime:
 
     async def exec(self, name: str, command: Sequence[str], *, tty: bool, cols: int = 80, rows: int = 24) -> ExecSession:
         self._running(name)
-        process = await asyncio.create_subprocess_exec(
-            *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-        )
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+            )
+        except FileNotFoundError:
+            raise RuntimeFailure(f"{command[0]}: no such command in container {name}") from None
         session = LocalExec(process)
         self.sessions.append(session)
         return session
@@ -425,7 +430,7 @@ def test_port_streams_are_capped_and_end_when_both_sides_sent_eof():
     streams.open(2)
     with pytest.raises(TunnelRefusal, match="2 connections open"):
         streams.open(3)
-    with pytest.raises(TunnelRefusal, match="open already"):
+    with pytest.raises(ProtocolError, match="open already"):
         streams.open(1)
     assert streams.eof(1, from_renter=True) is False
     with pytest.raises(ProtocolError, match="after its EOF"):
@@ -558,6 +563,25 @@ async def test_exec_reports_standard_error_and_a_failing_status(pki, relay, serv
     frames = await frames_until(renter, Op.EXIT)
     assert (frames[0].op, frames[0].payload) == (Op.STDERR, b"broken\n")
     assert decode_exit(frames[-1].payload).code == 3
+
+
+async def test_a_command_the_runtime_cannot_start_gives_error_saying_why(pki, relay, server):
+    assert server.open(pki.ticket("exec", command=["no-such-command-here"]), link_to(relay, pki))
+    renter = await relay.renter_end()
+    frame = await next_frame(renter)
+    assert frame.op is Op.ERROR and b"no-such-command-here: no such command" in frame.payload
+    assert await closed_with(renter) == 1000
+
+
+async def test_input_after_the_command_ended_is_dropped_and_its_exit_still_arrives(pki, relay, server):
+    assert server.open(pki.ticket("exec", command=["sh", "-c", "exit 7"]), link_to(relay, pki))
+    renter = await relay.renter_end()
+    with contextlib.suppress(ConnectionClosed):  # the tunnel may be over before all of it went
+        for _ in range(20):  # typed while it was ending: nothing to feed it to
+            await renter.send(encode_frame(Op.DATA, 0, b"late input\n"))
+    (ended,) = await frames_until(renter, Op.EXIT)
+    assert decode_exit(ended.payload).code == 7
+    assert await closed_with(renter) == 1000
 
 
 async def test_when_the_renter_leaves_the_command_is_stopped(pki, relay, server, runtime):
