@@ -63,6 +63,7 @@ log = logging.getLogger(__name__)
 
 RUNNING = "running"
 STOPPING_REASON = "agent stopping"
+MAX_CLOSE_REASON_BYTES = 123
 STREAM_QUEUE_FRAMES = 4  # renter -> container frames a port stream holds while its connection catches up
 _TICKET_ID = re.compile(rf"^{re.escape(TICKET_ID_PREFIX)}[A-Za-z0-9_-]{{1,120}}$")
 
@@ -479,8 +480,12 @@ def _why_closed(exc: ConnectionClosed) -> str:
 
 
 async def _close(ws: ClientConnection, code: int, reason: str) -> None:
+    """Close with ``reason`` cut to what a close frame carries (123 bytes), on a character boundary."""
+    raw = reason.encode()
+    if len(raw) > MAX_CLOSE_REASON_BYTES:
+        reason = raw[: MAX_CLOSE_REASON_BYTES - 3].decode(errors="ignore") + "..."
     with contextlib.suppress(ConnectionClosed, OSError):
-        await ws.close(code, reason[:120])
+        await ws.close(code, reason)
 
 
 # --- all tunnels of this agent ------------------------------------------------------------------------------
@@ -590,7 +595,7 @@ class TunnelServer:
                 report.ended = refusal
                 with contextlib.suppress(ConnectionClosed):
                     await ws.send(encode_frame(Op.ERROR, 0, refusal.encode()))
-                await _close(ws, CloseCode.NORMAL_CLOSURE, "container not here")
+                await _close(ws, CloseCode.NORMAL_CLOSURE, refusal)
                 return
             log.info("tunnel opened", extra={**fields, "relay": body.relay_id, "account": body.account})
             session = TunnelSession(ticket, ws, self.runtime, self.limits)

@@ -478,6 +478,7 @@ async def test_a_good_ticket_for_a_container_not_running_here_tells_the_renter_w
     frame = await next_frame(renter)
     assert frame.op is Op.ERROR and container.encode() in frame.payload
     assert await closed_with(renter) == 1000
+    assert container in (renter.close_reason or "")  # also for a renter that arrives after the agent left
     assert runtime.sessions == []  # nothing was started
 
 
