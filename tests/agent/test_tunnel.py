@@ -30,6 +30,8 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
+from access.config import AccessConfig
+from access.daemon import AccessRelay
 from agent.config import AgentConfig
 from agent.daemon import Agent
 from agent.identity import CA_FILE, CERT_FILE, KEY_FILE, AgentIdentity
@@ -38,7 +40,6 @@ from agent.tunnel import PortStreams, RelayLink, TunnelLimits, TunnelRefusal, Tu
 from common.containers import LABEL_COMMAND_ID, LABEL_WORKLOAD_ID, ContainerInfo, ContainerSpec
 from common.errors import PKIError, ProtocolError, RuntimeFailure
 from common.pki import (
-    CertificateAuthority,
     CommandSigner,
     CommandVerifier,
     Role,
@@ -52,6 +53,7 @@ from common.tunnel import (
     AGENT_PATH_PREFIX,
     HEADER,
     MAX_TUNNEL_PAYLOAD,
+    RENTER_PATH,
     TICKET_HEADER,
     Op,
     Ticket,
@@ -62,6 +64,7 @@ from common.tunnel import (
     decode_frame,
     decode_ticket,
     encode_frame,
+    encode_ticket,
     new_ticket_id,
     resize_payload,
     sign_ticket,
@@ -77,8 +80,11 @@ from common.wire import (
     decode_agent_frame,
     encode,
 )
+from management.renter_access import TunnelGrant
+from management.tunnel_client import Tunnel
+from tests.access.conftest import MasterStandIn, TestPki
 
-RELAY_ID = "relay-t"
+RELAY_ID = "relay-test"  # the relay certificate tests/access makes
 AGENT_ID = "agt-tunnel-1"
 WORKLOAD = "wl-0a1b"
 CONTAINER = "wl-0a1b-0"
@@ -90,22 +96,20 @@ DEADLINE_S = 5.0
 
 @dataclass
 class Pki:
-    root: Path
-    ca: CertificateAuthority
+    """The test CA of tests/access (its relay certificate names ``RELAY_ID``), an agent's certificate and the
+    Master's command-signing key, endorsed by that CA."""
+
+    base: TestPki
     signer: CommandSigner
     endorsement: str
 
     @property
-    def ca_file(self) -> Path:
-        return self.root / "ca.crt"
+    def root(self) -> Path:
+        return self.base.root
 
-    def pair(self, role: Role, name: str, *, server: bool = False) -> tuple[Path, Path]:
-        names: dict[str, Any] = {"ip_addresses": ["127.0.0.1"]} if server else {}
-        key_pem, cert_pem = self.ca.issue_keypair(role, name, valid_s=3600, **names)
-        cert, key = self.root / f"{name}.crt", self.root / f"{name}.key"
-        cert.write_bytes(cert_pem)
-        write_private_key(key, key_pem)
-        return cert, key
+    @property
+    def ca_file(self) -> Path:
+        return self.base.ca_file
 
     def agent_tls(self) -> ssl.SSLContext:
         return client_tls_context(self.ca_file, self.root / f"{AGENT_ID}.crt", self.root / f"{AGENT_ID}.key")
@@ -133,14 +137,11 @@ class Pki:
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    root = tmp_path_factory.mktemp("tunnel-pki")
-    ca = CertificateAuthority.create("test platform CA")
-    (root / "ca.crt").write_bytes(ca.chain_pem())
+    base = TestPki(tmp_path_factory.mktemp("tunnel-pki"))
+    assert base.relay.identity.id == RELAY_ID
+    base.issue(Role.AGENT, AGENT_ID)
     signer = CommandSigner.generate()
-    made = Pki(root, ca, signer, ca.endorse_command_key(signer.public_key_b64()))
-    made.pair(Role.ACCESS, RELAY_ID, server=True)
-    made.pair(Role.AGENT, AGENT_ID)
-    return made
+    return Pki(base, signer, base.ca.endorse_command_key(signer.public_key_b64()))
 
 
 # --- the relay stand-in ------------------------------------------------------------------------------------------
@@ -151,8 +152,7 @@ class RelayStandIn:
     ``/tunnel/<id>`` with a client certificate of the ticket's agent and a ticket ``verify_at_relay`` accepts."""
 
     def __init__(self, pki: Pki) -> None:
-        cert, key = pki.root / f"{RELAY_ID}.crt", pki.root / f"{RELAY_ID}.key"
-        self._ssl = server_tls_context(cert, key, pki.ca_file, require_client_cert=True)
+        self._ssl = server_tls_context(pki.base.relay.cert, pki.base.relay.key, pki.ca_file, require_client_cert=True)
         self._ca = load_cert(pki.ca_file.read_bytes())
         self.dials: list[str] = []  # the path of every handshake, tunnel or control
         self.refused: list[str] = []
@@ -541,7 +541,8 @@ async def test_a_frame_the_renter_may_not_send_closes_the_tunnel_as_bad_frame(pk
 # --- exec -----------------------------------------------------------------------------------------------------
 
 
-async def test_exec_echoes_input_takes_a_resize_and_ends_with_the_exit_status(pki, relay, server, runtime):
+async def test_exec_echoes_input_takes_a_resize_and_ends_with_the_exit_status(pki, relay, server, runtime, caplog):
+    caplog.set_level("INFO", logger="agent.tunnel")
     assert server.open(pki.ticket("exec", command=["cat"]), link_to(relay, pki))
     renter = await relay.renter_end()
     await renter.send(encode_frame(Op.DATA, 0, b"hello through the grid\n"))
@@ -555,6 +556,12 @@ async def test_exec_echoes_input_takes_a_resize_and_ends_with_the_exit_status(pk
     (ended,) = await frames_until(renter, Op.EXIT)
     assert decode_exit(ended.payload).code == 0
     assert await closed_with(renter) == 1000
+    await eventually(lambda: server.active == 0, "the tunnel to end")
+    opened, closed = [r for r in caplog.records if r.getMessage() in ("tunnel opened", "tunnel closed")]
+    assert (opened.getMessage(), opened.kind, opened.workload) == ("tunnel opened", "exec", WORKLOAD)  # type: ignore[attr-defined]
+    line = closed.__dict__
+    assert (line["why"], line["bytes_in"], line["bytes_out"]) == ("completed", 23 + len(resize_payload(132, 43)), 23 + 10)
+    assert line["duration_s"] >= 0
 
 
 async def test_exec_reports_standard_error_and_a_failing_status(pki, relay, server):
@@ -759,3 +766,74 @@ def test_the_tunnel_limits_are_settings_with_defaults():
     config = AgentConfig()
     assert (config.max_tunnels, config.max_tunnel_streams, config.tunnel_dial_timeout_s) == (16, 32, 10.0)
     assert json.loads(msgspec.json.encode(config))["max_tunnels"] == 16
+
+
+# --- through the real relay --------------------------------------------------------------------------------------
+
+
+async def test_through_the_real_relay_a_renter_runs_a_command_and_reaches_a_port(pki, runtime, server, http_port):
+    """The relay of access/ (its tunnel exchange) between this agent's end and the renter's client of management/;
+    only the Master is a stand-in (tests/access/conftest.py)."""
+    master = MasterStandIn(pki.base)
+    await master.start()
+    relay = AccessRelay(
+        AccessConfig(
+            relay_id=RELAY_ID,
+            region="test",
+            master_url=master.url,
+            agent_port=0,
+            http_port=0,
+            cert_file=str(pki.base.relay.cert),
+            key_file=str(pki.base.relay.key),
+            ca_file=str(pki.ca_file),
+            backoff_initial_s=0.05,
+            backoff_max_s=0.2,
+            drain_timeout_s=0.5,
+        )
+    )
+    await relay.start()
+    try:
+        link = RelayLink(relay_id=RELAY_ID, url=relay.agent_url, ssl=pki.agent_tls())
+        shell = pki.ticket("exec", command=["sh", "-c", "cat; echo done >&2; exit 4"])
+        assert server.open(shell, link)
+        async with await Tunnel.open(grant_for(shell, relay.http_url, pki)) as tunnel:
+            await tunnel.send(Op.DATA, 0, b"over the relay\n")
+            echoed = await tunnel.receive()
+            assert echoed is not None and (echoed.op, echoed.payload) == (Op.DATA, b"over the relay\n")
+            await tunnel.send(Op.EOF)
+            frames = [await tunnel.receive(), await tunnel.receive()]
+            assert [(f.op, f.payload) for f in frames if f is not None] == [(Op.STDERR, b"done\n"), (Op.EXIT, b'{"code":4}')]
+            assert await tunnel.receive() is None and tunnel.close_code == 1000
+
+        web_port = pki.ticket("port", port=8080)
+        assert server.open(web_port, link)
+        async with await Tunnel.open(grant_for(web_port, relay.http_url, pki)) as tunnel:
+            for stream, path in [(1, "/first"), (2, "/second")]:
+                await tunnel.send(Op.OPEN, stream)
+                await tunnel.send(Op.DATA, stream, http_get(path))
+            bodies: dict[int, bytes] = {1: b"", 2: b""}
+            while not all(b.endswith(b"answered") for b in bodies.values()):
+                frame = await asyncio.wait_for(tunnel.receive(), DEADLINE_S)
+                assert frame is not None and frame.op is not Op.ERROR
+                if frame.op is Op.DATA:
+                    bodies[frame.stream] += frame.payload
+            assert bodies[1].endswith(b"first answered") and bodies[2].endswith(b"second answered")
+    finally:
+        await server.close()
+        await relay.stop()
+        await master.stop()
+
+
+def grant_for(ticket: Ticket, http_url: str, pki: Pki) -> TunnelGrant:
+    """What the API answers a renter: the relay's renter URL, the ticket, the CA to trust."""
+    return TunnelGrant(
+        id=ticket.body.id,
+        kind=ticket.body.kind,
+        workload=ticket.body.workload,
+        agent_id=ticket.body.agent_id,
+        relay_id=ticket.body.relay_id,
+        url=http_url.replace("https://", "wss://", 1) + RENTER_PATH,
+        ticket=encode_ticket(ticket),
+        ca_pem=pki.ca_file.read_text(),
+        expires_at=ticket.body.expires_at,
+    )
