@@ -581,10 +581,13 @@ class TunnelServer:
         ws: ClientConnection | None = None
         try:
             try:
-                check_container(ticket, await self.runtime.inspect(body.container))
+                info = await asyncio.wait_for(self.runtime.inspect(body.container), self.limits.dial_timeout_s)
+                check_container(ticket, info)
                 refusal = None
             except (TunnelRefusal, RuntimeFailure) as exc:
                 refusal = str(exc)
+            except TimeoutError:
+                refusal = f"the {self.runtime.name} runtime did not answer within {self.limits.dial_timeout_s:g} s"
             try:
                 ws = await self._dial(ticket, link, url)
             except (OSError, TimeoutError, InvalidHandshake, InvalidURI) as exc:

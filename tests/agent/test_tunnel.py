@@ -690,6 +690,34 @@ async def test_streams_over_the_tunnels_cap_are_refused_one_by_one(pki, relay, s
     assert (await next_frame(renter)).op is Op.CLOSE
 
 
+async def test_a_close_from_the_renter_ends_that_connection_to_the_container(pki, relay, server, runtime):
+    arrived, ended = asyncio.Event(), asyncio.Event()
+
+    async def container_port(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        assert await reader.read(1) == b"x"
+        arrived.set()
+        if await reader.read() == b"":  # the agent dropped the connection
+            ended.set()
+        writer.close()
+
+    listener = await asyncio.start_server(container_port, "127.0.0.1", 0)
+    runtime.ports[7000] = listener.sockets[0].getsockname()[1]
+    try:
+        assert server.open(pki.ticket("port", port=7000), link_to(relay, pki))
+        renter = await relay.renter_end()
+        await renter.send(encode_frame(Op.OPEN, 1))
+        await renter.send(encode_frame(Op.DATA, 1, b"x"))
+        await asyncio.wait_for(arrived.wait(), DEADLINE_S)
+        await renter.send(encode_frame(Op.CLOSE, 1))
+        await asyncio.wait_for(ended.wait(), DEADLINE_S)
+        await renter.send(encode_frame(Op.OPEN, 1))  # the id is free again, the tunnel goes on
+        await renter.send(encode_frame(Op.DATA, 1, b"x"))
+        arrived.clear()
+        await asyncio.wait_for(arrived.wait(), DEADLINE_S)
+    finally:
+        listener.close()
+
+
 async def test_closing_the_server_closes_its_tunnels_going_away(pki, relay, server, runtime):
     await runtime.write_log(STDOUT, b"serving\n")
     assert server.open(pki.ticket("logs", follow=True), link_to(relay, pki))
