@@ -20,7 +20,7 @@ from access.metrics import CONTENT_TYPE_LATEST, RelayMetrics
 from access.ratelimit import KeyedRateLimiter, TransferGate
 from access.speedtest import add_speedtest_routes
 from access.tunnel_ends import RenterTunnelEnd
-from access.tunnels import TRANSPORT_MAX_BYTES, TunnelExchange
+from access.tunnels import PING_INTERVAL_S, TRANSPORT_MAX_BYTES, TunnelExchange
 from access.upstream import MasterLink, MasterUnavailable
 from common.http import HttpServer, timed_requests
 from common.tunnel import RENTER_PATH, TICKET_HEADER
@@ -136,7 +136,7 @@ class RelayHttp:
         if not ticket:
             self._metrics.tunnel_refused("ticket")
             return error_response(401, "ticket_missing", f"a tunnel needs its ticket in the {TICKET_HEADER} header")
-        ws = web.WebSocketResponse(max_msg_size=TRANSPORT_MAX_BYTES, compress=False, autoping=True)
+        ws = web.WebSocketResponse(max_msg_size=TRANSPORT_MAX_BYTES, compress=False, autoping=True, heartbeat=PING_INTERVAL_S)
         if not ws.can_prepare(request).ok:
             return error_response(400, "not_websocket", f"GET {RENTER_PATH} is a WebSocket upgrade (Upgrade: websocket)")
         await ws.prepare(request)

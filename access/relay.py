@@ -41,7 +41,7 @@ from access.config import AccessConfig
 from access.metrics import RelayMetrics
 from access.ratelimit import AddressGate, Admission, FrameBudget, KeyedRateLimiter
 from access.tunnel_ends import AgentTunnelEnd
-from access.tunnels import TRANSPORT_MAX_BYTES, TunnelExchange
+from access.tunnels import CLOSE_TIMEOUT_S, PING_INTERVAL_S, TRANSPORT_MAX_BYTES, TunnelExchange
 from access.upstream import MasterLink
 from common.errors import PKIError, ProtocolError
 from common.pki import Identity, Role, identity_of, load_cert, peer_identity, verify_issued_by
@@ -455,6 +455,10 @@ class AgentGateway:
             return
         # Tunnel messages are frames of at most 64 KiB: no need to take the control path's 4 MiB from this peer.
         connection.protocol.max_message_size = TRANSPORT_MAX_BYTES
+        # Unlike control sessions (the sweep watches their heartbeats), a tunnel may be silent for long: ping it.
+        connection.ping_interval = connection.ping_timeout = PING_INTERVAL_S
+        connection.close_timeout = CLOSE_TIMEOUT_S  # then a peer that answers no ping is dropped, not waited for
+        connection.start_keepalive()
         end = AgentTunnelEnd(connection, _remote(connection))
         ticket_id = request.path.partition("?")[0][len(AGENT_PATH_PREFIX) :]
         await self._tunnels.admit(end, request.headers.get(TICKET_HEADER, ""), identity=identity, path_id=ticket_id)

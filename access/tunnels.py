@@ -51,6 +51,9 @@ BURST_S = 0.05
 # Closing handshakes of both ends, together; past this the transports are aborted.
 CLOSE_TIMEOUT_S = 5.0
 MAX_REASON_BYTES = 123  # a WebSocket close reason
+# Both ends are pinged this often (the renter's client pings the relay as often): a host or a renter that
+# vanished without a close would otherwise hold its tunnel, and its peer, until the other side gave up.
+PING_INTERVAL_S = 20.0
 
 
 class Side(str, enum.Enum):
@@ -212,6 +215,9 @@ class TunnelExchange:
             if identity is not None:
                 tunnel.agent_serial = identity.serial
             await self._supervise(tunnel)
+        elif tunnel.ending is not None:  # over, its ends still closing
+            by = tunnel.ending.by.value if tunnel.ending.by is not None else "relay"
+            await self._refuse(end, Refusal("over", f"tunnel {body.id} is over: the {by} ended it", CLOSE_TUNNEL_PEER_GONE))
         else:
             self._join(tunnel, end)
             if identity is not None:
