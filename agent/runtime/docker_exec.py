@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -50,7 +51,8 @@ WAIT_MAX_POLL_S = 1.0
 
 
 class DockerExecSession:
-    """An ``ExecSession`` on a hijacked ``exec`` connection; resize, exit status and stop through the API."""
+    """An ``ExecSession`` on a hijacked ``exec`` connection; resize, exit status and stop through the API. Input to a
+    command that has ended raises ``BrokenPipeError`` (an ``OSError``), as a pipe would."""
 
     def __init__(
         self,
@@ -83,12 +85,14 @@ class DockerExecSession:
 
     async def write(self, data: bytes) -> None:
         if self._stdin_closed:
-            raise RuntimeFailure(f"the input of the command in container {self.container!r} is already closed")
+            raise BrokenPipeError(errno.EPIPE, f"the input of the command in container {self.container!r} is already closed")
         try:
             self._writer.write(data)
             await self._writer.drain()
         except ConnectionError as exc:
-            raise RuntimeFailure(f"the command in container {self.container!r} has ended; it takes no more input") from exc
+            raise BrokenPipeError(
+                errno.EPIPE, f"the command in container {self.container!r} has ended; it takes no more input"
+            ) from exc
 
     async def close_stdin(self) -> None:
         """Without a tty a half-close, which the engine passes on as end of input; a terminal has no such thing, so

@@ -1,5 +1,8 @@
 """A renter's command beside a process-runtime container, as an ``ExecSession``: on pipes, or on a pseudo-terminal.
 
+Input to a command that no longer reads it raises ``BrokenPipeError`` (an ``OSError``), as a pipe would: the tunnel
+drops it and still sends the command's exit status.
+
 ``start_exec`` runs ``argv`` (which ProcessRuntime builds: into the container's namespaces, its limits, its user,
 then the command, all under ``setsid`` so the command leads a session and process group of its own) and returns
 the session. With a tty the command's three standard streams are the slave side of a new pty, which ``setsid
@@ -112,12 +115,12 @@ class PipeExecSession(_HostExecSession):
         stdin = self._proc.stdin
         assert stdin is not None
         if stdin.is_closing():
-            raise RuntimeFailure(f"the input of the command in container {self.container!r} is already closed")
+            raise BrokenPipeError(errno.EPIPE, f"the input of the command in container {self.container!r} is already closed")
         try:
             stdin.write(data)
             await stdin.drain()
         except ConnectionError as exc:
-            raise RuntimeFailure(f"the command in container {self.container!r} has ended; it takes no more input") from exc
+            raise BrokenPipeError(errno.EPIPE, f"the command in container {self.container!r} no longer reads its input") from exc
 
     async def close_stdin(self) -> None:
         stdin = self._proc.stdin
@@ -171,16 +174,18 @@ class PtyExecSession(_HostExecSession):
         view = memoryview(data)
         while view:
             if self._master is None or self._proc.returncode is not None:
-                raise RuntimeFailure(f"the command in container {self.container!r} has ended; it takes no more input")
+                raise BrokenPipeError(
+                    errno.EPIPE, f"the command in container {self.container!r} has ended; it takes no more input"
+                )
             try:
                 view = view[os.write(self._master, view) :]
             except BlockingIOError:
                 await self._ready(asyncio.get_running_loop().add_writer, asyncio.get_running_loop().remove_writer)
             except OSError as exc:
-                raise RuntimeFailure(f"the terminal of the command in container {self.container!r} is gone") from exc
+                raise BrokenPipeError(exc.errno, f"the terminal of the command in container {self.container!r} is gone") from exc
 
     async def close_stdin(self) -> None:
-        with contextlib.suppress(RuntimeFailure):  # ended already: its input is closed anyway
+        with contextlib.suppress(OSError):  # ended already: its input is closed anyway
             await self.write(EOF_CHARACTER)
 
     async def resize(self, cols: int, rows: int) -> None:

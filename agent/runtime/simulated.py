@@ -11,6 +11,7 @@ followed), exec echoes its input (``SimulatedExecSession``), and a simulated con
 from __future__ import annotations
 
 import asyncio
+import errno
 import random
 import signal
 import uuid
@@ -192,7 +193,7 @@ class SimulatedExecSession:
 
     async def write(self, data: bytes) -> None:
         if self._input_closed or self._status.done():
-            raise RuntimeFailure("the simulated command's input is closed")
+            raise BrokenPipeError(errno.EPIPE, "the simulated command's input is closed")
         if data:
             self._output.put_nowait(data)
 
