@@ -278,7 +278,8 @@ def _tunnel_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hosts", type=int, default=d.hosts, help=f"agents behind the relay (default {d.hosts})")
     p.add_argument("--megabytes", type=int, default=d.megabytes, help=f"MB the tunnel moves (default {d.megabytes})")
     p.add_argument("--heartbeat-s", type=float, default=d.heartbeat_s, help=f"heartbeat interval (default {d.heartbeat_s:g})")
-    p.add_argument("--cmd-rate", type=float, default=d.cmd_rate, help=f"command pairs a second (default {d.cmd_rate:g})")
+    p.add_argument("--cmd-rate", type=float, default=d.cmd_rate, help=f"commands a second (default {d.cmd_rate:g})")
+    p.add_argument("--rounds", type=int, default=d.rounds, help=f"transfers in the tunnel phase (default {d.rounds})")
     p.add_argument("--idle-s", type=float, default=d.idle_s, help=f"seconds of the idle phase (default {d.idle_s:g})")
     p.add_argument(
         "--relay-bytes-per-s", type=int, default=0, help="the relay's bandwidth per tunnel (default: the relay's default)"
@@ -294,6 +295,7 @@ def _run_tunnel(args: argparse.Namespace) -> int:
         heartbeat_s=args.heartbeat_s,
         cmd_rate=args.cmd_rate,
         idle_s=args.idle_s,
+        rounds=args.rounds,
         relay_bytes_per_s=args.relay_bytes_per_s,
     )
     result = run_tunnel_bench(options)

@@ -141,6 +141,9 @@ class Demo:
             f"    list:          {idlegrid} workload list",
             f"    show:          {idlegrid} workload get ID",
             f"    why it waits:  {idlegrid} workload explain ID",
+            f"    its output:    {idlegrid} workload logs ID --follow",
+            f"    a shell in it: {idlegrid} workload exec ID -- sh",
+            f"    reach a port:  {idlegrid} workload port-forward ID 8888",
             f"    cancel:        {idlegrid} workload cancel ID",
             "    The demo's hosts run a workload's command as a sandboxed process on the host (the image is not pulled).",
         ]

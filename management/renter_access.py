@@ -18,8 +18,9 @@ from management.tunnel_client import Tunnel, TunnelClosed, TunnelGrant
 from master.records import Assignment, WorkloadRecord
 from master.service import Master
 
-Arg = Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
+Arg = Annotated[str, msgspec.Meta(min_length=1, max_length=2048)]
 DEFAULT_SHELL = ("/bin/sh",)
+MAX_COMMAND_BYTES = 2048  # an exec command travels in the ticket, which travels in a header
 STDOUT, STDERR = 1, 2  # as agent/runtime/base.py numbers them
 
 
@@ -46,18 +47,10 @@ class RenterAccess:
 
     async def open(self, workload_id: str, request: TunnelRequest, *, account: str, owner: str | None) -> TunnelGrant:
         """A grant for ``account`` (the caller) to reach ``workload_id``; ``owner``: the scope (None: operator)."""
+        kind = TunnelKind(request.kind)
+        params = _ticket_fields(kind, request)  # a bad request is a 400 whatever the workload's state
         workload = await self._workload(workload_id, account=owner)
         assignment = _assignment(workload, request)
-        kind = TunnelKind(request.kind)
-        params: dict[str, Any] = {}
-        if kind is TunnelKind.PORT:
-            if not 1 <= request.port <= 65535:
-                raise InvalidTunnel("port: a port tunnel names the container's port, 1 to 65535")
-            params["port"] = request.port
-        elif kind is TunnelKind.EXEC:
-            params.update(command=list(request.command or DEFAULT_SHELL), tty=request.tty, cols=request.cols, rows=request.rows)
-        else:
-            params.update(tail=request.tail, follow=request.follow)
         opened = await self._master.tunnels.open(
             kind,
             account=account,
@@ -104,6 +97,19 @@ class InvalidTunnel(IdlegridError):
     """A tunnel that cannot be opened as asked (the request's fault: 400)."""
 
     code = "invalid_tunnel"
+
+
+def _ticket_fields(kind: TunnelKind, request: TunnelRequest) -> dict[str, Any]:
+    """The kind's fields of the ticket, checked."""
+    if kind is TunnelKind.PORT:
+        if not 1 <= request.port <= 65535:
+            raise InvalidTunnel("port: a port tunnel names the container's port, 1 to 65535")
+        return {"port": request.port}
+    if kind is TunnelKind.EXEC:
+        if sum(len(arg.encode()) + 3 for arg in request.command) > MAX_COMMAND_BYTES:
+            raise InvalidTunnel(f"command: at most {MAX_COMMAND_BYTES} bytes in all (it travels in the ticket)")
+        return {"command": list(request.command or DEFAULT_SHELL), "tty": request.tty, "cols": request.cols, "rows": request.rows}
+    return {"tail": request.tail, "follow": request.follow}
 
 
 def _assignment(workload: WorkloadRecord, request: TunnelRequest) -> Assignment:

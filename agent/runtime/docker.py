@@ -1,12 +1,14 @@
 """Containers through the Docker Engine API on its unix socket; Podman's Docker-compatible service works too.
 
-Plain HTTP through aiohttp rather than the docker SDK: the agent needs six endpoints, and one HTTP stack.
+Plain HTTP through aiohttp rather than the docker SDK: the agent needs a few endpoints, and one HTTP stack.
+A renter's exec takes over its connection, which aiohttp cannot do: see docker_exec.py.
 """
 
 from __future__ import annotations
 
-import asyncio as _asyncio_stub  # noqa: F401
+import asyncio
 import builtins
+import contextlib
 import json
 import math
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -17,7 +19,8 @@ from urllib.parse import quote
 import aiohttp
 import msgspec
 
-from agent.runtime.base import STATE_REMOVED, ExecSession, check_same_command, container_labels
+from agent.runtime.base import STATE_REMOVED, STDOUT, ExecSession, check_same_command, container_labels
+from agent.runtime.docker_exec import DockerExecSession, exec_streams, hijack, read_frame
 from common.containers import LABEL_COMMAND_ID, ContainerInfo, ContainerSpec
 from common.errors import RuntimeFailure
 
@@ -30,6 +33,7 @@ MIN_API_VERSION = (1, 40)
 # packages and step down to a user (apt, chown of a data dir, gosu/su). Left out of Docker's defaults:
 # NET_RAW (forged packets on the provider's network), MKNOD, SETFCAP, SETPCAP, SYS_CHROOT, AUDIT_WRITE.
 # Dropping ALL first means a newer engine's defaults can never widen what a renter gets.
+CONNECT_TIMEOUT_S = 3.0  # to a container's address on the engine's network, before trying through exec
 DEFAULT_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "NET_BIND_SERVICE", "SETGID", "SETUID")
 
 
@@ -55,6 +59,7 @@ class DockerRuntime:
         self.capabilities = tuple(capabilities)
         self._session: aiohttp.ClientSession | None = None
         self._api_prefix: str | None = None
+        self._bridges: set[asyncio.Task[None]] = set()  # connections carried through exec (see ``connect``)
 
     @property
     def url(self) -> str:
@@ -104,17 +109,71 @@ class DockerRuntime:
     async def list(self) -> list[ContainerInfo]:
         return await self._list(LABEL_COMMAND_ID)
 
-    # Renter access: contract stubs, replaced by the runtime's real logs/exec/connect.
-    def logs(self, name: str, *, tail: int, follow: bool) -> AsyncIterator[tuple[int, bytes]]:
-        raise RuntimeFailure(f"the {self.name} runtime cannot show logs yet")
+    # --- renter access -------------------------------------------------------------------------------
+
+    async def logs(self, name: str, *, tail: int, follow: bool) -> AsyncIterator[tuple[int, bytes]]:
+        """Of a running or a finished container; following ends when the container does."""
+        raw = await self._existing(name)
+        prefix = await self._negotiate()
+        params = {"stdout": "1", "stderr": "1", "tail": "all" if tail < 0 else str(tail), "follow": "1" if follow else "0"}
+        tty = bool((raw.get("Config") or {}).get("Tty"))  # a tty container's log is its terminal's raw bytes
+        timeout = aiohttp.ClientTimeout(total=None if follow else self.timeout_s, sock_connect=self.timeout_s)
+        url = f"http://docker{prefix}/containers/{raw['Id']}/logs"
+        try:
+            async with self._open().get(url, params=params, timeout=timeout) as response:
+                if response.status != 200:
+                    raise _failure(f"reading the logs of container {name!r}", response.status, _decode(await response.read()))
+                if tty:
+                    async for chunk in response.content.iter_any():
+                        yield STDOUT, chunk
+                    return
+                while (frame := await read_frame(response.content.readexactly)) is not None:
+                    yield frame
+        except TimeoutError as exc:
+            raise RuntimeFailure(
+                f"the Docker API at {self.url} did not send the logs of {name!r} within {self.timeout_s:.0f} s"
+            ) from exc
+        except aiohttp.ClientError as exc:
+            raise RuntimeFailure(f"reading the logs of container {name!r} from {self.url} failed: {_reason(exc)}") from exc
 
     async def exec(self, name: str, command: Sequence[str], *, tty: bool, cols: int = 80, rows: int = 24) -> ExecSession:
-        raise RuntimeFailure(f"the {self.name} runtime cannot exec yet")
+        """As the container's user, in its working directory, with its environment (the engine's defaults)."""
+        if not command:
+            raise RuntimeFailure(f"nothing to run in container {name!r}: the command is empty")
+        raw = await self._running(name)
+        cols, rows = (cols, rows) if cols > 0 and rows > 0 else (80, 24)  # no size given: a terminal's usual
+        create = {"Cmd": list(command), "AttachStdin": True, "AttachStdout": True, "AttachStderr": True, "Tty": tty}
+        status, body = await self._call("POST", f"/containers/{raw['Id']}/exec", body=create)
+        if status != 201 or not isinstance(body, dict) or "Id" not in body:
+            raise _failure(f"starting {command[0]!r} in container {name!r}", status, body)
+        start: dict[str, Any] = {"Detach": False, "Tty": tty}
+        if tty:
+            start.update(h=rows, w=cols, ConsoleSize=[rows, cols])  # the first size: Podman reads h/w, Docker ConsoleSize
+        prefix = await self._negotiate()
+        reader, writer = await hijack(self.socket_path, f"{prefix}/exec/{body['Id']}/start", start, timeout_s=self.timeout_s)
+        state = raw.get("State") or {}
+        session = DockerExecSession(body["Id"], name, int(state.get("Pid") or 0), reader, writer, tty=tty, call=self._call)
+        if tty:
+            with contextlib.suppress(RuntimeFailure):  # for engines that took neither: late, but better than 0x0
+                await session.resize(cols, rows)
+        return session
 
-    async def connect(self, name: str, port: int) -> tuple[_asyncio_stub.StreamReader, _asyncio_stub.StreamWriter]:
-        raise RuntimeFailure(f"the {self.name} runtime cannot connect to a container's port yet")
+    async def connect(self, name: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """Straight to the container's address on the engine's network when the agent can reach it and something
+        listens there; otherwise (no network, a rootless engine's unroutable one, a service bound to 127.0.0.1)
+        through ``nc 127.0.0.1 PORT`` run in the container, which must then have ``nc`` (busybox has it)."""
+        raw = await self._running(name)
+        for address in _addresses(raw):
+            try:
+                return await asyncio.wait_for(asyncio.open_connection(address, port), CONNECT_TIMEOUT_S)
+            except (OSError, TimeoutError):
+                continue
+        session = await self.exec(name, ["nc", "127.0.0.1", str(port)], tty=False)
+        return await exec_streams(session, self._bridges)
 
     async def close(self) -> None:
+        for bridge in builtins.list(self._bridges):
+            bridge.cancel()
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -183,6 +242,20 @@ class DockerRuntime:
         raw = await self._inspect_raw(name)
         if raw is None:
             raise RuntimeFailure(f"container {name!r} vanished from {self.url} right after it was created")
+        return raw
+
+    async def _existing(self, name: str) -> dict[str, Any]:
+        raw = await self._inspect_raw(name)
+        if raw is None:
+            raise RuntimeFailure(f"no container named {name!r} on this host ({self.url})")
+        return raw
+
+    async def _running(self, name: str) -> dict[str, Any]:
+        raw = await self._existing(name)
+        info = _info(raw)
+        if info.state != "running":
+            ended = f", exit code {info.exit_code}" if info.exit_code is not None else ""
+            raise RuntimeFailure(f"container {name!r} is not running (it is {info.state}{ended})")
         return raw
 
     async def _list(self, label_filter: str) -> builtins.list[ContainerInfo]:
@@ -291,6 +364,14 @@ def _summary_info(entry: Mapping[str, Any]) -> ContainerInfo:
         labels=entry.get("Labels") or {},
         exit_code=_exit_code_from_status(entry.get("Status", "")) if status in ("exited", "dead") else None,
     )
+
+
+def _addresses(raw: Mapping[str, Any]) -> builtins.list[str]:
+    """The container's IP addresses on the engine's networks (none with ``--network none`` or host networking)."""
+    settings = raw.get("NetworkSettings") or {}
+    found = [settings.get("IPAddress") or ""]
+    found += [network.get("IPAddress") or "" for network in (settings.get("Networks") or {}).values()]
+    return builtins.list(dict.fromkeys(address for address in found if address))
 
 
 def _exit_code_from_status(text: str) -> int | None:

@@ -20,6 +20,10 @@ What this runtime is and is not:
 - CPU: a coarse limit. The process is pinned to ``ceil(cpus)`` cores, preferring cores no other container holds;
   half a CPU becomes one whole core.
 
+- Renter access: logs from the container's log file; exec joins the container's PID namespace (``nsenter``) with
+  its limits, user, working directory and environment, on pipes or a pty (agent/runtime/process_exec.py); connect
+  is the host's 127.0.0.1, since containers share the host's network.
+
 Each container is a ``/bin/sh`` shim that waits on a pipe for "go", then runs the command and writes its exit code
 to a file the agent opened for it (the command itself cannot open it). The agent sets the limits and writes
 the record (the shim's pid, its kernel start time, which tells a live process from a reused pid, and its PID
@@ -32,7 +36,6 @@ the processes themselves, in their own sessions, live through an agent restart.
 from __future__ import annotations
 
 import asyncio
-import asyncio as _asyncio_stub  # noqa: F401
 import builtins
 import contextlib
 import logging
@@ -48,10 +51,12 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 import msgspec
 
-from agent.runtime.base import STATE_REMOVED, ExecSession, check_same_command, container_labels
+from agent.runtime.base import STATE_REMOVED, STDOUT, ExecSession, check_same_command, container_labels
+from agent.runtime.process_exec import start_exec
 from agent.state import PRIVATE_FILE_MODE, private_dir
 from common.containers import LABEL_COMMAND_ID, ContainerInfo, ContainerSpec
 from common.errors import ConfigError, RuntimeFailure
@@ -66,6 +71,8 @@ UNSHARE = "unshare"
 SETPRIV = "setpriv"
 PRLIMIT = "prlimit"
 TASKSET = "taskset"
+NSENTER = "nsenter"
+SETSID = "setsid"
 DEFAULT_USER = "nobody"
 # The shim's standard error is the exit file, which only the agent could open: the command's own standard error goes
 # to the log with its output, and the shim writes the command's exit code there. (The shell cannot redirect a file
@@ -86,6 +93,9 @@ KILL_GRACE_S = 5.0  # how long SIGKILLed processes get to disappear before delet
 SPAWN_TIMEOUT_S = 5.0  # how long unshare gets to start the namespace's init
 POLL_S = 0.05
 MAX_LAUNCH_ERROR_CHARS = 300
+LOG_CHUNK = 64 * 1024
+LOG_POLL_S = 0.1  # how often a followed log is read again while its container runs
+CONNECT_TIMEOUT_S = 5.0
 ISOLATION_SANDBOX = "sandbox"
 ISOLATION_NONE = "none"
 
@@ -129,7 +139,7 @@ class ProcessRuntime:
 
     async def probe(self) -> None:
         """Ready whenever util-linux is there: checked here so a host without it says so before taking work."""
-        for tool in (UNSHARE, SETPRIV, PRLIMIT, TASKSET):
+        for tool in (UNSHARE, SETPRIV, PRLIMIT, TASKSET, NSENTER, SETSID):
             if shutil.which(tool) is None:
                 raise RuntimeFailure(f"the process runtime needs {tool!r} (util-linux) on PATH; install util-linux")
 
@@ -161,15 +171,56 @@ class ProcessRuntime:
     async def list(self) -> list[ContainerInfo]:
         return [self._info(r) for r in self._records() if LABEL_COMMAND_ID in r.labels]
 
-    # Renter access: contract stubs, replaced by the runtime's real logs/exec/connect.
-    def logs(self, name: str, *, tail: int, follow: bool) -> AsyncIterator[tuple[int, bytes]]:
-        raise RuntimeFailure(f"the {self.name} runtime cannot show logs yet")
+    # --- renter access -------------------------------------------------------------------------------
+
+    async def logs(self, name: str, *, tail: int, follow: bool) -> AsyncIterator[tuple[int, bytes]]:
+        """From the container's ``.log``, where its output and errors land together (all on STDOUT). Following
+        polls the file while the container runs, then sends what was written before it ended."""
+        record = self._require(name)
+        try:
+            log_file = open(self._path(name, ".log"), "rb")
+        except FileNotFoundError:
+            raise RuntimeFailure(f"container {name!r} was deleted from this host") from None
+        with log_file:
+            log_file.seek(_tail_offset(log_file, tail))
+            while True:
+                running = follow and _alive(record)  # asked before reading, so nothing written before the end is lost
+                while chunk := log_file.read(LOG_CHUNK):
+                    yield STDOUT, chunk
+                if not running:
+                    return
+                await asyncio.sleep(LOG_POLL_S)
 
     async def exec(self, name: str, command: Sequence[str], *, tty: bool, cols: int = 80, rows: int = 24) -> ExecSession:
-        raise RuntimeFailure(f"the {self.name} runtime cannot exec yet")
+        """In the container's PID namespace (so delete ends it too), with its limits, user, working directory and
+        environment; in a session of its own, whose controlling terminal is a new pty when ``tty``."""
+        if not command:
+            raise RuntimeFailure(f"nothing to run in container {name!r}: the command is empty")
+        record = self._require_running(name)
+        cols, rows = (cols, rows) if cols > 0 and rows > 0 else (80, 24)  # no size given: a terminal's usual
+        workdir = self.workdir(name)
+        env = child_env(record.spec, home=workdir)
+        if tty:
+            env.setdefault("TERM", "xterm")  # as Docker sets it for a terminal; the container's own env wins
+        session = [SETSID, "--ctty"] if tty else [SETSID]
+        argv = [
+            *self._enter(record),
+            *session,
+            *_limits(record.spec, record.cores),
+            *self._drop_privileges(),
+            *command,
+        ]
+        return await start_exec(argv, env=env, cwd=workdir, tty=tty, cols=cols, rows=rows, container=name)
 
-    async def connect(self, name: str, port: int) -> tuple[_asyncio_stub.StreamReader, _asyncio_stub.StreamWriter]:
-        raise RuntimeFailure(f"the {self.name} runtime cannot connect to a container's port yet")
+    async def connect(self, name: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """The container shares the host's network, so its port is the host's 127.0.0.1:``port``."""
+        self._require_running(name)
+        try:
+            return await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), CONNECT_TIMEOUT_S)
+        except ConnectionRefusedError:
+            raise RuntimeFailure(f"nothing listens on port {port} of container {name!r} (127.0.0.1:{port})") from None
+        except (OSError, TimeoutError) as exc:
+            raise RuntimeFailure(f"cannot connect to port {port} of container {name!r}: {exc}") from exc
 
     async def close(self) -> None:
         """Nothing to stop: containers outlive the agent by design, and reaper threads are daemons."""
@@ -217,6 +268,11 @@ class ProcessRuntime:
         # Not root: a user namespace is what lets an unprivileged user make the PID namespace.
         user = ["--user", "--map-current-user"] if self._switch_to is None else []
         return [UNSHARE, *user, "--pid", "--fork", "--kill-child", "--"]
+
+    def _enter(self, record: ProcessRecord) -> builtins.list[str]:
+        """Into the container's PID namespace (and, when not root, the user namespace that owns it), forking there."""
+        user = ["--user", "--preserve-credentials"] if self._switch_to is None else []
+        return [NSENTER, f"--target={record.pid}", *user, "--pid", "--"]
 
     def _drop_privileges(self) -> builtins.list[str]:
         """As root: become the unprivileged user, with no supplementary groups and no way back (no setuid gains)."""
@@ -307,6 +363,18 @@ class ProcessRuntime:
         except (OSError, ValueError):
             return 128 + signal.SIGKILL  # the shell's (and Docker's) convention for a process killed by a signal
 
+    def _require(self, name: str) -> ProcessRecord:
+        record = self._load(name)
+        if record is None:
+            raise RuntimeFailure(f"no container named {name!r} on this host (process runtime, {self.root})")
+        return record
+
+    def _require_running(self, name: str) -> ProcessRecord:
+        record = self._require(name)
+        if not _alive(record):
+            raise RuntimeFailure(f"container {name!r} is not running (it is exited, exit code {self._exit_code(record)})")
+        return record
+
     def _records(self) -> builtins.list[ProcessRecord]:
         names = sorted(path.stem for path in self.root.glob("*.json"))
         return [record for record in map(self._load, names) if record is not None]
@@ -342,6 +410,32 @@ def child_env(spec: ContainerSpec, *, home: Path) -> dict[str, str]:
     env["CUDA_VISIBLE_DEVICES"] = ",".join(spec.gpus)  # GPU uuids, indexes or MIG instance uuids ("MIG-…")
     env["NVIDIA_VISIBLE_DEVICES"] = env["CUDA_VISIBLE_DEVICES"] or "none"  # for tools that read the toolkit's name
     return env
+
+
+def _tail_offset(log_file: BinaryIO, lines: int) -> int:
+    """Where the last ``lines`` lines of the file begin (-1: all of it); a last line without its newline counts."""
+    end = log_file.seek(0, os.SEEK_END)
+    if lines < 0:
+        return 0
+    if lines == 0:
+        return end
+    position, newlines = end, 0
+    log_file.seek(max(end - 1, 0))
+    skip_last = log_file.read(1) == b"\n"  # the newline that ends the last line does not start another
+    while position > 0:
+        start = max(position - LOG_CHUNK, 0)
+        log_file.seek(start)
+        block = log_file.read(position - start)
+        if skip_last and position == end:
+            block = block[:-1]
+            position -= 1
+        index = len(block)
+        while (index := block.rfind(b"\n", 0, index)) >= 0:
+            newlines += 1
+            if newlines == lines:
+                return start + index + 1
+        position = start
+    return 0
 
 
 def _require_executable(spec: ContainerSpec, path: str, workdir: Path) -> None:

@@ -3,13 +3,17 @@
 It answers like a real engine (same checks, same ``ContainerInfo``), after a configurable latency and
 with a configurable share of failures, and it keeps an append-only journal of every create and delete
 it carried out, so a test can check that each command id ran exactly once.
+
+Renter access is simulated as well: logs are a few fixed lines naming the container (and a line a second while
+followed), exec echoes its input (``SimulatedExecSession``), and a simulated container has no ports to connect to.
 """
 
 from __future__ import annotations
 
 import asyncio
-import asyncio as _asyncio_stub  # noqa: F401
+import errno
 import random
+import signal
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -17,7 +21,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from agent.runtime.base import STATE_REMOVED, ExecSession, check_same_command, container_labels
+from agent.runtime.base import STATE_REMOVED, STDOUT, ExecSession, check_same_command, container_labels
 from common.containers import LABEL_COMMAND_ID, ContainerInfo, ContainerSpec
 from common.errors import RuntimeFailure
 
@@ -48,13 +52,18 @@ class SimulatedRuntime:
         failure_rate: float = 0.0,
         seed: int | None = None,
         journal: list[Execution] | None = None,
+        log_interval_s: float = 1.0,
     ) -> None:
-        """``journal``: a list to append to, which several runtimes (a fleet's) may share."""
+        """``journal``: a list to append to, which several runtimes (a fleet's) may share. ``log_interval_s``: how
+        often a followed log gets a line."""
         if latency_s < 0 or jitter_s < 0:
             raise ValueError(f"latency_s and jitter_s must not be negative, got {latency_s} and {jitter_s}")
         if not 0.0 <= failure_rate <= 1.0:
             raise ValueError(f"failure_rate must be between 0 and 1, got {failure_rate}")
+        if log_interval_s <= 0:
+            raise ValueError(f"log_interval_s must be positive, got {log_interval_s}")
         self.latency_s = latency_s
+        self.log_interval_s = log_interval_s
         self.jitter_s = jitter_s
         self.failure_rate = failure_rate
         self._rng = random.Random(seed)
@@ -92,15 +101,33 @@ class SimulatedRuntime:
     async def list(self) -> list[ContainerInfo]:
         return [c for c in self._containers.values() if LABEL_COMMAND_ID in c.labels]
 
-    # Renter access: contract stubs, replaced by the runtime's real logs/exec/connect.
-    def logs(self, name: str, *, tail: int, follow: bool) -> AsyncIterator[tuple[int, bytes]]:
-        raise RuntimeFailure(f"the {self.name} runtime cannot show logs yet")
+    # --- renter access: simulated too ------------------------------------------------------------------
+
+    async def logs(self, name: str, *, tail: int, follow: bool) -> AsyncIterator[tuple[int, bytes]]:
+        """A few fixed lines naming the container, then, when following, one line every ``log_interval_s`` while it
+        runs (until it is deleted or finishes)."""
+        container = self._require(name)
+        lines = _simulated_log(container)
+        for line in lines[len(lines) - tail if 0 <= tail < len(lines) else 0 :]:
+            yield STDOUT, line
+        tick = 0
+        while follow and self._still_running(container):
+            await asyncio.sleep(self.log_interval_s)
+            if not self._still_running(container):
+                return
+            tick += 1
+            yield STDOUT, f"[{name}] simulated output line {tick}\n".encode()
 
     async def exec(self, name: str, command: Sequence[str], *, tty: bool, cols: int = 80, rows: int = 24) -> ExecSession:
-        raise RuntimeFailure(f"the {self.name} runtime cannot exec yet")
+        """A ``SimulatedExecSession``: nothing runs; whatever is written comes back."""
+        container = self._require(name)
+        if container.state != "running":
+            raise RuntimeFailure(f"container {name!r} is not running (it is {container.state})")
+        return SimulatedExecSession(list(command), tty=tty, cols=cols, rows=rows)
 
-    async def connect(self, name: str, port: int) -> tuple[_asyncio_stub.StreamReader, _asyncio_stub.StreamWriter]:
-        raise RuntimeFailure(f"the {self.name} runtime cannot connect to a container's port yet")
+    async def connect(self, name: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        self._require(name)
+        raise RuntimeFailure(f"a simulated container has no ports (container {name!r}, port {port})")
 
     async def close(self) -> None:
         """Nothing to release: the containers are only entries in memory."""
@@ -112,6 +139,16 @@ class SimulatedRuntime:
         if existing is None:
             raise RuntimeFailure(f"no simulated container {name!r} to finish")
         self._containers[name] = msgspec.structs.replace(existing, state="exited", exit_code=code)
+
+    def _require(self, name: str) -> ContainerInfo:
+        container = self._containers.get(name)
+        if container is None:
+            raise RuntimeFailure(f"no container named {name!r} on this host (simulated runtime)")
+        return container
+
+    def _still_running(self, container: ContainerInfo) -> bool:
+        now = self._containers.get(container.name)
+        return now is not None and now.id == container.id and now.state == "running"
 
     def executions(self) -> Counter[str]:
         """How many times each command id's create was carried out; more than once breaks at-most-once."""
@@ -125,3 +162,57 @@ class SimulatedRuntime:
         self.journal.append(Execution(op, name, command_id, ok))
         if not ok:
             raise RuntimeFailure(f"simulated {op} failure for container {name!r} (failure rate {self.failure_rate:g})")
+
+
+def _simulated_log(container: ContainerInfo) -> list[bytes]:
+    name = container.name
+    return [
+        f"[{name}] simulated container {container.id} started\n".encode(),
+        f"[{name}] nothing runs here: the simulated runtime only pretends to\n".encode(),
+        f"[{name}] state: {container.state}\n".encode(),
+    ]
+
+
+class SimulatedExecSession:
+    """A simulation of a command in a container, for the fleet simulator and tests: nothing runs. What is written
+    comes back as output (STDOUT), end of input ends it with status 0, and closing it first ends it as killed (137)."""
+
+    def __init__(self, command: list[str], *, tty: bool, cols: int, rows: int) -> None:
+        self.command = command
+        self.tty = tty
+        self.size = (cols, rows)
+        self._output: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._status: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._input_closed = False
+
+    async def read(self) -> tuple[int, bytes] | None:
+        if self._status.done() and self._output.empty():
+            return None
+        data = await self._output.get()
+        return (STDOUT, data) if data is not None else None
+
+    async def write(self, data: bytes) -> None:
+        if self._input_closed or self._status.done():
+            raise BrokenPipeError(errno.EPIPE, "the simulated command's input is closed")
+        if data:
+            self._output.put_nowait(data)
+
+    async def close_stdin(self) -> None:
+        if not self._input_closed:
+            self._input_closed = True
+            self._end(0)
+
+    async def resize(self, cols: int, rows: int) -> None:
+        if self.tty:
+            self.size = (cols, rows)
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._status)
+
+    async def close(self) -> None:
+        self._end(128 + signal.SIGKILL)
+
+    def _end(self, status: int) -> None:
+        if not self._status.done():
+            self._status.set_result(status)
+            self._output.put_nowait(None)

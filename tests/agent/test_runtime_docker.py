@@ -1,6 +1,7 @@
 """The Docker-API runtime, against the real Podman Docker-compatible service."""
 
 import asyncio
+import socket
 import time
 
 import pytest
@@ -8,6 +9,7 @@ import pytest
 from agent.executor import CommandExecutor
 from agent.ledger import CommandLog
 from agent.runtime import open_runtime
+from agent.runtime.base import STDERR, STDOUT
 from agent.runtime.docker import DockerRuntime
 from common.containers import (
     LABEL_AGENT_ID,
@@ -191,3 +193,193 @@ async def test_a_workload_replicas_container_carries_the_workload_and_replica_la
 def test_a_renter_cannot_set_the_workload_labels_itself(podman):
     with pytest.raises(ValueError, match="reserved"):
         spec(podman, "spoof", labels={"io.idlegrid.workload-id": "wl-someone-elses"})
+
+
+# --- renter access: logs, exec, connect ------------------------------------------------------------------
+
+
+async def until_logged(runtime, name, text, timeout_s=10.0):
+    """Poll the container's whole log until ``text`` is in it (no sleep as a guess)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if text in b"".join([data async for _, data in runtime.logs(name, tail=-1, follow=False)]):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{text!r} never appeared in the logs of {name!r}")
+
+
+async def output_of(session, timeout_s=10.0):
+    """Everything the command wrote, by channel, once it has ended."""
+    seen = {STDOUT: b"", STDERR: b""}
+
+    async def drain():
+        while (chunk := await session.read()) is not None:
+            seen[chunk[0]] += chunk[1]
+
+    await asyncio.wait_for(drain(), timeout_s)
+    return seen
+
+
+async def test_logs_give_the_last_lines_with_stdout_and_stderr_told_apart(runtime, podman):
+    script = "echo one; echo two >&2; echo three; echo done; sleep 300"
+    await runtime.create(spec(podman, "chatty", command=["sh", "-c", script]), labels=agent_labels("cmd-l1"))
+    await until_logged(runtime, "chatty", b"done")
+
+    everything = [chunk async for chunk in runtime.logs("chatty", tail=-1, follow=False)]
+    # The engine reads the two pipes apart, so only the order within each channel is kept.
+    assert [data for channel, data in everything if channel == STDOUT] == [b"one\n", b"three\n", b"done\n"]
+    assert [data for channel, data in everything if channel == STDERR] == [b"two\n"]
+    assert [chunk async for chunk in runtime.logs("chatty", tail=2, follow=False)] == everything[-2:]
+
+
+async def test_following_logs_yields_what_is_written_later_and_ends_with_the_container(runtime, podman):
+    script = "echo ready; while [ ! -e /tmp/go ]; do sleep 0.05; done; echo later >&2; exit 0"
+    await runtime.create(spec(podman, "follower", command=["sh", "-c", script]), labels=agent_labels("cmd-l2"))
+    stream = runtime.logs("follower", tail=-1, follow=True)
+    assert await asyncio.wait_for(anext(stream), 10) == (STDOUT, b"ready\n")
+
+    podman.podman("exec", "follower", "touch", "/tmp/go")  # only now does the container write again
+    assert await asyncio.wait_for(anext(stream), 10) == (STDERR, b"later\n")
+    with pytest.raises(StopAsyncIteration):  # the container exited, so following ends
+        await asyncio.wait_for(anext(stream), 10)
+
+
+async def test_logs_of_a_container_that_is_not_here_fail_saying_so(runtime):
+    with pytest.raises(RuntimeFailure, match="no container named 'ghost' on this host"):
+        [chunk async for chunk in runtime.logs("ghost", tail=10, follow=False)]
+
+
+async def test_exec_without_a_tty_feeds_stdin_reads_stdout_and_stderr_apart_and_reports_the_status(runtime, podman):
+    await runtime.create(spec(podman, "worker"), labels=agent_labels("cmd-e1"))
+    session = await runtime.exec("worker", ["sh", "-c", "cat; echo oops >&2; exit 3"], tty=False)
+    await session.write(b"hello ")
+    await session.write(b"renter\n")
+    await session.close_stdin()  # cat sees end of input, and the script goes on
+    assert await output_of(session) == {STDOUT: b"hello renter\n", STDERR: b"oops\n"}
+    assert await asyncio.wait_for(session.wait(), 10) == 3
+    await session.close()
+
+
+async def test_exec_with_a_tty_gets_the_asked_size_and_reports_the_status(runtime, podman):
+    await runtime.create(spec(podman, "terminal"), labels=agent_labels("cmd-e2"))
+    session = await runtime.exec("terminal", ["sh", "-c", "stty size; exit 3"], tty=True, cols=100, rows=30)
+    output = await output_of(session)
+    assert output[STDOUT].strip() == b"30 100" and output[STDERR] == b""  # a terminal has one output channel
+    assert await asyncio.wait_for(session.wait(), 10) == 3
+    await session.close()
+
+
+async def test_resizing_an_exec_terminal_changes_what_the_command_sees(runtime, podman):
+    await runtime.create(spec(podman, "resizer"), labels=agent_labels("cmd-e3"))
+    session = await runtime.exec("resizer", ["sh", "-c", "while read line; do stty size; done"], tty=True)
+    await session.resize(132, 50)  # at once: the engine's own first size (80x24) must not win over it
+    seen = b""
+    deadline = time.monotonic() + 5
+    while b"50 132" not in seen and time.monotonic() < deadline:
+        await session.write(b"size?\r")  # each line asks the terminal's size again
+        chunk = await asyncio.wait_for(session.read(), 5)
+        seen += chunk[1]
+    assert b"50 132" in seen
+    await session.close_stdin()
+    await output_of(session)
+    assert await asyncio.wait_for(session.wait(), 10) == 0
+    await session.close()
+
+
+async def test_end_of_input_on_a_terminal_reaches_the_command(runtime, podman):
+    await runtime.create(spec(podman, "typist"), labels=agent_labels("cmd-e7"))
+    session = await runtime.exec("typist", ["sh", "-c", "cat > /tmp/typed; echo saw-eof; cat /tmp/typed"], tty=True)
+    await session.write(b"abc\r")
+    await session.close_stdin()  # a terminal's EOF character: the engine cannot close a terminal's input
+    assert (await output_of(session))[STDOUT].endswith(b"saw-eof\r\nabc\r\n")
+    assert await asyncio.wait_for(session.wait(), 10) == 0
+    await session.close()
+
+
+async def test_closing_an_exec_session_stops_a_command_that_still_runs(runtime, podman):
+    await runtime.create(spec(podman, "host-of-sleeper"), labels=agent_labels("cmd-e4"))
+    session = await runtime.exec("host-of-sleeper", ["sleep", "3001"], tty=False)
+    running = lambda: "sleep 3001" in podman.podman("top", "host-of-sleeper").stdout  # noqa: E731
+    await until(running, "the command to run")
+    await session.close()  # the renter went away; the engine would leave it running
+    assert await asyncio.wait_for(session.wait(), 10) == 137
+    assert not running()
+
+
+async def test_exec_and_connect_refuse_a_stopped_or_absent_container(runtime, podman):
+    await runtime.create(spec(podman, "finished", command=["true"]), labels=agent_labels("cmd-e5"))
+    for _ in range(100):
+        if (await runtime.inspect("finished")).state == "exited":
+            break
+        await asyncio.sleep(0.05)
+    with pytest.raises(RuntimeFailure, match=r"container 'finished' is not running \(it is exited, exit code 0\)"):
+        await runtime.exec("finished", ["sh"], tty=True)
+    with pytest.raises(RuntimeFailure, match="container 'finished' is not running"):
+        await runtime.connect("finished", 8888)
+    with pytest.raises(RuntimeFailure, match="no container named 'ghost'"):
+        await runtime.exec("ghost", ["sh"], tty=False)
+    with pytest.raises(RuntimeFailure, match="no container named 'ghost'"):
+        await runtime.connect("ghost", 8888)
+
+
+WEB_SERVER = "mkdir /www && echo hello-from-{name} > /www/index.html && httpd -p {listen} -h /www && echo serving; sleep 300"
+
+
+async def http_get(reader, writer, path):
+    writer.write(f"GET {path} HTTP/1.0\r\nHost: container\r\n\r\n".encode())
+    await writer.drain()
+    try:
+        return await asyncio.wait_for(reader.read(), 10)
+    finally:
+        writer.close()
+
+
+async def test_connect_reaches_a_web_server_in_the_container_on_its_network(runtime, podman):
+    script = WEB_SERVER.format(name="bridged", listen="8888")
+    await runtime.create(spec(podman, "bridged", command=["sh", "-c", script]), labels=agent_labels("cmd-c1"))
+    await until_logged(runtime, "bridged", b"serving")
+    reader, writer = await runtime.connect("bridged", 8888)
+    address = podman.inspect("bridged")["NetworkSettings"]["IPAddress"]
+    assert writer.get_extra_info("peername") == (address, 8888)  # straight to the container's address
+    response = await http_get(reader, writer, "/index.html")
+    assert response.startswith(b"HTTP/1.") and b" 200 " in response.split(b"\r\n")[0]
+    assert response.endswith(b"hello-from-bridged\n")
+
+
+@pytest.mark.parametrize(
+    ("network", "listen"),
+    [("none", "8888"), ("bridge", "127.0.0.1:8888")],
+    ids=["container-without-a-network", "server-bound-to-the-containers-localhost"],
+)
+async def test_connect_goes_through_exec_where_the_agent_cannot_reach_the_port_directly(runtime, podman, network, listen):
+    script = WEB_SERVER.format(name="inside", listen=listen)
+    podman.podman("run", "-d", "--name", "inside", f"--network={network}", podman.image, "sh", "-c", script)
+    await until_logged(runtime, "inside", b"serving")
+    reader, writer = await runtime.connect("inside", 8888)
+    assert writer.get_extra_info("socket").family == socket.AF_UNIX  # the far end is nc, run in the container
+    await until(lambda: bridge_runs(podman, "inside"), "nc to run in the container")
+    response = await http_get(reader, writer, "/index.html")
+    assert b" 200 " in response.split(b"\r\n")[0]
+    assert response.endswith(b"hello-from-inside\n")
+    # The server closed the connection, so nc ends, and nothing of the bridge stays.
+    await until(lambda: not bridge_runs(podman, "inside"), "nc to end")
+
+
+def bridge_runs(podman, name):
+    return "nc 127.0.0.1 8888" in podman.podman("top", name).stdout
+
+
+async def until(condition, what, timeout_s=10.0):
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+async def test_exec_of_a_program_the_image_lacks_exits_127_saying_so(runtime, podman):
+    await runtime.create(spec(podman, "bare"), labels=agent_labels("cmd-e6"))
+    session = await runtime.exec("bare", ["no-such-program"], tty=False)
+    output = await output_of(session)
+    assert b'"no-such-program": executable file not found' in output[STDERR]
+    assert await asyncio.wait_for(session.wait(), 10) == 127  # as a shell reports a command it cannot find
+    await session.close()

@@ -7,6 +7,7 @@ import json
 import os
 import pwd
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import pytest
 import agent.runtime.process as process_module
 from agent.identity import KEY_FILE
 from agent.runtime import open_runtime
+from agent.runtime.base import STDERR, STDOUT
 from agent.runtime.process import ProcessRuntime
 from common.containers import LABEL_AGENT_ID, LABEL_COMMAND_ID, ContainerSpec
 from common.errors import ConfigError, RuntimeFailure
@@ -291,3 +293,207 @@ async def test_the_records_and_logs_of_containers_are_private_to_the_agent(runti
     assert stat.S_IMODE(containers.stat().st_mode) == 0o700
     for suffix in (".json", ".log", ".exit"):
         assert stat.S_IMODE((containers / f"quiet{suffix}").stat().st_mode) == 0o600, suffix
+
+
+# --- renter access: logs, exec, connect ------------------------------------------------------------------
+
+
+async def whole_log(runtime, name):
+    return b"".join([data async for _, data in runtime.logs(name, tail=-1, follow=False)])
+
+
+async def until_logged(runtime, name, text):
+    async def logged():
+        return text in await whole_log(runtime, name)
+
+    await wait_until(logged, f"{text!r} in the log of {name!r}")
+
+
+async def output_of(session, timeout_s=10.0):
+    """Everything the command wrote, by channel, once it has ended."""
+    seen = {STDOUT: b"", STDERR: b""}
+
+    async def drain():
+        while (chunk := await session.read()) is not None:
+            seen[chunk[0]] += chunk[1]
+
+    await asyncio.wait_for(drain(), timeout_s)
+    return seen
+
+
+async def test_logs_give_the_last_lines_of_the_containers_output_or_all_of_it(runtime):
+    await runtime.create(
+        shell("chatty", "printf 'one\\ntwo\\n'; echo three >&2; printf 'unfinished'; sleep 300"), labels=labels("cmd-l1")
+    )
+    await until_logged(runtime, "chatty", b"unfinished")
+
+    async def tail(lines):
+        chunks = [chunk async for chunk in runtime.logs("chatty", tail=lines, follow=False)]
+        assert {channel for channel, _ in chunks} <= {STDOUT}  # output and errors share one file, as a terminal would
+        return b"".join(data for _, data in chunks)
+
+    assert await tail(-1) == b"one\ntwo\nthree\nunfinished"
+    assert await tail(2) == b"three\nunfinished"  # a last line without its newline is a line
+    assert await tail(4) == await tail(10) == b"one\ntwo\nthree\nunfinished"
+    assert await tail(0) == b""
+
+
+async def test_following_logs_yields_what_is_written_later_and_ends_with_the_container(runtime):
+    script = "echo ready; while [ ! -e go ]; do sleep 0.05; done; echo later >&2; exit 0"
+    await runtime.create(shell("follower", script), labels=labels("cmd-l2"))
+    stream = runtime.logs("follower", tail=-1, follow=True)
+    assert await asyncio.wait_for(anext(stream), 10) == (STDOUT, b"ready\n")
+
+    (runtime.workdir("follower") / "go").touch()  # only now does the container write again
+    assert await asyncio.wait_for(anext(stream), 10) == (STDOUT, b"later\n")
+    with pytest.raises(StopAsyncIteration):  # the container exited, so following ends
+        await asyncio.wait_for(anext(stream), 10)
+
+
+async def test_logs_of_a_container_that_is_not_here_fail_saying_so(runtime):
+    with pytest.raises(RuntimeFailure, match="no container named 'ghost' on this host"):
+        [chunk async for chunk in runtime.logs("ghost", tail=10, follow=False)]
+
+
+async def test_exec_without_a_tty_runs_as_the_container_in_its_directory_with_its_environment(runtime):
+    await runtime.create(shell("worker", "sleep 300", env={"MODE": "train"}), labels=labels("cmd-e1"))
+    script = "cat; echo oops >&2; id -u; pwd; echo $MODE; exit 3"
+    session = await runtime.exec("worker", ["sh", "-c", script], tty=False)
+    await session.write(b"hello ")
+    await session.write(b"renter\n")
+    await session.close_stdin()  # cat sees end of input, and the script goes on
+    output = await output_of(session)
+    uid = pwd.getpwnam("nobody").pw_uid if os.geteuid() == 0 else os.geteuid()
+    assert output == {STDOUT: f"hello renter\n{uid}\n{runtime.workdir('worker')}\ntrain\n".encode(), STDERR: b"oops\n"}
+    assert await asyncio.wait_for(session.wait(), 10) == 3
+    await session.close()
+
+
+async def test_exec_with_a_tty_gets_the_asked_size_and_reports_the_status(runtime):
+    await runtime.create(shell("terminal", "sleep 300"), labels=labels("cmd-e2"))
+    session = await runtime.exec("terminal", ["sh", "-c", "stty size; tty; exit 3"], tty=True, cols=100, rows=30)
+    lines = (await output_of(session))[STDOUT].splitlines()
+    assert lines[0] == b"30 100" and lines[1].startswith(b"/dev/pts/")  # a real terminal, one output channel
+    assert await asyncio.wait_for(session.wait(), 10) == 3
+    await session.close()
+
+
+async def test_a_terminal_without_a_size_is_80_by_24(runtime):
+    await runtime.create(shell("unsized", "sleep 300"), labels=labels("cmd-e11"))
+    session = await runtime.exec("unsized", ["stty", "size"], tty=True, cols=0, rows=0)  # a ticket that gave none
+    assert (await output_of(session))[STDOUT] == b"24 80\r\n"
+    await session.close()
+
+
+async def test_resizing_an_exec_terminal_changes_what_the_command_sees(runtime):
+    await runtime.create(shell("resizer", "sleep 300"), labels=labels("cmd-e3"))
+    session = await runtime.exec("resizer", ["sh", "-c", "read line; stty size"], tty=True)
+    await session.resize(132, 50)
+    await session.write(b"go\r")
+    assert b"50 132" in (await output_of(session))[STDOUT]
+    assert await asyncio.wait_for(session.wait(), 10) == 0
+    await session.close()
+
+
+async def test_end_of_input_on_a_terminal_reaches_the_command(runtime):
+    await runtime.create(shell("typist", "sleep 300"), labels=labels("cmd-e4"))
+    session = await runtime.exec("typist", ["sh", "-c", "cat > typed; echo saw-eof; cat typed"], tty=True)
+    await session.write(b"abc\r")
+    await session.close_stdin()
+    assert (await output_of(session))[STDOUT].endswith(b"saw-eof\r\nabc\r\n")
+    assert await asyncio.wait_for(session.wait(), 10) == 0
+    await session.close()
+
+
+async def test_closing_an_exec_session_stops_the_command_and_everything_it_started(runtime):
+    await runtime.create(shell("host-of-sleeper", "sleep 300"), labels=labels("cmd-e5"))
+    session = await runtime.exec("host-of-sleeper", ["sh", "-c", "sleep 3005 & sleep 3006"], tty=False)
+    for marker in ("sleep 3005", "sleep 3006"):
+        await wait_until(lambda m=marker: asyncio.sleep(0, host_processes_running(m)), f"{marker} to run")
+    await session.close()  # the renter went away
+    assert await asyncio.wait_for(session.wait(), 10) == 137
+    for marker in ("sleep 3005", "sleep 3006"):
+        await wait_until(lambda m=marker: asyncio.sleep(0, not host_processes_running(m)), f"{marker} to end")
+    assert (await runtime.inspect("host-of-sleeper")).state == "running"
+
+
+async def test_an_exec_runs_inside_the_container_so_deleting_the_container_ends_it(runtime):
+    await runtime.create(shell("doomed", "sleep 300"), labels=labels("cmd-e6"))
+    session = await runtime.exec("doomed", ["sleep", "3007"], tty=True)
+    await wait_until(lambda: asyncio.sleep(0, running_exactly(b"sleep\x003007\x00")), "the exec to run")
+    [pid] = running_exactly(b"sleep\x003007\x00")  # not the launchers above it, whose command lines end with it
+    container = load_record(runtime, "doomed")
+    assert os.readlink(f"/proc/{pid}/ns/pid") == container.pid_namespace
+    await runtime.delete("doomed", timeout_s=1)
+    assert await asyncio.wait_for(session.wait(), 10) in (143, 137)  # SIGTERM from delete, or SIGKILL after
+    assert host_processes_running("sleep 3007") == []
+    await session.close()
+
+
+async def test_exec_and_connect_refuse_a_stopped_or_absent_container(runtime):
+    await runtime.create(shell("finished", "exit 0"), labels=labels("cmd-e7"))
+    await wait_until(lambda: exited(runtime, "finished"), "the container to exit")
+    with pytest.raises(RuntimeFailure, match=r"container 'finished' is not running \(it is exited, exit code 0\)"):
+        await runtime.exec("finished", ["sh"], tty=True)
+    with pytest.raises(RuntimeFailure, match="container 'finished' is not running"):
+        await runtime.connect("finished", 8888)
+    with pytest.raises(RuntimeFailure, match="no container named 'ghost'"):
+        await runtime.exec("ghost", ["sh"], tty=False)
+    with pytest.raises(RuntimeFailure, match="no container named 'ghost'"):
+        await runtime.connect("ghost", 8888)
+
+
+def running_exactly(cmdline):
+    return [pid for pid in host_processes_running("sleep") if Path(f"/proc/{pid}/cmdline").read_bytes() == cmdline]
+
+
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+async def test_connect_reaches_a_web_server_run_as_the_container(runtime):
+    port = free_port()
+    job = ContainerSpec(
+        name="notebook",
+        image="none",
+        command=["python3", "-u", "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", "."],
+    )
+    await runtime.create(job, labels=labels("cmd-c1"))
+    # It serves its working directory, by a relative path: nobody may not search the test's own temporary directory.
+    (runtime.workdir("notebook") / "hello.txt").write_text("hello from the container\n")
+    await until_logged(runtime, "notebook", b"Serving HTTP")
+
+    reader, writer = await runtime.connect("notebook", port)
+    writer.write(b"GET /hello.txt HTTP/1.0\r\nHost: container\r\n\r\n")
+    await writer.drain()
+    response = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    assert b" 200 " in response.split(b"\r\n")[0]
+    assert response.endswith(b"\r\n\r\nhello from the container\n")
+
+
+async def test_connect_to_a_port_nothing_listens_on_fails_saying_so(runtime):
+    await runtime.create(shell("silent", "sleep 300"), labels=labels("cmd-c2"))
+    port = free_port()
+    with pytest.raises(RuntimeFailure, match=f"nothing listens on port {port} of container 'silent'"):
+        await runtime.connect("silent", port)
+
+
+async def test_exec_of_a_program_the_host_lacks_exits_127_saying_so(runtime):
+    await runtime.create(shell("bare", "sleep 300"), labels=labels("cmd-e8"))
+    session = await runtime.exec("bare", ["no-such-program"], tty=False)
+    output = await output_of(session)
+    assert b"no-such-program: No such file or directory" in output[STDERR]
+    assert await asyncio.wait_for(session.wait(), 10) == 127  # as the Docker runtime and a shell report it
+    await session.close()
+
+
+async def test_a_terminal_gets_term_unless_the_container_sets_its_own(runtime):
+    await runtime.create(shell("styled", "sleep 300", env={"TERM": "vt100"}), labels=labels("cmd-e9"))
+    await runtime.create(shell("plain", "sleep 300"), labels=labels("cmd-e10"))
+    for name, term in (("styled", b"vt100"), ("plain", b"xterm")):
+        session = await runtime.exec(name, ["sh", "-c", "echo $TERM"], tty=True)
+        assert (await output_of(session))[STDOUT] == term + b"\r\n"
+        await session.close()

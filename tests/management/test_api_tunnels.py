@@ -50,6 +50,8 @@ async def test_a_queued_workload_has_nothing_to_reach_yet(api, keys):
         ({"kind": "exec", "command": [""]}, "command"),
         ({"kind": "logs", "tail": -2}, "tail"),
         ({"kind": "exec", "surprise": 1}, "surprise"),
+        ({"kind": "port"}, "port"),
+        ({"kind": "exec", "command": ["x" * 2000, "y" * 100]}, "command"),
     ],
 )
 async def test_a_bad_tunnel_request_is_refused_naming_the_field(api, keys, body, field):
