@@ -23,9 +23,9 @@ import msgspec
 
 from common.errors import Conflict, InvalidPassword, NotFound, SignInRefused
 from common.inventory import GpuSample
-from management.market.ledger import StatementLine
+from management.market.ledger import Statement, StatementLine
 from management.market.market import Market
-from management.market.operations import MarketOperations, RentalDetail
+from management.market.operations import FundsDetail, MarketOperations, RentalDetail
 from management.market.prices import HostPrice, PriceBook, PriceSetting, grid_default_of
 from management.renter_access import RenterAccess
 from management.scheduler.book import WorkloadBook
@@ -216,6 +216,15 @@ class SpendOverTime:
     bucket_s: float
     points: list[SpendPoint]  # oldest first, every bucket from the first charge to now (empty ones included)
     total: int
+
+
+@dataclass(frozen=True)
+class BillingOverview:
+    """The console's billing page in one read: the balance, spend per hour, and one page of the ledger."""
+
+    funds: FundsDetail
+    spend: SpendOverTime
+    statement: Statement
 
 
 def _page(items: list[T], limit: int, key: Callable[[T], msgspec.Struct]) -> Page[T]:
@@ -650,6 +659,15 @@ class Operations:
             rentals=rentals,
             charged=sum(r.charged for r in rentals),
             currency=self.market.currency,
+        )
+
+    async def billing_overview(self, account_id: str, *, owner: str | None, after_seq: int, limit: int) -> BillingOverview:
+        """The balance, spend over time and the ledger page after ``after_seq`` of ``account_id`` (NotFound for
+        another account's, as ``owner`` decides)."""
+        return BillingOverview(
+            funds=await self.market.funds(account_id, owner=owner),
+            spend=await self.spend_over_time(account_id, owner=owner),
+            statement=await self.market.ledger_statement(account_id, owner=owner, after_seq=after_seq, limit=limit),
         )
 
     async def spend_over_time(self, account_id: str, *, owner: str | None, bucket_s: float = 3600.0) -> SpendOverTime:

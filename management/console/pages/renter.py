@@ -294,12 +294,11 @@ async def terminal_socket(request: web.Request) -> web.StreamResponse:
 
 async def billing(request: web.Request) -> web.Response:
     scope = await session.signed_in(request, Resource.LEDGER, Action.READ)
-    operations = request.app[OPERATIONS_KEY]
-    account = scope.principal.account
     after = integer(request.query, "after", FormErrors(), label="after", low=0, high=2**62, default=0) or 0
-    funds = await operations.market.funds(account, owner=scope.owner)
-    spend = await operations.spend_over_time(account, owner=scope.owner)
-    statement = await operations.market.ledger_statement(account, owner=scope.owner, after_seq=after, limit=LEDGER_PER_PAGE)
+    billing = await request.app[OPERATIONS_KEY].billing_overview(
+        scope.principal.account, owner=scope.owner, after_seq=after, limit=LEDGER_PER_PAGE
+    )
+    funds, spend, statement = billing.funds, billing.spend, billing.statement
     chart = spend_chart(spend)
     return await page(
         request, "renter/billing.html", title="Billing", funds=funds, spend=spend, statement=statement, chart=chart,
