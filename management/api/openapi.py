@@ -40,6 +40,7 @@ ERROR_SAID = {
     403: "The caller's role may not do this, or its account is disabled",
     404: "No such resource (or another account's: existence is not leaked)",
     409: "Conflicts with the resource's state",
+    413: "The body is larger than the API accepts",
     429: "This API key is over its rate limit; retry after Retry-After seconds",
     503: "The Master is shutting down; retry after Retry-After seconds",
 }
@@ -78,6 +79,8 @@ class Operation:
         statuses = set(PUBLIC_ERRORS if self.public else COMMON_ERRORS) | self.errors
         if self.path_parameters:
             statuses.add(404)
+        if self.body is not None:
+            statuses.add(413)  # a body over ApiSettings.max_body_bytes
         return sorted(statuses)
 
 

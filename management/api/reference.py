@@ -125,7 +125,7 @@ def render(doc: Mapping[str, Any]) -> str:
         f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{title}</title><style>{_STYLE}</style></head><body>",
         f"<h1>{title}</h1><p>{escape(doc['info'].get('description', ''))}</p>",
         '<p>Every call but this page and <a href="/api/v1/openapi.json">the OpenAPI document</a> needs '
-        "<code>Authorization: Bearer &lt;API key&gt;</code>. Errors answer <code>{\"error\": {\"code\", \"message\"}}</code>.</p>",
+        '<code>Authorization: Bearer &lt;API key&gt;</code>. Errors answer <code>{"error": {"code", "message"}}</code>.</p>',
         "<nav><ul>" + "".join(f'<li><a href="#tag-{escape(t)}">{escape(t)}</a></li>' for t in by_tag) + "</ul></nav>",
     ]
     for tag, operations in by_tag.items():
