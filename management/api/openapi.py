@@ -263,6 +263,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "accounts",
         {201: r.IssuedApiKeyView},
         body=schemas.CreateApiKey,
+        errors=frozenset({409}),  # the account is disabled
     ),
     Operation(
         "GET",
@@ -356,6 +357,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "prices",
         {200: r.PriceListing},
         query=schemas.PriceQuery,
+        errors=frozenset({404}),  # a provider naming another provider in ?provider=
     ),
     Operation(
         "PUT",
