@@ -34,6 +34,12 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", help="address both servers bind to (default 127.0.0.1)")
     p.add_argument("--agent-port", type=int, help="port agents connect to over wss with their certificate (default 7200)")
     p.add_argument("--http-port", type=int, help="HTTPS port: enrollment, speed test, /healthz, /metrics (default 7201)")
+    p.add_argument("--http-public-url", help="https:// URL renters reach the HTTPS port at (tunnels), if not its bind address")
+    p.add_argument(
+        "--tunnel-bytes-per-s", type=int, help="a tunnel's bandwidth each way when its ticket names none (default 32 MiB/s)"
+    )
+    p.add_argument("--max-tunnels", type=int, help="tunnels open on this relay at once (default 256)")
+    p.add_argument("--max-tunnels-per-agent", type=int, help="tunnels open to one agent through this relay (default 16)")
     p.add_argument("--cert", help="this relay's certificate (role access)")
     p.add_argument("--key", help="this relay's private key")
     p.add_argument("--ca", help="the platform CA certificate")
@@ -51,6 +57,10 @@ def overrides(args: argparse.Namespace) -> dict[str, object]:
         "http_host": args.host,
         "agent_port": args.agent_port,
         "http_port": args.http_port,
+        "http_public_url": args.http_public_url,
+        "tunnel_bytes_per_s": args.tunnel_bytes_per_s,
+        "max_tunnels": args.max_tunnels,
+        "max_tunnels_per_agent": args.max_tunnels_per_agent,
         "cert_file": args.cert,
         "key_file": args.key,
         "ca_file": args.ca,

@@ -23,7 +23,8 @@ class AccessConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     agent_host: str = "127.0.0.1"
     agent_port: int = 7200  # wss, mutual TLS: agents present their certificate
     http_host: str = "127.0.0.1"
-    http_port: int = 7201  # HTTPS, server-auth only: enrollment, speed test, /healthz, /metrics
+    http_port: int = 7201  # HTTPS, server-auth only: enrollment, speed test, /healthz, /metrics, renters' tunnels
+    http_public_url: str = ""  # https:// URL renters reach the HTTPS port at, announced to the Master; bind address when empty
     cert_file: str = ".idlegrid/relay/relay-1.crt"  # role ``access``
     key_file: str = ".idlegrid/relay/relay-1.key"
     ca_file: str = ".idlegrid/relay/ca.crt"
@@ -64,6 +65,17 @@ class AccessConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     link_batch_frames: int = 256
     link_batch_bytes: int = 1024 * 1024
     link_batch_window_s: float = 0.01
+    # Renters' tunnels (access/tunnels.py): bytes per second each way per tunnel when its ticket names no rate,
+    # tunnels open (waiting for their other end or joined) on this relay and per agent, and how long past its
+    # ticket's expiry an end waits for the other before it is closed (4021).
+    tunnel_bytes_per_s: int = 32 * 1024 * 1024
+    max_tunnels: int = 256
+    max_tunnels_per_agent: int = 16
+    tunnel_grace_s: float = 5.0
+    # Tunnel connections an agent's certificate may open on the agent port, per second sustained and at once
+    # (the control connection's reconnect limit does not apply to them); over it: 429 with Retry-After.
+    tunnel_open_rate_per_agent: float = 5.0
+    tunnel_open_burst_per_agent: int = 32
     drain_timeout_s: float = 3.0  # on stop: how long to keep flushing buffered frames to the Master
     log_level: str = "info"
 
@@ -99,6 +111,7 @@ def _check(config: AccessConfig) -> None:
         "reconnect_rate_per_agent",
         "http_head_timeout_s",
         "speedtest_window_s",
+        "tunnel_open_rate_per_agent",
     ):
         if getattr(config, name) <= 0:
             problems.append(f"{name} must be positive, got {getattr(config, name)}")
@@ -114,6 +127,10 @@ def _check(config: AccessConfig) -> None:
         "reconnect_burst_per_agent",
         "speedtest_transfers_per_ip",
         "link_batch_frames",
+        "tunnel_bytes_per_s",
+        "max_tunnels",
+        "max_tunnels_per_agent",
+        "tunnel_open_burst_per_agent",
     ):
         if getattr(config, name) < 1:
             problems.append(f"{name} must be at least 1, got {getattr(config, name)}")
@@ -128,6 +145,10 @@ def _check(config: AccessConfig) -> None:
         problems.append(f"link_batch_bytes must be between {bounds}, got {config.link_batch_bytes}")
     if not 0 <= config.link_batch_window_s <= 1:
         problems.append(f"link_batch_window_s must be between 0 and 1, got {config.link_batch_window_s}")
+    if config.tunnel_grace_s < 0:
+        problems.append(f"tunnel_grace_s must not be negative, got {config.tunnel_grace_s}")
+    if config.http_public_url and not config.http_public_url.startswith("https://"):
+        problems.append(f"http_public_url must be an https:// URL, got {config.http_public_url!r}")
     if config.drain_timeout_s < 0:
         problems.append(f"drain_timeout_s must not be negative, got {config.drain_timeout_s}")
     if problems:

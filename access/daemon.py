@@ -12,8 +12,9 @@ from access.config import AccessConfig
 from access.http import RelayHttp
 from access.metrics import RelayMetrics
 from access.relay import AgentGateway
+from access.tunnels import TunnelExchange
 from access.upstream import MasterLink
-from common.pki import client_tls_context, server_tls_context
+from common.pki import client_tls_context, load_cert, server_tls_context
 
 log = logging.getLogger(__name__)
 
@@ -35,11 +36,23 @@ class AccessRelay:
             self.metrics,
             public_url=config.public_url,
         )
+        with open(config.ca_file, "rb") as ca:
+            ca_cert = load_cert(ca.read())
+        self.tunnels = TunnelExchange(
+            relay_id=config.relay_id,
+            ca_cert=ca_cert,
+            metrics=self.metrics,
+            default_bytes_per_s=config.tunnel_bytes_per_s,
+            max_tunnels=config.max_tunnels,
+            max_tunnels_per_agent=config.max_tunnels_per_agent,
+            grace_s=config.tunnel_grace_s,
+        )
         self.agents = AgentGateway(
             config,
             server_tls_context(config.cert_file, config.key_file, config.ca_file, require_client_cert=True),
             self.link,
             self.metrics,
+            self.tunnels,
         )
         self.http = RelayHttp(
             config,
@@ -48,6 +61,7 @@ class AccessRelay:
             self.metrics,
             agent_count=lambda: self.agents.agent_count,
             agent_url=lambda: self.agent_url,
+            tunnels=self.tunnels,
         )
         self._started = False
 
@@ -57,7 +71,8 @@ class AccessRelay:
 
     @property
     def http_url(self) -> str:
-        return f"https://{self.config.http_host}:{self.http.port}"
+        """Where renters reach the HTTPS port (tunnels): ``http_public_url``, or the bound address."""
+        return self.config.http_public_url or f"https://{self.config.http_host}:{self.http.port}"
 
     async def start(self) -> None:
         self._started = True
@@ -69,6 +84,7 @@ class AccessRelay:
             raise
         if not self.link.public_url:
             self.link.public_url = self.agent_url  # known only now when agent_port is 0
+        self.link.http_url = self.http_url  # likewise when http_port is 0
         await self.link.start()
         log.info(
             "access relay started",
@@ -95,6 +111,7 @@ class AccessRelay:
         deadline = loop.time() + self.config.drain_timeout_s
         if self.config.drain_timeout_s > 0 and len(self.link.buffer):
             await self.link.flush(self.config.drain_timeout_s)
+        await self.tunnels.close_all()  # their agents' data connections would otherwise just drop with the server
         await self.agents.stop()
         await self.link.stop(max(0.0, deadline - loop.time()))
         await self.http.stop()

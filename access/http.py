@@ -1,4 +1,5 @@
-"""The relay's HTTPS endpoint (server-auth TLS only): enrollment, the speed test, /healthz and /metrics.
+"""The relay's HTTPS endpoint (server-auth TLS only): enrollment, the speed test, /healthz, /metrics and renters'
+tunnels (``GET /tunnel``, a WebSocket handed to access/tunnels.py).
 
 Routes only translate HTTP to calls on the Master link; enrollment itself happens on the Master.
 """
@@ -18,8 +19,11 @@ from access.config import AccessConfig
 from access.metrics import CONTENT_TYPE_LATEST, RelayMetrics
 from access.ratelimit import KeyedRateLimiter, TransferGate
 from access.speedtest import add_speedtest_routes
+from access.tunnel_ends import RenterTunnelEnd
+from access.tunnels import PING_INTERVAL_S, TRANSPORT_MAX_BYTES, TunnelExchange
 from access.upstream import MasterLink, MasterUnavailable
 from common.http import HttpServer, timed_requests
+from common.tunnel import RENTER_PATH, TICKET_HEADER
 from common.wire import EnrollRequest, EnrollResponse
 
 log = logging.getLogger(__name__)
@@ -60,8 +64,10 @@ class RelayHttp:
         *,
         agent_count: Callable[[], int],
         agent_url: Callable[[], str],
+        tunnels: TunnelExchange,
     ) -> None:
         self.config = config
+        self._tunnels = tunnels
         self._link = link
         self._metrics = metrics
         self._agent_count = agent_count
@@ -87,6 +93,7 @@ class RelayHttp:
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/metrics", self._metrics_page)
         add_speedtest_routes(app, gate=self.speedtest_gate, meter=self._metrics)
+        app.router.add_get(RENTER_PATH, self._tunnel)
         return app
 
     @property
@@ -121,6 +128,20 @@ class RelayHttp:
         response = web.Response(body=self._metrics.render())
         response.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return response
+
+    async def _tunnel(self, request: web.Request) -> web.StreamResponse:
+        """A renter's end of a tunnel: checked and joined by the exchange once upgraded, so a refusal has a close
+        code and a reason the renter's client shows; only a request that cannot be a tunnel is refused in HTTP."""
+        ticket = request.headers.get(TICKET_HEADER, "")
+        if not ticket:
+            self._metrics.tunnel_refused("ticket")
+            return error_response(401, "ticket_missing", f"a tunnel needs its ticket in the {TICKET_HEADER} header")
+        ws = web.WebSocketResponse(max_msg_size=TRANSPORT_MAX_BYTES, compress=False, autoping=True, heartbeat=PING_INTERVAL_S)
+        if not ws.can_prepare(request).ok:
+            return error_response(400, "not_websocket", f"GET {RENTER_PATH} is a WebSocket upgrade (Upgrade: websocket)")
+        await ws.prepare(request)
+        await self._tunnels.admit(RenterTunnelEnd(request, ws), ticket)
+        return ws
 
     async def _enroll(self, request: web.Request) -> web.Response:
         remote = request.remote or ""

@@ -91,7 +91,8 @@ class RelayMetrics:
             "idlegrid_access_frame_errors", "Agent frames answered with an error frame, by code", ["relay", "code"], registry=r
         )
         # reasons: at accept ip_connections, ip_rate, openings_full; opening slow_opening, busy (503), reconnect_rate
-        # (429), bad_certificate, wrong_role, revoked, expired; in session flood, silent, no_pong, too_slow, revoked, expired
+        # (429), tunnel_rate (429, tunnel connections),
+        # bad_certificate, wrong_role, revoked, expired; in session flood, silent, no_pong, too_slow, revoked, expired
         self._refused = Counter(
             "idlegrid_access_connections_refused",
             "Agent connections refused or cut off, by reason",
@@ -171,6 +172,28 @@ class RelayMetrics:
             ["relay"],
             registry=r,
         ).labels(**labels)
+        # Renters' tunnels (access/tunnels.py). Reasons: ticket, wrong_agent, used, over (the tunnel is over already),
+        # relay_limit, agent_limit, certificate; unmet and bad_frame end a tunnel that was let in.
+        self.tunnels_open = Gauge(
+            "idlegrid_access_tunnels_open", "Tunnels open: waiting for their other end or joined", ["relay"], registry=r
+        ).labels(**labels)
+        self._tunnels_opened = Counter(
+            "idlegrid_access_tunnels_opened", "Tunnels joined (both ends arrived), by kind", ["relay", "kind"], registry=r
+        )
+        self._tunnels_refused = Counter(
+            "idlegrid_access_tunnels_refused",
+            "Tunnel ends refused or tunnels cut short, by reason",
+            ["relay", "reason"],
+            registry=r,
+        )
+        self._tunnel_bytes = Counter(
+            "idlegrid_access_tunnel_bytes",
+            "Bytes relayed through tunnels (whole messages), by direction: to_agent, to_renter",
+            ["relay", "direction"],
+            registry=r,
+        )
+        self.tunnel_bytes_to_agent = self._tunnel_bytes.labels(relay=relay_id, direction="to_agent")
+        self.tunnel_bytes_to_renter = self._tunnel_bytes.labels(relay=relay_id, direction="to_renter")
         for outcome in ("up", "failed"):  # present from the start, so a rate() over them needs no first event
             self._link_dials.labels(relay=relay_id, outcome=outcome)
         for direction in ("download", "upload"):
@@ -240,6 +263,14 @@ class RelayMetrics:
     def http_head_timeout(self) -> None:
         self._http_head_timeouts.inc()
 
+    # --- tunnels ---
+
+    def tunnel_opened(self, kind: str) -> None:
+        self._tunnels_opened.labels(relay=self._relay_id, kind=kind).inc()
+
+    def tunnel_refused(self, reason: str) -> None:
+        self._tunnels_refused.labels(relay=self._relay_id, reason=reason).inc()
+
     # --- gauges read when scraped ---
 
     def track_buffer(self, size: Callable[[], int]) -> None:
@@ -247,6 +278,9 @@ class RelayMetrics:
 
     def track_openings(self, count: Callable[[], int]) -> None:
         self.openings.set_function(lambda: float(count()))
+
+    def track_tunnels(self, count: Callable[[], int]) -> None:
+        self.tunnels_open.set_function(lambda: float(count()))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

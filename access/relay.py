@@ -40,9 +40,12 @@ from websockets.http11 import Request, Response
 from access.config import AccessConfig
 from access.metrics import RelayMetrics
 from access.ratelimit import AddressGate, Admission, FrameBudget, KeyedRateLimiter
+from access.tunnel_ends import AgentTunnelEnd
+from access.tunnels import CLOSE_TIMEOUT_S, PING_INTERVAL_S, TRANSPORT_MAX_BYTES, TunnelExchange
 from access.upstream import MasterLink
 from common.errors import PKIError, ProtocolError
 from common.pki import Identity, Role, identity_of, load_cert, peer_identity, verify_issued_by
+from common.tunnel import AGENT_PATH_PREFIX, TICKET_HEADER
 from common.wire import (
     CLOSE_FLOOD,
     CLOSE_POLICY,
@@ -290,7 +293,9 @@ class AgentSession:
 class AgentGateway:
     """Accepts agents, checks them, relays their frames to the Master and the Master's frames to them."""
 
-    def __init__(self, config: AccessConfig, ssl_context: ssl.SSLContext, link: MasterLink, metrics: RelayMetrics) -> None:
+    def __init__(
+        self, config: AccessConfig, ssl_context: ssl.SSLContext, link: MasterLink, metrics: RelayMetrics, tunnels: TunnelExchange
+    ) -> None:
         self.config = config
         self.sessions: dict[str, AgentSession] = {}
         self.revoked: set[str] = set()
@@ -300,6 +305,9 @@ class AgentGateway:
         self._opening = OpeningTracker(config.handshake_timeout_s + 1.0)
         self._addresses = AddressGate(config.max_connections_per_ip, config.connect_rate_per_ip, config.connect_burst_per_ip)
         self._reconnects = KeyedRateLimiter(config.reconnect_rate_per_agent, config.reconnect_burst_per_agent)
+        # Tunnel connections (``/tunnel/<id>``) are not reconnects of the control session: their own limit.
+        self._tunnel_openings = KeyedRateLimiter(config.tunnel_open_rate_per_agent, config.tunnel_open_burst_per_agent)
+        self._tunnels = tunnels
         self._refusals = RefusalLog()
         metrics.track_openings(lambda: self._opening.count(time.monotonic()))
         self._server: Server | None = None
@@ -400,14 +408,17 @@ class AgentGateway:
                 "too many connections opening; retry after the time in Retry-After\n",
             )
         agent_id = _certificate_name(connection)  # None: unreadable, and _admit refuses it with a reason
-        if agent_id is not None and not self._reconnects.allow(agent_id):
-            wait = max(self.config.retry_after_s, self._reconnects.retry_after_s(agent_id))
+        tunnel = is_tunnel_path(request.path)
+        limiter = self._tunnel_openings if tunnel else self._reconnects
+        if agent_id is not None and not limiter.allow(agent_id):
+            wait = max(self.config.retry_after_s, limiter.retry_after_s(agent_id))
+            what = "opens tunnels" if tunnel else "reconnects"
             return self._refuse_opening(
                 connection,
                 http.HTTPStatus.TOO_MANY_REQUESTS,
-                "reconnect_rate",
+                "tunnel_rate" if tunnel else "reconnect_rate",
                 wait,
-                "this certificate reconnects too often; retry after the time in Retry-After\n",
+                f"this certificate {what} too often; retry after the time in Retry-After\n",
             )
         return None
 
@@ -422,6 +433,9 @@ class AgentGateway:
 
     async def _serve_agent(self, connection: ServerConnection) -> None:
         self._opening.end(_descriptor(connection))
+        if connection.request is not None and is_tunnel_path(connection.request.path):
+            await self._serve_tunnel(connection, connection.request)
+            return
         session = await self._admit(connection)
         if session is None:
             return
@@ -434,7 +448,23 @@ class AgentGateway:
         finally:
             self._release(session)
 
-    async def _admit(self, connection: ServerConnection) -> AgentSession | None:
+    async def _serve_tunnel(self, connection: ServerConnection, request: Request) -> None:
+        """An agent's data connection for one tunnel: the same certificate checks as a session, then the exchange."""
+        identity = await self._checked_identity(connection)
+        if identity is None:
+            return
+        # Tunnel messages are frames of at most 64 KiB: no need to take the control path's 4 MiB from this peer.
+        connection.protocol.max_message_size = TRANSPORT_MAX_BYTES
+        # Unlike control sessions (the sweep watches their heartbeats), a tunnel may be silent for long: ping it.
+        connection.ping_interval = connection.ping_timeout = PING_INTERVAL_S
+        connection.close_timeout = CLOSE_TIMEOUT_S  # then a peer that answers no ping is dropped, not waited for
+        connection.start_keepalive()
+        end = AgentTunnelEnd(connection, _remote(connection))
+        ticket_id = request.path.partition("?")[0][len(AGENT_PATH_PREFIX) :]
+        await self._tunnels.admit(end, request.headers.get(TICKET_HEADER, ""), identity=identity, path_id=ticket_id)
+
+    async def _checked_identity(self, connection: ServerConnection) -> Identity | None:
+        """The certificate's identity if it may connect here; otherwise the connection is closed saying why."""
         remote = _remote(connection)
         try:
             identity = peer_identity(connection.transport.get_extra_info("ssl_object"))
@@ -445,6 +475,13 @@ class AgentGateway:
         if refusal is not None:
             await self._refuse(connection, refusal, remote, identity)
             return None
+        return identity
+
+    async def _admit(self, connection: ServerConnection) -> AgentSession | None:
+        identity = await self._checked_identity(connection)
+        if identity is None:
+            return None
+        remote = _remote(connection)
         now = time.monotonic()
         budget = FrameBudget(self.config.rate_per_agent, self.config.burst, self.config.flood_limit, now)
         session = AgentSession(identity, connection, remote, budget, last_frame=now)
@@ -606,8 +643,10 @@ class AgentGateway:
         return sum(sent)
 
     async def revoke(self, serials: Iterable[str]) -> None:
-        """Remember revoked serials and cut off every session holding one, at once."""
-        self.revoked.update(serials)
+        """Remember revoked serials and cut off every session and tunnel holding one, at once."""
+        revoked_now = set(serials)
+        self.revoked.update(revoked_now)
+        self._tunnels.revoke(revoked_now)
         for session in list(self.sessions.values()):
             if session.open and session.identity.serial in self.revoked:
                 log.warning(
@@ -692,6 +731,11 @@ class AgentGateway:
         task = asyncio.create_task(session.connection.close(code, reason), name=f"close-{session.agent_id}")
         self._closers.add(task)
         task.add_done_callback(self._closers.discard)
+
+
+def is_tunnel_path(path: str) -> bool:
+    """Whether a request on the agent port is a tunnel's data connection; any other path is the control session."""
+    return path.startswith(AGENT_PATH_PREFIX)
 
 
 def _abort(connection: ServerConnection) -> None:

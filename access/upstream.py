@@ -294,6 +294,7 @@ class MasterLink:
     def __init__(self, config: AccessConfig, ssl_context: ssl.SSLContext, metrics: RelayMetrics, *, public_url: str = "") -> None:
         self.config = config
         self.public_url = public_url
+        self.http_url = ""  # https:// URL renters reach this relay's tunnels at, told to the Master in the hello
         self.buffer = FrameBuffer(config.buffer_frames, on_drop=metrics.drop)
         self._ssl = ssl_context
         self._metrics = metrics
@@ -452,7 +453,11 @@ class MasterLink:
     async def _open(self, connection: ClientConnection) -> None:
         """Hello, welcome, revocations, then tell the new Master link about every agent it must know."""
         hello = AccessHello(
-            versions=list(PROTOCOL_VERSIONS), relay_id=self.config.relay_id, region=self.config.region, public_url=self.public_url
+            versions=list(PROTOCOL_VERSIONS),
+            relay_id=self.config.relay_id,
+            region=self.config.region,
+            public_url=self.public_url,
+            http_url=self.http_url,
         )
         await connection.send(encode(hello), text=True)
         welcome = decode_link_frame(await asyncio.wait_for(connection.recv(), WELCOME_TIMEOUT_S))

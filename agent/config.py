@@ -53,6 +53,11 @@ class AgentConfig(msgspec.Struct, kw_only=True):
     # a second.
     ping_interval_s: Annotated[float, msgspec.Meta(gt=0)] = 60.0
     ping_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 30.0
+    # Renter tunnels (agent/tunnel.py): how many this agent serves at once (more are refused, the renter told why),
+    # how many TCP connections one port tunnel carries at once, and how long dialling the relay for one may take.
+    max_tunnels: Annotated[int, msgspec.Meta(ge=0, le=1024)] = 16
+    max_tunnel_streams: Annotated[int, msgspec.Meta(ge=1, le=1024)] = 32
+    tunnel_dial_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 10.0
     cert_renew_fraction: float = 2 / 3  # renew the certificate once this much of its lifetime has passed
     log_level: str = "info"
 

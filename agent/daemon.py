@@ -31,10 +31,11 @@ from agent.ledger import CommandLog
 from agent.runtime import ContainerRuntime, open_runtime
 from agent.simulate import parse_simulate_spec
 from agent.state import private_dir
+from agent.tunnel import RelayLink, TunnelLimits, TunnelServer
 from common.containers import ContainerInfo
-from common.errors import IdlegridError, ProtocolError, RuntimeFailure, SignatureError
+from common.errors import IdlegridError, PKIError, ProtocolError, RuntimeFailure, SignatureError
 from common.inventory import HostInfo, Inventory
-from common.pki import CommandVerifier, client_tls_context, load_cert, verify_key_endorsement
+from common.pki import CommandVerifier, client_tls_context, load_cert, peer_identity, verify_key_endorsement
 from common.wire import (
     HARD_FRAME_BYTES,
     PROTOCOL_VERSIONS,
@@ -54,6 +55,7 @@ from common.wire import (
     RenewResponse,
     ResultAck,
     Telemetry,
+    TunnelOpen,
     Welcome,
     decode_master_frame,
     encode,
@@ -124,6 +126,17 @@ class Agent:
         self.executor = CommandExecutor(
             self.identity.agent_id, self.ledger, self.runtime, self.verifier, host_gpus=self.collector.inventory
         )
+        self.tunnels = TunnelServer(
+            self.identity.agent_id,
+            self.verifier,
+            self.runtime,
+            TunnelLimits(
+                max_tunnels=config.max_tunnels,
+                max_streams=config.max_tunnel_streams,
+                dial_timeout_s=config.tunnel_dial_timeout_s,
+            ),
+        )
+        self._relay_link: RelayLink | None = None  # the relay the control link is on now: where tunnels are dialled
         self.host: HostInfo = host if host is not None else collect_host_info(config.state_path)
         self.heartbeat_s = 5.0
         self.telemetry_s = 10.0
@@ -188,6 +201,7 @@ class Agent:
             await self._commands_settled()  # also when no connection was open to wait on
         for task in list(self._running):
             task.cancel()
+        await self.tunnels.close()
         if self._directory_saved is not None:
             await self._directory_saved  # the directory the Master sent last is on disk for the next start
         await self.runtime.close()
@@ -239,6 +253,7 @@ class Agent:
         async with dial as ws:
             give_up_unacknowledged(ws, config.relay_ack_timeout_s)
             self._ws, self.relay_url = ws, relay.url
+            self._relay_link = relay_link(ws, relay, ssl_context)
             self.relay_degraded = False  # a new relay: it says so at once if it cannot reach the Master
             log.info("connected to relay", extra={"relay": str(relay), "region": relay.region})
             await self._send(self._hello())
@@ -253,7 +268,7 @@ class Agent:
                 async for message in ws:
                     await self._on_message(message)
             finally:
-                self._ws = None
+                self._ws, self._relay_link = None, None
                 for task in tasks:
                     task.cancel()
 
@@ -295,6 +310,10 @@ class Agent:
                 pass  # not acked: the Master resends it when this agent is back
             case Command():
                 self._spawn(self._on_command(frame))
+            case TunnelOpen() if self._stopping.is_set():
+                log.info("tunnel refused: agent stopping", extra={"ticket": frame.ticket.body.id})
+            case TunnelOpen():
+                self.tunnels.open(frame.ticket, self._relay_link)  # checks it, then serves it in a task of its own
             case RelayStatus():
                 self._on_relay_status(frame)
             case RelayDirectory():
@@ -571,6 +590,17 @@ async def serve(config: AgentConfig) -> None:
 def jittered(period_s: float, spread: float = REPORT_JITTER) -> float:
     """``period_s`` give or take ``spread`` of it, drawn afresh each time: the mean stays ``period_s``."""
     return period_s * (1.0 + spread * (2.0 * random.random() - 1.0))
+
+
+def relay_link(ws: ClientConnection, relay: RelayTarget, ssl_context: ssl.SSLContext) -> RelayLink | None:
+    """Where this connection's tunnels are dialled: the relay's identity is the one its certificate names (the
+    Master names relays by it, in tickets too); None when it names none, and then no tunnel is served."""
+    try:
+        relay_id = peer_identity(ws.transport.get_extra_info("ssl_object") if ws.transport is not None else None).id
+    except PKIError as exc:
+        log.warning("the relay's certificate names no identity; tunnels are refused on this link: %s", exc)
+        return None
+    return RelayLink(relay_id=relay_id, url=relay.url, ssl=ssl_context, address=relay.address)
 
 
 def give_up_unacknowledged(ws: ClientConnection, timeout_s: float) -> bool:

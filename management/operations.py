@@ -25,6 +25,7 @@ from common.inventory import GpuSample
 from management.market.market import Market
 from management.market.operations import MarketOperations
 from management.market.prices import HostPrice, PriceBook, PriceSetting, grid_default_of
+from management.renter_access import RenterAccess
 from management.scheduler.book import WorkloadBook
 from management.scheduler.loop import SchedulerLoop, SchedulerSettings
 from management.scheduler.model import Explanation
@@ -210,6 +211,8 @@ class Operations:
         self.workloads = book or WorkloadBook(master.store, master.events, master, policy=master.policy)
         # Offers, the ledger and the metering of rentals; the scheduler reads its prices and who has money.
         self.market = MarketOperations(master, self.workloads, Market(master, self.workloads, self.prices))
+        # Renter access: tunnels to a workload's containers through the relays (management/renter_access.py).
+        self.access = RenterAccess(master, self.get_workload)
         # The loop runs only where it was started (the Master's server); explaining needs only its snapshot.
         self.scheduler = scheduler or SchedulerLoop(
             master,

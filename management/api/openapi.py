@@ -23,8 +23,10 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from management.api import market, responses, schemas
+from management.api import market, responses, schemas, tunnels
 from management.api.responses import Error
+from management.renter_access import TunnelRequest
+from management.tunnel_client import TunnelGrant
 
 JSON = "application/json"
 OPENAPI_PATH = "/api/v1/openapi.json"
@@ -221,6 +223,25 @@ OPERATIONS: tuple[Operation, ...] = (
         "Cancel a workload",
         "workloads",
         {200: r.WorkloadView},
+        errors=frozenset({409}),
+    ),
+    Operation(
+        "POST",
+        "/api/v1/workloads/{workload_id}/tunnels",
+        "Open a tunnel to a workload's container: its logs, a shell or a port (docs/access.md)",
+        "workloads",
+        {201: TunnelGrant},
+        body=TunnelRequest,
+        errors=frozenset({409}),
+    ),
+    Operation(
+        "GET",
+        "/api/v1/workloads/{workload_id}/logs",
+        "A workload's container output, streamed as text",
+        "workloads",
+        {200: None},
+        query=tunnels.LogsQuery,
+        media=("text/plain",),
         errors=frozenset({409}),
     ),
     Operation(

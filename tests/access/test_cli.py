@@ -39,12 +39,26 @@ def test_the_access_subcommand_turns_flags_into_settings():
             "r.key",
             "--ca",
             "ca.crt",
+            "--http-public-url",
+            "https://relay-eu-1.example:443",
+            "--tunnel-bytes-per-s",
+            "1048576",
+            "--max-tunnels",
+            "64",
+            "--max-tunnels-per-agent",
+            "4",
         ]
     )
     assert callable(args.func)
     config = load_access_config(None, {}, overrides(args))
     assert (config.relay_id, config.region, config.agent_port, config.http_port) == ("relay-eu-1", "eu-west", 9000, 7201)
     assert (config.agent_host, config.http_host, config.cert_file, config.ca_file) == ("0.0.0.0", "0.0.0.0", "r.crt", "ca.crt")
+    assert (config.http_public_url, config.tunnel_bytes_per_s, config.max_tunnels, config.max_tunnels_per_agent) == (
+        "https://relay-eu-1.example:443",
+        1048576,
+        64,
+        4,
+    )
 
 
 async def test_python_m_access_links_up_serves_and_stops_on_sigterm(master, pki):

@@ -20,6 +20,13 @@ def test_defaults_suit_a_local_run():
     )
     assert (config.http_head_timeout_s, config.speedtest_transfers_per_ip) == (5.0, 8)
     assert (config.speedtest_bytes_per_window, config.speedtest_window_s) == (1024**3, 3600.0)
+    assert (config.tunnel_bytes_per_s, config.max_tunnels, config.max_tunnels_per_agent, config.tunnel_grace_s) == (
+        32 * 1024 * 1024,
+        256,
+        16,
+        5.0,
+    )
+    assert config.http_public_url == ""
 
 
 def test_file_then_environment_then_flags(tmp_path):
@@ -51,6 +58,12 @@ def test_file_then_environment_then_flags(tmp_path):
         ({"IDLEGRID_ACCESS_LINK_BATCH_FRAMES": "0"}, "link_batch_frames"),
         ({"IDLEGRID_ACCESS_LINK_BATCH_BYTES": "1000"}, "link_batch_bytes"),
         ({"IDLEGRID_ACCESS_LINK_BATCH_WINDOW_S": "5"}, "link_batch_window_s"),
+        ({"IDLEGRID_ACCESS_TUNNEL_BYTES_PER_S": "0"}, "tunnel_bytes_per_s"),
+        ({"IDLEGRID_ACCESS_MAX_TUNNELS": "0"}, "max_tunnels"),
+        ({"IDLEGRID_ACCESS_MAX_TUNNELS_PER_AGENT": "0"}, "max_tunnels_per_agent"),
+        ({"IDLEGRID_ACCESS_TUNNEL_GRACE_S": "-1"}, "tunnel_grace_s"),
+        ({"IDLEGRID_ACCESS_TUNNEL_OPEN_RATE_PER_AGENT": "0"}, "tunnel_open_rate_per_agent"),
+        ({"IDLEGRID_ACCESS_HTTP_PUBLIC_URL": "http://relay.example"}, "http_public_url"),
     ],
 )
 def test_a_bad_value_is_a_config_error_naming_the_setting(env, needle):

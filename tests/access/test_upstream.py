@@ -164,3 +164,10 @@ async def test_a_relay_stops_promptly_while_agents_are_held_back_by_a_full_buffe
         await asyncio.wait_for(relay.stop(), 5)
         await asyncio.wait_for(ws.wait_closed(), 1)
     assert ws.close_code == 1001
+
+
+async def test_the_hello_names_the_https_url_renters_reach_tunnels_at(make_relay, master):
+    relay = await make_relay()
+    assert master.hellos[-1].http_url == f"https://127.0.0.1:{relay.http.port}"
+    await make_relay(http_public_url="https://relay-1.example.net:443")
+    assert master.hellos[-1].http_url == "https://relay-1.example.net:443"
