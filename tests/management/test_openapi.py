@@ -84,6 +84,7 @@ def test_a_query_struct_becomes_query_parameters_without_the_null_of_an_absent_o
     by_name = {p["name"]: p for p in parameters}
     assert set(by_name) == {"limit", "cursor", "agent_id", "state"}
     assert by_name["state"]["schema"]["type"] == "array"  # repeatable: ?state=pending&state=sent
+    assert by_name["state"]["schema"]["items"]["enum"] == list(schemas.COMMAND_STATES)  # so generated filters can be valid
     assert by_name["agent_id"]["schema"]["type"] == "string" and "anyOf" not in by_name["agent_id"]["schema"]
     assert by_name["limit"]["schema"] == {"type": "integer", "minimum": 1, "maximum": 1000, "default": 100}
     path = document()["paths"]["/api/v1/agents/{agent_id}/price"]["put"]
