@@ -184,4 +184,3 @@ def test_every_change_conforms_for_a_renter(case: schemathesis.Case, grid: LiveG
 def test_every_change_conforms_for_the_operator(case: schemathesis.Case, grid: LiveGrid) -> None:
     with_seeded_ids(case, grid)
     case.call_and_validate(base_url=grid.url, headers=grid.headers("operator"), checks=CHECKS)
-
