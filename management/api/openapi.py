@@ -47,6 +47,14 @@ ERROR_SAID = {
     503: "The Master is shutting down; retry after Retry-After seconds",
 }
 
+# 429 (ratelimit.py) and 503 (server.ApiGate) say when to try again: whole seconds, at least 1.
+RETRY_AFTER_STATUSES = frozenset({429, 503})
+RETRY_AFTER = {
+    "description": "Seconds to wait before trying again",
+    "required": True,
+    "schema": {"type": "integer", "minimum": 1},
+}
+
 
 @dataclass(frozen=True)
 class Operation:
@@ -465,6 +473,8 @@ def _operation(op: Operation, components: Mapping[str, Any]) -> dict[str, Any]:
     }
     for status in op.error_statuses:
         answers[str(status)] = {"description": ERROR_SAID.get(status, "Refused"), "content": {JSON: {"schema": _ref(Error)}}}
+        if status in RETRY_AFTER_STATUSES:
+            answers[str(status)]["headers"] = {"Retry-After": RETRY_AFTER}
     doc: dict[str, Any] = {
         "operationId": op.operation_id,
         "summary": op.summary,

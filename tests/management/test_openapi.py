@@ -77,6 +77,7 @@ def test_each_operation_states_its_answers_and_the_errors_it_may_answer():
         assert expected <= set(answers), (op.method, op.path)
         for status in op.error_statuses:
             assert answers[str(status)]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/Error"}
+        assert answers["503"]["headers"]["Retry-After"]["required"] is True
 
 
 def test_a_query_struct_becomes_query_parameters_without_the_null_of_an_absent_one():
