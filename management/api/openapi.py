@@ -2,7 +2,8 @@
 
 ``OPERATIONS`` holds one ``Operation`` per route under ``/api/``: its method and path (as the router has them), a
 summary, a tag, the structs of its body, its query and each success answer, and the error statuses it may answer
-beyond those every authenticated route may (``COMMON_ERRORS``; 404 is added for a path with parameters). The document
+beyond those every authenticated route may (``COMMON_ERRORS``; 404 is added for a path with parameters, 413 for a
+body). The document
 (``document()``) turns the structs into JSON Schema 2020-12 with ``msgspec.json.schema_components`` (what OpenAPI 3.1
 uses), a list query's fields into query parameters, a path's ``{name}`` into path parameters, and every error into the
 one ``Error`` schema (management/api/errors.py). A test holds the table and the app's router to each other: a route
