@@ -27,7 +27,6 @@ from aiohttp import web
 from management.api import market, responses, schemas, tunnels
 from management.api.responses import Error
 from management.renter_access import TunnelRequest
-from management.tunnel_client import TunnelGrant
 
 JSON = "application/json"
 OPENAPI_PATH = "/api/v1/openapi.json"
@@ -239,7 +238,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "/api/v1/workloads/{workload_id}/tunnels",
         "Open a tunnel to a workload's container: its logs, a shell or a port (docs/access.md)",
         "workloads",
-        {201: TunnelGrant},
+        {201: r.TunnelGrantView},
         body=TunnelRequest,
         errors=frozenset({409}),
     ),

@@ -539,3 +539,18 @@ WorkloadPage = page_of(WorkloadView)
 AccountPage = page_of(AccountView)
 ApiKeyPage = page_of(ApiKeyView)
 RentalPage = page_of(RentalView)
+
+
+class TunnelGrantView(View):
+    """POST /api/v1/workloads/{id}/tunnels: dial ``url`` with ``ticket`` in the X-Idlegrid-Ticket header before
+    ``expires_at``, trusting ``ca_pem`` (the platform CA) for the relay's certificate."""
+
+    id: str
+    kind: str
+    workload: str
+    agent_id: str
+    relay_id: str
+    url: str
+    ticket: str
+    ca_pem: str
+    expires_at: Time
