@@ -20,9 +20,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 from common.tunnel import Op
+from management.cli_access import grant_of
 from management.client import ApiClient, AsyncApiClient
 from management.localgrid import LocalGrid, wait_until
 from management.tunnel_client import Tunnel, TunnelGrant
@@ -215,9 +214,8 @@ async def _run(grid: LocalGrid, options: TunnelBenchOptions) -> dict[str, Any]:
 
         async def move() -> None:
             for _ in range(options.rounds):
-                grant = msgspec.convert(
-                    renter.open_tunnel(submitted["id"], {"kind": "exec", "command": ["head", "-c", str(expected), "/dev/zero"]}),
-                    TunnelGrant,
+                grant = grant_of(
+                    renter.open_tunnel(submitted["id"], {"kind": "exec", "command": ["head", "-c", str(expected), "/dev/zero"]})
                 )
                 transfers.append(await _transfer(grant, expected))
 

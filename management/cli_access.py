@@ -91,7 +91,14 @@ def _grant(args: argparse.Namespace, request: dict[str, Any]) -> TunnelGrant:
 
     client = api_client(args)[0]
     answer = client.open_tunnel(args.workload_id, {**request, "replica": args.replica})
-    return msgspec.convert(answer, TunnelGrant)
+    return grant_of(answer)
+
+
+def grant_of(answer: Any) -> TunnelGrant:
+    """The API's answer (times as RFC 3339) as the grant the tunnel client takes."""
+    from management.client import instant
+
+    return msgspec.convert({**answer, "expires_at": instant(answer["expires_at"])}, TunnelGrant)
 
 
 # --- logs -------------------------------------------------------------------------------------------------------------

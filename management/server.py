@@ -100,6 +100,7 @@ class MasterServer:
             head_timeout_s=self.api_settings.header_timeout_s,
             access_log=None,
             keepalive_timeout=self.api_settings.idle_timeout_s,
+            max_line_size=self.api_settings.max_request_line_bytes,
         )
         await self._http.start()
         self.api_port = self._http.port

@@ -20,6 +20,7 @@ from management.market.operations import FundsDetail, RentalDetail, Statements
 from management.market.prices import HostPrice
 from management.operations import HostedReplica
 from management.scheduler.model import Explanation
+from management.tunnel_client import TunnelGrant
 from master.keys import SigningKeyInfo
 from master.records import (
     AccountRecord,
@@ -429,4 +430,10 @@ def rental_view(detail: RentalDetail, *, for_provider: bool) -> dict[str, Any]:
     if not for_provider:
         view["account"] = r.account
         view["workload"] = r.workload_id
+    return view
+
+
+def tunnel_grant_view(grant: TunnelGrant) -> dict[str, Any]:
+    view = msgspec.structs.asdict(grant)
+    view["expires_at"] = rfc3339(grant.expires_at)
     return view

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from management.api import accounts, agents, commands, events, gpus, health, signing_keys, tiers, tokens
+from management.api import accounts, agents, commands, events, gpus, health, openapi, reference, signing_keys, tiers, tokens
 from management.api import market as market_api
 from management.api import prices as prices_api
 from management.api import tunnels as tunnels_api
@@ -35,6 +35,10 @@ class ApiSettings:
     # A client has this long to send a request's line and headers (Slowloris), enforced by common.http.HttpServer.
     header_timeout_s: float = 5.0
     idle_timeout_s: float = 15.0  # an idle kept-alive connection is closed after this
+    # The longest request line (method, path and query) served. aiohttp's own default (8190 bytes) is shorter than a
+    # query the API's bounds accept: an offer search's ``q`` of 2000 characters, percent-encoded UTF-8, is up to
+    # 24000 bytes, and its cursor 12288 more. A longer line is refused by aiohttp itself (400, plain text).
+    max_request_line_bytes: int = 48 * 1024
     # Each API key may make this many requests a second sustained, and this many at once (management/api/ratelimit.py).
     key_rate_per_s: float = 20.0
     key_burst: int = 40
@@ -73,6 +77,8 @@ def build_app(master: Master, settings: ApiSettings | None = None, operations: O
     prices_api.add_routes(app.router)
     market_api.add_routes(app.router)
     tunnels_api.add_routes(app.router)
+    openapi.add_routes(app.router)  # the API described (management/api/openapi.py), and its reference page
+    reference.add_routes(app.router)
     app.on_startup.append(_load_workloads)
     app.on_startup.append(_load_prices)
     app.on_startup.append(_load_market)

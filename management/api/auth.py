@@ -155,6 +155,11 @@ ROUTES |= {  # the console's passwords
 }
 
 
+# Routes served without a key: the API's own description (management/api/openapi.py, reference.py), public as the
+# document of any public API is. They are in no role's permissions and need none.
+PUBLIC_ROUTES: frozenset[tuple[str, str]] = frozenset({("GET", "/api/v1/openapi.json"), ("GET", "/api/v1/docs")})
+
+
 @dataclass(frozen=True)
 class Principal:
     """Who is calling: the key and the account it belongs to."""
@@ -249,6 +254,9 @@ async def authenticate(operations: Operations, header: str) -> Principal:
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     if not request.path.startswith("/api/"):
+        return await handler(request)
+    public = request.match_info.route.resource
+    if public is not None and ("GET" if request.method == "HEAD" else request.method, public.canonical) in PUBLIC_ROUTES:
         return await handler(request)
     principal = await authenticate(request.app[OPERATIONS_KEY], request.headers.get("Authorization", ""))
     route = request.match_info.route.resource

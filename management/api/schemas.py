@@ -38,6 +38,13 @@ AGENT_STATES = tuple(s.value for s in AgentState)
 GPU_STATES = tuple(s.value for s in GpuState)
 COMMAND_STATES = tuple(s.value for s in CommandState)
 
+# A state filter's value. Checked by name in the query's ``__post_init__`` (whose message lists the valid states);
+# the enum is what the OpenAPI document states (management/api/openapi.py), so a generated request can be valid.
+AgentStateName = Annotated[str, msgspec.Meta(min_length=1, max_length=128, extra_json_schema={"enum": list(AGENT_STATES)})]
+GpuStateName = Annotated[str, msgspec.Meta(min_length=1, max_length=128, extra_json_schema={"enum": list(GPU_STATES)})]
+CommandStateName = Annotated[str, msgspec.Meta(min_length=1, max_length=128, extra_json_schema={"enum": list(COMMAND_STATES)})]
+WorkloadStateName = Annotated[str, msgspec.Meta(min_length=1, max_length=128, extra_json_schema={"enum": list(WORKLOAD_STATES)})]
+
 
 def _one_of(field: str, value: str | None, valid: Collection[str]) -> None:
     if value is not None and value not in valid:
@@ -156,7 +163,7 @@ class PageQuery(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class AgentQuery(PageQuery, kw_only=True, forbid_unknown_fields=True):
-    state: Identifier | None = None
+    state: AgentStateName | None = None
     provider: AccountName | None = None
     region: AccountName | None = None
 
@@ -165,7 +172,7 @@ class AgentQuery(PageQuery, kw_only=True, forbid_unknown_fields=True):
 
 
 class GpuQuery(PageQuery, kw_only=True, forbid_unknown_fields=True):
-    state: Identifier | None = None
+    state: GpuStateName | None = None
     tier: Identifier | None = None
     model: Identifier | None = None
     agent_id: Identifier | None = None
@@ -179,7 +186,7 @@ class CommandQuery(PageQuery, kw_only=True, forbid_unknown_fields=True):
     agent_id: Identifier | None = None
     repeatable: ClassVar[frozenset[str]] = frozenset({"state"})
 
-    state: list[Identifier] | None = None  # ?state=pending&state=sent
+    state: list[CommandStateName] | None = None  # ?state=pending&state=sent
 
     def __post_init__(self) -> None:
         for state in self.state or ():
@@ -196,7 +203,7 @@ class WorkloadQuery(PageQuery, kw_only=True, forbid_unknown_fields=True):
     repeatable: ClassVar[frozenset[str]] = frozenset({"state"})
 
     account: AccountName | None = None  # an operator's filter; a renter sees only its own
-    state: list[Identifier] | None = None  # ?state=queued&state=running
+    state: list[WorkloadStateName] | None = None  # ?state=queued&state=running
 
     def __post_init__(self) -> None:
         for state in self.state or ():
@@ -244,7 +251,10 @@ REQUEST_SCHEMAS += (CreateAccount, UpdateAccount, CreateApiKey, AccountQuery)
 # --- the market: providers' prices (management/api/prices.py) ---------------------------------------------------------
 # Amounts are decimal strings per GPU-hour ("2.50"); the price book (management/market/prices.py) checks the rest and
 # names the field it refuses.
-AmountText = Annotated[str, msgspec.Meta(min_length=1, max_length=32)]
+# The pattern is for the OpenAPI document; the price book parses the text itself (and names the field it refuses).
+AmountText = Annotated[
+    str, msgspec.Meta(min_length=1, max_length=32, extra_json_schema={"pattern": r"^[0-9]{1,12}(\.[0-9]{1,6})?$"})
+]
 
 
 class SetPrice(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

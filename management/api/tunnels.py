@@ -15,6 +15,7 @@ from aiohttp import web
 from management.api.auth import OPERATIONS_KEY, scope_of
 from management.api.requests import json_response, parse_body, parse_query
 from management.renter_access import TunnelRequest
+from management.views import tunnel_grant_view
 
 
 class LogsQuery(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -34,7 +35,7 @@ async def open_tunnel(request: web.Request) -> web.Response:
     grant = await request.app[OPERATIONS_KEY].access.open(
         request.match_info["workload_id"], body, account=scope.principal.account, owner=scope.owner
     )
-    return json_response(msgspec.to_builtins(grant), status=201)
+    return json_response(tunnel_grant_view(grant), status=201)
 
 
 async def workload_logs(request: web.Request) -> web.StreamResponse:

@@ -1,0 +1,556 @@
+"""What the API answers: one msgspec struct per answer's shape, so the OpenAPI document (``openapi.py``) can state it.
+
+The views (``management/views.py``, ``management/market/offers.py``) still build the answers as plain dicts; these
+structs describe them, field for field, and ``tests/management/test_api_responses.py`` encodes every view's output and
+decodes it as its struct, so a key added to a view and not here (or the other way round) fails the suite. Every struct
+forbids unknown fields: its JSON Schema says ``additionalProperties: false``, and schemathesis holds the live server
+to that (``tests/management/test_openapi_schemathesis.py``).
+
+Records the views pass through unchanged (a host's facts, a GPU's fault, a reputation, an assignment, the scheduler's
+filter counts) are described by their own structs from ``master``/``common``; what a view reshapes (times as RFC 3339
+strings, money as decimal strings, a spec's env as its names) has its own struct here.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from common.inventory import HostInfo
+from management.scheduler.model import FilterCount, QuotaCheck
+from master.records import Assignment, GpuFault, WorkloadSpec
+from master.reputation import Reputation
+
+# An RFC 3339 UTC time with milliseconds, as ``views.rfc3339`` writes it; null (where allowed) for "never".
+Time = Annotated[
+    str, msgspec.Meta(pattern=r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z$", description="RFC 3339 UTC")
+]
+# Money: a decimal string in the grid's currency with at least two decimals, exact to the micro-unit ("2.50", "-0.000125").
+Money = Annotated[str, msgspec.Meta(pattern=r"^-?[0-9]+\.[0-9]{2,6}$", description="a decimal amount in the grid's currency")]
+
+
+class View(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Base of every answer's struct: unknown fields are refused (``additionalProperties: false``)."""
+
+
+# --- errors --------------------------------------------------------------------------------------------------------
+
+
+class ErrorDetail(View):
+    code: str  # "not_found", "bad_request", "rate_limited", ... (errors.STATUS_OF_CODE)
+    message: str  # for a person: what was wrong and, where it can, what to do
+
+
+class Error(View):
+    """Every refusal and failure: ``{"error": {"code", "message"}}`` (management/api/errors.py)."""
+
+    error: ErrorDetail
+
+
+# --- hosts and GPUs ------------------------------------------------------------------------------------------------
+
+
+class SampleView(View):
+    uuid: str
+    ts: Time | None
+    utilization_pct: float
+    memory_used_mib: int
+    temperature_c: float | None
+    power_w: float | None
+    clock_sm_mhz: int | None
+    ecc_corrected: int
+    ecc_uncorrected: int
+
+
+class PcieView(View):
+    gen: int | None
+    width: int | None
+
+
+class MigInstanceView(View):
+    uuid: str
+    profile: str
+    memory_mib: int
+    gpu_instance_id: int | None
+    compute_instance_id: int | None
+    held_by: str | None
+
+
+class MigView(View):
+    enabled: bool
+    instances: list[MigInstanceView]
+
+
+class GpuView(View):
+    uuid: str
+    agent_id: str
+    index: int
+    name: str
+    model: str
+    tier: str | None
+    state: str
+    flags: list[str]
+    fault: GpuFault | None
+    offered: bool
+    memory_total_mib: int
+    compute_capability: str
+    pcie: PcieView
+    nvlinks: int
+    simulated: bool
+    updated_at: Time | None
+    telemetry: SampleView | None
+    held_by: str | None
+    mig: MigView
+
+
+class HostedReplicaView(View):
+    workload_id: str
+    name: str
+    image: str
+    replica: int
+    gpus: list[str]
+    container: str
+    state: str
+    container_state: str
+    started_at: Time | None
+
+
+class AgentView(View):
+    id: str
+    provider: str
+    state: str
+    state_reason: str
+    region: str
+    relay: str
+    reachable: bool
+    runtime: str | None
+    isolation: str | None
+    simulated: bool
+    host: HostInfo | None
+    enrolled_at: Time | None
+    last_seen: Time | None
+    connected_since: Time | None
+    cert_serial: str
+    cert_not_after: Time | None
+    drained: bool
+    containers: list[str]
+    exited: dict[str, int]
+    gpus: list[GpuView]
+    reputation: Reputation
+    workloads: list[HostedReplicaView]
+
+
+class TierView(View):
+    name: str
+    description: str
+    criteria: dict[str, Any]
+    examples: list[str]
+
+
+# --- commands, tokens, events, signing keys ------------------------------------------------------------------------
+
+
+class CommandView(View):
+    id: str
+    agent_id: str
+    kind: str
+    spec: dict[str, Any]
+    state: str
+    created_at: Time | None
+    deadline: Time | None
+    sent_at: Time | None
+    acked_at: Time | None
+    finished_at: Time | None
+    attempts: int
+    key_id: str
+    result: dict[str, Any] | None
+    error: str | None
+
+
+class CommandAccepted(View):
+    id: str
+    state: str
+
+
+class EventView(View):
+    seq: int
+    ts: Time | None
+    kind: str
+    subject: str
+    data: dict[str, Any]
+
+
+class TokenView(View):
+    token: str  # shown this once
+    provider: str
+    expires_at: Time | None
+
+
+class SigningKeyView(View):
+    key_id: str
+    public_key: str
+    state: str
+    created_at: Time | None
+    retired_at: Time | None
+
+
+# --- workloads -----------------------------------------------------------------------------------------------------
+
+
+class WorkloadSpecView(WorkloadSpec, forbid_unknown_fields=True):
+    """The spec as submitted, but ``env`` is the sorted list of its names: the values are never shown again."""
+
+    env: list[str] = []  # type: ignore[assignment]
+
+
+class RentalTermsView(View):
+    """How a workload pays (the market's ``workload_terms``)."""
+
+    kind: str
+    currency: str
+    max_price: str | None
+    bid: str | None
+    offer: str | None
+    reserved_s: float | None
+    rental: str | None
+    price: Money | list[Money] | None  # a list when its hosts are priced differently
+    per_hour: Money | None
+    summary: str
+
+
+class ExplanationView(View):
+    """Why a queued workload waits (the scheduler's explanation, its two times as RFC 3339)."""
+
+    job_id: str
+    position: int
+    queue_length: int
+    ahead: list[str]
+    filters: list[FilterCount]
+    quota: QuotaCheck | None
+    blocked_by: str | None
+    reserved_start: Time | None
+    estimated_start: Time | None
+    fits_now: bool
+    cannot_fit: str | None
+    summary: str
+
+
+class WorkloadView(View):
+    id: str
+    account: str
+    name: str
+    state: str
+    state_reason: str
+    spec: WorkloadSpecView
+    created_at: Time | None
+    queued_at: Time | None
+    scheduled_at: Time | None
+    started_at: Time | None
+    finished_at: Time | None
+    attempts: int
+    restarts: int
+    preemptions: int
+    exit_codes: list[int]
+    assignments: list[Assignment]
+    host_failure: str | None
+    version: int
+    rental: RentalTermsView
+
+
+class WorkloadDetail(WorkloadView):
+    """GET /api/v1/workloads/{id}: the workload, and why it waits while it is queued (null otherwise)."""
+
+    waiting: ExplanationView | None
+
+
+# --- accounts and API keys -----------------------------------------------------------------------------------------
+
+
+class AccountView(View):
+    id: str
+    role: str
+    name: str
+    disabled: bool
+    created_at: Time | None
+    updated_at: Time | None
+    share: float
+    project_shares: dict[str, float]
+    gpu_quota: int | None
+    tier_quotas: dict[str, int]
+
+
+class ApiKeyView(View):
+    key_id: str
+    account: str
+    name: str
+    created_at: Time | None
+    last_used: Time | None
+    revoked_at: Time | None
+
+
+class IssuedApiKeyView(ApiKeyView):
+    key: str  # shown this once
+
+
+class WhoamiView(View):
+    account: str
+    role: str
+    key_id: str
+    key_name: str
+    name: str
+
+
+# --- the market: prices --------------------------------------------------------------------------------------------
+
+
+class PriceTermsView(View):
+    on_demand: Money
+    min_bid: Money | None  # null: not rented interruptible
+    reserved_discount: float
+    reserved: Money
+    max_duration_s: float | None
+
+
+class PriceRecordView(PriceTermsView):
+    provider: str
+    agent_id: str | None  # null: the provider's default
+    scope: Literal["host", "provider"]
+    currency: str
+    updated_at: Time | None
+
+
+class HostPriceView(PriceTermsView):
+    agent_id: str
+    provider: str
+    source: str  # the host's own, its provider's default, or the grid's
+    currency: str
+
+
+class PriceListing(View):
+    currency: str
+    grid_default: PriceTermsView
+    items: list[PriceRecordView]
+
+
+# --- the market: offers, money, rentals ----------------------------------------------------------------------------
+
+
+class OfferView(View):
+    id: str
+    host: str
+    provider: str
+    region: str
+    model: str
+    num_gpus: int
+    num_gpus_on_demand: int
+    total_gpus: int
+    gpu_ram: float
+    tier: str
+    compute_capability: str
+    cuda: str
+    price: Money
+    min_bid: Money | None
+    reserved_price: Money
+    max_duration_s: float | None
+    reliability: float
+    inet_down: float | None
+    inet_up: float | None
+    cpu_cores: float
+    ram_gib: float
+    disk_gib: float | None
+    verified: bool
+    interruptible: bool
+    runtime: str
+    nvlink: bool
+    score: float
+
+
+class EmptiedByView(View):
+    condition: str
+    position: int
+    matched_before: int
+    sentence: str
+
+
+class OfferSearch(View):
+    offers: list[OfferView]
+    next_cursor: str | None
+    total: int
+    sort: str
+    emptied_by: EmptiedByView | None
+
+
+class FundsView(View):
+    account: str
+    currency: str
+    available: Money
+    held: Money
+    running_per_hour: Money
+    covers_s: float | None
+    warning: str | None
+
+
+class LedgerLineView(View):
+    account: str
+    amount: Money
+    host: str | None
+    workload: str | None
+
+
+class LedgerEntryView(View):
+    seq: int
+    key: str
+    ts: Time | None
+    kind: str
+    memo: str
+    rental: str | None
+    lines: list[LedgerLineView]
+
+
+class Credited(View):
+    """POST /api/v1/accounts/{id}/credit: the entry written and the balance after it."""
+
+    entry: LedgerEntryView
+    balance: FundsView
+
+
+class StatementLineView(View):
+    seq: int
+    ts: Time | None
+    key: str
+    kind: str
+    memo: str
+    rental: str | None
+    workload: str | None
+    amount: Money
+    balance: Money
+
+
+class StatementView(View):
+    accounts: list[str]
+    currency: str
+    after_seq: int
+    opening: Money
+    closing: Money
+    lines: list[StatementLineView]
+    next_after: int
+    more: bool
+
+
+class WorkloadSpendView(View):
+    workload: str
+    charged: Money
+    refunded: Money
+    net: Money
+
+
+class HostEarningsView(View):
+    agent_id: str
+    gross: Money
+    fee: Money
+    refunded: Money
+    net: Money
+
+
+class PeriodEarningsView(View):
+    label: str
+    start: Time | None
+    end: Time | None
+    gross: Money
+    fee: Money
+    refunded: Money
+    net: Money
+
+
+class SpendStatements(View):
+    account: str
+    currency: str
+    items: list[WorkloadSpendView]
+
+
+class EarningsStatements(View):
+    account: str
+    currency: str
+    items: list[HostEarningsView]
+
+
+class PayoutStatements(View):
+    account: str
+    currency: str
+    items: list[PeriodEarningsView]
+
+
+class RentalHostView(View):
+    agent_id: str
+    provider: str
+    gpus: int
+    price: Money
+
+
+class BidChangeView(View):
+    at: Time | None
+    price: Money
+
+
+class RentalView(View):
+    """A rental; ``account`` and ``workload`` are the renter's, absent from a provider's view."""
+
+    id: str
+    kind: str
+    currency: str
+    hosts: list[RentalHostView]
+    bid_changes: list[BidChangeView]
+    gpus: int
+    started_at: Time | None
+    ended_at: Time | None
+    end_reason: str | None
+    host_failure: str | None
+    reserved_until: Time | None
+    rating: int | None
+    charged: Money
+    account: str | msgspec.UnsetType = msgspec.UNSET
+    workload: str | msgspec.UnsetType = msgspec.UNSET
+
+
+# --- pages ---------------------------------------------------------------------------------------------------------
+
+
+def page_of(item: type[msgspec.Struct]) -> type[msgspec.Struct]:
+    """The ``{"items": [...], "next_cursor": str | null}`` shape of a list of ``item`` (management/api/paging.py),
+    named ``<Item>Page`` (a name OpenAPI accepts, unlike a generic's ``Page[Item]``)."""
+    name = item.__name__.removesuffix("View") + "Page"
+    return msgspec.defstruct(
+        name,
+        [("items", list[item]), ("next_cursor", str | None)],  # type: ignore[valid-type]
+        kw_only=True,
+        forbid_unknown_fields=True,
+        module=__name__,
+    )
+
+
+AgentPage = page_of(AgentView)
+GpuPage = page_of(GpuView)
+TierPage = page_of(TierView)
+CommandPage = page_of(CommandView)
+EventPage = page_of(EventView)
+SigningKeyPage = page_of(SigningKeyView)
+WorkloadPage = page_of(WorkloadView)
+AccountPage = page_of(AccountView)
+ApiKeyPage = page_of(ApiKeyView)
+RentalPage = page_of(RentalView)
+
+
+class TunnelGrantView(View):
+    """POST /api/v1/workloads/{id}/tunnels: dial ``url`` with ``ticket`` in the X-Idlegrid-Ticket header before
+    ``expires_at``, trusting ``ca_pem`` (the platform CA) for the relay's certificate."""
+
+    id: str
+    kind: str
+    workload: str
+    agent_id: str
+    relay_id: str
+    url: str
+    ticket: str
+    ca_pem: str
+    expires_at: Time
