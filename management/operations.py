@@ -16,20 +16,23 @@ import bisect
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated, Any, Generic, TypeVar
 
 import msgspec
 
-from common.errors import Conflict, NotFound
+from common.errors import Conflict, InvalidPassword, NotFound, SignInRefused
 from common.inventory import GpuSample
+from management.market.ledger import Statement, StatementLine
 from management.market.market import Market
-from management.market.operations import MarketOperations
+from management.market.operations import FundsDetail, MarketOperations, RentalDetail
 from management.market.prices import HostPrice, PriceBook, PriceSetting, grid_default_of
 from management.renter_access import RenterAccess
 from management.scheduler.book import WorkloadBook
 from management.scheduler.loop import SchedulerLoop, SchedulerSettings
 from management.scheduler.model import Explanation
 from master.accounts import AccountChange, Credential, IssuedKey
+from master.config import ConsoleSettings
 from master.keys import SigningKeyInfo
 from master.records import (
     AccountRecord,
@@ -186,6 +189,44 @@ class Health:
     relays: list[str]
 
 
+@dataclass(frozen=True)
+class WorkloadOverview:
+    """Everything the console's workload page shows, read in one call: the record, why it waits (while queued), how
+    it pays (the market's terms), its events (oldest first), its rentals and what they charged so far."""
+
+    workload: WorkloadRecord
+    explanation: Explanation | None
+    terms: dict[str, Any]
+    events: list[EventRecord]
+    rentals: list[RentalDetail]
+    charged: int  # micro-units, refunds taken off
+    currency: str
+
+
+@dataclass(frozen=True)
+class SpendPoint:
+    start: float  # unix time the bucket starts
+    spent: int  # micro-units charged in it (refunds taken off); credits are not spending
+
+
+@dataclass(frozen=True)
+class SpendOverTime:
+    account: str
+    currency: str
+    bucket_s: float
+    points: list[SpendPoint]  # oldest first, every bucket from the first charge to now (empty ones included)
+    total: int
+
+
+@dataclass(frozen=True)
+class BillingOverview:
+    """The console's billing page in one read: the balance, spend per hour, and one page of the ledger."""
+
+    funds: FundsDetail
+    spend: SpendOverTime
+    statement: Statement
+
+
 def _page(items: list[T], limit: int, key: Callable[[T], msgspec.Struct]) -> Page[T]:
     """``items`` holds up to ``limit + 1`` candidates: one more than asked says that another page follows."""
     if len(items) > limit:
@@ -274,6 +315,34 @@ class Operations:
         if owner is not None and key.subject != owner:
             raise NotFound(f"no API key {key_id!r}")
         return await self._master.accounts.revoke_key(key_id)
+
+    # --- passwords and the console's sign-in (master/passwords.py, docs/console.md) ------------------------------
+
+    async def set_password(
+        self, account_id: str, password: str, *, owner: str | None = None, by: str, current_password: str | None = None
+    ) -> AccountRecord:
+        """Set ``account_id``'s password as account ``by``; changing one's own needs the current password when one is
+        set. Every console session of the account ends (its password epoch moves on)."""
+        self._owned(account_id, owner)
+        own = account_id == by
+        if own and current_password is None and (await self._master.accounts.get(account_id)).password_hash:
+            raise InvalidPassword("current_password: required to change your own password")
+        updated = await self._master.accounts.set_password(
+            account_id, password, current_password=current_password if own else None
+        )
+        await self._master.events.record("account.password_set", account_id, by=by)
+        return updated
+
+    async def sign_in(self, account_id: str, password: str, *, address: str) -> AccountRecord:
+        """The account, when ``password`` is its password and it is enabled; SignInRefused otherwise. Either way an
+        audit event (``console.signin`` or ``console.signin_refused``) names the account and the client's address."""
+        try:
+            account = await self._master.accounts.sign_in(account_id, password)
+        except SignInRefused as exc:
+            await self._master.events.record("console.signin_refused", account_id[:64], address=address, reason=str(exc))
+            raise
+        await self._master.events.record("console.signin", account.id, address=address)
+        return account
 
     async def record_audit(self, entry: AuditEntry) -> None:
         await self._master.events.record(
@@ -559,6 +628,67 @@ class Operations:
     async def cancel_workload(self, workload_id: str, *, account: str | None = None) -> WorkloadRecord:
         await self.workloads.load()
         return await self.workloads.cancel(workload_id, account, time.time())
+
+    # --- the console's composite reads (management/console/) --------------------------------------------------------
+
+    @property
+    def console_settings(self) -> ConsoleSettings:
+        return self._master.config.console
+
+    @property
+    def state_path(self) -> Path:
+        """The Master's state directory (the console keeps its session key there)."""
+        return self._master.config.state_path
+
+    WORKLOAD_EVENTS_SHOWN = 200
+    SPEND_ENTRIES_READ = 10_000  # ledger lines a spend chart reads at most (the newest)
+    SPEND_BUCKETS_SHOWN = 24 * 31  # a month of hours
+
+    async def workload_overview(self, workload_id: str, *, account: str | None = None) -> WorkloadOverview:
+        """The workload (NotFound for another account's), why it waits, its terms, events, rentals and charge."""
+        record, explanation = await self.workload_and_wait(workload_id, account=account)
+        events = await self._master.events_after(subject=workload_id, kind_prefix=None, after_seq=0, limit=10_000)
+        rentals, _ = await self.market.list_rentals(
+            owner=None, role="operator", workload=workload_id, agent_id=None, open_only=False, after=None, limit=100
+        )
+        return WorkloadOverview(
+            workload=record,
+            explanation=explanation,
+            terms=self.market.workload_terms(record),
+            events=events[-self.WORKLOAD_EVENTS_SHOWN :],
+            rentals=rentals,
+            charged=sum(r.charged for r in rentals),
+            currency=self.market.currency,
+        )
+
+    async def billing_overview(self, account_id: str, *, owner: str | None, after_seq: int, limit: int) -> BillingOverview:
+        """The balance, spend over time and the ledger page after ``after_seq`` of ``account_id`` (NotFound for
+        another account's, as ``owner`` decides)."""
+        return BillingOverview(
+            funds=await self.market.funds(account_id, owner=owner),
+            spend=await self.spend_over_time(account_id, owner=owner),
+            statement=await self.market.ledger_statement(account_id, owner=owner, after_seq=after_seq, limit=limit),
+        )
+
+    async def spend_over_time(self, account_id: str, *, owner: str | None, bucket_s: float = 3600.0) -> SpendOverTime:
+        """What a renter spent per ``bucket_s`` (charges less refunds, from its ledger statement), oldest first."""
+        after, lines = 0, list[StatementLine]()
+        while True:
+            statement = await self.market.ledger_statement(account_id, owner=owner, after_seq=after, limit=1000)
+            lines.extend(line for line in statement.lines if line.kind != "credit")
+            if not statement.more or len(lines) >= self.SPEND_ENTRIES_READ:
+                break
+            after = statement.next_after
+        spent: dict[int, int] = {}
+        for line in lines[-self.SPEND_ENTRIES_READ :]:
+            bucket = int(line.ts // bucket_s)
+            spent[bucket] = spent.get(bucket, 0) - line.amount
+        points: list[SpendPoint] = []
+        if spent:
+            first, last = min(spent), max(max(spent), int(time.time() // bucket_s))
+            first = max(first, last - self.SPEND_BUCKETS_SHOWN + 1)
+            points = [SpendPoint(b * bucket_s, spent.get(b, 0)) for b in range(first, last + 1)]
+        return SpendOverTime(account_id, self.market.currency, bucket_s, points, sum(p.spent for p in points))
 
     # --- the market: providers' prices (management/market/prices.py) ---------------------------------------------
     # ``owner`` (as auth decided it): the provider a call acts for, None for the operator. A host of another provider

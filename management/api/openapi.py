@@ -286,6 +286,14 @@ OPERATIONS: tuple[Operation, ...] = (
         errors=frozenset({409}),
     ),
     Operation(
+        "PUT",
+        "/api/v1/accounts/{account_id}/password",
+        "Set the account's console password (the operator anyone's, an account its own with the current one)",
+        "accounts",
+        {200: r.AccountView},
+        body=schemas.SetPassword,
+    ),
+    Operation(
         "POST",
         "/api/v1/accounts/{account_id}/keys",
         "A new API key, shown once",
