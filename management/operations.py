@@ -39,6 +39,7 @@ from master.records import (
     EventRecord,
     GpuRecord,
     PriceRecord,
+    RevocationRecord,
     TokenRecord,
     WorkloadRecord,
     WorkloadSpec,
@@ -694,3 +695,8 @@ class Operations:
         latest = m.telemetry.latest
         m.telemetry.recent.watch(agent.id, time.time(), [latest[g.uuid] for g in gpus if g.uuid in latest])
         return HostSamples(agent.id, gpus, m.telemetry.recent.of(agent.id))
+
+    async def list_revocations(self) -> list[RevocationRecord]:
+        """Every revoked certificate with its host and why, newest first (revocations are few: kept whole)."""
+        found = await self._master.store.revocations.list()
+        return sorted(found, key=lambda r: (r.revoked_at, r.serial), reverse=True)

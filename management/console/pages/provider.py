@@ -13,13 +13,23 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from urllib.parse import quote, urlencode
+
 import msgspec
+from aiohttp import web
 
 from common.inventory import GpuSample
+from management.api.auth import OPERATIONS_KEY, Action, Resource, permitted
+from management.api.errors import BadRequest
+from management.api.paging import decode_cursor, encode_cursor
 from management.api.schemas import AGENT_STATES, AccountName, Cursor, Identifier, PageQuery
+from management.console.assets import vendor_available
+from management.console.nav import NavItem
+from management.console.rendering import page
+from management.console.session import flash, signed_in
 from management.market.money import format_amount
-from management.market.prices import HostPrice
-from management.operations import AgentDetail, HostSamples
+from management.market.prices import HostPrice, PriceSetting
+from management.operations import AgentDetail, AgentKey, HostSamples
 from master.records import GpuRecord
 from master.reputation import WEIGHTS, reputation
 
@@ -276,3 +286,185 @@ def when(ts: float | None) -> str:
 
 def gpu_label(gpu: GpuRecord) -> str:
     return f"GPU {gpu.index} ({gpu.model or gpu.info.name})"
+
+
+# --- the pages --------------------------------------------------------------------------------------------------
+
+HOSTS_CURSOR = "console-hosts"  # the cursor's list name: a cursor of the API's lists is refused here
+
+
+def _query(request: web.Request) -> HostQuery:
+    try:
+        return host_query(request.query)
+    except (msgspec.ValidationError, ValueError) as exc:
+        raise BadRequest(f"the filters: {exc}") from None
+
+
+async def hosts_page(request: web.Request) -> web.StreamResponse:
+    """My hosts (a provider's) or all hosts (the operator's), filtered and paged on the server."""
+    scope = await signed_in(request, Resource.AGENTS, Action.READ)
+    query = _query(request)
+    operations = request.app[OPERATIONS_KEY]
+    found = operations.list_hosts(
+        state=query.state,
+        tier=query.tier,
+        region=query.region,
+        model=query.model,
+        owner=scope.owner,
+        after=decode_cursor(HOSTS_CURSOR, query, AgentKey),
+        limit=query.limit,
+    )
+    next_link = None
+    if found.next_key is not None:
+        next_link = "?" + urlencode({**query.filters(), "cursor": encode_cursor(HOSTS_CURSOR, query, found.next_key)})
+    return await page(
+        request,
+        "provider/hosts.html",
+        title="My hosts" if scope.owner is not None else "All hosts",
+        query=query,
+        choices=operations.host_choices(owner=scope.owner),
+        states=AGENT_STATES,
+        rows=[host_row(d) for d in found.items],
+        next_link=next_link,
+        first_link="?" + urlencode(query.filters()) if query.cursor else None,
+        operator=scope.owner is None,
+    )
+
+
+async def host_page(request: web.Request) -> web.StreamResponse:
+    scope = await signed_in(request, Resource.AGENTS, Action.READ)
+    agent_id = request.match_info["agent_id"]
+    operations = request.app[OPERATIONS_KEY]
+    detail = operations.get_agent(agent_id, owner=scope.owner)
+    price = await operations.host_price(agent_id)
+    role = scope.principal.role
+    earned: list[EarningsRow] = []
+    if permitted(role, Resource.LEDGER, Action.READ):
+        earnings = await operations.market.earnings(detail.agent.provider, owner=scope.owner)
+        earned = earnings_rows([e for e in earnings.items if e.agent_id == agent_id], label="agent_id")
+    score, parts = reputation_parts(detail)
+    return await page(
+        request,
+        "provider/host.html",
+        title=f"Host {agent_id}",
+        agent=detail.agent,
+        reachable=detail.reachable,
+        last_seen=when(detail.agent.last_seen),
+        gpus=gpu_rows(detail),
+        workloads=detail.workloads,
+        score=score,
+        parts=parts,
+        price=price_terms(price.price),
+        currency=price.currency,
+        earned=earned,
+        may_maintain=permitted(role, Resource.AGENTS, Action.MAINTAIN),
+        may_price=permitted(role, Resource.PRICES, Action.WRITE),
+        may_revoke=permitted(role, Resource.AGENTS, Action.WRITE),
+        charts_available=vendor_available(),
+    )
+
+
+async def host_samples(request: web.Request) -> web.StreamResponse:
+    """The JSON the host page's charts poll: each GPU's recent samples."""
+    scope = await signed_in(request, Resource.AGENTS, Action.READ)
+    found = request.app[OPERATIONS_KEY].recent_samples(request.match_info["agent_id"], owner=scope.owner)
+    return web.Response(body=msgspec.json.encode(samples_document(found)), content_type="application/json")
+
+
+def _back_to_host(agent_id: str) -> web.HTTPSeeOther:
+    return web.HTTPSeeOther(f"/console/hosts/{quote(agent_id, safe='')}")
+
+
+async def drain_host(request: web.Request) -> web.StreamResponse:
+    scope = await signed_in(request, Resource.AGENTS, Action.MAINTAIN)
+    detail = await request.app[OPERATIONS_KEY].drain(request.match_info["agent_id"], owner=scope.owner)
+    await flash(request, f"Host {detail.agent.id} is drained: it takes no new work; what runs there goes on.")
+    raise _back_to_host(detail.agent.id)
+
+
+async def undrain_host(request: web.Request) -> web.StreamResponse:
+    scope = await signed_in(request, Resource.AGENTS, Action.MAINTAIN)
+    detail = await request.app[OPERATIONS_KEY].undrain(request.match_info["agent_id"], owner=scope.owner)
+    await flash(request, f"Host {detail.agent.id} is undrained: it takes work again ({detail.agent.state}).")
+    raise _back_to_host(detail.agent.id)
+
+
+class PriceForm(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The host price form: amounts per GPU-hour as decimal text, an empty field left out."""
+
+    csrf_token: str = ""
+    on_demand: str
+    min_bid: str | None = None
+    reserved_discount: float = 0.0
+    max_duration_h: float | None = None
+
+    def setting(self) -> PriceSetting:
+        hours = self.max_duration_h
+        return PriceSetting(
+            on_demand=self.on_demand,
+            min_bid=self.min_bid,
+            reserved_discount=self.reserved_discount,
+            max_duration_s=hours * 3600 if hours is not None else None,
+        )
+
+
+def price_form(fields: Mapping[str, str]) -> PriceForm:
+    """The form as a PriceForm; BadRequest naming the field that is missing or wrong."""
+    given = {name: value.strip() for name, value in fields.items() if value.strip()}
+    try:
+        return msgspec.convert(given, PriceForm, strict=False)
+    except msgspec.ValidationError as exc:
+        raise BadRequest(f"the price: {exc}") from None
+
+
+async def set_host_price(request: web.Request) -> web.StreamResponse:
+    scope = await signed_in(request, Resource.PRICES, Action.WRITE)
+    form = price_form({k: v for k, v in (await request.post()).items() if isinstance(v, str)})
+    detail = await request.app[OPERATIONS_KEY].set_host_price(request.match_info["agent_id"], form.setting(), owner=scope.owner)
+    terms = price_terms(detail.price)
+    await flash(request, f"Host {detail.agent_id} now costs {terms['on_demand']} {detail.currency} per GPU-hour on demand.")
+    raise _back_to_host(detail.agent_id)
+
+
+async def earnings_page(request: web.Request) -> web.StreamResponse:
+    """Earnings over time (net per period, a chart and its table), per host, and payout statements per period."""
+    scope = await signed_in(request, Resource.LEDGER, Action.READ)
+    period = request.query.get("period", "day")
+    if period not in PAYOUT_PERIODS:
+        raise BadRequest(f"period must be one of {', '.join(PAYOUT_PERIODS)}, not {period!r}")
+    provider = scope.owner or request.query.get("provider", "").strip()
+    context: dict[str, Any] = {"period": period, "periods": PAYOUT_PERIODS, "provider": provider, "ask_provider": False}
+    if not provider:  # the operator names the provider whose earnings to see
+        return await page(request, "provider/earnings.html", title="Earnings", **{**context, "ask_provider": True})
+    market = request.app[OPERATIONS_KEY].market
+    per_host = await market.earnings(provider, owner=scope.owner)
+    payouts = await market.payouts(provider, period, owner=scope.owner)
+    return await page(
+        request,
+        "provider/earnings.html",
+        title="Earnings",
+        **context,
+        currency=payouts.currency,
+        hosts=earnings_rows(per_host.items, label="agent_id"),
+        statements=earnings_rows(payouts.items, label="label"),
+        total=earnings_total(payouts.items),
+        series=msgspec.json.encode(earnings_series(payouts.items)).decode(),
+        charts_available=vendor_available(),
+    )
+
+
+NAV = [
+    NavItem("provider", "My hosts", "/console/hosts", 10),
+    NavItem("provider", "Earnings", "/console/earnings", 20),
+    NavItem("operator", "All hosts", "/console/hosts", 20),
+]
+
+
+def add_routes(router: web.UrlDispatcher) -> None:
+    router.add_get("/console/hosts", hosts_page)
+    router.add_get("/console/hosts/{agent_id}", host_page)
+    router.add_get("/console/hosts/{agent_id}/samples", host_samples)
+    router.add_post("/console/hosts/{agent_id}/drain", drain_host)
+    router.add_post("/console/hosts/{agent_id}/undrain", undrain_host)
+    router.add_post("/console/hosts/{agent_id}/price", set_host_price)
+    router.add_get("/console/earnings", earnings_page)
