@@ -100,3 +100,16 @@ class BadQuery(IdlegridError):
         super().__init__(message)
         self.position = position
         self.token = token
+
+
+class InvalidPassword(IdlegridError):
+    """A password that cannot be set (too short, too long), or a current password that does not match."""
+
+    code = "bad_request"
+
+
+class SignInRefused(IdlegridError):
+    """Sign-in with a password failed: the same answer for an unknown account, a wrong password and an account with
+    no password, so that it tells nothing about which accounts exist."""
+
+    code = "unauthorized"

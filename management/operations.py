@@ -20,7 +20,7 @@ from typing import Annotated, Any, Generic, TypeVar
 
 import msgspec
 
-from common.errors import Conflict, NotFound
+from common.errors import Conflict, InvalidPassword, NotFound, SignInRefused
 from common.inventory import GpuSample
 from management.fleet import FleetFigures, fleet_figures
 from management.market.market import Market
@@ -291,6 +291,34 @@ class Operations:
         if owner is not None and key.subject != owner:
             raise NotFound(f"no API key {key_id!r}")
         return await self._master.accounts.revoke_key(key_id)
+
+    # --- passwords and the console's sign-in (master/passwords.py, docs/console.md) ------------------------------
+
+    async def set_password(
+        self, account_id: str, password: str, *, owner: str | None = None, by: str, current_password: str | None = None
+    ) -> AccountRecord:
+        """Set ``account_id``'s password as account ``by``; changing one's own needs the current password when one is
+        set. Every console session of the account ends (its password epoch moves on)."""
+        self._owned(account_id, owner)
+        own = account_id == by
+        if own and current_password is None and (await self._master.accounts.get(account_id)).password_hash:
+            raise InvalidPassword("current_password: required to change your own password")
+        updated = await self._master.accounts.set_password(
+            account_id, password, current_password=current_password if own else None
+        )
+        await self._master.events.record("account.password_set", account_id, by=by)
+        return updated
+
+    async def sign_in(self, account_id: str, password: str, *, address: str) -> AccountRecord:
+        """The account, when ``password`` is its password and it is enabled; SignInRefused otherwise. Either way an
+        audit event (``console.signin`` or ``console.signin_refused``) names the account and the client's address."""
+        try:
+            account = await self._master.accounts.sign_in(account_id, password)
+        except SignInRefused as exc:
+            await self._master.events.record("console.signin_refused", account_id[:64], address=address, reason=str(exc))
+            raise
+        await self._master.events.record("console.signin", account.id, address=address)
+        return account
 
     async def record_audit(self, entry: AuditEntry) -> None:
         await self._master.events.record(

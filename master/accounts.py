@@ -13,6 +13,7 @@ sees the change within ``API_KEY_CACHE_S``.
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import math
 import re
@@ -24,8 +25,9 @@ from enum import Enum
 
 import msgspec
 
-from common.errors import Conflict, InvalidAccount, NotFound
+from common.errors import Conflict, InvalidAccount, InvalidPassword, NotFound, SignInRefused
 from master.enrollment import hash_secret
+from master.passwords import hash_password, password_matches
 from master.records import AccountRecord, ApiKeyRecord
 from master.store.base import Store
 
@@ -178,6 +180,36 @@ class AccountBook:
         if found.disabled:
             raise InvalidAccount(f"provider: account {account_id!r} is disabled; enable it before enrolling hosts for it")
         return found
+
+    # --- passwords (the console's sign-in, master/passwords.py) --------------------------------------
+
+    async def set_password(self, account_id: str, password: str, *, current_password: str | None = None) -> AccountRecord:
+        """Set the account's password and move its epoch on (every console session of it ends). With
+        ``current_password`` given, it must match the password set now (an account changing its own)."""
+        account = await self.get(account_id)
+        if current_password is not None and account.password_hash:
+            if not await asyncio.to_thread(password_matches, account.password_hash, current_password):
+                raise InvalidPassword("current_password: does not match the account's password")
+        new_hash = await asyncio.to_thread(hash_password, password)
+        account = await self.get(account_id)  # read again: what changed while hashing is kept
+        updated = msgspec.structs.replace(
+            account, password_hash=new_hash, password_epoch=account.password_epoch + 1, updated_at=time.time()
+        )
+        await self._store.accounts.put(updated)
+        self._forget_account(account_id)
+        return updated
+
+    async def sign_in(self, account_id: str, password: str) -> AccountRecord:
+        """The account whose password this is; SignInRefused (one message for every reason) otherwise. A disabled
+        account with the right password is refused too, and only then told so."""
+        account = await self._store.accounts.get(account_id) if _ACCOUNT_ID.match(account_id) else None
+        stored = account.password_hash if account is not None else ""
+        matched = await asyncio.to_thread(password_matches, stored, password)  # the same work whatever was found
+        if account is None or not matched:
+            raise SignInRefused("wrong account or password")
+        if account.disabled:
+            raise SignInRefused(f"account {account.id!r} is disabled; an operator can enable it")
+        return account
 
     # --- keys ----------------------------------------------------------------------------------
 

@@ -11,6 +11,20 @@ import msgspec
 from common.config import load_config
 
 
+class ConsoleSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The web console (management/console/, docs/console.md), served by the Master beside the API."""
+
+    enabled: bool = True
+    # A session lasts this long from sign-in, whatever is done with it; then the console asks to sign in again.
+    session_lifetime_s: Annotated[float, msgspec.Meta(ge=60, le=30 * 86400)] = 12 * 3600.0
+    # The session cookie's Secure flag: "auto" sets it when the request came over https (the Master behind a TLS
+    # proxy that says so, or served over TLS itself); "always" for a deployment that is only ever reached over https.
+    cookie_secure: Literal["auto", "always", "never"] = "auto"
+    # Sign-in attempts allowed per account and per client address: this many at once, refilled at this rate.
+    signin_burst: Annotated[int, msgspec.Meta(ge=1)] = 5
+    signin_per_minute: Annotated[float, msgspec.Meta(gt=0)] = 5.0
+
+
 class MasterConfig(msgspec.Struct, kw_only=True):
     state_dir: str = ".idlegrid/master"
     store_url: str = ""  # empty: SQLite at <state_dir>/master.db
@@ -92,6 +106,8 @@ class MasterConfig(msgspec.Struct, kw_only=True):
     api_key_rate_per_s: Annotated[float, msgspec.Meta(gt=0)] = 20.0
     api_key_burst: Annotated[int, msgspec.Meta(ge=1)] = 40
     log_level: str = "info"
+    # --- the console ---
+    console: ConsoleSettings = msgspec.field(default_factory=ConsoleSettings)
 
     @property
     def state_path(self) -> Path:

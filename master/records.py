@@ -138,6 +138,10 @@ class AccountRecord(msgspec.Struct, kw_only=True):
     gpu_quota: int | None = None  # GPUs held at once; None: no limit
     tier_quotas: dict[str, int] = {}  # tier -> GPUs of that tier held at once
     updated_at: float = 0.0
+    # The console's sign-in (master/passwords.py): an argon2id hash, "" while none is set; never shown by any view.
+    password_hash: str = ""
+    # Raised at every password change: console sessions remember the epoch they began in and end when it moves on.
+    password_epoch: int = 0
 
 
 class FairShareUsage(msgspec.Struct, kw_only=True):

@@ -21,6 +21,7 @@ from management.api.errors import ApiError, Handler, error_response, errors_midd
 from management.api.health import METRICS_REGISTRY_KEY
 from management.api.metrics import ApiMetrics
 from management.api.ratelimit import KeyRateLimits
+from management.console import add_console
 from management.operations import Operations
 from master.service import Master
 
@@ -73,4 +74,6 @@ def build_app(master: Master, settings: ApiSettings | None = None, operations: O
     app.on_startup.append(_load_workloads)
     app.on_startup.append(_load_prices)
     app.on_startup.append(_load_market)
+    # The web console, from the same origin (management/console/, docs/console.md).
+    add_console(app, operations, master.config.console, state_dir=master.config.state_path)
     return app

@@ -14,7 +14,7 @@ from management.api.audit import created
 from management.api.auth import OPERATIONS_KEY, scope_of
 from management.api.paging import decode_cursor, page_response
 from management.api.requests import json_response, parse_body, parse_query
-from management.api.schemas import AccountQuery, CreateAccount, CreateApiKey, EmptyQuery, PageQuery, UpdateAccount
+from management.api.schemas import AccountQuery, CreateAccount, CreateApiKey, EmptyQuery, PageQuery, SetPassword, UpdateAccount
 from management.operations import AccountIdKey, PositionKey
 from management.views import account_view, api_key_view, issued_api_key_view, whoami_view
 from master.accounts import AccountChange
@@ -88,6 +88,20 @@ async def revoke_api_key(request: web.Request) -> web.Response:
     return json_response(api_key_view(key))
 
 
+async def set_password(request: web.Request) -> web.Response:
+    """The operator sets anyone's password; an account sets its own (giving the current one, when it has one)."""
+    body = await parse_body(request, SetPassword)
+    scope = scope_of(request)
+    account = await request.app[OPERATIONS_KEY].set_password(
+        request.match_info["account_id"],
+        body.password,
+        owner=scope.owner,
+        by=scope.principal.account,
+        current_password=body.current_password,
+    )
+    return json_response(account_view(account))
+
+
 def add_routes(router: web.UrlDispatcher) -> None:
     router.add_get("/api/v1/whoami", whoami)
     router.add_post("/api/v1/accounts", create_account)
@@ -97,3 +111,4 @@ def add_routes(router: web.UrlDispatcher) -> None:
     router.add_post("/api/v1/accounts/{account_id}/keys", create_api_key)
     router.add_get("/api/v1/accounts/{account_id}/keys", list_api_keys)
     router.add_post("/api/v1/keys/{key_id}/revoke", revoke_api_key)
+    router.add_put("/api/v1/accounts/{account_id}/password", set_password)

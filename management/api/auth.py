@@ -45,6 +45,7 @@ class Resource(str, enum.Enum):
     RENTALS = "rentals"  # rentals (a renter's own; a provider's hosts'), and rating one (write)
     PRICES = "prices"  # providers' price records and defaults (the market)
     HOST_PRICES = "host_prices"  # the price in force on one host: public, as it is in offers
+    PASSWORD = "password"  # an account's console password (set it)
 
 
 class Action(str, enum.Enum):
@@ -87,6 +88,9 @@ PERMISSIONS[Role.RENTER][Resource.RENTALS] = frozenset({Action.READ, Action.WRIT
 PERMISSIONS[Role.PROVIDER][Resource.PRICES] = frozenset({Action.READ, Action.WRITE})
 PERMISSIONS[Role.PROVIDER][Resource.HOST_PRICES] = frozenset({Action.READ})
 PERMISSIONS[Role.RENTER][Resource.HOST_PRICES] = frozenset({Action.READ})
+# Passwords (the console's sign-in): every account sets its own (Scope.owner), the operator anyone's.
+for _role in (Role.PROVIDER, Role.RENTER):
+    PERMISSIONS[_role][Resource.PASSWORD] = frozenset({Action.WRITE})
 
 # (method, route pattern) -> what the route does. A route missing here is refused to everyone but the operator.
 ROUTES: dict[tuple[str, str], tuple[Resource, Action]] = {
@@ -141,6 +145,9 @@ ROUTES |= {  # the market: prices
     ("PUT", "/api/v1/agents/{agent_id}/price"): (Resource.PRICES, Action.WRITE),
     ("DELETE", "/api/v1/agents/{agent_id}/price"): (Resource.PRICES, Action.WRITE),
     ("GET", "/api/v1/agents/{agent_id}/price"): (Resource.HOST_PRICES, Action.READ),
+}
+ROUTES |= {  # the console's passwords
+    ("PUT", "/api/v1/accounts/{account_id}/password"): (Resource.PASSWORD, Action.WRITE),
 }
 
 

@@ -134,6 +134,17 @@ class CreateApiKey(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     name: KeyName
 
 
+PasswordText = Annotated[str, msgspec.Meta(max_length=4096)]  # master/passwords.py says what a password must be
+
+
+class SetPassword(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """PUT /api/v1/accounts/{id}/password: the new password (at least 12 characters); ``current_password`` is
+    required when an account changes its own password and has one."""
+
+    password: PasswordText
+    current_password: PasswordText | None = None
+
+
 # --- list queries ----------------------------------------------------------------------------
 
 

@@ -1,0 +1,76 @@
+"""The web console: server-rendered pages served by the Master beside the API, from the same origin (docs/console.md).
+
+``add_console`` wires it into the API's aiohttp application: templates (aiohttp-jinja2), the encrypted session cookie
+(aiohttp-session), the console's middleware (who is signed in, CSRF, security headers, errors as pages), the vendored
+browser code and our own static files, and every page module in ``management.console.pages``. Pages call only the
+façade (management/operations.py); what an account may do is decided by management/api/auth.py.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+from pathlib import Path
+
+import aiohttp_jinja2
+import jinja2
+from aiohttp import web
+from aiohttp_session import session_middleware
+
+from management.api.auth import OPERATIONS_KEY
+from management.console import assets, pages
+from management.console.middleware import console_middleware
+from management.console.nav import NavItem
+from management.console.pages.signin import THROTTLE_KEY
+from management.console.rendering import NAV_KEY
+from management.console.session import CSRF_FIELD, CSRF_HEADER, ConsoleCookieStorage, session_key
+from management.console.templating import FILTERS
+from management.console.throttle import SignInThrottle
+from management.operations import Operations
+from master.config import ConsoleSettings
+
+__all__ = ["add_console"]
+
+TEMPLATES = Path(__file__).parent / "templates"
+
+
+def _page_modules() -> list[object]:
+    return [importlib.import_module(f"{pages.__name__}.{info.name}") for info in pkgutil.iter_modules(pages.__path__)]
+
+
+def add_console(app: web.Application, operations: Operations, settings: ConsoleSettings, *, state_dir: Path) -> None:
+    """Serve the console from ``app`` (the API's application, before it starts); the session key lives in
+    ``state_dir``. ``operations`` must be the one ``app`` serves (the pages read it from the app)."""
+    if not settings.enabled:
+        return
+    env = aiohttp_jinja2.setup(
+        app,
+        loader=jinja2.FileSystemLoader(TEMPLATES),
+        filters=FILTERS,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.globals.update(
+        csrf_field=CSRF_FIELD, csrf_header=CSRF_HEADER, vendor_available=assets.vendor_available(), static=_static_url(app)
+    )
+    storage = ConsoleCookieStorage(session_key(state_dir), settings)
+    app.middlewares.append(session_middleware(storage))
+    app.middlewares.append(console_middleware(settings))
+    app[THROTTLE_KEY] = SignInThrottle(settings.signin_burst, settings.signin_per_minute)
+    nav: list[NavItem] = []
+    assets.add_routes(app.router)
+    for module in _page_modules():
+        module.add_routes(app.router)  # type: ignore[attr-defined]
+        nav.extend(getattr(module, "NAV", []))
+    app[NAV_KEY] = nav
+    if OPERATIONS_KEY not in app:  # pages read the façade from the app, as the API's handlers do
+        app[OPERATIONS_KEY] = operations
+
+
+def _static_url(app: web.Application) -> Callable[[str], str]:
+    def static(name: str) -> str:
+        return str(app.router["console_static"].url_for(filename=name))
+
+    return static

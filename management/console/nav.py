@@ -1,0 +1,13 @@
+"""The console's navigation: each page module lists its entries (``NAV``), shown to the roles they name."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class NavItem:
+    role: str  # "operator" | "provider" | "renter": the role whose navigation shows it
+    label: str
+    path: str  # /console/...
+    order: int = 100  # smaller first

@@ -1,0 +1,29 @@
+"""Rendering a console page: the template with what every page shows (the account, the navigation, notices)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp_jinja2
+from aiohttp import web
+
+from management.console.nav import NavItem
+from management.console.session import SIGNED_IN_KEY, session_state, take_flashes
+
+NAV_KEY: web.AppKey[list[NavItem]] = web.AppKey("console_nav")
+
+
+async def page(request: web.Request, template: str, *, status: int = 200, **context: Any) -> web.Response:
+    """``template`` (under management/console/templates/) rendered in the layout, answered with ``status``."""
+    account = request.get(SIGNED_IN_KEY)
+    state = await session_state(request)
+    nav = [item for item in request.app[NAV_KEY] if account is not None and item.role == account.role]
+    base = {
+        "account": account,
+        "csrf_token": state.csrf,
+        "flashes": await take_flashes(request),
+        "nav": sorted(nav, key=lambda item: (item.order, item.label)),
+        "path": request.path,
+    }
+    response = aiohttp_jinja2.render_template(template, request, {**base, **context}, status=status)
+    return response
