@@ -139,9 +139,7 @@ def parse_fields(fields: Mapping[str, Any], schema: type[St], what: str) -> St:
 
 
 def _filters(query: msgspec.Struct) -> dict[str, str]:
-    return {
-        k: str(v) for k, v in msgspec.structs.asdict(query).items() if k not in ("limit", "cursor") and v is not None
-    }
+    return {k: str(v) for k, v in msgspec.structs.asdict(query).items() if k not in ("limit", "cursor") and v is not None}
 
 
 # --- the pages --------------------------------------------------------------------------------------------------

@@ -15,7 +15,14 @@
     {
       width: Math.max(280, Math.min(900, box.clientWidth || 600)),
       height: 220,
-      scales: { x: { time: true } },
+      scales: {
+        x: { time: true },
+        y: {
+          range: function (u, min, max) {
+            return [Math.min(0, min), Math.max(1, max * 1.15)];
+          },
+        },
+      },
       legend: { show: false },
       series: [{}, { label: "Net", stroke: "#1a7f37", fill: "rgba(26,127,55,0.3)", width: 1, paths: bars }],
       axes: [{ space: 80 }, { size: 60 }],

@@ -11,7 +11,7 @@
   var every = Number(root.getAttribute("data-poll-ms") || "3000");
   var METRICS = {
     utilization_pct: { label: "Utilization", unit: "%", now: "utilization", color: "#1f6feb", max: 100 },
-    memory_used_mib: { label: "Memory used", unit: "MiB", now: "memory", color: "#8250df" },
+    memory_used_mib: { label: "Memory used", unit: "GiB", now: "memory", color: "#8250df", scale: 1 / 1024 },
     temperature_c: { label: "Temperature", unit: "°C", now: "temperature", color: "#cf222e" },
     power_w: { label: "Power", unit: "W", now: "power", color: "#9a6700" },
   };
@@ -35,7 +35,7 @@
     if (spec.max) {
       scales.y = { range: [0, spec.max] };
     } else if (metric === "memory_used_mib") {
-      scales.y = { range: [0, gpu.memory_total_mib || null] };
+      scales.y = { range: [0, Math.ceil((gpu.memory_total_mib || 1024) / 1024)] };
     }
     charts[key] = new window.uPlot(
       {
@@ -45,7 +45,7 @@
         legend: { show: false },
         cursor: { show: false },
         series: [{}, { label: spec.label, stroke: spec.color, width: 2, spanGaps: true }],
-        axes: [{ space: 60 }, { size: 50 }],
+        axes: [{ space: 70, size: 30 }, { size: 44, label: spec.unit, labelSize: 14 }],
       },
       [[], []],
       box
@@ -76,7 +76,13 @@
         );
         var chart = chartFor(box, metric, gpu);
         if (chart) {
-          chart.setData([gpu.ts, gpu[metric]]);
+          var ys = gpu[metric];
+          if (spec.scale) {
+            ys = ys.map(function (y) {
+              return y === null ? null : Math.round(y * spec.scale * 10) / 10;
+            });
+          }
+          chart.setData([gpu.ts, ys]);
         }
       });
     });
