@@ -41,7 +41,7 @@ def samples(master, agent_id: str, ts: float, util: float) -> list[GpuSample]:
 
 def test_my_hosts_are_only_the_providers_own_and_are_filtered_on_the_server(console_master, hosts, page, sign_in, shot):
     sign_in(page, "provider")
-    page.get_by_role("link", name="My hosts").click()
+    page.get_by_role("navigation", name="Main").get_by_role("link", name="My hosts").click()
     table = page.locator("table#hosts")
     table.wait_for()
     assert table.locator("tbody tr").count() == 2
@@ -117,7 +117,7 @@ def test_earnings_show_net_per_period_as_a_chart_and_statements(console_master, 
 
     console_master.run(charge())
     sign_in(page, "provider")
-    page.get_by_role("link", name="Earnings").click()
+    page.get_by_role("navigation", name="Main").get_by_role("link", name="Earnings").click()
     page.locator("#statements").wait_for()
     assert page.locator("#earnings-total").inner_text() == "12.60 XX".replace("XX", master.config.currency)
     assert page.locator("#statements tbody tr").count() == 2  # two days
