@@ -34,7 +34,14 @@ def hosts(console_master):
 
 def samples(master, agent_id: str, ts: float, util: float) -> list[GpuSample]:
     return [
-        GpuSample(uuid=g.uuid, ts=ts, utilization_pct=util, memory_used_mib=int(util * 100), temperature_c=40 + util / 4, power_w=100 + util)
+        GpuSample(
+            uuid=g.uuid,
+            ts=ts,
+            utilization_pct=util,
+            memory_used_mib=int(util * 100),
+            temperature_c=40 + util / 4,
+            power_w=100 + util,
+        )
         for g in master.registry.gpus_of(agent_id)
     ]
 

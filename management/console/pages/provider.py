@@ -267,9 +267,11 @@ def earnings_rows(items: Sequence[Any], *, label: str) -> list[EarningsRow]:
     ]
 
 
-def earnings_series(periods: Sequence[Any]) -> dict[str, list[float]]:
-    """Net earnings per period for a chart: period starts (unix seconds) and net amounts in currency units."""
-    return {"ts": [p.start for p in periods], "net": [p.net / 1_000_000 for p in periods]}
+def earnings_series(periods: Sequence[Any]) -> dict[str, Any]:
+    """Net earnings per period for a chart: period starts (unix seconds), net amounts in currency units, and how long
+    a period is (the chart pads its time axis by one, so a single period is a bar, not a point in years of axis)."""
+    span = max((p.end - p.start for p in periods), default=86400.0)
+    return {"ts": [p.start for p in periods], "net": [p.net / 1_000_000 for p in periods], "span": span}
 
 
 def earnings_total(periods: Sequence[Any]) -> str:

@@ -16,10 +16,16 @@
       width: Math.max(280, Math.min(900, box.clientWidth || 600)),
       height: 220,
       scales: {
-        x: { time: true },
+        x: {
+          time: true,
+          range: function () {
+            return [series.ts[0] - series.span, series.ts[series.ts.length - 1] + series.span];
+          },
+        },
         y: {
           range: function (u, min, max) {
-            return [Math.min(0, min), Math.max(1, max * 1.15)];
+            var top = max > 0 ? max * 1.15 : 1;
+            return [Math.min(0, min), top];
           },
         },
       },
