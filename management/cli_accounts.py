@@ -11,8 +11,10 @@ Output is a table for people; ``--json`` prints the API's JSON for scripts.
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import os
+import sys
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -233,7 +235,7 @@ def add_parsers(sub: argparse._SubParsersAction, parser: Parser) -> None:
     p = parser(
         sub, "account", "accounts and their API keys", "Create, list and change accounts, and manage API keys.\n" + _SOURCES
     )
-    a_sub = p.add_subparsers(dest="account_command", required=True, metavar="{create,list,get,update,key}")
+    a_sub = p.add_subparsers(dest="account_command", required=True, metavar="{create,list,get,update,password,key}")
     create = parser(
         a_sub,
         "create",
@@ -280,6 +282,25 @@ def add_parsers(sub: argparse._SubParsersAction, parser: Parser) -> None:
     )
     connection_options(update)
     update.set_defaults(func=_run_update)
+
+    password = parser(
+        a_sub,
+        "password",
+        "set an account's console password",
+        "Set the password an account signs in to the web console with (at least 12 characters). The operator sets "
+        "anyone's; an account sets its own, giving its current password once it has one. Every console session of the "
+        "account ends. The password is asked for twice (it is never an option: options show in the process list).",
+    )
+    password.add_argument("account_id", metavar="ACCOUNT", help="the account whose password to set")
+    password.add_argument(
+        "--stdin",
+        action="store_true",
+        help="read the new password from the first line of standard input (then the current one, when --current is "
+        "given, from the second) instead of asking",
+    )
+    password.add_argument("--current", action="store_true", help="also ask for the current password (needed to change one's own)")
+    connection_options(password)
+    password.set_defaults(func=_run_password)
 
     keys = parser(a_sub, "key", "an account's API keys", "Create, list and revoke API keys. Any account manages its own.")
     k_sub = keys.add_subparsers(dest="key_command", required=True, metavar="{create,list,revoke}")
@@ -403,3 +424,30 @@ def _run_key_list(args: argparse.Namespace) -> int:
 def _run_key_revoke(args: argparse.Namespace) -> int:
     client, _ = api_client(args)
     return _show(args, client.revoke_api_key(args.key_id), lambda k: f"revoked {k['key_id']} ({k['name']}) of {k['account']}")
+
+
+def _read_passwords(args: argparse.Namespace) -> tuple[str, str | None]:
+    """The new password (and the current one with --current): from standard input with --stdin, else asked twice."""
+    if args.stdin:
+        lines = sys.stdin.read().splitlines()
+        wanted = 2 if args.current else 1
+        if len(lines) < wanted:
+            what = "the new password, then the current one," if args.current else "the new password"
+            raise ConfigError(f"--stdin: expected {what} one a line; got {len(lines)} line(s)")
+        return lines[0], (lines[1] if args.current else None)
+    current = getpass.getpass("current password: ") if args.current else None
+    new = getpass.getpass(f"new password for {args.account_id}: ")
+    if getpass.getpass("the same again: ") != new:
+        raise ConfigError("the two passwords differ; nothing was changed")
+    return new, current
+
+
+def _run_password(args: argparse.Namespace) -> int:
+    new, current = _read_passwords(args)
+    client, credentials = api_client(args)
+    account = client.set_password(args.account_id, new, current_password=current)
+    if args.json:
+        return _show(args, account, str)
+    console = credentials.api.rstrip("/") + "/console/"
+    print(f"password set for {account['id']} ({account['role']}): sign in to the console at {console}")
+    return 0

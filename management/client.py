@@ -225,6 +225,13 @@ class ApiCalls(Generic[R]):
         """Only the fields in ``changes`` change; ``{"gpu_quota": None}`` removes the limit."""
         return self.send(ApiRequest("PATCH", f"{API_PREFIX}/accounts/{_segment(account_id)}", body=dict(changes)))
 
+    def set_password(self, account_id: str, password: str, *, current_password: str | None = None) -> R:
+        """The account's console password; ``current_password`` when changing one's own (once one is set)."""
+        body: dict[str, Json] = {"password": password}
+        if current_password is not None:
+            body["current_password"] = current_password
+        return self.send(ApiRequest("PUT", f"{API_PREFIX}/accounts/{_segment(account_id)}/password", body=body))
+
     def create_api_key(self, account_id: str, name: str) -> R:
         return self.send(ApiRequest("POST", f"{API_PREFIX}/accounts/{_segment(account_id)}/keys", body={"name": name}))
 

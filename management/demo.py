@@ -15,6 +15,7 @@ workload.
 
 from __future__ import annotations
 
+import secrets
 import shutil
 import signal
 import sys
@@ -37,6 +38,8 @@ PROVIDER = "demo-provider"
 RENTER = "demo-renter"
 OPERATOR_KEY_FILE = "operator.token"
 RENTER_KEY_FILE = "renter.token"
+CONSOLE_PASSWORDS_FILE = "console.passwords"  # "ACCOUNT PASSWORD" lines, 0600: the demo accounts' console passwords
+OPERATOR = "operator"  # the Master's bootstrap operator account
 DEMO_PRICES = {"on_demand": "1.20", "min_bid": "0.40", "reserved_discount": 0.25}  # per GPU-hour
 RENTER_CREDIT = "25.00"  # the renter's first credit (once per state directory)
 SANDBOX = "sandbox"  # the isolation the demo's process-runtime hosts report when the demo runs as root
@@ -113,6 +116,8 @@ class Demo:
                 "",
                 *self.renter_lines(),
                 "",
+                *self.console_lines(),
+                "",
                 "  Ctrl-C stops everything.",
             ]
         )
@@ -144,6 +149,32 @@ class Demo:
                 "placed on them: their agents run commands as an unprivileged user only when the demo runs as root."
             )
         return lines
+
+    def console_lines(self) -> list[str]:
+        """Where the web console is and how each demo account signs in to it."""
+        passwords = self.console_passwords()
+        lines = [f"  Console:         {self.grid.api_url}/console/   (sign in with an account and its password)"]
+        for account in (RENTER, PROVIDER, OPERATOR):
+            lines.append(f"    {account:<15}  password {passwords[account]}")
+        lines.append(f"    (kept, 0600, in {self.grid.root / CONSOLE_PASSWORDS_FILE})")
+        return lines
+
+    def console_passwords(self) -> dict[str, str]:
+        path = self.grid.root / CONSOLE_PASSWORDS_FILE
+        if not path.exists():
+            return {}
+        return dict(line.split(" ", 1) for line in path.read_text().splitlines() if " " in line)
+
+    def publish_console_passwords(self) -> None:
+        """A console password for the renter, the provider and the operator, made on the first run and kept in
+        ``console.passwords`` (0600). They are set again at every start, so a wiped store still accepts them (a
+        restart signs the demo accounts' console sessions out)."""
+        passwords = self.console_passwords()
+        for account in (RENTER, PROVIDER, OPERATOR):
+            passwords.setdefault(account, secrets.token_urlsafe(12))
+            self.grid.client.set_password(account, passwords[account])
+        text = "".join(f"{account} {password}\n" for account, password in passwords.items())
+        write_atomically(self.grid.root / CONSOLE_PASSWORDS_FILE, text.encode(), mode=0o600)
 
     def publish_operator_key(self) -> None:
         """The operator key beside the state directory's other files, 0600, where the banner says it is."""
@@ -198,6 +229,7 @@ def run_demo(state_dir: Path, *, api_port: int | None, agents: int) -> int:
         demo.publish_operator_key()
         demo.publish_renter_key()
         demo.open_market()
+        demo.publish_console_passwords()
         print(demo.banner(), flush=True)
         while True:
             signal.pause()

@@ -125,6 +125,10 @@ def test_demo_started_twice_on_one_state_directory_has_every_agent_ready_each_ti
             assert str(state_dir / "renter.token") in banner
             me = run.renter().whoami()
             assert (me["account"], me["role"]) == ("demo-renter", "renter")
+            passwords = dict(line.split(" ", 1) for line in (state_dir / "console.passwords").read_text().splitlines())
+            assert sorted(passwords) == ["demo-provider", "demo-renter", "operator"]
+            assert oct((state_dir / "console.passwords").stat().st_mode & 0o777) == "0o600"
+            assert f"http://127.0.0.1:{port}/console/" in banner and f"password {passwords['demo-renter']}" in banner
             if attempt == "first":
                 first_key = (state_dir / "renter.token").read_text()
             else:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import json
 import threading
 from collections.abc import Iterator
@@ -167,3 +168,26 @@ def test_every_command_group_takes_a_key_by_flag_or_by_file(tmp_path, capsys):
             cli.main([*group, "--help"])
         usage = capsys.readouterr().out
         assert "--api-key KEY" in usage and "--key-file FILE" in usage, group
+
+
+def test_a_password_is_set_from_standard_input_and_changing_ones_own_needs_the_current_one(idlegrid, monkeypatch):
+    idlegrid("account", "create", "bob", "--role", "renter")
+    monkeypatch.setattr("sys.stdin", io.StringIO("first-password-1\n"))
+    out = idlegrid("account", "password", "bob", "--stdin")
+    assert out.startswith("password set for bob (renter): sign in to the console at http://")
+    assert "first-password-1" not in out
+    key = json.loads(idlegrid("account", "key", "create", "bob", "--name", "laptop", "--json"))["key"]
+    monkeypatch.setattr("sys.stdin", io.StringIO("second-password-2\n"))
+    refused = idlegrid("account", "password", "bob", "--stdin", "--api-key", key, ok=False)
+    assert "current_password" in refused and "Traceback" not in refused
+    monkeypatch.setattr("sys.stdin", io.StringIO("second-password-2\nfirst-password-1\n"))
+    assert "password set for bob" in idlegrid("account", "password", "bob", "--stdin", "--current", "--api-key", key)
+
+
+def test_a_password_is_asked_twice_and_differing_answers_change_nothing(idlegrid, monkeypatch):
+    idlegrid("account", "create", "bob", "--role", "renter")
+    answers = iter(["typed-once-here-1", "typed-differently"])
+    monkeypatch.setattr("getpass.getpass", lambda prompt="": next(answers))
+    assert "the two passwords differ" in idlegrid("account", "password", "bob", ok=False)
+    monkeypatch.setattr("sys.stdin", io.StringIO("too-short\n"))
+    assert "at least 12 characters" in idlegrid("account", "password", "bob", "--stdin", ok=False)

@@ -439,6 +439,18 @@ async def test_an_account_round_trips_every_field(store: Store) -> None:
     assert await store.accounts.get("lab-8") is None
 
 
+async def test_an_account_keeps_its_password_hash_and_epoch_and_starts_with_none(store: Store) -> None:
+    assert await store.accounts.add(account("rita"))
+    fresh = await store.accounts.get("rita")
+    assert fresh is not None and (fresh.password_hash, fresh.password_epoch) == ("", 0)
+    with_password = account("rita", password_hash="$argon2id$v=19$m=65536,t=3,p=4$c2FsdHNhbHQ$aGFzaGhhc2g", password_epoch=3)
+    await store.accounts.put(with_password)
+    assert_same(await store.accounts.get("rita"), with_password)
+    assert [(a.password_hash, a.password_epoch) for a in await store.accounts.list(role="renter")] == [
+        (with_password.password_hash, 3)
+    ]
+
+
 async def test_adding_a_taken_account_id_is_refused_and_changes_nothing(store: Store) -> None:
     assert await store.accounts.add(account("acme", "provider"))
     assert not await store.accounts.add(account("acme", "renter", name="Impostor"))

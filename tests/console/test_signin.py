@@ -1,0 +1,188 @@
+"""Signing in to the console over HTTP: passwords, the session cookie, CSRF, sessions that end, the rate limit.
+
+Runs the console as the Master serves it (management/api build_app) on aiohttp's test server; no browser needed."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from common.errors import SignInRefused
+from management.api import build_app
+from master.accounts import AccountChange
+from master.config import ConsoleSettings, MasterConfig
+from master.records import AccountRecord
+from master.service import Master
+
+PASSWORD = "renter-password-1"
+CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
+
+
+class Console(TestClient[web.Request, web.Application]):
+    master: Master
+    origin: str
+
+
+async def console_for(tmp_path: Path, **settings: object) -> Console:
+    master = Master(MasterConfig(state_dir=str(tmp_path), link_port=0, console=ConsoleSettings(**settings)))  # type: ignore[arg-type]
+    await master.start()
+    await master.accounts.create(AccountRecord(id="rita", role="renter", name="Rita"))
+    await master.accounts.set_password("rita", PASSWORD)
+    client = Console(TestServer(build_app(master)))
+    await client.start_server()
+    client.master = master
+    client.origin = str(client.make_url("")).rstrip("/")
+    return client
+
+
+@pytest.fixture
+async def console(tmp_path: Path) -> AsyncIterator[Console]:
+    client = await console_for(tmp_path)
+    yield client
+    await client.close()
+    await client.master.stop()
+
+
+async def csrf_of(console: Console, path: str = "/console/signin") -> str:
+    response = await console.get(path)
+    found = CSRF.search(await response.text())
+    assert found, f"{path} has no CSRF field"
+    return found.group(1)
+
+
+async def sign_in(console: Console, account: str = "rita", password: str = PASSWORD, **extra: str):
+    form = {"account": account, "password": password, "csrf_token": await csrf_of(console), "next": "/console/", **extra}
+    return await console.post("/console/signin", data=form, headers={"Origin": console.origin}, allow_redirects=False)
+
+
+async def test_signing_in_sets_an_httponly_samesite_strict_cookie_and_goes_to_the_console(console):
+    response = await sign_in(console)
+    assert response.status == 303 and response.headers["Location"] == "/console/"
+    cookie = response.headers["Set-Cookie"]
+    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Path=/console" in cookie
+    assert "Secure" not in cookie  # served over plain http here; "auto" sets it over https
+    assert "rita" not in cookie  # encrypted
+    page = await console.get("/console/account")
+    assert page.status == 200 and "Rita" in await page.text()
+    signed = await console.master.store.events.list(subject="rita", kind_prefix="console.signin")
+    assert [e.kind for e in signed] == ["console.signin"] and signed[0].data["address"] == "127.0.0.1"
+
+
+async def test_the_secure_flag_is_set_when_the_settings_say_always(tmp_path):
+    console = await console_for(tmp_path, cookie_secure="always")
+    try:
+        assert "Secure" in (await sign_in(console)).headers["Set-Cookie"]
+    finally:
+        await console.close()
+        await console.master.stop()
+
+
+@pytest.mark.parametrize(("account", "password"), [("rita", "wrong-password-1"), ("nobody", PASSWORD), ("Not An Id!", PASSWORD)])
+async def test_a_wrong_password_and_an_unknown_account_get_the_same_answer(console, account, password):
+    response = await sign_in(console, account, password)
+    assert response.status == 401
+    assert "wrong account or password" in await response.text()
+    assert (await console.get("/console/account", allow_redirects=False)).status == 303  # still signed out
+    refused = await console.master.store.events.list(kind_prefix="console.signin_refused")
+    assert [e.subject for e in refused] == [account]
+
+
+async def test_an_unknown_account_takes_as_long_to_refuse_as_a_wrong_password(console):
+    async def fastest(account: str) -> float:
+        times = []
+        for _ in range(3):
+            started = time.perf_counter()
+            with pytest.raises(SignInRefused):
+                await console.master.accounts.sign_in(account, "wrong-password-1")
+            times.append(time.perf_counter() - started)
+        return min(times)
+
+    wrong, unknown = await fastest("rita"), await fastest("nobody")
+    assert unknown > wrong / 2, f"unknown account refused in {unknown:.4f} s, a wrong password in {wrong:.4f} s"
+
+
+async def test_a_disabled_account_cannot_sign_in_and_its_sessions_end(console):
+    assert (await sign_in(console)).status == 303
+    await console.master.accounts.update("rita", AccountChange(disabled=True))
+    ended = await console.get("/console/account", allow_redirects=False)
+    assert ended.status == 303 and ended.headers["Location"].startswith("/console/signin")
+    refused = await sign_in(console)
+    assert refused.status == 401 and "disabled" in await refused.text()
+
+
+async def test_changing_the_password_ends_the_accounts_sessions(console):
+    assert (await sign_in(console)).status == 303
+    assert (await console.get("/console/account", allow_redirects=False)).status == 200
+    await console.master.accounts.set_password("rita", "a-new-password-2")
+    ended = await console.get("/console/account")  # follows to the sign-in page
+    assert ended.url.path == "/console/signin" and "your password was changed" in await ended.text()
+    assert (await sign_in(console)).status == 401
+    assert (await sign_in(console, password="a-new-password-2")).status == 303
+
+
+async def test_the_console_changes_its_own_password_and_signs_out(console):
+    await sign_in(console)
+    token = await csrf_of(console, "/console/account")
+    form = {"csrf_token": token, "current_password": PASSWORD, "password": "a-new-password-2", "password_again": "x"}
+    differ = await console.post("/console/account/password", data=form, headers={"Origin": console.origin})
+    assert differ.status == 400 and "differ" in await differ.text()
+    form["password_again"] = form["password"]
+    changed = await console.post("/console/account/password", data=form, headers={"Origin": console.origin})
+    assert changed.url.path == "/console/signin" and "Password changed" in await changed.text()
+    assert (await console.master.accounts.get("rita")).password_epoch == 2
+
+
+@pytest.mark.parametrize("token", [None, "not-the-token"])
+async def test_a_post_without_the_right_csrf_token_is_refused_403(console, token):
+    await sign_in(console)
+    form = {"csrf_token": token} if token else {}
+    response = await console.post("/console/signout", data=form, headers={"Origin": console.origin})
+    assert response.status == 403 and "CSRF" in await response.text()
+    assert (await console.get("/console/account", allow_redirects=False)).status == 200  # still signed in
+
+
+async def test_a_post_from_another_origin_is_refused_even_with_the_token(console):
+    form = {"account": "rita", "password": PASSWORD, "csrf_token": await csrf_of(console)}
+    other = await console.post("/console/signin", data=form, headers={"Origin": "http://evil.example"}, allow_redirects=False)
+    assert other.status == 403
+    none = await console.post("/console/signin", data=form, allow_redirects=False)  # neither Origin nor Referer
+    assert none.status == 403
+
+
+async def test_sign_in_attempts_are_rate_limited_per_account_and_per_address(tmp_path):
+    console = await console_for(tmp_path, signin_burst=3, signin_per_minute=1.0)
+    try:
+        for _ in range(3):
+            assert (await sign_in(console, password="wrong-password-1")).status == 401
+        limited = await sign_in(console)  # the right password, but the account's attempts are spent
+        assert limited.status == 429 and int(limited.headers["Retry-After"]) >= 1
+        assert "Too many sign-in attempts" in await limited.text()
+        other_account = await sign_in(console, account="someone-else")  # this address's attempts are spent too
+        assert other_account.status == 429
+    finally:
+        await console.close()
+        await console.master.stop()
+
+
+async def test_a_session_cookie_is_no_key_to_the_api(console):
+    await sign_in(console)
+    response = await console.get("/api/v1/whoami")
+    assert response.status == 401
+
+
+async def test_after_signing_in_only_a_console_path_is_followed(console):
+    response = await sign_in(console, next="//evil.example/console/")
+    assert response.headers["Location"] == "/console/"
+
+
+async def test_console_pages_carry_security_headers(console):
+    response = await console.get("/console/signin")
+    assert "default-src 'self'" in response.headers["Content-Security-Policy"]
+    assert response.headers["X-Frame-Options"] == "DENY"
+    assert (await console.get("/", allow_redirects=False)).headers["Location"] == "/console/"
