@@ -114,7 +114,10 @@ def console_master(tmp_path: Path) -> Iterator[ConsoleMaster]:
     master.stop()
 
 
-@pytest.fixture(scope="session")
+# One Chromium per test module, not per session: Playwright's sync API keeps an event loop running in the main thread
+# while it is open, and every asyncio test (pytest-asyncio) of a later module would then fail with "cannot be called
+# from a running event loop". A module of browser tests holds no asyncio test.
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     if not CHROMIUM.exists():
         pytest.skip("Debian's chromium is not installed (scripts/setup-env --test installs it as root)")
