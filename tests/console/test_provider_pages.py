@@ -100,6 +100,9 @@ def test_a_host_shows_its_gpus_reputation_live_charts_and_is_drained_and_priced(
     page.locator(".flash").filter(has_text="3.25").wait_for()
     assert "3.25" in page.locator("#price-on-demand").inner_text()
     shot(page, "priced")
+    page.get_by_role("button", name="Use the default price again").click()
+    page.locator(".flash").filter(has_text="no price of its own").wait_for()
+    assert "the grid's default" in page.locator("#price-on-demand").inner_text()
 
 
 async def _ingest(master, agent_id: str, ts: float, util: float) -> None:
@@ -130,3 +133,21 @@ def test_earnings_show_net_per_period_as_a_chart_and_statements(console_master, 
     assert page.locator("#statements tbody tr").count() == 2  # two days
     page.locator("[data-earnings-series] .uplot canvas").wait_for()
     shot(page, "earnings")
+
+
+def test_a_host_is_drained_with_the_keyboard_alone(console_master, hosts, page, sign_in, shot):
+    sign_in(page, "provider")
+    page.goto(f"{console_master.url}/console/hosts/agt-acme-b")
+    for _ in range(30):  # Tab through the page until the drain button has the focus
+        page.keyboard.press("Tab")
+        focused = page.evaluate("document.activeElement.textContent.trim()")
+        if focused.startswith("Drain"):
+            break
+    else:
+        pytest.fail("the drain button is not reached with Tab")
+    outline = page.evaluate("getComputedStyle(document.activeElement).outlineStyle")
+    assert outline != "none", "the focused button shows no focus outline"
+    shot(page, "drain-focused")
+    page.keyboard.press("Enter")
+    page.locator(".flash").filter(has_text="drained").wait_for()
+    assert page.locator("#host-state").inner_text() == "maintenance"

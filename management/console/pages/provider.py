@@ -427,6 +427,15 @@ async def set_host_price(request: web.Request) -> web.StreamResponse:
     raise _back_to_host(detail.agent_id)
 
 
+async def clear_host_price(request: web.Request) -> web.StreamResponse:
+    """The host goes back to its provider's default price (or the grid's)."""
+    scope = await signed_in(request, Resource.PRICES, Action.WRITE)
+    detail = await request.app[OPERATIONS_KEY].clear_host_price(request.match_info["agent_id"], owner=scope.owner)
+    terms = price_terms(detail.price)
+    await flash(request, f"Host {detail.agent_id} has no price of its own: {terms['source']} applies ({terms['on_demand']}).")
+    raise _back_to_host(detail.agent_id)
+
+
 async def earnings_page(request: web.Request) -> web.StreamResponse:
     """Earnings over time (net per period, a chart and its table), per host, and payout statements per period."""
     scope = await signed_in(request, Resource.LEDGER, Action.READ)
@@ -468,4 +477,5 @@ def add_routes(router: web.UrlDispatcher) -> None:
     router.add_post("/console/hosts/{agent_id}/drain", drain_host)
     router.add_post("/console/hosts/{agent_id}/undrain", undrain_host)
     router.add_post("/console/hosts/{agent_id}/price", set_host_price)
+    router.add_post("/console/hosts/{agent_id}/price/clear", clear_host_price)
     router.add_get("/console/earnings", earnings_page)

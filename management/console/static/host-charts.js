@@ -74,6 +74,13 @@
           "aria-label",
           spec.label + " of GPU " + gpu.index + " over the last " + gpu.ts.length + " samples; now " + now
         );
+        if (!gpu.ts.length) {
+          box.textContent = "No samples yet";
+          return;
+        }
+        if (!charts[gpu.uuid + "/" + metric]) {
+          box.textContent = "";
+        }
         var chart = chartFor(box, metric, gpu);
         if (chart) {
           var ys = gpu[metric];
