@@ -1,4 +1,4 @@
-"""``python -m bench fleet|ingest|api-pages|scheduler|offers ...``: run a benchmark, print a table, write JSON."""
+"""``python -m bench fleet|ingest|api-pages|scheduler|offers|tunnel ...``: run a benchmark, print a table, write JSON."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from bench.ingest import run_ingest_bench
 from bench.offers import OffersBenchOptions, offers_table, run_offers_bench
 from bench.scheduler import SchedulerBenchOptions, run_scheduler_bench, scheduler_table
 from bench.scheduler_snapshot import SnapshotBenchOptions, run_snapshot_bench, snapshot_table
+from bench.tunnel import TunnelBenchOptions, run_tunnel_bench, tunnel_table
 
 TARGETS = {  # bench/README.md: the issue's targets, beside which every figure is printed
     "ready_s": ("<=", 60.0),
@@ -266,6 +267,41 @@ def _run_offers(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tunnel_parser(sub: argparse._SubParsersAction) -> None:
+    d = TunnelBenchOptions()
+    p = sub.add_parser(
+        "tunnel",
+        help="control-frame latency through a relay while a tunnel moves bulk data",
+        description="A local grid with one relay: commands and heartbeats timed while idle, then while a renter's "
+        "tunnel moves --megabytes through the same relay.",
+    )
+    p.add_argument("--hosts", type=int, default=d.hosts, help=f"agents behind the relay (default {d.hosts})")
+    p.add_argument("--megabytes", type=int, default=d.megabytes, help=f"MB the tunnel moves (default {d.megabytes})")
+    p.add_argument("--heartbeat-s", type=float, default=d.heartbeat_s, help=f"heartbeat interval (default {d.heartbeat_s:g})")
+    p.add_argument("--cmd-rate", type=float, default=d.cmd_rate, help=f"command pairs a second (default {d.cmd_rate:g})")
+    p.add_argument("--idle-s", type=float, default=d.idle_s, help=f"seconds of the idle phase (default {d.idle_s:g})")
+    p.add_argument(
+        "--relay-bytes-per-s", type=int, default=0, help="the relay's bandwidth per tunnel (default: the relay's default)"
+    )
+    p.add_argument("--json", type=Path, help="write the figures here")
+    p.set_defaults(func=_run_tunnel)
+
+
+def _run_tunnel(args: argparse.Namespace) -> int:
+    options = TunnelBenchOptions(
+        hosts=args.hosts,
+        megabytes=args.megabytes,
+        heartbeat_s=args.heartbeat_s,
+        cmd_rate=args.cmd_rate,
+        idle_s=args.idle_s,
+        relay_bytes_per_s=args.relay_bytes_per_s,
+    )
+    result = run_tunnel_bench(options)
+    _write(args.json, result)
+    print(tunnel_table(result))
+    return 0
+
+
 def _write(path: Path | None, data: Any) -> None:
     if path is not None:
         path.write_text(json.dumps(data, indent=2) + "\n")
@@ -353,6 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
     _scheduler_parser(sub)
     _scheduler_snapshot_parser(sub)
     _offers_parser(sub)
+    _tunnel_parser(sub)
     return parser
 
 

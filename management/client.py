@@ -208,6 +208,10 @@ class ApiCalls(Generic[R]):
         """Why a queued workload waits (409 conflict for one that is not queued)."""
         return self.send(ApiRequest("GET", f"{API_PREFIX}/workloads/{_segment(workload_id)}/explain"))
 
+    def open_tunnel(self, workload_id: str, request: Mapping[str, Json]) -> R:
+        """A grant to reach a replica's container (management/renter_access.py ``TunnelRequest`` fields)."""
+        return self.send(ApiRequest("POST", f"{API_PREFIX}/workloads/{_segment(workload_id)}/tunnels", body=dict(request)))
+
     # --- accounts and API keys ---
 
     def whoami(self) -> R:

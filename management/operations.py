@@ -23,9 +23,11 @@ import msgspec
 from common.errors import Conflict, InvalidPassword, NotFound, SignInRefused
 from common.inventory import GpuSample
 from management.fleet import FleetFigures, fleet_figures
+from management.market.ledger import StatementLine
 from management.market.market import Market
-from management.market.operations import MarketOperations
+from management.market.operations import MarketOperations, RentalDetail
 from management.market.prices import HostPrice, PriceBook, PriceSetting, grid_default_of
+from management.renter_access import RenterAccess
 from management.scheduler.book import WorkloadBook
 from management.scheduler.loop import SchedulerLoop, SchedulerSettings
 from management.scheduler.model import Explanation
@@ -205,6 +207,35 @@ class Health:
     relays: list[str]
 
 
+@dataclass(frozen=True)
+class WorkloadOverview:
+    """Everything the console's workload page shows, read in one call: the record, why it waits (while queued), how
+    it pays (the market's terms), its events (oldest first), its rentals and what they charged so far."""
+
+    workload: WorkloadRecord
+    explanation: Explanation | None
+    terms: dict[str, Any]
+    events: list[EventRecord]
+    rentals: list[RentalDetail]
+    charged: int  # micro-units, refunds taken off
+    currency: str
+
+
+@dataclass(frozen=True)
+class SpendPoint:
+    start: float  # unix time the bucket starts
+    spent: int  # micro-units charged in it (refunds taken off); credits are not spending
+
+
+@dataclass(frozen=True)
+class SpendOverTime:
+    account: str
+    currency: str
+    bucket_s: float
+    points: list[SpendPoint]  # oldest first, every bucket from the first charge to now (empty ones included)
+    total: int
+
+
 def _page(items: list[T], limit: int, key: Callable[[T], msgspec.Struct]) -> Page[T]:
     """``items`` holds up to ``limit + 1`` candidates: one more than asked says that another page follows."""
     if len(items) > limit:
@@ -230,6 +261,8 @@ class Operations:
         self.workloads = book or WorkloadBook(master.store, master.events, master, policy=master.policy)
         # Offers, the ledger and the metering of rentals; the scheduler reads its prices and who has money.
         self.market = MarketOperations(master, self.workloads, Market(master, self.workloads, self.prices))
+        # Renter access: tunnels to a workload's containers through the relays (management/renter_access.py).
+        self.access = RenterAccess(master, self.get_workload)
         # The loop runs only where it was started (the Master's server); explaining needs only its snapshot.
         self.scheduler = scheduler or SchedulerLoop(
             master,
@@ -604,6 +637,49 @@ class Operations:
     async def cancel_workload(self, workload_id: str, *, account: str | None = None) -> WorkloadRecord:
         await self.workloads.load()
         return await self.workloads.cancel(workload_id, account, time.time())
+
+    # --- the console's composite reads (management/console/) --------------------------------------------------------
+
+    WORKLOAD_EVENTS_SHOWN = 200
+    SPEND_ENTRIES_READ = 10_000  # ledger lines a spend chart reads at most (the newest)
+    SPEND_BUCKETS_SHOWN = 24 * 31  # a month of hours
+
+    async def workload_overview(self, workload_id: str, *, account: str | None = None) -> WorkloadOverview:
+        """The workload (NotFound for another account's), why it waits, its terms, events, rentals and charge."""
+        record, explanation = await self.workload_and_wait(workload_id, account=account)
+        events = await self._master.events_after(subject=workload_id, kind_prefix=None, after_seq=0, limit=10_000)
+        rentals, _ = await self.market.list_rentals(
+            owner=None, role="operator", workload=workload_id, agent_id=None, open_only=False, after=None, limit=100
+        )
+        return WorkloadOverview(
+            workload=record,
+            explanation=explanation,
+            terms=self.market.workload_terms(record),
+            events=events[-self.WORKLOAD_EVENTS_SHOWN :],
+            rentals=rentals,
+            charged=sum(r.charged for r in rentals),
+            currency=self.market.currency,
+        )
+
+    async def spend_over_time(self, account_id: str, *, owner: str | None, bucket_s: float = 3600.0) -> SpendOverTime:
+        """What a renter spent per ``bucket_s`` (charges less refunds, from its ledger statement), oldest first."""
+        after, lines = 0, list[StatementLine]()
+        while True:
+            statement = await self.market.ledger_statement(account_id, owner=owner, after_seq=after, limit=1000)
+            lines.extend(line for line in statement.lines if line.kind != "credit")
+            if not statement.more or len(lines) >= self.SPEND_ENTRIES_READ:
+                break
+            after = statement.next_after
+        spent: dict[int, int] = {}
+        for line in lines[-self.SPEND_ENTRIES_READ :]:
+            bucket = int(line.ts // bucket_s)
+            spent[bucket] = spent.get(bucket, 0) - line.amount
+        points: list[SpendPoint] = []
+        if spent:
+            first, last = min(spent), max(max(spent), int(time.time() // bucket_s))
+            first = max(first, last - self.SPEND_BUCKETS_SHOWN + 1)
+            points = [SpendPoint(b * bucket_s, spent.get(b, 0)) for b in range(first, last + 1)]
+        return SpendOverTime(account_id, self.market.currency, bucket_s, points, sum(p.spent for p in points))
 
     # --- the market: providers' prices (management/market/prices.py) ---------------------------------------------
     # ``owner`` (as auth decided it): the provider a call acts for, None for the operator. A host of another provider

@@ -7,12 +7,20 @@ audit event (``tunnel.opened``) naming the account, the workload, the kind and t
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import Annotated, Any, Literal
 
 import msgspec
 
+from common.errors import Conflict, IdlegridError
+from common.tunnel import Op, TunnelKind, encode_ticket
+from management.tunnel_client import Tunnel, TunnelClosed, TunnelGrant
+from master.records import Assignment, WorkloadRecord
+from master.service import Master
+
 Arg = Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
 DEFAULT_SHELL = ("/bin/sh",)
+STDOUT, STDERR = 1, 2  # as agent/runtime/base.py numbers them
 
 
 class TunnelRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -29,16 +37,87 @@ class TunnelRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     follow: bool = False  # kind logs
 
 
-class TunnelGrant(msgspec.Struct, kw_only=True):
-    """Where and with what to connect: dial ``url`` with ``ticket`` in the X-Idlegrid-Ticket header, trusting
-    ``ca_pem`` (the platform CA) for the relay's certificate, before ``expires_at``."""
+class RenterAccess:
+    """``Operations.access``: open a tunnel to a replica of a workload for its owner (or an operator)."""
 
-    id: str
-    kind: str
-    workload: str
-    agent_id: str
-    relay_id: str
-    url: str  # wss://RELAY/tunnel
-    ticket: str
-    ca_pem: str
-    expires_at: float
+    def __init__(self, master: Master, workloads: Callable[..., Awaitable[WorkloadRecord]]) -> None:
+        self._master = master
+        self._workload = workloads  # Operations.get_workload: 404 for another account's
+
+    async def open(self, workload_id: str, request: TunnelRequest, *, account: str, owner: str | None) -> TunnelGrant:
+        """A grant for ``account`` (the caller) to reach ``workload_id``; ``owner``: the scope (None: operator)."""
+        workload = await self._workload(workload_id, account=owner)
+        assignment = _assignment(workload, request)
+        kind = TunnelKind(request.kind)
+        params: dict[str, Any] = {}
+        if kind is TunnelKind.PORT:
+            if not 1 <= request.port <= 65535:
+                raise InvalidTunnel("port: a port tunnel names the container's port, 1 to 65535")
+            params["port"] = request.port
+        elif kind is TunnelKind.EXEC:
+            params.update(command=list(request.command or DEFAULT_SHELL), tty=request.tty, cols=request.cols, rows=request.rows)
+        else:
+            params.update(tail=request.tail, follow=request.follow)
+        opened = await self._master.tunnels.open(
+            kind,
+            account=account,
+            workload=workload.id,
+            agent_id=assignment.agent_id,
+            container=assignment.container,
+            **params,
+        )
+        body = opened.ticket.body
+        return TunnelGrant(
+            id=body.id,
+            kind=body.kind,
+            workload=workload.id,
+            agent_id=body.agent_id,
+            relay_id=body.relay_id,
+            url=opened.url,
+            ticket=encode_ticket(opened.ticket),
+            ca_pem=self._master.authority.ca.chain_pem().decode(),
+            expires_at=body.expires_at,
+        )
+
+    async def logs(
+        self, workload_id: str, request: TunnelRequest, *, account: str, owner: str | None
+    ) -> AsyncGenerator[tuple[int, bytes], None]:
+        """The output of a replica, through a logs tunnel the Master itself dials: ``(STDOUT|STDERR, bytes)`` until it
+        ends (or, following, until the caller stops iterating). Refusals raise before the first item."""
+        grant = await self.open(workload_id, request, account=account, owner=owner)
+        async with await Tunnel.open(grant) as tunnel:
+            while True:
+                frame = await tunnel.receive()
+                if frame is None:
+                    if tunnel.close_code not in (None, 1000):
+                        raise TunnelClosed(tunnel.why())
+                    return
+                if frame.op in (Op.DATA, Op.STDERR):
+                    yield (STDERR if frame.op is Op.STDERR else STDOUT), frame.payload
+                elif frame.op is Op.ERROR:
+                    raise TunnelClosed(frame.payload.decode("utf-8", "replace"))
+                elif frame.op is Op.EXIT:
+                    return
+
+
+class InvalidTunnel(IdlegridError):
+    """A tunnel that cannot be opened as asked (the request's fault: 400)."""
+
+    code = "invalid_tunnel"
+
+
+def _assignment(workload: WorkloadRecord, request: TunnelRequest) -> Assignment:
+    """The replica's container, when it is there to reach: running (logs also once it has exited)."""
+    reachable = ("running", "exited") if request.kind == TunnelKind.LOGS.value else ("running",)
+    for assignment in workload.assignments:
+        if assignment.replica != request.replica:
+            continue
+        if assignment.state in reachable:
+            return assignment
+        raise Conflict(
+            f"workload {workload.id} replica {request.replica} is {assignment.state} on {assignment.agent_id}; "
+            f"a {request.kind} tunnel needs it {' or '.join(reachable)}"
+        )
+    if not workload.assignments:
+        raise Conflict(f"workload {workload.id} is {workload.state}: it runs nowhere yet, so there is nothing to reach")
+    raise InvalidTunnel(f"replica: workload {workload.id} has no replica {request.replica}")

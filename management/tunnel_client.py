@@ -9,14 +9,29 @@ from __future__ import annotations
 import ssl
 from types import TracebackType
 
+import msgspec
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from common.errors import IdlegridError
 from common.tunnel import HEADER, MAX_TUNNEL_PAYLOAD, TICKET_HEADER, Op, TunnelFrame, decode_frame, encode_frame
-from management.renter_access import TunnelGrant
 
 CONNECT_TIMEOUT_S = 10.0
+
+
+class TunnelGrant(msgspec.Struct, kw_only=True):
+    """Where and with what to connect: dial ``url`` with ``ticket`` in the X-Idlegrid-Ticket header, trusting
+    ``ca_pem`` (the platform CA) for the relay's certificate, before ``expires_at``."""
+
+    id: str
+    kind: str
+    workload: str
+    agent_id: str
+    relay_id: str
+    url: str  # wss://RELAY/tunnel
+    ticket: str
+    ca_pem: str
+    expires_at: float
 
 
 class TunnelClosed(IdlegridError):

@@ -41,7 +41,9 @@ def add_parser(sub: argparse._SubParsersAction, make: Parser) -> None:
         "Submit a workload (containers on rented GPUs), list and show your workloads, cancel one. A renter's API key "
         "acts for its own account; the operator's key sees every account's and names the account when it submits.",
     )
-    w_sub = p.add_subparsers(dest="workload_command", required=True, metavar="{submit,list,get,explain,cancel}")
+    w_sub = p.add_subparsers(
+        dest="workload_command", required=True, metavar="{submit,list,get,explain,cancel,logs,exec,port-forward}"
+    )
 
     submit = make(
         w_sub,
@@ -118,6 +120,10 @@ def add_parser(sub: argparse._SubParsersAction, make: Parser) -> None:
     cancel.add_argument("workload_id", metavar="ID", help="the workload's id, wl-…")
     _connection(cancel)
     cancel.set_defaults(func=run_cancel)
+
+    from management.cli_access import add_parsers as add_access_parsers
+
+    add_access_parsers(w_sub, make, _connection)
 
 
 def _connection(p: argparse.ArgumentParser) -> None:

@@ -100,6 +100,11 @@ class MasterConfig(msgspec.Struct, kw_only=True):
     reliable_window_s: Annotated[float, msgspec.Meta(gt=0)] = 30 * 86400.0
     # A renter whose balance will not cover this long of its running rentals is warned (an event, the console).
     low_balance_warning_s: Annotated[float, msgspec.Meta(gt=0)] = 3600.0
+    # --- renter access (tunnels through the relays: common/tunnel.py) ---
+    # Both ends of a tunnel must reach the relay within this long of the ticket's issue.
+    tunnel_ticket_s: Annotated[float, msgspec.Meta(ge=1, le=600)] = 30.0
+    # Each tunnel's bandwidth each way, bytes a second; 0 leaves it to the relay's own setting.
+    tunnel_bytes_per_s: Annotated[int, msgspec.Meta(ge=0)] = 0
     # --- the management API ---
     # Each API key may make this many management API requests a second sustained, and this many at once; over
     # that it is answered 429 with Retry-After (management/api/ratelimit.py). Other keys are not affected.

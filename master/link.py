@@ -46,6 +46,7 @@ class AccessLink:
     region: str
     connection: ServerConnection
     public_url: str = ""  # where agents dial this relay (its AccessHello says), "" when it did not say
+    http_url: str = ""  # where renters reach its HTTPS port (tunnels), "" when it did not say
     agents: set[str] = field(default_factory=set)
 
     async def send(self, data: bytes) -> bool:
@@ -142,7 +143,13 @@ class RelayHub:
             return None
         if identity.id != hello.relay_id:
             log.warning("relay %s announced itself as %s; using the certificate's name", identity.id, hello.relay_id)
-        link = AccessLink(relay_id=identity.id, region=hello.region, connection=connection, public_url=hello.public_url)
+        link = AccessLink(
+            relay_id=identity.id,
+            region=hello.region,
+            connection=connection,
+            public_url=hello.public_url,
+            http_url=hello.http_url,
+        )
         old = self.links.get(link.relay_id)
         if old is not None:
             await old.connection.close(CLOSE_POLICY, "replaced by a newer link")

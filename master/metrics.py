@@ -22,6 +22,8 @@ from master.states import AgentState, CommandState
 # Seconds from a command's creation to its final state: a container starts in seconds, a delete may wait
 # for its grace period, a timeout takes the command's whole deadline.
 COMMAND_LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900)
+# A heartbeat's transit, agent -> relay -> Master: milliseconds when all is well, seconds when a relay or the Master lags.
+HEARTBEAT_TRANSIT_BUCKETS = (0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1, 2, 5)
 _FRAME_TYPES: tuple[type[msgspec.Struct], ...] = typing.get_args(AgentFrame)  # every frame an agent may send
 _OPEN_COMMAND_STATES = (CommandState.PENDING.value, CommandState.SENT.value, CommandState.ACKED.value)
 
@@ -85,6 +87,13 @@ class MasterMetrics:
             "Seconds from a command's creation to its final state",
             ["kind"],
             buckets=COMMAND_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.heartbeat_transit = Histogram(
+            "idlegrid_heartbeat_transit_seconds",
+            "Seconds from an agent sending a heartbeat (its clock) to the Master taking it (this host's clock): a relay's "
+            "or the Master's lag shows here; across hosts it is only as good as their clocks' agreement",
+            buckets=HEARTBEAT_TRANSIT_BUCKETS,
             registry=self.registry,
         )
         self.enrollments = Counter(

@@ -73,6 +73,7 @@ from master.store import open_store
 from master.store.base import Store
 from master.telemetry import TelemetryAggregator
 from master.tiers import TierPolicy
+from master.tunnels import TunnelDispatch
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +121,9 @@ class Master:
             self.authority.keys,
             self.hub.send_to_agent,
             timeout_s=config.command_timeout_s,
+        )
+        self.tunnels = TunnelDispatch(
+            self.hub, self.authority.keys, self.events, ticket_s=config.tunnel_ticket_s, bytes_per_s=config.tunnel_bytes_per_s
         )
         self.metrics = MasterMetrics(
             FleetGauges(
@@ -374,6 +378,7 @@ class Master:
     async def _take(self, link: AccessLink, agent: AgentRecord, frame: AgentFrame, now: float) -> None:
         match frame:
             case Heartbeat():
+                self.metrics.heartbeat_transit.observe(max(0.0, now - frame.ts))
                 self.registry.on_heartbeat(agent, now, max_gap_s=self.config.heartbeat_s * self.config.missed_heartbeats)
                 if frame.exited:
                     await self.registry.on_exited(agent, frame.exited)

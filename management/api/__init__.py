@@ -14,6 +14,7 @@ from aiohttp import web
 from management.api import accounts, agents, commands, events, gpus, health, signing_keys, tiers, tokens
 from management.api import market as market_api
 from management.api import prices as prices_api
+from management.api import tunnels as tunnels_api
 from management.api import workloads as workloads_api
 from management.api.audit import audit_middleware
 from management.api.auth import OPERATIONS_KEY, auth_middleware
@@ -71,6 +72,7 @@ def build_app(master: Master, settings: ApiSettings | None = None, operations: O
     workloads_api.add_routes(app.router)
     prices_api.add_routes(app.router)
     market_api.add_routes(app.router)
+    tunnels_api.add_routes(app.router)
     app.on_startup.append(_load_workloads)
     app.on_startup.append(_load_prices)
     app.on_startup.append(_load_market)

@@ -139,6 +139,10 @@ ROUTES: dict[tuple[str, str], tuple[Resource, Action]] = {
     ("GET", "/api/v1/rentals/{rental_id}"): (Resource.RENTALS, Action.READ),
     ("POST", "/api/v1/rentals/{rental_id}/rating"): (Resource.RENTALS, Action.WRITE),
 }
+ROUTES |= {  # renter access: tunnels to a workload's containers (its owner's, or any for the operator)
+    ("POST", "/api/v1/workloads/{workload_id}/tunnels"): (Resource.WORKLOADS, Action.WRITE),
+    ("GET", "/api/v1/workloads/{workload_id}/logs"): (Resource.WORKLOADS, Action.READ),
+}
 ROUTES |= {  # the market: prices
     ("GET", "/api/v1/prices"): (Resource.PRICES, Action.READ),
     ("PUT", "/api/v1/prices/default"): (Resource.PRICES, Action.WRITE),

@@ -25,6 +25,8 @@ STATUS_OF_CODE = {
     "unauthorized": 401,
     "forbidden": 403,
     "insufficient_funds": 402,  # the market: a balance that does not cover what was asked
+    "tunnel_unavailable": 503,  # the host is not linked to a relay now (or its relay gave no address for renters)
+    "tunnel_closed": 502,  # the relay or the host ended a tunnel the Master dialled (logs over HTTP)
 }
 
 

@@ -139,6 +139,12 @@ async def _handle(request: web.Request, handler: Handler, settings: ConsoleSetti
     except IdlegridError as exc:
         status = STATUS_OF_CODE.get(exc.code, 400)
         return await page(request, "error.html", status=status, title=_title(status), message=str(exc))
+    except Exception:
+        log.exception("console page failed", extra={"path": request.path})
+        return await page(request, "error.html", status=500, title="Something went wrong", message=INTERNAL)
+
+
+INTERNAL = "The console could not show this page; the Master's log says why."
 
 
 def _title(status: int) -> str:

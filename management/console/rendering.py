@@ -13,15 +13,16 @@ from management.console.session import SIGNED_IN_KEY, session_state, take_flashe
 NAV_KEY: web.AppKey[list[NavItem]] = web.AppKey("console_nav")
 
 
-async def page(request: web.Request, template: str, *, status: int = 200, **context: Any) -> web.Response:
-    """``template`` (under management/console/templates/) rendered in the layout, answered with ``status``."""
+async def page(request: web.Request, template: str, *, status: int = 200, fragment: bool = False, **context: Any) -> web.Response:
+    """``template`` (under management/console/templates/) rendered in the layout, answered with ``status``;
+    ``fragment``: a part of a page that a page fetches (htmx), which leaves the session's notices for the next page."""
     account = request.get(SIGNED_IN_KEY)
     state = await session_state(request)
     nav = [item for item in request.app[NAV_KEY] if account is not None and item.role == account.role]
     base = {
         "account": account,
         "csrf_token": state.csrf,
-        "flashes": await take_flashes(request),
+        "flashes": [] if fragment else await take_flashes(request),
         "nav": sorted(nav, key=lambda item: (item.order, item.label)),
         "path": request.path,
     }

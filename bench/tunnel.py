@@ -1,0 +1,276 @@
+"""``python -m bench tunnel``: does bulk data through a relay delay the control frames that cross the same relay?
+
+A real local grid (management/localgrid.py): a Master, one relay, ``hosts`` agents linked through it (simulated GPUs,
+the process runtime). One host runs a renter's workload; a tunnel to it moves ``megabytes`` of its output (``head -c
+N /dev/zero`` through an ``exec`` tunnel, read by this process as a renter's CLI would). Meanwhile, as in an idle
+phase of the same length before it, commands go to the other hosts (a create and a delete of a sleeping container,
+timed from the API call to the final state) and every agent heartbeats every ``heartbeat_s``: the Master's
+``idlegrid_heartbeat_transit_seconds`` histogram (agent send -> Master take) is read before and after each phase.
+
+The figures to compare are within one run: each phase's p99 against the idle phase's (the issue: within 2x).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from common.tunnel import Op
+from management.client import ApiClient, AsyncApiClient
+from management.localgrid import LocalGrid, wait_until
+from management.tunnel_client import Tunnel, TunnelGrant
+
+RENTER = "bench-renter"
+PROVIDER = "bench-provider"
+FINAL = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
+
+
+@dataclass(frozen=True)
+class TunnelBenchOptions:
+    hosts: int = 8
+    megabytes: int = 100
+    heartbeat_s: float = 0.25
+    cmd_rate: float = 4.0  # create+delete pairs a second, spread over the other hosts
+    idle_s: float = 10.0  # the idle phase; the tunnel phase lasts as long as the transfer
+    relay_bytes_per_s: int = 0  # 0: the relay's default bandwidth per tunnel
+
+
+@dataclass
+class Phase:
+    commands_ms: list[float]
+    heartbeat_buckets: dict[float, float]  # upper bound -> count in the phase
+    seconds: float
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "seconds": round(self.seconds, 2),
+            "commands": len(self.commands_ms),
+            "cmd_p50_ms": _pct(self.commands_ms, 0.5),
+            "cmd_p99_ms": _pct(self.commands_ms, 0.99),
+            "heartbeats": int(sum(self.heartbeat_buckets.values())),
+            "hb_p50_ms": _bucket_pct(self.heartbeat_buckets, 0.5),
+            "hb_p99_ms": _bucket_pct(self.heartbeat_buckets, 0.99),
+        }
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)
+
+
+def _bucket_pct(buckets: dict[float, float], q: float) -> float | None:
+    """The upper bound (ms) of the bucket holding the q-quantile: a histogram's resolution, not finer."""
+    total = sum(buckets.values())
+    if total <= 0:
+        return None
+    seen = 0.0
+    for bound in sorted(buckets):
+        seen += buckets[bound]
+        if seen >= q * total:
+            return round(bound * 1000, 2) if bound != float("inf") else None
+    return None
+
+
+def heartbeat_histogram(metrics: str) -> dict[float, float]:
+    """Cumulative bucket counts of the Master's heartbeat transit histogram, by upper bound."""
+    found: dict[float, float] = {}
+    for line in metrics.splitlines():
+        if line.startswith("idlegrid_heartbeat_transit_seconds_bucket{"):
+            bound = line.split('le="', 1)[1].split('"', 1)[0]
+            found[float(bound)] = float(line.rsplit(" ", 1)[1])
+    return found
+
+
+def _phase_buckets(before: dict[float, float], after: dict[float, float]) -> dict[float, float]:
+    """Per-bucket (not cumulative) counts of what arrived between two readings."""
+    deltas, previous = {}, 0.0
+    for bound in sorted(after):
+        cumulative = after[bound] - before.get(bound, 0.0)
+        deltas[bound] = cumulative - previous
+        previous = cumulative
+    return deltas
+
+
+class CommandLoad:
+    def __init__(self, client: AsyncApiClient, hosts: list[str]) -> None:
+        self._client = client
+        self._hosts = hosts
+        self._n = 0
+        self.errors: list[str] = []
+
+    async def run(self, rate: float, stop: asyncio.Event) -> list[float]:
+        timings: list[float] = []
+        tasks: list[asyncio.Task[None]] = []
+        while not stop.is_set():
+            tasks.append(asyncio.create_task(self._pair(timings)))
+            try:
+                await asyncio.wait_for(stop.wait(), 1 / rate)
+            except TimeoutError:
+                pass
+        await asyncio.gather(*tasks)
+        return timings
+
+    async def _pair(self, timings: list[float]) -> None:
+        self._n += 1
+        host, name = self._hosts[self._n % len(self._hosts)], f"probe-{self._n}"
+        spec = {"name": name, "image": "none", "command": ["sleep", "30"], "gpus": ["0"]}
+        for kind, body in (("create_container", spec), ("delete_container", {"name": name})):
+            started = time.perf_counter()
+            try:
+                command_id = (await self._client.issue_command(host, kind, body))["id"]
+                while (state := (await self._client.command(command_id))["state"]) not in FINAL:
+                    await asyncio.sleep(0.005)
+            except Exception as exc:  # a benchmark reports what failed and goes on
+                self.errors.append(f"{kind}: {exc}")
+                return
+            if state != "succeeded":
+                self.errors.append(f"{kind} {command_id}: {state}")
+                return
+            timings.append((time.perf_counter() - started) * 1000)
+
+
+async def _measure(grid: LocalGrid, load: CommandLoad, options: TunnelBenchOptions, work: Any) -> Phase:
+    """One phase: commands and heartbeats while ``work`` (a coroutine, or None: ``idle_s`` of nothing) runs."""
+    before = heartbeat_histogram(await asyncio.to_thread(_master_metrics, grid))
+    stop = asyncio.Event()
+    started = time.perf_counter()
+    loading = asyncio.create_task(load.run(options.cmd_rate, stop))
+    if work is None:
+        await asyncio.sleep(options.idle_s)
+    else:
+        await work
+    stop.set()
+    timings = await loading
+    seconds = time.perf_counter() - started
+    after = heartbeat_histogram(await asyncio.to_thread(_master_metrics, grid))
+    return Phase(timings, _phase_buckets(before, after), seconds)
+
+
+def _master_metrics(grid: LocalGrid) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(f"{grid.api_url}/metrics", timeout=10) as answer:
+        return str(answer.read().decode())
+
+
+async def _transfer(grant: TunnelGrant, expected: int) -> dict[str, Any]:
+    received, started = 0, time.perf_counter()
+    async with await Tunnel.open(grant) as tunnel:
+        while (frame := await tunnel.receive()) is not None:
+            if frame.op is Op.DATA:
+                received += len(frame.payload)
+            elif frame.op in (Op.EXIT, Op.ERROR):
+                break
+    seconds = time.perf_counter() - started
+    if received != expected:
+        raise RuntimeError(f"the tunnel moved {received} bytes, not {expected}")
+    return {"bytes": received, "seconds": round(seconds, 2), "mib_per_s": round(received / seconds / 2**20, 1)}
+
+
+async def _run(grid: LocalGrid, options: TunnelBenchOptions) -> dict[str, Any]:
+    names = [f"host-{n}" for n in range(options.hosts)]
+    for name in names:
+        enrolled = await asyncio.to_thread(grid.enroll, name, grid.relays["relay-1"])
+        if enrolled.returncode != 0:
+            raise RuntimeError(f"enrolling {name}: {enrolled.stderr}")
+        grid.start_agent(name, "--runtime", "process", simulate="a10:1", env={"IDLEGRID_AGENT_PROCESS_USER": "nobody"})
+    agent_ids = [grid.agent_id(name) for name in names]
+    await asyncio.to_thread(grid.wait_agents_ready, agent_ids)
+    operator = grid.client
+    operator.create_account(RENTER, "renter")
+    key = operator.create_api_key(RENTER, "bench")["key"]
+    renter = ApiClient(grid.api_url, key)
+    data_host = agent_ids[0]
+    submitted = renter.submit_workload(
+        {
+            "name": "data-source",
+            "image": "none",
+            "command": ["sleep", "3600"],
+            "replica": {"gpus": 1},
+            "constraints": {"allow_process_runtime": True},
+        }
+    )
+    await asyncio.to_thread(
+        wait_until, lambda: renter.workload(submitted["id"])["state"] == "running", 30, "the data source to run"
+    )
+    placed = renter.workload(submitted["id"])["assignments"][0]["agent_id"]
+    others = [a for a in agent_ids if a != placed]
+    expected = options.megabytes * 1_000_000
+    async with AsyncApiClient(grid.api_url, grid.client.api_key) as api:
+        load = CommandLoad(api, others)
+        idle = await _measure(grid, load, options, None)
+        grant = msgspec.convert(
+            renter.open_tunnel(submitted["id"], {"kind": "exec", "command": ["head", "-c", str(expected), "/dev/zero"]}),
+            TunnelGrant,
+        )
+        outcome: dict[str, Any] = {}
+
+        async def move() -> None:
+            outcome.update(await _transfer(grant, expected))
+
+        busy = await _measure(grid, load, options, move())
+    idle_s, busy_s = idle.summary(), busy.summary()
+    return {
+        "options": asdict(options),
+        "data_host": data_host,
+        "idle": idle_s,
+        "tunnel": busy_s,
+        "transfer": outcome,
+        "ratios": {
+            "cmd_p99": _ratio(busy_s["cmd_p99_ms"], idle_s["cmd_p99_ms"]),
+            "hb_p99": _ratio(busy_s["hb_p99_ms"], idle_s["hb_p99_ms"]),
+        },
+        "errors": load.errors[:20],
+        "cmd_mean_ms": {"idle": _mean(idle.commands_ms), "tunnel": _mean(busy.commands_ms)},
+    }
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 2) if a is not None and b else None
+
+
+def _mean(values: list[float]) -> float | None:
+    return round(statistics.fmean(values), 2) if values else None
+
+
+def run_tunnel_bench(options: TunnelBenchOptions, work_dir: str = "") -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="idlegrid-tunnel-bench-", dir=work_dir or None) as root:
+        grid = LocalGrid(Path(root), heartbeat_s=options.heartbeat_s)
+        try:
+            config = Path(root) / "master.toml"
+            config.write_text("offer_sandboxed_hosts = true\nscheduler_period_s = 0.5\n")
+            grid.start_master("--config", str(config))
+            extra = ["--tunnel-bytes-per-s", str(options.relay_bytes_per_s)] if options.relay_bytes_per_s else []
+            grid.start_relay("relay-1", extra=extra)
+            return asyncio.run(_run(grid, options))
+        finally:
+            grid.stop()
+
+
+def tunnel_table(r: dict[str, Any]) -> str:
+    lines = [
+        f"tunnel bench: {r['options']['hosts']} hosts through one relay, heartbeats every {r['options']['heartbeat_s']} s, "
+        f"{r['options']['cmd_rate']:g} command pairs/s",
+        f"transfer: {r['transfer'].get('bytes', 0) / 1e6:.0f} MB in {r['transfer'].get('seconds')} s "
+        f"({r['transfer'].get('mib_per_s')} MiB/s)",
+        f"{'phase':<8} {'s':>6} {'cmds':>5} {'cmd p50':>8} {'cmd p99':>8} {'beats':>6} {'hb p50':>7} {'hb p99':>7}",
+    ]
+    for name in ("idle", "tunnel"):
+        p = r[name]
+        lines.append(
+            f"{name:<8} {p['seconds']:>6} {p['commands']:>5} {p['cmd_p50_ms']!s:>8} {p['cmd_p99_ms']!s:>8} "
+            f"{p['heartbeats']:>6} {p['hb_p50_ms']!s:>7} {p['hb_p99_ms']!s:>7}"
+        )
+    lines.append(f"tunnel/idle p99: commands {r['ratios']['cmd_p99']}x, heartbeats {r['ratios']['hb_p99']}x (target <= 2x)")
+    if r["errors"]:
+        lines.append(f"errors: {r['errors']}")
+    return "\n".join(lines)

@@ -1,0 +1,321 @@
+"""``idlegrid workload logs|exec|port-forward``: a renter's way into its containers, through the relays.
+
+Each asks the API for a tunnel grant (management/renter_access.py) and dials the relay it names with the ticket
+(management/tunnel_client.py); the host behind the relay never listens. Frames are common/tunnel.py's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import termios
+import threading
+import tty
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from common.errors import IdlegridError
+from common.tunnel import MAX_TUNNEL_PAYLOAD, Op, decode_exit, resize_payload
+from management.tunnel_client import Tunnel, TunnelClosed, TunnelGrant
+
+EXIT_TUNNEL_FAILED = 1
+REOPEN_ATTEMPTS = 5  # port-forward: a tunnel that ends is opened again this many times in a row at most
+REOPEN_PAUSE_S = 1.0
+
+
+class BadForward(IdlegridError):
+    code = "bad_request"
+
+
+def add_parsers(
+    w_sub: argparse._SubParsersAction,
+    make: Callable[..., argparse.ArgumentParser],
+    connection: Callable[[argparse.ArgumentParser], None],
+) -> None:
+    logs = make(
+        w_sub,
+        "logs",
+        "print a workload's output (and follow it)",
+        "Print the output of a workload's container: the last --tail lines, then, with --follow, what it writes until it "
+        "ends or you press Ctrl-C. Works while it runs and after it has exited (until its container is deleted).",
+    )
+    logs.add_argument("workload_id", metavar="ID", help="the workload's id, wl-…")
+    logs.add_argument("-f", "--follow", action="store_true", help="keep printing what it writes (default: no)")
+    logs.add_argument("--tail", type=int, default=100, metavar="N", help="lines from the end, -1 for all (default: 100)")
+    logs.add_argument("--replica", type=int, default=0, metavar="N", help="which replica of a gang (default: 0)")
+    connection(logs)
+    logs.set_defaults(func=run_logs)
+
+    execute = make(
+        w_sub,
+        "exec",
+        "run a command in a workload's container (a shell by default)",
+        "Run a command inside a running workload's container, through the relay its host is linked to; the command "
+        "follows '--' (default: /bin/sh). With a terminal on both ends it gets a terminal of its own (resized with "
+        "yours); the command's exit status is this command's. Example:\n  idlegrid workload exec wl-1a2b -- bash",
+    )
+    execute.add_argument("workload_id", metavar="ID", help="the workload's id, wl-…")
+    execute.add_argument(
+        "-t", "--tty", action=argparse.BooleanOptionalAction, default=None, help="give it a terminal (default: when this is one)"
+    )
+    execute.add_argument("--replica", type=int, default=0, metavar="N", help="which replica of a gang (default: 0)")
+    execute.add_argument("container_command", nargs="*", metavar="COMMAND", help="the command, after '--' (default: /bin/sh)")
+    connection(execute)
+    execute.set_defaults(func=run_exec)
+
+    forward = make(
+        w_sub,
+        "port-forward",
+        "reach a port of a workload's container from a local port",
+        "Listen on a local port and carry each connection to a port of a running workload's container, through the "
+        "relay its host is linked to (the host needs no open port). PORT is the container's; LOCAL:PORT picks the "
+        "local one (default: the same number). Runs until Ctrl-C. Example, a Jupyter server:\n"
+        "  idlegrid workload port-forward wl-1a2b 8888   then open http://127.0.0.1:8888",
+    )
+    forward.add_argument("workload_id", metavar="ID", help="the workload's id, wl-…")
+    forward.add_argument("ports", metavar="[LOCAL:]PORT", help="the container's port, optionally after a local one")
+    forward.add_argument("--address", default="127.0.0.1", help="local address to listen on (default: 127.0.0.1)")
+    forward.add_argument("--replica", type=int, default=0, metavar="N", help="which replica of a gang (default: 0)")
+    connection(forward)
+    forward.set_defaults(func=run_port_forward)
+
+
+def _grant(args: argparse.Namespace, request: dict[str, Any]) -> TunnelGrant:
+    from management.cli_accounts import api_client
+
+    client = api_client(args)[0]
+    answer = client.open_tunnel(args.workload_id, {**request, "replica": args.replica})
+    return msgspec.convert(answer, TunnelGrant)
+
+
+# --- logs -------------------------------------------------------------------------------------------------------------
+
+
+def run_logs(args: argparse.Namespace) -> int:
+    grant = _grant(args, {"kind": "logs", "tail": args.tail, "follow": args.follow})
+    return asyncio.run(_print_logs(grant))
+
+
+async def _print_logs(grant: TunnelGrant) -> int:
+    async with await Tunnel.open(grant) as tunnel:
+        while (frame := await tunnel.receive()) is not None:
+            if frame.op is Op.DATA:
+                _write(sys.stdout.buffer, frame.payload)
+            elif frame.op is Op.STDERR:
+                _write(sys.stderr.buffer, frame.payload)
+            elif frame.op is Op.ERROR:
+                raise TunnelClosed(frame.payload.decode("utf-8", "replace"))
+            elif frame.op is Op.EXIT:
+                return 0
+        if tunnel.close_code not in (None, 1000):
+            raise TunnelClosed(tunnel.why())
+    return 0
+
+
+def _write(stream: Any, data: bytes) -> None:
+    stream.write(data)
+    stream.flush()
+
+
+# --- exec -------------------------------------------------------------------------------------------------------------
+
+
+def run_exec(args: argparse.Namespace) -> int:
+    use_tty = args.tty if args.tty is not None else (sys.stdin.isatty() and sys.stdout.isatty())
+    cols, rows = _terminal_size() if use_tty else (0, 0)
+    request = {"kind": "exec", "command": list(args.container_command or []), "tty": use_tty, "cols": cols, "rows": rows}
+    grant = _grant(args, request)
+    with _raw_terminal(use_tty and sys.stdin.isatty()):
+        return asyncio.run(_exec(grant, use_tty))
+
+
+def _terminal_size() -> tuple[int, int]:
+    try:
+        size = os.get_terminal_size(sys.stdout.fileno())
+        return size.columns, size.lines
+    except OSError:
+        return 80, 24
+
+
+@contextlib.contextmanager
+def _raw_terminal(raw: bool) -> Any:
+    """The local terminal in raw mode while a remote one is attached (keys go through as typed), restored after."""
+    if not raw:
+        yield
+        return
+    fd = sys.stdin.fileno()
+    saved = termios.tcgetattr(fd)
+    tty.setraw(fd)
+    try:
+        yield
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+
+
+async def _exec(grant: TunnelGrant, use_tty: bool) -> int:
+    loop = asyncio.get_running_loop()
+    async with await Tunnel.open(grant) as tunnel:
+        stdin: asyncio.Queue[bytes] = asyncio.Queue(maxsize=16)
+        threading.Thread(target=_read_stdin, args=(loop, stdin), daemon=True, name="exec-stdin").start()
+        if use_tty:
+            loop.add_signal_handler(
+                signal.SIGWINCH, lambda: loop.create_task(tunnel.send(Op.RESIZE, 0, resize_payload(*_terminal_size())))
+            )
+        feeding = asyncio.create_task(_feed(tunnel, stdin))
+        try:
+            while (frame := await tunnel.receive()) is not None:
+                if frame.op is Op.DATA:
+                    _write(sys.stdout.buffer, frame.payload)
+                elif frame.op is Op.STDERR:
+                    _write(sys.stderr.buffer, frame.payload)
+                elif frame.op is Op.EXIT:
+                    return decode_exit(frame.payload).code
+                elif frame.op is Op.ERROR:
+                    raise TunnelClosed(frame.payload.decode("utf-8", "replace"))
+            raise TunnelClosed(tunnel.why() if tunnel.close_code not in (None, 1000) else "the tunnel ended before the command")
+        finally:
+            feeding.cancel()
+            if use_tty:
+                loop.remove_signal_handler(signal.SIGWINCH)
+
+
+def _read_stdin(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[bytes]) -> None:
+    """Standard input, read in a thread (it may be a terminal, a pipe or a file); b"" marks its end."""
+    while True:
+        try:
+            data = os.read(sys.stdin.fileno(), MAX_TUNNEL_PAYLOAD)
+        except OSError:
+            data = b""
+        asyncio.run_coroutine_threadsafe(queue.put(data), loop).result()
+        if not data:
+            return
+
+
+async def _feed(tunnel: Tunnel, stdin: asyncio.Queue[bytes]) -> None:
+    with contextlib.suppress(TunnelClosed):
+        while data := await stdin.get():
+            await tunnel.send(Op.DATA, 0, data)
+        await tunnel.send(Op.EOF, 0)
+
+
+# --- port-forward -----------------------------------------------------------------------------------------------------
+
+
+def parse_ports(text: str) -> tuple[int, int]:
+    """``PORT`` or ``LOCAL:PORT`` -> (local, remote)."""
+    local_text, _, remote_text = text.rpartition(":")
+    try:
+        remote = int(remote_text)
+        local = int(local_text) if local_text else remote
+    except ValueError:
+        raise BadForward(f"ports: {text!r} is not PORT or LOCAL:PORT (numbers)") from None
+    for name, port in (("local", local), ("container", remote)):
+        if not 0 <= port <= 65535 or (name == "container" and port == 0):
+            raise BadForward(f"ports: the {name} port {port} is not between 1 and 65535")
+    return local, remote
+
+
+def run_port_forward(args: argparse.Namespace) -> int:
+    local, remote = parse_ports(args.ports)
+    forward = PortForward(lambda: _grant(args, {"kind": "port", "port": remote}), args.workload_id, remote)
+    return asyncio.run(forward.run(args.address, local))
+
+
+class PortForward:
+    """One local listener; its connections ride one tunnel as streams 1, 2, 3… (common/tunnel.py, kind port).
+
+    When the tunnel ends (the relay restarted, the ticket's host went away) the connections on it end and a new tunnel
+    is opened for the next ones, a few times in a row at most.
+    """
+
+    def __init__(self, grant: Callable[[], TunnelGrant], workload_id: str, port: int) -> None:
+        self._grant = grant
+        self._workload = workload_id
+        self._port = port
+        self._tunnel: Tunnel | None = None
+        self._ready = asyncio.Event()
+        self._streams: dict[int, asyncio.StreamWriter] = {}
+        self._next_stream = 1
+
+    async def run(self, address: str, local_port: int) -> int:
+        server = await asyncio.start_server(self._accepted, address, local_port)
+        bound = server.sockets[0].getsockname()
+        print(
+            f"Forwarding {bound[0]}:{bound[1]} -> {self._workload} port {self._port} (through its relay); Ctrl-C to stop",
+            file=sys.stderr,
+            flush=True,
+        )
+        failures = 0
+        async with server:
+            while failures < REOPEN_ATTEMPTS:
+                try:
+                    tunnel = await Tunnel.open(await asyncio.to_thread(self._grant))
+                except TunnelClosed as exc:
+                    failures += 1
+                    print(f"tunnel: {exc}; trying again", file=sys.stderr, flush=True)
+                    await asyncio.sleep(REOPEN_PAUSE_S)
+                    continue
+                failures = 0
+                self._tunnel = tunnel
+                self._ready.set()
+                await self._serve(tunnel)
+                self._ready.clear()
+                self._tunnel = None
+                self._end_streams()
+                failures += 1
+                print(f"tunnel: {tunnel.why()}; opening another", file=sys.stderr, flush=True)
+                await asyncio.sleep(REOPEN_PAUSE_S)
+        raise TunnelClosed(f"gave up after {REOPEN_ATTEMPTS} tunnels in a row ended or could not open")
+
+    async def _serve(self, tunnel: Tunnel) -> None:
+        """Frames from the agent, to the local connection of their stream."""
+        while (frame := await tunnel.receive()) is not None:
+            writer = self._streams.get(frame.stream)
+            if writer is None:
+                continue
+            if frame.op is Op.DATA:
+                writer.write(frame.payload)
+                with contextlib.suppress(ConnectionError):
+                    await writer.drain()
+            elif frame.op is Op.EOF:
+                if writer.can_write_eof():
+                    with contextlib.suppress(OSError):
+                        writer.write_eof()
+            elif frame.op in (Op.CLOSE, Op.ERROR):
+                if frame.op is Op.ERROR:
+                    print(f"stream {frame.stream}: {frame.payload.decode('utf-8', 'replace')}", file=sys.stderr, flush=True)
+                self._streams.pop(frame.stream, None)
+                writer.close()
+
+    def _end_streams(self) -> None:
+        for writer in self._streams.values():
+            writer.close()
+        self._streams.clear()
+
+    async def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await asyncio.wait_for(self._ready.wait(), timeout=30)
+        except TimeoutError:
+            writer.close()
+            return
+        tunnel = self._tunnel
+        if tunnel is None:
+            writer.close()
+            return
+        stream = self._next_stream
+        self._next_stream += 1
+        self._streams[stream] = writer
+        try:
+            await tunnel.send(Op.OPEN, stream)
+            while data := await reader.read(MAX_TUNNEL_PAYLOAD):
+                await tunnel.send(Op.DATA, stream, data)
+            await tunnel.send(Op.EOF, stream)
+        except (TunnelClosed, ConnectionError):
+            self._streams.pop(stream, None)
+            writer.close()

@@ -1,0 +1,83 @@
+"""Reading a console form: each field parsed on its own, each problem kept next to the field it is about.
+
+A page collects ``FormErrors`` while reading its fields and renders the form again, with what was typed and the
+errors beside the inputs, when any were found (status 400); nothing is done with a form that has errors.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from management.market.money import BadAmount, parse_amount
+
+WORD = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+
+
+class FormErrors(dict[str, str]):
+    """field name -> what is wrong with it, in words a person can act on."""
+
+    def add(self, field: str, message: str) -> None:
+        self.setdefault(field, message)
+
+
+def text(form: Mapping[str, Any], field: str, *, max_length: int = 4096) -> str:
+    value = form.get(field, "")
+    return value.strip()[:max_length] if isinstance(value, str) else ""
+
+
+def word(form: Mapping[str, Any], field: str, errors: FormErrors, *, label: str) -> str | None:
+    """A name such as a GPU model, a tier or a region; None when left empty."""
+    value = text(form, field)
+    if not value:
+        return None
+    if not WORD.match(value):
+        errors.add(field, f"{label}: letters, digits and . _ - : only (got {value[:40]!r})")
+        return None
+    return value
+
+
+def integer(
+    form: Mapping[str, Any], field: str, errors: FormErrors, *, label: str, low: int, high: int, default: int | None = None
+) -> int | None:
+    value = text(form, field)
+    if not value:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        errors.add(field, f"{label}: a whole number, not {value[:40]!r}")
+        return None
+    if not low <= number <= high:
+        errors.add(field, f"{label}: from {low} to {high}, not {number}")
+        return None
+    return number
+
+
+def number(form: Mapping[str, Any], field: str, errors: FormErrors, *, label: str, low: float, high: float) -> float | None:
+    value = text(form, field)
+    if not value:
+        return None
+    try:
+        parsed = float(value)
+    except ValueError:
+        errors.add(field, f"{label}: a number, not {value[:40]!r}")
+        return None
+    if not low <= parsed <= high:  # NaN fails here too
+        errors.add(field, f"{label}: from {low:g} to {high:g}, not {value[:40]}")
+        return None
+    return parsed
+
+
+def amount(form: Mapping[str, Any], field: str, errors: FormErrors, *, label: str) -> str | None:
+    """Money as the API takes it ("1.20"); None when left empty."""
+    value = text(form, field)
+    if not value:
+        return None
+    try:
+        parse_amount(value)
+    except BadAmount as exc:
+        errors.add(field, f"{label}: {exc}")
+        return None
+    return value

@@ -1,0 +1,350 @@
+"""The renter's pages: search offers, launch a workload (or rent an offer), my workloads (state, events, why one
+waits, terms and charge, stop, port-forward, live logs, a terminal) and billing (balance, spend over time, ledger).
+
+Each handler names what it does ((Resource, Action) through ``session.signed_in``), reads its form or query, makes
+its call on the façade and renders a template; a renter only ever sees its own workloads and money (Scope.owner).
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+import msgspec
+from aiohttp import web
+
+from common.errors import BadQuery, NotFound
+from management.api.auth import OPERATIONS_KEY, Action, Resource, acting_account
+from management.api.errors import validation_message
+from management.api.paging import decode_cursor, encode_cursor
+from management.api.schemas import PageQuery
+from management.console import session
+from management.console.forms import FormErrors, amount, integer, number, text, word
+from management.console.nav import NavItem
+from management.console.rendering import page
+from management.console.terminal import serve_logs, serve_terminal
+from management.explain_text import render_explanation
+from management.market.money import MICRO, format_amount
+from management.market.offers import Offer
+from management.operations import SpendOverTime, WorkloadKey
+from management.scheduler.workloads import WORKLOAD_STATES
+from management.views import explanation_view, workload_view
+from master.records import MAX_GPUS_PER_REPLICA, WorkloadSpec
+
+OFFERS_PER_PAGE = 25
+WORKLOADS_PER_PAGE = 25
+LEDGER_PER_PAGE = 50
+SORTS = {
+    "-score": "best value (reliability for the price)",
+    "price": "price, lowest first",
+    "-reliability": "reliability, highest first",
+    "-num_gpus": "free GPUs, most first",
+    "-gpu_ram": "GPU memory, most first",
+}
+LIVE_STATE_KEY = web.RequestKey("console_workload_state", str)
+RENTAL_KINDS = {"on_demand": "On demand (runs until stopped)", "interruptible": "Interruptible (your bid; may be preempted)"}
+
+
+# --- offers ------------------------------------------------------------------------------------------------------
+
+
+def offer_query(form: Any, errors: FormErrors) -> tuple[str, str, str]:
+    """(the query the form's fields build, the raw query box, sort) — the raw box first in the full query, so that a
+    position the query language reports in it is a position in the box."""
+    conditions = []
+    for field, label in (("model", "GPU model"), ("tier", "tier"), ("region", "region")):
+        value = word(form, field, errors, label=label)
+        if value is not None:
+            conditions.append(f"{field}={value}")
+    gpus = integer(form, "gpus", errors, label="GPUs", low=1, high=MAX_GPUS_PER_REPLICA)
+    if gpus is not None:
+        conditions.append(f"num_gpus>={gpus}")
+    max_price = amount(form, "max_price", errors, label="max price")
+    if max_price is not None:
+        conditions.append(f"price<={max_price}")
+    reliability = number(form, "min_reliability", errors, label="min reliability", low=0, high=1)
+    if reliability is not None:
+        conditions.append(f"reliability>={reliability:g}")
+    sort = text(form, "sort")
+    if sort and sort not in SORTS:
+        errors.add("sort", f"sort: one of {', '.join(SORTS)}")
+        sort = ""
+    return " ".join(conditions), text(form, "q", max_length=2000), sort
+
+
+async def offers(request: web.Request) -> web.Response:
+    await session.signed_in(request, Resource.OFFERS, Action.READ)
+    form = request.query
+    errors = FormErrors()
+    built, raw, sort = offer_query(form, errors)
+    query = f"{raw} {built}".strip()
+    result = None
+    cursor = text(form, "cursor", max_length=1024) or None
+    if not errors:
+        try:
+            result = await request.app[OPERATIONS_KEY].market.search_offers(
+                query, sort=sort or None, limit=OFFERS_PER_PAGE, cursor=cursor
+            )
+        except BadQuery as exc:
+            position = getattr(exc, "position", None)
+            if position is not None and position <= len(raw):
+                errors.add("q", f"{exc} (at position {position} of the query box)")
+            else:
+                errors.add("q", str(exc))
+    next_url = None
+    if result is not None and result.next_cursor:
+        next_url = request.rel_url.update_query(cursor=result.next_cursor)
+    status = 400 if errors else 200
+    return await page(
+        request, "renter/offers.html", status=status, title="Offers", form=form, errors=errors, query=query,
+        raw=raw, sorts=SORTS, result=result, next_url=next_url, money=format_amount, first_page=cursor is None,
+        first_url=request.rel_url.with_query({k: v for k, v in request.query.items() if k != "cursor"}),
+    )  # fmt: skip
+
+
+# --- launching ---------------------------------------------------------------------------------------------------
+
+
+def workload_spec(form: Any, errors: FormErrors, *, offer: Offer | None) -> WorkloadSpec | None:
+    """The WorkloadSpec the launch (or rent) form describes; None with ``errors`` filled when it describes none."""
+    name = text(form, "name", max_length=63)
+    if not name:
+        errors.add("name", "name: give the workload a name (lowercase letters, digits and -)")
+    image = text(form, "image", max_length=512)
+    if not image:
+        errors.add("image", "image: the container image to run (e.g. docker.io/library/python:3.12)")
+    try:
+        command = shlex.split(text(form, "command"))
+    except ValueError as exc:
+        errors.add("command", f"command: {exc} (quote arguments as in a shell)")
+        command = []
+    high = offer.num_gpus if offer is not None and offer.num_gpus > 0 else MAX_GPUS_PER_REPLICA
+    gpus = integer(form, "gpus", errors, label="GPUs", low=1, high=high, default=1)
+    model = word(form, "model", errors, label="GPU model") if offer is None else None
+    kind = text(form, "kind") or "on_demand"
+    rental: dict[str, Any] = {"kind": kind}
+    if kind not in RENTAL_KINDS:
+        errors.add("kind", f"rental: one of {', '.join(RENTAL_KINDS)}")
+    elif kind == "interruptible":
+        bid = amount(form, "bid", errors, label="bid")
+        if bid is None and "bid" not in errors:
+            errors.add("bid", "bid: an interruptible rental needs a bid per GPU-hour")
+        rental["bid"] = bid
+    else:
+        max_price = amount(form, "max_price", errors, label="max price")
+        if max_price is not None:
+            rental["max_price"] = max_price
+    if offer is not None:
+        rental["offer"] = offer.id
+    hours = number(form, "max_hours", errors, label="max duration", low=0.01, high=366 * 24)
+    ports: list[int] = []
+    for item in text(form, "ports").replace(",", " ").split():
+        if not item.isdigit() or not 1 <= int(item) <= 65535:
+            errors.add("ports", f"ports: numbers from 1 to 65535, separated by commas (not {item[:20]!r})")
+        elif int(item) not in ports:
+            ports.append(int(item))
+    if errors:
+        return None
+    raw = {
+        "name": name,
+        "image": image,
+        "command": command,
+        "ports": ports,
+        "replica": {"gpus": gpus, "models": [model] if model else []},
+        "constraints": {"allow_process_runtime": form.get("allow_process_runtime") == "on"},
+        "max_duration_s": hours * 3600 if hours is not None else None,
+        "rental": rental,
+    }
+    try:
+        return msgspec.convert(raw, WorkloadSpec)
+    except msgspec.ValidationError as exc:
+        message = validation_message(exc, "workload")
+        field = message.split(":", 1)[0].split(".")[-1]
+        errors.add(field if field in ("name", "image", "command", "ports") else "form", message)
+        return None
+
+
+async def _launch_form(request: web.Request, *, offer: Offer | None, form: Any, errors: FormErrors) -> web.Response:
+    title = f"Rent {offer.model} on {offer.host}" if offer is not None else "Launch a workload"
+    return await page(
+        request, "renter/launch.html", status=400 if errors else 200, title=title, offer=offer, form=form,
+        errors=errors, kinds=RENTAL_KINDS, money=format_amount,
+    )  # fmt: skip
+
+
+async def launch_form(request: web.Request) -> web.Response:
+    await session.signed_in(request, Resource.WORKLOADS, Action.WRITE)
+    return await _launch_form(request, offer=None, form={"gpus": "1", "kind": "on_demand"}, errors=FormErrors())
+
+
+async def launch(request: web.Request) -> web.Response:
+    scope = await session.signed_in(request, Resource.WORKLOADS, Action.WRITE)
+    form = await request.post()
+    errors = FormErrors()
+    spec = workload_spec(form, errors, offer=None)
+    if spec is None:
+        return await _launch_form(request, offer=None, form=form, errors=errors)
+    record = await request.app[OPERATIONS_KEY].submit_workload(acting_account(scope, None), spec)
+    await session.flash(request, f"Submitted {record.id} ({spec.name}): {record.state}.")
+    raise web.HTTPSeeOther(f"/console/workloads/{record.id}")
+
+
+async def rent_form(request: web.Request) -> web.Response:
+    await session.signed_in(request, Resource.WORKLOADS, Action.WRITE)
+    offer = await request.app[OPERATIONS_KEY].market.get_offer(request.match_info["offer_id"])
+    form = {"gpus": "1", "kind": "on_demand", "allow_process_runtime": "on" if offer.runtime == "process" else ""}
+    return await _launch_form(request, offer=offer, form=form, errors=FormErrors())
+
+
+async def rent(request: web.Request) -> web.Response:
+    scope = await session.signed_in(request, Resource.WORKLOADS, Action.WRITE)
+    market = request.app[OPERATIONS_KEY].market
+    offer = await market.get_offer(request.match_info["offer_id"])
+    form = await request.post()
+    errors = FormErrors()
+    spec = workload_spec(form, errors, offer=offer)
+    if spec is None:
+        return await _launch_form(request, offer=offer, form=form, errors=errors)
+    record = await market.rent_offer(acting_account(scope, None), offer.id, spec)
+    await session.flash(request, f"Rented {offer.id}: {record.id} ({spec.name}) is {record.state}.")
+    raise web.HTTPSeeOther(f"/console/workloads/{record.id}")
+
+
+# --- my workloads ------------------------------------------------------------------------------------------------
+
+
+class WorkloadListQuery(PageQuery, kw_only=True, forbid_unknown_fields=True):
+    state: Annotated[str, msgspec.Meta(max_length=32)] = ""
+
+
+async def workloads(request: web.Request) -> web.Response:
+    scope = await session.signed_in(request, Resource.WORKLOADS, Action.READ)
+    state = request.query.get("state", "")
+    if state and state not in WORKLOAD_STATES:
+        raise NotFound(f"no workload state {state!r}; one of {', '.join(WORKLOAD_STATES)}")
+    query = WorkloadListQuery(state=state, limit=WORKLOADS_PER_PAGE, cursor=request.query.get("cursor") or None)
+    listed = await request.app[OPERATIONS_KEY].list_workloads(
+        owner=scope.owner, states=[state] if state else None, after=decode_cursor("console-workloads", query, WorkloadKey),
+        limit=WORKLOADS_PER_PAGE,
+    )  # fmt: skip
+    next_url = None
+    if listed.next_key is not None:
+        next_url = request.rel_url.update_query(cursor=encode_cursor("console-workloads", query, listed.next_key))
+    return await page(
+        request, "renter/workloads.html", title="My workloads", items=listed.items, state=state, states=WORKLOAD_STATES,
+        next_url=next_url, first_page=query.cursor is None,
+    )  # fmt: skip
+
+
+async def workload(request: web.Request, *, template: str = "renter/workload.html") -> web.Response:
+    scope = await session.signed_in(request, Resource.WORKLOADS, Action.READ)
+    overview = await request.app[OPERATIONS_KEY].workload_overview(request.match_info["workload_id"], account=scope.owner)
+    record = overview.workload
+    waits = None
+    if overview.explanation is not None:
+        waits = render_explanation(workload_view(record), _plain(explanation_view(overview.explanation)), datetime.now(UTC))
+    ports = record.spec.ports
+    request[LIVE_STATE_KEY] = record.state
+    return await page(
+        request, template, fragment=template != "renter/workload.html", title=f"{record.spec.name} ({record.id})",
+        w=record, overview=overview,
+        waits=waits, ports=ports, money=format_amount, running=record.state == "running",
+        open=record.state not in ("succeeded", "failed", "cancelled"), now=time.time(),
+    )  # fmt: skip
+
+
+async def workload_live(request: web.Request) -> web.Response:
+    """The state and charge part of a workload's page, which the page polls (htmx) while the workload is open; when
+    the state is not the one the page shows (``seen``) the whole page is reloaded (its logs and terminal appear)."""
+    response = await workload(request, template="renter/workload_live.html")
+    state = request.get(LIVE_STATE_KEY)
+    if state is not None and state != request.query.get("seen"):
+        response.headers["HX-Refresh"] = "true"
+    return response
+
+
+def _plain(view: dict[str, Any]) -> dict[str, Any]:
+    plain: dict[str, Any] = msgspec.json.decode(msgspec.json.encode(view))
+    return plain
+
+
+async def stop(request: web.Request) -> web.Response:
+    scope = await session.signed_in(request, Resource.WORKLOADS, Action.WRITE)
+    record = await request.app[OPERATIONS_KEY].cancel_workload(request.match_info["workload_id"], account=scope.owner)
+    await session.flash(request, f"Stopping {record.id} ({record.spec.name}): {record.state}.")
+    raise web.HTTPSeeOther(f"/console/workloads/{record.id}")
+
+
+async def logs_socket(request: web.Request) -> web.StreamResponse:
+    scope = await session.signed_in(request, Resource.WORKLOADS, Action.READ)
+    return await serve_logs(request, scope, request.match_info["workload_id"])
+
+
+async def terminal_socket(request: web.Request) -> web.StreamResponse:
+    scope = await session.signed_in(request, Resource.WORKLOADS, Action.WRITE)
+    return await serve_terminal(request, scope, request.match_info["workload_id"])
+
+
+# --- billing -----------------------------------------------------------------------------------------------------
+
+
+async def billing(request: web.Request) -> web.Response:
+    scope = await session.signed_in(request, Resource.LEDGER, Action.READ)
+    operations = request.app[OPERATIONS_KEY]
+    account = scope.principal.account
+    after = integer(request.query, "after", FormErrors(), label="after", low=0, high=2**62, default=0) or 0
+    funds = await operations.market.funds(account, owner=scope.owner)
+    spend = await operations.spend_over_time(account, owner=scope.owner)
+    statement = await operations.market.ledger_statement(account, owner=scope.owner, after_seq=after, limit=LEDGER_PER_PAGE)
+    chart = spend_chart(spend)
+    return await page(
+        request, "renter/billing.html", title="Billing", funds=funds, spend=spend, statement=statement, chart=chart,
+        money=format_amount, after=after,
+    )  # fmt: skip
+
+
+def spend_chart(spend: SpendOverTime) -> dict[str, list[float]]:
+    """The chart's series: x in unix seconds, y in currency units; a lone bucket gets an empty one before it, so that
+    the chart has a span to draw."""
+    points = [(p.start, p.spent / MICRO) for p in spend.points]
+    if len(points) == 1:
+        points.insert(0, (points[0][0] - spend.bucket_s, 0.0))
+    return {"x": [x for x, _ in points], "y": [y for _, y in points]}
+
+
+async def ledger_csv(request: web.Request) -> web.Response:
+    scope = await session.signed_in(request, Resource.LEDGER, Action.READ)
+    market = request.app[OPERATIONS_KEY].market
+    account = scope.principal.account
+    statement = await market.ledger_statement(account, owner=scope.owner, after_seq=0, limit=100_000)
+    return web.Response(
+        text=market.statement_csv(statement),
+        content_type="text/csv",
+        headers={"Content-Disposition": f'attachment; filename="ledger-{account}.csv"'},
+    )
+
+
+NAV = [
+    NavItem("renter", "Offers", "/console/offers", order=10),
+    NavItem("renter", "Launch", "/console/launch", order=20),
+    NavItem("renter", "My workloads", "/console/workloads", order=30),
+    NavItem("renter", "Billing", "/console/billing", order=40),
+]
+
+
+def add_routes(router: web.UrlDispatcher) -> None:
+    router.add_get("/console/offers", offers)
+    router.add_get("/console/offers/{offer_id}/rent", rent_form)
+    router.add_post("/console/offers/{offer_id}/rent", rent)
+    router.add_get("/console/launch", launch_form)
+    router.add_post("/console/launch", launch)
+    router.add_get("/console/workloads", workloads)
+    router.add_get("/console/workloads/{workload_id}", workload)
+    router.add_get("/console/workloads/{workload_id}/live", workload_live)
+    router.add_post("/console/workloads/{workload_id}/stop", stop)
+    router.add_get("/console/workloads/{workload_id}/logs", logs_socket)
+    router.add_get("/console/workloads/{workload_id}/terminal", terminal_socket)
+    router.add_get("/console/billing", billing)
+    router.add_get("/console/billing/ledger.csv", ledger_csv)

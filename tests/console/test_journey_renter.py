@@ -1,0 +1,126 @@
+"""The renter's journey on a running grid, in Debian's Chromium: sign in, search, rent, see it run with live logs,
+open the terminal, stop it and see the charge — a screenshot of each step.
+
+A real Master, relay and agent, each its own process (tests/support/grid.py); the host runs the process runtime
+sandboxed as ``nobody`` and its GPU is simulated (there is none here). The console's logs and terminal go through the
+Master to the relay and the agent as a renter's CLI does (docs/renter-access.md)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import expect
+
+from tests.console.conftest import ACCOUNTS
+from tests.e2e.test_scheduler import MASTER_SETTINGS, sandboxed_hosts
+from tests.support.grid import TEST_PROVIDER, Grid, write_toml
+
+pytestmark = pytest.mark.e2e
+
+# 3.60 per GPU-hour is 0.001 a second: a rental of a few seconds costs something a person can see.
+PRICE = {"on_demand": "3.60", "min_bid": "1.00"}
+JOB = "echo journey-started; i=0; while true; do echo tick $i; i=$((i+1)); sleep 1; done"
+
+
+@pytest.fixture
+def grid(tmp_path: Path) -> Iterator[Grid]:
+    g = Grid(tmp_path)
+    try:
+        settings = {**MASTER_SETTINGS, "metering_period_s": 2}
+        g.start_master("--config", str(write_toml(tmp_path / "master.toml", settings)))
+        g.start_relay("relay-1", "eu-west")
+        yield g
+    finally:
+        g.stop()
+
+
+@pytest.fixture
+def rita(grid: Grid) -> str:
+    """The renter account with its console password and 10.00 to spend; one sandboxed A10 host, priced."""
+    account = ACCOUNTS["renter"]
+    grid.client.create_account(account.id, "renter", name=account.name)
+    grid.client.set_password(account.id, account.password)
+    grid.client.credit(account.id, "10.00", memo="journey credit")
+    sandboxed_hosts(grid, 1)
+    grid.client.set_default_price(PRICE, provider=TEST_PROVIDER)
+    return account.id
+
+
+def journey(grid: Grid, page, shot, *, live: bool) -> None:
+    """The steps; ``live``: with the live logs and the terminal (they need the relay's renter HTTPS address)."""
+    account = ACCOUNTS["renter"]
+    page.goto(f"{grid.api_url}/console/")
+    assert "/console/signin" in page.url
+    page.get_by_label("Account").fill(account.id)
+    page.get_by_label("Password").fill(account.password)
+    shot(page, "sign-in")
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_url(re.compile(r"/console/offers$"))
+
+    page.get_by_label("GPU model").fill("a10")
+    page.get_by_label("Max price per GPU-hour").fill("5")
+    page.get_by_role("button", name="Search").click()
+    rows = page.locator("table tbody tr")
+    assert rows.count() == 1 and "3.60" in rows.first.inner_text()
+    shot(page, "search")
+
+    rows.first.get_by_role("link", name=re.compile("Rent offer")).click()
+    page.get_by_label("Name", exact=True).fill("journey")
+    page.get_by_label("Image", exact=True).fill("none")
+    page.get_by_label("Command", exact=False).fill(f"sh -c '{JOB}'")
+    assert page.get_by_label("May run as a sandboxed process", exact=False).is_checked()
+    shot(page, "rent-form")
+    page.get_by_role("button", name="Rent").click()
+    page.wait_for_url(re.compile(r"/console/workloads/wl-"))
+
+    # The page follows the workload's state by itself (htmx polls it; a new state reloads the page).
+    expect(page.locator("#workload-state")).to_have_text("running", timeout=30_000)
+    shot(page, "running")
+
+    if live:
+        live_logs_and_terminal(page, shot)
+    # The meter charges a running rental every metering period: the charge shows on the page while it runs.
+    expect(page.locator("#charged")).not_to_have_text("0.00 USD", timeout=30_000)
+    stop_and_see_the_charge(page, shot)
+
+
+def live_logs_and_terminal(page, shot) -> None:
+    expect(page.locator("#logs")).to_contain_text("journey-started", timeout=20_000)
+    expect(page.locator("#logs")).to_contain_text("tick 2", timeout=20_000)
+    shot(page, "live-logs")
+
+    page.get_by_role("button", name="Open a terminal").click()
+    expect(page.locator("#terminal-status")).to_contain_text("Connected", timeout=20_000)
+    page.keyboard.type("echo from-the-terminal-$((6*7))\n")
+    expect(page.locator(".xterm-rows")).to_contain_text("from-the-terminal-42", timeout=20_000)
+    shot(page, "terminal")
+
+
+def stop_and_see_the_charge(page, shot) -> None:
+    page.get_by_role("button", name="Stop this workload").click()
+    expect(page.locator("#workload-state")).to_have_text("cancelled", timeout=30_000)
+    charged = page.locator("#charged").inner_text()
+    assert re.fullmatch(r"0\.[0-9]+ USD", charged) and charged != "0.00 USD", charged
+    shot(page, "stopped-and-charged")
+
+    page.get_by_role("link", name="Billing").click()
+    assert page.locator("#available").inner_text() != "10.00 USD"
+    assert "charge" in page.get_by_role("table").last.inner_text()
+    shot(page, "billing")
+
+
+@pytest.mark.xfail(
+    strict=False,
+    reason="the logs and the terminal need the relay to announce its renter HTTPS address (http_public_url), which "
+    "the relay's renter-access work adds; until it lands the console says 'Logs unavailable: relay ... gave no HTTPS "
+    "address for renters'",
+)
+def test_a_renter_signs_in_searches_rents_sees_logs_uses_the_terminal_stops_and_sees_the_charge(grid, rita, page, shot):
+    journey(grid, page, shot, live=True)
+
+
+def test_a_renter_signs_in_searches_rents_sees_it_run_stops_it_and_sees_the_charge(grid, rita, page, shot):
+    journey(grid, page, shot, live=False)

@@ -1,0 +1,153 @@
+"""Renter access on a real local grid: a Master, a relay and an agent, each its own process; the agent dials out and
+never listens. A renter reaches its workload's container through the relay with the CLI a renter uses
+(``idlegrid workload logs|exec|port-forward``, run as processes): logs, a command with its output and exit status, an
+HTTP server in the container through a forwarded local port. Another renter is refused; every opening is an event.
+
+The hosts run the process runtime sandboxed as ``nobody`` (no container engine is needed; the Podman runtime's own
+logs/exec/connect are tested against a real Podman in tests/agent/test_runtime_docker.py). GPUs are simulated.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from management.client import ApiClient
+from tests.e2e.test_scheduler import MASTER_SETTINGS, renter, sandboxed_hosts, wait_workload, workload
+from tests.support.grid import Grid, free_port, wait_for, write_toml
+
+CLI = [sys.executable, "-m", "management.cli"]
+
+
+@pytest.fixture
+def grid(tmp_path: Path) -> Iterator[Grid]:
+    g = Grid(tmp_path)
+    try:
+        g.start_master("--config", str(write_toml(tmp_path / "master.toml", MASTER_SETTINGS)))
+        g.start_relay("relay-1", "eu-west")
+        yield g
+    finally:
+        g.stop()
+
+
+def cli(grid: Grid, key: str, *args: str, stdin: str = "", timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    """``idlegrid ARGS`` as a renter runs it: the connection options go before a container command's ``--``."""
+    at = args.index("--") if "--" in args else len(args)
+    return subprocess.run(
+        [*CLI, *args[:at], "--api", grid.api_url, "--api-key", key, *args[at:]],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def web_server(port: int, www: Path) -> str:
+    """A container that serves ``www`` over HTTP on ``port`` and logs each request (to its output)."""
+    return f"echo serving on {port} && exec python3 -m http.server {port} --bind 127.0.0.1 --directory {www}"
+
+
+@pytest.fixture
+def serving(grid: Grid, drop: Path) -> tuple[ApiClient, str, int, str]:
+    """A running workload of alice's serving a known file (from ``drop``, which the sandbox's user may read)."""
+    (drop / "index.txt").write_text("hello-from-the-container\n")
+    sandboxed_hosts(grid, 1)
+    alice = renter(grid, "alice")
+    port = free_port()
+    submitted = alice.submit_workload(workload("web", web_server(port, drop)))
+    wait_workload(alice, submitted["id"], "running", lambda w: w["state"] == "running")
+    return alice, submitted["id"], port, alice.api_key
+
+
+def test_exec_runs_a_command_in_the_container_through_the_relay_with_its_output_and_exit_status(grid, serving):
+    _, workload_id, _, key = serving
+    done = cli(
+        grid,
+        key,
+        "workload",
+        "exec",
+        workload_id,
+        "--no-tty",
+        "--",
+        "sh",
+        "-c",
+        "cat; echo to-err >&2; exit 3",
+        stdin="typed by the renter\n",
+    )
+    assert done.returncode == 3, done.stderr
+    assert done.stdout == "typed by the renter\n"
+    assert "to-err" in done.stderr
+
+
+def test_port_forward_reaches_an_http_server_in_the_container_and_logs_show_the_requests(grid, serving):
+    _, workload_id, port, key = serving
+    local = free_port()
+    forward = subprocess.Popen(
+        [*CLI, "workload", "port-forward", workload_id, f"{local}:{port}", "--api", grid.api_url, "--api-key", key],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert forward.stderr is not None
+        line = forward.stderr.readline()
+        assert line.startswith(f"Forwarding 127.0.0.1:{local} -> {workload_id} port {port}"), line
+
+        def fetch() -> str:
+            with urllib.request.urlopen(f"http://127.0.0.1:{local}/index.txt", timeout=10) as answer:
+                return answer.read().decode()
+
+        assert wait_for(fetch, 20, "the container's HTTP server through the forwarded port") == "hello-from-the-container\n"
+        assert [fetch() for _ in range(3)] == ["hello-from-the-container\n"] * 3  # each connection its own stream
+    finally:
+        forward.terminate()
+        forward.wait(timeout=10)
+    logs = wait_for(
+        lambda: (
+            (done := cli(grid, key, "workload", "logs", workload_id, "--tail", "-1")).returncode == 0
+            and "GET /index.txt" in done.stderr
+            and done
+        ),
+        20,
+        "the container's request log through `workload logs`",
+    )
+    assert f"serving on {port}" in logs.stdout
+
+
+def test_another_renter_is_refused_and_every_opening_is_an_event_naming_the_account(grid, serving):
+    alice, workload_id, port, key = serving
+    bob = renter(grid, "bob")
+    for args in (("exec", workload_id, "--no-tty", "--", "true"), ("logs", workload_id)):
+        refused = cli(grid, bob.api_key, "workload", *args)
+        assert refused.returncode != 0
+        assert f"404 not_found: no workload {workload_id!r}" in refused.stderr, refused.stderr
+    assert cli(grid, key, "workload", "exec", workload_id, "--no-tty", "--", "true").returncode == 0
+    events = wait_for(
+        lambda: [
+            e for e in grid.client.get("/api/v1/events", subject=workload_id, limit=100)["items"] if e["kind"] == "tunnel.opened"
+        ],
+        10,
+        "tunnel.opened events",
+    )
+    assert {(e["data"]["account"], e["data"]["kind"]) for e in events} == {("alice", "exec")}
+
+
+def test_logs_over_plain_http_come_from_the_master_through_the_tunnel(grid, serving):
+    alice, workload_id, port, key = serving
+    request = urllib.request.Request(
+        f"{grid.api_url}/api/v1/workloads/{workload_id}/logs?tail=-1", headers={"Authorization": f"Bearer {key}"}
+    )
+    deadline = time.monotonic() + 20
+    while True:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            assert answer.headers["Content-Type"].startswith("text/plain")
+            text = answer.read().decode()
+        if f"serving on {port}" in text or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert f"serving on {port}" in text
