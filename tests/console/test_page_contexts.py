@@ -86,6 +86,9 @@ def test_filters_and_forms_refuse_bad_input_naming_the_field():
     with pytest.raises(BadRequest, match="on_demand"):
         price_form({"csrf_token": "x", "min_bid": "1"})
     assert price_form({"on_demand": "2.5", "max_duration_h": "2"}).setting().max_duration_s == 7200
+    for hours in ("nan", "inf", "0.5"):
+        with pytest.raises(BadRequest, match="max_duration_h"):
+            price_form({"on_demand": "2.5", "max_duration_h": hours})
     with pytest.raises(BadRequest, match="ttl_h"):
         parse_fields({"provider": "acme", "ttl_h": "-1"}, TokenForm, "the token")
     with pytest.raises(BadRequest, match="name"):

@@ -8,6 +8,7 @@ account: a provider's lists hold its own hosts only, and another provider's host
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -398,6 +399,12 @@ class PriceForm(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     min_bid: str | None = None
     reserved_discount: float = 0.0
     max_duration_h: float | None = None
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.reserved_discount):
+            raise ValueError("reserved_discount must be a number from 0 to 0.9")
+        if self.max_duration_h is not None and not (math.isfinite(self.max_duration_h) and self.max_duration_h >= 1):
+            raise ValueError("max_duration_h must be at least 1 hour, or empty for no limit")
 
     def setting(self) -> PriceSetting:
         hours = self.max_duration_h
