@@ -67,6 +67,14 @@ def test_my_hosts_are_only_the_providers_own_and_are_filtered_on_the_server(cons
     response = page.goto(f"{console_master.url}/console/hosts?state=sideways")
     assert response.status == 400 and "state" in page.locator("main").inner_text()
 
+    page.goto(f"{console_master.url}/console/hosts?limit=1")  # pages of one host: the cursor goes on to the next
+    assert table.locator("tbody tr").inner_text().startswith("agt-acme-a")
+    page.get_by_role("link", name="Next page").click()
+    assert table.locator("tbody tr").inner_text().startswith("agt-acme-b") and "limit=1" in page.url
+    cursor = re.search(r"cursor=([\w-]+)", page.url).group(1)
+    response = page.goto(f"{console_master.url}/console/hosts?model=l4&cursor={cursor}")  # another filter: refused
+    assert response.status == 400 and "cursor" in page.locator("main").inner_text()
+
 
 def test_a_host_shows_its_gpus_reputation_live_charts_and_is_drained_and_priced(console_master, hosts, page, sign_in, shot):
     master = hosts

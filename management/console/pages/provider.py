@@ -316,9 +316,10 @@ async def hosts_page(request: web.Request) -> web.StreamResponse:
         after=decode_cursor(HOSTS_CURSOR, query, AgentKey),
         limit=query.limit,
     )
+    kept = {**query.filters(), **({"limit": str(query.limit)} if query.limit != HOSTS_PAGE else {})}
     next_link = None
     if found.next_key is not None:
-        next_link = "?" + urlencode({**query.filters(), "cursor": encode_cursor(HOSTS_CURSOR, query, found.next_key)})
+        next_link = "?" + urlencode({**kept, "cursor": encode_cursor(HOSTS_CURSOR, query, found.next_key)})
     return await page(
         request,
         "provider/hosts.html",
@@ -328,7 +329,7 @@ async def hosts_page(request: web.Request) -> web.StreamResponse:
         states=AGENT_STATES,
         rows=[host_row(d) for d in found.items],
         next_link=next_link,
-        first_link="?" + urlencode(query.filters()) if query.cursor else None,
+        first_link="?" + urlencode(kept) if query.cursor else None,
         operator=scope.owner is None,
     )
 
