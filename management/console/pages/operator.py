@@ -146,7 +146,7 @@ def _filters(query: msgspec.Struct) -> dict[str, str]:
 
 
 async def fleet_page(request: web.Request) -> web.StreamResponse:
-    await signed_in(request, Resource.GPUS, Action.WRITE)  # the whole fleet is the operator's view
+    await signed_in(request, Resource.FLEET, Action.READ)
     return await page(request, "operator/fleet.html", title="Fleet", **fleet_context(request.app[OPERATIONS_KEY].fleet()))
 
 
