@@ -159,3 +159,15 @@ def test_a_host_is_drained_with_the_keyboard_alone(console_master, hosts, page, 
     page.keyboard.press("Enter")
     page.locator(".flash").filter(has_text="drained").wait_for()
     assert page.locator("#host-state").inner_text() == "maintenance"
+
+
+def test_a_chart_of_a_single_sample_keeps_its_time_axis_to_about_a_minute(console_master, hosts, page, sign_in, shot):
+    master = hosts
+    console_master.run(_ingest(master, "agt-acme-b", time.time(), 30.0))
+    sign_in(page, "provider")
+    page.goto(f"{console_master.url}/console/hosts/agt-acme-b")
+    page.locator("[data-gpu] .uplot canvas").first.wait_for()
+    chart = page.locator("[data-gpu] [data-metric=utilization_pct]").first
+    expect(chart).to_have_attribute("data-span-s", re.compile(r"^\d+$"))  # the seconds its time axis spans
+    assert 30 <= int(chart.get_attribute("data-span-s")) <= 120  # not 0: uPlot would then label the axis with years
+    shot(page, "one-sample")

@@ -46,6 +46,15 @@
         cursor: { show: false },
         series: [{}, { label: spec.label, stroke: spec.color, width: 2, spanGaps: true }],
         axes: [{ space: 70, size: 30 }, { size: 44, label: spec.unit, labelSize: 14 }],
+        hooks: {
+          setScale: [
+            function (u, key) {
+              if (key === "x") {
+                box.setAttribute("data-span-s", String(Math.round(u.scales.x.max - u.scales.x.min)));
+              }
+            },
+          ],
+        },
       },
       [[], []],
       box
@@ -90,6 +99,12 @@
             });
           }
           chart.setData([gpu.ts, ys]);
+          var first = gpu.ts[0];
+          var last = gpu.ts[gpu.ts.length - 1];
+          if (last - first < 1) {
+            // one sample (or a few at one moment) would leave the time axis no span, labelled in years
+            chart.setScale("x", { min: first - 30, max: last + 30 });
+          }
         }
       });
     });
