@@ -44,6 +44,9 @@ def test_the_fleet_shows_unit_figures_by_group_and_links_each_faulty_gpu_to_its_
     page.wait_for_url("**/console/hosts/agt-b")
     assert "Xid 79" in page.locator("table[aria-labelledby=gpus-heading]").inner_text()
     shot(page, "faulty-host")
+    page.get_by_role("button", name=re.compile("^Drain")).click()  # the operator drains any provider's host
+    page.locator(".flash").filter(has_text="drained").wait_for()
+    assert page.locator("#host-state").inner_text() == "maintenance"
 
 
 def test_all_hosts_are_listed_for_the_operator_with_their_provider(console_master, fleet, page, sign_in):
