@@ -40,6 +40,7 @@ OPERATOR_KEY_FILE = "operator.token"
 RENTER_KEY_FILE = "renter.token"
 CONSOLE_PASSWORDS_FILE = "console.passwords"  # "ACCOUNT PASSWORD" lines, 0600: the demo accounts' console passwords
 OPERATOR = "operator"  # the Master's bootstrap operator account
+CHANGED = "(changed in the console; not known to the demo)"
 DEMO_PRICES = {"on_demand": "1.20", "min_bid": "0.40", "reserved_discount": 0.25}  # per GPU-hour
 RENTER_CREDIT = "25.00"  # the renter's first credit (once per state directory)
 SANDBOX = "sandbox"  # the isolation the demo's process-runtime hosts report when the demo runs as root
@@ -155,7 +156,7 @@ class Demo:
         passwords = self.console_passwords()
         lines = [f"  Console:         {self.grid.api_url}/console/   (sign in with an account and its password)"]
         for account in (RENTER, PROVIDER, OPERATOR):
-            lines.append(f"    {account:<15}  password {passwords[account]}")
+            lines.append(f"    {account:<15}  password {passwords.get(account, CHANGED)}")
         lines.append(f"    (kept, 0600, in {self.grid.root / CONSOLE_PASSWORDS_FILE})")
         return lines
 
@@ -171,9 +172,16 @@ class Demo:
         restart signs the demo accounts' console sessions out)."""
         passwords = self.console_passwords()
         for account in (RENTER, PROVIDER, OPERATOR):
+            # The operator's key sets its own account's password: once it has one, the API asks for the current one.
+            current = passwords.get(account) if account == OPERATOR else None
             passwords.setdefault(account, secrets.token_urlsafe(12))
-            self.grid.client.set_password(account, passwords[account])
-        text = "".join(f"{account} {password}\n" for account, password in passwords.items())
+            try:
+                self.grid.client.set_password(account, passwords[account], current_password=current)
+            except ApiError as exc:
+                if exc.status != 400:
+                    raise
+                passwords[account] = CHANGED  # changed in the console since: the demo no longer knows it
+        text = "".join(f"{account} {password}\n" for account, password in passwords.items() if password != CHANGED)
         write_atomically(self.grid.root / CONSOLE_PASSWORDS_FILE, text.encode(), mode=0o600)
 
     def publish_operator_key(self) -> None:

@@ -16,6 +16,7 @@ import bisect
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated, Any, Generic, TypeVar
 
 import msgspec
@@ -32,6 +33,7 @@ from management.scheduler.book import WorkloadBook
 from management.scheduler.loop import SchedulerLoop, SchedulerSettings
 from management.scheduler.model import Explanation
 from master.accounts import AccountChange, Credential, IssuedKey
+from master.config import ConsoleSettings
 from master.keys import SigningKeyInfo
 from master.records import (
     AccountRecord,
@@ -639,6 +641,15 @@ class Operations:
         return await self.workloads.cancel(workload_id, account, time.time())
 
     # --- the console's composite reads (management/console/) --------------------------------------------------------
+
+    @property
+    def console_settings(self) -> ConsoleSettings:
+        return self._master.config.console
+
+    @property
+    def state_path(self) -> Path:
+        """The Master's state directory (the console keeps its session key there)."""
+        return self._master.config.state_path
 
     WORKLOAD_EVENTS_SHOWN = 200
     SPEND_ENTRIES_READ = 10_000  # ledger lines a spend chart reads at most (the newest)

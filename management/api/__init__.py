@@ -77,5 +77,5 @@ def build_app(master: Master, settings: ApiSettings | None = None, operations: O
     app.on_startup.append(_load_prices)
     app.on_startup.append(_load_market)
     # The web console, from the same origin (management/console/, docs/console.md).
-    add_console(app, operations, master.config.console, state_dir=master.config.state_path)
+    add_console(app, operations, operations.console_settings, state_dir=operations.state_path)
     return app

@@ -111,9 +111,9 @@ async def _load_account(request: web.Request, settings: ConsoleSettings) -> None
 
 
 async def _handle(request: web.Request, handler: Handler, settings: ConsoleSettings) -> web.StreamResponse:
+    wants_socket = request.headers.get("Upgrade", "").lower() == "websocket"
     try:
         await _load_account(request, settings)
-        wants_socket = request.headers.get("Upgrade", "").lower() == "websocket"
         if wants_socket and not same_origin(request):
             return web.Response(status=403, text="cross-origin WebSocket refused")
         if request.method not in SAFE_METHODS and not await _csrf_ok(request):
@@ -127,7 +127,7 @@ async def _handle(request: web.Request, handler: Handler, settings: ConsoleSetti
             )
         return await handler(request)
     except SignInRequired:
-        if request.method in SAFE_METHODS and not request.headers.get("HX-Request"):
+        if request.method in SAFE_METHODS and not request.headers.get("HX-Request") and not wants_socket:
             raise web.HTTPSeeOther(f"{CONSOLE_PREFIX}/signin?next={quote(request.path_qs, safe='')}") from None
         return web.Response(status=401, text="sign in first")
     except web.HTTPException as exc:

@@ -86,9 +86,9 @@ async def _bridge(socket: web.WebSocketResponse, tunnel: Tunnel, allowed: frozen
 
     async def from_browser() -> None:
         async for message in socket:
-            refusal = _refusal(message, allowed)
-            if refusal:
-                await socket.close(code=POLICY_VIOLATION, message=refusal.encode()[:120])
+            refused = refusal(message, allowed)
+            if refused:
+                await socket.close(code=POLICY_VIOLATION, message=refused.encode()[:120])
                 return
             frame = decode_frame(message.data)
             await tunnel.send(frame.op, frame.stream, frame.payload)
@@ -106,7 +106,7 @@ async def _bridge(socket: web.WebSocketResponse, tunnel: Tunnel, allowed: frozen
             await socket.close()
 
 
-def _refusal(message: Any, allowed: frozenset[Op]) -> str:
+def refusal(message: Any, allowed: frozenset[Op]) -> str:
     """Why a browser's message may not go on to the tunnel ("" when it may)."""
     if message.type != WSMsgType.BINARY:
         return "send binary tunnel frames only"

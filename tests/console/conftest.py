@@ -4,7 +4,7 @@ and screenshots of each step.
 - ``console_master``: a MasterServer (SQLite in the test's tmp_path, the API and the console on a free port) running
   on an event loop of its own in a thread, with three accounts that have console passwords (``ACCOUNTS``);
   ``console_master.run(coro)`` runs a coroutine on the Master's loop (to seed data through the façade).
-- ``browser`` (one Chromium per session: /usr/bin/chromium, headless, never a downloaded browser) and ``page`` (a
+- ``browser`` (one Chromium per module: /usr/bin/chromium, headless, never a downloaded browser) and ``page`` (a
   fresh context per test: no cookies carried from another test).
 - ``shot(page, "step")`` saves ``$IDLEGRID_SCREENSHOTS/<test>/NN-step.png`` (default .artifacts/screenshots/).
 - ``sign_in(page, role)`` signs in through the form as the operator, the provider or the renter.
@@ -16,7 +16,7 @@ import asyncio
 import os
 import re
 import threading
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -27,6 +27,7 @@ from management.server import MasterServer
 from master.accounts import BOOTSTRAP_ACCOUNT
 from master.config import ConsoleSettings, MasterConfig
 from master.records import AccountRecord
+from tests.console.plain_http import Console, console_for
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
@@ -114,11 +115,10 @@ def console_master(tmp_path: Path) -> Iterator[ConsoleMaster]:
     master.stop()
 
 
-# One Chromium per test module, not per session: Playwright's sync API keeps an event loop running in the main thread
-# while it is open, and every asyncio test (pytest-asyncio) of a later module would then fail with "cannot be called
-# from a running event loop". A module of browser tests holds no asyncio test.
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    """One Chromium per test module: Playwright's synchronous API keeps an event loop marked running in this thread
+    while it is started, which pytest-asyncio's tests (in other modules) cannot run beside."""
     if not CHROMIUM.exists():
         pytest.skip("Debian's chromium is not installed (scripts/setup-env --test installs it as root)")
     sync_api = pytest.importorskip("playwright.sync_api")
@@ -175,3 +175,12 @@ def sign_in_as(page: Any, base_url: str, role: str) -> ConsoleAccount:
 @pytest.fixture
 def sign_in(console_master: ConsoleMaster) -> Callable[[Any, str], ConsoleAccount]:
     return lambda page, role: sign_in_as(page, console_master.url, role)
+
+
+@pytest.fixture
+async def console(tmp_path: Path) -> AsyncIterator[Console]:
+    """The console over plain HTTP (tests/console/plain_http.py) on a Master with the renter rita."""
+    client = await console_for(tmp_path)
+    yield client
+    await client.close()
+    await client.master.stop()

@@ -94,6 +94,7 @@ def live_logs_and_terminal(page, shot) -> None:
 
     page.get_by_role("button", name="Open a terminal").click()
     expect(page.locator("#terminal-status")).to_contain_text("Connected", timeout=20_000)
+    expect(page.locator(".xterm-rows")).to_contain_text("$", timeout=20_000)  # the shell's prompt
     page.keyboard.type("echo from-the-terminal-$((6*7))\n")
     expect(page.locator(".xterm-rows")).to_contain_text("from-the-terminal-42", timeout=20_000)
     shot(page, "terminal")

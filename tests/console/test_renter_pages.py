@@ -59,6 +59,7 @@ def test_a_query_language_error_is_shown_next_to_the_box_with_its_position(marke
     error = page.locator("#q-error")
     assert "position 12" in error.inner_text() and "unknown field 'colour'" in error.inner_text()
     assert page.get_by_label("Query", exact=False).get_attribute("aria-invalid") == "true"
+    assert page.locator("mark").inner_text() == "colour"  # the trouble, marked in the query as typed
     shot(page, "query-error")
 
 

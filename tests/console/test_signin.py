@@ -4,61 +4,14 @@ Runs the console as the Master serves it (management/api build_app) on aiohttp's
 
 from __future__ import annotations
 
-import re
 import time
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
 
 from common.errors import SignInRefused
-from management.api import build_app
 from master.accounts import AccountChange
-from master.config import ConsoleSettings, MasterConfig
 from master.records import AccountRecord
-from master.service import Master
-
-PASSWORD = "renter-password-1"
-CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
-
-
-class Console(TestClient[web.Request, web.Application]):
-    master: Master
-    origin: str
-
-
-async def console_for(tmp_path: Path, **settings: object) -> Console:
-    master = Master(MasterConfig(state_dir=str(tmp_path), link_port=0, console=ConsoleSettings(**settings)))  # type: ignore[arg-type]
-    await master.start()
-    await master.accounts.create(AccountRecord(id="rita", role="renter", name="Rita"))
-    await master.accounts.set_password("rita", PASSWORD)
-    client = Console(TestServer(build_app(master)))
-    await client.start_server()
-    client.master = master
-    client.origin = str(client.make_url("")).rstrip("/")
-    return client
-
-
-@pytest.fixture
-async def console(tmp_path: Path) -> AsyncIterator[Console]:
-    client = await console_for(tmp_path)
-    yield client
-    await client.close()
-    await client.master.stop()
-
-
-async def csrf_of(console: Console, path: str = "/console/signin") -> str:
-    response = await console.get(path)
-    found = CSRF.search(await response.text())
-    assert found, f"{path} has no CSRF field"
-    return found.group(1)
-
-
-async def sign_in(console: Console, account: str = "rita", password: str = PASSWORD, **extra: str):
-    form = {"account": account, "password": password, "csrf_token": await csrf_of(console), "next": "/console/", **extra}
-    return await console.post("/console/signin", data=form, headers={"Origin": console.origin}, allow_redirects=False)
+from tests.console.plain_http import PASSWORD, console_for, csrf_of, sign_in
 
 
 async def test_signing_in_sets_an_httponly_samesite_strict_cookie_and_goes_to_the_console(console):
@@ -186,3 +139,12 @@ async def test_console_pages_carry_security_headers(console):
     assert "default-src 'self'" in response.headers["Content-Security-Policy"]
     assert response.headers["X-Frame-Options"] == "DENY"
     assert (await console.get("/", allow_redirects=False)).headers["Location"] == "/console/"
+
+
+async def test_a_page_of_another_role_is_refused_with_a_page_saying_why(console):
+    await console.master.accounts.create(AccountRecord(id="acme", role="provider"))
+    await console.master.accounts.set_password("acme", "provider-password-1")
+    assert (await sign_in(console, "acme", "provider-password-1")).status == 303
+    response = await console.get("/console/launch")
+    assert response.status == 403 and response.content_type == "text/html"
+    assert "a provider key may not write workloads" in await response.text()

@@ -123,11 +123,13 @@ def test_the_operator_may_do_everything_and_a_renter_reads_tiers_runs_its_worklo
         Resource.OFFERS: frozenset({Action.READ}),
         Resource.LEDGER: frozenset({Action.READ}),  # its own balance, ledger and spend; never a credit
         Resource.RENTALS: frozenset({Action.READ, Action.WRITE}),  # its own rentals, and rating them
+        Resource.PASSWORD: frozenset({Action.WRITE}),  # its own console password
     }
     assert Resource.WORKLOADS not in PERMISSIONS[Role.PROVIDER]
     assert PERMISSIONS[Role.PROVIDER][Resource.PRICES] == frozenset({Action.READ, Action.WRITE})
     assert PERMISSIONS[Role.PROVIDER][Resource.LEDGER] == frozenset({Action.READ})  # its earnings and payouts
     assert PERMISSIONS[Role.PROVIDER][Resource.RENTALS] == frozenset({Action.READ})  # the rentals on its hosts
+    assert PERMISSIONS[Role.PROVIDER][Resource.PASSWORD] == frozenset({Action.WRITE})  # its own console password
 
 
 async def test_head_is_authorized_as_the_get_it_mirrors(api, two_providers):

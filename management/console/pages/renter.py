@@ -81,6 +81,8 @@ async def offers(request: web.Request) -> web.Response:
     built, raw, sort = offer_query(form, errors)
     query = f"{raw} {built}".strip()
     result = None
+    marked: tuple[str, str] | None = None  # the query box's text before the trouble, and the trouble
+    marked_after = ""
     cursor = text(form, "cursor", max_length=1024) or None
     if not errors:
         try:
@@ -88,11 +90,10 @@ async def offers(request: web.Request) -> web.Response:
                 query, sort=sort or None, limit=OFFERS_PER_PAGE, cursor=cursor
             )
         except BadQuery as exc:
-            position = getattr(exc, "position", None)
-            if position is not None and position <= len(raw):
-                errors.add("q", f"{exc} (at position {position} of the query box)")
-            else:
-                errors.add("q", str(exc))
+            errors.add("q", str(exc))
+            if exc.position < len(raw):  # in the box (the form's own conditions come after it)
+                marked = (raw[: exc.position], raw[exc.position : exc.position + max(1, len(exc.token))])
+                marked_after = raw[exc.position + len(marked[1]) :]
     next_url = None
     if result is not None and result.next_cursor:
         next_url = request.rel_url.update_query(cursor=result.next_cursor)
@@ -101,6 +102,7 @@ async def offers(request: web.Request) -> web.Response:
         request, "renter/offers.html", status=status, title="Offers", form=form, errors=errors, query=query,
         raw=raw, sorts=SORTS, result=result, next_url=next_url, money=format_amount, first_page=cursor is None,
         first_url=request.rel_url.with_query({k: v for k, v in request.query.items() if k != "cursor"}),
+        marked=marked, marked_after=marked_after,
     )  # fmt: skip
 
 
