@@ -23,6 +23,7 @@ import msgspec
 
 from common.errors import Conflict, InvalidPassword, NotFound, SignInRefused
 from common.inventory import GpuSample
+from management.fleet import FleetFigures, fleet_figures
 from management.market.ledger import Statement, StatementLine
 from management.market.market import Market
 from management.market.operations import FundsDetail, MarketOperations, RentalDetail
@@ -42,6 +43,7 @@ from master.records import (
     EventRecord,
     GpuRecord,
     PriceRecord,
+    RevocationRecord,
     TokenRecord,
     WorkloadRecord,
     WorkloadSpec,
@@ -181,6 +183,24 @@ class AuditEntry:
     route: str  # the route's pattern, e.g. "/api/v1/agents/{agent_id}/drain"
     target: str  # what it changed: the id in the path, or the id of what it created
     status: int
+
+
+@dataclass(frozen=True)
+class HostChoices:
+    """The values a hosts list may be filtered by."""
+
+    regions: list[str]
+    tiers: list[str]
+    models: list[str]
+
+
+@dataclass(frozen=True)
+class HostSamples:
+    """One host's GPUs and their recent samples (uuid -> samples, oldest first)."""
+
+    agent_id: str
+    gpus: list[GpuRecord]
+    samples: dict[str, list[GpuSample]]
 
 
 @dataclass(frozen=True)
@@ -734,3 +754,82 @@ class Operations:
     def _host_price(self, agent: AgentRecord) -> HostPriceDetail:
         price = self.prices.price(agent.provider, agent.id)
         return HostPriceDetail(agent.id, agent.provider, price, self._master.config.currency)
+
+    # --- the console: the fleet at a glance, hosts filtered by their GPUs, live samples (management/console/) ----------
+
+    def fleet(self) -> FleetFigures:
+        """Compute-unit figures of the whole fleet by tier, region and model, and its faulty GPUs (management/fleet.py):
+        one pass over the registry in memory."""
+        m = self._master
+        order = [rule.name for rule in m.policy.tiers]
+        return fleet_figures(m.registry.gpus.values(), m.registry.agents, m.telemetry.latest, tier_order=order)
+
+    def list_hosts(
+        self,
+        *,
+        state: str | None = None,
+        region: str | None = None,
+        tier: str | None = None,
+        model: str | None = None,
+        provider: str | None = None,
+        owner: str | None = None,
+        after: AgentKey | None = None,
+        limit: int,
+    ) -> Page[AgentDetail]:
+        """``list_agents`` with two filters on a host's GPUs as well: a host matches ``tier`` (``model``) when one of its
+        GPUs is of it. Ordered by agent id; a page walks the ids from the cursor until it has ``limit + 1`` hosts."""
+        registry = self._master.registry
+        found: list[AgentRecord] = []
+        for agent_id in self._ids_after(after.id if after else None, strictly=True):
+            agent = registry.agents[agent_id]
+            if (
+                (state is not None and agent.state != state)
+                or (region is not None and agent.region != region)
+                or (provider is not None and agent.provider != provider)
+                or (owner is not None and agent.provider != owner)
+            ):
+                continue
+            if tier is not None or model is not None:
+                gpus = registry.gpus_of(agent_id)
+                if tier is not None and not any(g.tier == tier for g in gpus):
+                    continue
+                if model is not None and not any(g.model == model for g in gpus):
+                    continue
+            found.append(agent)
+            if len(found) > limit:
+                break
+        page = _page(found, limit, lambda a: AgentKey(a.id))
+        hosted = self._hosted({a.id for a in page.items})
+        return Page([self._detail(a, hosted) for a in page.items], page.next_key)
+
+    def host_choices(self, *, owner: str | None = None) -> HostChoices:
+        """What the hosts list may be filtered by: the regions, tiers and models present (of ``owner``'s hosts)."""
+        registry = self._master.registry
+        regions: set[str] = set()
+        models: set[str] = set()
+        for agent in registry.agents.values():
+            if owner is None or agent.provider == owner:
+                if agent.region:
+                    regions.add(agent.region)
+        for gpu in registry.gpus.values():
+            if gpu.model and (owner is None or self._provider_of(gpu.agent_id) == owner):
+                models.add(gpu.model)
+        return HostChoices(
+            regions=sorted(regions), tiers=[rule.name for rule in self._master.policy.tiers], models=sorted(models)
+        )
+
+    def recent_samples(self, agent_id: str, *, owner: str | None = None) -> HostSamples:
+        """The host's recent telemetry per GPU, oldest first, for live charts. Asking watches the host: from then on
+        the Master keeps a short ring of its samples (master/telemetry.py, RecentSamples), for a while after the
+        last ask; the first answer holds each GPU's latest sample."""
+        agent = self._owned_agent(agent_id, owner)
+        m = self._master
+        gpus = m.registry.gpus_of(agent.id)
+        latest = m.telemetry.latest
+        m.telemetry.recent.watch(agent.id, time.time(), [latest[g.uuid] for g in gpus if g.uuid in latest])
+        return HostSamples(agent.id, gpus, m.telemetry.recent.of(agent.id))
+
+    async def list_revocations(self) -> list[RevocationRecord]:
+        """Every revoked certificate with its host and why, newest first (revocations are few: kept whole)."""
+        found = await self._master.store.revocations.list()
+        return sorted(found, key=lambda r: (r.revoked_at, r.serial), reverse=True)

@@ -1,7 +1,9 @@
-"""Telemetry: the latest sample of every GPU in memory, one-minute rollups persisted."""
+"""Telemetry: the latest sample of every GPU in memory, one-minute rollups persisted, and a short ring of recent
+samples for the GPUs of the few hosts someone is watching (the console's live charts)."""
 
 from __future__ import annotations
 
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -43,6 +45,63 @@ class _Minute:
             self.ecc_uncorrected = s.ecc_uncorrected
 
 
+# The live charts' memory, bounded twice: a ring of at most RECENT_SAMPLES samples per GPU, kept only for the GPUs of
+# at most WATCHED_AGENTS hosts that were watched (asked for) in the last WATCH_S seconds. Keeping a ring for every GPU
+# of a 10,000-host fleet would cost about a gigabyte; a watched host costs 8 x 120 samples.
+RECENT_SAMPLES = 120
+WATCHED_AGENTS = 64
+WATCH_S = 600.0
+
+
+@dataclass
+class RecentSamples:
+    """Rings of recent samples per GPU of the watched hosts. A host is watched from the first ``watch`` on (its ring
+    starts with the latest sample the caller passes) until WATCH_S pass without another, or until WATCHED_AGENTS
+    others were watched more recently: then its rings are dropped."""
+
+    per_gpu: int = RECENT_SAMPLES
+    max_agents: int = WATCHED_AGENTS
+    watch_s: float = WATCH_S
+    _watched: OrderedDict[str, float] = field(default_factory=OrderedDict)  # agent id -> last watched, oldest first
+    _rings: dict[str, dict[str, deque[GpuSample]]] = field(default_factory=dict)  # agent id -> uuid -> samples
+
+    def watch(self, agent_id: str, now: float, latest: Iterable[GpuSample] = ()) -> None:
+        """Keep (or go on keeping) ``agent_id``'s samples; ``latest``: its GPUs' latest samples, to start from."""
+        self._watched[agent_id] = now
+        self._watched.move_to_end(agent_id)
+        rings = self._rings.setdefault(agent_id, {})
+        for sample in latest:
+            if sample.uuid not in rings:
+                rings[sample.uuid] = deque([sample], maxlen=self.per_gpu)
+        while len(self._watched) > self.max_agents:
+            oldest, _ = self._watched.popitem(last=False)
+            self._rings.pop(oldest, None)
+        for agent, seen in list(self._watched.items()):
+            if now - seen <= self.watch_s:
+                break  # ordered by last watched: the rest are more recent
+            del self._watched[agent]
+            self._rings.pop(agent, None)
+
+    def add(self, agent_id: str, samples: Sequence[GpuSample]) -> None:
+        rings = self._rings.get(agent_id)
+        if rings is None:
+            return
+        for sample in samples:
+            ring = rings.get(sample.uuid)
+            if ring is None:
+                ring = rings[sample.uuid] = deque(maxlen=self.per_gpu)
+            if not ring or sample.ts > ring[-1].ts:  # a late or repeated sample is not charted twice
+                ring.append(sample)
+
+    def of(self, agent_id: str) -> dict[str, list[GpuSample]]:
+        """The host's recent samples per GPU uuid, oldest first ({} when it is not watched)."""
+        return {uuid: list(ring) for uuid, ring in self._rings.get(agent_id, {}).items()}
+
+    @property
+    def watched(self) -> list[str]:
+        return list(self._watched)
+
+
 @dataclass
 class TelemetryAggregator:
     """Memory: one open minute per GPU (``_open``, by UUID); a sample of a later minute moves the open one to
@@ -54,9 +113,12 @@ class TelemetryAggregator:
     _open: dict[str, _Minute] = field(default_factory=dict)
     _ended: dict[tuple[str, int], _Minute] = field(default_factory=dict)
     _unwritten: list[TelemetryRollup] = field(default_factory=list)  # a failed flush's rest, tried again first
+    recent: RecentSamples = field(default_factory=RecentSamples)  # the watched hosts' recent samples
 
     def ingest(self, agent_id: str, samples: Iterable[GpuSample]) -> None:
-        for sample in samples:
+        batch = list(samples)
+        self.recent.add(agent_id, batch)
+        for sample in batch:
             uuid = sample.uuid
             self.latest[uuid] = sample
             number = int(sample.ts // 60)

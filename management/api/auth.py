@@ -45,6 +45,7 @@ class Resource(str, enum.Enum):
     RENTALS = "rentals"  # rentals (a renter's own; a provider's hosts'), and rating one (write)
     PRICES = "prices"  # providers' price records and defaults (the market)
     HOST_PRICES = "host_prices"  # the price in force on one host: public, as it is in offers
+    FLEET = "fleet"  # the console's fleet at a glance: every host's figures, the operator's alone
     PASSWORD = "password"  # an account's console password (set it)
 
 

@@ -68,3 +68,25 @@ async def test_a_minute_ended_by_a_later_sample_and_a_late_sample_of_it_are_both
     assert (first.minute, first.samples, first.utilization_avg) == (MINUTE // 60, 2, 20.0)
     assert (second.minute, second.samples, second.utilization_avg) == (MINUTE // 60 + 1, 1, 70.0)
     await store.close()
+
+
+def test_recent_samples_are_kept_only_for_watched_hosts_and_stay_bounded():
+    telemetry = TelemetryAggregator(store=None)  # type: ignore[arg-type]  # the rings never touch the store
+    recent = telemetry.recent
+    recent.per_gpu, recent.max_agents, recent.watch_s = 3, 2, 100.0
+    telemetry.ingest("agt-1", [sample("GPU-a", 1, 10)])
+    assert recent.of("agt-1") == {}  # nobody watches it: only the latest sample is kept
+
+    recent.watch("agt-1", now=1000, latest=[telemetry.latest["GPU-a"]])
+    for ts in (2, 3, 4, 5):
+        telemetry.ingest("agt-1", [sample("GPU-a", ts, ts * 10), sample("GPU-b", ts, 0)])
+    telemetry.ingest("agt-1", [sample("GPU-a", 4, 99)])  # a late sample is not charted again
+    assert [s.ts for s in recent.of("agt-1")["GPU-a"]] == [3, 4, 5]  # the ring holds the last three
+    assert [s.ts for s in recent.of("agt-1")["GPU-b"]] == [3, 4, 5]
+
+    recent.watch("agt-2", now=1001)
+    recent.watch("agt-3", now=1002)  # a third host: the least recently watched one's rings go
+    assert recent.watched == ["agt-2", "agt-3"] and recent.of("agt-1") == {}
+
+    recent.watch("agt-3", now=1102)  # agt-2 was last watched more than watch_s ago
+    assert recent.watched == ["agt-3"]
