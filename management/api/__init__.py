@@ -22,7 +22,6 @@ from management.api.errors import ApiError, Handler, error_response, errors_midd
 from management.api.health import METRICS_REGISTRY_KEY
 from management.api.metrics import ApiMetrics
 from management.api.ratelimit import KeyRateLimits
-from management.console import add_console
 from management.operations import Operations
 from master.service import Master
 
@@ -82,6 +81,9 @@ def build_app(master: Master, settings: ApiSettings | None = None, operations: O
     app.on_startup.append(_load_workloads)
     app.on_startup.append(_load_prices)
     app.on_startup.append(_load_market)
-    # The web console, from the same origin (management/console/, docs/console.md).
+    # The web console, from the same origin (management/console/, docs/console.md). Imported here: its pages import
+    # management.api.auth (one place decides who may do what), so importing it above would make a cycle.
+    from management.console import add_console
+
     add_console(app, operations, operations.console_settings, state_dir=operations.state_path)
     return app
