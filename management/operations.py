@@ -433,23 +433,34 @@ class Operations:
         state: str | None = None,
         provider: str | None = None,
         region: str | None = None,
+        tier: str | None = None,
+        model: str | None = None,
         owner: str | None = None,
         after: AgentKey | None = None,
         limit: int,
     ) -> Page[AgentDetail]:
-        agents = self._master.registry.agents
+        """Hosts by id from the cursor on; a host matches ``tier`` (``model``) when one of its GPUs is of it. A page walks
+        the ids until it has ``limit + 1`` hosts."""
+        registry = self._master.registry
         found: list[AgentRecord] = []
         for agent_id in self._ids_after(after.id if after else None, strictly=True):
-            agent = agents[agent_id]
+            agent = registry.agents[agent_id]
             if (
-                (state is None or agent.state == state)
-                and (provider is None or agent.provider == provider)
-                and (region is None or agent.region == region)
-                and (owner is None or agent.provider == owner)
+                (state is not None and agent.state != state)
+                or (region is not None and agent.region != region)
+                or (provider is not None and agent.provider != provider)
+                or (owner is not None and agent.provider != owner)
             ):
-                found.append(agent)
-                if len(found) > limit:
-                    break
+                continue
+            if tier is not None or model is not None:
+                gpus = registry.gpus_of(agent_id)
+                if tier is not None and not any(g.tier == tier for g in gpus):
+                    continue
+                if model is not None and not any(g.model == model for g in gpus):
+                    continue
+            found.append(agent)
+            if len(found) > limit:
+                break
         page = _page(found, limit, lambda a: AgentKey(a.id))
         hosted = self._hosted({a.id for a in page.items})
         return Page([self._detail(a, hosted) for a in page.items], page.next_key)
@@ -763,44 +774,6 @@ class Operations:
         m = self._master
         order = [rule.name for rule in m.policy.tiers]
         return fleet_figures(m.registry.gpus.values(), m.registry.agents, m.telemetry.latest, tier_order=order)
-
-    def list_hosts(
-        self,
-        *,
-        state: str | None = None,
-        region: str | None = None,
-        tier: str | None = None,
-        model: str | None = None,
-        provider: str | None = None,
-        owner: str | None = None,
-        after: AgentKey | None = None,
-        limit: int,
-    ) -> Page[AgentDetail]:
-        """``list_agents`` with two filters on a host's GPUs as well: a host matches ``tier`` (``model``) when one of its
-        GPUs is of it. Ordered by agent id; a page walks the ids from the cursor until it has ``limit + 1`` hosts."""
-        registry = self._master.registry
-        found: list[AgentRecord] = []
-        for agent_id in self._ids_after(after.id if after else None, strictly=True):
-            agent = registry.agents[agent_id]
-            if (
-                (state is not None and agent.state != state)
-                or (region is not None and agent.region != region)
-                or (provider is not None and agent.provider != provider)
-                or (owner is not None and agent.provider != owner)
-            ):
-                continue
-            if tier is not None or model is not None:
-                gpus = registry.gpus_of(agent_id)
-                if tier is not None and not any(g.tier == tier for g in gpus):
-                    continue
-                if model is not None and not any(g.model == model for g in gpus):
-                    continue
-            found.append(agent)
-            if len(found) > limit:
-                break
-        page = _page(found, limit, lambda a: AgentKey(a.id))
-        hosted = self._hosted({a.id for a in page.items})
-        return Page([self._detail(a, hosted) for a in page.items], page.next_key)
 
     def host_choices(self, *, owner: str | None = None) -> HostChoices:
         """What the hosts list may be filtered by: the regions, tiers and models present (of ``owner``'s hosts)."""

@@ -26,7 +26,7 @@ async def operations(tmp_path):
 def every_host(operations: Operations, **filters) -> list[str]:
     ids, after = [], None
     while True:
-        page = operations.list_hosts(**filters, after=after, limit=7)
+        page = operations.list_agents(**filters, after=after, limit=7)
         ids += [d.agent.id for d in page.items]
         if page.next_key is None:
             return ids

@@ -307,7 +307,7 @@ async def hosts_page(request: web.Request) -> web.StreamResponse:
     scope = await signed_in(request, Resource.AGENTS, Action.READ)
     query = _query(request)
     operations = request.app[OPERATIONS_KEY]
-    found = operations.list_hosts(
+    found = operations.list_agents(
         state=query.state,
         tier=query.tier,
         region=query.region,
