@@ -14,20 +14,15 @@ from playwright.sync_api import expect
 from tests.console.journeys import give_password, sign_in
 from tests.e2e.test_market import MASTER_SETTINGS, PRICES
 from tests.e2e.test_scheduler import SANDBOXED, renter, wait_workload, workload
-from tests.support.grid import TEST_PROVIDER, Grid, wait_for, write_toml
+from tests.support.grid import TEST_PROVIDER, Grid, running_grid, wait_for
 
 PASSWORD = "provider-journey-1"
 
 
 @pytest.fixture
 def grid(tmp_path: Path):
-    g = Grid(tmp_path)
-    try:
-        g.start_master("--config", str(write_toml(tmp_path / "master.toml", MASTER_SETTINGS)))
-        g.start_relay("relay-1", "eu-west")
+    with running_grid(tmp_path, MASTER_SETTINGS) as g:
         yield g
-    finally:
-        g.stop()
 
 
 def earned(grid: Grid) -> Decimal:

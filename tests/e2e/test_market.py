@@ -21,7 +21,7 @@ import pytest
 from agent.fault_injection import FAULTS_FILE
 from management.client import ApiClient
 from tests.e2e.test_scheduler import renter, sandboxed_hosts, wait_workload, workload
-from tests.support.grid import TEST_PROVIDER, Grid, wait_for, write_toml
+from tests.support.grid import TEST_PROVIDER, Grid, running_grid, wait_for
 
 PRICES = {"on_demand": "3.60", "min_bid": "0.36"}  # per GPU-hour: 0.001 and 0.0001 per second
 MASTER_SETTINGS: dict[str, str | int | float | bool] = {
@@ -37,13 +37,8 @@ TRAP = "trap 'echo TERM >> {file}; exit 0' TERM; while :; do sleep 0.2; done"  #
 
 @pytest.fixture
 def grid(tmp_path: Path) -> Iterator[Grid]:
-    g = Grid(tmp_path)
-    try:
-        g.start_master("--config", str(write_toml(tmp_path / "master.toml", MASTER_SETTINGS)))
-        g.start_relay("relay-1", "eu-west")
+    with running_grid(tmp_path, MASTER_SETTINGS) as g:
         yield g
-    finally:
-        g.stop()
 
 
 def micro(amount: str) -> int:

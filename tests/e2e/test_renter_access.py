@@ -20,20 +20,15 @@ import pytest
 
 from management.client import ApiClient
 from tests.e2e.test_scheduler import MASTER_SETTINGS, renter, sandboxed_hosts, wait_workload, workload
-from tests.support.grid import Grid, free_port, wait_for, write_toml
+from tests.support.grid import Grid, free_port, running_grid, wait_for
 
 CLI = [sys.executable, "-m", "management.cli"]
 
 
 @pytest.fixture
 def grid(tmp_path: Path) -> Iterator[Grid]:
-    g = Grid(tmp_path)
-    try:
-        g.start_master("--config", str(write_toml(tmp_path / "master.toml", MASTER_SETTINGS)))
-        g.start_relay("relay-1", "eu-west")
+    with running_grid(tmp_path, MASTER_SETTINGS) as g:
         yield g
-    finally:
-        g.stop()
 
 
 def cli(grid: Grid, key: str, *args: str, stdin: str = "", timeout: float = 30) -> subprocess.CompletedProcess[str]:

@@ -23,7 +23,7 @@ import pytest
 
 from agent.fault_injection import FAULTS_FILE
 from management.client import ApiClient, ApiRequest
-from tests.support.grid import Grid, pid_alive, wait_for, write_toml
+from tests.support.grid import Grid, pid_alive, running_grid, wait_for
 
 PERIOD_S = 1.0
 GRACE_S = 3.0
@@ -41,13 +41,8 @@ RECORD_START = "read -r pid _ < /proc/self/stat; echo $pid $CUDA_VISIBLE_DEVICES
 @pytest.fixture
 def grid(tmp_path: Path) -> Iterator[Grid]:
     """A Master that schedules every second, offers sandboxed hosts and gives preempted containers 3 s; one relay."""
-    g = Grid(tmp_path)
-    try:
-        g.start_master("--config", str(write_toml(tmp_path / "master.toml", MASTER_SETTINGS)))
-        g.start_relay("relay-1", "eu-west")
+    with running_grid(tmp_path, MASTER_SETTINGS) as g:
         yield g
-    finally:
-        g.stop()
 
 
 class Sandboxed(NamedTuple):

@@ -4,9 +4,10 @@ tests assert with (polling that fails as an assertion, the API as status and bod
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import ssl
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,19 @@ from management.localgrid import Daemon, LocalGrid, RelayInfo, StartupFailed, fr
 REPO = Path(__file__).resolve().parents[2]
 TEST_PROVIDER = "prov-1"
 
-__all__ = ["REPO", "Daemon", "Grid", "RelayInfo", "free_port", "pid_alive", "refused", "run_pids", "wait_for", "write_toml"]
+__all__ = [
+    "REPO",
+    "Daemon",
+    "Grid",
+    "RelayInfo",
+    "free_port",
+    "pid_alive",
+    "refused",
+    "run_pids",
+    "running_grid",
+    "wait_for",
+    "write_toml",
+]
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
@@ -32,6 +45,18 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: 
 
 # Settings of relays and agents that redial within a second: tests wait for reconnections, not backoffs.
 QUICK_RECONNECT = {"backoff_initial_s": 0.2, "backoff_max_s": 1.0}
+
+
+@contextlib.contextmanager
+def running_grid(root: Path, settings: Mapping[str, str | int | float | bool]) -> Iterator[Grid]:
+    """A Master with ``settings`` (TOML) and one relay, relay-1 in eu-west, as processes; all stopped afterwards."""
+    g = Grid(root)
+    try:
+        g.start_master("--config", str(write_toml(root / "master.toml", dict(settings))))
+        g.start_relay("relay-1", "eu-west")
+        yield g
+    finally:
+        g.stop()
 
 
 def write_toml(path: Path, settings: dict[str, str | int | float | bool]) -> Path:
