@@ -32,6 +32,8 @@ async def list_agents(request: web.Request) -> web.Response:
         state=query.state,
         provider=query.provider,
         region=query.region,
+        tier=query.tier,
+        model=query.model,
         owner=scope_of(request).owner,
         after=decode_cursor(RESOURCE, query, AgentKey),
         limit=query.limit,

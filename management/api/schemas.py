@@ -166,6 +166,8 @@ class AgentQuery(PageQuery, kw_only=True, forbid_unknown_fields=True):
     state: AgentStateName | None = None
     provider: AccountName | None = None
     region: AccountName | None = None
+    tier: Identifier | None = None  # hosts with a GPU of this tier
+    model: Identifier | None = None  # hosts with a GPU of this model
 
     def __post_init__(self) -> None:
         _one_of("state", self.state, AGENT_STATES)

@@ -53,6 +53,19 @@ async def test_gpus_filter_by_tier_model_and_state(api):
     assert t4_tier in {t["name"] for t in tiers}
 
 
+async def test_hosts_filter_by_the_tier_and_model_of_their_gpus(api):
+    await add_agent(api.master, "agt-a", "h100:2")
+    await add_agent(api.master, "agt-b", "t4:3")
+    t4_tier = (await (await api.get("/api/v1/gpus?model=t4", headers=api.auth)).json())["items"][0]["tier"]
+    by_model = (await (await api.get("/api/v1/agents?model=h100-sxm", headers=api.auth)).json())["items"]
+    by_tier = (await (await api.get(f"/api/v1/agents?tier={t4_tier}", headers=api.auth)).json())["items"]
+    assert [a["id"] for a in by_model] == ["agt-a"] and [a["id"] for a in by_tier] == ["agt-b"]
+    none = await (await api.get("/api/v1/agents?model=h100-sxm&tier=" + t4_tier, headers=api.auth)).json()
+    assert none["items"] == []
+    bad = await api.get("/api/v1/agents?model=not%20a%20model", headers=api.auth)
+    assert bad.status == 400 and "model" in (await bad.json())["error"]["message"]
+
+
 async def test_join_tokens_are_created_for_a_provider_and_stored_only_hashed(api, tmp_path):
     await api.post("/api/v1/accounts", json={"id": "acme", "role": "provider"}, headers=api.auth)
     response = await api.post("/api/v1/tokens", json={"provider": "acme", "ttl_s": 60}, headers=api.auth)
