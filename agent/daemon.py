@@ -575,7 +575,7 @@ def _runtime_options(config: AgentConfig) -> dict[str, object]:
         work = config.process_work_dir or None
         return {"state_dir": config.state_path, "user": config.process_user, "work_root": work}
     if config.runtime == "docker":
-        return {"socket": config.docker_socket}
+        return {"socket": config.docker_socket, "simulated_gpus": bool(config.simulate)}
     return {}  # open_runtime names the runtimes it knows
 
 

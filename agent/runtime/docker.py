@@ -51,8 +51,12 @@ class DockerRuntime:
         timeout_s: float = 60.0,
         pull_timeout_s: float = 1800.0,
         capabilities: Sequence[str] = DEFAULT_CAPABILITIES,
+        simulated_gpus: bool = False,
     ) -> None:
+        """``simulated_gpus``: the host's GPUs are the agent's simulation (``--simulate``), so a container is given
+        them by name (``CUDA_VISIBLE_DEVICES``) and no device is asked of the engine: there is none to give."""
         self.socket_path = str(socket)
+        self.simulated_gpus = simulated_gpus
         self.allow_pull = allow_pull
         self.timeout_s = timeout_s
         self.pull_timeout_s = pull_timeout_s
@@ -78,7 +82,8 @@ class DockerRuntime:
         if info.state != "created":
             return info  # running or already finished: a repeat delivery, not a second run
         # Ours and never started (a fresh create, or an agent that died between create and start).
-        await self._require_gpus(spec, raw)
+        if not self.simulated_gpus:
+            await self._require_gpus(spec, raw)
         await self._start(info)
         return _info(await self._inspect_required(spec.name))
 
@@ -181,7 +186,7 @@ class DockerRuntime:
     # --- steps ------------------------------------------------------------------------------------------
 
     async def _create(self, spec: ContainerSpec, labels: dict[str, str]) -> dict[str, Any]:
-        body = create_body(spec, labels, self.capabilities)
+        body = create_body(spec, labels, self.capabilities, device_requests=not self.simulated_gpus)
         status, reply = await self._call("POST", "/containers/create", params={"name": spec.name}, body=body)
         if status == 404 and self.allow_pull:
             await self._pull(spec.image)
@@ -313,7 +318,9 @@ class DockerRuntime:
         return self._session
 
 
-def create_body(spec: ContainerSpec, labels: Mapping[str, str], capabilities: Sequence[str]) -> dict[str, Any]:
+def create_body(
+    spec: ContainerSpec, labels: Mapping[str, str], capabilities: Sequence[str], *, device_requests: bool = True
+) -> dict[str, Any]:
     """The ``POST /containers/create`` body for ``spec``: limits, hardening and (for GPUs) an NVIDIA device request."""
     host: dict[str, Any] = {
         "Privileged": False,
@@ -326,11 +333,12 @@ def create_body(spec: ContainerSpec, labels: Mapping[str, str], capabilities: Se
     if spec.memory_mib is not None:
         host["Memory"] = spec.memory_mib * MIB
         host["MemorySwap"] = spec.memory_mib * MIB  # equal: no swap beyond the memory that was sold
-    if spec.gpus:
+    if spec.gpus and device_requests:
         host["DeviceRequests"] = [{"Driver": "nvidia", "DeviceIDs": list(spec.gpus), "Capabilities": [["gpu"]]}]
     body: dict[str, Any] = {
         "Image": spec.image,
-        "Env": [f"{key}={value}" for key, value in spec.env.items()],
+        "Env": [f"{key}={value}" for key, value in spec.env.items()]
+        + ([f"CUDA_VISIBLE_DEVICES={','.join(spec.gpus)}"] if spec.gpus and not device_requests else []),
         "Labels": dict(labels),
         "HostConfig": host,
     }

@@ -151,6 +151,21 @@ async def test_gpus_the_engine_does_not_grant_are_refused_and_the_container_remo
     assert podman.inspect("gpu-job") is None
 
 
+async def test_with_simulated_gpus_a_container_is_given_them_by_name_and_no_device_is_asked(podman):
+    # A simulated host (``--simulate``) has no device to give: the container runs, told which GPUs are its own.
+    rt = DockerRuntime(podman.socket_path, simulated_gpus=True)
+    try:
+        job = spec(podman, "sim-gpu-job", gpus=["GPU-aaaa", "GPU-bbbb"])
+        info = await rt.create(job, labels=agent_labels("cmd-11"))
+        assert info.state == "running"
+        inspected = podman.inspect("sim-gpu-job")
+        assert inspected is not None and not inspected["HostConfig"].get("DeviceRequests")
+        assert "CUDA_VISIBLE_DEVICES=GPU-aaaa,GPU-bbbb" in inspected["Config"]["Env"]
+    finally:
+        await rt.close()
+        podman.podman("rm", "--all", "--force", "--time", "0")
+
+
 async def test_an_unreachable_socket_fails_clearly(tmp_path):
     rt = open_runtime("docker", socket=str(tmp_path / "missing.sock"))
     try:

@@ -3,8 +3,8 @@ never listens. A renter reaches its workload's container through the relay with 
 (``idlegrid workload logs|exec|port-forward``, run as processes): logs, a command with its output and exit status, an
 HTTP server in the container through a forwarded local port. Another renter is refused; every opening is an event.
 
-The hosts run the process runtime sandboxed as ``nobody`` (no container engine is needed; the Podman runtime's own
-logs/exec/connect are tested against a real Podman in tests/agent/test_runtime_docker.py). GPUs are simulated.
+Most hosts here run the process runtime sandboxed as ``nobody``; one test runs a real container on a host whose agent
+drives a real Podman service through its Docker API. GPUs are simulated (none exists here).
 """
 
 from __future__ import annotations
@@ -148,3 +148,47 @@ def test_logs_over_plain_http_come_from_the_master_through_the_tunnel(grid, serv
             break
         time.sleep(0.5)
     assert f"serving on {port}" in text
+
+
+@pytest.mark.podman
+def test_exec_and_port_forward_reach_a_real_container_on_a_podman_host_behind_the_relay(grid, podman):
+    """The same through the docker runtime against a real Podman: a busybox container serving HTTP on its own
+    network; its GPU is simulated (the agent asks the engine for no device: there is none here)."""
+    assert grid.enroll("podman-host", grid.relays["relay-1"]).returncode == 0
+    agent_id = grid.agent_id("podman-host")
+    grid.start_agent("podman-host", "--runtime", "docker", "--docker-socket", str(podman.socket_path), simulate="a10:1")
+    grid.wait_state(agent_id, "ready")
+    alice = renter(grid, "alice")
+    serve = "mkdir -p /www && echo hello-from-podman > /www/index.txt && echo serving && exec httpd -f -p 8888 -h /www"
+    submitted = alice.submit_workload(
+        {"name": "web", "image": podman.image, "command": ["sh", "-c", serve], "replica": {"gpus": 1}}
+    )
+    wait_workload(alice, submitted["id"], "running", lambda w: w["state"] == "running", timeout=60)
+    key = alice.api_key
+    try:
+        done = cli(
+            grid, key, "workload", "exec", submitted["id"], "--no-tty", "--", "sh", "-c", "echo $CUDA_VISIBLE_DEVICES; exit 7"
+        )
+        assert done.returncode == 7, done.stderr
+        assert done.stdout.strip() == grid.agent(agent_id)["gpus"][0]["uuid"]
+        local = free_port()
+        forward = subprocess.Popen(
+            [*CLI, "workload", "port-forward", submitted["id"], f"{local}:8888", "--api", grid.api_url, "--api-key", key],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert forward.stderr is not None and forward.stderr.readline().startswith(f"Forwarding 127.0.0.1:{local}")
+
+            def fetch() -> str:
+                with urllib.request.urlopen(f"http://127.0.0.1:{local}/index.txt", timeout=10) as answer:
+                    return answer.read().decode()
+
+            assert wait_for(fetch, 30, "busybox httpd in the container through the forwarded port") == "hello-from-podman\n"
+        finally:
+            forward.terminate()
+            forward.wait(timeout=10)
+        logs = cli(grid, key, "workload", "logs", submitted["id"])
+        assert logs.returncode == 0 and "serving" in logs.stdout, logs.stderr
+    finally:
+        alice.cancel_workload(submitted["id"])
