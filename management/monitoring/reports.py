@@ -362,10 +362,17 @@ def build_report(inputs: ReportInputs, kind: str, by: Sequence[str], start: floa
             values = gpu_values("", command.agent_id) | when(ended_at)
             rows[key(**values)].commands_failed += 1
     total = Figures()
-    ordered = [ReportRow(k, rows[k]) for k in sorted(rows)]
-    for row in ordered:
-        total.add(row.figures)
-    return Report(kind=kind, by=by, start=start, end=end, columns=KINDS[kind], rows=ordered, total=total)
+    for figures in rows.values():
+        total.add(figures)
+    # A row none of whose shown figures is there (a GPU's expected minutes in a revenue report) is left out; a GPU
+    # that could have reported and did not is there (its uptime is 0 %).
+    columns = KINDS[kind]
+    shown = [
+        ReportRow(k, rows[k])
+        for k in sorted(rows)
+        if any(rows[k].column(c) for c in columns) or ("uptime_pct" in columns and rows[k].column("uptime_pct") is not None)
+    ]
+    return Report(kind=kind, by=by, start=start, end=end, columns=columns, rows=shown, total=total)
 
 
 def _seen_by_provider(line: LedgerLine, own: str, hosts: Mapping[str, HostFacts]) -> bool:
