@@ -14,6 +14,7 @@ from collections import defaultdict
 import pytest
 
 from master.records import LedgerEntry, LedgerLine, RentalHost, RentalRecord, TelemetryRollup
+from master.service import Master
 from tests.management.hosts import add_agent, api_key
 
 DAY = 86400
@@ -50,19 +51,13 @@ def refund(key: str, ts: float, r: RentalRecord, amount: int, fee: int) -> Ledge
     return LedgerEntry(key=key, ts=ts, kind="refund", memo="host failed", lines=lines, rental=r.id)
 
 
-@pytest.fixture
-async def grid(api):
+async def seed(master: Master) -> dict[str, list[str]]:
     """acme: agt-a1 (2 x H100, eu-west) and agt-a2 (1 x A10, us-east); bolt: agt-b1 (1 x A10, eu-west). Two days of
     rollups, a rental across midnight on agt-a1 for renter lab, one on agt-b1 for renter zoo that the host failed, and
-    their charges and refund in the ledger."""
-    master = api.master
+    their charges and refund in the ledger. Answers each host's GPU uuids."""
     await add_agent(master, "agt-a1", "h100:2", provider="acme", region="eu-west")
     await add_agent(master, "agt-a2", "a10:1", provider="acme", region="us-east")
     await add_agent(master, "agt-b1", "a10:1", provider="bolt", region="eu-west")
-    api.acme = await api_key(master, "provider", "acme")
-    api.bolt = await api_key(master, "provider", "bolt")
-    api.lab = await api_key(master, "renter", "lab")
-    await api_key(master, "renter", "zoo")
     gpus = {agent: [g.uuid for g in master.registry.gpus_of(agent)] for agent in ("agt-a1", "agt-a2", "agt-b1")}
     rollups = []
     for n, (agent, uuids) in enumerate(sorted(gpus.items())):
@@ -113,7 +108,16 @@ async def grid(api):
     ]
     for entry in entries:
         assert await master.store.ledger.post(entry) is not None
-    api.gpus, api.rollups = gpus, rollups
+    return gpus
+
+
+@pytest.fixture
+async def grid(api):
+    """``seed``, with a key for providers acme and bolt and for renter lab."""
+    api.gpus = await seed(api.master)
+    api.acme = await api_key(api.master, "provider", "acme")
+    api.bolt = await api_key(api.master, "provider", "bolt")
+    api.lab = await api_key(api.master, "renter", "lab")
     return api
 
 
