@@ -31,10 +31,12 @@ class ReportSource:
         self, kind: str, by: tuple[str, ...], start: float, end: float, *, provider: str | None, renter: str | None
     ) -> Report:
         """The report as ``provider`` (its hosts), ``renter`` (its rentals) or, neither given, the operator sees it."""
-        inputs = restrict(await self.inputs(start, end, provider=provider), provider=provider, renter=renter)
+        inputs = restrict(await self.inputs(start, end, provider=provider, renter=renter), provider=provider, renter=renter)
         return build_report(inputs, kind, by, start, end)
 
-    async def inputs(self, start: float, end: float, *, provider: str | None = None) -> ReportInputs:
+    async def inputs(self, start: float, end: float, *, provider: str | None = None, renter: str | None = None) -> ReportInputs:
+        """The records of the window: of ``provider``'s hosts, or (``renter``) with the rollups of its rentals' GPUs
+        only; ``restrict`` still cuts them to what the caller may see."""
         registry, store = self._master.registry, self._master.store
         hosts = {
             a.id: HostFacts(provider=a.provider, region=a.region, enrolled_at=a.enrolled_at)
@@ -42,18 +44,23 @@ class ReportSource:
             if provider is None or a.provider == provider
         }
         gpus = [GpuFacts(g.uuid, g.agent_id, g.tier or "", g.model) for g in registry.gpus.values() if g.agent_id in hosts]
-        since, until = math.ceil(start / 60), math.ceil(end / 60)
-        rollups: list[TelemetryRollup] = []
-        for gpu in gpus:
-            rollups.extend(await store.rollups.list(gpu.uuid, since_minute=since, until_minute=until))
         rentals: list[RentalRecord] = []
         after: str | None = None
         while True:
-            page = await store.rentals.list(provider=provider, ended_since=start, after=after, limit=PAGE)
+            page = await store.rentals.list(provider=provider, account=renter, ended_since=start, after=after, limit=PAGE)
             rentals.extend(r for r in page if r.started_at < end)
             if len(page) < PAGE:
                 break
             after = rental_order(page[-1].started_at, page[-1].id)
+        held: set[str] = set()
+        if renter is not None:
+            rentals = [r for r in rentals if r.account == renter]
+            held = {unit for r in rentals for h in r.hosts for unit in h.units}
+        since, until = math.ceil(start / 60), math.ceil(end / 60)
+        rollups: list[TelemetryRollup] = []
+        for gpu in gpus:
+            if renter is None or gpu.uuid in held:
+                rollups.extend(await store.rollups.list(gpu.uuid, since_minute=since, until_minute=until))
         entries: list[LedgerEntry] = []
         seq = 0
         while True:
