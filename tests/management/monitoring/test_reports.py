@@ -292,3 +292,13 @@ def test_an_amount_split_over_gpus_sums_back_to_it(amount, parts):
 
 def test_every_kind_names_its_columns():
     assert set(KINDS) == {"usage", "revenue", "reliability", "summary"}
+
+
+@settings(max_examples=40, deadline=None)
+@given(records())
+def test_what_each_provider_sees_adds_up_to_what_the_operator_sees(found):
+    start, end = DAY0, DAY0 + 3 * 86400
+    everything = build_report(found, "summary", ("provider",), start, end).total
+    providers = [build_report(restrict(found, provider=p), "summary", ("day",), start, end).total for p in ("acme", "bolt")]
+    for name in ("gpu_minutes_available", "gpu_minutes_idle", "gpu_seconds_sold", "gross", "fees", "refunded", "sla_breaches"):
+        assert sum(getattr(t, name) for t in providers) == pytest.approx(getattr(everything, name)), name
