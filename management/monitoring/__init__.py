@@ -1,0 +1,1 @@
+"""Monitoring: telemetry history, alerts, fleet series and reports (docs/monitoring.md)."""
