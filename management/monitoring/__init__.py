@@ -1,0 +1,1 @@
+"""Monitoring: telemetry history, alerts, reports and the Prometheus series of the fleet and the market."""

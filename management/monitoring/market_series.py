@@ -1,0 +1,49 @@
+"""The market's Prometheus series, counted when scraped from what the management side holds in memory: open
+workloads by state (the workload book) and open rentals by kind (the meter). Labels are bounded sets (workload
+states, rental kinds), never workload, rental or account ids.
+
+They go into the registry the Master's ``/metrics`` serves, beside the fleet's series (master/metrics.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from management.scheduler.workloads import WorkloadState
+from master.records import RENTAL_KINDS, RentalRecord
+
+# States a workload leaves the book in: it holds only open ones, so these are always 0 and not exported.
+_FINAL = frozenset({WorkloadState.SUCCEEDED.value, WorkloadState.FAILED.value, WorkloadState.CANCELLED.value})
+OPEN_WORKLOAD_STATES = tuple(state.value for state in WorkloadState if state.value not in _FINAL)
+
+
+class MarketSeries(Collector):
+    """``idlegrid_workloads{state}`` and ``idlegrid_rentals_open{kind}``: a dictionary of counts and one pass over the
+    open rentals (a few thousand at most), nothing from the store."""
+
+    def __init__(
+        self,
+        workloads_by_state: Callable[[], Mapping[str, int]],
+        open_rentals: Callable[[], Iterable[RentalRecord]],
+    ) -> None:
+        self._workloads_by_state = workloads_by_state
+        self._open_rentals = open_rentals
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        workloads = GaugeMetricFamily("idlegrid_workloads", "Open workloads by state", labels=["state"])
+        counts = dict.fromkeys(OPEN_WORKLOAD_STATES, 0)
+        counts.update(self._workloads_by_state())
+        for state, n in counts.items():
+            workloads.add_metric([state], n)
+        yield workloads
+
+        rentals = GaugeMetricFamily("idlegrid_rentals_open", "Rentals running (being charged), by kind", labels=["kind"])
+        by_kind = dict.fromkeys(RENTAL_KINDS, 0)
+        for rental in self._open_rentals():
+            by_kind[rental.kind] = by_kind.get(rental.kind, 0) + 1
+        for kind, n in by_kind.items():
+            rentals.add_metric([kind], n)
+        yield rentals
