@@ -171,6 +171,9 @@ class FleetGauges(Collector):
         memory_used = GaugeMetricFamily(
             "idlegrid_gpu_memory_used_bytes", "Memory used, summed over the GPUs in service", labels=_GROUP
         )
+        memory_total = GaugeMetricFamily(
+            "idlegrid_gpu_memory_total_bytes", "Memory, summed over the GPUs in service with a sample", labels=_GROUP
+        )
         temperature = GaugeMetricFamily(
             "idlegrid_gpu_temperature_max_celsius", "The hottest latest temperature of the GPUs in service", labels=_GROUP
         )
@@ -188,13 +191,14 @@ class FleetGauges(Collector):
             idle.add_metric(values, group.rented_idle)
             ecc.add_metric(values, group.ecc_uncorrected)
             memory_used.add_metric(values, group.memory_used_mib * MIB)
+            memory_total.add_metric(values, group.memory_total_mib * MIB)
             if group.sampled:
                 utilization.add_metric(values, group.utilization_sum / group.sampled)
             if group.memory_total_mib:
                 memory.add_metric(values, group.memory_used_mib / group.memory_total_mib)
             if group.temperature_max is not None:
                 temperature.add_metric(values, group.temperature_max)
-        yield from (sampled, utilization, memory, memory_used, temperature, idle, ecc)
+        yield from (sampled, utilization, memory, memory_used, memory_total, temperature, idle, ecc)
 
         faulty = GaugeMetricFamily("idlegrid_gpus_faulty", "Faulty GPUs by the kind of their fault", labels=["kind"])
         for kind, n in sorted(faults.items()):

@@ -105,6 +105,7 @@ def test_gpus_are_counted_by_state_tier_region_and_model_with_their_groups_means
     assert sample(text, "idlegrid_gpu_utilization_mean_percent", **eu) == 40.0  # (90 + 0 + 30) / 3
     assert sample(text, "idlegrid_gpu_memory_used_ratio", **eu) == 60_000 / (3 * H100_MIB)
     assert sample(text, "idlegrid_gpu_memory_used_bytes", **eu) == 60_000 * 1024 * 1024
+    assert sample(text, "idlegrid_gpu_memory_total_bytes", **eu) == 3 * H100_MIB * 1024 * 1024
     assert sample(text, "idlegrid_gpu_temperature_max_celsius", **eu) == 88.0
     assert sample(text, "idlegrid_gpus_rented_idle", **eu) == 1
     assert sample(text, "idlegrid_gpus_ecc_uncorrected", **eu) == 1
