@@ -55,8 +55,9 @@ def shipped_config(grid: Grid, targets: Path) -> dict[str, Any]:
         for sd in job.get("file_sd_configs", []):
             files = []
             for name in sd["files"]:
+                shipped = yaml.safe_load((DEPLOY / "prometheus" / name).read_text())[0]  # its first group, labels and all
                 path = targets / Path(name).name
-                path.write_text(json.dumps([{"targets": [found[Path(name).stem]], "labels": {"region": "eu-west"}}]))
+                path.write_text(json.dumps([{**shipped, "targets": [found[Path(name).stem]]}]))
                 files.append(str(path))
             sd["files"] = files
     config["scrape_configs"] = [job for job in config["scrape_configs"] if job["job_name"].startswith("idlegrid-")]
@@ -105,6 +106,8 @@ def test_promql_counts_the_fleets_gpus_by_tier_as_the_api_lists_them(scraped):
 
     seen = wait_for(lambda: (found := by_tier_promql()) == by_tier_api and found, 20, f"PromQL to agree with {by_tier_api}")
     assert seen == by_tier_api
+    by_region = scraped.prometheus.query("sum by (region) (idlegrid_agents)")
+    assert by_region == [({"region": "eu-west"}, float(len(HOSTS)))]  # the series' own region, not a target's label
     per_gpu = scraped.prometheus.query("count(idlegrid_gpu_utilization_percent)")
     assert per_gpu == [({}, float(GPU_COUNT))]  # metrics_per_gpu: a series per GPU in service
 
