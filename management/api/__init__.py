@@ -67,7 +67,12 @@ def build_app(master: Master, settings: ApiSettings | None = None, operations: O
     registry = master.metrics.registry
     api_metrics = ApiMetrics(registry)
     # The market's series (management/monitoring/market_series.py), beside the fleet's (master/metrics.py).
-    registry.register(MarketSeries(operations.workloads.counts, operations.market.market.meter.open_rentals))
+    market = operations.market.market
+    registry.register(
+        MarketSeries(
+            operations.workloads.counts, market.meter.open_rentals, market.ledger.balances, currency=master.config.currency
+        )
+    )
     rate_limits = KeyRateLimits(settings.key_rate_per_s, settings.key_burst)
     middlewares = [api_metrics.middleware(), errors_middleware, auth_middleware, rate_limits.middleware(), audit_middleware]
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)

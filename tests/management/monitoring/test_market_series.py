@@ -1,6 +1,7 @@
 """The market's Prometheus series (management/monitoring/market_series.py) over a real Master (SQLite in tmp_path),
-its workload book and metering loop, the clock driven by hand: open workloads by state and running rentals by kind,
-as they change; no workload, rental or account id in any label. (The host's GPUs are simulated: no GPU here.)"""
+its workload book, ledger book and metering loop, the clock driven by hand: open workloads by state, running
+rentals by kind and the ledger's balances by kind of account, as they change; no workload, rental or account id
+in any label. (The host's GPUs are simulated: no GPU here.)"""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from master.config import MasterConfig
 from master.records import Assignment, PriceRecord, ReplicaSpec, WorkloadSpec
 from master.service import Master
 from tests.management.hosts import add_agent
-from tests.support.prometheus import check_metrics, sample
+from tests.support.prometheus import check_metrics, sample, samples
 
 PRICES = [PriceRecord(provider="prov", on_demand=3_600_000, min_bid=1_000_000, reserved_discount=0.5)]
 
@@ -51,7 +52,7 @@ async def test_workloads_by_state_and_running_rentals_by_kind_follow_the_books(m
     )
     await meter.load()
     registry = CollectorRegistry()
-    registry.register(MarketSeries(book.counts, meter.open_rentals))
+    registry.register(MarketSeries(book.counts, meter.open_rentals, ledger.balances, currency="EUR"))
 
     def scrape() -> str:
         return generate_latest(registry).decode()
@@ -76,12 +77,19 @@ async def test_workloads_by_state_and_running_rentals_by_kind_follow_the_books(m
     assert sample(text, "idlegrid_rentals_open", kind="on_demand") == 1
     assert sample(text, "idlegrid_rentals_open", kind="reserved") == 0
     assert running.id not in text and "alice" not in text
+    assert sample(text, "idlegrid_ledger_balance", kind="external", currency="EUR") == -10.0  # credited from outside
+    assert sample(text, "idlegrid_ledger_balance", kind="hold") == ledger.funds("alice").held / 1_000_000 > 0
     check = check_metrics(text)
     assert check.clean, check.findings
 
     clock[0] = now + 10
+    master.registry.on_heartbeat(master.registry.agents["agt-1"], now + 10, max_gap_s=15.0)
     await book.transition(running.id, "succeed", "exited 0", now + 10, exit_codes=[0])
     await meter.tick(now + 11)
     text = scrape()
     assert sample(text, "idlegrid_workloads", state="running") == 0
     assert sample(text, "idlegrid_rentals_open", kind="on_demand") == 0
+    # 10 s of 2 GPUs at 3.60 an hour: 0.02 paid, to the provider and the platform's fee; every entry balances
+    earned = sample(text, "idlegrid_ledger_balance", kind="provider") + sample(text, "idlegrid_ledger_balance", kind="platform")
+    assert earned == pytest.approx(0.02)
+    assert sum(value for _, value in samples(text, "idlegrid_ledger_balance")) == pytest.approx(0.0)
