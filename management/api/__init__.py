@@ -23,6 +23,7 @@ from management.api.errors import ApiError, Handler, error_response, errors_midd
 from management.api.health import METRICS_REGISTRY_KEY
 from management.api.metrics import ApiMetrics
 from management.api.ratelimit import KeyRateLimits
+from management.monitoring.market_series import MarketSeries
 from management.operations import Operations
 from master.service import Master
 
@@ -66,6 +67,13 @@ def build_app(master: Master, settings: ApiSettings | None = None, operations: O
     operations = operations or Operations(master)
     registry = master.metrics.registry
     api_metrics = ApiMetrics(registry)
+    # The market's series (management/monitoring/market_series.py), beside the fleet's (master/metrics.py).
+    market = operations.market.market
+    registry.register(
+        MarketSeries(
+            operations.workloads.counts, market.meter.open_rentals, market.ledger.balances, currency=master.config.currency
+        )
+    )
     rate_limits = KeyRateLimits(settings.key_rate_per_s, settings.key_burst)
     middlewares = [api_metrics.middleware(), errors_middleware, auth_middleware, rate_limits.middleware(), audit_middleware]
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
