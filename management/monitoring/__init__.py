@@ -1,0 +1,1 @@
+"""Monitoring: telemetry history, alert rules and notifications, reports, fleet series."""
