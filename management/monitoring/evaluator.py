@@ -147,7 +147,7 @@ def evaluate(
                 out[key] = state
                 continue
             # firing: does it clear?
-            clear = _run_start(points, lambda v: not rule.still_breached(v))
+            clear = _run_start(points, rule.cleared)
             if clear is None:
                 out[key] = msgspec.structs.replace(prior, value=latest, clear_since=None, labels=one.labels)
                 continue

@@ -57,7 +57,7 @@ class AlertRule(msgspec.Struct, frozen=True, kw_only=True):
         if self.scope not in SCOPES:
             raise ValueError(f"scope {self.scope!r} must be one of {', '.join(SCOPES)}")
         if self.fault and self.scope != "gpu":
-            raise ValueError("fault = true needs scope = \"gpu\": only a GPU can be marked faulty")
+            raise ValueError('fault = true needs scope = "gpu": only a GPU can be marked faulty')
 
     def breached(self, value: float) -> bool:
         """The condition holds: a pending alert goes on towards firing."""
@@ -67,6 +67,10 @@ class AlertRule(msgspec.Struct, frozen=True, kw_only=True):
         """For a firing alert: the condition, against the clear threshold, still holds (it does not clear yet)."""
         clear = self.threshold if self.clear_threshold is None else self.clear_threshold
         return OPERATORS[self.op](value, clear)
+
+    def cleared(self, value: float) -> bool:
+        """For a firing alert: ``value`` is past the clear threshold."""
+        return not self.still_breached(value)
 
 
 def parse_rules(document: dict[str, Any], *, source: str = "rules") -> list[AlertRule]:

@@ -52,7 +52,8 @@ def test_a_pending_alert_that_stops_breaching_is_dropped_unannounced():
 
 
 def test_a_firing_alert_whose_subject_is_no_longer_reported_resolves():
-    fired = evaluate([HOT.__class__(**{**_fields(HOT), "for_s": 0})], [Series(metric=HOT.metric, subject="g", points=((0, 90),))], {}, 0)
+    at_once = msgspec.structs.replace(HOT, for_s=0)
+    fired = evaluate([at_once], [Series(metric=HOT.metric, subject="g", points=((0, 90),))], {}, 0)
     gone = evaluate([HOT], [], fired.states, 10)
     [resolved] = gone.transitions
     assert resolved.phase == RESOLVED and resolved.value is None
@@ -62,10 +63,6 @@ def test_clear_for_s_holds_a_firing_alert_until_it_was_clear_that_long():
     rule = AlertRule(name="r", metric="m", op=">", threshold=10, clear_for_s=30)
     transitions, _ = run(rule, [20, 20, 0, 0, 20, 0, 0, 0, 0], sample_s=10, period_s=10)
     assert transitions == [(FIRING, 10.0), (RESOLVED, 80.0)]  # the dip at 20..30 was too short; 50..80 was not
-
-
-def _fields(rule: AlertRule) -> dict:
-    return {f: getattr(rule, f) for f in rule.__struct_fields__}
 
 
 @settings(max_examples=150, deadline=None)

@@ -59,7 +59,11 @@ async def test_the_body_is_signed_with_the_webhooks_secret_and_carries_the_idemp
         assert request.headers[SIGNATURE_HEADER] != wrong
         payload = request.payload
         assert payload["idempotency_key"] == request.headers[DELIVERY_HEADER] == transition().key
-        assert (payload["alert"]["rule"], payload["alert"]["phase"], payload["alert"]["value"]) == ("gpu_overheating", "firing", 91.0)
+        assert (payload["alert"]["rule"], payload["alert"]["phase"], payload["alert"]["value"]) == (
+            "gpu_overheating",
+            "firing",
+            91.0,
+        )
     finally:
         await notifier.stop()
         await receiver.stop()
