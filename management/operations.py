@@ -28,6 +28,9 @@ from management.market.ledger import Statement, StatementLine
 from management.market.market import Market
 from management.market.operations import FundsDetail, MarketOperations, RentalDetail
 from management.market.prices import HostPrice, PriceBook, PriceSetting, grid_default_of
+from management.monitoring.alert_loop import AlertLoop
+from management.monitoring.observe import FleetObserver
+from management.monitoring.rules import load_rules
 from management.renter_access import RenterAccess
 from management.scheduler.book import WorkloadBook
 from management.scheduler.loop import SchedulerLoop, SchedulerSettings
@@ -281,6 +284,13 @@ class Operations:
             SchedulerSettings.of(master.config),
             prices=self.prices.price,
             funded=self.market.market.funded,
+        )
+        # Alert rules evaluated over the fleet, notifications to webhooks (management/monitoring/); the loop runs
+        # only where it was started (the Master's server).
+        self.alerts = AlertLoop(
+            FleetObserver(master, self.workloads.open_workloads),
+            load_rules(Path(master.config.alert_rules) if master.config.alert_rules else None),
+            period_s=master.config.alert_period_s,
         )
 
     # --- accounts and API keys ------------------------------------------------------------------
