@@ -48,6 +48,7 @@ class AlertLoop:
     _task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
+        self.observer.attach()
         self.notifier.start()
         self._task = Loop(LOOP_NAME, self.period_s, self._step, restart_s=self.period_s).start()
 
@@ -57,6 +58,7 @@ class AlertLoop:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        self.observer.detach()
         await self.notifier.stop()
 
     async def _step(self) -> None:

@@ -11,8 +11,9 @@ Metrics wired (subject in brackets):
 Not wired yet (no data in the Master to read): a relay down, a host's bandwidth under its tier's floor, a renter's
 balance under an hour of its running rentals, the command failure rate over a window.
 
-The observer sees each GPU's latest sample once per evaluation (not every sample in between), and keeps per
-subject only the points the rules' durations need.
+Telemetry metrics see every sample: the observer listens to the Master's ingestion (``Master.sample_listeners``)
+while attached. Per subject it keeps only the points since the last evaluation and the one before them: the
+evaluator carries the rest in the alerts' state (``since``, ``clear_since``), so memory stays a few points per GPU.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from common.inventory import GpuSample
 from management.monitoring.evaluator import Point, Series
 from management.monitoring.rules import AlertRule
 from master.faults import LASTING
@@ -27,7 +29,7 @@ from master.records import WorkloadRecord
 from master.service import Master
 from master.states import AgentState
 
-MAX_POINTS = 256  # per subject: a bound whatever the rules' durations and the evaluation period
+MAX_POINTS = 256  # per subject between two evaluations: a bound should the loop stall
 
 GPU_TEMPERATURE = "gpu.temperature_c"
 GPU_HARDWARE_ERROR = "gpu.hardware_error"
@@ -43,49 +45,93 @@ class FleetObserver:
     master: Master
     open_workloads: OpenWorkloads = tuple  # the scheduler's open workloads, to label a rented GPU with its renter
     _points: dict[tuple[str, str], list[Point]] = field(default_factory=dict)
+    _attached: bool = False
+
+    def attach(self) -> None:
+        """Start hearing every telemetry sample as the Master ingests it."""
+        if not self._attached:
+            self.master.sample_listeners.append(self._on_samples)
+            self._attached = True
+
+    def detach(self) -> None:
+        if self._attached:
+            self.master.sample_listeners.remove(self._on_samples)
+            self._attached = False
+
+    def _on_samples(self, agent_id: str, samples: list[GpuSample]) -> None:
+        allocations = self.master.allocations
+        for sample in samples:
+            if sample.temperature_c is not None:
+                self._add((GPU_TEMPERATURE, sample.uuid), (sample.ts, sample.temperature_c))
+            hold = allocations.holder(sample.uuid)
+            if hold is not None and hold.running:
+                self._add((GPU_RENTED_UTILIZATION, sample.uuid), (sample.ts, sample.utilization_pct))
+
+    def _add(self, key: tuple[str, str], point: Point) -> None:
+        points = self._points.get(key)
+        if points is None:
+            self._points[key] = [point]
+        elif point[0] > points[-1][0]:  # a late or repeated sample is not counted twice
+            points.append(point)
+            if len(points) > MAX_POINTS:
+                del points[0]
 
     def collect(self, rules: Sequence[AlertRule], now: float) -> list[Series]:
+        """Every wired metric the rules ask for, as series; then forget all but each subject's latest point."""
         wanted = {rule.metric for rule in rules}
-        window = max((max(r.for_s, r.clear_for_s) for r in rules), default=0.0)
-        current: dict[tuple[str, str], tuple[Point, dict[str, str]]] = {}
         registry = self.master.registry
         renters = self._renters()
+        series: list[Series] = []
+        current: dict[tuple[str, str], list[Point]] = {}
+
+        def emit(key: tuple[str, str], points: list[Point], labels: dict[str, str]) -> None:
+            current[key] = points
+            series.append(Series(metric=key[0], subject=key[1], points=tuple(points), labels=labels))
+
         for gpu in registry.gpus.values():
             host = registry.agents.get(gpu.agent_id)
             labels = {"agent_id": gpu.agent_id, "gpu": gpu.uuid, "tier": gpu.tier or "", "model": gpu.model}
             if host is not None:
                 labels |= {"provider": host.provider, "region": host.region}
             labels |= renters.get(gpu.uuid, {})
-            sample = self.master.telemetry.latest.get(gpu.uuid)
-            if GPU_TEMPERATURE in wanted and sample is not None and sample.temperature_c is not None:
-                current[(GPU_TEMPERATURE, gpu.uuid)] = ((sample.ts, sample.temperature_c), labels)
+            if GPU_TEMPERATURE in wanted:
+                points = self._sampled((GPU_TEMPERATURE, gpu.uuid))
+                if points:
+                    emit((GPU_TEMPERATURE, gpu.uuid), points, labels)
+            if GPU_RENTED_UTILIZATION in wanted:
+                hold = self.master.allocations.holder(gpu.uuid)
+                points = self._sampled((GPU_RENTED_UTILIZATION, gpu.uuid))
+                if hold is not None and hold.running and points:
+                    emit((GPU_RENTED_UTILIZATION, gpu.uuid), points, labels)
             if GPU_HARDWARE_ERROR in wanted:
                 broken = 1.0 if gpu.fault is not None and gpu.fault.kind in LASTING else 0.0
-                current[(GPU_HARDWARE_ERROR, gpu.uuid)] = ((now, broken), labels)
-            if GPU_RENTED_UTILIZATION in wanted and sample is not None:
-                hold = self.master.allocations.holder(gpu.uuid)
-                if hold is not None and hold.running:
-                    current[(GPU_RENTED_UTILIZATION, gpu.uuid)] = ((sample.ts, sample.utilization_pct), labels)
+                emit((GPU_HARDWARE_ERROR, gpu.uuid), [(now, broken)], labels)
         if HOST_OFFLINE in wanted:
             for agent in registry.agents.values():
                 if agent.state == AgentState.RETIRED.value:
                     continue
                 offline = 1.0 if agent.state == AgentState.OFFLINE.value else 0.0
                 labels = {"agent_id": agent.id, "provider": agent.provider, "region": agent.region}
-                current[(HOST_OFFLINE, agent.id)] = ((now, offline), labels)
-        series: list[Series] = []
-        kept: dict[tuple[str, str], list[Point]] = {}
-        for key, (point, labels) in current.items():
-            points = self._points.get(key, [])
-            if not points or point[0] > points[-1][0]:
-                points.append(point)
-            horizon = now - window - 1.0
-            while len(points) > 1 and (points[1][0] < horizon or len(points) > MAX_POINTS):
-                points.pop(0)  # the oldest point older than the window is kept: it may start the current run
-            kept[key] = points
-            series.append(Series(metric=key[0], subject=key[1], points=tuple(points), labels=labels))
-        self._points = kept  # subjects gone from the fleet are forgotten
+                emit((HOST_OFFLINE, agent.id), [(now, offline)], labels)
+        # Keep each telemetry subject's latest point (the next evaluation's run may start before its new samples);
+        # subjects no longer in the fleet are forgotten.
+        self._points = {key: points[-1:] for key, points in self._points.items() if key in current}
         return series
+
+    def _sampled(self, key: tuple[str, str]) -> list[Point]:
+        """The points heard for ``key``; the latest sample the Master holds when none was heard (just attached)."""
+        points = self._points.get(key)
+        if points:
+            return points
+        metric, uuid = key
+        sample = self.master.telemetry.latest.get(uuid)
+        if sample is None:
+            return []
+        value = sample.temperature_c if metric == GPU_TEMPERATURE else sample.utilization_pct
+        if value is None:
+            return []
+        self._points[key] = [(sample.ts, value)]
+        return self._points[key]
 
     def _renters(self) -> dict[str, dict[str, str]]:
         by_gpu: dict[str, dict[str, str]] = {}
