@@ -241,10 +241,11 @@ MONGO_MIGRATIONS: tuple[MongoMigration, ...] = (
     ),
     MongoMigration(
         7,
+        # nx-27017 refuses _id in a compound index: ties on creation sort by _id without an index (few records).
         "alerting: silences by creation; webhooks by owner and creation (rules are keyed by name)",
         {
-            "silences": [IndexModel([("created_at", ASCENDING), ("_id", ASCENDING)])],
-            "webhooks": [IndexModel([("owner", ASCENDING), ("created_at", ASCENDING), ("_id", ASCENDING)])],
+            "silences": [IndexModel([("created_at", ASCENDING)])],
+            "webhooks": [IndexModel([("owner", ASCENDING), ("created_at", ASCENDING)])],
         },
     ),
 )
