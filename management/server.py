@@ -91,6 +91,7 @@ class MasterServer:
         await self.operations.market.market.load()
         self.operations.scheduler.start()
         self.operations.market.market.start()
+        await self.operations.alert_settings.load()
         self.operations.alerts.start()
         app = build_app(self.master, self.api_settings, self.operations)
         app.middlewares.append(self.gate.middleware())  # innermost: a caller is authenticated before it is told 503
