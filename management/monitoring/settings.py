@@ -19,6 +19,7 @@ from common.errors import Conflict, InvalidAlertSetting, NotFound
 from management.monitoring.alert_loop import AlertLoop
 from management.monitoring.evaluator import AlertState, AlertTransition
 from management.monitoring.notifier import Webhook
+from management.monitoring.observe import WIRED
 from management.monitoring.rules import AlertRule
 from management.monitoring.visibility import Viewer, visible
 from master.records import AlertRuleRecord, SilenceRecord, WebhookRecord
@@ -88,6 +89,8 @@ class AlertSettings:
     async def put_rule(self, name: str, spec: Mapping[str, Any], by: str) -> AlertRule:
         await self.load()
         rule = rule_of(spec, name)
+        if rule.metric not in WIRED:
+            raise InvalidAlertSetting(f"metric {rule.metric!r} is not one the Master watches: {', '.join(sorted(WIRED))}")
         record = AlertRuleRecord(name=name, spec=msgspec.to_builtins(rule), updated_at=self._clock(), updated_by=by)
         await self._store.alert_rules.put(record)
         self._api_rules[name] = rule
