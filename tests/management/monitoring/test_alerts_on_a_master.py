@@ -26,6 +26,7 @@ from management.monitoring.notifier import SIGNATURE_HEADER, NotifierSettings, W
 from management.monitoring.observe import FleetObserver
 from management.monitoring.rules import AlertRule, load_rules
 from master.config import MasterConfig
+from master.records import SilenceRecord
 from master.service import Master
 from tests.management.monitoring.receiver import WebhookReceiver
 from tests.master.linked import connect, events, relay, relay_link
@@ -176,4 +177,33 @@ async def test_an_xid_on_a_gpu_fires_the_shipped_hardware_error_alert(tmp_path):
         [cleared] = await loop.step()
         assert cleared.phase == RESOLVED
     finally:
+        await master.stop()
+
+
+async def test_a_silenced_alert_is_recorded_but_not_delivered_and_delivered_again_once_the_silence_expires(tmp_path):
+    master = Master(MasterConfig(state_dir=str(tmp_path), link_port=0))
+    await master.start()
+    receiver = WebhookReceiver()
+    await receiver.start()
+    now = [time.time()]
+    loop = AlertLoop(FleetObserver(master), [r for r in load_rules() if r.name == "gpu_hardware_error"], clock=lambda: now[0])
+    loop.notifier.webhooks["ops"] = Webhook(id="wh-ops", url=receiver.url, secret=SECRET, owner="operator", role="operator")
+    loop.notifier.start()
+    try:
+        link = relay_link()
+        await connect(master, link, "agt-a")
+        loop.silences.put(
+            SilenceRecord(id="sil-1", expires_at=now[0] + 60, created_at=now[0], created_by="operator", subject=GPU0)
+        )
+        await relay(master, link, "agt-a", AgentEvent(kind=AgentEventKind.GPU_XID, ts=now[0], gpu_uuid=GPU0, code=79))
+        [fired] = await loop.step()
+        assert len(await events(master, "alert.firing", GPU0)) == 1
+        now[0] += 61  # the silence is over
+        await master.repair_gpu(GPU0)
+        [resolved] = await loop.step()
+        [delivered] = await receiver.wait_for(1)
+        assert delivered.payload["idempotency_key"] == resolved.key != fired.key
+    finally:
+        await loop.stop()
+        await receiver.stop()
         await master.stop()
