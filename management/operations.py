@@ -292,7 +292,7 @@ class Operations:
         # Alert rules evaluated over the fleet, notifications to webhooks (management/monitoring/); the loop runs
         # only where it was started (the Master's server).
         self.alerts = AlertLoop(
-            FleetObserver(master, self.workloads.open_workloads),
+            FleetObserver(master, self.workloads.open_workloads, self.market.market.meter.balance_cover_s),
             load_rules(Path(master.config.alert_rules) if master.config.alert_rules else None),
             period_s=master.config.alert_period_s,
         )

@@ -6,10 +6,13 @@ Metrics wired (subject in brackets):
 - ``gpu.hardware_error`` [GPU uuid]: 1 while the GPU is faulty for an Xid or uncorrectable ECC errors, else 0;
 - ``gpu.rented_utilization_pct`` [GPU uuid]: the latest utilization of a GPU a running container holds (absent
   for a GPU nobody holds, so the alert resolves when the rental ends);
-- ``host.offline`` [agent id]: 1 while the host is offline, else 0 (retired hosts are not watched).
+- ``host.offline`` [agent id]: 1 while the host is offline, else 0 (retired hosts are not watched);
+- ``renter.balance_cover_s`` [renter account]: how long the renter's balance covers its running rentals (only
+  renters with running rentals; label ``renter``);
+- ``fleet.command_failure_pct`` ["fleet"]: failed container commands as a percentage of those finished over the
+  last ``COMMAND_WINDOW_S`` (0 until at least ``COMMAND_MIN_COUNT`` finished in the window), from the hosts' counters.
 
-Not wired yet (no data in the Master to read): a relay down, a host's bandwidth under its tier's floor, a renter's
-balance under an hour of its running rentals, the command failure rate over a window.
+Not wired yet (no data in the Master to read): a relay down, a host's bandwidth under its tier's floor.
 
 Telemetry metrics see every sample: the observer listens to the Master's ingestion (``Master.sample_listeners``)
 while attached. Per subject it keeps only the points since the last evaluation and the one before them: the
@@ -18,7 +21,9 @@ evaluator carries the rest in the alerts' state (``since``, ``clear_since``), so
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import math
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from common.inventory import GpuSample
@@ -35,17 +40,31 @@ GPU_TEMPERATURE = "gpu.temperature_c"
 GPU_HARDWARE_ERROR = "gpu.hardware_error"
 GPU_RENTED_UTILIZATION = "gpu.rented_utilization_pct"
 HOST_OFFLINE = "host.offline"
-WIRED = frozenset({GPU_TEMPERATURE, GPU_HARDWARE_ERROR, GPU_RENTED_UTILIZATION, HOST_OFFLINE})
+RENTER_BALANCE_COVER = "renter.balance_cover_s"
+FLEET_COMMAND_FAILURE = "fleet.command_failure_pct"
+WIRED = frozenset(
+    {GPU_TEMPERATURE, GPU_HARDWARE_ERROR, GPU_RENTED_UTILIZATION, HOST_OFFLINE, RENTER_BALANCE_COVER, FLEET_COMMAND_FAILURE}
+)
+COMMAND_WINDOW_S = 600.0
+COMMAND_MIN_COUNT = 10
 
 OpenWorkloads = Callable[[], Sequence[WorkloadRecord]]
+BalanceCover = Callable[[float], Mapping[str, float]]  # now -> renter -> seconds its balance covers
+
+
+def _no_balances(now: float) -> Mapping[str, float]:
+    return {}
 
 
 @dataclass
 class FleetObserver:
     master: Master
     open_workloads: OpenWorkloads = tuple  # the scheduler's open workloads, to label a rented GPU with its renter
+    balance_cover: BalanceCover = _no_balances  # the market's meter
     _points: dict[tuple[str, str], list[Point]] = field(default_factory=dict)
     _attached: bool = False
+    # (ts, succeeded, failed) fleet-wide command counters at each evaluation of the last COMMAND_WINDOW_S
+    _commands: deque[tuple[float, int, int]] = field(default_factory=deque)
 
     def attach(self) -> None:
         """Start hearing every telemetry sample as the Master ingests it."""
@@ -113,6 +132,12 @@ class FleetObserver:
                 offline = 1.0 if agent.state == AgentState.OFFLINE.value else 0.0
                 labels = {"agent_id": agent.id, "provider": agent.provider, "region": agent.region}
                 emit((HOST_OFFLINE, agent.id), [(now, offline)], labels)
+        if RENTER_BALANCE_COVER in wanted:
+            for renter, cover_s in self.balance_cover(now).items():
+                if math.isfinite(cover_s):
+                    emit((RENTER_BALANCE_COVER, renter), [(now, cover_s)], {"renter": renter})
+        if FLEET_COMMAND_FAILURE in wanted:
+            emit((FLEET_COMMAND_FAILURE, "fleet"), [(now, self._command_failure_pct(now))], {})
         # Keep each telemetry subject's latest point (the next evaluation's run may start before its new samples);
         # subjects no longer in the fleet are forgotten.
         self._points = {key: points[-1:] for key, points in self._points.items() if key in current}
@@ -132,6 +157,18 @@ class FleetObserver:
             return []
         self._points[key] = [(sample.ts, value)]
         return self._points[key]
+
+    def _command_failure_pct(self, now: float) -> float:
+        agents = self.master.registry.agents.values()
+        succeeded = sum(a.commands_succeeded for a in agents)
+        failed = sum(a.commands_failed for a in agents)
+        self._commands.append((now, succeeded, failed))
+        while len(self._commands) > 1 and self._commands[1][0] <= now - COMMAND_WINDOW_S:
+            self._commands.popleft()  # the oldest kept is at or before the window's start
+        _, succeeded_then, failed_then = self._commands[0]
+        failed_in = max(0, failed - failed_then)
+        finished = failed_in + max(0, succeeded - succeeded_then)
+        return 100.0 * failed_in / finished if finished >= COMMAND_MIN_COUNT else 0.0
 
     def _renters(self) -> dict[str, dict[str, str]]:
         by_gpu: dict[str, dict[str, str]] = {}
