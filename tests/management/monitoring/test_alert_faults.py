@@ -16,6 +16,7 @@ from management.monitoring.observe import FleetObserver
 from management.monitoring.rules import load_rules
 from master.accounts import AccountRole
 from master.config import MasterConfig
+from master.link import AccessLink
 from master.service import Master
 from tests.management.scheduler.test_loop import host, scheduler, spec, started
 from tests.master.linked import relay, relay_link
@@ -65,5 +66,54 @@ async def test_an_overheating_rented_gpu_is_marked_faulty_and_its_workload_runs_
         resolved = await alerts.step()
         assert [(t.rule, t.phase) for t in resolved] == [("gpu_overheating", RESOLVED)]
         assert gpu.fault is None and gpu.state != "faulty"  # the alert's fault, and only it, is cleared
+    finally:
+        await master.stop()
+
+
+async def report(master: Master, link: AccessLink, gpu_uuid: str, ts: float, temperature: float) -> None:
+    """agt-a's telemetry: one sample of ``gpu_uuid``, through the Master's link handler."""
+    sample = GpuSample(uuid=gpu_uuid, ts=ts, temperature_c=temperature)
+    await relay(master, link, "agt-a", Telemetry(ts=ts, samples=[sample]))
+
+
+async def test_after_a_master_restart_an_alerts_fault_is_adopted_and_cleared_when_the_gpu_has_cooled(tmp_path):
+    [shipped] = [r for r in load_rules() if r.name == "gpu_overheating"]
+    rule = msgspec.structs.replace(shipped, for_s=0.0)
+    config = MasterConfig(state_dir=str(tmp_path), link_port=0, max_temperature_c=200)
+    now = [time.time()]
+    master = Master(config)
+    await master.start()
+    try:
+        link = relay_link()
+        [gpu_uuid] = await host(master, link, "agt-a")
+        alerts = AlertLoop(FleetObserver(master), [rule], clock=lambda: now[0])
+        alerts.observer.attach()
+        await relay(
+            master, link, "agt-a", Telemetry(ts=now[0], samples=[GpuSample(uuid=gpu_uuid, ts=now[0], temperature_c=95.0)])
+        )
+        [fired] = await alerts.step()
+        assert master.registry.gpus[gpu_uuid].fault.kind == ALERT_FAULT
+    finally:
+        await master.stop()
+
+    master = Master(config)  # the alert's state is gone; the fault is stored
+    await master.start()
+    try:
+        link = relay_link()
+        await host(master, link, "agt-a")
+        gpu = master.registry.gpus[gpu_uuid]
+        assert gpu.state == "faulty" and gpu.fault is not None and gpu.fault.kind == ALERT_FAULT
+        alerts = AlertLoop(FleetObserver(master), [rule], clock=lambda: now[0])
+        alerts.observer.attach()
+        now[0] += 5
+        await relay(
+            master, link, "agt-a", Telemetry(ts=now[0], samples=[GpuSample(uuid=gpu_uuid, ts=now[0], temperature_c=60.0)])
+        )
+        assert await alerts.step() == []  # adopted as firing: not fired again
+        assert [(s.rule, s.subject) for s in alerts.firing()] == [("gpu_overheating", gpu_uuid)]
+        now[0] += rule.clear_for_s
+        [resolved] = await alerts.step()
+        assert (resolved.phase, resolved.fired_at) == (RESOLVED, fired.at)
+        assert gpu.fault is None and gpu.state == "available"
     finally:
         await master.stop()
