@@ -2,9 +2,9 @@
 
 Metrics wired (subject in brackets):
 
-- ``gpu.temperature_c`` [GPU uuid]: the latest telemetry sample's temperature, at the sample's time;
+- ``gpu.temperature_c`` [GPU uuid]: every telemetry sample's temperature, at the sample's time;
 - ``gpu.hardware_error`` [GPU uuid]: 1 while the GPU is faulty for an Xid or uncorrectable ECC errors, else 0;
-- ``gpu.rented_utilization_pct`` [GPU uuid]: the latest utilization of a GPU a running container holds (absent
+- ``gpu.rented_utilization_pct`` [GPU uuid]: every utilization sample of a GPU a running container holds (absent
   for a GPU nobody holds, so the alert resolves when the rental ends);
 - ``host.offline`` [agent id]: 1 while the host is offline, else 0 (retired hosts are not watched);
 - ``renter.balance_cover_s`` [renter account]: how long the renter's balance covers its running rentals (only
@@ -15,8 +15,9 @@ Metrics wired (subject in brackets):
 Not wired yet (no data in the Master to read): a relay down, a host's bandwidth under its tier's floor.
 
 Telemetry metrics see every sample: the observer listens to the Master's ingestion (``Master.sample_listeners``)
-while attached. Per subject it keeps only the points since the last evaluation and the one before them: the
-evaluator carries the rest in the alerts' state (``since``, ``clear_since``), so memory stays a few points per GPU.
+while attached (until then, and for a GPU not heard since, the Master's latest sample stands in). Per subject it
+keeps only the points since the last evaluation and the one before them: the evaluator carries the rest in the
+alerts' state (``since``, ``clear_since``), so memory stays a few points per GPU.
 """
 
 from __future__ import annotations
