@@ -113,3 +113,10 @@ class SignInRefused(IdlegridError):
     no password, so that it tells nothing about which accounts exist."""
 
     code = "unauthorized"
+
+
+class InvalidAlertSetting(IdlegridError):
+    """An alert rule, silence or webhook that cannot be accepted (a bad field, an expiry in the past, a URL that is
+    not http(s)); the message names the field."""
+
+    code = "bad_request"

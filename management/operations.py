@@ -28,8 +28,13 @@ from management.market.ledger import Statement, StatementLine
 from management.market.market import Market
 from management.market.operations import FundsDetail, MarketOperations, RentalDetail
 from management.market.prices import HostPrice, PriceBook, PriceSetting, grid_default_of
+from management.monitoring.alert_loop import AlertLoop
+from management.monitoring.observe import FleetObserver
 from management.monitoring.report_source import ReportSource
 from management.monitoring.reports import Report
+from management.monitoring.rules import AlertRule, load_rules
+from management.monitoring.settings import AlertListing, AlertSettings, RuleListing
+from management.monitoring.visibility import Viewer
 from management.renter_access import RenterAccess
 from management.scheduler.book import WorkloadBook
 from management.scheduler.loop import SchedulerLoop, SchedulerSettings
@@ -46,7 +51,9 @@ from master.records import (
     GpuRecord,
     PriceRecord,
     RevocationRecord,
+    SilenceRecord,
     TokenRecord,
+    WebhookRecord,
     WorkloadRecord,
     WorkloadSpec,
 )
@@ -286,6 +293,14 @@ class Operations:
             prices=self.prices.price,
             funded=self.market.market.funded,
         )
+        # Alert rules evaluated over the fleet, notifications to webhooks (management/monitoring/); the loop runs
+        # only where it was started (the Master's server).
+        self.alerts = AlertLoop(
+            FleetObserver(master, self.workloads.open_workloads, self.market.market.meter.balance_cover_s),
+            load_rules(Path(master.config.alert_rules) if master.config.alert_rules else None),
+            period_s=master.config.alert_period_s,
+        )
+        self.alert_settings = AlertSettings(master.store, self.alerts, list(self.alerts.rules), time.time)
 
     # --- accounts and API keys ------------------------------------------------------------------
     # ``owner`` (as auth decided it): the one account a provider's or renter's call may see; another account
@@ -827,3 +842,50 @@ class Operations:
         neither: the operator's, every row."""
         report = await self.reports.report(kind, by, start, end, provider=provider, renter=renter)
         return report, self._master.config.currency
+
+    # --- alerts: rules, alerts, silences, webhooks (management/monitoring/) ------------------------------------------
+    # ``owner``/``role`` as auth decided: None and "operator" see everything; a provider or renter its own.
+
+    async def alert_rules(self) -> list[RuleListing]:
+        return await self.alert_settings.rules()
+
+    async def put_alert_rule(self, name: str, spec: dict[str, Any], *, by: str) -> AlertRule:
+        return await self.alert_settings.put_rule(name, spec, by)
+
+    async def delete_alert_rule(self, name: str) -> RuleListing | None:
+        return await self.alert_settings.delete_rule(name)
+
+    async def list_alerts(
+        self, *, owner: str | None, role: str, rule: str | None = None, phase: str | None = None, severity: str | None = None
+    ) -> AlertListing:
+        viewer = Viewer(account=owner or "", role="operator" if owner is None else role)
+        return await self.alert_settings.alerts(viewer, rule=rule, phase=phase, severity=severity)
+
+    async def create_silence(
+        self,
+        *,
+        by: str,
+        duration_s: float,
+        rule: str | None = None,
+        subject: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        comment: str = "",
+    ) -> SilenceRecord:
+        return await self.alert_settings.create_silence(
+            by=by, duration_s=duration_s, rule=rule, subject=subject, labels=labels or {}, comment=comment
+        )
+
+    async def list_silences(self, *, include_expired: bool = False) -> list[SilenceRecord]:
+        return await self.alert_settings.silences(include_expired=include_expired)
+
+    async def expire_silence(self, silence_id: str) -> SilenceRecord:
+        return await self.alert_settings.expire_silence(silence_id)
+
+    async def create_webhook(self, url: str, *, owner: str, role: str) -> WebhookRecord:
+        return await self.alert_settings.create_webhook(url, owner=owner, role=role)
+
+    async def list_webhooks(self, *, owner: str | None) -> list[WebhookRecord]:
+        return await self.alert_settings.webhooks(owner=owner)
+
+    async def delete_webhook(self, webhook_id: str, *, owner: str | None) -> None:
+        await self.alert_settings.delete_webhook(webhook_id, owner=owner)

@@ -91,6 +91,8 @@ class MasterServer:
         await self.operations.market.market.load()
         self.operations.scheduler.start()
         self.operations.market.market.start()
+        await self.operations.alert_settings.load()
+        self.operations.alerts.start()
         app = build_app(self.master, self.api_settings, self.operations)
         app.middlewares.append(self.gate.middleware())  # innermost: a caller is authenticated before it is told 503
         self._http = HttpServer(
@@ -112,6 +114,7 @@ class MasterServer:
         await self.gate.close(REQUEST_DRAIN_S)
         await self.operations.scheduler.stop()
         await self.operations.market.market.stop()
+        await self.operations.alerts.stop()
         await self.master.stop()
         if self._http is not None:
             await self._http.stop()

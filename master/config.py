@@ -114,6 +114,9 @@ class MasterConfig(msgspec.Struct, kw_only=True):
     # that it is answered 429 with Retry-After (management/api/ratelimit.py). Other keys are not affected.
     api_key_rate_per_s: Annotated[float, msgspec.Meta(gt=0)] = 20.0
     api_key_burst: Annotated[int, msgspec.Meta(ge=1)] = 40
+    # --- alerts (management/monitoring/, docs/monitoring.md) ---
+    alert_rules: str = ""  # a TOML file of [[rule]] tables; empty: the shipped rules (management/monitoring/rules.toml)
+    alert_period_s: Annotated[float, msgspec.Meta(gt=0)] = 15.0  # how often the rules are evaluated
     log_level: str = "info"
     # --- the console ---
     console: ConsoleSettings = msgspec.field(default_factory=ConsoleSettings)

@@ -435,3 +435,41 @@ class LedgerEntry(msgspec.Struct, kw_only=True):
     lines: list[LedgerLine]
     rental: str = ""  # the rental it belongs to, "" for none
     seq: int = 0  # assigned by the store, increasing
+
+
+# --- alerting: rules, silences and webhooks an operator (or an owner) set through the API (management/monitoring/) ---
+
+
+class AlertRuleRecord(msgspec.Struct, kw_only=True):
+    """An alert rule put through the API: ``spec`` holds its fields as management/monitoring/rules.py reads them
+    (the Master stores rules, it does not evaluate them). A stored rule replaces the shipped rule of its name."""
+
+    name: str
+    spec: dict[str, Any]
+    updated_at: float
+    updated_by: str
+
+
+class SilenceRecord(msgspec.Struct, kw_only=True):
+    """Notifications of matching alerts are held back until ``expires_at`` (each matcher set must agree)."""
+
+    id: str
+    expires_at: float
+    created_at: float
+    created_by: str
+    rule: str | None = None
+    subject: str | None = None
+    labels: dict[str, str] = {}
+    comment: str = ""
+
+
+class WebhookRecord(msgspec.Struct, kw_only=True):
+    """Where alert notifications are posted; ``secret`` signs them (shown once, when created). ``owner`` and
+    ``role``: the account that created it and its role then, which decide what it is sent."""
+
+    id: str
+    url: str
+    secret: str
+    owner: str
+    role: str
+    created_at: float

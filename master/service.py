@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +103,9 @@ class Master:
             )
         )
         self.telemetry = TelemetryAggregator(self.store)
+        # Told of every batch of owned samples as it is ingested (agent id, samples): management's alert evaluation
+        # sees each sample, not only the latest. A listener must be cheap and must not raise.
+        self.sample_listeners: list[Callable[[str, list[GpuSample]], None]] = []
         self.accounts = AccountBook(self.store)
         self.enrollment = Enrollment(self.store, self.authority.ca, cert_validity_s=config.agent_cert_s)
         self.hub = RelayHub(
@@ -390,6 +393,8 @@ class Master:
                 # Only samples of GPUs this agent owns: it must not write figures onto another agent's GPUs.
                 owned = [s for s in frame.samples if self._owns_gpu(agent.id, s.uuid)]
                 self.telemetry.ingest(agent.id, owned)
+                for listener in self.sample_listeners:
+                    listener(agent.id, owned)
                 await self._check_health(owned)
             case CommandAck() | CommandResult():
                 await self._on_command_report(link, agent, frame)

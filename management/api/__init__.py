@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from management.api import accounts, agents, commands, events, gpus, health, openapi, reference, signing_keys, tiers, tokens
+from management.api import alerts as alerts_api
 from management.api import market as market_api
 from management.api import prices as prices_api
 from management.api import reports as reports_api
@@ -86,6 +87,7 @@ def build_app(master: Master, settings: ApiSettings | None = None, operations: O
     market_api.add_routes(app.router)
     tunnels_api.add_routes(app.router)
     reports_api.add_routes(app.router)  # monitoring: reports along dimensions
+    alerts_api.add_routes(app.router)
     openapi.add_routes(app.router)  # the API described (management/api/openapi.py), and its reference page
     reference.add_routes(app.router)
     app.on_startup.append(_load_workloads)

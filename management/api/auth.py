@@ -48,6 +48,10 @@ class Resource(str, enum.Enum):
     FLEET = "fleet"  # the console's fleet at a glance: every host's figures, the operator's alone
     PASSWORD = "password"  # an account's console password (set it)
     REPORTS = "reports"  # reports along dimensions (management/monitoring/reports.py): each account its own rows
+    ALERT_RULES = "alert_rules"  # alert rules: every account reads them, the operator changes them
+    ALERTS = "alerts"  # alerts firing and recent transitions: each account its own (management/monitoring/visibility.py)
+    SILENCES = "silences"  # muting alerts' notifications: the operator's
+    WEBHOOKS = "webhooks"  # where alert notifications go: each account its own
 
 
 class Action(str, enum.Enum):
@@ -96,6 +100,12 @@ for _role in (Role.PROVIDER, Role.RENTER):
 # Reports: a provider reads its own hosts' rows, a renter its own rentals' (report_owners); the operator every row.
 for _role in (Role.PROVIDER, Role.RENTER):
     PERMISSIONS[_role][Resource.REPORTS] = frozenset({Action.READ})
+
+# Alerts: every account reads the rules and its own alerts, and manages its own webhooks.
+for _role in (Role.PROVIDER, Role.RENTER):
+    PERMISSIONS[_role][Resource.ALERT_RULES] = frozenset({Action.READ})
+    PERMISSIONS[_role][Resource.ALERTS] = frozenset({Action.READ})
+    PERMISSIONS[_role][Resource.WEBHOOKS] = frozenset({Action.READ, Action.WRITE})
 
 # (method, route pattern) -> what the route does. A route missing here is refused to everyone but the operator.
 ROUTES: dict[tuple[str, str], tuple[Resource, Action]] = {
@@ -157,6 +167,18 @@ ROUTES |= {  # the market: prices
 }
 ROUTES |= {  # the console's passwords
     ("PUT", "/api/v1/accounts/{account_id}/password"): (Resource.PASSWORD, Action.WRITE),
+}
+ROUTES |= {  # alerts (management/api/alerts.py)
+    ("GET", "/api/v1/alert-rules"): (Resource.ALERT_RULES, Action.READ),
+    ("PUT", "/api/v1/alert-rules/{name}"): (Resource.ALERT_RULES, Action.WRITE),
+    ("DELETE", "/api/v1/alert-rules/{name}"): (Resource.ALERT_RULES, Action.WRITE),
+    ("GET", "/api/v1/alerts"): (Resource.ALERTS, Action.READ),
+    ("POST", "/api/v1/silences"): (Resource.SILENCES, Action.WRITE),
+    ("GET", "/api/v1/silences"): (Resource.SILENCES, Action.READ),
+    ("POST", "/api/v1/silences/{silence_id}/expire"): (Resource.SILENCES, Action.WRITE),
+    ("POST", "/api/v1/webhooks"): (Resource.WEBHOOKS, Action.WRITE),
+    ("GET", "/api/v1/webhooks"): (Resource.WEBHOOKS, Action.READ),
+    ("DELETE", "/api/v1/webhooks/{webhook_id}"): (Resource.WEBHOOKS, Action.WRITE),
 }
 
 ROUTES |= {  # monitoring: reports

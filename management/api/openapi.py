@@ -24,7 +24,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from management.api import market, responses, schemas, tunnels
+from management.api import alerts, market, responses, schemas, tunnels
 from management.api import reports as reports_api
 from management.api.responses import Error
 from management.renter_access import TunnelRequest
@@ -430,6 +430,62 @@ OPERATIONS: tuple[Operation, ...] = (
         {200: r.HostPriceView},
         query=schemas.EmptyQuery,
     ),
+    # --- alerts (management/api/alerts.py)
+    Operation(
+        "GET", "/api/v1/alert-rules", "Alert rules, by name", "alerts", {200: alerts.AlertRuleList}, query=schemas.EmptyQuery
+    ),
+    Operation(
+        "PUT",
+        "/api/v1/alert-rules/{name}",
+        "Put an alert rule (replaces the rules file's rule of that name)",
+        "alerts",
+        {200: alerts.AlertRuleView},
+        body=alerts.PutAlertRule,
+    ),
+    Operation(
+        "DELETE",
+        "/api/v1/alert-rules/{name}",
+        "Delete a rule put through the API",
+        "alerts",
+        {200: alerts.DeletedAlertRule},
+        query=schemas.EmptyQuery,
+        errors=frozenset({409}),  # a rule of the rules file
+    ),
+    Operation(
+        "GET",
+        "/api/v1/alerts",
+        "Alerts pending and firing, and recent transitions",
+        "alerts",
+        {200: alerts.AlertList},
+        query=alerts.AlertQuery,
+    ),
+    Operation(
+        "POST",
+        "/api/v1/silences",
+        "Silence matching alerts' notifications",
+        "alerts",
+        {201: alerts.SilenceView},
+        body=alerts.CreateSilence,
+    ),
+    Operation("GET", "/api/v1/silences", "Silences in force", "alerts", {200: alerts.SilenceList}, query=alerts.SilenceQuery),
+    Operation(
+        "POST",
+        "/api/v1/silences/{silence_id}/expire",
+        "End a silence now",
+        "alerts",
+        {200: alerts.SilenceView},
+        query=schemas.EmptyQuery,
+    ),
+    Operation(
+        "POST",
+        "/api/v1/webhooks",
+        "Add a webhook for alert notifications (its secret is shown once)",
+        "alerts",
+        {201: alerts.CreatedWebhook},
+        body=alerts.CreateWebhook,
+    ),
+    Operation("GET", "/api/v1/webhooks", "Webhooks", "alerts", {200: alerts.WebhookList}, query=schemas.EmptyQuery),
+    Operation("DELETE", "/api/v1/webhooks/{webhook_id}", "Delete a webhook", "alerts", {204: None}, query=schemas.EmptyQuery),
 )
 del r
 OPERATIONS += (  # monitoring: reports

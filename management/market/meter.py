@@ -346,6 +346,19 @@ class MeterLoop:
         except (InvalidTransition, NotFound) as exc:  # it stopped meanwhile: its transition ends the rental
             log.info("workload %s not stopped for want of money: %s", rental.workload_id, exc)
 
+    def balance_cover_s(self, now: float) -> dict[str, float]:
+        """Each renter with running rentals: how many seconds its balance (available and held) covers them at their
+        current prices (the alert rule ``renter_balance_low`` watches it)."""
+        per_second: dict[str, float] = {}
+        for rental in self._open.values():
+            rate = sum(price_at(rental, h, now) * h.gpus for h in rental.hosts) / 3600.0
+            per_second[rental.account] = per_second.get(rental.account, 0.0) + rate
+        cover: dict[str, float] = {}
+        for renter, rate in per_second.items():
+            funds = self._ledger.funds(renter)
+            cover[renter] = (funds.available + funds.held) / rate if rate else math.inf
+        return cover
+
     async def _warn_low_balances(self, now: float) -> None:
         per_second: dict[str, float] = {}
         for rental in self._open.values():

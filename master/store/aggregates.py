@@ -27,6 +27,9 @@ class Aggregate(str, Enum):
     PRICES = "prices"
     RENTALS = "rentals"
     LEDGER = "ledger"
+    ALERT_RULES = "alert_rules"
+    SILENCES = "silences"
+    WEBHOOKS = "webhooks"
 
 
 def workload_order(created_at: float, workload_id: str) -> str:

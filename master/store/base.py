@@ -18,6 +18,7 @@ from typing import Protocol
 from master.records import (
     AccountRecord,
     AgentRecord,
+    AlertRuleRecord,
     ApiKeyRecord,
     CommandRecord,
     EventRecord,
@@ -27,8 +28,10 @@ from master.records import (
     PriceRecord,
     RentalRecord,
     RevocationRecord,
+    SilenceRecord,
     TelemetryRollup,
     TokenRecord,
+    WebhookRecord,
     WorkloadRecord,
 )
 from master.store.aggregates import Aggregate
@@ -39,6 +42,7 @@ __all__ = [
     "AccountRepo",
     "Aggregate",
     "AgentRepo",
+    "AlertRuleRepo",
     "ApiKeyRepo",
     "CommandRepo",
     "EventRepo",
@@ -49,9 +53,11 @@ __all__ = [
     "RentalRepo",
     "RevocationRepo",
     "RollupRepo",
+    "SilenceRepo",
     "Store",
     "TokenOutcome",
     "TokenRepo",
+    "WebhookRepo",
     "WorkloadRepo",
     "prefix_upper_bound",
 ]
@@ -279,6 +285,38 @@ class LedgerRepo(Protocol):
         """The sum of every ledger account's lines (accounts with no line are absent)."""
 
 
+class AlertRuleRepo(Protocol):
+    """Alert rules put through the API, one per name."""
+
+    async def put(self, rec: AlertRuleRecord) -> None:
+        """Insert, or replace the rule of the same name."""
+
+    async def delete(self, name: str) -> bool:
+        """Remove one rule; False when there was none."""
+
+    async def list(self) -> builtins.list[AlertRuleRecord]:
+        """Every rule, by name."""
+
+
+class SilenceRepo(Protocol):
+    async def put(self, rec: SilenceRecord) -> None:
+        """Insert, or replace the silence of the same id (an expiry brought forward)."""
+
+    async def list(self, *, active_at: float | None = None) -> builtins.list[SilenceRecord]:
+        """Every silence (those expiring after ``active_at`` when given), by creation, then id."""
+
+
+class WebhookRepo(Protocol):
+    async def put(self, rec: WebhookRecord) -> None:
+        """Insert, or replace the webhook of the same id."""
+
+    async def delete(self, webhook_id: str) -> bool:
+        """Remove one webhook; False when there was none."""
+
+    async def list(self, *, owner: str | None = None) -> builtins.list[WebhookRecord]:
+        """Every webhook (of one owner when given), by creation, then id."""
+
+
 class Store(Protocol):
     agents: AgentRepo
     gpus: GpuRepo
@@ -294,6 +332,9 @@ class Store(Protocol):
     prices: PriceRepo
     rentals: RentalRepo
     ledger: LedgerRepo
+    alert_rules: AlertRuleRepo
+    silences: SilenceRepo
+    webhooks: WebhookRepo
     backend: str  # "sqlite" | "mongodb"
     quarantine: Quarantine  # the records found undecodable, kept aside
     metrics: StoreMetrics  # write latency and quarantined records; register into the daemon's registry

@@ -147,6 +147,17 @@ SQLITE_MIGRATIONS: tuple[SqliteMigration, ...] = (
             "CREATE INDEX ledger_lines_by_account ON ledger_lines (account, seq, amount)",  # covering: balances read only it
         ),
     ),
+    SqliteMigration(
+        7,
+        "alerting: rules put through the API, silences, webhooks",
+        (
+            "CREATE TABLE alert_rules (name TEXT PRIMARY KEY, doc TEXT NOT NULL)",
+            "CREATE TABLE silences (id TEXT PRIMARY KEY, created_at REAL NOT NULL, expires_at REAL NOT NULL, doc TEXT NOT NULL)",
+            "CREATE INDEX silences_by_created ON silences (created_at, id)",
+            "CREATE TABLE webhooks (id TEXT PRIMARY KEY, owner TEXT NOT NULL, created_at REAL NOT NULL, doc TEXT NOT NULL)",
+            "CREATE INDEX webhooks_by_owner ON webhooks (owner, created_at, id)",
+        ),
+    ),
 )
 
 MONGO_MIGRATIONS: tuple[MongoMigration, ...] = (
@@ -226,6 +237,15 @@ MONGO_MIGRATIONS: tuple[MongoMigration, ...] = (
                 IndexModel([("lines.account", ASCENDING), ("seq", ASCENDING)]),  # multikey: one key per line
                 IndexModel([("rental", ASCENDING), ("seq", ASCENDING)]),
             ],
+        },
+    ),
+    MongoMigration(
+        7,
+        # nx-27017 refuses _id in a compound index: ties on creation sort by _id without an index (few records).
+        "alerting: silences by creation; webhooks by owner and creation (rules are keyed by name)",
+        {
+            "silences": [IndexModel([("created_at", ASCENDING)])],
+            "webhooks": [IndexModel([("owner", ASCENDING), ("created_at", ASCENDING)])],
         },
     ),
 )

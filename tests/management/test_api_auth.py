@@ -125,6 +125,9 @@ def test_the_operator_may_do_everything_and_a_renter_reads_tiers_runs_its_worklo
         Resource.RENTALS: frozenset({Action.READ, Action.WRITE}),  # its own rentals, and rating them
         Resource.PASSWORD: frozenset({Action.WRITE}),  # its own console password
         Resource.REPORTS: frozenset({Action.READ}),  # reports of its own rentals
+        Resource.ALERT_RULES: frozenset({Action.READ}),  # the rules, to know what it is alerted of
+        Resource.ALERTS: frozenset({Action.READ}),  # its own workloads' alerts
+        Resource.WEBHOOKS: frozenset({Action.READ, Action.WRITE}),  # its own webhooks
     }
     assert Resource.WORKLOADS not in PERMISSIONS[Role.PROVIDER]
     assert PERMISSIONS[Role.PROVIDER][Resource.PRICES] == frozenset({Action.READ, Action.WRITE})

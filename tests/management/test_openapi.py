@@ -12,7 +12,7 @@ import re
 import msgspec
 from openapi_spec_validator import validate
 
-from management.api import market, schemas, tunnels
+from management.api import alerts, market, schemas, tunnels
 from management.api.auth import PUBLIC_ROUTES
 from management.api.openapi import OPERATIONS, Operation, build_document, document
 from management.api.reference import render
@@ -58,7 +58,7 @@ def test_a_document_with_a_broken_reference_is_refused_by_the_validator():
 
 def test_every_request_schema_is_in_the_document():
     components = document()["components"]["schemas"]
-    for struct in (*schemas.REQUEST_SCHEMAS, *market.REQUEST_SCHEMAS, *tunnels.REQUEST_SCHEMAS):
+    for struct in (*schemas.REQUEST_SCHEMAS, *market.REQUEST_SCHEMAS, *tunnels.REQUEST_SCHEMAS, *alerts.REQUEST_SCHEMAS):
         assert struct.__name__ in components, f"{struct.__name__} is a request schema the document does not state"
     assert set(schemas.json_schemas()) <= set(components)
 

@@ -77,6 +77,9 @@ async def _plant_good_and_bad_records(store_url: str) -> dict[Aggregate, str]:
             Aggregate.PRICES: await poison(store, Aggregate.PRICES, "acme/agt-poisoned"),
             Aggregate.RENTALS: await poison(store, Aggregate.RENTALS, "wl-bad-a1"),
             Aggregate.LEDGER: await poison(store, Aggregate.LEDGER, "charge:wl-1-a1:1"),
+            Aggregate.ALERT_RULES: await poison(store, Aggregate.ALERT_RULES, "bad_rule"),
+            Aggregate.SILENCES: await poison(store, Aggregate.SILENCES, "sil-bad"),
+            Aggregate.WEBHOOKS: await poison(store, Aggregate.WEBHOOKS, "wh-bad"),
         }
     finally:
         await store.close()
@@ -135,6 +138,14 @@ async def test_the_master_starts_and_serves_with_an_undecodable_record_in_every_
         assert rentals.status == 200 and [r["id"] for r in (await rentals.json())["items"]] == ["wl-1-a1"]
         rental = await client.get("/api/v1/rentals/wl-1-a1", headers=auth)
         assert rental.status == 200 and (await rental.json())["charged"] == "0.00"
+
+        # Alerting's: rules, silences and webhooks (loaded on the first alert call).
+        rules = await client.get("/api/v1/alert-rules", headers=auth)
+        assert rules.status == 200 and all(r["source"] == "file" for r in (await rules.json())["items"])
+        silences = await client.get("/api/v1/silences", headers=auth)
+        assert silences.status == 200 and (await silences.json())["items"] == []
+        webhooks = await client.get("/api/v1/webhooks", headers=auth)
+        assert webhooks.status == 200 and (await webhooks.json())["items"] == []
 
         # Each bad record is reported: an event naming its aggregate and key, a log line, a count.
         reported = await _reported(client, auth, len(Aggregate))

@@ -17,6 +17,7 @@ from common.inventory import GpuInfo, HostInfo, MigInstance, NvLink
 from master.records import (
     AccountRecord,
     AgentRecord,
+    AlertRuleRecord,
     ApiKeyRecord,
     Assignment,
     CommandRecord,
@@ -33,8 +34,10 @@ from master.records import (
     RentalRecord,
     ReplicaSpec,
     RevocationRecord,
+    SilenceRecord,
     TelemetryRollup,
     TokenRecord,
+    WebhookRecord,
     WorkloadRecord,
     WorkloadSpec,
 )
@@ -1280,7 +1283,7 @@ async def test_an_sqlite_file_at_schema_version_5_is_migrated_to_the_market_keep
     store = SqliteStore(str(path))
     await store.open()
     try:
-        assert await store.schema_version() == LATEST_VERSION == 6
+        assert await store.schema_version() == LATEST_VERSION  # 6 added the market's tables, checked here
         assert_same(await store.workloads.get(old.id), old)
         await store.prices.put(price())  # the tables version 6 added
         assert await store.rentals.insert(rental())
@@ -1299,7 +1302,7 @@ async def test_a_mongodb_database_at_schema_version_5_gets_the_market_indexes_an
         await client[store.database].workloads.insert_one(doc)
     await store.open()
     try:
-        assert await store.schema_version() == LATEST_VERSION == 6
+        assert await store.schema_version() == LATEST_VERSION  # 6 added the market's tables, checked here
         assert_same(await store.workloads.get(old.id), old)
         async with raw_client(mongo_url) as client:
             ledger_indexes = await client[store.database].ledger.index_information()
@@ -1309,5 +1312,95 @@ async def test_a_mongodb_database_at_schema_version_5_gets_the_market_indexes_an
         assert [("host_agents", 1), ("listed", 1)] in [spec["key"] for spec in rental_indexes.values()]
         assert await store.ledger.post(CREDIT) is not None
         assert await store.rentals.insert(rental())
+    finally:
+        await store.close()
+
+
+# --- alerting: rules put through the API, silences, webhooks (management/monitoring/) ------------------------------
+
+
+def alert_rule(name: str = "gpu_hot", threshold: float = 85.0) -> AlertRuleRecord:
+    spec = {"name": name, "metric": "gpu.temperature_c", "op": ">", "threshold": threshold, "for_s": 120.0}
+    return AlertRuleRecord(name=name, spec=spec, updated_at=NOW, updated_by="operator")
+
+
+async def test_an_alert_rule_round_trips_put_replaces_by_name_and_delete_says_whether_there_was_one(store: Store) -> None:
+    await store.alert_rules.put(alert_rule("zz_last"))
+    await store.alert_rules.put(alert_rule())
+    await store.alert_rules.put(alert_rule(threshold=90.0))  # the same name: replaced
+    assert_same(await store.alert_rules.list(), [alert_rule(threshold=90.0), alert_rule("zz_last")])
+    assert await store.alert_rules.delete("zz_last") is True
+    assert await store.alert_rules.delete("zz_last") is False
+    assert_same(await store.alert_rules.list(), [alert_rule(threshold=90.0)])
+
+
+def silence(silence_id: str, created_at: float, expires_at: float, **overrides: Any) -> SilenceRecord:
+    fields: dict[str, Any] = dict(
+        id=silence_id,
+        created_at=created_at,
+        expires_at=expires_at,
+        created_by="operator",
+        rule="gpu_hot",
+        labels={"provider": "acme"},
+    )
+    return SilenceRecord(**(fields | overrides))
+
+
+async def test_silences_list_by_creation_and_only_those_still_in_force_at_a_time(store: Store) -> None:
+    later = silence("sil-b", NOW + 10, NOW + 100, subject="GPU-1", comment="swapping fans")
+    ended = silence("sil-a", NOW, NOW + 50)
+    await store.silences.put(later)
+    await store.silences.put(ended)
+    assert_same(await store.silences.list(), [ended, later])
+    assert_same(await store.silences.list(active_at=NOW + 50), [later])  # expiring at that very time: over
+    expired_now = msgspec.structs.replace(later, expires_at=NOW + 20)  # expired early: replaced
+    await store.silences.put(expired_now)
+    assert_same(await store.silences.list(active_at=NOW + 30), [ended])  # the other one ended at NOW + 20
+    assert_same(await store.silences.list(), [ended, expired_now])
+
+
+def webhook(webhook_id: str, owner: str, created_at: float) -> WebhookRecord:
+    return WebhookRecord(
+        id=webhook_id,
+        url=f"https://hooks.example/{webhook_id}",
+        secret="s3cret",
+        owner=owner,
+        role="provider",
+        created_at=created_at,
+    )
+
+
+async def test_webhooks_list_by_creation_per_owner_and_delete_says_whether_there_was_one(store: Store) -> None:
+    for rec in [webhook("wh-2", "acme", NOW + 1), webhook("wh-1", "zeta", NOW), webhook("wh-3", "acme", NOW + 2)]:
+        await store.webhooks.put(rec)
+    assert [w.id for w in await store.webhooks.list()] == ["wh-1", "wh-2", "wh-3"]
+    assert_same(await store.webhooks.list(owner="acme"), [webhook("wh-2", "acme", NOW + 1), webhook("wh-3", "acme", NOW + 2)])
+    assert await store.webhooks.list(owner="nobody") == []
+    assert await store.webhooks.delete("wh-2") is True
+    assert await store.webhooks.delete("wh-2") is False
+    assert [w.id for w in await store.webhooks.list(owner="acme")] == ["wh-3"]
+
+
+async def test_an_sqlite_file_at_schema_version_6_is_migrated_to_alerting_keeping_its_data(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path, isolation_level=None) as conn:
+        assert migrate_sqlite(conn, up_to=6) == 6
+    conn.close()
+    store = SqliteStore(str(path))
+    await store.open()
+    try:
+        await store.prices.put(price())
+    finally:
+        await store.close()
+    with sqlite3.connect(path, isolation_level=None) as conn:
+        assert migrate_sqlite(conn) == LATEST_VERSION >= 7
+    conn.close()
+    store = SqliteStore(str(path))
+    await store.open()
+    try:
+        assert_same(await store.prices.list(), [price()])
+        await store.alert_rules.put(alert_rule())  # the tables version 7 added
+        await store.webhooks.put(webhook("wh-1", "acme", NOW))
+        assert [r.name for r in await store.alert_rules.list()] == ["gpu_hot"]
     finally:
         await store.close()

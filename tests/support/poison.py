@@ -43,6 +43,9 @@ _SQLITE_COLUMNS: dict[Aggregate, dict[str, Any]] = {
         "version": 0,
     },
     Aggregate.LEDGER: {"key": KEY, "rental": "wl-1-a1"},
+    Aggregate.ALERT_RULES: {"name": KEY},
+    Aggregate.SILENCES: {"id": KEY, "created_at": 1_700_000_000.0, "expires_at": FAR_FUTURE},
+    Aggregate.WEBHOOKS: {"id": KEY, "owner": "acme", "created_at": 1_700_000_000.0},
 }
 # The MongoDB field each SQLite column is kept in, where the names differ; the key column is _id.
 _MONGO_FIELD = {"idx": "index"}
@@ -62,6 +65,9 @@ _BROKEN: dict[Aggregate, dict[str, Any]] = {
     Aggregate.PRICES: {"on_demand": "a lot"},
     Aggregate.RENTALS: {"kind": "on_demand", "hosts": "not hosts", "started_at": 0.0},
     Aggregate.LEDGER: {"ts": 0.0, "kind": "charge", "memo": "", "lines": "not lines"},
+    Aggregate.ALERT_RULES: {"spec": "not a mapping", "updated_at": 0.0, "updated_by": "operator"},
+    Aggregate.SILENCES: {"created_by": "operator", "labels": "not labels"},
+    Aggregate.WEBHOOKS: {"url": "https://hooks.example/x", "secret": 7, "role": "provider"},
 }
 
 

@@ -12,6 +12,7 @@ from common.errors import ConfigError
 from master.store.base import (
     AccountRepo,
     AgentRepo,
+    AlertRuleRepo,
     ApiKeyRepo,
     CommandRepo,
     EventRepo,
@@ -22,13 +23,16 @@ from master.store.base import (
     RentalRepo,
     RevocationRepo,
     RollupRepo,
+    SilenceRepo,
     TokenRepo,
+    WebhookRepo,
     WorkloadRepo,
 )
 from master.store.metrics import StoreMetrics
 from master.store.migrations import migrate_mongo, mongo_schema_version
 from master.store.mongo.accounts import MongoAccountRepo
 from master.store.mongo.agents import MongoAgentRepo
+from master.store.mongo.alerting import MongoAlertRuleRepo, MongoSilenceRepo, MongoWebhookRepo
 from master.store.mongo.api_keys import MongoApiKeyRepo
 from master.store.mongo.commands import MongoCommandRepo
 from master.store.mongo.connection import MongoConnection, redacted
@@ -67,6 +71,9 @@ class MongoStore:
         self.prices: PriceRepo = MongoPriceRepo(*upkeep)
         self.rentals: RentalRepo = MongoRentalRepo(*upkeep)
         self.ledger: LedgerRepo = MongoLedgerRepo(*upkeep)
+        self.alert_rules: AlertRuleRepo = MongoAlertRuleRepo(*upkeep)
+        self.silences: SilenceRepo = MongoSilenceRepo(*upkeep)
+        self.webhooks: WebhookRepo = MongoWebhookRepo(*upkeep)
 
     @property
     def url(self) -> str:

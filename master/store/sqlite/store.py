@@ -8,6 +8,7 @@ from common.errors import ConfigError
 from master.store.base import (
     AccountRepo,
     AgentRepo,
+    AlertRuleRepo,
     ApiKeyRepo,
     CommandRepo,
     EventRepo,
@@ -18,7 +19,9 @@ from master.store.base import (
     RentalRepo,
     RevocationRepo,
     RollupRepo,
+    SilenceRepo,
     TokenRepo,
+    WebhookRepo,
     WorkloadRepo,
 )
 from master.store.metrics import StoreMetrics
@@ -26,6 +29,7 @@ from master.store.migrations import migrate_sqlite, sqlite_schema_version
 from master.store.quarantine import Quarantine
 from master.store.sqlite.accounts import SqliteAccountRepo
 from master.store.sqlite.agents import SqliteAgentRepo
+from master.store.sqlite.alerting import SqliteAlertRuleRepo, SqliteSilenceRepo, SqliteWebhookRepo
 from master.store.sqlite.api_keys import SqliteApiKeyRepo
 from master.store.sqlite.commands import SqliteCommandRepo
 from master.store.sqlite.database import SqliteDatabase
@@ -64,6 +68,9 @@ class SqliteStore:
         self.prices: PriceRepo = SqlitePriceRepo(*upkeep)
         self.rentals: RentalRepo = SqliteRentalRepo(*upkeep)
         self.ledger: LedgerRepo = SqliteLedgerRepo(*upkeep)
+        self.alert_rules: AlertRuleRepo = SqliteAlertRuleRepo(*upkeep)
+        self.silences: SilenceRepo = SqliteSilenceRepo(*upkeep)
+        self.webhooks: WebhookRepo = SqliteWebhookRepo(*upkeep)
 
     def __repr__(self) -> str:
         return f"SqliteStore({self.path!r})"

@@ -205,6 +205,21 @@ async def test_a_low_balance_is_announced_once_per_crossing(start_market):
     assert await m.master.store.ledger.balances() == m.ledger.balances()
 
 
+async def test_the_balance_cover_is_how_long_each_renters_funds_last_at_its_running_rentals_prices(start_market):
+    T = t0()
+    m = await start_market(t0=T)
+    await m.ledger.credit("alice", 2_000_000, "credit", key="c1")
+    await m.ledger.credit("bob", 5_000_000, "credit", key="c2")  # nothing running: not listed
+    assert m.meter.balance_cover_s(T) == {}
+    await m.run("one", 1, T)  # 1000 a second: 2.00 last about 2000 s
+    await m.tick(T + 1)
+    assert m.meter.balance_cover_s(T + 1)["alice"] == pytest.approx(2000.0, abs=5.0)
+    await m.run("big", 3, T + 3)  # 4000 a second in all
+    await m.tick(T + 4)
+    cover = m.meter.balance_cover_s(T + 4)
+    assert set(cover) == {"alice"} and cover["alice"] == pytest.approx(500.0, abs=5.0)
+
+
 async def test_a_bid_change_prices_the_rest_of_an_interruptible_run(start_market):
     T = t0()
     m = await start_market(t0=T)

@@ -1,0 +1,316 @@
+"""Alerts (management/monitoring/): rules (list; put and delete: the operator's), alerts (pending and firing now,
+and recent transitions; each account sees its own), silences (the operator's) and webhooks (each account its own;
+the secret is shown once, in the answer that creates it). Request schemas and answer structs live here, next to
+the handlers, and feed the OpenAPI document (openapi.py)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from aiohttp import web
+
+from management.api.auth import OPERATIONS_KEY, scope_of
+from management.api.requests import json_response, parse_body, parse_query
+from management.api.responses import Time, View
+from management.api.schemas import EmptyQuery
+from management.monitoring.evaluator import AlertState, AlertTransition
+from management.monitoring.rules import AlertRule
+from management.monitoring.settings import RuleListing
+from management.views import rfc3339
+from master.records import SilenceRecord, WebhookRecord
+
+RuleName = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[a-z0-9_]+$")]
+MetricName = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[a-z_]+(\.[a-z_]+)*$")]
+Seconds = Annotated[float, msgspec.Meta(ge=0, le=30 * 86400.0)]
+Subject = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")]
+LabelName = Annotated[str, msgspec.Meta(min_length=1, max_length=32, pattern=r"^[a-z_]+$")]
+LabelValue = Annotated[str, msgspec.Meta(max_length=128)]
+Comment = Annotated[str, msgspec.Meta(max_length=512)]
+Url = Annotated[str, msgspec.Meta(min_length=8, max_length=2048, pattern=r"^https?://[^\s]+$")]
+Op = Literal[">", ">=", "<", "<=", "==", "!="]
+Severity = Literal["info", "warning", "critical"]
+ScopeName = Literal["fleet", "tier", "region", "provider", "host", "gpu", "workload"]
+
+
+# --- requests ----------------------------------------------------------------------------------------------------
+
+
+class PutAlertRule(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A rule (the path names it): ``value op threshold`` held ``for_s`` fires; a firing alert clears once
+    ``value op clear_threshold`` no longer holds for ``clear_for_s`` (hysteresis)."""
+
+    metric: MetricName
+    op: Op
+    threshold: float
+    for_s: Seconds = 0.0
+    clear_threshold: float | None = None
+    clear_for_s: Seconds = 0.0
+    severity: Severity = "warning"
+    scope: ScopeName = "gpu"
+    fault: bool = False
+    summary: Comment = ""
+
+
+class AlertQuery(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    rule: RuleName | None = None
+    phase: Literal["pending", "firing"] | None = None
+    severity: Severity | None = None
+
+
+class CreateSilence(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Hold back notifications of the alerts every given matcher matches, for ``duration_s``."""
+
+    duration_s: Annotated[float, msgspec.Meta(gt=0, le=90 * 86400.0)]
+    rule: RuleName | None = None
+    subject: Subject | None = None
+    labels: Annotated[dict[LabelName, LabelValue], msgspec.Meta(max_length=16)] = {}
+    comment: Comment = ""
+
+
+class SilenceQuery(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    include_expired: bool = False
+
+
+class CreateWebhook(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    url: Url
+
+
+REQUEST_SCHEMAS: tuple[type[msgspec.Struct], ...] = (PutAlertRule, AlertQuery, CreateSilence, SilenceQuery, CreateWebhook)
+
+
+# --- answers -----------------------------------------------------------------------------------------------------
+
+
+class AlertRuleView(View):
+    name: str
+    metric: str
+    op: str
+    threshold: float
+    for_s: float
+    clear_threshold: float | None
+    clear_for_s: float
+    severity: str
+    scope: str
+    fault: bool
+    summary: str
+    source: Literal["file", "api"]
+
+
+class AlertRuleList(View):
+    items: list[AlertRuleView]
+
+
+class DeletedAlertRule(View):
+    deleted: str
+    applies_now: AlertRuleView | None  # the rules file's rule of that name, which applies again
+
+
+class AlertView(View):
+    rule: str
+    subject: str
+    phase: str
+    since: Time
+    value: float
+    fired_at: Time | None
+    labels: dict[str, str]
+
+
+class AlertTransitionView(View):
+    key: str
+    rule: str
+    subject: str
+    phase: str
+    at: Time
+    since: Time
+    fired_at: Time
+    value: float | None
+    severity: str
+    scope: str
+    summary: str
+    labels: dict[str, str]
+
+
+class AlertList(View):
+    items: list[AlertView]  # pending and firing now
+    recent: list[AlertTransitionView]  # the latest transitions, newest first
+
+
+class SilenceView(View):
+    id: str
+    rule: str | None
+    subject: str | None
+    labels: dict[str, str]
+    comment: str
+    created_by: str
+    created_at: Time
+    expires_at: Time
+
+
+class SilenceList(View):
+    items: list[SilenceView]
+
+
+class WebhookView(View):
+    id: str
+    url: str
+    owner: str
+    role: str
+    created_at: Time
+
+
+class CreatedWebhook(WebhookView):
+    secret: str  # shown this once: it signs every delivery (X-Idlegrid-Signature: sha256=HMAC-SHA256(secret, body))
+
+
+class WebhookList(View):
+    items: list[WebhookView]
+
+
+def _time(ts: float) -> str:
+    return rfc3339(ts) or rfc3339(1e-3) or ""
+
+
+def rule_view(listing: RuleListing) -> AlertRuleView:
+    rule: AlertRule = listing.rule
+    fields = {f: getattr(rule, f) for f in rule.__struct_fields__}
+    return AlertRuleView(**fields, source="api" if listing.source == "api" else "file")
+
+
+def alert_view(state: AlertState) -> AlertView:
+    return AlertView(
+        rule=state.rule,
+        subject=state.subject,
+        phase=state.phase,
+        since=_time(state.since),
+        value=state.value,
+        fired_at=None if state.fired_at is None else _time(state.fired_at),
+        labels=state.labels,
+    )
+
+
+def transition_view(t: AlertTransition) -> AlertTransitionView:
+    return AlertTransitionView(
+        key=t.key,
+        rule=t.rule,
+        subject=t.subject,
+        phase=t.phase,
+        at=_time(t.at),
+        since=_time(t.since),
+        fired_at=_time(t.fired_at),
+        value=t.value,
+        severity=t.severity,
+        scope=t.scope,
+        summary=t.summary,
+        labels=t.labels,
+    )
+
+
+def silence_view(s: SilenceRecord) -> SilenceView:
+    return SilenceView(
+        id=s.id,
+        rule=s.rule,
+        subject=s.subject,
+        labels=s.labels,
+        comment=s.comment,
+        created_by=s.created_by,
+        created_at=_time(s.created_at),
+        expires_at=_time(s.expires_at),
+    )
+
+
+def webhook_view(w: WebhookRecord) -> WebhookView:
+    return WebhookView(id=w.id, url=w.url, owner=w.owner, role=w.role, created_at=_time(w.created_at))
+
+
+# --- handlers ----------------------------------------------------------------------------------------------------
+
+
+async def list_rules(request: web.Request) -> web.Response:
+    parse_query(request, EmptyQuery)
+    listings = await request.app[OPERATIONS_KEY].alert_rules()
+    return json_response(AlertRuleList(items=[rule_view(listing) for listing in listings]))
+
+
+async def put_rule(request: web.Request) -> web.Response:
+    body = await parse_body(request, PutAlertRule)
+    spec: dict[str, Any] = msgspec.to_builtins(body)
+    by = scope_of(request).principal.account
+    rule = await request.app[OPERATIONS_KEY].put_alert_rule(request.match_info["name"], spec, by=by)
+    return json_response(rule_view(RuleListing(rule, "api")))
+
+
+async def delete_rule(request: web.Request) -> web.Response:
+    parse_query(request, EmptyQuery)
+    name = request.match_info["name"]
+    shipped = await request.app[OPERATIONS_KEY].delete_alert_rule(name)
+    return json_response(DeletedAlertRule(deleted=name, applies_now=None if shipped is None else rule_view(shipped)))
+
+
+async def list_alerts(request: web.Request) -> web.Response:
+    query = parse_query(request, AlertQuery)
+    scope = scope_of(request)
+    listing = await request.app[OPERATIONS_KEY].list_alerts(
+        owner=scope.owner, role=scope.principal.role.value, rule=query.rule, phase=query.phase, severity=query.severity
+    )
+    return json_response(
+        AlertList(items=[alert_view(s) for s in listing.active], recent=[transition_view(t) for t in listing.recent])
+    )
+
+
+async def create_silence(request: web.Request) -> web.Response:
+    body = await parse_body(request, CreateSilence)
+    silence = await request.app[OPERATIONS_KEY].create_silence(
+        by=scope_of(request).principal.account,
+        duration_s=body.duration_s,
+        rule=body.rule,
+        subject=body.subject,
+        labels=body.labels,
+        comment=body.comment,
+    )
+    return json_response(silence_view(silence), status=201)
+
+
+async def list_silences(request: web.Request) -> web.Response:
+    query = parse_query(request, SilenceQuery)
+    silences = await request.app[OPERATIONS_KEY].list_silences(include_expired=query.include_expired)
+    return json_response(SilenceList(items=[silence_view(s) for s in silences]))
+
+
+async def expire_silence(request: web.Request) -> web.Response:
+    parse_query(request, EmptyQuery)
+    return json_response(silence_view(await request.app[OPERATIONS_KEY].expire_silence(request.match_info["silence_id"])))
+
+
+async def create_webhook(request: web.Request) -> web.Response:
+    body = await parse_body(request, CreateWebhook)
+    principal = scope_of(request).principal
+    record = await request.app[OPERATIONS_KEY].create_webhook(body.url, owner=principal.account, role=principal.role.value)
+    view = webhook_view(record)
+    created = CreatedWebhook(**{f: getattr(view, f) for f in view.__struct_fields__}, secret=record.secret)
+    return json_response(created, status=201)
+
+
+async def list_webhooks(request: web.Request) -> web.Response:
+    parse_query(request, EmptyQuery)
+    webhooks = await request.app[OPERATIONS_KEY].list_webhooks(owner=scope_of(request).owner)
+    return json_response(WebhookList(items=[webhook_view(w) for w in webhooks]))
+
+
+async def delete_webhook(request: web.Request) -> web.Response:
+    parse_query(request, EmptyQuery)
+    await request.app[OPERATIONS_KEY].delete_webhook(request.match_info["webhook_id"], owner=scope_of(request).owner)
+    return web.Response(status=204)
+
+
+def add_routes(router: web.UrlDispatcher) -> None:
+    router.add_get("/api/v1/alert-rules", list_rules)
+    router.add_put("/api/v1/alert-rules/{name}", put_rule)
+    router.add_delete("/api/v1/alert-rules/{name}", delete_rule)
+    router.add_get("/api/v1/alerts", list_alerts)
+    router.add_post("/api/v1/silences", create_silence)
+    router.add_get("/api/v1/silences", list_silences)
+    router.add_post("/api/v1/silences/{silence_id}/expire", expire_silence)
+    router.add_post("/api/v1/webhooks", create_webhook)
+    router.add_get("/api/v1/webhooks", list_webhooks)
+    router.add_delete("/api/v1/webhooks/{webhook_id}", delete_webhook)
