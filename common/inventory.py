@@ -13,6 +13,19 @@ LongText = Annotated[str, msgspec.Meta(max_length=512)]
 MAX_GPUS_IN_REPORT = 64  # hard wire limit; the Master's own limit (default 16) is applied on top
 MAX_NVLINKS = 32
 MAX_MIG_INSTANCES = 8  # MIG splits a GPU into at most 7 GPU instances today; one spare
+# NVML's clock throttle reasons, named as a sample reports them (nvmlClocksEventReasons / ClocksThrottleReasons).
+THROTTLE_REASONS = (
+    "gpu_idle",
+    "applications_clocks",
+    "sw_power_cap",
+    "hw_slowdown",
+    "sync_boost",
+    "sw_thermal",
+    "hw_thermal",
+    "hw_power_brake",
+    "display_clocks",
+)
+MAX_THROTTLE_REASONS = 16
 
 RUNTIMES = ("docker", "process", "simulated")  # what runs renters' containers on the host
 ISOLATIONS = ("container", "sandbox", "none")  # how well a workload is kept from the host
@@ -76,6 +89,11 @@ class GpuSample(msgspec.Struct, frozen=True, kw_only=True):
     clock_sm_mhz: int | None = None
     ecc_corrected: int = 0
     ecc_uncorrected: int = 0
+    # --- telemetry history (issue 13); defaults keep older agents' samples valid ---
+    clock_mem_mhz: int | None = None
+    xid_count: int = 0  # Xid errors the agent saw on this GPU since it started (a counter, like the ECC ones)
+    # Why the clocks are held down now, NVML's reasons by name (THROTTLE_REASONS); () when they run free or unknown.
+    throttle_reasons: Annotated[tuple[ShortText, ...], msgspec.Meta(max_length=MAX_THROTTLE_REASONS)] = ()
 
 
 class HostInfo(msgspec.Struct, frozen=True, kw_only=True):
