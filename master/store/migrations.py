@@ -147,6 +147,16 @@ SQLITE_MIGRATIONS: tuple[SqliteMigration, ...] = (
             "CREATE INDEX ledger_lines_by_account ON ledger_lines (account, seq, amount)",  # covering: balances read only it
         ),
     ),
+    SqliteMigration(
+        7,
+        "hourly telemetry rollups",
+        (
+            # As ``rollups``: a GPU's history is one contiguous range scan; ``minute``: the hour's first minute.
+            """CREATE TABLE hourly_rollups (
+                gpu_uuid TEXT NOT NULL, minute INTEGER NOT NULL, doc TEXT NOT NULL,
+                PRIMARY KEY (gpu_uuid, minute)) WITHOUT ROWID""",
+        ),
+    ),
 )
 
 MONGO_MIGRATIONS: tuple[MongoMigration, ...] = (
@@ -227,6 +237,11 @@ MONGO_MIGRATIONS: tuple[MongoMigration, ...] = (
                 IndexModel([("rental", ASCENDING), ("seq", ASCENDING)]),
             ],
         },
+    ),
+    MongoMigration(
+        7,
+        "hourly telemetry rollups by (gpu_uuid, minute)",
+        {"hourly_rollups": [IndexModel([("gpu_uuid", ASCENDING), ("minute", ASCENDING)])]},
     ),
 )
 
