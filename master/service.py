@@ -59,6 +59,7 @@ from master.directory import RelayDirectoryAnnouncer
 from master.enrollment import Enrollment
 from master.events import EventLog
 from master.faults import FaultRules, HealthVerdict, HealthWatch, Recovered
+from master.history import HistoryKeeper
 from master.keys import SigningKeyInfo
 from master.link import AccessLink, RelayHub
 from master.loops import Loop
@@ -103,6 +104,12 @@ class Master:
             )
         )
         self.telemetry = TelemetryAggregator(self.store)
+        self.history = HistoryKeeper(
+            self.store,
+            lambda: self.registry.gpus.keys(),
+            minute_retention_s=self.config.history_minute_retention_s,
+            hourly_retention_s=self.config.history_hourly_retention_s,
+        )
         self.accounts = AccountBook(self.store)
         self.enrollment = Enrollment(self.store, self.authority.ca, cert_validity_s=config.agent_cert_s)
         self.hub = RelayHub(
@@ -170,6 +177,7 @@ class Master:
         self._tasks = [
             Loop("sweep", min(1.0, self.config.heartbeat_s / 4), self._sweep, restart_s).start(),
             Loop("flush", self.config.rollup_flush_s, self._flush, restart_s).start(),
+            Loop("history", self.config.history_period_s, self._keep_history, restart_s).start(),
         ]
         log.info("master started", extra={"link_port": self.link_port, "store": self.store.backend})
 
@@ -248,6 +256,12 @@ class Master:
         took = time.monotonic() - started
         if took > SLOW_FLUSH_S:
             log.warning("slow flush", extra={"rollups": rollups, "agents": agents, "seconds": round(took, 2)})
+
+    async def _keep_history(self) -> None:
+        """Finished hours of telemetry downsampled; rollups past retention deleted (master/history.py)."""
+        done = await self.history.step(time.time())
+        if done["hours"] or done["deleted"]:
+            log.info("telemetry history kept", extra=done)
 
     # --- relay links ---------------------------------------------------------------------------
 

@@ -32,6 +32,29 @@ async def test_latest_sample_is_kept_and_finished_minutes_are_rolled_up(tmp_path
     await store.close()
 
 
+async def test_a_minute_rolls_up_the_history_fields_of_its_samples(tmp_path):
+    store = SqliteStore(str(tmp_path / "m.db"))
+    await store.open()
+    telemetry = TelemetryAggregator(store)
+    hot = GpuSample(
+        uuid="GPU-a", ts=MINUTE + 1, utilization_pct=90, memory_used_mib=300, temperature_c=88, power_w=600,
+        clock_sm_mhz=1500, clock_mem_mhz=2619, ecc_corrected=2, xid_count=1, throttle_reasons=("sw_thermal",),
+    )  # fmt: skip
+    idle = GpuSample(
+        uuid="GPU-a", ts=MINUTE + 31, utilization_pct=0, memory_used_mib=100, temperature_c=None, power_w=100,
+        clock_sm_mhz=500, clock_mem_mhz=None, ecc_corrected=1, xid_count=1, throttle_reasons=("gpu_idle",),
+    )  # fmt: skip
+    telemetry.ingest("agt-1", [hot, idle])
+    await telemetry.flush(MINUTE + 61)
+
+    [rollup] = await store.rollups.list("GPU-a")
+    assert (rollup.memory_used_mib_avg, rollup.temperature_avg, rollup.power_max_w) == (200.0, 88.0, 600.0)
+    assert (rollup.clock_sm_avg_mhz, rollup.clock_mem_avg_mhz) == (1000.0, 2619.0)  # averaged over the samples that say
+    assert (rollup.ecc_corrected, rollup.xid_count, rollup.minutes) == (2, 1, 1)
+    assert rollup.throttle_reasons == ["gpu_idle", "sw_thermal"]
+    await store.close()
+
+
 async def test_rollups_a_failed_flush_did_not_write_are_written_by_the_next(tmp_path, monkeypatch):
     store = SqliteStore(str(tmp_path / "m.db"))
     await store.open()
