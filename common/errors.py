@@ -113,3 +113,10 @@ class SignInRefused(IdlegridError):
     no password, so that it tells nothing about which accounts exist."""
 
     code = "unauthorized"
+
+
+class InvalidTelemetryWindow(IdlegridError):
+    """A telemetry history query whose window or step cannot be answered (``to`` before ``from``, a step that is not
+    a whole number of minutes, too many points); the message names the parameter and what would do."""
+
+    code = "bad_request"

@@ -14,6 +14,7 @@ from aiohttp import web
 from management.api import accounts, agents, commands, events, gpus, health, openapi, reference, signing_keys, tiers, tokens
 from management.api import market as market_api
 from management.api import prices as prices_api
+from management.api import telemetry as telemetry_api
 from management.api import tunnels as tunnels_api
 from management.api import workloads as workloads_api
 from management.api.audit import audit_middleware
@@ -76,6 +77,7 @@ def build_app(master: Master, settings: ApiSettings | None = None, operations: O
     prices_api.add_routes(app.router)
     market_api.add_routes(app.router)
     tunnels_api.add_routes(app.router)
+    telemetry_api.add_routes(app.router)
     openapi.add_routes(app.router)  # the API described (management/api/openapi.py), and its reference page
     reference.add_routes(app.router)
     app.on_startup.append(_load_workloads)

@@ -1,0 +1,1 @@
+"""Monitoring: telemetry history, alerts, reports and fleet series (docs/monitoring.md)."""
