@@ -7,6 +7,7 @@ for a moment that has not happened (the records keep 0 or None for "never").
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -444,9 +445,22 @@ def tunnel_grant_view(grant: TunnelGrant) -> dict[str, Any]:
 # --- telemetry history (management/monitoring/history.py) --------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=128)
+def _day_text(day: int) -> str:
+    return datetime.fromtimestamp(day * 86400, UTC).strftime("%Y-%m-%d")
+
+
+def minute_time(minute: int) -> str:
+    """A whole minute (unix time // 60) as ``rfc3339`` writes it, without a datetime per call: a week at one-minute
+    steps is 10,080 of them in one answer."""
+    day, rest = divmod(minute, 1440)
+    hour, minute_of_hour = divmod(rest, 60)
+    return f"{_day_text(day)}T{hour:02d}:{minute_of_hour:02d}:00.000Z"
+
+
 def telemetry_point_view(point: TelemetryRollup) -> dict[str, Any]:
     return {
-        "ts": rfc3339(point.minute * 60.0),
+        "ts": minute_time(point.minute),
         "minutes": point.minutes,
         "samples": point.samples,
         "utilization_avg": point.utilization_avg,

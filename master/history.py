@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 from master.batches import DUTY, write_paced
 from master.records import TelemetryRollup
@@ -76,6 +77,9 @@ def downsample(rollups: Sequence[TelemetryRollup], step_minutes: int) -> list[Te
     buckets are left out. ``rollups`` in ascending minute, as the store lists them."""
     if step_minutes < 1:
         raise ValueError("step_minutes must be at least 1")
+    if step_minutes == 1 and all(a.minute < b.minute and b.minutes == 1 for a, b in pairwise(rollups)):
+        if not rollups or rollups[0].minutes == 1:
+            return list(rollups)  # one-minute rollups of distinct minutes: each is its own step already
     buckets: list[TelemetryRollup] = []
     run: list[TelemetryRollup] = []
     start = 0

@@ -18,7 +18,8 @@ from master.records import TelemetryRollup
 from master.store.base import Store
 
 DEFAULT_SPAN_S = 86400.0  # a window with no ``from`` reaches back a day
-MAX_POINTS = 10_080  # a week at one minute: more points per series are refused (ask for a coarser step)
+# A week at one minute (both ends partial minutes: 10,081): more points per series are refused (ask for a coarser step).
+MAX_POINTS = 7 * 24 * 60 + 1
 DEFAULT_POINTS = 1_440  # a window with no ``step`` gets the finest whole-minute step giving at most this many
 
 
