@@ -12,6 +12,7 @@ Timed (``rounds`` each, after one warm-up): ``query``: management.monitoring.his
 decoded and merged into the step; ``answer``: that plus the API's view and its JSON encoding (what
 GET /api/v1/gpus/{uuid}/telemetry does beyond HTTP). Windows: the week at step 1 h (hourly rollups, topped up from
 the minutes of the last hour) and at step 1 min (10,080 minutes), and the last day at 1 min. Target: p99 < 100 ms.
+The garbage collector is set as the management daemon sets it (common/heap.py).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any
 
 import msgspec
 
+from common.heap import tune_for_daemon
 from management.monitoring.history import GpuSeries, TelemetryHistory, gpu_history, resolution_of, window_of
 from management.views import telemetry_view
 from master.history import MINUTES_PER_HOUR, downsample
@@ -156,6 +158,7 @@ async def _run(options: HistoryBenchOptions, directory: Path) -> dict[str, Any]:
 
 
 def run_history_bench(options: HistoryBenchOptions) -> dict[str, Any]:
+    tune_for_daemon()  # as the management daemon runs (common/heap.py)
     with tempfile.TemporaryDirectory(prefix="bench-history-") as directory:
         return asyncio.run(_run(options, Path(directory)))
 
