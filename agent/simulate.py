@@ -30,8 +30,9 @@ _UUID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_DNS, "simulated-gpu.idlegrid")
 _FIRST_PCI_BUS = 0x10
 _IDLE_POWER_FRACTION = 0.1  # of TDP, what an idle card draws
 _AMBIENT_C, _FULL_LOAD_RISE_C = 30.0, 50.0
-# The catalog has no memory clock per model: every simulated card reports these (an HBM3 card's, busy and idle).
-_MEMORY_CLOCK_MHZ, _MEMORY_CLOCK_IDLE_MHZ = 2619, 1593
+# The catalog has no memory clock per model: every simulated card reports an H100's (HBM3), which a real one kept
+# at 2619 MHz idle and busy alike (read through NVML on an H100, driver 580).
+_MEMORY_CLOCK_MHZ = 2619
 _THERMAL_SLOWDOWN_C = 85.0  # a card this hot reports a thermal slowdown among its throttle reasons
 
 
@@ -178,7 +179,7 @@ class SimulatedCollector:
             temperature_c=round(_clamp(temperature, 20.0, 90.0), 1),
             power_w=round(_clamp(power, 0.05 * model.tdp_w, model.tdp_w), 1),
             clock_sm_mhz=int(model.sm_clock_max_mhz * (0.3 + 0.7 * u)),  # idle cards clock down
-            clock_mem_mhz=_MEMORY_CLOCK_MHZ if u > 0.05 else _MEMORY_CLOCK_IDLE_MHZ,
+            clock_mem_mhz=_MEMORY_CLOCK_MHZ,
             xid_count=self._xid_counts.get(info.uuid, 0),
             throttle_reasons=("gpu_idle",) if u < 0.05 else (),
         )
