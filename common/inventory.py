@@ -96,6 +96,22 @@ class GpuSample(msgspec.Struct, frozen=True, kw_only=True):
     throttle_reasons: Annotated[tuple[ShortText, ...], msgspec.Meta(max_length=MAX_THROTTLE_REASONS)] = ()
 
 
+class HostSample(msgspec.Struct, frozen=True, kw_only=True):
+    """One telemetry reading of the host itself (Linux /proc and the state directory's disk). ``cpu_pct``: busy share
+    of every core since the previous sample (None on the first); network bytes are counters since boot, summed over
+    every interface but loopback. None: the host did not say."""
+
+    ts: float
+    cpu_pct: float | None = None
+    load_1m: float | None = None
+    ram_used_mib: int | None = None
+    ram_total_mib: int | None = None
+    disk_used_gib: float | None = None
+    disk_free_gib: float | None = None
+    net_rx_bytes: int | None = None
+    net_tx_bytes: int | None = None
+
+
 class HostInfo(msgspec.Struct, frozen=True, kw_only=True):
     hostname: ShortText
     cpu_model: ShortText

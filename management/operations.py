@@ -831,11 +831,14 @@ class Operations:
     async def host_telemetry(
         self, agent_id: str, *, from_s: float | None, to_s: float | None, step_s: int | None, owner: str | None = None
     ) -> TelemetryHistory:
-        """Every GPU of one host, a series each (the host's own CPU, memory, disk and network are not kept yet)."""
+        """Every GPU of one host, a series each, and the host's latest sample of itself (its CPU, memory, disk and
+        network are not kept over time yet)."""
         agent = self._owned_agent(agent_id, owner)
         window, kept_since = self._history_bounds(from_s, to_s, step_s)
         series = [await self._gpu_series(g, window, kept_since) for g in self._master.registry.gpus_of(agent.id)]
-        return TelemetryHistory("host", agent.id, window, resolution_of(window, minutes_kept_since=kept_since), series)
+        resolution = resolution_of(window, minutes_kept_since=kept_since)
+        host_latest = self._master.telemetry.latest_hosts.get(agent.id)
+        return TelemetryHistory("host", agent.id, window, resolution, series, host_latest=host_latest)
 
     async def workload_telemetry(
         self,

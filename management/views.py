@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from common.inventory import GpuSample
+from common.inventory import GpuSample, HostSample
 from management.market.ledger import Statement
 from management.market.money import format_amount
 from management.market.operations import FundsDetail, RentalDetail, Statements
@@ -480,6 +480,12 @@ def telemetry_point_view(point: TelemetryRollup) -> dict[str, Any]:
     }
 
 
+def host_sample_view(sample: HostSample) -> dict[str, Any]:
+    view = msgspec.to_builtins(sample)
+    view["ts"] = rfc3339(sample.ts)
+    return view
+
+
 def telemetry_view(history: TelemetryHistory) -> dict[str, Any]:
     window = history.window
     return {
@@ -489,6 +495,7 @@ def telemetry_view(history: TelemetryHistory) -> dict[str, Any]:
         "to": rfc3339(window.until_minute * 60.0),
         "step_s": window.step_minutes * 60,
         "resolution_s": history.resolution_minutes * 60,
+        "host": host_sample_view(history.host_latest) if history.host_latest is not None else None,
         "series": [
             {
                 "gpu_uuid": s.gpu_uuid,

@@ -402,6 +402,8 @@ class Master:
                 # Only samples of GPUs this agent owns: it must not write figures onto another agent's GPUs.
                 owned = [s for s in frame.samples if self._owns_gpu(agent.id, s.uuid)]
                 self.telemetry.ingest(agent.id, owned)
+                if frame.host is not None:
+                    self.telemetry.ingest_host(agent.id, frame.host)
                 await self._check_health(owned)
             case CommandAck() | CommandResult():
                 await self._on_command_report(link, agent, frame)

@@ -7,7 +7,7 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from common.inventory import GpuSample
+from common.inventory import GpuSample, HostSample
 from master.batches import DUTY, write_paced
 from master.records import TelemetryRollup
 from master.store.base import Store
@@ -140,6 +140,14 @@ class TelemetryAggregator:
     _ended: dict[tuple[str, int], _Minute] = field(default_factory=dict)
     _unwritten: list[TelemetryRollup] = field(default_factory=list)  # a failed flush's rest, tried again first
     recent: RecentSamples = field(default_factory=RecentSamples)  # the watched hosts' recent samples
+    # Each host's latest sample of itself (CPU, memory, disk, network), by agent id; not kept over time yet.
+    latest_hosts: dict[str, HostSample] = field(default_factory=dict)
+
+    def ingest_host(self, agent_id: str, sample: HostSample) -> None:
+        """Keep ``sample`` as the host's latest, unless a later one is kept already (a late or repeated frame)."""
+        kept = self.latest_hosts.get(agent_id)
+        if kept is None or sample.ts > kept.ts:
+            self.latest_hosts[agent_id] = sample
 
     def ingest(self, agent_id: str, samples: Iterable[GpuSample]) -> None:
         batch = list(samples)

@@ -594,6 +594,20 @@ class TelemetrySeriesView(View):
     points: list[TelemetryPointView]
 
 
+class HostSampleView(View):
+    """A host's latest reading of itself (common.inventory.HostSample); null fields: the host did not say."""
+
+    ts: Time | None
+    cpu_pct: float | None
+    load_1m: float | None
+    ram_used_mib: int | None
+    ram_total_mib: int | None
+    disk_used_gib: float | None
+    disk_free_gib: float | None
+    net_rx_bytes: int | None
+    net_tx_bytes: int | None
+
+
 class TelemetryView(View):
     """A GPU's, a host's or a workload's telemetry history: a series per GPU (per GPU and run for a workload)."""
 
@@ -603,4 +617,5 @@ class TelemetryView(View):
     to: Time
     step_s: int
     resolution_s: int  # 60: read from the one-minute rollups; 3600: from the hourly ones
+    host: HostSampleView | None  # a host's answer: its latest sample of itself; null otherwise
     series: list[TelemetrySeriesView]

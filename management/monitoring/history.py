@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 
 from common.errors import InvalidTelemetryWindow
+from common.inventory import HostSample
 from master.history import MINUTES_PER_HOUR, downsample
 from master.records import TelemetryRollup
 from master.store.base import Store
@@ -88,6 +89,7 @@ class TelemetryHistory:
     window: Window
     resolution_minutes: int  # 1: read from the minutes; 60: from the hours (a coarse step, or past the minutes' retention)
     series: list[GpuSeries]
+    host_latest: HostSample | None = None  # a host's: its latest sample of itself (its own history is not kept yet)
 
 
 def resolution_of(window: Window, *, minutes_kept_since: int) -> int:

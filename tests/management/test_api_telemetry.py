@@ -10,7 +10,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from common.inventory import GpuSample
+from common.inventory import GpuSample, HostSample
 from management.api.responses import TelemetryView
 from master.records import RentalHost, RentalRecord
 from tests.management.hosts import add_agent, api_key
@@ -81,6 +81,12 @@ async def test_a_host_answers_a_series_per_gpu_and_a_gpu_without_data_has_no_poi
     msgspec.convert(body, TelemetryView)
     assert [(s["gpu_uuid"], len(s["points"])) for s in body["series"]] == [(first, 10), (second, 0)]
     assert body["step_s"] == 60  # ten minutes: the finest step is the default
+    assert body["host"] is None  # the host has not reported itself
+
+    api.master.telemetry.ingest_host("agt-acme", HostSample(ts=T0 + 30, cpu_pct=12.5, ram_used_mib=2048, net_rx_bytes=10))
+    _, body = await get(api, f"/api/v1/agents/agt-acme/telemetry?from={T0:.0f}&to={T0 + 600:.0f}", api.auth)
+    msgspec.convert(body, TelemetryView)
+    assert (body["host"]["cpu_pct"], body["host"]["ram_used_mib"], body["host"]["load_1m"]) == (12.5, 2048, None)
 
 
 async def test_a_provider_sees_its_own_hosts_history_only_and_a_renter_no_gpus(api):

@@ -1,10 +1,14 @@
 """Telemetry: the latest sample per GPU in memory; finished minutes persisted as rollups."""
 
+import time
+
 import pytest
 
-from common.inventory import GpuSample
+from common.inventory import GpuSample, HostSample
+from common.wire import Telemetry
 from master.store import SqliteStore
 from master.telemetry import TelemetryAggregator
+from tests.master.linked import connect, relay, relay_link
 
 MINUTE = 29_000_000 * 60  # a whole minute, in seconds
 
@@ -113,3 +117,22 @@ def test_recent_samples_are_kept_only_for_watched_hosts_and_stay_bounded():
 
     recent.watch("agt-3", now=1102)  # agt-2 was last watched more than watch_s ago
     assert recent.watched == ["agt-3"]
+
+
+def test_a_hosts_latest_sample_of_itself_is_kept_and_an_older_one_does_not_replace_it(tmp_path):
+    telemetry = TelemetryAggregator(SqliteStore(str(tmp_path / "m.db")))  # the store is not touched
+    telemetry.ingest_host("agt-1", HostSample(ts=200.0, cpu_pct=50.0))
+    telemetry.ingest_host("agt-1", HostSample(ts=100.0, cpu_pct=10.0))  # late
+    telemetry.ingest_host("agt-2", HostSample(ts=150.0, ram_used_mib=1024))
+    assert telemetry.latest_hosts["agt-1"].cpu_pct == 50.0
+    assert telemetry.latest_hosts["agt-2"].ram_used_mib == 1024
+
+
+async def test_a_telemetry_frame_through_a_relay_link_keeps_its_hosts_sample_and_its_gpus_samples(master):
+    link = relay_link()
+    await connect(master, link, "agt-a")
+    host = HostSample(ts=time.time(), cpu_pct=33.0, disk_free_gib=120.5)
+    gpu = GpuSample(uuid="GPU-h100-0", ts=time.time(), utilization_pct=80.0, throttle_reasons=("sw_power_cap",))
+    await relay(master, link, "agt-a", Telemetry(ts=time.time(), samples=[gpu], host=host))
+    assert master.telemetry.latest_hosts["agt-a"] == host
+    assert master.telemetry.latest["GPU-h100-0"].throttle_reasons == ("sw_power_cap",)
