@@ -282,12 +282,15 @@ def _history_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--rounds", type=int, default=d.rounds, help=f"timed runs of each query (default {d.rounds})")
     p.add_argument("--seed", type=int, default=d.seed, help=f"seed of the generated values (default {d.seed})")
+    p.add_argument("--no-loop", action="store_true", help="do not time a pass of the history loop over every GPU")
     p.add_argument("--json", type=Path, help="write the figures here")
     p.set_defaults(func=_run_history)
 
 
 def _run_history(args: argparse.Namespace) -> int:
-    options = HistoryBenchOptions(gpus=args.gpus, filler_minutes=args.filler_minutes, rounds=args.rounds, seed=args.seed)
+    options = HistoryBenchOptions(
+        gpus=args.gpus, filler_minutes=args.filler_minutes, rounds=args.rounds, seed=args.seed, loop=not args.no_loop
+    )
     result = run_history_bench(options)
     _write(args.json, result)
     print(history_table(result))

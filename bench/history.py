@@ -32,7 +32,7 @@ import msgspec
 from common.heap import tune_for_daemon
 from management.monitoring.history import GpuSeries, TelemetryHistory, gpu_history, resolution_of, window_of
 from management.views import telemetry_view
-from master.history import MINUTES_PER_HOUR, downsample
+from master.history import MINUTES_PER_HOUR, HistoryKeeper, downsample
 from master.records import TelemetryRollup
 from master.store import SqliteStore
 
@@ -47,6 +47,7 @@ class HistoryBenchOptions:
     filler_minutes: int = 10
     rounds: int = 50
     seed: int = 1
+    loop: bool = True  # also time one pass of the history loop over every GPU
 
 
 def _rollup(rng: random.Random, uuid: str, agent_id: str, minute: int) -> TelemetryRollup:
@@ -115,6 +116,17 @@ async def _timed(rounds: int, work: Callable[[], Awaitable[Any]]) -> dict[str, f
     }
 
 
+async def _time_loop(store: SqliteStore, options: HistoryBenchOptions, end_minute: int) -> dict[str, Any]:
+    """One pass of the Master's history loop over every GPU, unpaced: the hour holding the last minutes downsampled
+    (a read per GPU, the hours written in batches), then a retention delete per GPU of each resolution."""
+    uuids = [_uuid(n) for n in range(options.gpus)]
+    keeper = HistoryKeeper(store, lambda: uuids, minute_retention_s=7 * 86400.0, hourly_retention_s=90 * 86400.0, duty=1.0)
+    now = (end_minute - end_minute % MINUTES_PER_HOUR + MINUTES_PER_HOUR) * 60.0 + 1
+    began = time.perf_counter()
+    done = await keeper.step(now)
+    return {"seconds": round(time.perf_counter() - began, 1), **done}
+
+
 async def _run(options: HistoryBenchOptions, directory: Path) -> dict[str, Any]:
     store = SqliteStore(str(directory / "master.db"))
     await store.open()
@@ -152,7 +164,10 @@ async def _run(options: HistoryBenchOptions, directory: Path) -> dict[str, Any]:
                 }
             )
         db_mib = sum(p.stat().st_size for p in directory.iterdir()) / 2**20
-        return {"options": asdict(options), "seeding": seeding, "store_mib": round(db_mib, 1), "rows": rows}
+        result = {"options": asdict(options), "seeding": seeding, "store_mib": round(db_mib, 1), "rows": rows}
+        if options.loop:
+            result["loop"] = await _time_loop(store, options, end_minute)
+        return result
     finally:
         await store.close()
 
@@ -177,5 +192,11 @@ def history_table(result: dict[str, Any]) -> str:
         lines.append(
             f"{row['window']:<18} {row['points']:>6} {row['resolution_s']:>4}s  {q['p50_ms']:>8.1f}ms {q['p99_ms']:>6.1f}ms"
             f"  {a['p50_ms']:>9.1f}ms {a['p99_ms']:>6.1f}ms  {ok}"
+        )
+    if "loop" in result:
+        loop = result["loop"]
+        lines.append(
+            f"history loop, one pass unpaced: {loop['seconds']:g} s ({loop['hourly_rollups']:,} hours written, "
+            f"{loop['deleted']:,} rollups deleted)"
         )
     return "\n".join(lines)

@@ -3,7 +3,7 @@
 ``merge_rollups`` is the one way rollups are combined: into an hour here, into a query's step in
 management/monitoring/history.py. ``HistoryKeeper.step`` is the Master's "history" loop: every finished hour
 of every GPU it knows is read back from the minutes, merged, written as that hour's rollup (an upsert, so a
-second run over one hour rewrites the same record), and what is past retention is deleted.
+second run over one hour rewrites the same record), and then what is past retention is deleted.
 """
 
 from __future__ import annotations
@@ -111,7 +111,8 @@ class HistoryKeeper:
     duty: float = DUTY
 
     async def step(self, now: float) -> dict[str, int]:
-        """Downsample every finished hour not yet done, then delete what is past retention; returns counts."""
+        """Downsample every finished hour not yet done and, when there was one, delete what is past retention;
+        returns counts."""
         current_hour = hour_start(int(now // 60))
         first = self.done_until if self.done_until is not None else current_hour - MINUTES_PER_HOUR
         uuids = sorted(self.gpu_uuids())
@@ -122,9 +123,11 @@ class HistoryKeeper:
             self.done_until = hour + MINUTES_PER_HOUR
         if self.done_until is None:
             self.done_until = current_hour
-        minute_cutoff = int((now - self.minute_retention_s) // 60)
-        hour_cutoff = hour_start(int((now - self.hourly_retention_s) // 60))
-        deleted = await self._delete(uuids, minute_cutoff, hour_cutoff)
+        deleted = 0
+        if hours:  # once an hour: retention is in whole minutes and hours, and a pass costs a delete per GPU
+            minute_cutoff = int((now - self.minute_retention_s) // 60)
+            hour_cutoff = hour_start(int((now - self.hourly_retention_s) // 60))
+            deleted = await self._delete(uuids, minute_cutoff, hour_cutoff)
         return {"hours": hours, "hourly_rollups": written, "deleted": deleted}
 
     async def _downsample_hour(self, uuids: Sequence[str], hour: int) -> int:

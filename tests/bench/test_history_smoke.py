@@ -27,3 +27,4 @@ def test_the_history_benchmark_seeds_a_week_and_times_every_window(tmp_path):
         for timed in (row["query"], row["answer"]):
             assert 0 < timed["p50_ms"] <= timed["p99_ms"] <= timed["max_ms"], row["window"]
     assert "target p99 < 100 ms" in done.stdout
+    assert figures["loop"]["hourly_rollups"] == 50 and figures["loop"]["seconds"] >= 0

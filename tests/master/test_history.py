@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -170,3 +171,19 @@ async def test_retention_is_configurable(store):
     await store.rollups.put_many([rollup(HOUR + 600 - 90), rollup(HOUR + 600 - 30)])
     await keeper(store, ["GPU-a"], minute_retention_s=3600.0).step(now)
     assert [r.minute for r in await store.rollups.list("GPU-a")] == [HOUR + 570]
+
+
+async def test_retention_runs_once_an_hour_with_the_downsampling_not_at_every_step(store):
+    history = keeper(store, ["GPU-a"], minute_retention_s=3600.0)
+    now = (HOUR + 600) * 60.0
+    await history.step(now)
+    await store.rollups.put_many([rollup(HOUR)])  # long past the hour's retention, written after the pass
+    assert (await history.step(now + 300))["deleted"] == 0
+    assert (await history.step(now + 3600))["deleted"] == 1  # the next hour's pass
+
+
+def test_a_rollup_stored_before_the_history_fields_decodes_as_one_minute_without_them():
+    old = b'{"gpu_uuid":"GPU-a","agent_id":"agt-1","minute":60,"samples":6,"utilization_avg":1.0,"utilization_max":2.0,'
+    old += b'"memory_used_mib_max":3,"temperature_max":null,"power_avg_w":null,"ecc_uncorrected":0}'
+    decoded = msgspec.json.decode(old, type=TelemetryRollup)
+    assert (decoded.minutes, decoded.xid_count, decoded.throttle_reasons, decoded.clock_sm_avg_mhz) == (1, 0, [], None)
