@@ -505,7 +505,7 @@ def build_parser() -> argparse.ArgumentParser:
         dest="command",
         required=True,
         metavar="{master,access,agent,ca,token,account,whoami,demo,workload,offers,rent,bid,"
-        "balance,ledger,spend,earnings,payouts,credit,host}",
+        "balance,ledger,spend,earnings,payouts,credit,host,report}",
     )
     _master_parser(sub)
     from access.cli import add_parser as add_access_parser
@@ -527,6 +527,9 @@ def build_parser() -> argparse.ArgumentParser:
     from management.cli_host import add_parsers as add_host_parsers
 
     add_host_parsers(sub, _parser)
+    from management.cli_report import add_parser as add_report_parser
+
+    add_report_parser(sub, _parser)
     return parser
 
 

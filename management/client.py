@@ -278,6 +278,15 @@ class ApiCalls(Generic[R]):
     def rate_rental(self, rental_id: str, rating: int) -> R:
         return self.send(ApiRequest("POST", f"{API_PREFIX}/rentals/{_segment(rental_id)}/rating", body={"rating": rating}))
 
+    # --- monitoring: reports along dimensions (management/monitoring/reports.py) ---
+
+    def report(self, kind: str, by: str, *, start: str | None = None, end: str | None = None, csv: bool = False) -> R:
+        """``by``: e.g. "provider,day"; ``start``/``end``: unix seconds or ISO dates or times (UTC); CSV text with
+        ``csv``, else the JSON report."""
+        query = {"by": by, "format": "csv" if csv else "json"}
+        query |= {name: value for name, value in (("from", start), ("to", end)) if value is not None}
+        return self.send(ApiRequest("GET", f"{API_PREFIX}/reports/{_segment(kind)}", query))
+
     # --- the market: providers' prices (amounts as decimal strings per GPU-hour, e.g. "2.50") ---
 
     def prices(self, *, provider: str | None = None) -> R:

@@ -29,6 +29,8 @@ from management.market.market import Market
 from management.market.operations import FundsDetail, MarketOperations, RentalDetail
 from management.market.prices import HostPrice, PriceBook, PriceSetting, grid_default_of
 from management.monitoring.history import GpuSeries, TelemetryHistory, Window, gpu_history, resolution_of, window_of
+from management.monitoring.report_source import ReportSource
+from management.monitoring.reports import Report
 from management.renter_access import RenterAccess
 from management.scheduler.book import WorkloadBook
 from management.scheduler.loop import SchedulerLoop, SchedulerSettings
@@ -273,6 +275,8 @@ class Operations:
         self.workloads = book or WorkloadBook(master.store, master.events, master, policy=master.policy)
         # Offers, the ledger and the metering of rentals; the scheduler reads its prices and who has money.
         self.market = MarketOperations(master, self.workloads, Market(master, self.workloads, self.prices))
+        # Reports along dimensions (management/monitoring/reports.py), read from the registry and the store.
+        self.reports = ReportSource(master)
         # Renter access: tunnels to a workload's containers through the relays (management/renter_access.py).
         self.access = RenterAccess(master, self.get_workload)
         # The loop runs only where it was started (the Master's server); explaining needs only its snapshot.
@@ -882,3 +886,20 @@ class Operations:
         """Every revoked certificate with its host and why, newest first (revocations are few: kept whole)."""
         found = await self._master.store.revocations.list()
         return sorted(found, key=lambda r: (r.revoked_at, r.serial), reverse=True)
+
+    # --- monitoring: reports (management/monitoring/reports.py) ------------------------------------------------------
+
+    async def report(
+        self,
+        kind: str,
+        by: tuple[str, ...],
+        start: float,
+        end: float,
+        *,
+        provider: str | None = None,
+        renter: str | None = None,
+    ) -> tuple[Report, str]:
+        """The report and the grid's currency, as ``provider`` (its hosts' rows) or ``renter`` (its rentals') sees it;
+        neither: the operator's, every row."""
+        report = await self.reports.report(kind, by, start, end, provider=provider, renter=renter)
+        return report, self._master.config.currency

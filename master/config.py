@@ -84,6 +84,10 @@ class MasterConfig(msgspec.Struct, kw_only=True):
     max_temperature_c: Annotated[float, msgspec.Meta(gt=0)] = 90.0
     overheat_samples: Annotated[int, msgspec.Meta(ge=1)] = 3
     cool_samples: Annotated[int, msgspec.Meta(ge=1)] = 3
+    # --- Prometheus (master/metrics.py, docs/monitoring.md) ---
+    # Also export series per GPU (utilization, memory, temperature by uuid): three series a GPU, so only for small
+    # fleets or a Prometheus sized for it; the fleet's series by tier, region and model are always there.
+    metrics_per_gpu: bool = False
     # --- the market (management/market/, docs/market.md) ---
     # Prices of hosts whose provider set none, per GPU-hour, as decimal strings (0: free, as on a shared cluster).
     # default_min_bid "" rents such hosts on demand only.

@@ -138,6 +138,8 @@ class Master:
                 lambda: self.registry.gpus.values(),
                 lambda: self.ledger.open.values(),
                 lambda: len(self.hub.links),
+                latest=lambda: self.telemetry.latest,
+                per_gpu=config.metrics_per_gpu,
             )
         )
         self.ledger.on_final = self._command_finished

@@ -14,6 +14,7 @@ from aiohttp import web
 from management.api import accounts, agents, commands, events, gpus, health, openapi, reference, signing_keys, tiers, tokens
 from management.api import market as market_api
 from management.api import prices as prices_api
+from management.api import reports as reports_api
 from management.api import telemetry as telemetry_api
 from management.api import tunnels as tunnels_api
 from management.api import workloads as workloads_api
@@ -23,6 +24,7 @@ from management.api.errors import ApiError, Handler, error_response, errors_midd
 from management.api.health import METRICS_REGISTRY_KEY
 from management.api.metrics import ApiMetrics
 from management.api.ratelimit import KeyRateLimits
+from management.monitoring.market_series import MarketSeries
 from management.operations import Operations
 from master.service import Master
 
@@ -66,6 +68,13 @@ def build_app(master: Master, settings: ApiSettings | None = None, operations: O
     operations = operations or Operations(master)
     registry = master.metrics.registry
     api_metrics = ApiMetrics(registry)
+    # The market's series (management/monitoring/market_series.py), beside the fleet's (master/metrics.py).
+    market = operations.market.market
+    registry.register(
+        MarketSeries(
+            operations.workloads.counts, market.meter.open_rentals, market.ledger.balances, currency=master.config.currency
+        )
+    )
     rate_limits = KeyRateLimits(settings.key_rate_per_s, settings.key_burst)
     middlewares = [api_metrics.middleware(), errors_middleware, auth_middleware, rate_limits.middleware(), audit_middleware]
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
@@ -77,7 +86,8 @@ def build_app(master: Master, settings: ApiSettings | None = None, operations: O
     prices_api.add_routes(app.router)
     market_api.add_routes(app.router)
     tunnels_api.add_routes(app.router)
-    telemetry_api.add_routes(app.router)
+    reports_api.add_routes(app.router)  # monitoring: reports along dimensions
+    telemetry_api.add_routes(app.router)  # monitoring: telemetry history
     openapi.add_routes(app.router)  # the API described (management/api/openapi.py), and its reference page
     reference.add_routes(app.router)
     app.on_startup.append(_load_workloads)

@@ -47,6 +47,7 @@ class Resource(str, enum.Enum):
     HOST_PRICES = "host_prices"  # the price in force on one host: public, as it is in offers
     FLEET = "fleet"  # the console's fleet at a glance: every host's figures, the operator's alone
     PASSWORD = "password"  # an account's console password (set it)
+    REPORTS = "reports"  # reports along dimensions (management/monitoring/reports.py): each account its own rows
 
 
 class Action(str, enum.Enum):
@@ -92,6 +93,9 @@ PERMISSIONS[Role.RENTER][Resource.HOST_PRICES] = frozenset({Action.READ})
 # Passwords (the console's sign-in): every account sets its own (Scope.owner), the operator anyone's.
 for _role in (Role.PROVIDER, Role.RENTER):
     PERMISSIONS[_role][Resource.PASSWORD] = frozenset({Action.WRITE})
+# Reports: a provider reads its own hosts' rows, a renter its own rentals' (report_owners); the operator every row.
+for _role in (Role.PROVIDER, Role.RENTER):
+    PERMISSIONS[_role][Resource.REPORTS] = frozenset({Action.READ})
 
 # (method, route pattern) -> what the route does. A route missing here is refused to everyone but the operator.
 ROUTES: dict[tuple[str, str], tuple[Resource, Action]] = {
@@ -160,6 +164,9 @@ ROUTES |= {  # the console's passwords
     ("PUT", "/api/v1/accounts/{account_id}/password"): (Resource.PASSWORD, Action.WRITE),
 }
 
+ROUTES |= {  # monitoring: reports
+    ("GET", "/api/v1/reports/{kind}"): (Resource.REPORTS, Action.READ),
+}
 
 # Routes served without a key: the API's own description (management/api/openapi.py, reference.py), public as the
 # document of any public API is. They are in no role's permissions and need none.
@@ -223,6 +230,15 @@ def acting_provider(scope: Scope, named: str | None) -> str:
     if named is None:
         raise BadRequest("provider: an operator must name the provider whose default price this is")
     return named
+
+
+def report_owners(scope: Scope) -> tuple[str | None, str | None]:
+    """(provider, renter) a report is cut to: a provider's hosts, a renter's rentals, neither for the operator."""
+    if scope.owner is None:
+        return None, None
+    if scope.principal.role is Role.PROVIDER:
+        return scope.owner, None
+    return None, scope.owner
 
 
 def scope_of(request: web.Request) -> Scope:

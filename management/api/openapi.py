@@ -25,6 +25,7 @@ import msgspec
 from aiohttp import web
 
 from management.api import market, responses, schemas, tunnels
+from management.api import reports as reports_api
 from management.api.responses import Error
 from management.renter_access import TunnelRequest
 
@@ -456,6 +457,18 @@ OPERATIONS: tuple[Operation, ...] = (
     ),
 )
 del r
+OPERATIONS += (  # monitoring: reports
+    Operation(
+        "GET",
+        "/api/v1/reports/{kind}",
+        "A report along dimensions (JSON or CSV)",
+        "reports",
+        {200: reports_api.ReportView},
+        query=reports_api.ReportQuery,
+        media=(JSON, "text/csv"),
+        description="kind: usage, revenue, reliability or summary; by: e.g. provider,day or tier,region.",
+    ),
+)
 
 
 def _without_null(schema: dict[str, Any]) -> dict[str, Any]:

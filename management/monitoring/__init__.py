@@ -1,1 +1,1 @@
-"""Monitoring: telemetry history, alerts, reports and fleet series (docs/monitoring.md)."""
+"""Monitoring: telemetry history, alerts, reports and the Prometheus series of the fleet and the market (docs/monitoring.md)."""

@@ -25,7 +25,14 @@ HOST = HostInfo(
 
 
 async def add_agent(
-    master: Master, agent_id: str, simulate: str, *, provider: str = "prov", runtime: str = "", isolation: str = ""
+    master: Master,
+    agent_id: str,
+    simulate: str,
+    *,
+    provider: str = "prov",
+    runtime: str = "",
+    isolation: str = "",
+    region: str = "eu-west",
 ) -> None:
     """An enrolled agent that said hello through relay-1 with the simulated GPUs ``simulate`` describes."""
     agent = AgentRecord(id=agent_id, provider=provider, state="enrolled", enrolled_at=time.time())
@@ -33,7 +40,7 @@ async def add_agent(
     await master.registry.add(agent)
     gpus = SimulatedCollector(simulate, host_key=agent_id).inventory()
     inventory = Inventory(host=HOST, gpus=gpus, simulated=True, runtime=runtime, isolation=isolation)
-    await master.registry.on_hello(agent, inventory, relay="relay-1", region="eu-west", now=time.time())
+    await master.registry.on_hello(agent, inventory, relay="relay-1", region=region, now=time.time())
 
 
 async def api_key(master: Master, role: str, subject: str = "") -> dict[str, str]:

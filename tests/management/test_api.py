@@ -130,7 +130,7 @@ async def test_drain_and_revoke_move_the_agent_and_are_recorded(api):
 async def test_metrics_and_unknown_routes(api):
     await add_agent(api.master, "agt-a", "l4:2")
     text = await (await api.get("/metrics")).text()
-    assert 'idlegrid_agents{state="ready"} 1.0' in text
+    assert 'idlegrid_agents{region="eu-west",state="ready"} 1.0' in text
     unknown = await api.get("/api/v1/nothing", headers=api.auth)
     assert unknown.status == 404 and (await unknown.json())["error"]["code"] == "not_found"
 

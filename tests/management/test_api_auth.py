@@ -124,12 +124,14 @@ def test_the_operator_may_do_everything_and_a_renter_reads_tiers_runs_its_worklo
         Resource.LEDGER: frozenset({Action.READ}),  # its own balance, ledger and spend; never a credit
         Resource.RENTALS: frozenset({Action.READ, Action.WRITE}),  # its own rentals, and rating them
         Resource.PASSWORD: frozenset({Action.WRITE}),  # its own console password
+        Resource.REPORTS: frozenset({Action.READ}),  # reports of its own rentals
     }
     assert Resource.WORKLOADS not in PERMISSIONS[Role.PROVIDER]
     assert PERMISSIONS[Role.PROVIDER][Resource.PRICES] == frozenset({Action.READ, Action.WRITE})
     assert PERMISSIONS[Role.PROVIDER][Resource.LEDGER] == frozenset({Action.READ})  # its earnings and payouts
     assert PERMISSIONS[Role.PROVIDER][Resource.RENTALS] == frozenset({Action.READ})  # the rentals on its hosts
     assert PERMISSIONS[Role.PROVIDER][Resource.PASSWORD] == frozenset({Action.WRITE})  # its own console password
+    assert PERMISSIONS[Role.PROVIDER][Resource.REPORTS] == frozenset({Action.READ})  # reports of its own hosts
 
 
 async def test_head_is_authorized_as_the_get_it_mirrors(api, two_providers):

@@ -100,7 +100,8 @@ async def test_api_requests_are_counted_by_route_pattern_and_status_never_by_raw
     assert 'route="unmatched",status="404"' in text
     assert 'method="other"' in text
     assert "agt-b" not in text and "/nothing/here" not in text and "PROPFIND" not in text
-    assert 'idlegrid_agents{state="ready"} 1.0' in text  # the fleet gauges share the registry
+    assert 'idlegrid_agents{region="eu-west",state="ready"} 1.0' in text  # the fleet gauges share the registry
+    assert 'idlegrid_workloads{state="queued"} 0.0' in text  # and the market series
 
 
 async def test_the_metrics_page_passes_promtool(server):

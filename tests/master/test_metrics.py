@@ -20,10 +20,13 @@ async def test_fleet_gauges_and_counters_are_in_the_masters_registry(master):
     await master._on_link_opened(link)
 
     value = master.metrics.registry.get_sample_value
-    assert value("idlegrid_agents", {"state": "busy"}) == 0 and value("idlegrid_agents", {"state": "ready"}) == 1
-    tier = master.registry.gpus["GPU-h100-0"].tier or "none"
-    assert value("idlegrid_gpus", {"state": "busy", "tier": tier}) == 1
-    assert value("idlegrid_gpus", {"state": "available", "tier": tier}) == 1
+    region = master.registry.agents["agt-a"].region or "none"
+    assert value("idlegrid_agents", {"state": "busy", "region": region}) == 0
+    assert value("idlegrid_agents", {"state": "ready", "region": region}) == 1
+    gpu = master.registry.gpus["GPU-h100-0"]
+    group = {"tier": gpu.tier or "none", "region": region, "model": gpu.model or "unknown"}
+    assert value("idlegrid_gpus", {"state": "busy", **group}) == 1
+    assert value("idlegrid_gpus", {"state": "available", **group}) == 1
     assert value("idlegrid_commands_open", {"state": "sent"}) == 0
     assert value("idlegrid_relays_connected") == 1
     assert value("idlegrid_master_frames_received_total", {"type": "hello"}) == 1

@@ -96,13 +96,23 @@ class ScrapeJob:
 
 class PrometheusServer:
     """A real Prometheus (Debian ``prometheus``) on 127.0.0.1 scraping ``jobs`` every ``interval_s``, its data in
-    ``root``. ``start()`` waits until it is ready; ``stop()`` ends it (and is safe to call twice)."""
+    ``root``. ``start()`` waits until it is ready; ``stop()`` ends it (and is safe to call twice). ``config``: a whole
+    configuration to run instead (e.g. the shipped deploy/prometheus/prometheus.yml, adapted), then ``jobs`` is unused."""
 
-    def __init__(self, root: Path, jobs: list[ScrapeJob], *, port: int, interval_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        root: Path,
+        jobs: list[ScrapeJob],
+        *,
+        port: int,
+        interval_s: float = 1.0,
+        config: dict[str, Any] | None = None,
+    ) -> None:
         self.root = root
         self.jobs = jobs
         self.port = port
         self.interval_s = interval_s
+        self.config = config
         self.log = root / "prometheus.log"
         self._process: subprocess.Popen[bytes] | None = None
 
@@ -116,7 +126,7 @@ class PrometheusServer:
             raise PromtoolMissing("prometheus not found: run `scripts/setup-env --test` as root (Debian `prometheus`)")
         self.root.mkdir(parents=True, exist_ok=True)
         config = self.root / "prometheus.yml"
-        config.write_text(json.dumps(self._config()))  # JSON is YAML
+        config.write_text(json.dumps(self.config if self.config is not None else self._config()))  # JSON is YAML
         with open(self.log, "ab") as out:
             self._process = subprocess.Popen(
                 [
@@ -155,6 +165,10 @@ class PrometheusServer:
     def targets(self) -> list[dict[str, Any]]:
         """The active scrape targets, as the API reports them (``health``, ``lastError``, ``labels``...)."""
         return list(self._api("/api/v1/targets")["activeTargets"])
+
+    def rules(self) -> list[dict[str, Any]]:
+        """The loaded rules of every group, as the API reports them (``name``, ``health``, ``state``...)."""
+        return [rule for group in self._api("/api/v1/rules")["groups"] for rule in group["rules"]]
 
     def query(self, expr: str) -> list[tuple[dict[str, str], float]]:
         """An instant query: (labels, value) per series."""
