@@ -26,6 +26,7 @@ from agent.executor import CommandExecutor
 from agent.fault_injection import FAULTS_FILE
 from agent.gpus import open_collector
 from agent.host import collect_host_info
+from agent.host_sample import HostSampler, host_sampler_for
 from agent.identity import AgentIdentity
 from agent.ledger import CommandLog
 from agent.runtime import ContainerRuntime, open_runtime
@@ -138,6 +139,9 @@ class Agent:
         )
         self._relay_link: RelayLink | None = None  # the relay the control link is on now: where tunnels are dialled
         self.host: HostInfo = host if host is not None else collect_host_info(config.state_path)
+        # The host's own telemetry, for an agent describing its own host (the fleet simulator passes ``host``: its
+        # thousands of agents in one process share one machine, which none of them should report as its own).
+        self.host_sampler: HostSampler | None = host_sampler_for(config.state_path) if host is None else None
         self.heartbeat_s = 5.0
         self.telemetry_s = 10.0
         self.connected = asyncio.Event()
@@ -535,8 +539,9 @@ class Agent:
             # NVML calls may block, so they run in a thread; simulated GPUs answer at once (and thousands of
             # simulated agents in one process would spend more on the thread hand-off than on the samples).
             samples = self.collector.sample() if self.collector.simulated else await asyncio.to_thread(self.collector.sample)
-            if samples:
-                await self._send(Telemetry(ts=time.time(), samples=samples))
+            host = self.host_sampler.sample(time.time()) if self.host_sampler is not None else None
+            if samples or host is not None:
+                await self._send(Telemetry(ts=time.time(), samples=samples, host=host))
             reports = self.collector.reports() if self.collector.simulated else await asyncio.to_thread(self.collector.reports)
             for report in reports:  # Xid and ECC errors: the Master decides which make a GPU faulty
                 await self._send(report)

@@ -13,7 +13,7 @@ import functools
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -96,6 +96,7 @@ class NvmlCollector:
             raise NvmlUnavailable(_init_failure_message(exc)) from None
         self._closed = False
         self._events = _fault_event_set(self._handles)
+        self._xid_counts: dict[str, int] = {}  # GPU uuid -> Xid errors read by ``reports`` (sampled as xid_count)
 
     def inventory(self) -> list[GpuInfo]:
         driver = _text(_optional(pynvml.nvmlSystemGetDriverVersion) or "")
@@ -113,7 +114,7 @@ class NvmlCollector:
         samples = []
         for index, handle in enumerate(self._handles):
             try:
-                samples.append(_gpu_sample(handle, now))
+                samples.append(_gpu_sample(handle, now, self._xid_counts))
             except pynvml.NVMLError as exc:
                 log.warning("GPU %d not sampled: NVML says %s", index, exc, extra={"gpu_index": index})
         return samples
@@ -136,6 +137,7 @@ class NvmlCollector:
                 break
             uuid = _text(pynvml.nvmlDeviceGetUUID(data.device))
             if data.eventType & pynvml.nvmlEventTypeXidCriticalError:
+                self._xid_counts[uuid] = self._xid_counts.get(uuid, 0) + 1
                 found.append(AgentEvent(kind=AgentEventKind.GPU_XID, ts=now, gpu_uuid=uuid, code=int(data.eventData)))
             elif data.eventType & pynvml.nvmlEventTypeDoubleBitEccError:
                 found.append(
@@ -343,12 +345,13 @@ def _remote_bus_id(handle: Any, link: int) -> Any:
     return pynvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId
 
 
-def _gpu_sample(handle: Any, now: float) -> GpuSample:
+def _gpu_sample(handle: Any, now: float, xid_counts: Mapping[str, int]) -> GpuSample:
     utilization = _optional(lambda: pynvml.nvmlDeviceGetUtilizationRates(handle))
     power_mw = _optional(lambda: pynvml.nvmlDeviceGetPowerUsage(handle))
     temperature = _optional(lambda: pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU))
+    uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
     return GpuSample(
-        uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
+        uuid=uuid,
         ts=now,
         utilization_pct=float(utilization.gpu) if utilization is not None else 0.0,
         memory_used_mib=pynvml.nvmlDeviceGetMemoryInfo(handle).used // MIB,
@@ -357,7 +360,31 @@ def _gpu_sample(handle: Any, now: float) -> GpuSample:
         clock_sm_mhz=_optional(lambda: pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)),
         ecc_corrected=_ecc_total(handle, pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
         ecc_uncorrected=_ecc_total(handle, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
+        clock_mem_mhz=_optional(lambda: pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM)),
+        xid_count=xid_counts.get(uuid, 0),
+        throttle_reasons=throttle_reason_names(_optional(lambda: pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle))),
     )
+
+
+# NVML's throttle reason bits (nvmlClocksThrottleReason*), by the names common.inventory.THROTTLE_REASONS gives them.
+_THROTTLE_BITS = (
+    (0x1, "gpu_idle"),
+    (0x2, "applications_clocks"),
+    (0x4, "sw_power_cap"),
+    (0x8, "hw_slowdown"),
+    (0x10, "sync_boost"),
+    (0x20, "sw_thermal"),
+    (0x40, "hw_thermal"),
+    (0x80, "hw_power_brake"),
+    (0x100, "display_clocks"),
+)
+
+
+def throttle_reason_names(mask: int | None) -> tuple[str, ...]:
+    """NVML's throttle reason bitmask as names; () for none, or when the driver does not say."""
+    if not mask:
+        return ()
+    return tuple(name for bit, name in _THROTTLE_BITS if mask & bit)
 
 
 def _ecc_total(handle: Any, error_type: int) -> int:

@@ -30,6 +30,10 @@ _UUID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_DNS, "simulated-gpu.idlegrid")
 _FIRST_PCI_BUS = 0x10
 _IDLE_POWER_FRACTION = 0.1  # of TDP, what an idle card draws
 _AMBIENT_C, _FULL_LOAD_RISE_C = 30.0, 50.0
+# The catalog has no memory clock per model: every simulated card reports an H100's (HBM3), which a real one kept
+# at 2619 MHz idle and busy alike (read through NVML on an H100, driver 580).
+_MEMORY_CLOCK_MHZ = 2619
+_THERMAL_SLOWDOWN_C = 85.0  # a card this hot reports a thermal slowdown among its throttle reasons
 
 
 @dataclass(frozen=True)
@@ -132,6 +136,7 @@ class SimulatedCollector:
         self._gpus = [_simulated_info(model, i, identity, mig) for i, (model, mig) in enumerate(cards)]
         self._models = models
         self._loads = [_Load(self._rng.random() * 0.3, self._rng.random() * 0.2) for _ in models]
+        self._xid_counts: dict[str, int] = {}  # GPU uuid -> injected Xid errors reported so far (sampled as xid_count)
 
     def inventory(self) -> list[GpuInfo]:
         return list(self._gpus)
@@ -150,9 +155,12 @@ class SimulatedCollector:
         if self.faults is None:
             return []
         now = time.time()
+        xids = self.faults.new_xids()
+        for gpu_uuid in xids:
+            self._xid_counts[gpu_uuid] = self._xid_counts.get(gpu_uuid, 0) + 1
         return [
             AgentEvent(kind=AgentEventKind.GPU_XID, ts=now, gpu_uuid=uuid, code=xid, message="injected (simulated GPU)")
-            for uuid, xid in self.faults.new_xids().items()
+            for uuid, xid in xids.items()
         ]
 
     def close(self) -> None:
@@ -171,6 +179,9 @@ class SimulatedCollector:
             temperature_c=round(_clamp(temperature, 20.0, 90.0), 1),
             power_w=round(_clamp(power, 0.05 * model.tdp_w, model.tdp_w), 1),
             clock_sm_mhz=int(model.sm_clock_max_mhz * (0.3 + 0.7 * u)),  # idle cards clock down
+            clock_mem_mhz=_MEMORY_CLOCK_MHZ,
+            xid_count=self._xid_counts.get(info.uuid, 0),
+            throttle_reasons=("gpu_idle",) if u < 0.05 else (),
         )
 
     def _drift(self, load: _Load) -> None:
@@ -187,6 +198,8 @@ def _with_fault(sample: GpuSample, fault: InjectedFault) -> GpuSample:
     """``sample`` as the injected fault has the card read."""
     if fault.temperature_c is not None:
         sample = msgspec.structs.replace(sample, temperature_c=fault.temperature_c)
+        if fault.temperature_c >= _THERMAL_SLOWDOWN_C:  # a real card slows its clocks down when this hot
+            sample = msgspec.structs.replace(sample, throttle_reasons=(*sample.throttle_reasons, "sw_thermal"))
     if fault.ecc_uncorrected is not None:
         sample = msgspec.structs.replace(sample, ecc_uncorrected=fault.ecc_uncorrected)
     return sample

@@ -15,6 +15,7 @@ from typing import Any
 from bench.api_pages import api_pages_table
 from bench.api_pages import run as run_api_pages
 from bench.fleet import FleetOptions, run_fleet_bench
+from bench.history import HistoryBenchOptions, history_table, run_history_bench
 from bench.ingest import run_ingest_bench
 from bench.offers import OffersBenchOptions, offers_table, run_offers_bench
 from bench.scheduler import SchedulerBenchOptions, run_scheduler_bench, scheduler_table
@@ -267,6 +268,35 @@ def _run_offers(args: argparse.Namespace) -> int:
     return 0
 
 
+def _history_parser(sub: argparse._SubParsersAction) -> None:
+    d = HistoryBenchOptions()
+    p = sub.add_parser(
+        "history",
+        help="telemetry history queries of one GPU among 80,000: p50/p99 for a week at 1 h and 1 min",
+        description="Seed a SQLite store with a week of one GPU's one-minute rollups (and its hours) among GPUs that "
+        "all report, then time the history queries the API makes.",
+    )
+    p.add_argument("--gpus", type=int, default=d.gpus, help=f"GPUs reporting (default {d.gpus})")
+    p.add_argument(
+        "--filler-minutes", type=int, default=d.filler_minutes, help=f"minutes of every other GPU (default {d.filler_minutes})"
+    )
+    p.add_argument("--rounds", type=int, default=d.rounds, help=f"timed runs of each query (default {d.rounds})")
+    p.add_argument("--seed", type=int, default=d.seed, help=f"seed of the generated values (default {d.seed})")
+    p.add_argument("--no-loop", action="store_true", help="do not time a pass of the history loop over every GPU")
+    p.add_argument("--json", type=Path, help="write the figures here")
+    p.set_defaults(func=_run_history)
+
+
+def _run_history(args: argparse.Namespace) -> int:
+    options = HistoryBenchOptions(
+        gpus=args.gpus, filler_minutes=args.filler_minutes, rounds=args.rounds, seed=args.seed, loop=not args.no_loop
+    )
+    result = run_history_bench(options)
+    _write(args.json, result)
+    print(history_table(result))
+    return 0
+
+
 def _tunnel_parser(sub: argparse._SubParsersAction) -> None:
     d = TunnelBenchOptions()
     p = sub.add_parser(
@@ -392,6 +422,7 @@ def build_parser() -> argparse.ArgumentParser:
     _scheduler_snapshot_parser(sub)
     _offers_parser(sub)
     _tunnel_parser(sub)
+    _history_parser(sub)
     return parser
 
 

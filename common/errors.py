@@ -120,3 +120,10 @@ class InvalidAlertSetting(IdlegridError):
     not http(s)); the message names the field."""
 
     code = "bad_request"
+
+
+class InvalidTelemetryWindow(IdlegridError):
+    """A telemetry history query whose window or step cannot be answered (``to`` before ``from``, a step that is not
+    a whole number of minutes, too many points); the message names the parameter and what would do."""
+
+    code = "bad_request"

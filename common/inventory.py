@@ -13,6 +13,19 @@ LongText = Annotated[str, msgspec.Meta(max_length=512)]
 MAX_GPUS_IN_REPORT = 64  # hard wire limit; the Master's own limit (default 16) is applied on top
 MAX_NVLINKS = 32
 MAX_MIG_INSTANCES = 8  # MIG splits a GPU into at most 7 GPU instances today; one spare
+# NVML's clock throttle reasons, named as a sample reports them (nvmlClocksEventReasons / ClocksThrottleReasons).
+THROTTLE_REASONS = (
+    "gpu_idle",
+    "applications_clocks",
+    "sw_power_cap",
+    "hw_slowdown",
+    "sync_boost",
+    "sw_thermal",
+    "hw_thermal",
+    "hw_power_brake",
+    "display_clocks",
+)
+MAX_THROTTLE_REASONS = 16
 
 RUNTIMES = ("docker", "process", "simulated")  # what runs renters' containers on the host
 ISOLATIONS = ("container", "sandbox", "none")  # how well a workload is kept from the host
@@ -76,6 +89,27 @@ class GpuSample(msgspec.Struct, frozen=True, kw_only=True):
     clock_sm_mhz: int | None = None
     ecc_corrected: int = 0
     ecc_uncorrected: int = 0
+    # --- telemetry history (issue 13); defaults keep older agents' samples valid ---
+    clock_mem_mhz: int | None = None
+    xid_count: int = 0  # Xid errors the agent saw on this GPU since it started (a counter, like the ECC ones)
+    # Why the clocks are held down now, NVML's reasons by name (THROTTLE_REASONS); () when they run free or unknown.
+    throttle_reasons: Annotated[tuple[ShortText, ...], msgspec.Meta(max_length=MAX_THROTTLE_REASONS)] = ()
+
+
+class HostSample(msgspec.Struct, frozen=True, kw_only=True):
+    """One telemetry reading of the host itself (Linux /proc and the state directory's disk). ``cpu_pct``: busy share
+    of every core since the previous sample (None on the first); network bytes are counters since boot, summed over
+    every interface but loopback. None: the host did not say."""
+
+    ts: float
+    cpu_pct: float | None = None
+    load_1m: float | None = None
+    ram_used_mib: int | None = None
+    ram_total_mib: int | None = None
+    disk_used_gib: float | None = None
+    disk_free_gib: float | None = None
+    net_rx_bytes: int | None = None
+    net_tx_bytes: int | None = None
 
 
 class HostInfo(msgspec.Struct, frozen=True, kw_only=True):

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import msgspec
 
 from common.errors import ProtocolError
-from common.inventory import GpuSample, Inventory, LongText, ShortText
+from common.inventory import GpuSample, HostSample, Inventory, LongText, ShortText
 from common.tunnel import Ticket
 
 PROTOCOL_VERSIONS: tuple[int, ...] = (1,)
@@ -77,6 +77,7 @@ class Heartbeat(_Frame, tag="heartbeat"):
 class Telemetry(_Frame, tag="telemetry"):
     ts: float
     samples: list[GpuSample]
+    host: HostSample | None = None  # the host's own CPU, memory, disk and network (agents older than it send none)
 
 
 class CommandAck(_Frame, tag="command_ack"):

@@ -29,6 +29,7 @@ from management.market.market import Market
 from management.market.operations import FundsDetail, MarketOperations, RentalDetail
 from management.market.prices import HostPrice, PriceBook, PriceSetting, grid_default_of
 from management.monitoring.alert_loop import AlertLoop
+from management.monitoring.history import GpuSeries, TelemetryHistory, Window, gpu_history, resolution_of, window_of
 from management.monitoring.observe import FleetObserver
 from management.monitoring.report_source import ReportSource
 from management.monitoring.reports import Report
@@ -820,6 +821,81 @@ class Operations:
         latest = m.telemetry.latest
         m.telemetry.recent.watch(agent.id, time.time(), [latest[g.uuid] for g in gpus if g.uuid in latest])
         return HostSamples(agent.id, gpus, m.telemetry.recent.of(agent.id))
+
+    # --- telemetry history (management/monitoring/history.py) ---------------------------------------------------
+    # ``owner`` (as auth decided it): a provider sees its own hosts' GPUs, a renter its own workloads; another
+    # account's answers NotFound, as a missing one does.
+
+    def _history_bounds(self, from_s: float | None, to_s: float | None, step_s: int | None) -> tuple[Window, int]:
+        now = time.time()
+        window = window_of(from_s, to_s, step_s, now=now)
+        kept_since = int((now - self._master.config.history_minute_retention_s) // 60)
+        return window, kept_since
+
+    async def _gpu_series(self, gpu: GpuRecord, window: Window, kept_since: int) -> GpuSeries:
+        points = await gpu_history(self._master.store, gpu.uuid, window, minutes_kept_since=kept_since)
+        return GpuSeries(gpu.uuid, gpu.agent_id, points)
+
+    async def gpu_telemetry(
+        self, uuid: str, *, from_s: float | None, to_s: float | None, step_s: int | None, owner: str | None = None
+    ) -> TelemetryHistory:
+        """One GPU's history over the window, at the step."""
+        gpu = self._master.registry.gpus.get(uuid)
+        if gpu is None or (owner is not None and self._provider_of(gpu.agent_id) != owner):
+            raise NotFound(f"no GPU {uuid!r}")
+        window, kept_since = self._history_bounds(from_s, to_s, step_s)
+        series = [await self._gpu_series(gpu, window, kept_since)]
+        return TelemetryHistory("gpu", uuid, window, resolution_of(window, minutes_kept_since=kept_since), series)
+
+    async def host_telemetry(
+        self, agent_id: str, *, from_s: float | None, to_s: float | None, step_s: int | None, owner: str | None = None
+    ) -> TelemetryHistory:
+        """Every GPU of one host, a series each, and the host's latest sample of itself (its CPU, memory, disk and
+        network are not kept over time yet)."""
+        agent = self._owned_agent(agent_id, owner)
+        window, kept_since = self._history_bounds(from_s, to_s, step_s)
+        series = [await self._gpu_series(g, window, kept_since) for g in self._master.registry.gpus_of(agent.id)]
+        resolution = resolution_of(window, minutes_kept_since=kept_since)
+        host_latest = self._master.telemetry.latest_hosts.get(agent.id)
+        return TelemetryHistory("host", agent.id, window, resolution, series, host_latest=host_latest)
+
+    async def workload_telemetry(
+        self,
+        workload_id: str,
+        *,
+        from_s: float | None,
+        to_s: float | None,
+        step_s: int | None,
+        account: str | None = None,
+    ) -> TelemetryHistory:
+        """The GPUs a workload ran on over its life, one series per GPU and run, each cut to the run: its rentals
+        (every run that started), and the placement it holds now if no open rental covers it yet."""
+        workload = await self.get_workload(workload_id, account=account)
+        window, kept_since = self._history_bounds(from_s, to_s, step_s)
+        runs: list[tuple[str, str, float | None, float | None]] = []  # (agent id, unit, since, until)
+        rentals = await self._master.store.rentals.list(workload_id=workload.id)
+        for rental in rentals:
+            runs += [(h.agent_id, unit, rental.started_at, rental.ended_at) for h in rental.hosts for unit in h.units]
+        if not any(r.ended_at is None for r in rentals):
+            since = workload.started_at or workload.scheduled_at
+            runs += [(a.agent_id, unit, since, workload.finished_at) for a in workload.assignments for unit in a.units]
+        series = []
+        for agent_id, unit, since, until in runs:
+            gpu = self._gpu_of_unit(agent_id, unit)
+            part = window.clamped(since, until)
+            if gpu is None or part is None:
+                continue
+            points = await gpu_history(self._master.store, gpu.uuid, part, minutes_kept_since=kept_since)
+            series.append(GpuSeries(gpu.uuid, agent_id, points, unit=unit, since=since, until=until))
+        resolution = resolution_of(window, minutes_kept_since=kept_since)
+        return TelemetryHistory("workload", workload.id, window, resolution, series)
+
+    def _gpu_of_unit(self, agent_id: str, unit: str) -> GpuRecord | None:
+        """The GPU a unit (a GPU uuid, or a MIG instance's) is on, among the host's GPUs."""
+        for gpu in self._master.registry.gpus_of(agent_id):
+            if gpu.uuid == unit or any(m.uuid == unit for m in gpu.info.mig_instances):
+                return gpu
+        return None
 
     async def list_revocations(self) -> list[RevocationRecord]:
         """Every revoked certificate with its host and why, newest first (revocations are few: kept whole)."""

@@ -7,17 +7,19 @@ for a moment that has not happened (the records keep 0 or None for "never").
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
 
-from common.inventory import GpuSample
+from common.inventory import GpuSample, HostSample
 from management.market.ledger import Statement
 from management.market.money import format_amount
 from management.market.operations import FundsDetail, RentalDetail, Statements
 from management.market.prices import HostPrice
+from management.monitoring.history import TelemetryHistory
 from management.operations import HostedReplica
 from management.scheduler.model import Explanation
 from management.tunnel_client import TunnelGrant
@@ -31,6 +33,7 @@ from master.records import (
     GpuRecord,
     LedgerEntry,
     PriceRecord,
+    TelemetryRollup,
     TokenRecord,
     WorkloadRecord,
 )
@@ -437,3 +440,71 @@ def tunnel_grant_view(grant: TunnelGrant) -> dict[str, Any]:
     view = msgspec.structs.asdict(grant)
     view["expires_at"] = rfc3339(grant.expires_at)
     return view
+
+
+# --- telemetry history (management/monitoring/history.py) --------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=128)
+def _day_text(day: int) -> str:
+    return datetime.fromtimestamp(day * 86400, UTC).strftime("%Y-%m-%d")
+
+
+def minute_time(minute: int) -> str:
+    """A whole minute (unix time // 60) as ``rfc3339`` writes it, without a datetime per call: a week at one-minute
+    steps is 10,080 of them in one answer."""
+    day, rest = divmod(minute, 1440)
+    hour, minute_of_hour = divmod(rest, 60)
+    return f"{_day_text(day)}T{hour:02d}:{minute_of_hour:02d}:00.000Z"
+
+
+def telemetry_point_view(point: TelemetryRollup) -> dict[str, Any]:
+    return {
+        "ts": minute_time(point.minute),
+        "minutes": point.minutes,
+        "samples": point.samples,
+        "utilization_avg": point.utilization_avg,
+        "utilization_max": point.utilization_max,
+        "memory_used_mib_avg": point.memory_used_mib_avg,
+        "memory_used_mib_max": point.memory_used_mib_max,
+        "temperature_avg": point.temperature_avg,
+        "temperature_max": point.temperature_max,
+        "power_avg_w": point.power_avg_w,
+        "power_max_w": point.power_max_w,
+        "clock_sm_avg_mhz": point.clock_sm_avg_mhz,
+        "clock_mem_avg_mhz": point.clock_mem_avg_mhz,
+        "ecc_corrected": point.ecc_corrected,
+        "ecc_uncorrected": point.ecc_uncorrected,
+        "xid_count": point.xid_count,
+        "throttle_reasons": list(point.throttle_reasons),
+    }
+
+
+def host_sample_view(sample: HostSample) -> dict[str, Any]:
+    view = msgspec.to_builtins(sample)
+    view["ts"] = rfc3339(sample.ts)
+    return view
+
+
+def telemetry_view(history: TelemetryHistory) -> dict[str, Any]:
+    window = history.window
+    return {
+        "subject": history.subject,
+        "id": history.subject_id,
+        "from": rfc3339(window.since_minute * 60.0),
+        "to": rfc3339(window.until_minute * 60.0),
+        "step_s": window.step_minutes * 60,
+        "resolution_s": history.resolution_minutes * 60,
+        "host": host_sample_view(history.host_latest) if history.host_latest is not None else None,
+        "series": [
+            {
+                "gpu_uuid": s.gpu_uuid,
+                "agent_id": s.agent_id,
+                "unit": s.unit or None,
+                "since": rfc3339(s.since),
+                "until": rfc3339(s.until),
+                "points": [telemetry_point_view(p) for p in s.points],
+            }
+            for s in history.series
+        ],
+    }

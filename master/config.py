@@ -118,6 +118,12 @@ class MasterConfig(msgspec.Struct, kw_only=True):
     alert_rules: str = ""  # a TOML file of [[rule]] tables; empty: the shipped rules (management/monitoring/rules.toml)
     alert_period_s: Annotated[float, msgspec.Meta(gt=0)] = 15.0  # how often the rules are evaluated
     log_level: str = "info"
+    # --- telemetry history (master/history.py, docs/monitoring.md) ---
+    # One-minute rollups are kept this long, hourly ones (downsampled from them by the "history" loop) this long.
+    history_minute_retention_s: Annotated[float, msgspec.Meta(ge=3600)] = 7 * 86400.0
+    history_hourly_retention_s: Annotated[float, msgspec.Meta(ge=3600)] = 90 * 86400.0
+    # How often the history loop looks for finished hours to downsample and for rollups past retention.
+    history_period_s: Annotated[float, msgspec.Meta(gt=0)] = 300.0
     # --- the console ---
     console: ConsoleSettings = msgspec.field(default_factory=ConsoleSettings)
 

@@ -172,11 +172,14 @@ class RevocationRecord(msgspec.Struct, kw_only=True):
 
 
 class TelemetryRollup(msgspec.Struct, kw_only=True):
-    """One minute of one GPU's telemetry."""
+    """One minute of one GPU's telemetry, or (in the hourly rollups) one hour of it made of its minutes.
+
+    Averages are over the samples; maxima and the error counters (counters since the agent started, as the
+    samples carry them) are the highest seen; ``throttle_reasons`` every reason seen at least once."""
 
     gpu_uuid: str
     agent_id: str
-    minute: int  # unix time // 60
+    minute: int  # unix time // 60; an hourly rollup's is the first minute of its hour (a multiple of 60)
     samples: int
     utilization_avg: float
     utilization_max: float
@@ -184,6 +187,16 @@ class TelemetryRollup(msgspec.Struct, kw_only=True):
     temperature_max: float | None = None
     power_avg_w: float | None = None
     ecc_uncorrected: int = 0
+    # --- telemetry history (issue 13); defaults keep the rollups written before it decodable ---
+    minutes: int = 1  # how many one-minute rollups this one summarizes (1 for a minute's own)
+    memory_used_mib_avg: float | None = None
+    temperature_avg: float | None = None
+    power_max_w: float | None = None
+    clock_sm_avg_mhz: float | None = None
+    clock_mem_avg_mhz: float | None = None
+    ecc_corrected: int = 0
+    xid_count: int = 0
+    throttle_reasons: list[str] = msgspec.field(default_factory=list)
 
 
 # --- workloads: what a renter asks to run, and what became of it -------------------------------------------------

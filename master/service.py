@@ -59,6 +59,7 @@ from master.directory import RelayDirectoryAnnouncer
 from master.enrollment import Enrollment
 from master.events import EventLog
 from master.faults import FaultRules, HealthVerdict, HealthWatch, Recovered
+from master.history import HistoryKeeper
 from master.keys import SigningKeyInfo
 from master.link import AccessLink, RelayHub
 from master.loops import Loop
@@ -106,6 +107,12 @@ class Master:
         # Told of every batch of owned samples as it is ingested (agent id, samples): management's alert evaluation
         # sees each sample, not only the latest. A listener must be cheap and must not raise.
         self.sample_listeners: list[Callable[[str, list[GpuSample]], None]] = []
+        self.history = HistoryKeeper(
+            self.store,
+            lambda: self.registry.gpus.keys(),
+            minute_retention_s=self.config.history_minute_retention_s,
+            hourly_retention_s=self.config.history_hourly_retention_s,
+        )
         self.accounts = AccountBook(self.store)
         self.enrollment = Enrollment(self.store, self.authority.ca, cert_validity_s=config.agent_cert_s)
         self.hub = RelayHub(
@@ -175,6 +182,7 @@ class Master:
         self._tasks = [
             Loop("sweep", min(1.0, self.config.heartbeat_s / 4), self._sweep, restart_s).start(),
             Loop("flush", self.config.rollup_flush_s, self._flush, restart_s).start(),
+            Loop("history", self.config.history_period_s, self._keep_history, restart_s).start(),
         ]
         log.info("master started", extra={"link_port": self.link_port, "store": self.store.backend})
 
@@ -253,6 +261,12 @@ class Master:
         took = time.monotonic() - started
         if took > SLOW_FLUSH_S:
             log.warning("slow flush", extra={"rollups": rollups, "agents": agents, "seconds": round(took, 2)})
+
+    async def _keep_history(self) -> None:
+        """Finished hours of telemetry downsampled; rollups past retention deleted (master/history.py)."""
+        done = await self.history.step(time.time())
+        if done["hours"] or done["deleted"]:
+            log.info("telemetry history kept", extra=done)
 
     # --- relay links ---------------------------------------------------------------------------
 
@@ -395,6 +409,8 @@ class Master:
                 self.telemetry.ingest(agent.id, owned)
                 for listener in self.sample_listeners:
                     listener(agent.id, owned)
+                if frame.host is not None:
+                    self.telemetry.ingest_host(agent.id, frame.host)
                 await self._check_health(owned)
             case CommandAck() | CommandResult():
                 await self._on_command_report(link, agent, frame)

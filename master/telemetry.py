@@ -7,7 +7,7 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from common.inventory import GpuSample
+from common.inventory import GpuSample, HostSample
 from master.batches import DUTY, write_paced
 from master.records import TelemetryRollup
 from master.store.base import Store
@@ -27,7 +27,18 @@ class _Minute:
     temp_max: float | None = None
     power_sum: float = 0.0
     power_n: int = 0
+    power_max: float | None = None
     ecc_uncorrected: int = 0
+    mem_sum: int = 0
+    temp_sum: float = 0.0
+    temp_n: int = 0
+    clock_sm_sum: int = 0
+    clock_sm_n: int = 0
+    clock_mem_sum: int = 0
+    clock_mem_n: int = 0
+    ecc_corrected: int = 0
+    xid_count: int = 0
+    throttle_reasons: set[str] = field(default_factory=set)
 
     def add(self, s: GpuSample) -> None:
         self.samples += 1
@@ -41,8 +52,23 @@ class _Minute:
         if s.power_w is not None:
             self.power_sum += s.power_w
             self.power_n += 1
+            if self.power_max is None or s.power_w > self.power_max:
+                self.power_max = s.power_w
         if s.ecc_uncorrected > self.ecc_uncorrected:
             self.ecc_uncorrected = s.ecc_uncorrected
+        self.mem_sum += s.memory_used_mib
+        if s.temperature_c is not None:
+            self.temp_sum += s.temperature_c
+            self.temp_n += 1
+        if s.clock_sm_mhz is not None:
+            self.clock_sm_sum += s.clock_sm_mhz
+            self.clock_sm_n += 1
+        if s.clock_mem_mhz is not None:
+            self.clock_mem_sum += s.clock_mem_mhz
+            self.clock_mem_n += 1
+        self.ecc_corrected = max(self.ecc_corrected, s.ecc_corrected)
+        self.xid_count = max(self.xid_count, s.xid_count)
+        self.throttle_reasons.update(s.throttle_reasons)
 
 
 # The live charts' memory, bounded twice: a ring of at most RECENT_SAMPLES samples per GPU, kept only for the GPUs of
@@ -114,6 +140,14 @@ class TelemetryAggregator:
     _ended: dict[tuple[str, int], _Minute] = field(default_factory=dict)
     _unwritten: list[TelemetryRollup] = field(default_factory=list)  # a failed flush's rest, tried again first
     recent: RecentSamples = field(default_factory=RecentSamples)  # the watched hosts' recent samples
+    # Each host's latest sample of itself (CPU, memory, disk, network), by agent id; not kept over time yet.
+    latest_hosts: dict[str, HostSample] = field(default_factory=dict)
+
+    def ingest_host(self, agent_id: str, sample: HostSample) -> None:
+        """Keep ``sample`` as the host's latest, unless a later one is kept already (a late or repeated frame)."""
+        kept = self.latest_hosts.get(agent_id)
+        if kept is None or sample.ts > kept.ts:
+            self.latest_hosts[agent_id] = sample
 
     def ingest(self, agent_id: str, samples: Iterable[GpuSample]) -> None:
         batch = list(samples)
@@ -192,4 +226,12 @@ class TelemetryAggregator:
             temperature_max=m.temp_max,
             power_avg_w=round(m.power_sum / m.power_n, 2) if m.power_n else None,
             ecc_uncorrected=m.ecc_uncorrected,
+            memory_used_mib_avg=round(m.mem_sum / m.samples, 2),
+            temperature_avg=round(m.temp_sum / m.temp_n, 2) if m.temp_n else None,
+            power_max_w=m.power_max,
+            clock_sm_avg_mhz=round(m.clock_sm_sum / m.clock_sm_n, 2) if m.clock_sm_n else None,
+            clock_mem_avg_mhz=round(m.clock_mem_sum / m.clock_mem_n, 2) if m.clock_mem_n else None,
+            ecc_corrected=m.ecc_corrected,
+            xid_count=m.xid_count,
+            throttle_reasons=sorted(m.throttle_reasons),
         )

@@ -16,6 +16,7 @@ from management.api import alerts as alerts_api
 from management.api import market as market_api
 from management.api import prices as prices_api
 from management.api import reports as reports_api
+from management.api import telemetry as telemetry_api
 from management.api import tunnels as tunnels_api
 from management.api import workloads as workloads_api
 from management.api.audit import audit_middleware
@@ -88,6 +89,7 @@ def build_app(master: Master, settings: ApiSettings | None = None, operations: O
     tunnels_api.add_routes(app.router)
     reports_api.add_routes(app.router)  # monitoring: reports along dimensions
     alerts_api.add_routes(app.router)
+    telemetry_api.add_routes(app.router)  # monitoring: telemetry history
     openapi.add_routes(app.router)  # the API described (management/api/openapi.py), and its reference page
     reference.add_routes(app.router)
     app.on_startup.append(_load_workloads)

@@ -165,6 +165,11 @@ ROUTES |= {  # the market: prices
     ("DELETE", "/api/v1/agents/{agent_id}/price"): (Resource.PRICES, Action.WRITE),
     ("GET", "/api/v1/agents/{agent_id}/price"): (Resource.HOST_PRICES, Action.READ),
 }
+ROUTES |= {  # telemetry history: a provider its own hosts' GPUs (the owner filter), a renter its own workloads'
+    ("GET", "/api/v1/gpus/{uuid}/telemetry"): (Resource.GPUS, Action.READ),
+    ("GET", "/api/v1/agents/{agent_id}/telemetry"): (Resource.AGENTS, Action.READ),
+    ("GET", "/api/v1/workloads/{workload_id}/telemetry"): (Resource.WORKLOADS, Action.READ),
+}
 ROUTES |= {  # the console's passwords
     ("PUT", "/api/v1/accounts/{account_id}/password"): (Resource.PASSWORD, Action.WRITE),
 }

@@ -157,6 +157,31 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation(
         "GET", "/api/v1/tiers", "The tiers GPUs are sold in, best first", "tiers", {200: r.TierPage}, query=schemas.PageQuery
     ),
+    # --- telemetry history (docs/monitoring.md)
+    Operation(
+        "GET",
+        "/api/v1/gpus/{uuid}/telemetry",
+        "One GPU's telemetry history over a window, at a step",
+        "telemetry",
+        {200: r.TelemetryView},
+        query=schemas.TelemetryQuery,
+    ),
+    Operation(
+        "GET",
+        "/api/v1/agents/{agent_id}/telemetry",
+        "A host's GPUs' telemetry history, a series per GPU",
+        "telemetry",
+        {200: r.TelemetryView},
+        query=schemas.TelemetryQuery,
+    ),
+    Operation(
+        "GET",
+        "/api/v1/workloads/{workload_id}/telemetry",
+        "The telemetry of the GPUs a workload ran on, per GPU and run",
+        "telemetry",
+        {200: r.TelemetryView},
+        query=schemas.TelemetryQuery,
+    ),
     # --- commands, join tokens, events, signing keys (operator)
     Operation(
         "POST",

@@ -61,6 +61,9 @@ class SampleView(View):
     clock_sm_mhz: int | None
     ecc_corrected: int
     ecc_uncorrected: int
+    clock_mem_mhz: int | None
+    xid_count: int
+    throttle_reasons: list[str]  # common.inventory.THROTTLE_REASONS
 
 
 class PcieView(View):
@@ -554,3 +557,65 @@ class TunnelGrantView(View):
     ticket: str
     ca_pem: str
     expires_at: Time
+
+
+# --- telemetry history ---------------------------------------------------------------------------------------------
+
+
+class TelemetryPointView(View):
+    """One step of one GPU: averages over its samples, maxima, and the error counters' highest value (counters since
+    the agent started). ``minutes``: how many one-minute rollups it summarizes (fewer than the step: gaps)."""
+
+    ts: Time  # the step's start
+    minutes: int
+    samples: int
+    utilization_avg: float
+    utilization_max: float
+    memory_used_mib_avg: float | None
+    memory_used_mib_max: int
+    temperature_avg: float | None
+    temperature_max: float | None
+    power_avg_w: float | None
+    power_max_w: float | None
+    clock_sm_avg_mhz: float | None
+    clock_mem_avg_mhz: float | None
+    ecc_corrected: int
+    ecc_uncorrected: int
+    xid_count: int
+    throttle_reasons: list[str]
+
+
+class TelemetrySeriesView(View):
+    gpu_uuid: str
+    agent_id: str
+    unit: str | None  # a workload's: the GPU or MIG instance it was given
+    since: Time | None  # a workload's run: its bounds (until null: still running)
+    until: Time | None
+    points: list[TelemetryPointView]
+
+
+class HostSampleView(View):
+    """A host's latest reading of itself (common.inventory.HostSample); null fields: the host did not say."""
+
+    ts: Time | None
+    cpu_pct: float | None
+    load_1m: float | None
+    ram_used_mib: int | None
+    ram_total_mib: int | None
+    disk_used_gib: float | None
+    disk_free_gib: float | None
+    net_rx_bytes: int | None
+    net_tx_bytes: int | None
+
+
+class TelemetryView(View):
+    """A GPU's, a host's or a workload's telemetry history: a series per GPU (per GPU and run for a workload)."""
+
+    subject: Literal["gpu", "host", "workload"]
+    id: str
+    from_: Time = msgspec.field(name="from")
+    to: Time
+    step_s: int
+    resolution_s: int  # 60: read from the one-minute rollups; 3600: from the hourly ones
+    host: HostSampleView | None  # a host's answer: its latest sample of itself; null otherwise
+    series: list[TelemetrySeriesView]

@@ -282,3 +282,17 @@ def json_schemas() -> dict[str, Any]:
     """JSON Schema (2020-12, as OpenAPI 3.1 uses) of every request body and list query, by struct name."""
     _, components = msgspec.json.schema_components(REQUEST_SCHEMAS, ref_template="#/components/schemas/{name}")
     return components
+
+
+# --- telemetry history (management/monitoring/history.py) ------------------------------------------------------------
+
+UnixSeconds = Annotated[float, msgspec.Meta(ge=0, le=1e11, description="unix seconds")]
+
+
+class TelemetryQuery(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """``?from=&to=&step=``: the window ``[from, to)`` in unix seconds (default: the day before now), and the step in
+    seconds, a whole number of minutes (default: the finest giving at most 1,440 points)."""
+
+    from_: UnixSeconds | None = msgspec.field(default=None, name="from")
+    to: UnixSeconds | None = None
+    step: Annotated[int, msgspec.Meta(ge=60, le=90 * 86400)] | None = None

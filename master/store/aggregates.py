@@ -21,6 +21,7 @@ class Aggregate(str, Enum):
     EVENTS = "events"
     REVOCATIONS = "revocations"
     ROLLUPS = "rollups"
+    HOURLY_ROLLUPS = "hourly_rollups"
     ACCOUNTS = "accounts"
     WORKLOADS = "workloads"
     FAIR_SHARE = "fair_share"

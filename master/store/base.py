@@ -184,6 +184,9 @@ class RollupRepo(Protocol):
     ) -> builtins.list[TelemetryRollup]:
         """One GPU's rollups with ``since_minute <= minute < until_minute``, in ascending minute."""
 
+    async def delete_before(self, gpu_uuids: Collection[str], before_minute: int) -> int:
+        """Delete these GPUs' rollups with ``minute < before_minute`` (retention); returns how many went."""
+
 
 class WorkloadRepo(Protocol):
     """Renters' workloads; written with a version check (optimistic concurrency), listed newest first.
@@ -327,6 +330,7 @@ class Store(Protocol):
     events: EventRepo
     revocations: RevocationRepo
     rollups: RollupRepo
+    hourly_rollups: RollupRepo  # the same records, one per GPU and hour, downsampled from ``rollups``
     workloads: WorkloadRepo
     fair_share: FairShareRepo
     prices: PriceRepo

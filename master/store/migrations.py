@@ -158,6 +158,16 @@ SQLITE_MIGRATIONS: tuple[SqliteMigration, ...] = (
             "CREATE INDEX webhooks_by_owner ON webhooks (owner, created_at, id)",
         ),
     ),
+    SqliteMigration(
+        8,
+        "hourly telemetry rollups",
+        (
+            # As ``rollups``: a GPU's history is one contiguous range scan; ``minute``: the hour's first minute.
+            """CREATE TABLE hourly_rollups (
+                gpu_uuid TEXT NOT NULL, minute INTEGER NOT NULL, doc TEXT NOT NULL,
+                PRIMARY KEY (gpu_uuid, minute)) WITHOUT ROWID""",
+        ),
+    ),
 )
 
 MONGO_MIGRATIONS: tuple[MongoMigration, ...] = (
@@ -247,6 +257,11 @@ MONGO_MIGRATIONS: tuple[MongoMigration, ...] = (
             "silences": [IndexModel([("created_at", ASCENDING)])],
             "webhooks": [IndexModel([("owner", ASCENDING), ("created_at", ASCENDING)])],
         },
+    ),
+    MongoMigration(
+        8,
+        "hourly telemetry rollups by (gpu_uuid, minute)",
+        {"hourly_rollups": [IndexModel([("gpu_uuid", ASCENDING), ("minute", ASCENDING)])]},
     ),
 )
 

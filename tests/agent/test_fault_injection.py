@@ -51,6 +51,18 @@ def test_an_injected_xid_is_reported_once_and_again_only_when_it_changes(tmp_pat
     assert [r.code for r in gpus.reports()] == [48]
 
 
+def test_an_overheated_card_reports_a_thermal_slowdown_and_its_xids_are_counted_in_its_samples(tmp_path):
+    gpus, (first, second, _) = collector(tmp_path)
+    inject(tmp_path, {first: {"temperature_c": 97, "xid": 79}})
+    gpus.reports()
+    inject(tmp_path, {first: {"temperature_c": 97, "xid": 48}})
+    gpus.reports()
+    by_uuid = {s.uuid: s for s in gpus.sample()}
+    assert "sw_thermal" in by_uuid[first].throttle_reasons and by_uuid[first].xid_count == 2
+    assert "sw_thermal" not in by_uuid[second].throttle_reasons and by_uuid[second].xid_count == 0
+    assert by_uuid[second].clock_mem_mhz is not None
+
+
 def test_a_faults_file_that_does_not_parse_is_logged_and_the_previous_faults_stay(tmp_path, caplog):
     gpus, (first, *_) = collector(tmp_path)
     inject(tmp_path, {first: {"temperature_c": 97}})

@@ -115,6 +115,8 @@ class FakeGpu:
     # MIG: None for a card without MIG (NVML answers NotSupported); else the mode and the instances by slot.
     mig_mode: int | None = None
     mig: dict[int, FakeMig] | None = None
+    mem_clock: int = 1593
+    throttle_mask: int = 0  # NVML's clocks throttle reason bits
 
 
 @dataclass
@@ -135,7 +137,7 @@ class FakeMig:
 def fake_nvml(gpus: list[FakeGpu], *, init_error: type[pynvml.NVMLError] | None = None) -> SimpleNamespace:
     """A stand-in for the ``pynvml`` module: real constants and error classes, readings from ``gpus``."""
     real = {name: getattr(pynvml, name) for name in dir(pynvml) if name.startswith(("NVML_", "NVMLError"))}
-    state: dict[str, Any] = {"initialized": False, "shutdowns": 0, "events": [], "event_sets_freed": 0}
+    state: dict[str, Any] = {"initialized": False, "shutdowns": 0, "events": [], "event_sets_freed": 0, "gpus": gpus}
     real |= {name: getattr(pynvml, name) for name in ("nvmlEventTypeXidCriticalError", "nvmlEventTypeDoubleBitEccError")}
 
     def gpu(handle: int) -> FakeGpu:
@@ -227,7 +229,8 @@ def fake_nvml(gpus: list[FakeGpu], *, init_error: type[pynvml.NVMLError] | None 
         "nvmlDeviceGetUtilizationRates": lambda h: SimpleNamespace(gpu=gpu(h).utilization, memory=0),
         "nvmlDeviceGetTemperature": lambda h, sensor: gpu(h).temperature,
         "nvmlDeviceGetPowerUsage": lambda h: gpu(h).power_mw,
-        "nvmlDeviceGetClockInfo": lambda h, clock: gpu(h).sm_clock,
+        "nvmlDeviceGetClockInfo": lambda h, clock: gpu(h).sm_clock if clock == pynvml.NVML_CLOCK_SM else gpu(h).mem_clock,
+        "nvmlDeviceGetCurrentClocksThrottleReasons": lambda h: gpu(h).throttle_mask,
         "nvmlDeviceGetTotalEccErrors": ecc_errors,
         # Fault events: ``state["events"]`` holds what the driver queued, (handle, event type, Xid) each.
         "nvmlEventSetCreate": lambda: "event-set",
@@ -349,6 +352,22 @@ def test_sample_maps_telemetry_and_reads_missing_ecc_as_zero(two_gpu_host):
     assert (rtx.ecc_corrected, rtx.ecc_uncorrected) == (0, 0)
     assert rtx.power_w == 21.0 and rtx.utilization_pct == 0.0
     assert h100.ts == rtx.ts > 0
+    assert h100.clock_mem_mhz == 1593 and h100.throttle_reasons == () and h100.xid_count == 0
+
+
+def test_sample_names_the_throttle_reasons_and_counts_the_xids_read(two_gpu_host):
+    two_gpu_host.state["gpus"][0].throttle_mask = (
+        pynvml.nvmlClocksThrottleReasonSwThermalSlowdown | pynvml.nvmlClocksThrottleReasonHwSlowdown
+    )
+    two_gpu_host.state["gpus"][1].throttle_mask = pynvml.nvmlClocksThrottleReasonGpuIdle
+    collector = NvmlCollector()
+    two_gpu_host.state["events"] += [(1, pynvml.nvmlEventTypeXidCriticalError, 79), (1, pynvml.nvmlEventTypeXidCriticalError, 48)]
+    collector.reports()
+
+    h100, rtx = collector.sample()
+    assert h100.throttle_reasons == ("hw_slowdown", "sw_thermal") and h100.xid_count == 0
+    assert rtx.throttle_reasons == ("gpu_idle",) and rtx.xid_count == 2
+    collector.close()
 
 
 def test_a_reading_the_driver_does_not_offer_is_none_not_a_failure(monkeypatch, two_gpu_host):

@@ -566,6 +566,47 @@ async def test_rollups_range_is_since_inclusive_until_exclusive(store: Store) ->
     assert await store.rollups.list("GPU-c") == []
 
 
+async def test_a_rollup_round_trips_the_history_fields(store: Store) -> None:
+    full = rollup(
+        "GPU-a",
+        120,
+        minutes=60,
+        memory_used_mib_avg=20_480.5,
+        temperature_avg=64.25,
+        power_max_w=690.0,
+        clock_sm_avg_mhz=1755.5,
+        clock_mem_avg_mhz=2619.0,
+        ecc_corrected=4,
+        xid_count=1,
+        throttle_reasons=["hw_slowdown", "sw_thermal"],
+    )
+    await store.hourly_rollups.put_many([full])
+    assert_same(await store.hourly_rollups.list("GPU-a"), [full])
+
+
+async def test_hourly_rollups_are_kept_apart_from_the_minutes(store: Store) -> None:
+    await store.rollups.put_many([rollup("GPU-a", 60), rollup("GPU-a", 61)])
+    hour = rollup("GPU-a", 60, minutes=2, samples=12)
+    await store.hourly_rollups.put_many([hour])
+    assert [r.minute for r in await store.rollups.list("GPU-a")] == [60, 61]
+    assert_same(await store.hourly_rollups.list("GPU-a", since_minute=60, until_minute=120), [hour])
+    assert await store.hourly_rollups.list("GPU-a", since_minute=61) == []
+
+
+async def test_retention_deletes_only_the_named_gpus_rollups_before_the_minute(store: Store) -> None:
+    await store.rollups.put_many([rollup(g, m) for g in ("GPU-a", "GPU-b", "GPU-c") for m in (10, 11, 12)])
+    await store.hourly_rollups.put_many([rollup("GPU-a", 0, minutes=60)])
+
+    assert await store.rollups.delete_before(["GPU-a", "GPU-b", "GPU-unknown"], 12) == 4
+    assert [r.minute for r in await store.rollups.list("GPU-a")] == [12]
+    assert [r.minute for r in await store.rollups.list("GPU-b")] == [12]
+    assert [r.minute for r in await store.rollups.list("GPU-c")] == [10, 11, 12]
+    assert len(await store.hourly_rollups.list("GPU-a")) == 1  # the minutes' retention leaves the hours alone
+    assert await store.rollups.delete_before([], 100) == 0
+    assert await store.hourly_rollups.delete_before(["GPU-a"], 60) == 1
+    assert await store.hourly_rollups.list("GPU-a") == []
+
+
 async def test_a_large_rollup_batch_is_written_whole(store: Store) -> None:
     batch = [rollup(f"GPU-{g}", m) for g in range(20) for m in range(50)]
     await store.rollups.put_many(batch)
@@ -1283,7 +1324,7 @@ async def test_an_sqlite_file_at_schema_version_5_is_migrated_to_the_market_keep
     store = SqliteStore(str(path))
     await store.open()
     try:
-        assert await store.schema_version() == LATEST_VERSION  # 6 added the market's tables, checked here
+        assert await store.schema_version() == LATEST_VERSION
         assert_same(await store.workloads.get(old.id), old)
         await store.prices.put(price())  # the tables version 6 added
         assert await store.rentals.insert(rental())
@@ -1302,7 +1343,7 @@ async def test_a_mongodb_database_at_schema_version_5_gets_the_market_indexes_an
         await client[store.database].workloads.insert_one(doc)
     await store.open()
     try:
-        assert await store.schema_version() == LATEST_VERSION  # 6 added the market's tables, checked here
+        assert await store.schema_version() == LATEST_VERSION
         assert_same(await store.workloads.get(old.id), old)
         async with raw_client(mongo_url) as client:
             ledger_indexes = await client[store.database].ledger.index_information()

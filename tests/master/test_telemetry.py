@@ -1,10 +1,14 @@
 """Telemetry: the latest sample per GPU in memory; finished minutes persisted as rollups."""
 
+import time
+
 import pytest
 
-from common.inventory import GpuSample
+from common.inventory import GpuSample, HostSample
+from common.wire import Telemetry
 from master.store import SqliteStore
 from master.telemetry import TelemetryAggregator
+from tests.master.linked import connect, relay, relay_link
 
 MINUTE = 29_000_000 * 60  # a whole minute, in seconds
 
@@ -29,6 +33,29 @@ async def test_latest_sample_is_kept_and_finished_minutes_are_rolled_up(tmp_path
 
     assert await telemetry.flush(MINUTE + 65, everything=True) == 1  # shutdown writes the open minute too
     assert len(await store.rollups.list("GPU-a")) == 2
+    await store.close()
+
+
+async def test_a_minute_rolls_up_the_history_fields_of_its_samples(tmp_path):
+    store = SqliteStore(str(tmp_path / "m.db"))
+    await store.open()
+    telemetry = TelemetryAggregator(store)
+    hot = GpuSample(
+        uuid="GPU-a", ts=MINUTE + 1, utilization_pct=90, memory_used_mib=300, temperature_c=88, power_w=600,
+        clock_sm_mhz=1500, clock_mem_mhz=2619, ecc_corrected=2, xid_count=1, throttle_reasons=("sw_thermal",),
+    )  # fmt: skip
+    idle = GpuSample(
+        uuid="GPU-a", ts=MINUTE + 31, utilization_pct=0, memory_used_mib=100, temperature_c=None, power_w=100,
+        clock_sm_mhz=500, clock_mem_mhz=None, ecc_corrected=1, xid_count=1, throttle_reasons=("gpu_idle",),
+    )  # fmt: skip
+    telemetry.ingest("agt-1", [hot, idle])
+    await telemetry.flush(MINUTE + 61)
+
+    [rollup] = await store.rollups.list("GPU-a")
+    assert (rollup.memory_used_mib_avg, rollup.temperature_avg, rollup.power_max_w) == (200.0, 88.0, 600.0)
+    assert (rollup.clock_sm_avg_mhz, rollup.clock_mem_avg_mhz) == (1000.0, 2619.0)  # averaged over the samples that say
+    assert (rollup.ecc_corrected, rollup.xid_count, rollup.minutes) == (2, 1, 1)
+    assert rollup.throttle_reasons == ["gpu_idle", "sw_thermal"]
     await store.close()
 
 
@@ -90,3 +117,22 @@ def test_recent_samples_are_kept_only_for_watched_hosts_and_stay_bounded():
 
     recent.watch("agt-3", now=1102)  # agt-2 was last watched more than watch_s ago
     assert recent.watched == ["agt-3"]
+
+
+def test_a_hosts_latest_sample_of_itself_is_kept_and_an_older_one_does_not_replace_it(tmp_path):
+    telemetry = TelemetryAggregator(SqliteStore(str(tmp_path / "m.db")))  # the store is not touched
+    telemetry.ingest_host("agt-1", HostSample(ts=200.0, cpu_pct=50.0))
+    telemetry.ingest_host("agt-1", HostSample(ts=100.0, cpu_pct=10.0))  # late
+    telemetry.ingest_host("agt-2", HostSample(ts=150.0, ram_used_mib=1024))
+    assert telemetry.latest_hosts["agt-1"].cpu_pct == 50.0
+    assert telemetry.latest_hosts["agt-2"].ram_used_mib == 1024
+
+
+async def test_a_telemetry_frame_through_a_relay_link_keeps_its_hosts_sample_and_its_gpus_samples(master):
+    link = relay_link()
+    await connect(master, link, "agt-a")
+    host = HostSample(ts=time.time(), cpu_pct=33.0, disk_free_gib=120.5)
+    gpu = GpuSample(uuid="GPU-h100-0", ts=time.time(), utilization_pct=80.0, throttle_reasons=("sw_power_cap",))
+    await relay(master, link, "agt-a", Telemetry(ts=time.time(), samples=[gpu], host=host))
+    assert master.telemetry.latest_hosts["agt-a"] == host
+    assert master.telemetry.latest["GPU-h100-0"].throttle_reasons == ("sw_power_cap",)

@@ -1,9 +1,9 @@
-"""Telemetry rollups (one GPU, one minute) in MongoDB."""
+"""Telemetry rollups (one GPU, one minute; or one GPU, one hour) in MongoDB."""
 
 from __future__ import annotations
 
 import builtins
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from pymongo import ASCENDING
 
@@ -17,6 +17,7 @@ class MongoRollupRepo(MongoCollection[TelemetryRollup]):
 
     Upserts by that compound filter instead would need no composite key, but nx-27017 scans the
     collection for each: 10,000 of them took 63 s there, against under 1 s keyed by _id.
+    The collection is named after ``aggregate`` (MongoHourlyRollupRepo's is another).
     """
 
     aggregate = Aggregate.ROLLUPS
@@ -32,3 +33,16 @@ class MongoRollupRepo(MongoCollection[TelemetryRollup]):
         if until_minute is not None:
             minute["$lt"] = until_minute
         return await self._find({"gpu_uuid": gpu_uuid, "minute": minute}, [("minute", ASCENDING)])
+
+    async def delete_before(self, gpu_uuids: Collection[str], before_minute: int) -> int:
+        """One delete per GPU: each is a range of the (gpu_uuid, minute) index (an ``$in`` over many GPUs may not be)."""
+        deleted = 0
+        with self._metrics.timed_write(self.aggregate):
+            for uuid in gpu_uuids:
+                result = await self._c.delete_many({"gpu_uuid": uuid, "minute": {"$lt": before_minute}})
+                deleted += result.deleted_count
+        return deleted
+
+
+class MongoHourlyRollupRepo(MongoRollupRepo):
+    aggregate = Aggregate.HOURLY_ROLLUPS

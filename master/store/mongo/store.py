@@ -43,7 +43,7 @@ from master.store.mongo.ledger import MongoLedgerRepo
 from master.store.mongo.prices import MongoPriceRepo
 from master.store.mongo.rentals import MongoRentalRepo
 from master.store.mongo.revocations import MongoRevocationRepo
-from master.store.mongo.rollups import MongoRollupRepo
+from master.store.mongo.rollups import MongoHourlyRollupRepo, MongoRollupRepo
 from master.store.mongo.tokens import MongoTokenRepo
 from master.store.mongo.workloads import MongoWorkloadRepo
 from master.store.quarantine import Quarantine
@@ -66,6 +66,7 @@ class MongoStore:
         self.events: EventRepo = MongoEventRepo(*upkeep)
         self.revocations: RevocationRepo = MongoRevocationRepo(*upkeep)
         self.rollups: RollupRepo = MongoRollupRepo(*upkeep)
+        self.hourly_rollups: RollupRepo = MongoHourlyRollupRepo(*upkeep)
         self.workloads: WorkloadRepo = MongoWorkloadRepo(*upkeep)
         self.fair_share: FairShareRepo = MongoFairShareRepo(*upkeep)
         self.prices: PriceRepo = MongoPriceRepo(*upkeep)

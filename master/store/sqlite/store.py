@@ -40,7 +40,7 @@ from master.store.sqlite.ledger import SqliteLedgerRepo
 from master.store.sqlite.prices import SqlitePriceRepo
 from master.store.sqlite.rentals import SqliteRentalRepo
 from master.store.sqlite.revocations import SqliteRevocationRepo
-from master.store.sqlite.rollups import SqliteRollupRepo
+from master.store.sqlite.rollups import SqliteHourlyRollupRepo, SqliteRollupRepo
 from master.store.sqlite.tokens import SqliteTokenRepo
 from master.store.sqlite.workloads import SqliteWorkloadRepo
 
@@ -63,6 +63,7 @@ class SqliteStore:
         self.events: EventRepo = SqliteEventRepo(*upkeep)
         self.revocations: RevocationRepo = SqliteRevocationRepo(*upkeep)
         self.rollups: RollupRepo = SqliteRollupRepo(*upkeep)
+        self.hourly_rollups: RollupRepo = SqliteHourlyRollupRepo(*upkeep)
         self.workloads: WorkloadRepo = SqliteWorkloadRepo(*upkeep)
         self.fair_share: FairShareRepo = SqliteFairShareRepo(*upkeep)
         self.prices: PriceRepo = SqlitePriceRepo(*upkeep)

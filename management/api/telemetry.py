@@ -1,0 +1,42 @@
+"""Telemetry history: a GPU's, a host's GPUs' and a workload's GPUs' rollups over a window, at a step
+(management/monitoring/history.py). Who sees which is decided in auth.py: a provider its own hosts' GPUs, a renter
+its own workloads."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from management.api.auth import OPERATIONS_KEY, scope_of
+from management.api.requests import json_response, parse_query
+from management.api.schemas import TelemetryQuery
+from management.views import telemetry_view
+
+
+async def gpu_telemetry(request: web.Request) -> web.Response:
+    query = parse_query(request, TelemetryQuery)
+    history = await request.app[OPERATIONS_KEY].gpu_telemetry(
+        request.match_info["uuid"], from_s=query.from_, to_s=query.to, step_s=query.step, owner=scope_of(request).owner
+    )
+    return json_response(telemetry_view(history))
+
+
+async def host_telemetry(request: web.Request) -> web.Response:
+    query = parse_query(request, TelemetryQuery)
+    history = await request.app[OPERATIONS_KEY].host_telemetry(
+        request.match_info["agent_id"], from_s=query.from_, to_s=query.to, step_s=query.step, owner=scope_of(request).owner
+    )
+    return json_response(telemetry_view(history))
+
+
+async def workload_telemetry(request: web.Request) -> web.Response:
+    query = parse_query(request, TelemetryQuery)
+    history = await request.app[OPERATIONS_KEY].workload_telemetry(
+        request.match_info["workload_id"], from_s=query.from_, to_s=query.to, step_s=query.step, account=scope_of(request).owner
+    )
+    return json_response(telemetry_view(history))
+
+
+def add_routes(router: web.UrlDispatcher) -> None:
+    router.add_get("/api/v1/gpus/{uuid}/telemetry", gpu_telemetry)
+    router.add_get("/api/v1/agents/{agent_id}/telemetry", host_telemetry)
+    router.add_get("/api/v1/workloads/{workload_id}/telemetry", workload_telemetry)
