@@ -73,7 +73,7 @@ def build_app(master: Master, settings: ApiSettings | None = None, operations: O
     market = operations.market.market
     registry.register(
         MarketSeries(
-            operations.workloads.counts, market.meter.open_rentals, market.ledger.balances, currency=master.config.currency
+            operations.workloads.counts, market.meter.open_rentals, market.ledger.balances, currency=operations.market.currency
         )
     )
     rate_limits = KeyRateLimits(settings.key_rate_per_s, settings.key_burst)

@@ -52,6 +52,7 @@ async def _plant_good_and_bad_records(store_url: str) -> dict[Aggregate, str]:
         await store.commands.put(command("cmd-1", NOW))
         await store.revocations.put(RevocationRecord(serial="0a", agent_id="agt-0", revoked_at=NOW))
         await store.rollups.put_many([rollup("GPU-a", 1)])
+        await store.hourly_rollups.put_many([rollup("GPU-a", 60)])
         await store.workloads.insert(workload("wl-1"))
         await store.fair_share.put_many([FairShareUsage(account="alice", gpu_seconds=60.0, decayed_to=NOW)])
         await store.prices.put(PriceRecord(provider="acme", on_demand=1_000_000, updated_at=NOW))
@@ -71,6 +72,7 @@ async def _plant_good_and_bad_records(store_url: str) -> dict[Aggregate, str]:
             Aggregate.EVENTS: await poison(store, Aggregate.EVENTS, "agt-1"),
             Aggregate.REVOCATIONS: await poison(store, Aggregate.REVOCATIONS, "0b"),
             Aggregate.ROLLUPS: await poison(store, Aggregate.ROLLUPS, "GPU-a", minute=2),
+            Aggregate.HOURLY_ROLLUPS: await poison(store, Aggregate.HOURLY_ROLLUPS, "GPU-a", minute=120),
             Aggregate.WORKLOADS: await poison(store, Aggregate.WORKLOADS, "wl-bad"),
             Aggregate.ACCOUNTS: await poison(store, Aggregate.ACCOUNTS, "bad-account"),
             Aggregate.FAIR_SHARE: await poison(store, Aggregate.FAIR_SHARE, "bad-account/default"),
@@ -128,6 +130,7 @@ async def test_the_master_starts_and_serves_with_an_undecodable_record_in_every_
             await master.enrollment.enroll(POISONED_TOKEN, make_csr(generate_key(), "host").decode())
         assert refused.value.code == "token_unknown"
         assert [r.minute for r in await master.store.rollups.list("GPU-a")] == [1]  # the telemetry history's read
+        assert [r.minute for r in await master.store.hourly_rollups.list("GPU-a")] == [60]  # and its hourly one
         assert [u.account for u in await master.store.fair_share.list()] == ["alice"]  # what a scheduling loop loads
         accounts = await client.get("/api/v1/accounts", headers=auth)
         assert accounts.status == 200 and [a["id"] for a in (await accounts.json())["items"]] == ["operator"]

@@ -30,6 +30,7 @@ _SQLITE_COLUMNS: dict[Aggregate, dict[str, Any]] = {
     Aggregate.EVENTS: {"ts": 1_700_000_000.0, "kind": "agent.transition", "subject": KEY},
     Aggregate.REVOCATIONS: {"serial": KEY, "agent_id": "agt-1", "revoked_at": 1_700_000_000.0},
     Aggregate.ROLLUPS: {"gpu_uuid": KEY, "minute": 5},
+    Aggregate.HOURLY_ROLLUPS: {"gpu_uuid": KEY, "minute": 120},
     Aggregate.WORKLOADS: {"id": KEY, "account": "bob", "state": "queued", "listed": "0|poisoned", "version": 0},
     Aggregate.ACCOUNTS: {"id": KEY, "role": "renter"},
     Aggregate.FAIR_SHARE: {"key": KEY, "account": "alice"},
@@ -59,6 +60,7 @@ _BROKEN: dict[Aggregate, dict[str, Any]] = {
     Aggregate.EVENTS: {"data": "not a mapping"},
     Aggregate.REVOCATIONS: {"reason": 7},
     Aggregate.ROLLUPS: {"agent_id": "agt-1", "samples": "many"},
+    Aggregate.HOURLY_ROLLUPS: {"agent_id": "agt-1", "samples": "many"},
     Aggregate.WORKLOADS: {"account": "bob", "spec": "not a spec", "state": "queued", "created_at": 0.0},
     Aggregate.ACCOUNTS: {"share": "a lot"},
     Aggregate.FAIR_SHARE: {"gpu_seconds": "a lot", "decayed_to": 0.0},
@@ -101,7 +103,7 @@ def poison_sqlite(path: str, aggregate: Aggregate, key: str, *, doc: str | None 
     conn.close()
     if aggregate is Aggregate.EVENTS:
         return str(cursor.lastrowid)
-    if aggregate is Aggregate.ROLLUPS:
+    if aggregate in (Aggregate.ROLLUPS, Aggregate.HOURLY_ROLLUPS):
         return rollup_key(key, columns["minute"])
     return key
 
@@ -126,7 +128,8 @@ async def poison_mongo(url: str, database: str, aggregate: Aggregate, key: str, 
                 )
                 assert counter is not None
                 doc["seq"] = counter["value"]
-            reported = rollup_key(key, columns["minute"]) if aggregate is Aggregate.ROLLUPS else key
+            rollups = (Aggregate.ROLLUPS, Aggregate.HOURLY_ROLLUPS)
+            reported = rollup_key(key, columns["minute"]) if aggregate in rollups else key
             doc["_id"] = reported
         await db[aggregate.value].insert_one(doc)
     return reported
