@@ -505,7 +505,7 @@ def build_parser() -> argparse.ArgumentParser:
         dest="command",
         required=True,
         metavar="{master,access,agent,ca,token,account,whoami,demo,workload,offers,rent,bid,"
-        "balance,ledger,spend,earnings,payouts,credit,host,report}",
+        "balance,ledger,spend,earnings,payouts,credit,host,report,alert}",
     )
     _master_parser(sub)
     from access.cli import add_parser as add_access_parser
@@ -530,6 +530,9 @@ def build_parser() -> argparse.ArgumentParser:
     from management.cli_report import add_parser as add_report_parser
 
     add_report_parser(sub, _parser)
+    from management.cli_alerts import add_parsers as add_alert_parsers
+
+    add_alert_parsers(sub, _parser)
     return parser
 
 
@@ -545,6 +548,8 @@ def _command_name(args: argparse.Namespace) -> str:
         "offers_command",
         "host_command",
         "price_command",
+        "alert_command",
+        "webhook_command",
     ):
         if getattr(args, attr, None):
             words.append(getattr(args, attr))

@@ -287,6 +287,47 @@ class ApiCalls(Generic[R]):
         query |= {name: value for name, value in (("from", start), ("to", end)) if value is not None}
         return self.send(ApiRequest("GET", f"{API_PREFIX}/reports/{_segment(kind)}", query))
 
+    # --- alerts (management/monitoring/): what fires, silences (the operator's), webhooks (each account its own) ---
+
+    def alerts(self, *, rule: str | None = None, phase: str | None = None, severity: str | None = None) -> R:
+        """Pending and firing alerts the key may see, and the recent transitions (newest first)."""
+        query = {name: value for name, value in (("rule", rule), ("phase", phase), ("severity", severity)) if value}
+        return self.send(ApiRequest("GET", f"{API_PREFIX}/alerts", query))
+
+    def alert_rules(self) -> R:
+        return self.send(ApiRequest("GET", f"{API_PREFIX}/alert-rules"))
+
+    def silence(
+        self,
+        duration_s: float,
+        *,
+        rule: str | None = None,
+        subject: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        comment: str = "",
+    ) -> R:
+        """Hold back notifications of the alerts every given matcher matches, for ``duration_s``."""
+        body: dict[str, Json] = {"duration_s": duration_s, "comment": comment, "labels": dict(labels or {})}
+        body |= {name: value for name, value in (("rule", rule), ("subject", subject)) if value is not None}
+        return self.send(ApiRequest("POST", f"{API_PREFIX}/silences", body=body))
+
+    def silences(self, *, include_expired: bool = False) -> R:
+        query = {"include_expired": "true"} if include_expired else {}
+        return self.send(ApiRequest("GET", f"{API_PREFIX}/silences", query))
+
+    def expire_silence(self, silence_id: str) -> R:
+        return self.send(ApiRequest("POST", f"{API_PREFIX}/silences/{_segment(silence_id)}/expire"))
+
+    def add_webhook(self, url: str) -> R:
+        """The webhook, with its signing secret (shown in this answer only)."""
+        return self.send(ApiRequest("POST", f"{API_PREFIX}/webhooks", body={"url": url}))
+
+    def webhooks(self) -> R:
+        return self.send(ApiRequest("GET", f"{API_PREFIX}/webhooks"))
+
+    def remove_webhook(self, webhook_id: str) -> R:
+        return self.send(ApiRequest("DELETE", f"{API_PREFIX}/webhooks/{_segment(webhook_id)}"))
+
     # --- the market: providers' prices (amounts as decimal strings per GPU-hour, e.g. "2.50") ---
 
     def prices(self, *, provider: str | None = None) -> R:

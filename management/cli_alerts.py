@@ -1,0 +1,259 @@
+"""``idlegrid alert ...``: what fires, from the command line.
+
+  idlegrid alert list [--phase firing|pending] [--severity S] [--rule NAME] [--recent N]
+  idlegrid alert rules                         the rules in force and where each comes from (file | api)
+  idlegrid alert silence --for 2h [--rule R] [--subject S] [--label K=V ...] [--comment TEXT]   (the operator)
+  idlegrid alert silences [--all]              active silences (--all: expired ones too)
+  idlegrid alert unsilence ID                  expire a silence now
+  idlegrid alert webhook add URL | list | remove ID
+
+Each key sees what its account may (docs/monitoring.md, "Who sees which alert"): the operator everything, a provider
+its hosts' and GPUs' alerts, a renter its workloads'. Tables by default, ``--json`` for the API's JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from management.cli_accounts import Parser, api_client, connection_options, table, when
+from management.cli_host import duration_s
+
+RECENT_SHOWN = 10
+
+
+def _label(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a label matcher: write NAME=VALUE, e.g. provider=acme")
+    return name, value
+
+
+def _duration(text: str) -> float:
+    seconds = duration_s(text)
+    if seconds is None or seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a silence needs a duration, e.g. 30m, 2h, 1d")
+    return seconds
+
+
+def _value(value: object) -> str:
+    return "-" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _alert_rows(alerts: Sequence[Mapping[str, Any]]) -> str:
+    return table(
+        ["PHASE", "RULE", "SUBJECT", "VALUE", "SINCE", "FIRED", "LABELS"],
+        [
+            [
+                a["phase"],
+                a["rule"],
+                a["subject"],
+                _value(a["value"]),
+                when(a["since"]),
+                when(a["fired_at"]),
+                ",".join(f"{k}={v}" for k, v in sorted(a["labels"].items()) if v) or None,
+            ]
+            for a in alerts
+        ],
+    )
+
+
+def _transition_rows(transitions: Sequence[Mapping[str, Any]]) -> str:
+    return table(
+        ["AT", "", "SEVERITY", "RULE", "SUBJECT", "VALUE", "SUMMARY"],
+        [
+            [when(t["at"]), t["phase"], t["severity"], t["rule"], t["subject"], _value(t["value"]), t["summary"]]
+            for t in transitions
+        ],
+    )
+
+
+def _listing(recent: int) -> Callable[[Mapping[str, Any]], str]:
+    def render(body: Mapping[str, Any]) -> str:
+        active = body["items"]
+        parts = [_alert_rows(active) if active else "no alert is pending or firing"]
+        shown = body["recent"][:recent]
+        if shown:
+            parts.append(f"recent transitions (newest first, {len(shown)} of {len(body['recent'])}):")
+            parts.append(_transition_rows(shown))
+        return "\n\n".join(parts)
+
+    return render
+
+
+def _rule_rows(body: Mapping[str, Any]) -> str:
+    def condition(r: Mapping[str, Any]) -> str:
+        text = f"{r['metric']} {r['op']} {_value(r['threshold'])}"
+        return text + (f" for {r['for_s']:g}s" if r["for_s"] else "")
+
+    def clears(r: Mapping[str, Any]) -> str:
+        if r["clear_threshold"] is None and not r["clear_for_s"]:
+            return "-"
+        threshold = r["clear_threshold"] if r["clear_threshold"] is not None else r["threshold"]
+        return f"past {_value(threshold)}" + (f" for {r['clear_for_s']:g}s" if r["clear_for_s"] else "")
+
+    return table(
+        ["NAME", "CONDITION", "CLEARS", "SEVERITY", "SCOPE", "FAULT", "SOURCE"],
+        [
+            [r["name"], condition(r), clears(r), r["severity"], r["scope"], "yes" if r["fault"] else "", r["source"]]
+            for r in body["items"]
+        ],
+    )
+
+
+def _silence_rows(silences: Sequence[Mapping[str, Any]]) -> str:
+    if not silences:
+        return "no silence"
+    return table(
+        ["ID", "RULE", "SUBJECT", "LABELS", "EXPIRES", "BY", "COMMENT"],
+        [
+            [
+                s["id"],
+                s["rule"],
+                s["subject"],
+                ",".join(f"{k}={v}" for k, v in sorted(s["labels"].items())) or None,
+                when(s["expires_at"]),
+                s["created_by"],
+                s["comment"] or None,
+            ]
+            for s in silences
+        ],
+    )
+
+
+def _webhook_rows(webhooks: Sequence[Mapping[str, Any]]) -> str:
+    if not webhooks:
+        return "no webhook"
+    return table(["ID", "URL", "OWNER", "CREATED"], [[w["id"], w["url"], w["owner"], when(w["created_at"])] for w in webhooks])
+
+
+def _created_webhook(body: Mapping[str, Any]) -> str:
+    return (
+        _webhook_rows([body]) + f"\n\nsecret: {body['secret']}\n"
+        "Keep it: it is shown this once. Each delivery carries X-Idlegrid-Signature: sha256=HMAC-SHA256(secret, body)."
+    )
+
+
+def add_parsers(sub: argparse._SubParsersAction, parser: Parser) -> None:
+    """``alert`` on the command line's subcommands; ``parser`` makes one (as management/cli.py does)."""
+    alert = parser(
+        sub,
+        "alert",
+        "alerts: what fires, rules, silences, webhooks",
+        "What fires now and what fired lately; the rules in force; silences (the operator's); webhooks.",
+    )
+    a_sub = alert.add_subparsers(dest="alert_command", required=True, metavar="{list,rules,silence,silences,unsilence,webhook}")
+
+    listing = parser(a_sub, "list", "pending and firing alerts", "Pending and firing alerts you may see, and recent transitions.")
+    listing.add_argument("--phase", choices=("pending", "firing"), help="only alerts in this phase (default: both)")
+    listing.add_argument("--severity", choices=("info", "warning", "critical"), help="only this severity (default: every one)")
+    listing.add_argument("--rule", metavar="NAME", help="only this rule's alerts (default: every rule's)")
+    listing.add_argument(
+        "--recent", type=int, default=RECENT_SHOWN, metavar="N", help="recent transitions shown (default: %(default)s)"
+    )
+    connection_options(listing)
+    listing.set_defaults(func=_run_list)
+
+    rules = parser(
+        a_sub, "rules", "the rules in force", "The alert rules in force: the rules file's, and those put through the API."
+    )
+    connection_options(rules)
+    rules.set_defaults(func=_run_rules)
+
+    silence = parser(
+        a_sub,
+        "silence",
+        "hold back notifications (the operator)",
+        "Hold back the notifications of the alerts that every given matcher matches, until the silence expires. "
+        "The alerts still fire and resolve as events.\n"
+        "  idlegrid alert silence --for 2h --rule gpu_overheating --label provider=acme --comment 'cooling repaired'",
+    )
+    silence.add_argument("--for", dest="duration", type=_duration, required=True, metavar="DURATION", help="e.g. 30m, 2h, 1d")
+    silence.add_argument("--rule", metavar="NAME", help="only this rule's alerts (default: any rule's)")
+    silence.add_argument("--subject", metavar="ID", help="only alerts about this GPU, host, relay, workload... (default: any)")
+    silence.add_argument(
+        "--label",
+        type=_label,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a label to match, repeatable (default: none)",
+    )
+    silence.add_argument("--comment", default="", help="why, for the next person on call (default: none)")
+    connection_options(silence)
+    silence.set_defaults(func=_run_silence)
+
+    silences = parser(a_sub, "silences", "the silences", "Active silences (with --all, expired ones too).")
+    silences.add_argument("--all", action="store_true", help="expired silences too (default: active ones only)")
+    connection_options(silences)
+    silences.set_defaults(func=_run_silences)
+
+    unsilence = parser(a_sub, "unsilence", "expire a silence now", "Expire a silence now: notifications flow again.")
+    unsilence.add_argument("silence", metavar="ID")
+    connection_options(unsilence)
+    unsilence.set_defaults(func=_run_unsilence)
+
+    webhook = parser(a_sub, "webhook", "where alerts are posted", "Webhooks your alerts are posted to (signed, retried).")
+    w_sub = webhook.add_subparsers(dest="webhook_command", required=True, metavar="{add,list,remove}")
+    add = parser(w_sub, "add", "add a webhook", "Post your alerts to URL; the signing secret is printed once.")
+    add.add_argument("url", metavar="URL")
+    connection_options(add)
+    add.set_defaults(func=_run_webhook_add)
+    shown = parser(w_sub, "list", "your webhooks", "Your webhooks (the operator: every one).")
+    connection_options(shown)
+    shown.set_defaults(func=_run_webhook_list)
+    remove = parser(w_sub, "remove", "remove a webhook", "Stop posting to a webhook.")
+    remove.add_argument("webhook", metavar="ID")
+    connection_options(remove)
+    remove.set_defaults(func=_run_webhook_remove)
+
+
+def _show(args: argparse.Namespace, body: Any, human: Callable[[Any], str]) -> int:
+    print(json.dumps(body, indent=2, sort_keys=True) if args.json else human(body))
+    return 0
+
+
+def _run_list(args: argparse.Namespace) -> int:
+    client, _ = api_client(args)
+    body = client.alerts(rule=args.rule, phase=args.phase, severity=args.severity)
+    return _show(args, body, _listing(max(0, args.recent)))
+
+
+def _run_rules(args: argparse.Namespace) -> int:
+    client, _ = api_client(args)
+    return _show(args, client.alert_rules(), _rule_rows)
+
+
+def _run_silence(args: argparse.Namespace) -> int:
+    client, _ = api_client(args)
+    body = client.silence(args.duration, rule=args.rule, subject=args.subject, labels=dict(args.label), comment=args.comment)
+    return _show(args, body, lambda s: _silence_rows([s]))
+
+
+def _run_silences(args: argparse.Namespace) -> int:
+    client, _ = api_client(args)
+    return _show(args, client.silences(include_expired=args.all), lambda b: _silence_rows(b["items"]))
+
+
+def _run_unsilence(args: argparse.Namespace) -> int:
+    client, _ = api_client(args)
+    return _show(args, client.expire_silence(args.silence), lambda s: _silence_rows([s]))
+
+
+def _run_webhook_add(args: argparse.Namespace) -> int:
+    client, _ = api_client(args)
+    return _show(args, client.add_webhook(args.url), _created_webhook)
+
+
+def _run_webhook_list(args: argparse.Namespace) -> int:
+    client, _ = api_client(args)
+    return _show(args, client.webhooks(), lambda b: _webhook_rows(b["items"]))
+
+
+def _run_webhook_remove(args: argparse.Namespace) -> int:
+    client, _ = api_client(args)
+    client.remove_webhook(args.webhook)
+    print(f"webhook {args.webhook} removed")
+    return 0
