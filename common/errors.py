@@ -127,3 +127,19 @@ class InvalidTelemetryWindow(IdlegridError):
     a whole number of minutes, too many points); the message names the parameter and what would do."""
 
     code = "bad_request"
+
+
+class Fenced(IdlegridError):
+    """A store write refused because this Master no longer holds the leader lease (docs/ha.md): it must step down."""
+
+    code = "fenced"
+
+
+class NotLeader(IdlegridError):
+    """This Master is a standby; ``leader_url`` (the leader's API, "" when unknown) is where to ask."""
+
+    code = "not_leader"
+
+    def __init__(self, message: str, *, leader_url: str = "") -> None:
+        super().__init__(message)
+        self.leader_url = leader_url

@@ -24,6 +24,7 @@ from master.records import (
     EventRecord,
     FairShareUsage,
     GpuRecord,
+    LeaseRecord,
     LedgerEntry,
     PriceRecord,
     RentalRecord,
@@ -48,6 +49,7 @@ __all__ = [
     "EventRepo",
     "FairShareRepo",
     "GpuRepo",
+    "LeaseRepo",
     "LedgerRepo",
     "PriceRepo",
     "RentalRepo",
@@ -320,6 +322,26 @@ class WebhookRepo(Protocol):
         """Every webhook (of one owner when given), by creation, then id."""
 
 
+class LeaseRepo(Protocol):
+    """The leader lease of the Masters sharing this store (docs/ha.md); every change is one atomic step, so of
+    Masters racing for it at most one holds it at any time. ``now`` is wall-clock seconds (the acquirer's clock)."""
+
+    async def acquire(self, holder: str, url: str, api_url: str, ttl_s: float, now: float) -> LeaseRecord | None:
+        """Take the lease until ``now + ttl_s`` if it is free, lapsed (``expires_at <= now``) or ``holder``'s already;
+        a new holder gets the previous epoch + 1 (1 for the first), the same holder keeps its epoch. None when another
+        holds it unexpired, or took it concurrently."""
+
+    async def renew(self, holder: str, epoch: int, ttl_s: float, now: float) -> LeaseRecord | None:
+        """Extend the lease to ``now + ttl_s`` while its stored holder and epoch are still these; None otherwise."""
+
+    async def current(self) -> LeaseRecord | None:
+        """The lease as stored (lapsed or not); None before anyone took it."""
+
+    async def release(self, holder: str, epoch: int) -> bool:
+        """Let the lease lapse now (a clean stop), if it is still ``holder``'s at ``epoch``; the epoch is kept, so the
+        next holder's is higher. Whether it was released."""
+
+
 class Store(Protocol):
     agents: AgentRepo
     gpus: GpuRepo
@@ -339,6 +361,7 @@ class Store(Protocol):
     alert_rules: AlertRuleRepo
     silences: SilenceRepo
     webhooks: WebhookRepo
+    leases: LeaseRepo  # the leader lease (docs/ha.md)
     backend: str  # "sqlite" | "mongodb"
     quarantine: Quarantine  # the records found undecodable, kept aside
     metrics: StoreMetrics  # write latency and quarantined records; register into the daemon's registry

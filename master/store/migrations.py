@@ -168,6 +168,15 @@ SQLITE_MIGRATIONS: tuple[SqliteMigration, ...] = (
                 PRIMARY KEY (gpu_uuid, minute)) WITHOUT ROWID""",
         ),
     ),
+    SqliteMigration(
+        9,
+        "the leader lease of Masters sharing the store (docs/ha.md)",
+        (
+            """CREATE TABLE leader_lease (
+                name TEXT PRIMARY KEY, holder TEXT NOT NULL, url TEXT NOT NULL, api_url TEXT NOT NULL,
+                epoch INTEGER NOT NULL, expires_at REAL NOT NULL)""",
+        ),
+    ),
 )
 
 MONGO_MIGRATIONS: tuple[MongoMigration, ...] = (
@@ -263,6 +272,8 @@ MONGO_MIGRATIONS: tuple[MongoMigration, ...] = (
         "hourly telemetry rollups by (gpu_uuid, minute)",
         {"hourly_rollups": [IndexModel([("gpu_uuid", ASCENDING), ("minute", ASCENDING)])]},
     ),
+    # One document keyed by _id (unique already): nothing to index, the step marks the shape.
+    MongoMigration(9, "the leader lease of Masters sharing the store (docs/ha.md)", {}),
 )
 
 LATEST_VERSION = SQLITE_MIGRATIONS[-1].version  # the contract tests check MongoDB reaches it too

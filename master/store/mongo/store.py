@@ -18,6 +18,7 @@ from master.store.base import (
     EventRepo,
     FairShareRepo,
     GpuRepo,
+    LeaseRepo,
     LedgerRepo,
     PriceRepo,
     RentalRepo,
@@ -39,6 +40,7 @@ from master.store.mongo.connection import MongoConnection, redacted
 from master.store.mongo.events import MongoEventRepo
 from master.store.mongo.fair_share import MongoFairShareRepo
 from master.store.mongo.gpus import MongoGpuRepo
+from master.store.mongo.leases import MongoLeaseRepo
 from master.store.mongo.ledger import MongoLedgerRepo
 from master.store.mongo.prices import MongoPriceRepo
 from master.store.mongo.rentals import MongoRentalRepo
@@ -74,6 +76,7 @@ class MongoStore:
         self.ledger: LedgerRepo = MongoLedgerRepo(*upkeep)
         self.alert_rules: AlertRuleRepo = MongoAlertRuleRepo(*upkeep)
         self.silences: SilenceRepo = MongoSilenceRepo(*upkeep)
+        self.leases: LeaseRepo = MongoLeaseRepo(self._conn)
         self.webhooks: WebhookRepo = MongoWebhookRepo(*upkeep)
 
     @property

@@ -14,6 +14,7 @@ from master.store.base import (
     EventRepo,
     FairShareRepo,
     GpuRepo,
+    LeaseRepo,
     LedgerRepo,
     PriceRepo,
     RentalRepo,
@@ -36,6 +37,7 @@ from master.store.sqlite.database import SqliteDatabase
 from master.store.sqlite.events import SqliteEventRepo
 from master.store.sqlite.fair_share import SqliteFairShareRepo
 from master.store.sqlite.gpus import SqliteGpuRepo
+from master.store.sqlite.leases import SqliteLeaseRepo
 from master.store.sqlite.ledger import SqliteLedgerRepo
 from master.store.sqlite.prices import SqlitePriceRepo
 from master.store.sqlite.rentals import SqliteRentalRepo
@@ -71,6 +73,7 @@ class SqliteStore:
         self.ledger: LedgerRepo = SqliteLedgerRepo(*upkeep)
         self.alert_rules: AlertRuleRepo = SqliteAlertRuleRepo(*upkeep)
         self.silences: SilenceRepo = SqliteSilenceRepo(*upkeep)
+        self.leases: LeaseRepo = SqliteLeaseRepo(self._db)
         self.webhooks: WebhookRepo = SqliteWebhookRepo(*upkeep)
 
     def __repr__(self) -> str:

@@ -1,0 +1,88 @@
+"""The leader lease's part of the store contract (docs/ha.md), on every backend: SQLite, MongoDB on nx-27017, and a
+real mongod when MONGODB_URI is set. Fixtures are in conftest.py."""
+
+from __future__ import annotations
+
+import asyncio
+
+from master.records import LeaseRecord
+from master.store.base import Store
+from tests.master.conftest import OpenStore
+
+NOW = 1_700_000_000.5
+TTL = 10.0
+
+
+async def take(store: Store, holder: str, now: float = NOW) -> LeaseRecord | None:
+    return await store.leases.acquire(holder, f"wss://{holder}:7100/link", f"http://{holder}:7000", TTL, now)
+
+
+async def test_no_lease_before_anyone_takes_it(store: Store) -> None:
+    assert await store.leases.current() is None
+
+
+async def test_the_first_holder_gets_epoch_1_until_now_plus_ttl(store: Store) -> None:
+    lease = await take(store, "m-a")
+    want = LeaseRecord(holder="m-a", url="wss://m-a:7100/link", api_url="http://m-a:7000", epoch=1, expires_at=NOW + TTL)
+    assert lease == want
+    assert await store.leases.current() == want
+
+
+async def test_a_held_lease_is_refused_to_another_until_it_lapses(store: Store) -> None:
+    await take(store, "m-a")
+    assert await take(store, "m-b", NOW + TTL - 0.01) is None
+    held = await store.leases.current()
+    assert held is not None and held.holder == "m-a"
+    lease = await take(store, "m-b", NOW + TTL)
+    assert lease is not None and (lease.holder, lease.epoch, lease.url) == ("m-b", 2, "wss://m-b:7100/link")
+
+
+async def test_the_holder_taking_it_again_keeps_its_epoch(store: Store) -> None:
+    await take(store, "m-a")
+    again = await take(store, "m-a", NOW + 3)
+    assert again is not None and (again.epoch, again.expires_at) == (1, NOW + 3 + TTL)
+
+
+async def test_renewal_extends_only_the_holders_own_epoch(store: Store) -> None:
+    await take(store, "m-a")
+    renewed = await store.leases.renew("m-a", 1, TTL, NOW + 3)
+    assert renewed is not None and renewed.expires_at == NOW + 3 + TTL
+    assert await store.leases.renew("m-b", 1, TTL, NOW + 3) is None  # not its lease
+    assert await store.leases.renew("m-a", 2, TTL, NOW + 3) is None  # not its epoch
+
+
+async def test_a_deposed_holder_cannot_renew_after_another_took_over(store: Store) -> None:
+    await take(store, "m-a")
+    taken = await take(store, "m-b", NOW + TTL + 1)  # m-a stopped renewing (SIGSTOP) and the lease lapsed
+    assert taken is not None and taken.epoch == 2
+    assert await store.leases.renew("m-a", 1, TTL, NOW + TTL + 2) is None
+    assert await take(store, "m-a", NOW + TTL + 2) is None  # and cannot take it back while m-b holds it
+    assert await store.leases.current() == taken
+
+
+async def test_release_lets_the_next_holder_in_at_once_with_a_higher_epoch(store: Store) -> None:
+    await take(store, "m-a")
+    assert await store.leases.release("m-b", 1) is False  # not its lease: nothing changes
+    assert await take(store, "m-b", NOW + 1) is None
+    assert await store.leases.release("m-a", 1) is True
+    lease = await take(store, "m-b", NOW + 1)
+    assert lease is not None and (lease.holder, lease.epoch) == ("m-b", 2)
+
+
+async def test_of_masters_racing_for_a_free_lease_on_separate_connections_exactly_one_wins(open_stores: OpenStore) -> None:
+    stores = [await open_stores() for _ in range(4)]  # as four Master processes would race
+    attempts = [take(store, f"m-{i}") for i, store in enumerate(stores * 3)]
+    won = [lease for lease in await asyncio.gather(*attempts) if lease is not None]
+    holders = {lease.holder for lease in won}
+    assert len(holders) == 1, won  # a holder may win twice (its second try is "already mine"), no one else
+    assert await stores[0].leases.current() == won[-1]
+
+
+async def test_of_masters_racing_for_a_lapsed_lease_exactly_one_wins_and_the_epoch_rises_once(open_stores: OpenStore) -> None:
+    stores = [await open_stores() for _ in range(4)]
+    await take(stores[0], "m-old")
+    later = NOW + TTL + 5
+    attempts = [take(store, f"m-{i}", later) for i, store in enumerate(stores * 3)]
+    won = [lease for lease in await asyncio.gather(*attempts) if lease is not None]
+    assert len({lease.holder for lease in won}) == 1, won
+    assert {lease.epoch for lease in won} == {2}
