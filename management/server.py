@@ -138,6 +138,7 @@ class MasterServer:
     async def _serve(self) -> None:
         """What the API needs beyond the Master: the operator's key, the workloads and market loaded, their loops."""
         await self._ensure_operator_token()
+        await self.operations.prices.load()
         await self.operations.workloads.load()
         await self.operations.market.market.load()
         self.operations.scheduler.start()
@@ -147,6 +148,10 @@ class MasterServer:
 
     async def _start_http(self) -> None:
         app = build_app(self.master, self.api_settings, self.operations)
+        if self.master.leadership is not None:
+            # Its startup hooks load workloads, prices and the market, once for good: a standby must not load a state
+            # that the leader goes on changing. ``_serve`` loads them when this Master is elected.
+            app.on_startup.clear()
         app.middlewares.append(self.gate.middleware())  # innermost: a caller is authenticated before it is told 503
         app.middlewares.insert(0, StandbyGate(self.master).middleware())  # outermost: a standby authenticates no one
         self._http = HttpServer(
@@ -165,7 +170,7 @@ class MasterServer:
     async def stop(self) -> None:
         """Graceful: new changes get 503, those accepted finish, the Master drains its links and flushes, then
         the API closes (reads are served until then)."""
-        await self.gate.close(REQUEST_DRAIN_S if self.master.leads() else 0.0)
+        await self.gate.close(REQUEST_DRAIN_S)
         await self.operations.scheduler.stop()
         await self.operations.market.market.stop()
         await self.operations.alerts.stop()
