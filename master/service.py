@@ -250,6 +250,7 @@ class Master:
 
     async def _elected(self, lease: LeaseRecord) -> None:
         """The lease is ours: load what the store holds now (the previous leader's last writes) and serve."""
+        self.store.writes_by(lease.holder, lease.epoch)
         await self._load()
         self._run_loops()
         for take_over in self.on_elected:

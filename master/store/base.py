@@ -374,6 +374,11 @@ class Store(Protocol):
     async def schema_version(self) -> int:
         """The highest migration applied to the underlying database."""
 
+    def writes_by(self, holder: str, epoch: int) -> None:
+        """High availability (docs/ha.md): every record written from now on carries its writer. MongoDB stores
+        ``_holder`` and ``_epoch`` in each document it writes, and refuses (``Fenced``) to overwrite a command or an
+        agent that a higher epoch wrote; SQLite (one Master per file) does nothing."""
+
 
 def prefix_upper_bound(prefix: str) -> str:
     """An exclusive upper bound for the strings that start with ``prefix``, for an index range scan.

@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import asyncio
 
-from master.records import LeaseRecord
+import pytest
+
+from common.errors import Fenced
+from master.records import EventRecord, LeaseRecord
+from master.store import open_store
 from master.store.base import Store
 from tests.master.conftest import OpenStore
+from tests.master.test_store_contract import agent, command, raw_client
 
 NOW = 1_700_000_000.5
 TTL = 10.0
@@ -86,3 +91,59 @@ async def test_of_masters_racing_for_a_lapsed_lease_exactly_one_wins_and_the_epo
     won = [lease for lease in await asyncio.gather(*attempts) if lease is not None]
     assert len({lease.holder for lease in won}) == 1, won
     assert {lease.epoch for lease in won} == {2}
+
+
+# --- writes carry their writer (MongoDB; SQLite serves one Master per file: docs/ha.md) -------------------------
+
+
+async def test_on_mongodb_each_document_written_carries_its_leaders_holder_and_epoch(mongo_url: str) -> None:
+    store = open_store(mongo_url)
+    await store.open()
+    try:
+        store.writes_by("m-a", 3)
+        await store.agents.put(agent("agt-1"))
+        await store.events.append(EventRecord(ts=NOW, kind="x.y", subject="agt-1"))
+        client = raw_client(mongo_url)
+        db = client.get_default_database()
+        for collection in ("agents", "events"):
+            doc = await db[collection].find_one({})
+            assert doc is not None and (doc["_holder"], doc["_epoch"]) == ("m-a", 3), collection
+        await client.close()
+        assert await store.agents.get("agt-1") == agent("agt-1")  # the stamp is not part of the record
+    finally:
+        await store.close()
+
+
+async def test_on_mongodb_a_deposed_leader_cannot_overwrite_a_command_or_agent_its_successor_wrote(mongo_url: str) -> None:
+    old, new = open_store(mongo_url), open_store(mongo_url)
+    await old.open()
+    await new.open()
+    try:
+        old.writes_by("m-a", 1)
+        new.writes_by("m-b", 2)
+        await old.commands.put(command("cmd-1", NOW, state="sent"))
+        await old.agents.put_many([agent("agt-1"), agent("agt-2")])
+        await new.commands.put(command("cmd-1", NOW, state="succeeded"))
+        await new.agents.put(agent("agt-1", state="offline"))
+        with pytest.raises(Fenced):
+            await old.commands.put(command("cmd-1", NOW, state="failed"))
+        with pytest.raises(Fenced, match="agt-1"):
+            await old.agents.put_many([agent("agt-1", state="busy")])
+        got_command, got_agent = await new.commands.get("cmd-1"), await new.agents.get("agt-1")
+        assert got_command is not None and got_command.state == "succeeded"
+        assert got_agent is not None and got_agent.state == "offline"
+        await old.commands.put(command("cmd-2", NOW))  # what no newer leader wrote, it still may (the fence stops it first)
+    finally:
+        await old.close()
+        await new.close()
+
+
+async def test_every_backend_takes_the_writer_and_gives_records_back_unchanged(store_url: str) -> None:
+    store = open_store(store_url)
+    await store.open()
+    try:
+        store.writes_by("m-a", 1)
+        await store.commands.put(command("cmd-1", NOW))
+        assert await store.commands.get("cmd-1") == command("cmd-1", NOW)
+    finally:
+        await store.close()

@@ -16,7 +16,9 @@ from typing import Any, Generic, TypeVar
 import msgspec
 from pymongo import UpdateOne
 from pymongo.asynchronous.collection import AsyncCollection
+from pymongo.errors import BulkWriteError, DuplicateKeyError
 
+from common.errors import Fenced
 from master.store.aggregates import Aggregate
 from master.store.codec import to_document
 from master.store.metrics import StoreMetrics
@@ -38,9 +40,15 @@ def only(**filters: Any) -> dict[str, Any]:
     return {field: value for field, value in filters.items() if value is not None}
 
 
+DUPLICATE_KEY = 11000
+
+
 class MongoCollection(Generic[R]):
     aggregate: Aggregate
     record_type: type[R]
+    # High availability (docs/ha.md): an upsert of this aggregate matches only a document no higher epoch wrote, so
+    # a deposed leader's write that slipped past the fence is refused by the store itself (the contended aggregates).
+    epoch_guarded = False
 
     def __init__(self, conn: MongoConnection, quarantine: Quarantine, metrics: StoreMetrics) -> None:
         self._conn = conn
@@ -91,20 +99,48 @@ class MongoCollection(Generic[R]):
     # --- writing -------------------------------------------------------------------------------
 
     def _document(self, key: object, rec: R) -> dict[str, Any]:
-        """The document to store for ``rec``; UnstorableRecord if it holds a NaN or an infinity."""
-        return to_document(self.aggregate, key, rec)
+        """The document to store for ``rec``, stamped with its writer when this Master leads a group (docs/ha.md);
+        UnstorableRecord if it holds a NaN or an infinity."""
+        doc = to_document(self.aggregate, key, rec)
+        writer = self._conn.writer
+        if writer is not None:
+            doc["_holder"], doc["_epoch"] = writer.holder, writer.epoch
+        return doc
+
+    def _upsert_filter(self, key: Any) -> dict[str, Any]:
+        writer = self._conn.writer
+        if writer is None or not self.epoch_guarded:
+            return {"_id": key}
+        # No higher epoch wrote it (nx-27017 has no $not: hence the $or). Else the upsert inserts, and the _id clashes.
+        return {"_id": key, "$or": [{"_epoch": {"$lte": writer.epoch}}, {"_epoch": {"$exists": False}}]}
+
+    def _fenced(self, keys: object) -> Fenced:
+        writer = self._conn.writer
+        epoch = writer.epoch if writer is not None else 0
+        return Fenced(f"{self.aggregate.value} {keys} were written by a leader newer than epoch {epoch}: this Master is deposed")
 
     async def _upsert(self, key: Any, rec: R) -> None:
         doc = self._document(key, rec)
-        with self._metrics.timed_write(self.aggregate):
-            await self._c.update_one({"_id": key}, set_fields(doc), upsert=True)
+        try:
+            with self._metrics.timed_write(self.aggregate):
+                await self._c.update_one(self._upsert_filter(key), set_fields(doc), upsert=True)
+        except DuplicateKeyError as exc:
+            if not self.epoch_guarded or self._conn.writer is None:
+                raise
+            raise self._fenced([key]) from exc
         self._quarantine.release(self.aggregate, [key])
 
     async def _upsert_many(self, keyed: Sequence[tuple[Any, R]]) -> None:
         """Upsert ``(key, record)`` pairs in one round trip; nothing is written if one of them is unstorable."""
         if not keyed:
             return
-        ops = [UpdateOne({"_id": key}, set_fields(self._document(key, rec)), upsert=True) for key, rec in keyed]
-        with self._metrics.timed_write(self.aggregate):
-            await self._c.bulk_write(ops, ordered=False)
+        ops = [UpdateOne(self._upsert_filter(key), set_fields(self._document(key, rec)), upsert=True) for key, rec in keyed]
+        try:
+            with self._metrics.timed_write(self.aggregate):
+                await self._c.bulk_write(ops, ordered=False)
+        except BulkWriteError as exc:
+            errors = exc.details.get("writeErrors", [])
+            if not self.epoch_guarded or self._conn.writer is None or any(e.get("code") != DUPLICATE_KEY for e in errors):
+                raise
+            raise self._fenced([keyed[e["index"]][0] for e in errors]) from exc
         self._quarantine.release(self.aggregate, [key for key, _ in keyed])

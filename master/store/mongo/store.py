@@ -36,7 +36,7 @@ from master.store.mongo.agents import MongoAgentRepo
 from master.store.mongo.alerting import MongoAlertRuleRepo, MongoSilenceRepo, MongoWebhookRepo
 from master.store.mongo.api_keys import MongoApiKeyRepo
 from master.store.mongo.commands import MongoCommandRepo
-from master.store.mongo.connection import MongoConnection, redacted
+from master.store.mongo.connection import MongoConnection, Writer, redacted
 from master.store.mongo.events import MongoEventRepo
 from master.store.mongo.fair_share import MongoFairShareRepo
 from master.store.mongo.gpus import MongoGpuRepo
@@ -103,6 +103,9 @@ class MongoStore:
 
     async def close(self) -> None:
         await self._conn.disconnect()
+
+    def writes_by(self, holder: str, epoch: int) -> None:
+        self._conn.writer = Writer(holder, epoch)
 
     async def schema_version(self) -> int:
         return await mongo_schema_version(self._conn.db)

@@ -93,5 +93,8 @@ class SqliteStore:
     async def close(self) -> None:
         await self._db.close()
 
+    def writes_by(self, holder: str, epoch: int) -> None:
+        """One Master per file: no writer to tell apart (docs/ha.md)."""
+
     async def schema_version(self) -> int:
         return await self._db.run(sqlite_schema_version)
