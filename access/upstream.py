@@ -423,6 +423,7 @@ class MasterLink:
         tried = 0  # dials since the last link up, or the last backoff
         attempt = 0  # backoffs since the last link up
         follow = ""  # the leader a refusal named: dialled next, once
+        standby_answered = False  # a standby refused since the last backoff: a takeover is under way, retry soon
         while not self._stopping:
             url = follow or urls[index % len(urls)]
             followed, follow = bool(follow), ""
@@ -458,6 +459,7 @@ class MasterLink:
                 return
             leader = not_leader(opened)
             if leader is not None:
+                standby_answered = True
                 log.info("master link refused: not the leader", extra={"master_url": url, "leader": leader or "unknown"})
                 if leader and leader != url and not followed:
                     follow = leader
@@ -470,9 +472,12 @@ class MasterLink:
             tried = 0
             if self._flushing:  # a stopping relay has seconds left to hand its buffer over: no backoff
                 delay = self.config.backoff_initial_s
+            elif standby_answered:  # a Master is up and a leader is at most a lease away: no growing backoff
+                delay = full_jitter(0, self.config.backoff_initial_s, self.config.backoff_max_s)
             else:
                 delay = full_jitter(attempt, self.config.backoff_initial_s, self.config.backoff_max_s)
-            attempt += 1
+                attempt += 1
+            standby_answered = False
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), delay)
             if not self._stopping:

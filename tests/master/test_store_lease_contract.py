@@ -147,3 +147,22 @@ async def test_every_backend_takes_the_writer_and_gives_records_back_unchanged(s
         assert await store.commands.get("cmd-1") == command("cmd-1", NOW)
     finally:
         await store.close()
+
+
+async def test_on_mongodb_guarded_writes_of_many_records_each_land_on_their_own_document(mongo_url: str) -> None:
+    """nx-27017 drops an _id equality beside an $or: the guard must not use one, or records overwrite each other."""
+    store = open_store(mongo_url)
+    await store.open()
+    try:
+        await store.agents.put_many([agent(f"agt-{i}") for i in range(20)])  # before any leader: unstamped
+        store.writes_by("m-a", 1)
+        await asyncio.gather(*(store.agents.put(agent(f"agt-{i}", state="busy")) for i in range(20)))
+        await store.agents.put_many([agent(f"agt-{i}", state="offline") for i in range(0, 20, 2)])
+        client = raw_client(mongo_url)
+        docs = await client.get_default_database()["agents"].find({}).to_list()
+        await client.close()
+        assert sorted((d["_id"], d["id"], d["state"]) for d in docs) == sorted(
+            (f"agt-{i}", f"agt-{i}", "offline" if i % 2 == 0 else "busy") for i in range(20)
+        )
+    finally:
+        await store.close()

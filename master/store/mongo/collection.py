@@ -107,40 +107,58 @@ class MongoCollection(Generic[R]):
             doc["_holder"], doc["_epoch"] = writer.holder, writer.epoch
         return doc
 
+    def _guarded(self) -> bool:
+        return self.epoch_guarded and self._conn.writer is not None
+
     def _upsert_filter(self, key: Any) -> dict[str, Any]:
+        """``_id`` alone; for a guarded aggregate also "no higher epoch wrote it": a document a newer leader wrote does
+        not match, the upsert then inserts, and the ``_id`` clash refuses it. No ``$or`` for the unstamped documents:
+        nx-27017 drops the ``_id`` equality beside an ``$or`` and updates whichever document matches the rest."""
         writer = self._conn.writer
         if writer is None or not self.epoch_guarded:
             return {"_id": key}
-        # No higher epoch wrote it (nx-27017 has no $not: hence the $or). Else the upsert inserts, and the _id clashes.
-        return {"_id": key, "$or": [{"_epoch": {"$lte": writer.epoch}}, {"_epoch": {"$exists": False}}]}
+        return {"_id": key, "_epoch": {"$lte": writer.epoch}}
 
     def _fenced(self, keys: object) -> Fenced:
         writer = self._conn.writer
         epoch = writer.epoch if writer is not None else 0
         return Fenced(f"{self.aggregate.value} {keys} were written by a leader newer than epoch {epoch}: this Master is deposed")
 
+    async def _claim_unstamped(self, keyed: Sequence[tuple[Any, dict[str, Any]]]) -> None:
+        """Write documents whose upsert clashed: those no leader stamped yet (written before high availability, or by
+        provisioning) are updated; any other was written by a newer epoch, and this Master is fenced."""
+        refused = []
+        for key, doc in keyed:
+            # Matching None (a missing field) is reliable on nx-27017 next to an _id equality, as here.
+            result = await self._c.update_one({"_id": key, "_epoch": None}, set_fields(doc))
+            if result.matched_count == 0:
+                refused.append(key)
+        if refused:
+            raise self._fenced(refused)
+
     async def _upsert(self, key: Any, rec: R) -> None:
         doc = self._document(key, rec)
         try:
             with self._metrics.timed_write(self.aggregate):
                 await self._c.update_one(self._upsert_filter(key), set_fields(doc), upsert=True)
-        except DuplicateKeyError as exc:
-            if not self.epoch_guarded or self._conn.writer is None:
+        except DuplicateKeyError:
+            if not self._guarded():
                 raise
-            raise self._fenced([key]) from exc
+            await self._claim_unstamped([(key, doc)])
         self._quarantine.release(self.aggregate, [key])
 
     async def _upsert_many(self, keyed: Sequence[tuple[Any, R]]) -> None:
         """Upsert ``(key, record)`` pairs in one round trip; nothing is written if one of them is unstorable."""
         if not keyed:
             return
-        ops = [UpdateOne(self._upsert_filter(key), set_fields(self._document(key, rec)), upsert=True) for key, rec in keyed]
+        docs = [(key, self._document(key, rec)) for key, rec in keyed]
+        ops = [UpdateOne(self._upsert_filter(key), set_fields(doc), upsert=True) for key, doc in docs]
         try:
             with self._metrics.timed_write(self.aggregate):
                 await self._c.bulk_write(ops, ordered=False)
         except BulkWriteError as exc:
             errors = exc.details.get("writeErrors", [])
-            if not self.epoch_guarded or self._conn.writer is None or any(e.get("code") != DUPLICATE_KEY for e in errors):
+            if not self._guarded() or any(e.get("code") != DUPLICATE_KEY for e in errors):
                 raise
-            raise self._fenced([keyed[e["index"]][0] for e in errors]) from exc
+            await self._claim_unstamped([docs[e["index"]] for e in errors])
         self._quarantine.release(self.aggregate, [key for key, _ in keyed])
