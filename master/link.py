@@ -120,7 +120,7 @@ class RelayHub:
     async def _serve_link(self, connection: ServerConnection) -> None:
         leader = self._refusal() if self._refusal is not None else None
         if leader is not None:
-            log.info("relay link refused: not the leader", extra={"leader": leader})
+            log.debug("relay link refused: not the leader", extra={"leader": leader})
             await connection.close(CLOSE_NOT_LEADER, leader)
             return
         link = await self._open(connection)
