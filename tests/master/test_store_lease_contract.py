@@ -166,3 +166,23 @@ async def test_on_mongodb_guarded_writes_of_many_records_each_land_on_their_own_
         )
     finally:
         await store.close()
+
+
+async def test_a_command_written_again_keeps_its_times_to_the_last_digit_so_its_signature_still_verifies(
+    store: Store,
+) -> None:
+    """A command's signature covers its times: resent from the store by a new leader, they must be what was signed.
+    nx-27017 keeps a float ``$set`` into an existing document to 15 digits; this is what caught it."""
+    issued = 1_795_412_309.8676217  # as time.time() gives: 17 significant digits
+    first = command("cmd-1", issued, deadline=issued + 300.0)
+    await store.commands.put(first)
+    first.state = "sent"
+    await store.commands.put(first)
+    again = await store.commands.get("cmd-1")
+    assert again is not None and (again.created_at, again.deadline, again.state) == (issued, issued + 300.0, "sent")
+    hosts = [agent("agt-1", last_seen=issued, drained=True), agent("agt-2", last_seen=issued)]
+    await store.agents.put_many(hosts)
+    hosts[0].drained, hosts[1].last_seen = False, issued + 1.0000001
+    await store.agents.put_many(hosts)
+    await store.agents.put(hosts[0])
+    assert [await store.agents.get(a.id) for a in hosts] == hosts

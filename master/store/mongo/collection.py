@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any, Generic, TypeVar
 
 import msgspec
-from pymongo import UpdateOne
+from pymongo import InsertOne, ReplaceOne, UpdateOne
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import BulkWriteError, DuplicateKeyError
 
@@ -110,12 +110,12 @@ class MongoCollection(Generic[R]):
     def _guarded(self) -> bool:
         return self.epoch_guarded and self._conn.writer is not None
 
-    def _upsert_filter(self, key: Any) -> dict[str, Any]:
-        """``_id`` alone; for a guarded aggregate also "no higher epoch wrote it": a document a newer leader wrote does
-        not match, the upsert then inserts, and the ``_id`` clash refuses it. No ``$or`` for the unstamped documents:
-        nx-27017 drops the ``_id`` equality beside an ``$or`` and updates whichever document matches the rest."""
+    def _guard(self, key: Any) -> dict[str, Any]:
+        """``_id``, and, once this Master leads a group (docs/ha.md), "no higher epoch wrote it". No ``$or`` (for the
+        documents no leader stamped yet): nx-27017 drops the ``_id`` equality beside an ``$or`` and writes whichever
+        document matches the rest."""
         writer = self._conn.writer
-        if writer is None or not self.epoch_guarded:
+        if writer is None:
             return {"_id": key}
         return {"_id": key, "_epoch": {"$lte": writer.epoch}}
 
@@ -124,41 +124,69 @@ class MongoCollection(Generic[R]):
         epoch = writer.epoch if writer is not None else 0
         return Fenced(f"{self.aggregate.value} {keys} were written by a leader newer than epoch {epoch}: this Master is deposed")
 
-    async def _claim_unstamped(self, keyed: Sequence[tuple[Any, dict[str, Any]]]) -> None:
-        """Write documents whose upsert clashed: those no leader stamped yet (written before high availability, or by
-        provisioning) are updated; any other was written by a newer epoch, and this Master is fenced."""
-        refused = []
-        for key, doc in keyed:
-            # Matching None (a missing field) is reliable on nx-27017 next to an _id equality, as here.
-            result = await self._c.update_one({"_id": key, "_epoch": None}, set_fields(doc))
-            if result.matched_count == 0:
-                refused.append(key)
-        if refused:
-            raise self._fenced(refused)
-
     async def _upsert(self, key: Any, rec: R) -> None:
         doc = self._document(key, rec)
-        try:
-            with self._metrics.timed_write(self.aggregate):
-                await self._c.update_one(self._upsert_filter(key), set_fields(doc), upsert=True)
-        except DuplicateKeyError:
-            if not self._guarded():
-                raise
-            await self._claim_unstamped([(key, doc)])
+        with self._metrics.timed_write(self.aggregate):
+            if self.epoch_guarded:
+                await self._replace(key, doc)
+            else:
+                await self._c.update_one({"_id": key}, set_fields(doc), upsert=True)
         self._quarantine.release(self.aggregate, [key])
 
+    async def _replace(self, key: Any, doc: dict[str, Any]) -> None:
+        """Write ``doc`` whole as document ``key`` (the contended aggregates: commands, agents).
+
+        A replacement, or an insert when there is none, rather than a ``$set`` upsert: nx-27017 keeps a float set into
+        an existing document to 15 digits only (a command's times, which its signature covers, would no longer verify
+        when resent) and a boolean as 0/1, and mishandles ``replace_one(..., upsert=True)``. Guarded (``_guard``): a
+        document a newer leader wrote is not replaced, the insert then clashes, and the write is refused (Fenced)."""
+        if (await self._c.replace_one(self._guard(key), doc)).matched_count:
+            return
+        try:
+            await self._c.insert_one({"_id": key, **doc})
+            return
+        except DuplicateKeyError:
+            pass  # inserted concurrently, or there and not ours to replace
+        if (await self._c.replace_one(self._guard(key), doc)).matched_count:
+            return
+        # Matching None (a missing field) is reliable on nx-27017 next to an _id equality, as here.
+        if self._guarded() and (await self._c.replace_one({"_id": key, "_epoch": None}, doc)).matched_count:
+            return  # written before any leader stamped it (before high availability, or by provisioning)
+        raise self._fenced([key])
+
     async def _upsert_many(self, keyed: Sequence[tuple[Any, R]]) -> None:
-        """Upsert ``(key, record)`` pairs in one round trip; nothing is written if one of them is unstorable."""
+        """Upsert ``(key, record)`` pairs in one round trip (two for the contended aggregates: which exist, then the
+        writes); nothing is written if one of them is unstorable."""
         if not keyed:
             return
         docs = [(key, self._document(key, rec)) for key, rec in keyed]
-        ops = [UpdateOne(self._upsert_filter(key), set_fields(doc), upsert=True) for key, doc in docs]
-        try:
-            with self._metrics.timed_write(self.aggregate):
+        with self._metrics.timed_write(self.aggregate):
+            if self.epoch_guarded:
+                await self._replace_many(docs)
+            else:
+                ops = [UpdateOne({"_id": key}, set_fields(doc), upsert=True) for key, doc in docs]
                 await self._c.bulk_write(ops, ordered=False)
+        self._quarantine.release(self.aggregate, [key for key, _ in keyed])
+
+    async def _replace_many(self, docs: Sequence[tuple[Any, dict[str, Any]]]) -> None:
+        """``_replace`` for many documents: replacements of those there, inserts of the others, in one bulk write;
+        whatever it could not settle (an insert that clashed, a replacement that matched nothing) one by one."""
+        keys = [key for key, _ in docs]
+        there = {d["_id"] for d in await self._c.find({"_id": {"$in": keys}}, projection={"_id": 1}).to_list()}
+        ops: list[ReplaceOne[dict[str, Any]] | InsertOne[dict[str, Any]]] = [
+            ReplaceOne(self._guard(key), doc) if key in there else InsertOne({"_id": key, **doc}) for key, doc in docs
+        ]
+        unsettled: list[tuple[Any, dict[str, Any]]] = []
+        try:
+            result = await self._c.bulk_write(ops, ordered=False)
+            if result.matched_count < len(there):
+                unsettled = [(key, doc) for key, doc in docs if key in there]
         except BulkWriteError as exc:
             errors = exc.details.get("writeErrors", [])
-            if not self._guarded() or any(e.get("code") != DUPLICATE_KEY for e in errors):
+            if any(e.get("code") != DUPLICATE_KEY for e in errors):
                 raise
-            await self._claim_unstamped([docs[e["index"]] for e in errors])
-        self._quarantine.release(self.aggregate, [key for key, _ in keyed])
+            unsettled = [docs[e["index"]] for e in errors]
+            if exc.details.get("nMatched", len(there)) < len(there):
+                unsettled += [(key, doc) for key, doc in docs if key in there]
+        for key, doc in unsettled:
+            await self._replace(key, doc)
