@@ -10,6 +10,7 @@ are read back with ``strict=False``, which turns 0/1 back into booleans (every o
 from __future__ import annotations
 
 import builtins
+import time
 from collections.abc import Sequence
 from typing import Any, Generic, TypeVar
 
@@ -104,7 +105,8 @@ class MongoCollection(Generic[R]):
         doc = to_document(self.aggregate, key, rec)
         writer = self._conn.writer
         if writer is not None:
-            doc["_holder"], doc["_epoch"] = writer.holder, writer.epoch
+            # When the write was issued: one on its way when a leader froze may land after its successor took over.
+            doc["_holder"], doc["_epoch"], doc["_issued_at"] = writer.holder, writer.epoch, time.time()
         return doc
 
     def _guarded(self) -> bool:
