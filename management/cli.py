@@ -549,6 +549,7 @@ def _command_name(args: argparse.Namespace) -> str:
         "host_command",
         "price_command",
         "alert_command",
+        "rule_command",
         "webhook_command",
     ):
         if getattr(args, attr, None):

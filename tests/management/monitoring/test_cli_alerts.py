@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from common.inventory import GpuSample
 from common.wire import AgentEvent, AgentEventKind
 from management import cli
 from tests.management.hosts import add_agent, api_key
@@ -99,3 +100,40 @@ def test_a_webhooks_secret_is_printed_once_and_the_webhook_removed(idlegrid, ser
     assert "no webhook" in idlegrid("alert", "webhook", "list", "--api-key", _key(served, "provider", "bolt"))
     assert idlegrid("alert", "webhook", "remove", webhook_id, "--api-key", provider).strip() == f"webhook {webhook_id} removed"
     assert "no webhook" in idlegrid("alert", "webhook", "list", "--api-key", provider)
+
+
+def test_the_operator_puts_a_rule_that_fires_then_deletes_it(idlegrid, served, capsys):  # noqa: F811
+    master = served.server.master
+    in_master(served, add_agent(master, "agt-hot", "a10:1", provider="acme", runtime="simulated", isolation="container"))
+    uuid = master.gpus("agt-hot")[0].uuid
+    made = idlegrid(
+        "alert", "rule", "set", "warm_gpu", "--metric", "gpu.temperature_c", "--op", ">", "--threshold", "60",
+        "--clear-threshold", "55", "--clear-for", "1m", "--summary", "warmer than we like",
+    )  # fmt: skip
+    assert made.splitlines()[1].split() == [
+        "warm_gpu",
+        "gpu.temperature_c",
+        ">",
+        "60",
+        "past",
+        "55",
+        "for",
+        "60s",
+        "warning",
+        "gpu",
+        "api",
+    ]
+    master.telemetry.ingest("agt-hot", [GpuSample(uuid=uuid, ts=time.time(), temperature_c=71.0)])
+    in_master(served, served.server.operations.alerts.step())
+    [row] = idlegrid("alert", "list", "--rule", "warm_gpu", "--recent", "0").splitlines()[1:]
+    assert row.split()[:4] == ["firing", "warm_gpu", uuid, "71"]
+
+    assert "'5 minutes': write a duration" in _usage_error(
+        capsys, "alert", "rule", "set", "x", "--metric", "m", "--op", ">", "--threshold", "1", "--for", "5 minutes"
+    )
+    err = idlegrid("alert", "rule", "set", "Bad-Name", "--metric", "gpu.temperature_c", "--op", ">", "--threshold", "1", ok=False)
+    assert err.startswith("idlegrid alert rule set: 400 bad_request") and len(err.splitlines()) == 1
+    renter = _key(served, "renter", "bob")
+    assert "403 forbidden" in idlegrid("alert", "rule", "delete", "warm_gpu", "--api-key", renter, ok=False)
+    assert idlegrid("alert", "rule", "delete", "warm_gpu").strip() == "rule warm_gpu deleted"
+    assert "warm_gpu" not in idlegrid("alert", "rules")
