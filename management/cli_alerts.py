@@ -58,8 +58,9 @@ def _value(value: object) -> str:
 
 
 def _alert_rows(alerts: Sequence[Mapping[str, Any]]) -> str:
+    """One line an alert: its host and owner (provider, else renter) out of its labels; ``--json`` shows them all."""
     return table(
-        ["PHASE", "RULE", "SUBJECT", "VALUE", "SINCE", "FIRED", "LABELS"],
+        ["PHASE", "RULE", "SUBJECT", "VALUE", "SINCE", "FIRED", "HOST", "OWNER"],
         [
             [
                 a["phase"],
@@ -68,7 +69,8 @@ def _alert_rows(alerts: Sequence[Mapping[str, Any]]) -> str:
                 _value(a["value"]),
                 when(a["since"]),
                 when(a["fired_at"]),
-                ",".join(f"{k}={v}" for k, v in sorted(a["labels"].items()) if v) or None,
+                a["labels"].get("agent_id") or None,
+                a["labels"].get("provider") or a["labels"].get("renter") or None,
             ]
             for a in alerts
         ],
@@ -77,7 +79,7 @@ def _alert_rows(alerts: Sequence[Mapping[str, Any]]) -> str:
 
 def _transition_rows(transitions: Sequence[Mapping[str, Any]]) -> str:
     return table(
-        ["AT", "", "SEVERITY", "RULE", "SUBJECT", "VALUE", "SUMMARY"],
+        ["AT", "PHASE", "SEVERITY", "RULE", "SUBJECT", "VALUE", "SUMMARY"],
         [
             [when(t["at"]), t["phase"], t["severity"], t["rule"], t["subject"], _value(t["value"]), t["summary"]]
             for t in transitions
@@ -91,8 +93,8 @@ def _listing(recent: int) -> Callable[[Mapping[str, Any]], str]:
         parts = [_alert_rows(active) if active else "no alert is pending or firing"]
         shown = body["recent"][:recent]
         if shown:
-            parts.append(f"recent transitions (newest first, {len(shown)} of {len(body['recent'])}):")
-            parts.append(_transition_rows(shown))
+            heading = f"recent transitions (newest first, {len(shown)} of {len(body['recent'])}):"
+            parts.append(heading + "\n" + _transition_rows(shown))
         return "\n\n".join(parts)
 
     return render
