@@ -27,7 +27,9 @@ is exactly what the evaluator needs: for a subject with no state it only looks a
 points (a point that breaches nothing yields no state, ``continue``), and it never looks before that run. Likewise
 ``gpu.hardware_error`` and ``host.offline`` emit only faulty GPUs / offline hosts and subjects with a live state,
 unless some rule breaches on the healthy value 0 (then every subject, as before). A quiet fleet thus keeps no
-points and yields no series. Per subject the points since the last evaluation and the one before them are kept;
+points and yields no series. One difference with an observer that kept everything: a late sample (stamped before
+one already heard of that GPU) of a GPU with no kept point is judged as its newest, where the other dropped it
+(remembering every GPU's last time is what this avoids; a repeated sample is dropped either way). Per subject the points since the last evaluation and the one before them are kept;
 the evaluator carries the rest in the alerts' state (``since``, ``clear_since``).
 
 The Master's latest sample stands in for a GPU not heard since the observer attached: once, at the first
