@@ -10,9 +10,16 @@ Metrics wired (subject in brackets):
 - ``renter.balance_cover_s`` [renter account]: how long the renter's balance covers its running rentals (only
   renters with running rentals; label ``renter``);
 - ``fleet.command_failure_pct`` ["fleet"]: failed container commands as a percentage of those finished over the
-  last ``COMMAND_WINDOW_S`` (0 until at least ``COMMAND_MIN_COUNT`` finished in the window), from the hosts' counters.
-
-Not wired yet (no data in the Master to read): a relay down, a host's bandwidth under its tier's floor.
+  last ``COMMAND_WINDOW_S`` (0 until at least ``COMMAND_MIN_COUNT`` finished in the window), from the hosts' counters;
+- ``relay.down`` [relay id]: 1 while a known relay is not linked to the Master, else 0. Known: linked now, or the
+  relay some (not retired) agent last came through, or seen linked by this observer in the last
+  ``RELAY_MEMORY_S``; a relay none of these names any more is forgotten (its alert resolves). Label ``region``;
+- ``host.bandwidth_below_floor`` [agent id]: 1 while the host's measured bandwidth (the slower direction) is under
+  the network floor (``min_network_mbps``) of the tier its GPUs' hardware earns, else 0: the host is kept from
+  that tier by its network. Only hosts that measured their bandwidth and have GPUs whose tier sets a floor (the
+  shipped tier policy sets none; an operator's may). Labels ``bandwidth_mbps``, ``floor_mbps``;
+- ``gpu.temperature_anomaly`` [GPU uuid]: each sample's temperature scored against the GPU's own recent range at
+  the same utilization (management/monitoring/anomaly.py), from the moment a rule asks for it.
 
 Sparse by design (a fleet is 80,000 GPUs, nearly all quiet). Telemetry metrics see every sample: the observer
 listens to the Master's ingestion (``Master.sample_listeners``) while attached, and keeps a point only if
@@ -29,8 +36,9 @@ points (a point that breaches nothing yields no state, ``continue``), and it nev
 unless some rule breaches on the healthy value 0 (then every subject, as before). A quiet fleet thus keeps no
 points and yields no series. One difference with an observer that kept everything: a late sample (stamped before
 one already heard of that GPU) of a GPU with no kept point is judged as its newest, where the other dropped it
-(remembering every GPU's last time is what this avoids; a repeated sample is dropped either way). Per subject the points since the last evaluation and the one before them are kept;
-the evaluator carries the rest in the alerts' state (``since``, ``clear_since``).
+(remembering every GPU's last time is what this avoids; a repeated sample is dropped either way). Per subject the
+points since the last evaluation and the one before them are kept; the evaluator carries the rest in the alerts'
+state (``since``, ``clear_since``).
 
 The Master's latest sample stands in for a GPU not heard since the observer attached: once, at the first
 evaluation (filtered the same way), and for a subject with a live state but no point.
@@ -44,12 +52,14 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from common.inventory import GpuSample
+from management.monitoring.anomaly import TemperatureBaselines
 from management.monitoring.evaluator import Point, Series
 from management.monitoring.rules import AlertRule
 from master.faults import LASTING
-from master.records import GpuRecord, WorkloadRecord
+from master.records import AgentRecord, GpuRecord, WorkloadRecord
 from master.service import Master
 from master.states import AgentState
+from master.tiers import network_floor_mbps, network_mbps
 
 MAX_POINTS = 256  # per subject between two evaluations: a bound should the loop stall
 
@@ -59,10 +69,24 @@ GPU_RENTED_UTILIZATION = "gpu.rented_utilization_pct"
 HOST_OFFLINE = "host.offline"
 RENTER_BALANCE_COVER = "renter.balance_cover_s"
 FLEET_COMMAND_FAILURE = "fleet.command_failure_pct"
+RELAY_DOWN = "relay.down"
+HOST_BANDWIDTH_BELOW_FLOOR = "host.bandwidth_below_floor"
+GPU_TEMPERATURE_ANOMALY = "gpu.temperature_anomaly"
 WIRED = frozenset(
-    {GPU_TEMPERATURE, GPU_HARDWARE_ERROR, GPU_RENTED_UTILIZATION, HOST_OFFLINE, RENTER_BALANCE_COVER, FLEET_COMMAND_FAILURE}
+    {
+        GPU_TEMPERATURE,
+        GPU_HARDWARE_ERROR,
+        GPU_RENTED_UTILIZATION,
+        HOST_OFFLINE,
+        RENTER_BALANCE_COVER,
+        FLEET_COMMAND_FAILURE,
+        RELAY_DOWN,
+        HOST_BANDWIDTH_BELOW_FLOOR,
+        GPU_TEMPERATURE_ANOMALY,
+    }
 )
-SAMPLED = (GPU_TEMPERATURE, GPU_RENTED_UTILIZATION)  # the metrics read off telemetry samples
+SAMPLED = (GPU_TEMPERATURE, GPU_RENTED_UTILIZATION, GPU_TEMPERATURE_ANOMALY)  # read off telemetry samples
+RELAY_MEMORY_S = 7 * 86400.0  # a relay seen linked is known this long after it was last linked
 COMMAND_WINDOW_S = 600.0
 COMMAND_MIN_COUNT = 10
 
@@ -75,8 +99,16 @@ def _no_balances(now: float) -> Mapping[str, float]:
     return {}
 
 
+def _noted(metric: str, subject: str, points: Mapping[Key, object], live: Collection[Key]) -> bool:
+    key = (metric, subject)
+    return key in points or key in live
+
+
 def _sample_value(metric: str, sample: GpuSample) -> float | None:
-    return sample.temperature_c if metric == GPU_TEMPERATURE else sample.utilization_pct
+    """The metric's value in one sample; None for the anomaly score, which is not a sample's own figure."""
+    if metric == GPU_TEMPERATURE:
+        return sample.temperature_c
+    return sample.utilization_pct if metric == GPU_RENTED_UTILIZATION else None
 
 
 @dataclass
@@ -90,8 +122,13 @@ class FleetObserver:
     # metric -> the rules on it, as of the last evaluation; None: not known yet (every point is kept until then)
     _watched: dict[str, tuple[AlertRule, ...]] | None = None
     _live: set[Key] = field(default_factory=set)  # subjects with a pending or firing alert, as of the last evaluation
+    _subjects: set[str] = field(default_factory=set)  # the subjects of _points and _live: a quiet sample's fast test
     # (ts, succeeded, failed) fleet-wide command counters at each evaluation of the last COMMAND_WINDOW_S
     _commands: deque[tuple[float, int, int]] = field(default_factory=deque)
+    _relays: dict[str, tuple[str, float]] = field(default_factory=dict)  # relay seen linked -> (region, last linked)
+    baselines: TemperatureBaselines = field(default_factory=TemperatureBaselines)  # for gpu.temperature_anomaly
+    # agent id -> (its GPUs' infos, the floor they earn): the floors of hosts under the policy's highest floor
+    _floors: dict[str, tuple[tuple[object, ...], float | None]] = field(default_factory=dict)
 
     def attach(self) -> None:
         """Start hearing every telemetry sample as the Master ingests it."""
@@ -125,26 +162,61 @@ class FleetObserver:
             return False
         return key in self._points or key in self._live or any(rule.breached(value) for rule in rules)
 
+    def _breaches(self, metric: str) -> Callable[[float], bool] | None:
+        """Whether a value breaches some rule on ``metric``; None when no rule watches it."""
+        rules = (self._watched or {}).get(metric)
+        if not rules:
+            return None
+        if len(rules) == 1:
+            return rules[0].breached
+        return lambda value: any(rule.breached(value) for rule in rules)
+
     def _on_samples(self, agent_id: str, samples: list[GpuSample]) -> None:
-        watched = self._watched
-        utilization = watched is None or GPU_RENTED_UTILIZATION in watched
-        allocations = self.master.allocations
+        """Called for every telemetry frame: the quiet case (nothing breaches, the GPU has no kept point and no
+        alert) costs a few comparisons and a set lookup a sample."""
+        if self._watched is None:  # the rules are not known yet: keep everything until the first evaluation
+            self._keep_every(samples)
+            return
+        hot, cold = self._breaches(GPU_TEMPERATURE), self._breaches(GPU_TEMPERATURE_ANOMALY)
+        idle = self._breaches(GPU_RENTED_UTILIZATION)
+        points, live, watched_subjects = self._points, self._live, self._subjects
+        allocations, gpus, baselines = self.master.allocations, self.master.registry.gpus, self.baselines
+        for sample in samples:
+            uuid, temperature = sample.uuid, sample.temperature_c
+            noted = uuid in watched_subjects  # kept points or a live alert, for some sampled metric
+            if temperature is not None:
+                if hot is not None and (hot(temperature) or (noted and _noted(GPU_TEMPERATURE, uuid, points, live))):
+                    self._add((GPU_TEMPERATURE, uuid), (sample.ts, temperature))
+                if cold is not None:
+                    gpu = gpus.get(uuid)  # keyed by the registry's own uuid string: a sample's is a copy per frame
+                    score = None if gpu is None else baselines.observe(gpu.uuid, sample.utilization_pct, temperature)
+                    if score is not None and (cold(score) or (noted and _noted(GPU_TEMPERATURE_ANOMALY, uuid, points, live))):
+                        self._add((GPU_TEMPERATURE_ANOMALY, uuid), (sample.ts, score))
+            if idle is not None and (
+                idle(sample.utilization_pct) or (noted and _noted(GPU_RENTED_UTILIZATION, uuid, points, live))
+            ):
+                hold = allocations.holder(uuid)
+                if hold is not None and hold.running:
+                    self._add((GPU_RENTED_UTILIZATION, uuid), (sample.ts, sample.utilization_pct))
+
+    def _keep_every(self, samples: list[GpuSample]) -> None:
+        allocations, gpus = self.master.allocations, self.master.registry.gpus
         for sample in samples:
             if sample.temperature_c is not None:
-                key = (GPU_TEMPERATURE, sample.uuid)
-                if self._worth_keeping(key, sample.temperature_c):
-                    self._add(key, (sample.ts, sample.temperature_c))
-            if utilization:
-                key = (GPU_RENTED_UTILIZATION, sample.uuid)
-                if self._worth_keeping(key, sample.utilization_pct):
-                    hold = allocations.holder(sample.uuid)
-                    if hold is not None and hold.running:
-                        self._add(key, (sample.ts, sample.utilization_pct))
+                self._add((GPU_TEMPERATURE, sample.uuid), (sample.ts, sample.temperature_c))
+                gpu = gpus.get(sample.uuid)
+                score = None if gpu is None else self.baselines.observe(gpu.uuid, sample.utilization_pct, sample.temperature_c)
+                if score is not None:
+                    self._add((GPU_TEMPERATURE_ANOMALY, sample.uuid), (sample.ts, score))
+            hold = allocations.holder(sample.uuid)
+            if hold is not None and hold.running:
+                self._add((GPU_RENTED_UTILIZATION, sample.uuid), (sample.ts, sample.utilization_pct))
 
     def _add(self, key: Key, point: Point) -> None:
         points = self._points.get(key)
         if points is None:
             self._points[key] = [point]
+            self._subjects.add(key[1])
         elif point[0] > points[-1][0]:  # a late or repeated sample is not counted twice
             points.append(point)
             if len(points) > MAX_POINTS:
@@ -219,6 +291,22 @@ class FleetObserver:
                 if offline or online_breaches or (HOST_OFFLINE, agent.id) in live:
                     labels = {"agent_id": agent.id, "provider": agent.provider, "region": agent.region}
                     emit((HOST_OFFLINE, agent.id), [(now, 1.0 if offline else 0.0)], labels)
+        on = watched.get(RELAY_DOWN)
+        if on:
+            for relay_id, (region, linked) in self._known_relays(now).items():
+                emit((RELAY_DOWN, relay_id), [(now, 0.0 if linked else 1.0)], {"relay": relay_id, "region": region})
+        on = watched.get(HOST_BANDWIDTH_BELOW_FLOOR)
+        if on:
+            every = any(rule.breached(0.0) for rule in on)
+            for agent, measured, floor in self._bandwidth_floors(live, every):
+                below = measured is not None and floor is not None and measured < floor
+                if every or below or (HOST_BANDWIDTH_BELOW_FLOOR, agent.id) in live:
+                    labels = {"agent_id": agent.id, "provider": agent.provider, "region": agent.region}
+                    if measured is not None and floor is not None:
+                        labels |= {"bandwidth_mbps": f"{measured:g}", "floor_mbps": f"{floor:g}"}
+                    emit((HOST_BANDWIDTH_BELOW_FLOOR, agent.id), [(now, 1.0 if below else 0.0)], labels)
+        if GPU_TEMPERATURE_ANOMALY in watched and len(self.baselines) > len(registry.gpus):
+            self.baselines.forget_except(registry.gpus)  # GPUs gone from the fleet
         if RENTER_BALANCE_COVER in watched:
             for renter, cover_s in self.balance_cover(now).items():
                 if math.isfinite(cover_s):
@@ -228,7 +316,56 @@ class FleetObserver:
         # Keep each emitted telemetry subject's latest point (the next evaluation's run may start before its new
         # samples); every other subject is forgotten: quiet, or no longer in the fleet.
         self._points = {key: points[-1:] for key, points in self._points.items() if key in current}
+        self._subjects = {subject for _, subject in self._points} | {subject for _, subject in live}
         return series
+
+    def _known_relays(self, now: float) -> dict[str, tuple[str, bool]]:
+        """Relay id -> (region, linked now) for every relay known (module docstring)."""
+        links = self.master.hub.links
+        for relay_id, link in links.items():
+            self._relays[relay_id] = (link.region, now)
+        used = self.master.registry.last_relays()
+        for relay_id, (_, linked_at) in list(self._relays.items()):
+            if relay_id not in links and relay_id not in used and now - linked_at > RELAY_MEMORY_S:
+                del self._relays[relay_id]
+        known = {relay_id: (region, relay_id in links) for relay_id, (region, _) in self._relays.items()}
+        for relay_id in used - known.keys():
+            known[relay_id] = ("", False)
+        return known
+
+    def _bandwidth_floors(self, live: Collection[Key], every: bool) -> list[tuple[AgentRecord, float | None, float | None]]:
+        """(host, measured Mbit/s, floor Mbit/s) of the hosts that may be under their floor, those with a live alert,
+        or every host (``every``). A host is looked at only if it measured its bandwidth under the policy's highest
+        floor: with no floor in the policy (the shipped one), nothing is."""
+        registry = self.master.registry
+        policy = self.master.policy
+        highest = max((rule.min_network_mbps or 0.0 for rule in policy.tiers), default=0.0)
+        alerted = {subject for metric, subject in live if metric == HOST_BANDWIDTH_BELOW_FLOOR}
+        out: list[tuple[AgentRecord, float | None, float | None]] = []
+        for agent in registry.agents.values():
+            if agent.state == AgentState.RETIRED.value:
+                continue
+            measured = network_mbps(agent.host)
+            candidate = measured is not None and measured < highest
+            if not (candidate or every or agent.id in alerted):
+                continue
+            out.append((agent, measured, self._floor_of(agent) if candidate else None))
+        for agent_id in list(self._floors):
+            if agent_id not in registry.agents:
+                del self._floors[agent_id]
+        return out
+
+    def _floor_of(self, agent: AgentRecord) -> float | None:
+        """The highest network floor among the tiers its GPUs' hardware earns (cached until its GPUs change)."""
+        gpus = self.master.registry.gpus_of(agent.id)
+        infos = tuple(gpu.info for gpu in gpus)
+        cached = self._floors.get(agent.id)
+        if cached is not None and len(cached[0]) == len(infos) and all(a is b for a, b in zip(cached[0], infos, strict=True)):
+            return cached[1]
+        floors = [f for f in (network_floor_mbps(gpu.info, self.master.policy) for gpu in gpus) if f is not None]
+        floor = max(floors) if floors else None
+        self._floors[agent.id] = (infos, floor)
+        return floor
 
     def _faulty_or_alerted(self, live: Collection[Key]) -> list[GpuRecord]:
         """The GPUs with a fault (one attribute read each) and those with a live hardware error alert."""
