@@ -56,10 +56,10 @@ from management.monitoring.anomaly import TemperatureBaselines
 from management.monitoring.evaluator import Point, Series
 from management.monitoring.rules import AlertRule
 from master.faults import LASTING
+from master.network_floors import NetworkFloors, Shortfall
 from master.records import AgentRecord, GpuRecord, WorkloadRecord
 from master.service import Master
 from master.states import AgentState
-from master.tiers import network_floor_mbps, network_mbps
 
 MAX_POINTS = 256  # per subject between two evaluations: a bound should the loop stall
 
@@ -99,6 +99,12 @@ def _no_balances(now: float) -> Mapping[str, float]:
     return {}
 
 
+def _alerted_hosts(short: Mapping[str, Shortfall], live: Collection[Key], agents: Mapping[str, AgentRecord]) -> list[AgentRecord]:
+    """The hosts under their floor and those with a live bandwidth alert."""
+    ids = set(short) | {subject for metric, subject in live if metric == HOST_BANDWIDTH_BELOW_FLOOR}
+    return [agents[agent_id] for agent_id in sorted(ids) if agent_id in agents]
+
+
 def _noted(metric: str, subject: str, points: Mapping[Key, object], live: Collection[Key]) -> bool:
     key = (metric, subject)
     return key in points or key in live
@@ -127,8 +133,10 @@ class FleetObserver:
     _commands: deque[tuple[float, int, int]] = field(default_factory=deque)
     _relays: dict[str, tuple[str, float]] = field(default_factory=dict)  # relay seen linked -> (region, last linked)
     baselines: TemperatureBaselines = field(default_factory=TemperatureBaselines)  # for gpu.temperature_anomaly
-    # agent id -> (its GPUs' infos, the floor they earn): the floors of hosts under the policy's highest floor
-    _floors: dict[str, tuple[tuple[object, ...], float | None]] = field(default_factory=dict)
+    floors: NetworkFloors = field(init=False)  # hosts under their hardware tier's network floor (the Master's policy)
+
+    def __post_init__(self) -> None:
+        self.floors = NetworkFloors(self.master.policy)
 
     def attach(self) -> None:
         """Start hearing every telemetry sample as the Master ingests it."""
@@ -297,14 +305,17 @@ class FleetObserver:
                 emit((RELAY_DOWN, relay_id), [(now, 0.0 if linked else 1.0)], {"relay": relay_id, "region": region})
         on = watched.get(HOST_BANDWIDTH_BELOW_FLOOR)
         if on:
-            every = any(rule.breached(0.0) for rule in on)
-            for agent, measured, floor in self._bandwidth_floors(live, every):
-                below = measured is not None and floor is not None and measured < floor
-                if every or below or (HOST_BANDWIDTH_BELOW_FLOOR, agent.id) in live:
-                    labels = {"agent_id": agent.id, "provider": agent.provider, "region": agent.region}
-                    if measured is not None and floor is not None:
-                        labels |= {"bandwidth_mbps": f"{measured:g}", "floor_mbps": f"{floor:g}"}
-                    emit((HOST_BANDWIDTH_BELOW_FLOOR, agent.id), [(now, 1.0 if below else 0.0)], labels)
+            short = {s.agent.id: s for s in self.floors.shortfalls(registry.agents.values(), registry.gpus_of)}
+            every = any(rule.breached(0.0) for rule in on)  # a host over its floor breaches: every host, as before
+            hosts = registry.agents.values() if every else _alerted_hosts(short, live, registry.agents)
+            for agent in hosts:
+                if agent.state == AgentState.RETIRED.value:
+                    continue
+                labels = {"agent_id": agent.id, "provider": agent.provider, "region": agent.region}
+                shortfall = short.get(agent.id)
+                if shortfall is not None:
+                    labels |= {"bandwidth_mbps": f"{shortfall.measured_mbps:g}", "floor_mbps": f"{shortfall.floor_mbps:g}"}
+                emit((HOST_BANDWIDTH_BELOW_FLOOR, agent.id), [(now, 0.0 if shortfall is None else 1.0)], labels)
         if GPU_TEMPERATURE_ANOMALY in watched and len(self.baselines) > len(registry.gpus):
             self.baselines.forget_except(registry.gpus)  # GPUs gone from the fleet
         if RENTER_BALANCE_COVER in watched:
@@ -332,40 +343,6 @@ class FleetObserver:
         for relay_id in used - known.keys():
             known[relay_id] = ("", False)
         return known
-
-    def _bandwidth_floors(self, live: Collection[Key], every: bool) -> list[tuple[AgentRecord, float | None, float | None]]:
-        """(host, measured Mbit/s, floor Mbit/s) of the hosts that may be under their floor, those with a live alert,
-        or every host (``every``). A host is looked at only if it measured its bandwidth under the policy's highest
-        floor: with no floor in the policy (the shipped one), nothing is."""
-        registry = self.master.registry
-        policy = self.master.policy
-        highest = max((rule.min_network_mbps or 0.0 for rule in policy.tiers), default=0.0)
-        alerted = {subject for metric, subject in live if metric == HOST_BANDWIDTH_BELOW_FLOOR}
-        out: list[tuple[AgentRecord, float | None, float | None]] = []
-        for agent in registry.agents.values():
-            if agent.state == AgentState.RETIRED.value:
-                continue
-            measured = network_mbps(agent.host)
-            candidate = measured is not None and measured < highest
-            if not (candidate or every or agent.id in alerted):
-                continue
-            out.append((agent, measured, self._floor_of(agent) if candidate else None))
-        for agent_id in list(self._floors):
-            if agent_id not in registry.agents:
-                del self._floors[agent_id]
-        return out
-
-    def _floor_of(self, agent: AgentRecord) -> float | None:
-        """The highest network floor among the tiers its GPUs' hardware earns (cached until its GPUs change)."""
-        gpus = self.master.registry.gpus_of(agent.id)
-        infos = tuple(gpu.info for gpu in gpus)
-        cached = self._floors.get(agent.id)
-        if cached is not None and len(cached[0]) == len(infos) and all(a is b for a, b in zip(cached[0], infos, strict=True)):
-            return cached[1]
-        floors = [f for f in (network_floor_mbps(gpu.info, self.master.policy) for gpu in gpus) if f is not None]
-        floor = max(floors) if floors else None
-        self._floors[agent.id] = (infos, floor)
-        return floor
 
     def _faulty_or_alerted(self, live: Collection[Key]) -> list[GpuRecord]:
         """The GPUs with a fault (one attribute read each) and those with a live hardware error alert."""

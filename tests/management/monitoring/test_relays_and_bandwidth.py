@@ -143,12 +143,16 @@ async def test_a_host_under_its_hardware_tiers_network_floor_is_alerted_until_it
         assert {g.tier for g in master.registry.gpus_of("agt-h100")} == {"any"}  # kept from "fast" by its network
         [fired] = await loop.step()
         assert (fired.phase, fired.subject, fired.severity) == (FIRING, "agt-h100", "warning")
+        gauge = master.metrics.registry.get_sample_value  # the Prometheus side counts it too, by region
+        region = master.registry.agents["agt-h100"].region or "none"
+        assert gauge("idlegrid_hosts_below_network_floor", {"region": region}) == 1
         assert (fired.labels["bandwidth_mbps"], fired.labels["floor_mbps"], fired.labels["provider"]) == ("400", "1000", "prov")
 
         await connect(master, link, "agt-h100", host=fast)
         assert {g.tier for g in master.registry.gpus_of("agt-h100")} == {"fast"}
         [resolved] = await loop.step()
         assert (resolved.phase, resolved.subject, resolved.value) == (RESOLVED, "agt-h100", 0.0)
+        assert gauge("idlegrid_hosts_below_network_floor", {"region": region}) == 0
         assert [s for s in loop.observer.collect([rule], time.time(), ()) if s.metric == HOST_BANDWIDTH_BELOW_FLOOR] == []
     finally:
         await master.stop()
