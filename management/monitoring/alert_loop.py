@@ -4,6 +4,11 @@ reads the fleet (observe.py), runs the pure evaluator, records each transition a
 marks the GPU faulty through the Master's fault path (the scheduler reallocates off faulty GPUs) and clears that
 fault when the alert resolves.
 
+At fleet scale the observer hands over only the subjects that breach or have an alert (observe.py), and the loop
+evaluates them in slices of ``EVALUATION_SLICE`` series, yielding to the event loop between slices, so that an
+evaluation with thousands of breaching GPUs does not hold the Master's loop (``evaluate_in_slices``: the same
+result as one call).
+
 Alert states live in memory: a Master restart starts them again from the fleet's current values (a condition
 still holding fires again, with a new idempotency key).
 """

@@ -345,9 +345,9 @@ class FleetObserver:
         return known
 
     def _faulty_or_alerted(self, live: Collection[Key]) -> list[GpuRecord]:
-        """The GPUs with a fault (one attribute read each) and those with a live hardware error alert."""
+        """The GPUs with a lasting fault (one attribute read each) and those with a live hardware error alert."""
         gpus = self.master.registry.gpus
-        found = {gpu.uuid: gpu for gpu in gpus.values() if gpu.fault is not None}
+        found = {gpu.uuid: gpu for gpu in gpus.values() if gpu.fault is not None and gpu.fault.kind in LASTING}
         for metric, uuid in live:
             gpu = gpus.get(uuid) if metric == GPU_HARDWARE_ERROR else None
             if gpu is not None:
