@@ -1,0 +1,69 @@
+// A report's chart: one figure drawn with uPlot from the JSON in the chart's data-report-series attribute (the same
+// figures as the table below it). Over time: bars for one series, lines with points for several; without a time
+// dimension, one bar per row, labelled by its dimensions. Without uPlot, the table alone shows them.
+(function () {
+  "use strict";
+  var box = document.querySelector("[data-report-series]");
+  if (!box || typeof window.uPlot !== "function") {
+    return;
+  }
+  var s = JSON.parse(box.getAttribute("data-report-series"));
+  if (!s.x.length) {
+    return;
+  }
+  var colors = ["#1f5fbf", "#1a7f37", "#b3261e", "#8a5a00", "#6f42c1", "#0b7285", "#5b6470"];
+  var bars = window.uPlot.paths && window.uPlot.paths.bars ? window.uPlot.paths.bars({ size: [0.6, 64] }) : undefined;
+  var single = s.values.length === 1;
+  var series = [{}];
+  s.names.forEach(function (name, i) {
+    var color = colors[i % colors.length];
+    series.push(
+      single
+        ? { label: name, stroke: color, fill: color + "55", width: 1, paths: bars, points: { show: false } }
+        : { label: name, stroke: color, width: 2, points: { show: true, size: 6 } }
+    );
+  });
+  var half = s.time ? s.span / 2 : 0.5;
+  var xAxis = s.time
+    ? { space: 80 }
+    : {
+        space: 30,
+        values: function (u, splits) {
+          return splits.map(function (v) {
+            return Number.isInteger(v) && s.labels[v] !== undefined ? s.labels[v] : "";
+          });
+        },
+        rotate: s.labels.length > 6 ? -30 : 0,
+        size: s.labels.length > 6 ? 80 : 40,
+      };
+  var width = function () {
+    return Math.max(260, Math.min(1100, box.clientWidth || 600));
+  };
+  var plot = new window.uPlot(
+    {
+      width: width(),
+      height: 240,
+      scales: {
+        x: {
+          time: s.time,
+          range: function () {
+            return [s.x[0] - half, s.x[s.x.length - 1] + half];
+          },
+        },
+        y: {
+          range: function (u, min, max) {
+            return [Math.min(0, min), max > 0 ? max * 1.15 : 1];
+          },
+        },
+      },
+      legend: { show: !single },
+      series: series,
+      axes: [xAxis, { size: 60 }],
+    },
+    [s.x].concat(s.values),
+    box
+  );
+  window.addEventListener("resize", function () {
+    plot.setSize({ width: width(), height: 240 });
+  });
+})();
