@@ -109,7 +109,7 @@ def test_an_operator_sees_an_overheating_alert_fire_and_silences_it(hot_grid, pa
     page.wait_for_url("**/console/silences?*")
     expect(page.get_by_label("Rule")).to_have_value("gpu_overheating")  # filled in from the alert's row
     expect(page.get_by_label("Subject")).to_have_value(own_gpu)
-    page.get_by_label("For").fill("90m")
+    page.get_by_label("Duration", exact=True).fill("90m")
     page.get_by_label("Comment").fill("replacing the fan")
     shot(page, "silence-form")
     page.get_by_role("button", name="Silence", exact=True).click()
