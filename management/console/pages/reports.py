@@ -9,6 +9,7 @@ without a server. Bad input (an unknown kind or dimension, ``from`` after ``to``
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -89,9 +90,11 @@ def read_report_form(fields: Mapping[str, Any], now: float) -> tuple[ReportReque
         except InvalidReport as exc:
             errors.add("from", str(exc))
     columns = KINDS.get(kind, ())
-    chart = typed["chart"] or (columns[0] if columns else "")
-    if columns and chart not in columns:
-        errors.add("chart", f"chart: {chart[:40]!r} is not a figure of a {kind} report; use one of {', '.join(columns)}")
+    chart = typed["chart"]
+    if chart and not any(chart in figures for figures in KINDS.values()):
+        errors.add("chart", f"chart: {chart[:40]!r} is not a figure of any report; use one of {', '.join(columns)}")
+    elif columns and chart not in columns:  # none chosen, or one of the kind chosen before: the kind's first
+        chart = typed["chart"] = columns[0]
     if errors:
         return None, errors, typed
     assert start is not None and end is not None
@@ -233,7 +236,12 @@ def report_table(report: Mapping[str, Any]) -> ReportTable:
 
 def report_query(wanted: ReportRequest) -> str:
     """The query naming this report (for the CSV link), with the window as unix seconds: the same rows."""
-    return urlencode({"by": ",".join(wanted.by), "from": f"{wanted.start:.0f}", "to": f"{wanted.end:.0f}"})
+    return urlencode({"by": ",".join(wanted.by), "from": seconds_text(wanted.start), "to": seconds_text(wanted.end)})
+
+
+def seconds_text(ts: float) -> str:
+    """Unix seconds as text that reads back as the same instant (to the millisecond)."""
+    return f"{ts:.3f}".rstrip("0").rstrip(".")
 
 
 # --- the pages --------------------------------------------------------------------------------------------------
@@ -241,7 +249,8 @@ def report_query(wanted: ReportRequest) -> str:
 
 async def reports_page(request: web.Request) -> web.StreamResponse:
     scope = await signed_in(request, Resource.REPORTS, Action.READ)
-    wanted, errors, typed = read_report_form(request.query, time.time())
+    # A whole second for "now": the CSV link names the same window exactly, so the file has the table's rows.
+    wanted, errors, typed = read_report_form(request.query, math.floor(time.time()))
     context: dict[str, Any] = {
         "kinds": list(KINDS),
         "dimensions": list(DIMENSIONS),
@@ -263,8 +272,7 @@ async def reports_page(request: web.Request) -> web.StreamResponse:
         request,
         "reports/reports.html",
         title=f"{wanted.kind.capitalize()} report",
-        **context,
-        report=body,
+        **{**context, "report": body},
         wanted=wanted,
         table=report_table(body),
         series=series,
