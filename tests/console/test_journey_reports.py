@@ -31,8 +31,7 @@ def grid(tmp_path: Path):
 
 def table_rows(page) -> list[list[str]]:  # type: ignore[no-untyped-def]
     return [
-        [cell.strip() for cell in row.locator("th, td").all_inner_texts()]
-        for row in page.locator("table#report tbody tr").all()
+        [cell.strip() for cell in row.locator("th, td").all_inner_texts()] for row in page.locator("table#report tbody tr").all()
     ]
 
 

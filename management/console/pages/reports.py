@@ -131,7 +131,8 @@ class ChartSeries:
     labels: list[str]
     names: list[str]
     values: list[list[float | None]]
-    span: float = 0.0  # a period's length, for bars on a time axis
+    low: float = 0.0  # the x axis's range on a time axis: the window, widened to the periods it touches
+    high: float = 0.0
     cut: int = 0  # groups (or rows) left out of the chart, summed into "others" (or not drawn)
     money: bool = False
     period: str = ""  # day, week or month: the x axis's unit, when over time
@@ -197,18 +198,20 @@ def chart_series(report: Mapping[str, Any], chart: str, start: float, end: float
                 if v is not None:
                     summed[i] = (summed[i] or 0.0) + v
         kept, series = [*kept, f"{len(rest)} others"], [*series, summed]
-    first, after, _ = calendar_period(xs[0], period) if xs else (0.0, 0.0, "")
     labels_of = {v: k for k, v in starts.items()}
     named = list(zip(kept, series, strict=True))
     points = [f"{labels_of[x]} {name}: {cell(vals[i])}" for i, x in enumerate(xs) for name, vals in named]
+    # Each period is drawn at its middle, on an axis spanning the whole window (and the periods it touches).
+    ends = [calendar_period(x, period)[1] for x in xs]
     return ChartSeries(
         title=title,
         time=True,
-        x=xs,
+        x=[(x + end_of) / 2 for x, end_of in zip(xs, ends, strict=True)],
         labels=[labels_of[x] for x in xs],
         names=kept,
         values=series,
-        span=after - first,
+        low=min([start, *xs]),
+        high=max([end, *ends]),
         cut=len(rest),
         money=money,
         period=period,

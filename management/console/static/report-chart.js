@@ -12,7 +12,7 @@
     return;
   }
   var colors = ["#1f5fbf", "#1a7f37", "#b3261e", "#8a5a00", "#6f42c1", "#0b7285", "#5b6470"];
-  var bars = window.uPlot.paths && window.uPlot.paths.bars ? window.uPlot.paths.bars({ size: [0.6, 64] }) : undefined;
+  var bars = window.uPlot.paths && window.uPlot.paths.bars ? window.uPlot.paths.bars({ size: [0.6, 48] }) : undefined;
   var single = s.values.length === 1;
   var series = [{}];
   s.names.forEach(function (name, i) {
@@ -23,11 +23,20 @@
         : { label: name, stroke: color, width: 2, points: { show: true, size: 6 } }
     );
   });
-  var half = s.time ? s.span / 2 : 0.5;
+  // Tick labels with as many decimals as the step between ticks needs (money is often fractions of a unit).
+  var numbers = function (u, splits, axis, space, incr) {
+    var decimals = Math.min(6, Math.max(0, -Math.floor(Math.log10(incr || 1))));
+    return splits.map(function (v) {
+      return v.toFixed(decimals);
+    });
+  };
   var xAxis = s.time
     ? { space: 80 }
     : {
         space: 30,
+        splits: function () {
+          return s.x;
+        },
         values: function (u, splits) {
           return splits.map(function (v) {
             return Number.isInteger(v) && s.labels[v] !== undefined ? s.labels[v] : "";
@@ -47,7 +56,7 @@
         x: {
           time: s.time,
           range: function () {
-            return [s.x[0] - half, s.x[s.x.length - 1] + half];
+            return s.time ? [s.low, s.high] : [s.x[0] - 0.5, s.x[s.x.length - 1] + 0.5];
           },
         },
         y: {
@@ -58,7 +67,7 @@
       },
       legend: { show: !single },
       series: series,
-      axes: [xAxis, { size: 60 }],
+      axes: [xAxis, { size: 70, values: numbers }],
     },
     [s.x].concat(s.values),
     box
