@@ -182,6 +182,7 @@ def test_a_time_dimension_charts_each_group_over_the_periods_drawn_at_their_midd
     assert series.names == ["acme", "zeta"]  # the largest first
     assert series.values == [[1.5, 2.0], [None, 0.25]]
     assert (series.low, series.high) == (MONDAY, MONDAY + 7 * DAY)
+    assert series.points[:2] == ["2026-11-16 acme: 1.50", "2026-11-16 zeta: -"]
 
 
 def test_groups_beyond_the_largest_are_summed_as_others():
@@ -196,7 +197,7 @@ def test_without_a_time_dimension_each_row_is_a_bar_named_by_its_dimensions():
     rows = [{"tier": "t1", "region": "eu", "gross": "1.00"}, {"tier": "t2", "region": "us", "gross": None}]
     series = chart_series(report_body(["tier", "region"], rows), "gross", MONDAY, MONDAY + DAY)
     assert not series.time and series.labels == ["t1 / eu", "t2 / us"] and series.values == [[1.0, None]]
-    assert series.points == ["t1 / eu: 1", "t2 / us: -"]
+    assert series.points == ["t1 / eu: 1.00", "t2 / us: -"]  # money as the table writes it
 
 
 def test_the_table_has_the_rows_then_the_total():

@@ -120,6 +120,14 @@ def number(value: Any) -> float | None:
         return None
 
 
+def figure_text(value: float | None, money: bool) -> str:
+    """A charted figure as the table writes it: money with at least two decimals ("1.50"), others as ``cell``."""
+    if value is None or not money:
+        return cell(value)
+    whole, _, decimals = f"{value:.6f}".partition(".")
+    return f"{whole}.{decimals.rstrip('0').ljust(2, '0')}"
+
+
 @dataclass
 class ChartSeries:
     """What static/report-chart.js draws: ``x`` (period starts, unix seconds, or 0..n-1 with ``labels``) and one
@@ -171,7 +179,7 @@ def chart_series(report: Mapping[str, Any], chart: str, start: float, end: float
             values=[values],
             cut=len(rows) - len(shown),
             money=money,
-            points=[f"{label}: {cell(v)}" for label, v in zip(labels, values, strict=True)],
+            points=[f"{label}: {figure_text(v, money)}" for label, v in zip(labels, values, strict=True)],
         )
     period = periods[0]
     others = [d for d in by if d != period]
@@ -200,7 +208,7 @@ def chart_series(report: Mapping[str, Any], chart: str, start: float, end: float
         kept, series = [*kept, f"{len(rest)} others"], [*series, summed]
     labels_of = {v: k for k, v in starts.items()}
     named = list(zip(kept, series, strict=True))
-    points = [f"{labels_of[x]} {name}: {cell(vals[i])}" for i, x in enumerate(xs) for name, vals in named]
+    points = [f"{labels_of[x]} {name}: {figure_text(vals[i], money)}" for i, x in enumerate(xs) for name, vals in named]
     # Each period is drawn at its middle, on an axis spanning the whole window (and the periods it touches).
     ends = [calendar_period(x, period)[1] for x in xs]
     return ChartSeries(
