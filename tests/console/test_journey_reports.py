@@ -1,8 +1,9 @@
 """Reports in the console on a running grid (a Master, a relay and an agent, each its own process; the agent's GPUs
-are simulated): a renter's workload runs on the provider's host and is charged every second, then the operator opens
+are simulated): a renter's workload runs on the provider's host, is charged, and is stopped (its rental's last charge
+made, so the figures hold still between the page and the file); then the operator opens
 the reports page, sees revenue by provider and day as a table with its total and a chart, downloads the CSV of the
 same report and finds the table's rows in it; a report without a time dimension is drawn as bars; bad input is said
-on the page (400), never a 500. A provider sees its own report. A screenshot of each step."""
+on the page (400), never a 500. A provider sees its own report, on a 375 px screen too. A screenshot of each step."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.console.journeys import give_password, sign_in
-from tests.e2e.test_market import MASTER_SETTINGS, PRICES
+from tests.e2e.test_market import MASTER_SETTINGS, PRICES, rentals_of
 from tests.e2e.test_scheduler import SANDBOXED, renter, wait_workload, workload
 from tests.support.grid import TEST_PROVIDER, Grid, running_grid, wait_for
 
@@ -56,6 +57,8 @@ def test_an_operator_reads_a_report_as_table_chart_and_csv(grid: Grid, page, sho
         20,
         "the rental's first charge",
     )
+    alice.cancel_workload(running["id"])  # its rental ends with a last charge: the figures stop moving
+    wait_for(lambda: [r for r in rentals_of(alice, running["id"]) if r["ended_at"]], 20, "the rental to end")
     for account, password in PASSWORDS.items():
         give_password(grid, account, password)
 
@@ -116,3 +119,10 @@ def test_an_operator_reads_a_report_as_table_chart_and_csv(grid: Grid, page, sho
     page.goto(f"{grid.api_url}/console/reports?kind=revenue&by=host")
     assert [r[0] for r in table_rows(page)] == [agent_id]  # the provider's own host
     shot(page, "provider-revenue-by-host")
+
+    page.set_viewport_size({"width": 375, "height": 800})  # a narrow screen: the table scrolls in its own box
+    page.goto(f"{grid.api_url}/console/reports?kind=revenue&by=day")
+    page.locator("#report-chart .uplot canvas").wait_for()
+    width = page.evaluate("document.documentElement.scrollWidth")
+    assert width <= 375 + 1, f"the reports page is {width} px wide on a 375 px screen"
+    shot(page, "narrow-report")
