@@ -139,6 +139,7 @@ class ChartSeries:
     labels: list[str]
     names: list[str]
     values: list[list[float | None]]
+    span: float = 0.0  # a period's length (the first's), so that a bar is never wider than its period
     low: float = 0.0  # the x axis's range on a time axis: the window, widened to the periods it touches
     high: float = 0.0
     cut: int = 0  # groups (or rows) left out of the chart, summed into "others" (or not drawn)
@@ -218,6 +219,7 @@ def chart_series(report: Mapping[str, Any], chart: str, start: float, end: float
         labels=[labels_of[x] for x in xs],
         names=kept,
         values=series,
+        span=ends[0] - xs[0] if xs else 0.0,
         low=min([start, *xs]),
         high=max([end, *ends]),
         cut=len(rest),

@@ -12,7 +12,13 @@
     return;
   }
   var colors = ["#1f5fbf", "#1a7f37", "#b3261e", "#8a5a00", "#6f42c1", "#0b7285", "#5b6470"];
-  var bars = window.uPlot.paths && window.uPlot.paths.bars ? window.uPlot.paths.bars({ size: [0.6, 48] }) : undefined;
+  var width = function () {
+    return Math.max(260, Math.min(1100, box.clientWidth || 600));
+  };
+  // A bar is at most 48 px, and on a time axis at most 70% of its period's width (one day among seven, say).
+  var widest = s.time && s.high > s.low ? Math.max(3, Math.floor((0.7 * (width() - 80) * s.span) / (s.high - s.low))) : 48;
+  var bars =
+    window.uPlot.paths && window.uPlot.paths.bars ? window.uPlot.paths.bars({ size: [0.6, Math.min(48, widest)] }) : undefined;
   var single = s.values.length === 1;
   var series = [{}];
   s.names.forEach(function (name, i) {
@@ -45,9 +51,6 @@
         rotate: s.labels.length > 6 ? -30 : 0,
         size: s.labels.length > 6 ? 80 : 40,
       };
-  var width = function () {
-    return Math.max(260, Math.min(1100, box.clientWidth || 600));
-  };
   var plot = new window.uPlot(
     {
       width: width(),
