@@ -4,7 +4,8 @@ fault file, as tests/e2e/test_gpu_faults.py does, and the shipped ``gpu_overheat
 with a 1 s duration (the shipped 2 minutes would only slow the test). A screenshot of each step.
 
 - The operator sees both alerts fire on the alerts page (with the firing count in the navigation), silences one from
-  its row and finds the silence listed, then ends it early; the page reflows on a 375 px screen.
+  its row and finds the silence listed, then ends it early; the other GPU cools and its alert's resolution appears
+  on the open page (it refreshes itself); the page reflows on a 375 px screen.
 - A provider sees its own host's alert and not the other provider's, has no silences, and is refused (403) when it
   posts the silence form anyway.
 """
@@ -127,6 +128,15 @@ def test_an_operator_sees_an_overheating_alert_fire_and_silences_it(hot_grid, pa
     expect(page.locator("#silences tbody")).to_contain_text("No silence is in force")
     assert grid.get("/api/v1/silences")["items"] == []
     shot(page, "silence-ended")
+
+    # The other provider's GPU cools: its alert resolves, and the open alerts page shows it without a reload.
+    page.goto(f"{grid.api_url}/console/alerts")
+    (grid.agent_dir("other-host") / FAULTS_FILE).write_text(json.dumps({other_gpu: {"temperature_c": 60}}))
+    resolved = page.locator("#recent tbody tr[data-phase=resolved]").filter(has_text=other_gpu)
+    expect(resolved).to_have_count(1, timeout=20_000)
+    expect(page.locator("#firing tbody tr")).to_have_count(1)
+    expect(page.locator("#nav-alerts-count")).to_have_text(re.compile(r"^1"))  # the count refreshed with it
+    shot(page, "alert-resolved-live")
 
     page.set_viewport_size({"width": 375, "height": 800})  # a narrow screen: the page reflows, nothing is cut off
     page.goto(f"{grid.api_url}/console/alerts")

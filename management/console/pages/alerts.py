@@ -22,13 +22,14 @@ from management.api.auth import OPERATIONS_KEY, Action, Resource, permitted
 from management.console.forms import FormErrors, text
 from management.console.nav import NavItem
 from management.console.pages.operator import parse_fields
-from management.console.rendering import page
+from management.console.rendering import nav_counts, page
 from management.console.session import flash, signed_in
 from management.console.templating import duration, when
 from management.monitoring.evaluator import AlertState, AlertTransition
 from management.monitoring.settings import MAX_SILENCE_S, RuleListing
 from master.records import SilenceRecord
 
+REFRESH_S = 5  # the alerts page's lists refresh (htmx) this often
 RECENT_SHOWN = 50  # transitions listed on the page (the loop keeps the last thousand)
 RULE_NAME = re.compile(r"^[a-z0-9_]{1,64}$")
 SUBJECT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
@@ -244,10 +245,17 @@ async def alerts_page(request: web.Request) -> web.StreamResponse:
     rules = {listing.rule.name: listing for listing in await operations.alert_rules()}
     now = time.time()
     active = alert_rows(listing.active, rules, role, now)
+    refresh = bool(request.headers.get("HX-Request"))  # htmx's refresh: the notices are left for the next page
+    extra: dict[str, Any] = {"nav_counts": await nav_counts(request)} if refresh else {}  # the nav's count too
     return await page(
         request,
         "alerts/alerts.html",
+        fragment=refresh,
+        **extra,
         title="Alerts",
+        live_url=request.path_qs,
+        refresh_s=REFRESH_S,
+        as_of=when(now),
         filters=filters,
         firing=[a for a in active if a.phase == "firing"],
         pending=[a for a in active if a.phase == "pending"],
