@@ -109,6 +109,13 @@ def test_an_operator_sees_an_overheating_alert_fire_and_silences_it(hot_grid, pa
     page.wait_for_url("**/console/silences?*")
     expect(page.get_by_label("Rule")).to_have_value("gpu_overheating")  # filled in from the alert's row
     expect(page.get_by_label("Subject")).to_have_value(own_gpu)
+    page.get_by_label("Duration", exact=True).fill("forever")  # not a duration: said beside the field, nothing made
+    page.get_by_role("button", name="Silence", exact=True).click()
+    expect(page.locator("#duration-error")).to_contain_text("how long, e.g. 30m, 2h or 1d (not 'forever')")
+    expect(page.get_by_label("Duration", exact=True)).to_have_attribute("aria-invalid", "true")
+    expect(page.get_by_label("Subject")).to_have_value(own_gpu)  # what was typed is kept
+    shot(page, "silence-form-error")
+    assert grid.get("/api/v1/silences")["items"] == []
     page.get_by_label("Duration", exact=True).fill("90m")
     page.get_by_label("Comment").fill("replacing the fan")
     shot(page, "silence-form")
