@@ -112,6 +112,7 @@ class Master:
             lambda: self.registry.gpus.keys(),
             minute_retention_s=self.config.history_minute_retention_s,
             hourly_retention_s=self.config.history_hourly_retention_s,
+            agent_ids=lambda: self.registry.agents.keys(),  # hosts' own history
         )
         self.accounts = AccountBook(self.store)
         self.enrollment = Enrollment(self.store, self.authority.ca, cert_validity_s=config.agent_cert_s)
