@@ -213,7 +213,7 @@ class RecentSamples:
 class TelemetryAggregator:
     """Memory: one open minute per GPU (``_open``, by UUID); a sample of a later minute moves the open one to
     ``_ended``, by (UUID, minute), until the next flush writes it. A late sample (out of order) of an ended minute
-    is added to it there."""
+    is added to it there. A host's own samples are rolled up alike, by agent id (``_host_open``, ``_host_ended``)."""
 
     store: Store
     latest: dict[str, GpuSample] = field(default_factory=dict)
