@@ -8,6 +8,8 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+import msgspec
+
 from common.inventory import GpuSample, HostSample
 from master.batches import DUTY, write_paced
 from master.records import HostRollup, TelemetryRollup
@@ -77,12 +79,42 @@ class _Minute:
 NET_STEP_MAX_S = 300.0
 
 
+# What a host says of itself is taken from an untrusted host, and one rollup the store refuses (an integer beyond 64
+# bits, an infinite average) would hold every host's minutes back at each flush. So a reading outside these bounds is
+# taken as not said, a sample dated outside them is dropped, and a counter step faster than NET_MAX_BYTES_PER_S (8
+# Tbit/s, every NIC of a large host at once) is not counted.
+READING_MAX = 1e12  # percent, load, MiB, GiB: far above any real host's
+COUNTER_MAX = 2**64  # the network counters are unsigned 64-bit
+TS_MAX = 1e11  # unix seconds (the year 5138), as the API's windows are bounded
+NET_MAX_BYTES_PER_S = 1e12
+_READINGS = ("cpu_pct", "load_1m", "ram_used_mib", "ram_total_mib", "disk_used_gib", "disk_free_gib")
+_COUNTERS = ("net_rx_bytes", "net_tx_bytes")
+
+
+def plausible(sample: HostSample) -> HostSample | None:
+    """``sample`` with its out-of-bounds readings as None; None for a sample dated outside [0, TS_MAX)."""
+    if not 0 <= sample.ts < TS_MAX:
+        return None
+    unsaid: dict[str, None] = {}
+    for name in _READINGS:
+        value = getattr(sample, name)
+        if value is not None and not 0 <= value <= READING_MAX:
+            unsaid[name] = None
+    for name in _COUNTERS:
+        value = getattr(sample, name)
+        if value is not None and not 0 <= value < COUNTER_MAX:
+            unsaid[name] = None
+    return msgspec.structs.replace(sample, **unsaid) if unsaid else sample
+
+
 def counter_step(previous: int | None, current: int | None, gap_s: float) -> int | None:
     """The bytes a counter since boot moved between two consecutive samples ``gap_s`` apart: None where either
-    reading is missing or the gap is too long to place them; 0 where it went backwards (the host rebooted)."""
+    reading is missing, the gap is too long to place them or the step too large to be real; 0 where it went
+    backwards (the host rebooted)."""
     if previous is None or current is None or gap_s > NET_STEP_MAX_S:
         return None
-    return max(0, current - previous)
+    step = max(0, current - previous)
+    return None if step > NET_MAX_BYTES_PER_S * max(gap_s, 1.0) else step
 
 
 @dataclass(slots=True)
@@ -231,7 +263,12 @@ class TelemetryAggregator:
 
     def ingest_host(self, agent_id: str, sample: HostSample) -> None:
         """Add ``sample`` to the host's minute, and keep it as the host's latest unless a later one is kept already
-        (a late frame: added to its own minute, its network counters not counted; a repeated one: ignored)."""
+        (a late frame: added to its own minute, its network counters not counted; a repeated one: ignored). Readings
+        out of bounds are taken as not said (``plausible``)."""
+        checked = plausible(sample)
+        if checked is None:
+            return
+        sample = checked
         kept = self.latest_hosts.get(agent_id)
         if kept is not None and sample.ts == kept.ts:
             return

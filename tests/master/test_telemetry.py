@@ -235,3 +235,19 @@ def test_a_hosts_open_minute_costs_a_few_hundred_bytes_so_a_10000_host_fleet_a_f
         tracemalloc.stop()
     assert len(telemetry._host_open) == 10_000
     assert held / 10_000 < 512  # measured: about 365 bytes per host (the minute, its numbers, its dict entry)
+
+
+async def test_a_hosts_readings_out_of_bounds_are_taken_as_not_said_and_every_other_minute_is_still_written(store):
+    """A host is untrusted: one rollup the store refused would hold every host's minutes back at each flush."""
+    telemetry = TelemetryAggregator(store)
+    telemetry.ingest_host("agt-bad", host_sample(MINUTE + 1, cpu=1e300, rx=2**70, tx=5, ram_used_mib=-1, load_1m=1e13))
+    telemetry.ingest_host("agt-bad", host_sample(MINUTE + 11, cpu=50.0, rx=10, tx=5 + 10**14))  # 100 TB in 10 s
+    telemetry.ingest_host("agt-bad", host_sample(1e300, cpu=1.0))  # dated beyond any minute the store can key
+    telemetry.ingest_host("agt-good", host_sample(MINUTE + 1, cpu=10.0))
+
+    assert await telemetry.flush(MINUTE + 65) == 2
+    [bad] = await store.host_rollups.list("agt-bad")
+    assert (bad.samples, bad.cpu_pct_avg, bad.load_1m_avg, bad.ram_used_mib_max) == (2, 50.0, 1.5, 4096)
+    assert (bad.net_rx_bytes, bad.net_tx_bytes) == (None, None)  # the huge counter unsaid; the step too fast to be real
+    assert telemetry.latest_hosts["agt-bad"].ts == MINUTE + 11
+    assert [r.cpu_pct_avg for r in await store.host_rollups.list("agt-good")] == [10.0]
