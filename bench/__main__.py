@@ -273,7 +273,7 @@ def _history_parser(sub: argparse._SubParsersAction) -> None:
     d = HistoryBenchOptions()
     p = sub.add_parser(
         "history",
-        help="telemetry history queries of one GPU among 80,000: p50/p99 for a week at 1 h and 1 min",
+        help="telemetry history queries of one GPU among 80,000 (and one host among 10,000): p50/p99 for a week",
         description="Seed a SQLite store with a week of one GPU's one-minute rollups (and its hours) among GPUs that "
         "all report, then time the history queries the API makes.",
     )
@@ -283,6 +283,7 @@ def _history_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--rounds", type=int, default=d.rounds, help=f"timed runs of each query (default {d.rounds})")
     p.add_argument("--seed", type=int, default=d.seed, help=f"seed of the generated values (default {d.seed})")
+    p.add_argument("--hosts", type=int, default=d.hosts, help=f"hosts reporting themselves (default {d.hosts})")
     p.add_argument("--no-loop", action="store_true", help="do not time a pass of the history loop over every GPU")
     p.add_argument("--json", type=Path, help="write the figures here")
     p.set_defaults(func=_run_history)
@@ -290,7 +291,12 @@ def _history_parser(sub: argparse._SubParsersAction) -> None:
 
 def _run_history(args: argparse.Namespace) -> int:
     options = HistoryBenchOptions(
-        gpus=args.gpus, filler_minutes=args.filler_minutes, rounds=args.rounds, seed=args.seed, loop=not args.no_loop
+        gpus=args.gpus,
+        filler_minutes=args.filler_minutes,
+        rounds=args.rounds,
+        seed=args.seed,
+        loop=not args.no_loop,
+        hosts=args.hosts,
     )
     result = run_history_bench(options)
     _write(args.json, result)

@@ -113,6 +113,7 @@ class Master:
             lambda: self.registry.gpus.keys(),
             minute_retention_s=self.config.history_minute_retention_s,
             hourly_retention_s=self.config.history_hourly_retention_s,
+            agent_ids=lambda: self.registry.agents.keys(),  # hosts' own history
         )
         self.network_floors = NetworkFloors(self.policy)  # hosts kept from a tier by their bandwidth (metrics)
         self.accounts = AccountBook(self.store)

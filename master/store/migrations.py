@@ -168,6 +168,19 @@ SQLITE_MIGRATIONS: tuple[SqliteMigration, ...] = (
                 PRIMARY KEY (gpu_uuid, minute)) WITHOUT ROWID""",
         ),
     ),
+    SqliteMigration(
+        9,
+        "host telemetry rollups, by minute and by hour",
+        (
+            # As ``rollups``, keyed by host: a host's history is one contiguous range scan.
+            """CREATE TABLE host_rollups (
+                agent_id TEXT NOT NULL, minute INTEGER NOT NULL, doc TEXT NOT NULL,
+                PRIMARY KEY (agent_id, minute)) WITHOUT ROWID""",
+            """CREATE TABLE host_hourly_rollups (
+                agent_id TEXT NOT NULL, minute INTEGER NOT NULL, doc TEXT NOT NULL,
+                PRIMARY KEY (agent_id, minute)) WITHOUT ROWID""",
+        ),
+    ),
 )
 
 MONGO_MIGRATIONS: tuple[MongoMigration, ...] = (
@@ -262,6 +275,14 @@ MONGO_MIGRATIONS: tuple[MongoMigration, ...] = (
         8,
         "hourly telemetry rollups by (gpu_uuid, minute)",
         {"hourly_rollups": [IndexModel([("gpu_uuid", ASCENDING), ("minute", ASCENDING)])]},
+    ),
+    MongoMigration(
+        9,
+        "host telemetry rollups, by minute and by hour, by (agent_id, minute)",
+        {
+            "host_rollups": [IndexModel([("agent_id", ASCENDING), ("minute", ASCENDING)])],
+            "host_hourly_rollups": [IndexModel([("agent_id", ASCENDING), ("minute", ASCENDING)])],
+        },
     ),
 )
 

@@ -18,6 +18,7 @@ from master.store.base import (
     EventRepo,
     FairShareRepo,
     GpuRepo,
+    HostRollupRepo,
     LedgerRepo,
     PriceRepo,
     RentalRepo,
@@ -39,6 +40,7 @@ from master.store.mongo.connection import MongoConnection, redacted
 from master.store.mongo.events import MongoEventRepo
 from master.store.mongo.fair_share import MongoFairShareRepo
 from master.store.mongo.gpus import MongoGpuRepo
+from master.store.mongo.host_rollups import MongoHostHourlyRollupRepo, MongoHostRollupRepo
 from master.store.mongo.ledger import MongoLedgerRepo
 from master.store.mongo.prices import MongoPriceRepo
 from master.store.mongo.rentals import MongoRentalRepo
@@ -75,6 +77,8 @@ class MongoStore:
         self.alert_rules: AlertRuleRepo = MongoAlertRuleRepo(*upkeep)
         self.silences: SilenceRepo = MongoSilenceRepo(*upkeep)
         self.webhooks: WebhookRepo = MongoWebhookRepo(*upkeep)
+        self.host_rollups: HostRollupRepo = MongoHostRollupRepo(*upkeep)
+        self.host_hourly_rollups: HostRollupRepo = MongoHostHourlyRollupRepo(*upkeep)
 
     @property
     def url(self) -> str:
