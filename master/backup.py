@@ -355,12 +355,18 @@ def store_in_use(store: Path) -> bool:
 
 
 def _replace_state(staged: Path, state_dir: Path, manifest: BackupManifest) -> None:
-    """Take the store (and its stale WAL), the PKI and the secrets out of ``state_dir``, then move the staged ones in."""
-    for suffix in ("", *STORE_SIDECARS):
-        (state_dir / f"{STORE_FILE}{suffix}").unlink(missing_ok=True)
+    """Take what the archive replaces out of ``state_dir``, then move the staged files in: the PKI always; the store
+    (and its WAL, which would be replayed over the new one) and the secrets whose hashes it holds when it has a store;
+    otherwise (``--pki-only``) only the secrets it brings, and the store there is kept."""
+    listed = {entry.path for entry in manifest.files}
+    with_store = manifest.store == "sqlite"
+    if with_store:
+        for suffix in ("", *STORE_SIDECARS):
+            (state_dir / f"{STORE_FILE}{suffix}").unlink(missing_ok=True)
     shutil.rmtree(state_dir / PKI_DIR, ignore_errors=True)
     for name in STATE_FILES:
-        (state_dir / name).unlink(missing_ok=True)
+        if with_store or name in listed:
+            (state_dir / name).unlink(missing_ok=True)
     for entry in manifest.files:
         target = state_dir / entry.path
         target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)

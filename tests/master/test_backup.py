@@ -175,6 +175,12 @@ async def test_pki_only_holds_the_keys_and_no_store(running: MasterServer, tmp_p
     assert await cli("master", "restore", "--from", archive, "--state-dir", target) == 0
     assert (target / "pki/ca.key").read_bytes() == (running.config.state_path / "pki/ca.key").read_bytes()
     assert not (target / STORE_FILE).exists()
+    # Forced over a directory with a store, the keys are replaced and the store is kept: the archive has none.
+    (target / "pki/ca.key").write_bytes(b"another CA's key")
+    (target / STORE_FILE).write_bytes(b"the store here")
+    assert await cli("master", "restore", "--from", archive, "--state-dir", target, "--force") == 0
+    assert (target / "pki/ca.key").read_bytes() == (running.config.state_path / "pki/ca.key").read_bytes()
+    assert (target / STORE_FILE).read_bytes() == b"the store here"
 
 
 async def test_an_older_schema_is_restored_and_migrated_when_the_master_starts(tmp_path: Path) -> None:
