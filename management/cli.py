@@ -133,13 +133,21 @@ def _master_backup_parsers(p: argparse.ArgumentParser) -> None:
         "  idlegrid master backup --state-dir /var/lib/idlegrid/master --out master-backup.tar.gz",
     )
     b.add_argument(
-        "--config", type=Path, metavar="FILE", help="the Master's TOML configuration (its state_dir, store_url)", **quiet
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="the Master's TOML configuration, for its state_dir and store_url (default: none)",
+        **quiet,
     )
     b.add_argument("--state-dir", metavar="DIR", help="the Master's state directory (default: as the Master finds it)", **quiet)
     b.add_argument("--store-url", metavar="URL", help="the Master's store URL (default: SQLite in the state directory)", **quiet)
     b.add_argument("--out", type=Path, required=True, metavar="FILE", help="the archive to write (refused if it exists)")
-    b.add_argument("--force", action="store_true", help="replace --out if it exists")
-    b.add_argument("--pki-only", action="store_true", help="only the keys and secrets, no store (a Master on MongoDB)")
+    b.add_argument("--force", action="store_true", help="replace --out if it exists (default: refuse)")
+    b.add_argument(
+        "--pki-only",
+        action="store_true",
+        help="only the keys and secrets, no store: a Master on MongoDB (default: the store too)",
+    )
     b.set_defaults(func=_run_master_backup)
     r = _parser(
         master_sub,
@@ -152,8 +160,12 @@ def _master_backup_parsers(p: argparse.ArgumentParser) -> None:
     )
     r.add_argument("--from", dest="archive", type=Path, required=True, metavar="FILE", help="the archive to restore")
     r.add_argument("--state-dir", metavar="DIR", help="the directory to restore into (default: as the Master finds it)", **quiet)
-    r.add_argument("--config", type=Path, metavar="FILE", help="the Master's TOML configuration (its state_dir)", **quiet)
-    r.add_argument("--force", action="store_true", help="replace the store and keys in a directory that is not empty")
+    r.add_argument(
+        "--config", type=Path, metavar="FILE", help="the Master's TOML configuration, for its state_dir (default: none)", **quiet
+    )
+    r.add_argument(
+        "--force", action="store_true", help="replace the store and keys in a directory that is not empty (default: refuse)"
+    )
     r.set_defaults(func=_run_master_restore)
 
 

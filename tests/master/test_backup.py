@@ -156,8 +156,11 @@ async def test_an_offline_store_is_backed_up_too(tmp_path: Path) -> None:
     expected = await state_of(server)
     await server.stop()
     archive = tmp_path / "offline.tar.gz"
-    assert await cli("master", "backup", "--state-dir", tmp_path / "old", "--out", archive) == 0
-    assert await cli("master", "restore", "--from", archive, "--state-dir", tmp_path / "new") == 0
+    # The state directory found as the Master finds it: given before the subcommand, or by the Master's --config.
+    assert await cli("master", "--state-dir", tmp_path / "old", "backup", "--out", archive) == 0
+    settings = tmp_path / "master.toml"
+    settings.write_text(f'state_dir = "{tmp_path / "new"}"\n')
+    assert await cli("master", "restore", "--from", archive, "--config", settings) == 0
     restored = await started(tmp_path / "new")
     try:
         assert await state_of(restored) == expected
