@@ -74,11 +74,20 @@ def create_backup(
     """Write the archive of ``state_dir`` (and of the SQLite store at ``store_path``; None: PKI only) to ``out``,
     0600. Safe while the Master runs: the store is copied in one read transaction, which writers do not wait on."""
     out = Path(out)
+    with _os_errors("back up", state_dir):
+        return _create_backup(
+            Path(state_dir), out, store_path=store_path, idlegrid_version=idlegrid_version, force=force, now=now
+        )
+
+
+def _create_backup(
+    state_dir: Path, out: Path, *, store_path: Path | None, idlegrid_version: str, force: bool, now: float | None
+) -> BackupManifest:
     if out.exists() and not force:
         raise BackupError(f"{out} already exists; pass --force to replace it, or choose another --out")
     if not out.parent.is_dir():
         raise BackupError(f"cannot write {out}: the directory {out.parent} does not exist")
-    sources = _state_files(Path(state_dir))
+    sources = _state_files(state_dir)
     with tempfile.TemporaryDirectory(prefix=".idlegrid-backup-", dir=out.parent) as work:
         os.chmod(work, 0o700)
         schema_version: int | None = None
@@ -201,13 +210,17 @@ def _move_into_place(partial: Path, out: Path, *, force: bool) -> None:
         raise BackupError(f"{out} already exists; pass --force to replace it, or choose another --out") from None
 
 
+@contextlib.contextmanager
+def _os_errors(doing: str, state_dir: Path) -> Iterator[None]:
+    """A file that cannot be read or written (permissions, a full disk) as one line naming it."""
+    try:
+        yield
+    except OSError as exc:
+        where = f" {exc.filename}" if exc.filename else ""
+        raise BackupError(f"cannot {doing} {state_dir}:{where} {exc.strerror or exc}") from exc
+
+
 # --- restore --------------------------------------------------------------------------------------------------------
-
-
-def read_manifest(archive: Path) -> BackupManifest:
-    """The manifest of ``archive``, after checking every file in it against its checksum."""
-    with _open_archive(archive) as tar, tempfile.TemporaryDirectory(prefix=".idlegrid-verify-") as work:
-        return _unpack(tar, archive, Path(work))
 
 
 def restore_backup(archive: Path, state_dir: Path, *, force: bool = False) -> BackupManifest:
@@ -215,6 +228,11 @@ def restore_backup(archive: Path, state_dir: Path, *, force: bool = False) -> Ba
     store there, into a directory that is not empty (unless ``force``: then the store, its WAL, the PKI and the
     secrets there are replaced), and for an archive that is damaged or holds a store newer than this idlegrid."""
     archive, state_dir = Path(archive), Path(state_dir)
+    with _os_errors("restore into", state_dir):
+        return _restore_backup(archive, state_dir, force=force)
+
+
+def _restore_backup(archive: Path, state_dir: Path, *, force: bool) -> BackupManifest:
     _check_target(state_dir, force=force)
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     with _open_archive(archive) as tar, tempfile.TemporaryDirectory(prefix=".idlegrid-restore-", dir=state_dir.parent) as work:
@@ -249,6 +267,8 @@ def _unpack(tar: tarfile.TarFile, archive: Path, staged: Path) -> BackupManifest
         if entry is None or member.name in seen or not member.isfile():
             raise BackupError(f"{archive} holds {member.name!r}, which its manifest does not list: the archive was altered")
         seen.add(member.name)
+        if member.size != entry.size:
+            raise BackupError(f"{archive}: {entry.path} is not the size its manifest says; the backup is corrupted")
         _stage(tar, member, entry, staged, archive)
     missing = sorted(set(expected) - seen)
     if missing:
