@@ -48,6 +48,10 @@ def test_a_master_restored_from_a_live_backup_gets_its_agents_back(grid: Grid, t
     made = idlegrid("master", "backup", "--state-dir", grid.master_dir, "--out", archive)
     assert made.returncode == 0, made.stderr
 
+    # Not over the Master that runs there, even forced: its store is open in its process.
+    refused = idlegrid("master", "restore", "--from", archive, "--state-dir", grid.master_dir, "--force")
+    assert refused.returncode == 2 and "a Master is running on" in refused.stderr, refused.stderr
+
     # The Master's machine is lost: its process and its state directory.
     assert grid.master is not None
     grid.master.terminate()
