@@ -127,3 +127,13 @@ class InvalidTelemetryWindow(IdlegridError):
     a whole number of minutes, too many points); the message names the parameter and what would do."""
 
     code = "bad_request"
+
+
+# --- backup and restore (master/backup.py, docs/backup.md) ---------------------------------------------------------
+
+
+class BackupError(IdlegridError):
+    """A backup that cannot be made or restored: a truncated or altered archive, a schema newer than this idlegrid, a
+    target directory in use or not empty, an output file already there. The message says which, and what would do."""
+
+    code = "backup"
