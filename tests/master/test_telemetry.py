@@ -251,3 +251,37 @@ async def test_a_hosts_readings_out_of_bounds_are_taken_as_not_said_and_every_ot
     assert (bad.net_rx_bytes, bad.net_tx_bytes) == (None, None)  # the huge counter unsaid; the step too fast to be real
     assert telemetry.latest_hosts["agt-bad"].ts == MINUTE + 11
     assert [r.cpu_pct_avg for r in await store.host_rollups.list("agt-good")] == [10.0]
+
+
+def test_a_gpus_open_minute_costs_a_few_hundred_bytes_so_80000_gpus_tens_of_megabytes():
+    """The minutes held between two flushes are the Master's largest per-GPU state (two per GPU at a flush)."""
+    telemetry = TelemetryAggregator(store=None)  # type: ignore[arg-type]  # nothing is flushed here
+    first = [sample(f"GPU-{i}", MINUTE, 1.0) for i in range(10_000)]
+    for one in first:
+        telemetry.ingest("agt-1", [one])  # the latest samples exist before (and are replaced, not added)
+    telemetry._open.clear()
+    later = [sample(f"GPU-{i}", MINUTE + 20, i % 100 + 0.5, temp=40 + i % 40, power=100.0 + i) for i in range(10_000)]
+    tracemalloc.start()
+    try:
+        for one in later:
+            telemetry.ingest("agt-1", [one])
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(telemetry._open) == 10_000
+    assert (
+        held / 10_000 < 450
+    )  # measured: 349 bytes per GPU (the minute, its figures, its dict entry); 573 with a float attribute per figure
+
+
+async def test_a_minute_without_temperature_power_clocks_or_throttling_says_none_not_zero(tmp_path):
+    store = SqliteStore(str(tmp_path / "m.db"))
+    await store.open()
+    telemetry = TelemetryAggregator(store)
+    telemetry.ingest("agt-1", [GpuSample(uuid="GPU-bare", ts=MINUTE + 1, utilization_pct=30.0, memory_used_mib=5)])
+    await telemetry.flush(MINUTE + 61)
+    [rollup] = await store.rollups.list("GPU-bare")
+    assert (rollup.temperature_max, rollup.temperature_avg, rollup.power_avg_w, rollup.power_max_w) == (None,) * 4
+    assert (rollup.clock_sm_avg_mhz, rollup.clock_mem_avg_mhz, rollup.throttle_reasons) == (None, None, [])
+    assert (rollup.utilization_max, rollup.memory_used_mib_max, rollup.ecc_uncorrected) == (30.0, 5, 0)
+    await store.close()
