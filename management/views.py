@@ -43,8 +43,12 @@ from master.reputation import reputation
 
 def rfc3339(ts: float | None) -> str | None:
     """Unix seconds as RFC 3339 UTC with milliseconds; None (null) for None or 0 (never)."""
-    if not ts:
-        return None
+    return instant(ts) if ts else None
+
+
+def instant(ts: float) -> str:
+    """Unix seconds as RFC 3339 UTC with milliseconds, the epoch included: for a window's bounds, where 0 is a time
+    someone asked for, not "never" (rfc3339's None)."""
     moment = datetime.fromtimestamp(ts, UTC)
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
@@ -515,8 +519,8 @@ def telemetry_view(history: TelemetryHistory) -> dict[str, Any]:
     return {
         "subject": history.subject,
         "id": history.subject_id,
-        "from": rfc3339(window.since_minute * 60.0),
-        "to": rfc3339(window.until_minute * 60.0),
+        "from": instant(window.since_minute * 60.0),
+        "to": instant(window.until_minute * 60.0),
         "step_s": window.step_minutes * 60,
         "resolution_s": history.resolution_minutes * 60,
         "host": host_sample_view(history.host_latest) if history.host_latest is not None else None,

@@ -229,3 +229,12 @@ async def test_a_providers_host_history_is_its_own(api):
     status, body = await get(api, f"/api/v1/agents/agt-acme/telemetry?from={T0:.0f}&to={T0 + 120:.0f}", acme)
     assert status == 200 and len(body["host_points"]) == 2
     assert (await get(api, "/api/v1/agents/agt-acme/telemetry", other))[0] == 404
+
+
+async def test_a_window_from_the_epoch_says_so_rather_than_null(api):
+    """Found by schemathesis: ``from=1.5`` aligns down to 0, and the answer's ``from`` was null, not a time."""
+    first, _ = await fleet(api)
+    status, body = await get(api, f"/api/v1/gpus/{first}/telemetry?from=1.5&to={T0 + 600:.0f}&step=1800000", api.auth)
+    assert status == 200, body
+    msgspec.convert(body, TelemetryView)
+    assert body["from"] == "1970-01-01T00:00:00.000Z"
