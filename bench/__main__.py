@@ -1,4 +1,4 @@
-"""``python -m bench fleet|ingest|api-pages|scheduler|offers|tunnel ...``: run a benchmark, print a table, write JSON."""
+"""``python -m bench fleet|ingest|api-pages|scheduler|offers|tunnel|history|alerts ...``: run one, print, write JSON."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from bench.alerts import AlertsBenchOptions, alerts_table, run_alerts_bench
 from bench.api_pages import api_pages_table
 from bench.api_pages import run as run_api_pages
 from bench.fleet import FleetOptions, run_fleet_bench
@@ -272,7 +273,7 @@ def _history_parser(sub: argparse._SubParsersAction) -> None:
     d = HistoryBenchOptions()
     p = sub.add_parser(
         "history",
-        help="telemetry history queries of one GPU among 80,000: p50/p99 for a week at 1 h and 1 min",
+        help="telemetry history queries of one GPU among 80,000 (and one host among 10,000): p50/p99 for a week",
         description="Seed a SQLite store with a week of one GPU's one-minute rollups (and its hours) among GPUs that "
         "all report, then time the history queries the API makes.",
     )
@@ -282,6 +283,7 @@ def _history_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--rounds", type=int, default=d.rounds, help=f"timed runs of each query (default {d.rounds})")
     p.add_argument("--seed", type=int, default=d.seed, help=f"seed of the generated values (default {d.seed})")
+    p.add_argument("--hosts", type=int, default=d.hosts, help=f"hosts reporting themselves (default {d.hosts})")
     p.add_argument("--no-loop", action="store_true", help="do not time a pass of the history loop over every GPU")
     p.add_argument("--json", type=Path, help="write the figures here")
     p.set_defaults(func=_run_history)
@@ -289,11 +291,40 @@ def _history_parser(sub: argparse._SubParsersAction) -> None:
 
 def _run_history(args: argparse.Namespace) -> int:
     options = HistoryBenchOptions(
-        gpus=args.gpus, filler_minutes=args.filler_minutes, rounds=args.rounds, seed=args.seed, loop=not args.no_loop
+        gpus=args.gpus,
+        filler_minutes=args.filler_minutes,
+        rounds=args.rounds,
+        seed=args.seed,
+        loop=not args.no_loop,
+        hosts=args.hosts,
     )
     result = run_history_bench(options)
     _write(args.json, result)
     print(history_table(result))
+    return 0
+
+
+def _alerts_parser(sub: argparse._SubParsersAction) -> None:
+    d = AlertsBenchOptions()
+    p = sub.add_parser(
+        "alerts",
+        help="one alert evaluation over 80,000 GPUs, quiet and with 1,000 hot",
+        description="A Master whose registry holds the fleet, every GPU reporting each round through the sample "
+        "listeners, the shipped alert rules evaluated once a round: time, series and points kept, memory.",
+    )
+    p.add_argument("--agents", type=int, default=d.agents, help=f"hosts (default {d.agents})")
+    p.add_argument("--gpus-per-agent", type=int, default=d.gpus_per_agent, help=f"GPUs per host (default {d.gpus_per_agent})")
+    p.add_argument("--hot", type=int, default=d.hot, help=f"GPUs overheating in the hot rounds (default {d.hot})")
+    p.add_argument("--rounds", type=int, default=d.rounds, help=f"evaluations per phase (default {d.rounds})")
+    p.add_argument("--json", type=Path, help="write the figures here")
+    p.set_defaults(func=_run_alerts)
+
+
+def _run_alerts(args: argparse.Namespace) -> int:
+    options = AlertsBenchOptions(agents=args.agents, gpus_per_agent=args.gpus_per_agent, hot=args.hot, rounds=args.rounds)
+    result = run_alerts_bench(options)
+    _write(args.json, result)
+    print(alerts_table(result))
     return 0
 
 
@@ -423,6 +454,7 @@ def build_parser() -> argparse.ArgumentParser:
     _offers_parser(sub)
     _tunnel_parser(sub)
     _history_parser(sub)
+    _alerts_parser(sub)
     return parser
 
 

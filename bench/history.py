@@ -13,6 +13,10 @@ decoded and merged into the step; ``answer``: that plus the API's view and its J
 GET /api/v1/gpus/{uuid}/telemetry does beyond HTTP). Windows: the week at step 1 h (hourly rollups, topped up from
 the minutes of the last hour) and at step 1 min (10,080 minutes), and the last day at 1 min. Target: p99 < 100 ms.
 The garbage collector is set as the management daemon sets it (common/heap.py).
+
+A host's own history is timed alike (``host_history``, the host telemetry answer's ``host_points``): one host gets a
+week of one-minute host rollups and their hours, every other host (``hosts`` in all) ``filler_minutes`` of them;
+the history loop's pass then covers every host too.
 """
 
 from __future__ import annotations
@@ -30,10 +34,17 @@ from typing import Any
 import msgspec
 
 from common.heap import tune_for_daemon
-from management.monitoring.history import GpuSeries, TelemetryHistory, gpu_history, resolution_of, window_of
+from management.monitoring.history import (
+    GpuSeries,
+    TelemetryHistory,
+    gpu_history,
+    host_history,
+    resolution_of,
+    window_of,
+)
 from management.views import telemetry_view
-from master.history import MINUTES_PER_HOUR, HistoryKeeper, downsample
-from master.records import TelemetryRollup
+from master.history import MINUTES_PER_HOUR, HistoryKeeper, downsample, downsample_host
+from master.records import HostRollup, TelemetryRollup
 from master.store import SqliteStore
 
 TARGET_P99_MS = 100.0
@@ -47,7 +58,8 @@ class HistoryBenchOptions:
     filler_minutes: int = 10
     rounds: int = 50
     seed: int = 1
-    loop: bool = True  # also time one pass of the history loop over every GPU
+    loop: bool = True  # also time one pass of the history loop over every GPU (and host)
+    hosts: int = 10_000  # hosts reporting themselves (host history), one of them with a whole week
 
 
 def _rollup(rng: random.Random, uuid: str, agent_id: str, minute: int) -> TelemetryRollup:
@@ -69,6 +81,52 @@ def _rollup(rng: random.Random, uuid: str, agent_id: str, minute: int) -> Teleme
         clock_mem_avg_mhz=2619.0,
         throttle_reasons=["gpu_idle"] if util < 5 else [],
     )
+
+
+def _host_rollup(rng: random.Random, agent_id: str, minute: int) -> HostRollup:
+    cpu = rng.random() * 100
+    ram = rng.randrange(8_192, 515_000)
+    return HostRollup(
+        agent_id=agent_id,
+        minute=minute,
+        samples=6,
+        cpu_pct_avg=round(cpu, 2),
+        cpu_pct_max=round(min(100.0, cpu + rng.random() * 20), 2),
+        load_1m_avg=round(cpu / 100 * 64, 2),
+        ram_used_mib_avg=float(ram),
+        ram_used_mib_max=ram + rng.randrange(0, 4_096),
+        ram_total_mib=515_000,
+        disk_used_gib=round(1_000 + rng.random() * 100, 2),
+        disk_free_gib_min=round(2_500 + rng.random() * 100, 2),
+        net_rx_bytes=rng.randrange(0, 60 * 1_250_000_000),  # up to 10 Gbit/s
+        net_tx_bytes=rng.randrange(0, 60 * 125_000_000),
+    )
+
+
+def _host_id(n: int) -> str:
+    return f"agt-{n:05d}"
+
+
+async def _seed_hosts(store: SqliteStore, options: HistoryBenchOptions, end_minute: int) -> tuple[str, dict[str, float]]:
+    """As ``_seed``, for hosts' own rollups: a week of one host among ``hosts``."""
+    rng = random.Random(options.seed + 1)
+    target = _host_id(options.hosts // 2)
+    began = time.perf_counter()
+    week = [_host_rollup(rng, target, m) for m in range(end_minute - WEEK_MINUTES, end_minute)]
+    for start in range(0, len(week), BATCH):
+        await store.host_rollups.put_many(week[start : start + BATCH])
+    hours = [h for h in downsample_host(week, MINUTES_PER_HOUR) if h.minute + MINUTES_PER_HOUR <= end_minute - 30]
+    await store.host_hourly_rollups.put_many(hours)
+    batch: list[HostRollup] = []
+    for n in range(options.hosts):
+        if n == options.hosts // 2:
+            continue
+        batch += [_host_rollup(rng, _host_id(n), m) for m in range(end_minute - options.filler_minutes, end_minute)]
+        if len(batch) >= BATCH:
+            await store.host_rollups.put_many(batch)
+            batch = []
+    await store.host_rollups.put_many(batch)
+    return target, {"seed_hosts_s": time.perf_counter() - began}
 
 
 def _uuid(n: int) -> str:
@@ -120,7 +178,15 @@ async def _time_loop(store: SqliteStore, options: HistoryBenchOptions, end_minut
     """One pass of the Master's history loop over every GPU, unpaced: the hour holding the last minutes downsampled
     (a read per GPU, the hours written in batches), then a retention delete per GPU of each resolution."""
     uuids = [_uuid(n) for n in range(options.gpus)]
-    keeper = HistoryKeeper(store, lambda: uuids, minute_retention_s=7 * 86400.0, hourly_retention_s=90 * 86400.0, duty=1.0)
+    hosts = [_host_id(n) for n in range(options.hosts)]
+    keeper = HistoryKeeper(
+        store,
+        lambda: uuids,
+        minute_retention_s=7 * 86400.0,
+        hourly_retention_s=90 * 86400.0,
+        duty=1.0,
+        agent_ids=lambda: hosts,
+    )
     now = (end_minute - end_minute % MINUTES_PER_HOUR + MINUTES_PER_HOUR) * 60.0 + 1
     began = time.perf_counter()
     done = await keeper.step(now)
@@ -134,6 +200,8 @@ async def _run(options: HistoryBenchOptions, directory: Path) -> dict[str, Any]:
         now = time.time()
         end_minute = int(now // 60)
         target, seeding = await _seed(store, options, end_minute)
+        host, host_seeding = await _seed_hosts(store, options, end_minute)
+        seeding |= host_seeding
         kept_since = end_minute - WEEK_MINUTES
         windows = {
             "week, step 1 h": (now - 7 * 86400, now, 3600),
@@ -163,6 +231,28 @@ async def _run(options: HistoryBenchOptions, directory: Path) -> dict[str, Any]:
                     "answer": await _timed(options.rounds, answer),
                 }
             )
+        for name, (since, until, step) in windows.items():
+            window = window_of(since, until, step, now=now)
+            resolution = resolution_of(window, minutes_kept_since=kept_since)
+            host_points = await host_history(store, host, window, minutes_kept_since=kept_since)
+
+            async def host_query(window: Any = window) -> list[HostRollup]:
+                return await host_history(store, host, window, minutes_kept_since=kept_since)
+
+            async def host_answer(window: Any = window, resolution: int = resolution) -> bytes:
+                found = await host_history(store, host, window, minutes_kept_since=kept_since)
+                history = TelemetryHistory("host", host, window, resolution, [], host_points=found)
+                return msgspec.json.encode(telemetry_view(history))
+
+            rows.append(
+                {
+                    "window": f"host {name}",
+                    "points": len(host_points),
+                    "resolution_s": resolution * 60,
+                    "query": await _timed(options.rounds, host_query),
+                    "answer": await _timed(options.rounds, host_answer),
+                }
+            )
         db_mib = sum(p.stat().st_size for p in directory.iterdir()) / 2**20
         result = {"options": asdict(options), "seeding": seeding, "store_mib": round(db_mib, 1), "rows": rows}
         if options.loop:
@@ -181,16 +271,17 @@ def run_history_bench(options: HistoryBenchOptions) -> dict[str, Any]:
 def history_table(result: dict[str, Any]) -> str:
     options = result["options"]
     lines = [
-        f"history: one GPU's week among {options['gpus']:,} GPUs ({options['filler_minutes']} minutes each), "
+        f"history: one GPU's week among {options['gpus']:,} GPUs, one host's among {options.get('hosts', 0):,} hosts "
+        f"({options['filler_minutes']} minutes each), "
         f"SQLite {result['store_mib']} MiB; seeded in {sum(result['seeding'].values()):.0f} s",
-        f"{'window':<18} {'points':>6} {'res':>5}  {'query p50':>9} {'p99':>7}  {'answer p50':>10} {'p99':>7}  target p99 < "
+        f"{'window':<23} {'points':>6} {'res':>5}  {'query p50':>9} {'p99':>7}  {'answer p50':>10} {'p99':>7}  target p99 < "
         f"{TARGET_P99_MS:g} ms",
     ]
     for row in result["rows"]:
         q, a = row["query"], row["answer"]
         ok = "ok" if a["p99_ms"] < TARGET_P99_MS else "OVER"
         lines.append(
-            f"{row['window']:<18} {row['points']:>6} {row['resolution_s']:>4}s  {q['p50_ms']:>8.1f}ms {q['p99_ms']:>6.1f}ms"
+            f"{row['window']:<23} {row['points']:>6} {row['resolution_s']:>4}s  {q['p50_ms']:>8.1f}ms {q['p99_ms']:>6.1f}ms"
             f"  {a['p50_ms']:>9.1f}ms {a['p99_ms']:>6.1f}ms  {ok}"
         )
     if "loop" in result:

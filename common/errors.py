@@ -135,11 +135,11 @@ class Fenced(IdlegridError):
     code = "fenced"
 
 
-class NotLeader(IdlegridError):
-    """This Master is a standby; ``leader_url`` (the leader's API, "" when unknown) is where to ask."""
+# --- backup and restore (master/backup.py, docs/backup.md) ---------------------------------------------------------
 
-    code = "not_leader"
 
-    def __init__(self, message: str, *, leader_url: str = "") -> None:
-        super().__init__(message)
-        self.leader_url = leader_url
+class BackupError(IdlegridError):
+    """A backup that cannot be made or restored: a truncated or altered archive, a schema newer than this idlegrid, a
+    target directory in use or not empty, an output file already there. The message says which, and what would do."""
+
+    code = "backup"

@@ -89,6 +89,7 @@ def _master_parser(sub: argparse._SubParsersAction) -> None:
     )
     _log_level(p, d.log_level)
     p.set_defaults(func=_run_master)
+    _master_backup_parsers(p)
 
 
 def _run_master(args: argparse.Namespace) -> int:
@@ -110,6 +111,101 @@ def _run_master(args: argparse.Namespace) -> int:
     setup_logging("master", config.log_level)
     tune_for_daemon()
     run_loop(serve_master(config))
+    return 0
+
+
+# --- master backup / restore (master/backup.py, docs/backup.md) ------------------------------------
+
+
+def _master_backup_parsers(p: argparse.ArgumentParser) -> None:
+    """``master backup`` and ``master restore``. Their options default to SUPPRESS, so --state-dir or --config given
+    before the subcommand (``idlegrid master --state-dir DIR backup``) is not reset by the subcommand's default."""
+    quiet: dict[str, Any] = {"default": argparse.SUPPRESS}
+    master_sub = p.add_subparsers(dest="master_command", metavar="{backup,restore}")
+    b = _parser(
+        master_sub,
+        "backup",
+        "back the Master's store and keys up into one archive, while it runs",
+        "Write one archive (tar.gz, 0600) of the Master's state: a consistent copy of its SQLite store, taken while "
+        "the Master runs and writes, its CA and keys (pki/), the operator key and console session key, and a "
+        "manifest with checksums. A Master on MongoDB: back its store up with mongodump and its keys with "
+        "--pki-only (docs/backup.md).\n"
+        "  idlegrid master backup --state-dir /var/lib/idlegrid/master --out master-backup.tar.gz",
+    )
+    b.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="the Master's TOML configuration, for its state_dir and store_url (default: none)",
+        **quiet,
+    )
+    b.add_argument("--state-dir", metavar="DIR", help="the Master's state directory (default: as the Master finds it)", **quiet)
+    b.add_argument("--store-url", metavar="URL", help="the Master's store URL (default: SQLite in the state directory)", **quiet)
+    b.add_argument("--out", type=Path, required=True, metavar="FILE", help="the archive to write (refused if it exists)")
+    b.add_argument("--force", action="store_true", help="replace --out if it exists (default: refuse)")
+    b.add_argument(
+        "--pki-only",
+        action="store_true",
+        help="only the keys and secrets, no store: a Master on MongoDB (default: the store too)",
+    )
+    b.set_defaults(func=_run_master_backup)
+    r = _parser(
+        master_sub,
+        "restore",
+        "restore a backup into a new state directory (the Master stopped)",
+        "Check a backup's checksums and schema version, then write its store and keys into --state-dir with the "
+        "modes they had. Refused into a directory that is not empty (unless --force) and while a Master runs on it. "
+        "Start the Master on that directory afterwards; an older schema is migrated then, as on any start.\n"
+        "  idlegrid master restore --from master-backup.tar.gz --state-dir /var/lib/idlegrid/master",
+    )
+    r.add_argument("--from", dest="archive", type=Path, required=True, metavar="FILE", help="the archive to restore")
+    r.add_argument("--state-dir", metavar="DIR", help="the directory to restore into (default: as the Master finds it)", **quiet)
+    r.add_argument(
+        "--config", type=Path, metavar="FILE", help="the Master's TOML configuration, for its state_dir (default: none)", **quiet
+    )
+    r.add_argument(
+        "--force", action="store_true", help="replace the store and keys in a directory that is not empty (default: refuse)"
+    )
+    r.set_defaults(func=_run_master_restore)
+
+
+def _backup_config(args: argparse.Namespace) -> Any:
+    from master.config import load_master_config
+
+    return load_master_config(
+        getattr(args, "config", None),
+        overrides={"state_dir": getattr(args, "state_dir", None), "store_url": getattr(args, "store_url", None)},
+    )
+
+
+def _run_master_backup(args: argparse.Namespace) -> int:
+    from master.backup import create_backup
+    from master.store import sqlite_path
+
+    config = _backup_config(args)
+    store_url = config.resolved_store_url()
+    store_path: Path | None = None
+    if not args.pki_only:
+        if not store_url.startswith("sqlite:"):
+            raise ConfigError(
+                "the store is not SQLite: back it up with mongodump (docs/backup.md) and this state directory's keys "
+                "with --pki-only"
+            )
+        store_path = Path(sqlite_path(store_url))
+    manifest = create_backup(config.state_path, args.out, store_path=store_path, idlegrid_version=_version(), force=args.force)
+    what = f"store (schema version {manifest.schema_version}) and " if store_path is not None else ""
+    print(f"backed up {what}{len(manifest.files) - (store_path is not None)} key and secret files to {args.out}")
+    return 0
+
+
+def _run_master_restore(args: argparse.Namespace) -> int:
+    from master.backup import restore_backup
+
+    config = _backup_config(args)
+    manifest = restore_backup(args.archive, config.state_path, force=args.force)
+    what = "store and keys" if manifest.store == "sqlite" else "keys (no store: restore it with mongorestore)"
+    print(f"restored the {what} of {args.archive} (idlegrid {manifest.idlegrid_version}) into {config.state_path}")
+    print(f"start the Master with: idlegrid master --state-dir {config.state_path}")
     return 0
 
 
@@ -549,7 +645,9 @@ def _command_name(args: argparse.Namespace) -> str:
         "host_command",
         "price_command",
         "alert_command",
+        "rule_command",
         "webhook_command",
+        "master_command",
     ):
         if getattr(args, attr, None):
             words.append(getattr(args, attr))

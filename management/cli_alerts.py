@@ -2,6 +2,8 @@
 
   idlegrid alert list [--phase firing|pending] [--severity S] [--rule NAME] [--recent N]
   idlegrid alert rules                         the rules in force and where each comes from (file | api)
+  idlegrid alert rule set NAME --metric M --op '>' --threshold X [--for 2m] [...]   (the operator)
+  idlegrid alert rule delete NAME              an API-put rule goes; the rules file's of that name applies again
   idlegrid alert silence --for 2h [--rule R] [--subject S] [--label K=V ...] [--comment TEXT]   (the operator)
   idlegrid alert silences [--all]              active silences (--all: expired ones too)
   idlegrid alert unsilence ID                  expire a silence now
@@ -32,9 +34,22 @@ def _label(text: str) -> tuple[str, str]:
 
 
 def _duration(text: str) -> float:
-    seconds = duration_s(text)
+    try:
+        seconds = duration_s(text)
+    except argparse.ArgumentTypeError:
+        seconds = None
     if seconds is None or seconds <= 0:
         raise argparse.ArgumentTypeError(f"{text!r}: a silence needs a duration, e.g. 30m, 2h, 1d")
+    return seconds
+
+
+def _seconds(text: str) -> float:
+    try:
+        seconds = duration_s(text)
+    except argparse.ArgumentTypeError:
+        seconds = None
+    if seconds is None:
+        raise argparse.ArgumentTypeError(f"{text!r}: write a duration, e.g. 0, 90s, 5m, 2h")
     return seconds
 
 
@@ -43,8 +58,9 @@ def _value(value: object) -> str:
 
 
 def _alert_rows(alerts: Sequence[Mapping[str, Any]]) -> str:
+    """One line an alert: its host and owner (provider, else renter) out of its labels; ``--json`` shows them all."""
     return table(
-        ["PHASE", "RULE", "SUBJECT", "VALUE", "SINCE", "FIRED", "LABELS"],
+        ["PHASE", "RULE", "SUBJECT", "VALUE", "SINCE", "FIRED", "HOST", "OWNER"],
         [
             [
                 a["phase"],
@@ -53,7 +69,8 @@ def _alert_rows(alerts: Sequence[Mapping[str, Any]]) -> str:
                 _value(a["value"]),
                 when(a["since"]),
                 when(a["fired_at"]),
-                ",".join(f"{k}={v}" for k, v in sorted(a["labels"].items()) if v) or None,
+                a["labels"].get("agent_id") or None,
+                a["labels"].get("provider") or a["labels"].get("renter") or None,
             ]
             for a in alerts
         ],
@@ -62,7 +79,7 @@ def _alert_rows(alerts: Sequence[Mapping[str, Any]]) -> str:
 
 def _transition_rows(transitions: Sequence[Mapping[str, Any]]) -> str:
     return table(
-        ["AT", "", "SEVERITY", "RULE", "SUBJECT", "VALUE", "SUMMARY"],
+        ["AT", "PHASE", "SEVERITY", "RULE", "SUBJECT", "VALUE", "SUMMARY"],
         [
             [when(t["at"]), t["phase"], t["severity"], t["rule"], t["subject"], _value(t["value"]), t["summary"]]
             for t in transitions
@@ -76,8 +93,8 @@ def _listing(recent: int) -> Callable[[Mapping[str, Any]], str]:
         parts = [_alert_rows(active) if active else "no alert is pending or firing"]
         shown = body["recent"][:recent]
         if shown:
-            parts.append(f"recent transitions (newest first, {len(shown)} of {len(body['recent'])}):")
-            parts.append(_transition_rows(shown))
+            heading = f"recent transitions (newest first, {len(shown)} of {len(body['recent'])}):"
+            parts.append(heading + "\n" + _transition_rows(shown))
         return "\n\n".join(parts)
 
     return render
@@ -144,7 +161,9 @@ def add_parsers(sub: argparse._SubParsersAction, parser: Parser) -> None:
         "alerts: what fires, rules, silences, webhooks",
         "What fires now and what fired lately; the rules in force; silences (the operator's); webhooks.",
     )
-    a_sub = alert.add_subparsers(dest="alert_command", required=True, metavar="{list,rules,silence,silences,unsilence,webhook}")
+    a_sub = alert.add_subparsers(
+        dest="alert_command", required=True, metavar="{list,rules,rule,silence,silences,unsilence,webhook}"
+    )
 
     listing = parser(a_sub, "list", "pending and firing alerts", "Pending and firing alerts you may see, and recent transitions.")
     listing.add_argument("--phase", choices=("pending", "firing"), help="only alerts in this phase (default: both)")
@@ -161,6 +180,42 @@ def add_parsers(sub: argparse._SubParsersAction, parser: Parser) -> None:
     )
     connection_options(rules)
     rules.set_defaults(func=_run_rules)
+
+    rule = parser(a_sub, "rule", "add, replace or delete a rule (the operator)", "Rules put through the API, beside the file's.")
+    r_sub = rule.add_subparsers(dest="rule_command", required=True, metavar="{set,delete}")
+    put = parser(
+        r_sub,
+        "set",
+        "add or replace a rule",
+        "Add a rule, or replace the one of that name (a file's rule too, until this one is deleted). It fires when "
+        "`METRIC OP THRESHOLD` has held --for; it clears once `METRIC OP CLEAR_THRESHOLD` no longer holds for "
+        "--clear-for (hysteresis). docs/monitoring.md lists every metric a rule can watch.\n"
+        "  idlegrid alert rule set hot_gpu --metric gpu.temperature_c --op '>' --threshold 80 --for 5m "
+        "--clear-threshold 75 --severity warning --summary 'GPU over 80 °C for 5 minutes'",
+    )
+    put.add_argument("name", metavar="NAME", help="lowercase letters, digits and _")
+    put.add_argument("--metric", required=True, help="what is watched, e.g. gpu.temperature_c")
+    put.add_argument("--op", required=True, choices=(">", ">=", "<", "<=", "==", "!="), help="the comparison")
+    put.add_argument("--threshold", type=float, required=True, help="the value that breaches")
+    put.add_argument(
+        "--for", dest="for_s", type=_seconds, default=0.0, metavar="DURATION", help="held this long first (default: 0, at once)"
+    )
+    put.add_argument(
+        "--clear-threshold", type=float, metavar="X", help="a firing alert clears past this (default: the threshold)"
+    )
+    put.add_argument("--clear-for", type=_seconds, default=0.0, metavar="DURATION", help="... for this long (default: 0)")
+    put.add_argument("--severity", choices=("info", "warning", "critical"), default="warning", help="(default: %(default)s)")
+    put.add_argument(
+        "--scope", default="gpu", help="what one alert is about: gpu, host, workload, fleet... (default: %(default)s)"
+    )
+    put.add_argument("--fault", action="store_true", help="while firing, the GPU is marked faulty (default: not)")
+    put.add_argument("--summary", default="", help="for the person who gets it (default: none)")
+    connection_options(put)
+    put.set_defaults(func=_run_rule_set)
+    delete = parser(r_sub, "delete", "delete a rule put through the API", "The rules file's rule of that name applies again.")
+    delete.add_argument("name", metavar="NAME")
+    connection_options(delete)
+    delete.set_defaults(func=_run_rule_delete)
 
     silence = parser(
         a_sub,
@@ -224,6 +279,36 @@ def _run_list(args: argparse.Namespace) -> int:
 def _run_rules(args: argparse.Namespace) -> int:
     client, _ = api_client(args)
     return _show(args, client.alert_rules(), _rule_rows)
+
+
+def _run_rule_set(args: argparse.Namespace) -> int:
+    client, _ = api_client(args)
+    spec = {
+        "metric": args.metric,
+        "op": args.op,
+        "threshold": args.threshold,
+        "for_s": args.for_s,
+        "clear_threshold": args.clear_threshold,
+        "clear_for_s": args.clear_for,
+        "severity": args.severity,
+        "scope": args.scope,
+        "fault": args.fault,
+        "summary": args.summary,
+    }
+    return _show(args, client.put_alert_rule(args.name, spec), lambda r: _rule_rows({"items": [r]}))
+
+
+def _run_rule_delete(args: argparse.Namespace) -> int:
+    client, _ = api_client(args)
+    body = client.delete_alert_rule(args.name)
+
+    def human(b: Mapping[str, Any]) -> str:
+        again = b["applies_now"]
+        return f"rule {b['deleted']} deleted" + (
+            "; the rules file's applies again:\n" + _rule_rows({"items": [again]}) if again else ""
+        )
+
+    return _show(args, body, human)
 
 
 def _run_silence(args: argparse.Namespace) -> int:

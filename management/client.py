@@ -297,6 +297,14 @@ class ApiCalls(Generic[R]):
     def alert_rules(self) -> R:
         return self.send(ApiRequest("GET", f"{API_PREFIX}/alert-rules"))
 
+    def put_alert_rule(self, name: str, rule: Mapping[str, Json]) -> R:
+        """Add or replace the rule ``name`` (the operator); it applies from the next evaluation."""
+        return self.send(ApiRequest("PUT", f"{API_PREFIX}/alert-rules/{_segment(name)}", body=dict(rule)))
+
+    def delete_alert_rule(self, name: str) -> R:
+        """Remove an API-put rule; the rules file's rule of that name, if any, applies again."""
+        return self.send(ApiRequest("DELETE", f"{API_PREFIX}/alert-rules/{_segment(name)}"))
+
     def silence(
         self,
         duration_s: float,

@@ -29,7 +29,7 @@ from management.market.market import Market
 from management.market.operations import FundsDetail, MarketOperations, RentalDetail
 from management.market.prices import HostPrice, PriceBook, PriceSetting, grid_default_of
 from management.monitoring.alert_loop import AlertLoop
-from management.monitoring.history import GpuSeries, TelemetryHistory, Window, gpu_history, resolution_of, window_of
+from management.monitoring.history import GpuSeries, TelemetryHistory, Window, gpu_history, host_history, resolution_of, window_of
 from management.monitoring.observe import FleetObserver
 from management.monitoring.report_source import ReportSource
 from management.monitoring.reports import Report
@@ -859,14 +859,15 @@ class Operations:
     async def host_telemetry(
         self, agent_id: str, *, from_s: float | None, to_s: float | None, step_s: int | None, owner: str | None = None
     ) -> TelemetryHistory:
-        """Every GPU of one host, a series each, and the host's latest sample of itself (its CPU, memory, disk and
-        network are not kept over time yet)."""
+        """Every GPU of one host, a series each; the host's own readings (CPU, memory, disk, network) at the same
+        step, and its latest sample of itself."""
         agent = self._owned_agent(agent_id, owner)
         window, kept_since = self._history_bounds(from_s, to_s, step_s)
         series = [await self._gpu_series(g, window, kept_since) for g in self._master.registry.gpus_of(agent.id)]
         resolution = resolution_of(window, minutes_kept_since=kept_since)
         host_latest = self._master.telemetry.latest_hosts.get(agent.id)
-        return TelemetryHistory("host", agent.id, window, resolution, series, host_latest=host_latest)
+        host_points = await host_history(self._master.store, agent.id, window, minutes_kept_since=kept_since)
+        return TelemetryHistory("host", agent.id, window, resolution, series, host_latest=host_latest, host_points=host_points)
 
     async def workload_telemetry(
         self,

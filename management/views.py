@@ -31,6 +31,7 @@ from master.records import (
     CommandRecord,
     EventRecord,
     GpuRecord,
+    HostRollup,
     LedgerEntry,
     PriceRecord,
     TelemetryRollup,
@@ -42,8 +43,12 @@ from master.reputation import reputation
 
 def rfc3339(ts: float | None) -> str | None:
     """Unix seconds as RFC 3339 UTC with milliseconds; None (null) for None or 0 (never)."""
-    if not ts:
-        return None
+    return instant(ts) if ts else None
+
+
+def instant(ts: float) -> str:
+    """Unix seconds as RFC 3339 UTC with milliseconds, the epoch included: for a window's bounds, where 0 is a time
+    someone asked for, not "never" (rfc3339's None)."""
     moment = datetime.fromtimestamp(ts, UTC)
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
@@ -486,16 +491,40 @@ def host_sample_view(sample: HostSample) -> dict[str, Any]:
     return view
 
 
+def _per_second(moved: int | None, minutes: int) -> float | None:
+    return None if moved is None else round(moved / (minutes * 60), 2)
+
+
+def host_point_view(point: HostRollup) -> dict[str, Any]:
+    """One step of a host's own history; network as bytes per second over the minutes it has data for."""
+    return {
+        "ts": minute_time(point.minute),
+        "minutes": point.minutes,
+        "samples": point.samples,
+        "cpu_pct_avg": point.cpu_pct_avg,
+        "cpu_pct_max": point.cpu_pct_max,
+        "load_1m_avg": point.load_1m_avg,
+        "ram_used_mib_avg": point.ram_used_mib_avg,
+        "ram_used_mib_max": point.ram_used_mib_max,
+        "ram_total_mib": point.ram_total_mib,
+        "disk_used_gib": point.disk_used_gib,
+        "disk_free_gib_min": point.disk_free_gib_min,
+        "net_rx_bytes_per_s": _per_second(point.net_rx_bytes, point.minutes),
+        "net_tx_bytes_per_s": _per_second(point.net_tx_bytes, point.minutes),
+    }
+
+
 def telemetry_view(history: TelemetryHistory) -> dict[str, Any]:
     window = history.window
     return {
         "subject": history.subject,
         "id": history.subject_id,
-        "from": rfc3339(window.since_minute * 60.0),
-        "to": rfc3339(window.until_minute * 60.0),
+        "from": instant(window.since_minute * 60.0),
+        "to": instant(window.until_minute * 60.0),
         "step_s": window.step_minutes * 60,
         "resolution_s": history.resolution_minutes * 60,
         "host": host_sample_view(history.host_latest) if history.host_latest is not None else None,
+        "host_points": None if history.host_points is None else [host_point_view(p) for p in history.host_points],
         "series": [
             {
                 "gpu_uuid": s.gpu_uuid,

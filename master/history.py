@@ -9,14 +9,16 @@ second run over one hour rewrites the same record), and then what is past retent
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import pairwise
+from typing import TypeVar
 
 from master.batches import DUTY, write_paced
-from master.records import TelemetryRollup
+from master.records import HostRollup, TelemetryRollup
 from master.store.base import Store
 
 MINUTES_PER_HOUR = 60
+Rollup = TypeVar("Rollup", TelemetryRollup, HostRollup)
 
 
 def hour_start(minute: int) -> int:
@@ -75,31 +77,81 @@ def merge_rollups(rollups: Sequence[TelemetryRollup], minute: int) -> TelemetryR
 def downsample(rollups: Sequence[TelemetryRollup], step_minutes: int) -> list[TelemetryRollup]:
     """One GPU's rollups merged into one per ``step_minutes`` bucket (aligned to the epoch), ascending; empty
     buckets are left out. ``rollups`` in ascending minute, as the store lists them."""
+    return _bucketed(rollups, step_minutes, merge_rollups)
+
+
+def _bucketed(rollups: Sequence[Rollup], step_minutes: int, merge: Callable[[Sequence[Rollup], int], Rollup]) -> list[Rollup]:
+    """``downsample``'s work for either kind of rollup, each merged by its own ``merge``."""
     if step_minutes < 1:
         raise ValueError("step_minutes must be at least 1")
     if step_minutes == 1 and all(a.minute < b.minute and b.minutes == 1 for a, b in pairwise(rollups)):
         if not rollups or rollups[0].minutes == 1:
             return list(rollups)  # one-minute rollups of distinct minutes: each is its own step already
-    buckets: list[TelemetryRollup] = []
-    run: list[TelemetryRollup] = []
+    buckets: list[Rollup] = []
+    run: list[Rollup] = []
     start = 0
     for rollup in rollups:
         bucket = rollup.minute - rollup.minute % step_minutes
         if run and bucket != start:
-            buckets.append(run[0] if len(run) == 1 and run[0].minute == start else merge_rollups(run, start))
+            buckets.append(run[0] if len(run) == 1 and run[0].minute == start else merge(run, start))
             run = []
         start = bucket
         run.append(rollup)
     if run:
-        buckets.append(run[0] if len(run) == 1 and run[0].minute == start else merge_rollups(run, start))
+        buckets.append(run[0] if len(run) == 1 and run[0].minute == start else merge(run, start))
     return buckets
+
+
+# --- a host's own history: CPU, memory, disk, network (HostRollup) --------------------------------------------------
+
+
+def _lowest(values: Iterable[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return min(present) if present else None
+
+
+def _total(values: Iterable[int | None]) -> int | None:
+    present = [v for v in values if v is not None]
+    return sum(present) if present else None
+
+
+def merge_host_rollups(rollups: Sequence[HostRollup], minute: int) -> HostRollup:
+    """One host rollup standing for ``rollups`` (of one host, in any order), dated ``minute``: averages weighted by
+    samples, maxima the highest, free disk the lowest, bytes moved added up, the total memory the latest reading;
+    ``minutes`` adds up, so gaps show. ValueError for none."""
+    if not rollups:
+        raise ValueError("merge_host_rollups needs at least one rollup")
+    latest_total = [r.ram_total_mib for r in sorted(rollups, key=lambda r: r.minute) if r.ram_total_mib is not None]
+    ram_max = _highest(r.ram_used_mib_max for r in rollups)
+    return HostRollup(
+        agent_id=rollups[0].agent_id,
+        minute=minute,
+        samples=sum(r.samples for r in rollups),
+        minutes=sum(r.minutes for r in rollups),
+        cpu_pct_avg=_weighted((r.cpu_pct_avg, r.samples) for r in rollups),
+        cpu_pct_max=_highest(r.cpu_pct_max for r in rollups),
+        load_1m_avg=_weighted((r.load_1m_avg, r.samples) for r in rollups),
+        ram_used_mib_avg=_weighted((r.ram_used_mib_avg, r.samples) for r in rollups),
+        ram_used_mib_max=None if ram_max is None else int(ram_max),
+        ram_total_mib=latest_total[-1] if latest_total else None,
+        disk_used_gib=_highest(r.disk_used_gib for r in rollups),
+        disk_free_gib_min=_lowest(r.disk_free_gib_min for r in rollups),
+        net_rx_bytes=_total(r.net_rx_bytes for r in rollups),
+        net_tx_bytes=_total(r.net_tx_bytes for r in rollups),
+    )
+
+
+def downsample_host(rollups: Sequence[HostRollup], step_minutes: int) -> list[HostRollup]:
+    """One host's rollups merged into one per ``step_minutes`` bucket, as ``downsample`` does a GPU's."""
+    return _bucketed(rollups, step_minutes, merge_host_rollups)
 
 
 @dataclass
 class HistoryKeeper:
     """The Master's history loop: downsampling finished hours, and retention.
 
-    ``gpu_uuids``: the GPUs to keep history for (the registry's, read at each step). ``done_until``: the first
+    ``gpu_uuids``: the GPUs to keep history for (the registry's, read at each step); ``agent_ids``: the hosts whose
+    own history (HostRollup) is kept alike, hours downsampled and retention applied. ``done_until``: the first
     hour (as a minute) not yet downsampled by this process; on start, the hour before the current one is done
     again (its minutes may have come in while no Master ran), which an upsert makes harmless."""
 
@@ -109,16 +161,19 @@ class HistoryKeeper:
     hourly_retention_s: float
     done_until: int | None = None
     duty: float = DUTY
+    agent_ids: Callable[[], Collection[str]] = field(default=lambda: ())
 
     async def step(self, now: float) -> dict[str, int]:
         """Downsample every finished hour not yet done and, when there was one, delete what is past retention;
-        returns counts."""
+        returns counts (GPUs' and hosts' together)."""
         current_hour = hour_start(int(now // 60))
         first = self.done_until if self.done_until is not None else current_hour - MINUTES_PER_HOUR
         uuids = sorted(self.gpu_uuids())
+        agent_ids = sorted(self.agent_ids())
         hours = written = 0
         for hour in range(first, current_hour, MINUTES_PER_HOUR):
             written += await self._downsample_hour(uuids, hour)
+            written += await self._downsample_host_hour(agent_ids, hour)
             hours += 1
             self.done_until = hour + MINUTES_PER_HOUR
         if self.done_until is None:
@@ -128,6 +183,7 @@ class HistoryKeeper:
             minute_cutoff = int((now - self.minute_retention_s) // 60)
             hour_cutoff = hour_start(int((now - self.hourly_retention_s) // 60))
             deleted = await self._delete(uuids, minute_cutoff, hour_cutoff)
+            deleted += await self._delete_hosts(agent_ids, minute_cutoff, hour_cutoff)
         return {"hours": hours, "hourly_rollups": written, "deleted": deleted}
 
     async def _downsample_hour(self, uuids: Sequence[str], hour: int) -> int:
@@ -155,4 +211,34 @@ class HistoryKeeper:
             deleted += await self.store.hourly_rollups.delete_before(batch, hour_cutoff)
 
         await write_paced(uuids, delete, duty=self.duty)
+        return deleted
+
+    # --- a host's own history, hour and retention alike ---
+
+    async def _downsample_host_hour(self, agent_ids: Sequence[str], hour: int) -> int:
+        written = 0
+
+        async def write(batch: Sequence[str]) -> None:
+            nonlocal written
+            merged = []
+            for agent_id in batch:
+                until = hour + MINUTES_PER_HOUR
+                minutes = await self.store.host_rollups.list(agent_id, since_minute=hour, until_minute=until)
+                if minutes:
+                    merged.append(merge_host_rollups(minutes, hour))
+            await self.store.host_hourly_rollups.put_many(merged)
+            written += len(merged)
+
+        await write_paced(agent_ids, write, duty=self.duty)
+        return written
+
+    async def _delete_hosts(self, agent_ids: Sequence[str], minute_cutoff: int, hour_cutoff: int) -> int:
+        deleted = 0
+
+        async def delete(batch: Sequence[str]) -> None:
+            nonlocal deleted
+            deleted += await self.store.host_rollups.delete_before(batch, minute_cutoff)
+            deleted += await self.store.host_hourly_rollups.delete_before(batch, hour_cutoff)
+
+        await write_paced(agent_ids, delete, duty=self.duty)
         return deleted

@@ -59,7 +59,8 @@ class FleetGauges(Collector):
     """The fleet counted when scraped, by bounded labels: GPUs by state, tier, region and model; their mean
     utilization and memory use, hottest temperature, idle rented GPUs and GPUs with new uncorrectable ECC errors
     by tier, region and model; faulty GPUs by fault kind; agents by state and region and the longest silence of
-    an offline one; open commands by state; relays linked. One pass over agents and GPUs, nothing from the store.
+    an offline one; hosts under their hardware tier's network floor by region; open commands by state; relays
+    linked. One pass over agents and GPUs, nothing from the store.
 
     ``per_gpu`` (the Master's ``metrics_per_gpu`` setting) adds series per GPU (utilization, memory, temperature,
     labelled by uuid): 80,000 GPUs make 240,000 series, so it is for small fleets or a Prometheus sized for it."""
@@ -74,9 +75,11 @@ class FleetGauges(Collector):
         latest: Callable[[], Mapping[str, GpuSample]] = dict,
         per_gpu: bool = False,
         clock: Callable[[], float] = time.time,
+        below_network_floor: Callable[[], Iterable[AgentRecord]] = tuple,
     ) -> None:
         self._agents, self._gpus, self._open_commands, self._relays = agents, gpus, open_commands, relays
         self._latest, self._per_gpu, self._clock = latest, per_gpu, clock
+        self._below_network_floor = below_network_floor  # hosts under their hardware tier's floor (master/network_floors.py)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         now = self._clock()
@@ -108,6 +111,19 @@ class FleetGauges(Collector):
             offline_longest.add_metric([region], max(0.0, seconds))
         yield agents
         yield offline_longest
+
+        below = GaugeMetricFamily(
+            "idlegrid_hosts_below_network_floor",
+            "Hosts whose measured bandwidth is under the network floor of the tier their GPUs' hardware earns",
+            labels=["region"],
+        )
+        below_by_region = dict.fromkeys(sorted(set(regions.values())), 0)
+        for agent in self._below_network_floor():
+            region = agent.region or NO_REGION
+            below_by_region[region] = below_by_region.get(region, 0) + 1
+        for region, n in below_by_region.items():
+            below.add_metric([region], n)
+        yield below
 
         yield from self._gpu_families(regions)
 

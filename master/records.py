@@ -199,6 +199,33 @@ class TelemetryRollup(msgspec.Struct, kw_only=True):
     throttle_reasons: list[str] = msgspec.field(default_factory=list)
 
 
+# --- host telemetry history: a host's own CPU, memory, disk and network over time (docs/monitoring.md) -------------
+
+
+class HostRollup(msgspec.Struct, kw_only=True):
+    """One minute of one host's readings of itself (common.inventory.HostSample), or (in the hourly host rollups) one
+    hour of it made of its minutes. Averages are over the samples that carry the reading; None: no sample did.
+
+    ``net_rx_bytes``/``net_tx_bytes``: the bytes moved in the span, the sum of the counters' steps between
+    consecutive samples (each step counted in the later sample's minute; a counter that went backwards, a reboot,
+    counts 0 for that step); None where no step had both counters. A rate is bytes / (minutes * 60)."""
+
+    agent_id: str
+    minute: int  # unix time // 60; an hourly rollup's is the first minute of its hour (a multiple of 60)
+    samples: int
+    minutes: int = 1  # how many one-minute host rollups this one summarizes
+    cpu_pct_avg: float | None = None
+    cpu_pct_max: float | None = None
+    load_1m_avg: float | None = None
+    ram_used_mib_avg: float | None = None
+    ram_used_mib_max: int | None = None
+    ram_total_mib: int | None = None  # the latest reading
+    disk_used_gib: float | None = None  # the highest
+    disk_free_gib_min: float | None = None
+    net_rx_bytes: int | None = None
+    net_tx_bytes: int | None = None
+
+
 # --- workloads: what a renter asks to run, and what became of it -------------------------------------------------
 # The spec is checked here for shape and bounds (every error names its field, e.g. ``$.replica.gpus``); what it
 # names against the Master's configuration (GPU models in the catalog, tiers in the policy, priority classes) is

@@ -253,6 +253,14 @@ class Registry:
             await self.save(agent)
             await self.settle_gpus(agent)
 
+    def last_relays(self) -> set[str]:
+        """The relays the agents (retired ones aside) last came through, whether still connected or not."""
+        return {
+            relay
+            for agent_id, relay in self._last_relay.items()
+            if relay and (agent := self.agents.get(agent_id)) is not None and agent.state != AgentState.RETIRED.value
+        }
+
     async def _record_relay_change(self, agent: AgentRecord, relay: str, *, relay_region: str) -> None:
         """An agent that shows up through another relay than before failed over (or was moved): an event says so."""
         previous = self._last_relay.get(agent.id)

@@ -67,6 +67,7 @@ from master.leadership import Leadership, LeaseTiming, Role
 from master.link import AccessLink, RelayHub
 from master.loops import Loop
 from master.metrics import FleetGauges, MasterMetrics
+from master.network_floors import NetworkFloors
 from master.records import (
     AgentRecord,
     ApiKeyRecord,
@@ -137,7 +138,9 @@ class Master:
             lambda: self.registry.gpus.keys(),
             minute_retention_s=self.config.history_minute_retention_s,
             hourly_retention_s=self.config.history_hourly_retention_s,
+            agent_ids=lambda: self.registry.agents.keys(),  # hosts' own history
         )
+        self.network_floors = NetworkFloors(self.policy)  # hosts kept from a tier by their bandwidth (metrics)
         self.accounts = AccountBook(self.store)
         self.enrollment = Enrollment(self.store, self.authority.ca, cert_validity_s=config.agent_cert_s)
         self.hub = RelayHub(
@@ -169,6 +172,9 @@ class Master:
                 lambda: len(self.hub.links),
                 latest=lambda: self.telemetry.latest,
                 per_gpu=config.metrics_per_gpu,
+                below_network_floor=lambda: [
+                    short.agent for short in self.network_floors.shortfalls(self.registry.agents.values(), self.registry.gpus_of)
+                ],
             )
         )
         self.ledger.on_final = self._command_finished

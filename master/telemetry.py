@@ -1,74 +1,209 @@
 """Telemetry: the latest sample of every GPU in memory, one-minute rollups persisted, and a short ring of recent
-samples for the GPUs of the few hosts someone is watching (the console's live charts)."""
+samples for the GPUs of the few hosts someone is watching (the console's live charts). Each host's readings of
+itself (CPU, memory, disk, network) are rolled up by the minute alike (HostRollup)."""
 
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+import msgspec
+
 from common.inventory import GpuSample, HostSample
 from master.batches import DUTY, write_paced
-from master.records import TelemetryRollup
+from master.records import HostRollup, TelemetryRollup
 from master.store.base import Store
+
+# The figures of one GPU's minute, kept in one array of doubles rather than one Python number object each: 80,000
+# GPUs hold two minutes each at a flush (the open one and the one ended), and the objects cost more than the numbers
+# (an array of 18 is ~210 bytes; 18 float and int attributes were ~700, a third of the Master's memory per agent).
+# Integers up to 2**53 are exact as doubles, far beyond any MiB sum or error counter of a minute.
+(
+    _SAMPLES,
+    _UTIL_SUM,
+    _UTIL_MAX,
+    _MEM_SUM,
+    _MEM_MAX,
+    _TEMP_SUM,
+    _TEMP_N,
+    _TEMP_MAX,
+    _POWER_SUM,
+    _POWER_N,
+    _POWER_MAX,
+    _CLOCK_SM_SUM,
+    _CLOCK_SM_N,
+    _CLOCK_MEM_SUM,
+    _CLOCK_MEM_N,
+    _ECC_CORRECTED,
+    _ECC_UNCORRECTED,
+    _XID_COUNT,
+) = range(18)
+_EMPTY_MINUTE = array("d", bytes(18 * 8))
 
 
 @dataclass(slots=True)
 class _Minute:
-    """One GPU's samples of one minute, summed up as they come."""
+    """One GPU's samples of one minute, summed up as they come (the figures in ``v``, indexed by the names above; a
+    maximum means nothing while its count is 0). ``throttle_reasons``: None until a sample names one."""
 
     uuid: str
     agent_id: str
     minute: int
-    samples: int = 0
-    util_sum: float = 0.0
-    util_max: float = 0.0
-    mem_max: int = 0
-    temp_max: float | None = None
-    power_sum: float = 0.0
-    power_n: int = 0
-    power_max: float | None = None
-    ecc_uncorrected: int = 0
-    mem_sum: int = 0
-    temp_sum: float = 0.0
-    temp_n: int = 0
-    clock_sm_sum: int = 0
-    clock_sm_n: int = 0
-    clock_mem_sum: int = 0
-    clock_mem_n: int = 0
-    ecc_corrected: int = 0
-    xid_count: int = 0
-    throttle_reasons: set[str] = field(default_factory=set)
+    v: array[float] = field(default_factory=lambda: array("d", _EMPTY_MINUTE))
+    throttle_reasons: set[str] | None = None
 
     def add(self, s: GpuSample) -> None:
-        self.samples += 1
-        self.util_sum += s.utilization_pct
-        if s.utilization_pct > self.util_max:
-            self.util_max = s.utilization_pct
-        if s.memory_used_mib > self.mem_max:
-            self.mem_max = s.memory_used_mib
-        if s.temperature_c is not None and (self.temp_max is None or s.temperature_c > self.temp_max):
-            self.temp_max = s.temperature_c
-        if s.power_w is not None:
-            self.power_sum += s.power_w
-            self.power_n += 1
-            if self.power_max is None or s.power_w > self.power_max:
-                self.power_max = s.power_w
-        if s.ecc_uncorrected > self.ecc_uncorrected:
-            self.ecc_uncorrected = s.ecc_uncorrected
-        self.mem_sum += s.memory_used_mib
-        if s.temperature_c is not None:
-            self.temp_sum += s.temperature_c
-            self.temp_n += 1
+        v = self.v
+        v[_SAMPLES] += 1
+        utilization = s.utilization_pct
+        v[_UTIL_SUM] += utilization
+        if utilization > v[_UTIL_MAX]:
+            v[_UTIL_MAX] = utilization
+        memory = s.memory_used_mib
+        v[_MEM_SUM] += memory
+        if memory > v[_MEM_MAX]:
+            v[_MEM_MAX] = memory
+        temperature = s.temperature_c
+        if temperature is not None:
+            if not v[_TEMP_N] or temperature > v[_TEMP_MAX]:
+                v[_TEMP_MAX] = temperature
+            v[_TEMP_SUM] += temperature
+            v[_TEMP_N] += 1
+        power = s.power_w
+        if power is not None:
+            if not v[_POWER_N] or power > v[_POWER_MAX]:
+                v[_POWER_MAX] = power
+            v[_POWER_SUM] += power
+            v[_POWER_N] += 1
         if s.clock_sm_mhz is not None:
-            self.clock_sm_sum += s.clock_sm_mhz
-            self.clock_sm_n += 1
+            v[_CLOCK_SM_SUM] += s.clock_sm_mhz
+            v[_CLOCK_SM_N] += 1
         if s.clock_mem_mhz is not None:
-            self.clock_mem_sum += s.clock_mem_mhz
-            self.clock_mem_n += 1
-        self.ecc_corrected = max(self.ecc_corrected, s.ecc_corrected)
-        self.xid_count = max(self.xid_count, s.xid_count)
-        self.throttle_reasons.update(s.throttle_reasons)
+            v[_CLOCK_MEM_SUM] += s.clock_mem_mhz
+            v[_CLOCK_MEM_N] += 1
+        if s.ecc_corrected > v[_ECC_CORRECTED]:
+            v[_ECC_CORRECTED] = s.ecc_corrected
+        if s.ecc_uncorrected > v[_ECC_UNCORRECTED]:
+            v[_ECC_UNCORRECTED] = s.ecc_uncorrected
+        if s.xid_count > v[_XID_COUNT]:
+            v[_XID_COUNT] = s.xid_count
+        if s.throttle_reasons:
+            if self.throttle_reasons is None:
+                self.throttle_reasons = set(s.throttle_reasons)
+            else:
+                self.throttle_reasons.update(s.throttle_reasons)
+
+
+# A step of a host's network counters over a longer gap than this (the host, its link or the Master was away) is not
+# counted: its bytes cannot be placed in one minute, and counted in the later sample's they would show as a spike.
+NET_STEP_MAX_S = 300.0
+
+
+# What a host says of itself is taken from an untrusted host, and one rollup the store refuses (an integer beyond 64
+# bits, an infinite average) would hold every host's minutes back at each flush. So a reading outside these bounds is
+# taken as not said, a sample dated outside them is dropped, and a counter step faster than NET_MAX_BYTES_PER_S (8
+# Tbit/s, every NIC of a large host at once) is not counted.
+READING_MAX = 1e12  # percent, load, MiB, GiB: far above any real host's
+COUNTER_MAX = 2**64  # the network counters are unsigned 64-bit
+TS_MAX = 1e11  # unix seconds (the year 5138), as the API's windows are bounded
+NET_MAX_BYTES_PER_S = 1e12
+_READINGS = ("cpu_pct", "load_1m", "ram_used_mib", "ram_total_mib", "disk_used_gib", "disk_free_gib")
+_COUNTERS = ("net_rx_bytes", "net_tx_bytes")
+
+
+def plausible(sample: HostSample) -> HostSample | None:
+    """``sample`` with its out-of-bounds readings as None; None for a sample dated outside [0, TS_MAX)."""
+    if not 0 <= sample.ts < TS_MAX:
+        return None
+    unsaid: dict[str, None] = {}
+    for name in _READINGS:
+        value = getattr(sample, name)
+        if value is not None and not 0 <= value <= READING_MAX:
+            unsaid[name] = None
+    for name in _COUNTERS:
+        value = getattr(sample, name)
+        if value is not None and not 0 <= value < COUNTER_MAX:
+            unsaid[name] = None
+    return msgspec.structs.replace(sample, **unsaid) if unsaid else sample
+
+
+def counter_step(previous: int | None, current: int | None, gap_s: float) -> int | None:
+    """The bytes a counter since boot moved between two consecutive samples ``gap_s`` apart: None where either
+    reading is missing, the gap is too long to place them or the step too large to be real; 0 where it went
+    backwards (the host rebooted)."""
+    if previous is None or current is None or gap_s > NET_STEP_MAX_S:
+        return None
+    step = max(0, current - previous)
+    return None if step > NET_MAX_BYTES_PER_S * max(gap_s, 1.0) else step
+
+
+@dataclass(slots=True)
+class _HostMinute:
+    """One host's samples of itself in one minute, summed up as they come (about 300 bytes: docs/monitoring.md)."""
+
+    agent_id: str
+    minute: int
+    samples: int = 0
+    last_ts: float = 0.0  # the latest sample's: its total memory is the minute's
+    cpu_sum: float = 0.0
+    cpu_n: int = 0
+    cpu_max: float | None = None
+    load_sum: float = 0.0
+    load_n: int = 0
+    ram_sum: int = 0
+    ram_n: int = 0
+    ram_max: int | None = None
+    ram_total: int | None = None
+    disk_used_max: float | None = None
+    disk_free_min: float | None = None
+    net_rx: int | None = None
+    net_tx: int | None = None
+
+    def add(self, s: HostSample, rx: int | None, tx: int | None) -> None:
+        self.samples += 1
+        if s.cpu_pct is not None:
+            self.cpu_sum += s.cpu_pct
+            self.cpu_n += 1
+            if self.cpu_max is None or s.cpu_pct > self.cpu_max:
+                self.cpu_max = s.cpu_pct
+        if s.load_1m is not None:
+            self.load_sum += s.load_1m
+            self.load_n += 1
+        if s.ram_used_mib is not None:
+            self.ram_sum += s.ram_used_mib
+            self.ram_n += 1
+            if self.ram_max is None or s.ram_used_mib > self.ram_max:
+                self.ram_max = s.ram_used_mib
+        if s.ram_total_mib is not None and s.ts >= self.last_ts:
+            self.ram_total = s.ram_total_mib
+        self.last_ts = max(self.last_ts, s.ts)
+        if s.disk_used_gib is not None and (self.disk_used_max is None or s.disk_used_gib > self.disk_used_max):
+            self.disk_used_max = s.disk_used_gib
+        if s.disk_free_gib is not None and (self.disk_free_min is None or s.disk_free_gib < self.disk_free_min):
+            self.disk_free_min = s.disk_free_gib
+        if rx is not None:
+            self.net_rx = (self.net_rx or 0) + rx
+        if tx is not None:
+            self.net_tx = (self.net_tx or 0) + tx
+
+    def rollup(self) -> HostRollup:
+        return HostRollup(
+            agent_id=self.agent_id,
+            minute=self.minute,
+            samples=self.samples,
+            cpu_pct_avg=round(self.cpu_sum / self.cpu_n, 2) if self.cpu_n else None,
+            cpu_pct_max=self.cpu_max,
+            load_1m_avg=round(self.load_sum / self.load_n, 2) if self.load_n else None,
+            ram_used_mib_avg=round(self.ram_sum / self.ram_n, 2) if self.ram_n else None,
+            ram_used_mib_max=self.ram_max,
+            ram_total_mib=self.ram_total,
+            disk_used_gib=self.disk_used_max,
+            disk_free_gib_min=self.disk_free_min,
+            net_rx_bytes=self.net_rx,
+            net_tx_bytes=self.net_tx,
+        )
 
 
 # The live charts' memory, bounded twice: a ring of at most RECENT_SAMPLES samples per GPU, kept only for the GPUs of
@@ -132,7 +267,7 @@ class RecentSamples:
 class TelemetryAggregator:
     """Memory: one open minute per GPU (``_open``, by UUID); a sample of a later minute moves the open one to
     ``_ended``, by (UUID, minute), until the next flush writes it. A late sample (out of order) of an ended minute
-    is added to it there."""
+    is added to it there. A host's own samples are rolled up alike, by agent id (``_host_open``, ``_host_ended``)."""
 
     store: Store
     latest: dict[str, GpuSample] = field(default_factory=dict)
@@ -140,14 +275,44 @@ class TelemetryAggregator:
     _ended: dict[tuple[str, int], _Minute] = field(default_factory=dict)
     _unwritten: list[TelemetryRollup] = field(default_factory=list)  # a failed flush's rest, tried again first
     recent: RecentSamples = field(default_factory=RecentSamples)  # the watched hosts' recent samples
-    # Each host's latest sample of itself (CPU, memory, disk, network), by agent id; not kept over time yet.
+    # Each host's latest sample of itself (CPU, memory, disk, network), by agent id; also the previous counters its
+    # next sample's network bytes are counted from.
     latest_hosts: dict[str, HostSample] = field(default_factory=dict)
+    # A host's minutes, as the GPUs' above: one open per host, the ended ones until the next flush writes them.
+    _host_open: dict[str, _HostMinute] = field(default_factory=dict)
+    _host_ended: dict[tuple[str, int], _HostMinute] = field(default_factory=dict)
+    _host_unwritten: list[HostRollup] = field(default_factory=list)
 
     def ingest_host(self, agent_id: str, sample: HostSample) -> None:
-        """Keep ``sample`` as the host's latest, unless a later one is kept already (a late or repeated frame)."""
+        """Add ``sample`` to the host's minute, and keep it as the host's latest unless a later one is kept already
+        (a late frame: added to its own minute, its network counters not counted; a repeated one: ignored). Readings
+        out of bounds are taken as not said (``plausible``)."""
+        checked = plausible(sample)
+        if checked is None:
+            return
+        sample = checked
         kept = self.latest_hosts.get(agent_id)
+        if kept is not None and sample.ts == kept.ts:
+            return
+        rx = tx = None
         if kept is None or sample.ts > kept.ts:
             self.latest_hosts[agent_id] = sample
+            if kept is not None:
+                gap = sample.ts - kept.ts
+                rx = counter_step(kept.net_rx_bytes, sample.net_rx_bytes, gap)
+                tx = counter_step(kept.net_tx_bytes, sample.net_tx_bytes, gap)
+        number = int(sample.ts // 60)
+        minute = self._host_open.get(agent_id)
+        if minute is None or minute.minute < number:
+            if minute is not None:
+                self._host_ended[(agent_id, minute.minute)] = minute
+            minute = self._host_open[agent_id] = _HostMinute(agent_id, number)
+        elif minute.minute > number:
+            ended = self._host_ended.get((agent_id, number))
+            if ended is None:
+                ended = self._host_ended[(agent_id, number)] = _HostMinute(agent_id, number)
+            minute = ended
+        minute.add(sample, rx, tx)
 
     def ingest(self, agent_id: str, samples: Iterable[GpuSample]) -> None:
         batch = list(samples)
@@ -211,27 +376,67 @@ class TelemetryAggregator:
             for minute in done[consumed:]:  # not reached: written by the next flush
                 self._ended[(minute.uuid, minute.minute)] = minute
             raise
+        return written + await self._flush_hosts(current, everything=everything, duty=duty)
+
+    async def _flush_hosts(self, current: int, *, everything: bool, duty: float) -> int:
+        """``flush`` for the hosts' own minutes, paced and retried alike; returns how many host rollups were written."""
+        over = [m for m in self._host_open.values() if everything or m.minute < current]
+        for minute in over:
+            del self._host_open[minute.agent_id]
+        done = [*self._host_ended.values(), *over]
+        self._host_ended = {}
+        retry, self._host_unwritten = self._host_unwritten, []
+        written = consumed = 0
+
+        async def put(rollups: list[HostRollup]) -> None:
+            nonlocal written
+            try:
+                await self.store.host_rollups.put_many(rollups)
+            except BaseException:
+                self._host_unwritten.extend(rollups)
+                raise
+            written += len(rollups)
+
+        async def write(minutes: Sequence[_HostMinute]) -> None:
+            nonlocal consumed
+            consumed += len(minutes)
+            await put([m.rollup() for m in minutes])
+
+        try:
+            if retry:
+                await put(retry)
+            await write_paced(done, write, duty=duty)
+        except BaseException:
+            for minute in done[consumed:]:
+                self._host_ended[(minute.agent_id, minute.minute)] = minute
+            raise
         return written
 
     @staticmethod
     def _rollup(m: _Minute) -> TelemetryRollup:
+        v = m.v
+        samples = int(v[_SAMPLES])
+
+        def mean(total: int, count: int) -> float | None:
+            return round(v[total] / v[count], 2) if v[count] else None
+
         return TelemetryRollup(
             gpu_uuid=m.uuid,
             agent_id=m.agent_id,
             minute=m.minute,
-            samples=m.samples,
-            utilization_avg=round(m.util_sum / m.samples, 2),
-            utilization_max=m.util_max,
-            memory_used_mib_max=m.mem_max,
-            temperature_max=m.temp_max,
-            power_avg_w=round(m.power_sum / m.power_n, 2) if m.power_n else None,
-            ecc_uncorrected=m.ecc_uncorrected,
-            memory_used_mib_avg=round(m.mem_sum / m.samples, 2),
-            temperature_avg=round(m.temp_sum / m.temp_n, 2) if m.temp_n else None,
-            power_max_w=m.power_max,
-            clock_sm_avg_mhz=round(m.clock_sm_sum / m.clock_sm_n, 2) if m.clock_sm_n else None,
-            clock_mem_avg_mhz=round(m.clock_mem_sum / m.clock_mem_n, 2) if m.clock_mem_n else None,
-            ecc_corrected=m.ecc_corrected,
-            xid_count=m.xid_count,
-            throttle_reasons=sorted(m.throttle_reasons),
+            samples=samples,
+            utilization_avg=round(v[_UTIL_SUM] / samples, 2),
+            utilization_max=v[_UTIL_MAX],
+            memory_used_mib_max=int(v[_MEM_MAX]),
+            temperature_max=v[_TEMP_MAX] if v[_TEMP_N] else None,
+            power_avg_w=mean(_POWER_SUM, _POWER_N),
+            ecc_uncorrected=int(v[_ECC_UNCORRECTED]),
+            memory_used_mib_avg=round(v[_MEM_SUM] / samples, 2),
+            temperature_avg=mean(_TEMP_SUM, _TEMP_N),
+            power_max_w=v[_POWER_MAX] if v[_POWER_N] else None,
+            clock_sm_avg_mhz=mean(_CLOCK_SM_SUM, _CLOCK_SM_N),
+            clock_mem_avg_mhz=mean(_CLOCK_MEM_SUM, _CLOCK_MEM_N),
+            ecc_corrected=int(v[_ECC_CORRECTED]),
+            xid_count=int(v[_XID_COUNT]),
+            throttle_reasons=sorted(m.throttle_reasons or ()),
         )

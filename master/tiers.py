@@ -169,6 +169,19 @@ def classify(
     return _assign_tier(info, model, policy, host)
 
 
+def network_floor_mbps(info: GpuInfo, policy: TierPolicy) -> float | None:
+    """The network floor (``min_network_mbps``) of the tier this GPU's hardware earns, whatever the host's measured
+    bandwidth: a host under it is kept from that tier. None: the hardware earns no tier, or its tier sets no floor."""
+    tier = classify(info, policy).tier
+    rule = next((rule for rule in policy.tiers if rule.name == tier), None)
+    return None if rule is None else rule.min_network_mbps
+
+
+def network_mbps(host: HostInfo | None) -> float | None:
+    """The host's measured bandwidth as the tiers judge it: the slower direction; None until a test has run."""
+    return _network_mbps(host)
+
+
 def describe_tiers(policy: TierPolicy) -> list[dict[str, Any]]:
     """The tiers for GET /api/v1/tiers, each with the catalog models a healthy card of lands in it."""
     examples: dict[str, list[str]] = {rule.name: [] for rule in policy.tiers}

@@ -30,7 +30,7 @@ Comment = Annotated[str, msgspec.Meta(max_length=512)]
 Url = Annotated[str, msgspec.Meta(min_length=8, max_length=2048, pattern=r"^https?://[^\s]+$")]
 Op = Literal[">", ">=", "<", "<=", "==", "!="]
 Severity = Literal["info", "warning", "critical"]
-ScopeName = Literal["fleet", "tier", "region", "provider", "host", "gpu", "workload"]
+ScopeName = Literal["fleet", "tier", "region", "provider", "host", "gpu", "workload", "relay"]
 
 
 # --- requests ----------------------------------------------------------------------------------------------------

@@ -169,7 +169,7 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation(
         "GET",
         "/api/v1/agents/{agent_id}/telemetry",
-        "A host's GPUs' telemetry history, a series per GPU",
+        "A host's telemetry history: a series per GPU, and its own CPU, memory, disk and network",
         "telemetry",
         {200: r.TelemetryView},
         query=schemas.TelemetryQuery,

@@ -608,6 +608,25 @@ class HostSampleView(View):
     net_tx_bytes: int | None
 
 
+class HostPointView(View):
+    """One step of a host's own readings: averages over its samples, maxima, the lowest free disk, the latest total
+    memory, and the network's bytes per second over the minutes with data. Null: the host did not say."""
+
+    ts: Time  # the step's start
+    minutes: int
+    samples: int
+    cpu_pct_avg: float | None
+    cpu_pct_max: float | None
+    load_1m_avg: float | None
+    ram_used_mib_avg: float | None
+    ram_used_mib_max: int | None
+    ram_total_mib: int | None
+    disk_used_gib: float | None
+    disk_free_gib_min: float | None
+    net_rx_bytes_per_s: float | None
+    net_tx_bytes_per_s: float | None
+
+
 class TelemetryView(View):
     """A GPU's, a host's or a workload's telemetry history: a series per GPU (per GPU and run for a workload)."""
 
@@ -618,4 +637,5 @@ class TelemetryView(View):
     step_s: int
     resolution_s: int  # 60: read from the one-minute rollups; 3600: from the hourly ones
     host: HostSampleView | None  # a host's answer: its latest sample of itself; null otherwise
+    host_points: list[HostPointView] | None  # a host's answer: its own history at the step; null otherwise
     series: list[TelemetrySeriesView]

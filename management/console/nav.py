@@ -11,3 +11,4 @@ class NavItem:
     label: str
     path: str  # /console/...
     order: int = 100  # smaller first
+    badge: str = ""  # the name of a count shown beside the label when not 0 (rendering.nav_counts), e.g. "alerts"

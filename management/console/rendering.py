@@ -1,4 +1,5 @@
-"""Rendering a console page: the template with what every page shows (the account, the navigation, notices)."""
+"""Rendering a console page: the template with what every page shows (the account, the navigation with its counts,
+notices)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,25 @@ from typing import Any
 import aiohttp_jinja2
 from aiohttp import web
 
+from common.errors import IdlegridError
+from management.api.auth import OPERATIONS_KEY, Action, Resource
 from management.console.nav import NavItem
-from management.console.session import SIGNED_IN_KEY, session_state, take_flashes
+from management.console.session import SIGNED_IN_KEY, session_state, signed_in, take_flashes
 
 NAV_KEY: web.AppKey[list[NavItem]] = web.AppKey("console_nav")
+
+
+async def nav_counts(request: web.Request) -> dict[str, int]:
+    """The counts the navigation shows beside its entries (``NavItem.badge``) for the signed-in account: ``alerts``,
+    its firing alerts, as the alerts page lists them (one pass over the alerts in memory, filtered by the façade)."""
+    try:
+        scope = await signed_in(request, Resource.ALERTS, Action.READ)
+        listing = await request.app[OPERATIONS_KEY].list_alerts(
+            owner=scope.owner, role=scope.principal.role.value, phase="firing"
+        )
+    except IdlegridError:  # a role without alerts, or none to read: no badge, the page itself still renders
+        return {}
+    return {"alerts": len(listing.active)}
 
 
 async def page(request: web.Request, template: str, *, status: int = 200, fragment: bool = False, **context: Any) -> web.Response:
@@ -24,6 +40,7 @@ async def page(request: web.Request, template: str, *, status: int = 200, fragme
         "csrf_token": state.csrf,
         "flashes": [] if fragment else await take_flashes(request),
         "nav": sorted(nav, key=lambda item: (item.order, item.label)),
+        "nav_counts": await nav_counts(request) if account is not None and not fragment else {},
         "path": request.path,
     }
     response = aiohttp_jinja2.render_template(template, request, {**base, **context}, status=status)

@@ -4,6 +4,11 @@ reads the fleet (observe.py), runs the pure evaluator, records each transition a
 marks the GPU faulty through the Master's fault path (the scheduler reallocates off faulty GPUs) and clears that
 fault when the alert resolves.
 
+At fleet scale the observer hands over only the subjects that breach or have an alert (observe.py), and the loop
+evaluates them in slices of ``EVALUATION_SLICE`` series, yielding to the event loop between slices, so that an
+evaluation with thousands of breaching GPUs does not hold the Master's loop (``evaluate_in_slices``: the same
+result as one call).
+
 Alert states live in memory: a Master restart starts them again from the fleet's current values (a condition
 still holding fires again, with a new idempotency key).
 """
@@ -15,12 +20,12 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
 
-from management.monitoring.evaluator import FIRING, RESOLVED, AlertState, AlertTransition, evaluate
+from management.monitoring.evaluator import FIRING, RESOLVED, AlertState, AlertTransition, Evaluation, Series, evaluate
 from management.monitoring.notifier import WebhookNotifier
 from management.monitoring.observe import FleetObserver
 from management.monitoring.rules import AlertRule
@@ -42,6 +47,44 @@ def _rule_of_fault(fault: GpuFault) -> str | None:
 
 
 RECENT_TRANSITIONS = 1000
+EVALUATION_SLICE = 2000  # series evaluated between two yields to the event loop
+
+
+async def evaluate_in_slices(
+    rules: Sequence[AlertRule],
+    series: Sequence[Series],
+    states: Mapping[tuple[str, str], AlertState],
+    now: float,
+    *,
+    slice_size: int = EVALUATION_SLICE,
+) -> Evaluation:
+    """``evaluate`` over slices of ``series``, yielding to the event loop between them, with the same result.
+
+    The evaluator judges each (rule, subject) on its own: each slice gets the states of its own subjects, and the
+    states whose subject is in no slice go, with no series, to a last call (a firing one resolves, a pending one is
+    dropped) together with any state of a rule no longer given."""
+    if len(series) <= slice_size:
+        return evaluate(rules, series, states, now)
+    metric_of = {rule.name: rule.metric for rule in rules}
+    slices = [series[start : start + slice_size] for start in range(0, len(series), slice_size)]
+    slice_of = {(one.metric, one.subject): number for number, part in enumerate(slices) for one in part}
+    slice_states: list[dict[tuple[str, str], AlertState]] = [{} for _ in range(len(slices) + 1)]
+    for key, state in states.items():
+        metric = metric_of.get(key[0])
+        number = len(slices) if metric is None else slice_of.get((metric, key[1]), len(slices))
+        slice_states[number][key] = state
+    out: dict[tuple[str, str], AlertState] = {}
+    transitions: list[AlertTransition] = []
+    for part, part_states in zip([*slices, []], slice_states, strict=True):
+        if not part and not part_states:
+            continue
+        result = evaluate(rules, part, part_states, now)
+        out.update(result.states)
+        transitions.extend(result.transitions)
+        await asyncio.sleep(0)
+    return Evaluation(states=out, transitions=transitions)
+
+
 LOOP_NAME = "alerts"
 
 
@@ -59,6 +102,7 @@ class AlertLoop:
     _adopted: bool = False
 
     def start(self) -> None:
+        self.observer.watch(self.rules)
         self.observer.attach()
         self.notifier.start()
         self._task = Loop(LOOP_NAME, self.period_s, self._step, restart_s=self.period_s).start()
@@ -81,7 +125,8 @@ class AlertLoop:
         if not self._adopted:
             self._adopt_alert_faults()
         rules = list(self.rules)
-        result = evaluate(rules, self.observer.collect(rules, now), self.states, now)
+        series = self.observer.collect(rules, now, self.states.keys())
+        result = await evaluate_in_slices(rules, series, self.states, now)
         self.states = result.states
         if not result.transitions:
             return []
@@ -142,3 +187,4 @@ class AlertLoop:
     def replace_rules(self, rules: Sequence[AlertRule]) -> None:
         """New rules from the next evaluation on; alerts of a rule that is gone resolve then."""
         self.rules = list(rules)
+        self.observer.watch(self.rules)

@@ -1,4 +1,5 @@
-"""Telemetry history queries: one GPU's rollups over a window, at a step, read from the minutes or the hours.
+"""Telemetry history queries: one GPU's (or one host's own) rollups over a window, at a step, read from the minutes
+or the hours.
 
 A window is ``[from, to)`` in unix seconds, cut to whole minutes; ``step`` is a whole number of minutes. A step of
 an hour or more, or a window reaching back past the minutes' retention, reads the hourly rollups (what the Master's
@@ -14,8 +15,8 @@ from dataclasses import dataclass
 
 from common.errors import InvalidTelemetryWindow
 from common.inventory import HostSample
-from master.history import MINUTES_PER_HOUR, downsample
-from master.records import TelemetryRollup
+from master.history import MINUTES_PER_HOUR, downsample, downsample_host
+from master.records import HostRollup, TelemetryRollup
 from master.store.base import Store
 
 DEFAULT_SPAN_S = 86400.0  # a window with no ``from`` reaches back a day
@@ -89,7 +90,8 @@ class TelemetryHistory:
     window: Window
     resolution_minutes: int  # 1: read from the minutes; 60: from the hours (a coarse step, or past the minutes' retention)
     series: list[GpuSeries]
-    host_latest: HostSample | None = None  # a host's: its latest sample of itself (its own history is not kept yet)
+    host_latest: HostSample | None = None  # a host's: its latest sample of itself
+    host_points: list[HostRollup] | None = None  # a host's: its own readings (CPU, memory, disk, network) per step
 
 
 def resolution_of(window: Window, *, minutes_kept_since: int) -> int:
@@ -106,6 +108,15 @@ async def gpu_history(store: Store, gpu_uuid: str, window: Window, *, minutes_ke
     return downsample(minutes, window.step_minutes)
 
 
+async def host_history(store: Store, agent_id: str, window: Window, *, minutes_kept_since: int) -> list[HostRollup]:
+    """One host's own rollups in ``window``, one per step that has data, ascending; read as ``gpu_history`` reads."""
+    if resolution_of(window, minutes_kept_since=minutes_kept_since) == MINUTES_PER_HOUR:
+        hours = await _host_hours_topped_up(store, agent_id, window)
+        return downsample_host(hours, window.step_minutes)
+    minutes = await store.host_rollups.list(agent_id, since_minute=window.since_minute, until_minute=window.until_minute)
+    return downsample_host(minutes, window.step_minutes)
+
+
 async def _hours_topped_up(store: Store, gpu_uuid: str, window: Window) -> list[TelemetryRollup]:
     """The hourly rollups of the window's hours, then the minutes after the last of them (not downsampled yet)."""
     first_hour = window.since_minute - window.since_minute % MINUTES_PER_HOUR
@@ -114,4 +125,15 @@ async def _hours_topped_up(store: Store, gpu_uuid: str, window: Window) -> list[
     if rest_from >= window.until_minute:
         return hours
     rest = await store.rollups.list(gpu_uuid, since_minute=rest_from, until_minute=window.until_minute)
+    return [*hours, *rest]
+
+
+async def _host_hours_topped_up(store: Store, agent_id: str, window: Window) -> list[HostRollup]:
+    """``_hours_topped_up`` for a host's own rollups."""
+    first_hour = window.since_minute - window.since_minute % MINUTES_PER_HOUR
+    hours = await store.host_hourly_rollups.list(agent_id, since_minute=first_hour, until_minute=window.until_minute)
+    rest_from = hours[-1].minute + MINUTES_PER_HOUR if hours else window.since_minute
+    if rest_from >= window.until_minute:
+        return hours
+    rest = await store.host_rollups.list(agent_id, since_minute=rest_from, until_minute=window.until_minute)
     return [*hours, *rest]

@@ -28,7 +28,7 @@ OPERATORS: dict[str, Callable[[float, float], bool]] = {
     "!=": operator.ne,
 }
 SEVERITIES = ("info", "warning", "critical")
-SCOPES = ("fleet", "tier", "region", "provider", "host", "gpu", "workload")
+SCOPES = ("fleet", "tier", "region", "provider", "host", "gpu", "workload", "relay")
 _NAME = re.compile(r"^[a-z0-9_]{1,64}$")
 
 

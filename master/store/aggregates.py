@@ -31,6 +31,14 @@ class Aggregate(str, Enum):
     ALERT_RULES = "alert_rules"
     SILENCES = "silences"
     WEBHOOKS = "webhooks"
+    # host telemetry history: one host's own readings, by minute and by hour (keyed by host_rollup_key)
+    HOST_ROLLUPS = "host_rollups"
+    HOST_HOURLY_ROLLUPS = "host_hourly_rollups"
+
+
+def host_rollup_key(agent_id: str, minute: int) -> str:
+    """The key of one host's rollup of one minute (or hour), in both backends (MongoDB's ``_id``)."""
+    return f"{agent_id}:{minute}"
 
 
 def workload_order(created_at: float, workload_id: str) -> str:

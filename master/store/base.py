@@ -24,6 +24,7 @@ from master.records import (
     EventRecord,
     FairShareUsage,
     GpuRecord,
+    HostRollup,
     LeaseRecord,
     LedgerEntry,
     PriceRecord,
@@ -49,6 +50,7 @@ __all__ = [
     "EventRepo",
     "FairShareRepo",
     "GpuRepo",
+    "HostRollupRepo",
     "LeaseRepo",
     "LedgerRepo",
     "PriceRepo",
@@ -188,6 +190,19 @@ class RollupRepo(Protocol):
 
     async def delete_before(self, gpu_uuids: Collection[str], before_minute: int) -> int:
         """Delete these GPUs' rollups with ``minute < before_minute`` (retention); returns how many went."""
+
+
+class HostRollupRepo(Protocol):
+    """A host's own telemetry history (HostRollup), by minute or by hour; as RollupRepo, keyed by (agent_id, minute)."""
+
+    async def put_many(self, recs: Sequence[HostRollup]) -> None:
+        """Insert, or replace the host rollups with the same (agent_id, minute), in one batch."""
+
+    async def list(self, agent_id: str, *, since_minute: int = 0, until_minute: int | None = None) -> builtins.list[HostRollup]:
+        """One host's rollups with ``since_minute <= minute < until_minute``, in ascending minute."""
+
+    async def delete_before(self, agent_ids: Collection[str], before_minute: int) -> int:
+        """Delete these hosts' rollups with ``minute < before_minute`` (retention); returns how many went."""
 
 
 class WorkloadRepo(Protocol):
@@ -361,6 +376,8 @@ class Store(Protocol):
     alert_rules: AlertRuleRepo
     silences: SilenceRepo
     webhooks: WebhookRepo
+    host_rollups: HostRollupRepo  # a host's own telemetry, one per host and minute
+    host_hourly_rollups: HostRollupRepo  # the same, one per host and hour, downsampled from ``host_rollups``
     leases: LeaseRepo  # the leader lease (docs/ha.md)
     backend: str  # "sqlite" | "mongodb"
     quarantine: Quarantine  # the records found undecodable, kept aside

@@ -170,6 +170,19 @@ SQLITE_MIGRATIONS: tuple[SqliteMigration, ...] = (
     ),
     SqliteMigration(
         9,
+        "host telemetry rollups, by minute and by hour",
+        (
+            # As ``rollups``, keyed by host: a host's history is one contiguous range scan.
+            """CREATE TABLE host_rollups (
+                agent_id TEXT NOT NULL, minute INTEGER NOT NULL, doc TEXT NOT NULL,
+                PRIMARY KEY (agent_id, minute)) WITHOUT ROWID""",
+            """CREATE TABLE host_hourly_rollups (
+                agent_id TEXT NOT NULL, minute INTEGER NOT NULL, doc TEXT NOT NULL,
+                PRIMARY KEY (agent_id, minute)) WITHOUT ROWID""",
+        ),
+    ),
+    SqliteMigration(
+        10,
         "the leader lease of Masters sharing the store (docs/ha.md)",
         (
             """CREATE TABLE leader_lease (
@@ -272,8 +285,16 @@ MONGO_MIGRATIONS: tuple[MongoMigration, ...] = (
         "hourly telemetry rollups by (gpu_uuid, minute)",
         {"hourly_rollups": [IndexModel([("gpu_uuid", ASCENDING), ("minute", ASCENDING)])]},
     ),
+    MongoMigration(
+        9,
+        "host telemetry rollups, by minute and by hour, by (agent_id, minute)",
+        {
+            "host_rollups": [IndexModel([("agent_id", ASCENDING), ("minute", ASCENDING)])],
+            "host_hourly_rollups": [IndexModel([("agent_id", ASCENDING), ("minute", ASCENDING)])],
+        },
+    ),
     # One document keyed by _id (unique already): nothing to index, the step marks the shape.
-    MongoMigration(9, "the leader lease of Masters sharing the store (docs/ha.md)", {}),
+    MongoMigration(10, "the leader lease of Masters sharing the store (docs/ha.md)", {}),
 )
 
 LATEST_VERSION = SQLITE_MIGRATIONS[-1].version  # the contract tests check MongoDB reaches it too

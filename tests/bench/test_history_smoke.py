@@ -13,8 +13,8 @@ REPO = Path(__file__).resolve().parents[2]
 def test_the_history_benchmark_seeds_a_week_and_times_every_window(tmp_path):
     out = tmp_path / "history.json"
     done = subprocess.run(
-        [sys.executable, "-m", "bench", "history", "--gpus", "50", "--filler-minutes", "2", "--rounds", "3",
-         "--json", str(out)],
+        [sys.executable, "-m", "bench", "history", "--gpus", "50", "--hosts", "20", "--filler-minutes", "2",
+         "--rounds", "3", "--json", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -23,8 +23,10 @@ def test_the_history_benchmark_seeds_a_week_and_times_every_window(tmp_path):
     assert rows["week, step 1 min"]["points"] == 10_080 and rows["week, step 1 min"]["resolution_s"] == 60
     assert rows["week, step 1 h"]["resolution_s"] == 3600 and 168 <= rows["week, step 1 h"]["points"] <= 169
     assert rows["day, step 1 min"]["points"] in (1440, 1441)
+    assert rows["host week, step 1 min"]["points"] == 10_080  # one host's own week, the same windows
+    assert 168 <= rows["host week, step 1 h"]["points"] <= 169 and rows["host day, step 1 min"]["points"] in (1440, 1441)
     for row in figures["rows"]:
         for timed in (row["query"], row["answer"]):
             assert 0 < timed["p50_ms"] <= timed["p99_ms"] <= timed["max_ms"], row["window"]
     assert "target p99 < 100 ms" in done.stdout
-    assert figures["loop"]["hourly_rollups"] == 50 and figures["loop"]["seconds"] >= 0
+    assert figures["loop"]["hourly_rollups"] == 50 + 20 and figures["loop"]["seconds"] >= 0

@@ -31,6 +31,7 @@ SHIPPED_ALERTS = {
     "IdlegridGpuFaulted": ("xid|ecc", None),
     "IdlegridRentedGpuIdle": ("> 0", "30m"),
     "IdlegridHostOffline": (">= 300", None),
+    "IdlegridHostBelowNetworkFloor": ("> 0", "10m"),
     "IdlegridRelayDown": ("== 0", "1m"),
     "IdlegridCommandFailureRate": ("> 0.1", None),
 }

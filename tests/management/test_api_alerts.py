@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from common.wire import AgentEvent, AgentEventKind
 from management.api.auth import OPERATIONS_KEY
 from tests.management.hosts import add_agent, api_key
@@ -124,3 +126,29 @@ async def test_each_provider_sees_only_its_own_hosts_alerts_and_the_operator_all
     assert filtered["items"] == []
     bad = await api.get("/api/v1/alerts", params={"phase": "sleeping"}, headers=api.auth)
     assert bad.status == 400 and "phase" in (await bad.json())["error"]["message"]
+
+
+@pytest.mark.parametrize("role", ["provider", "renter"])
+async def test_silences_and_rules_are_the_operators_alone(api, role):
+    """A provider or renter reads the rules, never changes them, and may neither see, make nor end a silence; the
+    operator's silence stands after their tries."""
+    made = await api.post("/api/v1/silences", json={"duration_s": 600, "rule": "host_offline"}, headers=api.auth)
+    assert made.status == 201
+    silence_id = (await made.json())["id"]
+    other = await api_key(api.master, role, f"someone-{role}")
+    rule = {"metric": "host.offline", "op": ">", "threshold": 0, "scope": "host"}
+    tries = [
+        ("PUT", "/api/v1/alert-rules/host_offline", rule),
+        ("PUT", "/api/v1/alert-rules/mine", rule),
+        ("DELETE", "/api/v1/alert-rules/host_offline", None),
+        ("POST", "/api/v1/silences", {"duration_s": 60, "rule": "gpu_overheating"}),
+        ("GET", "/api/v1/silences", None),
+        ("POST", f"/api/v1/silences/{silence_id}/expire", None),
+    ]
+    for method, path, body in tries:
+        response = await api.request(method, path, json=body, headers=other)
+        assert response.status == 403, (method, path)
+    assert (await api.get("/api/v1/alert-rules", headers=other)).status == 200
+    listed = (await (await api.get("/api/v1/silences", headers=api.auth)).json())["items"]
+    assert [s["id"] for s in listed] == [silence_id]
+    assert [r.name for r in await api.master.store.alert_rules.list()] == []

@@ -151,3 +151,90 @@ async def test_an_unknown_gpu_host_or_workload_is_a_404(api):
     for path in ("/api/v1/gpus/GPU-nowhere", "/api/v1/agents/agt-nowhere", "/api/v1/workloads/wl-nowhere"):
         status, body = await get(api, f"{path}/telemetry", api.auth)
         assert status == 404, (path, body)
+
+
+# --- a host's own history: CPU, memory, disk, network ---------------------------------------------------------------
+
+
+def reading(ts: float, cpu: float, rx: int, tx: int) -> HostSample:
+    return HostSample(
+        ts=ts, cpu_pct=cpu, load_1m=2.0, ram_used_mib=4096, ram_total_mib=65536, disk_used_gib=100.0, disk_free_gib=900.0,
+        net_rx_bytes=rx, net_tx_bytes=tx,
+    )  # fmt: skip
+
+
+async def host_readings(api) -> None:
+    """agt-acme reports itself for two minutes from T0, every 20 s: CPU 10 then 30 in turn; 6,000 bytes in and 1,200
+    out per step (each minute's first step counts from the minute before)."""
+    await fleet(api)
+    for step in range(6):
+        cpu = 10.0 if step % 2 == 0 else 30.0
+        api.master.telemetry.ingest_host("agt-acme", reading(T0 + 20 * step, cpu, 1_000_000 + 6_000 * step, 1_200 * step))
+    await api.master.telemetry.flush(T0 + HOUR_S, everything=True)
+
+
+async def test_a_host_answers_its_own_readings_per_minute_beside_its_gpus_series(api):
+    await host_readings(api)
+    status, body = await get(api, f"/api/v1/agents/agt-acme/telemetry?from={T0:.0f}&to={T0 + 120:.0f}&step=60", api.auth)
+    assert status == 200, body
+    msgspec.convert(body, TelemetryView)  # the answer is what the OpenAPI document says
+    first, second = body["host_points"]
+    assert (first["minutes"], first["samples"], first["cpu_pct_avg"], first["cpu_pct_max"]) == (1, 3, 16.67, 30.0)
+    assert (first["ram_used_mib_avg"], first["ram_total_mib"], first["disk_free_gib_min"]) == (4096.0, 65536, 900.0)
+    assert (first["net_rx_bytes_per_s"], first["net_tx_bytes_per_s"]) == (200.0, 40.0)  # two steps: 12,000 B in 60 s
+    assert (second["samples"], second["cpu_pct_avg"]) == (3, 23.33)
+    assert (second["net_rx_bytes_per_s"], second["net_tx_bytes_per_s"]) == (300.0, 60.0)  # three steps
+    assert second["ts"] > first["ts"]
+    assert [len(s["points"]) for s in body["series"]] == [2, 0]  # the GPUs' series as before
+    assert body["host"]["cpu_pct"] == 30.0  # and the latest reading
+
+
+async def test_a_hosts_hourly_step_merges_its_minutes_and_reads_the_hour_the_history_loop_made(api):
+    await host_readings(api)
+    window = f"from={T0:.0f}&to={T0 + 2 * HOUR_S:.0f}&step=3600"
+    _, before = await get(api, f"/api/v1/agents/agt-acme/telemetry?{window}", api.auth)  # from the minutes
+    api.master.history.done_until = None
+    await api.master.history.step(T0 + HOUR_S + 60)  # the hour at T0 is over: downsampled, the host's too
+    assert len(await api.master.store.host_hourly_rollups.list("agt-acme")) == 1
+    await api.master.store.host_rollups.delete_before(["agt-acme"], int(T0 // 60) + 60)  # only the hour left
+
+    status, after = await get(api, f"/api/v1/agents/agt-acme/telemetry?{window}", api.auth)
+    assert status == 200, after
+    msgspec.convert(after, TelemetryView)
+    [hour] = after["host_points"]
+    assert (hour["minutes"], hour["samples"], hour["cpu_pct_avg"]) == (2, 6, 20.0)
+    assert hour["net_rx_bytes_per_s"] == 250.0  # 30,000 B over the two minutes with data
+    assert after["host_points"] == before["host_points"]
+
+
+async def test_a_gpu_or_workload_answer_has_no_host_points(api):
+    first, _ = await fleet(api)
+    _, body = await get(api, f"/api/v1/gpus/{first}/telemetry?from={T0:.0f}&to={T0 + 600:.0f}", api.auth)
+    assert body["host_points"] is None
+    _, body = await get(api, f"/api/v1/agents/agt-other/telemetry?from={T0:.0f}&to={T0 + 600:.0f}", api.auth)
+    assert body["host_points"] == []  # a host that never reported itself: no points, not zeros
+
+
+@pytest.mark.parametrize(("query", "says"), [("step=90", "step"), ("from=2000&to=1000", "from"), ("to=x", "to")])
+async def test_a_bad_window_for_a_host_is_a_400_naming_the_parameter(api, query, says):
+    await host_readings(api)
+    status, body = await get(api, f"/api/v1/agents/agt-acme/telemetry?{query}", api.auth)
+    assert status == 400, body
+    assert says in body["error"]["message"]
+
+
+async def test_a_providers_host_history_is_its_own(api):
+    await host_readings(api)
+    acme, other = await api_key(api.master, "provider", "acme"), await api_key(api.master, "provider", "other")
+    status, body = await get(api, f"/api/v1/agents/agt-acme/telemetry?from={T0:.0f}&to={T0 + 120:.0f}", acme)
+    assert status == 200 and len(body["host_points"]) == 2
+    assert (await get(api, "/api/v1/agents/agt-acme/telemetry", other))[0] == 404
+
+
+async def test_a_window_from_the_epoch_says_so_rather_than_null(api):
+    """Found by schemathesis: ``from=1.5`` aligns down to 0, and the answer's ``from`` was null, not a time."""
+    first, _ = await fleet(api)
+    status, body = await get(api, f"/api/v1/gpus/{first}/telemetry?from=1.5&to={T0 + 600:.0f}&step=1800000", api.auth)
+    assert status == 200, body
+    msgspec.convert(body, TelemetryView)
+    assert body["from"] == "1970-01-01T00:00:00.000Z"

@@ -82,8 +82,8 @@ def gpus(count: int, *, prefix: str = "GPU-h100", name: str = "NVIDIA H100 80GB 
     ]
 
 
-def hello(gpu_list: list[GpuInfo], *, runtime: str = "", isolation: str = "") -> Hello:
-    inventory = Inventory(host=HOST, gpus=gpu_list, simulated=True, runtime=runtime, isolation=isolation)
+def hello(gpu_list: list[GpuInfo], *, runtime: str = "", isolation: str = "", host: HostInfo = HOST) -> Hello:
+    inventory = Inventory(host=host, gpus=gpu_list, simulated=True, runtime=runtime, isolation=isolation)
     return Hello(versions=list(PROTOCOL_VERSIONS), agent_version="test", inventory=inventory)
 
 
@@ -108,15 +108,17 @@ async def connect(
     *,
     runtime: str = "",
     isolation: str = "",
+    host: HostInfo = HOST,
 ) -> None:
     """The agent (enrolled first if the Master does not know it) connects through ``link`` and says hello
-    with ``gpu_list`` (two H100s by default), reporting ``runtime`` and ``isolation``."""
+    with ``gpu_list`` (two H100s by default) on ``host``, reporting ``runtime`` and ``isolation``."""
     if agent_id not in master.registry.agents:
         await enrolled(master, agent_id)
     link.agents.add(agent_id)
     master.hub.links.setdefault(link.relay_id, link)
     await master._on_link_frame(link, AgentConnected(agent_id=agent_id, serial="", cert_not_after=time.time() + 3600))
-    await relay(master, link, agent_id, hello(gpus(2) if gpu_list is None else gpu_list, runtime=runtime, isolation=isolation))
+    gpu_list = gpus(2) if gpu_list is None else gpu_list
+    await relay(master, link, agent_id, hello(gpu_list, runtime=runtime, isolation=isolation, host=host))
 
 
 async def disconnect(master: Master, link: AccessLink, agent_id: str, reason: str = "") -> None:

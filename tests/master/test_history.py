@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from master.history import HistoryKeeper, downsample, hour_start, merge_rollups
-from master.records import TelemetryRollup
+from master.history import HistoryKeeper, downsample, downsample_host, hour_start, merge_host_rollups, merge_rollups
+from master.records import HostRollup, TelemetryRollup
 from master.store import SqliteStore
 
 HOUR = 29_000_000 - 29_000_000 % 60  # a minute number that starts an hour
@@ -187,3 +187,77 @@ def test_a_rollup_stored_before_the_history_fields_decodes_as_one_minute_without
     old += b'"memory_used_mib_max":3,"temperature_max":null,"power_avg_w":null,"ecc_uncorrected":0}'
     decoded = msgspec.json.decode(old, type=TelemetryRollup)
     assert (decoded.minutes, decoded.xid_count, decoded.throttle_reasons, decoded.clock_sm_avg_mhz) == (1, 0, [], None)
+
+
+# --- a host's own history (HostRollup) -----------------------------------------------------------------------------
+
+
+def host_rollup(minute: int, **overrides: Any) -> HostRollup:
+    fields: dict[str, Any] = dict(
+        agent_id="agt-1",
+        minute=minute,
+        samples=6,
+        cpu_pct_avg=50.0,
+        cpu_pct_max=80.0,
+        load_1m_avg=2.0,
+        ram_used_mib_avg=4000.0,
+        ram_used_mib_max=5000,
+        ram_total_mib=65536,
+        disk_used_gib=100.0,
+        disk_free_gib_min=900.0,
+        net_rx_bytes=6_000,
+        net_tx_bytes=600,
+    )
+    return HostRollup(**(fields | overrides))
+
+
+def test_a_host_hour_weighs_averages_by_samples_adds_up_the_bytes_and_keeps_the_extremes_and_the_latest_total():
+    busy = host_rollup(HOUR, samples=6, cpu_pct_avg=90.0, cpu_pct_max=100.0, disk_free_gib_min=850.0, ram_total_mib=32768)
+    quiet = host_rollup(HOUR + 1, samples=2, cpu_pct_avg=10.0, load_1m_avg=None, net_rx_bytes=None, disk_used_gib=120.0)
+    later = host_rollup(HOUR + 59, samples=4, ram_used_mib_max=7000, ram_total_mib=131072)
+
+    hour = merge_host_rollups([later, quiet, busy], HOUR)
+
+    assert (hour.minute, hour.minutes, hour.samples, hour.agent_id) == (HOUR, 3, 12, "agt-1")
+    assert hour.cpu_pct_avg == pytest.approx((90 * 6 + 10 * 2 + 50 * 4) / 12, abs=0.01)
+    assert (hour.cpu_pct_max, hour.load_1m_avg) == (100.0, 2.0)  # the minute without a load does not pull it down
+    assert (hour.ram_used_mib_max, hour.ram_total_mib) == (7000, 131072)  # the total is the latest minute's
+    assert (hour.disk_used_gib, hour.disk_free_gib_min) == (120.0, 850.0)
+    assert (hour.net_rx_bytes, hour.net_tx_bytes) == (12_000, 1_800)  # a minute without counters adds nothing
+    with pytest.raises(ValueError, match="at least one"):
+        merge_host_rollups([], HOUR)
+
+
+def test_a_host_hour_of_minutes_without_readings_says_none_not_zero():
+    blank = HostRollup(agent_id="agt-1", minute=HOUR, samples=1)
+    hour = merge_host_rollups([blank, HostRollup(agent_id="agt-1", minute=HOUR + 1, samples=1)], HOUR)
+    assert (hour.cpu_pct_avg, hour.ram_used_mib_max, hour.disk_free_gib_min, hour.net_rx_bytes) == (None, None, None, None)
+
+
+def test_a_hosts_rollups_downsample_into_steps_as_a_gpus_do():
+    minutes = [host_rollup(HOUR + m) for m in (0, 1, 2, 14, 15, 44)]
+    quarters = downsample_host(minutes, 15)
+    assert [(q.minute, q.minutes, q.net_rx_bytes) for q in quarters] == [
+        (HOUR, 4, 24_000),
+        (HOUR + 15, 1, 6_000),
+        (HOUR + 30, 1, 6_000),
+    ]
+    assert downsample_host(minutes, 1) == minutes
+
+
+async def test_the_loop_downsamples_a_hosts_finished_hour_and_applies_the_retentions_to_its_rollups(store):
+    await store.host_rollups.put_many([host_rollup(HOUR + m) for m in range(0, 60, 10)])  # a finished hour: 6 minutes
+    await store.host_rollups.put_many([host_rollup(HOUR + 60 + m) for m in range(3)])  # the next, still open
+    history = keeper(store, [], agent_ids=lambda: ["agt-1", "agt-quiet"])
+
+    assert await history.step((HOUR + 65) * 60.0) == {"hours": 1, "hourly_rollups": 1, "deleted": 0}
+    [hour] = await store.host_hourly_rollups.list("agt-1")
+    assert (hour.minute, hour.minutes, hour.samples, hour.net_rx_bytes) == (HOUR, 6, 36, 36_000)
+    assert await store.host_hourly_rollups.list("agt-quiet") == []
+
+    # A day on, with the minutes kept an hour and the hours a day: the first hour's minutes and its hour go.
+    history.minute_retention_s, history.hourly_retention_s = 3600.0, DAY_S
+    done = await history.step((HOUR + 24 * 60 + 61) * 60.0)
+    assert await store.host_rollups.list("agt-1") == []
+    assert [h.minute for h in await store.host_hourly_rollups.list("agt-1")] == [HOUR + 60]
+    assert done["deleted"] == 6 + 3 + 1

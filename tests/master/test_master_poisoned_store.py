@@ -34,7 +34,7 @@ from master.service import Master
 from master.store import open_store
 from master.store.aggregates import Aggregate
 from tests.management.test_api import add_agent
-from tests.master.test_store_contract import NOW, agent, command, gpu, rollup, workload
+from tests.master.test_store_contract import NOW, agent, command, gpu, host_rollup, rollup, workload
 from tests.support.poison import poison
 
 REPORT_TIMEOUT_S = 10.0  # the sweep that reports runs every second or faster
@@ -53,6 +53,8 @@ async def _plant_good_and_bad_records(store_url: str) -> dict[Aggregate, str]:
         await store.revocations.put(RevocationRecord(serial="0a", agent_id="agt-0", revoked_at=NOW))
         await store.rollups.put_many([rollup("GPU-a", 1)])
         await store.hourly_rollups.put_many([rollup("GPU-a", 60)])
+        await store.host_rollups.put_many([host_rollup("agt-1", 1)])
+        await store.host_hourly_rollups.put_many([host_rollup("agt-1", 60)])
         await store.workloads.insert(workload("wl-1"))
         await store.fair_share.put_many([FairShareUsage(account="alice", gpu_seconds=60.0, decayed_to=NOW)])
         await store.prices.put(PriceRecord(provider="acme", on_demand=1_000_000, updated_at=NOW))
@@ -82,6 +84,8 @@ async def _plant_good_and_bad_records(store_url: str) -> dict[Aggregate, str]:
             Aggregate.ALERT_RULES: await poison(store, Aggregate.ALERT_RULES, "bad_rule"),
             Aggregate.SILENCES: await poison(store, Aggregate.SILENCES, "sil-bad"),
             Aggregate.WEBHOOKS: await poison(store, Aggregate.WEBHOOKS, "wh-bad"),
+            Aggregate.HOST_ROLLUPS: await poison(store, Aggregate.HOST_ROLLUPS, "agt-1", minute=2),
+            Aggregate.HOST_HOURLY_ROLLUPS: await poison(store, Aggregate.HOST_HOURLY_ROLLUPS, "agt-1", minute=120),
         }
     finally:
         await store.close()
@@ -131,6 +135,11 @@ async def test_the_master_starts_and_serves_with_an_undecodable_record_in_every_
         assert refused.value.code == "token_unknown"
         assert [r.minute for r in await master.store.rollups.list("GPU-a")] == [1]  # the telemetry history's read
         assert [r.minute for r in await master.store.hourly_rollups.list("GPU-a")] == [60]  # and its hourly one
+        assert [r.minute for r in await master.store.host_rollups.list("agt-1")] == [1]  # a host's own history
+        assert [r.minute for r in await master.store.host_hourly_rollups.list("agt-1")] == [60]
+        host_history = await client.get("/api/v1/agents/agt-1/telemetry?from=0&to=10800&step=3600", headers=auth)
+        assert host_history.status == 200  # reads the host's hours, the bad one skipped
+        assert [p["ts"] for p in (await host_history.json())["host_points"]] == ["1970-01-01T01:00:00.000Z"]
         assert [u.account for u in await master.store.fair_share.list()] == ["alice"]  # what a scheduling loop loads
         accounts = await client.get("/api/v1/accounts", headers=auth)
         assert accounts.status == 200 and [a["id"] for a in (await accounts.json())["items"]] == ["operator"]

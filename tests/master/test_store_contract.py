@@ -25,6 +25,7 @@ from master.records import (
     FairShareUsage,
     GpuFault,
     GpuRecord,
+    HostRollup,
     LedgerEntry,
     LedgerLine,
     PlacementConstraints,
@@ -613,6 +614,67 @@ async def test_a_large_rollup_batch_is_written_whole(store: Store) -> None:
     assert [r.minute for r in await store.rollups.list("GPU-7")] == list(range(50))
 
 
+# --- a host's own telemetry rollups (host history) ----------------------------------------------------
+
+
+def host_rollup(agent_id: str, minute: int, samples: int = 6, **overrides: Any) -> HostRollup:
+    fields: dict[str, Any] = dict(
+        agent_id=agent_id,
+        minute=minute,
+        samples=samples,
+        cpu_pct_avg=37.25,
+        cpu_pct_max=99.5,
+        load_1m_avg=3.5,
+        ram_used_mib_avg=123_456.75,
+        ram_used_mib_max=200_000,
+        ram_total_mib=515_000,
+        disk_used_gib=1677.25,
+        disk_free_gib_min=2048.0,
+        net_rx_bytes=9_000_000_000_000,  # beyond 32 bits: a busy hour of a 100 Gbit/s link
+        net_tx_bytes=0,
+    )
+    return HostRollup(**(fields | overrides))
+
+
+async def test_host_rollups_round_trip_every_field_and_upsert_by_host_and_minute(store: Store) -> None:
+    await store.host_rollups.put_many([host_rollup("agt-1", 100), host_rollup("agt-1", 101), host_rollup("agt-2", 100)])
+    blank = HostRollup(agent_id="agt-1", minute=101, samples=2)  # a host that said nothing of itself
+    await store.host_rollups.put_many([blank])
+    assert_same(await store.host_rollups.list("agt-1"), [host_rollup("agt-1", 100), blank])
+    assert_same(await store.host_rollups.list("agt-2"), [host_rollup("agt-2", 100)])
+
+
+async def test_host_rollups_range_is_since_inclusive_until_exclusive(store: Store) -> None:
+    await store.host_rollups.put_many([host_rollup("agt-1", m) for m in [13, 10, 12, 11]] + [host_rollup("agt-2", 11)])
+    assert [r.minute for r in await store.host_rollups.list("agt-1")] == [10, 11, 12, 13]
+    assert [r.minute for r in await store.host_rollups.list("agt-1", since_minute=11, until_minute=13)] == [11, 12]
+    assert [r.minute for r in await store.host_rollups.list("agt-1", until_minute=11)] == [10]
+    assert await store.host_rollups.list("agt-3") == []
+
+
+async def test_host_rollups_are_kept_apart_from_the_hours_and_from_the_gpus(store: Store) -> None:
+    await store.host_rollups.put_many([host_rollup("agt-1", 60), host_rollup("agt-1", 61)])
+    hour = host_rollup("agt-1", 60, minutes=2, samples=12)
+    await store.host_hourly_rollups.put_many([hour])
+    await store.rollups.put_many([rollup("agt-1", 60)])  # a GPU rollup whose uuid is the host's id: another key space
+    assert [r.minute for r in await store.host_rollups.list("agt-1")] == [60, 61]
+    assert_same(await store.host_hourly_rollups.list("agt-1"), [hour])
+    assert [r.samples for r in await store.rollups.list("agt-1")] == [6]
+
+
+async def test_host_retention_deletes_only_the_named_hosts_rollups_before_the_minute(store: Store) -> None:
+    await store.host_rollups.put_many([host_rollup(a, m) for a in ("agt-1", "agt-2", "agt-3") for m in (10, 11, 12)])
+    await store.host_hourly_rollups.put_many([host_rollup("agt-1", 0, minutes=60)])
+
+    assert await store.host_rollups.delete_before(["agt-1", "agt-2", "agt-unknown"], 12) == 4
+    assert [r.minute for r in await store.host_rollups.list("agt-1")] == [12]
+    assert [r.minute for r in await store.host_rollups.list("agt-3")] == [10, 11, 12]
+    assert len(await store.host_hourly_rollups.list("agt-1")) == 1
+    assert await store.host_rollups.delete_before([], 100) == 0
+    assert await store.host_hourly_rollups.delete_before(["agt-1"], 60) == 1
+    assert await store.host_hourly_rollups.list("agt-1") == []
+
+
 # --- schema and migrations --------------------------------------------------------------------------
 
 
@@ -690,6 +752,28 @@ async def test_a_mongodb_database_at_schema_version_1_is_migrated(mongo_url: str
         assert len(await store.rollups.list("GPU-a")) == 1
     finally:
         await store.close()
+
+
+async def test_stores_at_schema_version_8_gain_the_host_rollups_by_migrating(tmp_path: Path, mongo_url: str) -> None:
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path, isolation_level=None) as conn:
+        assert migrate_sqlite(conn, up_to=8) == 8
+    conn.close()
+    mongo = MongoStore(mongo_url)
+    async with raw_client(mongo_url) as client:
+        assert await migrate_mongo(client[mongo.database], up_to=8) == 8
+    for store in (SqliteStore(str(path)), mongo):
+        await store.open()
+        try:
+            await store.host_rollups.put_many([host_rollup("agt-1", 1)])  # the tables version 9 added
+            await store.host_hourly_rollups.put_many([host_rollup("agt-1", 60)])
+            assert [len(await store.host_rollups.list("agt-1")), len(await store.host_hourly_rollups.list("agt-1"))] == [1, 1]
+        finally:
+            await store.close()
+    async with raw_client(mongo_url) as client:
+        for name in ("host_rollups", "host_hourly_rollups"):
+            indexes = await client[mongo.database][name].index_information()
+            assert [("agent_id", 1), ("minute", 1)] in [spec["key"] for spec in indexes.values()]
 
 
 async def test_a_store_newer_than_this_code_is_refused(store_url: str) -> None:

@@ -1,13 +1,14 @@
 """Telemetry: the latest sample per GPU in memory; finished minutes persisted as rollups."""
 
 import time
+import tracemalloc
 
 import pytest
 
 from common.inventory import GpuSample, HostSample
 from common.wire import Telemetry
 from master.store import SqliteStore
-from master.telemetry import TelemetryAggregator
+from master.telemetry import NET_STEP_MAX_S, TelemetryAggregator, counter_step
 from tests.master.linked import connect, relay, relay_link
 
 MINUTE = 29_000_000 * 60  # a whole minute, in seconds
@@ -136,3 +137,150 @@ async def test_a_telemetry_frame_through_a_relay_link_keeps_its_hosts_sample_and
     await relay(master, link, "agt-a", Telemetry(ts=time.time(), samples=[gpu], host=host))
     assert master.telemetry.latest_hosts["agt-a"] == host
     assert master.telemetry.latest["GPU-h100-0"].throttle_reasons == ("sw_power_cap",)
+
+
+# --- a host's own readings, rolled up by the minute (HostRollup) ---------------------------------------------------
+
+
+def host_sample(ts: float, cpu: float | None = 20.0, rx: int | None = None, tx: int | None = None, **fields) -> HostSample:
+    defaults = dict(load_1m=1.5, ram_used_mib=4096, ram_total_mib=65536, disk_used_gib=100.0, disk_free_gib=900.0)
+    return HostSample(ts=ts, cpu_pct=cpu, net_rx_bytes=rx, net_tx_bytes=tx, **(defaults | fields))
+
+
+@pytest.fixture
+async def store(tmp_path):
+    store = SqliteStore(str(tmp_path / "m.db"))
+    await store.open()
+    yield store
+    await store.close()
+
+
+async def test_a_minute_of_a_hosts_samples_is_one_host_rollup_with_the_bytes_its_counters_moved(store):
+    telemetry = TelemetryAggregator(store)
+    telemetry.ingest_host("agt-1", host_sample(MINUTE - 10, cpu=99.0, rx=1_000, tx=500))  # the minute before
+    telemetry.ingest_host("agt-1", host_sample(MINUTE + 5, cpu=10.0, rx=4_000, tx=600, ram_used_mib=1000, disk_free_gib=800.0))
+    telemetry.ingest_host("agt-1", host_sample(MINUTE + 25, cpu=30.0, rx=10_000, tx=700, ram_used_mib=3000, load_1m=None))
+    telemetry.ingest_host("agt-1", host_sample(MINUTE + 45, cpu=None, rx=10_500, tx=900, ram_total_mib=32768))
+    telemetry.ingest_host("agt-1", host_sample(MINUTE + 65, rx=11_000, tx=1_000))  # the next minute, still open
+
+    assert await telemetry.flush(MINUTE + 70) == 2  # the minute before and this one; no GPU had samples
+    before, this = await store.host_rollups.list("agt-1")
+    assert (before.minute, before.samples, before.net_rx_bytes) == (MINUTE // 60 - 1, 1, None)  # no step to count yet
+    assert (this.minute, this.samples, this.minutes) == (MINUTE // 60, 3, 1)
+    assert (this.cpu_pct_avg, this.cpu_pct_max) == (20.0, 30.0)  # over the samples that said
+    assert this.load_1m_avg == 1.5
+    assert (this.ram_used_mib_avg, this.ram_used_mib_max, this.ram_total_mib) == (2698.67, 4096, 32768)  # total: the latest
+    assert (this.disk_used_gib, this.disk_free_gib_min) == (100.0, 800.0)
+    assert (this.net_rx_bytes, this.net_tx_bytes) == (9_500, 400)  # 3,000 + 6,000 + 500; 100 + 100 + 200
+    assert await store.rollups.list("agt-1") == []  # kept apart from the GPUs'
+
+
+async def test_a_counter_that_goes_backwards_counts_nothing_for_that_step_and_a_long_gap_is_not_placed(store):
+    telemetry = TelemetryAggregator(store)
+    telemetry.ingest_host("agt-1", host_sample(MINUTE + 1, rx=50_000, tx=50_000))
+    telemetry.ingest_host("agt-1", host_sample(MINUTE + 11, rx=100, tx=51_000))  # the host rebooted: rx starts again
+    telemetry.ingest_host("agt-1", host_sample(MINUTE + 21, rx=400, tx=None))  # tx not read this time
+    telemetry.ingest_host("agt-1", host_sample(MINUTE + 21 + NET_STEP_MAX_S + 1, rx=10**9, tx=10**9))  # away too long
+    await telemetry.flush(MINUTE + 3600, everything=True)
+
+    first, *_, last = await store.host_rollups.list("agt-1")
+    assert (first.net_rx_bytes, first.net_tx_bytes) == (300, 1_000)  # 0 for the reboot's step, then 300
+    assert (last.net_rx_bytes, last.net_tx_bytes) == (None, None)
+    assert counter_step(10, 5, 1.0) == 0 and counter_step(None, 5, 1.0) is None and counter_step(5, 10, 1.0) == 5
+
+
+async def test_a_late_host_sample_counts_for_its_minute_without_counters_and_a_repeated_one_not_at_all(store):
+    telemetry = TelemetryAggregator(store)
+    telemetry.ingest_host("agt-1", host_sample(MINUTE + 10, cpu=10.0, rx=1_000))
+    telemetry.ingest_host("agt-1", host_sample(MINUTE + 70, cpu=70.0, rx=2_000))  # the next minute: the first has ended
+    telemetry.ingest_host("agt-1", host_sample(MINUTE + 20, cpu=30.0, rx=1_500))  # late, out of order
+    telemetry.ingest_host("agt-1", host_sample(MINUTE + 70, cpu=70.0, rx=2_000))  # the same frame again
+    assert telemetry.latest_hosts["agt-1"].ts == MINUTE + 70  # a late sample is not the latest
+
+    assert await telemetry.flush(MINUTE + 125) == 2
+    first, second = await store.host_rollups.list("agt-1")
+    assert (first.samples, first.cpu_pct_avg, first.net_rx_bytes) == (2, 20.0, None)
+    assert (second.samples, second.cpu_pct_avg, second.net_rx_bytes) == (1, 70.0, 1_000)
+
+
+async def test_host_rollups_a_failed_flush_did_not_write_are_written_by_the_next(store, monkeypatch):
+    telemetry = TelemetryAggregator(store)
+    for i in range(3):
+        telemetry.ingest_host(f"agt-{i}", host_sample(MINUTE + 1))
+    real_put_many = store.host_rollups.put_many
+
+    async def failing(batch):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(store.host_rollups, "put_many", failing)
+    with pytest.raises(OSError, match="disk full"):
+        await telemetry.flush(MINUTE + 65, duty=1.0)
+    monkeypatch.setattr(store.host_rollups, "put_many", real_put_many)
+    assert await telemetry.flush(MINUTE + 65, duty=1.0) == 3
+    assert [len(await store.host_rollups.list(f"agt-{i}")) for i in range(3)] == [1, 1, 1]
+
+
+def test_a_hosts_open_minute_costs_a_few_hundred_bytes_so_a_10000_host_fleet_a_few_megabytes():
+    telemetry = TelemetryAggregator(store=None)  # type: ignore[arg-type]  # nothing is flushed
+    ids = [f"agt-{i:05d}" for i in range(10_000)]
+    for agent_id in ids:
+        telemetry.latest_hosts[agent_id] = host_sample(MINUTE, rx=10**12, tx=10**12)  # kept before history was
+    later = [host_sample(MINUTE + 10, cpu=i % 100 + 0.5, rx=10**12 + i, tx=10**12 + 2 * i) for i in range(10_000)]
+    tracemalloc.start()
+    try:
+        for agent_id, sample_ in zip(ids, later, strict=True):
+            telemetry.ingest_host(agent_id, sample_)
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(telemetry._host_open) == 10_000
+    assert held / 10_000 < 512  # measured: about 365 bytes per host (the minute, its numbers, its dict entry)
+
+
+async def test_a_hosts_readings_out_of_bounds_are_taken_as_not_said_and_every_other_minute_is_still_written(store):
+    """A host is untrusted: one rollup the store refused would hold every host's minutes back at each flush."""
+    telemetry = TelemetryAggregator(store)
+    telemetry.ingest_host("agt-bad", host_sample(MINUTE + 1, cpu=1e300, rx=2**70, tx=5, ram_used_mib=-1, load_1m=1e13))
+    telemetry.ingest_host("agt-bad", host_sample(MINUTE + 11, cpu=50.0, rx=10, tx=5 + 10**14))  # 100 TB in 10 s
+    telemetry.ingest_host("agt-bad", host_sample(1e300, cpu=1.0))  # dated beyond any minute the store can key
+    telemetry.ingest_host("agt-good", host_sample(MINUTE + 1, cpu=10.0))
+
+    assert await telemetry.flush(MINUTE + 65) == 2
+    [bad] = await store.host_rollups.list("agt-bad")
+    assert (bad.samples, bad.cpu_pct_avg, bad.load_1m_avg, bad.ram_used_mib_max) == (2, 50.0, 1.5, 4096)
+    assert (bad.net_rx_bytes, bad.net_tx_bytes) == (None, None)  # the huge counter unsaid; the step too fast to be real
+    assert telemetry.latest_hosts["agt-bad"].ts == MINUTE + 11
+    assert [r.cpu_pct_avg for r in await store.host_rollups.list("agt-good")] == [10.0]
+
+
+def test_a_gpus_open_minute_costs_a_few_hundred_bytes_so_80000_gpus_tens_of_megabytes():
+    """The minutes held between two flushes are the Master's largest per-GPU state (two per GPU at a flush)."""
+    telemetry = TelemetryAggregator(store=None)  # type: ignore[arg-type]  # nothing is flushed here
+    first = [sample(f"GPU-{i}", MINUTE, 1.0) for i in range(10_000)]
+    for one in first:
+        telemetry.ingest("agt-1", [one])  # the latest samples exist before (and are replaced, not added)
+    telemetry._open.clear()
+    later = [sample(f"GPU-{i}", MINUTE + 20, i % 100 + 0.5, temp=40 + i % 40, power=100.0 + i) for i in range(10_000)]
+    tracemalloc.start()
+    try:
+        for one in later:
+            telemetry.ingest("agt-1", [one])
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(telemetry._open) == 10_000
+    # measured: 349 bytes per GPU (the minute, its figures, its dict entry); 573 with a float attribute per figure
+    assert held / 10_000 < 450
+
+
+async def test_a_minute_without_temperature_power_clocks_or_throttling_says_none_not_zero(tmp_path):
+    store = SqliteStore(str(tmp_path / "m.db"))
+    await store.open()
+    telemetry = TelemetryAggregator(store)
+    telemetry.ingest("agt-1", [GpuSample(uuid="GPU-bare", ts=MINUTE + 1, utilization_pct=30.0, memory_used_mib=5)])
+    await telemetry.flush(MINUTE + 61)
+    [rollup] = await store.rollups.list("GPU-bare")
+    assert (rollup.temperature_max, rollup.temperature_avg, rollup.power_avg_w, rollup.power_max_w) == (None,) * 4
+    assert (rollup.clock_sm_avg_mhz, rollup.clock_mem_avg_mhz, rollup.throttle_reasons) == (None, None, [])
+    assert (rollup.utilization_max, rollup.memory_used_mib_max, rollup.ecc_uncorrected) == (30.0, 5, 0)
+    await store.close()

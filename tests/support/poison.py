@@ -15,7 +15,7 @@ import pymongo
 
 from master.records import CommandRecord
 from master.store import MongoStore, SqliteStore, Store
-from master.store.aggregates import Aggregate, rollup_key
+from master.store.aggregates import Aggregate, host_rollup_key, rollup_key
 
 KEY = object()  # stands for the planted record's key among the columns below
 FAR_FUTURE = 4_000_000_000.0
@@ -47,6 +47,8 @@ _SQLITE_COLUMNS: dict[Aggregate, dict[str, Any]] = {
     Aggregate.ALERT_RULES: {"name": KEY},
     Aggregate.SILENCES: {"id": KEY, "created_at": 1_700_000_000.0, "expires_at": FAR_FUTURE},
     Aggregate.WEBHOOKS: {"id": KEY, "owner": "acme", "created_at": 1_700_000_000.0},
+    Aggregate.HOST_ROLLUPS: {"agent_id": KEY, "minute": 5},
+    Aggregate.HOST_HOURLY_ROLLUPS: {"agent_id": KEY, "minute": 120},
 }
 # The MongoDB field each SQLite column is kept in, where the names differ; the key column is _id.
 _MONGO_FIELD = {"idx": "index"}
@@ -70,7 +72,10 @@ _BROKEN: dict[Aggregate, dict[str, Any]] = {
     Aggregate.ALERT_RULES: {"spec": "not a mapping", "updated_at": 0.0, "updated_by": "operator"},
     Aggregate.SILENCES: {"created_by": "operator", "labels": "not labels"},
     Aggregate.WEBHOOKS: {"url": "https://hooks.example/x", "secret": 7, "role": "provider"},
+    Aggregate.HOST_ROLLUPS: {"samples": "many"},
+    Aggregate.HOST_HOURLY_ROLLUPS: {"samples": "many"},
 }
+_HOST_ROLLUPS = (Aggregate.HOST_ROLLUPS, Aggregate.HOST_HOURLY_ROLLUPS)
 
 
 def nan_command_doc(command_id: str, created_at: float) -> str:
@@ -105,6 +110,8 @@ def poison_sqlite(path: str, aggregate: Aggregate, key: str, *, doc: str | None 
         return str(cursor.lastrowid)
     if aggregate in (Aggregate.ROLLUPS, Aggregate.HOURLY_ROLLUPS):
         return rollup_key(key, columns["minute"])
+    if aggregate in _HOST_ROLLUPS:
+        return host_rollup_key(key, columns["minute"])
     return key
 
 
@@ -130,6 +137,8 @@ async def poison_mongo(url: str, database: str, aggregate: Aggregate, key: str, 
                 doc["seq"] = counter["value"]
             rollups = (Aggregate.ROLLUPS, Aggregate.HOURLY_ROLLUPS)
             reported = rollup_key(key, columns["minute"]) if aggregate in rollups else key
+            if aggregate in _HOST_ROLLUPS:
+                reported = host_rollup_key(key, columns["minute"])
             doc["_id"] = reported
         await db[aggregate.value].insert_one(doc)
     return reported

@@ -18,6 +18,7 @@ from master.store.base import (
     EventRepo,
     FairShareRepo,
     GpuRepo,
+    HostRollupRepo,
     LeaseRepo,
     LedgerRepo,
     PriceRepo,
@@ -40,6 +41,7 @@ from master.store.mongo.connection import MongoConnection, Writer, redacted
 from master.store.mongo.events import MongoEventRepo
 from master.store.mongo.fair_share import MongoFairShareRepo
 from master.store.mongo.gpus import MongoGpuRepo
+from master.store.mongo.host_rollups import MongoHostHourlyRollupRepo, MongoHostRollupRepo
 from master.store.mongo.leases import MongoLeaseRepo
 from master.store.mongo.ledger import MongoLedgerRepo
 from master.store.mongo.prices import MongoPriceRepo
@@ -78,6 +80,8 @@ class MongoStore:
         self.silences: SilenceRepo = MongoSilenceRepo(*upkeep)
         self.leases: LeaseRepo = MongoLeaseRepo(self._conn)
         self.webhooks: WebhookRepo = MongoWebhookRepo(*upkeep)
+        self.host_rollups: HostRollupRepo = MongoHostRollupRepo(*upkeep)
+        self.host_hourly_rollups: HostRollupRepo = MongoHostHourlyRollupRepo(*upkeep)
 
     @property
     def url(self) -> str:

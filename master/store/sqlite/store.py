@@ -14,6 +14,7 @@ from master.store.base import (
     EventRepo,
     FairShareRepo,
     GpuRepo,
+    HostRollupRepo,
     LeaseRepo,
     LedgerRepo,
     PriceRepo,
@@ -37,6 +38,7 @@ from master.store.sqlite.database import SqliteDatabase
 from master.store.sqlite.events import SqliteEventRepo
 from master.store.sqlite.fair_share import SqliteFairShareRepo
 from master.store.sqlite.gpus import SqliteGpuRepo
+from master.store.sqlite.host_rollups import SqliteHostHourlyRollupRepo, SqliteHostRollupRepo
 from master.store.sqlite.leases import SqliteLeaseRepo
 from master.store.sqlite.ledger import SqliteLedgerRepo
 from master.store.sqlite.prices import SqlitePriceRepo
@@ -75,6 +77,8 @@ class SqliteStore:
         self.silences: SilenceRepo = SqliteSilenceRepo(*upkeep)
         self.leases: LeaseRepo = SqliteLeaseRepo(self._db)
         self.webhooks: WebhookRepo = SqliteWebhookRepo(*upkeep)
+        self.host_rollups: HostRollupRepo = SqliteHostRollupRepo(*upkeep)
+        self.host_hourly_rollups: HostRollupRepo = SqliteHostHourlyRollupRepo(*upkeep)
 
     def __repr__(self) -> str:
         return f"SqliteStore({self.path!r})"

@@ -4,12 +4,14 @@ the rule and the field named."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import get_args
 
 import pytest
 
 from common.errors import ConfigError
+from management.api.alerts import ScopeName
 from management.monitoring.observe import WIRED
-from management.monitoring.rules import load_rules
+from management.monitoring.rules import SCOPES, load_rules
 
 
 def test_the_shipped_rules_parse_and_watch_only_wired_metrics():
@@ -21,6 +23,9 @@ def test_the_shipped_rules_parse_and_watch_only_wired_metrics():
         "host_offline",
         "renter_balance_low",
         "command_failures",
+        "relay_down",
+        "host_bandwidth_below_floor",
+        "gpu_temperature_anomaly",
     }
     assert all(r.metric in WIRED for r in rules)
     [hot] = [r for r in rules if r.name == "gpu_overheating"]
@@ -57,3 +62,7 @@ def test_a_name_used_twice_or_a_file_that_is_not_toml_is_refused(tmp_path: Path)
         load_rules(path)
     with pytest.raises(ConfigError, match="cannot read"):
         load_rules(tmp_path / "absent.toml")
+
+
+def test_the_api_takes_exactly_the_scopes_a_rule_may_have():
+    assert set(get_args(ScopeName)) == set(SCOPES) and "relay" in SCOPES
