@@ -424,6 +424,7 @@ class MasterLink:
         attempt = 0  # backoffs since the last link up
         follow = ""  # the leader a refusal named: dialled next, once
         standby_answered = False  # a standby refused since the last backoff: a takeover is under way, retry soon
+        last_refusal: tuple[str, str] | None = None
         while not self._stopping:
             url = follow or urls[index % len(urls)]
             followed, follow = bool(follow), ""
@@ -460,7 +461,10 @@ class MasterLink:
             leader = not_leader(opened)
             if leader is not None:
                 standby_answered = True
-                log.info("master link refused: not the leader", extra={"master_url": url, "leader": leader or "unknown"})
+                # Redials come fast while a takeover is under way: each (Master, leader named) is told once.
+                level = logging.DEBUG if (url, leader) == last_refusal else logging.INFO
+                last_refusal = (url, leader)
+                log.log(level, "master link refused: not the leader", extra={"master_url": url, "leader": leader or "unknown"})
                 if leader and leader != url and not followed:
                     follow = leader
                     continue  # at once: the leader is known

@@ -4,10 +4,12 @@ agents connected through a takeover. The Masters are stand-ins (conftest.py); th
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import AsyncIterator
 
 import pytest
 
+from access import cli as access_cli
 from access.config import AccessConfig
 from common.wire import CLOSE_NOT_LEADER, AgentConnected
 from tests.access.conftest import MasterStandIn, RelayFactory, TestPki, eventually, heartbeat, result
@@ -29,6 +31,15 @@ def test_master_url_alone_is_a_list_of_one_and_master_urls_replace_it() -> None:
     assert config.masters == ["wss://m1:7100/link", "wss://m2:7100/link"]
     with pytest.raises(Exception, match="master_urls must hold wss:// URLs"):
         AccessConfig(master_urls=["http://m1"])
+
+
+def test_master_url_given_once_per_master_on_the_command_line_lists_them_all() -> None:
+    parser = argparse.ArgumentParser()
+    access_cli._add_arguments(parser)
+    one = access_cli.overrides(parser.parse_args(["--master-url", "wss://m1:7100/link"]))
+    assert (one["master_url"], one["master_urls"]) == ("wss://m1:7100/link", None)
+    two = access_cli.overrides(parser.parse_args(["--master-url", "wss://m1:7100/link", "--master-url", "wss://m2:7100/link"]))
+    assert two["master_urls"] == ["wss://m1:7100/link", "wss://m2:7100/link"]
 
 
 async def test_a_standby_refuses_the_link_naming_the_leader_and_the_relay_links_there(
