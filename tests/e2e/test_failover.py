@@ -171,7 +171,7 @@ def mongo_server(tmp_path: Path) -> Iterator[str]:
     """The MongoDB both Masters share: a real mongod when MONGODB_URI is set, else an nx-27017 started here."""
     real = real_mongodb_uri()
     if real is not None:
-        yield real
+        yield real  # each test names a database of its own in it
         return
     server = Nx27017(tmp_path / "nx27017").start()
     try:

@@ -14,12 +14,15 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from common.errors import Fenced
 from common.pki import Role, client_tls_context
 from common.wire import CLOSE_NOT_LEADER
+from management.api.errors import errors_middleware
 from management.server import LEADER_HEADER, MasterServer
 from master.authority import Authority
 from master.config import MasterConfig
@@ -137,3 +140,17 @@ async def test_a_leader_whose_lease_was_taken_steps_down_refuses_writes_and_answ
     status, headers, body = await get(a, "/api/v1/agents", key)
     assert status == 503 and body["error"]["leader"] == "http://c:7000" == headers[LEADER_HEADER]
     assert b.master.role == "standby"
+
+
+async def test_a_write_fenced_while_a_call_was_under_way_answers_503_fenced() -> None:
+    """The call passed the standby gate, then the Master lost the lead before it wrote: retry at the leader."""
+
+    async def handler(request: web.Request) -> web.Response:
+        raise Fenced("Master master-a is stepped_down, not the leader (epoch 1): its store writes are refused")
+
+    app = web.Application(middlewares=[errors_middleware])
+    app.router.add_post("/api/v1/commands", handler)
+    async with TestClient(TestServer(app)) as client:
+        response = await client.post("/api/v1/commands")
+        assert response.status == 503
+        assert (await response.json())["error"]["code"] == "fenced"
