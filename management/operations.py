@@ -220,6 +220,7 @@ class Health:
     # High availability (docs/ha.md): leader | standby | stepped_down, and the leader's API URL when another leads.
     role: str = "leader"
     leader: str = ""
+    ready: bool = True  # it serves: leads, and has loaded the state it took over
 
 
 @dataclass(frozen=True)
@@ -633,6 +634,7 @@ class Operations:
             store=self._master.store.backend,
             relays=sorted(self._master.hub.links),
             role=self._master.role,
+            ready=self._master.serves(),
             leader=leadership.leader_api_url() if leadership is not None else "",
         )
 

@@ -86,15 +86,22 @@ class StandbyGate:
         @web.middleware
         async def standby(request: web.Request, handler: Handler) -> web.StreamResponse:
             leadership = self._master.leadership
-            if leadership is None or leadership.leads() or request.path == "/healthz":
+            if leadership is None or self._master.serves() or request.path == "/healthz":
                 return await handler(request)
             leader = leadership.leader_api_url()
-            where = f"the leader is {leader}" if leader else "no leader is known yet; retry in a few seconds"
+            if leadership.leads():
+                message = "this Master has just been elected and is loading its state; retry in a few seconds"
+            elif leader:
+                message = f"this Master is {leadership.role.value}, not the leader: the leader is {leader}"
+            else:
+                message = (
+                    f"this Master is {leadership.role.value}, not the leader; no leader is known yet: retry in a few seconds"
+                )
             response = web.json_response(
                 {
                     "error": {
                         "code": "not_leader",
-                        "message": f"this Master is {leadership.role.value}, not the leader: {where}",
+                        "message": message,
                         "leader": leader,
                     }
                 },

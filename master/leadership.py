@@ -85,6 +85,7 @@ class Leadership:
         self._renewed_at = -float("inf")  # monotonic time a renewal that succeeded was sent
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._taking_over: asyncio.Task[None] | None = None
         self._deposed = asyncio.Event()
 
     # --- what the Master asks ---------------------------------------------------------------------
@@ -139,11 +140,21 @@ class Leadership:
         self._renewed_at = sent_at
         self.role = Role.LEADER
         log.info("leader lease taken", extra={"holder": self.holder, "epoch": lease.epoch})
+        # Taking over (loading the state) runs beside the loop, which goes on renewing meanwhile: a large store takes
+        # longer to load than a lease lasts.
+        self._taking_over = asyncio.create_task(self._take_over(lease), name="taking-over")
+
+    async def _take_over(self, lease: LeaseRecord) -> None:
         try:
             await self._on_elected(lease)
         except Exception as exc:  # half taken over is no state to serve in
             log.exception("taking over failed")
             await self.step_down(f"taking over failed: {exc}")
+
+    async def taken_over(self) -> None:
+        """Until ``on_elected`` has finished (at once when no take-over is under way)."""
+        if self._taking_over is not None:
+            await asyncio.shield(self._taking_over)
 
     async def _renew(self) -> None:
         assert self.lease is not None
@@ -196,11 +207,12 @@ class Leadership:
 
     async def stop(self, *, release: bool) -> None:
         """Stop the loop; ``release``: a leader stopping cleanly lets its lease lapse now, so a standby takes over at once."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        for task in (self._task, self._taking_over):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        self._task = self._taking_over = None
         if release and self.role is Role.LEADER and self.lease is not None:
             with contextlib.suppress(Exception):
                 await self._leases.release(self.holder, self.lease.epoch)

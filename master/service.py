@@ -105,6 +105,7 @@ class Master:
         self.store = store or open_store(config.resolved_store_url())
         # High availability (docs/ha.md): the leader lease decides whether this Master serves, and fences its writes.
         self.leadership: Leadership | None = None
+        self._taken_over = False  # the state is loaded and the loops run (high availability: once elected)
         self.on_elected: list[Callable[[], Awaitable[None]]] = []  # what serving needs beyond the Master (the API's loops)
         if config.ha:
             self.leadership = Leadership(
@@ -247,10 +248,15 @@ class Master:
         return Role.LEADER.value if self.leadership is None else self.leadership.role.value
 
     def leads(self) -> bool:
+        """Whether this Master may write now (always, without ha)."""
         return self.leadership is None or self.leadership.leads()
 
+    def serves(self) -> bool:
+        """Whether relays and API calls are taken: it leads, and has loaded the state it took over."""
+        return self.leadership is None or (self._taken_over and self.leadership.leads())
+
     def _link_refusal(self) -> str | None:
-        if self.leadership is None or self.leadership.leads():
+        if self.leadership is None or self.serves():
             return None
         return self.leadership.leader_url()
 
@@ -261,6 +267,7 @@ class Master:
         self._run_loops()
         for take_over in self.on_elected:
             await take_over()
+        self._taken_over = True
         log.info("master leading", extra={"epoch": lease.epoch, "holder": lease.holder})
 
     async def _deposed(self, reason: str) -> None:

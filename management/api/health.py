@@ -20,7 +20,7 @@ async def healthz(request: web.Request) -> web.Response:
             "store": health.store,
             "relays": health.relays,
             "role": health.role,
-            "ready": health.role == "leader",
+            "ready": health.ready,
             "leader": health.leader,
         }
     )

@@ -3,6 +3,7 @@ on a real SQLite store: two Masters, ``a`` and ``b``, share one file as they wou
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -82,6 +83,7 @@ async def test_the_first_master_to_try_leads_and_the_other_stands_by_naming_it(s
     a, b = master(stores[0], "a", clocks, told_a), master(stores[1], "b", clocks, told_b)
     await a.step()
     await b.step()
+    await a.taken_over()
     assert (a.role, b.role) == (Role.LEADER, Role.STANDBY)
     assert [lease.epoch for lease in told_a.elected] == [1] and told_b.elected == []
     assert (b.leader_url(), b.leader_api_url()) == ("wss://a:7100/link", "http://a:7000")
@@ -129,6 +131,7 @@ async def test_a_killed_leaders_lease_is_taken_by_the_standby_once_it_lapses_wit
         waited += TIMING.renew_s
         await b.step()
     assert TIMING.ttl_s <= waited <= TIMING.ttl_s + TIMING.renew_s
+    await b.taken_over()
     assert [lease.epoch for lease in told_b.elected] == [2] and b.leads()
 
 
@@ -183,6 +186,35 @@ async def test_a_clean_stop_releases_the_lease_so_the_standby_takes_it_at_once(s
     await a.stop(release=True)
     await b.step()
     assert b.role is Role.LEADER and b.lease is not None and b.lease.epoch == 2
+
+
+async def test_the_leader_keeps_renewing_while_it_takes_over_and_a_failed_take_over_steps_down(
+    stores: tuple[Store, Store],
+) -> None:
+    clocks, loading = Clocks(), asyncio.Event()
+    told = Told()
+
+    async def slow_then_failing(lease: LeaseRecord) -> None:
+        await loading.wait()  # a store so large its state loads longer than a lease lasts
+        raise RuntimeError("the registry could not be read")
+
+    a = Leadership(
+        stores[0].leases,
+        "a",
+        timing=TIMING,
+        on_elected=slow_then_failing,
+        on_deposed=told.on_deposed,
+        wall=clocks.wall,
+        monotonic=clocks.mono,
+    )
+    await a.step()
+    for _ in range(5):  # 15 s of loading: renewed all along
+        clocks.advance(TIMING.renew_s)
+        await a.step()
+        assert a.leads()
+    loading.set()
+    await a.taken_over()
+    assert a.role is Role.STEPPED_DOWN and told.deposed == ["taking over failed: the registry could not be read"]
 
 
 def test_a_renewal_period_that_cannot_keep_the_lease_is_a_config_error() -> None:
