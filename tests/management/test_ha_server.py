@@ -7,6 +7,7 @@ Both run on one SQLite file here (fast; the lease is the same code path); MongoD
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -21,7 +22,7 @@ from websockets.exceptions import ConnectionClosed
 
 from common.errors import Fenced
 from common.pki import Role, client_tls_context
-from common.wire import CLOSE_NOT_LEADER
+from common.wire import CLOSE_NOT_LEADER, PROTOCOL_VERSIONS, AccessHello, AccessWelcome, decode_link_frame, encode
 from management.api.errors import errors_middleware
 from management.server import LEADER_HEADER, MasterServer
 from master.authority import Authority
@@ -69,6 +70,13 @@ async def pair(tmp_path: Path) -> AsyncIterator[tuple[MasterServer, MasterServer
             await server.stop()
 
 
+def relay_context(tmp_path: Path) -> ssl.SSLContext:
+    """A relay's client TLS, its certificate from the pair's CA."""
+    authority = Authority.open(tmp_path / "master")
+    cert, key, ca = authority.write_server_identity(tmp_path / "relay", Role.ACCESS, "relay-1", names=("localhost",))
+    return client_tls_context(ca, cert, key)
+
+
 async def _is(server: MasterServer, role: str) -> bool:
     return server.master.role == role
 
@@ -104,10 +112,7 @@ async def test_the_standby_refuses_a_relay_link_with_4011_naming_the_leaders_lin
     pair: tuple[MasterServer, MasterServer], tmp_path: Path
 ) -> None:
     a, b = pair
-    authority = Authority.open(tmp_path / "master")
-    cert, key, ca = authority.write_server_identity(tmp_path / "relay", Role.ACCESS, "relay-1", names=("localhost",))
-    context = client_tls_context(ca, cert, key)
-    async with connect(f"wss://127.0.0.1:{b.master.link_port}/link", ssl=context) as ws:
+    async with connect(f"wss://127.0.0.1:{b.master.link_port}/link", ssl=relay_context(tmp_path)) as ws:
         with pytest.raises(ConnectionClosed):
             await ws.recv()
     assert ws.close_code == CLOSE_NOT_LEADER
@@ -125,15 +130,20 @@ async def test_a_clean_stop_of_the_leader_hands_over_to_the_standby_at_once(pair
     assert lease is not None and (lease.holder, lease.epoch) == ("master-b", 2)
 
 
-async def test_a_leader_whose_lease_was_taken_steps_down_refuses_writes_and_answers_as_a_standby(
-    pair: tuple[MasterServer, MasterServer],
+async def test_a_leader_whose_lease_was_taken_steps_down_hands_its_relays_over_refuses_writes_and_answers_as_a_standby(
+    pair: tuple[MasterServer, MasterServer], tmp_path: Path
 ) -> None:
     a, b = pair
     key = a.operator_token_file.read_text().strip()
+    relay = await connect(f"wss://127.0.0.1:{a.master.link_port}/link", ssl=relay_context(tmp_path))
+    await relay.send(encode(AccessHello(versions=list(PROTOCOL_VERSIONS), relay_id="relay-1", region="eu")), text=True)
+    assert isinstance(decode_link_frame(await relay.recv()), AccessWelcome)
     # A third Master whose clock runs a minute ahead takes the lease (the skew docs/ha.md says must not happen).
     taken = await b.master.store.leases.acquire("master-c", "wss://c:7100/link", "http://c:7000", 60.0, time.time() + 60)
     assert taken is not None and taken.epoch == 2
     await eventually(lambda: _is(a, "stepped_down"), "master-a to step down")
+    await asyncio.wait_for(relay.wait_closed(), 5)
+    assert (relay.close_code, relay.close_reason) == (CLOSE_NOT_LEADER, "wss://c:7100/link")
     assert a.master.leadership is not None and a.master.leadership.deposed.is_set()
     with pytest.raises(Fenced):
         await a.master.store.events.append(EventRecord(ts=time.time(), kind="test.after", subject="a"))
