@@ -29,7 +29,11 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", type=Path, help="TOML configuration file")
     p.add_argument("--relay-id", help="this relay's name, as in its certificate (default relay-1)")
     p.add_argument("--region", help="the region this relay serves (default local)")
-    p.add_argument("--master-url", help="wss:// URL of the Master's relay link (default wss://127.0.0.1:7100/link)")
+    p.add_argument(
+        "--master-url",
+        action="append",
+        help="wss:// URL of the Master's relay link (default wss://127.0.0.1:7100/link); once per Master of an HA pair",
+    )
     p.add_argument("--public-url", help="wss:// URL agents reach this relay at, if not its bind address")
     p.add_argument("--host", help="address both servers bind to (default 127.0.0.1)")
     p.add_argument("--agent-port", type=int, help="port agents connect to over wss with their certificate (default 7200)")
@@ -51,7 +55,8 @@ def overrides(args: argparse.Namespace) -> dict[str, object]:
     return {
         "relay_id": args.relay_id,
         "region": args.region,
-        "master_url": args.master_url,
+        "master_url": args.master_url[0] if args.master_url else None,
+        "master_urls": args.master_url if args.master_url and len(args.master_url) > 1 else None,
         "public_url": args.public_url,
         "agent_host": args.host,
         "http_host": args.host,

@@ -19,6 +19,9 @@ class AccessConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     relay_id: str = "relay-1"
     region: str = "local"
     master_url: str = "wss://127.0.0.1:7100/link"
+    # Every Master of a highly available pair or more (docs/ha.md); the relay links to the leader, following a standby's
+    # refusal to the leader it names. Empty: master_url alone.
+    master_urls: list[str] = msgspec.field(default_factory=list)
     public_url: str = ""  # wss:// URL agents reach this relay at, announced to the Master; agent_url when empty
     agent_host: str = "127.0.0.1"
     agent_port: int = 7200  # wss, mutual TLS: agents present their certificate
@@ -82,6 +85,11 @@ class AccessConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def __post_init__(self) -> None:
         _check(self)
 
+    @property
+    def masters(self) -> list[str]:
+        """The Masters' link URLs to dial, in order: ``master_urls``, or ``master_url`` alone."""
+        return list(self.master_urls) or [self.master_url]
+
 
 def _check(config: AccessConfig) -> None:
     """Reject values that would make the relay misbehave, with a message naming the setting."""
@@ -90,6 +98,9 @@ def _check(config: AccessConfig) -> None:
         problems.append("relay_id must not be empty")
     if not config.master_url.startswith(("wss://", "ws://")):
         problems.append(f"master_url must be a wss:// URL, got {config.master_url!r}")
+    for url in config.master_urls:
+        if not url.startswith(("wss://", "ws://")):
+            problems.append(f"master_urls must hold wss:// URLs, got {url!r}")
     for name in ("agent_port", "http_port"):
         port = getattr(config, name)
         if not 0 <= port <= 65535:

@@ -93,7 +93,7 @@ class AccessRelay:
                 "region": self.config.region,
                 "agent_url": self.agent_url,
                 "http_url": self.http_url,
-                "master_url": self.config.master_url,
+                "master_urls": self.config.masters,
             },
         )
 

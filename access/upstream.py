@@ -28,6 +28,7 @@ from access.config import AccessConfig
 from access.metrics import RelayMetrics
 from common.errors import IdlegridError, ProtocolError
 from common.wire import (
+    CLOSE_NOT_LEADER,
     HARD_FRAME_BYTES,
     PROTOCOL_VERSIONS,
     AccessHello,
@@ -283,6 +284,14 @@ class AgentSide(Protocol):
     async def broadcast(self, frame: bytes) -> int: ...
 
 
+def not_leader(connection: ClientConnection | None) -> str | None:
+    """The leader's link URL a Master that does not lead closed ``connection`` with ("" when it knows none), or None
+    when it was not closed for that reason (docs/ha.md)."""
+    if connection is None or connection.close_code != CLOSE_NOT_LEADER:
+        return None
+    return connection.close_reason or ""
+
+
 def full_jitter(attempt: int, initial_s: float, max_s: float) -> float:
     """A delay drawn from [0, min(max_s, initial_s * 2**attempt)]: relays restarting together do not retry in step."""
     return random.uniform(0.0, min(max_s, initial_s * 2 ** min(attempt, 32)))
@@ -407,11 +416,22 @@ class MasterLink:
     # --- connection loop -------------------------------------------------------------------------
 
     async def _run(self) -> None:
-        attempt = 0
+        """Dial the Masters until stopped: the one a standby's refusal names next (docs/ha.md), else the next in
+        ``master_urls``; a backoff only once every Master was tried in a row without a link coming up."""
+        urls = self.config.masters
+        index = 0  # the Master dialled when no refusal names one
+        tried = 0  # dials since the last link up, or the last backoff
+        attempt = 0  # backoffs since the last link up
+        follow = ""  # the leader a refusal named: dialled next, once
+        standby_answered = False  # a standby refused since the last backoff: a takeover is under way, retry soon
+        last_refusal: tuple[str, str] | None = None
         while not self._stopping:
+            url = follow or urls[index % len(urls)]
+            followed, follow = bool(follow), ""
+            opened: ClientConnection | None = None
             try:
                 async with connect(
-                    self.config.master_url,
+                    url,
                     ssl=self._ssl,
                     max_size=HARD_FRAME_BYTES,
                     compression=None,
@@ -419,38 +439,55 @@ class MasterLink:
                     ping_interval=self.config.idle_timeout_s / 2,
                     ping_timeout=self.config.idle_timeout_s / 2,
                 ) as connection:
-                    await self._open(connection)
-                    attempt = 0
+                    opened = connection
+                    await self._open(connection, url)
+                    attempt = tried = 0
                     await self._serve(connection)
             except (OSError, ssl.SSLError, InvalidHandshake, InvalidURI, ConnectionClosed, TimeoutError, ProtocolError) as exc:
-                if not self._stopping:
+                if not self._stopping and not_leader(opened) is None:
                     # The first failures say what is wrong; after that, one line in ten is enough.
                     level = logging.WARNING if attempt < 3 or attempt % 10 == 0 else logging.DEBUG
                     log.log(
-                        level,
-                        "master link down: %s",
-                        exc or type(exc).__name__,
-                        extra={"master_url": self.config.master_url, "attempt": attempt},
+                        level, "master link down: %s", exc or type(exc).__name__, extra={"master_url": url, "attempt": attempt}
                     )
             except Exception:  # a bug here must not end reconnection for good
-                log.exception("master link failed", extra={"master_url": self.config.master_url})
+                log.exception("master link failed", extra={"master_url": url})
             finally:
                 if not self.is_up and not self._stopping:
                     self._metrics.link_dial("failed")  # one that came up was counted in _open
                 self._down()
             if self._stopping:
                 return
+            leader = not_leader(opened)
+            if leader is not None:
+                standby_answered = True
+                # Redials come fast while a takeover is under way: each (Master, leader named) is told once.
+                level = logging.DEBUG if (url, leader) == last_refusal else logging.INFO
+                last_refusal = (url, leader)
+                log.log(level, "master link refused: not the leader", extra={"master_url": url, "leader": leader or "unknown"})
+                if leader and leader != url and not followed:
+                    follow = leader
+                    continue  # at once: the leader is known
+            if not followed:
+                index += 1
+            tried += 1
+            if tried < len(urls) and not self._flushing:
+                continue  # the next Master at once: this one is down or standing by
+            tried = 0
             if self._flushing:  # a stopping relay has seconds left to hand its buffer over: no backoff
                 delay = self.config.backoff_initial_s
+            elif standby_answered:  # a Master is up and a leader is at most a lease away: no growing backoff
+                delay = full_jitter(0, self.config.backoff_initial_s, self.config.backoff_max_s)
             else:
                 delay = full_jitter(attempt, self.config.backoff_initial_s, self.config.backoff_max_s)
-            attempt += 1
+                attempt += 1
+            standby_answered = False
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), delay)
             if not self._stopping:
                 self._wake.clear()
 
-    async def _open(self, connection: ClientConnection) -> None:
+    async def _open(self, connection: ClientConnection, url: str) -> None:
         """Hello, welcome, revocations, then tell the new Master link about every agent it must know."""
         hello = AccessHello(
             versions=list(PROTOCOL_VERSIONS),
@@ -480,7 +517,7 @@ class MasterLink:
         self._metrics.link_dial("up")
         log.info(
             "master link up",
-            extra={"master_url": self.config.master_url, "agents": len(self._sessions), "buffered": len(self.buffer)},
+            extra={"master_url": url, "agents": len(self._sessions), "buffered": len(self.buffer)},
         )
 
     def _announcements(self, revoked: set[str]) -> list[AgentConnected]:

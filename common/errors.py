@@ -129,6 +129,12 @@ class InvalidTelemetryWindow(IdlegridError):
     code = "bad_request"
 
 
+class Fenced(IdlegridError):
+    """A store write refused because this Master no longer holds the leader lease (docs/ha.md): it must step down."""
+
+    code = "fenced"
+
+
 # --- backup and restore (master/backup.py, docs/backup.md) ---------------------------------------------------------
 
 

@@ -26,6 +26,9 @@ CLOSE_POLICY = 4003  # this certificate may not be here: wrong role, revoked, ex
 CLOSE_REVOKED = 4004  # this certificate is revoked: the agent must enroll again, retrying cannot help
 CLOSE_REPLACED = 4008  # the same agent connected again; the newer connection wins
 CLOSE_SILENT = 4010  # no frame for max_silence_s
+# A Master that does not lead (a standby, or one stepping down: docs/ha.md) refuses or closes a relay's link with this;
+# the reason is the leader's link URL when it knows it ("" when not), where the relay dials next.
+CLOSE_NOT_LEADER = 4011
 CLOSE_FLOOD = 1008  # policy violation: kept sending far over the rate limit after being told
 # Tunnels (common/tunnel.py): why a relay closes one end of a data WebSocket.
 CLOSE_TICKET_REFUSED = 4020  # the ticket is malformed, forged, expired, used already, or for another relay or agent

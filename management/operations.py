@@ -217,6 +217,10 @@ class HostSamples:
 class Health:
     store: str
     relays: list[str]
+    # High availability (docs/ha.md): leader | standby | stepped_down, and the leader's API URL when another leads.
+    role: str = "leader"
+    leader: str = ""
+    ready: bool = True  # it serves: leads, and has loaded the state it took over
 
 
 @dataclass(frozen=True)
@@ -625,7 +629,14 @@ class Operations:
     # --- health and metrics --------------------------------------------------------------------
 
     def health(self) -> Health:
-        return Health(store=self._master.store.backend, relays=sorted(self._master.hub.links))
+        leadership = self._master.leadership
+        return Health(
+            store=self._master.store.backend,
+            relays=sorted(self._master.hub.links),
+            role=self._master.role,
+            ready=self._master.serves(),
+            leader=leadership.leader_api_url() if leadership is not None else "",
+        )
 
     # --- workloads -----------------------------------------------------------------------------
     # ``account``: the renter account a call is limited to (auth.Scope.owner), None for the operator.

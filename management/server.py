@@ -25,6 +25,8 @@ OPERATOR_TOKEN_FILE = "operator.token"
 REQUEST_DRAIN_S = 10.0
 RETRY_AFTER_S = 5
 READ_ONLY_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+LEADER_HEADER = "Idlegrid-Leader"  # a standby's answer: the leader's API URL (docs/ha.md)
+STEPPED_DOWN_EXIT = 75  # the exit status of a Master that lost the lease (EX_TEMPFAIL): its supervisor restarts it
 
 
 class ApiGate:
@@ -72,6 +74,47 @@ class ApiGate:
             log.warning("stopping with API calls still under way", extra={"calls": self._under_way})
 
 
+class StandbyGate:
+    """A Master that does not lead (docs/ha.md) answers every route but /healthz with 503 ``not_leader``, naming the
+    leader's API URL in the body (``error.leader``) and in an ``Idlegrid-Leader`` header ("" / absent when no leader is
+    known yet), with Retry-After: a client retries there, or here in a moment. Outermost: nothing else runs first."""
+
+    def __init__(self, master: Master) -> None:
+        self._master = master
+
+    def middleware(self) -> Middleware:
+        @web.middleware
+        async def standby(request: web.Request, handler: Handler) -> web.StreamResponse:
+            leadership = self._master.leadership
+            if leadership is None or self._master.serves() or request.path == "/healthz":
+                return await handler(request)
+            leader = leadership.leader_api_url()
+            if leadership.leads():
+                message = "this Master has just been elected and is loading its state; retry in a few seconds"
+            elif leader:
+                message = f"this Master is {leadership.role.value}, not the leader: the leader is {leader}"
+            else:
+                message = (
+                    f"this Master is {leadership.role.value}, not the leader; no leader is known yet: retry in a few seconds"
+                )
+            response = web.json_response(
+                {
+                    "error": {
+                        "code": "not_leader",
+                        "message": message,
+                        "leader": leader,
+                    }
+                },
+                status=503,
+            )
+            response.headers["Retry-After"] = "1"
+            if leader:
+                response.headers[LEADER_HEADER] = leader
+            return response
+
+        return standby
+
+
 class MasterServer:
     """The Master plus its HTTP API; ``start``/``stop`` for tests and the daemon alike."""
 
@@ -85,16 +128,39 @@ class MasterServer:
         self.api_port = 0
 
     async def start(self) -> None:
+        if self.master.leadership is not None:
+            await self._start_standby()
+            return
         await self.master.start()
+        await self._serve()
+        await self._start_http()
+
+    async def _start_standby(self) -> None:
+        """High availability: listen (API and relay link) as a standby; serve once elected (``_serve``)."""
+        self.master.on_elected.append(self._serve)
+        await self._start_http()
+        advertised = self.config.advertise_host or self.config.host
+        await self.master.start_standby(f"http://{advertised}:{self.api_port}")
+
+    async def _serve(self) -> None:
+        """What the API needs beyond the Master: the operator's key, the workloads and market loaded, their loops."""
         await self._ensure_operator_token()
+        await self.operations.prices.load()
         await self.operations.workloads.load()
         await self.operations.market.market.load()
         self.operations.scheduler.start()
         self.operations.market.market.start()
         await self.operations.alert_settings.load()
         self.operations.alerts.start()
+
+    async def _start_http(self) -> None:
         app = build_app(self.master, self.api_settings, self.operations)
+        if self.master.leadership is not None:
+            # Its startup hooks load workloads, prices and the market, once for good: a standby must not load a state
+            # that the leader goes on changing. ``_serve`` loads them when this Master is elected.
+            app.on_startup.clear()
         app.middlewares.append(self.gate.middleware())  # innermost: a caller is authenticated before it is told 503
+        app.middlewares.insert(0, StandbyGate(self.master).middleware())  # outermost: a standby authenticates no one
         self._http = HttpServer(
             app,
             self.config.host,
@@ -147,6 +213,13 @@ async def serve_master(config: MasterConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     print(f"idlegrid master: API {server.api_url}  relay link {server.master.link_url}", flush=True)
-    await stop.wait()
+    leadership = server.master.leadership
+    deposed = asyncio.ensure_future(leadership.deposed.wait() if leadership is not None else asyncio.Event().wait())
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({deposed, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    if leadership is not None and leadership.deposed.is_set():
+        log.error("stepped down (%s); exiting so the supervisor starts this Master again as a standby", leadership.deposed_reason)
+        await server.stop()
+        raise SystemExit(STEPPED_DOWN_EXIT)
     log.info("shutting down: refusing API changes, draining relay links")
     await server.stop()

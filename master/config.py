@@ -124,6 +124,16 @@ class MasterConfig(msgspec.Struct, kw_only=True):
     history_hourly_retention_s: Annotated[float, msgspec.Meta(ge=3600)] = 90 * 86400.0
     # How often the history loop looks for finished hours to downsample and for rollups past retention.
     history_period_s: Annotated[float, msgspec.Meta(gt=0)] = 300.0
+    # --- high availability (master/leadership.py, docs/ha.md) ---
+    # Several Masters on one MongoDB database: the one holding the leader lease serves, the others stand by.
+    ha: bool = False
+    node_id: str = ""  # this Master's name in the lease, unique among them; "" -> "<hostname>:<api_port>"
+    # The host relays and API callers reach this Master at, in the URLs the lease names; "" -> host.
+    advertise_host: str = ""
+    lease_ttl_s: Annotated[float, msgspec.Meta(gt=0)] = 10.0  # a leader that stops renewing is replaced this long after
+    lease_renew_s: Annotated[float, msgspec.Meta(gt=0)] = 3.0  # how often the leader renews, and a standby tries
+    # The leader stops writing this long before its lease lapses: the clock skew between Masters must stay under it.
+    lease_margin_s: Annotated[float, msgspec.Meta(ge=0)] = 2.0
     # --- the console ---
     console: ConsoleSettings = msgspec.field(default_factory=ConsoleSettings)
 

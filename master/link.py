@@ -17,6 +17,7 @@ from websockets.http11 import Request, Response
 from common.errors import PKIError, ProtocolError
 from common.pki import Role, peer_identity
 from common.wire import (
+    CLOSE_NOT_LEADER,
     CLOSE_POLICY,
     HARD_FRAME_BYTES,
     AccessHello,
@@ -72,12 +73,16 @@ class RelayHub:
         on_close: LinkEvent,
         revoked: Callable[[], list[str]],
         on_open: LinkEvent | None = None,
+        refusal: Callable[[], str | None] | None = None,
     ) -> None:
         self._ssl = ssl_context
         self._on_frame = on_frame
         self._on_close = on_close
         self._on_open = on_open
         self._revoked = revoked
+        # None while this Master leads (or runs alone); else the leader's link URL ("" when unknown): relays are refused
+        # with CLOSE_NOT_LEADER and it as the reason (docs/ha.md).
+        self._refusal = refusal
         self.links: dict[str, AccessLink] = {}
         self.agent_links: dict[str, AccessLink] = {}
         self._server: Server | None = None
@@ -108,10 +113,22 @@ class RelayHub:
     async def broadcast(self, data: bytes) -> None:
         await asyncio.gather(*(link.send(data) for link in list(self.links.values())))
 
+    async def close_links(self, code: int, reason: str) -> None:
+        """Close every relay link (a Master stepping down: ``CLOSE_NOT_LEADER``, the new leader's URL)."""
+        await asyncio.gather(*(link.connection.close(code, reason) for link in list(self.links.values())))
+
     async def _serve_link(self, connection: ServerConnection) -> None:
+        leader = self._refusal() if self._refusal is not None else None
+        if leader is not None:
+            log.debug("relay link refused: not the leader", extra={"leader": leader})
+            await connection.close(CLOSE_NOT_LEADER, leader)
+            return
         link = await self._open(connection)
         if link is None:
             return
+        leader = self._refusal() if self._refusal is not None else None
+        if leader is not None:  # stepped down while this link was opening
+            await connection.close(CLOSE_NOT_LEADER, leader)
         if self._on_open is not None:
             await self._on_open(link)
         try:

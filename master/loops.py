@@ -11,6 +11,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from common.errors import Fenced
+
 log = logging.getLogger(__name__)
 
 Step = Callable[[], Awaitable[None]]
@@ -30,6 +32,9 @@ class Loop:
                 await self.step()
             except asyncio.CancelledError:
                 raise
+            except Fenced as exc:  # this Master no longer leads (docs/ha.md): it is stepping down, nothing to debug
+                log.warning("loop %s: %s", self.name, exc)
+                await asyncio.sleep(self.restart_s)
             except Exception:
                 log.exception("loop %s failed; running it again in %.1f s", self.name, self.restart_s)
                 await asyncio.sleep(self.restart_s)

@@ -513,3 +513,15 @@ class WebhookRecord(msgspec.Struct, kw_only=True):
     owner: str
     role: str
     created_at: float
+
+
+class LeaseRecord(msgspec.Struct, kw_only=True):
+    """The leader lease Masters sharing one store contend for (master/leadership.py, docs/ha.md): who holds it, where
+    relays (``url``, its link) and API callers (``api_url``) reach it, its ``epoch`` (raised with every change of
+    holder, never lowered) and when it lapses unless renewed (``expires_at``, wall-clock seconds)."""
+
+    holder: str
+    url: str
+    api_url: str
+    epoch: int
+    expires_at: float

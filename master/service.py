@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from common.errors import Conflict, EnrollmentError, IdlegridError, InvalidRatin
 from common.inventory import GpuSample
 from common.pki import server_tls_context
 from common.wire import (
+    CLOSE_NOT_LEADER,
     AccessStats,
     AgentConnected,
     AgentDisconnected,
@@ -61,11 +63,21 @@ from master.events import EventLog
 from master.faults import FaultRules, HealthVerdict, HealthWatch, Recovered
 from master.history import HistoryKeeper
 from master.keys import SigningKeyInfo
+from master.leadership import Leadership, LeaseTiming, Role
 from master.link import AccessLink, RelayHub
 from master.loops import Loop
 from master.metrics import FleetGauges, MasterMetrics
 from master.network_floors import NetworkFloors
-from master.records import AgentRecord, ApiKeyRecord, CommandRecord, EventRecord, GpuRecord, RevocationRecord, TokenRecord
+from master.records import (
+    AgentRecord,
+    ApiKeyRecord,
+    CommandRecord,
+    EventRecord,
+    GpuRecord,
+    LeaseRecord,
+    RevocationRecord,
+    TokenRecord,
+)
 from master.registry import Registry
 from master.renewal import renew_certificate
 from master.reputation import Reputation, reputation
@@ -73,6 +85,7 @@ from master.session import HELLO_REQUIRED, Act, AgentSession, SessionRules, Verd
 from master.states import AgentState, GpuState
 from master.store import open_store
 from master.store.base import Store
+from master.store.fenced import fenced
 from master.telemetry import TelemetryAggregator
 from master.tiers import TierPolicy
 from master.tunnels import TunnelDispatch
@@ -90,6 +103,19 @@ class Master:
         self.state_dir = config.state_path
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.store = store or open_store(config.resolved_store_url())
+        # High availability (docs/ha.md): the leader lease decides whether this Master serves, and fences its writes.
+        self.leadership: Leadership | None = None
+        self._taken_over = False  # the state is loaded and the loops run (high availability: once elected)
+        self.on_elected: list[Callable[[], Awaitable[None]]] = []  # what serving needs beyond the Master (the API's loops)
+        if config.ha:
+            self.leadership = Leadership(
+                self.store.leases,
+                config.node_id or f"{socket.gethostname()}:{config.api_port}",
+                timing=LeaseTiming(ttl_s=config.lease_ttl_s, renew_s=config.lease_renew_s, margin_s=config.lease_margin_s),
+                on_elected=self._elected,
+                on_deposed=self._deposed,
+            )
+            self.store = fenced(self.store, self.leadership.fence)
         self.authority = Authority.open(self.state_dir, names=config.server_names, ips=config.server_ips)
         self.policy = TierPolicy.load(Path(config.tier_policy) if config.tier_policy else None)
         self.events = EventLog(self.store)
@@ -126,6 +152,7 @@ class Master:
             self._on_link_closed,
             lambda: sorted(self._revoked),
             on_open=self._on_link_opened,
+            refusal=self._link_refusal,
         )
         self.ledger = CommandLedger(
             self.store,
@@ -173,7 +200,15 @@ class Master:
     # --- lifecycle -----------------------------------------------------------------------------
 
     async def start(self) -> None:
+        if self.leadership is not None:
+            raise RuntimeError("a Master with ha on starts with start_standby(api_url)")
         await self.store.open()
+        await self._load()
+        self.link_port = await self.hub.start(self.config.host, self.config.link_port)
+        self._run_loops()
+
+    async def _load(self) -> None:
+        """What serving starts from: the registry, open commands, accounts, revocations, as the store has them."""
         await self.registry.load()
         await self.ledger.load()
         # Keys naming no account (the bootstrap operator key of a Master older than accounts) belong to this one.
@@ -181,7 +216,8 @@ class Master:
         await self.accounts.adopt_legacy_keys()
         self._revoked = await self._load_revocations()
         await self._report_quarantined()
-        self.link_port = await self.hub.start(self.config.host, self.config.link_port)
+
+    def _run_loops(self) -> None:
         self.started_at = time.time()
         self._agents_flushed_at = time.monotonic()
         restart_s = self.config.loop_restart_s
@@ -191,6 +227,56 @@ class Master:
             Loop("history", self.config.history_period_s, self._keep_history, restart_s).start(),
         ]
         log.info("master started", extra={"link_port": self.link_port, "store": self.store.backend})
+
+    # --- high availability (master/leadership.py, docs/ha.md) ----------------------------------
+
+    async def start_standby(self, api_url: str) -> None:
+        """Open the store, listen for relays (refused until elected) and run the election; ``api_url``: where callers
+        reach this Master's API, named in the lease. Serving starts when the lease is taken (``on_elected``)."""
+        assert self.leadership is not None
+        await self.store.open()
+        self.link_port = await self.hub.start(self.config.host, self.config.link_port)
+        advertised = self.config.advertise_host or self.config.host
+        self.leadership.url = f"wss://{advertised}:{self.link_port}/link"
+        self.leadership.api_url = api_url
+        self.leadership.start()
+        log.info("master standing by", extra={"link_port": self.link_port, "holder": self.leadership.holder})
+
+    @property
+    def role(self) -> str:
+        """leader | standby | stepped_down; a Master without ha is always the leader."""
+        return Role.LEADER.value if self.leadership is None else self.leadership.role.value
+
+    def leads(self) -> bool:
+        """Whether this Master may write now (always, without ha)."""
+        return self.leadership is None or self.leadership.leads()
+
+    def serves(self) -> bool:
+        """Whether relays and API calls are taken: it leads, and has loaded the state it took over."""
+        return self.leadership is None or (self._taken_over and self.leadership.leads())
+
+    def _link_refusal(self) -> str | None:
+        if self.leadership is None or self.serves():
+            return None
+        return self.leadership.leader_url()
+
+    async def _elected(self, lease: LeaseRecord) -> None:
+        """The lease is ours: load what the store holds now (the previous leader's last writes) and serve."""
+        self.store.writes_by(lease.holder, lease.epoch)
+        await self._load()
+        self._run_loops()
+        for take_over in self.on_elected:
+            await take_over()
+        self._taken_over = True
+        log.info("master leading", extra={"epoch": lease.epoch, "holder": lease.holder})
+
+    async def _deposed(self, reason: str) -> None:
+        """The lease is lost: writes are refused already (the fence); stop the loops and hand the relays over."""
+        self._stopping = True
+        for task in self._tasks:
+            task.cancel()
+        assert self.leadership is not None
+        await self.hub.close_links(CLOSE_NOT_LEADER, self.leadership.leader_url())
 
     async def stop(self) -> None:
         """Graceful stop (SIGTERM): close the relay links, flush what is held in memory, close the store.
@@ -207,8 +293,11 @@ class Master:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await self.telemetry.flush(time.time(), everything=True)
-        await self.registry.flush()
+        if self.leads():  # a standby holds nothing to flush; a deposed leader may write nothing more
+            await self.telemetry.flush(time.time(), everything=True)
+            await self.registry.flush()
+        if self.leadership is not None:
+            await self.leadership.stop(release=True)
         await self.store.close()
         log.info("master stopped")
 

@@ -27,6 +27,7 @@ STATUS_OF_CODE = {
     "insufficient_funds": 402,  # the market: a balance that does not cover what was asked
     "tunnel_unavailable": 503,  # the host is not linked to a relay now (or its relay gave no address for renters)
     "tunnel_closed": 502,  # the relay or the host ended a tunnel the Master dialled (logs over HTTP)
+    "fenced": 503,  # high availability: this Master lost the lead while serving the call; ask the leader (docs/ha.md)
 }
 
 

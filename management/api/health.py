@@ -13,7 +13,17 @@ METRICS_REGISTRY_KEY = web.AppKey("metrics_registry", CollectorRegistry)
 
 async def healthz(request: web.Request) -> web.Response:
     health = request.app[OPERATIONS_KEY].health()
-    return json_response({"status": "ok", "store": health.store, "relays": health.relays})
+    # role/ready/leader (docs/ha.md): a standby is live (200) but not ready to serve; ``leader``: whom to ask instead.
+    return json_response(
+        {
+            "status": "ok",
+            "store": health.store,
+            "relays": health.relays,
+            "role": health.role,
+            "ready": health.ready,
+            "leader": health.leader,
+        }
+    )
 
 
 async def metrics(request: web.Request) -> web.Response:

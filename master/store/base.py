@@ -25,6 +25,7 @@ from master.records import (
     FairShareUsage,
     GpuRecord,
     HostRollup,
+    LeaseRecord,
     LedgerEntry,
     PriceRecord,
     RentalRecord,
@@ -50,6 +51,7 @@ __all__ = [
     "FairShareRepo",
     "GpuRepo",
     "HostRollupRepo",
+    "LeaseRepo",
     "LedgerRepo",
     "PriceRepo",
     "RentalRepo",
@@ -335,6 +337,26 @@ class WebhookRepo(Protocol):
         """Every webhook (of one owner when given), by creation, then id."""
 
 
+class LeaseRepo(Protocol):
+    """The leader lease of the Masters sharing this store (docs/ha.md); every change is one atomic step, so of
+    Masters racing for it at most one holds it at any time. ``now`` is wall-clock seconds (the acquirer's clock)."""
+
+    async def acquire(self, holder: str, url: str, api_url: str, ttl_s: float, now: float) -> LeaseRecord | None:
+        """Take the lease until ``now + ttl_s`` if it is free, lapsed (``expires_at <= now``) or ``holder``'s already;
+        a new holder gets the previous epoch + 1 (1 for the first), the same holder keeps its epoch. None when another
+        holds it unexpired, or took it concurrently."""
+
+    async def renew(self, holder: str, epoch: int, ttl_s: float, now: float) -> LeaseRecord | None:
+        """Extend the lease to ``now + ttl_s`` while its stored holder and epoch are still these; None otherwise."""
+
+    async def current(self) -> LeaseRecord | None:
+        """The lease as stored (lapsed or not); None before anyone took it."""
+
+    async def release(self, holder: str, epoch: int) -> bool:
+        """Let the lease lapse now (a clean stop), if it is still ``holder``'s at ``epoch``; the epoch is kept, so the
+        next holder's is higher. Whether it was released."""
+
+
 class Store(Protocol):
     agents: AgentRepo
     gpus: GpuRepo
@@ -356,6 +378,7 @@ class Store(Protocol):
     webhooks: WebhookRepo
     host_rollups: HostRollupRepo  # a host's own telemetry, one per host and minute
     host_hourly_rollups: HostRollupRepo  # the same, one per host and hour, downsampled from ``host_rollups``
+    leases: LeaseRepo  # the leader lease (docs/ha.md)
     backend: str  # "sqlite" | "mongodb"
     quarantine: Quarantine  # the records found undecodable, kept aside
     metrics: StoreMetrics  # write latency and quarantined records; register into the daemon's registry
@@ -367,6 +390,11 @@ class Store(Protocol):
 
     async def schema_version(self) -> int:
         """The highest migration applied to the underlying database."""
+
+    def writes_by(self, holder: str, epoch: int) -> None:
+        """High availability (docs/ha.md): every record written from now on carries its writer. MongoDB stores
+        ``_holder`` and ``_epoch`` in each document it writes, and refuses (``Fenced``) to overwrite a command or an
+        agent that a higher epoch wrote; SQLite (one Master per file) does nothing."""
 
 
 def prefix_upper_bound(prefix: str) -> str:

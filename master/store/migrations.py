@@ -181,6 +181,15 @@ SQLITE_MIGRATIONS: tuple[SqliteMigration, ...] = (
                 PRIMARY KEY (agent_id, minute)) WITHOUT ROWID""",
         ),
     ),
+    SqliteMigration(
+        10,
+        "the leader lease of Masters sharing the store (docs/ha.md)",
+        (
+            """CREATE TABLE leader_lease (
+                name TEXT PRIMARY KEY, holder TEXT NOT NULL, url TEXT NOT NULL, api_url TEXT NOT NULL,
+                epoch INTEGER NOT NULL, expires_at REAL NOT NULL)""",
+        ),
+    ),
 )
 
 MONGO_MIGRATIONS: tuple[MongoMigration, ...] = (
@@ -284,6 +293,8 @@ MONGO_MIGRATIONS: tuple[MongoMigration, ...] = (
             "host_hourly_rollups": [IndexModel([("agent_id", ASCENDING), ("minute", ASCENDING)])],
         },
     ),
+    # One document keyed by _id (unique already): nothing to index, the step marks the shape.
+    MongoMigration(10, "the leader lease of Masters sharing the store (docs/ha.md)", {}),
 )
 
 LATEST_VERSION = SQLITE_MIGRATIONS[-1].version  # the contract tests check MongoDB reaches it too

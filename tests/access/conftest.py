@@ -30,6 +30,7 @@ from common.pki import (
     write_private_key,
 )
 from common.wire import (
+    CLOSE_NOT_LEADER,
     HARD_FRAME_BYTES,
     AccessHello,
     AccessWelcome,
@@ -119,6 +120,9 @@ class MasterStandIn:
         )
         self.port = 0
         self._server: Server | None = None
+        # A standby (docs/ha.md): refuses every link with CLOSE_NOT_LEADER and this as the reason (the leader's URL).
+        self.standby_naming: str | None = None
+        self.refused = 0  # links refused as a standby
 
     @property
     def url(self) -> str:
@@ -137,6 +141,10 @@ class MasterStandIn:
         self.links.clear()
 
     async def _serve_link(self, connection: ServerConnection) -> None:
+        if self.standby_naming is not None:
+            self.refused += 1
+            await connection.close(CLOSE_NOT_LEADER, self.standby_naming)
+            return
         hello = decode_link_frame(await connection.recv())
         assert isinstance(hello, AccessHello)
         self.hellos.append(hello)

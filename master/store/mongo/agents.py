@@ -15,6 +15,7 @@ from master.store.mongo.collection import MongoCollection, only
 class MongoAgentRepo(MongoCollection[AgentRecord]):
     aggregate = Aggregate.AGENTS
     record_type = AgentRecord
+    epoch_guarded = True
 
     async def get(self, agent_id: str) -> AgentRecord | None:
         return await self._get(agent_id)

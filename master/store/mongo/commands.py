@@ -15,6 +15,7 @@ from master.store.mongo.collection import MongoCollection, only
 class MongoCommandRepo(MongoCollection[CommandRecord]):
     aggregate = Aggregate.COMMANDS
     record_type = CommandRecord
+    epoch_guarded = True
 
     async def put(self, rec: CommandRecord) -> None:
         await self._upsert(rec.id, rec)

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 from pymongo import AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
 
 from common.errors import ConfigError
+
+
+class Writer(NamedTuple):
+    """The leader writing through this connection (docs/ha.md): stamped on every document it writes."""
+
+    holder: str
+    epoch: int
 
 
 class MongoConnection:
@@ -18,6 +25,7 @@ class MongoConnection:
         self.url = url
         self.database = database_name(url)
         self._db: AsyncDatabase[dict[str, Any]] | None = None
+        self.writer: Writer | None = None  # set once this Master leads (high availability); None: stamp nothing
 
     @property
     def db(self) -> AsyncDatabase[dict[str, Any]]:

@@ -19,6 +19,7 @@ from master.store.base import (
     FairShareRepo,
     GpuRepo,
     HostRollupRepo,
+    LeaseRepo,
     LedgerRepo,
     PriceRepo,
     RentalRepo,
@@ -36,11 +37,12 @@ from master.store.mongo.agents import MongoAgentRepo
 from master.store.mongo.alerting import MongoAlertRuleRepo, MongoSilenceRepo, MongoWebhookRepo
 from master.store.mongo.api_keys import MongoApiKeyRepo
 from master.store.mongo.commands import MongoCommandRepo
-from master.store.mongo.connection import MongoConnection, redacted
+from master.store.mongo.connection import MongoConnection, Writer, redacted
 from master.store.mongo.events import MongoEventRepo
 from master.store.mongo.fair_share import MongoFairShareRepo
 from master.store.mongo.gpus import MongoGpuRepo
 from master.store.mongo.host_rollups import MongoHostHourlyRollupRepo, MongoHostRollupRepo
+from master.store.mongo.leases import MongoLeaseRepo
 from master.store.mongo.ledger import MongoLedgerRepo
 from master.store.mongo.prices import MongoPriceRepo
 from master.store.mongo.rentals import MongoRentalRepo
@@ -76,6 +78,7 @@ class MongoStore:
         self.ledger: LedgerRepo = MongoLedgerRepo(*upkeep)
         self.alert_rules: AlertRuleRepo = MongoAlertRuleRepo(*upkeep)
         self.silences: SilenceRepo = MongoSilenceRepo(*upkeep)
+        self.leases: LeaseRepo = MongoLeaseRepo(self._conn)
         self.webhooks: WebhookRepo = MongoWebhookRepo(*upkeep)
         self.host_rollups: HostRollupRepo = MongoHostRollupRepo(*upkeep)
         self.host_hourly_rollups: HostRollupRepo = MongoHostHourlyRollupRepo(*upkeep)
@@ -104,6 +107,9 @@ class MongoStore:
 
     async def close(self) -> None:
         await self._conn.disconnect()
+
+    def writes_by(self, holder: str, epoch: int) -> None:
+        self._conn.writer = Writer(holder, epoch)
 
     async def schema_version(self) -> int:
         return await mongo_schema_version(self._conn.db)

@@ -15,6 +15,7 @@ from master.store.base import (
     FairShareRepo,
     GpuRepo,
     HostRollupRepo,
+    LeaseRepo,
     LedgerRepo,
     PriceRepo,
     RentalRepo,
@@ -38,6 +39,7 @@ from master.store.sqlite.events import SqliteEventRepo
 from master.store.sqlite.fair_share import SqliteFairShareRepo
 from master.store.sqlite.gpus import SqliteGpuRepo
 from master.store.sqlite.host_rollups import SqliteHostHourlyRollupRepo, SqliteHostRollupRepo
+from master.store.sqlite.leases import SqliteLeaseRepo
 from master.store.sqlite.ledger import SqliteLedgerRepo
 from master.store.sqlite.prices import SqlitePriceRepo
 from master.store.sqlite.rentals import SqliteRentalRepo
@@ -73,6 +75,7 @@ class SqliteStore:
         self.ledger: LedgerRepo = SqliteLedgerRepo(*upkeep)
         self.alert_rules: AlertRuleRepo = SqliteAlertRuleRepo(*upkeep)
         self.silences: SilenceRepo = SqliteSilenceRepo(*upkeep)
+        self.leases: LeaseRepo = SqliteLeaseRepo(self._db)
         self.webhooks: WebhookRepo = SqliteWebhookRepo(*upkeep)
         self.host_rollups: HostRollupRepo = SqliteHostRollupRepo(*upkeep)
         self.host_hourly_rollups: HostRollupRepo = SqliteHostHourlyRollupRepo(*upkeep)
@@ -93,6 +96,9 @@ class SqliteStore:
 
     async def close(self) -> None:
         await self._db.close()
+
+    def writes_by(self, holder: str, epoch: int) -> None:
+        """One Master per file: no writer to tell apart (docs/ha.md)."""
 
     async def schema_version(self) -> int:
         return await self._db.run(sqlite_schema_version)
