@@ -75,7 +75,9 @@ def test_the_image_runs_as_an_unprivileged_user_by_default(podman: ImagePodman) 
     assert config["Entrypoint"] == ["idlegrid", "agent"]
     assert "/var/lib/idlegrid" in config["Volumes"]
     # With no --user at all, the process inside is not root, and owns the state volume's mount point.
-    ran = podman.run("run", "--rm", "--network", "none", "--entrypoint", "sh", AGENT_IMAGE, "-c", "id -u; stat -c %u /var/lib/idlegrid")
+    ran = podman.run(
+        "run", "--rm", "--network", "none", "--entrypoint", "sh", AGENT_IMAGE, "-c", "id -u; stat -c %u /var/lib/idlegrid"
+    )
     assert ran.stdout.split() == [AGENT_UID, AGENT_UID]
 
 
@@ -103,12 +105,10 @@ def test_installer_enrolls_the_host_and_the_master_lists_its_gpus(
     assert enrolled, done.stderr
     agent_id = enrolled.group(1)
 
-    def logs() -> str:
-        return podman.run("logs", name, check=False).stderr[-3000:]
-
-    agent = wait_for(
-        lambda: (a := grid.agent(agent_id)).get("gpus") and a, 60, f"the Master to list {agent_id}'s GPUs\n{logs()}"
-    )
+    try:
+        agent = wait_for(lambda: (a := grid.agent(agent_id)).get("gpus") and a, 60, f"the Master to list {agent_id}'s GPUs")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\nthe agent's log:\n{podman.run('logs', name, check=False).stderr[-3000:]}") from None
     assert agent["provider"] == TEST_PROVIDER
     assert [(gpu["model"], gpu["simulated"]) for gpu in agent["gpus"]] == [("h100-sxm", True)] * 2, agent["gpus"]
 
