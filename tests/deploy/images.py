@@ -7,15 +7,22 @@ locks, vfs, low ulimits)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from tests.support.grid import REPO
 from tests.support.podman import write_podman_config
 
+AGENT_IMAGE = "localhost/idlegrid-agent:latest"
+SERVER_IMAGE = "localhost/idlegrid-server:latest"
+AGENT_UID = "10001"  # the images' user (deploy/*/Containerfile)
+INSTALL = REPO / "deploy" / "agent" / "install.sh"
 BUILD_TIMEOUT_S = 600.0  # the first build on a machine: debootstrap, every wheel, every layer
 
 
@@ -60,3 +67,26 @@ def build_images(podman: ImagePodman, *targets: str) -> float:
     if done.returncode != 0:
         raise ImageBuildFailed(f"deploy/build-images {' '.join(targets)} failed ({done.returncode}):\n{done.stderr[-4000:]}")
     return time.monotonic() - started
+
+
+def install(podman: ImagePodman, *args: str) -> subprocess.CompletedProcess[str]:
+    """deploy/agent/install.sh with Podman and the image built here, as a provider runs it."""
+    return subprocess.run(
+        ["sh", str(INSTALL), "--engine", "podman", "--image", AGENT_IMAGE, *args],
+        env=podman.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+@contextlib.contextmanager
+def container_and_volume(podman: ImagePodman, prefix: str) -> Iterator[tuple[str, str]]:
+    """A container name and a volume name of a test's own; whatever has them is removed afterwards."""
+    name = f"{prefix}-{secrets.token_hex(4)}"
+    try:
+        yield name, name
+    finally:
+        podman.run("rm", "--force", "--time", "5", name, check=False)
+        podman.run("volume", "rm", "--force", name, check=False)

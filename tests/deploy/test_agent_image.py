@@ -11,21 +11,15 @@ from __future__ import annotations
 
 import json
 import re
-import secrets
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.deploy.images import ImagePodman, build_images, image_podman
-from tests.support.grid import REPO, TEST_PROVIDER, Grid, wait_for
+from tests.deploy.images import AGENT_IMAGE, AGENT_UID, ImagePodman, build_images, container_and_volume, image_podman, install
+from tests.support.grid import TEST_PROVIDER, Grid, wait_for
 
 pytestmark = pytest.mark.e2e
-
-AGENT_IMAGE = "localhost/idlegrid-agent:latest"
-INSTALL = REPO / "deploy" / "agent" / "install.sh"
-AGENT_UID = "10001"
 
 
 @pytest.fixture(scope="module")
@@ -48,25 +42,8 @@ def grid(tmp_path: Path) -> Iterator[Grid]:
 
 @pytest.fixture
 def installed(podman: ImagePodman) -> Iterator[tuple[str, str]]:
-    """A container and volume name of this test's own; both removed afterwards."""
-    suffix = secrets.token_hex(4)
-    name, volume = f"idlegrid-agent-test-{suffix}", f"idlegrid-agent-test-{suffix}"
-    try:
-        yield name, volume
-    finally:
-        podman.run("rm", "--force", "--time", "5", name, check=False)
-        podman.run("volume", "rm", "--force", volume, check=False)
-
-
-def install(podman: ImagePodman, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["sh", str(INSTALL), "--engine", "podman", "--image", AGENT_IMAGE, *args],
-        env=podman.env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-    )
+    with container_and_volume(podman, "idlegrid-agent-test") as names:
+        yield names
 
 
 def test_the_image_runs_as_an_unprivileged_user_by_default(podman: ImagePodman) -> None:
