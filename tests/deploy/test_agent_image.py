@@ -16,17 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy.images import AGENT_IMAGE, AGENT_UID, ImagePodman, build_images, container_and_volume, image_podman, install
+from tests.deploy.images import AGENT_IMAGE, AGENT_UID, ImagePodman, container_and_volume, install
 from tests.support.grid import TEST_PROVIDER, Grid, wait_for
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(scope="module")
-def podman() -> ImagePodman:
-    engine = image_podman()
-    build_images(engine, "agent")
-    return engine
 
 
 @pytest.fixture
@@ -41,25 +34,25 @@ def grid(tmp_path: Path) -> Iterator[Grid]:
 
 
 @pytest.fixture
-def installed(podman: ImagePodman) -> Iterator[tuple[str, str]]:
-    with container_and_volume(podman, "idlegrid-agent-test") as names:
+def installed(engine: ImagePodman) -> Iterator[tuple[str, str]]:
+    with container_and_volume(engine, "idlegrid-agent-test") as names:
         yield names
 
 
-def test_the_image_runs_as_an_unprivileged_user_by_default(podman: ImagePodman) -> None:
-    config = json.loads(podman.run("image", "inspect", AGENT_IMAGE).stdout)[0]["Config"]
+def test_the_image_runs_as_an_unprivileged_user_by_default(engine: ImagePodman) -> None:
+    config = json.loads(engine.run("image", "inspect", AGENT_IMAGE).stdout)[0]["Config"]
     assert config["User"] == f"{AGENT_UID}:{AGENT_UID}"
     assert config["Entrypoint"] == ["idlegrid", "agent"]
     assert "/var/lib/idlegrid" in config["Volumes"]
     # With no --user at all, the process inside is not root, and owns the state volume's mount point.
-    ran = podman.run(
+    ran = engine.run(
         "run", "--rm", "--network", "none", "--entrypoint", "sh", AGENT_IMAGE, "-c", "id -u; stat -c %u /var/lib/idlegrid"
     )
     assert ran.stdout.split() == [AGENT_UID, AGENT_UID]
 
 
 def test_installer_enrolls_the_host_and_the_master_lists_its_gpus(
-    podman: ImagePodman, grid: Grid, installed: tuple[str, str], tmp_path: Path
+    engine: ImagePodman, grid: Grid, installed: tuple[str, str], tmp_path: Path
 ) -> None:
     name, volume = installed
     relay = grid.relays["relay-1"]
@@ -67,7 +60,7 @@ def test_installer_enrolls_the_host_and_the_master_lists_its_gpus(
     ca_file.write_bytes(grid.ca_file.read_bytes())
 
     done = install(
-        podman,
+        engine,
         "--token", grid.join_token(TEST_PROVIDER),
         "--access", relay.http_url,
         "--ca-file", str(ca_file),
@@ -85,13 +78,13 @@ def test_installer_enrolls_the_host_and_the_master_lists_its_gpus(
     try:
         agent = wait_for(lambda: (a := grid.agent(agent_id)).get("gpus") and a, 60, f"the Master to list {agent_id}'s GPUs")
     except AssertionError as exc:
-        raise AssertionError(f"{exc}\nthe agent's log:\n{podman.run('logs', name, check=False).stderr[-3000:]}") from None
+        raise AssertionError(f"{exc}\nthe agent's log:\n{engine.run('logs', name, check=False).stderr[-3000:]}") from None
     assert agent["provider"] == TEST_PROVIDER
     assert [(gpu["model"], gpu["simulated"]) for gpu in agent["gpus"]] == [("h100-sxm", True)] * 2, agent["gpus"]
 
     # It runs as the image's unprivileged user, and its key and certificate are in the volume, not the container.
-    assert podman.run("exec", name, "id", "-u").stdout.strip() == AGENT_UID
-    state = podman.run("exec", name, "ls", "/var/lib/idlegrid/agent").stdout.split()
+    assert engine.run("exec", name, "id", "-u").stdout.strip() == AGENT_UID
+    state = engine.run("exec", name, "ls", "/var/lib/idlegrid/agent").stdout.split()
     assert {"agent.key", "agent.crt", "ca.crt", "identity.json"} <= set(state), state
-    mounts = json.loads(podman.run("container", "inspect", name).stdout)[0]["Mounts"]
+    mounts = json.loads(engine.run("container", "inspect", name).stdout)[0]["Mounts"]
     assert [(m["Type"], m["Name"], m["Destination"]) for m in mounts] == [("volume", volume, "/var/lib/idlegrid")]
