@@ -101,17 +101,55 @@ if [ -n "$token" ]; then
         enroll --token "$token" --access "$access" --ca-file /etc/idlegrid/ca.crt >&2
 fi
 
+# deploy/systemd/idlegrid-agent-container.service, kept here so that `curl ... | sh` has it (a test keeps them equal).
+container_unit() {
+    cat <<'UNIT'
+# The agent's image run by systemd, for hosts whose engine has no restart policy of its own (Podman without a
+# service, for one). deploy/agent/install.sh --systemd installs it (a copy of this file is in the script), writes
+# /etc/default/idlegrid-agent and enables it.
+# The container itself runs as an unprivileged user with the state in the idlegrid-agent volume; the engine needs
+# root, so the unit's own hardening is what an engine leaves possible.
+[Unit]
+Description=idlegrid provider agent (container)
+Documentation=file:///opt/idlegrid/share/doc/idlegrid/install-provider.md
+Wants=network-online.target
+After=network-online.target
+
+[Service]
+Type=exec
+# ENGINE (docker or podman), IMAGE, SOCKET (the engine's API socket), SOCKET_GID (its group) and GPU_FLAGS
+# (--gpus all for Docker, --device nvidia.com/gpu=all for Podman with CDI): written by install.sh.
+Environment=ENGINE=/usr/bin/podman IMAGE=localhost/idlegrid-agent:latest SOCKET=/run/podman/podman.sock SOCKET_GID=0
+Environment=GPU_FLAGS=--device=nvidia.com/gpu=all
+EnvironmentFile=-/etc/default/idlegrid-agent
+# $$: the shell, not systemd, reads these variables (GPU_FLAGS is split into words, the others are not).
+ExecStartPre=-/bin/sh -c 'exec "$$ENGINE" rm --force idlegrid-agent'
+ExecStart=/bin/sh -c 'exec "$$ENGINE" run --rm --name idlegrid-agent --user 10001:10001 --network host \
+    --volume idlegrid-agent:/var/lib/idlegrid --volume "$$SOCKET:/var/run/docker.sock" --group-add "$$SOCKET_GID" \
+    --security-opt no-new-privileges $$GPU_FLAGS "$$IMAGE"'
+ExecStop=/bin/sh -c 'exec "$$ENGINE" stop --time 30 idlegrid-agent'
+TimeoutStopSec=45
+Restart=on-failure
+RestartSec=5
+RestartPreventExitStatus=2 3
+PrivateTmp=yes
+ProtectHome=yes
+ProtectKernelModules=yes
+ProtectKernelLogs=yes
+ProtectClock=yes
+
+[Install]
+WantedBy=multi-user.target
+UNIT
+}
+
 "$engine" rm --force "$name" >/dev/null 2>&1 || true
 if [ "$use_systemd" = 1 ] || { [ "$engine" = podman ] && [ "$name" = idlegrid-agent ] && command -v systemctl >/dev/null 2>&1; }; then
     [ "$name" = idlegrid-agent ] || die "--systemd runs the container named idlegrid-agent; leave --name out"
     [ "$volume" = idlegrid-agent ] || die "--systemd uses the volume idlegrid-agent; leave --volume out"
     [ $# -eq 0 ] || die "--systemd takes no agent arguments; put settings in the volume's config or IDLEGRID_AGENT_* variables"
-    unit_dir=/etc/systemd/system
-    [ -f "$unit_dir/idlegrid-agent-container.service" ] || {
-        here=$(dirname "$0")
-        [ -f "$here/../systemd/idlegrid-agent-container.service" ] || die "idlegrid-agent-container.service not found beside this script"
-        cp "$here/../systemd/idlegrid-agent-container.service" "$unit_dir/"
-    }
+    [ "$socket" != none ] || die "--systemd runs the agent with the engine's socket; --socket none is for tests"
+    container_unit >/etc/systemd/system/idlegrid-agent-container.service
     printf 'ENGINE=%s\nIMAGE=%s\nSOCKET=%s\nSOCKET_GID=%s\nGPU_FLAGS=%s\n' \
         "$engine_path" "$image" "$socket" "$socket_gid" "$gpu_flags" >/etc/default/idlegrid-agent
     systemctl daemon-reload

@@ -108,3 +108,10 @@ def test_units_parse_as_ini() -> None:
         parser = configparser.ConfigParser(strict=False, interpolation=None)
         parser.read_string(unit.read_text())
         assert {"Unit", "Service", "Install"} <= set(parser.sections()), unit.name
+
+
+def test_the_installer_carries_the_container_unit_as_it_is_here() -> None:
+    """``curl ... | sh`` has no checkout beside it: install.sh writes the unit from its own copy, kept equal."""
+    script = (DEPLOY / "agent" / "install.sh").read_text()
+    carried = script.split("cat <<'UNIT'\n", 1)[1].split("\nUNIT\n", 1)[0] + "\n"
+    assert carried == (DEPLOY / "systemd" / "idlegrid-agent-container.service").read_text()
