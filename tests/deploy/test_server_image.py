@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import re
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from management.client import ApiClient
+from management.console.assets import vendor_available
 from management.localgrid import free_port
 from tests.deploy.images import (
     AGENT_UID,
@@ -65,6 +67,9 @@ def test_a_master_and_a_relay_from_the_image_enroll_an_installed_agent(
         health = wait_for(lambda: ApiClient(api, None).health(), 60, f"the Master's /healthz\n{logs(engine, master)}")
         assert health["store"] == "mongodb", health
         assert engine.run("exec", master, "id", "-u").stdout.strip() == AGENT_UID
+        if vendor_available():  # the checkout's npm install travels into the image: the console's charts work there
+            with urllib.request.urlopen(f"{api}/console/vendor/htmx.min.js", timeout=10) as page:
+                assert page.status == 200 and b"htmx" in page.read()
 
         # The operator's first steps (docs/run-a-grid.md): the relay's certificate from the Master's CA, then the relay.
         engine.run(
