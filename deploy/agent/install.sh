@@ -47,6 +47,12 @@ while [ $# -gt 0 ]; do
     esac
 done
 
+if [ -n "$token" ]; then
+    [ -n "$access" ] || die "--access (the relay's https:// URL) is needed with --token"
+    [ -n "$ca_file" ] || die "--ca-file (the grid's ca.crt) is needed with --token"
+    [ -r "$ca_file" ] || die "cannot read $ca_file (--ca-file)"
+fi
+
 if [ -z "$engine" ]; then
     if command -v docker >/dev/null 2>&1; then engine=docker
     elif command -v podman >/dev/null 2>&1; then engine=podman
@@ -90,9 +96,6 @@ fi
 run_as="--user 10001:10001"
 
 if [ -n "$token" ]; then
-    [ -n "$access" ] || die "--access (the relay's https:// URL) is needed with --token"
-    [ -n "$ca_file" ] || die "--ca-file (the grid's ca.crt) is needed with --token"
-    [ -r "$ca_file" ] || die "cannot read $ca_file"
     ca_abs=$(cd "$(dirname "$ca_file")" && pwd)/$(basename "$ca_file")
     say "enrolling this host through $access"
     # shellcheck disable=SC2086
