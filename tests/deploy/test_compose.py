@@ -72,15 +72,29 @@ def test_a_master_pair_on_a_mongodb_replica_set() -> None:
         assert all(f"{m}:27017" in url for m in mongods)
 
 
+# Settings that come with the Masters' high availability (docs/ha.md, built beside this): until it is merged, the
+# daemons do not know them; once it is, they are checked like every other.
+HA_SETTINGS = {"master": {"ha", "node_id", "advertise_host"}, "access": {"master_urls"}}
+
+
+def accepted(settings: dict[str, Any], config: type[msgspec.Struct], daemon: str) -> None:
+    known = {field.name for field in msgspec.structs.fields(config)}
+    assert set(settings) - known <= HA_SETTINGS[daemon], set(settings) - known
+    msgspec.convert({k: v for k, v in settings.items() if k in known}, config)
+
+
 def test_its_settings_files_are_what_the_daemons_accept() -> None:
     master = tomllib.loads((DEPLOY / "compose" / "config" / "master.toml").read_text())
-    msgspec.convert(master, MasterConfig)
+    accepted(master, MasterConfig, "master")
+    assert master["ha"] is True
     assert {"master-a", "master-b"} <= set(master["server_names"])
     services = compose()["services"]
+    for name in ("master-a", "master-b"):
+        environment = services[name]["environment"]
+        assert environment["IDLEGRID_MASTER_NODE_ID"] == environment["IDLEGRID_MASTER_ADVERTISE_HOST"] == name
     for relay in ("relay-a", "relay-b"):
         settings = tomllib.loads((DEPLOY / "compose" / "config" / f"{relay}.toml").read_text())
+        accepted(settings, AccessConfig, "access")
         assert settings["relay_id"] == relay
         assert settings["master_urls"] == ["wss://master-a:7100/link", "wss://master-b:7100/link"]
-        # master_urls comes with the Masters' leader election; every other setting is the relay's today.
-        msgspec.convert({k: v for k, v in settings.items() if k != "master_urls"}, AccessConfig)
         assert services[relay]["command"] == ["access", "--config", "/etc/idlegrid/access.toml"]

@@ -5,6 +5,7 @@ probes on /healthz, the Masters as a Deployment of two, the relay behind a Servi
 
 from __future__ import annotations
 
+import tomllib
 from typing import Any
 
 import kubernetes_validate
@@ -74,15 +75,23 @@ def test_the_masters_are_a_deployment_of_two_on_the_store_with_keys_from_secrets
     assert deployment["spec"]["replicas"] == 2
     spec = pod_spec("Deployment", "idlegrid-master")
     [master] = spec["containers"]
-    store = {e["name"]: e for e in master["env"]}["IDLEGRID_MASTER_STORE_URL"]
-    assert store["valueFrom"]["secretKeyRef"] == {"name": "idlegrid-store", "key": "url"}
+    env = {e["name"]: e["valueFrom"] for e in master["env"]}
+    assert env["IDLEGRID_MASTER_STORE_URL"]["secretKeyRef"] == {"name": "idlegrid-store", "key": "url"}
+    # Each Master is its own node in the lease, advertised at its pod's address (docs/ha.md).
+    assert env["IDLEGRID_MASTER_NODE_ID"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["IDLEGRID_MASTER_ADVERTISE_HOST"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     volumes = {v["name"]: v for v in spec["volumes"]}
     assert volumes["pki"]["secret"]["secretName"] == "idlegrid-master-pki"
     for probe in ("readinessProbe", "livenessProbe"):
         assert master[probe]["httpGet"] == {"path": "/healthz", "port": "api"}
     assert {p["name"]: p["containerPort"] for p in master["ports"]} == {"api": 7000, "link": 7100}
-    config = yaml.safe_load(yaml.safe_dump(one("ConfigMap", "idlegrid-master")["data"]))["master.toml"]
-    assert 'host = "0.0.0.0"' in config and "idlegrid-master.idlegrid.svc" in config
+    config = tomllib.loads(one("ConfigMap", "idlegrid-master")["data"]["master.toml"])
+    assert config["ha"] is True and config["host"] == "0.0.0.0"
+    assert "idlegrid-master.idlegrid.svc" in config["server_names"]
+    # The settings the Master reads are the ConfigMap's plus the pod's IP in server_ips, written before it starts.
+    assert master["args"] == ["master", "--config", "/etc/idlegrid/run/master.toml"]
+    prepare = {c["name"]: c for c in spec["initContainers"]}["prepare"]
+    assert 'server_ips = ["%s", "127.0.0.1"]' in prepare["args"][0]
 
 
 def test_the_relay_is_behind_a_service_and_links_to_every_master() -> None:
