@@ -124,20 +124,7 @@ class PodmanService:
     # --- setting up ----------------------------------------------------------------------------------
 
     def _write_config(self) -> None:
-        (self.workdir / "tmp").mkdir(parents=True, exist_ok=True)
-        (self.workdir / "containers.conf").write_text(
-            "[engine]\n"
-            'runtime = "runc"\n'
-            'lock_type = "file"\n'
-            'cgroup_manager = "cgroupfs"\n'
-            'events_logger = "file"\n'
-            f'tmp_dir = "{self.workdir / "tmp"}"\n'
-            "[containers]\n"
-            'default_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]\n'
-        )
-        (self.workdir / "storage.conf").write_text(
-            f'[storage]\ndriver = "vfs"\ngraphroot = "{self.workdir / "storage"}"\nrunroot = "{self.workdir / "run"}"\n'
-        )
+        write_podman_config(self.workdir)
 
     def _import_image(self) -> None:
         rootfs = self.workdir / "rootfs"
@@ -210,6 +197,26 @@ class PodmanService:
             return (self.workdir / "service.log").read_text()[-2000:].strip() or "(no output)"
         except OSError:
             return "(no log)"
+
+
+def write_podman_config(workdir: Path) -> dict[str, str]:
+    """Podman's settings for a state kept entirely under ``workdir`` (the module's docstring says why each), and the
+    environment that points podman at them: every podman run with it sees that state and nothing of the host's."""
+    (workdir / "tmp").mkdir(parents=True, exist_ok=True)
+    (workdir / "containers.conf").write_text(
+        "[engine]\n"
+        'runtime = "runc"\n'
+        'lock_type = "file"\n'
+        'cgroup_manager = "cgroupfs"\n'
+        'events_logger = "file"\n'
+        f'tmp_dir = "{workdir / "tmp"}"\n'
+        "[containers]\n"
+        'default_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]\n'
+    )
+    (workdir / "storage.conf").write_text(
+        f'[storage]\ndriver = "vfs"\ngraphroot = "{workdir / "storage"}"\nrunroot = "{workdir / "run"}"\n'
+    )
+    return {"CONTAINERS_CONF": str(workdir / "containers.conf"), "CONTAINERS_STORAGE_CONF": str(workdir / "storage.conf")}
 
 
 class _UnixHTTPConnection(http.client.HTTPConnection):
