@@ -39,6 +39,8 @@ from management.server import MasterServer
 from master.config import MasterConfig
 from tests.management.hosts import add_agent
 
+pytestmark = pytest.mark.serial  # scripts/test runs it after the parallel part (pyproject.toml's markers)
+
 T = TypeVar("T")
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 READ_EXAMPLES = 30  # per operation
