@@ -110,7 +110,8 @@ def when(value: object) -> str | None:
     return value[:19].replace("T", " ") + "Z" if isinstance(value, str) else None
 
 
-def _mapping(value: Mapping[str, object]) -> str:
+def mapping_text(value: Mapping[str, object]) -> str:
+    """``{"a": 1, "b": 2}`` as "a=1,b=2" (sorted); "-" for none."""
     return ",".join(f"{k}={v}" for k, v in sorted(value.items())) or "-"
 
 
@@ -124,7 +125,7 @@ def _account_rows(accounts: Sequence[Mapping[str, Any]]) -> str:
                 a["name"] or None,
                 f"{a['share']:g}",
                 a["gpu_quota"] if a["gpu_quota"] is not None else "none",
-                _mapping(a["tier_quotas"]),
+                mapping_text(a["tier_quotas"]),
                 "disabled" if a["disabled"] else "enabled",
                 when(a["created_at"]),
             ]
@@ -140,7 +141,8 @@ def _key_rows(keys: Sequence[Mapping[str, Any]]) -> str:
     )
 
 
-def _show(args: argparse.Namespace, body: Any, human: Callable[[Any], str]) -> int:
+def show(args: argparse.Namespace, body: Any, human: Callable[[Any], str]) -> int:
+    """The API's JSON with ``--json``, else ``human(body)``: how every `idlegrid` command that reads prints."""
     print(json.dumps(body, indent=2, sort_keys=True) if args.json else human(body))
     return 0
 
@@ -368,7 +370,7 @@ def _run_whoami(args: argparse.Namespace) -> int:
     client, credentials = api_client(args)
     me = client.whoami()
     if args.json:
-        return _show(args, me, str)
+        return show(args, me, str)
     key = f"{me['key_id'] or '(a legacy key: no key id)'} ({me['key_name']})"
     lines = [
         ("account", f"{me['account']} ({me['role']})"),
@@ -382,17 +384,17 @@ def _run_whoami(args: argparse.Namespace) -> int:
 
 def _run_create(args: argparse.Namespace) -> int:
     client, _ = api_client(args)
-    return _show(args, client.create_account(args.account_id, args.role, **_settings(args)), lambda a: _account_rows([a]))
+    return show(args, client.create_account(args.account_id, args.role, **_settings(args)), lambda a: _account_rows([a]))
 
 
 def _run_list(args: argparse.Namespace) -> int:
     client, _ = api_client(args)
-    return _show(args, client.list("/api/v1/accounts", role=args.role), _account_rows)
+    return show(args, client.list("/api/v1/accounts", role=args.role), _account_rows)
 
 
 def _run_get(args: argparse.Namespace) -> int:
     client, _ = api_client(args)
-    return _show(args, client.account(args.account_id), lambda a: _account_rows([a]))
+    return show(args, client.account(args.account_id), lambda a: _account_rows([a]))
 
 
 def _run_update(args: argparse.Namespace) -> int:
@@ -407,14 +409,14 @@ def _run_update(args: argparse.Namespace) -> int:
             "--project-share, --role, --disable, --enable"
         )
     client, _ = api_client(args)
-    return _show(args, client.update_account(args.account_id, changes), lambda a: _account_rows([a]))
+    return show(args, client.update_account(args.account_id, changes), lambda a: _account_rows([a]))
 
 
 def _run_key_create(args: argparse.Namespace) -> int:
     client, _ = api_client(args)
     issued = client.create_api_key(args.account_id, args.name)
     if args.json:
-        return _show(args, issued, str)
+        return show(args, issued, str)
     print(f"API key for {issued['account']} ({issued['name']}), key id {issued['key_id']}:\n\n  {issued['key']}\n")
     print("It is shown this once: store it now (e.g. api_key in ~/.config/idlegrid/cli.toml, mode 0600).")
     return 0
@@ -422,12 +424,12 @@ def _run_key_create(args: argparse.Namespace) -> int:
 
 def _run_key_list(args: argparse.Namespace) -> int:
     client, _ = api_client(args)
-    return _show(args, client.list(f"/api/v1/accounts/{args.account_id}/keys"), _key_rows)
+    return show(args, client.list(f"/api/v1/accounts/{args.account_id}/keys"), _key_rows)
 
 
 def _run_key_revoke(args: argparse.Namespace) -> int:
     client, _ = api_client(args)
-    return _show(args, client.revoke_api_key(args.key_id), lambda k: f"revoked {k['key_id']} ({k['name']}) of {k['account']}")
+    return show(args, client.revoke_api_key(args.key_id), lambda k: f"revoked {k['key_id']} ({k['name']}) of {k['account']}")
 
 
 def _read_passwords(args: argparse.Namespace) -> tuple[str, str | None]:
@@ -451,7 +453,7 @@ def _run_password(args: argparse.Namespace) -> int:
     client, credentials = api_client(args)
     account = client.set_password(args.account_id, new, current_password=current)
     if args.json:
-        return _show(args, account, str)
+        return show(args, account, str)
     console = credentials.api.rstrip("/") + "/console/"
     print(f"password set for {account['id']} ({account['role']}): sign in to the console at {console}")
     return 0

@@ -16,11 +16,10 @@ its hosts' and GPUs' alerts, a renter its workloads'. Tables by default, ``--jso
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from management.cli_accounts import Parser, api_client, connection_options, table, when
+from management.cli_accounts import Parser, api_client, connection_options, mapping_text, show, table, when
 from management.cli_host import duration_s
 
 RECENT_SHOWN = 10
@@ -33,24 +32,20 @@ def _label(text: str) -> tuple[str, str]:
     return name, value
 
 
+def _seconds(text: str, *, positive: bool = False) -> float:
+    """A duration as the other commands take it (``duration_s``: 90s, 5m, 2h, 1d), never "none"."""
+    try:
+        seconds = duration_s(text)
+    except argparse.ArgumentTypeError:
+        seconds = None
+    if seconds is None or (positive and seconds <= 0):
+        example = "a silence needs a duration, e.g. 30m, 2h, 1d" if positive else "write a duration, e.g. 0, 90s, 5m, 2h"
+        raise argparse.ArgumentTypeError(f"{text!r}: {example}")
+    return seconds
+
+
 def _duration(text: str) -> float:
-    try:
-        seconds = duration_s(text)
-    except argparse.ArgumentTypeError:
-        seconds = None
-    if seconds is None or seconds <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: a silence needs a duration, e.g. 30m, 2h, 1d")
-    return seconds
-
-
-def _seconds(text: str) -> float:
-    try:
-        seconds = duration_s(text)
-    except argparse.ArgumentTypeError:
-        seconds = None
-    if seconds is None:
-        raise argparse.ArgumentTypeError(f"{text!r}: write a duration, e.g. 0, 90s, 5m, 2h")
-    return seconds
+    return _seconds(text, positive=True)
 
 
 def _value(value: object) -> str:
@@ -130,7 +125,7 @@ def _silence_rows(silences: Sequence[Mapping[str, Any]]) -> str:
                 s["id"],
                 s["rule"],
                 s["subject"],
-                ",".join(f"{k}={v}" for k, v in sorted(s["labels"].items())) or None,
+                mapping_text(s["labels"]),
                 when(s["expires_at"]),
                 s["created_by"],
                 s["comment"] or None,
@@ -265,20 +260,15 @@ def add_parsers(sub: argparse._SubParsersAction, parser: Parser) -> None:
     remove.set_defaults(func=_run_webhook_remove)
 
 
-def _show(args: argparse.Namespace, body: Any, human: Callable[[Any], str]) -> int:
-    print(json.dumps(body, indent=2, sort_keys=True) if args.json else human(body))
-    return 0
-
-
 def _run_list(args: argparse.Namespace) -> int:
     client, _ = api_client(args)
     body = client.alerts(rule=args.rule, phase=args.phase, severity=args.severity)
-    return _show(args, body, _listing(max(0, args.recent)))
+    return show(args, body, _listing(max(0, args.recent)))
 
 
 def _run_rules(args: argparse.Namespace) -> int:
     client, _ = api_client(args)
-    return _show(args, client.alert_rules(), _rule_rows)
+    return show(args, client.alert_rules(), _rule_rows)
 
 
 def _run_rule_set(args: argparse.Namespace) -> int:
@@ -295,7 +285,7 @@ def _run_rule_set(args: argparse.Namespace) -> int:
         "fault": args.fault,
         "summary": args.summary,
     }
-    return _show(args, client.put_alert_rule(args.name, spec), lambda r: _rule_rows({"items": [r]}))
+    return show(args, client.put_alert_rule(args.name, spec), lambda r: _rule_rows({"items": [r]}))
 
 
 def _run_rule_delete(args: argparse.Namespace) -> int:
@@ -308,33 +298,33 @@ def _run_rule_delete(args: argparse.Namespace) -> int:
             "; the rules file's applies again:\n" + _rule_rows({"items": [again]}) if again else ""
         )
 
-    return _show(args, body, human)
+    return show(args, body, human)
 
 
 def _run_silence(args: argparse.Namespace) -> int:
     client, _ = api_client(args)
     body = client.silence(args.duration, rule=args.rule, subject=args.subject, labels=dict(args.label), comment=args.comment)
-    return _show(args, body, lambda s: _silence_rows([s]))
+    return show(args, body, lambda s: _silence_rows([s]))
 
 
 def _run_silences(args: argparse.Namespace) -> int:
     client, _ = api_client(args)
-    return _show(args, client.silences(include_expired=args.all), lambda b: _silence_rows(b["items"]))
+    return show(args, client.silences(include_expired=args.all), lambda b: _silence_rows(b["items"]))
 
 
 def _run_unsilence(args: argparse.Namespace) -> int:
     client, _ = api_client(args)
-    return _show(args, client.expire_silence(args.silence), lambda s: _silence_rows([s]))
+    return show(args, client.expire_silence(args.silence), lambda s: _silence_rows([s]))
 
 
 def _run_webhook_add(args: argparse.Namespace) -> int:
     client, _ = api_client(args)
-    return _show(args, client.add_webhook(args.url), _created_webhook)
+    return show(args, client.add_webhook(args.url), _created_webhook)
 
 
 def _run_webhook_list(args: argparse.Namespace) -> int:
     client, _ = api_client(args)
-    return _show(args, client.webhooks(), lambda b: _webhook_rows(b["items"]))
+    return show(args, client.webhooks(), lambda b: _webhook_rows(b["items"]))
 
 
 def _run_webhook_remove(args: argparse.Namespace) -> int:

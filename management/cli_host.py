@@ -14,12 +14,11 @@ and key come from the same places as for ``idlegrid account`` (management/cli_ac
 from __future__ import annotations
 
 import argparse
-import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from management.cli_accounts import Parser, api_client, connection_options, table, when
+from management.cli_accounts import Parser, api_client, connection_options, show, table, when
 
 _DURATION = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([smhd]?)$")
 _UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -157,16 +156,16 @@ def add_parsers(sub: argparse._SubParsersAction, parser: Parser) -> None:
     connection_options(default)
     default.set_defaults(func=_run_default)
 
-    show = parser(
+    shown = parser(
         p_sub,
         "show",
         "show prices",
         "With HOST: the price in force on it and where it comes from (anyone may read it). Without: your price records.",
     )
-    show.add_argument("host", nargs="?", metavar="HOST", help="a host's agent id (default: list your records)")
-    show.add_argument("--provider", metavar="ID", help="an operator's filter of the list (default: every provider)")
-    connection_options(show)
-    show.set_defaults(func=_run_show)
+    shown.add_argument("host", nargs="?", metavar="HOST", help="a host's agent id (default: list your records)")
+    shown.add_argument("--provider", metavar="ID", help="an operator's filter of the list (default: every provider)")
+    connection_options(shown)
+    shown.set_defaults(func=_run_show)
 
     clear = parser(p_sub, "clear", "remove a host's own price", "The host goes back to its provider's default (or the grid's).")
     clear.add_argument("host", metavar="HOST", help="the host's agent id")
@@ -180,38 +179,33 @@ def add_parsers(sub: argparse._SubParsersAction, parser: Parser) -> None:
         maintain.set_defaults(func=_run_drain if name == "drain" else _run_undrain)
 
 
-def _show(args: argparse.Namespace, body: Any, human: Callable[[Any], str]) -> int:
-    print(json.dumps(body, indent=2, sort_keys=True) if args.json else human(body))
-    return 0
-
-
 def _run_set(args: argparse.Namespace) -> int:
     client, _ = api_client(args)
-    return _show(args, client.set_host_price(args.host, _terms(args)), lambda p: _host_price_rows([p]))
+    return show(args, client.set_host_price(args.host, _terms(args)), lambda p: _host_price_rows([p]))
 
 
 def _run_default(args: argparse.Namespace) -> int:
     client, _ = api_client(args)
-    return _show(args, client.set_default_price(_terms(args), provider=args.provider), lambda r: _record_rows([r]))
+    return show(args, client.set_default_price(_terms(args), provider=args.provider), lambda r: _record_rows([r]))
 
 
 def _run_show(args: argparse.Namespace) -> int:
     client, _ = api_client(args)
     if args.host is not None:
-        return _show(args, client.host_price(args.host), lambda p: _host_price_rows([p]))
-    return _show(args, client.prices(provider=args.provider), _listing)
+        return show(args, client.host_price(args.host), lambda p: _host_price_rows([p]))
+    return show(args, client.prices(provider=args.provider), _listing)
 
 
 def _run_clear(args: argparse.Namespace) -> int:
     client, _ = api_client(args)
-    return _show(args, client.clear_host_price(args.host), lambda p: _host_price_rows([p]))
+    return show(args, client.clear_host_price(args.host), lambda p: _host_price_rows([p]))
 
 
 def _run_drain(args: argparse.Namespace) -> int:
     client, _ = api_client(args)
-    return _show(args, client.drain(args.host), _agent_rows)
+    return show(args, client.drain(args.host), _agent_rows)
 
 
 def _run_undrain(args: argparse.Namespace) -> int:
     client, _ = api_client(args)
-    return _show(args, client.undrain(args.host), _agent_rows)
+    return show(args, client.undrain(args.host), _agent_rows)

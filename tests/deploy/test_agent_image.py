@@ -17,20 +17,15 @@ from pathlib import Path
 import pytest
 
 from tests.deploy.images import AGENT_IMAGE, AGENT_UID, ImagePodman, container_and_volume, install
-from tests.support.grid import TEST_PROVIDER, Grid, wait_for
+from tests.support.grid import TEST_PROVIDER, Grid, running_grid, wait_for
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture
 def grid(tmp_path: Path) -> Iterator[Grid]:
-    g = Grid(tmp_path / "grid")
-    try:
-        g.start_master()
-        g.start_relay("relay-1", "eu-west")
+    with running_grid(tmp_path / "grid") as g:
         yield g
-    finally:
-        g.stop()
 
 
 @pytest.fixture

@@ -48,11 +48,12 @@ QUICK_RECONNECT = {"backoff_initial_s": 0.2, "backoff_max_s": 1.0}
 
 
 @contextlib.contextmanager
-def running_grid(root: Path, settings: Mapping[str, str | int | float | bool]) -> Iterator[Grid]:
-    """A Master with ``settings`` (TOML) and one relay, relay-1 in eu-west, as processes; all stopped afterwards."""
+def running_grid(root: Path, settings: Mapping[str, str | int | float | bool] | None = None) -> Iterator[Grid]:
+    """A Master with ``settings`` (TOML; none: its defaults) and one relay, relay-1 in eu-west, as processes; all
+    stopped afterwards."""
     g = Grid(root)
     try:
-        g.start_master("--config", str(write_toml(root / "master.toml", dict(settings))))
+        g.start_master(*(("--config", str(write_toml(root / "master.toml", dict(settings)))) if settings else ()))
         g.start_relay("relay-1", "eu-west")
         yield g
     finally:
