@@ -60,7 +60,7 @@ async def pair(tmp_path: Path) -> AsyncIterator[tuple[MasterServer, MasterServer
     try:
         await a.start()
         started.append(a)
-        await eventually(lambda: _is(a, "leader"), "master-a to lead")
+        await eventually(lambda: _serves(a), "master-a to lead and serve")
         await b.start()
         started.append(b)
         await eventually(lambda: _knows_leader(b), "master-b to stand by, naming master-a")
@@ -79,6 +79,11 @@ def relay_context(tmp_path: Path) -> ssl.SSLContext:
 
 async def _is(server: MasterServer, role: str) -> bool:
     return server.master.role == role
+
+
+async def _serves(server: MasterServer) -> bool:
+    """Leads and has loaded the state it took over: what its API and relay links wait for."""
+    return server.master.serves()
 
 
 async def _knows_leader(server: MasterServer) -> bool:
@@ -124,6 +129,7 @@ async def test_a_clean_stop_of_the_leader_hands_over_to_the_standby_at_once(pair
     key = a.operator_token_file.read_text().strip()
     await a.stop()
     await eventually(lambda: _is(b, "leader"), "master-b to lead", timeout=2.0)  # released: no ttl to wait out
+    await eventually(lambda: _serves(b), "master-b to load what it took over")  # leading comes before serving
     status, _, body = await get(b, "/api/v1/agents", key)
     assert status == 200, body
     lease = await b.master.store.leases.current()
