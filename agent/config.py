@@ -34,7 +34,13 @@ class AgentConfig(msgspec.Struct, kw_only=True):
     docker_socket: str = "/var/run/docker.sock"
     runtime_probe_s: float = 60.0  # how often the agent checks that its runtime can run containers
     runtime_probe_timeout_s: float = 5.0  # a runtime slower than this to answer the check offers nothing meanwhile
-    process_user: str = "nobody"  # the process runtime runs commands as this user; "" runs them as the agent's
+    # The process runtime (agent/runtime/process.py): "dynamic" runs each container as a uid of its own from
+    # process_uids; "" runs them as the agent's own user (isolation "none"). process_network "private" gives each
+    # container a network namespace of its own (outbound through slirp4netns, none of the host's loopback); "host"
+    # shares the host's.
+    process_user: str = "dynamic"
+    process_uids: str = "1000000-1065535"
+    process_network: str = "private"
     process_work_dir: str = ""  # the process runtime's containers' working directories; "" is <state_dir>-work
     measure_bandwidth: bool = True
     bandwidth_interval_s: float = 6 * 3600.0

@@ -578,7 +578,13 @@ class Agent:
 def _runtime_options(config: AgentConfig) -> dict[str, object]:
     if config.runtime == "process":
         work = config.process_work_dir or None
-        return {"state_dir": config.state_path, "user": config.process_user, "work_root": work}
+        return {
+            "state_dir": config.state_path,
+            "user": config.process_user,
+            "work_root": work,
+            "uids": config.process_uids,
+            "network": config.process_network,
+        }
     if config.runtime == "docker":
         return {"socket": config.docker_socket, "simulated_gpus": bool(config.simulate)}
     return {}  # open_runtime names the runtimes it knows

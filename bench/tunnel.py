@@ -184,7 +184,7 @@ async def _run(grid: LocalGrid, options: TunnelBenchOptions) -> dict[str, Any]:
         enrolled = await asyncio.to_thread(grid.enroll, name, grid.relays["relay-1"])
         if enrolled.returncode != 0:
             raise RuntimeError(f"enrolling {name}: {enrolled.stderr}")
-        grid.start_agent(name, "--runtime", "process", simulate="a10:1", env={"IDLEGRID_AGENT_PROCESS_USER": "nobody"})
+        grid.start_agent(name, "--runtime", "process", simulate="a10:1", env={"IDLEGRID_AGENT_PROCESS_USER": "dynamic"})
     agent_ids = [grid.agent_id(name) for name in names]
     await asyncio.to_thread(grid.wait_agents_ready, agent_ids)
     operator = grid.client

@@ -6,23 +6,29 @@ What this runtime is and is not:
   allows it: it keeps a command away from the agent and from other containers, but shares the host's kernel,
   filesystem and network.
 - The spec's ``image`` is recorded but not used: the command runs on the host's own filesystem.
-- As an unprivileged user (``user``, default ``nobody``) when the agent runs as root, with no new privileges, in a
-  working directory of its own (``<work_root>/<name>``, 0700, owned by that user). The agent's state directory is
-  0700 and its key and database 0600, so the command cannot read them: isolation ``sandbox``. An agent that is not
-  root cannot switch users, and an empty ``user`` asks it not to: the command then runs as the agent's own user
-  and the runtime reports isolation ``none``.
-- In a PID namespace of its own (``unshare --pid --fork --kill-child``, util-linux): the shim is the namespace's
-  init, so when it dies the kernel kills everything the command started, ``setsid`` and double forks included.
-  Delete SIGTERMs every process of the namespace, then SIGKILLs what is left.
+- As root, each container runs as a uid and gid of its own from a reserved range (``user="dynamic"``, the default;
+  ``uids``), with no new privileges, in a working directory of its own (``<work_root>/<name>``, 0700, owned by
+  it), with fresh ``/tmp``, ``/var/tmp``, ``/dev/shm`` and ``/run/lock`` in a mount namespace of its own, and a
+  network namespace of its own with outbound access through slirp4netns and none to the host's loopback
+  (``network="private"``). The agent's state directory is 0700 and its key and database 0600: isolation
+  ``sandbox``. agent/runtime/process_sandbox.py builds all of that. An agent that is not root cannot switch users,
+  and an empty ``user`` asks it not to: the command then runs as the agent's own user and the runtime reports
+  isolation ``none``.
+- In PID and mount namespaces of its own with its own ``/proc`` (``unshare --pid --fork --kill-child --mount
+  --mount-proc``, util-linux): it sees and can signal only its own processes, and CUDA, which needs the ``/proc``
+  of its PID namespace, works. The shim is the namespace's init, so when it dies the kernel kills everything the
+  command started, ``setsid`` and double forks included. Delete SIGTERMs every process of the namespace, then
+  SIGKILLs what is left.
 - GPUs: ``CUDA_VISIBLE_DEVICES`` is set to the spec's GPUs (empty when none, so CUDA sees no device).
 - Memory: ``RLIMIT_AS`` (address space, not resident memory). CUDA reserves far more address space than it uses,
   so a GPU workload wants the docker runtime rather than a memory limit here.
 - CPU: a coarse limit. The process is pinned to ``ceil(cpus)`` cores, preferring cores no other container holds;
   half a CPU becomes one whole core.
 
-- Renter access: logs from the container's log file; exec joins the container's PID namespace (``nsenter``) with
-  its limits, user, working directory and environment, on pipes or a pty (agent/runtime/process_exec.py); connect
-  is the host's 127.0.0.1, since containers share the host's network.
+- Renter access: logs from the container's log file; exec joins the container's PID, mount and network namespaces
+  (``nsenter``) with its limits, user, working directory and environment, on pipes or a pty
+  (agent/runtime/process_exec.py); connect opens a socket inside the container's network namespace and reaches its
+  127.0.0.1 (the host's 127.0.0.1 when the container shares the host's network).
 
 Each container is a ``/bin/sh`` shim that waits on a pipe for "go", then runs the command and writes its exit code
 to a file the agent opened for it (the command itself cannot open it). The agent sets the limits and writes
@@ -55,6 +61,7 @@ from typing import BinaryIO
 
 import msgspec
 
+from agent.runtime import process_sandbox as sandbox
 from agent.runtime.base import STATE_REMOVED, STDOUT, ExecSession, check_same_command, container_labels
 from agent.runtime.process_exec import start_exec
 from agent.state import PRIVATE_FILE_MODE, private_dir
@@ -67,13 +74,11 @@ log = logging.getLogger(__name__)
 MIB = 1024 * 1024
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SHELL = "/bin/sh"
-UNSHARE = "unshare"
-SETPRIV = "setpriv"
+UNSHARE = sandbox.UNSHARE
 PRLIMIT = "prlimit"
 TASKSET = "taskset"
-NSENTER = "nsenter"
 SETSID = "setsid"
-DEFAULT_USER = "nobody"
+DEFAULT_USER = sandbox.USER_DYNAMIC
 # The shim's standard error is the exit file, which only the agent could open: the command's own standard error goes
 # to the log with its output, and the shim writes the command's exit code there. (The shell cannot redirect a file
 # descriptor numbered above 9, so the exit file cannot simply be passed as one more descriptor.)
@@ -89,6 +94,7 @@ code=$?
 echo "$code" >&2
 exit "$code"
 """
+SHIM_NAME = "idlegrid-shim"  # the shim's $0: its argv[3] once the sandbox's set-up has exec'd into it
 KILL_GRACE_S = 5.0  # how long SIGKILLed processes get to disappear before delete gives up
 SPAWN_TIMEOUT_S = 5.0  # how long unshare gets to start the namespace's init
 POLL_S = 0.05
@@ -108,6 +114,10 @@ class ProcessRecord(msgspec.Struct, kw_only=True):
     pid: int  # the shim: init of the container's PID namespace, as the host numbers it
     start_ticks: int  # field 22 of /proc/<pid>/stat
     pid_namespace: str = ""  # readlink of /proc/<pid>/ns/pid, e.g. "pid:[4026532281]"
+    uid: int | None = None  # the container's own uid (and gid), or None: the agent's user
+    private_network: bool = False  # a network namespace of its own, with slirp4netns as its way out
+    slirp_pid: int = 0  # that slirp4netns, and its start time (0: none)
+    slirp_start_ticks: int = 0
     labels: dict[str, str]
     spec: ContainerSpec
     created_at: float
@@ -119,29 +129,49 @@ class ProcessRuntime:
 
     name = "process"
 
-    def __init__(self, state_dir: str | Path, *, user: str = DEFAULT_USER, work_root: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        state_dir: str | Path,
+        *,
+        user: str = DEFAULT_USER,
+        work_root: str | Path | None = None,
+        uids: str = sandbox.DEFAULT_UIDS,
+        network: str = sandbox.NETWORK_PRIVATE,
+    ) -> None:
         state = Path(state_dir)
         self.root = private_dir(private_dir(state) / "containers")
         self.work_root = Path(work_root) if work_root is not None else state.parent / f"{state.name}-work"
         self.work_root.mkdir(parents=True, exist_ok=True)
         self._children: dict[str, subprocess.Popen[bytes]] = {}  # by record id: the processes this instance started
-        self._switch_to = _unprivileged_user(user)
-        if self._switch_to is None:
+        self._root = os.geteuid() == 0
+        self._uids = _container_uids(user, uids) if self._root else None
+        if network not in sandbox.NETWORKS:
+            raise ConfigError(f"process_network {network!r}: choose one of {', '.join(sandbox.NETWORKS)}")
+        # Making a network namespace and handing it to slirp4netns takes root; an agent that is not root reports
+        # isolation "none" anyway.
+        self._private_network = network == sandbox.NETWORK_PRIVATE and self._root
+        if self._uids is None:
             why = "the agent is not root, so it cannot switch users" if user else "process_user is empty"
             log.warning(
                 "%s: process-runtime commands run as the agent's own user and could read its files; reporting isolation 'none'",
                 why,
                 extra={"uid": os.geteuid()},
             )
-        self.isolation = ISOLATION_SANDBOX if self._switch_to is not None else ISOLATION_NONE
+        self.isolation = ISOLATION_SANDBOX if self._uids is not None else ISOLATION_NONE
 
     # --- the ContainerRuntime interface -------------------------------------------------------------
 
     async def probe(self) -> None:
         """Ready whenever util-linux is there: checked here so a host without it says so before taking work."""
-        for tool in (UNSHARE, SETPRIV, PRLIMIT, TASKSET, NSENTER, SETSID):
+        for tool in (UNSHARE, sandbox.SETPRIV, PRLIMIT, TASKSET, sandbox.NSENTER, SETSID, sandbox.MOUNT):
             if shutil.which(tool) is None:
                 raise RuntimeFailure(f"the process runtime needs {tool!r} (util-linux) on PATH; install util-linux")
+        if self._private_network and shutil.which(sandbox.SLIRP4NETNS) is None:
+            raise RuntimeFailure(
+                "the process runtime gives each container a network of its own through slirp4netns, which is not on "
+                'PATH: install it (Debian: apt-get install slirp4netns) or set process_network = "host" on a '
+                "trusted host (containers then reach the host's loopback services)"
+            )
 
     async def create(self, spec: ContainerSpec, *, labels: Mapping[str, str]) -> ContainerInfo:
         # No await from the look-up to the record being written, so two creates on this loop cannot interleave.
@@ -156,6 +186,7 @@ class ProcessRuntime:
         if record is None:
             return None
         await _end_namespace(record, timeout_s)
+        _end_slirp(record)
         await self._reaped(record)
         info = self._info(record)
         self._forget(record)
@@ -204,19 +235,28 @@ class ProcessRuntime:
             env.setdefault("TERM", "xterm")  # as Docker sets it for a terminal; the container's own env wins
         session = [SETSID, "--ctty"] if tty else [SETSID]
         argv = [
-            *self._enter(record),
+            *sandbox.enter_argv(record.pid, workdir=workdir, root=self._root, private_network=record.private_network),
             *session,
             *_limits(record.spec, record.cores),
-            *self._drop_privileges(),
+            *sandbox.drop_privileges_argv(record.uid, gpus=bool(record.spec.gpus)),
             *command,
         ]
         return await start_exec(argv, env=env, cwd=workdir, tty=tty, cols=cols, rows=rows, container=name)
 
     async def connect(self, name: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        """The container shares the host's network, so its port is the host's 127.0.0.1:``port``."""
-        self._require_running(name)
+        """The container's 127.0.0.1:``port``: inside its network namespace, or the host's when it shares that."""
+        record = self._require_running(name)
         try:
-            return await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), CONNECT_TIMEOUT_S)
+            if not record.private_network:
+                return await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), CONNECT_TIMEOUT_S)
+            sock = sandbox.socket_in_namespace(record.pid)
+            try:
+                sock.setblocking(False)
+                await asyncio.wait_for(asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port)), CONNECT_TIMEOUT_S)
+            except BaseException:
+                sock.close()
+                raise
+            return await asyncio.open_connection(sock=sock)
         except ConnectionRefusedError:
             raise RuntimeFailure(f"nothing listens on port {port} of container {name!r} (127.0.0.1:{port})") from None
         except (OSError, TimeoutError) as exc:
@@ -240,17 +280,29 @@ class ProcessRuntime:
         workdir = self.workdir(spec.name)
         env = child_env(spec, home=workdir)
         _require_executable(spec, env["PATH"], workdir)
-        self._make_workdir(workdir)
         exit_file = self._path(spec.name, ".exit")
         exit_file.unlink(missing_ok=True)
         cores = self._pick_cores(spec.cpus)
-        shim = [SHELL, "-c", SHIM, "idlegrid-shim", *spec.command]
+        uid = self._pick_uid()
+        self._make_workdir(workdir, uid)
+        shim = [SHELL, "-c", SHIM, SHIM_NAME, *spec.command]
+        setup = sandbox.setup_script(
+            workdir=workdir,
+            tmpfs_size_mib=spec.memory_mib,
+            resolv_conf=sandbox.write_resolv_conf(self.root / "resolv.conf") if self._private_network else None,
+        )
+        launch = [
+            *sandbox.sandbox_argv(root=self._root, private_network=self._private_network, setup=setup),
+            *_limits(spec, cores),
+            *sandbox.drop_privileges_argv(uid, gpus=bool(spec.gpus)),
+            *shim,
+        ]
         exit_fd = os.open(exit_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE_MODE)
         try:
             with open(self._path(spec.name, ".log"), "ab") as output:
                 os.fchmod(output.fileno(), PRIVATE_FILE_MODE)
                 proc = subprocess.Popen(
-                    [*self._sandbox(), *_limits(spec, cores), *self._drop_privileges(), *shim],
+                    launch,
                     stdin=subprocess.PIPE,
                     stdout=output,
                     stderr=exit_fd,
@@ -260,52 +312,68 @@ class ProcessRuntime:
                 )
         finally:
             os.close(exit_fd)
-        return self._start(spec, labels, proc, cores)
+        return self._start(spec, labels, proc, cores, uid)
 
-    def _sandbox(self) -> builtins.list[str]:
-        """Puts what follows in a PID namespace of its own, as its init. /proc stays the host's (no mount namespace):
-        the command sees the host's process list as any unprivileged user does, and can name its own host pid."""
-        # Not root: a user namespace is what lets an unprivileged user make the PID namespace.
-        user = ["--user", "--map-current-user"] if self._switch_to is None else []
-        return [UNSHARE, *user, "--pid", "--fork", "--kill-child", "--"]
+    def _pick_uid(self) -> int | None:
+        """A uid no container of this host holds (records of exited containers hold theirs until deleted)."""
+        if self._uids is None:
+            return None
+        return self._uids.pick({r.uid for r in self._records() if r.uid is not None})
 
-    def _enter(self, record: ProcessRecord) -> builtins.list[str]:
-        """Into the container's PID namespace (and, when not root, the user namespace that owns it), forking there."""
-        user = ["--user", "--preserve-credentials"] if self._switch_to is None else []
-        return [NSENTER, f"--target={record.pid}", *user, "--pid", "--"]
-
-    def _drop_privileges(self) -> builtins.list[str]:
-        """As root: become the unprivileged user, with no supplementary groups and no way back (no setuid gains)."""
-        if self._switch_to is None:
-            return []
-        uid, gid = self._switch_to
-        return [SETPRIV, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--no-new-privs", "--"]
-
-    def _make_workdir(self, workdir: Path) -> None:
+    def _make_workdir(self, workdir: Path, uid: int | None) -> None:
         workdir.mkdir(mode=0o700, exist_ok=True)
         os.chmod(workdir, 0o700)
-        if self._switch_to is not None:
-            os.chown(workdir, *self._switch_to)
+        if uid is not None:
+            os.chown(workdir, uid, uid)
 
     def _start(
-        self, spec: ContainerSpec, labels: dict[str, str], proc: subprocess.Popen[bytes], cores: builtins.list[int]
+        self,
+        spec: ContainerSpec,
+        labels: dict[str, str],
+        proc: subprocess.Popen[bytes],
+        cores: builtins.list[int],
+        uid: int | None,
     ) -> ProcessRecord:
+        slirp: subprocess.Popen[bytes] | None = None
         try:
             init = _namespace_init(proc, spec.name, self._path(spec.name, ".exit"))
-            record = self._record(spec, labels, init, cores)
+            _await_shim(init, proc, spec.name, self._path(spec.name, ".log"))
+            record = self._record(spec, labels, init, cores, uid)
+            if self._private_network:
+                slirp = sandbox.start_slirp(init, self._path(spec.name, ".net.log"))
+                slirp_stat = _stat(slirp.pid)
+                record = msgspec.structs.replace(
+                    record, slirp_pid=slirp.pid, slirp_start_ticks=slirp_stat[2] if slirp_stat else 0
+                )
             self._save(record)
         except BaseException:
             proc.kill()  # never got "go": nothing of the command ran (--kill-child takes the shim along)
             proc.communicate()
+            if slirp is not None:
+                slirp.kill()
+                slirp.wait()
             self._discard(spec.name)
             raise
         assert proc.stdin is not None
-        proc.stdin.write(b"go\n")
-        proc.stdin.close()
+        try:
+            proc.stdin.write(b"go\n")
+            proc.stdin.close()
+        except BrokenPipeError:  # the sandbox's set-up failed before the shim read "go": nothing of the command ran
+            proc.wait()
+            said = self._path(spec.name, ".log").read_text(errors="replace").strip()[-MAX_LAUNCH_ERROR_CHARS:]
+            if slirp is not None:
+                slirp.kill()
+                slirp.wait()
+            self._discard(spec.name)
+            raise RuntimeFailure(f"could not set up the sandbox of container {spec.name!r}: {said or 'no message'}") from None
         self._adopt(record, proc)
+        if slirp is not None:
+            threading.Thread(target=slirp.wait, name=f"reap-net-{record.name}", daemon=True).start()
         return record
 
-    def _record(self, spec: ContainerSpec, labels: dict[str, str], pid: int, cores: builtins.list[int]) -> ProcessRecord:
+    def _record(
+        self, spec: ContainerSpec, labels: dict[str, str], pid: int, cores: builtins.list[int], uid: int | None
+    ) -> ProcessRecord:
         ticks = _stat(pid)
         namespace = _pid_namespace(pid)
         if ticks is None or namespace is None:  # the shim is still waiting for "go", so /proc/<pid> must exist
@@ -320,6 +388,8 @@ class ProcessRuntime:
             spec=spec,
             created_at=time.time(),
             cores=cores,
+            uid=uid,
+            private_network=self._private_network,
         )
 
     def _pick_cores(self, cpus: float | None) -> builtins.list[int]:
@@ -395,7 +465,7 @@ class ProcessRuntime:
         self._children.pop(record.id, None)
 
     def _discard(self, name: str) -> None:
-        for suffix in (".json", ".exit", ".log"):
+        for suffix in (".json", ".exit", ".log", ".net.log"):
             self._path(name, suffix).unlink(missing_ok=True)
         shutil.rmtree(self.workdir(name), ignore_errors=True)
 
@@ -503,6 +573,22 @@ def _namespace_init(launcher: subprocess.Popen[bytes], name: str, exit_file: Pat
     )
 
 
+def _await_shim(pid: int, launcher: subprocess.Popen[bytes], name: str, log_path: Path) -> None:
+    """Wait until the namespace's init is the shim (its sandbox set up: the mounts are in place, so an exec that
+    enters right after finds the container as it will stay); the set-up's complaint when it failed instead."""
+    deadline = time.monotonic() + SPAWN_TIMEOUT_S
+    while time.monotonic() < deadline:
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if len(argv) > 3 and argv[3] == SHIM_NAME.encode():
+                return
+        if launcher.poll() is not None:
+            break
+        time.sleep(POLL_S / 10)
+    said = log_path.read_text(errors="replace").strip()[-MAX_LAUNCH_ERROR_CHARS:]
+    raise RuntimeFailure(f"could not set up the sandbox of container {name!r}: {said or 'it did not start in time'}")
+
+
 def namespace_members(record: ProcessRecord) -> list[int]:
     """Live processes in the container's PID namespace: the shim and everything the command started, whatever it
     did (setsid, double forks) to leave its session."""
@@ -546,17 +632,26 @@ def _signal(pids: list[int], sig: signal.Signals) -> None:
             os.kill(pid, sig)
 
 
-def _unprivileged_user(user: str) -> tuple[int, int] | None:
-    """(uid, gid) to run commands as, or None when the agent does not switch users: it is not root, or ``user`` is
-    empty (the operator's choice, for a trusted host or a test grid that must see what commands write)."""
-    if os.geteuid() != 0 or not user:
+def _end_slirp(record: ProcessRecord) -> None:
+    """Stop the container's slirp4netns (it would hold the emptied network namespace open), if it is still that one."""
+    stat = _stat(record.slirp_pid) if record.slirp_pid else None
+    if stat is not None and stat[2] == record.slirp_start_ticks:
+        sandbox.kill_quietly(record.slirp_pid, signal.SIGKILL)
+
+
+def _container_uids(user: str, uids: str) -> sandbox.UidRange | None:
+    """The uids containers get, or None when they run as the agent's own user (``user`` empty: the operator's choice,
+    for a trusted host or a test grid that must see what commands write)."""
+    if not user:
         return None
-    try:
-        entry = pwd.getpwnam(user)
-    except KeyError:
+    if user != sandbox.USER_DYNAMIC:
         raise ConfigError(
-            f"the process runtime's user {user!r} does not exist on this host: create it or set process_user"
-        ) from None
-    if entry.pw_uid == 0:
-        raise ConfigError(f"the process runtime's user {user!r} is root: choose an unprivileged user (process_user)")
-    return entry.pw_uid, entry.pw_gid
+            f"process_user {user!r}: use {sandbox.USER_DYNAMIC!r} (each container a uid of its own from process_uids, "
+            "so containers cannot read each other's files) or \"\" (the agent's own user, isolation 'none'); one "
+            "shared user for every container is no longer offered"
+        )
+    parsed = sandbox.UidRange.parse(uids)
+    for uid in (parsed.first, parsed.last):
+        with contextlib.suppress(KeyError):
+            raise ConfigError(f"process_uids {uids!r} holds uid {uid} of user {pwd.getpwuid(uid).pw_name!r}: choose a free range")
+    return parsed

@@ -28,7 +28,7 @@ from tests.support.grid import Grid, pid_alive, running_grid, wait_for
 PERIOD_S = 1.0
 GRACE_S = 3.0
 MOVE_DEADLINE_S = 30.0
-SANDBOXED = {"IDLEGRID_AGENT_PROCESS_USER": "nobody"}
+SANDBOXED = {"IDLEGRID_AGENT_PROCESS_USER": "dynamic"}
 MASTER_SETTINGS: dict[str, str | int | float | bool] = {
     "scheduler_period_s": PERIOD_S,
     "preemption_grace_s": GRACE_S,

@@ -82,7 +82,7 @@ def runs(root: Path) -> Path:
 
 def sandboxed_host(grid: Grid, name: str, simulate: str) -> tuple[str, Daemon]:
     """A host whose process runtime runs containers as ``nobody`` (isolation ``sandbox``), ready."""
-    agent_id, daemon = grid.run_agent(name, simulate=simulate, env={"IDLEGRID_AGENT_PROCESS_USER": "nobody"})
+    agent_id, daemon = grid.run_agent(name, simulate=simulate, env={"IDLEGRID_AGENT_PROCESS_USER": "dynamic"})
     assert grid.agent(agent_id)["isolation"] == "sandbox"
     return agent_id, daemon
 

@@ -1,0 +1,187 @@
+"""Two renters' containers on one process-runtime host, the second hostile: it must not read the first's environment,
+files, temporary files or processes, signal or trace them, or reach its ports or the host's loopback services.
+Real processes, as root (the agent's production case); every attempt runs as the hostile container's command."""
+
+import asyncio
+import os
+import socket
+import textwrap
+import time
+
+import pytest
+
+from agent.runtime.process import ProcessRuntime
+from common.containers import LABEL_AGENT_ID, LABEL_COMMAND_ID, ContainerSpec
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the agent's sandbox (uids, namespaces) needs it")
+
+SECRET = "s3cr3t-of-renter-a"
+
+VICTIM = textwrap.dedent(
+    """
+    echo "$SECRET_TOKEN" > mine.txt
+    echo "$SECRET_TOKEN" > /tmp/victim-tmp.txt
+    echo "$SECRET_TOKEN" > /dev/shm/victim-shm.txt
+    python3 -c '
+    import socket, time
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", int(open("port").read()))); s.listen(8)
+    open("listening", "w").write("yes")
+    while True:
+        c, _ = s.accept(); c.sendall(b"victim-data"); c.close()
+    '
+    """
+)
+
+# Each probe prints one line "name: outcome". A probe that reaches the victim prints its data.
+ATTACKER = textwrap.dedent(
+    """
+    import ctypes, glob, os, signal, socket, sys
+    victim_dir, victim_pid, victim_port, host_port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    out = []
+    def probe(name, fn):
+        try:
+            out.append(f"{name}: " + " ".join(str(fn()).split()))
+        except Exception as exc:
+            out.append(f"{name}: refused {type(exc).__name__}")
+    def environs():
+        seen = []
+        for path in glob.glob("/proc/*/environ"):
+            try:
+                seen.append(open(path, "rb").read().decode(errors="replace"))
+            except OSError:
+                pass
+        return " ".join(seen)
+    probe("environ", environs)
+    probe("pids", lambda: " ".join(sorted(p for p in os.listdir("/proc") if p.isdigit())))
+    probe("read", lambda: open(os.path.join(victim_dir, "mine.txt")).read())
+    probe("list", lambda: os.listdir(victim_dir))
+    probe("write", lambda: open(os.path.join(victim_dir, "planted.txt"), "w").write("x"))
+    probe("tmp", lambda: open("/tmp/victim-tmp.txt").read())
+    probe("shm", lambda: open("/dev/shm/victim-shm.txt").read())
+    probe("kill", lambda: os.kill(victim_pid, signal.SIGKILL))
+    libc = ctypes.CDLL(None, use_errno=True)
+    def ptrace():
+        if libc.ptrace(16, victim_pid, None, None) != 0:  # PTRACE_ATTACH
+            raise PermissionError(os.strerror(ctypes.get_errno()))
+        return "attached"
+    probe("ptrace", ptrace)
+    def connect(port):
+        with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
+            return s.recv(100).decode()
+    probe("victim_port", lambda: connect(victim_port))
+    probe("host_port", lambda: connect(host_port))
+    def gateway():  # slirp4netns's address of the host: its loopback must stay out of reach there too
+        with socket.create_connection(("10.0.2.2", host_port), timeout=2) as s:
+            return s.recv(100).decode()
+    probe("host_via_gateway", gateway)
+    probe("uid", lambda: f"{os.getuid()} {os.getgid()} {os.getgroups()}")
+    open("seen.tmp", "w").write("\\n".join(out) + "\\n")
+    os.rename("seen.tmp", "seen")
+    """
+)
+
+
+def labels(command_id):
+    return {LABEL_COMMAND_ID: command_id, LABEL_AGENT_ID: "agt-1"}
+
+
+async def wait_for_file(path, timeout_s=15.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists():
+            return path.read_text()
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {path}")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+async def host_service():
+    """A service on the host's loopback, as the agent's, a relay's or another daemon's would be."""
+
+    async def answer(reader, writer):
+        writer.write(b"host-secret")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    yield server.sockets[0].getsockname()[1]
+    server.close()
+    await server.wait_closed()
+
+
+async def test_a_hostile_container_reaches_nothing_of_another_renters_container_or_the_host(tmp_path, host_service):
+    runtime = ProcessRuntime(tmp_path / "state")
+    victim_port = free_port()
+    victim_dir = runtime.workdir("renter-a")
+    try:
+        await runtime.create(
+            ContainerSpec(
+                name="renter-a",
+                image="none",
+                command=["sh", "-c", f"echo {victim_port} > port; {VICTIM}"],
+                env={"SECRET_TOKEN": SECRET},
+            ),
+            labels=labels("cmd-a"),
+        )
+        await wait_for_file(victim_dir / "listening")
+        victim = runtime._load("renter-a")
+        # The victim's own server, reached the way a tunnel reaches it: it is there and answers.
+        reader, writer = await runtime.connect("renter-a", victim_port)
+        assert await reader.read() == b"victim-data"
+        writer.close()
+
+        await runtime.create(
+            ContainerSpec(
+                name="renter-b",
+                image="none",
+                command=["python3", "-c", ATTACKER, str(victim_dir), str(victim.pid), str(victim_port), str(host_service)],
+            ),
+            labels=labels("cmd-b"),
+        )
+        seen = dict(line.split(": ", 1) for line in (await wait_for_file(runtime.workdir("renter-b") / "seen")).splitlines())
+        attacker = runtime._load("renter-b")
+        victim_alive = (await runtime.inspect("renter-a")).state
+    finally:
+        for name in ("renter-a", "renter-b"):
+            await runtime.delete(name, timeout_s=0)
+
+    assert SECRET not in "\n".join(seen.values()), seen
+    assert seen["pids"].split() == sorted(seen["pids"].split()) and len(seen["pids"].split()) <= 3, seen["pids"]
+    for probe in ("read", "list", "write", "tmp", "shm", "kill", "ptrace", "victim_port", "host_port", "host_via_gateway"):
+        assert seen[probe].startswith("refused"), (probe, seen[probe])
+    assert victim_alive == "running"
+    assert victim.uid != attacker.uid and seen["uid"] == f"{attacker.uid} {attacker.uid} []"
+
+
+async def test_a_container_sees_its_own_proc_and_an_exec_joins_it(tmp_path):
+    """CUDA needs the /proc of its own PID namespace (cudaGetDeviceCount fails with error 304 otherwise): the command
+    is pid 1 of its /proc, and an exec sees the same /proc, files and temporary files as the command."""
+    runtime = ProcessRuntime(tmp_path / "state")
+    spec = ContainerSpec(
+        name="cuda-like", image="none", command=["sh", "-c", "echo here > /tmp/mark; ls /proc > procs; mv procs self; sleep 300"]
+    )
+    try:
+        await runtime.create(spec, labels=labels("cmd-p"))
+        await wait_for_file(runtime.workdir("cuda-like") / "self")
+        session = await runtime.exec(
+            "cuda-like", ["sh", "-c", "cat /proc/1/cmdline | tr '\\0' ' '; echo; cat /tmp/mark"], tty=False
+        )
+        output = b""
+        while (chunk := await asyncio.wait_for(session.read(), 10)) is not None:
+            output += chunk[1]
+        code = await session.wait()
+        own = [entry for entry in (runtime.workdir("cuda-like") / "self").read_text().split() if entry.isdigit()]
+    finally:
+        await runtime.delete("cuda-like", timeout_s=0)
+
+    assert "1" in own and len(own) <= 4, own  # its init, itself and ls: no process of the host or of others
+    *init, mark = output.decode().splitlines()
+    assert "idlegrid-shim" in "".join(init) and mark == "here"  # pid 1 of the exec's /proc is the container's shim
+    assert code == 0
