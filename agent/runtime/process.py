@@ -288,6 +288,7 @@ class ProcessRuntime:
         shim = [SHELL, "-c", SHIM, SHIM_NAME, *spec.command]
         setup = sandbox.setup_script(
             workdir=workdir,
+            private_tmp=uid is not None,
             tmpfs_size_mib=spec.memory_mib,
             resolv_conf=sandbox.write_resolv_conf(self.root / "resolv.conf") if self._private_network else None,
         )

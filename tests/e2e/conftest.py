@@ -1,5 +1,4 @@
 import os
-import pwd
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -24,10 +23,10 @@ def grid(tmp_path):
 
 @pytest.fixture
 def drop() -> Iterator[Path]:
-    """A directory only ``nobody`` (and root, the test) may use, outside pytest's root-only tree."""
-    path = Path(tempfile.mkdtemp(prefix="idlegrid-e2e-drop-"))
-    nobody = pwd.getpwnam("nobody")
-    os.chown(path, nobody.pw_uid, nobody.pw_gid)
+    """A directory every sandboxed container may write in (each runs as a uid of its own), outside pytest's root-only
+    tree and outside /tmp, /var/tmp and /dev/shm, which each sandboxed container gets fresh and private."""
+    path = Path(tempfile.mkdtemp(prefix="idlegrid-e2e-drop-", dir="/run"))
+    os.chmod(path, 0o777)  # not sticky: several containers append to one file (fs.protected_regular)
     try:
         yield path
     finally:

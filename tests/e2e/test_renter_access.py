@@ -3,8 +3,8 @@ never listens. A renter reaches its workload's container through the relay with 
 (``idlegrid workload logs|exec|port-forward``, run as processes): logs, a command with its output and exit status, an
 HTTP server in the container through a forwarded local port. Another renter is refused; every opening is an event.
 
-Most hosts here run the process runtime sandboxed as ``nobody``; one test runs a real container on a host whose agent
-drives a real Podman service through its Docker API. GPUs are simulated (none exists here).
+Most hosts here run the process runtime sandboxed (each container a uid of its own); one test runs a real container on
+a host whose agent drives a real Podman service through its Docker API. GPUs are simulated (none exists here).
 """
 
 from __future__ import annotations

@@ -1,15 +1,16 @@
 """Acceptance 2: the scheduler on a real local grid. A Master (its scheduling loop inside), a relay and agents, each
 its own process (tests/support/grid.py); renters use the API with their own keys, as they would.
 
-Hosts run the process runtime sandboxed: the agent runs as root and starts each container as ``nobody`` in a PID
+Hosts run the process runtime sandboxed: the agent runs as root and starts each container as a uid of its own in a PID
 namespace of its own (isolation ``sandbox``), and the Master offers such hosts because ``offer_sandboxed_hosts`` is
 set and the workloads allow the process runtime. It starts a container in milliseconds, needs nothing but
 util-linux, and its containers are host processes whose pids the test can watch. (The Docker runtime through
 Podman is the other isolating choice; it needs a Podman service and an imported image first, and more moving parts.)
 The GPUs are simulated (none exists here); a fault is injected through the agent's simulated-faults.json.
 
-Containers run as ``nobody``, which cannot enter pytest's private directories, so they report to a drop directory
-of their own: each appends ``<host pid> <CUDA_VISIBLE_DEVICES>`` (its GPU) to a file named after the workload."""
+Containers run as uids of their own, which cannot enter pytest's private directories, and get private /tmp, so they
+report to a drop directory outside both: each appends ``<pid> <PID namespace> <CUDA_VISIBLE_DEVICES>`` (its GPU) to
+a file named after the workload; the test finds its host pid from the namespace."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import pytest
 
 from agent.fault_injection import FAULTS_FILE
 from management.client import ApiClient, ApiRequest
-from tests.support.grid import Grid, pid_alive, running_grid, wait_for
+from tests.support.grid import Grid, host_pid, pid_alive, running_grid, wait_for
 
 PERIOD_S = 1.0
 GRACE_S = 3.0
@@ -35,7 +36,10 @@ MASTER_SETTINGS: dict[str, str | int | float | bool] = {
     "offer_sandboxed_hosts": True,
     "telemetry_s": 0.5,  # the agents sample (and read simulated-faults.json) twice a second
 }
-RECORD_START = "read -r pid _ < /proc/self/stat; echo $pid $CUDA_VISIBLE_DEVICES >> {file}"
+# umask 0: replicas run as uids of their own and append to one file. The pid is the container's own namespace's.
+RECORD_START = (
+    "umask 0; read -r pid _ < /proc/self/stat; ns=$(readlink /proc/self/ns/pid); echo $pid $ns $CUDA_VISIBLE_DEVICES >> {file}"
+)
 
 
 @pytest.fixture
@@ -79,11 +83,15 @@ def workload(name: str, command: str, **fields: Any) -> dict[str, Any]:
     }
 
 
-def starts(drop: Path, name: str) -> list[tuple[int, str]]:
-    """(host pid, GPU uuid) of every start of a container of workload ``name``, oldest first."""
+def recorded(drop: Path, name: str) -> list[list[str]]:
+    """(pid in its namespace, namespace, GPU uuid) of every start of a container of workload ``name``, oldest first."""
     path = drop / name
-    lines = path.read_text().splitlines() if path.exists() else []
-    return [(int(pid), gpu) for pid, gpu in (line.split() for line in lines)]
+    return [line.split() for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def starts(drop: Path, name: str) -> list[tuple[int, str]]:
+    """(host pid, or 0 once it has ended, GPU uuid) of every start of a container of workload ``name``, oldest first."""
+    return [(host_pid(namespace, int(pid)), gpu) for pid, namespace, gpu in recorded(drop, name)]
 
 
 def live_starts(drop: Path, name: str) -> dict[str, int]:
@@ -162,7 +170,7 @@ def test_a_high_workload_preempts_a_low_one_whose_container_sees_sigterm_first(d
     # The victim never stops on its own. On SIGTERM it writes its pid to a marker, takes a second to clean up (within
     # the grace; SIGKILL would cut it short), notes that it finished, and exits.
     marker = drop / "low-saw-sigterm"
-    on_term = f"trap 'echo $pid > {marker}; sleep 1; echo cleaned-up >> {marker}; exit 0' TERM"
+    on_term = f"trap 'echo $ns > {marker}; sleep 1; echo cleaned-up >> {marker}; exit 0' TERM"
     low_command = f"{on_term}; {RECORD_START.format(file=drop / 'low')}; while :; do sleep 0.1; done"
     low = bob.submit_workload(workload("low", low_command, priority="low", restart_policy="on_failure"))
     wait_workload(bob, low["id"], "running", lambda w: w["state"] == "running")
@@ -173,7 +181,8 @@ def test_a_high_workload_preempts_a_low_one_whose_container_sees_sigterm_first(d
     rec = wait_workload(carol, high["id"], "running", lambda w: w["state"] == "running", timeout=GRACE_S + 15)
 
     assert [(a["agent_id"], a["units"]) for a in rec["assignments"]] == [(host, [gpu])]
-    assert marker.read_text().split() == [str(victim_pid), "cleaned-up"]  # SIGTERM first, then the whole grace
+    victim_namespace = recorded(drop, "low")[0][1]
+    assert marker.read_text().split() == [victim_namespace, "cleaned-up"]  # SIGTERM first, then the whole grace
     assert not pid_alive(victim_pid)
     ((high_pid, high_gpu),) = wait_for(lambda: starts(drop, "high"), 10, "the high workload's container to start")
     assert high_gpu == gpu and pid_alive(high_pid)

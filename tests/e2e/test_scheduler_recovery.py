@@ -3,14 +3,14 @@ restarted Master loses none, adopts the containers that run (none is started twi
 under way, and no GPU ever has two holders.
 
 Real processes throughout (Master, relay, agents, and each workload's container a sandboxed process run as
-``nobody`` by the process runtime); only the GPUs are simulated. The race is made deterministic by freezing one
+a uid of its own by the process runtime); only the GPUs are simulated. The race is made deterministic by freezing one
 host (SIGSTOP) before the last workloads are placed: the Master has stored their placement and sent their creates,
 which wait in that host's socket, so at the kill one workload is ``scheduled`` (create sent, never acknowledged) and
 the gang is ``starting`` (one replica runs on the other host, the other's create waits). The frozen host then runs
 those creates while the Master is down, so their results reach the restarted Master from the relay's buffer.
 
-Each container appends ``<its pid> <its CUDA_VISIBLE_DEVICES>`` to ``runs/<container name>`` when it starts: the
-number of lines is the number of times it started, and the GPUs are what the host gave it.
+Each container appends ``<its pid> <its PID namespace> <its CUDA_VISIBLE_DEVICES>`` to ``runs/<container name>`` when
+it starts: the number of lines is the number of times it started, and the GPUs are what the host gave it.
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ from typing import Any
 
 import pytest
 
-from tests.support.grid import QUICK_RECONNECT, Daemon, Grid, pid_alive, wait_for, write_toml
+from tests.support.grid import QUICK_RECONNECT, Daemon, Grid, host_pid, pid_alive, wait_for, write_toml
 
 pytestmark = [
     pytest.mark.e2e,
-    pytest.mark.skipif(os.geteuid() != 0, reason="the process runtime sandboxes a container (as nobody) only under root"),
+    pytest.mark.skipif(os.geteuid() != 0, reason="the process runtime sandboxes a container (a uid of its own) only as root"),
 ]
 
 OFFLINE_GRACE_S = 12  # a host unseen this long has its workloads requeued
@@ -48,9 +48,10 @@ SETTLE_S = 3.0
 
 @pytest.fixture
 def root() -> Iterator[Path]:
-    """The grid's root, outside pytest's private temporary directory, so a container running as ``nobody`` can reach
-    its working directory under it (0711: passable, not listable) and write its start record (``runs/``)."""
-    path = Path(tempfile.mkdtemp(prefix="idlegrid-recovery-"))
+    """The grid's root, outside pytest's private temporary directory and /tmp (private in each sandboxed container),
+    so a container running as a uid of its own can reach its working directory under it (0711: passable, not
+    listable) and write its start record (``runs/``)."""
+    path = Path(tempfile.mkdtemp(prefix="idlegrid-recovery-", dir="/run"))
     path.chmod(0o711)
     try:
         yield path
@@ -76,12 +77,12 @@ def grid(root: Path) -> Iterator[Grid]:
 def runs(root: Path) -> Path:
     path = root / "runs"
     path.mkdir()
-    path.chmod(0o777)  # written by the containers, which run as nobody
+    path.chmod(0o777)  # written by the containers, which run as uids of their own
     return path
 
 
 def sandboxed_host(grid: Grid, name: str, simulate: str) -> tuple[str, Daemon]:
-    """A host whose process runtime runs containers as ``nobody`` (isolation ``sandbox``), ready."""
+    """A host whose process runtime runs each container as a uid of its own (isolation ``sandbox``), ready."""
     agent_id, daemon = grid.run_agent(name, simulate=simulate, env={"IDLEGRID_AGENT_PROCESS_USER": "dynamic"})
     assert grid.agent(agent_id)["isolation"] == "sandbox"
     return agent_id, daemon
@@ -89,7 +90,10 @@ def sandboxed_host(grid: Grid, name: str, simulate: str) -> tuple[str, Daemon]:
 
 def recorded_start(runs: Path) -> list[str]:
     """The command of every workload here: record this start, then run until deleted."""
-    record = f'read -r pid _ < /proc/self/stat; echo "$pid $CUDA_VISIBLE_DEVICES" >> {runs}/"${{PWD##*/}}"'
+    record = (
+        "read -r pid _ < /proc/self/stat; ns=$(readlink /proc/self/ns/pid); "
+        f'echo "$pid $ns $CUDA_VISIBLE_DEVICES" >> {runs}/"${{PWD##*/}}"'
+    )
     return ["sh", "-c", f"{record}; sleep 600"]
 
 
@@ -122,10 +126,11 @@ def wait_workload(grid: Grid, workload_id: str, state: str, timeout: float = 30)
 
 
 def starts(runs: Path, container: str) -> list[tuple[int, str]]:
-    """(pid, CUDA_VISIBLE_DEVICES) of each start of ``container``."""
+    """(host pid, 0 once ended; CUDA_VISIBLE_DEVICES) of each start of ``container`` (it records its pid in its own
+    PID namespace, and that namespace)."""
     path = runs / container
     lines = path.read_text().splitlines() if path.exists() else []
-    return [(int(pid), gpus) for pid, _, gpus in (line.partition(" ") for line in lines)]
+    return [(host_pid(namespace, int(pid)), gpus) for pid, namespace, gpus in (line.split(" ", 2) for line in lines)]
 
 
 def states_in_store(grid: Grid, ids: list[str]) -> dict[str, str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import ssl
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -72,18 +73,39 @@ def counted_spec(runs: Path, name: str, *, ignores_sigterm: bool = False) -> dic
     number of lines is the number of times the command ran. ``ignores_sigterm``: deleting it takes the
     delete's whole ``timeout_s`` (SIGKILL ends it), which keeps a delete command running that long.
 
-    The pid is the host's: the command runs in a PID namespace of its own, where ``$$`` is small, so it reads its
-    own /proc/self/stat (a redirection the shell itself opens, no child process), which the host's /proc numbers."""
+    The command runs in PID and mount namespaces of its own with its own /proc, so it records its pid there (read
+    from /proc/self/stat, a redirection the shell itself opens, no child process) and that namespace; ``run_pids``
+    finds the host's pid from both."""
     runs.mkdir(parents=True, exist_ok=True)
     trap = "trap '' TERM; " if ignores_sigterm else ""
-    record = f"read -r pid _ < /proc/self/stat; echo $pid >> {runs / name}"
+    record = f"read -r pid _ < /proc/self/stat; echo $pid $(readlink /proc/self/ns/pid) >> {runs / name}"
     return {"name": name, "image": "none", "command": ["sh", "-c", f"{trap}{record}; sleep 600"]}
 
 
 def run_pids(runs: Path, name: str) -> list[int]:
-    """The pids the container ``name`` of ``counted_spec`` started with, one per run."""
+    """The host pids the container ``name`` of ``counted_spec`` started with, one per run (0: that run has ended)."""
     path = runs / name
-    return [int(line) for line in path.read_text().split()] if path.exists() else []
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [host_pid(namespace, int(pid)) for pid, namespace in (line.split() for line in lines)]
+
+
+def host_pid(namespace: str, pid: int) -> int:
+    """The host's pid of the process numbered ``pid`` in PID namespace ``namespace`` ("pid:[4026532281]", as
+    ``readlink /proc/self/ns/pid`` prints it inside), or 0 when no such process runs: a sandboxed container sees only
+    its own namespace's numbers."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.readlink(entry / "ns" / "pid") != namespace:
+                continue
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        nspids = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), [])
+        if nspids and nspids[-1] == str(pid):
+            return int(entry.name)
+    return 0
 
 
 def pid_alive(pid: int) -> bool:

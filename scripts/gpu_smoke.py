@@ -1,0 +1,307 @@
+"""A renter's CUDA job on this machine's real GPUs, through a whole local grid: what scripts/gpu-smoke runs.
+
+A Master, a relay and an agent (each its own process, on the embedded store) in a temporary directory; the agent
+reads the real GPUs through NVML and runs containers with the process runtime, sandboxed when this runs as root.
+A renter account with a credit submits a CUDA job (a bf16 matrix product with PyTorch when this Python has it,
+else a CUDA driver call through libcuda); the script watches the GPU's telemetry while it runs, reads the job's
+output back after it ended, and the charge from the ledger. Where a Docker engine with the NVIDIA toolkit exists,
+the same job would run through the docker runtime too; it says when there is none. Every check prints PASS or FAIL
+with what was seen; the exit status is 0 only when all passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from management.client import ApiClient, ApiError  # noqa: E402
+from management.localgrid import LocalGrid  # noqa: E402
+
+PROVIDER = "smoke-provider"
+RENTER = "smoke-renter"
+PRICE = {"on_demand": "2.00", "min_bid": "0.50", "reserved_discount": 0.25}  # per GPU-hour
+CREDIT = "100.00"
+MASTER_SETTINGS = {
+    "IDLEGRID_MASTER_OFFER_SANDBOXED_HOSTS": "true",
+    "IDLEGRID_MASTER_TELEMETRY_S": "1",
+    "IDLEGRID_MASTER_METERING_PERIOD_S": "5",
+    "IDLEGRID_MASTER_SCHEDULER_PERIOD_S": "1",
+}
+
+# The renter's job: the GPU's name, then a bf16 matrix product for about SECONDS seconds, its throughput, and a
+# line the script looks for. Without PyTorch: cuInit, cuDeviceGetCount and cuDeviceGetName through libcuda.
+JOB = r"""
+import os, sys, time
+seconds = float(sys.argv[1])
+print("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"), flush=True)
+try:
+    import torch
+except ImportError:
+    torch = None
+if torch is not None:
+    name = torch.cuda.get_device_name(0)
+    print("torch", torch.__version__, "sees", torch.cuda.device_count(), "GPU(s):", name, flush=True)
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    start, count = time.time(), 0
+    while time.time() - start < seconds:
+        for _ in range(20):
+            c = a @ b
+        torch.cuda.synchronize()
+        count += 20
+    took = time.time() - start
+    print(f"bf16 {n}^3 matmul x{count}: {2 * n**3 * count / took / 1e12:.0f} TFLOP/s over {took:.1f} s", flush=True)
+else:
+    import ctypes
+    cuda = ctypes.CDLL("libcuda.so.1")
+    assert cuda.cuInit(0) == 0, "cuInit failed"
+    count = ctypes.c_int()
+    assert cuda.cuDeviceGetCount(ctypes.byref(count)) == 0
+    device = ctypes.c_int()
+    assert cuda.cuDeviceGet(ctypes.byref(device), 0) == 0
+    name = ctypes.create_string_buffer(100)
+    assert cuda.cuDeviceGetName(name, 100, device) == 0
+    print("libcuda sees", count.value, "GPU(s):", name.value.decode(), flush=True)
+    time.sleep(seconds)
+print("SMOKE-JOB-DONE", flush=True)
+"""
+
+
+class Report:
+    def __init__(self) -> None:
+        self.results: list[tuple[str, bool, str]] = []
+
+    def check(self, name: str, ok: bool, seen: str) -> bool:
+        self.results.append((name, ok, seen))
+        print(f"[{'PASS' if ok else 'FAIL'}] {name}: {seen}", flush=True)
+        return ok
+
+    def skip(self, name: str, why: str) -> None:
+        print(f"[SKIP] {name}: {why}", flush=True)
+
+    @property
+    def passed(self) -> bool:
+        return all(ok for _, ok, _ in self.results)
+
+
+def nvml_gpus() -> list[tuple[str, str]]:
+    """(uuid, name) of each GPU NVML sees; a clear error when it cannot."""
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        raise SystemExit(f"gpu-smoke: NVML cannot start ({exc}): this needs an NVIDIA GPU and its driver") from None
+    try:
+        gpus = []
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            gpus.append((_text(pynvml.nvmlDeviceGetUUID(handle)), _text(pynvml.nvmlDeviceGetName(handle))))
+        return gpus
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def wait(predicate: Any, timeout_s: float, what: str, interval_s: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def cli(grid: LocalGrid, key: str, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "IDLEGRID_API": grid.api_url, "IDLEGRID_API_KEY": key}
+    return subprocess.run(
+        [sys.executable, "-m", "management.cli", *args], env=env, capture_output=True, text=True, timeout=timeout_s, cwd=REPO
+    )
+
+
+def run_job(
+    grid: LocalGrid,
+    renter: ApiClient,
+    key: str,
+    agent_id: str,
+    gpu: str,
+    seconds: float,
+    report: Report,
+    runtime: str,
+    *,
+    dry_run: bool,
+) -> None:
+    credit_micros = micros(renter.balance(RENTER)["available"])
+    spec = {
+        "name": f"cuda-smoke-{runtime}",
+        "image": "none",
+        # A dry run needs no Python in the sandbox (this one may lie where a container's uid cannot reach).
+        "command": ["sh", "-c", f"echo dry run; sleep {seconds}; echo SMOKE-JOB-DONE"]
+        if dry_run
+        else [sys.executable, "-c", JOB, str(seconds)],
+        "replica": {"gpus": 1},
+        "constraints": {"allow_process_runtime": True},
+    }
+    submitted = renter.submit_workload(spec)
+    workload_id = submitted["id"]
+    print(f"submitted {workload_id} ({runtime} runtime): {' '.join(spec['command'][:2])} <job> {seconds:.0f}", flush=True)
+    running = wait(
+        lambda: (w := renter.workload(workload_id))["state"] in ("running", "succeeded", "failed") and w, 120, "the job to start"
+    )
+    report.check(f"{runtime}: the job starts", running["state"] != "failed", f"state {running['state']}")
+
+    peak = 0.0
+    samples = []
+    while (w := renter.workload(workload_id))["state"] in ("scheduled", "starting", "running"):
+        # The operator's view (a renter sees offers, not GPUs): the GPU's latest sample.
+        seen = next((g for g in grid.client.agent(agent_id)["gpus"] if g["uuid"] == gpu), {})
+        telemetry = seen.get("telemetry") or {}
+        utilization = float(telemetry.get("utilization_pct") or 0.0)
+        samples.append((utilization, telemetry.get("memory_used_mib"), telemetry.get("power_w"), telemetry.get("temperature_c")))
+        peak = max(peak, utilization)
+        if len(samples) == max(3, int(seconds / 2)) and w["state"] == "running":
+            live = cli(grid, key, "workload", "logs", workload_id)
+            print(f"--- idlegrid workload logs {workload_id} (while it runs) ---\n{(live.stdout + live.stderr).strip()}\n---")
+        time.sleep(1.0)
+        if len(samples) > seconds + 180:
+            break
+    ended = renter.workload(workload_id)
+    print("telemetry while it ran (util %, memory MiB, power W, temp C):", samples[-8:], flush=True)
+    report.check(f"{runtime}: the job succeeds", ended["state"] == "succeeded", f"state {ended['state']} {ended['state_reason']}")
+    if dry_run:
+        report.skip(f"{runtime}: the GPU's telemetry shows it busy", "a dry run: the simulated GPU is not busy")
+    else:
+        report.check(f"{runtime}: the GPU's telemetry shows it busy", peak >= 50.0, f"peak utilization {peak:.0f} %")
+
+    time.sleep(2.0)  # the container is deleted by now
+    logs = cli(grid, key, "workload", "logs", workload_id)
+    output = logs.stdout + logs.stderr
+    print(f"--- idlegrid workload logs {workload_id} (after it ended) ---\n{output.strip()}\n---", flush=True)
+    report.check(f"{runtime}: its output is read back after it ended", "SMOKE-JOB-DONE" in output, f"exit {logs.returncode}")
+
+    def charged() -> int:
+        spent = credit_micros - micros(renter.balance(RENTER)["available"])
+        return spent if spent > 0 else 0
+
+    try:
+        spent = wait(charged, 30, "a charge in the ledger")
+    except TimeoutError:
+        spent = 0
+    report.check(f"{runtime}: the renter is charged", spent > 0, f"{spent / 1e6:.6f} of {CREDIT} spent")
+    print("balance:", json.dumps(renter.balance(RENTER)), flush=True)
+
+
+def micros(amount: str) -> int:
+    units, _, fraction = amount.partition(".")
+    sign = -1 if units.startswith("-") else 1
+    return int(units) * 1_000_000 + sign * int((fraction + "000000")[:6])
+
+
+def docker_with_nvidia() -> str | None:
+    """Why the docker runtime's variant cannot run here, or None when it can."""
+    if shutil.which("docker") is None:
+        return "no docker command on this machine"
+    info = subprocess.run(["docker", "info", "--format", "{{json .Runtimes}}"], capture_output=True, text=True)
+    if info.returncode != 0:
+        return f"docker info failed: {info.stderr.strip()[:200]}"
+    if "nvidia" not in info.stdout:
+        return "Docker has no nvidia runtime (the NVIDIA Container Toolkit is not installed)"
+    return None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=20.0, help="how long the job keeps the GPU busy (default 20)")
+    parser.add_argument("--keep", action="store_true", help="keep the grid's directory (logs, store) afterwards")
+    parser.add_argument(
+        "--simulate", metavar="MODEL", help="a dry run without a GPU: a simulated one (e.g. h100), the job makes no CUDA call"
+    )
+    args = parser.parse_args()
+
+    gpus = [] if args.simulate else nvml_gpus()
+    if not gpus and not args.simulate:
+        raise SystemExit("gpu-smoke: NVML sees no GPU")
+    print("NVML sees:", ", ".join(f"{name} ({uuid})" for uuid, name in gpus), flush=True)
+    report = Report()
+    root = Path(tempfile.mkdtemp(prefix="idlegrid-gpu-smoke-", dir="/run" if os.geteuid() == 0 else None))
+    os.chmod(root, 0o711)  # a sandboxed container (a uid of its own) passes through to its working directory
+    grid = LocalGrid(root)
+    network = "private" if shutil.which("slirp4netns") else "host"
+    try:
+        grid.start_master(env=MASTER_SETTINGS)
+        relay = grid.start_relay("relay-1", "local")
+        grid.ensure_provider(PROVIDER)
+        enrolled = grid.enroll("gpu-host", relay, grid.join_token(PROVIDER))
+        if enrolled.returncode != 0:
+            raise SystemExit(f"gpu-smoke: the agent could not enroll: {enrolled.stderr.strip()[-400:]}")
+        agent_env = {"IDLEGRID_AGENT_PROCESS_NETWORK": network}
+        args_agent = ["agent", "--state-dir", str(grid.agent_dir("gpu-host")), "--runtime", "process", "--no-bandwidth"]
+        args_agent += ["--access", relay.agent_url, *(["--simulate", f"{args.simulate}:1"] if args.simulate else [])]
+        daemon = grid.spawn("gpu-host", "agent", args_agent, env=agent_env)
+        agent_id = grid.agent_id("gpu-host")
+        try:
+            grid.wait_agents_ready([agent_id], timeout_s=60)
+        except Exception:
+            print(daemon.tail(60), flush=True)
+            raise
+        agent = grid.client.agent(agent_id)
+        print(
+            f"agent {agent_id}: runtime {agent['runtime']}, isolation {agent['isolation']}, network {network}, "
+            f"state {agent['state']}",
+            flush=True,
+        )
+        listed = [(g["uuid"], g["name"], g["tier"], g["state"], g["offered"]) for g in agent["gpus"]]
+        print("its GPUs in the Master (uuid, name, tier, state, offered):", listed, flush=True)
+        if args.simulate:
+            gpus = [(uuid, name) for uuid, name, *_ in listed]
+        report.check("the agent reports every NVML GPU", {u for u, *_ in listed} == {u for u, _ in gpus}, f"{len(listed)} GPU(s)")
+
+        grid.client.set_default_price(PRICE, provider=PROVIDER)
+        grid.ensure_account(RENTER, "renter")
+        key = grid.client.create_api_key(RENTER, "smoke")["key"]
+        grid.client.credit(RENTER, CREDIT, memo="gpu-smoke", key="gpu-smoke")
+        renter = ApiClient(grid.api_url, key)
+        run_job(grid, renter, key, agent_id, gpus[0][0], args.seconds, report, "process", dry_run=bool(args.simulate))
+
+        why = docker_with_nvidia()
+        if why is None:
+            report.skip(
+                "docker runtime", "Docker with the NVIDIA toolkit is here, but this script runs it only with --docker-image"
+            )
+        else:
+            report.skip("docker runtime", why)
+    except (ApiError, TimeoutError, OSError) as exc:
+        report.check("the grid runs the job", False, f"{type(exc).__name__}: {exc}")
+        for name in ("master", "relay-1", "gpu-host"):
+            log = grid.logs / f"{name}.log"
+            if log.exists():
+                print(f"--- {name}.log (last lines) ---\n" + "\n".join(log.read_text().splitlines()[-25:]), flush=True)
+    finally:
+        grid.stop()
+        if args.keep:
+            print(f"the grid's files: {root}", flush=True)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    print("gpu-smoke:", "all checks passed" if report.passed else "FAILED", flush=True)
+    return 0 if report.passed and report.results else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
