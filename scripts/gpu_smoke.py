@@ -214,6 +214,17 @@ def micros(amount: str) -> int:
     return int(units) * 1_000_000 + sign * int((fraction + "000000")[:6])
 
 
+def slirp4netns_works() -> bool:
+    """Whether the process runtime can give containers a network of their own here (else they share the host's)."""
+    if shutil.which("slirp4netns") is None:
+        print("slirp4netns is not installed: containers share the host's network (process_network = host)", flush=True)
+        return False
+    if subprocess.run(["slirp4netns", "--version"], capture_output=True).returncode != 0:
+        print("slirp4netns does not run here: containers share the host's network (process_network = host)", flush=True)
+        return False
+    return True
+
+
 def docker_with_nvidia() -> str | None:
     """Why the docker runtime's variant cannot run here, or None when it can."""
     if shutil.which("docker") is None:
@@ -243,7 +254,7 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="idlegrid-gpu-smoke-", dir="/run" if os.geteuid() == 0 else None))
     os.chmod(root, 0o711)  # a sandboxed container (a uid of its own) passes through to its working directory
     grid = LocalGrid(root)
-    network = "private" if shutil.which("slirp4netns") else "host"
+    network = "private" if slirp4netns_works() else "host"
     try:
         grid.start_master(env=MASTER_SETTINGS)
         relay = grid.start_relay("relay-1", "local")
