@@ -24,7 +24,7 @@ import pytest
 
 from agent.fault_injection import FAULTS_FILE
 from management.client import ApiClient, ApiRequest
-from tests.support.grid import Grid, host_pid, pid_alive, running_grid, wait_for
+from tests.support.grid import WHO_AM_I, Grid, host_pid, pid_alive, running_grid, wait_for
 
 PERIOD_S = 1.0
 GRACE_S = 3.0
@@ -36,10 +36,9 @@ MASTER_SETTINGS: dict[str, str | int | float | bool] = {
     "offer_sandboxed_hosts": True,
     "telemetry_s": 0.5,  # the agents sample (and read simulated-faults.json) twice a second
 }
-# umask 0: replicas run as uids of their own and append to one file. The pid is the container's own namespace's.
-RECORD_START = (
-    "umask 0; read -r pid _ < /proc/self/stat; ns=$(readlink /proc/self/ns/pid); echo $pid $ns $CUDA_VISIBLE_DEVICES >> {file}"
-)
+# umask 0: replicas run as uids of their own and append to one file. "<pid> <start> <namespace>" as the container
+# sees itself (tests.support.grid.WHO_AM_I), then its GPU.
+RECORD_START = WHO_AM_I + '; umask 0; echo "$me $CUDA_VISIBLE_DEVICES" >> {file}'
 
 
 @pytest.fixture
@@ -84,14 +83,14 @@ def workload(name: str, command: str, **fields: Any) -> dict[str, Any]:
 
 
 def recorded(drop: Path, name: str) -> list[list[str]]:
-    """(pid in its namespace, namespace, GPU uuid) of every start of a container of workload ``name``, oldest first."""
+    """(pid in its namespace, start time, namespace, GPU uuid) of every start of a container of workload ``name``."""
     path = drop / name
     return [line.split() for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def starts(drop: Path, name: str) -> list[tuple[int, str]]:
     """(host pid, or 0 once it has ended, GPU uuid) of every start of a container of workload ``name``, oldest first."""
-    return [(host_pid(namespace, int(pid)), gpu) for pid, namespace, gpu in recorded(drop, name)]
+    return [(host_pid(" ".join(fields[:3])), fields[3]) for fields in recorded(drop, name)]
 
 
 def live_starts(drop: Path, name: str) -> dict[str, int]:
@@ -170,7 +169,7 @@ def test_a_high_workload_preempts_a_low_one_whose_container_sees_sigterm_first(d
     # The victim never stops on its own. On SIGTERM it writes its pid to a marker, takes a second to clean up (within
     # the grace; SIGKILL would cut it short), notes that it finished, and exits.
     marker = drop / "low-saw-sigterm"
-    on_term = f"trap 'echo $ns > {marker}; sleep 1; echo cleaned-up >> {marker}; exit 0' TERM"
+    on_term = f"trap 'echo $me | tr \" \" _ > {marker}; sleep 1; echo cleaned-up >> {marker}; exit 0' TERM"
     low_command = f"{on_term}; {RECORD_START.format(file=drop / 'low')}; while :; do sleep 0.1; done"
     low = bob.submit_workload(workload("low", low_command, priority="low", restart_policy="on_failure"))
     wait_workload(bob, low["id"], "running", lambda w: w["state"] == "running")
@@ -181,8 +180,8 @@ def test_a_high_workload_preempts_a_low_one_whose_container_sees_sigterm_first(d
     rec = wait_workload(carol, high["id"], "running", lambda w: w["state"] == "running", timeout=GRACE_S + 15)
 
     assert [(a["agent_id"], a["units"]) for a in rec["assignments"]] == [(host, [gpu])]
-    victim_namespace = recorded(drop, "low")[0][1]
-    assert marker.read_text().split() == [victim_namespace, "cleaned-up"]  # SIGTERM first, then the whole grace
+    victim = "_".join(recorded(drop, "low")[0][:3])
+    assert marker.read_text().split() == [victim, "cleaned-up"]  # SIGTERM first, then the whole grace
     assert not pid_alive(victim_pid)
     ((high_pid, high_gpu),) = wait_for(lambda: starts(drop, "high"), 10, "the high workload's container to start")
     assert high_gpu == gpu and pid_alive(high_pid)

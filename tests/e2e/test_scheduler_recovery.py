@@ -9,8 +9,9 @@ which wait in that host's socket, so at the kill one workload is ``scheduled`` (
 the gang is ``starting`` (one replica runs on the other host, the other's create waits). The frozen host then runs
 those creates while the Master is down, so their results reach the restarted Master from the relay's buffer.
 
-Each container appends ``<its pid> <its PID namespace> <its CUDA_VISIBLE_DEVICES>`` to ``runs/<container name>`` when
-it starts: the number of lines is the number of times it started, and the GPUs are what the host gave it.
+Each container appends ``<its pid> <its start time> <its PID namespace> <its CUDA_VISIBLE_DEVICES>`` to
+``runs/<container name>`` when it starts: the number of lines is the number of times it started, and the GPUs are
+what the host gave it.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.grid import QUICK_RECONNECT, Daemon, Grid, host_pid, pid_alive, wait_for, write_toml
+from tests.support.grid import QUICK_RECONNECT, WHO_AM_I, Daemon, Grid, host_pid, pid_alive, wait_for, write_toml
 
 pytestmark = [
     pytest.mark.e2e,
@@ -90,10 +91,7 @@ def sandboxed_host(grid: Grid, name: str, simulate: str) -> tuple[str, Daemon]:
 
 def recorded_start(runs: Path) -> list[str]:
     """The command of every workload here: record this start, then run until deleted."""
-    record = (
-        "read -r pid _ < /proc/self/stat; ns=$(readlink /proc/self/ns/pid); "
-        f'echo "$pid $ns $CUDA_VISIBLE_DEVICES" >> {runs}/"${{PWD##*/}}"'
-    )
+    record = f'{WHO_AM_I}; echo "$me $CUDA_VISIBLE_DEVICES" >> {runs}/"${{PWD##*/}}"'
     return ["sh", "-c", f"{record}; sleep 600"]
 
 
@@ -130,7 +128,7 @@ def starts(runs: Path, container: str) -> list[tuple[int, str]]:
     PID namespace, and that namespace)."""
     path = runs / container
     lines = path.read_text().splitlines() if path.exists() else []
-    return [(host_pid(namespace, int(pid)), gpus) for pid, namespace, gpus in (line.split(" ", 2) for line in lines)]
+    return [(host_pid(line), line.split()[3]) for line in lines]
 
 
 def states_in_store(grid: Grid, ids: list[str]) -> dict[str, str]:

@@ -68,6 +68,11 @@ def write_toml(path: Path, settings: dict[str, str | int | float | bool]) -> Pat
     return path
 
 
+# Sets $me to "<pid> <start time> <PID namespace>" of the shell itself (no child process reads its /proc/self/stat),
+# and $1.. to the fields of that stat. A sandboxed container sees only its own PID namespace: host_pid finds it.
+WHO_AM_I = 'read -r stat < /proc/self/stat; set -- $stat; me="$1 ${22} $(readlink /proc/self/ns/pid)"'
+
+
 def counted_spec(runs: Path, name: str, *, ignores_sigterm: bool = False) -> dict[str, Any]:
     """A process-runtime container that appends its pid to ``runs/<name>`` when it starts, then sleeps: the
     number of lines is the number of times the command ran. ``ignores_sigterm``: deleting it takes the
@@ -78,7 +83,7 @@ def counted_spec(runs: Path, name: str, *, ignores_sigterm: bool = False) -> dic
     finds the host's pid from both."""
     runs.mkdir(parents=True, exist_ok=True)
     trap = "trap '' TERM; " if ignores_sigterm else ""
-    record = f"read -r pid _ < /proc/self/stat; echo $pid $(readlink /proc/self/ns/pid) >> {runs / name}"
+    record = f'{WHO_AM_I}; echo "$me" >> {runs / name}'
     return {"name": name, "image": "none", "command": ["sh", "-c", f"{trap}{record}; sleep 600"]}
 
 
@@ -86,24 +91,25 @@ def run_pids(runs: Path, name: str) -> list[int]:
     """The host pids the container ``name`` of ``counted_spec`` started with, one per run (0: that run has ended)."""
     path = runs / name
     lines = path.read_text().splitlines() if path.exists() else []
-    return [host_pid(namespace, int(pid)) for pid, namespace in (line.split() for line in lines)]
+    return [host_pid(line) for line in lines]
 
 
-def host_pid(namespace: str, pid: int) -> int:
-    """The host's pid of the process numbered ``pid`` in PID namespace ``namespace`` ("pid:[4026532281]", as
-    ``readlink /proc/self/ns/pid`` prints it inside), or 0 when no such process runs: a sandboxed container sees only
-    its own namespace's numbers."""
+def host_pid(me: str) -> int:
+    """The host's pid of the process that wrote ``me`` with ``WHO_AM_I`` ("<pid> <start time> <PID namespace>", as its
+    own /proc shows them), or 0 once it has ended. The start time tells it from a later process that got the same
+    number in a namespace that got the same inode number."""
+    pid, start, namespace = me.split()[:3]
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             if os.readlink(entry / "ns" / "pid") != namespace:
                 continue
-            status = (entry / "status").read_text()
+            status, stat = (entry / "status").read_text(), (entry / "stat").read_text()
         except OSError:
             continue
         nspids = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), [])
-        if nspids and nspids[-1] == str(pid):
+        if nspids and nspids[-1] == pid and stat.rsplit(")", 1)[1].split()[19] == start:
             return int(entry.name)
     return 0
 
