@@ -38,7 +38,10 @@ MASTER_SETTINGS: dict[str, str | int | float | bool] = {
 }
 # umask 0: replicas run as uids of their own and append to one file. "<pid> <start> <namespace>" as the container
 # sees itself (tests.support.grid.WHO_AM_I), then its GPU.
-RECORD_START = WHO_AM_I + '; umask 0; echo "$me $CUDA_VISIBLE_DEVICES" >> {file}'
+
+
+def record_start(file: Path) -> str:
+    return f'{WHO_AM_I}; umask 0; echo "$me $CUDA_VISIBLE_DEVICES" >> {file}'
 
 
 @pytest.fixture
@@ -109,7 +112,7 @@ def by_replica(rec: dict[str, Any]) -> dict[int, dict[str, Any]]:
 def test_a_gang_runs_on_two_hosts_at_once_and_a_fatal_xid_moves_it_within_30_s(drop, grid):
     hosts = sandboxed_hosts(grid, 3)
     alice = renter(grid, "alice")
-    gang = workload("gang", f"{RECORD_START.format(file=drop / 'gang')}; exec sleep 600", replicas=2)
+    gang = workload("gang", f"{record_start(drop / 'gang')}; exec sleep 600", replicas=2)
 
     submitted = alice.submit_workload(gang)
     assert submitted["account"] == "alice" and submitted["state"] == "queued"
@@ -170,13 +173,13 @@ def test_a_high_workload_preempts_a_low_one_whose_container_sees_sigterm_first(d
     # the grace; SIGKILL would cut it short), notes that it finished, and exits.
     marker = drop / "low-saw-sigterm"
     on_term = f"trap 'echo $me | tr \" \" _ > {marker}; sleep 1; echo cleaned-up >> {marker}; exit 0' TERM"
-    low_command = f"{on_term}; {RECORD_START.format(file=drop / 'low')}; while :; do sleep 0.1; done"
+    low_command = f"{on_term}; {record_start(drop / 'low')}; while :; do sleep 0.1; done"
     low = bob.submit_workload(workload("low", low_command, priority="low", restart_policy="on_failure"))
     wait_workload(bob, low["id"], "running", lambda w: w["state"] == "running")
     ((victim_pid, victim_gpu),) = wait_for(lambda: starts(drop, "low"), 10, "the low workload's container to start")
     assert victim_gpu == gpu and pid_alive(victim_pid)
 
-    high = carol.submit_workload(workload("high", f"{RECORD_START.format(file=drop / 'high')}; exec sleep 600", priority="high"))
+    high = carol.submit_workload(workload("high", f"{record_start(drop / 'high')}; exec sleep 600", priority="high"))
     rec = wait_workload(carol, high["id"], "running", lambda w: w["state"] == "running", timeout=GRACE_S + 15)
 
     assert [(a["agent_id"], a["units"]) for a in rec["assignments"]] == [(host, [gpu])]
