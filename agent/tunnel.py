@@ -169,8 +169,7 @@ def tunnel_count_refusal(opening: TicketBody, open_now: list[TicketBody], limits
     of_workload = sum(1 for b in open_now if b.workload == opening.workload)
     if of_workload >= limits.max_per_workload:
         return (
-            f"workload {opening.workload} has {of_workload} tunnels open on this host, the most one workload may; "
-            f"close one{idle}"
+            f"workload {opening.workload} has {of_workload} tunnels open on this host, the most one workload may; close one{idle}"
         )
     of_account = sum(1 for b in open_now if b.account == opening.account)
     if of_account >= limits.max_per_account:

@@ -2,7 +2,8 @@
 tunnel, mints the ticket (common/tunnel.py), has the Master tell the agent to dial, and answers where to connect.
 
 Only the workload's owner (or an operator) opens a tunnel to it, only while a replica of it runs, a port tunnel only
-to a port the workload declared; every opening is an audit event (``tunnel.opened``) naming the account, the workload, the kind and the port.
+to a port the workload declared; every opening is an audit event (``tunnel.opened``) naming the account, the
+workload, the kind and the port.
 """
 
 from __future__ import annotations
