@@ -563,11 +563,11 @@ async def test_an_idle_tunnel_is_closed_and_gives_its_slot_back(pki, relay, runt
 
 async def test_a_tunnel_in_use_is_not_idle(pki, relay, runtime):
     """Bytes either way keep a tunnel open past the idle timeout: only a silent one is closed."""
-    server = TunnelServer(AGENT_ID, pki.verifier(), typed(runtime), TunnelLimits(idle_timeout_s=1.0))
+    server = TunnelServer(AGENT_ID, pki.verifier(), typed(runtime), TunnelLimits(idle_timeout_s=1.5))
     try:
         assert server.open(pki.ticket("exec", command=["cat"]), link_to(relay, pki))
         renter = await relay.renter_end()
-        for n in range(20):  # 2 s of typing, a line every 0.1 s: twice the idle timeout
+        for n in range(30):  # 3 s of typing, a line every 0.1 s: twice the idle timeout
             await renter.send(encode_frame(Op.DATA, 0, b"%d\n" % n))
             assert (await next_frame(renter)).payload == b"%d\n" % n
             await asyncio.sleep(0.1)
