@@ -64,6 +64,12 @@ class AgentConfig(msgspec.Struct, kw_only=True):
     max_tunnels: Annotated[int, msgspec.Meta(ge=0, le=1024)] = 16
     max_tunnel_streams: Annotated[int, msgspec.Meta(ge=1, le=1024)] = 32
     tunnel_dial_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 10.0
+    # A host's tunnel slots are shared by its co-tenants: one account, and one workload, may hold only so many of them
+    # (each also under max_tunnels), and a tunnel that carries no byte either way for tunnel_idle_timeout_s is closed
+    # (0: never), so a forgotten follow-logs or terminal gives its slot back.
+    max_tunnels_per_account: Annotated[int, msgspec.Meta(ge=0, le=1024)] = 8
+    max_tunnels_per_workload: Annotated[int, msgspec.Meta(ge=0, le=1024)] = 6
+    tunnel_idle_timeout_s: Annotated[float, msgspec.Meta(ge=0)] = 900.0
     cert_renew_fraction: float = 2 / 3  # renew the certificate once this much of its lifetime has passed
     log_level: str = "info"
 

@@ -135,6 +135,9 @@ class Agent:
                 max_tunnels=config.max_tunnels,
                 max_streams=config.max_tunnel_streams,
                 dial_timeout_s=config.tunnel_dial_timeout_s,
+                max_per_account=config.max_tunnels_per_account,
+                max_per_workload=config.max_tunnels_per_workload,
+                idle_timeout_s=config.tunnel_idle_timeout_s,
             ),
         )
         self._relay_link: RelayLink | None = None  # the relay the control link is on now: where tunnels are dialled

@@ -23,6 +23,7 @@ from agent.runtime.base import ContainerRuntime
 from common.containers import (
     LABEL_AGENT_ID,
     LABEL_COMMAND_ID,
+    LABEL_PORTS,
     LABEL_RENTAL_ID,
     LABEL_REPLICA,
     LABEL_WORKLOAD_ID,
@@ -110,6 +111,8 @@ class CommandExecutor:
                 labels[LABEL_WORKLOAD_ID] = container.workload_id
             if container.replica is not None:
                 labels[LABEL_REPLICA] = str(container.replica)
+            if container.ports:  # the signed command's ports, kept with the container for agent/tunnel.py to check
+                labels[LABEL_PORTS] = ",".join(map(str, container.ports))
             if resumed:
                 # Started before a crash: the runtime knows whether the container came to be.
                 existing = await self.runtime.find(LABEL_COMMAND_ID, command_id)

@@ -35,7 +35,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.frames import CloseCode
 
 from agent.runtime.base import STDERR, ContainerRuntime, ExecSession
-from common.containers import LABEL_COMMAND_ID, LABEL_WORKLOAD_ID, ContainerInfo
+from common.containers import LABEL_COMMAND_ID, LABEL_PORTS, LABEL_WORKLOAD_ID, ContainerInfo
 from common.errors import IdlegridError, ProtocolError, RuntimeFailure
 from common.pki import CommandVerifier
 from common.tunnel import (
@@ -46,6 +46,7 @@ from common.tunnel import (
     TICKET_ID_PREFIX,
     Op,
     Ticket,
+    TicketBody,
     TicketRefused,
     TunnelFrame,
     TunnelKind,
@@ -57,7 +58,7 @@ from common.tunnel import (
     exit_payload,
     verify_at_agent,
 )
-from common.wire import CLOSE_TUNNEL_BAD_FRAME, CLOSE_TUNNEL_LIMIT
+from common.wire import CLOSE_TUNNEL_BAD_FRAME, CLOSE_TUNNEL_IDLE, CLOSE_TUNNEL_LIMIT
 
 log = logging.getLogger(__name__)
 
@@ -79,11 +80,16 @@ class TunnelRefusal(IdlegridError):
 
 @dataclass(frozen=True)
 class TunnelLimits:
-    """From agent/config.py: how many tunnels at once, how many TCP streams each, how long a dial may take."""
+    """From agent/config.py: how many tunnels at once (on this host, for one account, for one workload: a renter
+    shares the host's slots with its co-tenants), how many TCP streams each, how long a dial may take, and how long a
+    tunnel may carry nothing before it is closed (0: never)."""
 
     max_tunnels: int = 16
     max_streams: int = 32
     dial_timeout_s: float = 10.0
+    max_per_account: int = 8
+    max_per_workload: int = 6
+    idle_timeout_s: float = 900.0
 
 
 @dataclass(frozen=True)
@@ -118,13 +124,59 @@ def check_relay(ticket: Ticket, link: RelayLink | None) -> None:
 
 def check_container(ticket: Ticket, info: ContainerInfo | None) -> None:
     """The container the ticket names runs here, was made by idlegrid, for the ticket's workload; ``logs`` also
-    reads a container that ended (what it printed before it crashed is what the renter wants)."""
+    reads a container that ended (what it printed before it crashed is what the renter wants); a ``port`` tunnel
+    goes only to a port the workload declared (the create command's ports, kept in a label), whatever the ticket
+    says: the ports of the host and of other containers are no renter's to reach."""
     body = ticket.body
     gone = f"container {body.container} of workload {body.workload} does not run on this host"
     if info is None or LABEL_COMMAND_ID not in info.labels or info.labels.get(LABEL_WORKLOAD_ID) != body.workload:
         raise TunnelRefusal(gone)
     if body.kind != TunnelKind.LOGS.value and info.state != RUNNING:
         raise TunnelRefusal(f"container {body.container} of workload {body.workload} is {info.state}, not running")
+    if body.kind == TunnelKind.PORT.value:
+        declared = declared_ports(info)
+        if body.port not in declared:
+            named = ", ".join(map(str, declared)) or "none"
+            raise TunnelRefusal(
+                f"port {body.port} is not a port workload {body.workload} declared (declared: {named}); "
+                "a tunnel reaches only the ports in the workload's spec"
+            )
+
+
+def declared_ports(info: ContainerInfo) -> list[int]:
+    """The ports the container's workload declared; none when the label is absent or not a list of ports."""
+    ports = []
+    for text in filter(None, info.labels.get(LABEL_PORTS, "").split(",")):
+        if not text.isdigit() or not 1 <= int(text) <= 65535:
+            return []  # not written by this agent: trust none of it
+        ports.append(int(text))
+    return ports
+
+
+def check_command(ticket: Ticket) -> None:
+    """An exec command's arguments reach the runtime as C strings: a NUL would cut one short, silently running
+    something other than what was asked."""
+    for n, arg in enumerate(ticket.body.command):
+        if "\0" in arg:
+            raise TunnelRefusal(f"command[{n}] holds a NUL byte, which no argument can carry; nothing was run")
+
+
+def tunnel_count_refusal(opening: TicketBody, open_now: list[TicketBody], limits: TunnelLimits) -> str | None:
+    """Why ``opening`` may not have a slot while ``open_now`` are served, or None when it may. The workload's and the
+    account's limits come first (they say what the renter can do about it), then the host's, which holds whatever
+    the other two allow."""
+    idle = f" (a tunnel idle for {limits.idle_timeout_s:g} s is closed)" if limits.idle_timeout_s > 0 else ""
+    of_workload = sum(1 for b in open_now if b.workload == opening.workload)
+    if of_workload >= limits.max_per_workload:
+        return (
+            f"workload {opening.workload} has {of_workload} tunnels open on this host, the most one workload may; close one{idle}"
+        )
+    of_account = sum(1 for b in open_now if b.account == opening.account)
+    if of_account >= limits.max_per_account:
+        return f"account {opening.account} has {of_account} tunnels open on this host, the most one account may; close one{idle}"
+    if len(open_now) >= limits.max_tunnels:
+        return f"this host has {len(open_now)} tunnels open, the most it allows; close one or try later"
+    return None
 
 
 # --- frames from the renter -------------------------------------------------------------------------------------
@@ -244,29 +296,47 @@ class TunnelSession:
         self.runtime = runtime
         self.limits = limits
         self.report = TunnelReport()
+        self.last_active = time.monotonic()  # a frame sent or received: what keeps the tunnel from being idle
 
     async def send(self, message: bytes) -> None:
         """Awaited: websockets holds it back while the relay does not take bytes (the renter reads slowly)."""
         self.report.bytes_out += len(message) - HEADER.size
+        self.last_active = time.monotonic()
         await self.ws.send(message)
+        self.last_active = time.monotonic()
 
     async def receive(self) -> TunnelFrame:
         message = await self.ws.recv()
         frame = renter_frame(self.kind, message)
         self.report.bytes_in += len(frame.payload)
+        self.last_active = time.monotonic()
         return frame
+
+    async def _idle_watch(self) -> None:
+        """Ends the tunnel once no frame has gone either way for ``idle_timeout_s``: a forgotten follow-logs or
+        terminal must not hold one of the host's slots, which its co-tenants share, for ever."""
+        timeout = self.limits.idle_timeout_s
+        while (idle := time.monotonic() - self.last_active) < timeout:
+            await asyncio.sleep(timeout - idle)
+        raise _Ended(f"idle for {timeout:g} s (no byte either way); ask for a new tunnel", CLOSE_TUNNEL_IDLE)
+
+    async def _serve_kind(self) -> None:
+        if self.kind is TunnelKind.LOGS:
+            await self._serve_logs()
+        elif self.kind is TunnelKind.EXEC:
+            await self._serve_exec()
+        else:
+            await self._serve_port()
 
     async def serve(self) -> None:
         """Serve until the tunnel ends; the WebSocket is closed with the right code on every way out."""
         code: int = CloseCode.NORMAL_CLOSURE
         reason = ""
         try:
-            if self.kind is TunnelKind.LOGS:
-                await self._serve_logs()
-            elif self.kind is TunnelKind.EXEC:
-                await self._serve_exec()
+            if self.limits.idle_timeout_s > 0:
+                await _race(self._serve_kind(), self._idle_watch(), "the idle watch ended")  # it ends only by raising
             else:
-                await self._serve_port()
+                await self._serve_kind()
             self.report.ended = "completed"
         except _Ended as ended:
             self.report.ended, code, reason = ended.reason, ended.code, ended.reason
@@ -509,6 +579,7 @@ class TunnelServer:
         self.limits = limits or TunnelLimits()
         self._clock = clock
         self._tunnels: dict[str, asyncio.Task[None]] = {}
+        self._bodies: dict[str, TicketBody] = {}  # of the tunnels in ``_tunnels``: whose they are
         self._refusals: set[asyncio.Task[None]] = set()  # dialled only to tell the renter why not
         self._closing = False
 
@@ -532,8 +603,8 @@ class TunnelServer:
         except (TicketRefused, TunnelRefusal) as exc:
             log.warning("tunnel refused", extra={"ticket": body.id, "kind": body.kind, "why": str(exc)})
             return False
-        if len(self._tunnels) >= self.limits.max_tunnels:
-            why = f"this host has {len(self._tunnels)} tunnels open, the most it allows; close one or try later"
+        why = tunnel_count_refusal(body, list(self._bodies.values()), self.limits)
+        if why is not None:
             log.warning("tunnel refused", extra={"ticket": body.id, "kind": body.kind, "why": why})
             if len(self._refusals) < self.limits.max_tunnels:  # tell the renter, within bounds
                 task = asyncio.create_task(self._refuse(ticket, link, url, why))
@@ -542,7 +613,8 @@ class TunnelServer:
             return False
         task = asyncio.create_task(self._serve(ticket, link, url), name=f"tunnel-{body.id}")
         self._tunnels[body.id] = task
-        task.add_done_callback(lambda _: self._tunnels.pop(body.id, None))
+        self._bodies[body.id] = body
+        task.add_done_callback(lambda _: (self._tunnels.pop(body.id, None), self._bodies.pop(body.id, None)))
         return True
 
     async def close(self) -> None:
@@ -571,7 +643,7 @@ class TunnelServer:
             ws = await self._dial(ticket, link, url)
             with contextlib.suppress(ConnectionClosed):
                 await ws.send(encode_frame(Op.ERROR, 0, why.encode()))
-            await _close(ws, CLOSE_TUNNEL_LIMIT, "this agent has as many tunnels open as it allows")
+            await _close(ws, CLOSE_TUNNEL_LIMIT, why)
 
     async def _serve(self, ticket: Ticket, link: RelayLink, url: str) -> None:
         body = ticket.body
@@ -583,6 +655,7 @@ class TunnelServer:
             try:
                 info = await asyncio.wait_for(self.runtime.inspect(body.container), self.limits.dial_timeout_s)
                 check_container(ticket, info)
+                check_command(ticket)
                 refusal = None
             except (TunnelRefusal, RuntimeFailure) as exc:
                 refusal = str(exc)

@@ -15,6 +15,8 @@ LABEL_AGENT_ID = "io.idlegrid.agent-id"
 LABEL_NAME = "io.idlegrid.name"
 LABEL_WORKLOAD_ID = "io.idlegrid.workload-id"  # the workload a replica's container belongs to
 LABEL_REPLICA = "io.idlegrid.replica"  # which replica of it (0-based)
+# The ports the workload declared, comma-separated: the only ports of the container a renter's tunnel may reach.
+LABEL_PORTS = "io.idlegrid.ports"
 RESERVED_LABEL_PREFIX = "io.idlegrid."
 
 
@@ -32,6 +34,8 @@ class ContainerSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     rental_id: str | None = None
     workload_id: Annotated[str, msgspec.Meta(pattern=r"^wl-[0-9a-f]{1,60}$")] | None = None
     replica: Annotated[int, msgspec.Meta(ge=0, le=1023)] | None = None
+    # The ports the workload declared: the agent lets a port tunnel reach only these (agent/tunnel.py).
+    ports: Annotated[list[Annotated[int, msgspec.Meta(ge=1, le=65535)]], msgspec.Meta(max_length=64)] = []
 
     def __post_init__(self) -> None:
         for key in self.labels:

@@ -36,6 +36,7 @@ CLOSE_TUNNEL_UNMET = 4021  # the other end did not arrive before the ticket expi
 CLOSE_TUNNEL_PEER_GONE = 4022  # the other end went away; the reason names why when it is known
 CLOSE_TUNNEL_LIMIT = 4023  # this relay (or this agent) has as many tunnels open as it allows
 CLOSE_TUNNEL_BAD_FRAME = 4024  # a message that is not a tunnel frame, or larger than one may be
+CLOSE_TUNNEL_IDLE = 4025  # no byte either way for the agent's tunnel_idle_timeout_s: the slot goes to others
 
 
 class ErrorCode(str, enum.Enum):

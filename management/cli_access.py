@@ -285,6 +285,8 @@ class PortForward:
         while (frame := await tunnel.receive()) is not None:
             writer = self._streams.get(frame.stream)
             if writer is None:
+                if frame.op is Op.ERROR and frame.stream == 0:  # the agent refused the whole tunnel: say why
+                    print(f"tunnel: {frame.payload.decode('utf-8', 'replace')}", file=sys.stderr, flush=True)
                 continue
             if frame.op is Op.DATA:
                 writer.write(frame.payload)

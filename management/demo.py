@@ -137,13 +137,14 @@ class Demo:
             f"    rent:          {idlegrid} rent OFFER --image none --allow-process-runtime -- sleep 300",
             f"    balance:       {idlegrid} balance",
             f"    ledger:        {idlegrid} ledger",
-            f"    submit:        {idlegrid} workload submit --name hello --image none --allow-process-runtime -- sleep 300",
+            f"    submit:        {idlegrid} workload submit --name hello --image none --allow-process-runtime"
+            " --port 8888 -- sleep 300",
             f"    list:          {idlegrid} workload list",
             f"    show:          {idlegrid} workload get ID",
             f"    why it waits:  {idlegrid} workload explain ID",
             f"    its output:    {idlegrid} workload logs ID --follow",
             f"    a shell in it: {idlegrid} workload exec ID -- sh",
-            f"    reach a port:  {idlegrid} workload port-forward ID 8888",
+            f"    reach a port:  {idlegrid} workload port-forward ID 8888   (a port the workload declared with --port)",
             f"    cancel:        {idlegrid} workload cancel ID",
             "    The demo's hosts run a workload's command as a sandboxed process on the host (the image is not pulled).",
         ]

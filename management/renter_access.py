@@ -1,8 +1,9 @@
 """Renter access through the relays, as the façade offers it: ``RenterAccess.open`` checks who may open which
 tunnel, mints the ticket (common/tunnel.py), has the Master tell the agent to dial, and answers where to connect.
 
-Only the workload's owner (or an operator) opens a tunnel to it, only while a replica of it runs; every opening is an
-audit event (``tunnel.opened``) naming the account, the workload, the kind and the port.
+Only the workload's owner (or an operator) opens a tunnel to it, only while a replica of it runs, a port tunnel only
+to a port the workload declared; every opening is an audit event (``tunnel.opened``) naming the account, the
+workload, the kind and the port.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ class RenterAccess:
         kind = TunnelKind(request.kind)
         params = _ticket_fields(kind, request)  # a bad request is a 400 whatever the workload's state
         workload = await self._workload(workload_id, account=owner)
+        if kind is TunnelKind.PORT:
+            _check_declared(workload, request.port)
         assignment = _assignment(workload, request)
         opened = await self._master.tunnels.open(
             kind,
@@ -106,10 +109,25 @@ def _ticket_fields(kind: TunnelKind, request: TunnelRequest) -> dict[str, Any]:
             raise InvalidTunnel("port: a port tunnel names the container's port, 1 to 65535")
         return {"port": request.port}
     if kind is TunnelKind.EXEC:
+        for n, arg in enumerate(request.command):
+            if "\0" in arg:  # a C string ends there: the container would run a shorter argument than was asked
+                raise InvalidTunnel(f"command[{n}]: an argument may not hold a NUL byte (\\u0000); remove it")
         if sum(len(arg.encode()) + 3 for arg in request.command) > MAX_COMMAND_BYTES:
             raise InvalidTunnel(f"command: at most {MAX_COMMAND_BYTES} bytes in all (it travels in the ticket)")
         return {"command": list(request.command or DEFAULT_SHELL), "tty": request.tty, "cols": request.cols, "rows": request.rows}
     return {"tail": request.tail, "follow": request.follow}
+
+
+def _check_declared(workload: WorkloadRecord, port: int) -> None:
+    """A port tunnel reaches only a port the workload declared in its spec: never the host's own ports, another
+    container's or the platform's (the agent checks it again against the ports its create command named)."""
+    declared = workload.spec.ports
+    if port not in declared:
+        named = f"declares ports {', '.join(map(str, declared))}" if declared else "declares no ports"
+        raise InvalidTunnel(
+            f"port: workload {workload.id} {named}; a port tunnel reaches only those, not {port} "
+            "(declare a port in the workload's spec to reach it)"
+        )
 
 
 def _assignment(workload: WorkloadRecord, request: TunnelRequest) -> Assignment:

@@ -343,6 +343,8 @@ class SchedulerLoop:
             "workload_id": rec.id,
             "replica": a.replica,
         }
+        if spec.ports:  # only then: an agent from before ports travelled here refuses a field it does not know
+            body["ports"] = list(spec.ports)
         if spec.replica.cpu_cores is not None:
             body["cpus"] = spec.replica.cpu_cores
         if spec.replica.ram_mib is not None:

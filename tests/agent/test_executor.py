@@ -10,7 +10,7 @@ from agent.executor import CommandExecutor
 from agent.ledger import CommandLog
 from agent.runtime.docker import create_body
 from agent.runtime.process import ProcessRuntime, child_env
-from common.containers import parse_create_spec
+from common.containers import LABEL_PORTS, parse_create_spec
 from common.inventory import GpuInfo, MigInstance
 from common.pki import CommandSigner, CommandVerifier
 from common.wire import Command, CommandBody, signing_bytes
@@ -58,6 +58,22 @@ async def test_a_command_runs_once_even_when_delivered_again_after_a_restart(tmp
     time.sleep(0.3)
     assert runs.read_text().count("x") == 1
     await runtime2.delete("once", timeout_s=2)
+
+
+async def test_the_ports_a_workload_declared_are_kept_with_its_container_for_the_tunnel_check(tmp_path, signer):
+    """agent/tunnel.py lets a port tunnel reach only these (issue 22 D9): they come from the signed command, never from
+    a label the renter wrote (io.idlegrid.* labels are refused)."""
+    run, runtime = executor(tmp_path, signer)
+    spec = {"name": "web", "image": "none", "command": ["sleep", "30"], "workload_id": "wl-0a1b", "ports": [8888, 22]}
+    result = await run.execute(command(signer, spec=spec))
+    assert result.ok, result
+    info = await runtime.inspect("web")
+    assert info is not None and info.labels[LABEL_PORTS] == "8888,22"
+    spoof = {**spec, "name": "spoof", "ports": [], "labels": {LABEL_PORTS: "22,5432"}}
+    refused = await run.execute(command(signer, spec=spoof, command_id="cmd-2"))
+    assert not refused.ok and "reserved" in (refused.error or "")
+    await runtime.delete("web", timeout_s=2)
+    run.ledger.close()
 
 
 async def test_a_command_started_before_a_crash_is_not_run_twice(tmp_path, signer):

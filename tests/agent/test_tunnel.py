@@ -37,7 +37,7 @@ from agent.daemon import Agent
 from agent.identity import CA_FILE, CERT_FILE, KEY_FILE, AgentIdentity
 from agent.runtime.base import STDERR, STDOUT, ContainerRuntime, ExecSession
 from agent.tunnel import PortStreams, RelayLink, TunnelLimits, TunnelRefusal, TunnelServer, renter_frame, tunnel_url
-from common.containers import LABEL_COMMAND_ID, LABEL_WORKLOAD_ID, ContainerInfo, ContainerSpec
+from common.containers import LABEL_COMMAND_ID, LABEL_PORTS, LABEL_WORKLOAD_ID, ContainerInfo, ContainerSpec
 from common.errors import PKIError, ProtocolError, RuntimeFailure
 from common.pki import (
     CommandSigner,
@@ -71,6 +71,7 @@ from common.tunnel import (
     verify_at_relay,
 )
 from common.wire import (
+    CLOSE_TUNNEL_IDLE,
     CLOSE_TUNNEL_LIMIT,
     CLOSE_TUNNEL_PEER_GONE,
     Heartbeat,
@@ -89,6 +90,7 @@ AGENT_ID = "agt-tunnel-1"
 WORKLOAD = "wl-0a1b"
 CONTAINER = "wl-0a1b-0"
 DEADLINE_S = 5.0
+DECLARED_PORTS = "8080,9,7000"  # what the test workload's spec declares: the only ports its tunnels may reach
 
 
 # --- certificates, keys and tickets ------------------------------------------------------------------------------
@@ -301,8 +303,11 @@ class LocalRuntime:
     log_changed: asyncio.Condition = field(default_factory=asyncio.Condition)
     sessions: list[LocalExec] = field(default_factory=list)
 
-    def run(self, name: str = CONTAINER, *, workload: str = WORKLOAD, state: str = "running") -> None:
-        labels = {LABEL_COMMAND_ID: "cmd-1", LABEL_WORKLOAD_ID: workload}
+    def run(
+        self, name: str = CONTAINER, *, workload: str = WORKLOAD, state: str = "running", ports: str = DECLARED_PORTS
+    ) -> None:
+        """A container as the agent's executor labels it: the create command, the workload, its declared ports."""
+        labels = {LABEL_COMMAND_ID: "cmd-1", LABEL_WORKLOAD_ID: workload, LABEL_PORTS: ports}
         self.containers[name] = ContainerInfo(id=f"id-{name}", name=name, runtime=self.name, state=state, labels=labels)
 
     async def write_log(self, channel: int, data: bytes) -> None:
@@ -496,6 +501,131 @@ async def test_tunnels_over_the_agents_cap_are_refused_and_the_renter_told(pki, 
     assert frame.op is Op.ERROR and b"the most it allows" in frame.payload
     assert await closed_with(refused) == CLOSE_TUNNEL_LIMIT
     assert server.active == 2  # the two held ones go on
+
+
+async def test_one_account_and_one_workload_cannot_take_every_slot_of_a_shared_host(pki, relay, runtime):
+    """Issue 22 D10: 16 idle follow-logs tunnels of one renter locked its co-tenants out. Now a workload and an account
+    each hold at most their share of the host's slots; the one refused is told which limit, and others still get in."""
+    runtime.run("wl-0a1c-0", workload="wl-0a1c")  # alice's second workload
+    runtime.run("wl-0b0b-0", workload="wl-0b0b")  # bob's
+    limits = TunnelLimits(max_tunnels=6, max_per_account=3, max_per_workload=2)
+    server = TunnelServer(AGENT_ID, pki.verifier(), typed(runtime), limits)
+    link = link_to(relay, pki)
+
+    def logs(workload: str, container: str, account: str = "acct-alice") -> Ticket:
+        return pki.ticket("logs", follow=True, account=account, workload=workload, container=container)
+
+    async def refused_with(ticket: Ticket) -> bytes:
+        assert server.open(ticket, link) is False
+        renter = await relay.renter_end()
+        frame = await next_frame(renter)
+        assert frame.op is Op.ERROR
+        assert await closed_with(renter) == CLOSE_TUNNEL_LIMIT
+        return frame.payload
+
+    try:
+        for _ in range(2):
+            assert server.open(logs(WORKLOAD, CONTAINER), link)
+            await relay.renter_end()
+        assert b"workload wl-0a1b has 2 tunnels open on this host, the most one workload may" in await refused_with(
+            logs(WORKLOAD, CONTAINER)
+        )
+        assert server.open(logs("wl-0a1c", "wl-0a1c-0"), link)
+        await relay.renter_end()
+        assert b"account acct-alice has 3 tunnels open on this host, the most one account may" in await refused_with(
+            logs("wl-0a1c", "wl-0a1c-0")
+        )
+        # The co-tenant still reaches its container: a shell, as the console's terminal opens one.
+        shell = pki.ticket("exec", account="acct-bob", workload="wl-0b0b", container="wl-0b0b-0", command=["cat"])
+        assert server.open(shell, link)
+        renter = await relay.renter_end()
+        await renter.send(encode_frame(Op.DATA, 0, b"bob is in\n"))
+        assert (await next_frame(renter)).payload == b"bob is in\n"
+        assert server.active == 4
+    finally:
+        await server.close()
+
+
+async def test_an_idle_tunnel_is_closed_and_gives_its_slot_back(pki, relay, runtime):
+    """Issue 22 D10: a follow-logs tunnel on a quiet container held a host slot for ever. Nothing either way for
+    ``idle_timeout_s`` closes it (a code of its own, the reason saying so); the slot is free again."""
+    server = TunnelServer(AGENT_ID, pki.verifier(), typed(runtime), TunnelLimits(max_tunnels=1, idle_timeout_s=0.3))
+    try:
+        assert server.open(pki.ticket("logs", follow=True), link_to(relay, pki))
+        renter = await relay.renter_end()
+        assert await closed_with(renter) == CLOSE_TUNNEL_IDLE
+        assert "idle for 0.3 s" in (renter.close_reason or "")
+        await eventually(lambda: server.active == 0, "the idle tunnel to let go of its slot")
+        assert server.open(pki.ticket("logs", follow=True), link_to(relay, pki))  # the one slot is free again
+    finally:
+        await server.close()
+
+
+async def test_a_tunnel_in_use_is_not_idle(pki, relay, runtime):
+    """Bytes either way keep a tunnel open past the idle timeout: only a silent one is closed."""
+    server = TunnelServer(AGENT_ID, pki.verifier(), typed(runtime), TunnelLimits(idle_timeout_s=1.5))
+    try:
+        assert server.open(pki.ticket("exec", command=["cat"]), link_to(relay, pki))
+        renter = await relay.renter_end()
+        for n in range(30):  # 3 s of typing, a line every 0.1 s: twice the idle timeout
+            await renter.send(encode_frame(Op.DATA, 0, b"%d\n" % n))
+            assert (await next_frame(renter)).payload == b"%d\n" % n
+            await asyncio.sleep(0.1)
+        await renter.send(encode_frame(Op.EOF))
+        assert [f.op for f in await frames_until(renter, Op.EXIT)] == [Op.EXIT]
+        assert await closed_with(renter) == 1000
+    finally:
+        await server.close()
+
+
+@pytest.fixture
+async def host_loopback_server() -> AsyncIterator[tuple[int, list[bytes]]]:
+    """A real server on the host's loopback that no workload declared (another renter's, the Master's /metrics):
+    its port and what reached it."""
+    reached: list[bytes] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        reached.append(await reader.read(100))
+        writer.write(b"the host's secret\n")
+        await writer.drain()
+        writer.close()
+
+    listener = await asyncio.start_server(serve, "127.0.0.1", 0)
+    yield listener.sockets[0].getsockname()[1], reached
+    listener.close()
+    await listener.wait_closed()
+
+
+@pytest.mark.parametrize("declared", [DECLARED_PORTS, ""])
+async def test_a_port_the_workload_did_not_declare_is_refused_even_with_a_signed_ticket(
+    pki, relay, server, runtime, host_loopback_server, declared
+):
+    """Issue 22 D9: a port tunnel reached any port. The agent checks the ticket's port against the ports the create
+    command declared (the container's label), whatever signed the ticket, and connects to nothing else."""
+    port, reached = host_loopback_server
+    runtime.run(ports=declared)
+    runtime.ports[port] = port  # the runtime would connect there, were it asked
+    assert server.open(pki.ticket("port", port=port), link_to(relay, pki))
+    renter = await relay.renter_end()
+    with contextlib.suppress(ConnectionClosed):  # the agent may have closed already
+        await renter.send(encode_frame(Op.OPEN, 1))
+        await renter.send(encode_frame(Op.DATA, 1, b"GET /metrics\r\n"))
+    frame = await next_frame(renter)
+    assert (frame.op, frame.stream) == (Op.ERROR, 0), frame
+    named = ", ".join(declared.split(",")) if declared else "none"
+    assert f"port {port} is not a port workload {WORKLOAD} declared (declared: {named})".encode() in frame.payload
+    assert await closed_with(renter) == 1000
+    assert reached == []  # nothing was connected to
+
+
+async def test_an_exec_argument_with_a_nul_is_refused_not_cut_short(pki, relay, server, runtime):
+    """Issue 22: a NUL in an exec argument silently truncated it. The agent refuses the command and runs nothing."""
+    assert server.open(pki.ticket("exec", command=["echo", "safe\0; rm -rf /"]), link_to(relay, pki))
+    renter = await relay.renter_end()
+    frame = await next_frame(renter)
+    assert frame.op is Op.ERROR and b"command[1] holds a NUL byte" in frame.payload
+    assert await closed_with(renter) == 1000
+    assert runtime.sessions == []  # nothing was started
 
 
 # --- logs ----------------------------------------------------------------------------------------------------
@@ -793,6 +923,7 @@ async def test_the_daemon_keeps_heartbeating_while_a_tunnel_pumps_and_closes_it_
 def test_the_tunnel_limits_are_settings_with_defaults():
     config = AgentConfig()
     assert (config.max_tunnels, config.max_tunnel_streams, config.tunnel_dial_timeout_s) == (16, 32, 10.0)
+    assert (config.max_tunnels_per_account, config.max_tunnels_per_workload, config.tunnel_idle_timeout_s) == (8, 6, 900.0)
     assert json.loads(msgspec.json.encode(config))["max_tunnels"] == 16
 
 

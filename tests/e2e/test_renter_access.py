@@ -55,7 +55,7 @@ def serving(grid: Grid, drop: Path) -> tuple[ApiClient, str, int, str]:
     sandboxed_hosts(grid, 1)
     alice = renter(grid, "alice")
     port = free_port()
-    submitted = alice.submit_workload(workload("web", web_server(port, drop)))
+    submitted = alice.submit_workload(workload("web", web_server(port, drop), ports=[port]))
     wait_workload(alice, submitted["id"], "running", lambda w: w["state"] == "running")
     return alice, submitted["id"], port, alice.api_key
 
@@ -134,6 +134,31 @@ def test_another_renter_is_refused_and_every_opening_is_an_event_naming_the_acco
     assert {(e["data"]["account"], e["data"]["kind"]) for e in events} == {("alice", "exec")}
 
 
+def test_a_port_forward_to_a_port_the_workload_did_not_declare_is_refused(grid, serving, drop):
+    """Issue 22 D9: a renter forwarded to another renter's server on the host's loopback and to the Master's own API.
+    A port tunnel reaches only the ports the workload declared: the API refuses any other, naming the declared ones,
+    before a ticket is signed or the agent dials anything."""
+    alice, workload_id, port, key = serving
+    neighbour = free_port()  # a co-tenant's server on the host's loopback, which alice's workload did not declare
+    server = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(neighbour), "--bind", "127.0.0.1", "--directory", str(drop)]
+    )
+    try:
+        master_port = int(grid.api_url.rsplit(":", 1)[1].split("/")[0])
+        for target in (neighbour, master_port):
+            refused = cli(grid, key, "workload", "port-forward", workload_id, f"{free_port()}:{target}")
+            assert refused.returncode != 0
+            assert (
+                f"400 invalid_tunnel: port: workload {workload_id} declares ports {port}; a port tunnel reaches only "
+                f"those, not {target}"
+            ) in refused.stderr, refused.stderr
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+    events = grid.client.get("/api/v1/events", subject=workload_id, limit=100)["items"]
+    assert [e for e in events if e["kind"] == "tunnel.opened"] == []  # no ticket was signed
+
+
 def test_logs_over_plain_http_come_from_the_master_through_the_tunnel(grid, serving):
     alice, workload_id, port, key = serving
     request = urllib.request.Request(
@@ -161,7 +186,7 @@ def test_exec_and_port_forward_reach_a_real_container_on_a_podman_host_behind_th
     alice = renter(grid, "alice")
     serve = "mkdir -p /www && echo hello-from-podman > /www/index.txt && echo serving && exec httpd -f -p 8888 -h /www"
     submitted = alice.submit_workload(
-        {"name": "web", "image": podman.image, "command": ["sh", "-c", serve], "replica": {"gpus": 1}}
+        {"name": "web", "image": podman.image, "command": ["sh", "-c", serve], "replica": {"gpus": 1}, "ports": [8888]}
     )
     wait_workload(alice, submitted["id"], "running", lambda w: w["state"] == "running", timeout=60)
     key = alice.api_key

@@ -65,3 +65,30 @@ async def test_bad_logs_queries_are_refused_naming_the_parameter(api, keys):
     for query, name in (("tail=lots", "tail"), ("follow=maybe", "follow"), ("replica=-1", "replica"), ("x=1", "x")):
         response = await api.get(f"/api/v1/workloads/{workload['id']}/logs?{query}", headers=keys["alice"])
         assert response.status == 400 and name in (await response.json())["error"]["message"], query
+
+
+@pytest.mark.parametrize(("ports", "declared"), [([8080, 8888], "declares ports 8080, 8888"), ([], "declares no ports")])
+async def test_a_port_tunnel_to_a_port_the_workload_did_not_declare_is_refused_naming_the_declared_ones(
+    api, keys, ports, declared
+):
+    """Issue 22 D9: a port tunnel went to any port (another renter's server on the host's loopback, the Master's
+    /metrics). The API refuses a port the workload's spec does not declare, before any ticket is signed."""
+    workload = await submit(api, keys["alice"], ports=ports)
+    for port in (9090, 22):
+        status, body = await tunnel(api, keys["alice"], workload["id"], kind="port", port=port)
+        assert (status, body["error"]["code"]) == (400, "invalid_tunnel")
+        assert body["error"]["message"] == (
+            f"port: workload {workload['id']} {declared}; a port tunnel reaches only those, not {port} "
+            "(declare a port in the workload's spec to reach it)"
+        )
+    if ports:  # a declared port passes this check: the queued workload is then refused for running nowhere
+        status, body = await tunnel(api, keys["alice"], workload["id"], kind="port", port=8888)
+        assert status == 409 and "runs nowhere yet" in body["error"]["message"]
+
+
+async def test_an_exec_argument_with_a_nul_is_refused_not_cut_short(api, keys):
+    """Issue 22: a NUL byte in an exec argument silently truncated it. It is a 400 naming the argument."""
+    workload = await submit(api, keys["alice"])
+    status, body = await tunnel(api, keys["alice"], workload["id"], kind="exec", command=["echo", "safe\u0000; rm -rf /"])
+    assert (status, body["error"]["code"]) == (400, "invalid_tunnel")
+    assert body["error"]["message"] == "command[1]: an argument may not hold a NUL byte (\\u0000); remove it"
