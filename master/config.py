@@ -123,6 +123,14 @@ class MasterConfig(msgspec.Struct, kw_only=True):
     # --- alerts (management/monitoring/, docs/monitoring.md) ---
     alert_rules: str = ""  # a TOML file of [[rule]] tables; empty: the shipped rules (management/monitoring/rules.toml)
     alert_period_s: Annotated[float, msgspec.Meta(gt=0)] = 15.0  # how often the rules are evaluated
+    # Webhooks (management/monitoring/notifier.py): an account has at most this many; all deliveries together make
+    # at most ``webhook_concurrency`` attempts at once, one account's at most ``webhook_account_concurrency``.
+    webhooks_per_account: Annotated[int, msgspec.Meta(ge=1)] = 10
+    webhook_concurrency: Annotated[int, msgspec.Meta(ge=1)] = 16
+    webhook_account_concurrency: Annotated[int, msgspec.Meta(ge=1)] = 2
+    # Webhooks go to public addresses only; true lets the operator's own reach private and loopback ones (a receiver
+    # inside the operator's network). Never another account's.
+    webhook_allow_private: bool = False
     log_level: str = "info"
     # --- telemetry history (master/history.py, docs/monitoring.md) ---
     # One-minute rollups are kept this long, hourly ones (downsampled from them by the "history" loop) this long.
