@@ -23,6 +23,7 @@ import socket
 from urllib.parse import urlsplit
 
 from aiohttp.abc import AbstractResolver, ResolveResult
+from yarl import URL
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -61,6 +62,8 @@ def literal_address(host: str) -> IPAddress | None:
     """The address ``host`` stands for when it is one written as a number (in any form a resolver accepts, legacy
     IPv4 forms included); None when it is a name."""
     bare = host.strip("[]").split("%", 1)[0]
+    if not bare.endswith("]") and ":" not in bare:
+        bare = bare.rstrip(".")  # "127.0.0.1." resolves as 127.0.0.1
     try:
         return ipaddress.ip_address(bare)
     except ValueError:
@@ -86,22 +89,28 @@ def host_refusal(host: str) -> str | None:
 
 
 def url_refusal(url: str, *, allow_private: bool) -> str | None:
-    """Why ``url`` may not be a webhook; None when it may (its name is judged again at every connection)."""
+    """Why ``url`` may not be a webhook; None when it may (its name is judged again at every connection).
+
+    The host is judged as the standard library reads it and as yarl does (the delivery client's parser, which
+    normalizes internationalized names: ``①②⑦.0.0.1`` is 127.0.0.1 to it, and a literal address skips the resolver)."""
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 (a port out of range raises here)
-    except ValueError as exc:
+        parsed = URL(url)
+        hosts = {parts.hostname, parsed.host, parsed.raw_host}
+    except (ValueError, UnicodeError) as exc:
         return f"url {url!r} is not a URL: {exc}"
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    if parts.scheme not in ("http", "https") or not parts.hostname or not parsed.raw_host:
         return f"url {url!r} must be an http:// or https:// URL with a host"
-    if "@" in parts.netloc:
+    if "@" in parts.netloc or parsed.raw_user is not None or parsed.raw_password is not None:
         return "url carries credentials (user:password@); put a secret in the path, and check the signature header"
     if allow_private:
         return None
-    why = host_refusal(parts.hostname)
-    if why is None:
-        return None
-    return f"url {url!r} is not a public target: {why}; webhooks are delivered to public addresses only"
+    for host in sorted(h for h in hosts if h):
+        why = host_refusal(host)
+        if why is not None:
+            return f"url {url!r} is not a public target: {why}; webhooks are delivered to public addresses only"
+    return None
 
 
 class PublicResolver(AbstractResolver):

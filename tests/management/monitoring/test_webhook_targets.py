@@ -34,6 +34,8 @@ REFUSED = [
     ("http://0x7f.1/x", "loopback"),  # 127.0.0.1, hexadecimal
     ("http://0177.0.0.1/x", "loopback"),  # 127.0.0.1, octal
     ("http://[::ffff:127.0.0.1]/x", "loopback"),  # IPv4-mapped IPv6
+    ("http://127.0.0.1./x", "loopback"),  # a trailing dot
+    ("http://\u2460\u2461\u2466.0.0.1/x", "loopback"),  # circled digits: 127.0.0.1 once the name is normalized
     ("http://169.254.169.254/latest/meta-data/", "link-local"),
     ("http://[fe80::1]/x", "link-local"),
     ("http://10.0.0.5/x", "private"),
