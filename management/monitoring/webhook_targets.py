@@ -93,6 +93,8 @@ def url_refusal(url: str, *, allow_private: bool) -> str | None:
 
     The host is judged as the standard library reads it and as yarl does (the delivery client's parser, which
     normalizes internationalized names: ``①②⑦.0.0.1`` is 127.0.0.1 to it, and a literal address skips the resolver)."""
+    if any(c.isspace() or not c.isprintable() for c in url):  # "$" in a pattern lets a last "\n" through
+        return f"url {url!r} has whitespace or control characters in it"
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 (a port out of range raises here)

@@ -185,3 +185,10 @@ async def test_a_webhook_made_by_an_operator_stops_getting_others_alerts_once_th
         assert notifier.withheld == 1 and len(receiver.requests) == 1  # another tenant's alert: no longer its to see
     finally:
         await receiver.stop()
+
+
+async def test_a_webhook_url_ending_in_a_newline_is_refused(api):
+    acme = await api_key(api.master, "provider", "acme")
+    refused = await api.post("/api/v1/webhooks", json={"url": "https://hooks.example.net/x\n"}, headers=acme)
+    assert refused.status == 400 and "url" in (await refused.json())["error"]["message"]
+    assert await api.master.store.webhooks.list() == []
