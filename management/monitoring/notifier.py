@@ -113,6 +113,7 @@ class WebhookNotifier:
     _started: bool = False
     _last_seen: dict[str, Viewer] = field(default_factory=dict)  # owner -> as its latest delivery found it
     _lanes: OrderedDict[str, deque[Delivery]] = field(default_factory=OrderedDict)  # owner -> waiting, in turn
+    _in_lanes: int = 0  # deliveries in all lanes together
     _active: Counter[str] = field(default_factory=Counter)  # owner -> attempts under way
     _timers: set[asyncio.TimerHandle] = field(default_factory=set)  # retries sleeping, holding no slot
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
@@ -125,6 +126,7 @@ class WebhookNotifier:
         self._task = asyncio.create_task(self._run(), name="alert-webhooks")
 
     async def stop(self) -> None:
+        self._started = False
         for timer in self._timers:
             timer.cancel()
         self._timers.clear()
@@ -141,7 +143,7 @@ class WebhookNotifier:
     @property
     def waiting(self) -> int:
         """Deliveries waiting: in their lanes, and sleeping before a retry."""
-        return sum(len(lane) for lane in self._lanes.values()) + len(self._timers)
+        return self._in_lanes + len(self._timers)
 
     def notify(self, transition: AlertTransition) -> int:
         """Queue ``transition`` for every webhook whose owner may see it; how many deliveries were queued."""
@@ -169,6 +171,7 @@ class WebhookNotifier:
         while self.waiting >= self.settings.queue_size and self._lanes:
             fullest = max(self._lanes, key=lambda owner: len(self._lanes[owner]))
             self._lanes[fullest].popleft()
+            self._in_lanes -= 1
             if not self._lanes[fullest]:
                 del self._lanes[fullest]
             self.dropped += 1
@@ -177,6 +180,7 @@ class WebhookNotifier:
             self.dropped += 1
             return
         self._lanes.setdefault(delivery.webhook.owner, deque()).append(delivery)
+        self._in_lanes += 1
         self._wake.set()
 
     def _next(self) -> Delivery | None:
@@ -184,6 +188,7 @@ class WebhookNotifier:
         for owner, lane in self._lanes.items():
             if self._active[owner] < self.settings.per_account:
                 delivery = lane.popleft()
+                self._in_lanes -= 1
                 if lane:
                     self._lanes.move_to_end(owner)
                 else:
@@ -210,7 +215,8 @@ class WebhookNotifier:
 
         def due() -> None:
             self._timers.discard(timer)
-            self._enqueue(delivery)
+            if self._started:
+                self._enqueue(delivery)
 
         timer = asyncio.get_running_loop().call_later(self.backoff(delivery.attempt - 1), due)
         self._timers.add(timer)
@@ -239,6 +245,9 @@ class WebhookNotifier:
     async def _attempt_once(self, delivery: Delivery) -> bool:
         """One attempt (the owner's sight and the target checked first); whether to try again."""
         hook = delivery.webhook
+        if hook.id not in self.webhooks and hook not in self.webhooks.values():  # deleted since it was queued
+            self.withheld += 1
+            return False
         viewer = await self.viewer_of(hook)
         if viewer is None:  # gone or disabled: sifted as made again, and withheld here while it stays so
             self._last_seen.pop(hook.owner, None)
