@@ -11,6 +11,7 @@ and when its account already has ``webhooks_per_account`` of them. Listing is pa
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -86,6 +87,7 @@ class AlertSettings:
         self._api_rules: dict[str, AlertRule] = {}
         self._clock = clock
         self._loaded = False
+        self._creating = asyncio.Lock()  # one webhook made at a time, so concurrent requests cannot pass the cap together
 
     async def load(self) -> None:
         """Read the stored settings into the loop (once; every call below does it first)."""
@@ -211,6 +213,10 @@ class AlertSettings:
     async def create_webhook(self, url: str, *, owner: str, role: str) -> WebhookRecord:
         """A new webhook; its secret is in the record returned, and shown nowhere else afterwards."""
         await self.load()
+        async with self._creating:
+            return await self._create_webhook(url, owner=owner, role=role)
+
+    async def _create_webhook(self, url: str, *, owner: str, role: str) -> WebhookRecord:
         settings = self._loop.notifier.settings
         why = url_refusal(url, allow_private=settings.allow_private and role == "operator")
         if why is not None:

@@ -10,6 +10,7 @@ receivers and black holes on 127.0.0.1:
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import AsyncIterator
 
@@ -192,3 +193,12 @@ async def test_a_webhook_url_ending_in_a_newline_is_refused(api):
     refused = await api.post("/api/v1/webhooks", json={"url": "https://hooks.example.net/x\n"}, headers=acme)
     assert refused.status == 400 and "url" in (await refused.json())["error"]["message"]
     assert await api.master.store.webhooks.list() == []
+
+
+async def test_concurrent_requests_cannot_pass_the_webhook_cap_together(hooks_api):
+    acme = await api_key(hooks_api.master, "provider", "acme")
+    answers = await asyncio.gather(
+        *(hooks_api.post("/api/v1/webhooks", json={"url": f"https://hooks.example.net/{n}"}, headers=acme) for n in range(8))
+    )
+    assert sorted(a.status for a in answers) == [201] * 3 + [409] * 5
+    assert len(await hooks_api.master.store.webhooks.list(owner="acme")) == 3
