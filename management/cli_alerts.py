@@ -324,7 +324,8 @@ def _run_webhook_add(args: argparse.Namespace) -> int:
 
 def _run_webhook_list(args: argparse.Namespace) -> int:
     client, _ = api_client(args)
-    return show(args, client.webhooks(), lambda b: _webhook_rows(b["items"]))
+    every = {"items": client.list("/api/v1/webhooks")}  # the list is paged: every page, for the operator's many
+    return show(args, every, lambda b: _webhook_rows(b["items"]))
 
 
 def _run_webhook_remove(args: argparse.Namespace) -> int:

@@ -30,11 +30,12 @@ from management.market.operations import FundsDetail, MarketOperations, RentalDe
 from management.market.prices import HostPrice, PriceBook, PriceSetting, grid_default_of
 from management.monitoring.alert_loop import AlertLoop
 from management.monitoring.history import GpuSeries, TelemetryHistory, Window, gpu_history, host_history, resolution_of, window_of
+from management.monitoring.notifier import WebhookNotifier
 from management.monitoring.observe import FleetObserver
 from management.monitoring.report_source import ReportSource
 from management.monitoring.reports import Report
 from management.monitoring.rules import AlertRule, load_rules
-from management.monitoring.settings import AlertListing, AlertSettings, RuleListing
+from management.monitoring.settings import AlertListing, AlertSettings, RuleListing, account_viewer, notifier_settings
 from management.monitoring.visibility import Viewer
 from management.renter_access import RenterAccess
 from management.scheduler.book import WorkloadBook
@@ -90,6 +91,11 @@ class CommandKey(msgspec.Struct, array_like=True, frozen=True):
     created_at: Annotated[float, msgspec.Meta(ge=0, le=1e11)]
     id: KeyText
     depth: Position  # how many commands the previous page's read went through: where the next read starts looking
+
+
+class WebhookKey(msgspec.Struct, array_like=True, frozen=True):
+    created_at: Annotated[float, msgspec.Meta(ge=0, le=1e11)]
+    id: KeyText
 
 
 class SeqKey(msgspec.Struct, array_like=True, frozen=True):
@@ -303,6 +309,7 @@ class Operations:
         self.alerts = AlertLoop(
             FleetObserver(master, self.workloads.open_workloads, self.market.market.meter.balance_cover_s),
             load_rules(Path(master.config.alert_rules) if master.config.alert_rules else None),
+            notifier=WebhookNotifier(settings=notifier_settings(master.config), viewer_of=account_viewer(master.accounts)),
             period_s=master.config.alert_period_s,
         )
         self.alert_settings = AlertSettings(master.store, self.alerts, list(self.alerts.rules), time.time)
@@ -972,8 +979,10 @@ class Operations:
     async def create_webhook(self, url: str, *, owner: str, role: str) -> WebhookRecord:
         return await self.alert_settings.create_webhook(url, owner=owner, role=role)
 
-    async def list_webhooks(self, *, owner: str | None) -> list[WebhookRecord]:
-        return await self.alert_settings.webhooks(owner=owner)
+    async def list_webhooks(self, *, owner: str | None, after: WebhookKey | None = None, limit: int) -> Page[WebhookRecord]:
+        after_key = None if after is None else (after.created_at, after.id)
+        found = await self.alert_settings.webhooks(owner=owner, after=after_key, limit=limit + 1)
+        return _page(found, limit, lambda w: WebhookKey(w.created_at, w.id))
 
     async def delete_webhook(self, webhook_id: str, *, owner: str | None) -> None:
         await self.alert_settings.delete_webhook(webhook_id, owner=owner)

@@ -114,9 +114,23 @@ class MasterConfig(msgspec.Struct, kw_only=True):
     # that it is answered 429 with Retry-After (management/api/ratelimit.py). Other keys are not affected.
     api_key_rate_per_s: Annotated[float, msgspec.Meta(gt=0)] = 20.0
     api_key_burst: Annotated[int, msgspec.Meta(ge=1)] = 40
+    # Each account, all its keys together, may make this many requests a second sustained and this many at once:
+    # minting keys buys no more (management/api/ratelimit.py).
+    api_account_rate_per_s: Annotated[float, msgspec.Meta(gt=0)] = 40.0
+    api_account_burst: Annotated[int, msgspec.Meta(ge=1)] = 80
+    # Keys an account may hold that are not revoked (master/accounts.py); creating one more answers 409.
+    api_keys_per_account: Annotated[int, msgspec.Meta(ge=1)] = 20
     # --- alerts (management/monitoring/, docs/monitoring.md) ---
     alert_rules: str = ""  # a TOML file of [[rule]] tables; empty: the shipped rules (management/monitoring/rules.toml)
     alert_period_s: Annotated[float, msgspec.Meta(gt=0)] = 15.0  # how often the rules are evaluated
+    # Webhooks (management/monitoring/notifier.py): an account has at most this many; all deliveries together make
+    # at most ``webhook_concurrency`` attempts at once, one account's at most ``webhook_account_concurrency``.
+    webhooks_per_account: Annotated[int, msgspec.Meta(ge=1)] = 10
+    webhook_concurrency: Annotated[int, msgspec.Meta(ge=1)] = 16
+    webhook_account_concurrency: Annotated[int, msgspec.Meta(ge=1)] = 2
+    # Webhooks go to public addresses only; true lets the operator's own reach private and loopback ones (a receiver
+    # inside the operator's network). Never another account's.
+    webhook_allow_private: bool = False
     log_level: str = "info"
     # --- telemetry history (master/history.py, docs/monitoring.md) ---
     # One-minute rollups are kept this long, hourly ones (downsampled from them by the "history" loop) this long.

@@ -11,12 +11,14 @@ import msgspec
 from aiohttp import web
 
 from management.api.auth import OPERATIONS_KEY, scope_of
+from management.api.paging import decode_cursor, page_response
 from management.api.requests import json_response, parse_body, parse_query
 from management.api.responses import Time, View
-from management.api.schemas import EmptyQuery
+from management.api.schemas import EmptyQuery, PageQuery
 from management.monitoring.evaluator import AlertState, AlertTransition
 from management.monitoring.rules import AlertRule
 from management.monitoring.settings import RuleListing
+from management.operations import WebhookKey
 from management.views import rfc3339
 from master.records import SilenceRecord, WebhookRecord
 
@@ -165,6 +167,10 @@ class CreatedWebhook(WebhookView):
 
 class WebhookList(View):
     items: list[WebhookView]
+    next_cursor: str | None  # pass it back as ``cursor`` for the next page; null on the last
+
+
+WEBHOOKS = "webhooks"
 
 
 def _time(ts: float) -> str:
@@ -292,9 +298,11 @@ async def create_webhook(request: web.Request) -> web.Response:
 
 
 async def list_webhooks(request: web.Request) -> web.Response:
-    parse_query(request, EmptyQuery)
-    webhooks = await request.app[OPERATIONS_KEY].list_webhooks(owner=scope_of(request).owner)
-    return json_response(WebhookList(items=[webhook_view(w) for w in webhooks]))
+    query = parse_query(request, PageQuery)
+    page = await request.app[OPERATIONS_KEY].list_webhooks(
+        owner=scope_of(request).owner, after=decode_cursor(WEBHOOKS, query, WebhookKey), limit=query.limit
+    )
+    return page_response(WEBHOOKS, query, page, webhook_view)
 
 
 async def delete_webhook(request: web.Request) -> web.Response:

@@ -509,7 +509,7 @@ OPERATIONS: tuple[Operation, ...] = (
         {201: alerts.CreatedWebhook},
         body=alerts.CreateWebhook,
     ),
-    Operation("GET", "/api/v1/webhooks", "Webhooks", "alerts", {200: alerts.WebhookList}, query=schemas.EmptyQuery),
+    Operation("GET", "/api/v1/webhooks", "Webhooks, by creation", "alerts", {200: alerts.WebhookList}, query=schemas.PageQuery),
     Operation("DELETE", "/api/v1/webhooks/{webhook_id}", "Delete a webhook", "alerts", {204: None}, query=schemas.EmptyQuery),
 )
 del r

@@ -15,7 +15,8 @@ S = TypeVar("S", bound=msgspec.Struct)
 
 async def parse_body(request: web.Request, schema: type[S]) -> S:
     """The JSON body as ``schema``. Malformed JSON, NaN/Infinity, nesting deeper than msgspec decodes, wrong
-    types (a boolean for a number included) and unknown fields are each a 400 that says which."""
+    types (a boolean for a number included), unknown fields and bytes that are not UTF-8 (msgspec raises
+    UnicodeDecodeError for those, not DecodeError) are each a 400 that says which."""
     raw = await request.read()  # bounded by the application's client_max_size
     try:
         return msgspec.json.decode(raw, type=schema)
@@ -23,6 +24,8 @@ async def parse_body(request: web.Request, schema: type[S]) -> S:
         raise BadRequest(validation_message(exc, "body")) from None
     except msgspec.DecodeError as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}", code="bad_json") from None
+    except UnicodeDecodeError as exc:
+        raise BadRequest(f"request body is not valid UTF-8 (byte {exc.start}): JSON must be UTF-8", code="bad_json") from None
     except RecursionError:
         raise BadRequest("request body is nested too deeply", code="bad_json") from None
 

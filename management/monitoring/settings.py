@@ -3,25 +3,32 @@ rules (an API-put rule replaces the file's rule of its name), silences and webho
 
 Who may do what is decided in management/api/auth.py; here ``owner`` (None: the operator) narrows what a call sees:
 a provider or renter lists and deletes only its own webhooks and sees only the alerts visibility.py lets it.
+
+A webhook is refused at creation when its URL is not an http(s) URL with a host, carries credentials, or names a
+target that is not public (webhook_targets.py; the operator's may be private when ``webhook_allow_private`` is set),
+and when its account already has ``webhooks_per_account`` of them. Listing is paged.
 """
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 import msgspec
 
 from common.errors import Conflict, InvalidAlertSetting, NotFound
 from management.monitoring.alert_loop import AlertLoop
 from management.monitoring.evaluator import AlertState, AlertTransition
-from management.monitoring.notifier import Webhook
+from management.monitoring.notifier import NotifierSettings, ViewerOf, Webhook
 from management.monitoring.observe import WIRED
 from management.monitoring.rules import AlertRule
 from management.monitoring.visibility import Viewer, visible
+from management.monitoring.webhook_targets import url_refusal
+from master.accounts import AccountBook
+from master.config import MasterConfig
 from master.records import AlertRuleRecord, SilenceRecord, WebhookRecord
 from master.store.base import Store
 
@@ -38,6 +45,28 @@ class RuleListing:
 class AlertListing:
     active: list[AlertState]  # pending and firing now
     recent: list[AlertTransition]  # the latest transitions, newest first
+
+
+def notifier_settings(config: MasterConfig) -> NotifierSettings:
+    return NotifierSettings(
+        concurrency=config.webhook_concurrency,
+        per_account=config.webhook_account_concurrency,
+        per_account_webhooks=config.webhooks_per_account,
+        allow_private=config.webhook_allow_private,
+    )
+
+
+def account_viewer(accounts: AccountBook) -> ViewerOf:
+    """What a webhook's owner may see as its account is now: None when it is gone or disabled."""
+
+    async def viewer_of(hook: Webhook) -> Viewer | None:
+        try:
+            account = await accounts.get(hook.owner)
+        except NotFound:
+            return None
+        return None if account.disabled else Viewer(account=account.id, role=account.role)
+
+    return viewer_of
 
 
 def rule_of(spec: Mapping[str, Any], name: str) -> AlertRule:
@@ -58,6 +87,7 @@ class AlertSettings:
         self._api_rules: dict[str, AlertRule] = {}
         self._clock = clock
         self._loaded = False
+        self._creating = asyncio.Lock()  # one webhook made at a time, so concurrent requests cannot pass the cap together
 
     async def load(self) -> None:
         """Read the stored settings into the loop (once; every call below does it first)."""
@@ -183,9 +213,19 @@ class AlertSettings:
     async def create_webhook(self, url: str, *, owner: str, role: str) -> WebhookRecord:
         """A new webhook; its secret is in the record returned, and shown nowhere else afterwards."""
         await self.load()
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise InvalidAlertSetting(f"url {url!r} must be an http:// or https:// URL with a host")
+        async with self._creating:
+            return await self._create_webhook(url, owner=owner, role=role)
+
+    async def _create_webhook(self, url: str, *, owner: str, role: str) -> WebhookRecord:
+        settings = self._loop.notifier.settings
+        why = url_refusal(url, allow_private=settings.allow_private and role == "operator")
+        if why is not None:
+            raise InvalidAlertSetting(why)
+        held = len(await self._store.webhooks.list(owner=owner))
+        if held >= settings.per_account_webhooks:
+            raise Conflict(
+                f"account {owner!r} has {held} webhooks, the most an account may (webhooks_per_account); delete one first"
+            )
         record = WebhookRecord(
             id="wh-" + secrets.token_hex(6),
             url=url,
@@ -198,9 +238,13 @@ class AlertSettings:
         self._loop.notifier.webhooks[record.id] = _hook(record)
         return record
 
-    async def webhooks(self, *, owner: str | None) -> list[WebhookRecord]:
+    async def webhooks(self, *, owner: str | None, after: tuple[float, str] | None = None, limit: int) -> list[WebhookRecord]:
+        """Up to ``limit`` webhooks (of ``owner``, or every one), by creation then id, from just after ``after``."""
         await self.load()
-        return await self._store.webhooks.list(owner=owner)
+        listed = await self._store.webhooks.list(owner=owner)
+        if after is not None:
+            listed = [w for w in listed if (w.created_at, w.id) > after]
+        return listed[:limit]
 
     async def delete_webhook(self, webhook_id: str, *, owner: str | None) -> None:
         await self.load()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 
+import aiohttp
 import pytest
 from cryptography.fernet import Fernet
 
@@ -15,7 +16,7 @@ from management.console.session import COOKIE_NAME, KEY_FILE
 from master.accounts import AccountChange
 from master.config import ConsoleSettings
 from master.records import AccountRecord
-from tests.console.plain_http import PASSWORD, console_for, csrf_of, sign_in
+from tests.console.plain_http import CSRF, PASSWORD, console_for, csrf_of, sign_in
 
 
 async def test_signing_in_sets_an_httponly_samesite_strict_cookie_and_goes_to_the_console(console):
@@ -122,6 +123,33 @@ async def test_sign_in_attempts_are_rate_limited_per_account_and_per_address(tmp
         assert "Too many sign-in attempts" in await limited.text()
         other_account = await sign_in(console, account="someone-else")  # this address's attempts are spent too
         assert other_account.status == 429
+    finally:
+        await console.close()
+        await console.master.stop()
+
+
+async def sign_in_from(console, source: str, password: str = PASSWORD) -> int:
+    """The sign-in form, as a browser on another address would send it: a client bound to ``source`` (another
+    loopback address) connecting to the console on 127.0.0.1. The status of the form's answer."""
+    connector = aiohttp.TCPConnector(local_addr=(source, 0))
+    async with aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+        page = await (await browser.get(console.make_url("/console/signin"))).text()
+        found = CSRF.search(page)
+        assert found, "the sign-in page has no CSRF field"
+        form = {"account": "rita", "password": password, "csrf_token": found.group(1), "next": "/console/"}
+        answer = await browser.post(
+            console.make_url("/console/signin"), data=form, headers={"Origin": console.origin}, allow_redirects=False
+        )
+        return answer.status
+
+
+async def test_wrong_passwords_from_one_address_do_not_lock_the_account_out_from_another(tmp_path):
+    console = await console_for(tmp_path, signin_burst=3, signin_per_minute=1.0)
+    try:
+        for _ in range(5):
+            assert (await sign_in(console, password="wrong-password-1")).status in (401, 429)
+        assert (await sign_in(console)).status == 429  # the attacker's address is throttled for this account
+        assert await sign_in_from(console, "127.0.0.2") == 303  # the owner, from a fresh address, is let in
     finally:
         await console.close()
         await console.master.stop()

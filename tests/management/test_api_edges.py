@@ -206,3 +206,22 @@ def test_the_request_schemas_publish_their_bounds_as_json_schema():
     provider = schemas["CreateToken"]["properties"]["provider"]
     assert (provider["maxLength"], provider["pattern"]) == (64, "^[A-Za-z0-9][A-Za-z0-9._-]*$")
     assert set(schemas["CreateCommand"]["required"]) == {"agent_id", "kind", "spec"}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"agent_id": "agt-\xff", "kind": "delete_container", "spec": {"name": "x"}}',
+        b'{"agent_id": "\xc3", "kind": "delete_container", "spec": {}}',
+    ],
+    ids=["invalid-start-byte", "cut-short-sequence"],
+)
+async def test_invalid_utf8_in_a_json_body_is_a_400_not_a_500(api, body):
+    await add_agent(api.master, "agt-a", "a10:1")
+    response = await api.post("/api/v1/commands", data=body, headers={**api.auth, "Content-Type": "application/json"})
+    assert response.status == 400
+    error = (await response.json())["error"]
+    assert error["code"] == "bad_json"
+    assert "UTF-8" in error["message"]
+    assert await commands_stored(api) == []
+    assert (await api.get("/healthz")).status == 200

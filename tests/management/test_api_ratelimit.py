@@ -104,3 +104,56 @@ async def test_the_client_waits_out_its_keys_limit_and_gets_its_answer(tmp_path)
     finally:
         await server.close()
         await master.stop()
+
+
+def test_the_keys_of_one_account_share_the_accounts_budget():
+    clock = FakeClock()
+    limits = KeyRateLimits(rate=10.0, burst=10, account_rate=1.0, account_burst=3, clock=clock)
+    assert [limits.retry_after_s(key, "acct") for key in ("k1", "k2", "k3")] == [0.0, 0.0, 0.0]
+    assert limits.verdict("k4", "acct") == (pytest.approx(1.0), "account")  # a fresh key buys nothing
+    assert limits.retry_after_s("k5", "other") == 0.0  # another account has its own budget
+
+
+async def test_an_account_minting_keys_gets_no_more_requests_than_its_own_limit(tmp_path):
+    master = Master(MasterConfig(state_dir=str(tmp_path), link_port=0))
+    await master.start()
+    client = TestClient(TestServer(build_app(master, ApiSettings())))  # the default limits: 40 a key, 80 an account
+    await client.start_server()
+    try:
+        keys = [await api_key(master, "renter", "greedy") for _ in range(4)]  # 4 keys: 160 by their limits alone
+        calm = await api_key(master, "renter", "calm")
+        answers = [await client.get("/api/v1/whoami", headers=keys[n % 4]) for n in range(160)]  # within every key's
+        statuses = [answer.status for answer in answers]
+        assert statuses[: ApiSettings().account_burst] == [200] * ApiSettings().account_burst
+        assert 429 in statuses  # the account's limit holds, however many keys it spreads its requests over
+        refused = answers[statuses.index(429)]
+        assert "account 'greedy'" in (await refused.json())["error"]["message"]
+        assert (await client.get("/api/v1/whoami", headers=calm)).status == 200
+    finally:
+        await client.close()
+        await master.stop()
+
+
+async def test_an_account_holds_at_most_the_configured_number_of_keys(tmp_path):
+    master = Master(MasterConfig(state_dir=str(tmp_path), link_port=0))
+    await master.start()
+    client = TestClient(TestServer(build_app(master, ApiSettings(key_rate_per_s=1e6, key_burst=10**6))))
+    await client.start_server()
+    try:
+        auth = await api_key(master, "renter", "minter")  # its first key
+        limit = MasterConfig().api_keys_per_account
+        for n in range(limit - 1):
+            created = await client.post("/api/v1/accounts/minter/keys", json={"name": f"k{n}"}, headers=auth)
+            assert created.status == 201
+        refused = await client.post("/api/v1/accounts/minter/keys", json={"name": "one more"}, headers=auth)
+        assert refused.status == 409
+        assert "revoke one" in (await refused.json())["error"]["message"]
+        listed = (await (await client.get("/api/v1/accounts/minter/keys?limit=100", headers=auth)).json())["items"]
+        assert len(listed) == limit
+        revoked = await client.post(f"/api/v1/keys/{listed[-1]['key_id']}/revoke", headers=auth)
+        assert revoked.status == 200
+        again = await client.post("/api/v1/accounts/minter/keys", json={"name": "in its place"}, headers=auth)
+        assert again.status == 201
+    finally:
+        await client.close()
+        await master.stop()

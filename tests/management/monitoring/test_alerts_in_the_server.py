@@ -19,7 +19,9 @@ from tests.management.monitoring.receiver import WebhookReceiver
 
 
 async def test_the_servers_alert_loop_delivers_to_a_webhook_made_through_the_api(tmp_path):
-    server = MasterServer(MasterConfig(state_dir=str(tmp_path), link_port=0, api_port=0, alert_period_s=0.1))
+    # The receiver is on 127.0.0.1: the operator allows its own webhooks private targets (webhook_allow_private).
+    config = MasterConfig(state_dir=str(tmp_path), link_port=0, api_port=0, alert_period_s=0.1, webhook_allow_private=True)
+    server = MasterServer(config)
     await server.start()
     receiver = WebhookReceiver()
     await receiver.start()

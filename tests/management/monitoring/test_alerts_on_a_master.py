@@ -97,7 +97,8 @@ async def grid(tmp_path: Path) -> AsyncIterator[Grid]:
     await master.start()
     receiver = WebhookReceiver()
     await receiver.start()
-    notifier = WebhookNotifier(settings=NotifierSettings(backoff_s=0.01, backoff_max_s=0.05, timeout_s=2.0))
+    # The receiver is on 127.0.0.1, which the operator's webhooks reach only with allow_private (webhook_allow_private).
+    notifier = WebhookNotifier(settings=NotifierSettings(backoff_s=0.01, backoff_max_s=0.05, timeout_s=2.0, allow_private=True))
     notifier.webhooks["ops"] = Webhook(id="wh-ops", url=receiver.url, secret=SECRET, owner="operator", role="operator")
     loop = AlertLoop(FleetObserver(master), [OVERHEATING], notifier=notifier, period_s=PERIOD_S)
     loop.start()
@@ -186,7 +187,9 @@ async def test_a_silenced_alert_is_recorded_but_not_delivered_and_delivered_agai
     receiver = WebhookReceiver()
     await receiver.start()
     now = [time.time()]
-    loop = AlertLoop(FleetObserver(master), [r for r in load_rules() if r.name == "gpu_hardware_error"], clock=lambda: now[0])
+    rules = [r for r in load_rules() if r.name == "gpu_hardware_error"]
+    notifier = WebhookNotifier(settings=NotifierSettings(allow_private=True))  # the receiver is on 127.0.0.1
+    loop = AlertLoop(FleetObserver(master), rules, notifier=notifier, clock=lambda: now[0])
     loop.notifier.webhooks["ops"] = Webhook(id="wh-ops", url=receiver.url, secret=SECRET, owner="operator", role="operator")
     loop.notifier.start()
     try:
