@@ -341,7 +341,9 @@ async def put_sound(put_many: Callable[[list[_Rollup]], Awaitable[None]], rollup
             await put_many([rollup])
         except OverflowError as exc:
             refused += 1
-            log.error("telemetry: the store refused a rollup's figures; set aside", extra={"rollup": repr(rollup), "error": str(exc)})
+            log.error(
+                "telemetry: the store refused a rollup's figures; set aside", extra={"rollup": repr(rollup), "why": str(exc)}
+            )
     return refused
 
 
