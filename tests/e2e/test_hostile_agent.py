@@ -36,6 +36,10 @@ from tests.e2e.test_identity import context_for, keep_pair
 from tests.support.grid import Grid, running_grid, wait_for
 
 FAST_TELEMETRY = {"telemetry_s": 1.0}  # the honest agent's samples arrive within a second
+# The honest agent runs the process runtime switching to ``nobody`` (isolation "sandbox"), which this grid's operator
+# allows to be offered, as the demo does: its GPUs are offered, and must stay so.
+OFFERED = {"offer_sandboxed_hosts": True}
+SANDBOXED = {"IDLEGRID_AGENT_PROCESS_USER": "nobody"}
 HOSTILE_PROVIDER = "hostile-provider"
 
 
@@ -94,11 +98,11 @@ def set_aside(grid: Grid, figure: str) -> float:
 
 
 async def test_a_hostile_hello_naming_another_providers_gpus_takes_nothing_from_them(tmp_path):
-    with running_grid(tmp_path) as grid:
-        honest_id, _ = await asyncio.to_thread(grid.run_agent, "honest", simulate="h100:2")
+    with running_grid(tmp_path, OFFERED) as grid:
+        honest_id, _ = await asyncio.to_thread(lambda: grid.run_agent("honest", simulate="h100:2", env=SANDBOXED))
         hostile_id, pair = await asyncio.to_thread(enroll_hostile, grid, tmp_path)
         before = await asyncio.to_thread(honest_gpus, grid, honest_id)
-        assert [state for _, state, _, _ in before] == ["available", "available"]
+        assert [(state, flags, offered) for _, state, flags, offered in before] == [("available", [], True)] * 2
         honest = await asyncio.to_thread(grid.agent, honest_id)
         victim_uuids = [uuid for uuid, _, _, _ in before]
         named = [
