@@ -494,7 +494,11 @@ class Master:
     async def _take(self, link: AccessLink, agent: AgentRecord, frame: AgentFrame, now: float) -> None:
         match frame:
             case Heartbeat():
-                self.metrics.heartbeat_transit.observe(max(0.0, now - frame.ts))
+                transit = now - frame.ts
+                if -self._sample_window.max_ahead_s <= transit <= self._sample_window.max_age_s:
+                    # A heartbeat's date is the agent's word too: one dated -1e21 would make the histogram's sum
+                    # meaningless for the whole fleet, so only a date a real clock could give is observed.
+                    self.metrics.heartbeat_transit.observe(max(0.0, transit))
                 self.registry.on_heartbeat(agent, now, max_gap_s=self.config.heartbeat_s * self.config.missed_heartbeats)
                 if frame.exited:
                     await self.registry.on_exited(agent, frame.exited)

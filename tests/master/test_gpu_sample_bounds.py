@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from common.inventory import GpuSample
-from common.wire import Telemetry
+from common.wire import Heartbeat, Telemetry
 from master.config import MasterConfig
 from master.service import Master
 from master.store import SqliteStore
@@ -139,3 +139,16 @@ async def test_a_rollup_the_store_refuses_is_set_aside_and_every_other_minute_is
         assert telemetry.set_aside == 1 and len(await store.rollups.list("GPU-good")) == 2
     finally:
         await store.close()
+
+
+async def test_a_heartbeat_dated_minus_1e21_leaves_the_fleets_transit_histogram_alone(master):
+    link = relay_link()
+    await connect(master, link, "agt-a", gpus(1))
+    await relay(master, link, "agt-a", Heartbeat(seq=1, ts=-1e21))
+    await relay(master, link, "agt-a", Heartbeat(seq=2, ts=float("-inf")))
+    await relay(master, link, "agt-a", Heartbeat(seq=3, ts=time.time()))
+    [family] = master.metrics.heartbeat_transit.collect()
+    [count] = [s.value for s in family.samples if s.name.endswith("_count")]
+    [total] = [s.value for s in family.samples if s.name.endswith("_sum")]
+    assert count == 1 and 0 <= total < 60
+    assert master.agent("agt-a").state == "ready"  # the heartbeats themselves are taken: the agent is heard
