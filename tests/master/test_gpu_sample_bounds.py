@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import time
 
+import msgspec
 from hypothesis import given
 from hypothesis import strategies as st
 
 from common.inventory import GpuSample
-from common.wire import Heartbeat, Telemetry
+from common.wire import Error, Heartbeat, Telemetry
 from master.config import MasterConfig
 from master.service import Master
 from master.store import SqliteStore
@@ -21,7 +22,7 @@ from master.telemetry import (
     TelemetryAggregator,
     plausible_gpu,
 )
-from tests.master.linked import connect, gpus, relay, relay_link
+from tests.master.linked import connect, gpus, relay, relay_link, to_agent
 
 NOW = 1_800_000_000.0
 WINDOW = SampleWindow(max_age_s=86400.0, max_ahead_s=600.0)
@@ -152,3 +153,12 @@ async def test_a_heartbeat_dated_minus_1e21_leaves_the_fleets_transit_histogram_
     [total] = [s.value for s in family.samples if s.name.endswith("_sum")]
     assert count == 1 and 0 <= total < 60
     assert master.agent("agt-a").state == "ready"  # the heartbeats themselves are taken: the agent is heard
+
+
+async def test_a_hello_stating_a_gpu_of_2_62_mib_is_refused_so_memory_use_stays_bounded_by_a_real_figure(master):
+    link = relay_link()
+    huge = msgspec.structs.replace(gpus(1)[0], memory_total_mib=2**62)
+    await connect(master, link, "agt-a", [huge])
+    [error] = to_agent(link, "agt-a")
+    assert isinstance(error, Error) and error.code == "schema_violation" and "memory_total_mib" in error.message
+    assert master.gpus() == []
