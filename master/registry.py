@@ -345,14 +345,17 @@ class Registry:
             await self._store.gpus.put_many(records)
         gone = [g for uuid, g in self._gpus_by_agent.get(agent_id, {}).items() if uuid not in reported]
         await self.withdraw_gpus(agent_id, gone, MISSING_FROM_INVENTORY_FLAG)
+        if gone and self._shadows:
+            await self._reconsider_claims({g.uuid for g in gone})  # the holder let go: a card that moved
 
     def claimants(self, uuid: str) -> list[str]:
         """The agents whose claim on ``uuid`` was refused (another host holds it), by id."""
         return sorted(agent_id for agent_id, shadows in self._shadows.items() if uuid in shadows)
 
     async def _reconsider_claims(self, uuids: set[str]) -> None:
-        """The GPUs ``uuids`` left their host (it was retired): hosts whose claim on one was refused report it again
-        (their latest report, as kept), so the first of them takes it, as if it had said hello now; the cards moved."""
+        """The GPUs ``uuids`` left their host (it was retired, or no longer reports them): hosts whose claim on one
+        was refused report it again (their latest report, as kept), so the first of them takes it, as if it had said
+        hello now; the cards moved."""
         for agent_id in sorted(a for a, shadows in self._shadows.items() if uuids.intersection(shadows)):
             agent = self.agents.get(agent_id)
             if agent is None or agent.state == AgentState.RETIRED.value:

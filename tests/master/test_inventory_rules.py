@@ -74,6 +74,16 @@ async def test_the_holders_retirement_hands_the_card_to_the_claimant(master):
     assert (await master.store.gpus.get("GPU-h100-0")).agent_id == "agt-b"
 
 
+async def test_a_card_its_holder_no_longer_reports_goes_to_the_host_that_claimed_it(master):
+    link = relay_link()
+    await connect(master, link, "agt-a", gpus(2))
+    await connect(master, link, "agt-b", gpus(1))  # GPU-h100-0 was moved into agt-b's machine
+    await relay(master, link, "agt-a", hello(gpus(2)[1:]))  # agt-a restarts without it
+    [moved] = master.gpus("agt-b")
+    assert (moved.uuid, moved.agent_id, moved.state, moved.flags) == ("GPU-h100-0", "agt-b", "available", [])
+    assert [g.uuid for g in master.gpus("agt-a")] == ["GPU-h100-1"]
+
+
 async def test_an_operator_clears_a_refused_claim_and_the_holder_keeps_the_card(master):
     link = relay_link()
     await connect(master, link, "agt-a", gpus(1))
