@@ -28,6 +28,12 @@ MISSING_FROM_INVENTORY_FLAG = "missing_from_inventory"
 HOST_RETIRED_FLAG = "host_retired"
 _WITHDRAWN_FLAGS = frozenset({MISSING_FROM_INVENTORY_FLAG, HOST_RETIRED_FLAG})
 
+# An established host's card that left its report (fallen off the bus, a reboot without it) stays its own: another host
+# naming it meanwhile is refused as if the card were listed, or a hostile claim would only wait for a fault to take the
+# card for good. At most this many per host are kept so, the latest: a host that cycles through made-up UUIDs must not
+# grow the Master's memory.
+ABSENT_KEPT_PER_HOST = 64
+
 _LIVE = frozenset({AgentState.READY.value, AgentState.BUSY.value, AgentState.MAINTENANCE.value, AgentState.ENROLLED.value})
 
 
@@ -53,6 +59,10 @@ class Registry:
         # ``duplicate_uuid``, offline), never stored (the store keys GPUs by uuid, the holder's record is the one there)
         # and never offered. The holder is not touched: naming a uuid must not take a card out of another's hands.
         self._shadows: dict[str, dict[str, GpuRecord]] = {}
+        # uuid -> the live host whose latest report left it out (ABSENT_KEPT_PER_HOST), and each host's such uuids,
+        # oldest first: the card stays that host's until it is retired.
+        self._absent_holder: dict[str, str] = {}
+        self._absent_of: dict[str, dict[str, None]] = {}
         self._dirty: set[str] = set()
         # The relay each agent was last seen through. AgentRecord.relay is cleared when the agent goes offline,
         # and a failover usually goes through offline, so the previous relay is remembered here.
@@ -80,15 +90,23 @@ class Registry:
         except Exception as exc:
             problems.append(f"agents: {exc}")
         try:
+            absent: list[GpuRecord] = []
             for gpu in await self._store.gpus.list():
                 owner = self.agents.get(gpu.agent_id)
-                if _WITHDRAWN_FLAGS.intersection(gpu.flags) or owner is None or owner.state == AgentState.RETIRED.value:
+                if owner is None or owner.state == AgentState.RETIRED.value:
+                    continue
+                if MISSING_FROM_INVENTORY_FLAG in gpu.flags:
+                    absent.append(gpu)
+                if _WITHDRAWN_FLAGS.intersection(gpu.flags):
                     continue
                 if DUPLICATE_UUID_FLAG in gpu.flags:
                     # Stored by a Master that flagged the holder of a claimed uuid too (issue 22, D3): the stored
                     # record is always the holder's, which keeps its card. Written so with its next change.
                     gpu.flags = [f for f in gpu.flags if f != DUPLICATE_UUID_FLAG]
                 self._put_gpu(gpu)
+            for gpu in sorted(absent, key=lambda g: g.updated_at):
+                if gpu.uuid not in self.gpus:
+                    self._keep_absent(gpu.agent_id, [gpu.uuid])
         except Exception as exc:
             problems.append(f"gpus: {exc}")
         for agent in self.agents.values():  # agents stored before reputation counted verification: counted from here
@@ -151,7 +169,10 @@ class Registry:
             retired = list(self._gpus_by_agent.get(agent.id, {}).values())
             await self.withdraw_gpus(agent.id, retired, HOST_RETIRED_FLAG)
             self.allocations.release_host(agent.id)
-            await self._reconsider_claims({g.uuid for g in retired})
+            absent = self._absent_of.pop(agent.id, {})
+            for uuid in absent:
+                self._absent_holder.pop(uuid, None)
+            await self._reconsider_claims({g.uuid for g in retired} | set(absent))
         else:
             await self.settle_gpus(agent)
         return True
@@ -289,16 +310,17 @@ class Registry:
                 continue  # listed twice in one report: the first entry stands
             reported.add(info.uuid)
             old = self.gpus.get(info.uuid)
-            if old is not None and not self._may_claim(old, agent_id):
+            holder = old.agent_id if old is not None else self._absent_holder.get(info.uuid)
+            if holder is not None and not self._may_claim(holder, agent_id):
                 # A GPU UUID is whatever the agent says, and a renter of a card can read it: naming it must not take a
                 # card from the host that holds it, nor take it out of offer. The claim is refused and flagged on the
                 # claimant alone; the holder's record is not touched (docs/master.md, "What the Master trusts").
-                events.append(("gpu.duplicate_uuid", info.uuid, {"agent_id": agent_id, "owner": old.agent_id}))
+                events.append(("gpu.duplicate_uuid", info.uuid, {"agent_id": agent_id, "owner": holder}))
                 shadow = GpuRecord(
                     uuid=info.uuid,
                     agent_id=agent_id,
                     index=info.index,
-                    model=old.model,
+                    model=old.model if old is not None else classify(info, self.policy, host=host).model,  # type: ignore[arg-type]
                     info=info,
                     state=GpuState.OFFLINE.value,
                     flags=[DUPLICATE_UUID_FLAG],
@@ -306,6 +328,9 @@ class Registry:
                 )
                 self._shadows.setdefault(agent_id, {})[info.uuid] = shadow
                 continue
+            if holder == agent_id and old is None:
+                self._absent_of.get(agent_id, {}).pop(info.uuid, None)  # its card is back
+                self._absent_holder.pop(info.uuid, None)
             info = self._own_mig_instances(agent_id, info, events)
             c = classify(info, self.policy, host=host)  # type: ignore[arg-type]
             same_host = old is not None and old.agent_id == agent_id
@@ -345,8 +370,22 @@ class Registry:
             await self._store.gpus.put_many(records)
         gone = [g for uuid, g in self._gpus_by_agent.get(agent_id, {}).items() if uuid not in reported]
         await self.withdraw_gpus(agent_id, gone, MISSING_FROM_INVENTORY_FLAG)
-        if gone and self._shadows:
-            await self._reconsider_claims({g.uuid for g in gone})  # the holder let go: a card that moved
+        agent = self.agents.get(agent_id)
+        if gone and agent is not None and agent.state != AgentState.RETIRED.value:
+            self._keep_absent(agent_id, [g.uuid for g in gone])
+
+    def _keep_absent(self, agent_id: str, uuids: Iterable[str]) -> None:
+        """``uuids`` left ``agent_id``'s report and stay its own (ABSENT_KEPT_PER_HOST, the latest)."""
+        kept = self._absent_of.setdefault(agent_id, {})
+        for uuid in uuids:
+            kept.pop(uuid, None)
+            kept[uuid] = None
+            self._absent_holder[uuid] = agent_id
+        while len(kept) > ABSENT_KEPT_PER_HOST:
+            oldest = next(iter(kept))
+            del kept[oldest]
+            if self._absent_holder.get(oldest) == agent_id:
+                del self._absent_holder[oldest]
 
     def claimants(self, uuid: str) -> list[str]:
         """The agents whose claim on ``uuid`` was refused (another host holds it), by id."""
@@ -409,10 +448,10 @@ class Registry:
             return info
         return msgspec.structs.replace(info, mig_instances=tuple(kept))
 
-    def _may_claim(self, gpu: GpuRecord, agent_id: str) -> bool:
-        """A GPU reported by another agent moves only once that agent is retired (the card changed hosts)."""
-        owner = self.agents.get(gpu.agent_id)
-        return gpu.agent_id == agent_id or owner is None or owner.state == AgentState.RETIRED.value
+    def _may_claim(self, holder: str, agent_id: str) -> bool:
+        """A GPU another agent holds (reports, or left out of its report) moves only once that agent is retired."""
+        owner = self.agents.get(holder)
+        return holder == agent_id or owner is None or owner.state == AgentState.RETIRED.value
 
     def on_heartbeat(self, agent: AgentRecord, now: float, max_gap_s: float) -> None:
         """Heartbeats are frequent: kept in memory and written with the next flush."""

@@ -7,6 +7,7 @@ import pytest
 from common.errors import Conflict
 from common.wire import Error, Welcome
 from master.config import MasterConfig
+from master.registry import ABSENT_KEPT_PER_HOST, Registry
 from master.service import Master
 from tests.master.linked import connect, events, gpus, hello, relay, relay_link, to_agent
 
@@ -74,14 +75,48 @@ async def test_the_holders_retirement_hands_the_card_to_the_claimant(master):
     assert (await master.store.gpus.get("GPU-h100-0")).agent_id == "agt-b"
 
 
-async def test_a_card_its_holder_no_longer_reports_goes_to_the_host_that_claimed_it(master):
+async def test_a_card_its_holder_leaves_out_of_a_report_stays_its_own_until_it_is_retired(master):
     link = relay_link()
     await connect(master, link, "agt-a", gpus(2))
-    await connect(master, link, "agt-b", gpus(1))  # GPU-h100-0 was moved into agt-b's machine
-    await relay(master, link, "agt-a", hello(gpus(2)[1:]))  # agt-a restarts without it
+    await relay(master, link, "agt-a", hello(gpus(2)[1:]))  # GPU-h100-0 fell off the bus: not reported
+    await connect(master, link, "agt-b", gpus(1))  # a claim waiting for that must not take it
+    assert [(g.uuid, g.flags) for g in master.gpus("agt-b")] == [("GPU-h100-0", ["duplicate_uuid"])]
+    [claim] = await events(master, "gpu.duplicate_uuid")
+    assert claim.data == {"agent_id": "agt-b", "owner": "agt-a"}
+    await relay(master, link, "agt-a", hello(gpus(2)))  # back after a reset: still agt-a's
+    assert [(g.uuid, g.state) for g in master.gpus("agt-a")] == [("GPU-h100-0", "available"), ("GPU-h100-1", "available")]
+
+    await relay(master, link, "agt-a", hello(gpus(2)[1:]))
+    await master.revoke("agt-a")  # the operator retires the old host: the card moved, the claimant takes it
     [moved] = master.gpus("agt-b")
     assert (moved.uuid, moved.agent_id, moved.state, moved.flags) == ("GPU-h100-0", "agt-b", "available", [])
-    assert [g.uuid for g in master.gpus("agt-a")] == ["GPU-h100-1"]
+
+
+async def test_a_card_left_out_of_a_report_stays_its_hosts_across_a_master_restart(tmp_path):
+    config = MasterConfig(state_dir=str(tmp_path), link_port=0)
+    first = Master(config)
+    await first.start()
+    try:
+        link = relay_link()
+        await connect(first, link, "agt-a", gpus(2))
+        await relay(first, link, "agt-a", hello(gpus(2)[1:]))
+    finally:
+        await first.stop()
+    again = Master(config)
+    await again.start()
+    try:
+        await connect(again, relay_link(), "agt-b", gpus(1))
+        assert [g.flags for g in again.gpus("agt-b")] == [["duplicate_uuid"]]
+    finally:
+        await again.stop()
+
+
+def test_a_host_cycling_through_made_up_uuids_keeps_a_bounded_number_of_them():
+    registry = Registry(store=None, events=None, policy=None)  # type: ignore[arg-type]  # only the memory is used
+    for batch in range(20):
+        registry._keep_absent("agt-a", [f"GPU-{batch}-{n}" for n in range(16)])
+    assert len(registry._absent_holder) == ABSENT_KEPT_PER_HOST == len(registry._absent_of["agt-a"])
+    assert "GPU-19-15" in registry._absent_holder and "GPU-0-0" not in registry._absent_holder
 
 
 async def test_an_operator_clears_a_refused_claim_and_the_holder_keeps_the_card(master):
