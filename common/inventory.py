@@ -26,6 +26,10 @@ THROTTLE_REASONS = (
     "display_clocks",
 )
 MAX_THROTTLE_REASONS = 16
+# A GPU's memory as a hello may state it: 4 TiB, over ten times the largest GPU's today (288 GB). The Master bounds a
+# sample's memory use by it (master/telemetry.py, plausible_gpu), so it must not be the sky either.
+MAX_GPU_MEMORY_MIB = 4 * 1024 * 1024
+GpuMemoryMiB = Annotated[int, msgspec.Meta(ge=0, le=MAX_GPU_MEMORY_MIB)]
 
 RUNTIMES = ("docker", "process", "simulated")  # what runs renters' containers on the host
 ISOLATIONS = ("container", "sandbox", "none")  # how well a workload is kept from the host
@@ -45,7 +49,7 @@ class MigInstance(msgspec.Struct, frozen=True, kw_only=True):
 
     uuid: ShortText
     profile: ShortText
-    memory_mib: int
+    memory_mib: GpuMemoryMiB
     gpu_instance_id: int | None = None
     compute_instance_id: int | None = None
     index: int = 0  # the MIG device's index on its GPU, as NVML numbers them
@@ -58,7 +62,7 @@ class GpuInfo(msgspec.Struct, frozen=True, kw_only=True):
     uuid: ShortText
     name: ShortText  # as NVML reports it, e.g. "NVIDIA H100 80GB HBM3"
     pci_bus_id: ShortText
-    memory_total_mib: int
+    memory_total_mib: GpuMemoryMiB
     compute_capability: ShortText  # "9.0"
     driver_version: ShortText = ""
     cuda_version: ShortText = ""

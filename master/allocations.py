@@ -22,7 +22,8 @@ from common.errors import Conflict
 from master.records import AgentRecord, CommandRecord, GpuRecord
 from master.states import AgentState, GpuState
 
-# A GPU carrying this flag was reported by two hosts; neither copy is offered until an operator looks.
+# A host's copy of a GPU another host holds (a refused claim, master/registry.py): shown on the claimant, offline,
+# never offered nor given a container. The holder's own record never carries it.
 DUPLICATE_UUID_FLAG = "duplicate_uuid"
 
 
@@ -113,7 +114,7 @@ class GpuAllocations:
 
     def resolve(self, agent_id: str, host_gpus: Sequence[GpuRecord], named: Iterable[str]) -> list[str]:
         """The uuids of the GPUs ``named`` (uuids or indexes, or MIG instance uuids) on the host; Conflict for one
-        not on it, or whose GPU is faulty or claimed by two hosts (a MIG instance goes down with its GPU)."""
+        not on it, or whose GPU is faulty or another host's (a refused claim) (a MIG instance goes down with its GPU)."""
         by_name = {g.uuid: g for g in host_gpus} | {str(g.index): g for g in host_gpus}
         instances = {m.uuid: g for g in host_gpus for m in g.info.mig_instances}
         uuids: list[str] = []
@@ -216,7 +217,7 @@ class GpuAllocations:
 def _refuse_unsound(gpu: GpuRecord) -> None:
     """Conflict when ``gpu`` (or a MIG instance of it) may take no new container."""
     if DUPLICATE_UUID_FLAG in gpu.flags:
-        raise Conflict(f"GPU {gpu.uuid} is reported by more than one host and is not offered until that is resolved")
+        raise Conflict(f"GPU {gpu.uuid} is reported by more than one host; another host holds it, this host's claim was refused")
     if gpu.state == GpuState.FAULTY.value:
         why = f" ({gpu.fault.reason})" if gpu.fault is not None else ""
         raise Conflict(f"GPU {gpu.uuid} is faulty{why} and takes no new container until an operator repairs it")

@@ -84,6 +84,11 @@ class MasterConfig(msgspec.Struct, kw_only=True):
     max_temperature_c: Annotated[float, msgspec.Meta(gt=0)] = 90.0
     overheat_samples: Annotated[int, msgspec.Meta(ge=1)] = 3
     cool_samples: Annotated[int, msgspec.Meta(ge=1)] = 3
+    # A GPU sample dated further than this before or after the Master's clock is set aside (master/telemetry.py
+    # plausible_gpu): a relay replays what it buffered while the Master was away, late by minutes, and agents' clocks
+    # drift a little; a date far outside is no reading of now, and one beyond the store's integers stopped every flush.
+    sample_max_age_s: Annotated[float, msgspec.Meta(gt=0)] = 86400.0
+    sample_max_ahead_s: Annotated[float, msgspec.Meta(gt=0)] = 600.0
     # --- Prometheus (master/metrics.py, docs/monitoring.md) ---
     # Also export series per GPU (utilization, memory, temperature by uuid): three series a GPU, so only for small
     # fleets or a Prometheus sized for it; the fleet's series by tier, region and model are always there.

@@ -275,6 +275,12 @@ class MasterMetrics:
         self.reports_dropped = Counter(
             "idlegrid_agent_reports_dropped", "Agent event reports dropped over the agent's budget", registry=self.registry
         )
+        self.samples_set_aside = Counter(
+            "idlegrid_gpu_samples_set_aside",
+            "GPU telemetry samples set aside as implausible, by the figure out of bounds (master/telemetry.py)",
+            ["figure"],
+            registry=self.registry,
+        )
         self.relay_links_opened = Counter("idlegrid_relay_links_opened", "Relay links opened", registry=self.registry)
         self.relay_links_closed = Counter("idlegrid_relay_links_closed", "Relay links closed", registry=self.registry)
 

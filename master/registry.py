@@ -28,6 +28,12 @@ MISSING_FROM_INVENTORY_FLAG = "missing_from_inventory"
 HOST_RETIRED_FLAG = "host_retired"
 _WITHDRAWN_FLAGS = frozenset({MISSING_FROM_INVENTORY_FLAG, HOST_RETIRED_FLAG})
 
+# An established host's card that left its report (fallen off the bus, a reboot without it) stays its own: another host
+# naming it meanwhile is refused as if the card were listed, or a hostile claim would only wait for a fault to take the
+# card for good. At most this many per host are kept so, the latest: a host that cycles through made-up UUIDs must not
+# grow the Master's memory.
+ABSENT_KEPT_PER_HOST = 64
+
 _LIVE = frozenset({AgentState.READY.value, AgentState.BUSY.value, AgentState.MAINTENANCE.value, AgentState.ENROLLED.value})
 
 
@@ -46,14 +52,17 @@ class Registry:
         self._events = events
         self.policy = policy
         self.allocations = allocations if allocations is not None else GpuAllocations()
-        # GPU uuid -> the hosts that reported it, for uuids reported by more than one host.
-        self._duplicates: dict[str, set[str]] = {}
         self.agents: dict[str, AgentRecord] = {}
         self.gpus: dict[str, GpuRecord] = {}
         self._gpus_by_agent: dict[str, dict[str, GpuRecord]] = {}  # agent id -> its GPUs by uuid: no scan of every GPU
-        # agent id -> the GPUs it reported under a uuid another host holds: shown on it (flagged, offline), never
-        # stored (the store keys GPUs by uuid, the holder's record is the one there) and never offered.
+        # agent id -> the GPUs it reported under a uuid another host holds (its refused claims): shown on it (flagged
+        # ``duplicate_uuid``, offline), never stored (the store keys GPUs by uuid, the holder's record is the one there)
+        # and never offered. The holder is not touched: naming a uuid must not take a card out of another's hands.
         self._shadows: dict[str, dict[str, GpuRecord]] = {}
+        # uuid -> the live host whose latest report left it out (ABSENT_KEPT_PER_HOST), and each host's such uuids,
+        # oldest first: the card stays that host's until it is retired.
+        self._absent_holder: dict[str, str] = {}
+        self._absent_of: dict[str, dict[str, None]] = {}
         self._dirty: set[str] = set()
         # The relay each agent was last seen through. AgentRecord.relay is cleared when the agent goes offline,
         # and a failover usually goes through offline, so the previous relay is remembered here.
@@ -81,13 +90,23 @@ class Registry:
         except Exception as exc:
             problems.append(f"agents: {exc}")
         try:
+            absent: list[GpuRecord] = []
             for gpu in await self._store.gpus.list():
                 owner = self.agents.get(gpu.agent_id)
-                if _WITHDRAWN_FLAGS.intersection(gpu.flags) or owner is None or owner.state == AgentState.RETIRED.value:
+                if owner is None or owner.state == AgentState.RETIRED.value:
+                    continue
+                if MISSING_FROM_INVENTORY_FLAG in gpu.flags:
+                    absent.append(gpu)
+                if _WITHDRAWN_FLAGS.intersection(gpu.flags):
                     continue
                 if DUPLICATE_UUID_FLAG in gpu.flags:
-                    self._duplicates.setdefault(gpu.uuid, set()).add(gpu.agent_id)
+                    # Stored by a Master that flagged the holder of a claimed uuid too (issue 22, D3): the stored
+                    # record is always the holder's, which keeps its card. Written so with its next change.
+                    gpu.flags = [f for f in gpu.flags if f != DUPLICATE_UUID_FLAG]
                 self._put_gpu(gpu)
+            for gpu in sorted(absent, key=lambda g: g.updated_at):
+                if gpu.uuid not in self.gpus:
+                    self._keep_absent(gpu.agent_id, [gpu.uuid])
         except Exception as exc:
             problems.append(f"gpus: {exc}")
         for agent in self.agents.values():  # agents stored before reputation counted verification: counted from here
@@ -104,7 +123,7 @@ class Registry:
         return agent
 
     def gpus_of(self, agent_id: str) -> list[GpuRecord]:
-        """The GPUs the agent reported, those another host also claims included (flagged ``duplicate_uuid``)."""
+        """The GPUs the agent reported, its refused claims on another host's GPUs included (flagged ``duplicate_uuid``)."""
         owned = self._gpus_by_agent.get(agent_id, {})
         shadows = self._shadows.get(agent_id)
         gpus = [*owned.values(), *shadows.values()] if shadows else owned.values()
@@ -147,8 +166,13 @@ class Registry:
         await self.save(agent)
         if agent.state == AgentState.RETIRED.value:
             self._shadows.pop(agent.id, None)
-            await self.withdraw_gpus(agent.id, list(self._gpus_by_agent.get(agent.id, {}).values()), HOST_RETIRED_FLAG)
+            retired = list(self._gpus_by_agent.get(agent.id, {}).values())
+            await self.withdraw_gpus(agent.id, retired, HOST_RETIRED_FLAG)
             self.allocations.release_host(agent.id)
+            absent = self._absent_of.pop(agent.id, {})
+            for uuid in absent:
+                self._absent_holder.pop(uuid, None)
+            await self._reconsider_claims({g.uuid for g in retired} | set(absent))
         else:
             await self.settle_gpus(agent)
         return True
@@ -280,27 +304,23 @@ class Registry:
         records = []
         events: list[tuple[str, str, dict[str, object]]] = []  # one store write for all of them, not one per GPU
         reported: set[str] = set()
-        duplicated_owners: set[str] = set()
-        self._shadows.pop(agent_id, None)
+        self._shadows.pop(agent_id, None)  # its earlier claims end with this report: those still made are judged again
         for info in infos:
             if info.uuid in reported:
                 continue  # listed twice in one report: the first entry stands
             reported.add(info.uuid)
             old = self.gpus.get(info.uuid)
-            if old is not None and not self._may_claim(old, agent_id):
-                # A GPU UUID is whatever the agent says: one agent must not take over another's GPUs by naming them,
-                # and a card two hosts claim is offered by neither until an operator sorts it out.
-                events.append(("gpu.duplicate_uuid", info.uuid, {"agent_id": agent_id, "owner": old.agent_id}))
-                self._duplicates.setdefault(info.uuid, set()).update({old.agent_id, agent_id})
-                if DUPLICATE_UUID_FLAG not in old.flags:
-                    old.flags = [*old.flags, DUPLICATE_UUID_FLAG]
-                    records.append(old)
-                duplicated_owners.add(old.agent_id)
+            holder = old.agent_id if old is not None else self._absent_holder.get(info.uuid)
+            if holder is not None and not self._may_claim(holder, agent_id):
+                # A GPU UUID is whatever the agent says, and a renter of a card can read it: naming it must not take a
+                # card from the host that holds it, nor take it out of offer. The claim is refused and flagged on the
+                # claimant alone; the holder's record is not touched (docs/master.md, "What the Master trusts").
+                events.append(("gpu.duplicate_uuid", info.uuid, {"agent_id": agent_id, "owner": holder}))
                 shadow = GpuRecord(
                     uuid=info.uuid,
                     agent_id=agent_id,
                     index=info.index,
-                    model=old.model,
+                    model=old.model if old is not None else classify(info, self.policy, host=host).model,  # type: ignore[arg-type]
                     info=info,
                     state=GpuState.OFFLINE.value,
                     flags=[DUPLICATE_UUID_FLAG],
@@ -308,6 +328,9 @@ class Registry:
                 )
                 self._shadows.setdefault(agent_id, {})[info.uuid] = shadow
                 continue
+            if holder == agent_id and old is None:
+                self._absent_of.get(agent_id, {}).pop(info.uuid, None)  # its card is back
+                self._absent_holder.pop(info.uuid, None)
             info = self._own_mig_instances(agent_id, info, events)
             c = classify(info, self.policy, host=host)  # type: ignore[arg-type]
             same_host = old is not None and old.agent_id == agent_id
@@ -320,7 +343,7 @@ class Registry:
                 info=info,
                 state=state,
                 tier=c.tier,
-                flags=[*c.flags, DUPLICATE_UUID_FLAG] if info.uuid in self._duplicates else list(c.flags),
+                flags=list(c.flags),
                 updated_at=time.time(),
                 # A hello does not clear a fault: a card that threw a fatal Xid may do so again (docs/master.md).
                 fault=old.fault if old is not None and same_host else None,
@@ -347,7 +370,64 @@ class Registry:
             await self._store.gpus.put_many(records)
         gone = [g for uuid, g in self._gpus_by_agent.get(agent_id, {}).items() if uuid not in reported]
         await self.withdraw_gpus(agent_id, gone, MISSING_FROM_INVENTORY_FLAG)
-        await self.settle_gpus_of(duplicated_owners)
+        agent = self.agents.get(agent_id)
+        if gone and agent is not None and agent.state != AgentState.RETIRED.value:
+            self._keep_absent(agent_id, [g.uuid for g in gone])
+
+    def _keep_absent(self, agent_id: str, uuids: Iterable[str]) -> None:
+        """``uuids`` left ``agent_id``'s report and stay its own (ABSENT_KEPT_PER_HOST, the latest)."""
+        kept = self._absent_of.setdefault(agent_id, {})
+        for uuid in uuids:
+            kept.pop(uuid, None)
+            kept[uuid] = None
+            self._absent_holder[uuid] = agent_id
+        while len(kept) > ABSENT_KEPT_PER_HOST:
+            oldest = next(iter(kept))
+            del kept[oldest]
+            if self._absent_holder.get(oldest) == agent_id:
+                del self._absent_holder[oldest]
+
+    def claimants(self, uuid: str) -> list[str]:
+        """The agents whose claim on ``uuid`` was refused (another host holds it), by id."""
+        return sorted(agent_id for agent_id, shadows in self._shadows.items() if uuid in shadows)
+
+    async def _reconsider_claims(self, uuids: set[str]) -> None:
+        """The GPUs ``uuids`` left their host (it was retired, or no longer reports them): hosts whose claim on one
+        was refused report it again (their latest report, as kept), so the first of them takes it, as if it had said
+        hello now; the cards moved."""
+        for agent_id in sorted(a for a, shadows in self._shadows.items() if uuids.intersection(shadows)):
+            agent = self.agents.get(agent_id)
+            if agent is None or agent.state == AgentState.RETIRED.value:
+                continue
+            await self._update_gpus(agent_id, [g.info for g in self.gpus_of(agent_id)], agent.host)
+            await self._recount(agent)
+
+    async def clear_claims(self, uuid: str, reason: str) -> list[str]:
+        """An operator's word on ``uuid``: the refused claims on it are dropped, their flag cleared on each claimant,
+        and the holder keeps it. A claimant that names it again in a later hello is refused and flagged again: the
+        conflict is then real again. Returns the claimants cleared."""
+        cleared = self.claimants(uuid)
+        for agent_id in cleared:
+            shadows = self._shadows[agent_id]
+            del shadows[uuid]
+            if not shadows:
+                del self._shadows[agent_id]
+        if cleared:
+            await self._events.record_many(
+                [("gpu.claim_cleared", uuid, {"agent_id": agent_id, "reason": reason}) for agent_id in cleared]
+            )
+            for agent_id in cleared:
+                agent = self.agents.get(agent_id)
+                if agent is not None:
+                    await self._recount(agent)
+        return cleared
+
+    async def _recount(self, agent: AgentRecord) -> None:
+        """The agent's verification counts (what reputation reads) after its GPUs or claims changed, and its GPUs
+        brought to the state its host calls for."""
+        agent.gpus_verified, agent.gpus_unverified, agent.gpus_flagged = verification_counts(self.gpus_of(agent.id))
+        await self.save(agent)
+        await self.settle_gpus(agent)
 
     def _own_mig_instances(self, agent_id: str, info: GpuInfo, events: list[tuple[str, str, dict[str, object]]]) -> GpuInfo:
         """``info`` without the MIG instances it may not claim: a uuid that is a GPU's, one listed twice, or one
@@ -368,10 +448,10 @@ class Registry:
             return info
         return msgspec.structs.replace(info, mig_instances=tuple(kept))
 
-    def _may_claim(self, gpu: GpuRecord, agent_id: str) -> bool:
-        """A GPU reported by another agent moves only once that agent is retired (the card changed hosts)."""
-        owner = self.agents.get(gpu.agent_id)
-        return gpu.agent_id == agent_id or owner is None or owner.state == AgentState.RETIRED.value
+    def _may_claim(self, holder: str, agent_id: str) -> bool:
+        """A GPU another agent holds (reports, or left out of its report) moves only once that agent is retired."""
+        owner = self.agents.get(holder)
+        return holder == agent_id or owner is None or owner.state == AgentState.RETIRED.value
 
     def on_heartbeat(self, agent: AgentRecord, now: float, max_gap_s: float) -> None:
         """Heartbeats are frequent: kept in memory and written with the next flush."""

@@ -86,7 +86,7 @@ from master.states import AgentState, GpuState
 from master.store import open_store
 from master.store.base import Store
 from master.store.fenced import fenced
-from master.telemetry import TelemetryAggregator
+from master.telemetry import SampleWindow, SetAside, TelemetryAggregator, plausible_gpu
 from master.tiers import TierPolicy
 from master.tunnels import TunnelDispatch
 
@@ -187,6 +187,8 @@ class Master:
             max_gpus_per_host=config.max_gpus_per_host,
             reports=ReportLimits(config.report_events_per_window, config.report_bytes_per_window, config.report_window_s),
         )
+        self._sample_window = SampleWindow(max_age_s=config.sample_max_age_s, max_ahead_s=config.sample_max_ahead_s)
+        self._set_aside_logged: dict[str, float] = {}  # agent id -> when a sample of it set aside was last logged
         self.directory = RelayDirectoryAnnouncer(
             lambda: self.hub.links.values(), self._announce_to_agents, coalesce_s=config.relay_directory_coalesce_s
         )
@@ -492,7 +494,11 @@ class Master:
     async def _take(self, link: AccessLink, agent: AgentRecord, frame: AgentFrame, now: float) -> None:
         match frame:
             case Heartbeat():
-                self.metrics.heartbeat_transit.observe(max(0.0, now - frame.ts))
+                transit = now - frame.ts
+                if -self._sample_window.max_ahead_s <= transit <= self._sample_window.max_age_s:
+                    # A heartbeat's date is the agent's word too: one dated -1e21 would make the histogram's sum
+                    # meaningless for the whole fleet, so only a date a real clock could give is observed.
+                    self.metrics.heartbeat_transit.observe(max(0.0, transit))
                 self.registry.on_heartbeat(agent, now, max_gap_s=self.config.heartbeat_s * self.config.missed_heartbeats)
                 if frame.exited:
                     await self.registry.on_exited(agent, frame.exited)
@@ -500,7 +506,7 @@ class Master:
             case Telemetry():
                 self.registry.on_heartbeat(agent, now, max_gap_s=self.config.heartbeat_s * self.config.missed_heartbeats)
                 # Only samples of GPUs this agent owns: it must not write figures onto another agent's GPUs.
-                owned = [s for s in frame.samples if self._owns_gpu(agent.id, s.uuid)]
+                owned = self._plausible_samples(agent.id, frame.samples, now)
                 self.telemetry.ingest(agent.id, owned)
                 for listener in self.sample_listeners:
                     listener(agent.id, owned)
@@ -573,9 +579,27 @@ class Master:
                 )
             )
 
-    def _owns_gpu(self, agent_id: str, gpu_uuid: str) -> bool:
-        gpu = self.registry.gpus.get(gpu_uuid)
-        return gpu is not None and gpu.agent_id == agent_id
+    def _plausible_samples(self, agent_id: str, samples: list[GpuSample], now: float) -> list[GpuSample]:
+        """The samples of GPUs ``agent_id`` owns that are plausible (master/telemetry.py ``plausible_gpu``); each one
+        set aside is counted, and logged at most once per report window per agent, so a hostile agent cannot flood the
+        log. The rest of the frame is taken: one bad record never holds back the others."""
+        taken: list[GpuSample] = []
+        for sample in samples:
+            gpu = self.registry.gpus.get(sample.uuid)
+            if gpu is None or gpu.agent_id != agent_id:
+                continue  # it must not write figures onto another agent's GPUs
+            checked = plausible_gpu(sample, gpu.info.memory_total_mib, now, self._sample_window)
+            if isinstance(checked, SetAside):
+                self.metrics.samples_set_aside.labels(checked.figure).inc()
+                if now - self._set_aside_logged.get(agent_id, float("-inf")) >= self.config.report_window_s:
+                    self._set_aside_logged[agent_id] = now
+                    log.warning(
+                        "telemetry sample set aside",
+                        extra={"agent_id": agent_id, "gpu_uuid": sample.uuid, "figure": checked.figure, "why": checked.detail},
+                    )
+                continue
+            taken.append(checked)
+        return taken
 
     async def _welcome(self, link: AccessLink, agent: AgentRecord, hello: Hello, version: int, now: float) -> None:
         await self.registry.on_hello(
@@ -765,12 +789,18 @@ class Master:
 
     async def repair_gpu(self, uuid: str) -> GpuRecord:
         """An operator says ``uuid`` is sound again (after a reset, a reseat, a swap): its fault is cleared and it
-        goes back to the state its holder and host call for. Its current uncorrectable ECC count is accepted."""
+        goes back to the state its holder and host call for. Its current uncorrectable ECC count is accepted.
+
+        It also settles who has the card: other hosts' refused claims on it are dropped (their flag cleared) and
+        the holder keeps it. A GPU neither faulty nor claimed has nothing to repair (Conflict)."""
         gpu = self.registry.gpus.get(uuid)
         if gpu is None:
             raise NotFound(f"no GPU {uuid!r}")
         host = self.registry.agents.get(gpu.agent_id)
+        cleared = await self.registry.clear_claims(uuid, "cleared by an operator's repair")
         if gpu.fault is None and gpu.state != GpuState.FAULTY.value:
+            if cleared:
+                return gpu
             raise Conflict(f"GPU {uuid} is {gpu.state}, not faulty: there is nothing to repair")
         if gpu.fault is None and host is not None and host.state == AgentState.QUARANTINED.value:
             raise Conflict(f"GPU {uuid} is faulty because host {host.id} is quarantined; release the host instead")

@@ -4,10 +4,12 @@ itself (CPU, memory, disk, network) are rolled up by the minute alike (HostRollu
 
 from __future__ import annotations
 
+import logging
 from array import array
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import msgspec
 
@@ -15,6 +17,8 @@ from common.inventory import GpuSample, HostSample
 from master.batches import DUTY, write_paced
 from master.records import HostRollup, TelemetryRollup
 from master.store.base import Store
+
+log = logging.getLogger(__name__)
 
 # The figures of one GPU's minute, kept in one array of doubles rather than one Python number object each: 80,000
 # GPUs hold two minutes each at a flush (the open one and the one ended), and the objects cost more than the numbers
@@ -126,6 +130,61 @@ def plausible(sample: HostSample) -> HostSample | None:
         value = getattr(sample, name)
         if value is not None and not 0 <= value < COUNTER_MAX:
             unsaid[name] = None
+    return msgspec.structs.replace(sample, **unsaid) if unsaid else sample
+
+
+# A GPU's sample is taken from an untrusted host too: one figure beyond what a GPU can show poisons the fleet's means
+# (a utilization of 1e308 in a group of honest H100s) and one date beyond the store's integers held every flush back
+# (docs/master.md, "What the Master trusts from an agent"). A sample whose date, utilization, memory or counters are
+# out of bounds is set aside whole (those figures have no "not said"); an optional reading (temperature, power,
+# clocks) out of its physical range is taken as not said, as a host's readings are.
+GPU_TEMPERATURE_C = (-60.0, 150.0)  # below any cooling, above any GPU's thermal shutdown
+GPU_POWER_MAX_W = 5_000.0  # several times the largest board's limit (about 1,200 W today)
+GPU_CLOCK_MAX_MHZ = 50_000  # memory clocks of GDDR7 cards read near 15,000 MHz
+GPU_COUNTER_MAX = 2**53  # ECC and Xid counters: exact in the rollups' doubles and in any store's integers
+
+
+@dataclass(frozen=True, slots=True)
+class SampleWindow:
+    """How far a GPU sample's date may be from the Master's clock: samples a relay buffered while the Master was away
+    are late by minutes, an agent's clock may run a little ahead; further than this is no reading of now."""
+
+    max_age_s: float
+    max_ahead_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class SetAside:
+    """A GPU sample not taken, and why: ``figure`` names what was out of bounds (a bounded set, a metric label)."""
+
+    figure: str  # "ts", "utilization_pct", "memory_used_mib" or "counters"
+    detail: str
+
+
+def plausible_gpu(sample: GpuSample, memory_total_mib: int, now: float, window: SampleWindow) -> GpuSample | SetAside:
+    """``sample`` as the Master takes it (out-of-range optional readings as None), or why it is set aside.
+
+    ``memory_total_mib``: the GPU's memory as its host's hello reported it, the ceiling of its memory use. Never
+    raises: NaN and infinities fail every comparison and land outside the bounds."""
+    if not now - window.max_age_s <= sample.ts <= now + window.max_ahead_s:
+        return SetAside("ts", f"dated {sample.ts!r}, {now - sample.ts!r} s from the Master's clock")
+    if not 0.0 <= sample.utilization_pct <= 100.0:
+        return SetAside("utilization_pct", f"utilization {sample.utilization_pct!r} % is outside 0..100")
+    if not 0 <= sample.memory_used_mib <= memory_total_mib:
+        return SetAside("memory_used_mib", f"memory used {sample.memory_used_mib!r} MiB is outside 0..{memory_total_mib}")
+    for counter in (sample.ecc_corrected, sample.ecc_uncorrected, sample.xid_count):
+        if not 0 <= counter < GPU_COUNTER_MAX:
+            return SetAside("counters", f"an ECC or Xid counter of {counter!r} is outside 0..2**53")
+    unsaid: dict[str, None] = {}
+    low, high = GPU_TEMPERATURE_C
+    if sample.temperature_c is not None and not low <= sample.temperature_c <= high:
+        unsaid["temperature_c"] = None
+    if sample.power_w is not None and not 0.0 <= sample.power_w <= GPU_POWER_MAX_W:
+        unsaid["power_w"] = None
+    if sample.clock_sm_mhz is not None and not 0 <= sample.clock_sm_mhz <= GPU_CLOCK_MAX_MHZ:
+        unsaid["clock_sm_mhz"] = None
+    if sample.clock_mem_mhz is not None and not 0 <= sample.clock_mem_mhz <= GPU_CLOCK_MAX_MHZ:
+        unsaid["clock_mem_mhz"] = None
     return msgspec.structs.replace(sample, **unsaid) if unsaid else sample
 
 
@@ -263,6 +322,31 @@ class RecentSamples:
         return list(self._watched)
 
 
+_Rollup = TypeVar("_Rollup", TelemetryRollup, HostRollup)
+
+
+async def put_sound(put_many: Callable[[list[_Rollup]], Awaitable[None]], rollups: list[_Rollup]) -> int:
+    """``put_many(rollups)``; when the store refuses a record's figures (OverflowError: an integer beyond 64 bits,
+    which no bound above lets through, kept as the last guard), each record is written on its own and those the
+    store refuses are set aside, logged, and counted in the answer: retried, one would hold every other back forever.
+    Any other error (the store away) is raised, and the caller keeps the batch for its next flush."""
+    try:
+        await put_many(rollups)
+        return 0
+    except OverflowError:
+        pass
+    refused = 0
+    for rollup in rollups:
+        try:
+            await put_many([rollup])
+        except OverflowError as exc:
+            refused += 1
+            log.error(
+                "telemetry: the store refused a rollup's figures; set aside", extra={"rollup": repr(rollup), "why": str(exc)}
+            )
+    return refused
+
+
 @dataclass
 class TelemetryAggregator:
     """Memory: one open minute per GPU (``_open``, by UUID); a sample of a later minute moves the open one to
@@ -282,6 +366,7 @@ class TelemetryAggregator:
     _host_open: dict[str, _HostMinute] = field(default_factory=dict)
     _host_ended: dict[tuple[str, int], _HostMinute] = field(default_factory=dict)
     _host_unwritten: list[HostRollup] = field(default_factory=list)
+    set_aside: int = 0  # rollups the store refused (put_sound), since this process started
 
     def ingest_host(self, agent_id: str, sample: HostSample) -> None:
         """Add ``sample`` to the host's minute, and keep it as the host's latest unless a later one is kept already
@@ -355,11 +440,12 @@ class TelemetryAggregator:
         async def put(rollups: list[TelemetryRollup]) -> None:
             nonlocal written
             try:
-                await self.store.rollups.put_many(rollups)
+                refused = await put_sound(self.store.rollups.put_many, rollups)
             except BaseException:
                 self._unwritten.extend(rollups)  # kept for the next flush (upserts: no doubles)
                 raise
-            written += len(rollups)
+            self.set_aside += refused
+            written += len(rollups) - refused
 
         consumed = 0  # minutes of ``done`` made into rollups so far
 
@@ -391,11 +477,12 @@ class TelemetryAggregator:
         async def put(rollups: list[HostRollup]) -> None:
             nonlocal written
             try:
-                await self.store.host_rollups.put_many(rollups)
+                refused = await put_sound(self.store.host_rollups.put_many, rollups)
             except BaseException:
                 self._host_unwritten.extend(rollups)
                 raise
-            written += len(rollups)
+            self.set_aside += refused
+            written += len(rollups) - refused
 
         async def write(minutes: Sequence[_HostMinute]) -> None:
             nonlocal consumed

@@ -424,7 +424,8 @@ async def test_an_agent_naming_another_in_every_field_changes_nothing_of_the_oth
     # B's GPUs stay B's: what A claimed shows on A only as flagged copies, offline, never offered.
     assert [(g["uuid"], g["state"], g["flags"]) for g in a_now["gpus"]] == [(u, "offline", ["duplicate_uuid"]) for u in b_gpus]
     listed = (await asyncio.to_thread(grid.get, "/api/v1/gpus"))["items"]
-    # The fleet list shows both claims of each UUID, B's and A's flagged copy; renters are offered neither.
+    # The fleet list shows both claims of each UUID, B's and A's flagged copy; A's copy is never offered, and B's GPUs
+    # are not offered only because B is away (docs/master.md, "What the Master trusts from an agent").
     claims = [g for g in listed if g["uuid"] in b_gpus]
     assert sorted(g["agent_id"] for g in claims) == sorted([a_id, a_id, b_id, b_id])
     assert not any(g["offered"] for g in claims)

@@ -7,6 +7,7 @@ import pytest
 from common.errors import Conflict
 from common.wire import Error, Welcome
 from master.config import MasterConfig
+from master.registry import ABSENT_KEPT_PER_HOST, Registry
 from master.service import Master
 from tests.master.linked import connect, events, gpus, hello, relay, relay_link, to_agent
 
@@ -36,24 +37,143 @@ async def test_the_gpu_bound_is_configurable(tmp_path):
         await master.stop()
 
 
-async def test_a_uuid_two_hosts_report_is_flagged_and_offered_by_neither(master):
+async def test_a_uuid_another_host_holds_stays_with_it_and_only_the_claimant_is_flagged(master):
     link = relay_link()
     await connect(master, link, "agt-a", gpus(2))
     await connect(master, link, "agt-b", gpus(1))  # names GPU-h100-0, which agt-a reported first
-    shared = master.registry.gpus["GPU-h100-0"]
-    assert shared.agent_id == "agt-a" and "duplicate_uuid" in shared.flags and shared.state == "offline"
-    assert master.registry.gpus["GPU-h100-1"].state == "available"  # agt-a's other GPU is fine
-    [copy] = master.gpus("agt-b")  # shown on the second host too, flagged, never offered, never stored over the first
+    held = master.registry.gpus["GPU-h100-0"]
+    assert (held.agent_id, held.state, held.flags) == ("agt-a", "available", [])  # the holder keeps it, offered
+    [copy] = master.gpus("agt-b")  # shown on the claimant, flagged, never offered, never stored over the holder's
     assert (copy.uuid, copy.state, copy.flags) == ("GPU-h100-0", "offline", ["duplicate_uuid"])
-    assert (await master.store.gpus.get("GPU-h100-0")).agent_id == "agt-a"
-    with pytest.raises(Conflict, match="more than one host"):
+    stored = await master.store.gpus.get("GPU-h100-0")
+    assert (stored.agent_id, stored.flags) == ("agt-a", [])
+    assert (master.agent("agt-a").gpus_flagged, master.agent("agt-b").gpus_flagged) == (0, 1)
+    with pytest.raises(Conflict, match="another host holds it"):
         await master.create_command("agt-b", "create_container", {"name": "j", "image": "none", "gpus": ["GPU-h100-0"]})
+    await master.create_command("agt-a", "create_container", {"name": "j", "image": "none", "gpus": ["GPU-h100-0"]})
     [flagged] = await events(master, "gpu.duplicate_uuid")
     assert flagged.data == {"agent_id": "agt-b", "owner": "agt-a"}
 
-    await relay(master, link, "agt-a", hello(gpus(2)))  # the owner saying hello again does not clear it
-    assert "duplicate_uuid" in master.registry.gpus["GPU-h100-0"].flags
-    assert master.registry.gpus["GPU-h100-0"].state == "offline"
+
+async def test_a_refused_claim_clears_when_the_claimant_stops_making_it(master):
+    link = relay_link()
+    await connect(master, link, "agt-a", gpus(1))
+    await connect(master, link, "agt-b", gpus(1))
+    await relay(master, link, "agt-b", hello(gpus(1, prefix="GPU-b")))  # its own cards now
+    assert [(g.uuid, g.flags) for g in master.gpus("agt-b")] == [("GPU-b-0", [])]
+    assert master.agent("agt-b").gpus_flagged == 0 and master.registry.claimants("GPU-h100-0") == []
+
+
+async def test_the_holders_retirement_hands_the_card_to_the_claimant(master):
+    link = relay_link()
+    await connect(master, link, "agt-a", gpus(1))
+    await connect(master, link, "agt-b", gpus(1))  # the card moved before agt-a was revoked
+    await master.revoke("agt-a")
+    [moved] = master.gpus("agt-b")
+    assert (moved.uuid, moved.agent_id, moved.state, moved.flags) == ("GPU-h100-0", "agt-b", "available", [])
+    assert master.registry.gpus["GPU-h100-0"] is moved and master.agent("agt-b").gpus_flagged == 0
+    assert (await master.store.gpus.get("GPU-h100-0")).agent_id == "agt-b"
+
+
+async def test_a_card_its_holder_leaves_out_of_a_report_stays_its_own_until_it_is_retired(master):
+    link = relay_link()
+    await connect(master, link, "agt-a", gpus(2))
+    await relay(master, link, "agt-a", hello(gpus(2)[1:]))  # GPU-h100-0 fell off the bus: not reported
+    await connect(master, link, "agt-b", gpus(1))  # a claim waiting for that must not take it
+    assert [(g.uuid, g.flags) for g in master.gpus("agt-b")] == [("GPU-h100-0", ["duplicate_uuid"])]
+    [claim] = await events(master, "gpu.duplicate_uuid")
+    assert claim.data == {"agent_id": "agt-b", "owner": "agt-a"}
+    await relay(master, link, "agt-a", hello(gpus(2)))  # back after a reset: still agt-a's
+    assert [(g.uuid, g.state) for g in master.gpus("agt-a")] == [("GPU-h100-0", "available"), ("GPU-h100-1", "available")]
+
+    await relay(master, link, "agt-a", hello(gpus(2)[1:]))
+    await master.revoke("agt-a")  # the operator retires the old host: the card moved, the claimant takes it
+    [moved] = master.gpus("agt-b")
+    assert (moved.uuid, moved.agent_id, moved.state, moved.flags) == ("GPU-h100-0", "agt-b", "available", [])
+
+
+async def test_a_card_left_out_of_a_report_stays_its_hosts_across_a_master_restart(tmp_path):
+    config = MasterConfig(state_dir=str(tmp_path), link_port=0)
+    first = Master(config)
+    await first.start()
+    try:
+        link = relay_link()
+        await connect(first, link, "agt-a", gpus(2))
+        await relay(first, link, "agt-a", hello(gpus(2)[1:]))
+    finally:
+        await first.stop()
+    again = Master(config)
+    await again.start()
+    try:
+        await connect(again, relay_link(), "agt-b", gpus(1))
+        assert [g.flags for g in again.gpus("agt-b")] == [["duplicate_uuid"]]
+    finally:
+        await again.stop()
+
+
+def test_a_host_cycling_through_made_up_uuids_keeps_a_bounded_number_of_them():
+    registry = Registry(store=None, events=None, policy=None)  # type: ignore[arg-type]  # only the memory is used
+    for batch in range(20):
+        registry._keep_absent("agt-a", [f"GPU-{batch}-{n}" for n in range(16)])
+    assert len(registry._absent_holder) == ABSENT_KEPT_PER_HOST == len(registry._absent_of["agt-a"])
+    assert "GPU-19-15" in registry._absent_holder and "GPU-0-0" not in registry._absent_holder
+
+
+async def test_an_operator_clears_a_refused_claim_and_the_holder_keeps_the_card(master):
+    link = relay_link()
+    await connect(master, link, "agt-a", gpus(1))
+    await connect(master, link, "agt-b", gpus(1))
+    repaired = await master.repair_gpu("GPU-h100-0")  # not faulty, but claimed: the operator's word settles it
+    assert (repaired.agent_id, repaired.state) == ("agt-a", "available")
+    assert master.gpus("agt-b") == [] and master.agent("agt-b").gpus_flagged == 0
+    [cleared] = await events(master, "gpu.claim_cleared")
+    assert cleared.data == {"agent_id": "agt-b", "reason": "cleared by an operator's repair"}
+    with pytest.raises(Conflict, match="not faulty"):
+        await master.repair_gpu("GPU-h100-0")  # nothing left to settle
+    await relay(master, link, "agt-b", hello(gpus(1)))  # claims it again: refused and flagged again
+    assert [g.flags for g in master.gpus("agt-b")] == [["duplicate_uuid"]]
+
+
+async def test_a_claimed_card_stays_with_its_holder_across_the_claimant_leaving_and_a_master_restart(tmp_path):
+    config = MasterConfig(state_dir=str(tmp_path), link_port=0)
+    first = Master(config)
+    await first.start()
+    try:
+        link = relay_link()
+        await connect(first, link, "agt-a", gpus(2))
+        await connect(first, link, "agt-b", gpus(2))
+        await first.revoke("agt-b")
+    finally:
+        await first.stop()
+    again = Master(config)
+    await again.start()
+    try:
+        link = relay_link()
+        await connect(again, link, "agt-a", gpus(2))
+        assert [(g.agent_id, g.state, g.flags) for g in again.gpus("agt-a")] == [("agt-a", "available", [])] * 2
+    finally:
+        await again.stop()
+
+
+async def test_a_holder_flagged_by_an_older_master_is_unflagged_when_loaded(tmp_path):
+    config = MasterConfig(state_dir=str(tmp_path), link_port=0)
+    first = Master(config)
+    await first.start()
+    try:
+        await connect(first, relay_link(), "agt-a", gpus(1))
+        stored = await first.store.gpus.get("GPU-h100-0")
+        stored.flags, stored.state = ["duplicate_uuid"], "offline"  # what issue 22's D3 left in a store
+        await first.store.gpus.put_many([stored])
+    finally:
+        await first.stop()
+    again = Master(config)
+    await again.start()
+    try:
+        assert again.registry.gpus["GPU-h100-0"].flags == []
+        await connect(again, relay_link(), "agt-a", gpus(1))
+        assert again.registry.gpus["GPU-h100-0"].state == "available"
+    finally:
+        await again.stop()
 
 
 async def test_a_re_reported_inventory_replaces_the_previous_one(master):
