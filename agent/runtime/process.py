@@ -645,11 +645,12 @@ def _container_uids(user: str, uids: str) -> sandbox.UidRange | None:
     for a trusted host or a test grid that must see what commands write)."""
     if not user:
         return None
-    if user != sandbox.USER_DYNAMIC:
-        raise ConfigError(
-            f"process_user {user!r}: use {sandbox.USER_DYNAMIC!r} (each container a uid of its own from process_uids, "
-            "so containers cannot read each other's files) or \"\" (the agent's own user, isolation 'none'); one "
-            "shared user for every container is no longer offered"
+    if user != sandbox.USER_DYNAMIC:  # a user name, as settings before uids per container said (default "nobody")
+        log.warning(
+            "process_user %r: one user shared by every container no longer exists; each container runs as a uid of its "
+            "own from process_uids (set process_user = %r to say so, or \"\" for the agent's own user)",
+            user,
+            sandbox.USER_DYNAMIC,
         )
     parsed = sandbox.UidRange.parse(uids)
     for uid in (parsed.first, parsed.last):

@@ -236,6 +236,32 @@ def test_the_process_runtime_needs_a_state_dir(tmp_path):
         open_runtime("process")
 
 
+def test_a_uid_range_that_holds_a_users_uid_or_is_no_range_is_refused(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("needs root: an agent that is not root gives containers no uids of their own")
+    with pytest.raises(ConfigError, match="holds uid 0 of user 'root'"):
+        ProcessRuntime(tmp_path / "state", uids="0-10")
+    for bad in ("lots", "5-2", "70000-99999999999"):
+        with pytest.raises(ConfigError, match="process_uids"):
+            ProcessRuntime(tmp_path / "state", uids=bad)
+    with pytest.raises(ConfigError, match="process_network 'bridge'"):
+        ProcessRuntime(tmp_path / "state", network="bridge")
+
+
+async def test_an_old_setting_naming_one_user_still_gives_each_container_a_uid_of_its_own(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("needs root: an agent that is not root gives containers no uids of their own")
+    runtime = ProcessRuntime(tmp_path / "state", user="nobody")
+    try:
+        for name in ("first", "second"):
+            await runtime.create(shell(name, "sleep 300"), labels=labels(f"cmd-{name}"))
+        uids = {load_record(runtime, name).uid for name in ("first", "second")}
+    finally:
+        for name in ("first", "second"):
+            await runtime.delete(name, timeout_s=0)
+    assert uids == {1_000_000, 1_000_001}
+
+
 def host_processes_running(marker):
     """Pids of every process on the host whose command line holds ``marker``, whatever namespace it is in."""
     found = []

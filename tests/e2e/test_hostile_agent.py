@@ -36,10 +36,10 @@ from tests.e2e.test_identity import context_for, keep_pair
 from tests.support.grid import Grid, running_grid, wait_for
 
 FAST_TELEMETRY = {"telemetry_s": 1.0}  # the honest agent's samples arrive within a second
-# The honest agent runs the process runtime switching to ``nobody`` (isolation "sandbox"), which this grid's operator
+# The honest agent runs the process runtime sandboxed, a uid per container (isolation "sandbox"), which this grid's operator
 # allows to be offered, as the demo does: its GPUs are offered, and must stay so.
 OFFERED = {"offer_sandboxed_hosts": True}
-SANDBOXED = {"IDLEGRID_AGENT_PROCESS_USER": "nobody"}
+SANDBOXED = {"IDLEGRID_AGENT_PROCESS_USER": "dynamic"}
 HOSTILE_PROVIDER = "hostile-provider"
 
 
