@@ -648,12 +648,14 @@ def _container_uids(user: str, uids: str) -> sandbox.UidRange | None:
     if user != sandbox.USER_DYNAMIC:  # a user name, as settings before uids per container said (default "nobody")
         log.warning(
             "process_user %r: one user shared by every container no longer exists; each container runs as a uid of its "
-            "own from process_uids (set process_user = %r to say so, or \"\" for the agent's own user)",
+            'own from process_uids (set process_user = %r to say so, or "" for the agent\'s own user)',
             user,
             sandbox.USER_DYNAMIC,
         )
     parsed = sandbox.UidRange.parse(uids)
-    for uid in (parsed.first, parsed.last):
-        with contextlib.suppress(KeyError):
-            raise ConfigError(f"process_uids {uids!r} holds uid {uid} of user {pwd.getpwuid(uid).pw_name!r}: choose a free range")
+    for entry in pwd.getpwall():
+        if parsed.first <= entry.pw_uid <= parsed.last:
+            raise ConfigError(
+                f"process_uids {uids!r} holds uid {entry.pw_uid} of user {entry.pw_name!r}: choose a range no user has"
+            )
     return parsed

@@ -5,6 +5,7 @@ the commands run as ``nobody``; they write what they saw into their own working 
 import asyncio
 import json
 import os
+import pwd
 import signal
 import socket
 import stat
@@ -239,8 +240,9 @@ def test_the_process_runtime_needs_a_state_dir(tmp_path):
 def test_a_uid_range_that_holds_a_users_uid_or_is_no_range_is_refused(tmp_path):
     if os.geteuid() != 0:
         pytest.skip("needs root: an agent that is not root gives containers no uids of their own")
-    with pytest.raises(ConfigError, match="holds uid 0 of user 'root'"):
-        ProcessRuntime(tmp_path / "state", uids="0-10")
+    nobody = pwd.getpwnam("nobody").pw_uid
+    with pytest.raises(ConfigError, match=f"holds uid {nobody} of user 'nobody'"):
+        ProcessRuntime(tmp_path / "state", uids=f"{nobody - 5}-{nobody + 5}")
     for bad in ("lots", "5-2", "70000-99999999999"):
         with pytest.raises(ConfigError, match="process_uids"):
             ProcessRuntime(tmp_path / "state", uids=bad)
