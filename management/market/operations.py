@@ -153,16 +153,33 @@ class MarketOperations:
         await self.market.load()
         rec = await self._book.get(workload_id, account=account)
         rental = self.market.meter.rental_of(workload_id)
-        if rental is not None:
-            for host in rental.hosts:
-                minimum = self.market.prices.price(host.provider, host.agent_id).min_bid
-                if minimum is None or bid < minimum:
-                    said = "is no longer rented interruptible" if minimum is None else f"takes bids from {format_amount(minimum)}"
-                    raise Conflict(f"host {host.agent_id}, where {workload_id} runs, {said} {self.currency}; bid again")
+        # Running: its rental's hosts. Placed but not yet running (scheduled, starting): the hosts it was placed on,
+        # whose minimum the rental will pay from the moment it starts (a lowered bid there once skipped the check).
+        hosts = (
+            [(h.provider, h.agent_id) for h in rental.hosts]
+            if rental is not None
+            else [(provider, agent_id) for agent_id, provider in self._assigned_hosts(rec)]
+        )
+        where = "runs" if rental is not None else "is placed"
+        for provider, agent_id in hosts:
+            minimum = self.market.prices.price(provider, agent_id).min_bid
+            if minimum is None or bid < minimum:
+                said = "is no longer rented interruptible" if minimum is None else f"takes bids from {format_amount(minimum)}"
+                raise Conflict(f"host {agent_id}, where {workload_id} {where}, {said} {self.currency}; bid again")
         updated = await self._book.change_bid(rec.id, format_amount(bid), time.time())
         if rental is not None:
             await self.market.meter.change_bid(workload_id, bid, time.time())
         return updated
+
+    def _assigned_hosts(self, rec: WorkloadRecord) -> list[tuple[str, str]]:
+        """(agent id, provider) of each host a workload is placed on and not leaving."""
+        hosts: dict[str, str] = {}
+        for a in rec.assignments:
+            if a.state in ("deleting", "deleted"):
+                continue
+            agent = self._master.registry.agents.get(a.agent_id)
+            hosts[a.agent_id] = agent.provider if agent is not None else ""
+        return sorted(hosts.items())
 
     def workload_terms(self, rec: WorkloadRecord) -> dict[str, Any]:
         """How a workload pays, stated plainly (renters of other markets are surprised by silent on-demand fallbacks):

@@ -191,3 +191,37 @@ async def test_a_renter_rates_an_ended_rental_once_and_it_counts_in_the_hosts_re
     bolt = await api_key(market.master, "provider", "bolt")  # not its host: as missing
     assert (await market.get("/api/v1/rentals/wl-1-a1", headers=bolt)).status == 404
     assert (await (await market.get("/api/v1/rentals", headers=bolt)).json())["items"] == []
+
+
+async def placed(market, workload_id: str, agent_id: str) -> None:
+    """The scheduler's placement of a workload on ``agent_id`` (one GPU), applied through the workload book as its loop
+    applies it: the API's Master runs no scheduling loop here."""
+    from management.api.auth import OPERATIONS_KEY
+    from management.scheduler.workloads import container_name
+    from master.records import Assignment
+
+    book = market.server.app[OPERATIONS_KEY].workloads
+    unit = market.master.gpus(agent_id)[0].uuid
+    assignment = Assignment(replica=0, agent_id=agent_id, units=[unit], container=container_name(workload_id, 0, 1))
+    await book.transition(workload_id, "schedule", "placed", 0.0, assignments=[assignment])
+
+
+@pytest.mark.parametrize("then_start", [False, True])
+async def test_a_bid_lowered_while_scheduled_or_starting_is_checked_against_the_hosts_minimum(market, then_start):
+    """D2: a placed workload (scheduled or starting) is held to its host's minimum bid, as a running one is."""
+    rented = await market.post(
+        "/api/v1/offers/agt-a1/rent", json={"spec": spec(kind="interruptible", bid="0.50")}, headers=market.lab
+    )
+    workload = (await rented.json())["id"]
+    await placed(market, workload, "agt-a1")
+    if then_start:
+        from management.api.auth import OPERATIONS_KEY
+
+        await market.server.app[OPERATIONS_KEY].workloads.transition(workload, "start", "acknowledged", 0.0)
+    lowered = await market.post(f"/api/v1/workloads/{workload}/bid", json={"bid": "0.000001"}, headers=market.lab)
+    status, _, message = await error_of(lowered)
+    assert status == 409 and "agt-a1" in message and "takes bids from 0.40" in message, message
+    shown = await (await market.get(f"/api/v1/workloads/{workload}", headers=market.lab)).json()
+    assert shown["rental"]["bid"] == "0.50"
+    raised = await market.post(f"/api/v1/workloads/{workload}/bid", json={"bid": "0.45"}, headers=market.lab)
+    assert raised.status == 200, await raised.text()
