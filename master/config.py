@@ -91,9 +91,9 @@ class MasterConfig(msgspec.Struct, kw_only=True):
     # --- the market (management/market/, docs/market.md) ---
     # Prices of hosts whose provider set none, per GPU-hour, as decimal strings (0: free, as on a shared cluster).
     # default_min_bid "" rents such hosts on demand only.
-    currency: Annotated[str, msgspec.Meta(pattern=r"^[A-Z]{3}$")] = "USD"
-    default_price: Annotated[str, msgspec.Meta(pattern=r"^[0-9]{1,9}(\.[0-9]{1,6})?$")] = "0"
-    default_min_bid: Annotated[str, msgspec.Meta(pattern=r"^([0-9]{1,9}(\.[0-9]{1,6})?)?$")] = "0"
+    currency: Annotated[str, msgspec.Meta(pattern=r"^[A-Z]{3}\Z")] = "USD"
+    default_price: Annotated[str, msgspec.Meta(pattern=r"^[0-9]{1,9}(\.[0-9]{1,6})?\Z")] = "0"
+    default_min_bid: Annotated[str, msgspec.Meta(pattern=r"^([0-9]{1,9}(\.[0-9]{1,6})?)?\Z")] = "0"
     # Running rentals are charged in entries this far apart (and at their end); a Master killed loses at most one.
     metering_period_s: Annotated[float, msgspec.Meta(ge=1, le=3600)] = 60.0
     # The platform's share of every charge; hosts whose reliability over reliable_window_s is at least

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 MICRO = 1_000_000
-_AMOUNT = re.compile(r"^([0-9]{1,12})(?:\.([0-9]{1,6}))?$")
+_AMOUNT = re.compile(r"^([0-9]{1,12})(?:\.([0-9]{1,6}))?\Z")
 
 
 class BadAmount(ValueError):
@@ -18,7 +18,7 @@ class BadAmount(ValueError):
 
 def parse_amount(text: str) -> int:
     """``"2.5"`` -> 2_500_000. At most six decimals; no sign, exponent or thousands separator."""
-    match = _AMOUNT.match(text.strip())
+    match = _AMOUNT.fullmatch(text)  # as given: "12\n" or " 12" is not an amount (once "12\n" priced 12.00)
     if match is None:
         raise BadAmount(f"{text!r} is not an amount: write a decimal number such as 2.5 or 0.000125 (at most 6 decimals)")
     whole, frac = match.group(1), match.group(2) or ""

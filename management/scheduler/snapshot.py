@@ -45,7 +45,7 @@ from master.states import AgentState, GpuState
 HOLDING_STATES = frozenset({"scheduled", "starting", "running", "preempted"})
 _ANSWERING = frozenset({AgentState.READY.value, AgentState.BUSY.value, AgentState.MAINTENANCE.value})
 _TAKES_WORK = frozenset({AgentState.READY.value, AgentState.BUSY.value})
-_CONTAINER = re.compile(r"^(wl-[0-9a-f]+)-r(\d+)-a(\d+)$")
+_CONTAINER = re.compile(r"^(wl-[0-9a-f]+)-r(\d+)-a(\d+)\Z")
 _RUNTIMES = frozenset({"docker", "process", "simulated"})
 _ISOLATIONS = frozenset({"container", "sandbox", "none"})
 _NO_PEERS: frozenset[str] = frozenset()
