@@ -6,6 +6,7 @@ pays for a fraction of a micro-unit it did not use).
 
 from __future__ import annotations
 
+import math
 import re
 
 MICRO = 1_000_000
@@ -31,6 +32,20 @@ def format_amount(micro: int) -> str:
     whole, frac = divmod(abs(micro), MICRO)
     digits = f"{frac:06d}".rstrip("0").ljust(2, "0")
     return f"{sign}{whole}.{digits}"
+
+
+def period_cost(price_per_gpu_hour: int, gpus: int, period_s: float) -> int:
+    """What ``gpus`` GPUs cost for one metering period of ``period_s`` (whole seconds, rounded up) at the price, rounded
+    up: the least a balance must hold for work at that price to start (a dust balance once started 28 GPUs)."""
+    seconds = max(1, math.ceil(period_s))
+    return -(-price_per_gpu_hour * gpus * seconds // 3600)
+
+
+def affordable_price(available: int, gpus: int, period_s: float) -> int:
+    """The highest price per GPU-hour at which ``available`` pays one metering period of ``gpus`` GPUs:
+    ``period_cost(p, gpus, period_s) <= available`` exactly when ``p <= affordable_price(available, gpus, period_s)``."""
+    seconds = max(1, math.ceil(period_s))
+    return max(0, available) * 3600 // (max(1, gpus) * seconds)
 
 
 def cost(price_per_gpu_hour: int, gpus: int, seconds: int) -> int:

@@ -27,7 +27,7 @@ from management.market.ledger import (
 from management.market.market import Market
 from management.market.meter import rental_hosts
 from management.market.metering import price_at
-from management.market.money import format_amount, parse_amount
+from management.market.money import format_amount, parse_amount, period_cost
 from management.market.offers import Offer, SearchResult
 from management.scheduler.book import WorkloadBook
 from master.accounts import BOOTSTRAP_ACCOUNT
@@ -144,8 +144,57 @@ class MarketOperations:
                     f"offer {offer_id} takes rentals of at most {offer.max_duration_s / 3600:g} h: set max_duration_s "
                     "(or a reserved period) within it"
                 )
+        if terms.kind == "interruptible":
+            first, said = parse_amount(terms.bid or "0"), "your bid"
+        else:
+            first = offer.reserved_price if terms.kind == "reserved" else offer.price
+            said = f"offer {offer_id}'s {KINDS_SAID[terms.kind]} price"
+        self.check_first_period(account, spec, first, said)
         rented = msgspec.structs.replace(spec, rental=terms)
         return await self._book.submit(account, rented, time.time())
+
+    def check_first_period(self, account: str, spec: WorkloadSpec, price: int, said: str) -> None:
+        """PaymentRequired (402, with the figures) when the renter's available balance does not pay one metering period
+        of ``spec``'s GPUs at ``price`` per GPU-hour: work never starts on a balance that cannot pay for it (a dust
+        balance once started 28 GPUs, and 0.05 rented 8 GPUs at 28 an hour to be stopped 8 s later)."""
+        if price <= 0:
+            return
+        gpus = spec.replicas * spec.replica.gpus
+        period_s = self._master.config.metering_period_s
+        needed = period_cost(price, gpus, period_s)
+        available = self.market.ledger.funds(account).available
+        if needed > available:
+            cur = self.currency
+            per_hour = price * gpus
+            raise PaymentRequired(
+                f"{gpus} GPU(s) at {format_amount(price)} {cur} per GPU-hour ({said}) cost {format_amount(per_hour)} {cur} "
+                f"per hour; work starts only on a balance that pays one metering period ({period_s:g} s): needed "
+                f"{format_amount(needed)} {cur}, the balance available is {format_amount(available)} {cur}; add funds"
+            )
+
+    def cheapest_price(self, spec: WorkloadSpec) -> tuple[int, str] | None:
+        """The least ``spec`` could pay per GPU-hour on this grid now, and what sets it: its bid (interruptible), else
+        the lowest listed (or reserved) price of any host; None when the grid has no host to price it."""
+        terms = spec.rental or RentalTerms()
+        if terms.kind == "interruptible":
+            return parse_amount(terms.bid or "0"), "your bid"
+        listed = [
+            self.market.prices.price(agent.provider, agent.id)
+            for agent in self._master.registry.agents.values()
+            if agent.state != "retired"
+        ]
+        if not listed:
+            return None
+        prices = [p.reserved if terms.kind == "reserved" else p.on_demand for p in listed]
+        return min(prices), f"the cheapest host's {KINDS_SAID[terms.kind]} price"
+
+    async def admit(self, account: str, spec: WorkloadSpec) -> None:
+        """A submitted workload the renter's balance can never start is refused at once (402, with the figures),
+        never left queued: even the cheapest host on the grid costs more than the balance pays for one period."""
+        await self.market.load()
+        cheapest = self.cheapest_price(spec)
+        if cheapest is not None:
+            self.check_first_period(account, spec, *cheapest)
 
     async def change_bid(self, workload_id: str, bid: int, *, account: str | None) -> WorkloadRecord:
         """A new bid on an interruptible workload: stored on its terms (the scheduler ranks and preempts by it) and, while
@@ -217,6 +266,7 @@ class MarketOperations:
             )
         elif terms.kind == "interruptible":
             view["summary"] = f"{said} at your bid of {terms.bid} {cur} per GPU-hour, on hosts whose minimum bid it meets"
+            view["per_hour"] = format_amount(parse_amount(terms.bid or "0") * rec.spec.replicas * rec.spec.replica.gpus)
         elif terms.kind == "reserved":
             view["summary"] = (
                 f"{said} for {(terms.reserved_s or 0) / 3600:g} h at the host's reserved price, prepaid when it starts"
@@ -225,6 +275,7 @@ class MarketOperations:
             listed = self.market.prices.price(agent.provider, agent.id)
             price = listed.reserved if terms.kind == "reserved" else listed.on_demand
             view["price"] = format_amount(price)
+            view["per_hour"] = format_amount(price * rec.spec.replicas * rec.spec.replica.gpus)
             when = "prepaid when it starts" if terms.kind == "reserved" else "charged per second once it runs"
             view["summary"] = f"{said} at {format_amount(price)} {cur} per GPU-hour (offer {terms.offer}'s price now); {when}"
         else:

@@ -222,7 +222,7 @@ class _Cycle:
             if not self._ends_before_head(job):
                 exclude = self.head.hosts
         duration = (job.max_duration_s, job.reserved_s) if self._duration_limited else None
-        terms = (job.rental, job.bid, job.max_price, job.pin, job.funded, duration)
+        terms = (job.rental, job.bid, job.max_price, job.pin, job.funded, job.affordable, duration)
         fail_key = (job.request, job.constraints, job.replicas, job.placement, bool(exclude), terms)
         assignment = None if fail_key in self._no_fit else self.pool.place(job, exclude)
         if assignment is None:
@@ -835,6 +835,11 @@ def _price_detail(job: Job, refused: dict[str, str]) -> str:
             what = f"are not the offer you rent ({job.pin})"
         elif why == "duration":
             what = "take rentals only up to a max duration shorter than yours (or yours sets none)"
+        elif job.funded and job.affordable is not None:  # unfunded: too little for one metering period
+            what = (
+                "charge more than your available balance pays for one metering period of this workload "
+                f"(it covers up to {format_amount(job.affordable)} per GPU-hour)"
+            )
         else:  # unfunded
             what = "charge money and your account has no available balance"
         parts.append(f"{hosts} {what}")

@@ -102,12 +102,17 @@ class SchedulerLoop:
         clock: Callable[[], float] = time.time,
         prices: PriceOf | None = None,
         funded: Callable[[str], bool] | None = None,
+        budget: Callable[[str], int] | None = None,
+        period_s: float = 60.0,
     ) -> None:
         """``prices``: each host's prices in force, ``(provider, agent id) -> HostPrice`` (None: a free grid);
-        ``funded``: whether a renter account has money available (None: every renter has)."""
+        ``funded``: whether a renter account has money available (None: every renter has); ``budget``: a renter's
+        available balance, so work starts only where it pays one metering period of ``period_s`` (None: no limit)."""
         self.master = master
         self.prices = prices
         self.funded = funded
+        self.budget = budget
+        self.period_s = period_s
         self.book = book
         self.settings = settings or SchedulerSettings()
         self._clock = clock
@@ -229,6 +234,8 @@ class SchedulerLoop:
             unit_cache=self._units,
             prices=self.prices,
             funded=self.funded,
+            budget=self.budget,
+            period_s=self.period_s,
         )
         self._units.forget_all_but(m.registry.agents)
         self.usage.advance(

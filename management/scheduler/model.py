@@ -107,6 +107,9 @@ class Job:
     max_price: int | None = None  # on_demand/reserved: the most it takes per GPU-hour (None: no cap)
     pin: str | None = None  # a host id: it rents that offer, and runs there or waits
     funded: bool = True  # False: the renter has no available money, so only hosts that charge it 0
+    # The most per GPU-hour the renter's available balance pays for one metering period of this job's GPUs (None: no
+    # limit): work starts only where the balance covers its first period (management/market/money.affordable_price).
+    affordable: int | None = None
     reserved_s: float | None = None  # reserved: the prepaid period (it counts as its max duration for hosts)
 
     @property

@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping
 
-from management.market.money import parse_amount
+from management.market.money import affordable_price, parse_amount
 from management.market.prices import HostPrice
 from management.scheduler.model import (
     DEFAULT_CLASSES,
@@ -54,6 +54,7 @@ _RENTAL_KINDS = frozenset({"on_demand", "interruptible", "reserved"})
 
 PriceOf = Callable[[str, str], HostPrice]  # (provider, agent id) -> the host's prices in force
 Funded = Callable[[str], bool] | Collection[str]  # an account -> whether it has money available (or the set that has)
+Budget = Callable[[str], int]  # an account -> its available balance, micro-units
 
 
 def workload_of(container: str) -> str | None:
@@ -193,8 +194,9 @@ def mig_units_of(gpu: GpuRecord, *, healthy: bool) -> list[Unit]:
     ]
 
 
-def job_of(rec: WorkloadRecord, *, funded: bool = True) -> Job:
-    """The core's job for a workload; ``funded`` False: its renter has no available money (only free hosts)."""
+def job_of(rec: WorkloadRecord, *, funded: bool = True, affordable: int | None = None) -> Job:
+    """The core's job for a workload; ``funded`` False: its renter has no available money (only free hosts);
+    ``affordable``: the most per GPU-hour its renter's balance pays for one metering period of it (None: no limit)."""
     spec = rec.spec
     terms = spec.rental
     rental = terms.kind if terms is not None and terms.kind in _RENTAL_KINDS else "on_demand"
@@ -235,6 +237,7 @@ def job_of(rec: WorkloadRecord, *, funded: bool = True) -> Job:
         max_price=parse_amount(terms.max_price) if terms is not None and terms.max_price is not None else None,
         pin=terms.offer if terms is not None else None,
         funded=funded,
+        affordable=affordable,
         reserved_s=terms.reserved_s if terms is not None else None,
     )
 
@@ -293,10 +296,13 @@ def build_snapshot(
     unit_cache: UnitCache | None = None,
     prices: PriceOf | None = None,
     funded: Funded | None = None,
+    budget: Budget | None = None,
+    period_s: float = 60.0,
 ) -> Snapshot:
     """The core's snapshot. ``listening_since``: when this Master started (a host's silence is not counted before it).
     ``prices``: each host's prices in force (None: everything is free); ``funded``: which renters have money available
-    (None: all of them)."""
+    (None: all of them); ``budget``: each renter's available balance, so that a queued job is placed only where it
+    pays one metering period (``period_s``) of its GPUs (None: no such limit)."""
     hosts: dict[str, Host] = {}
     units: dict[str, Unit] = {}
     for agent in agents.values():
@@ -317,7 +323,9 @@ def build_snapshot(
         has_money = funded.__contains__
     for rec in workloads:
         if rec.state == "queued":
-            queue.append(job_of(rec, funded=has_money(rec.account) if has_money is not None else True))
+            asked = rec.spec.replicas * rec.spec.replica.gpus
+            affordable = affordable_price(budget(rec.account), asked, period_s) if budget is not None else None
+            queue.append(job_of(rec, funded=has_money(rec.account) if has_money is not None else True, affordable=affordable))
         elif rec.state in HOLDING_STATES and rec.assignments:
             running[rec.id] = job_of(rec, funded=has_money(rec.account) if has_money is not None else True)
             for a in rec.assignments:

@@ -33,6 +33,14 @@ async def market(api):
     return api
 
 
+@pytest.fixture
+async def funded(market):
+    """``market`` with renter lab credited 100.00 (zoo has nothing): work starts only on a balance that pays for it."""
+    credited = await market.post("/api/v1/accounts/lab/credit", json={"amount": "100"}, headers=market.auth)
+    assert credited.status == 201, await credited.text()
+    return market
+
+
 def spec(**rental: object) -> dict[str, object]:
     body: dict[str, object] = {"name": "job", "image": "python:3.11", "command": ["sleep", "60"]}
     if rental:
@@ -66,8 +74,8 @@ async def test_an_empty_search_says_which_condition_emptied_it(market):
     assert "price<0.5" in body["emptied_by"]["sentence"]
 
 
-async def test_renting_an_offer_pins_the_workload_to_its_host_and_states_the_terms(market):
-    response = await market.post("/api/v1/offers/agt-a1/rent", json={"spec": spec()}, headers=market.lab)
+async def test_renting_an_offer_pins_the_workload_to_its_host_and_states_the_terms(funded):
+    response = await funded.post("/api/v1/offers/agt-a1/rent", json={"spec": spec()}, headers=funded.lab)
     assert response.status == 201, await response.text()
     workload = await response.json()
     assert workload["account"] == "lab" and workload["state"] == "queued"
@@ -129,18 +137,18 @@ async def test_a_bad_amount_is_a_400_naming_the_field(market):
         assert status == 400 and "amount" in message, (amount, message)
 
 
-async def test_a_queued_interruptible_workloads_bid_changes_and_an_on_demand_one_has_none(market):
-    rented = await market.post(
-        "/api/v1/offers/agt-a1/rent", json={"spec": spec(kind="interruptible", bid="0.50")}, headers=market.lab
+async def test_a_queued_interruptible_workloads_bid_changes_and_an_on_demand_one_has_none(funded):
+    rented = await funded.post(
+        "/api/v1/offers/agt-a1/rent", json={"spec": spec(kind="interruptible", bid="0.50")}, headers=funded.lab
     )
     workload = await rented.json()
-    changed = await market.post(f"/api/v1/workloads/{workload['id']}/bid", json={"bid": "0.75"}, headers=market.lab)
+    changed = await funded.post(f"/api/v1/workloads/{workload['id']}/bid", json={"bid": "0.75"}, headers=funded.lab)
     assert changed.status == 200, await changed.text()
     assert (await changed.json())["rental"]["bid"] == "0.75"
-    assert (await market.post(f"/api/v1/workloads/{workload['id']}/bid", json={"bid": "1"}, headers=market.zoo)).status == 404
-    on_demand = await (await market.post("/api/v1/offers/agt-a1/rent", json={"spec": spec()}, headers=market.lab)).json()
+    assert (await funded.post(f"/api/v1/workloads/{workload['id']}/bid", json={"bid": "1"}, headers=funded.zoo)).status == 404
+    on_demand = await (await funded.post("/api/v1/offers/agt-a1/rent", json={"spec": spec()}, headers=funded.lab)).json()
     status, _, message = await error_of(
-        await market.post(f"/api/v1/workloads/{on_demand['id']}/bid", json={"bid": "1"}, headers=market.lab)
+        await funded.post(f"/api/v1/workloads/{on_demand['id']}/bid", json={"bid": "1"}, headers=funded.lab)
     )
     assert status == 409 and "only an interruptible workload has a bid" in message
 
@@ -207,21 +215,50 @@ async def placed(market, workload_id: str, agent_id: str) -> None:
 
 
 @pytest.mark.parametrize("then_start", [False, True])
-async def test_a_bid_lowered_while_scheduled_or_starting_is_checked_against_the_hosts_minimum(market, then_start):
+async def test_a_bid_lowered_while_scheduled_or_starting_is_checked_against_the_hosts_minimum(funded, then_start):
     """D2: a placed workload (scheduled or starting) is held to its host's minimum bid, as a running one is."""
-    rented = await market.post(
-        "/api/v1/offers/agt-a1/rent", json={"spec": spec(kind="interruptible", bid="0.50")}, headers=market.lab
+    rented = await funded.post(
+        "/api/v1/offers/agt-a1/rent", json={"spec": spec(kind="interruptible", bid="0.50")}, headers=funded.lab
     )
     workload = (await rented.json())["id"]
-    await placed(market, workload, "agt-a1")
+    await placed(funded, workload, "agt-a1")
     if then_start:
         from management.api.auth import OPERATIONS_KEY
 
-        await market.server.app[OPERATIONS_KEY].workloads.transition(workload, "start", "acknowledged", 0.0)
-    lowered = await market.post(f"/api/v1/workloads/{workload}/bid", json={"bid": "0.000001"}, headers=market.lab)
+        await funded.server.app[OPERATIONS_KEY].workloads.transition(workload, "start", "acknowledged", 0.0)
+    lowered = await funded.post(f"/api/v1/workloads/{workload}/bid", json={"bid": "0.000001"}, headers=funded.lab)
     status, _, message = await error_of(lowered)
     assert status == 409 and "agt-a1" in message and "takes bids from 0.40" in message, message
-    shown = await (await market.get(f"/api/v1/workloads/{workload}", headers=market.lab)).json()
+    shown = await (await funded.get(f"/api/v1/workloads/{workload}", headers=funded.lab)).json()
     assert shown["rental"]["bid"] == "0.50"
-    raised = await market.post(f"/api/v1/workloads/{workload}/bid", json={"bid": "0.45"}, headers=market.lab)
+    raised = await funded.post(f"/api/v1/workloads/{workload}/bid", json={"bid": "0.45"}, headers=funded.lab)
     assert raised.status == 200, await raised.text()
+
+
+async def test_a_rent_or_submit_the_balance_cannot_pay_one_metering_period_of_is_refused_with_the_figures(market):
+    """D14 and money before work: a balance that does not pay one metering period (60 s) of the work is refused at
+    once with 402 and the figures; a balance that does is let in. 2 GPUs at 1.50 (the cheapest host): 3.00 an hour,
+    0.05 a period."""
+    two = spec()
+    two["replica"] = {"gpus": 2}
+    await market.post("/api/v1/accounts/zoo/credit", json={"amount": "0.000001"}, headers=market.auth)
+    for path, body in (("/api/v1/offers/agt-a2/rent", {"spec": spec()}), ("/api/v1/workloads", two)):
+        response = await market.post(path, json=body, headers=market.zoo)
+        status, code, message = await error_of(response)
+        assert (status, code) == (402, "insufficient_funds"), message
+        assert "needed 0.05 USD" in message and "balance available is 0.000001 USD" in message, message
+        assert "per hour" in message, message
+    interruptible = spec(kind="interruptible", bid="0.50")
+    status, _, message = await error_of(await market.post("/api/v1/workloads", json=interruptible, headers=market.zoo))
+    assert status == 402 and "(your bid)" in message and "needed 0.008334 USD" in message, message
+    listed = await (await market.get("/api/v1/workloads", headers=market.zoo)).json()
+    assert listed["items"] == []  # nothing queued that could never start
+    await market.post("/api/v1/accounts/zoo/credit", json={"amount": "0.05"}, headers=market.auth)
+    accepted = await market.post("/api/v1/workloads", json=two, headers=market.zoo)
+    assert accepted.status == 201, await accepted.text()
+
+
+async def test_on_a_grid_with_a_free_host_an_empty_balance_may_still_submit(market):
+    await add_agent(market.master, "agt-free", "a10:1", provider="bolt", runtime="docker", isolation="container")
+    accepted = await market.post("/api/v1/workloads", json=spec(), headers=market.zoo)
+    assert accepted.status == 201, await accepted.text()
