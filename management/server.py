@@ -120,12 +120,7 @@ class MasterServer:
 
     def __init__(self, config: MasterConfig, api_settings: ApiSettings | None = None) -> None:
         self.config = config
-        self.api_settings = api_settings or ApiSettings(
-            key_rate_per_s=config.api_key_rate_per_s,
-            key_burst=config.api_key_burst,
-            account_rate_per_s=config.api_account_rate_per_s,
-            account_burst=config.api_account_burst,
-        )
+        self.api_settings = api_settings or ApiSettings(key_rate_per_s=config.api_key_rate_per_s, key_burst=config.api_key_burst)
         self.master = Master(config)
         self.operations = Operations(self.master)  # its scheduling loop runs while this server does
         self._http: HttpServer | None = None

@@ -41,7 +41,6 @@ API_KEY_PREFIX = "igak_"
 KEY_ID_PREFIX = "key-"
 BOOTSTRAP_ACCOUNT = "operator"  # the account the Master creates at first start; legacy keys naming none belong to it
 API_KEY_CACHE_S = 10.0  # how long a checked API key is trusted without reading the store again
-MAX_KEYS_PER_ACCOUNT = 20  # keys not revoked an account may hold (MasterConfig.api_keys_per_account)
 API_KEY_CACHE_SIZE = 10_000  # keys remembered at most (the cache starts over when full)
 
 
@@ -124,10 +123,8 @@ def _check_entries(field: str, entries: Mapping[str, object]) -> None:
 class AccountBook:
     """Accounts and API keys in the store, and the cache of checked keys."""
 
-    def __init__(self, store: Store, *, max_keys: int = MAX_KEYS_PER_ACCOUNT) -> None:
+    def __init__(self, store: Store) -> None:
         self._store = store
-        self._max_keys = max_keys
-        self._issuing = asyncio.Lock()  # one key issued at a time, so concurrent requests cannot pass the cap together
         self._checked: dict[str, tuple[Credential, float]] = {}  # key hash -> (credential, until when it is trusted)
 
     # --- accounts ------------------------------------------------------------------------------
@@ -217,22 +214,10 @@ class AccountBook:
     # --- keys ----------------------------------------------------------------------------------
 
     async def create_key(self, account_id: str, name: str) -> IssuedKey:
-        """A new key for an existing, enabled account that holds fewer than ``max_keys`` keys not revoked (Conflict
-        otherwise: keys are what the API's per-key rate limit counts, so minting them must not be free); the key is
-        returned once and stored hashed."""
-        async with self._issuing:
-            return await self._create_key(account_id, name)
-
-    async def _create_key(self, account_id: str, name: str) -> IssuedKey:
+        """A new key for an existing, enabled account; the key is returned once and stored hashed."""
         account = await self.get(account_id)
         if account.disabled:
             raise Conflict(f"account {account_id!r} is disabled; enable it before issuing it keys")
-        active = sum(1 for key in await self._store.api_keys.list(subject=account_id) if key.revoked_at is None)
-        if active >= self._max_keys:
-            raise Conflict(
-                f"account {account_id!r} holds {active} API keys, the most an account may (api_keys_per_account); "
-                "revoke one it no longer uses first"
-            )
         key = API_KEY_PREFIX + secrets.token_urlsafe(32)
         record = ApiKeyRecord(
             key_hash=hash_secret(key),

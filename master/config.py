@@ -114,12 +114,6 @@ class MasterConfig(msgspec.Struct, kw_only=True):
     # that it is answered 429 with Retry-After (management/api/ratelimit.py). Other keys are not affected.
     api_key_rate_per_s: Annotated[float, msgspec.Meta(gt=0)] = 20.0
     api_key_burst: Annotated[int, msgspec.Meta(ge=1)] = 40
-    # Each account, all its keys together, may make this many requests a second sustained and this many at once:
-    # minting keys buys no more (management/api/ratelimit.py).
-    api_account_rate_per_s: Annotated[float, msgspec.Meta(gt=0)] = 40.0
-    api_account_burst: Annotated[int, msgspec.Meta(ge=1)] = 80
-    # Keys an account may hold that are not revoked (master/accounts.py); creating one more answers 409.
-    api_keys_per_account: Annotated[int, msgspec.Meta(ge=1)] = 20
     # --- alerts (management/monitoring/, docs/monitoring.md) ---
     alert_rules: str = ""  # a TOML file of [[rule]] tables; empty: the shipped rules (management/monitoring/rules.toml)
     alert_period_s: Annotated[float, msgspec.Meta(gt=0)] = 15.0  # how often the rules are evaluated

@@ -142,7 +142,7 @@ class Master:
             agent_ids=lambda: self.registry.agents.keys(),  # hosts' own history
         )
         self.network_floors = NetworkFloors(self.policy)  # hosts kept from a tier by their bandwidth (metrics)
-        self.accounts = AccountBook(self.store, max_keys=config.api_keys_per_account)
+        self.accounts = AccountBook(self.store)
         self.enrollment = Enrollment(self.store, self.authority.ca, cert_validity_s=config.agent_cert_s)
         self.hub = RelayHub(
             server_tls_context(

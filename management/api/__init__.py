@@ -45,9 +45,6 @@ class ApiSettings:
     # Each API key may make this many requests a second sustained, and this many at once (management/api/ratelimit.py).
     key_rate_per_s: float = 20.0
     key_burst: int = 40
-    # Each account, all its keys together, this many a second sustained and this many at once.
-    account_rate_per_s: float = 40.0
-    account_burst: int = 80
 
 
 async def _load_workloads(app: web.Application) -> None:
@@ -79,12 +76,7 @@ def build_app(master: Master, settings: ApiSettings | None = None, operations: O
             operations.workloads.counts, market.meter.open_rentals, market.ledger.balances, currency=operations.market.currency
         )
     )
-    rate_limits = KeyRateLimits(
-        settings.key_rate_per_s,
-        settings.key_burst,
-        account_rate=settings.account_rate_per_s,
-        account_burst=settings.account_burst,
-    )
+    rate_limits = KeyRateLimits(settings.key_rate_per_s, settings.key_burst)
     middlewares = [api_metrics.middleware(), errors_middleware, auth_middleware, rate_limits.middleware(), audit_middleware]
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
     app[OPERATIONS_KEY] = operations

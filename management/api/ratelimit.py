@@ -1,10 +1,8 @@
-"""Request rate limits: a token bucket for each API key and one for each account (all its keys together), so one
-busy or runaway client slows only itself, and an account that mints more keys gets no more requests.
+"""Per-key request rate limits: a token bucket for each API key, so one busy or runaway client slows only itself.
 
-Runs after authentication (it limits keys and accounts, not addresses: unauthenticated requests are refused before
-they cost anything). A request is served when both its key's and its account's buckets allow it (and then counts in
-both); otherwise it gets 429 with ``Retry-After`` (whole seconds) and the JSON error shape saying which limit it hit.
-Every other key and account keeps its own full budget. Buckets live in memory, per Master process.
+Runs after authentication (it limits keys, not addresses: unauthenticated requests are refused before they
+cost anything). A key over its limit gets 429 with ``Retry-After`` (whole seconds) and the JSON error shape;
+every other key keeps its own full budget. Buckets live in memory, per Master process.
 """
 
 from __future__ import annotations
@@ -20,59 +18,31 @@ from common.tokenbucket import TokenBucket
 from management.api.auth import SCOPE_KEY
 from management.api.errors import Handler, error_response
 
-MAX_BUCKETS = (
-    100_000  # keys (and, apart, accounts) tracked at most; when full the buckets start over (each key its full burst again)
-)
+MAX_BUCKETS = 100_000  # keys tracked at most; when full the buckets start over (each key its full burst again)
 
 
 class KeyRateLimits:
-    """``rate`` requests per second sustained and ``burst`` at once, for each key on its own; ``account_rate`` and
-    ``account_burst`` for each account, all its keys together (by default the same as a key's)."""
+    """``rate`` requests per second sustained and ``burst`` at once, for each key on its own."""
 
-    def __init__(
-        self,
-        rate: float,
-        burst: int,
-        *,
-        account_rate: float | None = None,
-        account_burst: int | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        account_rate = rate if account_rate is None else account_rate
-        account_burst = burst if account_burst is None else account_burst
-        for r, b in ((rate, burst), (account_rate, account_burst)):
-            if r <= 0 or b < 1:
-                raise ValueError(f"an API rate limit needs rate > 0 and burst >= 1, not rate={r}, burst={b}")
+    def __init__(self, rate: float, burst: int, *, clock: Callable[[], float] = time.monotonic) -> None:
+        if rate <= 0 or burst < 1:
+            raise ValueError(f"an API rate limit needs rate > 0 and burst >= 1, not rate={rate}, burst={burst}")
         self.rate = rate
         self.burst = burst
-        self.account_rate = account_rate
-        self.account_burst = account_burst
         self._clock = clock
         self._buckets: dict[str, TokenBucket] = {}
-        self._accounts: dict[str, TokenBucket] = {}
 
-    def retry_after_s(self, key: str, account: str | None = None) -> float:
-        """0 when ``key`` (of ``account``) may make a request now (and it is counted against both); otherwise how
-        long until it may (and nothing is counted)."""
-        return self.verdict(key, account)[0]
-
-    def verdict(self, key: str, account: str | None = None) -> tuple[float, str]:
-        """(0, "") when the request may go (counted against the key and the account); otherwise (how long until it
-        may, "key" or "account": the limit that holds it back)."""
+    def retry_after_s(self, key: str) -> float:
+        """0 when ``key`` may make a request now (and it is counted); otherwise how long until it may."""
         now = self._clock()
-        key_bucket = _bucket(self._buckets, key, self.rate, self.burst, now)
-        held = [(key_bucket.wait_s(now), "key")]
-        account_bucket = None
-        if account is not None:
-            account_bucket = _bucket(self._accounts, account, self.account_rate, self.account_burst, now)
-            held.append((account_bucket.wait_s(now), "account"))
-        wait, which = max(held)
-        if wait > 0:
-            return wait, which
-        key_bucket.allow(now)
-        if account_bucket is not None:
-            account_bucket.allow(now)
-        return 0.0, ""
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            if len(self._buckets) >= MAX_BUCKETS:
+                self._buckets.clear()
+            bucket = self._buckets[key] = TokenBucket(self.rate, self.burst, now)
+        if bucket.allow(now):
+            return 0.0
+        return bucket.wait_s(now)
 
     def middleware(self) -> Middleware:
         @web.middleware
@@ -80,28 +50,16 @@ class KeyRateLimits:
             scope = request.get(SCOPE_KEY)
             if scope is None:  # not an authenticated API call (health, metrics, an unknown route)
                 return await handler(request)
-            principal = scope.principal
-            wait, which = self.verdict(principal.key_hash, principal.account)
+            wait = self.retry_after_s(scope.principal.key_hash)
             if wait > 0:
-                if which == "account":
-                    said = (
-                        f"account {principal.account!r} (all its keys together) made more than {self.account_rate:g} "
-                        f"requests a second (bursts of {self.account_burst})"
-                    )
-                else:
-                    said = f"this API key made more than {self.rate:g} requests a second (bursts of {self.burst})"
-                response = error_response(429, "rate_limited", f"{said}; retry in {wait:.2f} s")
+                response = error_response(
+                    429,
+                    "rate_limited",
+                    f"this API key made more than {self.rate:g} requests a second (bursts of {self.burst}); "
+                    f"retry in {wait:.2f} s",
+                )
                 response.headers["Retry-After"] = str(max(1, math.ceil(wait)))
                 return response
             return await handler(request)
 
         return limit
-
-
-def _bucket(buckets: dict[str, TokenBucket], name: str, rate: float, burst: int, now: float) -> TokenBucket:
-    bucket = buckets.get(name)
-    if bucket is None:
-        if len(buckets) >= MAX_BUCKETS:
-            buckets.clear()
-        bucket = buckets[name] = TokenBucket(rate, burst, now)
-    return bucket
