@@ -300,6 +300,7 @@ class Operations:
             budget=self.market.market.budget,
             period_s=master.config.metering_period_s,
         )
+        self.market.fit_check = self.scheduler.never_fits
         # Alert rules evaluated over the fleet, notifications to webhooks (management/monitoring/); the loop runs
         # only where it was started (the Master's server).
         self.alerts = AlertLoop(

@@ -6,6 +6,7 @@ operator) is applied here as the API's auth module decided it, and another accou
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,11 +77,16 @@ class Statements:
     items: list[Any] = field(default_factory=list)
 
 
+FitCheck = Callable[[str, WorkloadSpec], Awaitable[str | None]]  # (account, spec) -> why it could never run here, or None
+
+
 class MarketOperations:
     def __init__(self, master: Master, book: WorkloadBook, market: Market) -> None:
         self._master = master
         self._book = book
         self.market = market
+        # The scheduler's "could this ever run here" (SchedulerLoop.never_fits), set by the façade that composes both.
+        self.fit_check: FitCheck | None = None
 
     @property
     def currency(self) -> str:
@@ -104,6 +110,11 @@ class MarketOperations:
         offer = self.market.offers.offer(offer_id)
         terms = msgspec.structs.replace(spec.rental or RentalTerms(), offer=offer_id)
         gpus = spec.replicas * spec.replica.gpus
+        if offer.runtime == "process" and not spec.constraints.allow_process_runtime:
+            raise Conflict(
+                f"offer {offer_id} runs renters' work as a sandboxed host process (the process runtime), which the "
+                "workload does not allow: set constraints.allow_process_runtime (the CLI's --allow-process-runtime)"
+            )
         if spec.replicas != 1:
             raise Conflict(f"an offer is one host: rent it with replicas 1 (asked {spec.replicas}); submit a gang instead")
         # on demand (and reserved) may take what interruptible rentals hold there: the scheduler preempts them
@@ -150,6 +161,7 @@ class MarketOperations:
             first = offer.reserved_price if terms.kind == "reserved" else offer.price
             said = f"offer {offer_id}'s {KINDS_SAID[terms.kind]} price"
         self.check_first_period(account, spec, first, said)
+        await self.check_fits(account, spec)
         rented = msgspec.structs.replace(spec, rental=terms)
         return await self._book.submit(account, rented, time.time())
 
@@ -188,10 +200,21 @@ class MarketOperations:
         prices = [p.reserved if terms.kind == "reserved" else p.on_demand for p in listed]
         return min(prices), f"the cheapest host's {KINDS_SAID[terms.kind]} price"
 
+    async def check_fits(self, account: str, spec: WorkloadSpec) -> None:
+        """Conflict (409) naming what to change when ``spec`` could never run on this grid as it is now (the process
+        runtime not allowed, a model or tier the grid lacks, more GPUs on one host than any has): refused at once,
+        never queued to wait for ever."""
+        if self.fit_check is not None:
+            why = await self.fit_check(account, spec)
+            if why is not None:
+                raise Conflict(f"this workload can never run on this grid: {why}")
+
     async def admit(self, account: str, spec: WorkloadSpec) -> None:
-        """A submitted workload the renter's balance can never start is refused at once (402, with the figures),
-        never left queued: even the cheapest host on the grid costs more than the balance pays for one period."""
+        """A submitted workload that could never run here is refused at once (409, naming the field or flag that fixes
+        it), and one the renter's balance can never start (402, with the figures), never left queued: even the
+        cheapest host on the grid costs more than the balance pays for one period."""
         await self.market.load()
+        await self.check_fits(account, spec)
         cheapest = self.cheapest_price(spec)
         if cheapest is not None:
             self.check_first_period(account, spec, *cheapest)

@@ -12,6 +12,7 @@ The cycle, in order (docs/scheduler.md has the whole contract):
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -795,6 +796,40 @@ def explain(snapshot: Snapshot, job_id: str) -> Explanation:
     out.estimated_start = snapshot.now
     out.summary = "Starts at the next cycle: it fits on idle GPUs and nothing ahead of it needs them."
     return out
+
+
+def never_fits(snapshot: Snapshot, job: Job) -> str | None:
+    """Why ``job`` (not yet queued) could not run on this grid as it is now, even empty, or None; an empty grid says
+    nothing (hosts may still join). What rent and submit refuse at once, with what would fix it: the process runtime
+    the job does not allow (its constraint) or the operator does not offer, a model or tier the grid lacks."""
+    if not snapshot.hosts:
+        return None
+    reason = _never_fits(snapshot, job)
+    if reason is None:
+        return None
+    allowing = dataclasses.replace(job, constraints=dataclasses.replace(job.constraints, allow_process_runtime=True))
+    offered = dataclasses.replace(snapshot, policy=dataclasses.replace(snapshot.policy, allow_process_runtime=True))
+    if not job.constraints.allow_process_runtime and snapshot.policy.allow_process_runtime:
+        if _never_fits(snapshot, allowing) is None:
+            return (
+                f"{reason} among the hosts that run containers; the others run renters' work as sandboxed processes: "
+                "allow it with constraints.allow_process_runtime (the CLI's --allow-process-runtime)"
+            )
+    elif not snapshot.policy.allow_process_runtime and _never_fits(offered, allowing) is None:
+        return (
+            f"{reason} among the hosts that run containers; the others run the process runtime, which this grid's "
+            "operator does not offer (offer_sandboxed_hosts)"
+        )
+    r = job.request
+    if r.models or r.tiers:
+        models = sorted({u.model for u in snapshot.units.values() if u.model})
+        return f"{reason} (replica.models / replica.tiers; the GPU models here: {', '.join(models) or 'none'})"
+    return reason
+
+
+def _never_fits(snapshot: Snapshot, job: Job) -> str | None:
+    cycle = _Cycle(snapshot, None)
+    return cycle._invalid(job) or cycle._cannot_fit(job)
 
 
 def reserved_start(snapshot: Snapshot, job: Job) -> float | None:
