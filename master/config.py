@@ -104,6 +104,14 @@ class MasterConfig(msgspec.Struct, kw_only=True):
     reliable_window_s: Annotated[float, msgspec.Meta(gt=0)] = 30 * 86400.0
     # A renter whose balance will not cover this long of its running rentals is warned (an event, the console).
     low_balance_warning_s: Annotated[float, msgspec.Meta(gt=0)] = 3600.0
+    # A renter's rating counts in a host's reputation only for a rental that ran at least rating_min_run_s and was paid
+    # (when it cost anything), weighted 1 plus 1 per rating_weight_unit paid on the host, at most rating_max_weight; and
+    # at most one per renter and host in rating_window_s (docs/market-prices.md, "Ratings"). Cheap ratings once sank
+    # hosts: 20 one-star ratings for 0.01 in all.
+    rating_min_run_s: Annotated[float, msgspec.Meta(ge=0)] = 600.0
+    rating_weight_unit: Annotated[str, msgspec.Meta(pattern=r"^[0-9]{1,9}(\.[0-9]{1,6})?\Z")] = "1"
+    rating_max_weight: Annotated[int, msgspec.Meta(ge=1, le=100)] = 4
+    rating_window_s: Annotated[float, msgspec.Meta(ge=0)] = 30 * 86400.0
     # --- renter access (tunnels through the relays: common/tunnel.py) ---
     # Both ends of a tunnel must reach the relay within this long of the ticket's issue.
     tunnel_ticket_s: Annotated[float, msgspec.Meta(ge=1, le=600)] = 30.0

@@ -37,6 +37,17 @@ from master.service import Master
 from master.store.aggregates import rental_order
 
 PROVIDER_PREFIX = provider_account("")
+RATED_PAGE = 500
+
+
+def rating_weight(paid: int, unit: str, most: int) -> int:
+    """How many times a rating counts: 1, plus 1 for each ``unit`` (an amount) paid on the host, at most ``most``."""
+    per = parse_amount(unit)
+    if per <= 0:
+        return most
+    return max(1, min(most, 1 + paid // per))
+
+
 KINDS_SAID = {"on_demand": "on demand", "interruptible": "interruptible", "reserved": "reserved"}
 
 
@@ -428,19 +439,65 @@ class MarketOperations:
         return await self._detail(await self._owned_rental(rental_id, owner, role))
 
     async def rate_rental(self, rental_id: str, rating: int, *, owner: str | None, role: str) -> RentalDetail:
-        """The renter's 1..5 of an ended rental, once; it counts in each of its hosts' reputation."""
+        """The renter's 1..5 of an ended rental, once; it counts in each of its hosts' reputation, weighted by what was
+        paid on the host. Refused (409, saying why) for a rental that ran less than ``rating_min_run_s``, one that cost
+        money and was not paid, and a host this renter already rated within ``rating_window_s``: ratings were nearly
+        free (20 one-star ratings of rentals that ran seconds, for 0.01 in all, sank hosts' scores)."""
         await self.market.load()
         rental = await self._owned_rental(rental_id, owner, role)
         if rental.ended_at is None:
             raise Conflict(f"rental {rental_id} is still running; rate it once it has ended")
         if rental.rating is not None:
             raise Conflict(f"rental {rental_id} was already rated {rental.rating}")
-        rated = msgspec.structs.replace(rental, rating=rating, version=rental.version + 1)
-        await self._master.store.rentals.update(rated, expected_version=rental.version)
+        config = self._master.config
+        ran = rental.ended_at - rental.started_at
+        if ran < config.rating_min_run_s:
+            raise Conflict(
+                f"rental {rental_id} ran {ran:.0f} s; a rating counts for a rental that ran at least "
+                f"{config.rating_min_run_s:g} s"
+            )
+        paid = await self._paid_per_host(rental)
+        if any(h.price > 0 for h in rental.hosts) and sum(paid.values()) <= 0:
+            raise Conflict(f"rental {rental_id} was not paid for; a rating counts for a rental that was")
         now = time.time()
         for host in rental.hosts:
-            await self._master.record_rating(host.agent_id, rating, rental_id, now)
+            earlier = await self._rated_within(rental, host.agent_id, now - config.rating_window_s)
+            if earlier is not None:
+                raise Conflict(
+                    f"you rated host {host.agent_id} for rental {earlier} within the last "
+                    f"{config.rating_window_s / 86400:g} days; one rating per host in that time"
+                )
+        rated = msgspec.structs.replace(rental, rating=rating, version=rental.version + 1)
+        await self._master.store.rentals.update(rated, expected_version=rental.version)
+        for host in rental.hosts:
+            weight = rating_weight(paid.get(host.agent_id, 0), config.rating_weight_unit, config.rating_max_weight)
+            await self._master.record_rating(host.agent_id, rating, rental_id, now, weight=weight)
         return await self._detail(rated)
+
+    async def _paid_per_host(self, rental: RentalRecord) -> dict[str, int]:
+        """What the renter was charged for the rental on each host (charges, before any refund)."""
+        paid: dict[str, int] = {}
+        for entry in await self.market.ledger.rental_entries(rental.id):
+            if entry.kind != "charge":
+                continue
+            for line in entry.lines:
+                if line.host and (line.account.startswith(PROVIDER_PREFIX) or line.account == FEES):
+                    paid[line.host] = paid.get(line.host, 0) + line.amount
+        return paid
+
+    async def _rated_within(self, rental: RentalRecord, agent_id: str, since: float) -> str | None:
+        """Another rental of the same renter on ``agent_id``, ended since ``since``, that was rated; None if none."""
+        after: str | None = None
+        while True:
+            page = await self._master.store.rentals.list(
+                account=rental.account, agent_id=agent_id, ended_since=since, after=after, limit=RATED_PAGE
+            )
+            for other in page:
+                if other.id != rental.id and other.rating is not None:
+                    return other.id
+            if len(page) < RATED_PAGE:
+                return None
+            after = rental_order(page[-1].started_at, page[-1].id)
 
 
 __all__ = ["FundsDetail", "MarketOperations", "PaymentRequired", "RentalDetail", "Statements"]

@@ -167,33 +167,65 @@ async def test_rentals_are_listed_per_owner_and_a_missing_one_answers_404(market
 
 
 async def test_a_renter_rates_an_ended_rental_once_and_it_counts_in_the_hosts_reputation(market):
+    """D12: a rating counts only for a rental that ran the minimum time (600 s by default) and was paid, weighted by what
+    was paid on the host (1 + 1 per 1.00, at most 4), at most one per renter and host in the window (30 days). The
+    rentals and their charges are written into the store as the meter writes them."""
     import time
 
-    from master.records import RentalHost, RentalRecord
+    from master.records import LedgerEntry, LedgerLine, RentalHost, RentalRecord
 
     now = time.time()
     host = RentalHost(agent_id="agt-a1", provider="acme", gpus=1, price=1_500_000)
-    ended = RentalRecord(
-        id="wl-1-a1", workload_id="wl-1", account="lab", kind="on_demand", hosts=[host], started_at=now - 60, ended_at=now
-    )
-    running = RentalRecord(id="wl-2-a1", workload_id="wl-2", account="lab", kind="on_demand", hosts=[host], started_at=now)
-    for rental in (ended, running):
-        assert await market.master.store.rentals.insert(rental)
-    before = market.master.registry.agents["agt-a1"].ratings_count
+
+    def rental(n: int, ran: float | None) -> RentalRecord:
+        ended = None if ran is None else now - 5
+        start = now - 5 - (ran or 60)
+        return RentalRecord(
+            id=f"wl-{n}-a1",
+            workload_id=f"wl-{n}",
+            account="lab",
+            kind="on_demand",
+            hosts=[host],
+            started_at=start,
+            ended_at=ended,
+        )
+
+    def charge(r: RentalRecord, amount: int) -> LedgerEntry:
+        lines = [
+            LedgerLine(account="hold:lab", amount=-amount, host="agt-a1", workload=r.workload_id),
+            LedgerLine(account="provider:acme", amount=amount - amount // 10, host="agt-a1", workload=r.workload_id),
+            LedgerLine(account="platform:fees", amount=amount // 10, host="agt-a1", workload=r.workload_id),
+        ]
+        return LedgerEntry(key=f"charge:{r.id}:end", ts=now, kind="charge", memo="metered", lines=lines, rental=r.id)
+
+    paid, running, short, unpaid, again = rental(1, 700), rental(2, None), rental(3, 30), rental(4, 700), rental(5, 900)
+    for r in (paid, running, short, unpaid, again):
+        assert await market.master.store.rentals.insert(r)
+    for r, amount in ((paid, 2_500_000), (short, 12_500), (again, 375_000)):
+        assert await market.master.store.ledger.post(charge(r, amount)) is not None
+    before = market.master.registry.agents["agt-a1"]
+    count, total = before.ratings_count, before.ratings_sum
 
     rated = await market.post("/api/v1/rentals/wl-1-a1/rating", json={"rating": 5}, headers=market.lab)
     assert rated.status == 200, await rated.text()
     assert (await rated.json())["rating"] == 5
-    again = await market.post("/api/v1/rentals/wl-1-a1/rating", json={"rating": 1}, headers=market.lab)
-    assert (await error_of(again))[0] == 409
+    agent = market.master.registry.agents["agt-a1"]
+    assert (agent.ratings_count, agent.ratings_sum) == (count + 3, total + 15)  # 2.50 paid: weight 3
+    for rental_id, says in (
+        ("wl-1-a1", "already rated 5"),
+        ("wl-2-a1", "still running"),
+        ("wl-3-a1", "ran 30 s; a rating counts for a rental that ran at least 600 s"),
+        ("wl-4-a1", "was not paid for"),
+        ("wl-5-a1", "you rated host agt-a1 for rental wl-1-a1 within the last 30 days"),
+    ):
+        status, _, message = await error_of(
+            await market.post(f"/api/v1/rentals/{rental_id}/rating", json={"rating": 1}, headers=market.lab)
+        )
+        assert status == 409 and says in message, (rental_id, message)
+    assert (agent.ratings_count, agent.ratings_sum) == (count + 3, total + 15)  # none of those counted
     assert (await market.post("/api/v1/rentals/wl-1-a1/rating", json={"rating": 1}, headers=market.zoo)).status == 404
-    status, _, message = await error_of(
-        await market.post("/api/v1/rentals/wl-2-a1/rating", json={"rating": 4}, headers=market.lab)
-    )
-    assert status == 409 and "still running" in message
-    assert market.master.registry.agents["agt-a1"].ratings_count == before + 1
     events = await market.master.store.events.list(subject="agt-a1", kind_prefix="agent.reputation")
-    assert [e.data["component"] for e in events] == ["ratings"]
+    assert [e.data["component"] for e in events] == ["ratings"] and "weight 3" in events[0].data["reason"]
     seen_by_provider = await (await market.get("/api/v1/rentals/wl-1-a1", headers=market.acme)).json()
     assert "account" not in seen_by_provider and seen_by_provider["rating"] == 5  # the renter stays the renter's
     bolt = await api_key(market.master, "provider", "bolt")  # not its host: as missing
