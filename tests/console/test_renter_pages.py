@@ -173,3 +173,28 @@ def test_the_skip_link_is_the_first_stop_and_every_input_has_a_label(market, pag
              .filter(el => !(el.labels && el.labels.length) && !el.getAttribute('aria-label')).map(el => el.name)"""
     )
     assert unlabelled == []
+
+
+def test_the_rent_and_launch_forms_show_the_total_per_hour_and_how_long_the_balance_lasts(market, page, sign_in, shot):
+    """Money before work (issue 23): before renting, the renter reads what the work costs per hour and how long its
+    balance lasts; what can never run here is refused on the form, saying what to change."""
+    sign_in(page, "renter")
+    page.get_by_role("link", name="Rent offer agt-a10", exact=False).click()
+    assert page.locator("#cost").inner_text() == (
+        "Total 1.20 USD per hour for 1 GPU(s) at the offer's on-demand price; your balance of 25.00 USD lasts about "
+        "20.8 h at that rate."
+    )
+    page.get_by_label("GPUs", exact=True).fill("2")
+    page.get_by_role("button", name="Rent").click()  # no name: the form comes back, priced for 2 GPUs
+    assert "Total 2.40 USD per hour for 2 GPU(s)" in page.locator("#cost").inner_text()
+    assert "lasts about 10.4 h" in page.locator("#cost").inner_text()
+    shot(page, "rent-cost")
+    page.goto(f"{market.url}/console/launch")
+    assert "at the cheapest host's price" in page.locator("#cost").inner_text()
+    page.get_by_label("Name", exact=True).fill("nowhere")
+    page.get_by_label("Image", exact=True).fill("python:3.12")
+    page.get_by_label("GPU model", exact=False).fill("b200")
+    page.get_by_role("button", name="Launch").click()
+    alert = page.get_by_role("alert").inner_text()
+    assert "can never run on this grid" in alert and "replica.models" in alert, alert
+    shot(page, "launch-never-runs")
