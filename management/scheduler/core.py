@@ -823,7 +823,13 @@ def never_fits(snapshot: Snapshot, job: Job) -> str | None:
     r = job.request
     if r.models or r.tiers:
         models = sorted({u.model for u in snapshot.units.values() if u.model})
-        return f"{reason} (replica.models / replica.tiers; the GPU models here: {', '.join(models) or 'none'})"
+        reason = f"{reason} (replica.models / replica.tiers; the GPU models here: {', '.join(models) or 'none'})"
+    bare = sum(1 for h in snapshot.hosts.values() if h.isolation == "none")
+    if bare:
+        verb = "isolates" if bare == 1 else "isolate"
+        reason += (
+            f"; {_count(bare, 'host')} here {verb} nothing (isolation none) and take{'s' if bare == 1 else ''} no renter's work"
+        )
     return reason
 
 

@@ -67,3 +67,22 @@ async def test_more_gpus_per_replica_than_any_host_has_is_refused_and_what_fits_
     fits = await grid.post("/api/v1/workloads", json=spec(2), headers=grid.lab)
     assert fits.status == 201 and (await fits.json())["state"] == "queued"
     assert (await (await grid.get("/api/v1/workloads", headers=grid.lab)).json())["items"][0]["id"] == (await fits.json())["id"]
+
+
+async def test_a_grid_whose_only_fitting_host_isolates_nothing_says_so(tmp_path):
+    master = Master(MasterConfig(state_dir=str(tmp_path), link_port=0))
+    await master.start()
+    try:
+        await add_agent(master, "agt-bare", "h100:8", runtime="process", isolation="none")
+        await add_agent(master, "agt-box", "a10:1", runtime="docker", isolation="container")
+        client = TestClient(TestServer(build_app(master)))
+        await client.start_server()
+        try:
+            lab = await api_key(master, "renter", "lab")
+            message = await refused(await client.post("/api/v1/workloads", json=spec(4), headers=lab))
+            assert "the most any host has that match is 1" in message, message
+            assert "1 host here isolates nothing (isolation none) and takes no renter's work" in message, message
+        finally:
+            await client.close()
+    finally:
+        await master.stop()
