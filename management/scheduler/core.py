@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from common.errors import NotFound
-from management.market.money import format_amount
+from management.market.money import affordable_price, format_amount, period_cost
 from management.scheduler.model import (
     Assignment,
     Explanation,
@@ -40,6 +40,7 @@ from management.scheduler.pool import (
     Shape,
     host_static_ok,
     nvlink_group,
+    price_for,
     price_refusal,
     runtime_allowed,
     shape_matches,
@@ -104,6 +105,7 @@ class _Cycle:
         self.preempting: dict[str, int] = {}  # preemptor -> victims it waits for
         self._reserve_keys: list[str] = []
         self._no_fit: set[tuple[object, ...]] = set()
+        self._spent: dict[str, int] = {}  # account -> the first period of what this cycle placed for it
         self._no_victims: set[tuple[object, ...]] = set()
         self._running_synced = False
         self._preemptible_rank = {c.name: c.rank for c in self.policy.classes if c.preemptible}
@@ -208,6 +210,10 @@ class _Cycle:
                 self.pool.unreserve(key)
 
     def _consider(self, job: Job) -> str:
+        spent = self._spent.get(job.account, 0)
+        if job.balance is not None and spent:  # what is left after this cycle's earlier placements for the account
+            left = affordable_price(job.balance - spent, job.units_asked, self.policy.metering_period_s)
+            job = dataclasses.replace(job, affordable=left)
         reason = self._invalid(job)
         if reason is not None:
             self.plan.decisions.append(Reject(job.id, reason))
@@ -235,6 +241,8 @@ class _Cycle:
                 self.pool.release(job.id)
                 return "quota"
             self.plan.decisions.append(Place(job.id, assignment))
+            if job.balance is not None:
+                self._spent[job.account] = spent + self._first_period(job, assignment)
             if job.max_duration_s is not None:
                 self.pool.note_end(job.id, self.s.now + job.max_duration_s)
             if job.account in self.policy.quotas:
@@ -279,6 +287,14 @@ class _Cycle:
         if quota is not None and quota.gpus is not None and job.units_asked > quota.gpus:
             return f"the workload asks for {_gpus(job.units_asked)} at once; account {job.account}'s quota is {quota.gpus}"
         return None
+
+    def _first_period(self, job: Job, assignment: Assignment) -> int:
+        """What one metering period of ``job`` costs on the hosts of ``assignment``."""
+        total = 0
+        for units in assignment:
+            host = self.s.hosts[self.s.units[units[0]].host]
+            total += period_cost(price_for(host, job), len(units), self.policy.metering_period_s)
+        return total
 
     def _cannot_fit(self, job: Job) -> str | None:
         """Why ``job`` cannot be placed on the grid as it is now, even empty (hosts may still join), or None."""

@@ -132,6 +132,7 @@ class SchedulerLoop:
             backfill=self.settings.backfill,
             allow_process_runtime=self.settings.allow_process_runtime,
             grace_s=self.settings.grace_s,
+            metering_period_s=period_s,
         )
         self._units = UnitCache()  # each host's units, rebuilt only when its GPUs change
         self._strays: dict[tuple[str, str], float] = {}

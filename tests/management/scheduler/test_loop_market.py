@@ -214,3 +214,19 @@ async def test_a_dust_balance_starts_no_paid_work_only_one_that_pays_a_metering_
     enough = await loop.book.submit("enough", spec("enough", gpus=2), time.time())
     await loop.cycle()
     assert (await loop.book.get(enough.id)).state == "scheduled"
+
+
+async def test_a_balance_that_pays_one_jobs_first_period_starts_one_job_not_all_of_them(master, link):
+    """D14: the balance is shared by the renter's work: a cycle takes off the first period of what it places, and the
+    next cycles count the work placed but not running yet (no rental holds money for it). 1.00 a GPU-hour, 60 s: one
+    GPU's period is 0.016667; a balance of 0.02 starts one of three one-GPU jobs."""
+    await host(master, link, "agt-paid", 4)
+    budget = {"ann": 20_000}
+    loop = priced_loop(master, {"agt-paid": HostPrice(on_demand=parse_amount("1"))}, funded=set(budget), budget=budget)
+    await loop.book.load()
+    jobs = [await loop.book.submit("ann", spec(f"job-{n}"), time.time()) for n in range(3)]
+    for _ in range(2):  # the second cycle sees the first job placed (scheduled), not yet running
+        await loop.cycle()
+        states = [(await loop.book.get(j.id)).state for j in jobs]
+        assert sorted(states) == ["queued", "queued", "scheduled"], states
+    assert len(creates_sent(link, "agt-paid")) == 1
