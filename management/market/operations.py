@@ -124,7 +124,8 @@ class MarketOperations:
         if offer.runtime == "process" and not spec.constraints.allow_process_runtime:
             raise Conflict(
                 f"offer {offer_id} runs renters' work as a sandboxed host process (the process runtime), which the "
-                "workload does not allow: set constraints.allow_process_runtime (the CLI's --allow-process-runtime)"
+                "workload does not allow: set constraints.allow_process_runtime (the CLI's --allow-process-runtime, the "
+                'console\'s "May run as a sandboxed process")'
             )
         if spec.replicas != 1:
             raise Conflict(f"an offer is one host: rent it with replicas 1 (asked {spec.replicas}); submit a gang instead")

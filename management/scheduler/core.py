@@ -829,7 +829,8 @@ def never_fits(snapshot: Snapshot, job: Job) -> str | None:
         if _never_fits(snapshot, allowing) is None:
             return (
                 f"{reason} among the hosts that run containers; the others run renters' work as sandboxed processes: "
-                "allow it with constraints.allow_process_runtime (the CLI's --allow-process-runtime)"
+                "allow it with constraints.allow_process_runtime (the CLI's --allow-process-runtime, the console's "
+                '"May run as a sandboxed process")'
             )
     elif not snapshot.policy.allow_process_runtime and _never_fits(offered, allowing) is None:
         return (

@@ -198,3 +198,25 @@ def test_the_rent_and_launch_forms_show_the_total_per_hour_and_how_long_the_bala
     alert = page.get_by_role("alert").inner_text()
     assert "can never run on this grid" in alert and "replica.models" in alert, alert
     shot(page, "launch-never-runs")
+
+
+def test_launching_on_a_sandbox_only_grid_without_the_box_ticked_is_refused_naming_it(tmp_path, page):
+    """Issue 23: the launch form's default (no process runtime) on a grid of sandboxed hosts was accepted and told to
+    wait for ever; it is refused on the form, naming the box that fixes it."""
+    import msgspec
+
+    from tests.console.conftest import ConsoleMaster, console_config, sign_in_as
+
+    master = ConsoleMaster(msgspec.structs.replace(console_config(tmp_path), offer_sandboxed_hosts=True))
+    master.start()
+    try:
+        master.run(add_agent(master.server.master, "agt-proc", "a10:1", provider="acme", runtime="process", isolation="sandbox"))
+        sign_in_as(page, master.url, "renter")
+        page.goto(f"{master.url}/console/launch")
+        page.get_by_label("Name", exact=True).fill("boxed")
+        page.get_by_label("Image", exact=True).fill("none")
+        page.get_by_role("button", name="Launch").click()
+        alert = page.get_by_role("alert").inner_text()
+        assert "can never run on this grid" in alert and "May run as a sandboxed process" in alert, alert
+    finally:
+        master.stop()
