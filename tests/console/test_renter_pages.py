@@ -147,6 +147,7 @@ async def _someone_elses_workload(market) -> str:
     from master.records import AccountRecord, WorkloadSpec
 
     await market.server.master.accounts.create(AccountRecord(id="zoe", role="renter"))
+    await market.operations.market.credit("zoe", parse_amount("1"), "theirs", key="zoe")  # work starts on money
     record = await market.operations.submit_workload("zoe", WorkloadSpec(name="theirs", image="python:3.12"))
     return record.id
 
