@@ -62,7 +62,7 @@ SRV_LABEL = "_idlegrid._tcp"
 FALLBACK_LABEL = "_idlegrid-fallback"
 FALLBACK_KEY = "regions"
 _T = TypeVar("_T")
-_REGION_NAME = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
+_REGION_NAME = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\Z")
 
 
 class DiscoveryError(IdlegridError):

@@ -66,7 +66,7 @@ RUNNING = "running"
 STOPPING_REASON = "agent stopping"
 MAX_CLOSE_REASON_BYTES = 123
 STREAM_QUEUE_FRAMES = 4  # renter -> container frames a port stream holds while its connection catches up
-_TICKET_ID = re.compile(rf"^{re.escape(TICKET_ID_PREFIX)}[A-Za-z0-9_-]{{1,120}}$")
+_TICKET_ID = re.compile(rf"^{re.escape(TICKET_ID_PREFIX)}[A-Za-z0-9_-]{{1,120}}\Z")
 
 
 class TunnelRefusal(IdlegridError):

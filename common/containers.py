@@ -7,7 +7,7 @@ from typing import Annotated
 
 import msgspec
 
-_LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
+_LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}\Z")
 
 LABEL_COMMAND_ID = "io.idlegrid.command-id"
 LABEL_RENTAL_ID = "io.idlegrid.rental-id"
@@ -23,7 +23,7 @@ RESERVED_LABEL_PREFIX = "io.idlegrid."
 class ContainerSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """What a renter's container gets. GPUs are named by UUID (or index as a string)."""
 
-    name: Annotated[str, msgspec.Meta(pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$")]
+    name: Annotated[str, msgspec.Meta(pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}\Z")]
     image: Annotated[str, msgspec.Meta(min_length=1, max_length=512)]
     command: list[str] = []
     env: dict[str, str] = {}
@@ -32,7 +32,7 @@ class ContainerSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     memory_mib: Annotated[int, msgspec.Meta(gt=4, le=16 * 1024 * 1024)] | None = None
     labels: dict[str, str] = {}
     rental_id: str | None = None
-    workload_id: Annotated[str, msgspec.Meta(pattern=r"^wl-[0-9a-f]{1,60}$")] | None = None
+    workload_id: Annotated[str, msgspec.Meta(pattern=r"^wl-[0-9a-f]{1,60}\Z")] | None = None
     replica: Annotated[int, msgspec.Meta(ge=0, le=1023)] | None = None
     # The ports the workload declared: the agent lets a port tunnel reach only these (agent/tunnel.py).
     ports: Annotated[list[Annotated[int, msgspec.Meta(ge=1, le=65535)]], msgspec.Meta(max_length=64)] = []
@@ -49,7 +49,7 @@ class ContainerSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 
 
 class DeleteSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    name: Annotated[str, msgspec.Meta(pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$")]
+    name: Annotated[str, msgspec.Meta(pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}\Z")]
     timeout_s: Annotated[float, msgspec.Meta(ge=0, le=600)] = 10.0
 
 

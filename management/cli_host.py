@@ -20,7 +20,7 @@ from typing import Any
 
 from management.cli_accounts import Parser, api_client, connection_options, show, table, when
 
-_DURATION = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([smhd]?)$")
+_DURATION = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([smhd]?)\Z")
 _UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from common.errors import IdlegridError
 from management.cli_accounts import api_client, connection_options, table, when
 from management.cli_host import duration_s
-from management.workload_cli import BadSpec, spec_from
+from management.workload_cli import BadSpec, cost_line, spec_from
 
 Parser = Callable[[argparse._SubParsersAction, str, str, str], argparse.ArgumentParser]
 
@@ -204,12 +204,16 @@ def run_rent(args: argparse.Namespace) -> int:
             raise BadSpec("--max-price is for on-demand and reserved rentals; an interruptible one pays its --bid")
         rental["max_price"] = args.max_price
     spec["rental"] = rental
-    workload = api_client(args)[0].rent_offer(args.offer_id, spec, account=args.account)
-    return _out(
-        args,
-        workload,
-        lambda w: f"rented {args.offer_id}: workload {w['id']} ({w['name']}) is {w['state']}\n{terms_line(w['rental'])}",
-    )
+    client = api_client(args)[0]
+    workload = client.rent_offer(args.offer_id, spec, account=args.account)
+
+    def human(w: Mapping[str, Any]) -> str:
+        cost = cost_line(client, w)
+        return f"rented {args.offer_id}: workload {w['id']} ({w['name']}) is {w['state']}\n{terms_line(w['rental'])}" + (
+            f"\n{cost}" if cost else ""
+        )
+
+    return _out(args, workload, human)
 
 
 def run_bid(args: argparse.Namespace) -> int:

@@ -303,7 +303,10 @@ class Operations:
             SchedulerSettings.of(master.config),
             prices=self.prices.price,
             funded=self.market.market.funded,
+            budget=self.market.market.budget,
+            period_s=master.config.metering_period_s,
         )
+        self.market.fit_check = self.scheduler.never_fits
         # Alert rules evaluated over the fleet, notifications to webhooks (management/monitoring/); the loop runs
         # only where it was started (the Master's server).
         self.alerts = AlertLoop(
@@ -650,6 +653,7 @@ class Operations:
 
     async def submit_workload(self, account: str, spec: WorkloadSpec) -> WorkloadRecord:
         await self.workloads.load()
+        await self.market.admit(account, spec)  # money before work: 402 with the figures
         return await self.workloads.submit(account, spec, time.time())
 
     async def get_workload(self, workload_id: str, *, account: str | None = None) -> WorkloadRecord:

@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,9 @@ import msgspec
 
 from common.errors import IdlegridError
 from management.cli_accounts import api_client, connection_options, table, when
+from management.client import ApiError
 from management.explain_text import render_explanation
+from management.market.money import format_amount, parse_amount
 from master.records import WorkloadSpec
 
 TABLE_COLUMNS = ("ID", "NAME", "ACCOUNT", "STATE", "REPLICAS", "GPUS", "PRIORITY", "CREATED", "REASON")
@@ -201,11 +203,40 @@ def _where(exc: msgspec.ValidationError) -> str:
     return f"{path.rstrip('`')}: {message}" if sep else text
 
 
+def cost_line(client: Any, workload: Mapping[str, Any]) -> str:
+    """What the workload costs per hour, when known, and how long the renter's balance lasts at that rate on top of what
+    already runs: "total 4.80 USD per hour; the balance of 12.50 USD lasts about 2.6 h at that rate". Empty when the
+    price is not known yet (on demand on whichever host it is placed) and the balance cannot be read."""
+    terms = workload.get("rental") or {}
+    per_hour = terms.get("per_hour")
+    if per_hour is None:
+        return ""
+    currency = terms.get("currency", "")
+    line = f"total {per_hour} {currency} per hour"
+    try:
+        funds = client.balance(workload["account"])
+    except ApiError:  # a key that may not read the account's balance: the price alone
+        return line
+    have = parse_amount(funds["available"]) + parse_amount(funds["held"])
+    rate = parse_amount(funds["running_per_hour"]) + (parse_amount(per_hour) if workload.get("state") != "running" else 0)
+    if rate <= 0:
+        return line
+    return f"{line}; the balance of {format_amount(have)} {currency} lasts about {have / rate:.1f} h at that rate"
+
+
 def run_submit(args: argparse.Namespace) -> int:
     spec = spec_from(args)
     account = spec.pop("account", None)
-    workload = _client(args).submit_workload(spec, account=account)
-    _print(args, workload, lambda w: print(f"submitted {w['id']} ({w['name']}) for account {w['account']}: {w['state']}"))
+    client = _client(args)
+    workload = client.submit_workload(spec, account=account)
+
+    def human(w: dict[str, Any]) -> None:
+        print(f"submitted {w['id']} ({w['name']}) for account {w['account']}: {w['state']}")
+        cost = cost_line(client, w)
+        if cost:
+            print(cost)
+
+    _print(args, workload, human)
     return 0
 
 

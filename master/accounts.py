@@ -31,7 +31,7 @@ from master.passwords import hash_password, password_matches
 from master.records import AccountRecord, ApiKeyRecord
 from master.store.base import Store
 
-ACCOUNT_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
+ACCOUNT_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}\Z"
 _ACCOUNT_ID = re.compile(ACCOUNT_ID_PATTERN)
 MAX_NAME = 128
 MAX_SHARE = 1e6

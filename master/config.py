@@ -96,9 +96,9 @@ class MasterConfig(msgspec.Struct, kw_only=True):
     # --- the market (management/market/, docs/market.md) ---
     # Prices of hosts whose provider set none, per GPU-hour, as decimal strings (0: free, as on a shared cluster).
     # default_min_bid "" rents such hosts on demand only.
-    currency: Annotated[str, msgspec.Meta(pattern=r"^[A-Z]{3}$")] = "USD"
-    default_price: Annotated[str, msgspec.Meta(pattern=r"^[0-9]{1,9}(\.[0-9]{1,6})?$")] = "0"
-    default_min_bid: Annotated[str, msgspec.Meta(pattern=r"^([0-9]{1,9}(\.[0-9]{1,6})?)?$")] = "0"
+    currency: Annotated[str, msgspec.Meta(pattern=r"^[A-Z]{3}\Z")] = "USD"
+    default_price: Annotated[str, msgspec.Meta(pattern=r"^[0-9]{1,9}(\.[0-9]{1,6})?\Z")] = "0"
+    default_min_bid: Annotated[str, msgspec.Meta(pattern=r"^([0-9]{1,9}(\.[0-9]{1,6})?)?\Z")] = "0"
     # Running rentals are charged in entries this far apart (and at their end); a Master killed loses at most one.
     metering_period_s: Annotated[float, msgspec.Meta(ge=1, le=3600)] = 60.0
     # The platform's share of every charge; hosts whose reliability over reliable_window_s is at least
@@ -109,6 +109,14 @@ class MasterConfig(msgspec.Struct, kw_only=True):
     reliable_window_s: Annotated[float, msgspec.Meta(gt=0)] = 30 * 86400.0
     # A renter whose balance will not cover this long of its running rentals is warned (an event, the console).
     low_balance_warning_s: Annotated[float, msgspec.Meta(gt=0)] = 3600.0
+    # A renter's rating counts in a host's reputation only for a rental that ran at least rating_min_run_s and was paid
+    # (when it cost anything), weighted 1 plus 1 per rating_weight_unit paid on the host, at most rating_max_weight; and
+    # at most one per renter and host in rating_window_s (docs/market-prices.md, "Ratings"). Cheap ratings once sank
+    # hosts: 20 one-star ratings for 0.01 in all.
+    rating_min_run_s: Annotated[float, msgspec.Meta(ge=0)] = 600.0
+    rating_weight_unit: Annotated[str, msgspec.Meta(pattern=r"^[0-9]{1,9}(\.[0-9]{1,6})?\Z")] = "1"
+    rating_max_weight: Annotated[int, msgspec.Meta(ge=1, le=100)] = 4
+    rating_window_s: Annotated[float, msgspec.Meta(ge=0)] = 30 * 86400.0
     # --- renter access (tunnels through the relays: common/tunnel.py) ---
     # Both ends of a tunnel must reach the relay within this long of the ticket's issue.
     tunnel_ticket_s: Annotated[float, msgspec.Meta(ge=1, le=600)] = 30.0

@@ -232,19 +232,19 @@ class HostRollup(msgspec.Struct, kw_only=True):
 # checked where a workload is submitted (management/scheduler/workloads.py), so a stored record never stops
 # decoding because the configuration changed.
 
-WorkloadName = Annotated[str, msgspec.Meta(min_length=1, max_length=63, pattern=r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")]
-ImageRef = Annotated[str, msgspec.Meta(min_length=1, max_length=512, pattern=r"^[^\s\x00]+$")]
-ShortText = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+WorkloadName = Annotated[str, msgspec.Meta(min_length=1, max_length=63, pattern=r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?\Z")]
+ImageRef = Annotated[str, msgspec.Meta(min_length=1, max_length=512, pattern=r"^[^\s\x00]+\Z")]
+ShortText = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z")]
 CommandArg = Annotated[str, msgspec.Meta(max_length=4096)]
-EnvName = Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+EnvName = Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_]*\Z")]
 EnvValue = Annotated[str, msgspec.Meta(max_length=32768)]
-LabelKey = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")]
+LabelKey = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*\Z")]
 LabelValue = Annotated[str, msgspec.Meta(max_length=256)]
 PortNumber = Annotated[int, msgspec.Meta(ge=1, le=65535)]
 # Money in a spec or a request: a decimal string in the grid's currency, exact to the micro-unit ("2.5", "0.000125");
 # stored and computed as integer micro-units (management/market/money.py), never as a float.
-Amount = Annotated[str, msgspec.Meta(pattern=r"^[0-9]{1,9}(\.[0-9]{1,6})?$", max_length=16)]
-HostRef = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")]
+Amount = Annotated[str, msgspec.Meta(pattern=r"^[0-9]{1,9}(\.[0-9]{1,6})?\Z", max_length=16)]
+HostRef = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*\Z")]
 
 MAX_REPLICAS = 64
 MAX_GPUS_PER_REPLICA = 16
@@ -265,10 +265,10 @@ class ReplicaSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     min_vram_mib: Annotated[int, msgspec.Meta(ge=0, le=16 * 1024 * 1024)] = 0
     models: Annotated[list[ShortText], msgspec.Meta(max_length=64)] = []  # catalog keys; [] = any model
     tiers: Annotated[list[ShortText], msgspec.Meta(max_length=64)] = []  # tier names; [] = any tier
-    min_compute_capability: Annotated[str, msgspec.Meta(pattern=r"^[0-9]{1,2}\.[0-9]$")] | None = None
+    min_compute_capability: Annotated[str, msgspec.Meta(pattern=r"^[0-9]{1,2}\.[0-9]\Z")] | None = None
     cpu_cores: Annotated[float, msgspec.Meta(gt=0, le=1024)] | None = None
     ram_mib: Annotated[int, msgspec.Meta(ge=1, le=16 * 1024 * 1024)] | None = None
-    mig_profile: Annotated[str, msgspec.Meta(pattern=r"^[1-9][0-9]?g\.[0-9]{1,3}gb(\+me)?$")] | None = None
+    mig_profile: Annotated[str, msgspec.Meta(pattern=r"^[1-9][0-9]?g\.[0-9]{1,3}gb(\+me)?\Z")] | None = None
 
     def __post_init__(self) -> None:
         _require_finite("replica.cpu_cores", self.cpu_cores)

@@ -68,12 +68,26 @@ class Registry:
         # and a failover usually goes through offline, so the previous relay is remembered here.
         self._last_relay: dict[str, str] = {}
         self._saved_listeners: list[Callable[[str], None]] = []  # told of each agent record written (save)
+        self._gpu_listeners: list[Callable[[str], None]] = []  # told of each host whose GPU records were written
 
     def on_saved(self, listener: Callable[[str], None]) -> Callable[[], None]:
         """Call ``listener(agent_id)`` whenever an agent record is written by ``save`` (a hello, a drain or undrain,
         a transition: whatever changed it beyond a heartbeat), synchronously. Returns how to stop listening."""
         self._saved_listeners.append(listener)
         return lambda: self._saved_listeners.remove(listener) if listener in self._saved_listeners else None
+
+    def on_gpus_written(self, listener: Callable[[str], None]) -> Callable[[], None]:
+        """Call ``listener(agent_id)`` for each host whose GPU records were written (a state, a flag, a fault, a GPU
+        withdrawn or added), synchronously, also when the write was caused by another host (a duplicated uuid marks
+        the holder's card). Returns how to stop listening."""
+        self._gpu_listeners.append(listener)
+        return lambda: self._gpu_listeners.remove(listener) if listener in self._gpu_listeners else None
+
+    async def _write_gpus(self, gpus: Sequence[GpuRecord]) -> None:
+        for agent_id in sorted({g.agent_id for g in gpus}):
+            for listener in list(self._gpu_listeners):
+                listener(agent_id)
+        await self._store.gpus.put_many(gpus)
 
     async def load(self) -> list[str]:
         """Agents and GPUs from the store; returns what could not be loaded (each logged and an event recorded).
@@ -200,7 +214,7 @@ class Registry:
             agent.version += 1
             self._dirty.discard(agent.id)
         await write_paced(moved, self._store.agents.put_many)
-        await write_paced(gpus, self._store.gpus.put_many)
+        await write_paced(gpus, self._write_gpus)
         return moved
 
     async def settle_gpus(self, agent: AgentRecord) -> None:
@@ -211,7 +225,7 @@ class Registry:
         self._settle_in_memory(agent, changed, events)
         await self._events.record_many(events)
         if changed:
-            await self._store.gpus.put_many(changed)
+            await self._write_gpus(changed)
 
     def _settle_in_memory(
         self, agent: AgentRecord, changed: list[GpuRecord], events: list[tuple[str, str, dict[str, object]]]
@@ -244,7 +258,7 @@ class Registry:
             withdrawn.append(gpu)
         if withdrawn:
             await self._events.record_many([("gpu.withdrawn", g.uuid, {"agent_id": agent_id, "reason": flag}) for g in withdrawn])
-            await self._store.gpus.put_many(withdrawn)
+            await self._write_gpus(withdrawn)
 
     async def save(self, agent: AgentRecord) -> None:
         agent.version += 1
@@ -367,7 +381,7 @@ class Registry:
             records.append(record)
         await self._events.record_many(events)
         if records:
-            await self._store.gpus.put_many(records)
+            await self._write_gpus(records)
         gone = [g for uuid, g in self._gpus_by_agent.get(agent_id, {}).items() if uuid not in reported]
         await self.withdraw_gpus(agent_id, gone, MISSING_FROM_INVENTORY_FLAG)
         agent = self.agents.get(agent_id)
@@ -501,7 +515,7 @@ class Registry:
             )
         gpu.updated_at = time.time()
         await self._events.record_many(events)
-        await self._store.gpus.put_many([gpu])
+        await self._write_gpus([gpu])
         if was_healthy and self.changes.listening:
             self.changes.publish(GpuHealthChanged(uuid=gpu.uuid, agent_id=gpu.agent_id, healthy=False, reason=fault.reason))
 
@@ -524,7 +538,7 @@ class Registry:
             )
         gpu.updated_at = time.time()
         await self._events.record_many(events)
-        await self._store.gpus.put_many([gpu])
+        await self._write_gpus([gpu])
         agent = self.agents.get(gpu.agent_id)
         if agent is not None:
             await self.settle_gpus(agent)

@@ -735,16 +735,20 @@ class Master:
             agent.rentals_completed += 1
         return await self._reputation_changed(agent, before, "rentals", reason, now)
 
-    async def record_rating(self, agent_id: str, rating: int, rental_id: str, now: float) -> Reputation:
-        """A renter rated its ended rental ``rental_id`` on ``agent_id`` (1..5): counted in the ``ratings`` component,
-        with an ``agent.reputation`` event. Whether the rental may be rated (ended, not rated before) is the caller's."""
+    async def record_rating(self, agent_id: str, rating: int, rental_id: str, now: float, *, weight: int = 1) -> Reputation:
+        """A renter rated its ended rental ``rental_id`` on ``agent_id`` (1..5): counted ``weight`` times in the
+        ``ratings`` component (a rating weighs what the renter paid), with an ``agent.reputation`` event. Whether the
+        rental may be rated, and its weight, are the caller's (management/market/operations.py ``rate_rental``)."""
         if isinstance(rating, bool) or not isinstance(rating, int) or not 1 <= rating <= 5:
             raise InvalidRating(f"rating: {rating!r} is not a whole number from 1 to 5")
+        if isinstance(weight, bool) or not isinstance(weight, int) or weight < 1:
+            raise InvalidRating(f"weight: {weight!r} is not a whole number of at least 1")
         agent = self.registry.get(agent_id)
         before = reputation(agent)
-        agent.ratings_count += 1
-        agent.ratings_sum += rating
-        return await self._reputation_changed(agent, before, "ratings", f"rental {rental_id} rated {rating} of 5", now)
+        agent.ratings_count += weight
+        agent.ratings_sum += rating * weight
+        said = f"rental {rental_id} rated {rating} of 5" + (f" (weight {weight}: what was paid)" if weight > 1 else "")
+        return await self._reputation_changed(agent, before, "ratings", said, now)
 
     async def _reputation_changed(
         self, agent: AgentRecord, before: Reputation, component: str, reason: str, now: float

@@ -22,14 +22,14 @@ from management.operations import WebhookKey
 from management.views import rfc3339
 from master.records import SilenceRecord, WebhookRecord
 
-RuleName = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[a-z0-9_]+$")]
-MetricName = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[a-z_]+(\.[a-z_]+)*$")]
+RuleName = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[a-z0-9_]+\Z")]
+MetricName = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[a-z_]+(\.[a-z_]+)*\Z")]
 Seconds = Annotated[float, msgspec.Meta(ge=0, le=30 * 86400.0)]
-Subject = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")]
-LabelName = Annotated[str, msgspec.Meta(min_length=1, max_length=32, pattern=r"^[a-z_]+$")]
+Subject = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*\Z")]
+LabelName = Annotated[str, msgspec.Meta(min_length=1, max_length=32, pattern=r"^[a-z_]+\Z")]
 LabelValue = Annotated[str, msgspec.Meta(max_length=128)]
 Comment = Annotated[str, msgspec.Meta(max_length=512)]
-Url = Annotated[str, msgspec.Meta(min_length=8, max_length=2048, pattern=r"^https?://[^\s]+$")]
+Url = Annotated[str, msgspec.Meta(min_length=8, max_length=2048, pattern=r"^https?://[^\s]+\Z")]
 Op = Literal[">", ">=", "<", "<=", "==", "!="]
 Severity = Literal["info", "warning", "critical"]
 ScopeName = Literal["fleet", "tier", "region", "provider", "host", "gpu", "workload", "relay"]

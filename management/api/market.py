@@ -26,7 +26,7 @@ RENTALS = "rentals"
 # --- requests --------------------------------------------------------------------------------------------------------
 
 OfferQueryText = Annotated[str, msgspec.Meta(max_length=2000)]
-SortText = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^-?[a-z_]+$")]
+SortText = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^-?[a-z_]+\Z")]
 Memo = Annotated[str, msgspec.Meta(max_length=256)]
 
 
@@ -59,7 +59,7 @@ class Credit(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     amount: Amount
     memo: Memo = ""
-    key: Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")] | None = None
+    key: Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+\Z")] | None = None
 
 
 class LedgerQuery(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -605,6 +605,7 @@ def _structs(operations: tuple[Operation, ...]) -> list[type[msgspec.Struct]]:
 def build_document(operations: tuple[Operation, ...] = OPERATIONS, *, version: str = "1") -> dict[str, Any]:
     """The OpenAPI 3.1 document of ``operations``."""
     _, components = msgspec.json.schema_components(_structs(operations), ref_template=REF)
+    components = schemas.ecma_patterns(components)
     paths: dict[str, dict[str, Any]] = {}
     for op in operations:
         paths.setdefault(op.path, {})[op.method.lower()] = _operation(op, components)

@@ -25,7 +25,7 @@ class ReportQuery(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """``by``: one to three dimensions, comma-separated (provider, host, tier, model, region, renter, workload, and one
     of day, week, month); ``from``/``to``: unix seconds or ISO dates or times (UTC), the last week by default."""
 
-    by: Annotated[str, msgspec.Meta(min_length=1, max_length=100, pattern=r"^[a-z, ]+$")]
+    by: Annotated[str, msgspec.Meta(min_length=1, max_length=100, pattern=r"^[a-z, ]+\Z")]
     start: InstantText | None = msgspec.field(default=None, name="from")
     end: InstantText | None = msgspec.field(default=None, name="to")
     format: Literal["json", "csv"] = "json"

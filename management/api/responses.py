@@ -24,10 +24,10 @@ from master.reputation import Reputation
 
 # An RFC 3339 UTC time with milliseconds, as ``views.rfc3339`` writes it; null (where allowed) for "never".
 Time = Annotated[
-    str, msgspec.Meta(pattern=r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z$", description="RFC 3339 UTC")
+    str, msgspec.Meta(pattern=r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z\Z", description="RFC 3339 UTC")
 ]
 # Money: a decimal string in the grid's currency with at least two decimals, exact to the micro-unit ("2.50", "-0.000125").
-Money = Annotated[str, msgspec.Meta(pattern=r"^-?[0-9]+\.[0-9]{2,6}$", description="a decimal amount in the grid's currency")]
+Money = Annotated[str, msgspec.Meta(pattern=r"^-?[0-9]+\.[0-9]{2,6}\Z", description="a decimal amount in the grid's currency")]
 
 
 class View(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

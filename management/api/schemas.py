@@ -19,11 +19,11 @@ from master.records import WorkloadSpec
 from master.states import AgentState, CommandState, GpuState
 
 # Ids the Master mints ("agt-…", "cmd-…", GPU UUIDs, key ids), tier and model names, event subjects.
-Identifier = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")]
+Identifier = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*\Z")]
 # Account and place names people choose: a provider, a region.
-AccountName = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
-EventKindPrefix = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[a-z_]+(\.[a-z_]*)*$")]
-Cursor = Annotated[str, msgspec.Meta(min_length=1, max_length=512, pattern=r"^[A-Za-z0-9_-]+$")]
+AccountName = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z")]
+EventKindPrefix = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[a-z_]+(\.[a-z_]*)*\Z")]
+Cursor = Annotated[str, msgspec.Meta(min_length=1, max_length=512, pattern=r"^[A-Za-z0-9_-]+\Z")]
 
 DEFAULT_PAGE = 100
 MAX_PAGE = 1000
@@ -278,10 +278,24 @@ REQUEST_SCHEMAS += (SetPrice, SetDefaultPrice, PriceQuery)
 # --- end of the market's prices ---
 
 
+def ecma_patterns(schema: Any) -> Any:
+    """``schema`` with each pattern's closing ``\\Z`` written ``$``. The structs end their patterns with Python's ``\\Z``
+    (its ``$`` also matches before a final newline: "12\\n" once passed as a price); JSON Schema's patterns are ECMA 262,
+    where ``$`` is the end of the text, and ``\\Z`` means nothing."""
+    if isinstance(schema, dict):
+        return {
+            k: (v[:-2] + "$" if k == "pattern" and isinstance(v, str) and v.endswith("\\Z") else ecma_patterns(v))
+            for k, v in schema.items()
+        }
+    if isinstance(schema, list):
+        return [ecma_patterns(v) for v in schema]
+    return schema
+
+
 def json_schemas() -> dict[str, Any]:
     """JSON Schema (2020-12, as OpenAPI 3.1 uses) of every request body and list query, by struct name."""
     _, components = msgspec.json.schema_components(REQUEST_SCHEMAS, ref_template="#/components/schemas/{name}")
-    return components
+    return ecma_patterns(components)
 
 
 # --- telemetry history (management/monitoring/history.py) ------------------------------------------------------------

@@ -12,7 +12,7 @@ from typing import Any
 
 from management.market.money import BadAmount, parse_amount
 
-WORD = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+WORD = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}\Z")
 
 
 class FormErrors(dict[str, str]):

@@ -106,6 +106,10 @@ class Market:
         """Whether a renter has money available: the scheduler gives one without only free hosts."""
         return self.ledger.has_funds(account)
 
+    def budget(self, account: str) -> int:
+        """A renter's available balance: the scheduler places its work only where it pays one metering period."""
+        return self.ledger.funds(account).available
+
     async def load(self) -> None:
         """Prices, balances, open rentals and the fee window, in memory before the first call (after any restart)."""
         if self._loaded:

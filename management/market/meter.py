@@ -109,6 +109,32 @@ def rental_hosts(wl: WorkloadRecord, master: Master, prices: Prices) -> list[Ren
     return hosts
 
 
+def terms_refusal(wl: WorkloadRecord, master: Master, prices: Prices) -> str | None:
+    """Why a workload's rental may not start on the hosts it was placed on, at their terms now, or None. The scheduler
+    checked them at placement; a bid lowered, or a host's price raised, between placement and the run must not make the
+    rental start under the host's terms (one ran at 0.000001 on a host whose minimum bid was 0.40)."""
+    terms = wl.spec.rental
+    if terms is None:
+        return None
+    currency = master.config.currency
+    for host in rental_hosts(wl, master, prices):
+        listed = prices(host.provider, host.agent_id)
+        if terms.kind == "interruptible":
+            if listed.min_bid is None:
+                return f"host {host.agent_id} is no longer rented interruptible"
+            if host.price < listed.min_bid:
+                return (
+                    f"its bid {format_amount(host.price)} {currency} is under host {host.agent_id}'s minimum bid "
+                    f"{format_amount(listed.min_bid)} {currency}"
+                )
+        elif terms.max_price is not None and host.price > parse_amount(terms.max_price):
+            return (
+                f"host {host.agent_id} now costs {format_amount(host.price)} {currency} per GPU-hour, over its max_price "
+                f"{terms.max_price} {currency}"
+            )
+    return None
+
+
 class MeterLoop:
     def __init__(
         self,
@@ -260,6 +286,10 @@ class MeterLoop:
 
     async def _start(self, wl: WorkloadRecord, started_at: float) -> None:
         rid = rental_id(wl)
+        refused = terms_refusal(wl, self._master, self._prices)
+        if refused is not None and await self._rentals.get(rid) is None:
+            await self._requeue(wl, refused, started_at)
+            return
         terms = wl.spec.rental
         kind = terms.kind if terms is not None else "on_demand"
         hosts = rental_hosts(wl, self._master, self._prices)
@@ -339,6 +369,15 @@ class MeterLoop:
         if len(posted) < len(computed[0].entries):  # another writer posted one of them: read the rental's entries
             self._state[rental.id] = state_of(rental.id, await self._ledger.rental_entries(rental.id))
         return computed[0]
+
+    async def _requeue(self, wl: WorkloadRecord, why: str, now: float) -> None:
+        """A run whose terms the hosts no longer take: no rental opens, nothing is charged, its containers stop and
+        it waits in the queue for hosts whose terms it meets."""
+        reason = f"not started at the hosts' terms: {why}; it waits for a host whose terms it meets"
+        try:
+            await self._book.end(wl.id, "requeue", reason, now, grace_s=self.settings.grace_s)
+        except (InvalidTransition, NotFound) as exc:
+            log.info("workload %s not requeued for its terms: %s", wl.id, exc)
 
     async def _stop(self, rental: RentalRecord, now: float) -> None:
         try:

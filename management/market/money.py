@@ -6,10 +6,11 @@ pays for a fraction of a micro-unit it did not use).
 
 from __future__ import annotations
 
+import math
 import re
 
 MICRO = 1_000_000
-_AMOUNT = re.compile(r"^([0-9]{1,12})(?:\.([0-9]{1,6}))?$")
+_AMOUNT = re.compile(r"^([0-9]{1,12})(?:\.([0-9]{1,6}))?\Z")
 
 
 class BadAmount(ValueError):
@@ -18,7 +19,7 @@ class BadAmount(ValueError):
 
 def parse_amount(text: str) -> int:
     """``"2.5"`` -> 2_500_000. At most six decimals; no sign, exponent or thousands separator."""
-    match = _AMOUNT.match(text.strip())
+    match = _AMOUNT.fullmatch(text)  # as given: "12\n" or " 12" is not an amount (once "12\n" priced 12.00)
     if match is None:
         raise BadAmount(f"{text!r} is not an amount: write a decimal number such as 2.5 or 0.000125 (at most 6 decimals)")
     whole, frac = match.group(1), match.group(2) or ""
@@ -31,6 +32,20 @@ def format_amount(micro: int) -> str:
     whole, frac = divmod(abs(micro), MICRO)
     digits = f"{frac:06d}".rstrip("0").ljust(2, "0")
     return f"{sign}{whole}.{digits}"
+
+
+def period_cost(price_per_gpu_hour: int, gpus: int, period_s: float) -> int:
+    """What ``gpus`` GPUs cost for one metering period of ``period_s`` (whole seconds, rounded up) at the price, rounded
+    up: the least a balance must hold for work at that price to start (a dust balance once started 28 GPUs)."""
+    seconds = max(1, math.ceil(period_s))
+    return -(-price_per_gpu_hour * gpus * seconds // 3600)
+
+
+def affordable_price(available: int, gpus: int, period_s: float) -> int:
+    """The highest price per GPU-hour at which ``available`` pays one metering period of ``gpus`` GPUs:
+    ``period_cost(p, gpus, period_s) <= available`` exactly when ``p <= affordable_price(available, gpus, period_s)``."""
+    seconds = max(1, math.ceil(period_s))
+    return max(0, available) * 3600 // (max(1, gpus) * seconds)
 
 
 def cost(price_per_gpu_hour: int, gpus: int, seconds: int) -> int:

@@ -6,6 +6,8 @@ What marks a host dirty, each synchronously, before the change is acted on:
   ``Resync`` (changes were lost) marks every host;
 - the allocation ledger (``GpuAllocations.listen``): a hold taken, confirmed, given back, or the holds rebuilt;
 - the registry (``Registry.on_saved``): an agent record written (a hello with a new inventory, a drain, an undrain);
+  and (``Registry.on_gpus_written``) a host's GPU records written, whoever caused it (another host's hello naming its
+  uuids withdrew or flagged them: the offer once kept advertising them and a rent of 5 was queued for ever);
 - ``prices_changed(provider, agent_id | None)``: a host's price, or its provider's default (every host of it).
 Reputation moves with every heartbeat (uptime) and is not worth a change each time: each host is also re-derived
 when its offer is older than ``max_age_s``: at most ``max_aged_per_refresh`` such hosts per search, oldest first, so
@@ -65,7 +67,11 @@ class OfferFeed:
         self._everything_dirty = True  # the first search builds every host's offer
         self._refreshed: OrderedDict[str, float] = OrderedDict()  # host -> when its offer was derived, oldest first
         self._subscription: Subscription | None = master.changes.subscribe(changes_capacity)
-        self._unlisten = [master.allocations.listen(self._on_holds), master.registry.on_saved(self._mark)]
+        self._unlisten = [
+            master.allocations.listen(self._on_holds),
+            master.registry.on_saved(self._mark),
+            master.registry.on_gpus_written(self._mark),  # also a host's GPUs changed by another host's hello
+        ]
         self._task: asyncio.Task[None] | None = None
 
     def start(self, *, refresh_every_s: float = 1.0) -> None:

@@ -6,6 +6,7 @@ operator) is applied here as the API's auth module decided it, and another accou
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +28,7 @@ from management.market.ledger import (
 from management.market.market import Market
 from management.market.meter import rental_hosts
 from management.market.metering import price_at
-from management.market.money import format_amount, parse_amount
+from management.market.money import format_amount, parse_amount, period_cost
 from management.market.offers import Offer, SearchResult
 from management.scheduler.book import WorkloadBook
 from master.accounts import BOOTSTRAP_ACCOUNT
@@ -36,6 +37,17 @@ from master.service import Master
 from master.store.aggregates import rental_order
 
 PROVIDER_PREFIX = provider_account("")
+RATED_PAGE = 500
+
+
+def rating_weight(paid: int, unit: str, most: int) -> int:
+    """How many times a rating counts: 1, plus 1 for each ``unit`` (an amount) paid on the host, at most ``most``."""
+    per = parse_amount(unit)
+    if per <= 0:
+        return most
+    return max(1, min(most, 1 + paid // per))
+
+
 KINDS_SAID = {"on_demand": "on demand", "interruptible": "interruptible", "reserved": "reserved"}
 
 
@@ -76,11 +88,16 @@ class Statements:
     items: list[Any] = field(default_factory=list)
 
 
+FitCheck = Callable[[str, WorkloadSpec], Awaitable[str | None]]  # (account, spec) -> why it could never run here, or None
+
+
 class MarketOperations:
     def __init__(self, master: Master, book: WorkloadBook, market: Market) -> None:
         self._master = master
         self._book = book
         self.market = market
+        # The scheduler's "could this ever run here" (SchedulerLoop.never_fits), set by the façade that composes both.
+        self.fit_check: FitCheck | None = None
 
     @property
     def currency(self) -> str:
@@ -104,6 +121,12 @@ class MarketOperations:
         offer = self.market.offers.offer(offer_id)
         terms = msgspec.structs.replace(spec.rental or RentalTerms(), offer=offer_id)
         gpus = spec.replicas * spec.replica.gpus
+        if offer.runtime == "process" and not spec.constraints.allow_process_runtime:
+            raise Conflict(
+                f"offer {offer_id} runs renters' work as a sandboxed host process (the process runtime), which the "
+                "workload does not allow: set constraints.allow_process_runtime (the CLI's --allow-process-runtime, the "
+                'console\'s "May run as a sandboxed process")'
+            )
         if spec.replicas != 1:
             raise Conflict(f"an offer is one host: rent it with replicas 1 (asked {spec.replicas}); submit a gang instead")
         # on demand (and reserved) may take what interruptible rentals hold there: the scheduler preempts them
@@ -144,8 +167,69 @@ class MarketOperations:
                     f"offer {offer_id} takes rentals of at most {offer.max_duration_s / 3600:g} h: set max_duration_s "
                     "(or a reserved period) within it"
                 )
+        if terms.kind == "interruptible":
+            first, said = parse_amount(terms.bid or "0"), "your bid"
+        else:
+            first = offer.reserved_price if terms.kind == "reserved" else offer.price
+            said = f"offer {offer_id}'s {KINDS_SAID[terms.kind]} price"
+        self.check_first_period(account, spec, first, said)
+        await self.check_fits(account, spec)
         rented = msgspec.structs.replace(spec, rental=terms)
         return await self._book.submit(account, rented, time.time())
+
+    def check_first_period(self, account: str, spec: WorkloadSpec, price: int, said: str) -> None:
+        """PaymentRequired (402, with the figures) when the renter's available balance does not pay one metering period
+        of ``spec``'s GPUs at ``price`` per GPU-hour: work never starts on a balance that cannot pay for it (a dust
+        balance once started 28 GPUs, and 0.05 rented 8 GPUs at 28 an hour to be stopped 8 s later)."""
+        if price <= 0:
+            return
+        gpus = spec.replicas * spec.replica.gpus
+        period_s = self._master.config.metering_period_s
+        needed = period_cost(price, gpus, period_s)
+        available = self.market.ledger.funds(account).available
+        if needed > available:
+            cur = self.currency
+            per_hour = price * gpus
+            raise PaymentRequired(
+                f"{gpus} GPU(s) at {format_amount(price)} {cur} per GPU-hour ({said}) cost {format_amount(per_hour)} {cur} "
+                f"per hour; work starts only on a balance that pays one metering period ({period_s:g} s): needed "
+                f"{format_amount(needed)} {cur}, the balance available is {format_amount(available)} {cur}; add funds"
+            )
+
+    def cheapest_price(self, spec: WorkloadSpec) -> tuple[int, str] | None:
+        """The least ``spec`` could pay per GPU-hour on this grid now, and what sets it: its bid (interruptible), else
+        the lowest listed (or reserved) price of any host; None when the grid has no host to price it."""
+        terms = spec.rental or RentalTerms()
+        if terms.kind == "interruptible":
+            return parse_amount(terms.bid or "0"), "your bid"
+        listed = [
+            self.market.prices.price(agent.provider, agent.id)
+            for agent in self._master.registry.agents.values()
+            if agent.state != "retired"
+        ]
+        if not listed:
+            return None
+        prices = [p.reserved if terms.kind == "reserved" else p.on_demand for p in listed]
+        return min(prices), f"the cheapest host's {KINDS_SAID[terms.kind]} price"
+
+    async def check_fits(self, account: str, spec: WorkloadSpec) -> None:
+        """Conflict (409) naming what to change when ``spec`` could never run on this grid as it is now (the process
+        runtime not allowed, a model or tier the grid lacks, more GPUs on one host than any has): refused at once,
+        never queued to wait for ever."""
+        if self.fit_check is not None:
+            why = await self.fit_check(account, spec)
+            if why is not None:
+                raise Conflict(f"this workload can never run on this grid: {why}")
+
+    async def admit(self, account: str, spec: WorkloadSpec) -> None:
+        """A submitted workload that could never run here is refused at once (409, naming the field or flag that fixes
+        it), and one the renter's balance can never start (402, with the figures), never left queued: even the
+        cheapest host on the grid costs more than the balance pays for one period."""
+        await self.market.load()
+        await self.check_fits(account, spec)
+        cheapest = self.cheapest_price(spec)
+        if cheapest is not None:
+            self.check_first_period(account, spec, *cheapest)
 
     async def change_bid(self, workload_id: str, bid: int, *, account: str | None) -> WorkloadRecord:
         """A new bid on an interruptible workload: stored on its terms (the scheduler ranks and preempts by it) and, while
@@ -153,16 +237,33 @@ class MarketOperations:
         await self.market.load()
         rec = await self._book.get(workload_id, account=account)
         rental = self.market.meter.rental_of(workload_id)
-        if rental is not None:
-            for host in rental.hosts:
-                minimum = self.market.prices.price(host.provider, host.agent_id).min_bid
-                if minimum is None or bid < minimum:
-                    said = "is no longer rented interruptible" if minimum is None else f"takes bids from {format_amount(minimum)}"
-                    raise Conflict(f"host {host.agent_id}, where {workload_id} runs, {said} {self.currency}; bid again")
+        # Running: its rental's hosts. Placed but not yet running (scheduled, starting): the hosts it was placed on,
+        # whose minimum the rental will pay from the moment it starts (a lowered bid there once skipped the check).
+        hosts = (
+            [(h.provider, h.agent_id) for h in rental.hosts]
+            if rental is not None
+            else [(provider, agent_id) for agent_id, provider in self._assigned_hosts(rec)]
+        )
+        where = "runs" if rental is not None else "is placed"
+        for provider, agent_id in hosts:
+            minimum = self.market.prices.price(provider, agent_id).min_bid
+            if minimum is None or bid < minimum:
+                said = "is no longer rented interruptible" if minimum is None else f"takes bids from {format_amount(minimum)}"
+                raise Conflict(f"host {agent_id}, where {workload_id} {where}, {said} {self.currency}; bid again")
         updated = await self._book.change_bid(rec.id, format_amount(bid), time.time())
         if rental is not None:
             await self.market.meter.change_bid(workload_id, bid, time.time())
         return updated
+
+    def _assigned_hosts(self, rec: WorkloadRecord) -> list[tuple[str, str]]:
+        """(agent id, provider) of each host a workload is placed on and not leaving."""
+        hosts: dict[str, str] = {}
+        for a in rec.assignments:
+            if a.state in ("deleting", "deleted"):
+                continue
+            agent = self._master.registry.agents.get(a.agent_id)
+            hosts[a.agent_id] = agent.provider if agent is not None else ""
+        return sorted(hosts.items())
 
     def workload_terms(self, rec: WorkloadRecord) -> dict[str, Any]:
         """How a workload pays, stated plainly (renters of other markets are surprised by silent on-demand fallbacks):
@@ -200,6 +301,7 @@ class MarketOperations:
             )
         elif terms.kind == "interruptible":
             view["summary"] = f"{said} at your bid of {terms.bid} {cur} per GPU-hour, on hosts whose minimum bid it meets"
+            view["per_hour"] = format_amount(parse_amount(terms.bid or "0") * rec.spec.replicas * rec.spec.replica.gpus)
         elif terms.kind == "reserved":
             view["summary"] = (
                 f"{said} for {(terms.reserved_s or 0) / 3600:g} h at the host's reserved price, prepaid when it starts"
@@ -208,6 +310,7 @@ class MarketOperations:
             listed = self.market.prices.price(agent.provider, agent.id)
             price = listed.reserved if terms.kind == "reserved" else listed.on_demand
             view["price"] = format_amount(price)
+            view["per_hour"] = format_amount(price * rec.spec.replicas * rec.spec.replica.gpus)
             when = "prepaid when it starts" if terms.kind == "reserved" else "charged per second once it runs"
             view["summary"] = f"{said} at {format_amount(price)} {cur} per GPU-hour (offer {terms.offer}'s price now); {when}"
         else:
@@ -337,19 +440,65 @@ class MarketOperations:
         return await self._detail(await self._owned_rental(rental_id, owner, role))
 
     async def rate_rental(self, rental_id: str, rating: int, *, owner: str | None, role: str) -> RentalDetail:
-        """The renter's 1..5 of an ended rental, once; it counts in each of its hosts' reputation."""
+        """The renter's 1..5 of an ended rental, once; it counts in each of its hosts' reputation, weighted by what was
+        paid on the host. Refused (409, saying why) for a rental that ran less than ``rating_min_run_s``, one that cost
+        money and was not paid, and a host this renter already rated within ``rating_window_s``: ratings were nearly
+        free (20 one-star ratings of rentals that ran seconds, for 0.01 in all, sank hosts' scores)."""
         await self.market.load()
         rental = await self._owned_rental(rental_id, owner, role)
         if rental.ended_at is None:
             raise Conflict(f"rental {rental_id} is still running; rate it once it has ended")
         if rental.rating is not None:
             raise Conflict(f"rental {rental_id} was already rated {rental.rating}")
-        rated = msgspec.structs.replace(rental, rating=rating, version=rental.version + 1)
-        await self._master.store.rentals.update(rated, expected_version=rental.version)
+        config = self._master.config
+        ran = rental.ended_at - rental.started_at
+        if ran < config.rating_min_run_s:
+            raise Conflict(
+                f"rental {rental_id} ran {ran:.0f} s; a rating counts for a rental that ran at least "
+                f"{config.rating_min_run_s:g} s"
+            )
+        paid = await self._paid_per_host(rental)
+        if any(h.price > 0 for h in rental.hosts) and sum(paid.values()) <= 0:
+            raise Conflict(f"rental {rental_id} was not paid for; a rating counts for a rental that was")
         now = time.time()
         for host in rental.hosts:
-            await self._master.record_rating(host.agent_id, rating, rental_id, now)
+            earlier = await self._rated_within(rental, host.agent_id, now - config.rating_window_s)
+            if earlier is not None:
+                raise Conflict(
+                    f"you rated host {host.agent_id} for rental {earlier} within the last "
+                    f"{config.rating_window_s / 86400:g} days; one rating per host in that time"
+                )
+        rated = msgspec.structs.replace(rental, rating=rating, version=rental.version + 1)
+        await self._master.store.rentals.update(rated, expected_version=rental.version)
+        for host in rental.hosts:
+            weight = rating_weight(paid.get(host.agent_id, 0), config.rating_weight_unit, config.rating_max_weight)
+            await self._master.record_rating(host.agent_id, rating, rental_id, now, weight=weight)
         return await self._detail(rated)
+
+    async def _paid_per_host(self, rental: RentalRecord) -> dict[str, int]:
+        """What the renter was charged for the rental on each host (charges, before any refund)."""
+        paid: dict[str, int] = {}
+        for entry in await self.market.ledger.rental_entries(rental.id):
+            if entry.kind != "charge":
+                continue
+            for line in entry.lines:
+                if line.host and (line.account.startswith(PROVIDER_PREFIX) or line.account == FEES):
+                    paid[line.host] = paid.get(line.host, 0) + line.amount
+        return paid
+
+    async def _rated_within(self, rental: RentalRecord, agent_id: str, since: float) -> str | None:
+        """Another rental of the same renter on ``agent_id``, ended since ``since``, that was rated; None if none."""
+        after: str | None = None
+        while True:
+            page = await self._master.store.rentals.list(
+                account=rental.account, agent_id=agent_id, ended_since=since, after=after, limit=RATED_PAGE
+            )
+            for other in page:
+                if other.id != rental.id and other.rating is not None:
+                    return other.id
+            if len(page) < RATED_PAGE:
+                return None
+            after = rental_order(page[-1].started_at, page[-1].id)
 
 
 __all__ = ["FundsDetail", "MarketOperations", "PaymentRequired", "RentalDetail", "Statements"]

@@ -82,8 +82,8 @@ _FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _OP_CHARS = re.compile(r"[=!<>~]+")
 _KEYWORD_OP = re.compile(r"(in|notin)(?=[\s\[])")
 _BARE = re.compile(r"[^\s\[\],\"']+")
-_NUMBER = re.compile(r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?$")
-_VERSION = re.compile(r"^[0-9]{1,9}(\.[0-9]{1,9}){0,3}$")
+_NUMBER = re.compile(r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?\Z")
+_VERSION = re.compile(r"^[0-9]{1,9}(\.[0-9]{1,9}){0,3}\Z")
 
 
 class Condition(msgspec.Struct, frozen=True, kw_only=True):

@@ -13,6 +13,7 @@ from management.monitoring.reports import (
     Report,
     ReportInputs,
     build_report,
+    check_provider_dimensions,
     restrict,
 )
 from master.records import CommandRecord, LedgerEntry, RentalRecord, TelemetryRollup
@@ -30,7 +31,10 @@ class ReportSource:
     async def report(
         self, kind: str, by: tuple[str, ...], start: float, end: float, *, provider: str | None, renter: str | None
     ) -> Report:
-        """The report as ``provider`` (its hosts), ``renter`` (its rentals) or, neither given, the operator sees it."""
+        """The report as ``provider`` (its hosts), ``renter`` (its rentals) or, neither given, the operator sees it.
+        A provider's by renter or workload is refused (HiddenDimension): the renter is hidden from providers."""
+        if provider is not None:
+            check_provider_dimensions(by)
         inputs = restrict(await self.inputs(start, end, provider=provider, renter=renter), provider=provider, renter=renter)
         return build_report(inputs, kind, by, start, end)
 

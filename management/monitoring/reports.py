@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from common.errors import IdlegridError
 from management.market.ledger import FEES, calendar_period
 from master.records import CommandRecord, LedgerEntry, LedgerLine, RentalRecord, TelemetryRollup
 
@@ -56,6 +57,26 @@ FAILED_COMMAND_STATES = frozenset({"failed", "timed_out"})
 
 class InvalidReport(ValueError):
     """A report asked along dimensions, or over a window, it cannot have (the message names which)."""
+
+
+class HiddenDimension(IdlegridError):
+    """A provider asked for its report by renter or by workload: who rents a provider's hosts, and what they run, are
+    the renter's, hidden from providers everywhere (a rental's view leaves them out the same way)."""
+
+    code = "bad_request"
+
+
+RENTERS_OWN_DIMENSIONS = ("renter", "workload")  # never shown to a provider (docs/market.md, "Who sees the renter")
+
+
+def check_provider_dimensions(by: Sequence[str]) -> None:
+    """HiddenDimension when ``by`` names a dimension that is the renter's."""
+    hidden = [d for d in by if d in RENTERS_OWN_DIMENSIONS]
+    if hidden:
+        allowed = ", ".join(d for d in DIMENSIONS if d not in RENTERS_OWN_DIMENSIONS)
+        raise HiddenDimension(
+            f"by: {', '.join(hidden)} is the renter's and not shown to providers (as in rental views); group by {allowed}"
+        )
 
 
 @dataclass(frozen=True)

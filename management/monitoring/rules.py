@@ -29,7 +29,7 @@ OPERATORS: dict[str, Callable[[float, float], bool]] = {
 }
 SEVERITIES = ("info", "warning", "critical")
 SCOPES = ("fleet", "tier", "region", "provider", "host", "gpu", "workload", "relay")
-_NAME = re.compile(r"^[a-z0-9_]{1,64}$")
+_NAME = re.compile(r"^[a-z0-9_]{1,64}\Z")
 
 
 class AlertRule(msgspec.Struct, frozen=True, kw_only=True):

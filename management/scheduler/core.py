@@ -12,12 +12,13 @@ The cycle, in order (docs/scheduler.md has the whole contract):
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from common.errors import NotFound
-from management.market.money import format_amount
+from management.market.money import affordable_price, format_amount, period_cost
 from management.scheduler.model import (
     Assignment,
     Explanation,
@@ -39,6 +40,7 @@ from management.scheduler.pool import (
     Shape,
     host_static_ok,
     nvlink_group,
+    price_for,
     price_refusal,
     runtime_allowed,
     shape_matches,
@@ -103,6 +105,7 @@ class _Cycle:
         self.preempting: dict[str, int] = {}  # preemptor -> victims it waits for
         self._reserve_keys: list[str] = []
         self._no_fit: set[tuple[object, ...]] = set()
+        self._spent: dict[str, int] = {}  # account -> the first period of what this cycle placed for it
         self._no_victims: set[tuple[object, ...]] = set()
         self._running_synced = False
         self._preemptible_rank = {c.name: c.rank for c in self.policy.classes if c.preemptible}
@@ -207,6 +210,10 @@ class _Cycle:
                 self.pool.unreserve(key)
 
     def _consider(self, job: Job) -> str:
+        spent = self._spent.get(job.account, 0)
+        if job.balance is not None and spent:  # what is left after this cycle's earlier placements for the account
+            left = affordable_price(job.balance - spent, job.units_asked, self.policy.metering_period_s)
+            job = dataclasses.replace(job, affordable=left)
         reason = self._invalid(job)
         if reason is not None:
             self.plan.decisions.append(Reject(job.id, reason))
@@ -222,7 +229,7 @@ class _Cycle:
             if not self._ends_before_head(job):
                 exclude = self.head.hosts
         duration = (job.max_duration_s, job.reserved_s) if self._duration_limited else None
-        terms = (job.rental, job.bid, job.max_price, job.pin, job.funded, duration)
+        terms = (job.rental, job.bid, job.max_price, job.pin, job.funded, job.affordable, duration)
         fail_key = (job.request, job.constraints, job.replicas, job.placement, bool(exclude), terms)
         assignment = None if fail_key in self._no_fit else self.pool.place(job, exclude)
         if assignment is None:
@@ -234,6 +241,8 @@ class _Cycle:
                 self.pool.release(job.id)
                 return "quota"
             self.plan.decisions.append(Place(job.id, assignment))
+            if job.balance is not None:
+                self._spent[job.account] = spent + self._first_period(job, assignment)
             if job.max_duration_s is not None:
                 self.pool.note_end(job.id, self.s.now + job.max_duration_s)
             if job.account in self.policy.quotas:
@@ -278,6 +287,14 @@ class _Cycle:
         if quota is not None and quota.gpus is not None and job.units_asked > quota.gpus:
             return f"the workload asks for {_gpus(job.units_asked)} at once; account {job.account}'s quota is {quota.gpus}"
         return None
+
+    def _first_period(self, job: Job, assignment: Assignment) -> int:
+        """What one metering period of ``job`` costs on the hosts of ``assignment``."""
+        total = 0
+        for units in assignment:
+            host = self.s.hosts[self.s.units[units[0]].host]
+            total += period_cost(price_for(host, job), len(units), self.policy.metering_period_s)
+        return total
 
     def _cannot_fit(self, job: Job) -> str | None:
         """Why ``job`` cannot be placed on the grid as it is now, even empty (hosts may still join), or None."""
@@ -797,6 +814,47 @@ def explain(snapshot: Snapshot, job_id: str) -> Explanation:
     return out
 
 
+def never_fits(snapshot: Snapshot, job: Job) -> str | None:
+    """Why ``job`` (not yet queued) could not run on this grid as it is now, even empty, or None; an empty grid says
+    nothing (hosts may still join). What rent and submit refuse at once, with what would fix it: the process runtime
+    the job does not allow (its constraint) or the operator does not offer, a model or tier the grid lacks."""
+    if not snapshot.hosts:
+        return None
+    reason = _never_fits(snapshot, job)
+    if reason is None:
+        return None
+    allowing = dataclasses.replace(job, constraints=dataclasses.replace(job.constraints, allow_process_runtime=True))
+    offered = dataclasses.replace(snapshot, policy=dataclasses.replace(snapshot.policy, allow_process_runtime=True))
+    if not job.constraints.allow_process_runtime and snapshot.policy.allow_process_runtime:
+        if _never_fits(snapshot, allowing) is None:
+            return (
+                f"{reason} among the hosts that run containers; the others run renters' work as sandboxed processes: "
+                "allow it with constraints.allow_process_runtime (the CLI's --allow-process-runtime, the console's "
+                '"May run as a sandboxed process")'
+            )
+    elif not snapshot.policy.allow_process_runtime and _never_fits(offered, allowing) is None:
+        return (
+            f"{reason} among the hosts that run containers; the others run the process runtime, which this grid's "
+            "operator does not offer (offer_sandboxed_hosts)"
+        )
+    r = job.request
+    if r.models or r.tiers:
+        models = sorted({u.model for u in snapshot.units.values() if u.model})
+        reason = f"{reason} (replica.models / replica.tiers; the GPU models here: {', '.join(models) or 'none'})"
+    bare = sum(1 for h in snapshot.hosts.values() if h.isolation == "none")
+    if bare:
+        verb = "isolates" if bare == 1 else "isolate"
+        reason += (
+            f"; {_count(bare, 'host')} here {verb} nothing (isolation none) and take{'s' if bare == 1 else ''} no renter's work"
+        )
+    return reason
+
+
+def _never_fits(snapshot: Snapshot, job: Job) -> str | None:
+    cycle = _Cycle(snapshot, None)
+    return cycle._invalid(job) or cycle._cannot_fit(job)
+
+
 def reserved_start(snapshot: Snapshot, job: Job) -> float | None:
     """The earliest time ``job`` fits as running jobs end (the queue ignored); ``now`` if it fits now."""
     cycle = _Cycle(snapshot, None)
@@ -835,6 +893,11 @@ def _price_detail(job: Job, refused: dict[str, str]) -> str:
             what = f"are not the offer you rent ({job.pin})"
         elif why == "duration":
             what = "take rentals only up to a max duration shorter than yours (or yours sets none)"
+        elif job.funded and job.affordable is not None:  # unfunded: too little for one metering period
+            what = (
+                "charge more than your available balance pays for one metering period of this workload "
+                f"(it covers up to {format_amount(job.affordable)} per GPU-hour)"
+            )
         else:  # unfunded
             what = "charge money and your account has no available balance"
         parts.append(f"{hosts} {what}")

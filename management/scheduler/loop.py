@@ -33,14 +33,22 @@ import msgspec
 
 from common.errors import IdlegridError, NotFound
 from management.scheduler.book import WorkloadBook
-from management.scheduler.core import explain, schedule
+from management.scheduler.core import explain, never_fits, schedule
 from management.scheduler.model import DEFAULT_HALF_LIFE_S, Explanation, Place, Plan, Policy, Preempt, Reject, Requeue, Snapshot
-from management.scheduler.snapshot import HOLDING_STATES, PriceOf, UnitCache, build_snapshot, policy_of, workload_of
+from management.scheduler.snapshot import (
+    HOLDING_STATES,
+    PriceOf,
+    UnitCache,
+    build_snapshot,
+    job_of,
+    policy_of,
+    workload_of,
+)
 from management.scheduler.usage import UsageMeter
 from management.scheduler.usage_saving import UsageSaver
 from management.scheduler.workloads import WorkloadState, container_name
 from master.config import MasterConfig
-from master.records import Assignment, CommandRecord, WorkloadRecord
+from master.records import Assignment, CommandRecord, WorkloadRecord, WorkloadSpec
 from master.service import Master
 from master.states import AgentState, CommandState
 
@@ -102,12 +110,17 @@ class SchedulerLoop:
         clock: Callable[[], float] = time.time,
         prices: PriceOf | None = None,
         funded: Callable[[str], bool] | None = None,
+        budget: Callable[[str], int] | None = None,
+        period_s: float = 60.0,
     ) -> None:
         """``prices``: each host's prices in force, ``(provider, agent id) -> HostPrice`` (None: a free grid);
-        ``funded``: whether a renter account has money available (None: every renter has)."""
+        ``funded``: whether a renter account has money available (None: every renter has); ``budget``: a renter's
+        available balance, so work starts only where it pays one metering period of ``period_s`` (None: no limit)."""
         self.master = master
         self.prices = prices
         self.funded = funded
+        self.budget = budget
+        self.period_s = period_s
         self.book = book
         self.settings = settings or SchedulerSettings()
         self._clock = clock
@@ -119,6 +132,7 @@ class SchedulerLoop:
             backfill=self.settings.backfill,
             allow_process_runtime=self.settings.allow_process_runtime,
             grace_s=self.settings.grace_s,
+            metering_period_s=period_s,
         )
         self._units = UnitCache()  # each host's units, rebuilt only when its GPUs change
         self._strays: dict[tuple[str, str], float] = {}
@@ -229,12 +243,27 @@ class SchedulerLoop:
             unit_cache=self._units,
             prices=self.prices,
             funded=self.funded,
+            budget=self.budget,
+            period_s=self.period_s,
         )
         self._units.forget_all_but(m.registry.agents)
         self.usage.advance(
             now, [snapshot.running[w.id] for w in holding if w.state == W.RUNNING.value and w.id in snapshot.running]
         )
         return dataclasses.replace(snapshot, usage=dict(self.usage.usage), project_usage=dict(self.usage.project_usage))
+
+    async def never_fits(self, account: str, spec: WorkloadSpec) -> str | None:
+        """Why a workload not yet submitted could never run on this grid as it is now, with what would fix it, or None
+        (management/scheduler/core.py ``never_fits``); on the explain snapshot, as renters' submits can come often."""
+        at = time.monotonic()
+        cached = self._explain_snapshot
+        if cached is None or at - cached[0] > EXPLAIN_SNAPSHOT_S:
+            cached = self._explain_snapshot = (at, await self.snapshot(self._clock()))
+        now = self._clock()
+        rec = WorkloadRecord(
+            id="wl-0", account=account, spec=spec, state=W.QUEUED.value, state_reason="", created_at=now, queued_at=now
+        )
+        return never_fits(cached[1], job_of(rec))
 
     async def explain(self, workload_id: str) -> Explanation:
         """Why a queued workload waits, constraint by constraint (management/scheduler/core.py ``explain``). A snapshot

@@ -107,6 +107,12 @@ class Job:
     max_price: int | None = None  # on_demand/reserved: the most it takes per GPU-hour (None: no cap)
     pin: str | None = None  # a host id: it rents that offer, and runs there or waits
     funded: bool = True  # False: the renter has no available money, so only hosts that charge it 0
+    # The most per GPU-hour the renter's available balance pays for one metering period of this job's GPUs (None: no
+    # limit): work starts only where the balance covers its first period (management/market/money.affordable_price).
+    affordable: int | None = None
+    # The renter's available balance less the first period of its work placed but not running yet (None: no limit):
+    # a cycle takes off what it places for the account, so the jobs after it see what is left.
+    balance: int | None = None
     reserved_s: float | None = None  # reserved: the prepaid period (it counts as its max duration for hosts)
 
     @property
@@ -163,6 +169,7 @@ class Policy:
     max_places_per_cycle: int = 128  # a cycle places a bounded batch; the loop runs again
     max_considered_per_cycle: int = 1024  # and looks at a bounded part of the queue
     max_preemption_attempts_per_cycle: int = 2  # what-ifs for preemptors are bounded too
+    metering_period_s: float = 60.0  # the market's: work starts only where the balance pays one such period
 
     def priority_class(self, name: str) -> PriorityClass | None:
         for c in self.classes:

@@ -84,7 +84,8 @@ def price_refusal(host: Host, job: Job) -> str | None:
         duration = job.reserved_s if rental == "reserved" and job.reserved_s is not None else job.max_duration_s
         if duration is None or duration > host.max_duration_s:
             return "duration"
-    if not job.funded and price_for(host, job) > 0:
+    price = price_for(host, job)
+    if price > 0 and (not job.funded or (job.affordable is not None and price > job.affordable)):
         return "unfunded"
     return None
 
@@ -97,6 +98,7 @@ def host_static_ok(host: Host, job: Job, policy: Policy) -> bool:
     if (
         job.rental != "on_demand"
         or not job.funded
+        or job.affordable is not None
         or job.max_price is not None
         or job.pin is not None
         or host.max_duration_s is not None

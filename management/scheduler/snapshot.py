@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping
 
-from management.market.money import parse_amount
+from management.market.money import affordable_price, parse_amount, period_cost
 from management.market.prices import HostPrice
 from management.scheduler.model import (
     DEFAULT_CLASSES,
@@ -45,7 +45,7 @@ from master.states import AgentState, GpuState
 HOLDING_STATES = frozenset({"scheduled", "starting", "running", "preempted"})
 _ANSWERING = frozenset({AgentState.READY.value, AgentState.BUSY.value, AgentState.MAINTENANCE.value})
 _TAKES_WORK = frozenset({AgentState.READY.value, AgentState.BUSY.value})
-_CONTAINER = re.compile(r"^(wl-[0-9a-f]+)-r(\d+)-a(\d+)$")
+_CONTAINER = re.compile(r"^(wl-[0-9a-f]+)-r(\d+)-a(\d+)\Z")
 _RUNTIMES = frozenset({"docker", "process", "simulated"})
 _ISOLATIONS = frozenset({"container", "sandbox", "none"})
 _NO_PEERS: frozenset[str] = frozenset()
@@ -54,6 +54,7 @@ _RENTAL_KINDS = frozenset({"on_demand", "interruptible", "reserved"})
 
 PriceOf = Callable[[str, str], HostPrice]  # (provider, agent id) -> the host's prices in force
 Funded = Callable[[str], bool] | Collection[str]  # an account -> whether it has money available (or the set that has)
+Budget = Callable[[str], int]  # an account -> its available balance, micro-units
 
 
 def workload_of(container: str) -> str | None:
@@ -193,8 +194,9 @@ def mig_units_of(gpu: GpuRecord, *, healthy: bool) -> list[Unit]:
     ]
 
 
-def job_of(rec: WorkloadRecord, *, funded: bool = True) -> Job:
-    """The core's job for a workload; ``funded`` False: its renter has no available money (only free hosts)."""
+def job_of(rec: WorkloadRecord, *, funded: bool = True, affordable: int | None = None, balance: int | None = None) -> Job:
+    """The core's job for a workload; ``funded`` False: its renter has no available money (only free hosts);
+    ``affordable``: the most per GPU-hour its renter's balance pays for one metering period of it (None: no limit)."""
     spec = rec.spec
     terms = spec.rental
     rental = terms.kind if terms is not None and terms.kind in _RENTAL_KINDS else "on_demand"
@@ -235,6 +237,8 @@ def job_of(rec: WorkloadRecord, *, funded: bool = True) -> Job:
         max_price=parse_amount(terms.max_price) if terms is not None and terms.max_price is not None else None,
         pin=terms.offer if terms is not None else None,
         funded=funded,
+        affordable=affordable,
+        balance=balance,
         reserved_s=terms.reserved_s if terms is not None else None,
     )
 
@@ -269,7 +273,25 @@ def policy_of(
         max_places_per_cycle=base.max_places_per_cycle,
         max_considered_per_cycle=base.max_considered_per_cycle,
         max_preemption_attempts_per_cycle=base.max_preemption_attempts_per_cycle,
+        metering_period_s=base.metering_period_s,
     )
+
+
+def _first_periods_placed(workloads: Iterable[WorkloadRecord], hosts: Mapping[str, Host], period_s: float) -> dict[str, int]:
+    """Per account, the first metering period of its work placed but not running yet (scheduled, starting): no rental
+    holds money for it yet, and a balance that pays one job's first period must not start twenty-eight."""
+    committed: dict[str, int] = {}
+    for rec in workloads:
+        if rec.state not in ("scheduled", "starting"):
+            continue
+        job = job_of(rec)
+        for a in rec.assignments:
+            host = hosts.get(a.agent_id)
+            if host is None:
+                continue
+            price = job.bid if job.rental == "interruptible" else host.reserved_price if job.rental == "reserved" else host.price
+            committed[rec.account] = committed.get(rec.account, 0) + period_cost(price, max(1, len(a.units)), period_s)
+    return committed
 
 
 def classes_named(names: Iterable[str]) -> tuple[PriorityClass, ...]:
@@ -293,10 +315,13 @@ def build_snapshot(
     unit_cache: UnitCache | None = None,
     prices: PriceOf | None = None,
     funded: Funded | None = None,
+    budget: Budget | None = None,
+    period_s: float = 60.0,
 ) -> Snapshot:
     """The core's snapshot. ``listening_since``: when this Master started (a host's silence is not counted before it).
     ``prices``: each host's prices in force (None: everything is free); ``funded``: which renters have money available
-    (None: all of them)."""
+    (None: all of them); ``budget``: each renter's available balance, so that a queued job is placed only where it
+    pays one metering period (``period_s``) of its GPUs (None: no such limit)."""
     hosts: dict[str, Host] = {}
     units: dict[str, Unit] = {}
     for agent in agents.values():
@@ -315,9 +340,15 @@ def build_snapshot(
         has_money = funded
     else:
         has_money = funded.__contains__
+    workloads = list(workloads)
+    committed = _first_periods_placed(workloads, hosts, period_s) if budget is not None else {}
     for rec in workloads:
         if rec.state == "queued":
-            queue.append(job_of(rec, funded=has_money(rec.account) if has_money is not None else True))
+            asked = rec.spec.replicas * rec.spec.replica.gpus
+            balance = budget(rec.account) - committed.get(rec.account, 0) if budget is not None else None
+            affordable = affordable_price(balance, asked, period_s) if balance is not None else None
+            funds = has_money(rec.account) if has_money is not None else True
+            queue.append(job_of(rec, funded=funds, affordable=affordable, balance=balance))
         elif rec.state in HOLDING_STATES and rec.assignments:
             running[rec.id] = job_of(rec, funded=has_money(rec.account) if has_money is not None else True)
             for a in rec.assignments:

@@ -147,6 +147,7 @@ async def _someone_elses_workload(market) -> str:
     from master.records import AccountRecord, WorkloadSpec
 
     await market.server.master.accounts.create(AccountRecord(id="zoe", role="renter"))
+    await market.operations.market.credit("zoe", parse_amount("1"), "theirs", key="zoe")  # work starts on money
     record = await market.operations.submit_workload("zoe", WorkloadSpec(name="theirs", image="python:3.12"))
     return record.id
 
@@ -173,3 +174,50 @@ def test_the_skip_link_is_the_first_stop_and_every_input_has_a_label(market, pag
              .filter(el => !(el.labels && el.labels.length) && !el.getAttribute('aria-label')).map(el => el.name)"""
     )
     assert unlabelled == []
+
+
+def test_the_rent_and_launch_forms_show_the_total_per_hour_and_how_long_the_balance_lasts(market, page, sign_in, shot):
+    """Money before work (issue 23): before renting, the renter reads what the work costs per hour and how long its
+    balance lasts; what can never run here is refused on the form, saying what to change."""
+    sign_in(page, "renter")
+    page.get_by_role("link", name="Rent offer agt-a10", exact=False).click()
+    assert page.locator("#cost").inner_text() == (
+        "Total 1.20 USD per hour for 1 GPU(s) at the offer's on-demand price; your balance of 25.00 USD lasts about "
+        "20.8 h at that rate."
+    )
+    page.get_by_label("GPUs", exact=True).fill("2")
+    page.get_by_role("button", name="Rent").click()  # no name: the form comes back, priced for 2 GPUs
+    assert "Total 2.40 USD per hour for 2 GPU(s)" in page.locator("#cost").inner_text()
+    assert "lasts about 10.4 h" in page.locator("#cost").inner_text()
+    shot(page, "rent-cost")
+    page.goto(f"{market.url}/console/launch")
+    assert "at the cheapest host's price" in page.locator("#cost").inner_text()
+    page.get_by_label("Name", exact=True).fill("nowhere")
+    page.get_by_label("Image", exact=True).fill("python:3.12")
+    page.get_by_label("GPU model", exact=False).fill("b200")
+    page.get_by_role("button", name="Launch").click()
+    alert = page.get_by_role("alert").inner_text()
+    assert "can never run on this grid" in alert and "replica.models" in alert, alert
+    shot(page, "launch-never-runs")
+
+
+def test_launching_on_a_sandbox_only_grid_without_the_box_ticked_is_refused_naming_it(tmp_path, page):
+    """Issue 23: the launch form's default (no process runtime) on a grid of sandboxed hosts was accepted and told to
+    wait for ever; it is refused on the form, naming the box that fixes it."""
+    import msgspec
+
+    from tests.console.conftest import ConsoleMaster, console_config, sign_in_as
+
+    master = ConsoleMaster(msgspec.structs.replace(console_config(tmp_path), offer_sandboxed_hosts=True))
+    master.start()
+    try:
+        master.run(add_agent(master.server.master, "agt-proc", "a10:1", provider="acme", runtime="process", isolation="sandbox"))
+        sign_in_as(page, master.url, "renter")
+        page.goto(f"{master.url}/console/launch")
+        page.get_by_label("Name", exact=True).fill("boxed")
+        page.get_by_label("Image", exact=True).fill("none")
+        page.get_by_role("button", name="Launch").click()
+        alert = page.get_by_role("alert").inner_text()
+        assert "can never run on this grid" in alert and "May run as a sandboxed process" in alert, alert
+    finally:
+        master.stop()

@@ -152,11 +152,15 @@ def test_an_interruptible_rental_is_preempted_by_an_on_demand_one_requeued_uncha
 
 
 def test_a_renter_at_zero_balance_has_its_work_stopped_and_is_charged_nothing_after(grid, drop):
+    """The money running out stops the work as a preemption does: SIGTERM (the trap writes TERM), the grace, then
+    SIGKILL; and nothing is charged after."""
     priced_grid(grid, 1)
     carol = funded_renter(grid, "carol", "0.003")  # three seconds at 3.60 per hour
-    started = carol.submit_workload(workload("short", "sleep 300"))
+    started = carol.submit_workload(workload("short", TRAP.format(file=drop / "short")))
     done = wait_workload(carol, started["id"], "stopped", lambda w: w["state"] == "failed", timeout=30)
     assert "balance ran out" in done["state_reason"], done
+    wait_for(lambda: (drop / "short").exists(), 10, "the container to see its SIGTERM")
+    assert (drop / "short").read_text().split() == ["TERM"], "the container saw no SIGTERM"
     balance = carol.balance("carol")
     assert (balance["available"], balance["held"]) == ("0.00", "0.00")
     [rental] = rentals_of(carol, started["id"])

@@ -122,6 +122,8 @@ async def test_a_renter_reads_a_hosts_price_but_writes_and_lists_none(market):
         ({"on_demand": "-1"}, "on_demand"),
         ({"on_demand": 2.5}, "on_demand"),
         ({"on_demand": "2,50"}, "on_demand"),
+        ({"on_demand": "12\n"}, "on_demand"),  # "$" matched before the newline: it was priced 12.00
+        ({"on_demand": "1", "min_bid": "0.40\n"}, "min_bid"),
         ({"on_demand": "1", "min_bid": "lots"}, "min_bid"),
         ({"on_demand": "1", "reserved_discount": 0.95}, "reserved_discount"),
         ({"on_demand": "1", "max_duration_s": 60}, "max_duration_s"),

@@ -157,20 +157,17 @@ async def bob_submits(api, **spec: Any) -> str:
 @pytest.mark.parametrize(
     ("args", "said"),
     [
-        (["--gpus", "8"], ("8 GPUs",)),  # hosts have 2 each
-        (["--model", "l40s"], ("l40s", "model")),  # a catalog model no host here has
+        (["--gpus", "8"], ("8 GPUs", "the most any host has that match is 2")),  # hosts have 2 each
+        (["--model", "l40s"], ("no GPU on this grid is a l40s", "replica.models", "h100")),  # a model no host here has
     ],
 )
-async def test_explain_says_why_a_workload_cannot_fit_on_this_grid(renter, capsys, grid, args, said):
-    wl = await submitted(renter, capsys, "--name", "too-big", *args)
-
-    out = await explained(renter, capsys, wl)
-
-    first = out.splitlines()[0]
-    assert first.startswith(f"{wl} (too-big) ") and any(word in first for word in said), first
-    assert "quota:            account alice has no GPU quota" in out
-    assert "fits idle GPUs:   no" in out
-    assert "estimated start:  20" not in out  # no time is promised
+async def test_a_workload_that_can_never_fit_on_this_grid_is_refused_at_once_saying_why(renter, capsys, grid, args, said):
+    """Issue 23, money before work: never queued to wait for ever; the reason names what to change."""
+    code, out, err = await renter("submit", "--image", "busybox", "--name", "too-big", *args, capsys=capsys)
+    assert code == 2 and out == "", out
+    assert "409 conflict: this workload can never run on this grid" in err and all(word in err for word in said), err
+    code, out, _ = await renter("list", capsys=capsys)
+    assert code == 0 and "too-big" not in out
 
 
 async def test_explain_names_the_quota_that_holds_a_workload_back(renter, capsys, grid, api):
@@ -229,14 +226,16 @@ async def test_explain_names_the_gang_ahead_that_has_the_gpus_reserved(renter, c
 
 
 async def test_get_shows_why_a_queued_workload_waits_and_nothing_once_it_is_placed(renter, capsys, grid, api):
-    wl = await submitted(renter, capsys, "--name", "waits", "--gpus", "4")  # hosts have 2 GPUs each
+    for name in ("fill-1", "fill-2"):  # hosts have 2 GPUs each: two are full, the third keeps one free
+        await submitted(renter, capsys, "--name", name, "--gpus", "2")
+    small = await submitted(renter, capsys, "--name", "fits", "--gpus", "1")
+    await grid.cycle()
+    wl = await submitted(renter, capsys, "--name", "waits", "--gpus", "2")
     code, out, _ = await renter("get", wl, capsys=capsys)
     assert code == 0 and "state:       queued" in out
     description, why = out.split("\n\nwhy it waits:\n")
-    assert why.startswith(f"  {wl} (waits) ") and "\n  asks:             4 GPUs on one host; priority normal\n" in why
+    assert why.startswith(f"  {wl} (waits) ") and "\n  asks:             2 GPUs on one host; priority normal\n" in why
 
-    small = await submitted(renter, capsys, "--name", "fits", "--gpus", "1")
-    await grid.cycle()
     code, out, _ = await renter("get", small, capsys=capsys)
     assert code == 0 and "state:       scheduled" in out and "why it waits" not in out
     code, out, _ = await renter("get", small, "--json", capsys=capsys)

@@ -31,10 +31,10 @@ from master.records import SilenceRecord
 
 REFRESH_S = 5  # the alerts page's lists refresh (htmx) this often
 RECENT_SHOWN = 50  # transitions listed on the page (the loop keeps the last thousand)
-RULE_NAME = re.compile(r"^[a-z0-9_]{1,64}$")
-SUBJECT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
-LABEL = re.compile(r"^([a-z_]{1,32})=(.{0,128})$")
-DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|min|h|d)?$")
+RULE_NAME = re.compile(r"^[a-z0-9_]{1,64}\Z")
+SUBJECT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}\Z")
+LABEL = re.compile(r"^([a-z_]{1,32})=(.{0,128})\Z")
+DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|min|h|d)?\Z")
 UNIT_S = {"s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
 
 

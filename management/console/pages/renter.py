@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import msgspec
 from aiohttp import web
 
-from common.errors import BadQuery, NotFound
+from common.errors import BadQuery, Conflict, NotFound
 from management.api.auth import OPERATIONS_KEY, Action, Resource, acting_account
 from management.api.errors import validation_message
 from management.api.paging import decode_cursor, encode_cursor
@@ -26,8 +26,9 @@ from management.console.nav import NavItem
 from management.console.rendering import page
 from management.console.terminal import serve_logs, serve_terminal
 from management.explain_text import render_explanation
-from management.market.money import MICRO, format_amount
+from management.market.money import MICRO, BadAmount, format_amount, parse_amount
 from management.market.offers import Offer
+from management.market.operations import FundsDetail, PaymentRequired
 from management.operations import SpendOverTime, WorkloadKey
 from management.scheduler.workloads import WORKLOAD_STATES
 from management.views import explanation_view, workload_view
@@ -168,11 +169,52 @@ def workload_spec(form: Any, errors: FormErrors, *, offer: Offer | None) -> Work
         return None
 
 
+def cost_hint(price: int, gpus: int, *, funds: FundsDetail | None, priced_by: str, currency: str) -> str:
+    """What the form's work costs per hour and how long the balance lasts at that rate, on top of what already runs:
+    "Total 4.80 USD per hour for 2 GPU(s) at the on-demand price; your balance of 12.50 USD lasts about 2.6 h at that
+    rate." Money before work: a renter sees both before renting."""
+    per_hour = price * gpus
+    said = f"Total {format_amount(per_hour)} {currency} per hour for {gpus} GPU(s) at {priced_by}"
+    if funds is None:
+        return said + "."
+    have = funds.available + funds.held
+    rate = funds.running_per_hour + per_hour
+    if rate <= 0:
+        return f"{said}; your balance is {format_amount(have)} {currency}."
+    running = " (with what runs now)" if funds.running_per_hour else ""
+    return f"{said}; your balance of {format_amount(have)} {currency} lasts about {have / rate:.1f} h at that rate{running}."
+
+
+async def _cost_hint(request: web.Request, offer: Offer | None, form: Any) -> str:
+    """``cost_hint`` for the form as filled in: the offer's price (or the bid), else the grid's cheapest host."""
+    scope = await session.signed_in(request, Resource.WORKLOADS, Action.WRITE)
+    market = request.app[OPERATIONS_KEY].market
+    gpus_text = str(form.get("gpus", "1") or "1")
+    gpus = int(gpus_text) if gpus_text.isdigit() and 0 < int(gpus_text) <= MAX_GPUS_PER_REPLICA else 1
+    bid_text = str(form.get("bid", "") or "")
+    if form.get("kind") == "interruptible" and bid_text:
+        try:
+            price, priced_by = parse_amount(bid_text), "your bid"
+        except BadAmount:
+            return ""
+    elif offer is not None:
+        reserved = form.get("kind") == "reserved"
+        price = offer.reserved_price if reserved else offer.price
+        priced_by = "the offer's reserved price" if reserved else "the offer's on-demand price"
+    else:
+        cheapest = market.cheapest_price(WorkloadSpec(name="hint", image="hint"))
+        if cheapest is None:
+            return ""
+        price, priced_by = cheapest[0], "the cheapest host's price (the least it can cost)"
+    funds = await market.funds(scope.owner) if scope.owner is not None else None
+    return cost_hint(price, gpus, funds=funds, priced_by=priced_by, currency=market.currency)
+
+
 async def _launch_form(request: web.Request, *, offer: Offer | None, form: Any, errors: FormErrors) -> web.Response:
     title = f"Rent {offer.model} on {offer.host}" if offer is not None else "Launch a workload"
     return await page(
         request, "renter/launch.html", status=400 if errors else 200, title=title, offer=offer, form=form,
-        errors=errors, kinds=RENTAL_KINDS, money=format_amount,
+        errors=errors, kinds=RENTAL_KINDS, money=format_amount, cost=await _cost_hint(request, offer, form),
     )  # fmt: skip
 
 
@@ -188,7 +230,11 @@ async def launch(request: web.Request) -> web.Response:
     spec = workload_spec(form, errors, offer=None)
     if spec is None:
         return await _launch_form(request, offer=None, form=form, errors=errors)
-    record = await request.app[OPERATIONS_KEY].submit_workload(acting_account(scope, None), spec)
+    try:
+        record = await request.app[OPERATIONS_KEY].submit_workload(acting_account(scope, None), spec)
+    except (PaymentRequired, Conflict) as exc:  # money before work, or work that can never run here: said on the form
+        errors.add("form", str(exc))
+        return await _launch_form(request, offer=None, form=form, errors=errors)
     await session.flash(request, f"Submitted {record.id} ({spec.name}): {record.state}.")
     raise web.HTTPSeeOther(f"/console/workloads/{record.id}")
 
@@ -209,7 +255,11 @@ async def rent(request: web.Request) -> web.Response:
     spec = workload_spec(form, errors, offer=offer)
     if spec is None:
         return await _launch_form(request, offer=offer, form=form, errors=errors)
-    record = await market.rent_offer(acting_account(scope, None), offer.id, spec)
+    try:
+        record = await market.rent_offer(acting_account(scope, None), offer.id, spec)
+    except (PaymentRequired, Conflict) as exc:  # money before work, or an offer that cannot take it: said on the form
+        errors.add("form", str(exc))
+        return await _launch_form(request, offer=offer, form=form, errors=errors)
     await session.flash(request, f"Rented {offer.id}: {record.id} ({spec.name}) is {record.state}.")
     raise web.HTTPSeeOther(f"/console/workloads/{record.id}")
 

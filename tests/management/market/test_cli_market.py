@@ -42,10 +42,14 @@ def test_a_renter_searches_rents_and_bids_from_the_command_line(idlegrid, keys):
         refused.strip() == "idlegrid offers search: 400 bad_request: position 7: expected an operator after 'gpu_ram', found '=>'"
     )
 
+    broke = idlegrid("rent", "agt-a1", "--image", "python:3.11", "--bid", "0.70", "--api-key", keys["lab"], ok=False)
+    assert "402 insufficient_funds" in broke and "needed 0.011667 USD, the balance available is 0.00 USD" in broke, broke
+    idlegrid("credit", "lab", "3.5")
     rented = idlegrid("rent", "agt-a1", "--image", "python:3.11", "--bid", "0.70", "--api-key", keys["lab"])
-    first, terms = rented.splitlines()
+    first, terms, cost = rented.splitlines()
     assert first.startswith("rented agt-a1: workload wl-") and first.endswith("is queued")
     assert terms == "interruptible at your bid of 0.70 USD per GPU-hour, on hosts whose minimum bid it meets"
+    assert cost == "total 0.70 USD per hour; the balance of 3.50 USD lasts about 5.0 h at that rate"
     workload_id = first.split()[3]
     rebid = idlegrid("bid", workload_id, "0.90", "--api-key", keys["lab"])
     assert (

@@ -342,3 +342,27 @@ async def test_after_a_restart_a_host_not_known_offline_counts_as_heard_when_the
     agent.state = "offline"  # found silent: only its own last heartbeat counts
     await again.tick(T + 400, beat=False)
     assert (await again.keys(f"{wl.id}-a1"))[-1] == f"charge:{wl.id}-a1:3"
+
+
+async def test_a_rental_does_not_start_under_its_hosts_minimum_bid_whatever_changed_the_bid_after_placement(start_market):
+    """D2: the terms are checked when the rental starts: a bid lowered between placement and the run (here straight
+    on the book, as no API path may any more) opens no rental, charges nothing and sends the workload back to wait."""
+    T = t0()
+    m = await start_market(t0=T)
+    await m.ledger.credit("alice", 10_000_000, "credit", key="c1")
+    spec = WorkloadSpec(
+        name="low", image="busybox", replica=ReplicaSpec(gpus=1), rental=RentalTerms(kind="interruptible", bid="1.80")
+    )
+    wl = await m.book.submit("alice", spec, T - 3)
+    units = [m.master.gpus("agt-1")[0].uuid]
+    placed = [Assignment(replica=0, agent_id="agt-1", units=units, container=container_name(wl.id, 0, 1))]
+    await m.book.transition(wl.id, "schedule", "placed", T - 2, assignments=placed)
+    await m.book.change_bid(wl.id, "0.000001", T - 2)
+    await m.book.transition(wl.id, "start", "acknowledged", T - 1)
+    await m.book.transition(wl.id, "run", "containers started", T)
+    await m.tick(T + 1)
+    assert m.meter.rental_of(wl.id) is None
+    assert await m.master.store.rentals.get(f"{wl.id}-a1") is None
+    now = await m.book.get(wl.id)
+    assert now.state == "queued" and "under host agt-1's minimum bid 1.00" in now.state_reason, now.state_reason
+    assert m.ledger.balance(renter_account("alice")) == 10_000_000

@@ -257,3 +257,22 @@ async def test_units_an_interruptible_container_holds_are_offered_on_demand(mast
     master.allocations.claim("h1", "dear-1", "cmd-2", [uuids[1]])
     offer = offered(feed)["h1"]
     assert (offer.num_gpus, offer.num_gpus_on_demand) == (0, 1)
+
+
+async def test_a_hosts_gpus_changed_by_another_hosts_hello_or_withdrawn_show_in_the_next_search(master, link, prices):
+    """D20: GPU records written for a host without its own hello or save (another host naming its uuids, a withdrawal)
+    mark its offer dirty: the next search offers what a fresh derivation offers, never the withdrawn GPUs."""
+    feed = OfferFeed(master, prices.price)
+    victim = await host(master, link, "h1", 4)
+    assert offered(feed)["h1"].num_gpus == 4
+    hostile = gpus(2, prefix="GPU-h1")  # names two of h1's uuids, as a renter of those cards could
+    await connect(master, link, "h2", hostile, runtime="docker", isolation="container")
+    fresh = OfferFeed(master, prices.price)
+    want = {k: o.num_gpus for k, o in offered(fresh).items()}
+    assert {k: o.num_gpus for k, o in offered(feed).items()} == want
+    fresh.close()
+    await master.registry.withdraw_gpus("h1", [g for g in master.registry.gpus_of("h1") if g.uuid == victim[3]], "test")
+    fresh = OfferFeed(master, prices.price)
+    assert offered(feed)["h1"].num_gpus == offered(fresh)["h1"].num_gpus == want["h1"] - 1
+    fresh.close()
+    feed.close()

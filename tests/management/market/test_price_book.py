@@ -135,3 +135,14 @@ def test_the_grid_default_comes_from_the_masters_settings(tmp_path):
     assert grid_default_of(config) == HostPrice(on_demand=750_000, min_bid=250_000, source="grid")
     on_demand_only = MasterConfig(state_dir=str(tmp_path), default_price="0.75", default_min_bid="")
     assert grid_default_of(on_demand_only).min_bid is None
+
+
+async def test_the_reserved_price_is_exact_integer_arithmetic_and_never_above_on_demand(book):
+    """D17: 0.086740 at 30% off is 0.060718 (86740 * 0.7 = 60718 exactly); the float product gave 0.060717."""
+    await book.set_host("acme", "agt-a1", PriceSetting(on_demand="0.08674", reserved_discount=0.3))
+    assert book.price("acme", "agt-a1").reserved == 60718
+    for on_demand in (1, 7, 86740, 66800, 999_999_999_999_999):
+        for discount in (0.0, 0.07, 0.3, 0.9):
+            reserved = HostPrice(on_demand=on_demand, reserved_discount=discount).reserved
+            off_ppm = round(discount * 1_000_000)
+            assert reserved == on_demand * (1_000_000 - off_ppm) // 1_000_000 <= on_demand, (on_demand, discount)

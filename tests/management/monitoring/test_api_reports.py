@@ -212,3 +212,16 @@ async def test_bad_input_is_a_400_naming_the_field(api, path, params, said):
     response = await api.get(path, params=params, headers=api.auth)
     assert response.status == 400
     assert said in (await response.json())["error"]["message"]
+
+
+@pytest.mark.parametrize("by", ["renter", "workload,day", "host,renter"])
+async def test_a_provider_never_sees_who_rents_its_hosts_in_a_report_as_in_rental_views(grid, by):
+    """D18: rental views hide the renter and its workload from providers; reports follow the same policy (a 400
+    naming the dimension), in JSON and CSV alike, while the operator and the renter keep them."""
+    for fmt in ("json", "csv"):
+        response = await grid.get("/api/v1/reports/usage", params={"by": by, "format": fmt, **WINDOW}, headers=grid.acme)
+        assert response.status == 400, (by, fmt, await response.text())
+        message = (await response.json())["error"]["message"]
+        assert "not shown to providers" in message and "lab" not in message, message
+    assert "lab" in {r.get("renter") for r in (await report(grid, "usage", "renter", grid.auth))["rows"]}
+    assert (await report(grid, "usage", "workload", grid.lab))["rows"]

@@ -150,7 +150,9 @@ async def test_a_container_that_exited_non_zero_is_no_host_failure(master, link)
 # --- prices and funds, given to the loop --------------------------------------------------------------------------
 
 
-def priced_loop(master: Master, prices: dict[str, HostPrice], funded: set[str] | None = None) -> SchedulerLoop:
+def priced_loop(
+    master: Master, prices: dict[str, HostPrice], funded: set[str] | None = None, budget: dict[str, int] | None = None
+) -> SchedulerLoop:
     book = WorkloadBook(master.store, master.events, master, policy=master.policy)
     free = HostPrice(on_demand=0, min_bid=0)
     return SchedulerLoop(
@@ -159,6 +161,8 @@ def priced_loop(master: Master, prices: dict[str, HostPrice], funded: set[str] |
         SchedulerSettings(grace_s=GRACE_S, offline_grace_s=5.0, stray_sweep_s=0.0),
         prices=lambda _provider, agent_id: prices.get(agent_id, free),
         funded=None if funded is None else funded.__contains__,
+        budget=None if budget is None else (lambda account: budget.get(account, 0)),
+        period_s=60.0,
     )
 
 
@@ -190,3 +194,39 @@ async def test_a_renter_without_money_waits_for_a_free_host(master, link):
     paying = await loop.book.submit("bob", spec("paying"), time.time())
     await loop.cycle()
     assert (await loop.book.get(paying.id)).state == "scheduled"
+
+
+async def test_a_dust_balance_starts_no_paid_work_only_one_that_pays_a_metering_period_does(master, link):
+    """D14: 0.000001 once started 28 GPUs; now a queued job is placed only where its renter's available balance pays
+    one metering period of its GPUs (1.00 a GPU-hour for 60 s on 2 GPUs: 0.033334, rounded up)."""
+    await host(master, link, "agt-paid", 2)
+    needed = 33_334
+    budget = {"dust": 1, "short": needed - 1, "enough": needed}
+    loop = priced_loop(master, {"agt-paid": HostPrice(on_demand=parse_amount("1"))}, funded=set(budget), budget=budget)
+    await loop.book.load()
+    submitted = {who: await loop.book.submit(who, spec(who, gpus=2), time.time()) for who in ("dust", "short")}
+    await loop.cycle()
+    for who, rec in submitted.items():
+        assert (await loop.book.get(rec.id)).state == "queued", who
+        said = (await loop.explain(rec.id)).summary
+        assert "balance pays for one metering period of this workload" in said, said
+    assert creates_sent(link, "agt-paid") == []
+    enough = await loop.book.submit("enough", spec("enough", gpus=2), time.time())
+    await loop.cycle()
+    assert (await loop.book.get(enough.id)).state == "scheduled"
+
+
+async def test_a_balance_that_pays_one_jobs_first_period_starts_one_job_not_all_of_them(master, link):
+    """D14: the balance is shared by the renter's work: a cycle takes off the first period of what it places, and the
+    next cycles count the work placed but not running yet (no rental holds money for it). 1.00 a GPU-hour, 60 s: one
+    GPU's period is 0.016667; a balance of 0.02 starts one of three one-GPU jobs."""
+    await host(master, link, "agt-paid", 4)
+    budget = {"ann": 20_000}
+    loop = priced_loop(master, {"agt-paid": HostPrice(on_demand=parse_amount("1"))}, funded=set(budget), budget=budget)
+    await loop.book.load()
+    jobs = [await loop.book.submit("ann", spec(f"job-{n}"), time.time()) for n in range(3)]
+    for _ in range(2):  # the second cycle sees the first job placed (scheduled), not yet running
+        await loop.cycle()
+        states = [(await loop.book.get(j.id)).state for j in jobs]
+        assert sorted(states) == ["queued", "queued", "scheduled"], states
+    assert len(creates_sent(link, "agt-paid")) == 1
