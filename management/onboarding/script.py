@@ -16,9 +16,9 @@ from management.onboarding.package import PackageUnavailable, source_root
 SERVED_FIELDS = ("served_grid", "served_access", "served_wheel")
 # Where ready commands say to install: what install.sh picks for each engine (docs/install-provider.md).
 ENGINES = (
-    ("docker", "Docker", "the agent runs renters' containers through Docker (GPUs by the NVIDIA Container Toolkit)"),
-    ("podman", "Podman", "the agent runs renters' containers through Podman's Docker API (GPUs as CDI devices)"),
-    ("none", "No container engine", "the agent runs renters' commands as sandboxed host processes (the process runtime)"),
+    ("docker", "Docker", "The agent runs renters' containers through Docker (GPUs by the NVIDIA Container Toolkit)"),
+    ("podman", "Podman", "The agent runs renters' containers through Podman's Docker API (GPUs as CDI devices)"),
+    ("none", "No container engine", "The agent runs renters' commands as sandboxed host processes (the process runtime)"),
 )
 
 
