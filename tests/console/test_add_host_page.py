@@ -1,6 +1,7 @@
 """The provider's "Add a host" page in a browser, on a real Master (in-process): a fresh join token bound to the
 signed-in provider, and a ready command for Docker, Podman and no container engine, each fetching this Master's
-install.sh; a renter may not make one. (That the command enrolls a host: tests/e2e/test_onboarding.py.)"""
+install.sh; a renter may not make one (that the command enrolls a host: tests/e2e/test_onboarding.py). And the host page
+shows the agent's GPU self-test: a GPU that did not reach a container, why, and the fix."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 
 from master.enrollment import hash_secret
 from master.store.base import TokenOutcome
+from tests.management.hosts import UNREACHABLE_DETAIL, UNREACHABLE_FIX, add_agent
 
 
 def test_a_provider_gets_a_token_of_its_own_and_a_command_for_each_engine(console_master, page, sign_in, shot):
@@ -45,3 +47,20 @@ def test_a_renter_may_not_add_a_host_and_the_operators_tokens_page_names_no_made
     assert "--join" not in text and "idlegrid-agent" not in text
     assert f"curl -fsSL {console_master.url}/install.sh | sudo sh -s -- --token TOKEN" in text
     shot(page, "operator-tokens")
+
+
+def test_a_host_page_says_which_gpu_did_not_reach_a_container_why_and_the_fix(console_master, page, sign_in, shot):
+    """Issue 23, acceptance 4 (the console): the agent's self-test found GPU 1 not reaching a container."""
+    master = console_master.server.master
+    console_master.run(
+        add_agent(master, "agt-acme-s", "a10:2", provider="acme", runtime="docker", isolation="container", unreachable=[1])
+    )
+    sign_in(page, "provider")
+    page.goto(f"{console_master.url}/console/hosts/agt-acme-s")
+    cells = page.locator("table[aria-labelledby=gpus-heading] tbody td.selftest")
+    assert cells.all_inner_texts() == ["reaches a container", "does not reach"]
+    warning = page.locator("#selftest-1")
+    text = warning.inner_text()
+    assert "GPU 1 is not offered" in text and UNREACHABLE_DETAIL in text and f"Fix: {UNREACHABLE_FIX}" in text
+    assert page.locator("#selftest-0").count() == 0
+    shot(page, "host-selftest")
