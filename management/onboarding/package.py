@@ -51,6 +51,7 @@ class AgentPackage:
         self.prebuilt = prebuilt
         self.python = python
         self._built: Path | None = None
+        self._failed: PackageUnavailable | None = None  # a build that failed is not tried again by every request
         self._building = asyncio.Lock()
 
     @property
@@ -80,8 +81,16 @@ class AgentPackage:
                 raise PackageUnavailable(f"agent_wheel names {self.prebuilt}, which is not a file")
             return self.prebuilt
         async with self._building:
+            # Anyone may ask (no key): one build per Master process, and a failed one answers every later ask the
+            # same, rather than costing the Master a build per request; a restart tries again.
+            if self._failed is not None:
+                raise self._failed
             if self._built is None or not self._built.is_file():
-                self._built = await asyncio.to_thread(self._build)
+                try:
+                    self._built = await asyncio.to_thread(self._build)
+                except PackageUnavailable as exc:
+                    self._failed = exc
+                    raise
             return self._built
 
     def _build(self) -> Path:
