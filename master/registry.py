@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Sequence
 import msgspec
 
 from common.errors import NotFound
-from common.inventory import GpuInfo, Inventory
+from common.inventory import GpuInfo, GpuReach, Inventory
 from master.allocations import DUPLICATE_UUID_FLAG, GPU_UNREACHABLE_FLAG, GpuAllocations, gpu_state_for
 from master.batches import write_paced
 from master.changes import ChangeFeed, ContainerExited, GpuHealthChanged, HostChanged
@@ -237,13 +237,19 @@ class Registry:
             agent.downtime_s += max(0.0, now - agent.last_seen)
         agent.host, agent.simulated, agent.relay = inventory.host, inventory.simulated, relay
         agent.runtime, agent.isolation = inventory.runtime, inventory.isolation
-        agent.gpu_reach = list(inventory.gpu_reach)
+        # Only about GPUs this very report lists, once each: the self-test of a card the host does not report says nothing.
+        listed = {gpu.uuid for gpu in inventory.gpus}
+        reach: dict[str, GpuReach] = {}
+        for tested in inventory.gpu_reach:
+            if tested.uuid in listed:
+                reach.setdefault(tested.uuid, tested)
+        agent.gpu_reach = list(reach.values())
         # The region is the one the agent declares (or enrolled with): a failover to another region's relay
         # does not move the host. The relay's region only fills in a region the agent never gave.
         agent.region = region or agent.region or relay_region
         await self._record_relay_change(agent, relay, relay_region=relay_region)
         agent.last_seen, agent.connected_since = now, now
-        unreachable = {reach.uuid for reach in inventory.gpu_reach if not reach.reachable}
+        unreachable = {tested.uuid for tested in agent.gpu_reach if not tested.reachable}
         await self._update_gpus(agent.id, inventory.gpus, inventory.host, unreachable=unreachable)
         # reputation's verification component reads these counts, never the GPU list (master/reputation.py)
         agent.gpus_verified, agent.gpus_unverified, agent.gpus_flagged = verification_counts(self.gpus_of(agent.id))
