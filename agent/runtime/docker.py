@@ -130,8 +130,15 @@ class DockerRuntime:
         """Each GPU in a container of its own, through ``create`` as a renter's would be (agent/runtime/selftest.py)."""
         try:
             await self._negotiate()
+            status, _ = await self._call("GET", f"/images/{quote(self.selftest_image, safe='')}/json")
         except RuntimeFailure as exc:
             return [GpuReach(uuid=g.uuid, reachable=False, detail=str(exc)[:500], fix="start the engine") for g in gpus]
+        if status == 404 and not self.allow_pull:
+            # Not the GPUs' fault, but nothing is proven either: say which image is missing and how to get it.
+            detail = f"the self-test image {self.selftest_image!r} is not on this host, so no GPU could be tested"
+            fix = f"{self.engine} pull {self.selftest_image} (or set gpu_selftest_image to an image on this host)"
+            fix += ", then restart the agent"
+            return [GpuReach(uuid=g.uuid, reachable=False, detail=detail, fix=fix) for g in gpus]
         return await reach_in_containers(
             self,
             gpus,

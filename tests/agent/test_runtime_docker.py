@@ -232,7 +232,8 @@ async def test_a_self_test_image_the_host_lacks_fails_saying_which(podman):
     rt = DockerRuntime(podman.socket_path, simulated_gpus=True, selftest_image="localhost/no-such-image:1")
     try:
         (reach,) = await gpu_selftest(rt, gpu_infos("GPU-sim-eeee"))
-        assert not reach.reachable and "localhost/no-such-image:1" in reach.detail
+        assert not reach.reachable and "'localhost/no-such-image:1' is not on this host" in reach.detail
+        assert reach.fix.startswith("podman pull localhost/no-such-image:1")
     finally:
         await rt.close()
 
