@@ -32,6 +32,12 @@ class AgentConfig(msgspec.Struct, kw_only=True):
     # never the default; see agent/runtime/process.py).
     runtime: str = "docker"
     docker_socket: str = "/var/run/docker.sock"
+    # How the docker runtime gives containers their GPUs: auto, device_requests, cdi or by_name (agent/runtime/docker.py).
+    docker_gpu_devices: str = "auto"
+    # The GPU self-test (agent/runtime/selftest.py), run before the host is offered: the image its probe runs in on a
+    # Docker-API engine (it must be on the host), and how long one GPU's test may take.
+    gpu_selftest_image: str = "docker.io/library/debian:bookworm-slim"
+    gpu_selftest_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 60.0
     runtime_probe_s: float = 60.0  # how often the agent checks that its runtime can run containers
     runtime_probe_timeout_s: float = 5.0  # a runtime slower than this to answer the check offers nothing meanwhile
     # The process runtime (agent/runtime/process.py): "dynamic" runs each container as a uid of its own from

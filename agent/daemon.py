@@ -30,12 +30,13 @@ from agent.host_sample import HostSampler, host_sampler_for
 from agent.identity import AgentIdentity
 from agent.ledger import CommandLog
 from agent.runtime import ContainerRuntime, open_runtime
+from agent.runtime.selftest import gpu_selftest
 from agent.simulate import parse_simulate_spec
 from agent.state import private_dir
 from agent.tunnel import RelayLink, TunnelLimits, TunnelServer
 from common.containers import ContainerInfo
 from common.errors import IdlegridError, PKIError, ProtocolError, RuntimeFailure, SignatureError
-from common.inventory import HostInfo, Inventory
+from common.inventory import GpuReach, HostInfo, Inventory
 from common.pki import CommandVerifier, client_tls_context, load_cert, peer_identity, verify_key_endorsement
 from common.wire import (
     HARD_FRAME_BYTES,
@@ -124,6 +125,8 @@ class Agent:
             runtime = open_runtime(config.runtime, **_runtime_options(config))
         self.runtime = runtime
         self.runtime_problem: str | None = None  # why the runtime cannot run containers, as last probed
+        self.gpu_reach: list[GpuReach] = []  # the GPU self-test's result since the runtime was last found ready
+        self._gpus_tested_with: ContainerRuntime | None = None  # the runtime the self-test ran with, while it stays ready
         self.executor = CommandExecutor(
             self.identity.agent_id, self.ledger, self.runtime, self.verifier, host_gpus=self.collector.inventory
         )
@@ -293,6 +296,7 @@ class Agent:
             simulated=self.collector.simulated,
             runtime=self.runtime.name if ready else NO_RUNTIME,
             isolation=self.runtime.isolation if ready else NO_ISOLATION,
+            gpu_reach=self.gpu_reach if ready else [],
         )
         return Hello(
             versions=list(PROTOCOL_VERSIONS),
@@ -386,18 +390,37 @@ class Agent:
             problem = str(exc)
         except TimeoutError:  # a hung engine must not keep the agent from its relay
             problem = f"the {self.runtime.name} runtime did not answer within {self.config.runtime_probe_timeout_s:g} s"
+        if problem is None and self._gpus_tested_with is not self.runtime:
+            # Once per runtime that became ready (at start too, when the problem stays None): before a hello offers it.
+            log.info("container runtime ready", extra={"runtime": self.runtime.name, "isolation": self.runtime.isolation})
+            self._gpus_tested_with = self.runtime
+            await self.selftest_gpus()
         if problem == self.runtime_problem:
             return False
         self.runtime_problem = problem
-        if problem is None:
-            log.info("container runtime ready", extra={"runtime": self.runtime.name, "isolation": self.runtime.isolation})
-        else:
+        if problem is not None:
+            self._gpus_tested_with = None  # when it is back, its GPUs are tested again
             log.error(
                 "no container runtime: this host offers nothing to run until it is fixed: %s",
                 problem,
                 extra={"runtime": self.runtime.name},
             )
         return True
+
+    async def selftest_gpus(self) -> None:
+        """Prove each GPU reaches a container of the runtime before the host is offered (agent/runtime/selftest.py);
+        a GPU that does not is logged with the fix, and the Master offers it to no one."""
+        self.gpu_reach = await gpu_selftest(self.runtime, self.collector.inventory())
+        for reach in self.gpu_reach:
+            if reach.reachable:
+                log.info("GPU self-test passed", extra={"gpu": reach.uuid, "detail": reach.detail})
+            else:
+                log.error(
+                    "GPU self-test failed: this GPU is not offered until it is fixed: %s; fix: %s",
+                    reach.detail,
+                    reach.fix,
+                    extra={"gpu": reach.uuid, "runtime": self.runtime.name},
+                )
 
     async def _runtime_probe_loop(self) -> None:
         """An engine started (or stopped) after the agent: a new hello tells the Master what the host offers now."""
@@ -589,7 +612,13 @@ def _runtime_options(config: AgentConfig) -> dict[str, object]:
             "network": config.process_network,
         }
     if config.runtime == "docker":
-        return {"socket": config.docker_socket, "simulated_gpus": bool(config.simulate)}
+        return {
+            "socket": config.docker_socket,
+            "simulated_gpus": bool(config.simulate),
+            "gpu_devices": config.docker_gpu_devices,
+            "selftest_image": config.gpu_selftest_image,
+            "selftest_timeout_s": config.gpu_selftest_timeout_s,
+        }
     return {}  # open_runtime names the runtimes it knows
 
 

@@ -130,9 +130,23 @@ class HostInfo(msgspec.Struct, frozen=True, kw_only=True):
     latency_ms: float | None = None
 
 
+class GpuReach(msgspec.Struct, frozen=True, kw_only=True):
+    """Whether one GPU reaches a container of the host's runtime: the agent's self-test, run before the host is offered
+    (agent/runtime/base.py ``gpu_selftest``). A GPU found unreachable is not offered (master/allocations.py), and the
+    provider is shown ``detail`` (what the test saw) and ``fix`` (what to do about it)."""
+
+    uuid: ShortText
+    reachable: bool
+    detail: LongText = ""
+    fix: LongText = ""
+
+
 class Inventory(msgspec.Struct, frozen=True, kw_only=True):
     host: HostInfo
     gpus: Annotated[list[GpuInfo], msgspec.Meta(max_length=MAX_GPUS_IN_REPORT)] = []
     simulated: bool = False
     runtime: ShortText = ""  # one of RUNTIMES; "" from agents older than the field
     isolation: ShortText = ""  # one of ISOLATIONS: "container" (an engine), "sandbox" (the process runtime), "none"
+    # The GPU self-test's result, one per GPU tested; a GPU not listed was not tested (agents older than the field,
+    # runtimes without a self-test) and is taken as reachable.
+    gpu_reach: Annotated[list[GpuReach], msgspec.Meta(max_length=MAX_GPUS_IN_REPORT)] = []

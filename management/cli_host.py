@@ -5,6 +5,7 @@
   idlegrid host price show [HOST]      the price in force on HOST, or every price record the key may see
   idlegrid host price clear HOST       HOST goes back to its provider's default (or the grid's)
   idlegrid host drain HOST / undrain HOST
+  idlegrid host show HOST              the host, its GPUs, and whether each reached a container (the GPU self-test)
 
 Amounts are decimal numbers per GPU-hour in the grid's currency, passed to the API as text (never floats). The API
 and key come from the same places as for ``idlegrid account`` (management/cli_accounts.py). Tables by default,
@@ -130,10 +131,38 @@ def _agent_rows(agent: Mapping[str, Any]) -> str:
     return table(["HOST", "PROVIDER", "STATE", "DRAINED"], [[agent["id"], agent["provider"], agent["state"], agent["drained"]]])
 
 
+def host_text(agent: Mapping[str, Any]) -> str:
+    """A host for its provider: state and runtime, then each GPU with its self-test; a failed one's reason and fix."""
+    head = f"{agent['id']} ({agent['provider']}): {agent['state']}, runtime {agent['runtime'] or 'none'}"
+    head += f", isolation {agent['isolation'] or 'none'}"
+    reach = {r["uuid"]: r for r in agent.get("gpu_selftest") or []}
+    rows = []
+    for gpu in agent["gpus"]:
+        tested = reach.get(gpu["uuid"])
+        verdict = "not tested" if tested is None else "reaches a container" if tested["reachable"] else "DOES NOT REACH"
+        rows.append([gpu["uuid"], gpu["model"] or "-", gpu["state"], "yes" if gpu["offered"] else "no", verdict])
+    text = head + "\n\n" + table(["GPU", "MODEL", "STATE", "OFFERED", "SELF-TEST"], rows)
+    for uuid, tested in reach.items():
+        if not tested["reachable"]:
+            text += f"\n\n{uuid} is not offered: {tested['detail']}\n  fix: {tested['fix']}"
+    return text
+
+
 def add_parsers(sub: argparse._SubParsersAction, parser: Parser) -> None:
     """``host`` on the command line's subcommands; ``parser`` makes one (as management/cli.py does)."""
     host = parser(sub, "host", "a provider's hosts: prices, drain", "Set and show hosts' prices; drain and undrain hosts.")
-    h_sub = host.add_subparsers(dest="host_command", required=True, metavar="{price,drain,undrain}")
+    h_sub = host.add_subparsers(dest="host_command", required=True, metavar="{show,price,drain,undrain}")
+
+    shown_host = parser(
+        h_sub,
+        "show",
+        "a host, its GPUs and their self-test",
+        "One of your hosts: its state and runtime, its GPUs, whether each is offered, and the agent's GPU self-test "
+        "(whether each GPU reached a container of the runtime; the reason and the fix when not).",
+    )
+    shown_host.add_argument("host", metavar="HOST", help="the host's agent id")
+    connection_options(shown_host)
+    shown_host.set_defaults(func=_run_host_show)
 
     price = parser(
         h_sub,
@@ -209,3 +238,8 @@ def _run_drain(args: argparse.Namespace) -> int:
 def _run_undrain(args: argparse.Namespace) -> int:
     client, _ = api_client(args)
     return show(args, client.undrain(args.host), _agent_rows)
+
+
+def _run_host_show(args: argparse.Namespace) -> int:
+    client, _ = api_client(args)
+    return show(args, client.agent(args.host), host_text)

@@ -37,6 +37,7 @@ from management.monitoring.reports import Report
 from management.monitoring.rules import AlertRule, load_rules
 from management.monitoring.settings import AlertListing, AlertSettings, RuleListing, account_viewer, notifier_settings
 from management.monitoring.visibility import Viewer
+from management.onboarding.service import Onboarding
 from management.renter_access import RenterAccess
 from management.scheduler.book import WorkloadBook
 from management.scheduler.loop import SchedulerLoop, SchedulerSettings
@@ -316,6 +317,8 @@ class Operations:
             period_s=master.config.alert_period_s,
         )
         self.alert_settings = AlertSettings(master.store, self.alerts, list(self.alerts.rules), time.time)
+        # Providers' hosts onboard from the grid: the installer, the CA and the agent's package (management/onboarding/).
+        self.onboarding = Onboarding(master)
 
     # --- accounts and API keys ------------------------------------------------------------------
     # ``owner`` (as auth decided it): the one account a provider's or renter's call may see; another account

@@ -141,6 +141,7 @@ def agent_view(
         "drained": agent.drained,
         "containers": sorted(agent.containers),
         "exited": dict(agent.exited),  # containers that ended on their own (name -> exit status), until deleted
+        "gpu_selftest": [msgspec.to_builtins(reach) for reach in agent.gpu_reach],  # a GPU listed unreachable is not offered
         "gpus": [gpu_view(g, latest.get(g.uuid), offered=g.uuid in offered, holders=holders) for g in gpus],
         "reputation": msgspec.to_builtins(reputation(agent)),
         "workloads": [hosted_replica_view(r) for r in workloads],

@@ -25,6 +25,9 @@ from master.states import AgentState, GpuState
 # A host's copy of a GPU another host holds (a refused claim, master/registry.py): shown on the claimant, offline,
 # never offered nor given a container. The holder's own record never carries it.
 DUPLICATE_UUID_FLAG = "duplicate_uuid"
+# A GPU its agent's self-test found not to reach a container of the host's runtime (common.inventory.GpuReach): not
+# offered until a later self-test finds it reachable (the provider fixes the host and restarts the agent).
+GPU_UNREACHABLE_FLAG = "unreachable_from_runtime"
 
 
 # Hosts that answer and may be given new work; a maintenance (drained) host answers but takes none.
@@ -218,6 +221,8 @@ def _refuse_unsound(gpu: GpuRecord) -> None:
     """Conflict when ``gpu`` (or a MIG instance of it) may take no new container."""
     if DUPLICATE_UUID_FLAG in gpu.flags:
         raise Conflict(f"GPU {gpu.uuid} is reported by more than one host; another host holds it, this host's claim was refused")
+    if GPU_UNREACHABLE_FLAG in gpu.flags:
+        raise Conflict(f"GPU {gpu.uuid} does not reach a container of its host's runtime (the agent's self-test failed)")
     if gpu.state == GpuState.FAULTY.value:
         why = f" ({gpu.fault.reason})" if gpu.fault is not None else ""
         raise Conflict(f"GPU {gpu.uuid} is faulty{why} and takes no new container until an operator repairs it")
@@ -236,7 +241,7 @@ def gpu_state_for(gpu: GpuRecord, hold: Hold | None, host: AgentRecord) -> str:
     holds it and its host takes work. A faulty GPU stays faulty until repaired."""
     if gpu.state == GpuState.FAULTY.value or host.state == AgentState.QUARANTINED.value:
         return GpuState.FAULTY.value
-    if host.state not in _REACHABLE or DUPLICATE_UUID_FLAG in gpu.flags:
+    if host.state not in _REACHABLE or DUPLICATE_UUID_FLAG in gpu.flags or GPU_UNREACHABLE_FLAG in gpu.flags:
         return GpuState.OFFLINE.value
     if hold is not None:
         return GpuState.BUSY.value if hold.running else GpuState.RESERVED.value

@@ -161,6 +161,9 @@ class MasterConfig(msgspec.Struct, kw_only=True):
     lease_renew_s: Annotated[float, msgspec.Meta(gt=0)] = 3.0  # how often the leader renews, and a standby tries
     # The leader stops writing this long before its lease lapses: the clock skew between Masters must stay under it.
     lease_margin_s: Annotated[float, msgspec.Meta(ge=0)] = 2.0
+    # --- onboarding (management/onboarding/): the agent's package served at /dist/ ---
+    # A wheel of idlegrid to serve as it is; "" builds one from the source this Master runs (a checkout) at first ask.
+    agent_wheel: str = ""
     # --- the console ---
     console: ConsoleSettings = msgspec.field(default_factory=ConsoleSettings)
 

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from common.inventory import GpuInfo, HostInfo
+from common.inventory import GpuInfo, GpuReach, HostInfo
 
 
 class AgentRecord(msgspec.Struct, kw_only=True):
@@ -25,6 +25,9 @@ class AgentRecord(msgspec.Struct, kw_only=True):
     simulated: bool = False
     runtime: str = ""  # from the inventory: one of common.inventory.RUNTIMES, "" when never reported
     isolation: str = ""  # one of common.inventory.ISOLATIONS
+    # The agent's GPU self-test, from its latest hello: which GPUs reach a container of its runtime (a GPU that does not
+    # is flagged GPU_UNREACHABLE_FLAG and not offered); empty when nothing was tested.
+    gpu_reach: list[GpuReach] = []
     enrolled_at: float = 0.0
     last_seen: float = 0.0
     connected_since: float | None = None

@@ -9,8 +9,8 @@ from collections.abc import Callable, Iterable, Sequence
 import msgspec
 
 from common.errors import NotFound
-from common.inventory import GpuInfo, Inventory
-from master.allocations import DUPLICATE_UUID_FLAG, GpuAllocations, gpu_state_for
+from common.inventory import GpuInfo, GpuReach, Inventory
+from master.allocations import DUPLICATE_UUID_FLAG, GPU_UNREACHABLE_FLAG, GpuAllocations, gpu_state_for
 from master.batches import write_paced
 from master.changes import ChangeFeed, ContainerExited, GpuHealthChanged, HostChanged
 from master.events import EventLog
@@ -275,12 +275,20 @@ class Registry:
             agent.downtime_s += max(0.0, now - agent.last_seen)
         agent.host, agent.simulated, agent.relay = inventory.host, inventory.simulated, relay
         agent.runtime, agent.isolation = inventory.runtime, inventory.isolation
+        # Only about GPUs this very report lists, once each: the self-test of a card the host does not report says nothing.
+        listed = {gpu.uuid for gpu in inventory.gpus}
+        reach: dict[str, GpuReach] = {}
+        for tested in inventory.gpu_reach:
+            if tested.uuid in listed:
+                reach.setdefault(tested.uuid, tested)
+        agent.gpu_reach = list(reach.values())
         # The region is the one the agent declares (or enrolled with): a failover to another region's relay
         # does not move the host. The relay's region only fills in a region the agent never gave.
         agent.region = region or agent.region or relay_region
         await self._record_relay_change(agent, relay, relay_region=relay_region)
         agent.last_seen, agent.connected_since = now, now
-        await self._update_gpus(agent.id, inventory.gpus, inventory.host)
+        unreachable = {tested.uuid for tested in agent.gpu_reach if not tested.reachable}
+        await self._update_gpus(agent.id, inventory.gpus, inventory.host, unreachable=unreachable)
         # reputation's verification component reads these counts, never the GPU list (master/reputation.py)
         agent.gpus_verified, agent.gpus_unverified, agent.gpus_flagged = verification_counts(self.gpus_of(agent.id))
         if agent.drained:
@@ -313,8 +321,11 @@ class Registry:
                 relay_region=relay_region,
             )
 
-    async def _update_gpus(self, agent_id: str, infos: list[GpuInfo], host: object) -> None:
-        """The latest report replaces the previous one: GPUs it no longer lists leave the pool."""
+    async def _update_gpus(
+        self, agent_id: str, infos: list[GpuInfo], host: object, *, unreachable: frozenset[str] | set[str] = frozenset()
+    ) -> None:
+        """The latest report replaces the previous one: GPUs it no longer lists leave the pool. ``unreachable``: GPUs
+        the agent's self-test found not to reach a container, flagged (never offered) until a later hello clears it."""
         records = []
         events: list[tuple[str, str, dict[str, object]]] = []  # one store write for all of them, not one per GPU
         reported: set[str] = set()
@@ -357,7 +368,7 @@ class Registry:
                 info=info,
                 state=state,
                 tier=c.tier,
-                flags=list(c.flags),
+                flags=[*c.flags] + ([GPU_UNREACHABLE_FLAG] if info.uuid in unreachable else []),
                 updated_at=time.time(),
                 # A hello does not clear a fault: a card that threw a fatal Xid may do so again (docs/master.md).
                 fault=old.fault if old is not None and same_host else None,

@@ -427,6 +427,16 @@ class Master:
         """Every relay linked now that told where agents dial it, by id."""
         return self.directory.current()
 
+    def enrollment_urls(self) -> list[tuple[str, str]]:
+        """(region, https:// URL) of every relay linked now that told where its HTTPS port (enrollment) is, by relay id:
+        what a new host enrolls through (management/onboarding/)."""
+        links = sorted(self.hub.links.values(), key=lambda link: link.relay_id)
+        return [(link.region, link.http_url) for link in links if link.http_url]
+
+    def ca_chain_pem(self) -> bytes:
+        """The platform CA's certificate chain: public, what an enrolling host trusts its relay by."""
+        return self.authority.ca.chain_pem()
+
     async def _announce_to_agents(self, frame: bytes) -> None:
         await asyncio.gather(*(self.hub.send_to_agent(agent_id, frame) for agent_id in list(self.hub.agent_links)))
 

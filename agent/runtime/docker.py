@@ -21,11 +21,14 @@ import msgspec
 
 from agent.runtime.base import STATE_REMOVED, STDOUT, ExecSession, check_same_command, container_labels
 from agent.runtime.docker_exec import DockerExecSession, exec_streams, hijack, read_frame
+from agent.runtime.selftest import reach_in_containers
 from common.containers import LABEL_COMMAND_ID, ContainerInfo, ContainerSpec
-from common.errors import RuntimeFailure
+from common.errors import ConfigError, RuntimeFailure
+from common.inventory import GpuInfo, GpuReach
 
 DEFAULT_SOCKET = "/var/run/docker.sock"
 MIB = 1024 * 1024
+CPU_PERIOD_US = 100_000  # the CFS period a CPU quota is a share of (what Docker's NanoCpus means)
 # DeviceRequests (how the NVIDIA Container Toolkit is asked for GPUs) arrived in API 1.40 (Docker 19.03).
 MIN_API_VERSION = (1, 40)
 
@@ -35,6 +38,26 @@ MIN_API_VERSION = (1, 40)
 # Dropping ALL first means a newer engine's defaults can never widen what a renter gets.
 CONNECT_TIMEOUT_S = 3.0  # to a container's address on the engine's network, before trying through exec
 DEFAULT_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "NET_BIND_SERVICE", "SETGID", "SETUID")
+# The GPU self-test (agent/runtime/selftest.py): an image with a C library for the nvidia-smi the NVIDIA toolkit
+# mounts into it, and the probe that prints the GPUs a container sees (real ones; the simulated ones by name).
+DEFAULT_SELFTEST_IMAGE = "docker.io/library/debian:bookworm-slim"
+NVIDIA_PROBE = ("nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader")
+SIMULATED_PROBE = ("sh", "-c", 'echo "$CUDA_VISIBLE_DEVICES"')
+# How a container is given its GPUs: "device_requests" (Docker with the NVIDIA Container Toolkit), "cdi" (Podman's own
+# API with CDI devices), "by_name" (no device, only CUDA_VISIBLE_DEVICES: the agent's simulated GPUs), or "auto":
+# by_name for simulated GPUs, else cdi on Podman and device_requests on Docker.
+GPU_DEVICE_MODES = ("auto", "device_requests", "cdi", "by_name")
+PODMAN_ENGINE = "Podman Engine"  # how Podman names itself in /version's Components
+CDI_GPU_KIND = "nvidia.com/gpu"  # the NVIDIA Container Toolkit's CDI devices: nvidia.com/gpu=<uuid>
+DOCKER_GPU_FIX = (
+    "install the NVIDIA Container Toolkit and set Docker up for it (sudo nvidia-ctk runtime configure --runtime=docker "
+    "&& sudo systemctl restart docker); check: docker run --rm --gpus all IMAGE nvidia-smi; then restart the agent"
+)
+PODMAN_GPU_FIX = (
+    "install the NVIDIA Container Toolkit and write its CDI specification (sudo nvidia-ctk cdi generate "
+    "--output=/etc/cdi/nvidia.yaml); check: podman run --rm --device nvidia.com/gpu=all IMAGE nvidia-smi -L; "
+    "then restart the agent"
+)
 
 
 class DockerRuntime:
@@ -52,15 +75,30 @@ class DockerRuntime:
         pull_timeout_s: float = 1800.0,
         capabilities: Sequence[str] = DEFAULT_CAPABILITIES,
         simulated_gpus: bool = False,
+        selftest_image: str = DEFAULT_SELFTEST_IMAGE,
+        selftest_timeout_s: float = 60.0,
+        gpu_devices: str = "auto",
     ) -> None:
         """``simulated_gpus``: the host's GPUs are the agent's simulation (``--simulate``), so a container is given
-        them by name (``CUDA_VISIBLE_DEVICES``) and no device is asked of the engine: there is none to give."""
+        them by name (``CUDA_VISIBLE_DEVICES``) and no device is asked of the engine: there is none to give.
+        ``selftest_image``: what the GPU self-test runs its probe in (pulled when ``allow_pull``, else it must be here).
+        ``gpu_devices``: how a container is given its GPUs (GPU_DEVICE_MODES); ``auto`` picks by engine and simulation.
+
+        GPUs reach a container through DeviceRequests on Docker (the NVIDIA Container Toolkit); Podman's Docker API
+        ignores those, so on Podman a GPU container is made through Podman's own API with CDI devices
+        (``nvidia.com/gpu=<uuid>``, the toolkit's CDI specification)."""
         self.socket_path = str(socket)
         self.simulated_gpus = simulated_gpus
         self.allow_pull = allow_pull
         self.timeout_s = timeout_s
         self.pull_timeout_s = pull_timeout_s
         self.capabilities = tuple(capabilities)
+        if gpu_devices not in GPU_DEVICE_MODES:
+            raise ConfigError(f"gpu_devices must be one of {', '.join(GPU_DEVICE_MODES)}, not {gpu_devices!r}")
+        self.gpu_devices = gpu_devices
+        self.selftest_image = selftest_image
+        self.selftest_timeout_s = selftest_timeout_s
+        self._libpod_version: str | None = None  # Podman's own API version, when the engine is Podman
         self._session: aiohttp.ClientSession | None = None
         self._api_prefix: str | None = None
         self._bridges: set[asyncio.Task[None]] = set()  # connections carried through exec (see ``connect``)
@@ -75,6 +113,41 @@ class DockerRuntime:
         self._api_prefix = None  # ask again: the engine may have gone away, come back or been upgraded since
         await self._negotiate()
 
+    @property
+    def engine(self) -> str:
+        """``podman`` or ``docker``, as the engine said when last asked (``probe``)."""
+        return "podman" if self._libpod_version else "docker"
+
+    def gpu_mode(self) -> str:
+        """How this runtime gives a container its GPUs now (``gpu_devices`` with ``auto`` resolved)."""
+        if self.gpu_devices != "auto":
+            return self.gpu_devices
+        if self.simulated_gpus:
+            return "by_name"
+        return "cdi" if self._libpod_version is not None else "device_requests"
+
+    async def gpu_selftest(self, gpus: Sequence[GpuInfo]) -> builtins.list[GpuReach]:
+        """Each GPU in a container of its own, through ``create`` as a renter's would be (agent/runtime/selftest.py)."""
+        try:
+            await self._negotiate()
+            status, _ = await self._call("GET", f"/images/{quote(self.selftest_image, safe='')}/json")
+        except RuntimeFailure as exc:
+            return [GpuReach(uuid=g.uuid, reachable=False, detail=str(exc)[:500], fix="start the engine") for g in gpus]
+        if status == 404 and not self.allow_pull:
+            # Not the GPUs' fault, but nothing is proven either: say which image is missing and how to get it.
+            detail = f"the self-test image {self.selftest_image!r} is not on this host, so no GPU could be tested"
+            fix = f"{self.engine} pull {self.selftest_image} (or set gpu_selftest_image to an image on this host)"
+            fix += ", then restart the agent"
+            return [GpuReach(uuid=g.uuid, reachable=False, detail=detail, fix=fix) for g in gpus]
+        return await reach_in_containers(
+            self,
+            gpus,
+            image=self.selftest_image,
+            command=SIMULATED_PROBE if self.gpu_mode() == "by_name" else NVIDIA_PROBE,
+            timeout_s=self.selftest_timeout_s,
+            fix=PODMAN_GPU_FIX if self.gpu_mode() == "cdi" else DOCKER_GPU_FIX,
+        )
+
     async def create(self, spec: ContainerSpec, *, labels: Mapping[str, str]) -> ContainerInfo:
         wanted = container_labels(spec, labels)
         raw = await self._inspect_raw(spec.name) or await self._create(spec, wanted)
@@ -82,7 +155,7 @@ class DockerRuntime:
         if info.state != "created":
             return info  # running or already finished: a repeat delivery, not a second run
         # Ours and never started (a fresh create, or an agent that died between create and start).
-        if not self.simulated_gpus:
+        if spec.gpus and self.gpu_mode() == "device_requests":
             await self._require_gpus(spec, raw)
         await self._start(info)
         return _info(await self._inspect_required(spec.name))
@@ -185,12 +258,27 @@ class DockerRuntime:
 
     # --- steps ------------------------------------------------------------------------------------------
 
+    def _cdi_gpus(self, spec: ContainerSpec) -> bool:
+        """Whether ``spec`` gets its GPUs as CDI devices through Podman's own API."""
+        return bool(spec.gpus) and self.gpu_mode() == "cdi"
+
+    async def _send_create(self, spec: ContainerSpec, labels: dict[str, str]) -> tuple[int, Any]:
+        await self._negotiate()  # which engine: Podman takes GPU containers through its own API
+        if self._cdi_gpus(spec):
+            if self._libpod_version is None:
+                raise RuntimeFailure(f"the engine at {self.url} is not Podman: CDI GPU devices (gpu_devices = cdi) need Podman")
+            body = libpod_create_body(spec, labels, self.capabilities)
+            return await self._call("POST", f"/v{self._libpod_version}/libpod/containers/create", body=body, versioned=False)
+        body = create_body(spec, labels, self.capabilities, device_requests=self.gpu_mode() == "device_requests")
+        return await self._call("POST", "/containers/create", params={"name": spec.name}, body=body)
+
     async def _create(self, spec: ContainerSpec, labels: dict[str, str]) -> dict[str, Any]:
-        body = create_body(spec, labels, self.capabilities, device_requests=not self.simulated_gpus)
-        status, reply = await self._call("POST", "/containers/create", params={"name": spec.name}, body=body)
-        if status == 404 and self.allow_pull:
+        status, reply = await self._send_create(spec, labels)
+        if _image_missing(status, reply) and self.allow_pull:
             await self._pull(spec.image)
-            status, reply = await self._call("POST", "/containers/create", params={"name": spec.name}, body=body)
+            status, reply = await self._send_create(spec, labels)
+        if _image_missing(status, reply):
+            status = 404
         if status == 404:
             raise RuntimeFailure(
                 f"image {spec.image!r} not found locally on this host; no registry pull "
@@ -219,7 +307,7 @@ class DockerRuntime:
         await self._remove_quietly(raw["Id"])
         raise RuntimeFailure(
             f"the engine at {self.url} dropped the request for GPUs {', '.join(spec.gpus)}; GPU containers need "
-            "Docker with the NVIDIA Container Toolkit (Podman's Docker API ignores DeviceRequests)"
+            "Docker with the NVIDIA Container Toolkit, or Podman with its CDI specification"
         )
 
     async def _pull(self, image: str) -> None:
@@ -308,6 +396,7 @@ class DockerRuntime:
             if _version_tuple(version) < MIN_API_VERSION:
                 minimum = ".".join(map(str, MIN_API_VERSION))
                 raise RuntimeFailure(f"the engine at {self.url} speaks Docker API {version}; idlegrid needs {minimum} or newer")
+            self._libpod_version = _podman_version(info)
             self._api_prefix = f"/v{version}"
         return self._api_prefix
 
@@ -345,6 +434,46 @@ def create_body(
     if spec.command:
         body["Cmd"] = list(spec.command)  # otherwise the image's own CMD runs
     return body
+
+
+def libpod_create_body(spec: ContainerSpec, labels: Mapping[str, str], capabilities: Sequence[str]) -> dict[str, Any]:
+    """Podman's own ``POST /libpod/containers/create`` body (its SpecGenerator) for ``spec``: the limits and hardening
+    of ``create_body``, and each GPU as the CDI device ``nvidia.com/gpu=<uuid>``."""
+    body: dict[str, Any] = {
+        "name": spec.name,
+        "image": spec.image,
+        "env": dict(spec.env),
+        "labels": dict(labels),
+        "privileged": False,
+        "cap_drop": ["ALL"],
+        "cap_add": list(capabilities),
+        "no_new_privileges": True,
+        "devices": [{"path": f"{CDI_GPU_KIND}={gpu}"} for gpu in spec.gpus],
+    }
+    limits: dict[str, Any] = {}
+    if spec.cpus is not None:
+        limits["cpu"] = {"quota": round(spec.cpus * CPU_PERIOD_US), "period": CPU_PERIOD_US}
+    if spec.memory_mib is not None:
+        limits["memory"] = {"limit": spec.memory_mib * MIB, "swap": spec.memory_mib * MIB}
+    if limits:
+        body["resource_limits"] = limits
+    if spec.command:
+        body["command"] = list(spec.command)
+    return body
+
+
+def _podman_version(version: Mapping[str, Any]) -> str | None:
+    """Podman's own API version from ``/version`` (its Components name it), or None for Docker."""
+    for component in version.get("Components") or []:
+        if isinstance(component, dict) and component.get("Name") == PODMAN_ENGINE:
+            details = component.get("Details") or {}
+            return str(details.get("APIVersion") or component.get("Version") or "") or None
+    return None
+
+
+def _image_missing(status: int, body: Any) -> bool:
+    # Docker's API answers 404; Podman's own API answers 404 too, or 500 naming the image it could not find.
+    return status == 404 or (status == 500 and "image not known" in _message(body))
 
 
 def _info(raw: Mapping[str, Any]) -> ContainerInfo:

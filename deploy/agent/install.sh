@@ -1,37 +1,57 @@
 #!/bin/sh
-# Installs the idlegrid agent on a provider's host as a container, enrolls it and starts it. One line:
+# Installs the idlegrid agent on a provider's host, enrolls it and starts it. One line, from the grid's Master:
 #
-#   curl -fsSL https://GRID/install.sh | sudo sh -s -- --token igjt_... --access https://relay.example:7201 --ca-file ca.crt
+#   curl -fsSL https://GRID/install.sh | sudo sh -s -- --token igjt_...
 #
-# What it does: finds the container engine (Docker, else Podman), gets the agent's image, enrolls the host with the
-# join token (the key is made on this host and never leaves it; only a CSR goes to the relay), then starts the agent
-# with the engine's socket and the NVIDIA Container Toolkit's GPUs. Docker restarts it by itself
-# (--restart unless-stopped); with --systemd, or with Podman, a systemd unit (idlegrid-agent-container.service) does.
-# Its state (key, certificate, ledger) lives in the volume idlegrid-agent. docs/install-provider.md explains it all.
+# Two ways to run the agent:
+# - on the host (the default): the agent's package (GRID/dist/, built by the Master from its own source) goes into a
+#   virtual environment (--prefix, /opt/idlegrid) and runs renters' work through the host's engine: Docker or Podman
+#   (their Docker-compatible API socket), or, on a host with neither (--engine none), the process runtime's sandbox.
+# - as a container (--image REF): the agent's image, built by deploy/build-images (no public registry has it), is
+#   run by Docker or Podman with the engine's socket and the NVIDIA Container Toolkit's GPUs; its state lives in the
+#   volume idlegrid-agent.
+# Either way the host enrolls with the join token (the key is made on this host and never leaves it; only a CSR goes
+# to the relay). A script served by a Master knows the grid's URL, its relay and its CA (GRID/ca.crt), so the token is
+# all it needs; a copy from a checkout needs --grid, or --access and --ca-file. docs/install-provider.md explains it.
 #
 # Options:
-#   --token TOKEN        one-time join token from the grid's operator (required unless already enrolled)
-#   --access URL         the relay's https:// enrollment URL (required with --token)
-#   --ca-file FILE       the grid's CA certificate, ca.crt (required with --token)
-#   --image REF          the agent's image (default $IDLEGRID_AGENT_IMAGE, else localhost/idlegrid-agent:latest)
-#   --engine NAME        docker or podman (default: docker if installed, else podman)
+#   --token TOKEN        one-time join token (the console's "Add a host" page, or the grid's operator)
+#   --grid URL           the grid's Master, where the package and ca.crt are fetched (default: the Master that served
+#                        this script)
+#   --access URL         the relay's https:// enrollment URL (default: the relay the Master named when it served this)
+#   --ca-file FILE       the grid's CA certificate, ca.crt (default: fetched from GRID/ca.crt)
+#   --engine NAME        docker, podman or none (default: docker if installed, else podman, else none)
 #   --socket PATH        the engine's API socket the agent runs containers through (default: the engine's usual
-#                        one); "none": no socket (the agent reports its GPUs but offers nothing to run)
-#   --systemd            start it through a systemd unit rather than the engine's restart policy
-#   --name NAME          the container's name (default idlegrid-agent); --volume NAME its volume (default idlegrid-agent)
-#   --no-gpus            no GPU flags (a host without the NVIDIA Container Toolkit)
+#                        one); "none" (with --image): no socket (the agent reports its GPUs but offers nothing to run)
+#   --prefix DIR         the agent's virtual environment on the host (default /opt/idlegrid)
+#   --state-dir DIR      the agent's state on the host: key, certificate, ledger (default /var/lib/idlegrid/agent)
+#   --python PATH        the Python 3.11+ that makes the environment (default python3)
+#   --pip-args ARGS      more arguments for pip (e.g. "--no-index --find-links /srv/wheels" on a host with no index)
+#   --foreground         run the agent in this terminal rather than as a systemd unit (the host way)
+#   --image REF          run the agent as a container from this image instead (default $IDLEGRID_AGENT_IMAGE if set)
+#   --systemd            (with --image) start it through a systemd unit rather than the engine's restart policy
+#   --name NAME          (with --image) the container's name (default idlegrid-agent); --volume NAME its volume
+#   --no-gpus            (with --image) no GPU flags (a host without the NVIDIA Container Toolkit)
 #   -- ARGS...           passed to `idlegrid agent` (e.g. -- --region eu-west --simulate h100:2 for a test)
 set -eu
 
-token="" access="" ca_file="" image="${IDLEGRID_AGENT_IMAGE:-localhost/idlegrid-agent:latest}" engine="" socket=""
+# Filled in by the Master that serves this script (GET /install.sh); empty in a checkout's copy.
+served_grid=""
+served_access=""
+served_wheel=""
+
+token="" grid="" access="" ca_file="" image="${IDLEGRID_AGENT_IMAGE:-}" engine="" socket=""
 use_systemd=0 name=idlegrid-agent volume=idlegrid-agent gpus=1 network=host
+prefix=/opt/idlegrid state_dir=/var/lib/idlegrid/agent python=python3 pip_args="" foreground=0
 
 die() { echo "install.sh: $*" >&2; exit 1; }
+usage() { [ -r "$0" ] && sed -n '2,/^set -eu/p' "$0" | sed -e '/^set -eu/d' -e 's/^# \{0,1\}//' || echo "see docs/install-provider.md"; }
 say() { echo "install.sh: $*" >&2; }
 
 while [ $# -gt 0 ]; do
     case "$1" in
         --token) token=${2:?--token needs a value}; shift 2 ;;
+        --grid) grid=${2:?--grid needs a value}; shift 2 ;;
         --access) access=${2:?--access needs a value}; shift 2 ;;
         --ca-file) ca_file=${2:?--ca-file needs a value}; shift 2 ;;
         --image) image=${2:?--image needs a value}; shift 2 ;;
@@ -41,27 +61,138 @@ while [ $# -gt 0 ]; do
         --name) name=${2:?--name needs a value}; shift 2 ;;
         --volume) volume=${2:?--volume needs a value}; shift 2 ;;
         --no-gpus) gpus=0; shift ;;
+        --prefix) prefix=${2:?--prefix needs a value}; shift 2 ;;
+        --state-dir) state_dir=${2:?--state-dir needs a value}; shift 2 ;;
+        --python) python=${2:?--python needs a value}; shift 2 ;;
+        --pip-args) pip_args=${2?--pip-args needs a value}; shift 2 ;;
+        --foreground) foreground=1; shift ;;
         --) shift; break ;;
-        -h|--help) sed -n '2,/^set -eu/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) usage; exit 0 ;;
         *) die "unknown option $1 (see --help)" ;;
     esac
 done
 
+# --- the host way: the agent's package in a virtual environment, run by systemd (or in this terminal) ---------------
+install_on_host() {
+    [ -n "$grid" ] || die "--grid (the Master's URL) is needed to fetch the agent's package; or run it as a container (--image)"
+    [ -n "$served_wheel" ] || die "this copy of install.sh does not name the agent's package: fetch it from the grid ($grid/install.sh)"
+    "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null ||
+        die "$python is not Python 3.11 or newer (--python PATH names another)"
+    runtime_flags="--runtime process"
+    if [ "$engine" != none ]; then
+        if [ -z "$socket" ]; then
+            if [ "$engine" = docker ]; then socket=/var/run/docker.sock; else socket=/run/podman/podman.sock; fi
+            if [ "$engine" = podman ] && [ ! -S "$socket" ] && command -v systemctl >/dev/null 2>&1; then
+                systemctl enable --now podman.socket >/dev/null 2>&1 || true  # Podman's Docker-compatible API
+            fi
+        fi
+        [ -S "$socket" ] || die "$socket is not the $engine API socket (is it running? --socket PATH names another)"
+        runtime_flags="--runtime docker --docker-socket $socket"
+    fi
+    say "fetching the agent's package $served_wheel from $grid"
+    fetch "$grid/dist/$served_wheel" "$workdir/$served_wheel" || die "could not fetch $grid/dist/$served_wheel"
+    [ -x "$prefix/bin/python" ] || "$python" -m venv "$prefix" || die "could not make a virtual environment in $prefix"
+    say "installing it into $prefix"
+    # shellcheck disable=SC2086
+    "$prefix/bin/python" -m pip install --quiet --disable-pip-version-check $pip_args "$workdir/$served_wheel" >&2 ||
+        die "pip could not install $served_wheel and its dependencies into $prefix (--pip-args for an index or wheels)"
+    mkdir -p "$state_dir" && chmod 0700 "$state_dir"
+    if [ -n "$token" ]; then
+        say "enrolling this host through $access"
+        "$prefix/bin/idlegrid" agent enroll --state-dir "$state_dir" --token "$token" --access "$access" --ca-file "$ca_file" >&2 ||
+            die "enrollment failed (a join token is used once: ask for a fresh one)"
+    fi
+    if [ "$foreground" = 1 ]; then
+        say "starting the agent here ($runtime_flags); Ctrl-C stops it"
+        rm -rf "$workdir"
+        # shellcheck disable=SC2086
+        exec "$prefix/bin/idlegrid" agent --state-dir "$state_dir" $runtime_flags "$@"
+    fi
+    if ! command -v systemctl >/dev/null 2>&1 || [ "$(id -u)" != 0 ]; then
+        say "installed and enrolled; no systemd here (or not root): start it with"
+        say "  $prefix/bin/idlegrid agent --state-dir $state_dir $runtime_flags"
+        return 0
+    fi
+    host_unit "$runtime_flags" "$*" >/etc/systemd/system/idlegrid-agent.service
+    systemctl daemon-reload
+    systemctl enable --now idlegrid-agent.service
+    say "started: systemctl status idlegrid-agent; its log: journalctl -u idlegrid-agent"
+}
+
+# The unit of the host way. With an engine the agent needs only the engine's socket, and runs as root only because the
+# socket is root's in effect; the process runtime must be root to run renters' commands as an unprivileged user.
+host_unit() {
+    cat <<HOSTUNIT
+[Unit]
+Description=idlegrid provider agent (installed by install.sh from $grid)
+Wants=network-online.target
+After=network-online.target
+
+[Service]
+Type=exec
+ExecStart=$prefix/bin/idlegrid agent --state-dir $state_dir $1 $2
+KillSignal=SIGTERM
+TimeoutStopSec=30
+Restart=on-failure
+RestartSec=5
+# 2: bad settings or not enrolled; 3: its certificate was revoked (enroll again). Restarting fixes neither.
+RestartPreventExitStatus=2 3
+ProtectHome=yes
+PrivateTmp=yes
+ProtectKernelModules=yes
+ProtectKernelLogs=yes
+ProtectClock=yes
+UMask=0077
+
+[Install]
+WantedBy=multi-user.target
+HOSTUNIT
+}
+
+
+grid=${grid:-$served_grid}
+grid=${grid%/}
+access=${access:-$served_access}
+case "$engine" in ""|docker|podman|none) ;; *) die "--engine must be docker, podman or none, not $engine" ;; esac
+[ -z "$image" ] || [ "$engine" != none ] || die "--image runs the agent in an engine: --engine none cannot run it"
+
+workdir=$(mktemp -d)
+trap 'rm -rf "$workdir"' EXIT
+
+# fetch URL FILE: curl, else wget, else the Python that makes the environment.
+fetch() {
+    if command -v curl >/dev/null 2>&1; then curl -fsSL "$1" -o "$2"
+    elif command -v wget >/dev/null 2>&1; then wget -q -O "$2" "$1"
+    else "$python" -c 'import sys, urllib.request; urllib.request.urlretrieve(sys.argv[1], sys.argv[2])' "$1" "$2"
+    fi
+}
+
 if [ -n "$token" ]; then
-    [ -n "$access" ] || die "--access (the relay's https:// URL) is needed with --token"
-    [ -n "$ca_file" ] || die "--ca-file (the grid's ca.crt) is needed with --token"
+    [ -n "$access" ] || die "--access (the relay's https:// URL) is needed with --token: no relay was named by the grid"
+    if [ -z "$ca_file" ]; then
+        [ -n "$grid" ] || die "--ca-file (the grid's ca.crt) or --grid (the Master that serves it) is needed with --token"
+        ca_file=$workdir/ca.crt
+        fetch "$grid/ca.crt" "$ca_file" || die "could not fetch $grid/ca.crt (--ca-file FILE gives it instead)"
+    fi
     [ -r "$ca_file" ] || die "cannot read $ca_file (--ca-file)"
 fi
 
 if [ -z "$engine" ]; then
     if command -v docker >/dev/null 2>&1; then engine=docker
     elif command -v podman >/dev/null 2>&1; then engine=podman
-    else die "neither docker nor podman is installed: install one (and the NVIDIA Container Toolkit), then run this again"
+    elif [ -n "$image" ]; then die "neither docker nor podman is installed: --image needs one (and the NVIDIA Container Toolkit)"
+    else engine=none
     fi
 fi
-case "$engine" in docker|podman) ;; *) die "--engine must be docker or podman, not $engine" ;; esac
-command -v "$engine" >/dev/null 2>&1 || die "$engine is not installed"
-engine_path=$(command -v "$engine")
+if [ "$engine" != none ]; then
+    command -v "$engine" >/dev/null 2>&1 || die "$engine is not installed"
+    engine_path=$(command -v "$engine")
+fi
+
+if [ -z "$image" ]; then
+    install_on_host "$@"
+    exit 0
+fi
 
 if [ -z "$socket" ]; then
     if [ "$engine" = docker ]; then socket=/var/run/docker.sock; else socket=/run/podman/podman.sock; fi

@@ -107,5 +107,9 @@ def build_app(master: Master, settings: ApiSettings | None = None, operations: O
     # management.api.auth (one place decides who may do what), so importing it above would make a cycle.
     from management.console import add_console
 
+    # What a provider's host fetches to onboard (management/onboarding/): outside /api/, no key.
+    from management.onboarding.routes import add_routes as add_onboarding_routes
+
+    add_onboarding_routes(app.router)
     add_console(app, operations, operations.console_settings, state_dir=operations.state_path)
     return app

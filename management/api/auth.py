@@ -52,6 +52,7 @@ class Resource(str, enum.Enum):
     ALERTS = "alerts"  # alerts firing and recent transitions: each account its own (management/monitoring/visibility.py)
     SILENCES = "silences"  # muting alerts' notifications: the operator's
     WEBHOOKS = "webhooks"  # where alert notifications go: each account its own
+    HOST_ENROLLMENT = "host_enrollment"  # a join token for one's own new host (the console's "Add a host")
 
 
 class Action(str, enum.Enum):
@@ -94,6 +95,9 @@ PERMISSIONS[Role.RENTER][Resource.RENTALS] = frozenset({Action.READ, Action.WRIT
 PERMISSIONS[Role.PROVIDER][Resource.PRICES] = frozenset({Action.READ, Action.WRITE})
 PERMISSIONS[Role.PROVIDER][Resource.HOST_PRICES] = frozenset({Action.READ})
 PERMISSIONS[Role.RENTER][Resource.HOST_PRICES] = frozenset({Action.READ})
+# Adding a host: a provider makes a join token bound to its own account (Scope.owner), never another's; the raw
+# tokens resource (a token for any provider) stays the operator's.
+PERMISSIONS[Role.PROVIDER][Resource.HOST_ENROLLMENT] = frozenset({Action.WRITE})
 # Passwords (the console's sign-in): every account sets its own (Scope.owner), the operator anyone's.
 for _role in (Role.PROVIDER, Role.RENTER):
     PERMISSIONS[_role][Resource.PASSWORD] = frozenset({Action.WRITE})

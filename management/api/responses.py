@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from common.inventory import HostInfo
+from common.inventory import GpuReach, HostInfo
 from management.scheduler.model import FilterCount, QuotaCheck
 from master.records import Assignment, GpuFault, WorkloadSpec
 from master.reputation import Reputation
@@ -139,6 +139,8 @@ class AgentView(View):
     drained: bool
     containers: list[str]
     exited: dict[str, int]
+    # The agent's GPU self-test: whether each GPU reaches a container of its runtime, what was seen, the fix.
+    gpu_selftest: list[GpuReach]
     gpus: list[GpuView]
     reputation: Reputation
     workloads: list[HostedReplicaView]

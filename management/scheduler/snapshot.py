@@ -36,7 +36,7 @@ from management.scheduler.model import (
     Snapshot,
     Unit,
 )
-from master.allocations import DUPLICATE_UUID_FLAG, Hold
+from master.allocations import DUPLICATE_UUID_FLAG, GPU_UNREACHABLE_FLAG, Hold
 from master.records import AccountRecord, AgentRecord, GpuRecord, WorkloadRecord
 from master.reputation import reputation
 from master.states import AgentState, GpuState
@@ -116,7 +116,12 @@ def units_of(gpus: Iterable[GpuRecord]) -> list[Unit]:
                 for link in gpu.info.nvlinks
                 if link.active and link.remote_pci_bus_id and link.remote_pci_bus_id.lower() in by_bus
             ) - {gpu.uuid}
-        healthy = gpu.state != GpuState.FAULTY.value and gpu.fault is None and DUPLICATE_UUID_FLAG not in gpu.flags
+        healthy = (
+            gpu.state != GpuState.FAULTY.value
+            and gpu.fault is None
+            and DUPLICATE_UUID_FLAG not in gpu.flags
+            and GPU_UNREACHABLE_FLAG not in gpu.flags
+        )
         if gpu.info.mig_enabled:
             units.extend(mig_units_of(gpu, healthy=healthy))
             continue
@@ -147,7 +152,19 @@ class UnitCache:
     def units(self, agent_id: str, gpus: Iterable[GpuRecord]) -> list[Unit]:
         gpus = list(gpus)
         signature = tuple(
-            (g.info, id(g.info), g.uuid, g.index, g.state, g.fault, g.tier, g.model, DUPLICATE_UUID_FLAG in g.flags) for g in gpus
+            (
+                g.info,
+                id(g.info),
+                g.uuid,
+                g.index,
+                g.state,
+                g.fault,
+                g.tier,
+                g.model,
+                DUPLICATE_UUID_FLAG in g.flags,
+                GPU_UNREACHABLE_FLAG in g.flags,
+            )
+            for g in gpus
         )
         cached = self._hosts.get(agent_id)
         if cached is not None and _same(cached[0], signature):

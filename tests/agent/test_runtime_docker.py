@@ -9,8 +9,9 @@ import pytest
 from agent.executor import CommandExecutor
 from agent.ledger import CommandLog
 from agent.runtime import open_runtime
-from agent.runtime.base import STDERR, STDOUT
-from agent.runtime.docker import DockerRuntime
+from agent.runtime.base import STDERR, STDOUT, container_labels
+from agent.runtime.docker import DEFAULT_CAPABILITIES, DockerRuntime, libpod_create_body
+from agent.runtime.selftest import gpu_selftest
 from common.containers import (
     LABEL_AGENT_ID,
     LABEL_COMMAND_ID,
@@ -21,6 +22,7 @@ from common.containers import (
     ContainerSpec,
 )
 from common.errors import ConfigError, RuntimeFailure
+from common.inventory import GpuInfo
 from common.pki import CommandSigner, CommandVerifier
 from common.wire import Command, CommandBody, signing_bytes
 
@@ -143,12 +145,97 @@ async def test_a_command_that_cannot_start_fails_and_frees_its_name(runtime, pod
     assert podman.inspect("broken") is None
 
 
-async def test_gpus_the_engine_does_not_grant_are_refused_and_the_container_removed(runtime, podman):
-    # Podman's Docker API silently ignores DeviceRequests; no GPU is needed to see that the runtime notices.
-    job = spec(podman, "gpu-job", gpus=["GPU-6f2c7a1e-0000-0000-0000-000000000000"])
-    with pytest.raises(RuntimeFailure, match="dropped the request for GPUs GPU-6f2c7a1e"):
-        await runtime.create(job, labels=agent_labels("cmd-10"))
-    assert podman.inspect("gpu-job") is None
+async def test_gpus_the_engine_does_not_grant_are_refused_and_the_container_removed(podman):
+    # Podman's Docker API silently ignores DeviceRequests, as a Docker without the NVIDIA toolkit does: asked for them
+    # (as on Docker), no GPU is needed to see that the runtime notices.
+    rt = DockerRuntime(podman.socket_path, gpu_devices="device_requests")
+    try:
+        job = spec(podman, "gpu-job", gpus=["GPU-6f2c7a1e-0000-0000-0000-000000000000"])
+        with pytest.raises(RuntimeFailure, match="dropped the request for GPUs GPU-6f2c7a1e"):
+            await rt.create(job, labels=agent_labels("cmd-10"))
+        assert podman.inspect("gpu-job") is None
+    finally:
+        await rt.close()
+
+
+async def test_on_podman_gpus_are_asked_as_cdi_devices_through_its_own_api(runtime, podman):
+    # No GPU and no NVIDIA CDI specification here: Podman itself refuses the CDI device it was asked for, by name,
+    # when it starts the container (the old way, DeviceRequests, it would have dropped without a word).
+    job = spec(podman, "cdi-job", gpus=["GPU-6f2c7a1e-0000-0000-0000-000000000001"])
+    with pytest.raises(RuntimeFailure, match="nvidia.com/gpu=GPU-6f2c7a1e-0000-0000-0000-000000000001"):
+        await runtime.create(job, labels=agent_labels("cmd-10b"))
+    assert runtime.engine == "podman" and runtime.gpu_mode() == "cdi"
+    assert podman.inspect("cdi-job") is None  # not left behind, blocking its name
+
+
+async def test_podmans_own_create_body_keeps_the_limits_and_hardening(runtime, podman):
+    # The body the runtime sends Podman's API for a GPU container, without the GPU (none here), checked by Podman.
+    job = spec(podman, "libpod-job", cpus=0.5, memory_mib=64, env={"MODE": "train"}, labels={"team": "vision"})
+    body = libpod_create_body(job, container_labels(job, agent_labels("cmd-10c")), DEFAULT_CAPABILITIES)
+    status, reply = podman.api("POST", "/libpod/containers/create", body)  # Podman's own API, under any version
+    assert status == 201, reply
+    raw = podman.inspect("libpod-job")
+    host = raw["HostConfig"]
+    assert host["NanoCpus"] == 500_000_000 and host["Memory"] == 64 * MIB
+    assert "no-new-privileges" in host["SecurityOpt"] and host["Privileged"] is False
+    assert "NET_RAW" in host["CapDrop"] and "MKNOD" in host["CapDrop"]
+    assert raw["Config"]["Labels"]["team"] == "vision" and "MODE=train" in raw["Config"]["Env"]
+
+
+# --- the GPU self-test (agent/runtime/selftest.py) --------------------------------------------------------------------
+
+
+def gpu_infos(*uuids):
+    return [
+        GpuInfo(
+            index=i, uuid=uuid, name="NVIDIA A10", pci_bus_id=f"0000:0{i}:00.0", memory_total_mib=24576, compute_capability="8.6"
+        )
+        for i, uuid in enumerate(uuids)
+    ]
+
+
+async def test_the_self_test_sees_each_simulated_gpu_in_a_container_of_its_own(podman):
+    # Simulated GPUs (no GPU here) reach a container by name: the probe prints CUDA_VISIBLE_DEVICES inside it.
+    rt = DockerRuntime(podman.socket_path, simulated_gpus=True, selftest_image=podman.image)
+    try:
+        reach = await gpu_selftest(rt, gpu_infos("GPU-sim-aaaa", "GPU-sim-bbbb"))
+        assert [(r.uuid, r.reachable) for r in reach] == [("GPU-sim-aaaa", True), ("GPU-sim-bbbb", True)]
+        assert await rt.list() == [] and podman.inspect("idlegrid-selftest-0") is None  # it leaves nothing behind
+    finally:
+        await rt.close()
+
+
+async def test_gpus_the_engine_refuses_fail_the_self_test_with_the_fix(podman):
+    # The runtime asks the engine for devices (as for real GPUs) and the engine drops the request: each GPU is found
+    # unreachable, with what was seen and what the provider does about it.
+    rt = DockerRuntime(podman.socket_path, simulated_gpus=True, gpu_devices="device_requests", selftest_image=podman.image)
+    try:
+        (reach,) = await gpu_selftest(rt, gpu_infos("GPU-sim-cccc"))
+        assert reach.uuid == "GPU-sim-cccc" and not reach.reachable
+        assert "dropped the request for GPUs GPU-sim-cccc" in reach.detail
+        assert "NVIDIA Container Toolkit" in reach.fix and "nvidia-ctk runtime configure" in reach.fix
+    finally:
+        await rt.close()
+
+
+async def test_on_podman_without_a_cdi_specification_the_self_test_names_it(runtime, podman):
+    rt = DockerRuntime(podman.socket_path, selftest_image=podman.image)
+    try:
+        (reach,) = await gpu_selftest(rt, gpu_infos("GPU-real-dddd"))
+        assert not reach.reachable and "nvidia.com/gpu=GPU-real-dddd" in reach.detail
+        assert "nvidia-ctk cdi generate" in reach.fix
+    finally:
+        await rt.close()
+
+
+async def test_a_self_test_image_the_host_lacks_fails_saying_which(podman):
+    rt = DockerRuntime(podman.socket_path, simulated_gpus=True, selftest_image="localhost/no-such-image:1")
+    try:
+        (reach,) = await gpu_selftest(rt, gpu_infos("GPU-sim-eeee"))
+        assert not reach.reachable and "'localhost/no-such-image:1' is not on this host" in reach.detail
+        assert reach.fix.startswith("podman pull localhost/no-such-image:1")
+    finally:
+        await rt.close()
 
 
 async def test_with_simulated_gpus_a_container_is_given_them_by_name_and_no_device_is_asked(podman):

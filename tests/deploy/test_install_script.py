@@ -38,3 +38,11 @@ def test_help_lists_every_option() -> None:
     script = INSTALL.read_text()
     parsed = {line.strip().split(")")[0] for line in script.splitlines() if line.strip().startswith("--") and ")" in line}
     assert parsed - {"--"} <= {word for word in done.stdout.split() if word.startswith("--")}, parsed
+
+
+def test_a_checkouts_copy_needs_the_grid_for_the_host_way() -> None:
+    """Only a copy served by a Master names the grid and the agent's package: the checkout's copy asks for --grid
+    (or --image) before it touches anything."""
+    done = install("--engine", "none")
+    assert done.returncode == 1
+    assert "--grid" in done.stderr and "--image" in done.stderr, done.stderr

@@ -8,10 +8,10 @@ from tests.support.grid import wait_for
 from tests.support.tamper import tampering_relay
 
 
-def start(grid, name, *extra, simulate="a10:2"):
+def start(grid, name, *extra, simulate="a10:2", env=None):
     assert grid.enroll(name, grid.relays["relay-1"]).returncode == 0
     agent_id = grid.agent_id(name)
-    daemon = grid.start_agent(name, *extra, simulate=simulate)
+    daemon = grid.start_agent(name, *extra, simulate=simulate, env=env)
     grid.wait_state(agent_id, "ready")
     return agent_id, daemon
 
@@ -47,7 +47,15 @@ def test_create_then_delete_with_the_process_runtime(grid, tmp_path):
 
 @pytest.mark.podman
 def test_create_then_delete_against_a_real_podman_service(grid, podman):
-    agent_id, _ = start(grid, "podman-host", "--runtime", "docker", "--docker-socket", str(podman.socket_path))
+    agent_id, _ = start(
+        grid,
+        "podman-host",
+        "--runtime",
+        "docker",
+        "--docker-socket",
+        str(podman.socket_path),
+        env={"IDLEGRID_AGENT_GPU_SELFTEST_IMAGE": podman.image},  # the GPU self-test's probe runs in the local busybox
+    )
     spec = {
         "name": "pod-job",
         "image": podman.image,

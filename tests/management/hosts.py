@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Sequence
 
 from agent.simulate import SimulatedCollector
-from common.inventory import HostInfo, Inventory
+from common.inventory import GpuReach, HostInfo, Inventory
 from master.accounts import AccountRole
 from master.enrollment import hash_secret
 from master.records import AgentRecord, ApiKeyRecord
@@ -22,6 +23,9 @@ HOST = HostInfo(
     os="Debian 12",
     kernel="6.1",
 )
+# What an agent's self-test says of a GPU that did not reach its container (agent/runtime/docker.py words it so).
+UNREACHABLE_DETAIL = "the engine at unix:///var/run/docker.sock dropped the request for GPUs"
+UNREACHABLE_FIX = "install the NVIDIA Container Toolkit and set Docker up for it"
 
 
 async def add_agent(
@@ -33,13 +37,23 @@ async def add_agent(
     runtime: str = "",
     isolation: str = "",
     region: str = "eu-west",
+    unreachable: Sequence[int] = (),
 ) -> None:
-    """An enrolled agent that said hello through relay-1 with the simulated GPUs ``simulate`` describes."""
+    """An enrolled agent that said hello through relay-1 with the simulated GPUs ``simulate`` describes.
+    ``unreachable``: indexes of GPUs its self-test reports not reaching a container (the others reached one)."""
     agent = AgentRecord(id=agent_id, provider=provider, state="enrolled", enrolled_at=time.time())
     await master.store.agents.put(agent)
     await master.registry.add(agent)
     gpus = SimulatedCollector(simulate, host_key=agent_id).inventory()
-    inventory = Inventory(host=HOST, gpus=gpus, simulated=True, runtime=runtime, isolation=isolation)
+    reach = [
+        GpuReach(uuid=g.uuid, reachable=False, detail=UNREACHABLE_DETAIL, fix=UNREACHABLE_FIX)
+        if g.index in unreachable
+        else GpuReach(uuid=g.uuid, reachable=True, detail="seen in a docker container")
+        for g in gpus
+    ]
+    inventory = Inventory(
+        host=HOST, gpus=gpus, simulated=True, runtime=runtime, isolation=isolation, gpu_reach=reach if unreachable else []
+    )
     await master.registry.on_hello(agent, inventory, relay="relay-1", region=region, now=time.time())
 
 

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from management.cli_host import duration_s
-from tests.management.hosts import add_agent, api_key
+from tests.management.hosts import UNREACHABLE_DETAIL, UNREACHABLE_FIX, add_agent, api_key
 from tests.management.test_cli_accounts import idlegrid, served  # noqa: F401  # the served Master and the CLI runner
 
 
@@ -75,3 +75,18 @@ def test_a_max_duration_is_read_in_days_hours_minutes_or_seconds(text, seconds):
     assert duration_s("none") is None
     with pytest.raises(argparse.ArgumentTypeError, match="not a duration"):
         duration_s("a week")
+
+
+def test_host_show_lists_the_gpus_and_why_one_that_did_not_reach_a_container_is_not_offered(idlegrid, served, acme):  # noqa: F811
+    """Issue 23, acceptance 4 (the provider's view): the agent's self-test found a GPU not reaching a container."""
+    master = served.server.master
+    in_master(
+        served, add_agent(master, "agt-a3", "a10:2", provider="acme", runtime="docker", isolation="container", unreachable=[1])
+    )
+    out = idlegrid("host", "show", "agt-a3", "--api-key", acme)
+    first, second = (g for g in master.registry.gpus_of("agt-a3"))
+    table_rows = [line.split(maxsplit=4) for line in out.splitlines() if line.startswith("GPU-") and "offered:" not in line]
+    rows = {row[0]: row[1:] for row in table_rows}
+    assert rows[first.uuid][1:] == ["available", "yes", "reaches a container"], out
+    assert rows[second.uuid][1:] == ["offline", "no", "DOES NOT REACH"], out
+    assert f"{second.uuid} is not offered: {UNREACHABLE_DETAIL}" in out and f"fix: {UNREACHABLE_FIX}" in out

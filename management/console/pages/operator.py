@@ -203,6 +203,7 @@ async def tokens_page(request: web.Request, *, issued: str = "", for_provider: s
         request,
         "operator/tokens.html",
         title="Join tokens",
+        grid=str(request.url.origin()),
         providers=[a.id for a in providers.items],
         issued=issued,
         for_provider=for_provider,

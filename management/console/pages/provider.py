@@ -18,7 +18,7 @@ from urllib.parse import quote, urlencode
 import msgspec
 from aiohttp import web
 
-from common.inventory import GpuSample
+from common.inventory import GpuReach, GpuSample
 from management.api.auth import OPERATIONS_KEY, Action, Resource, permitted
 from management.api.errors import BadRequest
 from management.api.paging import decode_cursor, encode_cursor
@@ -170,6 +170,9 @@ class GpuRow:
     held_by: str
     offered: bool
     now: dict[str, str]  # the latest sample's figures as text: utilization, memory, temperature, power
+    selftest: str = "not tested"  # the agent's GPU self-test: "reaches a container", "does not reach", "not tested"
+    selftest_detail: str = ""  # what the self-test saw, when the GPU did not reach a container
+    selftest_fix: str = ""  # and what the provider does about it
 
 
 def sample_figures(sample: GpuSample | None, memory_total_mib: int) -> dict[str, str]:
@@ -185,6 +188,7 @@ def sample_figures(sample: GpuSample | None, memory_total_mib: int) -> dict[str,
 
 
 def gpu_rows(detail: AgentDetail) -> list[GpuRow]:
+    reach = {r.uuid: r for r in detail.agent.gpu_reach}
     return [
         GpuRow(
             uuid=g.uuid,
@@ -198,9 +202,18 @@ def gpu_rows(detail: AgentDetail) -> list[GpuRow]:
             held_by=detail.holders.get(g.uuid, ""),
             offered=g.uuid in detail.offered,
             now=sample_figures(detail.latest.get(g.uuid), g.info.memory_total_mib),
+            selftest=_selftest_said(reach.get(g.uuid)),
+            selftest_detail=reach[g.uuid].detail if g.uuid in reach and not reach[g.uuid].reachable else "",
+            selftest_fix=reach[g.uuid].fix if g.uuid in reach and not reach[g.uuid].reachable else "",
         )
         for g in sorted(detail.gpus, key=lambda g: (g.index, g.uuid))
     ]
+
+
+def _selftest_said(reach: GpuReach | None) -> str:
+    if reach is None:
+        return "not tested"
+    return "reaches a container" if reach.reachable else "does not reach"
 
 
 # --- live samples: what the charts poll -------------------------------------------------------------------------

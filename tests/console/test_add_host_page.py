@@ -1,0 +1,66 @@
+"""The provider's "Add a host" page in a browser, on a real Master (in-process): a fresh join token bound to the
+signed-in provider, and a ready command for Docker, Podman and no container engine, each fetching this Master's
+install.sh; a renter may not make one (that the command enrolls a host: tests/e2e/test_onboarding.py). And the host page
+shows the agent's GPU self-test: a GPU that did not reach a container, why, and the fix."""
+
+from __future__ import annotations
+
+import re
+import time
+
+from master.enrollment import hash_secret
+from master.store.base import TokenOutcome
+from tests.management.hosts import UNREACHABLE_DETAIL, UNREACHABLE_FIX, add_agent
+
+
+def test_a_provider_gets_a_token_of_its_own_and_a_command_for_each_engine(console_master, page, sign_in, shot):
+    sign_in(page, "provider")
+    page.get_by_role("navigation", name="Main").get_by_role("link", name="Add a host").click()
+    page.wait_for_url(re.compile(r"/console/add-host$"))
+    assert "No relay is linked" in page.locator("main").inner_text()  # this Master has no relay: said, not hidden
+    shot(page, "add-a-host")
+
+    page.get_by_role("button", name="Make a join token and the commands").click()
+    commands = {engine: page.locator(f"#command-{engine}").inner_text() for engine in ("docker", "podman", "none")}
+    shot(page, "commands")
+    tokens = {re.search(r"--token (igjt_\S+)", command).group(1) for command in commands.values()}
+    assert len(tokens) == 1, commands  # one token, in each command
+    for engine, command in commands.items():
+        assert command.startswith(f"curl -fsSL {console_master.url}/install.sh | sudo sh -s -- --token igjt_")
+        assert command.endswith(f"--engine {engine}")
+
+    # Bound to the signed-in provider: enrolling with it would make acme's host (spent here straight in the store).
+    outcome, record = console_master.run(
+        console_master.server.master.store.tokens.consume(hash_secret(tokens.pop()), agent_id="agt-x", now=time.time())
+    )
+    assert outcome is TokenOutcome.OK and record is not None and record.provider == "acme"
+
+
+def test_a_renter_may_not_add_a_host_and_the_operators_tokens_page_names_no_made_up_command(console_master, page, sign_in, shot):
+    sign_in(page, "renter")
+    response = page.goto(f"{console_master.url}/console/add-host")
+    assert response.status == 403
+    page.context.clear_cookies()
+    sign_in(page, "operator")
+    page.goto(f"{console_master.url}/console/tokens")
+    text = page.locator("main").inner_text()
+    assert "--join" not in text and "idlegrid-agent" not in text
+    assert f"curl -fsSL {console_master.url}/install.sh | sudo sh -s -- --token TOKEN" in text
+    shot(page, "operator-tokens")
+
+
+def test_a_host_page_says_which_gpu_did_not_reach_a_container_why_and_the_fix(console_master, page, sign_in, shot):
+    """Issue 23, acceptance 4 (the console): the agent's self-test found GPU 1 not reaching a container."""
+    master = console_master.server.master
+    console_master.run(
+        add_agent(master, "agt-acme-s", "a10:2", provider="acme", runtime="docker", isolation="container", unreachable=[1])
+    )
+    sign_in(page, "provider")
+    page.goto(f"{console_master.url}/console/hosts/agt-acme-s")
+    cells = page.locator("table[aria-labelledby=gpus-heading] tbody td.selftest")
+    assert cells.all_inner_texts() == ["reaches a container", "does not reach"]
+    warning = page.locator("#selftest-1")
+    text = warning.inner_text()
+    assert "GPU 1 is not offered" in text and UNREACHABLE_DETAIL in text and f"Fix: {UNREACHABLE_FIX}" in text
+    assert page.locator("#selftest-0").count() == 0
+    shot(page, "host-selftest")
