@@ -610,6 +610,8 @@ def _runtime_options(config: AgentConfig) -> dict[str, object]:
             "work_root": work,
             "uids": config.process_uids,
             "network": config.process_network,
+            "simulated_gpus": bool(config.simulate),
+            "selftest_timeout_s": config.gpu_selftest_timeout_s,
         }
     if config.runtime == "docker":
         return {

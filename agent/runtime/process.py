@@ -64,10 +64,12 @@ import msgspec
 from agent.runtime import process_sandbox as sandbox
 from agent.runtime.base import STATE_REMOVED, STDOUT, ExecSession, check_same_command, container_labels
 from agent.runtime.process_exec import start_exec
+from agent.runtime.selftest import reach_in_containers
 from agent.state import PRIVATE_FILE_MODE, private_dir
 from common.containers import LABEL_COMMAND_ID, ContainerInfo, ContainerSpec
 from common.errors import ConfigError, RuntimeFailure
 from common.files import write_atomically
+from common.inventory import GpuInfo, GpuReach
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +104,25 @@ MAX_LAUNCH_ERROR_CHARS = 300
 LOG_CHUNK = 64 * 1024
 LOG_POLL_S = 0.1  # how often a followed log is read again while its container runs
 CONNECT_TIMEOUT_S = 5.0
+# The GPU self-test's probe in a sandboxed container given one GPU: NVML sees that GPU (by its UUID, as the container's
+# CUDA_VISIBLE_DEVICES names it), and the CUDA driver initializes and counts exactly one device.
+PROCESS_GPU_PROBE = (
+    "sh",
+    "-c",
+    'nvidia-smi --query-gpu=uuid --format=csv,noheader -i "$CUDA_VISIBLE_DEVICES" || exit 3\n'
+    "command -v python3 >/dev/null || exit 0\n"
+    "exec python3 -c 'import ctypes, sys\n"
+    'cuda = ctypes.CDLL("libcuda.so.1"); count = ctypes.c_int()\n'
+    "status = cuda.cuInit(0) or cuda.cuDeviceGetCount(ctypes.byref(count))\n"
+    'print("cuda status", status, "devices", count.value)\n'
+    "sys.exit(0 if status == 0 and count.value == 1 else 4)'",
+)
+SIMULATED_PROBE = ("sh", "-c", 'echo "$CUDA_VISIBLE_DEVICES"')
+PROCESS_GPU_FIX = (
+    "check that the NVIDIA driver is loaded (nvidia-smi works on the host), that its device files /dev/nvidia* may be "
+    "opened by the containers' uids (process_uids), and that util-linux's unshare supports --mount-proc; then restart "
+    "the agent"
+)
 ISOLATION_SANDBOX = "sandbox"
 ISOLATION_NONE = "none"
 
@@ -137,6 +158,8 @@ class ProcessRuntime:
         work_root: str | Path | None = None,
         uids: str = sandbox.DEFAULT_UIDS,
         network: str = sandbox.NETWORK_PRIVATE,
+        simulated_gpus: bool = False,
+        selftest_timeout_s: float = 60.0,
     ) -> None:
         state = Path(state_dir)
         self.root = private_dir(private_dir(state) / "containers")
@@ -144,6 +167,8 @@ class ProcessRuntime:
         self.work_root.mkdir(parents=True, exist_ok=True)
         self._children: dict[str, subprocess.Popen[bytes]] = {}  # by record id: the processes this instance started
         self._root = os.geteuid() == 0
+        self.simulated_gpus = simulated_gpus  # the agent's GPUs are simulated: the self-test looks for names only
+        self.selftest_timeout_s = selftest_timeout_s
         self._uids = _container_uids(user, uids) if self._root else None
         if network not in sandbox.NETWORKS:
             raise ConfigError(f"process_network {network!r}: choose one of {', '.join(sandbox.NETWORKS)}")
@@ -264,6 +289,19 @@ class ProcessRuntime:
 
     async def close(self) -> None:
         """Nothing to stop: containers outlive the agent by design, and reaper threads are daemons."""
+
+    async def gpu_selftest(self, gpus: Sequence[GpuInfo]) -> builtins.list[GpuReach]:
+        """Each GPU in a sandboxed container of its own (agent/runtime/selftest.py): NVML there sees its UUID and,
+        where the host has python3, the CUDA driver initializes and counts one device (what failed with error 304
+        before containers had their own /proc)."""
+        return await reach_in_containers(
+            self,
+            gpus,
+            image="none",
+            command=SIMULATED_PROBE if self.simulated_gpus else PROCESS_GPU_PROBE,
+            timeout_s=self.selftest_timeout_s,
+            fix=PROCESS_GPU_FIX,
+        )
 
     def workdir(self, name: str) -> Path:
         """The container's working directory and HOME, owned by the user it runs as."""

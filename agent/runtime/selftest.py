@@ -12,7 +12,7 @@ engine's NVIDIA toolkit or CDI device; ``$CUDA_VISIBLE_DEVICES`` for the agent's
 container when its UUID is printed. The container goes through the runtime's own ``create``, so a runtime that drops
 or refuses a GPU request fails the test exactly as it would fail a renter's rental.
 
-A runtime without ``gpu_selftest`` (the process runtime and the fleet simulator's, for now) reports no result: its
+A runtime without ``gpu_selftest`` (the fleet simulator's) reports no result: its
 GPUs are untested, offered as before, and the host's view says "not tested".
 """
 

@@ -79,6 +79,16 @@ install_on_host() {
     "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null ||
         die "$python is not Python 3.11 or newer (--python PATH names another)"
     runtime_flags="--runtime process"
+    if [ "$engine" = none ] && [ "$(id -u)" = 0 ] && ! command -v slirp4netns >/dev/null 2>&1; then
+        # Each sandboxed container gets a network of its own, whose way out is slirp4netns (docs/agent.md).
+        if command -v apt-get >/dev/null 2>&1; then
+            say "installing slirp4netns (each container's own network)"
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slirp4netns >/dev/null ||
+                die "could not install slirp4netns, which the process runtime needs: install it and run this again"
+        else
+            die "the process runtime needs slirp4netns (each container's own network): install it and run this again"
+        fi
+    fi
     if [ "$engine" != none ]; then
         if [ -z "$socket" ]; then
             if [ "$engine" = docker ]; then socket=/var/run/docker.sock; else socket=/run/podman/podman.sock; fi

@@ -12,6 +12,7 @@ import pytest
 
 from agent.runtime.process import ProcessRuntime
 from common.containers import LABEL_AGENT_ID, LABEL_COMMAND_ID, ContainerSpec
+from common.inventory import GpuInfo
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the agent's sandbox (uids, namespaces) needs it")
 
@@ -185,3 +186,28 @@ async def test_a_container_sees_its_own_proc_and_an_exec_joins_it(tmp_path):
     *init, mark = output.decode().splitlines()
     assert "idlegrid-shim" in "".join(init) and mark == "here"  # pid 1 of the exec's /proc is the container's shim
     assert code == 0
+
+
+async def test_the_gpu_self_test_runs_in_the_sandbox_and_says_why_a_gpu_does_not_reach_it(tmp_path):
+    """Simulated GPUs (none exists here): the sandboxed container given one GPU sees it by name. The real probe
+    (NVML and the CUDA driver inside the sandbox) fails here, where there is no NVIDIA driver, and says what to fix."""
+    gpus = [
+        GpuInfo(
+            index=i,
+            uuid=f"GPU-{letter * 8}-0000-0000-0000-000000000000",
+            name="NVIDIA A10",
+            pci_bus_id=f"0000:0{i}:00.0",
+            memory_total_mib=24576,
+            compute_capability="8.6",
+        )
+        for i, letter in enumerate("ab")
+    ]
+    simulated = ProcessRuntime(tmp_path / "sim", simulated_gpus=True)
+    reached = await simulated.gpu_selftest(gpus)
+    assert [(r.uuid, r.reachable) for r in reached] == [(g.uuid, True) for g in gpus]
+    assert await simulated.list() == [] and list((tmp_path / "sim" / "containers").glob("*.json")) == []  # cleaned up
+
+    real = ProcessRuntime(tmp_path / "real")
+    [refused] = await real.gpu_selftest(gpus[:1])
+    assert not refused.reachable
+    assert "exited with code" in refused.detail and "NVIDIA driver" in refused.fix
