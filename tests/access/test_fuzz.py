@@ -56,6 +56,13 @@ json_values = st.recursive(
 def of_type(hint: Any) -> st.SearchStrategy[Any]:
     """Values of a wire-schema type, kept small and JSON-representable (no NaN: JSON has none)."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Annotated:  # a constrained type: integers within its bounds, the rest as its base type
+        base, *metas = args
+        if base is int:
+            low = max((m.ge for m in metas if isinstance(m, msgspec.Meta) and m.ge is not None), default=-(2**63))
+            high = min((m.le for m in metas if isinstance(m, msgspec.Meta) and m.le is not None), default=2**63 - 1)
+            return st.integers(low, high)
+        return of_type(base)
     if origin in (typing.Union, types.UnionType):
         return st.one_of(*(of_type(arg) for arg in args))
     if origin is list:
@@ -80,7 +87,7 @@ def of_type(hint: Any) -> st.SearchStrategy[Any]:
 
 
 def of_struct(cls: type[msgspec.Struct]) -> st.SearchStrategy[msgspec.Struct]:
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)
     return st.builds(cls, **{f.name: of_type(hints[f.name]) for f in msgspec.structs.fields(cls)})
 
 

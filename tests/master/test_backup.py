@@ -45,8 +45,9 @@ async def started(state_dir: Path) -> MasterServer:
 
 async def seed(server: MasterServer) -> str:
     """Two providers' hosts with their GPUs, a renter with a credit, a workload: returns the workload's id."""
-    await add_agent(server.master, "agent-a", "h100:2", provider="prov-a")
-    await add_agent(server.master, "agent-b", "a10:1", provider="prov-b")
+    # Container hosts: a workload that could never run (no host isolates) is refused at submit.
+    await add_agent(server.master, "agent-a", "h100:2", provider="prov-a", runtime="docker", isolation="container")
+    await add_agent(server.master, "agent-b", "a10:1", provider="prov-b", runtime="docker", isolation="container")
     await server.master.accounts.ensure("rita", AccountRole("renter"))
     await server.operations.market.credit("rita", 25_000_000, "welcome", key="credit:rita:1")
     await server.operations.market.credit("rita", 5_000_000, "top-up", key="credit:rita:2")
