@@ -18,6 +18,17 @@ LABEL_REPLICA = "io.idlegrid.replica"  # which replica of it (0-based)
 RESERVED_LABEL_PREFIX = "io.idlegrid."
 
 
+class RegistryAuth(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The renter's credentials for a private image's registry: a secret, like the env's values. The agent hands it
+    to the engine (``X-Registry-Auth``) for one pull and never logs, stores or shows it; ``repr`` hides it."""
+
+    username: Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+    password: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]  # a password or an access token
+
+    def __repr__(self) -> str:
+        return f"RegistryAuth(username={self.username!r}, password=<hidden>)"
+
+
 class ContainerSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """What a renter's container gets. GPUs are named by UUID (or index as a string)."""
 
@@ -32,6 +43,7 @@ class ContainerSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     rental_id: str | None = None
     workload_id: Annotated[str, msgspec.Meta(pattern=r"^wl-[0-9a-f]{1,60}$")] | None = None
     replica: Annotated[int, msgspec.Meta(ge=0, le=1023)] | None = None
+    registry_auth: RegistryAuth | None = None  # for pulling a private image; absent: pulled anonymously
 
     def __post_init__(self) -> None:
         for key in self.labels:

@@ -1,0 +1,269 @@
+"""Pulling images in the docker runtime: real registries (Debian docker-registry, one public and one behind htpasswd),
+images built with Podman and pushed to them, and a second Podman service, the host's engine, that lacks them all."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.runtime.docker import DockerRuntime
+from agent.runtime.images import ImageLimits, PullProgress
+from common.containers import LABEL_COMMAND_ID, ContainerSpec, RegistryAuth
+from common.errors import (
+    BadCommand,
+    ImageNotFound,
+    ImageTooLarge,
+    ImageUnauthorized,
+    RegistryNotAllowed,
+    is_renter_fault,
+)
+from tests.support.podman import BUSYBOX, PodmanService, PodmanUnavailable
+from tests.support.registry import PASSWORD, USER, Registry, RegistryUnavailable, insecure_registries_conf
+
+pytestmark = pytest.mark.podman
+MB = 1_000_000
+BIG_FILLER_BYTES = 8 * MB  # the large image's extra layer content: well past the 5 MB limit the test sets
+
+
+class Images:
+    """What the registries hold (references) and the registries themselves."""
+
+    def __init__(self, public: Registry, private: Registry) -> None:
+        self.public, self.private = public, private
+        self.small = [f"{public.host}/tools/busy:{n}" for n in (1, 2, 3)]  # three images of one busybox layer
+        self.big = f"{public.host}/tools/big:1"
+        self.secret = f"{private.host}/team/secret:1"
+
+
+def _rootfs_archive(workdir: Path, filler_bytes: int = 0) -> Path:
+    """A busybox-static rootfs as a tar (what tests/support/podman imports), optionally with a random filler file."""
+    rootfs = workdir / f"rootfs-{filler_bytes}"
+    (rootfs / "bin").mkdir(parents=True)
+    for mountpoint in ("proc", "sys", "dev", "etc", "tmp"):
+        (rootfs / mountpoint).mkdir()
+    shutil.copy2(BUSYBOX, rootfs / "bin" / "busybox")
+    for applet in ("sh", "sleep", "echo", "cat", "true"):
+        (rootfs / "bin" / applet).symlink_to("busybox")
+    if filler_bytes:
+        (rootfs / "filler").write_bytes(os.urandom(filler_bytes))  # random: no compression makes it small again
+    archive = workdir / f"rootfs-{filler_bytes}.tar"
+    subprocess.run(["tar", "-C", str(rootfs), "-cf", str(archive), "."], check=True)
+    shutil.rmtree(rootfs)
+    return archive
+
+
+@pytest.fixture(scope="module")
+def images(podman: PodmanService, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Images]:
+    """Both registries, filled once for the module by the session's Podman (the builder)."""
+    public, private = Registry(), Registry(private=True)
+    try:
+        public.start()
+        private.start()
+    except RegistryUnavailable as exc:
+        public.stop()
+        private.stop()
+        pytest.fail(f"the image registry for the pull tests could not start: {exc}", pytrace=False)
+    made = Images(public, private)
+    work = tmp_path_factory.mktemp("images")
+    small, big = _rootfs_archive(work), _rootfs_archive(work, BIG_FILLER_BYTES)
+    builds = [(small, ref, f"variant={n}") for n, ref in enumerate(made.small)] + [(big, made.big, "variant=big")]
+    builds.append((small, made.secret, "variant=secret"))
+    try:
+        for archive, ref, label in builds:
+            changes = ["--change", "ENV PATH=/bin", "--change", f"LABEL {label}", "--change", 'CMD ["sleep", "300"]']
+            podman.podman("import", "--quiet", *changes, str(archive), ref)
+            creds = ["--creds", f"{USER}:{PASSWORD}"] if ref == made.secret else []
+            podman.podman("push", "--quiet", "--tls-verify=false", *creds, ref, timeout_s=120)
+            podman.podman("rmi", ref)
+        yield made
+    finally:
+        public.stop()
+        private.stop()
+
+
+@pytest.fixture(scope="module")
+def engine(images: Images, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PodmanService]:
+    """The host's engine: its own Podman state, none of the pushed images, both registries marked plain HTTP."""
+    workdir = tmp_path_factory.mktemp("engine")
+    service = PodmanService(workdir / "podman")
+    service.workdir.mkdir(parents=True, exist_ok=True)
+    conf = insecure_registries_conf(workdir / "registries.conf", [images.public, images.private])
+    service.env["CONTAINERS_REGISTRIES_CONF"] = str(conf)
+    try:
+        service.start()
+    except PodmanUnavailable as exc:
+        service.stop()
+        pytest.fail(f"the host's Podman service could not start: {exc}", pytrace=False)
+    yield service
+    service.stop()
+
+
+@pytest.fixture
+def clean(engine: PodmanService, images: Images) -> Iterator[None]:
+    """Each test starts with none of the registries' images on the host and leaves no container behind."""
+    yield
+    engine.podman("rm", "--all", "--force", "--time", "0")
+    for ref in [*images.small, images.big, images.secret]:
+        engine.podman("rmi", "--force", ref, check=False)
+
+
+def _runtime(engine: PodmanService, tmp_path: Path, **limits: object) -> DockerRuntime:
+    return DockerRuntime(engine.socket_path, images=ImageLimits(**limits), image_state=tmp_path / "images.json")  # type: ignore[arg-type]
+
+
+def _has(engine: PodmanService, ref: str) -> bool:
+    return engine.podman("image", "exists", ref, check=False).returncode == 0
+
+
+def _job(name: str, image: str, **fields: object) -> ContainerSpec:
+    return ContainerSpec(name=name, image=image, command=["sleep", "300"], **fields)  # type: ignore[arg-type]
+
+
+async def test_an_image_the_host_lacks_is_pulled_with_progress_and_runs(engine, images, clean, tmp_path):
+    runtime = _runtime(engine, tmp_path)
+    job = _job("pulled", images.small[0])
+    assert not _has(engine, job.image)
+    seen: list[str] = []
+
+    def report(progress: PullProgress) -> None:
+        seen.append(progress.text())
+
+    try:
+        await runtime.ensure_image(job, on_progress=report)
+        info = await runtime.create(job, labels={LABEL_COMMAND_ID: "cmd-pull"})
+        refs = await runtime.image_references(limit=8)
+    finally:
+        await runtime.close()
+    assert info.state == "running"
+    assert _has(engine, job.image)
+    assert seen, "the pull reported no progress"
+    assert seen[-1].endswith("layers") and " of " in seen[-1]
+    assert refs[0] == job.image  # the image just used is the warmest
+    assert tmp_path.joinpath("images.json").stat().st_mode & 0o777 == 0o600
+
+
+async def test_create_alone_pulls_a_missing_image(engine, images, clean, tmp_path):
+    runtime = _runtime(engine, tmp_path)
+    try:
+        info = await runtime.create(_job("direct", images.small[1]), labels={LABEL_COMMAND_ID: "cmd-direct"})
+    finally:
+        await runtime.close()
+    assert info.state == "running"
+
+
+async def test_a_private_image_runs_with_the_renters_credentials(engine, images, clean, tmp_path):
+    runtime = _runtime(engine, tmp_path)
+    job = _job("private", images.secret, registry_auth=RegistryAuth(username=USER, password=PASSWORD))
+    try:
+        info = await runtime.create(job, labels={LABEL_COMMAND_ID: "cmd-private"})
+    finally:
+        await runtime.close()
+    assert info.state == "running"
+    assert PASSWORD not in repr(job)  # never in a log line that prints the spec
+
+
+@pytest.mark.parametrize("auth", [None, RegistryAuth(username=USER, password="wrong")], ids=["none", "wrong"])
+async def test_a_private_image_without_good_credentials_is_the_renters_fault(engine, images, clean, tmp_path, auth):
+    runtime = _runtime(engine, tmp_path)
+    try:
+        with pytest.raises(ImageUnauthorized, match="registry refused access") as caught:
+            await runtime.create(_job("denied", images.secret, registry_auth=auth), labels={LABEL_COMMAND_ID: "c"})
+    finally:
+        await runtime.close()
+    assert is_renter_fault(caught.value.code)
+    assert "wrong" not in str(caught.value)
+    assert engine.inspect("denied") is None
+
+
+async def test_a_wrong_tag_fails_with_image_not_found_as_the_renters_fault(engine, images, clean, tmp_path):
+    runtime = _runtime(engine, tmp_path)
+    wrong = f"{images.public.host}/tools/busy:no-such-tag"
+    try:
+        with pytest.raises(ImageNotFound, match="image not found") as caught:
+            await runtime.create(_job("wrongtag", wrong), labels={LABEL_COMMAND_ID: "cmd-wrong"})
+    finally:
+        await runtime.close()
+    assert caught.value.code == "image_not_found" and is_renter_fault(caught.value.code)
+    assert engine.inspect("wrongtag") is None
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [{"registries_allowed": ("registry.example.org",)}, {"registries_denied": ("127.0.0.1:*", "*.example.org")}],
+    ids=["not-allowed", "denied"],
+)
+async def test_a_registry_the_host_does_not_pull_from_is_refused_before_any_pull(engine, images, clean, tmp_path, limits):
+    if "registries_denied" in limits:
+        limits = {"registries_denied": (images.public.host,)}
+    runtime = _runtime(engine, tmp_path, **limits)
+    try:
+        with pytest.raises(RegistryNotAllowed, match=images.public.host):
+            await runtime.create(_job("refused", images.small[0]), labels={LABEL_COMMAND_ID: "cmd-refused"})
+    finally:
+        await runtime.close()
+    assert not _has(engine, images.small[0])
+
+
+async def test_an_image_over_the_hosts_largest_is_refused_and_not_kept(engine, images, clean, tmp_path):
+    runtime = _runtime(engine, tmp_path, max_image_bytes=5 * MB)
+    try:
+        await runtime.ensure_image(_job("small", images.small[0]))  # about 2 MB: within the limit
+        with pytest.raises(ImageTooLarge, match="this host takes images up to 5.0 MB") as caught:
+            await runtime.create(_job("big", images.big), labels={LABEL_COMMAND_ID: "cmd-big"})
+    finally:
+        await runtime.close()
+    assert is_renter_fault(caught.value.code)
+    assert not _has(engine, images.big)
+    assert _has(engine, images.small[0])
+
+
+async def test_the_disk_budget_evicts_the_least_recently_used_unused_pulled_image(engine, images, clean, tmp_path):
+    one, two, three = images.small
+    probe = _runtime(engine, tmp_path / "probe")
+    tmp_path.joinpath("probe").mkdir()
+    await probe.ensure_image(_job("size", one))
+    size = int(engine.podman("image", "inspect", "--format", "{{.Size}}", one).stdout.strip())
+    engine.podman("rmi", one)
+    await probe.close()
+    # Room for two pulled images and a half: the third pulled image must make room.
+    runtime = _runtime(engine, tmp_path, disk_budget_bytes=size * 5 // 2)
+    try:
+        await runtime.create(_job("uses-one", one), labels={LABEL_COMMAND_ID: "cmd-one"})
+        await runtime.ensure_image(_job("pull-two", two))
+        await runtime.ensure_image(_job("pull-three", three))
+        # ONE is the least recently used, but a container uses it: TWO goes instead, THREE was just pulled.
+        assert (_has(engine, one), _has(engine, two), _has(engine, three)) == (True, False, True)
+        await runtime.delete("uses-one", timeout_s=0)
+        await runtime.ensure_image(_job("pull-two-again", two))
+        # Now ONE is unused and the least recently used: it goes.
+        assert (_has(engine, one), _has(engine, two), _has(engine, three)) == (False, True, True)
+        assert _has(engine, engine.image)  # loaded by hand by the provider: never the agent's to evict
+    finally:
+        await runtime.close()
+
+
+async def test_a_command_missing_from_the_image_is_the_renters_fault(engine, images, clean, tmp_path):
+    runtime = _runtime(engine, tmp_path)
+    job = ContainerSpec(name="badcmd", image=images.small[0], command=["/no/such/program"])
+    try:
+        with pytest.raises(BadCommand, match="fix the workload's command") as caught:
+            await runtime.create(job, labels={LABEL_COMMAND_ID: "cmd-bad"})
+    finally:
+        await runtime.close()
+    assert is_renter_fault(caught.value.code)
+    assert engine.inspect("badcmd") is None
+
+
+async def test_a_host_that_does_not_pull_says_the_image_is_not_here(engine, images, clean, tmp_path):
+    runtime = _runtime(engine, tmp_path, pull=False)
+    try:
+        with pytest.raises(ImageNotFound, match="not on this host, which does not pull images"):
+            await runtime.create(_job("nopull", images.small[0]), labels={LABEL_COMMAND_ID: "cmd-nopull"})
+    finally:
+        await runtime.close()
+    assert not _has(engine, images.small[0])
