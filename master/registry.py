@@ -236,7 +236,7 @@ class Registry:
         if agent.state == AgentState.OFFLINE.value and agent.last_seen:
             agent.downtime_s += max(0.0, now - agent.last_seen)
         agent.host, agent.simulated, agent.relay = inventory.host, inventory.simulated, relay
-        agent.runtime, agent.isolation = inventory.runtime, inventory.isolation
+        agent.runtime, agent.isolation, agent.images = inventory.runtime, inventory.isolation, list(inventory.images)
         # The region is the one the agent declares (or enrolled with): a failover to another region's relay
         # does not move the host. The relay's region only fills in a region the agent never gave.
         agent.region = region or agent.region or relay_region

@@ -26,6 +26,7 @@ from common.files import write_atomically
 DOCKER_HUB = "docker.io"
 _HUB_ALIASES = frozenset({"docker.io", "index.docker.io", "registry-1.docker.io"})
 MB = 1_000_000
+GB = 1_000_000_000
 
 # What engines say when the image or its tag does not exist (Docker: "manifest unknown", "not found"; Podman: the
 # registry's "manifest unknown" / "name unknown"; Docker Hub for a private repository without rights: "denied").
