@@ -3,9 +3,6 @@ images built with Podman and pushed to them, and a second Podman service, the ho
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,85 +19,23 @@ from common.errors import (
     RegistryNotAllowed,
     is_renter_fault,
 )
-from tests.support.podman import BUSYBOX, PodmanService, PodmanUnavailable
-from tests.support.registry import PASSWORD, USER, Registry, RegistryUnavailable, insecure_registries_conf
+from tests.support.podman import PodmanService
+from tests.support.registry import PASSWORD, USER, Images, filled_registries, pulling_engine
 
 pytestmark = pytest.mark.podman
 MB = 1_000_000
-BIG_FILLER_BYTES = 8 * MB  # the large image's extra layer content: well past the 5 MB limit the test sets
-
-
-class Images:
-    """What the registries hold (references) and the registries themselves."""
-
-    def __init__(self, public: Registry, private: Registry) -> None:
-        self.public, self.private = public, private
-        self.small = [f"{public.host}/tools/busy:{n}" for n in (1, 2, 3)]  # three images of one busybox layer
-        self.big = f"{public.host}/tools/big:1"
-        self.secret = f"{private.host}/team/secret:1"
-
-
-def _rootfs_archive(workdir: Path, filler_bytes: int = 0) -> Path:
-    """A busybox-static rootfs as a tar (what tests/support/podman imports), optionally with a random filler file."""
-    rootfs = workdir / f"rootfs-{filler_bytes}"
-    (rootfs / "bin").mkdir(parents=True)
-    for mountpoint in ("proc", "sys", "dev", "etc", "tmp"):
-        (rootfs / mountpoint).mkdir()
-    shutil.copy2(BUSYBOX, rootfs / "bin" / "busybox")
-    for applet in ("sh", "sleep", "echo", "cat", "true"):
-        (rootfs / "bin" / applet).symlink_to("busybox")
-    if filler_bytes:
-        (rootfs / "filler").write_bytes(os.urandom(filler_bytes))  # random: no compression makes it small again
-    archive = workdir / f"rootfs-{filler_bytes}.tar"
-    subprocess.run(["tar", "-C", str(rootfs), "-cf", str(archive), "."], check=True)
-    shutil.rmtree(rootfs)
-    return archive
 
 
 @pytest.fixture(scope="module")
 def images(podman: PodmanService, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Images]:
-    """Both registries, filled once for the module by the session's Podman (the builder)."""
-    public, private = Registry(), Registry(private=True)
-    try:
-        public.start()
-        private.start()
-    except RegistryUnavailable as exc:
-        public.stop()
-        private.stop()
-        pytest.fail(f"the image registry for the pull tests could not start: {exc}", pytrace=False)
-    made = Images(public, private)
-    work = tmp_path_factory.mktemp("images")
-    small, big = _rootfs_archive(work), _rootfs_archive(work, BIG_FILLER_BYTES)
-    builds = [(small, ref, f"variant={n}") for n, ref in enumerate(made.small)] + [(big, made.big, "variant=big")]
-    builds.append((small, made.secret, "variant=secret"))
-    try:
-        for archive, ref, label in builds:
-            changes = ["--change", "ENV PATH=/bin", "--change", f"LABEL {label}", "--change", 'CMD ["sleep", "300"]']
-            podman.podman("import", "--quiet", *changes, str(archive), ref)
-            creds = ["--creds", f"{USER}:{PASSWORD}"] if ref == made.secret else []
-            podman.podman("push", "--quiet", "--tls-verify=false", *creds, ref, timeout_s=120)
-            podman.podman("rmi", ref)
+    with filled_registries(podman, tmp_path_factory.mktemp("images")) as made:
         yield made
-    finally:
-        public.stop()
-        private.stop()
 
 
 @pytest.fixture(scope="module")
 def engine(images: Images, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PodmanService]:
-    """The host's engine: its own Podman state, none of the pushed images, both registries marked plain HTTP."""
-    workdir = tmp_path_factory.mktemp("engine")
-    service = PodmanService(workdir / "podman")
-    service.workdir.mkdir(parents=True, exist_ok=True)
-    conf = insecure_registries_conf(workdir / "registries.conf", [images.public, images.private])
-    service.env["CONTAINERS_REGISTRIES_CONF"] = str(conf)
-    try:
-        service.start()
-    except PodmanUnavailable as exc:
-        service.stop()
-        pytest.fail(f"the host's Podman service could not start: {exc}", pytrace=False)
-    yield service
-    service.stop()
+    with pulling_engine(tmp_path_factory.mktemp("engine"), images) as service:
+        yield service
 
 
 @pytest.fixture

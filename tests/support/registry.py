@@ -8,6 +8,8 @@ and one private repository runs two registries. Engines must be told the registr
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import socket
 import subprocess
@@ -15,13 +17,18 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 
+import pytest
+
+from tests.support.podman import BUSYBOX, PodmanService, PodmanUnavailable
 from tests.support.processes import stop_process
 
 USER, PASSWORD = "renter", "s3cret-registry-pass"
+MB = 1_000_000
+BIG_FILLER_BYTES = 8 * MB  # the large image's extra layer content: past the 5 MB limit tests set
 
 
 class RegistryUnavailable(RuntimeError):
@@ -113,3 +120,76 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+class Images:
+    """What the registries hold (references) and the registries themselves."""
+
+    def __init__(self, public: Registry, private: Registry) -> None:
+        self.public, self.private = public, private
+        self.small = [f"{public.host}/tools/busy:{n}" for n in (1, 2, 3)]  # three images of one busybox layer
+        self.big = f"{public.host}/tools/big:1"
+        self.secret = f"{private.host}/team/secret:1"
+
+
+def _rootfs_archive(workdir: Path, filler_bytes: int = 0) -> Path:
+    """A busybox-static rootfs as a tar (what tests/support/podman imports), optionally with a random filler file."""
+    rootfs = workdir / f"rootfs-{filler_bytes}"
+    (rootfs / "bin").mkdir(parents=True)
+    for mountpoint in ("proc", "sys", "dev", "etc", "tmp"):
+        (rootfs / mountpoint).mkdir()
+    shutil.copy2(BUSYBOX, rootfs / "bin" / "busybox")
+    for applet in ("sh", "sleep", "echo", "cat", "true"):
+        (rootfs / "bin" / applet).symlink_to("busybox")
+    if filler_bytes:
+        (rootfs / "filler").write_bytes(os.urandom(filler_bytes))  # random: no compression makes it small again
+    archive = workdir / f"rootfs-{filler_bytes}.tar"
+    subprocess.run(["tar", "-C", str(rootfs), "-cf", str(archive), "."], check=True)
+    shutil.rmtree(rootfs)
+    return archive
+
+
+@contextlib.contextmanager
+def filled_registries(builder: PodmanService, work: Path) -> Iterator[Images]:
+    """Both registries, filled by ``builder`` (a Podman state that keeps none of what it pushed); stopped afterwards."""
+    public, private = Registry(), Registry(private=True)
+    try:
+        public.start()
+        private.start()
+    except RegistryUnavailable as exc:
+        public.stop()
+        private.stop()
+        pytest.fail(f"the image registry for the pull tests could not start: {exc}", pytrace=False)
+    made = Images(public, private)
+    small, big = _rootfs_archive(work), _rootfs_archive(work, BIG_FILLER_BYTES)
+    builds = [(small, ref, f"variant={n}") for n, ref in enumerate(made.small)] + [(big, made.big, "variant=big")]
+    builds.append((small, made.secret, "variant=secret"))
+    try:
+        for archive, ref, label in builds:
+            changes = ["--change", "ENV PATH=/bin", "--change", f"LABEL {label}", "--change", 'CMD ["sleep", "300"]']
+            builder.podman("import", "--quiet", *changes, str(archive), ref)
+            creds = ["--creds", f"{USER}:{PASSWORD}"] if ref == made.secret else []
+            builder.podman("push", "--quiet", "--tls-verify=false", *creds, ref, timeout_s=120)
+            builder.podman("rmi", ref)
+        yield made
+    finally:
+        public.stop()
+        private.stop()
+
+
+@contextlib.contextmanager
+def pulling_engine(workdir: Path, images: Images) -> Iterator[PodmanService]:
+    """The host's engine: its own Podman state, none of the pushed images, both registries marked plain HTTP."""
+    service = PodmanService(workdir / "podman")
+    service.workdir.mkdir(parents=True, exist_ok=True)
+    conf = insecure_registries_conf(workdir / "registries.conf", [images.public, images.private])
+    service.env["CONTAINERS_REGISTRIES_CONF"] = str(conf)
+    try:
+        service.start()
+    except PodmanUnavailable as exc:
+        service.stop()
+        pytest.fail(f"the host's Podman service could not start: {exc}", pytrace=False)
+    try:
+        yield service
+    finally:
+        service.stop()
