@@ -182,8 +182,9 @@ def spec_from(args: argparse.Namespace) -> dict[str, Any]:
         spec["env"] = dict(spec.get("env") or {}) | dict(_env_pair(e) for e in args.env)
     if args.port:
         spec["ports"] = args.port
-    if args.registry_user or args.registry_password_env:
-        spec["registry_auth"] = _registry_auth(args.registry_user, args.registry_password_env)
+    user, variable = getattr(args, "registry_user", None), getattr(args, "registry_password_env", None)  # not on rent
+    if user or variable:
+        spec["registry_auth"] = _registry_auth(user, variable)
     if args.container_command:
         spec["command"] = args.container_command
     if args.allow_process_runtime:

@@ -376,6 +376,7 @@ class OfferView(View):
     runtime: str
     nvlink: bool
     score: float
+    images: list[str]  # the images the host already has, warm first
 
 
 class EmptiedByView(View):
