@@ -20,7 +20,15 @@ from common.errors import (
     is_renter_fault,
 )
 from tests.support.podman import PodmanService
-from tests.support.registry import PASSWORD, USER, Images, filled_registries, pulling_engine
+from tests.support.registry import (
+    BIG_FILLER_BYTES,
+    PASSWORD,
+    USER,
+    Images,
+    ThrottledProxy,
+    filled_registries,
+    pulling_engine,
+)
 
 pytestmark = pytest.mark.podman
 MB = 1_000_000
@@ -80,6 +88,25 @@ async def test_an_image_the_host_lacks_is_pulled_with_progress_and_runs(engine, 
     assert seen[-1].endswith("layers") and " of " in seen[-1]
     assert refs[0] == job.image  # the image just used is the warmest
     assert tmp_path.joinpath("images.json").stat().st_mode & 0o777 == 0o600
+
+
+async def test_a_slow_pull_reports_bytes_of_total_as_it_goes(engine, images, clean, tmp_path):
+    """Through a registry slowed to 2 MB/s, the 8 MB layer takes seconds, and the engine reports its bytes."""
+    runtime = _runtime(engine, tmp_path)
+    seen: list[tuple[int, int]] = []
+
+    def report(progress: PullProgress) -> None:
+        seen.append((progress.done_bytes, progress.total_bytes))
+
+    try:
+        async with ThrottledProxy(images.slow_port, images.public, rate=2 * MB):
+            await runtime.ensure_image(_job("slow", images.slow_big), on_progress=report)
+    finally:
+        await runtime.close()
+        engine.podman("rmi", "--force", images.slow_big, check=False)
+    partial = [(done, total) for done, total in seen if 0 < done < total]
+    assert partial, f"no progress in bytes while the layer downloaded: {seen}"
+    assert all(total >= BIG_FILLER_BYTES for _, total in partial)
 
 
 async def test_create_alone_pulls_a_missing_image(engine, images, clean, tmp_path):

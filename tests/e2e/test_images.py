@@ -16,7 +16,7 @@ import pytest
 from tests.e2e.test_scheduler import MASTER_SETTINGS, renter, wait_workload
 from tests.support.grid import Grid, running_grid, wait_for
 from tests.support.podman import PodmanService
-from tests.support.registry import PASSWORD, USER, Images, filled_registries, pulling_engine
+from tests.support.registry import MB, PASSWORD, USER, Images, ThrottledProxy, filled_registries, pulling_engine
 
 pytestmark = [pytest.mark.podman, pytest.mark.e2e]
 CLI = [sys.executable, "-m", "management.cli"]
@@ -61,6 +61,17 @@ def test_a_renters_images_are_pulled_private_ones_with_credentials_and_a_wrong_t
     public = alice.submit_workload(job("public", images.small[0]))
     wait_workload(alice, public["id"], "running", lambda w: w["state"] == "running", timeout=90)
 
+    # Through a registry slowed to 1 MB/s the 9 MB image takes seconds: its progress is the workload's detail meanwhile.
+    with ThrottledProxy(images.slow_port, images.public, rate=1 * MB).in_thread():
+        slow = alice.submit_workload(job("slow", images.slow_big))
+        pulling = wait_for(
+            lambda: " MB of " in (detail := alice.workload(slow["id"])["detail"]) and detail, 60, "the pull's progress"
+        )
+        wait_workload(alice, slow["id"], "running", lambda w: w["state"] == "running", timeout=90)
+    assert pulling.startswith("pulling image: ") and pulling.endswith("layers")
+    assert alice.workload(slow["id"])["detail"] == ""
+    alice.cancel_workload(slow["id"])
+
     auth = {"username": USER, "password": PASSWORD}
     private = alice.submit_workload(job("private", images.secret, registry_auth=auth))
     shown = alice.workload(private["id"])
@@ -80,7 +91,7 @@ def test_a_renters_images_are_pulled_private_ones_with_credentials_and_a_wrong_t
 
     host = grid.agent(agent_id)
     evidence = host["reputation"]["evidence"]
-    assert (evidence["containers_failed"], evidence["containers_refused"], evidence["containers_started"]) == (0, 1, 2)
+    assert (evidence["containers_failed"], evidence["containers_refused"], evidence["containers_started"]) == (0, 1, 3)
     has = wait_for(
         lambda: (listed := grid.agent(agent_id)["images"]) and {images.small[0], images.secret} <= set(listed) and listed,
         30,

@@ -8,12 +8,14 @@ and one private repository runs two registries. Engines must be told the registr
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -110,10 +112,73 @@ class Registry:
             return "(no log)"
 
 
-def insecure_registries_conf(path: Path, registries: Sequence[Registry]) -> Path:
-    """A ``registries.conf`` marking ``registries`` as plain HTTP, for an engine's ``CONTAINERS_REGISTRIES_CONF``."""
-    path.write_text("".join(f'[[registry]]\nlocation = "{r.host}"\ninsecure = true\n\n' for r in registries))
+def insecure_registries_conf(path: Path, hosts: Sequence[str]) -> Path:
+    """A ``registries.conf`` marking ``hosts`` (HOST:PORT) as plain HTTP, for an engine's ``CONTAINERS_REGISTRIES_CONF``."""
+    path.write_text("".join(f'[[registry]]\nlocation = "{host}"\ninsecure = true\n\n' for host in hosts))
     return path
+
+
+class ThrottledProxy:
+    """A TCP proxy on 127.0.0.1:``port`` to ``target`` that sends the answers at ``rate`` bytes a second: a registry
+    as slow as one across the internet, so an engine reports a pull's bytes while it goes (Podman does once a second).
+    Runs in the test's event loop: ``async with ThrottledProxy(...)``."""
+
+    CHUNK = 64 * 1024
+
+    def __init__(self, port: int, target: Registry, rate: float) -> None:
+        self.port, self.target, self.rate = port, target, rate
+        self._server: asyncio.Server | None = None
+        self._pipes: set[asyncio.Task[None]] = set()
+
+    async def __aenter__(self) -> ThrottledProxy:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        for pipe in list(self._pipes):
+            pipe.cancel()
+        await asyncio.gather(*self._pipes, return_exceptions=True)
+        await self._server.wait_closed()
+
+    @contextlib.contextmanager
+    def in_thread(self) -> Iterator[ThrottledProxy]:
+        """For a test without an event loop: the proxy served by a loop on a thread of its own."""
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=loop.run_forever, name="throttled-proxy", daemon=True)
+        thread.start()
+        try:
+            asyncio.run_coroutine_threadsafe(self.__aenter__(), loop).result(timeout=10)
+            yield self
+        finally:
+            asyncio.run_coroutine_threadsafe(self.__aexit__(), loop).result(timeout=10)
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(timeout=10)
+            loop.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target.port)
+        pipes = [
+            asyncio.ensure_future(self._pipe(reader, up_writer, 0)),
+            asyncio.ensure_future(self._pipe(up_reader, writer, self.rate)),
+        ]
+        self._pipes.update(pipes)
+        try:
+            await asyncio.gather(*pipes, return_exceptions=True)
+        finally:
+            self._pipes.difference_update(pipes)
+            for w in (writer, up_writer):
+                w.close()
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, rate: float) -> None:
+        while chunk := await reader.read(self.CHUNK):
+            writer.write(chunk)
+            await writer.drain()
+            if rate:
+                await asyncio.sleep(len(chunk) / rate)
+        if writer.can_write_eof():
+            writer.write_eof()
 
 
 def _free_port() -> int:
@@ -130,6 +195,12 @@ class Images:
         self.small = [f"{public.host}/tools/busy:{n}" for n in (1, 2, 3)]  # three images of one busybox layer
         self.big = f"{public.host}/tools/big:1"
         self.secret = f"{private.host}/team/secret:1"
+        self.slow_port = _free_port()  # where a test may run a ThrottledProxy to the public registry
+
+    @property
+    def slow_big(self) -> str:
+        """The large image, through the throttled proxy (``ThrottledProxy(images.slow_port, images.public, rate)``)."""
+        return self.big.replace(self.public.host, f"127.0.0.1:{self.slow_port}")
 
 
 def _rootfs_archive(workdir: Path, filler_bytes: int = 0) -> Path:
@@ -182,7 +253,8 @@ def pulling_engine(workdir: Path, images: Images) -> Iterator[PodmanService]:
     """The host's engine: its own Podman state, none of the pushed images, both registries marked plain HTTP."""
     service = PodmanService(workdir / "podman")
     service.workdir.mkdir(parents=True, exist_ok=True)
-    conf = insecure_registries_conf(workdir / "registries.conf", [images.public, images.private])
+    hosts = [images.public.host, images.private.host, f"127.0.0.1:{images.slow_port}"]
+    conf = insecure_registries_conf(workdir / "registries.conf", hosts)
     service.env["CONTAINERS_REGISTRIES_CONF"] = str(conf)
     try:
         service.start()
