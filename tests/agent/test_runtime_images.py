@@ -14,6 +14,7 @@ from common.containers import LABEL_COMMAND_ID, ContainerSpec, RegistryAuth
 from common.errors import (
     BadCommand,
     ImageNotFound,
+    ImagePullTimeout,
     ImageTooLarge,
     ImageUnauthorized,
     RegistryNotAllowed,
@@ -51,7 +52,7 @@ def clean(engine: PodmanService, images: Images) -> Iterator[None]:
     """Each test starts with none of the registries' images on the host and leaves no container behind."""
     yield
     engine.podman("rm", "--all", "--force", "--time", "0")
-    for ref in [*images.small, images.big, images.secret]:
+    for ref in [*images.small, images.big, images.secret, images.slow_big]:
         engine.podman("rmi", "--force", ref, check=False)
 
 
@@ -107,6 +108,31 @@ async def test_a_slow_pull_reports_bytes_of_total_as_it_goes(engine, images, cle
     partial = [(done, total) for done, total in seen if 0 < done < total]
     assert partial, f"no progress in bytes while the layer downloaded: {seen}"
     assert all(total >= BIG_FILLER_BYTES for _, total in partial)
+
+
+async def test_a_pull_past_the_largest_image_stops_as_soon_as_the_layers_say_so(engine, images, clean, tmp_path):
+    runtime = _runtime(engine, tmp_path, max_image_bytes=5 * MB)
+    try:
+        async with ThrottledProxy(images.slow_port, images.public, rate=2 * MB) as proxy:
+            with pytest.raises(ImageTooLarge, match="this host takes images up to 5.0 MB"):
+                await runtime.ensure_image(_job("slow-big", images.slow_big))
+            carried = proxy.sent
+    finally:
+        await runtime.close()
+    assert carried < BIG_FILLER_BYTES  # the layer's size was announced: the rest was never fetched
+    assert not _has(engine, images.slow_big)
+
+
+async def test_a_pull_past_the_hosts_pull_timeout_is_the_renters_fault(engine, images, clean, tmp_path):
+    runtime = _runtime(engine, tmp_path, pull_timeout_s=1.0)
+    try:
+        async with ThrottledProxy(images.slow_port, images.public, rate=1 * MB):
+            with pytest.raises(ImagePullTimeout, match="longer than this host's pull timeout") as caught:
+                await runtime.ensure_image(_job("slow-timeout", images.slow_big))
+    finally:
+        await runtime.close()
+        engine.podman("rmi", "--force", images.slow_big, check=False)
+    assert is_renter_fault(caught.value.code)
 
 
 async def test_create_alone_pulls_a_missing_image(engine, images, clean, tmp_path):

@@ -129,6 +129,7 @@ class ThrottledProxy:
         self.port, self.target, self.rate = port, target, rate
         self._server: asyncio.Server | None = None
         self._pipes: set[asyncio.Task[None]] = set()
+        self.sent = 0  # bytes carried from the registry to the engine
 
     async def __aenter__(self) -> ThrottledProxy:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
@@ -176,6 +177,7 @@ class ThrottledProxy:
             writer.write(chunk)
             await writer.drain()
             if rate:
+                self.sent += len(chunk)
                 await asyncio.sleep(len(chunk) / rate)
         if writer.can_write_eof():
             writer.write_eof()
