@@ -527,6 +527,10 @@ class Agent:
             self._watch_exits.set()  # a container may have started
         with contextlib.suppress(ConnectionError, ConnectionClosed):
             await self._send(result)  # if the link is down, the resend loop delivers it later
+        if command.body.kind == "create_container" and result.ok and await self._list_images():
+            # A pulled image makes this host warm for it: the offers say so now, not at the next probe.
+            with contextlib.suppress(ConnectionError, ConnectionClosed):
+                await self._send(self._hello())
 
     def _spawn(self, coro) -> None:
         task = asyncio.create_task(coro)
