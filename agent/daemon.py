@@ -414,10 +414,12 @@ class Agent:
         """Refresh the images hello reports (a runtime that pulls lists them); whether the list changed."""
         if not isinstance(self.runtime, PullsImages):
             return False
-        try:
-            images = await self.runtime.image_references(MAX_IMAGES_IN_REPORT)
-        except RuntimeFailure as exc:
-            log.warning("could not list the host's images: %s", exc)
+        try:  # bounded like the probe: a hung engine must not keep the agent from its relay
+            images = await asyncio.wait_for(
+                self.runtime.image_references(MAX_IMAGES_IN_REPORT), self.config.runtime_probe_timeout_s
+            )
+        except (RuntimeFailure, TimeoutError) as exc:
+            log.warning("could not list the host's images: %s", exc or "the engine did not answer in time")
             return False
         changed, self.images = images != self.images, images
         return changed

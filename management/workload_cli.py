@@ -67,13 +67,15 @@ def add_parser(sub: argparse._SubParsersAction, make: Parser) -> None:
     submit.add_argument("--env", action="append", metavar="KEY=VALUE", help="environment variable, repeatable (default: none)")
     submit.add_argument("--port", action="append", type=int, metavar="PORT", help="port to expose, repeatable (default: none)")
     submit.add_argument(
-        "--registry-user", metavar="USER", help="username for a private image's registry (with --registry-password-env)"
+        "--registry-user",
+        metavar="USER",
+        help="username for a private image's registry, with --registry-password-env (default: pulled anonymously)",
     )
     submit.add_argument(
         "--registry-password-env",
         metavar="VAR",
         help="the environment variable holding that registry's password or token: never on the command line, sent to "
-        "the hosts only, never shown again",
+        "the hosts only, never shown again (default: none)",
     )
     submit.add_argument("--max-duration-s", type=float, metavar="SECONDS", help="stop it after this long (default: no limit)")
     submit.add_argument("--account", help="account it belongs to; operator keys only (default: the key's own account)")
