@@ -201,7 +201,8 @@ class CommandLedger:
         await self._move(record, event)
         agent = self._registry.get(agent_id)
         # A start the renter's request made fail (docs/images.md) costs the host nothing: no reputation counter moves.
-        renters = not result.ok and is_renter_fault(result.error_code)
+        # Only a create can fail through the renter's request: a delete (or any other kind) claiming so is the host's.
+        renters = not result.ok and record.kind == "create_container" and is_renter_fault(result.error_code)
         if result.ok:
             agent.commands_succeeded += 1
         elif not renters:

@@ -125,3 +125,12 @@ async def test_registry_credentials_reach_the_host_and_no_answer_shows_the_passw
     assert view["spec"]["registry_auth"] == {"username": "renter"}
     command = await master.command(create.body.id)
     assert "hunter2" not in repr(command_view(command)) and "hunter2" not in repr(view)
+
+
+async def test_only_a_create_can_fail_through_the_renter_a_delete_claiming_so_is_the_hosts(master, link):
+    await host(master, link, "agt-a")
+    command = await master.create_command("agt-a", "delete_container", {"name": "gone"})
+    claim = CommandResult(id=command.id, ok=False, error="image not found", error_code="image_not_found")
+    await relay(master, link, "agt-a", claim)
+    agent = master.registry.agents["agt-a"]
+    assert (agent.commands_failed, agent.containers_refused) == (1, 0)
