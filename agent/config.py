@@ -40,6 +40,16 @@ class AgentConfig(msgspec.Struct, kw_only=True):
     gpu_selftest_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 60.0
     runtime_probe_s: float = 60.0  # how often the agent checks that its runtime can run containers
     runtime_probe_timeout_s: float = 5.0  # a runtime slower than this to answer the check offers nothing meanwhile
+    # Images (the docker runtime; docs/images.md): pull what the host lacks, within these limits (0: no limit).
+    image_pull: bool = True  # off: only images already on the host run (the provider loads them)
+    image_registries_allowed: list[str] = []  # registry hosts ("ghcr.io", "127.0.0.1:5000", "*.example.org"); []: all
+    image_registries_denied: list[str] = []  # wins over allowed
+    image_max_gb: Annotated[float, msgspec.Meta(ge=0)] = 0.0  # the largest image this host pulls
+    image_pull_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 1800.0
+    # The most the images the agent pulled may take together; past it, pulled images no container uses are removed,
+    # least recently used first (images the provider loaded by hand are never removed).
+    image_disk_budget_gb: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    image_progress_s: Annotated[float, msgspec.Meta(gt=0)] = 2.0  # pull progress goes to the Master at most this often
     # The process runtime (agent/runtime/process.py): "dynamic" runs each container as a uid of its own from
     # process_uids; "" runs them as the agent's own user (isolation "none"). process_network "private" gives each
     # container a network namespace of its own (outbound through slirp4netns, none of the host's loopback); "host"

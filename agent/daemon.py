@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import math
 import random
 import signal
 import socket
@@ -30,13 +31,15 @@ from agent.host_sample import HostSampler, host_sampler_for
 from agent.identity import AgentIdentity
 from agent.ledger import CommandLog
 from agent.runtime import ContainerRuntime, open_runtime
+from agent.runtime.base import PullsImages
+from agent.runtime.images import GB, ImageLimits, PullProgress
 from agent.runtime.selftest import gpu_selftest
 from agent.simulate import parse_simulate_spec
 from agent.state import private_dir
 from agent.tunnel import RelayLink, TunnelLimits, TunnelServer
 from common.containers import ContainerInfo
 from common.errors import IdlegridError, PKIError, ProtocolError, RuntimeFailure, SignatureError
-from common.inventory import GpuReach, HostInfo, Inventory
+from common.inventory import MAX_IMAGES_IN_REPORT, GpuReach, HostInfo, Inventory
 from common.pki import CommandVerifier, client_tls_context, load_cert, peer_identity, verify_key_endorsement
 from common.wire import (
     HARD_FRAME_BYTES,
@@ -76,6 +79,7 @@ STOP_GRACE_S = 5.0
 # period their relay and the Master would take thousands of frames in the same few milliseconds.
 REPORT_JITTER = 0.2
 STOP_REASON = "agent stopping"  # with close code 1001 (going away): the relay tells the Master at once
+PULL_TOLD_KEEP_S = 600.0  # a container's last progress time is forgotten after this long (its pull is long over)
 NO_RUNTIME, NO_ISOLATION = "", "none"  # what hello reports while the runtime cannot run containers
 ENDED_STATES = frozenset({"exited", "dead"})  # a container in one of these ended (on its own: delete removes it)
 
@@ -128,8 +132,16 @@ class Agent:
         self.gpu_reach: list[GpuReach] = []  # the GPU self-test's result since the runtime was last found ready
         self._gpus_tested_with: ContainerRuntime | None = None  # the runtime the self-test ran with, while it stays ready
         self.executor = CommandExecutor(
-            self.identity.agent_id, self.ledger, self.runtime, self.verifier, host_gpus=self.collector.inventory
+            self.identity.agent_id,
+            self.ledger,
+            self.runtime,
+            self.verifier,
+            host_gpus=self.collector.inventory,
+            on_pull_progress=self._on_pull_progress,
         )
+        self.images: list[str] = []  # the images the host has, warm first, bounded: hello's, as last listed
+        self._pull_told: dict[str, float] = {}  # container -> when its pull progress was last sent
+        self._pull_sends: set[asyncio.Task[None]] = set()
         self.tunnels = TunnelServer(
             self.identity.agent_id,
             self.verifier,
@@ -297,6 +309,7 @@ class Agent:
             runtime=self.runtime.name if ready else NO_RUNTIME,
             isolation=self.runtime.isolation if ready else NO_ISOLATION,
             gpu_reach=self.gpu_reach if ready else [],
+            images=self.images if ready else [],
         )
         return Hello(
             versions=list(PROTOCOL_VERSIONS),
@@ -395,8 +408,9 @@ class Agent:
             log.info("container runtime ready", extra={"runtime": self.runtime.name, "isolation": self.runtime.isolation})
             self._gpus_tested_with = self.runtime
             await self.selftest_gpus()
+        images_changed = await self._list_images() if problem is None else False
         if problem == self.runtime_problem:
-            return False
+            return images_changed
         self.runtime_problem = problem
         if problem is not None:
             self._gpus_tested_with = None  # when it is back, its GPUs are tested again
@@ -421,6 +435,39 @@ class Agent:
                     reach.fix,
                     extra={"gpu": reach.uuid, "runtime": self.runtime.name},
                 )
+
+    async def _list_images(self) -> bool:
+        """Refresh the images hello reports (a runtime that pulls lists them); whether the list changed."""
+        if not isinstance(self.runtime, PullsImages):
+            return False
+        try:  # bounded like the probe: a hung engine must not keep the agent from its relay
+            images = await asyncio.wait_for(
+                self.runtime.image_references(MAX_IMAGES_IN_REPORT), self.config.runtime_probe_timeout_s
+            )
+        except (RuntimeFailure, TimeoutError) as exc:
+            log.warning("could not list the host's images: %s", exc or "the engine did not answer in time")
+            return False
+        changed, self.images = images != self.images, images
+        return changed
+
+    def _on_pull_progress(self, container: str, progress: PullProgress) -> None:
+        """Tell the Master how a create's pull goes, at most every ``image_progress_s`` per container (the renter sees
+        it as the workload's detail); sent on a task of its own, so the pull never waits on the link."""
+        now = time.monotonic()
+        if now - self._pull_told.get(container, -math.inf) < self.config.image_progress_s:
+            return
+        self._pull_told = {name: at for name, at in self._pull_told.items() if now - at < PULL_TOLD_KEEP_S}
+        self._pull_told[container] = now
+        event = AgentEvent(
+            kind=AgentEventKind.IMAGE_PULL, ts=time.time(), container=container, message=f"pulling image: {progress.text()}"
+        )
+        task = asyncio.get_running_loop().create_task(self._send_quietly(event))
+        self._pull_sends.add(task)
+        task.add_done_callback(self._pull_sends.discard)
+
+    async def _send_quietly(self, frame: msgspec.Struct) -> None:
+        with contextlib.suppress(ConnectionError, ConnectionClosed):
+            await self._send(frame)
 
     async def _runtime_probe_loop(self) -> None:
         """An engine started (or stopped) after the agent: a new hello tells the Master what the host offers now."""
@@ -508,6 +555,10 @@ class Agent:
             self._watch_exits.set()  # a container may have started
         with contextlib.suppress(ConnectionError, ConnectionClosed):
             await self._send(result)  # if the link is down, the resend loop delivers it later
+        if command.body.kind == "create_container" and result.ok and await self._list_images():
+            # A pulled image makes this host warm for it: the offers say so now, not at the next probe.
+            with contextlib.suppress(ConnectionError, ConnectionClosed):
+                await self._send(self._hello())
 
     def _spawn(self, coro) -> None:
         task = asyncio.create_task(coro)
@@ -620,6 +671,8 @@ def _runtime_options(config: AgentConfig) -> dict[str, object]:
             "gpu_devices": config.docker_gpu_devices,
             "selftest_image": config.gpu_selftest_image,
             "selftest_timeout_s": config.gpu_selftest_timeout_s,
+            "images": image_limits(config),
+            "image_state": config.state_path / "images.json",
         }
     return {}  # open_runtime names the runtimes it knows
 
@@ -661,3 +714,15 @@ def give_up_unacknowledged(ws: ClientConnection, timeout_s: float) -> bool:
         log.info("could not set TCP_USER_TIMEOUT on the relay connection: %s", exc)
         return False
     return True
+
+
+def image_limits(config: AgentConfig) -> ImageLimits:
+    """The docker runtime's image settings from the agent's (docs/images.md)."""
+    return ImageLimits(
+        pull=config.image_pull,
+        registries_allowed=tuple(config.image_registries_allowed),
+        registries_denied=tuple(config.image_registries_denied),
+        max_image_bytes=round(config.image_max_gb * GB),
+        pull_timeout_s=config.image_pull_timeout_s,
+        disk_budget_bytes=round(config.image_disk_budget_gb * GB),
+    )

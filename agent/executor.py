@@ -19,7 +19,8 @@ import msgspec
 
 from agent.errors import GpuConflict, UnknownGpu
 from agent.ledger import CommandLog, LedgerEntry
-from agent.runtime.base import ContainerRuntime
+from agent.runtime.base import ContainerRuntime, PullsImages
+from agent.runtime.images import PullProgress
 from common.containers import (
     LABEL_AGENT_ID,
     LABEL_COMMAND_ID,
@@ -56,13 +57,16 @@ class CommandExecutor:
         verifier: CommandVerifier,
         *,
         host_gpus: Callable[[], Sequence[GpuInfo]] = _no_gpus,
+        on_pull_progress: Callable[[str, PullProgress], None] | None = None,
     ) -> None:
-        """``host_gpus``: this host's GPUs now (the collector's inventory)."""
+        """``host_gpus``: this host's GPUs now (the collector's inventory). ``on_pull_progress(container, progress)``:
+        a create's image pull moved on (the daemon tells the Master, which shows it to the renter)."""
         self.agent_id = agent_id
         self.ledger = ledger
         self.runtime = runtime
         self.verifier = verifier
         self.host_gpus = host_gpus
+        self.on_pull_progress = on_pull_progress
         self._placing = asyncio.Lock()  # GPU check and create, one command at a time
 
     async def execute(self, command: Command) -> CommandResult:
@@ -118,6 +122,8 @@ class CommandExecutor:
                 existing = await self.runtime.find(LABEL_COMMAND_ID, command_id)
                 if existing:
                     return existing[0]
+            if isinstance(self.runtime, PullsImages):  # outside the lock: a pull may take minutes
+                await self.runtime.ensure_image(container, on_progress=self._progress_of(container.name))
             async with self._placing:
                 gpus = await self._claimable_gpus(container, command_id)
                 if gpus:
@@ -127,6 +133,12 @@ class CommandExecutor:
             target = parse_delete_spec(spec)
             return await self.runtime.delete(target.name, timeout_s=target.timeout_s)
         raise IdlegridError(f"this agent does not know the command kind {kind!r}", code="unknown_command")
+
+    def _progress_of(self, name: str) -> Callable[[PullProgress], None] | None:
+        report = self.on_pull_progress
+        if report is None:
+            return None
+        return lambda progress: report(name, progress)
 
     async def _claimable_gpus(self, container: ContainerSpec, command_id: str) -> list[str]:
         """The UUIDs of the GPUs (or MIG instances) ``container`` asks for, once sure each is on this host and free

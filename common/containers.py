@@ -20,6 +20,17 @@ LABEL_PORTS = "io.idlegrid.ports"
 RESERVED_LABEL_PREFIX = "io.idlegrid."
 
 
+class RegistryAuth(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The renter's credentials for a private image's registry: a secret, like the env's values. The agent hands it
+    to the engine (``X-Registry-Auth``) for one pull and never logs, stores or shows it; ``repr`` hides it."""
+
+    username: Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+    password: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]  # a password or an access token
+
+    def __repr__(self) -> str:
+        return f"RegistryAuth(username={self.username!r}, password=<hidden>)"
+
+
 class ContainerSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """What a renter's container gets. GPUs are named by UUID (or index as a string)."""
 
@@ -36,6 +47,7 @@ class ContainerSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     replica: Annotated[int, msgspec.Meta(ge=0, le=1023)] | None = None
     # The ports the workload declared: the agent lets a port tunnel reach only these (agent/tunnel.py).
     ports: Annotated[list[Annotated[int, msgspec.Meta(ge=1, le=65535)]], msgspec.Meta(max_length=64)] = []
+    registry_auth: RegistryAuth | None = None  # for pulling a private image; absent: pulled anonymously
 
     def __post_init__(self) -> None:
         for key in self.labels:

@@ -143,3 +143,65 @@ class BackupError(IdlegridError):
     target directory in use or not empty, an output file already there. The message says which, and what would do."""
 
     code = "backup"
+
+
+# --- whose fault a container that did not start is (docs/images.md) -----------------------------------------------
+
+
+class RenterFault(RuntimeFailure):
+    """A container that could not start because of what the renter asked for (an image that does not exist or that
+    the renter's credentials do not open, one too large for the host, a registry the host does not pull from, a
+    command the image lacks): the workload fails with this message, and the host's reputation is not touched."""
+
+    code = "renter_fault"
+
+
+class ImageNotFound(RenterFault):
+    code = "image_not_found"
+
+
+class ImageUnauthorized(RenterFault):
+    code = "image_unauthorized"
+
+
+class ImageTooLarge(RenterFault):
+    code = "image_too_large"
+
+
+class RegistryNotAllowed(RenterFault):
+    code = "registry_not_allowed"
+
+
+class ImagePullTimeout(RenterFault):
+    """The renter chose the registry and the image; a registry too slow to serve it within the host's pull timeout
+    must not cost the host reputation (else a renter's own slow registry could ruin any host's)."""
+
+    code = "image_pull_timeout"
+
+
+class BadCommand(RenterFault):
+    code = "bad_command"
+
+
+class RenterOutOfMemory(RenterFault):
+    code = "renter_out_of_memory"
+
+
+RENTER_FAULT_CODES = frozenset(
+    cls.code
+    for cls in (
+        RenterFault,
+        ImageNotFound,
+        ImageUnauthorized,
+        ImageTooLarge,
+        RegistryNotAllowed,
+        ImagePullTimeout,
+        BadCommand,
+        RenterOutOfMemory,
+    )
+)
+
+
+def is_renter_fault(code: str | None) -> bool:
+    """Whether a command's ``error_code`` says the renter's request, not the host, made it fail."""
+    return code in RENTER_FAULT_CODES

@@ -11,6 +11,9 @@ import msgspec
 ShortText = Annotated[str, msgspec.Meta(max_length=128)]
 LongText = Annotated[str, msgspec.Meta(max_length=512)]
 MAX_GPUS_IN_REPORT = 64  # hard wire limit; the Master's own limit (default 16) is applied on top
+# The images a host already has, in hello: the most recently used first, at most this many, so renters can prefer a
+# warm host without one host's thousand images swelling every offer.
+MAX_IMAGES_IN_REPORT = 32
 MAX_NVLINKS = 32
 MAX_MIG_INSTANCES = 8  # MIG splits a GPU into at most 7 GPU instances today; one spare
 # NVML's clock throttle reasons, named as a sample reports them (nvmlClocksEventReasons / ClocksThrottleReasons).
@@ -150,3 +153,4 @@ class Inventory(msgspec.Struct, frozen=True, kw_only=True):
     # The GPU self-test's result, one per GPU tested; a GPU not listed was not tested (agents older than the field,
     # runtimes without a self-test) and is taken as reachable.
     gpu_reach: Annotated[list[GpuReach], msgspec.Meta(max_length=MAX_GPUS_IN_REPORT)] = []
+    images: Annotated[list[LongText], msgspec.Meta(max_length=MAX_IMAGES_IN_REPORT)] = []  # references, warm first

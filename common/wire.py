@@ -104,6 +104,7 @@ class AgentEventKind(str, enum.Enum):
     GPU_ECC = "gpu_ecc"  # uncorrectable ECC errors (code = count since the last report)
     GPU_THROTTLED = "gpu_throttled"  # clocks held down (message = the throttle reasons)
     RUNTIME_FAILURE = "runtime_failure"  # the container engine failed or went away
+    IMAGE_PULL = "image_pull"  # a create's image pull moved on (container; message = "pulling image: ... of ...")
 
 
 class AgentEvent(_Frame, tag="event"):

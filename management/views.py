@@ -131,6 +131,7 @@ def agent_view(
         "reachable": reachable,
         "runtime": agent.runtime or None,  # what runs containers on the host: docker | process | simulated
         "isolation": agent.isolation or None,  # how workloads are kept from the host: container | sandbox | none
+        "images": list(agent.images),  # the images it already has, warm first: a renter's container starts at once
         "simulated": agent.simulated,
         "host": msgspec.to_builtins(agent.host) if agent.host else None,
         "enrolled_at": rfc3339(agent.enrolled_at),
@@ -165,12 +166,21 @@ def hosted_replica_view(replica: HostedReplica) -> dict[str, Any]:
     }
 
 
+def redact_registry_auth(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """A spec with its registry credentials reduced to the username: the password is the renter's secret, sent to the
+    hosts only and never shown again, to anyone (the operator's command list included)."""
+    auth = spec.get("registry_auth")
+    if not isinstance(auth, Mapping):
+        return dict(spec)
+    return {**spec, "registry_auth": {"username": auth.get("username", "")}}
+
+
 def command_view(command: CommandRecord) -> dict[str, Any]:
     return {
         "id": command.id,
         "agent_id": command.agent_id,
         "kind": command.kind,
-        "spec": command.spec,
+        "spec": redact_registry_auth(command.spec),
         "state": command.state,
         "created_at": rfc3339(command.created_at),
         "deadline": rfc3339(command.deadline),
@@ -214,6 +224,7 @@ def workload_view(workload: WorkloadRecord, terms: Mapping[str, Any] | None = No
     ``terms``: how it pays (the market's ``workload_terms``), stated in every answer about a workload as ``rental``."""
     spec = msgspec.to_builtins(workload.spec)
     spec["env"] = sorted(workload.spec.env)
+    spec = redact_registry_auth(spec)
     return {
         "id": workload.id,
         "account": workload.account,
@@ -232,6 +243,7 @@ def workload_view(workload: WorkloadRecord, terms: Mapping[str, Any] | None = No
         "exit_codes": workload.exit_codes,
         "assignments": [msgspec.to_builtins(a) for a in workload.assignments],
         "host_failure": workload.host_failure or None,
+        "detail": workload.detail,  # while it starts: how its image pull goes
         "version": workload.version,
         **({"rental": dict(terms)} if terms is not None else {}),
     }

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tomllib
 from collections.abc import Callable, Mapping
@@ -67,6 +68,17 @@ def add_parser(sub: argparse._SubParsersAction, make: Parser) -> None:
     submit.add_argument("--project", metavar="NAME", help="project to account it to (default: the file's, else 'default')")
     submit.add_argument("--env", action="append", metavar="KEY=VALUE", help="environment variable, repeatable (default: none)")
     submit.add_argument("--port", action="append", type=int, metavar="PORT", help="port to expose, repeatable (default: none)")
+    submit.add_argument(
+        "--registry-user",
+        metavar="USER",
+        help="username for a private image's registry, with --registry-password-env (default: pulled anonymously)",
+    )
+    submit.add_argument(
+        "--registry-password-env",
+        metavar="VAR",
+        help="the environment variable holding that registry's password or token: never on the command line, sent to "
+        "the hosts only, never shown again (default: none)",
+    )
     submit.add_argument("--max-duration-s", type=float, metavar="SECONDS", help="stop it after this long (default: no limit)")
     submit.add_argument("--account", help="account it belongs to; operator keys only (default: the key's own account)")
     submit.add_argument(
@@ -174,6 +186,9 @@ def spec_from(args: argparse.Namespace) -> dict[str, Any]:
         spec["env"] = dict(spec.get("env") or {}) | dict(_env_pair(e) for e in args.env)
     if args.port:
         spec["ports"] = args.port
+    user, variable = getattr(args, "registry_user", None), getattr(args, "registry_password_env", None)  # not on rent
+    if user or variable:
+        spec["registry_auth"] = _registry_auth(user, variable)
     if args.container_command:
         spec["command"] = args.container_command
     if args.allow_process_runtime:
@@ -188,6 +203,15 @@ def spec_from(args: argparse.Namespace) -> dict[str, Any]:
     if args.account is not None or account is not None:
         spec["account"] = args.account if args.account is not None else account
     return spec
+
+
+def _registry_auth(user: str | None, variable: str | None) -> dict[str, str]:
+    if not user or not variable:
+        raise BadSpec("a private registry needs both --registry-user and --registry-password-env")
+    password = os.environ.get(variable, "")
+    if not password:
+        raise BadSpec(f"--registry-password-env {variable}: that environment variable is not set or empty")
+    return {"username": user, "password": password}
 
 
 def _env_pair(text: str) -> tuple[str, str]:
@@ -319,7 +343,9 @@ def describe(w: dict[str, Any]) -> str:
         f"name:        {w['name']}",
         f"account:     {w['account']}  (project {spec['project']})",
         f"state:       {w['state']}  ({w['state_reason']})",
-        f"image:       {spec['image']}",
+        *([f"detail:      {w['detail']}"] if w.get("detail") else []),
+        f"image:       {spec['image']}"
+        + (f"  (registry user {spec['registry_auth']['username']})" if spec.get("registry_auth") else ""),
         f"command:     {' '.join(spec['command']) or '(the image default)'}",
         f"replicas:    {spec['replicas']} x {replica['gpus']} GPU"
         + (f" ({', '.join(replica['models'])})" if replica["models"] else ""),

@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 
 from common.containers import parse_create_spec, parse_delete_spec
-from common.errors import Conflict, IdlegridError, NotFound
+from common.errors import Conflict, IdlegridError, NotFound, is_renter_fault
 from common.wire import Command, CommandBody, CommandResult, encode, signing_bytes
 from master.allocations import GpuAllocations
 from master.events import EventLog
@@ -200,13 +200,18 @@ class CommandLedger:
         record.finished_at = time.time()
         await self._move(record, event)
         agent = self._registry.get(agent_id)
+        # A start the renter's request made fail (docs/images.md) costs the host nothing: no reputation counter moves.
+        # Only a create can fail through the renter's request: a delete (or any other kind) claiming so is the host's.
+        renters = not result.ok and record.kind == "create_container" and is_renter_fault(result.error_code)
         if result.ok:
             agent.commands_succeeded += 1
-        else:
+        elif not renters:
             agent.commands_failed += 1
         if record.kind == "create_container" and result.error_code != "bad_signature":  # reputation: container_success
             if result.ok:
                 agent.containers_started += 1
+            elif renters:
+                agent.containers_refused += 1
             else:
                 agent.containers_failed += 1
         await self._track_gpus(record, ok=result.ok)

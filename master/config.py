@@ -35,6 +35,9 @@ class MasterConfig(msgspec.Struct, kw_only=True):
     telemetry_s: float = 10.0
     missed_heartbeats: int = 3
     command_timeout_s: float = 300.0
+    # A workload's create on a host that lacks its image (the host's hello lists what it has) may take this much longer:
+    # the agent pulls the image first (docs/images.md; its own image_pull_timeout_s bounds the pull).
+    image_pull_allowance_s: float = 1800.0
     token_ttl_s: float = 3600.0
     agent_cert_s: float = 7 * 86400.0
     # An agent gets at most one new certificate per this many seconds (capped at a tenth of agent_cert_s),

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 import msgspec
 
+from common.containers import RegistryAuth
 from common.inventory import GpuInfo, GpuReach, HostInfo
 
 
@@ -28,6 +29,7 @@ class AgentRecord(msgspec.Struct, kw_only=True):
     # The agent's GPU self-test, from its latest hello: which GPUs reach a container of its runtime (a GPU that does not
     # is flagged GPU_UNREACHABLE_FLAG and not offered); empty when nothing was tested.
     gpu_reach: list[GpuReach] = []
+    images: list[str] = []  # the images the host already has, warm first (bounded by the wire: MAX_IMAGES_IN_REPORT)
     enrolled_at: float = 0.0
     last_seen: float = 0.0
     connected_since: float | None = None
@@ -38,7 +40,10 @@ class AgentRecord(msgspec.Struct, kw_only=True):
     commands_failed: int = 0
     # --- market reputation inputs (master/reputation.py): running counters, so every component shows its evidence ---
     containers_started: int = 0  # create_container commands the host carried out
-    containers_failed: int = 0  # create_container commands the host reported failed
+    containers_failed: int = 0  # create_container commands the host reported failed through its own fault
+    # create_container commands that failed through the renter's request (common.errors.is_renter_fault: no such
+    # image, credentials refused, image too large, ...): shown, never counted against the host
+    containers_refused: int = 0
     rentals_completed: int = 0  # rentals that ended without a host failure
     rentals_failed: int = 0  # rentals that ended through the host (the renter refunded)
     ratings_count: int = 0  # renters' ratings of ended rentals on the host
@@ -349,6 +354,9 @@ class WorkloadSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     placement: str | None = None  # one of PLACEMENTS; None: the policy's default
     labels: Annotated[dict[LabelKey, LabelValue], msgspec.Meta(max_length=64)] = {}
     rental: RentalTerms | None = None  # None: on demand at the listed price (answers always state the terms in force)
+    # Credentials for a private image's registry: a secret like env's values, sent to the hosts only and never shown
+    # again (answers give the username alone).
+    registry_auth: RegistryAuth | None = None
 
     def __post_init__(self) -> None:
         _require_finite("max_duration_s", self.max_duration_s)
@@ -393,6 +401,7 @@ class WorkloadRecord(msgspec.Struct, kw_only=True):
     # away, a GPU became faulty): "<agent id>: why". Cleared when it is placed again. The market refunds the renter
     # and records a penalty in that host's reputation.
     host_failure: str = ""
+    detail: str = ""  # while it starts: how its image pull goes ("pulling image: 12.0 MB of 45.3 MB, ..."), from the host
     version: int = 0  # bumped on every write; a write naming an older version is refused (StaleWorkload)
 
 

@@ -274,7 +274,7 @@ class Registry:
         if agent.state == AgentState.OFFLINE.value and agent.last_seen:
             agent.downtime_s += max(0.0, now - agent.last_seen)
         agent.host, agent.simulated, agent.relay = inventory.host, inventory.simulated, relay
-        agent.runtime, agent.isolation = inventory.runtime, inventory.isolation
+        agent.runtime, agent.isolation, agent.images = inventory.runtime, inventory.isolation, list(inventory.images)
         # Only about GPUs this very report lists, once each: the self-test of a card the host does not report says nothing.
         listed = {gpu.uuid for gpu in inventory.gpus}
         reach: dict[str, GpuReach] = {}

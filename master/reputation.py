@@ -99,6 +99,7 @@ def reputation(agent: AgentRecord) -> Reputation:
             "commands_failed": agent.commands_failed,
             "containers_started": agent.containers_started,
             "containers_failed": agent.containers_failed,
+            "containers_refused": agent.containers_refused,  # the renter's fault (docs/images.md): not counted
             "rentals_completed": agent.rentals_completed,
             "rentals_failed": agent.rentals_failed,
             "gpus_verified": agent.gpus_verified,

@@ -196,6 +196,9 @@ class Master:
         self.started_at = 0.0
         self._agents_flushed_at = 0.0  # monotonic time of the last heartbeat flush (master/config.py, heartbeat_flush_s)
         self.relay_stats: dict[str, AccessStats] = {}
+        # How each create's image pull goes, as its agent last said ((agent id, container) -> "pulling image: ..."),
+        # until the create's result: in memory only, since it is stale the moment the pull ends.
+        self.pulls: dict[tuple[str, str], str] = {}
         self.link_port = 0
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -525,6 +528,10 @@ class Master:
                 await self._check_health(owned)
             case CommandAck() | CommandResult():
                 await self._on_command_report(link, agent, frame)
+            case AgentEvent(kind=AgentEventKind.IMAGE_PULL):
+                # Progress, every few seconds per pull: kept for the renter's view, not written to the event log.
+                if frame.container and any(c.spec.get("name") == frame.container for c in self._open_creates(agent.id)):
+                    self.pulls[(agent.id, frame.container)] = frame.message
             case AgentEvent():
                 # Kept apart from the Master's own facts: an agent can report, never write the audit log.
                 report = msgspec.structs.asdict(frame)
@@ -540,6 +547,9 @@ class Master:
         if isinstance(frame, CommandAck):
             await self.ledger.on_ack(agent.id, frame.id)
             return
+        command = self.ledger.open.get(frame.id)
+        if command is not None and command.agent_id == agent.id:
+            self.pulls.pop((agent.id, str(command.spec.get("name", ""))), None)  # its pull, if any, is over
         await self.ledger.on_result(agent.id, frame)  # stored before the ack, so an acked result is never lost
         await link.send_to_agent(agent.id, encode(ResultAck(id=frame.id)))
 
@@ -800,6 +810,14 @@ class Master:
 
     def agent(self, agent_id: str) -> AgentRecord:
         return self.registry.get(agent_id)
+
+    def pull_progress(self, agent_id: str, container: str) -> str:
+        """How the image pull of ``container``'s create on that host goes ("pulling image: 12.0 MB of 45.3 MB, 1 of 3
+        layers"), as its agent last said; "" when no pull is under way."""
+        return self.pulls.get((agent_id, container), "")
+
+    def _open_creates(self, agent_id: str) -> list[CommandRecord]:
+        return [c for c in self.ledger.open.values() if c.agent_id == agent_id and c.kind == "create_container"]
 
     async def repair_gpu(self, uuid: str) -> GpuRecord:
         """An operator says ``uuid`` is sound again (after a reset, a reseat, a swap): its fault is cleared and it

@@ -14,7 +14,7 @@ RUNTIMES: dict[str, type] = {"docker": DockerRuntime, "process": ProcessRuntime,
 
 
 def open_runtime(kind: str, **options: Any) -> ContainerRuntime:
-    """``docker``: options ``socket`` (default /var/run/docker.sock), ``allow_pull``, ``timeout_s``, ``capabilities``,
+    """``docker``: options ``socket`` (default /var/run/docker.sock), ``images`` (pull limits), ``timeout_s``, ``capabilities``,
     ``simulated_gpus`` (no device requests: the agent's GPUs are simulated).
     ``process``: options ``state_dir`` (required), where the container records live; ``user`` (default ``nobody``,
     "" for the agent's own) and ``work_root`` (default ``<state_dir>-work``), see agent/runtime/process.py.

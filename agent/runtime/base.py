@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Protocol
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Protocol, runtime_checkable
 
+from agent.runtime.images import PullProgress
 from common.containers import LABEL_COMMAND_ID, LABEL_NAME, ContainerInfo, ContainerSpec
 from common.errors import RuntimeFailure
 
@@ -90,6 +91,16 @@ class ContainerRuntime(Protocol):
     async def connect(self, name: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """A TCP connection to ``port`` of the running container ``name``, as seen from inside it."""
         ...
+
+
+@runtime_checkable
+class PullsImages(Protocol):
+    """A runtime that fetches a container's image itself (docker): the executor has it done before it takes its
+    placing lock, so a long pull never holds up other commands, and passes the pull's progress on."""
+
+    async def ensure_image(self, spec: ContainerSpec, on_progress: Callable[[PullProgress], None] | None = None) -> None: ...
+
+    async def image_references(self, limit: int) -> list[str]: ...
 
 
 def container_labels(spec: ContainerSpec, labels: Mapping[str, str]) -> dict[str, str]:

@@ -9,9 +9,11 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import dataclasses
 import json
 import math
-from collections.abc import AsyncIterator, Mapping, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -21,9 +23,22 @@ import msgspec
 
 from agent.runtime.base import STATE_REMOVED, STDOUT, ExecSession, check_same_command, container_labels
 from agent.runtime.docker_exec import DockerExecSession, exec_streams, hijack, read_frame
+from agent.runtime.images import (
+    ImageLimits,
+    ImageUses,
+    PullProgress,
+    StoredImage,
+    auth_header,
+    check_registry,
+    evictions,
+    pull_failure,
+    pull_query,
+    too_large,
+    warm_first,
+)
 from agent.runtime.selftest import reach_in_containers
-from common.containers import LABEL_COMMAND_ID, ContainerInfo, ContainerSpec
-from common.errors import ConfigError, RuntimeFailure
+from common.containers import LABEL_COMMAND_ID, ContainerInfo, ContainerSpec, RegistryAuth
+from common.errors import BadCommand, ConfigError, ImageNotFound, ImagePullTimeout, RuntimeFailure
 from common.inventory import GpuInfo, GpuReach
 
 DEFAULT_SOCKET = "/var/run/docker.sock"
@@ -58,10 +73,15 @@ PODMAN_GPU_FIX = (
     "--output=/etc/cdi/nvidia.yaml); check: podman run --rm --device nvidia.com/gpu=all IMAGE nvidia-smi -L; "
     "then restart the agent"
 )
+# What engines say when a container's command is not in its image (runc through Docker or Podman): the renter's.
+_BAD_COMMAND = ("executable file not found", "no such file or directory")
+
+PullProgressCallback = Callable[[PullProgress], None]
 
 
 class DockerRuntime:
-    """A ``ContainerRuntime`` on a Docker-API engine. Images must already be on the host unless pulling is allowed."""
+    """A ``ContainerRuntime`` on a Docker-API engine. Images the host lacks are pulled when ``images.pull`` allows,
+    within the host's image limits (agent/runtime/images.py)."""
 
     name = "docker"
     isolation = "container"
@@ -70,9 +90,9 @@ class DockerRuntime:
         self,
         socket: str | Path = DEFAULT_SOCKET,
         *,
-        allow_pull: bool = False,
+        images: ImageLimits | None = None,
+        image_state: Path | None = None,
         timeout_s: float = 60.0,
-        pull_timeout_s: float = 1800.0,
         capabilities: Sequence[str] = DEFAULT_CAPABILITIES,
         simulated_gpus: bool = False,
         selftest_image: str = DEFAULT_SELFTEST_IMAGE,
@@ -81,17 +101,19 @@ class DockerRuntime:
     ) -> None:
         """``simulated_gpus``: the host's GPUs are the agent's simulation (``--simulate``), so a container is given
         them by name (``CUDA_VISIBLE_DEVICES``) and no device is asked of the engine: there is none to give.
-        ``selftest_image``: what the GPU self-test runs its probe in (pulled when ``allow_pull``, else it must be here).
+        ``selftest_image``: what the GPU self-test runs its probe in (pulled when ``images.pull``, else it must be here).
         ``gpu_devices``: how a container is given its GPUs (GPU_DEVICE_MODES); ``auto`` picks by engine and simulation.
+        ``images``: the host's pull settings (default: no pulls, only images already on the host run);
+        ``image_state``: the file that records the images the agent pulled and their last use (None: memory only).
 
         GPUs reach a container through DeviceRequests on Docker (the NVIDIA Container Toolkit); Podman's Docker API
         ignores those, so on Podman a GPU container is made through Podman's own API with CDI devices
         (``nvidia.com/gpu=<uuid>``, the toolkit's CDI specification)."""
         self.socket_path = str(socket)
         self.simulated_gpus = simulated_gpus
-        self.allow_pull = allow_pull
+        self.images = images if images is not None else ImageLimits(pull=False)
+        self.image_uses = ImageUses(image_state)
         self.timeout_s = timeout_s
-        self.pull_timeout_s = pull_timeout_s
         self.capabilities = tuple(capabilities)
         if gpu_devices not in GPU_DEVICE_MODES:
             raise ConfigError(f"gpu_devices must be one of {', '.join(GPU_DEVICE_MODES)}, not {gpu_devices!r}")
@@ -133,7 +155,7 @@ class DockerRuntime:
             status, _ = await self._call("GET", f"/images/{quote(self.selftest_image, safe='')}/json")
         except RuntimeFailure as exc:
             return [GpuReach(uuid=g.uuid, reachable=False, detail=str(exc)[:500], fix="start the engine") for g in gpus]
-        if status == 404 and not self.allow_pull:
+        if status == 404 and not self.images.pull:
             # Not the GPUs' fault, but nothing is proven either: say which image is missing and how to get it.
             detail = f"the self-test image {self.selftest_image!r} is not on this host, so no GPU could be tested"
             fix = f"{self.engine} pull {self.selftest_image} (or set gpu_selftest_image to an image on this host)"
@@ -155,6 +177,7 @@ class DockerRuntime:
         if info.state != "created":
             return info  # running or already finished: a repeat delivery, not a second run
         # Ours and never started (a fresh create, or an agent that died between create and start).
+        self.image_uses.touch(str(raw.get("Image") or ""), time.time())
         if spec.gpus and self.gpu_mode() == "device_requests":
             await self._require_gpus(spec, raw)
         await self._start(info)
@@ -274,16 +297,9 @@ class DockerRuntime:
 
     async def _create(self, spec: ContainerSpec, labels: dict[str, str]) -> dict[str, Any]:
         status, reply = await self._send_create(spec, labels)
-        if _image_missing(status, reply) and self.allow_pull:
-            await self._pull(spec.image)
-            status, reply = await self._send_create(spec, labels)
         if _image_missing(status, reply):
-            status = 404
-        if status == 404:
-            raise RuntimeFailure(
-                f"image {spec.image!r} not found locally on this host; no registry pull "
-                "(load it with `docker load` or `podman import`, or allow pulling in the agent's settings)"
-            )
+            await self.ensure_image(spec)  # the executor pulls first (with progress); this is the late-comer's path
+            status, reply = await self._send_create(spec, labels)
         if _name_in_use(status, reply):
             raced = await self._inspect_raw(spec.name)  # created meanwhile, maybe by a repeat of this command
             if raced is not None:
@@ -297,7 +313,10 @@ class DockerRuntime:
         if status in (204, 304):
             return
         await self._remove_quietly(info.id)  # a container that cannot start would block its name forever
-        raise _failure(f"starting container {info.name!r}", status, body)
+        failure = _failure(f"starting container {info.name!r}", status, body)
+        if any(words in _message(body).lower() for words in _BAD_COMMAND):
+            raise BadCommand(f"{failure}; the command is not in the image or cannot run there: fix the workload's command")
+        raise failure
 
     async def _require_gpus(self, spec: ContainerSpec, raw: dict[str, Any]) -> None:
         """A renter paying for GPUs must not get a container without them, so check what the engine kept."""
@@ -310,14 +329,122 @@ class DockerRuntime:
             "Docker with the NVIDIA Container Toolkit, or Podman with its CDI specification"
         )
 
-    async def _pull(self, image: str) -> None:
-        status, body = await self._call("POST", "/images/create", params={"fromImage": image}, timeout_s=self.pull_timeout_s)
-        # The engine streams progress as JSON lines and reports a failed pull inside a 200 stream.
-        lines = body.splitlines() if isinstance(body, str) else [json.dumps(body)]
-        errors = [msg for msg in map(_stream_error, lines) if msg]
-        if status != 200 or errors:
-            reason = errors[-1] if errors else _message(body)
-            raise RuntimeFailure(f"pulling image {image!r} through {self.url} failed: {reason}")
+    async def _pull(self, image: str, auth: RegistryAuth | None, on_progress: PullProgressCallback | None) -> None:
+        """``POST /images/create``, reading its JSON-lines stream as it comes: progress for the renter, the engine's
+        error (sent inside a 200 stream), and a stop as soon as the layers announced pass the largest image allowed."""
+        prefix = await self._negotiate()
+        headers = {"X-Registry-Auth": auth_header(auth, image)} if auth is not None else {}
+        progress, errors = PullProgress(), []
+        timeout = aiohttp.ClientTimeout(total=self.images.pull_timeout_s, sock_connect=self.timeout_s)
+        try:
+            async with self._open().post(
+                f"http://docker{prefix}/images/create", params=pull_query(image), headers=headers, timeout=timeout
+            ) as response:
+                if response.status != 200:
+                    raise pull_failure(image, _message(_decode(await response.read())), self.url)
+                async for line in response.content:
+                    event = _decode(line)
+                    if not isinstance(event, dict):
+                        continue
+                    if event.get("error"):
+                        errors.append(str(event["error"]))
+                        continue
+                    progress.feed(event)
+                    if self.images.max_image_bytes and progress.total_bytes > self.images.max_image_bytes:
+                        raise too_large(image, progress.total_bytes, self.images)  # leaving closes: the pull stops
+                    if on_progress is not None:
+                        on_progress(progress)
+        except TimeoutError as exc:
+            raise ImagePullTimeout(
+                f"pulling image {image!r} took longer than this host's pull timeout ({self.images.pull_timeout_s:.0f} s,"
+                f" {progress.text()} done); use a smaller image or a faster registry"
+            ) from exc
+        except aiohttp.ClientError as exc:
+            raise RuntimeFailure(f"pulling image {image!r} through {self.url} failed: {_reason(exc)}") from exc
+        if errors:
+            raise pull_failure(image, errors[-1], self.url)
+
+    async def ensure_image(self, spec: ContainerSpec, on_progress: PullProgressCallback | None = None) -> None:
+        """Pull ``spec.image`` unless the engine has it, within this host's limits, then evict unused pulled images
+        past the disk budget. Raises a ``RenterFault`` when the renter's image or credentials are why it failed."""
+        found = await self._image(spec.image)
+        if found is not None:
+            self.image_uses.touch(found["Id"], time.time())
+            return
+        if not self.images.pull:
+            raise ImageNotFound(
+                f"image not found: {spec.image!r} is not on this host, which does not pull images "
+                "(its provider loads them by hand); choose a host that has it"
+            )
+        check_registry(spec.image, self.images)
+        await self._pull(spec.image, spec.registry_auth, on_progress)
+        pulled = await self._image(spec.image)
+        if pulled is None:
+            raise RuntimeFailure(f"image {spec.image!r} was pulled through {self.url} but the engine does not list it")
+        size = int(pulled.get("Size") or 0)
+        if self.images.max_image_bytes and size > self.images.max_image_bytes:
+            await self._call("DELETE", f"/images/{pulled['Id']}", params={"force": "false"})
+            raise too_large(spec.image, size, self.images)
+        self.image_uses.touch(pulled["Id"], time.time(), pulled=True)
+        await self.evict(keep=pulled["Id"])  # not the image just pulled: its container is about to be made
+
+    async def evict(self, *, keep: str = "") -> builtins.list[str]:
+        """Remove the images the agent pulled that no container uses, least recently used first, until the pulled
+        ones fit the disk budget; returns the removed ids. An image the engine refuses to remove (a container made
+        from it meanwhile) is kept."""
+        if self.images.disk_budget_bytes <= 0:
+            return []
+        stored = await self._stored_images()
+        removed = []
+        candidates = [image if image.id != keep else dataclasses.replace(image, in_use=True) for image in stored]
+        for image in evictions(candidates, self.image_uses.uses, self.images.disk_budget_bytes):
+            status, _ = await self._call("DELETE", f"/images/{image.id}", params={"force": "false"})
+            if status in (200, 404):
+                removed.append(image.id)
+        gone = {image.id for image in stored}
+        self.image_uses.forget([*removed, *(i for i in self.image_uses.uses if i not in gone)])
+        return removed
+
+    async def image_references(self, limit: int) -> builtins.list[str]:
+        """The images this host has, as references renters name, the most recently used or made first (hello)."""
+        status, body = await self._call("GET", "/images/json")
+        if status != 200 or not isinstance(body, builtins.list):
+            raise _failure("listing images", status, body)
+        uses = self.image_uses.uses
+        return warm_first(
+            (
+                (ref, max(uses.get(entry.get("Id", ""), 0.0), float(entry.get("Created") or 0)))
+                for entry in body
+                for ref in entry.get("RepoTags") or []
+            ),
+            limit,
+        )
+
+    async def _stored_images(self) -> builtins.list[StoredImage]:
+        status, body = await self._call("GET", "/images/json")
+        if status != 200 or not isinstance(body, builtins.list):
+            raise _failure("listing images", status, body)
+        status, containers = await self._call("GET", "/containers/json", params={"all": "true"})
+        if status != 200 or not isinstance(containers, builtins.list):
+            raise _failure("listing containers", status, containers)
+        used = {c.get("ImageID") for c in containers} | {c.get("Image") for c in containers}
+        return [
+            StoredImage(
+                id=entry["Id"],
+                size=int(entry.get("Size") or 0),
+                in_use=entry["Id"] in used or bool(set(entry.get("RepoTags") or []) & used),
+                references=tuple(entry.get("RepoTags") or ()),
+            )
+            for entry in body
+        ]
+
+    async def _image(self, reference: str) -> dict[str, Any] | None:
+        status, body = await self._call("GET", f"/images/{quote(reference, safe='/:@')}/json")
+        if status == 404:
+            return None
+        if status != 200 or not isinstance(body, dict):
+            raise _failure(f"inspecting image {reference!r}", status, body)
+        return body
 
     async def _remove_quietly(self, cid: str) -> None:
         await self._call("DELETE", f"/containers/{cid}", params={"force": "true", "v": "true"})

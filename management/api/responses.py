@@ -129,6 +129,7 @@ class AgentView(View):
     reachable: bool
     runtime: str | None
     isolation: str | None
+    images: list[str]
     simulated: bool
     host: HostInfo | None
     enrolled_at: Time | None
@@ -203,10 +204,17 @@ class SigningKeyView(View):
 # --- workloads -----------------------------------------------------------------------------------------------------
 
 
+class RegistryAuthView(View):
+    """A private image's registry credentials as answers show them: the username; the password never."""
+
+    username: str
+
+
 class WorkloadSpecView(WorkloadSpec, forbid_unknown_fields=True):
     """The spec as submitted, but ``env`` is the sorted list of its names: the values are never shown again."""
 
     env: list[str] = []  # type: ignore[assignment]
+    registry_auth: RegistryAuthView | None = None  # type: ignore[assignment]
 
 
 class RentalTermsView(View):
@@ -259,6 +267,7 @@ class WorkloadView(View):
     exit_codes: list[int]
     assignments: list[Assignment]
     host_failure: str | None
+    detail: str  # while it starts: how its image pull goes, "" otherwise
     version: int
     rental: RentalTermsView
 
@@ -369,6 +378,7 @@ class OfferView(View):
     runtime: str
     nvlink: bool
     score: float
+    images: list[str]  # the images the host already has, warm first
 
 
 class EmptiedByView(View):

@@ -81,6 +81,7 @@ class Offer(msgspec.Struct, frozen=True, kw_only=True):
     runtime: str  # "docker" | "podman" | "process" ...
     nvlink: bool  # at least two of its free units are NVLinked to each other
     score: float  # the ranking (module docstring)
+    images: list[str] = []  # the images the host already has, warm first: a container of one of them starts at once
 
 
 class EmptiedBy(msgspec.Struct, frozen=True, kw_only=True):
@@ -181,6 +182,7 @@ def offer_of(
         verified=_verified(shown, by_uuid),
         interruptible=price.min_bid is not None,
         runtime=agent.runtime or "docker",
+        images=list(agent.images),
         nvlink=_nvlinked(shown),
         score=score_of(reliability, price.on_demand),
     )

@@ -337,12 +337,12 @@ def _implied(rec: WorkloadRecord, event: str, target: str, now: float) -> dict[s
     """What an event changes besides the state: timestamps and counters."""
     if event == "schedule":  # placed again: a run that ended through a host is behind it
         return {"scheduled_at": now, "attempts": rec.attempts + 1, "host_failure": ""}
-    if event == "run":
-        return {"started_at": now}
+    if event == "run":  # running: an image pull's progress (the detail while it started) is over
+        return {"started_at": now, "detail": ""}
     if event == "preempt":
         return {"preemptions": rec.preemptions + 1}
     if event == "requeue":  # back in line at its original place (queued_at is kept), placed anew
-        return {"assignments": [], "scheduled_at": None, "started_at": None, "preempted_for": ""}
+        return {"assignments": [], "scheduled_at": None, "started_at": None, "preempted_for": "", "detail": ""}
     if target in FINAL_WORKLOAD_STATES:
-        return {"finished_at": now, "preempted_for": ""}
+        return {"finished_at": now, "preempted_for": "", "detail": ""}
     return {}

@@ -31,7 +31,7 @@ from typing import Any
 
 import msgspec
 
-from common.errors import IdlegridError, NotFound
+from common.errors import IdlegridError, NotFound, is_renter_fault
 from management.scheduler.book import WorkloadBook
 from management.scheduler.core import explain, never_fits, schedule
 from management.scheduler.model import DEFAULT_HALF_LIFE_S, Explanation, Place, Plan, Policy, Preempt, Reject, Requeue, Snapshot
@@ -70,6 +70,7 @@ class SchedulerSettings(msgspec.Struct, frozen=True, kw_only=True):
     grace_s: float = 30.0  # a preempted or cancelled container gets this long between SIGTERM and SIGKILL
     offline_grace_s: float = 20.0  # a host unseen this long has its workloads placed elsewhere
     start_timeout_s: float = 300.0  # a container create that has not finished by then failed
+    pull_allowance_s: float = 1800.0  # ... plus this on a host that does not list the image as one it has
     half_life_s: float = DEFAULT_HALF_LIFE_S
     placement: str = "binpack"
     backfill: bool = True
@@ -84,6 +85,7 @@ class SchedulerSettings(msgspec.Struct, frozen=True, kw_only=True):
             grace_s=config.preemption_grace_s,
             offline_grace_s=config.requeue_offline_after_s,
             start_timeout_s=config.command_timeout_s,
+            pull_allowance_s=config.image_pull_allowance_s,
             half_life_s=config.fair_share_half_life_s,
             placement=config.placement,
             allow_process_runtime=config.offer_sandboxed_hosts,
@@ -334,9 +336,12 @@ class SchedulerLoop:
                 assignments[i] = msgspec.structs.replace(a, command_id=made)
                 changed = True
                 continue
+            timeout_s = self.settings.start_timeout_s
+            if agent is not None and rec.spec.image not in agent.images:
+                timeout_s += self.settings.pull_allowance_s  # the host pulls the image first
             try:
                 command = await self.master.create_command(
-                    a.agent_id, "create_container", self._container_spec(rec, a), timeout_s=self.settings.start_timeout_s
+                    a.agent_id, "create_container", self._container_spec(rec, a), timeout_s=timeout_s
                 )
             except IdlegridError as exc:
                 if changed:
@@ -378,6 +383,8 @@ class SchedulerLoop:
             body["cpus"] = spec.replica.cpu_cores
         if spec.replica.ram_mib is not None:
             body["memory_mib"] = spec.replica.ram_mib
+        if spec.registry_auth is not None:
+            body["registry_auth"] = msgspec.to_builtins(spec.registry_auth)
         return body
 
     async def _preempt(self, decision: Preempt, now: float) -> int:
@@ -477,12 +484,17 @@ class SchedulerLoop:
                 return 1
         states = []
         failed_on: list[str] = []  # the hosts whose create failed, in replica order
+        pulls: list[str] = []  # how the image pulls under way go, per replica still starting
         for a in rec.assignments:
             command = await self._command(a.command_id)
             state = "succeeded" if a.state == "running" else (command.state if command else "pending")
             states.append(state)
             if state in _FAILED_COMMAND:
                 failed_on.append(a.agent_id)
+                if command is not None and is_renter_fault(str((command.result or {}).get("error_code") or "")):
+                    return await self._refused(rec, command, now)
+            elif state != CommandState.SUCCEEDED.value and (pulling := self.master.pull_progress(a.agent_id, a.container)):
+                pulls.append(pulling if len(rec.assignments) == 1 else f"replica {a.replica}: {pulling}")
         failed = [s for s in states if s in _FAILED_COMMAND]
         if failed:
             reason = f"{len(failed)} of {len(states)} container(s) did not start ({failed[0]})"
@@ -496,7 +508,21 @@ class SchedulerLoop:
         if rec.state == W.SCHEDULED.value and any(s in (CommandState.ACKED.value, CommandState.SUCCEEDED.value) for s in states):
             await self.book.transition(rec.id, "start", "hosts acknowledged", now)
             return 1
+        detail = "; ".join(pulls)
+        if detail != rec.detail:
+            await self.book.amend(rec.id, detail=detail)
+            return 1
         return 0
+
+    async def _refused(self, rec: WorkloadRecord, command: CommandRecord, now: float) -> int:
+        """A container did not start because of the renter's request (no such image, credentials refused, too large,
+        a bad command: common.errors.RENTER_FAULT_CODES): the workload fails with the host's words, at once (a
+        restart would fail the same way), and no host is blamed (no ``host_failure``, no reputation loss)."""
+        code = str((command.result or {}).get("error_code") or "")
+        reason = f"did not start ({code}): {command.error or 'no reason given'}"
+        event = "fail" if rec.state == W.RUNNING.value else "start_failed"
+        await self.book.end(rec.id, event, reason, now, grace_s=0.0)
+        return 1
 
     async def _reconcile_running(self, rec: WorkloadRecord, now: float) -> int:
         codes: list[int] = []

@@ -21,9 +21,10 @@ from agent.config import AgentConfig
 from agent.daemon import Agent
 from agent.directory import DIRECTORY_FILE
 from agent.errors import EXIT_CERTIFICATE_REVOKED, is_revocation
+from agent.runtime.images import PullProgress
 from bench.fleet_agents import agent_dir
 from bench.provision import provision_agents
-from common.wire import CLOSE_POLICY, CLOSE_REVOKED, RelayDirectory, RelayEntry, Welcome, encode
+from common.wire import CLOSE_POLICY, CLOSE_REVOKED, AgentEventKind, RelayDirectory, RelayEntry, Welcome, encode
 from master.config import MasterConfig
 from tests.support.grid import QUICK_RECONNECT, Grid, wait_for, write_toml
 
@@ -105,6 +106,46 @@ async def test_the_process_runtime_run_as_the_agents_own_user_reports_no_isolati
         assert (inventory.runtime, inventory.isolation) == ("process", "none")
     finally:
         await agent.close()
+
+
+@pytest.mark.podman
+async def test_a_docker_host_lists_its_images_in_hello_and_a_new_image_is_a_change(enrolled, podman):
+    agent = Agent(agent_config(enrolled, docker_socket=str(podman.socket_path)))
+    try:
+        await agent.probe_runtime()
+        assert podman.image in agent._hello().inventory.images
+        assert await agent.probe_runtime() is False  # nothing changed
+        podman.podman("tag", podman.image, "localhost/idlegrid-busybox:another")
+        try:
+            assert await agent.probe_runtime() is True  # a fresh hello goes out
+            assert agent._hello().inventory.images[0] in (podman.image, "localhost/idlegrid-busybox:another")
+        finally:
+            podman.podman("rmi", "localhost/idlegrid-busybox:another")
+    finally:
+        await agent.close()
+
+
+async def test_pull_progress_goes_to_the_master_at_most_once_per_period_per_container(enrolled):
+    agent = Agent(agent_config(enrolled, image_progress_s=3600.0))
+    sent: list[object] = []
+
+    async def link(frame: object) -> None:  # the relay link, which this in-process test has none of
+        sent.append(frame)
+
+    agent._send = link  # type: ignore[method-assign]
+    try:
+        progress = PullProgress()
+        progress.feed({"status": "Pulling fs layer", "id": "a1"})
+        agent._on_pull_progress("wl-1-r0-a1", progress)
+        agent._on_pull_progress("wl-1-r0-a1", progress)  # within the period: not sent
+        agent._on_pull_progress("wl-2-r0-a1", progress)  # another container's pull
+        await asyncio.gather(*agent._pull_sends)
+    finally:
+        await agent.close()
+    assert [(f.kind, f.container, f.message) for f in sent] == [  # type: ignore[attr-defined]
+        (AgentEventKind.IMAGE_PULL, "wl-1-r0-a1", "pulling image: 0 of 1 layers"),
+        (AgentEventKind.IMAGE_PULL, "wl-2-r0-a1", "pulling image: 0 of 1 layers"),
+    ]
 
 
 # --- the state directory ---------------------------------------------------------------------------------------

@@ -133,7 +133,7 @@ async def test_a_finished_container_reports_its_exit_code(runtime, podman):
 async def test_a_missing_image_fails_clearly_and_nothing_is_pulled(runtime, podman):
     job = ContainerSpec(name="noimage", image="example.invalid/nothing:1", command=["true"])
     with pytest.raises(
-        RuntimeFailure, match="image 'example.invalid/nothing:1' not found locally on this host; no registry pull"
+        RuntimeFailure, match="image not found: .example.invalid/nothing:1. is not on this host, which does not pull images"
     ):
         await runtime.create(job, labels=agent_labels("cmd-8"))
     assert podman.inspect("noimage") is None

@@ -243,3 +243,18 @@ async def test_get_shows_why_a_queued_workload_waits_and_nothing_once_it_is_plac
 
     code, _, err = await renter("explain", small, capsys=capsys)
     assert code == 2 and "409 conflict" in err and "only a queued workload waits" in err
+
+
+async def test_a_private_images_credentials_come_from_the_environment_and_are_never_printed(renter, capsys, monkeypatch):
+    monkeypatch.setenv("REGISTRY_TOKEN", "ghp-very-secret")
+    flags = ("--name", "private", "--image", "ghcr.io/acme/private:1", "--registry-user", "acme")
+    code, out, err = await renter("submit", *flags, "--registry-password-env", "REGISTRY_TOKEN", capsys=capsys)
+    assert code == 0, err
+    workload_id = out.split()[1]
+    code, out, _ = await renter("get", workload_id, capsys=capsys)
+    assert "image:       ghcr.io/acme/private:1  (registry user acme)" in out
+    code, out, _ = await renter("get", workload_id, "--json", capsys=capsys)
+    assert json.loads(out)["spec"]["registry_auth"] == {"username": "acme"} and "ghp-very-secret" not in out
+
+    code, out, err = await renter("submit", *flags, "--registry-password-env", "UNSET_VARIABLE", capsys=capsys)
+    assert code != 0 and "UNSET_VARIABLE: that environment variable is not set or empty" in err

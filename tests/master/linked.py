@@ -82,8 +82,12 @@ def gpus(count: int, *, prefix: str = "GPU-h100", name: str = "NVIDIA H100 80GB 
     ]
 
 
-def hello(gpu_list: list[GpuInfo], *, runtime: str = "", isolation: str = "", host: HostInfo = HOST) -> Hello:
-    inventory = Inventory(host=host, gpus=gpu_list, simulated=True, runtime=runtime, isolation=isolation)
+def hello(
+    gpu_list: list[GpuInfo], *, runtime: str = "", isolation: str = "", host: HostInfo = HOST, images: list[str] | None = None
+) -> Hello:
+    inventory = Inventory(
+        host=host, gpus=gpu_list, simulated=True, runtime=runtime, isolation=isolation, images=list(images or [])
+    )
     return Hello(versions=list(PROTOCOL_VERSIONS), agent_version="test", inventory=inventory)
 
 
@@ -109,16 +113,17 @@ async def connect(
     runtime: str = "",
     isolation: str = "",
     host: HostInfo = HOST,
+    images: list[str] | None = None,
 ) -> None:
     """The agent (enrolled first if the Master does not know it) connects through ``link`` and says hello
-    with ``gpu_list`` (two H100s by default) on ``host``, reporting ``runtime`` and ``isolation``."""
+    with ``gpu_list`` (two H100s by default) on ``host``, reporting ``runtime``, ``isolation`` and the ``images`` it has."""
     if agent_id not in master.registry.agents:
         await enrolled(master, agent_id)
     link.agents.add(agent_id)
     master.hub.links.setdefault(link.relay_id, link)
     await master._on_link_frame(link, AgentConnected(agent_id=agent_id, serial="", cert_not_after=time.time() + 3600))
     gpu_list = gpus(2) if gpu_list is None else gpu_list
-    await relay(master, link, agent_id, hello(gpu_list, runtime=runtime, isolation=isolation, host=host))
+    await relay(master, link, agent_id, hello(gpu_list, runtime=runtime, isolation=isolation, host=host, images=images))
 
 
 async def disconnect(master: Master, link: AccessLink, agent_id: str, reason: str = "") -> None:

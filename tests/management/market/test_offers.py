@@ -245,3 +245,12 @@ def test_an_update_moves_a_host_in_every_kept_order_and_a_removal_drops_it():
     assert ids(index.search("", sort="-price").offers)[-2:] == ["h0", "h5"]
     index.update_host(host("h0", state="offline"), gpus, set(), HostPrice(on_demand=100_000), 0.99)
     assert "h0" not in ids(index.search("", sort="price").offers) and "h0" not in index and len(index) == 5
+
+
+def test_an_offer_names_the_images_its_host_already_has_so_renters_can_prefer_a_warm_host():
+    warm = host("h1", images=["ghcr.io/acme/train:1", "pytorch/pytorch:2.3.0-cuda12.1-cudnn8-runtime"])
+    offer = offer_of(warm, cards("h1", 2), held=set(), price=PRICE, reliability=1.0)
+    assert offer is not None and offer.images == ["ghcr.io/acme/train:1", "pytorch/pytorch:2.3.0-cuda12.1-cudnn8-runtime"]
+    assert offer_view(offer)["images"] == offer.images
+    cold = offer_of(host("h2"), cards("h2", 2), held=set(), price=PRICE, reliability=1.0)
+    assert cold is not None and cold.images == []

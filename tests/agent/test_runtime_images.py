@@ -1,0 +1,257 @@
+"""Pulling images in the docker runtime: real registries (Debian docker-registry, one public and one behind htpasswd),
+images built with Podman and pushed to them, and a second Podman service, the host's engine, that lacks them all."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.runtime.docker import DockerRuntime
+from agent.runtime.images import ImageLimits, PullProgress
+from common.containers import LABEL_COMMAND_ID, ContainerSpec, RegistryAuth
+from common.errors import (
+    BadCommand,
+    ImageNotFound,
+    ImagePullTimeout,
+    ImageTooLarge,
+    ImageUnauthorized,
+    RegistryNotAllowed,
+    is_renter_fault,
+)
+from tests.support.podman import PodmanService
+from tests.support.registry import (
+    BIG_FILLER_BYTES,
+    PASSWORD,
+    USER,
+    Images,
+    ThrottledProxy,
+    filled_registries,
+    pulling_engine,
+)
+
+pytestmark = pytest.mark.podman
+MB = 1_000_000
+
+
+@pytest.fixture(scope="module")
+def images(podman: PodmanService, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Images]:
+    with filled_registries(podman, tmp_path_factory.mktemp("images")) as made:
+        yield made
+
+
+@pytest.fixture(scope="module")
+def engine(images: Images, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PodmanService]:
+    with pulling_engine(tmp_path_factory.mktemp("engine"), images) as service:
+        yield service
+
+
+@pytest.fixture
+def clean(engine: PodmanService, images: Images) -> Iterator[None]:
+    """Each test starts with none of the registries' images on the host and leaves no container behind."""
+    yield
+    engine.podman("rm", "--all", "--force", "--time", "0")
+    for ref in [*images.small, images.big, images.secret, images.slow_big]:
+        engine.podman("rmi", "--force", ref, check=False)
+
+
+def _runtime(engine: PodmanService, tmp_path: Path, **limits: object) -> DockerRuntime:
+    return DockerRuntime(engine.socket_path, images=ImageLimits(**limits), image_state=tmp_path / "images.json")  # type: ignore[arg-type]
+
+
+def _has(engine: PodmanService, ref: str) -> bool:
+    return engine.podman("image", "exists", ref, check=False).returncode == 0
+
+
+def _job(name: str, image: str, **fields: object) -> ContainerSpec:
+    return ContainerSpec(name=name, image=image, command=["sleep", "300"], **fields)  # type: ignore[arg-type]
+
+
+async def test_an_image_the_host_lacks_is_pulled_with_progress_and_runs(engine, images, clean, tmp_path):
+    runtime = _runtime(engine, tmp_path)
+    job = _job("pulled", images.small[0])
+    assert not _has(engine, job.image)
+    seen: list[str] = []
+
+    def report(progress: PullProgress) -> None:
+        seen.append(progress.text())
+
+    try:
+        await runtime.ensure_image(job, on_progress=report)
+        info = await runtime.create(job, labels={LABEL_COMMAND_ID: "cmd-pull"})
+        refs = await runtime.image_references(limit=8)
+    finally:
+        await runtime.close()
+    assert info.state == "running"
+    assert _has(engine, job.image)
+    assert seen, "the pull reported no progress"
+    assert seen[-1].endswith("layers") and " of " in seen[-1]
+    assert refs[0] == job.image  # the image just used is the warmest
+    assert tmp_path.joinpath("images.json").stat().st_mode & 0o777 == 0o600
+
+
+async def test_a_slow_pull_reports_bytes_of_total_as_it_goes(engine, images, clean, tmp_path):
+    """Through a registry slowed to 2 MB/s, the 8 MB layer takes seconds, and the engine reports its bytes."""
+    runtime = _runtime(engine, tmp_path)
+    seen: list[tuple[int, int]] = []
+
+    def report(progress: PullProgress) -> None:
+        seen.append((progress.done_bytes, progress.total_bytes))
+
+    try:
+        async with ThrottledProxy(images.slow_port, images.public, rate=2 * MB):
+            await runtime.ensure_image(_job("slow", images.slow_big), on_progress=report)
+    finally:
+        await runtime.close()
+        engine.podman("rmi", "--force", images.slow_big, check=False)
+    partial = [(done, total) for done, total in seen if 0 < done < total]
+    assert partial, f"no progress in bytes while the layer downloaded: {seen}"
+    assert all(total >= BIG_FILLER_BYTES for _, total in partial)
+
+
+async def test_a_pull_past_the_largest_image_stops_as_soon_as_the_layers_say_so(engine, images, clean, tmp_path):
+    runtime = _runtime(engine, tmp_path, max_image_bytes=5 * MB)
+    try:
+        async with ThrottledProxy(images.slow_port, images.public, rate=2 * MB) as proxy:
+            with pytest.raises(ImageTooLarge, match="this host takes images up to 5.0 MB"):
+                await runtime.ensure_image(_job("slow-big", images.slow_big))
+            carried = proxy.sent
+    finally:
+        await runtime.close()
+    assert carried < BIG_FILLER_BYTES  # the layer's size was announced: the rest was never fetched
+    assert not _has(engine, images.slow_big)
+
+
+async def test_a_pull_past_the_hosts_pull_timeout_is_the_renters_fault(engine, images, clean, tmp_path):
+    runtime = _runtime(engine, tmp_path, pull_timeout_s=1.0)
+    try:
+        async with ThrottledProxy(images.slow_port, images.public, rate=1 * MB):
+            with pytest.raises(ImagePullTimeout, match="longer than this host's pull timeout") as caught:
+                await runtime.ensure_image(_job("slow-timeout", images.slow_big))
+    finally:
+        await runtime.close()
+        engine.podman("rmi", "--force", images.slow_big, check=False)
+    assert is_renter_fault(caught.value.code)
+
+
+async def test_create_alone_pulls_a_missing_image(engine, images, clean, tmp_path):
+    runtime = _runtime(engine, tmp_path)
+    try:
+        info = await runtime.create(_job("direct", images.small[1]), labels={LABEL_COMMAND_ID: "cmd-direct"})
+    finally:
+        await runtime.close()
+    assert info.state == "running"
+
+
+async def test_a_private_image_runs_with_the_renters_credentials(engine, images, clean, tmp_path):
+    runtime = _runtime(engine, tmp_path)
+    job = _job("private", images.secret, registry_auth=RegistryAuth(username=USER, password=PASSWORD))
+    try:
+        info = await runtime.create(job, labels={LABEL_COMMAND_ID: "cmd-private"})
+    finally:
+        await runtime.close()
+    assert info.state == "running"
+    assert PASSWORD not in repr(job)  # never in a log line that prints the spec
+
+
+@pytest.mark.parametrize("auth", [None, RegistryAuth(username=USER, password="wrong")], ids=["none", "wrong"])
+async def test_a_private_image_without_good_credentials_is_the_renters_fault(engine, images, clean, tmp_path, auth):
+    runtime = _runtime(engine, tmp_path)
+    try:
+        with pytest.raises(ImageUnauthorized, match="registry refused access") as caught:
+            await runtime.create(_job("denied", images.secret, registry_auth=auth), labels={LABEL_COMMAND_ID: "c"})
+    finally:
+        await runtime.close()
+    assert is_renter_fault(caught.value.code)
+    assert "wrong" not in str(caught.value)
+    assert engine.inspect("denied") is None
+
+
+async def test_a_wrong_tag_fails_with_image_not_found_as_the_renters_fault(engine, images, clean, tmp_path):
+    runtime = _runtime(engine, tmp_path)
+    wrong = f"{images.public.host}/tools/busy:no-such-tag"
+    try:
+        with pytest.raises(ImageNotFound, match="image not found") as caught:
+            await runtime.create(_job("wrongtag", wrong), labels={LABEL_COMMAND_ID: "cmd-wrong"})
+    finally:
+        await runtime.close()
+    assert caught.value.code == "image_not_found" and is_renter_fault(caught.value.code)
+    assert engine.inspect("wrongtag") is None
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [{"registries_allowed": ("registry.example.org",)}, {"registries_denied": ("127.0.0.1:*", "*.example.org")}],
+    ids=["not-allowed", "denied"],
+)
+async def test_a_registry_the_host_does_not_pull_from_is_refused_before_any_pull(engine, images, clean, tmp_path, limits):
+    if "registries_denied" in limits:
+        limits = {"registries_denied": (images.public.host,)}
+    runtime = _runtime(engine, tmp_path, **limits)
+    try:
+        with pytest.raises(RegistryNotAllowed, match=images.public.host):
+            await runtime.create(_job("refused", images.small[0]), labels={LABEL_COMMAND_ID: "cmd-refused"})
+    finally:
+        await runtime.close()
+    assert not _has(engine, images.small[0])
+
+
+async def test_an_image_over_the_hosts_largest_is_refused_and_not_kept(engine, images, clean, tmp_path):
+    runtime = _runtime(engine, tmp_path, max_image_bytes=5 * MB)
+    try:
+        await runtime.ensure_image(_job("small", images.small[0]))  # about 2 MB: within the limit
+        with pytest.raises(ImageTooLarge, match="this host takes images up to 5.0 MB") as caught:
+            await runtime.create(_job("big", images.big), labels={LABEL_COMMAND_ID: "cmd-big"})
+    finally:
+        await runtime.close()
+    assert is_renter_fault(caught.value.code)
+    assert not _has(engine, images.big)
+    assert _has(engine, images.small[0])
+
+
+async def test_the_disk_budget_evicts_the_least_recently_used_unused_pulled_image(engine, images, clean, tmp_path):
+    one, two, three = images.small
+    probe = _runtime(engine, tmp_path / "probe")
+    tmp_path.joinpath("probe").mkdir()
+    await probe.ensure_image(_job("size", one))
+    size = int(engine.podman("image", "inspect", "--format", "{{.Size}}", one).stdout.strip())
+    engine.podman("rmi", one)
+    await probe.close()
+    # Room for two pulled images and a half: the third pulled image must make room.
+    runtime = _runtime(engine, tmp_path, disk_budget_bytes=size * 5 // 2)
+    try:
+        await runtime.create(_job("uses-one", one), labels={LABEL_COMMAND_ID: "cmd-one"})
+        await runtime.ensure_image(_job("pull-two", two))
+        await runtime.ensure_image(_job("pull-three", three))
+        # ONE is the least recently used, but a container uses it: TWO goes instead, THREE was just pulled.
+        assert (_has(engine, one), _has(engine, two), _has(engine, three)) == (True, False, True)
+        await runtime.delete("uses-one", timeout_s=0)
+        await runtime.ensure_image(_job("pull-two-again", two))
+        # Now ONE is unused and the least recently used: it goes.
+        assert (_has(engine, one), _has(engine, two), _has(engine, three)) == (False, True, True)
+        assert _has(engine, engine.image)  # loaded by hand by the provider: never the agent's to evict
+    finally:
+        await runtime.close()
+
+
+async def test_a_command_missing_from_the_image_is_the_renters_fault(engine, images, clean, tmp_path):
+    runtime = _runtime(engine, tmp_path)
+    job = ContainerSpec(name="badcmd", image=images.small[0], command=["/no/such/program"])
+    try:
+        with pytest.raises(BadCommand, match="fix the workload's command") as caught:
+            await runtime.create(job, labels={LABEL_COMMAND_ID: "cmd-bad"})
+    finally:
+        await runtime.close()
+    assert is_renter_fault(caught.value.code)
+    assert engine.inspect("badcmd") is None
+
+
+async def test_a_host_that_does_not_pull_says_the_image_is_not_here(engine, images, clean, tmp_path):
+    runtime = _runtime(engine, tmp_path, pull=False)
+    try:
+        with pytest.raises(ImageNotFound, match="not on this host, which does not pull images"):
+            await runtime.create(_job("nopull", images.small[0]), labels={LABEL_COMMAND_ID: "cmd-nopull"})
+    finally:
+        await runtime.close()
+    assert not _has(engine, images.small[0])
