@@ -603,9 +603,15 @@ def _image_missing(status: int, body: Any) -> bool:
     return status == 404 or (status == 500 and "image not known" in _message(body))
 
 
+# Podman's Docker API may say "stopped" for a container whose process has exited (before its clean-up ran): the
+# Docker name for that is "exited", which the agent's exit reports and the self-test wait for.
+_ENDED_ALIASES = {"stopped": "exited"}
+
+
 def _info(raw: Mapping[str, Any]) -> ContainerInfo:
     state = raw.get("State") or {}
     status = state.get("Status", "unknown")
+    status = _ENDED_ALIASES.get(status, status)
     return ContainerInfo(
         id=raw["Id"],
         name=raw.get("Name", "").lstrip("/"),
@@ -619,6 +625,7 @@ def _info(raw: Mapping[str, Any]) -> ContainerInfo:
 def _summary_info(entry: Mapping[str, Any]) -> ContainerInfo:
     """From a ``/containers/json`` entry, which gives the exit code only inside its Status text."""
     status = entry.get("State", "unknown")
+    status = _ENDED_ALIASES.get(status, status)
     names = entry.get("Names") or [""]
     return ContainerInfo(
         id=entry["Id"],

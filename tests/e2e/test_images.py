@@ -53,9 +53,15 @@ def job(name: str, image: str, **fields: object) -> dict[str, object]:
 def test_a_renters_images_are_pulled_private_ones_with_credentials_and_a_wrong_tag_is_the_renters_fault(grid, engine, images):
     assert grid.enroll("puller", grid.relays["relay-1"]).returncode == 0
     agent_id = grid.agent_id("puller")
-    settings = {"IDLEGRID_AGENT_RUNTIME_PROBE_S": "1", "IDLEGRID_AGENT_IMAGE_PROGRESS_S": "0.1"}
+    settings = {
+        "IDLEGRID_AGENT_RUNTIME_PROBE_S": "1",
+        "IDLEGRID_AGENT_IMAGE_PROGRESS_S": "0.1",
+        # The GPU self-test's probe runs in an image of the test's registry (its default is on Docker Hub, which no
+        # test may reach): pulled before the host is offered, as a provider's host would pull the default.
+        "IDLEGRID_AGENT_GPU_SELFTEST_IMAGE": images.small[2],
+    }
     grid.start_agent("puller", "--runtime", "docker", "--docker-socket", str(engine.socket_path), simulate="a10:3", env=settings)
-    grid.wait_state(agent_id, "ready")
+    grid.wait_state(agent_id, "ready", timeout=60)  # after the GPU self-test: its image is pulled, three containers run
     alice = renter(grid, "alice")
 
     public = alice.submit_workload(job("public", images.small[0]))
