@@ -25,6 +25,7 @@ from master.records import (
     FairShareUsage,
     GpuRecord,
     HostRollup,
+    KeptOutput,
     LeaseRecord,
     LedgerEntry,
     PriceRecord,
@@ -232,6 +233,24 @@ class WorkloadRepo(Protocol):
         """Workloads matching every filter, newest first; an empty ``states`` matches none."""
 
 
+class OutputRepo(Protocol):
+    """Workload containers' kept output (``KeptOutput``), one record per replica and attempt."""
+
+    async def put(self, rec: KeptOutput) -> None:
+        """Insert, or replace the record with the same id."""
+
+    async def get(self, key: str) -> KeptOutput | None: ...
+
+    async def of_workload(self, workload_id: str) -> builtins.list[KeptOutput]:
+        """A workload's records, by replica, then attempt."""
+
+    async def pending(self, limit: int = 100) -> builtins.list[KeptOutput]:
+        """Records still ``pending``, oldest ``ended_at`` first."""
+
+    async def delete_before(self, ended_before: float) -> int:
+        """Delete the records that are no longer pending with ``ended_at < ended_before`` (retention); how many."""
+
+
 class FairShareRepo(Protocol):
     """The scheduler's decayed usage, one figure per account and per (account, project), keyed by
     ``aggregates.fair_share_key``. Figures are written whole (last writer wins: see docs/scheduler.md)."""
@@ -369,6 +388,7 @@ class Store(Protocol):
     rollups: RollupRepo
     hourly_rollups: RollupRepo  # the same records, one per GPU and hour, downsampled from ``rollups``
     workloads: WorkloadRepo
+    outputs: OutputRepo
     fair_share: FairShareRepo
     prices: PriceRepo
     rentals: RentalRepo
