@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import msgspec
 
 from common.config import load_config
+from common.output import DEFAULT_OUTPUT_LIMIT
 
 
 class AgentConfig(msgspec.Struct, kw_only=True):
@@ -58,6 +59,11 @@ class AgentConfig(msgspec.Struct, kw_only=True):
     max_tunnels: Annotated[int, msgspec.Meta(ge=0, le=1024)] = 16
     max_tunnel_streams: Annotated[int, msgspec.Meta(ge=1, le=1024)] = 32
     tunnel_dial_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 10.0
+    # The output of a container the Master deletes is kept (agent/output.py) until the Master has read it: its last
+    # output_keep_bytes bytes, for at most output_keep_s, and output_keep_total_bytes for all kept containers together.
+    output_keep_bytes: Annotated[int, msgspec.Meta(ge=1024, le=1024**3)] = DEFAULT_OUTPUT_LIMIT
+    output_keep_s: Annotated[float, msgspec.Meta(gt=0)] = 7 * 86400.0
+    output_keep_total_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 1024**3
     cert_renew_fraction: float = 2 / 3  # renew the certificate once this much of its lifetime has passed
     log_level: str = "info"
 

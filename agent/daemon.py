@@ -29,6 +29,7 @@ from agent.host import collect_host_info
 from agent.host_sample import HostSampler, host_sampler_for
 from agent.identity import AgentIdentity
 from agent.ledger import CommandLog
+from agent.output import KeptOutputRuntime, OutputKeeper
 from agent.runtime import ContainerRuntime, open_runtime
 from agent.simulate import parse_simulate_spec
 from agent.state import private_dir
@@ -124,13 +125,24 @@ class Agent:
             runtime = open_runtime(config.runtime, **_runtime_options(config))
         self.runtime = runtime
         self.runtime_problem: str | None = None  # why the runtime cannot run containers, as last probed
+        self.output = OutputKeeper(
+            config.state_path / "output",
+            limit=config.output_keep_bytes,
+            retention_s=config.output_keep_s,
+            budget_bytes=config.output_keep_total_bytes,
+        )
         self.executor = CommandExecutor(
-            self.identity.agent_id, self.ledger, self.runtime, self.verifier, host_gpus=self.collector.inventory
+            self.identity.agent_id,
+            self.ledger,
+            self.runtime,
+            self.verifier,
+            host_gpus=self.collector.inventory,
+            keeper=self.output,
         )
         self.tunnels = TunnelServer(
             self.identity.agent_id,
             self.verifier,
-            self.runtime,
+            KeptOutputRuntime(self.runtime, self.output),  # logs of a deleted container: what was kept of it
             TunnelLimits(
                 max_tunnels=config.max_tunnels,
                 max_streams=config.max_tunnel_streams,

@@ -19,6 +19,7 @@ import msgspec
 
 from agent.errors import GpuConflict, UnknownGpu
 from agent.ledger import CommandLog, LedgerEntry
+from agent.output import OutputKeeper
 from agent.runtime.base import ContainerRuntime
 from common.containers import (
     LABEL_AGENT_ID,
@@ -55,13 +56,16 @@ class CommandExecutor:
         verifier: CommandVerifier,
         *,
         host_gpus: Callable[[], Sequence[GpuInfo]] = _no_gpus,
+        keeper: OutputKeeper | None = None,
     ) -> None:
-        """``host_gpus``: this host's GPUs now (the collector's inventory)."""
+        """``host_gpus``: this host's GPUs now (the collector's inventory); ``keeper``: where the output of a deleted
+        container is kept for the Master (None: it is not kept)."""
         self.agent_id = agent_id
         self.ledger = ledger
         self.runtime = runtime
         self.verifier = verifier
         self.host_gpus = host_gpus
+        self.keeper = keeper
         self._placing = asyncio.Lock()  # GPU check and create, one command at a time
 
     async def execute(self, command: Command) -> CommandResult:
@@ -91,7 +95,11 @@ class CommandExecutor:
             return self._finish(body.id, body.kind, ok=False, result={}, error=str(exc), code=exc.code)
         except (msgspec.ValidationError, ValueError, TypeError) as exc:
             return self._finish(body.id, body.kind, ok=False, result={}, error=f"invalid spec: {exc}", code="invalid_spec")
-        result = {"container": msgspec.to_builtins(info)} if info is not None else {"container": None}
+        result: dict[str, Any] = {"container": msgspec.to_builtins(info) if info is not None else None}
+        if body.kind == "delete_container" and self.keeper is not None:
+            kept = self.keeper.get(body.spec.get("name", ""))
+            if kept is not None:  # sizes only: the bytes go through a tunnel, never on the control link
+                result["output"] = {"bytes": kept.seen, "kept": kept.kept, "truncated": kept.truncated}
         return self._finish(body.id, body.kind, ok=True, result=result, error=None, code=None)
 
     def _verify(self, command: Command) -> None:
@@ -122,7 +130,13 @@ class CommandExecutor:
                 return await self.runtime.create(container, labels=labels)
         if kind == "delete_container":
             target = parse_delete_spec(spec)
-            return await self.runtime.delete(target.name, timeout_s=target.timeout_s)
+            if self.keeper is not None:
+                # Kept before the container goes: what it printed is the renter's, read later by the Master.
+                await self.keeper.keep(self.runtime, target.name)
+            deleted = await self.runtime.delete(target.name, timeout_s=target.timeout_s)
+            if self.keeper is not None and deleted is not None:
+                self.keeper.note_exit(target.name, deleted.exit_code)
+            return deleted
         raise IdlegridError(f"this agent does not know the command kind {kind!r}", code="unknown_command")
 
     async def _claimable_gpus(self, container: ContainerSpec, command_id: str) -> list[str]:
