@@ -36,6 +36,7 @@ from management.monitoring.reports import Report
 from management.monitoring.rules import AlertRule, load_rules
 from management.monitoring.settings import AlertListing, AlertSettings, RuleListing
 from management.monitoring.visibility import Viewer
+from management.outputs import OutputCollector, OutputSettings
 from management.renter_access import RenterAccess
 from management.scheduler.book import WorkloadBook
 from management.scheduler.loop import SchedulerLoop, SchedulerSettings
@@ -50,6 +51,7 @@ from master.records import (
     CommandRecord,
     EventRecord,
     GpuRecord,
+    KeptOutput,
     PriceRecord,
     RevocationRecord,
     SilenceRecord,
@@ -289,7 +291,18 @@ class Operations:
         # Reports along dimensions (management/monitoring/reports.py), read from the registry and the store.
         self.reports = ReportSource(master)
         # Renter access: tunnels to a workload's containers through the relays (management/renter_access.py).
-        self.access = RenterAccess(master, self.get_workload)
+        self.access = RenterAccess(master, self.get_workload, master.store.outputs)
+        # Deleted workload containers' output, read from their hosts and kept (management/outputs.py); the loop runs
+        # only where it was started (the Master's server), a renter's request reads a pending one at once.
+        self.outputs = OutputCollector(
+            master,
+            self.workloads,
+            master.store.outputs,
+            lambda kept: self.access.read_output(kept, limit=self.outputs.settings.limit_bytes),
+            OutputSettings.of(master.config),
+            restart_s=master.config.loop_restart_s,
+        )
+        self.access.collect = self.outputs.collect
         # The loop runs only where it was started (the Master's server); explaining needs only its snapshot.
         self.scheduler = scheduler or SchedulerLoop(
             master,
@@ -686,6 +699,10 @@ class Operations:
         if record.state != "queued":
             raise Conflict(f"workload {workload_id} is {record.state} ({record.state_reason}); only a queued workload waits")
         return await self.scheduler.explain(workload_id)
+
+    async def workload_outputs(self, workload_id: str) -> list[KeptOutput]:
+        """The output kept of a workload's deleted containers (the caller has checked who may see the workload)."""
+        return await self._master.store.outputs.of_workload(workload_id)
 
     async def cancel_workload(self, workload_id: str, *, account: str | None = None) -> WorkloadRecord:
         await self.workloads.load()
