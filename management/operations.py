@@ -228,7 +228,8 @@ class Health:
 @dataclass(frozen=True)
 class WorkloadOverview:
     """Everything the console's workload page shows, read in one call: the record, why it waits (while queued), how
-    it pays (the market's terms), its events (oldest first), its rentals and what they charged so far."""
+    it pays (the market's terms), its events (oldest first), its rentals and what they charged so far, and the output
+    kept of its deleted containers (by replica, then attempt)."""
 
     workload: WorkloadRecord
     explanation: Explanation | None
@@ -237,6 +238,7 @@ class WorkloadOverview:
     rentals: list[RentalDetail]
     charged: int  # micro-units, refunds taken off
     currency: str
+    outputs: list[KeptOutput] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -738,6 +740,7 @@ class Operations:
             rentals=rentals,
             charged=sum(r.charged for r in rentals),
             currency=self.market.currency,
+            outputs=await self.workload_outputs(workload_id),
         )
 
     async def billing_overview(self, account_id: str, *, owner: str | None, after_seq: int, limit: int) -> BillingOverview:

@@ -7,8 +7,12 @@ ends by saying how the container ended. GPUs are simulated (none exists here).""
 
 from __future__ import annotations
 
+import http.cookiejar
+import re
 import signal
 import subprocess
+import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -87,9 +91,42 @@ def test_output_of_finished_workloads_is_kept_after_deletion_and_a_master_sigkil
             assert all(a["state"] == "deleted" for a in alice.workload(workload_id)["assignments"])
 
     check()
+    grid.client.set_password("alice", CONSOLE_PASSWORD)
+    console = signed_in(grid, "alice")
+    assert_console_shows(console, grid, ids)
     grid.master.kill(signal.SIGKILL)
     grid.restart_master()
     check()
+    assert_console_shows(signed_in(grid, "alice"), grid, ids)  # read again, from the restarted Master's store
+
+
+CONSOLE_PASSWORD = "alice-console-password-1"
+CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
+
+
+def signed_in(grid: Grid, account: str) -> urllib.request.OpenerDirector:
+    """A browser's session in the console: the sign-in form (its CSRF token, the Origin header), then its cookie."""
+    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
+    with opener.open(f"{grid.api_url}/console/signin", timeout=10) as answer:
+        token = CSRF.search(answer.read().decode())
+    assert token is not None
+    form = urllib.parse.urlencode(
+        {"account": account, "password": CONSOLE_PASSWORD, "csrf_token": token.group(1), "next": "/console/"}
+    ).encode()
+    request = urllib.request.Request(f"{grid.api_url}/console/signin", data=form, headers={"Origin": grid.api_url})
+    with opener.open(request, timeout=10) as answer:
+        assert answer.status == 200
+    return opener
+
+
+def assert_console_shows(console: urllib.request.OpenerDirector, grid: Grid, ids: dict[str, str]) -> None:
+    def page(workload_id: str) -> str:
+        with console.open(f"{grid.api_url}/console/workloads/{workload_id}", timeout=10) as answer:
+            return answer.read().decode()
+
+    ok, bad = page(ids["ok"]), page(ids["bad"])
+    assert 'id="output-h"' in ok and "hello-from-ok\nsecond line" in ok
+    assert "Replica 0, attempt 1: exit code 3" in bad and "step 5\nTraceback: ValueError: boom" in bad
 
 
 def test_a_cancelled_workload_reaches_deleted_and_keeps_what_it_printed(grid: Grid) -> None:
