@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from agent.executor import CommandExecutor
 from agent.ledger import CommandLog
 from agent.output import KEPT_STATE, KeptOutputRuntime, OutputKeeper
+from agent.runtime.docker import DockerRuntime
 from agent.runtime.process import ProcessRuntime
 from common.containers import LABEL_WORKLOAD_ID
 from common.errors import RuntimeFailure
@@ -141,3 +143,36 @@ def test_kept_output_is_dropped_past_its_retention_then_oldest_first_over_the_bu
     (tmp_path / "newest.json").write_text('{"name": "newest", "kept": 100, "kept_at": 165.0}')
     assert keeper.prune(now=170.0) == 1  # 300 bytes over a budget of 250: the oldest ("mid") goes
     assert keeper.get("mid") is None and keeper.get("new") is not None and keeper.read("newest") == b"z" * 100
+
+
+@pytest.mark.podman
+async def test_a_real_podman_containers_output_is_kept_when_the_docker_runtime_deletes_it(
+    tmp_path: Path, signer: CommandSigner, podman: Any
+) -> None:
+    """The docker runtime against Podman's Docker API: stdout and stderr come apart from the engine and are kept
+    together, in the order the engine gives them."""
+    verifier = CommandVerifier({signer.key_id: signer.public_key_b64()})
+    runtime = DockerRuntime(podman.socket_path)
+    keeper = OutputKeeper(tmp_path / "output", limit=1 << 20)
+    executor = CommandExecutor(AGENT, CommandLog(tmp_path / "commands.db"), runtime, verifier, keeper=keeper)
+    script = "echo to-out; echo to-err >&2; exit 3"
+    spec = {"name": "wl-bd-r0-a1", "image": podman.image, "command": ["sh", "-c", script], "workload_id": "wl-bd"}
+    try:
+        assert (await executor.execute(command(signer, spec=spec, command_id="c-create"))).ok
+        deadline = time.monotonic() + 30
+        while (info := await runtime.inspect("wl-bd-r0-a1")) is not None and info.state not in ("exited", "dead"):
+            assert time.monotonic() < deadline, "the container did not end"
+            await asyncio.sleep(0.1)
+
+        deleted = await executor.execute(command(signer, "delete_container", {"name": "wl-bd-r0-a1"}, command_id="c-del"))
+
+        assert deleted.ok, deleted
+        assert await runtime.inspect("wl-bd-r0-a1") is None
+        served = KeptOutputRuntime(runtime, keeper)
+        kept = await collect(served, "wl-bd-r0-a1")
+        assert sorted(kept.splitlines()) == [b"to-err", b"to-out"]
+        info = await served.inspect("wl-bd-r0-a1")
+        assert info is not None and info.exit_code == 3 and info.labels[LABEL_WORKLOAD_ID] == "wl-bd"
+    finally:
+        podman.podman("rm", "--all", "--force", "--time", "0")
+        await runtime.close()
