@@ -24,6 +24,9 @@ Arg = Annotated[str, msgspec.Meta(min_length=1, max_length=2048)]
 DEFAULT_SHELL = ("/bin/sh",)
 MAX_COMMAND_BYTES = 2048  # an exec command travels in the ticket, which travels in a header
 STDOUT, STDERR = 1, 2  # as agent/runtime/base.py numbers them
+# The account a ticket names when the Master itself reads a deleted container's output (its ``tunnel.opened`` event
+# and the relay's logs say so; no renter's tunnel allowance is spent on it).
+OUTPUT_READER = "idlegrid-master"
 
 
 class TunnelRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -82,7 +85,7 @@ class RenterAccess:
         through a logs tunnel, as a renter's client would (bulk bytes never travel on the control link): its last
         ``limit`` bytes, cut with a marker. TunnelClosed, TunnelUnavailable when it cannot be read now."""
         params = {"tail": -1, "follow": False}
-        grant = await self._grant(TunnelKind.LOGS, kept.account, kept.workload_id, kept.agent_id, kept.container, params)
+        grant = await self._grant(TunnelKind.LOGS, OUTPUT_READER, kept.workload_id, kept.agent_id, kept.container, params)
         buffer = TailBuffer(limit)
         async with await Tunnel.open(grant) as tunnel:
             while (frame := await tunnel.receive()) is not None:
