@@ -130,13 +130,12 @@ class CommandExecutor:
                 return await self.runtime.create(container, labels=labels)
         if kind == "delete_container":
             target = parse_delete_spec(spec)
-            if self.keeper is not None:
-                # Kept before the container goes: what it printed is the renter's, read later by the Master.
-                await self.keeper.keep(self.runtime, target.name)
-            deleted = await self.runtime.delete(target.name, timeout_s=target.timeout_s)
-            if self.keeper is not None and deleted is not None:
-                self.keeper.note_exit(target.name, deleted.exit_code)
-            return deleted
+            if self.keeper is None:
+                return await self.runtime.delete(target.name, timeout_s=target.timeout_s)
+            # Its output is kept as it goes (what it printed is the renter's, read later by the Master).
+            return await self.keeper.keep_through_delete(
+                self.runtime, target.name, lambda: self.runtime.delete(target.name, timeout_s=target.timeout_s)
+            )
         raise IdlegridError(f"this agent does not know the command kind {kind!r}", code="unknown_command")
 
     async def _claimable_gpus(self, container: ContainerSpec, command_id: str) -> list[str]:

@@ -18,7 +18,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 
 import msgspec
@@ -30,6 +30,9 @@ from common.output import DEFAULT_OUTPUT_LIMIT, TailBuffer, last_lines
 
 log = logging.getLogger(__name__)
 
+RUNNING_STATE = "running"
+FOLLOW_ATTACH_S = 2.0  # a running container's output is followed from its first chunk before the delete begins
+FOLLOW_DRAIN_S = 5.0  # and read this long at most after the delete, for what it printed last
 KEPT_STATE = "deleted"  # the state a kept container is reported in (it no longer exists in the runtime)
 DEFAULT_RETENTION_S = 7 * 86400.0
 DEFAULT_BUDGET_BYTES = 1024 * 1024 * 1024
@@ -86,6 +89,53 @@ class OutputKeeper:
         )
         await asyncio.to_thread(self._write, record, data)
         return record
+
+    async def keep_through_delete(
+        self, runtime: ContainerRuntime, name: str, delete: Callable[[], Awaitable[ContainerInfo | None]]
+    ) -> ContainerInfo | None:
+        """Run ``delete`` (stop with its grace, then remove) keeping ``name``'s output, including what a running
+        container prints between its SIGTERM and its end (a checkpoint's last words, a traceback). A running
+        container's output is also followed while it stops; whichever read saw more is kept."""
+        info = await runtime.inspect(name)
+        if info is None:
+            return await delete()
+        snapshot = await self.keep(runtime, name)
+        if info.state != RUNNING_STATE:
+            return self._noted(name, await delete())
+        followed = TailBuffer(self.limit)
+        attached = asyncio.Event()
+        task = asyncio.create_task(self._follow(runtime, name, followed, attached), name=f"keep-output-{name}")
+        try:
+            with contextlib.suppress(TimeoutError):  # it has printed nothing yet: no first chunk to wait for
+                await asyncio.wait_for(attached.wait(), FOLLOW_ATTACH_S)
+            deleted = await delete()
+            with contextlib.suppress(TimeoutError):  # the follow ends with the container; bounded all the same
+                await asyncio.wait_for(asyncio.shield(task), FOLLOW_DRAIN_S)
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if snapshot is not None and followed.seen > snapshot.seen:
+            data = followed.value()
+            record = msgspec.structs.replace(
+                snapshot, seen=followed.seen, kept=len(data), truncated=followed.truncated, kept_at=time.time()
+            )
+            await asyncio.to_thread(self._write, record, data)
+        return self._noted(name, deleted)
+
+    @staticmethod
+    async def _follow(runtime: ContainerRuntime, name: str, into: TailBuffer, attached: asyncio.Event) -> None:
+        try:
+            async for _channel, data in runtime.logs(name, tail=-1, follow=True):
+                into.feed(data)
+                attached.set()
+        except RuntimeFailure as exc:  # removed under it: what came so far is what it has
+            log.debug("following container %s's output ended: %s", name, exc)
+
+    def _noted(self, name: str, deleted: ContainerInfo | None) -> ContainerInfo | None:
+        if deleted is not None:
+            self.note_exit(name, deleted.exit_code)
+        return deleted
 
     def note_exit(self, name: str, exit_code: int | None) -> None:
         """The exit status a delete learned (a container stopped by the delete had none before)."""

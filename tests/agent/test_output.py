@@ -115,9 +115,13 @@ async def test_output_over_the_bound_is_cut_to_its_last_bytes_with_a_marker(tmp_
     assert data.endswith(b"line-1998\nline-1999\n") and len(data) < 4096 + 100
 
 
-async def test_a_running_container_deleted_keeps_what_it_printed_so_far(tmp_path: Path, signer: CommandSigner) -> None:
+async def test_a_running_container_deleted_keeps_what_it_printed_in_its_grace_period(
+    tmp_path: Path, signer: CommandSigner
+) -> None:
+    """Cancel, preemption, a balance run out: SIGTERM, then the grace. What the container prints on its way out (a
+    checkpoint's last words) is kept too, and the exit status its handler gave."""
     executor, runtime, keeper = agent_parts(tmp_path, signer, limit=1 << 20)
-    spec = {"name": "wl-ef-r0-a1", "image": "none", "command": ["sh", "-c", "echo started; exec sleep 60"]}
+    spec = {"name": "wl-ef-r0-a1", "image": "none", "command": ["sh", "-c", TRAPPING]}
     assert (await executor.execute(command(signer, spec=spec, command_id="c-create"))).ok
     deadline = time.monotonic() + 10
     while b"started" not in b"".join([d async for _, d in runtime.logs("wl-ef-r0-a1", tail=-1, follow=False)]):
@@ -125,10 +129,19 @@ async def test_a_running_container_deleted_keeps_what_it_printed_so_far(tmp_path
         await asyncio.sleep(0.05)
 
     deleted = await executor.execute(
-        command(signer, "delete_container", {"name": "wl-ef-r0-a1", "timeout_s": 1}, command_id="c-del")
+        command(signer, "delete_container", {"name": "wl-ef-r0-a1", "timeout_s": 10}, command_id="c-del")
     )
 
-    assert deleted.ok and keeper.read("wl-ef-r0-a1") == b"started\n"
+    assert deleted.ok
+    kept_bytes = keeper.read("wl-ef-r0-a1")
+    assert kept_bytes is not None  # (the shell also reports its foreground sleep "Terminated": the group got SIGTERM)
+    assert kept_bytes.startswith(b"started\n") and kept_bytes.endswith(b"got SIGTERM, saving\n")
+    kept = keeper.get("wl-ef-r0-a1")
+    assert kept is not None and kept.exit_code == 7
+
+
+# Prints once its trap is set; on SIGTERM prints its last words and exits 7 (a code only the handler gives).
+TRAPPING = "trap 'echo got SIGTERM, saving; exit 7' TERM; echo started; while :; do sleep 0.1; done"
 
 
 def test_kept_output_is_dropped_past_its_retention_then_oldest_first_over_the_budget(tmp_path: Path) -> None:
@@ -173,6 +186,32 @@ async def test_a_real_podman_containers_output_is_kept_when_the_docker_runtime_d
         assert sorted(kept.splitlines()) == [b"to-err", b"to-out"]
         info = await served.inspect("wl-bd-r0-a1")
         assert info is not None and info.exit_code == 3 and info.labels[LABEL_WORKLOAD_ID] == "wl-bd"
+    finally:
+        podman.podman("rm", "--all", "--force", "--time", "0")
+        await runtime.close()
+
+
+@pytest.mark.podman
+async def test_a_real_podman_container_deleted_while_running_keeps_its_last_words(
+    tmp_path: Path, signer: CommandSigner, podman: Any
+) -> None:
+    verifier = CommandVerifier({signer.key_id: signer.public_key_b64()})
+    runtime = DockerRuntime(podman.socket_path)
+    keeper = OutputKeeper(tmp_path / "output", limit=1 << 20)
+    executor = CommandExecutor(AGENT, CommandLog(tmp_path / "commands.db"), runtime, verifier, keeper=keeper)
+    spec = {"name": "wl-be-r0-a1", "image": podman.image, "command": ["sh", "-c", TRAPPING]}
+    try:
+        assert (await executor.execute(command(signer, spec=spec, command_id="c-create"))).ok
+        deadline = time.monotonic() + 30
+        while b"started" not in b"".join([d async for _, d in runtime.logs("wl-be-r0-a1", tail=-1, follow=False)]):
+            assert time.monotonic() < deadline, "the container never printed"
+            await asyncio.sleep(0.1)
+
+        deleted = await executor.execute(
+            command(signer, "delete_container", {"name": "wl-be-r0-a1", "timeout_s": 20}, command_id="c-del")
+        )
+
+        assert deleted.ok and keeper.read("wl-be-r0-a1") == b"started\ngot SIGTERM, saving\n"
     finally:
         podman.podman("rm", "--all", "--force", "--time", "0")
         await runtime.close()
