@@ -703,8 +703,10 @@ class Operations:
         return await self.scheduler.explain(workload_id)
 
     async def workload_outputs(self, workload_id: str) -> list[KeptOutput]:
-        """The output kept of a workload's deleted containers (the caller has checked who may see the workload)."""
-        return await self._master.store.outputs.of_workload(workload_id)
+        """The output kept of a workload's deleted containers, by replica then attempt (the caller has checked who may
+        see the workload)."""
+        kept = await self._master.store.outputs.list(workload_id=workload_id)
+        return sorted(kept, key=lambda k: (k.replica, k.attempt))
 
     async def cancel_workload(self, workload_id: str, *, account: str | None = None) -> WorkloadRecord:
         await self.workloads.load()

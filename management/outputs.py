@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 
 _GONE_HOST = frozenset({AgentState.RETIRED.value, AgentState.QUARANTINED.value})
 _OPEN_COMMAND = frozenset({CommandState.PENDING.value, CommandState.SENT.value, CommandState.ACKED.value})
+PENDING_PAGE = 100  # pending outputs looked at per step, oldest first
 NOT_KEPT = "does not run on this host"  # the agent's refusal of a logs tunnel when it has nothing (agent/tunnel.py)
 
 
@@ -157,7 +158,7 @@ class OutputCollector:
     async def step(self) -> None:
         now = self._clock()
         await self.outputs.delete_before(now - self.settings.retention_s)
-        for kept in await self.outputs.pending():
+        for kept in await self.outputs.list(state="pending", limit=PENDING_PAGE):
             await self.collect(kept)
 
     async def collect(self, kept: KeptOutput) -> KeptOutput:

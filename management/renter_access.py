@@ -128,7 +128,9 @@ class RenterAccess:
     async def kept_output(self, workload: WorkloadRecord, replica: int, attempt: int | None) -> KeptOutput:
         """The output the Master kept of ``replica`` of ``workload`` (the caller checked who may see it): of
         ``attempt``, or of the latest attempt that has one. One still on its host is read from there now."""
-        found = [k for k in await self._outputs.of_workload(workload.id) if k.replica == replica]
+        found = sorted(
+            (k for k in await self._outputs.list(workload_id=workload.id) if k.replica == replica), key=lambda k: k.attempt
+        )
         if attempt is not None:
             found = [k for k in found if k.attempt == attempt]
         if not found:

@@ -241,11 +241,10 @@ class OutputRepo(Protocol):
 
     async def get(self, key: str) -> KeptOutput | None: ...
 
-    async def of_workload(self, workload_id: str) -> builtins.list[KeptOutput]:
-        """A workload's records, by replica, then attempt."""
-
-    async def pending(self, limit: int = 100) -> builtins.list[KeptOutput]:
-        """Records still ``pending``, oldest ``ended_at`` first."""
+    async def list(
+        self, *, workload_id: str | None = None, state: str | None = None, limit: int = 1000
+    ) -> builtins.list[KeptOutput]:
+        """Records matching every filter, oldest ``ended_at`` first (then by id)."""
 
     async def delete_before(self, ended_before: float) -> int:
         """Delete the records that are no longer pending with ``ended_at < ended_before`` (retention); how many."""

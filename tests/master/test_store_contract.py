@@ -1000,21 +1000,23 @@ async def test_putting_a_kept_output_again_replaces_it(store: Store) -> None:
     assert got is not None and (got.state, got.reason) == ("lost", "the host kept none")
 
 
-async def test_kept_outputs_list_by_workload_in_replica_then_attempt_order(store: Store) -> None:
-    for replica, attempt in ((1, 1), (0, 2), (0, 1)):
-        await store.outputs.put(_output(replica=replica, attempt=attempt))
+async def test_kept_outputs_list_by_workload_oldest_end_first(store: Store) -> None:
+    for replica, attempt, ended in ((1, 1, 30.0), (0, 2, 20.0), (0, 1, 10.0)):
+        await store.outputs.put(_output(replica=replica, attempt=attempt, ended_at=ended))
     await store.outputs.put(_output(workload="wl-2"))
-    listed = await store.outputs.of_workload("wl-1")
+    listed = await store.outputs.list(workload_id="wl-1")
     assert [(r.replica, r.attempt) for r in listed] == [(0, 1), (0, 2), (1, 1)]
-    assert await store.outputs.of_workload("wl-none") == []
+    assert await store.outputs.list(workload_id="wl-none") == []
+    assert len(await store.outputs.list()) == 4 and await store.outputs.list(limit=0) == []
 
 
 async def test_pending_outputs_are_listed_oldest_first_up_to_the_limit(store: Store) -> None:
     await store.outputs.put(_output(workload="wl-b", ended_at=20.0))
     await store.outputs.put(_output(workload="wl-a", ended_at=10.0))
     await store.outputs.put(_output(workload="wl-c", ended_at=5.0, state="kept"))
-    assert [r.workload_id for r in await store.outputs.pending()] == ["wl-a", "wl-b"]
-    assert [r.workload_id for r in await store.outputs.pending(limit=1)] == ["wl-a"]
+    assert [r.workload_id for r in await store.outputs.list(state="pending")] == ["wl-a", "wl-b"]
+    assert [r.workload_id for r in await store.outputs.list(state="pending", limit=1)] == ["wl-a"]
+    assert [r.workload_id for r in await store.outputs.list(workload_id="wl-c", state="pending")] == []
 
 
 async def test_retention_deletes_old_settled_outputs_and_never_a_pending_one(store: Store) -> None:
@@ -1023,7 +1025,7 @@ async def test_retention_deletes_old_settled_outputs_and_never_a_pending_one(sto
     await store.outputs.put(_output(workload="wl-wait", ended_at=10.0))  # pending: its host still holds it
     await store.outputs.put(_output(workload="wl-new", ended_at=50.0, state="kept"))
     assert await store.outputs.delete_before(20.0) == 2
-    left = {r.workload_id for w in ("wl-old", "wl-lost", "wl-wait", "wl-new") for r in await store.outputs.of_workload(w)}
+    left = {r.workload_id for w in ("wl-old", "wl-lost", "wl-wait", "wl-new") for r in await store.outputs.list(workload_id=w)}
     assert left == {"wl-wait", "wl-new"}
 
 

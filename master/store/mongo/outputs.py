@@ -8,7 +8,7 @@ from pymongo import ASCENDING
 
 from master.records import KeptOutput
 from master.store.aggregates import Aggregate
-from master.store.mongo.collection import MongoCollection
+from master.store.mongo.collection import MongoCollection, only
 
 
 class MongoOutputRepo(MongoCollection[KeptOutput]):
@@ -21,12 +21,13 @@ class MongoOutputRepo(MongoCollection[KeptOutput]):
     async def get(self, key: str) -> KeptOutput | None:
         return await self._get(key)
 
-    async def of_workload(self, workload_id: str) -> builtins.list[KeptOutput]:
-        found = await self._find({"workload_id": workload_id}, [])
-        return sorted(found, key=lambda r: (r.replica, r.attempt))
-
-    async def pending(self, limit: int = 100) -> builtins.list[KeptOutput]:
-        return await self._find({"state": "pending"}, [("ended_at", ASCENDING), ("_id", ASCENDING)], limit=limit)
+    async def list(
+        self, *, workload_id: str | None = None, state: str | None = None, limit: int = 1000
+    ) -> builtins.list[KeptOutput]:
+        if limit <= 0:
+            return []
+        query = only(workload_id=workload_id, state=state)
+        return await self._find(query, [("ended_at", ASCENDING), ("_id", ASCENDING)], limit=limit)
 
     async def delete_before(self, ended_before: float) -> int:
         with self._metrics.timed_write(self.aggregate):

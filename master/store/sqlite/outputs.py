@@ -6,6 +6,7 @@ import builtins
 
 from master.records import KeptOutput
 from master.store.aggregates import Aggregate
+from master.store.sqlite.database import where
 from master.store.sqlite.table import SqliteTable
 
 
@@ -22,13 +23,13 @@ class SqliteOutputRepo(SqliteTable[KeptOutput]):
     async def get(self, key: str) -> KeptOutput | None:
         return await self._select_one("SELECT id, doc FROM outputs WHERE id = ?", (key,))
 
-    async def of_workload(self, workload_id: str) -> builtins.list[KeptOutput]:
-        found = await self._select("SELECT id, doc FROM outputs WHERE workload_id = ?", (workload_id,))
-        return sorted(found, key=lambda r: (r.replica, r.attempt))
-
-    async def pending(self, limit: int = 100) -> builtins.list[KeptOutput]:
-        sql = "SELECT id, doc FROM outputs WHERE state = 'pending' ORDER BY ended_at, id"
-        return await self._select(sql, limit=limit)
+    async def list(
+        self, *, workload_id: str | None = None, state: str | None = None, limit: int = 1000
+    ) -> builtins.list[KeptOutput]:
+        if limit <= 0:
+            return []
+        clause, params = where(("workload_id = ?", workload_id), ("state = ?", state))
+        return await self._select(f"SELECT id, doc FROM outputs{clause} ORDER BY ended_at, id", params, limit=limit)
 
     async def delete_before(self, ended_before: float) -> int:
         sql = "DELETE FROM outputs WHERE state != 'pending' AND ended_at < ?"

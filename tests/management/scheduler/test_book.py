@@ -153,7 +153,7 @@ async def test_a_cancelled_workloads_replicas_await_their_output_then_settle_del
     await book.transition(wl.id, "schedule", "placed", NOW + 1, assignments=placed)
     await book.cancel(wl.id, "alice", NOW + 2)
 
-    awaited = await master.store.outputs.pending()  # stored with the transition, before the deletes were sent
+    awaited = await master.store.outputs.list(state="pending")  # stored with the transition, before the deletes were sent
     assert [(k.id, k.account, k.container, k.state, k.ended_at) for k in awaited] == [
         (output_key(wl.id, r, 1), "alice", names[r], "pending", NOW + 2) for r in (0, 1)
     ]
