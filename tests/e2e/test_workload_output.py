@@ -183,3 +183,23 @@ def test_logs_follow_ends_by_saying_how_the_container_ended(grid: Grid) -> None:
     assert followed.returncode == 0, followed.stderr
     assert followed.stdout == "begun\nover\n"
     assert "[idlegrid] replica 0 ended: exit code 4; workload failed: a container exited with code 4" in followed.stderr
+
+
+@pytest.mark.podman
+def test_a_podman_hosts_failed_workload_keeps_its_output_after_its_container_is_deleted(grid: Grid, podman: Any) -> None:
+    """The same through the docker runtime against a real Podman behind the relay: stdout and stderr both kept."""
+    assert grid.enroll("podman-host", grid.relays["relay-1"]).returncode == 0
+    agent_id = grid.agent_id("podman-host")
+    grid.start_agent("podman-host", "--runtime", "docker", "--docker-socket", str(podman.socket_path), simulate="a10:1")
+    grid.wait_state(agent_id, "ready")
+    alice = renter(grid, "alice")
+    script = "echo from-podman; echo 'Traceback: RuntimeError: no data' >&2; exit 5"
+    submitted = alice.submit_workload(
+        {"name": "pod", "image": podman.image, "command": ["sh", "-c", script], "replica": {"gpus": 1}}
+    )
+    failed = settled(alice, submitted["id"], "failed")
+    assert failed["state_reason"].endswith("Traceback: RuntimeError: no data")
+    assert not podman.podman("ps", "--all", "--quiet", "--filter", f"name={submitted['id']}").stdout.strip()  # deleted
+    kept = logs(grid, alice.api_key, submitted["id"])
+    assert kept.returncode == 0 and sorted(kept.stdout.splitlines()) == ["Traceback: RuntimeError: no data", "from-podman"]
+    assert alice.workload(submitted["id"])["outputs"][0]["exit_code"] == 5
