@@ -8,6 +8,7 @@ from __future__ import annotations
 
 DEFAULT_OUTPUT_LIMIT = 8 * 1024 * 1024  # bytes of a container's output kept: the last ones
 CUT_MARKER = b"[idlegrid: output cut: the first %d bytes were dropped, the last %d are kept]\n"
+MARKER_ROOM = len(CUT_MARKER) + 40  # a marker's length at most (two numbers of up to 20 digits each)
 
 
 class TailBuffer:
@@ -43,7 +44,7 @@ class TailBuffer:
 def bounded(data: bytes, limit: int = DEFAULT_OUTPUT_LIMIT) -> tuple[bytes, bool]:
     """``data`` cut to its last ``limit`` bytes (marked), and whether it was cut. Kept output that already carries a
     marker and fits is returned as it is."""
-    if len(data) <= limit + len(CUT_MARKER) + 40:  # room for a marker of the agent's (two numbers of up to 20 digits)
+    if len(data) <= limit + MARKER_ROOM:  # what an agent kept with the same bound, its marker included
         return data, data.startswith(b"[idlegrid: output cut:")
     buffer = TailBuffer(limit)
     buffer.feed(data)

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from common.errors import Conflict, IdlegridError, NotFound
-from common.output import TailBuffer, bounded, last_lines
+from common.output import MARKER_ROOM, TailBuffer, bounded, last_lines
 from common.tunnel import Op, TunnelKind, encode_ticket
 from management.tunnel_client import Tunnel, TunnelClosed, TunnelGrant
 from master.records import Assignment, KeptOutput, WorkloadRecord
@@ -86,7 +86,7 @@ class RenterAccess:
         ``limit`` bytes, cut with a marker. TunnelClosed, TunnelUnavailable when it cannot be read now."""
         params = {"tail": -1, "follow": False}
         grant = await self._grant(TunnelKind.LOGS, OUTPUT_READER, kept.workload_id, kept.agent_id, kept.container, params)
-        buffer = TailBuffer(limit)
+        buffer = TailBuffer(limit + MARKER_ROOM)  # an agent's own marker (with the same bound) is kept, not cut again
         async with await Tunnel.open(grant) as tunnel:
             while (frame := await tunnel.receive()) is not None:
                 if frame.op in (Op.DATA, Op.STDERR):

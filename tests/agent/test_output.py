@@ -17,7 +17,7 @@ from agent.runtime.docker import DockerRuntime
 from agent.runtime.process import ProcessRuntime
 from common.containers import LABEL_WORKLOAD_ID
 from common.errors import RuntimeFailure
-from common.output import CUT_MARKER, TailBuffer, bounded, last_lines
+from common.output import CUT_MARKER, MARKER_ROOM, TailBuffer, bounded, last_lines
 from common.pki import CommandSigner, CommandVerifier
 from tests.agent.test_executor import AGENT, command
 
@@ -38,6 +38,9 @@ def test_the_master_bounds_again_what_an_agent_sends() -> None:
     cut, was_cut = bounded(b"y" * 5000, 1000)
     assert was_cut and cut.startswith(b"[idlegrid: output cut: the first 4000 bytes") and cut.endswith(b"y" * 1000)
     assert bounded(cut, 1000) == (cut, True)  # an agent's marked output that fits is kept as it is
+    master_reads = TailBuffer(1000 + MARKER_ROOM)  # as the Master reads one from a host with its own bound of 1000
+    master_reads.feed(cut)
+    assert bounded(master_reads.value(), 1000) == (cut, True)  # the agent's marker and figures survive the read
 
 
 def test_last_lines_counts_a_last_line_without_its_newline() -> None:
