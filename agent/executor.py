@@ -133,9 +133,7 @@ class CommandExecutor:
             if self.keeper is None:
                 return await self.runtime.delete(target.name, timeout_s=target.timeout_s)
             # Its output is kept as it goes (what it printed is the renter's, read later by the Master).
-            return await self.keeper.keep_through_delete(
-                self.runtime, target.name, lambda: self.runtime.delete(target.name, timeout_s=target.timeout_s)
-            )
+            return await self.keeper.keep_through_delete(self.runtime, target.name, timeout_s=target.timeout_s)
         raise IdlegridError(f"this agent does not know the command kind {kind!r}", code="unknown_command")
 
     async def _claimable_gpus(self, container: ContainerSpec, command_id: str) -> list[str]:

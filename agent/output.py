@@ -18,8 +18,9 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 import msgspec
 
@@ -49,6 +50,13 @@ class KeptRecord(msgspec.Struct, kw_only=True):
     kept: int = 0  # bytes kept (with the marker, when cut)
     truncated: bool = False
     kept_at: float = 0.0
+
+
+@runtime_checkable
+class StoppableRuntime(Protocol):
+    """A runtime that stops a container apart from removing it (agent/runtime/docker.py)."""
+
+    async def stop(self, name: str, *, timeout_s: float = 10.0) -> None: ...
 
 
 class OutputKeeper:
@@ -90,25 +98,28 @@ class OutputKeeper:
         await asyncio.to_thread(self._write, record, data)
         return record
 
-    async def keep_through_delete(
-        self, runtime: ContainerRuntime, name: str, delete: Callable[[], Awaitable[ContainerInfo | None]]
-    ) -> ContainerInfo | None:
-        """Run ``delete`` (stop with its grace, then remove) keeping ``name``'s output, including what a running
-        container prints between its SIGTERM and its end (a checkpoint's last words, a traceback). A running
-        container's output is also followed while it stops; whichever read saw more is kept."""
+    async def keep_through_delete(self, runtime: ContainerRuntime, name: str, *, timeout_s: float) -> ContainerInfo | None:
+        """Delete ``name`` (SIGTERM, ``timeout_s``, SIGKILL, removed) keeping its output, including what a running
+        container prints between its SIGTERM and its end (a checkpoint's last words, a traceback). A runtime that can
+        stop a container apart (``StoppableRuntime``: docker) is stopped, read, then removed; another (process) is
+        followed while it stops, from a file that outlives the removal."""
         info = await runtime.inspect(name)
         if info is None:
-            return await delete()
-        snapshot = await self.keep(runtime, name)
+            return await runtime.delete(name, timeout_s=timeout_s)
+        if info.state == RUNNING_STATE and isinstance(runtime, StoppableRuntime):
+            await runtime.stop(name, timeout_s=timeout_s)
+            info = await runtime.inspect(name) or info
         if info.state != RUNNING_STATE:
-            return self._noted(name, await delete())
+            await self.keep(runtime, name)
+            return self._noted(name, await runtime.delete(name, timeout_s=timeout_s))
+        snapshot = await self.keep(runtime, name)
         followed = TailBuffer(self.limit)
         attached = asyncio.Event()
         task = asyncio.create_task(self._follow(runtime, name, followed, attached), name=f"keep-output-{name}")
         try:
             with contextlib.suppress(TimeoutError):  # it has printed nothing yet: no first chunk to wait for
                 await asyncio.wait_for(attached.wait(), FOLLOW_ATTACH_S)
-            deleted = await delete()
+            deleted = await runtime.delete(name, timeout_s=timeout_s)
             with contextlib.suppress(TimeoutError):  # the follow ends with the container; bounded all the same
                 await asyncio.wait_for(asyncio.shield(task), FOLLOW_DRAIN_S)
         finally:
