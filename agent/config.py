@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import msgspec
 
 from common.config import load_config
+from common.output import DEFAULT_OUTPUT_LIMIT
 
 
 class AgentConfig(msgspec.Struct, kw_only=True):
@@ -86,6 +87,11 @@ class AgentConfig(msgspec.Struct, kw_only=True):
     max_tunnels_per_account: Annotated[int, msgspec.Meta(ge=0, le=1024)] = 8
     max_tunnels_per_workload: Annotated[int, msgspec.Meta(ge=0, le=1024)] = 6
     tunnel_idle_timeout_s: Annotated[float, msgspec.Meta(ge=0)] = 900.0
+    # The output of a container the Master deletes is kept (agent/output.py) until the Master has read it: its last
+    # output_keep_bytes bytes, for at most output_keep_s, and output_keep_total_bytes for all kept containers together.
+    output_keep_bytes: Annotated[int, msgspec.Meta(ge=1024, le=1024**3)] = DEFAULT_OUTPUT_LIMIT
+    output_keep_s: Annotated[float, msgspec.Meta(gt=0)] = 7 * 86400.0
+    output_keep_total_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 1024**3
     cert_renew_fraction: float = 2 / 3  # renew the certificate once this much of its lifetime has passed
     log_level: str = "info"
 

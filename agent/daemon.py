@@ -30,6 +30,7 @@ from agent.host import collect_host_info
 from agent.host_sample import HostSampler, host_sampler_for
 from agent.identity import AgentIdentity
 from agent.ledger import CommandLog
+from agent.output import KeptOutputRuntime, OutputKeeper
 from agent.runtime import ContainerRuntime, open_runtime
 from agent.runtime.base import PullsImages
 from agent.runtime.images import GB, ImageLimits, PullProgress
@@ -131,6 +132,12 @@ class Agent:
         self.runtime_problem: str | None = None  # why the runtime cannot run containers, as last probed
         self.gpu_reach: list[GpuReach] = []  # the GPU self-test's result since the runtime was last found ready
         self._gpus_tested_with: ContainerRuntime | None = None  # the runtime the self-test ran with, while it stays ready
+        self.output = OutputKeeper(
+            config.state_path / "output",
+            limit=config.output_keep_bytes,
+            retention_s=config.output_keep_s,
+            budget_bytes=config.output_keep_total_bytes,
+        )
         self.executor = CommandExecutor(
             self.identity.agent_id,
             self.ledger,
@@ -138,6 +145,7 @@ class Agent:
             self.verifier,
             host_gpus=self.collector.inventory,
             on_pull_progress=self._on_pull_progress,
+            keeper=self.output,
         )
         self.images: list[str] = []  # the images the host has, warm first, bounded: hello's, as last listed
         self._pull_told: dict[str, float] = {}  # container -> when its pull progress was last sent
@@ -145,7 +153,7 @@ class Agent:
         self.tunnels = TunnelServer(
             self.identity.agent_id,
             self.verifier,
-            self.runtime,
+            KeptOutputRuntime(self.runtime, self.output),  # logs of a deleted container: what was kept of it
             TunnelLimits(
                 max_tunnels=config.max_tunnels,
                 max_streams=config.max_tunnel_streams,

@@ -19,6 +19,7 @@ import msgspec
 
 from agent.errors import GpuConflict, UnknownGpu
 from agent.ledger import CommandLog, LedgerEntry
+from agent.output import OutputKeeper
 from agent.runtime.base import ContainerRuntime, PullsImages
 from agent.runtime.images import PullProgress
 from common.containers import (
@@ -58,15 +59,18 @@ class CommandExecutor:
         *,
         host_gpus: Callable[[], Sequence[GpuInfo]] = _no_gpus,
         on_pull_progress: Callable[[str, PullProgress], None] | None = None,
+        keeper: OutputKeeper | None = None,
     ) -> None:
         """``host_gpus``: this host's GPUs now (the collector's inventory). ``on_pull_progress(container, progress)``:
-        a create's image pull moved on (the daemon tells the Master, which shows it to the renter)."""
+        a create's image pull moved on (the daemon tells the Master, which shows it to the renter). ``keeper``: where
+        the output of a deleted container is kept for the Master (None: it is not kept)."""
         self.agent_id = agent_id
         self.ledger = ledger
         self.runtime = runtime
         self.verifier = verifier
         self.host_gpus = host_gpus
         self.on_pull_progress = on_pull_progress
+        self.keeper = keeper
         self._placing = asyncio.Lock()  # GPU check and create, one command at a time
 
     async def execute(self, command: Command) -> CommandResult:
@@ -96,7 +100,11 @@ class CommandExecutor:
             return self._finish(body.id, body.kind, ok=False, result={}, error=str(exc), code=exc.code)
         except (msgspec.ValidationError, ValueError, TypeError) as exc:
             return self._finish(body.id, body.kind, ok=False, result={}, error=f"invalid spec: {exc}", code="invalid_spec")
-        result = {"container": msgspec.to_builtins(info)} if info is not None else {"container": None}
+        result: dict[str, Any] = {"container": msgspec.to_builtins(info) if info is not None else None}
+        if body.kind == "delete_container" and self.keeper is not None:
+            kept = self.keeper.get(body.spec.get("name", ""))
+            if kept is not None:  # sizes only: the bytes go through a tunnel, never on the control link
+                result["output"] = {"bytes": kept.seen, "kept": kept.kept, "truncated": kept.truncated}
         return self._finish(body.id, body.kind, ok=True, result=result, error=None, code=None)
 
     def _verify(self, command: Command) -> None:
@@ -131,7 +139,10 @@ class CommandExecutor:
                 return await self.runtime.create(container, labels=labels)
         if kind == "delete_container":
             target = parse_delete_spec(spec)
-            return await self.runtime.delete(target.name, timeout_s=target.timeout_s)
+            if self.keeper is None:
+                return await self.runtime.delete(target.name, timeout_s=target.timeout_s)
+            # Its output is kept as it goes (what it printed is the renter's, read later by the Master).
+            return await self.keeper.keep_through_delete(self.runtime, target.name, timeout_s=target.timeout_s)
         raise IdlegridError(f"this agent does not know the command kind {kind!r}", code="unknown_command")
 
     def _progress_of(self, name: str) -> Callable[[PullProgress], None] | None:

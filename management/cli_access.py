@@ -14,6 +14,7 @@ import signal
 import sys
 import termios
 import threading
+import time
 import tty
 from collections.abc import Callable
 from typing import Any
@@ -22,9 +23,11 @@ import msgspec
 
 from common.errors import IdlegridError
 from common.tunnel import MAX_TUNNEL_PAYLOAD, Op, decode_exit, resize_payload
+from management.client import API_PREFIX, ApiRequest
 from management.tunnel_client import Tunnel, TunnelClosed, TunnelGrant
 
 EXIT_TUNNEL_FAILED = 1
+FINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
 REOPEN_ATTEMPTS = 5  # port-forward: a tunnel that ends is opened again this many times in a row at most
 REOPEN_PAUSE_S = 1.0
 
@@ -43,12 +46,17 @@ def add_parsers(
         "logs",
         "print a workload's output (and follow it)",
         "Print the output of a workload's container: the last --tail lines, then, with --follow, what it writes until it "
-        "ends or you press Ctrl-C. Works while it runs and after it has exited (until its container is deleted).",
+        "ends or you press Ctrl-C, and then how it ended. Works while it runs and after it has ended: the output of a "
+        "deleted container (the workload finished, failed, was cancelled, preempted or requeued) is kept by the grid "
+        "(its last 8 MiB by default) for a retention period; --attempt picks an earlier attempt's.",
     )
     logs.add_argument("workload_id", metavar="ID", help="the workload's id, wl-…")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing what it writes (default: no)")
     logs.add_argument("--tail", type=int, default=100, metavar="N", help="lines from the end, -1 for all (default: 100)")
     logs.add_argument("--replica", type=int, default=0, metavar="N", help="which replica of a gang (default: 0)")
+    logs.add_argument(
+        "--attempt", type=int, default=None, metavar="N", help="the output of this attempt (default: the current one)"
+    )
     connection(logs)
     logs.set_defaults(func=run_logs)
 
@@ -105,8 +113,59 @@ def grant_of(answer: Any) -> TunnelGrant:
 
 
 def run_logs(args: argparse.Namespace) -> int:
-    grant = _grant(args, {"kind": "logs", "tail": args.tail, "follow": args.follow})
-    return asyncio.run(_print_logs(grant))
+    from management.cli_accounts import api_client
+    from management.client import ApiError
+
+    client = api_client(args)[0]
+    if args.attempt is None:
+        try:
+            grant = grant_of(
+                client.open_tunnel(
+                    args.workload_id, {"kind": "logs", "tail": args.tail, "follow": args.follow, "replica": args.replica}
+                )
+            )
+        except ApiError as exc:
+            if exc.status != 409:  # 409: its container no longer runs on a host; what was kept of it is below
+                raise
+        else:
+            code = asyncio.run(_print_logs(grant))
+            if args.follow:
+                _print_end(client, args.workload_id, args.replica)
+            return code
+    query = {"tail": str(args.tail), "replica": str(args.replica)}
+    if args.attempt is not None:
+        query["attempt"] = str(args.attempt)
+    path = f"{API_PREFIX}/workloads/{args.workload_id}/logs"
+    _write(sys.stdout.buffer, client.raw(ApiRequest("GET", path, query)))
+    if args.follow:
+        _print_end(client, args.workload_id, args.replica)
+    return 0
+
+
+END_WAIT_S = 30.0  # after its output ends, how long `logs --follow` waits for the grid to record how it ended
+END_POLL_S = 0.5
+
+
+def _print_end(client: Any, workload_id: str, replica: int) -> None:
+    """How the replica's container ended, on stderr: its exit status (once the grid knows it) and the workload's
+    state and reason. The output can end a moment before the grid notices the exit: wait for it, boundedly."""
+    deadline = time.monotonic() + END_WAIT_S
+    while True:
+        workload = client.workload(workload_id)
+        ended = [o for o in workload.get("outputs", []) if o["replica"] == replica and o["attempt"] == workload["attempts"]]
+        mine = [a["state"] for a in workload.get("assignments", []) if a["replica"] == replica]
+        settled = bool(ended) and ended[-1]["state"] != "pending"
+        expected = any(state in ("running", "exited", "deleting") for state in mine)  # an output still to come
+        if settled or (workload["state"] in FINAL_STATES and not expected) or time.monotonic() > deadline:
+            break
+        time.sleep(END_POLL_S)
+    code = ended[-1]["exit_code"] if ended else None
+    if code is None and len(workload.get("exit_codes", [])) == 1:
+        code = workload["exit_codes"][0]
+    how = f"exit code {code}" if code is not None else "exit code not known"
+    reason = workload["state_reason"].split("\n", 1)[0]
+    sys.stderr.write(f"[idlegrid] replica {replica} ended: {how}; workload {workload['state']}: {reason}\n")
+    sys.stderr.flush()
 
 
 async def _print_logs(grant: TunnelGrant) -> int:

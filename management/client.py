@@ -381,6 +381,13 @@ class ApiClient(ApiCalls[Json]):
         status, raw = self._exchange(request)
         return read_answer(request, status, raw)
 
+    def raw(self, request: ApiRequest) -> bytes:
+        """The body of a 2xx answer as bytes (a plain-text answer such as a workload's logs); ApiError otherwise."""
+        status, raw = self._exchange(request)
+        if not 200 <= status < 300:
+            read_answer(request, status, raw)
+        return raw
+
     def exchange(self, request: ApiRequest) -> tuple[int, Json]:
         """Status and decoded body, whatever the status (for callers that judge the status themselves)."""
         status, raw = self._exchange(request)

@@ -38,6 +38,7 @@ from management.monitoring.rules import AlertRule, load_rules
 from management.monitoring.settings import AlertListing, AlertSettings, RuleListing, account_viewer, notifier_settings
 from management.monitoring.visibility import Viewer
 from management.onboarding.service import Onboarding
+from management.outputs import OutputCollector, OutputSettings
 from management.renter_access import RenterAccess
 from management.scheduler.book import WorkloadBook
 from management.scheduler.loop import SchedulerLoop, SchedulerSettings
@@ -52,6 +53,7 @@ from master.records import (
     CommandRecord,
     EventRecord,
     GpuRecord,
+    KeptOutput,
     PriceRecord,
     RevocationRecord,
     SilenceRecord,
@@ -233,7 +235,8 @@ class Health:
 @dataclass(frozen=True)
 class WorkloadOverview:
     """Everything the console's workload page shows, read in one call: the record, why it waits (while queued), how
-    it pays (the market's terms), its events (oldest first), its rentals and what they charged so far."""
+    it pays (the market's terms), its events (oldest first), its rentals and what they charged so far, and the output
+    kept of its deleted containers (by replica, then attempt)."""
 
     workload: WorkloadRecord
     explanation: Explanation | None
@@ -242,6 +245,7 @@ class WorkloadOverview:
     rentals: list[RentalDetail]
     charged: int  # micro-units, refunds taken off
     currency: str
+    outputs: list[KeptOutput] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -296,7 +300,18 @@ class Operations:
         # Reports along dimensions (management/monitoring/reports.py), read from the registry and the store.
         self.reports = ReportSource(master)
         # Renter access: tunnels to a workload's containers through the relays (management/renter_access.py).
-        self.access = RenterAccess(master, self.get_workload)
+        self.access = RenterAccess(master, self.get_workload, master.store.outputs)
+        # Deleted workload containers' output, read from their hosts and kept (management/outputs.py); the loop runs
+        # only where it was started (the Master's server), a renter's request reads a pending one at once.
+        self.outputs = OutputCollector(
+            master,
+            self.workloads,
+            master.store.outputs,
+            lambda kept: self.access.read_output(kept, limit=self.outputs.settings.limit_bytes),
+            OutputSettings.of(master.config),
+            restart_s=master.config.loop_restart_s,
+        )
+        self.access.collect = self.outputs.collect
         # The loop runs only where it was started (the Master's server); explaining needs only its snapshot.
         self.scheduler = scheduler or SchedulerLoop(
             master,
@@ -701,6 +716,12 @@ class Operations:
             raise Conflict(f"workload {workload_id} is {record.state} ({record.state_reason}); only a queued workload waits")
         return await self.scheduler.explain(workload_id)
 
+    async def workload_outputs(self, workload_id: str) -> list[KeptOutput]:
+        """The output kept of a workload's deleted containers, by replica then attempt (the caller has checked who may
+        see the workload)."""
+        kept = await self._master.store.outputs.list(workload_id=workload_id)
+        return sorted(kept, key=lambda k: (k.replica, k.attempt))
+
     async def cancel_workload(self, workload_id: str, *, account: str | None = None) -> WorkloadRecord:
         await self.workloads.load()
         return await self.workloads.cancel(workload_id, account, time.time())
@@ -735,6 +756,7 @@ class Operations:
             rentals=rentals,
             charged=sum(r.charged for r in rentals),
             currency=self.market.currency,
+            outputs=await self.workload_outputs(workload_id),
         )
 
     async def billing_overview(self, account_id: str, *, owner: str | None, after_seq: int, limit: int) -> BillingOverview:

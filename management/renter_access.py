@@ -13,16 +13,21 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from common.errors import Conflict, IdlegridError
+from common.errors import Conflict, IdlegridError, NotFound
+from common.output import MARKER_ROOM, TailBuffer, bounded, last_lines
 from common.tunnel import Op, TunnelKind, encode_ticket
 from management.tunnel_client import Tunnel, TunnelClosed, TunnelGrant
-from master.records import Assignment, WorkloadRecord
+from master.records import Assignment, KeptOutput, WorkloadRecord
 from master.service import Master
+from master.store.base import OutputRepo
 
 Arg = Annotated[str, msgspec.Meta(min_length=1, max_length=2048)]
 DEFAULT_SHELL = ("/bin/sh",)
 MAX_COMMAND_BYTES = 2048  # an exec command travels in the ticket, which travels in a header
 STDOUT, STDERR = 1, 2  # as agent/runtime/base.py numbers them
+# The account a ticket names when the Master itself reads a deleted container's output (its ``tunnel.opened`` event
+# and the relay's logs say so; no renter's tunnel allowance is spent on it).
+OUTPUT_READER = "idlegrid-master"
 
 
 class TunnelRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -42,9 +47,12 @@ class TunnelRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class RenterAccess:
     """``Operations.access``: open a tunnel to a replica of a workload for its owner (or an operator)."""
 
-    def __init__(self, master: Master, workloads: Callable[..., Awaitable[WorkloadRecord]]) -> None:
+    def __init__(self, master: Master, workloads: Callable[..., Awaitable[WorkloadRecord]], outputs: OutputRepo) -> None:
         self._master = master
         self._workload = workloads  # Operations.get_workload: 404 for another account's
+        self._outputs = outputs  # the kept output of deleted containers
+        # management/outputs.py's OutputCollector.collect, once made: a pending output is read from its host at once
+        self.collect: Callable[[KeptOutput], Awaitable[KeptOutput]] | None = None
 
     async def open(self, workload_id: str, request: TunnelRequest, *, account: str, owner: str | None) -> TunnelGrant:
         """A grant for ``account`` (the caller) to reach ``workload_id``; ``owner``: the scope (None: operator)."""
@@ -54,19 +62,19 @@ class RenterAccess:
         if kind is TunnelKind.PORT:
             _check_declared(workload, request.port)
         assignment = _assignment(workload, request)
+        return await self._grant(kind, account, workload.id, assignment.agent_id, assignment.container, params)
+
+    async def _grant(
+        self, kind: TunnelKind, account: str, workload: str, agent_id: str, container: str, params: dict[str, Any]
+    ) -> TunnelGrant:
         opened = await self._master.tunnels.open(
-            kind,
-            account=account,
-            workload=workload.id,
-            agent_id=assignment.agent_id,
-            container=assignment.container,
-            **params,
+            kind, account=account, workload=workload, agent_id=agent_id, container=container, **params
         )
         body = opened.ticket.body
         return TunnelGrant(
             id=body.id,
             kind=body.kind,
-            workload=workload.id,
+            workload=workload,
             agent_id=body.agent_id,
             relay_id=body.relay_id,
             url=opened.url,
@@ -75,11 +83,36 @@ class RenterAccess:
             expires_at=body.expires_at,
         )
 
+    async def read_output(self, kept: KeptOutput, *, limit: int) -> bytes:
+        """All a host has of ``kept``'s container's output (kept by its agent once deleted), read by the Master itself
+        through a logs tunnel, as a renter's client would (bulk bytes never travel on the control link): its last
+        ``limit`` bytes, cut with a marker. TunnelClosed, TunnelUnavailable when it cannot be read now."""
+        params = {"tail": -1, "follow": False}
+        grant = await self._grant(TunnelKind.LOGS, OUTPUT_READER, kept.workload_id, kept.agent_id, kept.container, params)
+        buffer = TailBuffer(limit + MARKER_ROOM)  # an agent's own marker (with the same bound) is kept, not cut again
+        async with await Tunnel.open(grant) as tunnel:
+            while (frame := await tunnel.receive()) is not None:
+                if frame.op in (Op.DATA, Op.STDERR):
+                    buffer.feed(frame.payload)
+                elif frame.op is Op.ERROR:
+                    raise TunnelClosed(frame.payload.decode("utf-8", "replace"))
+                elif frame.op is Op.EXIT:
+                    return bounded(buffer.value(), limit)[0]
+            raise TunnelClosed(tunnel.why() if tunnel.close_code not in (None, 1000) else "the tunnel ended early")
+
     async def logs(
-        self, workload_id: str, request: TunnelRequest, *, account: str, owner: str | None
+        self, workload_id: str, request: TunnelRequest, *, account: str, owner: str | None, attempt: int | None = None
     ) -> AsyncGenerator[tuple[int, bytes], None]:
         """The output of a replica, through a logs tunnel the Master itself dials: ``(STDOUT|STDERR, bytes)`` until it
-        ends (or, following, until the caller stops iterating). Refusals raise before the first item."""
+        ends (or, following, until the caller stops iterating). Refusals raise before the first item. Once the
+        replica's container is deleted (the workload ended, was preempted or requeued), or for an earlier
+        ``attempt``, it is the output the Master kept (``kept_output``)."""
+        workload = await self._workload(workload_id, account=owner)
+        live = _live_logs(workload, request.replica)
+        if live is None or (attempt is not None and attempt != workload.attempts):
+            kept = await self.kept_output(workload, request.replica, attempt)
+            yield STDOUT, last_lines(kept.data, request.tail)
+            return
         grant = await self.open(workload_id, request, account=account, owner=owner)
         async with await Tunnel.open(grant) as tunnel:
             while True:
@@ -94,6 +127,33 @@ class RenterAccess:
                     raise TunnelClosed(frame.payload.decode("utf-8", "replace"))
                 elif frame.op is Op.EXIT:
                     return
+
+    async def kept_output(self, workload: WorkloadRecord, replica: int, attempt: int | None) -> KeptOutput:
+        """The output the Master kept of ``replica`` of ``workload`` (the caller checked who may see it): of
+        ``attempt``, or of the latest attempt that has one. One still on its host is read from there now."""
+        found = sorted(
+            (k for k in await self._outputs.list(workload_id=workload.id) if k.replica == replica), key=lambda k: k.attempt
+        )
+        if attempt is not None:
+            found = [k for k in found if k.attempt == attempt]
+        if not found:
+            if not workload.assignments and workload.attempts == 0:
+                raise Conflict(f"workload {workload.id} is {workload.state}: it never ran, so it has no output")
+            which = f"attempt {attempt}" if attempt is not None else "any attempt"
+            raise NotFound(f"workload {workload.id} has no output kept for replica {replica} of {which}")
+        kept = found[-1]
+        if kept.state == "pending" and self.collect is not None:
+            kept = await self.collect(kept)
+        if kept.state == "pending":
+            raise Conflict(
+                f"the output of workload {workload.id} replica {replica} (attempt {kept.attempt}) is still on host "
+                f"{kept.agent_id}, which is deleting its container; try again in a few seconds"
+            )
+        if kept.state == "lost":
+            raise NotFound(
+                f"no output of workload {workload.id} replica {replica} (attempt {kept.attempt}) was kept: {kept.reason}"
+            )
+        return kept
 
 
 class InvalidTunnel(IdlegridError):
@@ -128,6 +188,14 @@ def _check_declared(workload: WorkloadRecord, port: int) -> None:
             f"port: workload {workload.id} {named}; a port tunnel reaches only those, not {port} "
             "(declare a port in the workload's spec to reach it)"
         )
+
+
+def _live_logs(workload: WorkloadRecord, replica: int) -> Assignment | None:
+    """The replica's container when a logs tunnel reaches it live (running, or exited and not yet deleted)."""
+    for assignment in workload.assignments:
+        if assignment.replica == replica and assignment.state in ("running", "exited"):
+            return assignment
+    return None
 
 
 def _assignment(workload: WorkloadRecord, request: TunnelRequest) -> Assignment:

@@ -154,6 +154,7 @@ class MasterServer:
         await self.operations.workloads.load()
         await self.operations.market.market.load()
         self.operations.scheduler.start()
+        self.operations.outputs.start()
         self.operations.market.market.start()
         await self.operations.alert_settings.load()
         self.operations.alerts.start()
@@ -184,6 +185,7 @@ class MasterServer:
         the API closes (reads are served until then)."""
         await self.gate.close(REQUEST_DRAIN_S)
         await self.operations.scheduler.stop()
+        await self.operations.outputs.stop()
         await self.operations.market.market.stop()
         await self.operations.alerts.stop()
         await self.master.stop()

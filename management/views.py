@@ -32,6 +32,7 @@ from master.records import (
     EventRecord,
     GpuRecord,
     HostRollup,
+    KeptOutput,
     LedgerEntry,
     PriceRecord,
     TelemetryRollup,
@@ -215,6 +216,22 @@ def signing_key_view(key: SigningKeyInfo) -> dict[str, Any]:
         "state": key.state.value,
         "created_at": rfc3339(key.created_at),
         "retired_at": rfc3339(key.retired_at),
+    }
+
+
+def output_view(kept: KeptOutput) -> dict[str, Any]:
+    """api/responses.py ``OutputView``: what is kept of a deleted container's output, without the bytes."""
+    return {
+        "replica": kept.replica,
+        "attempt": kept.attempt,
+        "state": kept.state,
+        "host": kept.agent_id,
+        "bytes": len(kept.data),
+        "truncated": kept.truncated,
+        "exit_code": kept.exit_code,
+        "reason": kept.reason,
+        "ended_at": rfc3339(kept.ended_at),
+        "collected_at": rfc3339(kept.collected_at),
     }
 
 

@@ -537,3 +537,31 @@ class LeaseRecord(msgspec.Struct, kw_only=True):
     api_url: str
     epoch: int
     expires_at: float
+
+
+OUTPUT_STATES = ("pending", "kept", "lost")
+
+
+class KeptOutput(msgspec.Struct, kw_only=True):
+    """A workload container's output, kept by the Master after the container is deleted (docs/workloads.md, "Output").
+
+    ``pending`` from the moment the Master asks for the container's deletion (the host keeps the output meanwhile),
+    ``kept`` once the Master has read it from the host, ``lost`` when the host kept none (it never started, the host
+    left the grid) or it could not be read in time; ``reason`` says why.
+    """
+
+    id: str  # aggregates.output_key(workload_id, replica, attempt)
+    workload_id: str
+    account: str  # the workload's owner: who may read it
+    replica: int
+    attempt: int
+    agent_id: str
+    container: str
+    state: str = "pending"  # one of OUTPUT_STATES
+    reason: str = ""
+    data: bytes = b""  # stdout and stderr together, the last bytes up to the bound (cut ones start with a marker)
+    truncated: bool = False
+    exit_code: int | None = None
+    ended_at: float  # when the Master asked for the deletion: retention counts from here
+    collected_at: float | None = None
+    tries: int = 0  # reads from the host that failed (the host was offline, the tunnel broke)

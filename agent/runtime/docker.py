@@ -188,12 +188,7 @@ class DockerRuntime:
         if raw is None:
             return None
         cid = raw["Id"]
-        stop_after = math.ceil(timeout_s)
-        status, body = await self._call(
-            "POST", f"/containers/{cid}/stop", params={"t": str(stop_after)}, timeout_s=stop_after + self.timeout_s
-        )
-        if status not in (204, 304, 404):  # 304: already stopped
-            raise _failure(f"stopping container {name!r}", status, body)
+        await self._stop(name, cid, timeout_s)
         stopped = await self._inspect_raw(name) or raw
         status, body = await self._call("DELETE", f"/containers/{cid}", params={"force": "true", "v": "true"})
         if status not in (200, 204, 404):
@@ -294,6 +289,21 @@ class DockerRuntime:
             return await self._call("POST", f"/v{self._libpod_version}/libpod/containers/create", body=body, versioned=False)
         body = create_body(spec, labels, self.capabilities, device_requests=self.gpu_mode() == "device_requests")
         return await self._call("POST", "/containers/create", params={"name": spec.name}, body=body)
+
+    async def stop(self, name: str, *, timeout_s: float = 10.0) -> None:
+        """SIGTERM, then SIGKILL after ``timeout_s``, leaving the container (and its output) in place: the agent keeps
+        a container's output between its stop and its removal (agent/output.py)."""
+        raw = await self._inspect_raw(name)
+        if raw is not None:
+            await self._stop(name, raw["Id"], timeout_s)
+
+    async def _stop(self, name: str, cid: str, timeout_s: float) -> None:
+        stop_after = math.ceil(timeout_s)
+        status, body = await self._call(
+            "POST", f"/containers/{cid}/stop", params={"t": str(stop_after)}, timeout_s=stop_after + self.timeout_s
+        )
+        if status not in (204, 304, 404):  # 304: already stopped
+            raise _failure(f"stopping container {name!r}", status, body)
 
     async def _create(self, spec: ContainerSpec, labels: dict[str, str]) -> dict[str, Any]:
         status, reply = await self._send_create(spec, labels)

@@ -272,10 +272,27 @@ class WorkloadView(View):
     rental: RentalTermsView
 
 
+class OutputView(View):
+    """The output kept of one replica's container of one attempt (its bytes: GET .../logs?replica=&attempt=)."""
+
+    replica: int
+    attempt: int
+    state: str  # "pending" (its host still holds it) | "kept" | "lost" (``reason`` says why)
+    host: str
+    bytes: int
+    truncated: bool  # only its last bytes are kept; the text starts with a marker that says how many were dropped
+    exit_code: int | None
+    reason: str
+    ended_at: Time | None
+    collected_at: Time | None
+
+
 class WorkloadDetail(WorkloadView):
-    """GET /api/v1/workloads/{id}: the workload, and why it waits while it is queued (null otherwise)."""
+    """GET /api/v1/workloads/{id}: the workload, why it waits while it is queued (null otherwise), and the output kept
+    of its containers that were deleted."""
 
     waiting: ExplanationView | None
+    outputs: list[OutputView]
 
 
 # --- accounts and API keys -----------------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 ``POST /api/v1/workloads/{id}/tunnels`` answers where to connect and the ticket to show there (the CLI dials the
 relay itself); ``GET /api/v1/workloads/{id}/logs`` has the Master dial the tunnel and stream the output as text, for
-clients that only speak HTTP. Only the workload's owner (and an operator) may do either; another's answers 404.
+clients that only speak HTTP; once the container is deleted (or for an earlier ``attempt``), the output the Master kept
+(management/outputs.py). Only the workload's owner (and an operator) may do either; another's answers 404.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ class LogsQuery(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     tail: Annotated[int, msgspec.Meta(ge=-1, le=1_000_000)] = 100
     follow: bool = False
     replica: Annotated[int, msgspec.Meta(ge=0, le=1023)] = 0
+    # which attempt's output (one per time the workload was placed); none: the live container's, else the latest kept
+    attempt: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] | None = None
 
 
 REQUEST_SCHEMAS: tuple[type[msgspec.Struct], ...] = (TunnelRequest, LogsQuery)
@@ -46,6 +49,7 @@ async def workload_logs(request: web.Request) -> web.StreamResponse:
         TunnelRequest(kind="logs", tail=query.tail, follow=query.follow, replica=query.replica),
         account=scope.principal.account,
         owner=scope.owner,
+        attempt=query.attempt,
     )
     first = await anext(output, None)  # a refusal (404, 409, 503) is still a JSON error, before any byte is sent
     response = web.StreamResponse(headers={"Content-Type": "text/plain; charset=utf-8", "Cache-Control": "no-store"})

@@ -35,8 +35,8 @@ from management.scheduler.workloads import (
     check_spec,
 )
 from master.events import EventLog
-from master.records import Assignment, CommandRecord, WorkloadRecord, WorkloadSpec
-from master.store.aggregates import workload_order
+from master.records import Assignment, CommandRecord, KeptOutput, WorkloadRecord, WorkloadSpec
+from master.store.aggregates import output_key, workload_order
 from master.store.base import Store
 from master.tiers import TierPolicy
 
@@ -209,6 +209,10 @@ class WorkloadBook:
         target = WORKLOAD.next(rec.state, event)
         live = [a for a in rec.assignments if a.container and a.state not in ("deleting", "deleted")]
         marked = [msgspec.structs.replace(a, state="deleting") if a in live else a for a in rec.assignments]
+        # Their output is awaited before the deletes go: a Master killed after the deletes still reads it from the
+        # hosts when it is back (management/outputs.py), whatever becomes of the assignments (a requeue drops them).
+        for a in live:
+            await self._store.outputs.put(pending_output(rec, a, now))
         if target != WorkloadState.QUEUED.value:
             changes = {"assignments": marked} | changes
         rec = await self._transition(rec.id, event, reason, now, changes)
@@ -222,6 +226,27 @@ class WorkloadBook:
                 self._index(updated)
             rec = updated
         return rec
+
+    async def settle(self, workload_id: str, container: str, *, note: str = "") -> WorkloadRecord | None:
+        """Mark ``container``'s assignment ``deleted`` (its delete is done and its output read or given up), on an
+        open or a final workload; ``note`` is added to the reason (a failed workload's last lines of output). None
+        when no assignment of the workload names that container in ``deleting`` (a requeue dropped it)."""
+        async with self._lock:
+            rec = self._open.get(workload_id) or await self._store.workloads.get(workload_id)
+            if rec is None or not any(a.container == container and a.state == "deleting" for a in rec.assignments):
+                return None
+            assignments = [
+                msgspec.structs.replace(a, state="deleted") if a.container == container and a.state == "deleting" else a
+                for a in rec.assignments
+            ]
+            updated = msgspec.structs.replace(
+                rec, assignments=assignments, state_reason=rec.state_reason + note, version=rec.version + 1
+            )
+            await self._store.workloads.update(updated, expected_version=rec.version)
+            if rec.id in self._open:
+                self._unindex(rec)
+                self._index(updated)
+            return updated
 
     async def amend(self, workload_id: str, **changes: Any) -> WorkloadRecord:
         """Store ``changes`` on an open workload without a state change (the loop notes its create commands' ids)."""
@@ -331,6 +356,20 @@ class WorkloadBook:
                 listener(what, rec)
             except Exception:
                 log.exception("a workload listener failed", extra={"workload": rec.id})
+
+
+def pending_output(rec: WorkloadRecord, a: Assignment, now: float) -> KeptOutput:
+    """The record that awaits ``a``'s output, from the moment its container is asked to go."""
+    return KeptOutput(
+        id=output_key(rec.id, a.replica, rec.attempts),
+        workload_id=rec.id,
+        account=rec.account,
+        replica=a.replica,
+        attempt=rec.attempts,
+        agent_id=a.agent_id,
+        container=a.container,
+        ended_at=now,
+    )
 
 
 def _implied(rec: WorkloadRecord, event: str, target: str, now: float) -> dict[str, Any]:

@@ -443,7 +443,12 @@ class SchedulerLoop:
         """Delete again every workload container a host runs that no open workload holds and no delete is under way
         for: its create ran after its delete (a host runs commands concurrently, so a delete can find nothing yet),
         and it would otherwise hold its GPUs, and keep a preempted workload stopping, for ever."""
-        held = {(a.agent_id, a.container) for rec in self.book.open_workloads() for a in rec.assignments if a.state != "deleting"}
+        held = {
+            (a.agent_id, a.container)
+            for rec in self.book.open_workloads()
+            for a in rec.assignments
+            if a.state not in ("deleting", "deleted")
+        }
         deleting = {(c.agent_id, c.spec.get("name")) for c in self.master.ledger.open.values() if c.kind == "delete_container"}
         issued = 0
         strays: set[tuple[str, str]] = set()

@@ -34,6 +34,7 @@ class Aggregate(str, Enum):
     # host telemetry history: one host's own readings, by minute and by hour (keyed by host_rollup_key)
     HOST_ROLLUPS = "host_rollups"
     HOST_HOURLY_ROLLUPS = "host_hourly_rollups"
+    OUTPUTS = "outputs"  # workload containers' output kept after they are deleted
 
 
 def host_rollup_key(agent_id: str, minute: int) -> str:
@@ -69,3 +70,8 @@ def price_key(provider: str, agent_id: str) -> str:
 def rental_order(started_at: float, rental_id: str) -> str:
     """Where a rental sorts in lists, in both backends: by start, then id, as one comparable string."""
     return f"{started_at:020.6f}|{rental_id}"
+
+
+def output_key(workload_id: str, replica: int, attempt: int) -> str:
+    """The key of one container's kept output (one replica of one attempt of a workload), in both backends."""
+    return f"{workload_id}:r{replica}:a{attempt}"

@@ -190,6 +190,17 @@ SQLITE_MIGRATIONS: tuple[SqliteMigration, ...] = (
                 epoch INTEGER NOT NULL, expires_at REAL NOT NULL)""",
         ),
     ),
+    SqliteMigration(
+        11,
+        "workload containers' output kept after they are deleted",
+        (
+            """CREATE TABLE outputs (
+                id TEXT PRIMARY KEY, workload_id TEXT NOT NULL, state TEXT NOT NULL, ended_at REAL NOT NULL,
+                doc TEXT NOT NULL)""",
+            "CREATE INDEX outputs_by_workload ON outputs (workload_id)",
+            "CREATE INDEX outputs_by_state ON outputs (state, ended_at)",
+        ),
+    ),
 )
 
 MONGO_MIGRATIONS: tuple[MongoMigration, ...] = (
@@ -295,6 +306,11 @@ MONGO_MIGRATIONS: tuple[MongoMigration, ...] = (
     ),
     # One document keyed by _id (unique already): nothing to index, the step marks the shape.
     MongoMigration(10, "the leader lease of Masters sharing the store (docs/ha.md)", {}),
+    MongoMigration(
+        11,
+        "workload containers' output kept after they are deleted, by workload and by state",
+        {"outputs": [IndexModel([("workload_id", ASCENDING)]), IndexModel([("state", ASCENDING), ("ended_at", ASCENDING)])]},
+    ),
 )
 
 LATEST_VERSION = SQLITE_MIGRATIONS[-1].version  # the contract tests check MongoDB reaches it too

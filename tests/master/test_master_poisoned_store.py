@@ -23,6 +23,7 @@ from master.config import MasterConfig
 from master.enrollment import hash_secret
 from master.records import (
     FairShareUsage,
+    KeptOutput,
     LedgerEntry,
     LedgerLine,
     PriceRecord,
@@ -56,6 +57,11 @@ async def _plant_good_and_bad_records(store_url: str) -> dict[Aggregate, str]:
         await store.host_rollups.put_many([host_rollup("agt-1", 1)])
         await store.host_hourly_rollups.put_many([host_rollup("agt-1", 60)])
         await store.workloads.insert(workload("wl-1"))
+        kept = KeptOutput(
+            id="wl-1:r0:a1", workload_id="wl-1", account="alice", replica=0, attempt=1, agent_id="agt-1",
+            container="wl-1-r0-a1", state="kept", data=b"done\n", ended_at=NOW,
+        )  # fmt: skip
+        await store.outputs.put(kept)
         await store.fair_share.put_many([FairShareUsage(account="alice", gpu_seconds=60.0, decayed_to=NOW)])
         await store.prices.put(PriceRecord(provider="acme", on_demand=1_000_000, updated_at=NOW))
         host = RentalHost(agent_id="agt-1", provider="prov", gpus=1, price=1_000_000)
@@ -86,6 +92,7 @@ async def _plant_good_and_bad_records(store_url: str) -> dict[Aggregate, str]:
             Aggregate.WEBHOOKS: await poison(store, Aggregate.WEBHOOKS, "wh-bad"),
             Aggregate.HOST_ROLLUPS: await poison(store, Aggregate.HOST_ROLLUPS, "agt-1", minute=2),
             Aggregate.HOST_HOURLY_ROLLUPS: await poison(store, Aggregate.HOST_HOURLY_ROLLUPS, "agt-1", minute=120),
+            Aggregate.OUTPUTS: await poison(store, Aggregate.OUTPUTS, "wl-1:r0:a2"),
         }
     finally:
         await store.close()
@@ -125,6 +132,8 @@ async def test_the_master_starts_and_serves_with_an_undecodable_record_in_every_
         assert [r.serial for r in await master.store.revocations.list()] == ["0a"]
         workloads = await client.get("/api/v1/workloads", headers=auth)
         assert workloads.status == 200 and [w["id"] for w in (await workloads.json())["items"]] == ["wl-1"]
+        one = await client.get("/api/v1/workloads/wl-1", headers=auth)  # its kept output, the bad record skipped
+        assert one.status == 200 and [o["attempt"] for o in (await one.json())["outputs"]] == [1]
 
         # What it reads on demand is served too, and an unreadable credential is refused, not a crash.
         events = await client.get("/api/v1/events", headers=auth)

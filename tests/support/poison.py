@@ -49,6 +49,7 @@ _SQLITE_COLUMNS: dict[Aggregate, dict[str, Any]] = {
     Aggregate.WEBHOOKS: {"id": KEY, "owner": "acme", "created_at": 1_700_000_000.0},
     Aggregate.HOST_ROLLUPS: {"agent_id": KEY, "minute": 5},
     Aggregate.HOST_HOURLY_ROLLUPS: {"agent_id": KEY, "minute": 120},
+    Aggregate.OUTPUTS: {"id": KEY, "workload_id": "wl-1", "state": "kept", "ended_at": 1_700_000_000.0},
 }
 # The MongoDB field each SQLite column is kept in, where the names differ; the key column is _id.
 _MONGO_FIELD = {"idx": "index"}
@@ -74,6 +75,7 @@ _BROKEN: dict[Aggregate, dict[str, Any]] = {
     Aggregate.WEBHOOKS: {"url": "https://hooks.example/x", "secret": 7, "role": "provider"},
     Aggregate.HOST_ROLLUPS: {"samples": "many"},
     Aggregate.HOST_HOURLY_ROLLUPS: {"samples": "many"},
+    Aggregate.OUTPUTS: {"replica": "the first", "attempt": 1, "account": "alice", "agent_id": "agt-1", "container": "c"},
 }
 _HOST_ROLLUPS = (Aggregate.HOST_ROLLUPS, Aggregate.HOST_HOURLY_ROLLUPS)
 

@@ -16,6 +16,7 @@ import msgspec
 from aiohttp import web
 
 from common.errors import BadQuery, Conflict, NotFound
+from common.output import last_lines
 from management.api.auth import OPERATIONS_KEY, Action, Resource, acting_account
 from management.api.errors import validation_message
 from management.api.paging import decode_cursor, encode_cursor
@@ -32,7 +33,7 @@ from management.market.operations import FundsDetail, PaymentRequired
 from management.operations import SpendOverTime, WorkloadKey
 from management.scheduler.workloads import WORKLOAD_STATES
 from management.views import explanation_view, workload_view
-from master.records import MAX_GPUS_PER_REPLICA, WorkloadSpec
+from master.records import MAX_GPUS_PER_REPLICA, KeptOutput, WorkloadSpec
 
 OFFERS_PER_PAGE = 25
 WORKLOADS_PER_PAGE = 25
@@ -304,7 +305,22 @@ async def workload(request: web.Request, *, template: str = "renter/workload.htm
         w=record, overview=overview,
         waits=waits, ports=ports, money=format_amount, running=record.state == "running",
         open=record.state not in ("succeeded", "failed", "cancelled"), now=time.time(),
+        outputs=[_shown_output(kept) for kept in overview.outputs], output_lines=OUTPUT_LINES_SHOWN,
     )  # fmt: skip
+
+
+OUTPUT_LINES_SHOWN = 200  # of a deleted container's kept output, the page shows the last lines; the CLI has it all
+OUTPUT_BYTES_SHOWN = 64 * 1024
+
+
+def _shown_output(kept: KeptOutput) -> dict[str, Any]:
+    """What the page shows of one kept output: its last lines as text (autoescaped by the template), and its facts."""
+    text = last_lines(kept.data, OUTPUT_LINES_SHOWN)[-OUTPUT_BYTES_SHOWN:].decode("utf-8", "replace")
+    return {
+        "replica": kept.replica, "attempt": kept.attempt, "state": kept.state, "host": kept.agent_id,
+        "exit_code": kept.exit_code, "reason": kept.reason, "truncated": kept.truncated, "text": text,
+        "bytes": len(kept.data),
+    }  # fmt: skip
 
 
 async def workload_live(request: web.Request) -> web.Response:

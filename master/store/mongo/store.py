@@ -21,6 +21,7 @@ from master.store.base import (
     HostRollupRepo,
     LeaseRepo,
     LedgerRepo,
+    OutputRepo,
     PriceRepo,
     RentalRepo,
     RevocationRepo,
@@ -44,6 +45,7 @@ from master.store.mongo.gpus import MongoGpuRepo
 from master.store.mongo.host_rollups import MongoHostHourlyRollupRepo, MongoHostRollupRepo
 from master.store.mongo.leases import MongoLeaseRepo
 from master.store.mongo.ledger import MongoLedgerRepo
+from master.store.mongo.outputs import MongoOutputRepo
 from master.store.mongo.prices import MongoPriceRepo
 from master.store.mongo.rentals import MongoRentalRepo
 from master.store.mongo.revocations import MongoRevocationRepo
@@ -72,6 +74,7 @@ class MongoStore:
         self.rollups: RollupRepo = MongoRollupRepo(*upkeep)
         self.hourly_rollups: RollupRepo = MongoHourlyRollupRepo(*upkeep)
         self.workloads: WorkloadRepo = MongoWorkloadRepo(*upkeep)
+        self.outputs: OutputRepo = MongoOutputRepo(*upkeep)
         self.fair_share: FairShareRepo = MongoFairShareRepo(*upkeep)
         self.prices: PriceRepo = MongoPriceRepo(*upkeep)
         self.rentals: RentalRepo = MongoRentalRepo(*upkeep)

@@ -17,6 +17,7 @@ from master.config import MasterConfig
 from master.records import Assignment, ReplicaSpec, WorkloadSpec
 from master.service import Master
 from master.store import open_store
+from master.store.aggregates import output_key
 from master.store.errors import StaleWorkload
 from tests.management.hosts import add_agent
 from tests.master.conftest import nx27017_uri, store_url  # noqa: F401  (fixtures: each backend in turn)
@@ -140,6 +141,31 @@ async def test_cancelling_a_running_workload_deletes_its_containers_through_the_
     assert book.wakeup.is_set() and heard == [("cancelled", "cancelled")]
     with pytest.raises(InvalidTransition, match="already cancelled"):
         await book.cancel(wl.id, None, NOW + 6)
+
+
+async def test_a_cancelled_workloads_replicas_await_their_output_then_settle_deleted_across_a_restart(start_master):
+    master = await start_master()
+    await add_agent(master, "agt-1", "h100:2")
+    book = book_of(master)
+    wl = await book.submit("alice", SPEC, NOW)
+    names = [container_name(wl.id, r, 1) for r in (0, 1)]
+    placed = [Assignment(replica=r, agent_id="agt-1", units=[f"GPU-{r}"], container=names[r], state="running") for r in (0, 1)]
+    await book.transition(wl.id, "schedule", "placed", NOW + 1, assignments=placed)
+    await book.cancel(wl.id, "alice", NOW + 2)
+
+    awaited = await master.store.outputs.list(state="pending")  # stored with the transition, before the deletes were sent
+    assert [(k.id, k.account, k.container, k.state, k.ended_at) for k in awaited] == [
+        (output_key(wl.id, r, 1), "alice", names[r], "pending", NOW + 2) for r in (0, 1)
+    ]
+    settled = await book.settle(wl.id, names[0], note="; replica 0 said goodbye")
+    assert settled is not None and [a.state for a in settled.assignments] == ["deleted", "deleting"]
+    assert settled.state_reason == "cancelled by its owner; replica 0 said goodbye"
+    assert await book.settle(wl.id, names[0]) is None  # already deleted: nothing to do
+
+    restarted = book_of(await start_master())  # a final workload is settled from the store, as it is there
+    await restarted.load()
+    done = await restarted.settle(wl.id, names[1])
+    assert done is not None and [a.state for a in (await restarted.get(wl.id)).assignments] == ["deleted", "deleted"]
 
 
 async def test_a_delete_the_master_refuses_is_reported_and_the_workload_still_cancelled(start_master):

@@ -314,6 +314,28 @@ async def test_a_container_created_after_its_delete_is_deleted_again(master, lin
     assert (await loop.book.get(low.id)).state == "queued"
 
 
+async def test_a_stray_whose_assignment_was_settled_deleted_is_still_deleted_again(master, link):
+    """The output collector settles a replica ``deleted`` once its delete is done (management/outputs.py); a create
+    that ran after that delete leaves a container no one holds, which the sweep must still delete."""
+    await host(master, link, "agt-a")
+    loop = scheduler(master)
+    await loop.book.load()
+    low = await loop.book.submit("bob", spec("low", priority="low", restart_policy="on_failure"), time.time())
+    await loop.cycle()
+    (placed,) = (await loop.book.get(low.id)).assignments
+    await loop.book.submit("alice", spec("high", priority="high"), time.time())
+    await loop.cycle()
+    (first_delete,) = deletes_sent(link, "agt-a")
+    await relay(master, link, "agt-a", CommandResult(id=first_delete.body.id, ok=True, result={"container": None}))
+    settled = await loop.book.settle(low.id, placed.container)  # as the collector does: nothing was there to keep
+    assert settled is not None and [a.state for a in settled.assignments] == ["deleted"]
+    await relay(master, link, "agt-a", CommandResult(id=placed.command_id, ok=True, result={"id": placed.container}))
+
+    await loop.cycle()
+
+    assert [d.body.spec["name"] for d in deletes_sent(link, "agt-a")] == [placed.container, placed.container]
+
+
 async def test_a_workload_cancelled_while_its_create_is_under_way_leaves_no_container(master, link):
     await host(master, link, "agt-a")
     loop = scheduler(master)
