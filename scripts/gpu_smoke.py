@@ -282,6 +282,13 @@ def main() -> int:
         print("its GPUs in the Master (uuid, name, tier, state, offered):", listed, flush=True)
         if args.simulate:
             gpus = [(uuid, name) for uuid, name, *_ in listed]
+        tested = agent.get("gpu_selftest") or []
+        print("the GPU self-test in the sandbox:", json.dumps(tested), flush=True)
+        report.check(
+            "each GPU reaches a sandboxed container (self-test)",
+            len(tested) == len(listed) and all(t["reachable"] for t in tested),
+            "; ".join(f"{t['uuid'][:12]}: {t['detail']}" for t in tested) or "not tested",
+        )
         report.check("the agent reports every NVML GPU", {u for u, *_ in listed} == {u for u, _ in gpus}, f"{len(listed)} GPU(s)")
 
         grid.client.set_default_price(PRICE, provider=PROVIDER)
