@@ -181,15 +181,7 @@ def test_exec_and_port_forward_reach_a_real_container_on_a_podman_host_behind_th
     network; its GPU is simulated (the agent asks the engine for no device: there is none here)."""
     assert grid.enroll("podman-host", grid.relays["relay-1"]).returncode == 0
     agent_id = grid.agent_id("podman-host")
-    grid.start_agent(
-        "podman-host",
-        "--runtime",
-        "docker",
-        "--docker-socket",
-        str(podman.socket_path),
-        simulate="a10:1",
-        env={"IDLEGRID_AGENT_GPU_SELFTEST_IMAGE": podman.image},  # the self-test's probe runs in the local busybox
-    )
+    grid.start_podman_agent("podman-host", podman)
     grid.wait_state(agent_id, "ready")
     alice = renter(grid, "alice")
     serve = "mkdir -p /www && echo hello-from-podman > /www/index.txt && echo serving && exec httpd -f -p 8888 -h /www"

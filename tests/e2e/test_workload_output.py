@@ -190,15 +190,7 @@ def test_a_podman_hosts_failed_workload_keeps_its_output_after_its_container_is_
     """The same through the docker runtime against a real Podman behind the relay: stdout and stderr both kept."""
     assert grid.enroll("podman-host", grid.relays["relay-1"]).returncode == 0
     agent_id = grid.agent_id("podman-host")
-    grid.start_agent(
-        "podman-host",
-        "--runtime",
-        "docker",
-        "--docker-socket",
-        str(podman.socket_path),
-        simulate="a10:1",
-        env={"IDLEGRID_AGENT_GPU_SELFTEST_IMAGE": podman.image},  # the self-test's probe in the local busybox, not Docker Hub
-    )
+    grid.start_podman_agent("podman-host", podman)
     grid.wait_state(agent_id, "ready")
     alice = renter(grid, "alice")
     script = "echo from-podman; echo 'Traceback: RuntimeError: no data' >&2; exit 5"

@@ -155,6 +155,12 @@ class Grid(LocalGrid):
         env = {"IDLEGRID_AGENT_PROCESS_USER": "", **(env or {})}
         return super().start_agent(name, "--runtime", "process", *extra, simulate=simulate, env=env)
 
+    def start_podman_agent(self, name: str, podman: Any, *, simulate: str = "a10:1") -> Daemon:
+        """An enrolled agent on the docker runtime against ``podman`` (tests.support.podman.PodmanService), whose GPU
+        self-test runs its probe in the service's local image (its default image is on Docker Hub, out of reach)."""
+        socket = ("--runtime", "docker", "--docker-socket", str(podman.socket_path))
+        return self.start_agent(name, *socket, simulate=simulate, env={"IDLEGRID_AGENT_GPU_SELFTEST_IMAGE": podman.image})
+
     def run_agent(
         self,
         name: str,
