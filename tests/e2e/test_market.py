@@ -20,6 +20,7 @@ import pytest
 
 from agent.fault_injection import FAULTS_FILE
 from management.client import ApiClient
+from tests.e2e.test_renter_access import cli
 from tests.e2e.test_scheduler import renter, sandboxed_hosts, wait_workload, workload
 from tests.support.grid import TEST_PROVIDER, Grid, running_grid, wait_for
 
@@ -153,10 +154,12 @@ def test_an_interruptible_rental_is_preempted_by_an_on_demand_one_requeued_uncha
 
 def test_a_renter_at_zero_balance_has_its_work_stopped_and_is_charged_nothing_after(grid, drop):
     """The money running out stops the work as a preemption does: SIGTERM (the trap writes TERM), the grace, then
-    SIGKILL; and nothing is charged after."""
+    SIGKILL; and nothing is charged after. What the job printed, its last words in the grace too, is kept and
+    readable after its container is gone."""
     priced_grid(grid, 1)
     carol = funded_renter(grid, "carol", "0.003")  # three seconds at 3.60 per hour
-    started = carol.submit_workload(workload("short", TRAP.format(file=drop / "short")))
+    command = "echo working; " + TRAP.format(file=drop / "short").replace("exit 0", "echo cleaning-up; exit 0")
+    started = carol.submit_workload(workload("short", command))
     done = wait_workload(carol, started["id"], "stopped", lambda w: w["state"] == "failed", timeout=30)
     assert "balance ran out" in done["state_reason"], done
     wait_for(lambda: (drop / "short").exists(), 10, "the container to see its SIGTERM")
@@ -168,6 +171,11 @@ def test_a_renter_at_zero_balance_has_its_work_stopped_and_is_charged_nothing_af
     entries = statement(carol, "carol")
     time.sleep(2.5)
     assert statement(carol, "carol") == entries, "charged after the work was stopped"
+    kept = wait_workload(carol, started["id"], "its output kept", lambda w: [o["state"] for o in w["outputs"]] == ["kept"])
+    assert [a["state"] for a in kept["assignments"]] == ["deleted"]
+    read = cli(grid, carol.api_key, "workload", "logs", started["id"], "--tail", "-1")
+    lines = read.stdout.splitlines()  # the shell may say "Terminated" of the sleep its SIGTERM ended
+    assert (read.returncode, lines[0], lines[-1]) == (0, "working", "cleaning-up"), read
 
 
 def test_a_master_killed_during_metering_charges_no_period_twice_and_loses_at_most_one(grid, drop):
