@@ -253,6 +253,12 @@ class ProcessRuntime:
         if not command:
             raise RuntimeFailure(f"nothing to run in container {name!r}: the command is empty")
         record = self._require_running(name)
+        if record.uid is None and self._uids is not None:
+            # Started by an agent from before uids per container (as a shared user, which its record does not name):
+            # an exec would run as root. Refused; the workload's next start is sandboxed as now.
+            raise RuntimeFailure(
+                f"container {name!r} was started by an older agent without a uid of its own; restart the workload to exec into it"
+            )
         cols, rows = (cols, rows) if cols > 0 and rows > 0 else (80, 24)  # no size given: a terminal's usual
         workdir = self.workdir(name)
         env = child_env(record.spec, home=workdir)

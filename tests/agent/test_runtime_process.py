@@ -264,6 +264,18 @@ async def test_an_old_setting_naming_one_user_still_gives_each_container_a_uid_o
     assert uids == {1_000_000, 1_000_001}
 
 
+async def test_exec_into_a_container_an_older_agent_started_without_a_uid_is_refused(runtime, tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("needs root: an agent that is not root gives containers no uids of their own")
+    await runtime.create(shell("legacy", "sleep 300"), labels=labels("cmd-old"))
+    path = tmp_path / "state" / "containers" / "legacy.json"
+    old = json.loads(path.read_text())
+    del old["uid"]  # as an agent before uids per container wrote it
+    path.write_text(json.dumps(old))
+    with pytest.raises(RuntimeFailure, match="older agent without a uid of its own"):
+        await runtime.exec("legacy", ["id"], tty=False)
+
+
 def host_processes_running(marker):
     """Pids of every process on the host whose command line holds ``marker``, whatever namespace it is in."""
     found = []
