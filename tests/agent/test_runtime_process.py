@@ -484,7 +484,14 @@ async def test_exec_and_connect_refuse_a_stopped_or_absent_container(runtime):
 
 
 def running_exactly(cmdline):
-    return [pid for pid in host_processes_running("sleep") if Path(f"/proc/{pid}/cmdline").read_bytes() == cmdline]
+    found = []
+    for pid in host_processes_running("sleep"):
+        try:
+            if Path(f"/proc/{pid}/cmdline").read_bytes() == cmdline:
+                found.append(pid)
+        except (FileNotFoundError, ProcessLookupError):
+            pass  # ended between the listing and this read
+    return found
 
 
 def free_port():
