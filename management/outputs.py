@@ -32,7 +32,7 @@ from common.errors import IdlegridError
 from common.output import DEFAULT_OUTPUT_LIMIT, last_lines
 from management.scheduler.book import WorkloadBook
 from master.config import MasterConfig
-from master.loops import Loop
+from master.loops import Loop, stop_loop
 from master.records import AgentRecord, CommandRecord, KeptOutput
 from master.service import Master
 from master.states import AgentState, CommandState
@@ -147,13 +147,8 @@ class OutputCollector:
             self._task = self.loop.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await stop_loop(self._task)
+        self._task = None
 
     async def step(self) -> None:
         now = self._clock()

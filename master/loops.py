@@ -7,6 +7,7 @@ goes on after a pause: one bad sweep must not stop every later sweep. Cancelling
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -41,3 +42,12 @@ class Loop:
 
     def start(self) -> asyncio.Task[None]:
         return asyncio.create_task(self.run(), name=self.name)
+
+
+async def stop_loop(task: asyncio.Task[None] | None) -> None:
+    """Cancel a loop's task (None: never started) and wait until it has stopped."""
+    if task is None:
+        return
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

@@ -16,6 +16,7 @@ from management.market.offer_feed import OfferFeed
 from management.market.prices import PriceBook
 from management.scheduler.book import WorkloadBook
 from management.scheduler.snapshot import workload_of
+from master.loops import stop_loop
 from master.service import Master
 from master.store.aggregates import rental_order
 from master.store.base import RentalRepo
@@ -127,13 +128,8 @@ class Market:
         self._task = asyncio.create_task(self._refresh_reliability(), name="market-reliability")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await stop_loop(self._task)
+        self._task = None
         await self.meter.stop()
         self.offers.close()
 

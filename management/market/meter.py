@@ -36,7 +36,7 @@ from management.market.prices import HostPrice
 from management.scheduler.book import WorkloadBook
 from management.scheduler.workloads import WorkloadState
 from master.config import MasterConfig
-from master.loops import Loop
+from master.loops import Loop, stop_loop
 from master.records import LedgerEntry, PriceChange, RentalHost, RentalRecord, WorkloadRecord
 from master.reputation import reputation
 from master.service import Master
@@ -196,13 +196,8 @@ class MeterLoop:
             self._task = Loop("meter", self.settings.tick_s, self._tick_now, self.settings.restart_s).start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await stop_loop(self._task)
+        self._task = None
 
     async def _tick_now(self) -> None:
         await self.tick(self._clock())

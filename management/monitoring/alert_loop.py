@@ -16,7 +16,6 @@ still holding fires again, with a new idempotency key).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import deque
@@ -30,7 +29,7 @@ from management.monitoring.notifier import WebhookNotifier
 from management.monitoring.observe import FleetObserver
 from management.monitoring.rules import AlertRule
 from management.monitoring.silences import SilenceBook
-from master.loops import Loop
+from master.loops import Loop, stop_loop
 from master.records import GpuFault
 
 log = logging.getLogger(__name__)
@@ -108,11 +107,8 @@ class AlertLoop:
         self._task = Loop(LOOP_NAME, self.period_s, self._step, restart_s=self.period_s).start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await stop_loop(self._task)
+        self._task = None
         self.observer.detach()
         await self.notifier.stop()
 
