@@ -45,7 +45,8 @@ async def started(state_dir: Path) -> MasterServer:
 
 async def seed(server: MasterServer) -> str:
     """Two providers' hosts with their GPUs, a renter with a credit, a workload: returns the workload's id."""
-    # Container hosts: a workload that could never run (no host isolates) is refused at submit.
+    # Container hosts, since a workload that no host could ever run is refused at submit; drained, so the workload
+    # waits in the queue and the state stays as it is while the test backs it up and compares.
     await add_agent(server.master, "agent-a", "h100:2", provider="prov-a", runtime="docker", isolation="container")
     await add_agent(server.master, "agent-b", "a10:1", provider="prov-b", runtime="docker", isolation="container")
     await server.master.accounts.ensure("rita", AccountRole("renter"))
@@ -53,6 +54,8 @@ async def seed(server: MasterServer) -> str:
     await server.operations.market.credit("rita", 5_000_000, "top-up", key="credit:rita:2")
     operator_key = server.operator_token_file.read_text().strip()
     async with AsyncApiClient(server.api_url, operator_key) as client:
+        for host in ("agent-a", "agent-b"):
+            await client.drain(host)
         workload = await client.submit_workload({"name": "train", "image": "busybox"}, account="rita")
     return str(workload["id"])
 
