@@ -1,6 +1,6 @@
 """``python -m bench scheduler-snapshot``: what the scheduling loop pays per cycle before the core runs.
 
-The loop (management/scheduler/loop.py) turns the Master's records into the core's snapshot every cycle, and builds
+The loop (management/workloads/runner.py) turns the Master's records into the core's snapshot every cycle, and builds
 the core's free-unit index from it (it does not keep one across cycles yet). This times both on a generated grid of
 Master records (half the GPUs held), the snapshot with and without the per-host unit cache, several times each.
 """

@@ -40,8 +40,8 @@ from management.monitoring.visibility import Viewer
 from management.onboarding.service import Onboarding
 from management.outputs import OutputCollector, OutputSettings
 from management.renter_access import RenterAccess
-from management.scheduler.book import WorkloadBook
-from management.scheduler.loop import SchedulerLoop, SchedulerSettings
+from management.workloads.book import WorkloadBook
+from management.workloads.runner import SchedulerLoop, SchedulerSettings
 from management.scheduler.model import Explanation
 from master.accounts import AccountChange, Credential, IssuedKey
 from master.config import ConsoleSettings

@@ -30,7 +30,7 @@ import msgspec
 
 from common.errors import IdlegridError
 from common.output import DEFAULT_OUTPUT_LIMIT, last_lines
-from management.scheduler.book import WorkloadBook
+from management.workloads.book import WorkloadBook
 from master.config import MasterConfig
 from master.loops import Loop, stop_loop
 from master.records import AgentRecord, CommandRecord, KeptOutput

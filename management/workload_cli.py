@@ -23,7 +23,7 @@ import msgspec
 from common.errors import IdlegridError
 from management.cli_accounts import api_client, connection_options, table, when
 from management.client import ApiError
-from management.explain_text import render_explanation
+from management.workloads.explain_text import render_explanation
 from management.market.money import format_amount, parse_amount
 from master.records import WorkloadSpec
 

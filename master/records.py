@@ -237,7 +237,7 @@ class HostRollup(msgspec.Struct, kw_only=True):
 # --- workloads: what a renter asks to run, and what became of it -------------------------------------------------
 # The spec is checked here for shape and bounds (every error names its field, e.g. ``$.replica.gpus``); what it
 # names against the Master's configuration (GPU models in the catalog, tiers in the policy, priority classes) is
-# checked where a workload is submitted (management/scheduler/workloads.py), so a stored record never stops
+# checked where a workload is submitted (management/workloads/states.py), so a stored record never stops
 # decoding because the configuration changed.
 
 WorkloadName = Annotated[str, msgspec.Meta(min_length=1, max_length=63, pattern=r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?\Z")]
@@ -384,7 +384,7 @@ class WorkloadRecord(msgspec.Struct, kw_only=True):
     id: str  # "wl-" + random hex
     account: str  # the renter account that owns it
     spec: WorkloadSpec
-    state: str  # see management.scheduler.workloads.WorkloadState
+    state: str  # see management.workloads.states.WorkloadState
     state_reason: str = ""
     created_at: float
     queued_at: float  # when it was submitted: its place in a FIFO queue, kept across requeues

@@ -14,7 +14,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 
-from management.scheduler.workloads import WORKLOAD_STATES
+from management.workloads.states import WORKLOAD_STATES
 from master.records import WorkloadSpec
 from master.states import AgentState, CommandState, GpuState
 

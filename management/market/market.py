@@ -14,7 +14,7 @@ from management.market.ledger import LedgerBook
 from management.market.meter import MeterLoop, MeterSettings
 from management.market.offer_feed import OfferFeed
 from management.market.prices import PriceBook
-from management.scheduler.book import WorkloadBook
+from management.workloads.book import WorkloadBook
 from management.scheduler.snapshot import workload_of
 from master.loops import stop_loop
 from master.service import Master

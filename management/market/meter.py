@@ -33,8 +33,8 @@ from management.market.ledger import LedgerBook
 from management.market.metering import FeeRate, MeterState, MeterStep, apply, price_at, state_of, step
 from management.market.money import format_amount, parse_amount
 from management.market.prices import HostPrice
-from management.scheduler.book import WorkloadBook
-from management.scheduler.workloads import WorkloadState
+from management.workloads.book import WorkloadBook
+from management.workloads.states import WorkloadState
 from master.config import MasterConfig
 from master.loops import Loop, stop_loop
 from master.records import LedgerEntry, PriceChange, RentalHost, RentalRecord, WorkloadRecord

@@ -30,7 +30,7 @@ from management.market.meter import rental_hosts
 from management.market.metering import price_at
 from management.market.money import format_amount, parse_amount, period_cost
 from management.market.offers import Offer, SearchResult
-from management.scheduler.book import WorkloadBook
+from management.workloads.book import WorkloadBook
 from master.accounts import BOOTSTRAP_ACCOUNT
 from master.records import LedgerEntry, RentalRecord, RentalTerms, WorkloadRecord, WorkloadSpec
 from master.service import Master

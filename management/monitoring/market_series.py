@@ -14,7 +14,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from management.market.money import MICRO
-from management.scheduler.workloads import WorkloadState
+from management.workloads.states import WorkloadState
 from master.records import RENTAL_KINDS, RentalRecord
 
 # States a workload leaves the book in: it holds only open ones, so these are always 0 and not exported.

@@ -16,8 +16,8 @@ from management.market.ledger import LedgerBook
 from management.market.meter import MeterLoop, MeterSettings
 from management.market.prices import HostPrice, PriceTable
 from management.monitoring.market_series import MarketSeries
-from management.scheduler.book import WorkloadBook
-from management.scheduler.workloads import container_name
+from management.workloads.book import WorkloadBook
+from management.workloads.states import container_name
 from master.accounts import AccountRole
 from master.config import MasterConfig
 from master.records import Assignment, PriceRecord, ReplicaSpec, WorkloadSpec

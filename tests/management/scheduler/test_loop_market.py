@@ -10,8 +10,8 @@ import time
 from common.wire import AgentEvent, AgentEventKind, CommandResult, Heartbeat
 from management.market.money import parse_amount
 from management.market.prices import HostPrice
-from management.scheduler.book import WorkloadBook
-from management.scheduler.loop import SchedulerLoop, SchedulerSettings
+from management.workloads.book import WorkloadBook
+from management.workloads.runner import SchedulerLoop, SchedulerSettings
 from master.records import RentalTerms, WorkloadRecord
 from master.service import Master
 from tests.management.scheduler.test_loop import GRACE_S, creates_sent, host, relay, scheduler, spec, started

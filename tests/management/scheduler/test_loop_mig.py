@@ -9,8 +9,8 @@ import time
 
 from agent.simulate import SimulatedCollector
 from common.wire import AgentEvent, AgentEventKind, Command, CommandResult
-from management.scheduler.book import WorkloadBook
-from management.scheduler.loop import SchedulerLoop, SchedulerSettings
+from management.workloads.book import WorkloadBook
+from management.workloads.runner import SchedulerLoop, SchedulerSettings
 from master.link import AccessLink
 from master.records import ReplicaSpec, WorkloadSpec
 from tests.master.linked import connect, relay, relay_link, to_agent

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from management.scheduler.book import WorkloadBook
-from management.scheduler.loop import SchedulerLoop, SchedulerSettings
+from management.workloads.book import WorkloadBook
+from management.workloads.runner import SchedulerLoop, SchedulerSettings
 from master.accounts import AccountRole
 from master.config import MasterConfig
 from master.link import AccessLink

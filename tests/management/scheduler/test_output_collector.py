@@ -9,7 +9,7 @@ import time
 
 from common.wire import CommandResult, Heartbeat
 from management.outputs import OutputCollector, OutputSettings
-from management.scheduler.loop import SchedulerLoop
+from management.workloads.runner import SchedulerLoop
 from management.tunnel_client import TunnelClosed
 from master.link import AccessLink
 from master.records import KeptOutput

@@ -9,8 +9,8 @@ import time
 from typing import Any
 
 from common.wire import AgentEvent, AgentEventKind, Command, CommandResult, Heartbeat
-from management.scheduler.book import WorkloadBook
-from management.scheduler.loop import SchedulerLoop, SchedulerSettings
+from management.workloads.book import WorkloadBook
+from management.workloads.runner import SchedulerLoop, SchedulerSettings
 from master.accounts import AccountRole
 from master.allocations import Hold
 from master.config import MasterConfig

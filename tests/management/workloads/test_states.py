@@ -10,7 +10,7 @@ import pytest
 
 from common.containers import ContainerSpec
 from common.errors import InvalidTransition
-from management.scheduler.workloads import (
+from management.workloads.states import (
     DEFAULT_PRIORITY_CLASSES,
     FINAL_WORKLOAD_STATES,
     WORKLOAD,

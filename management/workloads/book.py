@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import msgspec
 
 from common.errors import IdlegridError, InvalidTransition, NotFound
-from management.scheduler.workloads import (
+from management.workloads.states import (
     DEFAULT_PRIORITY_CLASSES,
     FINAL_WORKLOAD_STATES,
     OPEN_WORKLOAD_STATES,

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from common.errors import InvalidTransition, NotFound
-from management.scheduler.book import WorkloadBook
-from management.scheduler.workloads import InvalidWorkloadSpec, container_name
+from management.workloads.book import WorkloadBook
+from management.workloads.states import InvalidWorkloadSpec, container_name
 from master.config import MasterConfig
 from master.records import Assignment, ReplicaSpec, WorkloadSpec
 from master.service import Master
