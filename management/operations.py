@@ -40,9 +40,9 @@ from management.monitoring.visibility import Viewer
 from management.onboarding.service import Onboarding
 from management.outputs import OutputCollector, OutputSettings
 from management.renter_access import RenterAccess
+from management.scheduler.model import Explanation
 from management.workloads.book import WorkloadBook
 from management.workloads.runner import SchedulerLoop, SchedulerSettings
-from management.scheduler.model import Explanation
 from master.accounts import AccountChange, Credential, IssuedKey
 from master.config import ConsoleSettings
 from master.keys import SigningKeyInfo

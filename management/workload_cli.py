@@ -23,8 +23,8 @@ import msgspec
 from common.errors import IdlegridError
 from management.cli_accounts import api_client, connection_options, table, when
 from management.client import ApiError
-from management.workloads.explain_text import render_explanation
 from management.market.money import format_amount, parse_amount
+from management.workloads.explain_text import render_explanation
 from master.records import WorkloadSpec
 
 TABLE_COLUMNS = ("ID", "NAME", "ACCOUNT", "STATE", "REPLICAS", "GPUS", "PRIORITY", "CREATED", "REASON")

@@ -32,7 +32,6 @@ from typing import Any
 import msgspec
 
 from common.errors import IdlegridError, NotFound, is_renter_fault
-from management.workloads.book import WorkloadBook
 from management.scheduler.core import explain, never_fits, schedule
 from management.scheduler.model import DEFAULT_HALF_LIFE_S, Explanation, Place, Plan, Policy, Preempt, Reject, Requeue, Snapshot
 from management.scheduler.snapshot import (
@@ -46,6 +45,7 @@ from management.scheduler.snapshot import (
 )
 from management.scheduler.usage import UsageMeter
 from management.scheduler.usage_saving import UsageSaver
+from management.workloads.book import WorkloadBook
 from management.workloads.states import WorkloadState, container_name
 from master.config import MasterConfig
 from master.records import Assignment, CommandRecord, WorkloadRecord, WorkloadSpec

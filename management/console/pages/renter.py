@@ -26,13 +26,13 @@ from management.console.forms import FormErrors, amount, integer, number, text, 
 from management.console.nav import NavItem
 from management.console.rendering import page
 from management.console.terminal import serve_logs, serve_terminal
-from management.workloads.explain_text import render_explanation
 from management.market.money import MICRO, BadAmount, format_amount, parse_amount
 from management.market.offers import Offer
 from management.market.operations import FundsDetail, PaymentRequired
 from management.operations import SpendOverTime, WorkloadKey
-from management.workloads.states import WORKLOAD_STATES
 from management.views import explanation_view, workload_view
+from management.workloads.explain_text import render_explanation
+from management.workloads.states import WORKLOAD_STATES
 from master.records import MAX_GPUS_PER_REPLICA, KeptOutput, WorkloadSpec
 
 OFFERS_PER_PAGE = 25

@@ -9,8 +9,8 @@ import time
 
 from common.wire import CommandResult, Heartbeat
 from management.outputs import OutputCollector, OutputSettings
-from management.workloads.runner import SchedulerLoop
 from management.tunnel_client import TunnelClosed
+from management.workloads.runner import SchedulerLoop
 from master.link import AccessLink
 from master.records import KeptOutput
 from master.service import Master
