@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
 
@@ -63,6 +63,25 @@ class ContainerSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 class DeleteSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     name: Annotated[str, msgspec.Meta(pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}\Z")]
     timeout_s: Annotated[float, msgspec.Meta(ge=0, le=600)] = 10.0
+
+
+def create_body(spec: ContainerSpec) -> dict[str, Any]:
+    """The JSON body of a ``create_container`` command for ``spec``: every field that differs from its default, and no
+    other. ``ContainerSpec`` refuses fields it does not know, so a field left at its default is left out: an agent
+    from before that field existed still accepts every spec that does not use it (``ports``, ``registry_auth``, the
+    CPU and RAM shares). An older Master's body (every list and map written out, empty or not) parses the same."""
+    body: dict[str, Any] = {}
+    for field in msgspec.structs.fields(spec):
+        value = getattr(spec, field.name)
+        if field.default is not msgspec.NODEFAULT:
+            default = field.default
+        elif field.default_factory is not msgspec.NODEFAULT:
+            default = field.default_factory()
+        else:
+            default = msgspec.NODEFAULT  # a required field: always written
+        if value != default:
+            body[field.encode_name] = msgspec.to_builtins(value)
+    return body
 
 
 def parse_create_spec(spec: dict) -> ContainerSpec:

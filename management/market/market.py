@@ -14,8 +14,8 @@ from management.market.ledger import LedgerBook
 from management.market.meter import MeterLoop, MeterSettings
 from management.market.offer_feed import OfferFeed
 from management.market.prices import PriceBook
-from management.scheduler.snapshot import workload_of
 from management.workloads.book import WorkloadBook
+from management.workloads.spec import workload_of
 from master.loops import stop_loop
 from master.service import Master
 from master.store.aggregates import rental_order

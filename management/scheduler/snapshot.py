@@ -19,7 +19,6 @@ reads memory only (the Master's registry and allocation ledger, the book's open 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Collection, Iterable, Mapping
 
 from management.market.money import affordable_price, parse_amount, period_cost
@@ -36,16 +35,16 @@ from management.scheduler.model import (
     Snapshot,
     Unit,
 )
+from management.workloads.states import WorkloadState as W
 from master.allocations import DUPLICATE_UUID_FLAG, GPU_UNREACHABLE_FLAG, Hold
 from master.records import AccountRecord, AgentRecord, GpuRecord, WorkloadRecord
 from master.reputation import reputation
 from master.states import AgentState, GpuState
 
 # States a workload holds (or is about to hold) GPUs in: it is a running job to the core.
-HOLDING_STATES = frozenset({"scheduled", "starting", "running", "preempted"})
+HOLDING_STATES = frozenset(str(s) for s in (W.SCHEDULED, W.STARTING, W.RUNNING, W.PREEMPTED))
 _ANSWERING = frozenset({AgentState.READY.value, AgentState.BUSY.value, AgentState.MAINTENANCE.value})
 _TAKES_WORK = frozenset({AgentState.READY.value, AgentState.BUSY.value})
-_CONTAINER = re.compile(r"^(wl-[0-9a-f]+)-r(\d+)-a(\d+)\Z")
 _RUNTIMES = frozenset({"docker", "process", "simulated"})
 _ISOLATIONS = frozenset({"container", "sandbox", "none"})
 _NO_PEERS: frozenset[str] = frozenset()
@@ -55,12 +54,6 @@ _RENTAL_KINDS = frozenset({"on_demand", "interruptible", "reserved"})
 PriceOf = Callable[[str, str], HostPrice]  # (provider, agent id) -> the host's prices in force
 Funded = Callable[[str], bool] | Collection[str]  # an account -> whether it has money available (or the set that has)
 Budget = Callable[[str], int]  # an account -> its available balance, micro-units
-
-
-def workload_of(container: str) -> str | None:
-    """The workload id a container name belongs to (``wl-<hex>-r<replica>-a<attempt>``), None for other names."""
-    match = _CONTAINER.match(container)
-    return match.group(1) if match else None
 
 
 def compute_capability(text: str) -> tuple[int, int]:
@@ -248,7 +241,7 @@ def job_of(rec: WorkloadRecord, *, funded: bool = True, affordable: int | None =
         placement=spec.placement,  # type: ignore[arg-type]  # the spec allows only the literal's values
         started_at=(rec.started_at or rec.scheduled_at or rec.queued_at) if holding else None,
         assignment=assignment,
-        preempted_for=(rec.preempted_for or "(stopping)") if rec.state == "preempted" else None,
+        preempted_for=(rec.preempted_for or "(stopping)") if rec.state == W.PREEMPTED else None,
         rental=rental,  # type: ignore[arg-type]  # checked against the literal's values above
         bid=parse_amount(terms.bid) if terms is not None and terms.bid is not None else 0,
         max_price=parse_amount(terms.max_price) if terms is not None and terms.max_price is not None else None,
@@ -299,7 +292,7 @@ def _first_periods_placed(workloads: Iterable[WorkloadRecord], hosts: Mapping[st
     holds money for it yet, and a balance that pays one job's first period must not start twenty-eight."""
     committed: dict[str, int] = {}
     for rec in workloads:
-        if rec.state not in ("scheduled", "starting"):
+        if rec.state not in (W.SCHEDULED, W.STARTING):
             continue
         job = job_of(rec)
         for a in rec.assignments:
@@ -360,7 +353,7 @@ def build_snapshot(
     workloads = list(workloads)
     committed = _first_periods_placed(workloads, hosts, period_s) if budget is not None else {}
     for rec in workloads:
-        if rec.state == "queued":
+        if rec.state == W.QUEUED:
             asked = rec.spec.replicas * rec.spec.replica.gpus
             balance = budget(rec.account) - committed.get(rec.account, 0) if budget is not None else None
             affordable = affordable_price(balance, asked, period_s) if balance is not None else None

@@ -26,13 +26,14 @@ from typing import Any, Protocol
 import msgspec
 
 from common.errors import IdlegridError, InvalidTransition, NotFound
+from management.workloads.spec import DEFAULT_PRIORITY_CLASSES, check_spec
 from management.workloads.states import (
-    DEFAULT_PRIORITY_CLASSES,
     FINAL_WORKLOAD_STATES,
+    GONE_ASSIGNMENT_STATES,
     OPEN_WORKLOAD_STATES,
     WORKLOAD,
+    AssignmentState,
     WorkloadState,
-    check_spec,
 )
 from master.events import EventLog
 from master.records import Assignment, CommandRecord, KeptOutput, WorkloadRecord, WorkloadSpec
@@ -164,7 +165,7 @@ class WorkloadBook:
             id=new_workload_id(),
             account=account,
             spec=spec,
-            state=WorkloadState.QUEUED.value,
+            state=str(WorkloadState.QUEUED),
             state_reason="submitted",
             created_at=now,
             queued_at=now,
@@ -204,16 +205,16 @@ class WorkloadBook:
     ) -> WorkloadRecord:
         """Store ``event`` with the live containers marked ``deleting``, THEN send their deletes: a Master killed in
         between leaves containers that no open workload holds (or holds as ``deleting``) with no delete under way,
-        which the scheduling loop deletes again (``SchedulerLoop._delete_strays``); the other order could leave a
+        which the scheduling loop deletes again (``lifecycle.strays``); the other order could leave a
         workload the store still calls running whose containers are gone."""
         target = WORKLOAD.next(rec.state, event)
-        live = [a for a in rec.assignments if a.container and a.state not in ("deleting", "deleted")]
-        marked = [msgspec.structs.replace(a, state="deleting") if a in live else a for a in rec.assignments]
+        live = [a for a in rec.assignments if a.container and a.state not in GONE_ASSIGNMENT_STATES]
+        marked = [msgspec.structs.replace(a, state=str(AssignmentState.DELETING)) if a in live else a for a in rec.assignments]
         # Their output is awaited before the deletes go: a Master killed after the deletes still reads it from the
         # hosts when it is back (management/outputs.py), whatever becomes of the assignments (a requeue drops them).
         for a in live:
             await self._store.outputs.put(pending_output(rec, a, now))
-        if target != WorkloadState.QUEUED.value:
+        if target != WorkloadState.QUEUED:
             changes = {"assignments": marked} | changes
         rec = await self._transition(rec.id, event, reason, now, changes)
         refused = await self._delete_containers(rec.id, live, grace_s=grace_s)
@@ -233,10 +234,12 @@ class WorkloadBook:
         when no assignment of the workload names that container in ``deleting`` (a requeue dropped it)."""
         async with self._lock:
             rec = self._open.get(workload_id) or await self._store.workloads.get(workload_id)
-            if rec is None or not any(a.container == container and a.state == "deleting" for a in rec.assignments):
+            if rec is None or not any(a.container == container and a.state == AssignmentState.DELETING for a in rec.assignments):
                 return None
             assignments = [
-                msgspec.structs.replace(a, state="deleted") if a.container == container and a.state == "deleting" else a
+                msgspec.structs.replace(a, state=str(AssignmentState.DELETED))
+                if a.container == container and a.state == AssignmentState.DELETING
+                else a
                 for a in rec.assignments
             ]
             updated = msgspec.structs.replace(
@@ -349,7 +352,7 @@ class WorkloadBook:
         self._by_account[rec.account].discard(rec.id)
 
     def _notify(self, what: str, rec: WorkloadRecord) -> None:
-        if what != "transition" or rec.state == WorkloadState.QUEUED.value:
+        if what != "transition" or rec.state == WorkloadState.QUEUED:
             self.wakeup.set()
         for listener in self._listeners:
             try:

@@ -1,19 +1,20 @@
-"""The scheduling loop: snapshot, core, decisions carried out through the Master's commands. Small, named, restartable.
+"""The workload runner: the I/O shell around the scheduler core and the lifecycle step. Small, named, restartable.
 
-One cycle, always in this order:
+It decides nothing itself: the core (management/scheduler/core.py) decides placement, the lifecycle step
+(management/workloads/lifecycle.py) decides everything else; this module reads the facts, calls them and carries out
+what they return through the workload book and the Master's commands. One cycle, always in this order:
 
-1. **Reconcile** (level-triggered, like a Kubernetes controller): every open workload holding GPUs is compared with
-   what the Master knows now: its create commands (acked, succeeded, failed, timed out), its containers on their hosts
-   (exited with a code, gone), its maximum duration. Events only wake the loop; the facts are read here, so a change
-   lost to a full feed, or made while this Master was down, is still acted on. A workload container a host runs
-   that no open workload holds (its create ran after its delete: a host runs commands concurrently) is deleted again.
-2. **Snapshot** the grid and the queue (management/scheduler/snapshot.py) and run the pure core
-   (management/scheduler/core.py).
+1. **Reconcile** (level-triggered, like a Kubernetes controller): for every open workload holding GPUs the runner
+   reads what the Master knows now (its create commands, its containers on their hosts, their exits: ``facts``),
+   calls ``lifecycle.step`` and carries out its actions. Events only wake the loop; the facts are read here, so a
+   change lost to a full feed, or made while this Master was down, is still acted on. Once a sweep period it also
+   deletes again the workload containers nobody holds (``lifecycle.strays``).
+2. **Snapshot** the grid and the queue (management/scheduler/snapshot.py) and run the pure core.
 3. **Carry out** its decisions: ``Place`` records the assignment first (intent is stored before any command, so a
    Master killed in between finds the workload ``scheduled`` and issues what is missing) and then creates one container
-   per replica; ``Preempt`` deletes the victim's containers with the policy's grace (SIGTERM, then SIGKILL) and marks it
-   ``preempted``, requeued (or failed, by its restart policy) once its containers are gone; ``Requeue`` deletes what is
-   left of it and puts it back in the queue at its original place; ``Reject`` fails it with the reason.
+   per replica (the step's ``Create`` actions); ``Preempt`` deletes the victim's containers with the policy's grace
+   (SIGTERM, then SIGKILL) and marks it ``preempted``; ``Requeue`` deletes what is left of it and puts it back in the
+   queue at its original place; ``Reject`` fails it with the reason.
 
 The loop runs when something that can change the answer happens (a workload submitted, cancelled or back in the queue;
 a GPU's health, a host's state, a container's exit, a container command's end: master/changes.py) and on a timer.
@@ -31,7 +32,8 @@ from typing import Any
 
 import msgspec
 
-from common.errors import IdlegridError, NotFound, is_renter_fault
+from common.containers import create_body
+from common.errors import IdlegridError, NotFound
 from management.scheduler.core import explain, never_fits, schedule
 from management.scheduler.model import DEFAULT_HALF_LIFE_S, Explanation, Place, Plan, Policy, Preempt, Reject, Requeue, Snapshot
 from management.scheduler.snapshot import (
@@ -41,25 +43,36 @@ from management.scheduler.snapshot import (
     build_snapshot,
     job_of,
     policy_of,
-    workload_of,
 )
 from management.scheduler.usage import UsageMeter
 from management.scheduler.usage_saving import UsageSaver
+from management.workloads import lifecycle
 from management.workloads.book import WorkloadBook
-from management.workloads.states import WorkloadState, container_name
+from management.workloads.lifecycle import (
+    Action,
+    Adopt,
+    Advance,
+    End,
+    Facts,
+    HostContainers,
+    HostStatus,
+    LifecyclePolicy,
+    Note,
+    ReplicaFacts,
+    TakeOver,
+)
+from management.workloads.spec import container_name, container_spec
+from management.workloads.states import AssignmentState, WorkloadState
 from master.config import MasterConfig
-from master.records import Assignment, CommandRecord, WorkloadRecord, WorkloadSpec
+from master.records import AgentRecord, Assignment, CommandRecord, WorkloadRecord, WorkloadSpec
 from master.service import Master
-from master.states import AgentState, CommandState
+from master.states import AgentState
 
 log = logging.getLogger(__name__)
 
 W = WorkloadState
-_FAILED_COMMAND = frozenset({CommandState.FAILED.value, CommandState.TIMED_OUT.value, CommandState.CANCELLED.value})
-_GONE_HOST = frozenset({AgentState.RETIRED.value, AgentState.QUARANTINED.value})
-RESTARTING_POLICIES = frozenset({"on_failure", "always"})
+_STEPPED = frozenset(str(s) for s in (W.SCHEDULED, W.STARTING, W.RUNNING, W.PREEMPTED))  # the states step decides in
 EXPLAIN_SNAPSHOT_S = 1.0  # how long explanations reuse one snapshot of the grid
-STRAY_RETRY_S = 30.0  # a stray container whose delete failed is tried again after this long
 
 
 class SchedulerSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -136,9 +149,14 @@ class SchedulerLoop:
             grace_s=self.settings.grace_s,
             metering_period_s=period_s,
         )
+        self.lifecycle_policy = LifecyclePolicy(
+            grace_s=self.settings.grace_s,
+            start_timeout_s=self.settings.start_timeout_s,
+            pull_allowance_s=self.settings.pull_allowance_s,
+        )
         self._units = UnitCache()  # each host's units, rebuilt only when its GPUs change
-        self._strays: dict[tuple[str, str], float] = {}
-        self._strays_swept_at = float("-inf")  # (host, container) -> when this loop last deleted it
+        self._strays: dict[tuple[str, str], float] = {}  # (host, container) -> when this loop last deleted it
+        self._strays_swept_at = float("-inf")
         self._explain_snapshot: tuple[float, Snapshot] | None = None  # (monotonic time taken, snapshot)
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -249,9 +267,7 @@ class SchedulerLoop:
             period_s=self.period_s,
         )
         self._units.forget_all_but(m.registry.agents)
-        self.usage.advance(
-            now, [snapshot.running[w.id] for w in holding if w.state == W.RUNNING.value and w.id in snapshot.running]
-        )
+        self.usage.advance(now, [snapshot.running[w.id] for w in holding if w.state == W.RUNNING and w.id in snapshot.running])
         return dataclasses.replace(snapshot, usage=dict(self.usage.usage), project_usage=dict(self.usage.project_usage))
 
     async def never_fits(self, account: str, spec: WorkloadSpec) -> str | None:
@@ -263,7 +279,7 @@ class SchedulerLoop:
             cached = self._explain_snapshot = (at, await self.snapshot(self._clock()))
         now = self._clock()
         rec = WorkloadRecord(
-            id="wl-0", account=account, spec=spec, state=W.QUEUED.value, state_reason="", created_at=now, queued_at=now
+            id="wl-0", account=account, spec=spec, state=str(W.QUEUED), state_reason="", created_at=now, queued_at=now
         )
         return never_fits(cached[1], job_of(rec))
 
@@ -300,7 +316,7 @@ class SchedulerLoop:
 
     async def _place(self, decision: Place, now: float) -> int:
         rec = await self.book.get(decision.job_id)
-        if rec.state != W.QUEUED.value:
+        if rec.state != W.QUEUED:
             return 0
         attempt = rec.attempts + 1
         assignments = []
@@ -316,43 +332,8 @@ class SchedulerLoop:
         reason = f"placed on {', '.join(hosts)}"
         # The intent is stored before any command: a Master killed after this line finds it and issues what is missing.
         rec = await self.book.transition(rec.id, "schedule", reason, now, assignments=assignments)
-        await self._issue_creates(rec, now)
+        await self.advance(rec, now)  # its creates (lifecycle.step: each replica's Create)
         return 1
-
-    async def _issue_creates(self, rec: WorkloadRecord, now: float) -> WorkloadRecord:
-        """Create every replica's container that has no create command yet; a refused create requeues the workload."""
-        changed = False
-        assignments = list(rec.assignments)
-        for i, a in enumerate(assignments):
-            if a.command_id:
-                continue
-            agent = self.master.registry.agents.get(a.agent_id)
-            if agent is not None and a.container in agent.containers:  # created before a restart: adopt it
-                assignments[i] = msgspec.structs.replace(a, state="running")
-                changed = True
-                continue
-            made = self._create_made_for(a)
-            if made:  # made by a Master that died before it noted the id here: that create is the one to wait for
-                assignments[i] = msgspec.structs.replace(a, command_id=made)
-                changed = True
-                continue
-            timeout_s = self.settings.start_timeout_s
-            if agent is not None and rec.spec.image not in agent.images:
-                timeout_s += self.settings.pull_allowance_s  # the host pulls the image first
-            try:
-                command = await self.master.create_command(
-                    a.agent_id, "create_container", self._container_spec(rec, a), timeout_s=timeout_s
-                )
-            except IdlegridError as exc:
-                if changed:
-                    rec = await self.book.amend(rec.id, assignments=assignments)
-                await self._requeue(rec.id, f"host {a.agent_id} refused the container: {exc}", now)
-                return rec
-            assignments[i] = msgspec.structs.replace(a, command_id=command.id)
-            changed = True
-        if changed:
-            rec = await self.book.amend(rec.id, assignments=assignments)
-        return rec
 
     def _create_made_for(self, a: Assignment) -> str:
         """The id of the create command that holds ``a``'s GPUs for its container, "" when none does. One exists when a
@@ -365,31 +346,9 @@ class SchedulerLoop:
                 return hold.command_id
         return ""
 
-    def _container_spec(self, rec: WorkloadRecord, a: Assignment) -> dict[str, Any]:
-        spec = rec.spec
-        body: dict[str, Any] = {
-            "name": a.container,
-            "image": spec.image,
-            "command": list(spec.command),
-            "env": dict(spec.env),
-            "gpus": list(a.units),
-            "labels": dict(spec.labels),
-            "workload_id": rec.id,
-            "replica": a.replica,
-        }
-        if spec.ports:  # only then: an agent from before ports travelled here refuses a field it does not know
-            body["ports"] = list(spec.ports)
-        if spec.replica.cpu_cores is not None:
-            body["cpus"] = spec.replica.cpu_cores
-        if spec.replica.ram_mib is not None:
-            body["memory_mib"] = spec.replica.ram_mib
-        if spec.registry_auth is not None:
-            body["registry_auth"] = msgspec.to_builtins(spec.registry_auth)
-        return body
-
     async def _preempt(self, decision: Preempt, now: float) -> int:
         rec = await self.book.get(decision.job_id)
-        if rec.state not in (W.SCHEDULED.value, W.STARTING.value, W.RUNNING.value):
+        if rec.state not in (W.SCHEDULED, W.STARTING, W.RUNNING):
             return 0
         await self.book.end(
             rec.id, "preempt", decision.reason, now, grace_s=self.settings.grace_s, preempted_for=decision.for_job
@@ -411,7 +370,7 @@ class SchedulerLoop:
     ) -> int:
         """Back to the queue; ``host_failure`` ("<agent id>: why") when the run ended through a host."""
         rec = await self.book.get(workload_id)
-        if rec.state not in (W.SCHEDULED.value, W.STARTING.value, W.RUNNING.value, W.PREEMPTED.value):
+        if rec.state not in _STEPPED:
             return 0
         changes: dict[str, Any] = {} if restarts is None else {"restarts": restarts}
         if host_failure:
@@ -424,13 +383,10 @@ class SchedulerLoop:
     async def reconcile(self, now: float) -> int:
         moved = 0
         for rec in self.book.open_workloads():
+            if rec.state not in _STEPPED:
+                continue
             try:
-                if rec.state in (W.SCHEDULED.value, W.STARTING.value):
-                    moved += await self._reconcile_start(rec, now)
-                elif rec.state == W.RUNNING.value:
-                    moved += await self._reconcile_running(rec, now)
-                elif rec.state == W.PREEMPTED.value:
-                    moved += await self._reconcile_preempted(rec, now)
+                moved += await self.advance(rec, now)
             except (IdlegridError, ValueError) as exc:
                 log.warning("workload %s not reconciled: %s", rec.id, exc)
         if now - self._strays_swept_at >= self.settings.stray_sweep_s or now < self._strays_swept_at:
@@ -439,39 +395,81 @@ class SchedulerLoop:
             moved += await self._delete_strays(now)
         return moved
 
+    async def advance(self, rec: WorkloadRecord, now: float) -> int:
+        """Read ``rec``'s facts, step it, carry out the actions in order; 1 when anything was done, else 0."""
+        actions = lifecycle.step(rec, await self.facts(rec), self.lifecycle_policy, now)
+        for action in actions:
+            rec = await self._carry(rec, action, now)
+            if rec.state not in _STEPPED:
+                break  # a refused create requeued it: what followed was for the run that ended
+        return 1 if actions else 0
+
+    async def facts(self, rec: WorkloadRecord) -> Facts:
+        """What the Master knows now about each of ``rec``'s replicas (lifecycle.ReplicaFacts)."""
+        replicas = []
+        for a in rec.assignments:
+            agent = self.master.registry.agents.get(a.agent_id)
+            command = await self._command(a.command_id) if a.state == AssignmentState.PENDING else None
+            result = command.result or {} if command is not None else {}
+            replicas.append(
+                ReplicaFacts(
+                    host=_host_status(agent),
+                    listed=agent is not None and a.container in agent.containers,
+                    exit_code=None if agent is None else agent.exited.get(a.container),
+                    create_state=command.state if command is not None else "",
+                    create_error_code=str(result.get("error_code") or ""),
+                    create_error=(command.error or "") if command is not None else "",
+                    pulling=self.master.pull_progress(a.agent_id, a.container),
+                    has_image=agent is None or rec.spec.image in agent.images,
+                    create_made="" if a.command_id else self._create_made_for(a),
+                )
+            )
+        return Facts(tuple(replicas))
+
+    async def _carry(self, rec: WorkloadRecord, action: Action, now: float) -> WorkloadRecord:
+        """Carry out one of the step's actions (lifecycle.py lists them); returns the record as it is after it."""
+        if isinstance(action, Advance):
+            return await self.book.transition(rec.id, action.event, action.reason, now, **action.changes)
+        if isinstance(action, End):
+            return await self.book.end(rec.id, action.event, action.reason, now, grace_s=action.grace_s, **action.changes)
+        if isinstance(action, Note):
+            return await self.book.amend(rec.id, detail=action.detail)
+        a = next(a for a in rec.assignments if a.replica == action.replica)
+        if isinstance(action, Adopt):
+            change = msgspec.structs.replace(a, state=str(AssignmentState.RUNNING))
+        elif isinstance(action, TakeOver):
+            change = msgspec.structs.replace(a, command_id=action.command_id)
+        else:
+            body = create_body(container_spec(rec, a))
+            try:
+                command = await self.master.create_command(a.agent_id, "create_container", body, timeout_s=action.timeout_s)
+            except IdlegridError as exc:
+                refused = lifecycle.create_refused(rec, a.agent_id, str(exc), self.lifecycle_policy)
+                return await self._carry(rec, refused, now)
+            change = msgspec.structs.replace(a, command_id=command.id)
+        assignments = [change if x.replica == a.replica else x for x in rec.assignments]
+        return await self.book.amend(rec.id, assignments=assignments)
+
     async def _delete_strays(self, now: float) -> int:
-        """Delete again every workload container a host runs that no open workload holds and no delete is under way
-        for: its create ran after its delete (a host runs commands concurrently, so a delete can find nothing yet),
-        and it would otherwise hold its GPUs, and keep a preempted workload stopping, for ever."""
-        held = {
-            (a.agent_id, a.container)
-            for rec in self.book.open_workloads()
-            for a in rec.assignments
-            if a.state not in ("deleting", "deleted")
+        """Delete again every workload container nobody holds (lifecycle.strays says which and why)."""
+        deleting = {
+            (c.agent_id, str(c.spec.get("name"))) for c in self.master.ledger.open.values() if c.kind == "delete_container"
         }
-        deleting = {(c.agent_id, c.spec.get("name")) for c in self.master.ledger.open.values() if c.kind == "delete_container"}
+        hosts = [
+            HostContainers(agent.id, _host_status(agent) == HostStatus.ANSWERING, agent.containers)
+            for agent in self.master.registry.agents.values()
+        ]
+        deletes, self._strays = lifecycle.strays(self.book.open_workloads(), hosts, deleting, self._strays, now)
         issued = 0
-        strays: set[tuple[str, str]] = set()
-        for agent in self.master.registry.agents.values():
-            if agent.state in _GONE_HOST or agent.state == AgentState.OFFLINE.value:
+        for stray in deletes:
+            spec = {"name": stray.container, "timeout_s": self.settings.grace_s}
+            try:
+                await self.master.create_command(stray.agent_id, "delete_container", spec)
+            except IdlegridError as exc:
+                log.warning("stray container %s on %s not deleted: %s", stray.container, stray.agent_id, exc)
                 continue
-            for name in agent.containers:
-                key = (agent.id, name)
-                if workload_of(name) is None or key in held or key in deleting:
-                    continue
-                strays.add(key)
-                if now - self._strays.get(key, now - STRAY_RETRY_S) < STRAY_RETRY_S:
-                    continue
-                self._strays[key] = now
-                spec = {"name": name, "timeout_s": self.settings.grace_s}
-                try:
-                    await self.master.create_command(agent.id, "delete_container", spec)
-                except IdlegridError as exc:
-                    log.warning("stray container %s on %s not deleted: %s", name, agent.id, exc)
-                    continue
-                log.info("deleting a stray workload container", extra={"agent_id": agent.id, "container": name})
-                issued += 1
-        self._strays = {key: at for key, at in self._strays.items() if key in strays}  # gone ones are forgotten
+            log.info("deleting a stray workload container", extra={"agent_id": stray.agent_id, "container": stray.container})
+            issued += 1
         return issued
 
     async def _command(self, command_id: str) -> CommandRecord | None:
@@ -482,117 +480,12 @@ class SchedulerLoop:
         except NotFound:
             return None
 
-    async def _reconcile_start(self, rec: WorkloadRecord, now: float) -> int:
-        if any(not a.command_id and a.state == "pending" for a in rec.assignments):
-            rec = await self._issue_creates(rec, now)
-            if rec.state not in (W.SCHEDULED.value, W.STARTING.value):
-                return 1
-        states = []
-        failed_on: list[str] = []  # the hosts whose create failed, in replica order
-        pulls: list[str] = []  # how the image pulls under way go, per replica still starting
-        for a in rec.assignments:
-            command = await self._command(a.command_id)
-            state = "succeeded" if a.state == "running" else (command.state if command else "pending")
-            states.append(state)
-            if state in _FAILED_COMMAND:
-                failed_on.append(a.agent_id)
-                if command is not None and is_renter_fault(str((command.result or {}).get("error_code") or "")):
-                    return await self._refused(rec, command, now)
-            elif state != CommandState.SUCCEEDED.value and (pulling := self.master.pull_progress(a.agent_id, a.container)):
-                pulls.append(pulling if len(rec.assignments) == 1 else f"replica {a.replica}: {pulling}")
-        failed = [s for s in states if s in _FAILED_COMMAND]
-        if failed:
-            reason = f"{len(failed)} of {len(states)} container(s) did not start ({failed[0]})"
-            return await self._failed(rec, reason, now, host_failure=f"{failed_on[0]}: container did not start ({failed[0]})")
-        if all(s == CommandState.SUCCEEDED.value for s in states):
-            if rec.state == W.SCHEDULED.value:
-                rec = await self.book.transition(rec.id, "start", "containers created", now)
-            assignments = [msgspec.structs.replace(a, state="running") for a in rec.assignments]
-            await self.book.transition(rec.id, "run", f"{len(assignments)} container(s) running", now, assignments=assignments)
-            return 1
-        if rec.state == W.SCHEDULED.value and any(s in (CommandState.ACKED.value, CommandState.SUCCEEDED.value) for s in states):
-            await self.book.transition(rec.id, "start", "hosts acknowledged", now)
-            return 1
-        detail = "; ".join(pulls)
-        if detail != rec.detail:
-            await self.book.amend(rec.id, detail=detail)
-            return 1
-        return 0
 
-    async def _refused(self, rec: WorkloadRecord, command: CommandRecord, now: float) -> int:
-        """A container did not start because of the renter's request (no such image, credentials refused, too large,
-        a bad command: common.errors.RENTER_FAULT_CODES): the workload fails with the host's words, at once (a
-        restart would fail the same way), and no host is blamed (no ``host_failure``, no reputation loss)."""
-        code = str((command.result or {}).get("error_code") or "")
-        reason = f"did not start ({code}): {command.error or 'no reason given'}"
-        event = "fail" if rec.state == W.RUNNING.value else "start_failed"
-        await self.book.end(rec.id, event, reason, now, grace_s=0.0)
-        return 1
-
-    async def _reconcile_running(self, rec: WorkloadRecord, now: float) -> int:
-        codes: list[int] = []
-        lost: list[str] = []
-        through: list[str] = []  # "<agent id>: why", per lost replica
-        for a in rec.assignments:
-            agent = self.master.registry.agents.get(a.agent_id)
-            if agent is None or agent.state in _GONE_HOST:
-                lost.append(f"host {a.agent_id} is gone")
-                why = "retired or quarantined" if agent is not None else "left the grid"
-                through.append(f"{a.agent_id}: host is gone ({why})")
-                continue
-            code = agent.exited.get(a.container)
-            if code is not None:
-                codes.append(code)
-            elif a.container not in agent.containers and agent.state != AgentState.OFFLINE.value:
-                lost.append(f"container {a.container} vanished from {a.agent_id}")
-                through.append(f"{a.agent_id}: container {a.container} vanished")
-        if lost:
-            return await self._requeue(rec.id, "; ".join(lost), now, host_failure=through[0])
-        if any(code != 0 for code in codes):
-            bad = next(code for code in codes if code != 0)
-            return await self._failed(rec, f"a container exited with code {bad}", now, exit_codes=codes)
-        if len(codes) == len(rec.assignments):
-            if rec.spec.restart_policy == "always" and rec.restarts < rec.spec.max_restarts:
-                return await self._requeue(
-                    rec.id, "all containers exited 0; restart_policy always", now, restarts=rec.restarts + 1
-                )
-            await self.book.end(rec.id, "succeed", "all containers exited 0", now, grace_s=0.0, exit_codes=codes)
-            return 1
-        started = rec.started_at or rec.scheduled_at or rec.queued_at
-        if rec.spec.max_duration_s is not None and now - started > rec.spec.max_duration_s:
-            reason = f"ran past its max_duration_s ({rec.spec.max_duration_s:g} s)"
-            await self.book.end(rec.id, "fail", reason, now, grace_s=self.settings.grace_s)
-            return 1
-        return 0
-
-    async def _reconcile_preempted(self, rec: WorkloadRecord, now: float) -> int:
-        for a in rec.assignments:
-            agent = self.master.registry.agents.get(a.agent_id)
-            if (
-                agent is not None
-                and agent.state not in _GONE_HOST | {AgentState.OFFLINE.value}
-                and a.container in agent.containers
-            ):
-                return 0  # still stopping
-        for_job = rec.preempted_for or "a higher priority workload"
-        if rec.spec.restart_policy in RESTARTING_POLICIES:
-            await self.book.transition(rec.id, "requeue", f"preempted for {for_job}; back in the queue", now)
-        else:
-            await self.book.transition(rec.id, "fail", f"preempted for {for_job}; restart_policy never", now)
-        return 1
-
-    async def _failed(
-        self, rec: WorkloadRecord, reason: str, now: float, *, exit_codes: list[int] | None = None, host_failure: str = ""
-    ) -> int:
-        """A replica failed: restart (back to the queue) while the restart policy allows, otherwise fail.
-        ``host_failure`` ("<agent id>: why"): it failed through that host (a container that did not start there)."""
-        extra: dict[str, Any] = {} if exit_codes is None else {"exit_codes": exit_codes}
-        if host_failure:
-            extra["host_failure"] = host_failure
-        if rec.spec.restart_policy in RESTARTING_POLICIES and rec.restarts < rec.spec.max_restarts:
-            restarts = rec.restarts + 1
-            why = f"{reason}; restart {restarts} of {rec.spec.max_restarts}"
-            return await self._requeue(rec.id, why, now, restarts=restarts, host_failure=host_failure)
-        event = "fail" if rec.state == W.RUNNING.value else "start_failed"
-        await self.book.end(rec.id, event, reason, now, grace_s=0.0, **extra)
-        return 1
+def _host_status(agent: AgentRecord | None) -> HostStatus:
+    if agent is None:
+        return HostStatus.LEFT
+    if agent.state in (AgentState.RETIRED, AgentState.QUARANTINED):
+        return HostStatus.RETIRED
+    if agent.state == AgentState.OFFLINE:
+        return HostStatus.OFFLINE
+    return HostStatus.ANSWERING

@@ -1,6 +1,9 @@
-"""Workload states as a transition table, and the checks a spec must pass against the Master's configuration.
+"""The workload's and its replicas' states, as enums, and the workload's transition table.
 
-Pure: no I/O. ``WorkloadBook`` (book.py) applies these transitions to stored records and records each one.
+Pure: no I/O. ``WorkloadBook`` (book.py) applies these transitions to stored records and records each one; the
+lifecycle step (lifecycle.py) decides which event happens. The members are ``StrEnum``s whose values are the strings
+stored in records and sent on the wire: a record's ``state`` is still a plain string, and compares equal to its
+member (``rec.state == WorkloadState.RUNNING``), so code compares with the member, never with ``.value``.
 
 States::
 
@@ -16,16 +19,12 @@ queued -> failed ("reject": it can never fit), and "cancel" from every state tha
 from __future__ import annotations
 
 import enum
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 
-from common.catalog import CATALOG
-from common.errors import IdlegridError
-from master.records import WorkloadSpec
 from master.states import StateMachine
-from master.tiers import TierPolicy
 
 
-class WorkloadState(str, enum.Enum):
+class WorkloadState(enum.StrEnum):
     QUEUED = "queued"
     SCHEDULED = "scheduled"  # placed: hosts and GPUs chosen, create commands issued
     STARTING = "starting"  # the agents acknowledged; containers are being created
@@ -36,16 +35,28 @@ class WorkloadState(str, enum.Enum):
     CANCELLED = "cancelled"
 
 
+class AssignmentState(enum.StrEnum):
+    """One replica's container, as the workload's ``Assignment.state`` records it."""
+
+    PENDING = "pending"  # placed; its create is not known to have succeeded
+    RUNNING = "running"  # its create succeeded (or its container was found on its host and adopted)
+    EXITED = "exited"
+    DELETING = "deleting"  # its delete was asked for; its output is awaited (management/outputs.py)
+    DELETED = "deleted"  # deleted, its output kept or given up
+
+
 W = WorkloadState
+A = AssignmentState
+GONE_ASSIGNMENT_STATES = frozenset({str(A.DELETING), str(A.DELETED)})  # a container asked to go, or gone
 
 
 def _table(rows: list[tuple[list[WorkloadState], str, WorkloadState]]) -> dict[tuple[str, str], str]:
-    return {(source.value, event): target.value for sources, event, target in rows for source in sources}
+    return {(str(source), event): str(target) for sources, event, target in rows for source in sources}
 
 
-FINAL_WORKLOAD_STATES = frozenset({W.SUCCEEDED.value, W.FAILED.value, W.CANCELLED.value})
-OPEN_WORKLOAD_STATES = frozenset(s.value for s in W) - FINAL_WORKLOAD_STATES
-WORKLOAD_STATES = tuple(s.value for s in W)
+FINAL_WORKLOAD_STATES = frozenset({str(W.SUCCEEDED), str(W.FAILED), str(W.CANCELLED)})
+OPEN_WORKLOAD_STATES = frozenset(str(s) for s in W) - FINAL_WORKLOAD_STATES
+WORKLOAD_STATES = tuple(str(s) for s in W)
 
 WORKLOAD = StateMachine(
     "workload",
@@ -66,45 +77,6 @@ WORKLOAD = StateMachine(
         ]
     ),
 )
-
-# The priority classes every Master knows, lowest first; the scheduler's policy may define its own.
-DEFAULT_PRIORITY_CLASSES: tuple[str, ...] = ("low", "normal", "high", "critical")
-
-
-class InvalidWorkloadSpec(IdlegridError):
-    """A workload spec that names something this Master does not have (a GPU model, a tier, a priority class)."""
-
-    code = "invalid_workload_spec"
-
-
-def check_spec(spec: WorkloadSpec, *, policy: TierPolicy, priority_classes: Collection[str]) -> None:
-    """Refuse what a spec names that is not configured here, naming the field; InvalidWorkloadSpec."""
-    unknown_models = [m for m in spec.replica.models if m not in CATALOG]
-    if unknown_models:
-        raise InvalidWorkloadSpec(
-            f"replica.models: unknown GPU model {', '.join(map(repr, unknown_models))}; "
-            "use catalog keys such as 'h100-sxm' (GET /api/v1/tiers lists what is sold)"
-        )
-    tiers = [t.name for t in policy.tiers]
-    unknown_tiers = [t for t in spec.replica.tiers if t not in tiers]
-    if unknown_tiers:
-        raise InvalidWorkloadSpec(
-            f"replica.tiers: unknown tier {', '.join(map(repr, unknown_tiers))}; the tiers are: {', '.join(tiers)}"
-        )
-    if spec.priority not in priority_classes:
-        raise InvalidWorkloadSpec(
-            f"priority: unknown priority class {spec.priority!r}; the classes are: {', '.join(priority_classes)}"
-        )
-    if spec.replica.mig_profile is not None and spec.replica.gpus != 1:
-        raise InvalidWorkloadSpec("replica.gpus: a replica with a mig_profile takes exactly one MIG instance (gpus = 1)")
-
-
-def container_name(workload_id: str, replica: int, attempt: int) -> str:
-    """The name of a replica's container on its host, the same every time it is asked: ``wl-<hex>-r<n>-a<n>``.
-
-    Valid per common/containers.py's pattern (letters, digits, ``_.-``; 63 characters at most).
-    """
-    return f"{workload_id}-r{replica}-a{attempt}"
 
 
 def allowed_events(state: str) -> Mapping[str, str]:

@@ -237,7 +237,7 @@ async def placed(market, workload_id: str, agent_id: str) -> None:
     """The scheduler's placement of a workload on ``agent_id`` (one GPU), applied through the workload book as its loop
     applies it: the API's Master runs no scheduling loop here."""
     from management.api.auth import OPERATIONS_KEY
-    from management.workloads.states import container_name
+    from management.workloads.spec import container_name
     from master.records import Assignment
 
     book = market.server.app[OPERATIONS_KEY].workloads

@@ -19,7 +19,7 @@ from management.market.ledger import FEES, LedgerBook, hold_account, provider_ac
 from management.market.meter import LOW_BALANCE_EVENT, RAN_OUT_REASON, MeterLoop, MeterSettings
 from management.market.prices import HostPrice, PriceTable
 from management.workloads.book import WorkloadBook
-from management.workloads.states import container_name
+from management.workloads.spec import container_name
 from master.accounts import AccountRole
 from master.config import MasterConfig
 from master.records import Assignment, PriceRecord, RentalTerms, ReplicaSpec, WorkloadRecord, WorkloadSpec

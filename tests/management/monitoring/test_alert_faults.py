@@ -18,7 +18,7 @@ from master.accounts import AccountRole
 from master.config import MasterConfig
 from master.link import AccessLink
 from master.service import Master
-from tests.management.scheduler.test_loop import host, scheduler, spec, started
+from tests.management.workloads.test_runner import host, scheduler, spec, started
 from tests.master.linked import relay, relay_link
 
 

@@ -17,7 +17,7 @@ from management.market.meter import MeterLoop, MeterSettings
 from management.market.prices import HostPrice, PriceTable
 from management.monitoring.market_series import MarketSeries
 from management.workloads.book import WorkloadBook
-from management.workloads.states import container_name
+from management.workloads.spec import container_name
 from master.accounts import AccountRole
 from master.config import MasterConfig
 from master.records import Assignment, PriceRecord, ReplicaSpec, WorkloadSpec

@@ -14,7 +14,7 @@ from common.wire import AgentEvent, AgentEventKind, CommandResult
 from management.views import command_view, workload_view
 from master.records import AgentRecord
 from master.reputation import reputation
-from tests.management.scheduler.test_loop import creates_sent, host, scheduler, spec, started
+from tests.management.workloads.test_runner import creates_sent, host, scheduler, spec, started
 from tests.master.linked import connect, gpus, relay
 
 

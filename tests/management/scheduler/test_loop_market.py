@@ -14,7 +14,7 @@ from management.workloads.book import WorkloadBook
 from management.workloads.runner import SchedulerLoop, SchedulerSettings
 from master.records import RentalTerms, WorkloadRecord
 from master.service import Master
-from tests.management.scheduler.test_loop import GRACE_S, creates_sent, host, relay, scheduler, spec, started
+from tests.management.workloads.test_runner import GRACE_S, creates_sent, host, relay, scheduler, spec, started
 from tests.master.linked import disconnect
 
 

@@ -23,7 +23,7 @@ from master.records import FairShareUsage
 from master.service import Master
 from master.store import SqliteStore
 from master.store.migrations import SQLITE_MIGRATIONS
-from tests.management.scheduler.test_loop import host, spec, started
+from tests.management.workloads.test_runner import host, spec, started
 
 HALF_LIFE_S = 86_400.0
 # No cycle on the timer (period_s): cycles run when something wakes the loop, the test's clock moves only when it says.

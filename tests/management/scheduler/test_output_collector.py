@@ -15,7 +15,7 @@ from master.link import AccessLink
 from master.records import KeptOutput
 from master.service import Master
 from master.tunnels import TunnelUnavailable
-from tests.management.scheduler.test_loop import deletes_sent, host, scheduler, spec, started
+from tests.management.workloads.test_runner import deletes_sent, host, scheduler, spec, started
 from tests.master.linked import relay
 
 OUTPUT = b"".join(b"step %d\n" % i for i in range(1, 13)) + b"Traceback: KeyError: 'lr'\n"

@@ -12,7 +12,7 @@ import pytest
 
 from common.errors import InvalidTransition, NotFound
 from management.workloads.book import WorkloadBook
-from management.workloads.states import InvalidWorkloadSpec, container_name
+from management.workloads.spec import InvalidWorkloadSpec, container_name
 from master.config import MasterConfig
 from master.records import Assignment, ReplicaSpec, WorkloadSpec
 from master.service import Master

@@ -10,15 +10,8 @@ import pytest
 
 from common.containers import ContainerSpec
 from common.errors import InvalidTransition
-from management.workloads.states import (
-    DEFAULT_PRIORITY_CLASSES,
-    FINAL_WORKLOAD_STATES,
-    WORKLOAD,
-    InvalidWorkloadSpec,
-    WorkloadState,
-    check_spec,
-    container_name,
-)
+from management.workloads.spec import DEFAULT_PRIORITY_CLASSES, InvalidWorkloadSpec, check_spec, container_name
+from management.workloads.states import FINAL_WORKLOAD_STATES, WORKLOAD, WorkloadState
 from master.records import ReplicaSpec, WorkloadSpec
 from master.tiers import TierPolicy
 
