@@ -65,7 +65,7 @@ class DeleteSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     timeout_s: Annotated[float, msgspec.Meta(ge=0, le=600)] = 10.0
 
 
-def create_body(spec: ContainerSpec) -> dict[str, Any]:
+def wire_spec(spec: ContainerSpec) -> dict[str, Any]:
     """The JSON body of a ``create_container`` command for ``spec``: every field that differs from its default, and no
     other. ``ContainerSpec`` refuses fields it does not know, so a field left at its default is left out: an agent
     from before that field existed still accepts every spec that does not use it (``ports``, ``registry_auth``, the

@@ -32,7 +32,7 @@ from typing import Any
 
 import msgspec
 
-from common.containers import create_body
+from common.containers import wire_spec
 from common.errors import IdlegridError, NotFound
 from management.scheduler.core import explain, never_fits, schedule
 from management.scheduler.model import DEFAULT_HALF_LIFE_S, Explanation, Place, Plan, Policy, Preempt, Reject, Requeue, Snapshot
@@ -440,7 +440,7 @@ class SchedulerLoop:
         elif isinstance(action, TakeOver):
             change = msgspec.structs.replace(a, command_id=action.command_id)
         else:
-            body = create_body(container_spec(rec, a))
+            body = wire_spec(container_spec(rec, a))
             try:
                 command = await self.master.create_command(a.agent_id, "create_container", body, timeout_s=action.timeout_s)
             except IdlegridError as exc:

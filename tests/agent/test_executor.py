@@ -10,7 +10,7 @@ from agent.executor import CommandExecutor
 from agent.ledger import CommandLog
 from agent.runtime.docker import create_body
 from agent.runtime.process import ProcessRuntime, child_env
-from common.containers import LABEL_PORTS, parse_create_spec
+from common.containers import LABEL_PORTS, LABEL_REPLICA, LABEL_WORKLOAD_ID, ContainerSpec, parse_create_spec, wire_spec
 from common.inventory import GpuInfo, MigInstance
 from common.pki import CommandSigner, CommandVerifier
 from common.wire import Command, CommandBody, signing_bytes
@@ -250,3 +250,29 @@ def test_docker_asks_the_nvidia_toolkit_for_a_mig_instance_by_its_uuid():
     spec = parse_create_spec({"name": "m", "image": "busybox", "gpus": [MIG_A]})
     body = create_body(spec, {}, [])
     assert body["HostConfig"]["DeviceRequests"] == [{"Driver": "nvidia", "DeviceIDs": [MIG_A], "Capabilities": [["gpu"]]}]
+
+
+async def test_a_create_spec_as_an_older_master_wrote_it_and_as_the_typed_spec_writes_it_both_run(tmp_path, signer):
+    """An older Master hand-built the create's spec with every list and map written out, empty or not; a Master now
+    writes the typed ContainerSpec leaving out what is at its default (common.containers.wire_spec). The agent runs
+    both alike, with the workload's reserved labels."""
+    run, runtime = executor(tmp_path, signer)
+    old = {
+        "name": "wl-0a1b-r0-a1",
+        "image": "none",
+        "command": ["sleep", "30"],
+        "env": {},
+        "gpus": [],
+        "labels": {},
+        "workload_id": "wl-0a1b",
+        "replica": 0,
+    }
+    new = wire_spec(ContainerSpec(name="wl-0a1b-r1-a1", image="none", command=["sleep", "30"], workload_id="wl-0a1b", replica=1))
+    assert set(new) == {"name", "image", "command", "workload_id", "replica"}
+    for i, spec in enumerate((old, new)):
+        result = await run.execute(command(signer, spec=spec, command_id=f"cmd-{i}"))
+        assert result.ok, result
+        info = await runtime.inspect(spec["name"])
+        assert info is not None and info.labels[LABEL_WORKLOAD_ID] == "wl-0a1b" and info.labels[LABEL_REPLICA] == str(i)
+        await runtime.delete(spec["name"], timeout_s=2)
+    run.ledger.close()

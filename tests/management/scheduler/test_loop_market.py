@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from common.wire import AgentEvent, AgentEventKind, CommandResult, Heartbeat
+from common.wire import AgentEvent, AgentEventKind
 from management.market.money import parse_amount
 from management.market.prices import HostPrice
 from management.workloads.book import WorkloadBook
@@ -74,77 +74,6 @@ async def test_a_host_gone_offline_past_the_grace_is_noted_as_the_host_failure_o
 
     requeued = await loop.book.get(rec.id)
     assert requeued.state == "queued" and requeued.host_failure == "agt-a: host agt-a went offline"
-
-
-async def test_a_host_that_is_quarantined_under_a_running_workload_is_noted_as_its_host_failure(master, link):
-    await host(master, link, "agt-a")
-    loop = scheduler(master)
-    await loop.book.load()
-    rec = await running_on_one_host(master, link, loop, restart_policy="on_failure")
-
-    agent = master.registry.agents["agt-a"]
-    assert await master.registry.transition(agent, "quarantine", "failed verification")
-    await loop.cycle()
-
-    requeued = await loop.book.get(rec.id)
-    assert requeued.state == "queued" and "host agt-a is gone" in requeued.state_reason
-    assert requeued.host_failure == "agt-a: host is gone (retired or quarantined)"
-
-
-async def test_a_container_that_vanished_from_a_host_that_answers_is_noted_as_its_host_failure(master, link):
-    await host(master, link, "agt-a")
-    loop = scheduler(master)
-    await loop.book.load()
-    rec = await running_on_one_host(master, link, loop)
-    (a,) = rec.assignments
-
-    agent = master.registry.agents["agt-a"]
-    agent.containers = {k: v for k, v in agent.containers.items() if k != a.container}  # the host no longer reports it
-    await loop.cycle()
-
-    after = await master.store.workloads.get(rec.id)
-    assert after.host_failure == f"agt-a: container {a.container} vanished"
-
-
-def no_such_image(command_id: str) -> CommandResult:
-    return CommandResult(id=command_id, ok=False, error="no such image", error_code="runtime_failure")
-
-
-async def test_a_container_that_did_not_start_is_noted_on_the_failure_and_on_a_restart(master, link):
-    await host(master, link, "agt-a")
-    loop = scheduler(master)
-    await loop.book.load()
-    seen = transitions(loop)
-    # restart_policy never: the workload fails, and the failure names the host
-    wl = await loop.book.submit("alice", spec("once"), time.time())
-    await loop.cycle()
-    (x,) = (await loop.book.get(wl.id)).assignments
-    await relay(master, link, "agt-a", no_such_image(x.command_id))
-    await loop.cycle()
-    failed = await master.store.workloads.get(wl.id)
-    assert failed.state == "failed" and failed.host_failure == "agt-a: container did not start (failed)"
-
-    # on_failure: the requeue names the host; placed again in the same cycle, the new placement clears it
-    again = await loop.book.submit("alice", spec("again", restart_policy="on_failure"), time.time())
-    await loop.cycle()
-    (y,) = (await loop.book.get(again.id)).assignments
-    await relay(master, link, "agt-a", no_such_image(y.command_id))
-    await loop.cycle()
-    mine = [(r.state, r.host_failure) for r in seen if r.id == again.id]
-    assert ("queued", "agt-a: container did not start (failed)") in mine
-    assert mine[-1] == ("scheduled", "")
-
-
-async def test_a_container_that_exited_non_zero_is_no_host_failure(master, link):
-    await host(master, link, "agt-a")
-    loop = scheduler(master)
-    await loop.book.load()
-    rec = await running_on_one_host(master, link, loop)
-    (x,) = rec.assignments
-    await relay(master, link, "agt-a", Heartbeat(seq=1, ts=time.time(), exited={x.container: 2}))
-    await loop.cycle()
-    after = await master.store.workloads.get(rec.id)
-    assert after.state == "failed" and after.host_failure == ""
 
 
 # --- prices and funds, given to the loop --------------------------------------------------------------------------

@@ -169,44 +169,6 @@ async def test_a_higher_class_preempts_a_lower_one_which_goes_back_to_the_queue(
     assert (await loop.book.get(high.id)).state == "scheduled"
 
 
-async def test_a_victim_with_restart_policy_never_fails_when_preempted(master, link):
-    await host(master, link, "agt-a")
-    loop = scheduler(master)
-    await loop.book.load()
-    low = await loop.book.submit("bob", spec("low", priority="low"), time.time())
-    await loop.cycle()
-    await started(master, link, await loop.book.get(low.id))
-    await loop.cycle()
-    await loop.book.submit("alice", spec("high", priority="high"), time.time())
-    await loop.cycle()
-    await deleted(master, link, "agt-a")
-    await loop.cycle()
-
-    victim = await loop.book.get(low.id)
-    assert victim.state == "failed" and "restart_policy never" in victim.state_reason
-
-
-async def test_a_failing_container_is_restarted_while_its_policy_allows_then_fails(master, link):
-    await host(master, link, "agt-a")
-    loop = scheduler(master)
-    await loop.book.load()
-    wl = await loop.book.submit("alice", spec(restart_policy="on_failure", max_restarts=1), time.time())
-    for attempt in (1, 2):
-        await loop.cycle()
-        rec = await loop.book.get(wl.id)
-        assert rec.state == "scheduled" and rec.attempts == attempt
-        await started(master, link, rec)
-        await loop.cycle()
-        (x,) = (await loop.book.get(wl.id)).assignments
-        await relay(master, link, "agt-a", Heartbeat(seq=attempt, ts=time.time(), exited={x.container: 3}))
-        await loop.cycle()
-        await deleted(master, link, "agt-a")
-
-    rec = await loop.book.get(wl.id)
-    assert (rec.state, rec.restarts, rec.exit_codes) == ("failed", 1, [3])
-    assert "exited with code 3" in rec.state_reason
-
-
 async def test_a_create_the_host_refuses_to_start_requeues_the_workload(master, link):
     await host(master, link, "agt-a")
     loop = scheduler(master)
@@ -225,24 +187,6 @@ async def test_a_create_the_host_refuses_to_start_requeues_the_workload(master, 
     moves = await master.store.events.list(subject=wl.id, kind_prefix="workload.transition")
     requeue = next(e for e in moves if e.data["event"] == "requeue")
     assert "1 of 1 container(s) did not start (failed); restart 1 of 3" in requeue.data["reason"]
-
-
-async def test_a_workload_past_its_max_duration_is_stopped_and_failed(master, link):
-    await host(master, link, "agt-a")
-    loop = scheduler(master)
-    await loop.book.load()
-    wl = await loop.book.submit("alice", spec(max_duration_s=60.0), time.time())
-    await loop.cycle()
-    await started(master, link, await loop.book.get(wl.id))
-    await loop.cycle()
-    assert (await loop.book.get(wl.id)).state == "running"
-
-    loop._clock = lambda: time.time() + 61.0  # noqa: SLF001  (a minute passes)
-    await loop.cycle()
-
-    rec = await loop.book.get(wl.id)
-    assert rec.state == "failed" and "max_duration_s" in rec.state_reason
-    assert len(deletes_sent(link, "agt-a")) == 1
 
 
 async def test_a_restarted_master_adopts_running_containers_and_issues_what_was_missing(tmp_path, link):
@@ -312,28 +256,6 @@ async def test_a_container_created_after_its_delete_is_deleted_again(master, lin
     await relay(master, link, "agt-a", CommandResult(id=second.body.id, ok=True))
     await loop.cycle()
     assert (await loop.book.get(low.id)).state == "queued"
-
-
-async def test_a_stray_whose_assignment_was_settled_deleted_is_still_deleted_again(master, link):
-    """The output collector settles a replica ``deleted`` once its delete is done (management/outputs.py); a create
-    that ran after that delete leaves a container no one holds, which the sweep must still delete."""
-    await host(master, link, "agt-a")
-    loop = scheduler(master)
-    await loop.book.load()
-    low = await loop.book.submit("bob", spec("low", priority="low", restart_policy="on_failure"), time.time())
-    await loop.cycle()
-    (placed,) = (await loop.book.get(low.id)).assignments
-    await loop.book.submit("alice", spec("high", priority="high"), time.time())
-    await loop.cycle()
-    (first_delete,) = deletes_sent(link, "agt-a")
-    await relay(master, link, "agt-a", CommandResult(id=first_delete.body.id, ok=True, result={"container": None}))
-    settled = await loop.book.settle(low.id, placed.container)  # as the collector does: nothing was there to keep
-    assert settled is not None and [a.state for a in settled.assignments] == ["deleted"]
-    await relay(master, link, "agt-a", CommandResult(id=placed.command_id, ok=True, result={"id": placed.container}))
-
-    await loop.cycle()
-
-    assert [d.body.spec["name"] for d in deletes_sent(link, "agt-a")] == [placed.container, placed.container]
 
 
 async def test_a_workload_cancelled_while_its_create_is_under_way_leaves_no_container(master, link):
