@@ -181,7 +181,7 @@ class MeterLoop:
                 if len(page) < PAGE:
                     break
                 after = _order(page[-1])
-            running = {rental_id(w): w for w in self._book.open_workloads(state=WorkloadState.RUNNING.value)}
+            running = {rental_id(w): w for w in self._book.open_workloads(state=WorkloadState.RUNNING)}
             for rid, wl in running.items():
                 if rid not in self._open:
                     await self._start(wl, wl.started_at if wl.started_at is not None else now)
@@ -262,7 +262,7 @@ class MeterLoop:
         while self._noted:
             wl, seen = self._noted.pop(0)
             rid = rental_id(wl)
-            if wl.state == WorkloadState.RUNNING.value:
+            if wl.state == WorkloadState.RUNNING:
                 if rid not in self._open:
                     await self._start(wl, wl.started_at if wl.started_at is not None else seen)
             elif rid in self._open:

@@ -18,8 +18,8 @@ from management.workloads.states import WorkloadState
 from master.records import RENTAL_KINDS, RentalRecord
 
 # States a workload leaves the book in: it holds only open ones, so these are always 0 and not exported.
-_FINAL = frozenset({WorkloadState.SUCCEEDED.value, WorkloadState.FAILED.value, WorkloadState.CANCELLED.value})
-OPEN_WORKLOAD_STATES = tuple(state.value for state in WorkloadState if state.value not in _FINAL)
+_FINAL = frozenset({str(WorkloadState.SUCCEEDED), str(WorkloadState.FAILED), str(WorkloadState.CANCELLED)})
+OPEN_WORKLOAD_STATES = tuple(str(state) for state in WorkloadState if state not in _FINAL)
 # Kinds of ledger account (the part of a ledger account's name before its colon, management/market/ledger.py):
 # renters' available money, money held for running rentals, providers' earnings, the platform's fees, and the outside
 # world (credits come from it: its balance is minus what was paid in).
