@@ -409,8 +409,9 @@ class SchedulerLoop:
         replicas = []
         for a in rec.assignments:
             agent = self.master.registry.agents.get(a.agent_id)
-            command = await self._command(a.command_id) if a.state == AssignmentState.PENDING else None
-            result = command.result or {} if command is not None else {}
+            pending = a.state == AssignmentState.PENDING  # its create's fate matters only until it runs
+            command = await self._command(a.command_id) if pending else None
+            result = (command.result or {}) if command is not None else {}
             replicas.append(
                 ReplicaFacts(
                     host=_host_status(agent),
@@ -421,7 +422,7 @@ class SchedulerLoop:
                     create_error=(command.error or "") if command is not None else "",
                     pulling=self.master.pull_progress(a.agent_id, a.container),
                     has_image=agent is None or rec.spec.image in agent.images,
-                    create_made="" if a.command_id else self._create_made_for(a),
+                    create_made=self._create_made_for(a) if pending and not a.command_id else "",
                 )
             )
         return Facts(tuple(replicas))
