@@ -11,11 +11,13 @@ from typing import Annotated, Literal
 import msgspec
 from aiohttp import web
 
-from management.api.auth import OPERATIONS_KEY, acting_account, scope_of
-from management.api.errors import BadRequest
-from management.api.paging import decode_cursor, encode_cursor
-from management.api.requests import json_response, parse_body, parse_query
-from management.api.schemas import AccountName, EmptyQuery, EventSeq, Identifier, PageLimit, PageQuery
+from management.access_control import acting_account
+from management.api.auth import scope_of
+from management.http.errors import BadRequest
+from management.http.keys import OPERATIONS_KEY
+from management.http.paging import decode_cursor, encode_cursor
+from management.http.requests import json_response, parse_body, parse_query
+from management.http.schemas import AccountName, EmptyQuery, EventSeq, Identifier, PageLimit, PageQuery
 from management.market.money import BadAmount, parse_amount
 from management.market.offers import offer_view, search_view
 from management.views import funds_view, ledger_entry_view, rental_view, statement_view, statements_view, workload_view
@@ -230,20 +232,4 @@ async def rate_rental(request: web.Request) -> web.Response:
     return json_response(rental_view(rental, for_provider=False))
 
 
-def add_routes(router: web.UrlDispatcher) -> None:
-    router.add_get("/api/v1/offers", search_offers)
-    router.add_get("/api/v1/offers/{offer_id}", get_offer)
-    router.add_post("/api/v1/offers/{offer_id}/rent", rent_offer)
-    router.add_post("/api/v1/workloads/{workload_id}/bid", change_bid)
-    router.add_get("/api/v1/accounts/{account_id}/balance", get_balance)
-    router.add_post("/api/v1/accounts/{account_id}/credit", credit_account)
-    router.add_get("/api/v1/accounts/{account_id}/ledger", get_ledger)
-    router.add_get("/api/v1/accounts/{account_id}/spend", get_spend)
-    router.add_get("/api/v1/accounts/{account_id}/earnings", get_earnings)
-    router.add_get("/api/v1/accounts/{account_id}/payouts", get_payouts)
-    router.add_get("/api/v1/rentals", list_rentals)
-    router.add_get("/api/v1/rentals/{rental_id}", get_rental)
-    router.add_post("/api/v1/rentals/{rental_id}/rating", rate_rental)
-
-
-__all__ = ["REQUEST_SCHEMAS", "add_routes"]
+__all__ = ["REQUEST_SCHEMAS"]

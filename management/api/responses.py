@@ -43,7 +43,7 @@ class ErrorDetail(View):
 
 
 class Error(View):
-    """Every refusal and failure: ``{"error": {"code", "message"}}`` (management/api/errors.py)."""
+    """Every refusal and failure: ``{"error": {"code", "message"}}`` (management/http/errors.py)."""
 
     error: ErrorDetail
 
@@ -549,7 +549,7 @@ class RentalView(View):
 
 
 def page_of(item: type[msgspec.Struct]) -> type[msgspec.Struct]:
-    """The ``{"items": [...], "next_cursor": str | null}`` shape of a list of ``item`` (management/api/paging.py),
+    """The ``{"items": [...], "next_cursor": str | null}`` shape of a list of ``item`` (management/http/paging.py),
     named ``<Item>Page`` (a name OpenAPI accepts, unlike a generic's ``Page[Item]``)."""
     name = item.__name__.removesuffix("View") + "Page"
     return msgspec.defstruct(

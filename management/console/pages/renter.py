@@ -17,16 +17,17 @@ from aiohttp import web
 
 from common.errors import BadQuery, Conflict, NotFound
 from common.output import last_lines
-from management.api.auth import OPERATIONS_KEY, Action, Resource, acting_account
-from management.api.errors import validation_message
-from management.api.paging import decode_cursor, encode_cursor
-from management.api.schemas import PageQuery
+from management.access_control import Action, Resource, acting_account
 from management.console import session
 from management.console.forms import FormErrors, amount, integer, number, text, word
 from management.console.nav import NavItem
 from management.console.rendering import page
 from management.console.terminal import serve_logs, serve_terminal
 from management.explain_text import render_explanation
+from management.http.errors import validation_message
+from management.http.keys import OPERATIONS_KEY
+from management.http.paging import decode_cursor, encode_cursor
+from management.http.schemas import PageQuery
 from management.market.money import MICRO, BadAmount, format_amount, parse_amount
 from management.market.offers import Offer
 from management.market.operations import FundsDetail, PaymentRequired
