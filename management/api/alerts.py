@@ -11,10 +11,10 @@ import msgspec
 from aiohttp import web
 
 from management.api.auth import scope_of
-from management.api.responses import Time, View
 from management.http.keys import OPERATIONS_KEY
 from management.http.paging import decode_cursor, page_response
 from management.http.requests import json_response, parse_body, parse_query
+from management.http.responses import Time, View
 from management.http.schemas import EmptyQuery, PageQuery
 from management.monitoring.evaluator import AlertState, AlertTransition
 from management.monitoring.rules import AlertRule

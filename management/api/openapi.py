@@ -20,9 +20,9 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from management.api.responses import Error
 from management.api.route import COMMON_ERRORS, JSON, PUBLIC_ERRORS, Route
 from management.http import schemas
+from management.http.responses import Error
 
 OPENAPI_PATH = "/api/v1/openapi.json"
 REF = "#/components/schemas/{name}"

@@ -31,7 +31,6 @@ from management.api import (
     prices,
     reference,
     reports,
-    responses,
     signing_keys,
     telemetry,
     tiers,
@@ -41,7 +40,7 @@ from management.api import (
 )
 from management.api.openapi import DOCUMENT_KEY, PublishedDocument, build_document
 from management.api.route import DECLARED_KEY, JSON, DeclarationError, Route
-from management.http import schemas
+from management.http import responses, schemas
 from management.renter_access import TunnelRequest
 
 r = responses

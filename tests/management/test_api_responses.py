@@ -1,4 +1,4 @@
-"""The answers' structs (management/api/responses.py) and the views that build the answers agree, field for field.
+"""The answers' structs (management/http/responses.py) and the views that build the answers agree, field for field.
 
 Each view's output is encoded and decoded as its struct: a key a view adds that the struct lacks, a key the struct
 requires that the view drops, or a value of another type (a time left as a float, money as an integer) fails here,
@@ -16,7 +16,7 @@ import pytest
 
 from agent.simulate import SimulatedCollector
 from common.inventory import GpuSample, MigInstance
-from management.api import responses as r
+from management.http import responses as r
 from management.market.ledger import HostEarnings, PeriodEarnings, Statement, StatementLine, WorkloadSpend
 from management.market.operations import FundsDetail, RentalDetail, Statements
 from management.market.prices import HostPrice
