@@ -1,4 +1,9 @@
-"""What the API shows of the Master's records: plain JSON-ready dicts, one function per resource.
+"""What the API shows of the Master's records, one function per answer.
+
+Hosts, GPUs, commands, events, join tokens, signing keys, accounts and API keys are built as their answer structs
+(management/http/responses.py), the one definition of each answer's shape that the OpenAPI document states too. The
+rest (workloads, the market, telemetry) still builds plain dicts that ``tests/management/test_api_responses.py`` holds
+to their structs.
 
 Every timestamp is an RFC 3339 UTC string with milliseconds ("2026-11-22T17:40:00.000Z"), or null
 for a moment that has not happened (the records keep 0 or None for "never").
@@ -15,6 +20,24 @@ from typing import Any
 import msgspec
 
 from common.inventory import GpuSample, HostSample
+from management.http.responses import (
+    AccountView,
+    AgentView,
+    ApiKeyView,
+    CommandAccepted,
+    CommandView,
+    EventView,
+    GpuView,
+    HostedReplicaView,
+    IssuedApiKeyView,
+    MigInstanceView,
+    MigView,
+    PcieView,
+    SampleView,
+    SigningKeyView,
+    TokenView,
+    WhoamiView,
+)
 from management.market.ledger import Statement
 from management.market.money import format_amount
 from management.market.operations import FundsDetail, RentalDetail, Statements
@@ -54,58 +77,69 @@ def instant(ts: float) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
-def sample_view(sample: GpuSample) -> dict[str, Any]:
-    view = msgspec.to_builtins(sample)
-    view["ts"] = rfc3339(sample.ts)
-    return view
+def sample_view(sample: GpuSample) -> SampleView:
+    return SampleView(
+        uuid=sample.uuid,
+        ts=rfc3339(sample.ts),
+        utilization_pct=sample.utilization_pct,
+        memory_used_mib=sample.memory_used_mib,
+        temperature_c=sample.temperature_c,
+        power_w=sample.power_w,
+        clock_sm_mhz=sample.clock_sm_mhz,
+        ecc_corrected=sample.ecc_corrected,
+        ecc_uncorrected=sample.ecc_uncorrected,
+        clock_mem_mhz=sample.clock_mem_mhz,
+        xid_count=sample.xid_count,
+        throttle_reasons=list(sample.throttle_reasons),
+    )
 
 
 def gpu_view(
     gpu: GpuRecord, latest: GpuSample | None = None, *, offered: bool = False, holders: Mapping[str, str] | None = None
-) -> dict[str, Any]:
+) -> GpuView:
     """``offered``: renters are offered this GPU now (available, on a host that isolates workloads well enough).
     ``holders``: the container holding the GPU, or each of its MIG instances (uuid -> container name)."""
     holders = holders or {}
-    return {
-        "uuid": gpu.uuid,
-        "agent_id": gpu.agent_id,
-        "index": gpu.index,
-        "name": gpu.info.name,
-        "model": gpu.model,
-        "tier": gpu.tier,
-        "state": gpu.state,
-        "flags": gpu.flags,
+    return GpuView(
+        uuid=gpu.uuid,
+        agent_id=gpu.agent_id,
+        index=gpu.index,
+        name=gpu.info.name,
+        model=gpu.model,
+        tier=gpu.tier,
+        state=gpu.state,
+        flags=gpu.flags,
         # Why the GPU is faulty (an Xid, ECC errors, overheating), until repaired or cooled down; None when healthy.
-        "fault": msgspec.to_builtins(gpu.fault) if gpu.fault is not None else None,
-        "offered": offered,
-        "memory_total_mib": gpu.info.memory_total_mib,
-        "compute_capability": gpu.info.compute_capability,
-        "pcie": {"gen": gpu.info.pcie_gen, "width": gpu.info.pcie_width},
-        "nvlinks": sum(1 for link in gpu.info.nvlinks if link.active),
-        "simulated": gpu.info.simulated,
-        "updated_at": rfc3339(gpu.updated_at),
-        "telemetry": sample_view(latest) if latest is not None else None,
-        "held_by": holders.get(gpu.uuid),  # the container holding the whole GPU, None when none does
-        "mig": mig_view(gpu, holders),
-    }
+        fault=gpu.fault,
+        offered=offered,
+        memory_total_mib=gpu.info.memory_total_mib,
+        compute_capability=gpu.info.compute_capability,
+        pcie=PcieView(gen=gpu.info.pcie_gen, width=gpu.info.pcie_width),
+        nvlinks=sum(1 for link in gpu.info.nvlinks if link.active),
+        simulated=gpu.info.simulated,
+        updated_at=rfc3339(gpu.updated_at),
+        telemetry=sample_view(latest) if latest is not None else None,
+        held_by=holders.get(gpu.uuid),  # the container holding the whole GPU, None when none does
+        mig=mig_view(gpu, holders),
+    )
 
 
-def mig_view(gpu: GpuRecord, holders: Mapping[str, str]) -> dict[str, Any]:
+def mig_view(gpu: GpuRecord, holders: Mapping[str, str]) -> MigView:
     """A GPU's MIG mode and instances, each with the container holding it (None: free)."""
-    return {
-        "enabled": gpu.info.mig_enabled,
-        "instances": [
-            {
-                "uuid": m.uuid,
-                "profile": m.profile,
-                "memory_mib": m.memory_mib,
-                "gpu_instance_id": m.gpu_instance_id,
-                "compute_instance_id": m.compute_instance_id,
-                "held_by": holders.get(m.uuid),
-            }
+    return MigView(
+        enabled=gpu.info.mig_enabled,
+        instances=[
+            MigInstanceView(
+                uuid=m.uuid,
+                profile=m.profile,
+                memory_mib=m.memory_mib,
+                gpu_instance_id=m.gpu_instance_id,
+                compute_instance_id=m.compute_instance_id,
+                held_by=holders.get(m.uuid),
+            )
             for m in gpu.info.mig_instances
         ],
-    }
+    )
 
 
 def agent_view(
@@ -117,54 +151,54 @@ def agent_view(
     offered: frozenset[str] = frozenset(),
     workloads: Sequence[HostedReplica] = (),
     holders: Mapping[str, str] | None = None,
-) -> dict[str, Any]:
+) -> AgentView:
     """``reachable``: a relay link carries the agent now (a command reaches it at once, not on its return).
     ``offered``: uuids of its GPUs renters are offered now. ``workloads``: what runs (or is being started or stopped)
     on it, as its provider may see it (``hosted_replica_view``)."""
     latest = latest or {}
-    return {
-        "id": agent.id,
-        "provider": agent.provider,
-        "state": agent.state,
-        "state_reason": agent.state_reason,
-        "region": agent.region,
-        "relay": agent.relay,
-        "reachable": reachable,
-        "runtime": agent.runtime or None,  # what runs containers on the host: docker | process | simulated
-        "isolation": agent.isolation or None,  # how workloads are kept from the host: container | sandbox | none
-        "images": list(agent.images),  # the images it already has, warm first: a renter's container starts at once
-        "simulated": agent.simulated,
-        "host": msgspec.to_builtins(agent.host) if agent.host else None,
-        "enrolled_at": rfc3339(agent.enrolled_at),
-        "last_seen": rfc3339(agent.last_seen),
-        "connected_since": rfc3339(agent.connected_since),
-        "cert_serial": agent.cert_serial,
-        "cert_not_after": rfc3339(agent.cert_not_after),
-        "drained": agent.drained,
-        "containers": sorted(agent.containers),
-        "exited": dict(agent.exited),  # containers that ended on their own (name -> exit status), until deleted
-        "gpu_selftest": [msgspec.to_builtins(reach) for reach in agent.gpu_reach],  # a GPU listed unreachable is not offered
-        "gpus": [gpu_view(g, latest.get(g.uuid), offered=g.uuid in offered, holders=holders) for g in gpus],
-        "reputation": msgspec.to_builtins(reputation(agent)),
-        "workloads": [hosted_replica_view(r) for r in workloads],
-    }
+    return AgentView(
+        id=agent.id,
+        provider=agent.provider,
+        state=agent.state,
+        state_reason=agent.state_reason,
+        region=agent.region,
+        relay=agent.relay,
+        reachable=reachable,
+        runtime=agent.runtime or None,  # what runs containers on the host: docker | process | simulated
+        isolation=agent.isolation or None,  # how workloads are kept from the host: container | sandbox | none
+        images=list(agent.images),  # the images it already has, warm first: a renter's container starts at once
+        simulated=agent.simulated,
+        host=agent.host if agent.host else None,
+        enrolled_at=rfc3339(agent.enrolled_at),
+        last_seen=rfc3339(agent.last_seen),
+        connected_since=rfc3339(agent.connected_since),
+        cert_serial=agent.cert_serial,
+        cert_not_after=rfc3339(agent.cert_not_after),
+        drained=agent.drained,
+        containers=sorted(agent.containers),
+        exited=dict(agent.exited),  # containers that ended on their own (name -> exit status), until deleted
+        gpu_selftest=list(agent.gpu_reach),  # a GPU listed unreachable is not offered
+        gpus=[gpu_view(g, latest.get(g.uuid), offered=g.uuid in offered, holders=holders) for g in gpus],
+        reputation=reputation(agent),
+        workloads=[hosted_replica_view(r) for r in workloads],
+    )
 
 
-def hosted_replica_view(replica: HostedReplica) -> dict[str, Any]:
+def hosted_replica_view(replica: HostedReplica) -> HostedReplicaView:
     """One replica placed on a host, for the host's provider and the operator: what runs there and on which GPUs.
     Never the renter's env (names or values), command, labels or account: a provider learns what its hardware
     runs, not the renter's secrets or who the renter is."""
-    return {
-        "workload_id": replica.workload_id,
-        "name": replica.name,
-        "image": replica.image,
-        "replica": replica.replica,
-        "gpus": replica.units,
-        "container": replica.container,
-        "state": replica.state,
-        "container_state": replica.container_state,
-        "started_at": rfc3339(replica.started_at),
-    }
+    return HostedReplicaView(
+        workload_id=replica.workload_id,
+        name=replica.name,
+        image=replica.image,
+        replica=replica.replica,
+        gpus=replica.units,
+        container=replica.container,
+        state=replica.state,
+        container_state=replica.container_state,
+        started_at=rfc3339(replica.started_at),
+    )
 
 
 def redact_registry_auth(spec: Mapping[str, Any]) -> dict[str, Any]:
@@ -176,47 +210,47 @@ def redact_registry_auth(spec: Mapping[str, Any]) -> dict[str, Any]:
     return {**spec, "registry_auth": {"username": auth.get("username", "")}}
 
 
-def command_view(command: CommandRecord) -> dict[str, Any]:
-    return {
-        "id": command.id,
-        "agent_id": command.agent_id,
-        "kind": command.kind,
-        "spec": redact_registry_auth(command.spec),
-        "state": command.state,
-        "created_at": rfc3339(command.created_at),
-        "deadline": rfc3339(command.deadline),
-        "sent_at": rfc3339(command.sent_at),
-        "acked_at": rfc3339(command.acked_at),
-        "finished_at": rfc3339(command.finished_at),
-        "attempts": command.attempts,
-        "key_id": command.key_id,  # the command-signing key its signature is made with
-        "result": command.result,
-        "error": command.error,
-    }
+def command_view(command: CommandRecord) -> CommandView:
+    return CommandView(
+        id=command.id,
+        agent_id=command.agent_id,
+        kind=command.kind,
+        spec=redact_registry_auth(command.spec),
+        state=command.state,
+        created_at=rfc3339(command.created_at),
+        deadline=rfc3339(command.deadline),
+        sent_at=rfc3339(command.sent_at),
+        acked_at=rfc3339(command.acked_at),
+        finished_at=rfc3339(command.finished_at),
+        attempts=command.attempts,
+        key_id=command.key_id,  # the command-signing key its signature is made with
+        result=command.result,
+        error=command.error,
+    )
 
 
-def event_view(event: EventRecord) -> dict[str, Any]:
+def event_view(event: EventRecord) -> EventView:
     """``data`` is the event's payload as recorded (its own fields, numbers included, are not reinterpreted)."""
-    return {"seq": event.seq, "ts": rfc3339(event.ts), "kind": event.kind, "subject": event.subject, "data": event.data}
+    return EventView(seq=event.seq, ts=rfc3339(event.ts), kind=event.kind, subject=event.subject, data=event.data)
 
 
-def token_view(token: str, record: TokenRecord) -> dict[str, Any]:
+def token_view(token: str, record: TokenRecord) -> TokenView:
     """The token itself is shown this once; only its hash is kept."""
-    return {"token": token, "provider": record.provider, "expires_at": rfc3339(record.expires_at)}
+    return TokenView(token=token, provider=record.provider, expires_at=rfc3339(record.expires_at))
 
 
-def command_accepted_view(command: CommandRecord) -> dict[str, Any]:
-    return {"id": command.id, "state": command.state}
+def command_accepted_view(command: CommandRecord) -> CommandAccepted:
+    return CommandAccepted(id=command.id, state=command.state)
 
 
-def signing_key_view(key: SigningKeyInfo) -> dict[str, Any]:
-    return {
-        "key_id": key.key_id,
-        "public_key": key.public_key,
-        "state": key.state.value,
-        "created_at": rfc3339(key.created_at),
-        "retired_at": rfc3339(key.retired_at),
-    }
+def signing_key_view(key: SigningKeyInfo) -> SigningKeyView:
+    return SigningKeyView(
+        key_id=key.key_id,
+        public_key=key.public_key,
+        state=key.state.value,
+        created_at=rfc3339(key.created_at),
+        retired_at=rfc3339(key.retired_at),
+    )
 
 
 def output_view(kept: KeptOutput) -> dict[str, Any]:
@@ -278,22 +312,22 @@ def explanation_view(explanation: Explanation) -> dict[str, Any]:
 # --- accounts and API keys ------------------------------------------------------------------------
 
 
-def account_view(account: AccountRecord) -> dict[str, Any]:
-    return {
-        "id": account.id,
-        "role": account.role,
-        "name": account.name,
-        "disabled": account.disabled,
-        "created_at": rfc3339(account.created_at),
-        "updated_at": rfc3339(account.updated_at or None),
-        "share": account.share,
-        "project_shares": account.project_shares,
-        "gpu_quota": account.gpu_quota,
-        "tier_quotas": account.tier_quotas,
-    }
+def account_view(account: AccountRecord) -> AccountView:
+    return AccountView(
+        id=account.id,
+        role=account.role,
+        name=account.name,
+        disabled=account.disabled,
+        created_at=rfc3339(account.created_at),
+        updated_at=rfc3339(account.updated_at or None),
+        share=account.share,
+        project_shares=account.project_shares,
+        gpu_quota=account.gpu_quota,
+        tier_quotas=account.tier_quotas,
+    )
 
 
-def api_key_view(key: ApiKeyRecord) -> dict[str, Any]:
+def _key_fields(key: ApiKeyRecord) -> dict[str, Any]:
     """Never the key, never its hash."""
     return {
         "key_id": key.key_id,
@@ -305,13 +339,17 @@ def api_key_view(key: ApiKeyRecord) -> dict[str, Any]:
     }
 
 
-def issued_api_key_view(key: str, record: ApiKeyRecord) -> dict[str, Any]:
+def api_key_view(key: ApiKeyRecord) -> ApiKeyView:
+    return ApiKeyView(**_key_fields(key))
+
+
+def issued_api_key_view(key: str, record: ApiKeyRecord) -> IssuedApiKeyView:
     """The key itself is shown this once; only its hash is kept."""
-    return {"key": key, **api_key_view(record)}
+    return IssuedApiKeyView(key=key, **_key_fields(record))
 
 
-def whoami_view(account: str, role: str, key_id: str, key_name: str, name: str) -> dict[str, Any]:
-    return {"account": account, "role": role, "key_id": key_id, "key_name": key_name, "name": name}
+def whoami_view(account: str, role: str, key_id: str, key_name: str, name: str) -> WhoamiView:
+    return WhoamiView(account=account, role=role, key_id=key_id, key_name=key_name, name=name)
 
 
 # --- the market: prices (management/api/prices.py) -------------------------------------------------------------------

@@ -8,6 +8,7 @@ from management.api.auth import scope_of
 from management.http.keys import OPERATIONS_KEY
 from management.http.paging import decode_cursor, page_response
 from management.http.requests import json_response, parse_query
+from management.http.responses import AgentView
 from management.http.schemas import AgentQuery, EmptyQuery
 from management.operations import AgentDetail, AgentKey
 from management.views import agent_view
@@ -15,7 +16,7 @@ from management.views import agent_view
 RESOURCE = "agents"
 
 
-def render(detail: AgentDetail) -> dict:
+def render(detail: AgentDetail) -> AgentView:
     return agent_view(
         detail.agent,
         detail.gpus,

@@ -8,6 +8,7 @@ from management.api.auth import scope_of
 from management.http.keys import OPERATIONS_KEY
 from management.http.paging import decode_cursor, page_response
 from management.http.requests import json_response, parse_query
+from management.http.responses import GpuView
 from management.http.schemas import EmptyQuery, GpuQuery
 from management.operations import GpuDetail, GpuKey
 from management.views import gpu_view
@@ -15,7 +16,7 @@ from management.views import gpu_view
 RESOURCE = "gpus"
 
 
-def render(detail: GpuDetail) -> dict:
+def render(detail: GpuDetail) -> GpuView:
     return gpu_view(detail.gpu, detail.latest, offered=detail.offered, holders=detail.holders)
 
 
