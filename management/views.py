@@ -27,16 +27,22 @@ from management.http.responses import (
     CommandAccepted,
     CommandView,
     EventView,
+    ExplanationView,
     GpuView,
     HostedReplicaView,
     IssuedApiKeyView,
     MigInstanceView,
     MigView,
+    OutputView,
     PcieView,
+    RentalTermsView,
     SampleView,
     SigningKeyView,
     TokenView,
     WhoamiView,
+    WorkloadDetail,
+    WorkloadSpecView,
+    WorkloadView,
 )
 from management.market.ledger import Statement
 from management.market.money import format_amount
@@ -253,36 +259,56 @@ def signing_key_view(key: SigningKeyInfo) -> SigningKeyView:
     )
 
 
-def output_view(kept: KeptOutput) -> dict[str, Any]:
-    """api/responses.py ``OutputView``: what is kept of a deleted container's output, without the bytes."""
-    return {
-        "replica": kept.replica,
-        "attempt": kept.attempt,
-        "state": kept.state,
-        "host": kept.agent_id,
-        "bytes": len(kept.data),
-        "truncated": kept.truncated,
-        "exit_code": kept.exit_code,
-        "reason": kept.reason,
-        "ended_at": rfc3339(kept.ended_at),
-        "collected_at": rfc3339(kept.collected_at),
-    }
+def output_view(kept: KeptOutput) -> OutputView:
+    """What is kept of a deleted container's output, without the bytes."""
+    return OutputView(
+        replica=kept.replica,
+        attempt=kept.attempt,
+        state=kept.state,
+        host=kept.agent_id,
+        bytes=len(kept.data),
+        truncated=kept.truncated,
+        exit_code=kept.exit_code,
+        reason=kept.reason,
+        ended_at=rfc3339(kept.ended_at),
+        collected_at=rfc3339(kept.collected_at),
+    )
 
 
-def workload_view(workload: WorkloadRecord, terms: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """A workload as its owner and the operator see it. The env's values are the renter's secrets: they go to the
-    containers only, and are never shown again, to anyone (the names are, so a renter can check what it sent).
-    ``terms``: how it pays (the market's ``workload_terms``), stated in every answer about a workload as ``rental``."""
+def workload_spec_view(workload: WorkloadRecord) -> WorkloadSpecView:
+    """The spec as submitted, but the env's values are the renter's secrets: they go to the containers only, and are
+    never shown again, to anyone (the names are, so a renter can check what it sent); so is the registry password."""
     spec = msgspec.to_builtins(workload.spec)
     spec["env"] = sorted(workload.spec.env)
-    spec = redact_registry_auth(spec)
+    return msgspec.convert(redact_registry_auth(spec), WorkloadSpecView)
+
+
+def workload_view(workload: WorkloadRecord, terms: Mapping[str, Any]) -> WorkloadView:
+    """A workload as its owner and the operator see it. ``terms``: how it pays (the market's ``workload_terms``),
+    stated in every answer about a workload as ``rental``."""
+    return WorkloadView(**_workload_fields(workload, terms))
+
+
+def workload_detail(
+    workload: WorkloadRecord, terms: Mapping[str, Any], waiting: Explanation | None, outputs: Sequence[KeptOutput]
+) -> WorkloadDetail:
+    """One workload: its view, why it waits while it is queued (None otherwise), the output kept of its deleted
+    containers."""
+    return WorkloadDetail(
+        **_workload_fields(workload, terms),
+        waiting=explanation_view(waiting) if waiting is not None else None,
+        outputs=[output_view(kept) for kept in outputs],
+    )
+
+
+def _workload_fields(workload: WorkloadRecord, terms: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "id": workload.id,
         "account": workload.account,
         "name": workload.spec.name,
         "state": workload.state,
         "state_reason": workload.state_reason,
-        "spec": spec,
+        "spec": workload_spec_view(workload),
         "created_at": rfc3339(workload.created_at),
         "queued_at": rfc3339(workload.queued_at),
         "scheduled_at": rfc3339(workload.scheduled_at),
@@ -292,21 +318,21 @@ def workload_view(workload: WorkloadRecord, terms: Mapping[str, Any] | None = No
         "restarts": workload.restarts,
         "preemptions": workload.preemptions,
         "exit_codes": workload.exit_codes,
-        "assignments": [msgspec.to_builtins(a) for a in workload.assignments],
+        "assignments": list(workload.assignments),
         "host_failure": workload.host_failure or None,
         "detail": workload.detail,  # while it starts: how its image pull goes
         "version": workload.version,
-        **({"rental": dict(terms)} if terms is not None else {}),
+        "rental": RentalTermsView(**terms),
     }
 
 
-def explanation_view(explanation: Explanation) -> dict[str, Any]:
-    """Why a workload waits: the scheduler core's explanation as it is (plain values; its sentences already speak of
-    workloads and print times for people), with its two times as RFC 3339."""
-    view = dataclasses.asdict(explanation)
-    view["reserved_start"] = rfc3339(explanation.reserved_start)
-    view["estimated_start"] = rfc3339(explanation.estimated_start)
-    return view
+def explanation_view(explanation: Explanation) -> ExplanationView:
+    """Why a workload waits: the scheduler core's explanation as it is (its sentences already speak of workloads and
+    print times for people), with its two times as RFC 3339."""
+    fields = {field.name: getattr(explanation, field.name) for field in dataclasses.fields(explanation)}
+    fields["reserved_start"] = rfc3339(explanation.reserved_start)
+    fields["estimated_start"] = rfc3339(explanation.estimated_start)
+    return ExplanationView(**fields)
 
 
 # --- accounts and API keys ------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from management.http.paging import decode_cursor, page_response
 from management.http.requests import json_response, parse_body, parse_query
 from management.http.schemas import EmptyQuery, SubmitWorkload, WorkloadQuery
 from management.operations import WorkloadKey
-from management.views import explanation_view, output_view, workload_view
+from management.views import explanation_view, workload_detail, workload_view
 
 RESOURCE = "workloads"
 
@@ -41,10 +41,8 @@ async def get_workload(request: web.Request) -> web.Response:
     parse_query(request, EmptyQuery)
     operations = request.app[OPERATIONS_KEY]
     record, waiting = await operations.workload_and_wait(request.match_info["workload_id"], account=scope_of(request).owner)
-    view = workload_view(record, operations.market.workload_terms(record))
-    view["waiting"] = explanation_view(waiting) if waiting is not None else None
-    view["outputs"] = [output_view(kept) for kept in await operations.workload_outputs(record.id)]
-    return json_response(view)
+    outputs = await operations.workload_outputs(record.id)
+    return json_response(workload_detail(record, operations.market.workload_terms(record), waiting, outputs))
 
 
 async def explain_workload(request: web.Request) -> web.Response:

@@ -298,7 +298,8 @@ async def workload(request: web.Request, *, template: str = "renter/workload.htm
     record = overview.workload
     waits = None
     if overview.explanation is not None:
-        waits = render_explanation(workload_view(record), _plain(explanation_view(overview.explanation)), datetime.now(UTC))
+        shown = _plain(workload_view(record, request.app[OPERATIONS_KEY].market.workload_terms(record)))
+        waits = render_explanation(shown, _plain(explanation_view(overview.explanation)), datetime.now(UTC))
     ports = record.spec.ports
     request[LIVE_STATE_KEY] = record.state
     return await page(
@@ -334,7 +335,8 @@ async def workload_live(request: web.Request) -> web.Response:
     return response
 
 
-def _plain(view: dict[str, Any]) -> dict[str, Any]:
+def _plain(view: msgspec.Struct) -> dict[str, Any]:
+    """An answer struct as the plain JSON values the API would send (what the explanation's text is written from)."""
     plain: dict[str, Any] = msgspec.json.decode(msgspec.json.encode(view))
     return plain
 
