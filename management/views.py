@@ -15,7 +15,7 @@ import dataclasses
 import functools
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
@@ -24,21 +24,41 @@ from management.http.responses import (
     AccountView,
     AgentView,
     ApiKeyView,
+    BidChangeView,
     CommandAccepted,
     CommandView,
+    Credited,
     EventView,
     ExplanationView,
+    FundsView,
     GpuView,
     HostedReplicaView,
+    HostPointView,
+    HostPriceView,
+    HostSampleView,
     IssuedApiKeyView,
+    LedgerEntryView,
+    LedgerLineView,
     MigInstanceView,
     MigView,
     OutputView,
     PcieView,
+    PriceListing,
+    PriceRecordView,
+    PriceTermsView,
+    RentalHostView,
     RentalTermsView,
+    RentalView,
     SampleView,
     SigningKeyView,
+    StatementLineView,
+    StatementView,
+    TelemetryPointView,
+    TelemetrySeriesView,
+    TelemetrySubject,
+    TelemetryView,
     TokenView,
+    TunnelGrantView,
     WhoamiView,
     WorkloadDetail,
     WorkloadSpecView,
@@ -392,106 +412,104 @@ def _price_terms(price: HostPrice) -> dict[str, Any]:
     }
 
 
-def price_record_view(record: PriceRecord, currency: str) -> dict[str, Any]:
+def price_record_view(record: PriceRecord, currency: str) -> PriceRecordView:
     """One provider's price record: its default (``agent_id`` null) or one host's own."""
-    return {
-        "provider": record.provider,
-        "agent_id": record.agent_id or None,
-        "scope": "host" if record.agent_id else "provider",
-        "currency": currency,
-        **_price_terms(
-            HostPrice(
-                on_demand=record.on_demand,
-                min_bid=record.min_bid,
-                reserved_discount=record.reserved_discount,
-                max_duration_s=record.max_duration_s,
-            )
-        ),
-        "updated_at": rfc3339(record.updated_at),
-    }
+    terms = HostPrice(
+        on_demand=record.on_demand,
+        min_bid=record.min_bid,
+        reserved_discount=record.reserved_discount,
+        max_duration_s=record.max_duration_s,
+    )
+    return PriceRecordView(
+        provider=record.provider,
+        agent_id=record.agent_id or None,
+        scope="host" if record.agent_id else "provider",
+        currency=currency,
+        updated_at=rfc3339(record.updated_at),
+        **_price_terms(terms),
+    )
 
 
-def host_price_view(agent_id: str, provider: str, price: HostPrice, currency: str) -> dict[str, Any]:
+def host_price_view(agent_id: str, provider: str, price: HostPrice, currency: str) -> HostPriceView:
     """The price in force on a host and its ``source``: the host's own, its provider's default, or the grid's."""
-    return {
-        "agent_id": agent_id,
-        "provider": provider,
-        "source": price.source,
-        "currency": currency,
-        **_price_terms(price),
-    }
+    return HostPriceView(agent_id=agent_id, provider=provider, source=price.source, currency=currency, **_price_terms(price))
 
 
-def price_listing_view(records: Sequence[PriceRecord], grid_default: HostPrice, currency: str) -> dict[str, Any]:
-    return {
-        "currency": currency,
-        "grid_default": _price_terms(grid_default),
-        "items": [price_record_view(r, currency) for r in records],
-    }
+def price_listing_view(records: Sequence[PriceRecord], grid_default: HostPrice, currency: str) -> PriceListing:
+    return PriceListing(
+        currency=currency,
+        grid_default=PriceTermsView(**_price_terms(grid_default)),
+        items=[price_record_view(r, currency) for r in records],
+    )
 
 
 # --- the market -------------------------------------------------------------------------------------------------
 # Money as decimal strings in the grid's currency ("2.50"), exact to the micro-unit.
 
 
-def funds_view(funds: FundsDetail) -> dict[str, Any]:
+def funds_view(funds: FundsDetail) -> FundsView:
     covers = funds.covers_s
-    return {
-        "account": funds.account,
-        "currency": funds.currency,
-        "available": format_amount(funds.available),
-        "held": format_amount(funds.held),
-        "running_per_hour": format_amount(funds.running_per_hour),
-        "covers_s": round(covers, 1) if covers is not None else None,
-        "warning": funds.warning or None,
-    }
+    return FundsView(
+        account=funds.account,
+        currency=funds.currency,
+        available=format_amount(funds.available),
+        held=format_amount(funds.held),
+        running_per_hour=format_amount(funds.running_per_hour),
+        covers_s=round(covers, 1) if covers is not None else None,
+        warning=funds.warning or None,
+    )
 
 
-def ledger_entry_view(entry: LedgerEntry) -> dict[str, Any]:
-    return {
-        "seq": entry.seq,
-        "key": entry.key,
-        "ts": rfc3339(entry.ts),
-        "kind": entry.kind,
-        "memo": entry.memo,
-        "rental": entry.rental or None,
-        "lines": [
-            {
-                "account": line.account,
-                "amount": format_amount(line.amount),
-                "host": line.host or None,
-                "workload": line.workload or None,
-            }
+def ledger_entry_view(entry: LedgerEntry) -> LedgerEntryView:
+    return LedgerEntryView(
+        seq=entry.seq,
+        key=entry.key,
+        ts=rfc3339(entry.ts),
+        kind=entry.kind,
+        memo=entry.memo,
+        rental=entry.rental or None,
+        lines=[
+            LedgerLineView(
+                account=line.account,
+                amount=format_amount(line.amount),
+                host=line.host or None,
+                workload=line.workload or None,
+            )
             for line in entry.lines
         ],
-    }
+    )
 
 
-def statement_view(statement: Statement, currency: str) -> dict[str, Any]:
+def credited_view(entry: LedgerEntry, funds: FundsDetail) -> Credited:
+    """A credit: the entry written and the balance after it."""
+    return Credited(entry=ledger_entry_view(entry), balance=funds_view(funds))
+
+
+def statement_view(statement: Statement, currency: str) -> StatementView:
     """A ledger statement: each entry's effect on the account's ledger accounts, with the balance after it."""
-    return {
-        "accounts": statement.accounts,
-        "currency": currency,
-        "after_seq": statement.after_seq,
-        "opening": format_amount(statement.opening),
-        "closing": format_amount(statement.closing),
-        "lines": [
-            {
-                "seq": line.seq,
-                "ts": rfc3339(line.ts),
-                "key": line.key,
-                "kind": line.kind,
-                "memo": line.memo,
-                "rental": line.rental or None,
-                "workload": line.workload or None,
-                "amount": format_amount(line.amount),
-                "balance": format_amount(line.balance),
-            }
+    return StatementView(
+        accounts=statement.accounts,
+        currency=currency,
+        after_seq=statement.after_seq,
+        opening=format_amount(statement.opening),
+        closing=format_amount(statement.closing),
+        lines=[
+            StatementLineView(
+                seq=line.seq,
+                ts=rfc3339(line.ts),
+                key=line.key,
+                kind=line.kind,
+                memo=line.memo,
+                rental=line.rental or None,
+                workload=line.workload or None,
+                amount=format_amount(line.amount),
+                balance=format_amount(line.balance),
+            )
             for line in statement.lines
         ],
-        "next_after": statement.next_after,
-        "more": statement.more,
-    }
+        next_after=statement.next_after,
+        more=statement.more,
+    )
 
 
 def statements_view(statements: Statements) -> dict[str, Any]:
@@ -509,36 +527,36 @@ def statements_view(statements: Statements) -> dict[str, Any]:
     return {"account": statements.account, "currency": statements.currency, "items": items}
 
 
-def rental_view(detail: RentalDetail, *, for_provider: bool) -> dict[str, Any]:
+def rental_view(detail: RentalDetail, *, for_provider: bool) -> RentalView:
     """A rental; a provider sees its hosts' rentals without the renter or its workload (they are the renter's)."""
     r = detail.rental
-    view: dict[str, Any] = {
-        "id": r.id,
-        "kind": r.kind,
-        "currency": detail.currency,
-        "hosts": [
-            {"agent_id": h.agent_id, "provider": h.provider, "gpus": h.gpus, "price": format_amount(h.price)} for h in r.hosts
+    view = RentalView(
+        id=r.id,
+        kind=r.kind,
+        currency=detail.currency,
+        hosts=[
+            RentalHostView(agent_id=h.agent_id, provider=h.provider, gpus=h.gpus, price=format_amount(h.price)) for h in r.hosts
         ],
-        "bid_changes": [{"at": rfc3339(c.at), "price": format_amount(c.price)} for c in r.bid_changes],
-        "gpus": r.gpus,
-        "started_at": rfc3339(r.started_at),
-        "ended_at": rfc3339(r.ended_at),
-        "end_reason": r.end_reason or None,
-        "host_failure": r.host_failure or None,
-        "reserved_until": rfc3339(r.reserved_until),
-        "rating": r.rating,
-        "charged": format_amount(detail.charged),
-    }
+        bid_changes=[BidChangeView(at=rfc3339(c.at), price=format_amount(c.price)) for c in r.bid_changes],
+        gpus=r.gpus,
+        started_at=rfc3339(r.started_at),
+        ended_at=rfc3339(r.ended_at),
+        end_reason=r.end_reason or None,
+        host_failure=r.host_failure or None,
+        reserved_until=rfc3339(r.reserved_until),
+        rating=r.rating,
+        charged=format_amount(detail.charged),
+    )
     if not for_provider:
-        view["account"] = r.account
-        view["workload"] = r.workload_id
+        view.account = r.account
+        view.workload = r.workload_id
     return view
 
 
-def tunnel_grant_view(grant: TunnelGrant) -> dict[str, Any]:
-    view = msgspec.structs.asdict(grant)
-    view["expires_at"] = rfc3339(grant.expires_at)
-    return view
+def tunnel_grant_view(grant: TunnelGrant) -> TunnelGrantView:
+    fields = msgspec.structs.asdict(grant)
+    fields["expires_at"] = instant(grant.expires_at)
+    return TunnelGrantView(**fields)
 
 
 # --- telemetry history (management/monitoring/history.py) --------------------------------------------------------
@@ -557,77 +575,77 @@ def minute_time(minute: int) -> str:
     return f"{_day_text(day)}T{hour:02d}:{minute_of_hour:02d}:00.000Z"
 
 
-def telemetry_point_view(point: TelemetryRollup) -> dict[str, Any]:
-    return {
-        "ts": minute_time(point.minute),
-        "minutes": point.minutes,
-        "samples": point.samples,
-        "utilization_avg": point.utilization_avg,
-        "utilization_max": point.utilization_max,
-        "memory_used_mib_avg": point.memory_used_mib_avg,
-        "memory_used_mib_max": point.memory_used_mib_max,
-        "temperature_avg": point.temperature_avg,
-        "temperature_max": point.temperature_max,
-        "power_avg_w": point.power_avg_w,
-        "power_max_w": point.power_max_w,
-        "clock_sm_avg_mhz": point.clock_sm_avg_mhz,
-        "clock_mem_avg_mhz": point.clock_mem_avg_mhz,
-        "ecc_corrected": point.ecc_corrected,
-        "ecc_uncorrected": point.ecc_uncorrected,
-        "xid_count": point.xid_count,
-        "throttle_reasons": list(point.throttle_reasons),
-    }
+def telemetry_point_view(point: TelemetryRollup) -> TelemetryPointView:
+    return TelemetryPointView(
+        ts=minute_time(point.minute),
+        minutes=point.minutes,
+        samples=point.samples,
+        utilization_avg=point.utilization_avg,
+        utilization_max=point.utilization_max,
+        memory_used_mib_avg=point.memory_used_mib_avg,
+        memory_used_mib_max=point.memory_used_mib_max,
+        temperature_avg=point.temperature_avg,
+        temperature_max=point.temperature_max,
+        power_avg_w=point.power_avg_w,
+        power_max_w=point.power_max_w,
+        clock_sm_avg_mhz=point.clock_sm_avg_mhz,
+        clock_mem_avg_mhz=point.clock_mem_avg_mhz,
+        ecc_corrected=point.ecc_corrected,
+        ecc_uncorrected=point.ecc_uncorrected,
+        xid_count=point.xid_count,
+        throttle_reasons=list(point.throttle_reasons),
+    )
 
 
-def host_sample_view(sample: HostSample) -> dict[str, Any]:
-    view = msgspec.to_builtins(sample)
-    view["ts"] = rfc3339(sample.ts)
-    return view
+def host_sample_view(sample: HostSample) -> HostSampleView:
+    fields = msgspec.structs.asdict(sample)
+    fields["ts"] = rfc3339(sample.ts)
+    return HostSampleView(**fields)
 
 
 def _per_second(moved: int | None, minutes: int) -> float | None:
     return None if moved is None else round(moved / (minutes * 60), 2)
 
 
-def host_point_view(point: HostRollup) -> dict[str, Any]:
+def host_point_view(point: HostRollup) -> HostPointView:
     """One step of a host's own history; network as bytes per second over the minutes it has data for."""
-    return {
-        "ts": minute_time(point.minute),
-        "minutes": point.minutes,
-        "samples": point.samples,
-        "cpu_pct_avg": point.cpu_pct_avg,
-        "cpu_pct_max": point.cpu_pct_max,
-        "load_1m_avg": point.load_1m_avg,
-        "ram_used_mib_avg": point.ram_used_mib_avg,
-        "ram_used_mib_max": point.ram_used_mib_max,
-        "ram_total_mib": point.ram_total_mib,
-        "disk_used_gib": point.disk_used_gib,
-        "disk_free_gib_min": point.disk_free_gib_min,
-        "net_rx_bytes_per_s": _per_second(point.net_rx_bytes, point.minutes),
-        "net_tx_bytes_per_s": _per_second(point.net_tx_bytes, point.minutes),
-    }
+    return HostPointView(
+        ts=minute_time(point.minute),
+        minutes=point.minutes,
+        samples=point.samples,
+        cpu_pct_avg=point.cpu_pct_avg,
+        cpu_pct_max=point.cpu_pct_max,
+        load_1m_avg=point.load_1m_avg,
+        ram_used_mib_avg=point.ram_used_mib_avg,
+        ram_used_mib_max=point.ram_used_mib_max,
+        ram_total_mib=point.ram_total_mib,
+        disk_used_gib=point.disk_used_gib,
+        disk_free_gib_min=point.disk_free_gib_min,
+        net_rx_bytes_per_s=_per_second(point.net_rx_bytes, point.minutes),
+        net_tx_bytes_per_s=_per_second(point.net_tx_bytes, point.minutes),
+    )
 
 
-def telemetry_view(history: TelemetryHistory) -> dict[str, Any]:
+def telemetry_view(history: TelemetryHistory) -> TelemetryView:
     window = history.window
-    return {
-        "subject": history.subject,
-        "id": history.subject_id,
-        "from": instant(window.since_minute * 60.0),
-        "to": instant(window.until_minute * 60.0),
-        "step_s": window.step_minutes * 60,
-        "resolution_s": history.resolution_minutes * 60,
-        "host": host_sample_view(history.host_latest) if history.host_latest is not None else None,
-        "host_points": None if history.host_points is None else [host_point_view(p) for p in history.host_points],
-        "series": [
-            {
-                "gpu_uuid": s.gpu_uuid,
-                "agent_id": s.agent_id,
-                "unit": s.unit or None,
-                "since": rfc3339(s.since),
-                "until": rfc3339(s.until),
-                "points": [telemetry_point_view(p) for p in s.points],
-            }
+    return TelemetryView(
+        subject=cast(TelemetrySubject, history.subject),  # the history's subject is one of the three
+        id=history.subject_id,
+        from_=instant(window.since_minute * 60.0),
+        to=instant(window.until_minute * 60.0),
+        step_s=window.step_minutes * 60,
+        resolution_s=history.resolution_minutes * 60,
+        host=host_sample_view(history.host_latest) if history.host_latest is not None else None,
+        host_points=None if history.host_points is None else [host_point_view(p) for p in history.host_points],
+        series=[
+            TelemetrySeriesView(
+                gpu_uuid=s.gpu_uuid,
+                agent_id=s.agent_id,
+                unit=s.unit or None,
+                since=rfc3339(s.since),
+                until=rfc3339(s.until),
+                points=[telemetry_point_view(p) for p in s.points],
+            )
             for s in history.series
         ],
-    }
+    )

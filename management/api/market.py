@@ -20,7 +20,7 @@ from management.http.requests import json_response, parse_body, parse_query
 from management.http.schemas import AccountName, EmptyQuery, EventSeq, Identifier, PageLimit, PageQuery
 from management.market.money import BadAmount, parse_amount
 from management.market.offers import offer_view, search_view
-from management.views import funds_view, ledger_entry_view, rental_view, statement_view, statements_view, workload_view
+from management.views import credited_view, funds_view, rental_view, statement_view, statements_view, workload_view
 from master.records import Amount, WorkloadSpec
 
 RENTALS = "rentals"
@@ -152,7 +152,7 @@ async def credit_account(request: web.Request) -> web.Response:
     account_id = request.match_info["account_id"]
     entry = await market.credit(account_id, _amount("amount", body.amount), body.memo, key=body.key)
     funds = await market.funds(account_id)
-    return json_response({"entry": ledger_entry_view(entry), "balance": funds_view(funds)}, status=201)
+    return json_response(credited_view(entry, funds), status=201)
 
 
 async def get_ledger(request: web.Request) -> web.Response:

@@ -656,10 +656,13 @@ class HostPointView(View):
     net_tx_bytes_per_s: float | None
 
 
+TelemetrySubject = Literal["gpu", "host", "workload"]
+
+
 class TelemetryView(View):
     """A GPU's, a host's or a workload's telemetry history: a series per GPU (per GPU and run for a workload)."""
 
-    subject: Literal["gpu", "host", "workload"]
+    subject: TelemetrySubject
     id: str
     from_: Time = msgspec.field(name="from")
     to: Time
