@@ -28,10 +28,12 @@ from management.http.responses import (
     CommandAccepted,
     CommandView,
     Credited,
+    EarningsStatements,
     EventView,
     ExplanationView,
     FundsView,
     GpuView,
+    HostEarningsView,
     HostedReplicaView,
     HostPointView,
     HostPriceView,
@@ -42,7 +44,9 @@ from management.http.responses import (
     MigInstanceView,
     MigView,
     OutputView,
+    PayoutStatements,
     PcieView,
+    PeriodEarningsView,
     PriceListing,
     PriceRecordView,
     PriceTermsView,
@@ -51,6 +55,7 @@ from management.http.responses import (
     RentalView,
     SampleView,
     SigningKeyView,
+    SpendStatements,
     StatementLineView,
     StatementView,
     TelemetryPointView,
@@ -62,6 +67,7 @@ from management.http.responses import (
     WhoamiView,
     WorkloadDetail,
     WorkloadSpecView,
+    WorkloadSpendView,
     WorkloadView,
 )
 from management.market.ledger import Statement
@@ -512,19 +518,50 @@ def statement_view(statement: Statement, currency: str) -> StatementView:
     )
 
 
-def statements_view(statements: Statements) -> dict[str, Any]:
-    """Spend per workload, earnings per host or per period: every integer amount as a decimal string."""
-    items = []
-    for item in statements.items:
-        row = msgspec.to_builtins(item)
-        for name, value in row.items():
-            if isinstance(value, int) and name not in ("start", "end") and not isinstance(value, bool):
-                row[name] = format_amount(value)
-        for name in ("start", "end"):
-            if name in row:
-                row[name] = rfc3339(row[name])
-        items.append(row)
-    return {"account": statements.account, "currency": statements.currency, "items": items}
+def spend_view(statements: Statements) -> SpendStatements:
+    """A renter's spend per workload (``Statements`` of WorkloadSpend), every amount as a decimal string."""
+    items = [
+        WorkloadSpendView(
+            workload=item.workload,
+            charged=format_amount(item.charged),
+            refunded=format_amount(item.refunded),
+            net=format_amount(item.net),
+        )
+        for item in statements.items
+    ]
+    return SpendStatements(account=statements.account, currency=statements.currency, items=items)
+
+
+def earnings_view(statements: Statements) -> EarningsStatements:
+    """A provider's earnings per host (``Statements`` of HostEarnings)."""
+    items = [
+        HostEarningsView(
+            agent_id=item.agent_id,
+            gross=format_amount(item.gross),
+            fee=format_amount(item.fee),
+            refunded=format_amount(item.refunded),
+            net=format_amount(item.net),
+        )
+        for item in statements.items
+    ]
+    return EarningsStatements(account=statements.account, currency=statements.currency, items=items)
+
+
+def payouts_view(statements: Statements) -> PayoutStatements:
+    """A provider's earnings per period (``Statements`` of PeriodEarnings), the period's bounds as RFC 3339."""
+    items = [
+        PeriodEarningsView(
+            label=item.label,
+            start=rfc3339(item.start),
+            end=rfc3339(item.end),
+            gross=format_amount(item.gross),
+            fee=format_amount(item.fee),
+            refunded=format_amount(item.refunded),
+            net=format_amount(item.net),
+        )
+        for item in statements.items
+    ]
+    return PayoutStatements(account=statements.account, currency=statements.currency, items=items)
 
 
 def rental_view(detail: RentalDetail, *, for_provider: bool) -> RentalView:

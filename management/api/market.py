@@ -20,7 +20,16 @@ from management.http.requests import json_response, parse_body, parse_query
 from management.http.schemas import AccountName, EmptyQuery, EventSeq, Identifier, PageLimit, PageQuery
 from management.market.money import BadAmount, parse_amount
 from management.market.offers import offer_view, search_view
-from management.views import credited_view, funds_view, rental_view, statement_view, statements_view, workload_view
+from management.views import (
+    credited_view,
+    earnings_view,
+    funds_view,
+    payouts_view,
+    rental_view,
+    spend_view,
+    statement_view,
+    workload_view,
+)
 from master.records import Amount, WorkloadSpec
 
 RENTALS = "rentals"
@@ -173,13 +182,13 @@ async def get_ledger(request: web.Request) -> web.Response:
 async def get_spend(request: web.Request) -> web.Response:
     parse_query(request, EmptyQuery)
     spend = await request.app[OPERATIONS_KEY].market.spend(request.match_info["account_id"], owner=scope_of(request).owner)
-    return json_response(statements_view(spend))
+    return json_response(spend_view(spend))
 
 
 async def get_earnings(request: web.Request) -> web.Response:
     parse_query(request, EmptyQuery)
     earnings = await request.app[OPERATIONS_KEY].market.earnings(request.match_info["account_id"], owner=scope_of(request).owner)
-    return json_response(statements_view(earnings))
+    return json_response(earnings_view(earnings))
 
 
 async def get_payouts(request: web.Request) -> web.Response:
@@ -187,7 +196,7 @@ async def get_payouts(request: web.Request) -> web.Response:
     payouts = await request.app[OPERATIONS_KEY].market.payouts(
         request.match_info["account_id"], query.period, owner=scope_of(request).owner
     )
-    return json_response(statements_view(payouts))
+    return json_response(payouts_view(payouts))
 
 
 # --- rentals ---------------------------------------------------------------------------------------------------------
