@@ -1,9 +1,7 @@
-"""What the API shows of the Master's records, one function per answer.
-
-Hosts, GPUs, commands, events, join tokens, signing keys, accounts and API keys are built as their answer structs
-(management/http/responses.py), the one definition of each answer's shape that the OpenAPI document states too. The
-rest (workloads, the market, telemetry) still builds plain dicts that ``tests/management/test_api_responses.py`` holds
-to their structs.
+"""What the API shows of the Master's records, one function per answer, each building its answer struct
+(management/http/responses.py): the struct is the one definition of an answer's shape, which the OpenAPI document
+states and the console reads too. (The market's offers, management/market/offers.py, are still dicts, held to their
+structs by tests/management/test_api_responses.py.)
 
 Every timestamp is an RFC 3339 UTC string with milliseconds ("2026-11-22T17:40:00.000Z"), or null
 for a moment that has not happened (the records keep 0 or None for "never").

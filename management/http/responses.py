@@ -1,8 +1,9 @@
 """What the API answers: one msgspec struct per answer's shape, so the OpenAPI document (``openapi.py``) can state it.
 
-The views (``management/views.py``, ``management/market/offers.py``) still build the answers as plain dicts; these
-structs describe them, field for field, and ``tests/management/test_api_responses.py`` encodes every view's output and
-decodes it as its struct, so a key added to a view and not here (or the other way round) fails the suite. Every struct
+The views (``management/views.py``) build these structs: each answer's shape is defined here, once, and the OpenAPI
+document states it. The market's offers (``management/market/offers.py``) are still built as dicts;
+``tests/management/test_api_responses.py`` encodes every view's output and decodes it as its struct, so a value of the
+wrong type (or a key an offer adds and its struct lacks) fails the suite. Every struct
 forbids unknown fields: its JSON Schema says ``additionalProperties: false``, and schemathesis holds the live server
 to that (``tests/management/test_openapi_schemathesis.py``).
 
