@@ -402,7 +402,7 @@ def whoami_view(account: str, role: str, key_id: str, key_name: str, name: str) 
     return WhoamiView(account=account, role=role, key_id=key_id, key_name=key_name, name=name)
 
 
-# --- the market: prices (management/api/prices.py) -------------------------------------------------------------------
+# --- the market: prices (management/api/resources/prices.py) -------------------------------------------------------------------
 # Money goes out as decimal strings per GPU-hour ("2.50"), with the currency; never a float.
 
 

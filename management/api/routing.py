@@ -19,7 +19,9 @@ from typing import Any
 from aiohttp import web
 
 from management.access_control import Action, Resource
-from management.api import (
+from management.api import openapi, reference
+from management.api.openapi import DOCUMENT_KEY, PublishedDocument, build_document
+from management.api.resources import (
     accounts,
     agents,
     alerts,
@@ -27,9 +29,7 @@ from management.api import (
     events,
     gpus,
     market,
-    openapi,
     prices,
-    reference,
     reports,
     signing_keys,
     telemetry,
@@ -38,7 +38,6 @@ from management.api import (
     tunnels,
     workloads,
 )
-from management.api.openapi import DOCUMENT_KEY, PublishedDocument, build_document
 from management.api.route import DECLARED_KEY, JSON, DeclarationError, Route
 from management.http import responses, schemas
 from management.renter_access import TunnelRequest

@@ -27,7 +27,7 @@ def master_attributes_used(tree: ast.AST) -> list[str]:
 
 
 def test_no_handler_module_touches_the_masters_collaborators():
-    modules = sorted(API.glob("*.py"))
+    modules = sorted(API.rglob("*.py"))
     assert len(modules) >= 10
     for module in modules:
         tree = ast.parse(module.read_text())

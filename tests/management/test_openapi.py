@@ -12,9 +12,9 @@ import re
 import msgspec
 from openapi_spec_validator import validate
 
-from management.api import alerts, market, tunnels
 from management.api.openapi import build_document
 from management.api.reference import render
+from management.api.resources import alerts, market, tunnels
 from management.api.route import Route
 from management.api.routing import DECLARED, ROUTES, document
 from management.http import schemas
