@@ -52,7 +52,7 @@ def imported_modules(path: Path) -> set[str]:
 
 def importers_of(prefix: str, paths: list[Path]) -> list[str]:
     return sorted(
-        f"{path.name} imports {name}"
+        f"{path.relative_to(MANAGEMENT.parent) if path.is_relative_to(MANAGEMENT.parent) else path.name} imports {name}"
         for path in paths
         for name in imported_modules(path)
         if name == prefix or name.startswith(prefix + ".")
