@@ -132,7 +132,7 @@ ROUTES: tuple[Route, ...] = (
         "/api/v1/gpus/{uuid}/repair",
         gpus.repair_gpu,
         Resource.GPUS,
-        Action.WRITE,
+        Action.WRITE,  # clearing a fault: the operator's call
         "Put a faulty GPU back in service",
         {200: r.GpuView},
         query=schemas.EmptyQuery,
@@ -452,7 +452,7 @@ ROUTES: tuple[Route, ...] = (
         "A new API key, shown once",
         {201: r.IssuedApiKeyView},
         body=schemas.CreateApiKey,
-        errors=frozenset({409}),
+        errors=frozenset({409}),  # the account is disabled
         tag="accounts",
     ),
     Route(
@@ -503,7 +503,7 @@ ROUTES: tuple[Route, ...] = (
         "POST",
         "/api/v1/offers/{offer_id}/rent",
         market.rent_offer,
-        Resource.WORKLOADS,
+        Resource.WORKLOADS,  # renting makes a workload
         Action.WRITE,
         "Rent an offer: a workload pinned to that host",
         {201: r.WorkloadView},
@@ -623,7 +623,7 @@ ROUTES: tuple[Route, ...] = (
         "Providers' price records and the grid's default",
         {200: r.PriceListing},
         query=schemas.PriceQuery,
-        errors=frozenset({404}),
+        errors=frozenset({404}),  # a provider naming another provider in ?provider=
         tag="prices",
     ),
     Route(
@@ -703,7 +703,7 @@ ROUTES: tuple[Route, ...] = (
         "Delete a rule put through the API",
         {200: alerts.DeletedAlertRule},
         query=schemas.EmptyQuery,
-        errors=frozenset({409}),
+        errors=frozenset({409}),  # a rule of the rules file
         tag="alerts",
     ),
     Route(
