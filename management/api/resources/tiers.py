@@ -9,14 +9,16 @@ from aiohttp import web
 from management.http.keys import OPERATIONS_KEY
 from management.http.paging import decode_cursor, page_response
 from management.http.requests import parse_query
+from management.http.responses import TierView
 from management.http.schemas import PageQuery
 from management.operations import PositionKey
 
 RESOURCE = "tiers"
 
 
-def render(tier: dict[str, Any]) -> dict[str, Any]:
-    return tier
+def render(tier: dict[str, Any]) -> TierView:
+    """The policy's description of a tier (``describe_tiers``), as its answer struct."""
+    return TierView(**tier)
 
 
 async def list_tiers(request: web.Request) -> web.Response:
