@@ -11,7 +11,7 @@ import msgspec
 import pytest
 
 from common.containers import ContainerSpec
-from management.api.openapi import document
+from management.api.routing import document
 from management.market.money import BadAmount, parse_amount
 from master.records import RentalTerms, WorkloadSpec
 

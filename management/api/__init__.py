@@ -1,8 +1,9 @@
 """The management HTTP API, served in the Master's process: one module per resource (see docs/api.md).
 
-A handler parses the request into a schema (``schemas``), makes one call on the façade of operations
-(``management.operations``) and renders the answer (``management.views``). Who may call what is decided
-in ``auth``; errors take one JSON shape (``errors``); lists are paged by cursor (``paging``).
+Each route is declared once in ``routing`` (method, path, handler, resource and action, body, query, answer), read by
+the router, the authorization (``auth``) and the OpenAPI document (``openapi``). A handler parses the request into a
+schema (management/http/schemas.py), makes one call on the façade of operations (``management.operations``) and
+answers a typed struct. Errors take one JSON shape and lists are paged by cursor (management/http/).
 """
 
 from __future__ import annotations
@@ -11,21 +12,17 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from management.api import accounts, agents, commands, events, gpus, health, openapi, reference, signing_keys, tiers, tokens
-from management.api import alerts as alerts_api
-from management.api import market as market_api
-from management.api import prices as prices_api
-from management.api import reports as reports_api
-from management.api import telemetry as telemetry_api
-from management.api import tunnels as tunnels_api
-from management.api import workloads as workloads_api
+from management.api import health, routing
 from management.api.audit import audit_middleware
-from management.api.auth import OPERATIONS_KEY, auth_middleware
-from management.api.errors import ApiError, Handler, error_response, errors_middleware
+from management.api.auth import auth_middleware
 from management.api.health import METRICS_REGISTRY_KEY
 from management.api.metrics import ApiMetrics
 from management.api.ratelimit import KeyRateLimits
+from management.console import add_console
+from management.http.errors import ApiError, Handler, error_response, errors_middleware
+from management.http.keys import OPERATIONS_KEY
 from management.monitoring.market_series import MarketSeries
+from management.onboarding.routes import add_routes as add_onboarding_routes
 from management.operations import Operations
 from master.service import Master
 
@@ -89,27 +86,12 @@ def build_app(master: Master, settings: ApiSettings | None = None, operations: O
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
     app[OPERATIONS_KEY] = operations
     app[METRICS_REGISTRY_KEY] = registry
-    for resource in (health, accounts, agents, gpus, tiers, commands, tokens, events, signing_keys):
-        resource.add_routes(app.router)
-    workloads_api.add_routes(app.router)
-    prices_api.add_routes(app.router)
-    market_api.add_routes(app.router)
-    tunnels_api.add_routes(app.router)
-    reports_api.add_routes(app.router)  # monitoring: reports along dimensions
-    alerts_api.add_routes(app.router)
-    telemetry_api.add_routes(app.router)  # monitoring: telemetry history
-    openapi.add_routes(app.router)  # the API described (management/api/openapi.py), and its reference page
-    reference.add_routes(app.router)
+    health.add_routes(app.router)  # /healthz and /metrics, outside the API
+    routing.add_routes(app)  # every /api/ route, as declared once in management/api/routing.py
     app.on_startup.append(_load_workloads)
     app.on_startup.append(_load_prices)
     app.on_startup.append(_load_market)
-    # The web console, from the same origin (management/console/, docs/console.md). Imported here: its pages import
-    # management.api.auth (one place decides who may do what), so importing it above would make a cycle.
-    from management.console import add_console
-
-    # What a provider's host fetches to onboard (management/onboarding/): outside /api/, no key.
-    from management.onboarding.routes import add_routes as add_onboarding_routes
-
-    add_onboarding_routes(app.router)
+    add_onboarding_routes(app.router)  # what a provider's host fetches to onboard (management/onboarding/): no key
+    # The web console, from the same origin (management/console/, docs/console.md).
     add_console(app, operations, operations.console_settings, state_dir=operations.state_path)
     return app

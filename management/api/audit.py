@@ -12,8 +12,9 @@ import logging
 
 from aiohttp import web
 
-from management.api.auth import OPERATIONS_KEY, SCOPE_KEY
-from management.api.errors import Handler
+from management.api.auth import SCOPE_KEY
+from management.http.errors import Handler
+from management.http.keys import OPERATIONS_KEY
 from management.operations import AuditEntry
 
 log = logging.getLogger(__name__)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from management.api.auth import OPERATIONS_KEY
-from management.api.requests import json_response
+from management.http.keys import OPERATIONS_KEY
+from management.http.requests import json_response
 
 METRICS_REGISTRY_KEY = web.AppKey("metrics_registry", CollectorRegistry)
 

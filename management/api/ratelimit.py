@@ -18,7 +18,7 @@ from aiohttp.typedefs import Middleware
 
 from common.tokenbucket import TokenBucket
 from management.api.auth import SCOPE_KEY
-from management.api.errors import Handler, error_response
+from management.http.errors import Handler, error_response
 
 MAX_BUCKETS = (
     100_000  # keys (and, apart, accounts) tracked at most; when full the buckets start over (each key its full burst again)

@@ -13,7 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
-from management.api.openapi import document
+from management.api.openapi import DOCUMENT_KEY, PublishedDocument
 
 DOCS_PATH = "/api/v1/docs"
 _STYLE = (
@@ -138,13 +138,10 @@ def render(doc: Mapping[str, Any]) -> str:
 
 
 @functools.cache
-def _page() -> str:
-    return render(document())
+def _page(published: PublishedDocument) -> str:
+    """The page of an app's document, rendered once (the document is fixed when the app is built)."""
+    return render(published.document)
 
 
 async def reference_page(request: web.Request) -> web.Response:
-    return web.Response(text=_page(), content_type="text/html")
-
-
-def add_routes(router: web.UrlDispatcher) -> None:
-    router.add_get(DOCS_PATH, reference_page)
+    return web.Response(text=_page(request.app[DOCUMENT_KEY]), content_type="text/html")

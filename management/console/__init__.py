@@ -3,7 +3,7 @@
 ``add_console`` wires it into the API's aiohttp application: templates (aiohttp-jinja2), the encrypted session cookie
 (aiohttp-session), the console's middleware (who is signed in, CSRF, security headers, errors as pages), the vendored
 browser code and our own static files, and every page module in ``management.console.pages``. Pages call only the
-façade (management/operations.py); what an account may do is decided by management/api/auth.py.
+façade (management/operations.py); what an account may do is decided by management/access_control.py.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import jinja2
 from aiohttp import web
 from aiohttp_session import session_middleware
 
-from management.api.auth import OPERATIONS_KEY
 from management.console import assets, pages
 from management.console.middleware import console_middleware
 from management.console.nav import NavItem
@@ -27,6 +26,7 @@ from management.console.rendering import NAV_KEY
 from management.console.session import CSRF_FIELD, CSRF_HEADER, ConsoleCookieStorage, session_key
 from management.console.templating import FILTERS
 from management.console.throttle import SignInThrottle
+from management.http.keys import OPERATIONS_KEY
 from management.operations import Operations
 from master.config import ConsoleSettings
 

@@ -16,10 +16,10 @@ from aiohttp.typedefs import Middleware
 from aiohttp_session import get_session
 
 from common.errors import IdlegridError
-from management.api.auth import OPERATIONS_KEY
-from management.api.errors import STATUS_OF_CODE, ApiError
 from management.console.rendering import page
 from management.console.session import CSRF_FIELD, CSRF_HEADER, SIGNED_IN_KEY, SignInRequired, session_state
+from management.http.errors import status_of
+from management.http.keys import OPERATIONS_KEY
 from master.config import ConsoleSettings
 
 log = logging.getLogger(__name__)
@@ -134,10 +134,11 @@ async def _handle(request: web.Request, handler: Handler, settings: ConsoleSetti
         if exc.status < 400:
             raise
         return await page(request, "error.html", status=exc.status, title=exc.reason, message=exc.text or exc.reason)
-    except ApiError as exc:
-        return await page(request, "error.html", status=exc.status, title=_title(exc.status), message=str(exc))
     except IdlegridError as exc:
-        status = STATUS_OF_CODE.get(exc.code, 400)
+        status = status_of(exc)
+        if status is None:  # a code no table maps: the server's fault, as in the API (management/http/errors.py)
+            log.exception("console page failed with an error code no table maps (%r)", exc.code, extra={"path": request.path})
+            return await page(request, "error.html", status=500, title="Something went wrong", message=INTERNAL)
         return await page(request, "error.html", status=status, title=_title(status), message=str(exc))
     except Exception:
         log.exception("console page failed", extra={"path": request.path})

@@ -9,9 +9,10 @@ import aiohttp_jinja2
 from aiohttp import web
 
 from common.errors import IdlegridError
-from management.api.auth import OPERATIONS_KEY, Action, Resource
+from management.access_control import Action, Resource
 from management.console.nav import NavItem
 from management.console.session import SIGNED_IN_KEY, session_state, signed_in, take_flashes
+from management.http.keys import OPERATIONS_KEY
 
 NAV_KEY: web.AppKey[list[NavItem]] = web.AppKey("console_nav")
 

@@ -21,7 +21,7 @@ from aiohttp_session.cookie_storage import EncryptedCookieStorage
 from cryptography.fernet import Fernet
 
 from common.errors import NotFound
-from management.api.auth import Action, Principal, Resource, Role, Scope, scope_for
+from management.access_control import AccountRole, Action, Principal, Resource, Scope, scope_for
 from master.config import ConsoleSettings
 from master.records import AccountRecord
 
@@ -141,12 +141,12 @@ def signed_in_account(request: web.Request) -> AccountRecord:
 
 
 async def signed_in(request: web.Request, resource: Resource, action: Action) -> Scope:
-    """The scope a console page acts in, decided by the API's rules (management/api/auth.py) for the signed-in
+    """The scope a console page acts in, decided by the rules the API reads too (management/access_control.py) for the signed-in
     account: SignInRequired without one, Forbidden when its role may not ``action`` ``resource``."""
     account = signed_in_account(request)
     state = await session_state(request)
     try:
-        role = Role(account.role)
+        role = AccountRole(account.role)
     except ValueError:
         raise NotFound(f"account {account.id!r} has role {account.role!r}, which the console does not know") from None
     principal = Principal(name="console", role=role, account=account.id, key_id="", key_hash=f"session:{state.sid}")

@@ -25,7 +25,8 @@ from aiohttp import WSMsgType, web
 
 from common.errors import IdlegridError, ProtocolError
 from common.tunnel import Op, Resize, decode_frame, encode_frame
-from management.api.auth import OPERATIONS_KEY, Scope
+from management.access_control import Scope
+from management.http.keys import OPERATIONS_KEY
 from management.renter_access import TunnelRequest
 from management.tunnel_client import Tunnel
 

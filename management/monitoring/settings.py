@@ -1,7 +1,7 @@
 """The alert settings people change through the API, kept in the store and applied to the running alert loop:
 rules (an API-put rule replaces the file's rule of its name), silences and webhooks. The one writer of all three.
 
-Who may do what is decided in management/api/auth.py; here ``owner`` (None: the operator) narrows what a call sees:
+Who may do what is decided in management/access_control.py; here ``owner`` (None: the operator) narrows what a call sees:
 a provider or renter lists and deletes only its own webhooks and sees only the alerts visibility.py lets it.
 
 A webhook is refused at creation when its URL is not an http(s) URL with a host, carries credentials, or names a

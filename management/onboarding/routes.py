@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from management.api.auth import OPERATIONS_KEY
-from management.api.errors import error_response
+from management.http.errors import error_response
+from management.http.keys import OPERATIONS_KEY
 from management.onboarding.package import PackageUnavailable
 
 SCRIPT_TYPE = "text/x-shellscript"

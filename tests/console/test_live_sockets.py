@@ -12,8 +12,8 @@ import pytest
 from aiohttp import WSMsgType
 
 from common.tunnel import HEADER, Op, decode_frame, encode_frame
-from management.api.auth import OPERATIONS_KEY
 from management.console.terminal import FROM_BROWSER_TERMINAL, refusal
+from management.http.keys import OPERATIONS_KEY
 from master.records import AccountRecord, WorkloadSpec
 from tests.console.plain_http import sign_in
 

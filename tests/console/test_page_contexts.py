@@ -8,7 +8,6 @@ import pytest
 
 from bench.api_pages import generated_fleet
 from common.inventory import GpuSample
-from management.api.errors import BadRequest
 from management.console.pages.operator import KeyForm, TokenForm, figure_row, fleet_context, parse_fields
 from management.console.pages.provider import (
     counted,
@@ -21,6 +20,7 @@ from management.console.pages.provider import (
     samples_document,
 )
 from management.fleet import UnitFigures, fleet_figures
+from management.http.errors import BadRequest
 from management.market.ledger import PeriodEarnings
 from management.operations import AgentDetail, HostSamples
 from master.records import GpuFault

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from common.wire import AgentEvent, AgentEventKind
-from management.api.auth import OPERATIONS_KEY
+from management.http.keys import OPERATIONS_KEY
 from tests.management.hosts import add_agent, api_key
 
 

@@ -1,4 +1,5 @@
-"""Roles and ownership, decided in one place (management/api/auth.py), seen through the real API on a real Master.
+"""Roles and ownership, decided in one place (management/access_control.py, read by management/api/auth.py), seen
+through the real API on a real Master.
 
 The operator may do everything; a provider sees only its own hosts and their GPUs, takes its own hosts in and
 out of maintenance, and may not issue raw commands, tokens or keys; a renter gets 403 on these resources; another
@@ -9,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from management.api.auth import PERMISSIONS, PUBLIC_ROUTES, ROUTES, Action, Resource, Role
+from management.access_control import PERMISSIONS, AccountRole, Action, Resource
+from management.api.routing import DECLARED
 from tests.management.hosts import add_agent, api_key
 
 
@@ -103,18 +105,21 @@ async def test_a_key_with_an_unknown_role_or_a_provider_key_naming_no_account_is
         assert response.status == 403
 
 
-def test_every_route_of_the_app_is_in_the_one_table_that_authorizes_it(api):
+def test_every_route_of_the_app_is_declared_with_what_authorizes_it(api):
     app_routes = {
         (route.method, route.resource.canonical)
         for route in api.app.router.routes()
         if route.resource is not None and route.resource.canonical.startswith("/api/") and route.method != "HEAD"
     }
-    assert app_routes == set(ROUTES) | PUBLIC_ROUTES  # the API's own description is served without a key
+    assert app_routes == set(DECLARED)
+    public = {key for key, route in DECLARED.items() if route.public}
+    assert public == {("GET", "/api/v1/openapi.json"), ("GET", "/api/v1/docs")}  # the API's own description, keyless
+    assert all(route.resource is not None and route.action is not None for key, route in DECLARED.items() if key not in public)
 
 
 def test_the_operator_may_do_everything_and_a_renter_reads_tiers_runs_its_workloads_and_manages_its_own_keys():
-    assert all(PERMISSIONS[Role.OPERATOR][r] == frozenset(Action) for r in Resource)
-    assert PERMISSIONS[Role.RENTER] == {
+    assert all(PERMISSIONS[AccountRole.OPERATOR][r] == frozenset(Action) for r in Resource)
+    assert PERMISSIONS[AccountRole.RENTER] == {
         Resource.TIERS: frozenset({Action.READ}),
         Resource.WORKLOADS: frozenset({Action.READ, Action.WRITE}),
         Resource.ACCOUNTS: frozenset({Action.READ}),
@@ -129,12 +134,12 @@ def test_the_operator_may_do_everything_and_a_renter_reads_tiers_runs_its_worklo
         Resource.ALERTS: frozenset({Action.READ}),  # its own workloads' alerts
         Resource.WEBHOOKS: frozenset({Action.READ, Action.WRITE}),  # its own webhooks
     }
-    assert Resource.WORKLOADS not in PERMISSIONS[Role.PROVIDER]
-    assert PERMISSIONS[Role.PROVIDER][Resource.PRICES] == frozenset({Action.READ, Action.WRITE})
-    assert PERMISSIONS[Role.PROVIDER][Resource.LEDGER] == frozenset({Action.READ})  # its earnings and payouts
-    assert PERMISSIONS[Role.PROVIDER][Resource.RENTALS] == frozenset({Action.READ})  # the rentals on its hosts
-    assert PERMISSIONS[Role.PROVIDER][Resource.PASSWORD] == frozenset({Action.WRITE})  # its own console password
-    assert PERMISSIONS[Role.PROVIDER][Resource.REPORTS] == frozenset({Action.READ})  # reports of its own hosts
+    assert Resource.WORKLOADS not in PERMISSIONS[AccountRole.PROVIDER]
+    assert PERMISSIONS[AccountRole.PROVIDER][Resource.PRICES] == frozenset({Action.READ, Action.WRITE})
+    assert PERMISSIONS[AccountRole.PROVIDER][Resource.LEDGER] == frozenset({Action.READ})  # its earnings and payouts
+    assert PERMISSIONS[AccountRole.PROVIDER][Resource.RENTALS] == frozenset({Action.READ})  # the rentals on its hosts
+    assert PERMISSIONS[AccountRole.PROVIDER][Resource.PASSWORD] == frozenset({Action.WRITE})  # its own console password
+    assert PERMISSIONS[AccountRole.PROVIDER][Resource.REPORTS] == frozenset({Action.READ})  # reports of its own hosts
 
 
 async def test_head_is_authorized_as_the_get_it_mirrors(api, two_providers):

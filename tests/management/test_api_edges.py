@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from management.api.schemas import json_schemas
+from management.http.schemas import json_schemas
 from tests.management.hosts import add_agent
 
 DELETE_X = {"agent_id": "agt-a", "kind": "delete_container", "spec": {"name": "x"}}

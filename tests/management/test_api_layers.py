@@ -27,7 +27,7 @@ def master_attributes_used(tree: ast.AST) -> list[str]:
 
 
 def test_no_handler_module_touches_the_masters_collaborators():
-    modules = sorted(API.glob("*.py"))
+    modules = sorted(API.rglob("*.py"))
     assert len(modules) >= 10
     for module in modules:
         tree = ast.parse(module.read_text())
@@ -39,3 +39,37 @@ def test_no_handler_module_touches_the_masters_collaborators():
 def test_the_check_itself_finds_a_handler_reaching_into_the_registry():
     tree = ast.parse("async def handler(request):\n    return request.app[KEY].master.registry.agents\n")
     assert master_attributes_used(tree) == ["master.registry (line 2)"]
+
+
+MANAGEMENT = API.parent
+
+
+def imported_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    found = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    return found | {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level == 0}
+
+
+def importers_of(prefix: str, paths: list[Path]) -> list[str]:
+    return sorted(
+        f"{path.relative_to(MANAGEMENT.parent) if path.is_relative_to(MANAGEMENT.parent) else path.name} imports {name}"
+        for path in paths
+        for name in imported_modules(path)
+        if name == prefix or name.startswith(prefix + ".")
+    )
+
+
+def test_the_console_and_the_shared_pieces_import_nothing_of_the_api_so_there_is_no_cycle():
+    """The API adds the console to its app; the console shares access control (management/access_control.py) and the
+    HTTP pieces (management/http/) with the API, never the API's own modules, so neither imports the other lazily."""
+    console = sorted((MANAGEMENT / "console").rglob("*.py"))
+    shared = [*sorted((MANAGEMENT / "http").rglob("*.py")), MANAGEMENT / "access_control.py", MANAGEMENT / "views.py"]
+    assert len(console) >= 10 and all(path.exists() for path in shared)
+    assert importers_of("management.api", console + shared) == []
+    assert importers_of("management.console", shared) == []
+
+
+def test_the_import_check_finds_a_console_page_importing_the_api(tmp_path):
+    page = tmp_path / "page.py"
+    page.write_text("from management.api.auth import scope_of\n")
+    assert importers_of("management.api", [page]) == ["page.py imports management.api.auth"]

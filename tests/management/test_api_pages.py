@@ -15,8 +15,8 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from bench.api_pages import generated_fleet, seed_store
 from management.api import ApiSettings, build_app
-from management.api.paging import fingerprint
-from management.api.schemas import AgentQuery, CommandQuery, EventQuery, GpuQuery, PageQuery
+from management.http.paging import fingerprint
+from management.http.schemas import AgentQuery, CommandQuery, EventQuery, GpuQuery, PageQuery
 from master.config import MasterConfig
 from master.service import Master
 from tests.management.hosts import add_agent

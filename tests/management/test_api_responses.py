@@ -1,4 +1,4 @@
-"""The answers' structs (management/api/responses.py) and the views that build the answers agree, field for field.
+"""The answers' structs (management/http/responses.py) and the views that build the answers agree, field for field.
 
 Each view's output is encoded and decoded as its struct: a key a view adds that the struct lacks, a key the struct
 requires that the view drops, or a value of another type (a time left as a float, money as an integer) fails here,
@@ -16,7 +16,7 @@ import pytest
 
 from agent.simulate import SimulatedCollector
 from common.inventory import GpuSample, MigInstance
-from management.api import responses as r
+from management.http import responses as r
 from management.market.ledger import HostEarnings, PeriodEarnings, Statement, StatementLine, WorkloadSpend
 from management.market.operations import FundsDetail, RentalDetail, Statements
 from management.market.prices import HostPrice
@@ -28,6 +28,7 @@ from management.views import (
     api_key_view,
     command_accepted_view,
     command_view,
+    earnings_view,
     event_view,
     explanation_view,
     funds_view,
@@ -35,12 +36,13 @@ from management.views import (
     host_price_view,
     issued_api_key_view,
     ledger_entry_view,
+    payouts_view,
     price_listing_view,
     price_record_view,
     rental_view,
     signing_key_view,
+    spend_view,
     statement_view,
-    statements_view,
     token_view,
     whoami_view,
 )
@@ -238,11 +240,11 @@ def test_money_views_conform():
     statement = Statement(accounts=["renter:bob"], after_seq=0, opening=0, closing=10, lines=[line], next_after=1, more=False)
     conforms(statement_view(statement, "credits"), r.StatementView)
     spend = Statements("bob", "credits", [WorkloadSpend(workload="wl-1", charged=3, refunded=1, net=2)])
-    conforms(statements_view(spend), r.SpendStatements)
+    conforms(spend_view(spend), r.SpendStatements)
     earnings = Statements("acme", "credits", [HostEarnings(agent_id="agt-1", gross=10, fee=1, refunded=0, net=9)])
-    conforms(statements_view(earnings), r.EarningsStatements)
+    conforms(earnings_view(earnings), r.EarningsStatements)
     period = PeriodEarnings(label="2026-11-23", start=NOW, end=NOW + 86400, gross=10, fee=1, refunded=0, net=9)
-    conforms(statements_view(Statements("acme", "credits", [period])), r.PayoutStatements)
+    conforms(payouts_view(Statements("acme", "credits", [period])), r.PayoutStatements)
 
 
 def test_a_rental_view_conforms_for_its_renter_and_for_its_provider():

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from management.api.auth import OPERATIONS_KEY
+from management.http.keys import OPERATIONS_KEY
 from tests.management.hosts import add_agent, api_key
 
 SECRET = "hf_secret_value"

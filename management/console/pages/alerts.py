@@ -18,13 +18,14 @@ from urllib.parse import quote, urlencode
 import msgspec
 from aiohttp import web
 
-from management.api.auth import OPERATIONS_KEY, Action, Resource, permitted
+from management.access_control import Action, Resource, permitted
 from management.console.forms import FormErrors, text
 from management.console.nav import NavItem
 from management.console.pages.operator import parse_fields
 from management.console.rendering import nav_counts, page
 from management.console.session import flash, signed_in
 from management.console.templating import duration, when
+from management.http.keys import OPERATIONS_KEY
 from management.monitoring.evaluator import AlertState, AlertTransition
 from management.monitoring.settings import MAX_SILENCE_S, RuleListing
 from master.records import SilenceRecord

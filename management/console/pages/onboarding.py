@@ -8,13 +8,14 @@ from __future__ import annotations
 import msgspec
 from aiohttp import web
 
-from management.api.auth import OPERATIONS_KEY, Action, Resource
-from management.api.schemas import AccountName
+from management.access_control import Action, Resource
 from management.console.nav import NavItem
 from management.console.pages.operator import parse_fields
 from management.console.pages.provider import when
 from management.console.rendering import page
 from management.console.session import signed_in
+from management.http.keys import OPERATIONS_KEY
+from management.http.schemas import AccountName
 from management.onboarding.routes import grid_url
 from management.onboarding.script import InstallCommand
 

@@ -15,15 +15,16 @@ from urllib.parse import quote, urlencode
 import msgspec
 from aiohttp import web
 
-from management.api.auth import OPERATIONS_KEY, Action, Resource
-from management.api.errors import BadRequest
-from management.api.paging import decode_cursor, encode_cursor
-from management.api.schemas import MAX_TOKEN_TTL_S, AccountName, Cursor, EventKindPrefix, Identifier, PageQuery
+from management.access_control import Action, Resource
 from management.console.nav import NavItem
 from management.console.pages.provider import when
 from management.console.rendering import page
 from management.console.session import flash, signed_in
 from management.fleet import FleetFigures, UnitFigures
+from management.http.errors import BadRequest
+from management.http.keys import OPERATIONS_KEY
+from management.http.paging import decode_cursor, encode_cursor
+from management.http.schemas import MAX_TOKEN_TTL_S, AccountName, Cursor, EventKindPrefix, Identifier, PageQuery
 from management.operations import AccountIdKey, SeqKey
 
 ACCOUNTS_CURSOR = "console-accounts"

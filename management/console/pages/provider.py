@@ -19,14 +19,15 @@ import msgspec
 from aiohttp import web
 
 from common.inventory import GpuReach, GpuSample
-from management.api.auth import OPERATIONS_KEY, Action, Resource, permitted
-from management.api.errors import BadRequest
-from management.api.paging import decode_cursor, encode_cursor
-from management.api.schemas import AGENT_STATES, AccountName, Cursor, Identifier, PageQuery
+from management.access_control import Action, Resource, permitted
 from management.console.assets import vendor_available
 from management.console.nav import NavItem
 from management.console.rendering import page
 from management.console.session import flash, signed_in
+from management.http.errors import BadRequest
+from management.http.keys import OPERATIONS_KEY
+from management.http.paging import decode_cursor, encode_cursor
+from management.http.schemas import AGENT_STATES, AccountName, Cursor, Identifier, PageQuery
 from management.market.money import format_amount
 from management.market.prices import HostPrice, PriceSetting
 from management.operations import AgentDetail, AgentKey, HostSamples

@@ -17,15 +17,16 @@ from aiohttp import web
 
 from common.errors import BadQuery, Conflict, NotFound
 from common.output import last_lines
-from management.api.auth import OPERATIONS_KEY, Action, Resource, acting_account
-from management.api.errors import validation_message
-from management.api.paging import decode_cursor, encode_cursor
-from management.api.schemas import PageQuery
+from management.access_control import Action, Resource, acting_account
 from management.console import session
 from management.console.forms import FormErrors, amount, integer, number, text, word
 from management.console.nav import NavItem
 from management.console.rendering import page
 from management.console.terminal import serve_logs, serve_terminal
+from management.http.errors import validation_message
+from management.http.keys import OPERATIONS_KEY
+from management.http.paging import decode_cursor, encode_cursor
+from management.http.schemas import PageQuery
 from management.market.money import MICRO, BadAmount, format_amount, parse_amount
 from management.market.offers import Offer
 from management.market.operations import FundsDetail, PaymentRequired
@@ -297,7 +298,8 @@ async def workload(request: web.Request, *, template: str = "renter/workload.htm
     record = overview.workload
     waits = None
     if overview.explanation is not None:
-        waits = render_explanation(workload_view(record), _plain(explanation_view(overview.explanation)), datetime.now(UTC))
+        shown = _plain(workload_view(record, request.app[OPERATIONS_KEY].market.workload_terms(record)))
+        waits = render_explanation(shown, _plain(explanation_view(overview.explanation)), datetime.now(UTC))
     ports = record.spec.ports
     request[LIVE_STATE_KEY] = record.state
     return await page(
@@ -333,7 +335,8 @@ async def workload_live(request: web.Request) -> web.Response:
     return response
 
 
-def _plain(view: dict[str, Any]) -> dict[str, Any]:
+def _plain(view: msgspec.Struct) -> dict[str, Any]:
+    """An answer struct as the plain JSON values the API would send (what the explanation's text is written from)."""
     plain: dict[str, Any] = msgspec.json.decode(msgspec.json.encode(view))
     return plain
 

@@ -19,12 +19,13 @@ from urllib.parse import urlencode
 import msgspec
 from aiohttp import web
 
-from management.api.auth import OPERATIONS_KEY, Action, Resource, report_owners
+from management.access_control import Action, Resource, report_owners
 from management.console.assets import vendor_available
 from management.console.forms import FormErrors, text
 from management.console.nav import NavItem
 from management.console.rendering import page
 from management.console.session import signed_in
+from management.http.keys import OPERATIONS_KEY
 from management.market.ledger import calendar_period
 from management.monitoring.report_render import report_csv, report_json
 from management.monitoring.reports import (

@@ -5,11 +5,12 @@ from __future__ import annotations
 from aiohttp import web
 
 from common.errors import InvalidPassword, SignInRefused
-from management.api.auth import OPERATIONS_KEY, Action, Resource
+from management.access_control import Action, Resource
 from management.console import session
 from management.console.nav import NavItem
 from management.console.rendering import NAV_KEY, page
 from management.console.throttle import SignInThrottle
+from management.http.keys import OPERATIONS_KEY
 
 THROTTLE_KEY = web.AppKey("console_signin_throttle", SignInThrottle)
 MAX_FIELD = 1100  # longer than any account id or password that can be set

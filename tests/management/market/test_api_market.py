@@ -236,7 +236,7 @@ async def test_a_renter_rates_an_ended_rental_once_and_it_counts_in_the_hosts_re
 async def placed(market, workload_id: str, agent_id: str) -> None:
     """The scheduler's placement of a workload on ``agent_id`` (one GPU), applied through the workload book as its loop
     applies it: the API's Master runs no scheduling loop here."""
-    from management.api.auth import OPERATIONS_KEY
+    from management.http.keys import OPERATIONS_KEY
     from management.workloads.spec import container_name
     from master.records import Assignment
 
@@ -255,7 +255,7 @@ async def test_a_bid_lowered_while_scheduled_or_starting_is_checked_against_the_
     workload = (await rented.json())["id"]
     await placed(funded, workload, "agt-a1")
     if then_start:
-        from management.api.auth import OPERATIONS_KEY
+        from management.http.keys import OPERATIONS_KEY
 
         await funded.server.app[OPERATIONS_KEY].workloads.transition(workload, "start", "acknowledged", 0.0)
     lowered = await funded.post(f"/api/v1/workloads/{workload}/bid", json={"bid": "0.000001"}, headers=funded.lab)

@@ -9,7 +9,7 @@ from typing import get_args
 import pytest
 
 from common.errors import ConfigError
-from management.api.alerts import ScopeName
+from management.api.resources.alerts import ScopeName
 from management.monitoring.observe import WIRED
 from management.monitoring.rules import SCOPES, load_rules
 

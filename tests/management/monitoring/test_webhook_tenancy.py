@@ -18,7 +18,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from management.api import build_app
-from management.api.auth import OPERATIONS_KEY
+from management.http.keys import OPERATIONS_KEY
 from management.monitoring.evaluator import FIRING, AlertTransition
 from management.monitoring.notifier import NotifierSettings, Webhook, WebhookNotifier
 from master.accounts import AccountChange

@@ -11,7 +11,8 @@ import pytest
 
 from common.containers import RegistryAuth
 from common.wire import AgentEvent, AgentEventKind, CommandResult
-from management.views import command_view, workload_view
+from management.http.responses import RegistryAuthView
+from management.views import command_view, workload_spec_view
 from master.records import AgentRecord
 from master.reputation import reputation
 from tests.management.workloads.test_runner import creates_sent, host, scheduler, spec, started
@@ -38,7 +39,9 @@ async def test_a_start_that_fails_through_the_renters_image_fails_the_workload_a
     assert (agent.containers_failed, agent.commands_failed, agent.containers_refused) == (0, 0, 1)
     unscored = AgentRecord(id="agt-new", provider="prov", state="ready")  # no container evidence at all
     assert reputation(agent).components["container_success"] == reputation(unscored).components["container_success"]
-    assert workload_view(rec)["state_reason"].startswith("did not start (image_not_found): image not found")
+    assert rec.state_reason.startswith(  # what the workload view shows as state_reason
+        "did not start (image_not_found): image not found"
+    )
 
 
 async def test_a_start_that_fails_through_the_host_is_still_the_hosts(master, link):
@@ -73,7 +76,7 @@ async def test_pull_progress_is_the_starting_workloads_detail_until_it_runs(mast
 
     await loop.cycle()
     assert (await loop.book.get(wl.id)).detail == progress
-    assert workload_view(await loop.book.get(wl.id))["detail"] == progress
+    assert (await loop.book.get(wl.id)).detail == progress  # the workload view shows it as detail
 
     await started(master, link, await loop.book.get(wl.id))
     await loop.cycle()
@@ -121,8 +124,8 @@ async def test_registry_credentials_reach_the_host_and_no_answer_shows_the_passw
     (create,) = creates_sent(link, "agt-a")
     assert create.body.spec["registry_auth"] == {"username": "renter", "password": "hunter2-registry-token"}
 
-    view = workload_view(await loop.book.get(wl.id))
-    assert view["spec"]["registry_auth"] == {"username": "renter"}
+    view = workload_spec_view(await loop.book.get(wl.id))  # the spec as every workload answer shows it
+    assert view.registry_auth == RegistryAuthView(username="renter")
     command = await master.command(create.body.id)
     assert "hunter2" not in repr(command_view(command)) and "hunter2" not in repr(view)
 

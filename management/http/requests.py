@@ -7,8 +7,8 @@ from typing import Any, TypeVar
 import msgspec
 from aiohttp import web
 
-from management.api.errors import BadRequest, validation_message
-from management.api.schemas import query_fields
+from management.http.errors import BadRequest, validation_message
+from management.http.schemas import query_fields
 
 S = TypeVar("S", bound=msgspec.Struct)
 

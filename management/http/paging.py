@@ -18,9 +18,9 @@ from typing import Any, TypeVar
 import msgspec
 from aiohttp import web
 
-from management.api.errors import BadRequest
-from management.api.requests import json_response
-from management.api.schemas import PageQuery
+from management.http.errors import BadRequest
+from management.http.requests import json_response
+from management.http.schemas import PageQuery
 from management.operations import Page
 
 T = TypeVar("T")

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from management.api.auth import OPERATIONS_KEY, scope_of
-from management.api.paging import decode_cursor, page_response
-from management.api.requests import json_response, parse_query
-from management.api.schemas import AgentQuery, EmptyQuery
+from management.api.auth import scope_of
+from management.http.keys import OPERATIONS_KEY
+from management.http.paging import decode_cursor, page_response
+from management.http.requests import json_response, parse_query
+from management.http.responses import AgentView
+from management.http.schemas import AgentQuery, EmptyQuery
 from management.operations import AgentDetail, AgentKey
 from management.views import agent_view
 
 RESOURCE = "agents"
 
 
-def render(detail: AgentDetail) -> dict:
+def render(detail: AgentDetail) -> AgentView:
     return agent_view(
         detail.agent,
         detail.gpus,
@@ -60,11 +62,3 @@ async def undrain_agent(request: web.Request) -> web.Response:
 async def revoke_agent(request: web.Request) -> web.Response:
     detail = await request.app[OPERATIONS_KEY].revoke(request.match_info["agent_id"])
     return json_response(render(detail))
-
-
-def add_routes(router: web.UrlDispatcher) -> None:
-    router.add_get("/api/v1/agents", list_agents)
-    router.add_get("/api/v1/agents/{agent_id}", get_agent)
-    router.add_post("/api/v1/agents/{agent_id}/drain", drain_agent)
-    router.add_post("/api/v1/agents/{agent_id}/undrain", undrain_agent)
-    router.add_post("/api/v1/agents/{agent_id}/revoke", revoke_agent)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from management.api.auth import OPERATIONS_KEY
-from management.api.paging import decode_cursor, page_response
-from management.api.requests import json_response, parse_query
-from management.api.schemas import PageQuery
+from management.http.keys import OPERATIONS_KEY
+from management.http.paging import decode_cursor, page_response
+from management.http.requests import json_response, parse_query
+from management.http.schemas import PageQuery
 from management.operations import PositionKey
 from management.views import signing_key_view
 
@@ -26,9 +26,3 @@ async def rotate_signing_key(request: web.Request) -> web.Response:
 
 async def retire_signing_key(request: web.Request) -> web.Response:
     return json_response(signing_key_view(await request.app[OPERATIONS_KEY].retire_signing_key(request.match_info["key_id"])))
-
-
-def add_routes(router: web.UrlDispatcher) -> None:
-    router.add_get("/api/v1/signing-keys", list_signing_keys)
-    router.add_post("/api/v1/signing-keys/rotate", rotate_signing_key)
-    router.add_post("/api/v1/signing-keys/{key_id}/retire", retire_signing_key)

@@ -1,8 +1,9 @@
 """What the API answers: one msgspec struct per answer's shape, so the OpenAPI document (``openapi.py``) can state it.
 
-The views (``management/views.py``, ``management/market/offers.py``) still build the answers as plain dicts; these
-structs describe them, field for field, and ``tests/management/test_api_responses.py`` encodes every view's output and
-decodes it as its struct, so a key added to a view and not here (or the other way round) fails the suite. Every struct
+The views (``management/views.py``) build these structs: each answer's shape is defined here, once, and the OpenAPI
+document states it. The market's offers (``management/market/offers.py``) are still built as dicts;
+``tests/management/test_api_responses.py`` encodes every view's output and decodes it as its struct, so a value of the
+wrong type (or a key an offer adds and its struct lacks) fails the suite. Every struct
 forbids unknown fields: its JSON Schema says ``additionalProperties: false``, and schemathesis holds the live server
 to that (``tests/management/test_openapi_schemathesis.py``).
 
@@ -43,7 +44,7 @@ class ErrorDetail(View):
 
 
 class Error(View):
-    """Every refusal and failure: ``{"error": {"code", "message"}}`` (management/api/errors.py)."""
+    """Every refusal and failure: ``{"error": {"code", "message"}}`` (management/http/errors.py)."""
 
     error: ErrorDetail
 
@@ -549,7 +550,7 @@ class RentalView(View):
 
 
 def page_of(item: type[msgspec.Struct]) -> type[msgspec.Struct]:
-    """The ``{"items": [...], "next_cursor": str | null}`` shape of a list of ``item`` (management/api/paging.py),
+    """The ``{"items": [...], "next_cursor": str | null}`` shape of a list of ``item`` (management/http/paging.py),
     named ``<Item>Page`` (a name OpenAPI accepts, unlike a generic's ``Page[Item]``)."""
     name = item.__name__.removesuffix("View") + "Page"
     return msgspec.defstruct(
@@ -656,10 +657,13 @@ class HostPointView(View):
     net_tx_bytes_per_s: float | None
 
 
+TelemetrySubject = Literal["gpu", "host", "workload"]
+
+
 class TelemetryView(View):
     """A GPU's, a host's or a workload's telemetry history: a series per GPU (per GPU and run for a workload)."""
 
-    subject: Literal["gpu", "host", "workload"]
+    subject: TelemetrySubject
     id: str
     from_: Time = msgspec.field(name="from")
     to: Time

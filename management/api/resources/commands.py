@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from management.api.auth import OPERATIONS_KEY
-from management.api.paging import decode_cursor, page_response
-from management.api.requests import json_response, parse_body, parse_query
-from management.api.schemas import CommandQuery, CreateCommand, EmptyQuery
+from management.http.keys import OPERATIONS_KEY
+from management.http.paging import decode_cursor, page_response
+from management.http.requests import json_response, parse_body, parse_query
+from management.http.schemas import CommandQuery, CreateCommand, EmptyQuery
 from management.operations import CommandKey
 from management.views import command_accepted_view, command_view
 
@@ -31,9 +31,3 @@ async def list_commands(request: web.Request) -> web.Response:
         agent_id=query.agent_id, states=query.state, after=decode_cursor(RESOURCE, query, CommandKey), limit=query.limit
     )
     return page_response(RESOURCE, query, page, command_view)
-
-
-def add_routes(router: web.UrlDispatcher) -> None:
-    router.add_post("/api/v1/commands", create_command)
-    router.add_get("/api/v1/commands", list_commands)
-    router.add_get("/api/v1/commands/{command_id}", get_command)

@@ -11,10 +11,11 @@ import msgspec
 from aiohttp import web
 
 from management.api.audit import created
-from management.api.auth import OPERATIONS_KEY, scope_of
-from management.api.paging import decode_cursor, page_response
-from management.api.requests import json_response, parse_body, parse_query
-from management.api.schemas import AccountQuery, CreateAccount, CreateApiKey, EmptyQuery, PageQuery, SetPassword, UpdateAccount
+from management.api.auth import scope_of
+from management.http.keys import OPERATIONS_KEY
+from management.http.paging import decode_cursor, page_response
+from management.http.requests import json_response, parse_body, parse_query
+from management.http.schemas import AccountQuery, CreateAccount, CreateApiKey, EmptyQuery, PageQuery, SetPassword, UpdateAccount
 from management.operations import AccountIdKey, PositionKey
 from management.views import account_view, api_key_view, issued_api_key_view, whoami_view
 from master.accounts import AccountChange
@@ -100,15 +101,3 @@ async def set_password(request: web.Request) -> web.Response:
         current_password=body.current_password,
     )
     return json_response(account_view(account))
-
-
-def add_routes(router: web.UrlDispatcher) -> None:
-    router.add_get("/api/v1/whoami", whoami)
-    router.add_post("/api/v1/accounts", create_account)
-    router.add_get("/api/v1/accounts", list_accounts)
-    router.add_get("/api/v1/accounts/{account_id}", get_account)
-    router.add_patch("/api/v1/accounts/{account_id}", update_account)
-    router.add_post("/api/v1/accounts/{account_id}/keys", create_api_key)
-    router.add_get("/api/v1/accounts/{account_id}/keys", list_api_keys)
-    router.add_post("/api/v1/keys/{key_id}/revoke", revoke_api_key)
-    router.add_put("/api/v1/accounts/{account_id}/password", set_password)

@@ -1,4 +1,8 @@
-"""API errors: one JSON shape, ``{"error": {"code", "message"}}``, and one place mapping error codes to HTTP statuses."""
+"""API errors: one JSON shape, ``{"error": {"code", "message"}}``, and one place mapping error codes to HTTP statuses.
+
+A code the table does not map is a fault of the server, not of the client: it answers 500 (``internal``, no details)
+and the failure is logged with the request's method and path, so that a bug never looks like the caller's mistake.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +19,9 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-# The Master's error codes (common.errors and master/) and the statuses they answer with; any other code is a 400.
+# The error codes a call may earn (common.errors, master/ and management/) and the statuses they answer with. Any other
+# code is the server's fault: a 500 and a log line (``errors_middleware``). A new client-facing error class adds its
+# code here.
 STATUS_OF_CODE = {
     "not_found": 404,
     "conflict": 409,
@@ -28,7 +34,20 @@ STATUS_OF_CODE = {
     "tunnel_unavailable": 503,  # the host is not linked to a relay now (or its relay gave no address for renters)
     "tunnel_closed": 502,  # the relay or the host ended a tunnel the Master dialled (logs over HTTP)
     "fenced": 503,  # high availability: this Master lost the lead while serving the call; ask the leader (docs/ha.md)
+    "bad_json": 400,
+    "bad_cursor": 400,
+    "invalid_workload_spec": 400,  # management/scheduler/workloads.py
+    "invalid_tunnel": 400,  # management/renter_access.py
+    "invalid_ledger_request": 400,  # management/market/ledger.py
 }
+INTERNAL_MESSAGE = "internal error; see the Master's log"
+
+
+def status_of(exc: IdlegridError) -> int | None:
+    """The HTTP status ``exc`` answers with; None for a code no table maps (the server's fault: a 500)."""
+    if isinstance(exc, ApiError):
+        return exc.status
+    return STATUS_OF_CODE.get(exc.code)
 
 
 class ApiError(IdlegridError):
@@ -73,17 +92,32 @@ def validation_message(exc: msgspec.ValidationError, where: str) -> str:
 
 @web.middleware
 async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every failure becomes the JSON error shape; an unexpected one is logged and answers 500 without details."""
+    """Every failure becomes the JSON error shape; an unexpected one (any exception but an IdlegridError whose code
+    STATUS_OF_CODE maps, or an HTTP error) is logged and answers 500 without details."""
     try:
         return await handler(request)
-    except ApiError as exc:
-        return error_response(exc.status, exc.code, str(exc))
     except IdlegridError as exc:
-        return error_response(STATUS_OF_CODE.get(exc.code, 400), exc.code, str(exc))
+        status = status_of(exc)
+        if status is not None:
+            return error_response(status, exc.code, str(exc))
+        log_fault(request, f"API handler failed with an error code no table maps ({exc.code!r})")
+        return error_response(500, "internal", INTERNAL_MESSAGE)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         return error_response(exc.status, (exc.reason or "error").lower().replace(" ", "_"), exc.text or exc.reason)
     except Exception:
-        log.exception("API handler failed", extra={"path": request.path})
-        return error_response(500, "internal", "internal error; see the Master's log")
+        log_fault(request, "API handler failed")
+        return error_response(500, "internal", INTERNAL_MESSAGE)
+
+
+def log_fault(request: web.Request, what: str) -> None:
+    """Log the exception being handled with what identifies the request (there is no request id header: its method,
+    path and the peer say which call it was)."""
+    log.exception(
+        "%s: %s %s",
+        what,
+        request.method,
+        request.path,
+        extra={"method": request.method, "path": request.path, "peer": request.remote},
+    )

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from management.api.auth import OPERATIONS_KEY, scope_of
-from management.api.requests import json_response, parse_query
-from management.api.schemas import TelemetryQuery
+from management.api.auth import scope_of
+from management.http.keys import OPERATIONS_KEY
+from management.http.requests import json_response, parse_query
+from management.http.schemas import TelemetryQuery
 from management.views import telemetry_view
 
 
@@ -34,9 +35,3 @@ async def workload_telemetry(request: web.Request) -> web.Response:
         request.match_info["workload_id"], from_s=query.from_, to_s=query.to, step_s=query.step, account=scope_of(request).owner
     )
     return json_response(telemetry_view(history))
-
-
-def add_routes(router: web.UrlDispatcher) -> None:
-    router.add_get("/api/v1/gpus/{uuid}/telemetry", gpu_telemetry)
-    router.add_get("/api/v1/agents/{agent_id}/telemetry", host_telemetry)
-    router.add_get("/api/v1/workloads/{workload_id}/telemetry", workload_telemetry)

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from management.access_control import acting_provider
 from management.api.audit import created
-from management.api.auth import OPERATIONS_KEY, acting_provider, scope_of
-from management.api.requests import json_response, parse_body, parse_query
-from management.api.schemas import EmptyQuery, PriceQuery, SetDefaultPrice, SetPrice
+from management.api.auth import scope_of
+from management.http.keys import OPERATIONS_KEY
+from management.http.requests import json_response, parse_body, parse_query
+from management.http.schemas import EmptyQuery, PriceQuery, SetDefaultPrice, SetPrice
 from management.market.prices import PriceSetting
 from management.operations import HostPriceDetail
 from management.views import host_price_view, price_listing_view, price_record_view
@@ -60,11 +62,3 @@ async def clear_host_price(request: web.Request) -> web.Response:
 async def get_host_price(request: web.Request) -> web.Response:
     parse_query(request, EmptyQuery)
     return _render(await request.app[OPERATIONS_KEY].host_price(request.match_info["agent_id"]))
-
-
-def add_routes(router: web.UrlDispatcher) -> None:
-    router.add_get("/api/v1/prices", list_prices)
-    router.add_put("/api/v1/prices/default", set_default_price)
-    router.add_get("/api/v1/agents/{agent_id}/price", get_host_price)
-    router.add_put("/api/v1/agents/{agent_id}/price", set_host_price)
-    router.add_delete("/api/v1/agents/{agent_id}/price", clear_host_price)

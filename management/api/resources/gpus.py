@@ -4,17 +4,19 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from management.api.auth import OPERATIONS_KEY, scope_of
-from management.api.paging import decode_cursor, page_response
-from management.api.requests import json_response, parse_query
-from management.api.schemas import EmptyQuery, GpuQuery
+from management.api.auth import scope_of
+from management.http.keys import OPERATIONS_KEY
+from management.http.paging import decode_cursor, page_response
+from management.http.requests import json_response, parse_query
+from management.http.responses import GpuView
+from management.http.schemas import EmptyQuery, GpuQuery
 from management.operations import GpuDetail, GpuKey
 from management.views import gpu_view
 
 RESOURCE = "gpus"
 
 
-def render(detail: GpuDetail) -> dict:
+def render(detail: GpuDetail) -> GpuView:
     return gpu_view(detail.gpu, detail.latest, offered=detail.offered, holders=detail.holders)
 
 
@@ -38,8 +40,3 @@ async def repair_gpu(request: web.Request) -> web.Response:
     parse_query(request, EmptyQuery)
     detail = await request.app[OPERATIONS_KEY].repair_gpu(request.match_info["uuid"])
     return json_response(render(detail))
-
-
-def add_routes(router: web.UrlDispatcher) -> None:
-    router.add_get("/api/v1/gpus", list_gpus)
-    router.add_post("/api/v1/gpus/{uuid}/repair", repair_gpu)

@@ -6,24 +6,22 @@ from typing import Any
 
 from aiohttp import web
 
-from management.api.auth import OPERATIONS_KEY
-from management.api.paging import decode_cursor, page_response
-from management.api.requests import parse_query
-from management.api.schemas import PageQuery
+from management.http.keys import OPERATIONS_KEY
+from management.http.paging import decode_cursor, page_response
+from management.http.requests import parse_query
+from management.http.responses import TierView
+from management.http.schemas import PageQuery
 from management.operations import PositionKey
 
 RESOURCE = "tiers"
 
 
-def render(tier: dict[str, Any]) -> dict[str, Any]:
-    return tier
+def render(tier: dict[str, Any]) -> TierView:
+    """The policy's description of a tier (``describe_tiers``), as its answer struct."""
+    return TierView(**tier)
 
 
 async def list_tiers(request: web.Request) -> web.Response:
     query = parse_query(request, PageQuery)
     page = request.app[OPERATIONS_KEY].list_tiers(after=decode_cursor(RESOURCE, query, PositionKey), limit=query.limit)
     return page_response(RESOURCE, query, page, render)
-
-
-def add_routes(router: web.UrlDispatcher) -> None:
-    router.add_get("/api/v1/tiers", list_tiers)

@@ -250,7 +250,7 @@ REQUEST_SCHEMAS: tuple[type[msgspec.Struct], ...] = (
 REQUEST_SCHEMAS += (CreateAccount, UpdateAccount, CreateApiKey, AccountQuery)
 
 
-# --- the market: providers' prices (management/api/prices.py) ---------------------------------------------------------
+# --- the market: providers' prices (management/api/resources/prices.py) ---------------------------------------------------------
 # Amounts are decimal strings per GPU-hour ("2.50"); the price book (management/market/prices.py) checks the rest and
 # names the field it refuses.
 # The pattern is for the OpenAPI document; the price book parses the text itself (and names the field it refuses).

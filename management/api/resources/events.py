@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from management.api.auth import OPERATIONS_KEY
-from management.api.errors import BadRequest
-from management.api.paging import decode_cursor, page_response
-from management.api.requests import parse_query
-from management.api.schemas import EventQuery
+from management.http.errors import BadRequest
+from management.http.keys import OPERATIONS_KEY
+from management.http.paging import decode_cursor, page_response
+from management.http.requests import parse_query
+from management.http.schemas import EventQuery
 from management.operations import SeqKey
 from management.views import event_view
 
@@ -25,7 +25,3 @@ async def list_events(request: web.Request) -> web.Response:
         subject=query.subject, kind=query.kind, after_seq=after_seq, limit=query.limit
     )
     return page_response(RESOURCE, query, page, event_view)
-
-
-def add_routes(router: web.UrlDispatcher) -> None:
-    router.add_get("/api/v1/events", list_events)

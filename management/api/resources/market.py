@@ -11,14 +11,25 @@ from typing import Annotated, Literal
 import msgspec
 from aiohttp import web
 
-from management.api.auth import OPERATIONS_KEY, acting_account, scope_of
-from management.api.errors import BadRequest
-from management.api.paging import decode_cursor, encode_cursor
-from management.api.requests import json_response, parse_body, parse_query
-from management.api.schemas import AccountName, EmptyQuery, EventSeq, Identifier, PageLimit, PageQuery
+from management.access_control import acting_account
+from management.api.auth import scope_of
+from management.http.errors import BadRequest
+from management.http.keys import OPERATIONS_KEY
+from management.http.paging import decode_cursor, encode_cursor
+from management.http.requests import json_response, parse_body, parse_query
+from management.http.schemas import AccountName, EmptyQuery, EventSeq, Identifier, PageLimit, PageQuery
 from management.market.money import BadAmount, parse_amount
 from management.market.offers import offer_view, search_view
-from management.views import funds_view, ledger_entry_view, rental_view, statement_view, statements_view, workload_view
+from management.views import (
+    credited_view,
+    earnings_view,
+    funds_view,
+    payouts_view,
+    rental_view,
+    spend_view,
+    statement_view,
+    workload_view,
+)
 from master.records import Amount, WorkloadSpec
 
 RENTALS = "rentals"
@@ -150,7 +161,7 @@ async def credit_account(request: web.Request) -> web.Response:
     account_id = request.match_info["account_id"]
     entry = await market.credit(account_id, _amount("amount", body.amount), body.memo, key=body.key)
     funds = await market.funds(account_id)
-    return json_response({"entry": ledger_entry_view(entry), "balance": funds_view(funds)}, status=201)
+    return json_response(credited_view(entry, funds), status=201)
 
 
 async def get_ledger(request: web.Request) -> web.Response:
@@ -171,13 +182,13 @@ async def get_ledger(request: web.Request) -> web.Response:
 async def get_spend(request: web.Request) -> web.Response:
     parse_query(request, EmptyQuery)
     spend = await request.app[OPERATIONS_KEY].market.spend(request.match_info["account_id"], owner=scope_of(request).owner)
-    return json_response(statements_view(spend))
+    return json_response(spend_view(spend))
 
 
 async def get_earnings(request: web.Request) -> web.Response:
     parse_query(request, EmptyQuery)
     earnings = await request.app[OPERATIONS_KEY].market.earnings(request.match_info["account_id"], owner=scope_of(request).owner)
-    return json_response(statements_view(earnings))
+    return json_response(earnings_view(earnings))
 
 
 async def get_payouts(request: web.Request) -> web.Response:
@@ -185,7 +196,7 @@ async def get_payouts(request: web.Request) -> web.Response:
     payouts = await request.app[OPERATIONS_KEY].market.payouts(
         request.match_info["account_id"], query.period, owner=scope_of(request).owner
     )
-    return json_response(statements_view(payouts))
+    return json_response(payouts_view(payouts))
 
 
 # --- rentals ---------------------------------------------------------------------------------------------------------
@@ -230,20 +241,4 @@ async def rate_rental(request: web.Request) -> web.Response:
     return json_response(rental_view(rental, for_provider=False))
 
 
-def add_routes(router: web.UrlDispatcher) -> None:
-    router.add_get("/api/v1/offers", search_offers)
-    router.add_get("/api/v1/offers/{offer_id}", get_offer)
-    router.add_post("/api/v1/offers/{offer_id}/rent", rent_offer)
-    router.add_post("/api/v1/workloads/{workload_id}/bid", change_bid)
-    router.add_get("/api/v1/accounts/{account_id}/balance", get_balance)
-    router.add_post("/api/v1/accounts/{account_id}/credit", credit_account)
-    router.add_get("/api/v1/accounts/{account_id}/ledger", get_ledger)
-    router.add_get("/api/v1/accounts/{account_id}/spend", get_spend)
-    router.add_get("/api/v1/accounts/{account_id}/earnings", get_earnings)
-    router.add_get("/api/v1/accounts/{account_id}/payouts", get_payouts)
-    router.add_get("/api/v1/rentals", list_rentals)
-    router.add_get("/api/v1/rentals/{rental_id}", get_rental)
-    router.add_post("/api/v1/rentals/{rental_id}/rating", rate_rental)
-
-
-__all__ = ["REQUEST_SCHEMAS", "add_routes"]
+__all__ = ["REQUEST_SCHEMAS"]

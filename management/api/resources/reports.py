@@ -12,9 +12,11 @@ from typing import Annotated, Any, Literal
 import msgspec
 from aiohttp import web
 
-from management.api.auth import OPERATIONS_KEY, report_owners, scope_of
-from management.api.errors import BadRequest
-from management.api.requests import json_response, parse_query
+from management.access_control import report_owners
+from management.api.auth import scope_of
+from management.http.errors import BadRequest
+from management.http.keys import OPERATIONS_KEY
+from management.http.requests import json_response, parse_query
 from management.monitoring.report_render import report_csv, report_json
 from management.monitoring.reports import KINDS, InvalidReport, parse_dimensions, parse_instant, window
 
@@ -71,7 +73,3 @@ async def get_report(request: web.Request) -> web.Response:
         )
     body: dict[str, Any] = report_json(report, currency)
     return json_response(body)
-
-
-def add_routes(router: web.UrlDispatcher) -> None:
-    router.add_get("/api/v1/reports/{kind}", get_report)

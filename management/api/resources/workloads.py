@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from management.api.auth import OPERATIONS_KEY, acting_account, scope_of
-from management.api.paging import decode_cursor, page_response
-from management.api.requests import json_response, parse_body, parse_query
-from management.api.schemas import EmptyQuery, SubmitWorkload, WorkloadQuery
+from management.access_control import acting_account
+from management.api.auth import scope_of
+from management.http.keys import OPERATIONS_KEY
+from management.http.paging import decode_cursor, page_response
+from management.http.requests import json_response, parse_body, parse_query
+from management.http.schemas import EmptyQuery, SubmitWorkload, WorkloadQuery
 from management.operations import WorkloadKey
-from management.views import explanation_view, output_view, workload_view
+from management.views import explanation_view, workload_detail, workload_view
 
 RESOURCE = "workloads"
 
@@ -39,10 +41,8 @@ async def get_workload(request: web.Request) -> web.Response:
     parse_query(request, EmptyQuery)
     operations = request.app[OPERATIONS_KEY]
     record, waiting = await operations.workload_and_wait(request.match_info["workload_id"], account=scope_of(request).owner)
-    view = workload_view(record, operations.market.workload_terms(record))
-    view["waiting"] = explanation_view(waiting) if waiting is not None else None
-    view["outputs"] = [output_view(kept) for kept in await operations.workload_outputs(record.id)]
-    return json_response(view)
+    outputs = await operations.workload_outputs(record.id)
+    return json_response(workload_detail(record, operations.market.workload_terms(record), waiting, outputs))
 
 
 async def explain_workload(request: web.Request) -> web.Response:
@@ -56,11 +56,3 @@ async def cancel_workload(request: web.Request) -> web.Response:
     operations = request.app[OPERATIONS_KEY]
     record = await operations.cancel_workload(request.match_info["workload_id"], account=scope_of(request).owner)
     return json_response(workload_view(record, operations.market.workload_terms(record)))
-
-
-def add_routes(router: web.UrlDispatcher) -> None:
-    router.add_post("/api/v1/workloads", submit_workload)
-    router.add_get("/api/v1/workloads", list_workloads)
-    router.add_get("/api/v1/workloads/{workload_id}", get_workload)
-    router.add_get("/api/v1/workloads/{workload_id}/explain", explain_workload)
-    router.add_post("/api/v1/workloads/{workload_id}/cancel", cancel_workload)

@@ -6,9 +6,9 @@ from __future__ import annotations
 from aiohttp import web
 
 from management.api.audit import created
-from management.api.auth import OPERATIONS_KEY
-from management.api.requests import json_response, parse_body
-from management.api.schemas import CreateToken
+from management.http.keys import OPERATIONS_KEY
+from management.http.requests import json_response, parse_body
+from management.http.schemas import CreateToken
 from management.views import token_view
 
 
@@ -17,7 +17,3 @@ async def create_token(request: web.Request) -> web.Response:
     issued = await request.app[OPERATIONS_KEY].create_token(body.provider, body.ttl_s)
     created(request, body.provider)
     return json_response(token_view(issued.token, issued.record), status=201)
-
-
-def add_routes(router: web.UrlDispatcher) -> None:
-    router.add_post("/api/v1/tokens", create_token)

@@ -10,11 +10,12 @@ from typing import Annotated, Any, Literal
 import msgspec
 from aiohttp import web
 
-from management.api.auth import OPERATIONS_KEY, scope_of
-from management.api.paging import decode_cursor, page_response
-from management.api.requests import json_response, parse_body, parse_query
-from management.api.responses import Time, View
-from management.api.schemas import EmptyQuery, PageQuery
+from management.api.auth import scope_of
+from management.http.keys import OPERATIONS_KEY
+from management.http.paging import decode_cursor, page_response
+from management.http.requests import json_response, parse_body, parse_query
+from management.http.responses import Time, View
+from management.http.schemas import EmptyQuery, PageQuery
 from management.monitoring.evaluator import AlertState, AlertTransition
 from management.monitoring.rules import AlertRule
 from management.monitoring.settings import RuleListing
@@ -309,16 +310,3 @@ async def delete_webhook(request: web.Request) -> web.Response:
     parse_query(request, EmptyQuery)
     await request.app[OPERATIONS_KEY].delete_webhook(request.match_info["webhook_id"], owner=scope_of(request).owner)
     return web.Response(status=204)
-
-
-def add_routes(router: web.UrlDispatcher) -> None:
-    router.add_get("/api/v1/alert-rules", list_rules)
-    router.add_put("/api/v1/alert-rules/{name}", put_rule)
-    router.add_delete("/api/v1/alert-rules/{name}", delete_rule)
-    router.add_get("/api/v1/alerts", list_alerts)
-    router.add_post("/api/v1/silences", create_silence)
-    router.add_get("/api/v1/silences", list_silences)
-    router.add_post("/api/v1/silences/{silence_id}/expire", expire_silence)
-    router.add_post("/api/v1/webhooks", create_webhook)
-    router.add_get("/api/v1/webhooks", list_webhooks)
-    router.add_delete("/api/v1/webhooks/{webhook_id}", delete_webhook)

@@ -13,8 +13,9 @@ from typing import Annotated
 import msgspec
 from aiohttp import web
 
-from management.api.auth import OPERATIONS_KEY, scope_of
-from management.api.requests import json_response, parse_body, parse_query
+from management.api.auth import scope_of
+from management.http.keys import OPERATIONS_KEY
+from management.http.requests import json_response, parse_body, parse_query
 from management.renter_access import TunnelRequest
 from management.views import tunnel_grant_view
 
@@ -62,8 +63,3 @@ async def workload_logs(request: web.Request) -> web.StreamResponse:
         await output.aclose()
     await response.write_eof()
     return response
-
-
-def add_routes(router: web.UrlDispatcher) -> None:
-    router.add_post("/api/v1/workloads/{workload_id}/tunnels", open_tunnel)
-    router.add_get("/api/v1/workloads/{workload_id}/logs", workload_logs)

@@ -1,0 +1,9 @@
+"""The keys under which an aiohttp app holds what the API's handlers and the console's pages call."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from management.operations import Operations
+
+OPERATIONS_KEY = web.AppKey("operations", Operations)
