@@ -1,13 +1,14 @@
 """The management HTTP API, served in the Master's process: one module per resource (see docs/api.md).
 
-A handler parses the request into a schema (``schemas``), makes one call on the façade of operations
-(``management.operations``) and renders the answer (``management.views``). Who may call what is decided
+A handler parses the request into a schema (``schemas``), makes one call on a service
+(``management.services``) and renders the answer (``management.views``). Who may call what is decided
 in ``auth``; errors take one JSON shape (``errors``); lists are paged by cursor (``paging``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from aiohttp import web
 
@@ -20,13 +21,13 @@ from management.api import telemetry as telemetry_api
 from management.api import tunnels as tunnels_api
 from management.api import workloads as workloads_api
 from management.api.audit import audit_middleware
-from management.api.auth import OPERATIONS_KEY, auth_middleware
+from management.api.auth import SERVICES_KEY, auth_middleware
 from management.api.errors import ApiError, Handler, error_response, errors_middleware
 from management.api.health import METRICS_REGISTRY_KEY
 from management.api.metrics import ApiMetrics
 from management.api.ratelimit import KeyRateLimits
-from management.monitoring.market_series import MarketSeries
-from management.operations import Operations
+from management.services import Services
+from master.config import ConsoleSettings
 from master.service import Master
 
 __all__ = ["ApiError", "ApiSettings", "Handler", "build_app", "error_response"]
@@ -50,35 +51,13 @@ class ApiSettings:
     account_burst: int = 80
 
 
-async def _load_workloads(app: web.Application) -> None:
-    """The open workloads are in memory before the first call (and for the scheduling loop), after any restart."""
-    await app[OPERATIONS_KEY].workloads.load()
-
-
-async def _load_prices(app: web.Application) -> None:
-    """Providers' prices are in memory before the first call (the offer index and scheduler read them there)."""
-    await app[OPERATIONS_KEY].prices.load()
-
-
-async def _load_market(app: web.Application) -> None:
-    """Balances, open rentals and the fee window's figures are in memory before the first call, after any restart."""
-    await app[OPERATIONS_KEY].market.market.load()
-
-
-def build_app(master: Master, settings: ApiSettings | None = None, operations: Operations | None = None) -> web.Application:
-    """The API over ``master``; ``operations``: the façade to serve (the server's, which shares its workload book
-    with the running scheduler), a new one when not given."""
+def build_app(
+    master: Master, services: Services, settings: ApiSettings | None = None, *, console: ConsoleSettings, state_dir: Path
+) -> web.Application:
+    """The API over ``services`` (built, and their state loaded, by the composition root: management/app.py)."""
     settings = settings or ApiSettings()
-    operations = operations or Operations(master)
     registry = master.metrics.registry
     api_metrics = ApiMetrics(registry)
-    # The market's series (management/monitoring/market_series.py), beside the fleet's (master/metrics.py).
-    market = operations.market.market
-    registry.register(
-        MarketSeries(
-            operations.workloads.counts, market.meter.open_rentals, market.ledger.balances, currency=operations.market.currency
-        )
-    )
     rate_limits = KeyRateLimits(
         settings.key_rate_per_s,
         settings.key_burst,
@@ -87,7 +66,7 @@ def build_app(master: Master, settings: ApiSettings | None = None, operations: O
     )
     middlewares = [api_metrics.middleware(), errors_middleware, auth_middleware, rate_limits.middleware(), audit_middleware]
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
-    app[OPERATIONS_KEY] = operations
+    app[SERVICES_KEY] = services
     app[METRICS_REGISTRY_KEY] = registry
     for resource in (health, accounts, agents, gpus, tiers, commands, tokens, events, signing_keys):
         resource.add_routes(app.router)
@@ -100,9 +79,6 @@ def build_app(master: Master, settings: ApiSettings | None = None, operations: O
     telemetry_api.add_routes(app.router)  # monitoring: telemetry history
     openapi.add_routes(app.router)  # the API described (management/api/openapi.py), and its reference page
     reference.add_routes(app.router)
-    app.on_startup.append(_load_workloads)
-    app.on_startup.append(_load_prices)
-    app.on_startup.append(_load_market)
     # The web console, from the same origin (management/console/, docs/console.md). Imported here: its pages import
     # management.api.auth (one place decides who may do what), so importing it above would make a cycle.
     from management.console import add_console
@@ -111,5 +87,5 @@ def build_app(master: Master, settings: ApiSettings | None = None, operations: O
     from management.onboarding.routes import add_routes as add_onboarding_routes
 
     add_onboarding_routes(app.router)
-    add_console(app, operations, operations.console_settings, state_dir=operations.state_path)
+    add_console(app, services, console, state_dir=state_dir)
     return app

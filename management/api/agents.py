@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from management.api.auth import OPERATIONS_KEY, scope_of
+from management.api.auth import SERVICES_KEY, scope_of
 from management.api.paging import decode_cursor, page_response
 from management.api.requests import json_response, parse_query
 from management.api.schemas import AgentQuery, EmptyQuery
-from management.operations import AgentDetail, AgentKey
+from management.services.hosts import AgentDetail, AgentKey
 from management.views import agent_view
 
 RESOURCE = "agents"
@@ -28,7 +28,7 @@ def render(detail: AgentDetail) -> dict:
 
 async def list_agents(request: web.Request) -> web.Response:
     query = parse_query(request, AgentQuery)
-    page = request.app[OPERATIONS_KEY].list_agents(
+    page = request.app[SERVICES_KEY].hosts.list_agents(
         state=query.state,
         provider=query.provider,
         region=query.region,
@@ -43,22 +43,22 @@ async def list_agents(request: web.Request) -> web.Response:
 
 async def get_agent(request: web.Request) -> web.Response:
     parse_query(request, EmptyQuery)
-    detail = request.app[OPERATIONS_KEY].get_agent(request.match_info["agent_id"], owner=scope_of(request).owner)
+    detail = request.app[SERVICES_KEY].hosts.get_agent(request.match_info["agent_id"], owner=scope_of(request).owner)
     return json_response(render(detail))
 
 
 async def drain_agent(request: web.Request) -> web.Response:
-    detail = await request.app[OPERATIONS_KEY].drain(request.match_info["agent_id"], owner=scope_of(request).owner)
+    detail = await request.app[SERVICES_KEY].hosts.drain(request.match_info["agent_id"], owner=scope_of(request).owner)
     return json_response(render(detail))
 
 
 async def undrain_agent(request: web.Request) -> web.Response:
-    detail = await request.app[OPERATIONS_KEY].undrain(request.match_info["agent_id"], owner=scope_of(request).owner)
+    detail = await request.app[SERVICES_KEY].hosts.undrain(request.match_info["agent_id"], owner=scope_of(request).owner)
     return json_response(render(detail))
 
 
 async def revoke_agent(request: web.Request) -> web.Response:
-    detail = await request.app[OPERATIONS_KEY].revoke(request.match_info["agent_id"])
+    detail = await request.app[SERVICES_KEY].hosts.revoke(request.match_info["agent_id"])
     return json_response(render(detail))
 
 

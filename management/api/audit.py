@@ -12,9 +12,9 @@ import logging
 
 from aiohttp import web
 
-from management.api.auth import OPERATIONS_KEY, SCOPE_KEY
+from management.api.auth import SCOPE_KEY, SERVICES_KEY
 from management.api.errors import Handler
-from management.operations import AuditEntry
+from management.services.accounts import AuditEntry
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ async def audit_middleware(request: web.Request, handler: Handler) -> web.Stream
         status=response.status,
     )
     try:
-        await request.app[OPERATIONS_KEY].record_audit(entry)
+        await request.app[SERVICES_KEY].accounts.record_audit(entry)
     except Exception:  # the change is made and answered for: a lost audit event is logged, not turned into a 500
         log.exception("audit event not recorded", extra={"account": entry.account, "route": entry.route})
     return response

@@ -19,7 +19,7 @@ from aiohttp import web
 
 from common.errors import NotFound
 from management.api.errors import BadRequest, Forbidden, Handler, Unauthorized
-from management.operations import Operations
+from management.services import Services
 from master.accounts import BOOTSTRAP_ACCOUNT
 
 
@@ -219,7 +219,7 @@ class Scope:
 
 
 SCOPE_KEY = web.RequestKey("scope", Scope)
-OPERATIONS_KEY = web.AppKey("operations", Operations)
+SERVICES_KEY = web.AppKey("services", Services)
 
 
 def permitted(role: Role, resource: Resource, action: Action) -> bool:
@@ -271,12 +271,12 @@ def scope_of(request: web.Request) -> Scope:
     return request[SCOPE_KEY]
 
 
-async def authenticate(operations: Operations, header: str) -> Principal:
+async def authenticate(services: Services, header: str) -> Principal:
     scheme, _, key = header.partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
         raise Unauthorized("send an API key as 'Authorization: Bearer <key>'")
     try:
-        credential = await operations.credential(key.strip())
+        credential = await services.accounts.credential(key.strip())
     except NotFound:
         raise Unauthorized("API key not recognised") from None
     record, account = credential.key, credential.account
@@ -306,7 +306,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     public = request.match_info.route.resource
     if public is not None and ("GET" if request.method == "HEAD" else request.method, public.canonical) in PUBLIC_ROUTES:
         return await handler(request)
-    principal = await authenticate(request.app[OPERATIONS_KEY], request.headers.get("Authorization", ""))
+    principal = await authenticate(request.app[SERVICES_KEY], request.headers.get("Authorization", ""))
     route = request.match_info.route.resource
     if route is None:  # no such route: the router answers 404 (or 405) to whoever asks
         return await handler(request)

@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 import msgspec
 from aiohttp import web
 
-from management.api.auth import OPERATIONS_KEY, acting_account, scope_of
+from management.api.auth import SERVICES_KEY, acting_account, scope_of
 from management.api.errors import BadRequest
 from management.api.paging import decode_cursor, encode_cursor
 from management.api.requests import json_response, parse_body, parse_query
@@ -108,7 +108,7 @@ def _amount(field: str, text: str) -> int:
 
 async def search_offers(request: web.Request) -> web.Response:
     query = parse_query(request, OfferQuery)
-    result = await request.app[OPERATIONS_KEY].market.search_offers(
+    result = await request.app[SERVICES_KEY].market.search_offers(
         query.q, sort=query.sort, limit=query.limit, cursor=query.cursor
     )
     return json_response(search_view(result))
@@ -116,21 +116,21 @@ async def search_offers(request: web.Request) -> web.Response:
 
 async def get_offer(request: web.Request) -> web.Response:
     parse_query(request, EmptyQuery)
-    offer = await request.app[OPERATIONS_KEY].market.get_offer(request.match_info["offer_id"])
+    offer = await request.app[SERVICES_KEY].market.get_offer(request.match_info["offer_id"])
     return json_response(offer_view(offer))
 
 
 async def rent_offer(request: web.Request) -> web.Response:
     body = await parse_body(request, RentOffer)
     account = acting_account(scope_of(request), body.account)
-    market = request.app[OPERATIONS_KEY].market
+    market = request.app[SERVICES_KEY].market
     record = await market.rent_offer(account, request.match_info["offer_id"], body.spec)
     return json_response(workload_view(record, market.workload_terms(record)), status=201)
 
 
 async def change_bid(request: web.Request) -> web.Response:
     body = await parse_body(request, ChangeBid)
-    market = request.app[OPERATIONS_KEY].market
+    market = request.app[SERVICES_KEY].market
     record = await market.change_bid(request.match_info["workload_id"], _amount("bid", body.bid), account=scope_of(request).owner)
     return json_response(workload_view(record, market.workload_terms(record)))
 
@@ -140,13 +140,13 @@ async def change_bid(request: web.Request) -> web.Response:
 
 async def get_balance(request: web.Request) -> web.Response:
     parse_query(request, EmptyQuery)
-    funds = await request.app[OPERATIONS_KEY].market.funds(request.match_info["account_id"], owner=scope_of(request).owner)
+    funds = await request.app[SERVICES_KEY].market.funds(request.match_info["account_id"], owner=scope_of(request).owner)
     return json_response(funds_view(funds))
 
 
 async def credit_account(request: web.Request) -> web.Response:
     body = await parse_body(request, Credit)
-    market = request.app[OPERATIONS_KEY].market
+    market = request.app[SERVICES_KEY].market
     account_id = request.match_info["account_id"]
     entry = await market.credit(account_id, _amount("amount", body.amount), body.memo, key=body.key)
     funds = await market.funds(account_id)
@@ -155,7 +155,7 @@ async def credit_account(request: web.Request) -> web.Response:
 
 async def get_ledger(request: web.Request) -> web.Response:
     query = parse_query(request, LedgerQuery)
-    market = request.app[OPERATIONS_KEY].market
+    market = request.app[SERVICES_KEY].market
     statement = await market.ledger_statement(
         request.match_info["account_id"], owner=scope_of(request).owner, after_seq=query.after, limit=query.limit
     )
@@ -170,19 +170,19 @@ async def get_ledger(request: web.Request) -> web.Response:
 
 async def get_spend(request: web.Request) -> web.Response:
     parse_query(request, EmptyQuery)
-    spend = await request.app[OPERATIONS_KEY].market.spend(request.match_info["account_id"], owner=scope_of(request).owner)
+    spend = await request.app[SERVICES_KEY].market.spend(request.match_info["account_id"], owner=scope_of(request).owner)
     return json_response(statements_view(spend))
 
 
 async def get_earnings(request: web.Request) -> web.Response:
     parse_query(request, EmptyQuery)
-    earnings = await request.app[OPERATIONS_KEY].market.earnings(request.match_info["account_id"], owner=scope_of(request).owner)
+    earnings = await request.app[SERVICES_KEY].market.earnings(request.match_info["account_id"], owner=scope_of(request).owner)
     return json_response(statements_view(earnings))
 
 
 async def get_payouts(request: web.Request) -> web.Response:
     query = parse_query(request, PayoutQuery)
-    payouts = await request.app[OPERATIONS_KEY].market.payouts(
+    payouts = await request.app[SERVICES_KEY].market.payouts(
         request.match_info["account_id"], query.period, owner=scope_of(request).owner
     )
     return json_response(statements_view(payouts))
@@ -199,7 +199,7 @@ async def list_rentals(request: web.Request) -> web.Response:
     query = parse_query(request, RentalQuery)
     scope = scope_of(request)
     after = decode_cursor(RENTALS, query, RentalKey)
-    rentals, next_key = await request.app[OPERATIONS_KEY].market.list_rentals(
+    rentals, next_key = await request.app[SERVICES_KEY].market.list_rentals(
         owner=scope.owner,
         role=scope.principal.role.value,
         workload=query.workload,
@@ -217,14 +217,14 @@ async def get_rental(request: web.Request) -> web.Response:
     parse_query(request, EmptyQuery)
     scope = scope_of(request)
     role = scope.principal.role.value
-    rental = await request.app[OPERATIONS_KEY].market.get_rental(request.match_info["rental_id"], owner=scope.owner, role=role)
+    rental = await request.app[SERVICES_KEY].market.get_rental(request.match_info["rental_id"], owner=scope.owner, role=role)
     return json_response(rental_view(rental, for_provider=role == "provider"))
 
 
 async def rate_rental(request: web.Request) -> web.Response:
     body = await parse_body(request, Rate)
     scope = scope_of(request)
-    market = request.app[OPERATIONS_KEY].market
+    market = request.app[SERVICES_KEY].market
     role = scope.principal.role.value
     rental = await market.rate_rental(request.match_info["rental_id"], body.rating, owner=scope.owner, role=role)
     return json_response(rental_view(rental, for_provider=False))

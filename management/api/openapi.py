@@ -27,7 +27,7 @@ from aiohttp import web
 from management.api import alerts, market, responses, schemas, tunnels
 from management.api import reports as reports_api
 from management.api.responses import Error
-from management.renter_access import TunnelRequest
+from management.services.tunnels import TunnelRequest
 
 JSON = "application/json"
 OPENAPI_PATH = "/api/v1/openapi.json"

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from aiohttp import web
 
-from management.api.auth import OPERATIONS_KEY, report_owners, scope_of
+from management.api.auth import SERVICES_KEY, report_owners, scope_of
 from management.api.errors import BadRequest
 from management.api.requests import json_response, parse_query
 from management.monitoring.report_render import report_csv, report_json
@@ -63,7 +63,7 @@ async def get_report(request: web.Request) -> web.Response:
     except InvalidReport as exc:
         raise BadRequest(str(exc)) from None
     provider, renter = report_owners(scope_of(request))
-    report, currency = await request.app[OPERATIONS_KEY].report(kind, by, start, end, provider=provider, renter=renter)
+    report, currency = await request.app[SERVICES_KEY].reports.report(kind, by, start, end, provider=provider, renter=renter)
     if query.format == "csv":
         name = f"report-{kind}-{'-'.join(by)}.csv"
         return web.Response(

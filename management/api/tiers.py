@@ -6,11 +6,11 @@ from typing import Any
 
 from aiohttp import web
 
-from management.api.auth import OPERATIONS_KEY
+from management.api.auth import SERVICES_KEY
 from management.api.paging import decode_cursor, page_response
 from management.api.requests import parse_query
 from management.api.schemas import PageQuery
-from management.operations import PositionKey
+from management.services.models import PositionKey
 
 RESOURCE = "tiers"
 
@@ -21,7 +21,7 @@ def render(tier: dict[str, Any]) -> dict[str, Any]:
 
 async def list_tiers(request: web.Request) -> web.Response:
     query = parse_query(request, PageQuery)
-    page = request.app[OPERATIONS_KEY].list_tiers(after=decode_cursor(RESOURCE, query, PositionKey), limit=query.limit)
+    page = request.app[SERVICES_KEY].grid.list_tiers(after=decode_cursor(RESOURCE, query, PositionKey), limit=query.limit)
     return page_response(RESOURCE, query, page, render)
 
 

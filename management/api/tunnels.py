@@ -13,9 +13,9 @@ from typing import Annotated
 import msgspec
 from aiohttp import web
 
-from management.api.auth import OPERATIONS_KEY, scope_of
+from management.api.auth import SERVICES_KEY, scope_of
 from management.api.requests import json_response, parse_body, parse_query
-from management.renter_access import TunnelRequest
+from management.services.tunnels import TunnelRequest
 from management.views import tunnel_grant_view
 
 
@@ -35,7 +35,7 @@ REQUEST_SCHEMAS: tuple[type[msgspec.Struct], ...] = (TunnelRequest, LogsQuery)
 async def open_tunnel(request: web.Request) -> web.Response:
     body = await parse_body(request, TunnelRequest)
     scope = scope_of(request)
-    grant = await request.app[OPERATIONS_KEY].access.open(
+    grant = await request.app[SERVICES_KEY].tunnels.open(
         request.match_info["workload_id"], body, account=scope.principal.account, owner=scope.owner
     )
     return json_response(tunnel_grant_view(grant), status=201)
@@ -44,7 +44,7 @@ async def open_tunnel(request: web.Request) -> web.Response:
 async def workload_logs(request: web.Request) -> web.StreamResponse:
     query = parse_query(request, LogsQuery)
     scope = scope_of(request)
-    output = request.app[OPERATIONS_KEY].access.logs(
+    output = request.app[SERVICES_KEY].tunnels.logs(
         request.match_info["workload_id"],
         TunnelRequest(kind="logs", tail=query.tail, follow=query.follow, replica=query.replica),
         account=scope.principal.account,

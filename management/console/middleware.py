@@ -16,7 +16,7 @@ from aiohttp.typedefs import Middleware
 from aiohttp_session import get_session
 
 from common.errors import IdlegridError
-from management.api.auth import OPERATIONS_KEY
+from management.api.auth import SERVICES_KEY
 from management.api.errors import STATUS_OF_CODE, ApiError
 from management.console.rendering import page
 from management.console.session import CSRF_FIELD, CSRF_HEADER, SIGNED_IN_KEY, SignInRequired, session_state
@@ -90,7 +90,7 @@ async def _load_account(request: web.Request, settings: ConsoleSettings) -> None
         return
     why = ""
     try:
-        account = await request.app[OPERATIONS_KEY].get_account(account_id)
+        account = await request.app[SERVICES_KEY].accounts.get_account(account_id)
     except IdlegridError:
         account = None
         why = "your account no longer exists"

@@ -9,7 +9,7 @@ import aiohttp_jinja2
 from aiohttp import web
 
 from common.errors import IdlegridError
-from management.api.auth import OPERATIONS_KEY, Action, Resource
+from management.api.auth import SERVICES_KEY, Action, Resource
 from management.console.nav import NavItem
 from management.console.session import SIGNED_IN_KEY, session_state, signed_in, take_flashes
 
@@ -21,7 +21,7 @@ async def nav_counts(request: web.Request) -> dict[str, int]:
     its firing alerts, as the alerts page lists them (one pass over the alerts in memory, filtered by the façade)."""
     try:
         scope = await signed_in(request, Resource.ALERTS, Action.READ)
-        listing = await request.app[OPERATIONS_KEY].list_alerts(
+        listing = await request.app[SERVICES_KEY].alerts.list_alerts(
             owner=scope.owner, role=scope.principal.role.value, phase="firing"
         )
     except IdlegridError:  # a role without alerts, or none to read: no badge, the page itself still renders

@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 
 from management.api import ApiSettings
-from management.server import MasterServer
+from management.app import MasterServer
 from master.config import MasterConfig
 from tests.management.hosts import add_agent
 from tests.support.prometheus import check_metrics

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from management.outputs import Lose, OutputSettings, Read, Wait, decide
+from management.services.outputs import Lose, OutputSettings, Read, Wait, decide
 from master.records import AgentRecord, CommandRecord, KeptOutput
 
 SETTINGS = OutputSettings(give_up_s=100.0, max_tries=3)

@@ -19,7 +19,7 @@ from urllib.parse import urlencode
 import msgspec
 from aiohttp import web
 
-from management.api.auth import OPERATIONS_KEY, Action, Resource, report_owners
+from management.api.auth import SERVICES_KEY, Action, Resource, report_owners
 from management.console.assets import vendor_available
 from management.console.forms import FormErrors, text
 from management.console.nav import NavItem
@@ -276,7 +276,7 @@ async def reports_page(request: web.Request) -> web.StreamResponse:
     if wanted is None:
         return await page(request, "reports/reports.html", status=400, title="Reports", **context)
     provider, renter = report_owners(scope)
-    report, currency = await request.app[OPERATIONS_KEY].report(
+    report, currency = await request.app[SERVICES_KEY].reports.report(
         wanted.kind, wanted.by, wanted.start, wanted.end, provider=provider, renter=renter
     )
     body = report_json(report, currency)
@@ -303,7 +303,7 @@ async def report_csv_file(request: web.Request) -> web.StreamResponse:
     if wanted is None:
         raise web.HTTPBadRequest(text="; ".join(errors.values()))
     provider, renter = report_owners(scope)
-    report, _ = await request.app[OPERATIONS_KEY].report(
+    report, _ = await request.app[SERVICES_KEY].reports.report(
         wanted.kind, wanted.by, wanted.start, wanted.end, provider=provider, renter=renter
     )
     name = f"report-{wanted.kind}-{'-'.join(wanted.by)}.csv"

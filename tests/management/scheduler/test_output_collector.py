@@ -8,8 +8,8 @@ from __future__ import annotations
 import time
 
 from common.wire import CommandResult, Heartbeat
-from management.outputs import OutputCollector, OutputSettings
 from management.scheduler.loop import SchedulerLoop
+from management.services.outputs import OutputCollector, OutputSettings
 from management.tunnel_client import TunnelClosed
 from master.link import AccessLink
 from master.records import KeptOutput
