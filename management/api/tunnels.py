@@ -3,7 +3,7 @@
 ``POST /api/v1/workloads/{id}/tunnels`` answers where to connect and the ticket to show there (the CLI dials the
 relay itself); ``GET /api/v1/workloads/{id}/logs`` has the Master dial the tunnel and stream the output as text, for
 clients that only speak HTTP; once the container is deleted (or for an earlier ``attempt``), the output the Master kept
-(management/outputs.py). Only the workload's owner (and an operator) may do either; another's answers 404.
+(management/services/outputs.py). Only the workload's owner (and an operator) may do either; another's answers 404.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``GET /install.sh``, ``/ca.crt`` and ``/dist/<wheel>``: what a provider's host fetches, with no key (the join token
 in the command is what admits it). Outside /api/, so no API key is asked for; a standby Master answers 503 as for
-every route (management/server.py)."""
+every route (management/app.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The API as the Master's process serves it (management/server.py): slow clients cut off, request metrics.
+"""The API as the Master's process serves it (management/app.py): slow clients cut off, request metrics.
 
 A raw socket plays the hostile client; aiohttp's own client plays everyone else.
 """

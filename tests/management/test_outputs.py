@@ -1,4 +1,4 @@
-"""The output collector's decision for one pending output (management/outputs.py ``decide``), rule by rule, and the
+"""The output collector's decision for one pending output (management/services/outputs.py ``decide``), rule by rule, and the
 book's ``settle`` that ends a replica's ``deleting``."""
 
 from __future__ import annotations

@@ -315,7 +315,7 @@ async def test_a_container_created_after_its_delete_is_deleted_again(master, lin
 
 
 async def test_a_stray_whose_assignment_was_settled_deleted_is_still_deleted_again(master, link):
-    """The output collector settles a replica ``deleted`` once its delete is done (management/outputs.py); a create
+    """The output collector settles a replica ``deleted`` once its delete is done (management/services/outputs.py); a create
     that ran after that delete leaves a container no one holds, which the sweep must still delete."""
     await host(master, link, "agt-a")
     loop = scheduler(master)
