@@ -219,7 +219,7 @@ def compose(master: Master, settings: ManagementSettings | None = None) -> Compo
         budget=market.budget,
         period_s=settings.market.metering_period_s,
     )
-    market_service = MarketService(master, book, market, fit_check=scheduler.never_fits)
+    market_service = MarketService(master, book, market, settings.market, fit_check=scheduler.never_fits)
     workloads = WorkloadsService(master, book, scheduler, market_service)
     tunnels = RenterAccess(master, workloads.get_workload, master.store.outputs)
     output_settings = settings.scheduler.outputs
@@ -244,7 +244,7 @@ def compose(master: Master, settings: ManagementSettings | None = None) -> Compo
         hosts=hosts,
         grid=GridService(master),
         workloads=workloads,
-        prices=PricesService(master, prices, hosts),
+        prices=PricesService(master, prices, hosts, settings.market.currency),
         market=market_service,
         billing=BillingService(market_service),
         telemetry=TelemetryService(master, hosts, workloads),

@@ -6,7 +6,7 @@ module is the one place that maps those keys to management's sections, so a serv
 and never reads the flat config:
 
 - ``[scheduler]``: ``SchedulerSettings`` (management/scheduler/loop.py) and the output collector's ``OutputSettings``
-- ``[market]``: the currency and the metering period
+- ``[market]``: ``MarketRules``: the currency, the metering period, the low-balance warning, the rating rules
 - ``[api]``: the per-key and per-account rate limits (``ApiSettings``)
 - ``[alerts]``: the rules file, the evaluation period, the webhook notifier's limits
 - ``[console]``: ``ConsoleSettings``, already a table of its own in the file (``[console]``)
@@ -23,6 +23,7 @@ from management.api import ApiSettings
 from management.monitoring.notifier import NotifierSettings
 from management.monitoring.settings import notifier_settings
 from management.scheduler.loop import SchedulerSettings
+from management.services.market import MarketRules, RatingRules
 from management.services.outputs import OutputSettings
 from master.config import ConsoleSettings, MasterConfig
 
@@ -31,12 +32,6 @@ from master.config import ConsoleSettings, MasterConfig
 class SchedulerSection:
     scheduler: SchedulerSettings
     outputs: OutputSettings
-
-
-@dataclass(frozen=True)
-class MarketSection:
-    currency: str
-    metering_period_s: float  # running rentals are charged this often; the scheduler's usage is read as often
 
 
 @dataclass(frozen=True)
@@ -49,7 +44,7 @@ class AlertsSection:
 @dataclass(frozen=True)
 class ManagementSettings:
     scheduler: SchedulerSection
-    market: MarketSection
+    market: MarketRules
     api: ApiSettings
     alerts: AlertsSection
     console: ConsoleSettings
@@ -61,7 +56,17 @@ class ManagementSettings:
         """The sections a Master's configuration gives (master/config.py documents each key)."""
         return cls(
             scheduler=SchedulerSection(SchedulerSettings.of(config), OutputSettings.of(config)),
-            market=MarketSection(currency=config.currency, metering_period_s=config.metering_period_s),
+            market=MarketRules(
+                currency=config.currency,
+                metering_period_s=config.metering_period_s,
+                low_balance_warning_s=config.low_balance_warning_s,
+                rating=RatingRules(
+                    min_run_s=config.rating_min_run_s,
+                    weight_unit=config.rating_weight_unit,
+                    max_weight=config.rating_max_weight,
+                    window_s=config.rating_window_s,
+                ),
+            ),
             api=ApiSettings(
                 key_rate_per_s=config.api_key_rate_per_s,
                 key_burst=config.api_key_burst,

@@ -92,17 +92,41 @@ class Statements:
 FitCheck = Callable[[str, WorkloadSpec], Awaitable[str | None]]  # (account, spec) -> why it could never run here, or None
 
 
+@dataclass(frozen=True)
+class RatingRules:
+    """When a renter's rating counts in a host's reputation, and how much (docs/market-prices.md, "Ratings")."""
+
+    min_run_s: float  # the rental ran at least this long
+    weight_unit: str  # an amount: a rating counts once more per this much paid on the host
+    max_weight: int
+    window_s: float  # one rating per renter and host in this long
+
+
+@dataclass(frozen=True)
+class MarketRules:
+    """The market service's settings: management/settings.py maps them from the operator's file, whose defaults
+    (master/config.py) they are."""
+
+    currency: str
+    metering_period_s: float  # running rentals are charged this often: a first period is what admission checks
+    low_balance_warning_s: float  # warn when the balance covers less than this long of what runs
+    rating: RatingRules
+
+
 class MarketService:
-    def __init__(self, master: Master, book: WorkloadBook, market: Market, *, fit_check: FitCheck | None = None) -> None:
+    def __init__(
+        self, master: Master, book: WorkloadBook, market: Market, rules: MarketRules, *, fit_check: FitCheck | None = None
+    ) -> None:
         self._master = master
         self._book = book
         self.market = market
+        self._rules = rules
         # The scheduler's "could this ever run here" (SchedulerLoop.never_fits), given by the composition root.
         self.fit_check = fit_check
 
     @property
     def currency(self) -> str:
-        return self._master.config.currency
+        return self._rules.currency
 
     # --- offers ---------------------------------------------------------------------------------------------------
 
@@ -182,7 +206,7 @@ class MarketService:
         if price <= 0:
             return
         gpus = spec.replicas * spec.replica.gpus
-        period_s = self._master.config.metering_period_s
+        period_s = self._rules.metering_period_s
         needed = period_cost(price, gpus, period_s)
         available = self.market.ledger.funds(account).available
         if needed > available:
@@ -336,7 +360,7 @@ class MarketService:
         now = time.time()
         running = sum(price_at(r, h, now) * h.gpus for r in self.market.meter.open_rentals(account=account_id) for h in r.hosts)
         warning = ""
-        warn_s = self._master.config.low_balance_warning_s
+        warn_s = self._rules.low_balance_warning_s
         if running > 0 and (funds.available + funds.held) * 3600 < running * warn_s:
             warning = f"the balance covers less than {warn_s / 3600:g} h of what runs now; at zero, running work is stopped"
         return FundsDetail(account_id, funds.available, funds.held, running, self.currency, warning)
@@ -437,28 +461,27 @@ class MarketService:
             raise Conflict(f"rental {rental_id} is still running; rate it once it has ended")
         if rental.rating is not None:
             raise Conflict(f"rental {rental_id} was already rated {rental.rating}")
-        config = self._master.config
+        rules = self._rules.rating
         ran = rental.ended_at - rental.started_at
-        if ran < config.rating_min_run_s:
+        if ran < rules.min_run_s:
             raise Conflict(
-                f"rental {rental_id} ran {ran:.0f} s; a rating counts for a rental that ran at least "
-                f"{config.rating_min_run_s:g} s"
+                f"rental {rental_id} ran {ran:.0f} s; a rating counts for a rental that ran at least {rules.min_run_s:g} s"
             )
         paid = await self._paid_per_host(rental)
         if any(h.price > 0 for h in rental.hosts) and sum(paid.values()) <= 0:
             raise Conflict(f"rental {rental_id} was not paid for; a rating counts for a rental that was")
         now = time.time()
         for host in rental.hosts:
-            earlier = await self._rated_within(rental, host.agent_id, now - config.rating_window_s)
+            earlier = await self._rated_within(rental, host.agent_id, now - rules.window_s)
             if earlier is not None:
                 raise Conflict(
                     f"you rated host {host.agent_id} for rental {earlier} within the last "
-                    f"{config.rating_window_s / 86400:g} days; one rating per host in that time"
+                    f"{rules.window_s / 86400:g} days; one rating per host in that time"
                 )
         rated = msgspec.structs.replace(rental, rating=rating, version=rental.version + 1)
         await self._master.store.rentals.update(rated, expected_version=rental.version)
         for host in rental.hosts:
-            weight = rating_weight(paid.get(host.agent_id, 0), config.rating_weight_unit, config.rating_max_weight)
+            weight = rating_weight(paid.get(host.agent_id, 0), rules.weight_unit, rules.max_weight)
             await self._master.record_rating(host.agent_id, rating, rental_id, now, weight=weight)
         return await self._detail(rated)
 

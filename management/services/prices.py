@@ -43,14 +43,11 @@ class HostPriceDetail:
 
 
 class PricesService:
-    def __init__(self, master: Master, book: PriceBook, hosts: HostsService) -> None:
+    def __init__(self, master: Master, book: PriceBook, hosts: HostsService, currency: str) -> None:
         self._master = master
         self.book = book  # the one writer of providers' prices; the offer index and the scheduler read the same book
         self._hosts = hosts
-
-    @property
-    def _currency(self) -> str:
-        return self._master.config.currency
+        self._currency = currency
 
     async def list_prices(self, *, owner: str | None = None, provider: str | None = None) -> PriceListing:
         """A provider's own records (its default and its hosts'), or the operator's view of all (of ``provider``)."""
