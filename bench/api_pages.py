@@ -118,7 +118,7 @@ async def page_through(client: AsyncApiClient, first: ApiRequest) -> tuple[list[
 async def run_api_pages_bench(
     *, agents: int, gpus_per_agent: int, limit: int, query: str = "", work_dir: str = ""
 ) -> dict[str, Any]:
-    from management.server import MasterServer  # the real server: keep-alive, middlewares, settings
+    from management.app import MasterServer  # the real server: keep-alive, middlewares, settings
 
     with tempfile.TemporaryDirectory(dir=work_dir or None) as tmp:
         state_dir = Path(tmp)

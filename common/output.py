@@ -1,7 +1,7 @@
 """A container's output kept after it ends: bounded to its last bytes, cut with a marker a person can read.
 
 Shared by the agent, which keeps the output of a container it deletes (agent/output.py), and the Master, which reads
-it from the agent and stores it (management/outputs.py) and bounds it again: it trusts no agent's figure.
+it from the agent and stores it (management/services/outputs.py) and bounds it again: it trusts no agent's figure.
 """
 
 from __future__ import annotations

@@ -93,7 +93,7 @@ def _master_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_master(args: argparse.Namespace) -> int:
-    from management.server import serve_master
+    from management.app import serve_master
     from master.config import load_master_config
 
     config = load_master_config(

@@ -1,6 +1,6 @@
 """``idlegrid workload logs|exec|port-forward``: a renter's way into its containers, through the relays.
 
-Each asks the API for a tunnel grant (management/renter_access.py) and dials the relay it names with the ticket
+Each asks the API for a tunnel grant (management/services/tunnels.py) and dials the relay it names with the ticket
 (management/tunnel_client.py); the host behind the relay never listens. Frames are common/tunnel.py's.
 """
 

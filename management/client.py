@@ -209,7 +209,7 @@ class ApiCalls(Generic[R]):
         return self.send(ApiRequest("GET", f"{API_PREFIX}/workloads/{_segment(workload_id)}/explain"))
 
     def open_tunnel(self, workload_id: str, request: Mapping[str, Json]) -> R:
-        """A grant to reach a replica's container (management/renter_access.py ``TunnelRequest`` fields)."""
+        """A grant to reach a replica's container (management/services/tunnels.py ``TunnelRequest`` fields)."""
         return self.send(ApiRequest("POST", f"{API_PREFIX}/workloads/{_segment(workload_id)}/tunnels", body=dict(request)))
 
     # --- accounts and API keys ---

@@ -70,11 +70,11 @@ from management.http.responses import (
 )
 from management.market.ledger import Statement
 from management.market.money import format_amount
-from management.market.operations import FundsDetail, RentalDetail, Statements
 from management.market.prices import HostPrice
 from management.monitoring.history import TelemetryHistory
-from management.operations import HostedReplica
 from management.scheduler.model import Explanation
+from management.services.hosts import HostedReplica
+from management.services.market import FundsDetail, RentalDetail, Statements
 from management.tunnel_client import TunnelGrant
 from master.keys import SigningKeyInfo
 from master.records import (

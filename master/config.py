@@ -67,7 +67,7 @@ class MasterConfig(msgspec.Struct, kw_only=True):
     scheduler_period_s: Annotated[float, msgspec.Meta(gt=0)] = 5.0
     # A preempted (or cancelled) workload's containers get this long between SIGTERM and SIGKILL.
     preemption_grace_s: Annotated[float, msgspec.Meta(ge=0, le=600)] = 30.0
-    # A workload container's output is kept after the container is deleted (management/outputs.py): its last
+    # A workload container's output is kept after the container is deleted (management/services/outputs.py): its last
     # output_limit_bytes bytes (the agent keeps as much, by its own setting), for output_retention_s after it ended.
     output_limit_bytes: Annotated[int, msgspec.Meta(ge=1024, le=64 * 1024 * 1024)] = 8 * 1024 * 1024
     output_retention_s: Annotated[float, msgspec.Meta(gt=0)] = 7 * 86400.0

@@ -758,7 +758,7 @@ class Master:
     async def record_rating(self, agent_id: str, rating: int, rental_id: str, now: float, *, weight: int = 1) -> Reputation:
         """A renter rated its ended rental ``rental_id`` on ``agent_id`` (1..5): counted ``weight`` times in the
         ``ratings`` component (a rating weighs what the renter paid), with an ``agent.reputation`` event. Whether the
-        rental may be rated, and its weight, are the caller's (management/market/operations.py ``rate_rental``)."""
+        rental may be rated, and its weight, are the caller's (management/services/market.py ``rate_rental``)."""
         if isinstance(rating, bool) or not isinstance(rating, int) or not 1 <= rating <= 5:
             raise InvalidRating(f"rating: {rating!r} is not a whole number from 1 to 5")
         if isinstance(weight, bool) or not isinstance(weight, int) or weight < 1:

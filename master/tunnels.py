@@ -1,7 +1,7 @@
 """Opening a tunnel (common/tunnel.py) from the Master's side: mint and sign the ticket for the relay the agent is
 linked through, and tell the agent over its control link to dial that relay.
 
-Who may open which tunnel is decided before this (management/renter_access.py); this only knows agents, relays and
+Who may open which tunnel is decided before this (management/services/tunnels.py); this only knows agents, relays and
 keys. A ticket is good for ``ticket_s`` and for one meeting at one relay; nothing about it is stored but the event.
 """
 

@@ -2,13 +2,14 @@
 
 Each route is declared once in ``routing`` (method, path, handler, resource and action, body, query, answer), read by
 the router, the authorization (``auth``) and the OpenAPI document (``openapi``). A handler parses the request into a
-schema (management/http/schemas.py), makes one call on the façade of operations (``management.operations``) and
+schema (management/http/schemas.py), makes one call on a service (``management.services``) and
 answers a typed struct. Errors take one JSON shape and lists are paged by cursor (management/http/).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from aiohttp import web
 
@@ -20,10 +21,10 @@ from management.api.metrics import ApiMetrics
 from management.api.ratelimit import KeyRateLimits
 from management.console import add_console
 from management.http.errors import ApiError, Handler, error_response, errors_middleware
-from management.http.keys import OPERATIONS_KEY
-from management.monitoring.market_series import MarketSeries
+from management.http.keys import SERVICES_KEY
 from management.onboarding.routes import add_routes as add_onboarding_routes
-from management.operations import Operations
+from management.services import Services
+from master.config import ConsoleSettings
 from master.service import Master
 
 __all__ = ["ApiError", "ApiSettings", "Handler", "build_app", "error_response"]
@@ -47,35 +48,13 @@ class ApiSettings:
     account_burst: int = 80
 
 
-async def _load_workloads(app: web.Application) -> None:
-    """The open workloads are in memory before the first call (and for the scheduling loop), after any restart."""
-    await app[OPERATIONS_KEY].workloads.load()
-
-
-async def _load_prices(app: web.Application) -> None:
-    """Providers' prices are in memory before the first call (the offer index and scheduler read them there)."""
-    await app[OPERATIONS_KEY].prices.load()
-
-
-async def _load_market(app: web.Application) -> None:
-    """Balances, open rentals and the fee window's figures are in memory before the first call, after any restart."""
-    await app[OPERATIONS_KEY].market.market.load()
-
-
-def build_app(master: Master, settings: ApiSettings | None = None, operations: Operations | None = None) -> web.Application:
-    """The API over ``master``; ``operations``: the façade to serve (the server's, which shares its workload book
-    with the running scheduler), a new one when not given."""
+def build_app(
+    master: Master, services: Services, settings: ApiSettings | None = None, *, console: ConsoleSettings, state_dir: Path
+) -> web.Application:
+    """The API over ``services`` (built, and their state loaded, by the composition root: management/app.py)."""
     settings = settings or ApiSettings()
-    operations = operations or Operations(master)
     registry = master.metrics.registry
     api_metrics = ApiMetrics(registry)
-    # The market's series (management/monitoring/market_series.py), beside the fleet's (master/metrics.py).
-    market = operations.market.market
-    registry.register(
-        MarketSeries(
-            operations.workloads.counts, market.meter.open_rentals, market.ledger.balances, currency=operations.market.currency
-        )
-    )
     rate_limits = KeyRateLimits(
         settings.key_rate_per_s,
         settings.key_burst,
@@ -84,14 +63,11 @@ def build_app(master: Master, settings: ApiSettings | None = None, operations: O
     )
     middlewares = [api_metrics.middleware(), errors_middleware, auth_middleware, rate_limits.middleware(), audit_middleware]
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
-    app[OPERATIONS_KEY] = operations
+    app[SERVICES_KEY] = services
     app[METRICS_REGISTRY_KEY] = registry
     health.add_routes(app.router)  # /healthz and /metrics, outside the API
     routing.add_routes(app)  # every /api/ route, as declared once in management/api/routing.py
-    app.on_startup.append(_load_workloads)
-    app.on_startup.append(_load_prices)
-    app.on_startup.append(_load_market)
     add_onboarding_routes(app.router)  # what a provider's host fetches to onboard (management/onboarding/): no key
     # The web console, from the same origin (management/console/, docs/console.md).
-    add_console(app, operations, operations.console_settings, state_dir=operations.state_path)
+    add_console(app, services, console, state_dir=state_dir)
     return app

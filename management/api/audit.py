@@ -14,8 +14,8 @@ from aiohttp import web
 
 from management.api.auth import SCOPE_KEY
 from management.http.errors import Handler
-from management.http.keys import OPERATIONS_KEY
-from management.operations import AuditEntry
+from management.http.keys import SERVICES_KEY
+from management.services.accounts import AuditEntry
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ async def audit_middleware(request: web.Request, handler: Handler) -> web.Stream
         status=response.status,
     )
     try:
-        await request.app[OPERATIONS_KEY].record_audit(entry)
+        await request.app[SERVICES_KEY].accounts.record_audit(entry)
     except Exception:  # the change is made and answered for: a lost audit event is logged, not turned into a 500
         log.exception("audit event not recorded", extra={"account": entry.account, "route": entry.route})
     return response

@@ -16,8 +16,8 @@ from common.errors import NotFound
 from management.access_control import AccountRole, Principal, Scope, scope_for
 from management.api.route import DECLARED_KEY
 from management.http.errors import Forbidden, Handler, Unauthorized
-from management.http.keys import OPERATIONS_KEY
-from management.operations import Operations
+from management.http.keys import SERVICES_KEY
+from management.services import Services
 from master.accounts import BOOTSTRAP_ACCOUNT
 
 SCOPE_KEY = web.RequestKey("scope", Scope)
@@ -27,12 +27,12 @@ def scope_of(request: web.Request) -> Scope:
     return request[SCOPE_KEY]
 
 
-async def authenticate(operations: Operations, header: str) -> Principal:
+async def authenticate(services: Services, header: str) -> Principal:
     scheme, _, key = header.partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
         raise Unauthorized("send an API key as 'Authorization: Bearer <key>'")
     try:
-        credential = await operations.credential(key.strip())
+        credential = await services.accounts.credential(key.strip())
     except NotFound:
         raise Unauthorized("API key not recognised") from None
     record, account = credential.key, credential.account
@@ -64,7 +64,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     route = request.app[DECLARED_KEY].get((method, resource.canonical)) if resource is not None else None
     if route is not None and route.public:
         return await handler(request)
-    principal = await authenticate(request.app[OPERATIONS_KEY], request.headers.get("Authorization", ""))
+    principal = await authenticate(request.app[SERVICES_KEY], request.headers.get("Authorization", ""))
     if resource is None:  # no such route: the router answers 404 (or 405) to whoever asks
         return await handler(request)
     if route is None or route.resource is None or route.action is None:
@@ -78,4 +78,4 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     return await handler(request)
 
 
-__all__ = ["OPERATIONS_KEY", "SCOPE_KEY", "auth_middleware", "authenticate", "scope_of"]
+__all__ = ["SERVICES_KEY", "SCOPE_KEY", "auth_middleware", "authenticate", "scope_of"]

@@ -5,14 +5,14 @@ from __future__ import annotations
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from management.http.keys import OPERATIONS_KEY
+from management.http.keys import SERVICES_KEY
 from management.http.requests import json_response
 
 METRICS_REGISTRY_KEY = web.AppKey("metrics_registry", CollectorRegistry)
 
 
 async def healthz(request: web.Request) -> web.Response:
-    health = request.app[OPERATIONS_KEY].health()
+    health = request.app[SERVICES_KEY].grid.health()
     # role/ready/leader (docs/ha.md): a standby is live (200) but not ready to serve; ``leader``: whom to ask instead.
     return json_response(
         {

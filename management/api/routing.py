@@ -40,7 +40,7 @@ from management.api.resources import (
 )
 from management.api.route import DECLARED_KEY, JSON, DeclarationError, Route
 from management.http import responses, schemas
-from management.renter_access import TunnelRequest
+from management.services.tunnels import TunnelRequest
 
 r = responses
 # Route(method, path, handler, resource, action, summary, {status: answer struct}, tag=..., body=..., query=...,

@@ -3,7 +3,7 @@
 ``add_console`` wires it into the API's aiohttp application: templates (aiohttp-jinja2), the encrypted session cookie
 (aiohttp-session), the console's middleware (who is signed in, CSRF, security headers, errors as pages), the vendored
 browser code and our own static files, and every page module in ``management.console.pages``. Pages call only the
-façade (management/operations.py); what an account may do is decided by management/access_control.py.
+services (management/services/); what an account may do is decided by management/access_control.py.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from management.console.rendering import NAV_KEY
 from management.console.session import CSRF_FIELD, CSRF_HEADER, ConsoleCookieStorage, session_key
 from management.console.templating import FILTERS
 from management.console.throttle import SignInThrottle
-from management.http.keys import OPERATIONS_KEY
-from management.operations import Operations
+from management.http.keys import SERVICES_KEY
+from management.services import Services
 from master.config import ConsoleSettings
 
 __all__ = ["add_console"]
@@ -39,9 +39,9 @@ def _page_modules() -> list[object]:
     return [importlib.import_module(f"{pages.__name__}.{info.name}") for info in pkgutil.iter_modules(pages.__path__)]
 
 
-def add_console(app: web.Application, operations: Operations, settings: ConsoleSettings, *, state_dir: Path) -> None:
+def add_console(app: web.Application, services: Services, settings: ConsoleSettings, *, state_dir: Path) -> None:
     """Serve the console from ``app`` (the API's application, before it starts); the session key lives in
-    ``state_dir``. ``operations`` must be the one ``app`` serves (the pages read it from the app)."""
+    ``state_dir``. ``services`` must be the ones ``app`` serves (the pages read them from the app)."""
     if not settings.enabled:
         return
     env = aiohttp_jinja2.setup(
@@ -65,8 +65,8 @@ def add_console(app: web.Application, operations: Operations, settings: ConsoleS
         module.add_routes(app.router)  # type: ignore[attr-defined]
         nav.extend(getattr(module, "NAV", []))
     app[NAV_KEY] = nav
-    if OPERATIONS_KEY not in app:  # pages read the façade from the app, as the API's handlers do
-        app[OPERATIONS_KEY] = operations
+    if SERVICES_KEY not in app:  # pages read the services from the app, as the API's handlers do
+        app[SERVICES_KEY] = services
 
 
 def _static_url(app: web.Application) -> Callable[[str], str]:

@@ -19,7 +19,7 @@ from common.errors import IdlegridError
 from management.console.rendering import page
 from management.console.session import CSRF_FIELD, CSRF_HEADER, SIGNED_IN_KEY, SignInRequired, session_state
 from management.http.errors import status_of
-from management.http.keys import OPERATIONS_KEY
+from management.http.keys import SERVICES_KEY
 from master.config import ConsoleSettings
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ async def _load_account(request: web.Request, settings: ConsoleSettings) -> None
         return
     why = ""
     try:
-        account = await request.app[OPERATIONS_KEY].get_account(account_id)
+        account = await request.app[SERVICES_KEY].accounts.get_account(account_id)
     except IdlegridError:
         account = None
         why = "your account no longer exists"

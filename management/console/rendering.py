@@ -12,7 +12,7 @@ from common.errors import IdlegridError
 from management.access_control import Action, Resource
 from management.console.nav import NavItem
 from management.console.session import SIGNED_IN_KEY, session_state, signed_in, take_flashes
-from management.http.keys import OPERATIONS_KEY
+from management.http.keys import SERVICES_KEY
 
 NAV_KEY: web.AppKey[list[NavItem]] = web.AppKey("console_nav")
 
@@ -22,7 +22,7 @@ async def nav_counts(request: web.Request) -> dict[str, int]:
     its firing alerts, as the alerts page lists them (one pass over the alerts in memory, filtered by the façade)."""
     try:
         scope = await signed_in(request, Resource.ALERTS, Action.READ)
-        listing = await request.app[OPERATIONS_KEY].list_alerts(
+        listing = await request.app[SERVICES_KEY].alerts.list_alerts(
             owner=scope.owner, role=scope.principal.role.value, phase="firing"
         )
     except IdlegridError:  # a role without alerts, or none to read: no badge, the page itself still renders

@@ -1,7 +1,7 @@
 """Live logs and the terminal: a browser's WebSocket to the console, bridged to a renter-access tunnel.
 
 The browser cannot trust the platform CA the relays' certificates chain to; the Master can. So the console opens
-the tunnel itself, through the façade (``operations.access.open``, which checks the owner and mints the ticket),
+the tunnel itself, through the façade (``operations.tunnels.open``, which checks the owner and mints the ticket),
 dials the relay with ``management.tunnel_client.Tunnel`` and passes frames (common/tunnel.py) both ways unchanged:
 
 - logs (``/console/workloads/{id}/logs``): the agent's frames go to the browser; anything the browser sends ends it.
@@ -26,8 +26,8 @@ from aiohttp import WSMsgType, web
 from common.errors import IdlegridError, ProtocolError
 from common.tunnel import Op, Resize, decode_frame, encode_frame
 from management.access_control import Scope
-from management.http.keys import OPERATIONS_KEY
-from management.renter_access import TunnelRequest
+from management.http.keys import SERVICES_KEY
+from management.services.tunnels import TunnelRequest
 from management.tunnel_client import Tunnel
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ async def _serve(
 
 async def _open(request: web.Request, scope: Scope, workload_id: str, wanted: TunnelRequest) -> Tunnel:
     """The tunnel, opened through the façade (which decides whether this account may) and dialled at the relay."""
-    access = request.app[OPERATIONS_KEY].access
+    access = request.app[SERVICES_KEY].tunnels
     grant = await access.open(workload_id, wanted, account=scope.principal.account, owner=scope.owner)
     return await Tunnel.open(grant)
 

@@ -36,7 +36,7 @@ STATUS_OF_CODE = {
     "fenced": 503,  # high availability: this Master lost the lead while serving the call; ask the leader (docs/ha.md)
     "bad_json": 400,
     "bad_cursor": 400,
-    "invalid_workload_spec": 400,  # management/scheduler/workloads.py
+    "invalid_workload_spec": 400,  # management/workloads/spec.py
     "invalid_tunnel": 400,  # management/renter_access.py
     "invalid_ledger_request": 400,  # management/market/ledger.py
 }

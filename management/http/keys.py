@@ -4,6 +4,6 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from management.operations import Operations
+from management.services import Services
 
-OPERATIONS_KEY = web.AppKey("operations", Operations)
+SERVICES_KEY = web.AppKey("services", Services)

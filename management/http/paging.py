@@ -21,7 +21,7 @@ from aiohttp import web
 from management.http.errors import BadRequest
 from management.http.requests import json_response
 from management.http.schemas import PageQuery
-from management.operations import Page
+from management.services.models import Page
 
 T = TypeVar("T")
 K = TypeVar("K", bound=msgspec.Struct)

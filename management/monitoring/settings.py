@@ -90,7 +90,8 @@ class AlertSettings:
         self._creating = asyncio.Lock()  # one webhook made at a time, so concurrent requests cannot pass the cap together
 
     async def load(self) -> None:
-        """Read the stored settings into the loop (once; every call below does it first)."""
+        """Read the stored settings into the loop (once: the composition root, management/app.py, calls it before
+        the first call below)."""
         if self._loaded:
             return
         for record in await self._store.alert_rules.list():
@@ -111,13 +112,11 @@ class AlertSettings:
     # --- rules ------------------------------------------------------------------------------------
 
     async def rules(self) -> list[RuleListing]:
-        await self.load()
         merged = {name: RuleListing(rule, "file") for name, rule in self._file_rules.items()}
         merged |= {name: RuleListing(rule, "api") for name, rule in self._api_rules.items()}
         return [merged[name] for name in sorted(merged)]
 
     async def put_rule(self, name: str, spec: Mapping[str, Any], by: str) -> AlertRule:
-        await self.load()
         rule = rule_of(spec, name)
         if rule.metric not in WIRED:
             raise InvalidAlertSetting(f"metric {rule.metric!r} is not one the Master watches: {', '.join(sorted(WIRED))}")
@@ -129,7 +128,6 @@ class AlertSettings:
 
     async def delete_rule(self, name: str) -> RuleListing | None:
         """Remove an API-put rule; the file's rule of that name, if any, applies again (returned)."""
-        await self.load()
         if name not in self._api_rules:
             if name in self._file_rules:
                 raise Conflict(f"rule {name!r} comes from the rules file; put a rule of that name to change it")
@@ -145,7 +143,6 @@ class AlertSettings:
     async def alerts(
         self, viewer: Viewer, *, rule: str | None = None, phase: str | None = None, severity: str | None = None
     ) -> AlertListing:
-        await self.load()
         severities = {r.name: r.severity for r in self._loop.rules}
 
         def wanted(name: str, its_phase: str, labels: Mapping[str, str]) -> bool:
@@ -173,7 +170,6 @@ class AlertSettings:
         labels: Mapping[str, str],
         comment: str,
     ) -> SilenceRecord:
-        await self.load()
         if not 0 < duration_s <= MAX_SILENCE_S:
             raise InvalidAlertSetting(f"duration_s must be more than 0 and at most {MAX_SILENCE_S:g} seconds")
         if rule is None and subject is None and not labels:
@@ -194,11 +190,9 @@ class AlertSettings:
         return silence
 
     async def silences(self, *, include_expired: bool = False) -> list[SilenceRecord]:
-        await self.load()
         return await self._store.silences.list(active_at=None if include_expired else self._clock())
 
     async def expire_silence(self, silence_id: str) -> SilenceRecord:
-        await self.load()
         now = self._clock()
         found = [s for s in await self._store.silences.list(active_at=now) if s.id == silence_id]
         if not found:
@@ -212,7 +206,6 @@ class AlertSettings:
 
     async def create_webhook(self, url: str, *, owner: str, role: str) -> WebhookRecord:
         """A new webhook; its secret is in the record returned, and shown nowhere else afterwards."""
-        await self.load()
         async with self._creating:
             return await self._create_webhook(url, owner=owner, role=role)
 
@@ -240,14 +233,12 @@ class AlertSettings:
 
     async def webhooks(self, *, owner: str | None, after: tuple[float, str] | None = None, limit: int) -> list[WebhookRecord]:
         """Up to ``limit`` webhooks (of ``owner``, or every one), by creation then id, from just after ``after``."""
-        await self.load()
         listed = await self._store.webhooks.list(owner=owner)
         if after is not None:
             listed = [w for w in listed if (w.created_at, w.id) > after]
         return listed[:limit]
 
     async def delete_webhook(self, webhook_id: str, *, owner: str | None) -> None:
-        await self.load()
         mine = [w for w in await self._store.webhooks.list(owner=owner) if w.id == webhook_id]
         if not mine:
             raise NotFound(f"no webhook {webhook_id!r}")

@@ -1,13 +1,13 @@
 """``GET /install.sh``, ``/ca.crt`` and ``/dist/<wheel>``: what a provider's host fetches, with no key (the join token
 in the command is what admits it). Outside /api/, so no API key is asked for; a standby Master answers 503 as for
-every route (management/server.py)."""
+every route (management/app.py)."""
 
 from __future__ import annotations
 
 from aiohttp import web
 
 from management.http.errors import error_response
-from management.http.keys import OPERATIONS_KEY
+from management.http.keys import SERVICES_KEY
 from management.onboarding.package import PackageUnavailable
 
 SCRIPT_TYPE = "text/x-shellscript"
@@ -20,7 +20,7 @@ def grid_url(request: web.Request) -> str:
 
 
 async def install_script(request: web.Request) -> web.Response:
-    onboarding = request.app[OPERATIONS_KEY].onboarding
+    onboarding = request.app[SERVICES_KEY].onboarding
     try:
         text = onboarding.install_script(grid_url(request))
     except PackageUnavailable as exc:
@@ -29,12 +29,12 @@ async def install_script(request: web.Request) -> web.Response:
 
 
 async def ca_certificate(request: web.Request) -> web.Response:
-    pem = request.app[OPERATIONS_KEY].onboarding.ca_pem()
+    pem = request.app[SERVICES_KEY].onboarding.ca_pem()
     return web.Response(body=pem, content_type="application/x-pem-file")
 
 
 async def agent_wheel(request: web.Request) -> web.StreamResponse:
-    package = request.app[OPERATIONS_KEY].onboarding.package
+    package = request.app[SERVICES_KEY].onboarding.package
     try:
         name = package.filename
         if request.match_info["name"] != name:

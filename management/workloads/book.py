@@ -211,7 +211,7 @@ class WorkloadBook:
         live = [a for a in rec.assignments if a.container and a.state not in GONE_ASSIGNMENT_STATES]
         marked = [msgspec.structs.replace(a, state=str(AssignmentState.DELETING)) if a in live else a for a in rec.assignments]
         # Their output is awaited before the deletes go: a Master killed after the deletes still reads it from the
-        # hosts when it is back (management/outputs.py), whatever becomes of the assignments (a requeue drops them).
+        # hosts when it is back (management/services/outputs.py), whatever becomes of the assignments (a requeue drops them).
         for a in live:
             await self._store.outputs.put(pending_output(rec, a, now))
         if target != WorkloadState.QUEUED:

@@ -50,7 +50,7 @@ from common.wire import (
     AgentConnected,
     Relay,
 )
-from management.renter_access import TunnelGrant
+from management.services.tunnels import TunnelGrant
 from management.tunnel_client import Tunnel
 from tests.access.conftest import Credentials, TestPki, eventually, heartbeat
 

@@ -81,7 +81,7 @@ from common.wire import (
     decode_agent_frame,
     encode,
 )
-from management.renter_access import TunnelGrant
+from management.services.tunnels import TunnelGrant
 from management.tunnel_client import Tunnel
 from tests.access.conftest import MasterStandIn, TestPki
 

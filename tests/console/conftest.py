@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from management.server import MasterServer
+from management.app import MasterServer
 from master.accounts import BOOTSTRAP_ACCOUNT
 from master.config import ConsoleSettings, MasterConfig
 from master.records import AccountRecord
@@ -74,8 +74,8 @@ class ConsoleMaster:
         return self.server.api_url
 
     @property
-    def operations(self):  # type: ignore[no-untyped-def]
-        return self.server.operations
+    def services(self):  # type: ignore[no-untyped-def]
+        return self.server.services
 
     def start(self) -> None:
         self.run(self.server.start())

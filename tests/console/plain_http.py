@@ -9,7 +9,7 @@ from pathlib import Path
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from management.api import build_app
+from management.app import api_app
 from master.config import ConsoleSettings, MasterConfig
 from master.records import AccountRecord
 from master.service import Master
@@ -28,7 +28,7 @@ async def console_for(tmp_path: Path, **settings: object) -> Console:
     await master.start()
     await master.accounts.create(AccountRecord(id="rita", role="renter", name="Rita"))
     await master.accounts.set_password("rita", PASSWORD)
-    client = Console(TestServer(build_app(master)))
+    client = Console(TestServer(api_app(master)))
     await client.start_server()
     client.master = master
     client.origin = str(client.make_url("")).rstrip("/")

@@ -13,7 +13,7 @@ from aiohttp import WSMsgType
 
 from common.tunnel import HEADER, Op, decode_frame, encode_frame
 from management.console.terminal import FROM_BROWSER_TERMINAL, refusal
-from management.http.keys import OPERATIONS_KEY
+from management.http.keys import SERVICES_KEY
 from master.records import AccountRecord, WorkloadSpec
 from tests.console.plain_http import sign_in
 
@@ -69,7 +69,7 @@ async def test_a_socket_needs_a_session_and_the_consoles_own_origin(console):
 
 async def test_another_accounts_workload_gets_an_error_frame_and_no_tunnel(console):
     await console.master.accounts.create(AccountRecord(id="zoe", role="renter"))
-    theirs = await console.app[OPERATIONS_KEY].submit_workload("zoe", WorkloadSpec(name="theirs", image="python:3.12"))
+    theirs = await console.app[SERVICES_KEY].workloads.submit_workload("zoe", WorkloadSpec(name="theirs", image="python:3.12"))
     await sign_in(console)
     for kind in ("logs", "terminal"):
         socket = await console.ws_connect(f"/console/workloads/{theirs.id}/{kind}", headers={"Origin": console.origin})

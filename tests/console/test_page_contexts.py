@@ -19,10 +19,11 @@ from management.console.pages.provider import (
     reputation_parts,
     samples_document,
 )
-from management.fleet import UnitFigures, fleet_figures
 from management.http.errors import BadRequest
 from management.market.ledger import PeriodEarnings
-from management.operations import AgentDetail, HostSamples
+from management.services.fleet import UnitFigures, fleet_figures
+from management.services.hosts import AgentDetail
+from management.services.telemetry import HostSamples
 from master.records import GpuFault
 
 

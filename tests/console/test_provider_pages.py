@@ -119,7 +119,7 @@ async def _ingest(master, agent_id: str, ts: float, util: float) -> None:
 
 def test_earnings_show_net_per_period_as_a_chart_and_statements(console_master, hosts, page, sign_in, shot):
     master = hosts
-    ledger = console_master.server.operations.market.market
+    ledger = console_master.server.services.market.market
 
     async def charge() -> None:
         await ledger.load()

@@ -21,13 +21,13 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def market(console_master):
     """Provider acme's three hosts (an H100 x8, an A10 x2, an L4), priced 1.20 per GPU-hour (bids from 0.40); the
     renter has 25.00."""
-    master, operations = console_master.server.master, console_master.operations
+    master, services = console_master.server.master, console_master.services
 
     async def seed() -> None:
         for agent_id, gpus in (("agt-h100", "h100:8"), ("agt-a10", "a10:2"), ("agt-l4", "l4:1")):
             await add_agent(master, agent_id, gpus, provider="acme", runtime="docker", isolation="container")
-        await operations.prices.set_default("acme", PriceSetting(on_demand="1.20", min_bid="0.40"))
-        await operations.market.credit("rita", parse_amount("25.00"), "welcome", key="welcome")
+        await services.prices.book.set_default("acme", PriceSetting(on_demand="1.20", min_bid="0.40"))
+        await services.market.credit("rita", parse_amount("25.00"), "welcome", key="welcome")
 
     console_master.run(seed())
     return console_master
@@ -147,8 +147,8 @@ async def _someone_elses_workload(market) -> str:
     from master.records import AccountRecord, WorkloadSpec
 
     await market.server.master.accounts.create(AccountRecord(id="zoe", role="renter"))
-    await market.operations.market.credit("zoe", parse_amount("1"), "theirs", key="zoe")  # work starts on money
-    record = await market.operations.submit_workload("zoe", WorkloadSpec(name="theirs", image="python:3.12"))
+    await market.services.market.credit("zoe", parse_amount("1"), "theirs", key="zoe")  # work starts on money
+    record = await market.services.workloads.submit_workload("zoe", WorkloadSpec(name="theirs", image="python:3.12"))
     return record.id
 
 

@@ -1,6 +1,6 @@
 """Signing in to the console over HTTP: passwords, the session cookie, CSRF, sessions that end, the rate limit.
 
-Runs the console as the Master serves it (management/api build_app) on aiohttp's test server; no browser needed."""
+Runs the console as the Master serves it (management/app.py api_app) on aiohttp's test server; no browser needed."""
 
 from __future__ import annotations
 

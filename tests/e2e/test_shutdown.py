@@ -9,7 +9,7 @@ import time
 import aiohttp
 import pytest
 
-from management.server import MasterServer
+from management.app import MasterServer
 from master.config import MasterConfig
 from tests.support.grid import QUICK_RECONNECT, Grid, counted_spec, pid_alive, run_pids, wait_for, write_toml
 

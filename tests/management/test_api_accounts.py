@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from management.server import MasterServer
+from management.app import MasterServer
 from master.config import MasterConfig
 from master.enrollment import hash_secret
 from tests.management.hosts import add_agent, api_key

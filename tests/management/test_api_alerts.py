@@ -8,7 +8,7 @@ import time
 import pytest
 
 from common.wire import AgentEvent, AgentEventKind
-from management.http.keys import OPERATIONS_KEY
+from management.http.keys import SERVICES_KEY
 from tests.management.hosts import add_agent, api_key
 
 
@@ -24,8 +24,8 @@ async def test_the_operator_puts_a_rule_that_replaces_the_files_and_deleting_it_
     assert (await put.json())["source"] == "api"
     rules = {r["name"]: r for r in (await (await api.get("/api/v1/alert-rules", headers=api.auth)).json())["items"]}
     assert (rules["gpu_overheating"]["threshold"], rules["gpu_overheating"]["source"]) == (80, "api")
-    operations = api.app[OPERATIONS_KEY]
-    assert [r.threshold for r in operations.alerts.rules if r.name == "gpu_overheating"] == [80]
+    operations = api.app[SERVICES_KEY]
+    assert [r.threshold for r in operations.alerts.loop.rules if r.name == "gpu_overheating"] == [80]
     assert [r.name for r in await api.master.store.alert_rules.list()] == ["gpu_overheating"]
 
     deleted = await api.delete("/api/v1/alert-rules/gpu_overheating", headers=api.auth)
@@ -72,13 +72,13 @@ async def test_webhooks_are_each_accounts_own_and_the_secret_is_shown_once(api):
     assert (await (await api.get("/api/v1/webhooks", headers=zeta)).json())["items"] == []
     assert [w["id"] for w in (await (await api.get("/api/v1/webhooks", headers=api.auth)).json())["items"]] == [hook["id"]]
     assert (await api.delete(f"/api/v1/webhooks/{hook['id']}", headers=zeta)).status == 404  # not zeta's: as if absent
-    assert api.app[OPERATIONS_KEY].alerts.notifier.webhooks[hook["id"]].secret == hook["secret"]
+    assert api.app[SERVICES_KEY].alerts.loop.notifier.webhooks[hook["id"]].secret == hook["secret"]
 
     bad = await api.post("/api/v1/webhooks", json={"url": "ftp://example.org/x"}, headers=acme)
     assert bad.status == 400 and "url" in (await bad.json())["error"]["message"]
 
     assert (await api.delete(f"/api/v1/webhooks/{hook['id']}", headers=acme)).status == 204
-    assert hook["id"] not in api.app[OPERATIONS_KEY].alerts.notifier.webhooks
+    assert hook["id"] not in api.app[SERVICES_KEY].alerts.loop.notifier.webhooks
     assert await api.master.store.webhooks.list() == []
 
 
@@ -112,7 +112,7 @@ async def test_each_provider_sees_only_its_own_hosts_alerts_and_the_operator_all
     gpu = api.master.gpus("agt-acme")[0]
     report = AgentEvent(kind=AgentEventKind.GPU_XID, ts=time.time(), gpu_uuid=gpu.uuid, code=79)
     await api.master.registry.mark_faulty(gpu, api.master.health.on_report(gpu, report, time.time()))
-    await api.app[OPERATIONS_KEY].alerts.step()  # one evaluation, as the loop makes every period
+    await api.app[SERVICES_KEY].alerts.loop.step()  # one evaluation, as the loop makes every period
 
     acme = await api_key(api.master, "provider", "acme")
     zeta = await api_key(api.master, "provider", "zeta")

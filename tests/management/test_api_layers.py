@@ -1,4 +1,4 @@
-"""The API's handlers never reach into the Master: they go through the façade (management/operations.py).
+"""The API's handlers never reach into the Master: they go through the services (management/services/).
 
 Read from the source (like tests/test_dependency_rule.py): no attribute of anything named ``master`` is used
 in management/api/, and no module of the Master's insides (registry, store, links, ledger) is imported there.

@@ -14,7 +14,8 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from bench.api_pages import generated_fleet, seed_store
-from management.api import ApiSettings, build_app
+from management.api import ApiSettings
+from management.app import api_app
 from management.http.paging import fingerprint
 from management.http.schemas import AgentQuery, CommandQuery, EventQuery, GpuQuery, PageQuery
 from master.config import MasterConfig
@@ -31,7 +32,7 @@ async def fleet_api(tmp_path):
     master = Master(MasterConfig(state_dir=str(tmp_path), link_port=0))
     await master.start()
     # Paging as fast as the test can: far over the per-key rate limit a client gets by default.
-    client = TestClient(TestServer(build_app(master, ApiSettings(key_rate_per_s=1e6, key_burst=10**6))))
+    client = TestClient(TestServer(api_app(master, ApiSettings(key_rate_per_s=1e6, key_burst=10**6))))
     await client.start_server()
     client.master = master
     client.fleet = fleet

@@ -8,8 +8,9 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from management.api import ApiSettings, build_app
+from management.api import ApiSettings
 from management.api.ratelimit import KeyRateLimits
+from management.app import api_app
 from master.config import MasterConfig
 from master.service import Master
 from tests.management.hosts import api_key
@@ -44,7 +45,7 @@ async def limited(tmp_path) -> AsyncIterator[TestClient]:
     """The API with a burst of 3 and a refill too slow to matter within a test."""
     master = Master(MasterConfig(state_dir=str(tmp_path), link_port=0))
     await master.start()
-    client = TestClient(TestServer(build_app(master, ApiSettings(key_rate_per_s=0.01, key_burst=3))))
+    client = TestClient(TestServer(api_app(master, ApiSettings(key_rate_per_s=0.01, key_burst=3))))
     await client.start_server()
     client.master = master  # type: ignore[attr-defined]
     yield client
@@ -66,7 +67,7 @@ async def test_a_key_over_its_limit_gets_429_with_retry_after_and_another_key_is
 
 
 def test_the_limits_are_master_settings_from_a_file_or_the_environment(tmp_path):
-    from management.server import MasterServer
+    from management.app import MasterServer
     from master.config import load_master_config
 
     config = load_master_config(
@@ -93,7 +94,7 @@ async def test_the_client_waits_out_its_keys_limit_and_gets_its_answer(tmp_path)
 
     master = Master(MasterConfig(state_dir=str(tmp_path), link_port=0))
     await master.start()
-    server = TestServer(build_app(master, ApiSettings(key_rate_per_s=2.0, key_burst=1)))
+    server = TestServer(api_app(master, ApiSettings(key_rate_per_s=2.0, key_burst=1)))
     await server.start_server()
     key = (await api_key(master, "renter", "bob"))["Authorization"].removeprefix("Bearer ")
     try:
@@ -117,7 +118,7 @@ def test_the_keys_of_one_account_share_the_accounts_budget():
 async def test_an_account_minting_keys_gets_no_more_requests_than_its_own_limit(tmp_path):
     master = Master(MasterConfig(state_dir=str(tmp_path), link_port=0))
     await master.start()
-    client = TestClient(TestServer(build_app(master, ApiSettings())))  # the default limits: 40 a key, 80 an account
+    client = TestClient(TestServer(api_app(master, ApiSettings())))  # the default limits: 40 a key, 80 an account
     await client.start_server()
     try:
         keys = [await api_key(master, "renter", "greedy") for _ in range(4)]  # 4 keys: 160 by their limits alone
@@ -137,7 +138,7 @@ async def test_an_account_minting_keys_gets_no_more_requests_than_its_own_limit(
 async def test_an_account_holds_at_most_the_configured_number_of_keys(tmp_path):
     master = Master(MasterConfig(state_dir=str(tmp_path), link_port=0))
     await master.start()
-    client = TestClient(TestServer(build_app(master, ApiSettings(key_rate_per_s=1e6, key_burst=10**6))))
+    client = TestClient(TestServer(api_app(master, ApiSettings(key_rate_per_s=1e6, key_burst=10**6))))
     await client.start_server()
     try:
         auth = await api_key(master, "renter", "minter")  # its first key

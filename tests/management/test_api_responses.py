@@ -18,10 +18,10 @@ from agent.simulate import SimulatedCollector
 from common.inventory import GpuSample, MigInstance
 from management.http import responses as r
 from management.market.ledger import HostEarnings, PeriodEarnings, Statement, StatementLine, WorkloadSpend
-from management.market.operations import FundsDetail, RentalDetail, Statements
 from management.market.prices import HostPrice
-from management.operations import HostedReplica
 from management.scheduler.model import Explanation, FilterCount, QuotaCheck
+from management.services.hosts import HostedReplica
+from management.services.market import FundsDetail, RentalDetail, Statements
 from management.views import (
     account_view,
     agent_view,

@@ -21,9 +21,9 @@ from management.api import build_app, routing
 from management.api.auth import auth_middleware
 from management.api.route import DeclarationError, Route
 from management.api.routing import DECLARED, ROUTES, add_routes, declared, document, undeclared
+from management.app import compose
 from management.http.errors import errors_middleware
-from management.http.keys import OPERATIONS_KEY
-from management.operations import Operations
+from management.http.keys import SERVICES_KEY
 from master.config import MasterConfig
 from master.service import Master
 from tests.management.hosts import api_key
@@ -95,7 +95,7 @@ SECRET = Route(
 async def extended(api) -> AsyncIterator[TestClient]:
     """An app of the API's middlewares and routes plus two new declarations, nothing else added."""
     app = web.Application(middlewares=[errors_middleware, auth_middleware])
-    app[OPERATIONS_KEY] = Operations(api.master)
+    app[SERVICES_KEY] = compose(api.master).services
     add_routes(app, (*ROUTES, SHOUT, SECRET))
     async with TestClient(TestServer(app)) as client:
         yield client

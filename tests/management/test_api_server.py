@@ -1,4 +1,4 @@
-"""The API as the Master's process serves it (management/server.py): slow clients cut off, request metrics.
+"""The API as the Master's process serves it (management/app.py): slow clients cut off, request metrics.
 
 A raw socket plays the hostile client; aiohttp's own client plays everyone else.
 """
@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 
 from management.api import ApiSettings
-from management.server import MasterServer
+from management.app import MasterServer
 from master.config import MasterConfig
 from tests.management.hosts import add_agent
 from tests.support.prometheus import check_metrics

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from management.http.keys import OPERATIONS_KEY
+from management.http.keys import SERVICES_KEY
 from tests.management.hosts import add_agent, api_key
 
 SECRET = "hf_secret_value"
@@ -51,7 +51,7 @@ async def tenants(api):
 
 
 async def place(api) -> None:
-    await api.app[OPERATIONS_KEY].scheduler.cycle()
+    await api.app[SERVICES_KEY].workloads.scheduler.cycle()
 
 
 WORKLOAD_CALLS = [

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from management import cli
+from management.app import MasterServer
 from management.cli_accounts import Credentials, cli_config_path, resolve_credentials
-from management.server import MasterServer
 from master.config import MasterConfig
 
 

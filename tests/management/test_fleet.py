@@ -1,4 +1,4 @@
-"""The fleet at a glance (management/fleet.py): compute-unit figures by tier, region and model, and the faulty GPUs,
+"""The fleet at a glance (management/services/fleet.py): compute-unit figures by tier, region and model, and the faulty GPUs,
 from a generated fleet's records (bench/api_pages.py) and samples made here (no GPU is needed to add them up)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import msgspec
 
 from bench.api_pages import generated_fleet
 from common.inventory import GpuSample
-from management.fleet import FAULTY_LISTED, fleet_figures
+from management.services.hosts.fleet import FAULTY_LISTED, fleet_figures
 from master.records import GpuFault
 from master.states import GpuState
 

@@ -23,8 +23,8 @@ from websockets.exceptions import ConnectionClosed
 from common.errors import Fenced
 from common.pki import Role, client_tls_context
 from common.wire import CLOSE_NOT_LEADER, PROTOCOL_VERSIONS, AccessHello, AccessWelcome, decode_link_frame, encode
+from management.app import LEADER_HEADER, MasterServer
 from management.http.errors import errors_middleware
-from management.server import LEADER_HEADER, MasterServer
 from master.authority import Authority
 from master.config import MasterConfig
 from master.records import EventRecord

@@ -35,7 +35,7 @@ from schemathesis.specs.openapi.checks import (
 
 from management.api import ApiSettings
 from management.api.routing import document
-from management.server import MasterServer
+from management.app import MasterServer
 from master.config import MasterConfig
 from tests.management.hosts import add_agent
 

@@ -1,11 +1,11 @@
-"""The output collector's decision for one pending output (management/outputs.py ``decide``), rule by rule, and the
+"""The output collector's decision for one pending output (management/services/outputs.py ``decide``), rule by rule, and the
 book's ``settle`` that ends a replica's ``deleting``."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from management.outputs import Lose, OutputSettings, Read, Wait, decide
+from management.services.outputs import Lose, OutputSettings, Read, Wait, decide
 from master.records import AgentRecord, CommandRecord, KeptOutput
 
 SETTINGS = OutputSettings(give_up_s=100.0, max_tries=3)

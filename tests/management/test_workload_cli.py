@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from management import cli
-from management.http.keys import OPERATIONS_KEY
+from management.http.keys import SERVICES_KEY
 from tests.management.hosts import add_agent, api_key
 
 
@@ -131,7 +131,7 @@ async def test_another_accounts_workload_is_not_found(renter, capsys, api):
 async def grid(api):
     for n in (1, 2, 3):
         await add_agent(api.master, f"agt-{n}", "h100:2", provider="acme", runtime="docker", isolation="container")
-    return api.app[OPERATIONS_KEY].scheduler
+    return api.app[SERVICES_KEY].workloads.scheduler
 
 
 async def submitted(renter, capsys, *args: str) -> str:

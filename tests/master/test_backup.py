@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 from common.pki import Role, load_cert, verify_issued_by
+from management.app import MasterServer
 from management.cli import main
 from management.client import AsyncApiClient
-from management.server import MasterServer
 from master.accounts import AccountRole
 from master.backup import LATEST_VERSION, MANIFEST, STORE_FILE
 from master.config import MasterConfig
@@ -50,8 +50,8 @@ async def seed(server: MasterServer) -> str:
     await add_agent(server.master, "agent-a", "h100:2", provider="prov-a", runtime="docker", isolation="container")
     await add_agent(server.master, "agent-b", "a10:1", provider="prov-b", runtime="docker", isolation="container")
     await server.master.accounts.ensure("rita", AccountRole("renter"))
-    await server.operations.market.credit("rita", 25_000_000, "welcome", key="credit:rita:1")
-    await server.operations.market.credit("rita", 5_000_000, "top-up", key="credit:rita:2")
+    await server.services.market.credit("rita", 25_000_000, "welcome", key="credit:rita:1")
+    await server.services.market.credit("rita", 5_000_000, "top-up", key="credit:rita:2")
     operator_key = server.operator_token_file.read_text().strip()
     async with AsyncApiClient(server.api_url, operator_key) as client:
         for host in ("agent-a", "agent-b"):

@@ -18,7 +18,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from common.errors import EnrollmentError
 from common.pki import generate_key, make_csr
-from management.api import build_app
+from management.app import api_app
 from master.config import MasterConfig
 from master.enrollment import hash_secret
 from master.records import (
@@ -118,7 +118,7 @@ async def test_the_master_starts_and_serves_with_an_undecodable_record_in_every_
     bad = await _plant_good_and_bad_records(store_url)
     master = Master(MasterConfig(state_dir=str(tmp_path / "master"), link_port=0), store=open_store(store_url))
     await master.start()  # the incident: this raised, and the Master could not start again
-    client = TestClient(TestServer(build_app(master)))
+    client = TestClient(TestServer(api_app(master)))
     await client.start_server()
     try:
         auth = {"Authorization": f"Bearer {await master.create_api_key('operator')}"}
@@ -186,7 +186,7 @@ async def test_a_command_with_a_nan_timeout_is_refused_and_the_commands_stay_lis
     """The incident's first half: the store is the last line of defence, whatever the API lets through."""
     master = Master(MasterConfig(state_dir=str(tmp_path / "master"), link_port=0), store=open_store(store_url))
     await master.start()
-    client = TestClient(TestServer(build_app(master)))
+    client = TestClient(TestServer(api_app(master)))
     await client.start_server()
     try:
         auth = {"Authorization": f"Bearer {await master.create_api_key('operator')}"}

@@ -970,7 +970,7 @@ async def test_a_workload_holding_a_nan_is_refused_before_it_is_written(store: S
     assert await store.workloads.list() == []
 
 
-# --- workload containers' kept output (management/outputs.py) ---------------------------------------------------
+# --- workload containers' kept output (management/services/outputs.py) ---------------------------------------------------
 
 
 def _output(workload: str = "wl-1", replica: int = 0, attempt: int = 1, **fields: Any) -> KeptOutput:

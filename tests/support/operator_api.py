@@ -9,7 +9,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from management.api import build_app
+from management.app import api_app
 from management.client import AsyncApiClient
 from master.config import MasterConfig
 from master.service import Master
@@ -28,7 +28,7 @@ async def api(tmp_path: Path) -> AsyncIterator[OperatorApi]:
     master = Master(MasterConfig(state_dir=str(tmp_path), link_port=0))
     await master.start()
     key = await master.create_api_key("test operator")
-    client = OperatorApi(TestServer(build_app(master)))
+    client = OperatorApi(TestServer(api_app(master)))
     await client.start_server()
     client.master = master
     client.auth = {"Authorization": f"Bearer {key}"}

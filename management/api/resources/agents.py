@@ -5,12 +5,12 @@ from __future__ import annotations
 from aiohttp import web
 
 from management.api.auth import scope_of
-from management.http.keys import OPERATIONS_KEY
+from management.http.keys import SERVICES_KEY
 from management.http.paging import decode_cursor, page_response
 from management.http.requests import json_response, parse_query
 from management.http.responses import AgentView
 from management.http.schemas import AgentQuery, EmptyQuery
-from management.operations import AgentDetail, AgentKey
+from management.services.hosts import AgentDetail, AgentKey
 from management.views import agent_view
 
 RESOURCE = "agents"
@@ -30,7 +30,7 @@ def render(detail: AgentDetail) -> AgentView:
 
 async def list_agents(request: web.Request) -> web.Response:
     query = parse_query(request, AgentQuery)
-    page = request.app[OPERATIONS_KEY].list_agents(
+    page = request.app[SERVICES_KEY].hosts.list_agents(
         state=query.state,
         provider=query.provider,
         region=query.region,
@@ -45,20 +45,20 @@ async def list_agents(request: web.Request) -> web.Response:
 
 async def get_agent(request: web.Request) -> web.Response:
     parse_query(request, EmptyQuery)
-    detail = request.app[OPERATIONS_KEY].get_agent(request.match_info["agent_id"], owner=scope_of(request).owner)
+    detail = request.app[SERVICES_KEY].hosts.get_agent(request.match_info["agent_id"], owner=scope_of(request).owner)
     return json_response(render(detail))
 
 
 async def drain_agent(request: web.Request) -> web.Response:
-    detail = await request.app[OPERATIONS_KEY].drain(request.match_info["agent_id"], owner=scope_of(request).owner)
+    detail = await request.app[SERVICES_KEY].hosts.drain(request.match_info["agent_id"], owner=scope_of(request).owner)
     return json_response(render(detail))
 
 
 async def undrain_agent(request: web.Request) -> web.Response:
-    detail = await request.app[OPERATIONS_KEY].undrain(request.match_info["agent_id"], owner=scope_of(request).owner)
+    detail = await request.app[SERVICES_KEY].hosts.undrain(request.match_info["agent_id"], owner=scope_of(request).owner)
     return json_response(render(detail))
 
 
 async def revoke_agent(request: web.Request) -> web.Response:
-    detail = await request.app[OPERATIONS_KEY].revoke(request.match_info["agent_id"])
+    detail = await request.app[SERVICES_KEY].hosts.revoke(request.match_info["agent_id"])
     return json_response(render(detail))

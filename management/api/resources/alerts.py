@@ -11,7 +11,7 @@ import msgspec
 from aiohttp import web
 
 from management.api.auth import scope_of
-from management.http.keys import OPERATIONS_KEY
+from management.http.keys import SERVICES_KEY
 from management.http.paging import decode_cursor, page_response
 from management.http.requests import json_response, parse_body, parse_query
 from management.http.responses import Time, View
@@ -19,7 +19,7 @@ from management.http.schemas import EmptyQuery, PageQuery
 from management.monitoring.evaluator import AlertState, AlertTransition
 from management.monitoring.rules import AlertRule
 from management.monitoring.settings import RuleListing
-from management.operations import WebhookKey
+from management.services.alerts import WebhookKey
 from management.views import rfc3339
 from master.records import SilenceRecord, WebhookRecord
 
@@ -235,7 +235,7 @@ def webhook_view(w: WebhookRecord) -> WebhookView:
 
 async def list_rules(request: web.Request) -> web.Response:
     parse_query(request, EmptyQuery)
-    listings = await request.app[OPERATIONS_KEY].alert_rules()
+    listings = await request.app[SERVICES_KEY].alerts.alert_rules()
     return json_response(AlertRuleList(items=[rule_view(listing) for listing in listings]))
 
 
@@ -243,21 +243,21 @@ async def put_rule(request: web.Request) -> web.Response:
     body = await parse_body(request, PutAlertRule)
     spec: dict[str, Any] = msgspec.to_builtins(body)
     by = scope_of(request).principal.account
-    rule = await request.app[OPERATIONS_KEY].put_alert_rule(request.match_info["name"], spec, by=by)
+    rule = await request.app[SERVICES_KEY].alerts.put_alert_rule(request.match_info["name"], spec, by=by)
     return json_response(rule_view(RuleListing(rule, "api")))
 
 
 async def delete_rule(request: web.Request) -> web.Response:
     parse_query(request, EmptyQuery)
     name = request.match_info["name"]
-    shipped = await request.app[OPERATIONS_KEY].delete_alert_rule(name)
+    shipped = await request.app[SERVICES_KEY].alerts.delete_alert_rule(name)
     return json_response(DeletedAlertRule(deleted=name, applies_now=None if shipped is None else rule_view(shipped)))
 
 
 async def list_alerts(request: web.Request) -> web.Response:
     query = parse_query(request, AlertQuery)
     scope = scope_of(request)
-    listing = await request.app[OPERATIONS_KEY].list_alerts(
+    listing = await request.app[SERVICES_KEY].alerts.list_alerts(
         owner=scope.owner, role=scope.principal.role.value, rule=query.rule, phase=query.phase, severity=query.severity
     )
     return json_response(
@@ -267,7 +267,7 @@ async def list_alerts(request: web.Request) -> web.Response:
 
 async def create_silence(request: web.Request) -> web.Response:
     body = await parse_body(request, CreateSilence)
-    silence = await request.app[OPERATIONS_KEY].create_silence(
+    silence = await request.app[SERVICES_KEY].alerts.create_silence(
         by=scope_of(request).principal.account,
         duration_s=body.duration_s,
         rule=body.rule,
@@ -280,19 +280,19 @@ async def create_silence(request: web.Request) -> web.Response:
 
 async def list_silences(request: web.Request) -> web.Response:
     query = parse_query(request, SilenceQuery)
-    silences = await request.app[OPERATIONS_KEY].list_silences(include_expired=query.include_expired)
+    silences = await request.app[SERVICES_KEY].alerts.list_silences(include_expired=query.include_expired)
     return json_response(SilenceList(items=[silence_view(s) for s in silences]))
 
 
 async def expire_silence(request: web.Request) -> web.Response:
     parse_query(request, EmptyQuery)
-    return json_response(silence_view(await request.app[OPERATIONS_KEY].expire_silence(request.match_info["silence_id"])))
+    return json_response(silence_view(await request.app[SERVICES_KEY].alerts.expire_silence(request.match_info["silence_id"])))
 
 
 async def create_webhook(request: web.Request) -> web.Response:
     body = await parse_body(request, CreateWebhook)
     principal = scope_of(request).principal
-    record = await request.app[OPERATIONS_KEY].create_webhook(body.url, owner=principal.account, role=principal.role.value)
+    record = await request.app[SERVICES_KEY].alerts.create_webhook(body.url, owner=principal.account, role=principal.role.value)
     view = webhook_view(record)
     created = CreatedWebhook(**{f: getattr(view, f) for f in view.__struct_fields__}, secret=record.secret)
     return json_response(created, status=201)
@@ -300,7 +300,7 @@ async def create_webhook(request: web.Request) -> web.Response:
 
 async def list_webhooks(request: web.Request) -> web.Response:
     query = parse_query(request, PageQuery)
-    page = await request.app[OPERATIONS_KEY].list_webhooks(
+    page = await request.app[SERVICES_KEY].alerts.list_webhooks(
         owner=scope_of(request).owner, after=decode_cursor(WEBHOOKS, query, WebhookKey), limit=query.limit
     )
     return page_response(WEBHOOKS, query, page, webhook_view)
@@ -308,5 +308,5 @@ async def list_webhooks(request: web.Request) -> web.Response:
 
 async def delete_webhook(request: web.Request) -> web.Response:
     parse_query(request, EmptyQuery)
-    await request.app[OPERATIONS_KEY].delete_webhook(request.match_info["webhook_id"], owner=scope_of(request).owner)
+    await request.app[SERVICES_KEY].alerts.delete_webhook(request.match_info["webhook_id"], owner=scope_of(request).owner)
     return web.Response(status=204)

@@ -5,12 +5,12 @@ from __future__ import annotations
 from aiohttp import web
 
 from management.api.auth import scope_of
-from management.http.keys import OPERATIONS_KEY
+from management.http.keys import SERVICES_KEY
 from management.http.paging import decode_cursor, page_response
 from management.http.requests import json_response, parse_query
 from management.http.responses import GpuView
 from management.http.schemas import EmptyQuery, GpuQuery
-from management.operations import GpuDetail, GpuKey
+from management.services.hosts import GpuDetail, GpuKey
 from management.views import gpu_view
 
 RESOURCE = "gpus"
@@ -22,7 +22,7 @@ def render(detail: GpuDetail) -> GpuView:
 
 async def list_gpus(request: web.Request) -> web.Response:
     query = parse_query(request, GpuQuery)
-    page = request.app[OPERATIONS_KEY].list_gpus(
+    page = request.app[SERVICES_KEY].hosts.list_gpus(
         state=query.state,
         tier=query.tier,
         model=query.model,
@@ -38,5 +38,5 @@ async def list_gpus(request: web.Request) -> web.Response:
 async def repair_gpu(request: web.Request) -> web.Response:
     """A faulty GPU is sound again (reset, reseated, replaced): it goes back into service."""
     parse_query(request, EmptyQuery)
-    detail = await request.app[OPERATIONS_KEY].repair_gpu(request.match_info["uuid"])
+    detail = await request.app[SERVICES_KEY].hosts.repair_gpu(request.match_info["uuid"])
     return json_response(render(detail))

@@ -14,7 +14,7 @@ from aiohttp import web
 from management.access_control import acting_account
 from management.api.auth import scope_of
 from management.http.errors import BadRequest
-from management.http.keys import OPERATIONS_KEY
+from management.http.keys import SERVICES_KEY
 from management.http.paging import decode_cursor, encode_cursor
 from management.http.requests import json_response, parse_body, parse_query
 from management.http.schemas import AccountName, EmptyQuery, EventSeq, Identifier, PageLimit, PageQuery
@@ -119,7 +119,7 @@ def _amount(field: str, text: str) -> int:
 
 async def search_offers(request: web.Request) -> web.Response:
     query = parse_query(request, OfferQuery)
-    result = await request.app[OPERATIONS_KEY].market.search_offers(
+    result = await request.app[SERVICES_KEY].market.search_offers(
         query.q, sort=query.sort, limit=query.limit, cursor=query.cursor
     )
     return json_response(search_view(result))
@@ -127,21 +127,21 @@ async def search_offers(request: web.Request) -> web.Response:
 
 async def get_offer(request: web.Request) -> web.Response:
     parse_query(request, EmptyQuery)
-    offer = await request.app[OPERATIONS_KEY].market.get_offer(request.match_info["offer_id"])
+    offer = await request.app[SERVICES_KEY].market.get_offer(request.match_info["offer_id"])
     return json_response(offer_view(offer))
 
 
 async def rent_offer(request: web.Request) -> web.Response:
     body = await parse_body(request, RentOffer)
     account = acting_account(scope_of(request), body.account)
-    market = request.app[OPERATIONS_KEY].market
+    market = request.app[SERVICES_KEY].market
     record = await market.rent_offer(account, request.match_info["offer_id"], body.spec)
     return json_response(workload_view(record, market.workload_terms(record)), status=201)
 
 
 async def change_bid(request: web.Request) -> web.Response:
     body = await parse_body(request, ChangeBid)
-    market = request.app[OPERATIONS_KEY].market
+    market = request.app[SERVICES_KEY].market
     record = await market.change_bid(request.match_info["workload_id"], _amount("bid", body.bid), account=scope_of(request).owner)
     return json_response(workload_view(record, market.workload_terms(record)))
 
@@ -151,13 +151,13 @@ async def change_bid(request: web.Request) -> web.Response:
 
 async def get_balance(request: web.Request) -> web.Response:
     parse_query(request, EmptyQuery)
-    funds = await request.app[OPERATIONS_KEY].market.funds(request.match_info["account_id"], owner=scope_of(request).owner)
+    funds = await request.app[SERVICES_KEY].market.funds(request.match_info["account_id"], owner=scope_of(request).owner)
     return json_response(funds_view(funds))
 
 
 async def credit_account(request: web.Request) -> web.Response:
     body = await parse_body(request, Credit)
-    market = request.app[OPERATIONS_KEY].market
+    market = request.app[SERVICES_KEY].market
     account_id = request.match_info["account_id"]
     entry = await market.credit(account_id, _amount("amount", body.amount), body.memo, key=body.key)
     funds = await market.funds(account_id)
@@ -166,7 +166,7 @@ async def credit_account(request: web.Request) -> web.Response:
 
 async def get_ledger(request: web.Request) -> web.Response:
     query = parse_query(request, LedgerQuery)
-    market = request.app[OPERATIONS_KEY].market
+    market = request.app[SERVICES_KEY].market
     statement = await market.ledger_statement(
         request.match_info["account_id"], owner=scope_of(request).owner, after_seq=query.after, limit=query.limit
     )
@@ -181,19 +181,19 @@ async def get_ledger(request: web.Request) -> web.Response:
 
 async def get_spend(request: web.Request) -> web.Response:
     parse_query(request, EmptyQuery)
-    spend = await request.app[OPERATIONS_KEY].market.spend(request.match_info["account_id"], owner=scope_of(request).owner)
+    spend = await request.app[SERVICES_KEY].market.spend(request.match_info["account_id"], owner=scope_of(request).owner)
     return json_response(spend_view(spend))
 
 
 async def get_earnings(request: web.Request) -> web.Response:
     parse_query(request, EmptyQuery)
-    earnings = await request.app[OPERATIONS_KEY].market.earnings(request.match_info["account_id"], owner=scope_of(request).owner)
+    earnings = await request.app[SERVICES_KEY].market.earnings(request.match_info["account_id"], owner=scope_of(request).owner)
     return json_response(earnings_view(earnings))
 
 
 async def get_payouts(request: web.Request) -> web.Response:
     query = parse_query(request, PayoutQuery)
-    payouts = await request.app[OPERATIONS_KEY].market.payouts(
+    payouts = await request.app[SERVICES_KEY].market.payouts(
         request.match_info["account_id"], query.period, owner=scope_of(request).owner
     )
     return json_response(payouts_view(payouts))
@@ -210,7 +210,7 @@ async def list_rentals(request: web.Request) -> web.Response:
     query = parse_query(request, RentalQuery)
     scope = scope_of(request)
     after = decode_cursor(RENTALS, query, RentalKey)
-    rentals, next_key = await request.app[OPERATIONS_KEY].market.list_rentals(
+    rentals, next_key = await request.app[SERVICES_KEY].market.list_rentals(
         owner=scope.owner,
         role=scope.principal.role.value,
         workload=query.workload,
@@ -228,14 +228,14 @@ async def get_rental(request: web.Request) -> web.Response:
     parse_query(request, EmptyQuery)
     scope = scope_of(request)
     role = scope.principal.role.value
-    rental = await request.app[OPERATIONS_KEY].market.get_rental(request.match_info["rental_id"], owner=scope.owner, role=role)
+    rental = await request.app[SERVICES_KEY].market.get_rental(request.match_info["rental_id"], owner=scope.owner, role=role)
     return json_response(rental_view(rental, for_provider=role == "provider"))
 
 
 async def rate_rental(request: web.Request) -> web.Response:
     body = await parse_body(request, Rate)
     scope = scope_of(request)
-    market = request.app[OPERATIONS_KEY].market
+    market = request.app[SERVICES_KEY].market
     role = scope.principal.role.value
     rental = await market.rate_rental(request.match_info["rental_id"], body.rating, owner=scope.owner, role=role)
     return json_response(rental_view(rental, for_provider=False))

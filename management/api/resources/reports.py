@@ -15,7 +15,7 @@ from aiohttp import web
 from management.access_control import report_owners
 from management.api.auth import scope_of
 from management.http.errors import BadRequest
-from management.http.keys import OPERATIONS_KEY
+from management.http.keys import SERVICES_KEY
 from management.http.requests import json_response, parse_query
 from management.monitoring.report_render import report_csv, report_json
 from management.monitoring.reports import KINDS, InvalidReport, parse_dimensions, parse_instant, window
@@ -65,7 +65,7 @@ async def get_report(request: web.Request) -> web.Response:
     except InvalidReport as exc:
         raise BadRequest(str(exc)) from None
     provider, renter = report_owners(scope_of(request))
-    report, currency = await request.app[OPERATIONS_KEY].report(kind, by, start, end, provider=provider, renter=renter)
+    report, currency = await request.app[SERVICES_KEY].reports.report(kind, by, start, end, provider=provider, renter=renter)
     if query.format == "csv":
         name = f"report-{kind}-{'-'.join(by)}.csv"
         return web.Response(

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from management.http.keys import OPERATIONS_KEY
+from management.http.keys import SERVICES_KEY
 from management.http.paging import decode_cursor, page_response
 from management.http.requests import json_response, parse_query
 from management.http.schemas import PageQuery
-from management.operations import PositionKey
+from management.services.models import PositionKey
 from management.views import signing_key_view
 
 RESOURCE = "signing_keys"
@@ -16,13 +16,13 @@ RESOURCE = "signing_keys"
 
 async def list_signing_keys(request: web.Request) -> web.Response:
     query = parse_query(request, PageQuery)
-    page = request.app[OPERATIONS_KEY].list_signing_keys(after=decode_cursor(RESOURCE, query, PositionKey), limit=query.limit)
+    page = request.app[SERVICES_KEY].grid.list_signing_keys(after=decode_cursor(RESOURCE, query, PositionKey), limit=query.limit)
     return page_response(RESOURCE, query, page, signing_key_view)
 
 
 async def rotate_signing_key(request: web.Request) -> web.Response:
-    return json_response(signing_key_view(await request.app[OPERATIONS_KEY].rotate_signing_key()), status=201)
+    return json_response(signing_key_view(await request.app[SERVICES_KEY].grid.rotate_signing_key()), status=201)
 
 
 async def retire_signing_key(request: web.Request) -> web.Response:
-    return json_response(signing_key_view(await request.app[OPERATIONS_KEY].retire_signing_key(request.match_info["key_id"])))
+    return json_response(signing_key_view(await request.app[SERVICES_KEY].grid.retire_signing_key(request.match_info["key_id"])))

@@ -6,12 +6,12 @@ from typing import Any
 
 from aiohttp import web
 
-from management.http.keys import OPERATIONS_KEY
+from management.http.keys import SERVICES_KEY
 from management.http.paging import decode_cursor, page_response
 from management.http.requests import parse_query
 from management.http.responses import TierView
 from management.http.schemas import PageQuery
-from management.operations import PositionKey
+from management.services.models import PositionKey
 
 RESOURCE = "tiers"
 
@@ -23,5 +23,5 @@ def render(tier: dict[str, Any]) -> TierView:
 
 async def list_tiers(request: web.Request) -> web.Response:
     query = parse_query(request, PageQuery)
-    page = request.app[OPERATIONS_KEY].list_tiers(after=decode_cursor(RESOURCE, query, PositionKey), limit=query.limit)
+    page = request.app[SERVICES_KEY].grid.list_tiers(after=decode_cursor(RESOURCE, query, PositionKey), limit=query.limit)
     return page_response(RESOURCE, query, page, render)

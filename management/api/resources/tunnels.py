@@ -3,7 +3,7 @@
 ``POST /api/v1/workloads/{id}/tunnels`` answers where to connect and the ticket to show there (the CLI dials the
 relay itself); ``GET /api/v1/workloads/{id}/logs`` has the Master dial the tunnel and stream the output as text, for
 clients that only speak HTTP; once the container is deleted (or for an earlier ``attempt``), the output the Master kept
-(management/outputs.py). Only the workload's owner (and an operator) may do either; another's answers 404.
+(management/services/outputs.py). Only the workload's owner (and an operator) may do either; another's answers 404.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import msgspec
 from aiohttp import web
 
 from management.api.auth import scope_of
-from management.http.keys import OPERATIONS_KEY
+from management.http.keys import SERVICES_KEY
 from management.http.requests import json_response, parse_body, parse_query
-from management.renter_access import TunnelRequest
+from management.services.tunnels import TunnelRequest
 from management.views import tunnel_grant_view
 
 
@@ -36,7 +36,7 @@ REQUEST_SCHEMAS: tuple[type[msgspec.Struct], ...] = (TunnelRequest, LogsQuery)
 async def open_tunnel(request: web.Request) -> web.Response:
     body = await parse_body(request, TunnelRequest)
     scope = scope_of(request)
-    grant = await request.app[OPERATIONS_KEY].access.open(
+    grant = await request.app[SERVICES_KEY].tunnels.open(
         request.match_info["workload_id"], body, account=scope.principal.account, owner=scope.owner
     )
     return json_response(tunnel_grant_view(grant), status=201)
@@ -45,7 +45,7 @@ async def open_tunnel(request: web.Request) -> web.Response:
 async def workload_logs(request: web.Request) -> web.StreamResponse:
     query = parse_query(request, LogsQuery)
     scope = scope_of(request)
-    output = request.app[OPERATIONS_KEY].access.logs(
+    output = request.app[SERVICES_KEY].tunnels.logs(
         request.match_info["workload_id"],
         TunnelRequest(kind="logs", tail=query.tail, follow=query.follow, replica=query.replica),
         account=scope.principal.account,

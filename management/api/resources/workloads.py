@@ -6,11 +6,11 @@ from aiohttp import web
 
 from management.access_control import acting_account
 from management.api.auth import scope_of
-from management.http.keys import OPERATIONS_KEY
+from management.http.keys import SERVICES_KEY
 from management.http.paging import decode_cursor, page_response
 from management.http.requests import json_response, parse_body, parse_query
 from management.http.schemas import EmptyQuery, SubmitWorkload, WorkloadQuery
-from management.operations import WorkloadKey
+from management.services.workloads import WorkloadKey
 from management.views import explanation_view, workload_detail, workload_view
 
 RESOURCE = "workloads"
@@ -19,40 +19,42 @@ RESOURCE = "workloads"
 async def submit_workload(request: web.Request) -> web.Response:
     body = await parse_body(request, SubmitWorkload)
     account = acting_account(scope_of(request), body.account)
-    operations = request.app[OPERATIONS_KEY]
-    record = await operations.submit_workload(account, body.spec())
+    operations = request.app[SERVICES_KEY]
+    record = await operations.workloads.submit_workload(account, body.spec())
     return json_response(workload_view(record, operations.market.workload_terms(record)), status=201)
 
 
 async def list_workloads(request: web.Request) -> web.Response:
     query = parse_query(request, WorkloadQuery)
-    page = await request.app[OPERATIONS_KEY].list_workloads(
+    page = await request.app[SERVICES_KEY].workloads.list_workloads(
         account=query.account,
         states=query.state,
         owner=scope_of(request).owner,
         after=decode_cursor(RESOURCE, query, WorkloadKey),
         limit=query.limit,
     )
-    operations = request.app[OPERATIONS_KEY]
+    operations = request.app[SERVICES_KEY]
     return page_response(RESOURCE, query, page, lambda record: workload_view(record, operations.market.workload_terms(record)))
 
 
 async def get_workload(request: web.Request) -> web.Response:
     parse_query(request, EmptyQuery)
-    operations = request.app[OPERATIONS_KEY]
-    record, waiting = await operations.workload_and_wait(request.match_info["workload_id"], account=scope_of(request).owner)
-    outputs = await operations.workload_outputs(record.id)
-    return json_response(workload_detail(record, operations.market.workload_terms(record), waiting, outputs))
+    services = request.app[SERVICES_KEY]
+    record, waiting = await services.workloads.workload_and_wait(
+        request.match_info["workload_id"], account=scope_of(request).owner
+    )
+    outputs = await services.workloads.workload_outputs(record.id)
+    return json_response(workload_detail(record, services.market.workload_terms(record), waiting, outputs))
 
 
 async def explain_workload(request: web.Request) -> web.Response:
     parse_query(request, EmptyQuery)
-    operations = request.app[OPERATIONS_KEY]
-    explanation = await operations.explain_workload(request.match_info["workload_id"], account=scope_of(request).owner)
+    operations = request.app[SERVICES_KEY]
+    explanation = await operations.workloads.explain_workload(request.match_info["workload_id"], account=scope_of(request).owner)
     return json_response(explanation_view(explanation))
 
 
 async def cancel_workload(request: web.Request) -> web.Response:
-    operations = request.app[OPERATIONS_KEY]
-    record = await operations.cancel_workload(request.match_info["workload_id"], account=scope_of(request).owner)
+    operations = request.app[SERVICES_KEY]
+    record = await operations.workloads.cancel_workload(request.match_info["workload_id"], account=scope_of(request).owner)
     return json_response(workload_view(record, operations.market.workload_terms(record)))

@@ -25,7 +25,7 @@ from management.console.pages.operator import parse_fields
 from management.console.rendering import nav_counts, page
 from management.console.session import flash, signed_in
 from management.console.templating import duration, when
-from management.http.keys import OPERATIONS_KEY
+from management.http.keys import SERVICES_KEY
 from management.monitoring.evaluator import AlertState, AlertTransition
 from management.monitoring.settings import MAX_SILENCE_S, RuleListing
 from master.records import SilenceRecord
@@ -143,7 +143,7 @@ def transition_rows(
 
 @dataclass(frozen=True)
 class SilenceRequest:
-    """A silence form read: what ``Operations.create_silence`` takes."""
+    """A silence form read: what ``AlertsService.create_silence`` takes."""
 
     duration_s: float
     rule: str | None
@@ -240,10 +240,10 @@ def silence_rows(silences: Sequence[SilenceRecord], now: float) -> list[SilenceR
 async def alerts_page(request: web.Request) -> web.StreamResponse:
     scope = await signed_in(request, Resource.ALERTS, Action.READ)
     filters = parse_fields(request.query, AlertFilters, "the filters")
-    operations = request.app[OPERATIONS_KEY]
+    operations = request.app[SERVICES_KEY]
     role = scope.principal.role.value
-    listing = await operations.list_alerts(owner=scope.owner, role=role, phase=filters.phase, severity=filters.severity)
-    rules = {listing.rule.name: listing for listing in await operations.alert_rules()}
+    listing = await operations.alerts.list_alerts(owner=scope.owner, role=role, phase=filters.phase, severity=filters.severity)
+    rules = {listing.rule.name: listing for listing in await operations.alerts.alert_rules()}
     now = time.time()
     active = alert_rows(listing.active, rules, role, now)
     refresh = bool(request.headers.get("HX-Request"))  # htmx's refresh: the notices are left for the next page
@@ -270,9 +270,9 @@ async def silences_page(
     request: web.Request, *, errors: FormErrors | None = None, typed: Mapping[str, str] | None = None
 ) -> web.StreamResponse:
     await signed_in(request, Resource.SILENCES, Action.READ)
-    operations = request.app[OPERATIONS_KEY]
-    silences = await operations.list_silences()
-    rules = [listing.rule.name for listing in await operations.alert_rules()]
+    operations = request.app[SERVICES_KEY]
+    silences = await operations.alerts.list_silences()
+    rules = [listing.rule.name for listing in await operations.alerts.alert_rules()]
     prefill = {k: text(request.query, k) for k in ("rule", "subject", "labels", "duration", "comment")}
     return await page(
         request,
@@ -289,13 +289,13 @@ async def silences_page(
 async def create_silence(request: web.Request) -> web.StreamResponse:
     scope = await signed_in(request, Resource.SILENCES, Action.WRITE)
     form = await request.post()
-    operations = request.app[OPERATIONS_KEY]
-    rules = [listing.rule.name for listing in await operations.alert_rules()]
+    operations = request.app[SERVICES_KEY]
+    rules = [listing.rule.name for listing in await operations.alerts.alert_rules()]
     wanted, errors = read_silence_form(form, rules)
     if wanted is None:
         typed = {k: text(form, k) for k in ("rule", "subject", "labels", "duration", "comment")}
         return await silences_page(request, errors=errors, typed=typed)
-    silence = await operations.create_silence(
+    silence = await operations.alerts.create_silence(
         by=scope.principal.account,
         duration_s=wanted.duration_s,
         rule=wanted.rule,
@@ -309,7 +309,7 @@ async def create_silence(request: web.Request) -> web.StreamResponse:
 
 async def expire_silence(request: web.Request) -> web.StreamResponse:
     await signed_in(request, Resource.SILENCES, Action.WRITE)
-    ended = await request.app[OPERATIONS_KEY].expire_silence(request.match_info["silence_id"])
+    ended = await request.app[SERVICES_KEY].alerts.expire_silence(request.match_info["silence_id"])
     await flash(request, f"Silence {ended.id} has ended: matching alerts are notified again.")
     raise web.HTTPSeeOther("/console/silences")
 

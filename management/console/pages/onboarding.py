@@ -14,7 +14,7 @@ from management.console.pages.operator import parse_fields
 from management.console.pages.provider import when
 from management.console.rendering import page
 from management.console.session import signed_in
-from management.http.keys import OPERATIONS_KEY
+from management.http.keys import SERVICES_KEY
 from management.http.schemas import AccountName
 from management.onboarding.routes import grid_url
 from management.onboarding.script import InstallCommand
@@ -32,11 +32,11 @@ async def add_host_page(
     request: web.Request, *, commands: list[InstallCommand] | None = None, for_provider: str = "", expires: str = ""
 ) -> web.StreamResponse:
     scope = await signed_in(request, Resource.HOST_ENROLLMENT, Action.WRITE)
-    operations = request.app[OPERATIONS_KEY]
+    operations = request.app[SERVICES_KEY]
     if scope.owner:
         providers = [scope.owner]
     else:
-        providers = [a.id for a in (await operations.list_accounts(role="provider", limit=1000)).items]
+        providers = [a.id for a in (await operations.accounts.list_accounts(role="provider", limit=1000)).items]
     return await page(
         request,
         "provider/add_host.html",
@@ -58,8 +58,8 @@ async def create_host_token(request: web.Request) -> web.StreamResponse:
     provider = scope.owner or form.provider
     if not provider:
         raise web.HTTPSeeOther("/console/add-host")
-    operations = request.app[OPERATIONS_KEY]
-    issued = await operations.create_token(provider, ADD_HOST_TOKEN_TTL_S)
+    operations = request.app[SERVICES_KEY]
+    issued = await operations.grid.create_token(provider, ADD_HOST_TOKEN_TTL_S)
     return await add_host_page(
         request,
         commands=operations.onboarding.commands(grid_url(request), issued.token),

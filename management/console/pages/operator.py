@@ -20,12 +20,13 @@ from management.console.nav import NavItem
 from management.console.pages.provider import when
 from management.console.rendering import page
 from management.console.session import flash, signed_in
-from management.fleet import FleetFigures, UnitFigures
 from management.http.errors import BadRequest
-from management.http.keys import OPERATIONS_KEY
+from management.http.keys import SERVICES_KEY
 from management.http.paging import decode_cursor, encode_cursor
 from management.http.schemas import MAX_TOKEN_TTL_S, AccountName, Cursor, EventKindPrefix, Identifier, PageQuery
-from management.operations import AccountIdKey, SeqKey
+from management.services.accounts import AccountIdKey
+from management.services.fleet import FleetFigures, UnitFigures
+from management.services.grid import SeqKey
 
 ACCOUNTS_CURSOR = "console-accounts"
 EVENTS_CURSOR = "console-events"
@@ -148,13 +149,13 @@ def _filters(query: msgspec.Struct) -> dict[str, str]:
 
 async def fleet_page(request: web.Request) -> web.StreamResponse:
     await signed_in(request, Resource.FLEET, Action.READ)
-    return await page(request, "operator/fleet.html", title="Fleet", **fleet_context(request.app[OPERATIONS_KEY].fleet()))
+    return await page(request, "operator/fleet.html", title="Fleet", **fleet_context(request.app[SERVICES_KEY].hosts.fleet()))
 
 
 async def accounts_page(request: web.Request) -> web.StreamResponse:
     scope = await signed_in(request, Resource.ACCOUNTS, Action.WRITE)
     query = parse_fields(request.query, AccountsQuery, "the filters")
-    found = await request.app[OPERATIONS_KEY].list_accounts(
+    found = await request.app[SERVICES_KEY].accounts.list_accounts(
         role=query.role, owner=scope.owner, after=decode_cursor(ACCOUNTS_CURSOR, query, AccountIdKey), limit=query.limit
     )
     next_link = None
@@ -168,9 +169,9 @@ async def accounts_page(request: web.Request) -> web.StreamResponse:
 async def account_page(request: web.Request, *, issued: str = "") -> web.StreamResponse:
     scope = await signed_in(request, Resource.KEYS, Action.WRITE)
     account_id = request.match_info["account_id"]
-    operations = request.app[OPERATIONS_KEY]
-    account = await operations.get_account(account_id, owner=scope.owner)
-    keys = await operations.list_api_keys(account_id, owner=scope.owner, limit=1000)
+    operations = request.app[SERVICES_KEY]
+    account = await operations.accounts.get_account(account_id, owner=scope.owner)
+    keys = await operations.accounts.list_api_keys(account_id, owner=scope.owner, limit=1000)
     return await page(
         request,
         "operator/account.html",
@@ -185,21 +186,23 @@ async def account_page(request: web.Request, *, issued: str = "") -> web.StreamR
 async def create_key(request: web.Request) -> web.StreamResponse:
     scope = await signed_in(request, Resource.KEYS, Action.WRITE)
     form = parse_fields(await request.post(), KeyForm, "the key")
-    issued = await request.app[OPERATIONS_KEY].create_api_key(request.match_info["account_id"], form.name, owner=scope.owner)
+    issued = await request.app[SERVICES_KEY].accounts.create_api_key(
+        request.match_info["account_id"], form.name, owner=scope.owner
+    )
     # Shown in this answer only (never stored in the clear, never put in a cookie or a redirect).
     return await account_page(request, issued=issued.key)
 
 
 async def revoke_key(request: web.Request) -> web.StreamResponse:
     scope = await signed_in(request, Resource.KEYS, Action.WRITE)
-    key = await request.app[OPERATIONS_KEY].revoke_api_key(request.match_info["key_id"], owner=scope.owner)
+    key = await request.app[SERVICES_KEY].accounts.revoke_api_key(request.match_info["key_id"], owner=scope.owner)
     await flash(request, f"API key {key.key_id} ({key.name}) is revoked: it is refused from now on.")
     raise web.HTTPSeeOther(f"/console/accounts/{quote(key.subject, safe='')}")
 
 
 async def tokens_page(request: web.Request, *, issued: str = "", for_provider: str = "", expires: str = "") -> web.StreamResponse:
     await signed_in(request, Resource.TOKENS, Action.WRITE)
-    providers = await request.app[OPERATIONS_KEY].list_accounts(role="provider", limit=1000)
+    providers = await request.app[SERVICES_KEY].accounts.list_accounts(role="provider", limit=1000)
     return await page(
         request,
         "operator/tokens.html",
@@ -215,20 +218,20 @@ async def tokens_page(request: web.Request, *, issued: str = "", for_provider: s
 async def create_token(request: web.Request) -> web.StreamResponse:
     await signed_in(request, Resource.TOKENS, Action.WRITE)
     form = parse_fields(await request.post(), TokenForm, "the token")
-    issued = await request.app[OPERATIONS_KEY].create_token(form.provider, form.ttl_h * 3600 if form.ttl_h else None)
+    issued = await request.app[SERVICES_KEY].grid.create_token(form.provider, form.ttl_h * 3600 if form.ttl_h else None)
     return await tokens_page(request, issued=issued.token, for_provider=form.provider, expires=when(issued.record.expires_at))
 
 
 async def revocations_page(request: web.Request) -> web.StreamResponse:
     await signed_in(request, Resource.AGENTS, Action.WRITE)
-    found = await request.app[OPERATIONS_KEY].list_revocations()
+    found = await request.app[SERVICES_KEY].grid.list_revocations()
     return await page(request, "operator/revocations.html", title="Revocations", revocations=found, when=when)
 
 
 async def revoke_host(request: web.Request) -> web.StreamResponse:
     await signed_in(request, Resource.AGENTS, Action.WRITE)
     form = parse_fields(await request.post(), RevokeForm, "the host")
-    detail = await request.app[OPERATIONS_KEY].revoke(form.agent_id)
+    detail = await request.app[SERVICES_KEY].hosts.revoke(form.agent_id)
     await flash(request, f"Host {detail.agent.id} is revoked: its certificates are refused by every relay.")
     raise web.HTTPSeeOther("/console/revocations")
 
@@ -237,7 +240,7 @@ async def events_page(request: web.Request) -> web.StreamResponse:
     await signed_in(request, Resource.EVENTS, Action.READ)
     query = parse_fields(request.query, EventsQuery, "the filters")
     after = decode_cursor(EVENTS_CURSOR, query, SeqKey)
-    found = await request.app[OPERATIONS_KEY].list_events(
+    found = await request.app[SERVICES_KEY].grid.list_events(
         subject=query.subject, kind=query.kind, after_seq=after.seq if after else 0, limit=query.limit
     )
     next_link = None

@@ -25,12 +25,13 @@ from management.console.nav import NavItem
 from management.console.rendering import page
 from management.console.session import flash, signed_in
 from management.http.errors import BadRequest
-from management.http.keys import OPERATIONS_KEY
+from management.http.keys import SERVICES_KEY
 from management.http.paging import decode_cursor, encode_cursor
 from management.http.schemas import AGENT_STATES, AccountName, Cursor, Identifier, PageQuery
 from management.market.money import format_amount
 from management.market.prices import HostPrice, PriceSetting
-from management.operations import AgentDetail, AgentKey, HostSamples
+from management.services.hosts import AgentDetail, AgentKey
+from management.services.telemetry import HostSamples
 from master.records import GpuRecord
 from master.reputation import WEIGHTS, reputation
 
@@ -320,8 +321,8 @@ async def hosts_page(request: web.Request) -> web.StreamResponse:
     """My hosts (a provider's) or all hosts (the operator's), filtered and paged on the server."""
     scope = await signed_in(request, Resource.AGENTS, Action.READ)
     query = _query(request)
-    operations = request.app[OPERATIONS_KEY]
-    found = operations.list_agents(
+    operations = request.app[SERVICES_KEY]
+    found = operations.hosts.list_agents(
         state=query.state,
         tier=query.tier,
         region=query.region,
@@ -339,7 +340,7 @@ async def hosts_page(request: web.Request) -> web.StreamResponse:
         "provider/hosts.html",
         title="My hosts" if scope.owner is not None else "All hosts",
         query=query,
-        choices=operations.host_choices(owner=scope.owner),
+        choices=operations.hosts.host_choices(owner=scope.owner),
         states=AGENT_STATES,
         rows=[host_row(d) for d in found.items],
         next_link=next_link,
@@ -351,9 +352,9 @@ async def hosts_page(request: web.Request) -> web.StreamResponse:
 async def host_page(request: web.Request) -> web.StreamResponse:
     scope = await signed_in(request, Resource.AGENTS, Action.READ)
     agent_id = request.match_info["agent_id"]
-    operations = request.app[OPERATIONS_KEY]
-    detail = operations.get_agent(agent_id, owner=scope.owner)
-    price = await operations.host_price(agent_id)
+    operations = request.app[SERVICES_KEY]
+    detail = operations.hosts.get_agent(agent_id, owner=scope.owner)
+    price = await operations.prices.host_price(agent_id)
     role = scope.principal.role
     earned: list[EarningsRow] = []
     if permitted(role, Resource.LEDGER, Action.READ):
@@ -384,7 +385,7 @@ async def host_page(request: web.Request) -> web.StreamResponse:
 async def host_samples(request: web.Request) -> web.StreamResponse:
     """The JSON the host page's charts poll: each GPU's recent samples."""
     scope = await signed_in(request, Resource.AGENTS, Action.READ)
-    found = request.app[OPERATIONS_KEY].recent_samples(request.match_info["agent_id"], owner=scope.owner)
+    found = request.app[SERVICES_KEY].telemetry.recent_samples(request.match_info["agent_id"], owner=scope.owner)
     return web.Response(body=msgspec.json.encode(samples_document(found)), content_type="application/json")
 
 
@@ -394,14 +395,14 @@ def _back_to_host(agent_id: str) -> web.HTTPSeeOther:
 
 async def drain_host(request: web.Request) -> web.StreamResponse:
     scope = await signed_in(request, Resource.AGENTS, Action.MAINTAIN)
-    detail = await request.app[OPERATIONS_KEY].drain(request.match_info["agent_id"], owner=scope.owner)
+    detail = await request.app[SERVICES_KEY].hosts.drain(request.match_info["agent_id"], owner=scope.owner)
     await flash(request, f"Host {detail.agent.id} is drained: it takes no new work; what runs there goes on.")
     raise _back_to_host(detail.agent.id)
 
 
 async def undrain_host(request: web.Request) -> web.StreamResponse:
     scope = await signed_in(request, Resource.AGENTS, Action.MAINTAIN)
-    detail = await request.app[OPERATIONS_KEY].undrain(request.match_info["agent_id"], owner=scope.owner)
+    detail = await request.app[SERVICES_KEY].hosts.undrain(request.match_info["agent_id"], owner=scope.owner)
     await flash(request, f"Host {detail.agent.id} is undrained: it takes work again ({detail.agent.state}).")
     raise _back_to_host(detail.agent.id)
 
@@ -443,7 +444,9 @@ def price_form(fields: Mapping[str, str]) -> PriceForm:
 async def set_host_price(request: web.Request) -> web.StreamResponse:
     scope = await signed_in(request, Resource.PRICES, Action.WRITE)
     form = price_form({k: v for k, v in (await request.post()).items() if isinstance(v, str)})
-    detail = await request.app[OPERATIONS_KEY].set_host_price(request.match_info["agent_id"], form.setting(), owner=scope.owner)
+    detail = await request.app[SERVICES_KEY].prices.set_host_price(
+        request.match_info["agent_id"], form.setting(), owner=scope.owner
+    )
     terms = price_terms(detail.price)
     await flash(request, f"Host {detail.agent_id} now costs {terms['on_demand']} {detail.currency} per GPU-hour on demand.")
     raise _back_to_host(detail.agent_id)
@@ -452,7 +455,7 @@ async def set_host_price(request: web.Request) -> web.StreamResponse:
 async def clear_host_price(request: web.Request) -> web.StreamResponse:
     """The host goes back to its provider's default price (or the grid's)."""
     scope = await signed_in(request, Resource.PRICES, Action.WRITE)
-    detail = await request.app[OPERATIONS_KEY].clear_host_price(request.match_info["agent_id"], owner=scope.owner)
+    detail = await request.app[SERVICES_KEY].prices.clear_host_price(request.match_info["agent_id"], owner=scope.owner)
     terms = price_terms(detail.price)
     await flash(request, f"Host {detail.agent_id} has no price of its own: {terms['source']} applies ({terms['on_demand']}).")
     raise _back_to_host(detail.agent_id)
@@ -468,7 +471,7 @@ async def earnings_page(request: web.Request) -> web.StreamResponse:
     context: dict[str, Any] = {"period": period, "periods": PAYOUT_PERIODS, "provider": provider, "ask_provider": False}
     if not provider:  # the operator names the provider whose earnings to see
         return await page(request, "provider/earnings.html", title="Earnings", **{**context, "ask_provider": True})
-    market = request.app[OPERATIONS_KEY].market
+    market = request.app[SERVICES_KEY].market
     per_host = await market.earnings(provider, owner=scope.owner)
     payouts = await market.payouts(provider, period, owner=scope.owner)
     return await page(

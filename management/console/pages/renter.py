@@ -24,13 +24,14 @@ from management.console.nav import NavItem
 from management.console.rendering import page
 from management.console.terminal import serve_logs, serve_terminal
 from management.http.errors import validation_message
-from management.http.keys import OPERATIONS_KEY
+from management.http.keys import SERVICES_KEY
 from management.http.paging import decode_cursor, encode_cursor
 from management.http.schemas import PageQuery
 from management.market.money import MICRO, BadAmount, format_amount, parse_amount
 from management.market.offers import Offer
-from management.market.operations import FundsDetail, PaymentRequired
-from management.operations import SpendOverTime, WorkloadKey
+from management.services.billing import SpendOverTime
+from management.services.market import FundsDetail, PaymentRequired
+from management.services.workloads import WorkloadKey
 from management.views import explanation_view, workload_view
 from management.workloads.explain_text import render_explanation
 from management.workloads.states import WORKLOAD_STATES
@@ -89,7 +90,7 @@ async def offers(request: web.Request) -> web.Response:
     cursor = text(form, "cursor", max_length=1024) or None
     if not errors:
         try:
-            result = await request.app[OPERATIONS_KEY].market.search_offers(
+            result = await request.app[SERVICES_KEY].market.search_offers(
                 query, sort=sort or None, limit=OFFERS_PER_PAGE, cursor=cursor
             )
         except BadQuery as exc:
@@ -190,7 +191,7 @@ def cost_hint(price: int, gpus: int, *, funds: FundsDetail | None, priced_by: st
 async def _cost_hint(request: web.Request, offer: Offer | None, form: Any) -> str:
     """``cost_hint`` for the form as filled in: the offer's price (or the bid), else the grid's cheapest host."""
     scope = await session.signed_in(request, Resource.WORKLOADS, Action.WRITE)
-    market = request.app[OPERATIONS_KEY].market
+    market = request.app[SERVICES_KEY].market
     gpus_text = str(form.get("gpus", "1") or "1")
     gpus = int(gpus_text) if gpus_text.isdigit() and 0 < int(gpus_text) <= MAX_GPUS_PER_REPLICA else 1
     bid_text = str(form.get("bid", "") or "")
@@ -233,7 +234,7 @@ async def launch(request: web.Request) -> web.Response:
     if spec is None:
         return await _launch_form(request, offer=None, form=form, errors=errors)
     try:
-        record = await request.app[OPERATIONS_KEY].submit_workload(acting_account(scope, None), spec)
+        record = await request.app[SERVICES_KEY].workloads.submit_workload(acting_account(scope, None), spec)
     except (PaymentRequired, Conflict) as exc:  # money before work, or work that can never run here: said on the form
         errors.add("form", str(exc))
         return await _launch_form(request, offer=None, form=form, errors=errors)
@@ -243,14 +244,14 @@ async def launch(request: web.Request) -> web.Response:
 
 async def rent_form(request: web.Request) -> web.Response:
     await session.signed_in(request, Resource.WORKLOADS, Action.WRITE)
-    offer = await request.app[OPERATIONS_KEY].market.get_offer(request.match_info["offer_id"])
+    offer = await request.app[SERVICES_KEY].market.get_offer(request.match_info["offer_id"])
     form = {"gpus": "1", "kind": "on_demand", "allow_process_runtime": "on" if offer.runtime == "process" else ""}
     return await _launch_form(request, offer=offer, form=form, errors=FormErrors())
 
 
 async def rent(request: web.Request) -> web.Response:
     scope = await session.signed_in(request, Resource.WORKLOADS, Action.WRITE)
-    market = request.app[OPERATIONS_KEY].market
+    market = request.app[SERVICES_KEY].market
     offer = await market.get_offer(request.match_info["offer_id"])
     form = await request.post()
     errors = FormErrors()
@@ -279,7 +280,7 @@ async def workloads(request: web.Request) -> web.Response:
     if state and state not in WORKLOAD_STATES:
         raise NotFound(f"no workload state {state!r}; one of {', '.join(WORKLOAD_STATES)}")
     query = WorkloadListQuery(state=state, limit=WORKLOADS_PER_PAGE, cursor=request.query.get("cursor") or None)
-    listed = await request.app[OPERATIONS_KEY].list_workloads(
+    listed = await request.app[SERVICES_KEY].workloads.list_workloads(
         owner=scope.owner, states=[state] if state else None, after=decode_cursor("console-workloads", query, WorkloadKey),
         limit=WORKLOADS_PER_PAGE,
     )  # fmt: skip
@@ -294,11 +295,11 @@ async def workloads(request: web.Request) -> web.Response:
 
 async def workload(request: web.Request, *, template: str = "renter/workload.html") -> web.Response:
     scope = await session.signed_in(request, Resource.WORKLOADS, Action.READ)
-    overview = await request.app[OPERATIONS_KEY].workload_overview(request.match_info["workload_id"], account=scope.owner)
+    overview = await request.app[SERVICES_KEY].workloads.workload_overview(request.match_info["workload_id"], account=scope.owner)
     record = overview.workload
     waits = None
     if overview.explanation is not None:
-        shown = _plain(workload_view(record, request.app[OPERATIONS_KEY].market.workload_terms(record)))
+        shown = _plain(workload_view(record, request.app[SERVICES_KEY].market.workload_terms(record)))
         waits = render_explanation(shown, _plain(explanation_view(overview.explanation)), datetime.now(UTC))
     ports = record.spec.ports
     request[LIVE_STATE_KEY] = record.state
@@ -343,7 +344,7 @@ def _plain(view: msgspec.Struct) -> dict[str, Any]:
 
 async def stop(request: web.Request) -> web.Response:
     scope = await session.signed_in(request, Resource.WORKLOADS, Action.WRITE)
-    record = await request.app[OPERATIONS_KEY].cancel_workload(request.match_info["workload_id"], account=scope.owner)
+    record = await request.app[SERVICES_KEY].workloads.cancel_workload(request.match_info["workload_id"], account=scope.owner)
     await session.flash(request, f"Stopping {record.id} ({record.spec.name}): {record.state}.")
     raise web.HTTPSeeOther(f"/console/workloads/{record.id}")
 
@@ -364,7 +365,7 @@ async def terminal_socket(request: web.Request) -> web.StreamResponse:
 async def billing(request: web.Request) -> web.Response:
     scope = await session.signed_in(request, Resource.LEDGER, Action.READ)
     after = integer(request.query, "after", FormErrors(), label="after", low=0, high=2**62, default=0) or 0
-    billing = await request.app[OPERATIONS_KEY].billing_overview(
+    billing = await request.app[SERVICES_KEY].billing.billing_overview(
         scope.principal.account, owner=scope.owner, after_seq=after, limit=LEDGER_PER_PAGE
     )
     funds, spend, statement = billing.funds, billing.spend, billing.statement
@@ -386,7 +387,7 @@ def spend_chart(spend: SpendOverTime) -> dict[str, list[float]]:
 
 async def ledger_csv(request: web.Request) -> web.Response:
     scope = await session.signed_in(request, Resource.LEDGER, Action.READ)
-    market = request.app[OPERATIONS_KEY].market
+    market = request.app[SERVICES_KEY].market
     account = scope.principal.account
     statement = await market.ledger_statement(account, owner=scope.owner, after_seq=0, limit=100_000)
     return web.Response(

@@ -25,7 +25,7 @@ from management.console.forms import FormErrors, text
 from management.console.nav import NavItem
 from management.console.rendering import page
 from management.console.session import signed_in
-from management.http.keys import OPERATIONS_KEY
+from management.http.keys import SERVICES_KEY
 from management.market.ledger import calendar_period
 from management.monitoring.report_render import report_csv, report_json
 from management.monitoring.reports import (
@@ -277,7 +277,7 @@ async def reports_page(request: web.Request) -> web.StreamResponse:
     if wanted is None:
         return await page(request, "reports/reports.html", status=400, title="Reports", **context)
     provider, renter = report_owners(scope)
-    report, currency = await request.app[OPERATIONS_KEY].report(
+    report, currency = await request.app[SERVICES_KEY].reports.report(
         wanted.kind, wanted.by, wanted.start, wanted.end, provider=provider, renter=renter
     )
     body = report_json(report, currency)
@@ -304,7 +304,7 @@ async def report_csv_file(request: web.Request) -> web.StreamResponse:
     if wanted is None:
         raise web.HTTPBadRequest(text="; ".join(errors.values()))
     provider, renter = report_owners(scope)
-    report, _ = await request.app[OPERATIONS_KEY].report(
+    report, _ = await request.app[SERVICES_KEY].reports.report(
         wanted.kind, wanted.by, wanted.start, wanted.end, provider=provider, renter=renter
     )
     name = f"report-{wanted.kind}-{'-'.join(wanted.by)}.csv"

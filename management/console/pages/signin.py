@@ -10,7 +10,7 @@ from management.console import session
 from management.console.nav import NavItem
 from management.console.rendering import NAV_KEY, page
 from management.console.throttle import SignInThrottle
-from management.http.keys import OPERATIONS_KEY
+from management.http.keys import SERVICES_KEY
 
 THROTTLE_KEY = web.AppKey("console_signin_throttle", SignInThrottle)
 MAX_FIELD = 1100  # longer than any account id or password that can be set
@@ -53,7 +53,7 @@ async def signin(request: web.Request) -> web.Response:
             error="Enter your account and your password.",
         )  # fmt: skip
     try:
-        account = await request.app[OPERATIONS_KEY].sign_in(account_id, password, address=request.remote or "")
+        account = await request.app[SERVICES_KEY].accounts.sign_in(account_id, password, address=request.remote or "")
     except SignInRefused as exc:
         return await page(
             request, "signin.html", status=401, title="Sign in", next=target, account_id=account_id, error=f"{exc}."
@@ -93,7 +93,7 @@ async def change_password(request: web.Request) -> web.Response:
     if new != again:
         return await account_page(request, error="The two new passwords differ.", status=400)
     try:
-        await request.app[OPERATIONS_KEY].set_password(
+        await request.app[SERVICES_KEY].accounts.set_password(
             scope.principal.account,
             new,
             owner=scope.owner,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from management.api import build_app
+from management.app import api_app
 from master.config import MasterConfig
 from master.service import Master
 from tests.management.hosts import add_agent, api_key
@@ -24,7 +24,7 @@ async def grid(tmp_path: Path) -> AsyncIterator[TestClient]:
     await master.start()
     await add_agent(master, "agt-box", "a10:2", runtime="docker", isolation="container")
     await add_agent(master, "agt-proc", "h100:4", runtime="process", isolation="sandbox")
-    client = TestClient(TestServer(build_app(master)))
+    client = TestClient(TestServer(api_app(master)))
     await client.start_server()
     client.lab = await api_key(master, "renter", "lab")  # type: ignore[attr-defined]
     yield client
@@ -75,7 +75,7 @@ async def test_a_grid_whose_only_fitting_host_isolates_nothing_says_so(tmp_path)
     try:
         await add_agent(master, "agt-bare", "h100:8", runtime="process", isolation="none")
         await add_agent(master, "agt-box", "a10:1", runtime="docker", isolation="container")
-        client = TestClient(TestServer(build_app(master)))
+        client = TestClient(TestServer(api_app(master)))
         await client.start_server()
         try:
             lab = await api_key(master, "renter", "lab")

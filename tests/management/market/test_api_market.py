@@ -236,11 +236,11 @@ async def test_a_renter_rates_an_ended_rental_once_and_it_counts_in_the_hosts_re
 async def placed(market, workload_id: str, agent_id: str) -> None:
     """The scheduler's placement of a workload on ``agent_id`` (one GPU), applied through the workload book as its loop
     applies it: the API's Master runs no scheduling loop here."""
-    from management.http.keys import OPERATIONS_KEY
+    from management.http.keys import SERVICES_KEY
     from management.workloads.spec import container_name
     from master.records import Assignment
 
-    book = market.server.app[OPERATIONS_KEY].workloads
+    book = market.server.app[SERVICES_KEY].workloads.book
     unit = market.master.gpus(agent_id)[0].uuid
     assignment = Assignment(replica=0, agent_id=agent_id, units=[unit], container=container_name(workload_id, 0, 1))
     await book.transition(workload_id, "schedule", "placed", 0.0, assignments=[assignment])
@@ -255,9 +255,9 @@ async def test_a_bid_lowered_while_scheduled_or_starting_is_checked_against_the_
     workload = (await rented.json())["id"]
     await placed(funded, workload, "agt-a1")
     if then_start:
-        from management.http.keys import OPERATIONS_KEY
+        from management.http.keys import SERVICES_KEY
 
-        await funded.server.app[OPERATIONS_KEY].workloads.transition(workload, "start", "acknowledged", 0.0)
+        await funded.server.app[SERVICES_KEY].workloads.book.transition(workload, "start", "acknowledged", 0.0)
     lowered = await funded.post(f"/api/v1/workloads/{workload}/bid", json={"bid": "0.000001"}, headers=funded.lab)
     status, _, message = await error_of(lowered)
     assert status == 409 and "agt-a1" in message and "takes bids from 0.40" in message, message

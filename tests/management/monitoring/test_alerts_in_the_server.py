@@ -11,8 +11,8 @@ import time
 import aiohttp
 
 from common.wire import AgentEvent, AgentEventKind
+from management.app import MasterServer
 from management.monitoring.notifier import SIGNATURE_HEADER
-from management.server import MasterServer
 from master.config import MasterConfig
 from tests.management.hosts import add_agent
 from tests.management.monitoring.receiver import WebhookReceiver

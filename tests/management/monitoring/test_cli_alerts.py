@@ -37,7 +37,7 @@ def _key(served, role: str, account: str) -> str:  # noqa: F811
 def test_a_firing_alert_is_listed_to_the_operator_and_the_owner_only(idlegrid, served):  # noqa: F811
     master = served.server.master
     uuid = in_master(served, _xid_on_a_gpu_of(master, "agt-acme", "acme"))
-    in_master(served, served.server.operations.alerts.step())
+    in_master(served, served.server.services.alerts.loop.step())
 
     # The Master also has relay-1 pending as down (the test's host came through it; no relay is linked here).
     lines = idlegrid("alert", "list").splitlines()
@@ -127,7 +127,7 @@ def test_the_operator_puts_a_rule_that_fires_then_deletes_it(idlegrid, served, c
         "api",
     ]
     master.telemetry.ingest("agt-hot", [GpuSample(uuid=uuid, ts=time.time(), temperature_c=71.0)])
-    in_master(served, served.server.operations.alerts.step())
+    in_master(served, served.server.services.alerts.loop.step())
     [row] = idlegrid("alert", "list", "--rule", "warm_gpu", "--recent", "0").splitlines()[1:]
     assert row.split()[:4] == ["firing", "warm_gpu", uuid, "71"]
 

@@ -17,8 +17,8 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from management.api import build_app
-from management.http.keys import OPERATIONS_KEY
+from management.app import api_app
+from management.http.keys import SERVICES_KEY
 from management.monitoring.evaluator import FIRING, AlertTransition
 from management.monitoring.notifier import NotifierSettings, Webhook, WebhookNotifier
 from master.accounts import AccountChange
@@ -36,11 +36,11 @@ async def hooks_api(tmp_path) -> AsyncIterator[TestClient]:
     config = MasterConfig(state_dir=str(tmp_path), link_port=0, webhook_allow_private=True, webhooks_per_account=3)
     master = Master(config)
     await master.start()
-    client = TestClient(TestServer(build_app(master)))
+    client = TestClient(TestServer(api_app(master)))
     await client.start_server()
     client.master = master  # type: ignore[attr-defined]
     yield client
-    await client.app[OPERATIONS_KEY].alerts.notifier.stop()
+    await client.app[SERVICES_KEY].alerts.loop.notifier.stop()
     await client.close()
     await master.stop()
 
@@ -175,7 +175,7 @@ async def test_a_webhook_made_by_an_operator_stops_getting_others_alerts_once_th
     master = hooks_api.master
     made = await hooks_api.post("/api/v1/webhooks", json={"url": receiver.url}, headers=await api_key(master, "operator", "ops2"))
     assert made.status == 201
-    notifier = hooks_api.app[OPERATIONS_KEY].alerts.notifier
+    notifier = hooks_api.app[SERVICES_KEY].alerts.loop.notifier
     notifier.start()  # the alert loop runs in the Master's server; here the test hands it transitions itself
     try:
         notifier.notify(transition("GPU-0", "prov-b"))

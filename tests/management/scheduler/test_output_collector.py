@@ -1,4 +1,4 @@
-"""The output collector (management/outputs.py) on a real Master (SQLite in tmp_path) whose host talks through the
+"""The output collector (management/services/outputs.py) on a real Master (SQLite in tmp_path) whose host talks through the
 Master's relay-link handlers (tests/master/linked.py): a workload fails, its container's delete is reported done, and
 the collector reads, stores and settles its output. Reading through a real relay and agent is
 tests/e2e/test_workload_output.py's; here ``read`` gives what such a read would return or raise."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 from common.wire import CommandResult, Heartbeat
-from management.outputs import OutputCollector, OutputSettings
+from management.services.outputs import OutputCollector, OutputSettings
 from management.tunnel_client import TunnelClosed
 from management.workloads.runner import SchedulerLoop
 from master.link import AccessLink

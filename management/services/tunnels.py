@@ -1,4 +1,4 @@
-"""Renter access through the relays, as the façade offers it: ``RenterAccess.open`` checks who may open which
+"""Renter access through the relays (the tunnels service): ``RenterAccess.open`` checks who may open which
 tunnel, mints the ticket (common/tunnel.py), has the Master tell the agent to dial, and answers where to connect.
 
 Only the workload's owner (or an operator) opens a tunnel to it, only while a replica of it runs, a port tunnel only
@@ -45,13 +45,13 @@ class TunnelRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class RenterAccess:
-    """``Operations.access``: open a tunnel to a replica of a workload for its owner (or an operator)."""
+    """``Services.tunnels``: open a tunnel to a replica of a workload for its owner (or an operator)."""
 
     def __init__(self, master: Master, workloads: Callable[..., Awaitable[WorkloadRecord]], outputs: OutputRepo) -> None:
         self._master = master
-        self._workload = workloads  # Operations.get_workload: 404 for another account's
+        self._workload = workloads  # WorkloadsService.get_workload: 404 for another account's
         self._outputs = outputs  # the kept output of deleted containers
-        # management/outputs.py's OutputCollector.collect, once made: a pending output is read from its host at once
+        # management/services/outputs.py's OutputCollector.collect, once made: a pending output is read from its host at once
         self.collect: Callable[[KeptOutput], Awaitable[KeptOutput]] | None = None
 
     async def open(self, workload_id: str, request: TunnelRequest, *, account: str, owner: str | None) -> TunnelGrant:

@@ -1,6 +1,7 @@
-"""The market's part of the façade of operations (``Operations.market``): what the API may ask of the market, one
-method each. Handlers parse, call one method here, render; ownership (``owner``: the caller's account, None for the
-operator) is applied here as the API's auth module decided it, and another account's resource answers NotFound.
+"""The market service: offers, rentals, ratings and the ledger's money, one method each. Handlers parse, call one
+method here, render; ownership (``owner``: the caller's account, None for the operator) is applied here as the API's
+auth module decided it, and another account's resource answers NotFound. The market (prices, balances, open rentals,
+the fee window) is loaded by the composition root (management/app.py) before the first call.
 """
 
 from __future__ import annotations
@@ -91,33 +92,54 @@ class Statements:
 FitCheck = Callable[[str, WorkloadSpec], Awaitable[str | None]]  # (account, spec) -> why it could never run here, or None
 
 
-class MarketOperations:
-    def __init__(self, master: Master, book: WorkloadBook, market: Market) -> None:
+@dataclass(frozen=True)
+class RatingRules:
+    """When a renter's rating counts in a host's reputation, and how much (docs/market-prices.md, "Ratings")."""
+
+    min_run_s: float  # the rental ran at least this long
+    weight_unit: str  # an amount: a rating counts once more per this much paid on the host
+    max_weight: int
+    window_s: float  # one rating per renter and host in this long
+
+
+@dataclass(frozen=True)
+class MarketRules:
+    """The market service's settings: management/settings.py maps them from the operator's file, whose defaults
+    (master/config.py) they are."""
+
+    currency: str
+    metering_period_s: float  # running rentals are charged this often: a first period is what admission checks
+    low_balance_warning_s: float  # warn when the balance covers less than this long of what runs
+    rating: RatingRules
+
+
+class MarketService:
+    def __init__(
+        self, master: Master, book: WorkloadBook, market: Market, rules: MarketRules, *, fit_check: FitCheck | None = None
+    ) -> None:
         self._master = master
         self._book = book
         self.market = market
-        # The scheduler's "could this ever run here" (SchedulerLoop.never_fits), set by the façade that composes both.
-        self.fit_check: FitCheck | None = None
+        self._rules = rules
+        # The scheduler's "could this ever run here" (SchedulerLoop.never_fits), given by the composition root.
+        self.fit_check = fit_check
 
     @property
     def currency(self) -> str:
-        return self._master.config.currency
+        return self._rules.currency
 
     # --- offers ---------------------------------------------------------------------------------------------------
 
     async def search_offers(self, query: str, *, sort: str | None, limit: int, cursor: str | None) -> SearchResult:
-        await self.market.load()
         return self.market.offers.search(query, sort, limit, cursor)
 
     async def get_offer(self, offer_id: str) -> Offer:
-        await self.market.load()
         return self.market.offers.offer(offer_id)
 
     async def rent_offer(self, account: str, offer_id: str, spec: WorkloadSpec) -> WorkloadRecord:
         """A workload pinned to one offer's host. Refused at once (never left waiting for ever) when the offer cannot
         take it: too few free GPUs, a bid under the host's minimum or a host that is not rented interruptible, a price
         over the renter's cap, a reserved period the balance does not cover."""
-        await self.market.load()
         offer = self.market.offers.offer(offer_id)
         terms = msgspec.structs.replace(spec.rental or RentalTerms(), offer=offer_id)
         gpus = spec.replicas * spec.replica.gpus
@@ -184,7 +206,7 @@ class MarketOperations:
         if price <= 0:
             return
         gpus = spec.replicas * spec.replica.gpus
-        period_s = self._master.config.metering_period_s
+        period_s = self._rules.metering_period_s
         needed = period_cost(price, gpus, period_s)
         available = self.market.ledger.funds(account).available
         if needed > available:
@@ -225,7 +247,6 @@ class MarketOperations:
         """A submitted workload that could never run here is refused at once (409, naming the field or flag that fixes
         it), and one the renter's balance can never start (402, with the figures), never left queued: even the
         cheapest host on the grid costs more than the balance pays for one period."""
-        await self.market.load()
         await self.check_fits(account, spec)
         cheapest = self.cheapest_price(spec)
         if cheapest is not None:
@@ -234,7 +255,6 @@ class MarketOperations:
     async def change_bid(self, workload_id: str, bid: int, *, account: str | None) -> WorkloadRecord:
         """A new bid on an interruptible workload: stored on its terms (the scheduler ranks and preempts by it) and, while
         it runs, on its rental from now on. A running rental's bid must still meet each of its hosts' minimum bids."""
-        await self.market.load()
         rec = await self._book.get(workload_id, account=account)
         rental = self.market.meter.rental_of(workload_id)
         # Running: its rental's hosts. Placed but not yet running (scheduled, starting): the hosts it was placed on,
@@ -336,12 +356,11 @@ class MarketOperations:
     async def funds(self, account_id: str, *, owner: str | None = None) -> FundsDetail:
         self._owned(account_id, owner)
         await self._master.accounts.get(account_id)  # NotFound for no such account
-        await self.market.load()
         funds = self.market.ledger.funds(account_id)
         now = time.time()
         running = sum(price_at(r, h, now) * h.gpus for r in self.market.meter.open_rentals(account=account_id) for h in r.hosts)
         warning = ""
-        warn_s = self._master.config.low_balance_warning_s
+        warn_s = self._rules.low_balance_warning_s
         if running > 0 and (funds.available + funds.held) * 3600 < running * warn_s:
             warning = f"the balance covers less than {warn_s / 3600:g} h of what runs now; at zero, running work is stopped"
         return FundsDetail(account_id, funds.available, funds.held, running, self.currency, warning)
@@ -350,14 +369,12 @@ class MarketOperations:
         account = await self._master.accounts.get(account_id)
         if account.role != "renter":
             raise Conflict(f"account {account_id!r} is a {account.role}; only renters' balances are credited")
-        await self.market.load()
         key = key or f"{account_id}:{time.time_ns()}"  # no key given: a credit of its own
         return await self.market.ledger.credit(account_id, amount, memo or "credited by an operator", key=f"credit:{key}")
 
     async def ledger_statement(self, account_id: str, *, owner: str | None, after_seq: int, limit: int) -> Statement:
         self._owned(account_id, owner)
         accounts = await self._ledger_accounts(account_id)
-        await self.market.load()
         return await self.market.ledger.statement(accounts, after_seq, limit)
 
     @staticmethod
@@ -367,21 +384,18 @@ class MarketOperations:
     async def spend(self, account_id: str, *, owner: str | None) -> Statements:
         self._owned(account_id, owner)
         await self._master.accounts.get(account_id)
-        await self.market.load()
         items: list[WorkloadSpend] = await self.market.ledger.spend_by_workload(account_id)
         return Statements(account_id, self.currency, list(items))
 
     async def earnings(self, account_id: str, *, owner: str | None) -> Statements:
         self._owned(account_id, owner)
         await self._master.accounts.get(account_id)
-        await self.market.load()
         items: list[HostEarnings] = await self.market.ledger.earnings_by_host(account_id)
         return Statements(account_id, self.currency, list(items))
 
     async def payouts(self, account_id: str, period: str, *, owner: str | None) -> Statements:
         self._owned(account_id, owner)
         await self._master.accounts.get(account_id)
-        await self.market.load()
         items: list[PeriodEarnings] = await self.market.ledger.payouts(account_id, period)
         return Statements(account_id, self.currency, list(items))
 
@@ -407,7 +421,6 @@ class MarketOperations:
         limit: int,
     ) -> tuple[list[RentalDetail], str | None]:
         """A renter's own rentals, a provider's hosts' rentals, or (operator) all; by start."""
-        await self.market.load()
         account = owner if role == "renter" else None
         provider = owner if role == "provider" else None
         found = await self._master.store.rentals.list(
@@ -436,7 +449,6 @@ class MarketOperations:
         return rental
 
     async def get_rental(self, rental_id: str, *, owner: str | None, role: str) -> RentalDetail:
-        await self.market.load()
         return await self._detail(await self._owned_rental(rental_id, owner, role))
 
     async def rate_rental(self, rental_id: str, rating: int, *, owner: str | None, role: str) -> RentalDetail:
@@ -444,34 +456,32 @@ class MarketOperations:
         paid on the host. Refused (409, saying why) for a rental that ran less than ``rating_min_run_s``, one that cost
         money and was not paid, and a host this renter already rated within ``rating_window_s``: ratings were nearly
         free (20 one-star ratings of rentals that ran seconds, for 0.01 in all, sank hosts' scores)."""
-        await self.market.load()
         rental = await self._owned_rental(rental_id, owner, role)
         if rental.ended_at is None:
             raise Conflict(f"rental {rental_id} is still running; rate it once it has ended")
         if rental.rating is not None:
             raise Conflict(f"rental {rental_id} was already rated {rental.rating}")
-        config = self._master.config
+        rules = self._rules.rating
         ran = rental.ended_at - rental.started_at
-        if ran < config.rating_min_run_s:
+        if ran < rules.min_run_s:
             raise Conflict(
-                f"rental {rental_id} ran {ran:.0f} s; a rating counts for a rental that ran at least "
-                f"{config.rating_min_run_s:g} s"
+                f"rental {rental_id} ran {ran:.0f} s; a rating counts for a rental that ran at least {rules.min_run_s:g} s"
             )
         paid = await self._paid_per_host(rental)
         if any(h.price > 0 for h in rental.hosts) and sum(paid.values()) <= 0:
             raise Conflict(f"rental {rental_id} was not paid for; a rating counts for a rental that was")
         now = time.time()
         for host in rental.hosts:
-            earlier = await self._rated_within(rental, host.agent_id, now - config.rating_window_s)
+            earlier = await self._rated_within(rental, host.agent_id, now - rules.window_s)
             if earlier is not None:
                 raise Conflict(
                     f"you rated host {host.agent_id} for rental {earlier} within the last "
-                    f"{config.rating_window_s / 86400:g} days; one rating per host in that time"
+                    f"{rules.window_s / 86400:g} days; one rating per host in that time"
                 )
         rated = msgspec.structs.replace(rental, rating=rating, version=rental.version + 1)
         await self._master.store.rentals.update(rated, expected_version=rental.version)
         for host in rental.hosts:
-            weight = rating_weight(paid.get(host.agent_id, 0), config.rating_weight_unit, config.rating_max_weight)
+            weight = rating_weight(paid.get(host.agent_id, 0), rules.weight_unit, rules.max_weight)
             await self._master.record_rating(host.agent_id, rating, rental_id, now, weight=weight)
         return await self._detail(rated)
 
@@ -501,4 +511,4 @@ class MarketOperations:
             after = rental_order(page[-1].started_at, page[-1].id)
 
 
-__all__ = ["FundsDetail", "MarketOperations", "PaymentRequired", "RentalDetail", "Statements"]
+__all__ = ["FundsDetail", "MarketService", "PaymentRequired", "RentalDetail", "Statements"]

@@ -1,0 +1,392 @@
+"""The composition root of the Master's process: settings -> services, loops and the HTTP app, in one place.
+
+``compose(master, settings)`` builds every management part once, over one Master: the workload book, the price book,
+the market, the scheduling loop, the output collector, the alert loop, and the ``Services`` the API and the console
+call (management/services/). ``MasterServer`` runs it with the Master and the HTTP API (the daemon's ``serve_master``
+and the tests alike); ``api_app`` serves the same over an existing Master for tests that need no relay link.
+
+State is loaded once, here, before the first call is served (``Composition.load``): providers' prices, the open
+workloads, the market (balances, open rentals, the fee window), the alert settings. No service loads lazily.
+
+Order, the same every time (a standby Master does steps 2 and 3 only once elected, docs/ha.md):
+
+1. the Master starts (store, registry, relay link);
+2. the operator's API key is written on the first start, then the state is loaded, in ``Composition.state`` order;
+3. the loops start in ``Composition.loops`` order: the market (offer feed and metering), the output collector, the
+   scheduler, the alert loop (which observes all the others);
+4. the HTTP API listens.
+
+Stopping runs it backwards: the API refuses new changes (503) and lets those under way finish, the loops stop in
+reverse order (alerts, scheduler, output collector, market: nothing is placed once metering has stopped), the Master
+drains its relay links and closes its store, and the HTTP server closes last (reads are served until then).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Protocol
+
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+
+from common.http import HttpServer
+from management.api import ApiSettings, Handler, build_app, error_response
+from management.market.market import Market
+from management.market.prices import PriceBook, grid_default_of
+from management.monitoring.alert_loop import AlertLoop
+from management.monitoring.market_series import MarketSeries
+from management.monitoring.notifier import WebhookNotifier
+from management.monitoring.observe import FleetObserver
+from management.monitoring.report_source import ReportSource
+from management.monitoring.rules import load_rules
+from management.monitoring.settings import AlertSettings, account_viewer
+from management.onboarding.service import Onboarding
+from management.services import Services
+from management.services.accounts import AccountsService
+from management.services.alerts import AlertsService
+from management.services.billing import BillingService
+from management.services.grid import GridService
+from management.services.hosts import HostsService
+from management.services.market import MarketService
+from management.services.outputs import OutputCollector
+from management.services.prices import PricesService
+from management.services.reports import ReportsService
+from management.services.telemetry import TelemetryService
+from management.services.tunnels import RenterAccess
+from management.services.workloads import WorkloadsService
+from management.settings import ManagementSettings
+from management.workloads.book import WorkloadBook
+from management.workloads.runner import SchedulerLoop
+from master.accounts import BOOTSTRAP_ACCOUNT
+from master.config import MasterConfig
+from master.service import Master
+
+log = logging.getLogger(__name__)
+
+OPERATOR_TOKEN_FILE = "operator.token"
+# How long a stopping Master lets API calls already accepted finish (a command is stored, then sent).
+REQUEST_DRAIN_S = 10.0
+RETRY_AFTER_S = 5
+READ_ONLY_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+LEADER_HEADER = "Idlegrid-Leader"  # a standby's answer: the leader's API URL (docs/ha.md)
+STEPPED_DOWN_EXIT = 75  # the exit status of a Master that lost the lease (EX_TEMPFAIL): its supervisor restarts it
+
+
+class ApiGate:
+    """Refuses API calls (503, Retry-After) once the Master stops, and lets the changes under way finish.
+
+    A call answered 202 has stored what it did before answering, so letting those finish and
+    turning the rest away with a status that says "retry" is what makes a stop lose nothing.
+    Reads are refused too: the store they read is about to close. /healthz and /metrics still answer.
+    """
+
+    def __init__(self) -> None:
+        self.open = True
+        self._under_way = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def middleware(self) -> Middleware:
+        @web.middleware
+        async def gate(request: web.Request, handler: Handler) -> web.StreamResponse:
+            if not request.path.startswith("/api/"):
+                return await handler(request)
+            if not self.open:
+                response = error_response(503, "shutting_down", "the Master is shutting down; retry in a few seconds")
+                response.headers["Retry-After"] = str(RETRY_AFTER_S)
+                return response
+            if request.method in READ_ONLY_METHODS:
+                return await handler(request)
+            self._under_way += 1
+            self._idle.clear()
+            try:
+                return await handler(request)
+            finally:
+                self._under_way -= 1
+                if not self._under_way:
+                    self._idle.set()
+
+        return gate
+
+    async def close(self, timeout_s: float) -> None:
+        """Refuse new calls; wait (up to ``timeout_s``) for the changes under way."""
+        self.open = False
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except TimeoutError:
+            log.warning("stopping with API calls still under way", extra={"calls": self._under_way})
+
+
+class StandbyGate:
+    """A Master that does not lead (docs/ha.md) answers every route but /healthz with 503 ``not_leader``, naming the
+    leader's API URL in the body (``error.leader``) and in an ``Idlegrid-Leader`` header ("" / absent when no leader is
+    known yet), with Retry-After: a client retries there, or here in a moment. Outermost: nothing else runs first."""
+
+    def __init__(self, master: Master) -> None:
+        self._master = master
+
+    def middleware(self) -> Middleware:
+        @web.middleware
+        async def standby(request: web.Request, handler: Handler) -> web.StreamResponse:
+            leadership = self._master.leadership
+            if leadership is None or self._master.serves() or request.path == "/healthz":
+                return await handler(request)
+            leader = leadership.leader_api_url()
+            if leadership.leads():
+                message = "this Master has just been elected and is loading its state; retry in a few seconds"
+            elif leader:
+                message = f"this Master is {leadership.role.value}, not the leader: the leader is {leader}"
+            else:
+                message = (
+                    f"this Master is {leadership.role.value}, not the leader; no leader is known yet: retry in a few seconds"
+                )
+            response = web.json_response(
+                {
+                    "error": {
+                        "code": "not_leader",
+                        "message": message,
+                        "leader": leader,
+                    }
+                },
+                status=503,
+            )
+            response.headers["Retry-After"] = "1"
+            if leader:
+                response.headers[LEADER_HEADER] = leader
+            return response
+
+        return standby
+
+
+class State(Protocol):
+    """A part whose state is read from the store once, before the first call."""
+
+    def load(self) -> Awaitable[object]: ...
+
+
+class Background(Protocol):
+    """A loop that runs while the Master serves."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> Awaitable[None]: ...
+
+
+@dataclass(frozen=True)
+class Composition:
+    """Everything management runs over one Master: the services, the state to load and the loops to run."""
+
+    services: Services
+    state: tuple[tuple[str, State], ...]  # loaded in this order
+    loops: tuple[tuple[str, Background], ...]  # started in this order, stopped in the reverse one
+    market_series: MarketSeries  # the market's Prometheus series, registered once by whoever serves /metrics
+
+    async def load(self) -> None:
+        for _, part in self.state:
+            await part.load()
+
+    def start(self) -> None:
+        for _, loop in self.loops:
+            loop.start()
+
+    async def stop(self) -> None:
+        for _, loop in reversed(self.loops):
+            await loop.stop()
+
+
+def compose(master: Master, settings: ManagementSettings | None = None) -> Composition:
+    """Build every management part over ``master``, once: who writes what is decided here (one writer each)."""
+    settings = settings or ManagementSettings.of(master.config)
+    # The one writer of workload records, shared with the scheduling loop, the market and the output collector.
+    book = WorkloadBook(master.store, master.events, master, policy=master.policy)
+    hosts = HostsService(master, book)
+    # The one writer of providers' prices; the offer index and the scheduler read (and subscribe to) the same book.
+    prices = PriceBook(master.store.prices, grid_default_of(master.config), time.time, owner_of=hosts.provider_of)
+    market = Market(master, book, prices)
+    scheduler = SchedulerLoop(
+        master,
+        book,
+        settings.scheduler.scheduler,
+        prices=prices.price,
+        funded=market.funded,
+        budget=market.budget,
+        period_s=settings.market.metering_period_s,
+    )
+    market_service = MarketService(master, book, market, settings.market, fit_check=scheduler.never_fits)
+    workloads = WorkloadsService(master, book, scheduler, market_service)
+    tunnels = RenterAccess(master, workloads.get_workload, master.store.outputs)
+    output_settings = settings.scheduler.outputs
+    outputs = OutputCollector(
+        master,
+        book,
+        master.store.outputs,
+        lambda kept: tunnels.read_output(kept, limit=output_settings.limit_bytes),
+        output_settings,
+        restart_s=settings.loop_restart_s,
+    )
+    tunnels.collect = outputs.collect  # a renter's request reads a pending output at once
+    alert_loop = AlertLoop(
+        FleetObserver(master, book.open_workloads, market.meter.balance_cover_s),
+        load_rules(settings.alerts.rules),
+        notifier=WebhookNotifier(settings=settings.alerts.notifier, viewer_of=account_viewer(master.accounts)),
+        period_s=settings.alerts.period_s,
+    )
+    alert_settings = AlertSettings(master.store, alert_loop, list(alert_loop.rules), time.time)
+    services = Services(
+        accounts=AccountsService(master),
+        hosts=hosts,
+        grid=GridService(master),
+        workloads=workloads,
+        prices=PricesService(master, prices, hosts, settings.market.currency),
+        market=market_service,
+        billing=BillingService(market_service),
+        telemetry=TelemetryService(master, hosts, workloads),
+        alerts=AlertsService(alert_settings, alert_loop),
+        reports=ReportsService(ReportSource(master), settings.market.currency),
+        tunnels=tunnels,
+        onboarding=Onboarding(master),
+    )
+    series = MarketSeries(book.counts, market.meter.open_rentals, market.ledger.balances, currency=settings.market.currency)
+    return Composition(
+        services=services,
+        state=(("prices", prices), ("workloads", book), ("market", market), ("alert settings", alert_settings)),
+        loops=(("market", market), ("outputs", outputs), ("scheduler", scheduler), ("alerts", alert_loop)),
+        market_series=series,
+    )
+
+
+def http_app(master: Master, composition: Composition, settings: ManagementSettings) -> web.Application:
+    """The API and the console over ``composition``, its market series beside the fleet's on /metrics."""
+    master.metrics.registry.register(composition.market_series)
+    return build_app(master, composition.services, settings.api, console=settings.console, state_dir=settings.state_path)
+
+
+def api_app(master: Master, api: ApiSettings | None = None) -> web.Application:
+    """The HTTP app over a Master that runs elsewhere (tests with no relay link): composed here, its state loaded as
+    the app starts, its loops not run (a test drives them)."""
+    settings = ManagementSettings.of(master.config)
+    if api is not None:
+        settings = _with_api(settings, api)
+    composition = compose(master, settings)
+    app = http_app(master, composition, settings)
+
+    async def load_state(_: web.Application) -> None:
+        await composition.load()
+
+    app.on_startup.append(load_state)
+    return app
+
+
+def _with_api(settings: ManagementSettings, api: ApiSettings) -> ManagementSettings:
+    return replace(settings, api=api)
+
+
+class MasterServer:
+    """The Master plus its HTTP API; ``start``/``stop`` for tests and the daemon alike."""
+
+    def __init__(self, config: MasterConfig, api_settings: ApiSettings | None = None) -> None:
+        self.config = config
+        self.settings = ManagementSettings.of(config)
+        if api_settings is not None:
+            self.settings = _with_api(self.settings, api_settings)
+        self.api_settings = self.settings.api
+        self.master = Master(config)
+        self.composition = compose(self.master, self.settings)  # its loops run while this server serves
+        self.services = self.composition.services
+        self._http: HttpServer | None = None
+        self.gate = ApiGate()
+        self.api_port = 0
+
+    async def start(self) -> None:
+        if self.master.leadership is not None:
+            await self._start_standby()
+            return
+        await self.master.start()
+        await self._serve()
+        await self._start_http()
+
+    async def _start_standby(self) -> None:
+        """High availability: listen (API and relay link) as a standby; serve once elected (``_serve``). A standby
+        loads nothing: the leader goes on changing the state, which this Master reads when it takes over."""
+        self.master.on_elected.append(self._serve)
+        await self._start_http()
+        advertised = self.config.advertise_host or self.config.host
+        await self.master.start_standby(f"http://{advertised}:{self.api_port}")
+
+    async def _serve(self) -> None:
+        """What the API needs beyond the Master: the operator's key, the state loaded (once), the loops started."""
+        await self._ensure_operator_token()
+        await self.composition.load()
+        self.composition.start()
+
+    async def _start_http(self) -> None:
+        app = http_app(self.master, self.composition, self.settings)
+        app.middlewares.append(self.gate.middleware())  # innermost: a caller is authenticated before it is told 503
+        app.middlewares.insert(0, StandbyGate(self.master).middleware())  # outermost: a standby authenticates no one
+        self._http = HttpServer(
+            app,
+            self.config.host,
+            self.config.api_port,
+            head_timeout_s=self.api_settings.header_timeout_s,
+            access_log=None,
+            keepalive_timeout=self.api_settings.idle_timeout_s,
+            max_line_size=self.api_settings.max_request_line_bytes,
+        )
+        await self._http.start()
+        self.api_port = self._http.port
+        log.info("management API listening", extra={"url": self.api_url})
+
+    async def stop(self) -> None:
+        """Graceful (the module's order, backwards): new changes get 503, those accepted finish, the loops stop in
+        reverse order, the Master drains its links and flushes, then the API closes (reads are served until then)."""
+        await self.gate.close(REQUEST_DRAIN_S)
+        await self.composition.stop()
+        await self.master.stop()
+        if self._http is not None:
+            await self._http.stop()
+
+    @property
+    def api_url(self) -> str:
+        return f"http://{self.config.host}:{self.api_port}"
+
+    @property
+    def operator_token_file(self) -> Path:
+        return self.config.state_path / OPERATOR_TOKEN_FILE
+
+    async def _ensure_operator_token(self) -> None:
+        """First start: mint an operator API key and leave it, 0600, where the operator can read it."""
+        path = self.operator_token_file
+        if path.exists():
+            return
+        key = (await self.master.accounts.create_key(BOOTSTRAP_ACCOUNT, "bootstrap operator")).key
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(key + "\n")
+        log.info("operator API key written", extra={"path": str(path)})
+
+
+async def serve_master(config: MasterConfig) -> None:
+    server = MasterServer(config)
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    print(f"idlegrid master: API {server.api_url}  relay link {server.master.link_url}", flush=True)
+    leadership = server.master.leadership
+    deposed = asyncio.ensure_future(leadership.deposed.wait() if leadership is not None else asyncio.Event().wait())
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({deposed, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    if leadership is not None and leadership.deposed.is_set():
+        log.error("stepped down (%s); exiting so the supervisor starts this Master again as a standby", leadership.deposed_reason)
+        await server.stop()
+        raise SystemExit(STEPPED_DOWN_EXIT)
+    log.info("shutting down: refusing API changes, draining relay links")
+    await server.stop()

@@ -1,0 +1,61 @@
+"""The services: what the API and the console may ask of the grid, one module per resource, gathered in ``Services``.
+
+A handler (management/api/) or a page (management/console/) parses a request, makes one call on one service and
+renders what comes back; it never reaches into the Master itself. The services are the only part of ``management/``
+that composes Master calls. They are built once, by the composition root (management/app.py), which also loads the
+state they read (the workload book, prices, the market, alert settings) before the first call: no service loads
+lazily.
+
+| service | resource |
+|---|---|
+| ``accounts`` | accounts, API keys, passwords, the console's sign-in, the audit trail |
+| ``hosts`` | hosts (agents) and their GPUs, drain, revoke, repair, the fleet at a glance |
+| ``grid`` | commands, events, join tokens, command-signing keys, tiers, revoked certificates, health |
+| ``workloads`` | renters' workloads: submit, read, list, explain, cancel, the console's overview |
+| ``prices`` | providers' prices and the price in force on a host |
+| ``market`` | offers, rentals, ratings, funds and the ledger |
+| ``billing`` | what a renter spent over time (the console's billing page) |
+| ``telemetry`` | telemetry history by GPU, host and workload; a host's live samples |
+| ``alerts`` | alert rules, alerts, silences, webhooks |
+| ``reports`` | reports along dimensions |
+| ``tunnels`` | renter access: tunnels to a workload's containers through the relays, logs, kept output |
+| ``onboarding`` | what a provider's host fetches to join the grid |
+
+Lists are keyset-paginated (``models.Page``); ownership filters (``owner``: the account a call is limited to, as the
+API's auth decided) are applied in the services, so a provider's page never holds another account's hosts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from management.onboarding.service import Onboarding
+from management.services.accounts import AccountsService
+from management.services.alerts import AlertsService
+from management.services.billing import BillingService
+from management.services.grid import GridService
+from management.services.hosts import HostsService
+from management.services.market import MarketService
+from management.services.prices import PricesService
+from management.services.reports import ReportsService
+from management.services.telemetry import TelemetryService
+from management.services.tunnels import RenterAccess
+from management.services.workloads import WorkloadsService
+
+__all__ = ["Services"]
+
+
+@dataclass(frozen=True)
+class Services:
+    accounts: AccountsService
+    hosts: HostsService
+    grid: GridService
+    workloads: WorkloadsService
+    prices: PricesService
+    market: MarketService
+    billing: BillingService
+    telemetry: TelemetryService
+    alerts: AlertsService
+    reports: ReportsService
+    tunnels: RenterAccess
+    onboarding: Onboarding

@@ -1,0 +1,82 @@
+"""Providers' prices (management/market/prices.py): a provider's default and its hosts' own, and the price in force
+on a host with where it comes from.
+
+``owner`` (as the API's auth decided it): the provider a call acts for, None for the operator. A host of another
+provider answers NotFound, as a missing one does. The price in force on a host is public: ``host_price`` takes no
+owner. The price book is loaded by the composition root (management/app.py) before the first call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from common.errors import NotFound
+from management.market.prices import HostPrice, PriceBook, PriceSetting
+from management.services.hosts import HostsService
+from master.records import AgentRecord, PriceRecord
+from master.service import Master
+
+
+@dataclass(frozen=True)
+class PriceListing:
+    """Providers' price records (defaults have agent_id ""), the grid's default, and the currency they are in."""
+
+    records: list[PriceRecord]
+    grid_default: HostPrice
+    currency: str
+
+
+@dataclass(frozen=True)
+class PriceRecordDetail:
+    record: PriceRecord
+    currency: str
+
+
+@dataclass(frozen=True)
+class HostPriceDetail:
+    """The price in force on one host and where it comes from (``price.source``: host | provider | grid)."""
+
+    agent_id: str
+    provider: str
+    price: HostPrice
+    currency: str
+
+
+class PricesService:
+    def __init__(self, master: Master, book: PriceBook, hosts: HostsService, currency: str) -> None:
+        self._master = master
+        self.book = book  # the one writer of providers' prices; the offer index and the scheduler read the same book
+        self._hosts = hosts
+        self._currency = currency
+
+    async def list_prices(self, *, owner: str | None = None, provider: str | None = None) -> PriceListing:
+        """A provider's own records (its default and its hosts'), or the operator's view of all (of ``provider``)."""
+        if owner is not None:
+            if provider is not None and provider != owner:
+                raise NotFound(f"no provider {provider!r}")
+            provider = owner
+        return PriceListing(self.book.records(provider), self.book.grid_default, self._currency)
+
+    async def set_default_price(self, provider: str, setting: PriceSetting) -> PriceRecordDetail:
+        """``provider``'s default for its hosts without a price of their own (an enabled provider account)."""
+        await self._master.accounts.require_provider(provider)
+        return PriceRecordDetail(await self.book.set_default(provider, setting), self._currency)
+
+    async def set_host_price(self, agent_id: str, setting: PriceSetting, *, owner: str | None = None) -> HostPriceDetail:
+        agent = self._hosts.owned_agent(agent_id, owner)
+        await self.book.set_host(agent.provider, agent.id, setting)
+        return self._host_price(agent)
+
+    async def clear_host_price(self, agent_id: str, *, owner: str | None = None) -> HostPriceDetail:
+        """The host goes back to its provider's default (or the grid's); clearing a host with no price of its own
+        changes nothing and answers the price in force as well."""
+        agent = self._hosts.owned_agent(agent_id, owner)
+        await self.book.clear_host(agent.provider, agent.id)
+        return self._host_price(agent)
+
+    async def host_price(self, agent_id: str) -> HostPriceDetail:
+        return self._host_price(self._master.registry.get(agent_id))
+
+    def _host_price(self, agent: AgentRecord) -> HostPriceDetail:
+        price = self.book.price(agent.provider, agent.id)
+        return HostPriceDetail(agent.id, agent.provider, price, self._currency)

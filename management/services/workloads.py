@@ -1,0 +1,126 @@
+"""Renters' workloads: submit (money before work), read, list, explain why one waits, cancel, and the console's
+overview of one.
+
+``account``: the renter account a call is limited to (the API's ``Scope.owner``), None for the operator; another
+account's workload answers NotFound, as a missing one does. The workload book is loaded by the composition root
+(management/app.py) before the first call.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+import msgspec
+
+from common.errors import Conflict, NotFound
+from management.scheduler.model import Explanation
+from management.services.market import MarketService, RentalDetail
+from management.services.models import Page, page_of
+from management.workloads.book import WorkloadBook
+from management.workloads.runner import SchedulerLoop
+from master.records import EventRecord, KeptOutput, WorkloadRecord, WorkloadSpec
+from master.service import Master
+from master.store.aggregates import workload_order
+
+
+class WorkloadKey(msgspec.Struct, array_like=True, frozen=True):
+    listed: Annotated[str, msgspec.Meta(max_length=160)]  # master.store.aggregates.workload_order of the last item
+
+
+@dataclass(frozen=True)
+class WorkloadOverview:
+    """Everything the console's workload page shows, read in one call: the record, why it waits (while queued), how
+    it pays (the market's terms), its events (oldest first), its rentals and what they charged so far, and the output
+    kept of its deleted containers (by replica, then attempt)."""
+
+    workload: WorkloadRecord
+    explanation: Explanation | None
+    terms: dict[str, Any]
+    events: list[EventRecord]
+    rentals: list[RentalDetail]
+    charged: int  # micro-units, refunds taken off
+    currency: str
+    outputs: list[KeptOutput] = field(default_factory=list)
+
+
+class WorkloadsService:
+    EVENTS_SHOWN = 200  # an overview's newest events
+
+    def __init__(self, master: Master, book: WorkloadBook, scheduler: SchedulerLoop, market: MarketService) -> None:
+        self._master = master
+        self.book = book  # the one writer of workload records, shared with the scheduling loop
+        self.scheduler = scheduler  # its loop runs where the composition root started it; explaining needs its snapshot
+        self._market = market
+
+    async def submit_workload(self, account: str, spec: WorkloadSpec) -> WorkloadRecord:
+        await self._market.admit(account, spec)  # money before work: 402 with the figures
+        return await self.book.submit(account, spec, time.time())
+
+    async def get_workload(self, workload_id: str, *, account: str | None = None) -> WorkloadRecord:
+        return await self.book.get(workload_id, account=account)
+
+    async def list_workloads(
+        self,
+        *,
+        account: str | None = None,
+        states: list[str] | None = None,
+        owner: str | None = None,
+        after: WorkloadKey | None = None,
+        limit: int,
+    ) -> Page[WorkloadRecord]:
+        """Newest first (by creation time, then id); a page continues strictly after the last one's key. ``owner``
+        limits it to one account whatever ``account`` asks (another account's filter finds nothing)."""
+        if owner is not None:
+            if account is not None and account != owner:
+                return Page([], None)
+            account = owner
+        found = await self.book.list(account=account, states=states, before=after.listed if after else None, limit=limit + 1)
+        return page_of(found, limit, lambda w: WorkloadKey(workload_order(w.created_at, w.id)))
+
+    async def workload_and_wait(
+        self, workload_id: str, *, account: str | None = None
+    ) -> tuple[WorkloadRecord, Explanation | None]:
+        """The workload and, while it is queued, why it waits."""
+        record = await self.get_workload(workload_id, account=account)
+        if record.state != "queued":
+            return record, None
+        try:
+            return record, await self.scheduler.explain(workload_id)
+        except NotFound:  # placed or cancelled between the two reads
+            return await self.get_workload(workload_id, account=account), None
+
+    async def explain_workload(self, workload_id: str, *, account: str | None = None) -> Explanation:
+        """Why a queued workload waits, constraint by constraint; Conflict for one that does not wait."""
+        record = await self.get_workload(workload_id, account=account)
+        if record.state != "queued":
+            raise Conflict(f"workload {workload_id} is {record.state} ({record.state_reason}); only a queued workload waits")
+        return await self.scheduler.explain(workload_id)
+
+    async def workload_outputs(self, workload_id: str) -> list[KeptOutput]:
+        """The output kept of a workload's deleted containers, by replica then attempt (the caller has checked who may
+        see the workload)."""
+        kept = await self._master.store.outputs.list(workload_id=workload_id)
+        return sorted(kept, key=lambda k: (k.replica, k.attempt))
+
+    async def cancel_workload(self, workload_id: str, *, account: str | None = None) -> WorkloadRecord:
+        return await self.book.cancel(workload_id, account, time.time())
+
+    async def workload_overview(self, workload_id: str, *, account: str | None = None) -> WorkloadOverview:
+        """The workload (NotFound for another account's), why it waits, its terms, events, rentals and charge."""
+        record, explanation = await self.workload_and_wait(workload_id, account=account)
+        events = await self._master.events_after(subject=workload_id, kind_prefix=None, after_seq=0, limit=10_000)
+        rentals, _ = await self._market.list_rentals(
+            owner=None, role="operator", workload=workload_id, agent_id=None, open_only=False, after=None, limit=100
+        )
+        return WorkloadOverview(
+            workload=record,
+            explanation=explanation,
+            terms=self._market.workload_terms(record),
+            events=events[-self.EVENTS_SHOWN :],
+            rentals=rentals,
+            charged=sum(r.charged for r in rentals),
+            currency=self._market.currency,
+            outputs=await self.workload_outputs(workload_id),
+        )

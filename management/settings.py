@@ -1,0 +1,84 @@
+"""Management's settings in sections: what the composition root (management/app.py) gives the services and loops.
+
+The operator writes one TOML file (and ``IDLEGRID_MASTER_*`` variables, and flags) for the whole Master process, read
+into ``master.config.MasterConfig``; every key keeps its name and place there (docs/run-a-grid.md, deploy/). This
+module is the one place that maps those keys to management's sections, so a service or loop takes its own section
+and never reads the flat config:
+
+- ``[scheduler]``: ``SchedulerSettings`` (management/scheduler/loop.py) and the output collector's ``OutputSettings``
+- ``[market]``: ``MarketRules``: the currency, the metering period, the low-balance warning, the rating rules
+- ``[api]``: the per-key and per-account rate limits (``ApiSettings``)
+- ``[alerts]``: the rules file, the evaluation period, the webhook notifier's limits
+- ``[console]``: ``ConsoleSettings``, already a table of its own in the file (``[console]``)
+
+The sections are frozen: a running Master's settings change only by a restart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from management.api import ApiSettings
+from management.monitoring.notifier import NotifierSettings
+from management.monitoring.settings import notifier_settings
+from management.services.market import MarketRules, RatingRules
+from management.services.outputs import OutputSettings
+from management.workloads.runner import SchedulerSettings
+from master.config import ConsoleSettings, MasterConfig
+
+
+@dataclass(frozen=True)
+class SchedulerSection:
+    scheduler: SchedulerSettings
+    outputs: OutputSettings
+
+
+@dataclass(frozen=True)
+class AlertsSection:
+    rules: Path | None  # a TOML file of [[rule]] tables; None: the shipped rules
+    period_s: float
+    notifier: NotifierSettings
+
+
+@dataclass(frozen=True)
+class ManagementSettings:
+    scheduler: SchedulerSection
+    market: MarketRules
+    api: ApiSettings
+    alerts: AlertsSection
+    console: ConsoleSettings
+    state_path: Path  # the Master's state directory: the operator's token and the console's session key live there
+    loop_restart_s: float  # a background loop that raised waits this long before it runs again
+
+    @classmethod
+    def of(cls, config: MasterConfig) -> ManagementSettings:
+        """The sections a Master's configuration gives (master/config.py documents each key)."""
+        return cls(
+            scheduler=SchedulerSection(SchedulerSettings.of(config), OutputSettings.of(config)),
+            market=MarketRules(
+                currency=config.currency,
+                metering_period_s=config.metering_period_s,
+                low_balance_warning_s=config.low_balance_warning_s,
+                rating=RatingRules(
+                    min_run_s=config.rating_min_run_s,
+                    weight_unit=config.rating_weight_unit,
+                    max_weight=config.rating_max_weight,
+                    window_s=config.rating_window_s,
+                ),
+            ),
+            api=ApiSettings(
+                key_rate_per_s=config.api_key_rate_per_s,
+                key_burst=config.api_key_burst,
+                account_rate_per_s=config.api_account_rate_per_s,
+                account_burst=config.api_account_burst,
+            ),
+            alerts=AlertsSection(
+                rules=Path(config.alert_rules) if config.alert_rules else None,
+                period_s=config.alert_period_s,
+                notifier=notifier_settings(config),
+            ),
+            console=config.console,
+            state_path=config.state_path,
+            loop_restart_s=config.loop_restart_s,
+        )
