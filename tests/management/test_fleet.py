@@ -9,7 +9,7 @@ import msgspec
 
 from bench.api_pages import generated_fleet
 from common.inventory import GpuSample
-from management.services.hosts.fleet import FAULTY_LISTED, fleet_figures
+from management.services.fleet import FAULTY_LISTED, fleet_figures
 from master.records import GpuFault
 from master.states import GpuState
 
