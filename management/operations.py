@@ -46,6 +46,7 @@ from management.scheduler.model import Explanation
 from master.accounts import AccountChange, Credential, IssuedKey
 from master.config import ConsoleSettings
 from master.keys import SigningKeyInfo
+from master.master import Master
 from master.records import (
     AccountRecord,
     AgentRecord,
@@ -62,7 +63,6 @@ from master.records import (
     WorkloadRecord,
     WorkloadSpec,
 )
-from master.service import Master
 from master.store.aggregates import workload_order
 from master.tiers import describe_tiers
 
@@ -616,7 +616,7 @@ class Operations:
         start = (after.created_at, after.id) if after else None
         window = limit + 1 + (after.depth if after else 0)
         while True:
-            records = await self._master.commands(agent_id=agent_id, states=states, limit=window)
+            records = await self._master.list_commands(agent_id=agent_id, states=states, limit=window)
             older = [r for r in records if start is None or (r.created_at, r.id) < start]
             if len(older) > limit or len(records) < window:
                 break

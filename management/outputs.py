@@ -33,8 +33,8 @@ from common.output import DEFAULT_OUTPUT_LIMIT, last_lines
 from management.scheduler.book import WorkloadBook
 from master.config import MasterConfig
 from master.loops import Loop, stop_loop
+from master.master import Master
 from master.records import AgentRecord, CommandRecord, KeptOutput
-from master.service import Master
 from master.states import AgentState, CommandState
 from master.store.base import OutputRepo
 from master.tunnels import TunnelUnavailable
@@ -199,7 +199,7 @@ class OutputCollector:
         return await self._settle(kept, "kept", data=data, truncated=truncated, exit_code=decision.exit_code)
 
     async def _delete_of(self, kept: KeptOutput) -> CommandRecord | None:
-        commands = await self.master.commands(agent_id=kept.agent_id, limit=self.settings.commands_looked_at)
+        commands = await self.master.list_commands(agent_id=kept.agent_id, limit=self.settings.commands_looked_at)
         for command in commands:  # newest first
             if command.kind == "delete_container" and command.spec.get("name") == kept.container:
                 return command

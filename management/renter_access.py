@@ -17,8 +17,8 @@ from common.errors import Conflict, IdlegridError, NotFound
 from common.output import MARKER_ROOM, TailBuffer, bounded, last_lines
 from common.tunnel import Op, TunnelKind, encode_ticket
 from management.tunnel_client import Tunnel, TunnelClosed, TunnelGrant
+from master.master import Master
 from master.records import Assignment, KeptOutput, WorkloadRecord
-from master.service import Master
 from master.store.base import OutputRepo
 
 Arg = Annotated[str, msgspec.Meta(min_length=1, max_length=2048)]

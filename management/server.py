@@ -16,7 +16,7 @@ from management.api import ApiSettings, Handler, build_app, error_response
 from management.operations import Operations
 from master.accounts import BOOTSTRAP_ACCOUNT
 from master.config import MasterConfig
-from master.service import Master
+from master.master import Master
 
 log = logging.getLogger(__name__)
 

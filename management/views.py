@@ -23,8 +23,7 @@ from management.monitoring.history import TelemetryHistory
 from management.operations import HostedReplica
 from management.scheduler.model import Explanation
 from management.tunnel_client import TunnelGrant
-from master.keys import SigningKeyInfo
-from master.records import (
+from master.port import (
     AccountRecord,
     AgentRecord,
     ApiKeyRecord,
@@ -35,11 +34,12 @@ from master.records import (
     KeptOutput,
     LedgerEntry,
     PriceRecord,
+    SigningKeyInfo,
     TelemetryRollup,
     TokenRecord,
     WorkloadRecord,
+    reputation,
 )
-from master.reputation import reputation
 
 
 def rfc3339(ts: float | None) -> str | None:

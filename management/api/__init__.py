@@ -27,7 +27,7 @@ from management.api.metrics import ApiMetrics
 from management.api.ratelimit import KeyRateLimits
 from management.monitoring.market_series import MarketSeries
 from management.operations import Operations
-from master.service import Master
+from master.master import Master
 
 __all__ = ["ApiError", "ApiSettings", "Handler", "build_app", "error_response"]
 

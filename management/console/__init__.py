@@ -28,7 +28,7 @@ from management.console.session import CSRF_FIELD, CSRF_HEADER, ConsoleCookieSto
 from management.console.templating import FILTERS
 from management.console.throttle import SignInThrottle
 from management.operations import Operations
-from master.config import ConsoleSettings
+from master.port import ConsoleSettings
 
 __all__ = ["add_console"]
 

@@ -20,7 +20,7 @@ from management.api.auth import OPERATIONS_KEY
 from management.api.errors import STATUS_OF_CODE, ApiError
 from management.console.rendering import page
 from management.console.session import CSRF_FIELD, CSRF_HEADER, SIGNED_IN_KEY, SignInRequired, session_state
-from master.config import ConsoleSettings
+from master.port import ConsoleSettings
 
 log = logging.getLogger(__name__)
 

@@ -31,10 +31,16 @@ from management.market.metering import price_at
 from management.market.money import format_amount, parse_amount, period_cost
 from management.market.offers import Offer, SearchResult
 from management.scheduler.book import WorkloadBook
-from master.accounts import BOOTSTRAP_ACCOUNT
-from master.records import LedgerEntry, RentalRecord, RentalTerms, WorkloadRecord, WorkloadSpec
-from master.service import Master
-from master.store.aggregates import rental_order
+from master.port import (
+    BOOTSTRAP_ACCOUNT,
+    LedgerEntry,
+    MasterPort,
+    RentalRecord,
+    RentalTerms,
+    WorkloadRecord,
+    WorkloadSpec,
+    rental_order,
+)
 
 PROVIDER_PREFIX = provider_account("")
 RATED_PAGE = 500
@@ -92,7 +98,7 @@ FitCheck = Callable[[str, WorkloadSpec], Awaitable[str | None]]  # (account, spe
 
 
 class MarketOperations:
-    def __init__(self, master: Master, book: WorkloadBook, market: Market) -> None:
+    def __init__(self, master: MasterPort, book: WorkloadBook, market: Market) -> None:
         self._master = master
         self._book = book
         self.market = market

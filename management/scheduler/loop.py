@@ -48,8 +48,8 @@ from management.scheduler.usage import UsageMeter
 from management.scheduler.usage_saving import UsageSaver
 from management.scheduler.workloads import WorkloadState, container_name
 from master.config import MasterConfig
+from master.master import Master
 from master.records import Assignment, CommandRecord, WorkloadRecord, WorkloadSpec
-from master.service import Master
 from master.states import AgentState, CommandState
 
 log = logging.getLogger(__name__)
@@ -449,7 +449,7 @@ class SchedulerLoop:
             for a in rec.assignments
             if a.state not in ("deleting", "deleted")
         }
-        deleting = {(c.agent_id, c.spec.get("name")) for c in self.master.ledger.open.values() if c.kind == "delete_container"}
+        deleting = {(c.agent_id, c.spec.get("name")) for c in self.master.commands.open.values() if c.kind == "delete_container"}
         issued = 0
         strays: set[tuple[str, str]] = set()
         for agent in self.master.registry.agents.values():

@@ -23,7 +23,7 @@ from common.containers import LABEL_COMMAND_ID, ContainerSpec
 from common.errors import ConfigError, RuntimeFailure
 from common.pki import Role
 from master.config import MasterConfig
-from master.service import Master
+from master.master import Master
 
 FINAL = {"succeeded", "failed", "timed_out", "cancelled"}
 

@@ -18,7 +18,7 @@ from management.api import ApiSettings, build_app
 from management.api.paging import fingerprint
 from management.api.schemas import AgentQuery, CommandQuery, EventQuery, GpuQuery, PageQuery
 from master.config import MasterConfig
-from master.service import Master
+from master.master import Master
 from tests.management.hosts import add_agent
 
 AGENTS, GPUS_PER_AGENT = 625, 8  # 5,000 GPUs

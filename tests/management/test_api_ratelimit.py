@@ -11,7 +11,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from management.api import ApiSettings, build_app
 from management.api.ratelimit import KeyRateLimits
 from master.config import MasterConfig
-from master.service import Master
+from master.master import Master
 from tests.management.hosts import api_key
 
 

@@ -11,7 +11,7 @@ from common.errors import NotFound
 from common.inventory import GpuSample
 from management.operations import AgentKey, Operations
 from master.config import MasterConfig
-from master.service import Master
+from master.master import Master
 
 
 @pytest.fixture

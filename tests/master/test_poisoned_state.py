@@ -9,7 +9,7 @@ import pytest
 
 from master.commands import InvalidCommand
 from master.config import MasterConfig
-from master.service import Master
+from master.master import Master
 from tests.master.linked import connect, enrolled, events, relay_link
 
 
@@ -38,8 +38,8 @@ async def test_a_record_the_store_cannot_decode_leaves_everything_else_served(tm
     await again.start()
     try:
         assert again.agent("agt-a").id == "agt-a" and len(again.gpus("agt-a")) == 2
-        assert bad.id not in again.ledger.open
-        if good.id not in again.ledger.open:  # this store fails the whole list: the Master says so and goes on
+        assert bad.id not in again.commands.open
+        if good.id not in again.commands.open:  # this store fails the whole list: the Master says so and goes on
             [problem] = await events(again, "master.load_failed")
             assert problem.subject == "commands"
         await again.create_command("agt-a", "delete_container", {"name": "m"})

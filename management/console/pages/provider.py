@@ -30,8 +30,7 @@ from management.console.session import flash, signed_in
 from management.market.money import format_amount
 from management.market.prices import HostPrice, PriceSetting
 from management.operations import AgentDetail, AgentKey, HostSamples
-from master.records import GpuRecord
-from master.reputation import WEIGHTS, reputation
+from master.port import WEIGHTS, GpuRecord, reputation
 
 HOSTS_PAGE = 50  # hosts on a page of the list
 PAYOUT_PERIODS = ("day", "week", "month")

@@ -33,7 +33,7 @@ from management.market.operations import FundsDetail, PaymentRequired
 from management.operations import SpendOverTime, WorkloadKey
 from management.scheduler.workloads import WORKLOAD_STATES
 from management.views import explanation_view, workload_view
-from master.records import MAX_GPUS_PER_REPLICA, KeptOutput, WorkloadSpec
+from master.port import MAX_GPUS_PER_REPLICA, KeptOutput, WorkloadSpec
 
 OFFERS_PER_PAGE = 25
 WORKLOADS_PER_PAGE = 25

@@ -17,8 +17,8 @@ from management.market.offers import Offer
 from management.market.prices import HostPrice, PriceBook, PriceSetting, PriceTable, grid_default_of
 from master.config import MasterConfig
 from master.link import AccessLink
+from master.master import Master
 from master.records import GpuFault, PriceRecord
-from master.service import Master
 from tests.master.linked import connect, disconnect, gpus, relay_link
 
 

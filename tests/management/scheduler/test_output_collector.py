@@ -12,8 +12,8 @@ from management.outputs import OutputCollector, OutputSettings
 from management.scheduler.loop import SchedulerLoop
 from management.tunnel_client import TunnelClosed
 from master.link import AccessLink
+from master.master import Master
 from master.records import KeptOutput
-from master.service import Master
 from master.tunnels import TunnelUnavailable
 from tests.management.scheduler.test_loop import deletes_sent, host, scheduler, spec, started
 from tests.master.linked import relay
