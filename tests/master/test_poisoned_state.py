@@ -18,7 +18,7 @@ async def test_the_ledger_refuses_a_timeout_that_is_not_a_positive_number(master
     await enrolled(master, "agt-a")
     with pytest.raises(InvalidCommand, match="timeout_s must be a positive number of seconds"):
         await master.create_command("agt-a", "delete_container", {"name": "j"}, timeout_s=timeout_s)
-    assert await master.commands() == []
+    assert await master.list_commands() == []
 
 
 async def test_a_record_the_store_cannot_decode_leaves_everything_else_served(tmp_path):
