@@ -76,6 +76,10 @@ class Master(MasterRequests):
         """When this process began serving (0 before)."""
         return self.parts.upkeep.started_at
 
+    @started_at.setter
+    def started_at(self, when: float) -> None:
+        self.parts.upkeep.started_at = when
+
     @property
     def relay_stats(self) -> dict[str, AccessStats]:
         """Each linked relay's latest ``AccessStats``, by relay id."""

@@ -160,7 +160,7 @@ class Registry:
         old, agent.state = agent.state, AGENT.next(agent.state, event)
         agent.state_reason = reason
         await self._events.transition("agent", agent.id, old, agent.state, event, reason=reason)
-        if self.changes.listening:
+        if self.changes.wants(HostChanged):
             self.changes.publish(HostChanged(agent_id=agent.id, state=agent.state, previous=old, reason=reason))
         await self.save(agent)
         if agent.state == AgentState.RETIRED.value:
@@ -190,7 +190,7 @@ class Registry:
             old, agent.state = agent.state, AGENT.next(agent.state, event)
             agent.state_reason = reason
             events.append(("agent.transition", agent.id, {"old": old, "new": agent.state, "event": event, "reason": reason}))
-            if self.changes.listening:
+            if self.changes.wants(HostChanged):
                 self.changes.publish(HostChanged(agent_id=agent.id, state=agent.state, previous=old, reason=reason))
             self._settle_in_memory(agent, gpus, events)
             moved.append(agent)
@@ -488,7 +488,7 @@ class Registry:
         agent.exited = {**agent.exited, **new}
         await self._events.record_many([("container.exited", agent.id, {"container": n, "code": c}) for n, c in new.items()])
         await self.save(agent)
-        if self.changes.listening:
+        if self.changes.wants(ContainerExited):
             for name, code in new.items():
                 self.changes.publish(ContainerExited(agent_id=agent.id, container=name, code=code))
         return list(new)
@@ -512,7 +512,7 @@ class Registry:
         gpu.updated_at = time.time()
         await self._events.record_many(events)
         await self._write_gpus([gpu])
-        if was_healthy and self.changes.listening:
+        if was_healthy and self.changes.wants(GpuHealthChanged):
             self.changes.publish(GpuHealthChanged(uuid=gpu.uuid, agent_id=gpu.agent_id, healthy=False, reason=fault.reason))
 
     async def clear_fault(self, gpu: GpuRecord, reason: str, *, ecc_acknowledged: int | None = None) -> None:
@@ -538,7 +538,7 @@ class Registry:
         agent = self.agents.get(gpu.agent_id)
         if agent is not None:
             await self.settle_gpus(agent)
-        if self.changes.listening:
+        if self.changes.wants(GpuHealthChanged):
             healthy = gpu.state != GpuState.FAULTY.value
             self.changes.publish(GpuHealthChanged(uuid=gpu.uuid, agent_id=gpu.agent_id, healthy=healthy, reason=reason))
 

@@ -84,8 +84,6 @@ def test_management_imports_from_master_only_its_published_interface():
 
 def test_the_allow_list_names_only_files_that_still_need_it():
     still = [
-        name
-        for name in sorted(NOT_YET_ON_THE_PORT)
-        if (ROOT / name).exists() and _master_modules(ROOT / name) - {"master.port"}
+        name for name in sorted(NOT_YET_ON_THE_PORT) if (ROOT / name).exists() and _master_modules(ROOT / name) - {"master.port"}
     ]
     assert still == sorted(name for name in NOT_YET_ON_THE_PORT if (ROOT / name).exists())
