@@ -59,6 +59,7 @@ NOT_YET_ON_THE_PORT = {
     "management/scheduler/book.py",
     "management/workload_cli.py",
 }
+NOT_YET_UNDER = ("management/api/",)  # the API's modules, being restructured as this is written
 ENTRY_POINTS = {"management/cli.py", "management/localgrid.py"}
 
 
@@ -76,7 +77,7 @@ def test_management_imports_from_master_only_its_published_interface():
     violations = []
     for path in sorted((ROOT / "management").rglob("*.py")):
         name = path.relative_to(ROOT).as_posix()
-        if name in NOT_YET_ON_THE_PORT or name in ENTRY_POINTS or name.startswith("management/api/"):
+        if name in NOT_YET_ON_THE_PORT or name in ENTRY_POINTS or name.startswith(NOT_YET_UNDER):
             continue
         violations += [f"{name} imports {module}" for module in sorted(_master_modules(path) - {"master.port"})]
     assert violations == [], "management uses the Master through master/port.py (MasterPort) only"
