@@ -314,7 +314,7 @@ class AgentChannel:
 
     def _on_image_pull(self, agent: AgentRecord, frame: AgentEvent) -> None:
         """Progress, every few seconds per pull: kept for the renter's view, not written to the event log."""
-        if frame.container and any(c.spec.get("name") == frame.container for c in self.open_creates(agent.id)):
+        if frame.container and any(c.spec.get("name") == frame.container for c in self._open_creates(agent.id)):
             self.pulls[(agent.id, frame.container)] = frame.message
 
     async def _on_agent_report(self, agent: AgentRecord, report: AgentEvent, now: float) -> None:
@@ -363,7 +363,7 @@ class AgentChannel:
         """Tell an agent this process does not know it yet (after a restart, say) to say hello again."""
         await link.send_to_agent(agent_id, encode(Error(code=HELLO_REQUIRED, message="send hello first")))
 
-    def open_creates(self, agent_id: str) -> list[CommandRecord]:
+    def _open_creates(self, agent_id: str) -> list[CommandRecord]:
         return [c for c in self._parts.commands.open.values() if c.agent_id == agent_id and c.kind == "create_container"]
 
     async def _check_health(self, samples: list[GpuSample]) -> None:

@@ -67,6 +67,8 @@ class MasterRequests:
         """The platform CA's certificate chain: public, what an enrolling host trusts its relay by."""
         return self.authority.ca.chain_pem()
 
+    # --- command-signing keys ------------------------------------------------------------------
+
     async def rotate_signing_key(self) -> SigningKeyInfo:
         """A new current key; the old one keeps verifying commands already signed until it is retired."""
         info = self.authority.keys.rotate()
@@ -93,7 +95,7 @@ class MasterRequests:
         )
         return await self.channel.announce_to_agents(frame)
 
-    # --- enrollment, tokens, revocation --------------------------------------------------------
+    # --- hosts: revocation, drain ---------------------------------------------------------------
 
     async def revoke(self, agent_id: str, reason: str = "revoked by an operator") -> AgentRecord:
         agent = self.registry.get(agent_id)
@@ -179,7 +181,7 @@ class MasterRequests:
         )
         return after
 
-    # --- operations the management API calls ---------------------------------------------------
+    # --- commands, GPUs, events, tokens and keys ------------------------------------------------
 
     async def create_command(
         self, agent_id: str, kind: str, spec: dict[str, Any], *, timeout_s: float | None = None
