@@ -69,7 +69,19 @@ class AgentChannel:
     """Relay links and the agents behind them: sessions, presence, revocations, and every agent frame's handling."""
 
     def __init__(self, parts: Parts) -> None:
-        self._parts = parts
+        # The parts it writes through, bound once: a frame's handling is the Master's hottest path.
+        self._authority = parts.authority
+        self._changes = parts.changes
+        self._commands = parts.commands
+        self._config = parts.config
+        self._directory = parts.directory
+        self._enrollment = parts.enrollment
+        self._events = parts.events
+        self._health = parts.health
+        self._hub = parts.hub
+        self._metrics = parts.metrics
+        self._registry = parts.registry
+        self._telemetry = parts.telemetry
         config = parts.config
         self.sessions: dict[str, AgentSession] = {}  # agent id -> its session on its current connection
         self.revoked: set[str] = set()  # certificate serials refused (loaded by the Master, sent to every relay)
@@ -112,33 +124,32 @@ class AgentChannel:
                 )
 
     async def on_link_opened(self, link: AccessLink) -> None:
-        self._parts.metrics.relay_links_opened.inc()
-        self._parts.directory.changed()
+        self._metrics.relay_links_opened.inc()
+        self._directory.changed()
 
     async def on_link_closed(self, link: AccessLink) -> None:
         """Every agent this relay carried, and not since reconnected through another, is unreachable now."""
-        parts = self._parts
-        parts.metrics.relay_links_closed.inc()
+        self._metrics.relay_links_closed.inc()
         lost = []
         for agent_id in list(link.agents):
-            if parts.hub.agent_links.get(agent_id) is link:
-                del parts.hub.agent_links[agent_id]
+            if self._hub.agent_links.get(agent_id) is link:
+                del self._hub.agent_links[agent_id]
                 self.sessions.pop(agent_id, None)
                 lost.append(agent_id)
         if not self.stopping:  # this Master going away says nothing about its agents
             await self._lose_all(lost, f"relay {link.relay_id} lost")
-            parts.directory.changed()
+            self._directory.changed()
 
     async def _on_agent_disconnected(self, link: AccessLink, frame: AgentDisconnected) -> None:
         link.agents.discard(frame.agent_id)
         # Only if this link still speaks for it: an agent already back through another relay stays reachable.
-        if self._parts.hub.agent_links.get(frame.agent_id) is link:
-            del self._parts.hub.agent_links[frame.agent_id]
+        if self._hub.agent_links.get(frame.agent_id) is link:
+            del self._hub.agent_links[frame.agent_id]
             await self._lose(frame.agent_id, f"disconnected from relay {link.relay_id}: {frame.reason or 'closed'}")
 
     async def _lose_all(self, agent_ids: list[str], reason: str) -> None:
         """Many agents gone at once (their relay): one batched write, not one per agent."""
-        registry = self._parts.registry
+        registry = self._registry
         agents = [a for a in (registry.agents.get(i) for i in agent_ids) if a is not None and a.state in _CONNECTED]
         for agent in agents:
             agent.relay = ""
@@ -147,55 +158,54 @@ class AgentChannel:
     async def _lose(self, agent_id: str, reason: str) -> None:
         """The agent's connection is gone: it leaves ``ready`` now rather than after missed heartbeats."""
         self.sessions.pop(agent_id, None)
-        agent = self._parts.registry.agents.get(agent_id)
+        agent = self._registry.agents.get(agent_id)
         if agent is not None and agent.state in _CONNECTED:
             agent.relay = ""
-            await self._parts.registry.transition(agent, "disconnected", reason)
+            await self._registry.transition(agent, "disconnected", reason)
 
     async def announce_to_agents(self, frame: bytes) -> int:
         """Send ``frame`` to every connected agent; how many it reached."""
-        hub = self._parts.hub
+        hub = self._hub
         sent = await asyncio.gather(*(hub.send_to_agent(agent_id, frame) for agent_id in list(hub.agent_links)))
         return sum(sent)
 
     async def _on_agent_connected(self, link: AccessLink, frame: AgentConnected) -> None:
-        agent = self._parts.registry.agents.get(frame.agent_id)
+        agent = self._registry.agents.get(frame.agent_id)
         if agent is None or frame.serial in self.revoked or agent.state == AgentState.RETIRED.value:
             # A relay with a stale revocation list: tell it again.
             await link.send(encode(Revocations(serials=sorted(self.revoked))))
             return
         link.agents.add(frame.agent_id)
-        self._parts.hub.agent_links[frame.agent_id] = link
+        self._hub.agent_links[frame.agent_id] = link
         # A new connection, a new session: it must say hello again, and is asked at once if it does not.
         self.sessions[frame.agent_id] = AgentSession(frame.agent_id, self._rules, time.time())
 
     async def _enroll(self, request: EnrollRequest) -> EnrollResponse:
-        parts = self._parts
         try:
-            agent, cert_pem = await parts.enrollment.enroll(request.token, request.csr_pem, region=request.region)
+            agent, cert_pem = await self._enrollment.enroll(request.token, request.csr_pem, region=request.region)
         except EnrollmentError as exc:
-            parts.metrics.enrollments.labels(exc.code).inc()
-            await parts.events.record("agent.enrollment_refused", request.remote or "unknown", code=exc.code, reason=str(exc))
+            self._metrics.enrollments.labels(exc.code).inc()
+            await self._events.record("agent.enrollment_refused", request.remote or "unknown", code=exc.code, reason=str(exc))
             return EnrollResponse(req_id=request.req_id, ok=False, error_code=exc.code, error_message=str(exc))
-        await parts.registry.add(agent)
-        parts.metrics.enrollments.labels("ok").inc()
+        await self._registry.add(agent)
+        self._metrics.enrollments.labels("ok").inc()
         return EnrollResponse(
             req_id=request.req_id,
             ok=True,
             agent_id=agent.id,
             cert_pem=cert_pem.decode(),
-            ca_pem=parts.authority.ca.chain_pem().decode(),
-            command_keys=parts.authority.command_keys(),
-            key_endorsements=parts.authority.key_endorsements(),
-            relays=parts.directory.current(),
+            ca_pem=self._authority.ca.chain_pem().decode(),
+            command_keys=self._authority.command_keys(),
+            key_endorsements=self._authority.key_endorsements(),
+            relays=self._directory.current(),
         )
 
     # --- agent frames: decoded, judged by the session, the verdict carried out ---------------------
 
     async def _on_relayed(self, link: AccessLink, envelope: Relay) -> None:
         agent_id = envelope.agent_id
-        agent = self._parts.registry.agents.get(agent_id)
-        if agent is None or agent.state == AgentState.RETIRED.value or self._parts.hub.agent_links.get(agent_id) is not link:
+        agent = self._registry.agents.get(agent_id)
+        if agent is None or agent.state == AgentState.RETIRED.value or self._hub.agent_links.get(agent_id) is not link:
             return  # not (or no longer) connected here: nothing it says is taken
         raw = bytes(envelope.frame)
         try:
@@ -204,7 +214,7 @@ class AgentChannel:
             await link.send_to_agent(agent_id, error_frame(exc))
             return
         now = time.time()
-        self._parts.metrics.frame_received(frame)
+        self._metrics.frame_received(frame)
         session = self.sessions.get(agent_id)
         if session is None:
             session = self.sessions[agent_id] = AgentSession(agent_id, self._rules, now)
@@ -214,7 +224,6 @@ class AgentChannel:
         self, link: AccessLink, agent: AgentRecord, session: AgentSession, frame: AgentFrame, verdict: Verdict, now: float
     ) -> None:
         """Carry out what the session decided about ``frame``."""
-        parts = self._parts
         match verdict.act:
             case Act.TAKE:
                 await self._take(link, agent, frame, now)
@@ -222,8 +231,8 @@ class AgentChannel:
                 await self._on_hello(link, agent, frame, verdict.version, now)
                 session.welcomed()
             case Act.REFUSE:
-                parts.metrics.hellos_refused.labels(verdict.code).inc()
-                await parts.events.record("agent.hello_refused", agent.id, code=verdict.code, reason=verdict.message)
+                self._metrics.hellos_refused.labels(verdict.code).inc()
+                await self._events.record("agent.hello_refused", agent.id, code=verdict.code, reason=verdict.message)
                 await link.send_to_agent(agent.id, encode(Error(code=verdict.code, message=verdict.message)))
             case Act.TAKE_AND_ASK_HELLO if isinstance(frame, (CommandAck, CommandResult)):
                 await self._on_command_report(link, agent, frame)
@@ -231,11 +240,11 @@ class AgentChannel:
             case Act.ASK_HELLO:
                 await self._ask_for_hello(link, agent.id)
             case Act.DROP:
-                parts.metrics.reports_dropped.inc()
+                self._metrics.reports_dropped.inc()
             case Act.DROP_AND_NOTE:
-                parts.metrics.reports_dropped.inc()
+                self._metrics.reports_dropped.inc()
                 budget = session.budget
-                await parts.events.record(
+                await self._events.record(
                     "agent_report.budget_exceeded", agent.id, dropped=budget.dropped, dropped_bytes=budget.dropped_bytes
                 )
             case Act.IGNORE:
@@ -260,49 +269,46 @@ class AgentChannel:
                 self._on_agent_error(agent, frame)
 
     async def _on_hello(self, link: AccessLink, agent: AgentRecord, hello: Hello, version: int, now: float) -> None:
-        parts = self._parts
-        await parts.registry.on_hello(
+        await self._registry.on_hello(
             agent, hello.inventory, relay=link.relay_id, region=hello.region, relay_region=link.region, now=now
         )
         welcome = Welcome(
             version=version,
             agent_id=agent.id,
-            heartbeat_s=parts.config.heartbeat_s,
-            telemetry_s=parts.config.telemetry_s,
-            command_keys=parts.authority.command_keys(),
-            key_endorsements=parts.authority.key_endorsements(),
-            retired_keys=parts.authority.keys.retired_keys(),
-            relays=parts.directory.current(),
+            heartbeat_s=self._config.heartbeat_s,
+            telemetry_s=self._config.telemetry_s,
+            command_keys=self._authority.command_keys(),
+            key_endorsements=self._authority.key_endorsements(),
+            retired_keys=self._authority.keys.retired_keys(),
+            relays=self._directory.current(),
         )
         await link.send_to_agent(agent.id, encode(welcome))
-        await parts.commands.resend_for(agent.id)
+        await self._commands.resend_for(agent.id)
 
     async def _on_heartbeat(self, agent: AgentRecord, frame: Heartbeat, now: float) -> None:
-        parts = self._parts
         transit = now - frame.ts
         if -self._sample_window.max_ahead_s <= transit <= self._sample_window.max_age_s:
             # A heartbeat's date is the agent's word too: one dated -1e21 would make the histogram's sum
             # meaningless for the whole fleet, so only a date a real clock could give is observed.
-            parts.metrics.heartbeat_transit.observe(max(0.0, transit))
-        parts.registry.on_heartbeat(agent, now, max_gap_s=parts.config.heartbeat_s * parts.config.missed_heartbeats)
+            self._metrics.heartbeat_transit.observe(max(0.0, transit))
+        self._registry.on_heartbeat(agent, now, max_gap_s=self._config.heartbeat_s * self._config.missed_heartbeats)
         if frame.exited:
-            await parts.registry.on_exited(agent, frame.exited)
-        await parts.registry.on_running(agent, frame.running)
+            await self._registry.on_exited(agent, frame.exited)
+        await self._registry.on_running(agent, frame.running)
 
     async def _on_telemetry(self, agent: AgentRecord, frame: Telemetry, now: float) -> None:
-        parts = self._parts
-        parts.registry.on_heartbeat(agent, now, max_gap_s=parts.config.heartbeat_s * parts.config.missed_heartbeats)
+        self._registry.on_heartbeat(agent, now, max_gap_s=self._config.heartbeat_s * self._config.missed_heartbeats)
         # Only samples of GPUs this agent owns: it must not write figures onto another agent's GPUs.
         owned = self._plausible_samples(agent.id, frame.samples, now)
-        parts.telemetry.ingest(agent.id, owned)
-        if parts.changes.wants(SamplesTaken):
-            parts.changes.publish(SamplesTaken(agent_id=agent.id, samples=owned))
+        self._telemetry.ingest(agent.id, owned)
+        if self._changes.wants(SamplesTaken):
+            self._changes.publish(SamplesTaken(agent_id=agent.id, samples=owned))
         if frame.host is not None:
-            parts.telemetry.ingest_host(agent.id, frame.host)
+            self._telemetry.ingest_host(agent.id, frame.host)
         await self._check_health(owned)
 
     async def _on_command_report(self, link: AccessLink, agent: AgentRecord, frame: CommandAck | CommandResult) -> None:
-        commands = self._parts.commands
+        commands = self._commands
         if isinstance(frame, CommandAck):
             await commands.on_ack(agent.id, frame.id)
             return
@@ -320,40 +326,38 @@ class AgentChannel:
     async def _on_agent_report(self, agent: AgentRecord, report: AgentEvent, now: float) -> None:
         """An agent's report: recorded apart from the Master's own facts (an agent can report, never write the audit
         log), then what it changes beyond the record of it: an exit, a GPU fault."""
-        parts = self._parts
         recorded = msgspec.structs.asdict(report)
         recorded["kind"] = report.kind.value
-        await parts.events.record(f"agent_report.{report.kind.value}", agent.id, **recorded)
+        await self._events.record(f"agent_report.{report.kind.value}", agent.id, **recorded)
         if report.kind == AgentEventKind.CONTAINER_EXITED:
             if report.container and report.code is not None:
-                await parts.registry.on_exited(agent, {report.container: report.code})
+                await self._registry.on_exited(agent, {report.container: report.code})
             return
         if report.kind in (AgentEventKind.GPU_XID, AgentEventKind.GPU_ECC) and report.gpu_uuid:
-            gpu = parts.registry.gpus.get(report.gpu_uuid)
+            gpu = self._registry.gpus.get(report.gpu_uuid)
             if gpu is None or gpu.agent_id != agent.id:
                 return  # not its GPU: it cannot fault another host's card
-            fault = parts.health.on_report(gpu, report, now)
+            fault = self._health.on_report(gpu, report, now)
             if fault is not None:
-                await parts.registry.mark_faulty(gpu, fault)
+                await self._registry.mark_faulty(gpu, fault)
 
     async def _on_renew(self, link: AccessLink, agent: AgentRecord, request: RenewRequest) -> None:
         """A new certificate for the agent this link speaks for: whom it names comes from the link, never the CSR."""
-        parts = self._parts
         try:
             cert_pem = renew_certificate(
-                parts.authority.ca,
+                self._authority.ca,
                 agent,
                 request.csr_pem,
                 time.time(),
-                min_interval_s=parts.config.renew_min_interval_s,
-                valid_s=parts.config.agent_cert_s,
+                min_interval_s=self._config.renew_min_interval_s,
+                valid_s=self._config.agent_cert_s,
             )
         except IdlegridError as exc:
-            await parts.events.record("agent.renewal_refused", agent.id, code=exc.code, reason=str(exc))
+            await self._events.record("agent.renewal_refused", agent.id, code=exc.code, reason=str(exc))
             await link.send_to_agent(agent.id, encode(RenewResponse(error=str(exc))))
             return
-        await parts.registry.save(agent)
-        await parts.events.record("agent.renewed", agent.id, serial=agent.cert_serial, not_after=agent.cert_not_after)
+        await self._registry.save(agent)
+        await self._events.record("agent.renewed", agent.id, serial=agent.cert_serial, not_after=agent.cert_not_after)
         await link.send_to_agent(agent.id, encode(RenewResponse(cert_pem=cert_pem)))
 
     def _on_agent_error(self, agent: AgentRecord, frame: Error) -> None:
@@ -364,37 +368,35 @@ class AgentChannel:
         await link.send_to_agent(agent_id, encode(Error(code=HELLO_REQUIRED, message="send hello first")))
 
     def _open_creates(self, agent_id: str) -> list[CommandRecord]:
-        return [c for c in self._parts.commands.open.values() if c.agent_id == agent_id and c.kind == "create_container"]
+        return [c for c in self._commands.open.values() if c.agent_id == agent_id and c.kind == "create_container"]
 
     async def _check_health(self, samples: list[GpuSample]) -> None:
         """Telemetry's part in GPU health (master/faults.py); a store write only when a GPU's health changes."""
-        parts = self._parts
         verdicts: list[tuple[GpuRecord, HealthVerdict]] = []
         for sample in samples:
-            gpu = parts.registry.gpus[sample.uuid]  # owned: checked by the caller
-            verdict = parts.health.on_sample(gpu, sample)
+            gpu = self._registry.gpus[sample.uuid]  # owned: checked by the caller
+            verdict = self._health.on_sample(gpu, sample)
             if verdict is not None:
                 verdicts.append((gpu, verdict))
         for gpu, verdict in verdicts:
             if isinstance(verdict, Recovered):
-                await parts.registry.clear_fault(gpu, verdict.reason)
+                await self._registry.clear_fault(gpu, verdict.reason)
             else:
-                await parts.registry.mark_faulty(gpu, verdict)
+                await self._registry.mark_faulty(gpu, verdict)
 
     def _plausible_samples(self, agent_id: str, samples: list[GpuSample], now: float) -> list[GpuSample]:
         """The samples of GPUs ``agent_id`` owns that are plausible (master/telemetry.py ``plausible_gpu``); each one
         set aside is counted, and logged at most once per report window per agent, so a hostile agent cannot flood the
         log. The rest of the frame is taken: one bad record never holds back the others."""
-        parts = self._parts
         taken: list[GpuSample] = []
         for sample in samples:
-            gpu = parts.registry.gpus.get(sample.uuid)
+            gpu = self._registry.gpus.get(sample.uuid)
             if gpu is None or gpu.agent_id != agent_id:
                 continue  # it must not write figures onto another agent's GPUs
             checked = plausible_gpu(sample, gpu.info.memory_total_mib, now, self._sample_window)
             if isinstance(checked, SetAside):
-                parts.metrics.samples_set_aside.labels(checked.figure).inc()
-                if now - self._set_aside_logged.get(agent_id, float("-inf")) >= parts.config.report_window_s:
+                self._metrics.samples_set_aside.labels(checked.figure).inc()
+                if now - self._set_aside_logged.get(agent_id, float("-inf")) >= self._config.report_window_s:
                     self._set_aside_logged[agent_id] = now
                     log.warning(
                         "telemetry sample set aside",
