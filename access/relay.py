@@ -1,4 +1,4 @@
-"""The agent-facing WebSocket server: mutual TLS, one ``AgentSession`` per certificate, frames checked and relayed.
+"""The agent-facing WebSocket server: mutual TLS, one ``AgentConnection`` per certificate, frames checked and relayed.
 
 Whose frames an agent sends is decided here, from its certificate, never from anything in the frames.
 No frame an agent sends can take the relay down: bad ones get an ``error`` frame and the connection lives.
@@ -262,7 +262,7 @@ def judge_frame(message: bytes | str, budget: FrameBudget, now: float, max_bytes
 
 
 @dataclass(eq=False)
-class AgentSession:
+class AgentConnection:
     """One agent's connection, named by its certificate."""
 
     identity: Identity
@@ -297,7 +297,7 @@ class AgentGateway:
         self, config: AccessConfig, ssl_context: ssl.SSLContext, link: MasterLink, metrics: RelayMetrics, tunnels: TunnelExchange
     ) -> None:
         self.config = config
-        self.sessions: dict[str, AgentSession] = {}
+        self.sessions: dict[str, AgentConnection] = {}
         self.revoked: set[str] = set()
         self._ssl = ssl_context
         self._link = link
@@ -477,14 +477,14 @@ class AgentGateway:
             return None
         return identity
 
-    async def _admit(self, connection: ServerConnection) -> AgentSession | None:
+    async def _admit(self, connection: ServerConnection) -> AgentConnection | None:
         identity = await self._checked_identity(connection)
         if identity is None:
             return None
         remote = _remote(connection)
         now = time.monotonic()
         budget = FrameBudget(self.config.rate_per_agent, self.config.burst, self.config.flood_limit, now)
-        session = AgentSession(identity, connection, remote, budget, last_frame=now)
+        session = AgentConnection(identity, connection, remote, budget, last_frame=now)
         older = self.sessions.get(identity.id)
         self.sessions[identity.id] = session
         if older is not None:
@@ -514,7 +514,7 @@ class AgentGateway:
         )
         await connection.close(refusal.code, refusal.message)
 
-    def _release(self, session: AgentSession) -> None:
+    def _release(self, session: AgentConnection) -> None:
         session.open = False
         close = session.connection.close_code
         self._metrics.session_closed(close)
@@ -527,7 +527,7 @@ class AgentGateway:
 
     # --- agent -> master ---------------------------------------------------------------------------
 
-    async def _relay_frames(self, session: AgentSession) -> None:
+    async def _relay_frames(self, session: AgentConnection) -> None:
         """Until the connection closes; silence is the sweep's business (``_sweep``), not a timer per frame."""
         while True:
             # decode=False: the bytes go upstream untouched, so never decode text to str and back.
@@ -544,7 +544,7 @@ class AgentGateway:
             except Exception:  # a relay bug on one frame must not end this agent's session, let alone others'
                 log.exception("failed to relay a frame", extra={"agent": session.agent_id})
 
-    async def _on_message(self, session: AgentSession, message: bytes) -> None:
+    async def _on_message(self, session: AgentConnection, message: bytes) -> None:
         match judge_frame(message, session.budget, session.last_frame, self.config.max_frame_bytes):  # stamped on receipt
             case Forward(kind):
                 # Waits while the buffer is full of frames that must be kept (backpressure: this agent is not
@@ -558,13 +558,13 @@ class AgentGateway:
             case CutOff(reason):
                 self._cut_off_flood(session, reason)
 
-    def _drop_silent(self, session: AgentSession) -> None:
+    def _drop_silent(self, session: AgentConnection) -> None:
         """Pongs keep a connection alive but say nothing of the agent: heartbeats do."""
         log.info("agent sent nothing for %g s; disconnecting it", self.config.max_silence_s, extra={"agent": session.agent_id})
         self._metrics.refuse("silent")
         self._close_later(session, CLOSE_SILENT, f"no frame for {self.config.max_silence_s:g} s")
 
-    def _cut_off_flood(self, session: AgentSession, reason: str) -> None:
+    def _cut_off_flood(self, session: AgentConnection, reason: str) -> None:
         """Reading a flood forever would spend the relay on one agent; it reconnects (within its reconnect
         limit) with a fresh budget, and resends any command result that was not acked."""
         log.warning("agent kept sending far over its rate limit; disconnecting it: %s", reason, extra={"agent": session.agent_id})
@@ -574,7 +574,7 @@ class AgentGateway:
         # have the relay read its flood until close_timeout: it gets a moment to read it, then the socket goes.
         asyncio.get_running_loop().call_later(FLOOD_CLOSE_GRACE_S, _abort, session.connection)
 
-    async def _answer_error(self, session: AgentSession, exc: ProtocolError, *, quiet: bool = False) -> None:
+    async def _answer_error(self, session: AgentConnection, exc: ProtocolError, *, quiet: bool = False) -> None:
         self._metrics.frame_error(exc.code)
         if not quiet:  # rate limiting would log once per dropped frame; the metric says enough
             log.info("bad frame from agent: %s", exc, extra={"agent": session.agent_id, "code": exc.code})
@@ -603,7 +603,7 @@ class AgentGateway:
             self._adopt_renewed_certificate(session, frame)
         return True
 
-    def _adopt_renewed_certificate(self, session: AgentSession, frame: bytes) -> None:
+    def _adopt_renewed_certificate(self, session: AgentConnection, frame: bytes) -> None:
         """The Master just renewed this agent's certificate over this session: the session now lives as long as it.
 
         Otherwise a renewed agent would be cut off when its old certificate expires, though the Master
@@ -703,20 +703,20 @@ class AgentGateway:
             elif clock - session.ping_sent >= config.idle_timeout_s:
                 self._ping(session, clock)  # answered, still silent: ask again until max_silence_s
 
-    def _ping(self, session: AgentSession, clock: float) -> None:
+    def _ping(self, session: AgentConnection, clock: float) -> None:
         session.ping_sent = clock
         session.ping = None
         task = asyncio.create_task(self._send_ping(session), name=f"ping-{session.agent_id}")
         self._closers.add(task)
         task.add_done_callback(self._closers.discard)
 
-    async def _send_ping(self, session: AgentSession) -> None:
+    async def _send_ping(self, session: AgentConnection) -> None:
         try:
             session.ping = asyncio.ensure_future(await session.connection.ping())  # a future already: done() is read
         except ConnectionClosed:
             pass
 
-    def _cut_off_slow(self, session: AgentSession, backlog: int) -> None:
+    def _cut_off_slow(self, session: AgentConnection, backlog: int) -> None:
         """Drop an agent that does not read what it is sent. No closing handshake: it would not read that
         either. What it missed is not lost: the Master resends unacknowledged commands after it reconnects."""
         log.warning("agent is not reading its frames; disconnecting it", extra={"agent": session.agent_id, "backlog": backlog})
@@ -725,7 +725,7 @@ class AgentGateway:
         if session.connection.transport is not None:
             session.connection.transport.abort()
 
-    def _close_later(self, session: AgentSession, code: int, reason: str) -> None:
+    def _close_later(self, session: AgentConnection, code: int, reason: str) -> None:
         """Close without waiting for the closing handshake, so one dead peer holds nobody else up."""
         session.open = False
         task = asyncio.create_task(session.connection.close(code, reason), name=f"close-{session.agent_id}")

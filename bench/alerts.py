@@ -28,8 +28,9 @@ from management.monitoring.alert_loop import AlertLoop, evaluate_in_slices
 from management.monitoring.observe import FleetObserver
 from management.monitoring.rules import load_rules
 from master.config import MasterConfig
+from master.master import Master
+from master.port import MasterPort, SamplesTaken
 from master.records import AgentRecord, GpuRecord
-from master.service import Master
 
 BATCH = 10_000
 PERIOD_S = 15.0
@@ -120,7 +121,7 @@ async def seed_fleet(master: Master, agents: int, gpus_per_agent: int) -> list[s
     return uuids
 
 
-def batches(master: Master, uuids: list[str], hot: set[str], ts: float) -> list[tuple[str, list[GpuSample]]]:
+def batches(master: MasterPort, uuids: list[str], hot: set[str], ts: float) -> list[tuple[str, list[GpuSample]]]:
     """One sample of every GPU, by host, as the Master hands them to its sample listeners."""
     out = []
     for start in range(0, len(uuids), 8):
@@ -133,12 +134,12 @@ def batches(master: Master, uuids: list[str], hot: set[str], ts: float) -> list[
     return out
 
 
-def report(master: Master, reports: list[tuple[str, list[GpuSample]]]) -> float:
-    """``reports`` through the Master's sample listeners; the milliseconds they took."""
+def report(master: MasterPort, reports: list[tuple[str, list[GpuSample]]]) -> float:
+    """``reports`` published on the Master's change feed (``SamplesTaken``, as its telemetry intake does); the
+    milliseconds its listeners took."""
     started = time.perf_counter()
     for agent_id, samples in reports:
-        for listener in master.sample_listeners:
-            listener(agent_id, samples)
+        master.changes.publish(SamplesTaken(agent_id=agent_id, samples=samples))
     return (time.perf_counter() - started) * 1000
 
 

@@ -14,7 +14,7 @@ import enum
 from dataclasses import dataclass
 
 from management.http.errors import BadRequest, Forbidden
-from master.accounts import AccountRole
+from master.port import AccountRole
 
 __all__ = [
     "AccountRole",

@@ -66,7 +66,7 @@ from management.workloads.book import WorkloadBook
 from management.workloads.runner import SchedulerLoop
 from master.accounts import BOOTSTRAP_ACCOUNT
 from master.config import MasterConfig
-from master.service import Master
+from master.master import Master
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ from common.errors import IdlegridError
 from common.files import write_atomically
 from common.pki import Role
 from management.client import ApiClient, ApiError, instant
-from master.authority import Authority
+from master.port import Authority
 
 T = TypeVar("T")
 

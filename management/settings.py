@@ -25,7 +25,7 @@ from management.monitoring.settings import notifier_settings
 from management.services.market import MarketRules, RatingRules
 from management.services.outputs import OutputSettings
 from management.workloads.runner import SchedulerSettings
-from master.config import ConsoleSettings, MasterConfig
+from master.port import ConsoleSettings, MasterConfig
 
 
 @dataclass(frozen=True)

@@ -76,8 +76,7 @@ from management.scheduler.model import Explanation
 from management.services.hosts import HostedReplica
 from management.services.market import FundsDetail, RentalDetail, Statements
 from management.tunnel_client import TunnelGrant
-from master.keys import SigningKeyInfo
-from master.records import (
+from master.port import (
     AccountRecord,
     AgentRecord,
     ApiKeyRecord,
@@ -88,11 +87,12 @@ from master.records import (
     KeptOutput,
     LedgerEntry,
     PriceRecord,
+    SigningKeyInfo,
     TelemetryRollup,
     TokenRecord,
     WorkloadRecord,
+    reputation,
 )
-from master.reputation import reputation
 
 
 def rfc3339(ts: float | None) -> str | None:

@@ -25,7 +25,7 @@ from management.cli_accounts import api_client, connection_options, table, when
 from management.client import ApiError
 from management.market.money import format_amount, parse_amount
 from management.workloads.explain_text import render_explanation
-from master.records import WorkloadSpec
+from master.port import WorkloadSpec
 
 TABLE_COLUMNS = ("ID", "NAME", "ACCOUNT", "STATE", "REPLICAS", "GPUS", "PRIORITY", "CREATED", "REASON")
 

@@ -15,10 +15,11 @@ instance held counts as held (``covering``) for its state.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from common.errors import Conflict
+from master.changes import ChangeFeed, HoldsChanged
 from master.records import AgentRecord, CommandRecord, GpuRecord
 from master.states import AgentState, GpuState
 
@@ -46,23 +47,18 @@ class Hold:
 
 
 class GpuAllocations:
-    def __init__(self) -> None:
+    def __init__(self, changes: ChangeFeed | None = None) -> None:
+        self._changes = changes if changes is not None else ChangeFeed()  # told of each host whose holds changed
         self._holds: dict[str, Hold] = {}  # GPU (or MIG instance) uuid -> its holder
         self._parent: dict[str, str] = {}  # MIG instance uuid -> its GPU's uuid
         self._instances: dict[str, tuple[str, ...]] = {}  # GPU uuid -> its MIG instances' uuids (only when split)
-        self._listeners: list[Callable[[str | None], None]] = []  # told of each host whose holds changed
-
-    def listen(self, listener: Callable[[str | None], None]) -> Callable[[], None]:
-        """Call ``listener(agent_id)`` after the holds on a host change (None: every host's may have, a rebuild);
-        synchronously, so what it records is there before the change is acted on. Returns how to stop listening."""
-        self._listeners.append(listener)
-        return lambda: self._listeners.remove(listener) if listener in self._listeners else None
 
     def _changed(self, agent_ids: Iterable[str | None]) -> None:
-        if self._listeners:
+        """Tell the change feed (``HoldsChanged``), synchronously, so what a listener records is there before the
+        change is acted on."""
+        if self._changes.wants(HoldsChanged):
             for agent_id in set(agent_ids):
-                for listener in list(self._listeners):
-                    listener(agent_id)
+                self._changes.publish(HoldsChanged(agent_id=agent_id))
 
     def holder(self, gpu_uuid: str) -> Hold | None:
         """The hold on exactly this GPU or MIG instance."""

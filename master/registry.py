@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import msgspec
 
@@ -12,7 +12,7 @@ from common.errors import NotFound
 from common.inventory import GpuInfo, GpuReach, Inventory
 from master.allocations import DUPLICATE_UUID_FLAG, GPU_UNREACHABLE_FLAG, GpuAllocations, gpu_state_for
 from master.batches import write_paced
-from master.changes import ChangeFeed, ContainerExited, GpuHealthChanged, HostChanged
+from master.changes import AgentWritten, ChangeFeed, ContainerExited, GpuHealthChanged, GpusWritten, HostChanged
 from master.events import EventLog
 from master.records import AgentRecord, GpuFault, GpuRecord
 from master.reputation import verification_counts
@@ -51,7 +51,7 @@ class Registry:
         self.changes = changes if changes is not None else ChangeFeed()  # host, GPU health and exit changes go here
         self._events = events
         self.policy = policy
-        self.allocations = allocations if allocations is not None else GpuAllocations()
+        self.allocations = allocations if allocations is not None else GpuAllocations(self.changes)
         self.agents: dict[str, AgentRecord] = {}
         self.gpus: dict[str, GpuRecord] = {}
         self._gpus_by_agent: dict[str, dict[str, GpuRecord]] = {}  # agent id -> its GPUs by uuid: no scan of every GPU
@@ -67,26 +67,11 @@ class Registry:
         # The relay each agent was last seen through. AgentRecord.relay is cleared when the agent goes offline,
         # and a failover usually goes through offline, so the previous relay is remembered here.
         self._last_relay: dict[str, str] = {}
-        self._saved_listeners: list[Callable[[str], None]] = []  # told of each agent record written (save)
-        self._gpu_listeners: list[Callable[[str], None]] = []  # told of each host whose GPU records were written
-
-    def on_saved(self, listener: Callable[[str], None]) -> Callable[[], None]:
-        """Call ``listener(agent_id)`` whenever an agent record is written by ``save`` (a hello, a drain or undrain,
-        a transition: whatever changed it beyond a heartbeat), synchronously. Returns how to stop listening."""
-        self._saved_listeners.append(listener)
-        return lambda: self._saved_listeners.remove(listener) if listener in self._saved_listeners else None
-
-    def on_gpus_written(self, listener: Callable[[str], None]) -> Callable[[], None]:
-        """Call ``listener(agent_id)`` for each host whose GPU records were written (a state, a flag, a fault, a GPU
-        withdrawn or added), synchronously, also when the write was caused by another host (a duplicated uuid marks
-        the holder's card). Returns how to stop listening."""
-        self._gpu_listeners.append(listener)
-        return lambda: self._gpu_listeners.remove(listener) if listener in self._gpu_listeners else None
 
     async def _write_gpus(self, gpus: Sequence[GpuRecord]) -> None:
-        for agent_id in sorted({g.agent_id for g in gpus}):
-            for listener in list(self._gpu_listeners):
-                listener(agent_id)
+        if self.changes.wants(GpusWritten):
+            for agent_id in sorted({g.agent_id for g in gpus}):
+                self.changes.publish(GpusWritten(agent_id=agent_id))
         await self._store.gpus.put_many(gpus)
 
     async def load(self) -> list[str]:
@@ -175,7 +160,7 @@ class Registry:
         old, agent.state = agent.state, AGENT.next(agent.state, event)
         agent.state_reason = reason
         await self._events.transition("agent", agent.id, old, agent.state, event, reason=reason)
-        if self.changes.listening:
+        if self.changes.wants(HostChanged):
             self.changes.publish(HostChanged(agent_id=agent.id, state=agent.state, previous=old, reason=reason))
         await self.save(agent)
         if agent.state == AgentState.RETIRED.value:
@@ -205,7 +190,7 @@ class Registry:
             old, agent.state = agent.state, AGENT.next(agent.state, event)
             agent.state_reason = reason
             events.append(("agent.transition", agent.id, {"old": old, "new": agent.state, "event": event, "reason": reason}))
-            if self.changes.listening:
+            if self.changes.wants(HostChanged):
                 self.changes.publish(HostChanged(agent_id=agent.id, state=agent.state, previous=old, reason=reason))
             self._settle_in_memory(agent, gpus, events)
             moved.append(agent)
@@ -263,8 +248,8 @@ class Registry:
     async def save(self, agent: AgentRecord) -> None:
         agent.version += 1
         self._dirty.discard(agent.id)
-        for listener in list(self._saved_listeners):
-            listener(agent.id)
+        if self.changes.wants(AgentWritten):
+            self.changes.publish(AgentWritten(agent_id=agent.id))
         await self._store.agents.put(agent)
 
     async def on_hello(
@@ -503,7 +488,7 @@ class Registry:
         agent.exited = {**agent.exited, **new}
         await self._events.record_many([("container.exited", agent.id, {"container": n, "code": c}) for n, c in new.items()])
         await self.save(agent)
-        if self.changes.listening:
+        if self.changes.wants(ContainerExited):
             for name, code in new.items():
                 self.changes.publish(ContainerExited(agent_id=agent.id, container=name, code=code))
         return list(new)
@@ -527,7 +512,7 @@ class Registry:
         gpu.updated_at = time.time()
         await self._events.record_many(events)
         await self._write_gpus([gpu])
-        if was_healthy and self.changes.listening:
+        if was_healthy and self.changes.wants(GpuHealthChanged):
             self.changes.publish(GpuHealthChanged(uuid=gpu.uuid, agent_id=gpu.agent_id, healthy=False, reason=fault.reason))
 
     async def clear_fault(self, gpu: GpuRecord, reason: str, *, ecc_acknowledged: int | None = None) -> None:
@@ -553,7 +538,7 @@ class Registry:
         agent = self.agents.get(gpu.agent_id)
         if agent is not None:
             await self.settle_gpus(agent)
-        if self.changes.listening:
+        if self.changes.wants(GpuHealthChanged):
             healthy = gpu.state != GpuState.FAULTY.value
             self.changes.publish(GpuHealthChanged(uuid=gpu.uuid, agent_id=gpu.agent_id, healthy=healthy, reason=reason))
 

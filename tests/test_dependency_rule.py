@@ -44,3 +44,28 @@ def test_packages_import_only_what_the_design_allows():
 
 def test_the_entry_point_exists():
     assert all(path.exists() for path in _entry_points())
+
+
+# The entry points build a Master (or its files) themselves: the composition root, the CLI and the local grid. Every
+# other management module reaches the Master through master/port.py alone.
+ENTRY_POINTS = {"management/app.py", "management/cli.py", "management/localgrid.py"}
+
+
+def _master_modules(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.split(".")[0] == "master"}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and node.module.split(".")[0] == "master":
+            found.add(node.module)
+    return found
+
+
+def test_management_imports_from_master_only_its_published_interface():
+    violations = []
+    for path in sorted((ROOT / "management").rglob("*.py")):
+        name = path.relative_to(ROOT).as_posix()
+        if name in ENTRY_POINTS:
+            continue
+        violations += [f"{name} imports {module}" for module in sorted(_master_modules(path) - {"master.port"})]
+    assert violations == [], "management uses the Master through master/port.py (MasterPort) only"

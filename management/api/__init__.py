@@ -24,8 +24,7 @@ from management.http.errors import ApiError, Handler, error_response, errors_mid
 from management.http.keys import SERVICES_KEY
 from management.onboarding.routes import add_routes as add_onboarding_routes
 from management.services import Services
-from master.config import ConsoleSettings
-from master.service import Master
+from master.port import ConsoleSettings, MasterPort
 
 __all__ = ["ApiError", "ApiSettings", "Handler", "build_app", "error_response"]
 
@@ -49,7 +48,7 @@ class ApiSettings:
 
 
 def build_app(
-    master: Master, services: Services, settings: ApiSettings | None = None, *, console: ConsoleSettings, state_dir: Path
+    master: MasterPort, services: Services, settings: ApiSettings | None = None, *, console: ConsoleSettings, state_dir: Path
 ) -> web.Application:
     """The API over ``services`` (built, and their state loaded, by the composition root: management/app.py)."""
     settings = settings or ApiSettings()

@@ -18,7 +18,7 @@ from management.api.route import DECLARED_KEY
 from management.http.errors import Forbidden, Handler, Unauthorized
 from management.http.keys import SERVICES_KEY
 from management.services import Services
-from master.accounts import BOOTSTRAP_ACCOUNT
+from master.port import BOOTSTRAP_ACCOUNT
 
 SCOPE_KEY = web.RequestKey("scope", Scope)
 

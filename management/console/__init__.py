@@ -28,7 +28,7 @@ from management.console.templating import FILTERS
 from management.console.throttle import SignInThrottle
 from management.http.keys import SERVICES_KEY
 from management.services import Services
-from master.config import ConsoleSettings
+from master.port import ConsoleSettings
 
 __all__ = ["add_console"]
 

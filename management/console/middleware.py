@@ -20,7 +20,7 @@ from management.console.rendering import page
 from management.console.session import CSRF_FIELD, CSRF_HEADER, SIGNED_IN_KEY, SignInRequired, session_state
 from management.http.errors import status_of
 from management.http.keys import SERVICES_KEY
-from master.config import ConsoleSettings
+from master.port import ConsoleSettings
 
 log = logging.getLogger(__name__)
 

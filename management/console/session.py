@@ -22,8 +22,7 @@ from cryptography.fernet import Fernet
 
 from common.errors import NotFound
 from management.access_control import AccountRole, Action, Principal, Resource, Scope, scope_for
-from master.config import ConsoleSettings
-from master.records import AccountRecord
+from master.port import AccountRecord, ConsoleSettings
 
 COOKIE_NAME = "idlegrid_console"
 KEY_FILE = "console-session.key"

@@ -20,8 +20,7 @@ import msgspec
 
 from common.inventory import GpuReach, HostInfo
 from management.scheduler.model import FilterCount, QuotaCheck
-from master.records import Assignment, GpuFault, WorkloadSpec
-from master.reputation import Reputation
+from master.port import Assignment, GpuFault, Reputation, WorkloadSpec
 
 # An RFC 3339 UTC time with milliseconds, as ``views.rfc3339`` writes it; null (where allowed) for "never".
 Time = Annotated[

@@ -15,8 +15,7 @@ from typing import Annotated, Any, ClassVar, Literal
 import msgspec
 
 from management.workloads.states import WORKLOAD_STATES
-from master.records import WorkloadSpec
-from master.states import AgentState, CommandState, GpuState
+from master.port import AgentState, CommandState, GpuState, WorkloadSpec
 
 # Ids the Master mints ("agt-…", "cmd-…", GPU UUIDs, key ids), tier and model names, event subjects.
 Identifier = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*\Z")]

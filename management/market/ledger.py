@@ -27,8 +27,7 @@ import msgspec
 
 from common.errors import Conflict, IdlegridError
 from management.market.money import format_amount
-from master.records import LedgerEntry, LedgerLine
-from master.store.base import LedgerRepo
+from master.port import LedgerEntry, LedgerLine, LedgerRepo
 
 FEES = "platform:fees"
 EXTERNAL = "external"

@@ -16,10 +16,7 @@ from management.market.offer_feed import OfferFeed
 from management.market.prices import PriceBook
 from management.workloads.book import WorkloadBook
 from management.workloads.spec import workload_of
-from master.loops import stop_loop
-from master.service import Master
-from master.store.aggregates import rental_order
-from master.store.base import RentalRepo
+from master.port import MasterPort, RentalRepo, rental_order, stop_loop
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +30,9 @@ class HostReliability:
     of its rentals that ended in the window without failing through it, and at most its reputation's uptime. A host with
     fewer than ``MIN_RENTALS_FOR_RELIABILITY`` rentals in the window has none (None: the standard fee)."""
 
-    def __init__(self, master: Master, rentals: RentalRepo, *, window_s: float, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, master: MasterPort, rentals: RentalRepo, *, window_s: float, clock: Callable[[], float] = time.time
+    ) -> None:
         self._master = master
         self._rentals = rentals
         self._window_s = window_s
@@ -77,7 +76,7 @@ class HostReliability:
 
 
 class Market:
-    def __init__(self, master: Master, book: WorkloadBook, prices: PriceBook) -> None:
+    def __init__(self, master: MasterPort, book: WorkloadBook, prices: PriceBook) -> None:
         config = master.config
         self.prices = prices
         self.ledger = LedgerBook(master.store.ledger)

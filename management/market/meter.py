@@ -35,15 +35,22 @@ from management.market.money import format_amount, parse_amount
 from management.market.prices import HostPrice
 from management.workloads.book import WorkloadBook
 from management.workloads.states import WorkloadState
-from master.config import MasterConfig
-from master.loops import Loop, stop_loop
-from master.records import LedgerEntry, PriceChange, RentalHost, RentalRecord, WorkloadRecord
-from master.reputation import reputation
-from master.service import Master
-from master.states import AgentState
-from master.store.aggregates import rental_order
-from master.store.base import RentalRepo
-from master.store.errors import StaleRental
+from master.port import (
+    AgentState,
+    LedgerEntry,
+    Loop,
+    MasterConfig,
+    MasterPort,
+    PriceChange,
+    RentalHost,
+    RentalRecord,
+    RentalRepo,
+    StaleRental,
+    WorkloadRecord,
+    rental_order,
+    reputation,
+    stop_loop,
+)
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +93,7 @@ def rental_id(workload: WorkloadRecord) -> str:
     return f"{workload.id}-a{workload.attempts}"
 
 
-def rental_hosts(wl: WorkloadRecord, master: Master, prices: Prices) -> list[RentalHost]:
+def rental_hosts(wl: WorkloadRecord, master: MasterPort, prices: Prices) -> list[RentalHost]:
     """The hosts a running workload's rental pays, each at its price per GPU-hour now: the bid (interruptible), the
     host's reserved price (reserved) or its listed price (on demand)."""
     terms = wl.spec.rental
@@ -109,7 +116,7 @@ def rental_hosts(wl: WorkloadRecord, master: Master, prices: Prices) -> list[Ren
     return hosts
 
 
-def terms_refusal(wl: WorkloadRecord, master: Master, prices: Prices) -> str | None:
+def terms_refusal(wl: WorkloadRecord, master: MasterPort, prices: Prices) -> str | None:
     """Why a workload's rental may not start on the hosts it was placed on, at their terms now, or None. The scheduler
     checked them at placement; a bid lowered, or a host's price raised, between placement and the run must not make the
     rental start under the host's terms (one ran at 0.000001 on a host whose minimum bid was 0.40)."""
@@ -138,7 +145,7 @@ def terms_refusal(wl: WorkloadRecord, master: Master, prices: Prices) -> str | N
 class MeterLoop:
     def __init__(
         self,
-        master: Master,
+        master: MasterPort,
         book: WorkloadBook,
         ledger: LedgerBook,
         rentals_repo: RentalRepo,

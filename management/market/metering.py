@@ -35,7 +35,7 @@ import msgspec
 
 from management.market.ledger import FEES, hold_account, provider_account, renter_account
 from management.market.money import format_amount
-from master.records import LedgerEntry, LedgerLine, RentalHost, RentalRecord
+from master.port import LedgerEntry, LedgerLine, RentalHost, RentalRecord
 
 __all__ = [
     "FeeRate",

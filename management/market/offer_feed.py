@@ -1,12 +1,12 @@
 """Keeps an OfferIndex current for a running Master: a host's offer is re-derived before the next search after
 anything it rests on changed, and only then (docs/offers.md, "Freshness").
 
-What marks a host dirty, each synchronously, before the change is acted on:
-- the change feed (master/changes.py): a host's state, a GPU's health, a container's exit, a command's end; a
+What marks a host dirty, all from the Master's one change feed (master/changes.py):
+- its queue (``changes.subscribe()``): a host's state, a GPU's health, a container's exit, a command's end; a
   ``Resync`` (changes were lost) marks every host;
-- the allocation ledger (``GpuAllocations.listen``): a hold taken, confirmed, given back, or the holds rebuilt;
-- the registry (``Registry.on_saved``): an agent record written (a hello with a new inventory, a drain, an undrain);
-  and (``Registry.on_gpus_written``) a host's GPU records written, whoever caused it (another host's hello naming its
+- synchronously, before the change is acted on (``changes.listen``): ``HoldsChanged`` (a hold taken, confirmed, given
+  back, or the holds rebuilt), ``AgentWritten`` (an agent record written: a hello with a new inventory, a drain, an
+  undrain) and ``GpusWritten`` (a host's GPU records written, whoever caused it: another host's hello naming its
   uuids withdrew or flagged them: the offer once kept advertising them and a rent of 5 was queued for ever);
 - ``prices_changed(provider, agent_id | None)``: a host's price, or its provider's default (every host of it).
 Reputation moves with every heartbeat (uptime) and is not worth a change each time: each host is also re-derived
@@ -26,11 +26,19 @@ from common.errors import NotFound
 from management.market.offers import DEFAULT_LIMIT, Offer, OfferIndex, SearchResult
 from management.market.prices import HostPrice
 from management.market.query import Query, SortKey
-from master.changes import DEFAULT_CAPACITY, Resync, Subscription
-from master.records import AgentRecord
-from master.reputation import reputation_score
-from master.service import Master
-from master.states import AgentState
+from master.port import (
+    DEFAULT_CAPACITY,
+    AgentRecord,
+    AgentState,
+    AgentWritten,
+    Change,
+    GpusWritten,
+    HoldsChanged,
+    MasterPort,
+    Resync,
+    Subscription,
+    reputation_score,
+)
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +53,7 @@ class OfferFeed:
 
     def __init__(
         self,
-        master: Master,
+        master: MasterPort,
         price_of: PriceOf,
         *,
         reliability_of: Callable[[AgentRecord], float] = reputation_score,
@@ -67,11 +75,8 @@ class OfferFeed:
         self._everything_dirty = True  # the first search builds every host's offer
         self._refreshed: OrderedDict[str, float] = OrderedDict()  # host -> when its offer was derived, oldest first
         self._subscription: Subscription | None = master.changes.subscribe(changes_capacity)
-        self._unlisten = [
-            master.allocations.listen(self._on_holds),
-            master.registry.on_saved(self._mark),
-            master.registry.on_gpus_written(self._mark),  # also a host's GPUs changed by another host's hello
-        ]
+        # GpusWritten: also a host's GPUs changed by another host's hello
+        self._unlisten = [master.changes.listen(self._on_written, (HoldsChanged, AgentWritten, GpusWritten))]
         self._task: asyncio.Task[None] | None = None
 
     def start(self, *, refresh_every_s: float = 1.0) -> None:
@@ -110,11 +115,9 @@ class OfferFeed:
         else:
             self._dirty.update(a.id for a in self.master.registry.agents.values() if a.provider == provider)
 
-    def _mark(self, agent_id: str) -> None:
-        self._dirty.add(agent_id)
-
-    def _on_holds(self, agent_id: str | None) -> None:
-        if agent_id is None:
+    def _on_written(self, change: Change) -> None:
+        agent_id = getattr(change, "agent_id", None)
+        if agent_id is None:  # HoldsChanged(None): the holds were rebuilt, every host's may have changed
             self._everything_dirty = True
         else:
             self._dirty.add(agent_id)
@@ -124,10 +127,11 @@ class OfferFeed:
         if subscription is None:
             return
         while (change := subscription.get_nowait()) is not None:
-            if isinstance(change, Resync):
+            agent_id = None if isinstance(change, Resync) else change.agent_id
+            if agent_id is None:
                 self._everything_dirty = True
             else:
-                self._dirty.add(change.agent_id)
+                self._dirty.add(agent_id)
 
     def refresh(self, *, now: float | None = None, limit: int | None = None) -> int:
         """Re-derive the offers of every host changed since the last refresh (at most ``limit`` of them, the rest left

@@ -40,8 +40,7 @@ from management.market.query import (
 )
 from management.scheduler.model import Unit
 from management.scheduler.snapshot import units_of
-from master.records import AgentRecord, GpuRecord
-from master.states import AgentState
+from master.port import AgentRecord, AgentState, GpuRecord
 
 SCORE_RELIABILITY_POWER = 4
 SCORE_PRICE_FLOOR = 0.10  # currency units per GPU-hour added to every price in the score

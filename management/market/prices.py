@@ -18,9 +18,7 @@ import msgspec
 
 from common.errors import InvalidPrice, NotFound
 from management.market.money import BadAmount, parse_amount
-from master.config import MasterConfig
-from master.records import PriceRecord
-from master.store.base import PriceRepo
+from master.port import MasterConfig, PriceRecord, PriceRepo
 
 log = logging.getLogger(__name__)
 

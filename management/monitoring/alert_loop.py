@@ -29,8 +29,7 @@ from management.monitoring.notifier import WebhookNotifier
 from management.monitoring.observe import FleetObserver
 from management.monitoring.rules import AlertRule
 from management.monitoring.silences import SilenceBook
-from master.loops import Loop, stop_loop
-from master.records import GpuFault
+from master.port import GpuFault, Loop, stop_loop
 
 log = logging.getLogger(__name__)
 

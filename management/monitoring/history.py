@@ -15,9 +15,7 @@ from dataclasses import dataclass
 
 from common.errors import InvalidTelemetryWindow
 from common.inventory import HostSample
-from master.history import MINUTES_PER_HOUR, downsample, downsample_host
-from master.records import HostRollup, TelemetryRollup
-from master.store.base import Store
+from master.port import MINUTES_PER_HOUR, HostRollup, Store, TelemetryRollup, downsample, downsample_host
 
 DEFAULT_SPAN_S = 86400.0  # a window with no ``from`` reaches back a day
 # A week at one minute (both ends partial minutes: 10,081): more points per series are refused (ask for a coarser step).

@@ -15,7 +15,7 @@ from prometheus_client.registry import Collector
 
 from management.market.money import MICRO
 from management.workloads.states import WorkloadState
-from master.records import RENTAL_KINDS, RentalRecord
+from master.port import RENTAL_KINDS, RentalRecord
 
 # States a workload leaves the book in: it holds only open ones, so these are always 0 and not exported.
 _FINAL = frozenset({str(WorkloadState.SUCCEEDED), str(WorkloadState.FAILED), str(WorkloadState.CANCELLED)})

@@ -22,7 +22,7 @@ Metrics wired (subject in brackets):
   the same utilization (management/monitoring/anomaly.py), from the moment a rule asks for it.
 
 Sparse by design (a fleet is 80,000 GPUs, nearly all quiet). Telemetry metrics see every sample: the observer
-listens to the Master's ingestion (``Master.sample_listeners``) while attached, and keeps a point only if
+listens to the Master's ingestion (``SamplesTaken`` on its change feed) while attached, and keeps a point only if
 
 - it breaches some rule on that metric, or
 - the subject already has kept points since the last evaluation, or
@@ -55,11 +55,18 @@ from common.inventory import GpuSample
 from management.monitoring.anomaly import TemperatureBaselines
 from management.monitoring.evaluator import Point, Series
 from management.monitoring.rules import AlertRule
-from master.faults import LASTING
-from master.network_floors import NetworkFloors, Shortfall
-from master.records import AgentRecord, GpuRecord, WorkloadRecord
-from master.service import Master
-from master.states import AgentState
+from master.port import (
+    LASTING,
+    AgentRecord,
+    AgentState,
+    Change,
+    GpuRecord,
+    MasterPort,
+    NetworkFloors,
+    SamplesTaken,
+    Shortfall,
+    WorkloadRecord,
+)
 
 MAX_POINTS = 256  # per subject between two evaluations: a bound should the loop stall
 
@@ -119,11 +126,11 @@ def _sample_value(metric: str, sample: GpuSample) -> float | None:
 
 @dataclass
 class FleetObserver:
-    master: Master
+    master: MasterPort
     open_workloads: OpenWorkloads = tuple  # the scheduler's open workloads, to label a rented GPU with its renter
     balance_cover: BalanceCover = _no_balances  # the market's meter
     _points: dict[Key, list[Point]] = field(default_factory=dict)  # only subjects worth keeping (module docstring)
-    _attached: bool = False
+    _stop_listening: Callable[[], None] | None = None  # attached: how to stop hearing samples
     _caught_up: bool = False  # the one-time pass over the Master's latest samples was made
     # metric -> the rules on it, as of the last evaluation; None: not known yet (every point is kept until then)
     _watched: dict[str, tuple[AlertRule, ...]] | None = None
@@ -140,14 +147,17 @@ class FleetObserver:
 
     def attach(self) -> None:
         """Start hearing every telemetry sample as the Master ingests it."""
-        if not self._attached:
-            self.master.sample_listeners.append(self._on_samples)
-            self._attached = True
+        if self._stop_listening is None:
+            self._stop_listening = self.master.changes.listen(self._on_taken, (SamplesTaken,))
 
     def detach(self) -> None:
-        if self._attached:
-            self.master.sample_listeners.remove(self._on_samples)
-            self._attached = False
+        if self._stop_listening is not None:
+            self._stop_listening()
+            self._stop_listening = None
+
+    def _on_taken(self, change: Change) -> None:
+        if isinstance(change, SamplesTaken):
+            self._on_samples(change.agent_id, change.samples)
 
     def watch(self, rules: Sequence[AlertRule]) -> None:
         """Keep the points these rules need from now on (collect does this too; the loop calls it on new rules)."""

@@ -16,16 +16,14 @@ from management.monitoring.reports import (
     check_provider_dimensions,
     restrict,
 )
-from master.records import CommandRecord, LedgerEntry, RentalRecord, TelemetryRollup
-from master.service import Master
-from master.store.aggregates import rental_order
+from master.port import CommandRecord, LedgerEntry, MasterPort, RentalRecord, TelemetryRollup, rental_order
 
 PAGE = 1000
 COMMANDS_READ = 100_000  # the failed commands a report reads at most (newest first)
 
 
 class ReportSource:
-    def __init__(self, master: Master) -> None:
+    def __init__(self, master: MasterPort) -> None:
         self._master = master
 
     async def report(

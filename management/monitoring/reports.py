@@ -35,7 +35,7 @@ import msgspec
 
 from common.errors import IdlegridError
 from management.market.ledger import FEES, calendar_period
-from master.records import CommandRecord, LedgerEntry, LedgerLine, RentalRecord, TelemetryRollup
+from master.port import CommandRecord, LedgerEntry, LedgerLine, RentalRecord, TelemetryRollup
 
 DIMENSIONS: tuple[str, ...] = ("provider", "host", "tier", "model", "region", "renter", "workload", "day", "week", "month")
 TIME_DIMENSIONS = frozenset({"day", "week", "month"})

@@ -27,10 +27,7 @@ from management.monitoring.observe import WIRED
 from management.monitoring.rules import AlertRule
 from management.monitoring.visibility import Viewer, visible
 from management.monitoring.webhook_targets import url_refusal
-from master.accounts import AccountBook
-from master.config import MasterConfig
-from master.records import AlertRuleRecord, SilenceRecord, WebhookRecord
-from master.store.base import Store
+from master.port import AccountBook, AlertRuleRecord, MasterConfig, SilenceRecord, Store, WebhookRecord
 
 MAX_SILENCE_S = 90 * 86400.0
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from management.monitoring.evaluator import AlertTransition
-from master.records import SilenceRecord
+from master.port import SilenceRecord
 
 
 def matches(silence: SilenceRecord, transition: AlertTransition) -> bool:

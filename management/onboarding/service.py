@@ -6,13 +6,13 @@ from pathlib import Path
 
 from management.onboarding.package import AgentPackage
 from management.onboarding.script import InstallCommand, install_commands, installer_template, served_script
-from master.service import Master
+from master.port import MasterPort
 
 PACKAGE_CACHE = "dist"  # under the Master's state directory
 
 
 class Onboarding:
-    def __init__(self, master: Master, package: AgentPackage | None = None) -> None:
+    def __init__(self, master: MasterPort, package: AgentPackage | None = None) -> None:
         self._master = master
         wheel = master.config.agent_wheel
         self.package = package or AgentPackage(master.config.state_path / PACKAGE_CACHE, prebuilt=Path(wheel) if wheel else None)

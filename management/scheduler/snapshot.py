@@ -36,10 +36,18 @@ from management.scheduler.model import (
     Unit,
 )
 from management.workloads.states import WorkloadState as W
-from master.allocations import DUPLICATE_UUID_FLAG, GPU_UNREACHABLE_FLAG, Hold
-from master.records import AccountRecord, AgentRecord, GpuRecord, WorkloadRecord
-from master.reputation import reputation
-from master.states import AgentState, GpuState
+from master.port import (
+    DUPLICATE_UUID_FLAG,
+    GPU_UNREACHABLE_FLAG,
+    AccountRecord,
+    AgentRecord,
+    AgentState,
+    GpuRecord,
+    GpuState,
+    Hold,
+    WorkloadRecord,
+    reputation,
+)
 
 # States a workload holds (or is about to hold) GPUs in: it is a running job to the core.
 HOLDING_STATES = frozenset(str(s) for s in (W.SCHEDULED, W.STARTING, W.RUNNING, W.PREEMPTED))

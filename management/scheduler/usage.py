@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from management.scheduler.model import Job, decay
-from master.records import FairShareUsage
+from master.port import FairShareUsage
 
 
 class UsageMeter:

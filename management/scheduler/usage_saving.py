@@ -18,7 +18,7 @@ import asyncio
 import logging
 
 from management.scheduler.usage import UsageMeter
-from master.store.base import FairShareRepo
+from master.port import FairShareRepo
 
 log = logging.getLogger(__name__)
 

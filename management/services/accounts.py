@@ -12,9 +12,7 @@ import msgspec
 
 from common.errors import InvalidPassword, NotFound, SignInRefused
 from management.services.models import KeyText, Page, PositionKey, page_of, positioned_page
-from master.accounts import AccountChange, Credential, IssuedKey
-from master.records import AccountRecord, ApiKeyRecord
-from master.service import Master
+from master.port import AccountChange, AccountRecord, ApiKeyRecord, Credential, IssuedKey, MasterPort
 
 
 class AccountIdKey(msgspec.Struct, array_like=True, frozen=True):
@@ -40,7 +38,7 @@ def _owned(account_id: str, owner: str | None) -> None:
 
 
 class AccountsService:
-    def __init__(self, master: Master) -> None:
+    def __init__(self, master: MasterPort) -> None:
         self._master = master
 
     async def credential(self, key: str) -> Credential:

@@ -16,7 +16,7 @@ from management.monitoring.rules import AlertRule
 from management.monitoring.settings import AlertListing, AlertSettings, RuleListing
 from management.monitoring.visibility import Viewer
 from management.services.models import KeyText, Page, page_of
-from master.records import SilenceRecord, WebhookRecord
+from master.port import SilenceRecord, WebhookRecord
 
 
 class WebhookKey(msgspec.Struct, array_like=True, frozen=True):

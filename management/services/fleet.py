@@ -17,8 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from common.inventory import GpuSample
-from master.records import AgentRecord, GpuFault, GpuRecord
-from master.states import GpuState
+from master.port import AgentRecord, GpuFault, GpuRecord, GpuState
 
 UNTIERED = "untiered"  # the tier group of GPUs no tier matched
 UNKNOWN_MODEL = "unknown"

@@ -9,10 +9,7 @@ from typing import Annotated, Any
 import msgspec
 
 from management.services.models import KeyText, Page, Position, PositionKey, page_of, positioned_page
-from master.keys import SigningKeyInfo
-from master.records import CommandRecord, EventRecord, RevocationRecord, TokenRecord
-from master.service import Master
-from master.tiers import describe_tiers
+from master.port import CommandRecord, EventRecord, MasterPort, RevocationRecord, SigningKeyInfo, TokenRecord, describe_tiers
 
 # A page of commands is found by reading the newest ones until the cursor's position; the window grows by this
 # factor while the position lies beyond it (the store lists commands newest first, with a limit but no cursor).
@@ -46,7 +43,7 @@ class Health:
 
 
 class GridService:
-    def __init__(self, master: Master) -> None:
+    def __init__(self, master: MasterPort) -> None:
         self._master = master
 
     # --- tiers ------------------------------------------------------------------------------------------------------
@@ -76,7 +73,7 @@ class GridService:
         start = (after.created_at, after.id) if after else None
         window = limit + 1 + (after.depth if after else 0)
         while True:
-            records = await self._master.commands(agent_id=agent_id, states=states, limit=window)
+            records = await self._master.list_commands(agent_id=agent_id, states=states, limit=window)
             older = [r for r in records if start is None or (r.created_at, r.id) < start]
             if len(older) > limit or len(records) < window:
                 break

@@ -19,8 +19,7 @@ from common.inventory import GpuSample
 from management.services.fleet import FleetFigures, fleet_figures
 from management.services.models import KeyText, Page, page_of
 from management.workloads.book import WorkloadBook
-from master.records import AgentRecord, GpuRecord
-from master.service import Master
+from master.port import AgentRecord, GpuRecord, MasterPort
 
 
 class AgentKey(msgspec.Struct, array_like=True, frozen=True):
@@ -80,7 +79,7 @@ class HostChoices:
 
 
 class HostsService:
-    def __init__(self, master: Master, book: WorkloadBook) -> None:
+    def __init__(self, master: MasterPort, book: WorkloadBook) -> None:
         self._master = master
         self._book = book  # the open workloads, for what runs on each host
 

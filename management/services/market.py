@@ -32,10 +32,16 @@ from management.market.metering import price_at
 from management.market.money import format_amount, parse_amount, period_cost
 from management.market.offers import Offer, SearchResult
 from management.workloads.book import WorkloadBook
-from master.accounts import BOOTSTRAP_ACCOUNT
-from master.records import LedgerEntry, RentalRecord, RentalTerms, WorkloadRecord, WorkloadSpec
-from master.service import Master
-from master.store.aggregates import rental_order
+from master.port import (
+    BOOTSTRAP_ACCOUNT,
+    LedgerEntry,
+    MasterPort,
+    RentalRecord,
+    RentalTerms,
+    WorkloadRecord,
+    WorkloadSpec,
+    rental_order,
+)
 
 PROVIDER_PREFIX = provider_account("")
 RATED_PAGE = 500
@@ -115,7 +121,7 @@ class MarketRules:
 
 class MarketService:
     def __init__(
-        self, master: Master, book: WorkloadBook, market: Market, rules: MarketRules, *, fit_check: FitCheck | None = None
+        self, master: MasterPort, book: WorkloadBook, market: Market, rules: MarketRules, *, fit_check: FitCheck | None = None
     ) -> None:
         self._master = master
         self._book = book

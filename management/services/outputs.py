@@ -31,13 +31,19 @@ import msgspec
 from common.errors import IdlegridError
 from common.output import DEFAULT_OUTPUT_LIMIT, last_lines
 from management.workloads.book import WorkloadBook
-from master.config import MasterConfig
-from master.loops import Loop, stop_loop
-from master.records import AgentRecord, CommandRecord, KeptOutput
-from master.service import Master
-from master.states import AgentState, CommandState
-from master.store.base import OutputRepo
-from master.tunnels import TunnelUnavailable
+from master.port import (
+    AgentRecord,
+    AgentState,
+    CommandRecord,
+    CommandState,
+    KeptOutput,
+    Loop,
+    MasterConfig,
+    MasterPort,
+    OutputRepo,
+    TunnelUnavailable,
+    stop_loop,
+)
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +128,7 @@ def _exit_code(delete: CommandRecord | None) -> int | None:
 class OutputCollector:
     def __init__(
         self,
-        master: Master,
+        master: MasterPort,
         book: WorkloadBook,
         outputs: OutputRepo,
         read: Callable[[KeptOutput], Awaitable[bytes]],
@@ -199,7 +205,7 @@ class OutputCollector:
         return await self._settle(kept, "kept", data=data, truncated=truncated, exit_code=decision.exit_code)
 
     async def _delete_of(self, kept: KeptOutput) -> CommandRecord | None:
-        commands = await self.master.commands(agent_id=kept.agent_id, limit=self.settings.commands_looked_at)
+        commands = await self.master.list_commands(agent_id=kept.agent_id, limit=self.settings.commands_looked_at)
         for command in commands:  # newest first
             if command.kind == "delete_container" and command.spec.get("name") == kept.container:
                 return command

@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from common.errors import NotFound
 from management.market.prices import HostPrice, PriceBook, PriceSetting
 from management.services.hosts import HostsService
-from master.records import AgentRecord, PriceRecord
-from master.service import Master
+from master.port import AgentRecord, MasterPort, PriceRecord
 
 
 @dataclass(frozen=True)
@@ -43,7 +42,7 @@ class HostPriceDetail:
 
 
 class PricesService:
-    def __init__(self, master: Master, book: PriceBook, hosts: HostsService, currency: str) -> None:
+    def __init__(self, master: MasterPort, book: PriceBook, hosts: HostsService, currency: str) -> None:
         self._master = master
         self.book = book  # the one writer of providers' prices; the offer index and the scheduler read the same book
         self._hosts = hosts

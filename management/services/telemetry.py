@@ -14,8 +14,7 @@ from common.inventory import GpuSample
 from management.monitoring.history import GpuSeries, TelemetryHistory, Window, gpu_history, host_history, resolution_of, window_of
 from management.services.hosts import HostsService
 from management.services.workloads import WorkloadsService
-from master.records import GpuRecord
-from master.service import Master
+from master.port import GpuRecord, MasterPort
 
 
 @dataclass(frozen=True)
@@ -28,7 +27,7 @@ class HostSamples:
 
 
 class TelemetryService:
-    def __init__(self, master: Master, hosts: HostsService, workloads: WorkloadsService) -> None:
+    def __init__(self, master: MasterPort, hosts: HostsService, workloads: WorkloadsService) -> None:
         self._master = master
         self._hosts = hosts
         self._workloads = workloads

@@ -17,9 +17,7 @@ from common.errors import Conflict, IdlegridError, NotFound
 from common.output import MARKER_ROOM, TailBuffer, bounded, last_lines
 from common.tunnel import Op, TunnelKind, encode_ticket
 from management.tunnel_client import Tunnel, TunnelClosed, TunnelGrant
-from master.records import Assignment, KeptOutput, WorkloadRecord
-from master.service import Master
-from master.store.base import OutputRepo
+from master.port import Assignment, KeptOutput, MasterPort, OutputRepo, WorkloadRecord
 
 Arg = Annotated[str, msgspec.Meta(min_length=1, max_length=2048)]
 DEFAULT_SHELL = ("/bin/sh",)
@@ -47,7 +45,7 @@ class TunnelRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class RenterAccess:
     """``Services.tunnels``: open a tunnel to a replica of a workload for its owner (or an operator)."""
 
-    def __init__(self, master: Master, workloads: Callable[..., Awaitable[WorkloadRecord]], outputs: OutputRepo) -> None:
+    def __init__(self, master: MasterPort, workloads: Callable[..., Awaitable[WorkloadRecord]], outputs: OutputRepo) -> None:
         self._master = master
         self._workload = workloads  # WorkloadsService.get_workload: 404 for another account's
         self._outputs = outputs  # the kept output of deleted containers

@@ -20,9 +20,7 @@ from management.services.market import MarketService, RentalDetail
 from management.services.models import Page, page_of
 from management.workloads.book import WorkloadBook
 from management.workloads.runner import SchedulerLoop
-from master.records import EventRecord, KeptOutput, WorkloadRecord, WorkloadSpec
-from master.service import Master
-from master.store.aggregates import workload_order
+from master.port import EventRecord, KeptOutput, MasterPort, WorkloadRecord, WorkloadSpec, workload_order
 
 
 class WorkloadKey(msgspec.Struct, array_like=True, frozen=True):
@@ -48,7 +46,7 @@ class WorkloadOverview:
 class WorkloadsService:
     EVENTS_SHOWN = 200  # an overview's newest events
 
-    def __init__(self, master: Master, book: WorkloadBook, scheduler: SchedulerLoop, market: MarketService) -> None:
+    def __init__(self, master: MasterPort, book: WorkloadBook, scheduler: SchedulerLoop, market: MarketService) -> None:
         self._master = master
         self.book = book  # the one writer of workload records, shared with the scheduling loop
         self.scheduler = scheduler  # its loop runs where the composition root started it; explaining needs its snapshot

@@ -35,11 +35,18 @@ from management.workloads.states import (
     AssignmentState,
     WorkloadState,
 )
-from master.events import EventLog
-from master.records import Assignment, CommandRecord, KeptOutput, WorkloadRecord, WorkloadSpec
-from master.store.aggregates import output_key, workload_order
-from master.store.base import Store
-from master.tiers import TierPolicy
+from master.port import (
+    Assignment,
+    CommandRecord,
+    EventLog,
+    KeptOutput,
+    Store,
+    TierPolicy,
+    WorkloadRecord,
+    WorkloadSpec,
+    output_key,
+    workload_order,
+)
 
 log = logging.getLogger(__name__)
 

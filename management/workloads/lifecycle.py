@@ -48,8 +48,7 @@ import msgspec
 from common.errors import is_renter_fault
 from management.workloads.spec import workload_of
 from management.workloads.states import GONE_ASSIGNMENT_STATES, AssignmentState, WorkloadState
-from master.records import Assignment, WorkloadRecord
-from master.states import CommandState
+from master.port import Assignment, CommandState, WorkloadRecord
 
 W = WorkloadState
 A = AssignmentState

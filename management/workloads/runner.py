@@ -63,10 +63,7 @@ from management.workloads.lifecycle import (
 )
 from management.workloads.spec import container_name, container_spec
 from management.workloads.states import AssignmentState, WorkloadState
-from master.config import MasterConfig
-from master.records import AgentRecord, Assignment, CommandRecord, WorkloadRecord, WorkloadSpec
-from master.service import Master
-from master.states import AgentState
+from master.port import AgentRecord, AgentState, Assignment, CommandRecord, MasterConfig, MasterPort, WorkloadRecord, WorkloadSpec
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +115,7 @@ class CycleReport:
 class SchedulerLoop:
     def __init__(
         self,
-        master: Master,
+        master: MasterPort,
         book: WorkloadBook,
         settings: SchedulerSettings | None = None,
         *,
@@ -454,7 +451,7 @@ class SchedulerLoop:
     async def _delete_strays(self, now: float) -> int:
         """Delete again every workload container nobody holds (lifecycle.strays says which and why)."""
         deleting = {
-            (c.agent_id, str(c.spec.get("name"))) for c in self.master.ledger.open.values() if c.kind == "delete_container"
+            (c.agent_id, str(c.spec.get("name"))) for c in self.master.commands.open.values() if c.kind == "delete_container"
         }
         hosts = [
             HostContainers(agent.id, _host_status(agent) == HostStatus.ANSWERING, agent.containers)

@@ -15,8 +15,7 @@ from collections.abc import Collection
 from common.catalog import CATALOG
 from common.containers import ContainerSpec, RegistryAuth
 from common.errors import IdlegridError
-from master.records import Assignment, WorkloadRecord, WorkloadSpec
-from master.tiers import TierPolicy
+from master.port import Assignment, TierPolicy, WorkloadRecord, WorkloadSpec
 
 __all__ = [
     "DEFAULT_PRIORITY_CLASSES",

@@ -21,7 +21,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 
-from master.states import StateMachine
+from master.port import StateMachine
 
 
 class WorkloadState(enum.StrEnum):

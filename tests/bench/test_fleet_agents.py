@@ -23,7 +23,7 @@ from common.containers import LABEL_COMMAND_ID, ContainerSpec
 from common.errors import ConfigError, RuntimeFailure
 from common.pki import Role
 from master.config import MasterConfig
-from master.service import Master
+from master.master import Master
 
 FINAL = {"succeeded", "failed", "timed_out", "cancelled"}
 
@@ -159,7 +159,7 @@ async def grid(tmp_path: Path):
 async def _final(master: Master, command_id: str, timeout: float = 10.0) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        state = (await master.ledger.get(command_id)).state
+        state = (await master.commands.get(command_id)).state
         if state in FINAL:
             return state
         await asyncio.sleep(0.02)
@@ -187,9 +187,9 @@ async def test_a_fleet_of_real_agents_gets_ready_reports_and_runs_each_command_o
         assert len(master.registry.gpus) == 8  # 2 simulated GPUs per agent, known to the Master
 
         target = agent_ids[0]
-        record = await master.ledger.create(target, "create_container", {"name": "c1", "image": "bench/none"})
+        record = await master.commands.create(target, "create_container", {"name": "c1", "image": "bench/none"})
         assert await _final(master, record.id) == "succeeded"
-        await master.ledger.resend_for(target)  # a resend of a finished command: answered, not run again
+        await master.commands.resend_for(target)  # a resend of a finished command: answered, not run again
         await asyncio.sleep(1.5)  # a heartbeat or so, for telemetry and the resend to arrive
 
         stats = fleet.stats()
@@ -222,9 +222,9 @@ async def test_failures_of_the_simulated_runtime_reach_the_master_as_failed_comm
     await fleet.start()
     try:
         assert await fleet.wait_ready(20)
-        record = await master.ledger.create(agent_ids[0], "create_container", {"name": "c1", "image": "bench/none"})
+        record = await master.commands.create(agent_ids[0], "create_container", {"name": "c1", "image": "bench/none"})
         assert await _final(master, record.id) == "failed"
-        assert "simulated create failure" in ((await master.ledger.get(record.id)).error or "")
+        assert "simulated create failure" in ((await master.commands.get(record.id)).error or "")
         assert fleet.stats()["failed_executions"] == 1
     finally:
         await fleet.stop()

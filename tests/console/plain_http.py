@@ -11,8 +11,8 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from management.app import api_app
 from master.config import ConsoleSettings, MasterConfig
+from master.master import Master
 from master.records import AccountRecord
-from master.service import Master
 
 PASSWORD = "renter-password-1"
 CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')

@@ -10,8 +10,8 @@ from agent.simulate import SimulatedCollector
 from common.inventory import GpuReach, HostInfo, Inventory
 from master.accounts import AccountRole
 from master.enrollment import hash_secret
+from master.master import Master
 from master.records import AgentRecord, ApiKeyRecord
-from master.service import Master
 
 HOST = HostInfo(
     hostname="h1",

@@ -19,7 +19,7 @@ from management.app import api_app
 from management.http.paging import fingerprint
 from management.http.schemas import AgentQuery, CommandQuery, EventQuery, GpuQuery, PageQuery
 from master.config import MasterConfig
-from master.service import Master
+from master.master import Master
 from tests.management.hosts import add_agent
 
 AGENTS, GPUS_PER_AGENT = 625, 8  # 5,000 GPUs

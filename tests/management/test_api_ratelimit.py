@@ -12,7 +12,7 @@ from management.api import ApiSettings
 from management.api.ratelimit import KeyRateLimits
 from management.app import api_app
 from master.config import MasterConfig
-from master.service import Master
+from master.master import Master
 from tests.management.hosts import api_key
 
 

@@ -25,7 +25,7 @@ from management.app import compose
 from management.http.errors import errors_middleware
 from management.http.keys import SERVICES_KEY
 from master.config import MasterConfig
-from master.service import Master
+from master.master import Master
 from tests.management.hosts import api_key
 
 # --- every route declared, every declaration whole ------------------------------------------------------------------

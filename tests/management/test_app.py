@@ -109,7 +109,7 @@ async def test_the_loops_stop_in_the_reverse_order_of_their_start(tmp_path):
 async def test_composing_reads_and_starts_nothing_until_the_root_loads(tmp_path):
     """A composition is inert until the root loads and starts it: what lets a standby Master (docs/ha.md) compose at
     start and load only once elected (tests/management/test_ha_server.py runs that path)."""
-    from master.service import Master
+    from master.master import Master
 
     master = Master(MasterConfig(state_dir=str(tmp_path), link_port=0))
     await master.start()

@@ -13,7 +13,7 @@ from management.app import compose
 from management.services import Services
 from management.services.hosts import AgentKey
 from master.config import MasterConfig
-from master.service import Master
+from master.master import Master
 
 
 @pytest.fixture

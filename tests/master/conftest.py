@@ -106,7 +106,7 @@ async def store(open_stores: OpenStore) -> Store:
 async def master(tmp_path: Path) -> AsyncIterator[Any]:
     """A real Master on SQLite in tmp_path, its relay endpoint on a free port; tests drive it with tests/master/linked.py."""
     from master.config import MasterConfig
-    from master.service import Master
+    from master.master import Master
 
     running = Master(MasterConfig(state_dir=str(tmp_path / "master"), link_port=0, relay_directory_coalesce_s=0.05))
     await running.start()

@@ -26,8 +26,8 @@ from common.wire import (
     encode,
 )
 from master.link import AccessLink
+from master.master import Master
 from master.records import AgentRecord
-from master.service import Master
 
 HOST = HostInfo(
     hostname="gpu-host",
@@ -101,7 +101,7 @@ async def enrolled(master: Master, agent_id: str) -> AgentRecord:
 async def relay(master: Master, link: AccessLink, agent_id: str, frame: msgspec.Struct | bytes) -> None:
     """``frame`` from ``agent_id`` arrives through ``link``, as a relay forwards it."""
     data = frame if isinstance(frame, bytes) else encode(frame)
-    await master._on_link_frame(link, Relay(agent_id=agent_id, frame=msgspec.Raw(data)))
+    await master.channel.on_link_frame(link, Relay(agent_id=agent_id, frame=msgspec.Raw(data)))
 
 
 async def connect(
@@ -121,13 +121,13 @@ async def connect(
         await enrolled(master, agent_id)
     link.agents.add(agent_id)
     master.hub.links.setdefault(link.relay_id, link)
-    await master._on_link_frame(link, AgentConnected(agent_id=agent_id, serial="", cert_not_after=time.time() + 3600))
+    await master.channel.on_link_frame(link, AgentConnected(agent_id=agent_id, serial="", cert_not_after=time.time() + 3600))
     gpu_list = gpus(2) if gpu_list is None else gpu_list
     await relay(master, link, agent_id, hello(gpu_list, runtime=runtime, isolation=isolation, host=host, images=images))
 
 
 async def disconnect(master: Master, link: AccessLink, agent_id: str, reason: str = "") -> None:
-    await master._on_link_frame(link, AgentDisconnected(agent_id=agent_id, reason=reason))
+    await master.channel.on_link_frame(link, AgentDisconnected(agent_id=agent_id, reason=reason))
 
 
 async def events(master: Master, kind_prefix: str, subject: str | None = None) -> list[Any]:

@@ -6,7 +6,7 @@ import msgspec
 
 from common.wire import AgentEvent, AgentEventKind, Error
 from master.config import MasterConfig
-from master.service import Master
+from master.master import Master
 from tests.master.linked import connect, events, relay, relay_link, to_agent
 
 

@@ -8,8 +8,8 @@ from common.errors import Conflict
 from common.wire import CommandResult
 from master.allocations import DUPLICATE_UUID_FLAG, GpuAllocations, Hold, gpu_state_for, offered
 from master.config import MasterConfig
+from master.master import Master
 from master.records import AgentRecord, CommandRecord, GpuRecord
-from master.service import Master
 from tests.master.linked import connect, gpus, relay, relay_link
 
 
@@ -122,7 +122,7 @@ async def test_two_creates_naming_one_gpu_the_second_is_refused_before_dispatch(
     first = await master.create_command("agt-a", "create_container", {"name": "job-1", "image": "none", "gpus": ["GPU-h100-0"]})
     with pytest.raises(Conflict, match="held by container 'job-1'"):
         await master.create_command("agt-a", "create_container", {"name": "job-2", "image": "none", "gpus": ["0"]})
-    assert [c.id for c in await master.commands(agent_id="agt-a")] == [first.id]  # nothing stored, nothing sent
+    assert [c.id for c in await master.list_commands(agent_id="agt-a")] == [first.id]  # nothing stored, nothing sent
     assert master.registry.gpus["GPU-h100-0"].state == "reserved"
 
 

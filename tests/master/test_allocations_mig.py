@@ -11,8 +11,8 @@ from common.inventory import GpuInfo, MigInstance
 from common.wire import CommandResult
 from master.allocations import GpuAllocations, Hold
 from master.config import MasterConfig
+from master.master import Master
 from master.records import AgentRecord, CommandRecord, GpuFault, GpuRecord
-from master.service import Master
 from tests.master.linked import connect, gpus, relay, relay_link
 
 MIG = ["MIG-a-0", "MIG-a-1", "MIG-a-2"]

@@ -7,7 +7,7 @@ import pytest
 from common.errors import NotFound
 from master import accounts
 from master.config import MasterConfig
-from master.service import Master
+from master.master import Master
 
 
 async def test_a_known_key_is_read_from_the_store_once_per_cache_period(tmp_path, monkeypatch):

@@ -1,4 +1,5 @@
-"""The change feed on its own: ordered delivery, a bounded queue that collapses to one resync, no cost unheard."""
+"""The change feed on its own: ordered delivery, a bounded queue that collapses to one resync, no cost unheard, each
+subscriber given only the kinds it named, synchronous listeners."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import asyncio
 import pytest
 
 from common.errors import SubscriptionClosed
-from master.changes import ChangeFeed, ContainerExited, HostChanged, Resync
+from master.changes import AgentWritten, Change, ChangeFeed, ContainerExited, HoldsChanged, HostChanged, Resync, SamplesTaken
 
 
 def exited(n: int) -> ContainerExited:
@@ -62,3 +63,38 @@ async def test_a_closed_subscription_ends_its_iteration_and_hears_nothing_more()
 def test_a_capacity_below_one_is_refused():
     with pytest.raises(ValueError, match="capacity"):
         ChangeFeed().subscribe(capacity=0)
+
+
+def test_a_queue_gets_the_placement_changes_unless_it_names_other_kinds():
+    feed = ChangeFeed()
+    placement, samples = feed.subscribe(), feed.subscribe(kinds=[SamplesTaken])
+    taken = SamplesTaken(agent_id="agt-a", samples=[])
+    feed.publish(taken)
+    feed.publish(exited(1))
+    feed.publish(AgentWritten(agent_id="agt-a"))  # neither asked for it
+    assert placement.get_nowait() == exited(1) and placement.get_nowait() is None
+    assert samples.get_nowait() == taken and samples.get_nowait() is None
+
+
+def test_a_listener_is_called_at_once_with_the_kinds_it_named_until_it_stops():
+    feed = ChangeFeed()
+    heard: list[Change] = []
+    assert not feed.wants(HoldsChanged)
+    stop = feed.listen(heard.append, [HoldsChanged, AgentWritten])
+    assert feed.wants(HoldsChanged) and feed.wants(AgentWritten) and not feed.wants(SamplesTaken)
+    feed.publish(HoldsChanged(agent_id=None))
+    feed.publish(exited(1))
+    feed.publish(AgentWritten(agent_id="agt-b"))
+    assert heard == [HoldsChanged(agent_id=None), AgentWritten(agent_id="agt-b")]
+    stop()
+    stop()  # twice is harmless
+    feed.publish(HoldsChanged(agent_id="agt-a"))
+    assert len(heard) == 2 and not feed.wants(HoldsChanged) and not feed.listening
+
+
+def test_a_closed_subscription_takes_no_kind_any_more():
+    feed = ChangeFeed()
+    subscription = feed.subscribe()
+    assert feed.wants(HostChanged)
+    subscription.close()
+    assert not feed.wants(HostChanged) and not feed.listening

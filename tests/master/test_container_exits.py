@@ -7,7 +7,7 @@ import time
 
 from common.wire import AgentEvent, AgentEventKind, CommandResult, Heartbeat
 from master.changes import CommandFinished, ContainerExited, HostChanged
-from master.service import Master
+from master.master import Master
 from tests.master.linked import connect, disconnect, events, relay, relay_link
 
 SPEC = {"name": "job", "image": "none", "gpus": ["GPU-h100-0"]}
@@ -72,7 +72,7 @@ async def test_the_feed_announces_hosts_going_and_coming_and_every_final_command
         command_id=failed.id, agent_id="agt-a", kind="create_container", state="failed", container="job", error="image not found"
     )
     timed_out = await master.create_command("agt-a", "create_container", SPEC, timeout_s=0.01)
-    await master.ledger.expire(time.time() + 1)
+    await master.commands.expire(time.time() + 1)
     finished = changes.get_nowait()
     assert isinstance(finished, CommandFinished) and (finished.command_id, finished.state) == (timed_out.id, "timed_out")
     await disconnect(master, link, "agt-a", "closed")
@@ -89,7 +89,7 @@ async def test_a_lost_relay_announces_each_of_its_hosts_offline(master):
     await connect(master, link, "agt-a")
     await connect(master, link, "agt-b")
     changes = master.changes.subscribe()
-    await master._on_link_closed(link)
+    await master.channel.on_link_closed(link)
     announced = [changes.get_nowait(), changes.get_nowait()]
     assert {(c.agent_id, c.state, c.previous) for c in announced if isinstance(c, HostChanged)} == {
         ("agt-a", "offline", "ready"),

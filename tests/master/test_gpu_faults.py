@@ -13,7 +13,7 @@ from common.inventory import GpuSample, Inventory
 from common.wire import PROTOCOL_VERSIONS, AgentEvent, AgentEventKind, Hello, Telemetry
 from master.changes import GpuHealthChanged
 from master.config import MasterConfig
-from master.service import Master
+from master.master import Master
 from tests.master.linked import HOST, connect, events, gpus, relay, relay_link
 
 GPU0 = "GPU-h100-0"

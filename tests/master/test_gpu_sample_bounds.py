@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from common.inventory import GpuSample
 from common.wire import Error, Heartbeat, Telemetry
 from master.config import MasterConfig
-from master.service import Master
+from master.master import Master
 from master.store import SqliteStore
 from master.telemetry import (
     GPU_COUNTER_MAX,

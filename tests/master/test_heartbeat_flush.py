@@ -7,7 +7,7 @@ import time
 
 from common.wire import Heartbeat
 from master.config import MasterConfig
-from master.service import Master
+from master.master import Master
 from tests.master.linked import connect, gpus, relay, relay_link
 
 

@@ -7,8 +7,8 @@ import pytest
 from common.errors import Conflict
 from common.wire import Error, Welcome
 from master.config import MasterConfig
+from master.master import Master
 from master.registry import ABSENT_KEPT_PER_HOST, Registry
-from master.service import Master
 from tests.master.linked import connect, events, gpus, hello, relay, relay_link, to_agent
 
 

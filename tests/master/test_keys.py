@@ -20,9 +20,9 @@ from common.pki import (
 from common.wire import CommandBody, signing_bytes
 from master.config import MasterConfig
 from master.keys import FIRST_KEY_FILE, RING_FILE, KeyState, SigningKeyRing
+from master.master import Master
 from master.records import AgentRecord
 from master.renewal import renew_certificate
-from master.service import Master
 
 
 @pytest.fixture
@@ -143,10 +143,10 @@ async def test_operators_rotate_list_and_retire_keys_through_the_api(api):
 async def test_new_commands_are_signed_with_the_current_key_and_open_ones_re_signed_when_theirs_retires(api):
     master = api.master
     await add_agent(master, "agt-a")
-    before = await master.ledger.create("agt-a", "delete_container", {"name": "x"})  # pending: agent not connected
+    before = await master.commands.create("agt-a", "delete_container", {"name": "x"})  # pending: agent not connected
     old = before.key_id
     new = (await master.rotate_signing_key()).key_id
-    after = await master.ledger.create("agt-a", "delete_container", {"name": "y"})
+    after = await master.commands.create("agt-a", "delete_container", {"name": "y"})
     assert after.key_id == new and before.key_id == old  # rotation alone re-signs nothing
 
     await master.retire_signing_key(old)
@@ -205,6 +205,6 @@ async def test_a_renewal_names_the_agent_keeps_the_old_serial_for_revocation_and
             renew(master, agent, make_csr(generate_key(), "agt-a").decode(), now + 1)
 
         await master.revoke("agt-a")
-        assert {format(first.serial_number, "x"), renewed.serial} <= set(master._revoked)
+        assert {format(first.serial_number, "x"), renewed.serial} <= set(master.channel.revoked)
     finally:
         await master.stop()

@@ -21,6 +21,7 @@ from common.pki import generate_key, make_csr
 from management.app import api_app
 from master.config import MasterConfig
 from master.enrollment import hash_secret
+from master.master import Master
 from master.records import (
     FairShareUsage,
     KeptOutput,
@@ -31,7 +32,6 @@ from master.records import (
     RentalRecord,
     RevocationRecord,
 )
-from master.service import Master
 from master.store import open_store
 from master.store.aggregates import Aggregate
 from tests.management.test_api import add_agent
@@ -197,7 +197,7 @@ async def test_a_command_with_a_nan_timeout_is_refused_and_the_commands_stay_lis
         assert created.status == 400, await created.text()  # unstorable_record here; bad_request once the API checks
         listed = await client.get("/api/v1/commands", headers=auth)
         assert listed.status == 200 and (await listed.json())["items"] == []
-        assert master.ledger.open == {}
+        assert master.commands.open == {}
     finally:
         await client.close()
         await master.stop()

@@ -17,7 +17,7 @@ async def test_fleet_gauges_and_counters_are_in_the_masters_registry(master):
     await relay(master, link, "agt-a", Heartbeat(seq=1, ts=0.0))
     done = await master.create_command("agt-a", "create_container", {"name": "j", "image": "none", "gpus": ["0"]})
     await relay(master, link, "agt-a", CommandResult(id=done.id, ok=True))
-    await master._on_link_opened(link)
+    await master.channel.on_link_opened(link)
 
     value = master.metrics.registry.get_sample_value
     region = master.registry.agents["agt-a"].region or "none"

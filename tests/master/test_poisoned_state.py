@@ -9,7 +9,7 @@ import pytest
 
 from master.commands import InvalidCommand
 from master.config import MasterConfig
-from master.service import Master
+from master.master import Master
 from tests.master.linked import connect, enrolled, events, relay_link
 
 
@@ -18,7 +18,7 @@ async def test_the_ledger_refuses_a_timeout_that_is_not_a_positive_number(master
     await enrolled(master, "agt-a")
     with pytest.raises(InvalidCommand, match="timeout_s must be a positive number of seconds"):
         await master.create_command("agt-a", "delete_container", {"name": "j"}, timeout_s=timeout_s)
-    assert await master.commands() == []
+    assert await master.list_commands() == []
 
 
 async def test_a_record_the_store_cannot_decode_leaves_everything_else_served(tmp_path):
@@ -38,8 +38,8 @@ async def test_a_record_the_store_cannot_decode_leaves_everything_else_served(tm
     await again.start()
     try:
         assert again.agent("agt-a").id == "agt-a" and len(again.gpus("agt-a")) == 2
-        assert bad.id not in again.ledger.open
-        if good.id not in again.ledger.open:  # this store fails the whole list: the Master says so and goes on
+        assert bad.id not in again.commands.open
+        if good.id not in again.commands.open:  # this store fails the whole list: the Master says so and goes on
             [problem] = await events(again, "master.load_failed")
             assert problem.subject == "commands"
         await again.create_command("agt-a", "delete_container", {"name": "m"})

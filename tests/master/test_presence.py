@@ -21,7 +21,7 @@ async def test_a_lost_relay_takes_every_agent_it_carried_offline_at_once(master)
     link = relay_link("relay-a")
     for agent_id in ("agt-a", "agt-b"):
         await connect(master, link, agent_id)
-    await master._on_link_closed(link)  # what the hub calls when the link's connection ends
+    await master.channel.on_link_closed(link)  # what the hub calls when the link's connection ends
     for agent_id in ("agt-a", "agt-b"):
         agent = master.agent(agent_id)
         assert (agent.state, agent.state_reason) == ("offline", "relay relay-a lost")
@@ -37,7 +37,7 @@ async def test_an_agent_already_back_through_another_relay_stays_reachable(maste
     await connect(master, old, "agt-a")
     await connect(master, new, "agt-a")  # failed over before relay-a noticed
     await disconnect(master, old, "agt-a", "connection lost")  # late news from the relay it left
-    await master._on_link_closed(old)
+    await master.channel.on_link_closed(old)
     agent = master.agent("agt-a")
     assert agent.state == "ready" and agent.relay == "relay-b"
     assert master.hub.agent_links["agt-a"] is new
@@ -54,24 +54,24 @@ async def test_the_welcome_carries_the_relay_directory(master):
 async def test_agents_are_told_the_directory_once_per_burst_of_relays_coming_and_going(master):
     a = relay_link("relay-a", "eu", "wss://a:1")
     master.hub.links["relay-a"] = a
-    await master._on_link_opened(a)
+    await master.channel.on_link_opened(a)
     await asyncio.sleep(0.2)
     await connect(master, a, "agt-a")
     assert [f for f in to_agent(a, "agt-a") if isinstance(f, RelayDirectory)] == []  # connected after: its welcome had it
 
     for relay_id, url in (("relay-b", "wss://b:1"), ("relay-c", "wss://c:1")):  # a burst of two
         master.hub.links[relay_id] = link = relay_link(relay_id, "us", url)
-        await master._on_link_opened(link)
+        await master.channel.on_link_opened(link)
     await asyncio.sleep(0.2)
     directories = [f for f in to_agent(a, "agt-a") if isinstance(f, RelayDirectory)]
     assert [[r.relay_id for r in d.relays] for d in directories] == [["relay-a", "relay-b", "relay-c"]]
 
-    await master._on_link_opened(master.hub.links["relay-b"])  # nothing changed: nothing sent
+    await master.channel.on_link_opened(master.hub.links["relay-b"])  # nothing changed: nothing sent
     await asyncio.sleep(0.2)
     assert len([f for f in to_agent(a, "agt-a") if isinstance(f, RelayDirectory)]) == 1
 
     link = master.hub.links.pop("relay-c")
-    await master._on_link_closed(link)
+    await master.channel.on_link_closed(link)
     await asyncio.sleep(0.2)
     latest = [f for f in to_agent(a, "agt-a") if isinstance(f, RelayDirectory)][-1]
     assert [r.relay_id for r in latest.relays] == ["relay-a", "relay-b"]

@@ -144,7 +144,7 @@ async def test_verification_counts_follow_the_hosts_inventory(master):
 
 async def test_an_agent_stored_without_verification_counts_gets_them_from_its_gpus_when_the_master_loads(tmp_path):
     from master.config import MasterConfig
-    from master.service import Master
+    from master.master import Master
 
     config = MasterConfig(state_dir=str(tmp_path / "m"), link_port=0)
     first = Master(config)

@@ -12,7 +12,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from management.app import api_app
 from management.client import AsyncApiClient
 from master.config import MasterConfig
-from master.service import Master
+from master.master import Master
 
 
 class OperatorApi(TestClient[web.Request, web.Application]):

@@ -19,8 +19,7 @@ from management.http.schemas import AccountQuery, CreateAccount, CreateApiKey, E
 from management.services.accounts import AccountIdKey
 from management.services.models import PositionKey
 from management.views import account_view, api_key_view, issued_api_key_view, whoami_view
-from master.accounts import AccountChange
-from master.records import AccountRecord
+from master.port import AccountChange, AccountRecord
 
 ACCOUNTS = "accounts"
 KEYS = "keys"

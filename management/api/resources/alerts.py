@@ -21,7 +21,7 @@ from management.monitoring.rules import AlertRule
 from management.monitoring.settings import RuleListing
 from management.services.alerts import WebhookKey
 from management.views import rfc3339
-from master.records import SilenceRecord, WebhookRecord
+from master.port import SilenceRecord, WebhookRecord
 
 RuleName = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[a-z0-9_]+\Z")]
 MetricName = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[a-z_]+(\.[a-z_]+)*\Z")]

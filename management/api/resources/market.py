@@ -30,7 +30,7 @@ from management.views import (
     statement_view,
     workload_view,
 )
-from master.records import Amount, WorkloadSpec
+from master.port import Amount, WorkloadSpec
 
 RENTALS = "rentals"
 

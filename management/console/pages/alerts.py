@@ -28,7 +28,7 @@ from management.console.templating import duration, when
 from management.http.keys import SERVICES_KEY
 from management.monitoring.evaluator import AlertState, AlertTransition
 from management.monitoring.settings import MAX_SILENCE_S, RuleListing
-from master.records import SilenceRecord
+from master.port import SilenceRecord
 
 REFRESH_S = 5  # the alerts page's lists refresh (htmx) this often
 RECENT_SHOWN = 50  # transitions listed on the page (the loop keeps the last thousand)

@@ -32,8 +32,7 @@ from management.market.money import format_amount
 from management.market.prices import HostPrice, PriceSetting
 from management.services.hosts import AgentDetail, AgentKey
 from management.services.telemetry import HostSamples
-from master.records import GpuRecord
-from master.reputation import WEIGHTS, reputation
+from master.port import WEIGHTS, GpuRecord, reputation
 
 HOSTS_PAGE = 50  # hosts on a page of the list
 PAYOUT_PERIODS = ("day", "week", "month")

@@ -35,7 +35,7 @@ from management.services.workloads import WorkloadKey
 from management.views import explanation_view, workload_view
 from management.workloads.explain_text import render_explanation
 from management.workloads.states import WORKLOAD_STATES
-from master.records import MAX_GPUS_PER_REPLICA, KeptOutput, WorkloadSpec
+from master.port import MAX_GPUS_PER_REPLICA, KeptOutput, WorkloadSpec
 
 OFFERS_PER_PAGE = 25
 WORKLOADS_PER_PAGE = 25

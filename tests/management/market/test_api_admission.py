@@ -12,7 +12,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from management.app import api_app
 from master.config import MasterConfig
-from master.service import Master
+from master.master import Master
 from tests.management.hosts import add_agent, api_key
 
 

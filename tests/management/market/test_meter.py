@@ -22,8 +22,8 @@ from management.workloads.book import WorkloadBook
 from management.workloads.spec import container_name
 from master.accounts import AccountRole
 from master.config import MasterConfig
+from master.master import Master
 from master.records import Assignment, PriceRecord, RentalTerms, ReplicaSpec, WorkloadRecord, WorkloadSpec
-from master.service import Master
 from tests.management.hosts import add_agent
 
 PRICES = [PriceRecord(provider="prov", on_demand=3_600_000, min_bid=1_000_000, reserved_discount=0.5)]  # 1000 /GPU-s

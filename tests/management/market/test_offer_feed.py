@@ -17,8 +17,8 @@ from management.market.offers import Offer
 from management.market.prices import HostPrice, PriceBook, PriceSetting, PriceTable, grid_default_of
 from master.config import MasterConfig
 from master.link import AccessLink
+from master.master import Master
 from master.records import GpuFault, PriceRecord
-from master.service import Master
 from tests.master.linked import connect, disconnect, gpus, relay_link
 
 
@@ -152,10 +152,10 @@ async def test_changes_lost_to_a_full_queue_rebuild_every_offer(master, link, pr
     await host(master, link, "h1", 2)
     await host(master, link, "h2", 2)
     assert set(offered(feed)) == {"h1", "h2"}
-    # Only the change feed can tell of these now (the direct listeners are taken away): two GPU faults overflow its
-    # queue of one, and the Resync that replaces them makes the next search re-derive every offer.
-    master.registry._saved_listeners.clear()
-    master.allocations._listeners.clear()
+    # Only the feed's queue can tell of these now (the feed's synchronous listener is taken away): two GPU faults
+    # overflow its queue of one, and the Resync that replaces them makes the next search re-derive every offer.
+    for stop in feed._unlisten:
+        stop()
     for agent_id in ("h1", "h2"):
         gpu = master.registry.gpus[f"GPU-{agent_id}-0"]
         await master.registry.mark_faulty(gpu, GpuFault(kind="ecc", reason="uncorrectable ECC", since=0.0, code=3))

@@ -12,8 +12,8 @@ import pytest
 
 from management.market.market import HostReliability
 from master.config import MasterConfig
+from master.master import Master
 from master.records import RentalHost, RentalRecord
-from master.service import Master
 from tests.management.hosts import add_agent
 
 DAY = 86400.0

@@ -17,7 +17,7 @@ from management.monitoring.rules import load_rules
 from master.accounts import AccountRole
 from master.config import MasterConfig
 from master.link import AccessLink
-from master.service import Master
+from master.master import Master
 from tests.management.workloads.test_runner import host, scheduler, spec, started
 from tests.master.linked import relay, relay_link
 

@@ -26,8 +26,8 @@ from management.monitoring.notifier import SIGNATURE_HEADER, NotifierSettings, W
 from management.monitoring.observe import FleetObserver
 from management.monitoring.rules import AlertRule, load_rules
 from master.config import MasterConfig
+from master.master import Master
 from master.records import SilenceRecord
-from master.service import Master
 from tests.management.monitoring.receiver import WebhookReceiver
 from tests.master.linked import connect, events, relay, relay_link
 

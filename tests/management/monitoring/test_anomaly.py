@@ -16,8 +16,9 @@ from management.monitoring.anomaly import STD_FLOOR_C, WARM_UP, TemperatureBasel
 from management.monitoring.evaluator import FIRING
 from management.monitoring.observe import FleetObserver
 from management.monitoring.rules import load_rules
+from master.changes import SamplesTaken
 from master.config import MasterConfig
-from master.service import Master
+from master.master import Master
 
 SAMPLE_S = 10.0
 
@@ -79,8 +80,7 @@ async def test_a_gpu_hot_at_the_same_utilization_is_flagged_and_one_that_heats_b
                     GpuSample(uuid=uuid, ts=now[0], utilization_pct=util, temperature_c=temp + rng.uniform(-1, 1))
                     for uuid, (util, temp) in ((steady_then_hot, hot), (busier, busy))
                 ]
-                for listener in master.sample_listeners:
-                    listener(agent_id, samples)
+                master.changes.publish(SamplesTaken(agent_id=agent_id, samples=samples))
                 if round(now[0] / SAMPLE_S) % 3 == 0:  # every third sample
                     fired.extend(await loop.step())
 

@@ -13,8 +13,8 @@ from collections import defaultdict
 
 import pytest
 
+from master.master import Master
 from master.records import LedgerEntry, LedgerLine, RentalHost, RentalRecord, TelemetryRollup
-from master.service import Master
 from tests.management.hosts import add_agent, api_key
 
 DAY = 86400

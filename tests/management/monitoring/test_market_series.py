@@ -20,8 +20,8 @@ from management.workloads.book import WorkloadBook
 from management.workloads.spec import container_name
 from master.accounts import AccountRole
 from master.config import MasterConfig
+from master.master import Master
 from master.records import Assignment, PriceRecord, ReplicaSpec, WorkloadSpec
-from master.service import Master
 from tests.management.hosts import add_agent
 from tests.support.prometheus import check_metrics, sample, samples
 

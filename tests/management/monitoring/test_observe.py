@@ -10,7 +10,7 @@ from management.monitoring.evaluator import FIRING, RESOLVED
 from management.monitoring.observe import COMMAND_WINDOW_S, FLEET_COMMAND_FAILURE, RENTER_BALANCE_COVER, FleetObserver
 from management.monitoring.rules import load_rules
 from master.config import MasterConfig
-from master.service import Master
+from master.master import Master
 from tests.master.linked import connect, relay_link
 
 

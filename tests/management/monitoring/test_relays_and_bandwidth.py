@@ -19,7 +19,7 @@ from management.monitoring.evaluator import FIRING, RESOLVED
 from management.monitoring.observe import HOST_BANDWIDTH_BELOW_FLOOR, RELAY_DOWN, FleetObserver
 from management.monitoring.rules import load_rules
 from master.config import MasterConfig
-from master.service import Master
+from master.master import Master
 from tests.master.linked import HOST, connect, gpus, relay_link
 
 DEADLINE_S = 10.0

@@ -24,9 +24,10 @@ from management.monitoring.observe import (
     FleetObserver,
 )
 from management.monitoring.rules import AlertRule, load_rules
+from master.changes import SamplesTaken
 from master.config import MasterConfig
+from master.master import Master
 from master.records import GpuFault
-from master.service import Master
 
 PERIOD_S = 15.0
 OVERHEATING = next(r for r in load_rules() if r.name == "gpu_overheating")  # > 85 for 120 s, clears < 80 for 60 s
@@ -40,8 +41,7 @@ OFFSETS = (1.0, 6.0, 11.0, 15.5)
 
 
 def hear(master: Master, agent_id: str, samples: list[GpuSample]) -> None:
-    for listener in master.sample_listeners:
-        listener(agent_id, samples)
+    master.changes.publish(SamplesTaken(agent_id=agent_id, samples=samples))  # as the Master's telemetry intake does
 
 
 def fingerprint(result: Evaluation) -> tuple[list[tuple], dict[tuple[str, str], tuple]]:

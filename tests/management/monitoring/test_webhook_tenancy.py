@@ -23,7 +23,7 @@ from management.monitoring.evaluator import FIRING, AlertTransition
 from management.monitoring.notifier import NotifierSettings, Webhook, WebhookNotifier
 from master.accounts import AccountChange
 from master.config import MasterConfig
-from master.service import Master
+from master.master import Master
 from tests.management.hosts import api_key
 from tests.management.monitoring.receiver import BlackHole, WebhookReceiver
 from tests.management.monitoring.test_webhook_targets import REFUSED, settled

@@ -11,7 +11,7 @@ import pytest
 from master.accounts import AccountRole
 from master.config import MasterConfig
 from master.link import AccessLink
-from master.service import Master
+from master.master import Master
 from tests.master.linked import relay_link
 
 

@@ -12,8 +12,8 @@ from management.market.money import parse_amount
 from management.market.prices import HostPrice
 from management.workloads.book import WorkloadBook
 from management.workloads.runner import SchedulerLoop, SchedulerSettings
+from master.master import Master
 from master.records import RentalTerms, WorkloadRecord
-from master.service import Master
 from tests.management.workloads.test_runner import GRACE_S, creates_sent, host, relay, scheduler, spec, started
 from tests.master.linked import disconnect
 

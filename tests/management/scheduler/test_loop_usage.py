@@ -19,8 +19,8 @@ from management.workloads.runner import SchedulerLoop, SchedulerSettings
 from master.accounts import AccountRole
 from master.config import MasterConfig
 from master.link import AccessLink
+from master.master import Master
 from master.records import FairShareUsage
-from master.service import Master
 from master.store import SqliteStore
 from master.store.migrations import SQLITE_MIGRATIONS
 from tests.management.workloads.test_runner import host, spec, started

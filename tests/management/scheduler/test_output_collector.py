@@ -12,8 +12,8 @@ from management.services.outputs import OutputCollector, OutputSettings
 from management.tunnel_client import TunnelClosed
 from management.workloads.runner import SchedulerLoop
 from master.link import AccessLink
+from master.master import Master
 from master.records import KeptOutput
-from master.service import Master
 from master.tunnels import TunnelUnavailable
 from tests.management.workloads.test_runner import deletes_sent, host, scheduler, spec, started
 from tests.master.linked import relay

@@ -14,8 +14,8 @@ from common.errors import InvalidTransition, NotFound
 from management.workloads.book import WorkloadBook
 from management.workloads.spec import InvalidWorkloadSpec, container_name
 from master.config import MasterConfig
+from master.master import Master
 from master.records import Assignment, ReplicaSpec, WorkloadSpec
-from master.service import Master
 from master.store import open_store
 from master.store.aggregates import output_key
 from master.store.errors import StaleWorkload

@@ -14,7 +14,7 @@ IO_MODULES = (
     "aiohttp",
     "websockets",
     "sqlite3",
-    "master.service",
+    "master.master",
     "master.store",
     "management.workloads.book",
 )

@@ -15,8 +15,8 @@ from master.accounts import AccountRole
 from master.allocations import Hold
 from master.config import MasterConfig
 from master.link import AccessLink
+from master.master import Master
 from master.records import Assignment, ReplicaSpec, WorkloadRecord, WorkloadSpec
-from master.service import Master
 from tests.master.linked import connect, gpus, relay, relay_link, to_agent
 
 GRACE_S = 7.0
@@ -353,7 +353,7 @@ async def test_a_restarted_master_counts_a_hosts_silence_from_its_own_start_not_
         await again.cycle()
 
         assert (await again.book.get(wl.id)).state == "running"
-        assert not [c for c in second.ledger.open.values() if c.kind == "delete_container"]
+        assert not [c for c in second.commands.open.values() if c.kind == "delete_container"]
         again._clock = lambda: second.started_at + 6.0  # noqa: SLF001  (the host stays silent past the grace)
         await again.cycle()
         rec = await again.book.get(wl.id)

@@ -1,0 +1,407 @@
+"""The agent channel: the one place that handles what relays and agents send the Master.
+
+A relay's link frame (an agent connected or gone, an enrollment, a relayed agent frame, its stats) is routed by
+``on_link_frame``. A relayed agent frame is decoded, judged by the agent's sans-I/O session (master/session.py
+``AgentSession.receive`` -> ``Verdict``) and the verdict carried out by ``_carry_out``. A frame the session takes goes
+to the handler of its kind: one method per kind (``_on_heartbeat``, ``_on_telemetry``, ``_on_command_report``,
+``_on_image_pull``, ``_on_agent_report``, ``_on_renew``, ``_on_agent_error``), so a new frame kind, or a hook on one,
+is one method and one line of ``_take``. The parts these handlers write to (registry, commands, telemetry, health,
+events) are built by master/composition.py; the rules live in them, this module only moves frames between them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from common.errors import EnrollmentError, IdlegridError, ProtocolError
+from common.inventory import GpuSample
+from common.wire import (
+    AccessStats,
+    AgentConnected,
+    AgentDisconnected,
+    AgentEvent,
+    AgentEventKind,
+    AgentFrame,
+    CommandAck,
+    CommandResult,
+    EnrollRequest,
+    EnrollResponse,
+    Error,
+    Heartbeat,
+    Hello,
+    LinkFrame,
+    Relay,
+    RenewRequest,
+    RenewResponse,
+    ResultAck,
+    Revocations,
+    Telemetry,
+    Welcome,
+    decode_agent_frame,
+    encode,
+    error_frame,
+)
+from master.budget import ReportLimits
+from master.changes import SamplesTaken
+from master.faults import HealthVerdict, Recovered
+from master.link import AccessLink
+from master.records import AgentRecord, CommandRecord, GpuRecord
+from master.renewal import renew_certificate
+from master.session import HELLO_REQUIRED, Act, AgentSession, SessionRules, Verdict
+from master.states import AgentState
+from master.telemetry import SampleWindow, SetAside, plausible_gpu
+
+if TYPE_CHECKING:
+    from master.composition import Parts
+
+log = logging.getLogger(__name__)
+
+# Agents in these states are shown reachable; a clean disconnect or a lost relay takes them offline at once.
+_CONNECTED = frozenset({AgentState.ENROLLED.value, AgentState.READY.value, AgentState.BUSY.value, AgentState.MAINTENANCE.value})
+
+
+class AgentChannel:
+    """Relay links and the agents behind them: sessions, presence, revocations, and every agent frame's handling."""
+
+    def __init__(self, parts: Parts) -> None:
+        # The parts it writes through, bound once: a frame's handling is the Master's hottest path.
+        self._authority = parts.authority
+        self._changes = parts.changes
+        self._commands = parts.commands
+        self._config = parts.config
+        self._directory = parts.directory
+        self._enrollment = parts.enrollment
+        self._events = parts.events
+        self._health = parts.health
+        self._hub = parts.hub
+        self._metrics = parts.metrics
+        self._registry = parts.registry
+        self._telemetry = parts.telemetry
+        config = parts.config
+        self.sessions: dict[str, AgentSession] = {}  # agent id -> its session on its current connection
+        self.revoked: set[str] = set()  # certificate serials refused (loaded by the Master, sent to every relay)
+        self.relay_stats: dict[str, AccessStats] = {}
+        # How each create's image pull goes, as its agent last said ((agent id, container) -> "pulling image: ..."),
+        # until the create's result: in memory only, since it is stale the moment the pull ends.
+        self.pulls: dict[tuple[str, str], str] = {}
+        self.stopping = False  # the Master is going away: a link closing says nothing about its agents
+        self._rules = SessionRules(
+            hello_ask_interval_s=config.heartbeat_s,
+            max_gpus_per_host=config.max_gpus_per_host,
+            reports=ReportLimits(config.report_events_per_window, config.report_bytes_per_window, config.report_window_s),
+        )
+        self._sample_window = SampleWindow(max_age_s=config.sample_max_age_s, max_ahead_s=config.sample_max_ahead_s)
+        self._set_aside_logged: dict[str, float] = {}  # agent id -> when a sample of it set aside was last logged
+
+    def forget(self, agent_id: str) -> None:
+        """The agent's session ends (it went silent): its next frame starts a new one, which must say hello."""
+        self.sessions.pop(agent_id, None)
+
+    # --- relay links ---------------------------------------------------------------------------
+
+    async def on_link_frame(self, link: AccessLink, frame: LinkFrame) -> None:
+        match frame:
+            case Relay():
+                await self._on_relayed(link, frame)
+            case AgentConnected():
+                await self._on_agent_connected(link, frame)
+            case AgentDisconnected():
+                await self._on_agent_disconnected(link, frame)
+            case EnrollRequest():
+                await link.send(encode(await self._enroll(frame)))
+            case AccessStats():
+                self.relay_stats[link.relay_id] = frame
+            case Error():
+                log.warning("relay %s reported an error: %s %s", link.relay_id, frame.code, frame.message)
+            case _:
+                await link.send(
+                    encode(Error(code="unexpected_frame", message=f"{type(frame).__name__} is not expected from a relay"))
+                )
+
+    async def on_link_opened(self, link: AccessLink) -> None:
+        self._metrics.relay_links_opened.inc()
+        self._directory.changed()
+
+    async def on_link_closed(self, link: AccessLink) -> None:
+        """Every agent this relay carried, and not since reconnected through another, is unreachable now."""
+        self._metrics.relay_links_closed.inc()
+        lost = []
+        for agent_id in list(link.agents):
+            if self._hub.agent_links.get(agent_id) is link:
+                del self._hub.agent_links[agent_id]
+                self.sessions.pop(agent_id, None)
+                lost.append(agent_id)
+        if not self.stopping:  # this Master going away says nothing about its agents
+            await self._lose_all(lost, f"relay {link.relay_id} lost")
+            self._directory.changed()
+
+    async def _on_agent_disconnected(self, link: AccessLink, frame: AgentDisconnected) -> None:
+        link.agents.discard(frame.agent_id)
+        # Only if this link still speaks for it: an agent already back through another relay stays reachable.
+        if self._hub.agent_links.get(frame.agent_id) is link:
+            del self._hub.agent_links[frame.agent_id]
+            await self._lose(frame.agent_id, f"disconnected from relay {link.relay_id}: {frame.reason or 'closed'}")
+
+    async def _lose_all(self, agent_ids: list[str], reason: str) -> None:
+        """Many agents gone at once (their relay): one batched write, not one per agent."""
+        registry = self._registry
+        agents = [a for a in (registry.agents.get(i) for i in agent_ids) if a is not None and a.state in _CONNECTED]
+        for agent in agents:
+            agent.relay = ""
+        await registry.transition_many([(agent, reason) for agent in agents], "disconnected")
+
+    async def _lose(self, agent_id: str, reason: str) -> None:
+        """The agent's connection is gone: it leaves ``ready`` now rather than after missed heartbeats."""
+        self.sessions.pop(agent_id, None)
+        agent = self._registry.agents.get(agent_id)
+        if agent is not None and agent.state in _CONNECTED:
+            agent.relay = ""
+            await self._registry.transition(agent, "disconnected", reason)
+
+    async def announce_to_agents(self, frame: bytes) -> int:
+        """Send ``frame`` to every connected agent; how many it reached."""
+        hub = self._hub
+        sent = await asyncio.gather(*(hub.send_to_agent(agent_id, frame) for agent_id in list(hub.agent_links)))
+        return sum(sent)
+
+    async def _on_agent_connected(self, link: AccessLink, frame: AgentConnected) -> None:
+        agent = self._registry.agents.get(frame.agent_id)
+        if agent is None or frame.serial in self.revoked or agent.state == AgentState.RETIRED.value:
+            # A relay with a stale revocation list: tell it again.
+            await link.send(encode(Revocations(serials=sorted(self.revoked))))
+            return
+        link.agents.add(frame.agent_id)
+        self._hub.agent_links[frame.agent_id] = link
+        # A new connection, a new session: it must say hello again, and is asked at once if it does not.
+        self.sessions[frame.agent_id] = AgentSession(frame.agent_id, self._rules, time.time())
+
+    async def _enroll(self, request: EnrollRequest) -> EnrollResponse:
+        try:
+            agent, cert_pem = await self._enrollment.enroll(request.token, request.csr_pem, region=request.region)
+        except EnrollmentError as exc:
+            self._metrics.enrollments.labels(exc.code).inc()
+            await self._events.record("agent.enrollment_refused", request.remote or "unknown", code=exc.code, reason=str(exc))
+            return EnrollResponse(req_id=request.req_id, ok=False, error_code=exc.code, error_message=str(exc))
+        await self._registry.add(agent)
+        self._metrics.enrollments.labels("ok").inc()
+        return EnrollResponse(
+            req_id=request.req_id,
+            ok=True,
+            agent_id=agent.id,
+            cert_pem=cert_pem.decode(),
+            ca_pem=self._authority.ca.chain_pem().decode(),
+            command_keys=self._authority.command_keys(),
+            key_endorsements=self._authority.key_endorsements(),
+            relays=self._directory.current(),
+        )
+
+    # --- agent frames: decoded, judged by the session, the verdict carried out ---------------------
+
+    async def _on_relayed(self, link: AccessLink, envelope: Relay) -> None:
+        agent_id = envelope.agent_id
+        agent = self._registry.agents.get(agent_id)
+        if agent is None or agent.state == AgentState.RETIRED.value or self._hub.agent_links.get(agent_id) is not link:
+            return  # not (or no longer) connected here: nothing it says is taken
+        raw = bytes(envelope.frame)
+        try:
+            frame = decode_agent_frame(raw)
+        except ProtocolError as exc:
+            await link.send_to_agent(agent_id, error_frame(exc))
+            return
+        now = time.time()
+        self._metrics.frame_received(frame)
+        session = self.sessions.get(agent_id)
+        if session is None:
+            session = self.sessions[agent_id] = AgentSession(agent_id, self._rules, now)
+        await self._carry_out(link, agent, session, frame, session.receive(frame, len(raw), now), now)
+
+    async def _carry_out(
+        self, link: AccessLink, agent: AgentRecord, session: AgentSession, frame: AgentFrame, verdict: Verdict, now: float
+    ) -> None:
+        """Carry out what the session decided about ``frame``."""
+        match verdict.act:
+            case Act.TAKE:
+                await self._take(link, agent, frame, now)
+            case Act.WELCOME if isinstance(frame, Hello):
+                await self._on_hello(link, agent, frame, verdict.version, now)
+                session.welcomed()
+            case Act.REFUSE:
+                self._metrics.hellos_refused.labels(verdict.code).inc()
+                await self._events.record("agent.hello_refused", agent.id, code=verdict.code, reason=verdict.message)
+                await link.send_to_agent(agent.id, encode(Error(code=verdict.code, message=verdict.message)))
+            case Act.TAKE_AND_ASK_HELLO if isinstance(frame, (CommandAck, CommandResult)):
+                await self._on_command_report(link, agent, frame)
+                await self._ask_for_hello(link, agent.id)
+            case Act.ASK_HELLO:
+                await self._ask_for_hello(link, agent.id)
+            case Act.DROP:
+                self._metrics.reports_dropped.inc()
+            case Act.DROP_AND_NOTE:
+                self._metrics.reports_dropped.inc()
+                budget = session.budget
+                await self._events.record(
+                    "agent_report.budget_exceeded", agent.id, dropped=budget.dropped, dropped_bytes=budget.dropped_bytes
+                )
+            case Act.IGNORE:
+                pass
+
+    async def _take(self, link: AccessLink, agent: AgentRecord, frame: AgentFrame, now: float) -> None:
+        """A frame the session took, to the handler of its kind (a hello is the verdict's own: ``_on_hello``)."""
+        match frame:
+            case Heartbeat():
+                await self._on_heartbeat(agent, frame, now)
+            case Telemetry():
+                await self._on_telemetry(agent, frame, now)
+            case CommandAck() | CommandResult():
+                await self._on_command_report(link, agent, frame)
+            case AgentEvent(kind=AgentEventKind.IMAGE_PULL):
+                self._on_image_pull(agent, frame)
+            case AgentEvent():
+                await self._on_agent_report(agent, frame, now)
+            case RenewRequest():
+                await self._on_renew(link, agent, frame)
+            case Error():
+                self._on_agent_error(agent, frame)
+
+    async def _on_hello(self, link: AccessLink, agent: AgentRecord, hello: Hello, version: int, now: float) -> None:
+        await self._registry.on_hello(
+            agent, hello.inventory, relay=link.relay_id, region=hello.region, relay_region=link.region, now=now
+        )
+        welcome = Welcome(
+            version=version,
+            agent_id=agent.id,
+            heartbeat_s=self._config.heartbeat_s,
+            telemetry_s=self._config.telemetry_s,
+            command_keys=self._authority.command_keys(),
+            key_endorsements=self._authority.key_endorsements(),
+            retired_keys=self._authority.keys.retired_keys(),
+            relays=self._directory.current(),
+        )
+        await link.send_to_agent(agent.id, encode(welcome))
+        await self._commands.resend_for(agent.id)
+
+    async def _on_heartbeat(self, agent: AgentRecord, frame: Heartbeat, now: float) -> None:
+        transit = now - frame.ts
+        if -self._sample_window.max_ahead_s <= transit <= self._sample_window.max_age_s:
+            # A heartbeat's date is the agent's word too: one dated -1e21 would make the histogram's sum
+            # meaningless for the whole fleet, so only a date a real clock could give is observed.
+            self._metrics.heartbeat_transit.observe(max(0.0, transit))
+        self._registry.on_heartbeat(agent, now, max_gap_s=self._config.heartbeat_s * self._config.missed_heartbeats)
+        if frame.exited:
+            await self._registry.on_exited(agent, frame.exited)
+        await self._registry.on_running(agent, frame.running)
+
+    async def _on_telemetry(self, agent: AgentRecord, frame: Telemetry, now: float) -> None:
+        self._registry.on_heartbeat(agent, now, max_gap_s=self._config.heartbeat_s * self._config.missed_heartbeats)
+        # Only samples of GPUs this agent owns: it must not write figures onto another agent's GPUs.
+        owned = self._plausible_samples(agent.id, frame.samples, now)
+        self._telemetry.ingest(agent.id, owned)
+        if self._changes.wants(SamplesTaken):
+            self._changes.publish(SamplesTaken(agent_id=agent.id, samples=owned))
+        if frame.host is not None:
+            self._telemetry.ingest_host(agent.id, frame.host)
+        await self._check_health(owned)
+
+    async def _on_command_report(self, link: AccessLink, agent: AgentRecord, frame: CommandAck | CommandResult) -> None:
+        commands = self._commands
+        if isinstance(frame, CommandAck):
+            await commands.on_ack(agent.id, frame.id)
+            return
+        command = commands.open.get(frame.id)
+        if command is not None and command.agent_id == agent.id:
+            self.pulls.pop((agent.id, str(command.spec.get("name", ""))), None)  # its pull, if any, is over
+        await commands.on_result(agent.id, frame)  # stored before the ack, so an acked result is never lost
+        await link.send_to_agent(agent.id, encode(ResultAck(id=frame.id)))
+
+    def _on_image_pull(self, agent: AgentRecord, frame: AgentEvent) -> None:
+        """Progress, every few seconds per pull: kept for the renter's view, not written to the event log."""
+        if frame.container and any(c.spec.get("name") == frame.container for c in self._open_creates(agent.id)):
+            self.pulls[(agent.id, frame.container)] = frame.message
+
+    async def _on_agent_report(self, agent: AgentRecord, report: AgentEvent, now: float) -> None:
+        """An agent's report: recorded apart from the Master's own facts (an agent can report, never write the audit
+        log), then what it changes beyond the record of it: an exit, a GPU fault."""
+        recorded = msgspec.structs.asdict(report)
+        recorded["kind"] = report.kind.value
+        await self._events.record(f"agent_report.{report.kind.value}", agent.id, **recorded)
+        if report.kind == AgentEventKind.CONTAINER_EXITED:
+            if report.container and report.code is not None:
+                await self._registry.on_exited(agent, {report.container: report.code})
+            return
+        if report.kind in (AgentEventKind.GPU_XID, AgentEventKind.GPU_ECC) and report.gpu_uuid:
+            gpu = self._registry.gpus.get(report.gpu_uuid)
+            if gpu is None or gpu.agent_id != agent.id:
+                return  # not its GPU: it cannot fault another host's card
+            fault = self._health.on_report(gpu, report, now)
+            if fault is not None:
+                await self._registry.mark_faulty(gpu, fault)
+
+    async def _on_renew(self, link: AccessLink, agent: AgentRecord, request: RenewRequest) -> None:
+        """A new certificate for the agent this link speaks for: whom it names comes from the link, never the CSR."""
+        try:
+            cert_pem = renew_certificate(
+                self._authority.ca,
+                agent,
+                request.csr_pem,
+                time.time(),
+                min_interval_s=self._config.renew_min_interval_s,
+                valid_s=self._config.agent_cert_s,
+            )
+        except IdlegridError as exc:
+            await self._events.record("agent.renewal_refused", agent.id, code=exc.code, reason=str(exc))
+            await link.send_to_agent(agent.id, encode(RenewResponse(error=str(exc))))
+            return
+        await self._registry.save(agent)
+        await self._events.record("agent.renewed", agent.id, serial=agent.cert_serial, not_after=agent.cert_not_after)
+        await link.send_to_agent(agent.id, encode(RenewResponse(cert_pem=cert_pem)))
+
+    def _on_agent_error(self, agent: AgentRecord, frame: Error) -> None:
+        log.info("agent %s reported an error: %s %s", agent.id, frame.code, frame.message)
+
+    async def _ask_for_hello(self, link: AccessLink, agent_id: str) -> None:
+        """Tell an agent this process does not know it yet (after a restart, say) to say hello again."""
+        await link.send_to_agent(agent_id, encode(Error(code=HELLO_REQUIRED, message="send hello first")))
+
+    def _open_creates(self, agent_id: str) -> list[CommandRecord]:
+        return [c for c in self._commands.open.values() if c.agent_id == agent_id and c.kind == "create_container"]
+
+    async def _check_health(self, samples: list[GpuSample]) -> None:
+        """Telemetry's part in GPU health (master/faults.py); a store write only when a GPU's health changes."""
+        verdicts: list[tuple[GpuRecord, HealthVerdict]] = []
+        for sample in samples:
+            gpu = self._registry.gpus[sample.uuid]  # owned: checked by the caller
+            verdict = self._health.on_sample(gpu, sample)
+            if verdict is not None:
+                verdicts.append((gpu, verdict))
+        for gpu, verdict in verdicts:
+            if isinstance(verdict, Recovered):
+                await self._registry.clear_fault(gpu, verdict.reason)
+            else:
+                await self._registry.mark_faulty(gpu, verdict)
+
+    def _plausible_samples(self, agent_id: str, samples: list[GpuSample], now: float) -> list[GpuSample]:
+        """The samples of GPUs ``agent_id`` owns that are plausible (master/telemetry.py ``plausible_gpu``); each one
+        set aside is counted, and logged at most once per report window per agent, so a hostile agent cannot flood the
+        log. The rest of the frame is taken: one bad record never holds back the others."""
+        taken: list[GpuSample] = []
+        for sample in samples:
+            gpu = self._registry.gpus.get(sample.uuid)
+            if gpu is None or gpu.agent_id != agent_id:
+                continue  # it must not write figures onto another agent's GPUs
+            checked = plausible_gpu(sample, gpu.info.memory_total_mib, now, self._sample_window)
+            if isinstance(checked, SetAside):
+                self._metrics.samples_set_aside.labels(checked.figure).inc()
+                if now - self._set_aside_logged.get(agent_id, float("-inf")) >= self._config.report_window_s:
+                    self._set_aside_logged[agent_id] = now
+                    log.warning(
+                        "telemetry sample set aside",
+                        extra={"agent_id": agent_id, "gpu_uuid": sample.uuid, "figure": checked.figure, "why": checked.detail},
+                    )
+                continue
+            taken.append(checked)
+        return taken

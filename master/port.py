@@ -1,0 +1,256 @@
+"""The Master's published interface: all management may import from ``master``.
+
+``MasterPort`` is every operation and read management needs of a running Master; ``master.master.Master`` implements
+it (checked by mypy: tests/master/test_port.py). The rest of this module re-exports the record, state, store and
+helper types management reads, so a management module imports ``master.port`` and nothing else from ``master``
+(tests/test_dependency_rule.py enforces it). Only entry points (the CLI, the local grid, the server's composition)
+build a ``Master`` itself.
+
+To give management something new from the Master: add the method to ``MasterRequests`` (master/requests.py), its
+signature here, and use it through ``MasterPort``; a new record type: re-export it below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Collection
+from typing import Any, Protocol
+
+from common.wire import AccessStats, RelayEntry
+from master.accounts import BOOTSTRAP_ACCOUNT, AccountBook, AccountChange, AccountRole, Credential, IssuedKey
+from master.allocations import DUPLICATE_UUID_FLAG, GPU_UNREACHABLE_FLAG, GpuAllocations, Hold
+from master.authority import Authority
+from master.changes import (
+    DEFAULT_CAPACITY,
+    PLACEMENT,
+    AgentWritten,
+    Change,
+    ChangeFeed,
+    ChangeKind,
+    CommandFinished,
+    ContainerExited,
+    GpuHealthChanged,
+    GpusWritten,
+    HoldsChanged,
+    HostChanged,
+    Resync,
+    SamplesTaken,
+    Subscription,
+)
+from master.commands import CommandLedger
+from master.config import ConsoleSettings, MasterConfig
+from master.events import EventLog
+from master.faults import LASTING
+from master.history import MINUTES_PER_HOUR, HistoryKeeper, downsample, downsample_host
+from master.keys import SigningKeyInfo
+from master.leadership import Leadership
+from master.link import RelayHub
+from master.loops import Loop, stop_loop
+from master.metrics import MasterMetrics
+from master.network_floors import NetworkFloors, Shortfall
+from master.records import (
+    MAX_GPUS_PER_REPLICA,
+    RENTAL_KINDS,
+    AccountRecord,
+    AgentRecord,
+    AlertRuleRecord,
+    Amount,
+    ApiKeyRecord,
+    Assignment,
+    CommandRecord,
+    EventRecord,
+    FairShareUsage,
+    GpuFault,
+    GpuRecord,
+    HostRollup,
+    KeptOutput,
+    LedgerEntry,
+    LedgerLine,
+    PriceChange,
+    PriceRecord,
+    RentalHost,
+    RentalRecord,
+    RentalTerms,
+    RevocationRecord,
+    SilenceRecord,
+    TelemetryRollup,
+    TokenRecord,
+    WebhookRecord,
+    WorkloadRecord,
+    WorkloadSpec,
+)
+from master.registry import Registry
+from master.reputation import WEIGHTS, Reputation, reputation, reputation_score
+from master.states import AgentState, CommandState, GpuState, StateMachine
+from master.store.aggregates import output_key, rental_order, workload_order
+from master.store.base import FairShareRepo, LedgerRepo, OutputRepo, PriceRepo, RentalRepo, Store
+from master.store.errors import StaleRental
+from master.telemetry import TelemetryAggregator
+from master.tiers import TierPolicy, describe_tiers
+from master.tunnels import TunnelDispatch, TunnelUnavailable
+
+
+class MasterPort(Protocol):
+    """What management uses of a running Master. The parts are the Master's own (master/composition.py); prefer the
+    operations below them, and add one here rather than reach further into a part."""
+
+    # --- the parts management reads (each module's docstring says what it owns) ---
+    config: MasterConfig
+    store: Store
+    registry: Registry  # agents and GPUs in memory
+    allocations: GpuAllocations  # who holds each GPU
+    commands: CommandLedger  # the command ledger: open commands (``market.ledger`` is money)
+    accounts: AccountBook
+    events: EventLog
+    changes: ChangeFeed  # the one change feed management subscribes to
+    telemetry: TelemetryAggregator
+    history: HistoryKeeper
+    policy: TierPolicy
+    network_floors: NetworkFloors
+    authority: Authority
+    metrics: MasterMetrics
+    hub: RelayHub
+    tunnels: TunnelDispatch
+    leadership: Leadership | None
+    on_elected: list[Callable[[], Awaitable[None]]]  # what serving needs beyond the Master, run when it is elected
+
+    # --- lifecycle and high availability ---
+    async def start(self) -> None: ...
+    async def start_standby(self, api_url: str) -> None: ...
+    async def stop(self) -> None: ...
+    def leads(self) -> bool: ...
+    def serves(self) -> bool: ...
+    @property
+    def role(self) -> str: ...
+    @property
+    def started_at(self) -> float: ...
+    @property
+    def link_url(self) -> str: ...
+    @property
+    def relay_stats(self) -> dict[str, AccessStats]: ...
+
+    # --- relays and enrollment ---
+    def relay_directory(self) -> list[RelayEntry]: ...
+    def enrollment_urls(self) -> list[tuple[str, str]]: ...
+    def ca_chain_pem(self) -> bytes: ...
+    async def create_token(self, provider: str, ttl_s: float | None = None) -> tuple[str, TokenRecord]: ...
+    async def create_api_key(self, name: str, role: str = "operator") -> str: ...
+    async def check_api_key(self, key: str) -> ApiKeyRecord: ...
+
+    # --- hosts and GPUs ---
+    def agent(self, agent_id: str) -> AgentRecord: ...
+    def gpus(self, agent_id: str | None = None) -> list[GpuRecord]: ...
+    def offered(self, gpu: GpuRecord) -> bool: ...
+    async def drain(self, agent_id: str) -> AgentRecord: ...
+    async def undrain(self, agent_id: str) -> AgentRecord: ...
+    async def revoke(self, agent_id: str, reason: str = ...) -> AgentRecord: ...
+    async def repair_gpu(self, uuid: str) -> GpuRecord: ...
+    async def record_rental_outcome(self, agent_id: str, *, failed: bool, reason: str, now: float) -> Reputation: ...
+    async def record_rating(self, agent_id: str, rating: int, rental_id: str, now: float, *, weight: int = 1) -> Reputation: ...
+
+    # --- commands ---
+    async def create_command(
+        self, agent_id: str, kind: str, spec: dict[str, Any], *, timeout_s: float | None = None
+    ) -> CommandRecord: ...
+    async def command(self, command_id: str) -> CommandRecord: ...
+    async def list_commands(
+        self, *, agent_id: str | None = None, states: Collection[str] | None = None, limit: int = 1000
+    ) -> list[CommandRecord]: ...
+    def pull_progress(self, agent_id: str, container: str) -> str: ...
+
+    # --- signing keys and events ---
+    async def rotate_signing_key(self) -> SigningKeyInfo: ...
+    async def retire_signing_key(self, key_id: str) -> SigningKeyInfo: ...
+    async def events_after(
+        self, *, subject: str | None = None, kind_prefix: str | None = None, after_seq: int = 0, limit: int = 100
+    ) -> list[EventRecord]: ...
+
+
+__all__ = [
+    "BOOTSTRAP_ACCOUNT",
+    "DEFAULT_CAPACITY",
+    "DUPLICATE_UUID_FLAG",
+    "GPU_UNREACHABLE_FLAG",
+    "LASTING",
+    "MAX_GPUS_PER_REPLICA",
+    "MINUTES_PER_HOUR",
+    "PLACEMENT",
+    "RENTAL_KINDS",
+    "WEIGHTS",
+    "AccountBook",
+    "AccountChange",
+    "AccountRecord",
+    "AccountRole",
+    "AgentRecord",
+    "AgentState",
+    "AgentWritten",
+    "AlertRuleRecord",
+    "Amount",
+    "ApiKeyRecord",
+    "Assignment",
+    "Change",
+    "ChangeFeed",
+    "ChangeKind",
+    "CommandFinished",
+    "CommandRecord",
+    "CommandState",
+    "ConsoleSettings",
+    "ContainerExited",
+    "Credential",
+    "EventLog",
+    "EventRecord",
+    "FairShareRepo",
+    "FairShareUsage",
+    "GpuFault",
+    "GpuHealthChanged",
+    "GpuRecord",
+    "GpuState",
+    "GpusWritten",
+    "Hold",
+    "HoldsChanged",
+    "HostChanged",
+    "HostRollup",
+    "IssuedKey",
+    "KeptOutput",
+    "LedgerEntry",
+    "LedgerLine",
+    "LedgerRepo",
+    "Loop",
+    "MasterConfig",
+    "MasterPort",
+    "NetworkFloors",
+    "OutputRepo",
+    "PriceChange",
+    "PriceRecord",
+    "PriceRepo",
+    "RentalHost",
+    "RentalRecord",
+    "RentalRepo",
+    "RentalTerms",
+    "Reputation",
+    "Resync",
+    "RevocationRecord",
+    "SamplesTaken",
+    "Shortfall",
+    "SigningKeyInfo",
+    "SilenceRecord",
+    "StaleRental",
+    "StateMachine",
+    "Store",
+    "Subscription",
+    "TelemetryRollup",
+    "TierPolicy",
+    "TokenRecord",
+    "TunnelUnavailable",
+    "WebhookRecord",
+    "WorkloadRecord",
+    "WorkloadSpec",
+    "describe_tiers",
+    "downsample",
+    "downsample_host",
+    "output_key",
+    "rental_order",
+    "reputation",
+    "reputation_score",
+    "stop_loop",
+    "workload_order",
+]
