@@ -112,6 +112,12 @@ def _fleet_parser(sub: argparse._SubParsersAction) -> None:
         help="backlog sampling period during the hold (default 1 s per 2,000 agents; reading the kernel's "
         "socket table costs CPU that grows with the number of connections)",
     )
+    p.add_argument(
+        "--competitor-share",
+        type=float,
+        default=0.0,
+        help="overload: run a process per core spinning this share of it (0.5: about half) for the whole run (default 0)",
+    )
     p.add_argument("--json", type=Path, help="write the figures here")
     p.set_defaults(func=_run_fleet)
 

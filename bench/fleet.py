@@ -35,6 +35,7 @@ from typing import Any
 
 import aiohttp
 
+from bench.competitor import CpuCompetitor
 from bench.fleet_agents import AGENT_DIR_FORMAT
 from bench.procs import BenchProcess, read_usage, spawn
 from bench.profile import Profiler
@@ -81,6 +82,7 @@ class FleetOptions:
     profile_dir: str = ""  # py-spy every process during the ramp and the hold: raw stacks and a summary here
     relay_tls_buffer_kib: int = 0  # 0: the relay's own TLS read buffer (access/daemon.py); else this, to compare
     sample_s: float = 0.0  # backlog sampling period in the hold; 0: 1 s per 2,000 agents (/proc/net/tcp grows with N)
+    competitor_share: float = 0.0  # overload: a process per core spinning this share of it for the whole run (0: none)
 
     @property
     def simulate(self) -> str:
@@ -601,6 +603,12 @@ async def measure_baseline(grid: BenchGrid, options: FleetOptions) -> dict[str, 
 
 
 async def run_fleet_bench(options: FleetOptions) -> dict[str, Any]:
+    """The whole bench; with ``competitor_share``, beside a CPU competitor from start to end (bench/competitor.py)."""
+    with CpuCompetitor(options.competitor_share):
+        return await _run_fleet_bench(options)
+
+
+async def _run_fleet_bench(options: FleetOptions) -> dict[str, Any]:
     if options.work_dir:
         Path(options.work_dir).mkdir(parents=True, exist_ok=True)
         root = Path(tempfile.mkdtemp(prefix=time.strftime("run-%Y%m%d-%H%M%S-"), dir=options.work_dir))

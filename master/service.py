@@ -67,6 +67,7 @@ from master.leadership import Leadership, LeaseTiming, Role
 from master.link import AccessLink, RelayHub
 from master.loops import Loop
 from master.metrics import FleetGauges, MasterMetrics
+from master.pacing import intake_bounds, pace_settings  # issue 29
 from master.network_floors import NetworkFloors
 from master.records import (
     AgentRecord,
@@ -153,6 +154,8 @@ class Master:
             lambda: sorted(self._revoked),
             on_open=self._on_link_opened,
             refusal=self._link_refusal,
+            lanes=intake_bounds(config),  # issue 29: intake lanes and report pacing (master/intake.py, master/pacing.py)
+            pace=pace_settings(config),  # issue 29
         )
         self.ledger = CommandLedger(
             self.store,
@@ -180,6 +183,7 @@ class Master:
         )
         self.ledger.on_final = self._command_finished
         self.store.metrics.register(self.metrics.registry)
+        self.hub.register_metrics(self.metrics.registry)  # issue 29: intake lanes, telemetry shed, report pace
         self._revoked: set[str] = set()
         self.sessions: dict[str, AgentSession] = {}  # agent id -> its session on its current connection
         self._rules = SessionRules(
