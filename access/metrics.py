@@ -90,8 +90,8 @@ class RelayMetrics:
         self._frame_errors = Counter(
             "idlegrid_access_frame_errors", "Agent frames answered with an error frame, by code", ["relay", "code"], registry=r
         )
-        # reasons: at accept ip_connections, ip_rate, openings_full; opening slow_opening, busy (503), admission (503: over the Master's admission rate), reconnect_rate
-        # (429), tunnel_rate (429, tunnel connections),
+        # reasons: at accept ip_connections, ip_rate, openings_full; opening slow_opening, busy (503),
+        # admission (503: over the Master's admission rate), reconnect_rate (429), tunnel_rate (429, tunnel connections),
         # bad_certificate, wrong_role, revoked, expired; in session flood, silent, no_pong, too_slow, revoked, expired
         self._refused = Counter(
             "idlegrid_access_connections_refused",

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import itertools
+import logging
 import math
 import random
 import ssl

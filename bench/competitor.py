@@ -49,3 +49,18 @@ class CpuCompetitor:
         for process in self._processes:
             process.wait(timeout=10)
         self._processes = []
+
+
+def main() -> None:
+    """``python -m bench.competitor SHARE``: compete until SIGTERM or SIGINT (to put beside a bench of another tree)."""
+    share = float(sys.argv[1]) if len(sys.argv) > 1 else 0.5
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    with CpuCompetitor(share):
+        try:
+            signal.pause()
+        except KeyboardInterrupt:
+            pass
+
+
+if __name__ == "__main__":
+    main()

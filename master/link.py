@@ -11,11 +11,11 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 
 import msgspec
-from websockets.asyncio.server import Server, ServerConnection, serve
-from websockets.exceptions import ConnectionClosed
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from common.errors import PKIError, ProtocolError

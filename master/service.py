@@ -67,8 +67,8 @@ from master.leadership import Leadership, LeaseTiming, Role
 from master.link import AccessLink, RelayHub
 from master.loops import Loop
 from master.metrics import FleetGauges, MasterMetrics
-from master.pacing import intake_bounds, pace_settings  # issue 29
 from master.network_floors import NetworkFloors
+from master.pacing import intake_bounds, pace_settings  # issue 29
 from master.records import (
     AgentRecord,
     ApiKeyRecord,
