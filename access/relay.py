@@ -75,6 +75,7 @@ SWEEP_INTERVAL_S = 5.0
 # Frames from the Master are delivered one at a time on the link's reader; one agent must not hold it long.
 DELIVER_TIMEOUT_S = 2.0
 WELCOME_PREFIX = b'{"type":"welcome"'
+ADMISSION_WAIT_MAX_S = 300.0  # the longest Retry-After an agent honours (its retry_after_max_s)
 # Past this many openings in flight per allowed one (max_handshakes), new TCP connections are reset at accept:
 # the 503 needs a finished TLS handshake to be said, so it cannot bound what unfinished ones hold.
 OPENINGS_CEILING_FACTOR = 4
@@ -326,6 +327,7 @@ class AgentGateway:
         # agents come back at a pace it can take, while agents already in keep their sessions and go first.
         self._admission: TokenBucket | None = None
         self._paced_config: bytes | None = None  # the intervals the Master asks for now, when not its defaults
+        self._admission_slot = 0.0  # monotonic time of the last token promised to a refused agent
         link.attach(self)
 
     @property
@@ -425,7 +427,7 @@ class AgentGateway:
                     connection,
                     http.HTTPStatus.SERVICE_UNAVAILABLE,
                     "admission",
-                    max(self.config.retry_after_s, self._admission.wait_s(now)),
+                    self._admission_wait(self._admission.rate, now),
                     "the Master is admitting agents at its pace; retry after the time in Retry-After\n",
                 )
         limiter = self._tunnel_openings if tunnel else self._reconnects
@@ -662,6 +664,12 @@ class AgentGateway:
         """Send a frame of the relay's own (``relay_status``) to every agent here; how many it reached."""
         sent = await asyncio.gather(*(self.deliver(agent_id, frame) for agent_id in list(self.sessions)))
         return sum(sent)
+
+    def _admission_wait(self, rate: float, now: float) -> float:
+        """Seconds a refused agent is told to wait: each one gets the next free slot at the admission rate, after
+        those told before it, so a storm comes back spread over as long as the Master needs, not as a second herd."""
+        self._admission_slot = max(self._admission_slot, now) + 1.0 / rate
+        return min(ADMISSION_WAIT_MAX_S, max(1.0, self._admission_slot - now))
 
     async def pace(self, pace: ReportPace) -> None:
         """The Master's report pace: the admission bucket, and the intervals passed on to every agent here."""

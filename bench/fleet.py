@@ -25,6 +25,7 @@ import math
 import multiprocessing
 import os
 import shutil
+import signal
 import ssl
 import sys
 import tempfile
@@ -83,6 +84,8 @@ class FleetOptions:
     relay_tls_buffer_kib: int = 0  # 0: the relay's own TLS read buffer (access/daemon.py); else this, to compare
     sample_s: float = 0.0  # backlog sampling period in the hold; 0: 1 s per 2,000 agents (/proc/net/tcp grows with N)
     competitor_share: float = 0.0  # overload: a process per core spinning this share of it for the whole run (0: none)
+    storm: bool = False  # at the end, SIGKILL relay-1: its agents fail over to the others (a reconnect storm)
+    storm_timeout: float = 120.0  # how long the storm phase waits for every agent to be back
 
     @property
     def simulate(self) -> str:
@@ -658,6 +661,8 @@ async def _run_fleet_bench(options: FleetOptions) -> dict[str, Any]:
         baseline = result.get("baseline", {}).get("echoed_per_s")
         result["baseline_msgs_per_s"] = baseline
         result["relay_vs_baseline"] = round(result["relay_msgs_per_s"] / baseline, 3) if baseline else None
+        if options.storm and len(grid.relays) > 1:
+            result["storm"] = await _storm(grid, fleets, provisioned.agent_ids, options)
     finally:
         for fleet in fleets:
             await fleet.stop()
@@ -744,6 +749,8 @@ async def _hold(
         "expected_msgs_per_s": round(expected, 1),
         "msgs_per_s": round((after_relay.delivered - before_relay.delivered) / held, 1),
         "relay_frames_in_per_s": round((after_relay.frames_in - before_relay.frames_in) / held, 1),
+        # heartbeats/telemetry the relays let go in the hold (superseded by a newer one, evicted past the byte bound)
+        "telemetry_shed_at_relays": round(after_relay.dropped - before_relay.dropped),
         "heartbeats_per_s": round(sent.get("heartbeat", 0) / held, 1),
         "telemetry_per_s": round(sent.get("telemetry", 0) / held, 1),
         "telemetry_samples_per_s": round(sent.get("telemetry", 0) * options.gpus_per_agent / held, 1),
@@ -785,6 +792,50 @@ async def _hold(
         ],
         "hold_started_unix": round(load.wall_started, 2),
         "profile_hold": profile,
+    }
+
+
+async def _storm(grid: BenchGrid, fleets: list[FleetDriver], agent_ids: list[str], options: FleetOptions) -> dict[str, Any]:
+    """SIGKILL relay-1 with every agent in: its agents (every ``len(relays)``-th, the fleet rotates their relay lists)
+    fail over to the others at once. Measured: how long until every agent is ready again, the fewest ready meanwhile,
+    and the round trip of commands issued meanwhile to agents on the surviving relays (acceptance 2 of issue 29)."""
+    assert grid.client is not None
+    victim = grid.relays[0]
+    survivors = [a for i, a in enumerate(agent_ids) if i % len(grid.relays) != 0]
+    before = await _sum_stats(fleets)
+    load = CommandLoad(grid.client, survivors, gpus_per_agent=options.gpus_per_agent)
+    daemon = getattr(victim, "daemon", None)
+    if daemon is None:
+        return {"error": "relay-1 has no process to kill"}
+    await asyncio.to_thread(daemon.kill, signal.SIGKILL)
+    started = time.monotonic()
+    commands = asyncio.create_task(load.run(options.cmd_rate, min(60.0, options.storm_timeout)))
+    fewest, back_s, curve = options.agents, None, []
+    while (elapsed := time.monotonic() - started) < options.storm_timeout:
+        stats = await _sum_stats(fleets)
+        fewest = min(fewest, stats["ready"])
+        curve.append((round(elapsed, 1), stats["ready"]))
+        if stats["ready"] >= options.agents and elapsed > 2.0:
+            back_s = round(elapsed, 1)
+            break
+        await asyncio.sleep(0.5)
+    await commands
+    after = await _sum_stats(fleets)
+    rtts = [t.rtt_s * 1000 for t in load.timings if t.state in FINAL_STATES]
+    states: dict[str, int] = {}
+    for timing in load.timings:
+        states[timing.state] = states.get(timing.state, 0) + 1
+    return {
+        "killed": victim.relay_id,
+        "agents_on_it": len(agent_ids) - len(survivors),
+        "all_back_s": back_s,
+        "fewest_ready": fewest,
+        "ready_curve": curve[:: max(1, len(curve) // 20)],
+        "hellos": after["sent"].get("hello", 0) - before["sent"].get("hello", 0),
+        "cmd_rtt_p50_ms": _round(percentile(rtts, 50)),
+        "cmd_rtt_p99_ms": _round(percentile(rtts, 99)),
+        "cmd_rtt_max_ms": _round(max(rtts) if rtts else None),
+        "commands": {"issued": len(load.timings), "states": states, "duplicate_executions": after["duplicate_executions"]},
     }
 
 
