@@ -7,6 +7,7 @@ import contextlib
 import http
 import logging
 import ssl
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -104,6 +105,8 @@ class RelayHub:
         self._relay_shed_seen = 0  # relays' telemetry_shed already counted as pressure
         self._shed_seen = 0  # the intake's shed already counted as pressure
         self._pacing: asyncio.Task[None] | None = None
+        # Told at each pacing check while telemetry is paced or shed (now, factor, shed): rollups are marked thinner.
+        self.on_thinning: Callable[[float, float, bool], None] | None = None
 
     async def start(self, host: str, port: int) -> int:
         self._server = await serve(
@@ -259,7 +262,10 @@ class RelayHub:
         while True:
             await asyncio.sleep(self.pacer.settings.check_s)
             try:
-                changed = self.pacer.check(self.pressure())
+                pressure = self.pressure()
+                changed = self.pacer.check(pressure)
+                if self.on_thinning is not None:
+                    self.on_thinning(time.time(), self.pacer.factor, pressure.shed > 0)
                 if changed is not None:
                     log.warning(
                         "agents told to report %s",

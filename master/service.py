@@ -184,6 +184,7 @@ class Master:
         self.ledger.on_final = self._command_finished
         self.store.metrics.register(self.metrics.registry)
         self.hub.register_metrics(self.metrics.registry)  # issue 29: intake lanes, telemetry shed, report pace
+        self.hub.on_thinning = self.telemetry.note_thinning  # issue 29: rollups of paced or shed minutes marked thinner
         self._revoked: set[str] = set()
         self.sessions: dict[str, AgentSession] = {}  # agent id -> its session on its current connection
         self._rules = SessionRules(
