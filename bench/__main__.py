@@ -430,6 +430,11 @@ def fleet_table(r: dict[str, Any]) -> str:
             _verdict("cmd_rtt_p99_ms", r.get("cmd_rtt_p99_ms")),
         ),
         ("telemetry shed at the relays (hold)", r.get("telemetry_shed_at_relays"), "counted, latest kept"),
+        (
+            "Master intake: shed (hold), pace at end",
+            f"{_fmt(r.get('master_intake', {}).get('shed'))}, {_fmt(r.get('master_intake', {}).get('pace_factor_end'))}",
+            "",
+        ),
         ("relay throughput msgs/s", r.get("relay_msgs_per_s"), ""),
         ("echo baseline msgs/s", r.get("baseline_msgs_per_s"), ""),
         ("echo server KiB per connection", r.get("baseline", {}).get("echo_kib_per_connection"), "transport alone"),

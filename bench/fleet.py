@@ -215,6 +215,24 @@ class RelayCounters:
         return self.frames_in - self.dropped - self.buffered
 
 
+def parse_master_intake(text: str) -> dict[str, float]:
+    """The Master's intake series (issue 29): telemetry shed there, the report pace, bytes waiting per lane; a Master
+    without them gives {}."""
+    figures: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith("idlegrid_master_"):
+            continue
+        name, _, value = line.rpartition(" ")
+        if name.startswith("idlegrid_master_telemetry_shed_total"):
+            figures["shed"] = figures.get("shed", 0.0) + float(value)
+        elif name == "idlegrid_master_report_pace_factor":
+            figures["pace_factor"] = float(value)
+        elif name.startswith("idlegrid_master_intake_bytes"):
+            lane = name.partition('lane="')[2].partition('"')[0]
+            figures[f"{lane}_bytes"] = float(value)
+    return figures
+
+
 def parse_relay_metrics(text: str) -> RelayCounters:
     counters = RelayCounters()
     for line in text.splitlines():
@@ -344,6 +362,11 @@ class BenchGrid:
             async with self.session.get(f"{relay.http_url}/metrics", ssl=self.tls) as response:
                 total = total + parse_relay_metrics(await response.text())
         return total
+
+    async def master_intake(self) -> dict[str, float]:
+        assert self.session is not None
+        async with self.session.get(f"{self.api}/metrics") as response:
+            return parse_master_intake(await response.text())
 
     async def _wait(self, probe: Any, what: str, process: BenchProcess) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -717,6 +740,7 @@ async def _hold(
 ) -> dict[str, Any]:
     assert grid.session is not None
     before_fleet, before_relay = await _sum_stats(fleets), await grid.relay_counters()
+    before_intake = await grid.master_intake()
     watched.read("hold_start")
     stop = asyncio.Event()
     sampler = Sampler(grid, every_s=options.sample_s or SAMPLE_EVERY_S * max(1, options.agents // 2000))
@@ -731,6 +755,7 @@ async def _hold(
     await asyncio.sleep(options.duration)
     held = time.monotonic() - started
     after_fleet, after_relay = await _sum_stats(fleets), await grid.relay_counters()
+    after_intake = await grid.master_intake()
     watched.read("hold_end")
     stop.set()
     await sampling
@@ -751,6 +776,12 @@ async def _hold(
         "relay_frames_in_per_s": round((after_relay.frames_in - before_relay.frames_in) / held, 1),
         # heartbeats/telemetry the relays let go in the hold (superseded by a newer one, evicted past the byte bound)
         "telemetry_shed_at_relays": round(after_relay.dropped - before_relay.dropped),
+        # the Master's intake (issue 29; absent on a Master without it): shed in the hold, the pace told at its end
+        "master_intake": {
+            "shed": round(after_intake.get("shed", 0.0) - before_intake.get("shed", 0.0)) if after_intake else None,
+            "pace_factor_end": after_intake.get("pace_factor"),
+            "telemetry_bytes_end": after_intake.get("telemetry_bytes"),
+        },
         "heartbeats_per_s": round(sent.get("heartbeat", 0) / held, 1),
         "telemetry_per_s": round(sent.get("telemetry", 0) / held, 1),
         "telemetry_samples_per_s": round(sent.get("telemetry", 0) * options.gpus_per_agent / held, 1),
