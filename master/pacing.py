@@ -10,8 +10,10 @@ heartbeat interval times ``missed_heartbeats`` (master/service.py), so heartbeat
 Rules, at each check (``check_s`` apart):
 - pressure (telemetry replaced or evicted since the last check, at the Master or at a relay; or the intake's
   telemetry backlog past its coalescing bound): ``f`` doubles, up to the maximum;
-- ``calm_checks`` checks in a row without pressure: ``f`` halves, down to 1 (hysteresis: a slowdown lasts at
-  least that long, so the pace does not flap with every batch).
+- ``calm_checks`` checks in a row without pressure: ``f`` shrinks by ``calm_step`` (x0.75), down to 1. Slowing
+  down is fast and speeding up slow (as TCP's congestion window, the other way round): a pace that just kept up is
+  left only gradually, so the load does not swing back past what the Master takes with every calm spell. From 8,
+  back to 1 takes 8 calm spells (80 s by default).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class PaceSettings:
     max_heartbeat_factor: float = 1.5  # heartbeats 7.5 s apart at most by default: well inside 3 missed ones (15 s)
     check_s: float = 2.0
     calm_checks: int = 5
+    calm_step: float = 0.75
     admit_agents_per_s: float = 400.0  # new agent sessions the Master admits per second, shared among its relays
     admit_burst: int = 400  # ... and at once
 
@@ -74,7 +77,7 @@ class ReportPacer:
             self._calm += 1
             if self._calm >= self.settings.calm_checks and self.factor > 1.0:
                 self._calm = 0
-                self.factor = max(1.0, self.factor / 2)
+                self.factor = max(1.0, round(self.factor * self.settings.calm_step, 3))
         return self.pace if self.factor != before else None
 
 

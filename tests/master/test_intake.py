@@ -75,8 +75,8 @@ def test_the_pacer_slows_reports_down_under_pressure_and_back_only_after_a_calm_
     assert pacer.pace.heartbeat_s == 7.5  # heartbeats slow down at most 1.5x: silence is judged on the configured interval
     assert pacer.check(calm) is None and pacer.check(calm) is None
     eased = pacer.check(calm)
-    assert eased is not None and eased.factor == 4.0
-    for _ in range(9):
+    assert eased is not None and eased.factor == 6.0  # back up slowly: x0.75 per calm spell
+    for _ in range(3 * 7):
         pacer.check(calm)
     assert pacer.factor == 1.0 and pacer.pace.telemetry_s == 10.0
 
@@ -171,8 +171,12 @@ async def test_shedding_telemetry_tells_relays_to_have_agents_report_less_often_
     hub.intake.replaced += 3  # as if three heartbeats had been coalesced away
     slower = decode_link_frame(await asyncio.wait_for(relay.recv(), 5))
     assert isinstance(slower, ReportPace) and slower.factor == 2.0 and slower.telemetry_s == 20.0
-    again = decode_link_frame(await asyncio.wait_for(relay.recv(), 5))
-    assert isinstance(again, ReportPace) and again.factor == 1.0 and again.telemetry_s == 10.0
+    factors = []
+    while not factors or factors[-1] > 1.0:  # back step by step once calm
+        again = decode_link_frame(await asyncio.wait_for(relay.recv(), 5))
+        assert isinstance(again, ReportPace)
+        factors.append(again.factor)
+    assert factors == [1.5, 1.125, 1.0] and again.telemetry_s == 10.0
 
 
 async def test_an_agent_that_leaves_takes_its_waiting_telemetry_and_control_is_handled_before_the_links_close(hub_and_link):
