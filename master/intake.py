@@ -27,6 +27,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+import msgspec
+
 from common.errors import ProtocolError
 from common.lanes import Lane, LaneBounds, LaneQueue, Pushed
 from common.wire import AgentDisconnected, LinkFrame, Relay, decode_link_message
@@ -61,14 +63,21 @@ def lane_of(frame: LinkFrame) -> tuple[Lane, tuple[str, str] | None, int]:
     """The lane of a link frame, its coalescing key (telemetry only) and its size in bytes, roughly."""
     if not isinstance(frame, Relay):
         return Lane.CONTROL, None, NOTICE_BYTES
-    inner = bytes(frame.frame)
-    head = inner[:_PREFIX_BYTES]
+    inner = memoryview(frame.frame)
+    head = bytes(inner[:_PREFIX_BYTES])
+    size = len(inner) + NOTICE_BYTES
     for prefix, kind in _TELEMETRY_PREFIXES.items():
         if head.startswith(prefix):
-            return Lane.TELEMETRY, (frame.agent_id, kind), len(inner) + NOTICE_BYTES
+            return Lane.TELEMETRY, (frame.agent_id, kind), size
     if head.startswith(_HELLO_PREFIX):
-        return Lane.ADMISSION, None, len(inner) + NOTICE_BYTES
-    return Lane.CONTROL, None, len(inner) + NOTICE_BYTES
+        return Lane.ADMISSION, None, size
+    return Lane.CONTROL, None, size
+
+
+def detached(frame: Relay) -> Relay:
+    """``frame`` holding only its own bytes: a decoded ``Raw`` is a view that keeps its whole message alive (a batch,
+    up to a MiB), so one waiting heartbeat would hold its batch, and the lanes' byte bounds would bound nothing."""
+    return Relay(agent_id=frame.agent_id, frame=msgspec.Raw(bytes(frame.frame)))
 
 
 Handler = Callable[[LinkFrame], Awaitable[None]]
@@ -95,7 +104,9 @@ class LinkIntake:
                 lane, key, size = Lane.CONTROL, None, NOTICE_BYTES
             else:
                 lane, key, size = lane_of(frame)
-                if isinstance(frame, AgentDisconnected):
+                if isinstance(frame, Relay):
+                    frame = detached(frame)
+                elif isinstance(frame, AgentDisconnected):
                     self.queue.forget((frame.agent_id, "heartbeat"))
                     self.queue.forget((frame.agent_id, "telemetry"))
             while self.queue.push(frame, lane, size, key) is Pushed.FULL:

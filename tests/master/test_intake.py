@@ -194,3 +194,19 @@ async def test_an_agent_that_leaves_takes_its_waiting_telemetry_and_control_is_h
     assert kinds == ["Relay", "AgentDisconnected", "Relay"]  # a1's heartbeat went with it, counted
     assert recorder.agents_frames()[-1] == ("a2", "command_result")
     assert hub.intake.forgotten == 1
+
+
+def test_a_waiting_frame_holds_only_its_own_bytes_not_its_whole_batch():
+    import sys
+
+    from common.wire import decode_link_message
+    from master.intake import detached
+
+    message = batch(*(heartbeat(f"a{n}", n) for n in range(1000)))
+    frames = decode_link_message(message)
+    held = detached(frames[0])
+    before = sys.getrefcount(message)
+    del frames
+    assert sys.getrefcount(message) < before  # the decoded batch let go of it ...
+    assert bytes(held.frame) == json.dumps({"type": "heartbeat", "seq": 0, "ts": 0.0}, separators=(",", ":")).encode()
+    assert sys.getrefcount(message) == 2  # ... and the waiting frame holds none of it (the count is the name and the call)
