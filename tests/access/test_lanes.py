@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from websockets.exceptions import InvalidStatus
 
 from access.upstream import DISCONNECTED, FrameBuffer, Outbound
@@ -113,3 +115,50 @@ async def test_new_sessions_wait_for_the_masters_admission_while_agents_already_
         await master.wait_for(
             lambda: [f for _, f in master.relayed(inside.identity.id) if f["type"] == "command_result"], "its result"
         )
+
+
+_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("result"), st.sampled_from("abcd"), st.integers(1, 40)),
+        st.tuples(st.just("heartbeat"), st.sampled_from("abcd"), st.integers(1, 40)),
+        st.tuples(st.just("send"), st.integers(1, 5), st.booleans()),
+        st.tuples(st.just("coalesce"), st.booleans(), st.none()),
+    ),
+    max_size=150,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_ops)
+def test_the_relay_buffer_keeps_its_lanes_bounds_and_order_under_any_sequence(ops):
+    buffer = FrameBuffer(limit=10_000, telemetry_bytes=120, coalesce_bytes=60)
+    buffer.coalesce = False
+    serial, results_in, sent = 0, [], []
+    for op, a, b in ops:
+        serial += 1
+        if op == "result":
+            data = f"{a}:{serial}:".encode().ljust(b, b".")
+            assert buffer.offer(Outbound(a, "command_result", data))
+            results_in.append(data)
+        elif op == "heartbeat":
+            buffer.offer(Outbound(a, "heartbeat", f"{a}:{serial}:".encode().ljust(b, b".")))
+        elif op == "coalesce":
+            buffer.coalesce = a
+        else:
+            taken = buffer.take(a, 1_000_000)
+            kinds = [e.kind for e in taken]
+            assert kinds == sorted(kinds, key=lambda k: k == "heartbeat")  # control before telemetry in a batch
+            if b:
+                sent.extend(taken)
+                buffer.done()
+            else:
+                buffer.send_failed()
+        waiting = [e for e in buffer._telemetry if e.live]
+        assert buffer.telemetry_size == sum(len(e.data) for e in waiting) <= 120
+    while taken := buffer.take(100, 1_000_000):
+        sent.extend(taken)
+        buffer.done()
+    assert [e.data for e in sent if e.kind == "command_result"] == results_in  # every result, once, in order
+    for agent in "abcd":
+        serials = [int(e.data.split(b":")[1]) for e in sent if e.kind == "heartbeat" and e.agent_id == agent]
+        assert serials == sorted(serials)  # an agent's heartbeats in the order it sent them
