@@ -66,6 +66,9 @@ class Hello(_Frame, tag="hello"):
     inventory: Inventory
     region: str = ""
     command_keys: list[str] = []  # key ids the agent trusts; lets the master notice stale agents
+    # The GPU benchmark this agent answers verification challenges with: "cuda", "simulated", or "" (none: its GPUs
+    # are never challenged and stay unmeasured, as with agents older than verification).
+    benchmark: ShortText = ""
 
 
 class Heartbeat(_Frame, tag="heartbeat"):

@@ -45,6 +45,8 @@ from common.wire import (
     ResultAck,
     Revocations,
     Telemetry,
+    VerifyCommit,
+    VerifyOpen,
     Welcome,
     decode_agent_frame,
     encode,
@@ -89,6 +91,7 @@ from master.store.fenced import fenced
 from master.telemetry import SampleWindow, SetAside, TelemetryAggregator, plausible_gpu
 from master.tiers import TierPolicy
 from master.tunnels import TunnelDispatch
+from master.verifier import Verifier, verifier_for
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +165,9 @@ class Master:
             self.hub.send_to_agent,
             timeout_s=config.command_timeout_s,
         )
+        self.verifier: Verifier = verifier_for(
+            config, self.registry, self.events, self.hub.send_to_agent, self.policy
+        )  # verification
         self.tunnels = TunnelDispatch(
             self.hub, self.authority.keys, self.events, ticket_s=config.tunnel_ticket_s, bytes_per_s=config.tunnel_bytes_per_s
         )
@@ -230,6 +236,7 @@ class Master:
             Loop("sweep", min(1.0, self.config.heartbeat_s / 4), self._sweep, restart_s).start(),
             Loop("flush", self.config.rollup_flush_s, self._flush, restart_s).start(),
             Loop("history", self.config.history_period_s, self._keep_history, restart_s).start(),
+            Loop("verification", self.config.verify_loop_s, self.verifier.step, restart_s).start(),
         ]
         log.info("master started", extra={"link_port": self.link_port, "store": self.store.backend})
 
@@ -421,6 +428,7 @@ class Master:
     async def _lose(self, agent_id: str, reason: str) -> None:
         """The agent's connection is gone: it leaves ``ready`` now rather than after missed heartbeats."""
         self.sessions.pop(agent_id, None)
+        await self.verifier.on_disconnect(agent_id)  # verification
         agent = self.registry.agents.get(agent_id)
         if agent is not None and agent.state in _CONNECTED:
             agent.relay = ""
@@ -540,6 +548,10 @@ class Master:
                 await self._on_agent_report(agent, frame, now)
             case RenewRequest():
                 await self._on_renew(link, agent, frame)
+            case VerifyCommit():  # verification (master/verifier.py)
+                await self.verifier.on_commit(agent.id, frame)
+            case VerifyOpen():
+                await self.verifier.on_open(agent.id, frame)
             case Error():
                 log.info("agent %s reported an error: %s %s", agent.id, frame.code, frame.message)
 
@@ -625,6 +637,7 @@ class Master:
         await self.registry.on_hello(
             agent, hello.inventory, relay=link.relay_id, region=hello.region, relay_region=link.region, now=now
         )
+        self.verifier.on_hello(agent.id, hello.benchmark)  # verification
         welcome = Welcome(
             version=version,
             agent_id=agent.id,

@@ -25,7 +25,10 @@ from dataclasses import dataclass, field
 
 from common.catalog import GpuModel, expected_figures
 from common.challenge import Shape, answer_entry, path_matches
+from common.inventory import GpuInfo
 from common.wire import BenchmarkFigures, VerifyChallenge, VerifyCommit, VerifyOpen, VerifyReveal
+from master.records import GpuRecord, GpuVerification
+from master.tiers import Classification
 
 VERIFIED, FAILED, REFUSED = "verified", "failed", "refused"
 REMEMBERED_ROOTS = 16  # roots kept per GPU, to name a replay as such
@@ -33,6 +36,10 @@ REMEMBERED_ROOTS = 16  # roots kept per GPU, to name a replay as such
 
 @dataclass(frozen=True)
 class ChallengeSettings:
+    """The challenge's shape and timing (MasterConfig ``verify_*``). A simulated GPU computes its answer on the CPU, so
+    it gets a small shape and a time scale (``sim_rate_scale``) chosen so that its claimed model takes ``sim_target_s``:
+    the deadline then judges it as it judges a real card."""
+
     n: int = 1024
     k: int = 4096
     rounds: int = 64
@@ -40,7 +47,11 @@ class ChallengeSettings:
     entries_per_row: int = 2  # entries recomputed in each opened row
     allowance_s: float = 5.0  # network, set-up and hashing on top of the computing time
     open_timeout_s: float = 30.0  # after the reveal, for the openings
-    rate_scale: float = 1.0  # the local grid's time scale for simulated GPUs (1.0: real time)
+    sim_n: int = 16
+    sim_k: int = 32
+    sim_rounds: int = 4
+    sim_target_s: float = 0.5  # how long a simulated card of its claimed model takes
+    sim_allowance_s: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -66,6 +77,7 @@ class _Open:
     model: GpuModel
     shape: Shape
     started_at: float
+    rate_scale: float
     commit: VerifyCommit | None = None
     committed_at: float = 0.0
     rows: list[int] = field(default_factory=list)
@@ -83,10 +95,15 @@ class ChallengeBook:
     def busy(self, gpu_uuid: str) -> bool:
         return any(o.challenge.gpu_uuid == gpu_uuid for o in self.open.values())
 
-    def start(self, agent_id: str, gpu_uuid: str, model: GpuModel, now: float) -> VerifyChallenge:
+    def start(self, agent_id: str, gpu_uuid: str, model: GpuModel, now: float, *, simulated: bool = False) -> VerifyChallenge:
         s = self.settings
-        shape = Shape(s.n, s.k, s.rounds)
-        rate = expected_figures(model).tensor_tflops * 1e12 * self.fraction * s.rate_scale
+        expected = expected_figures(model).tensor_tflops * 1e12
+        if simulated:
+            shape, allowance = Shape(s.sim_n, s.sim_k, s.sim_rounds), s.sim_allowance_s
+            scale = shape.flops / (s.sim_target_s * expected)
+        else:
+            shape, allowance, scale = Shape(s.n, s.k, s.rounds), s.allowance_s, 1.0
+        rate = expected * self.fraction * scale
         challenge = VerifyChallenge(
             challenge_id=f"vc-{self._rng.getrandbits(64):016x}",
             gpu_uuid=gpu_uuid,
@@ -94,10 +111,10 @@ class ChallengeBook:
             n=shape.n,
             k=shape.k,
             rounds=shape.rounds,
-            deadline=now + s.allowance_s + shape.flops / rate,
-            sim_rate_scale=s.rate_scale,
+            deadline=now + allowance + shape.flops / rate,
+            sim_rate_scale=scale,
         )
-        self.open[challenge.challenge_id] = _Open(challenge, agent_id, model, shape, now)
+        self.open[challenge.challenge_id] = _Open(challenge, agent_id, model, shape, now, scale)
         return challenge
 
     def on_commit(self, agent_id: str, commit: VerifyCommit, now: float) -> VerifyReveal | Outcome | None:
@@ -192,7 +209,7 @@ class ChallengeBook:
             finished_at=now,
             commit_s=round(commit_s, 3) if commit_s is not None else None,
             challenge_tflops=(
-                round(state.shape.flops / commit_s / 1e12 / self.settings.rate_scale, 1)
+                round(state.shape.flops / commit_s / 1e12 / state.rate_scale, 1)
                 if status == VERIFIED and commit_s and commit_s > 0
                 else None
             ),
@@ -214,3 +231,72 @@ def _first_wrong(state: _Open, opened: VerifyOpen) -> str:
             if opening.values[col] != answer_entry(state.challenge.seed, state.shape, row, col):
                 return f"entry ({row}, {col}) is not the product of the challenge's matrices"
     return ""
+
+
+# -- what a verification means for a GPU's tier, flags and offers ---------------------------------------------------
+
+VERIFICATION_FAILED_FLAG = "verification_failed"
+# Flags that say the card is not what it claims, by measurement: such a GPU is not offered (management's units) and
+# gets no tier, until a later run passes.
+MEASURED_FLAGS = frozenset({VERIFICATION_FAILED_FLAG, "throughput_below_catalog", "bandwidth_below_catalog"})
+
+
+def verification_of(outcome: Outcome, *, simulated: bool, driver_version: str) -> GpuVerification:
+    return GpuVerification(
+        status=outcome.status,
+        code=outcome.code,
+        reason=outcome.reason,
+        at=outcome.finished_at,
+        simulated=simulated,
+        driver_version=driver_version,
+        commit_s=outcome.commit_s,
+        challenge_tflops=outcome.challenge_tflops,
+        figures=outcome.figures,
+    )
+
+
+def carried(old: GpuVerification | None, info: GpuInfo) -> GpuVerification | None:
+    """What a new inventory report keeps of a GPU's verification: nothing once its driver changed (run again)."""
+    if old is None or old.driver_version != info.driver_version:
+        return None
+    return old
+
+
+def measured_of(verification: GpuVerification | None) -> dict[str, float]:
+    """The figures the tier policy compares with the catalog: only those of a run whose challenge passed (a failed
+    run's figures are the host's word alone)."""
+    if verification is None or verification.status != VERIFIED or verification.figures is None:
+        return {}
+    figures = verification.figures
+    candidates = {
+        "fp16_tflops": figures.fp16_tflops,
+        "bf16_tflops": figures.bf16_tflops,
+        "memory_bandwidth_gbs": figures.memory_bandwidth_gbs,
+    }
+    return {key: value for key, value in candidates.items() if value is not None}
+
+
+def judged(classification: Classification, verification: GpuVerification | None) -> tuple[str | None, list[str], list[str]]:
+    """(tier, flags, reasons) of a GPU given its catalog classification and its latest verification."""
+    flags, reasons = list(classification.flags), list(classification.reasons)
+    if verification is not None and verification.status == FAILED:
+        flags.append(VERIFICATION_FAILED_FLAG)
+        reasons.append(f"verification failed ({verification.code}): {verification.reason}")
+    tier = None if flags else classification.tier
+    return tier, flags, reasons
+
+
+def measured_verified(gpu: GpuRecord) -> bool:
+    """Whether ``gpu`` is verified by measurement: a passed challenge on a real card, and nothing flagged."""
+    v = gpu.verification
+    return v is not None and v.status == VERIFIED and not v.simulated and not gpu.flags and gpu.tier is not None
+
+
+def verification_label(gpu: GpuRecord) -> str:
+    """What the API and the console show: "verified", "simulated", "failed: late", "unmeasured", ..."""
+    v = gpu.verification
+    if gpu.info.simulated or (v is not None and v.simulated):
+        return "simulated" if v is None or v.status != FAILED else f"simulated, failed: {v.code}"
+    if v is None or v.status == REFUSED:
+        return "unmeasured"
+    return "verified" if measured_verified(gpu) else f"failed: {v.code}" if v.status == FAILED else "flagged"

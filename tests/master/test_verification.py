@@ -17,8 +17,8 @@ from master.verification import FAILED, REFUSED, VERIFIED, ChallengeBook, Challe
 
 H100 = CATALOG["h100-sxm"]
 UUID = "GPU-sim-0"
-# Small shapes so the CPU computes them; the rate scale makes an H100 take ~0.2 s of virtual time for this work.
-SETTINGS = ChallengeSettings(n=12, k=16, rounds=3, rows_checked=3, entries_per_row=2, allowance_s=0.5, rate_scale=8.64e-11)
+# The simulated shape, timed so that an H100 takes sim_target_s of virtual time.
+SETTINGS = ChallengeSettings(sim_n=12, sim_k=16, sim_rounds=3, sim_target_s=0.5, sim_allowance_s=1.0)
 
 
 class VirtualClock:
@@ -44,7 +44,7 @@ async def _exchange(book: ChallengeBook, bench: SimulatedBenchmark, clock: Virtu
         return set(held)
 
     responder = VerificationResponder(bench, "", held_gpus)
-    challenge = book.start("agent-1", UUID, H100, clock.now)
+    challenge = book.start("agent-1", UUID, H100, clock.now, simulated=True)
     committed = await responder.on_challenge(challenge)
     step = book.on_commit("agent-1", committed, clock.now)
     if isinstance(step, Outcome):
@@ -106,8 +106,8 @@ def test_a_replayed_answer_fails_on_the_next_challenge() -> None:
 def test_a_replayed_answer_under_a_new_root_fails_on_its_entries() -> None:
     """A cheat that stores an old answer and perturbs it, so its root is new: the recomputed entries expose it."""
     book = ChallengeBook(SETTINGS, min_throughput_fraction=0.6, rng=random.Random(5))
-    challenge = book.start("agent-1", UUID, H100, 0.0)
-    old = answer(challenge.seed + 1, Shape(SETTINGS.n, SETTINGS.k, SETTINGS.rounds))
+    challenge = book.start("agent-1", UUID, H100, 0.0, simulated=True)
+    old = answer(challenge.seed + 1, Shape(SETTINGS.sim_n, SETTINGS.sim_k, SETTINGS.sim_rounds))
     committed = commit(old)
     from common.wire import VerifyCommit
 
@@ -129,7 +129,7 @@ def test_a_gpu_a_renter_holds_is_never_benchmarked() -> None:
 
 def test_a_commit_that_never_comes_expires_as_late() -> None:
     book = ChallengeBook(SETTINGS, min_throughput_fraction=0.6)
-    challenge = book.start("agent-1", UUID, H100, 0.0)
+    challenge = book.start("agent-1", UUID, H100, 0.0, simulated=True)
     assert book.expire(challenge.deadline - 0.01) == []
     (outcome,) = book.expire(challenge.deadline + 0.01)
     assert (outcome.status, outcome.code) == (FAILED, "late")
@@ -140,7 +140,7 @@ def test_only_the_challenged_agent_may_answer() -> None:
     from common.wire import VerifyCommit
 
     book = ChallengeBook(SETTINGS, min_throughput_fraction=0.6)
-    challenge = book.start("agent-1", UUID, H100, 0.0)
+    challenge = book.start("agent-1", UUID, H100, 0.0, simulated=True)
     assert book.on_commit("agent-2", VerifyCommit(challenge_id=challenge.challenge_id, root="00"), 0.1) is None
     assert book.busy(UUID)
 
