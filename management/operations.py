@@ -43,6 +43,7 @@ from management.renter_access import RenterAccess
 from management.scheduler.book import WorkloadBook
 from management.scheduler.loop import SchedulerLoop, SchedulerSettings
 from management.scheduler.model import Explanation
+from management.verification import VerificationService
 from master.accounts import AccountChange, Credential, IssuedKey
 from master.config import ConsoleSettings
 from master.keys import SigningKeyInfo
@@ -289,6 +290,7 @@ class Operations:
         prices: PriceBook | None = None,
     ) -> None:
         self._master = master
+        self.verification = VerificationService(master)  # measured verification (management/verification.py)
         # The one writer of providers' prices; the offer index and the scheduler read (and subscribe to) the same book.
         self.prices = prices or PriceBook(
             master.store.prices, grid_default_of(master.config), time.time, owner_of=self._provider_of

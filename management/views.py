@@ -23,6 +23,7 @@ from management.monitoring.history import TelemetryHistory
 from management.operations import HostedReplica
 from management.scheduler.model import Explanation
 from management.tunnel_client import TunnelGrant
+from management.verification import verification_view
 from master.keys import SigningKeyInfo
 from master.records import (
     AccountRecord,
@@ -87,6 +88,7 @@ def gpu_view(
         "telemetry": sample_view(latest) if latest is not None else None,
         "held_by": holders.get(gpu.uuid),  # the container holding the whole GPU, None when none does
         "mig": mig_view(gpu, holders),
+        "verification": verification_view(gpu),  # measured verification (management/verification.py)
     }
 
 

@@ -69,6 +69,7 @@ class MasterConfig(msgspec.Struct, kw_only=True):
     verify_loop_s: Annotated[float, msgspec.Meta(gt=0)] = 2.0  # how often due GPUs and expired challenges are looked at
     verify_retry_s: Annotated[float, msgspec.Meta(ge=0)] = 600.0  # after a refusal (the GPU was rented), asked again
     verify_max_concurrent: Annotated[int, msgspec.Meta(ge=1)] = 32
+    verify_simulated: bool = False  # challenge simulated GPUs on schedule too (else only when an operator asks)
     verify_n: Annotated[int, msgspec.Meta(ge=1, le=16384)] = 1024  # real GPUs: the challenge's shape
     verify_k: Annotated[int, msgspec.Meta(ge=1, le=65536)] = 4096
     verify_rounds: Annotated[int, msgspec.Meta(ge=1)] = 64

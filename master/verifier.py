@@ -50,11 +50,17 @@ class VerifySchedule:
     period_s: float = 86400.0  # an idle GPU is challenged again after this long
     retry_s: float = 600.0  # after a refusal (rented, disconnected), asked again no sooner than this
     max_concurrent: int = 32  # challenges open at once across the fleet
+    # Simulated GPUs are challenged on schedule only when asked (a grid that tests verification, the demo); otherwise
+    # only by an operator's request. Their runs prove nothing about hardware, and they would hold every simulated GPU
+    # of a test grid reserved for a moment after it joins.
+    simulated: bool = False
 
 
 def due(gpu: GpuRecord, agent: AgentRecord, held: bool, now: float, schedule: VerifySchedule, refused_at: float) -> bool:
     """Whether ``gpu`` should be challenged now (the module docstring's rules)."""
     if held or agent.state not in _CHALLENGED_STATES or agent.drained or gpu.model not in CATALOG or gpu.fault is not None:
+        return False
+    if gpu.info.simulated and not schedule.simulated:
         return False
     if now - refused_at < schedule.retry_s:
         return False
@@ -223,6 +229,7 @@ def verifier_for(config: MasterConfig, registry: Registry, events: EventLog, sen
         period_s=config.verify_period_s,
         retry_s=config.verify_retry_s,
         max_concurrent=config.verify_max_concurrent,
+        simulated=config.verify_simulated,
     )
     return Verifier(
         registry,

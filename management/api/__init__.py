@@ -18,6 +18,7 @@ from management.api import prices as prices_api
 from management.api import reports as reports_api
 from management.api import telemetry as telemetry_api
 from management.api import tunnels as tunnels_api
+from management.api import verification as verification_api
 from management.api import workloads as workloads_api
 from management.api.audit import audit_middleware
 from management.api.auth import OPERATIONS_KEY, auth_middleware
@@ -98,6 +99,7 @@ def build_app(master: Master, settings: ApiSettings | None = None, operations: O
     reports_api.add_routes(app.router)  # monitoring: reports along dimensions
     alerts_api.add_routes(app.router)
     telemetry_api.add_routes(app.router)  # monitoring: telemetry history
+    verification_api.add_routes(app.router)  # measured verification
     openapi.add_routes(app.router)  # the API described (management/api/openapi.py), and its reference page
     reference.add_routes(app.router)
     app.on_startup.append(_load_workloads)

@@ -171,6 +171,9 @@ ROUTES |= {  # the market: prices
 }
 ROUTES |= {  # telemetry history: a provider its own hosts' GPUs (the owner filter), a renter its own workloads'
     ("GET", "/api/v1/gpus/{uuid}/telemetry"): (Resource.GPUS, Action.READ),
+    # measured verification (management/api/verification.py): the operator starts a run, the host's provider reads
+    ("POST", "/api/v1/agents/{agent_id}/verify"): (Resource.AGENTS, Action.WRITE),
+    ("GET", "/api/v1/agents/{agent_id}/verifications"): (Resource.AGENTS, Action.READ),
     ("GET", "/api/v1/agents/{agent_id}/telemetry"): (Resource.AGENTS, Action.READ),
     ("GET", "/api/v1/workloads/{workload_id}/telemetry"): (Resource.WORKLOADS, Action.READ),
 }

@@ -24,7 +24,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from management.api import alerts, market, responses, schemas, tunnels
+from management.api import alerts, market, responses, schemas, tunnels, verification
 from management.api import reports as reports_api
 from management.api.responses import Error
 from management.renter_access import TunnelRequest
@@ -156,6 +156,24 @@ OPERATIONS: tuple[Operation, ...] = (
     ),
     Operation(
         "GET", "/api/v1/tiers", "The tiers GPUs are sold in, best first", "tiers", {200: r.TierPage}, query=schemas.PageQuery
+    ),
+    # --- measured verification (docs/verification.md)
+    Operation(
+        "POST",
+        "/api/v1/agents/{agent_id}/verify",
+        "Benchmark a host's GPUs now, with a fresh challenge",
+        "agents",
+        {202: verification.VerifyStarted},
+        body=verification.VerifyRequest,
+        errors=frozenset({409}),
+    ),
+    Operation(
+        "GET",
+        "/api/v1/agents/{agent_id}/verifications",
+        "Each GPU of a host with its latest verification and its history of runs",
+        "agents",
+        {200: verification.HostVerificationsView},
+        query=schemas.EmptyQuery,
     ),
     # --- telemetry history (docs/monitoring.md)
     Operation(

@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from common.inventory import GpuReach, HostInfo
+from common.wire import BenchmarkFigures
 from management.scheduler.model import FilterCount, QuotaCheck
 from master.records import Assignment, GpuFault, WorkloadSpec
 from master.reputation import Reputation
@@ -85,6 +86,19 @@ class MigView(View):
     instances: list[MigInstanceView]
 
 
+class GpuVerificationView(View):
+    """A GPU's latest measured verification (management/verification.py); ``label`` is what a person reads."""
+
+    label: str  # "verified", "simulated", "unmeasured", "failed: late", ...
+    status: str | None  # "verified" | "failed" | "refused"; None: never run
+    code: str
+    reason: str
+    at: Time | None
+    commit_s: float | None
+    challenge_tflops: float | None
+    figures: BenchmarkFigures | None
+
+
 class GpuView(View):
     uuid: str
     agent_id: str
@@ -105,6 +119,7 @@ class GpuView(View):
     telemetry: SampleView | None
     held_by: str | None
     mig: MigView
+    verification: GpuVerificationView
 
 
 class HostedReplicaView(View):

@@ -40,6 +40,7 @@ from master.allocations import DUPLICATE_UUID_FLAG, GPU_UNREACHABLE_FLAG, Hold
 from master.records import AccountRecord, AgentRecord, GpuRecord, WorkloadRecord
 from master.reputation import reputation
 from master.states import AgentState, GpuState
+from master.verification import MEASURED_FLAGS
 
 # States a workload holds (or is about to hold) GPUs in: it is a running job to the core.
 HOLDING_STATES = frozenset({"scheduled", "starting", "running", "preempted"})
@@ -121,6 +122,7 @@ def units_of(gpus: Iterable[GpuRecord]) -> list[Unit]:
             and gpu.fault is None
             and DUPLICATE_UUID_FLAG not in gpu.flags
             and GPU_UNREACHABLE_FLAG not in gpu.flags
+            and MEASURED_FLAGS.isdisjoint(gpu.flags)  # measured as less than it claims (master/verification.py)
         )
         if gpu.info.mig_enabled:
             units.extend(mig_units_of(gpu, healthy=healthy))
