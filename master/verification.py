@@ -300,3 +300,12 @@ def verification_label(gpu: GpuRecord) -> str:
     if v is None or v.status == REFUSED:
         return "unmeasured"
     return "verified" if measured_verified(gpu) else f"failed: {v.code}" if v.status == FAILED else "flagged"
+
+
+def measured_rate(gpu: GpuRecord) -> tuple[float | None, float | None]:
+    """(dense tensor TFLOP/s, device memory GB/s) of the GPU's latest passed run; (None, None) when it has none."""
+    v = gpu.verification
+    if v is None or v.status != VERIFIED or v.figures is None:
+        return None, None
+    tensor = max(v.figures.bf16_tflops or 0.0, v.figures.fp16_tflops or 0.0)
+    return (tensor or None), v.figures.memory_bandwidth_gbs

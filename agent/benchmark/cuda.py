@@ -181,17 +181,19 @@ class CudaBenchmark:
     def _compile(self, major: int, minor: int) -> Any:
         nvrtc = self.nvrtc
         program = _check(nvrtc.nvrtcCreateProgram(KERNELS.encode(), b"idlegrid_bench.cu", 0, [], []), "nvrtcCreateProgram")
-        options = [f"--gpu-architecture=compute_{major}{minor}".encode(), b"-std=c++14"]
+        # Machine code for this card (sm_XY), not PTX: the driver loads it without JIT, so an older driver than the
+        # NVRTC wheel's CUDA version still runs it.
+        options = [f"--gpu-architecture=sm_{major}{minor}".encode(), b"-std=c++14"]
         error = nvrtc.nvrtcCompileProgram(program, len(options), options)[0]
         if int(error) != 0:
             size = _check(nvrtc.nvrtcGetProgramLogSize(program), "nvrtcGetProgramLogSize")
             text = b" " * size
             nvrtc.nvrtcGetProgramLog(program, text)
             raise BenchmarkUnavailable(f"NVRTC could not compile the benchmark: {text.decode(errors='replace')[:2000]}")
-        size = _check(nvrtc.nvrtcGetPTXSize(program), "nvrtcGetPTXSize")
-        ptx = b" " * size
-        _check(nvrtc.nvrtcGetPTX(program, ptx), "nvrtcGetPTX")
-        return _check(self.driver.cuModuleLoadData(ptx), "cuModuleLoadData")
+        size = _check(nvrtc.nvrtcGetCUBINSize(program), "nvrtcGetCUBINSize")
+        cubin = b" " * size
+        _check(nvrtc.nvrtcGetCUBIN(program, cubin), "nvrtcGetCUBIN")
+        return _check(self.driver.cuModuleLoadData(cubin), "cuModuleLoadData")
 
     def _function(self, module: Any, name: str) -> Any:
         return _check(self.driver.cuModuleGetFunction(module, name.encode()), f"cuModuleGetFunction {name}")

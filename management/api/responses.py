@@ -411,6 +411,9 @@ class OfferView(View):
     nvlink: bool
     score: float
     images: list[str]  # the images the host already has, warm first
+    tflops: float | None  # measured dense tensor TFLOP/s (a passed verification run), None until measured
+    memory_bandwidth_gbs: float | None
+    tflops_per_price: float | None  # TFLOP/s per currency unit per GPU-hour
 
 
 class EmptiedByView(View):

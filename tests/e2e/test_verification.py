@@ -99,7 +99,9 @@ def test_a_replayed_answer_fails_and_an_operator_can_ask_for_a_run(grid: Grid) -
 def test_a_benchmark_never_runs_on_a_rented_gpu(grid: Grid) -> None:
     host, _ = grid.run_agent("rented", simulate="h100:1", env=SANDBOXED)
     settled(grid, host)
-    container = grid.command(host, "create_container", {"name": "job", "image": "none", "command": ["sleep", "60"], "gpus": ["0"]})
+    container = grid.command(
+        host, "create_container", {"name": "job", "image": "none", "command": ["sleep", "60"], "gpus": ["0"]}
+    )
     assert grid.wait_command(container)["state"] == "succeeded"
     status, body = grid.call("POST", f"/api/v1/agents/{host}/verify", {})
     assert status == 409 and "held by a renter" in body["error"]["message"], (status, body)
