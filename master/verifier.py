@@ -132,7 +132,7 @@ class Verifier:
         """The loop's step: end what expired, then challenge the GPUs that are due."""
         now = time.time()
         for outcome in self.book.expire(now):
-            await self._finish(outcome)
+            await self.finish(outcome)
         if not self.schedule.enabled:
             return
         for agent_id in list(self.benchmarks):
@@ -168,21 +168,22 @@ class Verifier:
         if isinstance(step, VerifyReveal):
             await self._send(agent_id, encode(step))
         elif step is not None:
-            await self._finish(step)
+            await self.finish(step)
 
     async def on_open(self, agent_id: str, frame: VerifyOpen) -> None:
         outcome = self.book.on_open(agent_id, frame, time.time())
         if outcome is not None:
-            await self._finish(outcome)
+            await self.finish(outcome)
 
     async def on_disconnect(self, agent_id: str) -> None:
         self.benchmarks.pop(agent_id, None)
         for outcome in self.book.forget_agent(agent_id, time.time()):
-            await self._finish(outcome)
+            await self.finish(outcome)
 
     # -- outcomes -------------------------------------------------------------------------------------------------
 
-    async def _finish(self, outcome: Outcome) -> None:
+    async def finish(self, outcome: Outcome) -> None:
+        """Carry out an outcome: give the GPU back, add the run to its history, and record its verification."""
         self._allocations.abandon(_hold_id(outcome.challenge_id))
         agent = self._registry.agents.get(outcome.agent_id)
         if agent is not None:
