@@ -175,7 +175,8 @@ class ChallengeBook:
                         now,
                         FAILED,
                         "late",
-                        f"no answer by the deadline, {now - state.started_at:.2f} s after the challenge",
+                        f"no answer by the deadline ({state.challenge.deadline - state.started_at:.2f} s for a "
+                        f"{state.model.name}): slower than a {state.model.name} computes it, or the host stalled",
                     )
                 )
             elif state.commit is not None and now > state.committed_at + self.settings.open_timeout_s:
