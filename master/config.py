@@ -72,7 +72,7 @@ class MasterConfig(msgspec.Struct, kw_only=True):
     verify_simulated: bool = False  # challenge simulated GPUs on schedule too (else only when an operator asks)
     verify_n: Annotated[int, msgspec.Meta(ge=1, le=16384)] = 1024  # real GPUs: the challenge's shape
     verify_k: Annotated[int, msgspec.Meta(ge=1, le=65536)] = 4096
-    verify_rounds: Annotated[int, msgspec.Meta(ge=1)] = 64
+    verify_rounds: Annotated[int, msgspec.Meta(ge=1)] = 4
     verify_allowance_s: Annotated[float, msgspec.Meta(ge=0)] = 5.0  # on top of the claimed model's computing time
     verify_sim_target_s: Annotated[float, msgspec.Meta(gt=0)] = 0.5  # a simulated card of its claimed model takes this
     verify_sim_allowance_s: Annotated[float, msgspec.Meta(ge=0)] = 1.0

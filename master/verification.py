@@ -42,7 +42,7 @@ class ChallengeSettings:
 
     n: int = 1024
     k: int = 4096
-    rounds: int = 64
+    rounds: int = 4  # real cards: k * rounds multiply-adds per checked entry, recomputed in Python by the Master
     rows_checked: int = 3  # rows the Master opens
     entries_per_row: int = 2  # entries recomputed in each opened row
     allowance_s: float = 5.0  # network, set-up and hashing on top of the computing time
@@ -148,10 +148,23 @@ class ChallengeBook:
         return VerifyReveal(challenge_id=commit.challenge_id, rows=list(state.rows))
 
     def on_open(self, agent_id: str, opened: VerifyOpen, now: float) -> Outcome | None:
+        """The openings checked here and now (``check`` then ``conclude``, for a caller with no event loop to keep)."""
+        wrong = self.check(agent_id, opened)
+        return None if wrong is None else self.conclude(agent_id, opened, wrong, now)
+
+    def check(self, agent_id: str, opened: VerifyOpen) -> str | None:
+        """Why the openings do not prove the answer ("" when they do); None when they answer no open challenge of
+        this agent. Reads the book only, and recomputes entries from the seed (CPU time: a thread's work)."""
         state = self.open.get(opened.challenge_id)
         if state is None or state.agent_id != agent_id or state.commit is None:
             return None
-        wrong = _first_wrong(state, opened)
+        return _first_wrong(state, opened)
+
+    def conclude(self, agent_id: str, opened: VerifyOpen, wrong: str, now: float) -> Outcome | None:
+        """The outcome of openings ``check`` judged; None if the challenge ended meanwhile."""
+        state = self.open.get(opened.challenge_id)
+        if state is None or state.agent_id != agent_id or state.commit is None:
+            return None
         if wrong:
             return self._end(state, now, FAILED, "wrong_answer", wrong, commit=state.commit)
         return self._end(
