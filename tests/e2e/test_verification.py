@@ -5,6 +5,7 @@ time its card would, agent/benchmark/simulated.py). Each cheat is an agent setti
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -110,3 +111,23 @@ def test_a_benchmark_never_runs_on_a_rented_gpu(grid: Grid) -> None:
     assert grid.wait_command(container)["state"] == "succeeded"
     status, body = grid.call("POST", f"/api/v1/agents/{host}/verify", {})
     assert status == 409 and "held by a renter" in body["error"]["message"], (status, body)
+
+
+def test_a_workload_placed_while_a_benchmark_runs_waits_for_it_then_runs(tmp_path: Path) -> None:
+    """Acceptance 3: the run holds its GPU (shown reserved); the renter's workload waits in the queue, not preempting
+    it, and is placed once the run ended. A simulated H100 takes 8 s here (``verify_sim_target_s``)."""
+    from tests.e2e.test_scheduler import renter, wait_workload, workload
+
+    slow_run = {**MASTER_SETTINGS, "verify_sim_target_s": 8.0}
+    with running_grid(tmp_path, slow_run) as grid:
+        host, _ = grid.run_agent("host", simulate="h100:1", env=SANDBOXED)
+        wait_for(lambda: gpu_of(grid, host)["state"] == "reserved", 20, "the benchmark to hold the GPU")
+        alice = renter(grid, "alice")
+        submitted = alice.submit_workload(workload("job", "exec sleep 600"))
+        time.sleep(1.5)  # a few scheduler periods while the run holds the GPU
+        assert alice.workload(submitted["id"])["state"] == "queued"
+        assert gpu_of(grid, host)["state"] == "reserved"  # the run was not preempted
+        running = wait_workload(alice, submitted["id"], "runs", lambda w: w["state"] == "running", timeout=30)
+        run = settled(grid, host)["gpus"][0]["runs"][0]
+        assert run["status"] == "verified", run
+        assert running["scheduled_at"] >= run["at"], (running, run)  # placed only after the run ended
