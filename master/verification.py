@@ -303,7 +303,8 @@ def judged(classification: Classification, verification: GpuVerification | None)
 def measured_verified(gpu: GpuRecord) -> bool:
     """Whether ``gpu`` is verified by measurement: a passed challenge on a real card, and nothing flagged."""
     v = gpu.verification
-    return v is not None and v.status == VERIFIED and not v.simulated and not gpu.flags and gpu.tier is not None
+    passed = v is not None and v.status == VERIFIED and not v.simulated
+    return passed and not gpu.info.simulated and not gpu.flags and gpu.tier is not None
 
 
 def verification_label(gpu: GpuRecord) -> str:

@@ -137,14 +137,19 @@ def passed(at: float = 1.0) -> GpuVerification:
     return GpuVerification(status="verified", at=at, figures=BenchmarkFigures(bf16_tflops=800.0, memory_bandwidth_gbs=3000.0))
 
 
+def real(infos: list) -> list:
+    """GPU reports of real cards (a simulated GPU is never verified by measurement)."""
+    return [msgspec.structs.replace(info, simulated=False) for info in infos]
+
+
 async def test_verification_counts_measured_verification_not_agreement_with_the_catalog(master):
-    await connect(master, relay_link(), "agt-a")  # two H100s the catalog knows: tiered, no flag, not measured
+    await connect(master, relay_link(), "agt-a", real(gpus(2)))  # two H100s the catalog knows: tiered, not measured
     assert reputation(master.agent("agt-a")).components["verification"] == 0.5
     for gpu in master.gpus("agt-a"):
         await master.registry.set_verification(gpu.uuid, passed())
     assert reputation(master.agent("agt-a")).components["verification"] == 1.0
     unknown = gpus(1, prefix="GPU-odd", name="Mystery Accelerator 9000")
-    await connect(master, relay_link(), "agt-b", [*gpus(1, prefix="GPU-b"), *unknown])
+    await connect(master, relay_link(), "agt-b", real([*gpus(1, prefix="GPU-b"), *unknown]))
     await master.registry.set_verification("GPU-b-0", passed())
     agent_b = master.agent("agt-b")
     assert (agent_b.gpus_verified, agent_b.gpus_flagged) == (1, 1)
@@ -167,7 +172,7 @@ async def test_an_agent_stored_without_verification_counts_gets_them_from_its_gp
     config = MasterConfig(state_dir=str(tmp_path / "m"), link_port=0)
     first = Master(config)
     await first.start()
-    await connect(first, relay_link(), "agt-a")
+    await connect(first, relay_link(), "agt-a", real(gpus(2)))
     for gpu in first.gpus("agt-a"):
         await first.registry.set_verification(gpu.uuid, passed())
     stored = first.agent("agt-a")
