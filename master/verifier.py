@@ -136,7 +136,9 @@ class Verifier:
             await self.finish(outcome)
         if not self.schedule.enabled:
             return
-        for agent_id in list(self.benchmarks):
+        for agent_id, benchmark in list(self.benchmarks.items()):
+            if benchmark == "simulated" and not self.schedule.simulated:
+                continue  # cheap for a fleet of simulated agents: their GPUs are not looked at
             agent = self._registry.agents.get(agent_id)
             if agent is None:
                 continue
