@@ -29,6 +29,9 @@ class AgentConfig(msgspec.Struct, kw_only=True):
     relay_probe_timeout_s: float = 2.0  # a relay of the directory that takes longer to accept TCP ranks last
     directory_rank_ttl_s: float = 60.0  # the relay directory is probed and ranked again after this long
     simulate: str = ""  # e.g. "h100:8" or "a10:2,t4:1": simulated GPUs, reported as such
+    # How simulated GPUs answer verification challenges (agent/benchmark/simulated.py): "" honestly, or a cheat CI
+    # tests: "as:MODEL" (compute at MODEL's speed), "replay" (the first answer again), "late" (after the deadline).
+    simulate_bench: str = ""
     # "docker" (any Docker-API engine, Podman included) or "process" (host processes in a sandbox: demos and tests,
     # never the default; see agent/runtime/process.py).
     runtime: str = "docker"

@@ -12,12 +12,14 @@ import signal
 import socket
 import ssl
 import time
+from collections.abc import Awaitable
 
 import msgspec
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import CloseCode
 
+from agent.benchmark.setup import held_by_containers, open_responder
 from agent.config import AgentConfig
 from agent.connector import CONNECTION_ERRORS, RelayConnector, RelayTarget
 from agent.credentials import CertificateRenewer, RenewalError, describe_expiry, recover_interrupted_renewal
@@ -62,6 +64,9 @@ from common.wire import (
     ResultAck,
     Telemetry,
     TunnelOpen,
+    VerifyChallenge,
+    VerifyCommit,
+    VerifyReveal,
     Welcome,
     decode_master_frame,
     encode,
@@ -146,6 +151,13 @@ class Agent:
             host_gpus=self.collector.inventory,
             on_pull_progress=self._on_pull_progress,
             keeper=self.output,
+        )
+        # Verification challenges (agent/benchmark/): answered with the benchmark this host can run, if any.
+        self.verification, self.benchmark = open_responder(
+            self.collector.inventory(),
+            simulated=self.collector.simulated,
+            cheat=config.simulate_bench,
+            held_gpus=held_by_containers(self.runtime),
         )
         self.images: list[str] = []  # the images the host has, warm first, bounded: hello's, as last listed
         self._pull_told: dict[str, float] = {}  # container -> when its pull progress was last sent
@@ -342,6 +354,7 @@ class Agent:
             inventory=inventory,
             region=self.config.region,
             command_keys=sorted(self.verifier.keys()),
+            benchmark=self.benchmark,
         )
 
     # --- frames from the master ----------------------------------------------------------------
@@ -375,6 +388,11 @@ class Agent:
                 self._on_config(frame)
             case RenewResponse():
                 self._on_renew_response(frame)
+            case VerifyChallenge():  # verification (agent/benchmark/)
+                self._spawn(self._answer(self.verification.on_challenge(frame)))
+            case VerifyReveal():
+                if (opened := self.verification.on_reveal(frame)) is not None:
+                    await self._send_quietly(opened)
             case Error() if frame.code == HELLO_REQUIRED:
                 await self._send(self._hello())
             case Error():
@@ -584,6 +602,9 @@ class Agent:
             # A pulled image makes this host warm for it: the offers say so now, not at the next probe.
             with contextlib.suppress(ConnectionError, ConnectionClosed):
                 await self._send(self._hello())
+
+    async def _answer(self, commit: Awaitable[VerifyCommit]) -> None:
+        await self._send_quietly(await commit)
 
     def _spawn(self, coro) -> None:
         task = asyncio.create_task(coro)

@@ -18,11 +18,13 @@ from typing import Any
 
 import msgspec
 
+from common.catalog import CATALOG, expected_figures
 from common.heap import tune_for_daemon
 from common.inventory import GpuInfo, HostInfo, NvLink
+from common.wire import BenchmarkFigures
 from management.market.offers import OfferIndex, score_of
 from management.market.prices import HostPrice
-from master.records import AgentRecord, GpuRecord
+from master.records import AgentRecord, GpuRecord, GpuVerification
 
 TARGET_P99_MS = 50.0
 
@@ -107,6 +109,9 @@ def market(o: OffersBenchOptions) -> tuple[OfferIndex, float]:
         cuda = rng.choice(CUDA)
         n = o.gpus_per_host
         flagged = rng.random() < 0.05
+        expected = expected_figures(CATALOG[model])
+        figures = BenchmarkFigures(bf16_tflops=expected.tensor_tflops, memory_bandwidth_gbs=expected.memory_bandwidth_gbs)
+        measured = GpuVerification(status="verified", at=1.0, figures=figures)
         gpus = []
         for i in range(n):
             links = [
@@ -121,7 +126,6 @@ def market(o: OffersBenchOptions) -> tuple[OfferIndex, float]:
                 compute_capability=cc,
                 cuda_version=cuda,
                 nvlinks=links if nvlinked else [],
-                simulated=True,
             )
             gpus.append(
                 GpuRecord(
@@ -133,6 +137,8 @@ def market(o: OffersBenchOptions) -> tuple[OfferIndex, float]:
                     state="available",
                     tier=tier,
                     flags=["vram_mismatch"] if flagged else [],
+                    # a passed verification run (docs/verification.md), so ``verified=true`` matches the unflagged hosts
+                    verification=None if flagged else measured,
                 )
             )
         held = {g.uuid for g in gpus[: rng.randrange(n)]}  # 0..n-1 held: every host offers at least one

@@ -403,3 +403,44 @@ def reference_gpu_info(model: GpuModel, *, index: int = 0, uuid: str = "", pci_b
         power_limit_w=model.tdp_w,
         memory_bus_width_bits=model.memory_bus_width_bits,
     )
+
+
+# -- what a benchmark should measure on a healthy card --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ExpectedFigures:
+    """What a healthy card of a model measures (not its spec sheet): what the tier policy's fractions multiply.
+
+    Calibrated from real runs where a GPU machine was lent (CALIBRATED); otherwise the spec-sheet figure times what a
+    good GEMM and a copy kernel typically reach (TENSOR_EFFICIENCY, COPY_EFFICIENCY)."""
+
+    tensor_tflops: float  # dense FP16 or BF16 matrix products, the better of the two
+    memory_bandwidth_gbs: float  # device copy, read + write
+    h2d_gbs: float  # pinned host-to-device over the card's PCIe generation (x16)
+
+
+TENSOR_EFFICIENCY = 0.8  # a good GEMM reaches 70-85% of dense peak
+COPY_EFFICIENCY = 0.85  # a copy kernel reaches 80-90% of peak bandwidth
+_PCIE_X16_GBS = {3: 12.0, 4: 25.0, 5: 50.0, 6: 100.0}  # what pinned copies reach per generation, about
+# Measured on lent machines: an H100 80GB HBM3, PyTorch bf16 8192^3 matmul ~800 TFLOP/s and ~3.0 TB/s device copy; an
+# H200, 789 TFLOP/s bf16 (PyTorch) and 4.27 TB/s copy, 55 GB/s pinned copies (driver API, cuda-bindings).
+CALIBRATED: Mapping[str, ExpectedFigures] = MappingProxyType(
+    {
+        "h100-sxm": ExpectedFigures(tensor_tflops=800.0, memory_bandwidth_gbs=3000.0, h2d_gbs=50.0),
+        "h200": ExpectedFigures(tensor_tflops=789.0, memory_bandwidth_gbs=4270.0, h2d_gbs=55.0),
+    }
+)
+
+
+def expected_figures(model: GpuModel) -> ExpectedFigures:
+    """What a healthy ``model`` measures: calibrated where a real card was run, else derived from its spec sheet."""
+    calibrated = CALIBRATED.get(model.key)
+    if calibrated is not None:
+        return calibrated
+    tensor = max(model.fp16_tflops, model.bf16_tflops or 0.0)
+    return ExpectedFigures(
+        tensor_tflops=round(tensor * TENSOR_EFFICIENCY, 1),
+        memory_bandwidth_gbs=round(model.memory_bandwidth_gbs * COPY_EFFICIENCY, 1),
+        h2d_gbs=_PCIE_X16_GBS.get(model.pcie_gen, 12.0),
+    )

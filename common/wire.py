@@ -66,6 +66,9 @@ class Hello(_Frame, tag="hello"):
     inventory: Inventory
     region: str = ""
     command_keys: list[str] = []  # key ids the agent trusts; lets the master notice stale agents
+    # The GPU benchmark this agent answers verification challenges with: "cuda", "simulated", or "" (none: its GPUs
+    # are never challenged and stay unmeasured, as with agents older than verification).
+    benchmark: ShortText = ""
 
 
 class Heartbeat(_Frame, tag="heartbeat"):
@@ -131,6 +134,44 @@ class RenewRequest(_Frame, tag="renew_request"):
     """A fresh CSR for the agent's next certificate, sent over the authenticated link before expiry."""
 
     csr_pem: str
+
+
+class BenchmarkFigures(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """What the agent's benchmark measured on one GPU (agent/benchmark/). Its own word: the Master trusts them only
+    beside a challenge it checked (master/verification.py). A figure the benchmark could not measure is None."""
+
+    fp32_tflops: float | None = None
+    fp16_tflops: float | None = None  # dense, tensor cores where the card has them
+    bf16_tflops: float | None = None
+    memory_bandwidth_gbs: float | None = None  # device copy, read + write
+    h2d_gbs: float | None = None  # pinned host to device
+    d2h_gbs: float | None = None
+    allocatable_mib: int | None = None  # allocated and written
+    duration_s: float = 0.0  # the whole benchmark, challenge included
+    simulated: bool = False  # figures of a simulated GPU (agent/benchmark/simulated.py), never shown as verified
+
+
+class VerifyCommit(_Frame, tag="verify_commit"):
+    """The answer to a ``verify_challenge``: the Merkle root over the answer's rows (common/challenge.py) and the
+    benchmark's figures; or ``refused`` (why the benchmark did not run: the GPU is held by a renter, ...)."""
+
+    challenge_id: ShortText
+    root: ShortText = ""
+    figures: BenchmarkFigures | None = None
+    refused: LongText = ""
+
+
+class VerifyOpening(msgspec.Struct, kw_only=True):
+    row: int
+    values: list[int]
+    path: list[ShortText]
+
+
+class VerifyOpen(_Frame, tag="verify_open"):
+    """The rows a ``verify_reveal`` named, each with its authentication path to the committed root."""
+
+    challenge_id: ShortText
+    openings: list[VerifyOpening]
 
 
 # --- master -> agent -------------------------------------------------------------------------
@@ -200,6 +241,28 @@ class RenewResponse(_Frame, tag="renew_response"):
     error: str = ""
 
 
+class VerifyChallenge(_Frame, tag="verify_challenge"):
+    """Benchmark this GPU and answer the challenge (common/challenge.py): commit to the answer by ``deadline``.
+
+    ``sim_rate_scale`` only slows a simulated GPU (the local grid's time scale); a real GPU ignores it."""
+
+    challenge_id: ShortText
+    gpu_uuid: ShortText
+    seed: int
+    n: int
+    k: int
+    rounds: int
+    deadline: float  # the Master's clock; the Master judges lateness by its own clock, this is a hint
+    sim_rate_scale: float = 1.0
+
+
+class VerifyReveal(_Frame, tag="verify_reveal"):
+    """The rows of the committed answer the Master will check, named only after the commit arrived."""
+
+    challenge_id: ShortText
+    rows: list[int]
+
+
 class RelayStatus(_Frame, tag="relay_status"):
     """Sent by the Access relay itself: whether it can reach the Master right now."""
 
@@ -213,8 +276,23 @@ class Error(_Frame, tag="error"):
     ref: str | None = None  # id of the frame or command it refers to, when known
 
 
-AgentFrame = Hello | Heartbeat | Telemetry | CommandAck | CommandResult | AgentEvent | RenewRequest | Error
-MasterFrame = Welcome | Command | ResultAck | Ping | Config | RelayDirectory | RenewResponse | RelayStatus | TunnelOpen | Error
+AgentFrame = (
+    Hello | Heartbeat | Telemetry | CommandAck | CommandResult | AgentEvent | RenewRequest | VerifyCommit | VerifyOpen | Error
+)
+MasterFrame = (
+    Welcome
+    | Command
+    | ResultAck
+    | Ping
+    | Config
+    | RelayDirectory
+    | RenewResponse
+    | RelayStatus
+    | TunnelOpen
+    | VerifyChallenge
+    | VerifyReveal
+    | Error
+)
 
 
 # --- access <-> master -----------------------------------------------------------------------

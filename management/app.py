@@ -60,6 +60,7 @@ from management.services.prices import PricesService
 from management.services.reports import ReportsService
 from management.services.telemetry import TelemetryService
 from management.services.tunnels import RenterAccess
+from management.services.verification import VerificationService
 from management.services.workloads import WorkloadsService
 from management.settings import ManagementSettings
 from management.workloads.book import WorkloadBook
@@ -252,6 +253,7 @@ def compose(master: Master, settings: ManagementSettings | None = None) -> Compo
         reports=ReportsService(ReportSource(master), settings.market.currency),
         tunnels=tunnels,
         onboarding=Onboarding(master),
+        verification=VerificationService(master),
     )
     series = MarketSeries(book.counts, market.meter.open_rentals, market.ledger.balances, currency=settings.market.currency)
     return Composition(

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from management.cli_accounts import Parser, api_client, connection_options, show, table, when
+from management.cli_verify import add_verification_parsers
 
 _DURATION = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([smhd]?)\Z")
 _UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -140,8 +141,9 @@ def host_text(agent: Mapping[str, Any]) -> str:
     for gpu in agent["gpus"]:
         tested = reach.get(gpu["uuid"])
         verdict = "not tested" if tested is None else "reaches a container" if tested["reachable"] else "DOES NOT REACH"
-        rows.append([gpu["uuid"], gpu["model"] or "-", gpu["state"], "yes" if gpu["offered"] else "no", verdict])
-    text = head + "\n\n" + table(["GPU", "MODEL", "STATE", "OFFERED", "SELF-TEST"], rows)
+        verified = gpu["verification"]["label"] if gpu.get("verification") else "-"
+        rows.append([gpu["uuid"], gpu["model"] or "-", gpu["state"], "yes" if gpu["offered"] else "no", verdict, verified])
+    text = head + "\n\n" + table(["GPU", "MODEL", "STATE", "OFFERED", "SELF-TEST", "VERIFICATION"], rows)
     for uuid, tested in reach.items():
         if not tested["reachable"]:
             text += f"\n\n{uuid} is not offered: {tested['detail']}\n  fix: {tested['fix']}"
@@ -151,7 +153,8 @@ def host_text(agent: Mapping[str, Any]) -> str:
 def add_parsers(sub: argparse._SubParsersAction, parser: Parser) -> None:
     """``host`` on the command line's subcommands; ``parser`` makes one (as management/cli.py does)."""
     host = parser(sub, "host", "a provider's hosts: prices, drain", "Set and show hosts' prices; drain and undrain hosts.")
-    h_sub = host.add_subparsers(dest="host_command", required=True, metavar="{show,price,drain,undrain}")
+    h_sub = host.add_subparsers(dest="host_command", required=True, metavar="{show,price,drain,undrain,verify,verifications}")
+    add_verification_parsers(h_sub, parser)  # measured verification (management/cli_verify.py)
 
     shown_host = parser(
         h_sub,

@@ -16,7 +16,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Awaitable, Iterator, Mapping
+from collections.abc import Awaitable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -172,6 +172,13 @@ class ApiCalls(Generic[R]):
 
     def drain(self, agent_id: str) -> R:
         return self.send(ApiRequest("POST", f"{API_PREFIX}/agents/{_segment(agent_id)}/drain"))
+
+    # measured verification (docs/verification.md)
+    def verify(self, agent_id: str, gpus: Sequence[str] = ()) -> R:
+        return self.send(ApiRequest("POST", f"{API_PREFIX}/agents/{_segment(agent_id)}/verify", body={"gpus": list(gpus)}))
+
+    def verifications(self, agent_id: str) -> R:
+        return self.send(ApiRequest("GET", f"{API_PREFIX}/agents/{_segment(agent_id)}/verifications"))
 
     def undrain(self, agent_id: str) -> R:
         return self.send(ApiRequest("POST", f"{API_PREFIX}/agents/{_segment(agent_id)}/undrain"))

@@ -30,6 +30,7 @@ from management.http.responses import (
     EventView,
     ExplanationView,
     FundsView,
+    GpuVerificationView,
     GpuView,
     HostEarningsView,
     HostedReplicaView,
@@ -75,6 +76,7 @@ from management.monitoring.history import TelemetryHistory
 from management.scheduler.model import Explanation
 from management.services.hosts import HostedReplica
 from management.services.market import FundsDetail, RentalDetail, Statements
+from management.services.verification import verification_view
 from management.tunnel_client import TunnelGrant
 from master.port import (
     AccountRecord,
@@ -151,6 +153,7 @@ def gpu_view(
         telemetry=sample_view(latest) if latest is not None else None,
         held_by=holders.get(gpu.uuid),  # the container holding the whole GPU, None when none does
         mig=mig_view(gpu, holders),
+        verification=GpuVerificationView(**verification_view(gpu)),  # measured verification (management/services/verification.py)
     )
 
 

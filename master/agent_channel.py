@@ -41,6 +41,8 @@ from common.wire import (
     ResultAck,
     Revocations,
     Telemetry,
+    VerifyCommit,
+    VerifyOpen,
     Welcome,
     decode_agent_frame,
     encode,
@@ -82,6 +84,7 @@ class AgentChannel:
         self._metrics = parts.metrics
         self._registry = parts.registry
         self._telemetry = parts.telemetry
+        self._verifier = parts.verifier
         config = parts.config
         self.sessions: dict[str, AgentSession] = {}  # agent id -> its session on its current connection
         self.revoked: set[str] = set()  # certificate serials refused (loaded by the Master, sent to every relay)
@@ -151,6 +154,8 @@ class AgentChannel:
         """Many agents gone at once (their relay): one batched write, not one per agent."""
         registry = self._registry
         agents = [a for a in (registry.agents.get(i) for i in agent_ids) if a is not None and a.state in _CONNECTED]
+        for agent_id in agent_ids:
+            await self._verifier.on_disconnect(agent_id)  # a run in progress there is over
         for agent in agents:
             agent.relay = ""
         await registry.transition_many([(agent, reason) for agent in agents], "disconnected")
@@ -158,6 +163,7 @@ class AgentChannel:
     async def _lose(self, agent_id: str, reason: str) -> None:
         """The agent's connection is gone: it leaves ``ready`` now rather than after missed heartbeats."""
         self.sessions.pop(agent_id, None)
+        await self._verifier.on_disconnect(agent_id)  # a run in progress there is over
         agent = self._registry.agents.get(agent_id)
         if agent is not None and agent.state in _CONNECTED:
             agent.relay = ""
@@ -265,6 +271,10 @@ class AgentChannel:
                 await self._on_agent_report(agent, frame, now)
             case RenewRequest():
                 await self._on_renew(link, agent, frame)
+            case VerifyCommit():  # measured verification (master/verifier.py)
+                await self._verifier.on_commit(agent.id, frame)
+            case VerifyOpen():
+                await self._verifier.on_open(agent.id, frame)
             case Error():
                 self._on_agent_error(agent, frame)
 
@@ -272,6 +282,7 @@ class AgentChannel:
         await self._registry.on_hello(
             agent, hello.inventory, relay=link.relay_id, region=hello.region, relay_region=link.region, now=now
         )
+        self._verifier.on_hello(agent.id, hello.benchmark)  # which benchmark it runs, if any (docs/verification.md)
         welcome = Welcome(
             version=version,
             agent_id=agent.id,

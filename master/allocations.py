@@ -22,6 +22,7 @@ from common.errors import Conflict
 from master.changes import ChangeFeed, HoldsChanged
 from master.records import AgentRecord, CommandRecord, GpuRecord
 from master.states import AgentState, GpuState
+from master.verification import MEASURED_FLAGS
 
 # A host's copy of a GPU another host holds (a refused claim, master/registry.py): shown on the claimant, offline,
 # never offered nor given a container. The holder's own record never carries it.
@@ -227,8 +228,8 @@ def _refuse_unsound(gpu: GpuRecord) -> None:
 def offered(gpu: GpuRecord, host: AgentRecord, *, allow_sandboxed: bool) -> bool:
     """Whether renters are offered ``gpu``: it is ``available`` and its host keeps workloads in a container (or in
     the process runtime's sandbox, when the operator allows that). A host with no isolation is never offered."""
-    if gpu.state != GpuState.AVAILABLE.value:
-        return False
+    if gpu.state != GpuState.AVAILABLE.value or not MEASURED_FLAGS.isdisjoint(gpu.flags):
+        return False  # measured as less than it claims (master/verification.py): not offered
     return host.isolation == "container" or (allow_sandboxed and host.isolation == "sandbox")
 
 

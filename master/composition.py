@@ -41,6 +41,7 @@ from master.telemetry import TelemetryAggregator
 from master.tiers import TierPolicy
 from master.tunnels import TunnelDispatch
 from master.upkeep import Upkeep
+from master.verifier import Verifier, verifier_for
 
 
 @dataclass(eq=False)
@@ -66,6 +67,7 @@ class Parts:
     tunnels: TunnelDispatch
     metrics: MasterMetrics
     directory: RelayDirectoryAnnouncer
+    verifier: Verifier  # measured verification of GPUs: challenges and their outcomes (master/verifier.py)
     # Built once the rest is (they read every other part), by ``compose``.
     channel: AgentChannel = field(init=False)
     upkeep: Upkeep = field(init=False)
@@ -78,6 +80,7 @@ class Parts:
             Loop("sweep", min(1.0, config.heartbeat_s / 4), upkeep.sweep, restart_s),
             Loop("flush", config.rollup_flush_s, upkeep.flush, restart_s),
             Loop("history", config.history_period_s, upkeep.keep_history, restart_s),
+            Loop("verification", config.verify_loop_s, self.verifier.step, restart_s),
         ]
 
 
@@ -139,6 +142,7 @@ def compose(config: MasterConfig, store: Store, *, link_refusal: Callable[[], st
     store.metrics.register(metrics.registry)
     hub.register_metrics(metrics.registry)  # intake lanes, telemetry shed, report pace
     hub.on_thinning = telemetry.note_thinning  # rollups of paced or shed minutes are marked thinner
+    verifier = verifier_for(config, registry, events, hub.send_to_agent, policy)
     parts = Parts(
         config=config,
         store=store,
@@ -163,6 +167,7 @@ def compose(config: MasterConfig, store: Store, *, link_refusal: Callable[[], st
         directory=RelayDirectoryAnnouncer(
             lambda: hub.links.values(), lambda frame: _announce(parts, frame), coalesce_s=config.relay_directory_coalesce_s
         ),
+        verifier=verifier,
     )
     parts.channel = AgentChannel(parts)
     parts.upkeep = Upkeep(parts)

@@ -73,6 +73,19 @@ class MasterConfig(msgspec.Struct, kw_only=True):
     # Whether GPUs of hosts whose isolation is only a sandbox (the process runtime) are offered to renters. Off by
     # default: a sandboxed process shares the host's kernel, files and /proc with the provider's own processes.
     offer_sandboxed_hosts: bool = False
+    # --- measured verification (master/verifier.py, docs/verification.md) ---
+    verify_enabled: bool = True  # challenge GPUs on join, on a driver change and every verify_period_s when idle
+    verify_period_s: Annotated[float, msgspec.Meta(gt=0)] = 86400.0
+    verify_loop_s: Annotated[float, msgspec.Meta(gt=0)] = 2.0  # how often due GPUs and expired challenges are looked at
+    verify_retry_s: Annotated[float, msgspec.Meta(ge=0)] = 600.0  # after a refusal (the GPU was rented), asked again
+    verify_max_concurrent: Annotated[int, msgspec.Meta(ge=1)] = 32
+    verify_simulated: bool = False  # challenge simulated GPUs on schedule too (else only when an operator asks)
+    verify_n: Annotated[int, msgspec.Meta(ge=1, le=16384)] = 1024  # real GPUs: the challenge's shape
+    verify_k: Annotated[int, msgspec.Meta(ge=1, le=65536)] = 4096
+    verify_rounds: Annotated[int, msgspec.Meta(ge=1)] = 4
+    verify_allowance_s: Annotated[float, msgspec.Meta(ge=0)] = 5.0  # on top of the claimed model's computing time
+    verify_sim_target_s: Annotated[float, msgspec.Meta(gt=0)] = 0.5  # a simulated card of its claimed model takes this
+    verify_sim_allowance_s: Annotated[float, msgspec.Meta(ge=0)] = 1.0
     # The scheduler (management/scheduler/): it runs on every change that can matter, and at least this often.
     scheduler_period_s: Annotated[float, msgspec.Meta(gt=0)] = 5.0
     # A preempted (or cancelled) workload's containers get this long between SIGTERM and SIGKILL.

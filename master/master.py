@@ -68,6 +68,7 @@ class Master(MasterRequests):
         self.metrics = parts.metrics
         self.directory = parts.directory
         self.channel = parts.channel
+        self.verifier = parts.verifier  # measured verification (master/verifier.py)
         self.link_port = 0
         self._tasks: list[asyncio.Task[None]] = []
 

@@ -87,6 +87,8 @@ from master.store.errors import StaleRental
 from master.telemetry import TelemetryAggregator
 from master.tiers import TierPolicy, describe_tiers
 from master.tunnels import TunnelDispatch, TunnelUnavailable
+from master.verification import MEASURED_FLAGS, VERIFIED, measured_rate, measured_verified, verification_label
+from master.verifier import HISTORY_KIND, Verifier
 
 
 class MasterPort(Protocol):
@@ -111,6 +113,7 @@ class MasterPort(Protocol):
     hub: RelayHub
     tunnels: TunnelDispatch
     leadership: Leadership | None
+    verifier: Verifier  # measured verification: challenges, outcomes (master/verifier.py)
     on_elected: list[Callable[[], Awaitable[None]]]  # what serving needs beyond the Master, run when it is elected
 
     # --- lifecycle and high availability ---
@@ -166,6 +169,13 @@ class MasterPort(Protocol):
 
 
 __all__ = [
+    "MEASURED_FLAGS",
+    "VERIFIED",
+    "measured_rate",
+    "measured_verified",
+    "verification_label",
+    "HISTORY_KIND",
+    "Verifier",
     "BOOTSTRAP_ACCOUNT",
     "DEFAULT_CAPACITY",
     "DUPLICATE_UUID_FLAG",

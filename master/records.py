@@ -9,6 +9,7 @@ import msgspec
 
 from common.containers import RegistryAuth
 from common.inventory import GpuInfo, GpuReach, HostInfo
+from common.wire import BenchmarkFigures
 
 
 class AgentRecord(msgspec.Struct, kw_only=True):
@@ -69,6 +70,20 @@ class GpuFault(msgspec.Struct, frozen=True, kw_only=True):
     code: int | None = None  # the Xid number, the ECC count, the temperature
 
 
+class GpuVerification(msgspec.Struct, kw_only=True):
+    """A GPU's latest verification (master/verification.py); the history is its ``gpu.verification`` events."""
+
+    status: str  # "verified" | "failed" | "refused"
+    code: str = ""  # why it failed: "late", "wrong_answer", "replayed", ...
+    reason: str = ""
+    at: float
+    simulated: bool = False  # a simulated GPU: never shown as verified
+    driver_version: str = ""  # the driver it ran on: a new driver calls for a new run
+    commit_s: float | None = None
+    challenge_tflops: float | None = None
+    figures: BenchmarkFigures | None = None
+
+
 class GpuRecord(msgspec.Struct, kw_only=True):
     uuid: str
     agent_id: str
@@ -83,6 +98,7 @@ class GpuRecord(msgspec.Struct, kw_only=True):
     # The uncorrectable ECC count (volatile, since the driver loaded) an operator accepted with the last repair:
     # only a count above it is a new fault.
     ecc_acknowledged: int = 0
+    verification: GpuVerification | None = None  # the latest measured verification (None: never measured)
 
 
 class CommandRecord(msgspec.Struct, kw_only=True):

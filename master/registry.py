@@ -14,11 +14,12 @@ from master.allocations import DUPLICATE_UUID_FLAG, GPU_UNREACHABLE_FLAG, GpuAll
 from master.batches import write_paced
 from master.changes import AgentWritten, ChangeFeed, ContainerExited, GpuHealthChanged, GpusWritten, HostChanged
 from master.events import EventLog
-from master.records import AgentRecord, GpuFault, GpuRecord
+from master.records import AgentRecord, GpuFault, GpuRecord, GpuVerification
 from master.reputation import verification_counts
 from master.states import AGENT, GPU, AgentState, GpuState
 from master.store.base import Store
 from master.tiers import TierPolicy, classify
+from master.verification import carried, judged, measured_of
 
 log = logging.getLogger(__name__)
 
@@ -342,8 +343,11 @@ class Registry:
                 self._absent_of.get(agent_id, {}).pop(info.uuid, None)  # its card is back
                 self._absent_holder.pop(info.uuid, None)
             info = self._own_mig_instances(agent_id, info, events)
-            c = classify(info, self.policy, host=host)  # type: ignore[arg-type]
             same_host = old is not None and old.agent_id == agent_id
+            # Measured verification (master/verification.py): kept while the host and its driver stay the same.
+            verification = carried(old.verification, info) if old is not None and same_host else None
+            c = classify(info, self.policy, host=host, measured=measured_of(verification))  # type: ignore[arg-type]
+            tier, judged_flags, reasons = judged(c, verification)
             state = old.state if old is not None and same_host else GpuState.AVAILABLE.value
             record = GpuRecord(
                 uuid=info.uuid,
@@ -352,12 +356,13 @@ class Registry:
                 model=c.model,
                 info=info,
                 state=state,
-                tier=c.tier,
-                flags=[*c.flags] + ([GPU_UNREACHABLE_FLAG] if info.uuid in unreachable else []),
+                tier=tier,
+                flags=judged_flags + ([GPU_UNREACHABLE_FLAG] if info.uuid in unreachable else []),
                 updated_at=time.time(),
                 # A hello does not clear a fault: a card that threw a fatal Xid may do so again (docs/master.md).
                 fault=old.fault if old is not None and same_host else None,
                 ecc_acknowledged=old.ecc_acknowledged if old is not None and same_host else 0,
+                verification=verification,
             )
             if old is None or (old.tier, old.flags) != (record.tier, record.flags):
                 events.append(
@@ -367,9 +372,9 @@ class Registry:
                         {
                             "agent_id": agent_id,
                             "model": c.model,
-                            "tier": c.tier,
-                            "flags": list(c.flags),
-                            "reasons": list(c.reasons),
+                            "tier": tier,
+                            "flags": judged_flags,
+                            "reasons": reasons,
                         },
                     )
                 )
@@ -431,6 +436,25 @@ class Registry:
                 if agent is not None:
                     await self._recount(agent)
         return cleared
+
+    async def set_verification(self, uuid: str, verification: GpuVerification) -> GpuRecord | None:
+        """Record a GPU's latest verification and classify it again with it; None when the GPU is gone."""
+        gpu = self.gpus.get(uuid)
+        agent = self.agents.get(gpu.agent_id) if gpu is not None else None
+        if gpu is None or agent is None:
+            return None
+        c = classify(gpu.info, self.policy, host=agent.host, measured=measured_of(verification))
+        tier, flags, reasons = judged(c, verification)
+        kept = [flag for flag in gpu.flags if flag in (GPU_UNREACHABLE_FLAG, DUPLICATE_UUID_FLAG)]
+        record = msgspec.structs.replace(gpu, tier=tier, flags=flags + kept, verification=verification, updated_at=time.time())
+        if (gpu.tier, gpu.flags) != (record.tier, record.flags):
+            await self._events.record(
+                "gpu.classified", uuid, agent_id=gpu.agent_id, model=c.model, tier=tier, flags=flags, reasons=reasons
+            )
+        self._put_gpu(record)
+        await self._write_gpus([record])
+        await self._recount(agent)
+        return record
 
     async def _recount(self, agent: AgentRecord) -> None:
         """The agent's verification counts (what reputation reads) after its GPUs or claims changed, and its GPUs

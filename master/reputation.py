@@ -8,9 +8,11 @@ scheduler can score 10,000 hosts per cycle. Components, with the prior a host wi
 - ``container_success``: containers created that started / all creates answered, Beta(1, 1) prior (0.5).
 - ``rentals``: rentals that ended without a host failure / all that ended, Beta(1, 1) prior (0.5). A rental that
   failed through the host (a container that would not start, the host offline mid-run, a GPU fault) counts against.
-- ``verification``: over the GPUs of its latest inventory, a tiered GPU with no flag counts 1, one no tier matched
-  (but nothing flagged) 0.5, a flagged one (unknown model, VRAM mismatch, a duplicated uuid, ...) 0; the mean.
-  Every GPU tiered and unflagged is 1.0; a host that reported no GPU is 0.5.
+- ``verification``: over the GPUs of its latest inventory, a GPU verified by measurement (a passed challenge on a
+  real card, tiered, nothing flagged: master/verification.py) counts 1; one not measured yet, a simulated one, or one
+  no tier matched (but nothing flagged) 0.5; a flagged one (unknown model, VRAM mismatch, a failed challenge, measured
+  figures under the catalog's, a duplicated uuid, ...) 0; the mean. Agreement with the catalog alone earns nothing
+  above 0.5: any agent can report what the catalog says. A host that reported no GPU is 0.5.
 - ``ratings``: renters' 1..5 ratings mapped to 0..1 ((r - 1) / 4), averaged with RATING_PRIOR pseudo-ratings of 3
   stars, so one rating moves it only part of the way: a single 1-star rating gives 0.4, a single 5 gives 0.6.
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 import msgspec
 
 from master.records import AgentRecord, GpuRecord
+from master.verification import measured_verified
 
 WEIGHTS = {
     "uptime": 0.30,
@@ -53,7 +56,7 @@ def verification_counts(gpus: list[GpuRecord]) -> tuple[int, int, int]:
     for gpu in gpus:
         if gpu.flags:
             flagged += 1
-        elif gpu.tier is not None:
+        elif measured_verified(gpu):
             verified += 1
         else:
             unverified += 1

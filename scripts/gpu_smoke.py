@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
@@ -37,6 +39,7 @@ MASTER_SETTINGS = {
     "IDLEGRID_MASTER_TELEMETRY_S": "1",
     "IDLEGRID_MASTER_METERING_PERIOD_S": "5",
     "IDLEGRID_MASTER_SCHEDULER_PERIOD_S": "1",
+    "IDLEGRID_MASTER_VERIFY_SIMULATED": "true",  # a dry run (--simulate) checks the verification path too
 }
 
 # The renter's job: the GPU's name, then a bf16 matrix product for about SECONDS seconds, its throughput, and a
@@ -237,12 +240,76 @@ def docker_with_nvidia() -> str | None:
     return None
 
 
+def wait_verified(grid: LocalGrid, agent_id: str) -> list[dict[str, Any]]:
+    """Each GPU's verification once the Master has one for every GPU (it challenges them when the host joins)."""
+
+    def verdicts() -> list[dict[str, Any]] | None:
+        gpus = grid.client.agent(agent_id)["gpus"]
+        found = [g["verification"] for g in gpus if g["verification"]["status"]]
+        return found if len(found) == len(gpus) else None
+
+    return wait(verdicts, 120, "the Master's verification of the agent's GPUs")
+
+
+def benchmark_directly(gpus: list[tuple[str, str]], report: Report) -> bool:
+    """The agent's GPU benchmark (agent/benchmark/cuda.py) on each GPU, answering the Master's own challenge in this
+    process: its figures, how long it took, and the verdict. What a GPU session calibrates the catalog from
+    (common/catalog.py CALIBRATED) and writes into bench/README.md."""
+    import asyncio
+
+    from agent.benchmark.cuda import open_benchmark
+    from agent.benchmark.responder import VerificationResponder
+    from common.catalog import CATALOG
+    from master.verification import ChallengeBook, ChallengeSettings, Outcome
+
+    benchmark, why = open_benchmark()
+    if benchmark is None:
+        report.check("the GPU benchmark runs", False, why)
+        return False
+
+    async def nothing_held() -> set[str]:
+        return set()
+
+    async def one(uuid: str, name: str) -> Outcome | None:
+        model = next((m for m in CATALOG.values() if name in m.nvml_names), None)
+        if model is None:
+            report.skip(f"benchmark of {name}", "the catalog does not list this model")
+            return None
+        book = ChallengeBook(ChallengeSettings(), min_throughput_fraction=0.6)
+        responder = VerificationResponder(benchmark, "", nothing_held)
+        started = time.time()
+        challenge = book.start("smoke", uuid, model, started)
+        commit = await responder.on_challenge(challenge)
+        step = book.on_commit("smoke", commit, time.time())
+        if isinstance(step, Outcome):
+            return step
+        opened = responder.on_reveal(step) if step is not None else None
+        return book.on_open("smoke", opened, time.time()) if opened is not None else None
+
+    for uuid, name in gpus:
+        outcome = asyncio.run(one(uuid, name))
+        if outcome is None:
+            continue
+        figures = json.dumps(msgspec.to_builtins(outcome.figures)) if outcome.figures is not None else "none"
+        print(f"benchmark {name} ({uuid}): figures {figures}", flush=True)
+        print(
+            f"  challenge: {outcome.status} {outcome.code} in {outcome.commit_s} s, {outcome.challenge_tflops} TFLOP/s; "
+            f"{outcome.reason}",
+            flush=True,
+        )
+        report.check(f"the benchmark verifies {name}", outcome.status == "verified", f"{outcome.code} {outcome.reason}")
+    return True
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=20.0, help="how long the job keeps the GPU busy (default 20)")
     parser.add_argument("--keep", action="store_true", help="keep the grid's directory (logs, store) afterwards")
     parser.add_argument(
         "--simulate", metavar="MODEL", help="a dry run without a GPU: a simulated one (e.g. h100), the job makes no CUDA call"
+    )
+    parser.add_argument(
+        "--benchmark-only", action="store_true", help="only the agent's GPU benchmark and its challenge, without a grid"
     )
     args = parser.parse_args()
 
@@ -251,6 +318,10 @@ def main() -> int:
         raise SystemExit("gpu-smoke: NVML sees no GPU")
     print("NVML sees:", ", ".join(f"{name} ({uuid})" for uuid, name in gpus), flush=True)
     report = Report()
+    benchmarks = bool(args.simulate) or (bool(gpus) and benchmark_directly(gpus, report))
+    if args.benchmark_only:
+        print("gpu-smoke:", "all checks passed" if report.passed else "FAILED", flush=True)
+        return 0 if report.passed and report.results else 1
     root = Path(tempfile.mkdtemp(prefix="idlegrid-gpu-smoke-", dir="/run" if os.geteuid() == 0 else None))
     os.chmod(root, 0o711)  # a sandboxed container (a uid of its own) passes through to its working directory
     grid = LocalGrid(root)
@@ -290,6 +361,16 @@ def main() -> int:
             "; ".join(f"{t['uuid'][:12]}: {t['detail']}" for t in tested) or "not tested",
         )
         report.check("the agent reports every NVML GPU", {u for u, *_ in listed} == {u for u, _ in gpus}, f"{len(listed)} GPU(s)")
+        if benchmarks:
+            verdicts = wait_verified(grid, agent_id)
+            print("the Master's verification:", json.dumps(verdicts), flush=True)
+            report.check(
+                "the Master verifies each GPU by its challenge",
+                all(v["status"] == "verified" for v in verdicts),
+                "; ".join(f"{v['label']}: {v['reason']}" for v in verdicts),
+            )
+        else:
+            report.skip("the Master's verification", "the agent has no GPU benchmark here (the gpu extra is missing)")
 
         grid.client.set_default_price(PRICE, provider=PROVIDER)
         grid.ensure_account(RENTER, "renter")

@@ -36,6 +36,7 @@ from management.api.resources import (
     tiers,
     tokens,
     tunnels,
+    verification,
     workloads,
 )
 from management.api.route import DECLARED_KEY, JSON, DeclarationError, Route
@@ -102,6 +103,30 @@ ROUTES: tuple[Route, ...] = (
         "Bring a drained host back to work",
         {200: r.AgentView},
         errors=frozenset({409}),
+        tag="agents",
+    ),
+    # measured verification (docs/verification.md): the operator starts a run, the host's provider reads its history
+    Route(
+        "POST",
+        "/api/v1/agents/{agent_id}/verify",
+        verification.verify_agent,
+        Resource.AGENTS,
+        Action.WRITE,
+        "Benchmark a host's GPUs now, with a fresh challenge",
+        {202: verification.VerifyStarted},
+        body=verification.VerifyRequest,
+        errors=frozenset({409}),
+        tag="agents",
+    ),
+    Route(
+        "GET",
+        "/api/v1/agents/{agent_id}/verifications",
+        verification.agent_verifications,
+        Resource.AGENTS,
+        Action.READ,
+        "Each GPU of a host with its latest verification and its history of runs",
+        {200: verification.HostVerificationsView},
+        query=schemas.EmptyQuery,
         tag="agents",
     ),
     Route(

@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from common.inventory import GpuReach, HostInfo
+from common.wire import BenchmarkFigures
 from management.scheduler.model import FilterCount, QuotaCheck
 from master.port import Assignment, GpuFault, Reputation, WorkloadSpec
 
@@ -85,6 +86,19 @@ class MigView(View):
     instances: list[MigInstanceView]
 
 
+class GpuVerificationView(View):
+    """A GPU's latest measured verification (management/services/verification.py); ``label`` is what a person reads."""
+
+    label: str  # "verified", "simulated", "unmeasured", "failed: late", ...
+    status: str | None  # "verified" | "failed" | "refused"; None: never run
+    code: str
+    reason: str
+    at: Time | None
+    commit_s: float | None
+    challenge_tflops: float | None
+    figures: BenchmarkFigures | None
+
+
 class GpuView(View):
     uuid: str
     agent_id: str
@@ -105,6 +119,7 @@ class GpuView(View):
     telemetry: SampleView | None
     held_by: str | None
     mig: MigView
+    verification: GpuVerificationView
 
 
 class HostedReplicaView(View):
@@ -396,6 +411,9 @@ class OfferView(View):
     nvlink: bool
     score: float
     images: list[str]  # the images the host already has, warm first
+    tflops: float | None  # measured dense tensor TFLOP/s (a passed verification run), None until measured
+    memory_bandwidth_gbs: float | None
+    tflops_per_price: float | None  # TFLOP/s per currency unit per GPU-hour
 
 
 class EmptiedByView(View):

@@ -40,7 +40,7 @@ from management.market.query import (
 )
 from management.scheduler.model import Unit
 from management.scheduler.snapshot import units_of
-from master.port import AgentRecord, AgentState, GpuRecord
+from master.port import AgentRecord, AgentState, GpuRecord, measured_rate, measured_verified
 
 SCORE_RELIABILITY_POWER = 4
 SCORE_PRICE_FLOOR = 0.10  # currency units per GPU-hour added to every price in the score
@@ -75,12 +75,16 @@ class Offer(msgspec.Struct, frozen=True, kw_only=True):
     cpu_cores: float  # per GPU: the host's cores / its GPUs
     ram_gib: float  # per GPU
     disk_gib: float | None  # free disk per GPU, None when not reported
-    verified: bool  # every free unit's GPU is tiered and carries no flag
+    verified: bool  # every free unit's GPU is verified by measurement (master/verification.py): never a simulated one
     interruptible: bool  # takes interruptible rentals (a min bid is set)
     runtime: str  # "docker" | "podman" | "process" ...
     nvlink: bool  # at least two of its free units are NVLinked to each other
     score: float  # the ranking (module docstring)
     images: list[str] = []  # the images the host already has, warm first: a container of one of them starts at once
+    # Measured by the GPUs' latest passed verification runs (the slowest shown unit's): None until every one has run.
+    tflops: float | None = None  # dense FP16/BF16 tensor TFLOP/s
+    memory_bandwidth_gbs: float | None = None
+    tflops_per_price: float | None = None  # TFLOP/s per currency unit per GPU-hour, on demand
 
 
 class EmptiedBy(msgspec.Struct, frozen=True, kw_only=True):
@@ -151,6 +155,7 @@ def offer_of(
     of_model = [u for u in shown if u.model == model]
     first = of_model[0]
     gpu = by_uuid.get(first.parent or first.id)
+    tflops, bandwidth = _measured(shown, by_uuid)
     info = agent.host
     total = len(units)
     cuda = next((g.info.cuda_version for g in gpus if g.info.cuda_version), "")
@@ -184,12 +189,27 @@ def offer_of(
         images=list(agent.images),
         nvlink=_nvlinked(shown),
         score=score_of(reliability, price.on_demand),
+        tflops=tflops,
+        memory_bandwidth_gbs=bandwidth,
+        tflops_per_price=round(tflops / (price.on_demand / MICRO), 2) if tflops is not None and price.on_demand > 0 else None,
     )
 
 
 def _verified(free: Sequence[Unit], by_uuid: dict[str, GpuRecord]) -> bool:
     gpus = [by_uuid.get(u.parent or u.id) for u in free]
-    return all(g is not None and bool(g.tier) and not g.flags for g in gpus)
+    return all(g is not None and measured_verified(g) for g in gpus)
+
+
+def _measured(shown: Sequence[Unit], by_uuid: dict[str, GpuRecord]) -> tuple[float | None, float | None]:
+    """The slowest shown unit's measured (tensor TFLOP/s, memory GB/s); None where a unit has no passed run. A MIG
+    instance shows its whole GPU's figures (it gets a share of them)."""
+    rates = [measured_rate(g) if (g := by_uuid.get(u.parent or u.id)) is not None else (None, None) for u in shown]
+    tensor = [t for t, _ in rates]
+    memory = [m for _, m in rates]
+    return (
+        min(tensor) if tensor and None not in tensor else None,  # type: ignore[type-var]
+        min(memory) if memory and None not in memory else None,  # type: ignore[type-var]
+    )
 
 
 def _nvlinked(free: Sequence[Unit]) -> bool:

@@ -61,6 +61,9 @@ FIELDS: dict[str, Kind] = {
     "interruptible": Kind.BOOL,
     "nvlink": Kind.BOOL,
     "score": Kind.NUMBER,
+    "tflops": Kind.NUMBER,  # measured (docs/verification.md)
+    "memory_bandwidth_gbs": Kind.NUMBER,
+    "tflops_per_price": Kind.NUMBER,
 }
 
 COMPARISONS = ("=", "!=", "<", "<=", ">", ">=")

@@ -39,6 +39,7 @@ from management.workloads.states import WorkloadState as W
 from master.port import (
     DUPLICATE_UUID_FLAG,
     GPU_UNREACHABLE_FLAG,
+    MEASURED_FLAGS,
     AccountRecord,
     AgentRecord,
     AgentState,
@@ -122,6 +123,7 @@ def units_of(gpus: Iterable[GpuRecord]) -> list[Unit]:
             and gpu.fault is None
             and DUPLICATE_UUID_FLAG not in gpu.flags
             and GPU_UNREACHABLE_FLAG not in gpu.flags
+            and MEASURED_FLAGS.isdisjoint(gpu.flags)  # measured as less than it claims (master/verification.py)
         )
         if gpu.info.mig_enabled:
             units.extend(mig_units_of(gpu, healthy=healthy))

@@ -20,6 +20,7 @@ lazily.
 | ``reports`` | reports along dimensions |
 | ``tunnels`` | renter access: tunnels to a workload's containers through the relays, logs, kept output |
 | ``onboarding`` | what a provider's host fetches to join the grid |
+| ``verification`` | measured GPU verification: a run on the operator's request, each GPU's result and history |
 
 Lists are keyset-paginated (``models.Page``); ownership filters (``owner``: the account a call is limited to, as the
 API's auth decided) are applied in the services, so a provider's page never holds another account's hosts.
@@ -40,6 +41,7 @@ from management.services.prices import PricesService
 from management.services.reports import ReportsService
 from management.services.telemetry import TelemetryService
 from management.services.tunnels import RenterAccess
+from management.services.verification import VerificationService
 from management.services.workloads import WorkloadsService
 
 __all__ = ["Services"]
@@ -59,3 +61,4 @@ class Services:
     reports: ReportsService
     tunnels: RenterAccess
     onboarding: Onboarding
+    verification: VerificationService

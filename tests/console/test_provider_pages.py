@@ -171,3 +171,47 @@ def test_a_chart_of_a_single_sample_keeps_its_time_axis_to_about_a_minute(consol
     expect(chart).to_have_attribute("data-span-s", re.compile(r"^\d+$"))  # the seconds its time axis spans
     assert 30 <= int(chart.get_attribute("data-span-s")) <= 120  # not 0: uPlot would then label the axis with years
     shot(page, "one-sample")
+
+
+def test_a_host_page_shows_each_gpus_measured_verification_with_its_history(console_master, hosts, page, sign_in, shot):
+    """Two runs on one GPU (a pass, then a late answer) and one pass on the other, recorded as the Master's verifier
+    records them (master/verifier.py ``finish``); no GPU here, so the outcomes are written by the test."""
+    from common.wire import BenchmarkFigures
+    from master.verification import Outcome
+
+    master = hosts
+    first, second = (g.uuid for g in master.registry.gpus_of("agt-acme-a"))
+    figures = BenchmarkFigures(
+        fp32_tflops=66.7, fp16_tflops=800.0, bf16_tflops=800.0, memory_bandwidth_gbs=3000.0, h2d_gbs=50.0, d2h_gbs=50.0,
+        allocatable_mib=79_000, duration_s=1.2, simulated=True,
+    )  # fmt: skip
+    now = time.time()
+
+    def outcome(uuid: str, at: float, status: str, code: str, reason: str) -> Outcome:
+        return Outcome(
+            challenge_id=f"vc-{uuid}-{at}", agent_id="agt-acme-a", gpu_uuid=uuid, model="h100-sxm", status=status, code=code,
+            reason=reason, started_at=at - 1, finished_at=at, commit_s=0.61, challenge_tflops=None, figures=figures,
+        )  # fmt: skip
+
+    async def record() -> None:
+        await master.verifier.finish(outcome(first, now - 60, "verified", "", "answered a fresh challenge correctly in 0.61 s"))
+        late = "the answer came 2.10 s after the deadline (3.93 s in all): slower than a NVIDIA H100 SXM computes it"
+        await master.verifier.finish(outcome(first, now, "failed", "late", late))
+        await master.verifier.finish(outcome(second, now, "verified", "", "answered a fresh challenge correctly in 0.61 s"))
+
+    console_master.run(record())
+    sign_in(page, "provider")
+    page.goto(f"{console_master.url}/console/hosts/agt-acme-a")
+    gpu_row = page.locator("table[aria-labelledby=gpus-heading] tbody tr").filter(has_text=first)
+    assert gpu_row.locator("td").nth(5).inner_text() == "no"  # flagged by its failed run: not offered
+    failed = page.locator("section.verification").filter(has_text=first)
+    expect(failed.locator(".verification-label")).to_have_text("simulated, failed: late")
+    assert "Not offered as a h100-sxm" in failed.locator(".warning").inner_text()
+    rows = failed.locator("table.verification-runs tbody tr")
+    assert rows.count() == 2
+    assert "failed: late" in rows.nth(0).inner_text() and "verified" in rows.nth(1).inner_text()  # newest first
+    assert "800.0" in rows.nth(1).inner_text() and "79,000" in rows.nth(1).inner_text()
+    passed = page.locator("section.verification").filter(has_text=second)
+    expect(passed.locator(".verification-label")).to_have_text("simulated")  # a simulated GPU is never "verified"
+    page.locator("#verification-heading").scroll_into_view_if_needed()
+    shot(page, "host-verification")

@@ -32,7 +32,9 @@ async def test_agents_are_listed_with_state_region_relay_tiered_gpus_and_reputat
         "verification",
         "ratings",
     }
-    assert a["reputation"]["components"]["verification"] == 1.0  # every GPU tiered, none flagged
+    # every GPU tiered, none flagged, none measured (simulated GPUs never are: docs/verification.md): 0.5
+    assert a["reputation"]["components"]["verification"] == 0.5
+    assert {g["verification"]["label"] for g in a["gpus"]} == {"simulated"}
     one = await (await api.get("/api/v1/agents/agt-b", headers=api.auth)).json()
     assert one["gpus"][0]["model"] == "rtx-4090"
     missing = await api.get("/api/v1/agents/agt-zzz", headers=api.auth)

@@ -8,8 +8,8 @@ import msgspec
 import pytest
 
 from common.errors import InvalidRating
-from common.wire import CommandResult
-from master.records import AgentRecord
+from common.wire import BenchmarkFigures, CommandResult
+from master.records import AgentRecord, GpuVerification
 from master.reputation import COMPONENTS, WEIGHTS, reputation, reputation_score
 from tests.master.linked import connect, events, gpus, relay, relay_link
 
@@ -132,14 +132,37 @@ async def test_container_creates_that_fail_on_the_host_lower_container_success(m
     assert reputation(agent_now).components["container_success"] == 0.5
 
 
-async def test_verification_counts_follow_the_hosts_inventory(master):
-    await connect(master, relay_link(), "agt-a")  # two H100s the catalog knows: tiered, no flag
+def passed(at: float = 1.0) -> GpuVerification:
+    """A passed challenge on a real card, as master/verification.py records it (no GPU here: the record stands in)."""
+    return GpuVerification(status="verified", at=at, figures=BenchmarkFigures(bf16_tflops=800.0, memory_bandwidth_gbs=3000.0))
+
+
+def real(infos: list) -> list:
+    """GPU reports of real cards (a simulated GPU is never verified by measurement)."""
+    return [msgspec.structs.replace(info, simulated=False) for info in infos]
+
+
+async def test_verification_counts_measured_verification_not_agreement_with_the_catalog(master):
+    await connect(master, relay_link(), "agt-a", real(gpus(2)))  # two H100s the catalog knows: tiered, not measured
+    assert reputation(master.agent("agt-a")).components["verification"] == 0.5
+    for gpu in master.gpus("agt-a"):
+        await master.registry.set_verification(gpu.uuid, passed())
     assert reputation(master.agent("agt-a")).components["verification"] == 1.0
     unknown = gpus(1, prefix="GPU-odd", name="Mystery Accelerator 9000")
-    await connect(master, relay_link(), "agt-b", [*gpus(1, prefix="GPU-b"), *unknown])
+    await connect(master, relay_link(), "agt-b", real([*gpus(1, prefix="GPU-b"), *unknown]))
+    await master.registry.set_verification("GPU-b-0", passed())
     agent_b = master.agent("agt-b")
     assert (agent_b.gpus_verified, agent_b.gpus_flagged) == (1, 1)
     assert reputation(agent_b).components["verification"] == 0.5
+
+
+async def test_a_failed_challenge_flags_the_gpu_and_counts_nothing(master):
+    await connect(master, relay_link(), "agt-a")
+    uuid = master.gpus("agt-a")[0].uuid
+    failed = GpuVerification(status="failed", code="late", reason="too slow", at=1.0)
+    record = await master.registry.set_verification(uuid, failed)
+    assert record is not None and record.tier is None and "verification_failed" in record.flags
+    assert master.agent("agt-a").gpus_flagged == 1
 
 
 async def test_an_agent_stored_without_verification_counts_gets_them_from_its_gpus_when_the_master_loads(tmp_path):
@@ -149,7 +172,9 @@ async def test_an_agent_stored_without_verification_counts_gets_them_from_its_gp
     config = MasterConfig(state_dir=str(tmp_path / "m"), link_port=0)
     first = Master(config)
     await first.start()
-    await connect(first, relay_link(), "agt-a")
+    await connect(first, relay_link(), "agt-a", real(gpus(2)))
+    for gpu in first.gpus("agt-a"):
+        await first.registry.set_verification(gpu.uuid, passed())
     stored = first.agent("agt-a")
     stored.gpus_verified = 0  # as a record written before the counters existed
     await first.registry.save(stored)

@@ -360,9 +360,11 @@ async def host_page(request: web.Request) -> web.StreamResponse:
         earnings = await operations.market.earnings(detail.agent.provider, owner=scope.owner)
         earned = earnings_rows([e for e in earnings.items if e.agent_id == agent_id], label="agent_id")
     score, parts = reputation_parts(detail)
+    verification = await operations.verification.history(agent_id, owner=scope.owner)  # measured verification
     return await page(
         request,
         "provider/host.html",
+        verification=verification,
         title=f"Host {agent_id}",
         agent=detail.agent,
         reachable=detail.reachable,

@@ -6,9 +6,10 @@ import pytest
 
 from common.errors import BadQuery
 from common.inventory import GpuInfo, HostInfo, MigInstance, NvLink
+from common.wire import BenchmarkFigures
 from management.market.offers import Offer, OfferIndex, offer_of, offer_view, score_of, search_view
 from management.market.prices import HostPrice
-from master.records import AgentRecord, GpuFault, GpuRecord
+from master.records import AgentRecord, GpuFault, GpuRecord, GpuVerification
 
 VRAM = {"h100-sxm": 81_559, "rtx-4090": 24_564, "a100-80gb": 81_920}
 TIER = {"h100-sxm": "flagship", "rtx-4090": "consumer", "a100-80gb": "datacenter"}
@@ -55,8 +56,16 @@ def cards(agent_id: str, n: int, model: str = "h100-sxm", *, nvlink: bool = Fals
     return out
 
 
+def measured(gpus: list[GpuRecord], bf16: float = 800.0, simulated: bool = False) -> list[GpuRecord]:
+    """``gpus`` with a passed verification run (a record: no GPU here)."""
+    figures = BenchmarkFigures(bf16_tflops=bf16, fp16_tflops=bf16, memory_bandwidth_gbs=3000.0, simulated=simulated)
+    for gpu in gpus:
+        gpu.verification = GpuVerification(status="verified", at=1.0, figures=figures, simulated=simulated)
+    return gpus
+
+
 def test_an_offer_describes_the_free_healthy_units_of_a_host_and_its_price():
-    gpus = cards("h1", 8, nvlink=True)
+    gpus = measured(cards("h1", 8, nvlink=True))
     gpus[7].fault = GpuFault(kind="xid", reason="Xid 79", since=0.0)
     offer = offer_of(host("h1"), gpus, held={gpus[0].uuid, gpus[1].uuid}, price=PRICE, reliability=0.97)
     assert offer is not None
@@ -73,6 +82,7 @@ def test_an_offer_describes_the_free_healthy_units_of_a_host_and_its_price():
     assert (offer.cpu_cores, offer.ram_gib, offer.disk_gib, offer.inet_down, offer.inet_up) == (8.0, 64.0, 200.0, 1000.0, 400.0)
     assert offer.verified and offer.nvlink and offer.interruptible and offer.runtime == "docker"
     assert offer.score == score_of(0.97, 2_000_000)
+    assert (offer.tflops, offer.memory_bandwidth_gbs, offer.tflops_per_price) == (800.0, 3000.0, 400.0)
     view = offer_view(offer)
     assert (view["price"], view["min_bid"], view["reserved_price"]) == ("2.00", "0.50", "1.50")
 
@@ -254,3 +264,20 @@ def test_an_offer_names_the_images_its_host_already_has_so_renters_can_prefer_a_
     assert offer_view(offer)["images"] == offer.images
     cold = offer_of(host("h2"), cards("h2", 2), held=set(), price=PRICE, reliability=1.0)
     assert cold is not None and cold.images == []
+
+
+def test_an_offer_is_verified_only_by_measurement_and_never_when_simulated():
+    catalog_only = offer_of(host("h1"), cards("h1", 2), held=set(), price=PRICE, reliability=1.0)
+    assert catalog_only is not None and not catalog_only.verified and catalog_only.tflops is None
+    simulated = offer_of(host("h1"), measured(cards("h1", 2), simulated=True), held=set(), price=PRICE, reliability=1.0)
+    assert simulated is not None and not simulated.verified and simulated.tflops == 800.0  # figures shown, not verified
+
+
+def test_an_offer_shows_its_slowest_measured_unit_and_none_while_one_is_unmeasured():
+    gpus = measured(cards("h1", 2))
+    gpus[1].verification = GpuVerification(status="verified", at=1.0, figures=BenchmarkFigures(bf16_tflops=700.0))
+    offer = offer_of(host("h1"), gpus, held=set(), price=PRICE, reliability=1.0)
+    assert offer is not None and offer.tflops == 700.0 and offer.tflops_per_price == 350.0
+    gpus[1].verification = None
+    offer = offer_of(host("h1"), gpus, held=set(), price=PRICE, reliability=1.0)
+    assert offer is not None and offer.tflops is None and offer.tflops_per_price is None

@@ -1,0 +1,326 @@
+"""Verification challenges: the Master's side, sans I/O. A GPU is verified by what it computes in time, not by what
+its agent says.
+
+One challenge per GPU at a time. States: ``sent`` (challenge out, waiting for the commit) -> ``revealed`` (commit
+in time, rows named, waiting for the openings) -> an ``Outcome``. Every path ends in exactly one outcome:
+- ``verified``: the commit came before the deadline, and every opened row matches the root and every checked entry
+  matches the Master's own recomputation from the seed.
+- ``failed`` with a code: ``late`` (no commit by the deadline: the card is slower than its claimed model, or the
+  host stalled), ``wrong_answer`` (an opened entry or path does not match: a made-up or replayed answer),
+  ``replayed`` (the root equals one this GPU committed before: the same answer to a fresh seed), ``no_opening`` (the
+  commit came, the openings did not).
+- ``refused``: the agent said why it did not run (the GPU is rented, the host has no benchmark); not a failure of
+  the card, and the GPU keeps its previous verification.
+
+The deadline is the Master's clock: ``allowance_s + work / (expected rate of the claimed model * fraction)``, with
+the fraction the tier policy's ``min_throughput_fraction``. Inputs are the clock and a random source passed in, so
+every rule above is a unit test (tests/master/test_verification.py). What it proves: docs/verification.md.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import dataclass, field
+
+from common.catalog import GpuModel, expected_figures
+from common.challenge import Shape, answer_entry, path_matches
+from common.inventory import GpuInfo
+from common.wire import BenchmarkFigures, VerifyChallenge, VerifyCommit, VerifyOpen, VerifyReveal
+from master.records import GpuRecord, GpuVerification
+from master.tiers import Classification
+
+VERIFIED, FAILED, REFUSED = "verified", "failed", "refused"
+REMEMBERED_ROOTS = 16  # roots kept per GPU, to name a replay as such
+
+
+@dataclass(frozen=True)
+class ChallengeSettings:
+    """The challenge's shape and timing (MasterConfig ``verify_*``). A simulated GPU computes its answer on the CPU, so
+    it gets a small shape and a time scale (``sim_rate_scale``) chosen so that its claimed model takes ``sim_target_s``:
+    the deadline then judges it as it judges a real card."""
+
+    n: int = 1024
+    k: int = 4096
+    rounds: int = 4  # real cards: k * rounds multiply-adds per checked entry, recomputed in Python by the Master
+    rows_checked: int = 3  # rows the Master opens
+    entries_per_row: int = 2  # entries recomputed in each opened row
+    allowance_s: float = 5.0  # network, set-up and hashing on top of the computing time
+    open_timeout_s: float = 30.0  # after the reveal, for the openings
+    sim_n: int = 16
+    sim_k: int = 32
+    sim_rounds: int = 4
+    sim_target_s: float = 0.5  # how long a simulated card of its claimed model takes
+    sim_allowance_s: float = 1.0
+
+
+@dataclass(frozen=True)
+class Outcome:
+    challenge_id: str
+    agent_id: str
+    gpu_uuid: str
+    model: str
+    status: str  # VERIFIED | FAILED | REFUSED
+    code: str  # "" when verified; "late", "wrong_answer", "replayed", "no_opening", "refused"
+    reason: str  # a sentence for the operator and the provider
+    started_at: float
+    finished_at: float
+    commit_s: float | None = None  # seconds from the challenge to its commit, by the Master's clock
+    challenge_tflops: float | None = None  # the challenge's work over commit_s: a lower bound of the card's rate
+    figures: BenchmarkFigures | None = None  # the agent's own figures, kept with the outcome
+
+
+@dataclass
+class _Open:
+    challenge: VerifyChallenge
+    agent_id: str
+    model: GpuModel
+    shape: Shape
+    started_at: float
+    rate_scale: float
+    commit: VerifyCommit | None = None
+    committed_at: float = 0.0
+    rows: list[int] = field(default_factory=list)
+    columns: dict[int, list[int]] = field(default_factory=dict)
+
+
+class ChallengeBook:
+    def __init__(self, settings: ChallengeSettings, *, min_throughput_fraction: float, rng: random.Random | None = None) -> None:
+        self.settings = settings
+        self.fraction = min_throughput_fraction
+        self._rng = rng or random.SystemRandom()
+        self.open: dict[str, _Open] = {}  # challenge id -> its state
+        self._roots: dict[str, deque[str]] = {}  # GPU uuid -> roots it committed lately
+
+    def busy(self, gpu_uuid: str) -> bool:
+        return any(o.challenge.gpu_uuid == gpu_uuid for o in self.open.values())
+
+    def start(self, agent_id: str, gpu_uuid: str, model: GpuModel, now: float, *, simulated: bool = False) -> VerifyChallenge:
+        s = self.settings
+        expected = expected_figures(model).tensor_tflops * 1e12
+        if simulated:
+            shape, allowance = Shape(s.sim_n, s.sim_k, s.sim_rounds), s.sim_allowance_s
+            scale = shape.flops / (s.sim_target_s * expected)
+        else:
+            shape, allowance, scale = Shape(s.n, s.k, s.rounds), s.allowance_s, 1.0
+        rate = expected * self.fraction * scale
+        challenge = VerifyChallenge(
+            challenge_id=f"vc-{self._rng.getrandbits(64):016x}",
+            gpu_uuid=gpu_uuid,
+            seed=self._rng.getrandbits(63),
+            n=shape.n,
+            k=shape.k,
+            rounds=shape.rounds,
+            deadline=now + allowance + shape.flops / rate,
+            sim_rate_scale=scale,
+        )
+        self.open[challenge.challenge_id] = _Open(challenge, agent_id, model, shape, now, scale)
+        return challenge
+
+    def on_commit(self, agent_id: str, commit: VerifyCommit, now: float) -> VerifyReveal | Outcome | None:
+        """A commit from ``agent_id``: the rows to open, or the outcome. None: not a challenge of this agent's open."""
+        state = self.open.get(commit.challenge_id)
+        if state is None or state.agent_id != agent_id or state.commit is not None:
+            return None
+        if commit.refused:
+            return self._end(state, now, REFUSED, "refused", f"the agent did not run the benchmark: {commit.refused}")
+        if now > state.challenge.deadline:
+            late_by = now - state.challenge.deadline
+            return self._end(
+                state,
+                now,
+                FAILED,
+                "late",
+                f"the answer came {late_by:.2f} s after the deadline ({now - state.started_at:.2f} s in all): "
+                f"slower than a {state.model.name} computes it",
+                commit=commit,
+            )
+        roots = self._roots.setdefault(state.challenge.gpu_uuid, deque(maxlen=REMEMBERED_ROOTS))
+        if commit.root in roots:
+            return self._end(
+                state, now, FAILED, "replayed", "the answer is one this GPU gave to an earlier challenge", commit=commit
+            )
+        roots.append(commit.root)
+        state.commit, state.committed_at = commit, now
+        n, s = state.shape.n, self.settings
+        state.rows = self._rng.sample(range(n), min(s.rows_checked, n))
+        state.columns = {row: self._rng.sample(range(n), min(s.entries_per_row, n)) for row in state.rows}
+        return VerifyReveal(challenge_id=commit.challenge_id, rows=list(state.rows))
+
+    def on_open(self, agent_id: str, opened: VerifyOpen, now: float) -> Outcome | None:
+        """The openings checked here and now (``check`` then ``conclude``, for a caller with no event loop to keep)."""
+        wrong = self.check(agent_id, opened)
+        return None if wrong is None else self.conclude(agent_id, opened, wrong, now)
+
+    def check(self, agent_id: str, opened: VerifyOpen) -> str | None:
+        """Why the openings do not prove the answer ("" when they do); None when they answer no open challenge of
+        this agent. Reads the book only, and recomputes entries from the seed (CPU time: a thread's work)."""
+        state = self.open.get(opened.challenge_id)
+        if state is None or state.agent_id != agent_id or state.commit is None:
+            return None
+        return _first_wrong(state, opened)
+
+    def conclude(self, agent_id: str, opened: VerifyOpen, wrong: str, now: float) -> Outcome | None:
+        """The outcome of openings ``check`` judged; None if the challenge ended meanwhile."""
+        state = self.open.get(opened.challenge_id)
+        if state is None or state.agent_id != agent_id or state.commit is None:
+            return None
+        if wrong:
+            return self._end(state, now, FAILED, "wrong_answer", wrong, commit=state.commit)
+        return self._end(
+            state,
+            now,
+            VERIFIED,
+            "",
+            f"answered a fresh challenge correctly in {state.committed_at - state.started_at:.2f} s "
+            f"(deadline {state.challenge.deadline - state.started_at:.2f} s for a {state.model.name})",
+            commit=state.commit,
+        )
+
+    def expire(self, now: float) -> list[Outcome]:
+        """Challenges whose commit or openings will never count now."""
+        outcomes = []
+        for state in list(self.open.values()):
+            if state.commit is None and now > state.challenge.deadline:
+                outcomes.append(
+                    self._end(
+                        state,
+                        now,
+                        FAILED,
+                        "late",
+                        f"no answer by the deadline ({state.challenge.deadline - state.started_at:.2f} s for a "
+                        f"{state.model.name}): slower than a {state.model.name} computes it, or the host stalled",
+                    )
+                )
+            elif state.commit is not None and now > state.committed_at + self.settings.open_timeout_s:
+                outcomes.append(
+                    self._end(state, now, FAILED, "no_opening", "the answer was committed but its rows were never opened")
+                )
+        return outcomes
+
+    def forget_agent(self, agent_id: str, now: float) -> list[Outcome]:
+        """The agent went away: its open challenges end as refused (not the card's fault; asked again later)."""
+        return [
+            self._end(state, now, REFUSED, "disconnected", "the host disconnected during the challenge")
+            for state in list(self.open.values())
+            if state.agent_id == agent_id
+        ]
+
+    def _end(
+        self, state: _Open, now: float, status: str, code: str, reason: str, *, commit: VerifyCommit | None = None
+    ) -> Outcome:
+        del self.open[state.challenge.challenge_id]
+        commit_s = (state.committed_at or now) - state.started_at if commit is not None else None
+        return Outcome(
+            challenge_id=state.challenge.challenge_id,
+            agent_id=state.agent_id,
+            gpu_uuid=state.challenge.gpu_uuid,
+            model=state.model.key,
+            status=status,
+            code=code,
+            reason=reason,
+            started_at=state.started_at,
+            finished_at=now,
+            commit_s=round(commit_s, 3) if commit_s is not None else None,
+            challenge_tflops=(
+                round(state.shape.flops / commit_s / 1e12 / state.rate_scale, 1)
+                if status == VERIFIED and commit_s and commit_s > 0
+                else None
+            ),
+            figures=commit.figures if commit is not None else None,
+        )
+
+
+def _first_wrong(state: _Open, opened: VerifyOpen) -> str:
+    """Why the openings do not prove the answer; "" when they do."""
+    by_row = {o.row: o for o in opened.openings}
+    assert state.commit is not None
+    for row in state.rows:
+        opening = by_row.get(row)
+        if opening is None:
+            return f"row {row} was not opened"
+        if len(opening.values) != state.shape.n or not path_matches(state.commit.root, row, opening.values, opening.path):
+            return f"row {row} does not match the committed answer"
+        for col in state.columns[row]:
+            if opening.values[col] != answer_entry(state.challenge.seed, state.shape, row, col):
+                return f"entry ({row}, {col}) is not the product of the challenge's matrices"
+    return ""
+
+
+# -- what a verification means for a GPU's tier, flags and offers ---------------------------------------------------
+
+VERIFICATION_FAILED_FLAG = "verification_failed"
+# Flags that say the card is not what it claims, by measurement: such a GPU is not offered (management's units) and
+# gets no tier, until a later run passes.
+MEASURED_FLAGS = frozenset({VERIFICATION_FAILED_FLAG, "throughput_below_catalog", "bandwidth_below_catalog"})
+
+
+def verification_of(outcome: Outcome, *, simulated: bool, driver_version: str) -> GpuVerification:
+    return GpuVerification(
+        status=outcome.status,
+        code=outcome.code,
+        reason=outcome.reason,
+        at=outcome.finished_at,
+        simulated=simulated,
+        driver_version=driver_version,
+        commit_s=outcome.commit_s,
+        challenge_tflops=outcome.challenge_tflops,
+        figures=outcome.figures,
+    )
+
+
+def carried(old: GpuVerification | None, info: GpuInfo) -> GpuVerification | None:
+    """What a new inventory report keeps of a GPU's verification: nothing once its driver changed (run again)."""
+    if old is None or old.driver_version != info.driver_version:
+        return None
+    return old
+
+
+def measured_of(verification: GpuVerification | None) -> dict[str, float]:
+    """The figures the tier policy compares with the catalog: only those of a run whose challenge passed (a failed
+    run's figures are the host's word alone)."""
+    if verification is None or verification.status != VERIFIED or verification.figures is None:
+        return {}
+    figures = verification.figures
+    candidates = {
+        "fp16_tflops": figures.fp16_tflops,
+        "bf16_tflops": figures.bf16_tflops,
+        "memory_bandwidth_gbs": figures.memory_bandwidth_gbs,
+    }
+    return {key: value for key, value in candidates.items() if value is not None}
+
+
+def judged(classification: Classification, verification: GpuVerification | None) -> tuple[str | None, list[str], list[str]]:
+    """(tier, flags, reasons) of a GPU given its catalog classification and its latest verification."""
+    flags, reasons = list(classification.flags), list(classification.reasons)
+    if verification is not None and verification.status == FAILED:
+        flags.append(VERIFICATION_FAILED_FLAG)
+        reasons.append(f"verification failed ({verification.code}): {verification.reason}")
+    tier = None if flags else classification.tier
+    return tier, flags, reasons
+
+
+def measured_verified(gpu: GpuRecord) -> bool:
+    """Whether ``gpu`` is verified by measurement: a passed challenge on a real card, and nothing flagged."""
+    v = gpu.verification
+    passed = v is not None and v.status == VERIFIED and not v.simulated
+    return passed and not gpu.info.simulated and not gpu.flags and gpu.tier is not None
+
+
+def verification_label(gpu: GpuRecord) -> str:
+    """What the API and the console show: "verified", "simulated", "failed: late", "unmeasured", ..."""
+    v = gpu.verification
+    if gpu.info.simulated or (v is not None and v.simulated):
+        return "simulated" if v is None or v.status != FAILED else f"simulated, failed: {v.code}"
+    if v is None or v.status == REFUSED:
+        return "unmeasured"
+    return "verified" if measured_verified(gpu) else f"failed: {v.code}" if v.status == FAILED else "flagged"
+
+
+def measured_rate(gpu: GpuRecord) -> tuple[float | None, float | None]:
+    """(dense tensor TFLOP/s, device memory GB/s) of the GPU's latest passed run; (None, None) when it has none."""
+    v = gpu.verification
+    if v is None or v.status != VERIFIED or v.figures is None:
+        return None, None
+    tensor = max(v.figures.bf16_tflops or 0.0, v.figures.fp16_tflops or 0.0)
+    return (tensor or None), v.figures.memory_bandwidth_gbs
