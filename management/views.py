@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from common.inventory import GpuSample, HostSample
+from management.client.tunnel import TunnelGrant
 from management.market.ledger import Statement
 from management.market.money import format_amount
 from management.market.operations import FundsDetail, RentalDetail, Statements
@@ -22,7 +23,6 @@ from management.market.prices import HostPrice
 from management.monitoring.history import TelemetryHistory
 from management.operations import HostedReplica
 from management.scheduler.model import Explanation
-from management.tunnel_client import TunnelGrant
 from master.keys import SigningKeyInfo
 from master.records import (
     AccountRecord,

@@ -1,7 +1,7 @@
 """Renters' tunnels through a real relay: both ends meet by ticket, bytes pass untouched within the tunnel's rate,
 bad tickets and bad frames are refused with their close codes, and the agents' control path is not held up.
 
-The renter's end is the renter's own client (management/tunnel_client.py) or, where a test must send what that
+The renter's end is the renter's own client (management/client/tunnel.py) or, where a test must send what that
 client never would, a bare WebSocket; the agent's end is a real mutual-TLS WebSocket to /tunnel/<id>.
 """
 
@@ -50,8 +50,8 @@ from common.wire import (
     AgentConnected,
     Relay,
 )
+from management.client.tunnel import Tunnel
 from management.renter_access import TunnelGrant
-from management.tunnel_client import Tunnel
 from tests.access.conftest import Credentials, TestPki, eventually, heartbeat
 
 MiB = 1024 * 1024

@@ -13,7 +13,7 @@ import threading
 import time
 from pathlib import Path
 
-from management.client import FINAL_COMMAND_STATES, ApiClient, instant
+from management.client.api import FINAL_COMMAND_STATES, ApiClient, instant
 from tests.support.grid import REPO, free_port, wait_for
 
 UP_LINE = "idlegrid demo is up"

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import pytest
 
 from agent.fault_injection import FAULTS_FILE
-from management.client import ApiClient, ApiRequest
+from management.client.api import ApiClient, ApiRequest
 from tests.support.grid import WHO_AM_I, Grid, host_pid, pid_alive, running_grid, wait_for
 
 PERIOD_S = 1.0

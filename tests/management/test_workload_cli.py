@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from management import cli
 from management.api.auth import OPERATIONS_KEY
+from management.cli import main as cli
 from tests.management.hosts import add_agent, api_key
 
 

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from common.pki import Role, load_cert, verify_issued_by
-from management.cli import main
-from management.client import AsyncApiClient
+from management.cli.main import main
+from management.client.api import AsyncApiClient
 from management.server import MasterServer
 from master.accounts import AccountRole
 from master.backup import LATEST_VERSION, MANIFEST, STORE_FILE

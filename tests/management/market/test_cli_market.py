@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from management import cli
+from management.cli import main as cli
 from tests.management.hosts import add_agent, api_key
 from tests.management.test_cli_accounts import idlegrid, served  # noqa: F401  # the served Master and the CLI runner
 

@@ -12,7 +12,7 @@ import pytest
 
 from common.inventory import GpuSample
 from common.wire import AgentEvent, AgentEventKind
-from management import cli
+from management.cli import main as cli
 from tests.management.hosts import add_agent, api_key
 from tests.management.test_cli_accounts import idlegrid, served  # noqa: F401  # the served Master and the CLI runner
 

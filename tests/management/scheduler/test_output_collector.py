@@ -8,9 +8,9 @@ from __future__ import annotations
 import time
 
 from common.wire import CommandResult, Heartbeat
+from management.client.tunnel import TunnelClosed
 from management.outputs import OutputCollector, OutputSettings
 from management.scheduler.loop import SchedulerLoop
-from management.tunnel_client import TunnelClosed
 from master.link import AccessLink
 from master.records import KeptOutput
 from master.service import Master
