@@ -1,5 +1,5 @@
 """The agent's command line (agent/cli.py): a relay's URL is taken with either scheme; its subcommands' behaviour
-through the whole command line is in tests/management/test_cli.py."""
+through the whole command line is in tests/management/cli/test_main.py."""
 
 import pytest
 
