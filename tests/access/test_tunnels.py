@@ -479,7 +479,8 @@ async def test_a_tunnels_bandwidth_is_capped_at_its_tickets_rate_or_the_relays_d
         await asyncio.wait_for(receive_bytes(tunnel, total), 15)
         elapsed = time.monotonic() - started
         await sending
-    # The bucket starts full (one frame's worth at this rate), then refills at `rate`.
+    # The bucket starts full (one frame's worth at this rate), then refills at `rate`. Behaviour, not speed: the lower
+    # bound is the pacing itself (faster would mean no limit); the upper one, three times the floor, that it is not stuck.
     floor = (total - MAX_MESSAGE_BYTES) / rate
     assert 0.9 * floor <= elapsed <= 3 * floor, elapsed
     await tunnel.close()
