@@ -1,5 +1,5 @@
 """``python -m bench BENCHMARK ...`` (fleet, ingest, api-pages, scheduler, offers, tunnel, history, alerts, summaries,
-console-pages): run one, print, write JSON."""
+console-pages, demo): run one, print, write JSON."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from bench.alerts import AlertsBenchOptions, alerts_table, run_alerts_bench
 from bench.api_pages import api_pages_table
 from bench.api_pages import run as run_api_pages
 from bench.console_pages import ConsolePagesBenchOptions, console_pages_table, run_console_pages_bench
+from bench.demo import DemoBenchOptions, demo_table, run_demo_bench
 from bench.fleet import FleetOptions, run_fleet_bench
 from bench.history import HistoryBenchOptions, history_table, run_history_bench
 from bench.ingest import run_ingest_bench
@@ -318,6 +319,26 @@ def _run_console_pages(args: argparse.Namespace) -> int:
     return 0
 
 
+def _demo_parser(sub: argparse._SubParsersAction) -> None:
+    d = DemoBenchOptions()
+    p = sub.add_parser(
+        "demo",
+        help="how long idlegrid demo takes to say it is up, fresh and restarted",
+        description="Start idlegrid demo on a fresh state directory, then again on the same one, timing each from the "
+        "start to its 'idlegrid demo is up' line; stop each with SIGINT.",
+    )
+    p.add_argument("--runs", type=int, default=d.runs, help=f"runs, the first on a fresh state directory (default {d.runs})")
+    p.add_argument("--json", type=Path, help="write the figures here")
+    p.set_defaults(func=_run_demo)
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    result = run_demo_bench(DemoBenchOptions(runs=args.runs))
+    _write(args.json, result)
+    print(demo_table(result))
+    return 0
+
+
 def _history_parser(sub: argparse._SubParsersAction) -> None:
     d = HistoryBenchOptions()
     p = sub.add_parser(
@@ -506,6 +527,7 @@ def build_parser() -> argparse.ArgumentParser:
     _alerts_parser(sub)
     _summaries_parser(sub)
     _console_pages_parser(sub)
+    _demo_parser(sub)
     return parser
 
 
