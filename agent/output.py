@@ -4,7 +4,7 @@ When the Master asks for a workload container's deletion, the executor first has
 container's output (stdout and stderr as the runtime keeps them) into a bounded tail: the last ``limit`` bytes, cut
 with a marker. The Master then reads it through a logs tunnel, like a renter reads a live container's output:
 ``KeptOutputRuntime`` is the runtime as the tunnel server sees it, which answers for a deleted container from what was
-kept. Bulk bytes never travel on the control link (DESIGN.md, "Renter access through the relays"): the delete's
+kept. Bulk bytes never travel on the control link (docs/renter-access.md, "Bulk bytes and control frames"): the delete's
 result carries only sizes.
 
 What is kept is bounded three ways: per container (``limit``), in age (``retention_s``) and in all (``budget_bytes``,

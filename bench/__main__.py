@@ -1,4 +1,5 @@
-"""``python -m bench fleet|ingest|api-pages|scheduler|offers|tunnel|history|alerts ...``: run one, print, write JSON."""
+"""``python -m bench BENCHMARK ...`` (fleet, ingest, api-pages, scheduler, offers, tunnel, history, alerts, summaries,
+console-pages, demo): run one, print, write JSON."""
 
 from __future__ import annotations
 
@@ -15,12 +16,15 @@ from typing import Any
 from bench.alerts import AlertsBenchOptions, alerts_table, run_alerts_bench
 from bench.api_pages import api_pages_table
 from bench.api_pages import run as run_api_pages
+from bench.console_pages import ConsolePagesBenchOptions, console_pages_table, run_console_pages_bench
+from bench.demo import DemoBenchOptions, demo_table, run_demo_bench
 from bench.fleet import FleetOptions, run_fleet_bench
 from bench.history import HistoryBenchOptions, history_table, run_history_bench
 from bench.ingest import run_ingest_bench
 from bench.offers import OffersBenchOptions, offers_table, run_offers_bench
 from bench.scheduler import SchedulerBenchOptions, run_scheduler_bench, scheduler_table
 from bench.scheduler_snapshot import SnapshotBenchOptions, run_snapshot_bench, snapshot_table
+from bench.summaries import SummariesBenchOptions, run_summaries_bench, summaries_table
 from bench.tunnel import TunnelBenchOptions, run_tunnel_bench, tunnel_table
 
 TARGETS = {  # bench/README.md: the issue's targets, beside which every figure is printed
@@ -280,6 +284,72 @@ def _run_offers(args: argparse.Namespace) -> int:
     return 0
 
 
+def _summaries_parser(sub: argparse._SubParsersAction) -> None:
+    d = SummariesBenchOptions()
+    p = sub.add_parser(
+        "summaries",
+        help="one-pass summaries of a whole fleet: the fleet view's figures and every host's reputation",
+        description="Generate a fleet, then time management.fleet.fleet_figures over every GPU and the reputation "
+        "score of every host, each beside its target (bench/README.md).",
+    )
+    p.add_argument("--hosts", type=int, default=d.hosts, help=f"hosts (default {d.hosts})")
+    p.add_argument("--gpus-per-host", type=int, default=d.gpus_per_host, help=f"GPUs per host (default {d.gpus_per_host})")
+    p.add_argument("--rounds", type=int, default=d.rounds, help=f"timed runs of each summary (default {d.rounds})")
+    p.add_argument("--json", type=Path, help="write the figures here")
+    p.set_defaults(func=_run_summaries)
+
+
+def _run_summaries(args: argparse.Namespace) -> int:
+    options = SummariesBenchOptions(hosts=args.hosts, gpus_per_host=args.gpus_per_host, rounds=args.rounds)
+    result = run_summaries_bench(options)
+    _write(args.json, result)
+    print(summaries_table(result))
+    return 0
+
+
+def _console_pages_parser(sub: argparse._SubParsersAction) -> None:
+    d = ConsolePagesBenchOptions()
+    p = sub.add_parser(
+        "console-pages",
+        help="the console's hosts and fleet pages in Chromium with a large fleet: best and slowest visit",
+        description="Seed a store with a generated fleet, start the real Master on it, sign in as the operator in "
+        "Debian's Chromium and time each fleet page from the request to its table shown.",
+    )
+    p.add_argument("--hosts", type=int, default=d.hosts, help=f"hosts (default {d.hosts})")
+    p.add_argument("--gpus-per-host", type=int, default=d.gpus_per_host, help=f"GPUs per host (default {d.gpus_per_host})")
+    p.add_argument("--rounds", type=int, default=d.rounds, help=f"timed visits of each page (default {d.rounds})")
+    p.add_argument("--json", type=Path, help="write the figures here")
+    p.set_defaults(func=_run_console_pages)
+
+
+def _run_console_pages(args: argparse.Namespace) -> int:
+    options = ConsolePagesBenchOptions(hosts=args.hosts, gpus_per_host=args.gpus_per_host, rounds=args.rounds)
+    result = run_console_pages_bench(options)
+    _write(args.json, result)
+    print(console_pages_table(result))
+    return 0
+
+
+def _demo_parser(sub: argparse._SubParsersAction) -> None:
+    d = DemoBenchOptions()
+    p = sub.add_parser(
+        "demo",
+        help="how long idlegrid demo takes to say it is up, fresh and restarted",
+        description="Start idlegrid demo on a fresh state directory, then again on the same one, timing each from the "
+        "start to its 'idlegrid demo is up' line; stop each with SIGINT.",
+    )
+    p.add_argument("--runs", type=int, default=d.runs, help=f"runs, the first on a fresh state directory (default {d.runs})")
+    p.add_argument("--json", type=Path, help="write the figures here")
+    p.set_defaults(func=_run_demo)
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    result = run_demo_bench(DemoBenchOptions(runs=args.runs))
+    _write(args.json, result)
+    print(demo_table(result))
+    return 0
+
+
 def _history_parser(sub: argparse._SubParsersAction) -> None:
     d = HistoryBenchOptions()
     p = sub.add_parser(
@@ -488,6 +558,9 @@ def build_parser() -> argparse.ArgumentParser:
     _tunnel_parser(sub)
     _history_parser(sub)
     _alerts_parser(sub)
+    _summaries_parser(sub)
+    _console_pages_parser(sub)
+    _demo_parser(sub)
     return parser
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from common.catalog import CATALOG, reference_gpu_info
-from management.client import ApiRequest, AsyncApiClient, list_request, next_page
+from management.client.api import ApiRequest, AsyncApiClient, list_request, next_page
 from master.config import MasterConfig
 from master.records import AgentRecord, GpuRecord
 from master.states import AgentState, GpuState

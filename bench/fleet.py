@@ -43,8 +43,8 @@ from bench.profile import Profiler
 from bench.provision import provision_agents
 from bench.sockets import queued_bytes
 from common.pki import Role
-from management.client import ApiError, AsyncApiClient, read_key_file
-from management.localgrid import Daemon, LocalGrid, free_port
+from management.client.api import ApiError, AsyncApiClient, read_key_file
+from management.devgrid.localgrid import Daemon, LocalGrid, free_port
 from master.config import MasterConfig
 
 FINAL_STATES = frozenset({"succeeded", "failed", "timed_out", "cancelled"})

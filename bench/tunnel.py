@@ -1,6 +1,6 @@
 """``python -m bench tunnel``: does bulk data through a relay delay the control frames that cross the same relay?
 
-A real local grid (management/localgrid.py): a Master, one relay, ``hosts`` agents linked through it (simulated GPUs,
+A real local grid (management/devgrid/localgrid.py): a Master, one relay, ``hosts`` agents linked through it (simulated GPUs,
 the process runtime). One host runs a renter's workload; a tunnel to it moves ``megabytes`` of its output (``head -c
 N /dev/zero`` through an ``exec`` tunnel, read by this process as a renter's CLI would). Meanwhile, as in an idle
 phase of the same length before it, commands go to the other hosts (a create and a delete of a sleeping container,
@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from common.tunnel import Op
-from management.cli_access import grant_of
-from management.client import ApiClient, AsyncApiClient
-from management.localgrid import LocalGrid, wait_until
-from management.tunnel_client import Tunnel, TunnelGrant
+from management.cli.access import grant_of
+from management.client.api import ApiClient, AsyncApiClient
+from management.client.tunnel import Tunnel, TunnelGrant
+from management.devgrid.localgrid import LocalGrid, wait_until
 
 RENTER = "bench-renter"
 PROVIDER = "bench-provider"

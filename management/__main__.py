@@ -1,5 +1,5 @@
 import sys
 
-from management.cli import main
+from management.cli.main import main
 
 sys.exit(main())

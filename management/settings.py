@@ -5,7 +5,7 @@ into ``master.config.MasterConfig``; every key keeps its name and place there (d
 module is the one place that maps those keys to management's sections, so a service or loop takes its own section
 and never reads the flat config:
 
-- ``[scheduler]``: ``SchedulerSettings`` (management/scheduler/loop.py) and the output collector's ``OutputSettings``
+- ``[scheduler]``: ``SchedulerSettings`` (management/workloads/runner.py) and the output collector's ``OutputSettings``
 - ``[market]``: ``MarketRules``: the currency, the metering period, the low-balance warning, the rating rules
 - ``[api]``: the per-key and per-account rate limits (``ApiSettings``)
 - ``[alerts]``: the rules file, the evaluation period, the webhook notifier's limits

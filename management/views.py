@@ -18,6 +18,7 @@ from typing import Any, cast
 import msgspec
 
 from common.inventory import GpuSample, HostSample
+from management.client.tunnel import TunnelGrant
 from management.http.responses import (
     AccountView,
     AgentView,
@@ -77,7 +78,6 @@ from management.scheduler.model import Explanation
 from management.services.hosts import HostedReplica
 from management.services.market import FundsDetail, RentalDetail, Statements
 from management.services.verification import verification_view
-from management.tunnel_client import TunnelGrant
 from master.port import (
     AccountRecord,
     AgentRecord,

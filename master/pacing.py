@@ -5,7 +5,7 @@ announce when it changed (the relay hub sends it to every relay as ``report_pace
 
 States: a factor ``f`` in [1, max_telemetry_factor], 1 when all is well. Telemetry goes every ``telemetry_s * f``;
 heartbeats every ``heartbeat_s * min(f, max_heartbeat_factor)``: the Master judges silence on the configured
-heartbeat interval times ``missed_heartbeats`` (master/service.py), so heartbeats may only slow down a little.
+heartbeat interval times ``missed_heartbeats`` (master/agent_channel.py), so heartbeats may only slow down a little.
 
 Rules, at each check (``check_s`` apart):
 - pressure (telemetry replaced or evicted since the last check, at the Master or at a relay; or the intake's

@@ -27,8 +27,8 @@ import msgspec
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from management.client import ApiClient, ApiError  # noqa: E402
-from management.localgrid import LocalGrid  # noqa: E402
+from management.client.api import ApiClient, ApiError  # noqa: E402
+from management.devgrid.localgrid import LocalGrid  # noqa: E402
 
 PROVIDER = "smoke-provider"
 RENTER = "smoke-renter"

@@ -1,8 +1,11 @@
-"""DESIGN.md's dependency rule, checked on every import statement in the five packages."""
+"""The dependency rule (README.md, "For developers"), checked on every import statement in the five packages, and the
+narrower rules of the subpackages that talk to the management API from outside it: the command line and the clients."""
 
 import ast
 import tomllib
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = {"common", "agent", "access", "master", "management"}
@@ -15,9 +18,35 @@ ALLOWED = {
 }
 
 
+# Subpackages held to a narrower rule: each module (the entry point aside) imports only modules under these prefixes.
+# The command line and the clients reach the Master through the API alone: no master internals, no services.
+NARROWER = {
+    "management/client": ("common", "management.client"),
+    "management/cli": (
+        "common",
+        "management.cli",
+        "management.client",
+        "management.market.money",  # amounts as people type and read them: pure text <-> integers
+        "management.workloads.explain_text",  # "why it waits" rendered from the API's answer: pure text
+        "master.port",  # WorkloadSpec alone: the spec's schema, checked before it is sent (it is the API's body)
+    ),
+    "agent/cli.py": ("common", "agent"),
+}
+
+
 def _entry_points() -> set[Path]:
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     return {ROOT / (target.split(":")[0].replace(".", "/") + ".py") for target in scripts.values()}
+
+
+def _imported_modules(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module)
+    return {name for name in found if name.split(".")[0] in PACKAGES}
 
 
 def _imported_packages(path: Path) -> set[str]:
@@ -48,7 +77,7 @@ def test_the_entry_point_exists():
 
 # The entry points build a Master (or its files) themselves: the composition root, the CLI and the local grid. Every
 # other management module reaches the Master through master/port.py alone.
-ENTRY_POINTS = {"management/app.py", "management/cli.py", "management/localgrid.py"}
+ENTRY_POINTS = {"management/app.py", "management/cli/main.py", "management/devgrid/localgrid.py"}
 
 
 def _master_modules(path: Path) -> set[str]:
@@ -69,3 +98,32 @@ def test_management_imports_from_master_only_its_published_interface():
             continue
         violations += [f"{name} imports {module}" for module in sorted(_master_modules(path) - {"master.port"})]
     assert violations == [], "management uses the Master through master/port.py (MasterPort) only"
+
+
+def _within(module: str, prefixes: tuple[str, ...]) -> bool:
+    return any(module == prefix or module.startswith(prefix + ".") for prefix in prefixes)
+
+
+@pytest.mark.parametrize("part", sorted(NARROWER))
+def test_the_command_line_and_the_clients_import_only_what_they_need(part):
+    entry_points = _entry_points()
+    root = ROOT / part
+    paths = [root] if root.suffix == ".py" else sorted(root.rglob("*.py"))
+    assert paths and all(path.exists() for path in paths)
+    violations = [
+        f"{path.relative_to(ROOT)} imports {module}"
+        for path in paths
+        if path not in entry_points
+        for module in sorted(_imported_modules(path))
+        if not _within(module, NARROWER[part])
+    ]
+    assert violations == []
+
+
+def test_a_module_under_the_narrower_rule_that_reaches_further_is_caught(tmp_path):
+    reaching = tmp_path / "reaching.py"
+    reaching.write_text("from management.services import Services\nimport master.master\nfrom common.errors import ConfigError\n")
+    assert sorted(m for m in _imported_modules(reaching) if not _within(m, NARROWER["management/cli"])) == [
+        "management.services",
+        "master.master",
+    ]

@@ -2,7 +2,7 @@
 
 The browser cannot trust the platform CA the relays' certificates chain to; the Master can. So the console opens
 the tunnel itself, through the façade (``operations.tunnels.open``, which checks the owner and mints the ticket),
-dials the relay with ``management.tunnel_client.Tunnel`` and passes frames (common/tunnel.py) both ways unchanged:
+dials the relay with ``management.client.tunnel.Tunnel`` and passes frames (common/tunnel.py) both ways unchanged:
 
 - logs (``/console/workloads/{id}/logs``): the agent's frames go to the browser; anything the browser sends ends it.
 - terminal (``/console/workloads/{id}/terminal``): an ``exec`` tunnel with a tty. The browser may send DATA, RESIZE
@@ -26,9 +26,9 @@ from aiohttp import WSMsgType, web
 from common.errors import IdlegridError, ProtocolError
 from common.tunnel import Op, Resize, decode_frame, encode_frame
 from management.access_control import Scope
+from management.client.tunnel import Tunnel
 from management.http.keys import SERVICES_KEY
 from management.services.tunnels import TunnelRequest
-from management.tunnel_client import Tunnel
 
 log = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ STATUS_OF_CODE = {
     "bad_json": 400,
     "bad_cursor": 400,
     "invalid_workload_spec": 400,  # management/workloads/spec.py
-    "invalid_tunnel": 400,  # management/renter_access.py
+    "invalid_tunnel": 400,  # management/services/tunnels.py
     "invalid_ledger_request": 400,  # management/market/ledger.py
 }
 INTERNAL_MESSAGE = "internal error; see the Master's log"

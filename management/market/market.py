@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 
 from management.market.ledger import LedgerBook
-from management.market.meter import MeterLoop, MeterSettings
+from management.market.metering_loop import MeterLoop, MeterSettings
 from management.market.offer_feed import OfferFeed
 from management.market.prices import PriceBook
 from management.workloads.book import WorkloadBook

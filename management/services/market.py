@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 
 from common.errors import Conflict, IdlegridError, NotFound
+from management.market.charges import price_at
 from management.market.ledger import (
     EXTERNAL,
     FEES,
@@ -27,8 +28,7 @@ from management.market.ledger import (
     statement_csv,
 )
 from management.market.market import Market
-from management.market.meter import rental_hosts
-from management.market.metering import price_at
+from management.market.metering_loop import rental_hosts
 from management.market.money import format_amount, parse_amount, period_cost
 from management.market.offers import Offer, SearchResult
 from management.workloads.book import WorkloadBook

@@ -7,8 +7,8 @@ Who does what, in order:
 2. The agent, running the delete, reads the container's output into a bounded tail (its last 8 MiB by default, cut
    with a marker) and keeps it on disk (agent/output.py); the delete's result says how much (sizes only).
 3. This collector, a small loop, reads each pending one once its delete is done: through a logs tunnel from the
-   relay, as a renter's client would, so bulk bytes never travel on the control link (DESIGN.md, "Renter access
-   through the relays"). It bounds what it reads again (an agent's figures are not trusted), stores it ``kept``, and
+   relay, as a renter's client would, so bulk bytes never travel on the control link (docs/renter-access.md, "Bulk
+   bytes and control frames"). It bounds what it reads again (an agent's figures are not trusted), stores it ``kept``, and
    marks the assignment ``deleted``; a failed workload's reason gets the last lines. A host that left the grid, a
    container that never ran, or a host that stays away past ``give_up_s``, makes it ``lost`` with the reason.
 4. Retention: kept and lost records go ``retention_s`` after the container's end.

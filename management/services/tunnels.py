@@ -16,7 +16,7 @@ import msgspec
 from common.errors import Conflict, IdlegridError, NotFound
 from common.output import MARKER_ROOM, TailBuffer, bounded, last_lines
 from common.tunnel import Op, TunnelKind, encode_ticket
-from management.tunnel_client import Tunnel, TunnelClosed, TunnelGrant
+from management.client.tunnel import Tunnel, TunnelClosed, TunnelGrant
 from master.port import Assignment, KeptOutput, MasterPort, OutputRepo, WorkloadRecord
 
 Arg = Annotated[str, msgspec.Meta(min_length=1, max_length=2048)]

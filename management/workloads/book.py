@@ -62,7 +62,7 @@ Listener = Callable[[str, WorkloadRecord], None]
 
 
 class ContainerCommands(Protocol):
-    """How the book reaches hosts: ``master.service.Master`` is one."""
+    """How the book reaches hosts: ``master.master.Master`` is one (through ``master.port.MasterPort``)."""
 
     async def create_command(
         self, agent_id: str, kind: str, spec: dict[str, Any], *, timeout_s: float | None = None

@@ -41,7 +41,7 @@ class AssignmentState(enum.StrEnum):
     PENDING = "pending"  # placed; its create is not known to have succeeded
     RUNNING = "running"  # its create succeeded (or its container was found on its host and adopted)
     EXITED = "exited"
-    DELETING = "deleting"  # its delete was asked for; its output is awaited (management/outputs.py)
+    DELETING = "deleting"  # its delete was asked for; its output is awaited (management/services/outputs.py)
     DELETED = "deleted"  # deleted, its output kept or given up
 
 

@@ -13,7 +13,7 @@ import aiohttp
 
 from access.cli import add_parser, overrides
 from access.config import load_access_config
-from management.localgrid import free_port
+from management.devgrid.localgrid import free_port
 from tests.access.conftest import eventually
 
 REPO = Path(__file__).resolve().parents[2]

@@ -67,6 +67,8 @@ async def test_a_client_trickling_its_request_headers_is_cut_off_with_408_while_
     elapsed = time.monotonic() - started
 
     assert answer.startswith(b"HTTP/1.1 408 Request Timeout\r\n") and b"did not arrive in time" in answer
+    # Behaviour, not speed: the 408 comes at the head's deadline, not before it and not long after (slack for a loaded
+    # machine); the deadline is what the relay promises a slow client.
     assert HEAD_TIMEOUT_S - 0.1 < elapsed < HEAD_TIMEOUT_S + 1.5
     assert sample(relay.metrics.render(), "idlegrid_access_http_head_timeouts_total") == 1
     assert await healthz(relay, pki) == 200

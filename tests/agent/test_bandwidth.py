@@ -129,6 +129,7 @@ async def test_unreachable_relay_fails_quickly_with_a_bandwidth_error(resolved_h
     with pytest.raises(BandwidthError, match="Connection refused") as caught:
         await measure_bandwidth(f"http://127.0.0.1:{closed_port}", plan=QUICK, timeout_s=10)
     assert caught.value.code == "bandwidth_failed"
+    # Behaviour, not speed: a refused connection fails at once, not retried until the 10 s limit.
     assert time.monotonic() - started < 2
 
 
@@ -146,6 +147,7 @@ async def test_long_phases_are_cut_to_fit_the_time_limit(http_relay):
     started = time.monotonic()
     result = await measure_bandwidth(http_relay.base_url, plan=plan, timeout_s=1.5)
 
+    # Behaviour, not speed: the phases (a minute of 32 MB images) are cut to the 1.5 s limit the caller gave.
     assert time.monotonic() - started < 1.5
     assert result.download_mbps > 0 and result.upload_mbps > 0
 
@@ -167,6 +169,7 @@ async def test_a_relay_that_accepts_but_never_answers_gives_up_at_the_time_limit
             writer.close()
         server.close()
         await server.wait_closed()
+    # Behaviour, not speed: it gives up at the 0.5 s limit rather than waiting on a relay that never answers.
     assert time.monotonic() - started < 1.5
 
 

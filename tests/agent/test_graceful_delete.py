@@ -33,9 +33,9 @@ async def test_the_process_runtime_sends_sigterm_and_the_process_acts_on_it_befo
     script = TRAPPING.format(seen=seen, ready=ready)
     await runtime.create(ContainerSpec(name="graceful", image="none", command=["sh", "-c", script]), labels=labels("cmd-1"))
     wait_for_file(ready)
-    started = time.monotonic()
     deleted = await runtime.delete("graceful", timeout_s=10)
-    assert time.monotonic() - started < 5  # it ended on SIGTERM, long before the timeout's SIGKILL
+    # It ended on SIGTERM, not the timeout's SIGKILL: its trap ran (it wrote TERM) and its exit status is the trap's 7,
+    # where a kill would leave 137 and nothing written.
     assert seen.read_text().strip() == "TERM"
     assert deleted is not None and deleted.exit_code == 7
 
@@ -51,9 +51,8 @@ async def test_the_docker_api_runtime_sends_sigterm_and_the_container_acts_on_it
         while podman.podman("exec", "graceful-pod", "cat", "/tmp/ready", check=False).returncode != 0:
             assert time.monotonic() < deadline, "the container never set its trap"
             time.sleep(0.1)
-        started = time.monotonic()
         deleted = await runtime.delete("graceful-pod", timeout_s=20)
-        assert time.monotonic() - started < 15  # not the 20 s SIGKILL
+        # The exit status is the trap's 7, not a SIGKILL's 137: the container acted on SIGTERM, not the 20 s kill.
         assert deleted is not None and deleted.exit_code == 7
     finally:
         await runtime.close()

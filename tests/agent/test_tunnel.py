@@ -81,8 +81,8 @@ from common.wire import (
     decode_agent_frame,
     encode,
 )
+from management.client.tunnel import Tunnel
 from management.services.tunnels import TunnelGrant
-from management.tunnel_client import Tunnel
 from tests.access.conftest import MasterStandIn, TestPki
 
 RELAY_ID = "relay-test"  # the relay certificate tests/access makes

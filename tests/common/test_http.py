@@ -59,7 +59,7 @@ async def test_a_head_that_stops_halfway_gets_408_and_the_connection_closes(serv
     writer.close()
 
     assert answer.startswith(b"HTTP/1.1 408 Request Timeout\r\n") and b"Connection: close" in answer
-    assert time.monotonic() - started < HEAD_TIMEOUT_S + 1.5  # slack for a loaded machine
+    assert time.monotonic() - started < HEAD_TIMEOUT_S + 1.5  # the deadline is kept (behaviour); slack for load
     assert len(server.cuts) == 1
     assert (await get(server.port)).endswith(b"hello")
 

@@ -1,21 +1,20 @@
-"""With 10,000 hosts (80,000 GPUs) the first page of the hosts list, and the fleet view, render in under a second in
-Chromium: navigation to the load event, and the table visible. The fleet is generated (bench/api_pages.py), written
-to a real SQLite store and loaded by a real Master at start, as after a restart; the GPUs are records (no GPU here).
-The figures measured are printed (pytest -s) and saved beside the screenshots."""
+"""With 10,000 hosts (80,000 GPUs) the first page of the hosts list, a filtered one and the fleet view render in
+Chromium with their tables, the fleet's totals and a cursor to the next page. The fleet is generated
+(bench/api_pages.py), written to a real SQLite store and loaded by a real Master at start, as after a restart; the GPUs
+are records (no GPU here). How fast these pages show is measured by `python -m bench console-pages` (its target, under
+a second, and its figures are in bench/README.md), not asserted here."""
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
 
 from bench.api_pages import generated_fleet, seed_store
 from common.inventory import GpuSample
-from tests.console.conftest import ConsoleMaster, console_config, screenshots_dir, sign_in_as
+from tests.console.conftest import ConsoleMaster, console_config, sign_in_as
 
 HOSTS, GPUS_PER_HOST = 10_000, 8
-LIMIT_S = 1.0
 
 
 @pytest.fixture(scope="module")
@@ -43,28 +42,21 @@ async def _report_telemetry(master: ConsoleMaster) -> None:
             )
 
 
-def timed_visit(page, url: str, table: str) -> float:
-    """Seconds from asking for ``url`` to its load event with ``table`` visible."""
-    started = time.perf_counter()
+def visit(page, url: str, table: str) -> None:
+    """Go to ``url`` and wait for its load event with ``table`` visible."""
     response = page.goto(url, wait_until="load")
     page.locator(table).wait_for(state="visible")
-    took = time.perf_counter() - started
     assert response.status == 200
-    return took
 
 
-def test_the_first_page_of_10000_hosts_and_the_fleet_view_render_in_under_a_second(large_master, page, shot):
+def test_the_first_page_of_10000_hosts_a_filtered_page_and_the_fleet_view_render_their_tables(large_master, page, shot):
     sign_in_as(page, large_master.url, "operator")
-    timed_visit(page, f"{large_master.url}/console/hosts", "table#hosts")  # warm: the first request of a session
-    figures = {}
     for name, path, table in (
         ("hosts_first_page", "/console/hosts", "table#hosts"),
         ("hosts_filtered", "/console/hosts?state=ready&model=l4&region=us-east", "table#hosts"),
         ("fleet", "/console/fleet", "table#fleet-by-model"),
     ):
-        took = min(timed_visit(page, f"{large_master.url}{path}", table) for _ in range(3))
-        figures[name] = round(took * 1000, 1)
-        assert took < LIMIT_S, f"{path} took {took:.3f} s with {HOSTS:,} hosts"
+        visit(page, f"{large_master.url}{path}", table)
         shot(page, name)
     assert page.locator("#units-total").inner_text() == f"{HOSTS * GPUS_PER_HOST:,}"
     assert page.locator("#units-utilization").inner_text() == "35.0%"  # indices 0..7 at 0..70%: the mean is 35
@@ -72,7 +64,3 @@ def test_the_first_page_of_10000_hosts_and_the_fleet_view_render_in_under_a_seco
     assert page.locator("table#hosts tbody tr").count() == 50
     page.get_by_role("link", name="Next page").click()  # the cursor carries on where the first page ended
     assert page.locator("table#hosts tbody tr").first.inner_text().startswith("agt-00000050")
-    print(f"\n{HOSTS:,} hosts / {HOSTS * GPUS_PER_HOST:,} GPUs, best of 3, ms: {figures}")
-    out = screenshots_dir() / "large-fleet-timings.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(figures, indent=1))

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from management.client import ApiClient
+from management.client.api import ApiClient
 from management.console.assets import vendor_available
-from management.localgrid import free_port
+from management.devgrid.localgrid import free_port
 from tests.deploy.images import (
     AGENT_UID,
     SERVER_IMAGE,

@@ -35,7 +35,7 @@ from pymongo import AsyncMongoClient
 
 from bench.provision import provision_agents
 from common.errors import IdlegridError
-from management.client import FINAL_COMMAND_STATES, ApiClient, ApiRequest
+from management.client.api import FINAL_COMMAND_STATES, ApiClient, ApiRequest
 from master.config import MasterConfig
 from tests.support.grid import REPO, Daemon, Grid, RelayInfo, free_port, wait_for, write_toml
 from tests.support.mongo import Nx27017, database_url, real_mongodb_uri

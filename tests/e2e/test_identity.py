@@ -44,7 +44,7 @@ from common.wire import (
     encode,
     signing_bytes,
 )
-from management.client import instant
+from management.client.api import instant
 from master.keys import SigningKeyRing
 from tests.support.grid import (
     Daemon,

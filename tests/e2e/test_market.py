@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from agent.fault_injection import FAULTS_FILE
-from management.client import ApiClient
+from management.client.api import ApiClient
 from tests.e2e.test_renter_access import cli
 from tests.e2e.test_scheduler import renter, sandboxed_hosts, wait_workload, workload
 from tests.support.grid import TEST_PROVIDER, Grid, running_grid, wait_for
@@ -67,7 +67,7 @@ def rentals_of(client: ApiClient, workload_id: str) -> list[dict[str, Any]]:
 
 
 def seconds_run(rental: dict[str, Any]) -> int:
-    from management.client import instant
+    from management.client.api import instant
 
     start, end = instant(rental["started_at"]), instant(rental["ended_at"])
     assert start is not None and end is not None, rental

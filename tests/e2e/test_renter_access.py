@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from management.client import ApiClient
+from management.client.api import ApiClient
 from tests.e2e.test_scheduler import MASTER_SETTINGS, renter, sandboxed_hosts, wait_workload, workload
 from tests.support.grid import Grid, free_port, running_grid, wait_for
 

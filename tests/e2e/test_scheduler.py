@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import pytest
 
 from agent.fault_injection import FAULTS_FILE
-from management.client import ApiClient, ApiRequest
+from management.client.api import ApiClient, ApiRequest
 from tests.support.grid import WHO_AM_I, Grid, host_pid, pid_alive, running_grid, wait_for
 
 PERIOD_S = 1.0
@@ -142,7 +142,7 @@ def test_a_gang_runs_on_two_hosts_at_once_and_a_fatal_xid_moves_it_within_30_s(d
     rec = wait_workload(alice, submitted["id"], "running again off the faulty GPU", moved, timeout=MOVE_DEADLINE_S)
     took = time.monotonic() - injected
     print(f"\nfatal Xid on {broken} -> gang running again on {sorted(a['agent_id'] for a in rec['assignments'])} in {took:.1f} s")
-    assert took < MOVE_DEADLINE_S
+    assert took < MOVE_DEADLINE_S  # the wait's own deadline: the gang is moved at all, not how fast (bench's)
     assert sorted(a["agent_id"] for a in rec["assignments"]) == sorted(set(hosts) - {broken_host})
     assert spare in {a["agent_id"] for a in rec["assignments"]}
     moves = [e["data"] for e in grid.get(f"/api/v1/events?subject={submitted['id']}&kind=workload.transition")["items"]]

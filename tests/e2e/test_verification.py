@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from management.client import ApiClient, ApiError, ApiRequest
+from management.client.api import ApiClient, ApiError, ApiRequest
 from tests.e2e.test_renter_access import cli
 from tests.e2e.test_scheduler import SANDBOXED
 from tests.support.grid import TEST_PROVIDER, Grid, running_grid, wait_for

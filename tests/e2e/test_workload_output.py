@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from management.client import ApiClient
+from management.client.api import ApiClient
 from tests.e2e.test_renter_access import cli
 from tests.e2e.test_scheduler import MASTER_SETTINGS, SANDBOXED, renter, wait_workload, workload
 from tests.support.grid import Grid, running_grid

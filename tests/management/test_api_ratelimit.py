@@ -80,7 +80,7 @@ def test_the_limits_are_master_settings_from_a_file_or_the_environment(tmp_path)
 
 
 def test_the_client_sends_a_429_again_after_its_retry_after_a_few_times_and_nothing_else():
-    from management.client import MAX_RETRY_AFTER_S, RATE_LIMIT_RETRIES, retry_after_s
+    from management.client.api import MAX_RETRY_AFTER_S, RATE_LIMIT_RETRIES, retry_after_s
 
     assert retry_after_s(429, {"retry-after": "2"}, attempt=0) == 2.0
     assert retry_after_s(429, {"Retry-After": "3600"}, attempt=0) == MAX_RETRY_AFTER_S
@@ -90,7 +90,7 @@ def test_the_client_sends_a_429_again_after_its_retry_after_a_few_times_and_noth
 
 
 async def test_the_client_waits_out_its_keys_limit_and_gets_its_answer(tmp_path):
-    from management.client import AsyncApiClient
+    from management.client.api import AsyncApiClient
 
     master = Master(MasterConfig(state_dir=str(tmp_path), link_port=0))
     await master.start()

@@ -17,11 +17,11 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from common.errors import Conflict, IdlegridError, NotFound
 from management.access_control import Action, Resource
-from management.api import build_app, routing
+from management.api import routing
 from management.api.auth import auth_middleware
 from management.api.route import DeclarationError, Route
 from management.api.routing import DECLARED, ROUTES, add_routes, declared, document, undeclared
-from management.app import compose
+from management.app import api_app, compose
 from management.http.errors import errors_middleware
 from management.http.keys import SERVICES_KEY
 from master.config import MasterConfig
@@ -38,7 +38,7 @@ def test_the_app_serves_exactly_the_declared_api_routes(api):
 
 
 def test_a_route_registered_on_the_app_without_a_declaration_is_found(tmp_path):
-    app = build_app(Master(MasterConfig(state_dir=str(tmp_path), link_port=0)))  # built, never started: routes only
+    app = api_app(Master(MasterConfig(state_dir=str(tmp_path), link_port=0)))  # built, never started: routes only
 
     async def sneaky(request: web.Request) -> web.Response:
         return web.json_response({})
@@ -136,7 +136,7 @@ async def faulty(tmp_path) -> AsyncIterator[TestClient]:
     call with the operator's key, ``faulty.auth``)."""
     master = Master(MasterConfig(state_dir=str(tmp_path / "faulty"), link_port=0))
     await master.start()
-    app = build_app(master)
+    app = api_app(master)
     app.router.add_get("/api/v1/faults/unmapped", _raising(WidgetMelted("the widget melted")))
     app.router.add_get("/api/v1/faults/plain", _raising(RuntimeError("a bug")))
     app.router.add_get("/api/v1/faults/not-found", _raising(NotFound("no such widget")))

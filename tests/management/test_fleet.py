@@ -3,8 +3,6 @@ from a generated fleet's records (bench/api_pages.py) and samples made here (no 
 
 from __future__ import annotations
 
-import time
-
 import msgspec
 
 from bench.api_pages import generated_fleet
@@ -61,17 +59,14 @@ def test_many_faulty_gpus_are_counted_all_and_listed_up_to_the_limit_in_host_ord
     assert figures.total.faulty == 2 * FAULTY_LISTED and figures.total.utilization_pct is None
 
 
-def test_a_fleet_of_10000_hosts_and_80000_gpus_is_summed_up_in_well_under_a_second():
+def test_a_fleet_of_10000_hosts_and_80000_gpus_is_summed_up_whole():
+    # How fast is bench's (`python -m bench summaries`, target in bench/README.md), not a unit test's.
     fleet = generated_fleet(10_000, 8, now=1000.0)
     agents = {a.id: a for a in fleet.agents}
     latest = {
         g.uuid: GpuSample(uuid=g.uuid, ts=1000.0, utilization_pct=float(i % 100), memory_used_mib=i % 4096)
         for i, g in enumerate(fleet.gpus)
     }
-    started = time.perf_counter()
     figures = fleet_figures(fleet.gpus, agents, latest)
-    took = time.perf_counter() - started
     assert figures.total.total == 80_000 and figures.total.offline == 8_000
-    assert took < 0.5, f"summing up 80,000 GPUs took {took:.3f} s"
-    print(f"fleet figures of 10,000 hosts / 80,000 GPUs: {took * 1000:.0f} ms")
     assert msgspec.to_builtins(figures.faulty) == []

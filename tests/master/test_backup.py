@@ -23,8 +23,8 @@ import pytest
 
 from common.pki import Role, load_cert, verify_issued_by
 from management.app import MasterServer
-from management.cli import main
-from management.client import AsyncApiClient
+from management.cli.main import main
+from management.client.api import AsyncApiClient
 from master.accounts import AccountRole
 from master.backup import LATEST_VERSION, MANIFEST, STORE_FILE
 from master.config import MasterConfig

@@ -1,12 +1,11 @@
 """The fleet's Prometheus series (master/metrics.py, FleetGauges): GPUs by state, tier, region and model, their
 means and extremes by tier, region and model, agents by state and region; bounded whatever the fleet's size, one
-series per GPU only when the ``metrics_per_gpu`` setting asks; and a scrape of 10,000 hosts / 80,000 GPUs is cheap.
+series per GPU only when the ``metrics_per_gpu`` setting asks, whatever the fleet's size (how fast a scrape of 10,000 hosts
+/ 80,000 GPUs is, is measured by ``python -m bench summaries``).
 
 The records are the Master's own types built in memory (what its registry holds); the GPUs are simulated."""
 
 from __future__ import annotations
-
-import time
 
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -138,14 +137,13 @@ def test_no_series_names_a_gpu_or_an_agent_unless_the_setting_asks():
     assert check.clean, check.findings
 
 
-# A scrape of the largest fleet the Master is sized for, with every GPU reporting. Prometheus's default scrape timeout
-# is 10 s; the bound leaves room for a loaded test machine (2 cores shared), the figure is printed for bench/README.
+# A scrape of the largest fleet the Master is sized for, with every GPU reporting. Its speed target (under 2 s, beside
+# Prometheus's default 10 s scrape timeout) is bench's: `python -m bench summaries`, bench/README.md.
 FLEET_HOSTS = 10_000
 GPUS_PER_HOST = 8
-SCRAPE_BOUND_S = 2.0
 
 
-def test_a_scrape_of_10000_hosts_and_80000_gpus_is_cheap_and_bounded():
+def test_a_scrape_of_10000_hosts_and_80000_gpus_stays_bounded():
     regions = ("eu-west", "eu-north", "us-east", "us-west", "ap-south")
     models = (("h100-sxm", "premium"), ("a100-sxm", "premium"), ("l40s", "standard"), ("rtx-4090", "community"))
     states = ("available", "busy", "busy", "reserved", "available", "busy", "faulty", "offline")
@@ -160,16 +158,9 @@ def test_a_scrape_of_10000_hosts_and_80000_gpus_is_cheap_and_bounded():
     registry = CollectorRegistry()
     registry.register(FleetGauges(lambda: agents, lambda: gpus, lambda: [], lambda: 3, latest=lambda: latest))
 
-    timings = []
-    for _ in range(3):
-        started = time.perf_counter()
-        text = generate_latest(registry).decode()
-        timings.append(time.perf_counter() - started)
-    best = min(timings)
-    print(f"\nfleet scrape, {FLEET_HOSTS} hosts / {len(gpus)} GPUs: best {best * 1000:.0f} ms of {len(timings)}")
+    text = generate_latest(registry).decode()
 
     assert sum(value for _, value in samples(text, "idlegrid_gpus")) == FLEET_HOSTS * GPUS_PER_HOST
     series = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
     assert series < 1_000, f"{series} series for {len(gpus)} GPUs: cardinality must not grow with the fleet"
     assert "GPU-" not in text and names(text) >= {"idlegrid_gpus", "idlegrid_gpu_utilization_mean_percent"}
-    assert best < SCRAPE_BOUND_S, f"a scrape took {best:.2f} s at best"

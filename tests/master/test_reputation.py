@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import msgspec
 import pytest
 
@@ -76,13 +74,10 @@ def test_an_agent_record_stored_before_the_new_counters_still_decodes_with_them_
     assert reputation(record).evidence["commands_succeeded"] == 4
 
 
-def test_scoring_ten_thousand_hosts_is_cheap():
-    hosts = [agent(uptime_s=float(i), commands_succeeded=i % 7, rentals_failed=i % 3, gpus_verified=8) for i in range(10_000)]
-    started = time.perf_counter()
-    for host in hosts:
-        reputation(host).score  # noqa: B018  # what the scheduler's snapshot reads per host and cycle
-    assert time.perf_counter() - started < 0.5
-    assert [reputation_score(h) for h in hosts[:50]] == [reputation(h).score for h in hosts[:50]]
+def test_the_score_alone_is_the_score_of_the_whole_reputation():
+    # How fast scoring 10,000 hosts is, is bench's (`python -m bench summaries`, target in bench/README.md).
+    hosts = [agent(uptime_s=float(i), commands_succeeded=i % 7, rentals_failed=i % 3, gpus_verified=8) for i in range(50)]
+    assert [reputation_score(h) for h in hosts] == [reputation(h).score for h in hosts]
 
 
 # --- on the real Master -------------------------------------------------------------------------------------------

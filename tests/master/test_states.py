@@ -1,4 +1,4 @@
-"""The state machines follow DESIGN.md's transition tables exactly."""
+"""The state machines follow the transition tables of docs/master.md ("State machines") exactly."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""A grid of real processes for end-to-end tests: the local-grid launcher (management/localgrid.py) with what
+"""A grid of real processes for end-to-end tests: the local-grid launcher (management/devgrid/localgrid.py) with what
 tests assert with (polling that fails as an assertion, the API as status and body, command helpers)."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
-from management.client import FINAL_COMMAND_STATES, ApiRequest
-from management.localgrid import Daemon, LocalGrid, RelayInfo, StartupFailed, free_port, wait_until
+from management.client.api import FINAL_COMMAND_STATES, ApiRequest
+from management.devgrid.localgrid import Daemon, LocalGrid, RelayInfo, StartupFailed, free_port, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 TEST_PROVIDER = "prov-1"

@@ -10,7 +10,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from management.app import api_app
-from management.client import AsyncApiClient
+from management.client.api import AsyncApiClient
 from master.config import MasterConfig
 from master.master import Master
 
@@ -20,7 +20,7 @@ class OperatorApi(TestClient[web.Request, web.Application]):
 
     master: Master
     auth: dict[str, str]  # the operator's Authorization header
-    operator: AsyncApiClient  # the project's own API client (management/client.py), as the operator
+    operator: AsyncApiClient  # the project's own API client (management/client/api.py), as the operator
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ import msgspec
 import pytest
 
 from common.errors import Conflict
+from management.market.charges import FeeRate, MeterState, step
 from management.market.ledger import (
     EXTERNAL,
     FEES,
@@ -26,7 +27,6 @@ from management.market.ledger import (
     renter_account,
     statement_csv,
 )
-from management.market.metering import FeeRate, MeterState, step
 from master.records import LedgerEntry, LedgerLine, RentalHost, RentalRecord
 from master.store import open_store
 from master.store.base import Store

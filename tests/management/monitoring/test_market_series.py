@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from management.market.ledger import LedgerBook
-from management.market.meter import MeterLoop, MeterSettings
+from management.market.metering_loop import MeterLoop, MeterSettings
 from management.market.prices import HostPrice, PriceTable
 from management.monitoring.market_series import MarketSeries
 from management.workloads.book import WorkloadBook

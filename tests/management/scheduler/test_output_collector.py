@@ -8,8 +8,8 @@ from __future__ import annotations
 import time
 
 from common.wire import CommandResult, Heartbeat
+from management.client.tunnel import TunnelClosed
 from management.services.outputs import OutputCollector, OutputSettings
-from management.tunnel_client import TunnelClosed
 from management.workloads.runner import SchedulerLoop
 from master.link import AccessLink
 from master.master import Master

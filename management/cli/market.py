@@ -2,7 +2,7 @@
 ``earnings``, ``payouts`` and the operator's ``credit``.
 
 Tables by default, the API's JSON with ``--json``; the API and the key are found as every other command finds them
-(management/cli_accounts.py). Money is shown and taken as decimal amounts in the grid's currency ("2.50").
+(management/cli/connection.py). Money is shown and taken as decimal amounts in the grid's currency ("2.50").
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from common.errors import IdlegridError
-from management.cli_accounts import api_client, connection_options, table, when
-from management.cli_host import duration_s
-from management.workload_cli import BadSpec, cost_line, spec_from
+from management.cli.connection import api_client, connection_options, table, when
+from management.cli.hosts import duration_s
+from management.cli.workloads import BadSpec, cost_line, spec_from
 
 Parser = Callable[[argparse._SubParsersAction, str, str, str], argparse.ArgumentParser]
 

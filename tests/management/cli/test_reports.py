@@ -8,9 +8,9 @@ import asyncio
 import csv
 import io
 
+from tests.management.cli.test_accounts import idlegrid, served  # noqa: F401  # the served Master and the CLI runner
 from tests.management.hosts import api_key
 from tests.management.monitoring.test_api_reports import D1, DAY, day_of, seed
-from tests.management.test_cli_accounts import idlegrid, served  # noqa: F401  # the served Master and the CLI runner
 
 WINDOW = ("--from", day_of(D1), "--to", day_of(D1 + 2 * DAY))
 

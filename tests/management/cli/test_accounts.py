@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from management import cli
 from management.app import MasterServer
-from management.cli_accounts import Credentials, cli_config_path, resolve_credentials
+from management.cli import main as cli
+from management.cli.connection import Credentials, cli_config_path, resolve_credentials
 from master.config import MasterConfig
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from management import cli
+from management.cli import main as cli
 from management.http.keys import SERVICES_KEY
 from tests.management.hosts import add_agent, api_key
 

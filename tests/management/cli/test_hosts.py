@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from management.cli_host import duration_s
+from management.cli.hosts import duration_s
+from tests.management.cli.test_accounts import idlegrid, served  # noqa: F401  # the served Master and the CLI runner
 from tests.management.hosts import UNREACHABLE_DETAIL, UNREACHABLE_FIX, add_agent, api_key
-from tests.management.test_cli_accounts import idlegrid, served  # noqa: F401  # the served Master and the CLI runner
 
 
 def in_master(served, coro):  # noqa: F811

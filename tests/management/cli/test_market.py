@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from management import cli
+from management.cli import main as cli
+from tests.management.cli.test_accounts import idlegrid, served  # noqa: F401  # the served Master and the CLI runner
 from tests.management.hosts import add_agent, api_key
-from tests.management.test_cli_accounts import idlegrid, served  # noqa: F401  # the served Master and the CLI runner
 
 
 def in_master(served, coro):  # noqa: F811

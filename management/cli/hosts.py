@@ -8,7 +8,7 @@
   idlegrid host show HOST              the host, its GPUs, and whether each reached a container (the GPU self-test)
 
 Amounts are decimal numbers per GPU-hour in the grid's currency, passed to the API as text (never floats). The API
-and key come from the same places as for ``idlegrid account`` (management/cli_accounts.py). Tables by default,
+and key come from the same places as for ``idlegrid account`` (management/cli/connection.py). Tables by default,
 ``--json`` for the API's JSON.
 """
 
@@ -19,8 +19,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from management.cli_accounts import Parser, api_client, connection_options, show, table, when
-from management.cli_verify import add_verification_parsers
+from management.cli.connection import Parser, api_client, connection_options, show, table, when
+from management.cli.verify import add_verification_parsers
 
 _DURATION = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([smhd]?)\Z")
 _UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -151,10 +151,10 @@ def host_text(agent: Mapping[str, Any]) -> str:
 
 
 def add_parsers(sub: argparse._SubParsersAction, parser: Parser) -> None:
-    """``host`` on the command line's subcommands; ``parser`` makes one (as management/cli.py does)."""
+    """``host`` on the command line's subcommands; ``parser`` makes one (as management/cli/main.py does)."""
     host = parser(sub, "host", "a provider's hosts: prices, drain", "Set and show hosts' prices; drain and undrain hosts.")
     h_sub = host.add_subparsers(dest="host_command", required=True, metavar="{show,price,drain,undrain,verify,verifications}")
-    add_verification_parsers(h_sub, parser)  # measured verification (management/cli_verify.py)
+    add_verification_parsers(h_sub, parser)  # measured verification (management/cli/verify.py)
 
     shown_host = parser(
         h_sub,

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from common.errors import ConfigError, IdlegridError
-from management import cli
+from common.errors import IdlegridError
+from management.cli import main as cli
 from tests.support.grid import REPO, Grid, free_port, wait_for
 
 COMMANDS = [
@@ -152,27 +152,6 @@ def test_a_typo_in_simulate_is_one_line_naming_the_spec(tmp_path):
     assert done.stderr.count("\n") == 1, done.stderr
     assert done.stderr.startswith("idlegrid agent: --simulate: GPU simulation spec 'h1oo:8': unknown GPU model 'h1oo'")
     assert "Traceback" not in done.stderr
-
-
-@pytest.mark.parametrize(
-    ("given", "scheme", "expected"),
-    [
-        ("wss://relay.example:7200", "wss", "wss://relay.example:7200"),
-        ("https://relay.example:7201/", "https", "https://relay.example:7201"),
-        ("wss://relay.example:7201", "https", "https://relay.example:7201"),
-        ("https://relay.example:7200", "wss", "wss://relay.example:7200"),
-        ("relay.example:7200", "wss", "wss://relay.example:7200"),
-        ("127.0.0.1:7201", "https", "https://127.0.0.1:7201"),
-    ],
-)
-def test_a_relay_url_is_taken_with_either_scheme(given, scheme, expected):
-    assert cli.relay_url(given, scheme) == expected
-
-
-@pytest.mark.parametrize("given", ["http://relay.example:7201", "ftp://relay.example", "wss://", "https://relay:port"])
-def test_a_relay_url_that_is_not_one_is_refused_clearly(given):
-    with pytest.raises(ConfigError, match="relay"):
-        cli.relay_url(given, "wss")
 
 
 @pytest.mark.parametrize("base", [IdlegridError, RuntimeError])

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from management.cli_accounts import api_client, connection_options, table
+from management.cli.connection import api_client, connection_options, table
 
 Parser = Callable[[argparse._SubParsersAction, str, str, str], argparse.ArgumentParser]
 KINDS = ("usage", "revenue", "reliability", "summary")

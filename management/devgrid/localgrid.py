@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 from common.errors import IdlegridError
 from common.files import write_atomically
 from common.pki import Role
-from management.client import ApiClient, ApiError, instant
+from management.client.api import ApiClient, ApiError, instant
 from master.port import Authority
 
 T = TypeVar("T")

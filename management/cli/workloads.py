@@ -1,7 +1,7 @@
 """``idlegrid workload submit|list|get|explain|cancel``: a renter's (or the operator's) workloads, through the management API.
 
 Output is a table (or ``key: value`` lines for one workload) by default, the API's JSON with ``--json``.
-The API and the key are found as ``idlegrid account`` finds them, with the same options (management/cli_accounts.py:
+The API and the key are found as ``idlegrid account`` finds them, with the same options (management/cli/connection.py:
 ``connection_options``, ``resolve_credentials``).
 A spec is checked here first (the same struct the API decodes), so a bad field is named before anything is sent.
 """
@@ -21,8 +21,8 @@ from typing import Any
 import msgspec
 
 from common.errors import IdlegridError
-from management.cli_accounts import api_client, connection_options, table, when
-from management.client import ApiError
+from management.cli.connection import api_client, connection_options, table, when
+from management.client.api import ApiError
 from management.market.money import format_amount, parse_amount
 from management.workloads.explain_text import render_explanation
 from master.port import WorkloadSpec
@@ -135,7 +135,7 @@ def add_parser(sub: argparse._SubParsersAction, make: Parser) -> None:
     _connection(cancel)
     cancel.set_defaults(func=run_cancel)
 
-    from management.cli_access import add_parsers as add_access_parsers
+    from management.cli.access import add_parsers as add_access_parsers
 
     add_access_parsers(w_sub, make, _connection)
 
@@ -281,7 +281,7 @@ def run_get(args: argparse.Namespace) -> int:
 
 def _why_it_waits(client: Any, workload: dict[str, Any]) -> str:
     """For a queued workload, the explanation under a heading; "" for any other (or one placed meanwhile)."""
-    from management.client import ApiError
+    from management.client.api import ApiError
 
     if workload["state"] != "queued":
         return ""

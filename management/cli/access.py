@@ -1,7 +1,7 @@
 """``idlegrid workload logs|exec|port-forward``: a renter's way into its containers, through the relays.
 
 Each asks the API for a tunnel grant (management/services/tunnels.py) and dials the relay it names with the ticket
-(management/tunnel_client.py); the host behind the relay never listens. Frames are common/tunnel.py's.
+(management/client/tunnel.py); the host behind the relay never listens. Frames are common/tunnel.py's.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import msgspec
 
 from common.errors import IdlegridError
 from common.tunnel import MAX_TUNNEL_PAYLOAD, Op, decode_exit, resize_payload
-from management.client import API_PREFIX, ApiRequest
-from management.tunnel_client import Tunnel, TunnelClosed, TunnelGrant
+from management.client.api import API_PREFIX, ApiRequest
+from management.client.tunnel import Tunnel, TunnelClosed, TunnelGrant
 
 EXIT_TUNNEL_FAILED = 1
 FINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
@@ -95,7 +95,7 @@ def add_parsers(
 
 
 def _grant(args: argparse.Namespace, request: dict[str, Any]) -> TunnelGrant:
-    from management.cli_accounts import api_client
+    from management.cli.connection import api_client
 
     client = api_client(args)[0]
     answer = client.open_tunnel(args.workload_id, {**request, "replica": args.replica})
@@ -104,7 +104,7 @@ def _grant(args: argparse.Namespace, request: dict[str, Any]) -> TunnelGrant:
 
 def grant_of(answer: Any) -> TunnelGrant:
     """The API's answer (times as RFC 3339) as the grant the tunnel client takes."""
-    from management.client import instant
+    from management.client.api import instant
 
     return msgspec.convert({**answer, "expires_at": instant(answer["expires_at"])}, TunnelGrant)
 
@@ -113,8 +113,8 @@ def grant_of(answer: Any) -> TunnelGrant:
 
 
 def run_logs(args: argparse.Namespace) -> int:
-    from management.cli_accounts import api_client
-    from management.client import ApiError
+    from management.cli.connection import api_client
+    from management.client.api import ApiError
 
     client = api_client(args)[0]
     if args.attempt is None:

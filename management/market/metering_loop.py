@@ -4,7 +4,7 @@ renter's money ran out, and warns renters whose balance is running low.
 
 It follows the workload book (``WorkloadBook.subscribe``): the listener only notes a transition with the time it saw it
 (listeners must not block); ``tick`` opens and ends the rentals noted, then meters every open one
-(management/market/metering.py computes the entries; ``LedgerBook.post_computed`` posts them under the ledger's lock).
+(management/market/charges.py computes the entries; ``LedgerBook.post_computed`` posts them under the ledger's lock).
 
 Restarts: ``load`` reads the open rentals and rebuilds each one's metering state from its ledger entries, so charges
 resume from the last period posted (entry keys make a repeated charge impossible); a workload still running without
@@ -29,8 +29,8 @@ from collections.abc import Callable
 import msgspec
 
 from common.errors import InvalidTransition, NotFound
+from management.market.charges import FeeRate, MeterState, MeterStep, apply, price_at, state_of, step
 from management.market.ledger import LedgerBook
-from management.market.metering import FeeRate, MeterState, MeterStep, apply, price_at, state_of, step
 from management.market.money import format_amount, parse_amount
 from management.market.prices import HostPrice
 from management.workloads.book import WorkloadBook

@@ -12,7 +12,7 @@ import argparse
 from collections.abc import Mapping
 from typing import Any
 
-from management.cli_accounts import Parser, api_client, connection_options, show, table, when
+from management.cli.connection import Parser, api_client, connection_options, show, table, when
 
 FIGURES = (("bf16_tflops", "BF16"), ("fp32_tflops", "FP32"), ("memory_bandwidth_gbs", "MEM GB/S"), ("h2d_gbs", "H2D GB/S"))
 

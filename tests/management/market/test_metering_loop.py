@@ -16,7 +16,7 @@ import pytest
 
 from common.errors import InvalidTransition, NotFound
 from management.market.ledger import FEES, LedgerBook, hold_account, provider_account, renter_account
-from management.market.meter import LOW_BALANCE_EVENT, RAN_OUT_REASON, MeterLoop, MeterSettings
+from management.market.metering_loop import LOW_BALANCE_EVENT, RAN_OUT_REASON, MeterLoop, MeterSettings
 from management.market.prices import HostPrice, PriceTable
 from management.workloads.book import WorkloadBook
 from management.workloads.spec import container_name

@@ -1,4 +1,4 @@
-"""The one API client (management/client.py) against the real API, and its cursor paging against a paging server."""
+"""The one API client (management/client/api.py) against the real API, and its cursor paging against a paging server."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from management.client import ApiClient, ApiError, ApiRequest, ApiUnreachable, AsyncApiClient, instant, next_page
+from management.client.api import ApiClient, ApiError, ApiRequest, ApiUnreachable, AsyncApiClient, instant, next_page
 from tests.support.grid import free_port
 
 

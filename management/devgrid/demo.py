@@ -25,8 +25,8 @@ from pathlib import Path
 from types import FrameType
 
 from common.files import write_atomically
-from management.client import ApiClient, ApiError
-from management.localgrid import PORTS_FILE, LocalGrid, RelayInfo, StartupFailed
+from management.client.api import ApiClient, ApiError
+from management.devgrid.localgrid import PORTS_FILE, LocalGrid, RelayInfo, StartupFailed
 
 # Two regions, one relay each; agents alternate between them.
 RELAYS = (("relay-a", "eu-west"), ("relay-b", "us-east"))

@@ -13,8 +13,8 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from management.market.charges import FeeRate, MeterState, apply, cost_until, state_of, step
 from management.market.ledger import EXTERNAL, FEES, hold_account, renter_account
-from management.market.metering import FeeRate, MeterState, apply, cost_until, state_of, step
 from master.records import LedgerEntry, LedgerLine, PriceChange, RentalHost, RentalRecord
 
 T0 = 1_700_000_000.0

@@ -19,8 +19,8 @@ import argparse
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from management.cli_accounts import Parser, api_client, connection_options, mapping_text, show, table, when
-from management.cli_host import duration_s
+from management.cli.connection import Parser, api_client, connection_options, mapping_text, show, table, when
+from management.cli.hosts import duration_s
 
 RECENT_SHOWN = 10
 
@@ -149,7 +149,7 @@ def _created_webhook(body: Mapping[str, Any]) -> str:
 
 
 def add_parsers(sub: argparse._SubParsersAction, parser: Parser) -> None:
-    """``alert`` on the command line's subcommands; ``parser`` makes one (as management/cli.py does)."""
+    """``alert`` on the command line's subcommands; ``parser`` makes one (as management/cli/main.py does)."""
     alert = parser(
         sub,
         "alert",

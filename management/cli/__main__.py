@@ -1,0 +1,5 @@
+import sys
+
+from management.cli.main import main
+
+sys.exit(main())
