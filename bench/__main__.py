@@ -289,7 +289,7 @@ def _summaries_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "summaries",
         help="one-pass summaries of a whole fleet: the fleet view's figures and every host's reputation",
-        description="Generate a fleet, then time management.fleet.fleet_figures over every GPU and the reputation "
+        description="Generate a fleet, then time management.services.fleet.fleet_figures over every GPU and the reputation "
         "score of every host, each beside its target (bench/README.md).",
     )
     p.add_argument("--hosts", type=int, default=d.hosts, help=f"hosts (default {d.hosts})")

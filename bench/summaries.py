@@ -1,6 +1,6 @@
 """``python -m bench summaries``: the one-pass summaries of a whole fleet, timed (default 10,000 hosts, 80,000 GPUs).
 
-- fleet figures: ``management.fleet.fleet_figures`` over every GPU with a telemetry sample each, what the fleet view
+- fleet figures: ``management.services.fleet.fleet_figures`` over every GPU with a telemetry sample each, what the fleet view
   of the console and the API adds up on each request (the records come from bench/api_pages.py's generated fleet,
   every 10th host offline). Target: under 0.5 s.
 - reputation: ``master.reputation.reputation(host).score`` for every host, what the scheduler's snapshot reads per
@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from bench.api_pages import generated_fleet
 from common.heap import tune_for_daemon
 from common.inventory import GpuSample
-from management.fleet import fleet_figures
+from management.services.fleet import fleet_figures
 from master.metrics import FleetGauges
 from master.records import AgentRecord
 from master.reputation import reputation
