@@ -44,7 +44,7 @@ from access.tunnel_ends import AgentTunnelEnd
 from access.tunnels import CLOSE_TIMEOUT_S, PING_INTERVAL_S, TRANSPORT_MAX_BYTES, TunnelExchange
 from access.upstream import MasterLink
 from common.errors import PKIError, ProtocolError
-from common.pki import Identity, Role, identity_of, load_cert, peer_identity, verify_issued_by
+from common.pki import CertRole, Identity, identity_of, load_cert, peer_identity, verify_issued_by
 from common.tokenbucket import TokenBucket
 from common.tunnel import AGENT_PATH_PREFIX, TICKET_HEADER
 from common.wire import (
@@ -96,7 +96,7 @@ class Refusal:
 
 def refusal_for(identity: Identity, revoked: set[str], now: float) -> Refusal | None:
     """Why a certificate may not hold a session here, if it may not."""
-    if identity.role is not Role.AGENT:
+    if identity.role is not CertRole.AGENT:
         return Refusal("wrong_role", f"certificate role {identity.role.value!r} cannot connect as an agent")
     if identity.serial in revoked:
         return Refusal("revoked", "certificate revoked", CLOSE_REVOKED)
@@ -642,7 +642,7 @@ class AgentGateway:
         except (ProtocolError, PKIError, OSError) as exc:
             log.warning("renewed certificate not adopted: %s", exc, extra={"agent": session.agent_id})
             return
-        if identity.role is not Role.AGENT or identity.id != session.agent_id or identity.serial in self.revoked:
+        if identity.role is not CertRole.AGENT or identity.id != session.agent_id or identity.serial in self.revoked:
             log.warning(
                 "renewed certificate names someone else or is revoked; not adopted",
                 extra={"agent": session.agent_id, "named": identity.uri, "serial": identity.serial},

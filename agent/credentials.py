@@ -32,8 +32,8 @@ from common.errors import ConfigError, PKIError
 from common.files import fsync_directory
 from common.pki import (
     CLOCK_SKEW_S,
+    CertRole,
     Identity,
-    Role,
     generate_key,
     identity_of,
     key_to_pem,
@@ -175,7 +175,7 @@ class CertificateRenewer:
             identity = identity_of(cert)
         except PKIError as exc:
             raise RenewalError(f"renewed certificate refused: {exc}") from None
-        if identity.role is not Role.AGENT or identity.id != self.agent_id:
+        if identity.role is not CertRole.AGENT or identity.id != self.agent_id:
             raise RenewalError(f"renewed certificate names {identity.uri}, not this agent ({self.agent_id}); refused")
         if _public_bytes(cert.public_key()) != _public_bytes(self._pending.public_key()):
             raise RenewalError("renewed certificate is for another key than the one this agent generated; refused")

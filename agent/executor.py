@@ -18,7 +18,7 @@ from typing import Any
 import msgspec
 
 from agent.errors import GpuConflict, UnknownGpu
-from agent.ledger import CommandLog, LedgerEntry
+from agent.ledger import CommandLog, CommandLogEntry
 from agent.output import OutputKeeper
 from agent.runtime.base import ContainerRuntime, PullsImages
 from agent.runtime.images import PullProgress
@@ -203,5 +203,5 @@ class CommandExecutor:
         return [_result(entry) for entry in self.ledger.unacked()]
 
 
-def _result(entry: LedgerEntry) -> CommandResult:
+def _result(entry: CommandLogEntry) -> CommandResult:
     return CommandResult(id=entry.id, ok=bool(entry.ok), result=entry.result, error=entry.error, error_code=entry.error_code)

@@ -31,7 +31,7 @@ CREATE TABLE IF NOT EXISTS executed (
 
 
 @dataclass(frozen=True)
-class LedgerEntry:
+class CommandLogEntry:
     id: str
     kind: str
     finished: bool
@@ -54,7 +54,7 @@ class CommandLog:
     def close(self) -> None:
         self._db.close()
 
-    def get(self, command_id: str) -> LedgerEntry | None:
+    def get(self, command_id: str) -> CommandLogEntry | None:
         row = self._db.execute(
             "SELECT id, kind, finished_at, ok, result, error, error_code, acked FROM executed WHERE id = ?", (command_id,)
         ).fetchone()
@@ -79,7 +79,7 @@ class CommandLog:
     def mark_acked(self, command_id: str) -> None:
         self._db.execute("UPDATE executed SET acked = 1 WHERE id = ?", (command_id,))
 
-    def unacked(self) -> list[LedgerEntry]:
+    def unacked(self) -> list[CommandLogEntry]:
         rows = self._db.execute(
             "SELECT id, kind, finished_at, ok, result, error, error_code, acked FROM executed "
             "WHERE finished_at IS NOT NULL AND acked = 0 ORDER BY finished_at"
@@ -90,8 +90,8 @@ class CommandLog:
         return self._db.execute("SELECT COUNT(*) FROM executed").fetchone()[0]
 
 
-def _entry(row: tuple) -> LedgerEntry:
-    return LedgerEntry(
+def _entry(row: tuple) -> CommandLogEntry:
+    return CommandLogEntry(
         id=row[0],
         kind=row[1],
         finished=row[2] is not None,

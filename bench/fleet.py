@@ -42,7 +42,7 @@ from bench.procs import BenchProcess, read_usage, spawn
 from bench.profile import Profiler
 from bench.provision import provision_agents
 from bench.sockets import queued_bytes
-from common.pki import Role
+from common.pki import CertRole
 from management.client.api import ApiError, AsyncApiClient, read_key_file
 from management.devgrid.localgrid import Daemon, LocalGrid, free_port
 from master.config import MasterConfig
@@ -283,7 +283,7 @@ class BenchGrid:
         self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30), connector=aiohttp.TCPConnector(limit=64))
 
     async def start_echo(self) -> str:
-        cert, key, ca = self.authority.write_server_identity(self.root / "echo", Role.ACCESS, "echo")
+        cert, key, ca = self.authority.write_server_identity(self.root / "echo", CertRole.ACCESS, "echo")
         self.echo_port = free_port()
         self.echo = spawn(
             "echo",

@@ -39,7 +39,7 @@ from agent.config import AgentConfig
 from agent.connector import RelayConnector, RelayTarget
 from agent.daemon import Agent
 from agent.host import collect_host_info
-from agent.ledger import CommandLog, LedgerEntry
+from agent.ledger import CommandLog, CommandLogEntry
 from agent.runtime.simulated import Execution, SimulatedRuntime
 from common.config import load_config
 from common.heap import tune_for_daemon
@@ -104,24 +104,24 @@ class MemoryCommandLog(CommandLog):
     """
 
     def __init__(self) -> None:  # no database: deliberately not CommandLog.__init__
-        self._entries: dict[str, LedgerEntry] = {}
+        self._entries: dict[str, CommandLogEntry] = {}
         self._finished_at: dict[str, float] = {}
 
     def close(self) -> None:
         self._entries.clear()
 
-    def get(self, command_id: str) -> LedgerEntry | None:
+    def get(self, command_id: str) -> CommandLogEntry | None:
         return self._entries.get(command_id)
 
     def start(self, command_id: str, kind: str) -> None:
-        self._entries.setdefault(command_id, LedgerEntry(command_id, kind, False, None, {}, None, None, False))
+        self._entries.setdefault(command_id, CommandLogEntry(command_id, kind, False, None, {}, None, None, False))
 
     def finish(
         self, command_id: str, kind: str, *, ok: bool, result: dict[str, Any], error: str | None, error_code: str | None
     ) -> None:
         old = self._entries.get(command_id)
         acked = old.acked if old is not None else False
-        self._entries[command_id] = LedgerEntry(command_id, kind, True, ok, result, error, error_code, acked)
+        self._entries[command_id] = CommandLogEntry(command_id, kind, True, ok, result, error, error_code, acked)
         self._finished_at[command_id] = time.time()
 
     def mark_acked(self, command_id: str) -> None:
@@ -129,7 +129,7 @@ class MemoryCommandLog(CommandLog):
         if entry is not None:
             self._entries[command_id] = dataclasses.replace(entry, acked=True)
 
-    def unacked(self) -> list[LedgerEntry]:
+    def unacked(self) -> list[CommandLogEntry]:
         waiting = [e for e in self._entries.values() if e.finished and not e.acked]
         return sorted(waiting, key=lambda e: self._finished_at.get(e.id, 0.0))
 

@@ -40,7 +40,7 @@ _IDENTITY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")
 _KEY_ID_HEX = 16
 
 
-class Role(str, Enum):
+class CertRole(str, Enum):
     MASTER = "master"
     ACCESS = "access"
     AGENT = "agent"
@@ -48,14 +48,14 @@ class Role(str, Enum):
 
 
 # Master and Access serve TLS; every role is a client of someone (Access dials the Master).
-_SERVER_ROLES = frozenset({Role.MASTER, Role.ACCESS})
+_SERVER_ROLES = frozenset({CertRole.MASTER, CertRole.ACCESS})
 
 
 @dataclass(frozen=True)
 class Identity:
     """Who a certificate names."""
 
-    role: Role
+    role: CertRole
     id: str  # also the subject CN
     serial: str  # certificate serial, lowercase hex without 0x
     not_after: float  # unix time
@@ -65,7 +65,7 @@ class Identity:
         return identity_uri(self.role, self.id)
 
 
-def identity_uri(role: Role, identity: str) -> str:
+def identity_uri(role: CertRole, identity: str) -> str:
     return f"{URI_SCHEME}://{role.value}/{identity}"
 
 
@@ -116,7 +116,7 @@ def identity_of(cert: x509.Certificate) -> Identity:
         raise PKIError(f"certificate {_serial(cert)} carries {found} {URI_SCHEME}:// identity URIs; exactly one is required")
     role_text, _, ident = uris[0].removeprefix(f"{URI_SCHEME}://").partition("/")
     try:
-        role = Role(role_text)
+        role = CertRole(role_text)
     except ValueError:
         raise PKIError(f"certificate {_serial(cert)} names unknown role {role_text!r} in {uris[0]!r}") from None
     if not _IDENTITY.fullmatch(ident):
@@ -180,7 +180,7 @@ def _check_identity(identity: str) -> None:
         )
 
 
-def _alt_names(role: Role, identity: str, dns_names: Sequence[str], ip_addresses: Sequence[str]) -> list[x509.GeneralName]:
+def _alt_names(role: CertRole, identity: str, dns_names: Sequence[str], ip_addresses: Sequence[str]) -> list[x509.GeneralName]:
     names: list[x509.GeneralName] = [x509.UniformResourceIdentifier(identity_uri(role, identity))]
     names += [x509.DNSName(n) for n in dns_names]
     try:
@@ -190,7 +190,7 @@ def _alt_names(role: Role, identity: str, dns_names: Sequence[str], ip_addresses
     return names
 
 
-def _leaf_extensions(role: Role) -> list[tuple[x509.ExtensionType, bool]]:
+def _leaf_extensions(role: CertRole) -> list[tuple[x509.ExtensionType, bool]]:
     usages = [ExtendedKeyUsageOID.CLIENT_AUTH]
     if role in _SERVER_ROLES:
         usages.insert(0, ExtendedKeyUsageOID.SERVER_AUTH)
@@ -291,7 +291,7 @@ class CertificateAuthority:
 
     def issue(
         self,
-        role: Role,
+        role: CertRole,
         identity: str,
         public_key: CertificatePublicKeyTypes,
         *,
@@ -305,7 +305,7 @@ class CertificateAuthority:
         ``now`` defaults to the current time; tests pass another to make certificates that are
         already expired or not yet valid.
         """
-        role = Role(role)
+        role = CertRole(role)
         _check_identity(identity)
         _check_public_key(public_key)
         if valid_s <= 0:
@@ -334,7 +334,7 @@ class CertificateAuthority:
             builder = builder.add_extension(extension, critical=critical)
         return builder.sign(self.key, hashes.SHA256())
 
-    def sign_csr(self, csr_pem: bytes, role: Role, identity: str, *, valid_s: float) -> x509.Certificate:
+    def sign_csr(self, csr_pem: bytes, role: CertRole, identity: str, *, valid_s: float) -> x509.Certificate:
         """Certify the CSR's key as ``role``/``identity``; whatever subject the CSR asks for is ignored."""
         try:
             csr = x509.load_pem_x509_csr(csr_pem)
@@ -347,7 +347,7 @@ class CertificateAuthority:
 
     def issue_keypair(
         self,
-        role: Role,
+        role: CertRole,
         identity: str,
         *,
         valid_s: float,

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.pki import CertificateAuthority, CommandSigner, Role, write_private_key
+from common.pki import CertificateAuthority, CertRole, CommandSigner, write_private_key
 from master.keys import SigningKeyRing
 
 _SERVER_CERT_S = 365 * 86400.0
@@ -43,7 +43,7 @@ class Authority:
             ca.save(pki_dir)
         authority = cls(pki_dir, ca, SigningKeyRing.open(pki_dir, ca))
         if not authority.cert_file.exists():
-            authority.write_server_identity(pki_dir, Role.MASTER, "master", names=names, ips=ips, prefix="master")
+            authority.write_server_identity(pki_dir, CertRole.MASTER, "master", names=names, ips=ips, prefix="master")
         return authority
 
     @property
@@ -60,7 +60,7 @@ class Authority:
     def write_server_identity(
         self,
         out_dir: Path,
-        role: Role,
+        role: CertRole,
         identity: str,
         *,
         names: Sequence[str] = ("localhost",),

@@ -10,7 +10,7 @@ import uuid
 from cryptography.hazmat.primitives.serialization import Encoding
 
 from common.errors import EnrollmentError, PKIError
-from common.pki import CertificateAuthority, Role
+from common.pki import CertificateAuthority, CertRole
 from master.records import AgentRecord, TokenRecord
 from master.states import AgentState
 from master.store.base import Store, TokenOutcome
@@ -50,7 +50,7 @@ class Enrollment:
         # Signed before the token is spent, so a malformed CSR does not burn a valid token; the
         # certificate is thrown away unless the token is good.
         try:
-            cert = self._ca.sign_csr(csr_pem.encode(), Role.AGENT, agent_id, valid_s=self._cert_validity_s)
+            cert = self._ca.sign_csr(csr_pem.encode(), CertRole.AGENT, agent_id, valid_s=self._cert_validity_s)
         except (PKIError, ValueError) as exc:
             raise EnrollmentError(f"certificate signing request refused: {exc}", code="bad_csr") from None
         outcome, record = await self._store.tokens.consume(hash_secret(token), agent_id=agent_id, now=time.time())

@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 Clock = Callable[[], float]
 
 
-class Role(str, Enum):
+class LeaderRole(str, Enum):
     STANDBY = "standby"
     LEADER = "leader"
     STEPPED_DOWN = "stepped_down"  # deposed: writes nothing more, serves nothing more, exits
@@ -76,7 +76,7 @@ class Leadership:
         self._on_deposed = on_deposed
         self._wall = wall
         self._monotonic = monotonic
-        self.role = Role.STANDBY
+        self.role = LeaderRole.STANDBY
         self.lease: LeaseRecord | None = None  # ours, while leader
         self.leader: LeaseRecord | None = None  # the lease as last read: who leads, or led
         self.deposed_reason = ""
@@ -92,13 +92,13 @@ class Leadership:
 
     def leads(self) -> bool:
         """Whether this Master may write now: leader, and its last renewal younger than ttl - margin."""
-        return self.role is Role.LEADER and self._monotonic() < self._renewed_at + self.timing.ttl_s - self.timing.margin_s
+        return self.role is LeaderRole.LEADER and self._monotonic() < self._renewed_at + self.timing.ttl_s - self.timing.margin_s
 
     def fence(self) -> None:
         """Raise ``Fenced`` unless this Master leads now; a refusal wakes the loop to step down at once."""
         if self.leads():
             return
-        if self.role is Role.LEADER:
+        if self.role is LeaderRole.LEADER:
             self._wake.set()
         epoch = self.lease.epoch if self.lease is not None else 0
         raise Fenced(f"Master {self.holder} is {self.role.value}, not the leader (epoch {epoch}): its store writes are refused")
@@ -125,9 +125,9 @@ class Leadership:
 
     async def step(self) -> None:
         """One tick: the leader renews (or steps down); a standby tries to take the lease."""
-        if self.role is Role.LEADER:
+        if self.role is LeaderRole.LEADER:
             await self._renew()
-        elif self.role is Role.STANDBY:
+        elif self.role is LeaderRole.STANDBY:
             await self._try_to_lead()
 
     async def _try_to_lead(self) -> None:
@@ -138,7 +138,7 @@ class Leadership:
             return
         self.lease = self.leader = lease
         self._renewed_at = sent_at
-        self.role = Role.LEADER
+        self.role = LeaderRole.LEADER
         log.info("leader lease taken", extra={"holder": self.holder, "epoch": lease.epoch})
         # Taking over (loading the state) runs beside the loop, which goes on renewing meanwhile: a large store takes
         # longer to load than a lease lasts.
@@ -180,23 +180,23 @@ class Leadership:
 
     async def step_down(self, reason: str) -> None:
         """Stop leading for good: nothing more is written (the fence refuses it), ``on_deposed`` is told once."""
-        if self.role is Role.STEPPED_DOWN:
+        if self.role is LeaderRole.STEPPED_DOWN:
             return
-        self.role = Role.STEPPED_DOWN
+        self.role = LeaderRole.STEPPED_DOWN
         self.deposed_reason = reason
         log.error("stepping down: %s", reason, extra={"holder": self.holder})
         self._deposed.set()
         await self._on_deposed(reason)
 
     async def run(self) -> None:
-        while self.role is not Role.STEPPED_DOWN:
+        while self.role is not LeaderRole.STEPPED_DOWN:
             try:
                 await self.step()
             except asyncio.CancelledError:
                 raise
             except Exception:  # a standby whose store is unreachable keeps trying
                 log.exception("leader election step failed; trying again in %.1f s", self.timing.renew_s)
-            if self.role is Role.STEPPED_DOWN:
+            if self.role is LeaderRole.STEPPED_DOWN:
                 return
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.timing.renew_s)
@@ -213,6 +213,6 @@ class Leadership:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
         self._task = self._taking_over = None
-        if release and self.role is Role.LEADER and self.lease is not None:
+        if release and self.role is LeaderRole.LEADER and self.lease is not None:
             with contextlib.suppress(Exception):
                 await self._leases.release(self.holder, self.lease.epoch)

@@ -21,7 +21,7 @@ from websockets.http11 import Request, Response
 
 from common.errors import PKIError, ProtocolError
 from common.lanes import Lane, LaneBounds
-from common.pki import Role, peer_identity
+from common.pki import CertRole, peer_identity
 from common.wire import (
     CLOSE_NOT_LEADER,
     CLOSE_POLICY,
@@ -185,7 +185,7 @@ class RelayHub:
     async def _open(self, connection: ServerConnection) -> AccessLink | None:
         try:
             identity = peer_identity(connection.transport.get_extra_info("ssl_object"))
-            if identity.role is not Role.ACCESS:
+            if identity.role is not CertRole.ACCESS:
                 raise PKIError(f"certificate role {identity.role.value!r} may not open a relay link")
             hello = decode_link_frame(await asyncio.wait_for(connection.recv(), timeout=OPEN_TIMEOUT_S))
             if not isinstance(hello, AccessHello):
@@ -328,7 +328,7 @@ def _only_relays(connection: ServerConnection, request: Request) -> Response | N
     except PKIError as exc:
         log.warning("relay link refused: %s", exc)
         return connection.respond(http.HTTPStatus.FORBIDDEN, "a relay certificate is required\n")
-    if role is not Role.ACCESS:
+    if role is not CertRole.ACCESS:
         log.warning("relay link refused: certificate role %r", role.value)
         return connection.respond(http.HTTPStatus.FORBIDDEN, f"certificate role {role.value!r} may not open a relay link\n")
     return None

@@ -18,7 +18,7 @@ from common.wire import CLOSE_NOT_LEADER, AccessStats
 from master.accounts import BOOTSTRAP_ACCOUNT, AccountRole
 from master.composition import compose
 from master.config import MasterConfig
-from master.leadership import Leadership, LeaseTiming, Role
+from master.leadership import LeaderRole, Leadership, LeaseTiming
 from master.port import MasterPort
 from master.records import LeaseRecord
 from master.requests import MasterRequests
@@ -137,7 +137,7 @@ class Master(MasterRequests):
     @property
     def role(self) -> str:
         """leader | standby | stepped_down; a Master without ha is always the leader."""
-        return Role.LEADER.value if self.leadership is None else self.leadership.role.value
+        return LeaderRole.LEADER.value if self.leadership is None else self.leadership.role.value
 
     def leads(self) -> bool:
         """Whether this Master may write now (always, without ha)."""

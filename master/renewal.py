@@ -5,7 +5,7 @@ from __future__ import annotations
 from cryptography.hazmat.primitives.serialization import Encoding
 
 from common.errors import IdlegridError, PKIError
-from common.pki import CertificateAuthority, Role
+from common.pki import CertificateAuthority, CertRole
 from master.records import AgentRecord
 
 
@@ -25,7 +25,7 @@ def renew_certificate(
     if wait > 0:
         raise RenewalRefused(f"certificate was renewed moments ago; ask again in {wait:.0f} s", code="renewal_too_soon")
     try:
-        cert = ca.sign_csr(csr_pem.encode(), Role.AGENT, agent.id, valid_s=valid_s)
+        cert = ca.sign_csr(csr_pem.encode(), CertRole.AGENT, agent.id, valid_s=valid_s)
     except (PKIError, ValueError) as exc:
         raise RenewalRefused(f"certificate signing request refused: {exc}", code="bad_csr") from None
     still_valid = {serial: until for serial, until in agent.previous_serials.items() if until > now}

@@ -259,12 +259,12 @@ def _run_ca_init(args: argparse.Namespace) -> int:
 
 
 def _run_ca_issue(args: argparse.Namespace) -> int:
-    from common.pki import Role
+    from common.pki import CertRole
     from master.authority import Authority
 
     authority = Authority.open(Path(args.state_dir))
     cert, key, ca = authority.write_server_identity(
-        args.out, Role.ACCESS, args.relay_id, names=args.name or ["localhost"], ips=args.ip or ["127.0.0.1"]
+        args.out, CertRole.ACCESS, args.relay_id, names=args.name or ["localhost"], ips=args.ip or ["127.0.0.1"]
     )
     print(f"certificate: {cert}\nkey: {key}\nCA: {ca}")
     return 0

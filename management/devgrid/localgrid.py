@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 from common.errors import IdlegridError
 from common.files import write_atomically
-from common.pki import Role
+from common.pki import CertRole
 from management.client.api import ApiClient, ApiError, instant
 from master.port import Authority
 
@@ -340,7 +340,7 @@ class LocalGrid:
         relay = self.plan_relay(relay_id, region)
         self.check_ports({relay.agent_port: f"{relay_id}'s agent port", relay.http_port: f"{relay_id}'s HTTPS port"})
         cert, key, ca = self.authority.write_server_identity(
-            self.root / "relays" / relay_id, Role.ACCESS, relay_id, names=("localhost", *names)
+            self.root / "relays" / relay_id, CertRole.ACCESS, relay_id, names=("localhost", *names)
         )
         args = ["--relay-id", relay_id, "--region", relay.region, "--master-url", f"wss://{HOST}:{self.link_port}/link"]
         args += ["--agent-port", str(relay.agent_port), "--http-port", str(relay.http_port)]

@@ -21,8 +21,8 @@ from access.daemon import AccessRelay
 from common.errors import ProtocolError
 from common.pki import (
     CertificateAuthority,
+    CertRole,
     Identity,
-    Role,
     client_tls_context,
     identity_of,
     load_cert,
@@ -64,11 +64,11 @@ class TestPki:
         self.ca = CertificateAuthority.create("test platform CA")
         self.ca_file = root / "ca.crt"
         self.ca_file.write_bytes(self.ca.chain_pem())
-        self.relay = self.issue(Role.ACCESS, "relay-test", server=True)
-        self.master = self.issue(Role.MASTER, "master", server=True)
+        self.relay = self.issue(CertRole.ACCESS, "relay-test", server=True)
+        self.master = self.issue(CertRole.MASTER, "master", server=True)
 
     def issue(
-        self, role: Role, name: str, *, server: bool = False, ca: CertificateAuthority | None = None, valid_s: float = 3600
+        self, role: CertRole, name: str, *, server: bool = False, ca: CertificateAuthority | None = None, valid_s: float = 3600
     ) -> Credentials:
         names = {"dns_names": ["localhost"], "ip_addresses": ["127.0.0.1"]} if server else {}
         key_pem, cert_pem = (ca or self.ca).issue_keypair(role, name, valid_s=valid_s, **names)
@@ -78,7 +78,7 @@ class TestPki:
         return Credentials(cert, key, identity_of(load_cert(cert_pem)))
 
     def agent(self, prefix: str = "agt") -> Credentials:
-        return self.issue(Role.AGENT, f"{prefix}-{next(_names)}")
+        return self.issue(CertRole.AGENT, f"{prefix}-{next(_names)}")
 
     def client_context(self, who: Credentials | None = None) -> ssl.SSLContext:
         if who is None:

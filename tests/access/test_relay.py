@@ -12,7 +12,7 @@ import msgspec
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
-from common.pki import CertificateAuthority, Role
+from common.pki import CertificateAuthority, CertRole
 from common.wire import (
     CLOSE_POLICY,
     CLOSE_REVOKED,
@@ -75,14 +75,14 @@ async def test_a_connection_without_a_client_certificate_fails_the_handshake(rel
 
 
 async def test_a_certificate_from_another_ca_fails_the_handshake(relay, pki, open_agent):
-    stranger = pki.issue(Role.AGENT, "agt-stranger", ca=CertificateAuthority.create("someone else's CA"))
+    stranger = pki.issue(CertRole.AGENT, "agt-stranger", ca=CertificateAuthority.create("someone else's CA"))
     with pytest.raises(HANDSHAKE_FAILURES):
         async with open_agent(relay, stranger) as ws:
             await asyncio.wait_for(ws.recv(), 3)
 
 
 async def test_a_certificate_for_another_role_is_refused_with_4003(relay, master, pki, open_agent):
-    operator = pki.issue(Role.OPERATOR, "ops-1")
+    operator = pki.issue(CertRole.OPERATOR, "ops-1")
     async with open_agent(relay, operator) as ws:
         with pytest.raises(ConnectionClosed) as closed:
             await asyncio.wait_for(ws.recv(), 3)

@@ -17,7 +17,7 @@ from aiohttp import web
 import access.speedtest
 from access.speedtest import add_speedtest_routes, image_bytes
 from agent.bandwidth import BandwidthError, SpeedtestPlan, measure_bandwidth
-from common.pki import CertificateAuthority, Role, server_tls_context
+from common.pki import CertificateAuthority, CertRole, server_tls_context
 
 # Small enough that both phases finish in well under a second on loopback.
 QUICK = SpeedtestPlan(
@@ -79,7 +79,7 @@ async def http_relay(resolved_hosts) -> AsyncIterator[Relay]:
 @pytest.fixture
 async def https_relay(resolved_hosts, tmp_path) -> AsyncIterator[Relay]:
     ca = CertificateAuthority.create()
-    key_pem, cert_pem = ca.issue_keypair(Role.ACCESS, "relay-test", valid_s=3600, ip_addresses=["127.0.0.1"])
+    key_pem, cert_pem = ca.issue_keypair(CertRole.ACCESS, "relay-test", valid_s=3600, ip_addresses=["127.0.0.1"])
     (tmp_path / "ca.crt").write_bytes(ca.chain_pem())
     (tmp_path / "relay.crt").write_bytes(cert_pem)
     (tmp_path / "relay.key").write_bytes(key_pem)

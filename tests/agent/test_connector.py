@@ -25,7 +25,7 @@ from agent.config import AgentConfig
 from agent.connector import NoRelayAvailable, RelayConnector, RelayTarget, retry_after_s
 from agent.discovery import DiscoveryConfig, RelayDiscovery, fallback_name, srv_name
 from common.errors import ConfigError
-from common.pki import CertificateAuthority, Role, client_tls_context, server_tls_context, write_private_key
+from common.pki import CertificateAuthority, CertRole, client_tls_context, server_tls_context, write_private_key
 from tests.agent.test_discovery import Clock, Relay, running_relays  # a TCP listener standing in for a relay; a hand clock
 from tests.support.dnsmasq import Dnsmasq, HostRecord, Record, SrvRecord, TxtRecord
 
@@ -132,7 +132,7 @@ async def test_with_no_live_relay_anywhere_and_no_static_list_it_says_what_it_tr
 async def test_a_relay_found_by_dns_is_dialled_at_its_address_and_its_certificate_checked_against_its_name(tmp_path, dns):
     ca = CertificateAuthority.create("test CA")
     (tmp_path / "ca.crt").write_bytes(ca.chain_pem())
-    key_pem, cert_pem = ca.issue_keypair(Role.ACCESS, "relay-a1", valid_s=600, dns_names=[f"a1.{ZONE}"])
+    key_pem, cert_pem = ca.issue_keypair(CertRole.ACCESS, "relay-a1", valid_s=600, dns_names=[f"a1.{ZONE}"])
     write_private_key(tmp_path / "a1.key", key_pem)
     (tmp_path / "a1.crt").write_bytes(cert_pem)
     server_tls = server_tls_context(tmp_path / "a1.crt", tmp_path / "a1.key", tmp_path / "ca.crt", require_client_cert=False)

@@ -21,7 +21,7 @@ from agent.identity import CERT_FILE, KEY_FILE
 from common.errors import ConfigError
 from common.pki import (
     CertificateAuthority,
-    Role,
+    CertRole,
     client_tls_context,
     generate_key,
     identity_of,
@@ -44,20 +44,20 @@ def state_dir(tmp_path: Path, ca) -> Path:
     """An enrolled agent's files: its key, a 20 s certificate, the CA."""
     key = generate_key()
     write_private_key(tmp_path / KEY_FILE, key_to_pem(key))
-    (tmp_path / CERT_FILE).write_bytes(ca.issue(Role.AGENT, AGENT, key.public_key(), valid_s=20).public_bytes(Encoding.PEM))
+    (tmp_path / CERT_FILE).write_bytes(ca.issue(CertRole.AGENT, AGENT, key.public_key(), valid_s=20).public_bytes(Encoding.PEM))
     (tmp_path / "ca.crt").write_bytes(ca.chain_pem())
     return tmp_path
 
 
 def answer(ca: CertificateAuthority, csr_pem: str, agent_id: str = AGENT, valid_s: float = 20) -> RenewResponse:
     """What the Master sends back: the CSR signed for the identity the link names."""
-    cert = ca.sign_csr(csr_pem.encode(), Role.AGENT, agent_id, valid_s=valid_s)
+    cert = ca.sign_csr(csr_pem.encode(), CertRole.AGENT, agent_id, valid_s=valid_s)
     return RenewResponse(cert_pem=cert.public_bytes(Encoding.PEM).decode())
 
 
 def test_renewal_is_due_at_the_configured_fraction_of_the_lifetime_not_counting_the_backdating(ca):
     now = time.time()
-    cert = ca.issue(Role.AGENT, AGENT, generate_key().public_key(), valid_s=30, now=now)
+    cert = ca.issue(CertRole.AGENT, AGENT, generate_key().public_key(), valid_s=30, now=now)
     assert renewal_due_at(cert, 2 / 3) == pytest.approx(now + 20, abs=1)
 
 
@@ -101,10 +101,10 @@ def test_an_untrustworthy_answer_is_refused_and_the_old_pair_kept(state_dir, ca,
         "other_ca": lambda: answer(CertificateAuthority.create("rogue"), csr),
         "other_agent": lambda: answer(ca, csr, agent_id="agt-someone-else"),
         "other_key": lambda: RenewResponse(
-            cert_pem=ca.issue(Role.AGENT, AGENT, generate_key().public_key(), valid_s=20).public_bytes(Encoding.PEM).decode()
+            cert_pem=ca.issue(CertRole.AGENT, AGENT, generate_key().public_key(), valid_s=20).public_bytes(Encoding.PEM).decode()
         ),
         "expired": lambda: RenewResponse(
-            cert_pem=ca.sign_csr(csr.encode(), Role.AGENT, AGENT, valid_s=1).public_bytes(Encoding.PEM).decode()
+            cert_pem=ca.sign_csr(csr.encode(), CertRole.AGENT, AGENT, valid_s=1).public_bytes(Encoding.PEM).decode()
         ),
     }[problem]()
     before = {name: (state_dir / name).read_bytes() for name in (KEY_FILE, CERT_FILE)}
@@ -130,7 +130,7 @@ def test_an_unanswered_request_is_sent_again_before_the_certificate_runs_out(sta
 
 def staged_pair(state_dir: Path, ca: CertificateAuthority) -> tuple[bytes, bytes]:
     key = generate_key()
-    cert = ca.issue(Role.AGENT, AGENT, key.public_key(), valid_s=20).public_bytes(Encoding.PEM)
+    cert = ca.issue(CertRole.AGENT, AGENT, key.public_key(), valid_s=20).public_bytes(Encoding.PEM)
     return key_to_pem(key), cert
 
 

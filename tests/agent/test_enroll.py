@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives import serialization
 
 from agent.directory import DIRECTORY_FILE, load_directory
 from agent.enroll import enroll
-from common.pki import CertificateAuthority, CommandSigner, Role, server_tls_context, write_private_key
+from common.pki import CertificateAuthority, CertRole, CommandSigner, server_tls_context, write_private_key
 from common.wire import RelayEntry
 
 RELAYS = [
@@ -27,7 +27,7 @@ async def endpoint(tmp_path: Path) -> AsyncIterator[tuple[str, Path, dict]]:
     """An HTTPS /enroll endpoint certifying any CSR; ``answer_extra`` is merged into its answer."""
     ca = CertificateAuthority.create()
     ca.save(tmp_path / "ca")
-    key_pem, cert_pem = ca.issue_keypair(Role.ACCESS, "relay-1", valid_s=3600, ip_addresses=["127.0.0.1"])
+    key_pem, cert_pem = ca.issue_keypair(CertRole.ACCESS, "relay-1", valid_s=3600, ip_addresses=["127.0.0.1"])
     write_private_key(tmp_path / "relay.key", key_pem)
     (tmp_path / "relay.crt").write_bytes(cert_pem)
     signer = CommandSigner.generate()
@@ -35,7 +35,7 @@ async def endpoint(tmp_path: Path) -> AsyncIterator[tuple[str, Path, dict]]:
 
     async def answer(request: web.Request) -> web.Response:
         body = await request.json()
-        cert = ca.sign_csr(body["csr_pem"].encode(), Role.AGENT, "agt-enrolled", valid_s=3600)
+        cert = ca.sign_csr(body["csr_pem"].encode(), CertRole.AGENT, "agt-enrolled", valid_s=3600)
         payload = {
             "agent_id": "agt-enrolled",
             "cert_pem": cert.public_bytes(serialization.Encoding.PEM).decode(),

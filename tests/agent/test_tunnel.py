@@ -40,9 +40,9 @@ from agent.tunnel import PortStreams, RelayLink, TunnelLimits, TunnelRefusal, Tu
 from common.containers import LABEL_COMMAND_ID, LABEL_PORTS, LABEL_WORKLOAD_ID, ContainerInfo, ContainerSpec
 from common.errors import PKIError, ProtocolError, RuntimeFailure
 from common.pki import (
+    CertRole,
     CommandSigner,
     CommandVerifier,
-    Role,
     client_tls_context,
     load_cert,
     peer_identity,
@@ -141,7 +141,7 @@ class Pki:
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     base = TestPki(tmp_path_factory.mktemp("tunnel-pki"))
     assert base.relay.identity.id == RELAY_ID
-    base.issue(Role.AGENT, AGENT_ID)
+    base.issue(CertRole.AGENT, AGENT_ID)
     signer = CommandSigner.generate()
     return Pki(base, signer, base.ca.endorse_command_key(signer.public_key_b64()))
 
@@ -189,7 +189,7 @@ class RelayStandIn:
             if request.path != AGENT_PATH_PREFIX + ticket.body.id:
                 raise TicketRefused(f"path {request.path} is not this ticket's")
             agent = peer_identity(connection.transport.get_extra_info("ssl_object"))
-            if agent.role is not Role.AGENT or agent.id != ticket.body.agent_id:
+            if agent.role is not CertRole.AGENT or agent.id != ticket.body.agent_id:
                 raise TicketRefused(f"certificate of {agent.id} does not serve this ticket")
         except (TicketRefused, PKIError) as exc:
             self.refused.append(str(exc))

@@ -21,7 +21,7 @@ from bench.fleet_agents import Fleet, FleetSettings, MemoryCommandLog, Simulated
 from bench.provision import provision_agents
 from common.containers import LABEL_COMMAND_ID, ContainerSpec
 from common.errors import ConfigError, RuntimeFailure
-from common.pki import Role
+from common.pki import CertRole
 from master.config import MasterConfig
 from master.master import Master
 
@@ -141,7 +141,7 @@ async def grid(tmp_path: Path):
     provisioned = await provision_agents(config, tmp_path / "agents", 4)
     master = Master(config)
     await master.start()
-    cert, key, ca = master.authority.write_server_identity(tmp_path / "relay", Role.ACCESS, "relay-1")
+    cert, key, ca = master.authority.write_server_identity(tmp_path / "relay", CertRole.ACCESS, "relay-1")
     relay = AccessRelay(
         AccessConfig(
             master_url=master.link_url, agent_port=0, http_port=0, cert_file=str(cert), key_file=str(key), ca_file=str(ca)

@@ -20,9 +20,9 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from common.errors import PKIError, SignatureError
 from common.pki import (
     CertificateAuthority,
+    CertRole,
     CommandSigner,
     CommandVerifier,
-    Role,
     certificate_fingerprint,
     client_tls_context,
     generate_key,
@@ -97,9 +97,9 @@ def test_write_private_key_makes_an_existing_readable_file_private(tmp_path: Pat
 
 def test_issued_certificate_names_role_and_identity(ca: CertificateAuthority):
     before = time.time()
-    cert = ca.issue(Role.AGENT, "agt-3f2a", generate_key().public_key(), valid_s=HOUR)
+    cert = ca.issue(CertRole.AGENT, "agt-3f2a", generate_key().public_key(), valid_s=HOUR)
     identity = identity_of(cert)
-    assert (identity.role, identity.id) == (Role.AGENT, "agt-3f2a")
+    assert (identity.role, identity.id) == (CertRole.AGENT, "agt-3f2a")
     assert identity.serial == format(cert.serial_number, "x")
     assert before + HOUR - 1 <= identity.not_after <= time.time() + HOUR
     assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "agt-3f2a"
@@ -109,27 +109,27 @@ def test_issued_certificate_names_role_and_identity(ca: CertificateAuthority):
 
 
 def test_certificates_start_a_minute_early_for_clock_skew(ca: CertificateAuthority):
-    cert = ca.issue(Role.AGENT, "agt-1", generate_key().public_key(), valid_s=HOUR, now=1_800_000_000.0)
+    cert = ca.issue(CertRole.AGENT, "agt-1", generate_key().public_key(), valid_s=HOUR, now=1_800_000_000.0)
     assert cert.not_valid_before_utc.timestamp() == 1_800_000_000.0 - 60
 
 
 @pytest.mark.parametrize(
     ("role", "usages"),
     [
-        (Role.MASTER, {ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH}),
-        (Role.ACCESS, {ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH}),
-        (Role.AGENT, {ExtendedKeyUsageOID.CLIENT_AUTH}),
-        (Role.OPERATOR, {ExtendedKeyUsageOID.CLIENT_AUTH}),
+        (CertRole.MASTER, {ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH}),
+        (CertRole.ACCESS, {ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH}),
+        (CertRole.AGENT, {ExtendedKeyUsageOID.CLIENT_AUTH}),
+        (CertRole.OPERATOR, {ExtendedKeyUsageOID.CLIENT_AUTH}),
     ],
 )
-def test_only_master_and_access_certificates_may_serve_tls(ca: CertificateAuthority, role: Role, usages: set):
+def test_only_master_and_access_certificates_may_serve_tls(ca: CertificateAuthority, role: CertRole, usages: set):
     cert = ca.issue(role, "x-1", generate_key().public_key(), valid_s=HOUR)
     assert set(cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value) == usages
 
 
 def test_server_certificate_carries_the_given_names_next_to_the_identity(ca: CertificateAuthority):
     _, cert_pem = ca.issue_keypair(
-        Role.ACCESS, "relay-eu-1", valid_s=HOUR, dns_names=["relay.example"], ip_addresses=["127.0.0.1", "::1"]
+        CertRole.ACCESS, "relay-eu-1", valid_s=HOUR, dns_names=["relay.example"], ip_addresses=["127.0.0.1", "::1"]
     )
     san = load_cert(cert_pem).extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert san.get_values_for_type(x509.UniformResourceIdentifier) == ["idlegrid://access/relay-eu-1"]
@@ -138,7 +138,7 @@ def test_server_certificate_carries_the_given_names_next_to_the_identity(ca: Cer
 
 
 def test_issue_keypair_returns_a_key_matching_its_certificate(ca: CertificateAuthority):
-    key_pem, cert_pem = ca.issue_keypair(Role.MASTER, "master", valid_s=HOUR)
+    key_pem, cert_pem = ca.issue_keypair(CertRole.MASTER, "master", valid_s=HOUR)
     key = serialization.load_pem_private_key(key_pem, password=None)
     assert load_cert(cert_pem).public_key() == key.public_key()
 
@@ -162,12 +162,12 @@ def test_identity_of_refuses_a_certificate_without_an_idlegrid_uri(ca: Certifica
 @pytest.mark.parametrize("identity", ["", "agt/../master", "agt 1", "-agt", "a" * 65])
 def test_issue_refuses_identities_that_would_not_survive_a_uri(ca: CertificateAuthority, identity: str):
     with pytest.raises(PKIError, match="is not allowed"):
-        ca.issue(Role.AGENT, identity, generate_key().public_key(), valid_s=HOUR)
+        ca.issue(CertRole.AGENT, identity, generate_key().public_key(), valid_s=HOUR)
 
 
 def test_issue_refuses_a_non_positive_lifetime(ca: CertificateAuthority):
     with pytest.raises(PKIError, match="validity must be positive"):
-        ca.issue(Role.AGENT, "agt-1", generate_key().public_key(), valid_s=0)
+        ca.issue(CertRole.AGENT, "agt-1", generate_key().public_key(), valid_s=0)
 
 
 # ---------------------------------------------------------------- CSRs
@@ -175,13 +175,13 @@ def test_issue_refuses_a_non_positive_lifetime(ca: CertificateAuthority):
 
 def test_sign_csr_ignores_the_subject_the_csr_asks_for(ca: CertificateAuthority):
     csr = make_csr(generate_key(), "master")
-    identity = identity_of(ca.sign_csr(csr, Role.AGENT, "agt-77", valid_s=HOUR))
-    assert (identity.role, identity.id) == (Role.AGENT, "agt-77")
+    identity = identity_of(ca.sign_csr(csr, CertRole.AGENT, "agt-77", valid_s=HOUR))
+    assert (identity.role, identity.id) == (CertRole.AGENT, "agt-77")
 
 
 def test_sign_csr_certifies_the_csr_key(ca: CertificateAuthority):
     key = generate_key()
-    cert = ca.sign_csr(make_csr(key, "idlegrid-agent"), Role.AGENT, "agt-1", valid_s=HOUR)
+    cert = ca.sign_csr(make_csr(key, "idlegrid-agent"), CertRole.AGENT, "agt-1", valid_s=HOUR)
     assert cert.public_key() == key.public_key()
 
 
@@ -189,7 +189,7 @@ def test_sign_csr_refuses_a_tampered_csr(ca: CertificateAuthority):
     der = x509.load_pem_x509_csr(make_csr(generate_key(), "idlegrid-agent")).public_bytes(serialization.Encoding.DER)
     tampered = x509.load_der_x509_csr(der.replace(b"idlegrid-agent", b"idlegrid-admin"))
     with pytest.raises(PKIError, match="CSR signature does not verify"):
-        ca.sign_csr(tampered.public_bytes(serialization.Encoding.PEM), Role.AGENT, "agt-1", valid_s=HOUR)
+        ca.sign_csr(tampered.public_bytes(serialization.Encoding.PEM), CertRole.AGENT, "agt-1", valid_s=HOUR)
 
 
 def _csr(key, algorithm) -> bytes:
@@ -210,31 +210,31 @@ def _csr(key, algorithm) -> bytes:
 def test_sign_csr_refuses_keys_other_than_p256(ca: CertificateAuthority, key, algorithm):
     csr = _csr(key, algorithm)
     with pytest.raises(PKIError, match="only ECDSA P-256"):
-        ca.sign_csr(csr, Role.AGENT, "agt-1", valid_s=HOUR)
+        ca.sign_csr(csr, CertRole.AGENT, "agt-1", valid_s=HOUR)
 
 
 def test_sign_csr_refuses_what_is_not_a_csr(ca: CertificateAuthority):
     with pytest.raises(PKIError, match="not a PEM certificate signing request"):
-        ca.sign_csr(ca.chain_pem(), Role.AGENT, "agt-1", valid_s=HOUR)
+        ca.sign_csr(ca.chain_pem(), CertRole.AGENT, "agt-1", valid_s=HOUR)
 
 
 # ---------------------------------------------------------------- verify_issued_by
 
 
 def test_verify_issued_by_refuses_another_cas_certificate(ca: CertificateAuthority, other_ca: CertificateAuthority):
-    cert = other_ca.issue(Role.AGENT, "agt-1", generate_key().public_key(), valid_s=HOUR)
+    cert = other_ca.issue(CertRole.AGENT, "agt-1", generate_key().public_key(), valid_s=HOUR)
     with pytest.raises(PKIError, match="not issued by this CA"):
         verify_issued_by(cert, ca.cert)
 
 
 def test_verify_issued_by_refuses_an_expired_certificate(ca: CertificateAuthority):
-    cert = ca.issue(Role.AGENT, "agt-1", generate_key().public_key(), valid_s=HOUR, now=time.time() - 2 * HOUR)
+    cert = ca.issue(CertRole.AGENT, "agt-1", generate_key().public_key(), valid_s=HOUR, now=time.time() - 2 * HOUR)
     with pytest.raises(PKIError, match="expired"):
         verify_issued_by(cert, ca.cert)
 
 
 def test_verify_issued_by_refuses_a_certificate_not_yet_valid(ca: CertificateAuthority):
-    cert = ca.issue(Role.AGENT, "agt-1", generate_key().public_key(), valid_s=HOUR)
+    cert = ca.issue(CertRole.AGENT, "agt-1", generate_key().public_key(), valid_s=HOUR)
     with pytest.raises(PKIError, match="not yet valid"):
         verify_issued_by(cert, ca.cert, now=time.time() - HOUR)
 
@@ -249,12 +249,14 @@ def tls_files(tmp_path_factory: pytest.TempPathFactory, ca: CertificateAuthority
     (d / "ca.crt").write_bytes(ca.chain_pem())
     (d / "other-ca.crt").write_bytes(other_ca.chain_pem())
     _write_pair(
-        d, "master", ca.issue_keypair(Role.MASTER, "master", valid_s=HOUR, dns_names=["localhost"], ip_addresses=["127.0.0.1"])
+        d,
+        "master",
+        ca.issue_keypair(CertRole.MASTER, "master", valid_s=HOUR, dns_names=["localhost"], ip_addresses=["127.0.0.1"]),
     )
-    _write_pair(d, "agent", ca.issue_keypair(Role.AGENT, "agt-good", valid_s=HOUR))
-    _write_pair(d, "stranger", other_ca.issue_keypair(Role.AGENT, "agt-impostor", valid_s=HOUR))
+    _write_pair(d, "agent", ca.issue_keypair(CertRole.AGENT, "agt-good", valid_s=HOUR))
+    _write_pair(d, "stranger", other_ca.issue_keypair(CertRole.AGENT, "agt-impostor", valid_s=HOUR))
     key = generate_key()
-    expired = ca.issue(Role.AGENT, "agt-old", key.public_key(), valid_s=HOUR, now=time.time() - 2 * HOUR)
+    expired = ca.issue(CertRole.AGENT, "agt-old", key.public_key(), valid_s=HOUR, now=time.time() - 2 * HOUR)
     _write_pair(d, "expired", (key_to_pem(key), expired.public_bytes(serialization.Encoding.PEM)))
     return d
 

@@ -7,7 +7,7 @@ import json
 import pytest
 from websockets.asyncio.client import connect
 
-from common.pki import CertificateAuthority, Role, client_tls_context, write_private_key
+from common.pki import CertificateAuthority, CertRole, client_tls_context, write_private_key
 from common.wire import MAX_FRAME_BYTES
 from tests.support.grid import refused, wait_for
 
@@ -25,7 +25,7 @@ async def test_agents_without_a_valid_certificate_cannot_connect(grid, tmp_path)
     assert await refused(url, no_cert)
 
     other_ca = CertificateAuthority.create("someone else's CA")
-    key_pem, cert_pem = other_ca.issue_keypair(Role.AGENT, "agt-impostor", valid_s=3600)
+    key_pem, cert_pem = other_ca.issue_keypair(CertRole.AGENT, "agt-impostor", valid_s=3600)
     write_private_key(tmp_path / "x.key", key_pem)
     (tmp_path / "x.crt").write_bytes(cert_pem)
     assert await refused(url, client_tls_context(grid.authority.ca_file, tmp_path / "x.crt", tmp_path / "x.key"))
@@ -89,7 +89,7 @@ async def _next_error(ws) -> dict:
 
 
 async def test_bad_frames_on_the_master_link_get_error_frames_and_the_master_keeps_serving(grid, tmp_path):
-    cert, key, ca = grid.authority.write_server_identity(tmp_path / "rogue", Role.ACCESS, "relay-rogue")
+    cert, key, ca = grid.authority.write_server_identity(tmp_path / "rogue", CertRole.ACCESS, "relay-rogue")
     context = client_tls_context(ca, cert, key)
     async with connect(f"wss://127.0.0.1:{grid.link_port}/link", ssl=context, open_timeout=5) as ws:
         await ws.send(json.dumps({"type": "access_hello", "versions": [1], "relay_id": "relay-rogue", "region": "x"}))

@@ -21,8 +21,8 @@ from websockets.asyncio.client import ClientConnection, connect
 from agent.simulate import SimulatedCollector
 from common.inventory import GpuSample, HostInfo, Inventory
 from common.pki import (
+    CertRole,
     CommandSigner,
-    Role,
     client_tls_context,
     generate_key,
     identity_of,
@@ -199,7 +199,7 @@ async def test_the_relay_refuses_an_expired_certificate_and_cuts_one_that_expire
 
     def pair(name: str, **validity: float) -> Path:
         key = generate_key()
-        cert = ca.issue(Role.AGENT, agent_id, key.public_key(), **validity)
+        cert = ca.issue(CertRole.AGENT, agent_id, key.public_key(), **validity)
         out = keep_pair(grid, "lapsed", tmp_path / name)
         write_private_key(out / "agent.key", key_to_pem(key))
         (out / "agent.crt").write_bytes(cert.public_bytes(Encoding.PEM))

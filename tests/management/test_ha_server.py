@@ -21,7 +21,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from common.errors import Fenced
-from common.pki import Role, client_tls_context
+from common.pki import CertRole, client_tls_context
 from common.wire import CLOSE_NOT_LEADER, PROTOCOL_VERSIONS, AccessHello, AccessWelcome, decode_link_frame, encode
 from management.app import LEADER_HEADER, MasterServer
 from management.http.errors import errors_middleware
@@ -73,7 +73,7 @@ async def pair(tmp_path: Path) -> AsyncIterator[tuple[MasterServer, MasterServer
 def relay_context(tmp_path: Path) -> ssl.SSLContext:
     """A relay's client TLS, its certificate from the pair's CA."""
     authority = Authority.open(tmp_path / "master")
-    cert, key, ca = authority.write_server_identity(tmp_path / "relay", Role.ACCESS, "relay-1", names=("localhost",))
+    cert, key, ca = authority.write_server_identity(tmp_path / "relay", CertRole.ACCESS, "relay-1", names=("localhost",))
     return client_tls_context(ca, cert, key)
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from common.pki import Role, load_cert, verify_issued_by
+from common.pki import CertRole, load_cert, verify_issued_by
 from management.app import MasterServer
 from management.cli.main import main
 from management.client.api import AsyncApiClient
@@ -92,7 +92,7 @@ async def test_a_backup_taken_while_the_master_writes_restores_into_a_master_wit
     running: MasterServer, tmp_path: Path
 ) -> None:
     await seed(running)
-    agent_key, agent_cert = running.master.authority.ca.issue_keypair(Role.AGENT, "agent-a", valid_s=3600)
+    agent_key, agent_cert = running.master.authority.ca.issue_keypair(CertRole.AGENT, "agent-a", valid_s=3600)
     events = running.master.store.events
     writes = {"before": 0, "done": 0}
     stop = asyncio.Event()

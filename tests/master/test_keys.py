@@ -8,9 +8,9 @@ import pytest
 from common.errors import Conflict, IdlegridError, NotFound, PKIError, SignatureError
 from common.pki import (
     CertificateAuthority,
+    CertRole,
     CommandSigner,
     CommandVerifier,
-    Role,
     generate_key,
     identity_of,
     load_cert,
@@ -192,7 +192,7 @@ async def test_a_renewal_names_the_agent_keeps_the_old_serial_for_revocation_and
     try:
         await add_agent(master, "agt-a")
         agent = master.registry.get("agt-a")
-        first = master.authority.ca.issue(Role.AGENT, "agt-a", generate_key().public_key(), valid_s=100)
+        first = master.authority.ca.issue(CertRole.AGENT, "agt-a", generate_key().public_key(), valid_s=100)
         agent.cert_serial, agent.cert_not_after = format(first.serial_number, "x"), first.not_valid_after_utc.timestamp()
 
         now = time.time()

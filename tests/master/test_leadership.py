@@ -13,7 +13,7 @@ import pytest
 
 from common.errors import ConfigError, Fenced
 from master import store as store_package
-from master.leadership import Leadership, LeaseTiming, Role
+from master.leadership import LeaderRole, Leadership, LeaseTiming
 from master.records import EventRecord, LeaseRecord
 from master.store import open_store
 from master.store.base import Store
@@ -84,7 +84,7 @@ async def test_the_first_master_to_try_leads_and_the_other_stands_by_naming_it(s
     await a.step()
     await b.step()
     await a.taken_over()
-    assert (a.role, b.role) == (Role.LEADER, Role.STANDBY)
+    assert (a.role, b.role) == (LeaderRole.LEADER, LeaderRole.STANDBY)
     assert [lease.epoch for lease in told_a.elected] == [1] and told_b.elected == []
     assert (b.leader_url(), b.leader_api_url()) == ("wss://a:7100/link", "http://a:7000")
     assert a.leader_url() == ""  # the leader names no other
@@ -98,7 +98,7 @@ async def test_a_leader_renewing_on_time_keeps_leading_and_the_standby_never_tak
         clocks.advance(TIMING.renew_s)
         await a.step()
         await b.step()
-        assert a.leads() and b.role is Role.STANDBY
+        assert a.leads() and b.role is LeaderRole.STANDBY
     assert told.deposed == []
 
 
@@ -126,7 +126,7 @@ async def test_a_killed_leaders_lease_is_taken_by_the_standby_once_it_lapses_wit
     await b.step()
     # a is SIGKILLed: it renews no more. b keeps trying every renew period.
     waited = 0.0
-    while b.role is Role.STANDBY:
+    while b.role is LeaderRole.STANDBY:
         clocks.advance(TIMING.renew_s)
         waited += TIMING.renew_s
         await b.step()
@@ -143,12 +143,12 @@ async def test_a_frozen_leader_resumed_after_a_takeover_writes_nothing_and_steps
     await fenced_a.events.append(EventRecord(ts=clocks.wall(), kind="test.written", subject="by-a"))
     clocks.advance(TIMING.ttl_s + 5)  # SIGSTOP of a for 15 s
     await b.step()
-    assert b.role is Role.LEADER
+    assert b.role is LeaderRole.LEADER
     # SIGCONT: whatever a had pending tries to write first, then its loop ticks.
     with pytest.raises(Fenced):
         await fenced_a.events.append(EventRecord(ts=clocks.wall(), kind="test.written", subject="by-a-after"))
     await a.step()
-    assert a.role is Role.STEPPED_DOWN and a.deposed.is_set()
+    assert a.role is LeaderRole.STEPPED_DOWN and a.deposed.is_set()
     assert len(told_a.deposed) == 1 and "lapsed" in told_a.deposed[0]
     assert [e.subject for e in await stores[1].events.list()] == ["by-a"]  # nothing of a's after the takeover
     held = await stores[1].leases.current()
@@ -163,10 +163,10 @@ async def test_a_leader_whose_renewal_is_refused_steps_down(stores: tuple[Store,
     b_clocks = Clocks(wall_now=clocks.wall_now + TIMING.ttl_s + 1)
     b = master(stores[1], "b", b_clocks, Told())
     await b.step()
-    assert b.role is Role.LEADER
+    assert b.role is LeaderRole.LEADER
     clocks.advance(TIMING.renew_s)
     await a.step()  # still valid here, but the renewal is refused: epoch moved on
-    assert a.role is Role.STEPPED_DOWN and "refused: b holds it" in told_a.deposed[0]
+    assert a.role is LeaderRole.STEPPED_DOWN and "refused: b holds it" in told_a.deposed[0]
 
 
 async def test_a_stepped_down_master_never_leads_again_in_this_process(stores: tuple[Store, Store]) -> None:
@@ -176,7 +176,7 @@ async def test_a_stepped_down_master_never_leads_again_in_this_process(stores: t
     await a.step_down("test")
     await stores[0].leases.release("a", 1)
     await a.step()
-    assert a.role is Role.STEPPED_DOWN and not a.leads()
+    assert a.role is LeaderRole.STEPPED_DOWN and not a.leads()
 
 
 async def test_a_clean_stop_releases_the_lease_so_the_standby_takes_it_at_once(stores: tuple[Store, Store]) -> None:
@@ -185,7 +185,7 @@ async def test_a_clean_stop_releases_the_lease_so_the_standby_takes_it_at_once(s
     await a.step()
     await a.stop(release=True)
     await b.step()
-    assert b.role is Role.LEADER and b.lease is not None and b.lease.epoch == 2
+    assert b.role is LeaderRole.LEADER and b.lease is not None and b.lease.epoch == 2
 
 
 async def test_the_leader_keeps_renewing_while_it_takes_over_and_a_failed_take_over_steps_down(
@@ -214,7 +214,7 @@ async def test_the_leader_keeps_renewing_while_it_takes_over_and_a_failed_take_o
         assert a.leads()
     loading.set()
     await a.taken_over()
-    assert a.role is Role.STEPPED_DOWN and told.deposed == ["taking over failed: the registry could not be read"]
+    assert a.role is LeaderRole.STEPPED_DOWN and told.deposed == ["taking over failed: the registry could not be read"]
 
 
 def test_a_renewal_period_that_cannot_keep_the_lease_is_a_config_error() -> None:

@@ -13,14 +13,14 @@ from pathlib import Path
 from websockets.asyncio.client import connect
 from websockets.asyncio.server import ServerConnection, serve
 
-from common.pki import Role, client_tls_context, server_tls_context
+from common.pki import CertRole, client_tls_context, server_tls_context
 from tests.support.grid import Grid, free_port
 
 
 class TamperingRelay:
     def __init__(self, grid: Grid, upstream_url: str, agent_dir: Path) -> None:
         self.port = free_port()
-        cert, key, ca = grid.authority.write_server_identity(grid.root / "rogue-relay", Role.ACCESS, "relay-rogue")
+        cert, key, ca = grid.authority.write_server_identity(grid.root / "rogue-relay", CertRole.ACCESS, "relay-rogue")
         self._server_ssl = server_tls_context(cert, key, ca, require_client_cert=True)
         # The stand-in speaks to the real relay as the agent; a real compromised relay would simply forward.
         self._client_ssl = client_tls_context(agent_dir / "ca.crt", agent_dir / "agent.crt", agent_dir / "agent.key")

@@ -13,7 +13,7 @@ import msgspec
 
 from access.config import AccessConfig
 from access.daemon import AccessRelay
-from common.pki import Role
+from common.pki import CertRole
 from management.monitoring.alert_loop import AlertLoop
 from management.monitoring.evaluator import FIRING, RESOLVED
 from management.monitoring.observe import HOST_BANDWIDTH_BELOW_FLOOR, RELAY_DOWN, FleetObserver
@@ -38,7 +38,7 @@ async def until(condition: Callable[[], bool], what: str) -> None:
 
 
 def relay_for(master: Master, tmp_path: Path, relay_id: str) -> AccessRelay:
-    cert, key, ca = master.authority.write_server_identity(tmp_path / relay_id, Role.ACCESS, relay_id)
+    cert, key, ca = master.authority.write_server_identity(tmp_path / relay_id, CertRole.ACCESS, relay_id)
     return AccessRelay(
         AccessConfig(
             relay_id=relay_id,
