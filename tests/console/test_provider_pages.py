@@ -187,16 +187,21 @@ def test_a_host_page_shows_each_gpus_measured_verification_with_its_history(cons
     )  # fmt: skip
     now = time.time()
 
-    def outcome(uuid: str, at: float, status: str, code: str, reason: str) -> Outcome:
+    def outcome(uuid: str, at: float, status: str, code: str, reason: str, *, answered: bool = True) -> Outcome:
+        """A run as the verifier ends it: a late one has no commit, so neither its time nor figures."""
         return Outcome(
             challenge_id=f"vc-{uuid}-{at}", agent_id="agt-acme-a", gpu_uuid=uuid, model="h100-sxm", status=status, code=code,
-            reason=reason, started_at=at - 1, finished_at=at, commit_s=0.61, challenge_tflops=None, figures=figures,
+            reason=reason, started_at=at - 1, finished_at=at, commit_s=0.61 if answered else None, challenge_tflops=None,
+            figures=figures if answered else None,
         )  # fmt: skip
 
     async def record() -> None:
         await master.verifier.finish(outcome(first, now - 60, "verified", "", "answered a fresh challenge correctly in 0.61 s"))
-        late = "the answer came 2.10 s after the deadline (3.93 s in all): slower than a NVIDIA H100 SXM computes it"
-        await master.verifier.finish(outcome(first, now, "failed", "late", late))
+        late = (
+            "no answer by the deadline (3.93 s for a NVIDIA H100 SXM): slower than a NVIDIA H100 SXM computes it, "
+            "or the host stalled"
+        )
+        await master.verifier.finish(outcome(first, now, "failed", "late", late, answered=False))
         await master.verifier.finish(outcome(second, now, "verified", "", "answered a fresh challenge correctly in 0.61 s"))
 
     console_master.run(record())
@@ -210,6 +215,7 @@ def test_a_host_page_shows_each_gpus_measured_verification_with_its_history(cons
     rows = failed.locator("table.verification-runs tbody tr")
     assert rows.count() == 2
     assert "failed: late" in rows.nth(0).inner_text() and "verified" in rows.nth(1).inner_text()  # newest first
+    assert "0.61 s" not in rows.nth(0).inner_text()  # a late run committed nothing: no answer time, no figures
     assert "800.0" in rows.nth(1).inner_text() and "79,000" in rows.nth(1).inner_text()
     passed = page.locator("section.verification").filter(has_text=second)
     expect(passed.locator(".verification-label")).to_have_text("simulated")  # a simulated GPU is never "verified"
