@@ -57,11 +57,18 @@ def state_of(loop: SchedulerLoop, workload_id: str) -> str | None:
     return next((w.state for w in loop.book.open_workloads() if w.id == workload_id), None)
 
 
+def creates_sent_for(loop: SchedulerLoop, workload_id: str) -> bool:
+    record = next((w for w in loop.book.open_workloads() if w.id == workload_id), None)
+    return record is not None and all(a.command_id for a in record.assignments)
+
+
 async def alice_runs_one_gpu_for_an_hour(master: Master, link: AccessLink, loop: SchedulerLoop, clock: Clock) -> None:
     """alice's workload is placed and runs on agt-a's one GPU, then the clock moves on an hour and a cycle charges it."""
     await host(master, link, "agt-a")
     wl = await loop.book.submit("alice", spec(), clock.now)
-    await until(lambda: state_of(loop, wl.id) == "scheduled", "the workload to be placed")
+    # Placed, and its create sent: the loop stores the placement before it sends the create (a Master killed between
+    # them issues it again), so "scheduled" alone may be seen before the create's id is on the record.
+    await until(lambda: state_of(loop, wl.id) == "scheduled" and creates_sent_for(loop, wl.id), "the create to be sent")
     await started(master, link, await loop.book.get(wl.id))
     await until(lambda: state_of(loop, wl.id) == "running", "the workload to run")
     clock.now += 3600
