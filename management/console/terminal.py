@@ -1,7 +1,7 @@
 """Live logs and the terminal: a browser's WebSocket to the console, bridged to a renter-access tunnel.
 
 The browser cannot trust the platform CA the relays' certificates chain to; the Master can. So the console opens
-the tunnel itself, through the façade (``operations.tunnels.open``, which checks the owner and mints the ticket),
+the tunnel itself, through the façade (``services.tunnels.open``, which checks the owner and mints the ticket),
 dials the relay with ``management.client.tunnel.Tunnel`` and passes frames (common/tunnel.py) both ways unchanged:
 
 - logs (``/console/workloads/{id}/logs``): the agent's frames go to the browser; anything the browser sends ends it.
