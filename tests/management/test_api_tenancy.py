@@ -151,3 +151,16 @@ async def test_a_revoked_renter_key_is_refused_on_the_very_next_call_and_its_wor
 def _with_id(body: dict[str, Any], old: str, new: str) -> dict[str, Any]:
     error = body["error"]
     return {"error": error | {"message": error["message"].replace(old, new)}}
+
+
+async def test_a_hosts_verifications_are_its_provider_and_the_operator_alone_and_only_the_operator_starts_a_run(api, tenants):
+    path = "/api/v1/agents/agt-acme/verifications"
+    own = await api.get(path, headers=tenants["acme"])
+    assert own.status == 200 and {g["uuid"] for g in (await own.json())["gpus"]}  # acme reads its own host's GPUs
+    theirs = await api.get(path, headers=tenants["other"])
+    missing = await api.get("/api/v1/agents/agt-nobody/verifications", headers=tenants["other"])
+    assert (theirs.status, missing.status) == (404, 404)  # another provider's host: as a missing one
+    assert (await api.get(path, headers=tenants["alice"])).status == 403  # renters read no host
+    for who in ("acme", "other", "alice"):  # starting a run is the operator's call, even on one's own host
+        assert (await api.post("/api/v1/agents/agt-acme/verify", json={}, headers=tenants[who])).status == 403
+    assert (await api.get(path, headers=api.auth)).status == 200

@@ -19,9 +19,9 @@ RESOURCE = "workloads"
 async def submit_workload(request: web.Request) -> web.Response:
     body = await parse_body(request, SubmitWorkload)
     account = acting_account(scope_of(request), body.account)
-    operations = request.app[SERVICES_KEY]
-    record = await operations.workloads.submit_workload(account, body.spec())
-    return json_response(workload_view(record, operations.market.workload_terms(record)), status=201)
+    services = request.app[SERVICES_KEY]
+    record = await services.workloads.submit_workload(account, body.spec())
+    return json_response(workload_view(record, services.market.workload_terms(record)), status=201)
 
 
 async def list_workloads(request: web.Request) -> web.Response:
@@ -33,8 +33,8 @@ async def list_workloads(request: web.Request) -> web.Response:
         after=decode_cursor(RESOURCE, query, WorkloadKey),
         limit=query.limit,
     )
-    operations = request.app[SERVICES_KEY]
-    return page_response(RESOURCE, query, page, lambda record: workload_view(record, operations.market.workload_terms(record)))
+    services = request.app[SERVICES_KEY]
+    return page_response(RESOURCE, query, page, lambda record: workload_view(record, services.market.workload_terms(record)))
 
 
 async def get_workload(request: web.Request) -> web.Response:
@@ -49,12 +49,12 @@ async def get_workload(request: web.Request) -> web.Response:
 
 async def explain_workload(request: web.Request) -> web.Response:
     parse_query(request, EmptyQuery)
-    operations = request.app[SERVICES_KEY]
-    explanation = await operations.workloads.explain_workload(request.match_info["workload_id"], account=scope_of(request).owner)
+    services = request.app[SERVICES_KEY]
+    explanation = await services.workloads.explain_workload(request.match_info["workload_id"], account=scope_of(request).owner)
     return json_response(explanation_view(explanation))
 
 
 async def cancel_workload(request: web.Request) -> web.Response:
-    operations = request.app[SERVICES_KEY]
-    record = await operations.workloads.cancel_workload(request.match_info["workload_id"], account=scope_of(request).owner)
-    return json_response(workload_view(record, operations.market.workload_terms(record)))
+    services = request.app[SERVICES_KEY]
+    record = await services.workloads.cancel_workload(request.match_info["workload_id"], account=scope_of(request).owner)
+    return json_response(workload_view(record, services.market.workload_terms(record)))
