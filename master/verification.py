@@ -223,7 +223,7 @@ class ChallengeBook:
             finished_at=now,
             commit_s=round(commit_s, 3) if commit_s is not None else None,
             challenge_tflops=(
-                round(state.shape.flops / commit_s / 1e12 / state.rate_scale, 1)
+                _significant(state.shape.flops / commit_s / 1e12 / state.rate_scale)
                 if status == VERIFIED and commit_s and commit_s > 0
                 else None
             ),
@@ -324,3 +324,9 @@ def measured_rate(gpu: GpuRecord) -> tuple[float | None, float | None]:
         return None, None
     tensor = max(v.figures.bf16_tflops or 0.0, v.figures.fp16_tflops or 0.0)
     return (tensor or None), v.figures.memory_bandwidth_gbs
+
+
+def _significant(value: float) -> float:
+    """Three significant digits: a real card's default challenge runs at a few hundredths of a TFLOP/s (its work takes
+    milliseconds, the commit's time is mostly set-up), which one decimal place showed as 0.0."""
+    return float(f"{value:.3g}")

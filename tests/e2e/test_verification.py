@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from common.catalog import CALIBRATED
 from management.client.api import ApiClient, ApiError, ApiRequest
 from tests.e2e.test_renter_access import cli
 from tests.e2e.test_scheduler import SANDBOXED
@@ -64,7 +65,7 @@ def test_honest_and_cheating_hosts_are_told_apart_and_the_reasons_shown_to_opera
     assert (run["status"], run["code"]) == ("verified", ""), run
     gpu = gpu_of(grid, honest)
     assert gpu["verification"]["label"] == "simulated" and gpu["tier"] == "flagship" and gpu["flags"] == []
-    assert gpu["verification"]["figures"]["bf16_tflops"] == 800.0  # the catalog's calibrated H100 figure
+    assert gpu["verification"]["figures"]["bf16_tflops"] == CALIBRATED["h100-sxm"].tensor_tflops
 
     # A T4 claiming to be an H100 computes too slowly: late, flagged, not offered (as an H100 or at all).
     run = settled(grid, slow)["gpus"][0]["runs"][0]
