@@ -11,6 +11,7 @@ followed), exec echoes its input (``SimulatedExecSession``), and a simulated con
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import random
 import signal
@@ -68,6 +69,9 @@ class SimulatedRuntime:
         self.failure_rate = failure_rate
         self._rng = random.Random(seed)
         self._containers: dict[str, ContainerInfo] = {}
+        # A followed log's wake-up when its container ends (by container id): a real engine closes the stream at the
+        # container's exit, so a follower must not sleep on to its next line (the output keeper waits for that end).
+        self._ended: dict[str, asyncio.Event] = {}
         self.journal: list[Execution] = journal if journal is not None else []
 
     async def probe(self) -> None:
@@ -90,6 +94,7 @@ class SimulatedRuntime:
             return None
         await self._work("delete", name, "")
         del self._containers[name]
+        self._wake_followers(existing.id)
         return ContainerInfo(id=existing.id, name=name, runtime=self.name, state=STATE_REMOVED, labels=existing.labels)
 
     async def inspect(self, name: str) -> ContainerInfo | None:
@@ -112,7 +117,9 @@ class SimulatedRuntime:
             yield STDOUT, line
         tick = 0
         while follow and self._still_running(container):
-            await asyncio.sleep(self.log_interval_s)
+            ended = self._ended.setdefault(container.id, asyncio.Event())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ended.wait(), self.log_interval_s)
             if not self._still_running(container):
                 return
             tick += 1
@@ -139,6 +146,12 @@ class SimulatedRuntime:
         if existing is None:
             raise RuntimeFailure(f"no simulated container {name!r} to finish")
         self._containers[name] = msgspec.structs.replace(existing, state="exited", exit_code=code)
+        self._wake_followers(existing.id)
+
+    def _wake_followers(self, container_id: str) -> None:
+        ended = self._ended.pop(container_id, None)
+        if ended is not None:
+            ended.set()
 
     def _require(self, name: str) -> ContainerInfo:
         container = self._containers.get(name)

@@ -41,6 +41,25 @@ async def test_following_logs_adds_a_line_each_interval_until_the_container_is_d
         await asyncio.wait_for(anext(stream), 5)
 
 
+@pytest.mark.parametrize("end", ["delete", "finish"])
+async def test_a_followed_log_ends_when_its_container_ends_not_at_its_next_line(end):
+    """As an engine closes the stream at the container's exit: the output keeper follows a container through its
+    delete, and a follower sleeping to its next line (an hour away here) made every simulated delete wait for it."""
+    rt = SimulatedRuntime(log_interval_s=3600)
+    await rt.create(ContainerSpec(name="sim-1", image="none", command=["train"]), labels={LABEL_COMMAND_ID: "cmd-1"})
+    stream = rt.logs("sim-1", tail=0, follow=True)
+    waiting = asyncio.create_task(anext(stream))
+    await asyncio.sleep(0.05)  # the follower is asleep, waiting for its first line
+    assert not waiting.done()
+    if end == "delete":
+        await rt.delete("sim-1")
+    else:
+        rt.finish("sim-1", 0)
+    with pytest.raises(StopAsyncIteration):
+        await asyncio.wait_for(waiting, 5)
+    assert rt._ended == {}  # nothing kept for an ended container
+
+
 async def test_exec_echoes_what_it_is_written_and_exits_0_at_end_of_input(runtime):
     session = await runtime.exec("sim-1", ["sh"], tty=True, cols=100, rows=30)
     await session.write(b"ls\r")
