@@ -81,6 +81,7 @@ PRLIMIT = "prlimit"
 TASKSET = "taskset"
 SETSID = "setsid"
 DEFAULT_USER = sandbox.USER_DYNAMIC
+SANDBOX_USER_NAME = "renter"  # the name a container's programs are told they run as (child_env)
 # The shim's standard error is the exit file, which only the agent could open: the command's own standard error goes
 # to the log with its output, and the shim writes the command's exit code there. (The shell cannot redirect a file
 # descriptor numbered above 9, so the exit file cannot simply be passed as one more descriptor.)
@@ -519,8 +520,13 @@ class ProcessRuntime:
 
 
 def child_env(spec: ContainerSpec, *, home: Path) -> dict[str, str]:
-    """A small base, the spec's variables, then the GPU set, which the renter's env must not widen."""
-    env = {"PATH": BASE_PATH, "HOME": str(home), "LANG": "C.UTF-8"}
+    """A small base, the spec's variables, then the GPU set, which the renter's env must not widen.
+
+    ``USER`` and ``LOGNAME``: a sandboxed container runs as a uid of its own that has no passwd entry, and programs ask
+    who they are (Python's ``getpass.getuser()`` reads these first, then the passwd file: PyTorch's optimizers import
+    its compiler, whose cache directory is named after the user, and every training job failed on a real H100 with
+    "getpwuid(): uid not found")."""
+    env = {"PATH": BASE_PATH, "HOME": str(home), "LANG": "C.UTF-8", "USER": SANDBOX_USER_NAME, "LOGNAME": SANDBOX_USER_NAME}
     env.update(spec.env)
     env["CUDA_VISIBLE_DEVICES"] = ",".join(spec.gpus)  # GPU uuids, indexes or MIG instance uuids ("MIG-…")
     env["NVIDIA_VISIBLE_DEVICES"] = env["CUDA_VISIBLE_DEVICES"] or "none"  # for tools that read the toolkit's name

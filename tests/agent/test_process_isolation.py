@@ -188,6 +188,28 @@ async def test_a_container_sees_its_own_proc_and_an_exec_joins_it(tmp_path):
     assert code == 0
 
 
+async def test_a_sandboxed_program_can_ask_who_it_is(tmp_path):
+    """A container's uid has no passwd entry: Python's getpass.getuser() (which PyTorch's optimizers reach through its
+    compiler's cache directory) must still answer, or every training job fails at its optimizer (seen on a real H100)."""
+    runtime = ProcessRuntime(tmp_path / "state")
+    spec = ContainerSpec(
+        name="who", image="none", command=["python3", "-c", "import getpass, os; print(getpass.getuser(), os.getuid())"]
+    )
+    try:
+        await runtime.create(spec, labels=labels("cmd-who"))
+        deadline = time.monotonic() + 30
+        while (info := await runtime.inspect("who")) is not None and info.state == "running":
+            assert time.monotonic() < deadline, "the container did not end"
+            await asyncio.sleep(0.1)
+        assert info is not None
+        output = b"".join([chunk async for _channel, chunk in runtime.logs("who", tail=-1, follow=False)]).decode()
+    finally:
+        await runtime.delete("who", timeout_s=0)
+    assert info.exit_code == 0, output
+    name, uid = output.split()
+    assert name == "renter" and int(uid) != 0
+
+
 async def test_the_gpu_self_test_runs_in_the_sandbox_and_says_why_a_gpu_does_not_reach_it(tmp_path):
     """Simulated GPUs (none exists here): the sandboxed container given one GPU sees it by name. The real probe
     (NVML and the CUDA driver inside the sandbox) fails here, where there is no NVIDIA driver, and says what to fix."""
