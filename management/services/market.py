@@ -30,7 +30,8 @@ from management.market.ledger import (
 from management.market.market import Market
 from management.market.metering_loop import rental_hosts
 from management.market.money import format_amount, parse_amount, period_cost
-from management.market.offers import Offer, SearchResult
+from management.market.offers import Offer, OfferChoices, SearchResult
+from management.services.offer_details import OfferDetail, offer_detail
 from management.workloads.book import WorkloadBook
 from master.port import (
     BOOTSTRAP_ACCOUNT,
@@ -141,6 +142,14 @@ class MarketService:
 
     async def get_offer(self, offer_id: str) -> Offer:
         return self.market.offers.offer(offer_id)
+
+    async def offer_choices(self) -> OfferChoices:
+        """The models, tiers and regions offered now: a search form's menus."""
+        return self.market.offers.choices()
+
+    async def offer_detail(self, offer_id: str) -> OfferDetail:
+        """One offer with its host's facts, its GPUs' measured figures, and its price and availability history."""
+        return await offer_detail(self._master, self.market, offer_id, self.currency)
 
     async def rent_offer(self, account: str, offer_id: str, spec: WorkloadSpec) -> WorkloadRecord:
         """A workload pinned to one offer's host. Refused at once (never left waiting for ever) when the offer cannot

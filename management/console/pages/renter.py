@@ -1,5 +1,6 @@
-"""The renter's pages: search offers, launch a workload (or rent an offer), my workloads (state, events, why one
-waits, terms and charge, stop, port-forward, live logs, a terminal) and billing (balance, spend over time, ledger).
+"""The renter's pages: launch a workload (or rent an offer: the offers are pages/offers.py), my workloads (state,
+events, why one waits, terms and charge, stop, port-forward, live logs, a terminal) and billing (balance, spend over
+time, ledger).
 
 Each handler names what it does ((Resource, Action) through ``session.signed_in``), reads its form or query, makes
 its call on the façade and renders a template; a renter only ever sees its own workloads and money (Scope.owner).
@@ -15,7 +16,7 @@ from typing import Annotated, Any
 import msgspec
 from aiohttp import web
 
-from common.errors import BadQuery, Conflict, NotFound
+from common.errors import Conflict, NotFound
 from common.output import last_lines
 from management.access_control import Action, Resource, acting_account
 from management.console import session
@@ -37,77 +38,10 @@ from management.workloads.explain_text import render_explanation
 from management.workloads.states import WORKLOAD_STATES
 from master.port import MAX_GPUS_PER_REPLICA, KeptOutput, WorkloadSpec
 
-OFFERS_PER_PAGE = 25
 WORKLOADS_PER_PAGE = 25
 LEDGER_PER_PAGE = 50
-SORTS = {
-    "-score": "best value (reliability for the price)",
-    "price": "price, lowest first",
-    "-reliability": "reliability, highest first",
-    "-num_gpus": "free GPUs, most first",
-    "-gpu_ram": "GPU memory, most first",
-}
 LIVE_STATE_KEY = web.RequestKey("console_workload_state", str)
 RENTAL_KINDS = {"on_demand": "On demand (runs until stopped)", "interruptible": "Interruptible (your bid; may be preempted)"}
-
-
-# --- offers ------------------------------------------------------------------------------------------------------
-
-
-def offer_query(form: Any, errors: FormErrors) -> tuple[str, str, str]:
-    """(the query the form's fields build, the raw query box, sort) — the raw box first in the full query, so that a
-    position the query language reports in it is a position in the box."""
-    conditions = []
-    for field, label in (("model", "GPU model"), ("tier", "tier"), ("region", "region")):
-        value = word(form, field, errors, label=label)
-        if value is not None:
-            conditions.append(f"{field}={value}")
-    gpus = integer(form, "gpus", errors, label="GPUs", low=1, high=MAX_GPUS_PER_REPLICA)
-    if gpus is not None:
-        conditions.append(f"num_gpus>={gpus}")
-    max_price = amount(form, "max_price", errors, label="max price")
-    if max_price is not None:
-        conditions.append(f"price<={max_price}")
-    reliability = number(form, "min_reliability", errors, label="min reliability", low=0, high=1)
-    if reliability is not None:
-        conditions.append(f"reliability>={reliability:g}")
-    sort = text(form, "sort")
-    if sort and sort not in SORTS:
-        errors.add("sort", f"sort: one of {', '.join(SORTS)}")
-        sort = ""
-    return " ".join(conditions), text(form, "q", max_length=2000), sort
-
-
-async def offers(request: web.Request) -> web.Response:
-    await session.signed_in(request, Resource.OFFERS, Action.READ)
-    form = request.query
-    errors = FormErrors()
-    built, raw, sort = offer_query(form, errors)
-    query = f"{raw} {built}".strip()
-    result = None
-    marked: tuple[str, str] | None = None  # the query box's text before the trouble, and the trouble
-    marked_after = ""
-    cursor = text(form, "cursor", max_length=1024) or None
-    if not errors:
-        try:
-            result = await request.app[SERVICES_KEY].market.search_offers(
-                query, sort=sort or None, limit=OFFERS_PER_PAGE, cursor=cursor
-            )
-        except BadQuery as exc:
-            errors.add("q", str(exc))
-            if exc.position < len(raw):  # in the box (the form's own conditions come after it)
-                marked = (raw[: exc.position], raw[exc.position : exc.position + max(1, len(exc.token))])
-                marked_after = raw[exc.position + len(marked[1]) :]
-    next_url = None
-    if result is not None and result.next_cursor:
-        next_url = request.rel_url.update_query(cursor=result.next_cursor)
-    status = 400 if errors else 200
-    return await page(
-        request, "renter/offers.html", status=status, title="Offers", form=form, errors=errors, query=query,
-        raw=raw, sorts=SORTS, result=result, next_url=next_url, money=format_amount, first_page=cursor is None,
-        first_url=request.rel_url.with_query({k: v for k, v in request.query.items() if k != "cursor"}),
-        marked=marked, marked_after=marked_after,
-    )  # fmt: skip
 
 
 # --- launching ---------------------------------------------------------------------------------------------------
@@ -398,7 +332,6 @@ async def ledger_csv(request: web.Request) -> web.Response:
 
 
 NAV = [
-    NavItem("renter", "Offers", "/console/offers", order=10),
     NavItem("renter", "Launch", "/console/launch", order=20),
     NavItem("renter", "My workloads", "/console/workloads", order=30),
     NavItem("renter", "Billing", "/console/billing", order=40),
@@ -406,7 +339,6 @@ NAV = [
 
 
 def add_routes(router: web.UrlDispatcher) -> None:
-    router.add_get("/console/offers", offers)
     router.add_get("/console/offers/{offer_id}/rent", rent_form)
     router.add_post("/console/offers/{offer_id}/rent", rent)
     router.add_get("/console/launch", launch_form)
