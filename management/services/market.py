@@ -166,6 +166,13 @@ class MarketService:
             )
         if spec.replicas != 1:
             raise Conflict(f"an offer is one host: rent it with replicas 1 (asked {spec.replicas}); submit a gang instead")
+        wanted_disk = spec.constraints.min_disk_gib
+        if wanted_disk:  # the offer's host must report that much free disk, or the workload would wait for ever
+            info = self._master.registry.get(offer_id).host
+            if info is None or info.disk_free_gib < wanted_disk:
+                free = f"{info.disk_free_gib:g} GiB of free disk" if info is not None else "no free disk reported"
+                asked = f"{wanted_disk:g} GiB (constraints.min_disk_gib)"
+                raise Conflict(f"offer {offer_id} has {free}; the workload asks for {asked}")
         # on demand (and reserved) may take what interruptible rentals hold there: the scheduler preempts them
         room = offer.num_gpus if terms.kind == "interruptible" else offer.num_gpus_on_demand
         if spec.replica.gpus > room:

@@ -20,7 +20,7 @@ from common.errors import Conflict, NotFound
 from common.output import last_lines
 from management.access_control import Action, Resource, acting_account
 from management.console import session
-from management.console.forms import FormErrors, amount, integer, number, text, word
+from management.console.forms import FormErrors, amount, environment, integer, number, text, word
 from management.console.nav import NavItem
 from management.console.rendering import page
 from management.console.terminal import serve_logs, serve_terminal
@@ -36,12 +36,17 @@ from management.services.workloads import WorkloadKey
 from management.views import explanation_view, workload_view
 from management.workloads.explain_text import render_explanation
 from management.workloads.states import WORKLOAD_STATES
-from master.port import MAX_GPUS_PER_REPLICA, KeptOutput, WorkloadSpec
+from master.port import MAX_GPUS_PER_REPLICA, KeptOutput, RentalTerms, WorkloadSpec
 
 WORKLOADS_PER_PAGE = 25
 LEDGER_PER_PAGE = 50
 LIVE_STATE_KEY = web.RequestKey("console_workload_state", str)
-RENTAL_KINDS = {"on_demand": "On demand (runs until stopped)", "interruptible": "Interruptible (your bid; may be preempted)"}
+RENTAL_KINDS = {
+    "on_demand": "On demand (runs until stopped)",
+    "interruptible": "Interruptible (your bid; may be preempted)",
+    "reserved": "Reserved (a period prepaid at the reserved price; never preempted)",
+}
+MAX_RESERVED_HOURS = 366 * 24  # RentalTerms.reserved_s: at least an hour, at most 366 days
 
 
 # --- launching ---------------------------------------------------------------------------------------------------
@@ -76,6 +81,11 @@ def workload_spec(form: Any, errors: FormErrors, *, offer: Offer | None) -> Work
         max_price = amount(form, "max_price", errors, label="max price")
         if max_price is not None:
             rental["max_price"] = max_price
+    if kind == "reserved":
+        reserved_h = number(form, "reserved_hours", errors, label="reserved period", low=1, high=MAX_RESERVED_HOURS)
+        if reserved_h is None and "reserved_hours" not in errors:
+            errors.add("reserved_hours", "reserved period: a reserved rental prepays a period; give it in hours (at least 1)")
+        rental["reserved_s"] = reserved_h * 3600 if reserved_h is not None else None
     if offer is not None:
         rental["offer"] = offer.id
     hours = number(form, "max_hours", errors, label="max duration", low=0.01, high=366 * 24)
@@ -85,15 +95,20 @@ def workload_spec(form: Any, errors: FormErrors, *, offer: Offer | None) -> Work
             errors.add("ports", f"ports: numbers from 1 to 65535, separated by commas (not {item[:20]!r})")
         elif int(item) not in ports:
             ports.append(int(item))
+    env = environment(form, "env", errors)
+    # SECRETS (issue 25, the per-account secret store): the place for the form's secret references (a name from the
+    # store per variable, resolved on the host, never shown back) is here, beside ``env``, once the store exists.
+    disk = number(form, "disk_gib", errors, label="disk", low=1, high=1_000_000)
     if errors:
         return None
     raw = {
         "name": name,
         "image": image,
         "command": command,
+        "env": env,
         "ports": ports,
         "replica": {"gpus": gpus, "models": [model] if model else []},
-        "constraints": {"allow_process_runtime": form.get("allow_process_runtime") == "on"},
+        "constraints": {"allow_process_runtime": form.get("allow_process_runtime") == "on", "min_disk_gib": disk or 0.0},
         "max_duration_s": hours * 3600 if hours is not None else None,
         "rental": rental,
     }
@@ -101,17 +116,25 @@ def workload_spec(form: Any, errors: FormErrors, *, offer: Offer | None) -> Work
         return msgspec.convert(raw, WorkloadSpec)
     except msgspec.ValidationError as exc:
         message = validation_message(exc, "workload")
-        field = message.split(":", 1)[0].split(".")[-1]
-        errors.add(field if field in ("name", "image", "command", "ports") else "form", message)
+        field = message.split(":", 1)[0].split(".")[-1].split("[")[0]
+        errors.add(field if field in ("name", "image", "command", "ports", "env") else "form", message)
         return None
 
 
-def cost_hint(price: int, gpus: int, *, funds: FundsDetail | None, priced_by: str, currency: str) -> str:
+def cost_hint(
+    price: int, gpus: int, *, funds: FundsDetail | None, priced_by: str, currency: str, reserved_hours: float | None = None
+) -> str:
     """What the form's work costs per hour and how long the balance lasts at that rate, on top of what already runs:
     "Total 4.80 USD per hour for 2 GPU(s) at the on-demand price; your balance of 12.50 USD lasts about 2.6 h at that
-    rate." Money before work: a renter sees both before renting."""
+    rate." Money before work: a renter sees both before renting. A reserved period is prepaid whole: its total is said
+    too ("the reserved period of 24 h is prepaid: 57.60 USD")."""
     per_hour = price * gpus
     said = f"Total {format_amount(per_hour)} {currency} per hour for {gpus} GPU(s) at {priced_by}"
+    if reserved_hours is not None:
+        prepaid = price * gpus * int(reserved_hours * 3600) // 3600  # as the market charges it (rounded down)
+        said += f"; the reserved period of {reserved_hours:g} h is prepaid: {format_amount(prepaid)} {currency}"
+        if funds is not None and prepaid > funds.available:
+            return f"{said}, more than your available balance of {format_amount(funds.available)} {currency}."
     if funds is None:
         return said + "."
     have = funds.available + funds.held
@@ -129,22 +152,25 @@ async def _cost_hint(request: web.Request, offer: Offer | None, form: Any) -> st
     gpus_text = str(form.get("gpus", "1") or "1")
     gpus = int(gpus_text) if gpus_text.isdigit() and 0 < int(gpus_text) <= MAX_GPUS_PER_REPLICA else 1
     bid_text = str(form.get("bid", "") or "")
+    reserved = form.get("kind") == "reserved"
+    hours = number(form, "reserved_hours", FormErrors(), label="", low=1, high=MAX_RESERVED_HOURS) if reserved else None
     if form.get("kind") == "interruptible" and bid_text:
         try:
             price, priced_by = parse_amount(bid_text), "your bid"
         except BadAmount:
             return ""
     elif offer is not None:
-        reserved = form.get("kind") == "reserved"
         price = offer.reserved_price if reserved else offer.price
         priced_by = "the offer's reserved price" if reserved else "the offer's on-demand price"
     else:
-        cheapest = market.cheapest_price(WorkloadSpec(name="hint", image="hint"))
+        terms = RentalTerms(kind="reserved", reserved_s=3600.0) if reserved else None
+        cheapest = market.cheapest_price(WorkloadSpec(name="hint", image="hint", rental=terms))
         if cheapest is None:
             return ""
-        price, priced_by = cheapest[0], "the cheapest host's price (the least it can cost)"
+        kind = "reserved " if reserved else ""
+        price, priced_by = cheapest[0], f"the cheapest host's {kind}price (the least it can cost)"
     funds = await market.funds(scope.owner) if scope.owner is not None else None
-    return cost_hint(price, gpus, funds=funds, priced_by=priced_by, currency=market.currency)
+    return cost_hint(price, gpus, funds=funds, priced_by=priced_by, currency=market.currency, reserved_hours=hours)
 
 
 async def _launch_form(request: web.Request, *, offer: Offer | None, form: Any, errors: FormErrors) -> web.Response:
@@ -163,6 +189,8 @@ async def launch_form(request: web.Request) -> web.Response:
 async def launch(request: web.Request) -> web.Response:
     scope = await session.signed_in(request, Resource.WORKLOADS, Action.WRITE)
     form = await request.post()
+    if form.get("action") == "price":  # "Update the total": the form priced as filled in, nothing submitted
+        return await _launch_form(request, offer=None, form=form, errors=FormErrors())
     errors = FormErrors()
     spec = workload_spec(form, errors, offer=None)
     if spec is None:
@@ -188,6 +216,8 @@ async def rent(request: web.Request) -> web.Response:
     market = request.app[SERVICES_KEY].market
     offer = await market.get_offer(request.match_info["offer_id"])
     form = await request.post()
+    if form.get("action") == "price":  # "Update the total": the form priced as filled in, nothing rented
+        return await _launch_form(request, offer=offer, form=form, errors=FormErrors())
     errors = FormErrors()
     spec = workload_spec(form, errors, offer=offer)
     if spec is None:
