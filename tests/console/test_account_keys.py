@@ -8,6 +8,8 @@ import re
 
 import pytest
 
+from master.records import AccountRecord
+
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
@@ -110,3 +112,42 @@ def test_console_key_writes_are_audit_events_naming_the_account(console_master, 
     seen = [(e.data["method"], e.data["route"], e.data["target"]) for e in events]
     assert ("POST", "/console/account/keys", key_id) in seen
     assert ("POST", "/console/account/keys/{key_id}/revoke", key_id) in seen
+
+
+def test_another_renter_neither_sees_nor_revokes_a_renters_keys(console_master, browser, page, sign_in, shot):
+    async def second_renter() -> None:
+        accounts = console_master.server.master.accounts
+        await accounts.create(AccountRecord(id="zoe", role="renter", name="Zoe"))
+        await accounts.set_password("zoe", "zoe-password-12")
+
+    console_master.run(second_renter())
+    sign_in(page, "renter")
+    page.goto(f"{console_master.url}/console/account")
+    page.get_by_label("New key's name").fill("rita-laptop")
+    page.get_by_role("button", name="Create a key").click()
+    rita_key = page.locator("#issued-key").inner_text().strip()
+    key_id = page.locator("#keys tbody th code").first.inner_text()
+
+    other = browser.new_context(viewport={"width": 1280, "height": 860})
+    zoe = other.new_page()
+    try:
+        zoe.goto(f"{console_master.url}/console/signin")
+        zoe.get_by_label("Account").fill("zoe")
+        zoe.get_by_label("Password").fill("zoe-password-12")
+        zoe.get_by_role("button", name="Sign in").click()
+        zoe.wait_for_url(lambda url: "/console/signin" not in url)
+        zoe.goto(f"{console_master.url}/console/account")
+        assert "No API key yet" in zoe.locator("#keys").inner_text()
+        assert key_id not in zoe.content() and "rita-laptop" not in zoe.content()
+        token = zoe.locator('input[name="csrf_token"]').first.get_attribute("value")
+        refused = zoe.request.post(
+            f"{console_master.url}/console/account/keys/{key_id}/revoke",
+            form={"csrf_token": token},
+            headers={"Origin": console_master.url},
+            max_redirects=0,
+        )
+        assert refused.status == 404
+        shot(zoe, "zoe-sees-only-her-own")
+    finally:
+        other.close()
+    assert whoami(page, console_master.url, rita_key) == 200
