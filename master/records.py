@@ -309,12 +309,16 @@ class PlacementConstraints(msgspec.Struct, kw_only=True, forbid_unknown_fields=T
     regions: Annotated[list[ShortText], msgspec.Meta(max_length=64)] = []  # [] = anywhere
     min_reputation: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.0
     min_bandwidth_mbps: Annotated[float, msgspec.Meta(ge=0, le=1_000_000)] = 0.0
+    # GiB of free disk the host must report (HostInfo.disk_free_gib) for a replica to be placed there; not a quota
+    # the container is held to. 0: any host.
+    min_disk_gib: Annotated[float, msgspec.Meta(ge=0, le=1_000_000)] = 0.0
     nvlink: bool = False  # a multi-GPU replica needs its GPUs NVLinked
     allow_process_runtime: bool = False  # may run on a host without container isolation
 
     def __post_init__(self) -> None:
         _require_finite("constraints.min_reputation", self.min_reputation)
         _require_finite("constraints.min_bandwidth_mbps", self.min_bandwidth_mbps)
+        _require_finite("constraints.min_disk_gib", self.min_disk_gib)
 
 
 RENTAL_KINDS = ("on_demand", "interruptible", "reserved")

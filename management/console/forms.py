@@ -81,3 +81,35 @@ def amount(form: Mapping[str, Any], field: str, errors: FormErrors, *, label: st
         errors.add(field, f"{label}: {exc}")
         return None
     return value
+
+
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+MAX_ENV_VARIABLES = 256  # as WorkloadSpec.env takes them
+MAX_ENV_VALUE = 32768
+
+
+def environment(form: Mapping[str, Any], field: str, errors: FormErrors) -> dict[str, str]:
+    """Environment variables typed one ``NAME=value`` a line (blank lines and lines starting with # are skipped; the
+    value is everything after the first =, kept as typed). A problem names its line."""
+    value = form.get(field, "")
+    variables: dict[str, str] = {}
+    if not isinstance(value, str):
+        return variables
+    for number, line in enumerate(value.splitlines(), start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        name, equals, rest = line.partition("=")
+        name = name.strip()
+        if not equals:
+            errors.add(field, f"environment, line {number}: NAME=value, not {line[:40]!r}")
+        elif not ENV_NAME.match(name):
+            errors.add(field, f"environment, line {number}: {name[:40]!r} is not a variable name (letters, digits, _)")
+        elif name in variables:
+            errors.add(field, f"environment, line {number}: {name} is set twice")
+        elif len(rest) > MAX_ENV_VALUE:
+            errors.add(field, f"environment, line {number}: {name}'s value is over {MAX_ENV_VALUE} characters")
+        else:
+            variables[name] = rest
+    if len(variables) > MAX_ENV_VARIABLES:
+        errors.add(field, f"environment: at most {MAX_ENV_VARIABLES} variables, not {len(variables)}")
+    return variables

@@ -23,7 +23,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from common.errors import NotFound
-from management.market.offers import DEFAULT_LIMIT, Offer, OfferIndex, SearchResult
+from management.market.offers import DEFAULT_LIMIT, Offer, OfferChoices, OfferIndex, SearchResult, offer_choices
 from management.market.prices import HostPrice
 from management.market.query import Query, SortKey
 from master.port import (
@@ -209,6 +209,11 @@ class OfferFeed:
             why = "drained" if agent.drained else agent.state
             raise NotFound(f"no offer {host_id!r}: the host is {why} and takes no new work")
         raise NotFound(f"no offer {host_id!r}: the host has no free healthy GPU it may rent out now")
+
+    def choices(self) -> OfferChoices:
+        """The models, tiers and regions offered now (one pass over the index, after taking in every change)."""
+        self.refresh()
+        return offer_choices(self.index.offers())
 
     def search(
         self,

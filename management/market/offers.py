@@ -18,7 +18,7 @@ import binascii
 import bisect
 import operator
 from collections import Counter
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 import msgspec
@@ -102,6 +102,26 @@ class SearchResult(msgspec.Struct, frozen=True, kw_only=True):
     total: int  # offers that match the query, across every page
     sort: str  # the sort applied, e.g. "-score"
     emptied_by: EmptiedBy | None = None  # set when nothing matched and some condition is to blame
+
+
+class OfferChoices(msgspec.Struct, frozen=True, kw_only=True):
+    """The values offered now, for a search form's menus: each list sorted, without repeats or empty values."""
+
+    models: list[str]
+    tiers: list[str]
+    regions: list[str]
+
+
+def offer_choices(offers: Iterable[Offer]) -> OfferChoices:
+    """The models, tiers and regions of ``offers``."""
+    models: set[str] = set()
+    tiers: set[str] = set()
+    regions: set[str] = set()
+    for offer in offers:
+        models.add(offer.model)
+        tiers.add(offer.tier)
+        regions.add(offer.region)
+    return OfferChoices(models=sorted(models - {""}), tiers=sorted(tiers - {""}), regions=sorted(regions - {""}))
 
 
 def score_of(reliability: float, price_micro: int) -> float:

@@ -62,6 +62,7 @@ FILTER_NAMES = (
     "region",
     "reputation",
     "bandwidth",
+    "disk",
     "price",
     "model",
     "tier",
@@ -654,18 +655,20 @@ class _Cycle:
         keep(FILTER_NAMES[4], lambda u: hosts[u.host].reputation >= c.min_reputation)
         bw = c.min_bandwidth_mbps
         keep(FILTER_NAMES[5], lambda u: bw is None or (hosts[u.host].bandwidth_mbps or 0.0) >= bw)
+        disk = c.min_disk_gib
+        keep(FILTER_NAMES[6], lambda u: disk is None or (hosts[u.host].disk_free_gib or 0.0) >= disk)
         refused = {h: why for h in {u.host for u in remaining} if (why := price_refusal(hosts[h], job)) is not None}
-        keep(FILTER_NAMES[6], lambda u: u.host not in refused)
+        keep(FILTER_NAMES[7], lambda u: u.host not in refused)
         counts[-1].detail = _price_detail(job, refused)
-        keep(FILTER_NAMES[7], lambda u: not r.models or u.model in r.models)
-        keep(FILTER_NAMES[8], lambda u: not r.tiers or u.tier in r.tiers)
-        keep(FILTER_NAMES[9], lambda u: u.vram_mib >= r.min_vram_mib)
+        keep(FILTER_NAMES[8], lambda u: not r.models or u.model in r.models)
+        keep(FILTER_NAMES[9], lambda u: not r.tiers or u.tier in r.tiers)
+        keep(FILTER_NAMES[10], lambda u: u.vram_mib >= r.min_vram_mib)
         mcc = r.min_compute_capability
-        keep(FILTER_NAMES[10], lambda u: mcc is None or u.compute_capability >= mcc)
-        keep(FILTER_NAMES[11], lambda u: u.mig_profile == r.mig_profile)
-        keep(FILTER_NAMES[12], lambda u: pool.cpu_free.get(u.host, 0.0) >= r.cpu_cores)
-        keep(FILTER_NAMES[13], lambda u: pool.ram_free.get(u.host, 0) >= r.ram_mib)
-        keep(FILTER_NAMES[14], lambda u: u.id not in pool.holder)
+        keep(FILTER_NAMES[11], lambda u: mcc is None or u.compute_capability >= mcc)
+        keep(FILTER_NAMES[12], lambda u: u.mig_profile == r.mig_profile)
+        keep(FILTER_NAMES[13], lambda u: pool.cpu_free.get(u.host, 0.0) >= r.cpu_cores)
+        keep(FILTER_NAMES[14], lambda u: pool.ram_free.get(u.host, 0) >= r.ram_mib)
+        keep(FILTER_NAMES[15], lambda u: u.id not in pool.holder)
         by_host: dict[str, list[str]] = {}
         for u in remaining:
             by_host.setdefault(u.host, []).append(u.id)
@@ -673,8 +676,8 @@ class _Cycle:
             ok = {h for h, ids in by_host.items() if nvlink_group(ids, r.gpus, s.units) is not None}
         else:
             ok = set(by_host)
-        keep(FILTER_NAMES[15], lambda u: u.host in ok)
-        keep(FILTER_NAMES[16], lambda u: len(by_host[u.host]) >= r.gpus)
+        keep(FILTER_NAMES[16], lambda u: u.host in ok)
+        keep(FILTER_NAMES[17], lambda u: len(by_host[u.host]) >= r.gpus)
         return counts
 
     def _explain(self, job: Job, position: int, ordered: list[Job], status: str) -> Explanation:

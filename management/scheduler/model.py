@@ -47,6 +47,7 @@ class Host:
     region: str = ""
     reputation: float = 1.0
     bandwidth_mbps: float | None = None
+    disk_free_gib: float | None = None  # as the host last reported it; None: not reported
     cpu_cores: float = 64.0
     ram_mib: int = 512 * 1024
     takes_work: bool = True  # False: drained, quarantined or offline
@@ -79,6 +80,7 @@ class Constraints:
     regions: frozenset[str] = frozenset()  # empty: any region
     min_reputation: float = 0.0
     min_bandwidth_mbps: float | None = None
+    min_disk_gib: float | None = None  # free disk the host must report
     nvlink: bool = False  # the GPUs of one replica must be pairwise NVLink-connected
     allow_process_runtime: bool = False
 

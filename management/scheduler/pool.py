@@ -91,7 +91,7 @@ def price_refusal(host: Host, job: Job) -> str | None:
 
 
 def host_static_ok(host: Host, job: Job, policy: Policy) -> bool:
-    """Every host-level constraint except free CPU/RAM: takes work, runtime, region, reputation, bandwidth, price."""
+    """Every host-level constraint except free CPU/RAM: takes work, runtime, region, reputation, bandwidth, disk, price."""
     c = job.constraints
     if not (host.online and host.takes_work) or not runtime_allowed(host, job, policy):
         return False
@@ -109,6 +109,8 @@ def host_static_ok(host: Host, job: Job, policy: Policy) -> bool:
     if host.reputation < c.min_reputation:
         return False
     if c.min_bandwidth_mbps is not None and (host.bandwidth_mbps is None or host.bandwidth_mbps < c.min_bandwidth_mbps):
+        return False
+    if c.min_disk_gib is not None and (host.disk_free_gib is None or host.disk_free_gib < c.min_disk_gib):
         return False
     return True
 

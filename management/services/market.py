@@ -30,7 +30,8 @@ from management.market.ledger import (
 from management.market.market import Market
 from management.market.metering_loop import rental_hosts
 from management.market.money import format_amount, parse_amount, period_cost
-from management.market.offers import Offer, SearchResult
+from management.market.offers import Offer, OfferChoices, SearchResult
+from management.services.offer_details import OfferDetail, offer_detail
 from management.workloads.book import WorkloadBook
 from master.port import (
     BOOTSTRAP_ACCOUNT,
@@ -142,6 +143,14 @@ class MarketService:
     async def get_offer(self, offer_id: str) -> Offer:
         return self.market.offers.offer(offer_id)
 
+    async def offer_choices(self) -> OfferChoices:
+        """The models, tiers and regions offered now: a search form's menus."""
+        return self.market.offers.choices()
+
+    async def offer_detail(self, offer_id: str) -> OfferDetail:
+        """One offer with its host's facts, its GPUs' measured figures, and its price and availability history."""
+        return await offer_detail(self._master, self.market, offer_id, self.currency)
+
     async def rent_offer(self, account: str, offer_id: str, spec: WorkloadSpec) -> WorkloadRecord:
         """A workload pinned to one offer's host. Refused at once (never left waiting for ever) when the offer cannot
         take it: too few free GPUs, a bid under the host's minimum or a host that is not rented interruptible, a price
@@ -157,6 +166,13 @@ class MarketService:
             )
         if spec.replicas != 1:
             raise Conflict(f"an offer is one host: rent it with replicas 1 (asked {spec.replicas}); submit a gang instead")
+        wanted_disk = spec.constraints.min_disk_gib
+        if wanted_disk:  # the offer's host must report that much free disk, or the workload would wait for ever
+            info = self._master.registry.get(offer_id).host
+            if info is None or info.disk_free_gib < wanted_disk:
+                free = f"{info.disk_free_gib:g} GiB of free disk" if info is not None else "no free disk reported"
+                asked = f"{wanted_disk:g} GiB (constraints.min_disk_gib)"
+                raise Conflict(f"offer {offer_id} has {free}; the workload asks for {asked}")
         # on demand (and reserved) may take what interruptible rentals hold there: the scheduler preempts them
         room = offer.num_gpus if terms.kind == "interruptible" else offer.num_gpus_on_demand
         if spec.replica.gpus > room:

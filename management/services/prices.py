@@ -11,9 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from common.errors import NotFound
-from management.market.prices import HostPrice, PriceBook, PriceSetting
+from management.market.prices import HostPrice, PriceBook, PriceSetting, reserved_price
 from management.services.hosts import HostsService
 from master.port import AgentRecord, MasterPort, PriceRecord
+
+PRICE_CHANGED = "price.changed"  # the event kind of a price set or cleared
 
 
 @dataclass(frozen=True)
@@ -59,19 +61,40 @@ class PricesService:
     async def set_default_price(self, provider: str, setting: PriceSetting) -> PriceRecordDetail:
         """``provider``'s default for its hosts without a price of their own (an enabled provider account)."""
         await self._master.accounts.require_provider(provider)
-        return PriceRecordDetail(await self.book.set_default(provider, setting), self._currency)
+        record = await self.book.set_default(provider, setting)
+        await self._record_change(provider, record)
+        return PriceRecordDetail(record, self._currency)
 
     async def set_host_price(self, agent_id: str, setting: PriceSetting, *, owner: str | None = None) -> HostPriceDetail:
         agent = self._hosts.owned_agent(agent_id, owner)
-        await self.book.set_host(agent.provider, agent.id, setting)
+        await self._record_change(agent.id, await self.book.set_host(agent.provider, agent.id, setting))
         return self._host_price(agent)
 
     async def clear_host_price(self, agent_id: str, *, owner: str | None = None) -> HostPriceDetail:
         """The host goes back to its provider's default (or the grid's); clearing a host with no price of its own
         changes nothing and answers the price in force as well."""
         agent = self._hosts.owned_agent(agent_id, owner)
-        await self.book.clear_host(agent.provider, agent.id)
+        if await self.book.clear_host(agent.provider, agent.id):
+            await self._record_change(agent.id, None, provider=agent.provider)
         return self._host_price(agent)
+
+    async def _record_change(self, subject: str, record: PriceRecord | None, *, provider: str = "") -> None:
+        """A ``price.changed`` event (subject: the host, or the provider for its default) with what it charges from
+        now on; an offer's price history is read from them (management/market/offer_history.py). ``record`` None: the
+        host's own price was cleared (it takes its provider's default again)."""
+        if record is None:
+            await self._master.events.record(PRICE_CHANGED, subject, provider=provider, agent_id=subject, on_demand=None)
+            return
+        await self._master.events.record(
+            PRICE_CHANGED,
+            subject,
+            provider=record.provider,
+            agent_id=record.agent_id,
+            on_demand=record.on_demand,
+            min_bid=record.min_bid,
+            reserved=reserved_price(record.on_demand, record.reserved_discount),
+            max_duration_s=record.max_duration_s,
+        )
 
     async def host_price(self, agent_id: str) -> HostPriceDetail:
         return self._host_price(self._master.registry.get(agent_id))

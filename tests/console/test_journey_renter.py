@@ -59,7 +59,7 @@ def journey(grid: Grid, page, shot) -> None:
     page.get_by_role("button", name="Sign in").click()
     page.wait_for_url(re.compile(r"/console/offers$"))
 
-    page.get_by_label("GPU model").fill("a10")
+    page.get_by_label("GPU model").select_option("a10")
     page.get_by_label("Max price per GPU-hour").fill("5")
     page.get_by_role("button", name="Search").click()
     rows = page.locator("table tbody tr")

@@ -43,7 +43,7 @@ def test_offers_are_listed_and_a_filter_narrows_them(market, page, sign_in, shot
     assert len(offer_rows(page)) == 3
     assert "3 offers match" in page.locator("caption").inner_text()
     shot(page, "all-offers")
-    page.get_by_label("GPU model").fill("a10")
+    page.get_by_label("GPU model").select_option("a10")  # a menu of the models offered now
     page.get_by_role("button", name="Search").click()
     page.wait_for_url(re.compile(r"model=a10"))
     rows = offer_rows(page)

@@ -1,5 +1,6 @@
-"""The renter's pages: search offers, launch a workload (or rent an offer), my workloads (state, events, why one
-waits, terms and charge, stop, port-forward, live logs, a terminal) and billing (balance, spend over time, ledger).
+"""The renter's pages: launch a workload (or rent an offer: the offers are pages/offers.py), my workloads (state,
+events, why one waits, terms and charge, stop, port-forward, live logs, a terminal) and billing (balance, spend over
+time, ledger).
 
 Each handler names what it does ((Resource, Action) through ``session.signed_in``), reads its form or query, makes
 its call on the façade and renders a template; a renter only ever sees its own workloads and money (Scope.owner).
@@ -15,11 +16,11 @@ from typing import Annotated, Any
 import msgspec
 from aiohttp import web
 
-from common.errors import BadQuery, Conflict, NotFound
+from common.errors import Conflict, NotFound
 from common.output import last_lines
 from management.access_control import Action, Resource, acting_account
 from management.console import session
-from management.console.forms import FormErrors, amount, integer, number, text, word
+from management.console.forms import FormErrors, amount, environment, integer, number, text, word
 from management.console.nav import NavItem
 from management.console.rendering import page
 from management.console.terminal import serve_logs, serve_terminal
@@ -35,79 +36,17 @@ from management.services.workloads import WorkloadKey
 from management.views import explanation_view, workload_view
 from management.workloads.explain_text import render_explanation
 from management.workloads.states import WORKLOAD_STATES
-from master.port import MAX_GPUS_PER_REPLICA, KeptOutput, WorkloadSpec
+from master.port import MAX_GPUS_PER_REPLICA, KeptOutput, RentalTerms, WorkloadSpec
 
-OFFERS_PER_PAGE = 25
 WORKLOADS_PER_PAGE = 25
 LEDGER_PER_PAGE = 50
-SORTS = {
-    "-score": "best value (reliability for the price)",
-    "price": "price, lowest first",
-    "-reliability": "reliability, highest first",
-    "-num_gpus": "free GPUs, most first",
-    "-gpu_ram": "GPU memory, most first",
-}
 LIVE_STATE_KEY = web.RequestKey("console_workload_state", str)
-RENTAL_KINDS = {"on_demand": "On demand (runs until stopped)", "interruptible": "Interruptible (your bid; may be preempted)"}
-
-
-# --- offers ------------------------------------------------------------------------------------------------------
-
-
-def offer_query(form: Any, errors: FormErrors) -> tuple[str, str, str]:
-    """(the query the form's fields build, the raw query box, sort) — the raw box first in the full query, so that a
-    position the query language reports in it is a position in the box."""
-    conditions = []
-    for field, label in (("model", "GPU model"), ("tier", "tier"), ("region", "region")):
-        value = word(form, field, errors, label=label)
-        if value is not None:
-            conditions.append(f"{field}={value}")
-    gpus = integer(form, "gpus", errors, label="GPUs", low=1, high=MAX_GPUS_PER_REPLICA)
-    if gpus is not None:
-        conditions.append(f"num_gpus>={gpus}")
-    max_price = amount(form, "max_price", errors, label="max price")
-    if max_price is not None:
-        conditions.append(f"price<={max_price}")
-    reliability = number(form, "min_reliability", errors, label="min reliability", low=0, high=1)
-    if reliability is not None:
-        conditions.append(f"reliability>={reliability:g}")
-    sort = text(form, "sort")
-    if sort and sort not in SORTS:
-        errors.add("sort", f"sort: one of {', '.join(SORTS)}")
-        sort = ""
-    return " ".join(conditions), text(form, "q", max_length=2000), sort
-
-
-async def offers(request: web.Request) -> web.Response:
-    await session.signed_in(request, Resource.OFFERS, Action.READ)
-    form = request.query
-    errors = FormErrors()
-    built, raw, sort = offer_query(form, errors)
-    query = f"{raw} {built}".strip()
-    result = None
-    marked: tuple[str, str] | None = None  # the query box's text before the trouble, and the trouble
-    marked_after = ""
-    cursor = text(form, "cursor", max_length=1024) or None
-    if not errors:
-        try:
-            result = await request.app[SERVICES_KEY].market.search_offers(
-                query, sort=sort or None, limit=OFFERS_PER_PAGE, cursor=cursor
-            )
-        except BadQuery as exc:
-            errors.add("q", str(exc))
-            if exc.position < len(raw):  # in the box (the form's own conditions come after it)
-                marked = (raw[: exc.position], raw[exc.position : exc.position + max(1, len(exc.token))])
-                marked_after = raw[exc.position + len(marked[1]) :]
-    next_url = None
-    if result is not None and result.next_cursor:
-        next_url = request.rel_url.update_query(cursor=result.next_cursor)
-    status = 400 if errors else 200
-    return await page(
-        request, "renter/offers.html", status=status, title="Offers", form=form, errors=errors, query=query,
-        raw=raw, sorts=SORTS, result=result, next_url=next_url, money=format_amount, first_page=cursor is None,
-        first_url=request.rel_url.with_query({k: v for k, v in request.query.items() if k != "cursor"}),
-        marked=marked, marked_after=marked_after,
-    )  # fmt: skip
+RENTAL_KINDS = {
+    "on_demand": "On demand (runs until stopped)",
+    "interruptible": "Interruptible (your bid; may be preempted)",
+    "reserved": "Reserved (a period prepaid at the reserved price; never preempted)",
+}
+MAX_RESERVED_HOURS = 366 * 24  # RentalTerms.reserved_s: at least an hour, at most 366 days
 
 
 # --- launching ---------------------------------------------------------------------------------------------------
@@ -142,6 +81,11 @@ def workload_spec(form: Any, errors: FormErrors, *, offer: Offer | None) -> Work
         max_price = amount(form, "max_price", errors, label="max price")
         if max_price is not None:
             rental["max_price"] = max_price
+    if kind == "reserved":
+        reserved_h = number(form, "reserved_hours", errors, label="reserved period", low=1, high=MAX_RESERVED_HOURS)
+        if reserved_h is None and "reserved_hours" not in errors:
+            errors.add("reserved_hours", "reserved period: a reserved rental prepays a period; give it in hours (at least 1)")
+        rental["reserved_s"] = reserved_h * 3600 if reserved_h is not None else None
     if offer is not None:
         rental["offer"] = offer.id
     hours = number(form, "max_hours", errors, label="max duration", low=0.01, high=366 * 24)
@@ -151,15 +95,20 @@ def workload_spec(form: Any, errors: FormErrors, *, offer: Offer | None) -> Work
             errors.add("ports", f"ports: numbers from 1 to 65535, separated by commas (not {item[:20]!r})")
         elif int(item) not in ports:
             ports.append(int(item))
+    env = environment(form, "env", errors)
+    # SECRETS (issue 25, the per-account secret store): the place for the form's secret references (a name from the
+    # store per variable, resolved on the host, never shown back) is here, beside ``env``, once the store exists.
+    disk = number(form, "disk_gib", errors, label="disk", low=1, high=1_000_000)
     if errors:
         return None
     raw = {
         "name": name,
         "image": image,
         "command": command,
+        "env": env,
         "ports": ports,
         "replica": {"gpus": gpus, "models": [model] if model else []},
-        "constraints": {"allow_process_runtime": form.get("allow_process_runtime") == "on"},
+        "constraints": {"allow_process_runtime": form.get("allow_process_runtime") == "on", "min_disk_gib": disk or 0.0},
         "max_duration_s": hours * 3600 if hours is not None else None,
         "rental": rental,
     }
@@ -167,17 +116,25 @@ def workload_spec(form: Any, errors: FormErrors, *, offer: Offer | None) -> Work
         return msgspec.convert(raw, WorkloadSpec)
     except msgspec.ValidationError as exc:
         message = validation_message(exc, "workload")
-        field = message.split(":", 1)[0].split(".")[-1]
-        errors.add(field if field in ("name", "image", "command", "ports") else "form", message)
+        field = message.split(":", 1)[0].split(".")[-1].split("[")[0]
+        errors.add(field if field in ("name", "image", "command", "ports", "env") else "form", message)
         return None
 
 
-def cost_hint(price: int, gpus: int, *, funds: FundsDetail | None, priced_by: str, currency: str) -> str:
+def cost_hint(
+    price: int, gpus: int, *, funds: FundsDetail | None, priced_by: str, currency: str, reserved_hours: float | None = None
+) -> str:
     """What the form's work costs per hour and how long the balance lasts at that rate, on top of what already runs:
     "Total 4.80 USD per hour for 2 GPU(s) at the on-demand price; your balance of 12.50 USD lasts about 2.6 h at that
-    rate." Money before work: a renter sees both before renting."""
+    rate." Money before work: a renter sees both before renting. A reserved period is prepaid whole: its total is said
+    too ("the reserved period of 24 h is prepaid: 57.60 USD")."""
     per_hour = price * gpus
     said = f"Total {format_amount(per_hour)} {currency} per hour for {gpus} GPU(s) at {priced_by}"
+    if reserved_hours is not None:
+        prepaid = price * gpus * int(reserved_hours * 3600) // 3600  # as the market charges it (rounded down)
+        said += f"; the reserved period of {reserved_hours:g} h is prepaid: {format_amount(prepaid)} {currency}"
+        if funds is not None and prepaid > funds.available:
+            return f"{said}, more than your available balance of {format_amount(funds.available)} {currency}."
     if funds is None:
         return said + "."
     have = funds.available + funds.held
@@ -195,22 +152,25 @@ async def _cost_hint(request: web.Request, offer: Offer | None, form: Any) -> st
     gpus_text = str(form.get("gpus", "1") or "1")
     gpus = int(gpus_text) if gpus_text.isdigit() and 0 < int(gpus_text) <= MAX_GPUS_PER_REPLICA else 1
     bid_text = str(form.get("bid", "") or "")
+    reserved = form.get("kind") == "reserved"
+    hours = number(form, "reserved_hours", FormErrors(), label="", low=1, high=MAX_RESERVED_HOURS) if reserved else None
     if form.get("kind") == "interruptible" and bid_text:
         try:
             price, priced_by = parse_amount(bid_text), "your bid"
         except BadAmount:
             return ""
     elif offer is not None:
-        reserved = form.get("kind") == "reserved"
         price = offer.reserved_price if reserved else offer.price
         priced_by = "the offer's reserved price" if reserved else "the offer's on-demand price"
     else:
-        cheapest = market.cheapest_price(WorkloadSpec(name="hint", image="hint"))
+        terms = RentalTerms(kind="reserved", reserved_s=3600.0) if reserved else None
+        cheapest = market.cheapest_price(WorkloadSpec(name="hint", image="hint", rental=terms))
         if cheapest is None:
             return ""
-        price, priced_by = cheapest[0], "the cheapest host's price (the least it can cost)"
+        kind = "reserved " if reserved else ""
+        price, priced_by = cheapest[0], f"the cheapest host's {kind}price (the least it can cost)"
     funds = await market.funds(scope.owner) if scope.owner is not None else None
-    return cost_hint(price, gpus, funds=funds, priced_by=priced_by, currency=market.currency)
+    return cost_hint(price, gpus, funds=funds, priced_by=priced_by, currency=market.currency, reserved_hours=hours)
 
 
 async def _launch_form(request: web.Request, *, offer: Offer | None, form: Any, errors: FormErrors) -> web.Response:
@@ -229,6 +189,8 @@ async def launch_form(request: web.Request) -> web.Response:
 async def launch(request: web.Request) -> web.Response:
     scope = await session.signed_in(request, Resource.WORKLOADS, Action.WRITE)
     form = await request.post()
+    if form.get("action") == "price":  # "Update the total": the form priced as filled in, nothing submitted
+        return await _launch_form(request, offer=None, form=form, errors=FormErrors())
     errors = FormErrors()
     spec = workload_spec(form, errors, offer=None)
     if spec is None:
@@ -254,6 +216,8 @@ async def rent(request: web.Request) -> web.Response:
     market = request.app[SERVICES_KEY].market
     offer = await market.get_offer(request.match_info["offer_id"])
     form = await request.post()
+    if form.get("action") == "price":  # "Update the total": the form priced as filled in, nothing rented
+        return await _launch_form(request, offer=offer, form=form, errors=FormErrors())
     errors = FormErrors()
     spec = workload_spec(form, errors, offer=offer)
     if spec is None:
@@ -398,7 +362,6 @@ async def ledger_csv(request: web.Request) -> web.Response:
 
 
 NAV = [
-    NavItem("renter", "Offers", "/console/offers", order=10),
     NavItem("renter", "Launch", "/console/launch", order=20),
     NavItem("renter", "My workloads", "/console/workloads", order=30),
     NavItem("renter", "Billing", "/console/billing", order=40),
@@ -406,7 +369,6 @@ NAV = [
 
 
 def add_routes(router: web.UrlDispatcher) -> None:
-    router.add_get("/console/offers", offers)
     router.add_get("/console/offers/{offer_id}/rent", rent_form)
     router.add_post("/console/offers/{offer_id}/rent", rent)
     router.add_get("/console/launch", launch_form)

@@ -1,11 +1,10 @@
-"""Signing in and out, the console's home, and the signed-in account's own page (its password)."""
+"""Signing in and out, and the console's home (the account's own page is pages/account.py)."""
 
 from __future__ import annotations
 
 from aiohttp import web
 
-from common.errors import InvalidPassword, SignInRefused
-from management.access_control import Action, Resource
+from common.errors import SignInRefused
 from management.console import session
 from management.console.nav import NavItem
 from management.console.rendering import NAV_KEY, page
@@ -81,35 +80,6 @@ async def root(request: web.Request) -> web.Response:
     raise web.HTTPFound("/console/")
 
 
-async def account_page(request: web.Request, *, error: str = "", status: int = 200) -> web.Response:
-    await session.signed_in(request, Resource.ACCOUNTS, Action.READ)
-    return await page(request, "account.html", title="Your account", error=error, status=status)
-
-
-async def change_password(request: web.Request) -> web.Response:
-    scope = await session.signed_in(request, Resource.PASSWORD, Action.WRITE)
-    form = await request.post()
-    new, again = str(form.get("password", "")), str(form.get("password_again", ""))
-    if new != again:
-        return await account_page(request, error="The two new passwords differ.", status=400)
-    try:
-        await request.app[SERVICES_KEY].accounts.set_password(
-            scope.principal.account,
-            new,
-            owner=scope.owner,
-            by=scope.principal.account,
-            current_password=str(form.get("current_password", "")),
-        )
-    except InvalidPassword as exc:
-        return await account_page(request, error=str(exc), status=400)
-    await session.end(request)
-    await session.flash(request, "Password changed: sign in with the new one (your other sessions ended too).")
-    raise web.HTTPSeeOther("/console/signin")
-
-
-NAV = [NavItem(role, "Account", "/console/account", order=1000) for role in ("operator", "provider", "renter")]
-
-
 def add_routes(router: web.UrlDispatcher) -> None:
     router.add_get("/", root)
     router.add_get("/console", root)
@@ -117,5 +87,3 @@ def add_routes(router: web.UrlDispatcher) -> None:
     router.add_get("/console/signin", signin_form)
     router.add_post("/console/signin", signin)
     router.add_post("/console/signout", signout)
-    router.add_get("/console/account", account_page)
-    router.add_post("/console/account/password", change_password)

@@ -10,7 +10,7 @@ import pytest
 from common.errors import NotFound
 from management.scheduler import Constraints, Host, Job, Policy, Quota, ReplicaRequest, explain, schedule
 from management.scheduler.core import FILTER_NAMES
-from tests.management.scheduler.grid import gpus, grid, running, snapshot
+from tests.management.scheduler.grid import gpus, grid, placed, running, snapshot
 
 
 def job(jid: str, n: int = 1, **kw) -> Job:
@@ -98,3 +98,16 @@ def test_jobs_past_the_cycles_batch_are_explained_as_not_reached():
     assert len(plan.places()) == 2
     assert {k for k, e in plan.explanations.items() if e.blocked_by == "cycle batch limit"} == {"j2", "j3"}
     assert "Not reached this cycle" in plan.explanations["j3"].summary
+
+
+def test_a_job_asking_for_free_disk_goes_only_to_hosts_that_report_that_much_and_says_so_while_it_waits():
+    """constraints.min_disk_gib (the console's "Disk, GiB"): a host's reported free disk must reach it; a host that
+    reports none does not."""
+    hs = [Host("small", disk_free_gib=50.0), Host("unknown"), Host("big", disk_free_gib=900.0)]
+    hosts, units = grid(hs, units=gpus("small", 2) + gpus("unknown", 2) + gpus("big", 2))
+    wants = job("w", 2, constraints=Constraints(min_disk_gib=200.0))
+    assert placed(schedule(snapshot(hosts, units, queue=[wants]))) == {"w": (("big-g0", "big-g1"),)}
+    too_much = job("x", 1, constraints=Constraints(min_disk_gib=1000.0))
+    e = explain(snapshot(hosts, units, queue=[too_much]), "x")
+    by = {f.name: (f.removed, f.remaining) for f in e.filters}
+    assert by["disk"] == (6, 0) and not e.fits_now and "disk filter" in e.summary

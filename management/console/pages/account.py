@@ -1,0 +1,112 @@
+"""The signed-in account's own page, for every role: its password, and its API keys (create, shown once; list; revoke).
+
+The keys are the account's own whatever its role: every call here passes the signed-in account as the owner, so even
+the operator revokes only its own keys from this page (other accounts' keys are the operator's accounts pages). A key
+of another account answers 404, as a missing one does (``AccountsService.revoke_api_key``). A new key is shown once,
+in the answer to the POST that made it: never stored in the clear, never put in a cookie, a notice or a redirect.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from common.errors import Conflict, InvalidPassword
+from management.access_control import Action, Resource, Scope
+from management.console import session
+from management.console.forms import FormErrors, text
+from management.console.nav import NavItem
+from management.console.rendering import page
+from management.http.keys import SERVICES_KEY
+from management.services.accounts import AuditEntry
+from master.port import IssuedKey
+
+KEY_NAME_MAX = 64  # as the API's key form takes it
+KEYS_SHOWN = 1000  # an account holds at most a few dozen keys not revoked (MasterConfig.max_keys_per_account)
+
+
+async def account_page(
+    request: web.Request,
+    *,
+    error: str = "",
+    status: int = 200,
+    issued: IssuedKey | None = None,
+    key_errors: FormErrors | None = None,
+    key_name: str = "",
+) -> web.Response:
+    scope = await session.signed_in(request, Resource.KEYS, Action.READ)
+    own = scope.principal.account
+    keys = await request.app[SERVICES_KEY].accounts.list_api_keys(own, owner=own, limit=KEYS_SHOWN)
+    return await page(
+        request, "account.html", title="Your account", error=error, status=status, keys=keys.items, issued=issued,
+        key_errors=key_errors if key_errors is not None else FormErrors(), key_name=key_name,
+    )  # fmt: skip
+
+
+async def change_password(request: web.Request) -> web.Response:
+    scope = await session.signed_in(request, Resource.PASSWORD, Action.WRITE)
+    form = await request.post()
+    new, again = str(form.get("password", "")), str(form.get("password_again", ""))
+    if new != again:
+        return await account_page(request, error="The two new passwords differ.", status=400)
+    try:
+        await request.app[SERVICES_KEY].accounts.set_password(
+            scope.principal.account,
+            new,
+            owner=scope.owner,
+            by=scope.principal.account,
+            current_password=str(form.get("current_password", "")),
+        )
+    except InvalidPassword as exc:
+        return await account_page(request, error=str(exc), status=400)
+    await session.end(request)
+    await session.flash(request, "Password changed: sign in with the new one (your other sessions ended too).")
+    raise web.HTTPSeeOther("/console/signin")
+
+
+async def _audit(request: web.Request, scope: Scope, status: int, target: str) -> None:
+    """A console write is an audit event naming the account, as an API write is (key id "": a session, not a key)."""
+    route = request.match_info.route.resource.canonical if request.match_info.route.resource else request.path
+    entry = AuditEntry(
+        account=scope.principal.account, key_id="", role=scope.principal.role.value, method=request.method,
+        route=route, target=target, status=status,
+    )  # fmt: skip
+    await request.app[SERVICES_KEY].accounts.record_audit(entry)
+
+
+async def create_key(request: web.Request) -> web.Response:
+    scope = await session.signed_in(request, Resource.KEYS, Action.WRITE)
+    own = scope.principal.account
+    name = text(await request.post(), "name", max_length=10 * KEY_NAME_MAX)
+    errors = FormErrors()
+    if not name:
+        errors.add("key-name", "name: give the key a name that says where it is used (e.g. laptop, ci)")
+    elif len(name) > KEY_NAME_MAX:
+        errors.add("key-name", f"name: at most {KEY_NAME_MAX} characters, not {len(name)}")
+    if errors:
+        return await account_page(request, status=400, key_errors=errors, key_name=name[: KEY_NAME_MAX * 2])
+    try:
+        issued = await request.app[SERVICES_KEY].accounts.create_api_key(own, name, owner=own)
+    except Conflict as exc:  # too many keys not revoked: said beside the form
+        errors.add("key-name", str(exc))
+        return await account_page(request, status=409, key_errors=errors, key_name=name)
+    await _audit(request, scope, 200, issued.record.key_id)
+    return await account_page(request, issued=issued)
+
+
+async def revoke_key(request: web.Request) -> web.Response:
+    scope = await session.signed_in(request, Resource.KEYS, Action.WRITE)
+    own = scope.principal.account
+    key = await request.app[SERVICES_KEY].accounts.revoke_api_key(request.match_info["key_id"], owner=own)
+    await _audit(request, scope, 303, key.key_id)
+    await session.flash(request, f"API key {key.key_id} ({key.name}) is revoked: it is refused from now on.")
+    raise web.HTTPSeeOther("/console/account")
+
+
+NAV = [NavItem(role, "Account", "/console/account", order=1000) for role in ("operator", "provider", "renter")]
+
+
+def add_routes(router: web.UrlDispatcher) -> None:
+    router.add_get("/console/account", account_page)
+    router.add_post("/console/account/password", change_password)
+    router.add_post("/console/account/keys", create_key)
+    router.add_post("/console/account/keys/{key_id}/revoke", revoke_key)
