@@ -15,7 +15,7 @@ from typing import Any
 from common.errors import IdlegridError
 from management.cli.connection import api_client, connection_options, table, when
 from management.cli.hosts import duration_s
-from management.cli.workloads import BadSpec, cost_line, spec_from
+from management.cli.workloads import DISK_HELP, BadSpec, cost_line, spec_from
 
 Parser = Callable[[argparse._SubParsersAction, str, str, str], argparse.ArgumentParser]
 
@@ -73,6 +73,7 @@ def add_parsers(sub: argparse._SubParsersAction, make: Parser) -> None:
     rent.add_argument("--env", action="append", metavar="KEY=VALUE", help="environment variable, repeatable (default: none)")
     rent.add_argument("--port", action="append", type=int, metavar="PORT", help="port to expose, repeatable (default: none)")
     rent.add_argument("--max-duration-s", type=float, metavar="SECONDS", help="stop it after this long (default: no limit)")
+    rent.add_argument("--disk", type=float, metavar="GIB", help=DISK_HELP)
     rent.add_argument("--account", help="account it belongs to; operator keys only (default: the key's own)")
     rent.add_argument(
         "--allow-process-runtime", action="store_true", default=None, help="it may run sandboxed as a host process (default: no)"

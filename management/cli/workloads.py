@@ -80,6 +80,7 @@ def add_parser(sub: argparse._SubParsersAction, make: Parser) -> None:
         "the hosts only, never shown again (default: none)",
     )
     submit.add_argument("--max-duration-s", type=float, metavar="SECONDS", help="stop it after this long (default: no limit)")
+    submit.add_argument("--disk", type=float, metavar="GIB", help=DISK_HELP)
     submit.add_argument("--account", help="account it belongs to; operator keys only (default: the key's own account)")
     submit.add_argument(
         "--allow-process-runtime",
@@ -166,6 +167,9 @@ def read_spec_file(path: Path) -> dict[str, Any]:
     return data
 
 
+DISK_HELP = "only hosts reporting at least this much free disk, GiB (default: the file's, else any host)"
+
+
 def spec_from(args: argparse.Namespace) -> dict[str, Any]:
     """The spec to send: the file's fields, then the flags given over them; checked as the API will check it."""
     spec = read_spec_file(args.file) if args.file else {}
@@ -193,6 +197,8 @@ def spec_from(args: argparse.Namespace) -> dict[str, Any]:
         spec["command"] = args.container_command
     if args.allow_process_runtime:
         spec["constraints"] = dict(spec.get("constraints") or {}) | {"allow_process_runtime": True}
+    if getattr(args, "disk", None) is not None:
+        spec["constraints"] = dict(spec.get("constraints") or {}) | {"min_disk_gib": args.disk}
     for required in ("name", "image"):
         if required not in spec:
             raise BadSpec(f"{required}: give --{required} or put {required} in a spec file (-f)")

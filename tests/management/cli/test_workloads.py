@@ -82,6 +82,14 @@ async def test_allow_process_runtime_is_a_flag_and_is_off_without_it(renter, cap
     assert json.loads(out)["spec"]["constraints"]["allow_process_runtime"] is False
 
 
+async def test_disk_asks_for_hosts_with_that_much_free_disk_and_a_negative_one_is_refused(renter, capsys):
+    code, out, err = await renter("submit", "--name", "big", "--image", "busybox", "--disk", "200", "--json", capsys=capsys)
+    assert code == 0, err
+    assert json.loads(out)["spec"]["constraints"]["min_disk_gib"] == 200
+    code, _out, err = await renter("submit", "--name", "neg", "--image", "busybox", "--disk", "-1", capsys=capsys)
+    assert code != 0 and "min_disk_gib" in err
+
+
 async def test_the_api_and_key_come_from_the_environment_unless_a_flag_names_them(api, renter, capsys, tmp_path, monkeypatch):
     """As for `idlegrid account`: IDLEGRID_API and IDLEGRID_API_KEY, which the demo's banner tells a renter to set."""
     await renter("submit", "--name", "mine", "--image", "busybox", capsys=capsys)  # the fixture writes alice's key file
