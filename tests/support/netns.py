@@ -9,28 +9,35 @@
      container ns 10.x.11.2, .3 ...             container ns 10.x.12.2, ...
 ```
 
-Every name carries a per-fabric tag (namespaces ``igt<tag>-…``, interfaces inside namespaces only), every iptables
-rule lives inside a namespace the fabric made, and ``close`` deletes the namespaces (which takes their interfaces,
-routes and rules with them): the machine's own namespace, routes and firewall are never touched. Needs root and
+Each namespace is held by a process of its own (``unshare --net``) and entered by its path, ``/proc/PID/ns/net``,
+the way the agent enters a container's: nothing is named in ``/run/netns``, so another program's clean-up of named
+namespaces cannot pull one from under a test. Interfaces exist inside the fabric's namespaces only, every iptables
+rule lives inside one, and ``close`` ends the holders (the kernel then deletes each namespace with its interfaces,
+routes and rules): the machine's own namespace, routes and firewall are never touched. Needs root and
 ``ip`` (iproute2) and ``iptables``; ``available`` says why not when they are missing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 __all__ = ["Fabric", "available"]
+
+HOLD_S = 3600  # a holder outlives any test; close() ends it sooner
 
 
 def available() -> str:
     """ "" when namespaces can be made here, else why not (the reason a test skips with)."""
     if os.geteuid() != 0:
         return "network namespaces need root"
-    for tool in ("ip", "iptables"):
+    for tool in ("ip", "iptables", "unshare", "nsenter"):
         if shutil.which(tool) is None:
             return f"{tool} is not installed"
     if not os.path.exists("/dev/net/tun"):
@@ -39,7 +46,10 @@ def available() -> str:
 
 
 def _run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(list(args), check=check, capture_output=True, text=True, timeout=30)
+    done = subprocess.run(list(args), check=False, capture_output=True, text=True, timeout=30)
+    if check and done.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)}: exit {done.returncode}: {done.stderr.strip()}")
+    return done
 
 
 @dataclass
@@ -49,40 +59,65 @@ class Fabric:
 
     tag: str
     second_octet: int = 77
-    namespaces: list[str] = field(default_factory=list)
+    namespaces: list[str] = field(default_factory=list)  # /proc/PID/ns/net of each holder
+    _holders: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    internet: str = ""
     _hosts: dict[str, int] = field(default_factory=dict)
     _containers: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def internet(self) -> str:
-        return f"igt{self.tag}-net"
 
     def public(self, last: int) -> str:
         return f"10.{self.second_octet}.0.{last}"
 
     def _ns(self, name: str) -> str:
-        ns = f"igt{self.tag}-{name}"
-        _run("ip", "netns", "add", ns)
+        """A new namespace (``name`` is for the reader: the holder's command line carries it)."""
+        holder = subprocess.Popen(["unshare", "--net", "sleep", f"{HOLD_S}"], stdin=subprocess.DEVNULL)
+        ns = f"/proc/{holder.pid}/ns/net"
+        deadline = time.monotonic() + 10
+        while os.readlink(ns) == os.readlink("/proc/self/ns/net"):  # until unshare has made it
+            if time.monotonic() > deadline or holder.poll() is not None:
+                holder.kill()
+                raise RuntimeError(f"no network namespace for {name}")
+            time.sleep(0.01)
+        self._holders[ns] = holder
         self.namespaces.append(ns)
         self.exec(ns, "ip", "link", "set", "lo", "up")
         return ns
 
+    @staticmethod
+    def pid(ns: str) -> str:
+        return ns.split("/")[2]
+
     def exec(self, ns: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return _run("ip", "netns", "exec", ns, *args, check=check)
+        return _run(*self.command(ns, args), check=check)
 
     def command(self, ns: str, args: Sequence[str]) -> list[str]:
         """``args`` as a command line run inside ``ns`` (for Popen)."""
-        return ["ip", "netns", "exec", ns, *args]
+        return ["nsenter", f"--net={ns}", *args]
 
     def start(self) -> Fabric:
-        net = self._ns("net")
+        net = self.internet = self._ns("net")
         self.exec(net, "ip", "link", "add", "name", "br0", "type", "bridge")
         self.exec(net, "ip", "link", "set", "br0", "up")
         return self
 
     def _uplink(self, ns: str, last: int) -> None:
         """A veth from ``ns`` (its ``up0``) to the internet's bridge, with the public address 10.x.0.<last>."""
-        _run("ip", "link", "add", "name", "up0", "netns", ns, "type", "veth", "peer", "name", f"p{last}", "netns", self.internet)
+        _run(
+            "ip",
+            "link",
+            "add",
+            "name",
+            "up0",
+            "netns",
+            self.pid(ns),
+            "type",
+            "veth",
+            "peer",
+            "name",
+            f"p{last}",
+            "netns",
+            self.pid(self.internet),
+        )
         self.exec(self.internet, "ip", "link", "set", f"p{last}", "master", "br0", "up")
         self.exec(ns, "ip", "addr", "add", f"{self.public(last)}/24", "dev", "up0")
         self.exec(ns, "ip", "link", "set", "up0", "up")
@@ -112,7 +147,22 @@ class Fabric:
         n = self._hosts[host]
         self._containers[host] = index = self._containers.get(host, 1) + 1
         peer = f"c{index}"
-        _run("ip", "link", "add", "name", "eth0", "netns", ns, "type", "veth", "peer", "name", peer, "netns", host)
+        _run(
+            "ip",
+            "link",
+            "add",
+            "name",
+            "eth0",
+            "netns",
+            self.pid(ns),
+            "type",
+            "veth",
+            "peer",
+            "name",
+            peer,
+            "netns",
+            self.pid(host),
+        )
         self.exec(host, "ip", "link", "set", peer, "master", "cbr", "up")
         self.exec(ns, "ip", "addr", "add", f"10.{self.second_octet}.{10 + n}.{index}/24", "dev", "eth0")
         self.exec(ns, "ip", "link", "set", "eth0", "up")
@@ -125,12 +175,28 @@ class Fabric:
         self.exec(host, "iptables", "-A", "FORWARD", "-p", "udp", "-s", other_public, "-j", "DROP")
 
     def close(self) -> None:
-        """Delete every namespace made (their interfaces, routes and iptables rules go with them)."""
+        """End every process left in the fabric's namespaces, then their holders: the namespaces go with them."""
         for ns in reversed(self.namespaces):
-            for pid in _run("ip", "netns", "pids", ns, check=False).stdout.split():
-                try:
-                    os.kill(int(pid), 9)
-                except (ProcessLookupError, ValueError):
-                    pass
-            _run("ip", "netns", "delete", ns, check=False)
+            holder = self._holders.pop(ns)
+            for pid in _pids_in(ns):
+                if pid != holder.pid:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+            holder.kill()
+            holder.wait()
         self.namespaces.clear()
+
+
+def _pids_in(ns: str) -> list[int]:
+    """Processes whose network namespace is ``ns`` (what the test started there)."""
+    try:
+        target = os.readlink(ns)
+    except OSError:
+        return []
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{entry}/ns/net") == target:
+                    pids.append(int(entry))
+    return pids

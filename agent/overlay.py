@@ -1,0 +1,204 @@
+"""The overlay client of one replica: Nebula run in the replica's network namespace (docs/overlay.md).
+
+The host's overlay key (X25519) is made here once and kept 0600 in the state directory (``OverlayKey``); its public
+half goes to the Master in ``hello``, which signs each replica's certificate for it, so no private key ever travels.
+For a replica whose create carries an ``OverlaySpec``, ``OverlayClient`` writes the CA, the certificate, Nebula's
+configuration and the hostfile into the replica's overlay directory, starts ``nebula`` inside the replica's network
+namespace (``enter``: the command prefix that enters it, ``nsenter --net=/proc/PID/ns/net`` for a container), and
+reads Nebula's JSON log to know, for each peer, whether its tunnel is direct or goes through a relay
+(``peer_path``).
+
+States of a client: written -> running (nebula started) -> stopped. ``stop`` ends nebula (SIGTERM, then SIGKILL)
+and is safe to call twice. A nebula that exits by itself leaves the client ``exited`` with its code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import logging
+import os
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from agent.state import private_dir, private_file
+from common.overlay import HOSTFILE_NAME, OverlaySpec, hostfile_text, nebula_config, replica_env
+
+__all__ = ["OverlayClient", "OverlayError", "OverlayKey", "PeerPath", "peer_path"]
+
+log = logging.getLogger(__name__)
+
+KEY_FILE = "overlay.key"
+PUBLIC_FILE = "overlay.pub"
+STOP_GRACE_S = 5.0  # nebula closes its tunnels on SIGTERM; past this it is killed
+
+PeerPath = Literal["direct", "relay"]
+
+
+class OverlayError(RuntimeError):
+    """The overlay cannot run here: no nebula binary, no TUN device, a namespace that cannot be entered."""
+
+
+@dataclass(frozen=True)
+class OverlayKey:
+    """The host's Nebula key pair: the private half stays in ``private_path`` (0600)."""
+
+    private_path: Path
+    public_pem: str
+
+    @classmethod
+    def load_or_create(cls, state_dir: Path) -> OverlayKey:
+        from common.nebula import new_host_key
+
+        private_dir(state_dir)
+        key_path, public_path = state_dir / KEY_FILE, state_dir / PUBLIC_FILE
+        if not (key_path.exists() and public_path.exists()):
+            private, public = new_host_key()
+            private_file(key_path).write_text(private)
+            private_file(public_path).write_text(public)
+        return cls(private_path=key_path, public_pem=public_path.read_text())
+
+
+def peer_path(record: dict[str, object]) -> tuple[str, PeerPath | None] | None:
+    """What one line of Nebula's JSON log says about a peer's tunnel: (its overlay address, "direct" or "relay"),
+    (address, None) when the tunnel closed, None when the line says nothing of it. A completed handshake names the
+    peer's UDP address when direct and none when it came through a relay; a roam names the new UDP address."""
+    address = record.get("vpnIp")
+    if not isinstance(address, str):
+        return None
+    message = record.get("msg")
+    if message in ("Handshake message received", "Handshake message sent") and "certName" in record:
+        return address, ("relay" if record.get("udpAddr") is None else "direct")
+    if message == "Host roamed to new udp ip/port.":
+        return address, "direct"
+    if message == "Close tunnel received, tearing down.":
+        return address, None
+    return None
+
+
+class OverlayClient:
+    """Nebula for one replica, in its namespace."""
+
+    def __init__(
+        self,
+        spec: OverlaySpec,
+        *,
+        workdir: Path,
+        key: OverlayKey,
+        enter: Sequence[str] = (),
+        nebula: str = "nebula",
+        hostfile_in_container: str = "",
+    ) -> None:
+        self.spec = spec
+        self.workdir = workdir
+        self.key = key
+        self.enter = list(enter)
+        self.nebula = nebula
+        # Where the replica reads the hostfile (a path inside its container); the overlay directory's by default.
+        self.hostfile_in_container = hostfile_in_container or str(workdir / HOSTFILE_NAME)
+        self.paths: dict[str, PeerPath] = {}
+        self._process: asyncio.subprocess.Process | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self.exit_code: int | None = None
+        self._up = asyncio.Event()
+        self._tail: collections.deque[str] = collections.deque(maxlen=5)  # nebula's last lines, for an error
+
+    @property
+    def state(self) -> str:
+        if self._process is None:
+            return "stopped" if self.exit_code is not None else "written"
+        return "running" if self._process.returncode is None else "exited"
+
+    def env(self) -> dict[str, str]:
+        """The replica's variables (torchrun's, the hostfile, the interface)."""
+        return replica_env(self.spec, self.hostfile_in_container)
+
+    def write(self) -> Path:
+        """The CA, certificate, configuration and hostfile; returns the configuration's path."""
+        private_dir(self.workdir)
+        (self.workdir / "ca.crt").write_text(self.spec.ca)
+        (self.workdir / "host.crt").write_text(self.spec.certificate)
+        config = nebula_config(
+            self.spec,
+            ca_path=str(self.workdir / "ca.crt"),
+            cert_path=str(self.workdir / "host.crt"),
+            key_path=str(self.key.private_path),
+        )
+        config_path = self.workdir / "nebula.json"
+        config_path.write_text(json.dumps(config))
+        hostfile = self.workdir / HOSTFILE_NAME
+        hostfile.write_text(hostfile_text(self.spec))
+        os.chmod(hostfile, 0o644)  # the replica's user reads it (the directory itself stays the agent's)
+        return config_path
+
+    async def start(self) -> None:
+        if shutil.which(self.nebula) is None:
+            raise OverlayError(f"{self.nebula!r} is not installed: the overlay needs Debian's nebula package")
+        config = self.write()
+        self._process = await asyncio.create_subprocess_exec(
+            *self.enter,
+            self.nebula,
+            "-config",
+            str(config),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        self._reader = asyncio.create_task(self._read(self._process), name=f"overlay-log-{self.spec.group}-{self.spec.rank}")
+
+    async def _read(self, process: asyncio.subprocess.Process) -> None:
+        assert process.stdout is not None
+        with open(self.workdir / "nebula.log", "ab", buffering=0) as kept:
+            async for line in process.stdout:
+                kept.write(line)
+                self._tail.append(line.decode(errors="replace").strip())
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if not isinstance(record, dict):
+                    continue
+                if str(record.get("certName", "")).startswith("lighthouse-"):
+                    self._up.set()  # the interface is up and a lighthouse knows where this replica is
+                if record.get("level") in ("error", "fatal"):
+                    log.warning("overlay: %s", record.get("msg"), extra={"group": self.spec.group, "rank": self.spec.rank})
+                seen = peer_path(record)
+                if seen is None:
+                    continue
+                address, path = seen
+                if path is None:
+                    self.paths.pop(address, None)
+                else:
+                    self.paths[address] = path
+        self.exit_code = await process.wait()
+
+    async def wait_up(self, timeout_s: float) -> None:
+        """Until the overlay's interface is up and a lighthouse answered (peers can find this replica), or OverlayError."""
+        waiting = asyncio.ensure_future(self._up.wait())
+        ended = asyncio.ensure_future(self._reader) if self._reader is not None else waiting
+        done, _ = await asyncio.wait({waiting, ended}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        waiting.cancel()
+        if self._up.is_set():
+            return
+        raise OverlayError(f"the overlay did not come up within {timeout_s} s: {' | '.join(self._tail)}")
+
+    async def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is None:
+            return
+        if process.returncode is None:
+            process.terminate()
+            try:
+                await asyncio.wait_for(process.wait(), STOP_GRACE_S)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+        if self._reader is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+        self.exit_code = process.returncode
