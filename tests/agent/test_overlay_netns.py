@@ -28,7 +28,7 @@ from agent.overlay import OverlayClient, OverlayKey
 from common.nebula import new_host_key
 from common.overlay import lighthouse_config
 from master.overlay import LighthouseSetting, OverlayAuthority, OverlaySettings, allocate_network
-from tests.support.netns import Fabric, available
+from bench.netns import Fabric, available
 
 _why = available() or ("" if shutil.which("nebula") else "Debian's nebula is not installed (scripts/setup-env)")
 pytestmark = pytest.mark.skipif(bool(_why), reason=_why or "runs")

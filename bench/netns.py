@@ -1,4 +1,4 @@
-"""Hosts behind NATs, made of network namespaces, for the overlay's tests and bench (docs/overlay.md).
+"""Hosts behind NATs, made of network namespaces, for the overlay's bench and tests (docs/overlay.md).
 
 ```
  lighthouse ns (10.x.0.10) ----+
