@@ -33,6 +33,7 @@ from agent.host_sample import HostSampler, host_sampler_for
 from agent.identity import AgentIdentity
 from agent.ledger import CommandLog
 from agent.output import KeptOutputRuntime, OutputKeeper
+from agent.overlay import GangOverlays
 from agent.runtime import ContainerRuntime, open_runtime
 from agent.runtime.base import PullsImages
 from agent.runtime.images import GB, ImageLimits, PullProgress
@@ -143,6 +144,8 @@ class Agent:
             retention_s=config.output_keep_s,
             budget_bytes=config.output_keep_total_bytes,
         )
+        # Gangs' private networks (docs/overlay.md): where this host can run nebula, its key goes to the Master in hello.
+        self.overlays = GangOverlays.available(config.state_path)
         self.executor = CommandExecutor(
             self.identity.agent_id,
             self.ledger,
@@ -151,6 +154,7 @@ class Agent:
             host_gpus=self.collector.inventory,
             on_pull_progress=self._on_pull_progress,
             keeper=self.output,
+            overlays=self.overlays,
         )
         # Verification challenges (agent/benchmark/): answered with the benchmark this host can run, if any.
         self.verification, self.benchmark = open_responder(
@@ -330,6 +334,7 @@ class Agent:
             isolation=self.runtime.isolation if ready else NO_ISOLATION,
             gpu_reach=self.gpu_reach if ready else [],
             images=self.images if ready else [],
+            overlay_key=self.overlays.key.public_pem if self.overlays is not None else "",
         )
         return Hello(
             versions=list(PROTOCOL_VERSIONS),

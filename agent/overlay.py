@@ -24,12 +24,15 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
+
+import msgspec
 
 from agent.state import private_dir, private_file
+from common.containers import ContainerSpec
 from common.overlay import HOSTFILE_NAME, OverlaySpec, hostfile_text, nebula_config, replica_env
 
-__all__ = ["OverlayClient", "OverlayError", "OverlayKey", "PeerPath", "peer_path"]
+__all__ = ["GangOverlays", "OverlayClient", "OverlayError", "OverlayKey", "PeerPath", "peer_path"]
 
 log = logging.getLogger(__name__)
 
@@ -202,3 +205,75 @@ class OverlayClient:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reader
         self.exit_code = process.returncode
+
+
+class NetworkNamespaces(Protocol):
+    """What a runtime that can host an overlay tells: a running container's network namespace, by path."""
+
+    async def network_namespace(self, name: str) -> str | None: ...
+
+
+class GangOverlays:
+    """This host's gang replicas' overlay clients, by container name (the executor's part of docs/overlay.md).
+
+    ``prepare`` adds the replica's variables to its spec before the create (the hostfile's path included);
+    ``attach`` starts its overlay once the container runs, in its network namespace; ``detach`` stops it when the
+    container is deleted. A container whose runtime shows no namespace of its own gets no overlay (logged): the
+    overlay is never run in the host's own network."""
+
+    def __init__(self, key: OverlayKey, root: Path, *, nebula: str = "nebula") -> None:
+        self.key = key
+        self.root = root
+        self.nebula = nebula
+        self.clients: dict[str, OverlayClient] = {}
+
+    @classmethod
+    def available(cls, state_dir: Path, *, nebula: str = "nebula") -> GangOverlays | None:
+        """The host's overlays when it can run them (root, nebula installed, a TUN device), else None."""
+        if os.geteuid() != 0 or shutil.which(nebula) is None or not os.path.exists("/dev/net/tun"):
+            return None
+        root = Path(f"{state_dir}-overlay")
+        root.mkdir(parents=True, exist_ok=True)
+        os.chmod(root, 0o711)  # a replica's user reaches its hostfile by name; it lists nothing
+        return cls(OverlayKey.load_or_create(state_dir), root, nebula=nebula)
+
+    def _workdir(self, name: str) -> Path:
+        return self.root / name
+
+    def prepare(self, spec: ContainerSpec) -> ContainerSpec:
+        if spec.overlay is None:
+            return spec
+        hostfile = str(self._workdir(spec.name) / HOSTFILE_NAME)
+        return msgspec.structs.replace(spec, env={**spec.env, **replica_env(spec.overlay, hostfile)})
+
+    async def attach(self, spec: ContainerSpec, runtime: object) -> None:
+        if spec.overlay is None or spec.name in self.clients:
+            return
+        find = getattr(runtime, "network_namespace", None)
+        netns = await find(spec.name) if find is not None else None
+        if netns is None:
+            log.warning(
+                "no network namespace of its own: the gang replica runs without its overlay", extra={"container": spec.name}
+            )
+            return
+        workdir = self._workdir(spec.name)
+        client = OverlayClient(
+            spec.overlay, workdir=workdir, key=self.key, enter=["nsenter", f"--net={netns}"], nebula=self.nebula
+        )
+        private_dir(workdir)
+        os.chmod(workdir, 0o711)
+        await client.start()
+        self.clients[spec.name] = client
+
+    async def detach(self, name: str) -> None:
+        client = self.clients.pop(name, None)
+        if client is not None:
+            await client.stop()
+
+    def paths(self) -> dict[str, dict[str, PeerPath]]:
+        """Per container, how each peer is reached now ("direct" or "relay")."""
+        return {name: dict(client.paths) for name, client in self.clients.items()}
+
+    async def close(self) -> None:
+        for name in list(self.clients):
+            await self.detach(name)

@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import os
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
@@ -458,6 +459,15 @@ class DockerRuntime:
 
     async def _remove_quietly(self, cid: str) -> None:
         await self._call("DELETE", f"/containers/{cid}", params={"force": "true", "v": "true"})
+
+    async def network_namespace(self, name: str) -> str | None:
+        """The path of a running container's network namespace (a gang's overlay runs in it, docs/overlay.md); None
+        when it does not run, or the engine's processes are not this agent's to see (a rootless engine, another
+        PID namespace)."""
+        raw = await self._inspect_raw(name)
+        pid = int(((raw or {}).get("State") or {}).get("Pid") or 0)
+        path = f"/proc/{pid}/ns/net"
+        return path if pid > 0 and os.path.exists(path) else None
 
     async def _inspect_raw(self, name: str) -> dict[str, Any] | None:
         status, body = await self._call("GET", f"/containers/{quote(name, safe='')}/json")

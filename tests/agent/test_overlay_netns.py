@@ -24,11 +24,12 @@ from pathlib import Path
 
 import pytest
 
-from agent.overlay import OverlayClient, OverlayKey
+from agent.overlay import GangOverlays, OverlayClient, OverlayKey
+from bench.netns import Fabric, available
+from common.containers import ContainerSpec
 from common.nebula import new_host_key
 from common.overlay import lighthouse_config
 from master.overlay import LighthouseSetting, OverlayAuthority, OverlaySettings, allocate_network
-from bench.netns import Fabric, available
 
 _why = available() or ("" if shutil.which("nebula") else "Debian's nebula is not installed (scripts/setup-env)")
 pytestmark = pytest.mark.skipif(bool(_why), reason=_why or "runs")
@@ -39,8 +40,15 @@ LIGHTHOUSE_PORT = 4242
 _tags = count()
 
 
-def gang_enter(ns: str) -> list[str]:
-    return ["nsenter", f"--net={ns}"]  # what the agent runs a container's overlay with
+class Namespaces:
+    """The part of a container runtime the overlay asks for: each container's network namespace. The namespaces are
+    real (the fabric's); no engine is needed to make them."""
+
+    def __init__(self) -> None:
+        self.of: dict[str, str] = {}
+
+    async def network_namespace(self, name: str) -> str | None:
+        return self.of.get(name)
 
 
 @dataclass
@@ -51,8 +59,10 @@ class Gang:
     authority: OverlayAuthority
     tmp: Path
     hosts: dict[str, str] = field(default_factory=dict)  # name -> namespace
-    keys: dict[str, OverlayKey] = field(default_factory=dict)  # host -> its overlay key
+    overlays: dict[str, GangOverlays] = field(default_factory=dict)  # host -> its agent's overlays
+    runtime: Namespaces = field(default_factory=Namespaces)
     replicas: dict[tuple[str, int], tuple[str, OverlayClient]] = field(default_factory=dict)
+    env: dict[tuple[str, int], dict[str, str]] = field(default_factory=dict)  # what each replica's container gets
     networks: dict[str, str] = field(default_factory=dict)
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
@@ -61,24 +71,29 @@ class Gang:
         self.networks[workload] = network
         for rank, host in enumerate(hosts):
             ns = self.fabric.add_container(self.hosts[host], f"{workload[-2:]}{rank}")
-            spec = self.authority.replica_spec(
+            overlays = self.overlays[host]
+            overlay = self.authority.replica_spec(
                 workload_id=workload,
                 network=network,
                 replica=rank,
                 replicas=len(hosts),
                 gpus=1,
-                public_key_pem=self.keys[host].public_pem,
+                public_key_pem=overlays.key.public_pem,
                 now=time.time(),
             )
-            client = OverlayClient(spec, workdir=self.tmp / f"{workload}-r{rank}", key=self.keys[host], enter=gang_enter(ns))
-            await client.start()
-            self.replicas[(workload, rank)] = (ns, client)
+            # What the agent's executor does with the create: the variables before, the overlay once it runs.
+            name = f"{workload}-r{rank}-a1"
+            spec = overlays.prepare(ContainerSpec(name=name, image="busybox", overlay=overlay))
+            self.runtime.of[name] = ns
+            await overlays.attach(spec, self.runtime)
+            self.replicas[(workload, rank)] = (ns, overlays.clients[name])
+            self.env[(workload, rank)] = spec.env
         for _, client in (self.replicas[(workload, r)] for r in range(len(hosts))):
             await client.wait_up(10)
 
     def run(self, workload: str, rank: int, *args: str) -> subprocess.Popen[bytes]:
-        ns, client = self.replicas[(workload, rank)]
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **client.env()}
+        ns, _ = self.replicas[(workload, rank)]
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **self.env[(workload, rank)]}
         proc = subprocess.Popen(self.fabric.command(ns, [sys.executable, *args]), env=env, stdout=subprocess.PIPE)
         self.processes.append(proc)
         return proc
@@ -97,7 +112,6 @@ class Gang:
 @pytest.fixture
 async def gang(tmp_path: Path) -> AsyncIterator[Gang]:
     fabric = Fabric(tag=f"{os.getpid() % 100000}{next(_tags)}")
-    clients: list[OverlayClient] = []
     gang_ = None
     try:
         fabric.start()
@@ -109,7 +123,8 @@ async def gang(tmp_path: Path) -> AsyncIterator[Gang]:
         gang_ = Gang(fabric, authority, tmp_path)
         for name, last in (("ha", 2), ("hb", 3)):
             gang_.hosts[name] = fabric.add_host(name, last)
-            gang_.keys[name] = OverlayKey.load_or_create(tmp_path / f"state-{name}")
+            state = tmp_path / f"state-{name}"
+            gang_.overlays[name] = GangOverlays(OverlayKey.load_or_create(state), Path(f"{state}-overlay"))
         # The lighthouse and relay: what runs beside an Access relay, with a certificate from the same authority.
         lh_dir = tmp_path / "lighthouse"
         lh_dir.mkdir()
@@ -135,9 +150,8 @@ async def gang(tmp_path: Path) -> AsyncIterator[Gang]:
         yield gang_
     finally:
         if gang_ is not None:
-            clients = [client for _, client in gang_.replicas.values()]
-            for client in clients:
-                await client.stop()
+            for overlays in gang_.overlays.values():
+                await overlays.close()
             for proc in gang_.processes:
                 if proc.poll() is None:
                     proc.kill()
