@@ -30,7 +30,7 @@ from pathlib import Path
 from agent.overlay import OverlayClient, OverlayKey
 from bench.netns import Fabric, available
 from common.nebula import new_host_key
-from common.overlay import lighthouse_config
+from common.overlay import lighthouse_config, relay_limit_rules
 from master.overlay import LighthouseSetting, OverlayAuthority, OverlaySettings, allocate_network
 
 LIGHTHOUSE = "100.64.0.1"
@@ -148,7 +148,7 @@ async def _measure(
     return PathFigures(path=path, mib_per_s=mib / bulk["s"], rtt_p50_ms=statistics.median(rtts), rtt_p99_ms=_p(rtts, 0.99))
 
 
-async def run_overlay_bench(mib: int = 64, pings: int = 2000) -> OverlayBench:
+async def run_overlay_bench(mib: int = 64, pings: int = 2000, relay_limit_mib: float = 0.0) -> OverlayBench:
     why = available() or ("" if shutil.which("nebula") else "nebula is not installed")
     if why:
         raise SystemExit(f"bench overlay: {why}")
@@ -179,6 +179,9 @@ async def run_overlay_bench(mib: int = 64, pings: int = 2000) -> OverlayBench:
                     fabric.command(lh, ["nebula", "-config", str(lh_dir / "nebula.json")]), stdout=subprocess.DEVNULL
                 )
             )
+            if relay_limit_mib:
+                for rule in relay_limit_rules(PORT, int(relay_limit_mib * 1024 * 1024)):
+                    fabric.exec(lh, "iptables", *rule)
             ha, hb = fabric.add_host("ha", 2), fabric.add_host("hb", 3)
             # Direct: a NATed replica and one on a public address (its peer's NAT keeps the mapping: punching works).
             public_ns = fabric.add_public("pub", 4)
@@ -194,11 +197,11 @@ async def run_overlay_bench(mib: int = 64, pings: int = 2000) -> OverlayBench:
             # The control path through the relay's host: idle, then while the relay carries bulk traffic.
             setup.spawn(lh, _ECHO, str(ECHO_PORT))
             await asyncio.sleep(0.3)
-            idle = await setup.run(a0, _PINGS, fabric.public(10), str(ECHO_PORT), "300", "0.01")
+            idle = await setup.run(a0, _PINGS, fabric.public(10), str(ECHO_PORT), "500", "0.01")
             peer = relay_clients[0].spec.peers[0]
             bulk = setup.spawn(r1, _BULK, peer, str(DATA_PORT), str(mib * 4))
             await asyncio.sleep(0.5)
-            loaded = await setup.run(a0, _PINGS, fabric.public(10), str(ECHO_PORT), "300", "0.01")
+            loaded = await setup.run(a0, _PINGS, fabric.public(10), str(ECHO_PORT), "500", "0.01")
             still_bulk = bulk.poll() is None
             bulk.wait(timeout=300)
             assert isinstance(idle, list) and isinstance(loaded, list)
@@ -234,8 +237,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--mib", type=int, default=64, help="MiB sent per throughput run (default 64)")
     parser.add_argument("--pings", type=int, default=2000, help="round trips per path (default 2000)")
     parser.add_argument("--json", type=Path, help="write the figures there too")
+    parser.add_argument("--relay-limit-mib", type=float, default=0.0, help="bound each replica's relayed MiB/s (0: none)")
     args = parser.parse_args(argv)
-    result = asyncio.run(run_overlay_bench(args.mib, args.pings))
+    result = asyncio.run(run_overlay_bench(args.mib, args.pings, args.relay_limit_mib))
     print(overlay_table(result))
     if args.json:
         args.json.write_text(json.dumps(asdict(result), indent=2))

@@ -130,6 +130,22 @@ def nebula_config(spec: OverlaySpec, *, ca_path: str, cert_path: str, key_path: 
     }
 
 
+RELAY_BYTES_PER_S = 8 * 1024 * 1024  # what one replica may push through a relay (a tunnel's default is 32 MiB/s)
+
+
+def relay_limit_rules(port: int, bytes_per_s: int = RELAY_BYTES_PER_S) -> list[list[str]]:
+    """iptables rules (arguments after ``iptables``) for the relay's host that bound what each replica sends through
+    the relay: a token bucket per source address and port (one replica's Nebula socket), over which its packets are
+    dropped, so TCP inside the overlay slows down and the relay's control frames keep their pace. Lighthouse queries
+    and handshakes are small and stay far under it; direct tunnels never reach the relay."""
+    kib = max(bytes_per_s // 1024, 1)
+    return [
+        ["-A", "INPUT", "-p", "udp", "--dport", str(port), "-m", "hashlimit", "--hashlimit-name", f"overlay{port}",
+         "--hashlimit-mode", "srcip,srcport", "--hashlimit-above", f"{kib}kb/s", "--hashlimit-burst", f"{kib + 64}kb",
+         "-j", "DROP"],
+    ]  # fmt: skip
+
+
 def lighthouse_config(
     *, ca_path: str, cert_path: str, key_path: str, listen_host: str, listen_port: int, interface: str
 ) -> dict[str, Any]:
