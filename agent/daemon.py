@@ -607,7 +607,10 @@ class Agent:
             containers = await self.runtime.list()
             running = sorted(c.name for c in containers if c.state == "running")
             exited = await self._report_exits(containers)
-            await self._send(Heartbeat(seq=next(self._seq), ts=time.time(), running=running, exited=exited, ping=self._ping))
+            overlay = self.overlays.paths() if self.overlays is not None else {}
+            await self._send(
+                Heartbeat(seq=next(self._seq), ts=time.time(), running=running, exited=exited, ping=self._ping, overlay=overlay)
+            )
             await asyncio.sleep(jittered(self.heartbeat_s))
 
     async def _exit_check_loop(self, ws: ClientConnection) -> None:

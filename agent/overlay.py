@@ -270,9 +270,9 @@ class GangOverlays:
         if client is not None:
             await client.stop()
 
-    def paths(self) -> dict[str, dict[str, PeerPath]]:
+    def paths(self) -> dict[str, dict[str, str]]:
         """Per container, how each peer is reached now ("direct" or "relay")."""
-        return {name: dict(client.paths) for name, client in self.clients.items()}
+        return {name: {peer: str(path) for peer, path in client.paths.items()} for name, client in self.clients.items()}
 
     async def close(self) -> None:
         for name in list(self.clients):

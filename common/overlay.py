@@ -24,6 +24,7 @@ __all__ = [
     "OverlaySpec",
     "hostfile_text",
     "nebula_config",
+    "replica_address",
     "replica_env",
 ]
 
@@ -74,6 +75,14 @@ class OverlaySpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     def address(self) -> str:
         """This replica's overlay address."""
         return self.peers[self.rank]
+
+
+def replica_address(network: str, replica: int) -> str:
+    """Replica ``replica``'s address: the block's host number ``replica + 1`` (rank 0 is MASTER_ADDR)."""
+    block = ipaddress.IPv4Network(network)
+    if replica + 2 >= block.num_addresses:
+        raise ValueError(f"replica {replica} does not fit in {network}")
+    return str(block.network_address + replica + 1)
 
 
 def hostfile_text(spec: OverlaySpec) -> str:

@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from common.errors import IdlegridError
 from common.nebula import NebulaCertificate, cert_pem, decode_cert_pem, public_key_of_pem, sign
-from common.overlay import DEFAULT_MASTER_PORT, Lighthouse, OverlaySpec
+from common.overlay import DEFAULT_MASTER_PORT, Lighthouse, OverlaySpec, replica_address
 
 __all__ = [
     "LighthouseSetting",
@@ -80,14 +80,6 @@ def allocate_network(held: Iterable[str], settings: OverlaySettings) -> str:
         if str(block) not in taken:
             return str(block)
     raise NoNetworkLeft(f"every /{settings.block_prefix} block of {settings.range} is held by an open workload")
-
-
-def replica_address(network: str, replica: int) -> str:
-    """Replica ``replica``'s address: the block's host number ``replica + 1`` (rank 0 is MASTER_ADDR)."""
-    block = ipaddress.IPv4Network(network)
-    if replica + 2 >= block.num_addresses:
-        raise ValueError(f"replica {replica} does not fit in {network}")
-    return str(block.network_address + replica + 1)
 
 
 class OverlayAuthority:

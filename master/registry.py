@@ -49,6 +49,8 @@ class Registry:
         changes: ChangeFeed | None = None,
     ) -> None:
         self._store = store
+        # Per host, its gang replicas' overlay paths as its last heartbeat said (container -> peer -> direct|relay).
+        self.overlay_paths: dict[str, dict[str, dict[str, str]]] = {}
         self.changes = changes if changes is not None else ChangeFeed()  # host, GPU health and exit changes go here
         self._events = events
         self.policy = policy

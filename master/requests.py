@@ -228,6 +228,11 @@ class MasterRequests:
             now=now,
         )
 
+    def overlay_paths(self, agent_id: str, container: str) -> dict[str, str]:
+        """How replica ``container`` on that host reaches each peer (overlay address -> "direct" or "relay"), as its
+        agent last said; empty when it said nothing."""
+        return dict(self.registry.overlay_paths.get(agent_id, {}).get(container, {}))
+
     def pull_progress(self, agent_id: str, container: str) -> str:
         """How the image pull of ``container``'s create on that host goes ("pulling image: 12.0 MB of 45.3 MB, 1 of 3
         layers"), as its agent last said; "" when no pull is under way."""

@@ -14,7 +14,8 @@ import pytest
 from common.inventory import Inventory
 from common.nebula import decode_cert_pem, new_host_key, public_key_of_pem, verify
 from common.overlay import OverlaySpec
-from common.wire import PROTOCOL_VERSIONS, AgentConnected, Hello
+from common.wire import PROTOCOL_VERSIONS, AgentConnected, Heartbeat, Hello
+from management.views import network_view
 from management.workloads.runner import SchedulerLoop
 from master.accounts import AccountRole
 from master.config import MasterConfig
@@ -123,3 +124,27 @@ async def test_a_restarted_gang_keeps_its_block_ranks_and_addresses(master: Mast
     for a in rec.assignments:
         after = overlay_of(link, a.agent_id)
         assert (after.rank, after.peers) == (before[a.replica].rank, before[a.replica].peers)
+
+
+async def test_the_workload_shows_each_replicas_address_and_whether_its_peers_are_direct_or_relayed(
+    master: Master, link: AccessLink
+) -> None:
+    for agent in ("agt-a", "agt-b"):
+        await host_with_key(master, link, agent)
+    loop = scheduler(master)
+    await loop.book.load()
+    wl = await loop.book.submit("alice", spec(replicas=2), time.time())
+    await loop.cycle()
+    rec = await loop.book.get(wl.id)
+    r0, r1 = sorted(rec.assignments, key=lambda a: a.replica)
+    # The agents' heartbeats say how their overlay clients reach the peer (agent/overlay.py reads it from nebula).
+    for a, peer, path in ((r0, "100.64.0.130", "relay"), (r1, "100.64.0.129", "relay")):
+        beat = Heartbeat(seq=1, ts=time.time(), running=[a.container], overlay={a.container: {peer: path}})
+        await relay(master, link, a.agent_id, beat)
+    paths = {a.replica: master.overlay_paths(a.agent_id, a.container) for a in rec.assignments}
+    view = network_view(rec, paths)
+    assert view.network == "100.64.0.128/25"
+    assert [(r.replica, r.address, r.peers) for r in view.replicas] == [
+        (0, "100.64.0.129", {"100.64.0.130": "relay"}),
+        (1, "100.64.0.130", {"100.64.0.129": "relay"}),
+    ]
