@@ -148,3 +148,34 @@ async def test_the_workload_shows_each_replicas_address_and_whether_its_peers_ar
         (0, "100.64.0.129", {"100.64.0.130": "relay"}),
         (1, "100.64.0.130", {"100.64.0.129": "relay"}),
     ]
+
+
+async def test_a_gang_whose_host_is_lost_is_requeued_whole_and_its_replica_moves_with_its_address(
+    master: Master, link: AccessLink
+) -> None:
+    keys = {agent: await host_with_key(master, link, agent) for agent in ("agt-a", "agt-b", "agt-c")}
+    loop = scheduler(master)
+    await loop.book.load()
+    wl = await loop.book.submit("alice", spec(replicas=2, restart_policy="on_failure", max_restarts=2), time.time())
+    await loop.cycle()
+    rec = await loop.book.get(wl.id)
+    await started(master, link, rec)
+    await loop.cycle()
+    assert (await loop.book.get(wl.id)).state == "running"
+    by_replica = {a.replica: a.agent_id for a in rec.assignments}
+    lost = by_replica[1]
+    await master.revoke(lost, "test: the host is gone")  # its replica cannot come back from it
+    await loop.cycle()
+    rec = await loop.book.get(wl.id)
+    assert rec.state == "queued" and rec.network == "100.64.0.128/25"  # the whole gang, its block kept
+    await deleted(master, link, by_replica[0])  # the surviving replica's container is stopped
+    for _ in range(3):
+        await loop.cycle()
+    rec = await loop.book.get(wl.id)
+    assert rec.state == "scheduled" and rec.attempts == 2
+    moved = next(a for a in rec.assignments if a.replica == 1)
+    assert moved.agent_id not in (lost,)
+    overlay = overlay_of(link, moved.agent_id)
+    assert overlay.rank == 1 and overlay.peers == ["100.64.0.129", "100.64.0.130"]  # same rank, same address
+    cert = decode_cert_pem(overlay.certificate)
+    assert cert.public_key == public_key_of_pem(keys[moved.agent_id])  # a new certificate, for its new host's key
