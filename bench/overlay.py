@@ -29,9 +29,8 @@ from pathlib import Path
 
 from agent.overlay import OverlayClient, OverlayKey
 from bench.netns import Fabric, available
-from common.nebula import new_host_key
-from common.overlay import lighthouse_config, relay_limit_rules
-from master.overlay import LighthouseSetting, OverlayAuthority, OverlaySettings, allocate_network
+from common.overlay import relay_limit_rules
+from master.overlay import LighthouseSetting, OverlayAuthority, OverlaySettings, allocate_network, write_lighthouse
 
 LIGHTHOUSE = "100.64.0.1"
 PORT = 4242
@@ -164,23 +163,15 @@ async def run_overlay_bench(mib: int = 64, pings: int = 2000, relay_limit_mib: f
             )
             authority = OverlayAuthority.create(settings)
             lh_dir = Path(tmp) / "lighthouse"
-            lh_dir.mkdir()
-            private, public = new_host_key()
-            (lh_dir / "host.key").write_text(private)
-            (lh_dir / "host.crt").write_text(authority.lighthouse_certificate(LIGHTHOUSE, public, time.time()))
-            (lh_dir / "ca.crt").write_text(authority.ca_pem)
-            config = lighthouse_config(
-                ca_path=str(lh_dir / "ca.crt"), cert_path=str(lh_dir / "host.crt"), key_path=str(lh_dir / "host.key"),
-                listen_host="0.0.0.0", listen_port=PORT, interface="lh0",
-            )  # fmt: skip
-            (lh_dir / "nebula.json").write_text(json.dumps(config))
+            write_lighthouse(authority, address=LIGHTHOUSE, port=PORT, out=lh_dir)  # unbounded unless asked (below)
             setup.procs.append(
                 subprocess.Popen(
                     fabric.command(lh, ["nebula", "-config", str(lh_dir / "nebula.json")]), stdout=subprocess.DEVNULL
                 )
             )
             if relay_limit_mib:
-                for rule in relay_limit_rules(PORT, int(relay_limit_mib * 1024 * 1024)):
+                rules = relay_limit_rules(PORT, int(relay_limit_mib * 1024 * 1024))  # the relay host's bound
+                for rule in rules:
                     fabric.exec(lh, "iptables", *rule)
             ha, hb = fabric.add_host("ha", 2), fabric.add_host("hb", 3)
             # Direct: a NATed replica and one on a public address (its peer's NAT keeps the mapping: punching works).

@@ -15,6 +15,7 @@ its rank; a certificate never outlives the CA (Nebula refuses it) nor ``cert_ttl
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import time
 from collections.abc import Iterable
@@ -26,8 +27,15 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from common.errors import IdlegridError
-from common.nebula import NebulaCertificate, cert_pem, decode_cert_pem, public_key_of_pem, sign
-from common.overlay import DEFAULT_MASTER_PORT, Lighthouse, OverlaySpec, replica_address
+from common.nebula import NebulaCertificate, cert_pem, decode_cert_pem, new_host_key, public_key_of_pem, sign
+from common.overlay import (
+    DEFAULT_MASTER_PORT,
+    Lighthouse,
+    OverlaySpec,
+    lighthouse_config,
+    relay_limit_rules,
+    replica_address,
+)
 
 __all__ = [
     "LighthouseSetting",
@@ -36,6 +44,7 @@ __all__ = [
     "OverlaySettings",
     "allocate_network",
     "replica_address",
+    "write_lighthouse",
 ]
 
 CA_KEY_FILE = "overlay-ca.key"
@@ -173,3 +182,30 @@ class OverlayAuthority:
             certificate=certificate,
             lighthouses=[Lighthouse(address=lh.address, endpoints=list(lh.endpoints)) for lh in self.settings.lighthouses],
         )
+
+
+def write_lighthouse(
+    authority: OverlayAuthority, *, address: str, port: int, out: Path, now: float | None = None
+) -> list[list[str]]:
+    """A lighthouse's directory for the host of an Access relay: a fresh key (0600), its certificate from the grid's
+    overlay CA, the CA, and ``nebula.json`` (``nebula -config OUT/nebula.json`` runs it, as root). Returns the iptables
+    rules that bound each replica's relayed bandwidth on that host (common.overlay.relay_limit_rules). The relay's
+    address and UDP port then go into the Master's ``[overlay] lighthouses``."""
+    out.mkdir(parents=True, exist_ok=True)
+    private, public = new_host_key()
+    key_path = out / "host.key"
+    fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(private)
+    (out / "host.crt").write_text(authority.lighthouse_certificate(address, public, time.time() if now is None else now))
+    (out / "ca.crt").write_text(authority.ca_pem)
+    config = lighthouse_config(
+        ca_path=str((out / "ca.crt").resolve()),
+        cert_path=str((out / "host.crt").resolve()),
+        key_path=str(key_path.resolve()),
+        listen_host="0.0.0.0",
+        listen_port=port,
+        interface="lh0",
+    )
+    (out / "nebula.json").write_text(json.dumps(config, indent=2))
+    return relay_limit_rules(port)

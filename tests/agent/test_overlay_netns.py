@@ -27,9 +27,7 @@ import pytest
 from agent.overlay import GangOverlays, OverlayClient, OverlayKey
 from bench.netns import Fabric, available
 from common.containers import ContainerSpec
-from common.nebula import new_host_key
-from common.overlay import lighthouse_config
-from master.overlay import LighthouseSetting, OverlayAuthority, OverlaySettings, allocate_network
+from master.overlay import LighthouseSetting, OverlayAuthority, OverlaySettings, allocate_network, write_lighthouse
 
 _why = available() or ("" if shutil.which("nebula") else "Debian's nebula is not installed (scripts/setup-env)")
 pytestmark = pytest.mark.skipif(bool(_why), reason=_why or "runs")
@@ -127,20 +125,8 @@ async def gang(tmp_path: Path) -> AsyncIterator[Gang]:
             gang_.overlays[name] = GangOverlays(OverlayKey.load_or_create(state), Path(f"{state}-overlay"))
         # The lighthouse and relay: what runs beside an Access relay, with a certificate from the same authority.
         lh_dir = tmp_path / "lighthouse"
-        lh_dir.mkdir()
-        private, public = new_host_key()
-        (lh_dir / "host.key").write_text(private)
-        (lh_dir / "host.crt").write_text(authority.lighthouse_certificate(LIGHTHOUSE, public, time.time()))
-        (lh_dir / "ca.crt").write_text(authority.ca_pem)
-        config = lighthouse_config(
-            ca_path=str(lh_dir / "ca.crt"),
-            cert_path=str(lh_dir / "host.crt"),
-            key_path=str(lh_dir / "host.key"),
-            listen_host="0.0.0.0",
-            listen_port=LIGHTHOUSE_PORT,
-            interface="lh0",
-        )
-        (lh_dir / "nebula.json").write_text(json.dumps(config))
+        for rule in write_lighthouse(authority, address=LIGHTHOUSE, port=LIGHTHOUSE_PORT, out=lh_dir):
+            fabric.exec(lh_ns, "iptables", *rule)  # the relay's bound per replica, as on a relay's host
         log = open(lh_dir / "nebula.log", "wb")
         gang_.processes.append(
             subprocess.Popen(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 from pathlib import Path
 
@@ -82,3 +83,32 @@ def test_a_lighthouse_is_in_the_first_block_and_no_workloads_group() -> None:
     assert ipaddress.IPv4Interface(cert.ips[0]).ip == ipaddress.IPv4Address("100.64.0.1")
     with pytest.raises(ValueError):
         authority.lighthouse_certificate("100.64.1.1", new_host_key()[1], NOW)
+
+
+def test_a_lighthouse_directory_is_written_for_a_relays_host(tmp_path: Path) -> None:
+    from master.overlay import write_lighthouse
+
+    authority = OverlayAuthority.open(tmp_path / "master", SETTINGS)
+    rules = write_lighthouse(authority, address="100.64.0.1", port=4242, out=tmp_path / "lh", now=NOW)
+    assert os.stat(tmp_path / "lh" / "host.key").st_mode & 0o777 == 0o600
+    cert = decode_cert_pem((tmp_path / "lh" / "host.crt").read_text())
+    assert verify(cert, authority.ca) and cert.groups == ("lighthouse",)
+    config = json.loads((tmp_path / "lh" / "nebula.json").read_text())
+    assert config["lighthouse"]["am_lighthouse"] and config["relay"]["am_relay"] and config["listen"]["port"] == 4242
+    assert config["firewall"]["inbound"] == []  # nothing reaches the lighthouse itself over the overlay
+    assert any("hashlimit" in rule for rule in rules)
+
+
+def test_the_cli_writes_a_lighthouse_from_the_masters_state_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from management.cli.main import main
+
+    state = tmp_path / "master"
+    authority = OverlayAuthority.open(state, SETTINGS)
+    assert (
+        main(["ca", "issue-lighthouse", "--state-dir", str(state), "--address", "100.64.0.1", "--out", str(tmp_path / "lh")]) == 0
+    )
+    assert verify(decode_cert_pem((tmp_path / "lh" / "host.crt").read_text()), authority.ca)
+    assert "nebula -config" in capsys.readouterr().out
+    assert (
+        main(["ca", "issue-lighthouse", "--state-dir", str(state), "--address", "100.64.5.1", "--out", str(tmp_path / "x")]) == 2
+    )
