@@ -260,9 +260,14 @@ class GangOverlays:
         client = OverlayClient(
             spec.overlay, workdir=workdir, key=self.key, enter=["nsenter", f"--net={netns}"], nebula=self.nebula
         )
-        private_dir(workdir)
-        os.chmod(workdir, 0o711)
-        await client.start()
+        try:
+            private_dir(workdir)
+            os.chmod(workdir, 0o711)
+            await client.start()
+        except (OverlayError, OSError) as exc:
+            # The container runs on; without its overlay its peers cannot reach it, and the gang's own timeouts say so.
+            log.error("the gang replica's overlay did not start: %s", exc, extra={"container": spec.name})
+            return
         self.clients[spec.name] = client
 
     async def detach(self, name: str) -> None:
