@@ -74,6 +74,7 @@ class PathFigures:
 class OverlayBench:
     direct: PathFigures
     relay: PathFigures
+    wireguard: PathFigures | None  # wireguard-go between the same two hosts as "direct", for the choice
     control_idle_p99_ms: float
     control_loaded_p99_ms: float
     control_ratio: float
@@ -129,6 +130,13 @@ async def _measure(
     setup: _Setup, clients: list[OverlayClient], server_ns: str, client_ns: str, mib: int, pings: int
 ) -> PathFigures:
     peer = clients[0].spec.peers[0]
+    figures = await _measure_path(setup, peer, server_ns, client_ns, mib, pings)
+    figures.path = clients[1].paths.get(peer, "unknown")
+    return figures
+
+
+async def _measure_path(setup: _Setup, peer: str, server_ns: str, client_ns: str, mib: int, pings: int) -> PathFigures:
+    """Round trips then bulk from ``client_ns`` to ``peer`` (served in ``server_ns``), over whatever tunnel joins them."""
     setup.spawn(server_ns, _SINK, str(DATA_PORT))
     setup.spawn(server_ns, _ECHO, str(DATA_PORT + 1))
     deadline = time.monotonic() + 20
@@ -143,8 +151,37 @@ async def _measure(
     rtts = await setup.run(client_ns, _PINGS, peer, str(DATA_PORT + 1), str(pings), "0")
     bulk = await setup.run(client_ns, _BULK, peer, str(DATA_PORT), str(mib))
     assert isinstance(rtts, list) and isinstance(bulk, dict)
-    path = clients[1].paths.get(peer, "unknown")
-    return PathFigures(path=path, mib_per_s=mib / bulk["s"], rtt_p50_ms=statistics.median(rtts), rtt_p99_ms=_p(rtts, 0.99))
+    return PathFigures(path="", mib_per_s=mib / bulk["s"], rtt_p50_ms=statistics.median(rtts), rtt_p99_ms=_p(rtts, 0.99))
+
+
+async def _wireguard_pair(setup: _Setup, ends: list[tuple[str, str]], port: int = 51820) -> list[str]:
+    """wireguard-go between two namespaces, for comparison: ``ends`` is (namespace, its public address or "" when it
+    is behind a NAT and dials out). Keys are made with ``wg``; returns the two tunnel addresses."""
+    fabric = setup.fabric
+    keys = []
+    for index, _ in enumerate(ends):
+        private = subprocess.run(["wg", "genkey"], capture_output=True, text=True, check=True).stdout.strip()
+        public = subprocess.run(["wg", "pubkey"], input=private, capture_output=True, text=True, check=True).stdout.strip()
+        (setup.tmp / f"wg{index}.key").write_text(private + "\n")
+        keys.append(public)
+    addresses = [f"10.99.0.{index + 1}" for index in range(len(ends))]
+    for index, (ns, _) in enumerate(ends):
+        device = f"igwg{index}"  # names differ: wireguard-go's control socket is a file all namespaces share
+        Path(f"/var/run/wireguard/{device}.sock").unlink(missing_ok=True)  # a killed earlier run's
+        setup.procs.append(subprocess.Popen(fabric.command(ns, ["wireguard-go", "-f", device]), stdout=subprocess.DEVNULL))
+        other = 1 - index
+        deadline = time.monotonic() + 10
+        while not Path(f"/var/run/wireguard/{device}.sock").exists():
+            if time.monotonic() > deadline:
+                raise RuntimeError("wireguard-go did not start")
+            await asyncio.sleep(0.05)
+        peer = ["peer", keys[other], "allowed-ips", f"{addresses[other]}/32", "persistent-keepalive", "1"]
+        if ends[other][1]:
+            peer += ["endpoint", f"{ends[other][1]}:{port}"]
+        fabric.exec(ns, "wg", "set", device, "private-key", str(setup.tmp / f"wg{index}.key"), "listen-port", str(port), *peer)
+        fabric.exec(ns, "ip", "addr", "add", f"{addresses[index]}/24", "dev", device)
+        fabric.exec(ns, "ip", "link", "set", device, "mtu", "1300", "up")
+    return addresses
 
 
 async def run_overlay_bench(mib: int = 64, pings: int = 2000, relay_limit_mib: float = 0.0) -> OverlayBench:
@@ -179,6 +216,12 @@ async def run_overlay_bench(mib: int = 64, pings: int = 2000, relay_limit_mib: f
             a0 = fabric.add_container(ha, "a0")
             direct_clients = await setup.gang(authority, "wl-d1", [public_ns, a0])
             direct = await _measure(setup, direct_clients, public_ns, a0, mib, pings)
+            wireguard = None
+            if shutil.which("wireguard-go") and shutil.which("wg"):
+                wg_public, wg_nated = fabric.add_public("wgp", 5), fabric.add_container(ha, "wg0")
+                wg_addresses = await _wireguard_pair(setup, [(wg_public, fabric.public(5)), (wg_nated, "")])
+                wireguard = await _measure_path(setup, wg_addresses[0], wg_public, wg_nated, mib, pings)
+                wireguard.path = "direct"
             # Relay: two NATed replicas with UDP between their hosts dropped.
             fabric.block_udp_between(ha, fabric.public(3))
             fabric.block_udp_between(hb, fabric.public(2))
@@ -199,7 +242,7 @@ async def run_overlay_bench(mib: int = 64, pings: int = 2000, relay_limit_mib: f
             if not still_bulk:
                 print("warning: the bulk transfer ended before the loaded pings did", file=sys.stderr)
             idle_p99, loaded_p99 = _p(idle, 0.99), _p(loaded, 0.99)
-            return OverlayBench(direct, relay, idle_p99, loaded_p99, loaded_p99 / idle_p99)
+            return OverlayBench(direct, relay, wireguard, idle_p99, loaded_p99, loaded_p99 / idle_p99)
         finally:
             if setup is not None:
                 for client in setup.clients:
@@ -213,7 +256,10 @@ async def run_overlay_bench(mib: int = 64, pings: int = 2000, relay_limit_mib: f
 
 def overlay_table(result: OverlayBench) -> str:
     rows = ["| path | agent says | throughput MiB/s | RTT p50 ms | RTT p99 ms |", "|---|---|---|---|---|"]
-    for name, fig in (("direct", result.direct), ("through the relay", result.relay)):
+    paths = [("direct", result.direct), ("through the relay", result.relay)]
+    if result.wireguard is not None:
+        paths.append(("wireguard-go, direct (comparison)", result.wireguard))
+    for name, fig in paths:
         rows.append(f"| {name} | {fig.path} | {fig.mib_per_s:.1f} | {fig.rtt_p50_ms:.3f} | {fig.rtt_p99_ms:.3f} |")
     rows.append("")
     rows.append(
