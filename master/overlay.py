@@ -71,7 +71,11 @@ class OverlaySettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     range: str = "100.64.0.0/10"  # RFC 6598 shared space: what a container's own networks rarely use
     block_prefix: Annotated[int, msgspec.Meta(ge=16, le=29)] = 25  # 126 addresses: 64 replicas and room to spare
+    # A replica's certificate lasts this long, or its workload's max_duration_s and an hour if that is longer, up to
+    # max_cert_s (certificates are not renewed yet: docs/overlay.md, "What is left").
     cert_ttl_s: Annotated[float, msgspec.Meta(ge=600, le=30 * 86400)] = 24 * 3600.0
+    max_cert_s: Annotated[float, msgspec.Meta(ge=600, le=366 * 86400)] = 30 * 86400.0
+    lighthouse_cert_s: Annotated[float, msgspec.Meta(ge=86400, le=5 * 366 * 86400)] = 365 * 86400.0
     master_port: Annotated[int, msgspec.Meta(ge=1024, le=65535)] = DEFAULT_MASTER_PORT
     lighthouses: list[LighthouseSetting] = []
 
@@ -136,9 +140,9 @@ class OverlayAuthority:
     def enabled(self) -> bool:
         return bool(self.settings.lighthouses)
 
-    def _certificate(self, *, name: str, cidr: str, groups: tuple[str, ...], public_key: bytes, now: float) -> str:
+    def _certificate(self, *, name: str, cidr: str, groups: tuple[str, ...], public_key: bytes, now: float, ttl_s: float) -> str:
         start = max(int(now) - CLOCK_SKEW_S, self.ca.not_before)
-        end = min(int(now + self.settings.cert_ttl_s), self.ca.not_after)
+        end = min(int(now + ttl_s), self.ca.not_after)
         cert = NebulaCertificate(name=name, public_key=public_key, not_before=start, not_after=end, ips=(cidr,), groups=groups)
         return cert_pem(sign(cert, self._key, self.ca))
 
@@ -153,12 +157,25 @@ class OverlayAuthority:
             groups=("lighthouse",),
             public_key=public_key_of_pem(public_key_pem),
             now=now,
+            ttl_s=self.settings.lighthouse_cert_s,
         )
 
     def replica_spec(
-        self, *, workload_id: str, network: str, replica: int, replicas: int, gpus: int, public_key_pem: str, now: float
+        self,
+        *,
+        workload_id: str,
+        network: str,
+        replica: int,
+        replicas: int,
+        gpus: int,
+        public_key_pem: str,
+        now: float,
+        max_duration_s: float | None = None,
     ) -> OverlaySpec:
-        """Replica ``replica``'s place on ``network``, its certificate made for its host's key."""
+        """Replica ``replica``'s place on ``network``, its certificate made for its host's key, valid ``cert_ttl_s``
+        or the workload's ``max_duration_s`` and an hour if longer (up to ``max_cert_s``)."""
+        settings = self.settings
+        ttl_s = min(max(settings.cert_ttl_s, (max_duration_s or 0.0) + 3600.0), settings.max_cert_s)
         peers = [replica_address(network, r) for r in range(replicas)]
         address = peers[replica]
         # The certificate's prefix is the grid's range: a replica's Nebula routes the whole range into its tunnel (the
@@ -170,6 +187,7 @@ class OverlayAuthority:
             groups=(workload_id,),
             public_key=public_key_of_pem(public_key_pem),
             now=now,
+            ttl_s=ttl_s,
         )
         return OverlaySpec(
             network=network,

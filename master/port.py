@@ -163,7 +163,16 @@ class MasterPort(Protocol):
     def overlay_network(self, held: Collection[str]) -> str: ...
     def overlay_paths(self, agent_id: str, container: str) -> dict[str, str]: ...
     def overlay_spec(
-        self, *, workload_id: str, network: str, replica: int, replicas: int, gpus: int, agent_id: str, now: float
+        self,
+        *,
+        workload_id: str,
+        network: str,
+        replica: int,
+        replicas: int,
+        gpus: int,
+        agent_id: str,
+        now: float,
+        max_duration_s: float | None = None,
     ) -> OverlaySpec | None: ...
 
     # --- signing keys and events ---

@@ -211,7 +211,16 @@ class MasterRequests:
         return allocate_network(held, self.overlay.settings)
 
     def overlay_spec(
-        self, *, workload_id: str, network: str, replica: int, replicas: int, gpus: int, agent_id: str, now: float
+        self,
+        *,
+        workload_id: str,
+        network: str,
+        replica: int,
+        replicas: int,
+        gpus: int,
+        agent_id: str,
+        now: float,
+        max_duration_s: float | None = None,
     ) -> OverlaySpec | None:
         """Replica ``replica``'s place on ``network``, its certificate signed for its host's overlay key; None when the
         host sent no key (it cannot run the overlay: its replica runs without one, and its peers cannot reach it)."""
@@ -226,6 +235,7 @@ class MasterRequests:
             gpus=gpus,
             public_key_pem=agent.overlay_key,
             now=now,
+            max_duration_s=max_duration_s,
         )
 
     def overlay_paths(self, agent_id: str, container: str) -> dict[str, str]:

@@ -454,6 +454,7 @@ class SchedulerLoop:
                 gpus=rec.spec.replica.gpus,
                 agent_id=a.agent_id,
                 now=now,
+                max_duration_s=rec.spec.max_duration_s,
             )
             body = wire_spec(container_spec(rec, a, overlay))
             try:

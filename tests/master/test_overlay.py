@@ -112,3 +112,19 @@ def test_the_cli_writes_a_lighthouse_from_the_masters_state_dir(tmp_path: Path, 
     assert (
         main(["ca", "issue-lighthouse", "--state-dir", str(state), "--address", "100.64.5.1", "--out", str(tmp_path / "x")]) == 2
     )
+
+
+def test_a_certificate_covers_the_workloads_longest_run_up_to_a_cap_and_a_lighthouses_lasts() -> None:
+    authority = OverlayAuthority.create(SETTINGS, now=NOW)
+    args = dict(workload_id="wl-ab", network="100.64.1.0/25", replica=0, replicas=2, gpus=1, now=NOW)
+
+    def lifetime(**extra: object) -> float:
+        spec = authority.replica_spec(**args, public_key_pem=new_host_key()[1], **extra)  # type: ignore[arg-type]
+        return decode_cert_pem(spec.certificate).not_after - NOW
+
+    assert lifetime() == SETTINGS.cert_ttl_s  # no maximum duration: the default
+    assert lifetime(max_duration_s=3600.0) == SETTINGS.cert_ttl_s  # a short run: still the default
+    assert lifetime(max_duration_s=3 * 86400.0) == 3 * 86400.0 + 3600.0  # a long run is covered, and an hour
+    assert lifetime(max_duration_s=300 * 86400.0) == SETTINGS.max_cert_s  # up to the cap
+    lighthouse = decode_cert_pem(authority.lighthouse_certificate("100.64.0.1", new_host_key()[1], NOW))
+    assert lighthouse.not_after - NOW == SETTINGS.lighthouse_cert_s
