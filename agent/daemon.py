@@ -209,6 +209,8 @@ class Agent:
     async def run(self) -> None:
         """Serve until stopped; raises CertificateRevoked when a relay says this agent's certificate is revoked."""
         await self.probe_runtime()
+        if self.overlays is not None:
+            await self.overlays.resume(self.runtime)  # gang replicas still running get their overlay again
         background = [asyncio.create_task(self._runtime_probe_loop())]
         if self.config.measure_bandwidth:
             background.append(asyncio.create_task(self._bandwidth_loop()))
@@ -248,6 +250,8 @@ class Agent:
         for task in list(self._running):
             task.cancel()
         await self.tunnels.close()
+        if self.overlays is not None:
+            await self.overlays.close()  # resumed at the next start for the replicas that still run
         if self._directory_saved is not None:
             await self._directory_saved  # the directory the Master sent last is on disk for the next start
         await self.runtime.close()

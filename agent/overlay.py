@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,8 @@ __all__ = ["GangOverlays", "OverlayClient", "OverlayError", "OverlayKey", "PeerP
 log = logging.getLogger(__name__)
 
 KEY_FILE = "overlay.key"
+SPEC_FILE = "overlay.json"  # a replica's OverlaySpec, kept for the agent's next start
+PID_FILE = "nebula.pid"  # "PID START_TICKS" of its nebula: a reused pid is never signalled
 PUBLIC_FILE = "overlay.pub"
 STOP_GRACE_S = 5.0  # nebula closes its tunnels on SIGTERM; past this it is killed
 
@@ -116,6 +119,10 @@ class OverlayClient:
         if self._process is None:
             return "stopped" if self.exit_code is not None else "written"
         return "running" if self._process.returncode is None else "exited"
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid if self._process is not None else 0
 
     def env(self) -> dict[str, str]:
         """The replica's variables (torchrun's, the hostfile, the interface)."""
@@ -217,9 +224,12 @@ class GangOverlays:
     """This host's gang replicas' overlay clients, by container name (the executor's part of docs/overlay.md).
 
     ``prepare`` adds the replica's variables to its spec before the create (the hostfile's path included);
-    ``attach`` starts its overlay once the container runs, in its network namespace; ``detach`` stops it when the
-    container is deleted. A container whose runtime shows no namespace of its own gets no overlay (logged): the
-    overlay is never run in the host's own network."""
+    ``attach`` starts its overlay once the container runs, in its network namespace, and keeps its spec
+    (``overlay.json``) and nebula's pid in the replica's overlay directory; ``detach`` stops it when the container is
+    deleted and removes the directory. ``resume``, at the agent's start, starts again the overlay of every replica
+    still running (the agent stops them all when it stops: nebula's log is read through a pipe to the agent) and
+    removes what is left of the others. A container whose runtime shows no namespace of its own gets no overlay
+    (logged): the overlay is never run in the host's own network."""
 
     def __init__(self, key: OverlayKey, root: Path, *, nebula: str = "nebula") -> None:
         self.key = key
@@ -247,8 +257,11 @@ class GangOverlays:
         return msgspec.structs.replace(spec, env={**spec.env, **replica_env(spec.overlay, hostfile)})
 
     async def attach(self, spec: ContainerSpec, runtime: object) -> None:
-        if spec.overlay is None or spec.name in self.clients:
-            return
+        if spec.overlay is not None and spec.name not in self.clients:
+            await self._start(spec.name, spec.overlay, runtime)
+
+    async def _start(self, name: str, overlay: OverlaySpec, runtime: object) -> None:
+        spec = ContainerSpec(name=name, image="-", overlay=overlay)
         find = getattr(runtime, "network_namespace", None)
         netns = await find(spec.name) if find is not None else None
         if netns is None:
@@ -257,13 +270,14 @@ class GangOverlays:
             )
             return
         workdir = self._workdir(spec.name)
-        client = OverlayClient(
-            spec.overlay, workdir=workdir, key=self.key, enter=["nsenter", f"--net={netns}"], nebula=self.nebula
-        )
+        client = OverlayClient(overlay, workdir=workdir, key=self.key, enter=["nsenter", f"--net={netns}"], nebula=self.nebula)
         try:
             private_dir(workdir)
             os.chmod(workdir, 0o711)
+            (workdir / SPEC_FILE).write_bytes(msgspec.json.encode(overlay))
             await client.start()
+            if client.pid:
+                (workdir / PID_FILE).write_text(f"{client.pid} {_start_ticks(client.pid)}")
         except (OverlayError, OSError) as exc:
             # The container runs on; without its overlay its peers cannot reach it, and the gang's own timeouts say so.
             log.error("the gang replica's overlay did not start: %s", exc, extra={"container": spec.name})
@@ -274,11 +288,65 @@ class GangOverlays:
         client = self.clients.pop(name, None)
         if client is not None:
             await client.stop()
+        workdir = self._workdir(name)
+        await _end_recorded(workdir)  # a nebula an earlier agent process started and did not stop
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    async def resume(self, runtime: object) -> None:
+        """At the agent's start: the overlay of every replica that still runs again; the rest removed."""
+        if not self.root.is_dir():
+            return
+        for workdir in sorted(p for p in self.root.iterdir() if p.is_dir()):
+            try:
+                overlay = msgspec.json.decode((workdir / SPEC_FILE).read_bytes(), type=OverlaySpec)
+            except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+                overlay = None
+            await _end_recorded(workdir)
+            find = getattr(runtime, "network_namespace", None)
+            running = find is not None and overlay is not None and await find(workdir.name) is not None
+            if overlay is None or not running:
+                shutil.rmtree(workdir, ignore_errors=True)
+                continue
+            await self._start(workdir.name, overlay, runtime)
 
     def paths(self) -> dict[str, dict[str, str]]:
         """Per container, how each peer is reached now ("direct" or "relay")."""
         return {name: {peer: str(path) for peer, path in client.paths.items()} for name, client in self.clients.items()}
 
     async def close(self) -> None:
-        for name in list(self.clients):
-            await self.detach(name)
+        """Stop every overlay, keeping what ``resume`` needs to start them again (the agent is stopping)."""
+        clients, self.clients = self.clients, {}
+        for client in clients.values():
+            await client.stop()
+
+
+def _start_ticks(pid: int) -> str:
+    """Field 22 of /proc/PID/stat (when the process started), "" when there is no such process."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+async def _end_recorded(workdir: Path) -> None:
+    """SIGKILL the nebula recorded in ``workdir`` if that very process still runs (same pid, same start), and wait
+    (up to STOP_GRACE_S) until it is gone: a new nebula in the same namespace needs its TUN device's name."""
+    try:
+        pid_text, ticks = (workdir / PID_FILE).read_text().split()
+        pid = int(pid_text)
+    except (OSError, ValueError):
+        return
+    if ticks and _start_ticks(pid) == ticks:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        deadline = asyncio.get_running_loop().time() + STOP_GRACE_S
+        while _start_ticks(pid) == ticks and not _zombie(pid) and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.02)
+    (workdir / PID_FILE).unlink(missing_ok=True)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in "ZX"
+    except (OSError, IndexError):
+        return True

@@ -29,6 +29,13 @@ _why = (
 pytestmark = pytest.mark.skipif(bool(_why), reason=_why or "runs")
 
 
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except FileNotFoundError:
+        return False
+
+
 def _interfaces(netns: str) -> str:
     return subprocess.run(["nsenter", f"--net={netns}", "ip", "-br", "addr"], capture_output=True, text=True, check=True).stdout
 
@@ -60,3 +67,45 @@ async def test_a_process_replicas_overlay_runs_in_its_own_namespace_with_its_add
         await overlays.close()
         await runtime.delete(spec.name, timeout_s=0)
     assert overlays.clients == {}
+
+
+async def test_a_restarted_agent_starts_again_the_overlays_of_replicas_still_running_and_removes_the_rest(
+    tmp_path: Path,
+) -> None:
+    runtime = ProcessRuntime(tmp_path / "state")
+    key = OverlayKey.load_or_create(tmp_path / "state")
+    first = GangOverlays(key, tmp_path / "state-overlay")
+    settings = OverlaySettings(lighthouses=[LighthouseSetting(address="100.64.0.1", endpoints=["127.0.0.1:4242"])])
+    authority = OverlayAuthority.create(settings)
+    specs = []
+    for replica in (0, 1):
+        overlay = authority.replica_spec(
+            workload_id="wl-ab", network="100.64.1.0/25", replica=replica, replicas=2, gpus=1,
+            public_key_pem=key.public_pem, now=time.time(),
+        )  # fmt: skip
+        spec = first.prepare(ContainerSpec(name=f"wl-ab-r{replica}-a1", image="none", command=["sleep", "60"], overlay=overlay))
+        await runtime.create(spec, labels={LABEL_COMMAND_ID: f"c{replica}", LABEL_AGENT_ID: "agt-1"})
+        await first.attach(spec, runtime)
+        specs.append(spec)
+    second = GangOverlays(key, tmp_path / "state-overlay")
+    try:
+        old_pid = first.clients["wl-ab-r0-a1"].pid
+        # The agent dies without stopping anything (SIGKILL); replica 1's container ends meanwhile.
+        await runtime.delete("wl-ab-r1-a1", timeout_s=0)
+        await second.resume(runtime)
+        assert sorted(second.clients) == ["wl-ab-r0-a1"]
+        assert not (tmp_path / "state-overlay" / "wl-ab-r1-a1").exists()
+        netns = await runtime.network_namespace("wl-ab-r0-a1")
+        assert netns is not None
+        deadline = time.monotonic() + 10
+        while "100.64.1.1/10" not in _interfaces(netns) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert "100.64.1.1/10" in _interfaces(netns)
+        assert second.clients["wl-ab-r0-a1"].pid != old_pid and not _alive(old_pid)  # the old nebula was ended
+        await second.detach("wl-ab-r0-a1")
+        assert not (tmp_path / "state-overlay" / "wl-ab-r0-a1").exists()
+    finally:
+        for overlays in (first, second):
+            await overlays.close()
+        for spec in specs:
+            await runtime.delete(spec.name, timeout_s=0)
