@@ -120,7 +120,7 @@ class CommandExecutor:
         if kind == "create_container":
             container = parse_create_spec(spec)
             if self.overlays is not None:
-                container = self.overlays.prepare(container)  # torchrun's variables, the hostfile, the interface
+                container = self.overlays.prepare(container, self.runtime)  # torchrun's variables, the hostfile, the interface
             labels = {LABEL_COMMAND_ID: command_id, LABEL_AGENT_ID: self.agent_id}
             if container.rental_id:
                 labels[LABEL_RENTAL_ID] = container.rental_id

@@ -31,6 +31,7 @@ import msgspec
 
 from agent.state import private_dir, private_file
 from common.containers import ContainerSpec
+from common.errors import RuntimeFailure
 from common.overlay import HOSTFILE_NAME, OverlaySpec, hostfile_text, nebula_config, replica_env
 
 __all__ = ["GangOverlays", "OverlayClient", "OverlayError", "OverlayKey", "PeerPath", "peer_path"]
@@ -38,6 +39,7 @@ __all__ = ["GangOverlays", "OverlayClient", "OverlayError", "OverlayKey", "PeerP
 log = logging.getLogger(__name__)
 
 KEY_FILE = "overlay.key"
+CONTAINER_HOSTFILE = "/etc/idlegrid-hostfile"  # IDLEGRID_HOSTFILE in a container with files of its own (docker)
 SPEC_FILE = "overlay.json"  # a replica's OverlaySpec, kept for the agent's next start
 PID_FILE = "nebula.pid"  # "PID START_TICKS" of its nebula: a reused pid is never signalled
 PUBLIC_FILE = "overlay.pub"
@@ -250,10 +252,13 @@ class GangOverlays:
     def _workdir(self, name: str) -> Path:
         return self.root / name
 
-    def prepare(self, spec: ContainerSpec) -> ContainerSpec:
+    def prepare(self, spec: ContainerSpec, runtime: object = None) -> ContainerSpec:
+        """``spec`` with the replica's variables. The hostfile is the overlay directory's where the container shares
+        the host's files (the process runtime), else ``CONTAINER_HOSTFILE``, written into the container by ``attach``."""
         if spec.overlay is None:
             return spec
-        hostfile = str(self._workdir(spec.name) / HOSTFILE_NAME)
+        inside = hasattr(runtime, "put_file")
+        hostfile = CONTAINER_HOSTFILE if inside else str(self._workdir(spec.name) / HOSTFILE_NAME)
         return msgspec.structs.replace(spec, env={**spec.env, **replica_env(spec.overlay, hostfile)})
 
     async def attach(self, spec: ContainerSpec, runtime: object) -> None:
@@ -276,9 +281,12 @@ class GangOverlays:
             os.chmod(workdir, 0o711)
             (workdir / SPEC_FILE).write_bytes(msgspec.json.encode(overlay))
             await client.start()
+            put_file = getattr(runtime, "put_file", None)
+            if put_file is not None:  # a container with files of its own: the hostfile goes in
+                await put_file(name, CONTAINER_HOSTFILE, hostfile_text(overlay).encode())
             if client.pid:
                 (workdir / PID_FILE).write_text(f"{client.pid} {_start_ticks(client.pid)}")
-        except (OverlayError, OSError) as exc:
+        except (OverlayError, OSError, RuntimeFailure) as exc:
             # The container runs on; without its overlay its peers cannot reach it, and the gang's own timeouts say so.
             log.error("the gang replica's overlay did not start: %s", exc, extra={"container": spec.name})
             return

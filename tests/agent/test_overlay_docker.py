@@ -39,7 +39,9 @@ async def test_a_docker_replicas_overlay_runs_in_the_containers_namespace(runtim
         workload_id="wl-ab", network="100.64.1.0/25", replica=0, replicas=2, gpus=1,
         public_key_pem=overlays.key.public_pem, now=time.time(),
     )  # fmt: skip
-    spec = overlays.prepare(ContainerSpec(name="wl-ab-r0-a1", image=podman.image, command=["sleep", "300"], overlay=overlay))
+    spec = overlays.prepare(
+        ContainerSpec(name="wl-ab-r0-a1", image=podman.image, command=["sleep", "300"], overlay=overlay), runtime
+    )
     await runtime.create(spec, labels={LABEL_COMMAND_ID: "c1", LABEL_AGENT_ID: "agt-1"})
     try:
         netns = await runtime.network_namespace(spec.name)
@@ -53,6 +55,9 @@ async def test_a_docker_replicas_overlay_runs_in_the_containers_namespace(runtim
         assert "100.64.1.1/10" in seen
         env = podman.podman("exec", spec.name, "env").stdout
         assert "MASTER_ADDR=100.64.1.1" in env and "NCCL_SOCKET_IFNAME=ig0" in env
+        assert "IDLEGRID_HOSTFILE=/etc/idlegrid-hostfile" in env
+        hostfile = podman.podman("exec", spec.name, "cat", "/etc/idlegrid-hostfile").stdout  # inside the container
+        assert hostfile == "100.64.1.1 slots=1\n100.64.1.2 slots=1\n"
         assert "100.64.1.1" not in subprocess.run(["ip", "-br", "addr"], capture_output=True, text=True).stdout
     finally:
         await overlays.close()
