@@ -33,6 +33,7 @@ from agent.host_sample import HostSampler, host_sampler_for
 from agent.identity import AgentIdentity
 from agent.ledger import CommandLog
 from agent.output import KeptOutputRuntime, OutputKeeper
+from agent.overlay import GangOverlays
 from agent.runtime import ContainerRuntime, open_runtime
 from agent.runtime.base import PullsImages
 from agent.runtime.images import GB, ImageLimits, PullProgress
@@ -143,6 +144,8 @@ class Agent:
             retention_s=config.output_keep_s,
             budget_bytes=config.output_keep_total_bytes,
         )
+        # Gangs' private networks (docs/overlay.md): where this host can run nebula, its key goes to the Master in hello.
+        self.overlays = GangOverlays.available(config.state_path)
         self.executor = CommandExecutor(
             self.identity.agent_id,
             self.ledger,
@@ -151,6 +154,7 @@ class Agent:
             host_gpus=self.collector.inventory,
             on_pull_progress=self._on_pull_progress,
             keeper=self.output,
+            overlays=self.overlays,
         )
         # Verification challenges (agent/benchmark/): answered with the benchmark this host can run, if any.
         self.verification, self.benchmark = open_responder(
@@ -205,6 +209,8 @@ class Agent:
     async def run(self) -> None:
         """Serve until stopped; raises CertificateRevoked when a relay says this agent's certificate is revoked."""
         await self.probe_runtime()
+        if self.overlays is not None:
+            await self.overlays.resume(self.runtime)  # gang replicas still running get their overlay again
         background = [asyncio.create_task(self._runtime_probe_loop())]
         if self.config.measure_bandwidth:
             background.append(asyncio.create_task(self._bandwidth_loop()))
@@ -244,6 +250,8 @@ class Agent:
         for task in list(self._running):
             task.cancel()
         await self.tunnels.close()
+        if self.overlays is not None:
+            await self.overlays.close()  # resumed at the next start for the replicas that still run
         if self._directory_saved is not None:
             await self._directory_saved  # the directory the Master sent last is on disk for the next start
         await self.runtime.close()
@@ -330,6 +338,7 @@ class Agent:
             isolation=self.runtime.isolation if ready else NO_ISOLATION,
             gpu_reach=self.gpu_reach if ready else [],
             images=self.images if ready else [],
+            overlay_key=self.overlays.key.public_pem if self.overlays is not None else "",
         )
         return Hello(
             versions=list(PROTOCOL_VERSIONS),
@@ -602,7 +611,10 @@ class Agent:
             containers = await self.runtime.list()
             running = sorted(c.name for c in containers if c.state == "running")
             exited = await self._report_exits(containers)
-            await self._send(Heartbeat(seq=next(self._seq), ts=time.time(), running=running, exited=exited, ping=self._ping))
+            overlay = self.overlays.paths() if self.overlays is not None else {}
+            await self._send(
+                Heartbeat(seq=next(self._seq), ts=time.time(), running=running, exited=exited, ping=self._ping, overlay=overlay)
+            )
             await asyncio.sleep(jittered(self.heartbeat_s))
 
     async def _exit_check_loop(self, ws: ClientConnection) -> None:

@@ -20,6 +20,7 @@ import msgspec
 from agent.errors import GpuConflict, UnknownGpu
 from agent.ledger import CommandLog, CommandLogEntry
 from agent.output import OutputKeeper
+from agent.overlay import GangOverlays
 from agent.runtime.base import ContainerRuntime, PullsImages
 from agent.runtime.images import PullProgress
 from common.containers import (
@@ -60,6 +61,7 @@ class CommandExecutor:
         host_gpus: Callable[[], Sequence[GpuInfo]] = _no_gpus,
         on_pull_progress: Callable[[str, PullProgress], None] | None = None,
         keeper: OutputKeeper | None = None,
+        overlays: GangOverlays | None = None,
     ) -> None:
         """``host_gpus``: this host's GPUs now (the collector's inventory). ``on_pull_progress(container, progress)``:
         a create's image pull moved on (the daemon tells the Master, which shows it to the renter). ``keeper``: where
@@ -71,6 +73,7 @@ class CommandExecutor:
         self.host_gpus = host_gpus
         self.on_pull_progress = on_pull_progress
         self.keeper = keeper
+        self.overlays = overlays  # gang replicas' private networks (docs/overlay.md); None: this host runs none
         self._placing = asyncio.Lock()  # GPU check and create, one command at a time
 
     async def execute(self, command: Command) -> CommandResult:
@@ -116,6 +119,8 @@ class CommandExecutor:
     async def _run(self, command_id: str, kind: str, spec: dict[str, Any], *, resumed: bool) -> ContainerInfo | None:
         if kind == "create_container":
             container = parse_create_spec(spec)
+            if self.overlays is not None:
+                container = self.overlays.prepare(container, self.runtime)  # torchrun's variables, the hostfile, the interface
             labels = {LABEL_COMMAND_ID: command_id, LABEL_AGENT_ID: self.agent_id}
             if container.rental_id:
                 labels[LABEL_RENTAL_ID] = container.rental_id
@@ -136,9 +141,14 @@ class CommandExecutor:
                 gpus = await self._claimable_gpus(container, command_id)
                 if gpus:
                     labels[LABEL_GPUS] = ",".join(gpus)
-                return await self.runtime.create(container, labels=labels)
+                info = await self.runtime.create(container, labels=labels)
+            if self.overlays is not None:
+                await self.overlays.attach(container, self.runtime)
+            return info
         if kind == "delete_container":
             target = parse_delete_spec(spec)
+            if self.overlays is not None:
+                await self.overlays.detach(target.name)
             if self.keeper is None:
                 return await self.runtime.delete(target.name, timeout_s=target.timeout_s)
             # Its output is kept as it goes (what it printed is the renter's, read later by the Master).

@@ -154,3 +154,5 @@ class Inventory(msgspec.Struct, frozen=True, kw_only=True):
     # runtimes without a self-test) and is taken as reachable.
     gpu_reach: Annotated[list[GpuReach], msgspec.Meta(max_length=MAX_GPUS_IN_REPORT)] = []
     images: Annotated[list[LongText], msgspec.Meta(max_length=MAX_IMAGES_IN_REPORT)] = []  # references, warm first
+    # The host's Nebula public key (PEM, common/nebula.py) when it can run gangs' overlays; "" otherwise.
+    overlay_key: Annotated[str, msgspec.Meta(max_length=256)] = ""

@@ -79,6 +79,11 @@ class Heartbeat(_Frame, tag="heartbeat"):
     # until deleted, so an exit seen while the link or the Master was down still arrives. Omitted when empty.
     exited: dict[ShortText, int] = {}
     ping: str | None = None  # echoes the nonce of the last ``ping``
+    # Gang replicas' overlays (docs/overlay.md): container -> peer overlay address -> "direct" or "relay", as the
+    # agent's overlay clients see them now. Omitted when the host runs none.
+    overlay: Annotated[
+        dict[ShortText, Annotated[dict[ShortText, ShortText], msgspec.Meta(max_length=1024)]], msgspec.Meta(max_length=64)
+    ] = {}
 
 
 class Telemetry(_Frame, tag="telemetry"):

@@ -18,6 +18,7 @@ from typing import Any, cast
 import msgspec
 
 from common.inventory import GpuSample, HostSample
+from common.overlay import replica_address
 from management.client.tunnel import TunnelGrant
 from management.http.responses import (
     AccountView,
@@ -43,6 +44,7 @@ from management.http.responses import (
     LedgerLineView,
     MigInstanceView,
     MigView,
+    NetworkView,
     OutputView,
     PayoutStatements,
     PcieView,
@@ -53,6 +55,7 @@ from management.http.responses import (
     RentalHostView,
     RentalTermsView,
     RentalView,
+    ReplicaNetworkView,
     SampleView,
     SigningKeyView,
     SpendStatements,
@@ -317,15 +320,29 @@ def workload_view(workload: WorkloadRecord, terms: Mapping[str, Any]) -> Workloa
 
 
 def workload_detail(
-    workload: WorkloadRecord, terms: Mapping[str, Any], waiting: Explanation | None, outputs: Sequence[KeptOutput]
+    workload: WorkloadRecord,
+    terms: Mapping[str, Any],
+    waiting: Explanation | None,
+    outputs: Sequence[KeptOutput],
+    paths: Mapping[int, dict[str, str]] | None = None,
 ) -> WorkloadDetail:
     """One workload: its view, why it waits while it is queued (None otherwise), the output kept of its deleted
-    containers."""
+    containers, and a gang's network with each replica's address and how it reaches its peers (``paths``: replica ->
+    peer -> "direct" or "relay", from WorkloadsService.network_paths)."""
     return WorkloadDetail(
         **_workload_fields(workload, terms),
         waiting=explanation_view(waiting) if waiting is not None else None,
         outputs=[output_view(kept) for kept in outputs],
+        network=network_view(workload, paths or {}) if workload.network else None,
     )
+
+
+def network_view(workload: WorkloadRecord, paths: Mapping[int, dict[str, str]]) -> NetworkView:
+    replicas = [
+        ReplicaNetworkView(replica=r, address=replica_address(workload.network, r), peers=dict(paths.get(r, {})))
+        for r in range(workload.spec.replicas)
+    ]
+    return NetworkView(network=workload.network, replicas=replicas)
 
 
 def _workload_fields(workload: WorkloadRecord, terms: Mapping[str, Any]) -> dict[str, Any]:

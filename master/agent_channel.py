@@ -303,6 +303,7 @@ class AgentChannel:
             # meaningless for the whole fleet, so only a date a real clock could give is observed.
             self._metrics.heartbeat_transit.observe(max(0.0, transit))
         self._registry.on_heartbeat(agent, now, max_gap_s=self._config.heartbeat_s * self._config.missed_heartbeats)
+        self._registry.overlay_paths[agent.id] = frame.overlay  # in memory: the next heartbeat says it again
         if frame.exited:
             await self._registry.on_exited(agent, frame.exited)
         await self._registry.on_running(agent, frame.running)

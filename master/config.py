@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from common.config import load_config
+from master.overlay import OverlaySettings
 
 
 class ConsoleSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -78,6 +79,8 @@ class MasterConfig(msgspec.Struct, kw_only=True):
     verify_sim_allowance_s: Annotated[float, msgspec.Meta(ge=0)] = 1.0
     # The scheduler (management/scheduler/): it runs on every change that can matter, and at least this often.
     scheduler_period_s: Annotated[float, msgspec.Meta(gt=0)] = 5.0
+    # Gangs' private networks (master/overlay.py, docs/overlay.md): off until lighthouses are listed.
+    overlay: OverlaySettings = msgspec.field(default_factory=OverlaySettings)
     # A preempted (or cancelled) workload's containers get this long between SIGTERM and SIGKILL.
     preemption_grace_s: Annotated[float, msgspec.Meta(ge=0, le=600)] = 30.0
     # A workload container's output is kept after the container is deleted (management/services/outputs.py): its last

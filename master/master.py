@@ -19,6 +19,7 @@ from master.accounts import BOOTSTRAP_ACCOUNT, AccountRole
 from master.composition import compose
 from master.config import MasterConfig
 from master.leadership import LeaderRole, Leadership, LeaseTiming
+from master.overlay import OverlayAuthority
 from master.port import MasterPort
 from master.records import LeaseRecord
 from master.requests import MasterRequests
@@ -69,6 +70,7 @@ class Master(MasterRequests):
         self.directory = parts.directory
         self.channel = parts.channel
         self.verifier = parts.verifier  # measured verification (master/verifier.py)
+        self.overlay = OverlayAuthority.open(self.state_dir, config.overlay)  # gangs' networks (docs/overlay.md)
         self.link_port = 0
         self._tasks: list[asyncio.Task[None]] = []
 

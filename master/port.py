@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any, Protocol
 
+from common.overlay import OverlaySpec
 from common.wire import AccessStats, RelayEntry
 from master.accounts import BOOTSTRAP_ACCOUNT, AccountBook, AccountChange, AccountRole, Credential, IssuedKey
 from master.allocations import DUPLICATE_UUID_FLAG, GPU_UNREACHABLE_FLAG, GpuAllocations, Hold
@@ -159,6 +160,20 @@ class MasterPort(Protocol):
         self, *, agent_id: str | None = None, states: Collection[str] | None = None, limit: int = 1000
     ) -> list[CommandRecord]: ...
     def pull_progress(self, agent_id: str, container: str) -> str: ...
+    def overlay_network(self, held: Collection[str]) -> str: ...
+    def overlay_paths(self, agent_id: str, container: str) -> dict[str, str]: ...
+    def overlay_spec(
+        self,
+        *,
+        workload_id: str,
+        network: str,
+        replica: int,
+        replicas: int,
+        gpus: int,
+        agent_id: str,
+        now: float,
+        max_duration_s: float | None = None,
+    ) -> OverlaySpec | None: ...
 
     # --- signing keys and events ---
     async def rotate_signing_key(self) -> SigningKeyInfo: ...
@@ -169,6 +184,7 @@ class MasterPort(Protocol):
 
 
 __all__ = [
+    "OverlaySpec",
     "MEASURED_FLAGS",
     "VERIFIED",
     "measured_rate",

@@ -31,6 +31,7 @@ class AgentRecord(msgspec.Struct, kw_only=True):
     # is flagged GPU_UNREACHABLE_FLAG and not offered); empty when nothing was tested.
     gpu_reach: list[GpuReach] = []
     images: list[str] = []  # the images the host already has, warm first (bounded by the wire: MAX_IMAGES_IN_REPORT)
+    overlay_key: str = ""  # the host's Nebula public key (PEM), from hello; "" when it runs no overlay (docs/overlay.md)
     enrolled_at: float = 0.0
     last_seen: float = 0.0
     connected_since: float | None = None
@@ -421,6 +422,9 @@ class WorkloadRecord(msgspec.Struct, kw_only=True):
     # away, a GPU became faulty): "<agent id>: why". Cleared when it is placed again. The market refunds the renter
     # and records a penalty in that host's reputation.
     host_failure: str = ""
+    # A gang's overlay block ("100.64.1.0/25", docs/overlay.md), allocated at its first placement and kept while it is
+    # open, so a replica that restarts or moves keeps its address; "" for a single replica or without an overlay.
+    network: str = ""
     detail: str = ""  # while it starts: how its image pull goes ("pulling image: 12.0 MB of 45.3 MB, ..."), from the host
     version: int = 0  # bumped on every write; a write naming an older version is refused (StaleWorkload)
 

@@ -49,6 +49,8 @@ class Registry:
         changes: ChangeFeed | None = None,
     ) -> None:
         self._store = store
+        # Per host, its gang replicas' overlay paths as its last heartbeat said (container -> peer -> direct|relay).
+        self.overlay_paths: dict[str, dict[str, dict[str, str]]] = {}
         self.changes = changes if changes is not None else ChangeFeed()  # host, GPU health and exit changes go here
         self._events = events
         self.policy = policy
@@ -261,6 +263,7 @@ class Registry:
             agent.downtime_s += max(0.0, now - agent.last_seen)
         agent.host, agent.simulated, agent.relay = inventory.host, inventory.simulated, relay
         agent.runtime, agent.isolation, agent.images = inventory.runtime, inventory.isolation, list(inventory.images)
+        agent.overlay_key = inventory.overlay_key
         # Only about GPUs this very report lists, once each: the self-test of a card the host does not report says nothing.
         listed = {gpu.uuid for gpu in inventory.gpus}
         reach: dict[str, GpuReach] = {}

@@ -9,10 +9,11 @@ leaves the bookkeeping to the part that owns it.
 from __future__ import annotations
 
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from typing import Any
 
 from common.errors import Conflict, InvalidRating, NotFound
+from common.overlay import OverlaySpec
 from common.wire import Config, RelayEntry, Revocations, encode
 from master.accounts import AccountBook
 from master.agent_channel import AgentChannel
@@ -26,6 +27,7 @@ from master.events import EventLog
 from master.faults import HealthWatch
 from master.keys import SigningKeyInfo
 from master.link import RelayHub
+from master.overlay import OverlayAuthority, allocate_network
 from master.records import AgentRecord, ApiKeyRecord, CommandRecord, EventRecord, GpuRecord, RevocationRecord, TokenRecord
 from master.registry import Registry
 from master.reputation import Reputation, reputation
@@ -50,6 +52,7 @@ class MasterRequests:
     commands: CommandLedger
     directory: RelayDirectoryAnnouncer
     channel: AgentChannel
+    overlay: OverlayAuthority
 
     # --- relays and enrollment -----------------------------------------------------------------
 
@@ -199,6 +202,46 @@ class MasterRequests:
 
     def agent(self, agent_id: str) -> AgentRecord:
         return self.registry.get(agent_id)
+
+    def overlay_network(self, held: Iterable[str]) -> str:
+        """A block for a new gang's network, none of ``held`` (the open workloads' blocks); "" when the overlay is off
+        (no lighthouse configured). NoNetworkLeft when the range is full."""
+        if not self.overlay.enabled:
+            return ""
+        return allocate_network(held, self.overlay.settings)
+
+    def overlay_spec(
+        self,
+        *,
+        workload_id: str,
+        network: str,
+        replica: int,
+        replicas: int,
+        gpus: int,
+        agent_id: str,
+        now: float,
+        max_duration_s: float | None = None,
+    ) -> OverlaySpec | None:
+        """Replica ``replica``'s place on ``network``, its certificate signed for its host's overlay key; None when the
+        host sent no key (it cannot run the overlay: its replica runs without one, and its peers cannot reach it)."""
+        agent = self.registry.agents.get(agent_id)
+        if not network or agent is None or not agent.overlay_key:
+            return None
+        return self.overlay.replica_spec(
+            workload_id=workload_id,
+            network=network,
+            replica=replica,
+            replicas=replicas,
+            gpus=gpus,
+            public_key_pem=agent.overlay_key,
+            now=now,
+            max_duration_s=max_duration_s,
+        )
+
+    def overlay_paths(self, agent_id: str, container: str) -> dict[str, str]:
+        """How replica ``container`` on that host reaches each peer (overlay address -> "direct" or "relay"), as its
+        agent last said; empty when it said nothing."""
+        return dict(self.registry.overlay_paths.get(agent_id, {}).get(container, {}))
 
     def pull_progress(self, agent_id: str, container: str) -> str:
         """How the image pull of ``container``'s create on that host goes ("pulling image: 12.0 MB of 45.3 MB, 1 of 3

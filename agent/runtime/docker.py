@@ -10,8 +10,11 @@ import asyncio
 import builtins
 import contextlib
 import dataclasses
+import io
 import json
 import math
+import os
+import tarfile
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
@@ -459,6 +462,34 @@ class DockerRuntime:
     async def _remove_quietly(self, cid: str) -> None:
         await self._call("DELETE", f"/containers/{cid}", params={"force": "true", "v": "true"})
 
+    async def put_file(self, name: str, path: str, data: bytes, *, mode: int = 0o644) -> None:
+        """Write ``data`` at ``path`` inside container ``name`` (its directory must exist): the engine's archive
+        upload, a tar of one file. RuntimeFailure when the engine refuses."""
+        directory, _, filename = path.rpartition("/")
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as tar:
+            member = tarfile.TarInfo(filename)
+            member.size, member.mode, member.mtime = len(data), mode, int(time.time())
+            tar.addfile(member, io.BytesIO(data))
+        status, body = await self._call(
+            "PUT",
+            f"/containers/{quote(name, safe='')}/archive",
+            params={"path": directory or "/"},
+            data=buffer.getvalue(),
+            content_type="application/x-tar",
+        )
+        if status != 200:
+            raise _failure(f"writing {path} into container {name!r}", status, body)
+
+    async def network_namespace(self, name: str) -> str | None:
+        """The path of a running container's network namespace (a gang's overlay runs in it, docs/overlay.md); None
+        when it does not run, or the engine's processes are not this agent's to see (a rootless engine, another
+        PID namespace)."""
+        raw = await self._inspect_raw(name)
+        pid = int(((raw or {}).get("State") or {}).get("Pid") or 0)
+        path = f"/proc/{pid}/ns/net"
+        return path if pid > 0 and os.path.exists(path) else None
+
     async def _inspect_raw(self, name: str) -> dict[str, Any] | None:
         status, body = await self._call("GET", f"/containers/{quote(name, safe='')}/json")
         if status == 404:
@@ -506,6 +537,8 @@ class DockerRuntime:
         body: Any = None,
         timeout_s: float | None = None,
         versioned: bool = True,
+        data: bytes | None = None,
+        content_type: str = "",
     ) -> tuple[int, Any]:
         prefix = await self._negotiate() if versioned else ""
         limit = timeout_s or self.timeout_s
@@ -514,7 +547,9 @@ class DockerRuntime:
                 method,
                 f"http://docker{prefix}{path}",
                 params=params,
-                json=body,
+                json=body if data is None else None,
+                data=data,
+                headers={"Content-Type": content_type} if content_type else None,
                 timeout=aiohttp.ClientTimeout(total=limit),
             ) as response:
                 return response.status, _decode(await response.read())

@@ -491,6 +491,14 @@ class ProcessRuntime:
             raise RuntimeFailure(f"container {name!r} is not running (it is exited, exit code {self._exit_code(record)})")
         return record
 
+    async def network_namespace(self, name: str) -> str | None:
+        """The path of a running container's own network namespace (a gang's overlay runs in it, docs/overlay.md);
+        None when it shares the host's network or does not run."""
+        record = self._load(name)
+        if record is None or not record.private_network or not _alive(record):
+            return None
+        return f"/proc/{record.pid}/ns/net"
+
     def _records(self) -> builtins.list[ProcessRecord]:
         names = sorted(path.stem for path in self.root.glob("*.json"))
         return [record for record in map(self._load, names) if record is not None]

@@ -215,7 +215,7 @@ def _ca_parser(sub: argparse._SubParsersAction) -> None:
         "platform CA: create it, issue relay certificates",
         "Manage the platform certificate authority kept in the Master's state directory.",
     )
-    ca_sub = p.add_subparsers(dest="ca_command", required=True, metavar="{init,issue-access}")
+    ca_sub = p.add_subparsers(dest="ca_command", required=True, metavar="{init,issue-access,issue-lighthouse}")
     init = _parser(
         ca_sub,
         "init",
@@ -248,6 +248,39 @@ def _ca_parser(sub: argparse._SubParsersAction) -> None:
         "--ip", action="append", metavar="ADDRESS", help="IP address the relay is reached at, repeatable (default 127.0.0.1)"
     )
     issue.set_defaults(func=_run_ca_issue)
+    lighthouse = _parser(
+        ca_sub,
+        "issue-lighthouse",
+        "make a gang-overlay lighthouse for a relay's host",
+        "Write a Nebula lighthouse and relay (docs/overlay.md) to --out: a fresh key, its certificate from the grid's "
+        "overlay CA (in the Master's state directory), the CA and nebula.json. Run it beside the Access relay with "
+        "'nebula -config OUT/nebula.json', apply the printed iptables rule there (each replica's relayed bandwidth), "
+        "and list the lighthouse in the Master's [overlay] lighthouses.",
+    )
+    lighthouse.add_argument(
+        "--state-dir", default=".idlegrid/master", metavar="DIR", help="the Master's state directory (default %(default)s)"
+    )
+    lighthouse.add_argument("--address", required=True, metavar="IP", help="its overlay address, in the range's first block")
+    lighthouse.add_argument("--port", type=int, default=4242, metavar="UDP", help="the UDP port it listens on (default 4242)")
+    lighthouse.add_argument("--out", type=Path, required=True, metavar="DIR", help="directory for its files")
+    lighthouse.set_defaults(func=_run_ca_issue_lighthouse)
+
+
+def _run_ca_issue_lighthouse(args: argparse.Namespace) -> int:
+    from master.config import MasterConfig
+    from master.overlay import OverlayAuthority, write_lighthouse
+
+    authority = OverlayAuthority.open(Path(args.state_dir), MasterConfig().overlay)
+    try:
+        rules = write_lighthouse(authority, address=args.address, port=args.port, out=args.out)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.out}/nebula.json; run: nebula -config {args.out.resolve()}/nebula.json")
+    for rule in rules:
+        print("bound each replica's relayed bandwidth: iptables " + " ".join(rule))
+    print(f'then in the Master\'s config: [[overlay.lighthouses]] address = "{args.address}", endpoints = ["HOST:{args.port}"]')
+    return 0
 
 
 def _run_ca_init(args: argparse.Namespace) -> int:

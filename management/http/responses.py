@@ -302,12 +302,27 @@ class OutputView(View):
     collected_at: Time | None
 
 
+class ReplicaNetworkView(View):
+    """A gang replica on its workload's overlay (docs/overlay.md): its address, and how it reaches each peer now."""
+
+    replica: int
+    address: str
+    peers: dict[str, str]  # peer address -> "direct" or "relay" (as its host last said; empty before it said)
+
+
+class NetworkView(View):
+    network: str  # the workload's block of the overlay
+    replicas: list[ReplicaNetworkView]
+
+
 class WorkloadDetail(WorkloadView):
-    """GET /api/v1/workloads/{id}: the workload, why it waits while it is queued (null otherwise), and the output kept
-    of its containers that were deleted."""
+    """GET /api/v1/workloads/{id}: the workload, why it waits while it is queued (null otherwise), the output kept
+    of its containers that were deleted, and a gang's private network (null for one replica, or with the overlay
+    off)."""
 
     waiting: ExplanationView | None
     outputs: list[OutputView]
+    network: NetworkView | None = None
 
 
 # --- accounts and API keys -----------------------------------------------------------------------------------------

@@ -77,6 +77,12 @@ class WorkloadsService:
         found = await self.book.list(account=account, states=states, before=after.listed if after else None, limit=limit + 1)
         return page_of(found, limit, lambda w: WorkloadKey(workload_order(w.created_at, w.id)))
 
+    def network_paths(self, record: WorkloadRecord) -> dict[int, dict[str, str]]:
+        """A gang's replicas' overlay paths (replica -> peer address -> "direct" or "relay"), as their hosts last said."""
+        if not record.network:
+            return {}
+        return {a.replica: self._master.overlay_paths(a.agent_id, a.container) for a in record.assignments}
+
     async def workload_and_wait(
         self, workload_id: str, *, account: str | None = None
     ) -> tuple[WorkloadRecord, Explanation | None]:

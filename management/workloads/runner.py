@@ -327,10 +327,18 @@ class SchedulerLoop:
             )
         hosts = sorted({a.agent_id for a in assignments})
         reason = f"placed on {', '.join(hosts)}"
+        network = rec.network or self._gang_network(rec)
         # The intent is stored before any command: a Master killed after this line finds it and issues what is missing.
-        rec = await self.book.transition(rec.id, "schedule", reason, now, assignments=assignments)
+        rec = await self.book.transition(rec.id, "schedule", reason, now, assignments=assignments, network=network)
         await self.advance(rec, now)  # its creates (lifecycle.step: each replica's Create)
         return 1
+
+    def _gang_network(self, rec: WorkloadRecord) -> str:
+        """A block of the overlay for a gang placed the first time (docs/overlay.md); kept while the workload is open,
+        so its replicas keep their addresses across restarts and moves. "" for one replica, or with the overlay off."""
+        if rec.spec.replicas < 2:
+            return ""
+        return self.master.overlay_network([r.network for r in self.book.open_workloads() if r.network])
 
     def _create_made_for(self, a: Assignment) -> str:
         """The id of the create command that holds ``a``'s GPUs for its container, "" when none does. One exists when a
@@ -438,7 +446,17 @@ class SchedulerLoop:
         elif isinstance(action, TakeOver):
             change = msgspec.structs.replace(a, command_id=action.command_id)
         else:
-            body = wire_spec(container_spec(rec, a))
+            overlay = self.master.overlay_spec(
+                workload_id=rec.id,
+                network=rec.network,
+                replica=a.replica,
+                replicas=rec.spec.replicas,
+                gpus=rec.spec.replica.gpus,
+                agent_id=a.agent_id,
+                now=now,
+                max_duration_s=rec.spec.max_duration_s,
+            )
+            body = wire_spec(container_spec(rec, a, overlay))
             try:
                 command = await self.master.create_command(a.agent_id, "create_container", body, timeout_s=action.timeout_s)
             except IdlegridError as exc:

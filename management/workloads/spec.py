@@ -15,6 +15,7 @@ from collections.abc import Collection
 from common.catalog import CATALOG
 from common.containers import ContainerSpec, RegistryAuth
 from common.errors import IdlegridError
+from common.overlay import OverlaySpec
 from master.port import Assignment, TierPolicy, WorkloadRecord, WorkloadSpec
 
 __all__ = [
@@ -75,10 +76,11 @@ def workload_of(container: str) -> str | None:
     return match.group(1) if match else None
 
 
-def container_spec(rec: WorkloadRecord, a: Assignment) -> ContainerSpec:
+def container_spec(rec: WorkloadRecord, a: Assignment, overlay: OverlaySpec | None = None) -> ContainerSpec:
     """What replica ``a`` of ``rec`` runs on its host: the renter's image, command, env, labels and ports, the GPUs
-    placed for it, its CPU and RAM shares, its registry credentials, and the workload id and replica the agent turns
-    into reserved labels. The Master validates it again when the command is made (master/commands.py)."""
+    placed for it, its CPU and RAM shares, its registry credentials, the workload id and replica the agent turns
+    into reserved labels, and a gang replica's place on its network (``overlay``, docs/overlay.md). The Master
+    validates it again when the command is made (master/commands.py)."""
     spec = rec.spec
     auth = spec.registry_auth
     return ContainerSpec(
@@ -94,4 +96,5 @@ def container_spec(rec: WorkloadRecord, a: Assignment) -> ContainerSpec:
         cpus=spec.replica.cpu_cores,
         memory_mib=spec.replica.ram_mib,
         registry_auth=None if auth is None else RegistryAuth(username=auth.username, password=auth.password),
+        overlay=overlay,
     )

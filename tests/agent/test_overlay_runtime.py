@@ -1,0 +1,111 @@
+"""A gang replica's overlay in the process runtime's own network namespace: the agent's GangOverlays with the real
+ProcessRuntime (a sandboxed process with slirp4netns) and Debian's nebula. The lighthouse named is the namespace's own
+127.0.0.1, so nothing leaves the container's namespace; the meeting of replicas across NATs is
+tests/agent/test_overlay_netns.py's."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.overlay import GangOverlays, OverlayKey
+from agent.runtime.process import ProcessRuntime
+from common.containers import LABEL_AGENT_ID, LABEL_COMMAND_ID, ContainerSpec
+from master.overlay import LighthouseSetting, OverlayAuthority, OverlaySettings
+
+_why = (
+    "needs root (a network namespace of its own per container)"
+    if os.geteuid() != 0
+    else ""
+    if shutil.which("nebula") and shutil.which("slirp4netns")
+    else "nebula or slirp4netns is not installed"
+)
+pytestmark = pytest.mark.skipif(bool(_why), reason=_why or "runs")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except FileNotFoundError:
+        return False
+
+
+def _interfaces(netns: str) -> str:
+    return subprocess.run(["nsenter", f"--net={netns}", "ip", "-br", "addr"], capture_output=True, text=True, check=True).stdout
+
+
+async def test_a_process_replicas_overlay_runs_in_its_own_namespace_with_its_address(tmp_path: Path) -> None:
+    runtime = ProcessRuntime(tmp_path / "state")
+    overlays = GangOverlays(OverlayKey.load_or_create(tmp_path / "state"), tmp_path / "state-overlay")
+    settings = OverlaySettings(lighthouses=[LighthouseSetting(address="100.64.0.1", endpoints=["127.0.0.1:4242"])])
+    overlay = OverlayAuthority.create(settings).replica_spec(
+        workload_id="wl-ab", network="100.64.1.0/25", replica=1, replicas=2, gpus=1,
+        public_key_pem=overlays.key.public_pem, now=time.time(),
+    )  # fmt: skip
+    spec = overlays.prepare(ContainerSpec(name="wl-ab-r1-a1", image="none", command=["sleep", "60"], overlay=overlay))
+    assert spec.env["MASTER_ADDR"] == "100.64.1.1" and spec.env["NODE_RANK"] == "1"
+    await runtime.create(spec, labels={LABEL_COMMAND_ID: "c1", LABEL_AGENT_ID: "agt-1"})
+    try:
+        netns = await runtime.network_namespace(spec.name)
+        assert netns is not None and os.readlink(netns) != os.readlink("/proc/self/ns/net")
+        await overlays.attach(spec, runtime)
+        deadline = time.monotonic() + 10
+        while "100.64.1.2/10" not in _interfaces(netns) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert "ig0" in _interfaces(netns) and "100.64.1.2/10" in _interfaces(netns)  # in the container's namespace
+        assert "100.64.1.2" not in subprocess.run(["ip", "-br", "addr"], capture_output=True, text=True).stdout
+        hostfile = Path(spec.env["IDLEGRID_HOSTFILE"])
+        assert hostfile.read_text() == "100.64.1.1 slots=1\n100.64.1.2 slots=1\n"
+        assert os.stat(hostfile).st_mode & 0o004  # the replica's own user reads it
+    finally:
+        await overlays.close()
+        await runtime.delete(spec.name, timeout_s=0)
+    assert overlays.clients == {}
+
+
+async def test_a_restarted_agent_starts_again_the_overlays_of_replicas_still_running_and_removes_the_rest(
+    tmp_path: Path,
+) -> None:
+    runtime = ProcessRuntime(tmp_path / "state")
+    key = OverlayKey.load_or_create(tmp_path / "state")
+    first = GangOverlays(key, tmp_path / "state-overlay")
+    settings = OverlaySettings(lighthouses=[LighthouseSetting(address="100.64.0.1", endpoints=["127.0.0.1:4242"])])
+    authority = OverlayAuthority.create(settings)
+    specs = []
+    for replica in (0, 1):
+        overlay = authority.replica_spec(
+            workload_id="wl-ab", network="100.64.1.0/25", replica=replica, replicas=2, gpus=1,
+            public_key_pem=key.public_pem, now=time.time(),
+        )  # fmt: skip
+        spec = first.prepare(ContainerSpec(name=f"wl-ab-r{replica}-a1", image="none", command=["sleep", "60"], overlay=overlay))
+        await runtime.create(spec, labels={LABEL_COMMAND_ID: f"c{replica}", LABEL_AGENT_ID: "agt-1"})
+        await first.attach(spec, runtime)
+        specs.append(spec)
+    second = GangOverlays(key, tmp_path / "state-overlay")
+    try:
+        old_pid = first.clients["wl-ab-r0-a1"].pid
+        # The agent dies without stopping anything (SIGKILL); replica 1's container ends meanwhile.
+        await runtime.delete("wl-ab-r1-a1", timeout_s=0)
+        await second.resume(runtime)
+        assert sorted(second.clients) == ["wl-ab-r0-a1"]
+        assert not (tmp_path / "state-overlay" / "wl-ab-r1-a1").exists()
+        netns = await runtime.network_namespace("wl-ab-r0-a1")
+        assert netns is not None
+        deadline = time.monotonic() + 10
+        while "100.64.1.1/10" not in _interfaces(netns) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert "100.64.1.1/10" in _interfaces(netns)
+        assert second.clients["wl-ab-r0-a1"].pid != old_pid and not _alive(old_pid)  # the old nebula was ended
+        await second.detach("wl-ab-r0-a1")
+        assert not (tmp_path / "state-overlay" / "wl-ab-r0-a1").exists()
+    finally:
+        for overlays in (first, second):
+            await overlays.close()
+        for spec in specs:
+            await runtime.delete(spec.name, timeout_s=0)

@@ -1,0 +1,58 @@
+"""A replica's overlay as its create command carries it: torchrun's variables, the hostfile, Nebula's config."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from common.overlay import Lighthouse, OverlaySpec, hostfile_text, nebula_config, replica_env
+
+LH = [Lighthouse(address="100.64.0.1", endpoints=["10.77.0.10:4242"])]
+
+
+def _spec(rank: int, peers: int = 3, gpus: int = 2) -> OverlaySpec:
+    addresses = [f"100.64.0.{129 + r}" for r in range(peers)]
+    return OverlaySpec(
+        network="100.64.0.128/25",
+        group="wl-ab",
+        rank=rank,
+        peers=addresses,
+        local_world_size=gpus,
+        ca="CA",
+        certificate="CERT",
+        lighthouses=LH,
+    )
+
+
+def test_every_replica_gets_torchruns_variables_naming_rank_0_as_master() -> None:
+    envs = [replica_env(_spec(rank), "/run/idlegrid/hostfile") for rank in range(3)]
+    for rank, env in enumerate(envs):
+        assert env["MASTER_ADDR"] == "100.64.0.129"
+        assert env["MASTER_PORT"] == "29500"
+        assert env["NNODES"] == "3" and env["NODE_RANK"] == str(rank)
+        assert env["WORLD_SIZE"] == "6" and env["LOCAL_WORLD_SIZE"] == "2" and env["RANK"] == str(2 * rank)
+        assert env["NCCL_SOCKET_IFNAME"] == env["GLOO_SOCKET_IFNAME"] == "ig0"
+        assert env["IDLEGRID_HOSTFILE"] == "/run/idlegrid/hostfile"
+        assert env["IDLEGRID_OVERLAY_ADDR"] == f"100.64.0.{129 + rank}"
+
+
+def test_the_hostfile_lists_every_replica_in_rank_order_with_its_gpus_as_slots() -> None:
+    assert hostfile_text(_spec(1)) == "100.64.0.129 slots=2\n100.64.0.130 slots=2\n100.64.0.131 slots=2\n"
+
+
+def test_the_firewall_admits_only_the_workloads_group_and_relays_through_the_lighthouses() -> None:
+    config = nebula_config(_spec(0), ca_path="ca", cert_path="crt", key_path="key")
+    assert config["firewall"]["inbound"] == [{"port": "any", "proto": "any", "group": "wl-ab"}]
+    assert config["relay"]["relays"] == ["100.64.0.1"] and config["relay"]["use_relays"]
+    assert config["static_host_map"] == {"100.64.0.1": ["10.77.0.10:4242"]}
+    assert config["tun"]["dev"] == "ig0"
+
+
+def test_a_spec_whose_rank_or_peers_do_not_fit_is_refused() -> None:
+    good = msgspec.to_builtins(_spec(0))
+    with pytest.raises(msgspec.ValidationError, match="rank 5"):
+        msgspec.convert({**good, "rank": 5}, OverlaySpec)
+    with pytest.raises(msgspec.ValidationError, match="outside the network"):
+        msgspec.convert({**good, "peers": ["100.64.1.1"]}, OverlaySpec)
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.convert({**good, "interface": "eth0; rm"}, OverlaySpec)
