@@ -54,6 +54,7 @@ from management.services.alerts import AlertsService
 from management.services.billing import BillingService
 from management.services.grid import GridService
 from management.services.hosts import HostsService
+from management.services.links import LinksService, link_key
 from management.services.market import MarketService
 from management.services.outputs import OutputCollector
 from management.services.prices import PricesService
@@ -240,8 +241,17 @@ def compose(master: Master, settings: ManagementSettings | None = None) -> Compo
         period_s=settings.alerts.period_s,
     )
     alert_settings = AlertSettings(master.store, alert_loop, list(alert_loop.rules), time.time)
+    accounts = AccountsService(master)
+    links = LinksService(
+        workloads.get_workload,
+        tunnels,
+        accounts,
+        settings.links,
+        public_url=settings.api_url,
+        key=link_key(settings.state_path),
+    )
     services = Services(
-        accounts=AccountsService(master),
+        accounts=accounts,
         hosts=hosts,
         grid=GridService(master),
         workloads=workloads,
@@ -254,12 +264,13 @@ def compose(master: Master, settings: ManagementSettings | None = None) -> Compo
         tunnels=tunnels,
         onboarding=Onboarding(master),
         verification=VerificationService(master),
+        links=links,
     )
     series = MarketSeries(book.counts, market.meter.open_rentals, market.ledger.balances, currency=settings.market.currency)
     return Composition(
         services=services,
         state=(("prices", prices), ("workloads", book), ("market", market), ("alert settings", alert_settings)),
-        loops=(("market", market), ("outputs", outputs), ("scheduler", scheduler), ("alerts", alert_loop)),
+        loops=(("market", market), ("outputs", outputs), ("scheduler", scheduler), ("alerts", alert_loop), ("links", links)),
         market_series=series,
     )
 
@@ -343,6 +354,7 @@ class MasterServer:
         )
         await self._http.start()
         self.api_port = self._http.port
+        self.composition.services.links.listening_at(self.api_url)  # a free port (0) is known only now
         log.info("management API listening", extra={"url": self.api_url})
 
     async def stop(self) -> None:

@@ -37,7 +37,7 @@ from master.changes import (
     Subscription,
 )
 from master.commands import CommandLedger
-from master.config import ConsoleSettings, MasterConfig
+from master.config import ConsoleSettings, LinkSettings, MasterConfig
 from master.events import EventLog
 from master.faults import LASTING
 from master.history import MINUTES_PER_HOUR, HistoryKeeper, downsample, downsample_host
@@ -65,6 +65,7 @@ from master.records import (
     KeptOutput,
     LedgerEntry,
     LedgerLine,
+    PortLink,
     PriceChange,
     PriceRecord,
     RentalHost,
@@ -204,6 +205,7 @@ __all__ = [
     "CommandRecord",
     "CommandState",
     "ConsoleSettings",
+    "LinkSettings",
     "ContainerExited",
     "Credential",
     "EventLog",
@@ -254,6 +256,7 @@ __all__ = [
     "WebhookRecord",
     "WorkloadRecord",
     "WorkloadSpec",
+    "PortLink",
     "describe_tiers",
     "downsample",
     "downsample_host",

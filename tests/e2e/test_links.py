@@ -1,0 +1,172 @@
+"""HTTPS links on a real local grid (docs/links.md): a Master, a relay and an agent, each its own process; the host
+runs the process runtime sandboxed, and a Jupyter-like aiohttp app (tests/support/link_app.py, on Debian's
+python3-aiohttp) is the workload's command. Requests reach it through the Master's link, the relay and the agent's
+tunnel: pages, streamed bodies both ways, a WebSocket; private links refuse strangers and other accounts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from management.client.api import ApiClient, ApiRequest
+from tests.e2e.test_scheduler import MASTER_SETTINGS, renter, sandboxed_hosts, wait_workload, workload
+from tests.support.grid import Grid, free_port, running_grid, wait_for
+
+pytestmark = pytest.mark.e2e
+
+APP = Path(__file__).resolve().parents[1] / "support" / "link_app.py"
+SYSTEM_PYTHON = Path("/usr/bin/python3")
+
+
+def needs_system_aiohttp() -> None:
+    import subprocess
+
+    if subprocess.run([str(SYSTEM_PYTHON), "-c", "import aiohttp"], capture_output=True).returncode != 0:
+        pytest.fail("Debian's python3-aiohttp is needed (scripts/setup-env --test installs it): the sandboxed app runs on it")
+
+
+@pytest.fixture
+def grid(tmp_path: Path) -> Iterator[Grid]:
+    with running_grid(tmp_path, MASTER_SETTINGS) as g:
+        yield g
+
+
+def app_workload(drop: Path, name: str, *, public: bool = False) -> tuple[dict[str, Any], int]:
+    """The test app as a workload: its port declared and linked (http), private unless ``public``."""
+    needs_system_aiohttp()
+    shutil.copy(APP, drop / "link_app.py")
+    port = free_port()
+    spec = workload(
+        name,
+        f"exec {SYSTEM_PYTHON} {drop / 'link_app.py'} {port}",
+        ports=[port],
+        links=[{"port": port, "kind": "http", "public": public}],
+    )
+    return spec, port
+
+
+@pytest.fixture
+def linked(grid: Grid, drop: Path) -> tuple[ApiClient, ApiClient, str, str]:
+    """alice's running app with a private link; bob, another renter; (alice, bob, workload id, link URL)."""
+    sandboxed_hosts(grid, 1)
+    alice, bob = renter(grid, "alice"), renter(grid, "bob")
+    spec, port = app_workload(drop, "notebook")
+    workload_id = alice.submit_workload(spec)["id"]
+    wait_workload(alice, workload_id, "running", lambda w: w["state"] == "running", timeout=30)
+    [link] = alice.workload_links(workload_id)["items"]
+    assert link == {"port": port, "url": f"{grid.api_url}/w/{workload_id}-{port}/", "public": False}
+    return alice, bob, workload_id, link["url"]
+
+
+async def fetch(url: str, key: str | None = None, **kwargs: Any) -> tuple[int, dict[str, str], bytes]:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    async with aiohttp.ClientSession() as session:
+        async with session.get(url, headers=headers, allow_redirects=False, **kwargs) as answer:
+            return answer.status, dict(answer.headers), await answer.read()
+
+
+def until_served(url: str, key: str) -> bytes:
+    """The app's first answer through the link (the app may still be starting when the workload is running)."""
+    return wait_for(lambda: (got := asyncio.run(fetch(url, key)))[0] == 200 and got[2], 30, f"{url} through its link")
+
+
+def test_the_owner_opens_the_page_and_the_websocket_echoes_through_the_link(linked):
+    alice, _, _, url = linked
+    assert b"Notebook server (test app)" in until_served(url, alice.api_key)
+
+    async def echo() -> list[str]:
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {alice.api_key}"}) as session:
+            async with session.ws_connect(url + "api/kernels/echo") as socket:
+                got = []
+                for text in ("one", "two" * 30_000):
+                    await socket.send_str(text)
+                    got.append((await socket.receive(timeout=10)).data)
+                await socket.send_bytes(b"\x00\x01binary")
+                got.append((await socket.receive(timeout=10)).data.decode("latin-1"))
+                return got
+
+    assert asyncio.run(echo()) == ["one", "two" * 30_000, "\x00\x01binary"]
+
+
+def test_bodies_stream_both_ways_and_the_container_never_sees_our_credentials(linked):
+    alice, _, _, url = linked
+    until_served(url, alice.api_key)
+
+    async def run() -> tuple[Any, Any, Any]:
+        headers = {"Authorization": f"Bearer {alice.api_key}", "Cookie": "idlegrid_console=secret; theirs=kept"}
+        async with aiohttp.ClientSession(headers=headers) as session:
+            size = 20 * 1024 * 1024
+
+            async def body():  # chunked: the proxy streams it, never holding it whole
+                for _ in range(size // 65536):
+                    yield b"y" * 65536
+
+            async with session.post(url + "api/upload", data=body()) as up:
+                uploaded = await up.json()
+            async with session.get(url + f"api/bytes?n={size}") as down:
+                downloaded = len(await down.read())
+            async with session.get(url + "api/headers?x=1") as seen:
+                return uploaded, downloaded, await seen.json()
+
+    uploaded, downloaded, seen = asyncio.run(run())
+    assert uploaded == {"received": 20 * 1024 * 1024} and downloaded == 20 * 1024 * 1024
+    assert "authorization" not in seen
+    assert seen["cookie"] == "theirs=kept"  # the console's cookie (and the link's) stay with the Master
+    assert seen[":path"] == "/api/headers?x=1"  # the link's prefix is taken off
+    assert seen["x-forwarded-prefix"].startswith("/w/wl-")
+
+
+def test_a_private_link_refuses_strangers_and_other_accounts_and_a_token_becomes_a_cookie(linked):
+    alice, bob, workload_id, url = linked
+    until_served(url, alice.api_key)
+    status, headers, body = asyncio.run(fetch(url))
+    assert status == 401 and b"this link is private" in body and "Bearer" in headers["WWW-Authenticate"]
+    status, _, body = asyncio.run(fetch(url, bob.api_key))
+    assert status == 404 and b"no link" in body
+    status, _, _ = asyncio.run(fetch(url, "igl_forged.token"))
+    assert status == 401
+    # bob cannot mint a token for alice's link; alice can, and it opens only that link.
+    port = url.rstrip("/").rsplit("-", 1)[1]
+    refused = bob.exchange(ApiRequest("POST", f"/api/v1/workloads/{workload_id}/links/{port}/tokens", body={}))
+    assert refused[0] == 404, refused
+    minted = alice.mint_link_token(workload_id, int(port), ttl_s=600)
+    assert minted["url"] == url and minted["token"].startswith("igl_")
+
+    async def with_token() -> tuple[int, str, int]:
+        # unsafe: the grid is on 127.0.0.1, and aiohttp keeps no cookie of an IP address otherwise
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as session:
+            async with session.get(url + "?idlegrid_token=" + minted["token"], allow_redirects=False) as handed:
+                location = handed.headers["Location"]
+                cookie = handed.cookies["idlegrid_link"]
+            async with session.get(url.rsplit("/w/", 1)[0] + location) as page:
+                return handed.status, f"{cookie['path']} {cookie['httponly']}", page.status
+
+    status, cookie, page_status = asyncio.run(with_token())
+    assert status == 303 and page_status == 200
+    assert cookie == f"/w/{workload_id}-{port}/ True"
+    bad = alice.exchange(ApiRequest("POST", f"/api/v1/workloads/{workload_id}/links/{port}/tokens", body={"ttl_s": 10}))
+    assert bad[0] == 400 and "ttl_s" in bad[1]["error"]["message"]
+    other = alice.exchange(ApiRequest("POST", f"/api/v1/workloads/{workload_id}/links/1/tokens", body={}))
+    assert other[0] == 400 and other[1]["error"]["code"] == "invalid_link"
+
+
+def test_a_public_link_opens_for_anyone_in_a_sandbox_and_redirects_stay_under_the_link(grid, drop):
+    sandboxed_hosts(grid, 1)
+    alice = renter(grid, "alice")
+    spec, port = app_workload(drop, "public-demo", public=True)
+    workload_id = alice.submit_workload(spec)["id"]
+    wait_workload(alice, workload_id, "running", lambda w: w["state"] == "running", timeout=30)
+    [link] = alice.workload_links(workload_id)["items"]
+    assert link["public"] is True
+    status, headers, body = wait_for(lambda: (got := asyncio.run(fetch(link["url"])))[0] == 200 and got, 30, "the public link")
+    assert b"Notebook server" in body
+    assert headers["Content-Security-Policy"].startswith("sandbox allow-scripts")  # the Master's origin is not its own
+    status, headers, _ = asyncio.run(fetch(link["url"] + "api/moved"))
+    assert status == 302 and headers["Location"] == f"/w/{workload_id}-{port}/api/headers"
