@@ -38,6 +38,7 @@ from aiohttp.typedefs import Middleware
 
 from common.http import HttpServer
 from management.api import ApiSettings, Handler, build_app, error_response
+from management.launch.templates import TemplateCatalog
 from management.market.market import Market
 from management.market.prices import PriceBook, grid_default_of
 from management.monitoring.alert_loop import AlertLoop
@@ -60,6 +61,7 @@ from management.services.outputs import OutputCollector
 from management.services.prices import PricesService
 from management.services.reports import ReportsService
 from management.services.telemetry import TelemetryService
+from management.services.templates import TemplatesService
 from management.services.tunnels import RenterAccess
 from management.services.verification import VerificationService
 from management.services.workloads import WorkloadsService
@@ -265,6 +267,7 @@ def compose(master: Master, settings: ManagementSettings | None = None) -> Compo
         onboarding=Onboarding(master),
         verification=VerificationService(master),
         links=links,
+        templates=TemplatesService(TemplateCatalog.load(settings.templates_dir)),
     )
     series = MarketSeries(book.counts, market.meter.open_rentals, market.ledger.balances, currency=settings.market.currency)
     return Composition(

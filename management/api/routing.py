@@ -34,6 +34,7 @@ from management.api.resources import (
     reports,
     signing_keys,
     telemetry,
+    templates,
     tiers,
     tokens,
     tunnels,
@@ -386,6 +387,27 @@ ROUTES: tuple[Route, ...] = (
         errors=frozenset({409}),
         media=("text/plain",),
         tag="workloads",
+    ),
+    # --- launch templates (docs/templates.md)
+    Route(
+        "GET",
+        "/api/v1/templates",
+        templates.list_templates,
+        Resource.TEMPLATES,
+        Action.READ,
+        "Launch templates, by name, each with the workload spec it launches",
+        {200: templates.TemplateList},
+        tag="templates",
+    ),
+    Route(
+        "GET",
+        "/api/v1/templates/{name}",
+        templates.get_template,
+        Resource.TEMPLATES,
+        Action.READ,
+        "One launch template and the workload spec it launches",
+        {200: templates.TemplateView},
+        tag="templates",
     ),
     # --- links (docs/links.md)
     Route(

@@ -21,6 +21,7 @@ lazily.
 | ``tunnels`` | renter access: tunnels to a workload's containers through the relays, logs, kept output |
 | ``onboarding`` | what a provider's host fetches to join the grid |
 | ``verification`` | measured GPU verification: a run on the operator's request, each GPU's result and history |
+| ``templates`` | launch templates: the catalog and the workload spec each launches |
 | ``links`` | HTTPS links to workloads' http ports: their URLs, link tokens, who may pass, the tunnels they use |
 
 Lists are keyset-paginated (``models.Page``); ownership filters (``owner``: the account a call is limited to, as the
@@ -42,6 +43,7 @@ from management.services.market import MarketService
 from management.services.prices import PricesService
 from management.services.reports import ReportsService
 from management.services.telemetry import TelemetryService
+from management.services.templates import TemplatesService
 from management.services.tunnels import RenterAccess
 from management.services.verification import VerificationService
 from management.services.workloads import WorkloadsService
@@ -65,3 +67,4 @@ class Services:
     onboarding: Onboarding
     verification: VerificationService
     links: LinksService
+    templates: TemplatesService

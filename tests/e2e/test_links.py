@@ -170,3 +170,71 @@ def test_a_public_link_opens_for_anyone_in_a_sandbox_and_redirects_stay_under_th
     assert headers["Content-Security-Policy"].startswith("sandbox allow-scripts")  # the Master's origin is not its own
     status, headers, _ = asyncio.run(fetch(link["url"] + "api/moved"))
     assert status == 302 and headers["Location"] == f"/w/{workload_id}-{port}/api/headers"
+
+
+def notebook_template(directory: Path, drop: Path, port: int) -> Path:
+    """An operator's template (the test app on the process runtime), in the Master's ``templates_dir``."""
+    needs_system_aiohttp()
+    shutil.copy(APP, drop / "link_app.py")
+    directory.mkdir(exist_ok=True)
+    (directory / "notebook.toml").write_text(
+        f"""title = "Notebook (test app)"
+description = "The links' test app, a Jupyter stand-in that runs sandboxed on a host."
+image = "none"
+command = ["{SYSTEM_PYTHON}", "{drop / "link_app.py"}", "{port}"]
+allow_process_runtime = true
+disk_gib = 1
+
+[[ports]]
+port = {port}
+kind = "http"
+"""
+    )
+    return directory
+
+
+def test_a_template_from_the_operators_catalog_launches_from_the_cli_which_prints_its_link(tmp_path, drop):
+    templates = notebook_template(tmp_path / "templates", drop, free_port())
+    with running_grid(tmp_path / "grid", MASTER_SETTINGS | {"templates_dir": str(templates)}) as grid:
+        sandboxed_hosts(grid, 1)
+        alice = renter(grid, "alice")
+        listed = cli(grid, alice.api_key, "template", "list")
+        assert listed.returncode == 0, listed.stderr
+        for name in ("comfyui", "cuda-shell", "jupyter", "notebook", "vllm"):
+            assert name in listed.stdout
+        shown = cli(grid, alice.api_key, "template", "show", "jupyter")
+        assert "8888/http" in shown.stdout and "pytorch" in shown.stdout
+        unknown = cli(grid, alice.api_key, "template", "show", "nope")
+        assert unknown.returncode != 0 and "no template 'nope'" in unknown.stderr
+
+        launched = cli(grid, alice.api_key, "workload", "submit", "--template", "notebook", "--name", "nb", timeout=120)
+        assert launched.returncode == 0, launched.stderr
+        lines = launched.stdout.splitlines()
+        [link_line] = [line for line in lines if line.startswith("link (port")]
+        [browser_line] = [line for line in lines if "open in a browser:" in line]
+        assert "private" in link_line
+        browser_url = browser_line.split("open in a browser: ", 1)[1]
+        status, _, body = asyncio.run(fetch_following(browser_url))
+        assert status == 200 and b"Notebook server (test app)" in body
+        workload_id = lines[0].split()[1]
+        shown = cli(grid, alice.api_key, "workload", "get", workload_id)
+        assert f"link:        {grid.api_url}/w/{workload_id}-" in shown.stdout
+
+
+def cli(grid: Grid, key: str, *args: str, timeout: float = 60) -> Any:
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", "management.cli", *args, "--api", grid.api_url, "--api-key", key],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+async def fetch_following(url: str) -> tuple[int, dict[str, str], bytes]:
+    """As a browser opens a URL: redirects followed, cookies kept (of 127.0.0.1 too)."""
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as session:
+        async with session.get(url) as answer:
+            return answer.status, dict(answer.headers), await answer.read()
