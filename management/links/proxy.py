@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import html
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -84,18 +85,19 @@ async def _serve(request: web.Request, address: LinkAddress, path: str, *, on_pa
         try:
             handed, credential_used = await _credential(request, address)
         except InvalidCredential as exc:
-            return _refusal(Refused(401, "unauthorized", f"{exc}; open the link again from the console"))
+            return _refusal(Refused(401, "unauthorized", f"{exc}; open the link again from the console"), request, address)
         if handed is not None:
             return handed
         visitor = await links.visitor(credential_used, address) if credential_used else None
         verdict = await links.admit(address, visitor)
     if isinstance(verdict, Refused):
-        return _refusal(verdict)
+        return _refusal(verdict, request, address)
     try:
         tunnel = await links.tunnels.get(address)
     except IdlegridError as exc:
         log.info("link %s: no tunnel: %s", address.name, exc)
-        return _refusal(Refused(502, "link_unavailable", f"the link's container cannot be reached now: {exc}"))
+        why = f"the link's container cannot be reached now: {exc}"
+        return _refusal(Refused(502, "link_unavailable", why), request, address)
     tunnel.in_use += 1
     try:
         headers = _upstream_headers(request, address, on_path=on_path, strip_auth=credential_used)
@@ -268,8 +270,28 @@ async def _pump(
     await sink.close(code=code if 1000 <= code < 5000 and code not in (1005, 1006) else 1000)
 
 
-def _refusal(refused: Refused) -> web.Response:
-    response = web.json_response({"error": {"code": refused.code, "message": refused.message}}, status=refused.status)
+REFUSAL_PAGE = """<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{title}</title>
+<style>body{{font-family:system-ui,sans-serif;max-width:40rem;margin:3rem auto;padding:0 1rem;color:#1b2330}}
+code{{background:#eef1f5;padding:2px 4px}}</style></head>
+<body><h1>{title}</h1><p>{message}</p>{console}</body></html>"""
+
+
+def _refusal(refused: Refused, request: web.Request | None = None, address: LinkAddress | None = None) -> web.Response:
+    """JSON for programs; a short page for a browser (it asks for text/html), with the way in from the console."""
+    if request is not None and "text/html" in request.headers.get("Accept", ""):
+        console = ""
+        if address is not None and refused.status in (401, 503):
+            where = request.app[SERVICES_KEY].links.public_url.rstrip("/") + f"/console/workloads/{address.workload}"
+            console = f'<p><a href="{html.escape(where)}">Open it from the console</a> (signed in as its owner).</p>'
+        page = REFUSAL_PAGE.format(
+            title=html.escape(f"{refused.status} {refused.code.replace('_', ' ')}"),
+            message=html.escape(refused.message),
+            console=console,
+        )
+        response = web.Response(text=page, status=refused.status, content_type="text/html")
+    else:
+        response = web.json_response({"error": {"code": refused.code, "message": refused.message}}, status=refused.status)
+    response.headers["Cache-Control"] = "no-store"
     if refused.status == 401:
         response.headers["WWW-Authenticate"] = 'Bearer realm="idlegrid link"'
     return response
