@@ -17,7 +17,7 @@ import pytest
 
 from management.client.api import ApiClient, ApiRequest
 from tests.e2e.test_scheduler import MASTER_SETTINGS, renter, sandboxed_hosts, wait_workload, workload
-from tests.support.grid import Grid, free_port, running_grid, wait_for
+from tests.support.grid import Grid, free_port, running_grid, wait_for, write_toml
 
 pytestmark = pytest.mark.e2e
 
@@ -238,3 +238,52 @@ async def fetch_following(url: str) -> tuple[int, dict[str, str], bytes]:
     async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as session:
         async with session.get(url) as answer:
             return answer.status, dict(answer.headers), await answer.read()
+
+
+def test_on_a_wildcard_domain_each_link_is_a_host_of_its_own_with_http_and_websockets(tmp_path, drop):
+    """``[links] domain``: the Master serves ``<workload>-<port>.<domain>`` by its Host header (a DNS wildcard would
+    send every such name to it; here the test sends the header itself to 127.0.0.1)."""
+    settings = write_toml(tmp_path / "master.toml", dict(MASTER_SETTINGS))
+    settings.write_text(settings.read_text() + '[links]\ndomain = "links.test"\nscheme = "http"\n')
+    grid = Grid(tmp_path / "grid")
+    try:
+        grid.start_master("--config", str(settings))
+        grid.start_relay("relay-1", "eu-west")
+        sandboxed_hosts(grid, 1)
+        alice, bob = renter(grid, "alice"), renter(grid, "bob")
+        spec, port = app_workload(drop, "on-domain")
+        workload_id = alice.submit_workload(spec)["id"]
+        wait_workload(alice, workload_id, "running", lambda w: w["state"] == "running", timeout=30)
+        [link] = alice.workload_links(workload_id)["items"]
+        host = f"{workload_id}-{port}.links.test"
+        assert link["url"] == f"http://{host}/"
+        api_port = grid.api_url.rsplit(":", 1)[1]
+
+        async def run() -> tuple[Any, ...]:
+            async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as session:
+                base = f"http://127.0.0.1:{api_port}"
+                owner = {"Host": f"{host}:{api_port}", "Authorization": f"Bearer {alice.api_key}"}
+                async with session.get(base + "/api/headers", headers=owner) as seen:
+                    headers = await seen.json()
+                async with session.ws_connect(base + "/api/kernels/echo", headers=owner) as socket:
+                    await socket.send_str("over the domain")
+                    echoed = (await socket.receive(timeout=10)).data
+                stranger = {"Host": host}
+                async with session.get(base + "/", headers=stranger) as refused:
+                    refused_status = refused.status
+                other = {"Host": host, "Authorization": f"Bearer {bob.api_key}"}
+                async with session.get(base + "/", headers=other) as hidden:
+                    hidden_status = hidden.status
+                # The API on the same port is not reachable through a link's host: every path goes to the container.
+                async with session.get(base + "/api/v1/workloads", headers=owner) as through:
+                    through_status = through.status
+                return headers, echoed, refused_status, hidden_status, through_status
+
+        headers, echoed, refused_status, hidden_status, through_status = wait_for(
+            lambda: (got := asyncio.run(run()))[0].get(":path") == "/api/headers" and got, 30, "the link on its host"
+        )
+        assert "x-forwarded-prefix" not in headers and headers["x-forwarded-host"] == f"{host}:{api_port}"
+        assert echoed == "over the domain"
+        assert (refused_status, hidden_status, through_status) == (401, 404, 404)  # the app has no /api/v1 route
+    finally:
+        grid.stop()
