@@ -1,4 +1,4 @@
-"""``python -m bench BENCHMARK ...`` (fleet, ingest, api-pages, scheduler, offers, tunnel, history, alerts, summaries,
+"""``python -m bench BENCHMARK ...`` (fleet, ingest, api-pages, scheduler, offers, tunnel, link, history, alerts, summaries,
 console-pages, demo): run one, print, write JSON."""
 
 from __future__ import annotations
@@ -449,6 +449,9 @@ def _link_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--heartbeat-s", type=float, default=d.heartbeat_s, help=f"heartbeat interval (default {d.heartbeat_s:g})")
     p.add_argument("--cmd-rate", type=float, default=d.cmd_rate, help=f"commands a second (default {d.cmd_rate:g})")
     p.add_argument("--rounds", type=int, default=d.rounds, help=f"downloads in the link phase (default {d.rounds})")
+    p.add_argument(
+        "--link-bytes-per-s", type=int, default=d.link_bytes_per_s, help="the Master's [links] bytes_per_s (default: its own)"
+    )
     p.add_argument("--idle-s", type=float, default=d.idle_s, help=f"seconds of the idle phase (default {d.idle_s:g})")
     p.add_argument("--json", type=Path, help="write the figures here")
     p.set_defaults(func=_run_link)
@@ -462,6 +465,7 @@ def _run_link(args: argparse.Namespace) -> int:
         cmd_rate=args.cmd_rate,
         idle_s=args.idle_s,
         rounds=args.rounds,
+        link_bytes_per_s=args.link_bytes_per_s,
     )
     result = run_link_bench(options)
     _write(args.json, result)

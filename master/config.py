@@ -36,6 +36,10 @@ class LinkSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     scheme: Literal["https", "http"] = "https"  # of wildcard-domain links (http only for a local grid)
     # Connections to one link's container at once (each a stream in the link's one tunnel); more wait their turn.
     connections_per_link: Annotated[int, msgspec.Meta(ge=1, le=256)] = 32
+    # Each link's bytes per second each way through the Master (0: only the relay's per-tunnel cap). A link's bytes
+    # pass through the Master's own process, which also carries every control frame: this keeps one busy link to a
+    # small share of it (python -m bench link, bench/README.md).
+    bytes_per_s: Annotated[int, msgspec.Meta(ge=0)] = 16 * 1024 * 1024
     # A link's tunnel unused this long is closed (its slot on the host given back); the next request opens another.
     idle_close_s: Annotated[float, msgspec.Meta(gt=0)] = 300.0
     # How long a link token minted for a browser (the console's "Open") lets it in.

@@ -212,8 +212,17 @@ async def _http(
         if sandbox:
             response.headers["Content-Security-Policy"] = SANDBOX
         await response.prepare(request)
-        async for chunk in upstream.content.iter_any():
-            await response.write(chunk)
+        try:
+            async for chunk in upstream.content.iter_any():
+                await response.write(chunk)
+                await asyncio.sleep(0)  # yield even when nothing waited: the Master's control work goes between chunks
+        except (aiohttp.ClientError, ConnectionError) as exc:
+            # The tunnel or the container ended mid-body: the visitor's connection is cut (a short body, never a
+            # complete-looking one), and the next request opens the link's tunnel again.
+            log.info("link %s: the body ended early: %s", address.name, exc)
+            if request.transport is not None:
+                request.transport.close()
+            return response
         await response.write_eof()
         return response
 
@@ -221,6 +230,7 @@ async def _http(
 async def _body(request: web.Request) -> AsyncIterator[bytes]:
     async for chunk in request.content.iter_chunked(BODY_CHUNK):
         yield chunk
+        await asyncio.sleep(0)
 
 
 async def _websocket(request: web.Request, tunnel: LinkTunnel, target: str, headers: CIMultiDict[str]) -> web.StreamResponse:
@@ -264,6 +274,7 @@ async def _pump(
             await sink.send_str(message.data)
         elif message.type is WSMsgType.BINARY:
             await sink.send_bytes(message.data)
+            await asyncio.sleep(0)
         elif message.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR):
             break
     code = source.close_code or 1000

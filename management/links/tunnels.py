@@ -23,6 +23,7 @@ from pathlib import Path
 
 import aiohttp
 
+from common.tokenbucket import TokenBucket
 from common.tunnel import MAX_TUNNEL_PAYLOAD, Op
 from management.client.tunnel import Tunnel, TunnelClosed, TunnelGrant
 from management.links.names import LinkAddress
@@ -35,8 +36,13 @@ OpenGrant = Callable[[LinkAddress], Awaitable[TunnelGrant]]
 class LinkTunnel:
     """A tunnel to one link's container, with ``session``: an HTTP client whose connections are its streams."""
 
-    def __init__(self, address: LinkAddress, tunnel: Tunnel, socket_path: Path, connections: int) -> None:
+    def __init__(self, address: LinkAddress, tunnel: Tunnel, socket_path: Path, connections: int, bytes_per_s: int = 0) -> None:
         self.address = address
+        # One bucket each way (0: unpaced here); a debt of up to a twentieth of a second's bytes, at least 4 frames.
+        burst = max(4 * MAX_TUNNEL_PAYLOAD, bytes_per_s // 20)
+        now = time.monotonic()
+        self._down = TokenBucket(bytes_per_s, burst, now) if bytes_per_s else None
+        self._up = TokenBucket(bytes_per_s, burst, now) if bytes_per_s else None
         self._tunnel = tunnel
         self._path = socket_path
         self._streams: dict[int, asyncio.StreamWriter] = {}
@@ -75,6 +81,9 @@ class LinkTunnel:
                 writer.write(frame.payload)
                 with contextlib.suppress(ConnectionError):
                     await writer.drain()
+                # A receive or a drain that needs no wait returns without yielding: without this, a busy link would
+                # hold the Master's loop (relay links, API calls) for as long as its bytes keep coming.
+                await _pace(self._down, len(frame.payload))
             elif frame.op is Op.EOF:
                 if writer.can_write_eof():
                     with contextlib.suppress(OSError):
@@ -96,6 +105,7 @@ class LinkTunnel:
             await self._tunnel.send(Op.OPEN, stream)
             while data := await reader.read(MAX_TUNNEL_PAYLOAD):
                 await self._tunnel.send(Op.DATA, stream, data)
+                await _pace(self._up, len(data))  # as in _from_agent: a busy link never holds up the Master's other work
             # The HTTP client never half-closes: its end of file is the connection's end, so the stream is over.
             if self._streams.pop(stream, None) is not None:
                 await self._tunnel.send(Op.CLOSE, stream)
@@ -117,11 +127,22 @@ class LinkTunnel:
             self._path.unlink()
 
 
+async def _pace(bucket: TokenBucket | None, size: int) -> None:
+    """Charge ``size`` bytes and wait out any debt; always yields to the loop at least once."""
+    wait = 0.0
+    if bucket is not None:
+        now = time.monotonic()
+        bucket.charge(now, size)
+        wait = bucket.wait_s(now, 0)
+    await asyncio.sleep(wait)
+
+
 class LinkTunnels:
     """The open links' tunnels, by link; at most one per link, opened on demand (``get``), swept when idle."""
 
-    def __init__(self, open_grant: OpenGrant, *, connections: int, idle_close_s: float) -> None:
+    def __init__(self, open_grant: OpenGrant, *, connections: int, idle_close_s: float, bytes_per_s: int = 0) -> None:
         self._open_grant = open_grant
+        self._bytes_per_s = bytes_per_s
         self._connections = connections
         self._idle_close_s = idle_close_s
         self._open: dict[LinkAddress, LinkTunnel] = {}
@@ -140,7 +161,8 @@ class LinkTunnels:
                 await current.close()
             grant = await self._open_grant(address)
             tunnel = await Tunnel.open(grant)
-            link = LinkTunnel(address, tunnel, self._socket_dir() / f"{address.name}.sock", self._connections)
+            path = self._socket_dir() / f"{address.name}.sock"
+            link = LinkTunnel(address, tunnel, path, self._connections, self._bytes_per_s)
             await link.start()
             self._open[address] = link
             log.info("link %s: tunnel %s open through relay %s", address.name, grant.id, grant.relay_id)

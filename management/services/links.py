@@ -74,7 +74,12 @@ class LinksService:
         self.public_url = settings.public_url or public_url
         self._key = key
         self._clock = clock
-        self.tunnels = LinkTunnels(self._grant, connections=settings.connections_per_link, idle_close_s=settings.idle_close_s)
+        self.tunnels = LinkTunnels(
+            self._grant,
+            connections=settings.connections_per_link,
+            idle_close_s=settings.idle_close_s,
+            bytes_per_s=settings.bytes_per_s,
+        )
         self._sweeper = Loop("link tunnels", SWEEP_PERIOD_S, self._sweep, SWEEP_RESTART_S)
         self._task: asyncio.Task[None] | None = None
 
