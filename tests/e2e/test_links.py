@@ -17,7 +17,7 @@ import pytest
 
 from management.client.api import ApiClient, ApiRequest
 from tests.e2e.test_scheduler import MASTER_SETTINGS, renter, sandboxed_hosts, wait_workload, workload
-from tests.support.grid import Grid, free_port, running_grid, wait_for, write_toml
+from tests.support.grid import TEST_PROVIDER, Grid, free_port, running_grid, wait_for, write_toml
 
 pytestmark = pytest.mark.e2e
 
@@ -287,3 +287,20 @@ def test_on_a_wildcard_domain_each_link_is_a_host_of_its_own_with_http_and_webso
         assert (refused_status, hidden_status, through_status) == (401, 404, 404)  # the app has no /api/v1 route
     finally:
         grid.stop()
+
+
+def test_renting_an_offer_with_a_template_prints_its_link_once_it_answers(tmp_path, drop):
+    templates = notebook_template(tmp_path / "templates", drop, free_port())
+    with running_grid(tmp_path / "grid", MASTER_SETTINGS | {"templates_dir": str(templates)}) as grid:
+        [host] = sandboxed_hosts(grid, 1)
+        grid.client.set_default_price({"on_demand": "3.60", "min_bid": "1.00"}, provider=TEST_PROVIDER)
+        alice = renter(grid, "alice")
+        grid.client.credit("alice", "10.00", memo="links test")
+        rented = cli(grid, alice.api_key, "rent", host, "--template", "notebook", "--wait-link-s", "90", timeout=150)
+        assert rented.returncode == 0, rented.stderr
+        assert f"rented {host}: workload wl-" in rented.stdout
+        [browser_line] = [line for line in rented.stdout.splitlines() if "open in a browser:" in line]
+        status, _, body = asyncio.run(fetch_following(browser_line.split("open in a browser: ", 1)[1]))
+        assert status == 200 and b"Notebook server (test app)" in body
+        no_image = cli(grid, alice.api_key, "rent", host)
+        assert no_image.returncode != 0 and "give --image, a --template" in no_image.stderr
