@@ -13,7 +13,7 @@ Order, the same every time (a standby Master does steps 2 and 3 only once electe
 1. the Master starts (store, registry, relay link);
 2. the operator's API key is written on the first start, then the state is loaded, in ``Composition.state`` order;
 3. the loops start in ``Composition.loops`` order: the market (offer feed and metering), the output collector, the
-   scheduler, the alert loop (which observes all the others);
+   scheduler, the links' idle sweep, the alert loop (which observes all the others);
 4. the HTTP API listens.
 
 Stopping runs it backwards: the API refuses new changes (503) and lets those under way finish, the loops stop in
@@ -273,7 +273,7 @@ def compose(master: Master, settings: ManagementSettings | None = None) -> Compo
     return Composition(
         services=services,
         state=(("prices", prices), ("workloads", book), ("market", market), ("alert settings", alert_settings)),
-        loops=(("market", market), ("outputs", outputs), ("scheduler", scheduler), ("alerts", alert_loop), ("links", links)),
+        loops=(("market", market), ("outputs", outputs), ("scheduler", scheduler), ("links", links), ("alerts", alert_loop)),
         market_series=series,
     )
 
