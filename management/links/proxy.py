@@ -292,8 +292,11 @@ def _refusal(refused: Refused, request: web.Request | None = None, address: Link
     if request is not None and "text/html" in request.headers.get("Accept", ""):
         console = ""
         if address is not None and refused.status in (401, 503):
-            where = request.app[SERVICES_KEY].links.public_url.rstrip("/") + f"/console/workloads/{address.workload}"
-            console = f'<p><a href="{html.escape(where)}">Open it from the console</a> (signed in as its owner).</p>'
+            # Said, not linked: the link's address may be a host of its own, where the console must not be used.
+            console = (
+                "<p>Sign in to the grid's console as its owner, then open it from the workload's page "
+                f"(My workloads, <code>{html.escape(address.workload)}</code>, Open port {address.port}).</p>"
+            )
         page = REFUSAL_PAGE.format(
             title=html.escape(f"{refused.status} {refused.code.replace('_', ' ')}"),
             message=html.escape(refused.message),
