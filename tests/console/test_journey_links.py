@@ -79,6 +79,10 @@ def test_a_template_launches_from_the_console_and_its_private_link_opens_with_a_
     page.wait_for_url(re.compile(r"/console/templates$"))
     for title in ("PyTorch with Jupyter", "CUDA shell", "vLLM: an OpenAI-compatible model server", "ComfyUI"):
         expect(page.get_by_role("heading", name=title)).to_be_visible()
+    page.set_viewport_size({"width": 375, "height": 800})  # a phone: the cards stack, nothing scrolls sideways
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+    shot(page, "templates-375px")
+    page.set_viewport_size({"width": 1280, "height": 860})
     card = page.get_by_role("region", name="Notebook (test app)")
     card.get_by_label("Name").fill("notebook-1")
     shot(page, "templates")
