@@ -80,7 +80,8 @@ class LinksService:
             idle_close_s=settings.idle_close_s,
             bytes_per_s=settings.bytes_per_s,
         )
-        self._sweeper = Loop("link tunnels", SWEEP_PERIOD_S, self._sweep, SWEEP_RESTART_S)
+        # Swept at least twice per idle time, so a link is closed between one and one and a half of it after its last use.
+        self._sweeper = Loop("link tunnels", min(SWEEP_PERIOD_S, settings.idle_close_s / 2), self._sweep, SWEEP_RESTART_S)
         self._task: asyncio.Task[None] | None = None
 
     def listening_at(self, api_url: str) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -95,7 +96,7 @@ def test_the_owner_opens_the_page_and_the_websocket_echoes_through_the_link(link
     assert asyncio.run(echo()) == ["one", "two" * 30_000, "\x00\x01binary"]
 
 
-def test_bodies_stream_both_ways_and_the_container_never_sees_our_credentials(linked):
+def test_bodies_stream_both_ways_and_the_container_never_sees_our_credentials(grid, linked):
     alice, _, _, url = linked
     until_served(url, alice.api_key)
 
@@ -121,6 +122,10 @@ def test_bodies_stream_both_ways_and_the_container_never_sees_our_credentials(li
     assert seen["cookie"] == "theirs=kept"  # the console's cookie (and the link's) stay with the Master
     assert seen[":path"] == "/api/headers?x=1"  # the link's prefix is taken off
     assert seen["x-forwarded-prefix"].startswith("/w/wl-")
+    # Every request above (and the ones until_served made) rode the link's one tunnel, each connection a stream of it.
+    workload_id = url.rsplit("/w/", 1)[1].rsplit("-", 1)[0]
+    events = grid.client.get("/api/v1/events", subject=workload_id, kind="tunnel.opened", limit=100)["items"]
+    assert [e["data"]["kind"] for e in events] == ["port"] and events[0]["data"]["account"] == "alice"
 
 
 def test_a_private_link_refuses_strangers_and_other_accounts_and_a_token_becomes_a_cookie(linked):
@@ -244,7 +249,8 @@ def test_on_a_wildcard_domain_each_link_is_a_host_of_its_own_with_http_and_webso
     """``[links] domain``: the Master serves ``<workload>-<port>.<domain>`` by its Host header (a DNS wildcard would
     send every such name to it; here the test sends the header itself to 127.0.0.1)."""
     settings = write_toml(tmp_path / "master.toml", dict(MASTER_SETTINGS))
-    settings.write_text(settings.read_text() + '[links]\ndomain = "links.test"\nscheme = "http"\n')
+    # A link unused for a second gives its tunnel back (swept every half second).
+    settings.write_text(settings.read_text() + '[links]\ndomain = "links.test"\nscheme = "http"\nidle_close_s = 1.0\n')
     grid = Grid(tmp_path / "grid")
     try:
         grid.start_master("--config", str(settings))
@@ -285,6 +291,16 @@ def test_on_a_wildcard_domain_each_link_is_a_host_of_its_own_with_http_and_webso
         assert "x-forwarded-prefix" not in headers and headers["x-forwarded-host"] == f"{host}:{api_port}"
         assert echoed == "over the domain"
         assert (refused_status, hidden_status, through_status) == (401, 404, 404)  # the app has no /api/v1 route
+
+        def port_tunnels() -> list[dict[str, Any]]:
+            events = grid.client.get("/api/v1/events", subject=workload_id, kind="tunnel.opened", limit=100)["items"]
+            return [e for e in events if e["data"]["kind"] == "port"]
+
+        opened = len(port_tunnels())
+        assert opened >= 1
+        time.sleep(2.5)  # the link idles past idle_close_s: its tunnel is closed, and the next request opens another
+        assert asyncio.run(run())[1] == "over the domain"
+        assert wait_for(lambda: len(port_tunnels()) == opened + 1, 10, "a new tunnel after the idle one was closed")
     finally:
         grid.stop()
 
