@@ -34,7 +34,7 @@ from multidict import CIMultiDict
 from common.errors import IdlegridError
 from management.http.keys import SERVICES_KEY
 from management.links.gate import Admitted, Refused
-from management.links.names import TOKEN_COOKIE, TOKEN_QUERY, LinkAddress, from_host, from_path
+from management.links.names import TOKEN_COOKIE, TOKEN_QUERY, LinkAddress, from_host, from_path, is_link_token
 from management.links.tunnels import LinkTunnel
 from management.services.links import InvalidCredential
 
@@ -118,6 +118,8 @@ async def _credential(request: web.Request, address: LinkAddress) -> tuple[web.S
     links = request.app[SERVICES_KEY].links
     token = request.query.get(TOKEN_QUERY)
     if token:
+        if not is_link_token(token):  # an API key never goes in a URL (logs, history) nor in a cookie
+            raise InvalidCredential(f"{TOKEN_QUERY} takes a link token (igl_...), never an API key")
         await links.visitor(token, address)  # checked before it is set, so a bad one is refused here, not later
         response = web.HTTPSeeOther(_path_without_token(request))
         remaining = max(60, int(links.settings.browser_token_s))

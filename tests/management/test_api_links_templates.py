@@ -59,6 +59,9 @@ async def test_a_link_opens_only_once_the_workload_runs_and_only_for_its_owner(a
     queued = await api.get(link, headers={"Authorization": f"Bearer {token}"})
     assert queued.status == 503 and "queued" in (await queued.json())["error"]["message"]
     assert (await api.get(link)).status == 401
+    alice_key = keys["alice"]["Authorization"].removeprefix("Bearer ")
+    in_url = await api.get(f"{link}?idlegrid_token={alice_key}", allow_redirects=False)
+    assert in_url.status == 401 and "never an API key" in (await in_url.json())["error"]["message"]
     assert (await api.get(link, headers=keys["bob"])).status == 404
     other_port = await api.get(f"/w/{workload['id']}-22/", headers={"Authorization": f"Bearer {token}"})
     assert other_port.status == 404  # a tcp port has no link, whoever asks
