@@ -1,4 +1,4 @@
-"""``python -m bench BENCHMARK ...`` (fleet, ingest, api-pages, scheduler, offers, tunnel, history, alerts, summaries,
+"""``python -m bench BENCHMARK ...`` (fleet, ingest, api-pages, scheduler, offers, tunnel, link, history, alerts, summaries,
 console-pages, demo): run one, print, write JSON."""
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from bench.demo import DemoBenchOptions, demo_table, run_demo_bench
 from bench.fleet import FleetOptions, run_fleet_bench
 from bench.history import HistoryBenchOptions, history_table, run_history_bench
 from bench.ingest import run_ingest_bench
+from bench.link import LinkBenchOptions, link_table, run_link_bench
 from bench.offers import OffersBenchOptions, offers_table, run_offers_bench
 from bench.scheduler import SchedulerBenchOptions, run_scheduler_bench, scheduler_table
 from bench.scheduler_snapshot import SnapshotBenchOptions, run_snapshot_bench, snapshot_table
@@ -435,6 +436,43 @@ def _run_tunnel(args: argparse.Namespace) -> int:
     return 0
 
 
+def _link_parser(sub: argparse._SubParsersAction) -> None:
+    d = LinkBenchOptions()
+    p = sub.add_parser(
+        "link",
+        help="an HTTPS link's throughput through a relay, and control-frame latency meanwhile",
+        description="A local grid with one relay: commands and heartbeats timed while idle, then while a client "
+        "downloads --megabytes from a renter's web server through its link (the Master, the relay, the agent).",
+    )
+    p.add_argument("--hosts", type=int, default=d.hosts, help=f"agents behind the relay (default {d.hosts})")
+    p.add_argument("--megabytes", type=int, default=d.megabytes, help=f"MB each download moves (default {d.megabytes})")
+    p.add_argument("--heartbeat-s", type=float, default=d.heartbeat_s, help=f"heartbeat interval (default {d.heartbeat_s:g})")
+    p.add_argument("--cmd-rate", type=float, default=d.cmd_rate, help=f"commands a second (default {d.cmd_rate:g})")
+    p.add_argument("--rounds", type=int, default=d.rounds, help=f"downloads in the link phase (default {d.rounds})")
+    p.add_argument(
+        "--link-bytes-per-s", type=int, default=d.link_bytes_per_s, help="the Master's [links] bytes_per_s (default: its own)"
+    )
+    p.add_argument("--idle-s", type=float, default=d.idle_s, help=f"seconds of the idle phase (default {d.idle_s:g})")
+    p.add_argument("--json", type=Path, help="write the figures here")
+    p.set_defaults(func=_run_link)
+
+
+def _run_link(args: argparse.Namespace) -> int:
+    options = LinkBenchOptions(
+        hosts=args.hosts,
+        megabytes=args.megabytes,
+        heartbeat_s=args.heartbeat_s,
+        cmd_rate=args.cmd_rate,
+        idle_s=args.idle_s,
+        rounds=args.rounds,
+        link_bytes_per_s=args.link_bytes_per_s,
+    )
+    result = run_link_bench(options)
+    _write(args.json, result)
+    print(link_table(result))
+    return 0
+
+
 def _write(path: Path | None, data: Any) -> None:
     if path is not None:
         path.write_text(json.dumps(data, indent=2) + "\n")
@@ -523,6 +561,7 @@ def build_parser() -> argparse.ArgumentParser:
     _scheduler_snapshot_parser(sub)
     _offers_parser(sub)
     _tunnel_parser(sub)
+    _link_parser(sub)
     _history_parser(sub)
     _alerts_parser(sub)
     _summaries_parser(sub)

@@ -55,6 +55,7 @@ class Resource(str, enum.Enum):
     SILENCES = "silences"  # muting alerts' notifications: the operator's
     WEBHOOKS = "webhooks"  # where alert notifications go: each account its own
     HOST_ENROLLMENT = "host_enrollment"  # a join token for one's own new host (the console's "Add a host")
+    TEMPLATES = "templates"  # launch templates (docs/templates.md): every account reads them
 
 
 class Action(str, enum.Enum):
@@ -176,3 +177,8 @@ def report_owners(scope: Scope) -> tuple[str | None, str | None]:
     if scope.principal.role is AccountRole.PROVIDER:
         return scope.owner, None
     return None, scope.owner
+
+
+# Launch templates: the catalog is the same for everyone, and every account reads it.
+for _role in (AccountRole.PROVIDER, AccountRole.RENTER):
+    PERMISSIONS[_role][Resource.TEMPLATES] = frozenset({Action.READ})

@@ -13,7 +13,7 @@ Order, the same every time (a standby Master does steps 2 and 3 only once electe
 1. the Master starts (store, registry, relay link);
 2. the operator's API key is written on the first start, then the state is loaded, in ``Composition.state`` order;
 3. the loops start in ``Composition.loops`` order: the market (offer feed and metering), the output collector, the
-   scheduler, the alert loop (which observes all the others);
+   scheduler, the links' idle sweep, the alert loop (which observes all the others);
 4. the HTTP API listens.
 
 Stopping runs it backwards: the API refuses new changes (503) and lets those under way finish, the loops stop in
@@ -38,6 +38,7 @@ from aiohttp.typedefs import Middleware
 
 from common.http import HttpServer
 from management.api import ApiSettings, Handler, build_app, error_response
+from management.launch.templates import TemplateCatalog
 from management.market.market import Market
 from management.market.prices import PriceBook, grid_default_of
 from management.monitoring.alert_loop import AlertLoop
@@ -54,11 +55,13 @@ from management.services.alerts import AlertsService
 from management.services.billing import BillingService
 from management.services.grid import GridService
 from management.services.hosts import HostsService
+from management.services.links import LinksService, link_key
 from management.services.market import MarketService
 from management.services.outputs import OutputCollector
 from management.services.prices import PricesService
 from management.services.reports import ReportsService
 from management.services.telemetry import TelemetryService
+from management.services.templates import TemplatesService
 from management.services.tunnels import RenterAccess
 from management.services.verification import VerificationService
 from management.services.workloads import WorkloadsService
@@ -240,8 +243,17 @@ def compose(master: Master, settings: ManagementSettings | None = None) -> Compo
         period_s=settings.alerts.period_s,
     )
     alert_settings = AlertSettings(master.store, alert_loop, list(alert_loop.rules), time.time)
+    accounts = AccountsService(master)
+    links = LinksService(
+        workloads.get_workload,
+        tunnels,
+        accounts,
+        settings.links,
+        public_url=settings.api_url,
+        key=link_key(settings.state_path),
+    )
     services = Services(
-        accounts=AccountsService(master),
+        accounts=accounts,
         hosts=hosts,
         grid=GridService(master),
         workloads=workloads,
@@ -254,12 +266,14 @@ def compose(master: Master, settings: ManagementSettings | None = None) -> Compo
         tunnels=tunnels,
         onboarding=Onboarding(master),
         verification=VerificationService(master),
+        links=links,
+        templates=TemplatesService(TemplateCatalog.load(settings.templates_dir)),
     )
     series = MarketSeries(book.counts, market.meter.open_rentals, market.ledger.balances, currency=settings.market.currency)
     return Composition(
         services=services,
         state=(("prices", prices), ("workloads", book), ("market", market), ("alert settings", alert_settings)),
-        loops=(("market", market), ("outputs", outputs), ("scheduler", scheduler), ("alerts", alert_loop)),
+        loops=(("market", market), ("outputs", outputs), ("scheduler", scheduler), ("links", links), ("alerts", alert_loop)),
         market_series=series,
     )
 
@@ -343,6 +357,7 @@ class MasterServer:
         )
         await self._http.start()
         self.api_port = self._http.port
+        self.composition.services.links.listening_at(self.api_url)  # a free port (0) is known only now
         log.info("management API listening", extra={"url": self.api_url})
 
     async def stop(self) -> None:

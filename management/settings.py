@@ -25,7 +25,7 @@ from management.monitoring.settings import notifier_settings
 from management.services.market import MarketRules, RatingRules
 from management.services.outputs import OutputSettings
 from management.workloads.runner import SchedulerSettings
-from master.port import ConsoleSettings, MasterConfig
+from master.port import ConsoleSettings, LinkSettings, MasterConfig
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,9 @@ class ManagementSettings:
     console: ConsoleSettings
     state_path: Path  # the Master's state directory: the operator's token and the console's session key live there
     loop_restart_s: float  # a background loop that raised waits this long before it runs again
+    links: LinkSettings  # HTTPS links to workloads' ports (docs/links.md)
+    api_url: str  # the address the API listens on, what path links are under unless links.public_url says otherwise
+    templates_dir: Path | None  # the operator's launch templates (docs/templates.md); None: the shipped ones only
 
     @classmethod
     def of(cls, config: MasterConfig) -> ManagementSettings:
@@ -81,4 +84,7 @@ class ManagementSettings:
             console=config.console,
             state_path=config.state_path,
             loop_restart_s=config.loop_restart_s,
+            links=config.links,
+            api_url=f"http://{config.host}:{config.api_port}",
+            templates_dir=Path(config.templates_dir) if config.templates_dir else None,
         )

@@ -26,6 +26,29 @@ class ConsoleSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     signin_per_minute: Annotated[float, msgspec.Meta(gt=0)] = 5.0
 
 
+class LinkSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """HTTPS links to workloads' http ports (management/links/, docs/links.md), served by the Master."""
+
+    # A wildcard domain whose names all reach this Master (``*.links.example.net``): each link is then
+    # ``<scheme>://<workload>-<port>.<domain>/``, an origin of its own. "": links are paths on ``public_url``.
+    domain: str = ""
+    # How people reach this Master (``https://grid.example.net``); "": the address the API listens on.
+    public_url: str = ""
+    scheme: Literal["https", "http"] = "https"  # of wildcard-domain links (http only for a local grid)
+    # Connections to one link's container at once (each a stream in the link's one tunnel); more wait their turn.
+    connections_per_link: Annotated[int, msgspec.Meta(ge=1, le=256)] = 32
+    # Each link's bytes per second each way through the Master (0: only the relay's per-tunnel cap). A link's bytes
+    # pass through the Master's own process, which also carries every control frame: this keeps one busy link to a
+    # small share of it (python -m bench link, bench/README.md).
+    bytes_per_s: Annotated[int, msgspec.Meta(ge=0)] = 16 * 1024 * 1024
+    # A link's tunnel unused this long is closed (its slot on the host given back); the next request opens another.
+    idle_close_s: Annotated[float, msgspec.Meta(gt=0)] = 300.0
+    # How long a link token minted for a browser (the console's "Open") lets it in.
+    browser_token_s: Annotated[float, msgspec.Meta(ge=60, le=30 * 86400)] = 12 * 3600.0
+    # The longest a link token minted through the API may last.
+    max_token_s: Annotated[float, msgspec.Meta(ge=60, le=366 * 86400)] = 30 * 86400.0
+
+
 class MasterConfig(msgspec.Struct, kw_only=True):
     state_dir: str = ".idlegrid/master"
     store_url: str = ""  # empty: SQLite at <state_dir>/master.db
@@ -189,6 +212,10 @@ class MasterConfig(msgspec.Struct, kw_only=True):
     agent_wheel: str = ""
     # --- the console ---
     console: ConsoleSettings = msgspec.field(default_factory=ConsoleSettings)
+    # --- HTTPS links to workloads' ports and launch templates (docs/links.md, docs/templates.md) ---
+    links: LinkSettings = msgspec.field(default_factory=LinkSettings)
+    # A directory of the operator's own launch templates (*.toml), added to (or replacing by name) the shipped ones.
+    templates_dir: str = ""
 
     @property
     def state_path(self) -> Path:

@@ -38,7 +38,7 @@ from master.changes import (
     Subscription,
 )
 from master.commands import CommandLedger
-from master.config import ConsoleSettings, MasterConfig
+from master.config import ConsoleSettings, LinkSettings, MasterConfig
 from master.events import EventLog
 from master.faults import LASTING
 from master.history import MINUTES_PER_HOUR, HistoryKeeper, downsample, downsample_host
@@ -66,6 +66,7 @@ from master.records import (
     KeptOutput,
     LedgerEntry,
     LedgerLine,
+    PortLink,
     PriceChange,
     PriceRecord,
     RentalHost,
@@ -220,6 +221,7 @@ __all__ = [
     "CommandRecord",
     "CommandState",
     "ConsoleSettings",
+    "LinkSettings",
     "ContainerExited",
     "Credential",
     "EventLog",
@@ -270,6 +272,7 @@ __all__ = [
     "WebhookRecord",
     "WorkloadRecord",
     "WorkloadSpec",
+    "PortLink",
     "describe_tiers",
     "downsample",
     "downsample_host",

@@ -356,6 +356,24 @@ class RentalTerms(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError(f"rental.reserved_s is for reserved rentals, not {self.kind}")
 
 
+LINK_KINDS = ("http", "tcp")  # http: reached by an HTTPS link (docs/links.md); tcp: by port-forward or SSH only
+
+
+class PortLink(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """What a declared port is (docs/links.md): ``http`` ports get a link (a URL served through the tunnels),
+    private to the owner unless ``public``."""
+
+    port: PortNumber
+    kind: str = "http"  # one of LINK_KINDS
+    public: bool = False  # anyone with the URL may open it (no account, no token)
+
+    def __post_init__(self) -> None:
+        if self.kind not in LINK_KINDS:
+            raise ValueError(f"kind {self.kind!r} is not one of: {', '.join(LINK_KINDS)}")
+        if self.public and self.kind != "http":
+            raise ValueError(f"port {self.port}: only an http port can be public (a tcp port has no link)")
+
+
 class WorkloadSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """A renter's workload: ``replicas`` copies of one container, each on one host."""
 
@@ -378,12 +396,20 @@ class WorkloadSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Credentials for a private image's registry: a secret like env's values, sent to the hosts only and never shown
     # again (answers give the username alone).
     registry_auth: RegistryAuth | None = None
+    # The kind of each declared port that has one (docs/links.md); a port not listed is plain tcp.
+    links: Annotated[list[PortLink], msgspec.Meta(max_length=64)] = []
 
     def __post_init__(self) -> None:
         _require_finite("max_duration_s", self.max_duration_s)
         repeated = sorted({p for p in self.ports if self.ports.count(p) > 1})
         if repeated:
             raise ValueError(f"ports lists {', '.join(map(str, repeated))} more than once")
+        linked = [link.port for link in self.links]
+        if len(set(linked)) != len(linked):
+            raise ValueError("links names a port more than once")
+        undeclared = [port for port in linked if port not in self.ports]
+        if undeclared:
+            raise ValueError(f"links names port {undeclared[0]}, which ports does not declare; add it to ports")
         if self.restart_policy not in RESTART_POLICIES:
             raise ValueError(f"restart_policy {self.restart_policy!r} is not one of: {', '.join(RESTART_POLICIES)}")
         if self.placement is not None and self.placement not in PLACEMENTS:

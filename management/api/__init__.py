@@ -22,6 +22,7 @@ from management.api.ratelimit import KeyRateLimits
 from management.console import add_console
 from management.http.errors import ApiError, Handler, error_response, errors_middleware
 from management.http.keys import SERVICES_KEY
+from management.links import proxy as link_proxy
 from management.onboarding.routes import add_routes as add_onboarding_routes
 from management.services import Services
 from master.port import ConsoleSettings, MasterPort
@@ -60,7 +61,15 @@ def build_app(
         account_rate=settings.account_rate_per_s,
         account_burst=settings.account_burst,
     )
-    middlewares = [api_metrics.middleware(), errors_middleware, auth_middleware, rate_limits.middleware(), audit_middleware]
+    # A request to a link on the wildcard domain goes to its container before anything of the API (docs/links.md).
+    middlewares = [
+        link_proxy.host_middleware,
+        api_metrics.middleware(),
+        errors_middleware,
+        auth_middleware,
+        rate_limits.middleware(),
+        audit_middleware,
+    ]
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
     app[SERVICES_KEY] = services
     app[METRICS_REGISTRY_KEY] = registry
@@ -69,4 +78,5 @@ def build_app(
     add_onboarding_routes(app.router)  # what a provider's host fetches to onboard (management/onboarding/): no key
     # The web console, from the same origin (management/console/, docs/console.md).
     add_console(app, services, console, state_dir=state_dir)
+    link_proxy.add_routes(app)  # HTTPS links on the Master's address: /w/<workload>-<port>/ (management/links/)
     return app

@@ -423,6 +423,9 @@ def build_parser() -> argparse.ArgumentParser:
     from management.cli.alerts import add_parsers as add_alert_parsers
 
     add_alert_parsers(sub, _parser)
+    from management.cli.templates import add_parsers as add_template_parsers
+
+    add_template_parsers(sub, _parser)
     return parser
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from common.errors import IdlegridError
 from management.cli.connection import api_client, connection_options, table, when
 from management.cli.hosts import duration_s
+from management.cli.templates import add_launch_options, link_wait_s, print_links_when_up
 from management.cli.workloads import DISK_HELP, BadSpec, cost_line, spec_from
 
 Parser = Callable[[argparse._SubParsersAction, str, str, str], argparse.ArgumentParser]
@@ -57,7 +58,7 @@ def add_parsers(sub: argparse._SubParsersAction, make: Parser) -> None:
     )
     rent.add_argument("offer_id", metavar="OFFER", help="the offer's id (its host)")
     rent.add_argument("--name", default=None, help="workload name (default: rent-<offer>)")
-    rent.add_argument("--image", required=True, help="container image")
+    rent.add_argument("--image", help="container image (default: the --template's; one of the two is needed)")
     rent.add_argument("--gpus", type=int, metavar="N", help="GPUs, 1..16 (default 1)")
     kind = rent.add_mutually_exclusive_group()
     kind.add_argument("--bid", metavar="PRICE", help="rent interruptible at this price per GPU-hour (default: on demand)")
@@ -78,6 +79,7 @@ def add_parsers(sub: argparse._SubParsersAction, make: Parser) -> None:
     rent.add_argument(
         "--allow-process-runtime", action="store_true", default=None, help="it may run sandboxed as a host process (default: no)"
     )
+    add_launch_options(rent)
     rent.add_argument("container_command", nargs="*", metavar="COMMAND", help="command to run, after '--' (default: the image's)")
     connection_options(rent)
     rent.set_defaults(func=run_rent)
@@ -214,7 +216,10 @@ def run_rent(args: argparse.Namespace) -> int:
             f"\n{cost}" if cost else ""
         )
 
-    return _out(args, workload, human)
+    status = _out(args, workload, human)
+    if not args.json:
+        print_links_when_up(client, workload, link_wait_s(args))
+    return status
 
 
 def run_bid(args: argparse.Namespace) -> int:

@@ -22,6 +22,7 @@ import msgspec
 
 from common.errors import IdlegridError
 from management.cli.connection import api_client, connection_options, table, when
+from management.cli.templates import add_launch_options, apply_links, link_wait_s, print_links_when_up, template_base
 from management.client.api import ApiError
 from management.market.money import format_amount, parse_amount
 from management.workloads.explain_text import render_explanation
@@ -89,6 +90,7 @@ def add_parser(sub: argparse._SubParsersAction, make: Parser) -> None:
         help="it may run on hosts that sandbox it as a host process, not a container, where the operator offers such "
         "hosts, as the demo does (default: the file's constraints.allow_process_runtime, else no)",
     )
+    add_launch_options(submit)
     submit.add_argument(
         "container_command",
         nargs="*",
@@ -172,7 +174,7 @@ DISK_HELP = "only hosts reporting at least this much free disk, GiB (default: th
 
 def spec_from(args: argparse.Namespace) -> dict[str, Any]:
     """The spec to send: the file's fields, then the flags given over them; checked as the API will check it."""
-    spec = read_spec_file(args.file) if args.file else {}
+    spec = template_base(args) | (read_spec_file(args.file) if args.file else {})
     account = spec.pop("account", None)
     for field in ("name", "image", "replicas", "priority", "project", "max_duration_s"):
         if getattr(args, field) is not None:
@@ -190,6 +192,8 @@ def spec_from(args: argparse.Namespace) -> dict[str, Any]:
         spec["env"] = dict(spec.get("env") or {}) | dict(_env_pair(e) for e in args.env)
     if args.port:
         spec["ports"] = args.port
+        spec["links"] = [link for link in spec.get("links") or [] if link["port"] in args.port]
+    apply_links(args, spec)
     user, variable = getattr(args, "registry_user", None), getattr(args, "registry_password_env", None)  # not on rent
     if user or variable:
         spec["registry_auth"] = _registry_auth(user, variable)
@@ -201,7 +205,7 @@ def spec_from(args: argparse.Namespace) -> dict[str, Any]:
         spec["constraints"] = dict(spec.get("constraints") or {}) | {"min_disk_gib": args.disk}
     for required in ("name", "image"):
         if required not in spec:
-            raise BadSpec(f"{required}: give --{required} or put {required} in a spec file (-f)")
+            raise BadSpec(f"{required}: give --{required}, a --template, or put {required} in a spec file (-f)")
     try:
         msgspec.convert(spec, WorkloadSpec)
     except msgspec.ValidationError as exc:
@@ -267,6 +271,8 @@ def run_submit(args: argparse.Namespace) -> int:
             print(cost)
 
     _print(args, workload, human)
+    if not args.json:
+        print_links_when_up(client, workload, link_wait_s(args))
     return 0
 
 
@@ -281,8 +287,14 @@ def run_list(args: argparse.Namespace) -> int:
 
 def run_get(args: argparse.Namespace) -> int:
     client = _client(args)
-    _print(args, client.workload(args.workload_id), lambda w: print(describe(w) + _why_it_waits(client, w)))
+    _print(args, client.workload(args.workload_id), lambda w: print(describe(w) + _links(client, w) + _why_it_waits(client, w)))
     return 0
+
+
+def _links(client: Any, workload: dict[str, Any]) -> str:
+    """The workload's HTTPS links, one line each ("" when it has none)."""
+    links = client.workload_links(workload["id"])["items"]
+    return "".join(f"\nlink:        {v['url']}  (port {v['port']}, {'public' if v['public'] else 'private'})" for v in links)
 
 
 def _why_it_waits(client: Any, workload: dict[str, Any]) -> str:

@@ -208,6 +208,22 @@ class ApiCalls(Generic[R]):
     def workload(self, workload_id: str) -> R:
         return self.send(ApiRequest("GET", f"{API_PREFIX}/workloads/{_segment(workload_id)}"))
 
+    def templates(self) -> R:
+        """The launch templates (docs/templates.md): ``{"items": [{"name", "title", ..., "spec"}]}``."""
+        return self.send(ApiRequest("GET", f"{API_PREFIX}/templates"))
+
+    def template(self, name: str) -> R:
+        return self.send(ApiRequest("GET", f"{API_PREFIX}/templates/{_segment(name)}"))
+
+    def workload_links(self, workload_id: str) -> R:
+        """The workload's HTTPS links (docs/links.md): ``{"items": [{"port", "url", "public"}]}``."""
+        return self.send(ApiRequest("GET", f"{API_PREFIX}/workloads/{_segment(workload_id)}/links"))
+
+    def mint_link_token(self, workload_id: str, port: int, *, ttl_s: float | None = None) -> R:
+        """A link token for one link, shown once: ``{"token", "url", "expires_at"}``."""
+        body: dict[str, Json] = {} if ttl_s is None else {"ttl_s": ttl_s}
+        return self.send(ApiRequest("POST", f"{API_PREFIX}/workloads/{_segment(workload_id)}/links/{port}/tokens", body=body))
+
     def cancel_workload(self, workload_id: str) -> R:
         return self.send(ApiRequest("POST", f"{API_PREFIX}/workloads/{_segment(workload_id)}/cancel"))
 

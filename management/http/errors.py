@@ -38,6 +38,9 @@ STATUS_OF_CODE = {
     "bad_cursor": 400,
     "invalid_workload_spec": 400,  # management/workloads/spec.py
     "invalid_tunnel": 400,  # management/services/tunnels.py
+    "invalid_link": 400,  # management/services/links.py
+    "unknown_template": 404,  # management/launch/catalog.py
+    "invalid_template": 400,  # management/launch/catalog.py
     "invalid_ledger_request": 400,  # management/market/ledger.py
 }
 INTERNAL_MESSAGE = "internal error; see the Master's log"

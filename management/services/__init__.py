@@ -21,6 +21,8 @@ lazily.
 | ``tunnels`` | renter access: tunnels to a workload's containers through the relays, logs, kept output |
 | ``onboarding`` | what a provider's host fetches to join the grid |
 | ``verification`` | measured GPU verification: a run on the operator's request, each GPU's result and history |
+| ``templates`` | launch templates: the catalog and the workload spec each launches |
+| ``links`` | HTTPS links to workloads' http ports: their URLs, link tokens, who may pass, the tunnels they use |
 
 Lists are keyset-paginated (``models.Page``); ownership filters (``owner``: the account a call is limited to, as the
 API's auth decided) are applied in the services, so a provider's page never holds another account's hosts.
@@ -36,10 +38,12 @@ from management.services.alerts import AlertsService
 from management.services.billing import BillingService
 from management.services.grid import GridService
 from management.services.hosts import HostsService
+from management.services.links import LinksService
 from management.services.market import MarketService
 from management.services.prices import PricesService
 from management.services.reports import ReportsService
 from management.services.telemetry import TelemetryService
+from management.services.templates import TemplatesService
 from management.services.tunnels import RenterAccess
 from management.services.verification import VerificationService
 from management.services.workloads import WorkloadsService
@@ -62,3 +66,5 @@ class Services:
     tunnels: RenterAccess
     onboarding: Onboarding
     verification: VerificationService
+    links: LinksService
+    templates: TemplatesService

@@ -133,6 +133,7 @@ def test_the_operator_may_do_everything_and_a_renter_reads_tiers_runs_its_worklo
         Resource.ALERT_RULES: frozenset({Action.READ}),  # the rules, to know what it is alerted of
         Resource.ALERTS: frozenset({Action.READ}),  # its own workloads' alerts
         Resource.WEBHOOKS: frozenset({Action.READ, Action.WRITE}),  # its own webhooks
+        Resource.TEMPLATES: frozenset({Action.READ}),  # the launch templates, the same for everyone
     }
     assert Resource.WORKLOADS not in PERMISSIONS[AccountRole.PROVIDER]
     assert PERMISSIONS[AccountRole.PROVIDER][Resource.PRICES] == frozenset({Action.READ, Action.WRITE})
@@ -140,6 +141,7 @@ def test_the_operator_may_do_everything_and_a_renter_reads_tiers_runs_its_worklo
     assert PERMISSIONS[AccountRole.PROVIDER][Resource.RENTALS] == frozenset({Action.READ})  # the rentals on its hosts
     assert PERMISSIONS[AccountRole.PROVIDER][Resource.PASSWORD] == frozenset({Action.WRITE})  # its own console password
     assert PERMISSIONS[AccountRole.PROVIDER][Resource.REPORTS] == frozenset({Action.READ})  # reports of its own hosts
+    assert PERMISSIONS[AccountRole.PROVIDER][Resource.TEMPLATES] == frozenset({Action.READ})
 
 
 async def test_head_is_authorized_as_the_get_it_mirrors(api, two_providers):

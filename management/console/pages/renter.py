@@ -273,6 +273,7 @@ async def workload(request: web.Request, *, template: str = "renter/workload.htm
         waits=waits, ports=ports, money=format_amount, running=record.state == "running",
         open=record.state not in ("succeeded", "failed", "cancelled"), now=time.time(),
         outputs=[_shown_output(kept) for kept in overview.outputs], output_lines=OUTPUT_LINES_SHOWN,
+        links=request.app[SERVICES_KEY].links.links_of(record),
     )  # fmt: skip
 
 

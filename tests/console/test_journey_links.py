@@ -1,0 +1,130 @@
+"""Templates and links in the console, on a running grid, in Debian's Chromium (docs/templates.md, docs/links.md):
+a renter launches a template from the templates page, sees its link on the workload's page, opens it in a new tab
+(a Jupyter-like app whose page talks to its kernel over a WebSocket, through the Master, the relay and the agent's
+tunnel) and sees the echo; another renter gets nothing from the same link. A screenshot of each step.
+
+A real Master, relay and agent, each its own process (tests/support/grid.py); the host runs the process runtime
+sandboxed and its GPU is simulated (there is none here). The app is tests/support/link_app.py on Debian's
+python3-aiohttp, offered by the operator's own template directory."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import expect
+
+from tests.console.conftest import ACCOUNTS
+from tests.e2e.test_links import notebook_template
+from tests.e2e.test_scheduler import MASTER_SETTINGS, sandboxed_hosts
+from tests.support.grid import TEST_PROVIDER, Grid, free_port, write_toml
+
+pytestmark = pytest.mark.e2e
+
+PRICE = {"on_demand": "3.60", "min_bid": "1.00"}
+BOB = ("bob", "bob-password-1")
+
+
+@pytest.fixture
+def drop() -> Iterator[Path]:
+    """A directory every sandboxed container may read (as tests/e2e/conftest.py's ``drop``): not under /tmp, which each
+    sandboxed container gets fresh, nor under pytest's root-only tree."""
+    path = Path(tempfile.mkdtemp(prefix="idlegrid-links-drop-", dir="/run"))
+    os.chmod(path, 0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def grid(tmp_path: Path, drop: Path) -> Iterator[Grid]:
+    templates = notebook_template(tmp_path / "templates", drop, free_port())
+    g = Grid(tmp_path / "grid")
+    try:
+        settings = {**MASTER_SETTINGS, "templates_dir": str(templates)}
+        g.start_master("--config", str(write_toml(tmp_path / "master.toml", settings)))
+        g.start_relay("relay-1", "eu-west")
+        rita = ACCOUNTS["renter"]
+        for account, password, name in ((rita.id, rita.password, rita.name), (*BOB, "Bob")):
+            g.client.create_account(account, "renter", name=name)
+            g.client.set_password(account, password)
+            g.client.credit(account, "10.00", memo="links journey")
+        sandboxed_hosts(g, 1)
+        g.client.set_default_price(PRICE, provider=TEST_PROVIDER)
+        yield g
+    finally:
+        g.stop()
+
+
+def sign_in(page, grid: Grid, account: str, password: str) -> None:
+    page.goto(f"{grid.api_url}/console/")
+    page.get_by_label("Account").fill(account)
+    page.get_by_label("Password").fill(password)
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_url(lambda url: "/console/signin" not in url)
+
+
+def test_a_template_launches_from_the_console_and_its_private_link_opens_with_a_websocket_for_its_owner_only(
+    grid, browser, page, shot
+):
+    rita = ACCOUNTS["renter"]
+    sign_in(page, grid, rita.id, rita.password)
+    page.get_by_role("link", name="Templates").click()
+    page.wait_for_url(re.compile(r"/console/templates$"))
+    for title in ("PyTorch with Jupyter", "CUDA shell", "vLLM: an OpenAI-compatible model server", "ComfyUI"):
+        expect(page.get_by_role("heading", name=title)).to_be_visible()
+    page.set_viewport_size({"width": 375, "height": 800})  # a phone: the cards stack, nothing scrolls sideways
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+    shot(page, "templates-375px")
+    page.set_viewport_size({"width": 1280, "height": 860})
+    card = page.get_by_role("region", name="Notebook (test app)")
+    card.get_by_label("Name").fill("notebook-1")
+    shot(page, "templates")
+    card.get_by_role("button", name="Launch Notebook (test app)").click()
+    page.wait_for_url(re.compile(r"/console/workloads/wl-"))
+    workload_id = page.url.rsplit("/", 1)[1]
+    expect(page.locator("#workload-state")).to_have_text("running", timeout=30_000)
+    links = page.get_by_role("region", name="Links")
+    expect(links).to_contain_text(f"/w/{workload_id}-")
+    expect(links).to_contain_text("private: you only")
+    shot(page, "workload-with-its-link")
+
+    opener = links.get_by_role("link", name=re.compile("Open port"))
+    assert opener.get_attribute("target") == "_blank"
+    with page.context.expect_page() as opened:
+        opener.click()
+    tab = opened.value
+    # The app may still be starting when the workload runs: the page reloads until it answers.
+    for _ in range(30):
+        tab.wait_for_load_state()
+        if tab.get_by_role("heading", name="Notebook server (test app)").count():
+            break
+        tab.wait_for_timeout(1000)
+        tab.reload()
+    expect(tab.locator("#echo")).to_have_text("echo: ping from the browser", timeout=20_000)
+    assert f"/w/{workload_id}-" in tab.url and "idlegrid_token" not in tab.url  # the token became a cookie
+    shot(tab, "link-open-websocket-echoed")
+    link_url = tab.url
+
+    stranger = browser.new_context(viewport={"width": 1280, "height": 860})
+    try:
+        bob = stranger.new_page()
+        answer = bob.goto(link_url)
+        assert answer is not None and answer.status == 401
+        expect(bob.locator("body")).to_contain_text("this link is private")
+        shot(bob, "a-stranger-is-refused")
+        sign_in(bob, grid, *BOB)
+        answer = bob.goto(link_url)  # signed in to the console as another account: still nothing
+        assert answer is not None and answer.status == 401
+        port = link_url.rstrip("/").rsplit("-", 1)[1]
+        answer = bob.goto(f"{grid.api_url}/console/workloads/{workload_id}/links/{port}")
+        assert answer is not None and answer.status == 404
+        shot(bob, "another-account-gets-404")
+    finally:
+        stranger.close()
