@@ -55,6 +55,7 @@ class Resource(str, enum.Enum):
     SILENCES = "silences"  # muting alerts' notifications: the operator's
     WEBHOOKS = "webhooks"  # where alert notifications go: each account its own
     HOST_ENROLLMENT = "host_enrollment"  # a join token for one's own new host (the console's "Add a host")
+    SSH_KEYS = "ssh_keys"  # SSH public keys: each account its own (docs/ssh.md)
 
 
 class Action(str, enum.Enum):
@@ -112,6 +113,10 @@ for _role in (AccountRole.PROVIDER, AccountRole.RENTER):
     PERMISSIONS[_role][Resource.ALERT_RULES] = frozenset({Action.READ})
     PERMISSIONS[_role][Resource.ALERTS] = frozenset({Action.READ})
     PERMISSIONS[_role][Resource.WEBHOOKS] = frozenset({Action.READ, Action.WRITE})
+
+# SSH public keys (docs/ssh.md): every account adds, lists and deletes its own (Scope.owner), the operator anyone's.
+for _role in (AccountRole.PROVIDER, AccountRole.RENTER):
+    PERMISSIONS[_role][Resource.SSH_KEYS] = frozenset({Action.READ, Action.WRITE})
 
 
 @dataclass(frozen=True)

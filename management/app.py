@@ -58,6 +58,7 @@ from management.services.market import MarketService
 from management.services.outputs import OutputCollector
 from management.services.prices import PricesService
 from management.services.reports import ReportsService
+from management.services.ssh_keys import SshKeysService
 from management.services.telemetry import TelemetryService
 from management.services.tunnels import RenterAccess
 from management.services.verification import VerificationService
@@ -222,6 +223,7 @@ def compose(master: Master, settings: ManagementSettings | None = None) -> Compo
     )
     market_service = MarketService(master, book, market, settings.market, fit_check=scheduler.never_fits)
     workloads = WorkloadsService(master, book, scheduler, market_service)
+    ssh_keys = SshKeysService(master)
     tunnels = RenterAccess(master, workloads.get_workload, master.store.outputs)
     output_settings = settings.scheduler.outputs
     outputs = OutputCollector(
@@ -254,6 +256,7 @@ def compose(master: Master, settings: ManagementSettings | None = None) -> Compo
         tunnels=tunnels,
         onboarding=Onboarding(master),
         verification=VerificationService(master),
+        ssh_keys=ssh_keys,
     )
     series = MarketSeries(book.counts, market.meter.open_rentals, market.ledger.balances, currency=settings.market.currency)
     return Composition(

@@ -38,6 +38,7 @@ STATUS_OF_CODE = {
     "bad_cursor": 400,
     "invalid_workload_spec": 400,  # management/workloads/spec.py
     "invalid_tunnel": 400,  # management/services/tunnels.py
+    "invalid_ssh_key": 400,  # management/services/ssh_keys.py
     "invalid_ledger_request": 400,  # management/market/ledger.py
 }
 INTERNAL_MESSAGE = "internal error; see the Master's log"

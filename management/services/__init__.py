@@ -21,6 +21,7 @@ lazily.
 | ``tunnels`` | renter access: tunnels to a workload's containers through the relays, logs, kept output |
 | ``onboarding`` | what a provider's host fetches to join the grid |
 | ``verification`` | measured GPU verification: a run on the operator's request, each GPU's result and history |
+| ``ssh_keys`` | accounts' SSH public keys, which the platform's SSH end lets in (docs/ssh.md) |
 
 Lists are keyset-paginated (``models.Page``); ownership filters (``owner``: the account a call is limited to, as the
 API's auth decided) are applied in the services, so a provider's page never holds another account's hosts.
@@ -39,6 +40,7 @@ from management.services.hosts import HostsService
 from management.services.market import MarketService
 from management.services.prices import PricesService
 from management.services.reports import ReportsService
+from management.services.ssh_keys import SshKeysService
 from management.services.telemetry import TelemetryService
 from management.services.tunnels import RenterAccess
 from management.services.verification import VerificationService
@@ -62,3 +64,4 @@ class Services:
     tunnels: RenterAccess
     onboarding: Onboarding
     verification: VerificationService
+    ssh_keys: SshKeysService
