@@ -38,6 +38,7 @@ from agent.runtime.base import PullsImages
 from agent.runtime.images import GB, ImageLimits, PullProgress
 from agent.runtime.selftest import gpu_selftest
 from agent.simulate import parse_simulate_spec
+from agent.ssh_host_keys import HostKeys
 from agent.state import private_dir
 from agent.tunnel import RelayLink, TunnelLimits, TunnelServer
 from common.containers import ContainerInfo
@@ -143,6 +144,7 @@ class Agent:
             retention_s=config.output_keep_s,
             budget_bytes=config.output_keep_total_bytes,
         )
+        self.host_keys = HostKeys.at(config.state_path)  # the workloads' SSH host keys (docs/ssh.md)
         self.executor = CommandExecutor(
             self.identity.agent_id,
             self.ledger,
@@ -151,6 +153,7 @@ class Agent:
             host_gpus=self.collector.inventory,
             on_pull_progress=self._on_pull_progress,
             keeper=self.output,
+            host_keys=self.host_keys,
         )
         # Verification challenges (agent/benchmark/): answered with the benchmark this host can run, if any.
         self.verification, self.benchmark = open_responder(
@@ -174,6 +177,7 @@ class Agent:
                 max_per_workload=config.max_tunnels_per_workload,
                 idle_timeout_s=config.tunnel_idle_timeout_s,
             ),
+            host_keys=self.host_keys,
         )
         self._relay_link: RelayLink | None = None  # the relay the control link is on now: where tunnels are dialled
         self.host: HostInfo = host if host is not None else collect_host_info(config.state_path)

@@ -223,7 +223,7 @@ def compose(master: Master, settings: ManagementSettings | None = None) -> Compo
     )
     market_service = MarketService(master, book, market, settings.market, fit_check=scheduler.never_fits)
     workloads = WorkloadsService(master, book, scheduler, market_service)
-    ssh_keys = SshKeysService(master)
+    ssh_keys = SshKeysService(master, workloads.get_workload)
     tunnels = RenterAccess(master, workloads.get_workload, master.store.outputs)
     output_settings = settings.scheduler.outputs
     outputs = OutputCollector(
@@ -235,6 +235,7 @@ def compose(master: Master, settings: ManagementSettings | None = None) -> Compo
         restart_s=settings.loop_restart_s,
     )
     tunnels.collect = outputs.collect  # a renter's request reads a pending output at once
+    tunnels.ssh_fingerprints = ssh_keys.fingerprints  # an ssh ticket lets in the caller's keys (docs/ssh.md)
     alert_loop = AlertLoop(
         FleetObserver(master, book.open_workloads, market.meter.balance_cover_s),
         load_rules(settings.alerts.rules),

@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import base64
 import binascii
+import builtins
 import hashlib
 import secrets
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import dsa
 
 from common.errors import Conflict, IdlegridError, NotFound
-from master.port import MasterPort, SshKeyRecord
+from master.port import MasterPort, SshKeyRecord, WorkloadRecord
 
 KEY_ID_PREFIX = "sshk-"
 MAX_KEYS_PER_ACCOUNT = 20  # each key's fingerprint travels in every SSH ticket of the account, in a header
@@ -48,7 +51,9 @@ def parse_public_key(line: str) -> tuple[str, str, str]:
     InvalidSshKey saying what is wrong with it."""
     parts = line.strip().split(None, 2)
     if len(parts) < 2:
-        raise InvalidSshKey("public_key: an OpenSSH public key line, 'TYPE BASE64 [COMMENT]' (the contents of ~/.ssh/id_ed25519.pub)")
+        raise InvalidSshKey(
+            "public_key: an OpenSSH public key line, 'TYPE BASE64 [COMMENT]' (the contents of ~/.ssh/id_ed25519.pub)"
+        )
     kind, text = parts[0], parts[1]
     if kind not in KEY_TYPES:
         raise InvalidSshKey(f"public_key: type {kind[:40]!r} is not one of {', '.join(KEY_TYPES)}")
@@ -66,11 +71,44 @@ def parse_public_key(line: str) -> tuple[str, str, str]:
     return f"{kind} {text}", fingerprint(blob), comment
 
 
-class SshKeysService:
-    """``Services.ssh_keys``: add, list and delete an account's SSH public keys."""
+@dataclass(frozen=True)
+class ReplicaHostKey:
+    """The SSH host key of one replica of a workload, as its host reported it (None: a host that reported none)."""
 
-    def __init__(self, master: MasterPort) -> None:
+    replica: int
+    agent_id: str
+    state: str  # the replica's container: "running", "exited", ...
+    host_key: str | None  # "ssh-ed25519 AAAA..."
+
+
+def host_alias(workload_id: str, replica: int) -> str:
+    """The name ``ssh`` knows a replica by: the workload's id for replica 0, ``<id>.r<N>`` for the others."""
+    return workload_id if replica == 0 else f"{workload_id}.r{replica}"
+
+
+class SshKeysService:
+    """``Services.ssh_keys``: add, list and delete an account's SSH public keys; a workload's SSH host keys."""
+
+    def __init__(self, master: MasterPort, workloads: Callable[..., Awaitable[WorkloadRecord]]) -> None:
         self._master = master
+        self._workload = workloads  # WorkloadsService.get_workload: 404 for another account's
+
+    async def host_keys(self, workload_id: str, *, owner: str | None) -> tuple[WorkloadRecord, builtins.list[ReplicaHostKey]]:
+        """The host key of each placed replica of a workload its owner (or an operator) may reach: the public half
+        its host put in the result of the create command that started the container (agent/ssh_host_keys.py)."""
+        workload = await self._workload(workload_id, account=owner)
+        found = []
+        for assignment in sorted(workload.assignments, key=lambda a: a.replica):
+            key = None
+            if assignment.command_id:
+                try:
+                    command = await self._master.command(assignment.command_id)
+                except NotFound:
+                    command = None
+                reported = (command.result or {}).get("ssh_host_key") if command is not None else None
+                key = reported if isinstance(reported, str) and reported.startswith("ssh-ed25519 ") else None
+            found.append(ReplicaHostKey(assignment.replica, assignment.agent_id, assignment.state, key))
+        return workload, found
 
     async def add(self, account: str, public_key: str, *, name: str = "") -> SshKeyRecord:
         """Register ``public_key`` for ``account`` (the caller checked it may act for it); Conflict when the account
@@ -94,7 +132,7 @@ class SshKeysService:
         await self._master.events.record("ssh_key.added", account, key=record.id, fingerprint=print_)
         return record
 
-    async def list(self, *, owner: str | None, account: str | None = None) -> list[SshKeyRecord]:
+    async def list(self, *, owner: str | None, account: str | None = None) -> builtins.list[SshKeyRecord]:
         """The keys ``owner`` may see (None: the operator, every account's, or ``account``'s), by creation."""
         return await self._master.store.ssh_keys.list(account=owner if owner is not None else account)
 
@@ -107,6 +145,6 @@ class SshKeysService:
         await self._master.events.record("ssh_key.deleted", found[0].account, key=key_id, fingerprint=found[0].fingerprint)
         return found[0]
 
-    async def fingerprints(self, account: str) -> list[str]:
+    async def fingerprints(self, account: str) -> builtins.list[str]:
         """What an SSH ticket of ``account`` names: the fingerprints of its keys."""
         return [k.fingerprint for k in await self._master.store.ssh_keys.list(account=account)]

@@ -1,7 +1,8 @@
-"""SSH public keys (docs/ssh.md): each account adds, lists and deletes its own; the operator anyone's.
+"""SSH (docs/ssh.md): public keys (each account adds, lists and deletes its own; the operator anyone's), and a
+workload's host keys with the lines ``~/.ssh/config`` and ``known_hosts`` take.
 
 The platform's SSH end (the agent, through a tunnel) lets a session in only with a key of the account that opened the
-tunnel: the workload's owner, or an operator.
+tunnel: the workload's owner, or an operator. It proves itself with the workload's host key, published here.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from management.http.keys import SERVICES_KEY
 from management.http.requests import json_response, parse_body, parse_query
 from management.http.responses import Time, View
 from management.http.schemas import EmptyQuery
+from management.services.ssh_keys import host_alias
 from management.views import rfc3339
 from master.port import SshKeyRecord
 
@@ -54,6 +56,20 @@ class SshKeyList(View):
     items: list[SshKeyView]
 
 
+class ReplicaSshView(View):
+    replica: int
+    host: str  # the name ssh knows it by (Host in ~/.ssh/config, the proxy's %h)
+    agent_id: str
+    state: str
+    host_key: str | None  # null: its host reported none (an older agent); restart the workload to get one
+    known_hosts: str | None  # the line for ~/.ssh/known_hosts
+
+
+class WorkloadSshView(View):
+    workload: str
+    replicas: list[ReplicaSshView]
+
+
 def ssh_key_view(k: SshKeyRecord) -> SshKeyView:
     return SshKeyView(
         id=k.id,
@@ -88,3 +104,20 @@ async def delete_ssh_key(request: web.Request) -> web.Response:
     parse_query(request, EmptyQuery)
     await request.app[SERVICES_KEY].ssh_keys.delete(request.match_info["key_id"], owner=scope_of(request).owner)
     return web.Response(status=204)
+
+
+async def workload_ssh(request: web.Request) -> web.Response:
+    parse_query(request, EmptyQuery)
+    workload, keys = await request.app[SERVICES_KEY].ssh_keys.host_keys(
+        request.match_info["workload_id"], owner=scope_of(request).owner
+    )
+    replicas = []
+    for k in keys:
+        alias = host_alias(workload.id, k.replica)
+        line = f"{alias} {k.host_key}" if k.host_key else None
+        replicas.append(
+            ReplicaSshView(
+                replica=k.replica, host=alias, agent_id=k.agent_id, state=k.state, host_key=k.host_key, known_hosts=line
+            )
+        )
+    return json_response(WorkloadSshView(workload=workload.id, replicas=replicas))
