@@ -378,6 +378,12 @@ class ContainerFiles(asyncssh.SFTPServer):
         await self._finish_writing(handle)  # what was written lands before its attributes change
         await self.setstat(handle.path, attrs)
 
+    def format_user(self, uid: int | None) -> str:
+        return str(uid) if uid is not None else ""  # the container's names are not the host's: ids only
+
+    def format_group(self, gid: int | None) -> str:
+        return str(gid) if gid is not None else ""
+
     def statvfs(self, path: bytes) -> asyncssh.SFTPVFSAttrs:
         raise asyncssh.SFTPOpUnsupported("statvfs is not served for a container's files")
 
@@ -512,6 +518,18 @@ class ContainerFiles(asyncssh.SFTPServer):
         if code != 0:
             raise _sftp_error(bytes(err), handle.path)
         handle.fresh = True  # what follows is appended after what was written
+
+    async def fsync(self, file_obj: object) -> None:
+        await self._finish_writing(self._file(file_obj))
+
+    def lock(self, file_obj: object, offset: int, length: int, flags: int) -> None:
+        raise asyncssh.SFTPOpUnsupported("byte-range locks are not served for a container's files")
+
+    def unlock(self, file_obj: object, offset: int, length: int) -> None:
+        raise asyncssh.SFTPOpUnsupported("byte-range locks are not served for a container's files")
+
+    def open56(self, path: bytes, desired_access: int, flags: int, attrs: asyncssh.SFTPAttrs) -> object:
+        raise asyncssh.SFTPOpUnsupported("SFTP version 5 and later opens are not served; OpenSSH speaks version 3")
 
     async def close(self, file_obj: object) -> None:
         handle = self._file(file_obj)
