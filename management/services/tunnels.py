@@ -61,9 +61,9 @@ class RenterAccess:
         workload = await self._workload(workload_id, account=owner)
         if kind is TunnelKind.PORT:
             _check_declared(workload, request.port)
-        assignment = _assignment(workload, request)
         if kind is TunnelKind.SSH:
             params["ssh_keys"] = await self._ssh_keys(account)
+        assignment = _assignment(workload, request)
         return await self._grant(kind, account, workload.id, assignment.agent_id, assignment.container, params)
 
     async def _ssh_keys(self, account: str) -> list[str]:

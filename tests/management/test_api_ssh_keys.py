@@ -10,6 +10,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
 
 from tests.management.hosts import api_key
+from tests.management.test_api_workloads import submit
 
 
 def openssh_public(key: ed25519.Ed25519PrivateKey | rsa.RSAPrivateKey, comment: str = "") -> str:
@@ -66,3 +67,22 @@ async def test_a_key_that_is_no_usable_openssh_public_key_is_a_400_naming_the_fi
         assert answer.status == 400, bad
         error = (await answer.json())["error"]
         assert error["code"] == "invalid_ssh_key" and says in error["message"], error
+
+
+async def test_an_ssh_tunnel_needs_a_key_of_the_caller_and_only_the_owner_reads_the_host_keys(api):
+    ana = await api_key(api.master, "renter", "ana")
+    bo = await api_key(api.master, "renter", "bo")
+    workload = await submit(api, ana)
+    opened = await api.post(f"/api/v1/workloads/{workload['id']}/tunnels", json={"kind": "ssh"}, headers=ana)
+    assert opened.status == 409
+    assert "has no SSH public keys" in (await opened.json())["error"]["message"]
+    line = openssh_public(ed25519.Ed25519PrivateKey.generate(), "ana@laptop")
+    assert (await api.post("/api/v1/ssh-keys", json={"public_key": line}, headers=ana)).status == 201
+    queued = await api.post(f"/api/v1/workloads/{workload['id']}/tunnels", json={"kind": "ssh"}, headers=ana)
+    assert queued.status == 409 and "runs nowhere yet" in (await queued.json())["error"]["message"]
+    theirs = await api.post(f"/api/v1/workloads/{workload['id']}/tunnels", json={"kind": "ssh"}, headers=bo)
+    assert theirs.status == 404
+
+    hosts = await api.get(f"/api/v1/workloads/{workload['id']}/ssh", headers=ana)
+    assert hosts.status == 200 and await hosts.json() == {"workload": workload["id"], "replicas": []}  # placed nowhere yet
+    assert (await api.get(f"/api/v1/workloads/{workload['id']}/ssh", headers=bo)).status == 404
