@@ -2,9 +2,10 @@
 agent, docs/ssh.md), and whether control frames through the same relay keep their latency meanwhile.
 
 The same grid and load as ``bench tunnel`` (bench/tunnel.py): a Master, one relay, ``hosts`` agents behind it
-(simulated GPUs, the process runtime), commands to the other hosts and heartbeats timed while idle, then while OpenSSH's
-``scp`` (Debian ``openssh-client``) copies ``megabytes`` up to the workload and back down, ``rounds`` times, through
-``idlegrid workload proxy`` as its ProxyCommand. The figures to compare are within one run: the scp phase's command
+(simulated GPUs, the process runtime), commands to the other hosts and heartbeats timed while idle, then while an exec
+tunnel streams ``megabytes`` ``rounds`` times (the relay path without SSH, for comparison within the run), then while
+OpenSSH's ``scp`` (Debian ``openssh-client``) copies ``megabytes`` up to the workload and back down, ``rounds`` times,
+through ``idlegrid workload proxy`` as its ProxyCommand. The figures to compare are within one run: the scp phase's command
 p99 against the idle phase's (target: within 2x).
 """
 
@@ -20,7 +21,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.tunnel import FINAL, RENTER, CommandLoad, _mean, _measure, _ratio
+from bench.tunnel import FINAL, RENTER, CommandLoad, _mean, _measure, _ratio, _transfer
+from management.cli.access import grant_of
 from management.client.api import ApiClient, AsyncApiClient
 from management.devgrid.localgrid import LocalGrid, wait_until
 
@@ -102,6 +104,16 @@ async def _run(grid: LocalGrid, options: SshBenchOptions, folder: Path) -> dict[
     async with AsyncApiClient(grid.api_url, grid.client.api_key) as api:
         load = CommandLoad(api, [a for a in agent_ids if a != placed])
         idle = await _measure(grid, load, options, None)  # type: ignore[arg-type]
+        execs: list[dict[str, Any]] = []
+
+        async def stream() -> None:
+            """The same bytes through an exec tunnel (no SSH): what the relay path costs without SSH, in this run."""
+            for _ in range(options.rounds):
+                command = ["head", "-c", str(size), "/dev/zero"]
+                grant = grant_of(renter.open_tunnel(workload_id, {"kind": "exec", "command": command}))
+                execs.append(await _transfer(grant, size))
+
+        exec_phase = await _measure(grid, load, options, stream())  # type: ignore[arg-type]
         uploads: list[dict[str, Any]] = []
         downloads: list[dict[str, Any]] = []
 
@@ -114,16 +126,19 @@ async def _run(grid: LocalGrid, options: SshBenchOptions, folder: Path) -> dict[
                 (folder / f"back-{n}").unlink()
 
         busy = await _measure(grid, load, options, move())  # type: ignore[arg-type]
-    idle_s, busy_s = idle.summary(), busy.summary()
+    idle_s, exec_s, busy_s = idle.summary(), exec_phase.summary(), busy.summary()
     return {
         "options": asdict(options),
         "idle": idle_s,
+        "exec": exec_s,
         "scp": busy_s,
+        "execs": execs,
         "uploads": uploads,
         "downloads": downloads,
         "ratios": {
             "cmd_p99": _ratio(busy_s["cmd_p99_ms"], idle_s["cmd_p99_ms"]),
             "hb_p99": _ratio(busy_s["hb_p99_ms"], idle_s["hb_p99_ms"]),
+            "exec_cmd_p99": _ratio(exec_s["cmd_p99_ms"], idle_s["cmd_p99_ms"]),
         },
         "errors": load.errors[:20],
         "cmd_mean_ms": {"idle": _mean(idle.commands_ms), "scp": _mean(busy.commands_ms)},
@@ -157,17 +172,19 @@ def ssh_table(r: dict[str, Any]) -> str:
     lines = [
         f"ssh bench: {r['options']['hosts']} hosts through one relay, heartbeats every {r['options']['heartbeat_s']} s, "
         f"{r['options']['cmd_rate']:g} commands/s",
+        f"exec tunnel down (no SSH): {moves(r['execs'])}",
         f"scp up: {moves(r['uploads'])}",
         f"scp down: {moves(r['downloads'])}",
         f"{'phase':<8} {'s':>6} {'cmds':>5} {'cmd p50':>8} {'cmd p99':>8} {'beats':>6} {'hb p50':>7} {'hb p99':>7}",
     ]
-    for name in ("idle", "scp"):
+    for name in ("idle", "exec", "scp"):
         p = r[name]
         lines.append(
             f"{name:<8} {p['seconds']:>6} {p['commands']:>5} {p['cmd_p50_ms']!s:>8} {p['cmd_p99_ms']!s:>8} "
             f"{p['heartbeats']:>6} {p['hb_p50_ms']!s:>7} {p['hb_p99_ms']!s:>7}"
         )
     lines.append(f"scp/idle p99: commands {r['ratios']['cmd_p99']}x, heartbeats {r['ratios']['hb_p99']}x (target <= 2x)")
+    lines.append(f"exec/idle p99: commands {r['ratios']['exec_cmd_p99']}x (the same relay path without SSH)")
     if r["errors"]:
         lines.append(f"errors: {r['errors']}")
     return "\n".join(lines)

@@ -10,6 +10,7 @@ one runs the process runtime sandboxed. GPUs are simulated (none exists here).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -186,6 +187,19 @@ def test_openssh_reaches_a_sandboxed_process_workload_through_the_relay(grid, dr
     world = ssh_world(grid, alice, submitted["id"], port, tmp_path)
     check_ssh_reaches_the_container(world, ".")  # the container's working directory, its user's own
     check_refusals(world)
+
+    # `idlegrid workload ssh` in one step: its own known_hosts from the Master, StrictHostKeyChecking=yes.
+    one_step = cli(
+        grid, alice.api_key, "workload", "ssh", world.workload_id, "-i", str(world.alice_key), "--", "echo one-step; exit 5"
+    )
+    assert one_step.returncode == 5 and one_step.stdout == "one-step\n", one_step.stderr
+    # Keys listed and deleted with the CLI; with none left, no SSH tunnel opens, and the refusal says how to add one.
+    listed = cli(grid, alice.api_key, "ssh-key", "list", "--json")
+    [key] = json.loads(listed.stdout)["items"]
+    assert key["name"] == "alice@test" and key["account"] == "alice"
+    assert cli(grid, alice.api_key, "ssh-key", "delete", key["id"]).returncode == 0
+    keyless = world.run("ssh", world.workload_id, "true")
+    assert keyless.returncode == 255 and "has no SSH public keys" in keyless.stderr, keyless.stderr
     events = grid.client.get("/api/v1/events", subject=submitted["id"], limit=100)["items"]
     assert {e["data"]["kind"] for e in events if e["kind"] == "tunnel.opened"} == {"ssh"}
 
