@@ -33,6 +33,9 @@ from agent.runtime.base import STDERR, ContainerRuntime, ExecSession
 from common.errors import RuntimeFailure
 
 log = logging.getLogger(__name__)
+# asyncssh logs every channel it opens and closes at INFO: the tunnel's own opened/closed lines (agent/tunnel.py) say
+# what a provider needs, so only its warnings and errors reach the agent's log.
+logging.getLogger("asyncssh").setLevel(logging.WARNING)
 
 READ_BYTES = 64 * 1024
 LOGIN_TIMEOUT_S = 30.0
