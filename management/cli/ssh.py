@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import IdlegridError
+from common.loop import run as run_loop
 from common.tunnel import MAX_TUNNEL_PAYLOAD, Op
 from management.cli.connection import API_ENV, API_KEY_ENV, api_client, connection_options, show, table, when
 from management.client.tunnel import Tunnel, TunnelClosed, TunnelGrant
@@ -215,7 +216,7 @@ def run_proxy(args: argparse.Namespace) -> int:
     workload_id, replica = parse_host(args.host)
     client = api_client(args)[0]
     grant = grant_of(client.open_tunnel(workload_id, {"kind": "ssh", "replica": replica}))
-    return asyncio.run(bridge(grant))
+    return run_loop(bridge(grant))  # uvloop, as the daemons: every byte of the session passes through here
 
 
 async def bridge(grant: TunnelGrant) -> int:
