@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -38,6 +39,27 @@ class SshBenchOptions:
     rounds: int = 2  # an upload and a download each
     idle_s: float = 10.0
     relay_bytes_per_s: int = 0  # 0: the relay's default bandwidth per tunnel
+
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used: a figure the shared machine's load does not inflate."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def _cpu_now(pids: dict[str, int]) -> dict[str, float]:
+    """Each daemon's CPU seconds, and the renter's side: this process and the scp, ssh and proxy it ran."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    taken = {name: _cpu_s(pid) for name, pid in pids.items()}
+    taken["renter"] = own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    return taken
+
+
+def _cpu_per_100mb(before: dict[str, float], after: dict[str, float], moved: int) -> dict[str, float]:
+    return {name: round((after[name] - before[name]) * 100e6 / moved, 2) for name in after}
 
 
 def _ssh_setup(grid: LocalGrid, renter: ApiClient, workload_id: str, folder: Path) -> tuple[Path, dict[str, str]]:
@@ -101,9 +123,12 @@ async def _run(grid: LocalGrid, options: SshBenchOptions, folder: Path) -> dict[
     payload = folder / "payload"
     with payload.open("wb") as out:  # what scp carries is encrypted whatever it holds: zeros cost nothing to make
         out.truncate(size)
+    daemons = {d.name: d.pid for d in grid.daemons}
+    pids = {"agent": daemons[names[agent_ids.index(placed)]], "relay": daemons["relay-1"], "master": daemons["master"]}
     async with AsyncApiClient(grid.api_url, grid.client.api_key) as api:
         load = CommandLoad(api, [a for a in agent_ids if a != placed])
         idle = await _measure(grid, load, options, None)  # type: ignore[arg-type]
+        cpu = [_cpu_now(pids)]
         execs: list[dict[str, Any]] = []
 
         async def stream() -> None:
@@ -114,6 +139,7 @@ async def _run(grid: LocalGrid, options: SshBenchOptions, folder: Path) -> dict[
                 execs.append(await _transfer(grant, size))
 
         exec_phase = await _measure(grid, load, options, stream())  # type: ignore[arg-type]
+        cpu.append(_cpu_now(pids))
         uploads: list[dict[str, Any]] = []
         downloads: list[dict[str, Any]] = []
 
@@ -126,12 +152,18 @@ async def _run(grid: LocalGrid, options: SshBenchOptions, folder: Path) -> dict[
                 (folder / f"back-{n}").unlink()
 
         busy = await _measure(grid, load, options, move())  # type: ignore[arg-type]
+        cpu.append(_cpu_now(pids))
     idle_s, exec_s, busy_s = idle.summary(), exec_phase.summary(), busy.summary()
     return {
         "options": asdict(options),
         "idle": idle_s,
         "exec": exec_s,
         "scp": busy_s,
+        # CPU seconds per 100 MB moved, by process (the command load's share included: compare the two phases)
+        "cpu_per_100mb": {
+            "exec": _cpu_per_100mb(cpu[0], cpu[1], size * options.rounds),
+            "scp": _cpu_per_100mb(cpu[1], cpu[2], 2 * size * options.rounds),
+        },
         "execs": execs,
         "uploads": uploads,
         "downloads": downloads,
@@ -185,6 +217,8 @@ def ssh_table(r: dict[str, Any]) -> str:
         )
     lines.append(f"scp/idle p99: commands {r['ratios']['cmd_p99']}x, heartbeats {r['ratios']['hb_p99']}x (target <= 2x)")
     lines.append(f"exec/idle p99: commands {r['ratios']['exec_cmd_p99']}x (the same relay path without SSH)")
+    for phase, cpu in r["cpu_per_100mb"].items():
+        lines.append(f"CPU s per 100 MB, {phase}: " + ", ".join(f"{name} {value}" for name, value in cpu.items()))
     if r["errors"]:
         lines.append(f"errors: {r['errors']}")
     return "\n".join(lines)
