@@ -95,6 +95,10 @@ def check_ssh_reaches_the_container(world: SshWorld, place: str) -> None:
     assert done.returncode == 3, done.stderr
     assert done.stdout == "hello-over-ssh\n" and "to-err" in done.stderr
 
+    terminal = world.run("ssh", "-tt", wl, "tty; stty size; echo TERM=$TERM")  # -tt: a terminal though ours is none
+    assert terminal.returncode == 0, terminal.stderr
+    assert "/dev/pts/" in terminal.stdout and "24 80" in terminal.stdout, terminal.stdout
+
     payload = os.urandom(3 * 1024 * 1024 + 17)  # several SFTP reads and writes, the last one short
     (world.folder / "up.bin").write_bytes(payload)
     up = world.run("scp", str(world.folder / "up.bin"), f"{wl}:{place}/up.bin")
