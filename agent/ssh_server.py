@@ -44,6 +44,8 @@ SHELL = ["/bin/sh", "-c", "if command -v bash >/dev/null 2>&1; then exec bash -l
 LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "0.0.0.0", ""})
 _TERM = re.compile(r"^[A-Za-z0-9._+-]{1,64}\Z")
 EXIT_NO_EXEC = 126  # as a shell answers a command it could not run
+MAX_CHANNELS = 16  # sessions and -L connections at once on one SSH connection: each holds a process or a socket
+MAX_OPEN_FILES = 16  # SFTP handles at once in one SFTP session: each may hold a streaming command in the container
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,30 @@ class ContainerTarget:
     # On a runtime whose containers have a network of their own (docker), every port of the container is the renter's
     # to reach; elsewhere (the process runtime may share the host's network) only the declared ones.
     any_port: bool = False
+
+
+@dataclass
+class ChannelBudget:
+    """How many sessions and forwards one SSH connection holds at once: a client cannot open channels without bound,
+    each a process in the container or a connection to it (the tunnel limits count connections, not channels)."""
+
+    limit: int = MAX_CHANNELS
+    used: int = 0
+
+    def full(self) -> bool:
+        return self.used >= self.limit
+
+    def take(self) -> bool:
+        if self.full():
+            return False
+        self.used += 1
+        return True
+
+    def give(self) -> None:
+        self.used = max(0, self.used - 1)
+
+    def refusal(self) -> str:
+        return f"this SSH connection has {self.used} sessions and forwards open, the most one may; close one"
 
 
 def forward_refusal(target: ContainerTarget, host: str, port: int) -> str | None:
@@ -86,9 +112,10 @@ def session_command(command: str | None, term: str | None) -> list[str]:
 class _Gate(asyncssh.SSHServer):
     """Authentication and forwarding decisions for one connection."""
 
-    def __init__(self, target: ContainerTarget, fingerprints: Sequence[str]) -> None:
+    def __init__(self, target: ContainerTarget, fingerprints: Sequence[str], budget: ChannelBudget) -> None:
         self._target = target
         self._fingerprints = frozenset(fingerprints)
+        self._budget = budget
 
     def begin_auth(self, username: str) -> bool:
         return True  # every login needs a key
@@ -111,16 +138,34 @@ class _Gate(asyncssh.SSHServer):
         why = forward_refusal(self._target, dest_host, dest_port)
         if why is not None:
             raise asyncssh.ChannelOpenError(asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED, why)
-        return functools.partial(_forward, self._target, dest_port)
+        if self._budget.full():
+            raise asyncssh.ChannelOpenError(asyncssh.OPEN_RESOURCE_SHORTAGE, self._budget.refusal())
+        return functools.partial(_forward, self._target, self._budget, dest_port)
 
     def server_requested(self, listen_host: str, listen_port: int) -> bool:
         return False  # no -R: nothing listens on a provider's host for a renter
 
 
 async def _forward(
-    target: ContainerTarget, port: int, reader: asyncssh.SSHReader[bytes], writer: asyncssh.SSHWriter[bytes]
+    target: ContainerTarget,
+    budget: ChannelBudget,
+    port: int,
+    reader: asyncssh.SSHReader[bytes],
+    writer: asyncssh.SSHWriter[bytes],
 ) -> None:
     """One ``ssh -L`` connection: the channel's bytes to the container's port and back."""
+    if not budget.take():
+        writer.close()
+        return
+    try:
+        await _pipe_to_port(target, port, reader, writer)
+    finally:
+        budget.give()
+
+
+async def _pipe_to_port(
+    target: ContainerTarget, port: int, reader: asyncssh.SSHReader[bytes], writer: asyncssh.SSHWriter[bytes]
+) -> None:
     try:
         theirs_r, theirs_w = await asyncio.wait_for(target.runtime.connect(target.container, port), CONNECT_TIMEOUT_S)
     except (RuntimeFailure, OSError, TimeoutError) as exc:
@@ -153,8 +198,21 @@ async def _forward(
         writer.close()
 
 
-async def run_session(target: ContainerTarget, process: asyncssh.SSHServerProcess[bytes]) -> None:
+async def run_session(target: ContainerTarget, budget: ChannelBudget, process: asyncssh.SSHServerProcess[bytes]) -> None:
     """A shell or a command: an exec in the container, bridged to the channel; its exit status is the session's."""
+    if not budget.take():
+        process.stderr.write(f"idlegrid: {budget.refusal()}\r\n".encode())
+        process.exit(1)
+        return
+    try:
+        code = await _run_command(target, process)
+    finally:
+        budget.give()
+    with contextlib.suppress(OSError, asyncssh.Error):  # the client may have gone already
+        process.exit(code)
+
+
+async def _run_command(target: ContainerTarget, process: asyncssh.SSHServerProcess[bytes]) -> int:
     term = process.get_terminal_type()
     cols, rows = process.get_terminal_size()[:2]
     argv = session_command(process.command, term)
@@ -162,8 +220,7 @@ async def run_session(target: ContainerTarget, process: asyncssh.SSHServerProces
         session = await target.runtime.exec(target.container, argv, tty=term is not None, cols=cols or 80, rows=rows or 24)
     except RuntimeFailure as exc:
         process.stderr.write(f"idlegrid: {exc}\r\n".encode())
-        process.exit(EXIT_NO_EXEC)
-        return
+        return EXIT_NO_EXEC
     feeding = asyncio.ensure_future(_feed(process, session))
     code = 255
     try:
@@ -179,7 +236,7 @@ async def run_session(target: ContainerTarget, process: asyncssh.SSHServerProces
         feeding.cancel()
         await asyncio.gather(feeding, return_exceptions=True)
         await session.close()
-    process.exit(code)
+    return code
 
 
 async def _feed(process: asyncssh.SSHServerProcess[bytes], session: ExecSession) -> None:
@@ -203,12 +260,13 @@ async def serve_ssh(sock: socket.socket, target: ContainerTarget, host_key: byte
     """Serve one SSH connection on ``sock`` until it ends. ``host_key``: the workload's, in OpenSSH's format;
     ``fingerprints``: the keys that may log in."""
     key = asyncssh.import_private_key(host_key)
+    budget = ChannelBudget()
     try:
         conn = await asyncssh.run_server(
             sock,
-            server_factory=lambda: _Gate(target, fingerprints),
+            server_factory=lambda: _Gate(target, fingerprints, budget),
             server_host_keys=[key],
-            process_factory=functools.partial(run_session, target),
+            process_factory=functools.partial(run_session, target, budget),
             sftp_factory=lambda chan: ContainerFiles(chan, target),
             allow_scp=False,  # OpenSSH's scp speaks SFTP; a legacy "scp -t" is a command, run in the container
             encoding=None,
@@ -311,6 +369,7 @@ class ContainerFiles(asyncssh.SFTPServer):
     def __init__(self, chan: asyncssh.SSHServerChannel[bytes], target: ContainerTarget) -> None:
         super().__init__(chan)
         self._target = target
+        self._open_files = 0
 
     async def _run(self, script: str, *args: bytes, stdin: bytes = b"") -> _Ran:
         argv = ["/bin/sh", "-c", script, "sh", *(a.decode("utf-8", "surrogateescape") for a in args)]
@@ -432,6 +491,13 @@ class ContainerFiles(asyncssh.SFTPServer):
         return file_obj
 
     async def open(self, path: bytes, pflags: int, attrs: asyncssh.SFTPAttrs) -> _OpenFile:
+        if self._open_files >= MAX_OPEN_FILES:
+            raise asyncssh.SFTPFailure(f"{self._open_files} files are open in this session, the most it may; close one")
+        handle = await self._open(path, pflags, attrs)
+        self._open_files += 1
+        return handle
+
+    async def _open(self, path: bytes, pflags: int, attrs: asyncssh.SFTPAttrs) -> _OpenFile:
         writing = bool(pflags & (asyncssh.FXF_WRITE | asyncssh.FXF_APPEND))
         if not writing:
             await self._checked(_OPEN_READ, path)
@@ -536,6 +602,7 @@ class ContainerFiles(asyncssh.SFTPServer):
 
     async def close(self, file_obj: object) -> None:
         handle = self._file(file_obj)
+        self._open_files = max(0, self._open_files - 1)
         if handle.reader is not None:
             await handle.reader.close()
             handle.reader = None

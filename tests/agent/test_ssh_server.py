@@ -4,6 +4,8 @@ relay, real Podman and process containers) is tests/e2e/test_ssh.py."""
 
 from __future__ import annotations
 
+import asyncio
+import socket
 import stat
 
 import asyncssh
@@ -11,7 +13,16 @@ import pytest
 
 from agent.runtime.simulated import SimulatedRuntime
 from agent.ssh_host_keys import SEED_FILE, HostKeys
-from agent.ssh_server import SHELL, ContainerFiles, ContainerTarget, forward_refusal, session_command
+from agent.ssh_server import (
+    MAX_CHANNELS,
+    SHELL,
+    ContainerFiles,
+    ContainerTarget,
+    forward_refusal,
+    serve_ssh,
+    session_command,
+)
+from common.containers import ContainerSpec
 
 
 def test_a_workloads_host_key_is_the_same_every_time_and_differs_between_workloads_and_hosts(tmp_path):
@@ -64,3 +75,70 @@ def test_every_sftp_operation_that_would_touch_the_hosts_filesystem_is_the_conta
     inherited = {n for n, v in vars(asyncssh.SFTPServer).items() if callable(v) and not n.startswith("__")}
     pure = {"_to_sftpname", "convert_attrs", "format_longname", "reverse_map_path"}  # no filesystem access
     assert inherited - pure - set(vars(ContainerFiles)) == set()
+
+
+# --- one SSH connection in process: serve_ssh on a socket pair, asyncssh's client on the other end ---------------------
+
+
+class Served:
+    def __init__(self, tmp_path) -> None:
+        self.keys = HostKeys.at(tmp_path)
+        self.runtime = SimulatedRuntime()
+        self.user_key = asyncssh.generate_private_key("ssh-ed25519")
+        self.known = asyncssh.import_known_hosts(f"wl-1 {self.keys.public_line('wl-1')}\n")
+
+    async def start(self, allowed: list[str]) -> tuple[asyncio.Task[None], socket.socket]:
+        await self.runtime.create(ContainerSpec(name="c-1", image="none"), labels={})
+        ours, theirs = socket.socketpair()
+        container = ContainerTarget(self.runtime, "c-1", "wl-1", any_port=True)
+        served = asyncio.ensure_future(serve_ssh(theirs, container, self.keys.openssh_private("wl-1"), allowed))
+        return served, ours
+
+    async def connect(self, sock: socket.socket, key: asyncssh.SSHKey | None = None) -> asyncssh.SSHClientConnection:
+        return await asyncssh.connect(
+            "wl-1", sock=sock, username="anyone", client_keys=[key or self.user_key], known_hosts=self.known, agent_path=None
+        )
+
+
+async def test_a_session_runs_in_the_container_with_the_registered_key_and_the_workloads_host_key(tmp_path):
+    served = Served(tmp_path)
+    task, sock = await served.start([served.user_key.get_fingerprint()])
+    async with await served.connect(sock) as conn:
+        done = await conn.run("anything", input="echoed by the simulated exec\n", encoding="utf-8")
+        assert done.exit_status == 0 and done.stdout == "echoed by the simulated exec\n"
+    await asyncio.wait_for(task, 10)
+
+
+async def test_a_key_the_ticket_does_not_name_is_refused(tmp_path):
+    served = Served(tmp_path)
+    task, sock = await served.start([asyncssh.generate_private_key("ssh-ed25519").get_fingerprint()])
+    with pytest.raises(asyncssh.PermissionDenied):
+        await served.connect(sock)
+    sock.close()
+    await asyncio.wait_for(task, 10)
+
+
+async def test_a_host_key_other_than_the_published_one_is_refused_by_the_client(tmp_path):
+    served = Served(tmp_path)
+    served.known = asyncssh.import_known_hosts(f"wl-1 {served.keys.public_line('wl-2')}\n")  # another workload's
+    task, sock = await served.start([served.user_key.get_fingerprint()])
+    with pytest.raises(asyncssh.HostKeyNotVerifiable):
+        await served.connect(sock)
+    sock.close()
+    await asyncio.wait_for(task, 10)
+
+
+async def test_one_connection_holds_at_most_max_channels_sessions_at_once(tmp_path):
+    served = Served(tmp_path)
+    task, sock = await served.start([served.user_key.get_fingerprint()])
+    async with await served.connect(sock) as conn:
+        held = [await conn.create_process("sleep", encoding="utf-8") for _ in range(MAX_CHANNELS)]
+        refused = await conn.run("one more", encoding="utf-8")
+        assert refused.exit_status == 1 and "the most one may" in refused.stderr
+        held[0].stdin.write_eof()  # a simulated exec ends at the end of its input: a slot is free again
+        assert (await held[0].wait()).exit_status == 0
+        again = await conn.run("now", input="a slot again\n", encoding="utf-8")
+        assert again.exit_status == 0 and again.stdout == "a slot again\n"
+        for process in held[1:]:
+            process.close()
+    await asyncio.wait_for(task, 10)
