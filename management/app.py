@@ -223,7 +223,7 @@ def compose(master: Master, settings: ManagementSettings | None = None) -> Compo
     )
     market_service = MarketService(master, book, market, settings.market, fit_check=scheduler.never_fits)
     workloads = WorkloadsService(master, book, scheduler, market_service)
-    ssh_keys = SshKeysService(master, workloads.get_workload)
+    ssh_keys = SshKeysService(master, master.store.ssh_keys, workloads.get_workload)
     tunnels = RenterAccess(master, workloads.get_workload, master.store.outputs)
     output_settings = settings.scheduler.outputs
     outputs = OutputCollector(

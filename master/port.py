@@ -83,7 +83,7 @@ from master.registry import Registry
 from master.reputation import WEIGHTS, Reputation, reputation, reputation_score
 from master.states import AgentState, CommandState, GpuState, StateMachine
 from master.store.aggregates import output_key, rental_order, workload_order
-from master.store.base import FairShareRepo, LedgerRepo, OutputRepo, PriceRepo, RentalRepo, Store
+from master.store.base import FairShareRepo, LedgerRepo, OutputRepo, PriceRepo, RentalRepo, SshKeyRepo, Store
 from master.store.errors import StaleRental
 from master.telemetry import TelemetryAggregator
 from master.tiers import TierPolicy, describe_tiers
@@ -245,6 +245,7 @@ __all__ = [
     "SigningKeyInfo",
     "SilenceRecord",
     "SshKeyRecord",
+    "SshKeyRepo",
     "StaleRental",
     "StateMachine",
     "Store",

@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import dsa
 
 from common.errors import Conflict, IdlegridError, NotFound
-from master.port import MasterPort, SshKeyRecord, WorkloadRecord
+from master.port import MasterPort, SshKeyRecord, SshKeyRepo, WorkloadRecord
 
 KEY_ID_PREFIX = "sshk-"
 MAX_KEYS_PER_ACCOUNT = 20  # each key's fingerprint travels in every SSH ticket of the account, in a header
@@ -89,8 +89,9 @@ def host_alias(workload_id: str, replica: int) -> str:
 class SshKeysService:
     """``Services.ssh_keys``: add, list and delete an account's SSH public keys; a workload's SSH host keys."""
 
-    def __init__(self, master: MasterPort, workloads: Callable[..., Awaitable[WorkloadRecord]]) -> None:
+    def __init__(self, master: MasterPort, keys: SshKeyRepo, workloads: Callable[..., Awaitable[WorkloadRecord]]) -> None:
         self._master = master
+        self._keys = keys  # the store's collection of SSH keys
         self._workload = workloads  # WorkloadsService.get_workload: 404 for another account's
 
     async def host_keys(self, workload_id: str, *, owner: str | None) -> tuple[WorkloadRecord, builtins.list[ReplicaHostKey]]:
@@ -115,7 +116,7 @@ class SshKeysService:
         has that key already or as many keys as it may."""
         key, print_, comment = parse_public_key(public_key)
         await self._master.accounts.get(account)  # NotFound for an account that does not exist
-        own = await self._master.store.ssh_keys.list(account=account)
+        own = await self._keys.list(account=account)
         if any(k.fingerprint == print_ for k in own):
             raise Conflict(f"account {account} has key {print_} already")
         if len(own) >= MAX_KEYS_PER_ACCOUNT:
@@ -128,23 +129,23 @@ class SshKeysService:
             fingerprint=print_,
             created_at=time.time(),
         )
-        await self._master.store.ssh_keys.put(record)
+        await self._keys.put(record)
         await self._master.events.record("ssh_key.added", account, key=record.id, fingerprint=print_)
         return record
 
     async def list(self, *, owner: str | None, account: str | None = None) -> builtins.list[SshKeyRecord]:
         """The keys ``owner`` may see (None: the operator, every account's, or ``account``'s), by creation."""
-        return await self._master.store.ssh_keys.list(account=owner if owner is not None else account)
+        return await self._keys.list(account=owner if owner is not None else account)
 
     async def delete(self, key_id: str, *, owner: str | None) -> SshKeyRecord:
         """Remove a key; another account's answers NotFound, as a missing one does."""
-        found = [k for k in await self._master.store.ssh_keys.list(account=owner) if k.id == key_id]
+        found = [k for k in await self._keys.list(account=owner) if k.id == key_id]
         if not found:
             raise NotFound(f"no SSH key {key_id!r}")
-        await self._master.store.ssh_keys.delete(key_id)
+        await self._keys.delete(key_id)
         await self._master.events.record("ssh_key.deleted", found[0].account, key=key_id, fingerprint=found[0].fingerprint)
         return found[0]
 
     async def fingerprints(self, account: str) -> builtins.list[str]:
         """What an SSH ticket of ``account`` names: the fingerprints of its keys."""
-        return [k.fingerprint for k in await self._master.store.ssh_keys.list(account=account)]
+        return [k.fingerprint for k in await self._keys.list(account=account)]
