@@ -12,11 +12,11 @@ import asyncssh
 import pytest
 
 from agent.runtime.simulated import SimulatedRuntime
+from agent.ssh_files import ContainerFiles
 from agent.ssh_host_keys import SEED_FILE, HostKeys
 from agent.ssh_server import (
     MAX_CHANNELS,
     SHELL,
-    ContainerFiles,
     ContainerTarget,
     forward_refusal,
     serve_ssh,
