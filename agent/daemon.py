@@ -39,6 +39,7 @@ from agent.runtime.base import PullsImages
 from agent.runtime.images import GB, ImageLimits, PullProgress
 from agent.runtime.selftest import gpu_selftest
 from agent.simulate import parse_simulate_spec
+from agent.ssh_host_keys import HostKeys
 from agent.state import private_dir
 from agent.tunnel import RelayLink, TunnelLimits, TunnelServer
 from common.containers import ContainerInfo
@@ -146,6 +147,7 @@ class Agent:
         )
         # Gangs' private networks (docs/overlay.md): where this host can run nebula, its key goes to the Master in hello.
         self.overlays = GangOverlays.available(config.state_path)
+        self.host_keys = HostKeys.at(config.state_path)  # the workloads' SSH host keys (docs/ssh.md)
         self.executor = CommandExecutor(
             self.identity.agent_id,
             self.ledger,
@@ -155,6 +157,7 @@ class Agent:
             on_pull_progress=self._on_pull_progress,
             keeper=self.output,
             overlays=self.overlays,
+            host_keys=self.host_keys,
         )
         # Verification challenges (agent/benchmark/): answered with the benchmark this host can run, if any.
         self.verification, self.benchmark = open_responder(
@@ -178,6 +181,7 @@ class Agent:
                 max_per_workload=config.max_tunnels_per_workload,
                 idle_timeout_s=config.tunnel_idle_timeout_s,
             ),
+            host_keys=self.host_keys,
         )
         self._relay_link: RelayLink | None = None  # the relay the control link is on now: where tunnels are dialled
         self.host: HostInfo = host if host is not None else collect_host_info(config.state_path)

@@ -23,6 +23,7 @@ from agent.output import OutputKeeper
 from agent.overlay import GangOverlays
 from agent.runtime.base import ContainerRuntime, PullsImages
 from agent.runtime.images import PullProgress
+from agent.ssh_host_keys import HostKeys
 from common.containers import (
     LABEL_AGENT_ID,
     LABEL_COMMAND_ID,
@@ -62,10 +63,12 @@ class CommandExecutor:
         on_pull_progress: Callable[[str, PullProgress], None] | None = None,
         keeper: OutputKeeper | None = None,
         overlays: GangOverlays | None = None,
+        host_keys: HostKeys | None = None,
     ) -> None:
         """``host_gpus``: this host's GPUs now (the collector's inventory). ``on_pull_progress(container, progress)``:
         a create's image pull moved on (the daemon tells the Master, which shows it to the renter). ``keeper``: where
-        the output of a deleted container is kept for the Master (None: it is not kept)."""
+        the output of a deleted container is kept for the Master (None: it is not kept). ``host_keys``: the workloads'
+        SSH host keys, whose public half a create's result carries for the Master to publish (docs/ssh.md)."""
         self.agent_id = agent_id
         self.ledger = ledger
         self.runtime = runtime
@@ -74,6 +77,7 @@ class CommandExecutor:
         self.on_pull_progress = on_pull_progress
         self.keeper = keeper
         self.overlays = overlays  # gang replicas' private networks (docs/overlay.md); None: this host runs none
+        self.host_keys = host_keys
         self._placing = asyncio.Lock()  # GPU check and create, one command at a time
 
     async def execute(self, command: Command) -> CommandResult:
@@ -108,6 +112,9 @@ class CommandExecutor:
             kept = self.keeper.get(body.spec.get("name", ""))
             if kept is not None:  # sizes only: the bytes go through a tunnel, never on the control link
                 result["output"] = {"bytes": kept.seen, "kept": kept.kept, "truncated": kept.truncated}
+        workload = info.labels.get(LABEL_WORKLOAD_ID, "") if info is not None else ""
+        if body.kind == "create_container" and self.host_keys is not None and workload:
+            result["ssh_host_key"] = self.host_keys.public_line(workload)
         return self._finish(body.id, body.kind, ok=True, result=result, error=None, code=None)
 
     def _verify(self, command: Command) -> None:

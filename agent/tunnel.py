@@ -8,7 +8,9 @@ workload, then dials a data WebSocket of its own to that relay (``/tunnel/<ticke
 - ``logs``: the container's output as DATA/STDERR frames, then EXIT and close 1000 when it ends;
 - ``exec``: a command in the container; DATA is its input, EOF closes its input, RESIZE its terminal; its output
   comes back as DATA/STDERR and its exit status as EXIT;
-- ``port``: one TCP connection to the container's port per stream the renter OPENs.
+- ``port``: one TCP connection to the container's port per stream the renter OPENs;
+- ``ssh``: an SSH connection whose server end is this agent (agent/ssh_server.py, docs/ssh.md): DATA on stream 0 carries
+  its bytes both ways; shells, commands, SFTP and ``ssh -L`` reach the container through the runtime.
 
 The decisions (which frame a renter may send for which kind, the streams of a port tunnel) are pure code below;
 the asyncio part only moves bytes, awaiting every send so a slow renter slows the container's side down rather
@@ -22,6 +24,7 @@ import contextlib
 import enum
 import logging
 import re
+import socket
 import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -35,6 +38,8 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.frames import CloseCode
 
 from agent.runtime.base import STDERR, ContainerRuntime, ExecSession
+from agent.ssh_host_keys import HostKeys
+from agent.ssh_server import ContainerTarget, serve_ssh
 from common.containers import LABEL_COMMAND_ID, LABEL_PORTS, LABEL_WORKLOAD_ID, ContainerInfo
 from common.errors import IdlegridError, ProtocolError, RuntimeFailure
 from common.pki import CommandVerifier
@@ -185,6 +190,7 @@ RENTER_OPS: dict[TunnelKind, frozenset[Op]] = {
     TunnelKind.LOGS: frozenset({Op.CLOSE}),
     TunnelKind.EXEC: frozenset({Op.DATA, Op.EOF, Op.RESIZE, Op.CLOSE}),
     TunnelKind.PORT: frozenset({Op.OPEN, Op.DATA, Op.EOF, Op.CLOSE}),
+    TunnelKind.SSH: frozenset({Op.DATA, Op.EOF, Op.CLOSE}),
 }
 
 
@@ -289,8 +295,19 @@ class _Ended(Exception):
 class TunnelSession:
     """One tunnel on one data WebSocket, from the first frame to the close."""
 
-    def __init__(self, ticket: Ticket, ws: ClientConnection, runtime: ContainerRuntime, limits: TunnelLimits) -> None:
+    def __init__(
+        self,
+        ticket: Ticket,
+        ws: ClientConnection,
+        runtime: ContainerRuntime,
+        limits: TunnelLimits,
+        *,
+        host_keys: HostKeys | None = None,
+        declared: list[int] | None = None,
+    ) -> None:
         self.ticket = ticket
+        self.host_keys = host_keys  # kind ssh: the workloads' host keys
+        self.declared = declared or []  # kind ssh: the ports the workload declared (what ``ssh -L`` may reach)
         self.kind = TunnelKind(ticket.body.kind)
         self.ws = ws
         self.runtime = runtime
@@ -325,6 +342,8 @@ class TunnelSession:
             await self._serve_logs()
         elif self.kind is TunnelKind.EXEC:
             await self._serve_exec()
+        elif self.kind is TunnelKind.SSH:
+            await self._serve_ssh()
         else:
             await self._serve_port()
 
@@ -429,6 +448,55 @@ class TunnelSession:
                     await session.write(frame.payload)
                 except OSError:
                     stdin_gone = True
+
+    # ssh -------------------------------------------------------------------------------------------
+
+    async def _serve_ssh(self) -> None:
+        """The SSH server runs on one end of a socket pair; the tunnel's DATA frames are the other end's bytes."""
+        body = self.ticket.body
+        if self.host_keys is None:
+            raise RuntimeFailure("this agent serves no SSH (it has no host keys)")
+        target = ContainerTarget(
+            runtime=self.runtime,
+            container=body.container,
+            workload=body.workload,
+            declared_ports=self.declared,
+            any_port=self.runtime.name == "docker",  # a container of its own network: each of its ports is the renter's
+        )
+        ours, theirs = socket.socketpair()
+        server = asyncio.ensure_future(serve_ssh(theirs, target, self.host_keys.openssh_private(body.workload), body.ssh_keys))
+        try:
+            reader, writer = await asyncio.open_connection(sock=ours)
+        except BaseException:
+            ours.close()
+            server.cancel()
+            await asyncio.gather(server, return_exceptions=True)
+            theirs.close()
+            raise
+        try:
+            await _race(self._ssh_out(reader), self._ssh_in(writer), "the renter left")
+        finally:
+            writer.close()
+            server.cancel()
+            await asyncio.gather(server, return_exceptions=True)
+            theirs.close()
+
+    async def _ssh_out(self, reader: asyncio.StreamReader) -> None:
+        while data := await reader.read(MAX_TUNNEL_PAYLOAD):
+            await self.send(encode_frame(Op.DATA, 0, data))
+        await self.send(encode_frame(Op.EXIT, 0, exit_payload(0)))  # the SSH connection ended
+
+    async def _ssh_in(self, writer: asyncio.StreamWriter) -> None:
+        while True:
+            frame = await self.receive()
+            if frame.op is Op.CLOSE:
+                return
+            if frame.op is Op.EOF:
+                if writer.can_write_eof():
+                    writer.write_eof()
+                continue
+            writer.write(frame.payload)
+            await writer.drain()  # a slow SSH end holds the renter back
 
     # port ------------------------------------------------------------------------------------------
 
@@ -572,8 +640,10 @@ class TunnelServer:
         limits: TunnelLimits | None = None,
         *,
         clock: Callable[[], float] = time.time,
+        host_keys: HostKeys | None = None,
     ) -> None:
         self.agent_id = agent_id
+        self.host_keys = host_keys  # the workloads' SSH host keys; None: no ``ssh`` tunnel is served
         self.verifier = verifier
         self.runtime = runtime
         self.limits = limits or TunnelLimits()
@@ -674,7 +744,8 @@ class TunnelServer:
                 await _close(ws, CloseCode.NORMAL_CLOSURE, refusal)
                 return
             log.info("tunnel opened", extra={**fields, "relay": body.relay_id, "account": body.account})
-            session = TunnelSession(ticket, ws, self.runtime, self.limits)
+            declared = declared_ports(info) if info is not None else []
+            session = TunnelSession(ticket, ws, self.runtime, self.limits, host_keys=self.host_keys, declared=declared)
             report = session.report
             await session.serve()
         except asyncio.CancelledError:

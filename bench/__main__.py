@@ -25,6 +25,7 @@ from bench.link import LinkBenchOptions, link_table, run_link_bench
 from bench.offers import OffersBenchOptions, offers_table, run_offers_bench
 from bench.scheduler import SchedulerBenchOptions, run_scheduler_bench, scheduler_table
 from bench.scheduler_snapshot import SnapshotBenchOptions, run_snapshot_bench, snapshot_table
+from bench.ssh import SshBenchOptions, run_ssh_bench, ssh_table
 from bench.summaries import SummariesBenchOptions, run_summaries_bench, summaries_table
 from bench.tunnel import TunnelBenchOptions, run_tunnel_bench, tunnel_table
 
@@ -399,6 +400,43 @@ def _run_alerts(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ssh_parser(sub: argparse._SubParsersAction) -> None:
+    d = SshBenchOptions()
+    p = sub.add_parser(
+        "ssh",
+        help="scp throughput through a relay, and control-frame latency meanwhile",
+        description="A local grid with one relay: commands and heartbeats timed while idle, then while OpenSSH's scp "
+        "copies --megabytes to a workload and back through the same relay (docs/ssh.md).",
+    )
+    p.add_argument("--hosts", type=int, default=d.hosts, help=f"agents behind the relay (default {d.hosts})")
+    p.add_argument("--megabytes", type=int, default=d.megabytes, help=f"MB each scp moves (default {d.megabytes})")
+    p.add_argument("--heartbeat-s", type=float, default=d.heartbeat_s, help=f"heartbeat interval (default {d.heartbeat_s:g})")
+    p.add_argument("--cmd-rate", type=float, default=d.cmd_rate, help=f"commands a second (default {d.cmd_rate:g})")
+    p.add_argument("--rounds", type=int, default=d.rounds, help=f"uploads and downloads (default {d.rounds})")
+    p.add_argument("--idle-s", type=float, default=d.idle_s, help=f"seconds of the idle phase (default {d.idle_s:g})")
+    p.add_argument(
+        "--relay-bytes-per-s", type=int, default=0, help="the relay's bandwidth per tunnel (default: the relay's default)"
+    )
+    p.add_argument("--json", type=Path, help="write the figures here")
+    p.set_defaults(func=_run_ssh)
+
+
+def _run_ssh(args: argparse.Namespace) -> int:
+    options = SshBenchOptions(
+        hosts=args.hosts,
+        megabytes=args.megabytes,
+        heartbeat_s=args.heartbeat_s,
+        cmd_rate=args.cmd_rate,
+        idle_s=args.idle_s,
+        rounds=args.rounds,
+        relay_bytes_per_s=args.relay_bytes_per_s,
+    )
+    result = run_ssh_bench(options)
+    _write(args.json, result)
+    print(ssh_table(result))
+    return 0
+
+
 def _tunnel_parser(sub: argparse._SubParsersAction) -> None:
     d = TunnelBenchOptions()
     p = sub.add_parser(
@@ -562,6 +600,7 @@ def build_parser() -> argparse.ArgumentParser:
     _offers_parser(sub)
     _tunnel_parser(sub)
     _link_parser(sub)
+    _ssh_parser(sub)
     _history_parser(sub)
     _alerts_parser(sub)
     _summaries_parser(sub)

@@ -252,6 +252,7 @@ def run_tunnel_bench(options: TunnelBenchOptions, work_dir: str = "") -> dict[st
             # The bench's own polling must not meet the API's per-key limit (its 429s would be timed as latency).
             config.write_text(
                 "offer_sandboxed_hosts = true\nscheduler_period_s = 0.5\napi_key_rate_per_s = 2000.0\napi_key_burst = 4000\n"
+                "api_account_rate_per_s = 2000.0\napi_account_burst = 4000\n"  # and the account's, all its keys together
             )
             grid.start_master("--config", str(config))
             extra = ["--tunnel-bytes-per-s", str(options.relay_bytes_per_s)] if options.relay_bytes_per_s else []

@@ -38,12 +38,14 @@ MAX_TICKET_CHARS = 6 * 1024  # a header line: the relays' HTTP servers take abou
 MAX_TUNNEL_PAYLOAD = 64 * 1024
 HEADER = struct.Struct(">BI")  # op, stream id
 MAX_COMMAND_ARGS = 64
+MAX_SSH_KEYS = 20  # kind ssh: the fingerprints of the keys that may log in (an account's, at most this many)
 
 
 class TunnelKind(str, enum.Enum):
     LOGS = "logs"  # the container's output: the last ``tail`` lines, then more while ``follow``
     EXEC = "exec"  # a command in the container, a terminal when ``tty``; its exit status ends the tunnel
     PORT = "port"  # TCP connections to the container's ``port``, one stream each
+    SSH = "ssh"  # an SSH connection whose server end is the agent (docs/ssh.md); DATA on stream 0 carries its bytes
 
 
 class TicketRefused(IdlegridError):
@@ -77,6 +79,8 @@ class TicketBody(msgspec.Struct, kw_only=True, frozen=True):
     tail: Annotated[int, msgspec.Meta(ge=-1)] = 100  # kind logs: lines from the end, -1 for all
     follow: bool = False  # kind logs
     bytes_per_s: Annotated[int, msgspec.Meta(ge=0)] = 0  # the tunnel's bandwidth each way; 0: the relay's default
+    # kind ssh: the OpenSSH fingerprints (SHA256:...) of the public keys the agent's SSH end lets in: the account's
+    ssh_keys: Annotated[list[ShortText], msgspec.Meta(max_length=MAX_SSH_KEYS)] = []
 
 
 class Ticket(msgspec.Struct, kw_only=True, frozen=True):

@@ -56,6 +56,7 @@ class Resource(str, enum.Enum):
     WEBHOOKS = "webhooks"  # where alert notifications go: each account its own
     HOST_ENROLLMENT = "host_enrollment"  # a join token for one's own new host (the console's "Add a host")
     TEMPLATES = "templates"  # launch templates (docs/templates.md): every account reads them
+    SSH_KEYS = "ssh_keys"  # SSH public keys: each account its own (docs/ssh.md)
 
 
 class Action(str, enum.Enum):
@@ -113,6 +114,10 @@ for _role in (AccountRole.PROVIDER, AccountRole.RENTER):
     PERMISSIONS[_role][Resource.ALERT_RULES] = frozenset({Action.READ})
     PERMISSIONS[_role][Resource.ALERTS] = frozenset({Action.READ})
     PERMISSIONS[_role][Resource.WEBHOOKS] = frozenset({Action.READ, Action.WRITE})
+
+# SSH public keys (docs/ssh.md): every account adds, lists and deletes its own (Scope.owner), the operator anyone's.
+for _role in (AccountRole.PROVIDER, AccountRole.RENTER):
+    PERMISSIONS[_role][Resource.SSH_KEYS] = frozenset({Action.READ, Action.WRITE})
 
 
 @dataclass(frozen=True)

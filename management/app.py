@@ -60,6 +60,7 @@ from management.services.market import MarketService
 from management.services.outputs import OutputCollector
 from management.services.prices import PricesService
 from management.services.reports import ReportsService
+from management.services.ssh_keys import SshKeysService
 from management.services.telemetry import TelemetryService
 from management.services.templates import TemplatesService
 from management.services.tunnels import RenterAccess
@@ -225,6 +226,7 @@ def compose(master: Master, settings: ManagementSettings | None = None) -> Compo
     )
     market_service = MarketService(master, book, market, settings.market, fit_check=scheduler.never_fits)
     workloads = WorkloadsService(master, book, scheduler, market_service)
+    ssh_keys = SshKeysService(master, master.store.ssh_keys, workloads.get_workload)
     tunnels = RenterAccess(master, workloads.get_workload, master.store.outputs)
     output_settings = settings.scheduler.outputs
     outputs = OutputCollector(
@@ -236,6 +238,7 @@ def compose(master: Master, settings: ManagementSettings | None = None) -> Compo
         restart_s=settings.loop_restart_s,
     )
     tunnels.collect = outputs.collect  # a renter's request reads a pending output at once
+    tunnels.ssh_fingerprints = ssh_keys.fingerprints  # an ssh ticket lets in the caller's keys (docs/ssh.md)
     alert_loop = AlertLoop(
         FleetObserver(master, book.open_workloads, market.meter.balance_cover_s),
         load_rules(settings.alerts.rules),
@@ -268,6 +271,7 @@ def compose(master: Master, settings: ManagementSettings | None = None) -> Compo
         verification=VerificationService(master),
         links=links,
         templates=TemplatesService(TemplateCatalog.load(settings.templates_dir)),
+        ssh_keys=ssh_keys,
     )
     series = MarketSeries(book.counts, market.meter.open_rentals, market.ledger.balances, currency=settings.market.currency)
     return Composition(

@@ -74,6 +74,7 @@ from master.records import (
     RentalTerms,
     RevocationRecord,
     SilenceRecord,
+    SshKeyRecord,
     TelemetryRollup,
     TokenRecord,
     WebhookRecord,
@@ -84,7 +85,7 @@ from master.registry import Registry
 from master.reputation import WEIGHTS, Reputation, reputation, reputation_score
 from master.states import AgentState, CommandState, GpuState, StateMachine
 from master.store.aggregates import output_key, rental_order, workload_order
-from master.store.base import FairShareRepo, LedgerRepo, OutputRepo, PriceRepo, RentalRepo, Store
+from master.store.base import FairShareRepo, LedgerRepo, OutputRepo, PriceRepo, RentalRepo, SshKeyRepo, Store
 from master.store.errors import StaleRental
 from master.telemetry import TelemetryAggregator
 from master.tiers import TierPolicy, describe_tiers
@@ -261,6 +262,8 @@ __all__ = [
     "Shortfall",
     "SigningKeyInfo",
     "SilenceRecord",
+    "SshKeyRecord",
+    "SshKeyRepo",
     "StaleRental",
     "StateMachine",
     "Store",

@@ -577,6 +577,19 @@ class WebhookRecord(msgspec.Struct, kw_only=True):
     created_at: float
 
 
+class SshKeyRecord(msgspec.Struct, kw_only=True):
+    """An SSH public key an account registered (docs/ssh.md): the platform's SSH end lets that account's sessions in
+    with it. ``public_key`` is the OpenSSH line without its comment (``ssh-ed25519 AAAA...``); ``fingerprint`` is
+    OpenSSH's ``SHA256:...`` of its blob, what a ticket names and what the agent compares."""
+
+    id: str  # "sshk-" + random hex
+    account: str
+    name: str  # the key's comment, or what the account called it
+    public_key: str
+    fingerprint: str
+    created_at: float
+
+
 class LeaseRecord(msgspec.Struct, kw_only=True):
     """The leader lease Masters sharing one store contend for (master/leadership.py, docs/ha.md): who holds it, where
     relays (``url``, its link) and API callers (``api_url``) reach it, its ``epoch`` (raised with every change of

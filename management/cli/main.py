@@ -393,7 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
         dest="command",
         required=True,
         metavar="{master,access,agent,ca,token,account,whoami,demo,workload,offers,rent,bid,"
-        "balance,ledger,spend,earnings,payouts,credit,host,report,alert}",
+        "balance,ledger,spend,earnings,payouts,credit,host,report,alert,ssh-key,ssh-config}",
     )
     _master_parser(sub)
     from access.cli import add_parser as add_access_parser
@@ -426,6 +426,9 @@ def build_parser() -> argparse.ArgumentParser:
     from management.cli.templates import add_parsers as add_template_parsers
 
     add_template_parsers(sub, _parser)
+    from management.cli.ssh import add_parsers as add_ssh_parsers
+
+    add_ssh_parsers(sub, _parser)
     return parser
 
 
@@ -444,6 +447,7 @@ def _command_name(args: argparse.Namespace) -> str:
         "alert_command",
         "rule_command",
         "webhook_command",
+        "ssh_key_command",
         "master_command",
     ):
         if getattr(args, attr, None):

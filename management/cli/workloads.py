@@ -141,6 +141,9 @@ def add_parser(sub: argparse._SubParsersAction, make: Parser) -> None:
     from management.cli.access import add_parsers as add_access_parsers
 
     add_access_parsers(w_sub, make, _connection)
+    from management.cli.ssh import add_workload_parsers as add_ssh_parsers
+
+    add_ssh_parsers(w_sub, make, _connection)
 
 
 def _connection(p: argparse.ArgumentParser) -> None:

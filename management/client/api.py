@@ -359,6 +359,25 @@ class ApiCalls(Generic[R]):
     def remove_webhook(self, webhook_id: str) -> R:
         return self.send(ApiRequest("DELETE", f"{API_PREFIX}/webhooks/{_segment(webhook_id)}"))
 
+    # --- SSH (docs/ssh.md): an account's public keys, a workload's host keys ---
+
+    def add_ssh_key(self, public_key: str, *, name: str = "", account: str | None = None) -> R:
+        body: dict[str, Json] = {"public_key": public_key, "name": name}
+        if account is not None:
+            body["account"] = account
+        return self.send(ApiRequest("POST", f"{API_PREFIX}/ssh-keys", body=body))
+
+    def ssh_keys(self, *, account: str | None = None) -> R:
+        query = {"account": account} if account is not None else {}
+        return self.send(ApiRequest("GET", f"{API_PREFIX}/ssh-keys", query))
+
+    def delete_ssh_key(self, key_id: str) -> R:
+        return self.send(ApiRequest("DELETE", f"{API_PREFIX}/ssh-keys/{_segment(key_id)}"))
+
+    def workload_ssh(self, workload_id: str) -> R:
+        """The workload's SSH host keys, one per placed replica, with their known_hosts lines."""
+        return self.send(ApiRequest("GET", f"{API_PREFIX}/workloads/{_segment(workload_id)}/ssh"))
+
     # --- the market: providers' prices (amounts as decimal strings per GPU-hour, e.g. "2.50") ---
 
     def prices(self, *, provider: str | None = None) -> R:

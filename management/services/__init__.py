@@ -23,6 +23,7 @@ lazily.
 | ``verification`` | measured GPU verification: a run on the operator's request, each GPU's result and history |
 | ``templates`` | launch templates: the catalog and the workload spec each launches |
 | ``links`` | HTTPS links to workloads' http ports: their URLs, link tokens, who may pass, the tunnels they use |
+| ``ssh_keys`` | accounts' SSH public keys, which the platform's SSH end lets in (docs/ssh.md) |
 
 Lists are keyset-paginated (``models.Page``); ownership filters (``owner``: the account a call is limited to, as the
 API's auth decided) are applied in the services, so a provider's page never holds another account's hosts.
@@ -42,6 +43,7 @@ from management.services.links import LinksService
 from management.services.market import MarketService
 from management.services.prices import PricesService
 from management.services.reports import ReportsService
+from management.services.ssh_keys import SshKeysService
 from management.services.telemetry import TelemetryService
 from management.services.templates import TemplatesService
 from management.services.tunnels import RenterAccess
@@ -68,3 +70,4 @@ class Services:
     verification: VerificationService
     links: LinksService
     templates: TemplatesService
+    ssh_keys: SshKeysService

@@ -31,7 +31,7 @@ OUTPUT_READER = "idlegrid-master"
 class TunnelRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """POST /api/v1/workloads/{id}/tunnels: what the renter wants to reach."""
 
-    kind: Literal["logs", "exec", "port"]
+    kind: Literal["logs", "exec", "port", "ssh"]
     replica: Annotated[int, msgspec.Meta(ge=0, le=1023)] = 0  # which replica of a gang
     port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 0  # kind port: the container's port (1-65535)
     command: Annotated[list[Arg], msgspec.Meta(max_length=64)] = []  # kind exec; [] runs /bin/sh
@@ -51,6 +51,8 @@ class RenterAccess:
         self._outputs = outputs  # the kept output of deleted containers
         # management/services/outputs.py's OutputCollector.collect, once made: a pending output is read from its host at once
         self.collect: Callable[[KeptOutput], Awaitable[KeptOutput]] | None = None
+        # management/services/ssh_keys.py's SshKeysService.fingerprints: the keys an ``ssh`` ticket lets in (docs/ssh.md)
+        self.ssh_fingerprints: Callable[[str], Awaitable[list[str]]] | None = None
 
     async def open(self, workload_id: str, request: TunnelRequest, *, account: str, owner: str | None) -> TunnelGrant:
         """A grant for ``account`` (the caller) to reach ``workload_id``; ``owner``: the scope (None: operator)."""
@@ -59,8 +61,20 @@ class RenterAccess:
         workload = await self._workload(workload_id, account=owner)
         if kind is TunnelKind.PORT:
             _check_declared(workload, request.port)
+        if kind is TunnelKind.SSH:
+            params["ssh_keys"] = await self._ssh_keys(account)
         assignment = _assignment(workload, request)
         return await self._grant(kind, account, workload.id, assignment.agent_id, assignment.container, params)
+
+    async def _ssh_keys(self, account: str) -> list[str]:
+        """The fingerprints of the caller's SSH keys: only they open an SSH session through this ticket."""
+        found = await self.ssh_fingerprints(account) if self.ssh_fingerprints is not None else []
+        if not found:
+            raise Conflict(
+                f"account {account} has no SSH public keys, so no SSH session could log in: add one "
+                "(idlegrid ssh-key add ~/.ssh/id_ed25519.pub, or POST /api/v1/ssh-keys)"
+            )
+        return found
 
     async def _grant(
         self, kind: TunnelKind, account: str, workload: str, agent_id: str, container: str, params: dict[str, Any]
@@ -173,6 +187,8 @@ def _ticket_fields(kind: TunnelKind, request: TunnelRequest) -> dict[str, Any]:
         if sum(len(arg.encode()) + 3 for arg in request.command) > MAX_COMMAND_BYTES:
             raise InvalidTunnel(f"command: at most {MAX_COMMAND_BYTES} bytes in all (it travels in the ticket)")
         return {"command": list(request.command or DEFAULT_SHELL), "tty": request.tty, "cols": request.cols, "rows": request.rows}
+    if kind is TunnelKind.SSH:
+        return {}  # the keys that may log in are the caller's (RenterAccess._ssh_keys)
     return {"tail": request.tail, "follow": request.follow}
 
 

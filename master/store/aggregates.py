@@ -35,6 +35,7 @@ class Aggregate(str, Enum):
     HOST_ROLLUPS = "host_rollups"
     HOST_HOURLY_ROLLUPS = "host_hourly_rollups"
     OUTPUTS = "outputs"  # workload containers' output kept after they are deleted
+    SSH_KEYS = "ssh_keys"  # accounts' SSH public keys (docs/ssh.md)
 
 
 def host_rollup_key(agent_id: str, minute: int) -> str:

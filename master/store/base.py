@@ -32,6 +32,7 @@ from master.records import (
     RentalRecord,
     RevocationRecord,
     SilenceRecord,
+    SshKeyRecord,
     TelemetryRollup,
     TokenRecord,
     WebhookRecord,
@@ -59,6 +60,7 @@ __all__ = [
     "RevocationRepo",
     "RollupRepo",
     "SilenceRepo",
+    "SshKeyRepo",
     "Store",
     "TokenOutcome",
     "TokenRepo",
@@ -355,6 +357,19 @@ class WebhookRepo(Protocol):
         """Every webhook (of one owner when given), by creation, then id."""
 
 
+class SshKeyRepo(Protocol):
+    """Accounts' SSH public keys (docs/ssh.md), keyed by id."""
+
+    async def put(self, rec: SshKeyRecord) -> None:
+        """Insert, or replace the key of the same id."""
+
+    async def delete(self, key_id: str) -> bool:
+        """Remove one key; False when there was none."""
+
+    async def list(self, *, account: str | None = None) -> builtins.list[SshKeyRecord]:
+        """Every key (of one account when given), by creation, then id."""
+
+
 class LeaseRepo(Protocol):
     """The leader lease of the Masters sharing this store (docs/ha.md); every change is one atomic step, so of
     Masters racing for it at most one holds it at any time. ``now`` is wall-clock seconds (the acquirer's clock)."""
@@ -398,6 +413,7 @@ class Store(Protocol):
     host_rollups: HostRollupRepo  # a host's own telemetry, one per host and minute
     host_hourly_rollups: HostRollupRepo  # the same, one per host and hour, downsampled from ``host_rollups``
     leases: LeaseRepo  # the leader lease (docs/ha.md)
+    ssh_keys: SshKeyRepo  # accounts' SSH public keys (docs/ssh.md)
     backend: str  # "sqlite" | "mongodb"
     quarantine: Quarantine  # the records found undecodable, kept aside
     metrics: StoreMetrics  # write latency and quarantined records; register into the daemon's registry

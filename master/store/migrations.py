@@ -201,6 +201,15 @@ SQLITE_MIGRATIONS: tuple[SqliteMigration, ...] = (
             "CREATE INDEX outputs_by_state ON outputs (state, ended_at)",
         ),
     ),
+    SqliteMigration(
+        12,
+        "accounts' SSH public keys (docs/ssh.md)",
+        (
+            """CREATE TABLE ssh_keys (
+                id TEXT PRIMARY KEY, account TEXT NOT NULL, created_at REAL NOT NULL, doc TEXT NOT NULL)""",
+            "CREATE INDEX ssh_keys_by_account ON ssh_keys (account, created_at)",
+        ),
+    ),
 )
 
 MONGO_MIGRATIONS: tuple[MongoMigration, ...] = (
@@ -310,6 +319,11 @@ MONGO_MIGRATIONS: tuple[MongoMigration, ...] = (
         11,
         "workload containers' output kept after they are deleted, by workload and by state",
         {"outputs": [IndexModel([("workload_id", ASCENDING)]), IndexModel([("state", ASCENDING), ("ended_at", ASCENDING)])]},
+    ),
+    MongoMigration(
+        12,
+        "accounts' SSH public keys by account and creation (docs/ssh.md)",
+        {"ssh_keys": [IndexModel([("account", ASCENDING), ("created_at", ASCENDING)])]},
     ),
 )
 

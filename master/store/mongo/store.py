@@ -27,6 +27,7 @@ from master.store.base import (
     RevocationRepo,
     RollupRepo,
     SilenceRepo,
+    SshKeyRepo,
     TokenRepo,
     WebhookRepo,
     WorkloadRepo,
@@ -50,6 +51,7 @@ from master.store.mongo.prices import MongoPriceRepo
 from master.store.mongo.rentals import MongoRentalRepo
 from master.store.mongo.revocations import MongoRevocationRepo
 from master.store.mongo.rollups import MongoHourlyRollupRepo, MongoRollupRepo
+from master.store.mongo.ssh_keys import MongoSshKeyRepo
 from master.store.mongo.tokens import MongoTokenRepo
 from master.store.mongo.workloads import MongoWorkloadRepo
 from master.store.quarantine import Quarantine
@@ -85,6 +87,7 @@ class MongoStore:
         self.webhooks: WebhookRepo = MongoWebhookRepo(*upkeep)
         self.host_rollups: HostRollupRepo = MongoHostRollupRepo(*upkeep)
         self.host_hourly_rollups: HostRollupRepo = MongoHostHourlyRollupRepo(*upkeep)
+        self.ssh_keys: SshKeyRepo = MongoSshKeyRepo(*upkeep)
 
     @property
     def url(self) -> str:

@@ -23,6 +23,7 @@ from master.store.base import (
     RevocationRepo,
     RollupRepo,
     SilenceRepo,
+    SshKeyRepo,
     TokenRepo,
     WebhookRepo,
     WorkloadRepo,
@@ -47,6 +48,7 @@ from master.store.sqlite.prices import SqlitePriceRepo
 from master.store.sqlite.rentals import SqliteRentalRepo
 from master.store.sqlite.revocations import SqliteRevocationRepo
 from master.store.sqlite.rollups import SqliteHourlyRollupRepo, SqliteRollupRepo
+from master.store.sqlite.ssh_keys import SqliteSshKeyRepo
 from master.store.sqlite.tokens import SqliteTokenRepo
 from master.store.sqlite.workloads import SqliteWorkloadRepo
 
@@ -82,6 +84,7 @@ class SqliteStore:
         self.webhooks: WebhookRepo = SqliteWebhookRepo(*upkeep)
         self.host_rollups: HostRollupRepo = SqliteHostRollupRepo(*upkeep)
         self.host_hourly_rollups: HostRollupRepo = SqliteHostHourlyRollupRepo(*upkeep)
+        self.ssh_keys: SshKeyRepo = SqliteSshKeyRepo(*upkeep)
 
     def __repr__(self) -> str:
         return f"SqliteStore({self.path!r})"
