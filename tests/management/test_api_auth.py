@@ -134,6 +134,7 @@ def test_the_operator_may_do_everything_and_a_renter_reads_tiers_runs_its_worklo
         Resource.ALERTS: frozenset({Action.READ}),  # its own workloads' alerts
         Resource.WEBHOOKS: frozenset({Action.READ, Action.WRITE}),  # its own webhooks
         Resource.TEMPLATES: frozenset({Action.READ}),  # the launch templates, the same for everyone
+        Resource.SSH_KEYS: frozenset({Action.READ, Action.WRITE}),  # its own SSH public keys
     }
     assert Resource.WORKLOADS not in PERMISSIONS[AccountRole.PROVIDER]
     assert PERMISSIONS[AccountRole.PROVIDER][Resource.PRICES] == frozenset({Action.READ, Action.WRITE})
