@@ -55,6 +55,7 @@ class Resource(str, enum.Enum):
     SILENCES = "silences"  # muting alerts' notifications: the operator's
     WEBHOOKS = "webhooks"  # where alert notifications go: each account its own
     HOST_ENROLLMENT = "host_enrollment"  # a join token for one's own new host (the console's "Add a host")
+    SECRETS = "secrets"  # an account's secrets for its workloads: each account its own, values never shown again
 
 
 class Action(str, enum.Enum):
@@ -112,6 +113,10 @@ for _role in (AccountRole.PROVIDER, AccountRole.RENTER):
     PERMISSIONS[_role][Resource.ALERT_RULES] = frozenset({Action.READ})
     PERMISSIONS[_role][Resource.ALERTS] = frozenset({Action.READ})
     PERMISSIONS[_role][Resource.WEBHOOKS] = frozenset({Action.READ, Action.WRITE})
+
+# Secrets: a renter keeps its own (storage credentials, tokens its workloads' env names); each account acts on its
+# own only, the operator's included (docs/storage.md).
+PERMISSIONS[AccountRole.RENTER][Resource.SECRETS] = frozenset({Action.READ, Action.WRITE})
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,7 @@ from management.services.market import MarketService
 from management.services.outputs import OutputCollector
 from management.services.prices import PricesService
 from management.services.reports import ReportsService
+from management.services.secrets import SecretsService
 from management.services.telemetry import TelemetryService
 from management.services.tunnels import RenterAccess
 from management.services.verification import VerificationService
@@ -254,6 +255,7 @@ def compose(master: Master, settings: ManagementSettings | None = None) -> Compo
         tunnels=tunnels,
         onboarding=Onboarding(master),
         verification=VerificationService(master),
+        secrets=SecretsService(master),
     )
     series = MarketSeries(book.counts, market.meter.open_rentals, market.ledger.balances, currency=settings.market.currency)
     return Composition(

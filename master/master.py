@@ -69,6 +69,7 @@ class Master(MasterRequests):
         self.directory = parts.directory
         self.channel = parts.channel
         self.verifier = parts.verifier  # measured verification (master/verifier.py)
+        self.secrets = parts.secrets  # renters' secrets (master/secrets.py)
         self.link_port = 0
         self._tasks: list[asyncio.Task[None]] = []
 

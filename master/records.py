@@ -581,3 +581,20 @@ class KeptOutput(msgspec.Struct, kw_only=True):
     ended_at: float  # when the Master asked for the deletion: retention counts from here
     collected_at: float | None = None
     tries: int = 0  # reads from the host that failed (the host was offline, the tunnel broke)
+
+
+# --- renters' secrets (docs/storage.md) ---------------------------------------------------------------------------
+
+
+class SecretRecord(msgspec.Struct, kw_only=True):
+    """One account's named secret; ``sealed`` is its value encrypted with the Master's secret key (master/secrets.py),
+    so the store (and its backups) never hold the value in clear. Keyed by (account, name)."""
+
+    account: str
+    name: str
+    sealed: str  # a Fernet token (URL-safe base64): encrypted and authenticated
+    created_at: float
+    size: int = 0  # the value's length in bytes, for lists (the value itself is never shown again)
+
+    def __repr__(self) -> str:
+        return f"SecretRecord(account={self.account!r}, name={self.name!r}, size={self.size})"

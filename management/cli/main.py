@@ -360,7 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
         dest="command",
         required=True,
         metavar="{master,access,agent,ca,token,account,whoami,demo,workload,offers,rent,bid,"
-        "balance,ledger,spend,earnings,payouts,credit,host,report,alert}",
+        "balance,ledger,spend,earnings,payouts,credit,host,report,alert,secret}",
     )
     _master_parser(sub)
     from access.cli import add_parser as add_access_parser
@@ -390,6 +390,9 @@ def build_parser() -> argparse.ArgumentParser:
     from management.cli.alerts import add_parsers as add_alert_parsers
 
     add_alert_parsers(sub, _parser)
+    from management.cli.secrets import add_parsers as add_secret_parsers
+
+    add_secret_parsers(sub, _parser)
     return parser
 
 
@@ -408,6 +411,7 @@ def _command_name(args: argparse.Namespace) -> str:
         "alert_command",
         "rule_command",
         "webhook_command",
+        "secret_command",
         "master_command",
     ):
         if getattr(args, attr, None):

@@ -20,6 +20,7 @@ lazily.
 | ``reports`` | reports along dimensions |
 | ``tunnels`` | renter access: tunnels to a workload's containers through the relays, logs, kept output |
 | ``onboarding`` | what a provider's host fetches to join the grid |
+| ``secrets`` | an account's own secrets: create (value taken once), list by name, delete |
 | ``verification`` | measured GPU verification: a run on the operator's request, each GPU's result and history |
 
 Lists are keyset-paginated (``models.Page``); ownership filters (``owner``: the account a call is limited to, as the
@@ -39,6 +40,7 @@ from management.services.hosts import HostsService
 from management.services.market import MarketService
 from management.services.prices import PricesService
 from management.services.reports import ReportsService
+from management.services.secrets import SecretsService
 from management.services.telemetry import TelemetryService
 from management.services.tunnels import RenterAccess
 from management.services.verification import VerificationService
@@ -62,3 +64,4 @@ class Services:
     tunnels: RenterAccess
     onboarding: Onboarding
     verification: VerificationService
+    secrets: SecretsService

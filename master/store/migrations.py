@@ -201,6 +201,15 @@ SQLITE_MIGRATIONS: tuple[SqliteMigration, ...] = (
             "CREATE INDEX outputs_by_state ON outputs (state, ended_at)",
         ),
     ),
+    SqliteMigration(
+        12,
+        "renters' secrets, encrypted (docs/storage.md)",
+        (
+            """CREATE TABLE secrets (
+                id TEXT PRIMARY KEY, account TEXT NOT NULL, name TEXT NOT NULL, doc TEXT NOT NULL)""",
+            "CREATE INDEX secrets_by_account ON secrets (account, name)",
+        ),
+    ),
 )
 
 MONGO_MIGRATIONS: tuple[MongoMigration, ...] = (
@@ -310,6 +319,11 @@ MONGO_MIGRATIONS: tuple[MongoMigration, ...] = (
         11,
         "workload containers' output kept after they are deleted, by workload and by state",
         {"outputs": [IndexModel([("workload_id", ASCENDING)]), IndexModel([("state", ASCENDING), ("ended_at", ASCENDING)])]},
+    ),
+    MongoMigration(
+        12,
+        "renters' secrets, encrypted, by account and name (docs/storage.md)",
+        {"secrets": [IndexModel([("account", ASCENDING), ("name", ASCENDING)])]},
     ),
 )
 

@@ -22,6 +22,7 @@ from master.store.base import (
     RentalRepo,
     RevocationRepo,
     RollupRepo,
+    SecretRepo,
     SilenceRepo,
     TokenRepo,
     WebhookRepo,
@@ -47,6 +48,7 @@ from master.store.sqlite.prices import SqlitePriceRepo
 from master.store.sqlite.rentals import SqliteRentalRepo
 from master.store.sqlite.revocations import SqliteRevocationRepo
 from master.store.sqlite.rollups import SqliteHourlyRollupRepo, SqliteRollupRepo
+from master.store.sqlite.secrets import SqliteSecretRepo
 from master.store.sqlite.tokens import SqliteTokenRepo
 from master.store.sqlite.workloads import SqliteWorkloadRepo
 
@@ -72,6 +74,7 @@ class SqliteStore:
         self.hourly_rollups: RollupRepo = SqliteHourlyRollupRepo(*upkeep)
         self.workloads: WorkloadRepo = SqliteWorkloadRepo(*upkeep)
         self.outputs: OutputRepo = SqliteOutputRepo(*upkeep)
+        self.secrets: SecretRepo = SqliteSecretRepo(*upkeep)
         self.fair_share: FairShareRepo = SqliteFairShareRepo(*upkeep)
         self.prices: PriceRepo = SqlitePriceRepo(*upkeep)
         self.rentals: RentalRepo = SqliteRentalRepo(*upkeep)
