@@ -7,6 +7,8 @@ from typing import Annotated, Any
 
 import msgspec
 
+from common.storage import ContainerStorage
+
 _LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}\Z")
 
 LABEL_COMMAND_ID = "io.idlegrid.command-id"
@@ -48,6 +50,7 @@ class ContainerSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     # The ports the workload declared: the agent lets a port tunnel reach only these (agent/tunnel.py).
     ports: Annotated[list[Annotated[int, msgspec.Meta(ge=1, le=65535)]], msgspec.Meta(max_length=64)] = []
     registry_auth: RegistryAuth | None = None  # for pulling a private image; absent: pulled anonymously
+    storage: ContainerStorage | None = None  # inputs, outputs, checkpoint the agent moves (agent/storage/)
 
     def __post_init__(self) -> None:
         for key in self.labels:

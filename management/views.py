@@ -243,12 +243,26 @@ def redact_registry_auth(spec: Mapping[str, Any]) -> dict[str, Any]:
     return {**spec, "registry_auth": {"username": auth.get("username", "")}}
 
 
+def redact_container_secrets(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """A create command's spec as answers show it: the registry password gone (``redact_registry_auth``), the env's
+    values hidden (they may be the renter's secrets, resolved from ``${secret:NAME}``), the storage keys reduced to
+    the key id (docs/storage.md)."""
+    shown = redact_registry_auth(spec)
+    env = shown.get("env")
+    if isinstance(env, Mapping):
+        shown["env"] = {name: "<hidden>" for name in env}
+    storage = shown.get("storage")
+    if isinstance(storage, Mapping) and isinstance(storage.get("credentials"), Mapping):
+        shown["storage"] = {**storage, "credentials": {"access_key_id": storage["credentials"].get("access_key_id", "")}}
+    return shown
+
+
 def command_view(command: CommandRecord) -> CommandView:
     return CommandView(
         id=command.id,
         agent_id=command.agent_id,
         kind=command.kind,
-        spec=redact_registry_auth(command.spec),
+        spec=redact_container_secrets(command.spec),
         state=command.state,
         created_at=rfc3339(command.created_at),
         deadline=rfc3339(command.deadline),

@@ -9,6 +9,7 @@ import msgspec
 
 from common.containers import RegistryAuth
 from common.inventory import GpuInfo, GpuReach, HostInfo
+from common.storage import CheckpointSpec, StorageAccess, StorageMount
 from common.wire import BenchmarkFigures
 
 
@@ -373,9 +374,19 @@ class WorkloadSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Credentials for a private image's registry: a secret like env's values, sent to the hosts only and never shown
     # again (answers give the username alone).
     registry_auth: RegistryAuth | None = None
+    # Object storage (docs/storage.md): fetched before the command starts, uploaded at the end and on a period, one
+    # checkpoint directory restored wherever the workload runs next; ``storage`` says where and names the key secret.
+    inputs: Annotated[list[StorageMount], msgspec.Meta(max_length=16)] = []
+    outputs: Annotated[list[StorageMount], msgspec.Meta(max_length=16)] = []
+    checkpoint: CheckpointSpec | None = None
+    storage: StorageAccess | None = None
+    # SIGTERM to SIGKILL when the grid stops it (preemption, cancel, max duration, a drained host): long enough to
+    # write and upload a checkpoint; None: the scheduler's grace. Bounded by the Master's max_stop_grace_s.
+    stop_grace_s: Annotated[float, msgspec.Meta(ge=1, le=600)] | None = None
 
     def __post_init__(self) -> None:
         _require_finite("max_duration_s", self.max_duration_s)
+        _require_finite("stop_grace_s", self.stop_grace_s)
         repeated = sorted({p for p in self.ports if self.ports.count(p) > 1})
         if repeated:
             raise ValueError(f"ports lists {', '.join(map(str, repeated))} more than once")

@@ -15,7 +15,7 @@ from typing import Any
 from common.errors import IdlegridError
 from management.cli.connection import api_client, connection_options, table, when
 from management.cli.hosts import duration_s
-from management.cli.workloads import BadSpec, cost_line, spec_from
+from management.cli.workloads import BadSpec, cost_line, spec_from, storage_options
 
 Parser = Callable[[argparse._SubParsersAction, str, str, str], argparse.ArgumentParser]
 
@@ -77,6 +77,7 @@ def add_parsers(sub: argparse._SubParsersAction, make: Parser) -> None:
     rent.add_argument(
         "--allow-process-runtime", action="store_true", default=None, help="it may run sandboxed as a host process (default: no)"
     )
+    storage_options(rent)
     rent.add_argument("container_command", nargs="*", metavar="COMMAND", help="command to run, after '--' (default: the image's)")
     connection_options(rent)
     rent.set_defaults(func=run_rent)

@@ -35,6 +35,7 @@ from management.workloads.states import (
     AssignmentState,
     WorkloadState,
 )
+from management.workloads.storage import check_storage, secret_names, stop_grace
 from master.port import (
     Assignment,
     CommandRecord,
@@ -54,6 +55,7 @@ TRANSITION_EVENT = "workload.transition"
 DELETE_REFUSED_EVENT = "workload.delete_refused"
 BID_EVENT = "workload.bid"  # an interruptible workload's bid raised or lowered
 DEFAULT_DELETE_GRACE_S = 30.0  # what a cancelled workload's containers get to stop before they are killed
+MAX_STOP_GRACE_S = 600.0  # the most a workload's own stop_grace_s gives (a delete command's timeout_s bound)
 LOAD_PAGE = 1000
 # Fields a transition may not change: identity, what was asked, and what the book itself keeps.
 _FIXED_FIELDS = frozenset({"id", "account", "spec", "state", "state_reason", "created_at", "queued_at", "version"})
@@ -168,6 +170,7 @@ class WorkloadBook:
     async def submit(self, account: str, spec: WorkloadSpec, now: float) -> WorkloadRecord:
         """Store a new queued workload for ``account``; InvalidWorkloadSpec when it names what is not configured."""
         check_spec(spec, policy=self._policy, priority_classes=self._priority_classes)
+        check_storage(spec, {s.name for s in await self._store.secrets.list(account)} if secret_names(spec) else ())
         rec = WorkloadRecord(
             id=new_workload_id(),
             account=account,
@@ -224,6 +227,8 @@ class WorkloadBook:
         if target != WorkloadState.QUEUED:
             changes = {"assignments": marked} | changes
         rec = await self._transition(rec.id, event, reason, now, changes)
+        # A workload that asked for a longer (or shorter) grace to upload its checkpoint gets it (docs/storage.md).
+        grace_s = stop_grace(rec.spec, self._delete_grace_s if grace_s is None else grace_s, MAX_STOP_GRACE_S)
         refused = await self._delete_containers(rec.id, live, grace_s=grace_s)
         if refused:
             note = f"; {len(refused)} container(s) could not be deleted now: {'; '.join(refused)}"

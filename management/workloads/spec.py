@@ -10,11 +10,12 @@ Pure: no I/O.
 from __future__ import annotations
 
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
 from common.catalog import CATALOG
 from common.containers import ContainerSpec, RegistryAuth
 from common.errors import IdlegridError
+from common.storage import ContainerStorage, secret_ref
 from master.port import Assignment, TierPolicy, WorkloadRecord, WorkloadSpec
 
 __all__ = [
@@ -75,17 +76,22 @@ def workload_of(container: str) -> str | None:
     return match.group(1) if match else None
 
 
-def container_spec(rec: WorkloadRecord, a: Assignment) -> ContainerSpec:
+def container_spec(
+    rec: WorkloadRecord, a: Assignment, secrets: Mapping[str, str] | None = None, storage: ContainerStorage | None = None
+) -> ContainerSpec:
     """What replica ``a`` of ``rec`` runs on its host: the renter's image, command, env, labels and ports, the GPUs
     placed for it, its CPU and RAM shares, its registry credentials, and the workload id and replica the agent turns
-    into reserved labels. The Master validates it again when the command is made (master/commands.py)."""
+    into reserved labels. The Master validates it again when the command is made (master/commands.py).
+
+    ``secrets``: the values of the secrets the spec names (the runner resolves them; management/workloads/storage.py),
+    put in place of the env's ``${secret:NAME}`` values; ``storage``: the replica's resolved object storage."""
     spec = rec.spec
     auth = spec.registry_auth
     return ContainerSpec(
         name=a.container,
         image=spec.image,
         command=list(spec.command),
-        env=dict(spec.env),
+        env={k: (secrets or {}).get(ref, v) if (ref := secret_ref(v)) else v for k, v in spec.env.items()},
         gpus=list(a.units),
         labels=dict(spec.labels),
         workload_id=rec.id,
@@ -94,4 +100,5 @@ def container_spec(rec: WorkloadRecord, a: Assignment) -> ContainerSpec:
         cpus=spec.replica.cpu_cores,
         memory_mib=spec.replica.ram_mib,
         registry_auth=None if auth is None else RegistryAuth(username=auth.username, password=auth.password),
+        storage=storage,
     )

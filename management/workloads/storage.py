@@ -1,0 +1,105 @@
+"""A workload's object storage and secrets, between its spec and its hosts. Pure: no I/O.
+
+- ``check_storage(spec, secret_names)``: at submit (and rent), what the struct cannot check alone: the locations
+  parse, the paths do not overlap, storage has credentials, and every secret the spec names exists in the account.
+- ``secret_names(spec)``: the secrets a spec uses (its storage credentials, its env's ``${secret:NAME}`` values).
+- ``container_storage(spec, secrets)``: what a host receives, the credentials secret resolved to its keys (the runner
+  reads the secrets from the Master's vault just before it builds the create command; ``spec.container_spec`` puts the
+  env's ``${secret:NAME}`` values in place).
+- ``stop_grace(spec, grace_s, most_s)``: the SIGTERM-to-SIGKILL time a stop gives this workload.
+
+docs/storage.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+
+from common.storage import (
+    BadCredentials,
+    ContainerStorage,
+    InvalidLocation,
+    StorageMount,
+    clean_path,
+    parse_credentials,
+    secret_ref,
+    split_uri,
+)
+from management.workloads.spec import InvalidWorkloadSpec
+from master.port import WorkloadSpec
+
+__all__ = ["UnusableSecret", "check_storage", "container_storage", "secret_names", "stop_grace"]
+
+
+def _mounts(spec: WorkloadSpec) -> list[tuple[str, StorageMount]]:
+    named = [(f"inputs[{i}]", m) for i, m in enumerate(spec.inputs)]
+    named += [(f"outputs[{i}]", m) for i, m in enumerate(spec.outputs)]
+    if spec.checkpoint is not None:
+        named.append(("checkpoint", StorageMount(uri=spec.checkpoint.uri, path=spec.checkpoint.path)))
+    return named
+
+
+def _overlap(a: str, b: str) -> bool:
+    return a == b or a.startswith(b + "/") or b.startswith(a + "/")
+
+
+def check_storage(spec: WorkloadSpec, secret_names_here: Collection[str]) -> None:
+    """Refuse, naming the field, storage that cannot work and secrets the account does not have; InvalidWorkloadSpec."""
+    named = _mounts(spec)
+    if named and spec.storage is None:
+        raise InvalidWorkloadSpec(
+            f"{named[0][0]}: storage locations need 'storage' with the name of your credentials secret "
+            "(idlegrid secret create NAME; --storage-credentials NAME)"
+        )
+    paths: list[tuple[str, str]] = []
+    for field, mount in named:
+        try:
+            split_uri(mount.uri)
+            path = clean_path(mount.path)
+        except InvalidLocation as exc:
+            raise InvalidWorkloadSpec(f"{field}: {exc}") from None
+        for other_field, other in paths:
+            if _overlap(path, other):
+                raise InvalidWorkloadSpec(f"{field}: path {path} overlaps {other_field}'s {other}: give each its own directory")
+        paths.append((field, path))
+    missing = sorted(secret_names(spec) - set(secret_names_here))
+    if missing:
+        raise InvalidWorkloadSpec(
+            f"no secret named {', '.join(map(repr, missing))} in this account: create it first (idlegrid secret create NAME)"
+        )
+
+
+def secret_names(spec: WorkloadSpec) -> set[str]:
+    names = {name for value in spec.env.values() if (name := secret_ref(value)) is not None}
+    if spec.storage is not None and _mounts(spec):
+        names.add(spec.storage.credentials)
+    return names
+
+
+class UnusableSecret(InvalidWorkloadSpec):
+    """A secret that exists but cannot serve as what the spec uses it for (credentials of the wrong shape)."""
+
+
+def container_storage(spec: WorkloadSpec, secrets: Mapping[str, str]) -> ContainerStorage | None:
+    """The storage a host gets, with the credentials secret resolved; None when the workload names no location."""
+    if spec.storage is None or not _mounts(spec):
+        return None
+    access = spec.storage
+    try:
+        credentials = parse_credentials(secrets[access.credentials])
+    except BadCredentials as exc:
+        raise UnusableSecret(f"storage.credentials: secret {access.credentials!r} is not a key pair: {exc}") from None
+    return ContainerStorage(
+        credentials=credentials,
+        endpoint=access.endpoint,
+        region=access.region,
+        path_style=access.path_style,
+        inputs=[StorageMount(uri=m.uri, path=clean_path(m.path)) for m in spec.inputs],
+        outputs=[StorageMount(uri=m.uri, path=clean_path(m.path)) for m in spec.outputs],
+        checkpoint=spec.checkpoint,
+    )
+
+
+def stop_grace(spec: WorkloadSpec, grace_s: float, most_s: float) -> float:
+    """The workload's own grace when it set one (bounded by ``most_s``), else the grid's ``grace_s``."""
+    return grace_s if spec.stop_grace_s is None else min(spec.stop_grace_s, most_s)
