@@ -39,11 +39,13 @@ from agent.runtime.images import GB, ImageLimits, PullProgress
 from agent.runtime.selftest import gpu_selftest
 from agent.simulate import parse_simulate_spec
 from agent.state import private_dir
+from agent.storage.plane import DataPlane, StorageSettings
 from agent.tunnel import RelayLink, TunnelLimits, TunnelServer
 from common.containers import ContainerInfo
 from common.errors import IdlegridError, PKIError, ProtocolError, RuntimeFailure, SignatureError
 from common.inventory import MAX_IMAGES_IN_REPORT, GpuReach, HostInfo, Inventory
 from common.pki import CommandVerifier, client_tls_context, load_cert, peer_identity, verify_key_endorsement
+from common.storage import StorageActivity
 from common.wire import (
     HARD_FRAME_BYTES,
     PROTOCOL_VERSIONS,
@@ -143,6 +145,19 @@ class Agent:
             retention_s=config.output_keep_s,
             budget_bytes=config.output_keep_total_bytes,
         )
+        # Workloads' object storage (agent/storage/): its transfers are reported to the Master as events.
+        self.data: DataPlane | None = None
+        if config.storage:
+            self.data = DataPlane(
+                StorageSettings(
+                    root=str(config.storage_path),
+                    cache_budget_bytes=int(config.storage_cache_gb * 1024**3),
+                    bytes_per_s=int(config.storage_bandwidth_mbps * 1e6 / 8),
+                    transfer_slots=config.storage_transfer_slots,
+                    final_upload_s=config.storage_final_upload_s,
+                ),
+                self._on_storage,
+            )
         self.executor = CommandExecutor(
             self.identity.agent_id,
             self.ledger,
@@ -151,6 +166,7 @@ class Agent:
             host_gpus=self.collector.inventory,
             on_pull_progress=self._on_pull_progress,
             keeper=self.output,
+            data=self.data,
         )
         # Verification challenges (agent/benchmark/): answered with the benchmark this host can run, if any.
         self.verification, self.benchmark = open_responder(
@@ -205,6 +221,7 @@ class Agent:
     async def run(self) -> None:
         """Serve until stopped; raises CertificateRevoked when a relay says this agent's certificate is revoked."""
         await self.probe_runtime()
+        await self._resume_storage()
         background = [asyncio.create_task(self._runtime_probe_loop())]
         if self.config.measure_bandwidth:
             background.append(asyncio.create_task(self._bandwidth_loop()))
@@ -244,6 +261,8 @@ class Agent:
         for task in list(self._running):
             task.cancel()
         await self.tunnels.close()
+        if self.data is not None:
+            await self.data.close()
         if self._directory_saved is not None:
             await self._directory_saved  # the directory the Master sent last is on disk for the next start
         await self.runtime.close()
@@ -490,6 +509,26 @@ class Agent:
         task = asyncio.get_running_loop().create_task(self._send_quietly(event))
         self._pull_sends.add(task)
         task.add_done_callback(self._pull_sends.discard)
+
+    def _on_storage(self, container: str, activity: StorageActivity) -> None:
+        """A transfer for a workload, to the Master (the workload's events and its checkpoint's time and size)."""
+        event = AgentEvent(kind=AgentEventKind.STORAGE, ts=time.time(), container=container, storage=activity)
+        task = asyncio.get_running_loop().create_task(self._send_quietly(event))
+        self._pull_sends.add(task)
+        task.add_done_callback(self._pull_sends.discard)
+
+    async def _resume_storage(self) -> None:
+        """Containers that outlived a previous agent process go on syncing their checkpoints and outputs."""
+        if self.data is None:
+            return
+        try:
+            present = {c.name for c in await self.runtime.list()}
+        except IdlegridError as exc:
+            log.warning("storage of running containers not resumed: %s", exc)
+            return
+        resumed = self.data.resume(present)
+        if resumed:
+            log.info("storage sync resumed", extra={"containers": resumed})
 
     async def _send_quietly(self, frame: msgspec.Struct) -> None:
         with contextlib.suppress(ConnectionError, ConnectionClosed):

@@ -20,8 +20,9 @@ import msgspec
 from agent.errors import GpuConflict, UnknownGpu
 from agent.ledger import CommandLog, CommandLogEntry
 from agent.output import OutputKeeper
-from agent.runtime.base import ContainerRuntime, PullsImages
+from agent.runtime.base import ContainerRuntime, Mount, MountsData, PullsImages
 from agent.runtime.images import PullProgress
+from agent.storage.plane import DataPlane
 from common.containers import (
     LABEL_AGENT_ID,
     LABEL_COMMAND_ID,
@@ -34,7 +35,7 @@ from common.containers import (
     parse_create_spec,
     parse_delete_spec,
 )
-from common.errors import IdlegridError, SignatureError
+from common.errors import IdlegridError, RuntimeFailure, SignatureError
 from common.inventory import GpuInfo
 from common.pki import CommandVerifier
 from common.wire import Command, CommandResult, signing_bytes
@@ -60,10 +61,12 @@ class CommandExecutor:
         host_gpus: Callable[[], Sequence[GpuInfo]] = _no_gpus,
         on_pull_progress: Callable[[str, PullProgress], None] | None = None,
         keeper: OutputKeeper | None = None,
+        data: DataPlane | None = None,
     ) -> None:
         """``host_gpus``: this host's GPUs now (the collector's inventory). ``on_pull_progress(container, progress)``:
         a create's image pull moved on (the daemon tells the Master, which shows it to the renter). ``keeper``: where
-        the output of a deleted container is kept for the Master (None: it is not kept)."""
+        the output of a deleted container is kept for the Master (None: it is not kept). ``data``: moves the object
+        storage of containers that name some (agent/storage/; None: such a create fails)."""
         self.agent_id = agent_id
         self.ledger = ledger
         self.runtime = runtime
@@ -71,6 +74,7 @@ class CommandExecutor:
         self.host_gpus = host_gpus
         self.on_pull_progress = on_pull_progress
         self.keeper = keeper
+        self.data = data
         self._placing = asyncio.Lock()  # GPU check and create, one command at a time
 
     async def execute(self, command: Command) -> CommandResult:
@@ -132,17 +136,35 @@ class CommandExecutor:
                     return existing[0]
             if isinstance(self.runtime, PullsImages):  # outside the lock: a pull may take minutes
                 await self.runtime.ensure_image(container, on_progress=self._progress_of(container.name))
-            async with self._placing:
-                gpus = await self._claimable_gpus(container, command_id)
-                if gpus:
-                    labels[LABEL_GPUS] = ",".join(gpus)
-                return await self.runtime.create(container, labels=labels)
+            mounts: list[Mount] = []
+            if container.storage is not None:  # outside the lock too: inputs and a checkpoint may take minutes
+                if self.data is None:
+                    raise RuntimeFailure("this agent moves no object storage (no data plane configured)")
+                mounted = isinstance(self.runtime, MountsData)
+                host_paths = not mounted or getattr(self.runtime, "host_paths", True)
+                container, mounts = await self.data.prepare(container, host_paths=host_paths)
+            try:
+                async with self._placing:
+                    gpus = await self._claimable_gpus(container, command_id)
+                    if gpus:
+                        labels[LABEL_GPUS] = ",".join(gpus)
+                    if mounts and isinstance(self.runtime, MountsData):
+                        return await self.runtime.create_mounted(container, labels=labels, mounts=mounts)
+                    return await self.runtime.create(container, labels=labels)
+            except BaseException:
+                if self.data is not None and container.storage is not None:
+                    await self.data.discard(container.name)
+                raise
         if kind == "delete_container":
             target = parse_delete_spec(spec)
             if self.keeper is None:
-                return await self.runtime.delete(target.name, timeout_s=target.timeout_s)
-            # Its output is kept as it goes (what it printed is the renter's, read later by the Master).
-            return await self.keeper.keep_through_delete(self.runtime, target.name, timeout_s=target.timeout_s)
+                deleted = await self.runtime.delete(target.name, timeout_s=target.timeout_s)
+            else:
+                # Its output is kept as it goes (what it printed is the renter's, read later by the Master).
+                deleted = await self.keeper.keep_through_delete(self.runtime, target.name, timeout_s=target.timeout_s)
+            if self.data is not None:  # stopped: its last checkpoint and outputs go up, then its data leaves the host
+                await self.data.finish(target.name)
+            return deleted
         raise IdlegridError(f"this agent does not know the command kind {kind!r}", code="unknown_command")
 
     def _progress_of(self, name: str) -> Callable[[PullProgress], None] | None:

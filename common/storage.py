@@ -143,3 +143,22 @@ def secret_ref(value: str) -> str | None:
     """The secret an env value names (``${secret:NAME}``), else None."""
     match = SECRET_REF.match(value)
     return match.group(1) if match else None
+
+
+STORAGE_ACTIVITIES = ("inputs_fetched", "checkpoint_restored", "checkpoint_uploaded", "outputs_uploaded", "upload_failed")
+
+
+class StorageActivity(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
+    """A transfer a host made for a workload, reported to the Master (an agent event) and shown on the workload:
+    ``what`` (one of STORAGE_ACTIVITIES), how many bytes moved, how long it took, and for a checkpoint when it was
+    taken and how large it is whole (``total_bytes``). ``cached``: inputs the host's cache already had."""
+
+    what: Annotated[str, msgspec.Meta(max_length=32)]
+    workload_id: Annotated[str, msgspec.Meta(pattern=r"^wl-[0-9a-f]{1,60}\Z")] | None = None
+    bytes: Annotated[int, msgspec.Meta(ge=0)] = 0
+    total_bytes: Annotated[int, msgspec.Meta(ge=0)] = 0
+    files: Annotated[int, msgspec.Meta(ge=0)] = 0
+    cached: Annotated[int, msgspec.Meta(ge=0)] = 0
+    seconds: Annotated[float, msgspec.Meta(ge=0, le=1e7)] = 0.0
+    taken_at: Annotated[float, msgspec.Meta(ge=0, le=1e11)] = 0.0
+    error: Annotated[str, msgspec.Meta(max_length=1024)] = ""
