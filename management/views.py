@@ -58,11 +58,13 @@ from management.http.responses import (
     SpendStatements,
     StatementLineView,
     StatementView,
+    StorageView,
     TelemetryPointView,
     TelemetrySeriesView,
     TelemetrySubject,
     TelemetryView,
     TokenView,
+    TransferView,
     TunnelGrantView,
     WhoamiView,
     WorkloadDetail,
@@ -78,6 +80,7 @@ from management.scheduler.model import Explanation
 from management.services.hosts import HostedReplica
 from management.services.market import FundsDetail, RentalDetail, Statements
 from management.services.verification import verification_view
+from management.workloads.storage import StorageSummary
 from master.port import (
     AccountRecord,
     AgentRecord,
@@ -331,14 +334,34 @@ def workload_view(workload: WorkloadRecord, terms: Mapping[str, Any]) -> Workloa
 
 
 def workload_detail(
-    workload: WorkloadRecord, terms: Mapping[str, Any], waiting: Explanation | None, outputs: Sequence[KeptOutput]
+    workload: WorkloadRecord,
+    terms: Mapping[str, Any],
+    waiting: Explanation | None,
+    outputs: Sequence[KeptOutput],
+    storage: StorageSummary | None = None,
 ) -> WorkloadDetail:
     """One workload: its view, why it waits while it is queued (None otherwise), the output kept of its deleted
-    containers."""
+    containers, what moved of its data."""
     return WorkloadDetail(
         **_workload_fields(workload, terms),
         waiting=explanation_view(waiting) if waiting is not None else None,
         outputs=[output_view(kept) for kept in outputs],
+        storage=storage_view(storage) if storage is not None else None,
+    )
+
+
+def storage_view(s: StorageSummary) -> StorageView:
+    return StorageView(
+        checkpoint_at=rfc3339(s.checkpoint_at),
+        checkpoint_bytes=s.checkpoint_bytes,
+        checkpoint_uploads=s.checkpoint_uploads,
+        restored_from=rfc3339(s.restored_at),
+        transfer_s=round(s.transfer_s, 3),
+        last_error=s.last_error,
+        recent=[
+            TransferView(at=rfc3339(t.at), what=t.what, host=t.host, bytes=t.bytes, seconds=round(t.seconds, 3), error=t.error)
+            for t in s.recent
+        ],
     )
 
 

@@ -302,12 +302,35 @@ class OutputView(View):
     collected_at: Time | None
 
 
+class TransferView(View):
+    at: Time | None
+    what: str  # inputs_fetched | checkpoint_restored | checkpoint_uploaded | outputs_uploaded | upload_failed
+    host: str
+    bytes: int
+    seconds: float
+    error: str
+
+
+class StorageView(View):
+    """A workload's data (docs/storage.md): its last checkpoint (when taken, its whole size), the checkpoint the
+    latest run resumed from, the time its hosts spent moving data, the last failure, the latest transfers."""
+
+    checkpoint_at: Time | None
+    checkpoint_bytes: int | None
+    checkpoint_uploads: int
+    restored_from: Time | None
+    transfer_s: float
+    last_error: str
+    recent: list[TransferView]
+
+
 class WorkloadDetail(WorkloadView):
     """GET /api/v1/workloads/{id}: the workload, why it waits while it is queued (null otherwise), and the output kept
     of its containers that were deleted."""
 
     waiting: ExplanationView | None
     outputs: list[OutputView]
+    storage: StorageView | None = None  # null for a workload that names no storage
 
 
 # --- accounts and API keys -----------------------------------------------------------------------------------------

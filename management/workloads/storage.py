@@ -13,7 +13,8 @@ docs/storage.md.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from common.storage import (
     BadCredentials,
@@ -26,9 +27,21 @@ from common.storage import (
     split_uri,
 )
 from management.workloads.spec import InvalidWorkloadSpec
-from master.port import WorkloadSpec
+from master.port import EventRecord, WorkloadSpec
 
-__all__ = ["UnusableSecret", "check_storage", "container_storage", "secret_names", "stop_grace"]
+STORAGE_EVENT_PREFIX = "storage."  # the Master records a host's transfers for a workload as storage.<what>
+RECENT_TRANSFERS = 10
+
+__all__ = [
+    "STORAGE_EVENT_PREFIX",
+    "StorageSummary",
+    "summarize",
+    "UnusableSecret",
+    "check_storage",
+    "container_storage",
+    "secret_names",
+    "stop_grace",
+]
 
 
 def _mounts(spec: WorkloadSpec) -> list[tuple[str, StorageMount]]:
@@ -52,16 +65,16 @@ def check_storage(spec: WorkloadSpec, secret_names_here: Collection[str]) -> Non
             "(idlegrid secret create NAME; --storage-credentials NAME)"
         )
     paths: list[tuple[str, str]] = []
-    for field, mount in named:
+    for where, mount in named:
         try:
             split_uri(mount.uri)
             path = clean_path(mount.path)
         except InvalidLocation as exc:
-            raise InvalidWorkloadSpec(f"{field}: {exc}") from None
-        for other_field, other in paths:
+            raise InvalidWorkloadSpec(f"{where}: {exc}") from None
+        for other_where, other in paths:
             if _overlap(path, other):
-                raise InvalidWorkloadSpec(f"{field}: path {path} overlaps {other_field}'s {other}: give each its own directory")
-        paths.append((field, path))
+                raise InvalidWorkloadSpec(f"{where}: path {path} overlaps {other_where}'s {other}: give each its own directory")
+        paths.append((where, path))
     missing = sorted(secret_names(spec) - set(secret_names_here))
     if missing:
         raise InvalidWorkloadSpec(
@@ -103,3 +116,67 @@ def container_storage(spec: WorkloadSpec, secrets: Mapping[str, str]) -> Contain
 def stop_grace(spec: WorkloadSpec, grace_s: float, most_s: float) -> float:
     """The workload's own grace when it set one (bounded by ``most_s``), else the grid's ``grace_s``."""
     return grace_s if spec.stop_grace_s is None else min(spec.stop_grace_s, most_s)
+
+
+@dataclass(frozen=True)
+class Transfer:
+    at: float
+    what: str  # inputs_fetched | checkpoint_restored | checkpoint_uploaded | outputs_uploaded | upload_failed
+    host: str
+    bytes: int
+    seconds: float
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class StorageSummary:
+    """What a workload's page says of its data: the last checkpoint (when it was taken, how large it is whole), the
+    last restore, the time spent moving data, the last failure, and the latest transfers."""
+
+    checkpoint_at: float | None = None
+    checkpoint_bytes: int | None = None
+    checkpoint_uploads: int = 0
+    restored_at: float | None = None  # the time of the checkpoint the latest run started from
+    transfer_s: float = 0.0
+    last_error: str = ""
+    recent: list[Transfer] = field(default_factory=list)
+
+
+def summarize(events: Sequence[EventRecord]) -> StorageSummary:
+    """``storage.*`` events of one workload, oldest first, as its page shows them."""
+    checkpoint_at = checkpoint_bytes = restored_at = None
+    uploads, transfer_s, last_error = 0, 0.0, ""
+    transfers: list[Transfer] = []
+    for e in events:
+        what = e.kind.removeprefix(STORAGE_EVENT_PREFIX)
+        d = e.data
+        taken = float(d.get("taken_at") or e.ts)
+        if what == "checkpoint_uploaded":
+            uploads += 1
+            checkpoint_at, checkpoint_bytes = taken, int(d.get("total_bytes", 0))
+        elif what == "checkpoint_restored":
+            restored_at = taken
+            if checkpoint_at is None:
+                checkpoint_at, checkpoint_bytes = taken, int(d.get("total_bytes", 0))
+        if what == "upload_failed":
+            last_error = str(d.get("error", ""))
+        transfer_s += float(d.get("seconds", 0.0))
+        transfers.append(
+            Transfer(
+                e.ts,
+                what,
+                str(d.get("agent_id", "")),
+                int(d.get("bytes", 0)),
+                float(d.get("seconds", 0.0)),
+                str(d.get("error", "")),
+            )
+        )
+    return StorageSummary(
+        checkpoint_at=checkpoint_at,
+        checkpoint_bytes=checkpoint_bytes,
+        checkpoint_uploads=uploads,
+        restored_at=restored_at,
+        transfer_s=transfer_s,
+        last_error=last_error,
+        recent=transfers[-RECENT_TRANSFERS:],
+    )

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import boto3
+import pytest
 from botocore.config import Config
 
 
@@ -69,3 +70,10 @@ def moto_s3() -> Iterator[S3Server]:
         yield S3Server(endpoint, keys["AccessKeyId"], keys["SecretAccessKey"])
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3() -> Iterator[S3Server]:
+    """One real S3-compatible server (moto, real HTTP and SigV4) for the session's storage tests."""
+    with moto_s3() as server:
+        yield server

@@ -44,7 +44,8 @@ async def get_workload(request: web.Request) -> web.Response:
         request.match_info["workload_id"], account=scope_of(request).owner
     )
     outputs = await services.workloads.workload_outputs(record.id)
-    return json_response(workload_detail(record, services.market.workload_terms(record), waiting, outputs))
+    storage = await services.workloads.workload_storage(record)
+    return json_response(workload_detail(record, services.market.workload_terms(record), waiting, outputs, storage))
 
 
 async def explain_workload(request: web.Request) -> web.Response:
