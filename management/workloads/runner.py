@@ -442,7 +442,7 @@ class SchedulerLoop:
             try:
                 # The secrets it names, read now (a secret deleted since the submit fails the start: the renter's).
                 secrets = await self.master.secrets.resolve(rec.account, secret_names(rec.spec))
-                body = wire_spec(container_spec(rec, a, secrets, container_storage(rec.spec, secrets)))
+                body = wire_spec(container_spec(rec, a, secrets, container_storage(rec.spec, secrets, a.replica)))
             except (NotFound, InvalidWorkloadSpec) as exc:
                 unusable = End("start_failed", f"did not start: {exc}", self.lifecycle_policy.grace_s)
                 return await self._carry(rec, unusable, now)

@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import msgspec
+
 from common.storage import (
     BadCredentials,
     ContainerStorage,
@@ -93,11 +95,21 @@ class UnusableSecret(InvalidWorkloadSpec):
     """A secret that exists but cannot serve as what the spec uses it for (credentials of the wrong shape)."""
 
 
-def container_storage(spec: WorkloadSpec, secrets: Mapping[str, str]) -> ContainerStorage | None:
-    """The storage a host gets, with the credentials secret resolved; None when the workload names no location."""
+def _per_replica(uri: str, replica: int) -> str:
+    return f"{uri.rstrip('/')}/replica-{replica}/"
+
+
+def container_storage(spec: WorkloadSpec, secrets: Mapping[str, str], replica: int = 0) -> ContainerStorage | None:
+    """The storage a host gets, with the credentials secret resolved; None when the workload names no location. The
+    replicas of a gang each get their own checkpoint and outputs under ``replica-<n>/`` (two writers of one manifest
+    would undo each other's checkpoints); a single replica uses the locations as written."""
     if spec.storage is None or not _mounts(spec):
         return None
-    access = spec.storage
+    access, checkpoint = spec.storage, spec.checkpoint
+
+    def own(uri: str) -> str:
+        return _per_replica(uri, replica) if spec.replicas > 1 else uri
+
     try:
         credentials = parse_credentials(secrets[access.credentials])
     except BadCredentials as exc:
@@ -108,8 +120,8 @@ def container_storage(spec: WorkloadSpec, secrets: Mapping[str, str]) -> Contain
         region=access.region,
         path_style=access.path_style,
         inputs=[StorageMount(uri=m.uri, path=clean_path(m.path)) for m in spec.inputs],
-        outputs=[StorageMount(uri=m.uri, path=clean_path(m.path)) for m in spec.outputs],
-        checkpoint=spec.checkpoint,
+        outputs=[StorageMount(uri=own(m.uri), path=clean_path(m.path)) for m in spec.outputs],
+        checkpoint=None if checkpoint is None else msgspec.structs.replace(checkpoint, uri=own(checkpoint.uri)),
     )
 
 

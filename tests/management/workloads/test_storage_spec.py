@@ -87,3 +87,23 @@ async def test_a_secret_deleted_after_submit_fails_the_start_naming_it_and_blame
     rec = await loop.book.get(wl.id)
     assert rec.state == WorkloadState.FAILED and "secret 's3-keys' no longer exists" in rec.state_reason
     assert rec.host_failure == ""
+
+
+async def test_each_replica_of_a_gang_gets_its_own_checkpoint_and_outputs_and_a_fetching_create_more_time(master, link):
+    await host(master, link, "agt-a")
+    await host(master, link, "agt-b")
+    loop = scheduler(master)
+    await loop.book.load()
+    await master.secrets.create("alice", "s3-keys", "AKIA:secret")
+    await loop.book.submit("alice", spec(replicas=2, **storage()), time.time())
+    await loop.cycle()
+    sent = [c for agent in ("agt-a", "agt-b") for c in creates_sent(link, agent)]
+    by_replica = {c.body.spec["replica"]: c for c in sent}
+    for n in (0, 1):
+        st = by_replica[n].body.spec["storage"]
+        assert st["checkpoint"]["uri"] == f"s3://runs/ckpt/replica-{n}/"
+        assert st["outputs"] == [{"uri": f"s3://runs/out/replica-{n}/", "path": "/out"}]
+        assert st["inputs"] == [{"uri": "s3://data/sets/mnist/", "path": "/data"}]  # inputs are shared
+        # inputs and a checkpoint to fetch: the create gets the pull allowance, as a pull does
+        body = by_replica[n].body
+        assert body.deadline - body.issued_at >= loop.settings.start_timeout_s + loop.settings.pull_allowance_s - 1
