@@ -428,6 +428,30 @@ def describe(w: dict[str, Any]) -> str:
         f"submitted:   {when(w['created_at']) or '-'}   attempts: {w['attempts']}   restarts: {w['restarts']}",
         f"started:     {when(w['started_at']) or '-'}   finished: {when(w['finished_at']) or '-'}",
     ]
+    lines += _storage_lines(spec, w.get("storage"))
     for a in w["assignments"]:
         lines.append(f"replica {a['replica']}:   {a['container']} on {a['agent_id']} ({', '.join(a['units'])}) {a['state']}")
     return "\n".join(lines)
+
+
+def _size(n: int | None) -> str:
+    return "-" if n is None else f"{n / 1e6:.1f} MB" if n >= 100_000 else f"{n} bytes"
+
+
+def _storage_lines(spec: dict[str, Any], storage: dict[str, Any] | None) -> list[str]:
+    """The workload's data (docs/storage.md): where it lives, its last checkpoint, what its hosts moved."""
+    lines = [f"input:       {m['uri']} -> {m['path']}" for m in spec.get("inputs") or []]
+    lines += [f"output:      {m['path']} -> {m['uri']}" for m in spec.get("outputs") or []]
+    checkpoint = spec.get("checkpoint")
+    if checkpoint:
+        lines.append(f"checkpoint:  {checkpoint.get('path', '/checkpoint')} <-> {checkpoint['uri']}")
+    if storage:
+        taken = when(storage["checkpoint_at"])
+        lines.append(
+            f"last checkpoint: {taken + ', ' + _size(storage['checkpoint_bytes']) if taken else 'none yet'}"
+            + (f"   resumed from: {when(storage['restored_from'])}" if storage.get("restored_from") else "")
+            + f"   moving data: {storage['transfer_s']:.1f} s"
+        )
+        if storage.get("last_error"):
+            lines.append(f"storage error: {storage['last_error']}")
+    return lines
