@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 import boto3
 from boto3.s3.transfer import TransferConfig
@@ -127,11 +129,12 @@ class ObjectStore:
         finally:
             tmp.unlink(missing_ok=True)
 
-    async def put(self, source: Path, bucket: str, key: str, on_bytes: Callable[[int], None] | None = None) -> None:
-        """``source`` as ``key`` (multipart above the part size), with a checksum the store verifies."""
+    async def put(self, source: BinaryIO, bucket: str, key: str, on_bytes: Callable[[int], None] | None = None) -> None:
+        """The open file ``source`` as ``key`` (multipart above the part size), with a checksum the store verifies. A
+        file object, not a path: the caller opened it safely (``open_inside``) and the path may change meanwhile."""
 
         def run() -> None:
-            self._client.upload_file(str(source), bucket, key, Config=self._transfer, Callback=on_bytes)
+            self._client.upload_fileobj(source, bucket, key, Config=self._transfer, Callback=on_bytes)
 
         await self._call(f"uploading to s3://{bucket}/{key}", run)
 
@@ -158,6 +161,31 @@ class ObjectStore:
 
     def close(self) -> None:
         self._client.close()
+
+
+def open_inside(root: Path, rel: str) -> BinaryIO | None:
+    """``root/rel`` opened for reading only if it is a regular file that really lies under ``root``; None otherwise.
+
+    The directory is the renter's (its container writes there) and the agent reads it with more rights than the
+    container has: a symlink (or a directory swapped for one between a scan and the read) must not make the agent
+    upload a host file. The last component is opened without following a link, and the opened file's real path is
+    checked against ``root``'s; a FIFO or device is refused (non-blocking open, then a regular-file check)."""
+    path = root / rel
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        real = os.readlink(f"/proc/self/fd/{fd}")
+        inside = real.startswith(os.path.realpath(root) + os.sep)
+        if not inside or not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            return None
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except OSError:
+        os.close(fd)
+        return None
 
 
 def _code(exc: ClientError) -> str:

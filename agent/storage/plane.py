@@ -44,7 +44,7 @@ from agent.storage.checkpoint import (
     safe_rel,
     scan,
 )
-from agent.storage.objects import ObjectStore, TransferLimits
+from agent.storage.objects import ObjectStore, TransferLimits, open_inside
 from common.containers import ContainerSpec
 from common.errors import IdlegridError, StorageNotFound
 from common.files import write_atomically
@@ -318,11 +318,16 @@ class DataPlane:
         if not plan.changed:
             return
         moved = 0
-        for rel, object_key in plan.send.items():
+        for rel, object_key in list(plan.send.items()):
+            source = open_inside(p.checkpoint_dir, rel)
+            if source is None:  # gone since the scan, or not a file of its own: not part of this checkpoint
+                plan.send.pop(rel)
+                plan.manifest.files.pop(rel, None)
+                continue
             async with self._slots:
-                with contextlib.suppress(FileNotFoundError):  # gone since the scan: the next period sees it
-                    await p.store.put(p.checkpoint_dir / rel, bucket, object_key)
-                    moved += plan.manifest.files[rel].size
+                with source:
+                    await p.store.put(source, bucket, object_key)
+            moved += plan.manifest.files[rel].size
         await p.store.put_bytes(encode_manifest(plan.manifest), bucket, manifest_key(prefix))
         p.manifest = plan.manifest
         for old in plan.drop:
@@ -347,12 +352,15 @@ class DataPlane:
             now = scan(out_dir)
             sent = p.sent.setdefault(str(out_dir), {})
             for rel in plain_changes(now, sent):
+                source = open_inside(out_dir, rel)
+                if source is None:  # gone since the scan, or not a file of its own
+                    continue
                 async with self._slots:
-                    with contextlib.suppress(FileNotFoundError):
-                        await p.store.put(out_dir / rel, bucket, prefix + rel)
-                        sent[rel] = now[rel]
-                        moved += now[rel].size
-                        files += 1
+                    with source:
+                        await p.store.put(source, bucket, prefix + rel)
+                sent[rel] = now[rel]
+                moved += now[rel].size
+                files += 1
         if files:
             self._tell(p, StorageActivity(what="outputs_uploaded", bytes=moved, files=files, seconds=self._clock() - started))
 

@@ -168,3 +168,29 @@ async def test_the_renters_storage_errors_are_renter_faults_naming_what_to_fix(s
         assert is_renter_fault(caught.value.code)
         assert "nope" not in str(caught.value)
         assert not (tmp_path / "h" / f"wl-0123abcd-r0-a{i + 1}").exists()  # nothing left behind
+
+
+async def test_links_a_container_plants_never_make_the_agent_upload_a_host_file(s3, tmp_path):
+    b = bucket(s3)
+    host_secret = tmp_path / "host-only.key"
+    host_secret.write_text("the host's own secret")
+    st = storage(
+        s3,
+        checkpoint=CheckpointSpec(uri=f"s3://{b}/ck/", period_s=3600),
+        outputs=[StorageMount(uri=f"s3://{b}/out/", path="/out")],
+    )
+    host = Host(tmp_path / "h")
+    spec, _ = await host.plane.prepare(container("wl-0123abcd-r0-a1", st), host_paths=True)
+    ck, out = Path(spec.env[ENV_CHECKPOINT_DIR]), Path(spec.env[ENV_OUTPUT_DIR])
+    (ck / "step").write_text("1")
+    (ck / "stolen").symlink_to(host_secret)
+    (ck / "dir").symlink_to(tmp_path, target_is_directory=True)
+    (out / "stolen").symlink_to(host_secret)
+    os.mkfifo(out / "pipe")  # a FIFO must not hang the upload
+    (out / "fine.txt").write_text("ok")
+    await host.plane.finish("wl-0123abcd-r0-a1")
+    listed = s3.client().list_objects_v2(Bucket=b)["Contents"]
+    keys = {o["Key"] for o in listed}
+    assert keys == {"ck/.idlegrid-checkpoint.json", "ck/data/00000001/step", "out/fine.txt"}
+    for o in listed:
+        assert b"host's own secret" not in s3.client().get_object(Bucket=b, Key=o["Key"])["Body"].read()
