@@ -232,7 +232,8 @@ def storage_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--storage-credentials",
         metavar="SECRET",
-        help="your secret holding the store's keys as ACCESS_KEY_ID:SECRET_ACCESS_KEY (idlegrid secret create)",
+        help="your secret holding the store's keys as ACCESS_KEY_ID:SECRET_ACCESS_KEY (idlegrid secret create; default: "
+        "the spec file's, else none)",
     )
     p.add_argument(
         "--storage-endpoint", metavar="URL", help="an S3-compatible endpoint, e.g. https://minio.example:9000 (default: AWS S3)"
