@@ -840,7 +840,7 @@ ROUTES: tuple[Route, ...] = (
         Resource.SECRETS,
         Action.WRITE,
         "Delete one of this account's secrets",
-        {204: None},
+        {200: secrets.DeletedSecret},
         query=schemas.EmptyQuery,
         tag="secrets",
     ),

@@ -33,6 +33,11 @@ class SecretView(View):
     size: int  # the value's length in bytes
 
 
+class DeletedSecret(View):
+    name: str
+    deleted: bool  # always true: a secret not there answers 404
+
+
 class SecretList(View):
     items: list[SecretView]
 
@@ -60,5 +65,6 @@ async def list_secrets(request: web.Request) -> web.Response:
 
 async def delete_secret(request: web.Request) -> web.Response:
     parse_query(request, EmptyQuery)
-    await request.app[SERVICES_KEY].secrets.delete(_account(request), request.match_info["name"])
-    return web.Response(status=204)
+    name = request.match_info["name"]
+    await request.app[SERVICES_KEY].secrets.delete(_account(request), name)
+    return json_response(DeletedSecret(name=name, deleted=True))
