@@ -131,9 +131,6 @@ class DataPlane:
         slots = max(1, self.settings.transfer_slots)
         return TransferLimits(bytes_per_s=self.settings.bytes_per_s // slots, part_bytes=self.settings.part_bytes)
 
-    def holds(self, name: str) -> bool:
-        return name in self._placed
-
     # --- before the create -------------------------------------------------------------------------------
 
     async def prepare(self, spec: ContainerSpec, *, host_paths: bool) -> tuple[ContainerSpec, list[Mount]]:
@@ -172,7 +169,9 @@ class DataPlane:
         mnt.mkdir(parents=True, exist_ok=True)
         for d in (p.data_dir, mnt):
             os.chmod(d, 0o711)  # the container's uid traverses to its own directories; nobody lists them
-        for bucket in sorted({split_uri(m.uri)[0] for m in [*p.storage.inputs, *p.storage.outputs]}):
+        uris = [m.uri for m in [*p.storage.inputs, *p.storage.outputs]]
+        uris += [p.storage.checkpoint.uri] if p.storage.checkpoint is not None else []
+        for bucket in sorted({split_uri(uri)[0] for uri in uris}):
             await p.store.check_bucket(bucket)
         env: dict[str, str] = {}
         mounts: list[Mount] = []
