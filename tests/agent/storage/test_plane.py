@@ -194,3 +194,25 @@ async def test_links_a_container_plants_never_make_the_agent_upload_a_host_file(
     assert keys == {"ck/.idlegrid-checkpoint.json", "ck/data/00000001/step", "out/fine.txt"}
     for o in listed:
         assert b"host's own secret" not in s3.client().get_object(Bucket=b, Key=o["Key"])["Body"].read()
+
+
+async def test_a_restarted_agent_goes_on_syncing_the_containers_still_there_and_forgets_the_others(s3, tmp_path):
+    b = bucket(s3)
+    st = storage(s3, checkpoint=CheckpointSpec(uri=f"s3://{b}/ck/", period_s=3600))
+    before = Host(tmp_path / "h")
+    kept, _ = await before.plane.prepare(container("wl-0123abcd-r0-a1", st), host_paths=True)
+    await before.plane.prepare(container("wl-0123abcd-r0-a2", st), host_paths=True)
+    ck = Path(kept.env[ENV_CHECKPOINT_DIR])
+    (ck / "a").write_text("1")
+    (ck / "b").write_text("2")
+    await before.plane.sync("wl-0123abcd-r0-a1")
+    await before.plane.close()  # the agent stops; its containers go on
+
+    after = Host(tmp_path / "h")
+    assert after.plane.resume({"wl-0123abcd-r0-a1"}) == ["wl-0123abcd-r0-a1"]
+    assert not (tmp_path / "h" / "wl-0123abcd-r0-a2").exists()  # gone from the host: its data with it
+    (ck / "b").write_text("22")
+    await after.plane.sync("wl-0123abcd-r0-a1")
+    [upload] = after.activities("checkpoint_uploaded")
+    assert upload.files == 1 and upload.total_bytes == 3  # the manifest read back from the store: "a" not sent again
+    await after.plane.finish("wl-0123abcd-r0-a1")
