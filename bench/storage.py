@@ -112,7 +112,7 @@ def _write_blob(path: Path, size: int) -> None:
             left -= BLOCK
 
 
-async def _throughput(s3: S3Process, root: Path, size: int, bytes_per_s: int, part_mib: int) -> dict[str, Any]:
+async def _throughput(s3: S3Process, root: Path, size: int, bytes_per_s: int, part_mib: int, bulk: bool) -> dict[str, Any]:
     bucket = f"bench-{os.urandom(4).hex()}"
     s3.client().create_bucket(Bucket=bucket)
     storage = ContainerStorage(
@@ -120,8 +120,7 @@ async def _throughput(s3: S3Process, root: Path, size: int, bytes_per_s: int, pa
         endpoint=s3.endpoint,
         checkpoint=CheckpointSpec(uri=f"s3://{bucket}/ck/", period_s=86400),
     )
-    settings = {"bytes_per_s": bytes_per_s, "part_bytes": part_mib * MIB}
-    one = DataPlane(StorageSettings(root=str(root / "one"), **settings), lambda c, a: None)
+    one = DataPlane(settings(root / "one", bytes_per_s, part_mib, bulk), lambda c, a: None)
     spec = ContainerSpec(name="wl-00bench-r0-a1", image="none", command=["true"], storage=storage)
     ready, _ = await one.prepare(spec, host_paths=True)
     _write_blob(Path(ready.env["IDLEGRID_CHECKPOINT_DIR"]) / "model.bin", size)
@@ -129,21 +128,28 @@ async def _throughput(s3: S3Process, root: Path, size: int, bytes_per_s: int, pa
     await one.sync(spec.name)
     upload_s = time.perf_counter() - started
     await one.finish(spec.name)
-    two = DataPlane(StorageSettings(root=str(root / "two"), **settings), lambda c, a: None)
+    two = DataPlane(settings(root / "two", bytes_per_s, part_mib, bulk), lambda c, a: None)
     started = time.perf_counter()
     restored, _ = await two.prepare(msgspec_replace(spec, name="wl-00bench-r0-a2"), host_paths=True)
     restore_s = time.perf_counter() - started
     got = (Path(restored.env["IDLEGRID_CHECKPOINT_DIR"]) / "model.bin").stat().st_size
     await two.finish("wl-00bench-r0-a2")
+    await one.close()
+    await two.close()
     if got != size:
         raise RuntimeError(f"restored {got} bytes, not {size}")
     return {
         "bound_mbit_s": round(bytes_per_s * 8 / 1e6) if bytes_per_s else None,
+        "bulk_processes": bulk,
         "upload_s": round(upload_s, 2),
         "upload_mib_s": round(size / upload_s / MIB, 1),
         "restore_s": round(restore_s, 2),
         "restore_mib_s": round(size / restore_s / MIB, 1),
     }
+
+
+def settings(root: Path, bytes_per_s: int, part_mib: int, bulk: bool) -> StorageSettings:
+    return StorageSettings(root=str(root), bytes_per_s=bytes_per_s, part_bytes=part_mib * MIB, bulk_processes=bulk)
 
 
 def msgspec_replace(spec: ContainerSpec, **changes: Any) -> ContainerSpec:
@@ -249,9 +255,10 @@ def run_storage_bench(options: StorageBenchOptions, work_dir: str = "") -> dict[
         try:
             size = int(options.gigabytes * 1e9)
             result: dict[str, Any] = {"options": asdict(options), "load_before": [round(x, 2) for x in load_before]}
+            runs = [(0, True), (int(1000e6 / 8), True), (0, False)]  # unbounded, the default bound; in threads
             result["throughput"] = [
-                asyncio.run(_throughput(s3, root / f"t{n}", size, bound, options.part_mib))
-                for n, bound in enumerate((0, int(1000e6 / 8)))  # unbounded, then the agent's default 1000 Mbit/s
+                asyncio.run(_throughput(s3, root / f"t{n}", size, bound, options.part_mib, bulk))
+                for n, (bound, bulk) in enumerate(runs)
             ]
             if not options.skip_grid:
                 drop = Path(tempfile.mkdtemp(prefix="idlegrid-storage-bench-", dir="/run"))
@@ -278,6 +285,7 @@ def storage_table(result: dict[str, Any]) -> str:
     lines = [f"load before {result['load_before']}, after {result.get('load_after')}"]
     for t in result["throughput"]:
         bound = f"{t['bound_mbit_s']} Mbit/s" if t["bound_mbit_s"] else "unbounded"
+        bound += "" if t["bulk_processes"] else ", in the agent's threads"
         size = result["options"]["gigabytes"]
         lines.append(
             f"checkpoint of {size:g} GB, {bound}: upload {t['upload_s']} s ({t['upload_mib_s']} MiB/s), "

@@ -112,7 +112,7 @@ class InputCache:
         try:
             self._make_room(obj, eid)
             target = self.path(eid)
-            await store.fetch(bucket, obj.key, target)
+            await store.fetch(bucket, obj.key, target, size=obj.size)
             os.chmod(target, 0o444)
             self.entries[eid] = CacheEntry(size=obj.size, last_used=self._clock(), source=f"s3://{bucket}/{obj.key}")
             self.fetches += 1

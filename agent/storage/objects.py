@@ -10,19 +10,30 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import multiprocessing
 import os
 import stat
 from collections.abc import Callable
+from concurrent.futures import Executor, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool as BrokenExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
 import boto3
+import msgspec
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError
 
-from common.errors import RuntimeFailure, StorageNotFound, StorageTooLarge, StorageUnauthorized, StorageUnreachable
+from common.errors import (
+    IdlegridError,
+    RuntimeFailure,
+    StorageNotFound,
+    StorageTooLarge,
+    StorageUnauthorized,
+    StorageUnreachable,
+)
 from common.storage import ContainerStorage
 
 T = TypeVar("T")
@@ -60,32 +71,18 @@ def _stripped(etag: str) -> str:
 class ObjectStore:
     """One renter's store as one replica reaches it. Blocking boto3 calls run in threads (``asyncio.to_thread``)."""
 
-    def __init__(self, storage: ContainerStorage, limits: TransferLimits = TransferLimits()) -> None:
-        creds = storage.credentials
+    def __init__(
+        self, storage: ContainerStorage, limits: TransferLimits = TransferLimits(), bulk: Executor | None = None
+    ) -> None:
+        """``bulk``: a process pool that moves files of ``limits.part_bytes`` or more (None: threads of this process).
+        Out of the agent's interpreter, a gigabyte's checksums and signatures do not hold the GIL its control loop
+        needs (bench/README.md measured the round trip of a host's commands during an upload both ways)."""
         self.endpoint = storage.endpoint or "https://s3.amazonaws.com"
-        self._client = boto3.session.Session().client(
-            "s3",
-            endpoint_url=storage.endpoint,
-            region_name=storage.region,
-            aws_access_key_id=creds.access_key_id,
-            aws_secret_access_key=creds.secret_access_key,
-            aws_session_token=creds.session_token or None,
-            config=Config(
-                s3={"addressing_style": "path" if storage.path_style else "auto"},
-                retries={"max_attempts": limits.attempts, "mode": "standard"},
-                connect_timeout=limits.connect_timeout_s,
-                read_timeout=limits.read_timeout_s,
-                request_checksum_calculation="when_supported",
-                response_checksum_validation="when_supported",
-            ),
-        )
-        self._transfer = TransferConfig(
-            multipart_threshold=limits.part_bytes,
-            multipart_chunksize=limits.part_bytes,
-            max_concurrency=limits.concurrency,
-            max_bandwidth=limits.bytes_per_s or None,
-            use_threads=True,
-        )
+        self._storage = storage
+        self._limits = limits
+        self._bulk = bulk
+        self._client = make_client(storage, limits)
+        self._transfer = make_transfer(limits)
 
     async def _call(self, what: str, fn: Callable[[], T]) -> T:
         try:
@@ -116,27 +113,50 @@ class ObjectStore:
 
         return await self._call(f"reading s3://{bucket}/{key}", run)
 
-    async def fetch(self, bucket: str, key: str, dest: Path, on_bytes: Callable[[int], None] | None = None) -> None:
-        """``key`` into ``dest`` (multipart ranges in parallel for a large object; written beside it, then renamed)."""
+    async def fetch(
+        self, bucket: str, key: str, dest: Path, size: int = 0, on_bytes: Callable[[int], None] | None = None
+    ) -> None:
+        """``key`` into ``dest`` (multipart ranges in parallel for a large object; written beside it, then renamed).
+        ``size``: the object's, when known (a large one goes through the bulk pool)."""
         tmp = dest.with_name(f".{dest.name}.part")
 
         def run() -> None:
             self._client.download_file(bucket, key, str(tmp), Config=self._transfer, Callback=on_bytes)
-            tmp.replace(dest)
 
+        what = f"fetching s3://{bucket}/{key}"
         try:
-            await self._call(f"fetching s3://{bucket}/{key}", run)
+            if self._bulk is not None and size >= self._limits.part_bytes:
+                await self._in_bulk(what, BulkJob("get", bucket, key, str(tmp)))
+            else:
+                await self._call(what, run)
+            tmp.replace(dest)
         finally:
             tmp.unlink(missing_ok=True)
 
     async def put(self, source: BinaryIO, bucket: str, key: str, on_bytes: Callable[[int], None] | None = None) -> None:
         """The open file ``source`` as ``key`` (multipart above the part size), with a checksum the store verifies. A
-        file object, not a path: the caller opened it safely (``open_inside``) and the path may change meanwhile."""
+        file object, not a path: the caller opened it safely (``open_inside``) and the path may change meanwhile (the
+        bulk pool's worker opens the same open file through /proc, never the path)."""
 
         def run() -> None:
             self._client.upload_fileobj(source, bucket, key, Config=self._transfer, Callback=on_bytes)
 
-        await self._call(f"uploading to s3://{bucket}/{key}", run)
+        what = f"uploading to s3://{bucket}/{key}"
+        if self._bulk is not None and os.fstat(source.fileno()).st_size >= self._limits.part_bytes:
+            await self._in_bulk(what, BulkJob("put", bucket, key, f"/proc/{os.getpid()}/fd/{source.fileno()}"))
+        else:
+            await self._call(what, run)
+
+    async def _in_bulk(self, what: str, job: BulkJob) -> None:
+        assert self._bulk is not None
+        storage = msgspec.json.encode(self._storage)
+        try:
+            failure = await asyncio.get_running_loop().run_in_executor(self._bulk, bulk_transfer, storage, self._limits, job)
+        except BrokenExecutor as exc:
+            raise RuntimeFailure(f"{what}: the transfer process died ({exc})") from None
+        if failure is not None:
+            code, message = failure
+            raise _ERRORS.get(code, RuntimeFailure)(f"{what}: {message}")
 
     async def put_bytes(self, data: bytes, bucket: str, key: str) -> None:
         await self._call(f"uploading to s3://{bucket}/{key}", lambda: self._client.put_object(Bucket=bucket, Key=key, Body=data))
@@ -163,6 +183,67 @@ class ObjectStore:
         self._client.close()
 
 
+def make_client(storage: ContainerStorage, limits: TransferLimits) -> Any:
+    creds = storage.credentials
+    return boto3.session.Session().client(
+        "s3",
+        endpoint_url=storage.endpoint,
+        region_name=storage.region,
+        aws_access_key_id=creds.access_key_id,
+        aws_secret_access_key=creds.secret_access_key,
+        aws_session_token=creds.session_token or None,
+        config=Config(
+            s3={"addressing_style": "path" if storage.path_style else "auto"},
+            retries={"max_attempts": limits.attempts, "mode": "standard"},
+            connect_timeout=limits.connect_timeout_s,
+            read_timeout=limits.read_timeout_s,
+            request_checksum_calculation="when_supported",
+            response_checksum_validation="when_supported",
+        ),
+    )
+
+
+def make_transfer(limits: TransferLimits) -> TransferConfig:
+    return TransferConfig(
+        multipart_threshold=limits.part_bytes,
+        multipart_chunksize=limits.part_bytes,
+        max_concurrency=limits.concurrency,
+        max_bandwidth=limits.bytes_per_s or None,
+        use_threads=True,
+    )
+
+
+@dataclass(frozen=True)
+class BulkJob:
+    op: str  # "put" (``path`` read, a /proc/<agent>/fd/<n> of a file the agent opened safely) | "get" (``path`` written)
+    bucket: str
+    key: str
+    path: str
+
+
+def bulk_pool(workers: int) -> ProcessPoolExecutor:
+    """Processes of their own for large transfers (spawned: nothing of the agent's threads or loop is inherited)."""
+    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+
+
+def bulk_transfer(storage_json: bytes, limits: TransferLimits, job: BulkJob) -> tuple[str, str] | None:
+    """In a bulk pool's process: one large transfer; None when done, else (error code, message) (exceptions of
+    boto3 do not all cross processes; the code does)."""
+    storage = msgspec.json.decode(storage_json, type=ContainerStorage)
+    try:
+        client = make_client(storage, limits)
+        if job.op == "put":
+            with open(job.path, "rb") as source:
+                client.upload_fileobj(source, job.bucket, job.key, Config=make_transfer(limits))
+        else:
+            client.download_file(job.bucket, job.key, job.path, Config=make_transfer(limits))
+        client.close()
+    except Exception as exc:
+        error = translate(job.op, exc)
+        return getattr(error, "code", "runtime_failure"), str(error).removeprefix(f"{job.op}: ")
+    return None
+
+
 def open_inside(root: Path, rel: str) -> BinaryIO | None:
     """``root/rel`` opened for reading only if it is a regular file that really lies under ``root``; None otherwise.
 
@@ -186,6 +267,11 @@ def open_inside(root: Path, rel: str) -> BinaryIO | None:
     except OSError:
         os.close(fd)
         return None
+
+
+_ERRORS: dict[str, type[IdlegridError]] = {
+    cls.code: cls for cls in (StorageUnauthorized, StorageNotFound, StorageTooLarge, StorageUnreachable, RuntimeFailure)
+}
 
 
 def _code(exc: ClientError) -> str:

@@ -44,7 +44,7 @@ from agent.storage.checkpoint import (
     safe_rel,
     scan,
 )
-from agent.storage.objects import ObjectStore, TransferLimits, open_inside
+from agent.storage.objects import ObjectStore, TransferLimits, bulk_pool, open_inside
 from common.containers import ContainerSpec
 from common.errors import IdlegridError, StorageNotFound
 from common.files import write_atomically
@@ -72,6 +72,8 @@ class StorageSettings(msgspec.Struct, frozen=True, kw_only=True):
     transfer_slots: int = 2  # transfers at once (each gets bytes_per_s / transfer_slots)
     part_bytes: int = 16 * 1024 * 1024
     final_upload_s: float = 600.0  # the longest a last upload at a delete may take
+    # Files of part_bytes or more move in processes of their own (one per transfer slot), off the agent's interpreter.
+    bulk_processes: bool = True
 
 
 @dataclass
@@ -124,6 +126,7 @@ class DataPlane:
         self._report = report
         self._clock = clock
         self._slots = asyncio.Semaphore(max(1, settings.transfer_slots))
+        self._bulk = bulk_pool(max(1, settings.transfer_slots)) if settings.bulk_processes else None
         self._placed: dict[str, _Placed] = {}
 
     @property
@@ -157,7 +160,9 @@ class DataPlane:
         for out in storage.outputs:
             bucket, key = split_uri(out.uri)
             outputs.append((_place(mnt, out.path), bucket, _prefix(key)))
-        placed = _Placed(name, workload_id, storage, ObjectStore(storage, self.limits), data_dir, checkpoint_dir, outputs)
+        placed = _Placed(
+            name, workload_id, storage, ObjectStore(storage, self.limits, self._bulk), data_dir, checkpoint_dir, outputs
+        )
         self._placed[name] = placed
         write_atomically(
             self._records / f"{name}.json", msgspec.json.encode(_Record(workload_id=workload_id, storage=storage)), mode=0o600
@@ -259,7 +264,7 @@ class DataPlane:
             dest = p.checkpoint_dir / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
             async with self._slots:
-                await p.store.fetch(bucket, entry.key, dest)
+                await p.store.fetch(bucket, entry.key, dest, size=entry.size)
             if entry.mtime_ns:
                 os.utime(dest, ns=(entry.mtime_ns, entry.mtime_ns))  # unchanged files are not sent back
             moved += entry.size
@@ -427,6 +432,8 @@ class DataPlane:
                 p.task.cancel()
             p.store.close()
         self._placed.clear()
+        if self._bulk is not None:
+            self._bulk.shutdown(wait=False, cancel_futures=True)
 
     def _tell(self, p: _Placed, activity: StorageActivity) -> None:
         activity = msgspec.structs.replace(activity, workload_id=p.workload_id)

@@ -90,7 +90,7 @@ def test_the_storage_benchmark_reports_throughput_and_round_trips_during_an_uplo
     done = run_bench("storage", "--gigabytes", "0.02", "--idle-s", "2", "--json", str(out), timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(out.read_text())
-    assert [t["bound_mbit_s"] for t in result["throughput"]] == [None, 1000]
+    assert [(t["bound_mbit_s"], t["bulk_processes"]) for t in result["throughput"]] == [(None, True), (1000, True), (None, False)]
     assert all(t["upload_mib_s"] > 0 and t["restore_mib_s"] > 0 for t in result["throughput"])
     trips = result["round_trips"]
     assert trips["idle"]["commands"] > 0 and trips["upload"]["commands"] > 0 and trips["errors"] == []
