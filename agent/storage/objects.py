@@ -1,5 +1,6 @@
 """The renter's S3-compatible object store, through boto3 (its transfer manager: multipart for large objects, parallel
-parts, retries with backoff, checksums) in worker threads, so the agent's event loop keeps serving its control link.
+parts, retries with backoff, checksums): small calls in worker threads, files of a part or more in a pool of processes
+of their own (``bulk_pool``), so the agent's event loop keeps serving its control link (bench/README.md, "Checkpoints").
 
 Every failure is translated once, here, into whose fault it is: the renter's (``StorageUnauthorized``,
 ``StorageNotFound``, ``StorageUnreachable``, ``StorageTooLarge`` for a full disk or budget) or the host's
