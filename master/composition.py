@@ -165,7 +165,7 @@ def compose(config: MasterConfig, store: Store, *, link_refusal: Callable[[], st
             lambda: hub.links.values(), lambda frame: _announce(parts, frame), coalesce_s=config.relay_directory_coalesce_s
         ),
         verifier=verifier,
-        secrets=SecretVault(store, SecretBox.open(state_dir)),
+        secrets=SecretVault(store, SecretBox.open(authority.pki_dir)),  # beside the CA: backed up and shared with it
     )
     parts.channel = AgentChannel(parts)
     parts.upkeep = Upkeep(parts)

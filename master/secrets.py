@@ -2,8 +2,9 @@
 
 A value is sealed with the Master's secret key (Fernet: AES-128-CBC with an HMAC-SHA256, from ``cryptography``) before
 it reaches the store, so the database, its backups and its replicas never hold one in clear. The key is a file beside
-the Master's other keys (``<state_dir>/secrets.key``, 0600), made at the first start; Masters sharing a store must share
-the file (docs/ha.md), as they share the CA.
+the Master's other keys (``<state_dir>/pki/secrets.key``, 0600), made at the first start; being in ``pki/``, it is in
+every backup (``idlegrid master backup``, ``--pki-only`` too) and travels wherever the CA does (Masters sharing a store
+share it as they share the CA: deploy/k8s's PKI secret, compose's volume).
 
 Invariants: every read and write names its account, and a secret is found only under the account that made it (the
 key is ``account/name``), so no call of one account can read, use or delete another's. A value leaves the vault only
@@ -50,9 +51,9 @@ class SecretBox:
         self._fernet = Fernet(key)
 
     @classmethod
-    def open(cls, state_dir: Path) -> SecretBox:
-        """The key in ``state_dir/secrets.key``, made (0600, created exclusively) when there is none."""
-        path = state_dir / KEY_FILE
+    def open(cls, key_dir: Path) -> SecretBox:
+        """The key in ``key_dir/secrets.key``, made (0600, created exclusively) when there is none."""
+        path = key_dir / KEY_FILE
         if not path.exists():
             try:
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -72,7 +73,7 @@ class SecretBox:
         except InvalidToken:
             raise SecretUnreadable(
                 "a stored secret cannot be opened with this Master's secrets.key (the store was written by a Master "
-                "with another key: copy that Master's secrets.key into this one's state directory)"
+                "with another key: copy that Master's pki/secrets.key into this one's pki directory)"
             ) from None
 
 
