@@ -12,6 +12,7 @@ here). The hosts' agents move the data; the Master and the relay never see a byt
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -105,6 +106,16 @@ def starts(names: set[str]) -> list[tuple[int, int]]:
     return sorted(found)
 
 
+def checkpointed_step(s3: S3Server, bucket: str, prefix: str) -> int:
+    """The step in the checkpoint the store holds now (what its manifest names), 0 for none."""
+    client = s3.client()
+    try:
+        manifest = json.loads(client.get_object(Bucket=bucket, Key=f"{prefix}.idlegrid-checkpoint.json")["Body"].read())
+    except client.exceptions.NoSuchKey:
+        return 0
+    return int(client.get_object(Bucket=bucket, Key=manifest["files"]["step"]["key"])["Body"].read())
+
+
 def host_of(w: dict[str, Any]) -> str:
     return w["assignments"][0]["agent_id"]
 
@@ -118,6 +129,7 @@ def test_an_interruptible_counter_preempted_by_an_on_demand_rental_resumes_on_an
     first = wait_workload(alice, cheap, "running", lambda w: w["state"] == "running", timeout=30)
     wait_workload(alice, cheap, "a checkpoint uploaded", lambda w: (w["storage"] or {}).get("checkpoint_uploads", 0) >= 2)
     busy = host_of(first)
+    before = checkpointed_step(s3, bucket, "count/ck/")
     # The on-demand rental takes the interruptible one's host; the other host is free for the requeued counter.
     od = bob.rent_offer(busy, workload("urgent", "sleep 300", rental={"kind": "on_demand", "max_price": "5"}))["id"]
     wait_workload(bob, od, "running", lambda w: w["state"] == "running", timeout=40)
@@ -131,6 +143,7 @@ def test_an_interruptible_counter_preempted_by_an_on_demand_rental_resumes_on_an
     assert s3.client().get_object(Bucket=bucket, Key="count/out/result.txt")["Body"].read() == f"done {STEPS}\n".encode()
     (fresh, _), (resumed, restored) = starts(names)
     assert fresh == 0 and restored == 1 and 0 < resumed < STEPS, names  # it went on, not from zero
+    assert resumed >= before, (resumed, before)  # from its last checkpoint (the one written at its SIGTERM), not older
     storage = done["storage"]
     assert storage["restored_from"] is not None and storage["checkpoint_bytes"] > 0, storage
     assert "outputs_uploaded" in [t["what"] for t in storage["recent"]]  # the first run's, at its preemption
@@ -148,6 +161,7 @@ def test_a_host_sigkilled_mid_run_resumes_elsewhere_from_its_last_periodic_check
     lost = host_of(first)
     agents[lost].kill()  # SIGKILL: no last upload, no goodbye
     killed_at = time.time()
+    last = checkpointed_step(s3, bucket, "lost/ck/")  # the last periodic checkpoint: nothing uploads it any more
     moved = wait_workload(
         alice, wid, "running on the other host", lambda w: w["state"] == "running" and host_of(w) != lost, timeout=60
     )
@@ -155,8 +169,9 @@ def test_a_host_sigkilled_mid_run_resumes_elsewhere_from_its_last_periodic_check
     wait_workload(alice, wid, "succeeded", lambda w: w["state"] == "succeeded", timeout=60)
     names = wait_for(lambda: (o := outputs(s3, bucket, "lost/out/")) and "result.txt" in o and o, 30, "the outputs")
     resumed = [step for step, restored in starts(names) if restored]
-    # Lost at most one period (and the time the Master took to see the host gone): it did not start over.
-    assert resumed and resumed[0] > 0, names
+    # It resumed from exactly the last periodic checkpoint: what the lost host did after it (at most one period, as
+    # its counter steps 5 times a second and the period is 1 s) is all it lost.
+    assert resumed == [last] and last > 0, (names, last)
     assert time.time() - killed_at < 120
 
 
