@@ -95,12 +95,27 @@ class AgentConfig(msgspec.Struct, kw_only=True):
     output_keep_bytes: Annotated[int, msgspec.Meta(ge=1024, le=1024**3)] = DEFAULT_OUTPUT_LIMIT
     output_keep_s: Annotated[float, msgspec.Meta(gt=0)] = 7 * 86400.0
     output_keep_total_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 1024**3
+    # Object storage (agent/storage/, docs/storage.md): workloads' inputs, outputs and checkpoints, moved by this host.
+    # storage_dir: their data while they run and the input cache ("" is <state_dir>-data); the cache keeps fetched
+    # inputs within storage_cache_gb, least recently used out; every transfer together stays under
+    # storage_bandwidth_mbps (0: no bound), storage_transfer_slots at once; a last upload at a delete may take
+    # storage_final_upload_s.
+    storage: bool = True
+    storage_dir: str = ""
+    storage_cache_gb: Annotated[float, msgspec.Meta(ge=0)] = 50.0
+    storage_bandwidth_mbps: Annotated[float, msgspec.Meta(ge=0)] = 1000.0
+    storage_transfer_slots: Annotated[int, msgspec.Meta(ge=1, le=64)] = 2
+    storage_final_upload_s: Annotated[float, msgspec.Meta(gt=0)] = 600.0
     cert_renew_fraction: float = 2 / 3  # renew the certificate once this much of its lifetime has passed
     log_level: str = "info"
 
     @property
     def state_path(self) -> Path:
         return Path(self.state_dir)
+
+    @property
+    def storage_path(self) -> Path:
+        return Path(self.storage_dir) if self.storage_dir else Path(f"{self.state_dir.rstrip('/')}-data")
 
 
 def load_agent_config(

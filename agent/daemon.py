@@ -41,11 +41,13 @@ from agent.runtime.selftest import gpu_selftest
 from agent.simulate import parse_simulate_spec
 from agent.ssh_host_keys import HostKeys
 from agent.state import private_dir
+from agent.storage.plane import DataPlane, StorageSettings
 from agent.tunnel import RelayLink, TunnelLimits, TunnelServer
 from common.containers import ContainerInfo
 from common.errors import IdlegridError, PKIError, ProtocolError, RuntimeFailure, SignatureError
 from common.inventory import MAX_IMAGES_IN_REPORT, GpuReach, HostInfo, Inventory
 from common.pki import CommandVerifier, client_tls_context, load_cert, peer_identity, verify_key_endorsement
+from common.storage import StorageActivity
 from common.wire import (
     HARD_FRAME_BYTES,
     PROTOCOL_VERSIONS,
@@ -148,6 +150,19 @@ class Agent:
         # Gangs' private networks (docs/overlay.md): where this host can run nebula, its key goes to the Master in hello.
         self.overlays = GangOverlays.available(config.state_path)
         self.host_keys = HostKeys.at(config.state_path)  # the workloads' SSH host keys (docs/ssh.md)
+        # Workloads' object storage (agent/storage/): its transfers are reported to the Master as events.
+        self.data: DataPlane | None = None
+        if config.storage:
+            self.data = DataPlane(
+                StorageSettings(
+                    root=str(config.storage_path),
+                    cache_budget_bytes=int(config.storage_cache_gb * 1024**3),
+                    bytes_per_s=int(config.storage_bandwidth_mbps * 1e6 / 8),
+                    transfer_slots=config.storage_transfer_slots,
+                    final_upload_s=config.storage_final_upload_s,
+                ),
+                self._on_storage,
+            )
         self.executor = CommandExecutor(
             self.identity.agent_id,
             self.ledger,
@@ -158,6 +173,7 @@ class Agent:
             keeper=self.output,
             overlays=self.overlays,
             host_keys=self.host_keys,
+            data=self.data,
         )
         # Verification challenges (agent/benchmark/): answered with the benchmark this host can run, if any.
         self.verification, self.benchmark = open_responder(
@@ -215,6 +231,7 @@ class Agent:
         await self.probe_runtime()
         if self.overlays is not None:
             await self.overlays.resume(self.runtime)  # gang replicas still running get their overlay again
+        await self._resume_storage()
         background = [asyncio.create_task(self._runtime_probe_loop())]
         if self.config.measure_bandwidth:
             background.append(asyncio.create_task(self._bandwidth_loop()))
@@ -256,6 +273,8 @@ class Agent:
         await self.tunnels.close()
         if self.overlays is not None:
             await self.overlays.close()  # resumed at the next start for the replicas that still run
+        if self.data is not None:
+            await self.data.close()
         if self._directory_saved is not None:
             await self._directory_saved  # the directory the Master sent last is on disk for the next start
         await self.runtime.close()
@@ -503,6 +522,26 @@ class Agent:
         task = asyncio.get_running_loop().create_task(self._send_quietly(event))
         self._pull_sends.add(task)
         task.add_done_callback(self._pull_sends.discard)
+
+    def _on_storage(self, container: str, activity: StorageActivity) -> None:
+        """A transfer for a workload, to the Master (the workload's events and its checkpoint's time and size)."""
+        event = AgentEvent(kind=AgentEventKind.STORAGE, ts=time.time(), container=container, storage=activity)
+        task = asyncio.get_running_loop().create_task(self._send_quietly(event))
+        self._pull_sends.add(task)
+        task.add_done_callback(self._pull_sends.discard)
+
+    async def _resume_storage(self) -> None:
+        """Containers that outlived a previous agent process go on syncing their checkpoints and outputs."""
+        if self.data is None:
+            return
+        try:
+            present = {c.name for c in await self.runtime.list()}
+        except IdlegridError as exc:
+            log.warning("storage of running containers not resumed: %s", exc)
+            return
+        resumed = self.data.resume(present)
+        if resumed:
+            log.info("storage sync resumed", extra={"containers": resumed})
 
     async def _send_quietly(self, frame: msgspec.Struct) -> None:
         with contextlib.suppress(ConnectionError, ConnectionClosed):

@@ -21,9 +21,10 @@ from agent.errors import GpuConflict, UnknownGpu
 from agent.ledger import CommandLog, CommandLogEntry
 from agent.output import OutputKeeper
 from agent.overlay import GangOverlays
-from agent.runtime.base import ContainerRuntime, PullsImages
+from agent.runtime.base import ContainerRuntime, Mount, MountsData, PullsImages
 from agent.runtime.images import PullProgress
 from agent.ssh_host_keys import HostKeys
+from agent.storage.plane import DataPlane
 from common.containers import (
     LABEL_AGENT_ID,
     LABEL_COMMAND_ID,
@@ -36,7 +37,7 @@ from common.containers import (
     parse_create_spec,
     parse_delete_spec,
 )
-from common.errors import IdlegridError, SignatureError
+from common.errors import IdlegridError, RuntimeFailure, SignatureError
 from common.inventory import GpuInfo
 from common.pki import CommandVerifier
 from common.wire import Command, CommandResult, signing_bytes
@@ -64,11 +65,13 @@ class CommandExecutor:
         keeper: OutputKeeper | None = None,
         overlays: GangOverlays | None = None,
         host_keys: HostKeys | None = None,
+        data: DataPlane | None = None,
     ) -> None:
         """``host_gpus``: this host's GPUs now (the collector's inventory). ``on_pull_progress(container, progress)``:
         a create's image pull moved on (the daemon tells the Master, which shows it to the renter). ``keeper``: where
         the output of a deleted container is kept for the Master (None: it is not kept). ``host_keys``: the workloads'
-        SSH host keys, whose public half a create's result carries for the Master to publish (docs/ssh.md)."""
+        SSH host keys, whose public half a create's result carries for the Master to publish (docs/ssh.md). ``data``:
+        moves the object storage of containers that name some (agent/storage/; None: such a create fails)."""
         self.agent_id = agent_id
         self.ledger = ledger
         self.runtime = runtime
@@ -78,6 +81,7 @@ class CommandExecutor:
         self.keeper = keeper
         self.overlays = overlays  # gang replicas' private networks (docs/overlay.md); None: this host runs none
         self.host_keys = host_keys
+        self.data = data
         self._placing = asyncio.Lock()  # GPU check and create, one command at a time
 
     async def execute(self, command: Command) -> CommandResult:
@@ -144,11 +148,26 @@ class CommandExecutor:
                     return existing[0]
             if isinstance(self.runtime, PullsImages):  # outside the lock: a pull may take minutes
                 await self.runtime.ensure_image(container, on_progress=self._progress_of(container.name))
-            async with self._placing:
-                gpus = await self._claimable_gpus(container, command_id)
-                if gpus:
-                    labels[LABEL_GPUS] = ",".join(gpus)
-                info = await self.runtime.create(container, labels=labels)
+            mounts: list[Mount] = []
+            if container.storage is not None:  # outside the lock too: inputs and a checkpoint may take minutes
+                if self.data is None:
+                    raise RuntimeFailure("this agent moves no object storage (no data plane configured)")
+                mounted = isinstance(self.runtime, MountsData)
+                host_paths = not mounted or getattr(self.runtime, "host_paths", True)
+                container, mounts = await self.data.prepare(container, host_paths=host_paths)
+            try:
+                async with self._placing:
+                    gpus = await self._claimable_gpus(container, command_id)
+                    if gpus:
+                        labels[LABEL_GPUS] = ",".join(gpus)
+                    if mounts and isinstance(self.runtime, MountsData):
+                        info = await self.runtime.create_mounted(container, labels=labels, mounts=mounts)
+                    else:
+                        info = await self.runtime.create(container, labels=labels)
+            except BaseException:
+                if self.data is not None and container.storage is not None:
+                    await self.data.discard(container.name)
+                raise
             if self.overlays is not None:
                 await self.overlays.attach(container, self.runtime)
             return info
@@ -157,9 +176,13 @@ class CommandExecutor:
             if self.overlays is not None:
                 await self.overlays.detach(target.name)
             if self.keeper is None:
-                return await self.runtime.delete(target.name, timeout_s=target.timeout_s)
-            # Its output is kept as it goes (what it printed is the renter's, read later by the Master).
-            return await self.keeper.keep_through_delete(self.runtime, target.name, timeout_s=target.timeout_s)
+                deleted = await self.runtime.delete(target.name, timeout_s=target.timeout_s)
+            else:
+                # Its output is kept as it goes (what it printed is the renter's, read later by the Master).
+                deleted = await self.keeper.keep_through_delete(self.runtime, target.name, timeout_s=target.timeout_s)
+            if self.data is not None:  # stopped: its last checkpoint and outputs go up, then its data leaves the host
+                await self.data.finish(target.name)
+            return deleted
         raise IdlegridError(f"this agent does not know the command kind {kind!r}", code="unknown_command")
 
     def _progress_of(self, name: str) -> Callable[[PullProgress], None] | None:

@@ -1,5 +1,5 @@
-"""``python -m bench BENCHMARK ...`` (fleet, ingest, api-pages, scheduler, offers, tunnel, link, history, alerts, summaries,
-console-pages, demo): run one, print, write JSON."""
+"""``python -m bench BENCHMARK ...`` (fleet, ingest, api-pages, scheduler, offers, tunnel, link, ssh, storage, history, alerts,
+summaries, console-pages, demo): run one, print, write JSON."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from bench.offers import OffersBenchOptions, offers_table, run_offers_bench
 from bench.scheduler import SchedulerBenchOptions, run_scheduler_bench, scheduler_table
 from bench.scheduler_snapshot import SnapshotBenchOptions, run_snapshot_bench, snapshot_table
 from bench.ssh import SshBenchOptions, run_ssh_bench, ssh_table
+from bench.storage import StorageBenchOptions, run_storage_bench, storage_table
 from bench.summaries import SummariesBenchOptions, run_summaries_bench, summaries_table
 from bench.tunnel import TunnelBenchOptions, run_tunnel_bench, tunnel_table
 
@@ -511,6 +512,39 @@ def _run_link(args: argparse.Namespace) -> int:
     return 0
 
 
+def _storage_parser(sub: argparse._SubParsersAction) -> None:
+    d = StorageBenchOptions()
+    p = sub.add_parser(
+        "storage",
+        help="checkpoint upload and restore throughput, and commands while a host uploads",
+        description="A checkpoint of --gigabytes uploaded and restored by the agent's data plane against an S3 server on "
+        "127.0.0.1; then a local grid: commands to a host timed while idle and while it uploads such a checkpoint.",
+    )
+    p.add_argument("--gigabytes", type=float, default=d.gigabytes, help=f"checkpoint size (default {d.gigabytes:g})")
+    p.add_argument("--hosts", type=int, default=d.hosts, help=f"agents in the grid (default {d.hosts})")
+    p.add_argument("--cmd-rate", type=float, default=d.cmd_rate, help=f"commands a second (default {d.cmd_rate:g})")
+    p.add_argument("--idle-s", type=float, default=d.idle_s, help=f"seconds of the idle phase (default {d.idle_s:g})")
+    p.add_argument("--part-mib", type=int, default=d.part_mib, help=f"multipart part size (default {d.part_mib})")
+    p.add_argument("--skip-grid", action="store_true", help="throughput only (no grid)")
+    p.add_argument("--json", type=Path, help="write the figures here")
+    p.set_defaults(func=_run_storage)
+
+
+def _run_storage(args: argparse.Namespace) -> int:
+    options = StorageBenchOptions(
+        gigabytes=args.gigabytes,
+        hosts=args.hosts,
+        cmd_rate=args.cmd_rate,
+        idle_s=args.idle_s,
+        part_mib=args.part_mib,
+        skip_grid=args.skip_grid,
+    )
+    result = run_storage_bench(options)
+    _write(args.json, result)
+    print(storage_table(result))
+    return 0
+
+
 def _write(path: Path | None, data: Any) -> None:
     if path is not None:
         path.write_text(json.dumps(data, indent=2) + "\n")
@@ -601,6 +635,7 @@ def build_parser() -> argparse.ArgumentParser:
     _tunnel_parser(sub)
     _link_parser(sub)
     _ssh_parser(sub)
+    _storage_parser(sub)
     _history_parser(sub)
     _alerts_parser(sub)
     _summaries_parser(sub)

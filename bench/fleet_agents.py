@@ -327,6 +327,7 @@ class Fleet:
                 runtime="simulated",
                 measure_bandwidth=False,
                 relay_probe=False,  # one machine: latency says nothing, and 10,000 probes would load the relays
+                storage=False,  # no workload data moves in the simulated fleet: no data directory per agent
                 result_resend_s=settings.result_resend_s,
             )
             runtime = SimulatedRuntime(

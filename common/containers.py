@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import msgspec
 
 from common.overlay import OverlaySpec
+from common.storage import ContainerStorage
 
 _LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}\Z")
 
@@ -51,6 +52,7 @@ class ContainerSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     ports: Annotated[list[Annotated[int, msgspec.Meta(ge=1, le=65535)]], msgspec.Meta(max_length=64)] = []
     registry_auth: RegistryAuth | None = None  # for pulling a private image; absent: pulled anonymously
     overlay: OverlaySpec | None = None  # a gang replica's place on its private network (docs/overlay.md)
+    storage: ContainerStorage | None = None  # inputs, outputs, checkpoint the agent moves (agent/storage/)
 
     def __post_init__(self) -> None:
         for key in self.labels:

@@ -187,6 +187,30 @@ class RenterOutOfMemory(RenterFault):
     code = "renter_out_of_memory"
 
 
+class StorageUnauthorized(RenterFault):
+    """The object store refused the renter's credentials (wrong keys, no permission on the bucket or prefix)."""
+
+    code = "storage_unauthorized"
+
+
+class StorageNotFound(RenterFault):
+    """The renter's bucket, or an input object, does not exist at the endpoint the workload names."""
+
+    code = "storage_not_found"
+
+
+class StorageTooLarge(RenterFault):
+    """The renter's inputs or checkpoint do not fit in what this host gives storage (its cache budget, its free disk)."""
+
+    code = "storage_too_large"
+
+
+class StorageUnreachable(RenterFault):
+    """The renter's endpoint did not answer (the renter chose it: a dead endpoint must not cost the host reputation)."""
+
+    code = "storage_unreachable"
+
+
 RENTER_FAULT_CODES = frozenset(
     cls.code
     for cls in (
@@ -198,6 +222,10 @@ RENTER_FAULT_CODES = frozenset(
         ImagePullTimeout,
         BadCommand,
         RenterOutOfMemory,
+        StorageUnauthorized,
+        StorageNotFound,
+        StorageTooLarge,
+        StorageUnreachable,
     )
 )
 

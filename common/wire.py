@@ -14,6 +14,7 @@ import msgspec
 
 from common.errors import ProtocolError
 from common.inventory import GpuSample, HostSample, Inventory, LongText, ShortText
+from common.storage import StorageActivity
 from common.tunnel import Ticket
 
 PROTOCOL_VERSIONS: tuple[int, ...] = (1,)
@@ -113,6 +114,7 @@ class AgentEventKind(str, enum.Enum):
     GPU_THROTTLED = "gpu_throttled"  # clocks held down (message = the throttle reasons)
     RUNTIME_FAILURE = "runtime_failure"  # the container engine failed or went away
     IMAGE_PULL = "image_pull"  # a create's image pull moved on (container; message = "pulling image: ... of ...")
+    STORAGE = "storage"  # a workload's data moved: inputs, a checkpoint restored or uploaded, outputs (``storage``)
 
 
 class AgentEvent(_Frame, tag="event"):
@@ -125,6 +127,7 @@ class AgentEvent(_Frame, tag="event"):
     gpu_uuid: ShortText | None = None
     code: int | None = None
     message: LongText = ""
+    storage: StorageActivity | None = None  # with kind ``storage``: what moved (common/storage.py)
 
 
 class RelayEntry(msgspec.Struct, frozen=True, kw_only=True):

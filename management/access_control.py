@@ -57,6 +57,7 @@ class Resource(str, enum.Enum):
     HOST_ENROLLMENT = "host_enrollment"  # a join token for one's own new host (the console's "Add a host")
     TEMPLATES = "templates"  # launch templates (docs/templates.md): every account reads them
     SSH_KEYS = "ssh_keys"  # SSH public keys: each account its own (docs/ssh.md)
+    SECRETS = "secrets"  # an account's secrets for its workloads: each account its own, values never shown again
 
 
 class Action(str, enum.Enum):
@@ -118,6 +119,9 @@ for _role in (AccountRole.PROVIDER, AccountRole.RENTER):
 # SSH public keys (docs/ssh.md): every account adds, lists and deletes its own (Scope.owner), the operator anyone's.
 for _role in (AccountRole.PROVIDER, AccountRole.RENTER):
     PERMISSIONS[_role][Resource.SSH_KEYS] = frozenset({Action.READ, Action.WRITE})
+# Secrets: a renter keeps its own (storage credentials, tokens its workloads' env names); each account acts on its
+# own only, the operator's included (docs/storage.md).
+PERMISSIONS[AccountRole.RENTER][Resource.SECRETS] = frozenset({Action.READ, Action.WRITE})
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,7 @@ from management.services.outputs import OutputCollector
 from management.services.prices import PricesService
 from management.services.reports import ReportsService
 from management.services.ssh_keys import SshKeysService
+from management.services.secrets import SecretsService
 from management.services.telemetry import TelemetryService
 from management.services.templates import TemplatesService
 from management.services.tunnels import RenterAccess
@@ -272,6 +273,7 @@ def compose(master: Master, settings: ManagementSettings | None = None) -> Compo
         links=links,
         templates=TemplatesService(TemplateCatalog.load(settings.templates_dir)),
         ssh_keys=ssh_keys,
+        secrets=SecretsService(master),
     )
     series = MarketSeries(book.counts, market.meter.open_rentals, market.ledger.balances, currency=settings.market.currency)
     return Composition(

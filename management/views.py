@@ -61,11 +61,13 @@ from management.http.responses import (
     SpendStatements,
     StatementLineView,
     StatementView,
+    StorageView,
     TelemetryPointView,
     TelemetrySeriesView,
     TelemetrySubject,
     TelemetryView,
     TokenView,
+    TransferView,
     TunnelGrantView,
     WhoamiView,
     WorkloadDetail,
@@ -81,6 +83,7 @@ from management.scheduler.model import Explanation
 from management.services.hosts import HostedReplica
 from management.services.market import FundsDetail, RentalDetail, Statements
 from management.services.verification import verification_view
+from management.workloads.storage import StorageSummary
 from master.port import (
     AccountRecord,
     AgentRecord,
@@ -246,12 +249,26 @@ def redact_registry_auth(spec: Mapping[str, Any]) -> dict[str, Any]:
     return {**spec, "registry_auth": {"username": auth.get("username", "")}}
 
 
+def redact_container_secrets(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """A create command's spec as answers show it: the registry password gone (``redact_registry_auth``), the env's
+    values hidden (they may be the renter's secrets, resolved from ``${secret:NAME}``), the storage keys reduced to
+    the key id (docs/storage.md)."""
+    shown = redact_registry_auth(spec)
+    env = shown.get("env")
+    if isinstance(env, Mapping):
+        shown["env"] = {name: "<hidden>" for name in env}
+    storage = shown.get("storage")
+    if isinstance(storage, Mapping) and isinstance(storage.get("credentials"), Mapping):
+        shown["storage"] = {**storage, "credentials": {"access_key_id": storage["credentials"].get("access_key_id", "")}}
+    return shown
+
+
 def command_view(command: CommandRecord) -> CommandView:
     return CommandView(
         id=command.id,
         agent_id=command.agent_id,
         kind=command.kind,
-        spec=redact_registry_auth(command.spec),
+        spec=redact_container_secrets(command.spec),
         state=command.state,
         created_at=rfc3339(command.created_at),
         deadline=rfc3339(command.deadline),
@@ -325,15 +342,32 @@ def workload_detail(
     waiting: Explanation | None,
     outputs: Sequence[KeptOutput],
     paths: Mapping[int, dict[str, str]] | None = None,
+    storage: StorageSummary | None = None,
 ) -> WorkloadDetail:
     """One workload: its view, why it waits while it is queued (None otherwise), the output kept of its deleted
-    containers, and a gang's network with each replica's address and how it reaches its peers (``paths``: replica ->
-    peer -> "direct" or "relay", from WorkloadsService.network_paths)."""
+    containers, a gang's network with each replica's address and how it reaches its peers (``paths``: replica ->
+    peer -> "direct" or "relay", from WorkloadsService.network_paths), and what moved of its data (``storage``)."""
     return WorkloadDetail(
         **_workload_fields(workload, terms),
         waiting=explanation_view(waiting) if waiting is not None else None,
         outputs=[output_view(kept) for kept in outputs],
         network=network_view(workload, paths or {}) if workload.network else None,
+        storage=storage_view(storage) if storage is not None else None,
+    )
+
+
+def storage_view(s: StorageSummary) -> StorageView:
+    return StorageView(
+        checkpoint_at=rfc3339(s.checkpoint_at),
+        checkpoint_bytes=s.checkpoint_bytes,
+        checkpoint_uploads=s.checkpoint_uploads,
+        restored_from=rfc3339(s.restored_at),
+        transfer_s=round(s.transfer_s, 3),
+        last_error=s.last_error,
+        recent=[
+            TransferView(at=rfc3339(t.at), what=t.what, host=t.host, bytes=t.bytes, seconds=round(t.seconds, 3), error=t.error)
+            for t in s.recent
+        ],
     )
 
 

@@ -340,7 +340,13 @@ class AgentChannel:
         log), then what it changes beyond the record of it: an exit, a GPU fault."""
         recorded = msgspec.structs.asdict(report)
         recorded["kind"] = report.kind.value
+        storage = recorded.pop("storage")
+        if storage is not None:
+            recorded["storage"] = msgspec.to_builtins(storage)
         await self._events.record(f"agent_report.{report.kind.value}", agent.id, **recorded)
+        if report.kind == AgentEventKind.STORAGE:
+            await self._on_storage(agent, report)
+            return
         if report.kind == AgentEventKind.CONTAINER_EXITED:
             if report.container and report.code is not None:
                 await self._registry.on_exited(agent, {report.container: report.code})
@@ -352,6 +358,22 @@ class AgentChannel:
             fault = self._health.on_report(gpu, report, now)
             if fault is not None:
                 await self._registry.mark_faulty(gpu, fault)
+
+    async def _on_storage(self, agent: AgentRecord, report: AgentEvent) -> None:
+        """A workload's data moved (docs/storage.md): recorded under the workload as ``storage.<what>``, where its owner
+        reads it; only for a container of that workload this host holds (or is creating or deleting), so a host cannot
+        write into another host's workloads."""
+        activity, name = report.storage, report.container
+        if activity is None or name is None or not activity.workload_id or not name.startswith(activity.workload_id + "-"):
+            return
+        ours = name in agent.containers or any(
+            c.agent_id == agent.id and c.spec.get("name") == name for c in self._commands.open.values()
+        )
+        if not ours:
+            return
+        data = msgspec.to_builtins(activity)
+        data.pop("workload_id", None)
+        await self._events.record(f"storage.{activity.what}", activity.workload_id, agent_id=agent.id, container=name, **data)
 
     async def _on_renew(self, link: AccessLink, agent: AgentRecord, request: RenewRequest) -> None:
         """A new certificate for the agent this link speaks for: whom it names comes from the link, never the CSR."""

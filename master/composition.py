@@ -35,6 +35,7 @@ from master.metrics import FleetGauges, MasterMetrics
 from master.network_floors import NetworkFloors
 from master.records import CommandRecord
 from master.registry import Registry
+from master.secrets import SecretBox, SecretVault
 from master.store.base import Store
 from master.telemetry import TelemetryAggregator
 from master.tiers import TierPolicy
@@ -67,6 +68,7 @@ class Parts:
     metrics: MasterMetrics
     directory: RelayDirectoryAnnouncer
     verifier: Verifier  # measured verification of GPUs: challenges and their outcomes (master/verifier.py)
+    secrets: SecretVault  # renters' secrets, sealed with the Master's secrets.key (master/secrets.py)
     # Built once the rest is (they read every other part), by ``compose``.
     channel: AgentChannel = field(init=False)
     upkeep: Upkeep = field(init=False)
@@ -163,6 +165,7 @@ def compose(config: MasterConfig, store: Store, *, link_refusal: Callable[[], st
             lambda: hub.links.values(), lambda frame: _announce(parts, frame), coalesce_s=config.relay_directory_coalesce_s
         ),
         verifier=verifier,
+        secrets=SecretVault(store, SecretBox.open(authority.pki_dir)),  # beside the CA: backed up and shared with it
     )
     parts.channel = AgentChannel(parts)
     parts.upkeep = Upkeep(parts)

@@ -71,6 +71,7 @@ class Master(MasterRequests):
         self.channel = parts.channel
         self.verifier = parts.verifier  # measured verification (master/verifier.py)
         self.overlay = OverlayAuthority.open(self.state_dir, config.overlay)  # gangs' networks (docs/overlay.md)
+        self.secrets = parts.secrets  # renters' secrets (master/secrets.py)
         self.link_port = 0
         self._tasks: list[asyncio.Task[None]] = []
 

@@ -73,6 +73,7 @@ from master.records import (
     RentalRecord,
     RentalTerms,
     RevocationRecord,
+    SecretRecord,
     SilenceRecord,
     SshKeyRecord,
     TelemetryRollup,
@@ -83,6 +84,7 @@ from master.records import (
 )
 from master.registry import Registry
 from master.reputation import WEIGHTS, Reputation, reputation, reputation_score
+from master.secrets import SECRET_NAME_PATTERN, InvalidSecret, SecretVault
 from master.states import AgentState, CommandState, GpuState, StateMachine
 from master.store.aggregates import output_key, rental_order, workload_order
 from master.store.base import FairShareRepo, LedgerRepo, OutputRepo, PriceRepo, RentalRepo, SshKeyRepo, Store
@@ -117,6 +119,7 @@ class MasterPort(Protocol):
     tunnels: TunnelDispatch
     leadership: Leadership | None
     verifier: Verifier  # measured verification: challenges, outcomes (master/verifier.py)
+    secrets: SecretVault  # renters' secrets, sealed; values leave only through ``resolve`` (master/secrets.py)
     on_elected: list[Callable[[], Awaitable[None]]]  # what serving needs beyond the Master, run when it is elected
 
     # --- lifecycle and high availability ---
@@ -258,6 +261,10 @@ __all__ = [
     "Reputation",
     "Resync",
     "RevocationRecord",
+    "SECRET_NAME_PATTERN",
+    "InvalidSecret",
+    "SecretRecord",
+    "SecretVault",
     "SamplesTaken",
     "Shortfall",
     "SigningKeyInfo",

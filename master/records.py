@@ -9,6 +9,7 @@ import msgspec
 
 from common.containers import RegistryAuth
 from common.inventory import GpuInfo, GpuReach, HostInfo
+from common.storage import CheckpointSpec, StorageAccess, StorageMount
 from common.wire import BenchmarkFigures
 
 
@@ -398,9 +399,19 @@ class WorkloadSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     registry_auth: RegistryAuth | None = None
     # The kind of each declared port that has one (docs/links.md); a port not listed is plain tcp.
     links: Annotated[list[PortLink], msgspec.Meta(max_length=64)] = []
+    # Object storage (docs/storage.md): fetched before the command starts, uploaded at the end and on a period, one
+    # checkpoint directory restored wherever the workload runs next; ``storage`` says where and names the key secret.
+    inputs: Annotated[list[StorageMount], msgspec.Meta(max_length=16)] = []
+    outputs: Annotated[list[StorageMount], msgspec.Meta(max_length=16)] = []
+    checkpoint: CheckpointSpec | None = None
+    storage: StorageAccess | None = None
+    # SIGTERM to SIGKILL when the grid stops it (preemption, cancel, max duration, a drained host): long enough to
+    # write and upload a checkpoint; None: the scheduler's grace. Bounded by the Master's max_stop_grace_s.
+    stop_grace_s: Annotated[float, msgspec.Meta(ge=1, le=600)] | None = None
 
     def __post_init__(self) -> None:
         _require_finite("max_duration_s", self.max_duration_s)
+        _require_finite("stop_grace_s", self.stop_grace_s)
         repeated = sorted({p for p in self.ports if self.ports.count(p) > 1})
         if repeated:
             raise ValueError(f"ports lists {', '.join(map(str, repeated))} more than once")
@@ -628,3 +639,20 @@ class KeptOutput(msgspec.Struct, kw_only=True):
     ended_at: float  # when the Master asked for the deletion: retention counts from here
     collected_at: float | None = None
     tries: int = 0  # reads from the host that failed (the host was offline, the tunnel broke)
+
+
+# --- renters' secrets (docs/storage.md) ---------------------------------------------------------------------------
+
+
+class SecretRecord(msgspec.Struct, kw_only=True):
+    """One account's named secret; ``sealed`` is its value encrypted with the Master's secret key (master/secrets.py),
+    so the store (and its backups) never hold the value in clear. Keyed by (account, name)."""
+
+    account: str
+    name: str
+    sealed: str  # a Fernet token (URL-safe base64): encrypted and authenticated
+    created_at: float
+    size: int = 0  # the value's length in bytes, for lists (the value itself is never shown again)
+
+    def __repr__(self) -> str:
+        return f"SecretRecord(account={self.account!r}, name={self.name!r}, size={self.size})"

@@ -2,3 +2,4 @@
 
 from tests.support.operator_api import api  # noqa: F401
 from tests.support.podman import podman  # noqa: F401
+from tests.support.s3 import s3  # noqa: F401

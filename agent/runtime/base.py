@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from agent.runtime.images import PullProgress
@@ -91,6 +93,27 @@ class ContainerRuntime(Protocol):
     async def connect(self, name: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """A TCP connection to ``port`` of the running container ``name``, as seen from inside it."""
         ...
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A host directory a container gets at ``container`` (read-only unless ``writable``): agent/storage/."""
+
+    host: Path
+    container: str
+    writable: bool
+
+
+@runtime_checkable
+class MountsData(Protocol):
+    """A runtime that can give a container host directories (agent/storage/: inputs, outputs, the checkpoint).
+    ``host_paths``: the container sees them at their host paths (no mount namespace of its own to bind them in)."""
+
+    host_paths: bool
+
+    async def create_mounted(
+        self, spec: ContainerSpec, *, labels: Mapping[str, str], mounts: Sequence[Mount]
+    ) -> ContainerInfo: ...
 
 
 @runtime_checkable

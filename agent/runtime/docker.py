@@ -24,7 +24,7 @@ from urllib.parse import quote
 import aiohttp
 import msgspec
 
-from agent.runtime.base import STATE_REMOVED, STDOUT, ExecSession, check_same_command, container_labels
+from agent.runtime.base import STATE_REMOVED, STDOUT, ExecSession, Mount, check_same_command, container_labels
 from agent.runtime.docker_exec import DockerExecSession, exec_streams, hijack, read_frame
 from agent.runtime.images import (
     ImageLimits,
@@ -173,9 +173,14 @@ class DockerRuntime:
             fix=PODMAN_GPU_FIX if self.gpu_mode() == "cdi" else DOCKER_GPU_FIX,
         )
 
-    async def create(self, spec: ContainerSpec, *, labels: Mapping[str, str]) -> ContainerInfo:
+    host_paths = False  # storage directories are bound at the paths the spec names
+
+    async def create_mounted(self, spec: ContainerSpec, *, labels: Mapping[str, str], mounts: Sequence[Mount]) -> ContainerInfo:
+        return await self.create(spec, labels=labels, mounts=mounts)
+
+    async def create(self, spec: ContainerSpec, *, labels: Mapping[str, str], mounts: Sequence[Mount] = ()) -> ContainerInfo:
         wanted = container_labels(spec, labels)
-        raw = await self._inspect_raw(spec.name) or await self._create(spec, wanted)
+        raw = await self._inspect_raw(spec.name) or await self._create(spec, wanted, mounts)
         info = check_same_command(_info(raw), wanted)
         if info.state != "created":
             return info  # running or already finished: a repeat delivery, not a second run
@@ -283,14 +288,14 @@ class DockerRuntime:
         """Whether ``spec`` gets its GPUs as CDI devices through Podman's own API."""
         return bool(spec.gpus) and self.gpu_mode() == "cdi"
 
-    async def _send_create(self, spec: ContainerSpec, labels: dict[str, str]) -> tuple[int, Any]:
+    async def _send_create(self, spec: ContainerSpec, labels: dict[str, str], mounts: Sequence[Mount]) -> tuple[int, Any]:
         await self._negotiate()  # which engine: Podman takes GPU containers through its own API
         if self._cdi_gpus(spec):
             if self._libpod_version is None:
                 raise RuntimeFailure(f"the engine at {self.url} is not Podman: CDI GPU devices (gpu_devices = cdi) need Podman")
-            body = libpod_create_body(spec, labels, self.capabilities)
+            body = libpod_create_body(spec, labels, self.capabilities, mounts)
             return await self._call("POST", f"/v{self._libpod_version}/libpod/containers/create", body=body, versioned=False)
-        body = create_body(spec, labels, self.capabilities, device_requests=self.gpu_mode() == "device_requests")
+        body = create_body(spec, labels, self.capabilities, device_requests=self.gpu_mode() == "device_requests", mounts=mounts)
         return await self._call("POST", "/containers/create", params={"name": spec.name}, body=body)
 
     async def stop(self, name: str, *, timeout_s: float = 10.0) -> None:
@@ -308,11 +313,11 @@ class DockerRuntime:
         if status not in (204, 304, 404):  # 304: already stopped
             raise _failure(f"stopping container {name!r}", status, body)
 
-    async def _create(self, spec: ContainerSpec, labels: dict[str, str]) -> dict[str, Any]:
-        status, reply = await self._send_create(spec, labels)
+    async def _create(self, spec: ContainerSpec, labels: dict[str, str], mounts: Sequence[Mount] = ()) -> dict[str, Any]:
+        status, reply = await self._send_create(spec, labels, mounts)
         if _image_missing(status, reply):
             await self.ensure_image(spec)  # the executor pulls first (with progress); this is the late-comer's path
-            status, reply = await self._send_create(spec, labels)
+            status, reply = await self._send_create(spec, labels, mounts)
         if _name_in_use(status, reply):
             raced = await self._inspect_raw(spec.name)  # created meanwhile, maybe by a repeat of this command
             if raced is not None:
@@ -580,7 +585,12 @@ class DockerRuntime:
 
 
 def create_body(
-    spec: ContainerSpec, labels: Mapping[str, str], capabilities: Sequence[str], *, device_requests: bool = True
+    spec: ContainerSpec,
+    labels: Mapping[str, str],
+    capabilities: Sequence[str],
+    *,
+    device_requests: bool = True,
+    mounts: Sequence[Mount] = (),
 ) -> dict[str, Any]:
     """The ``POST /containers/create`` body for ``spec``: limits, hardening and (for GPUs) an NVIDIA device request."""
     host: dict[str, Any] = {
@@ -594,6 +604,8 @@ def create_body(
     if spec.memory_mib is not None:
         host["Memory"] = spec.memory_mib * MIB
         host["MemorySwap"] = spec.memory_mib * MIB  # equal: no swap beyond the memory that was sold
+    if mounts:
+        host["Binds"] = [f"{m.host}:{m.container}:{'rw' if m.writable else 'ro'}" for m in mounts]
     if spec.gpus and device_requests:
         host["DeviceRequests"] = [{"Driver": "nvidia", "DeviceIDs": list(spec.gpus), "Capabilities": [["gpu"]]}]
     body: dict[str, Any] = {
@@ -608,7 +620,9 @@ def create_body(
     return body
 
 
-def libpod_create_body(spec: ContainerSpec, labels: Mapping[str, str], capabilities: Sequence[str]) -> dict[str, Any]:
+def libpod_create_body(
+    spec: ContainerSpec, labels: Mapping[str, str], capabilities: Sequence[str], mounts: Sequence[Mount] = ()
+) -> dict[str, Any]:
     """Podman's own ``POST /libpod/containers/create`` body (its SpecGenerator) for ``spec``: the limits and hardening
     of ``create_body``, and each GPU as the CDI device ``nvidia.com/gpu=<uuid>``."""
     body: dict[str, Any] = {
@@ -622,6 +636,16 @@ def libpod_create_body(spec: ContainerSpec, labels: Mapping[str, str], capabilit
         "no_new_privileges": True,
         "devices": [{"path": f"{CDI_GPU_KIND}={gpu}"} for gpu in spec.gpus],
     }
+    if mounts:
+        body["mounts"] = [
+            {
+                "type": "bind",
+                "source": str(m.host),
+                "destination": m.container,
+                "options": ["rbind", "rw" if m.writable else "ro"],
+            }
+            for m in mounts
+        ]
     limits: dict[str, Any] = {}
     if spec.cpus is not None:
         limits["cpu"] = {"quota": round(spec.cpus * CPU_PERIOD_US), "period": CPU_PERIOD_US}

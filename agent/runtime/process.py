@@ -62,7 +62,7 @@ from typing import BinaryIO
 import msgspec
 
 from agent.runtime import process_sandbox as sandbox
-from agent.runtime.base import STATE_REMOVED, STDOUT, ExecSession, check_same_command, container_labels
+from agent.runtime.base import STATE_REMOVED, STDOUT, ExecSession, Mount, check_same_command, container_labels
 from agent.runtime.process_exec import start_exec
 from agent.runtime.selftest import reach_in_containers
 from agent.state import PRIVATE_FILE_MODE, private_dir
@@ -199,13 +199,19 @@ class ProcessRuntime:
                 "trusted host (containers then reach the host's loopback services)"
             )
 
-    async def create(self, spec: ContainerSpec, *, labels: Mapping[str, str]) -> ContainerInfo:
+    # No mount namespace to bind storage directories into at the spec's paths: the variables name the host paths.
+    host_paths = True
+
+    async def create_mounted(self, spec: ContainerSpec, *, labels: Mapping[str, str], mounts: Sequence[Mount]) -> ContainerInfo:
+        return await self.create(spec, labels=labels, mounts=mounts)
+
+    async def create(self, spec: ContainerSpec, *, labels: Mapping[str, str], mounts: Sequence[Mount] = ()) -> ContainerInfo:
         # No await from the look-up to the record being written, so two creates on this loop cannot interleave.
         wanted = container_labels(spec, labels)
         existing = self._load(spec.name)
         if existing is not None:
             return check_same_command(self._info(existing), wanted)
-        return self._info(self._launch(spec, wanted))
+        return self._info(self._launch(spec, wanted, mounts))
 
     async def delete(self, name: str, *, timeout_s: float = 10.0) -> ContainerInfo | None:
         record = self._load(name)
@@ -316,7 +322,7 @@ class ProcessRuntime:
 
     # --- launching ----------------------------------------------------------------------------------
 
-    def _launch(self, spec: ContainerSpec, labels: dict[str, str]) -> ProcessRecord:
+    def _launch(self, spec: ContainerSpec, labels: dict[str, str], mounts: Sequence[Mount] = ()) -> ProcessRecord:
         if not spec.command:
             raise RuntimeFailure(
                 f"container {spec.name!r} has no command; the process runtime runs the spec's command on the host "
@@ -330,12 +336,14 @@ class ProcessRuntime:
         cores = self._pick_cores(spec.cpus)
         uid = self._pick_uid()
         self._make_workdir(workdir, uid)
+        _give_writable(mounts, uid)
         shim = [SHELL, "-c", SHIM, SHIM_NAME, *spec.command]
         setup = sandbox.setup_script(
             workdir=workdir,
             private_tmp=uid is not None,
             tmpfs_size_mib=spec.memory_mib,
             resolv_conf=sandbox.write_resolv_conf(self.root / "resolv.conf") if self._private_network else None,
+            keep=[m.host for m in mounts],
         )
         launch = [
             *sandbox.sandbox_argv(root=self._root, private_network=self._private_network, setup=setup),
@@ -525,6 +533,19 @@ class ProcessRuntime:
 
     def _path(self, name: str, suffix: str) -> Path:
         return self.root / f"{name}{suffix}"
+
+
+def _give_writable(mounts: Sequence[Mount], uid: int | None) -> None:
+    """The checkpoint and output directories (and what a restore put there) become the container's own uid's; the
+    inputs stay the agent's, readable only (agent/storage/)."""
+    if uid is None:
+        return
+    for mount in mounts:
+        if not mount.writable:
+            continue
+        for dirpath, dirs, files in os.walk(mount.host):
+            for entry in [dirpath, *(os.path.join(dirpath, n) for n in dirs + files)]:
+                os.lchown(entry, uid, uid)
 
 
 def child_env(spec: ContainerSpec, *, home: Path) -> dict[str, str]:

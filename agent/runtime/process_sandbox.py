@@ -32,6 +32,7 @@ import shlex
 import socket
 import subprocess
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,22 +92,34 @@ class UidRange:
         )
 
 
-def setup_script(*, workdir: Path, private_tmp: bool, tmpfs_size_mib: int | None, resolv_conf: Path | None) -> str:
+def setup_script(
+    *, workdir: Path, private_tmp: bool, tmpfs_size_mib: int | None, resolv_conf: Path | None, keep: Sequence[Path] = ()
+) -> str:
     """What root runs first in the container's new mount namespace, before exec'ing the rest of its argv.
 
     It starts in the container's working directory. A fresh tmpfs on a shared place also hides whatever lay below
     it, the working directory too when it lies there (a work root under /tmp): the shell's working directory still
     is the old one, so it is bound back at its path through ``/proc/self/cwd`` (not canonicalized, which would
     resolve the name anew). ``private_tmp`` is off for a container that runs as the agent's own user (a trusted
-    host's choice, isolation "none"): it shares the host's places as it shares its files."""
+    host's choice, isolation "none"): it shares the host's places as it shares its files.
+
+    ``keep``: directories the container must still see at their paths (its storage: agent/storage/), held open on a
+    descriptor each before the tmpfs covers them and bound back through ``/proc/self/fd`` as the working directory is."""
     size = f",size={tmpfs_size_mib}m" if tmpfs_size_mib else ""
     steps = []
+    held = list(enumerate(keep, start=3))
+    for fd, path in held:
+        steps.append(f"exec {fd}<{shlex.quote(str(path))} || exit 126")
     if resolv_conf is not None:  # first: it may lie under a place about to be covered
         steps.append(f"{MOUNT} --bind -o ro {shlex.quote(str(resolv_conf))} /etc/resolv.conf || exit 126")
     for place in SHARED_WRITABLE if private_tmp else ():
         steps.append(f"if [ -d {place} ]; then {MOUNT} -t tmpfs -o mode=1777,nosuid,nodev{size} tmpfs {place} || exit 126; fi")
     work = shlex.quote(str(workdir))
     steps.append(f"mkdir -p {work} && {MOUNT} --no-canonicalize --bind /proc/self/cwd {work} || exit 126")
+    for fd, path in held:
+        where = shlex.quote(str(path))
+        steps.append(f"mkdir -p {where} && {MOUNT} --no-canonicalize --bind /proc/self/fd/{fd} {where} || exit 126")
+        steps.append(f"exec {fd}<&-")
     return "\n".join([*steps, 'exec "$@"'])
 
 

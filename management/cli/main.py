@@ -393,7 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
         dest="command",
         required=True,
         metavar="{master,access,agent,ca,token,account,whoami,demo,workload,offers,rent,bid,"
-        "balance,ledger,spend,earnings,payouts,credit,host,report,alert,ssh-key,ssh-config}",
+        "balance,ledger,spend,earnings,payouts,credit,host,report,alert,ssh-key,ssh-config,secret}",
     )
     _master_parser(sub)
     from access.cli import add_parser as add_access_parser
@@ -429,6 +429,9 @@ def build_parser() -> argparse.ArgumentParser:
     from management.cli.ssh import add_parsers as add_ssh_parsers
 
     add_ssh_parsers(sub, _parser)
+    from management.cli.secrets import add_parsers as add_secret_parsers
+
+    add_secret_parsers(sub, _parser)
     return parser
 
 
@@ -448,6 +451,7 @@ def _command_name(args: argparse.Namespace) -> str:
         "rule_command",
         "webhook_command",
         "ssh_key_command",
+        "secret_command",
         "master_command",
     ):
         if getattr(args, attr, None):

@@ -91,6 +91,7 @@ def add_parser(sub: argparse._SubParsersAction, make: Parser) -> None:
         "hosts, as the demo does (default: the file's constraints.allow_process_runtime, else no)",
     )
     add_launch_options(submit)
+    storage_options(submit)
     submit.add_argument(
         "container_command",
         nargs="*",
@@ -202,6 +203,7 @@ def spec_from(args: argparse.Namespace) -> dict[str, Any]:
         spec["registry_auth"] = _registry_auth(user, variable)
     if args.container_command:
         spec["command"] = args.container_command
+    _storage_flags(args, spec)
     if args.allow_process_runtime:
         spec["constraints"] = dict(spec.get("constraints") or {}) | {"allow_process_runtime": True}
     if getattr(args, "disk", None) is not None:
@@ -216,6 +218,77 @@ def spec_from(args: argparse.Namespace) -> dict[str, Any]:
     if args.account is not None or account is not None:
         spec["account"] = args.account if args.account is not None else account
     return spec
+
+
+def storage_options(p: argparse.ArgumentParser) -> None:
+    """Object storage flags, on ``workload submit`` and ``rent`` alike (docs/storage.md)."""
+    p.add_argument(
+        "--input",
+        action="append",
+        metavar="URI:PATH",
+        help="fetch s3://BUCKET/KEY (one object) or s3://BUCKET/PREFIX/ (every object under it) into PATH before the "
+        "command starts, repeatable (default: none)",
+    )
+    p.add_argument(
+        "--output",
+        action="append",
+        metavar="URI:PATH",
+        help="upload what the container leaves in PATH to s3://BUCKET/PREFIX/ at its end, repeatable (default: none)",
+    )
+    p.add_argument(
+        "--checkpoint",
+        metavar="URI[:PATH]",
+        help="the checkpoint directory (default PATH /checkpoint): restored before the command starts wherever it runs, "
+        "uploaded on a period and at every stop; the program finds it in $IDLEGRID_CHECKPOINT_DIR (default: none)",
+    )
+    p.add_argument("--checkpoint-period", type=float, metavar="SECONDS", help="upload what changed this often (default: 300)")
+    p.add_argument(
+        "--storage-credentials",
+        metavar="SECRET",
+        help="your secret holding the store's keys as ACCESS_KEY_ID:SECRET_ACCESS_KEY (idlegrid secret create; default: "
+        "the spec file's, else none)",
+    )
+    p.add_argument(
+        "--storage-endpoint", metavar="URL", help="an S3-compatible endpoint, e.g. https://minio.example:9000 (default: AWS S3)"
+    )
+    p.add_argument("--storage-region", metavar="REGION", help="the store's region (default: us-east-1)")
+    p.add_argument(
+        "--stop-grace",
+        type=float,
+        metavar="SECONDS",
+        help="SIGTERM to SIGKILL when the grid stops it, 1..600 (default: the grid's)",
+    )
+
+
+def _location(flag: str, text: str, default_path: str | None = None) -> dict[str, str]:
+    """``s3://bucket/key:/path`` -> {"uri", "path"}: split at the last ':' that starts an absolute path."""
+    at = text.rfind(":/")
+    if at > len("s3:/"):
+        return {"uri": text[:at], "path": text[at + 1 :]}
+    if default_path is not None:
+        return {"uri": text, "path": default_path}
+    raise BadSpec(f"{flag} {text!r}: write it as s3://BUCKET/KEY:/path/in/container")
+
+
+def _storage_flags(args: argparse.Namespace, spec: dict[str, Any]) -> None:
+    if getattr(args, "input", None):
+        spec["inputs"] = list(spec.get("inputs") or []) + [_location("--input", t) for t in args.input]
+    if getattr(args, "output", None):
+        spec["outputs"] = list(spec.get("outputs") or []) + [_location("--output", t) for t in args.output]
+    if getattr(args, "checkpoint", None):
+        spec["checkpoint"] = dict(spec.get("checkpoint") or {}) | _location("--checkpoint", args.checkpoint, "/checkpoint")
+    if getattr(args, "checkpoint_period", None) is not None:
+        if "checkpoint" not in spec:
+            raise BadSpec("--checkpoint-period needs --checkpoint")
+        spec["checkpoint"] = dict(spec["checkpoint"]) | {"period_s": args.checkpoint_period}
+    access = dict(spec.get("storage") or {})
+    for flag, field in (("storage_credentials", "credentials"), ("storage_endpoint", "endpoint"), ("storage_region", "region")):
+        if getattr(args, flag, None):
+            access[field] = getattr(args, flag)
+    if access:
+        spec["storage"] = access
+    if getattr(args, "stop_grace", None) is not None:
+        spec["stop_grace_s"] = args.stop_grace
 
 
 def _registry_auth(user: str | None, variable: str | None) -> dict[str, str]:
@@ -377,6 +450,30 @@ def describe(w: dict[str, Any]) -> str:
         f"submitted:   {when(w['created_at']) or '-'}   attempts: {w['attempts']}   restarts: {w['restarts']}",
         f"started:     {when(w['started_at']) or '-'}   finished: {when(w['finished_at']) or '-'}",
     ]
+    lines += _storage_lines(spec, w.get("storage"))
     for a in w["assignments"]:
         lines.append(f"replica {a['replica']}:   {a['container']} on {a['agent_id']} ({', '.join(a['units'])}) {a['state']}")
     return "\n".join(lines)
+
+
+def _size(n: int | None) -> str:
+    return "-" if n is None else f"{n / 1e6:.1f} MB" if n >= 100_000 else f"{n} bytes"
+
+
+def _storage_lines(spec: dict[str, Any], storage: dict[str, Any] | None) -> list[str]:
+    """The workload's data (docs/storage.md): where it lives, its last checkpoint, what its hosts moved."""
+    lines = [f"input:       {m['uri']} -> {m['path']}" for m in spec.get("inputs") or []]
+    lines += [f"output:      {m['path']} -> {m['uri']}" for m in spec.get("outputs") or []]
+    checkpoint = spec.get("checkpoint")
+    if checkpoint:
+        lines.append(f"checkpoint:  {checkpoint.get('path', '/checkpoint')} <-> {checkpoint['uri']}")
+    if storage:
+        taken = when(storage["checkpoint_at"])
+        lines.append(
+            f"last checkpoint: {taken + ', ' + _size(storage['checkpoint_bytes']) if taken else 'none yet'}"
+            + (f"   resumed from: {when(storage['restored_from'])}" if storage.get("restored_from") else "")
+            + f"   moving data: {storage['transfer_s']:.1f} s"
+        )
+        if storage.get("last_error"):
+            lines.append(f"storage error: {storage['last_error']}")
+    return lines

@@ -377,6 +377,16 @@ class ApiCalls(Generic[R]):
     def workload_ssh(self, workload_id: str) -> R:
         """The workload's SSH host keys, one per placed replica, with their known_hosts lines."""
         return self.send(ApiRequest("GET", f"{API_PREFIX}/workloads/{_segment(workload_id)}/ssh"))
+    # --- secrets (docs/storage.md): each account its own; a value is sent once and never read back ---
+
+    def create_secret(self, name: str, value: str) -> R:
+        return self.send(ApiRequest("POST", f"{API_PREFIX}/secrets", body={"name": name, "value": value}))
+
+    def secrets(self) -> R:
+        return self.send(ApiRequest("GET", f"{API_PREFIX}/secrets"))
+
+    def delete_secret(self, name: str) -> R:
+        return self.send(ApiRequest("DELETE", f"{API_PREFIX}/secrets/{_segment(name)}"))
 
     # --- the market: providers' prices (amounts as decimal strings per GPU-hour, e.g. "2.50") ---
 

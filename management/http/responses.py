@@ -313,6 +313,26 @@ class ReplicaNetworkView(View):
 class NetworkView(View):
     network: str  # the workload's block of the overlay
     replicas: list[ReplicaNetworkView]
+class TransferView(View):
+    at: Time | None
+    what: str  # inputs_fetched | checkpoint_restored | checkpoint_uploaded | outputs_uploaded | upload_failed
+    host: str
+    bytes: int
+    seconds: float
+    error: str
+
+
+class StorageView(View):
+    """A workload's data (docs/storage.md): its last checkpoint (when taken, its whole size), the checkpoint the
+    latest run resumed from, the time its hosts spent moving data, the last failure, the latest transfers."""
+
+    checkpoint_at: Time | None
+    checkpoint_bytes: int | None
+    checkpoint_uploads: int
+    restored_from: Time | None
+    transfer_s: float
+    last_error: str
+    recent: list[TransferView]
 
 
 class WorkloadDetail(WorkloadView):
@@ -323,6 +343,7 @@ class WorkloadDetail(WorkloadView):
     waiting: ExplanationView | None
     outputs: list[OutputView]
     network: NetworkView | None = None
+    storage: StorageView | None = None  # null for a workload that names no storage
 
 
 # --- accounts and API keys -----------------------------------------------------------------------------------------

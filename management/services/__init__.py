@@ -20,6 +20,7 @@ lazily.
 | ``reports`` | reports along dimensions |
 | ``tunnels`` | renter access: tunnels to a workload's containers through the relays, logs, kept output |
 | ``onboarding`` | what a provider's host fetches to join the grid |
+| ``secrets`` | an account's own secrets: create (value taken once), list by name, delete |
 | ``verification`` | measured GPU verification: a run on the operator's request, each GPU's result and history |
 | ``templates`` | launch templates: the catalog and the workload spec each launches |
 | ``links`` | HTTPS links to workloads' http ports: their URLs, link tokens, who may pass, the tunnels they use |
@@ -44,6 +45,7 @@ from management.services.market import MarketService
 from management.services.prices import PricesService
 from management.services.reports import ReportsService
 from management.services.ssh_keys import SshKeysService
+from management.services.secrets import SecretsService
 from management.services.telemetry import TelemetryService
 from management.services.templates import TemplatesService
 from management.services.tunnels import RenterAccess
@@ -71,3 +73,4 @@ class Services:
     links: LinksService
     templates: TemplatesService
     ssh_keys: SshKeysService
+    secrets: SecretsService

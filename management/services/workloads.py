@@ -20,7 +20,10 @@ from management.services.market import MarketService, RentalDetail
 from management.services.models import Page, page_of
 from management.workloads.book import WorkloadBook
 from management.workloads.runner import SchedulerLoop
+from management.workloads.storage import STORAGE_EVENT_PREFIX, StorageSummary, summarize
 from master.port import EventRecord, KeptOutput, MasterPort, WorkloadRecord, WorkloadSpec, workload_order
+
+EVENTS_PAGE = 500  # storage reports read per store call
 
 
 class WorkloadKey(msgspec.Struct, array_like=True, frozen=True):
@@ -107,6 +110,21 @@ class WorkloadsService:
         see the workload)."""
         kept = await self._master.store.outputs.list(workload_id=workload_id)
         return sorted(kept, key=lambda k: (k.replica, k.attempt))
+
+    async def workload_storage(self, record: WorkloadRecord) -> StorageSummary | None:
+        """What moved of the workload's data (its hosts' reports), None for a workload that names no storage."""
+        if not (record.spec.inputs or record.spec.outputs or record.spec.checkpoint):
+            return None
+        events: list[EventRecord] = []
+        after = 0
+        while True:  # every report, oldest first (a checkpoint every few minutes: a long run has thousands)
+            page = await self._master.events_after(
+                subject=record.id, kind_prefix=STORAGE_EVENT_PREFIX, after_seq=after, limit=500
+            )
+            events += page
+            if len(page) < 500:
+                return summarize(events)
+            after = page[-1].seq
 
     async def cancel_workload(self, workload_id: str, *, account: str | None = None) -> WorkloadRecord:
         return await self.book.cancel(workload_id, account, time.time())

@@ -35,6 +35,7 @@ from management.workloads.states import (
     AssignmentState,
     WorkloadState,
 )
+from management.workloads.storage import check_storage, secret_names, stop_grace
 from master.port import (
     Assignment,
     CommandRecord,
@@ -54,6 +55,8 @@ TRANSITION_EVENT = "workload.transition"
 DELETE_REFUSED_EVENT = "workload.delete_refused"
 BID_EVENT = "workload.bid"  # an interruptible workload's bid raised or lowered
 DEFAULT_DELETE_GRACE_S = 30.0  # what a cancelled workload's containers get to stop before they are killed
+MAX_STOP_GRACE_S = 600.0  # the most a workload's own stop_grace_s gives (a delete command's timeout_s bound)
+UPLOAD_ALLOWANCE_S = 600.0  # a delete of a container with storage: its host's last upload (the agent's final_upload_s)
 LOAD_PAGE = 1000
 # Fields a transition may not change: identity, what was asked, and what the book itself keeps.
 _FIXED_FIELDS = frozenset({"id", "account", "spec", "state", "state_reason", "created_at", "queued_at", "version"})
@@ -168,6 +171,7 @@ class WorkloadBook:
     async def submit(self, account: str, spec: WorkloadSpec, now: float) -> WorkloadRecord:
         """Store a new queued workload for ``account``; InvalidWorkloadSpec when it names what is not configured."""
         check_spec(spec, policy=self._policy, priority_classes=self._priority_classes)
+        check_storage(spec, {s.name for s in await self._store.secrets.list(account)} if secret_names(spec) else ())
         rec = WorkloadRecord(
             id=new_workload_id(),
             account=account,
@@ -224,7 +228,11 @@ class WorkloadBook:
         if target != WorkloadState.QUEUED:
             changes = {"assignments": marked} | changes
         rec = await self._transition(rec.id, event, reason, now, changes)
-        refused = await self._delete_containers(rec.id, live, grace_s=grace_s)
+        # A workload that asked for a longer (or shorter) grace to upload its checkpoint gets it (docs/storage.md).
+        grace_s = stop_grace(rec.spec, self._delete_grace_s if grace_s is None else grace_s, MAX_STOP_GRACE_S)
+        # ... and its delete waits for the last upload the host makes once the container stopped.
+        timeout_s = grace_s + UPLOAD_ALLOWANCE_S if rec.spec.checkpoint or rec.spec.outputs else None
+        refused = await self._delete_containers(rec.id, live, grace_s=grace_s, timeout_s=timeout_s)
         if refused:
             note = f"; {len(refused)} container(s) could not be deleted now: {'; '.join(refused)}"
             updated = msgspec.structs.replace(rec, state_reason=rec.state_reason + note, version=rec.version + 1)
@@ -328,7 +336,7 @@ class WorkloadBook:
         return updated
 
     async def _delete_containers(
-        self, workload_id: str, assignments: Iterable[Assignment], *, grace_s: float | None
+        self, workload_id: str, assignments: Iterable[Assignment], *, grace_s: float | None, timeout_s: float | None = None
     ) -> builtins.list[str]:
         """Send a delete for each of ``assignments``; returns what could not be sent (the host refused: e.g. it was
         retired), each as a sentence, and records each refusal as an event."""
@@ -336,7 +344,7 @@ class WorkloadBook:
         for a in assignments:
             spec = {"name": a.container, "timeout_s": self._delete_grace_s if grace_s is None else grace_s}
             try:
-                await self._commands.create_command(a.agent_id, "delete_container", spec)
+                await self._commands.create_command(a.agent_id, "delete_container", spec, timeout_s=timeout_s)
             except IdlegridError as exc:
                 refused.append(f"{a.container} on {a.agent_id}: {exc}")
                 await self._events.record(

@@ -178,7 +178,7 @@ def _starting(rec: WorkloadRecord, facts: Facts, policy: LifecyclePolicy) -> tup
     pulls: list[str] = []  # how the image pulls under way go, per replica still starting
     for a, f in zip(rec.assignments, facts.replicas, strict=True):
         if not a.command_id and a.state == A.PENDING:
-            creates.append(_create(a, f, policy))
+            creates.append(_create(a, f, policy, fetches=bool(rec.spec.inputs or rec.spec.checkpoint)))
             states.append(_SUCCEEDED if f.listed else _PENDING)
             continue
         state = _SUCCEEDED if a.state == A.RUNNING else (f.create_state or _PENDING)
@@ -209,12 +209,14 @@ def _starting(rec: WorkloadRecord, facts: Facts, policy: LifecyclePolicy) -> tup
     return tuple(actions)
 
 
-def _create(a: Assignment, f: ReplicaFacts, policy: LifecyclePolicy) -> Action:
+def _create(a: Assignment, f: ReplicaFacts, policy: LifecyclePolicy, *, fetches: bool = False) -> Action:
     if f.listed:  # created before a restart: adopt it
         return Adopt(a.replica)
     if f.create_made:  # a create is on its way already: another would take its GPUs and clash on the name
         return TakeOver(a.replica, f.create_made)
-    timeout_s = policy.start_timeout_s + (0.0 if f.has_image else policy.pull_allowance_s)
+    # A host that pulls an image, or fetches inputs and a checkpoint before the command starts (docs/storage.md), gets
+    # the pull allowance more: a slow renter's registry or store must not time the create out as the host's fault.
+    timeout_s = policy.start_timeout_s + (0.0 if f.has_image and not fetches else policy.pull_allowance_s)
     return Create(a.replica, timeout_s)
 
 

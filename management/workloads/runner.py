@@ -61,8 +61,9 @@ from management.workloads.lifecycle import (
     ReplicaFacts,
     TakeOver,
 )
-from management.workloads.spec import container_name, container_spec
+from management.workloads.spec import InvalidWorkloadSpec, container_name, container_spec
 from management.workloads.states import AssignmentState, WorkloadState
+from management.workloads.storage import container_storage, secret_names
 from master.port import AgentRecord, AgentState, Assignment, CommandRecord, MasterConfig, MasterPort, WorkloadRecord, WorkloadSpec
 
 log = logging.getLogger(__name__)
@@ -456,7 +457,14 @@ class SchedulerLoop:
                 now=now,
                 max_duration_s=rec.spec.max_duration_s,
             )
-            body = wire_spec(container_spec(rec, a, overlay))
+            try:
+                # The secrets it names, read now (a secret deleted since the submit fails the start: the renter's).
+                secrets = await self.master.secrets.resolve(rec.account, secret_names(rec.spec))
+                storage = container_storage(rec.spec, secrets, a.replica)
+                body = wire_spec(container_spec(rec, a, overlay, secrets=secrets, storage=storage))
+            except (NotFound, InvalidWorkloadSpec) as exc:
+                unusable = End("start_failed", f"did not start: {exc}", self.lifecycle_policy.grace_s)
+                return await self._carry(rec, unusable, now)
             try:
                 command = await self.master.create_command(a.agent_id, "create_container", body, timeout_s=action.timeout_s)
             except IdlegridError as exc:

@@ -10,12 +10,13 @@ Pure: no I/O.
 from __future__ import annotations
 
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
 from common.catalog import CATALOG
 from common.containers import ContainerSpec, RegistryAuth
 from common.errors import IdlegridError
 from common.overlay import OverlaySpec
+from common.storage import ContainerStorage, secret_ref
 from master.port import Assignment, TierPolicy, WorkloadRecord, WorkloadSpec
 
 __all__ = [
@@ -76,18 +77,28 @@ def workload_of(container: str) -> str | None:
     return match.group(1) if match else None
 
 
-def container_spec(rec: WorkloadRecord, a: Assignment, overlay: OverlaySpec | None = None) -> ContainerSpec:
+def container_spec(
+    rec: WorkloadRecord,
+    a: Assignment,
+    overlay: OverlaySpec | None = None,
+    *,
+    secrets: Mapping[str, str] | None = None,
+    storage: ContainerStorage | None = None,
+) -> ContainerSpec:
     """What replica ``a`` of ``rec`` runs on its host: the renter's image, command, env, labels and ports, the GPUs
     placed for it, its CPU and RAM shares, its registry credentials, the workload id and replica the agent turns
     into reserved labels, and a gang replica's place on its network (``overlay``, docs/overlay.md). The Master
-    validates it again when the command is made (master/commands.py)."""
+    validates it again when the command is made (master/commands.py).
+
+    ``secrets``: the values of the secrets the spec names (the runner resolves them; management/workloads/storage.py),
+    put in place of the env's ``${secret:NAME}`` values; ``storage``: the replica's resolved object storage."""
     spec = rec.spec
     auth = spec.registry_auth
     return ContainerSpec(
         name=a.container,
         image=spec.image,
         command=list(spec.command),
-        env=dict(spec.env),
+        env={k: (secrets or {}).get(ref, v) if (ref := secret_ref(v)) else v for k, v in spec.env.items()},
         gpus=list(a.units),
         labels=dict(spec.labels),
         workload_id=rec.id,
@@ -97,4 +108,5 @@ def container_spec(rec: WorkloadRecord, a: Assignment, overlay: OverlaySpec | No
         memory_mib=spec.replica.ram_mib,
         registry_auth=None if auth is None else RegistryAuth(username=auth.username, password=auth.password),
         overlay=overlay,
+        storage=storage,
     )

@@ -36,6 +36,7 @@ class Aggregate(str, Enum):
     HOST_HOURLY_ROLLUPS = "host_hourly_rollups"
     OUTPUTS = "outputs"  # workload containers' output kept after they are deleted
     SSH_KEYS = "ssh_keys"  # accounts' SSH public keys (docs/ssh.md)
+    SECRETS = "secrets"  # renters' secrets, encrypted (keyed by secret_key)
 
 
 def host_rollup_key(agent_id: str, minute: int) -> str:
@@ -71,6 +72,11 @@ def price_key(provider: str, agent_id: str) -> str:
 def rental_order(started_at: float, rental_id: str) -> str:
     """Where a rental sorts in lists, in both backends: by start, then id, as one comparable string."""
     return f"{started_at:020.6f}|{rental_id}"
+
+
+def secret_key(account: str, name: str) -> str:
+    """The key of one account's secret, in both backends: the account id (which has no "/"), "/", the name."""
+    return f"{account}/{name}"
 
 
 def output_key(workload_id: str, replica: int, attempt: int) -> str:

@@ -31,6 +31,7 @@ from master.records import (
     PriceRecord,
     RentalRecord,
     RevocationRecord,
+    SecretRecord,
     SilenceRecord,
     SshKeyRecord,
     TelemetryRollup,
@@ -58,6 +59,7 @@ __all__ = [
     "PriceRepo",
     "RentalRepo",
     "RevocationRepo",
+    "SecretRepo",
     "RollupRepo",
     "SilenceRepo",
     "SshKeyRepo",
@@ -390,6 +392,21 @@ class LeaseRepo(Protocol):
         next holder's is higher. Whether it was released."""
 
 
+class SecretRepo(Protocol):
+    """Renters' secrets, sealed; keyed by (account, name). Never replaced in place: a name is deleted, then created."""
+
+    async def insert(self, rec: SecretRecord) -> None:
+        """Store a new secret; DuplicateSecret if the account already has one of that name."""
+
+    async def get(self, account: str, name: str) -> SecretRecord | None: ...
+
+    async def list(self, account: str) -> builtins.list[SecretRecord]:
+        """The account's secrets by name."""
+
+    async def delete(self, account: str, name: str) -> bool:
+        """Whether there was one to delete."""
+
+
 class Store(Protocol):
     agents: AgentRepo
     gpus: GpuRepo
@@ -403,6 +420,7 @@ class Store(Protocol):
     hourly_rollups: RollupRepo  # the same records, one per GPU and hour, downsampled from ``rollups``
     workloads: WorkloadRepo
     outputs: OutputRepo
+    secrets: SecretRepo  # renters' secrets, sealed (master/secrets.py)
     fair_share: FairShareRepo
     prices: PriceRepo
     rentals: RentalRepo

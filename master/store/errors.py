@@ -27,3 +27,7 @@ class UnbalancedEntry(IdlegridError):
     """A ledger entry whose lines do not sum to zero (or that has none): the ledger refuses it whole."""
 
     code = "unbalanced_entry"
+
+
+class DuplicateSecret(Conflict):
+    """A new secret whose name the account already uses: secrets are never overwritten in place (delete it first)."""

@@ -210,6 +210,15 @@ SQLITE_MIGRATIONS: tuple[SqliteMigration, ...] = (
             "CREATE INDEX ssh_keys_by_account ON ssh_keys (account, created_at)",
         ),
     ),
+    SqliteMigration(
+        13,
+        "renters' secrets, encrypted (docs/storage.md)",
+        (
+            """CREATE TABLE secrets (
+                id TEXT PRIMARY KEY, account TEXT NOT NULL, name TEXT NOT NULL, doc TEXT NOT NULL)""",
+            "CREATE INDEX secrets_by_account ON secrets (account, name)",
+        ),
+    ),
 )
 
 MONGO_MIGRATIONS: tuple[MongoMigration, ...] = (
@@ -324,6 +333,11 @@ MONGO_MIGRATIONS: tuple[MongoMigration, ...] = (
         12,
         "accounts' SSH public keys by account and creation (docs/ssh.md)",
         {"ssh_keys": [IndexModel([("account", ASCENDING), ("created_at", ASCENDING)])]},
+    ),
+    MongoMigration(
+        13,
+        "renters' secrets, encrypted, by account and name (docs/storage.md)",
+        {"secrets": [IndexModel([("account", ASCENDING), ("name", ASCENDING)])]},
     ),
 )
 

@@ -82,3 +82,16 @@ def test_the_ingest_benchmark_reports_each_store_against_its_raw_insert_baseline
     for r in results:
         assert r["rollups"] == 400 and r["rollups_per_s"] > 0 and r["baseline_per_s"] > 0 and r["paced_rollups_per_s"] > 0
         assert r["vs_baseline"] == pytest.approx(r["rollups_per_s"] / r["baseline_per_s"], rel=0.01)
+
+
+@pytest.mark.e2e
+def test_the_storage_benchmark_reports_throughput_and_round_trips_during_an_upload(tmp_path):
+    out = tmp_path / "storage.json"
+    done = run_bench("storage", "--gigabytes", "0.02", "--idle-s", "2", "--json", str(out), timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(out.read_text())
+    assert [(t["bound_mbit_s"], t["bulk_processes"]) for t in result["throughput"]] == [(None, True), (1000, True), (None, False)]
+    assert all(t["upload_mib_s"] > 0 and t["restore_mib_s"] > 0 for t in result["throughput"])
+    trips = result["round_trips"]
+    assert trips["idle"]["commands"] > 0 and trips["upload"]["commands"] > 0 and trips["errors"] == []
+    assert trips["upload_transfer"]["bytes"] >= 20_000_000

@@ -41,3 +41,28 @@ async def test_an_event_flood_is_cut_to_the_budget_and_noted_once(tmp_path):
         assert dropped == 145
     finally:
         await master.stop()
+
+
+async def test_a_storage_report_is_recorded_under_the_workload_only_from_the_host_that_holds_its_container(master):
+    from common.storage import StorageActivity
+
+    link = relay_link()
+    await connect(master, link, "agt-a")
+    await connect(master, link, "agt-b")
+    await master.create_command("agt-b", "create_container", {"name": "wl-00aa-r0-a1", "image": "busybox"})
+    upload = StorageActivity(what="checkpoint_uploaded", workload_id="wl-00aa", bytes=5, total_bytes=9, taken_at=2.0)
+
+    def report(container: str, activity: StorageActivity = upload) -> AgentEvent:
+        return AgentEvent(kind=AgentEventKind.STORAGE, ts=3.0, container=container, storage=activity)
+
+    await relay(master, link, "agt-a", report("wl-00aa-r0-a1"))  # not agt-a's container
+    await relay(master, link, "agt-b", report("wl-00bb-r0-a1"))  # a container of another workload than it names
+    assert await events(master, "storage.") == []
+    await relay(master, link, "agt-b", report("wl-00aa-r0-a1"))
+    [recorded] = await events(master, "storage.")
+    assert (recorded.kind, recorded.subject) == ("storage.checkpoint_uploaded", "wl-00aa")
+    assert recorded.data == {
+        "agent_id": "agt-b", "container": "wl-00aa-r0-a1", "what": "checkpoint_uploaded", "bytes": 5, "total_bytes": 9,
+        "taken_at": 2.0,
+    }  # fmt: skip
+    assert len(await events(master, "agent_report.storage")) == 3  # every report is kept under its host, as any is

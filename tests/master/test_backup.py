@@ -92,6 +92,7 @@ async def test_a_backup_taken_while_the_master_writes_restores_into_a_master_wit
     running: MasterServer, tmp_path: Path
 ) -> None:
     await seed(running)
+    await running.master.secrets.create("rita", "s3", "AKIA:rita-secret")  # sealed with the Master's secrets.key
     agent_key, agent_cert = running.master.authority.ca.issue_keypair(CertRole.AGENT, "agent-a", valid_s=3600)
     events = running.master.store.events
     writes = {"before": 0, "done": 0}
@@ -131,6 +132,8 @@ async def test_a_backup_taken_while_the_master_writes_restores_into_a_master_wit
         assert restored.master.authority.ca_file.read_bytes() == running.master.authority.ca_file.read_bytes()
         verify_issued_by(load_cert(agent_cert), restored.master.authority.ca.cert)
         assert restored.master.authority.signer.key_id == running.master.authority.signer.key_id
+        # The same secrets key: the renters' secrets open on the restored Master.
+        assert await restored.master.secrets.resolve("rita", ["s3"]) == {"s3": "AKIA:rita-secret"}
         # The operator's key still works on the restored Master.
         operator_key = (restored_dir / "operator.token").read_text().strip()
         assert operator_key == running.operator_token_file.read_text().strip()
@@ -152,6 +155,7 @@ async def test_restored_files_keep_their_modes(running: MasterServer, tmp_path: 
     assert mode("pki/ca.key") == 0o600 and mode("pki/master.key") == 0o600
     assert mode("pki/ca.crt") == 0o644 and mode("pki/master.crt") == 0o644
     assert mode("operator.token") == 0o600
+    assert mode("pki/secrets.key") == 0o600
 
 
 async def test_an_offline_store_is_backed_up_too(tmp_path: Path) -> None:

@@ -93,6 +93,7 @@ async def _plant_good_and_bad_records(store_url: str) -> dict[Aggregate, str]:
             Aggregate.HOST_ROLLUPS: await poison(store, Aggregate.HOST_ROLLUPS, "agt-1", minute=2),
             Aggregate.HOST_HOURLY_ROLLUPS: await poison(store, Aggregate.HOST_HOURLY_ROLLUPS, "agt-1", minute=120),
             Aggregate.OUTPUTS: await poison(store, Aggregate.OUTPUTS, "wl-1:r0:a2"),
+            Aggregate.SECRETS: await poison(store, Aggregate.SECRETS, "alice/poisoned"),
         }
     finally:
         await store.close()
@@ -167,6 +168,10 @@ async def test_the_master_starts_and_serves_with_an_undecodable_record_in_every_
         assert silences.status == 200 and (await silences.json())["items"] == []
         webhooks = await client.get("/api/v1/webhooks", headers=auth)
         assert webhooks.status == 200 and (await webhooks.json())["items"] == []
+
+        # A renter's secrets (read when it lists them or a create needs them): the bad one skipped.
+        await master.secrets.create("alice", "good", "value")
+        assert [s.name for s in await master.secrets.list("alice")] == ["good"]
 
         # Each bad record is reported: an event naming its aggregate and key, a log line, a count.
         reported = await _reported(client, auth, len(Aggregate))

@@ -45,7 +45,9 @@ async def get_workload(request: web.Request) -> web.Response:
     )
     outputs = await services.workloads.workload_outputs(record.id)
     paths = services.workloads.network_paths(record)
-    return json_response(workload_detail(record, services.market.workload_terms(record), waiting, outputs, paths))
+    storage = await services.workloads.workload_storage(record)
+    terms = services.market.workload_terms(record)
+    return json_response(workload_detail(record, terms, waiting, outputs, paths, storage=storage))
 
 
 async def explain_workload(request: web.Request) -> web.Response:

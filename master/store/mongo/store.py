@@ -26,6 +26,7 @@ from master.store.base import (
     RentalRepo,
     RevocationRepo,
     RollupRepo,
+    SecretRepo,
     SilenceRepo,
     SshKeyRepo,
     TokenRepo,
@@ -52,6 +53,7 @@ from master.store.mongo.rentals import MongoRentalRepo
 from master.store.mongo.revocations import MongoRevocationRepo
 from master.store.mongo.rollups import MongoHourlyRollupRepo, MongoRollupRepo
 from master.store.mongo.ssh_keys import MongoSshKeyRepo
+from master.store.mongo.secrets import MongoSecretRepo
 from master.store.mongo.tokens import MongoTokenRepo
 from master.store.mongo.workloads import MongoWorkloadRepo
 from master.store.quarantine import Quarantine
@@ -77,6 +79,7 @@ class MongoStore:
         self.hourly_rollups: RollupRepo = MongoHourlyRollupRepo(*upkeep)
         self.workloads: WorkloadRepo = MongoWorkloadRepo(*upkeep)
         self.outputs: OutputRepo = MongoOutputRepo(*upkeep)
+        self.secrets: SecretRepo = MongoSecretRepo(*upkeep)
         self.fair_share: FairShareRepo = MongoFairShareRepo(*upkeep)
         self.prices: PriceRepo = MongoPriceRepo(*upkeep)
         self.rentals: RentalRepo = MongoRentalRepo(*upkeep)

@@ -22,6 +22,7 @@ from master.store.base import (
     RentalRepo,
     RevocationRepo,
     RollupRepo,
+    SecretRepo,
     SilenceRepo,
     SshKeyRepo,
     TokenRepo,
@@ -49,6 +50,7 @@ from master.store.sqlite.rentals import SqliteRentalRepo
 from master.store.sqlite.revocations import SqliteRevocationRepo
 from master.store.sqlite.rollups import SqliteHourlyRollupRepo, SqliteRollupRepo
 from master.store.sqlite.ssh_keys import SqliteSshKeyRepo
+from master.store.sqlite.secrets import SqliteSecretRepo
 from master.store.sqlite.tokens import SqliteTokenRepo
 from master.store.sqlite.workloads import SqliteWorkloadRepo
 
@@ -74,6 +76,7 @@ class SqliteStore:
         self.hourly_rollups: RollupRepo = SqliteHourlyRollupRepo(*upkeep)
         self.workloads: WorkloadRepo = SqliteWorkloadRepo(*upkeep)
         self.outputs: OutputRepo = SqliteOutputRepo(*upkeep)
+        self.secrets: SecretRepo = SqliteSecretRepo(*upkeep)
         self.fair_share: FairShareRepo = SqliteFairShareRepo(*upkeep)
         self.prices: PriceRepo = SqlitePriceRepo(*upkeep)
         self.rentals: RentalRepo = SqliteRentalRepo(*upkeep)
