@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from common.errors import InvalidPassword, SignInRefused
-from management.access_control import Action, Resource
+from management.access_control import Action, Resource, permitted
 from management.console import session
 from management.console.nav import NavItem
 from management.console.rendering import NAV_KEY, page
@@ -82,8 +82,9 @@ async def root(request: web.Request) -> web.Response:
 
 
 async def account_page(request: web.Request, *, error: str = "", status: int = 200) -> web.Response:
-    await session.signed_in(request, Resource.ACCOUNTS, Action.READ)
-    return await page(request, "account.html", title="Your account", error=error, status=status)
+    scope = await session.signed_in(request, Resource.ACCOUNTS, Action.READ)
+    keeps_secrets = permitted(scope.principal.role, Resource.SECRETS, Action.READ)  # the link to its secrets page
+    return await page(request, "account.html", title="Your account", error=error, status=status, keeps_secrets=keeps_secrets)
 
 
 async def change_password(request: web.Request) -> web.Response:
