@@ -11,7 +11,15 @@ from __future__ import annotations
 
 import re
 
+import msgspec
 import pytest
+
+from management.cli.main import build_parser
+from management.cli.workloads import spec_from
+from management.market.money import parse_amount
+from management.market.prices import PriceSetting
+from master.port import WorkloadSpec
+from tests.management.hosts import add_agent
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -50,3 +58,96 @@ def test_secrets_are_stored_listed_by_name_and_deleted_after_a_confirmation(cons
     page.wait_for_url(re.compile(r"/console/secrets$"))
     assert "Deleted secret datasets-rw" in page.locator(".flashes").inner_text()
     assert "No secrets yet" in page.locator("main").inner_text()
+
+
+@pytest.fixture
+def market(console_master):
+    """Provider acme's A10 host priced 1.20 per GPU-hour; the renter has 25.00 and its storage keys as a secret."""
+    master, services = console_master.server.master, console_master.services
+
+    async def seed() -> None:
+        await add_agent(master, "agt-a10", "a10:2", provider="acme", runtime="docker", isolation="container")
+        await services.prices.book.set_default("acme", PriceSetting(on_demand="1.20", min_bid="0.40"))
+        await services.market.credit("rita", parse_amount("25.00"), "welcome", key="welcome")
+        await services.secrets.create("rita", "datasets-rw", KEYS)
+
+    console_master.run(seed())
+    return console_master
+
+
+def fill_storage(page, **fields: str) -> None:
+    for label, value in fields.items():
+        page.locator(f"#{label}").fill(value)
+
+
+def test_the_launch_form_submits_inputs_outputs_and_a_checkpoint_as_the_command_line_would(market, page, sign_in, shot):
+    sign_in(page, "renter")
+    page.get_by_role("link", name="Launch").click()
+    page.get_by_label("Name", exact=True).fill("train")
+    page.get_by_label("Image", exact=True).fill("python:3.12")
+    page.get_by_label("Inputs", exact=False).fill("s3://datasets/imagenet/ /data\ns3://models/base.bin:/weights")
+    page.get_by_label("Outputs", exact=False).fill("s3://results/run-1/ /out")
+    page.get_by_label("Checkpoint location").fill("s3://checkpoints/run-1/")
+    page.get_by_label("Upload every, seconds").fill("60")
+    page.get_by_label("Endpoint", exact=False).fill("http://127.0.0.1:9000")
+    page.get_by_label("Credentials (your secret)").select_option("datasets-rw")
+    page.get_by_label("Stop grace", exact=False).fill("90")
+    shot(page, "filled")
+    page.get_by_role("button", name="Launch").click()
+    page.wait_for_url(re.compile(r"/console/workloads/wl-"))
+    workload_id = page.url.rsplit("/", 1)[1]
+    record = market.run(market.services.workloads.get_workload(workload_id, account="rita"))
+    args = build_parser().parse_args(
+        ["workload", "submit", "--name", "train", "--image", "python:3.12", "--gpus", "1",
+         "--input", "s3://datasets/imagenet/:/data", "--input", "s3://models/base.bin:/weights",
+         "--output", "s3://results/run-1/:/out", "--checkpoint", "s3://checkpoints/run-1/", "--checkpoint-period", "60",
+         "--storage-endpoint", "http://127.0.0.1:9000", "--storage-credentials", "datasets-rw", "--stop-grace", "90"]
+    )  # fmt: skip
+    cli = msgspec.convert(spec_from(args), WorkloadSpec)
+    storage_fields = ("inputs", "outputs", "checkpoint", "storage", "stop_grace_s")
+    assert {f: getattr(record.spec, f) for f in storage_fields} == {f: getattr(cli, f) for f in storage_fields}
+    assert KEYS not in page.content()  # the page names the secret, never its value
+    shot(page, "launched")
+
+
+def test_bad_storage_input_is_said_beside_its_field_and_what_was_typed_is_kept(market, page, sign_in, shot):
+    sign_in(page, "renter")
+    page.goto(f"{market.url}/console/launch")
+    page.get_by_label("Name", exact=True).fill("train")
+    page.get_by_label("Image", exact=True).fill("python:3.12")
+    page.get_by_label("Inputs", exact=False).fill("s3://datasets/a /data\nhttp://elsewhere/b /b")
+    page.get_by_label("Outputs", exact=False).fill("s3://results/run-1/ /data/out")
+    page.get_by_label("Checkpoint location").fill("s3://checkpoints/run-1/")
+    page.get_by_label("Upload every, seconds").fill("0")
+    page.get_by_label("Stop grace", exact=False).fill("3600")
+    page.get_by_role("button", name="Launch").click()
+    assert "problems" in page.get_by_role("alert").first.inner_text()
+    assert "line 2" in page.locator("#inputs-error").inner_text() and "s3://" in page.locator("#inputs-error").inner_text()
+    assert "from 1 to 86400" in page.locator("#checkpoint_period-error").inner_text()
+    assert "choose the secret" in page.locator("#storage_credentials-error").inner_text()
+    assert "from 1 to 600" in page.locator("#stop_grace-error").inner_text()
+    assert page.get_by_label("Checkpoint location").input_value() == "s3://checkpoints/run-1/"
+    assert page.locator("#inputs").get_attribute("aria-invalid") == "true"
+    shot(page, "storage-errors")
+    # the overlap is the submit's own check, said beside the outputs once the rest is right
+    page.get_by_label("Inputs", exact=False).fill("s3://datasets/a /data")
+    page.get_by_label("Upload every, seconds").fill("")
+    page.get_by_label("Stop grace", exact=False).fill("")
+    page.get_by_label("Credentials (your secret)").select_option("datasets-rw")
+    page.get_by_role("button", name="Launch").click()
+    assert "overlaps inputs[0]" in page.locator("#outputs-error").inner_text()
+    shot(page, "overlap")
+
+
+def test_renting_an_offer_takes_the_storage_block_too(market, page, sign_in):
+    sign_in(page, "renter")
+    page.get_by_role("link", name="Rent offer agt-a10", exact=False).click()
+    page.get_by_label("Name", exact=True).fill("on-a10")
+    page.get_by_label("Image", exact=True).fill("python:3.12")
+    page.get_by_label("Checkpoint location").fill("s3://checkpoints/on-a10/")
+    page.get_by_label("Credentials (your secret)").select_option("datasets-rw")
+    page.get_by_role("button", name="Rent").click()
+    page.wait_for_url(re.compile(r"/console/workloads/wl-"))
+    record = market.run(market.services.workloads.get_workload(page.url.rsplit("/", 1)[1], account="rita"))
+    assert record.spec.checkpoint is not None and record.spec.checkpoint.uri == "s3://checkpoints/on-a10/"
+    assert record.spec.storage is not None and record.spec.storage.credentials == "datasets-rw"

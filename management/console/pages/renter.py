@@ -23,6 +23,7 @@ from management.console.forms import FormErrors, amount, integer, number, text, 
 from management.console.nav import NavItem
 from management.console.rendering import page
 from management.console.terminal import serve_logs, serve_terminal
+from management.console.workload_storage import LOCATION_HELP, storage_choices, with_storage
 from management.http.errors import validation_message
 from management.http.keys import SERVICES_KEY
 from management.http.paging import decode_cursor, encode_cursor
@@ -218,6 +219,7 @@ async def _launch_form(request: web.Request, *, offer: Offer | None, form: Any, 
     return await page(
         request, "renter/launch.html", status=400 if errors else 200, title=title, offer=offer, form=form,
         errors=errors, kinds=RENTAL_KINDS, money=format_amount, cost=await _cost_hint(request, offer, form),
+        storage=await storage_choices(request, session.signed_in_account(request).id), location_help=LOCATION_HELP,
     )  # fmt: skip
 
 
@@ -231,6 +233,7 @@ async def launch(request: web.Request) -> web.Response:
     form = await request.post()
     errors = FormErrors()
     spec = workload_spec(form, errors, offer=None)
+    spec = await with_storage(request, scope.principal.account, spec, form, errors)  # inputs, outputs, checkpoint
     if spec is None:
         return await _launch_form(request, offer=None, form=form, errors=errors)
     try:
@@ -256,6 +259,7 @@ async def rent(request: web.Request) -> web.Response:
     form = await request.post()
     errors = FormErrors()
     spec = workload_spec(form, errors, offer=offer)
+    spec = await with_storage(request, scope.principal.account, spec, form, errors)  # inputs, outputs, checkpoint
     if spec is None:
         return await _launch_form(request, offer=offer, form=form, errors=errors)
     try:
