@@ -243,7 +243,11 @@ def storage_section(spec: WorkloadSpec, summary: StorageSummary | None) -> dict[
     run resumed from, the time spent moving data, the last failure and the latest transfers (newest first)."""
     if summary is None:
         return None
+    latest = summary.recent[-1] if summary.recent else None
     return {
+        # the latest failure, and whether the latest transfer is that failure (if not, the data moved again since)
+        "failure": summary.last_error,
+        "failed_last": latest is not None and bool(latest.error),
         "inputs": spec.inputs,
         "outputs": spec.outputs,
         "checkpoint": spec.checkpoint,
@@ -255,13 +259,12 @@ def storage_section(spec: WorkloadSpec, summary: StorageSummary | None) -> dict[
             {
                 "at": t.at,
                 "what": TRANSFER_WORDS.get(t.what, t.what),
-                "failed": bool(t.error),
                 "host": t.host,
-                "size": size(t.bytes),
+                "size": "-" if t.error and not t.bytes else size(t.bytes),
                 "seconds": t.seconds,
                 "rate": transfer_rate(t.bytes, t.seconds),
                 "error": t.error,
             }
             for t in reversed(summary.recent)
-        ],  # fmt: skip
+        ],
     }

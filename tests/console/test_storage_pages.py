@@ -10,15 +10,18 @@ themselves are tested on a real grid with a real S3 server in tests/e2e/test_sto
 from __future__ import annotations
 
 import re
+import time
 
 import msgspec
 import pytest
 
+from common.storage import CheckpointSpec, StorageAccess, StorageActivity, StorageMount
 from management.cli.main import build_parser
 from management.cli.workloads import spec_from
+from management.console.templating import when
 from management.market.money import parse_amount
 from management.market.prices import PriceSetting
-from master.port import WorkloadSpec
+from master.port import EventRecord, WorkloadSpec
 from tests.management.hosts import add_agent
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -151,3 +154,83 @@ def test_renting_an_offer_takes_the_storage_block_too(market, page, sign_in):
     record = market.run(market.services.workloads.get_workload(page.url.rsplit("/", 1)[1], account="rita"))
     assert record.spec.checkpoint is not None and record.spec.checkpoint.uri == "s3://checkpoints/on-a10/"
     assert record.spec.storage is not None and record.spec.storage.credentials == "datasets-rw"
+
+
+def storage_event(what: str, workload_id: str, at: float, **data) -> EventRecord:
+    """A host's transfer report as the Master records it (master/agent_channel.py ``_on_storage``)."""
+    activity = msgspec.to_builtins(StorageActivity(what=what, workload_id=workload_id, **data))
+    activity.pop("workload_id")
+    return EventRecord(
+        ts=at,
+        kind=f"storage.{what}",
+        subject=workload_id,
+        data={"agent_id": "agt-a10", "container": f"{workload_id}-0", **activity},
+    )
+
+
+def test_a_workloads_page_says_when_the_last_checkpoint_was_taken_its_size_and_what_it_resumed_from(market, page, sign_in, shot):
+    spec = WorkloadSpec(
+        name="counter", image="python:3.12", inputs=[StorageMount(uri="s3://datasets/big.bin", path="/data")],
+        outputs=[StorageMount(uri="s3://results/counter/", path="/out")],
+        checkpoint=CheckpointSpec(uri="s3://checkpoints/counter/", period_s=60),
+        storage=StorageAccess(credentials="datasets-rw", endpoint="http://127.0.0.1:9000"), stop_grace_s=45,
+    )  # fmt: skip
+    record = market.run(market.services.workloads.submit_workload("rita", spec))
+    plain = market.run(market.services.workloads.submit_workload("rita", WorkloadSpec(name="plain", image="python:3.12")))
+    now = time.time()
+    GB12, GB125, MB300 = 1_200_000_000, 1_250_000_000, 300_000_000
+    events = [
+        storage_event("checkpoint_restored", record.id, now - 600, bytes=GB12, total_bytes=GB12, seconds=8.0, taken_at=now - 4e3),
+        storage_event("inputs_fetched", record.id, now - 590, bytes=200_000_000, files=1, seconds=2.5),
+        storage_event("checkpoint_uploaded", record.id, now - 120, bytes=MB300, total_bytes=GB125, seconds=3, taken_at=now - 125),
+    ]  # fmt: skip
+    market.run(market.server.master.store.events.append_many(events))
+    sign_in(page, "renter")
+    page.goto(f"{market.url}/console/workloads/{record.id}")
+    section = page.get_by_role("region", name="Data and checkpoints")
+    last = page.locator("#checkpoint-last").inner_text()
+    assert f"taken {when(now - 125)} UTC (2 min ago), 1.25 GB in all; 1 upload so far" == last, last
+    assert page.locator("#checkpoint-restored").inner_text() == f"the checkpoint taken {when(now - 4e3)} UTC"
+    assert "s3://checkpoints/counter/ at /checkpoint, uploaded every 1 min" in section.inner_text()
+    assert "http://127.0.0.1:9000" in section.inner_text() and "datasets-rw" in section.inner_text()
+    assert page.locator("#transfer-time").inner_text() == "13.5 s in all"
+    rows = page.locator("#transfers tbody tr").all_inner_texts()
+    assert len(rows) == 3 and "checkpoint uploaded" in rows[0] and "300 MB" in rows[0] and "100 MB/s" in rows[0]
+    assert "checkpoint restored" in rows[2] and "1.20 GB" in rows[2] and "150 MB/s" in rows[2]
+    assert page.locator("#storage-error").count() == 0
+    shot(page, "checkpoint-state")
+    failed = storage_event("upload_failed", record.id, now - 5, error="storage_unreachable: http://127.0.0.1:9000 did not answer")
+    market.run(market.server.master.store.events.append(failed))
+    page.reload()
+    assert page.locator("#storage-error").inner_text().startswith("The latest upload failed: storage_unreachable")
+    assert "upload failed" in page.locator("#transfers tbody tr").first.inner_text()
+    shot(page, "upload-failed")
+    market.run(market.server.master.store.events.append(storage_event("checkpoint_uploaded", record.id, now, bytes=MB300)))
+    page.reload()
+    assert "An earlier upload failed" in page.locator("#storage-error").inner_text()  # the data is safe again
+    page.goto(f"{market.url}/console/workloads/{plain.id}")
+    assert page.locator("#storage").count() == 0  # a workload that names no storage has no such section
+
+
+def test_the_checkpoint_state_reflows_on_a_375_px_wide_screen(market, browser, sign_in, shot):
+    spec = WorkloadSpec(
+        name="counter", image="python:3.12", checkpoint=CheckpointSpec(uri="s3://checkpoints/a-rather-long-prefix/for-a-run/"),
+        storage=StorageAccess(credentials="datasets-rw"),
+    )  # fmt: skip
+    record = market.run(market.services.workloads.submit_workload("rita", spec))
+    market.run(
+        market.server.master.store.events.append(
+            storage_event("checkpoint_uploaded", record.id, time.time(), bytes=5_000, total_bytes=5_000, seconds=0.01)
+        )
+    )
+    context = browser.new_context(viewport={"width": 375, "height": 800})
+    page = context.new_page()
+    try:
+        sign_in(page, "renter")
+        page.goto(f"{market.url}/console/workloads/{record.id}")
+        assert "none yet" not in page.locator("#checkpoint-last").inner_text()
+        overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
+        assert overflow <= 0, f"the page is {overflow} px wider than the screen"
+        shot(page, "workload-375px")
+    finally:
+        context.close()

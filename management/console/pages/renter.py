@@ -23,7 +23,7 @@ from management.console.forms import FormErrors, amount, integer, number, text, 
 from management.console.nav import NavItem
 from management.console.rendering import page
 from management.console.terminal import serve_logs, serve_terminal
-from management.console.workload_storage import LOCATION_HELP, storage_choices, with_storage
+from management.console.workload_storage import LOCATION_HELP, storage_choices, storage_section, with_storage
 from management.http.errors import validation_message
 from management.http.keys import SERVICES_KEY
 from management.http.paging import decode_cursor, encode_cursor
@@ -306,6 +306,7 @@ async def workload(request: web.Request, *, template: str = "renter/workload.htm
         shown = _plain(workload_view(record, request.app[SERVICES_KEY].market.workload_terms(record)))
         waits = render_explanation(shown, _plain(explanation_view(overview.explanation)), datetime.now(UTC))
     ports = record.spec.ports
+    data = storage_section(record.spec, await request.app[SERVICES_KEY].workloads.workload_storage(record))
     request[LIVE_STATE_KEY] = record.state
     return await page(
         request, template, fragment=template != "renter/workload.html", title=f"{record.spec.name} ({record.id})",
@@ -313,6 +314,7 @@ async def workload(request: web.Request, *, template: str = "renter/workload.htm
         waits=waits, ports=ports, money=format_amount, running=record.state == "running",
         open=record.state not in ("succeeded", "failed", "cancelled"), now=time.time(),
         outputs=[_shown_output(kept) for kept in overview.outputs], output_lines=OUTPUT_LINES_SHOWN,
+        storage=data,
     )  # fmt: skip
 
 
