@@ -29,10 +29,11 @@ from common.storage import (
     split_uri,
 )
 from management.console.forms import FormErrors, number, text
+from management.console.templating import when
 from management.http.keys import SERVICES_KEY
 from management.workloads.spec import InvalidWorkloadSpec
-from management.workloads.storage import StorageSummary, check_storage
-from master.port import WorkloadSpec
+from management.workloads.storage import STORAGE_EVENT_PREFIX, StorageSummary, check_storage
+from master.port import EventRecord, WorkloadSpec
 
 MAX_LOCATIONS = 16  # of each kind, as the spec takes them
 MIN_STOP_GRACE_S, MAX_STOP_GRACE_S = 1.0, 600.0  # the spec's bounds; the grid's policy may bound it lower still
@@ -268,3 +269,21 @@ def storage_section(spec: WorkloadSpec, summary: StorageSummary | None) -> dict[
             for t in reversed(summary.recent)
         ],
     }
+
+
+def transfer_event(event: EventRecord) -> str:
+    """A ``storage.*`` event in words for the workload's events: "checkpoint uploaded on agt-1: 300 MB in 3.00 s
+    (100 MB/s), taken 2026-11-27 09:30:13 UTC"."""
+    d = event.data
+    said = f"{TRANSFER_WORDS.get(event.kind.removeprefix(STORAGE_EVENT_PREFIX), event.kind)} on {d.get('agent_id', '?')}"
+    moved, seconds = int(d.get("bytes", 0)), float(d.get("seconds", 0.0))
+    if moved or seconds:
+        rate = transfer_rate(moved, seconds)
+        said += f": {size(moved)} in {seconds:.2f} s" + (f" ({rate})" if rate else "")
+    if d.get("cached"):
+        said += f", {size(int(d['cached']))} already in the host's cache"
+    if d.get("taken_at"):
+        said += f", taken {when(float(d['taken_at']))} UTC"
+    if d.get("error"):
+        said += f": {d['error']}"
+    return said

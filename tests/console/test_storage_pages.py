@@ -198,6 +198,9 @@ def test_a_workloads_page_says_when_the_last_checkpoint_was_taken_its_size_and_w
     assert len(rows) == 3 and "checkpoint uploaded" in rows[0] and "300 MB" in rows[0] and "100 MB/s" in rows[0]
     assert "checkpoint restored" in rows[2] and "1.20 GB" in rows[2] and "150 MB/s" in rows[2]
     assert page.locator("#storage-error").count() == 0
+    events = page.get_by_role("table", name="The workload's events, oldest first").inner_text()
+    assert f"checkpoint uploaded on agt-a10: 300 MB in 3.00 s (100 MB/s), taken {when(now - 125)} UTC" in events
+    assert "taken_at" not in events  # the transfers in words, not as the report's fields
     shot(page, "checkpoint-state")
     failed = storage_event("upload_failed", record.id, now - 5, error="storage_unreachable: http://127.0.0.1:9000 did not answer")
     market.run(market.server.master.store.events.append(failed))

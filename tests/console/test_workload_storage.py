@@ -17,9 +17,10 @@ from management.console.workload_storage import (
     size,
     storage_fields,
     storage_section,
+    transfer_event,
 )
 from management.workloads.storage import StorageSummary, Transfer
-from master.port import WorkloadSpec
+from master.port import EventRecord, WorkloadSpec
 
 CHOICES = StorageChoices(secret_names=["datasets-rw", "other"])
 BASE = WorkloadSpec(name="train", image="python:3.12")
@@ -141,3 +142,24 @@ def test_the_workload_page_shows_the_newest_transfer_first_with_its_rate():
         ("checkpoint restored", "4.00 MB/s"),
     ]
     assert storage_section(BASE, None) is None  # a workload that names no storage has no such section
+
+
+def test_a_storage_event_reads_as_words_in_the_workloads_events():
+    uploaded = EventRecord(
+        ts=100.0,
+        kind="storage.checkpoint_uploaded",
+        subject="wl-1",
+        data={"agent_id": "agt-1", "what": "checkpoint_uploaded", "bytes": 300_000_000, "seconds": 3.0, "taken_at": 0.5},
+    )
+    assert transfer_event(uploaded) == (
+        "checkpoint uploaded on agt-1: 300 MB in 3.00 s (100 MB/s), taken 1970-01-01 00:00:00 UTC"
+    )
+    fetched = EventRecord(
+        ts=100.0,
+        kind="storage.inputs_fetched",
+        subject="wl-1",
+        data={"agent_id": "agt-1", "bytes": 0, "cached": 200_000_000, "seconds": 0.2},
+    )
+    assert transfer_event(fetched) == "inputs fetched on agt-1: 0 bytes in 0.20 s, 200 MB already in the host's cache"
+    failed = EventRecord(ts=1.0, kind="storage.upload_failed", subject="wl-1", data={"agent_id": "agt-1", "error": "no bucket"})
+    assert transfer_event(failed) == "upload failed on agt-1: no bucket"

@@ -23,7 +23,13 @@ from management.console.forms import FormErrors, amount, integer, number, text, 
 from management.console.nav import NavItem
 from management.console.rendering import page
 from management.console.terminal import serve_logs, serve_terminal
-from management.console.workload_storage import LOCATION_HELP, storage_choices, storage_section, with_storage
+from management.console.workload_storage import (
+    LOCATION_HELP,
+    storage_choices,
+    storage_section,
+    transfer_event,
+    with_storage,
+)
 from management.http.errors import validation_message
 from management.http.keys import SERVICES_KEY
 from management.http.paging import decode_cursor, encode_cursor
@@ -314,7 +320,7 @@ async def workload(request: web.Request, *, template: str = "renter/workload.htm
         waits=waits, ports=ports, money=format_amount, running=record.state == "running",
         open=record.state not in ("succeeded", "failed", "cancelled"), now=time.time(),
         outputs=[_shown_output(kept) for kept in overview.outputs], output_lines=OUTPUT_LINES_SHOWN,
-        storage=data,
+        storage=data, transfer=transfer_event,
     )  # fmt: skip
 
 
