@@ -215,7 +215,7 @@ def test_a_workloads_page_says_when_the_last_checkpoint_was_taken_its_size_and_w
     assert page.locator("#storage").count() == 0  # a workload that names no storage has no such section
 
 
-def test_the_checkpoint_state_reflows_on_a_375_px_wide_screen(market, browser, sign_in, shot):
+def test_the_checkpoint_state_and_the_storage_block_reflow_on_a_375_px_wide_screen(market, browser, sign_in, shot):
     spec = WorkloadSpec(
         name="counter", image="python:3.12", checkpoint=CheckpointSpec(uri="s3://checkpoints/a-rather-long-prefix/for-a-run/"),
         storage=StorageAccess(credentials="datasets-rw"),
@@ -235,5 +235,10 @@ def test_the_checkpoint_state_reflows_on_a_375_px_wide_screen(market, browser, s
         overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
         assert overflow <= 0, f"the page is {overflow} px wider than the screen"
         shot(page, "workload-375px")
+        page.goto(f"{market.url}/console/launch")
+        overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
+        assert overflow <= 0, f"the launch form is {overflow} px wider than the screen"
+        assert page.get_by_label("Checkpoint location").is_visible()
+        shot(page, "launch-375px")
     finally:
         context.close()
