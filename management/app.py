@@ -60,8 +60,8 @@ from management.services.market import MarketService
 from management.services.outputs import OutputCollector
 from management.services.prices import PricesService
 from management.services.reports import ReportsService
-from management.services.ssh_keys import SshKeysService
 from management.services.secrets import SecretsService
+from management.services.ssh_keys import SshKeysService
 from management.services.telemetry import TelemetryService
 from management.services.templates import TemplatesService
 from management.services.tunnels import RenterAccess

@@ -900,6 +900,7 @@ ROUTES: tuple[Route, ...] = (
         {200: ssh.WorkloadSshView},
         query=schemas.EmptyQuery,
         tag="ssh",
+    ),
     # --- secrets (docs/storage.md)
     Route(
         "POST",

@@ -377,6 +377,7 @@ class ApiCalls(Generic[R]):
     def workload_ssh(self, workload_id: str) -> R:
         """The workload's SSH host keys, one per placed replica, with their known_hosts lines."""
         return self.send(ApiRequest("GET", f"{API_PREFIX}/workloads/{_segment(workload_id)}/ssh"))
+
     # --- secrets (docs/storage.md): each account its own; a value is sent once and never read back ---
 
     def create_secret(self, name: str, value: str) -> R:

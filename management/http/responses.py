@@ -313,6 +313,8 @@ class ReplicaNetworkView(View):
 class NetworkView(View):
     network: str  # the workload's block of the overlay
     replicas: list[ReplicaNetworkView]
+
+
 class TransferView(View):
     at: Time | None
     what: str  # inputs_fetched | checkpoint_restored | checkpoint_uploaded | outputs_uploaded | upload_failed

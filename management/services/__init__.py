@@ -44,8 +44,8 @@ from management.services.links import LinksService
 from management.services.market import MarketService
 from management.services.prices import PricesService
 from management.services.reports import ReportsService
-from management.services.ssh_keys import SshKeysService
 from management.services.secrets import SecretsService
+from management.services.ssh_keys import SshKeysService
 from management.services.telemetry import TelemetryService
 from management.services.templates import TemplatesService
 from management.services.tunnels import RenterAccess

@@ -11,7 +11,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from common.errors import Conflict, InvalidPassword
-from management.access_control import Action, Resource, Scope
+from management.access_control import Action, Resource, Scope, permitted
 from management.console import session
 from management.console.forms import FormErrors, text
 from management.console.nav import NavItem
@@ -36,9 +36,10 @@ async def account_page(
     scope = await session.signed_in(request, Resource.KEYS, Action.READ)
     own = scope.principal.account
     keys = await request.app[SERVICES_KEY].accounts.list_api_keys(own, owner=own, limit=KEYS_SHOWN)
+    keeps_secrets = permitted(scope.principal.role, Resource.SECRETS, Action.READ)  # the link to its secrets page
     return await page(
         request, "account.html", title="Your account", error=error, status=status, keys=keys.items, issued=issued,
-        key_errors=key_errors if key_errors is not None else FormErrors(), key_name=key_name,
+        key_errors=key_errors if key_errors is not None else FormErrors(), key_name=key_name, keeps_secrets=keeps_secrets,
     )  # fmt: skip
 
 

@@ -24,6 +24,13 @@ from management.console.forms import FormErrors, amount, environment, integer, n
 from management.console.nav import NavItem
 from management.console.rendering import page
 from management.console.terminal import serve_logs, serve_terminal
+from management.console.workload_storage import (
+    LOCATION_HELP,
+    storage_choices,
+    storage_section,
+    transfer_event,
+    with_storage,
+)
 from management.http.errors import validation_message
 from management.http.keys import SERVICES_KEY
 from management.http.paging import decode_cursor, encode_cursor
@@ -178,6 +185,7 @@ async def _launch_form(request: web.Request, *, offer: Offer | None, form: Any, 
     return await page(
         request, "renter/launch.html", status=400 if errors else 200, title=title, offer=offer, form=form,
         errors=errors, kinds=RENTAL_KINDS, money=format_amount, cost=await _cost_hint(request, offer, form),
+        storage=await storage_choices(request, session.signed_in_account(request).id), location_help=LOCATION_HELP,
     )  # fmt: skip
 
 
@@ -193,6 +201,7 @@ async def launch(request: web.Request) -> web.Response:
         return await _launch_form(request, offer=None, form=form, errors=FormErrors())
     errors = FormErrors()
     spec = workload_spec(form, errors, offer=None)
+    spec = await with_storage(request, scope.principal.account, spec, form, errors)  # inputs, outputs, checkpoint
     if spec is None:
         return await _launch_form(request, offer=None, form=form, errors=errors)
     try:
@@ -220,6 +229,7 @@ async def rent(request: web.Request) -> web.Response:
         return await _launch_form(request, offer=offer, form=form, errors=FormErrors())
     errors = FormErrors()
     spec = workload_spec(form, errors, offer=offer)
+    spec = await with_storage(request, scope.principal.account, spec, form, errors)  # inputs, outputs, checkpoint
     if spec is None:
         return await _launch_form(request, offer=offer, form=form, errors=errors)
     try:
@@ -266,6 +276,7 @@ async def workload(request: web.Request, *, template: str = "renter/workload.htm
         shown = _plain(workload_view(record, request.app[SERVICES_KEY].market.workload_terms(record)))
         waits = render_explanation(shown, _plain(explanation_view(overview.explanation)), datetime.now(UTC))
     ports = record.spec.ports
+    data = storage_section(record.spec, await request.app[SERVICES_KEY].workloads.workload_storage(record))
     request[LIVE_STATE_KEY] = record.state
     return await page(
         request, template, fragment=template != "renter/workload.html", title=f"{record.spec.name} ({record.id})",
@@ -274,6 +285,7 @@ async def workload(request: web.Request, *, template: str = "renter/workload.htm
         open=record.state not in ("succeeded", "failed", "cancelled"), now=time.time(),
         outputs=[_shown_output(kept) for kept in overview.outputs], output_lines=OUTPUT_LINES_SHOWN,
         links=request.app[SERVICES_KEY].links.links_of(record),
+        storage=data, transfer=transfer_event,
     )  # fmt: skip
 
 

@@ -52,8 +52,8 @@ from master.store.mongo.prices import MongoPriceRepo
 from master.store.mongo.rentals import MongoRentalRepo
 from master.store.mongo.revocations import MongoRevocationRepo
 from master.store.mongo.rollups import MongoHourlyRollupRepo, MongoRollupRepo
-from master.store.mongo.ssh_keys import MongoSshKeyRepo
 from master.store.mongo.secrets import MongoSecretRepo
+from master.store.mongo.ssh_keys import MongoSshKeyRepo
 from master.store.mongo.tokens import MongoTokenRepo
 from master.store.mongo.workloads import MongoWorkloadRepo
 from master.store.quarantine import Quarantine

@@ -49,8 +49,8 @@ from master.store.sqlite.prices import SqlitePriceRepo
 from master.store.sqlite.rentals import SqliteRentalRepo
 from master.store.sqlite.revocations import SqliteRevocationRepo
 from master.store.sqlite.rollups import SqliteHourlyRollupRepo, SqliteRollupRepo
-from master.store.sqlite.ssh_keys import SqliteSshKeyRepo
 from master.store.sqlite.secrets import SqliteSecretRepo
+from master.store.sqlite.ssh_keys import SqliteSshKeyRepo
 from master.store.sqlite.tokens import SqliteTokenRepo
 from master.store.sqlite.workloads import SqliteWorkloadRepo
 
