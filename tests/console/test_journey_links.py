@@ -142,11 +142,26 @@ def test_a_template_launches_from_the_console_and_its_private_link_opens_with_a_
         stranger.close()
 
 
-def test_a_private_links_page_cannot_read_the_console_of_the_signed_in_owner_nor_act_there(grid, page, shot):
+def probe_the_console(tab, link_url: str, console_url: str) -> dict:
+    """The test app's hostile page (``/probe``) opened in ``tab`` on the link: what its script got from the console."""
+    tab.goto(f"{link_url}probe?console={console_url}")
+    expect(tab.locator("#probe")).not_to_have_text("running", timeout=20_000)
+    return json.loads(tab.locator("#probe").inner_text())
+
+
+def assert_nothing_read_nor_done(got: dict) -> None:
+    assert got["own"] == 200  # the script ran, and reads its own origin
+    assert got["read"] == "blocked: TypeError"  # the console's page (and its CSRF token) are not shown to it
+    assert got["opaque"] == "opaque 0"  # without CORS: an empty, opaque answer
+    assert got["post"] == "sent"  # it went, with the console's cookie; the console refused it (another Origin)
+
+
+def test_a_private_links_page_cannot_read_the_console_of_its_owner_or_an_operator_nor_act_there(grid, browser, page, shot):
     """The link's page is the renter's image's: it runs on the links' origin (another port of the same host), so the
     browser sends it the console's cookie (cookies ignore ports) but shows it no console answer (CORS), and the
-    console refuses its writes (another Origin, no CSRF token). And the console's own origin serves no link."""
-    rita = ACCOUNTS["renter"]
+    console refuses its writes (another Origin, no CSRF token). An operator, who may open any private link, is no
+    more exposed than its owner. And the console's own origin serves no link."""
+    rita, operator = ACCOUNTS["renter"], ACCOUNTS["operator"]
     sign_in(page, grid, rita.id, rita.password)
     page.goto(f"{grid.api_url}/console/templates")
     workload_id = launch_notebook(page, "probe-1")
@@ -155,18 +170,28 @@ def test_a_private_links_page_cannot_read_the_console_of_the_signed_in_owner_nor
     assert link_url.startswith(f"{grid.links_url}/w/{workload_id}-")
     keys_before = grid.client.get(f"/api/v1/accounts/{rita.id}/keys")["items"]
 
-    tab.goto(f"{link_url}probe?console={grid.api_url}")
-    expect(tab.locator("#probe")).not_to_have_text("running", timeout=20_000)
-    got = json.loads(tab.locator("#probe").inner_text())
+    got = probe_the_console(tab, link_url, grid.api_url)
     shot(tab, "link-page-probing-the-console")
-    assert got["own"] == 200  # the script ran, and reads its own origin
-    assert got["read"] == "blocked: TypeError"  # the console's page (and its CSRF token) are not shown to it
-    assert got["opaque"] == "opaque 0"  # without CORS: an empty, opaque answer
-    assert got["post"] == "sent"  # it went, with the console's cookie; the console refused it (another Origin):
+    assert_nothing_read_nor_done(got)
     keys_after = grid.client.get(f"/api/v1/accounts/{rita.id}/keys")["items"]
     assert keys_after == keys_before and not any(k["name"] == "stolen-by-a-link" for k in keys_after)
     account = page.goto(f"{grid.api_url}/console/account")  # rita's console session was live all along
     assert account is not None and account.status == 200 and 'name="csrf_token"' in page.content()
+
+    grid.client.set_password(operator.id, operator.password)
+    operators = browser.new_context(viewport={"width": 1280, "height": 860})
+    try:
+        olga = operators.new_page()
+        sign_in(olga, grid, operator.id, operator.password)
+        port = link_url.rstrip("/").rsplit("-", 1)[1]
+        olga.goto(f"{grid.api_url}/console/workloads/{workload_id}/links/{port}")  # the console's opener, as operator
+        assert olga.url == link_url
+        operator_keys = grid.client.get(f"/api/v1/accounts/{operator.id}/keys")["items"]
+        assert_nothing_read_nor_done(probe_the_console(olga, link_url, grid.api_url))
+        shot(olga, "an-operator-opens-the-probe")
+        assert grid.client.get(f"/api/v1/accounts/{operator.id}/keys")["items"] == operator_keys
+    finally:
+        operators.close()
 
     # The console's origin never serves the link: a link's path there is only a redirect to the links' origin.
     path = link_url.removeprefix(grid.links_url)
