@@ -16,9 +16,9 @@ A token handed over in the URL (``?idlegrid_token=igl_...``, how the console ope
 checked, set as an HttpOnly cookie scoped to the link (its path, or its host on the wildcard domain) and taken off the
 URL by a redirect, so it stays out of the app's logs and the browser's history.
 
-A public link on a path shares the Master's origin, so its pages are served in a CSP sandbox (an opaque origin: no
-access to the console's cookies or pages, nor to other links'); on the wildcard domain every link is an origin of its
-own and needs none (docs/links.md).
+A public link on a path shares the links listener's origin with every other path link, so its pages are served in a
+CSP sandbox (an opaque origin: no access to other links' cookies or pages); on the wildcard domain every link is an
+origin of its own and needs none (docs/links.md).
 """
 
 from __future__ import annotations
