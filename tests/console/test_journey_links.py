@@ -178,6 +178,15 @@ def test_a_private_links_page_cannot_read_the_console_of_its_owner_or_an_operato
     account = page.goto(f"{grid.api_url}/console/account")  # rita's console session was live all along
     assert account is not None and account.status == 200 and 'name="csrf_token"' in page.content()
 
+    # The console's session is no key to a link, even sent there on purpose (its path, /console, keeps it away).
+    [session] = [c for c in page.context.cookies() if c["name"] == "idlegrid_console"]
+    bare = browser.new_context()
+    try:
+        answer = bare.request.get(link_url, headers={"Cookie": f"idlegrid_console={session['value']}"})
+        assert answer.status == 401 and "this link is private" in answer.text()
+    finally:
+        bare.close()
+
     grid.client.set_password(operator.id, operator.password)
     operators = browser.new_context(viewport={"width": 1280, "height": 860})
     try:
