@@ -4,7 +4,7 @@ that cross the same relay (docs/links.md).
 The tunnel bench's grid and load (bench/tunnel.py): a Master, one relay, ``hosts`` agents through it, commands to the
 other hosts and heartbeats timed in an idle phase, then while a browser-like client downloads ``megabytes`` from a
 renter's web server (``python3 -m http.server`` serving a file, sandboxed on the process runtime) through its link:
-client -> the Master's ``/w/<workload>-<port>/`` -> the link's tunnel -> the relay -> the agent -> the container.
+client -> the Master's links listener ``/w/<workload>-<port>/`` -> the link's tunnel -> the relay -> the agent -> the container.
 The figures to compare are within one run: the link phase's p99 against the idle phase's (the target: within 2x).
 """
 

@@ -249,7 +249,8 @@ def run_tunnel_bench(options: TunnelBenchOptions, work_dir: str = "") -> dict[st
         grid = LocalGrid(Path(root), heartbeat_s=options.heartbeat_s)
         try:
             config = Path(root) / "master.toml"
-            # The bench's own polling must not meet the API's per-key limit (its 429s would be timed as latency).
+            # The bench's own polling and command load must meet neither the key's nor the account's API limit (40/s
+            # per account by default: its 429s would be timed as latency).
             config.write_text(
                 "offer_sandboxed_hosts = true\nscheduler_period_s = 0.5\napi_key_rate_per_s = 2000.0\napi_key_burst = 4000\n"
                 "api_account_rate_per_s = 2000.0\napi_account_burst = 4000\n"  # and the account's, all its keys together

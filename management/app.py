@@ -39,6 +39,7 @@ from aiohttp.typedefs import Middleware
 from common.http import HttpServer
 from management.api import ApiSettings, Handler, build_app, error_response
 from management.launch.templates import TemplateCatalog
+from management.links.proxy import links_app
 from management.market.market import Market
 from management.market.prices import PriceBook, grid_default_of
 from management.monitoring.alert_loop import AlertLoop
@@ -253,7 +254,7 @@ def compose(master: Master, settings: ManagementSettings | None = None) -> Compo
         tunnels,
         accounts,
         settings.links,
-        public_url=settings.api_url,
+        public_url=settings.links_url,
         key=link_key(settings.state_path),
     )
     services = Services(
@@ -323,8 +324,10 @@ class MasterServer:
         self.composition = compose(self.master, self.settings)  # its loops run while this server serves
         self.services = self.composition.services
         self._http: HttpServer | None = None
+        self._links_http: HttpServer | None = None
         self.gate = ApiGate()
         self.api_port = 0
+        self.links_port = 0
 
     async def start(self) -> None:
         if self.master.leadership is not None:
@@ -363,8 +366,26 @@ class MasterServer:
         )
         await self._http.start()
         self.api_port = self._http.port
-        self.composition.services.links.listening_at(self.api_url)  # a free port (0) is known only now
         log.info("management API listening", extra={"url": self.api_url})
+        await self._start_links()
+
+    async def _start_links(self) -> None:
+        """The links' own listener (docs/links.md): never the API's origin, so a link's scripts cannot read the console."""
+        app = links_app(self.composition.services)
+        app.middlewares.insert(0, StandbyGate(self.master).middleware())  # a standby serves no link either
+        self._links_http = HttpServer(
+            app,
+            self.config.host,
+            self.config.links_port,
+            head_timeout_s=self.api_settings.header_timeout_s,
+            access_log=None,
+            keepalive_timeout=self.api_settings.idle_timeout_s,
+            max_line_size=self.api_settings.max_request_line_bytes,
+        )
+        await self._links_http.start()
+        self.links_port = self._links_http.port
+        self.composition.services.links.listening_at(self.links_url)  # a free port (0) is known only now
+        log.info("links listening", extra={"url": self.links_url})
 
     async def stop(self) -> None:
         """Graceful (the module's order, backwards): new changes get 503, those accepted finish, the loops stop in
@@ -372,12 +393,18 @@ class MasterServer:
         await self.gate.close(REQUEST_DRAIN_S)
         await self.composition.stop()
         await self.master.stop()
+        if self._links_http is not None:
+            await self._links_http.stop()
         if self._http is not None:
             await self._http.stop()
 
     @property
     def api_url(self) -> str:
         return f"http://{self.config.host}:{self.api_port}"
+
+    @property
+    def links_url(self) -> str:
+        return f"http://{self.config.host}:{self.links_port}"
 
     @property
     def operator_token_file(self) -> Path:
@@ -402,7 +429,7 @@ async def serve_master(config: MasterConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    print(f"idlegrid master: API {server.api_url}  relay link {server.master.link_url}", flush=True)
+    print(f"idlegrid master: API {server.api_url}  links {server.links_url}  relay link {server.master.link_url}", flush=True)
     leadership = server.master.leadership
     deposed = asyncio.ensure_future(leadership.deposed.wait() if leadership is not None else asyncio.Event().wait())
     stopping = asyncio.ensure_future(stop.wait())

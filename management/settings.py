@@ -51,7 +51,7 @@ class ManagementSettings:
     state_path: Path  # the Master's state directory: the operator's token and the console's session key live there
     loop_restart_s: float  # a background loop that raised waits this long before it runs again
     links: LinkSettings  # HTTPS links to workloads' ports (docs/links.md)
-    api_url: str  # the address the API listens on, what path links are under unless links.public_url says otherwise
+    links_url: str  # where the links listener listens, what path links are under unless links.public_url says otherwise
     templates_dir: Path | None  # the operator's launch templates (docs/templates.md); None: the shipped ones only
 
     @classmethod
@@ -85,6 +85,6 @@ class ManagementSettings:
             state_path=config.state_path,
             loop_restart_s=config.loop_restart_s,
             links=config.links,
-            api_url=f"http://{config.host}:{config.api_port}",
+            links_url=f"http://{config.host}:{config.links_port}",
             templates_dir=Path(config.templates_dir) if config.templates_dir else None,
         )

@@ -26,13 +26,21 @@ class ConsoleSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     signin_per_minute: Annotated[float, msgspec.Meta(gt=0)] = 5.0
 
 
+DEFAULT_LINKS_PORT = 7300
+
+
 class LinkSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """HTTPS links to workloads' http ports (management/links/, docs/links.md), served by the Master."""
 
-    # A wildcard domain whose names all reach this Master (``*.links.example.net``): each link is then
+    # Links are served on a listener of their own, never on the API's and the console's (docs/links.md): a link's
+    # pages come from the renter's image and must not run in the console's origin. Its port (0: any free one);
+    # unset: 7300, or any free one when the API's port is 0 too (a test's Master), so such Masters never collide.
+    port: Annotated[int, msgspec.Meta(ge=0, le=65535)] | None = None
+    # A wildcard domain whose names all reach the links listener (``*.links.example.net``): each link is then
     # ``<scheme>://<workload>-<port>.<domain>/``, an origin of its own. "": links are paths on ``public_url``.
     domain: str = ""
-    # How people reach this Master (``https://grid.example.net``); "": the address the API listens on.
+    # How people reach the links listener (``https://links.grid.example.net``, or the Master's name with the links
+    # port); "": ``http://<host>:<port>``, where it listens. Never the console's address: the API answers no link.
     public_url: str = ""
     scheme: Literal["https", "http"] = "https"  # of wildcard-domain links (http only for a local grid)
     # Connections to one link's container at once (each a stream in the link's one tunnel); more wait their turn.
@@ -220,6 +228,13 @@ class MasterConfig(msgspec.Struct, kw_only=True):
     @property
     def state_path(self) -> Path:
         return Path(self.state_dir)
+
+    @property
+    def links_port(self) -> int:
+        """The port the links listener binds (``[links] port``, docs/links.md)."""
+        if self.links.port is not None:
+            return self.links.port
+        return 0 if self.api_port == 0 else DEFAULT_LINKS_PORT
 
     @property
     def renew_min_interval_s(self) -> float:

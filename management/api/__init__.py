@@ -61,9 +61,9 @@ def build_app(
         account_rate=settings.account_rate_per_s,
         account_burst=settings.account_burst,
     )
-    # A request to a link on the wildcard domain goes to its container before anything of the API (docs/links.md).
+    # Links are never served here (docs/links.md): a link's path is redirected to its own origin before anything else.
     middlewares = [
-        link_proxy.host_middleware,
+        link_proxy.not_on_the_console,
         api_metrics.middleware(),
         errors_middleware,
         auth_middleware,
@@ -78,5 +78,4 @@ def build_app(
     add_onboarding_routes(app.router)  # what a provider's host fetches to onboard (management/onboarding/): no key
     # The web console, from the same origin (management/console/, docs/console.md).
     add_console(app, services, console, state_dir=state_dir)
-    link_proxy.add_routes(app)  # HTTPS links on the Master's address: /w/<workload>-<port>/ (management/links/)
     return app

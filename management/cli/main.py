@@ -78,6 +78,9 @@ def _master_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--link-port", type=int, metavar="PORT", help=f"port of the relay link endpoint (default {d.link_port})")
     p.add_argument("--api-port", type=int, metavar="PORT", help=f"port of the management API (default {d.api_port})")
     p.add_argument(
+        "--links-port", type=int, metavar="PORT", help=f"port of the workloads' links, [links] port (default {d.links_port})"
+    )
+    p.add_argument(
         "--store-url", metavar="URL", help="sqlite:///PATH or mongodb://HOST:PORT/DB (default: SQLite in the state directory)"
     )
     p.add_argument(
@@ -89,6 +92,8 @@ def _master_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_master(args: argparse.Namespace) -> int:
+    import msgspec
+
     from management.app import serve_master
     from master.config import load_master_config
 
@@ -104,6 +109,8 @@ def _run_master(args: argparse.Namespace) -> int:
             "log_level": args.log_level,
         },
     )
+    if args.links_port is not None:  # a key of the [links] table, which the flat overrides cannot reach
+        config = msgspec.structs.replace(config, links=msgspec.structs.replace(config.links, port=args.links_port))
     setup_logging("master", config.log_level)
     tune_for_daemon()
     run_loop(serve_master(config))

@@ -185,6 +185,11 @@ class Ports:
     api_port: int
     link_port: int
     relays: dict[str, RelayInfo] = field(default_factory=dict)
+    links_port: int = 0  # the workloads' links (docs/links.md); 0 in a file from before links had a port: chosen now
+
+    def __post_init__(self) -> None:
+        if not self.links_port:
+            self.links_port = free_port()
 
     @classmethod
     def load(cls, path: Path) -> Ports:
@@ -194,13 +199,13 @@ class Ports:
         relays = {
             rid: RelayInfo(rid, r["region"], int(r["agent_port"]), int(r["http_port"])) for rid, r in data["relays"].items()
         }
-        return cls(int(data["api_port"]), int(data["link_port"]), relays)
+        return cls(int(data["api_port"]), int(data["link_port"]), relays, int(data.get("links_port", 0)))
 
     def save(self, path: Path) -> None:
         relays = {
             r.relay_id: {"region": r.region, "agent_port": r.agent_port, "http_port": r.http_port} for r in self.relays.values()
         }
-        data = {"api_port": self.api_port, "link_port": self.link_port, "relays": relays}
+        data = {"api_port": self.api_port, "link_port": self.link_port, "links_port": self.links_port, "relays": relays}
         write_atomically(path, json.dumps(data, indent=2).encode())
 
 
@@ -236,6 +241,11 @@ class LocalGrid:
     @property
     def api_url(self) -> str:
         return f"http://{HOST}:{self.api_port}"
+
+    @property
+    def links_url(self) -> str:
+        """Where the workloads' links are served (a listener of their own, never the API's origin)."""
+        return f"http://{HOST}:{self.ports.links_port}"
 
     @property
     def relays(self) -> dict[str, RelayInfo]:
@@ -298,10 +308,16 @@ class LocalGrid:
         self, *extra: str, program: Sequence[str] = CLI, env: Mapping[str, str] | None = None, timeout_s: float = START_TIMEOUT_S
     ) -> Daemon:
         """Start the Master and wait until its API answers."""
-        self.check_ports({self.api_port: "the Master's API", self.link_port: "the Master's relay link"})
+        self.check_ports(
+            {
+                self.api_port: "the Master's API",
+                self.link_port: "the Master's relay link",
+                self.ports.links_port: "the Master's links",
+            }
+        )
         self._master_launch = (tuple(program), tuple(extra), dict(env or {}))
         args = ["master", "--state-dir", str(self.master_dir), "--api-port", str(self.api_port)]
-        args += ["--link-port", str(self.link_port)]
+        args += ["--link-port", str(self.link_port), "--links-port", str(self.ports.links_port)]
         if self.heartbeat_s is not None:
             args += ["--heartbeat-s", str(self.heartbeat_s)]
         self.master = master = self.spawn("master", "master", [*args, *extra], program=program, env=env)

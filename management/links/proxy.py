@@ -2,6 +2,11 @@
 refused (management/links/gate.py through ``Services.links``) and passed to the container through the link's tunnel:
 HTTP with streamed bodies both ways, and WebSockets message by message.
 
+Links are served by an application of their own (``links_app``) on a listener of their own (``[links] port``), never
+by the API's and the console's: a link's pages come from the renter's image, and on the console's origin their
+scripts could read console pages as the visitor. The API's listener answers a link's path with a redirect to the
+link's own address and a link's host with 421 (``not_on_the_console``), serving neither.
+
 What the container never sees: the visitor's console cookie, the link's own cookie, the ``idlegrid_token`` query
 parameter, or an ``Authorization`` header that was the visitor's key or link token. What it sees instead:
 ``X-Forwarded-Proto``, ``X-Forwarded-Host`` and, on a path link, ``X-Forwarded-Prefix`` (the prefix is taken off the
@@ -11,9 +16,9 @@ A token handed over in the URL (``?idlegrid_token=igl_...``, how the console ope
 checked, set as an HttpOnly cookie scoped to the link (its path, or its host on the wildcard domain) and taken off the
 URL by a redirect, so it stays out of the app's logs and the browser's history.
 
-A public link on a path shares the Master's origin, so its pages are served in a CSP sandbox (an opaque origin: no
-access to the console's cookies or pages, nor to other links'); on the wildcard domain every link is an origin of its
-own and needs none (docs/links.md).
+A public link on a path shares the links listener's origin with every other path link, so its pages are served in a
+CSP sandbox (an opaque origin: no access to other links' cookies or pages); on the wildcard domain every link is an
+origin of its own and needs none (docs/links.md).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from http.cookies import SimpleCookie
+from typing import TYPE_CHECKING
 from urllib.parse import urlencode
 
 import aiohttp
@@ -34,9 +40,20 @@ from multidict import CIMultiDict
 from common.errors import IdlegridError
 from management.http.keys import SERVICES_KEY
 from management.links.gate import Admitted, Refused
-from management.links.names import TOKEN_COOKIE, TOKEN_QUERY, LinkAddress, from_host, from_path, is_link_token
+from management.links.names import (
+    PATH_PREFIX,
+    TOKEN_COOKIE,
+    TOKEN_QUERY,
+    LinkAddress,
+    from_host,
+    from_path,
+    is_link_token,
+)
 from management.links.tunnels import LinkTunnel
 from management.services.links import InvalidCredential
+
+if TYPE_CHECKING:
+    from management.services import Services
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +68,42 @@ BODY_CHUNK = 64 * 1024
 WS_MAX_MESSAGE = 16 * 1024 * 1024
 
 
-def add_routes(app: web.Application) -> None:
-    """The path links on the Master's address; a wildcard domain's links come through ``host_middleware``."""
+def links_app(services: Services) -> web.Application:
+    """The links listener's application: path links under ``/w/`` (a wildcard domain's links by their Host, through
+    ``host_middleware``); anything else there is a 404, so nothing of the API or the console is ever on this origin."""
+    app = web.Application(middlewares=[host_middleware])
+    app[SERVICES_KEY] = services
     app.router.add_route("*", "/w/{name}", serve_path_link)
     app.router.add_route("*", "/w/{name}/{rest:.*}", serve_path_link)
+    app.router.add_route("*", "/{rest:.*}", _nothing_here)
+    return app
+
+
+@web.middleware
+async def not_on_the_console(request: web.Request, handler: aiohttp.typedefs.Handler) -> web.StreamResponse:
+    """On the API's and the console's listener: a link is never served there (its scripts would share their origin).
+
+    A link's path is redirected to the link's own address (computed from the path alone: nothing is looked up, so the
+    answer says nothing about the workload); a request whose Host names a link (a proxy sending the wildcard domain
+    to the wrong port) is 421, Misdirected Request."""
+    links = request.app[SERVICES_KEY].links
+    if from_host(request.host, links.settings.domain) is not None:
+        why = f"{request.host} is a link: links are served by the Master's links listener, not its API's"
+        return _refusal(Refused(421, "misdirected_request", why), request)
+    if not request.path.startswith(PATH_PREFIX):
+        return await handler(request)
+    found = from_path(request.path)
+    if found is None:
+        return _refusal(Refused(404, "not_found", "no such link: a link's path is /w/<workload>-<port>/"), request)
+    address, rest = found
+    target = links.url(address) + rest.removeprefix("/")
+    location = target + (f"?{request.query_string}" if request.query_string else "")
+    # no-store: the links' address may change with the Master's configuration
+    return web.Response(status=308, headers={"Location": location, "Cache-Control": "no-store"})
+
+
+async def _nothing_here(request: web.Request) -> web.StreamResponse:
+    return _refusal(Refused(404, "not_found", "this address serves only links: /w/<workload>-<port>/"), request)
 
 
 @web.middleware
@@ -72,6 +121,10 @@ async def serve_path_link(request: web.Request) -> web.StreamResponse:
     if found is None:
         return _refusal(Refused(404, "not_found", "no such link: a link's path is /w/<workload>-<port>/"))
     address, rest = found
+    links = request.app[SERVICES_KEY].links
+    if links.settings.domain:  # each link on a host of its own: a path here would put them all in one origin
+        target = links.url(address) + rest.removeprefix("/")
+        raise web.HTTPPermanentRedirect(target + (f"?{request.query_string}" if request.query_string else ""))
     if not rest:  # the app's relative links need the trailing slash
         raise web.HTTPPermanentRedirect(address.prefix + (f"?{request.query_string}" if request.query_string else ""))
     return await _serve(request, address, rest, on_path=True)
@@ -130,7 +183,7 @@ async def _credential(request: web.Request, address: LinkAddress) -> tuple[web.S
             max_age=remaining,
             httponly=True,
             samesite="Lax",
-            secure=request.secure or links.settings.scheme == "https" and bool(links.settings.domain),
+            secure=request.secure or links.url(address).startswith("https:"),
         )
         return response, ""
     scheme, _, key = request.headers.get("Authorization", "").partition(" ")
@@ -313,4 +366,4 @@ def _refusal(refused: Refused, request: web.Request | None = None, address: Link
     return response
 
 
-__all__ = ["Admitted", "add_routes", "host_middleware", "serve_path_link"]
+__all__ = ["Admitted", "host_middleware", "links_app", "not_on_the_console", "serve_path_link"]

@@ -84,9 +84,9 @@ class LinksService:
         self._sweeper = Loop("link tunnels", min(SWEEP_PERIOD_S, settings.idle_close_s / 2), self._sweep, SWEEP_RESTART_S)
         self._task: asyncio.Task[None] | None = None
 
-    def listening_at(self, api_url: str) -> None:
-        """The API's address once it listens: path links are under it unless ``public_url`` is configured."""
-        self.public_url = self.settings.public_url or api_url
+    def listening_at(self, links_url: str) -> None:
+        """The links listener's address once it listens: path links are under it unless ``public_url`` is configured."""
+        self.public_url = self.settings.public_url or links_url
 
     # --- what a workload's links are -----------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ python3-aiohttp, offered by the operator's own template directory."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -70,6 +71,34 @@ def sign_in(page, grid: Grid, account: str, password: str) -> None:
     page.wait_for_url(lambda url: "/console/signin" not in url)
 
 
+def launch_notebook(page, name: str, before_launch=lambda: None) -> str:
+    """From the console's templates page (signed in): the test app's template launched, its workload running; its id."""
+    card = page.get_by_role("region", name="Notebook (test app)")
+    card.get_by_label("Name").fill(name)
+    before_launch()
+    card.get_by_role("button", name="Launch Notebook (test app)").click()
+    page.wait_for_url(re.compile(r"/console/workloads/wl-"))
+    expect(page.locator("#workload-state")).to_have_text("running", timeout=30_000)
+    return page.url.rsplit("/", 1)[1]
+
+
+def open_link(page):
+    """The workload page's "Open port" link clicked: the new tab, once the app answers there."""
+    opener = page.get_by_role("region", name="Links").get_by_role("link", name=re.compile("Open port"))
+    assert opener.get_attribute("target") == "_blank"
+    with page.context.expect_page() as opened:
+        opener.click()
+    tab = opened.value
+    # The app may still be starting when the workload runs: the page reloads until it answers.
+    for _ in range(30):
+        tab.wait_for_load_state()
+        if tab.get_by_role("heading", name="Notebook server (test app)").count():
+            break
+        tab.wait_for_timeout(1000)
+        tab.reload()
+    return tab
+
+
 def test_a_template_launches_from_the_console_and_its_private_link_opens_with_a_websocket_for_its_owner_only(
     grid, browser, page, shot
 ):
@@ -83,32 +112,15 @@ def test_a_template_launches_from_the_console_and_its_private_link_opens_with_a_
     assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
     shot(page, "templates-375px")
     page.set_viewport_size({"width": 1280, "height": 860})
-    card = page.get_by_role("region", name="Notebook (test app)")
-    card.get_by_label("Name").fill("notebook-1")
-    shot(page, "templates")
-    card.get_by_role("button", name="Launch Notebook (test app)").click()
-    page.wait_for_url(re.compile(r"/console/workloads/wl-"))
-    workload_id = page.url.rsplit("/", 1)[1]
-    expect(page.locator("#workload-state")).to_have_text("running", timeout=30_000)
+    workload_id = launch_notebook(page, "notebook-1", lambda: shot(page, "templates"))
     links = page.get_by_role("region", name="Links")
-    expect(links).to_contain_text(f"/w/{workload_id}-")
+    expect(links).to_contain_text(f"{grid.links_url}/w/{workload_id}-")  # the links' own origin, not the console's
     expect(links).to_contain_text("private: you only")
     shot(page, "workload-with-its-link")
 
-    opener = links.get_by_role("link", name=re.compile("Open port"))
-    assert opener.get_attribute("target") == "_blank"
-    with page.context.expect_page() as opened:
-        opener.click()
-    tab = opened.value
-    # The app may still be starting when the workload runs: the page reloads until it answers.
-    for _ in range(30):
-        tab.wait_for_load_state()
-        if tab.get_by_role("heading", name="Notebook server (test app)").count():
-            break
-        tab.wait_for_timeout(1000)
-        tab.reload()
+    tab = open_link(page)
     expect(tab.locator("#echo")).to_have_text("echo: ping from the browser", timeout=20_000)
-    assert f"/w/{workload_id}-" in tab.url and "idlegrid_token" not in tab.url  # the token became a cookie
+    assert tab.url.startswith(f"{grid.links_url}/w/{workload_id}-") and "idlegrid_token" not in tab.url  # now a cookie
     shot(tab, "link-open-websocket-echoed")
     link_url = tab.url
 
@@ -128,3 +140,73 @@ def test_a_template_launches_from_the_console_and_its_private_link_opens_with_a_
         shot(bob, "another-account-gets-404")
     finally:
         stranger.close()
+
+
+def probe_the_console(tab, link_url: str, console_url: str) -> dict:
+    """The test app's hostile page (``/probe``) opened in ``tab`` on the link: what its script got from the console."""
+    tab.goto(f"{link_url}probe?console={console_url}")
+    expect(tab.locator("#probe")).not_to_have_text("running", timeout=20_000)
+    return json.loads(tab.locator("#probe").inner_text())
+
+
+def assert_nothing_read_nor_done(got: dict) -> None:
+    assert got["own"] == 200  # the script ran, and reads its own origin
+    assert got["read"] == "blocked: TypeError"  # the console's page (and its CSRF token) are not shown to it
+    assert got["opaque"] == "opaque 0"  # without CORS: an empty, opaque answer
+    assert got["post"] == "sent"  # it went, with the console's cookie; the console refused it (another Origin)
+
+
+def test_a_private_links_page_cannot_read_the_console_of_its_owner_or_an_operator_nor_act_there(grid, browser, page, shot):
+    """The link's page is the renter's image's: it runs on the links' origin (another port of the same host), so the
+    browser sends it the console's cookie (cookies ignore ports) but shows it no console answer (CORS), and the
+    console refuses its writes (another Origin, no CSRF token). An operator, who may open any private link, is no
+    more exposed than its owner. And the console's own origin serves no link."""
+    rita, operator = ACCOUNTS["renter"], ACCOUNTS["operator"]
+    sign_in(page, grid, rita.id, rita.password)
+    page.goto(f"{grid.api_url}/console/templates")
+    workload_id = launch_notebook(page, "probe-1")
+    tab = open_link(page)
+    link_url = tab.url  # .../w/<workload>-<port>/, signed in there by the link's cookie
+    assert link_url.startswith(f"{grid.links_url}/w/{workload_id}-")
+    keys_before = grid.client.get(f"/api/v1/accounts/{rita.id}/keys")["items"]
+
+    got = probe_the_console(tab, link_url, grid.api_url)
+    shot(tab, "link-page-probing-the-console")
+    assert_nothing_read_nor_done(got)
+    keys_after = grid.client.get(f"/api/v1/accounts/{rita.id}/keys")["items"]
+    assert keys_after == keys_before and not any(k["name"] == "stolen-by-a-link" for k in keys_after)
+    account = page.goto(f"{grid.api_url}/console/account")  # rita's console session was live all along
+    assert account is not None and account.status == 200 and 'name="csrf_token"' in page.content()
+
+    # The console's session is no key to a link, even sent there on purpose (its path, /console, keeps it away).
+    [session] = [c for c in page.context.cookies() if c["name"] == "idlegrid_console"]
+    bare = browser.new_context()
+    try:
+        answer = bare.request.get(link_url, headers={"Cookie": f"idlegrid_console={session['value']}"})
+        assert answer.status == 401 and "this link is private" in answer.text()
+    finally:
+        bare.close()
+
+    grid.client.set_password(operator.id, operator.password)
+    operators = browser.new_context(viewport={"width": 1280, "height": 860})
+    try:
+        olga = operators.new_page()
+        sign_in(olga, grid, operator.id, operator.password)
+        port = link_url.rstrip("/").rsplit("-", 1)[1]
+        olga.goto(f"{grid.api_url}/console/workloads/{workload_id}/links/{port}")  # the console's opener, as operator
+        assert olga.url == link_url
+        operator_keys = grid.client.get(f"/api/v1/accounts/{operator.id}/keys")["items"]
+        assert_nothing_read_nor_done(probe_the_console(olga, link_url, grid.api_url))
+        shot(olga, "an-operator-opens-the-probe")
+        assert grid.client.get(f"/api/v1/accounts/{operator.id}/keys")["items"] == operator_keys
+    finally:
+        operators.close()
+
+    # The console's origin never serves the link: a link's path there is only a redirect to the links' origin.
+    path = link_url.removeprefix(grid.links_url)
+    moved = page.request.get(f"{grid.api_url}{path}probe", max_redirects=0)
+    assert moved.status == 308 and moved.headers["location"] == f"{link_url}probe"
+    assert "Probe" not in moved.text() and "Notebook" not in moved.text()
+    answer = page.goto(f"{grid.api_url}{path}")
+    assert answer is not None and page.url == link_url  # followed to the link's own origin, where it opens
+    expect(page.get_by_role("heading", name="Notebook server (test app)")).to_be_visible()

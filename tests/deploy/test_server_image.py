@@ -62,7 +62,10 @@ def test_a_master_and_a_relay_from_the_image_enroll_an_installed_agent(
         container_and_volume(engine, "idlegrid-relay-test") as (relay, _),
         container_and_volume(engine, "idlegrid-agent-test") as (agent, agent_state),
     ):
-        serve(engine, master, state, "master", "--api-port", str(api_port), "--link-port", str(link_port), "--store-url", store)
+        serve(
+            engine, master, state, "master", "--api-port", str(api_port), "--link-port", str(link_port),
+            "--links-port", str(free_port()), "--store-url", store,
+        )  # fmt: skip
         api = f"http://127.0.0.1:{api_port}"
         health = wait_for(lambda: ApiClient(api, None).health(), 60, f"the Master's /healthz\n{logs(engine, master)}")
         assert health["store"] == "mongodb", health

@@ -186,7 +186,7 @@ class MasterPair:
     def __init__(self, grid: Grid, config: Path) -> None:
         self.grid = grid
         self.config = config
-        self.api_b, self.link_b = free_port(), free_port()
+        self.api_b, self.link_b, self.links_b = free_port(), free_port(), free_port()
         self.daemons: dict[str, Daemon] = {}
 
     def api_url(self, name: str) -> str:
@@ -201,7 +201,8 @@ class MasterPair:
             self.daemons[name] = self.grid.start_master("--config", str(self.config))
             return self.daemons[name]
         args = ["master", "--state-dir", str(self.grid.master_dir), "--api-port", str(self.api_b)]
-        args += ["--link-port", str(self.link_b), "--heartbeat-s", "1.0", "--config", str(self.config)]
+        args += ["--link-port", str(self.link_b), "--links-port", str(self.links_b), "--heartbeat-s", "1.0"]
+        args += ["--config", str(self.config)]
         self.daemons[name] = daemon = self.grid.spawn(name, "master", args)
         wait_for(lambda: self.health(name), 15, f"{name}'s API\n{daemon.tail()}")
         return daemon

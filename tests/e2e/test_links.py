@@ -62,7 +62,8 @@ def linked(grid: Grid, drop: Path) -> tuple[ApiClient, ApiClient, str, str]:
     workload_id = alice.submit_workload(spec)["id"]
     wait_workload(alice, workload_id, "running", lambda w: w["state"] == "running", timeout=30)
     [link] = alice.workload_links(workload_id)["items"]
-    assert link == {"port": port, "url": f"{grid.api_url}/w/{workload_id}-{port}/", "public": False}
+    # On the links' own listener: never the API's and the console's origin (docs/links.md).
+    assert link == {"port": port, "url": f"{grid.links_url}/w/{workload_id}-{port}/", "public": False}
     return alice, bob, workload_id, link["url"]
 
 
@@ -223,7 +224,7 @@ def test_a_template_from_the_operators_catalog_launches_from_the_cli_which_print
         assert status == 200 and b"Notebook server (test app)" in body
         workload_id = lines[0].split()[1]
         shown = cli(grid, alice.api_key, "workload", "get", workload_id)
-        assert f"link:        {grid.api_url}/w/{workload_id}-" in shown.stdout
+        assert f"link:        {grid.links_url}/w/{workload_id}-" in shown.stdout
 
 
 def cli(grid: Grid, key: str, *args: str, timeout: float = 60) -> Any:
@@ -263,12 +264,12 @@ def test_on_a_wildcard_domain_each_link_is_a_host_of_its_own_with_http_and_webso
         [link] = alice.workload_links(workload_id)["items"]
         host = f"{workload_id}-{port}.links.test"
         assert link["url"] == f"http://{host}/"
-        api_port = grid.api_url.rsplit(":", 1)[1]
+        links_port = grid.links_url.rsplit(":", 1)[1]  # the links listener, where the wildcard domain's proxy sends
 
         async def run() -> tuple[Any, ...]:
             async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as session:
-                base = f"http://127.0.0.1:{api_port}"
-                owner = {"Host": f"{host}:{api_port}", "Authorization": f"Bearer {alice.api_key}"}
+                base = f"http://127.0.0.1:{links_port}"
+                owner = {"Host": f"{host}:{links_port}", "Authorization": f"Bearer {alice.api_key}"}
                 async with session.get(base + "/api/headers", headers=owner) as seen:
                     headers = await seen.json()
                 async with session.ws_connect(base + "/api/kernels/echo", headers=owner) as socket:
@@ -280,15 +281,19 @@ def test_on_a_wildcard_domain_each_link_is_a_host_of_its_own_with_http_and_webso
                 other = {"Host": host, "Authorization": f"Bearer {bob.api_key}"}
                 async with session.get(base + "/", headers=other) as hidden:
                     hidden_status = hidden.status
-                # The API on the same port is not reachable through a link's host: every path goes to the container.
+                # On the links listener a link's host sends every path to the container (/api/v1 is the app's 404).
                 async with session.get(base + "/api/v1/workloads", headers=owner) as through:
                     through_status = through.status
+                # The API's own listener serves no link, whatever the Host: a misdirected proxy gets 421, not the app.
+                misdirected = {"Host": host, "Authorization": f"Bearer {alice.api_key}"}
+                async with session.get(grid.api_url + "/api/headers", headers=misdirected) as wrong_port:
+                    assert wrong_port.status == 421 and "links listener" in await wrong_port.text()
                 return headers, echoed, refused_status, hidden_status, through_status
 
         headers, echoed, refused_status, hidden_status, through_status = wait_for(
             lambda: (got := asyncio.run(run()))[0].get(":path") == "/api/headers" and got, 30, "the link on its host"
         )
-        assert "x-forwarded-prefix" not in headers and headers["x-forwarded-host"] == f"{host}:{api_port}"
+        assert "x-forwarded-prefix" not in headers and headers["x-forwarded-host"] == f"{host}:{links_port}"
         assert echoed == "over the domain"
         assert (refused_status, hidden_status, through_status) == (401, 404, 404)  # the app has no /api/v1 route
 

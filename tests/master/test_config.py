@@ -37,3 +37,25 @@ def test_bad_settings_are_named(tmp_path, text, env, message):
 def test_a_missing_file_is_a_clear_error(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_master_config(tmp_path / "nope.toml", env={})
+
+
+@pytest.mark.parametrize(
+    ("text", "port"),
+    [
+        ("", 7300),  # the default, beside the API's 7000
+        ("api_port = 0\n", 0),  # a test's Master on any free API port: its links on any free port too, never 7300
+        ("api_port = 0\n[links]\nport = 7400\n", 7400),
+        ("[links]\nport = 0\n", 0),
+    ],
+)
+def test_links_have_a_port_of_their_own(tmp_path, text, port):
+    path = tmp_path / "master.toml"
+    path.write_text(text)
+    assert load_master_config(path, env={}).links_port == port
+
+
+def test_a_links_port_out_of_range_is_named(tmp_path):
+    path = tmp_path / "master.toml"
+    path.write_text("[links]\nport = 70000\n")
+    with pytest.raises(ConfigError, match="links.port"):
+        load_master_config(path, env={})

@@ -2,7 +2,8 @@
 
 Its page opens a WebSocket to a path relative to itself (as Jupyter's kernels do) and shows what the socket echoed;
 ``/api/headers`` answers the request headers it received (the tests check what the proxy kept from it);
-``/api/upload`` counts a streamed body; ``/api/bytes?n=N`` streams N bytes; ``/api/kernels/echo`` echoes messages.
+``/api/upload`` counts a streamed body; ``/api/bytes?n=N`` streams N bytes; ``/api/kernels/echo`` echoes messages;
+``/probe`` is a hostile page that tries to read the console as its visitor (what it got is shown on the page).
 Runs on Debian's python3-aiohttp (3.8) as well as the project's own aiohttp, with nothing else.
 """
 
@@ -26,11 +27,47 @@ ws.onmessage = (m) => { document.getElementById("echo").textContent = "echo: " +
 ws.onerror = () => { document.getElementById("echo").textContent = "websocket failed"; };
 </script></body></html>
 """
+# A hostile page, as a renter's image could serve it: it tries to read the console (``?console=<its origin>``) as the
+# visitor, whose console session cookie the browser holds for the same host (cookies ignore ports), and to make an API
+# key there. It shows what it got in #probe as JSON; "own" is a control (its own origin's page, which it may read).
+PROBE = """<!doctype html>
+<html><head><meta charset="utf-8"><title>Probe (test app)</title></head>
+<body><h1>Probe</h1><pre id="probe">running</pre>
+<script>
+const consoleOrigin = new URLSearchParams(location.search).get("console");
+const got = {};
+async function attempt(name, step) {
+  try { got[name] = await step(); } catch (e) { got[name] = "blocked: " + e.name; }
+}
+(async () => {
+  await attempt("own", async () => (await fetch("api/headers")).status);
+  await attempt("read", async () => {
+    const text = await (await fetch(consoleOrigin + "/console/account", {credentials: "include"})).text();
+    const csrf = text.match(/name="csrf_token" value="([^"]+)"/);
+    return "read " + text.length + " characters, csrf " + (csrf ? csrf[1] : "none");
+  });
+  await attempt("opaque", async () => {
+    const answer = await fetch(consoleOrigin + "/console/account", {credentials: "include", mode: "no-cors"});
+    return answer.type + " " + (await answer.text()).length;
+  });
+  await attempt("post", async () => {
+    const body = new URLSearchParams({name: "stolen-by-a-link"});
+    await fetch(consoleOrigin + "/console/account/keys", {method: "POST", body, credentials: "include", mode: "no-cors"});
+    return "sent";
+  });
+  document.getElementById("probe").textContent = JSON.stringify(got);
+})();
+</script></body></html>
+"""
 CHUNK = 64 * 1024
 
 
 async def index(_: web.Request) -> web.Response:
     return web.Response(text=PAGE, content_type="text/html")
+
+
+async def probe(_: web.Request) -> web.Response:
+    return web.Response(text=PROBE, content_type="text/html")
 
 
 async def headers(request: web.Request) -> web.Response:
@@ -80,6 +117,7 @@ def main() -> None:
     app.router.add_get("/api/bytes", stream_bytes)
     app.router.add_get("/api/kernels/echo", kernel)
     app.router.add_get("/api/moved", moved)
+    app.router.add_get("/probe", probe)
     print(f"test app serving on {sys.argv[1]}", flush=True)
     web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None)
 

@@ -171,7 +171,10 @@ def test_a_port_in_use_is_one_line_not_a_traceback(tmp_path):
         held.bind(("127.0.0.1", 0))
         held.listen()
         port = held.getsockname()[1]
-        done = idlegrid("master", "--state-dir", str(tmp_path), "--api-port", str(port), "--link-port", str(free_port()))
+        done = idlegrid(
+            "master", "--state-dir", str(tmp_path), "--api-port", str(port), "--link-port", str(free_port()),
+            "--links-port", str(free_port()),
+        )  # fmt: skip
     assert done.returncode == 2
     assert "Traceback" not in done.stderr
     said = [line for line in done.stderr.splitlines() if not line.startswith("{")]  # the daemon's JSON log aside
@@ -254,3 +257,17 @@ def test_enrolling_through_a_relays_agent_url_says_which_url_enrollment_needs(tm
     )
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "looks like a relay's agent URL: enroll through its https:// URL" in done.stderr
+
+
+def test_the_links_port_in_use_is_one_line_too(tmp_path):
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        done = idlegrid(
+            "master", "--state-dir", str(tmp_path), "--api-port", str(free_port()), "--link-port", str(free_port()),
+            "--links-port", str(port),
+        )  # fmt: skip
+    said = [line for line in done.stderr.splitlines() if not line.startswith("{")]
+    assert done.returncode == 2 and len(said) == 1, done.stderr
+    assert said[0].startswith("idlegrid master: cannot listen") and str(port) in said[0]
