@@ -112,7 +112,7 @@ if torch is not None and torch.cuda.is_available():
     def train():
         x = torch.randn(4096, 1024, device="cuda"); y = x[:, :1].clone()
         loss = torch.nn.functional.mse_loss(model(x), y); opt.zero_grad(); loss.backward(); opt.step()
-        return float(loss)
+        return loss.item()
     device = torch.cuda.get_device_name(0)
 else:
     step = int(open(path).read()) if os.path.exists(path) else 0
