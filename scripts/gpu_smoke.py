@@ -83,6 +83,73 @@ print("SMOKE-JOB-DONE", flush=True)
 """
 
 
+# A renter's training job that checkpoints (storage mode, --storage): a small model trained on the GPU, its state saved
+# with torch.save to IDLEGRID_CHECKPOINT_DIR after every step. The first start crashes at CRASH_AT (exit 1, after
+# waiting out a checkpoint period, as a real crash loses what the last upload did not carry); its restart policy
+# starts it again, the platform restores the checkpoint, and it goes on from there to STEPS and writes its result to
+# its output directory. Without PyTorch (or in a dry run) the same with a counter in a file.
+CKPT_JOB = r"""
+import os, sys, time, json
+steps, crash_at, period = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+ck, out = os.environ["IDLEGRID_CHECKPOINT_DIR"], os.environ["IDLEGRID_OUTPUT_DIR"]
+restored = os.environ.get("IDLEGRID_RESTORED") == "1"
+path = os.path.join(ck, "state.pt")
+try:
+    import torch
+except ImportError:
+    torch = None
+if torch is not None and torch.cuda.is_available():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 1)).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    step = 0
+    if os.path.exists(path):
+        state = torch.load(path, map_location="cuda")
+        model.load_state_dict(state["model"]); opt.load_state_dict(state["opt"]); step = state["step"]
+    def save(step):
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, path + ".tmp")
+        os.replace(path + ".tmp", path)
+    def train():
+        x = torch.randn(4096, 1024, device="cuda"); y = x[:, :1].clone()
+        loss = torch.nn.functional.mse_loss(model(x), y); opt.zero_grad(); loss.backward(); opt.step()
+        return loss.item()
+    device = torch.cuda.get_device_name(0)
+else:
+    step = int(open(path).read()) if os.path.exists(path) else 0
+    def save(step):
+        open(path + ".tmp", "w").write(str(step)); os.replace(path + ".tmp", path)
+    def train():
+        time.sleep(0.05); return 0.0
+    device = "no CUDA"
+taken = os.environ.get("IDLEGRID_CHECKPOINT_TIME", "-")
+print(f"CKPT-START step={step} restored={int(restored)} checkpoint_time={taken} on {device}", flush=True)
+loss = None
+while step < steps:
+    for _ in range(50):
+        loss = train()
+    step += 1
+    save(step)
+    time.sleep(0.25)
+    if step == crash_at and not restored:
+        time.sleep(period * 2.5)  # a periodic upload carries this step
+        print(f"CKPT-CRASH at step {step}", flush=True)
+        sys.exit(1)
+json.dump({"steps": step, "loss": loss, "device": device}, open(os.path.join(out, "result.json"), "w"))
+print(f"CKPT-DONE step={step} loss={loss}", flush=True)
+"""
+CKPT_STEPS, CKPT_CRASH_AT, CKPT_PERIOD_S = 16, 8, 2.0
+# The dry run's job (no Python needed in the sandbox): the same counter, crash and resume, in sh.
+CKPT_DRY_JOB = (
+    'ck="$IDLEGRID_CHECKPOINT_DIR"; out="$IDLEGRID_OUTPUT_DIR"; r="${IDLEGRID_RESTORED:-0}"; step=0; '
+    '[ -f "$ck/state" ] && step=$(cat "$ck/state"); echo "CKPT-START step=$step restored=$r"; '
+    f"while [ $step -lt {CKPT_STEPS} ]; do step=$((step+1)); "
+    'echo $step > "$ck/state.tmp"; mv "$ck/state.tmp" "$ck/state"; sleep 0.25; '
+    f'if [ $step -eq {CKPT_CRASH_AT} ] && [ "$r" != 1 ]; then sleep {CKPT_PERIOD_S * 2.5}; '
+    'echo "CKPT-CRASH at step $step"; exit 1; fi; '
+    f'done; echo \'{{"steps": {CKPT_STEPS}}}\' > "$out/result.json"; echo "CKPT-DONE step=$step"'
+)
+
+
 class Report:
     def __init__(self) -> None:
         self.results: list[tuple[str, bool, str]] = []
@@ -211,6 +278,85 @@ def run_job(
     print("balance:", json.dumps(renter.balance(RENTER)), flush=True)
 
 
+def run_checkpointed_job(renter: ApiClient, key: str, grid: LocalGrid, report: Report, *, dry_run: bool) -> None:
+    """The storage mode: a real S3-compatible server (moto) on 127.0.0.1, the renter's keys in its secret store, and
+    CKPT_JOB with a checkpoint and an output there; checks that it crashed once, resumed from its checkpoint (not from
+    step 0) and succeeded, that its result is in the bucket, and what the workload's page says of its checkpoint."""
+    try:
+        import boto3
+        from moto.server import ThreadedMotoServer
+    except ImportError as exc:
+        report.skip("storage: a checkpointed job resumes", f"moto and boto3 are not installed here ({exc})")
+        return
+    import logging
+    import socket
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's server logs every request otherwise
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        s3 = boto3.session.Session().client(
+            "s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="smoke", aws_secret_access_key="smoke"
+        )
+        s3.create_bucket(Bucket="gpu-smoke")
+        renter.create_secret("smoke-s3", "smoke:smoke")
+        command = (
+            ["sh", "-c", CKPT_DRY_JOB]
+            if dry_run
+            else [sys.executable, "-c", CKPT_JOB, str(CKPT_STEPS), str(CKPT_CRASH_AT), str(CKPT_PERIOD_S)]
+        )
+        spec = {
+            "name": "checkpointed-smoke",
+            "image": "none",
+            "command": command,
+            "replica": {"gpus": 1},
+            "constraints": {"allow_process_runtime": True},
+            "restart_policy": "on_failure",
+            "max_restarts": 2,
+            "storage": {"credentials": "smoke-s3", "endpoint": endpoint},
+            "checkpoint": {"uri": "s3://gpu-smoke/run-1/checkpoint/", "period_s": CKPT_PERIOD_S},
+            "outputs": [{"uri": "s3://gpu-smoke/run-1/out/", "path": "/out"}],
+        }
+        workload_id = renter.submit_workload(spec)["id"]
+        print(f"submitted {workload_id}: a checkpointed training job (crash at step {CKPT_CRASH_AT}, then resume)")
+        ended = wait(
+            lambda: (w := renter.workload(workload_id))["state"] in ("succeeded", "failed", "cancelled") and w,
+            300,
+            "the checkpointed job to end",
+            interval_s=1.0,
+        )
+        time.sleep(2.0)
+        logs = cli(grid, key, "workload", "logs", workload_id)
+        output = logs.stdout + logs.stderr
+        print(f"--- idlegrid workload logs {workload_id} ---\n{output.strip()}\n---", flush=True)
+        starts = [line for line in output.splitlines() if "CKPT-START" in line]
+        resumed = [line for line in starts if "restored=1" in line]
+        report.check("storage: the checkpointed job succeeds", ended["state"] == "succeeded", f"state {ended['state']}")
+        first_step = int(resumed[0].split("step=")[1].split()[0]) if resumed else -1
+        report.check(
+            "storage: it resumed from its checkpoint after the crash, not from step 0",
+            bool(resumed) and first_step >= CKPT_CRASH_AT - 2,
+            f"starts: {starts}",
+        )
+        listed = s3.list_objects_v2(Bucket="gpu-smoke", Prefix="run-1/").get("Contents", [])
+        names = sorted(o["Key"] for o in listed)
+        result = (
+            s3.get_object(Bucket="gpu-smoke", Key="run-1/out/result.json")["Body"].read().decode()
+            if ("run-1/out/result.json" in names)
+            else ""
+        )
+        report.check("storage: its result is in the bucket", f'"steps": {CKPT_STEPS}' in result, result or f"objects: {names}")
+        storage = renter.workload(workload_id).get("storage")
+        print("the workload's storage summary:", json.dumps(storage)[:1500], flush=True)
+        report.check("storage: the workload says when its last checkpoint was taken", bool(storage), "see above")
+    finally:
+        server.stop()
+
+
 def micros(amount: str) -> int:
     units, _, fraction = amount.partition(".")
     sign = -1 if units.startswith("-") else 1
@@ -309,6 +455,11 @@ def main() -> int:
         "--simulate", metavar="MODEL", help="a dry run without a GPU: a simulated one (e.g. h100), the job makes no CUDA call"
     )
     parser.add_argument(
+        "--storage",
+        action="store_true",
+        help="also a checkpointed training job that crashes once and resumes from its checkpoint in a local S3 (moto)",
+    )
+    parser.add_argument(
         "--benchmark-only", action="store_true", help="only the agent's GPU benchmark and its challenge, without a grid"
     )
     args = parser.parse_args()
@@ -378,6 +529,8 @@ def main() -> int:
         grid.client.credit(RENTER, CREDIT, memo="gpu-smoke", key="gpu-smoke")
         renter = ApiClient(grid.api_url, key)
         run_job(grid, renter, key, agent_id, gpus[0][0], args.seconds, report, "process", dry_run=bool(args.simulate))
+        if args.storage:
+            run_checkpointed_job(renter, key, grid, report, dry_run=bool(args.simulate))
 
         why = docker_with_nvidia()
         if why is None:
