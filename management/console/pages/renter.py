@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shlex
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -18,6 +19,7 @@ from aiohttp import web
 
 from common.errors import Conflict, NotFound
 from common.output import last_lines
+from common.overlay import replica_address
 from management.access_control import Action, Resource, acting_account
 from management.console import session
 from management.console.forms import FormErrors, amount, environment, integer, number, text, word
@@ -43,7 +45,7 @@ from management.services.workloads import WorkloadKey
 from management.views import explanation_view, workload_view
 from management.workloads.explain_text import render_explanation
 from management.workloads.states import WORKLOAD_STATES
-from master.port import MAX_GPUS_PER_REPLICA, KeptOutput, RentalTerms, WorkloadSpec
+from master.port import MAX_GPUS_PER_REPLICA, KeptOutput, RentalTerms, WorkloadRecord, WorkloadSpec
 
 WORKLOADS_PER_PAGE = 25
 LEDGER_PER_PAGE = 50
@@ -277,6 +279,7 @@ async def workload(request: web.Request, *, template: str = "renter/workload.htm
         waits = render_explanation(shown, _plain(explanation_view(overview.explanation)), datetime.now(UTC))
     ports = record.spec.ports
     data = storage_section(record.spec, await request.app[SERVICES_KEY].workloads.workload_storage(record))
+    network = _network_section(record, request.app[SERVICES_KEY].workloads.network_paths(record))
     request[LIVE_STATE_KEY] = record.state
     return await page(
         request, template, fragment=template != "renter/workload.html", title=f"{record.spec.name} ({record.id})",
@@ -285,8 +288,20 @@ async def workload(request: web.Request, *, template: str = "renter/workload.htm
         open=record.state not in ("succeeded", "failed", "cancelled"), now=time.time(),
         outputs=[_shown_output(kept) for kept in overview.outputs], output_lines=OUTPUT_LINES_SHOWN,
         links=request.app[SERVICES_KEY].links.links_of(record),
-        storage=data, transfer=transfer_event,
+        storage=data, transfer=transfer_event, network=network,
     )  # fmt: skip
+
+
+def _network_section(record: WorkloadRecord, paths: Mapping[int, Mapping[str, str]]) -> dict[str, Any] | None:
+    """A gang's private network as the page shows it (docs/overlay.md): each replica's address, and how it reaches
+    each peer as its host last said (None: the workload has no network)."""
+    if not record.network:
+        return None
+    replicas = []
+    for r in range(record.spec.replicas):
+        peers = [{"address": address, "path": path} for address, path in sorted(paths.get(r, {}).items())]
+        replicas.append({"replica": r, "address": replica_address(record.network, r), "peers": peers})
+    return {"block": record.network, "replicas": replicas}
 
 
 OUTPUT_LINES_SHOWN = 200  # of a deleted container's kept output, the page shows the last lines; the CLI has it all
