@@ -62,6 +62,21 @@ def of_type(hint: Any) -> st.SearchStrategy[Any]:
             low = max((m.ge for m in metas if isinstance(m, msgspec.Meta) and m.ge is not None), default=-(2**63))
             high = min((m.le for m in metas if isinstance(m, msgspec.Meta) and m.le is not None), default=2**63 - 1)
             return st.integers(low, high)
+        if base is float:
+            metas_ = [m for m in metas if isinstance(m, msgspec.Meta)]
+            low_f = max([m.ge for m in metas_ if m.ge is not None] + [m.gt for m in metas_ if m.gt is not None], default=None)
+            high_f = min([m.le for m in metas_ if m.le is not None] + [m.lt for m in metas_ if m.lt is not None], default=None)
+            exclude_low, exclude_high = any(m.gt is not None for m in metas_), any(m.lt is not None for m in metas_)
+            return st.floats(
+                low_f, high_f, allow_nan=False, allow_infinity=False, exclude_min=exclude_low, exclude_max=exclude_high
+            )
+        if base is str:  # a pattern or length the schema checks: valid frames keep to it (the relay refuses the rest)
+            pattern = next((m.pattern for m in metas if isinstance(m, msgspec.Meta) and m.pattern is not None), None)
+            shortest = max((m.min_length for m in metas if isinstance(m, msgspec.Meta) and m.min_length is not None), default=0)
+            longest = min((m.max_length for m in metas if isinstance(m, msgspec.Meta) and m.max_length is not None), default=16)
+            if pattern is not None:
+                return st.from_regex(pattern).filter(lambda text: shortest <= len(text) <= max(longest, shortest))
+            return st.text(min_size=shortest, max_size=max(min(longest, 16), shortest))
         return of_type(base)
     if origin in (typing.Union, types.UnionType):
         return st.one_of(*(of_type(arg) for arg in args))

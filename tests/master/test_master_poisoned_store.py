@@ -94,6 +94,7 @@ async def _plant_good_and_bad_records(store_url: str) -> dict[Aggregate, str]:
             Aggregate.HOST_HOURLY_ROLLUPS: await poison(store, Aggregate.HOST_HOURLY_ROLLUPS, "agt-1", minute=120),
             Aggregate.OUTPUTS: await poison(store, Aggregate.OUTPUTS, "wl-1:r0:a2"),
             Aggregate.SECRETS: await poison(store, Aggregate.SECRETS, "alice/poisoned"),
+            Aggregate.SSH_KEYS: await poison(store, Aggregate.SSH_KEYS, "sshk-bad"),
         }
     finally:
         await store.close()
@@ -172,6 +173,10 @@ async def test_the_master_starts_and_serves_with_an_undecodable_record_in_every_
         # A renter's secrets (read when it lists them or a create needs them): the bad one skipped.
         await master.secrets.create("alice", "good", "value")
         assert [s.name for s in await master.secrets.list("alice")] == ["good"]
+
+        # An account's SSH keys (read when it lists them or opens an ssh tunnel): the bad one skipped.
+        keys = await client.get("/api/v1/ssh-keys?account=alice", headers=auth)
+        assert keys.status == 200 and (await keys.json())["items"] == []
 
         # Each bad record is reported: an event naming its aggregate and key, a log line, a count.
         reported = await _reported(client, auth, len(Aggregate))

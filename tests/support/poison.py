@@ -51,6 +51,7 @@ _SQLITE_COLUMNS: dict[Aggregate, dict[str, Any]] = {
     Aggregate.HOST_HOURLY_ROLLUPS: {"agent_id": KEY, "minute": 120},
     Aggregate.OUTPUTS: {"id": KEY, "workload_id": "wl-1", "state": "kept", "ended_at": 1_700_000_000.0},
     Aggregate.SECRETS: {"id": KEY, "account": "alice", "name": "poisoned"},
+    Aggregate.SSH_KEYS: {"id": KEY, "account": "alice", "created_at": 1_700_000_000.0},
 }
 # The MongoDB field each SQLite column is kept in, where the names differ; the key column is _id.
 _MONGO_FIELD = {"idx": "index"}
@@ -78,6 +79,7 @@ _BROKEN: dict[Aggregate, dict[str, Any]] = {
     Aggregate.HOST_HOURLY_ROLLUPS: {"samples": "many"},
     Aggregate.OUTPUTS: {"replica": "the first", "attempt": 1, "account": "alice", "agent_id": "agt-1", "container": "c"},
     Aggregate.SECRETS: {"sealed": 7, "created_at": 0.0},
+    Aggregate.SSH_KEYS: {"name": "laptop", "public_key": 7, "fingerprint": "SHA256:x"},
 }
 _HOST_ROLLUPS = (Aggregate.HOST_ROLLUPS, Aggregate.HOST_HOURLY_ROLLUPS)
 
