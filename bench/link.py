@@ -22,7 +22,7 @@ from typing import Any
 import aiohttp
 
 from bench.procs import read_usage
-from bench.tunnel import RENTER, CommandLoad, _measure, _ratio
+from bench.tunnel import RENTER, CommandLoad, _measure, _ratio, start_sandboxed_hosts
 from management.client.api import ApiClient, AsyncApiClient
 from management.devgrid.localgrid import LocalGrid, wait_until
 
@@ -86,14 +86,7 @@ async def _download(url: str, key: str, expected: int) -> dict[str, Any]:
 
 
 async def _run(grid: LocalGrid, options: LinkBenchOptions, www: Path) -> dict[str, Any]:
-    names = [f"host-{n}" for n in range(options.hosts)]
-    for name in names:
-        enrolled = await asyncio.to_thread(grid.enroll, name, grid.relays["relay-1"])
-        if enrolled.returncode != 0:
-            raise RuntimeError(f"enrolling {name}: {enrolled.stderr}")
-        grid.start_agent(name, "--runtime", "process", simulate="a10:1", env={"IDLEGRID_AGENT_PROCESS_USER": "dynamic"})
-    agent_ids = [grid.agent_id(name) for name in names]
-    await asyncio.to_thread(grid.wait_agents_ready, agent_ids)
+    agent_ids = await start_sandboxed_hosts(grid, options.hosts)
     grid.client.create_account(RENTER, "renter")
     key = grid.client.create_api_key(RENTER, "bench")["key"]
     renter = ApiClient(grid.api_url, key)

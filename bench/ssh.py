@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.tunnel import FINAL, RENTER, CommandLoad, _mean, _measure, _ratio, _transfer
+from bench.tunnel import FINAL, RENTER, CommandLoad, _mean, _measure, _ratio, _transfer, start_sandboxed_hosts
 from management.cli.access import grant_of
 from management.client.api import ApiClient, AsyncApiClient
 from management.devgrid.localgrid import LocalGrid, wait_until
@@ -96,14 +96,7 @@ async def _scp(config: Path, env: dict[str, str], source: str, target: str, size
 
 
 async def _run(grid: LocalGrid, options: SshBenchOptions, folder: Path) -> dict[str, Any]:
-    names = [f"host-{n}" for n in range(options.hosts)]
-    for name in names:
-        enrolled = await asyncio.to_thread(grid.enroll, name, grid.relays["relay-1"])
-        if enrolled.returncode != 0:
-            raise RuntimeError(f"enrolling {name}: {enrolled.stderr}")
-        grid.start_agent(name, "--runtime", "process", simulate="a10:1", env={"IDLEGRID_AGENT_PROCESS_USER": "dynamic"})
-    agent_ids = [grid.agent_id(name) for name in names]
-    await asyncio.to_thread(grid.wait_agents_ready, agent_ids)
+    agent_ids = await start_sandboxed_hosts(grid, options.hosts)
     grid.client.create_account(RENTER, "renter")
     renter = ApiClient(grid.api_url, grid.client.create_api_key(RENTER, "bench")["key"])
     submitted = renter.submit_workload(
@@ -124,7 +117,7 @@ async def _run(grid: LocalGrid, options: SshBenchOptions, folder: Path) -> dict[
     with payload.open("wb") as out:  # what scp carries is encrypted whatever it holds: zeros cost nothing to make
         out.truncate(size)
     daemons = {d.name: d.pid for d in grid.daemons}
-    pids = {"agent": daemons[names[agent_ids.index(placed)]], "relay": daemons["relay-1"], "master": daemons["master"]}
+    pids = {"agent": daemons[f"host-{agent_ids.index(placed)}"], "relay": daemons["relay-1"], "master": daemons["master"]}
     async with AsyncApiClient(grid.api_url, grid.client.api_key) as api:
         load = CommandLoad(api, [a for a in agent_ids if a != placed])
         idle = await _measure(grid, load, options, None)  # type: ignore[arg-type]

@@ -27,7 +27,7 @@ import boto3
 from botocore.config import Config
 
 from agent.storage.plane import DataPlane, StorageSettings
-from bench.tunnel import CommandLoad, Phase, _phase_buckets, _ratio, heartbeat_histogram
+from bench.tunnel import CommandLoad, Phase, _phase_buckets, _ratio, heartbeat_histogram, start_sandboxed_hosts
 from common.containers import ContainerSpec
 from common.storage import CheckpointSpec, ContainerStorage, StorageCredentials
 from management.client.api import ApiClient, AsyncApiClient
@@ -179,14 +179,7 @@ def _metrics(grid: LocalGrid) -> str:
 
 
 async def _round_trips(grid: LocalGrid, s3: S3Process, options: StorageBenchOptions, drop: Path) -> dict[str, Any]:
-    names = [f"host-{n}" for n in range(options.hosts)]
-    for name in names:
-        enrolled = await asyncio.to_thread(grid.enroll, name, grid.relays["relay-1"])
-        if enrolled.returncode != 0:
-            raise RuntimeError(f"enrolling {name}: {enrolled.stderr}")
-        grid.start_agent(name, "--runtime", "process", simulate="a10:1", env={"IDLEGRID_AGENT_PROCESS_USER": "dynamic"})
-    agent_ids = [grid.agent_id(name) for name in names]
-    await asyncio.to_thread(grid.wait_agents_ready, agent_ids)
+    await start_sandboxed_hosts(grid, options.hosts)
     operator = grid.client
     operator.create_account(RENTER, "renter")
     renter = ApiClient(grid.api_url, operator.create_api_key(RENTER, "bench")["key"])

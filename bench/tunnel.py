@@ -178,8 +178,10 @@ async def _transfer(grant: TunnelGrant, expected: int) -> dict[str, Any]:
     return {"bytes": received, "seconds": round(seconds, 2), "mib_per_s": round(received / seconds / 2**20, 1)}
 
 
-async def _run(grid: LocalGrid, options: TunnelBenchOptions) -> dict[str, Any]:
-    names = [f"host-{n}" for n in range(options.hosts)]
+async def start_sandboxed_hosts(grid: LocalGrid, count: int) -> list[str]:
+    """``count`` hosts behind relay-1, each one simulated A10 on the sandboxed process runtime; their agent ids, once
+    every one is ready (the tunnel, link, ssh and storage benches' grid)."""
+    names = [f"host-{n}" for n in range(count)]
     for name in names:
         enrolled = await asyncio.to_thread(grid.enroll, name, grid.relays["relay-1"])
         if enrolled.returncode != 0:
@@ -187,6 +189,11 @@ async def _run(grid: LocalGrid, options: TunnelBenchOptions) -> dict[str, Any]:
         grid.start_agent(name, "--runtime", "process", simulate="a10:1", env={"IDLEGRID_AGENT_PROCESS_USER": "dynamic"})
     agent_ids = [grid.agent_id(name) for name in names]
     await asyncio.to_thread(grid.wait_agents_ready, agent_ids)
+    return agent_ids
+
+
+async def _run(grid: LocalGrid, options: TunnelBenchOptions) -> dict[str, Any]:
+    agent_ids = await start_sandboxed_hosts(grid, options.hosts)
     operator = grid.client
     operator.create_account(RENTER, "renter")
     key = operator.create_api_key(RENTER, "bench")["key"]
