@@ -88,10 +88,12 @@ def test_its_settings_files_are_what_the_daemons_accept() -> None:
     accepted(master, MasterConfig, "master")
     assert master["ha"] is True
     assert {"master-a", "master-b"} <= set(master["server_names"])
+    assert master["links"]["port"] == 7300  # workloads' links: a listener of their own, published beside the API
     services = compose()["services"]
     for name in ("master-a", "master-b"):
         environment = services[name]["environment"]
         assert environment["IDLEGRID_MASTER_NODE_ID"] == environment["IDLEGRID_MASTER_ADVERTISE_HOST"] == name
+        assert any(port.endswith(":7300") for port in services[name]["ports"])
     for relay in ("relay-a", "relay-b"):
         settings = tomllib.loads((DEPLOY / "compose" / "config" / f"{relay}.toml").read_text())
         accepted(settings, AccessConfig, "access")

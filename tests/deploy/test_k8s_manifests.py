@@ -84,9 +84,10 @@ def test_the_masters_are_a_deployment_of_two_on_the_store_with_keys_from_secrets
     assert volumes["pki"]["secret"]["secretName"] == "idlegrid-master-pki"
     for probe in ("readinessProbe", "livenessProbe"):
         assert master[probe]["httpGet"] == {"path": "/healthz", "port": "api"}
-    assert {p["name"]: p["containerPort"] for p in master["ports"]} == {"api": 7000, "link": 7100}
+    assert {p["name"]: p["containerPort"] for p in master["ports"]} == {"api": 7000, "link": 7100, "links": 7300}
     config = tomllib.loads(one("ConfigMap", "idlegrid-master")["data"]["master.toml"])
     assert config["ha"] is True and config["host"] == "0.0.0.0"
+    assert config["links"]["port"] == 7300 and config["links"]["public_url"]  # links never on the API's origin
     assert "idlegrid-master.idlegrid.svc" in config["server_names"]
     # The settings the Master reads are the ConfigMap's plus the pod's IP in server_ips, written before it starts.
     assert master["args"] == ["master", "--config", "/etc/idlegrid/run/master.toml"]
@@ -107,7 +108,7 @@ def test_the_relay_is_behind_a_service_and_links_to_every_master() -> None:
     config = one("ConfigMap", "idlegrid-relay-eu-1")["data"]["access.toml"]
     assert 'master_urls = ["wss://idlegrid-master.idlegrid.svc:7100/link"]' in config
     master_service = one("Service", "idlegrid-master")
-    assert {p["port"] for p in master_service["spec"]["ports"]} == {7000, 7100}
+    assert {p["port"] for p in master_service["spec"]["ports"]} == {7000, 7100, 7300}
 
 
 def test_the_agent_runs_on_gpu_nodes_and_enrolls_with_its_nodes_token() -> None:
