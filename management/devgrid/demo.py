@@ -104,6 +104,7 @@ class Demo:
             [
                 f"idlegrid demo is up: {self.agents} simulated agents ready, {len(grid.relays)} relays, 1 Master",
                 f"  API:             {grid.api_url}/api/v1/agents",
+                f"  links:           {grid.links_url}/w/WORKLOAD-PORT/   (workloads' web ports: their own listener)",
                 f"  operator key:    {key}",
                 f"  renter key:      {grid.root / RENTER_KEY_FILE}   (account {RENTER})",
                 "  relays:",

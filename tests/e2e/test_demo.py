@@ -119,6 +119,7 @@ def test_demo_started_twice_on_one_state_directory_has_every_agent_ready_each_ti
             ca_file = state_dir / "master" / "pki" / "ca.crt"
             assert str(ca_file) in banner and ca_file.exists()
             assert f"http://127.0.0.1:{port}/api/v1/agents" in banner
+            assert f"http://127.0.0.1:{ports['links_port']}/w/WORKLOAD-PORT/" in banner  # not on the API's origin
             assert oct((state_dir / "operator.token").stat().st_mode & 0o777) == "0o600"
             assert oct((state_dir / "renter.token").stat().st_mode & 0o777) == "0o600"
             assert str(state_dir / "renter.token") in banner
