@@ -22,7 +22,7 @@ from typing import Any
 import aiohttp
 
 from bench.procs import read_usage
-from bench.tunnel import RENTER, CommandLoad, _measure, _ratio, start_sandboxed_hosts
+from bench.tunnel import RENTER, CommandLoad, _measure, _ratio, moves, phase_rows, start_sandboxed_hosts
 from management.client.api import ApiClient, AsyncApiClient
 from management.devgrid.localgrid import LocalGrid, wait_until
 
@@ -188,16 +188,9 @@ def link_table(r: dict[str, Any]) -> str:
     lines = [
         f"link bench: {r['options']['hosts']} hosts through one relay, heartbeats every {r['options']['heartbeat_s']} s, "
         f"{r['options']['cmd_rate']:g} commands/s",
-        "downloads through the link: "
-        + ", ".join(f"{t['bytes'] / 1e6:.0f} MB in {t['seconds']} s ({t['mib_per_s']} MiB/s)" for t in r["transfers"]),
-        f"{'phase':<8} {'s':>6} {'cmds':>5} {'cmd p50':>8} {'cmd p99':>8} {'beats':>6} {'hb p50':>7} {'hb p99':>7}",
+        "downloads through the link: " + moves(r["transfers"]),
     ]
-    for name in ("idle", "link"):
-        p = r[name]
-        lines.append(
-            f"{name:<8} {p['seconds']:>6} {p['commands']:>5} {p['cmd_p50_ms']!s:>8} {p['cmd_p99_ms']!s:>8} "
-            f"{p['heartbeats']:>6} {p['hb_p50_ms']!s:>7} {p['hb_p99_ms']!s:>7}"
-        )
+    lines += phase_rows(r, ("idle", "link"))
     lines.append(
         "CPU (cores) idle -> link: " + ", ".join(f"{role} {c['idle']} -> {c['link']}" for role, c in r["cpu_cores"].items())
     )

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.tunnel import FINAL, RENTER, CommandLoad, _mean, _measure, _ratio, _transfer, start_sandboxed_hosts
+from bench.tunnel import FINAL, RENTER, CommandLoad, _mean, _measure, _ratio, _transfer, moves, phase_rows, start_sandboxed_hosts
 from management.cli.access import grant_of
 from management.client.api import ApiClient, AsyncApiClient
 from management.devgrid.localgrid import LocalGrid, wait_until
@@ -191,23 +191,14 @@ def run_ssh_bench(options: SshBenchOptions, work_dir: str = "") -> dict[str, Any
 
 
 def ssh_table(r: dict[str, Any]) -> str:
-    def moves(items: list[dict[str, Any]]) -> str:
-        return ", ".join(f"{t['bytes'] / 1e6:.0f} MB in {t['seconds']} s ({t['mib_per_s']} MiB/s)" for t in items)
-
     lines = [
         f"ssh bench: {r['options']['hosts']} hosts through one relay, heartbeats every {r['options']['heartbeat_s']} s, "
         f"{r['options']['cmd_rate']:g} commands/s",
         f"exec tunnel down (no SSH): {moves(r['execs'])}",
         f"scp up: {moves(r['uploads'])}",
         f"scp down: {moves(r['downloads'])}",
-        f"{'phase':<8} {'s':>6} {'cmds':>5} {'cmd p50':>8} {'cmd p99':>8} {'beats':>6} {'hb p50':>7} {'hb p99':>7}",
     ]
-    for name in ("idle", "exec", "scp"):
-        p = r[name]
-        lines.append(
-            f"{name:<8} {p['seconds']:>6} {p['commands']:>5} {p['cmd_p50_ms']!s:>8} {p['cmd_p99_ms']!s:>8} "
-            f"{p['heartbeats']:>6} {p['hb_p50_ms']!s:>7} {p['hb_p99_ms']!s:>7}"
-        )
+    lines += phase_rows(r, ("idle", "exec", "scp"))
     lines.append(f"scp/idle p99: commands {r['ratios']['cmd_p99']}x, heartbeats {r['ratios']['hb_p99']}x (target <= 2x)")
     lines.append(f"exec/idle p99: commands {r['ratios']['exec_cmd_p99']}x (the same relay path without SSH)")
     for phase, cpu in r["cpu_per_100mb"].items():

@@ -270,20 +270,30 @@ def run_tunnel_bench(options: TunnelBenchOptions, work_dir: str = "") -> dict[st
             grid.stop()
 
 
+def moves(transfers: list[dict[str, Any]]) -> str:
+    """Each transfer's size, time and rate, on one line (the transfer benches' tables)."""
+    return ", ".join(f"{t['bytes'] / 1e6:.0f} MB in {t['seconds']} s ({t['mib_per_s']} MiB/s)" for t in transfers)
+
+
+def phase_rows(r: dict[str, Any], phases: tuple[str, ...]) -> list[str]:
+    """The table of each phase's command and heartbeat percentiles, with its heading (tunnel, link, ssh benches)."""
+    rows = [f"{'phase':<8} {'s':>6} {'cmds':>5} {'cmd p50':>8} {'cmd p99':>8} {'beats':>6} {'hb p50':>7} {'hb p99':>7}"]
+    for name in phases:
+        p = r[name]
+        rows.append(
+            f"{name:<8} {p['seconds']:>6} {p['commands']:>5} {p['cmd_p50_ms']!s:>8} {p['cmd_p99_ms']!s:>8} "
+            f"{p['heartbeats']:>6} {p['hb_p50_ms']!s:>7} {p['hb_p99_ms']!s:>7}"
+        )
+    return rows
+
+
 def tunnel_table(r: dict[str, Any]) -> str:
     lines = [
         f"tunnel bench: {r['options']['hosts']} hosts through one relay, heartbeats every {r['options']['heartbeat_s']} s, "
         f"{r['options']['cmd_rate']:g} commands/s",
-        "transfers: "
-        + ", ".join(f"{t['bytes'] / 1e6:.0f} MB in {t['seconds']} s ({t['mib_per_s']} MiB/s)" for t in r["transfers"]),
-        f"{'phase':<8} {'s':>6} {'cmds':>5} {'cmd p50':>8} {'cmd p99':>8} {'beats':>6} {'hb p50':>7} {'hb p99':>7}",
+        "transfers: " + moves(r["transfers"]),
     ]
-    for name in ("idle", "tunnel"):
-        p = r[name]
-        lines.append(
-            f"{name:<8} {p['seconds']:>6} {p['commands']:>5} {p['cmd_p50_ms']!s:>8} {p['cmd_p99_ms']!s:>8} "
-            f"{p['heartbeats']:>6} {p['hb_p50_ms']!s:>7} {p['hb_p99_ms']!s:>7}"
-        )
+    lines += phase_rows(r, ("idle", "tunnel"))
     lines.append(f"tunnel/idle p99: commands {r['ratios']['cmd_p99']}x, heartbeats {r['ratios']['hb_p99']}x (target <= 2x)")
     if r["errors"]:
         lines.append(f"errors: {r['errors']}")
