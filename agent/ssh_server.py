@@ -221,7 +221,7 @@ async def _run_command(target: ContainerTarget, process: asyncssh.SSHServerProce
     except RuntimeFailure as exc:
         process.stderr.write(f"idlegrid: {exc}\r\n".encode())
         return EXIT_NO_EXEC
-    feeding = asyncio.ensure_future(_feed(process, session))
+    feeding = asyncio.ensure_future(_feed(process, session, terminal=term is not None))
     code = 255
     try:
         while (output := await session.read()) is not None:
@@ -239,7 +239,11 @@ async def _run_command(target: ContainerTarget, process: asyncssh.SSHServerProce
     return code
 
 
-async def _feed(process: asyncssh.SSHServerProcess[bytes], session: ExecSession) -> None:
+async def _feed(process: asyncssh.SSHServerProcess[bytes], session: ExecSession, *, terminal: bool) -> None:
+    """The client's input to the command. On a terminal the client's end of input is not passed on, as OpenSSH's
+    sshd does not either (a terminal's input cannot be closed): ``ssh -tt host cmd </dev/null`` runs ``cmd`` to its
+    end rather than typing EOF into it. (Podman also drops what a command printed last when input reaches it just as
+    it ends.)"""
     while True:
         try:
             data = await process.stdin.read(READ_BYTES)
@@ -247,8 +251,9 @@ async def _feed(process: asyncssh.SSHServerProcess[bytes], session: ExecSession)
             await session.resize(max(1, min(change.width, 1000)), max(1, min(change.height, 1000)))
             continue
         if not data:
-            with contextlib.suppress(OSError):
-                await session.close_stdin()
+            if not terminal:
+                with contextlib.suppress(OSError):
+                    await session.close_stdin()
             return
         try:
             await session.write(data)

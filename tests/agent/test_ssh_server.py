@@ -142,3 +142,20 @@ async def test_one_connection_holds_at_most_max_channels_sessions_at_once(tmp_pa
         for process in held[1:]:
             process.close()
     await asyncio.wait_for(task, 10)
+
+
+async def test_on_a_terminal_the_clients_end_of_input_is_not_typed_into_the_command(tmp_path):
+    """As sshd: a terminal's input cannot be closed, so ``ssh -tt host cmd </dev/null`` leaves ``cmd`` to run to its
+    end (no EOF character typed into it, which also raced Podman into dropping the command's last output)."""
+    served = Served(tmp_path)
+    task, sock = await served.start([served.user_key.get_fingerprint()])
+    async with await served.connect(sock) as conn:
+        process = await conn.create_process("anything", term_type="xterm", encoding="utf-8")
+        process.stdin.write("typed\n")
+        process.stdin.write_eof()
+        assert await asyncio.wait_for(process.stdout.readline(), 10) == "typed\n"  # the input before the end arrived
+        with pytest.raises(TimeoutError):  # a simulated exec ends at end of input: it did not get one
+            await asyncio.wait_for(asyncio.shield(process.wait()), 0.5)
+        process.close()
+        await asyncio.wait_for(process.wait_closed(), 10)
+    await asyncio.wait_for(task, 10)
