@@ -35,6 +35,10 @@ class AccessConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     rate_per_agent: float = 50.0  # frames per second, sustained
     burst: int = 200  # frames an agent may send at once before the rate applies
     buffer_frames: int = 10_000  # agent frames held while the Master is unreachable
+    # Heartbeats and telemetry wait behind control frames, at most this many bytes; past the coalescing bound
+    # (and always while the Master is unreachable) only each agent's latest waits (docs/access.md, "Lanes").
+    telemetry_buffer_bytes: int = 4 * 1024 * 1024
+    telemetry_coalesce_bytes: int = 512 * 1024
     flood_limit: int = 1000  # frames over the rate (refilled at rate_per_agent/s) before an agent is cut off (1008)
     max_handshakes: int = 256  # concurrent TLS/WebSocket openings; more get 503 until some finish
     retry_after_s: float = 5.0  # a refused opening is told to come back after this, jittered up to twice as long
@@ -129,6 +133,7 @@ def _check(config: AccessConfig) -> None:
     for name in (
         "burst",
         "buffer_frames",
+        "telemetry_buffer_bytes",
         "max_handshakes",
         "enroll_burst",
         "max_body_bytes",

@@ -90,8 +90,8 @@ class RelayMetrics:
         self._frame_errors = Counter(
             "idlegrid_access_frame_errors", "Agent frames answered with an error frame, by code", ["relay", "code"], registry=r
         )
-        # reasons: at accept ip_connections, ip_rate, openings_full; opening slow_opening, busy (503), reconnect_rate
-        # (429), tunnel_rate (429, tunnel connections),
+        # reasons: at accept ip_connections, ip_rate, openings_full; opening slow_opening, busy (503),
+        # admission (503: over the Master's admission rate), reconnect_rate (429), tunnel_rate (429, tunnel connections),
         # bad_certificate, wrong_role, revoked, expired; in session flood, silent, no_pong, too_slow, revoked, expired
         self._refused = Counter(
             "idlegrid_access_connections_refused",
@@ -119,6 +119,18 @@ class RelayMetrics:
         )
         self.buffered = Gauge(
             "idlegrid_access_buffered_frames", "Agent frames waiting to go to the Master", ["relay"], registry=r
+        ).labels(**labels)
+        self.telemetry_buffered = Gauge(
+            "idlegrid_access_telemetry_buffered_bytes",
+            "Bytes of heartbeats and telemetry waiting to go to the Master (behind every control frame)",
+            ["relay"],
+            registry=r,
+        ).labels(**labels)
+        self.report_pace = Gauge(
+            "idlegrid_access_report_pace_factor",
+            "How many times the configured telemetry interval the Master last told agents here to report at (1: normal)",
+            ["relay"],
+            registry=r,
         ).labels(**labels)
         self.openings = Gauge(
             "idlegrid_access_openings",
@@ -273,8 +285,10 @@ class RelayMetrics:
 
     # --- gauges read when scraped ---
 
-    def track_buffer(self, size: Callable[[], int]) -> None:
+    def track_buffer(self, size: Callable[[], int], telemetry_bytes: Callable[[], int] | None = None) -> None:
         self.buffered.set_function(lambda: float(size()))
+        if telemetry_bytes is not None:
+            self.telemetry_buffered.set_function(lambda: float(telemetry_bytes()))
 
     def track_openings(self, count: Callable[[], int]) -> None:
         self.openings.set_function(lambda: float(count()))

@@ -45,6 +45,7 @@ from access.tunnels import CLOSE_TIMEOUT_S, PING_INTERVAL_S, TRANSPORT_MAX_BYTES
 from access.upstream import MasterLink
 from common.errors import PKIError, ProtocolError
 from common.pki import CertRole, Identity, identity_of, load_cert, peer_identity, verify_issued_by
+from common.tokenbucket import TokenBucket
 from common.tunnel import AGENT_PATH_PREFIX, TICKET_HEADER
 from common.wire import (
     CLOSE_FLOOD,
@@ -54,10 +55,13 @@ from common.wire import (
     CLOSE_SILENT,
     HARD_FRAME_BYTES,
     AgentConnected,
+    Config,
     ErrorCode,
     RenewResponse,
+    ReportPace,
     decode_agent_frame,
     decode_master_frame,
+    encode,
     error_frame,
 )
 
@@ -70,6 +74,8 @@ NEVER_RATE_LIMITED = frozenset({"command_ack", "command_result"})
 SWEEP_INTERVAL_S = 5.0
 # Frames from the Master are delivered one at a time on the link's reader; one agent must not hold it long.
 DELIVER_TIMEOUT_S = 2.0
+WELCOME_PREFIX = b'{"type":"welcome"'
+ADMISSION_WAIT_MAX_S = 300.0  # the longest Retry-After an agent honours (its retry_after_max_s)
 # Past this many openings in flight per allowed one (max_handshakes), new TCP connections are reset at accept:
 # the 503 needs a finished TLS handshake to be said, so it cannot bound what unfinished ones hold.
 OPENINGS_CEILING_FACTOR = 4
@@ -317,6 +323,11 @@ class AgentGateway:
         # A connection that stops reading is cut off rather than allowed to stall the Master link: sends
         # do not wait below this much unsent data (websockets' write_limit), and past it the agent is dropped.
         self._max_backlog = 4 * config.max_frame_bytes
+        # New sessions the Master admits here per second (its report_pace frame; None: no limit): after a restart,
+        # agents come back at a pace it can take, while agents already in keep their sessions and go first.
+        self._admission: TokenBucket | None = None
+        self._paced_config: bytes | None = None  # the intervals the Master asks for now, when not its defaults
+        self._admission_slot = 0.0  # monotonic time of the last token promised to a refused agent
         link.attach(self)
 
     @property
@@ -409,6 +420,16 @@ class AgentGateway:
             )
         agent_id = _certificate_name(connection)  # None: unreadable, and _admit refuses it with a reason
         tunnel = is_tunnel_path(request.path)
+        if not tunnel and agent_id not in self.sessions and self._admission is not None:
+            now = time.monotonic()
+            if not self._admission.allow(now):
+                return self._refuse_opening(
+                    connection,
+                    http.HTTPStatus.SERVICE_UNAVAILABLE,
+                    "admission",
+                    self._admission_wait(self._admission.rate, now),
+                    "the Master is admitting agents at its pace; retry after the time in Retry-After\n",
+                )
         limiter = self._tunnel_openings if tunnel else self._reconnects
         if agent_id is not None and not limiter.allow(agent_id):
             wait = max(self.config.retry_after_s, limiter.retry_after_s(agent_id))
@@ -599,6 +620,8 @@ class AgentGateway:
         if not sent:
             return False
         self._metrics.frame_out(frame)
+        if self._paced_config is not None and frame.startswith(WELCOME_PREFIX):
+            await session.send(self._paced_config)  # the welcome's intervals are the defaults: the pace now overrides them
         if frame.startswith(RENEW_RESPONSE_PREFIX):
             self._adopt_renewed_certificate(session, frame)
         return True
@@ -641,6 +664,28 @@ class AgentGateway:
         """Send a frame of the relay's own (``relay_status``) to every agent here; how many it reached."""
         sent = await asyncio.gather(*(self.deliver(agent_id, frame) for agent_id in list(self.sessions)))
         return sum(sent)
+
+    def _admission_wait(self, rate: float, now: float) -> float:
+        """Seconds a refused agent is told to wait: each one gets the next free slot at the admission rate, after
+        those told before it, so a storm comes back spread over as long as the Master needs, not as a second herd."""
+        self._admission_slot = max(self._admission_slot, now) + 1.0 / rate
+        return min(ADMISSION_WAIT_MAX_S, max(1.0, self._admission_slot - now))
+
+    async def pace(self, pace: ReportPace) -> None:
+        """The Master's report pace: the admission bucket, and the intervals passed on to every agent here."""
+        if pace.admit_per_s > 0:
+            burst = max(1, pace.admit_burst)
+            if self._admission is None or (self._admission.rate, self._admission.burst) != (pace.admit_per_s, burst):
+                self._admission = TokenBucket(pace.admit_per_s, burst, time.monotonic())
+        else:
+            self._admission = None
+        told = encode(Config(heartbeat_s=pace.heartbeat_s, telemetry_s=pace.telemetry_s))
+        paced = told if pace.factor != 1.0 else None
+        if told == (self._paced_config or b"") or (paced is None and self._paced_config is None):
+            return  # nothing new for the agents
+        self._paced_config = paced
+        reached = await self.broadcast(told)
+        log.info("report pace passed on", extra={"factor": pace.factor, "telemetry_s": pace.telemetry_s, "agents": reached})
 
     async def revoke(self, serials: Iterable[str]) -> None:
         """Remember revoked serials and cut off every session and tunnel holding one, at once."""

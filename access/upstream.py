@@ -1,16 +1,21 @@
 """The relay's one link to the Master: mutual TLS as role ``access``, every agent multiplexed on it.
 
-Agent frames and the relay's ``agent_connected``/``agent_disconnected`` notices go through one ordered
-``FrameBuffer``, up or down, so the Master always learns of an agent before its frames and of its
-departure after them. While the Master is unreachable the buffer holds what agents send, bounded:
-only the latest heartbeat and telemetry per agent are kept, and acks, results, hellos and events are
-never dropped; when those alone fill it, agents are made to wait (backpressure) instead.
+Agent frames and the relay's ``agent_connected``/``agent_disconnected`` notices go through one
+``FrameBuffer``, up or down, in two lanes: control (notices, hellos, acks, results, events) in arrival order,
+ahead of telemetry (heartbeats and telemetry, also in arrival order), so a command result never waits behind
+heartbeats (issue 29). The Master learns of an agent before its frames and of its departure after its control
+frames; an agent's telemetry still waiting when it leaves is let go (the Master would ignore it). The telemetry
+lane is bounded in bytes: while it holds ``coalesce_bytes`` or more (and always while the Master is unreachable)
+only the latest heartbeat and telemetry per agent wait, past ``telemetry_bytes`` the oldest are evicted, every one
+counted. Acks, results, hellos and events are never dropped; when those alone fill the buffer, agents are made to
+wait (backpressure) instead.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import math
 import random
@@ -42,6 +47,7 @@ from common.wire import (
     ErrorCode,
     Relay,
     RelayStatus,
+    ReportPace,
     Revocations,
     decode_link_frame,
     encode,
@@ -78,16 +84,29 @@ class Outbound:
 
 
 class FrameBuffer:
-    """Link frames in send order, at most ``limit`` live ones (notices may exceed it: they are tiny and few).
+    """Link frames in send order (control, then telemetry), at most ``limit`` live ones (notices may exceed it:
+    they are tiny and few), at most ``telemetry_bytes`` of telemetry.
 
     The sender ``take``s the oldest entries (``peek``: the head alone), sends them, then calls ``done``; a failed
     send leaves them at the head.
     """
 
-    def __init__(self, limit: int, on_drop: Callable[[str], None] = lambda reason: None) -> None:
+    def __init__(
+        self,
+        limit: int,
+        on_drop: Callable[[str], None] = lambda reason: None,
+        *,
+        telemetry_bytes: int = 4 * 1024 * 1024,
+        coalesce_bytes: int = 512 * 1024,
+    ) -> None:
         self.limit = limit
+        self.telemetry_bytes = telemetry_bytes
+        self.coalesce_bytes = coalesce_bytes
         self._on_drop = on_drop  # told "superseded" or "evicted" for each heartbeat/telemetry let go
-        self._queue: deque[Outbound] = deque()
+        self._queue: deque[Outbound] = deque()  # the control lane
+        self._telemetry: deque[Outbound] = deque()  # the telemetry lane: heartbeats and telemetry, sent after control
+        self._telemetry_size = 0  # bytes of live entries in the telemetry lane
+        self.telemetry_shed = 0  # heartbeats/telemetry let go (superseded or evicted), in all: told to the Master
         self._replaceable: deque[Outbound] = deque()  # heartbeats/telemetry, oldest first: evicted first when full
         self._latest: dict[tuple[str, str], Outbound] = {}  # (agent, kind) -> its waiting heartbeat/telemetry
         self._last: dict[str, Outbound] = {}  # agent -> its most recent entry
@@ -106,18 +125,33 @@ class FrameBuffer:
     def offer(self, entry: Outbound, *, force: bool = False) -> bool:
         """Queue ``entry`` without waiting; False only when it must be kept but there is no room."""
         replaceable = entry.kind in SUPERSEDED_BY_NEWER
-        if replaceable and self.coalesce:
+        if replaceable and (self.coalesce or self._telemetry_size >= self.coalesce_bytes):
             older = self._latest.get((entry.agent_id, entry.kind))
-            if older is not None and older.live:
+            if older is not None and older.live and not older.sending:
                 self._retire(older)
-                self._on_drop("superseded")
+                self._shed("superseded")
+        if replaceable:
+            while self._telemetry_size + len(entry.data) > self.telemetry_bytes and self._evict_one():
+                pass
+            if self._telemetry_size + len(entry.data) > self.telemetry_bytes:
+                self._shed("evicted")
+                return True
         if self._live >= self.limit and not force and not self._evict_one():
             if not replaceable:
                 return False
-            self._on_drop("evicted")  # a heartbeat with no room: the next one will say the same, so let it go
+            self._shed("evicted")  # a heartbeat with no room: the next one will say the same, so let it go
             return True
         self._append(entry, replaceable)
         return True
+
+    @property
+    def telemetry_size(self) -> int:
+        """Bytes of heartbeats and telemetry waiting."""
+        return self._telemetry_size
+
+    def _shed(self, reason: str) -> None:
+        self.telemetry_shed += 1
+        self._on_drop(reason)
 
     async def put(self, entry: Outbound, until: asyncio.Future[Any] | None = None) -> bool:
         """Queue ``entry``, waiting for room if it must be kept and the buffer is full of what must be kept.
@@ -159,11 +193,10 @@ class FrameBuffer:
         """The oldest waiting entries, in order, now being sent: at most ``max_frames`` and, past the first,
         ``max_bytes`` of data in all. A take not yet reported ``done`` is given back first (taken again)."""
         self.send_failed()
-        while self._queue and not self._queue[0].live:
-            self._queue.popleft()
+        self._trim_heads()
         batch: list[Outbound] = []
         size = 0
-        for entry in self._queue:
+        for entry in itertools.chain(self._queue, self._telemetry):
             if not entry.live:
                 continue
             if batch and (len(batch) >= max_frames or size + len(entry.data) > max_bytes):
@@ -194,8 +227,7 @@ class FrameBuffer:
             if one.live:
                 self._retire(one)
         self._sending = [] if entry is None else [e for e in self._sending if e is not entry]
-        while self._queue and not self._queue[0].live:
-            self._queue.popleft()
+        self._trim_heads()
         self._compact()  # a batch sent may leave many retired heartbeats behind, and nothing else may come to clear them
 
     def withdraw_connects(self, keep: Collection[str]) -> dict[str, str]:
@@ -205,7 +237,7 @@ class FrameBuffer:
         Only while nothing is being sent (between links).
         """
         first: dict[str, str] = {}
-        for entry in self._queue:
+        for entry in itertools.chain(self._queue, self._telemetry):
             if not entry.live:
                 continue
             if entry.kind == CONNECTED and entry.agent_id not in keep:
@@ -221,23 +253,42 @@ class FrameBuffer:
 
     def sent_through(self, mark: int) -> bool:
         """Whether no entry queued before ``mark`` is still waiting (sent, or superseded by a newer one)."""
-        for entry in self._queue:
-            if entry.live:
-                return entry.seq >= mark
+        for lane in (self._queue, self._telemetry):
+            for entry in lane:
+                if entry.live:
+                    if entry.seq < mark:
+                        return False
+                    break
         return True
 
     def kinds(self) -> list[tuple[str, str]]:
-        """(agent id, kind) of every waiting entry, in order; for tests and diagnostics."""
-        return [(e.agent_id, e.kind) for e in self._queue if e.live]
+        """(agent id, kind) of every waiting entry, in send order; for tests and diagnostics."""
+        return [(e.agent_id, e.kind) for e in itertools.chain(self._queue, self._telemetry) if e.live]
+
+    def forget_telemetry(self, agent_id: str) -> None:
+        """Let go of the agent's waiting heartbeat and telemetry (it left; the Master would ignore them now)."""
+        for kind in SUPERSEDED_BY_NEWER:
+            older = self._latest.get((agent_id, kind))
+            if older is not None and older.live and not older.sending:
+                self._retire(older)
+                self._shed("superseded")
+
+    def _trim_heads(self) -> None:
+        for lane in (self._queue, self._telemetry):
+            while lane and not lane[0].live:
+                lane.popleft()
 
     def _append(self, entry: Outbound, replaceable: bool) -> None:
         entry.seq, self._appended = self._appended, self._appended + 1
-        self._queue.append(entry)
         self._live += 1
         self._last[entry.agent_id] = entry
         if replaceable:
+            self._telemetry.append(entry)
+            self._telemetry_size += len(entry.data)
             self._latest[(entry.agent_id, entry.kind)] = entry
             self._replaceable.append(entry)
+        else:
+            self._queue.append(entry)
         self._ready.set()
         self._compact()
 
@@ -246,13 +297,15 @@ class FrameBuffer:
             victim = self._replaceable.popleft()
             if victim.live and not victim.sending:
                 self._retire(victim)
-                self._on_drop("evicted")
+                self._shed("evicted")
                 return True
         return False
 
     def _retire(self, entry: Outbound) -> None:
         entry.live = False
         self._live -= 1
+        if entry.kind in SUPERSEDED_BY_NEWER:
+            self._telemetry_size -= len(entry.data)
         if self._latest.get((entry.agent_id, entry.kind)) is entry:
             del self._latest[(entry.agent_id, entry.kind)]
         if self._last.get(entry.agent_id) is entry:
@@ -264,6 +317,8 @@ class FrameBuffer:
         slack = 2 * self._live + 1024
         if len(self._queue) > slack:
             self._queue = deque(e for e in self._queue if e.live or e.sending)
+        if len(self._telemetry) > slack:
+            self._telemetry = deque(e for e in self._telemetry if e.live or e.sending)
         if len(self._replaceable) > slack:
             self._replaceable = deque(e for e in self._replaceable if e.live)
 
@@ -282,6 +337,8 @@ class AgentSide(Protocol):
     async def revoke(self, serials: Iterable[str]) -> None: ...
 
     async def broadcast(self, frame: bytes) -> int: ...
+
+    async def pace(self, pace: ReportPace) -> None: ...
 
 
 def not_leader(connection: ClientConnection | None) -> str | None:
@@ -304,7 +361,13 @@ class MasterLink:
         self.config = config
         self.public_url = public_url
         self.http_url = ""  # https:// URL renters reach this relay's tunnels at, told to the Master in the hello
-        self.buffer = FrameBuffer(config.buffer_frames, on_drop=metrics.drop)
+        self.buffer = FrameBuffer(
+            config.buffer_frames,
+            on_drop=metrics.drop,
+            telemetry_bytes=config.telemetry_buffer_bytes,
+            coalesce_bytes=min(config.telemetry_coalesce_bytes, config.telemetry_buffer_bytes),
+        )
+        self.pace: ReportPace | None = None  # what the Master last said of report intervals and admission
         self._ssl = ssl_context
         self._metrics = metrics
         self._agents: AgentSide | None = None
@@ -319,7 +382,7 @@ class MasterLink:
         self._status_changed = asyncio.Event()
         self._told = ""  # the Master link's state as last told to every agent here: "up", "down" or not yet
         self._tasks: list[asyncio.Task[None]] = []
-        metrics.track_buffer(lambda: len(self.buffer))
+        metrics.track_buffer(lambda: len(self.buffer), lambda: self.buffer.telemetry_size)
         metrics.master_link_up.set(0)
 
     def attach(self, agents: AgentSide) -> None:
@@ -387,6 +450,7 @@ class MasterLink:
             return
         if self.buffer.cancel_connect(agent_id):
             return  # the Master never heard of this visit, so it needs no goodbye either
+        self.buffer.forget_telemetry(agent_id)  # sent after the goodbye, the Master would ignore it
         goodbye = AgentDisconnected(agent_id=agent_id, reason=reason)
         self.buffer.offer(Outbound(agent_id, DISCONNECTED, encode(goodbye)), force=True)
 
@@ -642,6 +706,10 @@ class MasterLink:
                         self._metrics.drop("agent_not_here")
                 case Revocations():
                     await self._agents.revoke(frame.serials)
+                case ReportPace():
+                    self.pace = frame
+                    self._metrics.report_pace.set(frame.factor)
+                    await self._agents.pace(frame)
                 case EnrollResponse():
                     future = self._pending.get(frame.req_id)
                     if future is not None and not future.done():
@@ -665,6 +733,8 @@ class MasterLink:
                 frames_out=self._metrics.frames_out,
                 buffered=len(self.buffer),
                 refused=self._metrics.refused,
+                telemetry_shed=self.buffer.telemetry_shed,
+                telemetry_bytes=self.buffer.telemetry_size,
             )
             with contextlib.suppress(ConnectionClosed):
                 await connection.send(encode(stats), text=True)

@@ -68,6 +68,9 @@ class AgentConfig(msgspec.Struct, kw_only=True):
     backoff_max_s: float = 30.0
     retry_after_max_s: float = 300.0  # the longest a relay's 503 Retry-After is honoured
     result_resend_s: float = 5.0
+    # A heartbeat or telemetry report finding more than this many bytes still unsent on the link is skipped (the next
+    # one says the same, newer) and counted, so reports never pile up ahead of command acks and results (issue 29).
+    report_backlog_bytes: Annotated[int, msgspec.Meta(ge=0)] = 64 * 1024
     # While a container runs, how often the agent looks for one that ended on its own, to report it at once (a
     # heartbeat repeats every exit until the container is deleted, so 0, which turns the look off, only delays it).
     exit_check_s: Annotated[float, msgspec.Meta(ge=0)] = 1.0

@@ -205,6 +205,7 @@ class Agent:
         # thousands of agents in one process share one machine, which none of them should report as its own).
         self.host_sampler: HostSampler | None = host_sampler_for(config.state_path) if host is None else None
         self.heartbeat_s = 5.0
+        self.reports_skipped = 0  # heartbeats and telemetry not sent because the link was backed up (_send_report)
         self.telemetry_s = 10.0
         self.connected = asyncio.Event()
         self.relay_url = ""
@@ -350,6 +351,22 @@ class Agent:
         if ws is None:
             raise ConnectionError("not connected")
         await ws.send(encode(frame), text=True)
+
+    async def _send_report(self, frame: Heartbeat | Telemetry) -> bool:
+        """Send a heartbeat or telemetry report unless the link is backed up; whether it went.
+
+        Telemetry's lane on the agent: control frames (acks, results, hellos, events) always go, while a report that
+        finds ``report_backlog_bytes`` still unsent is skipped and counted (``reports_skipped``): the next one says
+        the same, newer, so what waits on a slow link is control, never a pile of reports ahead of it."""
+        ws = self._ws
+        if ws is None:
+            raise ConnectionError("not connected")
+        transport = ws.transport
+        if transport is not None and transport.get_write_buffer_size() > self.config.report_backlog_bytes:
+            self.reports_skipped += 1
+            return False
+        await self._send(frame)
+        return True
 
     def _hello(self) -> Hello:
         ready = self.runtime_problem is None
@@ -655,7 +672,7 @@ class Agent:
             running = sorted(c.name for c in containers if c.state == "running")
             exited = await self._report_exits(containers)
             overlay = self.overlays.paths() if self.overlays is not None else {}
-            await self._send(
+            await self._send_report(
                 Heartbeat(seq=next(self._seq), ts=time.time(), running=running, exited=exited, ping=self._ping, overlay=overlay)
             )
             await asyncio.sleep(jittered(self.heartbeat_s))
@@ -702,7 +719,7 @@ class Agent:
             samples = self.collector.sample() if self.collector.simulated else await asyncio.to_thread(self.collector.sample)
             host = self.host_sampler.sample(time.time()) if self.host_sampler is not None else None
             if samples or host is not None:
-                await self._send(Telemetry(ts=time.time(), samples=samples, host=host))
+                await self._send_report(Telemetry(ts=time.time(), samples=samples, host=host))
             reports = self.collector.reports() if self.collector.simulated else await asyncio.to_thread(self.collector.reports)
             for report in reports:  # Xid and ECC errors: the Master decides which make a GPU faulty
                 await self._send(report)

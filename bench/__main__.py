@@ -119,6 +119,17 @@ def _fleet_parser(sub: argparse._SubParsersAction) -> None:
         help="backlog sampling period during the hold (default 1 s per 2,000 agents; reading the kernel's "
         "socket table costs CPU that grows with the number of connections)",
     )
+    p.add_argument(
+        "--competitor-share",
+        type=float,
+        default=0.0,
+        help="overload: run a process per core spinning this share of it (0.5: about half) for the whole run (default 0)",
+    )
+    p.add_argument(
+        "--storm",
+        action="store_true",
+        help="at the end, SIGKILL relay-1 and measure its agents failing over to the others (a reconnect storm)",
+    )
     p.add_argument("--json", type=Path, help="write the figures here")
     p.set_defaults(func=_run_fleet)
 
@@ -598,11 +609,33 @@ def fleet_table(r: dict[str, Any]) -> str:
             f"{_fmt(r.get('cmd_rtt_p50_ms'))} / {_fmt(r.get('cmd_rtt_p99_ms'))} / {_fmt(r.get('cmd_rtt_max_ms'))}",
             _verdict("cmd_rtt_p99_ms", r.get("cmd_rtt_p99_ms")),
         ),
+        ("telemetry shed at the relays (hold)", r.get("telemetry_shed_at_relays"), "counted, latest kept"),
+        (
+            "Master intake: shed (hold), pace at end",
+            f"{_fmt(r.get('master_intake', {}).get('shed'))}, {_fmt(r.get('master_intake', {}).get('pace_factor_end'))}",
+            "",
+        ),
         ("relay throughput msgs/s", r.get("relay_msgs_per_s"), ""),
         ("echo baseline msgs/s", r.get("baseline_msgs_per_s"), ""),
         ("echo server KiB per connection", r.get("baseline", {}).get("echo_kib_per_connection"), "transport alone"),
         ("relay / baseline", r.get("relay_vs_baseline"), _verdict("relay_vs_baseline", r.get("relay_vs_baseline"))),
     ]
+    storm = r.get("storm")
+    if storm:
+        rows += [
+            (f"storm: {storm.get('killed')} SIGKILLed, agents on it", storm.get("agents_on_it"), ""),
+            (
+                "storm: all back after s (fewest ready)",
+                f"{_fmt(storm.get('all_back_s'))} ({_fmt(storm.get('fewest_ready'))})",
+                "",
+            ),
+            (
+                "storm: cmd RTT p50 / p99 / max ms",
+                " / ".join(_fmt(storm.get(f"cmd_rtt_{q}_ms")) for q in ("p50", "p99", "max")),
+                "through the surviving relays",
+            ),
+            ("storm: commands", f"{storm.get('commands')}", ""),
+        ]
     for name, proc in r.get("processes", {}).items():
         cpu = " ".join(f"{k[4:-4]} {v}%" for k, v in proc.items() if k.startswith("cpu_") and v is not None)
         rss = f"{proc.get('rss_idle_mib', '-')} -> {proc.get('rss_end_mib', '-')} MiB" if "rss_end_mib" in proc else ""

@@ -25,6 +25,7 @@ import math
 import multiprocessing
 import os
 import shutil
+import signal
 import ssl
 import sys
 import tempfile
@@ -35,6 +36,7 @@ from typing import Any
 
 import aiohttp
 
+from bench.competitor import CpuCompetitor
 from bench.fleet_agents import AGENT_DIR_FORMAT
 from bench.procs import BenchProcess, read_usage, spawn
 from bench.profile import Profiler
@@ -81,6 +83,9 @@ class FleetOptions:
     profile_dir: str = ""  # py-spy every process during the ramp and the hold: raw stacks and a summary here
     relay_tls_buffer_kib: int = 0  # 0: the relay's own TLS read buffer (access/daemon.py); else this, to compare
     sample_s: float = 0.0  # backlog sampling period in the hold; 0: 1 s per 2,000 agents (/proc/net/tcp grows with N)
+    competitor_share: float = 0.0  # overload: a process per core spinning this share of it for the whole run (0: none)
+    storm: bool = False  # at the end, SIGKILL relay-1: its agents fail over to the others (a reconnect storm)
+    storm_timeout: float = 120.0  # how long the storm phase waits for every agent to be back
 
     @property
     def simulate(self) -> str:
@@ -208,6 +213,24 @@ class RelayCounters:
     def delivered(self) -> float:
         """Frames that have gone to the Master: taken in, not dropped, no longer waiting."""
         return self.frames_in - self.dropped - self.buffered
+
+
+def parse_master_intake(text: str) -> dict[str, float]:
+    """The Master's intake series (issue 29): telemetry shed there, the report pace, bytes waiting per lane; a Master
+    without them gives {}."""
+    figures: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith("idlegrid_master_"):
+            continue
+        name, _, value = line.rpartition(" ")
+        if name.startswith("idlegrid_master_telemetry_shed_total"):
+            figures["shed"] = figures.get("shed", 0.0) + float(value)
+        elif name == "idlegrid_master_report_pace_factor":
+            figures["pace_factor"] = float(value)
+        elif name.startswith("idlegrid_master_intake_bytes"):
+            lane = name.partition('lane="')[2].partition('"')[0]
+            figures[f"{lane}_bytes"] = float(value)
+    return figures
 
 
 def parse_relay_metrics(text: str) -> RelayCounters:
@@ -343,6 +366,11 @@ class BenchGrid:
             async with self.session.get(f"{relay.http_url}/metrics", ssl=self.tls) as response:
                 total = total + parse_relay_metrics(await response.text())
         return total
+
+    async def master_intake(self) -> dict[str, float]:
+        assert self.session is not None
+        async with self.session.get(f"{self.api}/metrics") as response:
+            return parse_master_intake(await response.text())
 
     async def _wait(self, probe: Any, what: str, process: BenchProcess) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -605,6 +633,12 @@ async def measure_baseline(grid: BenchGrid, options: FleetOptions) -> dict[str, 
 
 
 async def run_fleet_bench(options: FleetOptions) -> dict[str, Any]:
+    """The whole bench; with ``competitor_share``, beside a CPU competitor from start to end (bench/competitor.py)."""
+    with CpuCompetitor(options.competitor_share):
+        return await _run_fleet_bench(options)
+
+
+async def _run_fleet_bench(options: FleetOptions) -> dict[str, Any]:
     if options.work_dir:
         Path(options.work_dir).mkdir(parents=True, exist_ok=True)
         root = Path(tempfile.mkdtemp(prefix=time.strftime("run-%Y%m%d-%H%M%S-"), dir=options.work_dir))
@@ -654,6 +688,8 @@ async def run_fleet_bench(options: FleetOptions) -> dict[str, Any]:
         baseline = result.get("baseline", {}).get("echoed_per_s")
         result["baseline_msgs_per_s"] = baseline
         result["relay_vs_baseline"] = round(result["relay_msgs_per_s"] / baseline, 3) if baseline else None
+        if options.storm and len(grid.relays) > 1:
+            result["storm"] = await _storm(grid, fleets, provisioned.agent_ids, options)
     finally:
         for fleet in fleets:
             await fleet.stop()
@@ -708,6 +744,7 @@ async def _hold(
 ) -> dict[str, Any]:
     assert grid.session is not None
     before_fleet, before_relay = await _sum_stats(fleets), await grid.relay_counters()
+    before_intake = await grid.master_intake()
     watched.read("hold_start")
     stop = asyncio.Event()
     sampler = Sampler(grid, every_s=options.sample_s or SAMPLE_EVERY_S * max(1, options.agents // 2000))
@@ -722,6 +759,7 @@ async def _hold(
     await asyncio.sleep(options.duration)
     held = time.monotonic() - started
     after_fleet, after_relay = await _sum_stats(fleets), await grid.relay_counters()
+    after_intake = await grid.master_intake()
     watched.read("hold_end")
     stop.set()
     await sampling
@@ -740,6 +778,14 @@ async def _hold(
         "expected_msgs_per_s": round(expected, 1),
         "msgs_per_s": round((after_relay.delivered - before_relay.delivered) / held, 1),
         "relay_frames_in_per_s": round((after_relay.frames_in - before_relay.frames_in) / held, 1),
+        # heartbeats/telemetry the relays let go in the hold (superseded by a newer one, evicted past the byte bound)
+        "telemetry_shed_at_relays": round(after_relay.dropped - before_relay.dropped),
+        # the Master's intake (issue 29; absent on a Master without it): shed in the hold, the pace told at its end
+        "master_intake": {
+            "shed": round(after_intake.get("shed", 0.0) - before_intake.get("shed", 0.0)) if after_intake else None,
+            "pace_factor_end": after_intake.get("pace_factor"),
+            "telemetry_bytes_end": after_intake.get("telemetry_bytes"),
+        },
         "heartbeats_per_s": round(sent.get("heartbeat", 0) / held, 1),
         "telemetry_per_s": round(sent.get("telemetry", 0) / held, 1),
         "telemetry_samples_per_s": round(sent.get("telemetry", 0) * options.gpus_per_agent / held, 1),
@@ -781,6 +827,50 @@ async def _hold(
         ],
         "hold_started_unix": round(load.wall_started, 2),
         "profile_hold": profile,
+    }
+
+
+async def _storm(grid: BenchGrid, fleets: list[FleetDriver], agent_ids: list[str], options: FleetOptions) -> dict[str, Any]:
+    """SIGKILL relay-1 with every agent in: its agents (every ``len(relays)``-th, the fleet rotates their relay lists)
+    fail over to the others at once. Measured: how long until every agent is ready again, the fewest ready meanwhile,
+    and the round trip of commands issued meanwhile to agents on the surviving relays (acceptance 2 of issue 29)."""
+    assert grid.client is not None
+    victim = grid.relays[0]
+    survivors = [a for i, a in enumerate(agent_ids) if i % len(grid.relays) != 0]
+    before = await _sum_stats(fleets)
+    load = CommandLoad(grid.client, survivors, gpus_per_agent=options.gpus_per_agent)
+    daemon = getattr(victim, "daemon", None)
+    if daemon is None:
+        return {"error": "relay-1 has no process to kill"}
+    await asyncio.to_thread(daemon.kill, signal.SIGKILL)
+    started = time.monotonic()
+    commands = asyncio.create_task(load.run(options.cmd_rate, min(60.0, options.storm_timeout)))
+    fewest, back_s, curve = options.agents, None, []
+    while (elapsed := time.monotonic() - started) < options.storm_timeout:
+        stats = await _sum_stats(fleets)
+        fewest = min(fewest, stats["ready"])
+        curve.append((round(elapsed, 1), stats["ready"]))
+        if stats["ready"] >= options.agents and elapsed > 2.0:
+            back_s = round(elapsed, 1)
+            break
+        await asyncio.sleep(0.5)
+    await commands
+    after = await _sum_stats(fleets)
+    rtts = [t.rtt_s * 1000 for t in load.timings if t.state in FINAL_STATES]
+    states: dict[str, int] = {}
+    for timing in load.timings:
+        states[timing.state] = states.get(timing.state, 0) + 1
+    return {
+        "killed": victim.relay_id,
+        "agents_on_it": len(agent_ids) - len(survivors),
+        "all_back_s": back_s,
+        "fewest_ready": fewest,
+        "ready_curve": curve[:: max(1, len(curve) // 20)],
+        "hellos": after["sent"].get("hello", 0) - before["sent"].get("hello", 0),
+        "cmd_rtt_p50_ms": _round(percentile(rtts, 50)),
+        "cmd_rtt_p99_ms": _round(percentile(rtts, 99)),
+        "cmd_rtt_max_ms": _round(max(rtts) if rtts else None),
+        "commands": {"issued": len(load.timings), "states": states, "duplicate_executions": after["duplicate_executions"]},
     }
 
 

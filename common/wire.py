@@ -351,6 +351,10 @@ class AccessStats(_Frame, tag="access_stats"):
     frames_out: int
     buffered: int
     refused: int
+    # Telemetry the relay let go (superseded by a newer one of the same agent, or evicted to stay under its byte
+    # bound) since it started; the Master slows reporting down while this grows (master/pacing.py).
+    telemetry_shed: int = 0
+    telemetry_bytes: int = 0  # telemetry waiting in the relay's buffer now
 
 
 class EnrollRequest(_Frame, tag="enroll_request"):
@@ -374,6 +378,22 @@ class EnrollResponse(_Frame, tag="enroll_response"):
     error_message: str = ""
 
 
+class ReportPace(_Frame, tag="report_pace"):
+    """Master -> relay: how often its agents should report now, and how fast it admits new agent sessions.
+
+    Under overload the Master lowers the report rate (longer intervals) until it keeps up, and raises it again
+    once it does (master/pacing.py); the relay passes the intervals on to every agent here as a ``config`` frame,
+    and to each agent welcomed later. ``admit_per_s``/``admit_burst`` are a token bucket for new agent sessions on
+    this relay (0: unlimited): after a restart, agents come back at a pace the Master can take.
+    """
+
+    heartbeat_s: float
+    telemetry_s: float
+    factor: float = 1.0  # telemetry_s over the configured interval: 1 when all is well
+    admit_per_s: float = 0.0
+    admit_burst: int = 0
+
+
 LinkFrame = (
     AccessHello
     | AccessWelcome
@@ -384,6 +404,7 @@ LinkFrame = (
     | AccessStats
     | EnrollRequest
     | EnrollResponse
+    | ReportPace
     | Error
 )
 

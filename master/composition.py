@@ -33,6 +33,7 @@ from master.link import RelayHub
 from master.loops import Loop
 from master.metrics import FleetGauges, MasterMetrics
 from master.network_floors import NetworkFloors
+from master.pacing import intake_bounds, pace_settings
 from master.records import CommandRecord
 from master.registry import Registry
 from master.secrets import SecretBox, SecretVault
@@ -123,6 +124,8 @@ def compose(config: MasterConfig, store: Store, *, link_refusal: Callable[[], st
         lambda: sorted(parts.channel.revoked),
         on_open=lambda link: parts.channel.on_link_opened(link),
         refusal=link_refusal,
+        lanes=intake_bounds(config),  # intake lanes and report pacing (master/intake.py, master/pacing.py, docs/overload.md)
+        pace=pace_settings(config),
     )
     commands = CommandLedger(store, events, registry, authority.keys, hub.send_to_agent, timeout_s=config.command_timeout_s)
     metrics = MasterMetrics(
@@ -139,6 +142,8 @@ def compose(config: MasterConfig, store: Store, *, link_refusal: Callable[[], st
         )
     )
     store.metrics.register(metrics.registry)
+    hub.register_metrics(metrics.registry)  # intake lanes, telemetry shed, report pace
+    hub.on_thinning = telemetry.note_thinning  # rollups of paced or shed minutes are marked thinner
     verifier = verifier_for(config, registry, events, hub.send_to_agent, policy)
     parts = Parts(
         config=config,

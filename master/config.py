@@ -92,6 +92,16 @@ class MasterConfig(msgspec.Struct, kw_only=True):
     report_window_s: Annotated[float, msgspec.Meta(gt=0)] = 60.0
     # A burst of relay links opening or closing is announced to agents as one directory, this long after the first.
     relay_directory_coalesce_s: Annotated[float, msgspec.Meta(ge=0)] = 0.5
+    # Overload (docs/master.md, "Intake lanes"): bytes of control and of telemetry each relay link's intake holds;
+    # past telemetry_coalesce_bytes an agent's newest heartbeat or sample replaces its waiting one. Agents are told
+    # to report up to max_report_slowdown times less often while telemetry is shed, and new agent sessions are
+    # admitted at admit_agents_per_s (shared among the relays; 0: no limit), admit_burst at once.
+    intake_control_bytes: Annotated[int, msgspec.Meta(ge=64 * 1024)] = 8 * 1024 * 1024
+    intake_telemetry_bytes: Annotated[int, msgspec.Meta(ge=64 * 1024)] = 4 * 1024 * 1024
+    telemetry_coalesce_bytes: Annotated[int, msgspec.Meta(ge=0)] = 1024 * 1024
+    max_report_slowdown: Annotated[float, msgspec.Meta(ge=1, le=64)] = 8.0
+    admit_agents_per_s: Annotated[float, msgspec.Meta(ge=0)] = 400.0
+    admit_burst: Annotated[int, msgspec.Meta(ge=1)] = 400
     # Whether GPUs of hosts whose isolation is only a sandbox (the process runtime) are offered to renters. Off by
     # default: a sandboxed process shares the host's kernel, files and /proc with the provider's own processes.
     offer_sandboxed_hosts: bool = False

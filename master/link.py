@@ -3,34 +3,43 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http
 import logging
 import ssl
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 
 import msgspec
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from common.errors import PKIError, ProtocolError
+from common.lanes import Lane, LaneBounds
 from common.pki import CertRole, peer_identity
 from common.wire import (
     CLOSE_NOT_LEADER,
     CLOSE_POLICY,
     HARD_FRAME_BYTES,
     AccessHello,
+    AccessStats,
     AccessWelcome,
     ErrorCode,
     LinkFrame,
     Relay,
+    ReportPace,
     decode_link_frame,
-    decode_link_message,
     encode,
     error_frame,
     negotiate,
 )
+from master.intake import IntakeCounters, LinkIntake
+from master.pacing import Pace, PaceSettings, Pressure, ReportPacer
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +58,8 @@ class AccessLink:
     public_url: str = ""  # where agents dial this relay (its AccessHello says), "" when it did not say
     http_url: str = ""  # where renters reach its HTTPS port (tunnels), "" when it did not say
     agents: set[str] = field(default_factory=set)
+    intake: LinkIntake | None = None  # its frames between reading and handling (master/intake.py)
+    telemetry_shed: int = 0  # what its relay last said it let go of telemetry, in all (AccessStats)
 
     async def send(self, data: bytes) -> bool:
         try:
@@ -74,6 +85,8 @@ class RelayHub:
         revoked: Callable[[], list[str]],
         on_open: LinkEvent | None = None,
         refusal: Callable[[], str | None] | None = None,
+        lanes: LaneBounds | None = None,
+        pace: PaceSettings | None = None,
     ) -> None:
         self._ssl = ssl_context
         self._on_frame = on_frame
@@ -86,6 +99,14 @@ class RelayHub:
         self.links: dict[str, AccessLink] = {}
         self.agent_links: dict[str, AccessLink] = {}
         self._server: Server | None = None
+        self.lanes = lanes or LaneBounds()
+        self.intake = IntakeCounters()
+        self.pacer = ReportPacer(pace or PaceSettings())
+        self._relay_shed_seen = 0  # relays' telemetry_shed already counted as pressure
+        self._shed_seen = 0  # the intake's shed already counted as pressure
+        self._pacing: asyncio.Task[None] | None = None
+        # Told at each pacing check while telemetry is paced or shed (now, factor, shed): rollups are marked thinner.
+        self.on_thinning: Callable[[float, float, bool], None] | None = None
 
     async def start(self, host: str, port: int) -> int:
         self._server = await serve(
@@ -99,9 +120,15 @@ class RelayHub:
             open_timeout=OPEN_TIMEOUT_S,
             process_request=_only_relays,
         )
+        self._pacing = asyncio.create_task(self._keep_pace(), name="report-pace")
         return self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
+        if self._pacing is not None:
+            self._pacing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._pacing
+            self._pacing = None
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
@@ -131,17 +158,29 @@ class RelayHub:
             await connection.close(CLOSE_NOT_LEADER, leader)
         if self._on_open is not None:
             await self._on_open(link)
+        intake = link.intake = LinkIntake(
+            lambda frame: self._handle(link, frame), lambda exc: self._bad_frame(link, exc), self.lanes, self.intake
+        )
+        handler = asyncio.create_task(intake.run(), name=f"intake-{link.relay_id}")
+        await self._announce_pace()  # the admission share of every relay changed
         try:
             while True:
                 # bytes: msgspec reads UTF-8 itself, so websockets need not decode a batch to str first
-                await self._receive(link, await connection.recv(decode=False))
+                await intake.take(await connection.recv(decode=False))
         except ConnectionClosed:
             pass
         finally:
-            if self.links.get(link.relay_id) is link:
-                del self.links[link.relay_id]
-            await self._on_close(link)  # which also forgets the agents this link still spoke for
-            log.info("access relay disconnected", extra={"relay": link.relay_id})
+            intake.close()
+            try:
+                await handler  # the control still waiting is handled before the link's close
+            finally:
+                if self.links.get(link.relay_id) is link:
+                    del self.links[link.relay_id]
+                await self._on_close(link)  # which also forgets the agents this link still spoke for
+                log.info("access relay disconnected", extra={"relay": link.relay_id})
+                if self.links:
+                    with contextlib.suppress(Exception):
+                        await self._announce_pace()
 
     async def _open(self, connection: ServerConnection) -> AccessLink | None:
         try:
@@ -175,17 +214,111 @@ class RelayHub:
         log.info("access relay connected", extra={"relay": link.relay_id, "region": link.region})
         return link
 
-    async def _receive(self, link: AccessLink, message: str | bytes) -> None:
-        """One message: a frame, or a relay's batch of them, handled in order."""
-        for frame in decode_link_message(message):
-            if isinstance(frame, ProtocolError):
-                log.warning("bad frame from relay %s: %s", link.relay_id, frame)
-                await link.send(error_frame(frame))
-                continue
+    async def _handle(self, link: AccessLink, frame: LinkFrame) -> None:
+        if isinstance(frame, AccessStats):
+            link.telemetry_shed = frame.telemetry_shed
+        try:
+            await self._on_frame(link, frame)
+        except Exception:  # one bad frame must not take the link down for every agent behind it
+            log.exception("failed to handle %s frame from relay %s", type(frame).__name__, link.relay_id)
+
+    async def _bad_frame(self, link: AccessLink, exc: ProtocolError) -> None:
+        log.warning("bad frame from relay %s: %s", link.relay_id, exc)
+        await link.send(error_frame(exc))
+
+    # --- report pace and admission (master/pacing.py) -------------------------------------------------
+
+    def report_pace(self, pace: Pace | None = None) -> ReportPace:
+        """The ``report_pace`` frame for each relay now: the pacer's intervals, and its share of admission."""
+        pace = pace or self.pacer.pace
+        settings = self.pacer.settings
+        share = max(1, len(self.links))
+        return ReportPace(
+            heartbeat_s=pace.heartbeat_s,
+            telemetry_s=pace.telemetry_s,
+            factor=pace.factor,
+            admit_per_s=settings.admit_agents_per_s / share,
+            admit_burst=max(1, settings.admit_burst // share) if settings.admit_agents_per_s > 0 else 0,
+        )
+
+    async def _announce_pace(self) -> None:
+        await self.broadcast(encode(self.report_pace()))
+
+    def pressure(self) -> Pressure:
+        """Telemetry shed since the last call (here and at the relays), and whether a link's telemetry backlogs."""
+        relay_shed = sum(link.telemetry_shed for link in self.links.values())
+        shed = self.intake.shed
+        pressure = Pressure(
+            shed=max(0, shed - self._shed_seen) + max(0, relay_shed - self._relay_shed_seen),
+            backlogged=any(
+                link.intake is not None and link.intake.queue.bytes(Lane.TELEMETRY) >= self.lanes.coalesce_bytes
+                for link in self.links.values()
+            ),
+        )
+        self._shed_seen, self._relay_shed_seen = shed, relay_shed
+        return pressure
+
+    async def _keep_pace(self) -> None:
+        while True:
+            await asyncio.sleep(self.pacer.settings.check_s)
             try:
-                await self._on_frame(link, frame)
-            except Exception:  # one bad frame must not take the link down for every agent behind it
-                log.exception("failed to handle %s frame from relay %s", type(frame).__name__, link.relay_id)
+                pressure = self.pressure()
+                changed = self.pacer.check(pressure)
+                if self.on_thinning is not None:
+                    self.on_thinning(time.time(), self.pacer.factor, pressure.shed > 0)
+                if changed is not None:
+                    log.warning(
+                        "agents told to report %s",
+                        "less often" if changed.factor > 1 else "at the normal pace again",
+                        extra={"factor": changed.factor, "telemetry_s": changed.telemetry_s, "heartbeat_s": changed.heartbeat_s},
+                    )
+                    await self._announce_pace()
+            except Exception:  # pacing must go on whatever one round met
+                log.exception("report pacing failed")
+
+    def register_metrics(self, registry: CollectorRegistry) -> None:
+        """The intake's and the pacer's series, read at scrape time (docs/master.md, "Intake lanes")."""
+        registry.register(_IntakeCollector(self))
+
+
+class _IntakeCollector(Collector):
+    def __init__(self, hub: RelayHub) -> None:
+        self._hub = hub
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        hub, counters = self._hub, self._hub.intake
+        waiting = GaugeMetricFamily(
+            "idlegrid_master_intake_bytes", "Bytes of relay frames read and waiting to be handled, by lane", labels=["lane"]
+        )
+        intakes = [link.intake for link in hub.links.values() if link.intake is not None]
+        waiting.add_metric(["control"], sum(i.queue.bytes(Lane.CONTROL) for i in intakes))
+        waiting.add_metric(["telemetry"], sum(i.queue.bytes(Lane.TELEMETRY) for i in intakes))
+        yield waiting
+        shed = CounterMetricFamily(
+            "idlegrid_master_telemetry_shed",
+            "Heartbeat and telemetry frames let go at the Master's intake: replaced by a newer one of the same agent, "
+            "evicted past the byte bound, or left when their agent or link went",
+            labels=["reason"],
+        )
+        shed.add_metric(["replaced"], counters.replaced)
+        shed.add_metric(["evicted"], counters.evicted)
+        shed.add_metric(["forgotten"], counters.forgotten)
+        yield shed
+        relays = CounterMetricFamily(
+            "idlegrid_master_relay_telemetry_shed", "Telemetry frames the linked relays say they let go, in all"
+        )
+        relays.add_metric([], sum(link.telemetry_shed for link in hub.links.values()))
+        yield relays
+        yield CounterMetricFamily(
+            "idlegrid_master_intake_waits",
+            "Times a relay link's reader waited for room in the control lanes",
+            value=counters.waits,
+        )
+        yield GaugeMetricFamily(
+            "idlegrid_master_report_pace_factor",
+            "How many times the configured telemetry interval agents are told to report at (1: all is well)",
+            value=hub.pacer.factor,
+        )
 
 
 def _only_relays(connection: ServerConnection, request: Request) -> Response | None:

@@ -223,6 +223,9 @@ class TelemetryRollup(msgspec.Struct, kw_only=True):
     ecc_corrected: int = 0
     xid_count: int = 0
     throttle_reasons: list[str] = msgspec.field(default_factory=list)
+    # Issue 29: how many times less often than configured agents were told to report during this minute, or 0 when
+    # reports were shed without pacing (>= 1 or 0: the rollup is thinner than usual, its ``samples`` fewer by design).
+    thinned: float = 1.0
 
 
 # --- host telemetry history: a host's own CPU, memory, disk and network over time (docs/monitoring.md) -------------

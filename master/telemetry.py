@@ -367,6 +367,17 @@ class TelemetryAggregator:
     _host_ended: dict[tuple[str, int], _HostMinute] = field(default_factory=dict)
     _host_unwritten: list[HostRollup] = field(default_factory=list)
     set_aside: int = 0  # rollups the store refused (put_sound), since this process started
+    # Minutes (unix time // 60) in which telemetry was paced or shed (issue 29), with the largest slowdown told then
+    # (0: shed, not paced): their rollups are marked thinner. One entry per such minute, dropped once written.
+    thin_minutes: dict[int, float] = field(default_factory=dict)
+
+    def note_thinning(self, now: float, factor: float, shed: bool) -> None:
+        """Telemetry is being paced (``factor`` > 1) or shed now: this minute's rollups will say so."""
+        if factor <= 1.0 and not shed:
+            return
+        minute = int(now // 60)
+        told = factor if factor > 1.0 else 0.0
+        self.thin_minutes[minute] = max(self.thin_minutes.get(minute, told), told)
 
     def ingest_host(self, agent_id: str, sample: HostSample) -> None:
         """Add ``sample`` to the host's minute, and keep it as the host's latest unless a later one is kept already
@@ -452,7 +463,11 @@ class TelemetryAggregator:
         async def write(minutes: Sequence[_Minute]) -> None:
             nonlocal consumed
             consumed += len(minutes)
-            await put([self._rollup(m) for m in minutes])
+            rollups = [self._rollup(m) for m in minutes]
+            if self.thin_minutes:
+                for rollup in rollups:
+                    rollup.thinned = self.thin_minutes.get(rollup.minute, 1.0)
+            await put(rollups)
 
         try:
             if retry:
@@ -462,6 +477,8 @@ class TelemetryAggregator:
             for minute in done[consumed:]:  # not reached: written by the next flush
                 self._ended[(minute.uuid, minute.minute)] = minute
             raise
+        if self.thin_minutes:  # an hour back still marks a late sample's minute
+            self.thin_minutes = {m: f for m, f in self.thin_minutes.items() if m >= current - 60}
         return written + await self._flush_hosts(current, everything=everything, duty=duty)
 
     async def _flush_hosts(self, current: int, *, everything: bool, duty: float) -> int:

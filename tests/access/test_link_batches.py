@@ -60,8 +60,9 @@ async def test_frames_of_many_agents_reach_the_master_batched_and_in_order(make_
             await ws.close()
     for agent in agents:
         frames = [frame for _, frame in master.relayed(agent.identity.id)]
-        assert [f["seq"] for f in frames[:20]] == list(range(20))  # each agent's frames in the order it sent them
-        assert frames[20]["type"] == "command_result"
+        # each agent's heartbeats in the order it sent them; its result (control) may go ahead of them (lanes)
+        assert [f["seq"] for f in frames if f["type"] == "heartbeat"] == list(range(20))
+        assert [f["type"] for f in frames].count("command_result") == 1
     # every agent_connected before the agent's first frame
     order = [(type(f).__name__, f.agent_id) for f in master.frames if isinstance(f, (Relay, AgentConnected))]
     for agent in agents:

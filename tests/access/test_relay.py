@@ -37,7 +37,8 @@ async def test_frames_go_upstream_under_the_certificates_agent_id_whatever_the_f
         relayed = await master.wait_for(lambda: len(master.relayed()) == 2 and master.relayed(), "two relayed frames")
 
     assert [agent_id for agent_id, _ in relayed] == [agent.identity.id, agent.identity.id]
-    assert relayed[0][1] == json.loads(heartbeat(1, agent_id=victim.identity.id))  # the frame itself is untouched
+    # the frame itself is untouched (the event, control, may have gone ahead of the heartbeat: issue 29's lanes)
+    assert [f for _, f in relayed if f["type"] == "heartbeat"] == [json.loads(heartbeat(1, agent_id=victim.identity.id))]
     connected = master.of_type(AgentConnected)[0]
     assert (connected.agent_id, connected.serial) == (agent.identity.id, agent.identity.serial)
     assert master.frames.index(connected) < next(i for i, f in enumerate(master.frames) if isinstance(f, Relay))
@@ -170,7 +171,7 @@ async def test_over_the_rate_limit_frames_are_refused_but_command_results_always
         with pytest.raises(asyncio.TimeoutError):
             await asyncio.wait_for(ws.recv(), 0.2)  # no error for any result
     kinds = [f["type"] for _, f in master.relayed()]
-    assert kinds == ["heartbeat"] * 3 + ["command_result"] * 5
+    assert sorted(kinds) == ["command_result"] * 5 + ["heartbeat"] * 3  # results may go ahead of heartbeats (lanes)
 
 
 async def test_the_same_agent_connecting_again_replaces_its_older_connection(relay, master, pki, open_agent):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import gc
 
-from tests.access.conftest import heartbeat
+from tests.access.conftest import result
 
 AGENTS = 10
 WARM_UP_PER_AGENT = 100
@@ -24,9 +24,11 @@ SLACK_OBJECTS = 1500
 
 async def _send_round(agents, master, per_agent: int, first_seq: int) -> None:
     expected = len(master.frames) + per_agent * len(agents)
+    # Command results: control frames, each relayed (heartbeats and telemetry are coalesced while the link is busy,
+    # docs/overload.md, so a burst of them would not all reach the Master).
     for n in range(per_agent):
-        for ws in agents:
-            await ws.send(heartbeat(first_seq + n))
+        for index, ws in enumerate(agents):
+            await ws.send(result(f"cmd-{index}-{first_seq + n}"))
         if n % 20 == 19:
             await asyncio.sleep(0)  # let the relay read between bursts
     await master.wait_for(lambda: len(master.frames) >= expected, f"{expected} frames at the Master", timeout=60)

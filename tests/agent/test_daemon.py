@@ -269,3 +269,43 @@ def test_only_a_close_for_a_revoked_certificate_counts_as_revocation():
     assert not is_revocation(Close(CLOSE_POLICY, "certificate expired; renew it"))  # renewal, then retry
     assert not is_revocation(Close(1011, "certificate revoked"))
     assert not is_revocation(None)  # the connection dropped without a close frame
+
+
+# --- reports give way to control on a backed-up link (issue 29) -------------------------------------------------
+
+
+class _BackedUpLink:
+    """The agent's WebSocket as far as ``_send_report`` looks at it: what it sends, and how much waits unsent.
+
+    A stand-in: backing a real loopback socket up past its kernel buffers takes megabytes and timing; what is under
+    test is the agent's rule, which reads only the transport's write-buffer size."""
+
+    def __init__(self, unsent: int) -> None:
+        self.unsent = unsent
+        self.sent: list[str] = []
+        self.transport = self
+
+    def get_write_buffer_size(self) -> int:
+        return self.unsent
+
+    async def send(self, data: bytes, text: bool = False) -> None:
+        self.sent.append(json.loads(data)["type"])
+
+
+async def test_a_report_finding_the_link_backed_up_is_skipped_and_counted_while_control_still_goes(enrolled):
+    from common.wire import CommandAck, Heartbeat, Telemetry
+
+    agent = Agent(agent_config(enrolled, report_backlog_bytes=1000))
+    link = _BackedUpLink(unsent=5000)
+    agent._ws = link  # type: ignore[assignment]
+    try:
+        assert not await agent._send_report(Heartbeat(seq=1, ts=1.0))
+        assert not await agent._send_report(Telemetry(ts=1.0, samples=[]))
+        await agent._send(CommandAck(id="c1"))
+        link.unsent = 0
+        assert await agent._send_report(Heartbeat(seq=2, ts=2.0))
+    finally:
+        agent._ws = None
+        await agent.close()
+    assert link.sent == ["command_ack", "heartbeat"]
+    assert agent.reports_skipped == 2

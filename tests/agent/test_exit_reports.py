@@ -26,6 +26,7 @@ class RecordingLink:
 
     frames: list[AgentFrame] = field(default_factory=list)
     raw: list[bytes | str] = field(default_factory=list)
+    transport: None = None  # no socket buffer: the agent's report lane never finds it backed up
 
     async def send(self, data: bytes | str, text: bool = False) -> None:
         self.raw.append(data)

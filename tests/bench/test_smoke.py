@@ -73,6 +73,27 @@ def test_the_fleet_benchmark_runs_50_agents_and_reports_every_figure(tmp_path):
 
 
 @pytest.mark.e2e
+def test_the_overload_modes_run_a_competitor_and_a_relay_killed_with_its_agents_failing_over(tmp_path):
+    out = tmp_path / "fleet.json"
+    done = run_bench(
+        "fleet",
+        *("--agents", "40", "--gpus-per-agent", "1", "--duration", "2", "--cmd-rate", "4"),
+        *("--flood-seconds", "1", "--flood-agents", "10", "--flood-rate", "200", "--no-baseline"),
+        *("--competitor-share", "0.2", "--storm", "--json", str(out)),
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(out.read_text())
+    assert result["options"]["competitor_share"] == 0.2
+    assert "telemetry_shed_at_relays" in result
+    storm = result["storm"]
+    assert (storm["killed"], storm["agents_on_it"]) == ("relay-1", 20)
+    assert storm["all_back_s"] is not None and storm["hellos"] >= 20  # relay-1's agents said hello again elsewhere
+    assert storm["commands"]["duplicate_executions"] == 0
+    assert "storm: all back after s" in done.stdout
+
+
+@pytest.mark.e2e
 def test_the_ingest_benchmark_reports_each_store_against_its_raw_insert_baseline(tmp_path):
     out = tmp_path / "ingest.json"
     done = run_bench("ingest", "--gpus", "200", "--minutes", "2", "--json", str(out), timeout=180)

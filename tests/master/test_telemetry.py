@@ -284,3 +284,20 @@ async def test_a_minute_without_temperature_power_clocks_or_throttling_says_none
     assert (rollup.clock_sm_avg_mhz, rollup.clock_mem_avg_mhz, rollup.throttle_reasons) == (None, None, [])
     assert (rollup.utilization_max, rollup.memory_used_mib_max, rollup.ecc_uncorrected) == (30.0, 5, 0)
     await store.close()
+
+
+async def test_the_rollups_of_a_minute_whose_telemetry_was_paced_or_shed_are_marked_thinner(tmp_path):
+    store = SqliteStore(str(tmp_path / "m.db"))
+    await store.open()
+    telemetry = TelemetryAggregator(store)
+    telemetry.note_thinning(MINUTE + 5, factor=1.0, shed=False)  # all well: nothing to mark
+    assert telemetry.thin_minutes == {}
+    telemetry.note_thinning(MINUTE + 10, factor=1.0, shed=True)  # shed before the pace changed
+    telemetry.note_thinning(MINUTE + 20, factor=4.0, shed=True)  # then agents told to report 4x less often
+    telemetry.ingest("agt-1", [sample("GPU-a", MINUTE + 1, 10), sample("GPU-a", MINUTE + 61, 20)])
+    telemetry.ingest("agt-1", [sample("GPU-a", MINUTE + 121, 30)])
+    assert await telemetry.flush(MINUTE + 125) == 2
+    thin, usual = await store.rollups.list("GPU-a")
+    assert (thin.minute, thin.thinned) == (MINUTE // 60, 4.0)
+    assert (usual.minute, usual.thinned) == (MINUTE // 60 + 1, 1.0)
+    await store.close()

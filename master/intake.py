@@ -1,0 +1,169 @@
+"""The Master's intake of one relay link: frames read at once, handled control first.
+
+A relay link used to be read one message at a time and each frame handled before the next message was read: while
+the Master was slower than its relays, whole batches of heartbeats waited in the socket, in websockets' queue and in
+the relay's buffer ahead of every command result (bench/README.md, "overload"). Now a reader task takes each
+message as it arrives, decodes it and sorts its frames into a ``LaneQueue`` (common/lanes.py); a handler task takes
+them out control first:
+
+- control: command acks and results, events, agents connecting and leaving, enrollment, the relay's stats;
+- admission: hellos (after the control of agents already in, before any telemetry);
+- telemetry: heartbeats and telemetry, keyed by (agent, type): past the coalescing bound the newest of an agent
+  replaces its waiting one, past the byte bound the oldest go; every frame let go is counted (``IntakeCounters``).
+
+An agent's frame type is read from the head of its JSON (``{"type":"heartbeat"``, as every agent writes it): a frame
+that hides its type further in is taken as control, which only gives it an earlier turn. When an agent leaves
+(``agent_disconnected``), its waiting telemetry goes (counted as forgotten): the Master would ignore it anyway.
+
+Backpressure: when the control lanes are full (``LaneBounds.control_bytes``), the reader waits before reading on,
+so TCP slows the relay down; telemetry never makes it wait. When the link closes, the control still waiting is
+handled before the link's close is (results must not be lost); telemetry still waiting is let go, counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import msgspec
+
+from common.errors import ProtocolError
+from common.lanes import Lane, LaneBounds, LaneQueue, Pushed
+from common.wire import AgentDisconnected, LinkFrame, Relay, decode_link_message
+
+log = logging.getLogger(__name__)
+
+# An agent frame's JSON as agents encode it starts with its tag: a bounded prefix tells its lane.
+_TELEMETRY_PREFIXES = {b'{"type":"heartbeat"': "heartbeat", b'{"type":"telemetry"': "telemetry"}
+_HELLO_PREFIX = b'{"type":"hello"'
+_PREFIX_BYTES = 20
+NOTICE_BYTES = 128  # what a link frame that carries no agent frame is counted as
+# Frames handled between yields to the event loop, so that the reader (and other links) keep going.
+HANDLE_SLICE = 64
+
+
+@dataclass(slots=True)
+class IntakeCounters:
+    """Totals over every link of this Master, for metrics and the pacer."""
+
+    frames: int = 0
+    replaced: int = 0
+    evicted: int = 0
+    forgotten: int = 0
+    waits: int = 0  # times a reader waited for room in the control lanes (backpressure)
+
+    @property
+    def shed(self) -> int:
+        return self.replaced + self.evicted
+
+
+def lane_of(frame: LinkFrame) -> tuple[Lane, tuple[str, str] | None, int]:
+    """The lane of a link frame, its coalescing key (telemetry only) and its size in bytes, roughly."""
+    if not isinstance(frame, Relay):
+        return Lane.CONTROL, None, NOTICE_BYTES
+    inner = memoryview(frame.frame)
+    head = bytes(inner[:_PREFIX_BYTES])
+    size = len(inner) + NOTICE_BYTES
+    for prefix, kind in _TELEMETRY_PREFIXES.items():
+        if head.startswith(prefix):
+            return Lane.TELEMETRY, (frame.agent_id, kind), size
+    if head.startswith(_HELLO_PREFIX):
+        return Lane.ADMISSION, None, size
+    return Lane.CONTROL, None, size
+
+
+def detached(frame: Relay) -> Relay:
+    """``frame`` holding only its own bytes: a decoded ``Raw`` is a view that keeps its whole message alive (a batch,
+    up to a MiB), so one waiting heartbeat would hold its batch, and the lanes' byte bounds would bound nothing."""
+    return Relay(agent_id=frame.agent_id, frame=msgspec.Raw(bytes(frame.frame)))
+
+
+Handler = Callable[[LinkFrame], Awaitable[None]]
+OnBadFrame = Callable[[ProtocolError], Awaitable[None]]
+
+
+class LinkIntake:
+    """One link's lanes, between its reader (``take``) and its handler task (``run``)."""
+
+    def __init__(self, handle: Handler, on_bad_frame: OnBadFrame, bounds: LaneBounds, counters: IntakeCounters) -> None:
+        self._handle = handle
+        self._on_bad_frame = on_bad_frame
+        self.queue: LaneQueue[LinkFrame | ProtocolError] = LaneQueue(bounds)
+        self._counters = counters
+        self._ready = asyncio.Event()
+        self._room = asyncio.Event()
+        self._closed = False
+        self._seen = (0, 0, 0)  # the queue's replaced, evicted, forgotten already added to the counters
+
+    async def take(self, message: bytes | str) -> None:
+        """Sort one message's frames into the lanes; waits while the control lanes are full."""
+        for frame in decode_link_message(message):
+            if isinstance(frame, ProtocolError):
+                lane, key, size = Lane.CONTROL, None, NOTICE_BYTES
+            else:
+                lane, key, size = lane_of(frame)
+                if isinstance(frame, Relay):
+                    frame = detached(frame)
+                elif isinstance(frame, AgentDisconnected):
+                    self.queue.forget((frame.agent_id, "heartbeat"))
+                    self.queue.forget((frame.agent_id, "telemetry"))
+            while self.queue.push(frame, lane, size, key) is Pushed.FULL:
+                self._counters.waits += 1
+                self._room.clear()
+                self._ready.set()
+                await self._room.wait()
+            self._counters.frames += 1
+        self._sync_counters()
+        self._ready.set()
+
+    def close(self) -> None:
+        """No more frames come: ``run`` handles the control still waiting, lets telemetry go, and returns."""
+        self._closed = True
+        self._ready.set()
+
+    async def run(self) -> None:
+        """Handle frames, control first, until closed and the control lanes are empty."""
+        handled = 0
+        while True:
+            got = self.queue.pop()
+            if got is None:
+                self._room.set()
+                if self._closed:
+                    return
+                self._ready.clear()
+                await self._ready.wait()
+                continue
+            frame, lane = got
+            if lane is Lane.TELEMETRY and self._closed:
+                self._let_go_rest()
+                return
+            self._room.set()
+            await self._handle_one(frame)
+            handled += 1
+            if handled % HANDLE_SLICE == 0:
+                self._sync_counters()
+                await asyncio.sleep(0)
+
+    def _let_go_rest(self) -> None:
+        left = 1 + self.queue.telemetry_waiting
+        while self.queue.pop() is not None:
+            pass
+        self.queue.forgotten += left
+        self._sync_counters()
+
+    async def _handle_one(self, frame: LinkFrame | ProtocolError) -> None:
+        if isinstance(frame, ProtocolError):
+            await self._on_bad_frame(frame)
+            return
+        await self._handle(frame)
+
+    def _sync_counters(self) -> None:
+        """Add what this link's queue let go since the last sync to the Master's totals."""
+        queue, counters = self.queue, self._counters
+        replaced, evicted, forgotten = self._seen
+        counters.replaced += queue.replaced - replaced
+        counters.evicted += queue.evicted - evicted
+        counters.forgotten += queue.forgotten - forgotten
+        self._seen = (queue.replaced, queue.evicted, queue.forgotten)

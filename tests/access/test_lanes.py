@@ -1,0 +1,164 @@
+"""Issue 29 at the relay: control ahead of telemetry, telemetry bounded in bytes (latest wins, loss counted), the
+Master's report pace passed on to agents, and new sessions admitted at the pace the Master advertises."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from websockets.exceptions import InvalidStatus
+
+from access.upstream import DISCONNECTED, FrameBuffer, Outbound
+from common.wire import AccessStats, ReportPace
+from tests.access.conftest import eventually, heartbeat, next_json, result
+
+
+def entry(agent: str, kind: str, size: int = 10, tag: str = "") -> Outbound:
+    return Outbound(agent, kind, f"{agent}:{kind}:{tag}".encode().ljust(size, b"."))
+
+
+def test_a_result_goes_ahead_of_heartbeats_queued_before_it():
+    buffer = FrameBuffer(limit=100)
+    buffer.coalesce = False
+    for tag in "123":
+        buffer.offer(entry("a1", "heartbeat", tag=tag))
+    buffer.offer(entry("a2", "command_result"))
+    buffer.offer(entry("a3", "hello"))
+    assert buffer.kinds()[:2] == [("a2", "command_result"), ("a3", "hello")]
+    taken = buffer.take(1, 1_000_000)
+    assert [(e.agent_id, e.kind) for e in taken] == [("a2", "command_result")]
+
+
+def test_past_the_coalescing_bound_only_each_agents_latest_heartbeat_waits():
+    dropped: list[str] = []
+    buffer = FrameBuffer(limit=1000, on_drop=dropped.append, telemetry_bytes=10_000, coalesce_bytes=30)
+    buffer.coalesce = False  # the link is up: below the bound every heartbeat waits its turn
+    for tag in "123":
+        buffer.offer(entry("a1", "heartbeat", tag=tag))  # 30 bytes in all: the bound is reached with the third
+    assert len(buffer) == 3
+    buffer.offer(entry("a1", "heartbeat", tag="4"))
+    assert len(buffer) == 3
+    assert dropped == ["superseded"]
+    assert buffer.telemetry_shed == 1
+
+
+def test_telemetry_never_holds_more_than_its_byte_bound_and_every_eviction_is_counted():
+    buffer = FrameBuffer(limit=1000, telemetry_bytes=100, coalesce_bytes=100)
+    buffer.coalesce = False
+    for n in range(25):
+        buffer.offer(Outbound(f"a{n}", "telemetry", b"x" * 10))
+        assert buffer.telemetry_size <= 100
+    assert len(buffer) == 10
+    assert buffer.telemetry_shed == 15
+    assert buffer.offer(entry("a1", "command_result", size=500))  # control is bounded in frames, not by telemetry's bytes
+
+
+def test_an_agent_that_leaves_takes_its_waiting_telemetry_with_it():
+    buffer = FrameBuffer(limit=100)
+    buffer.offer(entry("a1", "heartbeat"))
+    buffer.offer(entry("a1", "telemetry"))
+    buffer.offer(entry("a2", "heartbeat"))
+    buffer.forget_telemetry("a1")
+    buffer.offer(entry("a1", DISCONNECTED), force=True)
+    assert buffer.kinds() == [("a1", DISCONNECTED), ("a2", "heartbeat")]
+    assert buffer.telemetry_shed == 2
+
+
+async def test_the_relay_tells_the_master_what_telemetry_it_shed(make_relay, master, pki, open_agent):
+    relay = await make_relay(stats_interval_s=0.1)
+    relay.link.buffer.telemetry_shed = 7  # as if it had let seven go
+    await master.wait_for(lambda: [s for s in master.of_type(AccessStats) if s.telemetry_shed == 7], "stats with the shed")
+
+
+async def test_the_masters_report_pace_reaches_every_agent_here_and_each_agent_welcomed_later(
+    make_relay, master, pki, open_agent
+):
+    relay = await make_relay()
+    first = pki.agent()
+    async with open_agent(relay, first) as ws:
+        await master.wait_for(lambda: relay.agents.sessions, "the agent's session")
+        await master.send(ReportPace(heartbeat_s=7.5, telemetry_s=40.0, factor=4.0))
+        told = await next_json(ws)
+        assert told == {"type": "config", "heartbeat_s": 7.5, "telemetry_s": 40.0}
+        assert "idlegrid_access_report_pace_factor" in relay.metrics.render().decode()
+    later = pki.agent()
+    async with open_agent(relay, later) as ws:
+        await eventually(lambda: later.identity.id in relay.agents.sessions, "the later agent's session")
+        welcome = {"type": "welcome", "version": 1, "agent_id": later.identity.id, "heartbeat_s": 5.0, "telemetry_s": 10.0}
+        assert await relay.agents.deliver(later.identity.id, json.dumps(welcome, separators=(",", ":")).encode())
+        assert (await next_json(ws))["type"] == "welcome"
+        assert await next_json(ws) == {"type": "config", "heartbeat_s": 7.5, "telemetry_s": 40.0}
+        await master.send(ReportPace(heartbeat_s=5.0, telemetry_s=10.0, factor=1.0))
+        assert await next_json(ws) == {"type": "config", "heartbeat_s": 5.0, "telemetry_s": 10.0}
+
+
+async def test_new_sessions_wait_for_the_masters_admission_while_agents_already_in_carry_on(make_relay, master, pki, open_agent):
+    relay = await make_relay()
+    inside = pki.agent()
+    async with open_agent(relay, inside) as ws:
+        await master.wait_for(lambda: relay.agents.sessions, "the agent already in")
+        await master.send(ReportPace(heartbeat_s=5.0, telemetry_s=10.0, admit_per_s=0.001, admit_burst=1))
+        await eventually(lambda: relay.link.pace is not None, "the pace at the relay")
+        async with open_agent(relay, pki.agent()):
+            pass  # the one session the bucket holds
+        with pytest.raises(InvalidStatus) as refused:
+            async with open_agent(relay, pki.agent()):
+                pass
+        assert refused.value.response.status_code == 503
+        assert int(refused.value.response.headers["Retry-After"]) >= 1
+        assert 'reason="admission"' in relay.metrics.render().decode()
+        # the agent already in is neither refused nor held up
+        await ws.send(result("cmd-1"))
+        await ws.send(heartbeat(1))
+        await master.wait_for(
+            lambda: [f for _, f in master.relayed(inside.identity.id) if f["type"] == "command_result"], "its result"
+        )
+
+
+_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("result"), st.sampled_from("abcd"), st.integers(1, 40)),
+        st.tuples(st.just("heartbeat"), st.sampled_from("abcd"), st.integers(1, 40)),
+        st.tuples(st.just("send"), st.integers(1, 5), st.booleans()),
+        st.tuples(st.just("coalesce"), st.booleans(), st.none()),
+    ),
+    max_size=150,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_ops)
+def test_the_relay_buffer_keeps_its_lanes_bounds_and_order_under_any_sequence(ops):
+    buffer = FrameBuffer(limit=10_000, telemetry_bytes=120, coalesce_bytes=60)
+    buffer.coalesce = False
+    serial, results_in, sent = 0, [], []
+    for op, a, b in ops:
+        serial += 1
+        if op == "result":
+            data = f"{a}:{serial}:".encode().ljust(b, b".")
+            assert buffer.offer(Outbound(a, "command_result", data))
+            results_in.append(data)
+        elif op == "heartbeat":
+            buffer.offer(Outbound(a, "heartbeat", f"{a}:{serial}:".encode().ljust(b, b".")))
+        elif op == "coalesce":
+            buffer.coalesce = a
+        else:
+            taken = buffer.take(a, 1_000_000)
+            kinds = [e.kind for e in taken]
+            assert kinds == sorted(kinds, key=lambda k: k == "heartbeat")  # control before telemetry in a batch
+            if b:
+                sent.extend(taken)
+                buffer.done()
+            else:
+                buffer.send_failed()
+        waiting = [e for e in buffer._telemetry if e.live]
+        assert buffer.telemetry_size == sum(len(e.data) for e in waiting) <= 120
+    while taken := buffer.take(100, 1_000_000):
+        sent.extend(taken)
+        buffer.done()
+    assert [e.data for e in sent if e.kind == "command_result"] == results_in  # every result, once, in order
+    for agent in "abcd":
+        serials = [int(e.data.split(b":")[1]) for e in sent if e.kind == "heartbeat" and e.agent_id == agent]
+        assert serials == sorted(serials)  # an agent's heartbeats in the order it sent them
