@@ -15,6 +15,12 @@ An agent's frame type is read from the head of its JSON (``{"type":"heartbeat"``
 that hides its type further in is taken as control, which only gives it an earlier turn. When an agent leaves
 (``agent_disconnected``), its waiting telemetry goes (counted as forgotten): the Master would ignore it anyway.
 
+Liveness: the time each agent's frame was last read here goes into ``heard`` (agent id -> wall time), whatever lane
+it waits in and whether it is handled at all. The Master judges an agent's silence on that too (master/upkeep.py):
+a heartbeat that waits behind control, or is replaced by a newer one, still says its agent is there. Judged on
+handled heartbeats alone, an overloaded Master sent agents offline for its own delay, forgot their sessions, asked
+each for a new hello and so made the overload worse (bench/README.md, "Overload").
+
 Backpressure: when the control lanes are full (``LaneBounds.control_bytes``), the reader waits before reading on,
 so TCP slows the relay down; telemetry never makes it wait. When the link closes, the control still waiting is
 handled before the link's close is (results must not be lost); telemetry still waiting is let go, counted.
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -87,8 +94,16 @@ OnBadFrame = Callable[[ProtocolError], Awaitable[None]]
 class LinkIntake:
     """One link's lanes, between its reader (``take``) and its handler task (``run``)."""
 
-    def __init__(self, handle: Handler, on_bad_frame: OnBadFrame, bounds: LaneBounds, counters: IntakeCounters) -> None:
+    def __init__(
+        self,
+        handle: Handler,
+        on_bad_frame: OnBadFrame,
+        bounds: LaneBounds,
+        counters: IntakeCounters,
+        heard: dict[str, float] | None = None,
+    ) -> None:
         self._handle = handle
+        self.heard: dict[str, float] = heard if heard is not None else {}  # agent id -> when a frame of it was last read
         self._on_bad_frame = on_bad_frame
         self.queue: LaneQueue[LinkFrame | ProtocolError] = LaneQueue(bounds)
         self._counters = counters
@@ -99,14 +114,17 @@ class LinkIntake:
 
     async def take(self, message: bytes | str) -> None:
         """Sort one message's frames into the lanes; waits while the control lanes are full."""
+        now, heard = time.time(), self.heard
         for frame in decode_link_message(message):
             if isinstance(frame, ProtocolError):
                 lane, key, size = Lane.CONTROL, None, NOTICE_BYTES
             else:
                 lane, key, size = lane_of(frame)
                 if isinstance(frame, Relay):
+                    heard[frame.agent_id] = now
                     frame = detached(frame)
                 elif isinstance(frame, AgentDisconnected):
+                    heard.pop(frame.agent_id, None)
                     self.queue.forget((frame.agent_id, "heartbeat"))
                     self.queue.forget((frame.agent_id, "telemetry"))
             while self.queue.push(frame, lane, size, key) is Pushed.FULL:

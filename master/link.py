@@ -101,6 +101,9 @@ class RelayHub:
         self._server: Server | None = None
         self.lanes = lanes or LaneBounds()
         self.intake = IntakeCounters()
+        # agent id -> wall time a frame of it was last read from any link (master/intake.py): liveness, read before
+        # the frame waits in a lane, so the Master's own backlog never counts as the agent's silence
+        self.heard: dict[str, float] = {}
         self.pacer = ReportPacer(pace or PaceSettings())
         self._relay_shed_seen = 0  # relays' telemetry_shed already counted as pressure
         self._shed_seen = 0  # the intake's shed already counted as pressure
@@ -159,7 +162,11 @@ class RelayHub:
         if self._on_open is not None:
             await self._on_open(link)
         intake = link.intake = LinkIntake(
-            lambda frame: self._handle(link, frame), lambda exc: self._bad_frame(link, exc), self.lanes, self.intake
+            lambda frame: self._handle(link, frame),
+            lambda exc: self._bad_frame(link, exc),
+            self.lanes,
+            self.intake,
+            self.heard,
         )
         handler = asyncio.create_task(intake.run(), name=f"intake-{link.relay_id}")
         await self._announce_pace()  # the admission share of every relay changed

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import msgspec
 
@@ -569,12 +569,19 @@ class Registry:
             healthy = gpu.state != GpuState.FAULTY.value
             self.changes.publish(GpuHealthChanged(uuid=gpu.uuid, agent_id=gpu.agent_id, healthy=healthy, reason=reason))
 
-    async def sweep(self, now: float, timeout_s: float) -> list[str]:
-        """Agents silent for longer than ``timeout_s`` go offline, with their GPUs (in one batched write)."""
+    async def sweep(self, now: float, timeout_s: float, heard: Mapping[str, float] | None = None) -> list[str]:
+        """Agents silent for longer than ``timeout_s`` go offline, with their GPUs (in one batched write).
+
+        ``heard`` (agent id -> when the Master last read a frame of it, handled yet or not): an agent heard since is
+        not silent, whatever its heartbeats wait behind (master/intake.py)."""
+        heard = heard or {}
         silent = [
             a
             for a in self.agents.values()
-            if a.state in _LIVE and a.state != AgentState.ENROLLED.value and now - a.last_seen > timeout_s
+            if a.state in _LIVE
+            and a.state != AgentState.ENROLLED.value
+            and now - a.last_seen > timeout_s
+            and now - heard.get(a.id, 0.0) > timeout_s
         ]
         for agent in silent:
             agent.relay = ""

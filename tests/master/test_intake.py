@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -182,6 +183,20 @@ async def test_shedding_telemetry_tells_relays_to_have_agents_report_less_often_
         assert isinstance(again, ReportPace)
         factors.append(again.factor)
     assert factors == [1.5, 1.125, 1.0] and again.telemetry_s == 10.0
+
+
+async def test_an_agent_is_heard_when_its_frame_is_read_not_when_a_slow_master_gets_to_it(hub_and_link):
+    hub, recorder, relay, _ = hub_and_link
+    await relay.send(heartbeat("a0", 0))  # held by the slow handler
+    await eventually(lambda: recorder.frames, "the first frame handled")
+    before = time.time()
+    await relay.send(batch(*(heartbeat(f"a{n}", 1) for n in range(1, 4))))
+    await eventually(lambda: hub.intake.frames >= 4, "every frame read while the handler is held")
+    assert len(recorder.frames) == 1  # none of them handled yet ...
+    assert all(hub.heard[f"a{n}"] >= before for n in range(1, 4))  # ... and every agent heard at once
+    await relay.send(encode(AgentDisconnected(agent_id="a2", reason="gone")))
+    await eventually(lambda: "a2" not in hub.heard, "a departed agent no longer heard")
+    recorder.gate.set()
 
 
 async def test_an_agent_that_leaves_takes_its_waiting_telemetry_and_control_is_handled_before_the_links_close(hub_and_link):
