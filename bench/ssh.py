@@ -22,7 +22,20 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.tunnel import FINAL, RENTER, CommandLoad, _mean, _measure, _ratio, _transfer, moves, phase_rows, start_sandboxed_hosts
+from bench.tunnel import (
+    FINAL,
+    RENTER,
+    CommandLoad,
+    _mean,
+    _measure,
+    _ratio,
+    _transfer,
+    loop_stalls,
+    moves,
+    phase_rows,
+    stall_lines,
+    start_sandboxed_hosts,
+)
 from management.cli.access import grant_of
 from management.client.api import ApiClient, AsyncApiClient
 from management.devgrid.localgrid import LocalGrid, wait_until
@@ -185,7 +198,9 @@ def run_ssh_bench(options: SshBenchOptions, work_dir: str = "") -> dict[str, Any
             grid.start_relay("relay-1", extra=extra)
             folder = Path(root) / "renter"
             folder.mkdir()
-            return asyncio.run(_run(grid, options, folder))
+            result = asyncio.run(_run(grid, options, folder))
+            result["stalls"] = loop_stalls(grid)
+            return result
         finally:
             grid.stop()
 
@@ -201,6 +216,7 @@ def ssh_table(r: dict[str, Any]) -> str:
     lines += phase_rows(r, ("idle", "exec", "scp"))
     lines.append(f"scp/idle p99: commands {r['ratios']['cmd_p99']}x, heartbeats {r['ratios']['hb_p99']}x (target <= 2x)")
     lines.append(f"exec/idle p99: commands {r['ratios']['exec_cmd_p99']}x (the same relay path without SSH)")
+    lines += stall_lines(r)
     for phase, cpu in r["cpu_per_100mb"].items():
         lines.append(f"CPU s per 100 MB, {phase}: " + ", ".join(f"{name} {value}" for name, value in cpu.items()))
     if r["errors"]:

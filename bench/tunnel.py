@@ -265,7 +265,9 @@ def run_tunnel_bench(options: TunnelBenchOptions, work_dir: str = "") -> dict[st
             grid.start_master("--config", str(config))
             extra = ["--tunnel-bytes-per-s", str(options.relay_bytes_per_s)] if options.relay_bytes_per_s else []
             grid.start_relay("relay-1", extra=extra)
-            return asyncio.run(_run(grid, options))
+            result = asyncio.run(_run(grid, options))
+            result["stalls"] = loop_stalls(grid)
+            return result
         finally:
             grid.stop()
 
@@ -295,6 +297,26 @@ def tunnel_table(r: dict[str, Any]) -> str:
     ]
     lines += phase_rows(r, ("idle", "tunnel"))
     lines.append(f"tunnel/idle p99: commands {r['ratios']['cmd_p99']}x, heartbeats {r['ratios']['hb_p99']}x (target <= 2x)")
+    lines += stall_lines(r)
     if r["errors"]:
         lines.append(f"errors: {r['errors']}")
     return "\n".join(lines)
+
+
+LOOP_HELD = "event loop was held"  # common/loopwatch.py's warning
+
+
+def loop_stalls(grid: LocalGrid) -> list[str]:
+    """Every daemon's warnings that its event loop was held 100 ms or more (common/loopwatch.py), with the daemon's
+    name and the time: a spike in a phase's p99 then says which process stalled, and whether the collector did it."""
+    found = []
+    for log in sorted(grid.logs.glob("*.log")):
+        for line in log.read_text(errors="replace").splitlines():
+            if LOOP_HELD in line:
+                found.append(f"{log.stem}: {line.strip()[:240]}")
+    return found
+
+
+def stall_lines(r: dict[str, Any]) -> list[str]:
+    stalls = r.get("stalls") or []
+    return [f"event loops held >= 100 ms: {len(stalls)}", *(f"  {line}" for line in stalls)] if stalls else []
