@@ -16,12 +16,16 @@ from typing import Annotated, Any
 
 import msgspec
 
+from common.nebula import NebulaCertError, decode_cert_pem
+
 __all__ = [
     "DEFAULT_INTERFACE",
     "DEFAULT_MASTER_PORT",
+    "FENCE_METRIC",
     "HOSTFILE_NAME",
     "Lighthouse",
     "OverlaySpec",
+    "fence_route",
     "hostfile_text",
     "nebula_config",
     "replica_address",
@@ -32,6 +36,9 @@ DEFAULT_INTERFACE = "ig0"  # the overlay's TUN device in every replica's namespa
 DEFAULT_MASTER_PORT = 29500  # torchrun's own default
 HOSTFILE_NAME = "idlegrid-hostfile"
 MTU = 1300  # under the underlay's 1500 less Nebula's headers, and a relay's second header
+# The fence's route metric: above the overlay interface's own route for the range (the kernel's, metric 0), so the
+# fence decides only while the interface is absent (before Nebula is up, after it ended).
+FENCE_METRIC = 4242
 
 _IPV4 = r"^\d{1,3}(\.\d{1,3}){3}\Z"
 _CIDR = r"^\d{1,3}(\.\d{1,3}){3}/\d{1,2}\Z"
@@ -75,6 +82,19 @@ class OverlaySpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     def address(self) -> str:
         """This replica's overlay address."""
         return self.peers[self.rank]
+
+
+def fence_route(spec: OverlaySpec) -> list[str]:
+    """``ip`` arguments that make the whole overlay range unreachable in a replica's namespace except through the
+    overlay's interface. Without it, a replica's traffic to its peers (MASTER_ADDR included) follows the namespace's
+    default route out of the host to whoever answers for that address on the provider's network whenever the overlay
+    is not up: before Nebula has started, and after it ended. ``replace`` keeps it idempotent (an agent that restarts
+    sets it again). The range is the certificate's prefix (its routes are the range's), else the workload's block."""
+    try:
+        fenced = str(ipaddress.ip_interface(decode_cert_pem(spec.certificate).ips[0]).network)
+    except (NebulaCertError, IndexError, ValueError):
+        fenced = spec.network
+    return ["route", "replace", "unreachable", fenced, "metric", str(FENCE_METRIC)]
 
 
 def replica_address(network: str, replica: int) -> str:
