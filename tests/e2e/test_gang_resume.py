@@ -29,7 +29,7 @@ from common.nebula import NebulaCertificate, decode_cert_pem, public_key_of_pem,
 from tests.e2e.test_scheduler import wait_workload, workload
 from tests.e2e.test_storage import checkpointed_step, hosts, new_bucket, outputs, starts, stored_renter, with_storage
 from tests.support.grid import Grid, wait_for
-from tests.support.lighthouse import LIGHTHOUSE_ADDRESS, LighthouseNet, lighthouse_net, lighthouse_unavailable
+from tests.support.lighthouse import LIGHTHOUSE_ADDRESS, lighthouse_net, lighthouse_unavailable
 from tests.support.s3 import S3Server
 
 _why = lighthouse_unavailable()
@@ -56,14 +56,14 @@ def master_toml(path: Path, lighthouse_endpoint: str) -> Path:
 
 
 @pytest.fixture
-def grid(tmp_path: Path) -> Iterator[tuple[Grid, LighthouseNet]]:
+def grid(tmp_path: Path) -> Iterator[Grid]:
     with lighthouse_net() as net:
         g = Grid(tmp_path)
         try:
             g.start_master("--config", str(master_toml(tmp_path / "master.toml", net.endpoint)))
             net.run_lighthouse(g.master_dir, tmp_path / "lighthouse", g.logs / "lighthouse.log")
             g.start_relay("relay-1", "eu-west")
-            yield g, net
+            yield g
         finally:
             g.stop()
 
@@ -99,9 +99,9 @@ def met(s3: S3Server, bucket: str, prefix: str, started_from: int) -> dict[str, 
 
 
 def test_a_gang_whose_host_is_lost_is_requeued_whole_meets_again_on_new_hosts_and_resumes_from_its_checkpoint(
-    grid: tuple[Grid, LighthouseNet], s3: S3Server, drop: Path
+    grid: Grid, s3: S3Server, drop: Path
 ) -> None:
-    g, _net = grid
+    g = grid
     agents = hosts(g, 3)
     names = {agent_id: f"host-{n}" for n, agent_id in enumerate(agents)}
     bucket = new_bucket(s3)
@@ -116,10 +116,14 @@ def test_a_gang_whose_host_is_lost_is_requeued_whole_meets_again_on_new_hosts_an
         wait_for(lambda r=r: "met-from-0.json" in outputs(s3, bucket, f"gang/out/replica-{r}/"), 60, f"replica {r} to meet")
         wait_for(lambda r=r: checkpointed_step(s3, bucket, f"gang/ck/replica-{r}/") >= 10, 30, f"replica {r}'s checkpoints")
     assert met(s3, bucket, "gang/out/replica-1/", 0)["heard"] == f"rank 0 from 0 at {addresses[0]}"
+    assert met(s3, bucket, "gang/out/replica-0/", 0)["heard"] == f"rank 1 from 0 at {addresses[1]}"
 
     lost = before[1]["agent_id"]  # replica 1's host goes, replica 0's stays
-    agents[lost].kill()  # SIGKILL of the agent and its nebulas: no last upload, no goodbye
+    # SIGKILL of the agent and its nebulas (its process group): no last upload, no goodbye. Its replica's process lives
+    # on (process-runtime containers outlive their agent), off the overlay: its peers' addresses are fenced.
+    agents[lost].kill()
     last = checkpointed_step(s3, bucket, "gang/ck/replica-1/")  # nothing uploads replica 1's checkpoint any more
+    periodic = checkpointed_step(s3, bucket, "gang/ck/replica-0/")  # replica 0's, which its host goes on uploading
 
     moved = wait_workload(
         alice,
@@ -144,14 +148,28 @@ def test_a_gang_whose_host_is_lost_is_requeued_whole_meets_again_on_new_hosts_an
 
     # The gang met again over its re-formed network and resumed: the lost replica from its last periodic checkpoint,
     # the survivor from the checkpoint it wrote at its SIGTERM (at least as far as the last periodic one).
+    # Each replica's agent reports how it reaches its peer on the new hosts (direct or through the relay), as the
+    # workload's page shows it.
+    reached = wait_workload(
+        alice,
+        wid,
+        "its replicas reaching each other again",
+        lambda w: all(addresses[1 - r["replica"]] in r["peers"] for r in w["network"]["replicas"]),
+        timeout=30,
+    )
+    assert reached["state"] == "running" and reached["attempts"] == 2, reached
+    for view in reached["network"]["replicas"]:
+        assert set(view["peers"].values()) <= {"direct", "relay"}, view
     done = wait_workload(alice, wid, "succeeded", lambda w: w["state"] == "succeeded", timeout=90)
     for r in (0, 1):
         prefix = f"gang/out/replica-{r}/"
         names_out = wait_for(lambda p=prefix: (o := outputs(s3, bucket, p)) and "result.txt" in o and o, 30, f"{prefix}")
         (fresh, _), (resumed, restored) = starts(names_out)
         assert fresh == 0 and restored == 1 and 0 < resumed < STEPS, names_out
-        if r == 1:
+        if r == 1:  # lost with its host: it lost what came after its last periodic checkpoint, nothing before
             assert resumed == last, (names_out, last)
+        else:  # stopped by the requeue: its checkpoint at SIGTERM, at least as far as the last periodic one
+            assert resumed >= periodic, (names_out, periodic)
         body = s3.client().get_object(Bucket=bucket, Key=f"{prefix}result.txt")["Body"].read()
         assert body == f"done {STEPS}\n".encode()
         again = met(s3, bucket, prefix, resumed)
