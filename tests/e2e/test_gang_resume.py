@@ -26,9 +26,9 @@ from typing import Any
 import pytest
 
 from common.nebula import NebulaCertificate, decode_cert_pem, public_key_of_pem, verify
-from tests.e2e.test_scheduler import wait_workload, workload
+from tests.e2e.test_scheduler import SANDBOXED, wait_workload, workload
 from tests.e2e.test_storage import checkpointed_step, hosts, new_bucket, outputs, starts, stored_renter, with_storage
-from tests.support.grid import Grid, wait_for
+from tests.support.grid import Grid, pid_alive, wait_for
 from tests.support.lighthouse import LIGHTHOUSE_ADDRESS, lighthouse_net, lighthouse_unavailable
 from tests.support.s3 import S3Server
 
@@ -178,3 +178,12 @@ def test_a_gang_whose_host_is_lost_is_requeued_whole_meets_again_on_new_hosts_an
         peer_from = [s for s, restored in starts(outputs(s3, bucket, f"gang/out/replica-{peer}/")) if restored]
         assert again["heard"] == f"rank {peer} from {peer_from[0]} at {addresses[peer]}", again
     assert done["network"]["network"] == network
+
+    # The lost host comes back: the Master deletes its stray replica, whose overlay directory and slirp4netns go too.
+    stray = before[1]["container"]
+    lost_dir = g.agent_dir(names[lost])
+    record = json.loads((lost_dir / "containers" / f"{stray}.json").read_text())
+    g.run_agent(names[lost], simulate="a10:1", env=SANDBOXED)
+    wait_for(lambda: not (lost_dir / "containers" / f"{stray}.json").exists(), 30, "the stray replica to be deleted")
+    assert not (Path(f"{lost_dir}-overlay") / stray).exists()
+    assert not pid_alive(record["slirp_pid"])
