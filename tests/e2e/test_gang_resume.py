@@ -186,4 +186,4 @@ def test_a_gang_whose_host_is_lost_is_requeued_whole_meets_again_on_new_hosts_an
     g.run_agent(names[lost], simulate="a10:1", env=SANDBOXED)
     wait_for(lambda: not (lost_dir / "containers" / f"{stray}.json").exists(), 30, "the stray replica to be deleted")
     assert not (Path(f"{lost_dir}-overlay") / stray).exists()
-    assert not pid_alive(record["slirp_pid"])
+    wait_for(lambda: not pid_alive(record["slirp_pid"]), 10, "its slirp4netns to end")  # (SIGKILLed, not yet reaped)
