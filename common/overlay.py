@@ -24,6 +24,7 @@ __all__ = [
     "FENCE_METRIC",
     "HOSTFILE_NAME",
     "Lighthouse",
+    "MAX_BLOCKLIST",
     "OverlaySpec",
     "fence_route",
     "hostfile_text",
@@ -46,6 +47,8 @@ _ENDPOINT = r"^[A-Za-z0-9.-]{1,253}:\d{1,5}\Z"
 _IFNAME = r"^[a-z][a-z0-9]{0,14}\Z"
 _GROUP = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z"
 _PEM = Annotated[str, msgspec.Meta(min_length=1, max_length=8192)]
+_FINGERPRINT = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}\Z")]
+MAX_BLOCKLIST = 256
 
 
 class Lighthouse(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -69,6 +72,9 @@ class OverlaySpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     certificate: _PEM
     lighthouses: Annotated[list[Lighthouse], msgspec.Meta(min_length=1, max_length=16)]
     interface: Annotated[str, msgspec.Meta(pattern=_IFNAME)] = DEFAULT_INTERFACE
+    # Certificates this replica's Nebula refuses (hex SHA-256 fingerprints): those the workload's earlier containers
+    # held, which a host lost but still running, or an agent restarting before its stray is deleted, could bring back.
+    blocklist: Annotated[list[_FINGERPRINT], msgspec.Meta(max_length=MAX_BLOCKLIST)] = []
 
     def __post_init__(self) -> None:
         if self.rank >= len(self.peers):
@@ -140,7 +146,7 @@ def nebula_config(spec: OverlaySpec, *, ca_path: str, cert_path: str, key_path: 
     lighthouses as relays."""
     lighthouse_ips = [lh.address for lh in spec.lighthouses]
     return {
-        "pki": {"ca": ca_path, "cert": cert_path, "key": key_path},
+        "pki": {"ca": ca_path, "cert": cert_path, "key": key_path, "blocklist": list(spec.blocklist)},
         "static_host_map": {lh.address: list(lh.endpoints) for lh in spec.lighthouses},
         "lighthouse": {"am_lighthouse": False, "interval": 10, "hosts": lighthouse_ips},
         "listen": {"host": "0.0.0.0", "port": 0},

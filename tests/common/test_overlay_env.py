@@ -52,6 +52,15 @@ def test_the_firewall_admits_only_the_workloads_group_and_relays_through_the_lig
     assert config["tun"]["dev"] == "ig0"
 
 
+def test_the_certificates_of_earlier_containers_go_into_nebulas_blocklist() -> None:
+    assert nebula_config(_spec(0), ca_path="ca", cert_path="crt", key_path="key")["pki"]["blocklist"] == []
+    old = "ab" * 32
+    blocked = msgspec.structs.replace(_spec(0), blocklist=[old])
+    assert nebula_config(blocked, ca_path="ca", cert_path="crt", key_path="key")["pki"]["blocklist"] == [old]
+    with pytest.raises(msgspec.ValidationError):  # a fingerprint is 64 hex digits, nothing else reaches the config
+        msgspec.convert({**msgspec.to_builtins(_spec(0)), "blocklist": ["ab\nkey: x"]}, OverlaySpec)
+
+
 def test_a_spec_whose_rank_or_peers_do_not_fit_is_refused() -> None:
     good = msgspec.to_builtins(_spec(0))
     with pytest.raises(msgspec.ValidationError, match="rank 5"):

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from common.nebula import NebulaCertificate, decode_cert_pem, public_key_of_pem, verify
+from common.nebula import NebulaCertificate, decode_cert_pem, fingerprint, public_key_of_pem, verify
 from tests.e2e.test_scheduler import SANDBOXED, wait_workload, workload
 from tests.e2e.test_storage import checkpointed_step, hosts, new_bucket, outputs, starts, stored_renter, with_storage
 from tests.support.grid import Grid, pid_alive, wait_for
@@ -145,6 +145,12 @@ def test_a_gang_whose_host_is_lost_is_requeued_whole_meets_again_on_new_hosts_an
         assert signed and certificate.ips == (f"{addresses[r]}/10",) and certificate.groups == (wid,), certificate
         assert certificate.not_before <= now < certificate.not_after
         assert certificate.public_key == host_key, f"replica {r}'s certificate is not for its new host's key"
+    # The certificate left with the lost host (valid, naming replica 1's address) is blocked by every new replica.
+    stale = Path(f"{g.agent_dir(names[lost])}-overlay") / before[1]["container"] / "host.crt"
+    blocked = fingerprint(decode_cert_pem(stale.read_text())).hex()
+    for assignment in after.values():
+        workdir = Path(f"{g.agent_dir(names[assignment['agent_id']])}-overlay") / assignment["container"]
+        assert blocked in json.loads((workdir / "nebula.json").read_text())["pki"]["blocklist"]
 
     # The gang met again over its re-formed network and resumed: the lost replica from its last periodic checkpoint,
     # the survivor from the checkpoint it wrote at its SIGTERM (at least as far as the last periodic one).
