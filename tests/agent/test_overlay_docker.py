@@ -59,5 +59,8 @@ async def test_a_docker_replicas_overlay_runs_in_the_containers_namespace(runtim
         hostfile = podman.podman("exec", spec.name, "cat", "/etc/idlegrid-hostfile").stdout  # inside the container
         assert hostfile == "100.64.1.1 slots=1\n100.64.1.2 slots=1\n"
         assert "100.64.1.1" not in subprocess.run(["ip", "-br", "addr"], capture_output=True, text=True).stdout
+        # The fence: the overlay range is unreachable in the container's namespace whenever ig0 is not there.
+        routes = subprocess.run(["nsenter", f"--net={netns}", "ip", "route"], capture_output=True, text=True).stdout
+        assert "unreachable 100.64.0.0/10 metric 4242" in routes, routes
     finally:
         await overlays.close()
