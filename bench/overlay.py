@@ -36,6 +36,7 @@ from typing import Any
 
 from agent.overlay import OverlayClient, OverlayKey
 from bench.netns import Fabric, available, run_in_namespace
+from bench.procs import read_usage
 from bench.tunnel import (
     CommandLoad,
     TunnelBenchOptions,
@@ -225,16 +226,26 @@ async def _wireguard_pair(setup: _Setup, ends: list[tuple[str, str]], port: int 
     return addresses
 
 
-def _command_phases(setup: _Setup, options: OverlayBenchOptions, sender: str, peer: str, work_dir: str) -> dict[str, Any]:
+def _command_phases(
+    setup: _Setup, options: OverlayBenchOptions, sender: str, peer: str, nebulas: dict[str, list[int]], work_dir: str
+) -> dict[str, Any]:
     """The grid's command round trip, idle and then while ``sender`` streams to ``peer`` over the overlay: run in the
-    lighthouse's namespace (``run_in_namespace``), so the grid's Master, Access relay and agents live there."""
+    lighthouse's namespace (``run_in_namespace``), so the grid's Master, Access relay and agents live there.
+    ``nebulas``: the overlay's processes whose CPU is reported beside the grid's, by name."""
     with tempfile.TemporaryDirectory(prefix="idlegrid-overlay-bench-grid-", dir=work_dir or None) as root:
         with bench_grid(Path(root), options.heartbeat_s) as grid:
-            return asyncio.run(_commands(grid, setup, options, sender, peer))
+            return asyncio.run(_commands(grid, setup, options, sender, peer, nebulas))
 
 
-async def _commands(grid: LocalGrid, setup: _Setup, options: OverlayBenchOptions, sender: str, peer: str) -> dict[str, Any]:
+def _cpu_s(pids: dict[str, list[int]]) -> dict[str, float]:
+    return {name: sum(read_usage(pid).cpu_s for pid in group) for name, group in pids.items()}
+
+
+async def _commands(
+    grid: LocalGrid, setup: _Setup, options: OverlayBenchOptions, sender: str, peer: str, nebulas: dict[str, list[int]]
+) -> dict[str, Any]:
     agent_ids = await start_sandboxed_hosts(grid, options.hosts)
+    pids = {**{d.role: [d.pid] for d in grid.daemons if d.role in ("master", "relay")}, **nebulas}
     phases = TunnelBenchOptions(
         hosts=options.hosts, heartbeat_s=options.heartbeat_s, cmd_rate=options.cmd_rate, idle_s=options.idle_s
     )
@@ -249,9 +260,20 @@ async def _commands(grid: LocalGrid, setup: _Setup, options: OverlayBenchOptions
 
     async with AsyncApiClient(grid.api_url, grid.client.api_key) as api:
         load = CommandLoad(api, agent_ids)
+        cpu = [_cpu_s(pids)]
         idle = await _measure(grid, load, phases, None)
+        cpu.append(_cpu_s(pids))
         loaded = await _measure(grid, load, phases, bulk())
+        cpu.append(_cpu_s(pids))
     idle_s, loaded_s = idle.summary(), loaded.summary()
+    # CPU share of one core in each phase: the shared machine's load does not inflate it, unlike the latencies.
+    cores = {
+        name: {
+            "idle": round((cpu[1][name] - cpu[0][name]) / idle.seconds, 2),
+            "bulk": round((cpu[2][name] - cpu[1][name]) / loaded.seconds, 2),
+        }
+        for name in pids
+    }
     return {
         "options": {"hosts": options.hosts, "heartbeat_s": options.heartbeat_s, "cmd_rate": options.cmd_rate},
         "idle": idle_s,
@@ -262,6 +284,7 @@ async def _commands(grid: LocalGrid, setup: _Setup, options: OverlayBenchOptions
             "hb_p99": _ratio(loaded_s["hb_p99_ms"], idle_s["hb_p99_ms"]),
         },
         "cmd_mean_ms": {"idle": _mean(idle.commands_ms), "bulk": _mean(loaded.commands_ms)},
+        "cpu_cores": cores,
         "errors": load.errors[:20],
     }
 
@@ -283,11 +306,10 @@ async def run_overlay_bench(options: OverlayBenchOptions, work_dir: str = "") ->
             authority = OverlayAuthority.create(settings)
             lh_dir = Path(tmp) / "lighthouse"
             write_lighthouse(authority, address=LIGHTHOUSE, port=PORT, out=lh_dir)  # unbounded unless asked (below)
-            setup.procs.append(
-                subprocess.Popen(
-                    fabric.command(lh, ["nebula", "-config", str(lh_dir / "nebula.json")]), stdout=subprocess.DEVNULL
-                )
-            )
+            lighthouse = subprocess.Popen(
+                fabric.command(lh, ["nebula", "-config", str(lh_dir / "nebula.json")]), stdout=subprocess.DEVNULL
+            )  # nsenter execs nebula: the pid is nebula's
+            setup.procs.append(lighthouse)
             if options.relay_limit_mib:
                 rules = relay_limit_rules(PORT, int(options.relay_limit_mib * 1024 * 1024))  # the relay host's bound
                 for rule in rules:
@@ -313,7 +335,11 @@ async def run_overlay_bench(options: OverlayBenchOptions, work_dir: str = "") ->
             # The grid's commands through the Access relay on the lighthouse's host, idle and while r1 streams to r0
             # through the overlay relay there. The overlay clients' log readers keep running on this loop meanwhile.
             peer = relay_clients[1].spec.peers[0]
-            commands = await asyncio.to_thread(run_in_namespace, lh, lambda: _command_phases(setup, options, r1, peer, work_dir))
+            # The replicas' nebulas would run on other machines; here they take the same two cores (reported apart).
+            nebulas = {"lighthouse nebula": [lighthouse.pid], "replicas' nebulas": [c.pid for c in relay_clients]}
+            commands = await asyncio.to_thread(
+                run_in_namespace, lh, lambda: _command_phases(setup, options, r1, peer, nebulas, work_dir)
+            )
             commands["bulk_path"] = relay_clients[1].paths.get(peer, "unknown")
             return OverlayBench(direct, relay, wireguard, commands, options.relay_limit_mib)
         finally:
@@ -342,6 +368,7 @@ def overlay_table(result: OverlayBench) -> str:
         + (f"{result.relay_limit_mib:g} MiB/s per replica" if result.relay_limit_mib else "none"),
         f"overlay bulk through the relay ({c['bulk_path']}): " + moves(c["transfers"]),
         *phase_rows(c, ("idle", "bulk")),
+        "CPU (cores) idle -> bulk: " + ", ".join(f"{name} {u['idle']} -> {u['bulk']}" for name, u in c["cpu_cores"].items()),
         f"bulk/idle p99: commands {c['ratios']['cmd_p99']}x, heartbeats {c['ratios']['hb_p99']}x (target <= 2x)",
     ]
     if c["errors"]:
