@@ -394,7 +394,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--cmd-rate", type=float, default=d.cmd_rate, help=f"commands a second (default {d.cmd_rate:g})")
     parser.add_argument("--idle-s", type=float, default=d.idle_s, help=f"the idle phase (default {d.idle_s:g} s)")
     parser.add_argument("--bulk-s", type=float, default=d.bulk_s, help=f"the overlay bulk phase (default {d.bulk_s:g} s)")
-    parser.add_argument("--work-dir", default="", help="where the grid's state and logs go (default: a temporary folder)")
+    parser.add_argument("--work-dir", default="", help="the folder the grid's temporary state goes under (default: the system's)")
     args = parser.parse_args(argv)
     options = OverlayBenchOptions(
         mib=args.mib, pings=args.pings, relay_limit_mib=args.relay_limit_mib, wireguard=not args.no_wireguard,
