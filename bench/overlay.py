@@ -210,7 +210,8 @@ async def _wireguard_pair(setup: _Setup, ends: list[tuple[str, str]], port: int 
     for index, (ns, _) in enumerate(ends):
         device = f"igwg{index}"  # names differ: wireguard-go's control socket is a file all namespaces share
         Path(f"/var/run/wireguard/{device}.sock").unlink(missing_ok=True)  # a killed earlier run's
-        setup.procs.append(subprocess.Popen(fabric.command(ns, ["wireguard-go", "-f", device]), stdout=subprocess.DEVNULL))
+        wg = fabric.command(ns, ["wireguard-go", "-f", device])  # quiet: its banner about kernel WireGuard is for users
+        setup.procs.append(subprocess.Popen(wg, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         other = 1 - index
         deadline = time.monotonic() + 10
         while not Path(f"/var/run/wireguard/{device}.sock").exists():
