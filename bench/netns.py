@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-__all__ = ["Fabric", "available", "run_in_namespace"]
+__all__ = ["Fabric", "available", "pids_in", "run_in_namespace"]
 
 T = TypeVar("T")
 
@@ -183,7 +183,7 @@ class Fabric:
         """End every process left in the fabric's namespaces, then their holders: the namespaces go with them."""
         for ns in reversed(self.namespaces):
             holder = self._holders.pop(ns)
-            for pid in _pids_in(ns):
+            for pid in pids_in(ns):
                 if pid != holder.pid:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
@@ -192,7 +192,7 @@ class Fabric:
         self.namespaces.clear()
 
 
-def _pids_in(ns: str) -> list[int]:
+def pids_in(ns: str) -> list[int]:
     """Processes whose network namespace is ``ns`` (what the test started there)."""
     try:
         target = os.readlink(ns)

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -35,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.overlay import OverlayClient, OverlayKey
-from bench.netns import Fabric, available, run_in_namespace
+from bench.netns import Fabric, available, pids_in, run_in_namespace
 from bench.procs import read_usage
 from bench.tunnel import (
     CommandLoad,
@@ -101,6 +103,9 @@ class OverlayBenchOptions:
     cmd_rate: float = 20.0  # commands a second, spread over the hosts
     idle_s: float = 15.0  # commands with the overlay quiet
     bulk_s: float = 15.0  # commands while the relayed pair pushes bulk through the relay
+    # The nice level of the replicas' side of the bulk (their nebulas, the sender, the sink) in the command phases:
+    # they would run on other machines, and here take the relay host's two cores (0: as everything else).
+    replica_nice: int = 0
 
 
 @dataclass
@@ -143,8 +148,9 @@ class _Setup:
         """Run ``code`` in ``ns`` to its end, off the event loop (the overlay clients read nebula's log meanwhile)."""
         return await asyncio.to_thread(self.run_sync, ns, code, *args)
 
-    def run_sync(self, ns: str, code: str, *args: str) -> object:
-        done = subprocess.run(self.fabric.command(ns, [sys.executable, "-c", code, *args]), capture_output=True, timeout=300)
+    def run_sync(self, ns: str, code: str, *args: str, nice: int = 0) -> object:
+        command = self.fabric.command(ns, [sys.executable, "-c", code, *args])
+        done = subprocess.run(["nice", "-n", str(nice), *command], capture_output=True, timeout=300)
         if done.returncode:
             raise RuntimeError(done.stderr.decode()[-500:])
         return json.loads(done.stdout)
@@ -227,6 +233,13 @@ async def _wireguard_pair(setup: _Setup, ends: list[tuple[str, str]], port: int 
     return addresses
 
 
+def _renice(pid: int, nice: int) -> None:
+    """Every thread of ``pid`` at ``nice`` (on Linux a nice level is a thread's: nebula's Go threads each have one)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(ProcessLookupError):
+            os.setpriority(os.PRIO_PROCESS, int(task.name), nice)
+
+
 def _command_phases(
     setup: _Setup, options: OverlayBenchOptions, sender: str, peer: str, nebulas: dict[str, list[int]], work_dir: str
 ) -> dict[str, Any]:
@@ -253,7 +266,8 @@ async def _commands(
     transfers: list[dict[str, Any]] = []
 
     async def bulk() -> None:
-        sent = await asyncio.to_thread(setup.run_sync, sender, _STREAM, peer, str(DATA_PORT), str(options.bulk_s))
+        stream = (sender, _STREAM, peer, str(DATA_PORT), str(options.bulk_s))
+        sent = await asyncio.to_thread(setup.run_sync, *stream, nice=options.replica_nice)
         assert isinstance(sent, dict)
         transfers.append(
             {"bytes": sent["bytes"], "seconds": round(sent["s"], 2), "mib_per_s": round(sent["bytes"] / sent["s"] / 2**20, 1)}
@@ -276,7 +290,12 @@ async def _commands(
         for name in pids
     }
     return {
-        "options": {"hosts": options.hosts, "heartbeat_s": options.heartbeat_s, "cmd_rate": options.cmd_rate},
+        "options": {
+            "hosts": options.hosts,
+            "heartbeat_s": options.heartbeat_s,
+            "cmd_rate": options.cmd_rate,
+            "replica_nice": options.replica_nice,
+        },
         "idle": idle_s,
         "bulk": loaded_s,
         "transfers": transfers,
@@ -336,6 +355,9 @@ async def run_overlay_bench(options: OverlayBenchOptions, work_dir: str = "") ->
             # The grid's commands through the Access relay on the lighthouse's host, idle and while r1 streams to r0
             # through the overlay relay there. The overlay clients' log readers keep running on this loop meanwhile.
             peer = relay_clients[1].spec.peers[0]
+            if options.replica_nice:  # the processes started in the replicas' namespaces: nebulas, sink, echo
+                for pid in pids_in(r0) + pids_in(r1):
+                    _renice(pid, options.replica_nice)
             # The replicas' nebulas would run on other machines; here they take the same two cores (reported apart).
             nebulas = {"lighthouse nebula": [lighthouse.pid], "replicas' nebulas": [c.pid for c in relay_clients]}
             commands = await asyncio.to_thread(
@@ -366,7 +388,8 @@ def overlay_table(result: OverlayBench) -> str:
         "",
         f"commands through the Access relay on the overlay relay's host: {c['options']['hosts']} hosts, heartbeats every "
         f"{c['options']['heartbeat_s']} s, {c['options']['cmd_rate']:g} commands/s; relayed overlay bound: "
-        + (f"{result.relay_limit_mib:g} MiB/s per replica" if result.relay_limit_mib else "none"),
+        + (f"{result.relay_limit_mib:g} MiB/s per replica" if result.relay_limit_mib else "none")
+        + (f"; replicas' side at nice {c['options']['replica_nice']}" if c["options"].get("replica_nice") else ""),
         f"overlay bulk through the relay ({c['bulk_path']}): " + moves(c["transfers"]),
         *phase_rows(c, ("idle", "bulk")),
         "CPU (cores) idle -> bulk: " + ", ".join(f"{name} {u['idle']} -> {u['bulk']}" for name, u in c["cpu_cores"].items()),
@@ -395,11 +418,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--cmd-rate", type=float, default=d.cmd_rate, help=f"commands a second (default {d.cmd_rate:g})")
     parser.add_argument("--idle-s", type=float, default=d.idle_s, help=f"the idle phase (default {d.idle_s:g} s)")
     parser.add_argument("--bulk-s", type=float, default=d.bulk_s, help=f"the overlay bulk phase (default {d.bulk_s:g} s)")
+    parser.add_argument(
+        "--replica-nice",
+        type=int,
+        default=d.replica_nice,
+        help="nice level of the replicas' nebulas, sender and sink while commands are timed: they stand for other "
+        f"machines (default {d.replica_nice}: none)",
+    )
     parser.add_argument("--work-dir", default="", help="the folder the grid's temporary state goes under (default: the system's)")
     args = parser.parse_args(argv)
     options = OverlayBenchOptions(
         mib=args.mib, pings=args.pings, relay_limit_mib=args.relay_limit_mib, wireguard=not args.no_wireguard,
         hosts=args.hosts, heartbeat_s=args.heartbeat_s, cmd_rate=args.cmd_rate, idle_s=args.idle_s, bulk_s=args.bulk_s,
+        replica_nice=args.replica_nice,
     )  # fmt: skip
     result = asyncio.run(run_overlay_bench(options, args.work_dir))
     print(overlay_table(result))

@@ -25,7 +25,7 @@ _why = available() or ("" if shutil.which("nebula") else "Debian's nebula is not
 @pytest.mark.skipif(bool(_why), reason=_why or "runs")
 def test_the_overlay_benchmark_times_commands_through_the_relay_idle_and_while_the_overlay_streams(tmp_path):
     out = tmp_path / "overlay.json"
-    args = ["--mib", "2", "--pings", "50", "--no-wireguard", "--hosts", "1", "--cmd-rate", "10"]
+    args = ["--mib", "2", "--pings", "50", "--no-wireguard", "--hosts", "1", "--cmd-rate", "10", "--replica-nice", "10"]
     args += ["--idle-s", "1.5", "--bulk-s", "1.5", "--json", str(out)]
     done = subprocess.run([sys.executable, "-m", "bench.overlay", *args], cwd=REPO, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -45,4 +45,6 @@ def test_the_overlay_benchmark_times_commands_through_the_relay_idle_and_while_t
     [transfer] = commands["transfers"]
     assert transfer["bytes"] > 0 and transfer["seconds"] >= 1.5
     assert result["relay_limit_mib"] == 8  # the grid's bound by default
+    assert commands["options"]["replica_nice"] == 10
+    assert commands["cpu_cores"].keys() == {"master", "relay", "lighthouse nebula", "replicas' nebulas"}
     assert "bulk/idle p99: commands" in done.stdout  # the readable table
