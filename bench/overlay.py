@@ -11,7 +11,8 @@ The command path: a local grid as ``bench tunnel`` runs it (bench/tunnel.py: a M
 process-runtime agents, commands to the agents and heartbeats timed), all started inside the lighthouse's namespace,
 so the Access relay shares the overlay relay's host (its network stack and CPUs). Commands are timed for ``idle_s``,
 then for ``bulk_s`` while the relayed replica pair pushes TCP bulk through the overlay relay; the figure is the ratio
-of the two phases' command p99 (target: within 2x).
+of the two phases' command p99 (target: within 2x). A last phase, the control, times them while the direct pair
+streams instead: bulk on the same machine that never crosses the relay's host.
 
     sudo python -m bench.overlay [--mib 64] [--pings 2000] [--idle-s 15] [--bulk-s 15] [--json out.json]
 
@@ -121,8 +122,9 @@ class OverlayBench:
     direct: PathFigures
     relay: PathFigures
     wireguard: PathFigures | None  # wireguard-go between the same two hosts as "direct", for the choice
-    # The grid's commands through the Access relay on the overlay relay's host: options, "idle" and "bulk" phases
-    # (bench/tunnel.py's Phase.summary), the bulk transfer, "ratios", "errors", and the path the bulk took.
+    # The grid's commands through the Access relay on the overlay relay's host: options, the "idle", "bulk" (relayed
+    # stream) and "direct" (control) phases (bench/tunnel.py's Phase.summary), each stream's "transfers" and "paths",
+    # "ratios" (bulk_cmd: the figure), "cpu_cores", "errors".
     commands: dict[str, Any] = field(default_factory=dict)
     relay_limit_mib: float = 0.0  # the bound the relayed figures were taken under (0: none)
 
@@ -240,15 +242,19 @@ def _renice(pid: int, nice: int) -> None:
             os.setpriority(os.PRIO_PROCESS, int(task.name), nice)
 
 
+# The command phases after "idle": each while one pair streams over the overlay, by what its stream crosses.
+STREAM_PHASES = ("bulk", "direct")  # through the relay's host (the figure); a direct pair, away from it (the control)
+
+
 def _command_phases(
-    setup: _Setup, options: OverlayBenchOptions, sender: str, peer: str, nebulas: dict[str, list[int]], work_dir: str
+    setup: _Setup, options: OverlayBenchOptions, streams: dict[str, tuple[str, str]], pids: dict[str, list[int]], work_dir: str
 ) -> dict[str, Any]:
-    """The grid's command round trip, idle and then while ``sender`` streams to ``peer`` over the overlay: run in the
-    lighthouse's namespace (``run_in_namespace``), so the grid's Master, Access relay and agents live there.
-    ``nebulas``: the overlay's processes whose CPU is reported beside the grid's, by name."""
+    """The grid's command round trip, idle and then while each of ``streams`` (phase -> sender's namespace, peer's
+    overlay address) streams over the overlay: run in the lighthouse's namespace (``run_in_namespace``), so the grid's
+    Master, Access relay and agents live there. ``pids``: the overlay's processes whose CPU is reported, by name."""
     with tempfile.TemporaryDirectory(prefix="idlegrid-overlay-bench-grid-", dir=work_dir or None) as root:
         with bench_grid(Path(root), options.heartbeat_s) as grid:
-            return asyncio.run(_commands(grid, setup, options, sender, peer, nebulas))
+            return asyncio.run(_commands(grid, setup, options, streams, pids))
 
 
 def _cpu_s(pids: dict[str, list[int]]) -> dict[str, float]:
@@ -256,39 +262,44 @@ def _cpu_s(pids: dict[str, list[int]]) -> dict[str, float]:
 
 
 async def _commands(
-    grid: LocalGrid, setup: _Setup, options: OverlayBenchOptions, sender: str, peer: str, nebulas: dict[str, list[int]]
+    grid: LocalGrid,
+    setup: _Setup,
+    options: OverlayBenchOptions,
+    streams: dict[str, tuple[str, str]],
+    overlay_pids: dict[str, list[int]],
 ) -> dict[str, Any]:
     agent_ids = await start_sandboxed_hosts(grid, options.hosts)
-    pids = {**{d.role: [d.pid] for d in grid.daemons if d.role in ("master", "relay")}, **nebulas}
+    pids = {**{d.role: [d.pid] for d in grid.daemons if d.role in ("master", "relay")}, **overlay_pids}
     phases = TunnelBenchOptions(
         hosts=options.hosts, heartbeat_s=options.heartbeat_s, cmd_rate=options.cmd_rate, idle_s=options.idle_s
     )
-    transfers: list[dict[str, Any]] = []
+    transfers: dict[str, list[dict[str, Any]]] = {name: [] for name in streams}
 
-    async def bulk() -> None:
-        stream = (sender, _STREAM, peer, str(DATA_PORT), str(options.bulk_s))
-        sent = await asyncio.to_thread(setup.run_sync, *stream, nice=options.replica_nice)
+    async def stream(name: str) -> None:
+        sender, peer = streams[name]
+        command = (sender, _STREAM, peer, str(DATA_PORT), str(options.bulk_s))
+        sent = await asyncio.to_thread(setup.run_sync, *command, nice=options.replica_nice)
         assert isinstance(sent, dict)
-        transfers.append(
+        transfers[name].append(
             {"bytes": sent["bytes"], "seconds": round(sent["s"], 2), "mib_per_s": round(sent["bytes"] / sent["s"] / 2**20, 1)}
         )
 
+    measured = {}
     async with AsyncApiClient(grid.api_url, grid.client.api_key) as api:
         load = CommandLoad(api, agent_ids)
         cpu = [_cpu_s(pids)]
-        idle = await _measure(grid, load, phases, None)
+        measured["idle"] = await _measure(grid, load, phases, None)
         cpu.append(_cpu_s(pids))
-        loaded = await _measure(grid, load, phases, bulk())
-        cpu.append(_cpu_s(pids))
-    idle_s, loaded_s = idle.summary(), loaded.summary()
+        for name in streams:
+            measured[name] = await _measure(grid, load, phases, stream(name))
+            cpu.append(_cpu_s(pids))
+    summaries = {name: phase.summary() for name, phase in measured.items()}
     # CPU share of one core in each phase: the shared machine's load does not inflate it, unlike the latencies.
     cores = {
-        name: {
-            "idle": round((cpu[1][name] - cpu[0][name]) / idle.seconds, 2),
-            "bulk": round((cpu[2][name] - cpu[1][name]) / loaded.seconds, 2),
-        }
+        name: {phase: round((cpu[n + 1][name] - cpu[n][name]) / measured[phase].seconds, 2) for n, phase in enumerate(measured)}
         for name in pids
     }
+    idle = summaries["idle"]
     return {
         "options": {
             "hosts": options.hosts,
@@ -296,14 +307,14 @@ async def _commands(
             "cmd_rate": options.cmd_rate,
             "replica_nice": options.replica_nice,
         },
-        "idle": idle_s,
-        "bulk": loaded_s,
+        **summaries,
         "transfers": transfers,
         "ratios": {
-            "cmd_p99": _ratio(loaded_s["cmd_p99_ms"], idle_s["cmd_p99_ms"]),
-            "hb_p99": _ratio(loaded_s["hb_p99_ms"], idle_s["hb_p99_ms"]),
+            f"{name}_{what}": _ratio(summaries[name][f"{what}_p99_ms"], idle[f"{what}_p99_ms"])
+            for name in streams
+            for what in ("cmd", "hb")
         },
-        "cmd_mean_ms": {"idle": _mean(idle.commands_ms), "bulk": _mean(loaded.commands_ms)},
+        "cmd_mean_ms": {name: _mean(phase.commands_ms) for name, phase in measured.items()},
         "cpu_cores": cores,
         "errors": load.errors[:20],
     }
@@ -352,18 +363,27 @@ async def run_overlay_bench(options: OverlayBenchOptions, work_dir: str = "") ->
             r0, r1 = fabric.add_container(hb, "b0"), fabric.add_container(ha, "a1")
             relay_clients = await setup.gang(authority, "wl-r1", [r0, r1])
             relay = await _measure_overlay(setup, relay_clients, r0, r1, options.mib, options.pings)
-            # The grid's commands through the Access relay on the lighthouse's host, idle and while r1 streams to r0
-            # through the overlay relay there. The overlay clients' log readers keep running on this loop meanwhile.
-            peer = relay_clients[1].spec.peers[0]
-            if options.replica_nice:  # the processes started in the replicas' namespaces: nebulas, sink, echo
-                for pid in pids_in(r0) + pids_in(r1):
+            # The grid's commands through the Access relay on the lighthouse's host, idle, while r1 streams to r0 through
+            # the overlay relay there, and while a0 streams to its direct peer (a control: that stream never crosses the
+            # relay's host, only the machine's cores). The overlay clients' log readers keep running on this loop.
+            peer, direct_peer = relay_clients[1].spec.peers[0], direct_clients[1].spec.peers[0]
+            streams = dict(zip(STREAM_PHASES, [(r1, peer), (a0, direct_peer)], strict=True))
+            if options.replica_nice:  # the processes started in the replicas' namespaces: nebulas, sinks, echoes
+                for pid in (pid for ns in (r0, r1, public_ns, a0) for pid in pids_in(ns)):
                     _renice(pid, options.replica_nice)
             # The replicas' nebulas would run on other machines; here they take the same two cores (reported apart).
-            nebulas = {"lighthouse nebula": [lighthouse.pid], "replicas' nebulas": [c.pid for c in relay_clients]}
+            pids = {
+                "lighthouse nebula": [lighthouse.pid],
+                "relayed pair's nebulas": [c.pid for c in relay_clients],
+                "direct pair's nebulas": [c.pid for c in direct_clients],
+            }
             commands = await asyncio.to_thread(
-                run_in_namespace, lh, lambda: _command_phases(setup, options, r1, peer, nebulas, work_dir)
+                run_in_namespace, lh, lambda: _command_phases(setup, options, streams, pids, work_dir)
             )
-            commands["bulk_path"] = relay_clients[1].paths.get(peer, "unknown")
+            commands["paths"] = {
+                "bulk": relay_clients[1].paths.get(peer, "unknown"),
+                "direct": direct_clients[1].paths.get(direct_peer, "unknown"),
+            }
             return OverlayBench(direct, relay, wireguard, commands, options.relay_limit_mib)
         finally:
             if setup is not None:
@@ -390,10 +410,13 @@ def overlay_table(result: OverlayBench) -> str:
         f"{c['options']['heartbeat_s']} s, {c['options']['cmd_rate']:g} commands/s; relayed overlay bound: "
         + (f"{result.relay_limit_mib:g} MiB/s per replica" if result.relay_limit_mib else "none")
         + (f"; replicas' side at nice {c['options']['replica_nice']}" if c["options"].get("replica_nice") else ""),
-        f"overlay bulk through the relay ({c['bulk_path']}): " + moves(c["transfers"]),
-        *phase_rows(c, ("idle", "bulk")),
-        "CPU (cores) idle -> bulk: " + ", ".join(f"{name} {u['idle']} -> {u['bulk']}" for name, u in c["cpu_cores"].items()),
-        f"bulk/idle p99: commands {c['ratios']['cmd_p99']}x, heartbeats {c['ratios']['hb_p99']}x (target <= 2x)",
+        f"overlay bulk through the relay ({c['paths']['bulk']}): " + moves(c["transfers"]["bulk"]),
+        f"control, overlay bulk between a direct pair ({c['paths']['direct']}): " + moves(c["transfers"]["direct"]),
+        *phase_rows(c, ("idle", *STREAM_PHASES)),
+        "CPU (cores) idle -> bulk -> direct: "
+        + ", ".join(f"{name} {' -> '.join(str(u[p]) for p in ('idle', *STREAM_PHASES))}" for name, u in c["cpu_cores"].items()),
+        f"bulk/idle p99: commands {c['ratios']['bulk_cmd']}x, heartbeats {c['ratios']['bulk_hb']}x (target <= 2x); "
+        f"direct/idle: commands {c['ratios']['direct_cmd']}x, heartbeats {c['ratios']['direct_hb']}x",
     ]
     if c["errors"]:
         rows.append(f"errors: {c['errors']}")
