@@ -30,6 +30,7 @@ from bench.tunnel import (
     _measure,
     _ratio,
     _transfer,
+    bench_grid,
     loop_stalls,
     moves,
     phase_rows,
@@ -185,24 +186,12 @@ async def _run(grid: LocalGrid, options: SshBenchOptions, folder: Path) -> dict[
 
 def run_ssh_bench(options: SshBenchOptions, work_dir: str = "") -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="idlegrid-ssh-bench-", dir=work_dir or None) as root:
-        grid = LocalGrid(Path(root), heartbeat_s=options.heartbeat_s)
-        try:
-            config = Path(root) / "master.toml"
-            # The bench's own polling must not meet the API's per-key limit (its 429s would be timed as latency).
-            config.write_text(
-                "offer_sandboxed_hosts = true\nscheduler_period_s = 0.5\napi_key_rate_per_s = 2000.0\napi_key_burst = 4000\n"
-                "api_account_rate_per_s = 2000.0\napi_account_burst = 4000\n"
-            )
-            grid.start_master("--config", str(config))
-            extra = ["--tunnel-bytes-per-s", str(options.relay_bytes_per_s)] if options.relay_bytes_per_s else []
-            grid.start_relay("relay-1", extra=extra)
+        with bench_grid(Path(root), options.heartbeat_s, options.relay_bytes_per_s) as grid:
             folder = Path(root) / "renter"
             folder.mkdir()
             result = asyncio.run(_run(grid, options, folder))
             result["stalls"] = loop_stalls(grid)
             return result
-        finally:
-            grid.stop()
 
 
 def ssh_table(r: dict[str, Any]) -> str:
