@@ -47,8 +47,10 @@ from bench.tunnel import (
     _measure,
     _ratio,
     bench_grid,
+    loop_stalls,
     moves,
     phase_rows,
+    stall_lines,
     start_sandboxed_hosts,
 )
 from common.overlay import RELAY_BYTES_PER_S, relay_limit_rules
@@ -254,7 +256,9 @@ def _command_phases(
     Master, Access relay and agents live there. ``pids``: the overlay's processes whose CPU is reported, by name."""
     with tempfile.TemporaryDirectory(prefix="idlegrid-overlay-bench-grid-", dir=work_dir or None) as root:
         with bench_grid(Path(root), options.heartbeat_s) as grid:
-            return asyncio.run(_commands(grid, setup, options, streams, pids))
+            commands = asyncio.run(_commands(grid, setup, options, streams, pids))
+            commands["stalls"] = loop_stalls(grid)
+            return commands
 
 
 def _cpu_s(pids: dict[str, list[int]]) -> dict[str, float]:
@@ -418,6 +422,7 @@ def overlay_table(result: OverlayBench) -> str:
         f"bulk/idle p99: commands {c['ratios']['bulk_cmd']}x, heartbeats {c['ratios']['bulk_hb']}x (target <= 2x); "
         f"direct/idle: commands {c['ratios']['direct_cmd']}x, heartbeats {c['ratios']['direct_hb']}x",
     ]
+    rows += stall_lines(c)
     if c["errors"]:
         rows.append(f"errors: {c['errors']}")
     return "\n".join(rows)
