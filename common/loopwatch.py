@@ -12,7 +12,9 @@ behind it waits. Such a stall shows up only as a latency nothing else explains, 
   (``idlegrid_gc_pause_seconds_total{generation}``, ``idlegrid_gc_longest_pause_seconds{generation}``) and the
   recent ones with their times, which ``LoopWatch`` reads to explain a stall.
 
-The cost is one timer per ``every_s`` (20 a second by default) and two clock reads per collection.
+The lag is wall time: a process waiting for a core (a machine busier than its cores) is held as surely as one
+running a long callback, and the warning's ``gc_s`` of 0 then says the collector is not the cause, not that work on
+the loop is. The cost is one timer per ``every_s`` (20 a second by default) and two clock reads per collection.
 """
 
 from __future__ import annotations
