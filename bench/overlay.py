@@ -109,6 +109,9 @@ class OverlayBenchOptions:
     # The nice level of the replicas' side of the bulk (their nebulas, the sender, the sink) in the command phases:
     # they would run on other machines, and here take the relay host's two cores (0: as everything else).
     replica_nice: int = 0
+    # Stand the replicas' side on machines of its own: its processes (nebulas, sender, sink) on the last CPU, the relay
+    # host's (the grid's daemons and what they start, the lighthouse's nebula) on the others. Needs 2 CPUs or more.
+    split_cores: bool = False
 
 
 @dataclass
@@ -152,9 +155,10 @@ class _Setup:
         """Run ``code`` in ``ns`` to its end, off the event loop (the overlay clients read nebula's log meanwhile)."""
         return await asyncio.to_thread(self.run_sync, ns, code, *args)
 
-    def run_sync(self, ns: str, code: str, *args: str, nice: int = 0) -> object:
+    def run_sync(self, ns: str, code: str, *args: str, nice: int = 0, cpus: frozenset[int] = frozenset()) -> object:
         command = self.fabric.command(ns, [sys.executable, "-c", code, *args])
-        done = subprocess.run(["nice", "-n", str(nice), *command], capture_output=True, timeout=300)
+        pin = ["taskset", "-c", ",".join(map(str, sorted(cpus)))] if cpus else []
+        done = subprocess.run([*pin, "nice", "-n", str(nice), *command], capture_output=True, timeout=300)
         if done.returncode:
             raise RuntimeError(done.stderr.decode()[-500:])
         return json.loads(done.stdout)
@@ -237,6 +241,27 @@ async def _wireguard_pair(setup: _Setup, ends: list[tuple[str, str]], port: int 
     return addresses
 
 
+def core_split() -> tuple[frozenset[int], frozenset[int]]:
+    """The CPUs of the relay host's side and of the replicas' side when ``split_cores``: the last CPU for the replicas."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("--split-cores needs 2 CPUs or more")
+    return frozenset(cpus[:-1]), frozenset(cpus[-1:])
+
+
+def _pin_tree(pid: int, cpus: frozenset[int]) -> int:
+    """Every thread of ``pid`` and of its descendants on ``cpus`` (those started later inherit it); how many processes."""
+    pinned = 0
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(int(task.name), cpus)
+                for child in (task / "children").read_text().split():
+                    pinned += _pin_tree(int(child), cpus)
+        pinned += 1
+    return pinned
+
+
 def _renice(pid: int, nice: int) -> None:
     """Every thread of ``pid`` at ``nice`` (on Linux a nice level is a thread's: nebula's Go threads each have one)."""
     for task in Path(f"/proc/{pid}/task").iterdir():
@@ -274,6 +299,11 @@ async def _commands(
 ) -> dict[str, Any]:
     agent_ids = await start_sandboxed_hosts(grid, options.hosts)
     pids = {**{d.role: [d.pid] for d in grid.daemons if d.role in ("master", "relay")}, **overlay_pids}
+    replica_cpus: frozenset[int] = frozenset()
+    if options.split_cores:  # the relay host's side: the grid's daemons (and what they start), the lighthouse's nebula
+        host_cpus, replica_cpus = core_split()
+        for pid in [d.pid for d in grid.daemons] + overlay_pids.get("lighthouse nebula", []):
+            _pin_tree(pid, host_cpus)
     phases = TunnelBenchOptions(
         hosts=options.hosts, heartbeat_s=options.heartbeat_s, cmd_rate=options.cmd_rate, idle_s=options.idle_s
     )
@@ -282,7 +312,7 @@ async def _commands(
     async def stream(name: str) -> None:
         sender, peer = streams[name]
         command = (sender, _STREAM, peer, str(DATA_PORT), str(options.bulk_s))
-        sent = await asyncio.to_thread(setup.run_sync, *command, nice=options.replica_nice)
+        sent = await asyncio.to_thread(setup.run_sync, *command, nice=options.replica_nice, cpus=replica_cpus)
         assert isinstance(sent, dict)
         transfers[name].append(
             {"bytes": sent["bytes"], "seconds": round(sent["s"], 2), "mib_per_s": round(sent["bytes"] / sent["s"] / 2**20, 1)}
@@ -310,6 +340,7 @@ async def _commands(
             "heartbeat_s": options.heartbeat_s,
             "cmd_rate": options.cmd_rate,
             "replica_nice": options.replica_nice,
+            "split_cores": options.split_cores,
         },
         **summaries,
         "transfers": transfers,
@@ -372,9 +403,13 @@ async def run_overlay_bench(options: OverlayBenchOptions, work_dir: str = "") ->
             # relay's host, only the machine's cores). The overlay clients' log readers keep running on this loop.
             peer, direct_peer = relay_clients[1].spec.peers[0], direct_clients[1].spec.peers[0]
             streams = dict(zip(STREAM_PHASES, [(r1, peer), (a0, direct_peer)], strict=True))
-            if options.replica_nice:  # the processes started in the replicas' namespaces: nebulas, sinks, echoes
-                for pid in (pid for ns in (r0, r1, public_ns, a0) for pid in pids_in(ns)):
+            replica_side = [pid for ns in (r0, r1, public_ns, a0) for pid in pids_in(ns)]  # nebulas, sinks, echoes
+            if options.replica_nice:
+                for pid in replica_side:
                     _renice(pid, options.replica_nice)
+            if options.split_cores:
+                for pid in replica_side:
+                    _pin_tree(pid, core_split()[1])
             # The replicas' nebulas would run on other machines; here they take the same two cores (reported apart).
             pids = {
                 "lighthouse nebula": [lighthouse.pid],
@@ -413,7 +448,8 @@ def overlay_table(result: OverlayBench) -> str:
         f"commands through the Access relay on the overlay relay's host: {c['options']['hosts']} hosts, heartbeats every "
         f"{c['options']['heartbeat_s']} s, {c['options']['cmd_rate']:g} commands/s; relayed overlay bound: "
         + (f"{result.relay_limit_mib:g} MiB/s per replica" if result.relay_limit_mib else "none")
-        + (f"; replicas' side at nice {c['options']['replica_nice']}" if c["options"].get("replica_nice") else ""),
+        + (f"; replicas' side at nice {c['options']['replica_nice']}" if c["options"].get("replica_nice") else "")
+        + ("; replicas' side on a CPU of its own" if c["options"].get("split_cores") else ""),
         f"overlay bulk through the relay ({c['paths']['bulk']}): " + moves(c["transfers"]["bulk"]),
         f"control, overlay bulk between a direct pair ({c['paths']['direct']}): " + moves(c["transfers"]["direct"]),
         *phase_rows(c, ("idle", *STREAM_PHASES)),
@@ -453,12 +489,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="nice level of the replicas' nebulas, sender and sink while commands are timed: they stand for other "
         f"machines (default {d.replica_nice}: none)",
     )
+    parser.add_argument(
+        "--split-cores",
+        action="store_true",
+        help="the replicas' side (nebulas, sender, sink) on the last CPU and the relay host's (the grid, the lighthouse) "
+        "on the others, as if the replicas ran on machines of their own",
+    )
     parser.add_argument("--work-dir", default="", help="the folder the grid's temporary state goes under (default: the system's)")
     args = parser.parse_args(argv)
     options = OverlayBenchOptions(
         mib=args.mib, pings=args.pings, relay_limit_mib=args.relay_limit_mib, wireguard=not args.no_wireguard,
         hosts=args.hosts, heartbeat_s=args.heartbeat_s, cmd_rate=args.cmd_rate, idle_s=args.idle_s, bulk_s=args.bulk_s,
-        replica_nice=args.replica_nice,
+        replica_nice=args.replica_nice, split_cores=args.split_cores,
     )  # fmt: skip
     result = asyncio.run(run_overlay_bench(options, args.work_dir))
     print(overlay_table(result))
