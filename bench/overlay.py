@@ -408,8 +408,9 @@ async def run_overlay_bench(options: OverlayBenchOptions, work_dir: str = "") ->
                 for pid in replica_side:
                     _renice(pid, options.replica_nice)
             if options.split_cores:
+                replica_cpus = core_split()[1]
                 for pid in replica_side:
-                    _pin_tree(pid, core_split()[1])
+                    _pin_tree(pid, replica_cpus)
             # The replicas' nebulas would run on other machines; here they take the same two cores (reported apart).
             pids = {
                 "lighthouse nebula": [lighthouse.pid],

@@ -106,6 +106,12 @@ class Gang:
         self.processes.append(proc)
         return proc
 
+    def listen(self, workload: str, rank: int, port: int) -> None:
+        """A TCP listener on every address of a replica's namespace, for two minutes (ended with the gang)."""
+        ns, _ = self.replicas[(workload, rank)]
+        code = f"import socket,time;s=socket.create_server(('0.0.0.0',{port}));time.sleep(120)"
+        self.processes.append(subprocess.Popen(self.fabric.command(ns, [sys.executable, "-c", code])))
+
     def connects(self, workload: str, rank: int, address: str, port: int, timeout_s: float = 3.0) -> str:
         """From a replica's namespace: "ok" when a TCP connection to address:port opens, else the error's name."""
         ns, _ = self.replicas[(workload, rank)]
@@ -192,14 +198,8 @@ async def test_a_gang_on_two_nated_hosts_meets_at_master_addr_and_all_reduces(ga
 async def test_another_workloads_replica_cannot_reach_the_gang_nor_the_host_loopback(gang: Gang) -> None:
     await gang.add_workload("wl-aa", ["ha", "hb"])
     await gang.add_workload("wl-bb", ["ha", "hb"])
-    ns_a0 = gang.replicas[("wl-aa", 0)][0]
     target = gang.replicas[("wl-aa", 0)][1].spec.peers[0]
-    server = subprocess.Popen(
-        gang.fabric.command(
-            ns_a0, [sys.executable, "-c", "import socket,time;s=socket.create_server(('0.0.0.0',7777));time.sleep(120)"]
-        )
-    )
-    gang.processes.append(server)
+    gang.listen("wl-aa", 0, 7777)
     # Its own gang reaches it (the listener is up) ...
     assert await _until(lambda: gang.connects("wl-aa", 1, target, 7777) == "ok", 20)
     # ... a replica of another workload, on the other host and on the same host, does not: Nebula's firewall drops it.
@@ -246,14 +246,8 @@ async def test_a_replica_left_behind_with_its_earlier_certificate_is_refused_by_
     stale_ns = gang.replicas[("wl-aa", 1)][0]
     old = fingerprint(decode_cert_pem(stale.spec.certificate)).hex()
     await gang.add_workload("wl-aa", ["ha", "hb"], blocklist=(old,), attempt=2)  # the same block, placed again
-    ns_r0 = gang.replicas[("wl-aa", 0)][0]
     target = gang.replicas[("wl-aa", 0)][1].spec.peers[0]
-    server = subprocess.Popen(
-        gang.fabric.command(
-            ns_r0, [sys.executable, "-c", "import socket,time;s=socket.create_server(('0.0.0.0',7777));time.sleep(120)"]
-        )
-    )
-    gang.processes.append(server)
+    gang.listen("wl-aa", 0, 7777)
     assert await _until(lambda: gang.connects("wl-aa", 1, target, 7777) == "ok", 20)  # its successor reaches rank 0
     probe = (
         "import socket,sys\ntry:\n socket.create_connection((sys.argv[1], 7777), timeout=3)\n print('ok')"
