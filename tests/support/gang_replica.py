@@ -7,6 +7,10 @@ naming its rank, the step it starts from and its overlay address. It records the
 ``start-from-<step>-restored-<0|1>`` and the meeting as ``met-from-<step>.json`` (the line it heard, its variables),
 then counts to STEPS, writing its step atomically at each one and once more on SIGTERM (then exits 0). At the end it
 writes ``result.txt``. A meeting that does not happen within MEET_TIMEOUT_S exits 3.
+
+Each step is collective, as an all-reduce is: after it, a replica sends its peer a byte and waits for the peer's. A
+replica whose peer is lost (its host gone, its packets dropped) waits there and counts no further, whatever the time the
+Master takes to requeue the gang; a peer that finished its steps closes the connection, and the other counts on alone.
 """
 
 import json
@@ -48,8 +52,8 @@ signal.signal(signal.SIGTERM, stop)
 open(os.path.join(outputs, f"start-from-{step}-restored-{os.environ.get('IDLEGRID_RESTORED', '0')}"), "w").close()
 
 
-def meet() -> str:
-    """The line the peer sent (rank 0 hears rank 1; the gang here has two replicas)."""
+def meet() -> tuple[socket.socket, str]:
+    """The connection to the peer and the line it sent (rank 0 hears rank 1; the gang here has two replicas)."""
     greeting = f"rank {rank} from {started_from} at {me}\n".encode()
     deadline = time.monotonic() + MEET_TIMEOUT_S
     if rank == 0:
@@ -65,23 +69,41 @@ def meet() -> str:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.2)
-    with conn:
-        conn.settimeout(MEET_TIMEOUT_S)
-        conn.sendall(greeting)
-        return conn.makefile("r").readline().strip()
+    conn.settimeout(MEET_TIMEOUT_S)
+    conn.sendall(greeting)
+    heard = b""
+    while not heard.endswith(b"\n"):  # a byte at a time: the steps' bytes follow the line on the same connection
+        byte = conn.recv(1)
+        if not byte:
+            raise ConnectionError(f"the peer closed after {heard!r}")
+        heard += byte
+    conn.settimeout(None)  # a collective step waits for its peer as long as it takes
+    return conn, heard.decode().strip()
 
 
 try:
-    heard = meet()
+    peer, heard = meet()
 except OSError as exc:
     print(f"the gang did not meet: {exc!r}", file=sys.stderr)
     sys.exit(3)
 with open(os.path.join(outputs, f"met-from-{started_from}.json"), "w") as f:
     json.dump({"heard": heard, "env": {name: os.environ[name] for name in VARIABLES}}, f)
 
+
+def collective() -> bool:
+    """Send the peer this step's byte and wait for its; False once the peer has finished (closed its end)."""
+    try:
+        peer.sendall(b".")
+        return peer.recv(1) == b"."
+    except OSError:
+        return False
+
+
+together = True
 while step < STEPS:
     step += 1
     save()
     time.sleep(STEP_S)
+    together = together and collective()
 with open(os.path.join(outputs, "result.txt"), "w") as f:
     f.write(f"done {step}\n")
