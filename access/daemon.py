@@ -14,6 +14,7 @@ from access.metrics import RelayMetrics
 from access.relay import AgentGateway
 from access.tunnels import TunnelExchange
 from access.upstream import MasterLink
+from common.loopwatch import watching
 from common.pki import client_tls_context, load_cert, server_tls_context
 
 log = logging.getLogger(__name__)
@@ -128,7 +129,8 @@ async def serve(config: AccessConfig) -> None:
         loop.add_signal_handler(sig, stopping.set)
     await relay.start()
     try:
-        await stopping.wait()
+        async with watching("relay", relay.metrics.registry):
+            await stopping.wait()
         log.info("shutting down", extra={"relay": config.relay_id})
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -46,6 +46,7 @@ from agent.tunnel import RelayLink, TunnelLimits, TunnelServer
 from common.containers import ContainerInfo
 from common.errors import IdlegridError, PKIError, ProtocolError, RuntimeFailure, SignatureError
 from common.inventory import MAX_IMAGES_IN_REPORT, GpuReach, HostInfo, Inventory
+from common.loopwatch import watching
 from common.pki import CommandVerifier, client_tls_context, load_cert, peer_identity, verify_key_endorsement
 from common.storage import StorageActivity
 from common.wire import (
@@ -783,7 +784,8 @@ async def serve(config: AgentConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, agent.stop)
-    await agent.run()
+    async with watching("agent"):
+        await agent.run()
 
 
 def jittered(period_s: float, spread: float = REPORT_JITTER) -> float:

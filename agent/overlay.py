@@ -32,7 +32,7 @@ import msgspec
 from agent.state import private_dir, private_file
 from common.containers import ContainerSpec
 from common.errors import RuntimeFailure
-from common.overlay import HOSTFILE_NAME, OverlaySpec, hostfile_text, nebula_config, replica_env
+from common.overlay import HOSTFILE_NAME, OverlaySpec, fence_route, hostfile_text, nebula_config, replica_env
 
 __all__ = ["GangOverlays", "OverlayClient", "OverlayError", "OverlayKey", "PeerPath", "peer_path"]
 
@@ -276,6 +276,7 @@ class GangOverlays:
             return
         workdir = self._workdir(spec.name)
         client = OverlayClient(overlay, workdir=workdir, key=self.key, enter=["nsenter", f"--net={netns}"], nebula=self.nebula)
+        await fence(netns, overlay)
         try:
             private_dir(workdir)
             os.chmod(workdir, 0o711)
@@ -326,6 +327,24 @@ class GangOverlays:
         clients, self.clients = self.clients, {}
         for client in clients.values():
             await client.stop()
+
+
+async def fence(netns: str, overlay: OverlaySpec) -> None:
+    """The overlay range unreachable in the namespace but through the overlay's interface (common.overlay.fence_route).
+    The process runtime sets it before the command starts; a docker container gets it here, once it runs. A failure is
+    logged and the overlay starts anyway: while Nebula runs, its interface carries the range."""
+    done = await asyncio.create_subprocess_exec(
+        "nsenter", f"--net={netns}", "ip", *fence_route(overlay),
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _, said = await done.communicate()
+    if done.returncode != 0:
+        log.error(
+            "the overlay range is not fenced: while its overlay is down, the replica's traffic to its peers leaves "
+            "through its default route (%s)",
+            said.decode(errors="replace").strip(),
+            extra={"group": overlay.group, "rank": overlay.rank},
+        )
 
 
 def _start_ticks(pid: int) -> str:

@@ -174,6 +174,13 @@ async def _timed(rounds: int, work: Callable[[], Awaitable[Any]]) -> dict[str, f
     }
 
 
+def loop_time(end_minute: int) -> float:
+    """When the pass runs: just after the hour holding the last minute seeded (``end_minute - 1``; the hour of
+    ``end_minute`` itself held none of them when the bench started at minute :00, and the pass rolled up nothing)."""
+    last = end_minute - 1
+    return (last - last % MINUTES_PER_HOUR + MINUTES_PER_HOUR) * 60.0 + 1
+
+
 async def _time_loop(store: SqliteStore, options: HistoryBenchOptions, end_minute: int) -> dict[str, Any]:
     """One pass of the Master's history loop over every GPU, unpaced: the hour holding the last minutes downsampled
     (a read per GPU, the hours written in batches), then a retention delete per GPU of each resolution."""
@@ -187,7 +194,7 @@ async def _time_loop(store: SqliteStore, options: HistoryBenchOptions, end_minut
         duty=1.0,
         agent_ids=lambda: hosts,
     )
-    now = (end_minute - end_minute % MINUTES_PER_HOUR + MINUTES_PER_HOUR) * 60.0 + 1
+    now = loop_time(end_minute)
     began = time.perf_counter()
     done = await keeper.step(now)
     return {"seconds": round(time.perf_counter() - began, 1), **done}

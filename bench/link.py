@@ -22,7 +22,7 @@ from typing import Any
 import aiohttp
 
 from bench.procs import read_usage
-from bench.tunnel import RENTER, CommandLoad, _measure, _ratio, moves, phase_rows, start_sandboxed_hosts
+from bench.tunnel import RENTER, CommandLoad, _measure, _ratio, loop_stalls, moves, phase_rows, stall_lines, start_sandboxed_hosts
 from management.client.api import ApiClient, AsyncApiClient
 from management.devgrid.localgrid import LocalGrid, wait_until
 
@@ -177,7 +177,9 @@ def run_link_bench(options: LinkBenchOptions, work_dir: str = "") -> dict[str, A
                 )
                 grid.start_master("--config", str(config))
                 grid.start_relay("relay-1")
-                return asyncio.run(_run(grid, options, www))
+                result = asyncio.run(_run(grid, options, www))
+                result["stalls"] = loop_stalls(grid)
+                return result
             finally:
                 grid.stop()
     finally:
@@ -195,6 +197,7 @@ def link_table(r: dict[str, Any]) -> str:
         "CPU (cores) idle -> link: " + ", ".join(f"{role} {c['idle']} -> {c['link']}" for role, c in r["cpu_cores"].items())
     )
     lines.append(f"link/idle p99: commands {r['ratios']['cmd_p99']}x, heartbeats {r['ratios']['hb_p99']}x (target <= 2x)")
+    lines += stall_lines(r)
     skipped = r["skipped"]
     if skipped["idle"] or skipped["link"]:
         lines.append(

@@ -20,15 +20,20 @@ routes and rules): the machine's own namespace, routes and firewall are never to
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
-__all__ = ["Fabric", "available"]
+__all__ = ["Fabric", "available", "pids_in", "run_in_namespace"]
+
+T = TypeVar("T")
 
 HOLD_S = 3600  # a holder outlives any test; close() ends it sooner
 
@@ -178,7 +183,7 @@ class Fabric:
         """End every process left in the fabric's namespaces, then their holders: the namespaces go with them."""
         for ns in reversed(self.namespaces):
             holder = self._holders.pop(ns)
-            for pid in _pids_in(ns):
+            for pid in pids_in(ns):
                 if pid != holder.pid:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
@@ -187,7 +192,7 @@ class Fabric:
         self.namespaces.clear()
 
 
-def _pids_in(ns: str) -> list[int]:
+def pids_in(ns: str) -> list[int]:
     """Processes whose network namespace is ``ns`` (what the test started there)."""
     try:
         target = os.readlink(ns)
@@ -200,3 +205,37 @@ def _pids_in(ns: str) -> list[int]:
                 if os.readlink(f"/proc/{entry}/ns/net") == target:
                     pids.append(int(entry))
     return pids
+
+
+CLONE_NEWNET = 0x40000000  # setns(2)'s flag for a network namespace
+
+
+def run_in_namespace(ns: str, work: Callable[[], T]) -> T:
+    """``work()`` in a thread of its own whose network namespace is ``ns``, and its result (or its exception).
+
+    A network namespace belongs to a thread, not to the process: the thread's sockets, its child threads (an event
+    loop's executor) and the processes it starts are in ``ns``, while the rest of this process stays where it was.
+    The thread ends with ``work``, so no pooled thread is ever left in ``ns``. (``os.setns`` arrives in Python 3.12.)"""
+    outcome: list[T] = []
+    failure: list[BaseException] = []
+
+    def enter_and_work() -> None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = os.open(ns, os.O_RDONLY)
+            try:
+                if libc.setns(fd, CLONE_NEWNET) != 0:
+                    code = ctypes.get_errno()
+                    raise OSError(code, f"setns {ns}: {os.strerror(code)}")
+            finally:
+                os.close(fd)
+            outcome.append(work())
+        except BaseException as exc:  # handed to the caller's thread as it was
+            failure.append(exc)
+
+    thread = threading.Thread(target=enter_and_work, name=f"in {ns}")
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]
+    return outcome[0]

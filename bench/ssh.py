@@ -22,7 +22,21 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.tunnel import FINAL, RENTER, CommandLoad, _mean, _measure, _ratio, _transfer, moves, phase_rows, start_sandboxed_hosts
+from bench.tunnel import (
+    FINAL,
+    RENTER,
+    CommandLoad,
+    _mean,
+    _measure,
+    _ratio,
+    _transfer,
+    bench_grid,
+    loop_stalls,
+    moves,
+    phase_rows,
+    stall_lines,
+    start_sandboxed_hosts,
+)
 from management.cli.access import grant_of
 from management.client.api import ApiClient, AsyncApiClient
 from management.devgrid.localgrid import LocalGrid, wait_until
@@ -172,22 +186,12 @@ async def _run(grid: LocalGrid, options: SshBenchOptions, folder: Path) -> dict[
 
 def run_ssh_bench(options: SshBenchOptions, work_dir: str = "") -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="idlegrid-ssh-bench-", dir=work_dir or None) as root:
-        grid = LocalGrid(Path(root), heartbeat_s=options.heartbeat_s)
-        try:
-            config = Path(root) / "master.toml"
-            # The bench's own polling must not meet the API's per-key limit (its 429s would be timed as latency).
-            config.write_text(
-                "offer_sandboxed_hosts = true\nscheduler_period_s = 0.5\napi_key_rate_per_s = 2000.0\napi_key_burst = 4000\n"
-                "api_account_rate_per_s = 2000.0\napi_account_burst = 4000\n"
-            )
-            grid.start_master("--config", str(config))
-            extra = ["--tunnel-bytes-per-s", str(options.relay_bytes_per_s)] if options.relay_bytes_per_s else []
-            grid.start_relay("relay-1", extra=extra)
+        with bench_grid(Path(root), options.heartbeat_s, options.relay_bytes_per_s) as grid:
             folder = Path(root) / "renter"
             folder.mkdir()
-            return asyncio.run(_run(grid, options, folder))
-        finally:
-            grid.stop()
+            result = asyncio.run(_run(grid, options, folder))
+            result["stalls"] = loop_stalls(grid)
+            return result
 
 
 def ssh_table(r: dict[str, Any]) -> str:
@@ -201,6 +205,7 @@ def ssh_table(r: dict[str, Any]) -> str:
     lines += phase_rows(r, ("idle", "exec", "scp"))
     lines.append(f"scp/idle p99: commands {r['ratios']['cmd_p99']}x, heartbeats {r['ratios']['hb_p99']}x (target <= 2x)")
     lines.append(f"exec/idle p99: commands {r['ratios']['exec_cmd_p99']}x (the same relay path without SSH)")
+    lines += stall_lines(r)
     for phase, cpu in r["cpu_per_100mb"].items():
         lines.append(f"CPU s per 100 MB, {phase}: " + ", ".join(f"{name} {value}" for name, value in cpu.items()))
     if r["errors"]:

@@ -13,9 +13,11 @@ The figures to compare are within one run: each phase's p99 against the idle pha
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -251,23 +253,33 @@ def _mean(values: list[float]) -> float | None:
     return round(statistics.fmean(values), 2) if values else None
 
 
+@contextlib.contextmanager
+def bench_grid(root: Path, heartbeat_s: float, relay_bytes_per_s: int = 0) -> Iterator[LocalGrid]:
+    """A Master that offers sandboxed hosts and one relay (``relay-1``) under ``root``, stopped on the way out (the
+    tunnel, ssh and overlay benches' grid; ``start_sandboxed_hosts`` adds the hosts)."""
+    grid = LocalGrid(root, heartbeat_s=heartbeat_s)
+    try:
+        config = root / "master.toml"
+        # The bench's own polling and command load must meet neither the key's nor the account's API limit (40/s
+        # per account by default: its 429s would be timed as latency).
+        config.write_text(
+            "offer_sandboxed_hosts = true\nscheduler_period_s = 0.5\napi_key_rate_per_s = 2000.0\napi_key_burst = 4000\n"
+            "api_account_rate_per_s = 2000.0\napi_account_burst = 4000\n"  # and the account's, all its keys together
+        )
+        grid.start_master("--config", str(config))
+        extra = ["--tunnel-bytes-per-s", str(relay_bytes_per_s)] if relay_bytes_per_s else []
+        grid.start_relay("relay-1", extra=extra)
+        yield grid
+    finally:
+        grid.stop()
+
+
 def run_tunnel_bench(options: TunnelBenchOptions, work_dir: str = "") -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="idlegrid-tunnel-bench-", dir=work_dir or None) as root:
-        grid = LocalGrid(Path(root), heartbeat_s=options.heartbeat_s)
-        try:
-            config = Path(root) / "master.toml"
-            # The bench's own polling and command load must meet neither the key's nor the account's API limit (40/s
-            # per account by default: its 429s would be timed as latency).
-            config.write_text(
-                "offer_sandboxed_hosts = true\nscheduler_period_s = 0.5\napi_key_rate_per_s = 2000.0\napi_key_burst = 4000\n"
-                "api_account_rate_per_s = 2000.0\napi_account_burst = 4000\n"  # and the account's, all its keys together
-            )
-            grid.start_master("--config", str(config))
-            extra = ["--tunnel-bytes-per-s", str(options.relay_bytes_per_s)] if options.relay_bytes_per_s else []
-            grid.start_relay("relay-1", extra=extra)
-            return asyncio.run(_run(grid, options))
-        finally:
-            grid.stop()
+        with bench_grid(Path(root), options.heartbeat_s, options.relay_bytes_per_s) as grid:
+            result = asyncio.run(_run(grid, options))
+            result["stalls"] = loop_stalls(grid)
+            return result
 
 
 def moves(transfers: list[dict[str, Any]]) -> str:
@@ -295,6 +307,26 @@ def tunnel_table(r: dict[str, Any]) -> str:
     ]
     lines += phase_rows(r, ("idle", "tunnel"))
     lines.append(f"tunnel/idle p99: commands {r['ratios']['cmd_p99']}x, heartbeats {r['ratios']['hb_p99']}x (target <= 2x)")
+    lines += stall_lines(r)
     if r["errors"]:
         lines.append(f"errors: {r['errors']}")
     return "\n".join(lines)
+
+
+LOOP_HELD = "event loop was held"  # common/loopwatch.py's warning
+
+
+def loop_stalls(grid: LocalGrid) -> list[str]:
+    """Every daemon's warnings that its event loop was held 100 ms or more (common/loopwatch.py), with the daemon's
+    name and the time: a spike in a phase's p99 then says which process stalled, and whether the collector did it."""
+    found = []
+    for log in sorted(grid.logs.glob("*.log")):
+        for line in log.read_text(errors="replace").splitlines():
+            if LOOP_HELD in line:
+                found.append(f"{log.stem}: {line.strip()[:240]}")
+    return found
+
+
+def stall_lines(r: dict[str, Any]) -> list[str]:
+    stalls = r.get("stalls") or []
+    return [f"event loops held >= 100 ms: {len(stalls)}", *(f"  {line}" for line in stalls)] if stalls else []

@@ -16,12 +16,17 @@ from typing import Annotated, Any
 
 import msgspec
 
+from common.nebula import NebulaCertError, decode_cert_pem
+
 __all__ = [
     "DEFAULT_INTERFACE",
     "DEFAULT_MASTER_PORT",
+    "FENCE_METRIC",
     "HOSTFILE_NAME",
     "Lighthouse",
+    "MAX_BLOCKLIST",
     "OverlaySpec",
+    "fence_route",
     "hostfile_text",
     "nebula_config",
     "replica_address",
@@ -32,6 +37,9 @@ DEFAULT_INTERFACE = "ig0"  # the overlay's TUN device in every replica's namespa
 DEFAULT_MASTER_PORT = 29500  # torchrun's own default
 HOSTFILE_NAME = "idlegrid-hostfile"
 MTU = 1300  # under the underlay's 1500 less Nebula's headers, and a relay's second header
+# The fence's route metric: above the overlay interface's own route for the range (the kernel's, metric 0), so the
+# fence decides only while the interface is absent (before Nebula is up, after it ended).
+FENCE_METRIC = 4242
 
 _IPV4 = r"^\d{1,3}(\.\d{1,3}){3}\Z"
 _CIDR = r"^\d{1,3}(\.\d{1,3}){3}/\d{1,2}\Z"
@@ -39,6 +47,8 @@ _ENDPOINT = r"^[A-Za-z0-9.-]{1,253}:\d{1,5}\Z"
 _IFNAME = r"^[a-z][a-z0-9]{0,14}\Z"
 _GROUP = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z"
 _PEM = Annotated[str, msgspec.Meta(min_length=1, max_length=8192)]
+_FINGERPRINT = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}\Z")]
+MAX_BLOCKLIST = 256
 
 
 class Lighthouse(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -62,6 +72,9 @@ class OverlaySpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     certificate: _PEM
     lighthouses: Annotated[list[Lighthouse], msgspec.Meta(min_length=1, max_length=16)]
     interface: Annotated[str, msgspec.Meta(pattern=_IFNAME)] = DEFAULT_INTERFACE
+    # Certificates this replica's Nebula refuses (hex SHA-256 fingerprints): those the workload's earlier containers
+    # held, which a host lost but still running, or an agent restarting before its stray is deleted, could bring back.
+    blocklist: Annotated[list[_FINGERPRINT], msgspec.Meta(max_length=MAX_BLOCKLIST)] = []
 
     def __post_init__(self) -> None:
         if self.rank >= len(self.peers):
@@ -75,6 +88,19 @@ class OverlaySpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     def address(self) -> str:
         """This replica's overlay address."""
         return self.peers[self.rank]
+
+
+def fence_route(spec: OverlaySpec) -> list[str]:
+    """``ip`` arguments that make the whole overlay range unreachable in a replica's namespace except through the
+    overlay's interface. Without it, a replica's traffic to its peers (MASTER_ADDR included) follows the namespace's
+    default route out of the host to whoever answers for that address on the provider's network whenever the overlay
+    is not up: before Nebula has started, and after it ended. ``replace`` keeps it idempotent (an agent that restarts
+    sets it again). The range is the certificate's prefix (its routes are the range's), else the workload's block."""
+    try:
+        fenced = str(ipaddress.ip_interface(decode_cert_pem(spec.certificate).ips[0]).network)
+    except (NebulaCertError, IndexError, ValueError):
+        fenced = spec.network
+    return ["route", "replace", "unreachable", fenced, "metric", str(FENCE_METRIC)]
 
 
 def replica_address(network: str, replica: int) -> str:
@@ -120,7 +146,7 @@ def nebula_config(spec: OverlaySpec, *, ca_path: str, cert_path: str, key_path: 
     lighthouses as relays."""
     lighthouse_ips = [lh.address for lh in spec.lighthouses]
     return {
-        "pki": {"ca": ca_path, "cert": cert_path, "key": key_path},
+        "pki": {"ca": ca_path, "cert": cert_path, "key": key_path, "blocklist": list(spec.blocklist)},
         "static_host_map": {lh.address: list(lh.endpoints) for lh in spec.lighthouses},
         "lighthouse": {"am_lighthouse": False, "interval": 10, "hosts": lighthouse_ips},
         "listen": {"host": "0.0.0.0", "port": 0},

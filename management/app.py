@@ -37,6 +37,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from common.http import HttpServer
+from common.loopwatch import watching
 from management.api import ApiSettings, Handler, build_app, error_response
 from management.launch.templates import TemplateCatalog
 from management.links.proxy import links_app
@@ -433,7 +434,8 @@ async def serve_master(config: MasterConfig) -> None:
     leadership = server.master.leadership
     deposed = asyncio.ensure_future(leadership.deposed.wait() if leadership is not None else asyncio.Event().wait())
     stopping = asyncio.ensure_future(stop.wait())
-    await asyncio.wait({deposed, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    async with watching("master", server.master.metrics.registry):
+        await asyncio.wait({deposed, stopping}, return_when=asyncio.FIRST_COMPLETED)
     if leadership is not None and leadership.deposed.is_set():
         log.error("stepped down (%s); exiting so the supervisor starts this Master again as a standby", leadership.deposed_reason)
         await server.stop()

@@ -18,7 +18,7 @@ import ipaddress
 import json
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Annotated
 
@@ -30,6 +30,7 @@ from common.errors import IdlegridError
 from common.nebula import NebulaCertificate, cert_pem, decode_cert_pem, new_host_key, public_key_of_pem, sign
 from common.overlay import (
     DEFAULT_MASTER_PORT,
+    MAX_BLOCKLIST,
     Lighthouse,
     OverlaySpec,
     lighthouse_config,
@@ -171,9 +172,12 @@ class OverlayAuthority:
         public_key_pem: str,
         now: float,
         max_duration_s: float | None = None,
+        blocklist: Sequence[str] = (),
+        attempt: int = 0,
     ) -> OverlaySpec:
         """Replica ``replica``'s place on ``network``, its certificate made for its host's key, valid ``cert_ttl_s``
-        or the workload's ``max_duration_s`` and an hour if longer (up to ``max_cert_s``)."""
+        or the workload's ``max_duration_s`` and an hour if longer (up to ``max_cert_s``); its Nebula refuses the
+        certificates in ``blocklist`` (the newest MAX_BLOCKLIST)."""
         settings = self.settings
         ttl_s = min(max(settings.cert_ttl_s, (max_duration_s or 0.0) + 3600.0), settings.max_cert_s)
         peers = [replica_address(network, r) for r in range(replicas)]
@@ -182,7 +186,9 @@ class OverlayAuthority:
         # lighthouses are in it); its firewall, not its routes, keeps it to its own workload.
         cidr = f"{address}/{ipaddress.IPv4Network(self.settings.range).prefixlen}"
         certificate = self._certificate(
-            name=f"{workload_id}-r{replica}",
+            # The attempt makes every container's certificate its own (a replica placed again on the same host in the
+            # same second would otherwise get the very certificate its predecessor held, which the blocklist names).
+            name=f"{workload_id}-r{replica}" + (f"-a{attempt}" if attempt else ""),
             cidr=cidr,
             groups=(workload_id,),
             public_key=public_key_of_pem(public_key_pem),
@@ -199,6 +205,7 @@ class OverlayAuthority:
             ca=self.ca_pem,
             certificate=certificate,
             lighthouses=[Lighthouse(address=lh.address, endpoints=list(lh.endpoints)) for lh in self.settings.lighthouses],
+            blocklist=list(blocklist)[-MAX_BLOCKLIST:],
         )
 
 

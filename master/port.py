@@ -12,7 +12,7 @@ signature here, and use it through ``MasterPort``; a new record type: re-export 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any, Protocol
 
 from common.overlay import OverlaySpec
@@ -178,6 +178,8 @@ class MasterPort(Protocol):
         agent_id: str,
         now: float,
         max_duration_s: float | None = None,
+        blocklist: Sequence[str] = (),
+        attempt: int = 0,
     ) -> OverlaySpec | None: ...
 
     # --- signing keys and events ---

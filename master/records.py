@@ -439,6 +439,7 @@ class Assignment(msgspec.Struct, kw_only=True):
     container: str  # its name on the host
     command_id: str = ""  # of the create_container command
     state: str = "pending"  # "pending" | "running" | "exited" | "deleting" | "deleted"
+    overlay_fingerprint: str = ""  # of the overlay certificate its create carried (hex SHA-256); "" for none
 
 
 class WorkloadRecord(msgspec.Struct, kw_only=True):
@@ -465,6 +466,10 @@ class WorkloadRecord(msgspec.Struct, kw_only=True):
     # A gang's overlay block ("100.64.1.0/25", docs/overlay.md), allocated at its first placement and kept while it is
     # open, so a replica that restarts or moves keeps its address; "" for a single replica or without an overlay.
     network: str = ""
+    # Fingerprints of every overlay certificate its creates carried (newest last, at most OVERLAY_ISSUED_KEPT): a
+    # replica's create blocks those its current containers do not hold, so a replica left on a lost host cannot take
+    # the address of the replica that replaced it (docs/overlay.md).
+    overlay_issued: list[str] = []
     detail: str = ""  # while it starts: how its image pull goes ("pulling image: 12.0 MB of 45.3 MB, ..."), from the host
     version: int = 0  # bumped on every write; a write naming an older version is refused (StaleWorkload)
 

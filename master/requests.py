@@ -9,7 +9,7 @@ leaves the bookkeeping to the part that owns it.
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 from common.errors import Conflict, InvalidRating, NotFound
@@ -221,6 +221,8 @@ class MasterRequests:
         agent_id: str,
         now: float,
         max_duration_s: float | None = None,
+        blocklist: Sequence[str] = (),
+        attempt: int = 0,
     ) -> OverlaySpec | None:
         """Replica ``replica``'s place on ``network``, its certificate signed for its host's overlay key; None when the
         host sent no key (it cannot run the overlay: its replica runs without one, and its peers cannot reach it)."""
@@ -236,6 +238,8 @@ class MasterRequests:
             public_key_pem=agent.overlay_key,
             now=now,
             max_duration_s=max_duration_s,
+            blocklist=blocklist,
+            attempt=attempt,
         )
 
     def overlay_paths(self, agent_id: str, container: str) -> dict[str, str]:

@@ -70,6 +70,7 @@ from common.containers import LABEL_COMMAND_ID, ContainerInfo, ContainerSpec
 from common.errors import ConfigError, RuntimeFailure
 from common.files import write_atomically
 from common.inventory import GpuInfo, GpuReach
+from common.overlay import fence_route
 
 log = logging.getLogger(__name__)
 
@@ -399,6 +400,8 @@ class ProcessRuntime:
                 record = msgspec.structs.replace(
                     record, slirp_pid=slirp.pid, slirp_start_ticks=slirp_stat[2] if slirp_stat else 0
                 )
+                if spec.overlay is not None:  # before "go": not one packet to a peer leaves by the default route
+                    sandbox.route_in_namespace(init, fence_route(spec.overlay))
             self._save(record)
         except BaseException:
             proc.kill()  # never got "go": nothing of the command ran (--kill-child takes the shim along)

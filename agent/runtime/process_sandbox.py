@@ -207,6 +207,15 @@ def start_slirp(pid: int, log_path: Path) -> subprocess.Popen[bytes]:
             os.close(write_fd)
 
 
+def route_in_namespace(pid: int, route: list[str]) -> None:
+    """``ip ROUTE...`` in the network namespace of ``pid`` (the agent is root wherever containers have their own)."""
+    done = subprocess.run(
+        [NSENTER, f"--net=/proc/{pid}/ns/net", "ip", *route], capture_output=True, text=True, timeout=10, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeFailure(f"could not set the container's route ({' '.join(route)}): {done.stderr.strip()}")
+
+
 def socket_in_namespace(pid: int) -> socket.socket:
     """A TCP socket created inside the network namespace of ``pid``: connected later from anywhere, it still reaches
     that namespace's addresses. ``setns`` moves only the calling thread, so a short-lived thread of its own does it."""

@@ -42,6 +42,7 @@ PORTS_FILE = "ports.json"
 OPERATOR_KEY_FILE = "operator.token"
 AGENT_IDENTITY_FILE = "identity.json"
 READY_STATES = frozenset({"ready", "busy"})
+SLIRP4NETNS = "slirp4netns"  # the process runtime's way out of a sandboxed container's network namespace
 # Stop order: an agent's goodbye must cross a linked relay, and a relay hands its buffer to a running Master.
 STOP_ORDER = ("agent", "relay", "master", "other")
 CLI = ("management.cli",)
@@ -101,15 +102,26 @@ def wait_until(probe: Callable[[], T], timeout_s: float, what: str, *, interval_
 
 
 def kill_processes_under(root: Path) -> None:
-    """Process-runtime containers outlive their agent by design; stopping a grid stops those run under its root."""
+    """Process-runtime containers outlive their agent by design; stopping a grid stops those run under its root, and
+    the slirp4netns of each (a sandboxed container's way out runs from a sandbox root of its own, not from under the
+    grid's, and would otherwise outlive the container it served: ``slirp4netns ... PID tap0``)."""
     root_text = str(root.resolve())
+    killed: set[str] = set()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
             if os.readlink(entry / "cwd").startswith(root_text):
                 os.kill(int(entry.name), signal.SIGKILL)
+                killed.add(entry.name)
         except OSError:
+            pass
+    for entry in Path("/proc").iterdir():
+        try:
+            args = [a.decode() for a in (entry / "cmdline").read_bytes().split(b"\0") if a]
+            if entry.name.isdigit() and len(args) >= 3 and Path(args[0]).name == SLIRP4NETNS and args[-2] in killed:
+                os.kill(int(entry.name), signal.SIGKILL)
+        except (OSError, UnicodeDecodeError):
             pass
 
 

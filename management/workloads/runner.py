@@ -34,6 +34,8 @@ import msgspec
 
 from common.containers import wire_spec
 from common.errors import IdlegridError, NotFound
+from common.nebula import decode_cert_pem, fingerprint
+from common.overlay import MAX_BLOCKLIST, OverlaySpec
 from management.scheduler.core import explain, never_fits, schedule
 from management.scheduler.model import DEFAULT_HALF_LIFE_S, Explanation, Place, Plan, Policy, Preempt, Reject, Requeue, Snapshot
 from management.scheduler.snapshot import (
@@ -71,6 +73,7 @@ log = logging.getLogger(__name__)
 W = WorkloadState
 _STEPPED = frozenset(str(s) for s in (W.SCHEDULED, W.STARTING, W.RUNNING, W.PREEMPTED))  # the states step decides in
 EXPLAIN_SNAPSHOT_S = 1.0  # how long explanations reuse one snapshot of the grid
+OVERLAY_ISSUED_KEPT = MAX_BLOCKLIST  # a workload's overlay certificates remembered (a blocklist holds as many)
 
 
 class SchedulerSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -456,6 +459,8 @@ class SchedulerLoop:
                 agent_id=a.agent_id,
                 now=now,
                 max_duration_s=rec.spec.max_duration_s,
+                blocklist=retired_certificates(rec),
+                attempt=rec.attempts,
             )
             try:
                 # The secrets it names, read now (a secret deleted since the submit fails the start: the renter's).
@@ -470,7 +475,14 @@ class SchedulerLoop:
             except IdlegridError as exc:
                 refused = lifecycle.create_refused(rec, a.agent_id, str(exc), self.lifecycle_policy)
                 return await self._carry(rec, refused, now)
-            change = msgspec.structs.replace(a, command_id=command.id)
+            if overlay is None:
+                change = msgspec.structs.replace(a, command_id=command.id)
+            else:
+                issued = overlay_fingerprint(overlay)
+                change = msgspec.structs.replace(a, command_id=command.id, overlay_fingerprint=issued)
+                assignments = [change if x.replica == a.replica else x for x in rec.assignments]
+                kept = [*(f for f in rec.overlay_issued if f != issued), issued][-OVERLAY_ISSUED_KEPT:]
+                return await self.book.amend(rec.id, assignments=assignments, overlay_issued=kept)
         assignments = [change if x.replica == a.replica else x for x in rec.assignments]
         return await self.book.amend(rec.id, assignments=assignments)
 
@@ -513,3 +525,16 @@ def _host_status(agent: AgentRecord | None) -> HostStatus:
     if agent.state == AgentState.OFFLINE:
         return HostStatus.OFFLINE
     return HostStatus.ANSWERING
+
+
+def overlay_fingerprint(overlay: OverlaySpec) -> str:
+    """The fingerprint Nebula knows a replica's certificate by (hex SHA-256), as its blocklist names it."""
+    return fingerprint(decode_cert_pem(overlay.certificate)).hex()
+
+
+def retired_certificates(rec: WorkloadRecord) -> list[str]:
+    """The workload's overlay certificates that none of its current containers holds: those of earlier attempts and
+    restarts, which a replica left on a lost host (or brought back by its agent's restart before the Master deletes
+    it) still holds, valid, with the address of the replica that replaced it. The new creates' Nebulas refuse them."""
+    current = {a.overlay_fingerprint for a in rec.assignments}
+    return [issued for issued in rec.overlay_issued if issued not in current]

@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.overlay import GangOverlays, OverlayKey
 from agent.runtime.docker import DockerRuntime
 from common.containers import LABEL_AGENT_ID, LABEL_COMMAND_ID, ContainerSpec
-from master.overlay import LighthouseSetting, OverlayAuthority, OverlaySettings
+from tests.support.overlay_specs import replica_overlay
 
 pytestmark = [
     pytest.mark.podman,
@@ -33,12 +32,7 @@ async def runtime(podman):  # type: ignore[no-untyped-def]
 
 
 async def test_a_docker_replicas_overlay_runs_in_the_containers_namespace(runtime, podman, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    overlays = GangOverlays(OverlayKey.load_or_create(tmp_path / "state"), tmp_path / "state-overlay")
-    settings = OverlaySettings(lighthouses=[LighthouseSetting(address="100.64.0.1", endpoints=["127.0.0.1:4242"])])
-    overlay = OverlayAuthority.create(settings).replica_spec(
-        workload_id="wl-ab", network="100.64.1.0/25", replica=0, replicas=2, gpus=1,
-        public_key_pem=overlays.key.public_pem, now=time.time(),
-    )  # fmt: skip
+    overlays, overlay = replica_overlay(tmp_path, 0)
     spec = overlays.prepare(
         ContainerSpec(name="wl-ab-r0-a1", image=podman.image, command=["sleep", "300"], overlay=overlay), runtime
     )
@@ -59,5 +53,8 @@ async def test_a_docker_replicas_overlay_runs_in_the_containers_namespace(runtim
         hostfile = podman.podman("exec", spec.name, "cat", "/etc/idlegrid-hostfile").stdout  # inside the container
         assert hostfile == "100.64.1.1 slots=1\n100.64.1.2 slots=1\n"
         assert "100.64.1.1" not in subprocess.run(["ip", "-br", "addr"], capture_output=True, text=True).stdout
+        # The fence: the overlay range is unreachable in the container's namespace whenever ig0 is not there.
+        routes = subprocess.run(["nsenter", f"--net={netns}", "ip", "route"], capture_output=True, text=True).stdout
+        assert "unreachable 100.64.0.0/10 metric 4242" in routes, routes
     finally:
         await overlays.close()

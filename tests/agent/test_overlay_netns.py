@@ -27,6 +27,7 @@ import pytest
 from agent.overlay import GangOverlays, OverlayClient, OverlayKey
 from bench.netns import Fabric, available
 from common.containers import ContainerSpec
+from common.nebula import decode_cert_pem, fingerprint
 from master.overlay import LighthouseSetting, OverlayAuthority, OverlaySettings, allocate_network, write_lighthouse
 
 _why = available() or ("" if shutil.which("nebula") else "Debian's nebula is not installed (scripts/setup-env)")
@@ -64,30 +65,39 @@ class Gang:
     networks: dict[str, str] = field(default_factory=dict)
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
-    async def add_workload(self, workload: str, hosts: list[str]) -> None:
+    async def add_workload(self, workload: str, hosts: list[str], *, blocklist: tuple[str, ...] = (), attempt: int = 0) -> None:
         network = allocate_network(self.networks.values(), self.authority.settings)
         self.networks[workload] = network
         for rank, host in enumerate(hosts):
-            ns = self.fabric.add_container(self.hosts[host], f"{workload[-2:]}{rank}")
-            overlays = self.overlays[host]
-            overlay = self.authority.replica_spec(
-                workload_id=workload,
-                network=network,
-                replica=rank,
-                replicas=len(hosts),
-                gpus=1,
-                public_key_pem=overlays.key.public_pem,
-                now=time.time(),
-            )
-            # What the agent's executor does with the create: the variables before, the overlay once it runs.
-            name = f"{workload}-r{rank}-a1"
-            spec = overlays.prepare(ContainerSpec(name=name, image="busybox", overlay=overlay))
-            self.runtime.of[name] = ns
-            await overlays.attach(spec, self.runtime)
-            self.replicas[(workload, rank)] = (ns, overlays.clients[name])
-            self.env[(workload, rank)] = spec.env
+            await self.add_replica(workload, network, rank, len(hosts), host, blocklist=blocklist, attempt=attempt)
         for _, client in (self.replicas[(workload, r)] for r in range(len(hosts))):
             await client.wait_up(10)
+
+    async def add_replica(
+        self, workload: str, network: str, rank: int, replicas: int, host: str, *, blocklist: tuple[str, ...], attempt: int
+    ) -> OverlayClient:
+        """One replica of ``workload`` on ``host``, as its agent starts it; its overlay client (not yet up)."""
+        ns = self.fabric.add_container(self.hosts[host], f"{workload[-2:]}{rank}{attempt or ''}")
+        overlays = self.overlays[host]
+        overlay = self.authority.replica_spec(
+            workload_id=workload,
+            network=network,
+            replica=rank,
+            replicas=replicas,
+            gpus=1,
+            public_key_pem=overlays.key.public_pem,
+            now=time.time(),
+            blocklist=blocklist,
+            attempt=attempt,
+        )
+        # What the agent's executor does with the create: the variables before, the overlay once it runs.
+        name = f"{workload}-r{rank}-a{attempt or 1}"
+        spec = overlays.prepare(ContainerSpec(name=name, image="busybox", overlay=overlay))
+        self.runtime.of[name] = ns
+        await overlays.attach(spec, self.runtime)
+        self.replicas[(workload, rank)] = (ns, overlays.clients[name])
+        self.env[(workload, rank)] = spec.env
+        return overlays.clients[name]
 
     def run(self, workload: str, rank: int, *args: str) -> subprocess.Popen[bytes]:
         ns, _ = self.replicas[(workload, rank)]
@@ -95,6 +105,12 @@ class Gang:
         proc = subprocess.Popen(self.fabric.command(ns, [sys.executable, *args]), env=env, stdout=subprocess.PIPE)
         self.processes.append(proc)
         return proc
+
+    def listen(self, workload: str, rank: int, port: int) -> None:
+        """A TCP listener on every address of a replica's namespace, for two minutes (ended with the gang)."""
+        ns, _ = self.replicas[(workload, rank)]
+        code = f"import socket,time;s=socket.create_server(('0.0.0.0',{port}));time.sleep(120)"
+        self.processes.append(subprocess.Popen(self.fabric.command(ns, [sys.executable, "-c", code])))
 
     def connects(self, workload: str, rank: int, address: str, port: int, timeout_s: float = 3.0) -> str:
         """From a replica's namespace: "ok" when a TCP connection to address:port opens, else the error's name."""
@@ -182,14 +198,8 @@ async def test_a_gang_on_two_nated_hosts_meets_at_master_addr_and_all_reduces(ga
 async def test_another_workloads_replica_cannot_reach_the_gang_nor_the_host_loopback(gang: Gang) -> None:
     await gang.add_workload("wl-aa", ["ha", "hb"])
     await gang.add_workload("wl-bb", ["ha", "hb"])
-    ns_a0 = gang.replicas[("wl-aa", 0)][0]
     target = gang.replicas[("wl-aa", 0)][1].spec.peers[0]
-    server = subprocess.Popen(
-        gang.fabric.command(
-            ns_a0, [sys.executable, "-c", "import socket,time;s=socket.create_server(('0.0.0.0',7777));time.sleep(120)"]
-        )
-    )
-    gang.processes.append(server)
+    gang.listen("wl-aa", 0, 7777)
     # Its own gang reaches it (the listener is up) ...
     assert await _until(lambda: gang.connects("wl-aa", 1, target, 7777) == "ok", 20)
     # ... a replica of another workload, on the other host and on the same host, does not: Nebula's firewall drops it.
@@ -221,3 +231,34 @@ async def test_with_hole_punching_blocked_the_gang_goes_through_the_relay_and_sa
     peers = gang.replicas[("wl-aa", 0)][1].spec.peers
     first, second = gang.replicas[("wl-aa", 0)][1], gang.replicas[("wl-aa", 1)][1]
     assert await _until(lambda: first.paths.get(peers[1]) == "relay" and second.paths.get(peers[0]) == "relay")
+
+
+async def test_a_replica_left_behind_with_its_earlier_certificate_is_refused_by_the_gang_that_replaced_it(
+    gang: Gang,
+) -> None:
+    """A host lost to the Master but still running (cut off from its relay, or its agent back before the stray is
+    deleted) keeps its replica's certificate, valid, naming the address its successor now holds. The successors'
+    Nebulas refuse it at its handshake: the Master puts the earlier attempts' certificates in their blocklist (without
+    it, rank 0's Nebula logs no refusal and takes the handshake of whichever holder of the address comes first)."""
+    network = allocate_network(gang.networks.values(), gang.authority.settings)
+    stale = await gang.add_replica("wl-aa", network, 1, 2, "ha", blocklist=(), attempt=1)
+    await stale.wait_up(10)
+    stale_ns = gang.replicas[("wl-aa", 1)][0]
+    old = fingerprint(decode_cert_pem(stale.spec.certificate)).hex()
+    await gang.add_workload("wl-aa", ["ha", "hb"], blocklist=(old,), attempt=2)  # the same block, placed again
+    target = gang.replicas[("wl-aa", 0)][1].spec.peers[0]
+    gang.listen("wl-aa", 0, 7777)
+    assert await _until(lambda: gang.connects("wl-aa", 1, target, 7777) == "ok", 20)  # its successor reaches rank 0
+    probe = (
+        "import socket,sys\ntry:\n socket.create_connection((sys.argv[1], 7777), timeout=3)\n print('ok')"
+        "\nexcept OSError as e:\n print(type(e).__name__)"
+    )
+    assert gang.fabric.exec(stale_ns, sys.executable, "-c", probe, target).stdout.strip() != "ok"
+    log = gang.overlays["ha"].root / "wl-aa-r0-a2" / "nebula.log"  # (the agent's reader writes it as lines come)
+    # Rank 0 says why: the earlier certificate (wl-aa-r1-a1) is refused at its handshake.
+    assert await _until(lambda: "certificate has been blocked" in log.read_text(), 10), log.read_text()[-3000:]
+    assert all(
+        json.loads(line)["cert"]["details"]["name"] == "wl-aa-r1-a1"
+        for line in log.read_text().splitlines()
+        if "certificate has been blocked" in line
+    )

@@ -18,6 +18,7 @@ from agent.overlay import GangOverlays, OverlayKey
 from agent.runtime.process import ProcessRuntime
 from common.containers import LABEL_AGENT_ID, LABEL_COMMAND_ID, ContainerSpec
 from master.overlay import LighthouseSetting, OverlayAuthority, OverlaySettings
+from tests.support.overlay_specs import replica_overlay
 
 _why = (
     "needs root (a network namespace of its own per container)"
@@ -42,12 +43,7 @@ def _interfaces(netns: str) -> str:
 
 async def test_a_process_replicas_overlay_runs_in_its_own_namespace_with_its_address(tmp_path: Path) -> None:
     runtime = ProcessRuntime(tmp_path / "state")
-    overlays = GangOverlays(OverlayKey.load_or_create(tmp_path / "state"), tmp_path / "state-overlay")
-    settings = OverlaySettings(lighthouses=[LighthouseSetting(address="100.64.0.1", endpoints=["127.0.0.1:4242"])])
-    overlay = OverlayAuthority.create(settings).replica_spec(
-        workload_id="wl-ab", network="100.64.1.0/25", replica=1, replicas=2, gpus=1,
-        public_key_pem=overlays.key.public_pem, now=time.time(),
-    )  # fmt: skip
+    overlays, overlay = replica_overlay(tmp_path, 1)
     spec = overlays.prepare(ContainerSpec(name="wl-ab-r1-a1", image="none", command=["sleep", "60"], overlay=overlay))
     assert spec.env["MASTER_ADDR"] == "100.64.1.1" and spec.env["NODE_RANK"] == "1"
     await runtime.create(spec, labels={LABEL_COMMAND_ID: "c1", LABEL_AGENT_ID: "agt-1"})
@@ -109,3 +105,45 @@ async def test_a_restarted_agent_starts_again_the_overlays_of_replicas_still_run
             await overlays.close()
         for spec in specs:
             await runtime.delete(spec.name, timeout_s=0)
+
+
+def _route(netns: str, address: str) -> str:
+    done = subprocess.run(["nsenter", f"--net={netns}", "ip", "route", "get", address], capture_output=True, text=True)
+    return (done.stdout + done.stderr).strip()
+
+
+async def test_a_replicas_peers_are_unreachable_but_through_its_overlay_from_its_first_instruction(tmp_path: Path) -> None:
+    """Without the fence, MASTER_ADDR (100.64.x.y) follows the namespace's default route (slirp4netns, then the host's
+    own) out to whoever answers for it on the provider's network, before Nebula is up and after it ends: the e2e gang
+    test's rank 1 "met" a stranger that way. The command looks at its route to rank 0 before anything else runs."""
+    runtime = ProcessRuntime(tmp_path / "state")
+    overlays, overlay = replica_overlay(tmp_path, 1)
+    ip = shutil.which("ip")
+    assert ip is not None
+    command = ["sh", "-c", f"{ip} route get 100.64.1.1 2>&1; {ip} route get 100.64.9.9 2>&1; exec sleep 60"]
+    spec = overlays.prepare(ContainerSpec(name="wl-ab-r1-a1", image="none", command=command, overlay=overlay))
+    await runtime.create(spec, labels={LABEL_COMMAND_ID: "c1", LABEL_AGENT_ID: "agt-1"})
+    try:
+        netns = await runtime.network_namespace(spec.name)
+        assert netns is not None
+        log = runtime.root / f"{spec.name}.log"
+        deadline = time.monotonic() + 10
+        while log.read_text().count("\n") < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        said = log.read_text()
+        # Before the overlay runs: rank 0, and the rest of the grid's range, are unreachable, not "via 10.0.2.2".
+        assert said.count("No route to host") == 2 and "via" not in said, said
+        assert "via" in _route(netns, "198.51.100.1")  # what is not the overlay's still goes out
+        await overlays.attach(spec, runtime)
+        deadline = time.monotonic() + 10
+        while "dev ig0" not in _route(netns, "100.64.1.1") and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert "dev ig0" in _route(netns, "100.64.1.1")  # up: the overlay carries the range
+        await overlays.close()  # Nebula ends (as when the agent dies): the fence holds again
+        deadline = time.monotonic() + 10
+        while "dev ig0" in _route(netns, "100.64.1.1") and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert "No route to host" in _route(netns, "100.64.1.1")
+    finally:
+        await overlays.close()
+        await runtime.delete(spec.name, timeout_s=0)

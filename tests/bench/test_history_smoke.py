@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench.history import loop_time
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -30,3 +32,10 @@ def test_the_history_benchmark_seeds_a_week_and_times_every_window(tmp_path):
             assert 0 < timed["p50_ms"] <= timed["p99_ms"] <= timed["max_ms"], row["window"]
     assert "target p99 < 100 ms" in done.stdout
     assert figures["loop"]["hourly_rollups"] == 50 + 20 and figures["loop"]["seconds"] >= 0
+
+
+def test_the_loops_pass_runs_after_the_hour_of_the_last_minute_seeded_even_at_minute_zero():
+    hour = 29_000 * 60  # a minute :00
+    assert loop_time(hour) == hour * 60 + 1  # the minutes seeded end at :59 of the hour before: that hour is passed
+    assert loop_time(hour + 5) == (hour + 60) * 60 + 1
+    assert loop_time(hour + 60) == (hour + 60) * 60 + 1

@@ -102,7 +102,8 @@ def test_the_ingest_benchmark_reports_each_store_against_its_raw_insert_baseline
     assert [r["store"].split()[0] for r in results] == ["sqlite", "mongodb"]
     for r in results:
         assert r["rollups"] == 400 and r["rollups_per_s"] > 0 and r["baseline_per_s"] > 0 and r["paced_rollups_per_s"] > 0
-        assert r["vs_baseline"] == pytest.approx(r["rollups_per_s"] / r["baseline_per_s"], rel=0.01)
+        # rounded to 3 decimals: a ratio of 0.026 is 0.0256 give or take the rounding, more than 1 % of it
+        assert r["vs_baseline"] == pytest.approx(r["rollups_per_s"] / r["baseline_per_s"], rel=0.01, abs=0.0005)
 
 
 @pytest.mark.e2e

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import time
+
 import msgspec
 import pytest
 
-from common.overlay import Lighthouse, OverlaySpec, hostfile_text, nebula_config, replica_env
+from common.nebula import new_host_key
+from common.overlay import FENCE_METRIC, Lighthouse, OverlaySpec, fence_route, hostfile_text, nebula_config, replica_env
+from master.overlay import LighthouseSetting, OverlayAuthority, OverlaySettings
 
 LH = [Lighthouse(address="100.64.0.1", endpoints=["10.77.0.10:4242"])]
 
@@ -48,6 +52,15 @@ def test_the_firewall_admits_only_the_workloads_group_and_relays_through_the_lig
     assert config["tun"]["dev"] == "ig0"
 
 
+def test_the_certificates_of_earlier_containers_go_into_nebulas_blocklist() -> None:
+    assert nebula_config(_spec(0), ca_path="ca", cert_path="crt", key_path="key")["pki"]["blocklist"] == []
+    old = "ab" * 32
+    blocked = msgspec.structs.replace(_spec(0), blocklist=[old])
+    assert nebula_config(blocked, ca_path="ca", cert_path="crt", key_path="key")["pki"]["blocklist"] == [old]
+    with pytest.raises(msgspec.ValidationError):  # a fingerprint is 64 hex digits, nothing else reaches the config
+        msgspec.convert({**msgspec.to_builtins(_spec(0)), "blocklist": ["ab\nkey: x"]}, OverlaySpec)
+
+
 def test_a_spec_whose_rank_or_peers_do_not_fit_is_refused() -> None:
     good = msgspec.to_builtins(_spec(0))
     with pytest.raises(msgspec.ValidationError, match="rank 5"):
@@ -56,3 +69,16 @@ def test_a_spec_whose_rank_or_peers_do_not_fit_is_refused() -> None:
         msgspec.convert({**good, "peers": ["100.64.1.1"]}, OverlaySpec)
     with pytest.raises(msgspec.ValidationError):
         msgspec.convert({**good, "interface": "eth0; rm"}, OverlaySpec)
+
+
+def test_the_fence_makes_the_certificates_whole_range_unreachable_under_the_overlays_own_route() -> None:
+    settings = OverlaySettings(lighthouses=[LighthouseSetting(address="100.64.0.1", endpoints=["10.77.0.10:4242"])])
+    signed = OverlayAuthority.create(settings).replica_spec(
+        workload_id="wl-ab", network="100.64.0.128/25", replica=0, replicas=2, gpus=1,
+        public_key_pem=new_host_key()[1], now=time.time(),
+    )  # fmt: skip
+    # The range, not the block: the lighthouses and every other workload's block are in it too.
+    assert fence_route(signed) == ["route", "replace", "unreachable", "100.64.0.0/10", "metric", str(FENCE_METRIC)]
+    assert FENCE_METRIC > 0  # the overlay interface's own route (metric 0) wins while it exists
+    # A certificate that does not decode still fences the workload's own block.
+    assert fence_route(_spec(0))[3] == "100.64.0.128/25"

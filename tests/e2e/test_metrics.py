@@ -15,7 +15,8 @@ from tests.support.prometheus import PrometheusServer, ScrapeJob, check_metrics,
 pytestmark = pytest.mark.e2e
 
 # The Master's series; its metrics grow as the Master does: add them here.
-MASTER_SERIES = ("idlegrid_agents", "idlegrid_gpus", "idlegrid_commands_open", "idlegrid_relays_connected")
+LOOP_SERIES = ("idlegrid_event_loop_lag_seconds_bucket", "idlegrid_gc_pause_seconds_total", "idlegrid_gc_longest_pause_seconds")
+MASTER_SERIES = ("idlegrid_agents", "idlegrid_gpus", "idlegrid_commands_open", "idlegrid_relays_connected", *LOOP_SERIES)
 RELAY_SERIES = (
     "idlegrid_access_agents_connected",
     "idlegrid_access_frames_in_total",
@@ -30,6 +31,7 @@ RELAY_SERIES = (
     "idlegrid_access_http_request_duration_seconds_bucket",
     "process_cpu_seconds_total",
     "process_resident_memory_bytes",
+    *LOOP_SERIES,
 )
 
 
@@ -62,6 +64,7 @@ def test_a_relays_metrics_pass_promtool_and_carry_the_key_series(busy_grid):
     assert sample(text, "idlegrid_access_enrollments_total", outcome="ok") == 1
     assert sample(text, "idlegrid_access_frames_in_total", type="hello") == 1
     assert sample(text, "idlegrid_access_frames_out_total", type="welcome") == 1
+    assert (sample(text, "idlegrid_event_loop_lag_seconds_count", daemon="relay") or 0) > 0  # its loop is watched
 
 
 def test_the_masters_metrics_pass_promtool_and_carry_the_key_series(busy_grid):
@@ -72,6 +75,7 @@ def test_the_masters_metrics_pass_promtool_and_carry_the_key_series(busy_grid):
     assert set(MASTER_SERIES) <= names(text), set(MASTER_SERIES) - names(text)
     assert sample(text, "idlegrid_agents", state="ready") == 1
     assert sample(text, "idlegrid_relays_connected") == 1
+    assert (sample(text, "idlegrid_event_loop_lag_seconds_count", daemon="master") or 0) > 0
 
 
 def test_a_real_prometheus_scrapes_the_master_and_the_relay_over_tls(busy_grid, tmp_path):

@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 from common.inventory import Inventory
-from common.nebula import decode_cert_pem, new_host_key, public_key_of_pem, verify
+from common.nebula import decode_cert_pem, fingerprint, new_host_key, public_key_of_pem, verify
 from common.overlay import OverlaySpec
 from common.wire import PROTOCOL_VERSIONS, AgentConnected, Heartbeat, Hello
 from management.views import network_view
@@ -163,6 +163,8 @@ async def test_a_gang_whose_host_is_lost_is_requeued_whole_and_its_replica_moves
     await loop.cycle()
     assert (await loop.book.get(wl.id)).state == "running"
     by_replica = {a.replica: a.agent_id for a in rec.assignments}
+    first = {a.replica: overlay_of(link, a.agent_id) for a in rec.assignments}
+    assert all(o.blocklist == [] for o in first.values())  # nothing issued before
     lost = by_replica[1]
     await master.revoke(lost, "test: the host is gone")  # its replica cannot come back from it
     await loop.cycle()
@@ -179,3 +181,12 @@ async def test_a_gang_whose_host_is_lost_is_requeued_whole_and_its_replica_moves
     assert overlay.rank == 1 and overlay.peers == ["100.64.0.129", "100.64.0.130"]  # same rank, same address
     cert = decode_cert_pem(overlay.certificate)
     assert cert.public_key == public_key_of_pem(keys[moved.agent_id])  # a new certificate, for its new host's key
+    # Every new replica's Nebula refuses the first attempt's certificates that no current container holds: the one
+    # left on the lost host, still valid, names replica 1's address and must not take it back from its successor.
+    # (Replica 0 placed again on its host within the same second gets the very same certificate: it stays allowed.)
+    current = {fingerprint(decode_cert_pem(overlay_of(link, a.agent_id).certificate)).hex() for a in rec.assignments}
+    old = {r: fingerprint(decode_cert_pem(o.certificate)).hex() for r, o in first.items()}
+    for a in rec.assignments:
+        blocklist = overlay_of(link, a.agent_id).blocklist
+        assert old[1] in blocklist and set(blocklist) == set(old.values()) - current == set(old.values()), (blocklist, old)
+        assert a.overlay_fingerprint == fingerprint(decode_cert_pem(overlay_of(link, a.agent_id).certificate)).hex()
