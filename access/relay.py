@@ -279,6 +279,7 @@ class AgentConnection:
     last_frame: float = 0.0  # monotonic time of the last message (frame) the agent sent
     ping: asyncio.Future[float] | None = None  # the pong awaited for a ping to a silent agent, while one is out
     ping_sent: float = 0.0
+    pace_told: int = -1  # the relay's pace epoch this agent was told (-1: not welcomed yet, its welcome tells it)
 
     @property
     def agent_id(self) -> str:
@@ -326,7 +327,11 @@ class AgentGateway:
         # New sessions the Master admits here per second (its report_pace frame; None: no limit): after a restart,
         # agents come back at a pace it can take, while agents already in keep their sessions and go first.
         self._admission: TokenBucket | None = None
-        self._paced_config: bytes | None = None  # the intervals the Master asks for now, when not its defaults
+        # The intervals the Master asks for now (a config frame; None until it first paced agents), and an epoch
+        # bumped with each change: each agent is told with its next frame (``_tell_pace``), not all at once.
+        self._pace_frame: bytes | None = None
+        self._pace_epoch = 0
+        self._paced = False  # the pace now is not the Master's defaults (which every welcome carries)
         self._admission_slot = 0.0  # monotonic time of the last token promised to a refused agent
         link.attach(self)
 
@@ -568,6 +573,8 @@ class AgentGateway:
     async def _on_message(self, session: AgentConnection, message: bytes) -> None:
         match judge_frame(message, session.budget, session.last_frame, self.config.max_frame_bytes):  # stamped on receipt
             case Forward(kind):
+                if session.pace_told != self._pace_epoch and session.pace_told >= 0:
+                    await self._tell_pace(session)
                 # Waits while the buffer is full of frames that must be kept (backpressure: this agent is not
                 # read meanwhile); gives up only if the connection ends, and an agent resends results until acked.
                 if await self._link.forward(session.agent_id, kind, message, until=session.connection.connection_lost_waiter):
@@ -620,8 +627,10 @@ class AgentGateway:
         if not sent:
             return False
         self._metrics.frame_out(frame)
-        if self._paced_config is not None and frame.startswith(WELCOME_PREFIX):
-            await session.send(self._paced_config)  # the welcome's intervals are the defaults: the pace now overrides them
+        if frame.startswith(WELCOME_PREFIX):
+            session.pace_told = self._pace_epoch
+            if self._paced and self._pace_frame is not None:
+                await session.send(self._pace_frame)  # the welcome's intervals are the defaults: the pace overrides them
         if frame.startswith(RENEW_RESPONSE_PREFIX):
             self._adopt_renewed_certificate(session, frame)
         return True
@@ -680,12 +689,22 @@ class AgentGateway:
         else:
             self._admission = None
         told = encode(Config(heartbeat_s=pace.heartbeat_s, telemetry_s=pace.telemetry_s))
-        paced = told if pace.factor != 1.0 else None
-        if told == (self._paced_config or b"") or (paced is None and self._paced_config is None):
+        if told == self._pace_frame or (self._pace_frame is None and pace.factor == 1.0):
             return  # nothing new for the agents
-        self._paced_config = paced
-        reached = await self.broadcast(told)
-        log.info("report pace passed on", extra={"factor": pace.factor, "telemetry_s": pace.telemetry_s, "agents": reached})
+        self._pace_frame, self._paced = told, pace.factor != 1.0
+        self._pace_epoch += 1
+        log.info(
+            "report pace changed; each agent is told with its next frame",
+            extra={"factor": pace.factor, "telemetry_s": pace.telemetry_s, "agents": len(self.sessions)},
+        )
+
+    async def _tell_pace(self, session: AgentConnection) -> None:
+        """The pace now, to one agent that has not been told it, as it sends a frame: a change reaches the agents
+        within one heartbeat interval, spread over it. Sent to all at once, ten thousand config frames held the
+        Master link's reader (and the commands behind it) for hundreds of milliseconds at every change."""
+        session.pace_told = self._pace_epoch
+        if self._pace_frame is not None:
+            await session.send(self._pace_frame)
 
     async def revoke(self, serials: Iterable[str]) -> None:
         """Remember revoked serials and cut off every session and tunnel holding one, at once."""

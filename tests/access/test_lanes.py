@@ -72,16 +72,25 @@ async def test_the_relay_tells_the_master_what_telemetry_it_shed(make_relay, mas
     await master.wait_for(lambda: [s for s in master.of_type(AccessStats) if s.telemetry_shed == 7], "stats with the shed")
 
 
-async def test_the_masters_report_pace_reaches_every_agent_here_and_each_agent_welcomed_later(
+async def test_the_masters_report_pace_reaches_each_agent_with_its_next_frame_and_each_agent_welcomed_later(
     make_relay, master, pki, open_agent
 ):
     relay = await make_relay()
     first = pki.agent()
     async with open_agent(relay, first) as ws:
         await master.wait_for(lambda: relay.agents.sessions, "the agent's session")
+        welcome = {"type": "welcome", "version": 1, "agent_id": first.identity.id, "heartbeat_s": 5.0, "telemetry_s": 10.0}
+        assert await relay.agents.deliver(first.identity.id, json.dumps(welcome, separators=(",", ":")).encode())
+        assert (await next_json(ws))["type"] == "welcome"
         await master.send(ReportPace(heartbeat_s=7.5, telemetry_s=40.0, factor=4.0))
+        await eventually(lambda: relay.link.pace is not None and relay.link.pace.factor == 4.0, "the pace at the relay")
+        await ws.send(heartbeat(1))  # told with its next frame, not all agents at once
         told = await next_json(ws)
         assert told == {"type": "config", "heartbeat_s": 7.5, "telemetry_s": 40.0}
+        await ws.send(heartbeat(2))  # told once
+        await master.wait_for(lambda: [f for _, f in master.relayed(first.identity.id) if f.get("seq") == 2], "its heartbeat")
+        with pytest.raises(TimeoutError):
+            await next_json(ws, timeout=0.3)  # nothing more was sent it
         assert "idlegrid_access_report_pace_factor" in relay.metrics.render().decode()
     later = pki.agent()
     async with open_agent(relay, later) as ws:
@@ -91,6 +100,8 @@ async def test_the_masters_report_pace_reaches_every_agent_here_and_each_agent_w
         assert (await next_json(ws))["type"] == "welcome"
         assert await next_json(ws) == {"type": "config", "heartbeat_s": 7.5, "telemetry_s": 40.0}
         await master.send(ReportPace(heartbeat_s=5.0, telemetry_s=10.0, factor=1.0))
+        await eventually(lambda: relay.link.pace is not None and relay.link.pace.factor == 1.0, "the normal pace at the relay")
+        await ws.send(heartbeat(1))
         assert await next_json(ws) == {"type": "config", "heartbeat_s": 5.0, "telemetry_s": 10.0}
 
 
