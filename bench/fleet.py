@@ -551,7 +551,7 @@ def _largest(a: Any, b: Any) -> Any:
     return max(a, b)
 
 
-def _fleet_args(grid: BenchGrid, options: FleetOptions, urls: list[str], first: int, count: int) -> list[str]:
+def _fleet_args(grid: BenchGrid, options: FleetOptions, urls: list[str], first: int, count: int, stride: int = 1) -> list[str]:
     return [
         "--agents-dir",
         str(grid.root / "agents"),
@@ -560,6 +560,8 @@ def _fleet_args(grid: BenchGrid, options: FleetOptions, urls: list[str], first: 
         str(first),
         "--count",
         str(count),
+        "--stride",
+        str(stride),
         "--simulate",
         options.simulate,
         "--connect-rate",
@@ -660,13 +662,14 @@ async def _run_fleet_bench(options: FleetOptions) -> dict[str, Any]:
             result["baseline"] = await measure_baseline(grid, options)
         await grid.start()
         urls = [r.agent_url for r in grid.relays]
-        chunk = math.ceil(options.agents / options.fleet_procs)
+        # Agent i dials relay i % len(relays) first; process p runs agents p, p + procs, ...: with as many processes
+        # as relays, each process holds one relay's agents, so the storm's reconnecting agents (thousands of TLS
+        # handshakes in their process) do not stall the agents that commands go to, as separate hosts would not.
         for p in range(options.fleet_procs):
-            first, count = p * chunk, min(chunk, options.agents - p * chunk)
+            count = len(range(p, options.agents, options.fleet_procs))
             if count > 0:
-                fleets.append(
-                    await FleetDriver.spawn(f"fleet-{p + 1}", _fleet_args(grid, options, urls, first, count), grid.logs)
-                )
+                args = _fleet_args(grid, options, urls, p, count, stride=options.fleet_procs)
+                fleets.append(await FleetDriver.spawn(f"fleet-{p + 1}", args, grid.logs))
         loads = await asyncio.gather(*(f.loaded(START_TIMEOUT_S + options.agents / 100) for f in fleets))
         result["fleet_load_s"] = max(a["load_s"] for a in loads)
         await asyncio.sleep(SETTLE_S)

@@ -63,6 +63,7 @@ class FleetSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     access_urls: list[str]  # agent i dials access_urls[i % n] first, the others on failover
     first: int = 0  # the agents run here: agents_dir/agent-<first> .. agent-<first + count - 1>
     count: int = 0  # 0: every agent directory from ``first`` on
+    stride: int = 1  # every stride-th agent from ``first``: with one process per relay, each holds one relay's agents
     simulate: str = "h100:8"  # GPUs of every simulated host
     connect_rate: float = 500.0  # agents started per second during the ramp
     latency_ms: float = 20.0  # simulated runtime: time a create or delete takes
@@ -86,6 +87,8 @@ class FleetSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             problems.append("latency_ms and jitter_ms must not be negative")
         if self.first < 0 or self.count < 0:
             problems.append("first and count must not be negative")
+        if self.stride < 1 or (self.stride > 1 and not self.count):
+            problems.append("stride must be at least 1, and above 1 only with a count")
         if self.max_openings < 1:
             problems.append(f"max_openings must be at least 1, got {self.max_openings}")
         if problems:
@@ -314,7 +317,7 @@ class Fleet:
         started = time.monotonic()
         settings = self.settings
         root = Path(settings.agents_dir)
-        indexes = _indexes(root, settings.first, settings.count)
+        indexes = _indexes(root, settings.first, settings.count, settings.stride)
         host = collect_host_info(root)
         gate = asyncio.Semaphore(settings.max_openings)
         urls = settings.access_urls
@@ -445,9 +448,9 @@ class Fleet:
         }
 
 
-def _indexes(root: Path, first: int, count: int) -> list[int]:
+def _indexes(root: Path, first: int, count: int, stride: int = 1) -> list[int]:
     if count:
-        indexes = list(range(first, first + count))
+        indexes = list(range(first, first + count * stride, stride))
     else:
         indexes, index = [], first
         while agent_dir(root, index).is_dir():
@@ -534,6 +537,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--access", action="append", dest="access_urls", help="wss://HOST:PORT of a relay (repeatable)")
     p.add_argument("--first", type=int, help="index of the first agent to run here (default 0)")
     p.add_argument("--count", type=int, help="how many agents to run here (default: all from --first on)")
+    p.add_argument("--stride", type=int, help="run every STRIDE-th agent from --first on (default 1; needs --count)")
     p.add_argument("--simulate", help="GPUs of each simulated host (default h100:8)")
     p.add_argument("--connect-rate", type=float, help="agents started per second during the ramp (default 500)")
     p.add_argument("--latency-ms", type=float, help="simulated runtime: milliseconds per create or delete (default 20)")
@@ -567,6 +571,7 @@ def load_settings(args: argparse.Namespace) -> FleetSettings:
             "access_urls",
             "first",
             "count",
+            "stride",
             "simulate",
             "connect_rate",
             "latency_ms",
