@@ -60,6 +60,7 @@ class IntakeCounters:
     evicted: int = 0
     forgotten: int = 0
     waits: int = 0  # times a reader waited for room in the control lanes (backpressure)
+    busy_s: float = 0.0  # time the links' handlers spent handling frames, store waits included (master/pacing.py)
 
     @property
     def shed(self) -> int:
@@ -158,7 +159,9 @@ class LinkIntake:
                 self._let_go_rest()
                 return
             self._room.set()
-            await self._handle_one(frame)
+            began = time.perf_counter()
+            await self._handle_one(frame)  # its store writes included: what bounds the Master is the wait for them
+            self._counters.busy_s += time.perf_counter() - began
             handled += 1
             if handled % HANDLE_SLICE == 0:
                 self._sync_counters()

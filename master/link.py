@@ -107,6 +107,7 @@ class RelayHub:
         self.pacer = ReportPacer(pace or PaceSettings())
         self._relay_shed_seen = 0  # relays' telemetry_shed already counted as pressure
         self._shed_seen = 0  # the intake's shed already counted as pressure
+        self._busy_seen = (time.perf_counter(), 0.0)  # (when, the handlers' busy time) at the last check
         self._pacing: asyncio.Task[None] | None = None
         # Told at each pacing check while telemetry is paced or shed (now, factor, shed): rollups are marked thinner.
         self.on_thinning: Callable[[float, float, bool], None] | None = None
@@ -252,15 +253,19 @@ class RelayHub:
         await self.broadcast(encode(self.report_pace()))
 
     def pressure(self) -> Pressure:
-        """Telemetry shed since the last call (here and at the relays), and whether a link's telemetry backlogs."""
+        """Telemetry shed since the last call (here and at the relays), whether a link's telemetry backlogs, and the
+        share of the time since the last call the links' handlers were busy (several links share one loop: summed)."""
         relay_shed = sum(link.telemetry_shed for link in self.links.values())
         shed = self.intake.shed
+        now, busy_s = time.perf_counter(), self.intake.busy_s
+        (then, busy_then), self._busy_seen = self._busy_seen, (now, busy_s)
         pressure = Pressure(
             shed=max(0, shed - self._shed_seen) + max(0, relay_shed - self._relay_shed_seen),
             backlogged=any(
                 link.intake is not None and link.intake.queue.bytes(Lane.TELEMETRY) >= self.lanes.coalesce_bytes
                 for link in self.links.values()
             ),
+            busy=min(1.0, (busy_s - busy_then) / (now - then)) if now > then else 1.0,
         )
         self._shed_seen, self._relay_shed_seen = shed, relay_shed
         return pressure
@@ -277,7 +282,14 @@ class RelayHub:
                     log.warning(
                         "agents told to report %s",
                         "less often" if changed.factor > 1 else "at the normal pace again",
-                        extra={"factor": changed.factor, "telemetry_s": changed.telemetry_s, "heartbeat_s": changed.heartbeat_s},
+                        extra={
+                            "factor": changed.factor,
+                            "telemetry_s": changed.telemetry_s,
+                            "heartbeat_s": changed.heartbeat_s,
+                            "shed": pressure.shed,
+                            "backlogged": pressure.backlogged,
+                            "busy": round(pressure.busy, 3),
+                        },
                     )
                     await self._announce_pace()
             except Exception:  # pacing must go on whatever one round met

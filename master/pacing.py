@@ -15,7 +15,12 @@ Rules, at each check (``check_s`` apart):
 - ``calm_checks`` checks in a row without pressure: ``f`` shrinks by ``calm_step`` (x0.75), down to 1. Slowing
   down is fast and speeding up slow (as TCP's congestion window, the other way round): a pace that just kept up is
   left only gradually, so the load does not swing back past what the Master takes with every calm spell. From 8,
-  back to 1 takes 8 calm spells (80 s by default).
+  back to 1 takes 8 calm spells (80 s by default);
+- unless the Master has clear headroom: a check without pressure that finds the intake's handlers busy less than
+  ``idle_busy`` (half) of the time since the last check shrinks ``f`` by ``calm_step`` at once. Reports 1/0.75 times
+  as often raise that share to at most two thirds, so the step cannot overshoot; from 8, back to 1 takes 8 checks
+  (16 s). A ramp or a storm (thousands of hellos at once) paces the fleet down, and the fleet is back to its normal
+  pace seconds after the Master is idle again, not a minute later.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ class PaceSettings:
     calm_checks: int = 5
     calm_step: float = 0.75
     backlog_checks: int = 2  # checks in a row that must find the intake backlogged for it to count as pressure
+    idle_busy: float = 0.5  # below this share of the time spent handling frames, a calm check steps back at once
     admit_agents_per_s: float = 400.0  # new agent sessions the Master admits per second, shared among its relays
     admit_burst: int = 400  # ... and at once
 
@@ -53,6 +59,7 @@ class Pressure:
 
     shed: int  # telemetry frames replaced or evicted (Master intake and relays together)
     backlogged: bool  # the intake's telemetry lane is past its coalescing bound now
+    busy: float = 1.0  # share of the time since the last check the intake's handlers spent handling frames (all links)
 
 
 class ReportPacer:
@@ -80,7 +87,8 @@ class ReportPacer:
             self.factor = min(self.settings.max_telemetry_factor, self.factor * 2)
         else:
             self._calm += 1
-            if self._calm >= self.settings.calm_checks and self.factor > 1.0:
+            idle = pressure.busy < self.settings.idle_busy and not pressure.backlogged
+            if (idle or self._calm >= self.settings.calm_checks) and self.factor > 1.0:
                 self._calm = 0
                 self.factor = max(1.0, round(self.factor * self.settings.calm_step, 3))
         return self.pace if self.factor != before else None

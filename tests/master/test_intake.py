@@ -87,6 +87,26 @@ def test_the_pacer_slows_reports_down_under_pressure_and_back_only_after_a_calm_
     assert pacer.factor == 1.0
 
 
+def test_with_clear_headroom_the_pace_comes_back_at_every_calm_check_not_every_calm_spell():
+    pacer = ReportPacer(PaceSettings(heartbeat_s=5.0, telemetry_s=10.0, max_telemetry_factor=8.0, calm_checks=5))
+    for _ in range(3):
+        pacer.check(Pressure(shed=10, backlogged=False, busy=1.0))
+    assert pacer.factor == 8.0  # a ramp's hellos kept the handlers busy and telemetry was shed
+    busy = Pressure(shed=0, backlogged=False, busy=0.7)
+    assert [pacer.check(busy) for _ in range(4)] == [None] * 4  # calm but busy: back only after a calm spell
+    assert pacer.check(busy) is not None and pacer.factor == 6.0
+    idle = Pressure(shed=0, backlogged=False, busy=0.2)
+    factors = []
+    while pacer.factor > 1.0:
+        assert pacer.check(idle) is not None  # headroom: a step back at every check
+        factors.append(pacer.factor)
+    assert factors == [4.5, 3.375, 2.531, 1.898, 1.423, 1.067, 1.0]
+    # headroom but a backlog past the coalescing bound: no quick step (the backlog is the Master not keeping up)
+    pacer.check(Pressure(shed=1, backlogged=False, busy=0.2))
+    assert pacer.factor == 2.0
+    assert pacer.check(Pressure(shed=0, backlogged=True, busy=0.2)) is None and pacer.factor == 2.0
+
+
 # --- a real hub, a relay's link over TLS on 127.0.0.1 ----------------------------------------------
 
 
@@ -196,7 +216,10 @@ async def test_an_agent_is_heard_when_its_frame_is_read_not_when_a_slow_master_g
     assert all(hub.heard[f"a{n}"] >= before for n in range(1, 4))  # ... and every agent heard at once
     await relay.send(encode(AgentDisconnected(agent_id="a2", reason="gone")))
     await eventually(lambda: "a2" not in hub.heard, "a departed agent no longer heard")
+    await asyncio.sleep(0.2)
     recorder.gate.set()
+    await eventually(lambda: len(recorder.frames) == 4, "every frame handled (a2's heartbeat went with it)")
+    assert hub.intake.busy_s >= 0.2  # the time the handler spent on a frame counts as busy (the pacer's headroom)
 
 
 async def test_an_agent_that_leaves_takes_its_waiting_telemetry_and_control_is_handled_before_the_links_close(hub_and_link):
