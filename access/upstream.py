@@ -1,14 +1,14 @@
 """The relay's one link to the Master: mutual TLS as role ``access``, every agent multiplexed on it.
 
-Agent frames and the relay's ``agent_connected``/``agent_disconnected`` notices go through one
-``FrameBuffer``, up or down, in two lanes: control (notices, hellos, acks, results, events) in arrival order,
-ahead of telemetry (heartbeats and telemetry, also in arrival order), so a command result never waits behind
-heartbeats (issue 29). The Master learns of an agent before its frames and of its departure after its control
-frames; an agent's telemetry still waiting when it leaves is let go (the Master would ignore it). The telemetry
-lane is bounded in bytes: while it holds ``coalesce_bytes`` or more (and always while the Master is unreachable)
-only the latest heartbeat and telemetry per agent wait, past ``telemetry_bytes`` the oldest are evicted, every one
-counted. Acks, results, hellos and events are never dropped; when those alone fill the buffer, agents are made to
-wait (backpressure) instead.
+Agent frames and the relay's ``agent_connected``/``agent_disconnected`` notices go through one ``FrameBuffer``, up
+or down, in three lanes, each in arrival order: control (notices, acks, results, events), then hellos, then
+telemetry (heartbeats and telemetry), so a command result never waits behind heartbeats, nor behind the hellos of
+thousands of agents coming back at once (issue 29). The Master learns of an agent before its frames and of its
+departure after its control frames; an agent's telemetry still waiting when it leaves is let go (the Master would
+ignore it). The telemetry lane is bounded in bytes: while it holds ``coalesce_bytes`` or more (and always while the
+Master is unreachable) only the latest heartbeat and telemetry per agent wait, past ``telemetry_bytes`` the oldest
+are evicted, every one counted. Acks, results, hellos and events are never dropped; when those alone fill the
+buffer, agents are made to wait (backpressure) instead.
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ log = logging.getLogger(__name__)
 # Only the newest of these says anything the Master needs: older ones may be replaced while they wait.
 SUPERSEDED_BY_NEWER = frozenset({"heartbeat", "telemetry"})
 CONNECTED, DISCONNECTED = "agent_connected", "agent_disconnected"
+ADMISSION_KINDS = frozenset({"hello"})  # sent after control, before telemetry: results never wait behind a storm's hellos
 WELCOME_TIMEOUT_S = 10.0
 FLUSH_POLL_S = 0.02
 
@@ -84,7 +85,7 @@ class Outbound:
 
 
 class FrameBuffer:
-    """Link frames in send order (control, then telemetry), at most ``limit`` live ones (notices may exceed it:
+    """Link frames in send order (control, then hellos, then telemetry), at most ``limit`` live ones (notices may exceed it:
     they are tiny and few), at most ``telemetry_bytes`` of telemetry.
 
     The sender ``take``s the oldest entries (``peek``: the head alone), sends them, then calls ``done``; a failed
@@ -104,6 +105,7 @@ class FrameBuffer:
         self.coalesce_bytes = coalesce_bytes
         self._on_drop = on_drop  # told "superseded" or "evicted" for each heartbeat/telemetry let go
         self._queue: deque[Outbound] = deque()  # the control lane
+        self._admission: deque[Outbound] = deque()  # hellos: after control (results first), before telemetry
         self._telemetry: deque[Outbound] = deque()  # the telemetry lane: heartbeats and telemetry, sent after control
         self._telemetry_size = 0  # bytes of live entries in the telemetry lane
         self.telemetry_shed = 0  # heartbeats/telemetry let go (superseded or evicted), in all: told to the Master
@@ -196,7 +198,7 @@ class FrameBuffer:
         self._trim_heads()
         batch: list[Outbound] = []
         size = 0
-        for entry in itertools.chain(self._queue, self._telemetry):
+        for entry in itertools.chain(self._queue, self._admission, self._telemetry):
             if not entry.live:
                 continue
             if batch and (len(batch) >= max_frames or size + len(entry.data) > max_bytes):
@@ -237,7 +239,7 @@ class FrameBuffer:
         Only while nothing is being sent (between links).
         """
         first: dict[str, str] = {}
-        for entry in itertools.chain(self._queue, self._telemetry):
+        for entry in itertools.chain(self._queue, self._admission, self._telemetry):
             if not entry.live:
                 continue
             if entry.kind == CONNECTED and entry.agent_id not in keep:
@@ -253,7 +255,7 @@ class FrameBuffer:
 
     def sent_through(self, mark: int) -> bool:
         """Whether no entry queued before ``mark`` is still waiting (sent, or superseded by a newer one)."""
-        for lane in (self._queue, self._telemetry):
+        for lane in (self._queue, self._admission, self._telemetry):
             for entry in lane:
                 if entry.live:
                     if entry.seq < mark:
@@ -263,7 +265,7 @@ class FrameBuffer:
 
     def kinds(self) -> list[tuple[str, str]]:
         """(agent id, kind) of every waiting entry, in send order; for tests and diagnostics."""
-        return [(e.agent_id, e.kind) for e in itertools.chain(self._queue, self._telemetry) if e.live]
+        return [(e.agent_id, e.kind) for e in itertools.chain(self._queue, self._admission, self._telemetry) if e.live]
 
     def forget_telemetry(self, agent_id: str) -> None:
         """Let go of the agent's waiting heartbeat and telemetry (it left; the Master would ignore them now)."""
@@ -274,7 +276,7 @@ class FrameBuffer:
                 self._shed("superseded")
 
     def _trim_heads(self) -> None:
-        for lane in (self._queue, self._telemetry):
+        for lane in (self._queue, self._admission, self._telemetry):
             while lane and not lane[0].live:
                 lane.popleft()
 
@@ -287,6 +289,8 @@ class FrameBuffer:
             self._telemetry_size += len(entry.data)
             self._latest[(entry.agent_id, entry.kind)] = entry
             self._replaceable.append(entry)
+        elif entry.kind in ADMISSION_KINDS:
+            self._admission.append(entry)
         else:
             self._queue.append(entry)
         self._ready.set()
@@ -317,6 +321,8 @@ class FrameBuffer:
         slack = 2 * self._live + 1024
         if len(self._queue) > slack:
             self._queue = deque(e for e in self._queue if e.live or e.sending)
+        if len(self._admission) > slack:
+            self._admission = deque(e for e in self._admission if e.live or e.sending)
         if len(self._telemetry) > slack:
             self._telemetry = deque(e for e in self._telemetry if e.live or e.sending)
         if len(self._replaceable) > slack:

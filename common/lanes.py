@@ -10,8 +10,11 @@ that wait grows without bound (bench/README.md, "overload").
 
 - ``pop`` gives the oldest control item while there is one, then the oldest admission item (hellos: agents already
   in come first), then the oldest telemetry item. Each lane is FIFO.
-- Control and admission are never dropped. Together they are bounded by ``control_bytes``: ``push`` returns
-  ``Pushed.FULL`` past it and the caller waits (backpressure: it stops reading its source).
+- Control and admission are never dropped. Each is bounded, control by ``control_bytes``, admission by
+  ``admission_bytes``: ``push`` returns ``Pushed.FULL`` past its lane's bound and the caller waits (backpressure: it
+  stops reading its source). Their bounds are apart so that a storm's hellos (thousands of agents coming back at
+  once, several KiB each) do not fill the room of the results behind them: with one shared bound the reader stopped
+  at the hellos, and results waited behind them in the socket for as long as the Master took to welcome them.
 - Telemetry never waits. While the telemetry lane holds ``coalesce_bytes`` or more, a new item whose key (say,
   agent and frame type) has one waiting replaces it in place: latest wins, the waiting slot keeps its turn. Past
   ``telemetry_bytes`` the oldest telemetry items are evicted until the new one fits. Every replacement and eviction
@@ -19,7 +22,8 @@ that wait grows without bound (bench/README.md, "overload").
 
 Invariants (tests/common/test_lanes.py drives them with hypothesis): the byte count of each lane is the sum of its
 items' sizes; the telemetry lane never holds more than ``telemetry_bytes``; control items come out exactly once, in
-the order they went in; no telemetry item comes out while a control or admission item waits; per key, telemetry
+the order they went in; no admission item comes out while a control item waits, and no telemetry item while a
+control or admission item waits; each of control and admission holds at most its bound (or one item); per key, telemetry
 comes out in the order it went in; pushed = popped + replaced + evicted + forgotten + waiting.
 """
 
@@ -56,10 +60,13 @@ class LaneBounds:
     control_bytes: int = 8 * 1024 * 1024
     telemetry_bytes: int = 4 * 1024 * 1024
     coalesce_bytes: int = 1024 * 1024
+    admission_bytes: int = 64 * 1024 * 1024  # hellos: at most one per agent per connection, a few KiB each
 
     def __post_init__(self) -> None:
-        if self.control_bytes < 1 or self.telemetry_bytes < 1:
-            raise ValueError(f"lane bounds must be positive, got {self.control_bytes} and {self.telemetry_bytes}")
+        if min(self.control_bytes, self.telemetry_bytes, self.admission_bytes) < 1:
+            raise ValueError(
+                f"lane bounds must be positive, got {self.control_bytes}, {self.admission_bytes} and {self.telemetry_bytes}"
+            )
         if not 0 <= self.coalesce_bytes <= self.telemetry_bytes:
             raise ValueError(f"coalesce_bytes must be between 0 and telemetry_bytes, got {self.coalesce_bytes}")
 
@@ -82,6 +89,7 @@ class LaneQueue(Generic[T]):
         self._telemetry: deque[_Slot[T]] = deque()
         self._latest: dict[Hashable, _Slot[T]] = {}  # key -> its newest waiting telemetry slot
         self._control_bytes = 0
+        self._admission_bytes = 0
         self._telemetry_bytes = 0
         self._telemetry_live = 0
         self.replaced = 0  # telemetry items let go because a newer one of the same key took their place
@@ -92,8 +100,10 @@ class LaneQueue(Generic[T]):
         return len(self._control) + len(self._admission) + self._telemetry_live
 
     def bytes(self, lane: Lane) -> int:
-        """Bytes waiting in ``lane`` (control and admission share one count and one bound)."""
-        return self._telemetry_bytes if lane is Lane.TELEMETRY else self._control_bytes
+        """Bytes waiting in ``lane``."""
+        if lane is Lane.TELEMETRY:
+            return self._telemetry_bytes
+        return self._control_bytes if lane is Lane.CONTROL else self._admission_bytes
 
     @property
     def control_waiting(self) -> int:
@@ -105,22 +115,31 @@ class LaneQueue(Generic[T]):
 
     def push(self, value: T, lane: Lane, size: int, key: Hashable = None) -> Pushed:
         """Queue ``value`` (``size`` bytes) in ``lane``; ``key`` names a telemetry item's source (latest wins per key)."""
-        if lane is not Lane.TELEMETRY:
-            # One item is always taken when the lanes are empty, however large: otherwise it could never pass.
+        if lane is Lane.CONTROL:
+            # One item is always taken when its lane is empty, however large: otherwise it could never pass.
             if self._control_bytes and self._control_bytes + size > self.bounds.control_bytes:
                 return Pushed.FULL
-            (self._control if lane is Lane.CONTROL else self._admission).append((value, size))
+            self._control.append((value, size))
             self._control_bytes += size
+            return Pushed.QUEUED
+        if lane is Lane.ADMISSION:
+            if self._admission_bytes and self._admission_bytes + size > self.bounds.admission_bytes:
+                return Pushed.FULL
+            self._admission.append((value, size))
+            self._admission_bytes += size
             return Pushed.QUEUED
         return self._push_telemetry(value, size, key)
 
     def pop(self) -> tuple[T, Lane] | None:
         """The next item and its lane: control first, then admission, then telemetry; None when empty."""
-        for lane, queue in ((Lane.CONTROL, self._control), (Lane.ADMISSION, self._admission)):
-            if queue:
-                value, size = queue.popleft()
-                self._control_bytes -= size
-                return value, lane
+        if self._control:
+            value, size = self._control.popleft()
+            self._control_bytes -= size
+            return value, Lane.CONTROL
+        if self._admission:
+            value, size = self._admission.popleft()
+            self._admission_bytes -= size
+            return value, Lane.ADMISSION
         while self._telemetry:
             slot = self._telemetry.popleft()
             if slot.live:

@@ -92,12 +92,14 @@ class MasterConfig(msgspec.Struct, kw_only=True):
     report_window_s: Annotated[float, msgspec.Meta(gt=0)] = 60.0
     # A burst of relay links opening or closing is announced to agents as one directory, this long after the first.
     relay_directory_coalesce_s: Annotated[float, msgspec.Meta(ge=0)] = 0.5
-    # Overload (docs/master.md, "Intake lanes"): bytes of control and of telemetry each relay link's intake holds;
+    # Overload (docs/master.md, "Intake lanes"): bytes of control, of hellos and of telemetry each relay link's intake
+    # holds (hellos apart, so that a storm's do not stop the reading of the results behind them);
     # past telemetry_coalesce_bytes an agent's newest heartbeat or sample replaces its waiting one. Agents are told
     # to report up to max_report_slowdown times less often while telemetry is shed, and new agent sessions are
     # admitted at admit_agents_per_s (shared among the relays; 0: no limit), admit_burst at once.
     intake_control_bytes: Annotated[int, msgspec.Meta(ge=64 * 1024)] = 8 * 1024 * 1024
     intake_telemetry_bytes: Annotated[int, msgspec.Meta(ge=64 * 1024)] = 4 * 1024 * 1024
+    intake_admission_bytes: Annotated[int, msgspec.Meta(ge=64 * 1024)] = 64 * 1024 * 1024
     telemetry_coalesce_bytes: Annotated[int, msgspec.Meta(ge=0)] = 1024 * 1024
     max_report_slowdown: Annotated[float, msgspec.Meta(ge=1, le=64)] = 8.0
     admit_agents_per_s: Annotated[float, msgspec.Meta(ge=0)] = 400.0

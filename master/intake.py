@@ -21,8 +21,9 @@ a heartbeat that waits behind control, or is replaced by a newer one, still says
 handled heartbeats alone, an overloaded Master sent agents offline for its own delay, forgot their sessions, asked
 each for a new hello and so made the overload worse (bench/README.md, "Overload").
 
-Backpressure: when the control lanes are full (``LaneBounds.control_bytes``), the reader waits before reading on,
-so TCP slows the relay down; telemetry never makes it wait. When the link closes, the control still waiting is
+Backpressure: when the control lane or the admission lane is full (``LaneBounds.control_bytes``,
+``admission_bytes``: apart, so that a storm's hellos do not stop the reading of results), the reader waits before
+reading on, so TCP slows the relay down; telemetry never makes it wait. When the link closes, the control still waiting is
 handled before the link's close is (results must not be lost); telemetry still waiting is let go, counted.
 """
 

@@ -311,6 +311,7 @@ class _IntakeCollector(Collector):
         )
         intakes = [link.intake for link in hub.links.values() if link.intake is not None]
         waiting.add_metric(["control"], sum(i.queue.bytes(Lane.CONTROL) for i in intakes))
+        waiting.add_metric(["admission"], sum(i.queue.bytes(Lane.ADMISSION) for i in intakes))
         waiting.add_metric(["telemetry"], sum(i.queue.bytes(Lane.TELEMETRY) for i in intakes))
         yield waiting
         shed = CounterMetricFamily(

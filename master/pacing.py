@@ -110,5 +110,6 @@ def intake_bounds(config: MasterConfig) -> LaneBounds:
     return LaneBounds(
         control_bytes=config.intake_control_bytes,
         telemetry_bytes=config.intake_telemetry_bytes,
+        admission_bytes=config.intake_admission_bytes,
         coalesce_bytes=min(config.telemetry_coalesce_bytes, config.intake_telemetry_bytes),
     )

@@ -112,8 +112,8 @@ def test_between_links_notices_of_agents_gone_are_withdrawn_and_first_kinds_name
     assert buffer.kinds() == [
         ("gone", "command_result"),
         ("here", CONNECTED),
-        ("here", "hello"),
         ("gone", DISCONNECTED),
+        ("here", "hello"),  # hellos after every control frame, before telemetry
         ("back", "heartbeat"),
     ]
 

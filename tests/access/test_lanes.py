@@ -31,6 +31,20 @@ def test_a_result_goes_ahead_of_heartbeats_queued_before_it():
     assert [(e.agent_id, e.kind) for e in taken] == [("a2", "command_result")]
 
 
+def test_a_result_goes_ahead_of_a_storms_hellos_queued_before_it():
+    buffer = FrameBuffer(limit=100)
+    buffer.coalesce = False
+    for n in range(5):
+        buffer.offer(entry(f"b{n}", "agent_connected"))
+        buffer.offer(entry(f"b{n}", "hello", size=4000))
+    buffer.offer(entry("a1", "command_result"))
+    kinds = buffer.kinds()
+    assert kinds.index(("a1", "command_result")) < kinds.index(("b0", "hello"))  # results pass the hellos ...
+    assert kinds.index(("b4", "agent_connected")) < kinds.index(("b0", "hello"))  # ... as every notice does
+    taken = buffer.take(6, 1_000_000)
+    assert [e.kind for e in taken] == ["agent_connected"] * 5 + ["command_result"]
+
+
 def test_past_the_coalescing_bound_only_each_agents_latest_heartbeat_waits():
     dropped: list[str] = []
     buffer = FrameBuffer(limit=1000, on_drop=dropped.append, telemetry_bytes=10_000, coalesce_bytes=30)

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from common.lanes import Lane, LaneBounds, LaneQueue, Pushed
 
-BOUNDS = LaneBounds(control_bytes=100, telemetry_bytes=60, coalesce_bytes=20)
+BOUNDS = LaneBounds(control_bytes=100, telemetry_bytes=60, coalesce_bytes=20, admission_bytes=80)
 
 push_control = st.tuples(st.just("control"), st.sampled_from([Lane.CONTROL, Lane.ADMISSION]), st.integers(1, 40))
 push_telemetry = st.tuples(st.just("telemetry"), st.sampled_from(["a", "b", "c", "d"]), st.integers(1, 30))
@@ -50,13 +50,16 @@ def test_lanes_keep_their_invariants_under_any_sequence(ops):
                 assert queue.control_waiting == 0
                 telemetry_out.append(item)
             else:
+                if lane is Lane.ADMISSION:
+                    assert queue.bytes(Lane.CONTROL) == 0  # no hello comes out while control waits
                 control_out.append(item)
         assert 0 <= queue.bytes(Lane.TELEMETRY) <= BOUNDS.telemetry_bytes
-        assert queue.bytes(Lane.CONTROL) >= 0
+        assert 0 <= queue.bytes(Lane.CONTROL) <= BOUNDS.control_bytes
+        assert 0 <= queue.bytes(Lane.ADMISSION) <= BOUNDS.admission_bytes
     while (got := queue.pop()) is not None:
         item, lane = got
         (telemetry_out if lane is Lane.TELEMETRY else control_out).append(item)
-    assert queue.bytes(Lane.CONTROL) == queue.bytes(Lane.TELEMETRY) == 0
+    assert queue.bytes(Lane.CONTROL) == queue.bytes(Lane.ADMISSION) == queue.bytes(Lane.TELEMETRY) == 0
     # control: every item taken comes out exactly once; within a lane, in order
     assert Counter(control_out) == Counter(control_in)
     # per key, telemetry comes out in the order it went in
@@ -114,6 +117,16 @@ def test_control_past_its_bound_is_refused_not_dropped():
     assert queue.push("r2", Lane.CONTROL, 15) is Pushed.QUEUED
 
 
+def test_hellos_past_their_bound_leave_room_for_the_results_behind_them():
+    queue: LaneQueue[str] = LaneQueue(LaneBounds(control_bytes=20, telemetry_bytes=10, coalesce_bytes=5, admission_bytes=30))
+    assert queue.push("hello-1", Lane.ADMISSION, 15) is Pushed.QUEUED
+    assert queue.push("hello-2", Lane.ADMISSION, 15) is Pushed.QUEUED
+    assert queue.push("hello-3", Lane.ADMISSION, 15) is Pushed.FULL  # a storm's hellos wait at their own bound ...
+    assert queue.push("result", Lane.CONTROL, 15) is Pushed.QUEUED  # ... and a result still gets in, and out first
+    assert queue.bytes(Lane.ADMISSION) == 30 and queue.bytes(Lane.CONTROL) == 15
+    assert [queue.pop() for _ in range(2)] == [("result", Lane.CONTROL), ("hello-1", Lane.ADMISSION)]
+
+
 def test_one_control_item_larger_than_the_bound_still_passes_alone():
     queue: LaneQueue[str] = LaneQueue(LaneBounds(control_bytes=20, telemetry_bytes=10, coalesce_bytes=5))
     assert queue.push("big", Lane.CONTROL, 50) is Pushed.QUEUED
@@ -132,3 +145,5 @@ def test_forget_lets_the_newest_sample_of_a_source_go():
 def test_bounds_are_checked():
     with pytest.raises(ValueError, match="coalesce_bytes"):
         LaneBounds(control_bytes=10, telemetry_bytes=10, coalesce_bytes=11)
+    with pytest.raises(ValueError, match="positive"):
+        LaneBounds(admission_bytes=0)
