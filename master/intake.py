@@ -113,6 +113,9 @@ class LinkIntake:
         self._room = asyncio.Event()
         self._closed = False
         self._seen = (0, 0, 0)  # the queue's replaced, evicted, forgotten already added to the counters
+        # Backpressure: while the reader waits for room it reads nothing, so nothing of its agents is heard either.
+        self.stalled_since: float | None = None  # wall time the reader began waiting, while it waits
+        self.stalled_until = 0.0  # wall time its last wait ended
 
     async def take(self, message: bytes | str) -> None:
         """Sort one message's frames into the lanes; waits while the control lanes are full."""
@@ -133,10 +136,18 @@ class LinkIntake:
                 self._counters.waits += 1
                 self._room.clear()
                 self._ready.set()
-                await self._room.wait()
+                self.stalled_since = self.stalled_since or time.time()
+                try:
+                    await self._room.wait()
+                finally:
+                    self.stalled_since, self.stalled_until = None, time.time()
             self._counters.frames += 1
         self._sync_counters()
         self._ready.set()
+
+    def stalled_within(self, now: float, window_s: float) -> bool:
+        """Whether the reader waited for room at any time in the last ``window_s`` seconds (or waits now)."""
+        return self.stalled_since is not None or now - self.stalled_until < window_s
 
     def close(self) -> None:
         """No more frames come: ``run`` handles the control still waiting, lets telemetry go, and returns."""

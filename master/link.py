@@ -8,7 +8,7 @@ import http
 import logging
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import msgspec
@@ -235,6 +235,17 @@ class RelayHub:
         await link.send(error_frame(exc))
 
     # --- report pace and admission (master/pacing.py) -------------------------------------------------
+
+    def heard_within(self, now: float, window_s: float) -> Mapping[str, float]:
+        """When each agent was last heard (``heard``), counting every agent of a link whose reader waited for room
+        in the last ``window_s`` seconds as heard ``now``: the Master's own backpressure is not its agents' silence."""
+        stalled = [link for link in self.links.values() if link.intake is not None and link.intake.stalled_within(now, window_s)]
+        if not stalled:
+            return self.heard
+        view = dict(self.heard)
+        for link in stalled:
+            view.update(dict.fromkeys(link.agents, now))
+        return view
 
     def report_pace(self, pace: Pace | None = None) -> ReportPace:
         """The ``report_pace`` frame for each relay now: the pacer's intervals, and its share of admission."""

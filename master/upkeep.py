@@ -37,7 +37,7 @@ class Upkeep:
         silence = parts.config.heartbeat_s * parts.config.missed_heartbeats
         in_grace = self._in_start_grace(now, silence)
         if not in_grace:
-            for agent_id in await parts.registry.sweep(now, silence, parts.hub.heard):
+            for agent_id in await parts.registry.sweep(now, silence, parts.hub.heard_within(now, silence)):
                 parts.channel.forget(agent_id)
         await parts.commands.expire(now, spare_created_before=self.started_at if in_grace else 0.0)
         await self.report_quarantined()

@@ -222,6 +222,24 @@ async def test_an_agent_is_heard_when_its_frame_is_read_not_when_a_slow_master_g
     assert hub.intake.busy_s >= 0.2  # the time the handler spent on a frame counts as busy (the pacer's headroom)
 
 
+async def test_a_reader_waiting_for_room_says_so_for_the_liveness_sweep(hub_and_link):
+    hub, recorder, relay, _ = hub_and_link
+    await relay.send(heartbeat("a0", 0))  # held by the slow handler
+    await eventually(lambda: recorder.frames, "the first frame handled")
+    padding = "x" * 4000
+    for n in range(40):  # 160 KB of results: past the control lane's 64 KiB, so the reader waits
+        await relay.send(relayed(f"a{n}", {"type": "command_result", "id": f"c{n}", "ok": True, "error": padding}))
+    link = next(iter(hub.links.values()))
+    assert link.intake is not None
+    await eventually(lambda: link.intake is not None and link.intake.stalled_since is not None, "the reader waiting")
+    assert hub.intake.waits > 0 and link.intake.stalled_within(time.time(), 0.0)
+    assert hub.heard_within(time.time(), 15.0) is not hub.heard  # its agents count as heard while it waits
+    recorder.gate.set()
+    await eventually(lambda: len(recorder.frames) == 41, "every result handled")
+    assert link.intake.stalled_since is None and link.intake.stalled_until > 0
+    assert not link.intake.stalled_within(time.time() + 60, 15.0)  # a wait long past says nothing any more
+
+
 async def test_an_agent_that_leaves_takes_its_waiting_telemetry_and_control_is_handled_before_the_links_close(hub_and_link):
     hub, recorder, relay, _ = hub_and_link
     await relay.send(heartbeat("a0", 0))

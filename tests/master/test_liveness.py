@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 from master.config import MasterConfig
+from master.intake import LinkIntake
 from master.master import Master
 from tests.master.linked import connect, events, gpus, relay_link
 
@@ -38,3 +39,35 @@ async def test_an_agent_heard_recently_is_not_swept_offline_though_its_heartbeat
         assert [e.subject for e in lost] == ["agt-silent"], lost
     finally:
         await master.stop()
+
+
+async def test_the_agents_of_a_link_whose_reader_waited_for_room_are_not_swept_for_that_silence(tmp_path):
+    config = MasterConfig(state_dir=str(tmp_path), link_port=0, heartbeat_s=1.0, missed_heartbeats=3)
+    master = Master(config)
+    await master.start()
+    try:
+        held, flowing = relay_link("relay-held"), relay_link("relay-flowing")
+        await connect(master, held, "agt-behind", gpus(1))
+        await connect(master, flowing, "agt-silent", gpus(1))
+        for link in (held, flowing):
+            link.intake = LinkIntake(_nothing, _nothing, master.hub.lanes, master.hub.intake, master.hub.heard)
+        master.parts.upkeep.started_at = time.time() - 60
+        now = time.time()
+        for agent_id in ("agt-behind", "agt-silent"):
+            master.agent(agent_id).last_seen = now - 10
+            master.hub.heard[agent_id] = now - 10
+        # relay-held's reader waited for room in its lanes a second ago (backpressure): it read nothing meanwhile,
+        # so its agents' frames may be waiting in the socket; relay-flowing's reader never waited.
+        assert held.intake is not None
+        held.intake.stalled_until = now - 1
+
+        await master.parts.upkeep.sweep()
+
+        assert master.agent("agt-behind").state == "ready" and "agt-behind" in master.channel.sessions
+        assert master.agent("agt-silent").state == "offline"
+    finally:
+        await master.stop()
+
+
+async def _nothing(*_: object) -> None:
+    return None
