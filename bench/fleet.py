@@ -845,8 +845,12 @@ async def _storm(grid: BenchGrid, fleets: list[FleetDriver], agent_ids: list[str
     daemon = getattr(victim, "daemon", None)
     if daemon is None:
         return {"error": "relay-1 has no process to kill"}
+    profiler = Profiler(Path(options.profile_dir) / "storm") if options.profile_dir else None
+    if profiler is not None:
+        pids = _Watched(grid, fleets).named_pids()
+        profiler.start({name: pid for name, pid in pids.items() if name != victim.relay_id}, 40.0)
     await asyncio.to_thread(daemon.kill, signal.SIGKILL)
-    started = time.monotonic()
+    killed_unix, started = time.time(), time.monotonic()
     commands = asyncio.create_task(load.run(options.cmd_rate, min(60.0, options.storm_timeout)))
     fewest, back_s, curve = options.agents, None, []
     while (elapsed := time.monotonic() - started) < options.storm_timeout:
@@ -874,6 +878,12 @@ async def _storm(grid: BenchGrid, fleets: list[FleetDriver], agent_ids: list[str
         "cmd_rtt_p99_ms": _round(percentile(rtts, 99)),
         "cmd_rtt_max_ms": _round(max(rtts) if rtts else None),
         "commands": {"issued": len(load.timings), "states": states, "duplicate_executions": after["duplicate_executions"]},
+        # [seconds after the SIGKILL the command was issued, kind, RTT ms]
+        "cmd_rtt_slowest": [
+            [round(load.wall_started + t.started - load.started - killed_unix, 2), t.kind, round(t.rtt_s * 1000, 1)]
+            for t in sorted(load.timings, key=lambda t: -t.rtt_s)[:10]
+        ],
+        "profile_storm": profiler.finish() if profiler is not None else None,
     }
 
 

@@ -90,6 +90,9 @@ def test_the_overload_modes_run_a_competitor_and_a_relay_killed_with_its_agents_
     assert (storm["killed"], storm["agents_on_it"]) == ("relay-1", 20)
     assert storm["all_back_s"] is not None and storm["hellos"] >= 20  # relay-1's agents said hello again elsewhere
     assert storm["commands"]["duplicate_executions"] == 0
+    slowest = storm["cmd_rtt_slowest"]  # [seconds after the SIGKILL, kind, ms], slowest first
+    assert slowest and [row[2] for row in slowest] == sorted((row[2] for row in slowest), reverse=True)
+    assert all(row[0] >= 0 for row in slowest) and storm["profile_storm"] is None
     assert "storm: all back after s" in done.stdout
 
 
