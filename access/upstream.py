@@ -268,12 +268,15 @@ class FrameBuffer:
         return [(e.agent_id, e.kind) for e in itertools.chain(self._queue, self._admission, self._telemetry) if e.live]
 
     def forget_telemetry(self, agent_id: str) -> None:
-        """Let go of the agent's waiting heartbeat and telemetry (it left; the Master would ignore them now)."""
+        """Let go of the agent's waiting heartbeat and telemetry (it left; the Master would ignore them now).
+
+        Counted as ``forgotten``, not as shed: the Master slows every agent down for shed telemetry (master/pacing.py),
+        and an agent leaving says nothing about overload."""
         for kind in SUPERSEDED_BY_NEWER:
             older = self._latest.get((agent_id, kind))
             if older is not None and older.live and not older.sending:
                 self._retire(older)
-                self._shed("superseded")
+                self._on_drop("forgotten")
 
     def _trim_heads(self) -> None:
         for lane in (self._queue, self._admission, self._telemetry):
