@@ -18,7 +18,7 @@ from bench.api_pages import api_pages_table
 from bench.api_pages import run as run_api_pages
 from bench.console_pages import ConsolePagesBenchOptions, console_pages_table, run_console_pages_bench
 from bench.demo import DemoBenchOptions, demo_table, run_demo_bench
-from bench.fleet import FleetOptions, run_fleet_bench
+from bench.fleet import PHASES, FleetOptions, run_fleet_bench
 from bench.history import HistoryBenchOptions, history_table, run_history_bench
 from bench.ingest import run_ingest_bench
 from bench.link import LinkBenchOptions, link_table, run_link_bench
@@ -609,6 +609,7 @@ def fleet_table(r: dict[str, Any]) -> str:
             f"{_fmt(r.get('cmd_rtt_p50_ms'))} / {_fmt(r.get('cmd_rtt_p99_ms'))} / {_fmt(r.get('cmd_rtt_max_ms'))}",
             _verdict("cmd_rtt_p99_ms", r.get("cmd_rtt_p99_ms")),
         ),
+        ("cmd phases p99 ms " + "/".join(PHASES), _phases_p99(r.get("cmd_phases")), _tail_held(r.get("cmd_phases"))),
         ("telemetry shed at the relays (hold)", r.get("telemetry_shed_at_relays"), "counted, latest kept"),
         (
             "Master intake: shed (hold), pace at end",
@@ -634,6 +635,7 @@ def fleet_table(r: dict[str, Any]) -> str:
                 " / ".join(_fmt(storm.get(f"cmd_rtt_{q}_ms")) for q in ("p50", "p99", "max")),
                 "through the surviving relays",
             ),
+            ("storm: cmd phases p99 ms", _phases_p99(storm.get("cmd_phases")), _tail_held(storm.get("cmd_phases"))),
             ("storm: commands", f"{storm.get('commands')}", ""),
         ]
     for name, proc in r.get("processes", {}).items():
@@ -642,6 +644,16 @@ def fleet_table(r: dict[str, Any]) -> str:
         rows.append((f"process {name}", f"CPU {cpu}", rss))
     width = max(len(row[0]) for row in rows)
     return "\n".join(f"{name:<{width}}  {_fmt(value):<28} {note}".rstrip() for name, value, note in rows)
+
+
+def _phases_p99(phases: dict[str, Any] | None) -> str:
+    """A command's phases' p99s (bench.fleet.PHASES), in their order."""
+    return " / ".join(_fmt((phases or {}).get(p, {}).get("p99_ms")) for p in PHASES) if phases else "-"
+
+
+def _tail_held(phases: dict[str, Any] | None) -> str:
+    held = (phases or {}).get("tail_held_in") or {}
+    return "slowest 1 % held in: " + ", ".join(f"{p} {n}" for p, n in sorted(held.items(), key=lambda i: -i[1])) if held else ""
 
 
 def ingest_table(results: list[dict[str, Any]]) -> str:

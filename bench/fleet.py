@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -398,12 +399,34 @@ async def _port_open(port: int) -> bool:
 # --- commands through the API ------------------------------------------------------------------
 
 
+# A command's round trip cut where the Master stamps its record (management/views.py command_view): the API call to
+# the record (``issue``), the record to the frame going out (``send``), out to the agent's ack handled (``ack``),
+# the ack to the result handled (``run``), the result to the bench's poll seeing it (``seen``). Every process here
+# reads the same clock, so the phase that holds a slow command names where it waited.
+PHASES = ("issue", "send", "ack", "run", "seen")
+
+
+def _unix(stamp: Any) -> float | None:
+    return datetime.fromisoformat(stamp).timestamp() if isinstance(stamp, str) else None
+
+
+def command_phases(issued_unix: float, seen_unix: float, record: dict[str, Any]) -> dict[str, float | None]:
+    """Milliseconds per phase (``PHASES``); None for a phase whose stamp the record lacks (a command that failed
+    before it went out has no ``sent_at``). Stamps are milliseconds, so a phase can read -1..+1 ms off."""
+    marks = [issued_unix, *(_unix(record.get(k)) for k in ("created_at", "sent_at", "acked_at", "finished_at")), seen_unix]
+    return {
+        phase: round((end - begin) * 1000, 1) if begin is not None and end is not None else None
+        for phase, begin, end in zip(PHASES, marks[:-1], marks[1:], strict=True)
+    }
+
+
 @dataclass
 class CommandTiming:
     kind: str
     state: str
     rtt_s: float
     started: float = 0.0  # perf_counter at the API call
+    phases: dict[str, float | None] = field(default_factory=dict)
 
 
 class CommandLoad:
@@ -445,7 +468,7 @@ class CommandLoad:
 
     async def _timed(self, agent_id: str, kind: str, spec: dict[str, Any]) -> CommandTiming | None:
         """From the API call to the first poll that sees a final state; polls after 2 ms, then less and less often."""
-        started = time.perf_counter()
+        started, issued_unix = time.perf_counter(), time.time()
         try:
             try:
                 command_id, pause = (await self.client.issue_command(agent_id, kind, spec))["id"], 0.002
@@ -453,9 +476,11 @@ class CommandLoad:
                 self.errors.append(f"{kind}: {exc}")
                 return None
             while time.perf_counter() - started < COMMAND_TIMEOUT_S:
-                state = (await self.client.command(command_id))["state"]
+                record = await self.client.command(command_id)
+                state = record["state"]
                 if state in FINAL_STATES:
-                    timing = CommandTiming(kind, state, time.perf_counter() - started, started)
+                    phases = command_phases(issued_unix, time.time(), record)
+                    timing = CommandTiming(kind, state, time.perf_counter() - started, started, phases)
                     self.timings.append(timing)
                     return timing
                 await asyncio.sleep(pause)
@@ -467,6 +492,31 @@ class CommandLoad:
             return None
         self.timings.append(CommandTiming(kind, "no_final_state", time.perf_counter() - started, started))
         return None
+
+
+def _slowest(load: CommandLoad, zero_unix: float, count: int = 10) -> list[list[Any]]:
+    """The ``count`` slowest commands: [issued (unix seconds less ``zero_unix``), kind, RTT ms, ms per phase]."""
+    return [
+        [round(load.wall_started + t.started - load.started - zero_unix, 2), t.kind, round(t.rtt_s * 1000, 1), t.phases]
+        for t in sorted(load.timings, key=lambda t: -t.rtt_s)[:count]
+    ]
+
+
+def phase_summary(timings: list[CommandTiming]) -> dict[str, Any]:
+    """Per phase (``PHASES``), p50 and p99 in ms over the commands that reached a final state; and, over the slowest
+    1 % of them, how many spent most of their time in each phase: where the tail waits."""
+    done = [t for t in timings if t.state in FINAL_STATES and t.phases]
+    summary: dict[str, Any] = {}
+    for phase in PHASES:
+        values = [v for t in done if (v := t.phases.get(phase)) is not None]
+        summary[phase] = {"p50_ms": _round(percentile(values, 50)), "p99_ms": _round(percentile(values, 99))}
+    tail = sorted(done, key=lambda t: -t.rtt_s)[: max(1, math.ceil(len(done) / 100))] if done else []
+    held: dict[str, int] = {}
+    for timing in tail:
+        phase = max(PHASES, key=lambda p: timing.phases.get(p) or 0.0)
+        held[phase] = held.get(phase, 0) + 1
+    summary["tail_held_in"] = held
+    return summary
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -822,12 +872,10 @@ async def _hold(
         "cmd_rtt_p50_ms": _round(percentile(rtts, 50)),
         "cmd_rtt_p99_ms": _round(percentile(rtts, 99)),
         "cmd_rtt_max_ms": _round(max(rtts) if rtts else None),
-        # [unix time of the API call, kind, RTT ms]: to lay beside the processes' long GC pauses (gc.*.long_pauses)
+        # [unix time of the API call, kind, RTT ms, ms per phase]: to lay beside the processes' long GC pauses (gc.*.long_pauses)
         # and the minute turns (the Master writes the rollups of the minute just over at its next flush).
-        "cmd_rtt_slowest": [
-            [round(load.wall_started + t.started - load.started, 2), t.kind, round(t.rtt_s * 1000, 1)]
-            for t in sorted(load.timings, key=lambda t: -t.rtt_s)[:10]
-        ],
+        "cmd_rtt_slowest": _slowest(load, 0.0),
+        "cmd_phases": phase_summary(load.timings),
         "hold_started_unix": round(load.wall_started, 2),
         "profile_hold": profile,
     }
@@ -878,11 +926,9 @@ async def _storm(grid: BenchGrid, fleets: list[FleetDriver], agent_ids: list[str
         "cmd_rtt_p99_ms": _round(percentile(rtts, 99)),
         "cmd_rtt_max_ms": _round(max(rtts) if rtts else None),
         "commands": {"issued": len(load.timings), "states": states, "duplicate_executions": after["duplicate_executions"]},
-        # [seconds after the SIGKILL the command was issued, kind, RTT ms]
-        "cmd_rtt_slowest": [
-            [round(load.wall_started + t.started - load.started - killed_unix, 2), t.kind, round(t.rtt_s * 1000, 1)]
-            for t in sorted(load.timings, key=lambda t: -t.rtt_s)[:10]
-        ],
+        # [seconds after the SIGKILL the command was issued, kind, RTT ms, ms per phase]
+        "cmd_rtt_slowest": _slowest(load, killed_unix),
+        "cmd_phases": phase_summary(load.timings),
         "profile_storm": profiler.finish() if profiler is not None else None,
     }
 

@@ -93,6 +93,10 @@ def test_the_overload_modes_run_a_competitor_and_a_relay_killed_with_its_agents_
     slowest = storm["cmd_rtt_slowest"]  # [seconds after the SIGKILL, kind, ms], slowest first
     assert slowest and [row[2] for row in slowest] == sorted((row[2] for row in slowest), reverse=True)
     assert all(row[0] >= 0 for row in slowest) and storm["profile_storm"] is None
+    for _, _, rtt_ms, phases in slowest:  # the phases cut the round trip: they add up to it (stamps are ms)
+        assert set(phases) == {"issue", "send", "ack", "run", "seen"}
+        assert sum(phases.values()) == pytest.approx(rtt_ms, abs=5)
+    assert sum(storm["cmd_phases"]["tail_held_in"].values()) >= 1
     assert "storm: all back after s" in done.stdout
 
 
