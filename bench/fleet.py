@@ -399,24 +399,42 @@ async def _port_open(port: int) -> bool:
 # --- commands through the API ------------------------------------------------------------------
 
 
-# A command's round trip cut where the Master stamps its record (management/views.py command_view): the API call to
-# the record (``issue``), the record to the frame going out (``send``), out to the agent's ack handled (``ack``),
-# the ack to the result handled (``run``), the result to the bench's poll seeing it (``seen``). Every process here
-# reads the same clock, so the phase that holds a slow command names where it waited.
-PHASES = ("issue", "send", "ack", "run", "seen")
+# A command's round trip cut where it is stamped: the API call to the Master's record (``issue``), the record to
+# the frame going out (``send``), out to the agent (``to_agent``: relay and the fleet's reading), the agent's ack
+# (``agent_ack``), the ack back to the Master (``ack_back``), the agent's work to its result going out
+# (``agent_run``), the result back to the Master (``result_back``), the Master's record to the bench's poll seeing it
+# (``seen``). The Master's stamps are its record's (management/views.py command_view), the agent's its fleet
+# process's (bench/fleet_agents.py ``marks``). Every process here reads the same clock, so the phase that holds a
+# slow command names where it waited.
+PHASES = ("issue", "send", "to_agent", "agent_ack", "ack_back", "agent_run", "result_back", "seen")
 
 
 def _unix(stamp: Any) -> float | None:
     return datetime.fromisoformat(stamp).timestamp() if isinstance(stamp, str) else None
 
 
-def command_phases(issued_unix: float, seen_unix: float, record: dict[str, Any]) -> dict[str, float | None]:
-    """Milliseconds per phase (``PHASES``); None for a phase whose stamp the record lacks (a command that failed
-    before it went out has no ``sent_at``). Stamps are milliseconds, so a phase can read -1..+1 ms off."""
-    marks = [issued_unix, *(_unix(record.get(k)) for k in ("created_at", "sent_at", "acked_at", "finished_at")), seen_unix]
+def command_phases(
+    issued_unix: float, seen_unix: float, record: dict[str, Any], agent: list[float] | None
+) -> dict[str, float | None]:
+    """Milliseconds per phase (``PHASES``) from the bench's two times, the record's stamps and the agent's marks
+    ([came in, ack out, result out], 0 for not yet); None for a phase with a stamp missing (a command that failed
+    before it went out has no ``sent_at``). The Master's stamps are milliseconds: a phase can read 1 ms off."""
+    came, ack_out, result_out = (agent or [0.0, 0.0, 0.0])[:3]
+    created, sent, acked, finished = (_unix(record.get(k)) for k in ("created_at", "sent_at", "acked_at", "finished_at"))
+    came_, ack_, result_ = came or None, ack_out or None, result_out or None
+    spans = (
+        (issued_unix, created),
+        (created, sent),
+        (sent, came_),
+        (came_, ack_),
+        (ack_, acked),
+        (ack_, result_),
+        (result_, finished),
+        (finished, seen_unix),
+    )
     return {
         phase: round((end - begin) * 1000, 1) if begin is not None and end is not None else None
-        for phase, begin, end in zip(PHASES, marks[:-1], marks[1:], strict=True)
+        for phase, (begin, end) in zip(PHASES, spans, strict=True)
     }
 
 
@@ -427,6 +445,14 @@ class CommandTiming:
     rtt_s: float
     started: float = 0.0  # perf_counter at the API call
     phases: dict[str, float | None] = field(default_factory=dict)
+    command_id: str = ""
+    stamps: tuple[float, float, dict[str, Any]] | None = None  # issued and seen (unix), the final record
+
+    def cut(self, agent_marks: dict[str, list[float]]) -> None:
+        """Fill ``phases`` with the agents' marks (the fleets' ``marks``) beside the record's stamps."""
+        if self.stamps is not None:
+            issued, seen, record = self.stamps
+            self.phases = command_phases(issued, seen, record, agent_marks.get(self.command_id))
 
 
 class CommandLoad:
@@ -479,8 +505,8 @@ class CommandLoad:
                 record = await self.client.command(command_id)
                 state = record["state"]
                 if state in FINAL_STATES:
-                    phases = command_phases(issued_unix, time.time(), record)
-                    timing = CommandTiming(kind, state, time.perf_counter() - started, started, phases)
+                    stamps = (issued_unix, time.time(), record)
+                    timing = CommandTiming(kind, state, time.perf_counter() - started, started, {}, command_id, stamps)
                     self.timings.append(timing)
                     return timing
                 await asyncio.sleep(pause)
@@ -492,6 +518,15 @@ class CommandLoad:
             return None
         self.timings.append(CommandTiming(kind, "no_final_state", time.perf_counter() - started, started))
         return None
+
+
+async def _cut_phases(fleets: list[FleetDriver], load: CommandLoad) -> None:
+    """Every timed command's phases, with the agents' marks from every fleet process."""
+    marks: dict[str, list[float]] = {}
+    for answer in await asyncio.gather(*(f.request("marks") for f in fleets)):
+        marks.update(answer.get("marks", {}))
+    for timing in load.timings:
+        timing.cut(marks)
 
 
 def _slowest(load: CommandLoad, zero_unix: float, count: int = 10) -> list[list[Any]]:
@@ -584,6 +619,8 @@ async def _sum_stats(fleets: list[FleetDriver]) -> dict[str, Any]:
             if key == "sent":
                 for kind, n in value.items():
                     total["sent"][kind] = total["sent"].get(kind, 0) + n
+            elif key == "gc_long_pauses":  # each process's own: listed, in time order
+                total[key] = sorted([*total.get(key, []), *value])
             elif key.endswith(("_s", "_ms")):
                 total[key] = _largest(total[key], value) if key in total else value
             elif isinstance(value, list):
@@ -817,6 +854,7 @@ async def _hold(
     stop.set()
     await sampling
     await commands  # bounded: each command gives up after COMMAND_TIMEOUT_S
+    await _cut_phases(fleets, load)
     profile = profiler.finish() if profiler is not None else None
     sent = {k: after_fleet["sent"].get(k, 0) - before_fleet["sent"].get(k, 0) for k in after_fleet["sent"]}
     rtts = [t.rtt_s * 1000 for t in load.timings if t.state in FINAL_STATES]
@@ -858,6 +896,7 @@ async def _hold(
                 "collections": after_fleet.get("gc_collections"),
                 "longest_ms": after_fleet.get("gc_longest_ms"),
                 "total_s": after_fleet.get("gc_total_s"),
+                "long_pauses": after_fleet.get("gc_long_pauses"),  # [unix, generation, wall ms, CPU ms, collected]
             },
             **grid.gc_figures(),
         },
@@ -910,6 +949,7 @@ async def _storm(grid: BenchGrid, fleets: list[FleetDriver], agent_ids: list[str
             break
         await asyncio.sleep(0.5)
     await commands
+    await _cut_phases(fleets, load)
     after = await _sum_stats(fleets)
     rtts = [t.rtt_s * 1000 for t in load.timings if t.state in FINAL_STATES]
     states: dict[str, int] = {}

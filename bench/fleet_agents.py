@@ -45,7 +45,7 @@ from common.config import load_config
 from common.heap import tune_for_daemon
 from common.logs import setup_logging
 from common.loop import run as run_loop
-from common.wire import Heartbeat
+from common.wire import Command, CommandAck, CommandResult, Heartbeat
 
 log = logging.getLogger(__name__)
 
@@ -195,20 +195,30 @@ class SimulatedAgent(Agent):
         source: str | None = None,
         gate: asyncio.Semaphore | None = None,
         sent: Counter[str] | None = None,
+        marks: dict[str, list[float]] | None = None,
     ) -> None:
-        """``sent``: frames sent, by type; a fleet passes one counter for all its agents."""
+        """``sent``: frames sent, by type; ``marks``: command id -> [unix time it came in, its ack went out, its result
+        went out] (0: not yet); a fleet passes one of each for all its agents."""
         super().__init__(config, runtime=runtime, ledger=MemoryCommandLog(), host=host)
         connector = SimulatedHostConnector.from_config(config, static_urls=config.access_urls, directory=self.relay_directory)
         connector.source, connector.gate = source, gate
         self.connector = connector
         self.simulated_runtime = runtime
         self.sent: Counter[str] = sent if sent is not None else Counter()
+        self.marks: dict[str, list[float]] = marks if marks is not None else {}
         self.received = 0
         self.ready_at: float | None = None  # first welcome
 
     async def _send(self, frame: msgspec.Struct) -> None:
         await super()._send(frame)
         self.sent[type(frame).__struct_config__.tag] += 1  # type: ignore[index]
+        if isinstance(frame, (CommandAck, CommandResult)) and (marks := self.marks.get(frame.id)) is not None:
+            slot = 1 if isinstance(frame, CommandAck) else 2
+            marks[slot] = marks[slot] or time.time()  # the first time: a resend's is not the round trip's
+
+    async def _on_command(self, command: Command) -> None:
+        self.marks.setdefault(command.body.id, [time.time(), 0.0, 0.0])
+        await super()._on_command(command)
 
     async def _on_message(self, message: str | bytes) -> None:
         self.received += 1
@@ -308,6 +318,7 @@ class Fleet:
         self._watch: asyncio.Task[None] | None = None
         self.gc = GcPauses()
         self.sent: Counter[str] = Counter()  # every agent's frames, by type
+        self.marks: dict[str, list[float]] = {}  # command id -> when it came in, its ack and its result went out
         self.journal: list[Execution] = []  # every agent's runtime operations, in order
 
     # --- lifecycle -----------------------------------------------------------------------------
@@ -341,7 +352,7 @@ class Fleet:
                 journal=self.journal,
             )
             source = source_address(index) if settings.distinct_sources else None
-            agent = SimulatedAgent(config, runtime=runtime, host=host, source=source, gate=gate, sent=self.sent)
+            agent = SimulatedAgent(config, runtime=runtime, host=host, source=source, gate=gate, sent=self.sent, marks=self.marks)
             # A real agent loads its certificate once, at start, on its own CPU; here that is done before the
             # ramp, so that the ramp measures the handshakes and the Master, not thousands of file loads.
             agent.tls_context()
@@ -487,10 +498,12 @@ async def _control(fleet: Fleet) -> None:
                 result: dict[str, Any] = {}
             elif op == "stats":
                 result = fleet.stats()
+            elif op == "marks":  # the bench's command round trips, cut at this process (bench.fleet.PHASES)
+                result = {"marks": fleet.marks}
             elif op == "flood":
                 result = await fleet.flood(float(request["rate"]), int(request["agents"]), float(request["seconds"]))
             else:
-                raise ValueError(f"unknown op {op!r}; expected start, stats, flood or stop")
+                raise ValueError(f"unknown op {op!r}; expected start, stats, marks, flood or stop")
             answer({"id": ref, "op": op, "ok": True, **result})
         except Exception as exc:  # answered, so the driver is never left waiting
             answer({"id": ref, "op": op, "ok": False, "error": str(exc)})

@@ -93,9 +93,10 @@ def test_the_overload_modes_run_a_competitor_and_a_relay_killed_with_its_agents_
     slowest = storm["cmd_rtt_slowest"]  # [seconds after the SIGKILL, kind, ms], slowest first
     assert slowest and [row[2] for row in slowest] == sorted((row[2] for row in slowest), reverse=True)
     assert all(row[0] >= 0 for row in slowest) and storm["profile_storm"] is None
-    for _, _, rtt_ms, phases in slowest:  # the phases cut the round trip: they add up to it (stamps are ms)
-        assert set(phases) == {"issue", "send", "ack", "run", "seen"}
-        assert sum(phases.values()) == pytest.approx(rtt_ms, abs=5)
+    for _, _, rtt_ms, phases in slowest:  # the phases on one path cut the round trip: they add up to it (ms stamps)
+        path = ("issue", "send", "to_agent", "agent_ack", "agent_run", "result_back", "seen")
+        assert all(phases[p] is not None for p in path), phases  # every command here reached its agent
+        assert sum(phases[p] for p in path) == pytest.approx(rtt_ms, abs=5)
     assert sum(storm["cmd_phases"]["tail_held_in"].values()) >= 1
     assert "storm: all back after s" in done.stdout
 
