@@ -261,7 +261,15 @@ def settle_heap() -> None:
     """
     gc.collect()
     gc.freeze()
-    gc.enable()
+
+
+# While the agents run, the automatic collector stays off and the young generation is collected this often instead.
+# The automatic one starts a young collection after 20,000 more allocations than frees (common.heap), but the frees
+# of *older* objects count too: 10,000 agents' waits (a coroutine, a future, a timer each, living a few seconds) are
+# made and freed at the same pace, so the count hardly moves while the young generation grows to half a million
+# objects, and the collection that comes at last holds every agent of the process for 250-400 ms (bench/README.md,
+# the slowest commands of a hold fell on them). A young collection each second walks a second's worth.
+YOUNG_COLLECTION_EVERY_S = 1.0
 
 
 class GcPauses:
@@ -316,6 +324,7 @@ class Fleet:
         self.ramp_started: float | None = None  # monotonic
         self.all_ready_at: float | None = None
         self._watch: asyncio.Task[None] | None = None
+        self._young: asyncio.Task[None] | None = None
         self.gc = GcPauses()
         self.sent: Counter[str] = Counter()  # every agent's frames, by type
         self.marks: dict[str, list[float]] = {}  # command id -> when it came in, its ack and its result went out
@@ -359,12 +368,14 @@ class Fleet:
             self.agents.append(agent)
         self.load_s = time.monotonic() - started
         settle_heap()
+        gc.enable()
 
     async def start(self) -> None:
         """Begin the ramp: agents start at ``connect_rate`` per second.
 
         The cyclic garbage collector is off until every agent is ready: the heap grows by a third with every
         few hundred connections, and each such growth would otherwise cost a full collection of this process.
+        From then on it stays off, and the young generation is collected every ``YOUNG_COLLECTION_EVERY_S``.
         """
         if self._ramp is not None:
             return
@@ -382,7 +393,7 @@ class Fleet:
 
     async def stop(self) -> None:
         gc.enable()
-        for task in (self._ramp, self._watch):
+        for task in (self._ramp, self._watch, self._young):
             if task is not None:
                 task.cancel()
         for agent in self.agents:
@@ -415,7 +426,13 @@ class Fleet:
             if len(self._tasks) == len(self.agents) and all(a.ready_at is not None for a in self.agents):
                 self.all_ready_at = max(a.ready_at for a in self.agents if a.ready_at is not None)
                 settle_heap()
+                self._young = asyncio.create_task(self._collect_young(), name="fleet-young-gc")
                 return
+
+    async def _collect_young(self) -> None:
+        while True:
+            await asyncio.sleep(YOUNG_COLLECTION_EVERY_S)
+            gc.collect(0)
 
     # --- what the bench asks -------------------------------------------------------------------
 

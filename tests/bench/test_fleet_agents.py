@@ -6,6 +6,7 @@ Only the host is simulated: GPUs, the container runtime (latency, failures) and 
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from pathlib import Path
 
@@ -186,11 +187,18 @@ async def test_a_fleet_of_real_agents_gets_ready_reports_and_runs_each_command_o
         assert {a for a in agent_ids if master.registry.agents[a].state == "ready"} == set(agent_ids)
         assert len(master.registry.gpus) == 8  # 2 simulated GPUs per agent, known to the Master
 
+        # Ready: the automatic collector is off, and the fleet collects the young generation itself each second
+        young_before = gc.get_stats()[0]["collections"]
+        assert not gc.isenabled()
+
         target = agent_ids[0]
         record = await master.commands.create(target, "create_container", {"name": "c1", "image": "bench/none"})
         assert await _final(master, record.id) == "succeeded"
         await master.commands.resend_for(target)  # a resend of a finished command: answered, not run again
         await asyncio.sleep(1.5)  # a heartbeat or so, for telemetry and the resend to arrive
+        assert gc.get_stats()[0]["collections"] > young_before
+        came, ack_out, result_out = fleet.marks[record.id]  # the command's times at its agent, for bench.fleet's phases
+        assert 0 < came <= ack_out <= result_out
 
         stats = fleet.stats()
         assert stats["ready"] == 4 and stats["all_ready_s"] is not None
@@ -203,6 +211,7 @@ async def test_a_fleet_of_real_agents_gets_ready_reports_and_runs_each_command_o
     finally:
         await fleet.stop()
     assert fleet.stats()["open"] == 0
+    assert gc.isenabled()
 
 
 async def test_failures_of_the_simulated_runtime_reach_the_master_as_failed_commands(grid):
