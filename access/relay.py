@@ -619,8 +619,12 @@ class AgentGateway:
             self._cut_off_slow(session, session.backlog())
             return False
         try:
-            # Below write_limit a send does not wait; the timeout only guards against the unexpected.
-            sent = await asyncio.wait_for(session.send(frame), DELIVER_TIMEOUT_S)
+            # Below write_limit a send does not wait; the timeout only guards against the unexpected. A timeout
+            # scope, not wait_for: on Python 3.11 wait_for runs the send as a task of its own, so every frame cost
+            # the link's reader a turn of the event loop; in a reconnect storm, with thousands of TLS handshakes
+            # taking a step each turn (100-200 ms a turn), the frames behind (commands, welcomes) waited seconds.
+            async with asyncio.timeout(DELIVER_TIMEOUT_S):
+                sent = await session.send(frame)
         except TimeoutError:
             self._cut_off_slow(session, session.backlog())
             return False

@@ -3,6 +3,7 @@ Master's report pace passed on to agents, and new sessions admitted at the pace 
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -189,3 +190,20 @@ def test_the_relay_buffer_keeps_its_lanes_bounds_and_order_under_any_sequence(op
     for agent in "abcd":
         serials = [int(e.data.split(b":")[1]) for e in sent if e.kind == "heartbeat" and e.agent_id == agent]
         assert serials == sorted(serials)  # an agent's heartbeats in the order it sent them
+
+
+async def test_frames_for_an_agent_that_keeps_up_are_delivered_without_a_turn_of_the_event_loop_each(
+    make_relay, master, pki, open_agent
+):
+    """The Master link's reader delivers frame after frame: each must not cost a turn of the loop, which in a
+    reconnect storm (thousands of TLS handshakes taking a step per turn) lasts 100-200 ms."""
+    relay = await make_relay()
+    agent = pki.agent()
+    async with open_agent(relay, agent) as ws:
+        await master.wait_for(lambda: relay.agents.sessions, "the agent's session")
+        turned = asyncio.Event()
+        asyncio.get_running_loop().call_soon(turned.set)  # runs at the loop's next turn, not before
+        for n in range(20):
+            assert await relay.agents.deliver(agent.identity.id, json.dumps({"type": "ping", "nonce": str(n)}).encode())
+        assert not turned.is_set()
+        assert [(await next_json(ws))["nonce"] for _ in range(20)] == [str(n) for n in range(20)]  # all of them, in order
