@@ -216,6 +216,16 @@ class SimulatedAgent(Agent):
             slot = 1 if isinstance(frame, CommandAck) else 2
             marks[slot] = marks[slot] or time.time()  # the first time: a resend's is not the round trip's
 
+    async def _save_directory(self) -> None:
+        """Kept in memory only (the agent's ``relay_directory``), not written to this agent's state directory.
+
+        A real host writes its own small file, fsynced, in a worker thread, on its own disk. Here 5,000 agents of
+        one process wrote theirs at once when a relay died (the directory changed for all of them): thousands of
+        writes and fsyncs queued on the process's worker threads, which took the interpreter lock from the event
+        loop of every agent in it, and a command's 20 ms create took 2.7 s (bench/README.md, the storm). The
+        agent's own saving is tested with the agent (tests/agent)."""
+        return
+
     async def _on_command(self, command: Command) -> None:
         self.marks.setdefault(command.body.id, [time.time(), 0.0, 0.0])
         await super()._on_command(command)
