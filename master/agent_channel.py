@@ -164,7 +164,9 @@ class AgentChannel:
             lost = [i for i in agent_ids[start : start + LOSE_SLICE] if i not in links]
             for agent_id in lost:
                 await self._verifier.on_disconnect(agent_id)  # a run in progress there is over
-            agents = [a for a in (registry.agents.get(i) for i in lost) if a is not None and a.state in _CONNECTED]
+            # Again: a verification run's end may write to the store, and a hello be handled meanwhile.
+            back = (registry.agents.get(i) for i in lost if i not in links)
+            agents = [a for a in back if a is not None and a.state in _CONNECTED]
             for agent in agents:
                 agent.relay = ""
             await registry.transition_many([(agent, reason) for agent in agents], "disconnected")
