@@ -520,11 +520,14 @@ class CommandLoad:
         return None
 
 
-async def _cut_phases(fleets: list[FleetDriver], load: CommandLoad) -> None:
-    """Every timed command's phases, with the agents' marks from every fleet process."""
+async def _cut_phases(fleets: list[FleetDriver], load: CommandLoad, into: Path) -> None:
+    """Every timed command's phases, with the agents' marks from every fleet process. Each writes its marks to a file
+    in ``into``: a command's are about 90 bytes, and a long hold's would not fit the control pipe's 1 MiB line."""
+    paths = [into / f"marks-{f.name}.json" for f in fleets]
+    await asyncio.gather(*(f.request("marks", path=str(path)) for f, path in zip(fleets, paths, strict=True)))
     marks: dict[str, list[float]] = {}
-    for answer in await asyncio.gather(*(f.request("marks") for f in fleets)):
-        marks.update(answer.get("marks", {}))
+    for path in paths:
+        marks.update(json.loads(path.read_bytes()))
     for timing in load.timings:
         timing.cut(marks)
 
@@ -854,7 +857,7 @@ async def _hold(
     stop.set()
     await sampling
     await commands  # bounded: each command gives up after COMMAND_TIMEOUT_S
-    await _cut_phases(fleets, load)
+    await _cut_phases(fleets, load, grid.root)
     profile = profiler.finish() if profiler is not None else None
     sent = {k: after_fleet["sent"].get(k, 0) - before_fleet["sent"].get(k, 0) for k in after_fleet["sent"]}
     rtts = [t.rtt_s * 1000 for t in load.timings if t.state in FINAL_STATES]
@@ -949,7 +952,7 @@ async def _storm(grid: BenchGrid, fleets: list[FleetDriver], agent_ids: list[str
             break
         await asyncio.sleep(0.5)
     await commands
-    await _cut_phases(fleets, load)
+    await _cut_phases(fleets, load, grid.root)
     after = await _sum_stats(fleets)
     rtts = [t.rtt_s * 1000 for t in load.timings if t.state in FINAL_STATES]
     states: dict[str, int] = {}

@@ -526,7 +526,8 @@ async def _control(fleet: Fleet) -> None:
             elif op == "stats":
                 result = fleet.stats()
             elif op == "marks":  # the bench's command round trips, cut at this process (bench.fleet.PHASES)
-                result = {"marks": fleet.marks}
+                Path(request["path"]).write_text(json.dumps(fleet.marks))
+                result = {"commands": len(fleet.marks)}
             elif op == "flood":
                 result = await fleet.flood(float(request["rate"]), int(request["agents"]), float(request["seconds"]))
             else:
