@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import io
 import multiprocessing
 import os
 import stat
@@ -134,19 +135,32 @@ class ObjectStore:
         finally:
             tmp.unlink(missing_ok=True)
 
-    async def put(self, source: BinaryIO, bucket: str, key: str, on_bytes: Callable[[int], None] | None = None) -> None:
-        """The open file ``source`` as ``key`` (multipart above the part size), with a checksum the store verifies. A
-        file object, not a path: the caller opened it safely (``open_inside``) and the path may change meanwhile (the
-        bulk pool's worker opens the same open file through /proc, never the path)."""
+    async def put(self, source: BinaryIO, bucket: str, key: str, on_bytes: Callable[[int], None] | None = None) -> int:
+        """The open file ``source`` as ``key`` (multipart above the part size), with a checksum the store verifies; the
+        bytes sent. A file object, not a path: the caller opened it safely (``open_inside``) and the path may change
+        meanwhile (the bulk pool's worker opens the same open file through /proc, never the path).
 
-        def run() -> None:
+        The container may rewrite the file in place while it goes up (a shell's ``>`` empties it first). A file below
+        the part size is therefore read whole, then sent as those bytes: streamed, a body shorter than the length
+        announced for it would hold the request until the store's read timeout (a minute) before a retry. Larger files
+        go in parts, each read whole before it is sent."""
+        limit = self._limits.part_bytes
+
+        def run() -> int:
+            data = source.read(limit)
+            if len(data) < limit:
+                self._client.upload_fileobj(io.BytesIO(data), bucket, key, Config=self._transfer, Callback=on_bytes)
+                return len(data)
+            source.seek(0)  # grown to a part or more since it was opened: in parts
             self._client.upload_fileobj(source, bucket, key, Config=self._transfer, Callback=on_bytes)
+            return source.tell()
 
         what = f"uploading to s3://{bucket}/{key}"
-        if self._bulk is not None and os.fstat(source.fileno()).st_size >= self._limits.part_bytes:
+        size = os.fstat(source.fileno()).st_size
+        if self._bulk is not None and size >= limit:
             await self._in_bulk(what, BulkJob("put", bucket, key, f"/proc/{os.getpid()}/fd/{source.fileno()}"))
-        else:
-            await self._call(what, run)
+            return size
+        return await self._call(what, run)
 
     async def _in_bulk(self, what: str, job: BulkJob) -> None:
         assert self._bulk is not None

@@ -330,8 +330,11 @@ class DataPlane:
                 continue
             async with self._slots:
                 with source:
-                    await p.store.put(source, bucket, object_key)
-            moved += plan.manifest.files[rel].size
+                    sent = await p.store.put(source, bucket, object_key)
+            entry = plan.manifest.files[rel]
+            if sent != entry.size:  # rewritten since the scan: the manifest says what went up (its mtime differs next scan)
+                plan.manifest.files[rel] = msgspec.structs.replace(entry, size=sent)
+            moved += sent
         await p.store.put_bytes(encode_manifest(plan.manifest), bucket, manifest_key(prefix))
         p.manifest = plan.manifest
         for old in plan.drop:
@@ -361,9 +364,8 @@ class DataPlane:
                     continue
                 async with self._slots:
                     with source:
-                        await p.store.put(source, bucket, prefix + rel)
+                        moved += await p.store.put(source, bucket, prefix + rel)
                 sent[rel] = now[rel]
-                moved += now[rel].size
                 files += 1
         if files:
             self._tell(p, StorageActivity(what="outputs_uploaded", bytes=moved, files=files, seconds=self._clock() - started))

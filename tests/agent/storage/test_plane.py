@@ -4,6 +4,7 @@ end, and the renter's errors as renter faults."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import stat
 import uuid
@@ -143,6 +144,69 @@ async def test_a_large_checkpoint_file_goes_up_in_parts_and_comes_back_whole(s3,
     other = Host(tmp_path / "other")
     spec2, _ = await other.plane.prepare(container("wl-0123abcd-r0-a2", st), host_paths=True)
     assert (Path(spec2.env[ENV_CHECKPOINT_DIR]) / "model.pt").read_bytes() == blob
+    await other.plane.finish("wl-0123abcd-r0-a2")
+
+
+async def test_a_file_rewritten_in_place_while_it_goes_up_is_sent_as_read_without_a_stall(s3, tmp_path, monkeypatch):
+    """The CI failure of 2026-11-27: a job writes its step with ``echo $step > step`` twice a second, which empties the
+    file before writing it. Caught between the moment the upload measured it (3 bytes) and its read, the upload
+    announced 3 bytes, sent 1, and the store waited a minute for the rest (the test saw no checkpoint in 30 s). Here
+    the container's rewrite lands in that gap every time; the plane sends what it read, at once, and says so."""
+    import agent.storage.plane as plane_module
+
+    b = bucket(s3)
+    st = storage(
+        s3,
+        checkpoint=CheckpointSpec(uri=f"s3://{b}/ck/", period_s=3600),
+        outputs=[StorageMount(uri=f"s3://{b}/out/", path="/out")],
+    )
+    host = Host(tmp_path / "h")
+    spec, _ = await host.plane.prepare(container("wl-0123abcd-r0-a1", st), host_paths=True)
+    ck, out = Path(spec.env[ENV_CHECKPOINT_DIR]), Path(spec.env[ENV_OUTPUT_DIR])
+    (ck / "step").write_text("100")
+    (out / "log.txt").write_text("step 100\n")
+    opened = plane_module.open_inside
+
+    class RewrittenAtFirstRead:
+        """The opened file, emptied and written shorter (as a shell's > does) just before its first read."""
+
+        def __init__(self, source, path: Path) -> None:
+            self.source, self.path, self.rewritten = source, path, False
+
+        def read(self, n: int = -1) -> bytes:
+            if not self.rewritten:
+                self.rewritten = True
+                with open(self.path, "r+") as same:
+                    same.truncate(0)
+                    same.write("7")
+            return self.source.read(n)
+
+        def __getattr__(self, name: str):
+            return getattr(self.source, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> None:
+            self.source.close()
+
+    def opened_then_rewritten(root: Path, rel: str):
+        source = opened(root, rel)
+        return RewrittenAtFirstRead(source, root / rel) if source is not None else None
+
+    monkeypatch.setattr(plane_module, "open_inside", opened_then_rewritten)
+    await asyncio.wait_for(host.plane.sync("wl-0123abcd-r0-a1"), 20)  # streamed, it held until the read timeout, 60 s
+    monkeypatch.setattr(plane_module, "open_inside", opened)
+    assert s3.client().get_object(Bucket=b, Key="ck/data/00000001/step")["Body"].read() == b"7"
+    assert s3.client().get_object(Bucket=b, Key="out/log.txt")["Body"].read() == b"7"
+    (upload,) = host.activities("checkpoint_uploaded")
+    assert (upload.bytes, upload.total_bytes) == (1, 1)  # what went up, not what the scan saw
+    (outputs,) = host.activities("outputs_uploaded")
+    assert outputs.bytes == 1
+    await host.plane.finish("wl-0123abcd-r0-a1")
+    other = Host(tmp_path / "other")
+    again, _ = await other.plane.prepare(container("wl-0123abcd-r0-a2", st), host_paths=True)
+    assert (Path(again.env[ENV_CHECKPOINT_DIR]) / "step").read_text() == "7"
     await other.plane.finish("wl-0123abcd-r0-a2")
 
 
