@@ -23,13 +23,37 @@ DUTY = 0.5  # share of the time the store may be kept busy by one flush
 
 
 async def write_paced(
-    items: Sequence[T], write: Callable[[Sequence[T]], Awaitable[None]], *, batch: int = BATCH, duty: float = DUTY
+    items: Sequence[T],
+    write: Callable[[Sequence[T]], Awaitable[None]],
+    *,
+    batch: int = BATCH,
+    duty: float = DUTY,
+    spread_s: float = 0.0,
 ) -> None:
-    """``write`` every item, ``batch`` at a time; after each batch, rest so that writing takes at most ``duty``."""
+    """``write`` every item, ``batch`` at a time; after each batch, rest so that writing takes at most ``duty``.
+
+    ``spread_s``: rest longer where that spreads the batches evenly over about that long (the batches left start at
+    even steps over what is left of it, at the pace the batches so far took). A minute of telemetry written as a
+    burst at half duty took 10-13 s of a busy machine and slowed every command in those seconds; spread over the
+    next half minute, it is a low hum (bench/README.md, "The minute's write, spread")."""
     if not 0 < duty <= 1:
         raise ValueError(f"duty must be in (0, 1], got {duty}")
-    for start in range(0, len(items), batch):
+    if spread_s < 0:
+        raise ValueError(f"spread_s must not be negative, got {spread_s}")
+    total = -(-len(items) // batch)
+    began_all = time.monotonic()
+    busy = 0.0
+    for done, start in enumerate(range(0, len(items), batch), start=1):
         began = time.monotonic()
         await write(items[start : start + batch])
-        if start + batch < len(items) and duty < 1:
-            await asyncio.sleep((time.monotonic() - began) * (1 - duty) / duty)
+        took = time.monotonic() - began
+        busy += took
+        left = total - done
+        if not left:
+            break
+        rest = took * (1 - duty) / duty
+        if spread_s > 0:  # what is left of the window, less the work left, shared among the batches left
+            window_left = spread_s - (time.monotonic() - began_all) - left * busy / done
+            rest = max(rest, window_left / left)
+        if rest > 0:
+            await asyncio.sleep(rest)

@@ -79,6 +79,9 @@ class MasterConfig(msgspec.Struct, kw_only=True):
     server_names: list[str] = msgspec.field(default_factory=lambda: ["localhost"])
     server_ips: list[str] = msgspec.field(default_factory=lambda: ["127.0.0.1"])
     rollup_flush_s: float = 15.0
+    # A flush's writes are spread over about this long (master/batches.py): a minute of 10,000 agents' telemetry is
+    # 80,000 rollups, and written as a burst it slowed every command of a busy machine for 10-13 s. 0: the duty alone.
+    flush_spread_s: Annotated[float, msgspec.Meta(ge=0)] = 30.0
     # Heartbeats change only an agent's last_seen and uptime in memory; those are written this often (state changes
     # at once). 10,000 agents rewritten every rollup_flush_s cost the Master as much store time as all telemetry; a
     # restarted Master gives every agent a full heartbeat timeout before judging silence, so nothing rests on it.

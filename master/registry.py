@@ -588,9 +588,10 @@ class Registry:
         moves = [(agent, f"no heartbeat for {now - agent.last_seen:.1f} s") for agent in silent]
         return [agent.id for agent in await self.transition_many(moves, "heartbeat_lost")]
 
-    async def flush(self) -> int:
+    async def flush(self, spread_s: float = 0.0) -> int:
         """Write the agents changed in memory only (heartbeats), in paced batches (master/batches.py): one write
-        per agent would queue ten thousand store calls every flush, and a command's writes behind them."""
+        per agent would queue ten thousand store calls every flush, and a command's writes behind them.
+        ``spread_s``: over about that long (write_paced)."""
         dirty = [a for a in (self.agents.get(i) for i in list(self._dirty)) if a is not None]
         self._dirty.clear()
         written = 0
@@ -603,7 +604,7 @@ class Registry:
             written += len(batch)
 
         try:
-            await write_paced(dirty, write)
+            await write_paced(dirty, write, spread_s=spread_s)
         except BaseException:
             self._dirty.update(a.id for a in dirty[written:])  # written with the next flush
             raise

@@ -429,13 +429,15 @@ class TelemetryAggregator:
                 minute = ended
             minute.add(sample)
 
-    async def flush(self, now: float, *, everything: bool = False, duty: float | None = None) -> int:
+    async def flush(self, now: float, *, everything: bool = False, duty: float | None = None, spread_s: float = 0.0) -> int:
         """Persist the minutes that are over (all of them on shutdown); returns how many rollups were written.
 
         Paced (master/batches.py): a minute of 10,000 agents is 80,000 rollups, which written at once would
         stall every frame and command behind them for seconds. Each batch's rollups are made when it is written,
         not all at once (80,000 of them would hold the event loop for a quarter of a second). ``duty``: the
         pacing's (default: rest as long as each batch took; none when everything is flushed on shutdown).
+        ``spread_s``: the GPUs' rollups are spread over about that long, the hosts' over the same share of it as
+        their number is of the GPUs' (write_paced); not on shutdown.
         """
         current = int(now // 60)
         over = [m for m in self._open.values() if everything or m.minute < current]
@@ -446,6 +448,8 @@ class TelemetryAggregator:
         retry, self._unwritten = self._unwritten, []
         if duty is None:
             duty = 1.0 if everything else DUTY
+        if everything:
+            spread_s = 0.0
         written = 0
 
         async def put(rollups: list[TelemetryRollup]) -> None:
@@ -472,17 +476,18 @@ class TelemetryAggregator:
         try:
             if retry:
                 await put(retry)  # a failed batch of an earlier flush
-            await write_paced(done, write, duty=duty)
+            await write_paced(done, write, duty=duty, spread_s=spread_s)
         except BaseException:
             for minute in done[consumed:]:  # not reached: written by the next flush
                 self._ended[(minute.uuid, minute.minute)] = minute
             raise
         if self.thin_minutes:  # an hour back still marks a late sample's minute
             self.thin_minutes = {m: f for m, f in self.thin_minutes.items() if m >= current - 60}
-        return written + await self._flush_hosts(current, everything=everything, duty=duty)
+        return written + await self._flush_hosts(current, everything=everything, duty=duty, spread_s=spread_s, gpus=len(done))
 
-    async def _flush_hosts(self, current: int, *, everything: bool, duty: float) -> int:
-        """``flush`` for the hosts' own minutes, paced and retried alike; returns how many host rollups were written."""
+    async def _flush_hosts(self, current: int, *, everything: bool, duty: float, spread_s: float, gpus: int) -> int:
+        """``flush`` for the hosts' own minutes, paced and retried alike; returns how many host rollups were written.
+        ``spread_s``: the GPUs' (``gpus`` rollups were written over it), shared out by number."""
         over = [m for m in self._host_open.values() if everything or m.minute < current]
         for minute in over:
             del self._host_open[minute.agent_id]
@@ -509,7 +514,7 @@ class TelemetryAggregator:
         try:
             if retry:
                 await put(retry)
-            await write_paced(done, write, duty=duty)
+            await write_paced(done, write, duty=duty, spread_s=spread_s * min(1.0, len(done) / gpus) if gpus else 0.0)
         except BaseException:
             for minute in done[consumed:]:
                 self._host_ended[(minute.agent_id, minute.minute)] = minute

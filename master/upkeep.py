@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SLOW_FLUSH_S = 1.0  # a flush longer than this is logged: writes queued behind it wait as long
+# The heartbeat flush comes once a minute after a minute's rollups, and is about an eighth of their records.
+HEARTBEAT_SPREAD_SHARE = 0.25
 
 
 class Upkeep:
@@ -67,13 +69,14 @@ class Upkeep:
         """Telemetry rollups and heartbeat-only agent changes, written in batches."""
         parts = self._parts
         started = time.monotonic()
-        rollups = await parts.telemetry.flush(time.time())
+        spread_s = parts.config.flush_spread_s
+        rollups = await parts.telemetry.flush(time.time(), spread_s=spread_s)
         agents = 0
         if started - self._agents_flushed_at >= parts.config.heartbeat_flush_s:
             self._agents_flushed_at = started
-            agents = await parts.registry.flush()
+            agents = await parts.registry.flush(spread_s=spread_s * HEARTBEAT_SPREAD_SHARE)
         took = time.monotonic() - started
-        if took > SLOW_FLUSH_S:
+        if took > SLOW_FLUSH_S + spread_s * (1 + HEARTBEAT_SPREAD_SHARE):
             log.warning("slow flush", extra={"rollups": rollups, "agents": agents, "seconds": round(took, 2)})
 
     async def keep_history(self) -> None:

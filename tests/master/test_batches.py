@@ -70,3 +70,52 @@ def test_a_duty_outside_zero_to_one_is_refused() -> None:
 
     with pytest.raises(ValueError, match="duty"):
         asyncio.run(write_paced([1], write, duty=0))
+
+
+class FakeClock:
+    """``time.monotonic`` and ``asyncio.sleep`` of master/batches.py on a clock that moves only when told: a write
+    takes ``busy_s`` of it, a rest as long as asked. The pacing's arithmetic is checked exactly, on any machine."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, busy_s: float) -> None:
+        self.now, self.busy_s = 0.0, busy_s
+        self.starts: list[float] = []
+        self.rests: list[float] = []
+        monkeypatch.setattr("master.batches.time.monotonic", lambda: self.now)
+        monkeypatch.setattr("master.batches.asyncio.sleep", self.sleep)
+
+    async def sleep(self, seconds: float) -> None:
+        self.rests.append(seconds)
+        self.now += seconds
+
+    async def write(self, batch) -> None:
+        self.starts.append(self.now)
+        self.now += self.busy_s
+
+
+async def test_a_spread_write_starts_its_batches_at_even_steps_and_ends_with_its_window(monkeypatch) -> None:
+    clock = FakeClock(monkeypatch, busy_s=0.01)
+    await write_paced(list(range(5)), clock.write, batch=1, duty=0.5, spread_s=1.0)
+    steps = [b - a for a, b in zip(clock.starts, clock.starts[1:])]
+    assert steps == pytest.approx([steps[0]] * 4) and steps[0] == pytest.approx((1.0 - 0.01) / 4)
+    assert clock.now == pytest.approx(1.0)  # the last batch ends as the window does: nothing left for the next flush
+
+
+async def test_the_duty_still_bounds_a_spread_write_whose_batches_are_slow(monkeypatch) -> None:
+    clock = FakeClock(monkeypatch, busy_s=0.3)  # three batches of 0.3 s cannot fit half-busy in 0.5 s
+    await write_paced(list(range(3)), clock.write, batch=1, duty=0.5, spread_s=0.5)
+    assert clock.rests == pytest.approx([0.3, 0.3])  # as long as each took: the store is never more than half busy
+    assert clock.now == pytest.approx(1.5)
+
+
+async def test_without_a_spread_only_the_duty_rests(monkeypatch) -> None:
+    clock = FakeClock(monkeypatch, busy_s=0.02)
+    await write_paced(list(range(3)), clock.write, batch=1, duty=0.5)
+    assert clock.rests == pytest.approx([0.02, 0.02])
+
+
+def test_a_negative_spread_is_refused() -> None:
+    async def write(batch):
+        pass
+
+    with pytest.raises(ValueError, match="spread_s"):
+        asyncio.run(write_paced([1], write, spread_s=-1.0))

@@ -301,3 +301,34 @@ async def test_the_rollups_of_a_minute_whose_telemetry_was_paced_or_shed_are_mar
     assert (thin.minute, thin.thinned) == (MINUTE // 60, 4.0)
     assert (usual.minute, usual.thinned) == (MINUTE // 60 + 1, 1.0)
     await store.close()
+
+
+async def test_a_minutes_rollups_are_spread_over_the_flush_window_and_written_at_once_on_shutdown(tmp_path, monkeypatch):
+    """A minute of 1,200 GPUs and 150 hosts, flushed with a spread of 30 s: its batches rest in between and the
+    rests with the hosts' batch come to about 30 s (the clock is a fake that moves only with rests, so this is the
+    pacing's arithmetic, not a timing). On shutdown nothing rests."""
+    rests: list[float] = []
+
+    async def rest(seconds: float) -> None:
+        rests.append(seconds)
+
+    monkeypatch.setattr("master.batches.asyncio.sleep", rest)
+    monkeypatch.setattr("master.batches.time.monotonic", lambda: sum(rests))
+    store = SqliteStore(str(tmp_path / "m.db"))
+    await store.open()
+    telemetry = TelemetryAggregator(store)
+    for host in range(150):
+        telemetry.ingest(f"agt-{host}", [sample(f"GPU-{host}-{i}", MINUTE + 1, 10) for i in range(8)])
+        telemetry.ingest_host(f"agt-{host}", host_sample(MINUTE + 1))
+    assert await telemetry.flush(MINUTE + 65, spread_s=30.0) == 1200 + 150
+    assert len(rests) == 2  # three batches of GPU rollups (500, 500, 200); the hosts' 150 are one batch
+    assert sum(rests) == pytest.approx(30.0)  # writes take no time on this clock: the rests are the window
+    assert len(await store.rollups.list("GPU-149-7")) == 1 and len(await store.host_rollups.list("agt-149")) == 1
+
+    rests.clear()
+    telemetry.ingest("agt-1", [sample(f"GPU-1-{i}", MINUTE + 70, 10) for i in range(8)])
+    for host in range(150, 300):
+        telemetry.ingest(f"agt-{host}", [sample(f"GPU-{host}-{i}", MINUTE + 70, 10) for i in range(8)])
+    assert await telemetry.flush(MINUTE + 75, everything=True, spread_s=30.0) >= 1208
+    assert rests == []  # shutdown: everything at once
+    await store.close()
