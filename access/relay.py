@@ -56,7 +56,9 @@ from common.wire import (
     HARD_FRAME_BYTES,
     AgentConnected,
     Config,
+    DirectoryNews,
     ErrorCode,
+    RelayDirectory,
     RenewResponse,
     ReportPace,
     decode_agent_frame,
@@ -280,6 +282,7 @@ class AgentConnection:
     ping: asyncio.Future[float] | None = None  # the pong awaited for a ping to a silent agent, while one is out
     ping_sent: float = 0.0
     pace_told: int = -1  # the relay's pace epoch this agent was told (-1: not welcomed yet, its welcome tells it)
+    directory_told: int = -1  # the relay's directory epoch this agent was told (-1: not welcomed yet, its welcome tells it)
 
     @property
     def agent_id(self) -> str:
@@ -332,6 +335,10 @@ class AgentGateway:
         self._pace_frame: bytes | None = None
         self._pace_epoch = 0
         self._paced = False  # the pace now is not the Master's defaults (which every welcome carries)
+        # The relay directory the Master last announced (a relay_directory frame; None until it first did), and its
+        # epoch: like the pace, each agent is told with its next frame (``directory``).
+        self._directory_frame: bytes | None = None
+        self._directory_epoch = 0
         self._admission_slot = 0.0  # monotonic time of the last token promised to a refused agent
         link.attach(self)
 
@@ -575,6 +582,8 @@ class AgentGateway:
             case Forward(kind):
                 if session.pace_told != self._pace_epoch and session.pace_told >= 0:
                     await self._tell_pace(session)
+                if session.directory_told != self._directory_epoch and session.directory_told >= 0:
+                    await self._tell_directory(session)
                 # Waits while the buffer is full of frames that must be kept (backpressure: this agent is not
                 # read meanwhile); gives up only if the connection ends, and an agent resends results until acked.
                 if await self._link.forward(session.agent_id, kind, message, until=session.connection.connection_lost_waiter):
@@ -633,6 +642,7 @@ class AgentGateway:
         self._metrics.frame_out(frame)
         if frame.startswith(WELCOME_PREFIX):
             session.pace_told = self._pace_epoch
+            session.directory_told = self._directory_epoch  # the welcome carries the directory, as new as any news before it
             if self._paced and self._pace_frame is not None:
                 await session.send(self._pace_frame)  # the welcome's intervals are the defaults: the pace overrides them
         if frame.startswith(RENEW_RESPONSE_PREFIX):
@@ -709,6 +719,18 @@ class AgentGateway:
         session.pace_told = self._pace_epoch
         if self._pace_frame is not None:
             await session.send(self._pace_frame)
+
+    async def directory(self, news: DirectoryNews) -> None:
+        """The relay directory changed: each agent here is told with its next frame (a heartbeat comes every few
+        seconds), not all at once. Sent by the Master to each agent through the link, 5,000 directory frames (1.2 MB)
+        held every command behind them for seconds in a reconnect storm (bench/README.md, "The storm's window")."""
+        self._directory_frame = encode(RelayDirectory(relays=news.relays))
+        self._directory_epoch += 1
+
+    async def _tell_directory(self, session: AgentConnection) -> None:
+        session.directory_told = self._directory_epoch
+        if self._directory_frame is not None:
+            await session.send(self._directory_frame)
 
     async def revoke(self, serials: Iterable[str]) -> None:
         """Remember revoked serials and cut off every session and tunnel holding one, at once."""

@@ -41,6 +41,7 @@ from common.wire import (
     AccessWelcome,
     AgentConnected,
     AgentDisconnected,
+    DirectoryNews,
     EnrollRequest,
     EnrollResponse,
     Error,
@@ -349,6 +350,8 @@ class AgentSide(Protocol):
 
     async def pace(self, pace: ReportPace) -> None: ...
 
+    async def directory(self, news: DirectoryNews) -> None: ...
+
 
 def not_leader(connection: ClientConnection | None) -> str | None:
     """The leader's link URL a Master that does not lead closed ``connection`` with ("" when it knows none), or None
@@ -568,6 +571,7 @@ class MasterLink:
             region=self.config.region,
             public_url=self.public_url,
             http_url=self.http_url,
+            directory_news=True,
         )
         await connection.send(encode(hello), text=True)
         welcome = decode_link_frame(await asyncio.wait_for(connection.recv(), WELCOME_TIMEOUT_S))
@@ -719,6 +723,8 @@ class MasterLink:
                     self.pace = frame
                     self._metrics.report_pace.set(frame.factor)
                     await self._agents.pace(frame)
+                case DirectoryNews():
+                    await self._agents.directory(frame)
                 case EnrollResponse():
                     future = self._pending.get(frame.req_id)
                     if future is not None and not future.done():

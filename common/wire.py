@@ -312,6 +312,9 @@ class AccessHello(_Frame, tag="access_hello"):
     region: str
     public_url: str = ""
     http_url: str = ""  # https://HOST:PORT renters reach the relay's HTTPS port at (tunnels); "" from older relays
+    # The relay takes ``DirectoryNews`` and passes it on to its agents; an older relay leaves this out and its agents
+    # get one ``relay_directory`` frame each through the link.
+    directory_news: bool = False
 
 
 class AccessWelcome(_Frame, tag="access_welcome"):
@@ -320,6 +323,16 @@ class AccessWelcome(_Frame, tag="access_welcome"):
     # The Master takes a JSON array of link frames as one message (in order, as if sent one by one). A relay sends
     # arrays only when told so: an older Master, which leaves this out, gets one frame per message.
     batches: bool = False
+
+
+class DirectoryNews(_Frame, tag="directory_news"):
+    """Master -> relay: the relay directory changed; the relay tells each of its agents (a ``relay_directory``
+    frame) with the agent's next frame, and each agent welcomed later has it in its welcome.
+
+    One frame per relay instead of one per agent: 5,000 directory frames (1.2 MB) sent at once through a link sat
+    before every command behind them for seconds while the relay drained them in a reconnect storm."""
+
+    relays: list[RelayEntry]
 
 
 class Relay(_Frame, tag="relay"):
@@ -405,6 +418,7 @@ LinkFrame = (
     | EnrollRequest
     | EnrollResponse
     | ReportPace
+    | DirectoryNews
     | Error
 )
 

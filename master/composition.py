@@ -167,7 +167,7 @@ def compose(config: MasterConfig, store: Store, *, link_refusal: Callable[[], st
         ),
         metrics=metrics,
         directory=RelayDirectoryAnnouncer(
-            lambda: hub.links.values(), lambda frame: _announce(parts, frame), coalesce_s=config.relay_directory_coalesce_s
+            lambda: hub.links.values(), hub.announce_directory, coalesce_s=config.relay_directory_coalesce_s
         ),
         verifier=verifier,
         secrets=SecretVault(store, SecretBox.open(authority.pki_dir)),  # beside the CA: backed up and shared with it
@@ -176,10 +176,6 @@ def compose(config: MasterConfig, store: Store, *, link_refusal: Callable[[], st
     parts.upkeep = Upkeep(parts)
     commands.on_final = lambda record: _command_finished(parts, record)
     return parts
-
-
-async def _announce(parts: Parts, frame: bytes) -> None:
-    await parts.channel.announce_to_agents(frame)
 
 
 def _command_finished(parts: Parts, record: CommandRecord) -> None:

@@ -3,7 +3,7 @@
 Agents get it in their welcome (and new agents in their enrollment response), and again whenever it
 changes: relays come and go in bursts (a restart, a network split), so a change is announced once,
 ``coalesce_s`` after the first of a burst, and only if the directory then differs from the last one
-announced.
+announced. An announcement is one frame per relay, which tells its agents one by one (``RelayHub.announce_directory``).
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Iterable
 
-from common.wire import RelayDirectory, RelayEntry, encode
+from common.wire import RelayEntry
 from master.link import AccessLink
 
-Announce = Callable[[bytes], Awaitable[None]]  # sends one encoded frame to every connected agent
+Announce = Callable[[list[RelayEntry]], Awaitable[object]]  # tells every connected agent the directory
 
 
 def directory_of(links: Iterable[AccessLink]) -> list[RelayEntry]:
@@ -54,4 +54,4 @@ class RelayDirectoryAnnouncer:
         directory = self.current()
         if directory != self._announced:
             self._announced = directory
-            await self._announce(encode(RelayDirectory(relays=directory)))
+            await self._announce(directory)

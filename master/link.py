@@ -29,9 +29,12 @@ from common.wire import (
     AccessHello,
     AccessStats,
     AccessWelcome,
+    DirectoryNews,
     ErrorCode,
     LinkFrame,
     Relay,
+    RelayDirectory,
+    RelayEntry,
     ReportPace,
     decode_link_frame,
     encode,
@@ -60,6 +63,7 @@ class AccessLink:
     agents: set[str] = field(default_factory=set)
     intake: LinkIntake | None = None  # its frames between reading and handling (master/intake.py)
     telemetry_shed: int = 0  # what its relay last said it let go of telemetry, in all (AccessStats)
+    directory_news: bool = False  # it passes DirectoryNews on to its agents (its AccessHello said so)
 
     async def send(self, data: bytes) -> bool:
         try:
@@ -141,6 +145,20 @@ class RelayHub:
         link = self.agent_links.get(agent_id)
         return link is not None and await link.send_to_agent(agent_id, frame)
 
+    async def announce_directory(self, relays: list[RelayEntry]) -> int:
+        """The relay directory, to every connected agent: one ``DirectoryNews`` to each relay that passes it on to its
+        agents, one ``relay_directory`` frame per agent through an older relay. Returns how many frames went."""
+        news = encode(DirectoryNews(relays=relays))
+        each = encode(RelayDirectory(relays=relays))
+        sent = 0
+        for link in list(self.links.values()):
+            if link.directory_news:
+                sent += await link.send(news)
+            else:
+                agents = [a for a, via in list(self.agent_links.items()) if via is link]
+                sent += sum(await asyncio.gather(*(link.send_to_agent(a, each) for a in agents)))
+        return sent
+
     async def broadcast(self, data: bytes) -> None:
         await asyncio.gather(*(link.send(data) for link in list(self.links.values())))
 
@@ -213,6 +231,7 @@ class RelayHub:
             connection=connection,
             public_url=hello.public_url,
             http_url=hello.http_url,
+            directory_news=hello.directory_news,
         )
         old = self.links.get(link.relay_id)
         if old is not None:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from websockets.exceptions import InvalidStatus
 
 from access.upstream import DISCONNECTED, FrameBuffer, Outbound
-from common.wire import AccessStats, ReportPace
+from common.wire import AccessStats, DirectoryNews, RelayEntry, ReportPace
 from tests.access.conftest import eventually, heartbeat, next_json, result
 
 
@@ -120,6 +120,42 @@ async def test_the_masters_report_pace_reaches_each_agent_with_its_next_frame_an
         await eventually(lambda: relay.link.pace is not None and relay.link.pace.factor == 1.0, "the normal pace at the relay")
         await ws.send(heartbeat(1))
         assert await next_json(ws) == {"type": "config", "heartbeat_s": 5.0, "telemetry_s": 10.0}
+
+
+async def test_the_masters_directory_news_reaches_each_agent_with_its_next_frame_once(make_relay, master, pki, open_agent):
+    """One ``directory_news`` frame on the link, not one per agent: each agent here is told with its next frame; an
+    agent welcomed after the news is not told again (its welcome carries the directory)."""
+    relay = await make_relay()
+    await master.wait_for(lambda: master.hellos, "the relay's hello")
+    assert master.hellos[-1].directory_news  # the Master knows it may send the news once
+    relays = [RelayEntry(relay_id="relay-b", region="us", url="wss://b:1")]
+    told = {"type": "relay_directory", "relays": [{"relay_id": "relay-b", "region": "us", "url": "wss://b:1"}]}
+    first = pki.agent()
+    async with open_agent(relay, first) as ws:
+        await master.wait_for(lambda: relay.agents.sessions, "the agent's session")
+        welcome = {"type": "welcome", "version": 1, "agent_id": first.identity.id, "heartbeat_s": 5.0, "telemetry_s": 10.0}
+        assert await relay.agents.deliver(first.identity.id, json.dumps(welcome, separators=(",", ":")).encode())
+        assert (await next_json(ws))["type"] == "welcome"
+        await master.send(DirectoryNews(relays=relays))
+        await eventually(lambda: relay.agents._directory_frame is not None, "the news at the relay")
+        with pytest.raises(TimeoutError):
+            await next_json(ws, timeout=0.3)  # not all at once: with the agent's next frame
+        await ws.send(heartbeat(1))
+        assert await next_json(ws) == told
+        await ws.send(heartbeat(2))  # told once
+        await master.wait_for(lambda: [f for _, f in master.relayed(first.identity.id) if f.get("seq") == 2], "its heartbeat")
+        with pytest.raises(TimeoutError):
+            await next_json(ws, timeout=0.3)
+    later = pki.agent()
+    async with open_agent(relay, later) as ws:
+        await eventually(lambda: later.identity.id in relay.agents.sessions, "the later agent's session")
+        welcome = {"type": "welcome", "version": 1, "agent_id": later.identity.id, "heartbeat_s": 5.0, "telemetry_s": 10.0}
+        assert await relay.agents.deliver(later.identity.id, json.dumps(welcome, separators=(",", ":")).encode())
+        assert (await next_json(ws))["type"] == "welcome"
+        await ws.send(heartbeat(1))
+        await master.wait_for(lambda: [f for _, f in master.relayed(later.identity.id) if f.get("seq") == 1], "its heartbeat")
+        with pytest.raises(TimeoutError):
+            await next_json(ws, timeout=0.3)  # its welcome had the directory
 
 
 async def test_new_sessions_wait_for_the_masters_admission_while_agents_already_in_carry_on(make_relay, master, pki, open_agent):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from common.wire import RelayDirectory, RelayEntry, Welcome
+from common.wire import DirectoryNews, RelayDirectory, RelayEntry, Welcome, decode_link_frame
 from master import agent_channel
 from tests.master.linked import connect, disconnect, events, relay_link, to_agent
 
@@ -76,6 +76,33 @@ async def test_agents_are_told_the_directory_once_per_burst_of_relays_coming_and
     await asyncio.sleep(0.2)
     latest = [f for f in to_agent(a, "agt-a") if isinstance(f, RelayDirectory)][-1]
     assert [r.relay_id for r in latest.relays] == ["relay-a", "relay-b"]
+
+
+async def test_a_relay_that_passes_news_on_gets_one_directory_frame_not_one_per_agent(master):
+    """5,000 directory frames sent through one link at once sat before every command behind them for seconds in a
+    reconnect storm; a relay that says so in its hello (``directory_news``) gets the directory once and tells its
+    agents itself, while an older relay's agents still get one frame each."""
+    news = relay_link("relay-a", "eu", "wss://a:1")
+    news.directory_news = True
+    old = relay_link("relay-o", "eu", "wss://o:1")
+    for link in (news, old):
+        master.hub.links[link.relay_id] = link
+        await master.channel.on_link_opened(link)
+    await asyncio.sleep(0.2)
+    for n in range(3):
+        await connect(master, news, f"agt-n{n}")
+    await connect(master, old, "agt-o")
+    sent_before = len(news.connection.sent)  # type: ignore[attr-defined]
+
+    master.hub.links["relay-b"] = link = relay_link("relay-b", "us", "wss://b:1")
+    await master.channel.on_link_opened(link)
+    await asyncio.sleep(0.2)
+    after = [decode_link_frame(d) for d in news.connection.sent[sent_before:]]  # type: ignore[attr-defined]
+    [told] = [f for f in after if isinstance(f, DirectoryNews)]
+    assert [r.relay_id for r in told.relays] == ["relay-a", "relay-b", "relay-o"]
+    assert all(not [f for f in to_agent(news, f"agt-n{n}") if isinstance(f, RelayDirectory)] for n in range(3))
+    [each] = [f for f in to_agent(old, "agt-o") if isinstance(f, RelayDirectory)]
+    assert each.relays == told.relays
 
 
 async def test_a_lost_relay_s_agents_go_offline_in_slices_and_one_back_meanwhile_stays_ready(master, monkeypatch):
