@@ -271,3 +271,40 @@ def test_a_waiting_frame_holds_only_its_own_bytes_not_its_whole_batch():
     assert sys.getrefcount(message) < before  # the decoded batch let go of it ...
     assert bytes(held.frame) == json.dumps({"type": "heartbeat", "seq": 0, "ts": 0.0}, separators=(",", ":")).encode()
     assert sys.getrefcount(message) == 2  # ... and the waiting frame holds none of it (the count is the name and the call)
+
+
+async def test_a_result_is_handled_while_hellos_wait_for_the_store_and_an_agents_own_frames_wait_for_its_hello(hub_and_link):
+    """Hellos are handled side by side with the rest: a result read behind a hello that waits for the store is not
+    held up by it (in a storm, handled one after another, results waited 300-440 ms behind hellos); the frames of the
+    hello's own agent wait for it, in order."""
+    hub, recorder, relay, _ = hub_and_link
+    await relay.send(relayed("b0", {"type": "hello", "version": 1}))  # held: a hello waiting for the store
+    await eventually(lambda: recorder.frames, "the hello being handled")
+    await relay.send(relayed("b0", {"type": "command_result", "id": "c0", "ok": True}))  # its own: after its hello
+    await relay.send(relayed("b1", {"type": "hello", "version": 1}))  # another hello, not held
+    await relay.send(relayed("a9", {"type": "command_result", "id": "c1", "ok": True}))
+    await relay.send(heartbeat("b0", 1))
+    await eventually(lambda: ("a9", "command_result") in recorder.agents_frames(), "the other agent's result")
+    assert ("b1", "hello") in recorder.agents_frames()
+    assert [f for f in recorder.agents_frames() if f[0] == "b0"] == [("b0", "hello")]  # nothing of b0 passed its hello
+    recorder.gate.set()
+    await eventually(lambda: len(recorder.frames) == 5, "every frame handled")
+    assert [f for f in recorder.agents_frames() if f[0] == "b0"] == [
+        ("b0", "hello"),
+        ("b0", "command_result"),
+        ("b0", "heartbeat"),
+    ]
+
+
+async def test_a_links_close_waits_for_the_hellos_being_handled_and_what_they_held(hub_and_link):
+    hub, recorder, relay, _ = hub_and_link
+    await relay.send(relayed("b0", {"type": "hello", "version": 1}))
+    await eventually(lambda: recorder.frames, "the hello being handled")
+    await relay.send(relayed("b0", {"type": "command_result", "id": "c0", "ok": True}))
+    await eventually(lambda: hub.intake.frames >= 2, "its result read")
+    await relay.close()
+    await asyncio.sleep(0.2)
+    assert recorder.closed == 0  # the link's close waits for the hello and the result it held
+    recorder.gate.set()
+    await eventually(lambda: recorder.closed == 1, "the link's close handled")
+    assert recorder.agents_frames() == [("b0", "hello"), ("b0", "command_result")]
