@@ -440,10 +440,12 @@ class TelemetryAggregator:
         their number is of the GPUs' (write_paced); not on shutdown.
         """
         current = int(now // 60)
-        over = [m for m in self._open.values() if everything or m.minute < current]
-        for minute in over:
-            del self._open[minute.uuid]
-        done = [*self._ended.values(), *over]
+        # Each minute is let go (None) as soon as its rollup is made: a spread flush lasts half a minute, and holding
+        # the whole of the last minute meanwhile would keep two minutes of 80,000 GPUs in memory at once.
+        done: list[_Minute | None] = [*self._ended.values()]
+        for uuid in [u for u, m in self._open.items() if everything or m.minute < current]:
+            done.append(self._open.pop(uuid))
+        gpus = len(done)
         self._ended = {}
         retry, self._unwritten = self._unwritten, []
         if duty is None:
@@ -464,10 +466,11 @@ class TelemetryAggregator:
 
         consumed = 0  # minutes of ``done`` made into rollups so far
 
-        async def write(minutes: Sequence[_Minute]) -> None:
+        async def write(minutes: Sequence[_Minute | None]) -> None:
             nonlocal consumed
-            consumed += len(minutes)
-            rollups = [self._rollup(m) for m in minutes]
+            start, consumed = consumed, consumed + len(minutes)
+            rollups = [self._rollup(m) for m in minutes if m is not None]
+            done[start:consumed] = [None] * (consumed - start)
             if self.thin_minutes:
                 for rollup in rollups:
                     rollup.thinned = self.thin_minutes.get(rollup.minute, 1.0)
@@ -478,12 +481,13 @@ class TelemetryAggregator:
                 await put(retry)  # a failed batch of an earlier flush
             await write_paced(done, write, duty=duty, spread_s=spread_s)
         except BaseException:
-            for minute in done[consumed:]:  # not reached: written by the next flush
-                self._ended[(minute.uuid, minute.minute)] = minute
+            for left in done[consumed:]:  # not reached: written by the next flush
+                if left is not None:
+                    self._ended[(left.uuid, left.minute)] = left
             raise
         if self.thin_minutes:  # an hour back still marks a late sample's minute
             self.thin_minutes = {m: f for m, f in self.thin_minutes.items() if m >= current - 60}
-        return written + await self._flush_hosts(current, everything=everything, duty=duty, spread_s=spread_s, gpus=len(done))
+        return written + await self._flush_hosts(current, everything=everything, duty=duty, spread_s=spread_s, gpus=gpus)
 
     async def _flush_hosts(self, current: int, *, everything: bool, duty: float, spread_s: float, gpus: int) -> int:
         """``flush`` for the hosts' own minutes, paced and retried alike; returns how many host rollups were written.

@@ -1,5 +1,6 @@
 """Telemetry: the latest sample per GPU in memory; finished minutes persisted as rollups."""
 
+import gc
 import time
 import tracemalloc
 
@@ -8,7 +9,7 @@ import pytest
 from common.inventory import GpuSample, HostSample
 from common.wire import Telemetry
 from master.store import SqliteStore
-from master.telemetry import NET_STEP_MAX_S, TelemetryAggregator, counter_step
+from master.telemetry import NET_STEP_MAX_S, TelemetryAggregator, _Minute, counter_step
 from tests.master.linked import connect, relay, relay_link
 
 MINUTE = 29_000_000 * 60  # a whole minute, in seconds
@@ -305,12 +306,14 @@ async def test_the_rollups_of_a_minute_whose_telemetry_was_paced_or_shed_are_mar
 
 async def test_a_minutes_rollups_are_spread_over_the_flush_window_and_written_at_once_on_shutdown(tmp_path, monkeypatch):
     """A minute of 1,200 GPUs and 150 hosts, flushed with a spread of 30 s: its batches rest in between and the
-    rests with the hosts' batch come to about 30 s (the clock is a fake that moves only with rests, so this is the
-    pacing's arithmetic, not a timing). On shutdown nothing rests."""
+    rests come to about 30 s (the clock is a fake that moves only with rests, so this is the pacing's arithmetic, not
+    a timing); the minutes already written are let go meanwhile. On shutdown nothing rests."""
     rests: list[float] = []
+    live: list[int] = []  # the flushed minute's GPUs still held in memory at each rest
 
     async def rest(seconds: float) -> None:
         rests.append(seconds)
+        live.append(sum(1 for o in gc.get_objects() if type(o) is _Minute and o.minute == MINUTE // 60))
 
     monkeypatch.setattr("master.batches.asyncio.sleep", rest)
     monkeypatch.setattr("master.batches.time.monotonic", lambda: sum(rests))
@@ -323,6 +326,7 @@ async def test_a_minutes_rollups_are_spread_over_the_flush_window_and_written_at
     assert await telemetry.flush(MINUTE + 65, spread_s=30.0) == 1200 + 150
     assert len(rests) == 2  # three batches of GPU rollups (500, 500, 200); the hosts' 150 are one batch
     assert sum(rests) == pytest.approx(30.0)  # writes take no time on this clock: the rests are the window
+    assert live == [700, 200]  # each batch's minutes are let go as it is written, not when the half minute is over
     assert len(await store.rollups.list("GPU-149-7")) == 1 and len(await store.host_rollups.list("agt-149")) == 1
 
     rests.clear()
