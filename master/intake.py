@@ -21,12 +21,6 @@ a heartbeat that waits behind control, or is replaced by a newer one, still says
 handled heartbeats alone, an overloaded Master sent agents offline for its own delay, forgot their sessions, asked
 each for a new hello and so made the overload worse (bench/README.md, "Overload").
 
-Hellos side by side: a hello's handling waits for several store writes (the agent, its GPUs, its events), and handled
-one after another, each command result read behind one waited for them too; in a reconnect storm, results and acks
-took 300-440 ms to be seen. Up to ``HELLOS_AT_ONCE`` hellos of a link are now handled as tasks of their own while
-the handler goes on with the other agents' frames. An agent's own frames never overtake its hello: one that comes
-out while its hello is handled is held and handled after it, in order, by the hello's task.
-
 Backpressure: when the control lane or the admission lane is full (``LaneBounds.control_bytes``,
 ``admission_bytes``: apart, so that a storm's hellos do not stop the reading of results), the reader waits before
 reading on, so TCP slows the relay down; telemetry never makes it wait. When the link closes, the control still waiting is
@@ -45,7 +39,7 @@ import msgspec
 
 from common.errors import ProtocolError
 from common.lanes import Lane, LaneBounds, LaneQueue, Pushed
-from common.wire import AgentConnected, AgentDisconnected, LinkFrame, Relay, decode_link_message
+from common.wire import AgentDisconnected, LinkFrame, Relay, decode_link_message
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +50,6 @@ _PREFIX_BYTES = 20
 NOTICE_BYTES = 128  # what a link frame that carries no agent frame is counted as
 # Frames handled between yields to the event loop, so that the reader (and other links) keep going.
 HANDLE_SLICE = 64
-# Hellos of one link handled at once, each a task of its own (their store writes overlap).
-HELLOS_AT_ONCE = 8
 
 
 @dataclass(slots=True)
@@ -89,13 +81,6 @@ def lane_of(frame: LinkFrame) -> tuple[Lane, tuple[str, str] | None, int]:
     if head.startswith(_HELLO_PREFIX):
         return Lane.ADMISSION, None, size
     return Lane.CONTROL, None, size
-
-
-def agent_of(frame: LinkFrame | ProtocolError) -> str | None:
-    """The agent a link frame is of, if any (an agent's frames are handled in the order they came)."""
-    if isinstance(frame, Relay | AgentConnected | AgentDisconnected):
-        return frame.agent_id
-    return None
 
 
 def detached(frame: Relay) -> Relay:
@@ -131,9 +116,6 @@ class LinkIntake:
         # Backpressure: while the reader waits for room it reads nothing, so nothing of its agents is heard either.
         self.stalled_since: float | None = None  # wall time the reader began waiting, while it waits
         self.stalled_until = 0.0  # wall time its last wait ended
-        # Agents whose hello is being handled, each with its frames that came out meanwhile (handled after it).
-        self._held: dict[str, list[LinkFrame | ProtocolError]] = {}
-        self._hellos: set[asyncio.Task[None]] = set()
 
     async def take(self, message: bytes | str) -> None:
         """Sort one message's frames into the lanes; waits while the control lanes are full."""
@@ -173,15 +155,7 @@ class LinkIntake:
         self._ready.set()
 
     async def run(self) -> None:
-        """Handle frames, control first, until closed and the control lanes are empty (and every hello handled)."""
-        try:
-            await self._run()
-            await asyncio.gather(*self._hellos)
-        finally:
-            for task in self._hellos:
-                task.cancel()
-
-    async def _run(self) -> None:
+        """Handle frames, control first, until closed and the control lanes are empty."""
         handled = 0
         while True:
             got = self.queue.pop()
@@ -197,18 +171,6 @@ class LinkIntake:
                 self._let_go_rest()
                 return
             self._room.set()
-            agent_id = agent_of(frame)
-            if agent_id is not None and agent_id in self._held:
-                self._held[agent_id].append(frame)  # after its hello, by the hello's task
-                continue
-            if lane is Lane.ADMISSION and agent_id is not None:
-                while len(self._hellos) >= HELLOS_AT_ONCE:
-                    await asyncio.wait(self._hellos, return_when=asyncio.FIRST_COMPLETED)
-                self._held[agent_id] = []
-                task = asyncio.create_task(self._hello(agent_id, frame), name=f"hello-{agent_id}")
-                self._hellos.add(task)
-                task.add_done_callback(self._hellos.discard)
-                continue
             began = time.perf_counter()
             await self._handle_one(frame)  # its store writes included: what bounds the Master is the wait for them
             self._counters.busy_s += time.perf_counter() - began
@@ -216,18 +178,6 @@ class LinkIntake:
             if handled % HANDLE_SLICE == 0:
                 self._sync_counters()
                 await asyncio.sleep(0)
-
-    async def _hello(self, agent_id: str, frame: LinkFrame | ProtocolError) -> None:
-        """An agent's hello, then the frames of it that came out meanwhile, in order."""
-        began = time.perf_counter()
-        held = self._held[agent_id]
-        try:
-            await self._handle_one(frame)
-            while held:
-                await self._handle_one(held.pop(0))
-        finally:
-            del self._held[agent_id]  # with no wait after the last check: nothing of it can be held and forgotten
-            self._counters.busy_s += time.perf_counter() - began
 
     def _let_go_rest(self) -> None:
         left = 1 + self.queue.telemetry_waiting
