@@ -83,6 +83,13 @@ def test_an_agent_that_leaves_takes_its_waiting_telemetry_with_it():
     assert buffer.telemetry_shed == 0  # ... but not as shed: a departure is no overload to pace the fleet down for
 
 
+async def welcome(relay, agent, ws) -> None:
+    """The Master's welcome to ``agent`` through ``relay``, received on its connection ``ws``."""
+    frame = {"type": "welcome", "version": 1, "agent_id": agent.identity.id, "heartbeat_s": 5.0, "telemetry_s": 10.0}
+    assert await relay.agents.deliver(agent.identity.id, json.dumps(frame, separators=(",", ":")).encode())
+    assert (await next_json(ws))["type"] == "welcome"
+
+
 async def test_the_relay_tells_the_master_what_telemetry_it_shed(make_relay, master, pki, open_agent):
     relay = await make_relay(stats_interval_s=0.1)
     relay.link.buffer.telemetry_shed = 7  # as if it had let seven go
@@ -96,9 +103,7 @@ async def test_the_masters_report_pace_reaches_each_agent_with_its_next_frame_an
     first = pki.agent()
     async with open_agent(relay, first) as ws:
         await master.wait_for(lambda: relay.agents.sessions, "the agent's session")
-        welcome = {"type": "welcome", "version": 1, "agent_id": first.identity.id, "heartbeat_s": 5.0, "telemetry_s": 10.0}
-        assert await relay.agents.deliver(first.identity.id, json.dumps(welcome, separators=(",", ":")).encode())
-        assert (await next_json(ws))["type"] == "welcome"
+        await welcome(relay, first, ws)
         await master.send(ReportPace(heartbeat_s=7.5, telemetry_s=40.0, factor=4.0))
         await eventually(lambda: relay.link.pace is not None and relay.link.pace.factor == 4.0, "the pace at the relay")
         await ws.send(heartbeat(1))  # told with its next frame, not all agents at once
@@ -112,9 +117,7 @@ async def test_the_masters_report_pace_reaches_each_agent_with_its_next_frame_an
     later = pki.agent()
     async with open_agent(relay, later) as ws:
         await eventually(lambda: later.identity.id in relay.agents.sessions, "the later agent's session")
-        welcome = {"type": "welcome", "version": 1, "agent_id": later.identity.id, "heartbeat_s": 5.0, "telemetry_s": 10.0}
-        assert await relay.agents.deliver(later.identity.id, json.dumps(welcome, separators=(",", ":")).encode())
-        assert (await next_json(ws))["type"] == "welcome"
+        await welcome(relay, later, ws)
         assert await next_json(ws) == {"type": "config", "heartbeat_s": 7.5, "telemetry_s": 40.0}
         await master.send(ReportPace(heartbeat_s=5.0, telemetry_s=10.0, factor=1.0))
         await eventually(lambda: relay.link.pace is not None and relay.link.pace.factor == 1.0, "the normal pace at the relay")
@@ -133,9 +136,7 @@ async def test_the_masters_directory_news_reaches_each_agent_with_its_next_frame
     first = pki.agent()
     async with open_agent(relay, first) as ws:
         await master.wait_for(lambda: relay.agents.sessions, "the agent's session")
-        welcome = {"type": "welcome", "version": 1, "agent_id": first.identity.id, "heartbeat_s": 5.0, "telemetry_s": 10.0}
-        assert await relay.agents.deliver(first.identity.id, json.dumps(welcome, separators=(",", ":")).encode())
-        assert (await next_json(ws))["type"] == "welcome"
+        await welcome(relay, first, ws)
         await master.send(DirectoryNews(relays=relays))
         await eventually(lambda: relay.agents._directory_frame is not None, "the news at the relay")
         with pytest.raises(TimeoutError):
@@ -149,9 +150,7 @@ async def test_the_masters_directory_news_reaches_each_agent_with_its_next_frame
     later = pki.agent()
     async with open_agent(relay, later) as ws:
         await eventually(lambda: later.identity.id in relay.agents.sessions, "the later agent's session")
-        welcome = {"type": "welcome", "version": 1, "agent_id": later.identity.id, "heartbeat_s": 5.0, "telemetry_s": 10.0}
-        assert await relay.agents.deliver(later.identity.id, json.dumps(welcome, separators=(",", ":")).encode())
-        assert (await next_json(ws))["type"] == "welcome"
+        await welcome(relay, later, ws)
         await ws.send(heartbeat(1))
         await master.wait_for(lambda: [f for _, f in master.relayed(later.identity.id) if f.get("seq") == 1], "its heartbeat")
         with pytest.raises(TimeoutError):

@@ -58,6 +58,20 @@ def container(name: str, st: ContainerStorage) -> ContainerSpec:
     return ContainerSpec(name=name, image="none", command=["true"], workload_id="wl-0123abcd", storage=st)
 
 
+async def placed_with_checkpoint_and_outputs(s3: S3Server, root: Path) -> tuple[str, Host, Path, Path]:
+    """A fresh bucket, and a host with one container placed whose checkpoint (hourly) and outputs go there: the bucket,
+    the host, the container's checkpoint and output directories."""
+    b = bucket(s3)
+    st = storage(
+        s3,
+        checkpoint=CheckpointSpec(uri=f"s3://{b}/ck/", period_s=3600),
+        outputs=[StorageMount(uri=f"s3://{b}/out/", path="/out")],
+    )
+    host = Host(root)
+    spec, _ = await host.plane.prepare(container("wl-0123abcd-r0-a1", st), host_paths=True)
+    return b, host, Path(spec.env[ENV_CHECKPOINT_DIR]), Path(spec.env[ENV_OUTPUT_DIR])
+
+
 async def test_inputs_are_fetched_once_per_host_and_placed_read_only(s3, tmp_path):
     b = bucket(s3)
     blob = os.urandom(3 * MIB)
@@ -154,15 +168,8 @@ async def test_a_file_rewritten_in_place_while_it_goes_up_is_sent_as_read_withou
     the container's rewrite lands in that gap every time; the plane sends what it read, at once, and says so."""
     import agent.storage.plane as plane_module
 
-    b = bucket(s3)
-    st = storage(
-        s3,
-        checkpoint=CheckpointSpec(uri=f"s3://{b}/ck/", period_s=3600),
-        outputs=[StorageMount(uri=f"s3://{b}/out/", path="/out")],
-    )
-    host = Host(tmp_path / "h")
-    spec, _ = await host.plane.prepare(container("wl-0123abcd-r0-a1", st), host_paths=True)
-    ck, out = Path(spec.env[ENV_CHECKPOINT_DIR]), Path(spec.env[ENV_OUTPUT_DIR])
+    b, host, ck, out = await placed_with_checkpoint_and_outputs(s3, tmp_path / "h")
+    st = storage(s3, checkpoint=CheckpointSpec(uri=f"s3://{b}/ck/", period_s=3600))  # where the other host restores from
     (ck / "step").write_text("100")
     (out / "log.txt").write_text("step 100\n")
     opened = plane_module.open_inside
@@ -235,17 +242,9 @@ async def test_the_renters_storage_errors_are_renter_faults_naming_what_to_fix(s
 
 
 async def test_links_a_container_plants_never_make_the_agent_upload_a_host_file(s3, tmp_path):
-    b = bucket(s3)
     host_secret = tmp_path / "host-only.key"
     host_secret.write_text("the host's own secret")
-    st = storage(
-        s3,
-        checkpoint=CheckpointSpec(uri=f"s3://{b}/ck/", period_s=3600),
-        outputs=[StorageMount(uri=f"s3://{b}/out/", path="/out")],
-    )
-    host = Host(tmp_path / "h")
-    spec, _ = await host.plane.prepare(container("wl-0123abcd-r0-a1", st), host_paths=True)
-    ck, out = Path(spec.env[ENV_CHECKPOINT_DIR]), Path(spec.env[ENV_OUTPUT_DIR])
+    b, host, ck, out = await placed_with_checkpoint_and_outputs(s3, tmp_path / "h")
     (ck / "step").write_text("1")
     (ck / "stolen").symlink_to(host_secret)
     (ck / "dir").symlink_to(tmp_path, target_is_directory=True)
