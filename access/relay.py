@@ -698,8 +698,10 @@ class AgentGateway:
         """The Master's report pace: the admission bucket, and the intervals passed on to every agent here."""
         if pace.admit_per_s > 0:
             burst = max(1, pace.admit_burst)
-            if self._admission is None or (self._admission.rate, self._admission.burst) != (pace.admit_per_s, burst):
+            if self._admission is None:
                 self._admission = TokenBucket(pace.admit_per_s, burst, time.monotonic())
+            elif (self._admission.rate, self._admission.burst) != (pace.admit_per_s, burst):
+                self._admission.retune(pace.admit_per_s, burst, time.monotonic())  # not a fresh burst at each change
         else:
             self._admission = None
         told = encode(Config(heartbeat_s=pace.heartbeat_s, telemetry_s=pace.telemetry_s))

@@ -14,6 +14,14 @@ class TokenBucket:
         self._tokens = float(burst)
         self._stamp = now
 
+    def retune(self, rate: float, burst: float, now: float) -> None:
+        """A new rate and burst from ``now`` on, keeping the tokens there are (at most the new burst): a change is
+        not a fresh burst. Made anew at each change of the Master's admission pace, a relay's bucket let a storm's
+        agents in 400 at once whenever the pace changed."""
+        self._refill(now)
+        self.rate, self.burst = rate, burst
+        self._tokens = min(self._tokens, float(burst))
+
     def allow(self, now: float, cost: float = 1.0) -> bool:
         """Take ``cost`` tokens if there are enough; False (and nothing taken) otherwise."""
         self._refill(now)

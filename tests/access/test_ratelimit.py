@@ -19,6 +19,16 @@ def test_charged_frames_put_the_bucket_in_debt():
     assert bucket.allow(3.0)
 
 
+def test_a_retuned_bucket_keeps_the_tokens_it_had_and_is_no_fresh_burst():
+    bucket = TokenBucket(rate=200.0, burst=200, now=0.0)
+    assert sum(bucket.allow(0.0) for _ in range(250)) == 200  # its burst, spent
+    bucket.retune(400.0, 400, now=0.01)  # the Master's admission doubled: two tokens came at the old rate, no more
+    assert sum(bucket.allow(0.01) for _ in range(10)) == 2
+    assert sum(bucket.allow(0.11) for _ in range(100)) == 40  # then the new rate
+    bucket.retune(20.0, 20, now=10.0)  # lowered: what it held shrinks to the new burst
+    assert sum(bucket.allow(10.0) for _ in range(100)) == 20
+
+
 def test_keys_have_their_own_buckets_and_forgotten_keys_start_full():
     now = [0.0]
     limiter = KeyedRateLimiter(rate=0.1, burst=1, max_keys=2, clock=lambda: now[0])
