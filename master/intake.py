@@ -62,7 +62,6 @@ class IntakeCounters:
     forgotten: int = 0
     waits: int = 0  # times a reader waited for room in the control lanes (backpressure)
     busy_s: float = 0.0  # time the links' handlers spent handling frames, store waits included (master/pacing.py)
-    hellos: int = 0  # hellos handled (master/pacing.py, AdmissionPacer)
 
     @property
     def shed(self) -> int:
@@ -175,8 +174,6 @@ class LinkIntake:
             began = time.perf_counter()
             await self._handle_one(frame)  # its store writes included: what bounds the Master is the wait for them
             self._counters.busy_s += time.perf_counter() - began
-            if lane is Lane.ADMISSION:
-                self._counters.hellos += 1
             handled += 1
             if handled % HANDLE_SLICE == 0:
                 self._sync_counters()

@@ -42,13 +42,10 @@ from common.wire import (
     negotiate,
 )
 from master.intake import IntakeCounters, LinkIntake
-from master.pacing import AdmissionPacer, Pace, PaceSettings, Pressure, ReportPacer
+from master.pacing import Pace, PaceSettings, Pressure, ReportPacer
 
 log = logging.getLogger(__name__)
 
-# Hellos waiting at a pace check past this many bytes (a hello is about 4 KB) mean the Master is not keeping up with
-# admission: it is lowered to the pace they are handled at (master/pacing.py, AdmissionPacer).
-HELLOS_WAITING_BYTES = 64 * 1024
 # Only relays dial this endpoint. TLS, the upgrade and the first frame each get this long (websockets applies
 # open_timeout to TLS as well), so a peer that stalls anywhere in the opening is dropped.
 OPEN_TIMEOUT_S = 10.0
@@ -112,8 +109,6 @@ class RelayHub:
         # the frame waits in a lane, so the Master's own backlog never counts as the agent's silence
         self.heard: dict[str, float] = {}
         self.pacer = ReportPacer(pace or PaceSettings())
-        self.admission = AdmissionPacer(self.pacer.settings.admit_agents_per_s)
-        self._hellos_seen = (time.perf_counter(), 0)  # (when, hellos handled) at the last admission check
         self._relay_shed_seen = 0  # relays' telemetry_shed already counted as pressure
         self._shed_seen = 0  # the intake's shed already counted as pressure
         self._busy_seen = (time.perf_counter(), 0.0)  # (when, the handlers' busy time) at the last check
@@ -280,20 +275,12 @@ class RelayHub:
             heartbeat_s=pace.heartbeat_s,
             telemetry_s=pace.telemetry_s,
             factor=pace.factor,
-            admit_per_s=self.admission.rate / share,
-            # a burst of a second at the rate now, at most the configured one: a flood of hellos is what it bounds
-            admit_burst=max(1, min(settings.admit_burst, int(self.admission.rate)) // share) if self.admission.rate > 0 else 0,
+            admit_per_s=settings.admit_agents_per_s / share,
+            admit_burst=max(1, settings.admit_burst // share) if settings.admit_agents_per_s > 0 else 0,
         )
 
     async def _announce_pace(self) -> None:
         await self.broadcast(encode(self.report_pace()))
-
-    def _check_admission(self) -> bool:
-        """Whether the admission rate changed: hellos handled since the last check, and whether any wait now."""
-        now, hellos = time.perf_counter(), self.intake.hellos
-        (then, before), self._hellos_seen = self._hellos_seen, (now, hellos)
-        waiting = sum(link.intake.queue.bytes(Lane.ADMISSION) for link in self.links.values() if link.intake is not None)
-        return self.admission.check(hellos - before, waiting >= HELLOS_WAITING_BYTES, now - then)
 
     def pressure(self) -> Pressure:
         """Telemetry shed since the last call (here and at the relays), whether a link's telemetry backlogs, and the
@@ -317,7 +304,6 @@ class RelayHub:
         while True:
             await asyncio.sleep(self.pacer.settings.check_s)
             try:
-                admission_changed = self._check_admission()
                 pressure = self.pressure()
                 changed = self.pacer.check(pressure)
                 if self.on_thinning is not None:
@@ -335,9 +321,6 @@ class RelayHub:
                             "busy": round(pressure.busy, 3),
                         },
                     )
-                    await self._announce_pace()
-                elif admission_changed:
-                    log.info("agents admitted at a new pace", extra={"admit_per_s": round(self.admission.rate, 1)})
                     await self._announce_pace()
             except Exception:  # pacing must go on whatever one round met
                 log.exception("report pacing failed")
@@ -380,11 +363,6 @@ class _IntakeCollector(Collector):
             "idlegrid_master_intake_waits",
             "Times a relay link's reader waited for room in the control lanes",
             value=counters.waits,
-        )
-        yield GaugeMetricFamily(
-            "idlegrid_master_admission_rate",
-            "New agent sessions admitted per second now, all relays together (lower while hellos wait at the Master)",
-            value=hub.admission.rate,
         )
         yield GaugeMetricFamily(
             "idlegrid_master_report_pace_factor",

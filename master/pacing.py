@@ -94,38 +94,6 @@ class ReportPacer:
         return self.pace if self.factor != before else None
 
 
-class AdmissionPacer:
-    """New agent sessions admitted per second, all relays together (each relay gets its share, ``report_pace``).
-
-    The configured rate while no hello waits at the Master. While hellos wait in an intake at a check, the rate the
-    Master handled them since the last check, a quarter more (so that it finds out when it could take more), never
-    below ``floor_per_s``. Admitting more than the Master handles only fills its intake, and the hellos' store writes
-    then hold every result behind them: in a storm 400 a second were admitted while about 140 were handled, and
-    results waited up to 2 s (bench/README.md, "Admission at the pace hellos are handled").
-    """
-
-    def __init__(self, max_per_s: float, *, floor_per_s: float = 20.0, headroom: float = 1.25) -> None:
-        self.max_per_s = max_per_s
-        self.floor_per_s = min(floor_per_s, max_per_s)
-        self.headroom = headroom
-        self.rate = max_per_s
-
-    def check(self, handled: int, waiting: bool, elapsed_s: float) -> bool:
-        """``handled`` hellos in the last ``elapsed_s`` seconds, and whether some wait now: whether the rate changed
-        (by more than a tenth: smaller steps are not worth telling every relay)."""
-        if self.max_per_s <= 0:
-            return False  # no limit
-        if waiting and elapsed_s > 0:
-            target = max(self.floor_per_s, min(self.max_per_s, self.headroom * handled / elapsed_s))
-        else:
-            target = self.max_per_s
-        if abs(target - self.rate) <= 0.1 * self.rate and target != self.max_per_s:
-            return False
-        changed = target != self.rate
-        self.rate = target
-        return changed
-
-
 def pace_settings(config: MasterConfig) -> PaceSettings:
     return PaceSettings(
         heartbeat_s=config.heartbeat_s,
