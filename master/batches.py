@@ -35,7 +35,7 @@ async def write_paced(
     ``spread_s``: rest longer where that spreads the batches evenly over about that long (the batches left start at
     even steps over what is left of it, at the pace the batches so far took). A minute of telemetry written as a
     burst at half duty took 10-13 s of a busy machine and slowed every command in those seconds; spread over the
-    next half minute, it is a low hum (bench/README.md, "The minute's write, spread")."""
+    next half minute, it is a low hum (bench/README.md, "The minute's write, the storm's window and the hellos")."""
     if not 0 < duty <= 1:
         raise ValueError(f"duty must be in (0, 1], got {duty}")
     if spread_s < 0:

@@ -145,18 +145,19 @@ class ObjectStore:
         announced for it would hold the request until the store's read timeout (a minute) before a retry. Larger files
         go in parts, each read whole before it is sent."""
         limit = self._limits.part_bytes
+        size = os.fstat(source.fileno()).st_size
 
         def run() -> int:
-            data = source.read(limit)
-            if len(data) < limit:
-                self._client.upload_fileobj(io.BytesIO(data), bucket, key, Config=self._transfer, Callback=on_bytes)
-                return len(data)
-            source.seek(0)  # grown to a part or more since it was opened: in parts
+            if size < limit:
+                data = source.read(limit)
+                if len(data) < limit:
+                    self._client.upload_fileobj(io.BytesIO(data), bucket, key, Config=self._transfer, Callback=on_bytes)
+                    return len(data)
+                source.seek(0)  # grown to a part or more since it was measured: in parts
             self._client.upload_fileobj(source, bucket, key, Config=self._transfer, Callback=on_bytes)
             return source.tell()
 
         what = f"uploading to s3://{bucket}/{key}"
-        size = os.fstat(source.fileno()).st_size
         if self._bulk is not None and size >= limit:
             await self._in_bulk(what, BulkJob("put", bucket, key, f"/proc/{os.getpid()}/fd/{source.fileno()}"))
             return size
