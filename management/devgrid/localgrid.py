@@ -11,6 +11,7 @@ relays still linked), then relays (they hand the Master what they buffered), the
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import random
@@ -19,6 +20,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
@@ -60,14 +62,43 @@ class StartupFailed(IdlegridError):
 # every process), so no client can take a port between the moment it is chosen here and the moment a daemon binds it.
 LISTEN_PORTS = (20000, 32767)
 _handed_out: set[int] = set()  # never the same port twice from one process, though the first daemon has not bound yet
+# Between processes (test workers side by side, each with grids of its own) a port chosen and not yet bound, or
+# kept for a daemon that is restarted, is claimed by a lock on the byte at offset PORT of one shared file: the
+# kernel holds it for the life of the process that chose the port and lets it go however that process ends.
+RESERVATIONS_FILE = Path(tempfile.gettempdir()) / "idlegrid-ports.lock"
+_reservations: list[int] = []  # the open file (at most one: closing any descriptor of it would drop every lock)
+
+
+def _reservations_fd() -> int | None:
+    if not _reservations:
+        try:
+            fd = os.open(RESERVATIONS_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        except OSError:
+            return None  # a file of another user's, unwritable: ports are then only checked, not claimed
+        _reservations.append(fd)
+    return _reservations[0]
+
+
+def reserve_port(port: int) -> bool:
+    """Claim ``port`` for this process against every other process that chooses ports here; False when one holds it."""
+    fd = _reservations_fd()
+    if fd is None:
+        return True
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, port, os.SEEK_SET)
+    except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EAGAIN):
+            return False
+        raise
+    return True
 
 
 def free_port() -> int:
-    """A port nothing listens on, from ``LISTEN_PORTS``."""
+    """A port nothing listens on and no other process has chosen, from ``LISTEN_PORTS``."""
     low, high = LISTEN_PORTS
     for _ in range(1000):
         port = random.randint(low, high)
-        if port not in _handed_out and port_is_free(port):
+        if port not in _handed_out and port_is_free(port) and reserve_port(port):
             _handed_out.add(port)
             return port
     raise RuntimeError(f"no free port between {low} and {high}")
@@ -211,7 +242,14 @@ class Ports:
         relays = {
             rid: RelayInfo(rid, r["region"], int(r["agent_port"]), int(r["http_port"])) for rid, r in data["relays"].items()
         }
-        return cls(int(data["api_port"]), int(data["link_port"]), relays, int(data.get("links_port", 0)))
+        ports = cls(int(data["api_port"]), int(data["link_port"]), relays, int(data.get("links_port", 0)))
+        for port in ports.all():
+            reserve_port(port)  # kept for this grid; held by another process, it is check_ports that says so at start
+        return ports
+
+    def all(self) -> list[int]:
+        relays = [port for r in self.relays.values() for port in (r.agent_port, r.http_port)]
+        return [self.api_port, self.link_port, self.links_port, *relays]
 
     def save(self, path: Path) -> None:
         relays = {
