@@ -50,6 +50,9 @@ class CommandLedger:
         self._send = send
         self._timeout_s = timeout_s
         self.open: dict[str, CommandRecord] = {}  # commands not yet final
+        # Final commands whose record is on its way to the store: shown as they are, so a reader never sees a state
+        # older than one the Master has acted on (a poll answered between the two would wait for the store's queue).
+        self._landing: dict[str, CommandRecord] = {}
         self.allocations: GpuAllocations = registry.allocations
         # Called with each command that reaches a final state (metrics count them); must not raise.
         self.on_final: Callable[[CommandRecord], None] = lambda record: None
@@ -139,7 +142,7 @@ class CommandLedger:
         return record
 
     async def get(self, command_id: str) -> CommandRecord:
-        record = self.open.get(command_id) or await self._store.commands.get(command_id)
+        record = self.open.get(command_id) or self._landing.get(command_id) or await self._store.commands.get(command_id)
         if record is None:
             raise NotFound(f"no command {command_id!r}")
         return record
@@ -239,10 +242,17 @@ class CommandLedger:
     async def _move(self, record: CommandRecord, event: str) -> None:
         old, record.state = record.state, COMMAND.next(record.state, event)
         record.version += 1
-        if record.state in _FINAL:
+        if record.state not in _FINAL:
+            await self._store.commands.put(record)
+        else:
             self.open.pop(record.id, None)
+            self._landing[record.id] = record
             self.on_final(record)
-        await self._store.commands.put(record)
+            try:
+                await self._store.commands.put(record)
+            finally:
+                if self._landing.get(record.id) is record:
+                    del self._landing[record.id]
         await self._events.transition("command", record.id, old, record.state, event, agent_id=record.agent_id)
 
     async def _track_gpus(self, record: CommandRecord, *, ok: bool) -> None:
