@@ -130,12 +130,15 @@ class LaneQueue(Generic[T]):
             return Pushed.QUEUED
         return self._push_telemetry(value, size, key)
 
-    def pop(self) -> tuple[T, Lane] | None:
-        """The next item and its lane: control first, then admission, then telemetry; None when empty."""
-        if self._control:
+    def pop(self, *, control: bool | None = None) -> tuple[T, Lane] | None:
+        """The next item and its lane: control first, then admission, then telemetry; None when empty. ``control``
+        True: from the control lane only; False: from the others only (a consumer of each, side by side)."""
+        if self._control and control is not False:
             value, size = self._control.popleft()
             self._control_bytes -= size
             return value, Lane.CONTROL
+        if control:
+            return None
         if self._admission:
             value, size = self._admission.popleft()
             self._admission_bytes -= size

@@ -3,8 +3,10 @@
 A relay link used to be read one message at a time and each frame handled before the next message was read: while
 the Master was slower than its relays, whole batches of heartbeats waited in the socket, in websockets' queue and in
 the relay's buffer ahead of every command result (bench/README.md, "overload"). Now a reader task takes each
-message as it arrives, decodes it and sorts its frames into a ``LaneQueue`` (common/lanes.py); a handler task takes
-them out control first:
+message as it arrives, decodes it and sorts its frames into a ``LaneQueue`` (common/lanes.py); two handler tasks
+take them out, one the control lane, the other admission then telemetry, so that a result is handled while a hello is
+(a hello's store writes took 0.4-2 s in a storm, and results waited behind it); two frames of one agent are never
+handled at once, and an agent's frames are handled in the order one task would have taken them:
 
 - control: command acks and results, events, agents connecting and leaving, enrollment, the relay's stats;
 - admission: hellos (after the control of agents already in, before any telemetry);
@@ -30,6 +32,7 @@ handled before the link's close is (results must not be lost); telemetry still w
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -109,7 +112,8 @@ class LinkIntake:
         self._on_bad_frame = on_bad_frame
         self.queue: LaneQueue[LinkFrame | ProtocolError] = LaneQueue(bounds)
         self._counters = counters
-        self._ready = asyncio.Event()
+        self._ready = {True: asyncio.Event(), False: asyncio.Event()}  # control's handler, the others' handler
+        self._handling: dict[str, asyncio.Event] = {}  # agent id -> set when the frame of it being handled is done
         self._room = asyncio.Event()
         self._closed = False
         self._seen = (0, 0, 0)  # the queue's replaced, evicted, forgotten already added to the counters
@@ -135,7 +139,7 @@ class LinkIntake:
             while self.queue.push(frame, lane, size, key) is Pushed.FULL:
                 self._counters.waits += 1
                 self._room.clear()
-                self._ready.set()
+                self._wake()
                 self.stalled_since = self.stalled_since or time.time()
                 try:
                     await self._room.wait()
@@ -143,7 +147,7 @@ class LinkIntake:
                     self.stalled_since, self.stalled_until = None, time.time()
             self._counters.frames += 1
         self._sync_counters()
-        self._ready.set()
+        self._wake()
 
     def stalled_within(self, now: float, window_s: float) -> bool:
         """Whether the reader waited for room at any time in the last ``window_s`` seconds (or waits now)."""
@@ -152,36 +156,73 @@ class LinkIntake:
     def close(self) -> None:
         """No more frames come: ``run`` handles the control still waiting, lets telemetry go, and returns."""
         self._closed = True
-        self._ready.set()
+        self._wake()
+
+    def _wake(self) -> None:
+        self._ready[True].set()
+        self._ready[False].set()
 
     async def run(self) -> None:
-        """Handle frames, control first, until closed and the control lanes are empty."""
-        handled = 0
+        """Handle frames until closed and the control and admission lanes are empty: the control lane in one task,
+        hellos then telemetry in another, so that a command's result never waits for a hello being handled (its
+        store writes: 0.4-2 s in a storm, bench/README.md). Two frames of one agent are never handled at once."""
+        tasks = [
+            asyncio.create_task(self._serve(control=True), name="intake-control"),
+            asyncio.create_task(self._serve(control=False), name="intake-admission"),
+        ]
+        try:
+            done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        finally:
+            for task in tasks:
+                task.cancel()
+        for task in pending:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for task in done:
+            task.result()  # a handler's exception, as the link's handler task had it before
+
+    async def _serve(self, *, control: bool) -> None:
+        handled, ready = 0, self._ready[control]
         while True:
-            got = self.queue.pop()
-            if got is None:
-                self._room.set()
+            got = self.queue.pop(control=control)
+            if got is None:  # (room is made by a pop, never here: the reader may wait for the other handler's lane)
                 if self._closed:
                     return
-                self._ready.clear()
-                await self._ready.wait()
+                ready.clear()
+                await ready.wait()
                 continue
             frame, lane = got
             if lane is Lane.TELEMETRY and self._closed:
-                self._let_go_rest()
+                self._let_go_telemetry()
                 return
             self._room.set()
             began = time.perf_counter()
-            await self._handle_one(frame)  # its store writes included: what bounds the Master is the wait for them
+            await self._in_turn(frame)  # its store writes included: what bounds the Master is the wait for them
             self._counters.busy_s += time.perf_counter() - began
             handled += 1
             if handled % HANDLE_SLICE == 0:
                 self._sync_counters()
                 await asyncio.sleep(0)
 
-    def _let_go_rest(self) -> None:
+    async def _in_turn(self, frame: LinkFrame | ProtocolError) -> None:
+        """Handle ``frame`` once no other frame of its agent is being handled (frames of an agent keep their order
+        of handling: a result read before a hello is handled before it, as when one task did both)."""
+        agent_id = getattr(frame, "agent_id", None)
+        if not isinstance(agent_id, str):
+            await self._handle_one(frame)
+            return
+        while (busy := self._handling.get(agent_id)) is not None:
+            await busy.wait()
+        done = self._handling[agent_id] = asyncio.Event()
+        try:
+            await self._handle_one(frame)
+        finally:
+            del self._handling[agent_id]
+            done.set()
+
+    def _let_go_telemetry(self) -> None:
         left = 1 + self.queue.telemetry_waiting
-        while self.queue.pop() is not None:
+        while self.queue.pop(control=False) is not None:
             pass
         self.queue.forgotten += left
         self._sync_counters()

@@ -83,6 +83,19 @@ def test_control_goes_ahead_of_telemetry_queued_before_it():
     ]
 
 
+def test_a_consumer_of_control_and_one_of_the_rest_each_take_only_their_own():
+    queue: LaneQueue[str] = LaneQueue(BOUNDS)
+    queue.push("heartbeat", Lane.TELEMETRY, 10, key="a")
+    queue.push("hello", Lane.ADMISSION, 10)
+    queue.push("result", Lane.CONTROL, 10)
+    assert queue.pop(control=False) == ("hello", Lane.ADMISSION)
+    assert queue.pop(control=False) == ("heartbeat", Lane.TELEMETRY)
+    assert queue.pop(control=False) is None  # the result is not theirs
+    assert queue.pop(control=True) == ("result", Lane.CONTROL)
+    queue.push("late", Lane.TELEMETRY, 10, key="b")
+    assert queue.pop(control=True) is None and len(queue) == 1
+
+
 def test_below_the_coalescing_bound_every_sample_waits_its_turn():
     queue: LaneQueue[str] = LaneQueue(BOUNDS)
     assert queue.push("a1", Lane.TELEMETRY, 5, key="a") is Pushed.QUEUED

@@ -224,7 +224,7 @@ async def test_an_agent_is_heard_when_its_frame_is_read_not_when_a_slow_master_g
 
 async def test_a_reader_waiting_for_room_says_so_for_the_liveness_sweep(hub_and_link):
     hub, recorder, relay, _ = hub_and_link
-    await relay.send(heartbeat("a0", 0))  # held by the slow handler
+    await relay.send(relayed("a0", {"type": "command_result", "id": "c", "ok": True}))  # held by the slow handler
     await eventually(lambda: recorder.frames, "the first frame handled")
     padding = "x" * 4000
     for n in range(40):  # 160 KB of results: past the control lane's 64 KiB, so the reader waits
@@ -255,6 +255,26 @@ async def test_an_agent_that_leaves_takes_its_waiting_telemetry_and_control_is_h
     assert kinds == ["Relay", "AgentDisconnected", "Relay"]  # a1's heartbeat went with it, counted
     assert recorder.agents_frames()[-1] == ("a2", "command_result")
     assert hub.intake.forgotten == 1
+
+
+def hello(agent: str) -> bytes:
+    return relayed(agent, {"type": "hello", "agent_id": agent})
+
+
+async def test_a_result_is_handled_while_a_hello_is_but_never_while_its_own_agents_hello_is(hub_and_link):
+    hub, recorder, relay, _ = hub_and_link
+    await relay.send(hello("a1"))  # held by the slow handler, as a hello is by its store writes in a storm
+    await eventually(lambda: recorder.frames, "the hello being handled")
+    await relay.send(relayed("a2", {"type": "command_result", "id": "c2", "ok": True}))
+    await eventually(lambda: len(recorder.frames) == 2, "another agent's result handled while the hello is")
+    await relay.send(relayed("a1", {"type": "command_result", "id": "c1", "ok": True}))
+    await relay.send(heartbeat("a3", 1))
+    await eventually(lambda: hub.intake.frames >= 4, "every frame read")
+    await asyncio.sleep(0.2)
+    assert recorder.agents_frames() == [("a1", "hello"), ("a2", "command_result")]  # a1's result waits for its hello
+    recorder.gate.set()
+    await eventually(lambda: len(recorder.frames) == 4, "every frame handled")
+    assert sorted(recorder.agents_frames()[2:]) == [("a1", "command_result"), ("a3", "heartbeat")]
 
 
 def test_a_waiting_frame_holds_only_its_own_bytes_not_its_whole_batch():
