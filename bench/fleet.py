@@ -51,6 +51,7 @@ from master.config import MasterConfig
 FINAL_STATES = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
 START_TIMEOUT_S = 60.0
 REQUEST_TIMEOUT_S = 120.0
+COMMAND_WAIT_S = 10.0  # the longest one read of a command waits for it (the API allows 20)
 COMMAND_TIMEOUT_S = 30.0
 SAMPLE_EVERY_S = 1.0
 SETTLE_S = 2.0
@@ -402,7 +403,7 @@ async def _port_open(port: int) -> bool:
 # A command's round trip cut where it is stamped: the API call to the Master's record (``issue``), the record to
 # the frame going out (``send``), out to the agent (``to_agent``: relay and the fleet's reading), the agent's ack
 # (``agent_ack``), the ack back to the Master (``ack_back``), the agent's work to its result going out
-# (``agent_run``), the result back to the Master (``result_back``), the Master's record to the bench's poll seeing it
+# (``agent_run``), the result back to the Master (``result_back``), the Master's record to the bench's waiting read
 # (``seen``). The Master's stamps are its record's (management/views.py command_view), the agent's its fleet
 # process's (bench/fleet_agents.py ``marks``). Every process here reads the same clock, so the phase that holds a
 # slow command names where it waited.
@@ -493,26 +494,23 @@ class CommandLoad:
             await self._timed(agent_id, "delete_container", {"name": name})
 
     async def _timed(self, agent_id: str, kind: str, spec: dict[str, Any]) -> CommandTiming | None:
-        """From the API call to the first poll that sees a final state; polls after 2 ms, then less and less often."""
+        """From the API call to the answer that shows a final state: one read that waits for it (``wait_s``), as an
+        operator's client would, not a poll that loads the very API it measures."""
         started, issued_unix = time.perf_counter(), time.time()
         try:
             try:
-                command_id, pause = (await self.client.issue_command(agent_id, kind, spec))["id"], 0.002
+                command_id = (await self.client.issue_command(agent_id, kind, spec))["id"]
             except ApiError as exc:
                 self.errors.append(f"{kind}: {exc}")
                 return None
-            while time.perf_counter() - started < COMMAND_TIMEOUT_S:
-                record = await self.client.command(command_id)
+            while (left := COMMAND_TIMEOUT_S - (time.perf_counter() - started)) > 0:
+                record = await self.client.command(command_id, wait_s=min(left, COMMAND_WAIT_S))
                 state = record["state"]
                 if state in FINAL_STATES:
                     stamps = (issued_unix, time.time(), record)
                     timing = CommandTiming(kind, state, time.perf_counter() - started, started, {}, command_id, stamps)
                     self.timings.append(timing)
                     return timing
-                await asyncio.sleep(pause)
-                # Fine steps while a command is quick, coarser ones (a tenth of the time so far) once it is slow,
-                # so that polling does not load the very API it measures.
-                pause = min(pause * 1.5, max(0.02, (time.perf_counter() - started) / 10))
         except (ApiError, aiohttp.ClientError, TimeoutError, KeyError, ValueError) as exc:
             self.errors.append(f"{kind}: {type(exc).__name__}: {exc}")
             return None

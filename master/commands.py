@@ -6,6 +6,8 @@ execution at most once (the command id is the agent's idempotency key).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -21,7 +23,7 @@ from common.wire import Command, CommandBody, CommandResult, encode, signing_byt
 from master.allocations import GpuAllocations
 from master.events import EventLog
 from master.keys import SigningKeyRing
-from master.records import CommandRecord
+from master.records import AgentRecord, CommandRecord
 from master.registry import Registry
 from master.states import COMMAND, FINAL_COMMAND_STATES, AgentState, CommandState
 from master.store.base import Store
@@ -53,6 +55,7 @@ class CommandLedger:
         # Final commands whose record is on its way to the store: shown as they are, so a reader never sees a state
         # older than one the Master has acted on (a poll answered between the two would wait for the store's queue).
         self._landing: dict[str, CommandRecord] = {}
+        self._finished: dict[str, asyncio.Event] = {}  # set when the command is final; made for a reader that waits
         self.allocations: GpuAllocations = registry.allocations
         # Called with each command that reaches a final state (metrics count them); must not raise.
         self.on_final: Callable[[CommandRecord], None] = lambda record: None
@@ -134,18 +137,37 @@ class CommandLedger:
         except BaseException:
             self.allocations.abandon(record.id)
             raise
-        await self._events.record("command.created", record.id, agent_id=agent_id, kind=kind)
         self.open[record.id] = record
+        # Stored, it goes out at once; what records it (an event, the GPUs it reserves: in memory before it goes) is
+        # written meanwhile. Each write waits its turn on the store's one thread, and in a storm of hellos a turn took
+        # a tenth of a second or more: four in a row held the frame back 0.2-0.4 s (bench/README.md).
+        bookkeeping = [self._events.record("command.created", record.id, agent_id=agent_id, kind=kind)]
         if kind == CREATE:
-            await self._registry.settle_gpus(agent)
-        await self.dispatch(record)
+            bookkeeping.append(self._registry.settle_gpus(agent))
+        *recorded, dispatched = await asyncio.gather(*bookkeeping, self.dispatch(record), return_exceptions=True)
+        if isinstance(dispatched, BaseException):
+            raise dispatched
+        for failed in recorded:
+            if isinstance(failed, BaseException):  # the command is stored and on its way: a retry would send it twice
+                log.error("command %s: its bookkeeping was not written: %r", record.id, failed)
         return record
 
-    async def get(self, command_id: str) -> CommandRecord:
+    async def get(self, command_id: str, *, wait_s: float = 0.0) -> CommandRecord:
+        """The command as it stands; an open one after it is final or ``wait_s`` seconds have passed, if sooner."""
+        if wait_s > 0 and command_id in self.open:
+            finished = self._finished.setdefault(command_id, asyncio.Event())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(finished.wait(), wait_s)
         record = self.open.get(command_id) or self._landing.get(command_id) or await self._store.commands.get(command_id)
         if record is None:
             raise NotFound(f"no command {command_id!r}")
         return record
+
+    def wake_readers(self) -> None:
+        """Every read waiting for a command to be final (``get``'s ``wait_s``) answers now: the Master is stopping."""
+        for finished in self._finished.values():
+            finished.set()
+        self._finished.clear()
 
     async def dispatch(self, record: CommandRecord) -> None:
         """Send (or resend) a command if its agent is reachable; a miss is retried on reconnect."""
@@ -201,8 +223,20 @@ class CommandLedger:
         if result.error_code:
             record.result = {**record.result, "error_code": result.error_code}
         record.finished_at = time.time()
-        await self._move(record, event)
-        agent = self._registry.get(agent_id)
+        writes = [self._move(record, event)]  # first: the command is final before anything else moves
+        agent = self._registry.agents.get(agent_id)
+        if agent is not None:
+            self._count_result(agent, record, result)
+            writes.append(self._track_gpus(record, ok=result.ok))
+            if not result.ok and result.error_code == "bad_signature":
+                writes.append(self._events.record("command.refused", record.id, agent_id=agent_id, reason=result.error or ""))
+            writes.append(self._registry.save(agent))
+        # Side by side, in this order: each write queues on the store's thread behind the one before it, not behind
+        # everything queued while the one before it was written. The agent's ack waits for all of them.
+        await asyncio.gather(*writes)
+
+    @staticmethod
+    def _count_result(agent: AgentRecord, record: CommandRecord, result: CommandResult) -> None:
         # A start the renter's request made fail (docs/images.md) costs the host nothing: no reputation counter moves.
         # Only a create can fail through the renter's request: a delete (or any other kind) claiming so is the host's.
         renters = not result.ok and record.kind == "create_container" and is_renter_fault(result.error_code)
@@ -217,10 +251,6 @@ class CommandLedger:
                 agent.containers_refused += 1
             else:
                 agent.containers_failed += 1
-        await self._track_gpus(record, ok=result.ok)
-        if not result.ok and result.error_code == "bad_signature":
-            await self._events.record("command.refused", record.id, agent_id=agent_id, reason=result.error or "")
-        await self._registry.save(agent)
 
     async def expire(self, now: float, *, spare_created_before: float = 0.0) -> list[str]:
         """Time out open commands past their deadline, except those created before ``spare_created_before``
@@ -242,18 +272,25 @@ class CommandLedger:
     async def _move(self, record: CommandRecord, event: str) -> None:
         old, record.state = record.state, COMMAND.next(record.state, event)
         record.version += 1
+
+        def written() -> Awaitable[Any]:  # the record and its event side by side: the event queues right behind it
+            transition = self._events.transition("command", record.id, old, record.state, event, agent_id=record.agent_id)
+            return asyncio.gather(self._store.commands.put(record), transition)
+
         if record.state not in _FINAL:
-            await self._store.commands.put(record)
-        else:
-            self.open.pop(record.id, None)
-            self._landing[record.id] = record
-            self.on_final(record)
-            try:
-                await self._store.commands.put(record)
-            finally:
-                if self._landing.get(record.id) is record:
-                    del self._landing[record.id]
-        await self._events.transition("command", record.id, old, record.state, event, agent_id=record.agent_id)
+            await written()
+            return
+        self.open.pop(record.id, None)
+        self._landing[record.id] = record
+        self.on_final(record)
+        finished = self._finished.pop(record.id, None)
+        if finished is not None:
+            finished.set()
+        try:
+            await written()
+        finally:
+            if self._landing.get(record.id) is record:
+                del self._landing[record.id]
 
     async def _track_gpus(self, record: CommandRecord, *, ok: bool) -> None:
         """A final container command moves its GPU holds: a create that started confirms them (and the agent

@@ -183,6 +183,7 @@ class Master(MasterRequests):
         self.channel.stopping = True
         await self.hub.stop()
         await self.directory.stop()
+        self.commands.wake_readers()  # a read waiting for a command's end answers now, with the state it has
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

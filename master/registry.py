@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -211,9 +212,10 @@ class Registry:
         changed: list[GpuRecord] = []
         events: list[tuple[str, str, dict[str, object]]] = []
         self._settle_in_memory(agent, changed, events)
-        await self._events.record_many(events)
-        if changed:
-            await self._write_gpus(changed)
+        if changed:  # side by side: the GPUs queue on the store's thread right behind their events
+            await asyncio.gather(self._events.record_many(events), self._write_gpus(changed))
+        else:
+            await self._events.record_many(events)
 
     def _settle_in_memory(
         self, agent: AgentRecord, changed: list[GpuRecord], events: list[tuple[str, str, dict[str, object]]]

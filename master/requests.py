@@ -192,8 +192,9 @@ class MasterRequests:
         """Sign and dispatch a container command; Conflict when the host or a GPU it names cannot take it."""
         return await self.commands.create(agent_id, kind, spec, timeout_s=timeout_s)
 
-    async def command(self, command_id: str) -> CommandRecord:
-        return await self.commands.get(command_id)
+    async def command(self, command_id: str, *, wait_s: float = 0.0) -> CommandRecord:
+        """A command as it stands; an open one once final or after ``wait_s`` seconds, whichever comes first."""
+        return await self.commands.get(command_id, wait_s=wait_s)
 
     async def list_commands(
         self, *, agent_id: str | None = None, states: Collection[str] | None = None, limit: int = 1000

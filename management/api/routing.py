@@ -244,9 +244,9 @@ ROUTES: tuple[Route, ...] = (
         commands.get_command,
         Resource.COMMANDS,
         Action.READ,
-        "One command",
+        "One command; with ?wait_s=N, once it is final or N seconds have passed",
         {200: r.CommandView},
-        query=schemas.EmptyQuery,
+        query=schemas.CommandWaitQuery,
         tag="commands",
     ),
     # --- tokens

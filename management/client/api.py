@@ -155,8 +155,11 @@ class ApiCalls(Generic[R]):
     def agent(self, agent_id: str) -> R:
         return self.send(ApiRequest("GET", f"{API_PREFIX}/agents/{_segment(agent_id)}"))
 
-    def command(self, command_id: str) -> R:
-        return self.send(ApiRequest("GET", f"{API_PREFIX}/commands/{_segment(command_id)}"))
+    def command(self, command_id: str, *, wait_s: float | None = None) -> R:
+        """One command; with ``wait_s``, answered once it is final or after that many seconds (at most 20, below the
+        client's own 30 s for an answer)."""
+        query = {"wait_s": f"{wait_s:g}"} if wait_s else {}
+        return self.send(ApiRequest("GET", f"{API_PREFIX}/commands/{_segment(command_id)}", query))
 
     def issue_command(self, agent_id: str, kind: str, spec: Mapping[str, Json], *, timeout_s: float | None = None) -> R:
         body: dict[str, Json] = {"agent_id": agent_id, "kind": kind, "spec": dict(spec)}

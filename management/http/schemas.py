@@ -31,6 +31,7 @@ SEQ_MAX = 2**63 - 1  # the store keeps event sequence numbers as signed 64-bit i
 EventSeq = Annotated[int, msgspec.Meta(ge=0, le=SEQ_MAX)]
 
 MAX_COMMAND_TIMEOUT_S = 7 * 86400.0
+MAX_COMMAND_WAIT_S = 20.0  # the longest a read of one command may wait for it to be final (?wait_s=)
 MAX_TOKEN_TTL_S = 30 * 86400.0
 
 AGENT_STATES = tuple(s.value for s in AgentState)
@@ -213,6 +214,13 @@ class WorkloadQuery(PageQuery, kw_only=True, forbid_unknown_fields=True):
 
 class AccountQuery(PageQuery, kw_only=True, forbid_unknown_fields=True):
     role: AccountRole | None = None
+
+
+class CommandWaitQuery(msgspec.Struct, forbid_unknown_fields=True):
+    """``?wait_s=N`` on one command: the answer waits until the command is final or N seconds have passed (a long
+    poll: one request where a client would otherwise poll again and again); 0, the default, answers at once."""
+
+    wait_s: Annotated[float, msgspec.Meta(ge=0, le=MAX_COMMAND_WAIT_S)] = 0.0
 
 
 class EmptyQuery(msgspec.Struct, forbid_unknown_fields=True):

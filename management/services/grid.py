@@ -57,8 +57,8 @@ class GridService:
     async def create_command(self, agent_id: str, kind: str, spec: dict[str, Any], *, timeout_s: float | None) -> CommandRecord:
         return await self._master.create_command(agent_id, kind, spec, timeout_s=timeout_s)
 
-    async def get_command(self, command_id: str) -> CommandRecord:
-        return await self._master.command(command_id)
+    async def get_command(self, command_id: str, *, wait_s: float = 0.0) -> CommandRecord:
+        return await self._master.command(command_id, wait_s=wait_s)
 
     async def list_commands(
         self,

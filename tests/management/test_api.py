@@ -1,6 +1,7 @@
 """The operator API on a real Master (SQLite store in a temp dir): authentication, JSON errors, filters."""
 
 import asyncio
+import time
 
 import pytest
 
@@ -162,3 +163,33 @@ async def test_a_command_nobody_answers_times_out_at_its_deadline(api):
         await asyncio.sleep(0.1)
     assert command["state"] == "timed_out"
     assert "deadline" in command["error"]
+
+
+async def test_a_read_of_a_command_can_wait_until_it_is_final_while_the_api_serves_others(api):
+    await add_agent(api.master, "agt-a", "a10:1")
+    body = {"agent_id": "agt-a", "kind": "delete_container", "spec": {"name": "x"}, "timeout_s": 60}
+    command_id = (await (await api.post("/api/v1/commands", headers=api.auth, json=body)).json())["id"]
+    url = f"/api/v1/commands/{command_id}"
+    # A short wait on a command that stays open answers with its state then.
+    assert (await (await api.get(f"{url}?wait_s=0.1", headers=api.auth)).json())["state"] == "pending"
+    waiting = asyncio.create_task(api.get(f"{url}?wait_s=15", headers=api.auth))
+    await asyncio.sleep(0.2)
+    other = await api.get("/api/v1/agents", headers=api.auth)  # served while the long read waits
+    assert other.status == 200 and not waiting.done()
+    [expired] = await api.master.commands.expire(time.time() + 120)  # the command ends (its deadline, here)
+    assert expired == command_id
+    answer = await asyncio.wait_for(waiting, 5)
+    assert answer.status == 200 and (await answer.json())["state"] == "timed_out"
+    # A final command is answered at once, wait or not.
+    assert (await (await api.get(f"{url}?wait_s=15", headers=api.auth)).json())["state"] == "timed_out"
+
+
+@pytest.mark.parametrize("wait", ["-1", "21", "nan", "inf", "soon", ""])
+async def test_a_bad_wait_is_a_clear_400(api, wait):
+    await add_agent(api.master, "agt-a", "a10:1")
+    body = {"agent_id": "agt-a", "kind": "delete_container", "spec": {"name": "x"}}
+    command_id = (await (await api.post("/api/v1/commands", headers=api.auth, json=body)).json())["id"]
+    response = await api.get(f"/api/v1/commands/{command_id}?wait_s={wait}", headers=api.auth)
+    assert response.status == 400
+    error = (await response.json())["error"]
+    assert error["code"] == "bad_request" and "wait_s" in error["message"]

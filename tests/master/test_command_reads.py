@@ -4,10 +4,13 @@ the store (a poll answered from the store in between would show an older state a
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from common.wire import CommandResult
+from master.config import MasterConfig
 from master.master import Master
 from master.records import CommandRecord
 from tests.master.linked import connect, relay, relay_link
@@ -59,3 +62,56 @@ async def test_a_final_write_that_fails_leaves_the_read_to_the_store(master: Mas
         await relay(master, link, "agt-a", CommandResult(id=command.id, ok=True))
     # Not kept aside for ever: the read goes to the store, which holds the last state written.
     assert (await master.command(command.id)).state == (await store.get(command.id)).state
+
+
+async def test_a_read_waiting_for_a_commands_end_answers_when_the_master_stops(tmp_path: Path) -> None:
+    master = Master(MasterConfig(state_dir=str(tmp_path / "master"), link_port=0))
+    await master.start()
+    stopped = False
+    try:
+        link = relay_link()
+        await connect(master, link, "agt-a")
+        command = await master.create_command("agt-a", "delete_container", {"name": "job-1"})
+        waiting = asyncio.create_task(master.command(command.id, wait_s=60))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()  # the command is open: the read waits
+        await master.stop()
+        stopped = True
+        assert (await asyncio.wait_for(waiting, 5)).state == "sent"  # what it had when the Master stopped
+    finally:
+        if not stopped:
+            await master.stop()
+
+
+async def test_a_stored_command_goes_out_without_waiting_for_its_event_to_be_written(
+    master: Master, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from common.wire import Command
+    from tests.master.linked import to_agent
+
+    link = relay_link()
+    await connect(master, link, "agt-a")
+    events = master.store.events
+    append = events.append
+    gate = asyncio.Event()
+
+    async def slow_created(record: Any) -> int:
+        if record.kind == "command.created":
+            await gate.wait()  # the store's thread busy with a storm's hellos, say
+            raise OSError("disk full")
+        return await append(record)
+
+    monkeypatch.setattr(events, "append", slow_created)
+    creating = asyncio.create_task(master.create_command("agt-a", "delete_container", {"name": "job-1"}))
+    for _ in range(100):
+        if any(isinstance(f, Command) for f in to_agent(link, "agt-a")):
+            break
+        await asyncio.sleep(0.01)
+    [sent] = [f for f in to_agent(link, "agt-a") if isinstance(f, Command)]  # out while its event waits
+    assert not creating.done()
+    gate.set()
+    # The event's write failed: the command is stored and on its way all the same, so the caller is told it was
+    # accepted (an error would have it retried, and sent twice); the failure is logged.
+    record = await asyncio.wait_for(creating, 5)
+    assert record.id == sent.body.id and (await master.store.commands.get(record.id)) is not None
+    assert f"command {record.id}: its bookkeeping was not written" in caplog.text

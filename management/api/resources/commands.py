@@ -7,7 +7,7 @@ from aiohttp import web
 from management.http.keys import SERVICES_KEY
 from management.http.paging import decode_cursor, page_response
 from management.http.requests import json_response, parse_body, parse_query
-from management.http.schemas import CommandQuery, CreateCommand, EmptyQuery
+from management.http.schemas import CommandQuery, CommandWaitQuery, CreateCommand
 from management.services.grid import CommandKey
 from management.views import command_accepted_view, command_view
 
@@ -21,8 +21,9 @@ async def create_command(request: web.Request) -> web.Response:
 
 
 async def get_command(request: web.Request) -> web.Response:
-    parse_query(request, EmptyQuery)
-    return json_response(command_view(await request.app[SERVICES_KEY].grid.get_command(request.match_info["command_id"])))
+    query = parse_query(request, CommandWaitQuery)
+    record = await request.app[SERVICES_KEY].grid.get_command(request.match_info["command_id"], wait_s=query.wait_s)
+    return json_response(command_view(record))
 
 
 async def list_commands(request: web.Request) -> web.Response:
