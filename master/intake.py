@@ -113,7 +113,11 @@ class LinkIntake:
         self.queue: LaneQueue[LinkFrame | ProtocolError] = LaneQueue(bounds)
         self._counters = counters
         self._ready = {True: asyncio.Event(), False: asyncio.Event()}  # control's handler, the others' handler
-        self._handling: dict[str, asyncio.Event] = {}  # agent id -> set when the frame of it being handled is done
+        # Agents with a frame being handled, and the count of each agent's frames waiting in the control lane; a
+        # frame of an agent waits its turn while either says so (``_in_turn``), woken by ``_turn`` at each frame's end.
+        self._handling: set[str] = set()
+        self._control_of: dict[str, int] = {}
+        self._turn = asyncio.Event()
         self._room = asyncio.Event()
         self._closed = False
         self._seen = (0, 0, 0)  # the queue's replaced, evicted, forgotten already added to the counters
@@ -136,6 +140,7 @@ class LinkIntake:
                     heard.pop(frame.agent_id, None)
                     self.queue.forget((frame.agent_id, "heartbeat"))
                     self.queue.forget((frame.agent_id, "telemetry"))
+            agent_id = getattr(frame, "agent_id", None)
             while self.queue.push(frame, lane, size, key) is Pushed.FULL:
                 self._counters.waits += 1
                 self._room.clear()
@@ -145,6 +150,8 @@ class LinkIntake:
                     await self._room.wait()
                 finally:
                     self.stalled_since, self.stalled_until = None, time.time()
+            if lane is Lane.CONTROL and isinstance(agent_id, str):
+                self._control_of[agent_id] = self._control_of.get(agent_id, 0) + 1
             self._counters.frames += 1
         self._sync_counters()
         self._wake()
@@ -192,33 +199,40 @@ class LinkIntake:
                 await ready.wait()
                 continue
             frame, lane = got
+            agent_id = getattr(frame, "agent_id", None)
+            if lane is Lane.CONTROL and isinstance(agent_id, str):
+                left = self._control_of.pop(agent_id) - 1
+                if left:
+                    self._control_of[agent_id] = left
             if lane is Lane.TELEMETRY and self._closed:
                 self._let_go_telemetry()
                 return
             self._room.set()
             began = time.perf_counter()
-            await self._in_turn(frame)  # its store writes included: what bounds the Master is the wait for them
+            await self._in_turn(frame, control=control)  # its store writes included: what bounds the Master is the wait for them
             self._counters.busy_s += time.perf_counter() - began
             handled += 1
             if handled % HANDLE_SLICE == 0:
                 self._sync_counters()
                 await asyncio.sleep(0)
 
-    async def _in_turn(self, frame: LinkFrame | ProtocolError) -> None:
-        """Handle ``frame`` once no other frame of its agent is being handled (frames of an agent keep their order
-        of handling: a result read before a hello is handled before it, as when one task did both)."""
+    async def _in_turn(self, frame: LinkFrame | ProtocolError, *, control: bool) -> None:
+        """Handle ``frame`` in its agent's turn, keeping the order one handler taking control first had: never while
+        another frame of its agent is handled, and a hello or telemetry never while a control frame of its agent waits
+        (an agent's ``agent_connected`` is handled before its hello, its results before a hello read after them)."""
         agent_id = getattr(frame, "agent_id", None)
         if not isinstance(agent_id, str):
             await self._handle_one(frame)
             return
-        while (busy := self._handling.get(agent_id)) is not None:
-            await busy.wait()
-        done = self._handling[agent_id] = asyncio.Event()
+        while agent_id in self._handling or (not control and agent_id in self._control_of):
+            await self._turn.wait()
+        self._handling.add(agent_id)
         try:
             await self._handle_one(frame)
         finally:
-            del self._handling[agent_id]
-            done.set()
+            self._handling.discard(agent_id)
+            self._turn.set()
+            self._turn = asyncio.Event()
 
     def _let_go_telemetry(self) -> None:
         left = 1 + self.queue.telemetry_waiting

@@ -277,6 +277,19 @@ async def test_a_result_is_handled_while_a_hello_is_but_never_while_its_own_agen
     assert sorted(recorder.agents_frames()[2:]) == [("a1", "command_result"), ("a3", "heartbeat")]
 
 
+async def test_an_agents_hello_waits_for_its_control_read_before_it(hub_and_link):
+    hub, recorder, relay, _ = hub_and_link
+    await relay.send(relayed("b", {"type": "command_result", "id": "cb", "ok": True}))  # held: control is slow
+    await eventually(lambda: recorder.frames, "the first result being handled")
+    await relay.send(batch(relayed("a", {"type": "command_result", "id": "ca", "ok": True}), hello("a")))
+    await eventually(lambda: hub.intake.frames >= 3, "every frame read")
+    await asyncio.sleep(0.2)
+    assert recorder.agents_frames() == [("b", "command_result")]  # a's hello does not pass a's result
+    recorder.gate.set()
+    await eventually(lambda: len(recorder.frames) == 3, "every frame handled")
+    assert recorder.agents_frames() == [("b", "command_result"), ("a", "command_result"), ("a", "hello")]
+
+
 def test_a_waiting_frame_holds_only_its_own_bytes_not_its_whole_batch():
     import sys
 
