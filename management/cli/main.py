@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import ConfigError, IdlegridError
-from common.heap import tune_for_daemon
+from common.heap import share_the_interpreter_quickly, tune_for_daemon
 from common.logs import setup_logging
 from common.loop import run as run_loop
 from management.cli.connection import DEFAULT_API, DEFAULT_OPERATOR_KEY
@@ -113,6 +113,7 @@ def _run_master(args: argparse.Namespace) -> int:
         config = msgspec.structs.replace(config, links=msgspec.structs.replace(config.links, port=args.links_port))
     setup_logging("master", config.log_level)
     tune_for_daemon()
+    share_the_interpreter_quickly()  # its store works on a thread of its own
     run_loop(serve_master(config))
     return 0
 
