@@ -588,7 +588,11 @@ def fleet_table(r: dict[str, Any]) -> str:
         ("connect rate, agents/s", r.get("connect_rate_per_s"), ""),
         ("reconnects during the ramp", r.get("reconnects"), ""),
         ("ramp backlog drained after s", f"{_fmt(r.get('drain_s'))} ({_fmt(r.get('drain_left_bytes'))} bytes left)", ""),
-        ("report pace at the hold (waited s)", f"{_fmt(r.get('pace_at_hold'))} ({_fmt(r.get('pace_wait_s'))})", "1 = full"),
+        (
+            "report pace, msgs/s at the hold (waited s)",
+            f"{_fmt(r.get('pace_at_hold'))}, {_fmt(r.get('rate_at_hold'))} ({_fmt(r.get('pace_wait_s'))})",
+            "pace 1 = full",
+        ),
         ("relay KiB per agent", r.get("relay_kib_per_agent"), _verdict("relay_kib_per_agent", r.get("relay_kib_per_agent"))),
         ("Master KiB per agent", r.get("master_kib_per_agent"), _verdict("master_kib_per_agent", r.get("master_kib_per_agent"))),
         ("msgs/s to the Master (expected)", f"{_fmt(r.get('msgs_per_s'))} ({_fmt(r.get('expected_msgs_per_s'))})", ""),

@@ -61,7 +61,7 @@ def test_the_fleet_benchmark_runs_50_agents_and_reports_every_figure(tmp_path):
     result = json.loads(out.read_text())
     assert FLEET_KEYS <= result.keys()
     assert result["agents"] == 50 and result["ready_agents"] == 50
-    assert result["pace_at_hold"] == 1.0 and result["pace_wait_s"] >= 10.0  # the hold at the full report pace
+    assert result["pace_at_hold"] == 1.0 and result["rate_at_hold"] > 0  # the hold at the full report pace
     assert 0 < result["ready_s"] < 120
     assert result["msgs_per_s"] > 0 and result["heartbeats_per_s"] > 0
     assert result["relay_msgs_per_s"] > 0 and result["baseline_msgs_per_s"] > 0
