@@ -996,6 +996,7 @@ async def _storm(grid: BenchGrid, fleets: list[FleetDriver], agent_ids: list[str
         "cmd_rtt_slowest": _slowest(load, killed_unix),
         "cmd_phases": phase_summary(load.timings),
         "profile_storm": profiler.finish() if profiler is not None else None,
+        "gc": grid.gc_figures(),  # the daemons' collections up to now: a long pause of relay-2's in the storm shows here
     }
 
 
