@@ -1,12 +1,14 @@
 """Large writes (a minute of telemetry, a heartbeat flush) cut into batches and paced.
 
-The store works on its own thread. A long batch there, busy in Python code, takes the interpreter lock
-for most of every switch interval (5 ms); the event loop, which gives that lock up on every socket call,
-then waits that long each time it wants it back, and all traffic slows to a crawl for as long as the
-batch lasts, command round trips included (bench/README.md: 80,000 rollups and 10,000 agents took
-3.4 s under load and held commands up to 1.8 s). Small batches, with a pause after each as long as the
-batch took, keep the store at most half busy and let the loop catch up in between; queued commands
-wait for one small batch, not for the whole flush.
+The store works on its own thread. A long batch there, busy in Python code, takes the interpreter lock for most
+of every switch interval (CPython's 5 ms; the Master sets 1 ms, common/heap.py); the event loop, which gives that
+lock up on every socket call, then waits that long each time it wants it back, and all traffic slows to a crawl
+for as long as the batch lasts, command round trips included (bench/README.md: 80,000 rollups and 10,000 agents
+took 3.4 s under load and held commands up to 1.8 s). Small batches, with a pause after each as long as the batch
+took, keep the store at most half busy and let the loop catch up in between; queued commands wait for one small
+batch, not for the whole flush. A command's own write waits for the batch being written: at 500 rows (20-50 ms on
+a busy machine) that was most of a quiet hold's ``send`` phase (p99 50 ms); at 100 rows, 20 ms (bench/README.md,
+"Results beside hellos, writes side by side, the full pace").
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
-BATCH = 500
+BATCH = 100  # rows per write: what a command's write may find ahead of it on the store's thread
 DUTY = 0.5  # share of the time the store may be kept busy by one flush
 
 
