@@ -8,6 +8,7 @@ import pytest
 
 from common.inventory import GpuSample, HostSample
 from common.wire import Telemetry
+from master.batches import BATCH
 from master.store import SqliteStore
 from master.telemetry import NET_STEP_MAX_S, TelemetryAggregator, _Minute, counter_step
 from tests.master.linked import connect, relay, relay_link
@@ -324,9 +325,12 @@ async def test_a_minutes_rollups_are_spread_over_the_flush_window_and_written_at
         telemetry.ingest(f"agt-{host}", [sample(f"GPU-{host}-{i}", MINUTE + 1, 10) for i in range(8)])
         telemetry.ingest_host(f"agt-{host}", host_sample(MINUTE + 1))
     assert await telemetry.flush(MINUTE + 65, spread_s=30.0) == 1200 + 150
-    assert len(rests) == 2  # three batches of GPU rollups (500, 500, 200); the hosts' 150 are one batch
-    assert sum(rests) == pytest.approx(30.0)  # writes take no time on this clock: the rests are the window
-    assert live == [700, 200]  # each batch's minutes are let go as it is written, not when the half minute is over
+    gpu_batches, host_batches = -(-1200 // BATCH), -(-150 // BATCH)
+    assert len(rests) == gpu_batches - 1 + host_batches - 1  # a rest between batches, none after the last
+    # writes take no time on this clock: the rests are the window, and the hosts' rollups rest their share of it
+    assert sum(rests) == pytest.approx(30.0 + (30.0 * 150 / 1200 if host_batches > 1 else 0.0))
+    # each batch's minutes are let go as it is written, not when the half minute is over
+    assert live == [1200 - BATCH * n for n in range(1, gpu_batches)] + [0] * (host_batches - 1)
     assert len(await store.rollups.list("GPU-149-7")) == 1 and len(await store.host_rollups.list("agt-149")) == 1
 
     rests.clear()
