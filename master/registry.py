@@ -212,10 +212,8 @@ class Registry:
         changed: list[GpuRecord] = []
         events: list[tuple[str, str, dict[str, object]]] = []
         self._settle_in_memory(agent, changed, events)
-        if changed:  # side by side: the GPUs queue on the store's thread right behind their events
+        if changed:  # (every event is a change's) side by side: the GPUs queue right behind their events
             await asyncio.gather(self._events.record_many(events), self._write_gpus(changed))
-        else:
-            await self._events.record_many(events)
 
     def _settle_in_memory(
         self, agent: AgentRecord, changed: list[GpuRecord], events: list[tuple[str, str, dict[str, object]]]
