@@ -16,7 +16,7 @@ from aiohttp import web
 from management.api import health, routing
 from management.api.audit import audit_middleware
 from management.api.auth import auth_middleware
-from management.api.health import METRICS_REGISTRY_KEY
+from management.api.health import METRICS_PREPARE_KEY, METRICS_REGISTRY_KEY
 from management.api.metrics import ApiMetrics
 from management.api.ratelimit import KeyRateLimits
 from management.console import add_console
@@ -73,6 +73,7 @@ def build_app(
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
     app[SERVICES_KEY] = services
     app[METRICS_REGISTRY_KEY] = registry
+    app[METRICS_PREPARE_KEY] = master.metrics.fleet.prepare
     health.add_routes(app.router)  # /healthz and /metrics, outside the API
     routing.add_routes(app)  # every /api/ route, as declared once in management/api/routing.py
     add_onboarding_routes(app.router)  # what a provider's host fetches to onboard (management/onboarding/): no key

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -9,6 +11,8 @@ from management.http.keys import SERVICES_KEY
 from management.http.requests import json_response
 
 METRICS_REGISTRY_KEY = web.AppKey("metrics_registry", CollectorRegistry)
+# Awaited before each scrape: work too long to do in one go on the event loop, done in slices (master/metrics.py).
+METRICS_PREPARE_KEY: web.AppKey[Callable[[], Awaitable[None]]] = web.AppKey("metrics_prepare")
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -27,6 +31,9 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
+    prepare = request.app.get(METRICS_PREPARE_KEY)
+    if prepare is not None:
+        await prepare()
     body = generate_latest(request.app[METRICS_REGISTRY_KEY])
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

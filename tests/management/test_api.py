@@ -5,8 +5,10 @@ import time
 
 import pytest
 
+import master.metrics as metrics
 from agent.simulate import SimulatedCollector
 from tests.management.hosts import add_agent
+from tests.support.prometheus import samples
 
 
 async def test_every_api_call_needs_an_operator_key(api):
@@ -136,6 +138,25 @@ async def test_metrics_and_unknown_routes(api):
     assert 'idlegrid_agents{region="eu-west",state="ready"} 1.0' in text
     unknown = await api.get("/api/v1/nothing", headers=api.auth)
     assert unknown.status == 404 and (await unknown.json())["error"]["code"] == "not_found"
+
+
+async def test_a_scrape_walks_the_gpus_in_slices_before_answering(api, monkeypatch):
+    """/metrics awaits the fleet gauges' ``prepare`` (master/metrics.py): the GPUs are tallied a slice at a time,
+    with the event loop free between slices, and the answer shows every GPU."""
+    await add_agent(api.master, "agt-a", "l4:2")
+    slices: list[int] = []
+    add = metrics._GpuTally.add
+
+    def counted(self, gpus, *args, **kwargs):
+        gpus = list(gpus)
+        slices.append(len(gpus))
+        add(self, gpus, *args, **kwargs)
+
+    monkeypatch.setattr(metrics, "PREPARE_SLICE", 1)
+    monkeypatch.setattr(metrics._GpuTally, "add", counted)
+    text = await (await api.get("/metrics")).text()
+    assert slices == [1, 1]
+    assert sum(value for _, value in samples(text, "idlegrid_gpus")) == 2
 
 
 async def test_gpus_show_their_latest_telemetry_sample(api):
