@@ -7,9 +7,12 @@ downsampled, old rollups deleted (master/history.py).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import TYPE_CHECKING
+
+from common.heap import release_free_memory
 
 if TYPE_CHECKING:
     from master.composition import Parts
@@ -78,6 +81,10 @@ class Upkeep:
         took = time.monotonic() - started
         if took > SLOW_FLUSH_S + spread_s * (1 + HEARTBEAT_SPREAD_SHARE):
             log.warning("slow flush", extra={"rollups": rollups, "agents": agents, "seconds": round(took, 2)})
+        if rollups or agents:
+            # A minute's rollups leave the C heap full of holes (common/heap.py); on a thread, so that the loop
+            # goes on meanwhile.
+            await asyncio.to_thread(release_free_memory)
 
     async def keep_history(self) -> None:
         """Finished hours of telemetry downsampled; rollups past retention deleted (master/history.py)."""
