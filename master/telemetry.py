@@ -13,7 +13,7 @@ from typing import TypeVar
 
 import msgspec
 
-from common.inventory import GpuSample, HostSample
+from common.inventory import THROTTLE_REASONS, GpuSample, HostSample
 from master.batches import DUTY, write_paced
 from master.records import HostRollup, TelemetryRollup
 from master.store.base import Store
@@ -47,16 +47,31 @@ log = logging.getLogger(__name__)
 _EMPTY_MINUTE = array("d", bytes(18 * 8))
 
 
-@dataclass(slots=True)
-class _Minute:
+# The reasons NVML names, each kept as one string object: a minute's reasons are a tuple of these, not of the strings
+# each frame decoded (tens of thousands of minutes name one).
+_KNOWN_REASONS = {reason: reason for reason in THROTTLE_REASONS}
+
+
+def _merged_reasons(held: tuple[str, ...], named: tuple[str, ...]) -> tuple[str, ...]:
+    """``held`` with the reasons of ``named`` it lacks, sorted; ``held`` itself when it lacks none (the usual case)."""
+    if all(reason in held for reason in named):
+        return held
+    return tuple(sorted({*held, *(_KNOWN_REASONS.get(reason, reason) for reason in named)}))
+
+
+# The minutes are out of the garbage collector's sight (``gc=False``: they hold strings, numbers, an array and a tuple,
+# never a cycle). 80,000 of them a minute, each living one to two minutes, were the most of what each middle
+# collection walked and the most of what it moved to the old generation, whose growth calls the full collections.
+class _Minute(msgspec.Struct, gc=False):
     """One GPU's samples of one minute, summed up as they come (the figures in ``v``, indexed by the names above; a
-    maximum means nothing while its count is 0). ``throttle_reasons``: None until a sample names one."""
+    maximum means nothing while its count is 0). ``throttle_reasons``: every reason a sample named, sorted (a tuple
+    of a few shared strings is a quarter of a set's size; up to half the GPUs' minutes name one)."""
 
     uuid: str
     agent_id: str
     minute: int
-    v: array[float] = field(default_factory=lambda: array("d", _EMPTY_MINUTE))
-    throttle_reasons: set[str] | None = None
+    v: array[float] = msgspec.field(default_factory=lambda: array("d", _EMPTY_MINUTE))
+    throttle_reasons: tuple[str, ...] = ()
 
     def add(self, s: GpuSample) -> None:
         v = self.v
@@ -94,10 +109,7 @@ class _Minute:
         if s.xid_count > v[_XID_COUNT]:
             v[_XID_COUNT] = s.xid_count
         if s.throttle_reasons:
-            if self.throttle_reasons is None:
-                self.throttle_reasons = set(s.throttle_reasons)
-            else:
-                self.throttle_reasons.update(s.throttle_reasons)
+            self.throttle_reasons = _merged_reasons(self.throttle_reasons, s.throttle_reasons)
 
 
 # A step of a host's network counters over a longer gap than this (the host, its link or the Master was away) is not
@@ -198,8 +210,7 @@ def counter_step(previous: int | None, current: int | None, gap_s: float) -> int
     return None if step > NET_MAX_BYTES_PER_S * max(gap_s, 1.0) else step
 
 
-@dataclass(slots=True)
-class _HostMinute:
+class _HostMinute(msgspec.Struct, gc=False):
     """One host's samples of itself in one minute, summed up as they come (about 300 bytes: docs/monitoring.md)."""
 
     agent_id: str
@@ -350,13 +361,18 @@ async def put_sound(put_many: Callable[[list[_Rollup]], Awaitable[None]], rollup
 @dataclass
 class TelemetryAggregator:
     """Memory: one open minute per GPU (``_open``, by UUID); a sample of a later minute moves the open one to
-    ``_ended``, by (UUID, minute), until the next flush writes it. A late sample (out of order) of an ended minute
-    is added to it there. A host's own samples are rolled up alike, by agent id (``_host_open``, ``_host_ended``)."""
+    ``_ended``, by minute then UUID, until the next flush writes it. A late sample (out of order) of an ended minute
+    is added to it there. A host's own samples are rolled up alike, by agent id (``_host_open``, ``_host_ended``).
+
+    At 10,000 agents these minutes are the Master's largest state that comes and goes (80,000 open, up to as many
+    ended until a flush has written them), so each is kept small: every minute of a GPU holds the one UUID string
+    its first minute took from a sample (not the string of each frame decoded), ``_ended`` is keyed without a tuple
+    and a number object per entry, and throttle reasons are a tuple of shared strings."""
 
     store: Store
     latest: dict[str, GpuSample] = field(default_factory=dict)
     _open: dict[str, _Minute] = field(default_factory=dict)
-    _ended: dict[tuple[str, int], _Minute] = field(default_factory=dict)
+    _ended: dict[int, dict[str, _Minute]] = field(default_factory=dict)  # minute -> UUID -> its minute
     _unwritten: list[TelemetryRollup] = field(default_factory=list)  # a failed flush's rest, tried again first
     recent: RecentSamples = field(default_factory=RecentSamples)  # the watched hosts' recent samples
     # Each host's latest sample of itself (CPU, memory, disk, network), by agent id; also the previous counters its
@@ -418,16 +434,25 @@ class TelemetryAggregator:
             self.latest[uuid] = sample
             number = int(sample.ts // 60)
             minute = self._open.get(uuid)
-            if minute is None or minute.minute < number:
-                if minute is not None:
-                    self._ended[(uuid, minute.minute)] = minute
+            if minute is None:
                 minute = self._open[uuid] = _Minute(uuid, agent_id, number)
+            elif minute.minute < number:
+                self._end(minute)
+                minute = self._open[uuid] = _Minute(minute.uuid, agent_id, number)
             elif minute.minute > number:
-                ended = self._ended.get((uuid, number))
+                ended_then = self._ended.setdefault(number, {})
+                ended = ended_then.get(uuid)
                 if ended is None:
-                    ended = self._ended[(uuid, number)] = _Minute(uuid, agent_id, number)
+                    ended = ended_then[minute.uuid] = _Minute(minute.uuid, agent_id, number)
                 minute = ended
             minute.add(sample)
+
+    def _end(self, minute: _Minute) -> None:
+        """``minute`` is over: it waits in ``_ended`` for the next flush."""
+        ended_then = self._ended.get(minute.minute)
+        if ended_then is None:
+            ended_then = self._ended[minute.minute] = {}
+        ended_then[minute.uuid] = minute
 
     async def flush(self, now: float, *, everything: bool = False, duty: float | None = None, spread_s: float = 0.0) -> int:
         """Persist the minutes that are over (all of them on shutdown); returns how many rollups were written.
@@ -442,7 +467,7 @@ class TelemetryAggregator:
         current = int(now // 60)
         # Each minute is let go (None) as soon as its rollup is made: a spread flush lasts half a minute, and holding
         # the whole of the last minute meanwhile would keep two minutes of 80,000 GPUs in memory at once.
-        done: list[_Minute | None] = [*self._ended.values()]
+        done: list[_Minute | None] = [minute for ended_then in self._ended.values() for minute in ended_then.values()]
         for uuid in [u for u, m in self._open.items() if everything or m.minute < current]:
             done.append(self._open.pop(uuid))
         gpus = len(done)
@@ -483,7 +508,7 @@ class TelemetryAggregator:
         except BaseException:
             for left in done[consumed:]:  # not reached: written by the next flush
                 if left is not None:
-                    self._ended[(left.uuid, left.minute)] = left
+                    self._end(left)
             raise
         if self.thin_minutes:  # an hour back still marks a late sample's minute
             self.thin_minutes = {m: f for m, f in self.thin_minutes.items() if m >= current - 60}
@@ -551,5 +576,5 @@ class TelemetryAggregator:
             clock_mem_avg_mhz=mean(_CLOCK_MEM_SUM, _CLOCK_MEM_N),
             ecc_corrected=int(v[_ECC_CORRECTED]),
             xid_count=int(v[_XID_COUNT]),
-            throttle_reasons=sorted(m.throttle_reasons or ()),
+            throttle_reasons=list(m.throttle_reasons),
         )
