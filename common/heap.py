@@ -19,7 +19,11 @@ import sys
 from collections.abc import Callable
 
 YOUNG_THRESHOLD = 20_000  # allocations between young collections (CPython's default: 700)
-MIDDLE_THRESHOLD = 20  # young collections between middle ones (default 10)
+# Young collections between middle ones (CPython's default: 10). A middle collection walks everything that survived
+# the young ones since the last: after the Master admitted 10,000 agents, 20 young collections' worth was half a
+# million objects (their GPU records, sessions and buckets), walked in one 180-530 ms pause a few seconds into the
+# bench's hold. At 5 the same objects are walked in pauses a quarter as long, most of them while the agents come in.
+MIDDLE_THRESHOLD = 5
 OLD_THRESHOLD = 10  # CPython's default; a full collection also waits for 25% growth of the old generation
 
 
