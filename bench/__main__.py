@@ -57,7 +57,12 @@ def _fleet_parser(sub: argparse._SubParsersAction) -> None:
         help=f"seconds to hold the load once every agent is ready (default {defaults.duration:g})",
     )
     p.add_argument("--relays", type=int, default=defaults.relays, help=f"Access relays (default {defaults.relays})")
-    p.add_argument("--fleet-procs", type=int, default=defaults.fleet_procs, help="processes the fleet is split over (default 1)")
+    p.add_argument(
+        "--fleet-procs",
+        type=int,
+        default=defaults.fleet_procs,
+        help="processes the simulated fleet is split over (default 0: one per relay from 5,000 agents on, else 1)",
+    )
     p.add_argument(
         "--connect-rate",
         type=float,

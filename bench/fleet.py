@@ -59,6 +59,11 @@ DRAIN_TIMEOUT_S = 60.0
 PACE_TIMEOUT_S = 90.0  # the longest the hold waits for the full report pace after the ramp
 PACE_WINDOW_S = 5.0  # the fleet's sending rate is measured over this long
 FULL_PACE_SHARE = 0.9  # of the expected rate: a fleet still at a pace factor of 1.125 sends 89 % of it
+# From this many agents on, the simulated fleet runs in one process per relay. 10,000 agents in one Python process
+# (3,000 frames a second over 10,000 TLS links, half a core) were the slowest stage of the quiet hold's command tail:
+# its slowest commands waited in that process (``agent_run``, ``to_agent``: p99 102-133 ms where the grid's own
+# phases were far under; bench/README.md), a wait 10,000 separate hosts would not add.
+SPLIT_FROM_AGENTS = 5_000
 DRAINED_BYTES = 64 * 1024  # queued on the links to the Master, in all: a few hundred frames at most
 
 
@@ -69,7 +74,7 @@ class FleetOptions:
     gpu_model: str = "h100"
     duration: float = 30.0  # the hold, after every agent is ready
     relays: int = 2
-    fleet_procs: int = 1
+    fleet_procs: int = 0  # processes the simulated fleet runs in; 0: ``processes`` chooses
     connect_rate: float = 500.0
     heartbeat_s: float = 5.0
     telemetry_s: float = 10.0
@@ -91,6 +96,14 @@ class FleetOptions:
     competitor_share: float = 0.0  # overload: a process per core spinning this share of it for the whole run (0: none)
     storm: bool = False  # at the end, SIGKILL relay-1: its agents fail over to the others (a reconnect storm)
     storm_timeout: float = 120.0  # how long the storm phase waits for every agent to be back
+
+    @property
+    def processes(self) -> int:
+        """How many processes run the simulated agents: ``fleet_procs`` when set; otherwise one per relay from
+        ``SPLIT_FROM_AGENTS`` agents on (each then holds one relay's agents), one below."""
+        if self.fleet_procs > 0:
+            return self.fleet_procs
+        return max(1, self.relays) if self.agents >= SPLIT_FROM_AGENTS else 1
 
     @property
     def simulate(self) -> str:
@@ -656,7 +669,7 @@ def _fleet_args(grid: BenchGrid, options: FleetOptions, urls: list[str], first: 
         "--simulate",
         options.simulate,
         "--connect-rate",
-        str(options.connect_rate / options.fleet_procs),
+        str(options.connect_rate / options.processes),
         "--latency-ms",
         str(options.latency_ms),
         "--jitter-ms",
@@ -756,10 +769,11 @@ async def _run_fleet_bench(options: FleetOptions) -> dict[str, Any]:
         # Agent i dials relay i % len(relays) first; process p runs agents p, p + procs, ...: with as many processes
         # as relays, each process holds one relay's agents, so the storm's reconnecting agents (thousands of TLS
         # handshakes in their process) do not stall the agents that commands go to, as separate hosts would not.
-        for p in range(options.fleet_procs):
-            count = len(range(p, options.agents, options.fleet_procs))
+        result["fleet_procs"] = procs = options.processes
+        for p in range(procs):
+            count = len(range(p, options.agents, procs))
             if count > 0:
-                args = _fleet_args(grid, options, urls, p, count, stride=options.fleet_procs)
+                args = _fleet_args(grid, options, urls, p, count, stride=procs)
                 fleets.append(await FleetDriver.spawn(f"fleet-{p + 1}", args, grid.logs))
         loads = await asyncio.gather(*(f.loaded(START_TIMEOUT_S + options.agents / 100) for f in fleets))
         result["fleet_load_s"] = max(a["load_s"] for a in loads)
@@ -1056,6 +1070,9 @@ class _Watched:
             if "idle" in r and "hold_end" in r:
                 entry["rss_idle_mib"] = round(r["idle"].rss_kib / 1024, 1)
                 entry["rss_end_mib"] = round(r["hold_end"].rss_kib / 1024, 1)
+                for phase in ("ready", "hold_start"):  # where between the two the memory came (the ramp, the hold)
+                    if phase in r:
+                        entry[f"rss_{phase}_mib"] = round(r[phase].rss_kib / 1024, 1)
             for phase, (a, b) in {
                 "ramp": ("idle", "ready"),
                 "hold": ("hold_start", "hold_end"),
