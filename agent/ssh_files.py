@@ -14,9 +14,8 @@ import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-import asyncssh
-
 from agent.runtime.base import STDERR, ContainerRuntime, ExecSession
+from agent.ssh_library import asyncssh
 from common.errors import RuntimeFailure
 
 MAX_OPEN_FILES = 16  # SFTP handles at once in one SFTP session: each may hold a streaming command in the container

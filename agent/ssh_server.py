@@ -27,10 +27,9 @@ import socket
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-import asyncssh
-
 from agent.runtime.base import STDERR, ContainerRuntime, ExecSession
 from agent.ssh_files import ContainerFiles
+from agent.ssh_library import asyncssh
 from common.errors import RuntimeFailure
 
 log = logging.getLogger(__name__)

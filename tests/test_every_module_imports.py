@@ -3,6 +3,8 @@ third-party libraries without stubs, which also hides an import of one of our ow
 catches it for modules no test imports (a benchmark, an entry point)."""
 
 import importlib
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,3 +27,14 @@ def _modules() -> list[str]:
 @pytest.mark.parametrize("module", _modules())
 def test_the_module_imports(module: str) -> None:
     importlib.import_module(module)
+
+
+def test_no_module_prints_a_warning_when_a_program_imports_it() -> None:
+    """What a provider or renter would read on their terminal: a fresh interpreter with Python's default warning
+    filters (no pytest capturing them) imports every module of the grid and prints nothing on stderr. asyncssh's DSA
+    deprecation under cryptography 51 printed ten lines here (agent/ssh_library.py silences exactly that one)."""
+    modules = [m for m in _modules() if not m.startswith("bench.")]
+    program = "import importlib, sys\nfor name in sys.argv[1:]:\n    importlib.import_module(name)\n"
+    ran = subprocess.run([sys.executable, "-c", program, *modules], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stderr == ""
