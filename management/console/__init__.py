@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,6 +32,11 @@ from management.services import Services
 from master.port import ConsoleSettings
 
 __all__ = ["add_console"]
+
+# aiohttp 3.14 warns, once per key, when a request's state is keyed by a string; aiohttp-session 2.12 keys its session
+# that way. The Master's operator would read that line under every first sign-in, about a library's code, not ours
+# (ours uses typed keys). Exactly that warning from aiohttp-session's modules is silenced; every other one shows.
+warnings.filterwarnings("ignore", category=web.NotAppKeyWarning, module=r"aiohttp_session(\.|$)")
 
 TEMPLATES = Path(__file__).parent / "templates"
 
