@@ -63,7 +63,7 @@ def add_parsers(sub: argparse._SubParsersAction, parser: Callable[..., argparse.
     k_sub = keys.add_subparsers(dest="ssh_key_command", required=True, metavar="{add,list,delete}")
     add = parser(k_sub, "add", "register an SSH public key", "Register a public key (an OpenSSH .pub file, or - for stdin).")
     add.add_argument(
-        "key_file",
+        "public_key_file",  # not "key_file": that is --key-file's, the API key's file (connection_options)
         nargs="?",
         metavar="FILE",
         help="the public key file, or - for standard input (default: ~/.ssh/id_ed25519.pub, id_ecdsa.pub or id_rsa.pub)",
@@ -157,7 +157,7 @@ def _key_rows(body: Mapping[str, Any]) -> str:
 
 def run_key_add(args: argparse.Namespace) -> int:
     client = api_client(args)[0]
-    key = client.add_ssh_key(_read_public_key(args.key_file), name=args.name, account=args.account)
+    key = client.add_ssh_key(_read_public_key(args.public_key_file), name=args.name, account=args.account)
     return show(args, key, lambda k: f"added {k['id']} ({k['name']}) {k['fingerprint']} for {k['account']}")
 
 

@@ -436,7 +436,7 @@ def describe(w: dict[str, Any]) -> str:
         f"id:          {w['id']}",
         f"name:        {w['name']}",
         f"account:     {w['account']}  (project {spec['project']})",
-        f"state:       {w['state']}  ({w['state_reason']})",
+        *_state_lines(w),
         *([f"detail:      {w['detail']}"] if w.get("detail") else []),
         f"image:       {spec['image']}"
         + (f"  (registry user {spec['registry_auth']['username']})" if spec.get("registry_auth") else ""),
@@ -454,6 +454,12 @@ def describe(w: dict[str, Any]) -> str:
     for a in w["assignments"]:
         lines.append(f"replica {a['replica']}:   {a['container']} on {a['agent_id']} ({', '.join(a['units'])}) {a['state']}")
     return "\n".join(lines)
+
+
+def _state_lines(w: dict[str, Any]) -> list[str]:
+    """The state and its reason; a failed workload's reason goes on with its last lines of output, one a line."""
+    first, *rest = w["state_reason"].split("\n")
+    return [f"state:       {w['state']}  ({first})", *(f"             {line}" for line in rest)]
 
 
 def _size(n: int | None) -> str:

@@ -63,7 +63,7 @@ def add_console(app: web.Application, services: Services, settings: ConsoleSetti
     )
     storage = ConsoleCookieStorage(session_key(state_dir), settings)
     app.middlewares.append(session_middleware(storage))
-    app.middlewares.append(console_middleware(settings))
+    app.middlewares.append(console_middleware(settings, storage))
     app[THROTTLE_KEY] = SignInThrottle(settings.signin_burst, settings.signin_per_minute)
     nav: list[NavItem] = []
     assets.add_routes(app.router)

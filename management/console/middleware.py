@@ -17,7 +17,14 @@ from aiohttp_session import get_session
 
 from common.errors import IdlegridError
 from management.console.rendering import page
-from management.console.session import CSRF_FIELD, CSRF_HEADER, SIGNED_IN_KEY, SignInRequired, session_state
+from management.console.session import (
+    CSRF_FIELD,
+    CSRF_HEADER,
+    SIGNED_IN_KEY,
+    ConsoleCookieStorage,
+    SignInRequired,
+    session_state,
+)
 from management.http.errors import status_of
 from management.http.keys import SERVICES_KEY
 from master.port import ConsoleSettings
@@ -67,12 +74,17 @@ async def _csrf_ok(request: web.Request) -> bool:
     return given is not None and hmac.compare_digest(given.encode(), expected.encode())
 
 
-def console_middleware(settings: ConsoleSettings) -> Middleware:
+def console_middleware(settings: ConsoleSettings, storage: ConsoleCookieStorage) -> Middleware:
     @web.middleware
     async def console(request: web.Request, handler: Handler) -> web.StreamResponse:
         if not _is_console(request):
             return await handler(request)
-        response = await _handle(request, handler, settings)
+        try:
+            response = await _handle(request, handler, settings)
+        except web.HTTPException as redirect:  # a redirect (to the sign-in page) is an answer too
+            storage.retire_plain_cookie(request, redirect)
+            raise
+        storage.retire_plain_cookie(request, response)
         if not response.prepared:
             for name, value in SECURITY_HEADERS.items():
                 response.headers.setdefault(name, value)

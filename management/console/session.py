@@ -3,8 +3,16 @@
 The cookie holds, encrypted and authenticated with a key kept in the Master's state dir (0600, made on first start):
 a random session id, a CSRF token, and once signed in the account id, its password epoch and when the sign-in was.
 Every console request reads the account again: a disabled account, a changed password (the epoch moved on) or a
-session older than ``ConsoleSettings.session_lifetime_s`` is signed out there and then. The cookie is HttpOnly,
-SameSite=Strict, and Secure when the request came over https (``cookie_secure``).
+session older than ``ConsoleSettings.session_lifetime_s`` is signed out there and then. The cookie is HttpOnly and
+SameSite=Strict.
+
+Its name is one nothing else on the host can shadow where the browser allows it: over https (``cookie_secure``)
+``__Host-idlegrid_console``, Secure, ``Path=/`` and no Domain, which a browser takes only from a secure origin of this
+very host, and which no sibling subdomain can set or narrow. Over plain http (the local demo) it stays
+``idlegrid_console`` with ``Path=/console``. Cookies ignore ports, so a workload's link on another port of the same host
+could still try to plant one: the links' proxy drops every Set-Cookie of a platform name (management/http/cookies.py),
+and a request that carries the console's cookie twice (a second one scoped to a longer path, which is all a link's
+script could add beside an HttpOnly cookie) is treated as carrying none: the console never picks one of two.
 """
 
 from __future__ import annotations
@@ -22,9 +30,11 @@ from cryptography.fernet import Fernet
 
 from common.errors import NotFound
 from management.access_control import AccountRole, Action, Principal, Resource, Scope, scope_for
+from management.http.cookies import cookie_pairs
 from master.port import AccountRecord, ConsoleSettings
 
-COOKIE_NAME = "idlegrid_console"
+COOKIE_NAME = "idlegrid_console"  # over plain http, Path=/console
+SECURE_COOKIE_NAME = "__Host-idlegrid_console"  # over https: Secure, Path=/, no Domain (the browser enforces all three)
 KEY_FILE = "console-session.key"
 CSRF_FIELD = "csrf_token"  # the hidden field every console form carries
 CSRF_HEADER = "X-CSRF-Token"  # what htmx and the console's scripts send instead
@@ -55,7 +65,7 @@ def session_key(state_dir: Path) -> bytes:
 
 
 class ConsoleCookieStorage(EncryptedCookieStorage):
-    """The encrypted cookie, with its Secure flag decided per request when ``cookie_secure`` is "auto"."""
+    """The encrypted cookie, its name, path and Secure flag decided per request when ``cookie_secure`` is "auto"."""
 
     def __init__(self, key: bytes, settings: ConsoleSettings) -> None:
         super().__init__(
@@ -69,10 +79,31 @@ class ConsoleCookieStorage(EncryptedCookieStorage):
         )
         self._secure_mode = settings.cookie_secure
 
+    def secure_for(self, request: web.Request) -> bool:
+        """Whether this request's cookie is the Secure ``__Host-`` one."""
+        return self._secure_mode == "always" or (self._secure_mode == "auto" and request.secure)
+
+    def load_cookie(self, request: web.Request) -> str | None:
+        """The session cookie's value; None without one, and None when the cookie comes more than once (another one
+        of its name, with a longer path, was set beside it by someone else: neither is trusted)."""
+        name = SECURE_COOKIE_NAME if self.secure_for(request) else COOKIE_NAME
+        sent = sum(1 for key, _ in cookie_pairs(request.headers.getall("Cookie", [])) if key == name)
+        return request.cookies.get(name) if sent == 1 else None  # aiohttp's reading: the value unquoted
+
     async def save_session(self, request: web.Request, response: web.StreamResponse, session: Session) -> None:
-        if self._secure_mode == "auto":
-            self._cookie_params["secure"] = request.secure
-        await super().save_session(request, response, session)
+        secure = self.secure_for(request)
+        name, path = (SECURE_COOKIE_NAME, "/") if secure else (COOKIE_NAME, "/console")
+        if session.empty:
+            response.del_cookie(name, path=path, secure=secure, httponly=True, samesite="Strict")
+            return
+        data = self._fernet.encrypt(self._encoder(self._get_session_data(session)).encode("utf-8")).decode("utf-8")
+        response.set_cookie(name, data, max_age=self.max_age, path=path, secure=secure, httponly=True, samesite="Strict")
+
+    def retire_plain_cookie(self, request: web.Request, response: web.StreamResponse) -> None:
+        """Over https, a plain ``idlegrid_console`` cookie (from before the ``__Host-`` name, or planted by a link on
+        another port) is never read, only cleared: its owner signs in once more."""
+        if self.secure_for(request) and not response.prepared and COOKIE_NAME in request.cookies:
+            response.del_cookie(COOKIE_NAME, path="/console")
 
 
 @dataclass(frozen=True)

@@ -7,10 +7,13 @@ by the API's and the console's: a link's pages come from the renter's image, and
 scripts could read console pages as the visitor. The API's listener answers a link's path with a redirect to the
 link's own address and a link's host with 421 (``not_on_the_console``), serving neither.
 
-What the container never sees: the visitor's console cookie, the link's own cookie, the ``idlegrid_token`` query
-parameter, or an ``Authorization`` header that was the visitor's key or link token. What it sees instead:
-``X-Forwarded-Proto``, ``X-Forwarded-Host`` and, on a path link, ``X-Forwarded-Prefix`` (the prefix is taken off the
-path, so an app that makes relative links works under it; one that needs its base URL can read it there).
+What the container never sees: any of the platform's cookies (the console's, the link's own: every ``idlegrid…`` name),
+the ``idlegrid_token`` query parameter, or an ``Authorization`` header that was the visitor's key or link token. What
+the visitor never gets from it: a ``Set-Cookie`` of a platform cookie's name, with a ``Domain``, or scoped outside the
+link's own path (management/http/cookies.py): cookies ignore ports, so such a cookie would reach the console. What the
+container sees instead: ``X-Forwarded-Proto``, ``X-Forwarded-Host`` and, on a path link, ``X-Forwarded-Prefix`` (the
+prefix is taken off the path, so an app that makes relative links works under it; one that needs its base URL can read
+it there).
 
 A token handed over in the URL (``?idlegrid_token=igl_...``, how the console opens a private link in a new tab) is
 checked, set as an HttpOnly cookie scoped to the link (its path, or its host on the wildcard domain) and taken off the
@@ -29,7 +32,6 @@ import html
 import logging
 import time
 from collections.abc import AsyncIterator
-from http.cookies import SimpleCookie
 from typing import TYPE_CHECKING
 from urllib.parse import urlencode
 
@@ -38,6 +40,7 @@ from aiohttp import WSMsgType, web
 from multidict import CIMultiDict
 
 from common.errors import IdlegridError
+from management.http.cookies import cookie_header_without_platform, judge_set_cookie
 from management.http.keys import SERVICES_KEY
 from management.links.gate import Admitted, Refused
 from management.links.names import (
@@ -62,7 +65,6 @@ HOP_BY_HOP = frozenset(
     {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "transfer-encoding", "upgrade"}
 )
 WS_HANDSHAKE = frozenset({"sec-websocket-key", "sec-websocket-version", "sec-websocket-extensions", "sec-websocket-accept"})
-CONSOLE_COOKIE = "idlegrid_console"
 SANDBOX = "sandbox allow-scripts allow-forms allow-popups allow-modals allow-downloads allow-popups-to-escape-sandbox"
 BODY_CHUNK = 64 * 1024
 WS_MAX_MESSAGE = 16 * 1024 * 1024
@@ -218,7 +220,7 @@ def _upstream_headers(request: web.Request, address: LinkAddress, *, on_path: bo
         if lower == "authorization" and strip_auth:
             continue  # the visitor's own key or link token: the container never sees it
         headers.add(name, value)
-    kept_cookies = _cookies_without_ours(request.headers.getall("Cookie", []))
+    kept_cookies = cookie_header_without_platform(request.headers.getall("Cookie", []))
     if kept_cookies:
         headers["Cookie"] = kept_cookies
     headers["X-Forwarded-Proto"] = request.scheme
@@ -226,16 +228,6 @@ def _upstream_headers(request: web.Request, address: LinkAddress, *, on_path: bo
     if on_path:
         headers["X-Forwarded-Prefix"] = address.prefix.rstrip("/")
     return headers
-
-
-def _cookies_without_ours(values: list[str]) -> str:
-    kept: list[str] = []
-    for value in values:
-        jar: SimpleCookie = SimpleCookie()
-        with contextlib.suppress(Exception):  # a cookie header the stdlib cannot parse is dropped, never passed half
-            jar.load(value)
-        kept.extend(f"{name}={morsel.coded_value}" for name, morsel in jar.items() if name not in (TOKEN_COOKIE, CONSOLE_COOKIE))
-    return "; ".join(kept)
 
 
 async def _http(
@@ -257,10 +249,16 @@ async def _http(
         return _refusal(Refused(502, "link_unavailable", f"the container did not answer on port {address.port}: {exc}"))
     async with upstream:
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+        scope = address.prefix if on_path else "/"
         for name, value in upstream.headers.items():
             lower = name.lower()
-            if lower in HOP_BY_HOP:
+            if lower in HOP_BY_HOP or lower == "set-cookie2":
                 continue
+            if lower == "set-cookie":
+                why = judge_set_cookie(value, scope=scope, request_path=request.raw_path.partition("?")[0])
+                if why:
+                    log.info("link %s: a Set-Cookie dropped: %s", address.name, why)
+                    continue
             if lower == "location" and on_path and value.startswith("/") and not value.startswith("//"):
                 value = address.prefix.rstrip("/") + value  # the app's absolute redirect, kept under the link
             response.headers.add(name, value)

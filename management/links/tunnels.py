@@ -52,6 +52,9 @@ class LinkTunnel:
         self.session = aiohttp.ClientSession(
             connector=aiohttp.UnixConnector(path=str(socket_path), limit=connections),
             auto_decompress=False,  # bodies pass as the container sent them, Content-Encoding and all
+            # The session is shared by every visitor of the link: a jar would keep one visitor's cookies (whatever the
+            # container set for them) and send them on everyone's requests. Cookies are the visitors' browsers' only.
+            cookie_jar=aiohttp.DummyCookieJar(),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
         )
         self.in_use = 0  # requests being served now

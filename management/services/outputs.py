@@ -9,7 +9,9 @@ Who does what, in order:
 3. This collector, a small loop, reads each pending one once its delete is done: through a logs tunnel from the
    relay, as a renter's client would, so bulk bytes never travel on the control link (docs/renter-access.md, "Bulk
    bytes and control frames"). It bounds what it reads again (an agent's figures are not trusted), stores it ``kept``, and
-   marks the assignment ``deleted``; a failed workload's reason gets the last lines. A host that left the grid, a
+   marks the assignment ``deleted``; a failed workload's reason gets the last lines (``reason_tail``: at most
+   ``reason_lines`` lines and ``reason_chars`` characters, escape sequences and control characters taken out, so a
+   reason stays one short, printable paragraph wherever it is shown). A host that left the grid, a
    container that never ran, or a host that stays away past ``give_up_s``, makes it ``lost`` with the reason.
 4. Retention: kept and lost records go ``retention_s`` after the container's end.
 
@@ -21,7 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
+import unicodedata
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -60,8 +64,8 @@ class OutputSettings(msgspec.Struct, frozen=True, kw_only=True):
     give_up_s: float = 86400.0  # a host that has not let its output be read by then: it is lost
     max_tries: int = 5  # reads that failed (the tunnel broke) before the output is given up
     read_timeout_s: float = 60.0  # one read from a host
-    reason_lines: int = 10  # a failed workload's reason carries this many last lines of each failed replica
-    reason_bytes: int = 2048  # and at most this many bytes of them
+    reason_lines: int = 3  # a failed workload's reason carries this many last lines of each failed replica
+    reason_chars: int = 300  # and at most this many characters of them (the last ones)
     commands_looked_at: int = 500  # the host's newest commands searched for the container's delete
 
     @classmethod
@@ -241,5 +245,27 @@ class OutputCollector:
         rec = self.book.open_workload(done.workload_id) or await self.book.get(done.workload_id)
         if rec.state != "failed":
             return ""
-        tail = last_lines(done.data, self.settings.reason_lines)[-self.settings.reason_bytes :]
-        return f"\nlast lines of replica {done.replica}:\n{tail.decode('utf-8', 'replace').rstrip()}"
+        tail = reason_tail(done.data, self.settings.reason_lines, self.settings.reason_chars)
+        return f"\nlast lines of replica {done.replica}:\n{tail}" if tail else ""
+
+
+# Terminal escape sequences (colours, cursor moves: CSI; titles, links: OSC), taken out whole, not left as "[31m".
+_ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-_]?")
+_CUT = "…"
+REASON_BYTES_READ = 64 * 1024
+
+
+def reason_tail(data: bytes, lines: int, chars: int) -> str:
+    """The last ``lines`` non-blank lines of a container's output as a reason shows them: a progress bar's line as it
+    was last drawn (after its last ``\\r``), escape sequences and every other control or format character taken out
+    (tabs become spaces), then its last ``chars`` characters, cut with "…" at the front when longer."""
+    # Room for blank lines, which do not count; and a bound on the bytes looked at, whatever one line's length.
+    text = last_lines(data, lines * 4)[-REASON_BYTES_READ:].decode("utf-8", "replace")
+    kept: list[str] = []
+    for raw in text.split("\n"):
+        line = _ESCAPES.sub("", raw.rstrip("\r").rsplit("\r", 1)[-1]).replace("\t", " ")
+        line = "".join(c for c in line if unicodedata.category(c) not in ("Cc", "Cf")).strip()
+        if line:
+            kept.append(line)
+    tail = "\n".join(kept[-lines:]) if lines > 0 else ""
+    return tail if len(tail) <= chars else _CUT + tail[-(chars - len(_CUT)) :].lstrip()

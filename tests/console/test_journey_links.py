@@ -16,13 +16,15 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 from playwright.sync_api import expect
 
+from management.client.api import ApiClient
 from tests.console.conftest import ACCOUNTS
-from tests.e2e.test_links import notebook_template
-from tests.e2e.test_scheduler import MASTER_SETTINGS, sandboxed_hosts
+from tests.e2e.test_links import app_workload, notebook_template
+from tests.e2e.test_scheduler import MASTER_SETTINGS, sandboxed_hosts, wait_workload
 from tests.support.grid import TEST_PROVIDER, Grid, free_port, write_toml
 
 pytestmark = pytest.mark.e2e
@@ -210,3 +212,68 @@ def test_a_private_links_page_cannot_read_the_console_of_its_owner_or_an_operato
     answer = page.goto(f"{grid.api_url}{path}")
     assert answer is not None and page.url == link_url  # followed to the link's own origin, where it opens
     expect(page.get_by_role("heading", name="Notebook server (test app)")).to_be_visible()
+
+
+def test_a_public_links_page_cannot_sign_its_visitor_in_to_the_console_as_the_links_owner(grid, drop, browser, page, shot):
+    """Bob's public link answers with Set-Cookie headers for the console's cookie (his own console session, at
+    /console, at /, at a longer path, with a Domain): cookies ignore ports, so a browser would take them for the
+    console's. Rita, signed in to the console, opens the link; afterwards she is still Rita there, and only the app's
+    cookie of its own path was kept. Nor is the app sent the console's cookie when a browser has one at / (as the
+    ``__Host-`` cookie is, over https)."""
+    rita = ACCOUNTS["renter"]
+    bob = ApiClient(grid.api_url, grid.client.create_api_key(BOB[0], "e2e")["key"])
+    spec, _ = app_workload(drop, "bobs-public", public=True)
+    workload_id = bob.submit_workload(spec)["id"]
+    wait_workload(bob, workload_id, "running", lambda w: w["state"] == "running", timeout=30)
+    [link] = bob.workload_links(workload_id)["items"]
+    assert link["public"] is True and link["url"].startswith(f"{grid.links_url}/w/{workload_id}-")
+
+    bobs_browser = browser.new_context()
+    try:
+        bobs_page = bobs_browser.new_page()
+        sign_in(bobs_page, grid, *BOB)
+        [bobs_session] = [c["value"] for c in bobs_browser.cookies() if c["name"] == "idlegrid_console"]
+    finally:
+        bobs_browser.close()
+
+    sign_in(page, grid, rita.id, rita.password)
+    expect(page.locator("header")).to_contain_text(f"Signed in as {rita.name}")
+    shot(page, "rita-signed-in")
+    planted = f"{link['url']}plant?value={quote(bobs_session, safe='')}"
+    for _ in range(30):  # the app may still be starting when the workload runs
+        answer = page.goto(planted)
+        if answer is not None and answer.status == 200:
+            break
+        page.wait_for_timeout(1000)
+    expect(page.get_by_role("heading", name="Cookies planted")).to_be_visible()
+    shot(page, "bobs-public-link-tried-to-plant-his-session")
+
+    cookies = {(c["name"], c["path"]): c["value"] for c in page.context.cookies()}
+    assert not [v for v in cookies.values() if bobs_session.strip('"') in v], cookies  # none of Bob's session
+    assert [key for key in cookies if key[0] == "idlegrid_console"] == [("idlegrid_console", "/console")]
+    prefix = link["url"].removeprefix(grid.links_url)
+    assert cookies.get(("app_own", prefix.rstrip("/"))) == "1"  # the link's own cookie: the browser took its answer
+    assert not {"app_root", "theme"} & {name for name, _ in cookies}
+
+    page.goto(f"{grid.api_url}/console/account")
+    expect(page.locator("header")).to_contain_text(f"Signed in as {rita.name}")
+    expect(page.locator("main")).to_contain_text(rita.id)
+    expect(page.locator("body")).not_to_contain_text("Bob")
+    shot(page, "rita-is-still-rita-in-the-console")
+
+    # A console cookie at / (its path over https) goes to the links' listener too, but never on to the container.
+    secure_like = browser.new_context()
+    try:
+        secure_like.add_cookies(
+            [
+                {"name": "idlegrid_console", "value": "ritas-session", "domain": "127.0.0.1", "path": "/"},
+                {"name": "theme", "value": "light", "domain": "127.0.0.1", "path": "/"},
+            ]
+        )
+        visitor = secure_like.new_page()
+        visitor.goto(f"{link['url']}api/headers")
+        seen = json.loads(visitor.locator("body").inner_text())
+        assert seen["cookie"] == "theme=light"  # the app's own kind of cookie passes; ours does not
+        shot(visitor, "what-the-container-was-sent")
+    finally:
+        secure_like.close()

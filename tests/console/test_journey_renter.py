@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect
 
+from management.client.api import ApiClient
 from tests.console.conftest import ACCOUNTS
 from tests.e2e.test_scheduler import MASTER_SETTINGS, sandboxed_hosts
 from tests.support.grid import TEST_PROVIDER, Grid, write_toml
@@ -116,3 +117,39 @@ def stop_and_see_the_charge(page, shot) -> None:
 
 def test_a_renter_signs_in_searches_rents_sees_logs_uses_the_terminal_stops_and_sees_the_charge(grid, rita, page, shot):
     journey(grid, page, shot)
+
+
+FAILING = "echo loading; echo 'epoch 1 loss 0.93'; printf '\\033[31mTraceback: KeyError: lr\\033[0m\\n' >&2; exit 3"
+
+
+def test_a_failed_workloads_page_says_why_with_its_last_lines_of_output(grid, rita, page, shot):
+    """A workload that prints, then fails: its page gives the exit code and the last lines it printed (terminal colours
+    taken out), once the host's kept output has been read."""
+    account = ACCOUNTS["renter"]
+    key = grid.client.create_api_key(account.id, "journey")["key"]
+    workload_id = ApiClient(grid.api_url, key).submit_workload(
+        {
+            "name": "fails",
+            "image": "none",
+            "command": ["sh", "-c", FAILING],
+            "replica": {"gpus": 1},
+            "constraints": {"allow_process_runtime": True},
+        }
+    )["id"]
+    page.goto(f"{grid.api_url}/console/")
+    page.get_by_label("Account").fill(account.id)
+    page.get_by_label("Password").fill(account.password)
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_url(re.compile(r"/console/offers$"))
+    page.goto(f"{grid.api_url}/console/workloads/{workload_id}")
+    expect(page.locator("#workload-state")).to_have_text("failed", timeout=30_000)
+    reason = page.locator("#workload-reason")
+    for _ in range(30):  # the last lines join the reason once the host's kept output is read (a few seconds)
+        if "last lines" in reason.inner_text():
+            break
+        page.wait_for_timeout(1000)
+        page.reload()
+    shown = "a container exited with code 3\nlast lines of replica 0:\nloading\nepoch 1 loss 0.93\nTraceback: KeyError: lr"
+    expect(reason).to_have_text(shown)
+    assert reason.inner_text() == shown  # as rendered: one line each
+    shot(page, "failed-with-its-last-lines")

@@ -12,7 +12,7 @@ import pytest
 from cryptography.fernet import Fernet
 
 from common.errors import SignInRefused
-from management.console.session import COOKIE_NAME, KEY_FILE
+from management.console.session import COOKIE_NAME, KEY_FILE, SECURE_COOKIE_NAME
 from master.accounts import AccountChange
 from master.config import ConsoleSettings
 from master.records import AccountRecord
@@ -32,13 +32,55 @@ async def test_signing_in_sets_an_httponly_samesite_strict_cookie_and_goes_to_th
     assert [e.kind for e in signed] == ["console.signin"] and signed[0].data["address"] == "127.0.0.1"
 
 
-async def test_the_secure_flag_is_set_when_the_settings_say_always(tmp_path):
+async def test_over_https_the_cookie_is_the_host_prefixed_one_and_a_plain_one_is_never_read_only_cleared(tmp_path):
+    """``cookie_secure = "always"`` (as behind a proxy that terminates TLS): ``__Host-idlegrid_console``, Secure, Path=/
+    and no Domain, which nothing on another host can set or shadow. A plain ``idlegrid_console`` (an older session, or
+    one a link on another port planted) signs nobody in there, and is cleared. The browser would not send a Secure
+    cookie over this test's plain http, so the cookies are sent by hand."""
     console = await console_for(tmp_path, cookie_secure="always")
     try:
-        assert "Secure" in (await sign_in(console)).headers["Set-Cookie"]
+        anonymous = await console.get("/console/signin")
+        csrf = CSRF.search(await anonymous.text())
+        assert csrf is not None
+        first = anonymous.cookies[SECURE_COOKIE_NAME].value
+        form = {"account": "rita", "password": PASSWORD, "csrf_token": csrf.group(1), "next": "/console/"}
+        headers = {"Origin": console.origin, "Cookie": f"{SECURE_COOKIE_NAME}={first}"}
+        response = await console.post("/console/signin", data=form, headers=headers, allow_redirects=False)
+        assert response.status == 303, await response.text()
+        cookie = response.headers["Set-Cookie"]
+        assert cookie.startswith(f"{SECURE_COOKIE_NAME}=") and "; Secure" in cookie and "Path=/;" in cookie
+        assert "Domain" not in cookie and "HttpOnly" in cookie and "SameSite=Strict" in cookie
+        session = response.cookies[SECURE_COOKIE_NAME].value
+        console.session.cookie_jar.clear()
+
+        page = await console.get("/console/account", headers={"Cookie": f"{SECURE_COOKIE_NAME}={session}"})
+        assert page.status == 200 and "Rita" in await page.text()
+        plain = await console.get("/console/account", headers={"Cookie": f"{COOKIE_NAME}={session}"}, allow_redirects=False)
+        assert plain.status == 303 and plain.headers["Location"].startswith("/console/signin")  # not signed in by it
+        [cleared] = [v for v in plain.headers.getall("Set-Cookie") if v.startswith(f"{COOKIE_NAME}=")]
+        assert "Max-Age=0" in cleared and "Path=/console" in cleared
     finally:
         await console.close()
         await console.master.stop()
+
+
+async def test_a_console_cookie_that_comes_twice_signs_nobody_in(console):
+    """Beside the console's HttpOnly cookie, a link's script on another port of the host can add only a cookie of the
+    same name scoped to a longer path (the browser then sends both, the longer first): the console trusts neither."""
+    await console.master.accounts.create(AccountRecord(id="bob", role="renter", name="Bob"))
+    await console.master.accounts.set_password("bob", "bob-password-1")
+    await sign_in(console, "bob", "bob-password-1")
+    bobs = console.session.cookie_jar.filter_cookies(console.make_url("/console/"))[COOKIE_NAME].value
+    console.session.cookie_jar.clear()
+    await sign_in(console)
+    ritas = console.session.cookie_jar.filter_cookies(console.make_url("/console/"))[COOKIE_NAME].value
+    console.session.cookie_jar.clear()
+
+    alone = await console.get("/console/account", headers={"Cookie": f"{COOKIE_NAME}={ritas}"})
+    assert alone.status == 200 and "Rita" in await alone.text()
+    both = f"{COOKIE_NAME}={bobs}; {COOKIE_NAME}={ritas}"
+    shadowed = await console.get("/console/account", headers={"Cookie": both}, allow_redirects=False)
+    assert shadowed.status == 303 and shadowed.headers["Location"].startswith("/console/signin")  # neither Bob nor Rita
 
 
 @pytest.mark.parametrize(("account", "password"), [("rita", "wrong-password-1"), ("nobody", PASSWORD), ("Not An Id!", PASSWORD)])

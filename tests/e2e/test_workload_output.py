@@ -76,9 +76,19 @@ def test_output_of_finished_workloads_is_kept_after_deletion_and_a_master_sigkil
         assert bad.stdout == "step 1\nstep 2\nstep 3\nstep 4\nstep 5\nTraceback: ValueError: boom\n"
         assert cli(grid, alice.api_key, "workload", "logs", ids["bad"], "--tail", "1").stdout == "Traceback: ValueError: boom\n"
         failed = alice.workload(ids["bad"])
-        assert failed["state_reason"].startswith("a container exited with code 3")
-        assert "last lines of replica 0:\nstep 1" in failed["state_reason"]
-        assert failed["state_reason"].endswith("Traceback: ValueError: boom")  # the renter sees why, not only the code
+        # The renter sees why, not only the code: the reason ends with the last 3 lines of output (API, CLI, console).
+        assert failed["state_reason"] == (
+            "a container exited with code 3\nlast lines of replica 0:\nstep 4\nstep 5\nTraceback: ValueError: boom"
+        )
+        shown = cli(grid, alice.api_key, "workload", "get", ids["bad"])
+        assert shown.returncode == 0, shown.stderr
+        assert (
+            "state:       failed  (a container exited with code 3)\n"
+            "             last lines of replica 0:\n"
+            "             step 4\n"
+            "             step 5\n"
+            "             Traceback: ValueError: boom\n"
+        ) in shown.stdout
         [kept] = failed["outputs"]
         assert (kept["state"], kept["exit_code"], kept["attempt"], kept["host"]) == ("kept", 3, 1, agent_id)
         big = logs(grid, alice.api_key, ids["big"])
@@ -129,6 +139,10 @@ def assert_console_shows(console: urllib.request.OpenerDirector, grid: Grid, ids
     ok, bad = page(ids["ok"]), page(ids["bad"])
     assert 'id="output-h"' in ok and "hello-from-ok\nsecond line" in ok
     assert "Replica 0, attempt 1: exit code 3" in bad and "step 5\nTraceback: ValueError: boom" in bad
+    reason = re.search(r'<p id="workload-reason" class="reason">([^<]*)</p>', bad)
+    assert reason is not None and reason.group(1).endswith(
+        "last lines of replica 0:\nstep 4\nstep 5\nTraceback: ValueError: boom"
+    )
 
 
 def test_a_cancelled_workload_reaches_deleted_and_keeps_what_it_printed(grid: Grid) -> None:

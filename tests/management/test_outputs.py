@@ -1,11 +1,12 @@
 """The output collector's decision for one pending output (management/services/outputs.py ``decide``), rule by rule, and the
-book's ``settle`` that ends a replica's ``deleting``."""
+book's ``settle`` that ends a replica's ``deleting``; and what a failed workload's reason shows of its output
+(``reason_tail``: its last 3 printable lines, 300 characters at most)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from management.services.outputs import Lose, OutputSettings, Read, Wait, decide
+from management.services.outputs import Lose, OutputSettings, Read, Wait, decide, reason_tail
 from master.records import AgentRecord, CommandRecord, KeptOutput
 
 SETTINGS = OutputSettings(give_up_s=100.0, max_tries=3)
@@ -75,3 +76,22 @@ def test_without_a_delete_found_a_container_gone_from_its_host_is_read() -> None
     """A Master killed between storing the pending output and sending the delete: the stray sweep's delete (or none
     the collector can find among the host's newest commands) still lets the output be read once the container left."""
     assert decide(pending(), host(), True, None, NOW, SETTINGS) == Read(exit_code=None)
+
+
+def test_a_failure_reason_carries_the_last_three_printable_lines() -> None:
+    output = b"epoch 1\nepoch 2\n\x1b[31mTraceback\x1b[0m (most recent call last):\n\tKeyError:\x07 'lr'\x00\n\n"
+    assert reason_tail(output, 3, 300) == "epoch 2\nTraceback (most recent call last):\nKeyError: 'lr'"
+
+
+def test_a_progress_bar_counts_as_drawn_last_and_blank_lines_do_not_count() -> None:
+    assert reason_tail(b"loading\n 10%\r 55%\r100% done\r\n\n\n\nexit\n", 3, 300) == "loading\n100% done\nexit"
+
+
+def test_a_failure_reason_is_at_most_300_characters_the_last_ones() -> None:
+    tail = reason_tail(b"first\n" + b"y" * 1000 + b"\nRuntimeError: out of memory\n", 3, 300)
+    assert len(tail) == 300 and tail.startswith("…") and tail.endswith("y\nRuntimeError: out of memory")
+    assert "first" not in tail
+
+
+def test_no_printable_output_gives_no_lines() -> None:
+    assert reason_tail(b"", 3, 300) == "" and reason_tail(b"\x1b[2J\r\n\t\n", 3, 300) == ""

@@ -3,7 +3,9 @@
 Its page opens a WebSocket to a path relative to itself (as Jupyter's kernels do) and shows what the socket echoed;
 ``/api/headers`` answers the request headers it received (the tests check what the proxy kept from it);
 ``/api/upload`` counts a streamed body; ``/api/bytes?n=N`` streams N bytes; ``/api/kernels/echo`` echoes messages;
-``/probe`` is a hostile page that tries to read the console as its visitor (what it got is shown on the page).
+``/probe`` is a hostile page that tries to read the console as its visitor (what it got is shown on the page);
+``/plant?value=V`` is another, whose answer tries to set the console's cookie (``V``, another account's session) at
+/console and at /, one with a Domain, and two cookies of its own: one at its own path, one at /.
 Runs on Debian's python3-aiohttp (3.8) as well as the project's own aiohttp, with nothing else.
 """
 
@@ -59,6 +61,10 @@ async function attempt(name, step) {
 })();
 </script></body></html>
 """
+PLANT = """<!doctype html>
+<html><head><meta charset="utf-8"><title>Planted (test app)</title></head>
+<body><h1>Cookies planted</h1><p>This page's answer tried to set the console's cookie in your browser.</p></body></html>
+"""
 CHUNK = 64 * 1024
 
 
@@ -68,6 +74,22 @@ async def index(_: web.Request) -> web.Response:
 
 async def probe(_: web.Request) -> web.Response:
     return web.Response(text=PROBE, content_type="text/html")
+
+
+async def plant(request: web.Request) -> web.Response:
+    response = web.Response(text=PLANT, content_type="text/html")
+    value = request.query.get("value", "stolen")
+    for cookie in (
+        f"idlegrid_console={value}; Path=/console; HttpOnly; SameSite=Lax",
+        f"idlegrid_console={value}; Path=/",
+        f"idlegrid_console={value}; Path=/console/account",
+        f"idlegrid_console={value}; Domain=127.0.0.1; Path=/console",
+        "theme=dark; Domain=127.0.0.1",
+        "app_root=1; Path=/",
+        "app_own=1",  # no Path: the page's directory, the link's own path
+    ):
+        response.headers.add("Set-Cookie", cookie)
+    return response
 
 
 async def headers(request: web.Request) -> web.Response:
@@ -118,6 +140,7 @@ def main() -> None:
     app.router.add_get("/api/kernels/echo", kernel)
     app.router.add_get("/api/moved", moved)
     app.router.add_get("/probe", probe)
+    app.router.add_get("/plant", plant)
     print(f"test app serving on {sys.argv[1]}", flush=True)
     web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None)
 

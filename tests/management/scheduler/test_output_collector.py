@@ -61,7 +61,7 @@ async def test_a_failed_workloads_output_is_read_kept_and_its_reason_gets_the_la
     loop = scheduler(master)
     workload_id = await failed_workload(master, link, loop, delete_result=KEPT_BY_HOST)
     answers = HostAnswers(OUTPUT)
-    collector = OutputCollector(master, loop.book, master.store.outputs, answers, OutputSettings(reason_lines=3))
+    collector = OutputCollector(master, loop.book, master.store.outputs, answers)  # the default: 3 lines
 
     await collector.step()
 
