@@ -96,9 +96,15 @@ def data_path(container_path: str) -> PurePosixPath:
 def ensure_data_root() -> None:
     """The empty directory of the host that each container's own tmpfs is mounted on (root's, 0755)."""
     root = Path(SANDBOX_ROOT)
-    with contextlib.suppress(FileExistsError):
-        root.mkdir(mode=0o755)
-    found = root.lstat()
+    try:
+        with contextlib.suppress(FileExistsError):
+            root.mkdir(mode=0o755)
+        found = root.lstat()
+    except OSError as exc:
+        raise ConfigError(
+            f"the process runtime mounts each container's own files on {root}, which it cannot make ({exc.strerror}): "
+            f"create it (mkdir -m 0755 {root}, owned by root) and restart the agent"
+        ) from exc
     if not stat.S_ISDIR(found.st_mode) or found.st_uid != 0:
         raise ConfigError(
             f"{root} must be a directory of root's (the process runtime mounts each container's data there); "
@@ -139,32 +145,31 @@ class UidRange:
 
 
 def setup_script(*, private_tmp: bool, tmpfs_size_mib: int | None, resolv_conf: Path | None, binds: Sequence[Bind] = ()) -> str:
-    """What root runs first in the container's new mount namespace, before exec'ing the rest of its argv.
+    """What root runs first in the container's new mount namespace (private: nothing propagates to the host), before
+    exec'ing the rest of its argv.
 
-    It starts in the container's working directory (its host path), which it binds at ``SANDBOX_WORKDIR`` through
-    ``/proc/self/cwd`` and moves to; ``binds`` (its data, agent/storage/) are each held open on a descriptor first
-    (root opens them, whatever the modes above them, and before a fresh tmpfs may cover them) and bound under
-    ``SANDBOX_DATA_ROOT`` through ``/proc/self/fd``, remounted nosuid and nodev (and read-only unless writable).
-    ``private_tmp`` is off for a container that runs as the agent's own user (a trusted host's choice, isolation
-    "none"): it shares the host's places as it shares its files."""
+    It starts in the container's working directory (its host path). First, while every host path is still the
+    host's: a small tmpfs on ``SANDBOX_ROOT``, the working directory bound at ``SANDBOX_WORKDIR`` through
+    ``/proc/self/cwd`` (not canonicalized, which would resolve the name anew), each of ``binds`` (its data,
+    agent/storage/) bound under ``SANDBOX_DATA_ROOT`` and remounted nosuid and nodev (and read-only unless writable).
+    Root makes the binds, so the container's uid needs no way through the directories above them. Then fresh tmpfs on
+    the shared places, which hide whatever lay below them in this namespace only. ``private_tmp`` is off for a
+    container that runs as the agent's own user (a trusted host's choice, isolation "none"): it shares the host's
+    places as it shares its files."""
     size = f",size={tmpfs_size_mib}m" if tmpfs_size_mib else ""
     steps = []
-    held = list(enumerate(binds, start=3))
-    for fd, bind in held:
-        steps.append(f"exec {fd}<{shlex.quote(str(bind.host))} || exit 126")
-    if resolv_conf is not None:  # first: it may lie under a place about to be covered
+    if resolv_conf is not None:
         steps.append(f"{MOUNT} --bind -o ro {shlex.quote(str(resolv_conf))} /etc/resolv.conf || exit 126")
-    for place in SHARED_WRITABLE if private_tmp else ():
-        steps.append(f"if [ -d {place} ]; then {MOUNT} -t tmpfs -o mode=1777,nosuid,nodev{size} tmpfs {place} || exit 126; fi")
     steps.append(f"{MOUNT} -t tmpfs -o {SANDBOX_TMPFS} idlegrid {SANDBOX_ROOT} || exit 126")
     steps.append(f"mkdir {SANDBOX_WORKDIR} && {MOUNT} --no-canonicalize --bind /proc/self/cwd {SANDBOX_WORKDIR} || exit 126")
-    steps.append(f"cd {SANDBOX_WORKDIR} || exit 126")
-    for fd, bind in held:
+    for bind in binds:
         where = shlex.quote(str(bind.inside))
         flags = "nosuid,nodev" if bind.writable else "ro,nosuid,nodev"
-        steps.append(f"mkdir -p {where} && {MOUNT} --no-canonicalize --bind /proc/self/fd/{fd} {where} || exit 126")
+        steps.append(f"mkdir -p {where} && {MOUNT} --bind {shlex.quote(str(bind.host))} {where} || exit 126")
         steps.append(f"{MOUNT} -o remount,bind,{flags} {where} || exit 126")
-        steps.append(f"exec {fd}<&-")
+    for place in SHARED_WRITABLE if private_tmp else ():
+        steps.append(f"if [ -d {place} ]; then {MOUNT} -t tmpfs -o mode=1777,nosuid,nodev{size} tmpfs {place} || exit 126; fi")
+    steps.append(f"cd {SANDBOX_WORKDIR} || exit 126")
     return "\n".join([*steps, 'exec "$@"'])
 
 

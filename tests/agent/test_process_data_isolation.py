@@ -7,6 +7,7 @@ the sandbox does not cover with a fresh tmpfs: the first renter's program still 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import tempfile
@@ -14,14 +15,17 @@ import textwrap
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
+import msgspec
 import pytest
 
 from agent.output import OutputKeeper
 from agent.runtime.process import ProcessRuntime
+from agent.runtime.process_sandbox import data_path
 from agent.storage.plane import DataPlane, StorageSettings
 from common.containers import LABEL_AGENT_ID, LABEL_COMMAND_ID, ContainerSpec
+from common.errors import RuntimeFailure
 from common.storage import ENV_CHECKPOINT_DIR, CheckpointSpec, ContainerStorage, StorageCredentials, StorageMount
 from tests.support.s3 import S3Server
 
@@ -37,6 +41,7 @@ VICTIM = textwrap.dedent(
     mkdir -p "$IDLEGRID_CHECKPOINT_DIR/sub"
     echo "$SECRET_TOKEN" > "$IDLEGRID_CHECKPOINT_DIR/step"
     echo "$SECRET_TOKEN" > "$IDLEGRID_CHECKPOINT_DIR/sub/state"
+    echo "$SECRET_TOKEN" > "$IDLEGRID_CHECKPOINT_DIR/locked" && chmod 000 "$IDLEGRID_CHECKPOINT_DIR/locked"
     echo "$SECRET_TOKEN" > "$IDLEGRID_OUTPUT_DIR/result.txt"
     echo "$SECRET_TOKEN" > mine.txt
     echo "$SECRET_TOKEN"
@@ -217,9 +222,21 @@ async def test_a_hostile_renter_reads_nothing_of_another_renters_data_written_wi
     assert not [line for line in seen if SECRET in line], seen
     assert all(": refused" in line for line in seen), seen
 
-    # And the victim's checkpoint and outputs still go up whole, read by the agent, whatever their modes.
+    # And the victim's checkpoint and outputs still go up whole, read by the agent, whatever their modes (0000 too).
     await host.plane.sync("renter-a")
     assert s3.client().get_object(Bucket=bucket, Key="out/result.txt")["Body"].read() == f"{SECRET}\n".encode()
+    manifest = json.loads(s3.client().get_object(Bucket=bucket, Key="ck/.idlegrid-checkpoint.json")["Body"].read())
+    assert sorted(manifest["files"]) == ["locked", "step", "sub/state"]
+    locked = s3.client().get_object(Bucket=bucket, Key=manifest["files"]["locked"]["key"])["Body"].read()
+    assert locked == f"{SECRET}\n".encode()
+
+
+def test_a_spec_path_is_seen_under_the_fixed_root_and_one_that_would_leave_it_is_refused():
+    assert data_path("/checkpoint") == PurePosixPath("/idlegrid/mnt/checkpoint")
+    assert data_path("/data/sets") == PurePosixPath("/idlegrid/mnt/data/sets")
+    for leaving in ("/../usr/bin", "/data/../../etc", "relative", "/"):
+        with pytest.raises(RuntimeFailure, match="not a directory path in the container"):
+            data_path(leaving)
 
 
 async def test_a_checkpoint_written_at_its_fixed_path_under_a_private_home_comes_back_for_the_next_run(s3, host):
@@ -241,3 +258,20 @@ async def test_a_checkpoint_written_at_its_fixed_path_under_a_private_home_comes
 
     await host.start(spec("count-a2"), "cmd-2")
     assert await wait_for_file(host.runtime.workdir("count-a2") / "run") == "2 1\n"
+
+
+async def test_a_container_with_many_storage_directories_gets_each_at_its_fixed_path(s3, host):
+    bucket = new_bucket(s3)
+    outputs = [StorageMount(uri=f"s3://{bucket}/out{n}/", path=f"/results/run{n}") for n in range(12)]
+    storage = msgspec.structs.replace(renters_storage(s3, bucket), outputs=outputs)
+    writes = "; ".join(f"echo {n} > /idlegrid/mnt/results/run{n}/n" for n in range(12))
+    await host.start(
+        ContainerSpec(
+            name="many", image="none", command=["sh", "-c", f"{writes} && touch done"], workload_id="wl-aaaa0003", storage=storage
+        ),
+        "cmd-m",
+    )
+    await wait_for_file(host.runtime.workdir("many") / "done")
+    await host.plane.sync("many")
+    for n in range(12):
+        assert s3.client().get_object(Bucket=bucket, Key=f"out{n}/n")["Body"].read() == f"{n}\n".encode()
