@@ -154,7 +154,8 @@ class CommandExecutor:
                     raise RuntimeFailure("this agent moves no object storage (no data plane configured)")
                 mounted = isinstance(self.runtime, MountsData)
                 host_paths = not mounted or getattr(self.runtime, "host_paths", True)
-                container, mounts = await self.data.prepare(container, host_paths=host_paths)
+                data_root = getattr(self.runtime, "data_root", "")  # the process runtime's /idlegrid; docker: the spec's paths
+                container, mounts = await self.data.prepare(container, host_paths=host_paths, data_root=data_root)
             try:
                 async with self._placing:
                     gpus = await self._claimable_gpus(container, command_id)

@@ -107,7 +107,8 @@ class Mount:
 @runtime_checkable
 class MountsData(Protocol):
     """A runtime that can give a container host directories (agent/storage/: inputs, outputs, the checkpoint).
-    ``host_paths``: the container sees them at their host paths (no mount namespace of its own to bind them in)."""
+    ``host_paths``: the container sees them at their host paths (no mount namespace of its own to bind them in).
+    A runtime may also have ``data_root``: the directory under which it binds the spec's paths (process: /idlegrid)."""
 
     host_paths: bool
 

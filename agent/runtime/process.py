@@ -7,13 +7,14 @@ What this runtime is and is not:
   filesystem and network.
 - The spec's ``image`` is recorded but not used: the command runs on the host's own filesystem.
 - As root, each container runs as a uid and gid of its own from a reserved range (``user="dynamic"``, the default;
-  ``uids``), with no new privileges, in a working directory of its own (``<work_root>/<name>``, 0700, owned by
-  it), with fresh ``/tmp``, ``/var/tmp``, ``/dev/shm`` and ``/run/lock`` in a mount namespace of its own, and a
-  network namespace of its own with outbound access through slirp4netns and none to the host's loopback
-  (``network="private"``). The agent's state directory is 0700 and its key and database 0600: isolation
-  ``sandbox``. agent/runtime/process_sandbox.py builds all of that. An agent that is not root cannot switch users,
-  and an empty ``user`` asks it not to: the command then runs as the agent's own user and the runtime reports
-  isolation ``none``.
+  ``uids``), with no new privileges, in a working directory of its own (``<work_root>/<name>``, 0700, owned by it,
+  in a ``work_root`` of the agent's, 0700, seen at ``/idlegrid/work``; its storage at ``/idlegrid/mnt<path>``, from
+  the agent's 0700 ``storage_dir``: no other uid has a path to either), with fresh ``/tmp``, ``/var/tmp``,
+  ``/dev/shm`` and ``/run/lock`` in a mount namespace of its own, and a network namespace of its own with outbound
+  access through slirp4netns and none to the host's loopback (``network="private"``). The agent's state directory is
+  0700 and its key and database 0600: isolation ``sandbox``. agent/runtime/process_sandbox.py builds all of that. An
+  agent that is not root cannot switch users, and an empty ``user`` asks it not to: the command then runs as the
+  agent's own user and the runtime reports isolation ``none``.
 - In PID and mount namespaces of its own with its own ``/proc`` (``unshare --pid --fork --kill-child --mount
   --mount-proc``, util-linux): it sees and can signal only its own processes, and CUDA, which needs the ``/proc``
   of its PID namespace, works. The shim is the namespace's init, so when it dies the kernel kills everything the
@@ -167,6 +168,8 @@ class ProcessRuntime:
         self.root = private_dir(private_dir(state) / "containers")
         self.work_root = Path(work_root) if work_root is not None else state.parent / f"{state.name}-work"
         self.work_root.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0:  # the agent's: a container reaches its own working directory by its bind only
+            os.chmod(self.work_root, 0o700)
         self._children: dict[str, subprocess.Popen[bytes]] = {}  # by record id: the processes this instance started
         self._root = os.geteuid() == 0
         self.simulated_gpus = simulated_gpus  # the agent's GPUs are simulated: the self-test looks for names only
@@ -185,6 +188,13 @@ class ProcessRuntime:
                 extra={"uid": os.geteuid()},
             )
         self.isolation = ISOLATION_SANDBOX if self._uids is not None else ISOLATION_NONE
+        # As root, a container sees its working directory and its storage (agent/storage/) at fixed paths under
+        # /idlegrid in its mount namespace; without root there are no set-up mounts, and the container (the agent's
+        # own user) sees the host paths.
+        self.host_paths = not self._root
+        self.data_root = "" if self.host_paths else str(sandbox.SANDBOX_DATA_ROOT)
+        if self._root:
+            sandbox.ensure_data_root()
 
     # --- the ContainerRuntime interface -------------------------------------------------------------
 
@@ -199,9 +209,6 @@ class ProcessRuntime:
                 'PATH: install it (Debian: apt-get install slirp4netns) or set process_network = "host" on a '
                 "trusted host (containers then reach the host's loopback services)"
             )
-
-    # No mount namespace to bind storage directories into at the spec's paths: the variables name the host paths.
-    host_paths = True
 
     async def create_mounted(self, spec: ContainerSpec, *, labels: Mapping[str, str], mounts: Sequence[Mount]) -> ContainerInfo:
         return await self.create(spec, labels=labels, mounts=mounts)
@@ -269,12 +276,12 @@ class ProcessRuntime:
             )
         cols, rows = (cols, rows) if cols > 0 and rows > 0 else (80, 24)  # no size given: a terminal's usual
         workdir = self.workdir(name)
-        env = child_env(record.spec, home=workdir)
+        env = child_env(record.spec, home=self._home(workdir))
         if tty:
             env.setdefault("TERM", "xterm")  # as Docker sets it for a terminal; the container's own env wins
         session = [SETSID, "--ctty"] if tty else [SETSID]
         argv = [
-            *sandbox.enter_argv(record.pid, workdir=workdir, root=self._root, private_network=record.private_network),
+            *sandbox.enter_argv(record.pid, workdir=self._home(workdir), root=self._root, private_network=record.private_network),
             *session,
             *_limits(record.spec, record.cores),
             *sandbox.drop_privileges_argv(record.uid, gpus=bool(record.spec.gpus)),
@@ -318,8 +325,12 @@ class ProcessRuntime:
         )
 
     def workdir(self, name: str) -> Path:
-        """The container's working directory and HOME, owned by the user it runs as."""
+        """The container's working directory and HOME on the host, owned by the user it runs as."""
         return self.work_root / name
+
+    def _home(self, workdir: Path) -> Path:
+        """Where the container sees its working directory: a fixed path as root, else the host's."""
+        return Path(sandbox.SANDBOX_WORKDIR) if self._root else workdir
 
     # --- launching ----------------------------------------------------------------------------------
 
@@ -330,21 +341,20 @@ class ProcessRuntime:
                 f"and cannot use the image's default ({spec.image!r} is not used)"
             )
         workdir = self.workdir(spec.name)
-        env = child_env(spec, home=workdir)
+        env = child_env(spec, home=self._home(workdir))
         _require_executable(spec, env["PATH"], workdir)
         exit_file = self._path(spec.name, ".exit")
         exit_file.unlink(missing_ok=True)
         cores = self._pick_cores(spec.cpus)
         uid = self._pick_uid()
         self._make_workdir(workdir, uid)
-        _give_writable(mounts, uid)
+        _give_data(mounts, uid)
         shim = [SHELL, "-c", SHIM, SHIM_NAME, *spec.command]
         setup = sandbox.setup_script(
-            workdir=workdir,
             private_tmp=uid is not None,
             tmpfs_size_mib=spec.memory_mib,
             resolv_conf=sandbox.write_resolv_conf(self.root / "resolv.conf") if self._private_network else None,
-            keep=[m.host for m in mounts],
+            binds=[sandbox.Bind(m.host, sandbox.data_path(m.container), m.writable) for m in mounts],
         )
         launch = [
             *sandbox.sandbox_argv(root=self._root, private_network=self._private_network, setup=setup),
@@ -538,17 +548,23 @@ class ProcessRuntime:
         return self.root / f"{name}{suffix}"
 
 
-def _give_writable(mounts: Sequence[Mount], uid: int | None) -> None:
-    """The checkpoint and output directories (and what a restore put there) become the container's own uid's; the
-    inputs stay the agent's, readable only (agent/storage/)."""
+def _give_data(mounts: Sequence[Mount], uid: int | None) -> None:
+    """The container's data becomes its own uid's: the checkpoint and output directories (and what a restore put
+    there) wholly, 0700 at the top; the input directories 0500 (the files in them stay the agent's 0444 links to the
+    input cache, read-only: agent/storage/cache.py). No other uid reaches any of them: the directories above are the
+    agent's, 0700 (agent/storage/plane.py), and the container sees its own through binds only."""
     if uid is None:
         return
     for mount in mounts:
-        if not mount.writable:
-            continue
         for dirpath, dirs, files in os.walk(mount.host):
-            for entry in [dirpath, *(os.path.join(dirpath, n) for n in dirs + files)]:
-                os.lchown(entry, uid, uid)
+            if mount.writable:
+                for entry in [dirpath, *(os.path.join(dirpath, n) for n in dirs + files)]:
+                    os.lchown(entry, uid, uid)
+            else:
+                os.chown(dirpath, uid, uid)
+                os.chmod(dirpath, 0o500)
+        if mount.writable:
+            os.chmod(mount.host, 0o700)
 
 
 def child_env(spec: ContainerSpec, *, home: Path) -> dict[str, str]:

@@ -12,8 +12,14 @@ As root, each container gets:
   places (``/tmp``, ``/var/tmp``, ``/dev/shm``, ``/run/lock``) and, with a private network, a ``resolv.conf`` naming
   slirp4netns's DNS forwarder, then execs the command's shim;
 - its own uid and gid from a reserved range (``process_uids``, a uid nobody else on the host uses), no supplementary
-  groups but the GPU devices' group when that is what guards them, and no new privileges (``setpriv``): its working
-  directory is 0700 and its own, so no other container reads or writes it;
+  groups but the GPU devices' group when that is what guards them, and no new privileges (``setpriv``);
+- its files at fixed paths, under a small tmpfs of root's that the set-up step mounts on ``/idlegrid`` (an empty
+  directory of the host, made by the agent): its working directory and HOME at ``/idlegrid/work``, its data
+  (agent/storage/: inputs, outputs, the checkpoint) at ``/idlegrid/mnt<path in the spec>``, inputs read-only, each
+  bound from its host directory. Those lie in directories of the agent's that no other uid may traverse (0700), so
+  a bind is the only way to them: another container, which may know every host path, has none, whatever modes the
+  program gives its files; and an agent whose state lies under a home directory (0700) works as well as one under
+  /tmp;
 - its own network namespace (``unshare --net``) with outbound access through ``slirp4netns`` started with
   ``--disable-host-loopback``: the host's loopback services (the agent's, other containers', a relay on the same
   machine) are out of its reach, and a tunnel reaches only the container's own ports.
@@ -30,11 +36,12 @@ import os
 import select
 import shlex
 import socket
+import stat
 import subprocess
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from common.errors import ConfigError, RuntimeFailure
 
@@ -58,6 +65,51 @@ CLONE_NEWNET = 0x40000000
 # The writable places every user of a host shares: each container gets fresh ones in its mount namespace.
 SHARED_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
 GPU_CONTROL_DEVICE = Path("/dev/nvidiactl")
+# Where a container sees its own files: a fresh root-owned tmpfs in its mount namespace, holding only its working
+# directory and its data, bound there. Not a place on PATH nor a system directory, so binding directories a renter
+# writes there cannot change what the set-up step or an exec (both root until setpriv) run.
+SANDBOX_ROOT = PurePosixPath("/idlegrid")
+SANDBOX_WORKDIR = SANDBOX_ROOT / "work"
+SANDBOX_DATA_ROOT = SANDBOX_ROOT / "mnt"
+SANDBOX_TMPFS = "mode=0755,nosuid,nodev,size=1m"
+
+
+@dataclass(frozen=True)
+class Bind:
+    """A host directory a container sees at ``inside`` (under ``SANDBOX_DATA_ROOT``), read-only unless ``writable``."""
+
+    host: Path
+    inside: PurePosixPath
+    writable: bool
+
+
+def data_path(container_path: str) -> PurePosixPath:
+    """Where a container sees the spec's ``container_path`` (absolute, no ``..``: common/storage.py checks it at
+    submit; checked again here, since a path leaving ``SANDBOX_DATA_ROOT`` would be bound by root over the host's own
+    directories in the container's view)."""
+    rel = PurePosixPath(container_path.lstrip("/"))
+    if not container_path.startswith("/") or not rel.parts or any(part in (".", "..") for part in rel.parts):
+        raise RuntimeFailure(f"{container_path!r} is not a directory path in the container (absolute, not '/', no '..')")
+    return SANDBOX_DATA_ROOT / rel
+
+
+def ensure_data_root() -> None:
+    """The empty directory of the host that each container's own tmpfs is mounted on (root's, 0755)."""
+    root = Path(SANDBOX_ROOT)
+    try:
+        with contextlib.suppress(FileExistsError):
+            root.mkdir(mode=0o755)
+        found = root.lstat()
+    except OSError as exc:
+        raise ConfigError(
+            f"the process runtime mounts each container's own files on {root}, which it cannot make ({exc.strerror}): "
+            f"create it (mkdir -m 0755 {root}, owned by root) and restart the agent"
+        ) from exc
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != 0:
+        raise ConfigError(
+            f"{root} must be a directory of root's (the process runtime mounts each container's data there); "
+            "it is something else on this host: remove it and restart the agent"
+        )
 
 
 @dataclass(frozen=True)
@@ -92,34 +144,32 @@ class UidRange:
         )
 
 
-def setup_script(
-    *, workdir: Path, private_tmp: bool, tmpfs_size_mib: int | None, resolv_conf: Path | None, keep: Sequence[Path] = ()
-) -> str:
-    """What root runs first in the container's new mount namespace, before exec'ing the rest of its argv.
+def setup_script(*, private_tmp: bool, tmpfs_size_mib: int | None, resolv_conf: Path | None, binds: Sequence[Bind] = ()) -> str:
+    """What root runs first in the container's new mount namespace (private: nothing propagates to the host), before
+    exec'ing the rest of its argv.
 
-    It starts in the container's working directory. A fresh tmpfs on a shared place also hides whatever lay below
-    it, the working directory too when it lies there (a work root under /tmp): the shell's working directory still
-    is the old one, so it is bound back at its path through ``/proc/self/cwd`` (not canonicalized, which would
-    resolve the name anew). ``private_tmp`` is off for a container that runs as the agent's own user (a trusted
-    host's choice, isolation "none"): it shares the host's places as it shares its files.
-
-    ``keep``: directories the container must still see at their paths (its storage: agent/storage/), held open on a
-    descriptor each before the tmpfs covers them and bound back through ``/proc/self/fd`` as the working directory is."""
+    It starts in the container's working directory (its host path). First, while every host path is still the
+    host's: a small tmpfs on ``SANDBOX_ROOT``, the working directory bound at ``SANDBOX_WORKDIR`` through
+    ``/proc/self/cwd`` (not canonicalized, which would resolve the name anew), each of ``binds`` (its data,
+    agent/storage/) bound under ``SANDBOX_DATA_ROOT`` and remounted nosuid and nodev (and read-only unless writable).
+    Root makes the binds, so the container's uid needs no way through the directories above them. Then fresh tmpfs on
+    the shared places, which hide whatever lay below them in this namespace only. ``private_tmp`` is off for a
+    container that runs as the agent's own user (a trusted host's choice, isolation "none"): it shares the host's
+    places as it shares its files."""
     size = f",size={tmpfs_size_mib}m" if tmpfs_size_mib else ""
     steps = []
-    held = list(enumerate(keep, start=3))
-    for fd, path in held:
-        steps.append(f"exec {fd}<{shlex.quote(str(path))} || exit 126")
-    if resolv_conf is not None:  # first: it may lie under a place about to be covered
+    if resolv_conf is not None:
         steps.append(f"{MOUNT} --bind -o ro {shlex.quote(str(resolv_conf))} /etc/resolv.conf || exit 126")
+    steps.append(f"{MOUNT} -t tmpfs -o {SANDBOX_TMPFS} idlegrid {SANDBOX_ROOT} || exit 126")
+    steps.append(f"mkdir {SANDBOX_WORKDIR} && {MOUNT} --no-canonicalize --bind /proc/self/cwd {SANDBOX_WORKDIR} || exit 126")
+    for bind in binds:
+        where = shlex.quote(str(bind.inside))
+        flags = "nosuid,nodev" if bind.writable else "ro,nosuid,nodev"
+        steps.append(f"mkdir -p {where} && {MOUNT} --bind {shlex.quote(str(bind.host))} {where} || exit 126")
+        steps.append(f"{MOUNT} -o remount,bind,{flags} {where} || exit 126")
     for place in SHARED_WRITABLE if private_tmp else ():
         steps.append(f"if [ -d {place} ]; then {MOUNT} -t tmpfs -o mode=1777,nosuid,nodev{size} tmpfs {place} || exit 126; fi")
-    work = shlex.quote(str(workdir))
-    steps.append(f"mkdir -p {work} && {MOUNT} --no-canonicalize --bind /proc/self/cwd {work} || exit 126")
-    for fd, path in held:
-        where = shlex.quote(str(path))
-        steps.append(f"mkdir -p {where} && {MOUNT} --no-canonicalize --bind /proc/self/fd/{fd} {where} || exit 126")
-        steps.append(f"exec {fd}<&-")
+    steps.append(f"cd {SANDBOX_WORKDIR} || exit 126")
     return "\n".join([*steps, 'exec "$@"'])
 
 

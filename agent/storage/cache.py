@@ -3,7 +3,10 @@ before starts at once.
 
 An entry is one object version, named by a hash of (endpoint, bucket, key, ETag): a changed object has another ETag,
 so it is another entry. Entries live in ``<root>/objects/`` (0444 files in a 0700 directory) and are hard-linked
-into each container's input directory, so the bytes are on the disk once. The index (``index.json``, 0600) keeps
+into each container's input directory, so the bytes are on the disk once. A link shares the entry's mode, so what
+keeps an entry from other renters is the path, not the mode: the cache and every container's data directory are the
+agent's and 0700, and a container sees its own input directory through a bind in its own mount namespace only
+(docs/storage.md, "A container's data is its own"). The index (``index.json``, 0600) keeps
 each entry's size and last use. Invariants:
 
 - the entries together stay within ``budget_bytes``: before a fetch, least recently used entries no container holds

@@ -13,8 +13,12 @@
 Each transfer is reported (``StorageActivity``) through ``report``. A host's transfers share ``transfer_slots`` at
 ``bytes_per_s`` in all, so a checkpoint upload cannot starve the control link or another renter's transfers.
 
-Where the data sits: ``<root>/<container>/mnt/<path in the container>``. Runtimes that mount (docker) bind it at the
-path the spec names; the process runtime has no mounts, so the variables name the host paths.
+Where the data sits: ``<root>/<container>/mnt/<path in the container>``, with ``<root>``, ``<root>/<container>`` and
+its ``mnt`` the agent's and 0700: no other uid has a path to a container's data, whatever modes the program gives
+its files. A container reaches its own only through the binds its runtime makes: docker at the path the spec names,
+the process runtime (as root) at ``/idlegrid<path>`` in the container's mount namespace (``data_root``), where the
+runtime also gives the directories to the container's uid. Only an agent that is not root, whose containers run as
+its own user, has the variables name the host paths.
 """
 
 from __future__ import annotations
@@ -119,7 +123,7 @@ class DataPlane:
         self.settings = settings
         self.root = Path(settings.root)
         self.root.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.root, 0o711)  # containers' uids traverse to their own directory, list nothing
+        os.chmod(self.root, 0o700)  # the agent's: a container reaches its own data through its binds only
         self._records = self.root / ".records"
         self._records.mkdir(mode=0o700, exist_ok=True)
         self.cache = InputCache(self.root / ".cache", settings.cache_budget_bytes, clock)
@@ -136,8 +140,9 @@ class DataPlane:
 
     # --- before the create -------------------------------------------------------------------------------
 
-    async def prepare(self, spec: ContainerSpec, *, host_paths: bool) -> tuple[ContainerSpec, list[Mount]]:
-        """Make ``spec``'s data ready; the spec to create (its variables added) and what to mount."""
+    async def prepare(self, spec: ContainerSpec, *, host_paths: bool, data_root: str = "") -> tuple[ContainerSpec, list[Mount]]:
+        """Make ``spec``'s data ready; the spec to create (its variables added) and what to mount. The variables name
+        the host paths (``host_paths``), or where the runtime binds them: ``data_root`` + the spec's path."""
         storage = spec.storage
         if storage is None:
             return spec, []
@@ -145,7 +150,7 @@ class DataPlane:
         if placed is None:
             placed = self._open(spec.name, spec.workload_id, storage)
         try:
-            env, mounts = await self._fill(placed, host_paths=host_paths)
+            env, mounts = await self._fill(placed, host_paths=host_paths, data_root=data_root)
         except BaseException:
             await self._drop(placed)
             raise
@@ -169,11 +174,11 @@ class DataPlane:
         )
         return placed
 
-    async def _fill(self, p: _Placed, *, host_paths: bool) -> tuple[dict[str, str], list[Mount]]:
+    async def _fill(self, p: _Placed, *, host_paths: bool, data_root: str) -> tuple[dict[str, str], list[Mount]]:
         mnt = p.data_dir / "mnt"
         mnt.mkdir(parents=True, exist_ok=True)
         for d in (p.data_dir, mnt):
-            os.chmod(d, 0o711)  # the container's uid traverses to its own directories; nobody lists them
+            os.chmod(d, 0o700)  # no other uid has a path below: the container gets its directories by binds
         uris = [m.uri for m in [*p.storage.inputs, *p.storage.outputs]]
         uris += [p.storage.checkpoint.uri] if p.storage.checkpoint is not None else []
         for bucket in sorted({split_uri(uri)[0] for uri in uris}):
@@ -182,7 +187,7 @@ class DataPlane:
         mounts: list[Mount] = []
 
         def where(container_path: str) -> str:
-            return str(_place(mnt, container_path)) if host_paths else container_path
+            return str(_place(mnt, container_path)) if host_paths else data_root + container_path
 
         for i, mount in enumerate(p.storage.inputs):
             target = _place(mnt, mount.path)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,6 +55,17 @@ COUNTER = (
 def grid(tmp_path: Path) -> Iterator[Grid]:
     with running_grid(tmp_path, MASTER_SETTINGS) as g:
         yield g
+
+
+@pytest.fixture
+def home_grid() -> Iterator[Grid]:
+    """A grid whose state directories all lie in ``<home>/clone``, ``<home>`` 0700 and outside /tmp (as /root is)."""
+    home = Path(tempfile.mkdtemp(prefix="idlegrid-home-", dir="/run"))
+    try:
+        with running_grid(home / "clone", MASTER_SETTINGS) as g:
+            yield g
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def hosts(grid: Grid, count: int, **env: str) -> dict[str, Daemon]:
@@ -151,6 +164,17 @@ def test_an_interruptible_counter_preempted_by_an_on_demand_rental_resumes_on_an
 
 
 def test_a_host_sigkilled_mid_run_resumes_elsewhere_from_its_last_periodic_checkpoint(grid, s3):
+    resumes_after_a_sigkill(grid, s3)
+
+
+def test_a_grid_run_from_a_home_directory_checkpoints_and_resumes_a_sigkilled_hosts_workload(home_grid, s3):
+    """The demo from a clone in /root (issue 36): the hosts' storage directories lie under a directory no container's
+    uid may traverse, and outside /tmp, which the sandbox would cover with a fresh one. The program still finds its
+    checkpoint directory (at a fixed path, bound), its checkpoints go up, and it resumes elsewhere."""
+    resumes_after_a_sigkill(home_grid, s3)
+
+
+def resumes_after_a_sigkill(grid: Grid, s3: S3Server) -> None:
     agents = hosts(grid, 2)
     bucket = new_bucket(s3)
     alice = stored_renter(grid, s3, "alice")
