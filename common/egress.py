@@ -73,6 +73,8 @@ def address_refusal(address: IPAddress) -> str | None:
         return "a multicast address"
     if isinstance(address, ipaddress.IPv4Address) and address in _CGNAT:
         return "a shared (CGNAT, 100.64.0.0/10) address, inside a carrier's or a cloud's network"
+    if address.is_reserved:
+        return "a reserved address"
     if address.is_private:
         return "a private address"
     if not address.is_global:

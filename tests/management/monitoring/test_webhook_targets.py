@@ -42,7 +42,7 @@ REFUSED = [
     ("http://172.16.3.4/x", "private"),
     ("http://192.168.1.1/x", "private"),
     ("http://[fd00::1]/x", "private"),
-    ("http://100.64.0.1/x", "not a public address"),  # shared address space (carrier-grade NAT)
+    ("http://100.64.0.1/x", "CGNAT"),  # shared address space (carrier-grade NAT)
     ("http://localhost:7000/api/v1/accounts", "localhost"),
     ("http://LOCALHOST./x", "localhost"),
     ("http://api.localhost/x", "localhost"),
