@@ -26,9 +26,9 @@ from tests.support.s3 import S3Server
 KEYS = StorageCredentials(access_key_id="AKIATEST", secret_access_key="not-a-real-secret")
 
 
-def store_at(endpoint: str, rule: EgressRule = EgressRule(), **limits: int) -> ObjectStore:
+def store_at(endpoint: str, rule: EgressRule | None = None, **limits: int) -> ObjectStore:
     storage = ContainerStorage(credentials=KEYS, endpoint=endpoint)
-    return ObjectStore(storage, TransferLimits(egress=rule, attempts=1, **limits))
+    return ObjectStore(storage, TransferLimits(egress=rule or EgressRule(), attempts=1, **limits))
 
 
 def a_file(tmp_path: Path, data: bytes = b"output") -> BinaryIO:
