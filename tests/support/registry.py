@@ -201,9 +201,14 @@ class Images:
         self.slow_port = _free_port()  # where a test may run a ThrottledProxy to the public registry
 
     @property
+    def allowed(self) -> list[str]:
+        """The ``egress_allow`` entries that let hosts pull from these registries (127.0.0.1, a private address)."""
+        return [self.public.host, self.private.host, f"127.0.0.1:{self.slow_port}"]
+
+    @property
     def provider_allows(self) -> EgressRule:
-        """A host's egress rule whose provider allows these registries (127.0.0.1, a private address) by name."""
-        return EgressRule.allowing([self.public.host, self.private.host, f"127.0.0.1:{self.slow_port}"])
+        """A host's egress rule whose provider allows these registries by name."""
+        return EgressRule.allowing(self.allowed)
 
     @property
     def slow_big(self) -> str:
