@@ -179,8 +179,8 @@ class EgressRule:
     def refused(self, what: str, host: str, port: int, why: str) -> EgressRefused:
         """The refusal a renter reads: what was refused, why, and what to change."""
         return EgressRefused(
-            f"{what}: {why}. On a renter's behalf the grid connects only to public addresses; use a public "
-            f"endpoint, or ask {self.who} to allow {host}:{port} by name ({self.setting})"
+            f"{what}: {why}. On a renter's behalf the grid connects only to public addresses: name a target on a public "
+            f"address, or ask {self.who} to allow {host}:{port} by name ({self.setting})"
         )
 
     def refusal_before_dns(self, what: str, host: str, port: int) -> EgressRefused | None:

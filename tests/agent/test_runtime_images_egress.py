@@ -8,7 +8,6 @@ the agent's check and Podman's pull is outside what this check can stop (docs/im
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,20 +17,10 @@ from agent.runtime.images import ImageLimits
 from common.containers import ContainerSpec
 from common.egress import EgressRule
 from common.errors import EgressRefused, is_renter_fault
-from tests.support.listener import CountingListener
+from tests.support.egress import resolving_to_loopback
 from tests.support.podman import PodmanService
 
 pytestmark = pytest.mark.podman
-
-
-def resolving_to_loopback(host: str, port: int) -> list[str]:
-    return ["127.0.0.1"]
-
-
-@pytest.fixture
-def listener() -> Iterator[CountingListener]:
-    with CountingListener() as counting:
-        yield counting
 
 
 def host(podman: PodmanService, tmp_path: Path, rule: EgressRule) -> DockerRuntime:

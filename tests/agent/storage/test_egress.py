@@ -8,7 +8,6 @@ from __future__ import annotations
 import http.server
 import threading
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -20,7 +19,7 @@ from common.containers import ContainerSpec
 from common.egress import EgressRule
 from common.errors import EgressRefused, is_renter_fault
 from common.storage import ContainerStorage, StorageCredentials, StorageMount
-from tests.support.listener import CountingListener
+from tests.support.egress import resolving_to_loopback
 from tests.support.s3 import S3Server
 
 KEYS = StorageCredentials(access_key_id="AKIATEST", secret_access_key="not-a-real-secret")
@@ -35,17 +34,6 @@ def a_file(tmp_path: Path, data: bytes = b"output") -> BinaryIO:
     path = tmp_path / "result.txt"
     path.write_bytes(data)
     return open(path, "rb")  # noqa: SIM115 (the store reads it; the test's end closes it)
-
-
-def resolving_to_loopback(host: str, port: int) -> list[str]:
-    """A name server that answers every name with this host's loopback (what a renter's DNS can do)."""
-    return ["127.0.0.1"]
-
-
-@pytest.fixture
-def listener() -> Iterator[CountingListener]:
-    with CountingListener() as counting:
-        yield counting
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "127.1", "2130706433", "[::ffff:127.0.0.1]"])

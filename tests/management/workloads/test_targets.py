@@ -17,15 +17,7 @@ from master.config import MasterConfig
 from master.master import Master
 from master.records import WorkloadSpec
 from tests.management.workloads.test_runner import spec
-
-
-def resolving(table: dict[str, str]):  # noqa: ANN201
-    def resolve(host: str, port: int) -> list[str]:
-        if host not in table:
-            raise OSError(f"{host} is not in the test's table")
-        return [table[host]]
-
-    return resolve
+from tests.support.egress import resolving
 
 
 def book(master: Master, egress_allow: list[str] | None = None) -> WorkloadBook:
@@ -66,7 +58,7 @@ async def test_a_private_storage_endpoint_or_registry_is_refused_at_submit_sayin
     with pytest.raises(InvalidWorkloadSpec) as refused:
         await workloads.submit("alice", submitted(dict(fields)), time.time())
     assert said in str(refused.value)
-    assert "use a public endpoint, or ask the operator to allow" in str(refused.value)
+    assert "name a target on a public address, or ask the operator to allow" in str(refused.value)
     assert "egress_allow in the Master's config" in str(refused.value)
     assert workloads.open_workloads() == []
 
