@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import msgspec
 
 from common.config import load_config
+from common.egress import EgressRule
 from common.output import DEFAULT_OUTPUT_LIMIT
 
 
@@ -44,6 +45,11 @@ class AgentConfig(msgspec.Struct, kw_only=True):
     gpu_selftest_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 60.0
     runtime_probe_s: float = 60.0  # how often the agent checks that its runtime can run containers
     runtime_probe_timeout_s: float = 5.0  # a runtime slower than this to answer the check offers nothing meanwhile
+    # Targets on private addresses this host may reach for its renters (docs/security.md, "Egress"): storage endpoints
+    # and image registries are otherwise refused when they are, or resolve to, loopback, private, link-local or other
+    # non-public addresses. Entries are "HOST" (any port) or "HOST:PORT", matched against the host the renter wrote,
+    # e.g. ["minio.lan:9000", "registry.lan", "127.0.0.1:5000"].
+    egress_allow: list[str] = []
     # Images (the docker runtime; docs/images.md): pull what the host lacks, within these limits (0: no limit).
     image_pull: bool = True  # off: only images already on the host run (the provider loads them)
     image_registries_allowed: list[str] = []  # registry hosts ("ghcr.io", "127.0.0.1:5000", "*.example.org"); []: all
@@ -115,6 +121,11 @@ class AgentConfig(msgspec.Struct, kw_only=True):
     @property
     def state_path(self) -> Path:
         return Path(self.state_dir)
+
+    def egress_rule(self) -> EgressRule:
+        """Where this host connects for its renters: public addresses, and the private ones its provider allows by
+        name (ConfigError for an entry that is not HOST or HOST:PORT)."""
+        return EgressRule.allowing(self.egress_allow)
 
     @property
     def storage_path(self) -> Path:

@@ -161,6 +161,7 @@ class Agent:
                     bytes_per_s=int(config.storage_bandwidth_mbps * 1e6 / 8),
                     transfer_slots=config.storage_transfer_slots,
                     final_upload_s=config.storage_final_upload_s,
+                    egress=config.egress_rule(),
                 ),
                 self._on_storage,
             )
@@ -828,4 +829,5 @@ def image_limits(config: AgentConfig) -> ImageLimits:
         max_image_bytes=round(config.image_max_gb * GB),
         pull_timeout_s=config.image_pull_timeout_s,
         disk_budget_bytes=round(config.image_disk_budget_gb * GB),
+        egress=config.egress_rule(),
     )

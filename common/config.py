@@ -31,7 +31,8 @@ def load_config(
     values: dict[str, Any] = {}
     if path is not None:
         values.update(_read_toml(path))
-    fields = {f.name for f in msgspec.structs.fields(cls)}
+    infos = {f.name: f for f in msgspec.structs.fields(cls)}
+    fields = set(infos)
     for key in values:
         if key not in fields:
             raise ConfigError(f"{path}: unknown setting {key!r}; known settings: {', '.join(sorted(fields))}")
@@ -39,7 +40,9 @@ def load_config(
     for name in fields:
         raw = env.get(f"{env_prefix}{name.upper()}")
         if raw is not None:
-            values[name] = raw
+            # A list setting (egress_allow, image_registries_allowed, ...) is written comma-separated in a variable.
+            listed = infos[name].default_factory is list
+            values[name] = [item.strip() for item in raw.split(",") if item.strip()] if listed else raw
     for name, value in (overrides or {}).items():
         if value is not None:
             values[name] = value

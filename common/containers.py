@@ -21,6 +21,18 @@ LABEL_REPLICA = "io.idlegrid.replica"  # which replica of it (0-based)
 # The ports the workload declared, comma-separated: the only ports of the container a renter's tunnel may reach.
 LABEL_PORTS = "io.idlegrid.ports"
 RESERVED_LABEL_PREFIX = "io.idlegrid."
+DOCKER_HUB = "docker.io"
+DOCKER_HUB_ALIASES = frozenset({"docker.io", "index.docker.io", "registry-1.docker.io"})
+
+
+def registry_of(reference: str) -> str:
+    """The registry host an image reference names, as the docker CLI reads it: a first component with a dot or a
+    colon, or ``localhost``, is a registry; otherwise the image is Docker Hub's."""
+    name = reference.split("@", 1)[0]
+    first, slash, _ = name.partition("/")
+    if slash and ("." in first or ":" in first or first == "localhost"):
+        return first.lower()
+    return DOCKER_HUB
 
 
 class RegistryAuth(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

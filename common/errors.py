@@ -211,6 +211,13 @@ class StorageUnreachable(RenterFault):
     code = "storage_unreachable"
 
 
+class EgressRefused(RenterFault):
+    """A target the renter named (a storage endpoint, an image registry, a webhook) that is, or resolves to, an address
+    the grid does not connect to on a renter's behalf (common/egress.py): the message says which and what to change."""
+
+    code = "egress_refused"
+
+
 RENTER_FAULT_CODES = frozenset(
     cls.code
     for cls in (
@@ -226,6 +233,7 @@ RENTER_FAULT_CODES = frozenset(
         StorageNotFound,
         StorageTooLarge,
         StorageUnreachable,
+        EgressRefused,
     )
 )
 

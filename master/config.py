@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from common.config import load_config
+from common.egress import EgressRule
 from master.overlay import OverlaySettings
 
 
@@ -213,6 +214,11 @@ class MasterConfig(msgspec.Struct, kw_only=True):
     # Webhooks go to public addresses only; true lets the operator's own reach private and loopback ones (a receiver
     # inside the operator's network). Never another account's.
     webhook_allow_private: bool = False
+    # Targets on private addresses renters may name at submit (docs/security.md, "Egress"): a workload's storage
+    # endpoint or image registry that is, or resolves to, a loopback, private, link-local or other non-public address
+    # is refused unless allowed here by name, "HOST" (any port) or "HOST:PORT" (e.g. ["minio.lan:9000"]). Each host
+    # checks again with its own provider's list (the agent's egress_allow) when it connects.
+    egress_allow: list[str] = []
     log_level: str = "info"
     # --- telemetry history (master/history.py, docs/monitoring.md) ---
     # One-minute rollups are kept this long, hourly ones (downsampled from them by the "history" loop) this long.
@@ -239,6 +245,11 @@ class MasterConfig(msgspec.Struct, kw_only=True):
     links: LinkSettings = msgspec.field(default_factory=LinkSettings)
     # A directory of the operator's own launch templates (*.toml), added to (or replacing by name) the shipped ones.
     templates_dir: str = ""
+
+    def egress_rule(self) -> EgressRule:
+        """Where the Master lets renters' targets be (webhooks, and storage endpoints and registries at submit):
+        public addresses, and those the operator allows by name (ConfigError for an entry that is not HOST[:PORT])."""
+        return EgressRule.allowing(self.egress_allow, who="the operator", setting="egress_allow in the Master's config")
 
     @property
     def state_path(self) -> Path:

@@ -1,5 +1,6 @@
 """Fixtures shared across the suite. The Podman service is session-scoped and started only by tests that ask."""
 
+from tests.support.egress import listener  # noqa: F401
 from tests.support.operator_api import api  # noqa: F401
 from tests.support.podman import podman  # noqa: F401
 from tests.support.s3 import s3  # noqa: F401

@@ -41,6 +41,7 @@ from agent.runtime.images import (
 )
 from agent.runtime.selftest import reach_in_containers
 from common.containers import LABEL_COMMAND_ID, ContainerInfo, ContainerSpec, RegistryAuth
+from common.egress import check_registry as check_registry_egress
 from common.errors import BadCommand, ConfigError, ImageNotFound, ImagePullTimeout, RuntimeFailure
 from common.inventory import GpuInfo, GpuReach
 
@@ -395,6 +396,7 @@ class DockerRuntime:
                 "(its provider loads them by hand); choose a host that has it"
             )
         check_registry(spec.image, self.images)
+        await check_registry_egress(self.images.egress, spec.image)  # the registry's addresses public, or allowed
         await self._pull(spec.image, spec.registry_auth, on_progress)
         pulled = await self._image(spec.image)
         if pulled is None:

@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from agent.state import PRIVATE_FILE_MODE
-from common.containers import RegistryAuth
+from common.containers import DOCKER_HUB_ALIASES, RegistryAuth, registry_of
+from common.egress import EgressRule
 from common.errors import ImageNotFound, ImageTooLarge, ImageUnauthorized, RegistryNotAllowed, RuntimeFailure
 from common.files import write_atomically
 
-DOCKER_HUB = "docker.io"
-_HUB_ALIASES = frozenset({"docker.io", "index.docker.io", "registry-1.docker.io"})
+_HUB_ALIASES = DOCKER_HUB_ALIASES
 MB = 1_000_000
 GB = 1_000_000_000
 
@@ -44,16 +44,7 @@ class ImageLimits:
     max_image_bytes: int = 0
     pull_timeout_s: float = 1800.0
     disk_budget_bytes: int = 0  # the most the images the agent pulled may take together
-
-
-def registry_of(reference: str) -> str:
-    """The registry host a reference names, as the docker CLI reads it: a first component with a dot or a colon, or
-    ``localhost``, is a registry; otherwise the image is Docker Hub's."""
-    name = reference.split("@", 1)[0]
-    first, slash, _ = name.partition("/")
-    if slash and ("." in first or ":" in first or first == "localhost"):
-        return first.lower()
-    return DOCKER_HUB
+    egress: EgressRule = EgressRule()  # which registries' addresses a pull may reach (common/egress.py)
 
 
 def _registry_matches(registry: str, pattern: str) -> bool:

@@ -3,8 +3,9 @@ parts, retries with backoff, checksums): small calls in worker threads, files of
 of their own (``bulk_pool``), so the agent's event loop keeps serving its control link (bench/README.md, "Checkpoints").
 
 Every failure is translated once, here, into whose fault it is: the renter's (``StorageUnauthorized``,
-``StorageNotFound``, ``StorageUnreachable``, ``StorageTooLarge`` for a full disk or budget) or the host's
-(``RuntimeFailure``). Credentials never appear in a message.
+``StorageNotFound``, ``StorageUnreachable``, ``StorageTooLarge`` for a full disk or budget, ``EgressRefused`` for an
+endpoint that is or resolves to an address the grid does not reach) or the host's (``RuntimeFailure``). Credentials
+never appear in a message. Every connection goes through the egress rule (connections.py).
 """
 
 from __future__ import annotations
@@ -28,7 +29,10 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError
 
+from agent.storage.connections import guard
+from common.egress import EgressRule
 from common.errors import (
+    EgressRefused,
     IdlegridError,
     RuntimeFailure,
     StorageNotFound,
@@ -49,7 +53,8 @@ _NOT_FOUND = frozenset({"NoSuchBucket", "NoSuchKey", "404", "NotFound"})
 @dataclass(frozen=True)
 class TransferLimits:
     """How hard a host's transfers may pull: ``bytes_per_s`` in all (0: unbounded), parts of ``part_bytes``, and at
-    most ``concurrency`` parts at once; ``attempts`` per request (boto3's standard retry mode)."""
+    most ``concurrency`` parts at once; ``attempts`` per request (boto3's standard retry mode). ``egress``: where its
+    connections may go (common/egress.py; the provider's ``egress_allow``)."""
 
     bytes_per_s: int = 0
     part_bytes: int = 16 * 1024 * 1024
@@ -57,6 +62,7 @@ class TransferLimits:
     attempts: int = 5
     connect_timeout_s: float = 10.0
     read_timeout_s: float = 60.0
+    egress: EgressRule = EgressRule()
 
 
 @dataclass(frozen=True)
@@ -200,8 +206,9 @@ class ObjectStore:
 
 
 def make_client(storage: ContainerStorage, limits: TransferLimits) -> Any:
+    """A boto3 S3 client whose every connection is judged by ``limits.egress`` and which follows no redirect."""
     creds = storage.credentials
-    return boto3.session.Session().client(
+    client = boto3.session.Session().client(
         "s3",
         endpoint_url=storage.endpoint,
         region_name=storage.region,
@@ -217,6 +224,7 @@ def make_client(storage: ContainerStorage, limits: TransferLimits) -> Any:
             response_checksum_validation="when_supported",
         ),
     )
+    return guard(client, limits.egress)
 
 
 def make_transfer(limits: TransferLimits) -> TransferConfig:
@@ -286,7 +294,8 @@ def open_inside(root: Path, rel: str) -> BinaryIO | None:
 
 
 _ERRORS: dict[str, type[IdlegridError]] = {
-    cls.code: cls for cls in (StorageUnauthorized, StorageNotFound, StorageTooLarge, StorageUnreachable, RuntimeFailure)
+    cls.code: cls
+    for cls in (StorageUnauthorized, StorageNotFound, StorageTooLarge, StorageUnreachable, EgressRefused, RuntimeFailure)
 }
 
 
@@ -308,6 +317,8 @@ def translate(what: str, exc: BaseException) -> Exception:
         return StorageUnreachable(f"{what}: the endpoint does not answer")
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return StorageTooLarge(f"{what}: this host's disk is full")
+    if isinstance(exc, EgressRefused):
+        return EgressRefused(f"{what}: {exc}")
     if isinstance(exc, (StorageTooLarge, StorageNotFound, StorageUnauthorized, StorageUnreachable, RuntimeFailure)):
         return exc
     if isinstance(exc, BotoCoreError):

@@ -50,6 +50,7 @@ from agent.storage.checkpoint import (
 )
 from agent.storage.objects import ObjectStore, TransferLimits, bulk_pool, open_inside
 from common.containers import ContainerSpec
+from common.egress import EgressRule
 from common.errors import IdlegridError, StorageNotFound
 from common.files import write_atomically
 from common.storage import (
@@ -78,6 +79,7 @@ class StorageSettings(msgspec.Struct, frozen=True, kw_only=True):
     final_upload_s: float = 600.0  # the longest a last upload at a delete may take
     # Files of part_bytes or more move in processes of their own (one per transfer slot), off the agent's interpreter.
     bulk_processes: bool = True
+    egress: EgressRule = EgressRule()  # where transfers may connect: public addresses and what the provider allows
 
 
 @dataclass
@@ -136,7 +138,9 @@ class DataPlane:
     @property
     def limits(self) -> TransferLimits:
         slots = max(1, self.settings.transfer_slots)
-        return TransferLimits(bytes_per_s=self.settings.bytes_per_s // slots, part_bytes=self.settings.part_bytes)
+        return TransferLimits(
+            bytes_per_s=self.settings.bytes_per_s // slots, part_bytes=self.settings.part_bytes, egress=self.settings.egress
+        )
 
     # --- before the create -------------------------------------------------------------------------------
 

@@ -37,9 +37,10 @@ import msgspec
 from aiohttp.abc import AbstractResolver
 from aiohttp.resolver import DefaultResolver
 
+from common.egress import EgressRule
 from management.monitoring.evaluator import AlertTransition
 from management.monitoring.visibility import Viewer, visible
-from management.monitoring.webhook_targets import PublicResolver, TargetRefused, url_refusal
+from management.monitoring.webhook_targets import OPERATOR_RULE, PublicResolver, TargetRefused, url_refusal
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,7 @@ class NotifierSettings:
     per_account: int = 2  # attempts under way at once for one account's webhooks
     per_account_webhooks: int = 10  # webhooks an account may have (management/monitoring/settings.py)
     allow_private: bool = False  # the operator's own webhooks may reach private and loopback addresses
+    egress: EgressRule = OPERATOR_RULE  # what any webhook may reach: public addresses, and the operator's egress_allow
 
 
 ViewerOf = Callable[[Webhook], Awaitable[Viewer | None]]
@@ -258,7 +260,7 @@ class WebhookNotifier:
             log.info("alert webhook %s: delivery %s withheld: account %s may not see it now", hook.id, delivery.key, hook.owner)
             return False
         private = self.settings.allow_private and viewer.role == "operator"
-        why = url_refusal(hook.url, allow_private=private)
+        why = url_refusal(hook.url, allow_private=private, rule=self.settings.egress)
         if why is not None:
             return self._refuse(delivery, why)
         try:
@@ -285,7 +287,7 @@ class WebhookNotifier:
     def _session(self, private: bool) -> aiohttp.ClientSession:
         session = self._sessions.get(private)
         if session is None:
-            resolver = self.resolver() if private else PublicResolver(self.resolver())
+            resolver = self.resolver() if private else PublicResolver(self.resolver(), self.settings.egress)
             # No DNS cache and no kept-alive connection: every delivery resolves, and is judged, afresh (DNS
             # rebinding). No proxy from the environment, no cookies kept between deliveries.
             connector = aiohttp.TCPConnector(resolver=resolver, use_dns_cache=False, force_close=True)

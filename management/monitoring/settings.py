@@ -50,6 +50,7 @@ def notifier_settings(config: MasterConfig) -> NotifierSettings:
         per_account=config.webhook_account_concurrency,
         per_account_webhooks=config.webhooks_per_account,
         allow_private=config.webhook_allow_private,
+        egress=config.egress_rule(),
     )
 
 
@@ -208,7 +209,7 @@ class AlertSettings:
 
     async def _create_webhook(self, url: str, *, owner: str, role: str) -> WebhookRecord:
         settings = self._loop.notifier.settings
-        why = url_refusal(url, allow_private=settings.allow_private and role == "operator")
+        why = url_refusal(url, allow_private=settings.allow_private and role == "operator", rule=settings.egress)
         if why is not None:
             raise InvalidAlertSetting(why)
         held = len(await self._store.webhooks.list(owner=owner))

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 import msgspec
 
+from common.egress import EgressRule
 from common.errors import IdlegridError, InvalidTransition, NotFound
 from management.workloads.spec import DEFAULT_PRIORITY_CLASSES, check_spec
 from management.workloads.states import (
@@ -36,6 +37,7 @@ from management.workloads.states import (
     WorkloadState,
 )
 from management.workloads.storage import check_storage, secret_names, stop_grace
+from management.workloads.targets import check_targets
 from master.port import (
     Assignment,
     CommandRecord,
@@ -58,6 +60,7 @@ DEFAULT_DELETE_GRACE_S = 30.0  # what a cancelled workload's containers get to s
 MAX_STOP_GRACE_S = 600.0  # the most a workload's own stop_grace_s gives (a delete command's timeout_s bound)
 UPLOAD_ALLOWANCE_S = 600.0  # a delete of a container with storage: its host's last upload (the agent's final_upload_s)
 LOAD_PAGE = 1000
+OPERATOR_EGRESS = EgressRule(who="the operator", setting="egress_allow in the Master's config")  # public only
 # Fields a transition may not change: identity, what was asked, and what the book itself keeps.
 _FIXED_FIELDS = frozenset({"id", "account", "spec", "state", "state_reason", "created_at", "queued_at", "version"})
 
@@ -86,8 +89,12 @@ class WorkloadBook:
         policy: TierPolicy,
         priority_classes: Collection[str] = DEFAULT_PRIORITY_CLASSES,
         delete_grace_s: float = DEFAULT_DELETE_GRACE_S,
+        egress: EgressRule = OPERATOR_EGRESS,
     ) -> None:
+        """``egress``: where a spec's storage endpoint and image registry may be (public, or the operator's
+        ``egress_allow``), judged at every submit."""
         self._store = store
+        self._egress = egress
         self._events = events
         self._commands = commands
         self._policy = policy
@@ -172,6 +179,7 @@ class WorkloadBook:
         """Store a new queued workload for ``account``; InvalidWorkloadSpec when it names what is not configured."""
         check_spec(spec, policy=self._policy, priority_classes=self._priority_classes)
         check_storage(spec, {s.name for s in await self._store.secrets.list(account)} if secret_names(spec) else ())
+        await check_targets(spec, self._egress)
         rec = WorkloadRecord(
             id=new_workload_id(),
             account=account,

@@ -56,7 +56,9 @@ def clean(engine: PodmanService, images: Images) -> Iterator[None]:
         engine.podman("rmi", "--force", ref, check=False)
 
 
-def _runtime(engine: PodmanService, tmp_path: Path, **limits: object) -> DockerRuntime:
+def _runtime(engine: PodmanService, images: Images, tmp_path: Path, **limits: object) -> DockerRuntime:
+    """A host whose provider allows the test's registries (on 127.0.0.1, a private address) by name."""
+    limits = {"egress": images.provider_allows, **limits}
     return DockerRuntime(engine.socket_path, images=ImageLimits(**limits), image_state=tmp_path / "images.json")  # type: ignore[arg-type]
 
 
@@ -69,7 +71,7 @@ def _job(name: str, image: str, **fields: object) -> ContainerSpec:
 
 
 async def test_an_image_the_host_lacks_is_pulled_with_progress_and_runs(engine, images, clean, tmp_path):
-    runtime = _runtime(engine, tmp_path)
+    runtime = _runtime(engine, images, tmp_path)
     job = _job("pulled", images.small[0])
     assert not _has(engine, job.image)
     seen: list[str] = []
@@ -93,7 +95,7 @@ async def test_an_image_the_host_lacks_is_pulled_with_progress_and_runs(engine, 
 
 async def test_a_slow_pull_reports_bytes_of_total_as_it_goes(engine, images, clean, tmp_path):
     """Through a registry slowed to 2 MB/s, the 8 MB layer takes seconds, and the engine reports its bytes."""
-    runtime = _runtime(engine, tmp_path)
+    runtime = _runtime(engine, images, tmp_path)
     seen: list[tuple[int, int]] = []
 
     def report(progress: PullProgress) -> None:
@@ -111,7 +113,7 @@ async def test_a_slow_pull_reports_bytes_of_total_as_it_goes(engine, images, cle
 
 
 async def test_a_pull_past_the_largest_image_stops_as_soon_as_the_layers_say_so(engine, images, clean, tmp_path):
-    runtime = _runtime(engine, tmp_path, max_image_bytes=5 * MB)
+    runtime = _runtime(engine, images, tmp_path, max_image_bytes=5 * MB)
     try:
         async with ThrottledProxy(images.slow_port, images.public, rate=2 * MB) as proxy:
             with pytest.raises(ImageTooLarge, match="this host takes images up to 5.0 MB"):
@@ -124,7 +126,7 @@ async def test_a_pull_past_the_largest_image_stops_as_soon_as_the_layers_say_so(
 
 
 async def test_a_pull_past_the_hosts_pull_timeout_is_the_renters_fault(engine, images, clean, tmp_path):
-    runtime = _runtime(engine, tmp_path, pull_timeout_s=1.0)
+    runtime = _runtime(engine, images, tmp_path, pull_timeout_s=1.0)
     try:
         async with ThrottledProxy(images.slow_port, images.public, rate=1 * MB):
             with pytest.raises(ImagePullTimeout, match="longer than this host's pull timeout") as caught:
@@ -136,7 +138,7 @@ async def test_a_pull_past_the_hosts_pull_timeout_is_the_renters_fault(engine, i
 
 
 async def test_create_alone_pulls_a_missing_image(engine, images, clean, tmp_path):
-    runtime = _runtime(engine, tmp_path)
+    runtime = _runtime(engine, images, tmp_path)
     try:
         info = await runtime.create(_job("direct", images.small[1]), labels={LABEL_COMMAND_ID: "cmd-direct"})
     finally:
@@ -145,7 +147,7 @@ async def test_create_alone_pulls_a_missing_image(engine, images, clean, tmp_pat
 
 
 async def test_a_private_image_runs_with_the_renters_credentials(engine, images, clean, tmp_path):
-    runtime = _runtime(engine, tmp_path)
+    runtime = _runtime(engine, images, tmp_path)
     job = _job("private", images.secret, registry_auth=RegistryAuth(username=USER, password=PASSWORD))
     try:
         info = await runtime.create(job, labels={LABEL_COMMAND_ID: "cmd-private"})
@@ -157,7 +159,7 @@ async def test_a_private_image_runs_with_the_renters_credentials(engine, images,
 
 @pytest.mark.parametrize("auth", [None, RegistryAuth(username=USER, password="wrong")], ids=["none", "wrong"])
 async def test_a_private_image_without_good_credentials_is_the_renters_fault(engine, images, clean, tmp_path, auth):
-    runtime = _runtime(engine, tmp_path)
+    runtime = _runtime(engine, images, tmp_path)
     try:
         with pytest.raises(ImageUnauthorized, match="registry refused access") as caught:
             await runtime.create(_job("denied", images.secret, registry_auth=auth), labels={LABEL_COMMAND_ID: "c"})
@@ -169,7 +171,7 @@ async def test_a_private_image_without_good_credentials_is_the_renters_fault(eng
 
 
 async def test_a_wrong_tag_fails_with_image_not_found_as_the_renters_fault(engine, images, clean, tmp_path):
-    runtime = _runtime(engine, tmp_path)
+    runtime = _runtime(engine, images, tmp_path)
     wrong = f"{images.public.host}/tools/busy:no-such-tag"
     try:
         with pytest.raises(ImageNotFound, match="image not found") as caught:
@@ -188,7 +190,7 @@ async def test_a_wrong_tag_fails_with_image_not_found_as_the_renters_fault(engin
 async def test_a_registry_the_host_does_not_pull_from_is_refused_before_any_pull(engine, images, clean, tmp_path, limits):
     if "registries_denied" in limits:
         limits = {"registries_denied": (images.public.host,)}
-    runtime = _runtime(engine, tmp_path, **limits)
+    runtime = _runtime(engine, images, tmp_path, **limits)
     try:
         with pytest.raises(RegistryNotAllowed, match=images.public.host):
             await runtime.create(_job("refused", images.small[0]), labels={LABEL_COMMAND_ID: "cmd-refused"})
@@ -198,7 +200,7 @@ async def test_a_registry_the_host_does_not_pull_from_is_refused_before_any_pull
 
 
 async def test_an_image_over_the_hosts_largest_is_refused_and_not_kept(engine, images, clean, tmp_path):
-    runtime = _runtime(engine, tmp_path, max_image_bytes=5 * MB)
+    runtime = _runtime(engine, images, tmp_path, max_image_bytes=5 * MB)
     try:
         await runtime.ensure_image(_job("small", images.small[0]))  # about 2 MB: within the limit
         with pytest.raises(ImageTooLarge, match="this host takes images up to 5.0 MB") as caught:
@@ -212,14 +214,14 @@ async def test_an_image_over_the_hosts_largest_is_refused_and_not_kept(engine, i
 
 async def test_the_disk_budget_evicts_the_least_recently_used_unused_pulled_image(engine, images, clean, tmp_path):
     one, two, three = images.small
-    probe = _runtime(engine, tmp_path / "probe")
+    probe = _runtime(engine, images, tmp_path / "probe")
     tmp_path.joinpath("probe").mkdir()
     await probe.ensure_image(_job("size", one))
     size = int(engine.podman("image", "inspect", "--format", "{{.Size}}", one).stdout.strip())
     engine.podman("rmi", one)
     await probe.close()
     # Room for two pulled images and a half: the third pulled image must make room.
-    runtime = _runtime(engine, tmp_path, disk_budget_bytes=size * 5 // 2)
+    runtime = _runtime(engine, images, tmp_path, disk_budget_bytes=size * 5 // 2)
     try:
         await runtime.create(_job("uses-one", one), labels={LABEL_COMMAND_ID: "cmd-one"})
         await runtime.ensure_image(_job("pull-two", two))
@@ -236,7 +238,7 @@ async def test_the_disk_budget_evicts_the_least_recently_used_unused_pulled_imag
 
 
 async def test_a_command_missing_from_the_image_is_the_renters_fault(engine, images, clean, tmp_path):
-    runtime = _runtime(engine, tmp_path)
+    runtime = _runtime(engine, images, tmp_path)
     job = ContainerSpec(name="badcmd", image=images.small[0], command=["/no/such/program"])
     try:
         with pytest.raises(BadCommand, match="fix the workload's command") as caught:
@@ -248,7 +250,7 @@ async def test_a_command_missing_from_the_image_is_the_renters_fault(engine, ima
 
 
 async def test_a_host_that_does_not_pull_says_the_image_is_not_here(engine, images, clean, tmp_path):
-    runtime = _runtime(engine, tmp_path, pull=False)
+    runtime = _runtime(engine, images, tmp_path, pull=False)
     try:
         with pytest.raises(ImageNotFound, match="not on this host, which does not pull images"):
             await runtime.create(_job("nopull", images.small[0]), labels={LABEL_COMMAND_ID: "cmd-nopull"})

@@ -41,3 +41,18 @@ def test_finite_numbers_pass(tmp_path: Path) -> None:
     path = tmp_path / "daemon.toml"
     path.write_text("timeout_s = 2.5\nweights = [1.0, 0.5]\n")
     assert load_config(Settings, path=path, env_prefix="T_", env={}) == Settings(timeout_s=2.5, weights=[1.0, 0.5])
+
+
+def test_a_list_setting_is_read_comma_separated_from_its_variable() -> None:
+    from agent.config import load_agent_config
+
+    config = load_agent_config(env={"IDLEGRID_AGENT_EGRESS_ALLOW": "minio.lan:9000, registry.lan"})
+    assert config.egress_allow == ["minio.lan:9000", "registry.lan"]
+    assert config.egress_rule().allows("minio.lan", 9000) and not config.egress_rule().allows("minio.lan", 9001)
+
+
+def test_an_egress_allow_entry_that_is_not_host_or_host_port_is_refused_naming_it() -> None:
+    from master.config import MasterConfig
+
+    with pytest.raises(ConfigError, match="egress_allow: 'http://minio.lan:9000' is not HOST or HOST:PORT"):
+        MasterConfig(egress_allow=["http://minio.lan:9000"]).egress_rule()

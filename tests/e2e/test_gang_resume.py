@@ -49,20 +49,23 @@ MASTER_SETTINGS: dict[str, str | int | float | bool] = {
 }
 
 
-def master_toml(path: Path, lighthouse_endpoint: str) -> Path:
-    """MASTER_SETTINGS and the lighthouse in ``[overlay]`` (TOML's tables: write_toml writes flat settings only)."""
-    flat = "".join(f"{key} = {json.dumps(value)}\n" for key, value in MASTER_SETTINGS.items())
+def master_toml(path: Path, lighthouse_endpoint: str, egress_allow: list[str]) -> Path:
+    """MASTER_SETTINGS, the store the operator allows by name, and the lighthouse in ``[overlay]`` (TOML's tables:
+    write_toml writes flat settings only)."""
+    settings = {**MASTER_SETTINGS, "egress_allow": egress_allow}
+    flat = "".join(f"{key} = {json.dumps(value)}\n" for key, value in settings.items())
     overlay = f'[[overlay.lighthouses]]\naddress = "{LIGHTHOUSE_ADDRESS}"\nendpoints = ["{lighthouse_endpoint}"]\n'
     path.write_text(flat + overlay)
     return path
 
 
 @pytest.fixture
-def grid(tmp_path: Path) -> Iterator[Grid]:
+def grid(tmp_path: Path, s3: S3Server) -> Iterator[Grid]:
     with lighthouse_net() as net:
         g = Grid(tmp_path)
+        g.egress_allow = [s3.allowed]  # moto on 127.0.0.1: the operator and the hosts' providers allow it by name
         try:
-            g.start_master("--config", str(master_toml(tmp_path / "master.toml", net.endpoint)))
+            g.start_master("--config", str(master_toml(tmp_path / "master.toml", net.endpoint, g.egress_allow)))
             net.run_lighthouse(g.master_dir, tmp_path / "lighthouse", g.logs / "lighthouse.log")
             g.start_relay("relay-1", "eu-west")
             yield g

@@ -35,8 +35,9 @@ def engine(images: Images, tmp_path: Path) -> Iterator[PodmanService]:
 
 
 @pytest.fixture
-def grid(tmp_path: Path) -> Iterator[Grid]:
-    with running_grid(tmp_path / "grid", MASTER_SETTINGS) as g:
+def grid(tmp_path: Path, images: Images) -> Iterator[Grid]:
+    # The registries are on 127.0.0.1: the operator allows renters to name them (common/egress.py).
+    with running_grid(tmp_path / "grid", MASTER_SETTINGS, egress_allow=images.allowed) as g:
         yield g
 
 
@@ -59,6 +60,8 @@ def test_a_renters_images_are_pulled_private_ones_with_credentials_and_a_wrong_t
         # The GPU self-test's probe runs in an image of the test's registry (its default is on Docker Hub, which no
         # test may reach): pulled before the host is offered, as a provider's host would pull the default.
         "IDLEGRID_AGENT_GPU_SELFTEST_IMAGE": images.small[2],
+        # The registries are on 127.0.0.1: this host's provider allows them by name (common/egress.py).
+        "IDLEGRID_AGENT_EGRESS_ALLOW": ",".join(images.allowed),
     }
     grid.start_agent("puller", "--runtime", "docker", "--docker-socket", str(engine.socket_path), simulate="a10:3", env=settings)
     grid.wait_state(agent_id, "ready", timeout=60)  # after the GPU self-test: its image is pulled, three containers run

@@ -52,8 +52,9 @@ COUNTER = (
 
 
 @pytest.fixture
-def grid(tmp_path: Path) -> Iterator[Grid]:
-    with running_grid(tmp_path, MASTER_SETTINGS) as g:
+def grid(tmp_path: Path, s3: S3Server) -> Iterator[Grid]:
+    # The store is moto on 127.0.0.1: the operator and the hosts' providers allow it by name (common/egress.py).
+    with running_grid(tmp_path, MASTER_SETTINGS, egress_allow=[s3.allowed]) as g:
         yield g
 
 
@@ -264,3 +265,25 @@ def test_the_renters_storage_errors_fail_the_workload_with_its_reason_and_cost_t
         bob.delete_secret("s3")
     assert gone.value.status == 404
     assert [s["name"] for s in alice.secrets()["items"]] == ["s3", "wrong"]
+
+
+def test_a_store_the_operator_allows_but_the_hosts_provider_does_not_fails_as_egress_refused_costing_the_host_nothing(grid, s3):
+    # The operator lets renters name the store (on 127.0.0.1); this host's provider allows nothing private.
+    [host] = hosts(grid, 1, IDLEGRID_AGENT_EGRESS_ALLOW="")
+    bucket = new_bucket(s3)
+    alice = stored_renter(grid, s3, "alice")
+    fields = {"outputs": [{"uri": f"s3://{bucket}/o/", "path": "/o"}]}
+    wid = alice.submit_workload(with_storage(s3, workload("private-store", "true"), **fields))["id"]
+    failed = wait_workload(alice, wid, "failed", lambda w: w["state"] == "failed", timeout=40)
+    assert "(egress_refused)" in failed["state_reason"] and not failed["host_failure"], failed
+    assert "egress_allow in the agent's config" in failed["state_reason"]  # what the renter can ask for
+    evidence = grid.agent(host)["reputation"]["evidence"]
+    assert evidence["containers_failed"] == 0 and evidence["containers_refused"] == 1, evidence
+    assert outputs(s3, bucket, "o/") == set()
+
+    # A private endpoint the operator does not allow is refused at submit, naming the field.
+    with pytest.raises(ApiError) as refused:
+        alice.submit_workload(
+            {**workload("loopback", "true"), **fields, "storage": {"credentials": "s3", "endpoint": "http://127.0.0.1:1"}}
+        )
+    assert refused.value.status == 400 and "storage.endpoint:" in str(refused.value), refused.value

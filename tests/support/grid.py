@@ -8,7 +8,7 @@ import contextlib
 import json
 import os
 import ssl
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,19 +49,26 @@ QUICK_RECONNECT = {"backoff_initial_s": 0.2, "backoff_max_s": 1.0}
 
 
 @contextlib.contextmanager
-def running_grid(root: Path, settings: Mapping[str, str | int | float | bool] | None = None) -> Iterator[Grid]:
+def running_grid(
+    root: Path, settings: Mapping[str, str | int | float | bool] | None = None, *, egress_allow: Sequence[str] = ()
+) -> Iterator[Grid]:
     """A Master with ``settings`` (TOML; none: its defaults) and one relay, relay-1 in eu-west, as processes; all
-    stopped afterwards."""
+    stopped afterwards. ``egress_allow``: the test's own servers on 127.0.0.1 (a moto store, a registry) that renters
+    may name, allowed by name in the Master's config and in every agent's that ``run_agent`` starts."""
     g = Grid(root)
+    g.egress_allow = list(egress_allow)
+    master: dict[str, str | int | float | bool | list[str]] = dict(settings or {})
+    if egress_allow:
+        master["egress_allow"] = g.egress_allow
     try:
-        g.start_master(*(("--config", str(write_toml(root / "master.toml", dict(settings)))) if settings else ()))
+        g.start_master(*(("--config", str(write_toml(root / "master.toml", master))) if master else ()))
         g.start_relay("relay-1", "eu-west")
         yield g
     finally:
         g.stop()
 
 
-def write_toml(path: Path, settings: dict[str, str | int | float | bool]) -> Path:
+def write_toml(path: Path, settings: Mapping[str, str | int | float | bool | list[str]]) -> Path:
     """A flat TOML settings file (what ``--config`` takes), for settings no flag offers."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(f"{key} = {json.dumps(value)}\n" for key, value in settings.items()))
@@ -128,6 +135,7 @@ class Grid(LocalGrid):
 
     def __init__(self, root: Path, heartbeat_s: float = 1.0) -> None:
         super().__init__(root, heartbeat_s=heartbeat_s)
+        self.egress_allow: list[str] = []  # what running_grid allows its agents to reach (the test's own servers)
 
     @property
     def operator_key(self) -> str:
@@ -178,7 +186,8 @@ class Grid(LocalGrid):
             assert enrolled.returncode == 0, enrolled.stderr
         config = self.root / "config" / f"{name}.toml"
         if settings or not config.exists():
-            write_toml(config, {**QUICK_RECONNECT, **settings})
+            allowed = {"egress_allow": self.egress_allow} if self.egress_allow else {}
+            write_toml(config, {**QUICK_RECONNECT, **allowed, **settings})
         daemon = self.start_agent(name, "--config", str(config), simulate=simulate, env=env)
         agent_id = self.agent_id(name)
         wait_for(lambda: self.agent(agent_id)["state"] in ("ready", "busy"), 30, f"{name} to be ready\n{daemon.tail()}")

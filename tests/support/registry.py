@@ -25,6 +25,7 @@ from types import TracebackType
 
 import pytest
 
+from common.egress import EgressRule
 from tests.support.podman import BUSYBOX, PodmanService, PodmanUnavailable
 from tests.support.processes import stop_process
 
@@ -198,6 +199,16 @@ class Images:
         self.big = f"{public.host}/tools/big:1"
         self.secret = f"{private.host}/team/secret:1"
         self.slow_port = _free_port()  # where a test may run a ThrottledProxy to the public registry
+
+    @property
+    def allowed(self) -> list[str]:
+        """The ``egress_allow`` entries that let hosts pull from these registries (127.0.0.1, a private address)."""
+        return [self.public.host, self.private.host, f"127.0.0.1:{self.slow_port}"]
+
+    @property
+    def provider_allows(self) -> EgressRule:
+        """A host's egress rule whose provider allows these registries by name."""
+        return EgressRule.allowing(self.allowed)
 
     @property
     def slow_big(self) -> str:

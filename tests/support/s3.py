@@ -15,6 +15,8 @@ import boto3
 import pytest
 from botocore.config import Config
 
+from common.egress import EgressRule
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -27,6 +29,17 @@ class S3Server:
     endpoint: str
     access_key_id: str
     secret_access_key: str
+
+    @property
+    def allowed(self) -> str:
+        """The entry a provider or operator writes in ``egress_allow`` to let renters use this store: moto listens on
+        127.0.0.1, which the egress rule refuses unless allowed by name."""
+        return self.endpoint.removeprefix("http://")
+
+    @property
+    def provider_allows(self) -> EgressRule:
+        """An agent's egress rule whose provider allows this store."""
+        return EgressRule.allowing([self.allowed])
 
     @property
     def credentials(self) -> str:

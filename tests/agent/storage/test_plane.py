@@ -35,9 +35,13 @@ MIB = 1024 * 1024
 class Host:
     """One host's data plane, with the activities it reported."""
 
-    def __init__(self, root: Path, **settings: int) -> None:
+    def __init__(self, s3: S3Server, root: Path, **settings: int) -> None:
+        """Its provider allows the test's store (moto on 127.0.0.1, a private address) by name."""
         self.reports: list[tuple[str, StorageActivity]] = []
-        self.plane = DataPlane(StorageSettings(root=str(root), **settings), lambda c, a: self.reports.append((c, a)))
+        self.plane = DataPlane(
+            StorageSettings(root=str(root), egress=s3.provider_allows, **settings),  # type: ignore[arg-type]
+            lambda c, a: self.reports.append((c, a)),
+        )
 
     def activities(self, what: str) -> list[StorageActivity]:
         return [a for _, a in self.reports if a.what == what]
@@ -67,7 +71,7 @@ async def placed_with_checkpoint_and_outputs(s3: S3Server, root: Path) -> tuple[
         checkpoint=CheckpointSpec(uri=f"s3://{b}/ck/", period_s=3600),
         outputs=[StorageMount(uri=f"s3://{b}/out/", path="/out")],
     )
-    host = Host(root)
+    host = Host(s3, root)
     spec, _ = await host.plane.prepare(container("wl-0123abcd-r0-a1", st), host_paths=True)
     return b, host, Path(spec.env[ENV_CHECKPOINT_DIR]), Path(spec.env[ENV_OUTPUT_DIR])
 
@@ -78,7 +82,7 @@ async def test_inputs_are_fetched_once_per_host_and_placed_read_only(s3, tmp_pat
     s3.client().put_object(Bucket=b, Key="sets/one/a.bin", Body=blob)
     s3.client().put_object(Bucket=b, Key="sets/one/sub/b.txt", Body=b"bee")
     st = storage(s3, inputs=[StorageMount(uri=f"s3://{b}/sets/one/", path="/data")])
-    host = Host(tmp_path / "host")
+    host = Host(s3, tmp_path / "host")
 
     first, mounts = await host.plane.prepare(container("wl-0123abcd-r0-a1", st), host_paths=True)
     data = Path(first.env[ENV_INPUT_DIR])
@@ -109,7 +113,7 @@ async def test_a_checkpoint_uploads_what_changed_and_restores_on_another_host(s3
         checkpoint=CheckpointSpec(uri=f"s3://{b}/runs/ck", period_s=3600),
         outputs=[StorageMount(uri=f"s3://{b}/runs/out/", path="/out")],
     )
-    one = Host(tmp_path / "one")
+    one = Host(s3, tmp_path / "one")
     spec, mounts = await one.plane.prepare(container("wl-0123abcd-r0-a1", st), host_paths=True)
     assert ENV_RESTORED not in spec.env  # nothing to restore yet
     ck = Path(spec.env[ENV_CHECKPOINT_DIR])
@@ -131,7 +135,7 @@ async def test_a_checkpoint_uploads_what_changed_and_restores_on_another_host(s3
     keys = {o["Key"] for o in s3.client().list_objects_v2(Bucket=b, Prefix="runs/ck/")["Contents"]}
     assert keys == {"runs/ck/.idlegrid-checkpoint.json", "runs/ck/data/00000001/weights/w.bin", "runs/ck/data/00000002/step"}
 
-    two = Host(tmp_path / "two")  # another host: nothing of the first one's disk
+    two = Host(s3, tmp_path / "two")  # another host: nothing of the first one's disk
     again, _ = await two.plane.prepare(container("wl-0123abcd-r0-a2", st), host_paths=True)
     assert again.env[ENV_RESTORED] == "1"
     assert float(again.env[ENV_CHECKPOINT_TIME]) == pytest.approx(uploads[1].taken_at, abs=1e-3)
@@ -148,14 +152,14 @@ async def test_a_checkpoint_uploads_what_changed_and_restores_on_another_host(s3
 async def test_a_large_checkpoint_file_goes_up_in_parts_and_comes_back_whole(s3, tmp_path):
     b = bucket(s3)
     st = storage(s3, checkpoint=CheckpointSpec(uri=f"s3://{b}/big/"))
-    host = Host(tmp_path / "h", part_bytes=5 * MIB)
+    host = Host(s3, tmp_path / "h", part_bytes=5 * MIB)
     spec, _ = await host.plane.prepare(container("wl-0123abcd-r0-a1", st), host_paths=True)
     blob = os.urandom(12 * MIB)
     (Path(spec.env[ENV_CHECKPOINT_DIR]) / "model.pt").write_bytes(blob)
     await host.plane.finish("wl-0123abcd-r0-a1")
     head = s3.client().head_object(Bucket=b, Key="big/data/00000001/model.pt")
     assert head["ETag"].strip('"').endswith("-3")  # three parts of 5, 5 and 2 MiB: a multipart upload
-    other = Host(tmp_path / "other")
+    other = Host(s3, tmp_path / "other")
     spec2, _ = await other.plane.prepare(container("wl-0123abcd-r0-a2", st), host_paths=True)
     assert (Path(spec2.env[ENV_CHECKPOINT_DIR]) / "model.pt").read_bytes() == blob
     await other.plane.finish("wl-0123abcd-r0-a2")
@@ -211,7 +215,7 @@ async def test_a_file_rewritten_in_place_while_it_goes_up_is_sent_as_read_withou
     (outputs,) = host.activities("outputs_uploaded")
     assert outputs.bytes == 1
     await host.plane.finish("wl-0123abcd-r0-a1")
-    other = Host(tmp_path / "other")
+    other = Host(s3, tmp_path / "other")
     again, _ = await other.plane.prepare(container("wl-0123abcd-r0-a2", st), host_paths=True)
     assert (Path(again.env[ENV_CHECKPOINT_DIR]) / "step").read_text() == "7"
     await other.plane.finish("wl-0123abcd-r0-a2")
@@ -220,7 +224,7 @@ async def test_a_file_rewritten_in_place_while_it_goes_up_is_sent_as_read_withou
 async def test_the_renters_storage_errors_are_renter_faults_naming_what_to_fix(s3, tmp_path):
     b = bucket(s3)
     s3.client().put_object(Bucket=b, Key="big.bin", Body=os.urandom(2 * MIB))
-    host = Host(tmp_path / "h", cache_budget_bytes=1 * MIB)
+    host = Host(s3, tmp_path / "h", cache_budget_bytes=1 * MIB)
     wrong = StorageCredentials(access_key_id="AKIANOTAKEY", secret_access_key="nope")
     big = [StorageMount(uri=f"s3://{b}/big.bin", path="/in")]
     cases = [
@@ -262,7 +266,7 @@ async def test_links_a_container_plants_never_make_the_agent_upload_a_host_file(
 async def test_a_restarted_agent_goes_on_syncing_the_containers_still_there_and_forgets_the_others(s3, tmp_path):
     b = bucket(s3)
     st = storage(s3, checkpoint=CheckpointSpec(uri=f"s3://{b}/ck/", period_s=3600))
-    before = Host(tmp_path / "h")
+    before = Host(s3, tmp_path / "h")
     kept, _ = await before.plane.prepare(container("wl-0123abcd-r0-a1", st), host_paths=True)
     await before.plane.prepare(container("wl-0123abcd-r0-a2", st), host_paths=True)
     ck = Path(kept.env[ENV_CHECKPOINT_DIR])
@@ -271,7 +275,7 @@ async def test_a_restarted_agent_goes_on_syncing_the_containers_still_there_and_
     await before.plane.sync("wl-0123abcd-r0-a1")
     await before.plane.close()  # the agent stops; its containers go on
 
-    after = Host(tmp_path / "h")
+    after = Host(s3, tmp_path / "h")
     assert after.plane.resume({"wl-0123abcd-r0-a1"}) == ["wl-0123abcd-r0-a1"]
     assert not (tmp_path / "h" / "wl-0123abcd-r0-a2").exists()  # gone from the host: its data with it
     (ck / "b").write_text("22")

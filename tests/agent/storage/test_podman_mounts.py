@@ -41,7 +41,7 @@ async def test_a_docker_runtime_container_sees_its_data_at_the_specs_paths(podma
         outputs=[StorageMount(uri=f"s3://{bucket}/out/", path="/out")],
         checkpoint=CheckpointSpec(uri=f"s3://{bucket}/ck/", path="/checkpoint"),
     )
-    plane = DataPlane(StorageSettings(root=str(tmp_path / "data")), lambda c, a: None)
+    plane = DataPlane(StorageSettings(root=str(tmp_path / "data"), egress=s3.provider_allows), lambda c, a: None)
     runtime = DockerRuntime(podman.socket_path)
     spec = ContainerSpec(name="mounted", image=podman.image, command=["sh", "-c", SCRIPT], storage=storage)
     try:

@@ -19,6 +19,7 @@ from aiohttp.resolver import DefaultResolver
 from management.monitoring.evaluator import FIRING, AlertTransition
 from management.monitoring.notifier import NotifierSettings, Webhook, WebhookNotifier
 from management.monitoring.webhook_targets import PublicResolver, TargetRefused, address_refusal, url_refusal
+from master.config import MasterConfig
 from tests.management.monitoring.receiver import BlackHole, WebhookReceiver
 
 FAST = NotifierSettings(backoff_s=0.01, backoff_max_s=0.05, max_attempts=2, timeout_s=5.0)
@@ -42,7 +43,7 @@ REFUSED = [
     ("http://172.16.3.4/x", "private"),
     ("http://192.168.1.1/x", "private"),
     ("http://[fd00::1]/x", "private"),
-    ("http://100.64.0.1/x", "not a public address"),  # shared address space (carrier-grade NAT)
+    ("http://100.64.0.1/x", "CGNAT"),  # shared address space (carrier-grade NAT)
     ("http://localhost:7000/api/v1/accounts", "localhost"),
     ("http://LOCALHOST./x", "localhost"),
     ("http://api.localhost/x", "localhost"),
@@ -95,6 +96,18 @@ async def test_the_public_resolver_refuses_a_name_with_any_address_that_is_not_p
     resolver = PublicResolver(NamesResolver({"rebind.test": "127.0.0.1"}))
     with pytest.raises(TargetRefused, match=r"rebind.test resolves to 127.0.0.1: a loopback address"):
         await resolver.resolve("rebind.test", 80)
+
+
+async def test_a_host_the_operator_allows_by_name_is_a_webhook_target_for_any_account_and_nothing_else_is():
+    # The same egress_allow that lets renters name a private store or registry (common/egress.py).
+    rule = MasterConfig(egress_allow=["hooks.lan", "127.0.0.1:9000"]).egress_rule()
+    assert url_refusal("http://127.0.0.1:9000/x", allow_private=False, rule=rule) is None
+    assert url_refusal("http://127.0.0.1:9001/x", allow_private=False, rule=rule) is not None
+    names = NamesResolver({"hooks.lan": "10.0.0.7", "other.lan": "10.0.0.8"})
+    resolver = PublicResolver(names, rule)
+    assert [r["host"] for r in await resolver.resolve("hooks.lan", 443)] == ["10.0.0.7"]
+    with pytest.raises(TargetRefused, match=r"other.lan resolves to 10.0.0.8: a private address"):
+        await resolver.resolve("other.lan", 443)
 
 
 def transition(provider: str = "prov-a") -> AlertTransition:

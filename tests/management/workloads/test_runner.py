@@ -29,8 +29,13 @@ async def host(master: Master, link: AccessLink, agent_id: str, count: int = 1) 
     return [g.uuid for g in gpu_list]
 
 
+# The storage specs' stand-in endpoint, http://127.0.0.1:9000 (no host here connects to it): private, so a renter may
+# name it only because the operator allows it by name (common/egress.py; test_targets.py shows the refusal).
+OPERATOR_ALLOWS_TEST_STORE = MasterConfig(egress_allow=["127.0.0.1:9000"]).egress_rule()
+
+
 def scheduler(master: Master) -> SchedulerLoop:
-    book = WorkloadBook(master.store, master.events, master, policy=master.policy)
+    book = WorkloadBook(master.store, master.events, master, policy=master.policy, egress=OPERATOR_ALLOWS_TEST_STORE)
     return SchedulerLoop(master, book, SchedulerSettings(grace_s=GRACE_S, offline_grace_s=5.0, stray_sweep_s=0.0))
 
 
