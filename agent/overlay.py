@@ -143,9 +143,7 @@ class OverlayClient:
         )
         config_path = self.workdir / "nebula.json"
         config_path.write_text(json.dumps(config))
-        hostfile = self.workdir / HOSTFILE_NAME
-        hostfile.write_text(hostfile_text(self.spec))
-        os.chmod(hostfile, 0o644)  # the replica's user reads it (the directory itself stays the agent's)
+        (self.workdir / HOSTFILE_NAME).write_text(hostfile_text(self.spec))  # for a replica that shares the host's files
         return config_path
 
     async def start(self) -> None:
@@ -244,21 +242,26 @@ class GangOverlays:
         """The host's overlays when it can run them (root, nebula installed, a TUN device), else None."""
         if os.geteuid() != 0 or shutil.which(nebula) is None or not os.path.exists("/dev/net/tun"):
             return None
-        root = Path(f"{state_dir}-overlay")
-        root.mkdir(parents=True, exist_ok=True)
-        os.chmod(root, 0o711)  # a replica's user reaches its hostfile by name; it lists nothing
+        # The agent's alone (certificates, configuration, nebula's log): a replica reads its hostfile where its
+        # runtime puts it (``prepare``), never through this directory, which another tenant's uid could reach too.
+        root = private_dir(Path(f"{state_dir}-overlay"))
         return cls(OverlayKey.load_or_create(state_dir), root, nebula=nebula)
 
     def _workdir(self, name: str) -> Path:
         return self.root / name
 
     def prepare(self, spec: ContainerSpec, runtime: object = None) -> ContainerSpec:
-        """``spec`` with the replica's variables. The hostfile is the overlay directory's where the container shares
-        the host's files (the process runtime), else ``CONTAINER_HOSTFILE``, written into the container by ``attach``."""
+        """``spec`` with the replica's variables. ``IDLEGRID_HOSTFILE`` is where the replica reads its hostfile: in a
+        container with files of its own (docker), ``CONTAINER_HOSTFILE``, written into it by ``attach``; in the process
+        runtime's sandbox, the fixed path it names (``runtime.hostfile``, /idlegrid/overlay/hostfile), which it writes
+        from the spec at the create and binds read-only; else (a replica that shares the host's files as root) the
+        overlay directory's own file."""
         if spec.overlay is None:
             return spec
-        inside = hasattr(runtime, "put_file")
-        hostfile = CONTAINER_HOSTFILE if inside else str(self._workdir(spec.name) / HOSTFILE_NAME)
+        if hasattr(runtime, "put_file"):
+            hostfile = CONTAINER_HOSTFILE
+        else:
+            hostfile = getattr(runtime, "hostfile", "") or str(self._workdir(spec.name) / HOSTFILE_NAME)
         return msgspec.structs.replace(spec, env={**spec.env, **replica_env(spec.overlay, hostfile)})
 
     async def attach(self, spec: ContainerSpec, runtime: object) -> None:
@@ -278,8 +281,8 @@ class GangOverlays:
         client = OverlayClient(overlay, workdir=workdir, key=self.key, enter=["nsenter", f"--net={netns}"], nebula=self.nebula)
         await fence(netns, overlay)
         try:
+            private_dir(self.root)
             private_dir(workdir)
-            os.chmod(workdir, 0o711)
             (workdir / SPEC_FILE).write_bytes(msgspec.json.encode(overlay))
             await client.start()
             put_file = getattr(runtime, "put_file", None)

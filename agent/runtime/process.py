@@ -9,7 +9,8 @@ What this runtime is and is not:
 - As root, each container runs as a uid and gid of its own from a reserved range (``user="dynamic"``, the default;
   ``uids``), with no new privileges, in a working directory of its own (``<work_root>/<name>``, 0700, owned by it,
   in a ``work_root`` of the agent's, 0700, seen at ``/idlegrid/work``; its storage at ``/idlegrid/mnt<path>``, from
-  the agent's 0700 ``storage_dir``: no other uid has a path to either), with fresh ``/tmp``, ``/var/tmp``,
+  the agent's 0700 ``storage_dir``; a gang replica's hostfile at ``/idlegrid/overlay/hostfile``, read-only, from
+  beside its record: no other uid has a path to any), with fresh ``/tmp``, ``/var/tmp``,
   ``/dev/shm`` and ``/run/lock`` in a mount namespace of its own, and a network namespace of its own with outbound
   access through slirp4netns and none to the host's loopback (``network="private"``). The agent's state directory is
   0700 and its key and database 0600: isolation ``sandbox``. agent/runtime/process_sandbox.py builds all of that. An
@@ -71,7 +72,7 @@ from common.containers import LABEL_COMMAND_ID, ContainerInfo, ContainerSpec
 from common.errors import ConfigError, RuntimeFailure
 from common.files import write_atomically
 from common.inventory import GpuInfo, GpuReach
-from common.overlay import fence_route
+from common.overlay import fence_route, hostfile_text
 
 log = logging.getLogger(__name__)
 
@@ -193,6 +194,9 @@ class ProcessRuntime:
         # own user) sees the host paths.
         self.host_paths = not self._root
         self.data_root = "" if self.host_paths else str(sandbox.SANDBOX_DATA_ROOT)
+        # Where a gang replica reads its hostfile (agent/overlay.py names it in IDLEGRID_HOSTFILE): written by this
+        # runtime at the create and bound there read-only; "" without root, where the overlay's own file is used.
+        self.hostfile = "" if self.host_paths else str(sandbox.SANDBOX_HOSTFILE)
         if self._root:
             sandbox.ensure_data_root()
 
@@ -354,7 +358,10 @@ class ProcessRuntime:
             private_tmp=uid is not None,
             tmpfs_size_mib=spec.memory_mib,
             resolv_conf=sandbox.write_resolv_conf(self.root / "resolv.conf") if self._private_network else None,
-            binds=[sandbox.Bind(m.host, sandbox.data_path(m.container), m.writable) for m in mounts],
+            binds=[
+                *(sandbox.Bind(m.host, sandbox.data_path(m.container), m.writable) for m in mounts),
+                *self._overlay_binds(spec),
+            ],
         )
         launch = [
             *sandbox.sandbox_argv(root=self._root, private_network=self._private_network, setup=setup),
@@ -378,6 +385,19 @@ class ProcessRuntime:
         finally:
             os.close(exit_fd)
         return self._start(spec, labels, proc, cores, uid)
+
+    def _overlay_binds(self, spec: ContainerSpec) -> builtins.list[sandbox.Bind]:
+        """A gang replica's overlay files (its hostfile, from its spec) at ``SANDBOX_OVERLAY``, read-only: written into
+        ``<name>.overlay`` beside its record, in the agent's 0700 directory, so no other uid has a path to them (the
+        overlay's own directory, agent/overlay.py, is the agent's alone too). Root's, 0755 and 0444: its uid reads
+        them through the bind and can change nothing."""
+        if spec.overlay is None or self.host_paths:
+            return []
+        files = self._path(spec.name, ".overlay")
+        files.mkdir(mode=0o755, exist_ok=True)
+        os.chmod(files, 0o755)
+        write_atomically(files / sandbox.SANDBOX_HOSTFILE.name, hostfile_text(spec.overlay).encode(), mode=0o444)
+        return [sandbox.Bind(files, sandbox.SANDBOX_OVERLAY, writable=False)]
 
     def _pick_uid(self) -> int | None:
         """A uid no container of this host holds (records of exited containers hold theirs until deleted)."""
@@ -542,6 +562,7 @@ class ProcessRuntime:
     def _discard(self, name: str) -> None:
         for suffix in (".json", ".exit", ".log", ".net.log"):
             self._path(name, suffix).unlink(missing_ok=True)
+        shutil.rmtree(self._path(name, ".overlay"), ignore_errors=True)
         shutil.rmtree(self.workdir(name), ignore_errors=True)
 
     def _path(self, name: str, suffix: str) -> Path:

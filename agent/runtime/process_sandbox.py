@@ -16,10 +16,10 @@ As root, each container gets:
 - its files at fixed paths, under a small tmpfs of root's that the set-up step mounts on ``/idlegrid`` (an empty
   directory of the host, made by the agent): its working directory and HOME at ``/idlegrid/work``, its data
   (agent/storage/: inputs, outputs, the checkpoint) at ``/idlegrid/mnt<path in the spec>``, inputs read-only, each
-  bound from its host directory. Those lie in directories of the agent's that no other uid may traverse (0700), so
-  a bind is the only way to them: another container, which may know every host path, has none, whatever modes the
-  program gives its files; and an agent whose state lies under a home directory (0700) works as well as one under
-  /tmp;
+  bound from its host directory; a gang replica's hostfile at ``/idlegrid/overlay/hostfile`` (docs/overlay.md),
+  read-only. Those lie in directories of the agent's that no other uid may traverse (0700), so a bind is the only
+  way to them: another container, which may know every host path, has none, whatever modes the program gives its
+  files; and an agent whose state lies under a home directory (0700) works as well as one under /tmp;
 - its own network namespace (``unshare --net``) with outbound access through ``slirp4netns`` started with
   ``--disable-host-loopback``: the host's loopback services (the agent's, other containers', a relay on the same
   machine) are out of its reach, and a tunnel reaches only the container's own ports.
@@ -71,12 +71,15 @@ GPU_CONTROL_DEVICE = Path("/dev/nvidiactl")
 SANDBOX_ROOT = PurePosixPath("/idlegrid")
 SANDBOX_WORKDIR = SANDBOX_ROOT / "work"
 SANDBOX_DATA_ROOT = SANDBOX_ROOT / "mnt"
+SANDBOX_OVERLAY = SANDBOX_ROOT / "overlay"  # a gang replica's overlay files, read-only (docs/overlay.md)
+SANDBOX_HOSTFILE = SANDBOX_OVERLAY / "hostfile"  # its IDLEGRID_HOSTFILE
 SANDBOX_TMPFS = "mode=0755,nosuid,nodev,size=1m"
 
 
 @dataclass(frozen=True)
 class Bind:
-    """A host directory a container sees at ``inside`` (under ``SANDBOX_DATA_ROOT``), read-only unless ``writable``."""
+    """A host directory a container sees at ``inside`` (its data under ``SANDBOX_DATA_ROOT``, a gang replica's overlay
+    files at ``SANDBOX_OVERLAY``), read-only unless ``writable``."""
 
     host: Path
     inside: PurePosixPath
@@ -151,12 +154,17 @@ def setup_script(*, private_tmp: bool, tmpfs_size_mib: int | None, resolv_conf: 
     It starts in the container's working directory (its host path). First, while every host path is still the
     host's: a small tmpfs on ``SANDBOX_ROOT``, the working directory bound at ``SANDBOX_WORKDIR`` through
     ``/proc/self/cwd`` (not canonicalized, which would resolve the name anew), each of ``binds`` (its data,
-    agent/storage/) bound under ``SANDBOX_DATA_ROOT`` and remounted nosuid and nodev (and read-only unless writable).
+    agent/storage/, under ``SANDBOX_DATA_ROOT``; a gang replica's overlay files at ``SANDBOX_OVERLAY``) bound there and
+    remounted nosuid and nodev (and read-only unless writable).
     Root makes the binds, so the container's uid needs no way through the directories above them. Then fresh tmpfs on
     the shared places, which hide whatever lay below them in this namespace only. ``private_tmp`` is off for a
     container that runs as the agent's own user (a trusted host's choice, isolation "none"): it shares the host's
     places as it shares its files."""
     size = f",size={tmpfs_size_mib}m" if tmpfs_size_mib else ""
+    for bind in binds:  # root binds them: nothing is ever bound over the host's own directories or the working one
+        inside = bind.inside
+        if not inside.is_relative_to(SANDBOX_ROOT) or ".." in inside.parts or inside in (SANDBOX_ROOT, SANDBOX_WORKDIR):
+            raise RuntimeFailure(f"{inside} is not a place for a container's files (below {SANDBOX_ROOT})")
     steps = []
     if resolv_conf is not None:
         steps.append(f"{MOUNT} --bind -o ro {shlex.quote(str(resolv_conf))} /etc/resolv.conf || exit 126")

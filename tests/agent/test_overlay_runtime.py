@@ -9,12 +9,14 @@ import asyncio
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
 from agent.overlay import GangOverlays, OverlayKey
+from agent.runtime.base import ExecSession
 from agent.runtime.process import ProcessRuntime
 from common.containers import LABEL_AGENT_ID, LABEL_COMMAND_ID, ContainerSpec
 from master.overlay import LighthouseSetting, OverlayAuthority, OverlaySettings
@@ -41,13 +43,31 @@ def _interfaces(netns: str) -> str:
     return subprocess.run(["nsenter", f"--net={netns}", "ip", "-br", "addr"], capture_output=True, text=True, check=True).stdout
 
 
-async def test_a_process_replicas_overlay_runs_in_its_own_namespace_with_its_address(tmp_path: Path) -> None:
-    runtime = ProcessRuntime(tmp_path / "state")
-    overlays, overlay = replica_overlay(tmp_path, 1)
-    spec = overlays.prepare(ContainerSpec(name="wl-ab-r1-a1", image="none", command=["sleep", "60"], overlay=overlay))
+async def _log_until(runtime: ProcessRuntime, name: str, last: str, timeout_s: float = 10.0) -> str:
+    """The container's log once ``last`` is in it (or at the deadline)."""
+    log = runtime.root / f"{name}.log"
+    deadline = time.monotonic() + timeout_s
+    while last not in log.read_text() and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    return log.read_text()
+
+
+async def test_a_process_replicas_overlay_runs_in_its_own_namespace_and_its_hostfile_at_a_fixed_path(tmp_path: Path) -> None:
+    """The agent's state lies under a home directory of root's (0700), as in a demo run from a clone in /root: no uid
+    but root's passes there, yet the replica reads its hostfile, from its first instruction, at /idlegrid/overlay."""
+    home = tmp_path / "root-home"
+    home.mkdir(mode=0o700)
+    runtime = ProcessRuntime(home / "state")
+    overlays, overlay = replica_overlay(home, 1)
+    read = 'echo "$IDLEGRID_HOSTFILE"; cat "$IDLEGRID_HOSTFILE"; { echo x >"$IDLEGRID_HOSTFILE"; } 2>/dev/null || echo unwritable'
+    command = ["sh", "-c", f"{read}; exec sleep 60"]
+    spec = overlays.prepare(ContainerSpec(name="wl-ab-r1-a1", image="none", command=command, overlay=overlay), runtime)
     assert spec.env["MASTER_ADDR"] == "100.64.1.1" and spec.env["NODE_RANK"] == "1"
     await runtime.create(spec, labels={LABEL_COMMAND_ID: "c1", LABEL_AGENT_ID: "agt-1"})
     try:
+        said = await _log_until(runtime, spec.name, "unwritable")
+        hostfile = "100.64.1.1 slots=1\n100.64.1.2 slots=1\n"
+        assert said == f"/idlegrid/overlay/hostfile\n{hostfile}unwritable\n", said  # read-only, before any overlay ran
         netns = await runtime.network_namespace(spec.name)
         assert netns is not None and os.readlink(netns) != os.readlink("/proc/self/ns/net")
         await overlays.attach(spec, runtime)
@@ -56,13 +76,74 @@ async def test_a_process_replicas_overlay_runs_in_its_own_namespace_with_its_add
             await asyncio.sleep(0.1)
         assert "ig0" in _interfaces(netns) and "100.64.1.2/10" in _interfaces(netns)  # in the container's namespace
         assert "100.64.1.2" not in subprocess.run(["ip", "-br", "addr"], capture_output=True, text=True).stdout
-        hostfile = Path(spec.env["IDLEGRID_HOSTFILE"])
-        assert hostfile.read_text() == "100.64.1.1 slots=1\n100.64.1.2 slots=1\n"
-        assert os.stat(hostfile).st_mode & 0o004  # the replica's own user reads it
+        again = await runtime.exec(spec.name, ["cat", "/idlegrid/overlay/hostfile"], tty=False)  # an exec sees it too
+        assert (await _exec_output(again)) == hostfile
     finally:
         await overlays.close()
         await runtime.delete(spec.name, timeout_s=0)
     assert overlays.clients == {}
+    assert not (runtime.root / f"{spec.name}.overlay").exists()  # its files went with the container
+
+
+async def test_another_renter_on_the_host_reads_neither_a_gangs_hostfile_nor_its_overlay_files(tmp_path: Path) -> None:
+    """The agent's state under a directory every uid may pass (0755: /var/lib, not /tmp, which a sandbox sees fresh), so
+    that only the modes of the
+    agent's own directories stand between another renter's sandboxed container and the gang replica's files: its
+    hostfile (where the runtime binds it from, and the overlay directory's copy), its certificate, the CA, Nebula's
+    configuration and log. (Through /proc it has no way either: its own shows none of the host's processes,
+    tests/agent/test_process_isolation.py.)"""
+    shared = Path(tempfile.mkdtemp(prefix="idlegrid-test-", dir="/var/lib"))
+    try:
+        os.chmod(shared, 0o755)
+        runtime = ProcessRuntime(shared / "state")
+        overlays = GangOverlays.available(shared / "state")
+        assert overlays is not None  # root, nebula and /dev/net/tun: checked by the module's skip
+        settings = OverlaySettings(lighthouses=[LighthouseSetting(address="100.64.0.1", endpoints=["127.0.0.1:4242"])])
+        overlay = OverlayAuthority.create(settings).replica_spec(
+            workload_id="wl-ab", network="100.64.1.0/25", replica=0, replicas=2, gpus=1,
+            public_key_pem=overlays.key.public_pem, now=time.time(),
+        )  # fmt: skip
+        gang = overlays.prepare(
+            ContainerSpec(name="wl-ab-r0-a1", image="none", command=["sleep", "60"], overlay=overlay), runtime
+        )
+        await runtime.create(gang, labels={LABEL_COMMAND_ID: "c1", LABEL_AGENT_ID: "agt-1"})
+        other: ContainerSpec | None = None
+        try:
+            await overlays.attach(gang, runtime)
+            workdir = shared / "state-overlay" / gang.name
+            secrets = [
+                runtime.root / f"{gang.name}.overlay" / "hostfile",
+                *(workdir / f for f in ("idlegrid-hostfile", "host.crt", "ca.crt", "nebula.json", "nebula.log")),
+            ]
+            deadline = time.monotonic() + 10
+            while not all(path.is_file() for path in secrets) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)  # nebula.log: from nebula's first line
+            assert [path for path in secrets if not path.is_file()] == []  # there, for root
+            probe = 'for f; do cat "$f" >/dev/null 2>&1 && echo "read $f" || echo "refused: $(cat "$f" 2>&1)"; done; ls "$0"'
+            command = ["sh", "-c", f"{probe}; echo end", str(shared / "state-overlay"), *map(str, secrets)]
+            other = ContainerSpec(name="other-renter", image="none", command=command)
+            await runtime.create(other, labels={LABEL_COMMAND_ID: "c2", LABEL_AGENT_ID: "agt-1"})
+            said = await _log_until(runtime, other.name, "end")
+            refused = [line for line in said.splitlines() if line.startswith("refused: ")]
+            assert len(refused) == len(secrets) and "read " not in said, said
+            assert all(line.endswith("Permission denied") for line in refused), said
+            assert f"cannot open directory '{shared / 'state-overlay'}': Permission denied" in said, said  # nor lists it
+        finally:
+            await overlays.close()
+            await runtime.delete(gang.name, timeout_s=0)
+            if other is not None:
+                await runtime.delete(other.name, timeout_s=0)
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+async def _exec_output(session: ExecSession) -> str:
+    """What an exec wrote, once it has ended."""
+    out = b""
+    while (chunk := await asyncio.wait_for(session.read(), 10)) is not None:
+        out += chunk[1]
+    await session.wait()
+    return out.decode()
 
 
 async def test_a_restarted_agent_starts_again_the_overlays_of_replicas_still_running_and_removes_the_rest(

@@ -22,7 +22,7 @@ import pytest
 
 from agent.output import OutputKeeper
 from agent.runtime.process import ProcessRuntime
-from agent.runtime.process_sandbox import data_path
+from agent.runtime.process_sandbox import SANDBOX_OVERLAY, Bind, data_path, setup_script
 from agent.storage.plane import DataPlane, StorageSettings
 from common.containers import LABEL_AGENT_ID, LABEL_COMMAND_ID, ContainerSpec
 from common.errors import RuntimeFailure
@@ -237,6 +237,18 @@ def test_a_spec_path_is_seen_under_the_fixed_root_and_one_that_would_leave_it_is
     for leaving in ("/../usr/bin", "/data/../../etc", "relative", "/"):
         with pytest.raises(RuntimeFailure, match="not a directory path in the container"):
             data_path(leaving)
+
+
+def test_the_set_up_step_binds_only_below_the_fixed_root_never_over_it_the_working_directory_or_the_host():
+    overlay = Bind(Path("/state/containers/wl-r0.overlay"), SANDBOX_OVERLAY, writable=False)
+    script = setup_script(private_tmp=True, tmpfs_size_mib=None, resolv_conf=None, binds=[overlay])
+    assert "--bind /state/containers/wl-r0.overlay /idlegrid/overlay" in script
+    assert "remount,bind,ro,nosuid,nodev /idlegrid/overlay" in script
+    for inside in ("/etc", "/idlegrid", "/idlegrid/work", "/idlegrid/../usr/bin", "/usr/idlegrid"):
+        with pytest.raises(RuntimeFailure, match="not a place for a container's files"):
+            setup_script(
+                private_tmp=True, tmpfs_size_mib=None, resolv_conf=None, binds=[Bind(Path("/x"), PurePosixPath(inside), False)]
+            )
 
 
 async def test_a_checkpoint_written_at_its_fixed_path_under_a_private_home_comes_back_for_the_next_run(s3, host):

@@ -122,6 +122,11 @@ def test_a_gang_whose_host_is_lost_is_requeued_whole_meets_again_on_new_hosts_an
         wait_for(lambda r=r: checkpointed_step(s3, bucket, f"gang/ck/replica-{r}/") >= 10, 30, f"replica {r}'s checkpoints")
     assert met(s3, bucket, "gang/out/replica-1/", 0)["heard"] == f"rank 0 from 0 at {addresses[0]}"
     assert met(s3, bucket, "gang/out/replica-0/", 0)["heard"] == f"rank 1 from 0 at {addresses[1]}"
+    # Each read its hostfile at the sandbox's fixed path, though its agent's state lies under pytest's 0700 directory.
+    hostfile = f"{addresses[0]} slots=1\n{addresses[1]} slots=1\n"
+    for r in (0, 1):
+        first_met = met(s3, bucket, f"gang/out/replica-{r}/", 0)
+        assert first_met["env"]["IDLEGRID_HOSTFILE"] == "/idlegrid/overlay/hostfile" and first_met["hostfile"] == hostfile
 
     lost = before[1]["agent_id"]  # replica 1's host goes, replica 0's stays
     # SIGKILL of the agent and its nebulas (its process group): no last upload, no goodbye. Its replica's process lives
@@ -185,6 +190,7 @@ def test_a_gang_whose_host_is_lost_is_requeued_whole_meets_again_on_new_hosts_an
         assert body == f"done {STEPS}\n".encode()
         again = met(s3, bucket, prefix, resumed)
         assert again["env"]["MASTER_ADDR"] == addresses[0] and again["env"]["IDLEGRID_OVERLAY_ADDR"] == addresses[r]
+        assert again["hostfile"] == hostfile, again  # the same ranks and addresses, on its new host
         peer = 1 - r
         peer_from = [s for s, restored in starts(outputs(s3, bucket, f"gang/out/replica-{peer}/")) if restored]
         assert again["heard"] == f"rank {peer} from {peer_from[0]} at {addresses[peer]}", again

@@ -4,7 +4,8 @@ a sandboxed container's command, with the variables the agent gives a gang repli
 At each start it reads its step from $IDLEGRID_CHECKPOINT_DIR/step (0 without one), then meets its gang over the
 overlay: rank 0 serves MASTER_ADDR:MASTER_PORT, every other rank connects to it, and each sends the other a line
 naming its rank, the step it starts from and its overlay address. It records the start in its outputs as
-``start-from-<step>-restored-<0|1>`` and the meeting as ``met-from-<step>.json`` (the line it heard, its variables),
+``start-from-<step>-restored-<0|1>`` and the meeting as ``met-from-<step>.json`` (the line it heard, its variables,
+the hostfile as it read it from $IDLEGRID_HOSTFILE or why it could not),
 then counts to STEPS, writing its step atomically at each one and once more on SIGTERM (then exits 0). At the end it
 writes ``result.txt``. A meeting that does not happen within MEET_TIMEOUT_S exits 3.
 
@@ -23,7 +24,16 @@ import time
 STEPS = int(sys.argv[1])
 STEP_S = 0.2
 MEET_TIMEOUT_S = 60.0
-VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NNODES", "NODE_RANK", "RANK", "WORLD_SIZE", "IDLEGRID_OVERLAY_ADDR")
+VARIABLES = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "NNODES",
+    "NODE_RANK",
+    "RANK",
+    "WORLD_SIZE",
+    "IDLEGRID_OVERLAY_ADDR",
+    "IDLEGRID_HOSTFILE",
+)
 
 checkpoint, outputs = os.environ["IDLEGRID_CHECKPOINT_DIR"], os.environ["IDLEGRID_OUTPUT_DIR"]
 rank = int(os.environ["NODE_RANK"])
@@ -86,8 +96,13 @@ try:
 except OSError as exc:
     print(f"the gang did not meet: {exc!r}", file=sys.stderr)
     sys.exit(3)
+try:
+    with open(os.environ["IDLEGRID_HOSTFILE"]) as f:
+        hostfile = f.read()
+except OSError as exc:
+    hostfile = f"unreadable: {exc}"
 with open(os.path.join(outputs, f"met-from-{started_from}.json"), "w") as f:
-    json.dump({"heard": heard, "env": {name: os.environ[name] for name in VARIABLES}}, f)
+    json.dump({"heard": heard, "env": {name: os.environ[name] for name in VARIABLES}, "hostfile": hostfile}, f)
 
 
 def collective() -> bool:
