@@ -54,13 +54,14 @@ async def test_submit_takes_storage_flags_and_get_shows_where_the_data_lives(ali
         "workload", "submit", "--name", "train", "--image", "none",
         "--input", "s3://datasets/mnist/:/data", "--output", "s3://runs/out/:/out",
         "--checkpoint", "s3://runs/ck/", "--checkpoint-period", "60", "--storage-credentials", "s3",
-        "--storage-endpoint", "http://127.0.0.1:9000", "--stop-grace", "90", "--env", "TOKEN=${secret:s3}",
+        "--storage-endpoint", "https://s3.eu-central-1.amazonaws.com", "--stop-grace", "90", "--env", "TOKEN=${secret:s3}",
         "--", "python", "train.py", capsys=capsys,
     )  # fmt: skip
     assert code == 0, err
     workload_id = out.split()[1]
     spec = (await api.master.store.workloads.get(workload_id)).spec
     assert spec.checkpoint.uri == "s3://runs/ck/" and spec.checkpoint.path == "/checkpoint" and spec.checkpoint.period_s == 60
+    assert spec.storage.endpoint == "https://s3.eu-central-1.amazonaws.com"
     assert spec.stop_grace_s == 90 and spec.storage.credentials == "s3" and spec.env == {"TOKEN": "${secret:s3}"}
     code, out, _ = await alice("workload", "get", workload_id, capsys=capsys)
     assert "input:       s3://datasets/mnist/ -> /data" in out
