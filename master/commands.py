@@ -2,6 +2,11 @@
 
 Delivery is at least once (unfinished commands are resent whenever their agent comes back) and
 execution at most once (the command id is the agent's idempotency key).
+
+A create's secret fields are sealed in its record (master/command_secrets.py): the store, its backups and replicas
+never hold them in clear. The ledger joins them back in memory only to sign and send: at the first send with the spec
+it was given, at a resend or a re-signing by opening ``record.sealed`` (one Fernet decryption). A final command is
+never sent again, so its sealed fields are dropped when it ends.
 """
 
 from __future__ import annotations
@@ -21,10 +26,12 @@ from common.containers import parse_create_spec, parse_delete_spec
 from common.errors import Conflict, IdlegridError, NotFound, is_renter_fault
 from common.wire import Command, CommandBody, CommandResult, encode, signing_bytes
 from master.allocations import GpuAllocations
+from master.command_secrets import decode_secrets, encode_secrets, join, split
 from master.events import EventLog
 from master.keys import SigningKeyRing
 from master.records import AgentRecord, CommandRecord
 from master.registry import Registry
+from master.secrets import SecretBox
 from master.states import COMMAND, FINAL_COMMAND_STATES, AgentState, CommandState
 from master.store.base import Store
 
@@ -43,9 +50,18 @@ class InvalidCommand(IdlegridError):
 
 class CommandLedger:
     def __init__(
-        self, store: Store, events: EventLog, registry: Registry, keys: SigningKeyRing, send: SendToAgent, *, timeout_s: float
+        self,
+        store: Store,
+        events: EventLog,
+        registry: Registry,
+        keys: SigningKeyRing,
+        send: SendToAgent,
+        *,
+        box: SecretBox,
+        timeout_s: float,
     ) -> None:
         self._store = store
+        self._box = box  # seals a create's secret fields in its record
         self._events = events
         self._registry = registry
         self._keys = keys
@@ -78,6 +94,7 @@ class CommandLedger:
                 record.deadline = record.created_at + self._timeout_s
                 problems.append(f"command {record.id} had a deadline that never comes; given {self._timeout_s} s")
             self.open[record.id] = record
+        problems.extend(await self._seal_inherited())
         dropped = self.allocations.rebuild(
             self._registry.agents.values(),
             [(r, self._gpus_named(r)) for r in self.open.values() if r.kind == CREATE],
@@ -109,6 +126,7 @@ class CommandLedger:
             raise Conflict(f"agent {agent_id} is drained and takes no new containers; undrain it first")
         now = time.time()
         signer = self._keys.current
+        stored, secrets = split(spec)
         body = CommandBody(
             id="cmd-" + uuid.uuid4().hex,
             agent_id=agent_id,
@@ -122,12 +140,13 @@ class CommandLedger:
             id=body.id,
             agent_id=agent_id,
             kind=kind,
-            spec=spec,
+            spec=stored,
             state=CommandState.PENDING.value,
             created_at=now,
             deadline=body.deadline,
             signature=signer.sign(signing_bytes(body)),
             key_id=body.key_id,
+            sealed="" if secrets is None else self._box.seal(encode_secrets(secrets).decode()),
         )
         if kind == CREATE:
             uuids = self.allocations.resolve(agent_id, self._registry.gpus_of(agent_id), spec.get("gpus", []) or [])
@@ -144,7 +163,7 @@ class CommandLedger:
         bookkeeping = [self._events.record("command.created", record.id, agent_id=agent_id, kind=kind)]
         if kind == CREATE:
             bookkeeping.append(self._registry.settle_gpus(agent))
-        *recorded, dispatched = await asyncio.gather(*bookkeeping, self.dispatch(record), return_exceptions=True)
+        *recorded, dispatched = await asyncio.gather(*bookkeeping, self.dispatch(record, spec), return_exceptions=True)
         if isinstance(dispatched, BaseException):
             raise dispatched
         for failed in recorded:
@@ -169,11 +188,13 @@ class CommandLedger:
             finished.set()
         self._finished.clear()
 
-    async def dispatch(self, record: CommandRecord) -> None:
-        """Send (or resend) a command if its agent is reachable; a miss is retried on reconnect."""
+    async def dispatch(self, record: CommandRecord, spec: dict[str, Any] | None = None) -> None:
+        """Send (or resend) a command if its agent is reachable; a miss is retried on reconnect. ``spec``: the command's
+        whole spec when the caller holds it (its creation), else it is opened from the record."""
         if self._keys.is_retired(record.key_id):
             await self._resign(record)  # agents refuse what a retired key signed
-        frame = encode(Command(body=_body(record), signature=record.signature))
+        whole = spec if spec is not None else self._whole_spec(record)
+        frame = encode(Command(body=_body(record, whole), signature=record.signature))
         if not await self._send(record.agent_id, frame):
             return
         record.attempts += 1
@@ -197,10 +218,30 @@ class CommandLedger:
     async def _resign(self, record: CommandRecord) -> None:
         old_key, signer = record.key_id, self._keys.current
         record.key_id = signer.key_id
-        record.signature = signer.sign(signing_bytes(_body(record)))
+        record.signature = signer.sign(signing_bytes(_body(record, self._whole_spec(record))))
         record.version += 1
         await self._store.commands.put(record)
         await self._events.record("command.resigned", record.id, agent_id=record.agent_id, old_key=old_key, key=signer.key_id)
+
+    def _whole_spec(self, record: CommandRecord) -> dict[str, Any]:
+        """The spec the agent gets: the record's, with its sealed fields opened (SecretUnreadable with another key)."""
+        if not record.sealed:
+            return record.spec
+        return join(record.spec, decode_secrets(self._box.unseal(record.sealed).encode()))
+
+    async def _seal_inherited(self) -> list[str]:
+        """Seal the secret fields of open commands an older Master stored in clear; what could not be rewritten."""
+        problems = []
+        for record in self.open.values():
+            stored, secrets = split(record.spec) if not record.sealed else (record.spec, None)
+            if secrets is None:
+                continue
+            record.spec, record.sealed = stored, self._box.seal(encode_secrets(secrets).decode())
+            try:
+                await self._store.commands.put(record)
+            except Exception as exc:
+                problems.append(f"command {record.id}: its secret fields could not be sealed in the store: {exc}")
+        return problems
 
     async def resend_for(self, agent_id: str) -> int:
         pending = sorted((r for r in self.open.values() if r.agent_id == agent_id), key=lambda r: r.created_at)
@@ -281,6 +322,7 @@ class CommandLedger:
             await written()
             return
         self.open.pop(record.id, None)
+        record.sealed = ""  # never sent again: its secret fields need not be kept at all
         self._landing[record.id] = record
         self.on_final(record)
         finished = self._finished.pop(record.id, None)
@@ -322,12 +364,12 @@ def _validate(kind: str, spec: dict[str, Any]) -> None:
         raise InvalidCommand(f"invalid {kind} spec: {exc}") from None
 
 
-def _body(record: CommandRecord) -> CommandBody:
+def _body(record: CommandRecord, spec: dict[str, Any]) -> CommandBody:
     return CommandBody(
         id=record.id,
         agent_id=record.agent_id,
         kind=record.kind,
-        spec=record.spec,
+        spec=spec,
         issued_at=record.created_at,
         deadline=record.deadline,
         key_id=record.key_id,

@@ -127,7 +127,10 @@ def compose(config: MasterConfig, store: Store, *, link_refusal: Callable[[], st
         lanes=intake_bounds(config),  # intake lanes and report pacing (master/intake.py, master/pacing.py, docs/overload.md)
         pace=pace_settings(config),
     )
-    commands = CommandLedger(store, events, registry, authority.keys, hub.send_to_agent, timeout_s=config.command_timeout_s)
+    box = SecretBox.open(authority.pki_dir)  # beside the CA: backed up and shared with it
+    commands = CommandLedger(
+        store, events, registry, authority.keys, hub.send_to_agent, box=box, timeout_s=config.command_timeout_s
+    )
     metrics = MasterMetrics(
         FleetGauges(
             lambda: registry.agents.values(),
@@ -170,7 +173,7 @@ def compose(config: MasterConfig, store: Store, *, link_refusal: Callable[[], st
             lambda: hub.links.values(), hub.announce_directory, coalesce_s=config.relay_directory_coalesce_s
         ),
         verifier=verifier,
-        secrets=SecretVault(store, SecretBox.open(authority.pki_dir)),  # beside the CA: backed up and shared with it
+        secrets=SecretVault(store, box),
     )
     parts.channel = AgentChannel(parts)
     parts.upkeep = Upkeep(parts)

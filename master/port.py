@@ -37,6 +37,7 @@ from master.changes import (
     SamplesTaken,
     Subscription,
 )
+from master.command_secrets import SEALED
 from master.commands import CommandLedger
 from master.config import ConsoleSettings, LinkSettings, MasterConfig
 from master.events import EventLog
@@ -191,6 +192,7 @@ class MasterPort(Protocol):
 
 
 __all__ = [
+    "SEALED",
     "OverlaySpec",
     "MEASURED_FLAGS",
     "VERIFIED",

@@ -107,6 +107,8 @@ class CommandRecord(msgspec.Struct, kw_only=True):
     id: str
     agent_id: str
     kind: str  # "create_container" | "delete_container"
+    # As stored: a create's secret fields (env values, registry password, storage keys) are master.command_secrets.SEALED
+    # here, and ``sealed`` holds them encrypted with the Master's secrets.key; the ledger joins them only to sign and send.
     spec: dict[str, Any]
     state: str  # see master.states.CommandState
     created_at: float
@@ -120,6 +122,7 @@ class CommandRecord(msgspec.Struct, kw_only=True):
     result: dict[str, Any] | None = None
     error: str | None = None
     version: int = 0
+    sealed: str = ""  # the secret fields of ``spec`` (master/command_secrets.py), a Fernet token; "": it has none
 
 
 class TokenRecord(msgspec.Struct, kw_only=True):
@@ -472,6 +475,9 @@ class WorkloadRecord(msgspec.Struct, kw_only=True):
     overlay_issued: list[str] = []
     detail: str = ""  # while it starts: how its image pull goes ("pulling image: 12.0 MB of 45.3 MB, ..."), from the host
     version: int = 0  # bumped on every write; a write naming an older version is refused (StaleWorkload)
+    # The registry password of ``spec.registry_auth``, sealed with the Master's secrets.key at submit (the spec then holds
+    # master.command_secrets.SEALED in its place); "": none, or a workload stored before passwords were sealed.
+    sealed_registry_password: str = ""
 
 
 # --- the market: prices, rentals, the ledger (docs/market.md) --------------------------------------------------

@@ -118,6 +118,15 @@ class SecretVault:
         if not await self._store.secrets.delete(account, name):
             raise NotFound(f"no secret {name!r}")
 
+    def seal(self, value: str) -> str:
+        """``value`` encrypted with this Master's key: for a secret the grid keeps for a workload (its registry
+        password) rather than under a name."""
+        return self._box.seal(value)
+
+    def unseal(self, sealed: str) -> str:
+        """What ``seal`` was given; SecretUnreadable when another Master's key sealed it."""
+        return self._box.unseal(sealed)
+
     async def resolve(self, account: str, names: Iterable[str]) -> dict[str, str]:
         """The values of ``account``'s secrets ``names``; NotFound naming the first missing one (deleted since the
         workload was submitted)."""

@@ -39,10 +39,12 @@ from management.workloads.states import (
 from management.workloads.storage import check_storage, secret_names, stop_grace
 from management.workloads.targets import check_targets
 from master.port import (
+    SEALED,
     Assignment,
     CommandRecord,
     EventLog,
     KeptOutput,
+    SecretVault,
     Store,
     TierPolicy,
     WorkloadRecord,
@@ -68,7 +70,10 @@ Listener = Callable[[str, WorkloadRecord], None]
 
 
 class ContainerCommands(Protocol):
-    """How the book reaches hosts: ``master.master.Master`` is one (through ``master.port.MasterPort``)."""
+    """How the book reaches hosts: ``master.master.Master`` is one (through ``master.port.MasterPort``). ``secrets``:
+    the vault, whose key seals a workload's registry password at submit."""
+
+    secrets: SecretVault
 
     async def create_command(
         self, agent_id: str, kind: str, spec: dict[str, Any], *, timeout_s: float | None = None
@@ -180,10 +185,15 @@ class WorkloadBook:
         check_spec(spec, policy=self._policy, priority_classes=self._priority_classes)
         check_storage(spec, {s.name for s in await self._store.secrets.list(account)} if secret_names(spec) else ())
         await check_targets(spec, self._egress)
+        sealed_password = ""
+        if spec.registry_auth is not None:  # stored sealed: the workload's record is in every backup and replica
+            sealed_password = self._commands.secrets.seal(spec.registry_auth.password)
+            spec = msgspec.structs.replace(spec, registry_auth=msgspec.structs.replace(spec.registry_auth, password=SEALED))
         rec = WorkloadRecord(
             id=new_workload_id(),
             account=account,
             spec=spec,
+            sealed_registry_password=sealed_password,
             state=str(WorkloadState.QUEUED),
             state_reason="submitted",
             created_at=now,

@@ -466,7 +466,9 @@ class SchedulerLoop:
                 # The secrets it names, read now (a secret deleted since the submit fails the start: the renter's).
                 secrets = await self.master.secrets.resolve(rec.account, secret_names(rec.spec))
                 storage = container_storage(rec.spec, secrets, a.replica)
-                body = wire_spec(container_spec(rec, a, overlay, secrets=secrets, storage=storage))
+                password = self.master.secrets.unseal(rec.sealed_registry_password) if rec.sealed_registry_password else None
+                spec = container_spec(rec, a, overlay, secrets=secrets, storage=storage, registry_password=password)
+                body = wire_spec(spec)
             except (NotFound, InvalidWorkloadSpec) as exc:
                 unusable = End("start_failed", f"did not start: {exc}", self.lifecycle_policy.grace_s)
                 return await self._carry(rec, unusable, now)

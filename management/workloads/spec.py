@@ -84,6 +84,7 @@ def container_spec(
     *,
     secrets: Mapping[str, str] | None = None,
     storage: ContainerStorage | None = None,
+    registry_password: str | None = None,
 ) -> ContainerSpec:
     """What replica ``a`` of ``rec`` runs on its host: the renter's image, command, env, labels and ports, the GPUs
     placed for it, its CPU and RAM shares, its registry credentials, the workload id and replica the agent turns
@@ -91,7 +92,8 @@ def container_spec(
     validates it again when the command is made (master/commands.py).
 
     ``secrets``: the values of the secrets the spec names (the runner resolves them; management/workloads/storage.py),
-    put in place of the env's ``${secret:NAME}`` values; ``storage``: the replica's resolved object storage."""
+    put in place of the env's ``${secret:NAME}`` values; ``storage``: the replica's resolved object storage;
+    ``registry_password``: the registry password opened from the record (``rec.sealed_registry_password``)."""
     spec = rec.spec
     auth = spec.registry_auth
     return ContainerSpec(
@@ -106,7 +108,9 @@ def container_spec(
         ports=list(spec.ports),
         cpus=spec.replica.cpu_cores,
         memory_mib=spec.replica.ram_mib,
-        registry_auth=None if auth is None else RegistryAuth(username=auth.username, password=auth.password),
+        registry_auth=None
+        if auth is None
+        else RegistryAuth(username=auth.username, password=auth.password if registry_password is None else registry_password),
         overlay=overlay,
         storage=storage,
     )
