@@ -1,0 +1,104 @@
+"""A create command's secret fields, sealed in its record (master/command_secrets.py, master/commands.py)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from hypothesis import given
+from hypothesis import strategies as st
+
+from common.containers import parse_create_spec
+from common.wire import Command, CommandResult
+from master.command_secrets import SEALED, join, split
+from master.config import MasterConfig
+from master.master import Master
+from master.records import CommandRecord
+from master.store import open_store
+from tests.master.linked import connect, relay, relay_link, to_agent
+
+_text = st.text(alphabet=st.characters(codec="utf-8", exclude_characters="\0"), min_size=1, max_size=12)
+_env = st.dictionaries(st.from_regex(r"[A-Z][A-Z0-9_]{0,8}", fullmatch=True), _text, max_size=4)
+_credentials = st.fixed_dictionaries({"access_key_id": _text, "secret_access_key": _text}, optional={"session_token": _text})
+
+
+@st.composite
+def create_specs(draw: st.DrawFn) -> dict[str, Any]:
+    spec: dict[str, Any] = {"name": "c1", "image": "busybox"}
+    env = draw(_env)
+    if env:
+        spec["env"] = env
+    if draw(st.booleans()):
+        spec["registry_auth"] = {"username": draw(_text), "password": draw(_text)}
+    if draw(st.booleans()):
+        spec["storage"] = {"credentials": draw(_credentials), "region": "eu-1", "inputs": [{"uri": "s3://b/k", "path": "/in"}]}
+    return spec
+
+
+def _secret_values(spec: dict[str, Any]) -> list[str]:
+    values = list(spec.get("env", {}).values())
+    if "registry_auth" in spec:
+        values.append(spec["registry_auth"]["password"])
+    if "storage" in spec:
+        credentials = spec["storage"]["credentials"]
+        values += [credentials["secret_access_key"], *([credentials["session_token"]] if "session_token" in credentials else [])]
+    return values
+
+
+@given(create_specs())
+def test_a_stored_spec_holds_no_secret_value_and_joins_back_to_the_spec(spec: dict[str, Any]) -> None:
+    stored, secrets = split(spec)
+    assert (secrets is None) == (not _secret_values(spec))
+    if secrets is None:
+        assert stored == spec
+        return
+    assert join(stored, secrets) == spec
+    assert set(_secret_values(stored)) <= {SEALED}
+    # What answers show stays: every env name, the registry username, the storage key id; and it still parses.
+    assert stored.get("env", {}).keys() == spec.get("env", {}).keys()
+    if "registry_auth" in spec:
+        assert stored["registry_auth"]["username"] == spec["registry_auth"]["username"]
+    if "storage" in spec:
+        assert stored["storage"]["credentials"] == {
+            "access_key_id": spec["storage"]["credentials"]["access_key_id"],
+            "secret_access_key": SEALED,
+        }
+    parse_create_spec(stored)
+
+
+async def test_an_open_create_stored_in_clear_by_an_older_master_is_sealed_at_start_and_sent_whole(tmp_path: Path) -> None:
+    state_dir = tmp_path / "master"
+    config = MasterConfig(state_dir=str(state_dir), link_port=0)
+    first = Master(config)
+    await first.start()
+    link = relay_link()
+    await connect(first, link, "agt-a")
+    await first.stop()
+    whole = {"name": "c1", "image": "busybox", "env": {"TOKEN": "clear-token-31f"}}
+    legacy = CommandRecord(
+        id="cmd-legacy", agent_id="agt-a", kind="create_container", spec=whole, state="pending", created_at=time.time(),
+        deadline=time.time() + 600,
+    )  # fmt: skip
+    store = open_store(f"sqlite:///{state_dir / 'master.db'}")
+    await store.open()
+    await store.commands.put(legacy)
+    await store.close()
+
+    master = Master(config)
+    await master.start()
+    try:
+        stored = await master.store.commands.get("cmd-legacy")
+        assert stored is not None and stored.sealed and stored.spec["env"] == {"TOKEN": SEALED}
+        link = relay_link("relay-b")
+        await connect(master, link, "agt-a")
+        (sent,) = [f for f in to_agent(link, "agt-a") if isinstance(f, Command)]
+        assert sent.body.spec == whole
+
+        await relay(master, link, "agt-a", CommandResult(id="cmd-legacy", ok=True, result={}))
+        final = await master.store.commands.get("cmd-legacy")
+        assert final is not None and final.state == "succeeded"
+        assert final.sealed == "" and b"clear-token-31f" not in msgspec.json.encode(final)  # never sent again: dropped
+    finally:
+        await master.stop()
