@@ -92,7 +92,7 @@ def compose(config: MasterConfig, store: Store, *, link_refusal: Callable[[], st
     ``link_refusal``: asked at each relay's link whether to refuse it (the leader's URL while this Master stands by).
     """
     state_dir = config.state_path
-    state_dir.mkdir(parents=True, exist_ok=True)
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     authority = Authority.open(state_dir, names=config.server_names, ips=config.server_ips)
     policy = TierPolicy.load(Path(config.tier_policy) if config.tier_policy else None)
     events = EventLog(store)

@@ -21,6 +21,7 @@ from master.config import MasterConfig
 from master.leadership import LeaderRole, Leadership, LeaseTiming
 from master.overlay import OverlayAuthority
 from master.port import MasterPort
+from master.private_state import PRIVATE_DIR, make_private
 from master.records import LeaseRecord
 from master.requests import MasterRequests
 from master.store import open_store
@@ -34,7 +35,7 @@ class Master(MasterRequests):
     def __init__(self, config: MasterConfig, *, store: Store | None = None) -> None:
         self.config = config
         self.state_dir = config.state_path
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR)
         store = store or open_store(config.resolved_store_url())
         # High availability (docs/ha.md): the leader lease decides whether this Master serves, and fences its writes.
         self.leadership: Leadership | None = None
@@ -72,6 +73,7 @@ class Master(MasterRequests):
         self.verifier = parts.verifier  # measured verification (master/verifier.py)
         self.overlay = OverlayAuthority.open(self.state_dir, config.overlay)  # gangs' networks (docs/overlay.md)
         self.secrets = parts.secrets  # renters' secrets (master/secrets.py)
+        make_private(self.state_dir)  # what an older Master (or this one, just now: certificates) left open to others
         self.link_port = 0
         self._tasks: list[asyncio.Task[None]] = []
 

@@ -6,6 +6,8 @@ One worker thread does all database work, so the Master's event loop never waits
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +21,21 @@ BUSY_TIMEOUT_MS = 10_000  # how long a writer waits for another process's write 
 MEMORY = ":memory:"
 
 
+def _make_private_file(path: Path) -> None:
+    """The store's file exists and is 0600 (its ``-wal`` and ``-shm`` too, when there): SQLite creates a missing one
+    under the umask (0644 under 022) and gives ``-wal`` and ``-shm`` the database's mode. A directory made for it is
+    0700."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+    for sibling in (path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(sibling, 0o600)
+
+
 class SqliteDatabase:
     """One connection, used only from its own worker thread."""
 
@@ -29,7 +46,7 @@ class SqliteDatabase:
 
     async def open(self) -> None:
         if self.path != MEMORY:
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            _make_private_file(Path(self.path))
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="idlegrid-sqlite")
         await self._submit(self._connect)
 
