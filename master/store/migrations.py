@@ -8,8 +8,10 @@ Masters opening one database at once do no harm).
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +19,8 @@ from pymongo import ASCENDING, DESCENDING, IndexModel
 from pymongo.asynchronous.database import AsyncDatabase
 
 from common.errors import ConfigError
+from master.command_secrets import split
+from master.states import FINAL_COMMAND_STATES
 
 
 @dataclass(frozen=True)
@@ -24,6 +28,7 @@ class SqliteMigration:
     version: int
     description: str
     statements: tuple[str, ...]
+    rewrite: Callable[[sqlite3.Connection], None] | None = None  # records rewritten, in the step's transaction
 
 
 @dataclass(frozen=True)
@@ -31,6 +36,50 @@ class MongoMigration:
     version: int
     description: str
     indexes: dict[str, list[IndexModel]]  # collection name -> indexes to create
+    rewrite: Callable[[AsyncDatabase[dict[str, Any]]], Awaitable[None]] | None = None  # idempotent: Masters may race
+
+
+# --- version 14: finished create commands stored by an older Master lose their secret values -------------------------
+# Open commands are sealed by the command ledger when it loads them (it holds the key); a finished one is never sent
+# again, so its secret values are replaced by SEALED (master/command_secrets.py) and not kept at all.
+
+_FINISHED = tuple(sorted(s.value for s in FINAL_COMMAND_STATES))
+
+
+def _without_secrets(doc: Any) -> dict[str, Any] | None:
+    """The command document with its spec's secret values gone, or None when it holds none (or is unreadable)."""
+    spec = doc.get("spec") if isinstance(doc, dict) else None
+    if not isinstance(spec, dict):
+        return None
+    stored, _ = split(spec)
+    return None if stored == spec else {**doc, "spec": stored, "sealed": ""}
+
+
+def _forget_finished_secrets_sqlite(conn: sqlite3.Connection) -> None:
+    (before,) = conn.execute("PRAGMA secure_delete").fetchone()
+    conn.execute("PRAGMA secure_delete = ON")  # the old rows' bytes are zeroed, not left in free space
+    try:
+        _rewrite_finished_commands(conn)
+    finally:
+        conn.execute(f"PRAGMA secure_delete = {int(before)}")
+
+
+def _rewrite_finished_commands(conn: sqlite3.Connection) -> None:
+    marks = ", ".join("?" for _ in _FINISHED)
+    for command_id, doc in conn.execute(f"SELECT id, doc FROM commands WHERE state IN ({marks})", _FINISHED).fetchall():
+        try:
+            scrubbed = _without_secrets(json.loads(doc))
+        except ValueError:
+            continue  # undecodable: quarantined when read, left for an operator
+        if scrubbed is not None:
+            conn.execute("UPDATE commands SET doc = ? WHERE id = ?", (json.dumps(scrubbed), command_id))
+
+
+async def _forget_finished_secrets_mongo(db: AsyncDatabase[dict[str, Any]]) -> None:
+    async for doc in db.commands.find({"state": {"$in": list(_FINISHED)}, "kind": "create_container"}):
+        scrubbed = _without_secrets(doc)
+        if scrubbed is not None:
+            await db.commands.update_one({"_id": doc["_id"]}, {"$set": {"spec": scrubbed["spec"], "sealed": ""}})
 
 
 # Every table holds the record as JSON in ``doc``; the other columns are copies of the fields that
@@ -219,6 +268,12 @@ SQLITE_MIGRATIONS: tuple[SqliteMigration, ...] = (
             "CREATE INDEX secrets_by_account ON secrets (account, name)",
         ),
     ),
+    SqliteMigration(
+        14,
+        "finished create commands keep no secret values (docs/storage.md)",
+        (),
+        _forget_finished_secrets_sqlite,
+    ),
 )
 
 MONGO_MIGRATIONS: tuple[MongoMigration, ...] = (
@@ -339,6 +394,7 @@ MONGO_MIGRATIONS: tuple[MongoMigration, ...] = (
         "renters' secrets, encrypted, by account and name (docs/storage.md)",
         {"secrets": [IndexModel([("account", ASCENDING), ("name", ASCENDING)])]},
     ),
+    MongoMigration(14, "finished create commands keep no secret values (docs/storage.md)", {}, _forget_finished_secrets_mongo),
 )
 
 LATEST_VERSION = SQLITE_MIGRATIONS[-1].version  # the contract tests check MongoDB reaches it too
@@ -369,6 +425,7 @@ def migrate_sqlite(conn: sqlite3.Connection, *, up_to: int | None = None, store_
     and then find the step already applied.
     """
     _refuse_newer(sqlite_schema_version(conn), store_name)
+    rewritten = False
     for step in SQLITE_MIGRATIONS:
         if up_to is not None and step.version > up_to:
             break
@@ -377,6 +434,9 @@ def migrate_sqlite(conn: sqlite3.Connection, *, up_to: int | None = None, store_
             if sqlite_schema_version(conn) < step.version:
                 for statement in step.statements:
                     conn.execute(statement)
+                if step.rewrite is not None:
+                    step.rewrite(conn)
+                    rewritten = True
                 conn.execute(
                     "INSERT INTO schema_migrations (version, description, applied_at) VALUES (?, ?, ?)",
                     (step.version, step.description, time.time()),
@@ -385,6 +445,8 @@ def migrate_sqlite(conn: sqlite3.Connection, *, up_to: int | None = None, store_
         except BaseException:
             conn.execute("ROLLBACK")
             raise
+    if rewritten:  # the records' old versions leave the WAL (and its file) now, not at some later checkpoint
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     return sqlite_schema_version(conn)
 
 
@@ -404,6 +466,8 @@ async def migrate_mongo(db: AsyncDatabase[dict[str, Any]], *, up_to: int | None 
             break
         for collection, indexes in step.indexes.items():
             await db[collection].create_indexes(indexes)
+        if step.rewrite is not None:
+            await step.rewrite(db)
         # $max: a Master that migrated further meanwhile is not set back.
         await db.meta.update_one({"_id": "schema"}, {"$max": {"version": step.version}}, upsert=True)
         current = step.version

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any
 
+import bson
 import msgspec
 from hypothesis import given
 from hypothesis import strategies as st
@@ -16,8 +18,10 @@ from master.command_secrets import SEALED, join, split
 from master.config import MasterConfig
 from master.master import Master
 from master.records import CommandRecord
-from master.store import open_store
+from master.store import MongoStore, SqliteStore, open_store
+from master.store.migrations import migrate_mongo, migrate_sqlite
 from tests.master.linked import connect, relay, relay_link, to_agent
+from tests.master.test_store_contract import raw_client
 
 _text = st.text(alphabet=st.characters(codec="utf-8", exclude_characters="\0"), min_size=1, max_size=12)
 _env = st.dictionaries(st.from_regex(r"[A-Z][A-Z0-9_]{0,8}", fullmatch=True), _text, max_size=4)
@@ -102,3 +106,60 @@ async def test_an_open_create_stored_in_clear_by_an_older_master_is_sealed_at_st
         assert final.sealed == "" and b"clear-token-31f" not in msgspec.json.encode(final)  # never sent again: dropped
     finally:
         await master.stop()
+
+
+def _clear_create(command_id: str, state: str, token: str) -> CommandRecord:
+    """A create command as a Master older than sealing stored it: its secret values in clear."""
+    spec = {
+        "name": command_id,
+        "image": "busybox",
+        "env": {"TOKEN": token},
+        "registry_auth": {"username": "alice", "password": f"{token}-registry"},
+        "storage": {"credentials": {"access_key_id": "AKIA", "secret_access_key": f"{token}-storage"}},
+    }
+    return CommandRecord(
+        id=command_id, agent_id="agt-a", kind="create_container", spec=spec, state=state, created_at=1.0, deadline=2.0
+    )
+
+
+async def test_a_version_13_sqlite_store_keeps_no_secret_of_a_finished_create_once_migrated(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    finished, still_open = _clear_create("cmd-done", "succeeded", "done-7c1"), _clear_create("cmd-open", "sent", "open-2b9")
+    with sqlite3.connect(path, isolation_level=None) as conn:  # what an idlegrid of schema version 13 wrote
+        assert migrate_sqlite(conn, up_to=13) == 13
+        for rec in (finished, still_open):
+            row = (rec.id, rec.agent_id, rec.state, rec.created_at, msgspec.json.encode(rec).decode())
+            conn.execute("INSERT INTO commands (id, agent_id, state, created_at, doc) VALUES (?, ?, ?, ?, ?)", row)
+    conn.close()
+
+    store = SqliteStore(str(path))
+    await store.open()
+    try:
+        migrated = await store.commands.get("cmd-done")
+        assert migrated is not None and migrated.spec["env"] == {"TOKEN": SEALED}
+        assert migrated.spec["registry_auth"] == {"username": "alice", "password": SEALED}
+        assert migrated.spec["storage"]["credentials"] == {"access_key_id": "AKIA", "secret_access_key": SEALED}
+        assert await store.commands.get("cmd-open") == still_open  # the ledger seals it when it loads (it holds the key)
+        on_disk = b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.name.startswith("old.db"))
+        assert b"done-7c1" not in on_disk and b"open-2b9" in on_disk
+    finally:
+        await store.close()
+
+
+async def test_a_version_13_mongodb_database_keeps_no_secret_of_a_finished_create_once_migrated(mongo_url: str) -> None:
+    store = MongoStore(mongo_url)
+    finished, still_open = _clear_create("cmd-done", "failed", "done-7c1"), _clear_create("cmd-open", "pending", "open-2b9")
+    async with raw_client(mongo_url) as client:  # what an idlegrid of schema version 13 wrote
+        assert await migrate_mongo(client[store.database], up_to=13) == 13
+        for rec in (finished, still_open):
+            await client[store.database].commands.insert_one(msgspec.to_builtins(rec) | {"_id": rec.id})
+    await store.open()
+    try:
+        migrated = await store.commands.get("cmd-done")
+        assert migrated is not None and migrated.spec["env"] == {"TOKEN": SEALED}
+        assert await store.commands.get("cmd-open") == still_open
+    finally:
+        await store.close()
+    async with raw_client(mongo_url) as client:
+        raw = b"".join(bson.encode(doc) for doc in await client[store.database].commands.find().to_list())
+    assert b"done-7c1" not in raw and b"open-2b9" in raw
