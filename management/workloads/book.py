@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import msgspec
 
 from common.egress import EgressRule
-from common.errors import IdlegridError, InvalidTransition, NotFound
+from common.errors import Conflict, IdlegridError, InvalidTransition, NotFound
 from management.workloads.spec import DEFAULT_PRIORITY_CLASSES, check_spec
 from management.workloads.states import (
     FINAL_WORKLOAD_STATES,
@@ -124,7 +124,7 @@ class WorkloadBook:
             while True:
                 page = await self._store.workloads.list(states=OPEN_WORKLOAD_STATES, before=before, limit=LOAD_PAGE)
                 for rec in page:
-                    self._index(rec)
+                    self._index(await self._sealed(rec))
                 if len(page) < LOAD_PAGE:
                     break
                 last = page[-1]
@@ -133,6 +133,21 @@ class WorkloadBook:
             if self._open:
                 self.wakeup.set()  # queued work from before the restart waits for the loop
             return len(self._open)
+
+    async def _sealed(self, rec: WorkloadRecord) -> WorkloadRecord:
+        """``rec`` with its registry password sealed in the store, when a Master older than sealing stored it in clear."""
+        auth = rec.spec.registry_auth
+        if auth is None or rec.sealed_registry_password or auth.password == SEALED:
+            return rec
+        spec = msgspec.structs.replace(rec.spec, registry_auth=msgspec.structs.replace(auth, password=SEALED))
+        sealed = msgspec.structs.replace(
+            rec, spec=spec, sealed_registry_password=self._commands.secrets.seal(auth.password), version=rec.version + 1
+        )
+        try:
+            await self._store.workloads.update(sealed, expected_version=rec.version)
+        except Conflict:  # StaleWorkload
+            return rec  # another Master wrote it first (and sealed it too): the next load reads theirs
+        return sealed
 
     def subscribe(self, listener: Listener) -> None:
         self._listeners.append(listener)

@@ -30,6 +30,8 @@ from master.accounts import AccountRole
 from master.config import MasterConfig
 from master.link import AccessLink
 from master.master import Master
+from master.port import SEALED
+from master.records import WorkloadRecord
 from master.store import open_store
 from tests.management.workloads.test_runner import creates_sent, host, scheduler, spec
 from tests.management.workloads.test_storage_spec import storage
@@ -188,3 +190,36 @@ async def test_a_create_and_its_resends_carry_the_secrets_and_nothing_at_rest_ho
     finally:
         await again.stop()
         await master.start()  # the fixture stops it
+
+
+async def test_an_open_workload_stored_with_its_registry_password_in_clear_is_sealed_when_the_book_loads(
+    master: Master,
+    store_url: str,  # noqa: F811
+    state_dir: Path,
+) -> None:
+    link = relay_link()
+    await host(master, link, "agt-a")
+    auth = RegistryAuth(username="alice", password=REGISTRY_PASSWORD)
+    old = WorkloadRecord(  # as a Master older than sealing stored it
+        id="wl-0123456789abcdef",
+        account="alice",
+        spec=spec(registry_auth=auth),
+        state="queued",
+        created_at=time.time(),
+        queued_at=time.time(),
+        version=1,
+    )
+    await master.store.workloads.insert(old)
+    assert found_in(store_bytes(store_url, state_dir)) == ["registry password"]
+
+    loop = scheduler(master)
+    await loop.book.load()
+    await loop.cycle()
+
+    (create,) = creates_sent(link, "agt-a")
+    assert create.body.spec["registry_auth"] == {"username": "alice", "password": REGISTRY_PASSWORD}
+    stored = await master.store.workloads.get(old.id)
+    assert stored is not None and stored.sealed_registry_password
+    assert stored.spec.registry_auth is not None and stored.spec.registry_auth.password == SEALED
+    if not store_url.startswith("sqlite"):  # SQLite's WAL and free pages keep the old row until they are reused
+        assert found_in(store_bytes(store_url, state_dir)) == []
