@@ -126,7 +126,7 @@ class CommandLedger:
             raise Conflict(f"agent {agent_id} is drained and takes no new containers; undrain it first")
         now = time.time()
         signer = self._keys.current
-        stored, secrets = split(spec)
+        stored, secrets = split(spec) if kind == CREATE else (spec, None)  # only a create carries secrets
         body = CommandBody(
             id="cmd-" + uuid.uuid4().hex,
             agent_id=agent_id,
