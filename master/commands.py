@@ -31,7 +31,7 @@ from master.events import EventLog
 from master.keys import SigningKeyRing
 from master.records import AgentRecord, CommandRecord
 from master.registry import Registry
-from master.secrets import SecretBox
+from master.secrets import SecretBox, SecretUnreadable
 from master.states import COMMAND, FINAL_COMMAND_STATES, AgentState, CommandState
 from master.store.base import Store
 
@@ -191,9 +191,11 @@ class CommandLedger:
     async def dispatch(self, record: CommandRecord, spec: dict[str, Any] | None = None) -> None:
         """Send (or resend) a command if its agent is reachable; a miss is retried on reconnect. ``spec``: the command's
         whole spec when the caller holds it (its creation), else it is opened from the record."""
-        if self._keys.is_retired(record.key_id):
-            await self._resign(record)  # agents refuse what a retired key signed
         whole = spec if spec is not None else self._whole_spec(record)
+        if whole is None:
+            return  # it cannot be opened here: it stays open until its deadline (logged)
+        if self._keys.is_retired(record.key_id):
+            await self._resign(record, whole)  # agents refuse what a retired key signed
         frame = encode(Command(body=_body(record, whole), signature=record.signature))
         if not await self._send(record.agent_id, frame):
             return
@@ -212,22 +214,29 @@ class CommandLedger:
         """
         stale = [r for r in self.open.values() if r.key_id == key_id]
         for record in stale:
-            await self._resign(record)
+            whole = self._whole_spec(record)
+            if whole is not None:
+                await self._resign(record, whole)
         return [r.id for r in stale]
 
-    async def _resign(self, record: CommandRecord) -> None:
+    async def _resign(self, record: CommandRecord, whole: dict[str, Any]) -> None:
         old_key, signer = record.key_id, self._keys.current
         record.key_id = signer.key_id
-        record.signature = signer.sign(signing_bytes(_body(record, self._whole_spec(record))))
+        record.signature = signer.sign(signing_bytes(_body(record, whole)))
         record.version += 1
         await self._store.commands.put(record)
         await self._events.record("command.resigned", record.id, agent_id=record.agent_id, old_key=old_key, key=signer.key_id)
 
-    def _whole_spec(self, record: CommandRecord) -> dict[str, Any]:
-        """The spec the agent gets: the record's, with its sealed fields opened (SecretUnreadable with another key)."""
+    def _whole_spec(self, record: CommandRecord) -> dict[str, Any] | None:
+        """The spec the agent gets: the record's, with its sealed fields opened; None (logged) when this Master's
+        secrets.key cannot open them (another Master's key): the command is never sent, and times out."""
         if not record.sealed:
             return record.spec
-        return join(record.spec, decode_secrets(self._box.unseal(record.sealed).encode()))
+        try:
+            return join(record.spec, decode_secrets(self._box.unseal(record.sealed).encode()))
+        except SecretUnreadable as exc:
+            log.error("command %s cannot be sent: %s", record.id, exc, extra={"agent_id": record.agent_id})
+            return None
 
     async def _seal_inherited(self) -> list[str]:
         """Seal the secret fields of open commands an older Master stored in clear; what could not be rewritten."""

@@ -9,6 +9,7 @@ from typing import Any
 
 import bson
 import msgspec
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -20,7 +21,7 @@ from master.master import Master
 from master.records import CommandRecord
 from master.store import MongoStore, SqliteStore, open_store
 from master.store.migrations import migrate_mongo, migrate_sqlite
-from tests.master.linked import connect, relay, relay_link, to_agent
+from tests.master.linked import connect, disconnect, relay, relay_link, to_agent
 from tests.master.test_store_contract import raw_client
 
 _text = st.text(alphabet=st.characters(codec="utf-8", exclude_characters="\0"), min_size=1, max_size=12)
@@ -163,3 +164,30 @@ async def test_a_version_13_mongodb_database_keeps_no_secret_of_a_finished_creat
     async with raw_client(mongo_url) as client:
         raw = b"".join(bson.encode(doc) for doc in await client[store.database].commands.find().to_list())
     assert b"done-7c1" not in raw and b"open-2b9" in raw
+
+
+async def test_a_master_whose_secrets_key_cannot_open_a_stored_create_does_not_send_it_and_says_why(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = MasterConfig(state_dir=str(tmp_path / "master"), link_port=0)
+    first = Master(config)
+    await first.start()
+    link = relay_link()
+    await connect(first, link, "agt-a")
+    await disconnect(first, link, "agt-a")
+    record = await first.commands.create("agt-a", "create_container", {"name": "c1", "image": "busybox", "env": {"T": "v"}})
+    await first.stop()
+    key = tmp_path / "master" / "pki" / "secrets.key"
+    key.unlink()  # a Master given another key (one not copied with the CA)
+
+    master = Master(config)
+    await master.start()
+    try:
+        link = relay_link("relay-b")
+        await connect(master, link, "agt-a")  # its hello is served all the same
+        assert master.registry.get("agt-a").state == "ready"
+        assert [f for f in to_agent(link, "agt-a") if isinstance(f, Command)] == []
+        assert (await master.command(record.id)).state == "pending"  # it times out at its deadline
+        assert f"command {record.id} cannot be sent" in caplog.text and "secrets.key" in caplog.text
+    finally:
+        await master.stop()
