@@ -417,3 +417,22 @@ async def test_a_host_that_does_not_pull_refuses_a_private_image_to_a_renter_who
     assert is_renter_fault(caught.value.code)
     assert engine.inspect("bob") is None
     assert alice.state == "running"
+
+
+async def test_checking_a_second_renters_credentials_fetches_the_manifest_not_the_layers(engine, images, clean, tmp_path):
+    """The check is a pull of an image the engine has: the registry answers for the manifest, the layers stay."""
+    through_proxy = images.secret.replace(images.private.host, f"127.0.0.1:{images.slow_port}")
+    teammate = RegistryAuth(username=OTHER_USER, password=OTHER_PASSWORD)
+    runtime = _runtime(engine, images, tmp_path)
+    try:
+        async with ThrottledProxy(images.slow_port, images.private, rate=1e12) as proxy:  # counts, hardly slows
+            await runtime.ensure_image(_job("alice", through_proxy, registry_auth=ALICE))
+            first = proxy.sent
+            await runtime.ensure_image(_job("teammate", through_proxy, registry_auth=teammate))
+            second = proxy.sent - first
+    finally:
+        await runtime.close()
+        engine.podman("rmi", "--force", through_proxy, check=False)
+    print(f"first pull carried {first} bytes, the second renter's check {second}")
+    assert first > 512 * 1024  # the busybox layer (about 1 MB compressed)
+    assert 0 < second < 64 * 1024  # the registry was asked (and checked the teammate's password), no layer moved
