@@ -436,3 +436,43 @@ async def test_checking_a_second_renters_credentials_fetches_the_manifest_not_th
     print(f"first pull carried {first} bytes, the second renter's check {second}")
     assert first > 512 * 1024  # the busybox layer (about 1 MB compressed)
     assert 0 < second < 64 * 1024  # the registry was asked (and checked the teammate's password), no layer moved
+
+
+def _publish(builder: PodmanService, source: str, target: str) -> None:
+    """Point the private registry's ``target`` at the image ``source`` names (the renters' own pushes, by the builder
+    Podman, so the host's engine keeps what it has)."""
+    builder.podman("pull", "--quiet", "--tls-verify=false", source, timeout_s=120)
+    builder.podman("tag", source, target)
+    builder.podman("push", "--quiet", "--tls-verify=false", "--creds", f"{USER}:{PASSWORD}", target, timeout_s=120)
+    builder.podman("rmi", source, target)
+
+
+def _variant(engine: PodmanService, container: str) -> str:
+    return engine.podman("inspect", "--format", '{{index .Config.Labels "variant"}}', container).stdout.strip()
+
+
+async def test_when_a_private_tag_moves_each_renter_runs_what_the_registry_serves_its_own_credentials(
+    engine, images, podman, clean, tmp_path
+):
+    """The proof is of an image id, not of a name: a renter whose pull reached another image runs that one, and the
+    renter proven for the old one must prove the new one too."""
+    moving = f"{images.private.host}/team/secret:moving"
+    teammate = RegistryAuth(username=OTHER_USER, password=OTHER_PASSWORD)
+    runtime = _runtime(engine, images, tmp_path)
+    try:
+        _publish(podman, images.small[0], moving)
+        await runtime.create(_job("alice-old", moving, registry_auth=ALICE), labels={LABEL_COMMAND_ID: "a1"})
+        _publish(podman, images.small[1], moving)
+        await runtime.create(_job("teammate-new", moving, registry_auth=teammate), labels={LABEL_COMMAND_ID: "t"})
+        with pytest.raises(ImageUnauthorized):
+            await runtime.create(_job("bob", moving), labels={LABEL_COMMAND_ID: "b"})
+        await runtime.create(_job("alice-new", moving, registry_auth=ALICE), labels={LABEL_COMMAND_ID: "a2"})
+        listed = await runtime.image_references(limit=32)
+        ran = [_variant(engine, name) for name in ("alice-old", "teammate-new", "alice-new")]
+    finally:
+        await runtime.close()
+        engine.podman("rm", "--all", "--force", "--time", "0")
+        engine.podman("rmi", "--force", moving, check=False)
+        engine.podman("image", "prune", "--force", check=False)  # the old image, untagged by the move
+    assert ran == ["0", "1", "1"]
+    assert moving not in listed
