@@ -476,3 +476,19 @@ async def test_when_a_private_tag_moves_each_renter_runs_what_the_registry_serve
         engine.podman("image", "prune", "--force", check=False)  # the old image, untagged by the move
     assert ran == ["0", "1", "1"]
     assert moving not in listed
+
+
+@pytest.mark.parametrize("short", ["team/secret:1", "secret:1"])
+async def test_a_private_image_named_by_a_short_name_the_engine_resolves_still_needs_credentials(
+    engine, images, clean, tmp_path, short
+):
+    """Podman finds ``team/secret:1`` and ``secret:1`` among the images it has; its pull of that short name goes to the
+    private registry it came from, which asks for credentials."""
+    runtime = _runtime(engine, images, tmp_path)
+    try:
+        await runtime.ensure_image(_job("alice", images.secret, registry_auth=ALICE))
+        with pytest.raises(ImageUnauthorized, match="registry refused access"):
+            await runtime.create(_job("bob", short), labels={LABEL_COMMAND_ID: "b"})
+    finally:
+        await runtime.close()
+    assert engine.inspect("bob") is None
