@@ -27,6 +27,7 @@ import msgspec
 from agent.runtime.base import STATE_REMOVED, STDOUT, ExecSession, Mount, check_same_command, container_labels
 from agent.runtime.docker_exec import DockerExecSession, exec_streams, hijack, read_frame
 from agent.runtime.images import (
+    ImageAccess,
     ImageLimits,
     ImageUses,
     PullProgress,
@@ -36,13 +37,14 @@ from agent.runtime.images import (
     evictions,
     pull_failure,
     pull_query,
+    registry_of,
     too_large,
     warm_first,
 )
 from agent.runtime.selftest import reach_in_containers
 from common.containers import LABEL_COMMAND_ID, ContainerInfo, ContainerSpec, RegistryAuth
 from common.egress import check_registry as check_registry_egress
-from common.errors import BadCommand, ConfigError, ImageNotFound, ImagePullTimeout, RuntimeFailure
+from common.errors import BadCommand, ConfigError, ImageNotFound, ImagePullTimeout, ImageUnauthorized, RuntimeFailure
 from common.inventory import GpuInfo, GpuReach
 
 DEFAULT_SOCKET = "/var/run/docker.sock"
@@ -108,7 +110,8 @@ class DockerRuntime:
         ``selftest_image``: what the GPU self-test runs its probe in (pulled when ``images.pull``, else it must be here).
         ``gpu_devices``: how a container is given its GPUs (GPU_DEVICE_MODES); ``auto`` picks by engine and simulation.
         ``images``: the host's pull settings (default: no pulls, only images already on the host run);
-        ``image_state``: the file that records the images the agent pulled and their last use (None: memory only).
+        ``image_state``: the file that records the images the agent pulled and their last use (None: memory only);
+        beside it, ``image-access.json`` records who proved access to each image pulled with credentials.
 
         GPUs reach a container through DeviceRequests on Docker (the NVIDIA Container Toolkit); Podman's Docker API
         ignores those, so on Podman a GPU container is made through Podman's own API with CDI devices
@@ -117,6 +120,8 @@ class DockerRuntime:
         self.simulated_gpus = simulated_gpus
         self.images = images if images is not None else ImageLimits(pull=False)
         self.image_uses = ImageUses(image_state)
+        access_state = image_state.with_name("image-access.json") if image_state is not None else None
+        self.image_access = ImageAccess(access_state, pulled_before=self.image_uses.uses)
         self.timeout_s = timeout_s
         self.capabilities = tuple(capabilities)
         if gpu_devices not in GPU_DEVICE_MODES:
@@ -315,6 +320,7 @@ class DockerRuntime:
             raise _failure(f"stopping container {name!r}", status, body)
 
     async def _create(self, spec: ContainerSpec, labels: dict[str, str], mounts: Sequence[Mount] = ()) -> dict[str, Any]:
+        await self.ensure_image(spec)  # the executor did (with progress); again here, so no create skips the access check
         status, reply = await self._send_create(spec, labels, mounts)
         if _image_missing(status, reply):
             await self.ensure_image(spec)  # the executor pulls first (with progress); this is the late-comer's path
@@ -384,16 +390,20 @@ class DockerRuntime:
             raise pull_failure(image, errors[-1], self.url)
 
     async def ensure_image(self, spec: ContainerSpec, on_progress: PullProgressCallback | None = None) -> None:
-        """Pull ``spec.image`` unless the engine has it, within this host's limits, then evict unused pulled images
-        past the disk budget. Raises a ``RenterFault`` when the renter's image or credentials are why it failed."""
+        """Pull ``spec.image`` unless the engine has it and this create may use it, within this host's limits, then
+        evict unused pulled images past the disk budget. An image pulled with another renter's credentials is pulled
+        again with this create's own (``ImageAccess``): the registry, not the host's cache, decides who runs it.
+        Raises a ``RenterFault`` when the renter's image or credentials are why it failed."""
         found = await self._image(spec.image)
-        if found is not None:
+        if found is not None and self._admits(found["Id"], spec):
             self.image_uses.touch(found["Id"], time.time())
             return
         if not self.images.pull:
-            raise ImageNotFound(
-                f"image not found: {spec.image!r} is not on this host, which does not pull images "
-                "(its provider loads them by hand); choose a host that has it"
+            raise _not_pulled(spec.image, private=found is not None)
+        if found is not None and _names_by_id(spec.image, found["Id"]):
+            raise ImageUnauthorized(
+                f"image {spec.image!r} is private and another renter's credentials pulled it: name it by its registry "
+                "reference, with your credentials (registry_auth), so the registry can check them"
             )
         check_registry(spec.image, self.images)
         await check_registry_egress(self.images.egress, spec.image)  # the registry's addresses public, or allowed
@@ -405,8 +415,12 @@ class DockerRuntime:
         if self.images.max_image_bytes and size > self.images.max_image_bytes:
             await self._call("DELETE", f"/images/{pulled['Id']}", params={"force": "false"})
             raise too_large(spec.image, size, self.images)
+        self.image_access.pulled(pulled["Id"], registry_of(spec.image), spec.registry_auth)
         self.image_uses.touch(pulled["Id"], time.time(), pulled=True)
         await self.evict(keep=pulled["Id"])  # not the image just pulled: its container is about to be made
+
+    def _admits(self, image_id: str, spec: ContainerSpec) -> bool:
+        return self.image_access.admits(image_id, registry_of(spec.image), spec.registry_auth)
 
     async def evict(self, *, keep: str = "") -> builtins.list[str]:
         """Remove the images the agent pulled that no container uses, least recently used first, until the pulled
@@ -423,18 +437,22 @@ class DockerRuntime:
                 removed.append(image.id)
         gone = {image.id for image in stored}
         self.image_uses.forget([*removed, *(i for i in self.image_uses.uses if i not in gone)])
+        self.image_access.keep_only(image_id for image_id in gone if image_id not in removed)
         return removed
 
     async def image_references(self, limit: int) -> builtins.list[str]:
-        """The images this host has, as references renters name, the most recently used or made first (hello)."""
+        """The images this host has, as references renters name, the most recently used or made first (hello): the
+        public ones only. An image pulled with a renter's credentials is that renter's to know of: never listed."""
         status, body = await self._call("GET", "/images/json")
         if status != 200 or not isinstance(body, builtins.list):
             raise _failure("listing images", status, body)
+        self.image_access.keep_only(entry.get("Id", "") for entry in body)
         uses = self.image_uses.uses
         return warm_first(
             (
                 (ref, max(uses.get(entry.get("Id", ""), 0.0), float(entry.get("Created") or 0)))
                 for entry in body
+                if not self.image_access.private(entry.get("Id", ""))
                 for ref in entry.get("RepoTags") or []
             ),
             limit,
@@ -667,6 +685,25 @@ def _podman_version(version: Mapping[str, Any]) -> str | None:
             details = component.get("Details") or {}
             return str(details.get("APIVersion") or component.get("Version") or "") or None
     return None
+
+
+def _not_pulled(reference: str, *, private: bool) -> RuntimeFailure:
+    """Why a host that does not pull cannot run ``reference``: not here, or here but pulled with other credentials."""
+    if private:
+        return ImageUnauthorized(
+            f"image {reference!r} is private and another renter's credentials pulled it; this host does not pull "
+            "images, so it cannot check yours: choose a host that pulls"
+        )
+    return ImageNotFound(
+        f"image not found: {reference!r} is not on this host, which does not pull images "
+        "(its provider loads them by hand); choose a host that has it"
+    )
+
+
+def _names_by_id(reference: str, image_id: str) -> bool:
+    """Whether ``reference`` is ``image_id`` or a prefix of it (engines find an image so): nothing a registry can check."""
+    named = reference.removeprefix("sha256:")
+    return len(named) >= 1 and image_id.removeprefix("sha256:").startswith(named)
 
 
 def _image_missing(status: int, body: Any) -> bool:

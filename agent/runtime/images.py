@@ -7,12 +7,18 @@ Invariants:
   container, idlegrid's or not) uses: what the provider loaded by hand is the provider's.
 - A failure the renter's request caused (no such image, credentials refused, too large, registry not allowed, too
   slow) raises a ``RenterFault`` subclass (common/errors.py); anything else is the host's ``RuntimeFailure``.
+- What one renter proved, another proves too (``ImageAccess``): an image the agent pulled with credentials runs for a
+  create only when that create's own credentials (or none, once an anonymous pull reached it) reached the same image
+  id; otherwise the engine pulls again with them. Such an image is never listed for others to see (hello, offers).
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import json
+import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -209,3 +215,87 @@ def warm_first(images: Iterable[tuple[str, float]], limit: int) -> list[str]:
     """Image references, the most recently created or used first, at most ``limit`` (hello's bounded list)."""
     ordered = sorted(images, key=lambda item: -item[1])
     return list(dict.fromkeys(ref for ref, _ in ordered if ref and "<none>" not in ref))[:limit]
+
+
+# --- who proved access to a private image ------------------------------------------------------------------------
+
+ANONYMOUS = "anonymous"  # the fingerprint of a pull without credentials: once it reached an image, anyone may run it
+_KEY_BYTES = 32
+
+
+def credential_fingerprint(key: bytes, registry: str, auth: RegistryAuth | None) -> str:
+    """Who pulled, without the secret: HMAC-SHA256 of the registry, username and password under the host-local ``key``
+    (a stolen record cannot be checked against guessed passwords elsewhere); ``ANONYMOUS`` for no credentials."""
+    if auth is None:
+        return ANONYMOUS
+    message = json.dumps([registry, auth.username, auth.password]).encode()
+    return hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
+class ImageAccess:
+    """The images the agent pulled with credentials and who proved access to each: image id -> fingerprints of the
+    credentials whose pull reached that very id (``credential_fingerprint``), in a 0600 JSON file with the host-local
+    key. An image not recorded is public (pulled anonymously or loaded by the provider) and runs for anyone.
+
+    Fails closed: a damaged or missing file marks every image in ``pulled_before`` (those the agent pulled, from
+    ``ImageUses``) private with no proof, so each is pulled again by its next renter: an agent upgraded from before this
+    record cannot tell which of its pulls had credentials."""
+
+    def __init__(self, path: Path | None, pulled_before: Iterable[str] = ()) -> None:
+        self.path = path
+        self.key = secrets.token_bytes(_KEY_BYTES)
+        self.proven: dict[str, set[str]] = {}
+        loaded = self._load()
+        if loaded is None:
+            self.proven = {image_id: set() for image_id in pulled_before}
+            if self.proven:
+                self._save()
+            return
+        self.key, self.proven = loaded
+
+    def admits(self, image_id: str, registry: str, auth: RegistryAuth | None) -> bool:
+        """Whether a create with ``auth`` may run image ``image_id`` without pulling it again."""
+        proven = self.proven.get(image_id)
+        if proven is None or ANONYMOUS in proven:
+            return True
+        return credential_fingerprint(self.key, registry, auth) in proven
+
+    def pulled(self, image_id: str, registry: str, auth: RegistryAuth | None) -> None:
+        """A pull with ``auth`` reached ``image_id``: those credentials are proven for it. An anonymous pull of an image
+        not recorded records nothing (it is public)."""
+        if auth is None and image_id not in self.proven:
+            return
+        self.proven.setdefault(image_id, set()).add(credential_fingerprint(self.key, registry, auth))
+        self._save()
+
+    def private(self, image_id: str) -> bool:
+        """Pulled with credentials and never reached without: not to be shown to other renters."""
+        proven = self.proven.get(image_id)
+        return proven is not None and ANONYMOUS not in proven
+
+    def keep_only(self, image_ids: Iterable[str]) -> None:
+        """Forget the images no longer on the engine (evicted, or removed by the provider)."""
+        present = set(image_ids)
+        gone = [image_id for image_id in self.proven if image_id not in present]
+        for image_id in gone:
+            del self.proven[image_id]
+        if gone:
+            self._save()
+
+    def _load(self) -> tuple[bytes, dict[str, set[str]]] | None:
+        if self.path is None:
+            return self.key, {}
+        if not self.path.exists():
+            return None  # a first start, or an agent from before this record: what it pulled before is unproven
+        try:
+            loaded = json.loads(self.path.read_text())
+            key = bytes.fromhex(loaded["key"])
+            proven = {str(image_id): {str(f) for f in fingerprints} for image_id, fingerprints in loaded["images"].items()}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None
+        return (key, proven) if len(key) == _KEY_BYTES else None
+
+    def _save(self) -> None:
+        if self.path is not None:
+            record = {"key": self.key.hex(), "images": {i: sorted(f) for i, f in self.proven.items()}}
+            write_atomically(self.path, json.dumps(record).encode(), mode=PRIVATE_FILE_MODE)

@@ -9,12 +9,15 @@ import json
 import pytest
 
 from agent.runtime.images import (
+    ANONYMOUS,
+    ImageAccess,
     ImageLimits,
     ImageUses,
     PullProgress,
     StoredImage,
     auth_header,
     check_registry,
+    credential_fingerprint,
     evictions,
     pull_failure,
     pull_query,
@@ -135,3 +138,64 @@ def test_the_last_use_record_survives_a_restart_and_a_damaged_one_forgets_quietl
 def test_the_hosts_image_list_is_warm_first_bounded_and_without_untagged_images():
     listed = warm_first([("a:1", 5.0), ("<none>:<none>", 9.0), ("b:1", 7.0), ("a:1", 1.0), ("c:1", 6.0)], limit=2)
     assert listed == ["b:1", "c:1"]
+
+
+ALICE = RegistryAuth(username="alice", password="alice-pass")
+REGISTRY = "registry.example.org"
+
+
+def test_only_the_credentials_whose_pull_reached_a_private_image_are_admitted_to_it():
+    access = ImageAccess(None)
+    access.pulled("sha256:private", REGISTRY, ALICE)
+    assert access.admits("sha256:private", REGISTRY, ALICE)
+    assert not access.admits("sha256:private", REGISTRY, None)
+    assert not access.admits("sha256:private", REGISTRY, RegistryAuth(username="alice", password="guess"))
+    assert not access.admits("sha256:private", REGISTRY, RegistryAuth(username="bob", password="alice-pass"))
+    assert not access.admits("sha256:private", "other.example.org", ALICE)  # the same words for another registry
+    assert access.admits("sha256:public", REGISTRY, None)  # pulled anonymously or loaded by the provider
+    assert access.private("sha256:private") and not access.private("sha256:public")
+
+
+def test_a_private_image_an_anonymous_pull_reached_is_public_from_then_on():
+    access = ImageAccess(None)
+    access.pulled("sha256:x", REGISTRY, ALICE)
+    access.pulled("sha256:x", REGISTRY, None)
+    assert access.admits("sha256:x", REGISTRY, None) and not access.private("sha256:x")
+    access.pulled("sha256:anon", REGISTRY, None)
+    assert "sha256:anon" not in access.proven  # nothing to remember about a public image
+
+
+def test_a_fingerprint_is_keyed_by_the_host_and_never_holds_the_password():
+    one, two = ImageAccess(None), ImageAccess(None)
+    mine = credential_fingerprint(one.key, REGISTRY, ALICE)
+    assert mine != credential_fingerprint(two.key, REGISTRY, ALICE)  # another host's key: nothing to compare across
+    assert "alice" not in mine and mine != ANONYMOUS
+    assert credential_fingerprint(one.key, REGISTRY, None) == ANONYMOUS
+
+
+def test_the_access_record_survives_a_restart_in_a_private_file(tmp_path):
+    path = tmp_path / "image-access.json"
+    ImageAccess(path).pulled("sha256:private", REGISTRY, ALICE)
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert "alice-pass" not in path.read_text()
+    again = ImageAccess(path)
+    assert again.admits("sha256:private", REGISTRY, ALICE) and not again.admits("sha256:private", REGISTRY, None)
+
+
+@pytest.mark.parametrize("damage", [None, "not json", '{"key": "00", "images": {}}', '{"images": []}'])
+def test_a_missing_or_damaged_access_record_makes_every_image_the_agent_pulled_private(tmp_path, damage):
+    path = tmp_path / "image-access.json"
+    if damage is not None:
+        path.write_text(damage)
+    access = ImageAccess(path, pulled_before=["sha256:pulled"])
+    assert access.private("sha256:pulled") and not access.admits("sha256:pulled", REGISTRY, ALICE)
+    assert not access.private("sha256:loaded-by-the-provider")
+    assert ImageAccess(path).private("sha256:pulled")  # written down: a second restart keeps it private
+
+
+def test_the_access_record_forgets_images_no_longer_on_the_engine():
+    access = ImageAccess(None)
+    access.pulled("sha256:gone", REGISTRY, ALICE)
+    access.pulled("sha256:kept", REGISTRY, ALICE)
+    access.keep_only(["sha256:kept", "sha256:public"])
+    assert set(access.proven) == {"sha256:kept"}

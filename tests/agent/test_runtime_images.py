@@ -23,6 +23,8 @@ from common.errors import (
 from tests.support.podman import PodmanService
 from tests.support.registry import (
     BIG_FILLER_BYTES,
+    OTHER_PASSWORD,
+    OTHER_USER,
     PASSWORD,
     USER,
     Images,
@@ -33,6 +35,7 @@ from tests.support.registry import (
 
 pytestmark = pytest.mark.podman
 MB = 1_000_000
+ALICE = RegistryAuth(username=USER, password=PASSWORD)
 
 
 @pytest.fixture(scope="module")
@@ -257,3 +260,235 @@ async def test_a_host_that_does_not_pull_says_the_image_is_not_here(engine, imag
     finally:
         await runtime.close()
     assert not _has(engine, images.small[0])
+
+
+# --- what one renter proved, another proves too (issue 36, D3) ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("auth", "runs"),
+    [
+        (None, False),
+        (RegistryAuth(username=USER, password="wrong"), False),
+        (RegistryAuth(username=OTHER_USER, password=PASSWORD), False),
+        (RegistryAuth(username=OTHER_USER, password=OTHER_PASSWORD), True),
+    ],
+    ids=["no-credentials", "wrong-password", "someone-elses-password", "own-valid-credentials"],
+)
+async def test_a_private_image_another_renter_pulled_runs_only_with_the_new_renters_own_valid_credentials(
+    engine, images, clean, tmp_path, auth, runs
+):
+    runtime = _runtime(engine, images, tmp_path)
+    try:
+        alice = await runtime.create(_job("alice", images.secret, registry_auth=ALICE), labels={LABEL_COMMAND_ID: "a"})
+        assert alice.state == "running"
+        bob = _job("bob", images.secret, registry_auth=auth)
+        if runs:
+            assert (await runtime.create(bob, labels={LABEL_COMMAND_ID: "b"})).state == "running"
+        else:
+            with pytest.raises(ImageUnauthorized, match="registry refused access") as caught:
+                await runtime.create(bob, labels={LABEL_COMMAND_ID: "b"})
+            assert is_renter_fault(caught.value.code)
+            assert engine.inspect("bob") is None  # never created, let alone started
+            assert "wrong" not in str(caught.value) and PASSWORD not in str(caught.value)
+    finally:
+        await runtime.close()
+    assert _has(engine, images.secret)  # a refused renter takes nothing away from the one who proved access
+
+
+async def test_the_renter_who_pulled_a_private_image_runs_it_again_even_after_another_was_refused(
+    engine, images, clean, tmp_path
+):
+    runtime = _runtime(engine, images, tmp_path)
+    try:
+        await runtime.ensure_image(_job("alice-1", images.secret, registry_auth=ALICE))
+        with pytest.raises(ImageUnauthorized):
+            await runtime.ensure_image(_job("bob", images.secret))
+        again = await runtime.create(_job("alice-2", images.secret, registry_auth=ALICE), labels={LABEL_COMMAND_ID: "a"})
+    finally:
+        await runtime.close()
+    assert again.state == "running"
+
+
+async def test_the_executors_early_pull_check_is_made_again_by_create(engine, images, clean, tmp_path):
+    """The executor calls ensure_image before create; a create on its own must not skip the access check."""
+    runtime = _runtime(engine, images, tmp_path)
+    try:
+        await runtime.ensure_image(_job("alice", images.secret, registry_auth=ALICE))
+        with pytest.raises(ImageUnauthorized):
+            await runtime.create(_job("bob", images.secret), labels={LABEL_COMMAND_ID: "b"})
+    finally:
+        await runtime.close()
+    assert engine.inspect("bob") is None
+
+
+async def test_a_private_image_named_by_its_id_still_needs_the_renters_credentials(engine, images, clean, tmp_path):
+    """The engine finds an image by its id as well as its name: the check follows the image, not the words."""
+    runtime = _runtime(engine, images, tmp_path)
+    try:
+        await runtime.ensure_image(_job("alice", images.secret, registry_auth=ALICE))
+        image_id = engine.podman("image", "inspect", "--format", "{{.Id}}", images.secret).stdout.strip()
+        with pytest.raises(ImageUnauthorized, match="name it by its registry reference") as caught:
+            await runtime.create(_job("bob", image_id[:12]), labels={LABEL_COMMAND_ID: "b"})
+    finally:
+        await runtime.close()
+    assert is_renter_fault(caught.value.code)
+    assert engine.inspect("bob") is None
+
+
+async def test_a_private_image_is_never_among_the_images_the_host_lists(engine, images, clean, tmp_path):
+    runtime = _runtime(engine, images, tmp_path)
+    try:
+        await runtime.ensure_image(_job("public", images.small[0]))
+        await runtime.ensure_image(_job("alice", images.secret, registry_auth=ALICE))
+        await runtime.ensure_image(
+            _job("teammate", images.secret, registry_auth=RegistryAuth(username=OTHER_USER, password=OTHER_PASSWORD))
+        )
+        listed = await runtime.image_references(limit=32)
+    finally:
+        await runtime.close()
+    assert images.small[0] in listed
+    assert not [ref for ref in listed if images.private.host in ref], listed
+
+
+async def test_a_restarted_agent_still_asks_the_next_renter_for_credentials_and_keeps_no_password(
+    engine, images, clean, tmp_path
+):
+    first = _runtime(engine, images, tmp_path)
+    try:
+        await first.ensure_image(_job("alice", images.secret, registry_auth=ALICE))
+    finally:
+        await first.close()
+    record = tmp_path / "image-access.json"
+    assert record.stat().st_mode & 0o777 == 0o600
+    assert PASSWORD not in record.read_text() and USER not in record.read_text()
+    restarted = _runtime(engine, images, tmp_path)
+    try:
+        with pytest.raises(ImageUnauthorized):
+            await restarted.create(_job("bob", images.secret), labels={LABEL_COMMAND_ID: "b"})
+        listed = await restarted.image_references(limit=32)
+    finally:
+        await restarted.close()
+    assert images.secret not in listed
+
+
+async def test_an_agent_without_its_access_record_treats_what_it_pulled_as_private_until_pulled_again(
+    engine, images, clean, tmp_path
+):
+    """An agent upgraded from before the record (or whose record was damaged) cannot tell which pulls had
+    credentials: every image it pulled is hidden and pulled again by its next renter, which makes a public one
+    public again."""
+    first = _runtime(engine, images, tmp_path)
+    try:
+        await first.ensure_image(_job("public", images.small[0]))
+        await first.ensure_image(_job("alice", images.secret, registry_auth=ALICE))
+    finally:
+        await first.close()
+    (tmp_path / "image-access.json").unlink()
+    upgraded = _runtime(engine, images, tmp_path)
+    try:
+        before = await upgraded.image_references(limit=32)
+        with pytest.raises(ImageUnauthorized):
+            await upgraded.create(_job("bob", images.secret), labels={LABEL_COMMAND_ID: "b"})
+        public = await upgraded.create(_job("carol", images.small[0]), labels={LABEL_COMMAND_ID: "c"})
+        after = await upgraded.image_references(limit=32)
+    finally:
+        await upgraded.close()
+    assert images.small[0] not in before and images.secret not in before
+    assert public.state == "running"
+    assert images.small[0] in after and images.secret not in after
+
+
+async def test_a_host_that_does_not_pull_refuses_a_private_image_to_a_renter_who_has_not_proved_access(
+    engine, images, clean, tmp_path
+):
+    puller = _runtime(engine, images, tmp_path)
+    try:
+        await puller.ensure_image(_job("alice", images.secret, registry_auth=ALICE))
+    finally:
+        await puller.close()
+    runtime = _runtime(engine, images, tmp_path, pull=False)
+    try:
+        with pytest.raises(ImageUnauthorized, match="cannot check yours") as caught:
+            await runtime.create(_job("bob", images.secret), labels={LABEL_COMMAND_ID: "b"})
+        alice = await runtime.create(_job("alice", images.secret, registry_auth=ALICE), labels={LABEL_COMMAND_ID: "a"})
+    finally:
+        await runtime.close()
+    assert is_renter_fault(caught.value.code)
+    assert engine.inspect("bob") is None
+    assert alice.state == "running"
+
+
+async def test_checking_a_second_renters_credentials_fetches_the_manifest_not_the_layers(engine, images, clean, tmp_path):
+    """The check is a pull of an image the engine has: the registry answers for the manifest, the layers stay."""
+    through_proxy = images.secret.replace(images.private.host, f"127.0.0.1:{images.slow_port}")
+    teammate = RegistryAuth(username=OTHER_USER, password=OTHER_PASSWORD)
+    runtime = _runtime(engine, images, tmp_path)
+    try:
+        async with ThrottledProxy(images.slow_port, images.private, rate=1e12) as proxy:  # counts, hardly slows
+            await runtime.ensure_image(_job("alice", through_proxy, registry_auth=ALICE))
+            first = proxy.sent
+            await runtime.ensure_image(_job("teammate", through_proxy, registry_auth=teammate))
+            second = proxy.sent - first
+    finally:
+        await runtime.close()
+        engine.podman("rmi", "--force", through_proxy, check=False)
+    print(f"first pull carried {first} bytes, the second renter's check {second}")
+    assert first > 512 * 1024  # the busybox layer (about 1 MB compressed)
+    assert 0 < second < 64 * 1024  # the registry was asked (and checked the teammate's password), no layer moved
+
+
+def _publish(builder: PodmanService, source: str, target: str) -> None:
+    """Point the private registry's ``target`` at the image ``source`` names (the renters' own pushes, by the builder
+    Podman, so the host's engine keeps what it has)."""
+    builder.podman("pull", "--quiet", "--tls-verify=false", source, timeout_s=120)
+    builder.podman("tag", source, target)
+    builder.podman("push", "--quiet", "--tls-verify=false", "--creds", f"{USER}:{PASSWORD}", target, timeout_s=120)
+    builder.podman("rmi", source, target)
+
+
+def _variant(engine: PodmanService, container: str) -> str:
+    return engine.podman("inspect", "--format", '{{index .Config.Labels "variant"}}', container).stdout.strip()
+
+
+async def test_when_a_private_tag_moves_each_renter_runs_what_the_registry_serves_its_own_credentials(
+    engine, images, podman, clean, tmp_path
+):
+    """The proof is of an image id, not of a name: a renter whose pull reached another image runs that one, and the
+    renter proven for the old one must prove the new one too."""
+    moving = f"{images.private.host}/team/secret:moving"
+    teammate = RegistryAuth(username=OTHER_USER, password=OTHER_PASSWORD)
+    runtime = _runtime(engine, images, tmp_path)
+    try:
+        _publish(podman, images.small[0], moving)
+        await runtime.create(_job("alice-old", moving, registry_auth=ALICE), labels={LABEL_COMMAND_ID: "a1"})
+        _publish(podman, images.small[1], moving)
+        await runtime.create(_job("teammate-new", moving, registry_auth=teammate), labels={LABEL_COMMAND_ID: "t"})
+        with pytest.raises(ImageUnauthorized):
+            await runtime.create(_job("bob", moving), labels={LABEL_COMMAND_ID: "b"})
+        await runtime.create(_job("alice-new", moving, registry_auth=ALICE), labels={LABEL_COMMAND_ID: "a2"})
+        listed = await runtime.image_references(limit=32)
+        ran = [_variant(engine, name) for name in ("alice-old", "teammate-new", "alice-new")]
+    finally:
+        await runtime.close()
+        engine.podman("rm", "--all", "--force", "--time", "0")
+        engine.podman("rmi", "--force", moving, check=False)
+        engine.podman("image", "prune", "--force", check=False)  # the old image, untagged by the move
+    assert ran == ["0", "1", "1"]
+    assert moving not in listed
+
+
+@pytest.mark.parametrize("short", ["team/secret:1", "secret:1"])
+async def test_a_private_image_named_by_a_short_name_the_engine_resolves_still_needs_credentials(
+    engine, images, clean, tmp_path, short
+):
+    """Podman finds ``team/secret:1`` and ``secret:1`` among the images it has; its pull of that short name goes to the
+    private registry it came from, which asks for credentials."""
+    runtime = _runtime(engine, images, tmp_path)
+    try:
+        await runtime.ensure_image(_job("alice", images.secret, registry_auth=ALICE))
+        with pytest.raises(ImageUnauthorized, match="registry refused access"):
+            await runtime.create(_job("bob", short), labels={LABEL_COMMAND_ID: "b"})
+    finally:
+        await runtime.close()
+    assert engine.inspect("bob") is None

@@ -1,8 +1,9 @@
 """Images on a real local grid: a Master, a relay and an agent as processes, the agent's docker runtime on a real
 Podman (Docker API) that lacks every image, two real registries (Debian docker-registry: one public, one behind
 htpasswd). A renter's workload whose image the host lacks is pulled and runs; a private image runs with the renter's
-credentials; a wrong tag fails with "image not found" shown to the renter (API and CLI) and the host's reputation
-unchanged; the host page lists the images the host now has. GPUs are simulated (none exists here)."""
+credentials, and another renter without them is refused (image_unauthorized, the renter's fault); a wrong tag fails
+with "image not found" shown to the renter (API and CLI) and the host's reputation unchanged; the host page and the
+offers list the public images the host now has, never the private one. GPUs are simulated (none exists here)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.test_scheduler import MASTER_SETTINGS, renter, wait_workload
-from tests.support.grid import Grid, running_grid, wait_for
+from tests.support.grid import TEST_PROVIDER, Grid, running_grid, wait_for
 from tests.support.podman import PodmanService
 from tests.support.registry import MB, PASSWORD, USER, Images, ThrottledProxy, filled_registries, pulling_engine
 
@@ -87,6 +88,12 @@ def test_a_renters_images_are_pulled_private_ones_with_credentials_and_a_wrong_t
     assert shown["spec"]["registry_auth"] == {"username": USER}  # the password is never shown again
     wait_workload(alice, private["id"], "running", lambda w: w["state"] == "running", timeout=90)
 
+    # Another renter names the private image the host now has, without credentials: the registry is asked again.
+    bob = renter(grid, "bob")
+    peek = bob.submit_workload(job("peek", images.secret))
+    refused = wait_workload(bob, peek["id"], "failed", lambda w: w["state"] == "failed", timeout=90)
+    assert "(image_unauthorized)" in refused["state_reason"] and refused["host_failure"] is None
+
     wrong = alice.submit_workload(job("wrong", f"{images.public.host}/tools/busy:no-such-tag"))
     failed = wait_workload(alice, wrong["id"], "failed", lambda w: w["state"] == "failed", timeout=90)
     assert "image not found" in failed["state_reason"] and failed["host_failure"] is None
@@ -100,12 +107,16 @@ def test_a_renters_images_are_pulled_private_ones_with_credentials_and_a_wrong_t
 
     host = grid.agent(agent_id)
     evidence = host["reputation"]["evidence"]
-    assert (evidence["containers_failed"], evidence["containers_refused"], evidence["containers_started"]) == (0, 1, 3)
+    assert (evidence["containers_failed"], evidence["containers_refused"], evidence["containers_started"]) == (0, 2, 3)
     has = wait_for(
-        lambda: (listed := grid.agent(agent_id)["images"]) and {images.small[0], images.secret} <= set(listed) and listed,
+        lambda: (listed := grid.agent(agent_id)["images"]) and images.small[0] in listed and listed,
         30,
         "the host page to list the images pulled",
     )
     assert len(has) <= 32
+    assert images.secret not in has  # pulled with alice's credentials: nobody else is told it is here
+    grid.client.set_default_price({"on_demand": "3.60"}, provider=TEST_PROVIDER)
+    [offer] = wait_for(lambda: bob.search_offers("num_gpus>=1")["offers"], 30, "the host's offer")
+    assert images.small[0] in offer["images"] and images.secret not in offer["images"]
     for workload_id in (public["id"], private["id"]):
         alice.cancel_workload(workload_id)

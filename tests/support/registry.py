@@ -1,9 +1,10 @@
 """A real image registry for tests: Debian's ``docker-registry`` (the CNCF distribution registry, 2.8) on 127.0.0.1.
 
 Plain HTTP on a free port with a filesystem store in a temp directory; ``private=True`` puts every repository behind
-htpasswd (bcrypt) basic auth. The distribution registry has no per-repository auth, so a test that wants one public
-and one private repository runs two registries. Engines must be told the registry is insecure (plain HTTP):
-``podman push --tls-verify=false``, and a ``registries.conf`` (``insecure_registries_conf``) for a pulling engine.
+htpasswd (bcrypt) basic auth for two users (``USER``, ``OTHER_USER``). The distribution registry has no per-repository
+auth, so a test that wants one public and one private repository runs two registries. Engines must be told the registry
+is insecure (plain HTTP): ``podman push --tls-verify=false``, and a ``registries.conf`` (``insecure_registries_conf``)
+for a pulling engine.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from tests.support.podman import BUSYBOX, PodmanService, PodmanUnavailable
 from tests.support.processes import stop_process
 
 USER, PASSWORD = "renter", "s3cret-registry-pass"
+OTHER_USER, OTHER_PASSWORD = "teammate", "another-registry-pass"  # a second account with the same rights
 MB = 1_000_000
 BIG_FILLER_BYTES = 8 * MB  # the large image's extra layer content: past the 5 MB limit tests set
 
@@ -62,8 +64,11 @@ class Registry:
         if self.private:
             import bcrypt  # a test dependency (pyproject [test]); the registry reads only bcrypt htpasswd entries
 
-            hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4)).decode()  # 4: cheap, it is a test
-            (self.workdir / "htpasswd").write_text(f"{USER}:{hashed}\n")
+            entries = "".join(
+                f"{user}:{bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4)).decode()}\n"  # 4: cheap, a test
+                for user, password in ((USER, PASSWORD), (OTHER_USER, OTHER_PASSWORD))
+            )
+            (self.workdir / "htpasswd").write_text(entries)
             auth = f"auth:\n  htpasswd:\n    realm: idlegrid-test\n    path: {self.workdir / 'htpasswd'}\n"
         config.write_text(
             "version: 0.1\n"
