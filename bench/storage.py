@@ -14,6 +14,7 @@ within 2x, as for tunnels).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -29,6 +30,7 @@ from botocore.config import Config
 from agent.storage.plane import DataPlane, StorageSettings
 from bench.tunnel import CommandLoad, Phase, _phase_buckets, _ratio, heartbeat_histogram, start_sandboxed_hosts
 from common.containers import ContainerSpec
+from common.egress import EgressRule
 from common.storage import CheckpointSpec, ContainerStorage, StorageCredentials
 from management.client.api import ApiClient, AsyncApiClient
 from management.devgrid.localgrid import LocalGrid, free_port, wait_until
@@ -57,6 +59,7 @@ class S3Process:
     def __init__(self, root: Path) -> None:
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.allowed = f"127.0.0.1:{self.port}"  # its egress_allow entry: the rule refuses loopback unless allowed
         env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "3"}
         self._log = open(root / "moto.log", "wb")  # noqa: SIM115 (closed in stop)
         self.process = subprocess.Popen(
@@ -120,7 +123,7 @@ async def _throughput(s3: S3Process, root: Path, size: int, bytes_per_s: int, pa
         endpoint=s3.endpoint,
         checkpoint=CheckpointSpec(uri=f"s3://{bucket}/ck/", period_s=86400),
     )
-    one = DataPlane(settings(root / "one", bytes_per_s, part_mib, bulk), lambda c, a: None)
+    one = DataPlane(settings(root / "one", bytes_per_s, part_mib, bulk, s3), lambda c, a: None)
     spec = ContainerSpec(name="wl-00bench-r0-a1", image="none", command=["true"], storage=storage)
     ready, _ = await one.prepare(spec, host_paths=True)
     _write_blob(Path(ready.env["IDLEGRID_CHECKPOINT_DIR"]) / "model.bin", size)
@@ -128,7 +131,7 @@ async def _throughput(s3: S3Process, root: Path, size: int, bytes_per_s: int, pa
     await one.sync(spec.name)
     upload_s = time.perf_counter() - started
     await one.finish(spec.name)
-    two = DataPlane(settings(root / "two", bytes_per_s, part_mib, bulk), lambda c, a: None)
+    two = DataPlane(settings(root / "two", bytes_per_s, part_mib, bulk, s3), lambda c, a: None)
     started = time.perf_counter()
     restored, _ = await two.prepare(msgspec_replace(spec, name="wl-00bench-r0-a2"), host_paths=True)
     restore_s = time.perf_counter() - started
@@ -148,8 +151,10 @@ async def _throughput(s3: S3Process, root: Path, size: int, bytes_per_s: int, pa
     }
 
 
-def settings(root: Path, bytes_per_s: int, part_mib: int, bulk: bool) -> StorageSettings:
-    return StorageSettings(root=str(root), bytes_per_s=bytes_per_s, part_bytes=part_mib * MIB, bulk_processes=bulk)
+def settings(root: Path, bytes_per_s: int, part_mib: int, bulk: bool, s3: S3Process) -> StorageSettings:
+    # moto listens on 127.0.0.1, which the egress rule refuses unless the provider allows it by name (common/egress.py)
+    egress = EgressRule.allowing([s3.allowed])
+    return StorageSettings(root=str(root), bytes_per_s=bytes_per_s, part_bytes=part_mib * MIB, bulk_processes=bulk, egress=egress)
 
 
 def msgspec_replace(spec: ContainerSpec, **changes: Any) -> ContainerSpec:
@@ -179,7 +184,7 @@ def _metrics(grid: LocalGrid) -> str:
 
 
 async def _round_trips(grid: LocalGrid, s3: S3Process, options: StorageBenchOptions, drop: Path) -> dict[str, Any]:
-    await start_sandboxed_hosts(grid, options.hosts)
+    await start_sandboxed_hosts(grid, options.hosts, egress_allow=[s3.allowed])
     operator = grid.client
     operator.create_account(RENTER, "renter")
     renter = ApiClient(grid.api_url, operator.create_api_key(RENTER, "bench")["key"])
@@ -259,7 +264,7 @@ def run_storage_bench(options: StorageBenchOptions, work_dir: str = "") -> dict[
                 grid = LocalGrid(root / "grid", heartbeat_s=options.heartbeat_s)
                 try:
                     config = root / "master.toml"
-                    config.write_text(MASTER_TOML)
+                    config.write_text(MASTER_TOML + f"egress_allow = [{json.dumps(s3.allowed)}]\n")
                     grid.start_master("--config", str(config))
                     grid.start_relay("relay-1")
                     result["round_trips"] = asyncio.run(_round_trips(grid, s3, options, drop))

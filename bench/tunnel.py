@@ -17,7 +17,7 @@ import contextlib
 import statistics
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -180,15 +180,19 @@ async def _transfer(grant: TunnelGrant, expected: int) -> dict[str, Any]:
     return {"bytes": received, "seconds": round(seconds, 2), "mib_per_s": round(received / seconds / 2**20, 1)}
 
 
-async def start_sandboxed_hosts(grid: LocalGrid, count: int) -> list[str]:
+async def start_sandboxed_hosts(grid: LocalGrid, count: int, egress_allow: Sequence[str] = ()) -> list[str]:
     """``count`` hosts behind relay-1, each one simulated A10 on the sandboxed process runtime; their agent ids, once
-    every one is ready (the tunnel, link, ssh and storage benches' grid)."""
+    every one is ready (the tunnel, link, ssh and storage benches' grid). ``egress_allow``: the bench's own servers on
+    127.0.0.1 their providers let renters reach (common/egress.py)."""
     names = [f"host-{n}" for n in range(count)]
     for name in names:
         enrolled = await asyncio.to_thread(grid.enroll, name, grid.relays["relay-1"])
         if enrolled.returncode != 0:
             raise RuntimeError(f"enrolling {name}: {enrolled.stderr}")
-        grid.start_agent(name, "--runtime", "process", simulate="a10:1", env={"IDLEGRID_AGENT_PROCESS_USER": "dynamic"})
+        env = {"IDLEGRID_AGENT_PROCESS_USER": "dynamic"}
+        if egress_allow:
+            env["IDLEGRID_AGENT_EGRESS_ALLOW"] = ",".join(egress_allow)
+        grid.start_agent(name, "--runtime", "process", simulate="a10:1", env=env)
     agent_ids = [grid.agent_id(name) for name in names]
     await asyncio.to_thread(grid.wait_agents_ready, agent_ids)
     return agent_ids

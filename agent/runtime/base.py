@@ -14,6 +14,9 @@ from common.errors import RuntimeFailure
 
 # The state a runtime reports for a container that ``delete`` has just removed.
 STATE_REMOVED = "removed"
+# Every container's own name on its host (its workload, replica and attempt: ``wl-...-r0-a1``), in its environment
+# whatever the runtime, so a program can name what it writes (Docker's HOSTNAME is an id, the working directory a path).
+ENV_CONTAINER = "IDLEGRID_CONTAINER"
 STDOUT = 1  # the channel numbers of output (common.tunnel.Op.DATA and Op.STDERR carry them)
 STDERR = 2
 

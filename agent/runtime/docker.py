@@ -24,7 +24,7 @@ from urllib.parse import quote
 import aiohttp
 import msgspec
 
-from agent.runtime.base import STATE_REMOVED, STDOUT, ExecSession, Mount, check_same_command, container_labels
+from agent.runtime.base import ENV_CONTAINER, STATE_REMOVED, STDOUT, ExecSession, Mount, check_same_command, container_labels
 from agent.runtime.docker_exec import DockerExecSession, exec_streams, hijack, read_frame
 from agent.runtime.images import (
     ImageAccess,
@@ -630,7 +630,8 @@ def create_body(
         host["DeviceRequests"] = [{"Driver": "nvidia", "DeviceIDs": list(spec.gpus), "Capabilities": [["gpu"]]}]
     body: dict[str, Any] = {
         "Image": spec.image,
-        "Env": [f"{key}={value}" for key, value in spec.env.items()]
+        "Env": [f"{key}={value}" for key, value in spec.env.items() if key != ENV_CONTAINER]
+        + [f"{ENV_CONTAINER}={spec.name}"]
         + ([f"CUDA_VISIBLE_DEVICES={','.join(spec.gpus)}"] if spec.gpus and not device_requests else []),
         "Labels": dict(labels),
         "HostConfig": host,

@@ -64,7 +64,7 @@ from typing import BinaryIO
 import msgspec
 
 from agent.runtime import process_sandbox as sandbox
-from agent.runtime.base import STATE_REMOVED, STDOUT, ExecSession, Mount, check_same_command, container_labels
+from agent.runtime.base import ENV_CONTAINER, STATE_REMOVED, STDOUT, ExecSession, Mount, check_same_command, container_labels
 from agent.runtime.process_exec import start_exec
 from agent.runtime.selftest import reach_in_containers
 from agent.state import PRIVATE_FILE_MODE, private_dir
@@ -597,6 +597,7 @@ def child_env(spec: ContainerSpec, *, home: Path) -> dict[str, str]:
     "getpwuid(): uid not found")."""
     env = {"PATH": BASE_PATH, "HOME": str(home), "LANG": "C.UTF-8", "USER": SANDBOX_USER_NAME, "LOGNAME": SANDBOX_USER_NAME}
     env.update(spec.env)
+    env[ENV_CONTAINER] = spec.name
     env["CUDA_VISIBLE_DEVICES"] = ",".join(spec.gpus)  # GPU uuids, indexes or MIG instance uuids ("MIG-…")
     env["NVIDIA_VISIBLE_DEVICES"] = env["CUDA_VISIBLE_DEVICES"] or "none"  # for tools that read the toolkit's name
     return env

@@ -126,9 +126,11 @@ def renters_storage(s3: S3Server, bucket: str) -> ContainerStorage:
 class Host:
     """One agent's process runtime, data plane and output keeper, with its state under ``base``."""
 
-    def __init__(self, base: Path) -> None:
+    def __init__(self, base: Path, s3: S3Server) -> None:
         self.runtime = ProcessRuntime(base / "state")
-        self.plane = DataPlane(StorageSettings(root=str(base / "state-data"), bulk_processes=False), lambda c, a: None)
+        # moto listens on 127.0.0.1: the host's provider allows it by name (common/egress.py)
+        settings = StorageSettings(root=str(base / "state-data"), bulk_processes=False, egress=s3.provider_allows)
+        self.plane = DataPlane(settings, lambda c, a: None)
         self.keeper = OutputKeeper(base / "state" / "output")
 
     async def start(self, spec: ContainerSpec, command_id: str) -> ContainerSpec:
@@ -147,17 +149,17 @@ class Host:
 
 
 @pytest.fixture
-async def host(home: Path) -> AsyncIterator[Host]:
+async def host(home: Path, s3: S3Server) -> AsyncIterator[Host]:
     """A host whose state lies under a home directory."""
-    found = Host(home / "clone")
+    found = Host(home / "clone", s3)
     yield found
     await found.close()
 
 
 @pytest.fixture
-async def open_host(open_base: Path) -> AsyncIterator[Host]:
+async def open_host(open_base: Path, s3: S3Server) -> AsyncIterator[Host]:
     """A host whose state lies where any uid may look (its directories must keep its containers' data)."""
-    found = Host(open_base / "srv")
+    found = Host(open_base / "srv", s3)
     yield found
     await found.close()
 

@@ -91,7 +91,7 @@ def sandboxed_host(grid: Grid, name: str, simulate: str) -> tuple[str, Daemon]:
 
 def recorded_start(runs: Path) -> list[str]:
     """The command of every workload here: record this start, then run until deleted."""
-    record = f'{WHO_AM_I}; echo "$me $CUDA_VISIBLE_DEVICES" >> {runs}/"${{PWD##*/}}"'
+    record = f'{WHO_AM_I}; echo "$me $CUDA_VISIBLE_DEVICES" >> {runs}/"$IDLEGRID_CONTAINER"'
     return ["sh", "-c", f"{record}; sleep 600"]
 
 

@@ -59,11 +59,11 @@ def grid(tmp_path: Path, s3: S3Server) -> Iterator[Grid]:
 
 
 @pytest.fixture
-def home_grid() -> Iterator[Grid]:
+def home_grid(s3: S3Server) -> Iterator[Grid]:
     """A grid whose state directories all lie in ``<home>/clone``, ``<home>`` 0700 and outside /tmp (as /root is)."""
     home = Path(tempfile.mkdtemp(prefix="idlegrid-home-", dir="/run"))
     try:
-        with running_grid(home / "clone", MASTER_SETTINGS) as g:
+        with running_grid(home / "clone", MASTER_SETTINGS, egress_allow=[s3.allowed]) as g:
             yield g
     finally:
         shutil.rmtree(home, ignore_errors=True)
