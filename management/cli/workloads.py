@@ -24,7 +24,7 @@ from common.errors import IdlegridError
 from management.cli.connection import api_client, connection_options, table, when
 from management.cli.templates import add_launch_options, apply_links, link_wait_s, print_links_when_up, template_base
 from management.client.api import ApiError
-from management.market.money import format_amount, parse_amount
+from management.market.money import BadAmount, amount_text, format_amount, parse_amount
 from management.workloads.explain_text import render_explanation
 from master.port import WorkloadSpec
 
@@ -170,7 +170,26 @@ def read_spec_file(path: Path) -> dict[str, Any]:
         raise BadSpec(f"{path} is not valid {'JSON' if path.suffix == '.json' else 'TOML'}: {exc}") from None
     if not isinstance(data, dict):
         raise BadSpec(f"{path} must hold a table of spec fields")
-    return data
+    return _amounts_as_text(data, path)
+
+
+RENTAL_AMOUNTS = ("bid", "max_price")  # the spec's amounts of money: text in the API, a number in a file too
+
+
+def _amounts_as_text(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    """``bid = 0.5`` in a file is the amount ``"0.5"``, as if quoted (money is exact decimal text, never a float)."""
+    rental = data.get("rental")
+    if not isinstance(rental, dict):
+        return data
+    rental = dict(rental)
+    for field in RENTAL_AMOUNTS:
+        number = rental.get(field)
+        if isinstance(number, int | float) and not isinstance(number, bool):
+            try:
+                rental[field] = amount_text(number)
+            except BadAmount as exc:
+                raise BadSpec(f"{path}: rental.{field}: {exc}") from None
+    return data | {"rental": rental}
 
 
 DISK_HELP = "only hosts reporting at least this much free disk, GiB (default: the file's, else any host)"
