@@ -297,3 +297,26 @@ async def test_a_private_images_credentials_come_from_the_environment_and_are_ne
 
     code, out, err = await renter("submit", *flags, "--registry-password-env", "UNSET_VARIABLE", capsys=capsys)
     assert code != 0 and "UNSET_VARIABLE: that environment variable is not set or empty" in err
+
+
+async def test_port_forward_refuses_at_once_a_port_the_workload_does_not_declare_or_a_workload_not_running(renter, capsys):
+    """Issue 37: ``port-forward`` printed "Forwarding …" and failed only at the first connection (the README's example
+    declared no port). It refuses before listening, naming the fix."""
+    code, out, err = await renter("submit", "--name", "web", "--image", "busybox", capsys=capsys)
+    assert code == 0, err
+    bare = out.split()[1]
+    code, out, err = await renter("port-forward", bare, "8888", capsys=capsys)
+    assert (code, out) == (2, "") and "Forwarding" not in err
+    assert err.strip() == (
+        f"idlegrid workload port-forward: workload {bare} declares no port 8888: submit it again with --port 8888 (or "
+        "ports = [8888] in its spec file); a port-forward reaches only the ports a workload declares"
+    )
+
+    code, out, err = await renter("submit", "--name", "web", "--image", "busybox", "--port", "8888", capsys=capsys)
+    assert code == 0, err
+    queued = out.split()[1]
+    code, _, err = await renter("port-forward", queued, "18888:9090", capsys=capsys)
+    assert code == 2 and f"workload {queued} declares no port 9090 (it declares 8888): submit it again with --port 9090" in err
+    code, _, err = await renter("port-forward", queued, "18888:8888", capsys=capsys)
+    assert code == 2 and "Forwarding" not in err
+    assert f"workload {queued} is queued, not running yet: forward once it runs (idlegrid workload get {queued}" in err
