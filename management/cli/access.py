@@ -345,7 +345,8 @@ class PortForward:
         async with server:
             while failures < REOPEN_ATTEMPTS:
                 try:
-                    grant, first = first or await asyncio.to_thread(self._grant), None
+                    grant = first if first is not None else await asyncio.to_thread(self._grant)
+                    first = None  # the first tunnel only: every later one takes a fresh grant
                     tunnel = await Tunnel.open(grant)
                 except TunnelClosed as exc:
                     failures += 1

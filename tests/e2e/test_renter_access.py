@@ -150,8 +150,7 @@ def test_a_port_forward_to_a_port_the_workload_did_not_declare_is_refused(grid, 
             refused = cli(grid, key, "workload", "port-forward", workload_id, f"{free_port()}:{target}")
             assert refused.returncode != 0
             assert (
-                f"workload {workload_id} declares no port {target} (it declares {port}): submit it again with --port "
-                f"{target}"
+                f"workload {workload_id} declares no port {target} (it declares {port}): submit it again with --port {target}"
             ) in refused.stderr, refused.stderr
             assert "Forwarding" not in refused.stderr
     finally:
