@@ -455,7 +455,7 @@ class WorkloadRecord(msgspec.Struct, kw_only=True):
     queued_at: float  # when it was submitted: its place in a FIFO queue, kept across requeues
     attempts: int = 0  # how many times it was scheduled
     scheduled_at: float | None = None
-    started_at: float | None = None
+    started_at: float | None = None  # when its latest run started: kept by a requeue, cleared when it is placed again
     finished_at: float | None = None
     assignments: list[Assignment] = []
     restarts: int = 0

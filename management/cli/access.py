@@ -16,7 +16,7 @@ import termios
 import threading
 import time
 import tty
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgspec
@@ -288,9 +288,32 @@ def parse_ports(text: str) -> tuple[int, int]:
 
 
 def run_port_forward(args: argparse.Namespace) -> int:
+    from management.cli.connection import api_client
+
     local, remote = parse_ports(args.ports)
+    check_forwardable(api_client(args)[0].workload(args.workload_id), remote)
     forward = PortForward(lambda: _grant(args, {"kind": "port", "port": remote}), args.workload_id, remote)
     return asyncio.run(forward.run(args.address, local))
+
+
+def check_forwardable(workload: Mapping[str, Any], port: int) -> None:
+    """Refuse at once, naming the fix, what no tunnel could reach: a port the workload does not declare (the API
+    refuses a tunnel to it, docs/renter-access.md) or a workload that does not run."""
+    name, declared = workload["id"], workload["spec"]["ports"]
+    if port not in declared:
+        has = f" (it declares {', '.join(map(str, declared))})" if declared else ""
+        raise BadForward(
+            f"workload {name} declares no port {port}{has}: submit it again with --port {port} (or ports = [{port}] "
+            "in its spec file); a port-forward reaches only the ports a workload declares"
+        )
+    state = workload["state"]
+    if state in FINAL_STATES:
+        raise BadForward(f"workload {name} is {state}: it runs no more, so there is nothing to forward to")
+    if state != "running":
+        raise BadForward(
+            f"workload {name} is {state}, not running yet: forward once it runs (idlegrid workload get {name} says "
+            f"when, idlegrid workload explain {name} why it waits)"
+        )
 
 
 class PortForward:
@@ -310,6 +333,7 @@ class PortForward:
         self._next_stream = 1
 
     async def run(self, address: str, local_port: int) -> int:
+        first: TunnelGrant | None = await asyncio.to_thread(self._grant)  # refused (ApiError) before "Forwarding"
         server = await asyncio.start_server(self._accepted, address, local_port)
         bound = server.sockets[0].getsockname()
         print(
@@ -321,7 +345,9 @@ class PortForward:
         async with server:
             while failures < REOPEN_ATTEMPTS:
                 try:
-                    tunnel = await Tunnel.open(await asyncio.to_thread(self._grant))
+                    grant = first if first is not None else await asyncio.to_thread(self._grant)
+                    first = None  # the first tunnel only: every later one takes a fresh grant
+                    tunnel = await Tunnel.open(grant)
                 except TunnelClosed as exc:
                     failures += 1
                     print(f"tunnel: {exc}; trying again", file=sys.stderr, flush=True)

@@ -24,7 +24,7 @@ from common.errors import IdlegridError
 from management.cli.connection import api_client, connection_options, table, when
 from management.cli.templates import add_launch_options, apply_links, link_wait_s, print_links_when_up, template_base
 from management.client.api import ApiError
-from management.market.money import format_amount, parse_amount
+from management.market.money import BadAmount, amount_text, format_amount, parse_amount
 from management.workloads.explain_text import render_explanation
 from master.port import WorkloadSpec
 
@@ -170,7 +170,26 @@ def read_spec_file(path: Path) -> dict[str, Any]:
         raise BadSpec(f"{path} is not valid {'JSON' if path.suffix == '.json' else 'TOML'}: {exc}") from None
     if not isinstance(data, dict):
         raise BadSpec(f"{path} must hold a table of spec fields")
-    return data
+    return _amounts_as_text(data, path)
+
+
+RENTAL_AMOUNTS = ("bid", "max_price")  # the spec's amounts of money: text in the API, a number in a file too
+
+
+def _amounts_as_text(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    """``bid = 0.5`` in a file is the amount ``"0.5"``, as if quoted (money is exact decimal text, never a float)."""
+    rental = data.get("rental")
+    if not isinstance(rental, dict):
+        return data
+    rental = dict(rental)
+    for field in RENTAL_AMOUNTS:
+        number = rental.get(field)
+        if isinstance(number, int | float) and not isinstance(number, bool):
+            try:
+                rental[field] = amount_text(number)
+            except BadAmount as exc:
+                raise BadSpec(f"{path}: rental.{field}: {exc}") from None
+    return data | {"rental": rental}
 
 
 DISK_HELP = "only hosts reporting at least this much free disk, GiB (default: the file's, else any host)"
@@ -314,24 +333,40 @@ def _where(exc: msgspec.ValidationError) -> str:
 
 
 def cost_line(client: Any, workload: Mapping[str, Any]) -> str:
-    """What the workload costs per hour, when known, and how long the renter's balance lasts at that rate on top of what
-    already runs: "total 4.80 USD per hour; the balance of 12.50 USD lasts about 2.6 h at that rate". Empty when the
-    price is not known yet (on demand on whichever host it is placed) and the balance cannot be read."""
+    """What the workload costs per hour, when known, and how long the renter's balance lasts (``lasting``). Empty when
+    the price is not known yet (on demand on whichever host it is placed); the price alone when the balance cannot be
+    read."""
     terms = workload.get("rental") or {}
     per_hour = terms.get("per_hour")
     if per_hour is None:
         return ""
-    currency = terms.get("currency", "")
-    line = f"total {per_hour} {currency} per hour"
+    line = f"total {per_hour} {terms.get('currency', '')} per hour"
     try:
         funds = client.balance(workload["account"])
     except ApiError:  # a key that may not read the account's balance: the price alone
         return line
+    lasting = balance_lasting(funds, per_hour, counted=workload.get("state") == "running")
+    return f"{line}; {lasting}" if lasting else line
+
+
+def balance_lasting(funds: Mapping[str, Any], per_hour: str, *, counted: bool) -> str:
+    """How long the balance (``GET /accounts/{id}/balance``) lasts with this work added to what already runs, saying
+    what the rate counts: "the balance of 12.50 USD lasts about 2.1 h at 6.00 USD per hour: 1.20 for this workload and
+    4.80 for what already runs". ``counted``: the work already runs, so what runs now includes it. Empty when nothing
+    costs anything."""
+    currency = funds["currency"]
     have = parse_amount(funds["available"]) + parse_amount(funds["held"])
-    rate = parse_amount(funds["running_per_hour"]) + (parse_amount(per_hour) if workload.get("state") != "running" else 0)
+    running, this = parse_amount(funds["running_per_hour"]), parse_amount(per_hour)
+    rate = running if counted else running + this
     if rate <= 0:
-        return line
-    return f"{line}; the balance of {format_amount(have)} {currency} lasts about {have / rate:.1f} h at that rate"
+        return ""
+    said = f"the balance of {format_amount(have)} {currency} lasts about {have / rate:.1f} h at"
+    if counted:
+        return f"{said} {format_amount(rate)} {currency} per hour, the rate of all that runs now (this workload included)"
+    if running == 0:
+        return f"{said} that rate (nothing else runs now)"
+    others = format_amount(running)
+    return f"{said} {format_amount(rate)} {currency} per hour: {per_hour} for this workload and {others} for what already runs"
 
 
 def run_submit(args: argparse.Namespace) -> int:

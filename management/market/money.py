@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from decimal import Decimal
 
 MICRO = 1_000_000
 _AMOUNT = re.compile(r"^([0-9]{1,12})(?:\.([0-9]{1,6}))?\Z")
@@ -24,6 +25,26 @@ def parse_amount(text: str) -> int:
         raise BadAmount(f"{text!r} is not an amount: write a decimal number such as 2.5 or 0.000125 (at most 6 decimals)")
     whole, frac = match.group(1), match.group(2) or ""
     return int(whole) * MICRO + int(frac.ljust(6, "0"))
+
+
+def amount_text(number: int | float) -> str:
+    """A number where an amount's text is expected (a spec file's ``bid = 0.5``) as that text: ``"0.5"``. Exact, never
+    through float arithmetic: a float's shortest repr is the decimal that was written when it has at most 15
+    significant digits (an amount the API takes has at most 15). NaN, infinities, negatives and more than six decimals
+    are refused, and so is a float with more digits than it keeps (write that one as text)."""
+    value = (Decimal(repr(number)) if isinstance(number, float) else Decimal(number)).normalize()
+    if not value.is_finite():
+        raise BadAmount(f"{number} is not an amount: write a decimal number such as 2.5 or 0.000125")
+    if value < 0:
+        raise BadAmount(f"{number} is negative: an amount is 0 or more")
+    _, digits, exponent = value.as_tuple()
+    if isinstance(exponent, int) and exponent < -6:
+        raise BadAmount(f"{number} has more than 6 decimals: an amount is exact to the micro-unit (0.000001)")
+    if isinstance(number, float) and len(digits) > 15:
+        raise BadAmount(f"{number} has more digits than a number keeps exactly: write it as text, in quotes")
+    text = format(value.copy_abs(), "f")
+    parse_amount(text)  # at most 12 digits before the point, like any amount
+    return text
 
 
 def format_amount(micro: int) -> str:

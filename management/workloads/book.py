@@ -425,14 +425,15 @@ def pending_output(rec: WorkloadRecord, a: Assignment, now: float) -> KeptOutput
 
 def _implied(rec: WorkloadRecord, event: str, target: str, now: float) -> dict[str, Any]:
     """What an event changes besides the state: timestamps and counters."""
-    if event == "schedule":  # placed again: a run that ended through a host is behind it
-        return {"scheduled_at": now, "attempts": rec.attempts + 1, "host_failure": ""}
+    if event == "schedule":  # placed again: a run that ended through a host is behind it, and so is its start
+        return {"scheduled_at": now, "started_at": None, "attempts": rec.attempts + 1, "host_failure": ""}
     if event == "run":  # running: an image pull's progress (the detail while it started) is over
         return {"started_at": now, "detail": ""}
     if event == "preempt":
         return {"preemptions": rec.preemptions + 1}
-    if event == "requeue":  # back in line at its original place (queued_at is kept), placed anew
-        return {"assignments": [], "scheduled_at": None, "started_at": None, "preempted_for": "", "detail": ""}
+    if event == "requeue":  # back in line at its original place (queued_at is kept), placed anew; ``started_at`` stays,
+        # when its latest run started (shown while it waits again, its host perhaps gone), until it is placed again
+        return {"assignments": [], "scheduled_at": None, "preempted_for": "", "detail": ""}
     if target in FINAL_WORKLOAD_STATES:
         return {"finished_at": now, "preempted_for": "", "detail": ""}
     return {}

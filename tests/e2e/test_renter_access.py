@@ -137,7 +137,8 @@ def test_another_renter_is_refused_and_every_opening_is_an_event_naming_the_acco
 def test_a_port_forward_to_a_port_the_workload_did_not_declare_is_refused(grid, serving, drop):
     """Issue 22 D9: a renter forwarded to another renter's server on the host's loopback and to the Master's own API.
     A port tunnel reaches only the ports the workload declared: the API refuses any other, naming the declared ones,
-    before a ticket is signed or the agent dials anything."""
+    before a ticket is signed or the agent dials anything (tests/management/test_api_tunnels.py); the CLI says so
+    before it listens, naming the fix (issue 37)."""
     alice, workload_id, port, key = serving
     neighbour = free_port()  # a co-tenant's server on the host's loopback, which alice's workload did not declare
     server = subprocess.Popen(
@@ -149,9 +150,9 @@ def test_a_port_forward_to_a_port_the_workload_did_not_declare_is_refused(grid, 
             refused = cli(grid, key, "workload", "port-forward", workload_id, f"{free_port()}:{target}")
             assert refused.returncode != 0
             assert (
-                f"400 invalid_tunnel: port: workload {workload_id} declares ports {port}; a port tunnel reaches only "
-                f"those, not {target}"
+                f"workload {workload_id} declares no port {target} (it declares {port}): submit it again with --port {target}"
             ) in refused.stderr, refused.stderr
+            assert "Forwarding" not in refused.stderr
     finally:
         server.terminate()
         server.wait(timeout=10)

@@ -133,7 +133,8 @@ def workload_spec(form: Any, errors: FormErrors, *, offer: Offer | None) -> Work
 def cost_hint(
     price: int, gpus: int, *, funds: FundsDetail | None, priced_by: str, currency: str, reserved_hours: float | None = None
 ) -> str:
-    """What the form's work costs per hour and how long the balance lasts at that rate, on top of what already runs:
+    """What the form's work costs per hour and how long the balance lasts at that rate, on top of what already runs
+    (said when something does: "... lasts about 2.1 h at 6.00 USD per hour, this and the 1.20 of what already runs."):
     "Total 4.80 USD per hour for 2 GPU(s) at the on-demand price; your balance of 12.50 USD lasts about 2.6 h at that
     rate." Money before work: a renter sees both before renting. A reserved period is prepaid whole: its total is said
     too ("the reserved period of 24 h is prepaid: 57.60 USD")."""
@@ -150,8 +151,11 @@ def cost_hint(
     rate = funds.running_per_hour + per_hour
     if rate <= 0:
         return f"{said}; your balance is {format_amount(have)} {currency}."
-    running = " (with what runs now)" if funds.running_per_hour else ""
-    return f"{said}; your balance of {format_amount(have)} {currency} lasts about {have / rate:.1f} h at that rate{running}."
+    lasts = f"your balance of {format_amount(have)} {currency} lasts about {have / rate:.1f} h at"
+    if not funds.running_per_hour:
+        return f"{said}; {lasts} that rate."
+    others = format_amount(funds.running_per_hour)  # said, not silently added: the rate is more than the total above
+    return f"{said}; {lasts} {format_amount(rate)} {currency} per hour, this and the {others} of what already runs."
 
 
 async def _cost_hint(request: web.Request, offer: Offer | None, form: Any) -> str:

@@ -10,6 +10,7 @@ import json
 import pytest
 
 from management.cli import main as cli
+from management.cli.workloads import balance_lasting
 from tests.management.cli.test_accounts import idlegrid, served  # noqa: F401  # the served Master and the CLI runner
 from tests.management.hosts import add_agent, api_key
 
@@ -49,7 +50,7 @@ def test_a_renter_searches_rents_and_bids_from_the_command_line(idlegrid, keys):
     first, terms, cost = rented.splitlines()
     assert first.startswith("rented agt-a1: workload wl-") and first.endswith("is queued")
     assert terms == "interruptible at your bid of 0.70 USD per GPU-hour, on hosts whose minimum bid it meets"
-    assert cost == "total 0.70 USD per hour; the balance of 3.50 USD lasts about 5.0 h at that rate"
+    assert cost == "total 0.70 USD per hour; the balance of 3.50 USD lasts about 5.0 h at that rate (nothing else runs now)"
     workload_id = first.split()[3]
     rebid = idlegrid("bid", workload_id, "0.90", "--api-key", keys["lab"])
     assert (
@@ -99,3 +100,20 @@ def test_the_command_after_a_double_dash_is_the_containers_and_a_command_that_ru
         cli.main(["balance", *api, "--", "sleep", "1"])
     assert refused.value.code == 2
     assert "'--' takes a container's command; 'idlegrid balance' runs none" in capsys.readouterr().err
+
+
+def test_how_long_the_balance_lasts_says_what_its_rate_counts():
+    """Issue 37: "the balance lasts about 2.1 h at that rate" counted what already ran without saying so. The line
+    names the rate and what it is made of, as ``rent`` and ``workload submit`` print it (the API's balance answer in)."""
+    funds = {"account": "lab", "currency": "USD", "available": "12.00", "held": "0.50", "running_per_hour": "4.80"}
+    assert balance_lasting(funds, "1.20", counted=False) == (
+        "the balance of 12.50 USD lasts about 2.1 h at 6.00 USD per hour: 1.20 for this workload and 4.80 for what already runs"
+    )
+    assert balance_lasting(funds, "1.20", counted=True) == (
+        "the balance of 12.50 USD lasts about 2.6 h at 4.80 USD per hour, the rate of all that runs now (this workload included)"
+    )
+    idle = funds | {"running_per_hour": "0.00"}
+    assert balance_lasting(idle, "1.20", counted=False) == (
+        "the balance of 12.50 USD lasts about 10.4 h at that rate (nothing else runs now)"
+    )
+    assert balance_lasting(idle, "0", counted=False) == ""  # nothing costs anything: no line

@@ -73,6 +73,37 @@ async def test_a_spec_file_gives_every_field_and_flags_override_it(renter, capsy
     assert body["spec"]["constraints"] == body["spec"]["constraints"] | {"regions": ["eu-west"], "min_reputation": 0.8}
 
 
+@pytest.mark.parametrize(("written", "amount"), [("0.5", "0.5"), ("2", "2"), ("0.000125", "0.000125"), ('"0.5"', "0.5")])
+async def test_a_bid_written_as_a_number_in_a_spec_file_is_that_amount_of_money(renter, capsys, api, tmp_path, written, amount):
+    """Issue 37: ``bid = 0.5`` in a spec file was refused ("Expected `str | null`, got `float`"). A number is the same
+    exact amount the quoted text gives."""
+    await api.operator.credit("alice", "5")
+    spec = tmp_path / "cheap.toml"
+    spec.write_text(f'name = "cheap"\nimage = "busybox"\n[rental]\nkind = "interruptible"\nbid = {written}\n')
+    code, out, err = await renter("submit", "-f", str(spec), "--json", capsys=capsys)
+    assert code == 0, err
+    rental = json.loads(out)["rental"]
+    assert (rental["kind"], rental["bid"]) == ("interruptible", amount), rental
+
+
+@pytest.mark.parametrize(
+    ("written", "said"),
+    [
+        ("NaN", "rental.bid: nan is not an amount"),  # JSON as Python reads it
+        ("Infinity", "rental.bid: inf is not an amount"),
+        ("-0.5", "rental.bid: -0.5 is negative: an amount is 0 or more"),
+        ("0.1234567", "rental.bid: 0.1234567 has more than 6 decimals"),
+        ("true", "rental.bid"),  # a boolean is no amount either (refused by the spec's own check)
+    ],
+)
+async def test_a_bid_that_is_no_amount_of_money_is_refused_saying_why(renter, capsys, tmp_path, written, said):
+    spec = tmp_path / "bad.json"
+    spec.write_text(f'{{"name": "cheap", "image": "busybox", "rental": {{"kind": "interruptible", "bid": {written}}}}}')
+    code, out, err = await renter("submit", "-f", str(spec), capsys=capsys)
+    assert code == 2 and out == ""
+    assert said in err and "Traceback" not in err, err
+
+
 async def test_allow_process_runtime_is_a_flag_and_is_off_without_it(renter, capsys):
     flags = ("--name", "demo", "--image", "none", "--allow-process-runtime", "--json")
     code, out, err = await renter("submit", *flags, capsys=capsys)
@@ -266,3 +297,26 @@ async def test_a_private_images_credentials_come_from_the_environment_and_are_ne
 
     code, out, err = await renter("submit", *flags, "--registry-password-env", "UNSET_VARIABLE", capsys=capsys)
     assert code != 0 and "UNSET_VARIABLE: that environment variable is not set or empty" in err
+
+
+async def test_port_forward_refuses_at_once_a_port_the_workload_does_not_declare_or_a_workload_not_running(renter, capsys):
+    """Issue 37: ``port-forward`` printed "Forwarding …" and failed only at the first connection (the README's example
+    declared no port). It refuses before listening, naming the fix."""
+    code, out, err = await renter("submit", "--name", "web", "--image", "busybox", capsys=capsys)
+    assert code == 0, err
+    bare = out.split()[1]
+    code, out, err = await renter("port-forward", bare, "8888", capsys=capsys)
+    assert (code, out) == (2, "") and "Forwarding" not in err
+    assert err.strip() == (
+        f"idlegrid workload port-forward: workload {bare} declares no port 8888: submit it again with --port 8888 (or "
+        "ports = [8888] in its spec file); a port-forward reaches only the ports a workload declares"
+    )
+
+    code, out, err = await renter("submit", "--name", "web", "--image", "busybox", "--port", "8888", capsys=capsys)
+    assert code == 0, err
+    queued = out.split()[1]
+    code, _, err = await renter("port-forward", queued, "18888:9090", capsys=capsys)
+    assert code == 2 and f"workload {queued} declares no port 9090 (it declares 8888): submit it again with --port 9090" in err
+    code, _, err = await renter("port-forward", queued, "18888:8888", capsys=capsys)
+    assert code == 2 and "Forwarding" not in err
+    assert f"workload {queued} is queued, not running yet: forward once it runs (idlegrid workload get {queued}" in err

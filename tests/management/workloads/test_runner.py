@@ -139,6 +139,35 @@ async def test_a_faulty_gpu_moves_its_workload_to_another_host(master, link):
     assert any("Xid 79" in reason or "faulty" in reason or "unhealthy" in reason for reason in reasons), reasons
 
 
+async def test_a_workload_whose_host_died_still_says_when_it_started_until_it_is_placed_again(master, link):
+    """Issue 37: a workload whose host died showed "Started: -" (console, ``workload get``): the requeue forgot when
+    its run started. It keeps that time while it waits again; placed anew, the new attempt's start replaces it."""
+    await host(master, link, "agt-a")
+    loop = scheduler(master)
+    await loop.book.load()
+    wl = await loop.book.submit("alice", spec(), time.time())
+    await loop.cycle()
+    await started(master, link, await loop.book.get(wl.id))
+    await loop.cycle()
+    ran = await loop.book.get(wl.id)
+    assert ran.state == "running" and ran.started_at is not None
+
+    await master.revoke("agt-a", "test: the host is gone")
+    await loop.cycle()
+
+    waits = await loop.book.get(wl.id)
+    assert (waits.state, waits.host_failure) == ("queued", "agt-a: host is gone (retired or quarantined)")
+    assert waits.started_at == ran.started_at and waits.assignments == []
+    await host(master, link, "agt-b")
+    await loop.cycle()
+    placed = await loop.book.get(wl.id)
+    assert (placed.state, placed.attempts, placed.started_at) == ("scheduled", 2, None)  # this attempt has not started
+    await started(master, link, placed)
+    await loop.cycle()
+    again = await loop.book.get(wl.id)
+    assert again.state == "running" and again.started_at is not None and again.started_at >= ran.started_at
+
+
 async def test_a_higher_class_preempts_a_lower_one_which_goes_back_to_the_queue(master, link):
     await host(master, link, "agt-a")
     loop = scheduler(master)
