@@ -84,7 +84,7 @@ def _env(tree: Path | None) -> dict[str, str]:
 def _cpu_of_one_run(argv: list[str], env: dict[str, str]) -> float:
     """CPU seconds (user + system) the child spent, from the kernel's accounting of waited-for children."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    done = subprocess.run(argv, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, check=False)
+    done = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, check=False)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} exited {done.returncode}: {done.stderr.decode()[-2000:]}")
