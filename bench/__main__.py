@@ -1,5 +1,5 @@
 """``python -m bench BENCHMARK ...`` (fleet, ingest, api-pages, scheduler, offers, tunnel, link, ssh, storage, history, alerts,
-summaries, console-pages, demo): run one, print, write JSON."""
+summaries, console-pages, demo, cli-start): run one, print, write JSON."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from typing import Any
 from bench.alerts import AlertsBenchOptions, alerts_table, run_alerts_bench
 from bench.api_pages import api_pages_table
 from bench.api_pages import run as run_api_pages
+from bench.cli_start import CliStartBenchOptions, cli_start_table, run_cli_start_bench
 from bench.console_pages import ConsolePagesBenchOptions, console_pages_table, run_console_pages_bench
 from bench.demo import DemoBenchOptions, demo_table, run_demo_bench
 from bench.fleet import PHASES, FleetOptions, run_fleet_bench
@@ -678,6 +679,35 @@ def ingest_table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _cli_start_parser(sub: argparse._SubParsersAction) -> None:
+    d = CliStartBenchOptions()
+    p = sub.add_parser(
+        "cli-start",
+        help="CPU an idlegrid command costs before its work (--help, workload list, offers search), and its imports",
+        description="Run idlegrid --help, workload list and offers search (against a stub API answering empty pages) "
+        "several times, interleaved with python -c pass, and report each one's CPU time (min/median/max) and, from "
+        "one more run with -X importtime, the modules that cost most.",
+    )
+    p.add_argument("--runs", type=int, default=d.runs, help=f"runs of each command (default {d.runs})")
+    p.add_argument(
+        "--tree",
+        action="append",
+        type=Path,
+        default=[],
+        metavar="DIR",
+        help="also measure another checkout's code (PYTHONPATH=DIR) in the same rounds, e.g. a baseline (default: none)",
+    )
+    p.add_argument("--json", type=Path, help="write the figures here")
+    p.set_defaults(func=_run_cli_start)
+
+
+def _run_cli_start(args: argparse.Namespace) -> int:
+    result = run_cli_start_bench(CliStartBenchOptions(runs=args.runs, trees=tuple(args.tree)))
+    _write(args.json, result)
+    print(cli_start_table(result))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench", description="idlegrid benchmarks (see bench/README.md)")
     sub = parser.add_subparsers(dest="benchmark", required=True)
@@ -696,6 +726,7 @@ def build_parser() -> argparse.ArgumentParser:
     _summaries_parser(sub)
     _console_pages_parser(sub)
     _demo_parser(sub)
+    _cli_start_parser(sub)
     return parser
 
 

@@ -22,13 +22,16 @@ import binascii
 import enum
 import secrets
 import struct
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import msgspec
-from cryptography import x509
 
 from common.errors import IdlegridError, ProtocolError, SignatureError
-from common.pki import CommandSigner, CommandVerifier, verify_key_endorsement
+
+if TYPE_CHECKING:  # the frames and tickets' shapes need no cryptography: the renter's CLI reads frames only
+    from cryptography import x509
+
+    from common.pki import CommandSigner, CommandVerifier
 
 TICKET_HEADER = "X-Idlegrid-Ticket"
 RENTER_PATH = "/tunnel"  # on the relay's HTTPS port
@@ -139,6 +142,8 @@ def _check_common(body: TicketBody, now: float) -> None:
 def verify_at_relay(ticket: Ticket, ca_cert: x509.Certificate, relay_id: str, now: float) -> None:
     """What a relay checks before it lets either end in: the CA endorsed the key, the key signed the body, the
     ticket is for this relay and not expired. Raises ``TicketRefused`` saying which."""
+    from common.pki import CommandVerifier, verify_key_endorsement
+
     try:
         verify_key_endorsement(ca_cert, ticket.public_key, ticket.endorsement)
         verifier = CommandVerifier({ticket.body.key_id: ticket.public_key})

@@ -17,14 +17,16 @@ import threading
 import time
 import tty
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from common.errors import IdlegridError
 from common.tunnel import MAX_TUNNEL_PAYLOAD, Op, decode_exit, resize_payload
 from management.client.api import API_PREFIX, ApiRequest
-from management.client.tunnel import Tunnel, TunnelClosed, TunnelGrant
+
+if TYPE_CHECKING:  # the tunnel client (websockets) is imported by the commands that open one, not by every command line
+    from management.client.tunnel import Tunnel, TunnelGrant
 
 EXIT_TUNNEL_FAILED = 1
 FINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
@@ -105,6 +107,7 @@ def _grant(args: argparse.Namespace, request: dict[str, Any]) -> TunnelGrant:
 def grant_of(answer: Any) -> TunnelGrant:
     """The API's answer (times as RFC 3339) as the grant the tunnel client takes."""
     from management.client.api import instant
+    from management.client.tunnel import TunnelGrant
 
     return msgspec.convert({**answer, "expires_at": instant(answer["expires_at"])}, TunnelGrant)
 
@@ -169,6 +172,8 @@ def _print_end(client: Any, workload_id: str, replica: int) -> None:
 
 
 async def _print_logs(grant: TunnelGrant) -> int:
+    from management.client.tunnel import Tunnel, TunnelClosed
+
     async with await Tunnel.open(grant) as tunnel:
         while (frame := await tunnel.receive()) is not None:
             if frame.op is Op.DATA:
@@ -225,6 +230,8 @@ def _raw_terminal(raw: bool) -> Any:
 
 
 async def _exec(grant: TunnelGrant, use_tty: bool) -> int:
+    from management.client.tunnel import Tunnel, TunnelClosed
+
     loop = asyncio.get_running_loop()
     async with await Tunnel.open(grant) as tunnel:
         stdin: asyncio.Queue[bytes] = asyncio.Queue(maxsize=16)
@@ -264,6 +271,8 @@ def _read_stdin(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[bytes]) ->
 
 
 async def _feed(tunnel: Tunnel, stdin: asyncio.Queue[bytes]) -> None:
+    from management.client.tunnel import TunnelClosed
+
     with contextlib.suppress(TunnelClosed):
         while data := await stdin.get():
             await tunnel.send(Op.DATA, 0, data)
@@ -333,6 +342,8 @@ class PortForward:
         self._next_stream = 1
 
     async def run(self, address: str, local_port: int) -> int:
+        from management.client.tunnel import Tunnel, TunnelClosed
+
         first: TunnelGrant | None = await asyncio.to_thread(self._grant)  # refused (ApiError) before "Forwarding"
         server = await asyncio.start_server(self._accepted, address, local_port)
         bound = server.sockets[0].getsockname()
@@ -393,6 +404,8 @@ class PortForward:
         self._streams.clear()
 
     async def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        from management.client.tunnel import TunnelClosed
+
         try:
             await asyncio.wait_for(self._ready.wait(), timeout=30)
         except TimeoutError:

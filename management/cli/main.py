@@ -7,14 +7,10 @@ import errno
 import re
 import sys
 import textwrap
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from common.errors import ConfigError, IdlegridError
-from common.heap import share_the_interpreter_quickly, tune_for_daemon
-from common.logs import setup_logging
-from common.loop import run as run_loop
 from management.cli.connection import DEFAULT_API, DEFAULT_OPERATOR_KEY
 
 # Exit statuses: what a service manager or a script can tell apart. An error class may carry its own
@@ -24,6 +20,16 @@ EXIT_INTERRUPTED = 130
 LOG_LEVELS = ("debug", "info", "warning", "error")
 DEFAULT_DEMO_DIR = Path(".idlegrid/demo")
 ERRNO_PREFIX = re.compile(r"^\[Errno \d+\] ")
+# The daemons' commands: their parsers import the daemon's settings (or the local grid) for the defaults their help
+# shows, so a command line builds them only when it names them; otherwise each is its name and this help line alone,
+# and `idlegrid --help` or `idlegrid workload list` imports no daemon (docs/cli.md, "Starting fast"). A test holds
+# these lines to the parsers' own.
+DAEMON_HELP = {
+    "master": "run the Master (control plane) and the management API",
+    "access": "run an Access relay",
+    "agent": "run the provider agent, or enroll this host (agent enroll)",
+    "demo": "run a whole grid locally: Master, two relays, simulated agents",
+}
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -49,6 +55,8 @@ def _log_level(p: argparse.ArgumentParser, shown_default: str = "info", **kwargs
 
 
 def _version() -> str:
+    from importlib import metadata  # slow to import: only for --version and backups
+
     try:
         return metadata.version("idlegrid")
     except metadata.PackageNotFoundError:
@@ -65,7 +73,7 @@ def _master_parser(sub: argparse._SubParsersAction) -> None:
     p = _parser(
         sub,
         "master",
-        "run the Master (control plane) and the management API",
+        DAEMON_HELP["master"],
         "Run the Master: the relay link endpoint, registry, command ledger and the management API.\n"
         "Settings come from --config FILE (TOML), IDLEGRID_MASTER_<SETTING> environment variables and these "
         "flags, in that order.",
@@ -94,6 +102,9 @@ def _master_parser(sub: argparse._SubParsersAction) -> None:
 def _run_master(args: argparse.Namespace) -> int:
     import msgspec
 
+    from common.heap import share_the_interpreter_quickly, tune_for_daemon
+    from common.logs import setup_logging
+    from common.loop import run as run_loop
     from management.app import serve_master
     from master.config import load_master_config
 
@@ -353,7 +364,7 @@ def _demo_parser(sub: argparse._SubParsersAction) -> None:
     p = _parser(
         sub,
         "demo",
-        "run a whole grid locally: Master, two relays, simulated agents",
+        DAEMON_HELP["demo"],
         "Start one Master, two Access relays in two regions and simulated agents with a mix of GPU models, each "
         "a separate process, on the embedded store. It prints the API, the operator key, the relays' URLs and "
         "the CA file once every agent is ready. Ctrl-C stops agents, relays, then the Master.\n"
@@ -389,33 +400,67 @@ def _run_demo(args: argparse.Namespace) -> int:
 # --- the command ----------------------------------------------------------------------------------
 
 
-def build_parser() -> argparse.ArgumentParser:
+class _VersionAction(argparse.Action):
+    """``--version``: the installed version, looked up only when asked (argparse's own action wants it at build)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **_: Any) -> None:
+        help_text = "show program's version number and exit"
+        super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0, help=help_text)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        print(f"idlegrid {_version()}")
+        parser.exit()
+
+
+def _add_daemon(sub: argparse._SubParsersAction, name: str, only: str | None) -> None:
+    """The daemon's whole parser when ``only`` is None or names it; else its name and help line (DAEMON_HELP)."""
+    if only is not None and only != name:
+        sub.add_parser(name, help=DAEMON_HELP[name])
+    elif name == "master":
+        _master_parser(sub)
+    elif name == "access":
+        from access.cli import add_parser as add_access_parser
+
+        add_access_parser(sub)
+    elif name == "agent":
+        from agent.cli import add_parser as add_agent_parser
+
+        add_agent_parser(sub, _parser)
+    else:
+        _demo_parser(sub)
+
+
+def named_command(argv: list[str]) -> str:
+    """The command a command line names: its first word that is not an option ("" for none). ``idlegrid`` itself
+    takes no option with a value, so that word is the command."""
+    return next((arg for arg in argv if not arg.startswith("-")), "")
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """Every command's parser; given ``only``, the command a command line names (``named_command``), the daemons'
+    parsers but its own are their name and help line alone, so that building them imports no daemon."""
     parser = argparse.ArgumentParser(
         prog="idlegrid",
         description="idlegrid: a decentralized GPU marketplace. Run a daemon (master, access, agent), manage the "
         "platform CA, join tokens, accounts and API keys, or run the whole grid locally (demo).",
         formatter_class=HelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"idlegrid {_version()}")
+    parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(
         dest="command",
         required=True,
         metavar="{master,access,agent,ca,token,account,whoami,demo,workload,offers,rent,bid,"
         "balance,ledger,spend,earnings,payouts,credit,host,report,alert,ssh-key,ssh-config,secret}",
     )
-    _master_parser(sub)
-    from access.cli import add_parser as add_access_parser
-
-    add_access_parser(sub)
-    from agent.cli import add_parser as add_agent_parser
-
-    add_agent_parser(sub, _parser)
+    _add_daemon(sub, "master", only)
+    _add_daemon(sub, "access", only)
+    _add_daemon(sub, "agent", only)
     _ca_parser(sub)
     _token_parser(sub)
     from management.cli.accounts import add_parsers as add_account_parsers
 
     add_account_parsers(sub, _parser)
-    _demo_parser(sub)
+    _add_daemon(sub, "demo", only)
     from management.cli.workloads import add_parser as add_workload_parser
 
     add_workload_parser(sub, _parser)
@@ -475,10 +520,11 @@ def main(argv: list[str] | None = None) -> int:
     if "--" in argv:
         at = argv.index("--")
         argv, tail = argv[:at], argv[at + 1 :]
-    args = build_parser().parse_args(argv)
+    parser = build_parser(named_command(argv))
+    args = parser.parse_args(argv)
     if tail is not None:
         if not hasattr(args, "container_command"):
-            build_parser().error(f"'--' takes a container's command; 'idlegrid {_command_name(args)}' runs none")
+            parser.error(f"'--' takes a container's command; 'idlegrid {_command_name(args)}' runs none")
         args.container_command = tail
     name = _command_name(args)
     try:

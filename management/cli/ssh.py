@@ -19,13 +19,14 @@ import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from common.errors import IdlegridError
-from common.loop import run as run_loop
 from common.tunnel import MAX_TUNNEL_PAYLOAD, Op
 from management.cli.connection import API_ENV, API_KEY_ENV, api_client, connection_options, show, table, when
-from management.client.tunnel import Tunnel, TunnelClosed, TunnelGrant
+
+if TYPE_CHECKING:  # the tunnel client (websockets) is imported by the proxy that opens one, not by every command line
+    from management.client.tunnel import TunnelGrant
 
 DEFAULT_PUBLIC_KEYS = ("~/.ssh/id_ed25519.pub", "~/.ssh/id_ecdsa.pub", "~/.ssh/id_rsa.pub")
 SERVER_ALIVE_S = 60  # ssh's keepalive: an idle terminal is not closed as an idle tunnel
@@ -211,6 +212,7 @@ def run_ssh_config(args: argparse.Namespace) -> int:
 
 
 def run_proxy(args: argparse.Namespace) -> int:
+    from common.loop import run as run_loop
     from management.cli.access import grant_of
 
     workload_id, replica = parse_host(args.host)
@@ -221,6 +223,8 @@ def run_proxy(args: argparse.Namespace) -> int:
 
 async def bridge(grant: TunnelGrant) -> int:
     """Standard input to the tunnel, the tunnel to standard output, until either ends."""
+    from management.client.tunnel import Tunnel, TunnelClosed
+
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(os.dup(0), "rb", buffering=0))

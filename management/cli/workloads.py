@@ -26,7 +26,6 @@ from management.cli.templates import add_launch_options, apply_links, link_wait_
 from management.client.api import ApiError
 from management.market.money import BadAmount, amount_text, format_amount, parse_amount
 from management.workloads.explain_text import render_explanation
-from master.port import WorkloadSpec
 
 TABLE_COLUMNS = ("ID", "NAME", "ACCOUNT", "STATE", "REPLICAS", "GPUS", "PRIORITY", "CREATED", "REASON")
 
@@ -230,6 +229,8 @@ def spec_from(args: argparse.Namespace) -> dict[str, Any]:
     for required in ("name", "image"):
         if required not in spec:
             raise BadSpec(f"{required}: give --{required}, a --template, or put {required} in a spec file (-f)")
+    from master.port import WorkloadSpec  # the Master's published interface is slow to import: only when a spec is sent
+
     try:
         msgspec.convert(spec, WorkloadSpec)
     except msgspec.ValidationError as exc:

@@ -20,11 +20,12 @@ from collections.abc import Awaitable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Generic, TypeVar
-
-import aiohttp
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from common.errors import IdlegridError
+
+if TYPE_CHECKING:  # imported when an AsyncApiClient first sends: the CLI's blocking client never pays for aiohttp
+    import aiohttp
 
 Json = Any
 R = TypeVar("R")
@@ -542,6 +543,8 @@ class AsyncApiClient(ApiCalls[Awaitable[Json]]):
             attempt += 1
 
     async def _exchange_once(self, request: ApiRequest) -> tuple[int, Mapping[str, str], bytes]:
+        import aiohttp
+
         if self._session is None:
             headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
             self._session = aiohttp.ClientSession(
