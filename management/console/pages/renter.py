@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import shlex
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -26,6 +26,19 @@ from management.console.forms import FormErrors, amount, environment, integer, n
 from management.console.nav import NavItem
 from management.console.rendering import page
 from management.console.terminal import serve_logs, serve_terminal
+from management.console.workload_form import (
+    PROCESS_IMAGE,
+    RESTART_HINT,
+    RESTART_LABELS,
+    SECRET_ROWS,
+    gang_fields,
+    link_fields,
+    process_allowed,
+    refused_field,
+    registry_fields,
+    secret_env,
+    with_registry_auth,
+)
 from management.console.workload_storage import (
     LOCATION_HELP,
     storage_choices,
@@ -44,8 +57,9 @@ from management.services.market import FundsDetail, PaymentRequired
 from management.services.workloads import WorkloadKey
 from management.views import explanation_view, workload_view
 from management.workloads.explain_text import render_explanation
+from management.workloads.spec import InvalidWorkloadSpec
 from management.workloads.states import WORKLOAD_STATES
-from master.port import MAX_GPUS_PER_REPLICA, KeptOutput, RentalTerms, WorkloadRecord, WorkloadSpec
+from master.port import MAX_GPUS_PER_REPLICA, MAX_REPLICAS, KeptOutput, RentalTerms, WorkloadRecord, WorkloadSpec
 
 WORKLOADS_PER_PAGE = 25
 LEDGER_PER_PAGE = 50
@@ -61,8 +75,11 @@ MAX_RESERVED_HOURS = 366 * 24  # RentalTerms.reserved_s: at least an hour, at mo
 # --- launching ---------------------------------------------------------------------------------------------------
 
 
-def workload_spec(form: Any, errors: FormErrors, *, offer: Offer | None) -> WorkloadSpec | None:
-    """The WorkloadSpec the launch (or rent) form describes; None with ``errors`` filled when it describes none."""
+def workload_spec(
+    form: Any, errors: FormErrors, *, offer: Offer | None, secret_names: Collection[str] = ()
+) -> WorkloadSpec | None:
+    """The WorkloadSpec the launch (or rent) form describes; None with ``errors`` filled when it describes none.
+    ``secret_names``: the account's, which the form's secret variables may name."""
     name = text(form, "name", max_length=63)
     if not name:
         errors.add("name", "name: give the workload a name (lowercase letters, digits and -)")
@@ -104,9 +121,10 @@ def workload_spec(form: Any, errors: FormErrors, *, offer: Offer | None) -> Work
             errors.add("ports", f"ports: numbers from 1 to 65535, separated by commas (not {item[:20]!r})")
         elif int(item) not in ports:
             ports.append(int(item))
+    links = link_fields(form, errors, ports)
     env = environment(form, "env", errors)
-    # SECRETS (issue 25, the per-account secret store): the place for the form's secret references (a name from the
-    # store per variable, resolved on the host, never shown back) is here, beside ``env``, once the store exists.
+    secret_env(form, errors, env, secret_names)  # ${secret:NAME}, resolved on the host, never shown back
+    gang = gang_fields(form, errors)
     disk = number(form, "disk_gib", errors, label="disk", low=1, high=1_000_000)
     if errors:
         return None
@@ -116,8 +134,10 @@ def workload_spec(form: Any, errors: FormErrors, *, offer: Offer | None) -> Work
         "command": command,
         "env": env,
         "ports": ports,
+        "links": links,
+        **gang,
         "replica": {"gpus": gpus, "models": [model] if model else []},
-        "constraints": {"allow_process_runtime": form.get("allow_process_runtime") == "on", "min_disk_gib": disk or 0.0},
+        "constraints": {"allow_process_runtime": process_allowed(form), "min_disk_gib": disk or 0.0},
         "max_duration_s": hours * 3600 if hours is not None else None,
         "rental": rental,
     }
@@ -126,7 +146,8 @@ def workload_spec(form: Any, errors: FormErrors, *, offer: Offer | None) -> Work
     except msgspec.ValidationError as exc:
         message = validation_message(exc, "workload")
         field = message.split(":", 1)[0].split(".")[-1].split("[")[0]
-        errors.add(field if field in ("name", "image", "command", "ports", "env") else "form", message)
+        fields = ("name", "image", "command", "ports", "env", "links", "replicas", "restart_policy", "max_restarts")
+        errors.add(field if field in fields else "form", message)
         return None
 
 
@@ -160,6 +181,8 @@ async def _cost_hint(request: web.Request, offer: Offer | None, form: Any) -> st
     market = request.app[SERVICES_KEY].market
     gpus_text = str(form.get("gpus", "1") or "1")
     gpus = int(gpus_text) if gpus_text.isdigit() and 0 < int(gpus_text) <= MAX_GPUS_PER_REPLICA else 1
+    replicas_text = str(form.get("replicas", "1") or "1")
+    gpus *= int(replicas_text) if replicas_text.isdigit() and 0 < int(replicas_text) <= MAX_REPLICAS else 1
     bid_text = str(form.get("bid", "") or "")
     reserved = form.get("kind") == "reserved"
     hours = number(form, "reserved_hours", FormErrors(), label="", low=1, high=MAX_RESERVED_HOURS) if reserved else None
@@ -188,7 +211,19 @@ async def _launch_form(request: web.Request, *, offer: Offer | None, form: Any, 
         request, "renter/launch.html", status=400 if errors else 200, title=title, offer=offer, form=form,
         errors=errors, kinds=RENTAL_KINDS, money=format_amount, cost=await _cost_hint(request, offer, form),
         storage=await storage_choices(request, session.signed_in_account(request).id), location_help=LOCATION_HELP,
+        restart_labels=RESTART_LABELS, restart_hint=RESTART_HINT, secret_rows=range(SECRET_ROWS), process_image=PROCESS_IMAGE,
     )  # fmt: skip
+
+
+async def _form_spec(
+    request: web.Request, account: str, form: Any, errors: FormErrors, *, offer: Offer | None
+) -> WorkloadSpec | None:
+    """The whole form's spec: the basics, inputs, outputs and checkpoint, the registry's credentials."""
+    names = (await storage_choices(request, account)).secret_names
+    spec = workload_spec(form, errors, offer=offer, secret_names=names)
+    registry = registry_fields(form, errors, names)
+    spec = await with_storage(request, account, spec, form, errors)
+    return await with_registry_auth(request, account, spec, registry, errors)
 
 
 async def launch_form(request: web.Request) -> web.Response:
@@ -202,14 +237,16 @@ async def launch(request: web.Request) -> web.Response:
     if form.get("action") == "price":  # "Update the total": the form priced as filled in, nothing submitted
         return await _launch_form(request, offer=None, form=form, errors=FormErrors())
     errors = FormErrors()
-    spec = workload_spec(form, errors, offer=None)
-    spec = await with_storage(request, scope.principal.account, spec, form, errors)  # inputs, outputs, checkpoint
+    spec = await _form_spec(request, scope.principal.account, form, errors, offer=None)
     if spec is None:
         return await _launch_form(request, offer=None, form=form, errors=errors)
     try:
         record = await request.app[SERVICES_KEY].workloads.submit_workload(acting_account(scope, None), spec)
     except (PaymentRequired, Conflict) as exc:  # money before work, or work that can never run here: said on the form
         errors.add("form", str(exc))
+        return await _launch_form(request, offer=None, form=form, errors=errors)
+    except InvalidWorkloadSpec as exc:  # the submit's own checks (a registry not allowed, a model not here): by field
+        errors.add(refused_field(str(exc)), str(exc))
         return await _launch_form(request, offer=None, form=form, errors=errors)
     await session.flash(request, f"Submitted {record.id} ({spec.name}): {record.state}.")
     raise web.HTTPSeeOther(f"/console/workloads/{record.id}")
@@ -230,14 +267,16 @@ async def rent(request: web.Request) -> web.Response:
     if form.get("action") == "price":  # "Update the total": the form priced as filled in, nothing rented
         return await _launch_form(request, offer=offer, form=form, errors=FormErrors())
     errors = FormErrors()
-    spec = workload_spec(form, errors, offer=offer)
-    spec = await with_storage(request, scope.principal.account, spec, form, errors)  # inputs, outputs, checkpoint
+    spec = await _form_spec(request, scope.principal.account, form, errors, offer=offer)
     if spec is None:
         return await _launch_form(request, offer=offer, form=form, errors=errors)
     try:
         record = await market.rent_offer(acting_account(scope, None), offer.id, spec)
     except (PaymentRequired, Conflict) as exc:  # money before work, or an offer that cannot take it: said on the form
         errors.add("form", str(exc))
+        return await _launch_form(request, offer=offer, form=form, errors=errors)
+    except InvalidWorkloadSpec as exc:  # the submit's own checks (a registry not allowed, a model not here): by field
+        errors.add(refused_field(str(exc)), str(exc))
         return await _launch_form(request, offer=offer, form=form, errors=errors)
     await session.flash(request, f"Rented {offer.id}: {record.id} ({spec.name}) is {record.state}.")
     raise web.HTTPSeeOther(f"/console/workloads/{record.id}")
