@@ -54,7 +54,7 @@ from management.market.money import MICRO, BadAmount, format_amount, parse_amoun
 from management.market.offers import Offer
 from management.services.billing import SpendOverTime
 from management.services.market import FundsDetail, PaymentRequired
-from management.services.workloads import WorkloadKey
+from management.services.workloads import WorkloadKey, WorkloadRuns
 from management.views import explanation_view, workload_view
 from management.workloads.explain_text import render_explanation
 from management.workloads.spec import InvalidWorkloadSpec
@@ -302,10 +302,33 @@ async def workloads(request: web.Request) -> web.Response:
     next_url = None
     if listed.next_key is not None:
         next_url = request.rel_url.update_query(cursor=encode_cursor("console-workloads", query, listed.next_key))
+    runs = await request.app[SERVICES_KEY].workloads.runs_of(listed.items, now=time.time())
+    rows = [workload_row(w, runs[w.id]) for w in listed.items]
     return await page(
-        request, "renter/workloads.html", title="My workloads", items=listed.items, state=state, states=WORKLOAD_STATES,
-        next_url=next_url, first_page=query.cursor is None,
+        request, "renter/workloads.html", title="My workloads", rows=rows, state=state, states=WORKLOAD_STATES,
+        next_url=next_url, first_page=query.cursor is None, currency=request.app[SERVICES_KEY].market.currency,
     )  # fmt: skip
+
+
+def duration(seconds: float) -> str:
+    """A span as people read it: "45 s", "12 min", "3 h 05 min", "2 d 4 h"."""
+    s = int(seconds)
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min"
+    if s < 86400:
+        return f"{s // 3600} h {s % 3600 // 60:02d} min"
+    return f"{s // 86400} d {s % 86400 // 3600} h"
+
+
+def workload_row(record: WorkloadRecord, runs: WorkloadRuns) -> dict[str, Any]:
+    """One line of the workloads list: what it cost so far, where it ran, for how long (its rentals' charged time)."""
+    hosts = runs.hosts
+    return {
+        "w": record, "charged": format_amount(runs.charged), "ran": None if runs.ran_s is None else duration(runs.ran_s),
+        "host": hosts[0] if hosts else None, "more_hosts": len(hosts) - 1 if hosts else 0,
+    }  # fmt: skip
 
 
 async def workload(request: web.Request, *, template: str = "renter/workload.html") -> web.Response:
