@@ -351,6 +351,7 @@ async def workload(request: web.Request, *, template: str = "renter/workload.htm
         outputs=[_shown_output(kept) for kept in overview.outputs], output_lines=OUTPUT_LINES_SHOWN,
         links=request.app[SERVICES_KEY].links.links_of(record),
         storage=data, transfer=transfer_event, network=network,
+        ssh_keys=await request.app[SERVICES_KEY].ssh_keys.list(owner=scope.principal.account),
     )  # fmt: skip
 
 
