@@ -431,13 +431,12 @@ async def billing(request: web.Request) -> web.Response:
     )  # fmt: skip
 
 
-def spend_chart(spend: SpendOverTime) -> dict[str, list[float]]:
-    """The chart's series: x in unix seconds, y in currency units; a lone bucket gets an empty one before it, so that
-    the chart has a span to draw."""
-    points = [(p.start, p.spent / MICRO) for p in spend.points]
-    if len(points) == 1:
-        points.insert(0, (points[0][0] - spend.bucket_s, 0.0))
-    return {"x": [x for x, _ in points], "y": [y for _, y in points]}
+def spend_chart(spend: SpendOverTime) -> dict[str, Any]:
+    """The chart's series: x in unix seconds (the middle of each hour, from the first charged hour), y in currency
+    units, drawn as one bar per hour (``span``: the bucket), so nothing is drawn before the first charge or between
+    hours."""
+    middle = spend.bucket_s / 2
+    return {"x": [p.start + middle for p in spend.points], "y": [p.spent / MICRO for p in spend.points], "span": spend.bucket_s}
 
 
 async def ledger_csv(request: web.Request) -> web.Response:
