@@ -9,6 +9,7 @@ through the services (the spec carries the password itself; the form names a sto
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Collection, Mapping
 from typing import Any
 
@@ -16,6 +17,7 @@ import msgspec
 from aiohttp import web
 
 from common.errors import NotFound
+from common.storage import SECRET_REF
 from management.console.forms import FormErrors, integer, text
 from management.http.keys import SERVICES_KEY
 from master.port import MAX_REPLICAS, RESTART_POLICIES, WorkloadSpec
@@ -120,3 +122,42 @@ def refused_field(message: str) -> str:
     """The form field a submit's refusal names ("image: registry ... is not allowed" -> "image"); "form" otherwise."""
     head = message.split(":", 1)[0].split(".")[0].split("[")[0].strip()
     return FIELDS_BY_PREFIX.get(head, "form")
+
+
+def form_from_spec(spec: WorkloadSpec, secret_names: Collection[str]) -> tuple[dict[str, str], list[str]]:
+    """The launch form filled in from a workload's spec (Clone), and what could not be copied, in words: env values
+    typed in the clear and a registry password are never shown again, so they are left for the renter to give."""
+    links = {link.port: link for link in spec.links}
+    form: dict[str, str] = {
+        "name": spec.name, "image": spec.image, "command": shlex.join(spec.command), "gpus": str(spec.replica.gpus),
+        "model": spec.replica.models[0] if len(spec.replica.models) == 1 else "",
+        "max_hours": f"{spec.max_duration_s / 3600:g}" if spec.max_duration_s else "",
+        "ports": ", ".join(str(p) for p in spec.ports if p not in links),
+        "links": "\n".join(f"{p} {'tcp' if k.kind == 'tcp' else 'public' if k.public else 'private'}" for p, k in links.items()),
+        "replicas": str(spec.replicas), "restart_policy": spec.restart_policy, "max_restarts": str(spec.max_restarts),
+        "disk_gib": f"{spec.constraints.min_disk_gib:g}" if spec.constraints.min_disk_gib else "",
+        "allow_process_runtime": "on" if spec.constraints.allow_process_runtime else "",
+        "kind": spec.rental.kind if spec.rental is not None else "on_demand",
+    }  # fmt: skip
+    if spec.rental is not None:
+        form["bid"] = spec.rental.bid or ""
+        form["max_price"] = spec.rental.max_price or ""
+        form["reserved_hours"] = f"{spec.rental.reserved_s / 3600:g}" if spec.rental.reserved_s else ""
+    left: list[str] = []
+    row = 0
+    for name, value in spec.env.items():
+        secret = SECRET_REF.match(value)
+        if secret is not None and row < SECRET_ROWS and secret.group(1) in secret_names:
+            form[f"secret_var_{row}"], form[f"secret_name_{row}"] = name, secret.group(1)
+            row += 1
+        else:
+            left.append(name)
+    notes = []
+    if left:
+        notes.append(f"environment variables {', '.join(left)}: their values are never shown again; type them again")
+    if spec.registry_auth is not None:
+        form["registry_user"] = spec.registry_auth.username
+        notes.append("the registry password: choose the secret that holds it again")
+    if spec.inputs or spec.outputs or spec.checkpoint is not None:
+        notes.append("object storage (inputs, outputs, checkpoint): give it again below")
+    return form, notes

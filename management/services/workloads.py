@@ -105,6 +105,17 @@ class WorkloadsService:
             runs[record.id] = WorkloadRuns(charged=sum(r.charged for r in rentals), hosts=list(dict.fromkeys(hosts)), ran_s=ran)
         return runs
 
+    async def resubmit(self, workload_id: str, *, account: str | None = None) -> WorkloadRecord:
+        """Submit the workload's spec again, as a new workload of its owner (the console's Restart): its registry
+        password opened from the record, where it is kept sealed. NotFound for another account's."""
+        record = await self.book.get(workload_id, account=account)
+        spec = record.spec
+        if spec.registry_auth is not None and record.sealed_registry_password:
+            password = self._master.secrets.unseal(record.sealed_registry_password)
+            auth = msgspec.structs.replace(spec.registry_auth, password=password)
+            spec = msgspec.structs.replace(spec, registry_auth=auth)
+        return await self.submit_workload(record.account, spec)
+
     def network_paths(self, record: WorkloadRecord) -> dict[int, dict[str, str]]:
         """A gang's replicas' overlay paths (replica -> peer address -> "direct" or "relay"), as their hosts last said."""
         if not record.network:

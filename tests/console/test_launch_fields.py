@@ -136,3 +136,65 @@ def test_a_refusal_of_the_submit_is_said_beside_the_field_it_names(grid, page, s
     assert page.locator("#image-error").inner_text().startswith("image:")
     assert page.get_by_label("Image", exact=True).get_attribute("aria-invalid") == "true"
     shot(page, "submit-refused-by-field")
+
+
+def launch_gang(grid, page) -> str:
+    page.goto(f"{grid.url}/console/launch")
+    page.get_by_label("Name", exact=True).fill("gang-2")
+    page.get_by_label("Image", exact=True).fill("none")
+    page.get_by_label("Command", exact=False).fill("python3 -c 'print(1)'")
+    page.get_by_label("Replicas", exact=False).fill("2")
+    page.get_by_label("Restart policy").select_option("always")
+    page.get_by_label("Links, one", exact=False).fill("8080 public")
+    page.get_by_label("Ports to reach", exact=False).fill("6006")
+    page.get_by_label("Environment variables", exact=False).fill("PLAIN=kept-out")
+    page.get_by_label("Variable 1").fill("HF_TOKEN")
+    page.get_by_label("From secret 1").select_option("hf")
+    page.get_by_label("Registry username").fill("rita-bot")
+    page.get_by_label("Password or token", exact=False).select_option("ghcr")
+    page.get_by_role("button", name="Launch").click()
+    page.wait_for_url(re.compile(r"/console/workloads/wl-"))
+    return page.url.rsplit("/", 1)[1]
+
+
+def test_an_ended_workload_restarts_as_a_new_one_with_the_same_spec(grid, page, sign_in, shot):
+    sign_in(page, "renter")
+    first = launch_gang(grid, page)
+    assert page.get_by_role("button", name=re.compile("^Restart")).count() == 0  # while it is open: Stop
+    page.get_by_role("button", name="Stop this workload").click()
+    page.get_by_role("button", name=re.compile("^Restart")).click()
+    page.wait_for_url(lambda url: first not in url and "/console/workloads/wl-" in url)
+    assert f"Restarted {first} as" in page.locator(".flash").inner_text()
+    shot(page, "restarted")
+    second = page.url.rsplit("/", 1)[1]
+    old = grid.run(grid.services.workloads.get_workload(first))
+    new = grid.run(grid.services.workloads.get_workload(second))
+    assert new.spec == old.spec and new.account == "rita"
+    assert grid.server.master.secrets.unseal(new.sealed_registry_password) == "registry-password"
+
+
+def test_clone_fills_the_launch_form_from_the_spec_and_says_what_it_could_not_copy(grid, page, sign_in, shot):
+    sign_in(page, "renter")
+    launch_gang(grid, page)
+    page.get_by_role("link", name="Clone into the launch form").click()
+    page.wait_for_url("**/clone")
+    assert page.get_by_label("Name", exact=True).input_value() == "gang-2"
+    assert page.get_by_label("Command", exact=False).input_value() == "python3 -c 'print(1)'"
+    assert page.get_by_label("Replicas", exact=False).input_value() == "2"
+    assert page.get_by_label("Restart policy").input_value() == "always"
+    assert page.get_by_label("Links, one", exact=False).input_value() == "8080 public"
+    assert page.get_by_label("Ports to reach", exact=False).input_value() == "6006"
+    assert page.get_by_label("Variable 1").input_value() == "HF_TOKEN"
+    assert page.get_by_label("From secret 1").input_value() == "hf"
+    assert page.get_by_label("Registry username").input_value() == "rita-bot"
+    assert page.get_by_label("May run as a sandboxed process", exact=False).is_checked()
+    notes = page.locator("#clone-notes").inner_text()
+    assert "PLAIN" in notes and "registry password" in notes
+    assert "kept-out" not in page.content()  # an env value is never shown again
+    shot(page, "clone-filled")
+    page.get_by_label("Name", exact=True).fill("gang-3")
+    page.get_by_label("Password or token", exact=False).select_option("ghcr")
+    page.get_by_role("button", name="Launch").click()
+    page.wait_for_url(re.compile(r"/console/workloads/wl-"))
+    spec = stored_spec(grid, page.url.rsplit("/", 1)[1])
+    assert (spec.name, spec.replicas, spec.restart_policy, sorted(spec.ports)) == ("gang-3", 2, "always", [6006, 8080])

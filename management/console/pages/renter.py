@@ -31,6 +31,7 @@ from management.console.workload_form import (
     RESTART_HINT,
     RESTART_LABELS,
     SECRET_ROWS,
+    form_from_spec,
     gang_fields,
     link_fields,
     process_allowed,
@@ -205,13 +206,16 @@ async def _cost_hint(request: web.Request, offer: Offer | None, form: Any) -> st
     return cost_hint(price, gpus, funds=funds, priced_by=priced_by, currency=market.currency, reserved_hours=hours)
 
 
-async def _launch_form(request: web.Request, *, offer: Offer | None, form: Any, errors: FormErrors) -> web.Response:
+async def _launch_form(
+    request: web.Request, *, offer: Offer | None, form: Any, errors: FormErrors, clone_notes: list[str] | None = None
+) -> web.Response:
     title = f"Rent {offer.model} on {offer.host}" if offer is not None else "Launch a workload"
     return await page(
         request, "renter/launch.html", status=400 if errors else 200, title=title, offer=offer, form=form,
         errors=errors, kinds=RENTAL_KINDS, money=format_amount, cost=await _cost_hint(request, offer, form),
         storage=await storage_choices(request, session.signed_in_account(request).id), location_help=LOCATION_HELP,
-        restart_labels=RESTART_LABELS, restart_hint=RESTART_HINT, secret_rows=range(SECRET_ROWS), process_image=PROCESS_IMAGE,
+        restart_labels=RESTART_LABELS, restart_hint=RESTART_HINT, clone_notes=clone_notes or [],
+        secret_rows=range(SECRET_ROWS), process_image=PROCESS_IMAGE,
     )  # fmt: skip
 
 
@@ -404,6 +408,29 @@ async def stop(request: web.Request) -> web.Response:
     raise web.HTTPSeeOther(f"/console/workloads/{record.id}")
 
 
+async def clone(request: web.Request) -> web.Response:
+    """The launch form filled in from a workload's spec (what is never shown again left out, and said)."""
+    scope = await session.signed_in(request, Resource.WORKLOADS, Action.WRITE)
+    record = await request.app[SERVICES_KEY].workloads.get_workload(request.match_info["workload_id"], account=scope.owner)
+    names = (await storage_choices(request, scope.principal.account)).secret_names
+    form, notes = form_from_spec(record.spec, names)
+    return await _launch_form(request, offer=None, form=form, errors=FormErrors(), clone_notes=notes)
+
+
+async def restart(request: web.Request) -> web.Response:
+    """Submit the same spec again, as a new workload; a refusal (money, a grid that cannot run it) is said on the
+    workload's page."""
+    scope = await session.signed_in(request, Resource.WORKLOADS, Action.WRITE)
+    workload_id = request.match_info["workload_id"]
+    try:
+        record = await request.app[SERVICES_KEY].workloads.resubmit(workload_id, account=scope.owner)
+    except (PaymentRequired, Conflict, InvalidWorkloadSpec) as exc:
+        await session.flash(request, f"Not restarted: {exc}")
+        raise web.HTTPSeeOther(f"/console/workloads/{workload_id}") from None
+    await session.flash(request, f"Restarted {workload_id} as {record.id} ({record.spec.name}): {record.state}.")
+    raise web.HTTPSeeOther(f"/console/workloads/{record.id}")
+
+
 async def logs_socket(request: web.Request) -> web.StreamResponse:
     scope = await session.signed_in(request, Resource.WORKLOADS, Action.READ)
     return await serve_logs(request, scope, request.match_info["workload_id"])
@@ -467,6 +494,8 @@ def add_routes(router: web.UrlDispatcher) -> None:
     router.add_get("/console/workloads/{workload_id}", workload)
     router.add_get("/console/workloads/{workload_id}/live", workload_live)
     router.add_post("/console/workloads/{workload_id}/stop", stop)
+    router.add_post("/console/workloads/{workload_id}/restart", restart)
+    router.add_get("/console/workloads/{workload_id}/clone", clone)
     router.add_get("/console/workloads/{workload_id}/logs", logs_socket)
     router.add_get("/console/workloads/{workload_id}/terminal", terminal_socket)
     router.add_get("/console/billing", billing)
