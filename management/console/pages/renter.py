@@ -53,6 +53,7 @@ from management.http.paging import decode_cursor, encode_cursor
 from management.http.schemas import PageQuery
 from management.market.money import MICRO, BadAmount, format_amount, parse_amount
 from management.market.offers import Offer
+from management.monitoring.history import TelemetryHistory
 from management.services.billing import SpendOverTime
 from management.services.market import FundsDetail, PaymentRequired
 from management.services.workloads import WorkloadKey, WorkloadRuns
@@ -347,6 +348,16 @@ async def workload(request: web.Request, *, template: str = "renter/workload.htm
     data = storage_section(record.spec, await request.app[SERVICES_KEY].workloads.workload_storage(record))
     network = _network_section(record, request.app[SERVICES_KEY].workloads.network_paths(record))
     request[LIVE_STATE_KEY] = record.state
+    usage = None
+    if template == "renter/workload.html" and (record.assignments or record.started_at is not None):  # not the 2 s poll
+        history = await request.app[SERVICES_KEY].telemetry.workload_telemetry(
+            record.id,
+            from_s=None,
+            to_s=None,
+            step_s=None,
+            account=scope.owner,  # its runs over the last day
+        )
+        usage = utilization_chart(history)
     return await page(
         request, template, fragment=template != "renter/workload.html", title=f"{record.spec.name} ({record.id})",
         w=record, overview=overview,
@@ -355,8 +366,21 @@ async def workload(request: web.Request, *, template: str = "renter/workload.htm
         outputs=[_shown_output(kept) for kept in overview.outputs], output_lines=OUTPUT_LINES_SHOWN,
         links=request.app[SERVICES_KEY].links.links_of(record),
         storage=data, transfer=transfer_event, network=network,
-        ssh_keys=await request.app[SERVICES_KEY].ssh_keys.list(owner=scope.principal.account),
+        ssh_keys=await request.app[SERVICES_KEY].ssh_keys.list(owner=scope.principal.account), usage=usage,
     )  # fmt: skip
+
+
+def utilization_chart(history: TelemetryHistory) -> dict[str, Any]:
+    """The workload's GPU utilization over its last day, one line per GPU and run (x: unix seconds of each step's
+    minute; y: the step's mean utilization, %), and the latest mean of each, as the chart's text says it."""
+    series = []
+    for s in history.series:
+        name = f"{s.agent_id} {s.unit[:12] if s.unit else s.gpu_uuid[:12]}"
+        series.append({
+            "label": name, "x": [p.minute * 60 for p in s.points], "y": [round(p.utilization_avg, 1) for p in s.points],
+        })  # fmt: skip
+    said = [f"{one['label']}: {one['y'][-1]:g} %" for one in series if one["y"]]
+    return {"series": series, "said": "; ".join(said) or "no samples yet"}
 
 
 def _network_section(record: WorkloadRecord, paths: Mapping[int, Mapping[str, str]]) -> dict[str, Any] | None:
