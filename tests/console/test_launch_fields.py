@@ -198,3 +198,23 @@ def test_clone_fills_the_launch_form_from_the_spec_and_says_what_it_could_not_co
     page.wait_for_url(re.compile(r"/console/workloads/wl-"))
     spec = stored_spec(grid, page.url.rsplit("/", 1)[1])
     assert (spec.name, spec.replicas, spec.restart_policy, sorted(spec.ports)) == ("gang-3", 2, "always", [6006, 8080])
+
+
+def test_renting_an_offer_takes_the_same_fields_and_ticks_the_box_for_a_sandboxed_host(grid, page, sign_in, shot):
+    sign_in(page, "renter")
+    page.goto(f"{grid.url}/console/offers/agt-p1/rent")
+    assert page.get_by_label("May run as a sandboxed process", exact=False).is_checked()  # the offer's host has no engine
+    page.get_by_label("Name", exact=True).fill("rented")
+    page.get_by_label("Image", exact=True).fill("none")
+    page.get_by_label("Restart policy").select_option("on_failure")
+    page.get_by_label("Max restarts", exact=False).fill("2")
+    page.get_by_label("Links, one", exact=False).fill("8888")
+    page.get_by_label("Variable 1").fill("HF_TOKEN")
+    page.get_by_label("From secret 1").select_option("hf")
+    shot(page, "rent-filled")
+    page.get_by_role("button", name="Rent").click()
+    page.wait_for_url(re.compile(r"/console/workloads/wl-"))
+    spec = stored_spec(grid, page.url.rsplit("/", 1)[1])
+    assert (spec.restart_policy, spec.max_restarts, spec.env) == ("on_failure", 2, {"HF_TOKEN": "${secret:hf}"})
+    assert [(link.port, link.public) for link in spec.links] == [(8888, False)] and spec.ports == [8888]
+    assert spec.rental is not None and spec.rental.offer == "agt-p1"
