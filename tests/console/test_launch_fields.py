@@ -11,6 +11,7 @@ import pytest
 
 from management.market.money import parse_amount
 from management.market.prices import PriceSetting
+from master.port import WorkloadSpec
 from tests.console.conftest import ConsoleMaster, console_config, sign_in_as
 from tests.management.hosts import add_agent
 
@@ -218,3 +219,23 @@ def test_renting_an_offer_takes_the_same_fields_and_ticks_the_box_for_a_sandboxe
     assert (spec.restart_policy, spec.max_restarts, spec.env) == ("on_failure", 2, {"HF_TOKEN": "${secret:hf}"})
     assert [(link.port, link.public) for link in spec.links] == [(8888, False)] and spec.ports == [8888]
     assert spec.rental is not None and spec.rental.offer == "agt-p1"
+
+
+def test_another_accounts_workload_can_be_neither_cloned_nor_restarted(grid, page, sign_in):
+    async def theirs() -> str:
+        from master.records import AccountRecord, PlacementConstraints
+
+        await grid.server.master.accounts.create(AccountRecord(id="zoe", role="renter"))
+        await grid.services.market.credit("zoe", parse_amount("1"), "theirs", key="zoe")
+        spec = WorkloadSpec(name="theirs", image="none", constraints=PlacementConstraints(allow_process_runtime=True))
+        return (await grid.services.workloads.submit_workload("zoe", spec)).id
+
+    workload = grid.run(theirs())
+    sign_in(page, "renter")
+    assert page.goto(f"{grid.url}/console/workloads/{workload}/clone").status == 404
+    token = page.locator("meta[name=csrf-token]").get_attribute("content")
+    answer = page.request.post(
+        f"{grid.url}/console/workloads/{workload}/restart", form={"csrf_token": token}, headers={"Origin": grid.url}
+    )
+    assert answer.status == 404
+    assert len(grid.run(grid.services.workloads.list_workloads(owner="zoe", limit=5)).items) == 1  # nothing resubmitted
