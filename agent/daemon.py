@@ -184,6 +184,7 @@ class Agent:
             cheat=config.simulate_bench,
             held_gpus=held_by_containers(self.runtime),
         )
+        self._held_gpus = held_by_containers(self.runtime)  # what a simulated card's load follows
         self.images: list[str] = []  # the images the host has, warm first, bounded: hello's, as last listed
         self._pull_told: dict[str, float] = {}  # container -> when its pull progress was last sent
         self._pull_sends: set[asyncio.Task[None]] = set()
@@ -718,6 +719,9 @@ class Agent:
             await asyncio.sleep(jittered(self.telemetry_s))
             # NVML calls may block, so they run in a thread; simulated GPUs answer at once (and thousands of
             # simulated agents in one process would spend more on the thread hand-off than on the samples).
+            if self.collector.simulated:  # busy while a running container holds it, idle otherwise
+                with contextlib.suppress(RuntimeFailure):  # the engine did not answer: the cards keep their last state
+                    self.collector.hold(await self._held_gpus())
             samples = self.collector.sample() if self.collector.simulated else await asyncio.to_thread(self.collector.sample)
             host = self.host_sampler.sample(time.time()) if self.host_sampler is not None else None
             if samples or host is not None:

@@ -13,7 +13,7 @@ import functools
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -74,6 +74,11 @@ class GpuCollector(Protocol):
 
     def reports(self) -> list[AgentEvent]:
         """GPU faults seen since the last call (Xid errors, uncorrectable ECC errors), as events to send."""
+        ...
+
+    def hold(self, units: Collection[str]) -> None:
+        """The GPUs (or MIG instances) running containers hold now. A real card measures its own load and ignores
+        it; a simulated one is busy while held and idle otherwise."""
         ...
 
     def close(self) -> None: ...
@@ -145,6 +150,9 @@ class NvmlCollector:
                 )
         return found
 
+    def hold(self, units: Collection[str]) -> None:
+        """A real card's utilization is measured, not told."""
+
     def close(self) -> None:
         if getattr(self, "_closed", False):
             return
@@ -174,6 +182,9 @@ class EmptyCollector:
 
     def reports(self) -> list[AgentEvent]:
         return []
+
+    def hold(self, units: Collection[str]) -> None:
+        """No GPU to hold."""
 
     def close(self) -> None:
         """Nothing to release."""

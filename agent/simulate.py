@@ -11,6 +11,7 @@ import random
 import re
 import time
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import msgspec
@@ -29,6 +30,9 @@ SIMULATED_CUDA_VERSION = "12.4"
 _UUID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_DNS, "simulated-gpu.idlegrid")
 _FIRST_PCI_BUS = 0x10
 _IDLE_POWER_FRACTION = 0.1  # of TDP, what an idle card draws
+_IDLE_UTILIZATION_MAX = 0.01  # an idle card reads 0 to 1 %
+_IDLE_MEMORY_FRACTION = 0.005  # the driver's own use
+_BUSY_UTILIZATION_MIN = 0.6  # a card a container holds reads 60 to 100 %
 _AMBIENT_C, _FULL_LOAD_RISE_C = 30.0, 50.0
 # The catalog has no memory clock per model: every simulated card reports an H100's (HBM3), which a real one kept
 # at 2619 MHz idle and busy alike (read through NVML on an H100, driver 580).
@@ -135,11 +139,17 @@ class SimulatedCollector:
         models = [model for model, _ in cards]
         self._gpus = [_simulated_info(model, i, identity, mig) for i, (model, mig) in enumerate(cards)]
         self._models = models
-        self._loads = [_Load(self._rng.random() * 0.3, self._rng.random() * 0.2) for _ in models]
+        self._loads = [_Load(0.0, _IDLE_MEMORY_FRACTION) for _ in models]  # idle until a container holds the card
+        self._held: frozenset[str] = frozenset()  # GPU (or MIG instance) uuids that running containers hold
         self._xid_counts: dict[str, int] = {}  # GPU uuid -> injected Xid errors reported so far (sampled as xid_count)
 
     def inventory(self) -> list[GpuInfo]:
         return list(self._gpus)
+
+    def hold(self, units: Collection[str]) -> None:
+        """The GPUs (or MIG instances) running containers hold now: a held card is busy, any other idle (a real card
+        measures its own load; a simulated one has only this to go on)."""
+        self._held = frozenset(units)
 
     def sample(self) -> list[GpuSample]:
         now = time.time()
@@ -166,8 +176,11 @@ class SimulatedCollector:
     def close(self) -> None:
         """Nothing to release; here so the agent treats both collectors alike."""
 
+    def _busy(self, info: GpuInfo) -> bool:
+        return info.uuid in self._held or any(m.uuid in self._held for m in info.mig_instances)
+
     def _sample(self, info: GpuInfo, model: GpuModel, load: _Load, now: float) -> GpuSample:
-        self._drift(load)
+        self._drift(load, busy=self._busy(info))
         rng, u = self._rng, load.utilization
         power = model.tdp_w * (_IDLE_POWER_FRACTION + (1 - _IDLE_POWER_FRACTION) * u) + rng.gauss(0, 0.02 * model.tdp_w)
         temperature = _AMBIENT_C + _FULL_LOAD_RISE_C * u + rng.gauss(0, 1.5)
@@ -184,14 +197,18 @@ class SimulatedCollector:
             throttle_reasons=("gpu_idle",) if u < 0.05 else (),
         )
 
-    def _drift(self, load: _Load) -> None:
-        """Jobs start and end now and then; in between, load wanders a little."""
+    def _drift(self, load: _Load, *, busy: bool) -> None:
+        """An idle card reads about 0 % with a little memory in use; a held one is busy (60 to 100 %), its load
+        wandering a little between samples and now and then jumping (a new phase of the job)."""
         rng = self._rng
-        if rng.random() < 0.1:
-            load.utilization, load.memory_fraction = rng.random(), rng.uniform(0.01, 0.95)
+        if not busy:
+            load.utilization = rng.uniform(0.0, _IDLE_UTILIZATION_MAX)
+            load.memory_fraction = _IDLE_MEMORY_FRACTION
+        elif load.utilization < _BUSY_UTILIZATION_MIN or rng.random() < 0.1:
+            load.utilization, load.memory_fraction = rng.uniform(0.75, 1.0), rng.uniform(0.3, 0.95)
         else:
-            load.utilization = _clamp(load.utilization + rng.gauss(0, 0.08), 0.0, 1.0)
-            load.memory_fraction = _clamp(load.memory_fraction + rng.gauss(0, 0.03), 0.0, 0.95)
+            load.utilization = _clamp(load.utilization + rng.gauss(0, 0.05), _BUSY_UTILIZATION_MIN, 1.0)
+            load.memory_fraction = _clamp(load.memory_fraction + rng.gauss(0, 0.03), 0.1, 0.95)
 
 
 def _with_fault(sample: GpuSample, fault: InjectedFault) -> GpuSample:

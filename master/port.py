@@ -51,7 +51,9 @@ from master.metrics import MasterMetrics
 from master.network_floors import NetworkFloors, Shortfall
 from master.records import (
     MAX_GPUS_PER_REPLICA,
+    MAX_REPLICAS,
     RENTAL_KINDS,
+    RESTART_POLICIES,
     AccountRecord,
     AgentRecord,
     AlertRuleRecord,
@@ -207,6 +209,8 @@ __all__ = [
     "GPU_UNREACHABLE_FLAG",
     "LASTING",
     "MAX_GPUS_PER_REPLICA",
+    "MAX_REPLICAS",
+    "RESTART_POLICIES",
     "MINUTES_PER_HOUR",
     "PLACEMENT",
     "RENTAL_KINDS",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from common.containers import RegistryAuth
 from master.port import MasterPort, SecretRecord
 
 
@@ -37,3 +38,10 @@ class SecretsService:
 
     async def delete(self, account: str, name: str) -> None:
         await self._vault.delete(account, name)
+
+    async def registry_auth(self, account: str, username: str, password_secret: str) -> RegistryAuth:
+        """Credentials for a private image's registry whose password is ``account``'s secret ``password_secret``
+        (the spec takes the password itself: the console's form names a stored secret instead of asking for it).
+        NotFound when the account has no such secret."""
+        values = await self._vault.resolve(account, [password_secret])
+        return RegistryAuth(username=username, password=values[password_secret])

@@ -46,6 +46,16 @@ class WorkloadOverview:
     outputs: list[KeptOutput] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class WorkloadRuns:
+    """A workload's charge so far (micro-units, refunds taken off), the hosts it ran on (first placed first) and how
+    long its rentals ran (charged time, every attempt; None before its first started)."""
+
+    charged: int
+    hosts: list[str]
+    ran_s: float | None
+
+
 class WorkloadsService:
     EVENTS_SHOWN = 200  # an overview's newest events
 
@@ -79,6 +89,32 @@ class WorkloadsService:
             account = owner
         found = await self.book.list(account=account, states=states, before=after.listed if after else None, limit=limit + 1)
         return page_of(found, limit, lambda w: WorkloadKey(workload_order(w.created_at, w.id)))
+
+    async def runs_of(self, records: list[WorkloadRecord], *, now: float) -> dict[str, WorkloadRuns]:
+        """What a list of workloads shows of each (already read within the caller's scope): its charge so far, its
+        hosts and how long it ran, from its rentals (every attempt) and its current placements. One rentals read per
+        workload."""
+        runs: dict[str, WorkloadRuns] = {}
+        for record in records:
+            rentals, _ = await self._market.list_rentals(
+                owner=None, role="operator", workload=record.id, agent_id=None, open_only=False, after=None, limit=100
+            )
+            hosts = [a.agent_id for a in record.assignments]
+            hosts += [h.agent_id for r in rentals for h in r.rental.hosts]
+            ran = sum(max(0.0, (r.rental.ended_at or now) - r.rental.started_at) for r in rentals) if rentals else None
+            runs[record.id] = WorkloadRuns(charged=sum(r.charged for r in rentals), hosts=list(dict.fromkeys(hosts)), ran_s=ran)
+        return runs
+
+    async def resubmit(self, workload_id: str, *, account: str | None = None) -> WorkloadRecord:
+        """Submit the workload's spec again, as a new workload of its owner (the console's Restart): its registry
+        password opened from the record, where it is kept sealed. NotFound for another account's."""
+        record = await self.book.get(workload_id, account=account)
+        spec = record.spec
+        if spec.registry_auth is not None and record.sealed_registry_password:
+            password = self._master.secrets.unseal(record.sealed_registry_password)
+            auth = msgspec.structs.replace(spec.registry_auth, password=password)
+            spec = msgspec.structs.replace(spec, registry_auth=auth)
+        return await self.submit_workload(record.account, spec)
 
     def network_paths(self, record: WorkloadRecord) -> dict[int, dict[str, str]]:
         """A gang's replicas' overlay paths (replica -> peer address -> "direct" or "relay"), as their hosts last said."""

@@ -79,7 +79,9 @@ def test_samples_stay_within_the_models_limits_and_vary():
     collector = SimulatedCollector("h100:2,t4:2", seed=7)
     gpus = {g.uuid: CATALOG[match_model(g).key] for g in collector.inventory()}
     seen = set()
-    for _ in range(200):
+    for n in range(200):
+        if n % 50 == 0:  # containers come and go: half the cards held, then the other half
+            collector.hold(list(gpus)[n // 50 % 2 :: 2])
         samples = collector.sample()
         assert [s.uuid for s in samples] == list(gpus)
         for s in samples:
@@ -93,6 +95,20 @@ def test_samples_stay_within_the_models_limits_and_vary():
             seen.add(round(s.utilization_pct))
     assert len(seen) > 20  # load actually changes
     collector.close()
+
+
+def test_an_idle_card_reads_about_zero_and_a_held_one_is_busy():
+    collector = SimulatedCollector("a10:2,a100:1:mig=3g.40gb*2", seed=5)
+    idle, held, partitioned = collector.inventory()
+    collector.hold([held.uuid, partitioned.mig_instances[1].uuid])  # a MIG instance held: its card works
+    for _ in range(100):
+        by_card = {s.uuid: s for s in collector.sample()}
+        assert by_card[idle.uuid].utilization_pct <= 1.0
+        assert by_card[idle.uuid].throttle_reasons == ("gpu_idle",)
+        assert by_card[held.uuid].utilization_pct >= 60.0
+        assert by_card[partitioned.uuid].utilization_pct >= 60.0
+    collector.hold([])  # the container ended
+    assert all(s.utilization_pct <= 1.0 for s in collector.sample())
 
 
 def test_the_same_seed_gives_the_same_telemetry():

@@ -8,7 +8,8 @@ Master to the relay and the agent as a renter's CLI does (docs/renter-access.md)
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -79,11 +80,27 @@ def journey(grid: Grid, page, shot) -> None:
     # The page follows the workload's state by itself (htmx polls it; a new state reloads the page).
     expect(page.locator("#workload-state")).to_have_text("running", timeout=30_000)
     shot(page, "running")
+    # The host's simulated GPU works while the container holds it (its telemetry follows the container).
+    assert wait_for_utilization(grid, lambda pct: pct >= 60.0), "the held GPU never read busy"
 
     live_logs_and_terminal(page, shot)
     # The meter charges a running rental every metering period: the charge shows on the page while it runs.
     expect(page.locator("#charged")).not_to_have_text("0.00 USD", timeout=30_000)
     stop_and_see_the_charge(page, shot)
+    assert wait_for_utilization(grid, lambda pct: pct <= 1.0), "the GPU never read idle once the container was gone"
+
+
+def wait_for_utilization(grid: Grid, wanted: Callable[[float], bool], *, within_s: float = 60.0) -> bool:
+    """Whether the one host's GPU reports a utilization ``wanted`` accepts before ``within_s`` (its agent reports
+    telemetry on the Master's period): a wait for a state, not a measure of time."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        [agent] = grid.client.get("/api/v1/agents")["items"]
+        [gpu] = agent["gpus"]
+        if gpu.get("telemetry") and wanted(gpu["telemetry"]["utilization_pct"]):
+            return True
+        time.sleep(0.5)
+    return False
 
 
 def live_logs_and_terminal(page, shot) -> None:

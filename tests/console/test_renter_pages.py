@@ -215,7 +215,7 @@ def test_launching_on_a_sandbox_only_grid_without_the_box_ticked_is_refused_nami
         sign_in_as(page, master.url, "renter")
         page.goto(f"{master.url}/console/launch")
         page.get_by_label("Name", exact=True).fill("boxed")
-        page.get_by_label("Image", exact=True).fill("none")
+        page.get_by_label("Image", exact=True).fill("python:3.12")  # the image none ticks the box (test_launch_fields)
         page.get_by_role("button", name="Launch").click()
         alert = page.get_by_role("alert").inner_text()
         assert "can never run on this grid" in alert and "May run as a sandboxed process" in alert, alert

@@ -1,4 +1,5 @@
-"""The signed-in account's own page, for every role: its password, and its API keys (create, shown once; list; revoke).
+"""The signed-in account's own page, for every role: its password, its API keys (create, shown once; list; revoke)
+and its SSH public keys (add, list, delete: what logs in to its workloads, docs/ssh.md).
 
 The keys are the account's own whatever its role: every call here passes the signed-in account as the owner, so even
 the operator revokes only its own keys from this page (other accounts' keys are the operator's accounts pages). A key
@@ -18,6 +19,7 @@ from management.console.nav import NavItem
 from management.console.rendering import page
 from management.http.keys import SERVICES_KEY
 from management.services.accounts import AuditEntry
+from management.services.ssh_keys import InvalidSshKey
 from master.port import IssuedKey
 
 KEY_NAME_MAX = 64  # as the API's key form takes it
@@ -32,14 +34,18 @@ async def account_page(
     issued: IssuedKey | None = None,
     key_errors: FormErrors | None = None,
     key_name: str = "",
+    ssh_errors: FormErrors | None = None,
+    ssh_form: dict[str, str] | None = None,
 ) -> web.Response:
     scope = await session.signed_in(request, Resource.KEYS, Action.READ)
     own = scope.principal.account
     keys = await request.app[SERVICES_KEY].accounts.list_api_keys(own, owner=own, limit=KEYS_SHOWN)
     keeps_secrets = permitted(scope.principal.role, Resource.SECRETS, Action.READ)  # the link to its secrets page
+    ssh_keys = await request.app[SERVICES_KEY].ssh_keys.list(owner=own)
     return await page(
         request, "account.html", title="Your account", error=error, status=status, keys=keys.items, issued=issued,
         key_errors=key_errors if key_errors is not None else FormErrors(), key_name=key_name, keeps_secrets=keeps_secrets,
+        ssh_keys=ssh_keys, ssh_errors=ssh_errors if ssh_errors is not None else FormErrors(), ssh_form=ssh_form or {},
     )  # fmt: skip
 
 
@@ -103,6 +109,34 @@ async def revoke_key(request: web.Request) -> web.Response:
     raise web.HTTPSeeOther("/console/account")
 
 
+async def add_ssh_key(request: web.Request) -> web.Response:
+    """Register an SSH public key for the signed-in account (docs/ssh.md): its workloads let it in over SSH."""
+    scope = await session.signed_in(request, Resource.SSH_KEYS, Action.WRITE)
+    form = await request.post()
+    typed = {"name": text(form, "ssh_name", max_length=200), "public_key": text(form, "public_key", max_length=16384)}
+    errors = FormErrors()
+    if not typed["public_key"]:
+        errors.add("public_key", "public key: paste a public key (the one line of ~/.ssh/id_ed25519.pub)")
+        return await account_page(request, status=400, ssh_errors=errors, ssh_form=typed)
+    try:
+        record = await request.app[SERVICES_KEY].ssh_keys.add(scope.principal.account, typed["public_key"], name=typed["name"])
+    except InvalidSshKey as exc:
+        errors.add("public_key", str(exc))
+        return await account_page(request, status=400, ssh_errors=errors, ssh_form=typed)
+    except Conflict as exc:  # that key already, or as many as an account may have
+        errors.add("public_key", str(exc))
+        return await account_page(request, status=409, ssh_errors=errors, ssh_form=typed)
+    await session.flash(request, f"SSH key {record.name} ({record.fingerprint}) added: it may log in to your workloads.")
+    raise web.HTTPSeeOther("/console/account#ssh-keys")
+
+
+async def delete_ssh_key(request: web.Request) -> web.Response:
+    scope = await session.signed_in(request, Resource.SSH_KEYS, Action.WRITE)
+    record = await request.app[SERVICES_KEY].ssh_keys.delete(request.match_info["key_id"], owner=scope.principal.account)
+    await session.flash(request, f"SSH key {record.name} ({record.fingerprint}) deleted.")
+    raise web.HTTPSeeOther("/console/account#ssh-keys")
+
+
 NAV = [NavItem(role, "Account", "/console/account", order=1000) for role in ("operator", "provider", "renter")]
 
 
@@ -111,3 +145,5 @@ def add_routes(router: web.UrlDispatcher) -> None:
     router.add_post("/console/account/password", change_password)
     router.add_post("/console/account/keys", create_key)
     router.add_post("/console/account/keys/{key_id}/revoke", revoke_key)
+    router.add_post("/console/account/ssh-keys", add_ssh_key)
+    router.add_post("/console/account/ssh-keys/{key_id}/delete", delete_ssh_key)

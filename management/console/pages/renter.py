@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import shlex
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -26,6 +26,20 @@ from management.console.forms import FormErrors, amount, environment, integer, n
 from management.console.nav import NavItem
 from management.console.rendering import page
 from management.console.terminal import serve_logs, serve_terminal
+from management.console.workload_form import (
+    PROCESS_IMAGE,
+    RESTART_HINT,
+    RESTART_LABELS,
+    SECRET_ROWS,
+    form_from_spec,
+    gang_fields,
+    link_fields,
+    process_allowed,
+    refused_field,
+    registry_fields,
+    secret_env,
+    with_registry_auth,
+)
 from management.console.workload_storage import (
     LOCATION_HELP,
     storage_choices,
@@ -39,13 +53,15 @@ from management.http.paging import decode_cursor, encode_cursor
 from management.http.schemas import PageQuery
 from management.market.money import MICRO, BadAmount, format_amount, parse_amount
 from management.market.offers import Offer
+from management.monitoring.history import TelemetryHistory
 from management.services.billing import SpendOverTime
 from management.services.market import FundsDetail, PaymentRequired
-from management.services.workloads import WorkloadKey
+from management.services.workloads import WorkloadKey, WorkloadRuns
 from management.views import explanation_view, workload_view
 from management.workloads.explain_text import render_explanation
+from management.workloads.spec import InvalidWorkloadSpec
 from management.workloads.states import WORKLOAD_STATES
-from master.port import MAX_GPUS_PER_REPLICA, KeptOutput, RentalTerms, WorkloadRecord, WorkloadSpec
+from master.port import MAX_GPUS_PER_REPLICA, MAX_REPLICAS, KeptOutput, RentalTerms, WorkloadRecord, WorkloadSpec
 
 WORKLOADS_PER_PAGE = 25
 LEDGER_PER_PAGE = 50
@@ -61,8 +77,11 @@ MAX_RESERVED_HOURS = 366 * 24  # RentalTerms.reserved_s: at least an hour, at mo
 # --- launching ---------------------------------------------------------------------------------------------------
 
 
-def workload_spec(form: Any, errors: FormErrors, *, offer: Offer | None) -> WorkloadSpec | None:
-    """The WorkloadSpec the launch (or rent) form describes; None with ``errors`` filled when it describes none."""
+def workload_spec(
+    form: Any, errors: FormErrors, *, offer: Offer | None, secret_names: Collection[str] = ()
+) -> WorkloadSpec | None:
+    """The WorkloadSpec the launch (or rent) form describes; None with ``errors`` filled when it describes none.
+    ``secret_names``: the account's, which the form's secret variables may name."""
     name = text(form, "name", max_length=63)
     if not name:
         errors.add("name", "name: give the workload a name (lowercase letters, digits and -)")
@@ -104,9 +123,10 @@ def workload_spec(form: Any, errors: FormErrors, *, offer: Offer | None) -> Work
             errors.add("ports", f"ports: numbers from 1 to 65535, separated by commas (not {item[:20]!r})")
         elif int(item) not in ports:
             ports.append(int(item))
+    links = link_fields(form, errors, ports)
     env = environment(form, "env", errors)
-    # SECRETS (issue 25, the per-account secret store): the place for the form's secret references (a name from the
-    # store per variable, resolved on the host, never shown back) is here, beside ``env``, once the store exists.
+    secret_env(form, errors, env, secret_names)  # ${secret:NAME}, resolved on the host, never shown back
+    gang = gang_fields(form, errors)
     disk = number(form, "disk_gib", errors, label="disk", low=1, high=1_000_000)
     if errors:
         return None
@@ -116,8 +136,10 @@ def workload_spec(form: Any, errors: FormErrors, *, offer: Offer | None) -> Work
         "command": command,
         "env": env,
         "ports": ports,
+        "links": links,
+        **gang,
         "replica": {"gpus": gpus, "models": [model] if model else []},
-        "constraints": {"allow_process_runtime": form.get("allow_process_runtime") == "on", "min_disk_gib": disk or 0.0},
+        "constraints": {"allow_process_runtime": process_allowed(form), "min_disk_gib": disk or 0.0},
         "max_duration_s": hours * 3600 if hours is not None else None,
         "rental": rental,
     }
@@ -126,7 +148,8 @@ def workload_spec(form: Any, errors: FormErrors, *, offer: Offer | None) -> Work
     except msgspec.ValidationError as exc:
         message = validation_message(exc, "workload")
         field = message.split(":", 1)[0].split(".")[-1].split("[")[0]
-        errors.add(field if field in ("name", "image", "command", "ports", "env") else "form", message)
+        fields = ("name", "image", "command", "ports", "env", "links", "replicas", "restart_policy", "max_restarts")
+        errors.add(field if field in fields else "form", message)
         return None
 
 
@@ -164,6 +187,8 @@ async def _cost_hint(request: web.Request, offer: Offer | None, form: Any) -> st
     market = request.app[SERVICES_KEY].market
     gpus_text = str(form.get("gpus", "1") or "1")
     gpus = int(gpus_text) if gpus_text.isdigit() and 0 < int(gpus_text) <= MAX_GPUS_PER_REPLICA else 1
+    replicas_text = str(form.get("replicas", "1") or "1")
+    gpus *= int(replicas_text) if replicas_text.isdigit() and 0 < int(replicas_text) <= MAX_REPLICAS else 1
     bid_text = str(form.get("bid", "") or "")
     reserved = form.get("kind") == "reserved"
     hours = number(form, "reserved_hours", FormErrors(), label="", low=1, high=MAX_RESERVED_HOURS) if reserved else None
@@ -186,13 +211,28 @@ async def _cost_hint(request: web.Request, offer: Offer | None, form: Any) -> st
     return cost_hint(price, gpus, funds=funds, priced_by=priced_by, currency=market.currency, reserved_hours=hours)
 
 
-async def _launch_form(request: web.Request, *, offer: Offer | None, form: Any, errors: FormErrors) -> web.Response:
+async def _launch_form(
+    request: web.Request, *, offer: Offer | None, form: Any, errors: FormErrors, clone_notes: list[str] | None = None
+) -> web.Response:
     title = f"Rent {offer.model} on {offer.host}" if offer is not None else "Launch a workload"
     return await page(
         request, "renter/launch.html", status=400 if errors else 200, title=title, offer=offer, form=form,
         errors=errors, kinds=RENTAL_KINDS, money=format_amount, cost=await _cost_hint(request, offer, form),
         storage=await storage_choices(request, session.signed_in_account(request).id), location_help=LOCATION_HELP,
+        restart_labels=RESTART_LABELS, restart_hint=RESTART_HINT, clone_notes=clone_notes or [],
+        secret_rows=range(SECRET_ROWS), process_image=PROCESS_IMAGE,
     )  # fmt: skip
+
+
+async def _form_spec(
+    request: web.Request, account: str, form: Any, errors: FormErrors, *, offer: Offer | None
+) -> WorkloadSpec | None:
+    """The whole form's spec: the basics, inputs, outputs and checkpoint, the registry's credentials."""
+    names = (await storage_choices(request, account)).secret_names
+    spec = workload_spec(form, errors, offer=offer, secret_names=names)
+    registry = registry_fields(form, errors, names)
+    spec = await with_storage(request, account, spec, form, errors)
+    return await with_registry_auth(request, account, spec, registry, errors)
 
 
 async def launch_form(request: web.Request) -> web.Response:
@@ -206,14 +246,16 @@ async def launch(request: web.Request) -> web.Response:
     if form.get("action") == "price":  # "Update the total": the form priced as filled in, nothing submitted
         return await _launch_form(request, offer=None, form=form, errors=FormErrors())
     errors = FormErrors()
-    spec = workload_spec(form, errors, offer=None)
-    spec = await with_storage(request, scope.principal.account, spec, form, errors)  # inputs, outputs, checkpoint
+    spec = await _form_spec(request, scope.principal.account, form, errors, offer=None)
     if spec is None:
         return await _launch_form(request, offer=None, form=form, errors=errors)
     try:
         record = await request.app[SERVICES_KEY].workloads.submit_workload(acting_account(scope, None), spec)
     except (PaymentRequired, Conflict) as exc:  # money before work, or work that can never run here: said on the form
         errors.add("form", str(exc))
+        return await _launch_form(request, offer=None, form=form, errors=errors)
+    except InvalidWorkloadSpec as exc:  # the submit's own checks (a registry not allowed, a model not here): by field
+        errors.add(refused_field(str(exc)), str(exc))
         return await _launch_form(request, offer=None, form=form, errors=errors)
     await session.flash(request, f"Submitted {record.id} ({spec.name}): {record.state}.")
     raise web.HTTPSeeOther(f"/console/workloads/{record.id}")
@@ -234,14 +276,16 @@ async def rent(request: web.Request) -> web.Response:
     if form.get("action") == "price":  # "Update the total": the form priced as filled in, nothing rented
         return await _launch_form(request, offer=offer, form=form, errors=FormErrors())
     errors = FormErrors()
-    spec = workload_spec(form, errors, offer=offer)
-    spec = await with_storage(request, scope.principal.account, spec, form, errors)  # inputs, outputs, checkpoint
+    spec = await _form_spec(request, scope.principal.account, form, errors, offer=offer)
     if spec is None:
         return await _launch_form(request, offer=offer, form=form, errors=errors)
     try:
         record = await market.rent_offer(acting_account(scope, None), offer.id, spec)
     except (PaymentRequired, Conflict) as exc:  # money before work, or an offer that cannot take it: said on the form
         errors.add("form", str(exc))
+        return await _launch_form(request, offer=offer, form=form, errors=errors)
+    except InvalidWorkloadSpec as exc:  # the submit's own checks (a registry not allowed, a model not here): by field
+        errors.add(refused_field(str(exc)), str(exc))
         return await _launch_form(request, offer=offer, form=form, errors=errors)
     await session.flash(request, f"Rented {offer.id}: {record.id} ({spec.name}) is {record.state}.")
     raise web.HTTPSeeOther(f"/console/workloads/{record.id}")
@@ -267,10 +311,33 @@ async def workloads(request: web.Request) -> web.Response:
     next_url = None
     if listed.next_key is not None:
         next_url = request.rel_url.update_query(cursor=encode_cursor("console-workloads", query, listed.next_key))
+    runs = await request.app[SERVICES_KEY].workloads.runs_of(listed.items, now=time.time())
+    rows = [workload_row(w, runs[w.id]) for w in listed.items]
     return await page(
-        request, "renter/workloads.html", title="My workloads", items=listed.items, state=state, states=WORKLOAD_STATES,
-        next_url=next_url, first_page=query.cursor is None,
+        request, "renter/workloads.html", title="My workloads", rows=rows, state=state, states=WORKLOAD_STATES,
+        next_url=next_url, first_page=query.cursor is None, currency=request.app[SERVICES_KEY].market.currency,
     )  # fmt: skip
+
+
+def duration(seconds: float) -> str:
+    """A span as people read it: "45 s", "12 min", "3 h 05 min", "2 d 4 h"."""
+    s = int(seconds)
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min"
+    if s < 86400:
+        return f"{s // 3600} h {s % 3600 // 60:02d} min"
+    return f"{s // 86400} d {s % 86400 // 3600} h"
+
+
+def workload_row(record: WorkloadRecord, runs: WorkloadRuns) -> dict[str, Any]:
+    """One line of the workloads list: what it cost so far, where it ran, for how long (its rentals' charged time)."""
+    hosts = runs.hosts
+    return {
+        "w": record, "charged": format_amount(runs.charged), "ran": None if runs.ran_s is None else duration(runs.ran_s),
+        "host": hosts[0] if hosts else None, "more_hosts": len(hosts) - 1 if hosts else 0,
+    }  # fmt: skip
 
 
 async def workload(request: web.Request, *, template: str = "renter/workload.html") -> web.Response:
@@ -285,6 +352,16 @@ async def workload(request: web.Request, *, template: str = "renter/workload.htm
     data = storage_section(record.spec, await request.app[SERVICES_KEY].workloads.workload_storage(record))
     network = _network_section(record, request.app[SERVICES_KEY].workloads.network_paths(record))
     request[LIVE_STATE_KEY] = record.state
+    usage = None
+    if template == "renter/workload.html" and (record.assignments or record.started_at is not None):  # not the 2 s poll
+        history = await request.app[SERVICES_KEY].telemetry.workload_telemetry(
+            record.id,
+            from_s=None,
+            to_s=None,
+            step_s=None,
+            account=scope.owner,  # its runs over the last day
+        )
+        usage = utilization_chart(history)
     return await page(
         request, template, fragment=template != "renter/workload.html", title=f"{record.spec.name} ({record.id})",
         w=record, overview=overview,
@@ -293,7 +370,21 @@ async def workload(request: web.Request, *, template: str = "renter/workload.htm
         outputs=[_shown_output(kept) for kept in overview.outputs], output_lines=OUTPUT_LINES_SHOWN,
         links=request.app[SERVICES_KEY].links.links_of(record),
         storage=data, transfer=transfer_event, network=network,
+        ssh_keys=await request.app[SERVICES_KEY].ssh_keys.list(owner=scope.principal.account), usage=usage,
     )  # fmt: skip
+
+
+def utilization_chart(history: TelemetryHistory) -> dict[str, Any]:
+    """The workload's GPU utilization over its last day, one line per GPU and run (x: unix seconds of each step's
+    minute; y: the step's mean utilization, %), and the latest mean of each, as the chart's text says it."""
+    series = []
+    for s in history.series:
+        name = f"{s.agent_id} {s.unit[:12] if s.unit else s.gpu_uuid[:12]}"
+        series.append({
+            "label": name, "x": [p.minute * 60 for p in s.points], "y": [round(p.utilization_avg, 1) for p in s.points],
+        })  # fmt: skip
+    said = [f"{one['label']}: {one['y'][-1]:g} %" for one in series if one["y"]]
+    return {"series": series, "said": "; ".join(said) or "no samples yet"}
 
 
 def _network_section(record: WorkloadRecord, paths: Mapping[int, Mapping[str, str]]) -> dict[str, Any] | None:
@@ -345,6 +436,29 @@ async def stop(request: web.Request) -> web.Response:
     raise web.HTTPSeeOther(f"/console/workloads/{record.id}")
 
 
+async def clone(request: web.Request) -> web.Response:
+    """The launch form filled in from a workload's spec (what is never shown again left out, and said)."""
+    scope = await session.signed_in(request, Resource.WORKLOADS, Action.WRITE)
+    record = await request.app[SERVICES_KEY].workloads.get_workload(request.match_info["workload_id"], account=scope.owner)
+    names = (await storage_choices(request, scope.principal.account)).secret_names
+    form, notes = form_from_spec(record.spec, names)
+    return await _launch_form(request, offer=None, form=form, errors=FormErrors(), clone_notes=notes)
+
+
+async def restart(request: web.Request) -> web.Response:
+    """Submit the same spec again, as a new workload; a refusal (money, a grid that cannot run it) is said on the
+    workload's page."""
+    scope = await session.signed_in(request, Resource.WORKLOADS, Action.WRITE)
+    workload_id = request.match_info["workload_id"]
+    try:
+        record = await request.app[SERVICES_KEY].workloads.resubmit(workload_id, account=scope.owner)
+    except (PaymentRequired, Conflict, InvalidWorkloadSpec) as exc:
+        await session.flash(request, f"Not restarted: {exc}")
+        raise web.HTTPSeeOther(f"/console/workloads/{workload_id}") from None
+    await session.flash(request, f"Restarted {workload_id} as {record.id} ({record.spec.name}): {record.state}.")
+    raise web.HTTPSeeOther(f"/console/workloads/{record.id}")
+
+
 async def logs_socket(request: web.Request) -> web.StreamResponse:
     scope = await session.signed_in(request, Resource.WORKLOADS, Action.READ)
     return await serve_logs(request, scope, request.match_info["workload_id"])
@@ -372,13 +486,12 @@ async def billing(request: web.Request) -> web.Response:
     )  # fmt: skip
 
 
-def spend_chart(spend: SpendOverTime) -> dict[str, list[float]]:
-    """The chart's series: x in unix seconds, y in currency units; a lone bucket gets an empty one before it, so that
-    the chart has a span to draw."""
-    points = [(p.start, p.spent / MICRO) for p in spend.points]
-    if len(points) == 1:
-        points.insert(0, (points[0][0] - spend.bucket_s, 0.0))
-    return {"x": [x for x, _ in points], "y": [y for _, y in points]}
+def spend_chart(spend: SpendOverTime) -> dict[str, Any]:
+    """The chart's series: x in unix seconds (the middle of each hour, from the first charged hour), y in currency
+    units, drawn as one bar per hour (``span``: the bucket), so nothing is drawn before the first charge or between
+    hours."""
+    middle = spend.bucket_s / 2
+    return {"x": [p.start + middle for p in spend.points], "y": [p.spent / MICRO for p in spend.points], "span": spend.bucket_s}
 
 
 async def ledger_csv(request: web.Request) -> web.Response:
@@ -409,6 +522,8 @@ def add_routes(router: web.UrlDispatcher) -> None:
     router.add_get("/console/workloads/{workload_id}", workload)
     router.add_get("/console/workloads/{workload_id}/live", workload_live)
     router.add_post("/console/workloads/{workload_id}/stop", stop)
+    router.add_post("/console/workloads/{workload_id}/restart", restart)
+    router.add_get("/console/workloads/{workload_id}/clone", clone)
     router.add_get("/console/workloads/{workload_id}/logs", logs_socket)
     router.add_get("/console/workloads/{workload_id}/terminal", terminal_socket)
     router.add_get("/console/billing", billing)

@@ -15,4 +15,11 @@
       setTimeout(function () { button.textContent = "Copy"; }, 1500);
     });
   });
+  // The launch form: the image "none" runs only as a sandboxed process, so typing it ticks that box (the server
+  // takes it so even without this script).
+  document.addEventListener("input", function (event) {
+    if (event.target.id !== "image") return;
+    var box = document.getElementById("allow_process_runtime");
+    if (box && event.target.value.trim() === "none") box.checked = true;
+  });
 })();
