@@ -25,13 +25,14 @@ from management.client.api import ApiClient
 from tests.e2e.test_renter_access import cli, web_server
 from tests.e2e.test_scheduler import MASTER_SETTINGS, renter, sandboxed_hosts, wait_workload, workload
 from tests.support.grid import Grid, free_port, running_grid, wait_for
+from tests.support.podman import LOCAL_IMAGES_ALLOWED
 
 SSH_TIMEOUT_S = 60
 
 
 @pytest.fixture
 def grid(tmp_path: Path) -> Iterator[Grid]:
-    with running_grid(tmp_path, MASTER_SETTINGS) as g:
+    with running_grid(tmp_path, MASTER_SETTINGS, egress_allow=LOCAL_IMAGES_ALLOWED) as g:
         yield g
 
 

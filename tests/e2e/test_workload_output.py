@@ -23,13 +23,14 @@ from management.client.api import ApiClient
 from tests.e2e.test_renter_access import cli
 from tests.e2e.test_scheduler import MASTER_SETTINGS, SANDBOXED, renter, wait_workload, workload
 from tests.support.grid import Grid, running_grid
+from tests.support.podman import LOCAL_IMAGES_ALLOWED
 
 KEEP_BYTES = 4096  # the host's bound, small enough for a test to cross it
 
 
 @pytest.fixture
 def grid(tmp_path: Path) -> Iterator[Grid]:
-    with running_grid(tmp_path, MASTER_SETTINGS) as g:
+    with running_grid(tmp_path, MASTER_SETTINGS, egress_allow=LOCAL_IMAGES_ALLOWED) as g:
         yield g
 
 
