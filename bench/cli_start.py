@@ -48,7 +48,9 @@ class CliStartBenchOptions:
     top: int = 8  # modules and packages listed per command
 
 
-class _EmptyApi(BaseHTTPRequestHandler):
+class EmptyApi(BaseHTTPRequestHandler):
+    """A management API with nothing in it: every GET is an empty page (what the commands measured here ask)."""
+
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -128,7 +130,7 @@ def _summary(samples: list[float]) -> dict[str, float]:
 
 
 def run_cli_start_bench(options: CliStartBenchOptions) -> dict[str, Any]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _EmptyApi)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), EmptyApi)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     api = f"http://127.0.0.1:{server.server_address[1]}"
     trees: dict[str, Path | None] = {"this tree": None} | {str(tree): tree.resolve() for tree in options.trees}

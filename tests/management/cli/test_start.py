@@ -7,10 +7,11 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
 
+from bench.cli_start import EmptyApi
 from management.cli.main import build_parser, named_command
 from tests.support.grid import REPO
 
@@ -42,26 +43,10 @@ with open(out, "w") as f:
     json.dump({"code": code, "modules": sorted(sys.modules)}, f)
 """
 
-EMPTY_PAGE = json.dumps({"items": [], "next_cursor": None, "offers": [], "total": 0}).encode()
-
-
-class _EmptyApi(BaseHTTPRequestHandler):
-    """A management API with nothing in it: every GET is an empty page."""
-
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(EMPTY_PAGE)))
-        self.end_headers()
-        self.wfile.write(EMPTY_PAGE)
-
-    def log_message(self, *_: object) -> None:
-        pass
-
 
 @pytest.fixture(scope="module")
 def empty_api() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _EmptyApi)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), EmptyApi)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
