@@ -180,6 +180,7 @@ class WorkloadBook:
         check_spec(spec, policy=self._policy, priority_classes=self._priority_classes)
         check_storage(spec, {s.name for s in await self._store.secrets.list(account)} if secret_names(spec) else ())
         await check_targets(spec, self._egress)
+        spec = msgspec.structs.replace(spec, restart_policy=spec.restart_policy_in_force)  # answers state the one in force
         rec = WorkloadRecord(
             id=new_workload_id(),
             account=account,
