@@ -99,3 +99,17 @@ def test_the_command_after_a_double_dash_is_the_containers_and_a_command_that_ru
         cli.main(["balance", *api, "--", "sleep", "1"])
     assert refused.value.code == 2
     assert "'--' takes a container's command; 'idlegrid balance' runs none" in capsys.readouterr().err
+
+
+def test_a_rental_at_a_bid_resumes_after_preemption_by_default_and_the_flags_can_say_otherwise(idlegrid, keys):  # noqa: F811
+    """Issue 37: `rent --bid` used to end failed when preempted (restart_policy never) while the README says it resumes."""
+    idlegrid("credit", "lab", "5")
+    bid = ("rent", "agt-a1", "--image", "python:3.11", "--bid", "0.70", "--api-key", keys["lab"])
+    resumes = json.loads(idlegrid(*bid, "--json"))
+    assert (resumes["spec"]["restart_policy"], resumes["spec"]["max_restarts"]) == ("on_failure", 3)
+    told = json.loads(idlegrid(*bid, "--restart-policy", "never", "--json"))
+    assert told["spec"]["restart_policy"] == "never"
+    more = json.loads(idlegrid(*bid, "--max-restarts", "10", "--json"))
+    assert (more["spec"]["restart_policy"], more["spec"]["max_restarts"]) == ("on_failure", 10)
+    refused = idlegrid(*bid, "--restart-policy", "never", "--max-restarts", "2", ok=False)
+    assert "--max-restarts counts restarts under --restart-policy on_failure or always" in refused, refused
