@@ -34,6 +34,11 @@ Invariants (tests/management/workloads/test_lifecycle.py states each as a hypoth
 6. A container that exits non-zero is the workload's own failure (no ``host_failure``); a replica lost through its
    host (gone, retired or quarantined, its container vanished from a host that answers, its create failed there)
    names that host in ``host_failure``; a create refused for the renter's request fails at once, blaming no host.
+7. A create that failed through its host sends the workload to another host (``start_failed_on`` grows, the scheduler
+   avoids those hosts) at most ``start_retries`` times, and never away from the host a rental pins.
+
+The restart policy read is ``WorkloadSpec.restart_policy_in_force``: the spec's, else ``on_failure`` for work with a
+checkpoint or a bid (what a renter means: it resumes), else ``never``.
 """
 
 from __future__ import annotations
@@ -233,9 +238,10 @@ def _start_failed(
     state = f.create_state or CommandState.FAILED.value
     reason = f"{count} did not start on {first} ({state}): {f.create_error or 'no reason given'}"
     blame = f"{first}: container did not start ({state})"
-    tried = list(dict.fromkeys([*rec.start_failed_on, *failed_on]))
-    pinned = rec.spec.rental is not None and rec.spec.rental.offer in failed_on
-    if len(tried) <= policy.start_retries and not pinned:
+    pin = rec.spec.rental.offer if rec.spec.rental is not None else None
+    # The host a rental pins is never avoided: the workload may run nowhere else.
+    tried = [h for h in dict.fromkeys([*rec.start_failed_on, *failed_on]) if h != pin]
+    if len(tried) <= policy.start_retries and pin not in failed_on:
         why = f"{reason}; trying another host ({len(tried)} of {policy.start_retries} hosts may fail it)"
         return (End("requeue", why, policy.grace_s, {"host_failure": blame, "start_failed_on": tried}),)
     return _failed(rec, reason, policy, host_failure=blame, start_failed_on=tried)

@@ -361,11 +361,13 @@ def cases(draw: st.DrawFn) -> tuple[WorkloadRecord, Facts, float]:
     rec = record(
         state,
         replicas=replicas,
-        restart_policy=draw(st.sampled_from(["never", "on_failure", "always"])),
+        restart_policy=draw(st.sampled_from([None, "never", "on_failure", "always"])),
         max_restarts=max_restarts,
         max_duration_s=draw(st.none() | st.sampled_from([1.0, 60.0, 3600.0])),
         restarts=draw(st.integers(0, max_restarts)),
         detail=draw(st.sampled_from(["", "pulling image: 1 of 2"])),
+        start_failed_on=draw(st.lists(st.sampled_from([f"agt-{i}" for i in range(5)]), max_size=3, unique=True)),
+        **draw(st.sampled_from([{}, {"offer": "agt-0"}, {"bid": "0.50"}])),
     )
     assignments = [
         msgspec.structs.replace(
@@ -424,7 +426,7 @@ def test_a_restart_policy_never_exceeds_its_limit(case):
     for action in step(rec, f, POLICY, now):
         if isinstance(action, End) and "restarts" in action.changes:
             assert action.event == "requeue"
-            assert rec.spec.restart_policy in ("on_failure", "always")
+            assert rec.spec.restart_policy_in_force in ("on_failure", "always")
             assert action.changes["restarts"] == rec.restarts + 1 <= rec.spec.max_restarts
 
 
@@ -459,6 +461,23 @@ def test_an_exit_code_is_never_blamed_on_a_host(case):
     f = facts(*(dataclasses.replace(r, host=HostStatus.ANSWERING, listed=True) for r in f.replicas))
     for action in step(rec, f, POLICY, now):
         assert not (isinstance(action, End) and action.changes.get("host_failure"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(cases())
+def test_a_start_that_failed_through_hosts_moves_on_at_most_start_retries_times_and_never_off_a_pinned_host(case):
+    rec, f, now = case
+    for action in step(rec, f, POLICY, now):
+        if not (isinstance(action, End) and "start_failed_on" in action.changes):
+            continue
+        tried = action.changes["start_failed_on"]
+        pin = rec.spec.rental.offer if rec.spec.rental is not None else None
+        assert tried[: len(rec.start_failed_on)] == [h for h in rec.start_failed_on if h != pin]
+        assert pin not in tried[len(rec.start_failed_on) :]  # the pinned host is never avoided
+        blamed = action.changes["host_failure"].split(":")[0]
+        assert blamed in tried or blamed == pin  # the host is blamed
+        if action.event == "requeue" and "restarts" not in action.changes:  # moved on, not a restart
+            assert len(tried) <= POLICY.start_retries and blamed != pin
 
 
 def test_the_transition_table_refuses_what_the_properties_rely_on_it_to_refuse():
