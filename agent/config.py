@@ -131,6 +131,12 @@ class AgentConfig(msgspec.Struct, kw_only=True):
     def storage_path(self) -> Path:
         return Path(self.storage_dir) if self.storage_dir else Path(f"{self.state_dir.rstrip('/')}-data")
 
+    def private_paths(self) -> dict[str, str]:
+        """This host's directories, as given and absolute, with the label a renter reads instead (agent/redact.py)."""
+        work = self.process_work_dir or f"{self.state_dir.rstrip('/')}-work"
+        named = {self.state_dir: "<agent state>", str(self.storage_path): "<agent data>", work: "<agent work>"}
+        return {str(p): label for path, label in named.items() for p in {Path(path), Path(path).resolve()}}
+
 
 def load_agent_config(
     path: Path | None = None, *, env: Mapping[str, str] | None = None, overrides: Mapping[str, Any] | None = None

@@ -176,6 +176,7 @@ class Agent:
             overlays=self.overlays,
             host_keys=self.host_keys,
             data=self.data,
+            private_paths=config.private_paths(),
         )
         # Verification challenges (agent/benchmark/): answered with the benchmark this host can run, if any.
         self.verification, self.benchmark = open_responder(

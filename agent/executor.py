@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -21,6 +21,7 @@ from agent.errors import GpuConflict, UnknownGpu
 from agent.ledger import CommandLog, CommandLogEntry
 from agent.output import OutputKeeper
 from agent.overlay import GangOverlays
+from agent.redact import redact, secrets_of
 from agent.runtime.base import ContainerRuntime, Mount, MountsData, PullsImages
 from agent.runtime.images import PullProgress
 from agent.ssh_host_keys import HostKeys
@@ -66,12 +67,14 @@ class CommandExecutor:
         overlays: GangOverlays | None = None,
         host_keys: HostKeys | None = None,
         data: DataPlane | None = None,
+        private_paths: Mapping[str, str] | None = None,
     ) -> None:
         """``host_gpus``: this host's GPUs now (the collector's inventory). ``on_pull_progress(container, progress)``:
         a create's image pull moved on (the daemon tells the Master, which shows it to the renter). ``keeper``: where
         the output of a deleted container is kept for the Master (None: it is not kept). ``host_keys``: the workloads'
         SSH host keys, whose public half a create's result carries for the Master to publish (docs/ssh.md). ``data``:
-        moves the object storage of containers that name some (agent/storage/; None: such a create fails)."""
+        moves the object storage of containers that name some (agent/storage/; None: such a create fails).
+        ``private_paths``: this host's directories and the label a failed command's words show instead (agent/redact.py)."""
         self.agent_id = agent_id
         self.ledger = ledger
         self.runtime = runtime
@@ -82,6 +85,7 @@ class CommandExecutor:
         self.overlays = overlays  # gang replicas' private networks (docs/overlay.md); None: this host runs none
         self.host_keys = host_keys
         self.data = data
+        self.private_paths = dict(private_paths or {})
         self._placing = asyncio.Lock()  # GPU check and create, one command at a time
 
     async def execute(self, command: Command) -> CommandResult:
@@ -108,9 +112,10 @@ class CommandExecutor:
         try:
             info = await self._run(body.id, body.kind, body.spec, resumed=done is not None)
         except IdlegridError as exc:
-            return self._finish(body.id, body.kind, ok=False, result={}, error=str(exc), code=exc.code)
+            return self._finish(body.id, body.kind, ok=False, result={}, error=self._words(body.spec, str(exc)), code=exc.code)
         except (msgspec.ValidationError, ValueError, TypeError) as exc:
-            return self._finish(body.id, body.kind, ok=False, result={}, error=f"invalid spec: {exc}", code="invalid_spec")
+            error = self._words(body.spec, f"invalid spec: {exc}")
+            return self._finish(body.id, body.kind, ok=False, result={}, error=error, code="invalid_spec")
         result: dict[str, Any] = {"container": msgspec.to_builtins(info) if info is not None else None}
         if body.kind == "delete_container" and self.keeper is not None:
             kept = self.keeper.get(body.spec.get("name", ""))
@@ -120,6 +125,14 @@ class CommandExecutor:
         if body.kind == "create_container" and self.host_keys is not None and workload:
             result["ssh_host_key"] = self.host_keys.public_line(workload)
         return self._finish(body.id, body.kind, ok=True, result=result, error=None, code=None)
+
+    def _words(self, spec: dict[str, Any], text: str) -> str:
+        """A failure's words as the Master (and the renter) may read them: no secret of the spec, no path of this host."""
+        try:
+            secrets = secrets_of(parse_create_spec(spec)) if "image" in spec else []
+        except (msgspec.ValidationError, ValueError, TypeError):
+            secrets = [v for v in (spec.get("env") or {}).values() if isinstance(v, str)]
+        return redact(text, secrets, self.private_paths)
 
     def _verify(self, command: Command) -> None:
         body = command.body

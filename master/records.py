@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from common.containers import RegistryAuth
+from common.containers import RESTART_POLICIES, RegistryAuth
 from common.inventory import GpuInfo, GpuReach, HostInfo
 from common.storage import CheckpointSpec, StorageAccess, StorageMount
 from common.wire import BenchmarkFigures
@@ -280,7 +280,7 @@ HostRef = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[
 
 MAX_REPLICAS = 64
 MAX_GPUS_PER_REPLICA = 16
-RESTART_POLICIES = ("never", "on_failure", "always")
+NO_IMAGE = "none"  # a spec's image for a command the process runtime runs on the host itself (no container engine)
 PLACEMENTS = ("binpack", "spread")
 
 
@@ -395,7 +395,8 @@ class WorkloadSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     priority: ShortText = "normal"  # a priority class name
     project: ShortText = "default"
     max_duration_s: Annotated[float, msgspec.Meta(gt=0, le=366 * 86400.0)] | None = None
-    restart_policy: str = "never"  # one of RESTART_POLICIES
+    # One of RESTART_POLICIES; None: what the renter means (``restart_policy_in_force``), which submit stores.
+    restart_policy: str | None = None
     max_restarts: Annotated[int, msgspec.Meta(ge=0, le=1000)] = 3  # with on_failure or always
     placement: str | None = None  # one of PLACEMENTS; None: the policy's default
     labels: Annotated[dict[LabelKey, LabelValue], msgspec.Meta(max_length=64)] = {}
@@ -427,10 +428,24 @@ class WorkloadSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         undeclared = [port for port in linked if port not in self.ports]
         if undeclared:
             raise ValueError(f"links names port {undeclared[0]}, which ports does not declare; add it to ports")
-        if self.restart_policy not in RESTART_POLICIES:
+        if self.restart_policy is not None and self.restart_policy not in RESTART_POLICIES:
             raise ValueError(f"restart_policy {self.restart_policy!r} is not one of: {', '.join(RESTART_POLICIES)}")
         if self.placement is not None and self.placement not in PLACEMENTS:
             raise ValueError(f"placement {self.placement!r} is not one of: {', '.join(PLACEMENTS)} (or null for the default)")
+
+    @property
+    def restart_policy_in_force(self) -> str:
+        """The restart policy the spec sets, else what a renter means by its other choices: work that keeps a checkpoint
+        or is rented interruptible (a bid: preemption is part of the deal) resumes, ``on_failure``; other work ``never``."""
+        if self.restart_policy is not None:
+            return self.restart_policy
+        interruptible = self.rental is not None and self.rental.kind == "interruptible"
+        return "on_failure" if self.checkpoint is not None or interruptible else "never"
+
+    @property
+    def runs_image(self) -> bool:
+        """False for image "none": the command runs on a process-runtime host itself, without a container engine."""
+        return self.image != NO_IMAGE
 
 
 class Assignment(msgspec.Struct, kw_only=True):
@@ -466,6 +481,9 @@ class WorkloadRecord(msgspec.Struct, kw_only=True):
     # away, a GPU became faulty): "<agent id>: why". Cleared when it is placed again. The market refunds the renter
     # and records a penalty in that host's reputation.
     host_failure: str = ""
+    # The hosts where its container did not start through the host's fault (not the renter's request), oldest first:
+    # the scheduler places it elsewhere, and past the lifecycle's start_retries it fails (management/workloads/lifecycle.py).
+    start_failed_on: list[str] = []
     # A gang's overlay block ("100.64.1.0/25", docs/overlay.md), allocated at its first placement and kept while it is
     # open, so a replica that restarts or moves keeps its address; "" for a single replica or without an overlay.
     network: str = ""

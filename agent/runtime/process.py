@@ -69,7 +69,7 @@ from agent.runtime.process_exec import start_exec
 from agent.runtime.selftest import reach_in_containers
 from agent.state import PRIVATE_FILE_MODE, private_dir
 from common.containers import LABEL_COMMAND_ID, ContainerInfo, ContainerSpec
-from common.errors import ConfigError, RuntimeFailure
+from common.errors import BadCommand, ConfigError, RuntimeFailure
 from common.files import write_atomically
 from common.inventory import GpuInfo, GpuReach
 from common.overlay import fence_route, hostfile_text
@@ -339,8 +339,8 @@ class ProcessRuntime:
     # --- launching ----------------------------------------------------------------------------------
 
     def _launch(self, spec: ContainerSpec, labels: dict[str, str], mounts: Sequence[Mount] = ()) -> ProcessRecord:
-        if not spec.command:
-            raise RuntimeFailure(
+        if not spec.command:  # the renter's spec, not the host: the workload fails without blaming it
+            raise BadCommand(
                 f"container {spec.name!r} has no command; the process runtime runs the spec's command on the host "
                 f"and cannot use the image's default ({spec.image!r} is not used)"
             )
@@ -633,7 +633,7 @@ def _require_executable(spec: ContainerSpec, path: str, workdir: Path) -> None:
     program = spec.command[0]
     found = os.access(workdir / program, os.X_OK) if "/" in program else shutil.which(program, path=path)
     if not found:
-        raise RuntimeFailure(
+        raise BadCommand(
             f"command {program!r} of container {spec.name!r} is not an executable on this host (PATH={path}); "
             f"the process runtime runs commands on the host itself and does not use the image {spec.image!r}"
         )

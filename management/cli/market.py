@@ -16,7 +16,7 @@ from common.errors import IdlegridError
 from management.cli.connection import api_client, connection_options, table, when
 from management.cli.hosts import duration_s
 from management.cli.templates import add_launch_options, link_wait_s, print_links_when_up
-from management.cli.workloads import DISK_HELP, BadSpec, cost_line, spec_from, storage_options
+from management.cli.workloads import DISK_HELP, BadSpec, cost_line, restart_options, spec_from, storage_options
 
 Parser = Callable[[argparse._SubParsersAction, str, str, str], argparse.ArgumentParser]
 
@@ -80,6 +80,7 @@ def add_parsers(sub: argparse._SubParsersAction, make: Parser) -> None:
         "--allow-process-runtime", action="store_true", default=None, help="it may run sandboxed as a host process (default: no)"
     )
     add_launch_options(rent)
+    restart_options(rent)
     storage_options(rent)
     rent.add_argument("container_command", nargs="*", metavar="COMMAND", help="command to run, after '--' (default: the image's)")
     connection_options(rent)

@@ -20,6 +20,7 @@ from typing import Any
 
 import msgspec
 
+from common.containers import RESTART_POLICIES
 from common.errors import IdlegridError
 from management.cli.connection import api_client, connection_options, table, when
 from management.cli.templates import add_launch_options, apply_links, link_wait_s, print_links_when_up, template_base
@@ -90,6 +91,7 @@ def add_parser(sub: argparse._SubParsersAction, make: Parser) -> None:
         "hosts, as the demo does (default: the file's constraints.allow_process_runtime, else no)",
     )
     add_launch_options(submit)
+    restart_options(submit)
     storage_options(submit)
     submit.add_argument(
         "container_command",
@@ -226,6 +228,11 @@ def spec_from(args: argparse.Namespace) -> dict[str, Any]:
         spec["constraints"] = dict(spec.get("constraints") or {}) | {"allow_process_runtime": True}
     if getattr(args, "disk", None) is not None:
         spec["constraints"] = dict(spec.get("constraints") or {}) | {"min_disk_gib": args.disk}
+    for field in ("restart_policy", "max_restarts"):
+        if getattr(args, field, None) is not None:
+            spec[field] = getattr(args, field)
+    if getattr(args, "max_restarts", None) is not None and spec.get("restart_policy") == "never":
+        raise BadSpec("--max-restarts counts restarts under --restart-policy on_failure or always; this one is never")
     for required in ("name", "image"):
         if required not in spec:
             raise BadSpec(f"{required}: give --{required}, a --template, or put {required} in a spec file (-f)")
@@ -238,6 +245,32 @@ def spec_from(args: argparse.Namespace) -> dict[str, Any]:
     if args.account is not None or account is not None:
         spec["account"] = args.account if args.account is not None else account
     return spec
+
+
+def restart_options(p: argparse.ArgumentParser) -> None:
+    """--restart-policy and --max-restarts, for submit and rent."""
+    p.add_argument(
+        "--restart-policy",
+        choices=RESTART_POLICIES,
+        help="back to the queue when a container fails (on_failure), also when all exit 0 (always), or never "
+        "(default: the file's, else on_failure for work with a --checkpoint or a --bid, never for the rest)",
+    )
+    p.add_argument(
+        "--max-restarts",
+        type=_restarts,
+        metavar="N",
+        help="the most restarts, 0..1000, under on_failure or always (default: the file's, else 3)",
+    )
+
+
+def _restarts(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of restarts") from None
+    if not 0 <= n <= 1000:
+        raise argparse.ArgumentTypeError(f"{n} restarts is out of range: give 0..1000")
+    return n
 
 
 def storage_options(p: argparse.ArgumentParser) -> None:

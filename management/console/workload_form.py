@@ -22,9 +22,13 @@ from management.console.forms import FormErrors, integer, text
 from management.http.keys import SERVICES_KEY
 from master.port import MAX_REPLICAS, RESTART_POLICIES, WorkloadSpec
 
-RESTART_LABELS = {"never": "Never", "on_failure": "On failure", "always": "Always"}
-RESTART_HINT = "On failure: a non-zero exit or a lost host runs it again; always: whenever it exits; never: an exit ends it."
-assert tuple(RESTART_LABELS) == RESTART_POLICIES  # one owner of the set: master/records.py
+# "": what a renter means (the spec's restart_policy left out): on failure for work with a checkpoint or a bid, else never
+RESTART_LABELS = {"": "Default", "never": "Never", "on_failure": "On failure", "always": "Always"}
+RESTART_HINT = (
+    "On failure: a non-zero exit or a lost host runs it again; always: whenever it exits; never: an exit ends it. "
+    "Default: on failure when it has a checkpoint or a bid, never otherwise."
+)
+assert tuple(RESTART_LABELS)[1:] == RESTART_POLICIES  # one owner of the set: common/containers.py
 LINK_ACCESS = ("private", "public", "tcp")  # private/public: an http link (docs/links.md); tcp: port-forward or SSH only
 SECRET_ROWS = 3  # rows of "variable from a secret" the form shows
 PROCESS_IMAGE = "none"  # the image of work that runs as a sandboxed process: nothing to pull, no container engine
@@ -33,8 +37,8 @@ PROCESS_IMAGE = "none"  # the image of work that runs as a sandboxed process: no
 def gang_fields(form: Mapping[str, Any], errors: FormErrors) -> dict[str, Any]:
     """``replicas``, ``restart_policy`` and ``max_restarts`` as the spec takes them."""
     replicas = integer(form, "replicas", errors, label="replicas", low=1, high=MAX_REPLICAS, default=1)
-    policy = text(form, "restart_policy") or "never"
-    if policy not in RESTART_POLICIES:
+    policy = text(form, "restart_policy") or None
+    if policy is not None and policy not in RESTART_POLICIES:
         errors.add("restart_policy", f"restart policy: one of {', '.join(RESTART_POLICIES)}")
     restarts = integer(form, "max_restarts", errors, label="max restarts", low=0, high=1000, default=3)
     return {"replicas": replicas or 1, "restart_policy": policy, "max_restarts": 3 if restarts is None else restarts}
@@ -134,7 +138,7 @@ def form_from_spec(spec: WorkloadSpec, secret_names: Collection[str]) -> tuple[d
         "max_hours": f"{spec.max_duration_s / 3600:g}" if spec.max_duration_s else "",
         "ports": ", ".join(str(p) for p in spec.ports if p not in links),
         "links": "\n".join(f"{p} {'tcp' if k.kind == 'tcp' else 'public' if k.public else 'private'}" for p, k in links.items()),
-        "replicas": str(spec.replicas), "restart_policy": spec.restart_policy, "max_restarts": str(spec.max_restarts),
+        "replicas": str(spec.replicas), "restart_policy": spec.restart_policy or "", "max_restarts": str(spec.max_restarts),
         "disk_gib": f"{spec.constraints.min_disk_gib:g}" if spec.constraints.min_disk_gib else "",
         "allow_process_runtime": "on" if spec.constraints.allow_process_runtime else "",
         "kind": spec.rental.kind if spec.rental is not None else "on_demand",

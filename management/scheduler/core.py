@@ -23,9 +23,11 @@ from management.scheduler.model import (
     Assignment,
     Explanation,
     FilterCount,
+    Host,
     Job,
     Place,
     Plan,
+    Policy,
     Preempt,
     PriorityClass,
     QuotaCheck,
@@ -58,6 +60,7 @@ def _market_then_gain(entry: tuple[int, Job]) -> tuple[int, int]:
 FILTER_NAMES = (
     "unhealthy or offline",
     "host takes no work",
+    "did not start there",
     "runtime/isolation",
     "region",
     "reputation",
@@ -231,7 +234,7 @@ class _Cycle:
                 exclude = self.head.hosts
         duration = (job.max_duration_s, job.reserved_s) if self._duration_limited else None
         terms = (job.rental, job.bid, job.max_price, job.pin, job.funded, job.affordable, duration)
-        fail_key = (job.request, job.constraints, job.replicas, job.placement, bool(exclude), terms)
+        fail_key = (job.request, job.constraints, job.replicas, job.placement, bool(exclude), terms, job.runs_image, job.avoid)
         assignment = None if fail_key in self._no_fit else self.pool.place(job, exclude)
         if assignment is None:
             # the pool only shrinks during a cycle (what-ifs are undone), so the same ask fails again
@@ -302,7 +305,7 @@ class _Cycle:
         r = job.request
         allow = job.constraints.allow_process_runtime
         shape_part = (r.gpus, r.min_vram_mib, r.models, r.tiers, r.min_compute_capability, r.mig_profile)
-        key = (shape_part, job.replicas, allow, self.policy.allow_process_runtime)
+        key = (shape_part, job.replicas, allow, self.policy.allow_process_runtime, job.runs_image)
         cache = self.pool.capacity_verdicts
         if key not in cache:
             cache[key] = self._capacity_reason(job)
@@ -321,13 +324,20 @@ class _Cycle:
                 return f"no GPU on this grid offers MIG profile {r.mig_profile}"
             return "no GPU on this grid matches the request (model, tier, VRAM, compute capability, MIG profile)"
         allow = job.constraints.allow_process_runtime and self.policy.allow_process_runtime
-        histogram = self.pool.static_histogram(allow)
+        histogram = self.pool.static_histogram(job.runs_image, allow)
         replicas = 0
         biggest = 0
         for shape in shapes:
             for count, n_hosts in histogram.get(shape, {}).items():
                 biggest = max(biggest, count)
                 replicas += (count // r.gpus) * n_hosts
+        if biggest == 0 and not job.runs_image:
+            return (
+                'image "none" runs the command on the host itself, only on hosts of the process runtime; none here that '
+                "has matching GPUs may run it"
+            )
+        if biggest == 0:
+            return "an image runs only on hosts with a container engine; none here that has matching GPUs has one"
         if biggest < r.gpus:
             return f"each replica asks for {_gpus(r.gpus)} on one host; the most any host has that match is {biggest}"
         if replicas < job.replicas:
@@ -650,25 +660,30 @@ class _Cycle:
         hosts = s.hosts
         keep(FILTER_NAMES[0], lambda u: u.healthy and u.host in hosts and hosts[u.host].online)
         keep(FILTER_NAMES[1], lambda u: hosts[u.host].takes_work)
-        keep(FILTER_NAMES[2], lambda u: runtime_allowed(hosts[u.host], job, policy))
-        keep(FILTER_NAMES[3], lambda u: not c.regions or hosts[u.host].region in c.regions)
-        keep(FILTER_NAMES[4], lambda u: hosts[u.host].reputation >= c.min_reputation)
+        keep(FILTER_NAMES[2], lambda u: u.host not in job.avoid)
+        if job.avoid:
+            counts[-1].detail = f"its container did not start on {', '.join(sorted(job.avoid))} through the host"
+        before = {u.host for u in remaining}
+        keep(FILTER_NAMES[3], lambda u: runtime_allowed(hosts[u.host], job, policy))
+        counts[-1].detail = _runtime_detail(job, policy, [hosts[h] for h in before - {u.host for u in remaining}])
+        keep(FILTER_NAMES[4], lambda u: not c.regions or hosts[u.host].region in c.regions)
+        keep(FILTER_NAMES[5], lambda u: hosts[u.host].reputation >= c.min_reputation)
         bw = c.min_bandwidth_mbps
-        keep(FILTER_NAMES[5], lambda u: bw is None or (hosts[u.host].bandwidth_mbps or 0.0) >= bw)
+        keep(FILTER_NAMES[6], lambda u: bw is None or (hosts[u.host].bandwidth_mbps or 0.0) >= bw)
         disk = c.min_disk_gib
-        keep(FILTER_NAMES[6], lambda u: disk is None or (hosts[u.host].disk_free_gib or 0.0) >= disk)
+        keep(FILTER_NAMES[7], lambda u: disk is None or (hosts[u.host].disk_free_gib or 0.0) >= disk)
         refused = {h: why for h in {u.host for u in remaining} if (why := price_refusal(hosts[h], job)) is not None}
-        keep(FILTER_NAMES[7], lambda u: u.host not in refused)
+        keep(FILTER_NAMES[8], lambda u: u.host not in refused)
         counts[-1].detail = _price_detail(job, refused)
-        keep(FILTER_NAMES[8], lambda u: not r.models or u.model in r.models)
-        keep(FILTER_NAMES[9], lambda u: not r.tiers or u.tier in r.tiers)
-        keep(FILTER_NAMES[10], lambda u: u.vram_mib >= r.min_vram_mib)
+        keep(FILTER_NAMES[9], lambda u: not r.models or u.model in r.models)
+        keep(FILTER_NAMES[10], lambda u: not r.tiers or u.tier in r.tiers)
+        keep(FILTER_NAMES[11], lambda u: u.vram_mib >= r.min_vram_mib)
         mcc = r.min_compute_capability
-        keep(FILTER_NAMES[11], lambda u: mcc is None or u.compute_capability >= mcc)
-        keep(FILTER_NAMES[12], lambda u: u.mig_profile == r.mig_profile)
-        keep(FILTER_NAMES[13], lambda u: pool.cpu_free.get(u.host, 0.0) >= r.cpu_cores)
-        keep(FILTER_NAMES[14], lambda u: pool.ram_free.get(u.host, 0) >= r.ram_mib)
-        keep(FILTER_NAMES[15], lambda u: u.id not in pool.holder)
+        keep(FILTER_NAMES[12], lambda u: mcc is None or u.compute_capability >= mcc)
+        keep(FILTER_NAMES[13], lambda u: u.mig_profile == r.mig_profile)
+        keep(FILTER_NAMES[14], lambda u: pool.cpu_free.get(u.host, 0.0) >= r.cpu_cores)
+        keep(FILTER_NAMES[15], lambda u: pool.ram_free.get(u.host, 0) >= r.ram_mib)
+        keep(FILTER_NAMES[16], lambda u: u.id not in pool.holder)
         by_host: dict[str, list[str]] = {}
         for u in remaining:
             by_host.setdefault(u.host, []).append(u.id)
@@ -676,8 +691,8 @@ class _Cycle:
             ok = {h for h, ids in by_host.items() if nvlink_group(ids, r.gpus, s.units) is not None}
         else:
             ok = set(by_host)
-        keep(FILTER_NAMES[16], lambda u: u.host in ok)
-        keep(FILTER_NAMES[17], lambda u: len(by_host[u.host]) >= r.gpus)
+        keep(FILTER_NAMES[17], lambda u: u.host in ok)
+        keep(FILTER_NAMES[18], lambda u: len(by_host[u.host]) >= r.gpus)
         return counts
 
     def _explain(self, job: Job, position: int, ordered: list[Job], status: str) -> Explanation:
@@ -826,19 +841,27 @@ def never_fits(snapshot: Snapshot, job: Job) -> str | None:
     reason = _never_fits(snapshot, job)
     if reason is None:
         return None
-    allowing = dataclasses.replace(job, constraints=dataclasses.replace(job.constraints, allow_process_runtime=True))
+    allowing = dataclasses.replace(
+        job, runs_image=False, constraints=dataclasses.replace(job.constraints, allow_process_runtime=True)
+    )
     offered = dataclasses.replace(snapshot, policy=dataclasses.replace(snapshot.policy, allow_process_runtime=True))
-    if not job.constraints.allow_process_runtime and snapshot.policy.allow_process_runtime:
-        if _never_fits(snapshot, allowing) is None:
-            return (
-                f"{reason} among the hosts that run containers; the others run renters' work as sandboxed processes: "
-                "allow it with constraints.allow_process_runtime (the CLI's --allow-process-runtime, the console's "
-                '"May run as a sandboxed process")'
-            )
-    elif not snapshot.policy.allow_process_runtime and _never_fits(offered, allowing) is None:
+    flag = (
+        "constraints.allow_process_runtime (the CLI's --allow-process-runtime, the console's \"May run as a sandboxed process\")"
+    )
+    if job.runs_image and _never_fits(offered, allowing) is None:
+        offer = (
+            "" if snapshot.policy.allow_process_runtime else ", which this grid's operator does not offer (offer_sandboxed_hosts)"
+        )
         return (
-            f"{reason} among the hosts that run containers; the others run the process runtime, which this grid's "
-            "operator does not offer (offer_sandboxed_hosts)"
+            f"{reason} among the hosts with a container engine; the others run commands on the host itself (the process "
+            f'runtime{offer}): image "none" with {flag} runs there'
+        )
+    if not job.runs_image and not job.constraints.allow_process_runtime and _never_fits(snapshot, allowing) is None:
+        return f'image "none" runs the command on the host itself, on hosts of the process runtime: allow it with {flag}'
+    if not job.runs_image and not snapshot.policy.allow_process_runtime and _never_fits(offered, allowing) is None:
+        return (
+            'image "none" runs the command on the host itself, on hosts of the process runtime, which this grid\'s '
+            "operator does not offer (offer_sandboxed_hosts); name an image to run on the hosts with a container engine"
         )
     r = job.request
     if r.models or r.tiers:
@@ -875,6 +898,35 @@ def _market_terms(job: Job) -> str:
     if job.rental == "interruptible":
         return f"interruptible, bid {format_amount(job.bid)}"
     return job.rental
+
+
+def runtime_refusal(host: Host, job: Job, policy: Policy) -> str | None:
+    """Why ``host`` cannot run ``job`` by its runtime, in words a renter acts on, or None."""
+    if host.isolation == "none":
+        return "isolate nothing (isolation none) and take no renter's work"
+    if host.runtime == "docker" and not job.runs_image:
+        return 'run a container engine, and image "none" runs only on hosts of the process runtime'
+    if host.runtime == "process" and job.runs_image:
+        return "run commands on the host itself (process runtime) and no image; an image runs only where a container engine is"
+    if host.runtime == "process" and not job.constraints.allow_process_runtime:
+        return "run the process runtime, which the workload does not allow (constraints.allow_process_runtime)"
+    if host.runtime == "process" and not policy.allow_process_runtime:
+        return "run the process runtime, which this grid's operator does not offer (offer_sandboxed_hosts)"
+    return None
+
+
+def _runtime_detail(job: Job, policy: Policy, removed: list[Host]) -> str:
+    """What the runtime filter removed, by reason, e.g. '2 hosts run a container engine, and image "none" ...'."""
+    per_reason: dict[str, int] = {}
+    for host in removed:
+        why = runtime_refusal(host, job, policy)
+        if why is not None:
+            per_reason[why] = per_reason.get(why, 0) + 1
+    parts = []
+    for why, n in sorted(per_reason.items(), key=lambda item: (-item[1], item[0])):
+        verb, rest = why.split(" ", 1)
+        parts.append(f"{_count(n, 'host')} {verb + 's' if n == 1 else verb} {rest}")
+    return "; ".join(parts)
 
 
 def _price_detail(job: Job, refused: dict[str, str]) -> str:

@@ -103,6 +103,10 @@ class Job:
     started_at: float | None = None
     assignment: Assignment | None = None
     preempted_for: str | None = None  # running job already told to stop for this queued job
+    # False: its image is "none", a command run on the host itself, which only hosts of the process runtime do; an image
+    # runs only where a container engine is (the docker runtime). The simulated runtime takes both.
+    runs_image: bool = True
+    avoid: frozenset[str] = frozenset()  # hosts where its container did not start through the host's fault
     # How it is rented (docs/scheduler.md, "Prices and bids"); the defaults are a free grid's job.
     rental: Rental = "on_demand"
     bid: int = 0  # interruptible: micro-units per GPU-hour offered

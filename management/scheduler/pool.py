@@ -51,12 +51,21 @@ def shape_matches(shape: Shape, r: ReplicaRequest) -> bool:
     return mig == r.mig_profile
 
 
-def runtime_allowed(host: Host, job: Job, policy: Policy) -> bool:
+def runtime_fits(host: Host, runs_image: bool, process_allowed: bool) -> bool:
+    """Whether ``host`` can run a job with an image (``runs_image``) or one whose image is "none" (a command run on the
+    host itself): an image needs a container engine (docker), "none" the process runtime, which also needs the job and
+    the operator to allow it (``process_allowed``); a host that isolates nothing runs no renter's work."""
     if host.isolation == "none":
         return False
     if host.runtime == "process":
-        return policy.allow_process_runtime and job.constraints.allow_process_runtime
-    return True
+        return not runs_image and process_allowed
+    if host.runtime == "docker":
+        return runs_image
+    return True  # simulated: it runs nothing for real
+
+
+def runtime_allowed(host: Host, job: Job, policy: Policy) -> bool:
+    return runtime_fits(host, job.runs_image, policy.allow_process_runtime and job.constraints.allow_process_runtime)
 
 
 def price_for(host: Host, job: Job) -> int:
@@ -93,7 +102,7 @@ def price_refusal(host: Host, job: Job) -> str | None:
 def host_static_ok(host: Host, job: Job, policy: Policy) -> bool:
     """Every host-level constraint except free CPU/RAM: takes work, runtime, region, reputation, bandwidth, disk, price."""
     c = job.constraints
-    if not (host.online and host.takes_work) or not runtime_allowed(host, job, policy):
+    if not (host.online and host.takes_work) or host.id in job.avoid or not runtime_allowed(host, job, policy):
         return False
     if (
         job.rental != "on_demand"
@@ -255,7 +264,7 @@ class FreePool:
         self.interruptible_holds = 0  # holds of interruptible jobs: with none, no market preemption is looked for
         self._shapes_for: dict[ReplicaRequest, list[Shape]] = {}
         self._static: dict[Shape, dict[str, int]] | None = None
-        self._histograms: dict[bool, dict[Shape, dict[int, int]]] = {}
+        self._histograms: dict[tuple[bool, bool], dict[Shape, dict[int, int]]] = {}
         self._hosts_with: dict[frozenset[Shape], frozenset[str]] = {}
         self.capacity_verdicts: dict[tuple[object, ...], str | None] = {}  # for rejections; the grid's shape is fixed
         self.now = snapshot.now
@@ -603,20 +612,20 @@ class FreePool:
             self._static = counts
         return counts
 
-    def static_histogram(self, process_allowed: bool) -> dict[Shape, dict[int, int]]:
+    def static_histogram(self, runs_image: bool, process_allowed: bool) -> dict[Shape, dict[int, int]]:
         """Per shape: how many hosts (that may run the job at all) have how many units of it, whatever their state."""
-        cached = self._histograms.get(process_allowed)
+        cached = self._histograms.get((runs_image, process_allowed))
         if cached is None:
             cached = {}
             for shape, per_host in self.static_counts().items():
                 hist: dict[int, int] = {}
                 for host_id, count in per_host.items():
                     host = self.hosts.get(host_id)
-                    if host is None or host.isolation == "none" or (host.runtime == "process" and not process_allowed):
+                    if host is None or not runtime_fits(host, runs_image, process_allowed):
                         continue
                     hist[count] = hist.get(count, 0) + 1
                 cached[shape] = hist
-            self._histograms[process_allowed] = cached
+            self._histograms[(runs_image, process_allowed)] = cached
         return cached
 
     def hosts_with(self, shapes: Iterable[Shape]) -> frozenset[str]:

@@ -254,6 +254,8 @@ def job_of(rec: WorkloadRecord, *, funded: bool = True, affordable: int | None =
         started_at=(rec.started_at or rec.scheduled_at or rec.queued_at) if holding else None,
         assignment=assignment,
         preempted_for=(rec.preempted_for or "(stopping)") if rec.state == W.PREEMPTED else None,
+        runs_image=spec.runs_image,
+        avoid=frozenset(rec.start_failed_on),
         rental=rental,  # type: ignore[arg-type]  # checked against the literal's values above
         bid=parse_amount(terms.bid) if terms is not None and terms.bid is not None else 0,
         max_price=parse_amount(terms.max_price) if terms is not None and terms.max_price is not None else None,

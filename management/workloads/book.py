@@ -200,6 +200,7 @@ class WorkloadBook:
         check_spec(spec, policy=self._policy, priority_classes=self._priority_classes)
         check_storage(spec, {s.name for s in await self._store.secrets.list(account)} if secret_names(spec) else ())
         await check_targets(spec, self._egress)
+        spec = msgspec.structs.replace(spec, restart_policy=spec.restart_policy_in_force)  # answers state the one in force
         sealed_password = ""
         if spec.registry_auth is not None:  # stored sealed: the workload's record is in every backup and replica
             sealed_password = self._commands.secrets.seal(spec.registry_auth.password)

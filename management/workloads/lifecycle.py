@@ -34,6 +34,11 @@ Invariants (tests/management/workloads/test_lifecycle.py states each as a hypoth
 6. A container that exits non-zero is the workload's own failure (no ``host_failure``); a replica lost through its
    host (gone, retired or quarantined, its container vanished from a host that answers, its create failed there)
    names that host in ``host_failure``; a create refused for the renter's request fails at once, blaming no host.
+7. A create that failed through its host sends the workload to another host (``start_failed_on`` grows, the scheduler
+   avoids those hosts) at most ``start_retries`` times, and never away from the host a rental pins.
+
+The restart policy read is ``WorkloadSpec.restart_policy_in_force``: the spec's, else ``on_failure`` for work with a
+checkpoint or a bid (what a renter means: it resumes), else ``never``.
 """
 
 from __future__ import annotations
@@ -95,6 +100,7 @@ class LifecyclePolicy:
     grace_s: float = 30.0  # a container stopped before its end gets this long between SIGTERM and SIGKILL
     start_timeout_s: float = 300.0  # a create that has not finished by then failed
     pull_allowance_s: float = 1800.0  # ... plus this on a host that does not list the image
+    start_retries: int = 2  # a container that did not start through its host is tried on at most this many others
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,8 +197,7 @@ def _starting(rec: WorkloadRecord, facts: Facts, policy: LifecyclePolicy) -> tup
             pulls.append(f.pulling if len(rec.assignments) == 1 else f"replica {a.replica}: {f.pulling}")
     failed = [s for s in states if s in FAILED_COMMAND_STATES]
     if failed:
-        reason = f"{len(failed)} of {len(states)} container(s) did not start ({failed[0]})"
-        return _failed(rec, reason, policy, host_failure=f"{failed_on[0]}: container did not start ({failed[0]})")
+        return _start_failed(rec, facts, failed_on, f"{len(failed)} of {len(states)} container(s)", policy)
     actions = list(creates)
     if all(s == _SUCCEEDED for s in states):
         if rec.state == W.SCHEDULED:
@@ -218,6 +223,28 @@ def _create(a: Assignment, f: ReplicaFacts, policy: LifecyclePolicy, *, fetches:
     # the pull allowance more: a slow renter's registry or store must not time the create out as the host's fault.
     timeout_s = policy.start_timeout_s + (0.0 if f.has_image and not fetches else policy.pull_allowance_s)
     return Create(a.replica, timeout_s)
+
+
+def _start_failed(
+    rec: WorkloadRecord, facts: Facts, failed_on: list[str], count: str, policy: LifecyclePolicy
+) -> tuple[Action, ...]:
+    """Containers did not start through their hosts (the renter's request was not the cause): the workload goes back to
+    the queue to be placed elsewhere (``start_failed_on``, which the scheduler avoids), blaming the host, while fewer
+    than ``policy.start_retries`` hosts failed it before and it is not pinned to that host; then its restart policy
+    decides. The renter reads the host's words (its agent takes secrets and its own paths out of them)."""
+    first = failed_on[0]
+    pairs = zip(rec.assignments, facts.replicas, strict=True)
+    f = next((f for a, f in pairs if a.agent_id == first and f.create_state), ReplicaFacts())
+    state = f.create_state or CommandState.FAILED.value
+    reason = f"{count} did not start on {first} ({state}): {f.create_error or 'no reason given'}"
+    blame = f"{first}: container did not start ({state})"
+    pin = rec.spec.rental.offer if rec.spec.rental is not None else None
+    # The host a rental pins is never avoided: the workload may run nowhere else.
+    tried = [h for h in dict.fromkeys([*rec.start_failed_on, *failed_on]) if h != pin]
+    if len(tried) <= policy.start_retries and pin not in failed_on:
+        why = f"{reason}; trying another host ({len(tried)} of {policy.start_retries} hosts may fail it)"
+        return (End("requeue", why, policy.grace_s, {"host_failure": blame, "start_failed_on": tried}),)
+    return _failed(rec, reason, policy, host_failure=blame, start_failed_on=tried)
 
 
 def _refused(rec: WorkloadRecord, f: ReplicaFacts) -> End:
@@ -248,7 +275,7 @@ def _running(rec: WorkloadRecord, facts: Facts, policy: LifecyclePolicy, now: fl
     if bad is not None:
         return _failed(rec, f"a container exited with code {bad}", policy, exit_codes=codes)
     if len(codes) == len(rec.assignments):
-        if rec.spec.restart_policy == "always" and rec.restarts < rec.spec.max_restarts:
+        if rec.spec.restart_policy_in_force == "always" and rec.restarts < rec.spec.max_restarts:
             reason = "all containers exited 0; restart_policy always"
             return (End("requeue", reason, policy.grace_s, {"restarts": rec.restarts + 1}),)
         return (End("succeed", "all containers exited 0", 0.0, {"exit_codes": codes}),)
@@ -262,18 +289,26 @@ def _preempted(rec: WorkloadRecord, facts: Facts) -> tuple[Action, ...]:
     if any(f.host == HostStatus.ANSWERING and f.listed for f in facts.replicas):
         return ()  # still stopping
     for_job = rec.preempted_for or "a higher priority workload"
-    if rec.spec.restart_policy in RESTARTING_POLICIES:
+    if rec.spec.restart_policy_in_force in RESTARTING_POLICIES:
         return (Advance("requeue", f"preempted for {for_job}; back in the queue"),)
     return (Advance("fail", f"preempted for {for_job}; restart_policy never"),)
 
 
 def _failed(
-    rec: WorkloadRecord, reason: str, policy: LifecyclePolicy, *, exit_codes: list[int] | None = None, host_failure: str = ""
+    rec: WorkloadRecord,
+    reason: str,
+    policy: LifecyclePolicy,
+    *,
+    exit_codes: list[int] | None = None,
+    host_failure: str = "",
+    start_failed_on: list[str] | None = None,
 ) -> tuple[Action, ...]:
     """A replica failed: restart (back to the queue) while the restart policy allows, otherwise fail.
     ``host_failure`` ("<agent id>: why"): it failed through that host (a container that did not start there)."""
     blame: dict[str, Any] = {"host_failure": host_failure} if host_failure else {}
-    if rec.spec.restart_policy in RESTARTING_POLICIES and rec.restarts < rec.spec.max_restarts:
+    if start_failed_on is not None:
+        blame["start_failed_on"] = start_failed_on
+    if rec.spec.restart_policy_in_force in RESTARTING_POLICIES and rec.restarts < rec.spec.max_restarts:
         restarts = rec.restarts + 1
         why = f"{reason}; restart {restarts} of {rec.spec.max_restarts}"
         return (End("requeue", why, policy.grace_s, {"restarts": restarts} | blame),)

@@ -23,7 +23,7 @@ from agent.runtime import open_runtime
 from agent.runtime.base import STDERR, STDOUT
 from agent.runtime.process import ProcessRuntime
 from common.containers import LABEL_AGENT_ID, LABEL_COMMAND_ID, ContainerSpec
-from common.errors import ConfigError, RuntimeFailure
+from common.errors import BadCommand, ConfigError, RuntimeFailure
 from common.pki import write_private_key
 
 REPO = Path(__file__).resolve().parents[2]
@@ -223,10 +223,10 @@ async def test_a_command_never_runs_when_its_record_could_not_be_written(tmp_pat
     assert not witness.exists()
 
 
-async def test_a_spec_without_a_command_or_with_an_unknown_program_fails_clearly(runtime):
-    with pytest.raises(RuntimeFailure, match="has no command; the process runtime"):
+async def test_a_spec_without_a_command_or_with_an_unknown_program_fails_clearly_as_the_renters_command(runtime):
+    with pytest.raises(BadCommand, match="has no command; the process runtime"):
         await runtime.create(ContainerSpec(name="empty", image="busybox"), labels=labels("cmd-11"))
-    with pytest.raises(RuntimeFailure, match="'no-such-program' .* is not an executable on this host"):
+    with pytest.raises(BadCommand, match="'no-such-program' .* is not an executable on this host"):
         await runtime.create(ContainerSpec(name="typo", image="x", command=["no-such-program"]), labels=labels("cmd-12"))
     assert await runtime.list() == []
 

@@ -124,13 +124,10 @@ def test_an_interruptible_rental_is_preempted_by_an_on_demand_one_requeued_uncha
     [host] = priced_grid(grid, 1)
     alice = funded_renter(grid, "alice", "10")
     bob = funded_renter(grid, "bob", "10")
-    trap = workload(
-        "cheap",
-        TRAP.format(file=drop / "cheap"),
-        rental={"kind": "interruptible", "bid": "0.72"},
-        restart_policy="on_failure",
-    )
+    # No restart_policy: a bid resumes by default (issue 37), as the README says.
+    trap = workload("cheap", TRAP.format(file=drop / "cheap"), rental={"kind": "interruptible", "bid": "0.72"})
     cheap = alice.submit_workload(trap)
+    assert cheap["spec"]["restart_policy"] == "on_failure", cheap["spec"]
     wait_workload(alice, cheap["id"], "runs", lambda w: w["state"] == "running")
     [offer] = bob.search_offers("num_gpus_on_demand>=1")["offers"]  # its GPU is held, by an interruptible rental
     assert (offer["id"], offer["num_gpus"], offer["num_gpus_on_demand"]) == (host, 0, 1)

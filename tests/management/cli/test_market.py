@@ -117,3 +117,17 @@ def test_how_long_the_balance_lasts_says_what_its_rate_counts():
         "the balance of 12.50 USD lasts about 10.4 h at that rate (nothing else runs now)"
     )
     assert balance_lasting(idle, "0", counted=False) == ""  # nothing costs anything: no line
+
+
+def test_a_rental_at_a_bid_resumes_after_preemption_by_default_and_the_flags_can_say_otherwise(idlegrid, keys):  # noqa: F811
+    """Issue 37: `rent --bid` used to end failed when preempted (restart_policy never) while the README says it resumes."""
+    idlegrid("credit", "lab", "5")
+    bid = ("rent", "agt-a1", "--image", "python:3.11", "--bid", "0.70", "--api-key", keys["lab"])
+    resumes = json.loads(idlegrid(*bid, "--json"))
+    assert (resumes["spec"]["restart_policy"], resumes["spec"]["max_restarts"]) == ("on_failure", 3)
+    told = json.loads(idlegrid(*bid, "--restart-policy", "never", "--json"))
+    assert told["spec"]["restart_policy"] == "never"
+    more = json.loads(idlegrid(*bid, "--max-restarts", "10", "--json"))
+    assert (more["spec"]["restart_policy"], more["spec"]["max_restarts"]) == ("on_failure", 10)
+    refused = idlegrid(*bid, "--restart-policy", "never", "--max-restarts", "2", ok=False)
+    assert "--max-restarts counts restarts under --restart-policy on_failure or always" in refused, refused

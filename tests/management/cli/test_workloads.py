@@ -113,6 +113,37 @@ async def test_allow_process_runtime_is_a_flag_and_is_off_without_it(renter, cap
     assert json.loads(out)["spec"]["constraints"]["allow_process_runtime"] is False
 
 
+async def test_restart_policy_and_max_restarts_are_flags_and_without_them_a_plain_workload_is_never_restarted(renter, capsys):
+    flags = ("--name", "retry", "--image", "busybox", "--restart-policy", "on_failure", "--max-restarts", "5", "--json")
+    code, out, err = await renter("submit", *flags, capsys=capsys)
+    assert code == 0, err
+    assert (json.loads(out)["spec"]["restart_policy"], json.loads(out)["spec"]["max_restarts"]) == ("on_failure", 5)
+    code, out, err = await renter("submit", "--name", "plain", "--image", "busybox", "--json", capsys=capsys)
+    assert code == 0, err
+    assert json.loads(out)["spec"]["restart_policy"] == "never"  # the policy in force, stated in the answer
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--restart-policy", "sometimes"], "argument --restart-policy: invalid choice: 'sometimes' (choose from "),
+        (["--max-restarts", "many"], "argument --max-restarts: 'many' is not a whole number of restarts"),
+        (["--max-restarts", "1001"], "argument --max-restarts: 1001 restarts is out of range: give 0..1000"),
+        (["--restart-policy", "never", "--max-restarts", "2"], "--max-restarts counts restarts under --restart-policy"),
+    ],
+)
+async def test_a_bad_restart_policy_or_count_is_refused_saying_what_is_allowed(renter, capsys, args, said):
+    try:
+        code, out, err = await renter("submit", "--name", "x", "--image", "busybox", *args, capsys=capsys)
+    except SystemExit as exc:  # argparse refuses a flag's value itself: usage and the reason on stderr, status 2
+        code = int(exc.code or 0)
+        out, err = capsys.readouterr()
+    assert code == 2 and out == "", out
+    assert said in err and "Traceback" not in err, err
+    if "invalid choice" in said:
+        assert all(policy in err for policy in ("never", "on_failure", "always")), err
+
+
 async def test_disk_asks_for_hosts_with_that_much_free_disk_and_a_negative_one_is_refused(renter, capsys):
     code, out, err = await renter("submit", "--name", "big", "--image", "busybox", "--disk", "200", "--json", capsys=capsys)
     assert code == 0, err

@@ -46,7 +46,8 @@ async def test_work_only_the_process_runtime_could_run_is_refused_naming_the_fla
     message = await refused(await grid.post("/api/v1/workloads", json=spec(4), headers=grid.lab))
     assert "can never run on this grid" in message and "constraints.allow_process_runtime" in message, message
     assert "--allow-process-runtime" in message, message
-    allowed = spec(4) | {"constraints": {"allow_process_runtime": True}}
+    assert 'image "none"' in message, message  # the process runtime runs a command on the host, not an image
+    allowed = spec(4) | {"image": "none", "constraints": {"allow_process_runtime": True}}
     accepted = await grid.post("/api/v1/workloads", json=allowed, headers=grid.lab)
     assert accepted.status == 201, await accepted.text()
     rent = await grid.post("/api/v1/offers/agt-proc/rent", json={"spec": spec(1)}, headers=grid.lab)
@@ -61,7 +62,7 @@ async def test_a_model_the_grid_lacks_is_refused_naming_the_field_and_the_models
 
 
 async def test_more_gpus_per_replica_than_any_host_has_is_refused_and_what_fits_is_queued(grid):
-    too_big = spec(8) | {"constraints": {"allow_process_runtime": True}}
+    too_big = spec(8) | {"image": "none", "constraints": {"allow_process_runtime": True}}
     message = await refused(await grid.post("/api/v1/workloads", json=too_big, headers=grid.lab))
     assert "the most any host has that match is 4" in message, message
     fits = await grid.post("/api/v1/workloads", json=spec(2), headers=grid.lab)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from management.scheduler import (
     Constraints,
     FreePool,
@@ -16,6 +19,7 @@ from management.scheduler import (
     Requeue,
     schedule,
 )
+from management.scheduler.core import never_fits
 from management.scheduler.model import add_usage, decay
 from tests.management.scheduler.grid import gpus, grid, host_of, mig, placed, running, snapshot
 
@@ -123,10 +127,99 @@ def test_drained_and_isolation_none_and_process_hosts_get_nothing_unless_allowed
     hs = [Host("drained", takes_work=False), Host("bare", isolation="none"), Host("proc", runtime="process", isolation="sandbox")]
     hosts, units = grid(hs, units=gpus("drained", 1) + gpus("bare", 1) + gpus("proc", 1))
     assert not placed(schedule(snapshot(hosts, units, queue=[job("j")])))
-    allowed = job("j", constraints=Constraints(allow_process_runtime=True))
+    allowed = job("j", constraints=Constraints(allow_process_runtime=True), runs_image=False)
     assert not placed(schedule(snapshot(hosts, units, queue=[allowed])))  # the operator has not allowed it
     plan = schedule(snapshot(hosts, units, queue=[allowed], policy=Policy(allow_process_runtime=True)))
     assert host_of(units, placed(plan)["j"][0]) == {"proc"}
+
+
+OFFERED = Policy(allow_process_runtime=True)
+MAY_RUN_AS_PROCESS = Constraints(allow_process_runtime=True)
+
+
+def runtime_grid() -> tuple[dict, dict]:
+    hs = [Host("box", runtime="docker"), Host("proc", runtime="process", isolation="sandbox")]
+    return grid(hs, units=gpus("box", 2) + gpus("proc", 2))
+
+
+def test_image_none_goes_only_to_a_process_runtime_host_and_an_image_only_to_a_container_engine():
+    hosts, units = runtime_grid()
+    bare = [job(f"bare-{i}", runs_image=False, constraints=MAY_RUN_AS_PROCESS, t=i) for i in range(3)]
+    plan = schedule(snapshot(hosts, units, queue=bare, policy=OFFERED))
+    assert {jid: host_of(units, a[0]) for jid, a in placed(plan).items()} == {"bare-0": {"proc"}, "bare-1": {"proc"}}
+    imaged = [job(f"img-{i}", constraints=MAY_RUN_AS_PROCESS, t=i) for i in range(3)]
+    plan = schedule(snapshot(hosts, units, queue=imaged, policy=OFFERED))
+    assert {jid: host_of(units, a[0]) for jid, a in placed(plan).items()} == {"img-0": {"box"}, "img-1": {"box"}}
+
+
+def test_why_image_none_waits_names_the_hosts_with_a_container_engine():
+    hosts, units = runtime_grid()
+    busy = running(job("busy", 2), [[u for u in units if units[u].host == "proc"]])
+    bare = job("bare", runs_image=False, constraints=MAY_RUN_AS_PROCESS)
+    plan = schedule(snapshot(hosts, units, queue=[bare], run=[busy], policy=OFFERED))
+    assert not placed(plan)
+    runtime = {f.name: f for f in plan.explanations["bare"].filters}["runtime/isolation"]
+    assert (runtime.removed, runtime.remaining) == (2, 2)
+    assert runtime.detail == '1 host runs a container engine, and image "none" runs only on hosts of the process runtime'
+
+
+def test_an_image_where_only_process_hosts_have_the_gpus_cannot_fit_and_never_fits_says_how_it_would():
+    hs = [Host("box", runtime="docker"), Host("proc", runtime="process", isolation="sandbox")]
+    hosts, units = grid(hs, units=gpus("box", 1) + gpus("proc", 4))
+    imaged = job("img", 4, constraints=MAY_RUN_AS_PROCESS)
+    plan = schedule(snapshot(hosts, units, queue=[imaged], policy=OFFERED))
+    assert not placed(plan) and not any(isinstance(d, Reject) for d in plan.decisions)
+    assert "the most any host has that match is 1" in (plan.explanations["img"].cannot_fit or "")
+    reason = never_fits(snapshot(hosts, units, queue=[], policy=OFFERED), imaged) or ""
+    assert "among the hosts with a container engine" in reason and 'image "none"' in reason, reason
+    only_proc = grid([Host("proc", runtime="process", isolation="sandbox")], units=gpus("proc", 4))
+    reason = never_fits(snapshot(*only_proc, queue=[], policy=OFFERED), job("img", 1)) or ""
+    assert 'image "none" with constraints.allow_process_runtime' in reason, reason
+
+
+def test_image_none_that_does_not_allow_the_process_runtime_never_fits_naming_the_flag():
+    hosts, units = runtime_grid()
+    reason = never_fits(snapshot(hosts, units, queue=[], policy=OFFERED), job("bare", runs_image=False)) or ""
+    assert reason.startswith('image "none" runs the command on the host itself') and "--allow-process-runtime" in reason
+    reason = never_fits(snapshot(hosts, units, queue=[]), job("bare", runs_image=False, constraints=MAY_RUN_AS_PROCESS))
+    assert reason is not None and "offer_sandboxed_hosts" in reason and "name an image" in reason, reason
+
+
+def test_a_host_its_container_did_not_start_on_is_avoided_and_the_explanation_says_so():
+    hosts, units = grid({"h1": 1, "h2": 1})
+    plan = schedule(snapshot(hosts, units, queue=[job("j", avoid=frozenset({"h1"}))]))
+    assert host_of(units, placed(plan)["j"][0]) == {"h2"}
+    plan = schedule(snapshot(hosts, units, queue=[job("j", avoid=frozenset({"h1", "h2"}))]))
+    assert not placed(plan)
+    avoided = {f.name: f for f in plan.explanations["j"].filters}["did not start there"]
+    assert avoided.remaining == 0 and avoided.detail == "its container did not start on h1, h2 through the host"
+    assert "did not start there" in plan.explanations["j"].summary
+
+
+runtimes = st.sampled_from([("docker", "container"), ("process", "sandbox"), ("process", "none"), ("simulated", "container")])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(runtimes, min_size=1, max_size=5), st.lists(st.tuples(st.booleans(), st.booleans()), min_size=1, max_size=6))
+def test_every_placement_lands_where_the_runtime_runs_it(host_kinds, asks):
+    """Property: image "none" lands only on process (or simulated) hosts that it and the operator allow, an image only
+    on hosts with a container engine (or simulated), and nothing on a host that isolates nothing."""
+    hs = [Host(f"h{i}", runtime=rt, isolation=iso) for i, (rt, iso) in enumerate(host_kinds)]  # type: ignore[arg-type]
+    hosts, units = grid(hs, units=[u for i in range(len(hs)) for u in gpus(f"h{i}", 2)])
+    queue = [
+        job(f"j{i}", runs_image=image, constraints=Constraints(allow_process_runtime=allow), t=i)
+        for i, (image, allow) in enumerate(asks)
+    ]
+    plan = schedule(snapshot(hosts, units, queue=queue, policy=OFFERED))
+    by_id = {j.id: j for j in queue}
+    for jid, assignment in placed(plan).items():
+        (where,) = host_of(units, assignment[0])
+        h = hosts[where]
+        assert h.isolation != "none"
+        if h.runtime == "docker":
+            assert by_id[jid].runs_image
+        if h.runtime == "process":
+            assert not by_id[jid].runs_image and by_id[jid].constraints.allow_process_runtime
 
 
 def test_mig_requests_land_only_on_that_profile_and_whole_gpu_requests_never_on_mig():

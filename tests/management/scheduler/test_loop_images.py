@@ -13,9 +13,11 @@ from common.containers import RegistryAuth
 from common.wire import AgentEvent, AgentEventKind, CommandResult
 from management.http.responses import RegistryAuthView
 from management.views import command_view, workload_spec_view
-from master.records import AgentRecord
+from management.workloads.book import TRANSITION_EVENT, WorkloadBook
+from management.workloads.runner import SchedulerLoop, SchedulerSettings
+from master.records import AgentRecord, PlacementConstraints
 from master.reputation import reputation
-from tests.management.workloads.test_runner import creates_sent, host, scheduler, spec, started
+from tests.management.workloads.test_runner import OPERATOR_ALLOWS_TEST_STORE, creates_sent, host, scheduler, spec, started
 from tests.master.linked import connect, gpus, relay
 
 
@@ -44,22 +46,52 @@ async def test_a_start_that_fails_through_the_renters_image_fails_the_workload_a
     )
 
 
-async def test_a_start_that_fails_through_the_host_is_still_the_hosts(master, link):
+async def test_a_start_that_fails_through_the_host_is_the_hosts_and_is_tried_on_another_host(master, link):
     await host(master, link, "agt-a")
+    await host(master, link, "agt-b")
     loop = scheduler(master)
     await loop.book.load()
-    wl = await loop.book.submit("alice", spec(), time.time())
+    wl = await loop.book.submit("alice", spec(), time.time())  # restart_policy never: a host's fault is no restart
     await loop.cycle()
     (x,) = (await loop.book.get(wl.id)).assignments
     failure = CommandResult(id=x.command_id, ok=False, error="the host's disk is full", error_code="runtime_failure")
-    await relay(master, link, "agt-a", failure)
+    await relay(master, link, x.agent_id, failure)
 
-    await loop.cycle()
+    await loop.cycle()  # the failure is seen: back to the queue, and placed again in the same cycle
+
+    transitions = await master.store.events.list(kind_prefix=TRANSITION_EVENT, subject=wl.id, limit=100)
+    assert [e.data["reason"] for e in transitions if e.data["event"] == "requeue"] == [
+        f"1 of 1 container(s) did not start on {x.agent_id} (failed): the host's disk is full; "
+        "trying another host (1 of 2 hosts may fail it)"
+    ]
+    agent = master.registry.agents[x.agent_id]
+    assert (agent.containers_failed, agent.containers_refused) == (1, 0)
+    rec = await loop.book.get(wl.id)
+    (y,) = rec.assignments
+    assert (rec.state, rec.attempts, rec.restarts) == ("scheduled", 2, 0)
+    assert y.agent_id != x.agent_id and rec.start_failed_on == [x.agent_id]
+
+
+async def test_a_start_that_fails_through_every_host_it_may_try_fails_the_workload_with_the_last_hosts_words(master, link):
+    for name in ("agt-a", "agt-b", "agt-c", "agt-d"):
+        await host(master, link, name)
+    loop = scheduler(master)
+    await loop.book.load()
+    wl = await loop.book.submit("alice", spec(), time.time())
+    tried = []
+    for _ in range(3):  # the first host and 2 others (LifecyclePolicy.start_retries)
+        await loop.cycle()
+        (x,) = (await loop.book.get(wl.id)).assignments
+        tried.append(x.agent_id)
+        failure = CommandResult(id=x.command_id, ok=False, error=f"engine on {x.agent_id} crashed", error_code="runtime_failure")
+        await relay(master, link, x.agent_id, failure)
+        await loop.cycle()
 
     rec = await loop.book.get(wl.id)
-    assert rec.state == "failed" and rec.host_failure.startswith("agt-a: container did not start")
-    agent = master.registry.agents["agt-a"]
-    assert (agent.containers_failed, agent.containers_refused) == (1, 0)
+    assert len(set(tried)) == 3 and rec.start_failed_on == tried
+    assert rec.state == "failed"
+    assert rec.state_reason == f"1 of 1 container(s) did not start on {tried[-1]} (failed): engine on {tried[-1]} crashed"
+    assert rec.host_failure == f"{tried[-1]}: container did not start (failed)"
 
 
 async def test_pull_progress_is_the_starting_workloads_detail_until_it_runs(master, link):
@@ -137,3 +169,25 @@ async def test_only_a_create_can_fail_through_the_renter_a_delete_claiming_so_is
     await relay(master, link, "agt-a", claim)
     agent = master.registry.agents["agt-a"]
     assert (agent.commands_failed, agent.containers_refused) == (1, 0)
+
+
+async def test_the_loop_sends_image_none_to_the_process_runtime_host_and_an_image_to_the_container_engine(master, link):
+    """The case of issue 37: image "none" went to a Podman host, which tried to pull docker.io/library/none."""
+    await connect(master, link, "agt-box", gpus(2, prefix="GPU-box"), runtime="docker", isolation="container")
+    await connect(master, link, "agt-proc", gpus(2, prefix="GPU-proc"), runtime="process", isolation="sandbox")
+    book = WorkloadBook(master.store, master.events, master, policy=master.policy, egress=OPERATOR_ALLOWS_TEST_STORE)
+    loop = SchedulerLoop(master, book, SchedulerSettings(grace_s=7.0, allow_process_runtime=True, stray_sweep_s=0.0))
+    await loop.book.load()
+    allowed = PlacementConstraints(allow_process_runtime=True)
+    bare = [await loop.book.submit("alice", spec(f"bare{i}", image="none", constraints=allowed), time.time()) for i in range(3)]
+    imaged = [await loop.book.submit("alice", spec(f"img{i}", constraints=allowed), time.time()) for i in range(3)]
+
+    await loop.cycle()
+
+    where = {rec.spec.name: [a.agent_id for a in rec.assignments] for rec in [await loop.book.get(w.id) for w in bare + imaged]}
+    assert where == {
+        "bare0": ["agt-proc"], "bare1": ["agt-proc"], "bare2": [],
+        "img0": ["agt-box"], "img1": ["agt-box"], "img2": [],
+    }  # fmt: skip
+    assert all(c.body.spec["image"] == "none" for c in creates_sent(link, "agt-proc"))
+    assert all(c.body.spec["image"] == "busybox" for c in creates_sent(link, "agt-box"))

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from common.errors import InvalidTransition, NotFound
@@ -15,7 +16,7 @@ from management.workloads.book import WorkloadBook
 from management.workloads.spec import InvalidWorkloadSpec, container_name
 from master.config import MasterConfig
 from master.master import Master
-from master.records import Assignment, ReplicaSpec, WorkloadSpec
+from master.records import Assignment, RentalTerms, ReplicaSpec, WorkloadSpec
 from master.store import open_store
 from master.store.aggregates import output_key
 from master.store.errors import StaleWorkload
@@ -211,3 +212,15 @@ async def test_a_second_master_that_writes_first_makes_this_books_write_fail_sta
     with pytest.raises(StaleWorkload):
         await book_one.transition(wl.id, "reject", "can never fit", NOW + 1)
     assert (await one.store.workloads.get(wl.id)).state == "scheduled"  # type: ignore[union-attr]
+
+
+async def test_submit_stores_the_restart_policy_in_force_so_answers_show_it(start_master):
+    master = await start_master()
+    book = book_of(master)
+    await book.load()
+    bid = RentalTerms(kind="interruptible", bid="0.50")
+    plain = await book.submit("alice", SPEC, NOW)
+    interruptible = await book.submit("alice", msgspec.structs.replace(SPEC, rental=bid), NOW)
+    told = await book.submit("alice", msgspec.structs.replace(SPEC, rental=bid, restart_policy="never"), NOW)
+    assert [w.spec.restart_policy for w in (plain, interruptible, told)] == ["never", "on_failure", "never"]
+    assert (await master.store.workloads.get(interruptible.id)).spec.restart_policy == "on_failure"

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from common.errors import InvalidTransition
+from common.storage import CheckpointSpec
 from management.workloads.lifecycle import (
     FAILED_COMMAND_STATES,
     Action,
@@ -33,7 +34,7 @@ from management.workloads.lifecycle import (
 )
 from management.workloads.spec import container_name
 from management.workloads.states import FINAL_WORKLOAD_STATES, WORKLOAD, AssignmentState, WorkloadState
-from master.records import Assignment, ReplicaSpec, WorkloadRecord, WorkloadSpec
+from master.records import Assignment, RentalTerms, ReplicaSpec, WorkloadRecord, WorkloadSpec
 
 POLICY = LifecyclePolicy(grace_s=7.0, start_timeout_s=300.0, pull_allowance_s=1800.0)
 T = 1_000_000.0
@@ -41,7 +42,11 @@ WL = "wl-00000000000000aa"
 
 
 def record(state: str = "running", replicas: int = 1, **fields: Any) -> WorkloadRecord:
-    spec_fields = {k: fields.pop(k) for k in ("restart_policy", "max_restarts", "max_duration_s") if k in fields}
+    spec_fields = {k: fields.pop(k) for k in ("restart_policy", "max_restarts", "max_duration_s", "checkpoint") if k in fields}
+    if "offer" in fields:
+        spec_fields["rental"] = RentalTerms(offer=fields.pop("offer"))
+    if "bid" in fields:
+        spec_fields["rental"] = RentalTerms(kind="interruptible", bid=fields.pop("bid"))
     spec = WorkloadSpec(name="train", image="busybox", replicas=replicas, replica=ReplicaSpec(gpus=1), **spec_fields)
     running = state in ("running", "preempted")
     assignments = fields.pop(
@@ -128,25 +133,49 @@ def test_pull_progress_is_the_starting_workloads_detail_per_replica_and_cleared_
     assert step(one, facts(ReplicaFacts(create_state="acked")), POLICY, T) == ()  # nothing changed: nothing done
 
 
-def test_a_create_that_failed_through_the_host_fails_the_workload_naming_the_host():
+def test_a_create_that_failed_through_the_host_is_tried_on_another_host_with_the_hosts_words_and_blame():
     """(was test_loop_market.py::test_a_container_that_did_not_start_is_noted_on_the_failure_and_on_a_restart)"""
-    action = only(step(record("scheduled"), facts(ReplicaFacts(create_state="failed")), POLICY, T))
+    failed = ReplicaFacts(create_state="failed", create_error_code="runtime_failed", create_error="OCI runtime: no cgroup")
+    action = only(step(record("scheduled"), facts(failed), POLICY, T))
     assert action == End(
-        "start_failed",
-        "1 of 1 container(s) did not start (failed)",
-        0.0,
-        {"host_failure": "agt-0: container did not start (failed)"},
+        "requeue",
+        "1 of 1 container(s) did not start on agt-0 (failed): OCI runtime: no cgroup; "
+        "trying another host (1 of 2 hosts may fail it)",
+        POLICY.grace_s,
+        {"host_failure": "agt-0: container did not start (failed)", "start_failed_on": ["agt-0"]},
     )
 
 
+def test_a_create_that_failed_through_as_many_hosts_as_start_retries_allow_fails_the_workload_naming_the_last():
+    rec = record("scheduled", start_failed_on=["agt-7", "agt-8"])
+    action = only(step(rec, facts(ReplicaFacts(create_state="failed")), POLICY, T))
+    assert action == End(
+        "start_failed",
+        "1 of 1 container(s) did not start on agt-0 (failed): no reason given",
+        0.0,
+        {"host_failure": "agt-0: container did not start (failed)", "start_failed_on": ["agt-7", "agt-8", "agt-0"]},
+    )
+
+
+def test_a_create_that_failed_on_the_host_a_rental_pins_is_not_tried_elsewhere():
+    rec = record("scheduled", offer="agt-0")
+    action = only(step(rec, facts(ReplicaFacts(create_state="failed", create_error="disk full")), POLICY, T))
+    assert isinstance(action, End) and action.event == "start_failed", action
+    assert action.reason == "1 of 1 container(s) did not start on agt-0 (failed): disk full"
+
+
 def test_a_create_that_failed_through_the_host_requeues_a_restarting_workload_still_naming_the_host():
-    rec = record("starting", replicas=2, restart_policy="on_failure", max_restarts=3)
+    rec = record("starting", replicas=2, restart_policy="on_failure", max_restarts=3, start_failed_on=["agt-5", "agt-6"])
     action = only(step(rec, facts(ReplicaFacts(create_state="succeeded"), ReplicaFacts(create_state="timed_out")), POLICY, T))
     assert action == End(
         "requeue",
-        "1 of 2 container(s) did not start (timed_out); restart 1 of 3",
+        "1 of 2 container(s) did not start on agt-1 (timed_out): no reason given; restart 1 of 3",
         POLICY.grace_s,
-        {"restarts": 1, "host_failure": "agt-1: container did not start (timed_out)"},
+        {
+            "restarts": 1,
+            "host_failure": "agt-1: container did not start (timed_out)",
+            "start_failed_on": ["agt-5", "agt-6", "agt-1"],
+        },
     )
 
 
@@ -163,7 +192,7 @@ def test_a_step_that_ends_the_run_sends_no_create():
         rec, assignments=[rec.assignments[0], msgspec.structs.replace(rec.assignments[1], command_id="")]
     )
     action = only(step(rec, facts(ReplicaFacts(create_state="failed"), ReplicaFacts()), POLICY, T))
-    assert isinstance(action, End) and action.event == "start_failed"
+    assert isinstance(action, End) and action.event == "requeue"
 
 
 def test_a_create_the_master_refuses_sends_the_workload_back_to_the_queue():
@@ -249,6 +278,32 @@ def test_a_preempted_workload_goes_back_to_the_queue_or_fails_by_restart_policy_
     assert only(step(again, gone, POLICY, T)) == Advance("requeue", "preempted for a higher priority workload; back in the queue")
 
 
+def test_preempted_work_with_a_checkpoint_or_a_bid_goes_back_to_the_queue_unless_its_spec_says_never():
+    gone = facts(ReplicaFacts(listed=False))
+    back = Advance("requeue", "preempted for wl-high; back in the queue")
+    checkpointed = record("preempted", preempted_for="wl-high", checkpoint=CheckpointSpec(uri="s3://runs/ckpt/"))
+    assert only(step(checkpointed, gone, POLICY, T)) == back
+    bid = record("preempted", preempted_for="wl-high", bid="0.50")
+    assert only(step(bid, gone, POLICY, T)) == back
+    told_never = record("preempted", preempted_for="wl-high", bid="0.50", restart_policy="never")
+    assert only(step(told_never, gone, POLICY, T)) == Advance("fail", "preempted for wl-high; restart_policy never")
+
+
+@pytest.mark.parametrize(
+    ("fields", "in_force"),
+    [
+        ({}, "never"),
+        ({"rental": RentalTerms(kind="interruptible", bid="0.10")}, "on_failure"),
+        ({"rental": RentalTerms(kind="reserved", reserved_s=3600)}, "never"),
+        ({"checkpoint": CheckpointSpec(uri="s3://runs/ckpt/")}, "on_failure"),
+        ({"checkpoint": CheckpointSpec(uri="s3://runs/ckpt/"), "restart_policy": "never"}, "never"),
+        ({"restart_policy": "always"}, "always"),
+    ],
+)
+def test_the_restart_policy_in_force_is_the_specs_else_on_failure_for_checkpointed_or_interruptible_work(fields, in_force):
+    assert WorkloadSpec(name="train", image="busybox", **fields).restart_policy_in_force == in_force
+
+
 def test_queued_and_final_workloads_get_no_action_and_facts_must_match_the_assignments():
     for state in ("queued", "succeeded", "failed", "cancelled"):
         assert step(record(state, assignments=[]), facts(), POLICY, T) == ()
@@ -306,11 +361,13 @@ def cases(draw: st.DrawFn) -> tuple[WorkloadRecord, Facts, float]:
     rec = record(
         state,
         replicas=replicas,
-        restart_policy=draw(st.sampled_from(["never", "on_failure", "always"])),
+        restart_policy=draw(st.sampled_from([None, "never", "on_failure", "always"])),
         max_restarts=max_restarts,
         max_duration_s=draw(st.none() | st.sampled_from([1.0, 60.0, 3600.0])),
         restarts=draw(st.integers(0, max_restarts)),
         detail=draw(st.sampled_from(["", "pulling image: 1 of 2"])),
+        start_failed_on=draw(st.lists(st.sampled_from([f"agt-{i}" for i in range(5)]), max_size=3, unique=True)),
+        **draw(st.sampled_from([{}, {"offer": "agt-0"}, {"bid": "0.50"}])),
     )
     assignments = [
         msgspec.structs.replace(
@@ -369,7 +426,7 @@ def test_a_restart_policy_never_exceeds_its_limit(case):
     for action in step(rec, f, POLICY, now):
         if isinstance(action, End) and "restarts" in action.changes:
             assert action.event == "requeue"
-            assert rec.spec.restart_policy in ("on_failure", "always")
+            assert rec.spec.restart_policy_in_force in ("on_failure", "always")
             assert action.changes["restarts"] == rec.restarts + 1 <= rec.spec.max_restarts
 
 
@@ -404,6 +461,23 @@ def test_an_exit_code_is_never_blamed_on_a_host(case):
     f = facts(*(dataclasses.replace(r, host=HostStatus.ANSWERING, listed=True) for r in f.replicas))
     for action in step(rec, f, POLICY, now):
         assert not (isinstance(action, End) and action.changes.get("host_failure"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(cases())
+def test_a_start_that_failed_through_hosts_moves_on_at_most_start_retries_times_and_never_off_a_pinned_host(case):
+    rec, f, now = case
+    for action in step(rec, f, POLICY, now):
+        if not (isinstance(action, End) and "start_failed_on" in action.changes):
+            continue
+        tried = action.changes["start_failed_on"]
+        pin = rec.spec.rental.offer if rec.spec.rental is not None else None
+        assert tried[: len(rec.start_failed_on)] == [h for h in rec.start_failed_on if h != pin]
+        assert pin not in tried[len(rec.start_failed_on) :]  # the pinned host is never avoided
+        blamed = action.changes["host_failure"].split(":")[0]
+        assert blamed in tried or blamed == pin  # the host is blamed
+        if action.event == "requeue" and "restarts" not in action.changes:  # moved on, not a restart
+            assert len(tried) <= POLICY.start_retries and blamed != pin
 
 
 def test_the_transition_table_refuses_what_the_properties_rely_on_it_to_refuse():

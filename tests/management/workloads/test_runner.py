@@ -41,7 +41,7 @@ def scheduler(master: Master) -> SchedulerLoop:
 
 def spec(name: str = "train", **fields: Any) -> WorkloadSpec:
     replica = ReplicaSpec(gpus=fields.pop("gpus", 1))
-    return WorkloadSpec(name=name, image="busybox", command=["sleep", "600"], replica=replica, **fields)
+    return WorkloadSpec(name=name, image=fields.pop("image", "busybox"), command=["sleep", "600"], replica=replica, **fields)
 
 
 def creates_sent(link: AccessLink, agent_id: str) -> list[Command]:
@@ -203,24 +203,25 @@ async def test_a_higher_class_preempts_a_lower_one_which_goes_back_to_the_queue(
     assert (await loop.book.get(high.id)).state == "scheduled"
 
 
-async def test_a_create_the_host_refuses_to_start_requeues_the_workload(master, link):
+async def test_a_create_the_host_fails_to_start_requeues_the_workload_onto_another_host_without_a_restart(master, link):
     await host(master, link, "agt-a")
     loop = scheduler(master)
     await loop.book.load()
     wl = await loop.book.submit("alice", spec(restart_policy="on_failure"), time.time())
     await loop.cycle()
     (x,) = (await loop.book.get(wl.id)).assignments
-    refused = CommandResult(id=x.command_id, ok=False, error="image not found", error_code="runtime_failure")
+    await host(master, link, "agt-b")  # joins after the first placement: the only other host
+    refused = CommandResult(id=x.command_id, ok=False, error="no space left on device", error_code="runtime_failure")
     await relay(master, link, "agt-a", refused)
 
     await loop.cycle()
 
     rec = await loop.book.get(wl.id)
-    assert (rec.state, rec.restarts, rec.attempts) == ("scheduled", 1, 2)  # back in the queue, and placed again at once
-    assert rec.assignments[0].container == f"{wl.id}-r0-a2"
+    assert (rec.state, rec.restarts, rec.attempts) == ("scheduled", 0, 2)  # back in the queue, and placed again at once
+    assert rec.assignments[0].agent_id == "agt-b" and rec.assignments[0].container == f"{wl.id}-r0-a2"
     moves = await master.store.events.list(subject=wl.id, kind_prefix="workload.transition")
     requeue = next(e for e in moves if e.data["event"] == "requeue")
-    assert "1 of 1 container(s) did not start (failed); restart 1 of 3" in requeue.data["reason"]
+    assert "1 of 1 container(s) did not start on agt-a (failed): no space left on device" in requeue.data["reason"]
 
 
 async def test_a_restarted_master_adopts_running_containers_and_issues_what_was_missing(tmp_path, link):
