@@ -10,10 +10,6 @@ import msgspec
 from common.overlay import OverlaySpec
 from common.storage import ContainerStorage
 
-# What a workload does when its containers end (master/records.py's WorkloadSpec.restart_policy): never again, back to
-# the queue when one fails, or also when all exit 0. Here, in common, so the CLI offers them without importing the Master.
-RESTART_POLICIES = ("never", "on_failure", "always")
-
 _LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}\Z")
 
 LABEL_COMMAND_ID = "io.idlegrid.command-id"

@@ -7,8 +7,9 @@ from typing import Annotated, Any
 
 import msgspec
 
-from common.containers import RESTART_POLICIES, RegistryAuth
+from common.containers import RegistryAuth
 from common.inventory import GpuInfo, GpuReach, HostInfo
+from common.restart_policy import RESTART_POLICIES
 from common.storage import CheckpointSpec, StorageAccess, StorageMount
 from common.wire import BenchmarkFigures
 

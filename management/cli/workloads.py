@@ -20,8 +20,8 @@ from typing import Any
 
 import msgspec
 
-from common.containers import RESTART_POLICIES
 from common.errors import IdlegridError
+from common.restart_policy import RESTART_POLICIES
 from management.cli.connection import api_client, connection_options, table, when
 from management.cli.templates import add_launch_options, apply_links, link_wait_s, print_links_when_up, template_base
 from management.client.api import ApiError

@@ -19,6 +19,7 @@ from aiohttp import web
 from common.errors import NotFound
 from common.storage import SECRET_REF
 from management.console.forms import FormErrors, integer, text
+from management.console.workload_storage import field_of as storage_field_of
 from management.http.keys import SERVICES_KEY
 from master.port import MAX_REPLICAS, RESTART_POLICIES, WorkloadSpec
 
@@ -28,7 +29,7 @@ RESTART_HINT = (
     "On failure: a non-zero exit or a lost host runs it again; always: whenever it exits; never: an exit ends it. "
     "Default: on failure when it has a checkpoint or a bid, never otherwise."
 )
-assert tuple(RESTART_LABELS)[1:] == RESTART_POLICIES  # one owner of the set: common/containers.py
+assert tuple(RESTART_LABELS)[1:] == RESTART_POLICIES  # one owner of the set: common/restart_policy.py
 LINK_ACCESS = ("private", "public", "tcp")  # private/public: an http link (docs/links.md); tcp: port-forward or SSH only
 SECRET_ROWS = 3  # rows of "variable from a secret" the form shows
 PROCESS_IMAGE = "none"  # the image of work that runs as a sandboxed process: nothing to pull, no container engine
@@ -125,7 +126,9 @@ FIELDS_BY_PREFIX = {
 def refused_field(message: str) -> str:
     """The form field a submit's refusal names ("image: registry ... is not allowed" -> "image"); "form" otherwise."""
     head = message.split(":", 1)[0].split(".")[0].split("[")[0].strip()
-    return FIELDS_BY_PREFIX.get(head, "form")
+    if head in FIELDS_BY_PREFIX:
+        return FIELDS_BY_PREFIX[head]
+    return storage_field_of(message)  # the storage block's own fields (a store the egress rule refuses, ...)
 
 
 def form_from_spec(spec: WorkloadSpec, secret_names: Collection[str]) -> tuple[dict[str, str], list[str]]:
