@@ -33,6 +33,7 @@ from management.market.money import format_amount, parse_amount, period_cost
 from management.market.offers import Offer, OfferChoices, SearchResult
 from management.services.offer_details import OfferDetail, offer_detail
 from management.workloads.book import WorkloadBook
+from management.workloads.states import WorkloadState
 from master.port import (
     BOOTSTRAP_ACCOUNT,
     LedgerEntry,
@@ -326,7 +327,7 @@ class MarketService:
         }
         said = KINDS_SAID[terms.kind]
         hosts = rental.hosts if rental is not None else None
-        if hosts is None and rec.state == "running":  # the meter opens its rental on its next tick, at these prices
+        if hosts is None and rec.state == WorkloadState.RUNNING:  # the meter opens its rental on its next tick, at these prices
             hosts = rental_hosts(rec, self._master, self.market.prices.price)
         if hosts:
             now = time.time()
