@@ -722,7 +722,7 @@ class AgentGateway:
     async def directory(self, news: DirectoryNews) -> None:
         """The relay directory changed: each agent here is told with its next frame (a heartbeat comes every few
         seconds), not all at once. Sent by the Master to each agent through the link, 5,000 directory frames (1.2 MB)
-        held every command behind them for seconds in a reconnect storm (bench/README.md, "The minute's write, the
+        held every command behind them for seconds in a reconnect storm (bench/HISTORY.md, "The minute's write, the
         storm's window and the hellos")."""
         self._directory_frame = encode(RelayDirectory(relays=news.relays))
         self._directory_epoch += 1

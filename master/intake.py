@@ -2,7 +2,7 @@
 
 A relay link used to be read one message at a time and each frame handled before the next message was read: while
 the Master was slower than its relays, whole batches of heartbeats waited in the socket, in websockets' queue and in
-the relay's buffer ahead of every command result (bench/README.md, "overload"). Now a reader task takes each
+the relay's buffer ahead of every command result (bench/HISTORY.md, "overload"). Now a reader task takes each
 message as it arrives, decodes it and sorts its frames into a ``LaneQueue`` (common/lanes.py); two handler tasks
 take them out, one the control lane, the other admission then telemetry, so that a result is handled while a hello is
 (a hello's store writes took 0.4-2 s in a storm, and results waited behind it); two frames of one agent are never
@@ -22,7 +22,7 @@ Liveness: the time each agent's frame was last read here goes into ``heard`` (ag
 it waits in and whether it is handled at all. The Master judges an agent's silence on that too (master/upkeep.py):
 a heartbeat that waits behind control, or is replaced by a newer one, still says its agent is there. Judged on
 handled heartbeats alone, an overloaded Master sent agents offline for its own delay, forgot their sessions, asked
-each for a new hello and so made the overload worse (bench/README.md, "Overload").
+each for a new hello and so made the overload worse (bench/HISTORY.md, "Overload").
 
 Backpressure: when the control lane or the admission lane is full (``LaneBounds.control_bytes``,
 ``admission_bytes``: apart, so that a storm's hellos do not stop the reading of results), the reader waits before
@@ -176,7 +176,7 @@ class LinkIntake:
     async def run(self) -> None:
         """Handle frames until closed and the control and admission lanes are empty: the control lane in one task,
         hellos then telemetry in another, so that a command's result never waits for a hello being handled (its
-        store writes: 0.4-2 s in a storm, bench/README.md). Two frames of one agent are never handled at once."""
+        store writes: 0.4-2 s in a storm, bench/HISTORY.md). Two frames of one agent are never handled at once."""
         tasks = [
             asyncio.create_task(self._serve(control=True), name="intake-control"),
             asyncio.create_task(self._serve(control=False), name="intake-admission"),
