@@ -33,7 +33,7 @@ from management.market.money import format_amount, parse_amount, period_cost
 from management.market.offers import Offer, OfferChoices, SearchResult
 from management.services.offer_details import OfferDetail, offer_detail
 from management.workloads.book import WorkloadBook
-from management.workloads.states import WorkloadState
+from management.workloads.states import GONE_ASSIGNMENT_STATES, WorkloadState
 from master.port import (
     BOOTSTRAP_ACCOUNT,
     LedgerEntry,
@@ -302,7 +302,7 @@ class MarketService:
         """(agent id, provider) of each host a workload is placed on and not leaving."""
         hosts: dict[str, str] = {}
         for a in rec.assignments:
-            if a.state in ("deleting", "deleted"):
+            if a.state in GONE_ASSIGNMENT_STATES:
                 continue
             agent = self._master.registry.agents.get(a.agent_id)
             hosts[a.agent_id] = agent.provider if agent is not None else ""
