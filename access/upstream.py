@@ -56,13 +56,14 @@ from common.wire import (
     encode,
     error_frame,
     negotiate,
+    tag_of,
 )
 
 log = logging.getLogger(__name__)
 
 # Each kind's lane is declared with its frame (common/wire.py): only the newest of TELEMETRY_KINDS says anything the
 # Master needs, so older ones may be replaced while they wait; ADMISSION_KINDS go after control, before telemetry.
-CONNECTED, DISCONNECTED = "agent_connected", "agent_disconnected"
+CONNECTED, DISCONNECTED = tag_of(AgentConnected), tag_of(AgentDisconnected)
 WELCOME_TIMEOUT_S = 10.0
 FLUSH_POLL_S = 0.02
 
