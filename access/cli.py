@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     tune_for_daemon()
     # asyncio's own loop, not uvloop (common/loop.py) as the other daemons: the relay resets unwanted connections
     # in its listening socket's accept() (access/relay.py, GatedListener), which uvloop bypasses (libuv accepts),
-    # and uvloop's 256 KiB TLS read buffer per connection costs more memory per agent (bench/README.md).
+    # and uvloop's 256 KiB TLS read buffer per connection costs more memory per agent (bench/HISTORY.md).
     asyncio.run(serve(config))
     return 0
 

@@ -20,7 +20,7 @@ from common.pki import client_tls_context, load_cert, server_tls_context
 log = logging.getLogger(__name__)
 
 # asyncio gives every TLS connection a 256 KiB read buffer; frames of any size still arrive with a smaller
-# one, in more reads. Measured with 2,000 agents (bench/README.md): 32 KiB -> 99 KiB of relay RSS per agent,
+# one, in more reads. Measured with 2,000 agents (bench/HISTORY.md): 32 KiB -> 99 KiB of relay RSS per agent,
 # 16 KiB -> 82, 4 KiB -> 62, at the same throughput of small frames (agents' frames are mostly < 4 KiB).
 TLS_READ_BUFFER_BYTES = 4 * 1024
 

@@ -70,9 +70,6 @@ from common.wire import (
 log = logging.getLogger(__name__)
 
 
-# Frames the relay never holds back: the agent resends results until acked anyway, but refusing them
-# would only delay the Master's view of what really happened to a command.
-NEVER_RATE_LIMITED = frozenset({"command_ack", "command_result"})
 SWEEP_INTERVAL_S = 5.0
 # Frames from the Master are delivered one at a time on the link's reader; one agent must not hold it long.
 DELIVER_TIMEOUT_S = 2.0
@@ -258,7 +255,7 @@ def judge_frame(message: bytes | str, budget: FrameBudget, now: float, max_bytes
         return Answer(exc) if admission is Admission.PASS else Ignore(exc)
     kind = type(frame).__struct_config__.tag
     assert isinstance(kind, str)
-    admission = budget.admit(now, must_pass=kind in NEVER_RATE_LIMITED)
+    admission = budget.admit(now, must_pass=not frame.rate_limited)  # declared with the frame (common/wire.py)
     if admission is Admission.PASS:
         return Forward(kind)
     if admission is Admission.CUT_OFF:
@@ -725,7 +722,7 @@ class AgentGateway:
     async def directory(self, news: DirectoryNews) -> None:
         """The relay directory changed: each agent here is told with its next frame (a heartbeat comes every few
         seconds), not all at once. Sent by the Master to each agent through the link, 5,000 directory frames (1.2 MB)
-        held every command behind them for seconds in a reconnect storm (bench/README.md, "The minute's write, the
+        held every command behind them for seconds in a reconnect storm (bench/HISTORY.md, "The minute's write, the
         storm's window and the hellos")."""
         self._directory_frame = encode(RelayDirectory(relays=news.relays))
         self._directory_epoch += 1

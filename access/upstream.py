@@ -33,9 +33,11 @@ from access.config import AccessConfig
 from access.metrics import RelayMetrics
 from common.errors import IdlegridError, ProtocolError
 from common.wire import (
+    ADMISSION_KINDS,
     CLOSE_NOT_LEADER,
     HARD_FRAME_BYTES,
     PROTOCOL_VERSIONS,
+    TELEMETRY_KINDS,
     AccessHello,
     AccessStats,
     AccessWelcome,
@@ -54,14 +56,14 @@ from common.wire import (
     encode,
     error_frame,
     negotiate,
+    tag_of,
 )
 
 log = logging.getLogger(__name__)
 
-# Only the newest of these says anything the Master needs: older ones may be replaced while they wait.
-SUPERSEDED_BY_NEWER = frozenset({"heartbeat", "telemetry"})
-CONNECTED, DISCONNECTED = "agent_connected", "agent_disconnected"
-ADMISSION_KINDS = frozenset({"hello"})  # sent after control, before telemetry: results never wait behind a storm's hellos
+# Each kind's lane is declared with its frame (common/wire.py): only the newest of TELEMETRY_KINDS says anything the
+# Master needs, so older ones may be replaced while they wait; ADMISSION_KINDS go after control, before telemetry.
+CONNECTED, DISCONNECTED = tag_of(AgentConnected), tag_of(AgentDisconnected)
 WELCOME_TIMEOUT_S = 10.0
 FLUSH_POLL_S = 0.02
 
@@ -127,7 +129,7 @@ class FrameBuffer:
 
     def offer(self, entry: Outbound, *, force: bool = False) -> bool:
         """Queue ``entry`` without waiting; False only when it must be kept but there is no room."""
-        replaceable = entry.kind in SUPERSEDED_BY_NEWER
+        replaceable = entry.kind in TELEMETRY_KINDS
         if replaceable and (self.coalesce or self._telemetry_size >= self.coalesce_bytes):
             older = self._latest.get((entry.agent_id, entry.kind))
             if older is not None and older.live and not older.sending:
@@ -273,7 +275,7 @@ class FrameBuffer:
 
         Counted as ``forgotten``, not as shed: the Master slows every agent down for shed telemetry (master/pacing.py),
         and an agent leaving says nothing about overload."""
-        for kind in SUPERSEDED_BY_NEWER:
+        for kind in TELEMETRY_KINDS:
             older = self._latest.get((agent_id, kind))
             if older is not None and older.live and not older.sending:
                 self._retire(older)
@@ -312,7 +314,7 @@ class FrameBuffer:
     def _retire(self, entry: Outbound) -> None:
         entry.live = False
         self._live -= 1
-        if entry.kind in SUPERSEDED_BY_NEWER:
+        if entry.kind in TELEMETRY_KINDS:
             self._telemetry_size -= len(entry.data)
         if self._latest.get((entry.agent_id, entry.kind)) is entry:
             del self._latest[(entry.agent_id, entry.kind)]

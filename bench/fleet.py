@@ -62,7 +62,7 @@ FULL_PACE_SHARE = 0.9  # of the expected rate: a fleet still at a pace factor of
 # From this many agents on, the simulated fleet runs in one process per relay. 10,000 agents in one Python process
 # (3,000 frames a second over 10,000 TLS links, half a core) were the slowest stage of the quiet hold's command tail:
 # its slowest commands waited in that process (``agent_run``, ``to_agent``: p99 102-133 ms where the grid's own
-# phases were far under; bench/README.md), a wait 10,000 separate hosts would not add.
+# phases were far under; bench/HISTORY.md), a wait 10,000 separate hosts would not add.
 SPLIT_FROM_AGENTS = 5_000
 DRAINED_BYTES = 64 * 1024  # queued on the links to the Master, in all: a few hundred frames at most
 
@@ -596,7 +596,7 @@ class Sampler:
         loop = asyncio.get_running_loop()
         # The kernel's table holds a line per connection (20,000 at 10,000 agents): parsed in a thread of this
         # process, it held the interpreter lock through every sample and stalled the very loop that times commands
-        # (the slowest round trips fell on the sampling period, bench/README.md). A process of its own parses it.
+        # (the slowest round trips fell on the sampling period, bench/HISTORY.md). A process of its own parses it.
         with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as parser:
             while not stop.is_set():
                 counters = await self.grid.relay_counters()
@@ -828,7 +828,7 @@ async def _full_pace(grid: BenchGrid, fleets: list[FleetDriver], options: FleetO
     """Wait (bounded) until the Master asks for reports at the full pace again and the fleet sends at it (heartbeats
     and telemetry over ``PACE_WINDOW_S`` at FULL_PACE_SHARE of the expected rate or more), so that the hold measures
     the full load: a ramp that left the pace slowed measured holds at about 2,000 messages a second instead of 3,000
-    (bench/README.md). Returns how long that took, the pace then and the rate last measured."""
+    (bench/HISTORY.md). Returns how long that took, the pace then and the rate last measured."""
     started = time.monotonic()
     expected = options.agents / options.heartbeat_s + options.agents / options.telemetry_s
     factor: float | None = None

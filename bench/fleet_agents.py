@@ -222,7 +222,7 @@ class SimulatedAgent(Agent):
         A real host writes its own small file, fsynced, in a worker thread, on its own disk. Here 5,000 agents of
         one process wrote theirs at once when a relay died (the directory changed for all of them): thousands of
         writes and fsyncs queued on the process's worker threads, which took the interpreter lock from the event
-        loop of every agent in it, and a command's 20 ms create took 2.7 s (bench/README.md, the storm). The
+        loop of every agent in it, and a command's 20 ms create took 2.7 s (bench/HISTORY.md, the storm). The
         agent's own saving is tested with the agent (tests/agent)."""
         return
 
@@ -277,7 +277,7 @@ def settle_heap() -> None:
 # The automatic one starts a young collection after 20,000 more allocations than frees (common.heap), but the frees
 # of *older* objects count too: 10,000 agents' waits (a coroutine, a future, a timer each, living a few seconds) are
 # made and freed at the same pace, so the count hardly moves while the young generation grows to half a million
-# objects, and the collection that comes at last holds every agent of the process for 250-400 ms (bench/README.md,
+# objects, and the collection that comes at last holds every agent of the process for 250-400 ms (bench/HISTORY.md,
 # the slowest commands of a hold fell on them). A young collection each second walks a second's worth.
 YOUNG_COLLECTION_EVERY_S = 1.0
 

@@ -5,7 +5,7 @@ CPython's default (a young collection every 700 net allocations) promotes any ob
 milliseconds, such as a frame waiting for its upstream write, into the oldest generation; once those
 promotions add up to a quarter of the heap, a full collection walks every object of every connection and
 stops the event loop for as long as that takes (about a second for 5,000 agent links on one relay core,
-bench/README.md). Rarer young collections let such objects die young, so full collections come with real
+bench/HISTORY.md). Rarer young collections let such objects die young, so full collections come with real
 growth of the heap and not with steady traffic. What is alive at start-up (modules, classes, configuration)
 never becomes garbage, so it is frozen out of every later collection.
 """
@@ -42,7 +42,7 @@ def share_the_interpreter_quickly() -> None:
     """For a daemon whose event loop shares the interpreter with a busy worker thread (the Master's store thread):
     each time the loop gives the lock up for a socket call, it waits up to the switch interval to get it back while
     the worker is busy in Python code. At CPython's 5 ms, a loop with dozens of socket calls a turn crawled whenever
-    the store wrote a batch; at 1 ms the worker gives way sooner, at the cost of more switches (bench/README.md)."""
+    the store wrote a batch; at 1 ms the worker gives way sooner, at the cost of more switches (bench/HISTORY.md)."""
     sys.setswitchinterval(SWITCH_INTERVAL_S)
 
 
@@ -70,7 +70,7 @@ def release_free_memory() -> bool:
     minute's rollups, a frame's bytes, the store's pages) comes from the C library's heap. glibc returns memory to the
     kernel only from the top of that heap, so the free space a minute's flush leaves between blocks still in use stays
     in the daemon's RSS: 24-48 MB of the Master's at 10,000 agents, varying run to run with where those blocks fell
-    (bench/README.md). ``malloc_trim(0)`` gives back every free page wherever it lies; the pages are mapped again, zeroed,
+    (bench/HISTORY.md). ``malloc_trim(0)`` gives back every free page wherever it lies; the pages are mapped again, zeroed,
     when the heap next grows into them.
     """
     if _MALLOC_TRIM is None:

@@ -4,7 +4,7 @@ A queue between agent and Master carries two kinds of frame. Control (commands, 
 agents coming and going, revocations) must all arrive, in order. Telemetry (heartbeats, GPU samples) says only what
 its newest frame says: an older sample not yet sent is worth nothing once a newer one of the same source waits. When
 one queue carries both in arrival order, a command waits behind every sample queued before it, and under overload
-that wait grows without bound (bench/README.md, "overload").
+that wait grows without bound (bench/HISTORY.md, "overload").
 
 ``LaneQueue`` keeps them apart, sans I/O (the shells that read and write sockets wait on it; it never waits):
 

@@ -3,17 +3,25 @@
 Frames are JSON objects with a ``type`` tag, sent as WebSocket text messages. Agent frames travel
 unchanged through the relay inside a ``relay`` envelope that names the agent; the relay sets that
 name from the agent's certificate, so an agent never chooses whose frames it sends.
+
+Each frame a relay queues for the Master declares here, beside its fields, the lane it waits in (``lane``:
+common/lanes.py) and whether the relay's per-connection budget may refuse it (``rate_limited``). The relay
+(access/relay.py, access/upstream.py) and the Master's intake (master/intake.py) read ``LANE_OF_KIND``,
+``TELEMETRY_KINDS`` and ``NEVER_RATE_LIMITED``, derived from those declarations; a queued frame without a lane fails
+the import (``lanes_of``) and tests/test_frame_lanes.py.
 """
 
 from __future__ import annotations
 
 import enum
-from typing import Annotated, Any
+from collections.abc import Iterable
+from typing import Annotated, Any, ClassVar, get_args
 
 import msgspec
 
 from common.errors import ProtocolError
 from common.inventory import GpuSample, HostSample, Inventory, LongText, ShortText
+from common.lanes import Lane
 from common.storage import StorageActivity
 from common.tunnel import Ticket
 
@@ -55,13 +63,18 @@ class ErrorCode(str, enum.Enum):
 
 
 class _Frame(msgspec.Struct, tag_field="type", kw_only=True, omit_defaults=True):
-    pass
+    # Every frame a relay queues for the Master declares its ``lane: ClassVar[Lane]`` (no default: a new frame must
+    # choose). Control must all arrive, in order; admission (hellos) comes after the control of agents already in;
+    # telemetry says only what its newest frame says, so an older one waiting may be replaced or let go.
+    # The relay's budget may refuse an agent's frame unless it says otherwise here.
+    rate_limited: ClassVar[bool] = True
 
 
 # --- agent -> master -------------------------------------------------------------------------
 
 
 class Hello(_Frame, tag="hello"):
+    lane: ClassVar[Lane] = Lane.ADMISSION  # a storm's hellos must not hold back the results of agents already in
     versions: list[int]
     agent_version: str
     inventory: Inventory
@@ -73,6 +86,7 @@ class Hello(_Frame, tag="hello"):
 
 
 class Heartbeat(_Frame, tag="heartbeat"):
+    lane: ClassVar[Lane] = Lane.TELEMETRY
     seq: int
     ts: float
     running: list[str] = []  # names of containers the agent runs
@@ -88,16 +102,23 @@ class Heartbeat(_Frame, tag="heartbeat"):
 
 
 class Telemetry(_Frame, tag="telemetry"):
+    lane: ClassVar[Lane] = Lane.TELEMETRY
     ts: float
     samples: list[GpuSample]
     host: HostSample | None = None  # the host's own CPU, memory, disk and network (agents older than it send none)
 
 
 class CommandAck(_Frame, tag="command_ack"):
+    lane: ClassVar[Lane] = Lane.CONTROL
+    rate_limited: ClassVar[bool] = False  # see CommandResult
     id: str
 
 
 class CommandResult(_Frame, tag="command_result"):
+    lane: ClassVar[Lane] = Lane.CONTROL
+    # The agent resends a result until acked anyway, but refusing it would only delay the Master's view of what
+    # really happened to a command.
+    rate_limited: ClassVar[bool] = False
     id: str
     ok: bool
     result: dict[str, Any] = {}
@@ -121,6 +142,7 @@ class AgentEvent(_Frame, tag="event"):
     """An agent's report of something on its host. Stored under the agent's own subject in the
     ``agent_report.`` namespace, never as a Master transition or an operator's action."""
 
+    lane: ClassVar[Lane] = Lane.CONTROL
     kind: AgentEventKind
     ts: float
     container: ShortText | None = None
@@ -141,6 +163,7 @@ class RelayEntry(msgspec.Struct, frozen=True, kw_only=True):
 class RenewRequest(_Frame, tag="renew_request"):
     """A fresh CSR for the agent's next certificate, sent over the authenticated link before expiry."""
 
+    lane: ClassVar[Lane] = Lane.CONTROL
     csr_pem: str
 
 
@@ -163,6 +186,7 @@ class VerifyCommit(_Frame, tag="verify_commit"):
     """The answer to a ``verify_challenge``: the Merkle root over the answer's rows (common/challenge.py) and the
     benchmark's figures; or ``refused`` (why the benchmark did not run: the GPU is held by a renter, ...)."""
 
+    lane: ClassVar[Lane] = Lane.CONTROL
     challenge_id: ShortText
     root: ShortText = ""
     figures: BenchmarkFigures | None = None
@@ -178,6 +202,7 @@ class VerifyOpening(msgspec.Struct, kw_only=True):
 class VerifyOpen(_Frame, tag="verify_open"):
     """The rows a ``verify_reveal`` named, each with its authentication path to the committed root."""
 
+    lane: ClassVar[Lane] = Lane.CONTROL
     challenge_id: ShortText
     openings: list[VerifyOpening]
 
@@ -279,6 +304,7 @@ class RelayStatus(_Frame, tag="relay_status"):
 
 
 class Error(_Frame, tag="error"):
+    lane: ClassVar[Lane] = Lane.CONTROL
     code: str
     message: str
     ref: str | None = None  # id of the frame or command it refers to, when known
@@ -343,6 +369,7 @@ class Relay(_Frame, tag="relay"):
 
 
 class AgentConnected(_Frame, tag="agent_connected"):
+    lane: ClassVar[Lane] = Lane.CONTROL
     agent_id: str
     serial: str
     cert_not_after: float
@@ -350,6 +377,7 @@ class AgentConnected(_Frame, tag="agent_connected"):
 
 
 class AgentDisconnected(_Frame, tag="agent_disconnected"):
+    lane: ClassVar[Lane] = Lane.CONTROL
     agent_id: str
     reason: str = ""
 
@@ -421,6 +449,40 @@ LinkFrame = (
     | DirectoryNews
     | Error
 )
+
+
+# --- lanes: read by the relay (access/relay.py, access/upstream.py) and the Master's intake (master/intake.py) ----
+
+
+class FrameWithoutLane(TypeError):
+    """A frame a relay queues for the Master declares no ``lane``: it could wait in the wrong one unnoticed."""
+
+
+def tag_of(frame: type[_Frame]) -> str:
+    tag = frame.__struct_config__.tag
+    assert isinstance(tag, str)
+    return tag
+
+
+def lanes_of(frames: Iterable[type[_Frame]]) -> dict[str, Lane]:
+    """Each frame kind's declared lane, by its type tag; ``FrameWithoutLane`` names a frame that declares none."""
+    lanes = {}
+    for frame in frames:
+        lane = getattr(frame, "lane", None)
+        if not isinstance(lane, Lane):
+            raise FrameWithoutLane(f"{frame.__name__} ({tag_of(frame)!r}) declares no lane: give it a `lane: ClassVar[Lane]`")
+        lanes[tag_of(frame)] = lane
+    return lanes
+
+
+# What a relay queues for the Master: every agent frame (inside a ``relay`` envelope) and the relay's notices of
+# agents coming and going. The relay's other frames (hello, stats, enrollment) go straight onto the link, and the
+# intake takes every link frame that carries no agent frame as control.
+QUEUED_FRAMES: tuple[type[_Frame], ...] = (*get_args(AgentFrame), AgentConnected, AgentDisconnected)
+LANE_OF_KIND: dict[str, Lane] = lanes_of(QUEUED_FRAMES)
+TELEMETRY_KINDS = frozenset(kind for kind, lane in LANE_OF_KIND.items() if lane is Lane.TELEMETRY)
+ADMISSION_KINDS = frozenset(kind for kind, lane in LANE_OF_KIND.items() if lane is Lane.ADMISSION)
+NEVER_RATE_LIMITED = frozenset(tag_of(frame) for frame in get_args(AgentFrame) if not frame.rate_limited)
 
 
 # --- codec -----------------------------------------------------------------------------------

@@ -155,7 +155,7 @@ class AgentChannel:
     async def _lose_all(self, agent_ids: list[str], reason: str) -> None:
         """Many agents gone at once (their relay): batched writes, not one per agent, in slices of ``LOSE_SLICE``
         with a turn of the event loop between them. At once, 5,000 agents and their 40,000 GPUs held the loop
-        for 0.7 s (bench/README.md), every command and frame of every other agent behind them. An agent back
+        for 0.7 s (bench/HISTORY.md), every command and frame of every other agent behind them. An agent back
         through another relay before its slice (its hello may be handled in between) is left as it is now."""
         registry, links = self._registry, self._hub.agent_links
         for start in range(0, len(agent_ids), LOSE_SLICE):

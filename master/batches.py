@@ -3,11 +3,11 @@
 The store works on its own thread. A long batch there, busy in Python code, takes the interpreter lock for most
 of every switch interval (CPython's 5 ms; the Master sets 1 ms, common/heap.py); the event loop, which gives that
 lock up on every socket call, then waits that long each time it wants it back, and all traffic slows to a crawl
-for as long as the batch lasts, command round trips included (bench/README.md: 80,000 rollups and 10,000 agents
+for as long as the batch lasts, command round trips included (bench/HISTORY.md: 80,000 rollups and 10,000 agents
 took 3.4 s under load and held commands up to 1.8 s). Small batches, with a pause after each as long as the batch
 took, keep the store at most half busy and let the loop catch up in between; queued commands wait for one small
 batch, not for the whole flush. A command's own write waits for the batch being written: at 500 rows (20-50 ms on
-a busy machine) that was most of a quiet hold's ``send`` phase (p99 50 ms); at 100 rows, 20 ms (bench/README.md,
+a busy machine) that was most of a quiet hold's ``send`` phase (p99 50 ms); at 100 rows, 20 ms (bench/HISTORY.md,
 "Results beside hellos, writes side by side, the full pace").
 """
 
@@ -37,7 +37,7 @@ async def write_paced(
     ``spread_s``: rest longer where that spreads the batches evenly over about that long (the batches left start at
     even steps over what is left of it, at the pace the batches so far took). A minute of telemetry written as a
     burst at half duty took 10-13 s of a busy machine and slowed every command in those seconds; spread over the
-    next half minute, it is a low hum (bench/README.md, "The minute's write, the storm's window and the hellos")."""
+    next half minute, it is a low hum (bench/HISTORY.md, "The minute's write, the storm's window and the hellos")."""
     if not 0 < duty <= 1:
         raise ValueError(f"duty must be in (0, 1], got {duty}")
     if spread_s < 0:

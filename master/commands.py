@@ -159,7 +159,7 @@ class CommandLedger:
         self.open[record.id] = record
         # Stored, it goes out at once; what records it (an event, the GPUs it reserves: in memory before it goes) is
         # written meanwhile. Each write waits its turn on the store's one thread, and in a storm of hellos a turn took
-        # a tenth of a second or more: four in a row held the frame back 0.2-0.4 s (bench/README.md).
+        # a tenth of a second or more: four in a row held the frame back 0.2-0.4 s (bench/HISTORY.md).
         bookkeeping = [self._events.record("command.created", record.id, agent_id=agent_id, kind=kind)]
         if kind == CREATE:
             bookkeeping.append(self._registry.settle_gpus(agent))

@@ -2,11 +2,12 @@
 
 A relay link used to be read one message at a time and each frame handled before the next message was read: while
 the Master was slower than its relays, whole batches of heartbeats waited in the socket, in websockets' queue and in
-the relay's buffer ahead of every command result (bench/README.md, "overload"). Now a reader task takes each
+the relay's buffer ahead of every command result (bench/HISTORY.md, "overload"). Now a reader task takes each
 message as it arrives, decodes it and sorts its frames into a ``LaneQueue`` (common/lanes.py); two handler tasks
 take them out, one the control lane, the other admission then telemetry, so that a result is handled while a hello is
 (a hello's store writes took 0.4-2 s in a storm, and results waited behind it); two frames of one agent are never
-handled at once, and an agent's frames are handled in the order one task would have taken them:
+handled at once, and an agent's frames are handled in the order one task would have taken them. Each agent frame
+kind's lane is declared with its frame (common/wire.py ``lane``); today:
 
 - control: command acks and results, events, agents connecting and leaving, enrollment, the relay's stats;
 - admission: hellos (after the control of agents already in, before any telemetry);
@@ -21,7 +22,7 @@ Liveness: the time each agent's frame was last read here goes into ``heard`` (ag
 it waits in and whether it is handled at all. The Master judges an agent's silence on that too (master/upkeep.py):
 a heartbeat that waits behind control, or is replaced by a newer one, still says its agent is there. Judged on
 handled heartbeats alone, an overloaded Master sent agents offline for its own delay, forgot their sessions, asked
-each for a new hello and so made the overload worse (bench/README.md, "Overload").
+each for a new hello and so made the overload worse (bench/HISTORY.md, "Overload").
 
 Backpressure: when the control lane or the admission lane is full (``LaneBounds.control_bytes``,
 ``admission_bytes``: apart, so that a storm's hellos do not stop the reading of results), the reader waits before
@@ -42,14 +43,18 @@ import msgspec
 
 from common.errors import ProtocolError
 from common.lanes import Lane, LaneBounds, LaneQueue, Pushed
-from common.wire import AgentDisconnected, LinkFrame, Relay, decode_link_message
+from common.wire import LANE_OF_KIND, TELEMETRY_KINDS, AgentDisconnected, LinkFrame, Relay, decode_link_message
 
 log = logging.getLogger(__name__)
 
-# An agent frame's JSON as agents encode it starts with its tag: a bounded prefix tells its lane.
-_TELEMETRY_PREFIXES = {b'{"type":"heartbeat"': "heartbeat", b'{"type":"telemetry"': "telemetry"}
-_HELLO_PREFIX = b'{"type":"hello"'
-_PREFIX_BYTES = 20
+# An agent frame's JSON as agents encode it starts with its tag: a bounded prefix tells its lane, as each frame kind
+# declares it (common/wire.py). Control needs no prefix: a frame no prefix names is control.
+_PREFIX_LANES = {
+    f'{{"type":"{kind}"'.encode(): (lane, kind)
+    for kind, lane in sorted(LANE_OF_KIND.items(), key=lambda item: -item[1])  # telemetry first: the most frequent
+    if lane is not Lane.CONTROL
+}
+_PREFIX_BYTES = max(len(prefix) for prefix in _PREFIX_LANES)
 NOTICE_BYTES = 128  # what a link frame that carries no agent frame is counted as
 # Frames handled between yields to the event loop, so that the reader (and other links) keep going.
 HANDLE_SLICE = 64
@@ -72,17 +77,16 @@ class IntakeCounters:
 
 
 def lane_of(frame: LinkFrame) -> tuple[Lane, tuple[str, str] | None, int]:
-    """The lane of a link frame, its coalescing key (telemetry only) and its size in bytes, roughly."""
+    """The lane of a link frame, its coalescing key (telemetry only) and its size in bytes, roughly. A frame of the
+    relay's own (a notice, stats, enrollment) is control."""
     if not isinstance(frame, Relay):
         return Lane.CONTROL, None, NOTICE_BYTES
     inner = memoryview(frame.frame)
     head = bytes(inner[:_PREFIX_BYTES])
     size = len(inner) + NOTICE_BYTES
-    for prefix, kind in _TELEMETRY_PREFIXES.items():
+    for prefix, (lane, kind) in _PREFIX_LANES.items():
         if head.startswith(prefix):
-            return Lane.TELEMETRY, (frame.agent_id, kind), size
-    if head.startswith(_HELLO_PREFIX):
-        return Lane.ADMISSION, None, size
+            return lane, ((frame.agent_id, kind) if lane is Lane.TELEMETRY else None), size
     return Lane.CONTROL, None, size
 
 
@@ -138,8 +142,8 @@ class LinkIntake:
                     frame = detached(frame)
                 elif isinstance(frame, AgentDisconnected):
                     heard.pop(frame.agent_id, None)
-                    self.queue.forget((frame.agent_id, "heartbeat"))
-                    self.queue.forget((frame.agent_id, "telemetry"))
+                    for kind in TELEMETRY_KINDS:
+                        self.queue.forget((frame.agent_id, kind))
             agent_id = getattr(frame, "agent_id", None)
             while self.queue.push(frame, lane, size, key) is Pushed.FULL:
                 self._counters.waits += 1
@@ -172,7 +176,7 @@ class LinkIntake:
     async def run(self) -> None:
         """Handle frames until closed and the control and admission lanes are empty: the control lane in one task,
         hellos then telemetry in another, so that a command's result never waits for a hello being handled (its
-        store writes: 0.4-2 s in a storm, bench/README.md). Two frames of one agent are never handled at once."""
+        store writes: 0.4-2 s in a storm, bench/HISTORY.md). Two frames of one agent are never handled at once."""
         tasks = [
             asyncio.create_task(self._serve(control=True), name="intake-control"),
             asyncio.create_task(self._serve(control=False), name="intake-admission"),

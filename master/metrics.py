@@ -187,7 +187,7 @@ class FleetGauges(Collector):
     async def prepare(self) -> None:
         """Walk the GPUs for the next ``collect`` in slices of ``PREPARE_SLICE``, giving the event loop back between
         them: in one pass, 80,000 GPUs held the Master's loop for 110-160 ms per scrape, and every command and frame
-        behind it (bench/README.md). The GPUs are those of the moment it starts; their figures are read as the walk
+        behind it (bench/HISTORY.md). The GPUs are those of the moment it starts; their figures are read as the walk
         reaches them, as a scrape reads any live gauge. The next ``collect`` uses the result (once)."""
         regions = {agent.id: agent.region or NO_REGION for agent in self._agents()}
         gpus = list(self._gpus())

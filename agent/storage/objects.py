@@ -1,6 +1,6 @@
 """The renter's S3-compatible object store, through boto3 (its transfer manager: multipart for large objects, parallel
 parts, retries with backoff, checksums): small calls in worker threads, files of a part or more in a pool of processes
-of their own (``bulk_pool``), so the agent's event loop keeps serving its control link (bench/README.md, "Checkpoints").
+of their own (``bulk_pool``), so the agent's event loop keeps serving its control link (bench/HISTORY.md, "Checkpoints").
 
 Every failure is translated once, here, into whose fault it is: the renter's (``StorageUnauthorized``,
 ``StorageNotFound``, ``StorageUnreachable``, ``StorageTooLarge`` for a full disk or budget, ``EgressRefused`` for an
@@ -84,7 +84,7 @@ class ObjectStore:
     ) -> None:
         """``bulk``: a process pool that moves files of ``limits.part_bytes`` or more (None: threads of this process).
         Out of the agent's interpreter, a gigabyte's checksums and signatures do not hold the GIL its control loop
-        needs (bench/README.md measured the round trip of a host's commands during an upload both ways)."""
+        needs (bench/HISTORY.md measured the round trip of a host's commands during an upload both ways)."""
         self.endpoint = storage.endpoint or "https://s3.amazonaws.com"
         self._storage = storage
         self._limits = limits

@@ -24,12 +24,14 @@ import msgspec
 from common.errors import IdlegridError
 from common.tunnel import MAX_TUNNEL_PAYLOAD, Op, decode_exit, resize_payload
 from management.client.api import API_PREFIX, ApiRequest
+from management.workloads.state_names import FINAL_WORKLOAD_STATES, AssignmentState, WorkloadState
 
 if TYPE_CHECKING:  # the tunnel client (websockets) is imported by the commands that open one, not by every command line
     from management.client.tunnel import Tunnel, TunnelGrant
 
 EXIT_TUNNEL_FAILED = 1
-FINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
+# A replica's container in these states has an output still to come.
+OUTPUT_TO_COME = (AssignmentState.RUNNING, AssignmentState.EXITED, AssignmentState.DELETING)
 REOPEN_ATTEMPTS = 5  # port-forward: a tunnel that ends is opened again this many times in a row at most
 REOPEN_PAUSE_S = 1.0
 
@@ -158,8 +160,8 @@ def _print_end(client: Any, workload_id: str, replica: int) -> None:
         ended = [o for o in workload.get("outputs", []) if o["replica"] == replica and o["attempt"] == workload["attempts"]]
         mine = [a["state"] for a in workload.get("assignments", []) if a["replica"] == replica]
         settled = bool(ended) and ended[-1]["state"] != "pending"
-        expected = any(state in ("running", "exited", "deleting") for state in mine)  # an output still to come
-        if settled or (workload["state"] in FINAL_STATES and not expected) or time.monotonic() > deadline:
+        expected = any(state in OUTPUT_TO_COME for state in mine)
+        if settled or (workload["state"] in FINAL_WORKLOAD_STATES and not expected) or time.monotonic() > deadline:
             break
         time.sleep(END_POLL_S)
     code = ended[-1]["exit_code"] if ended else None
@@ -316,9 +318,9 @@ def check_forwardable(workload: Mapping[str, Any], port: int) -> None:
             "in its spec file); a port-forward reaches only the ports a workload declares"
         )
     state = workload["state"]
-    if state in FINAL_STATES:
+    if state in FINAL_WORKLOAD_STATES:
         raise BadForward(f"workload {name} is {state}: it runs no more, so there is nothing to forward to")
-    if state != "running":
+    if state != WorkloadState.RUNNING:
         raise BadForward(
             f"workload {name} is {state}, not running yet: forward once it runs (idlegrid workload get {name} says "
             f"when, idlegrid workload explain {name} why it waits)"

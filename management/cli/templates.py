@@ -14,11 +14,11 @@ from typing import Any
 from common.errors import IdlegridError
 from management.cli.connection import api_client, connection_options, table
 from management.client.api import ApiError
+from management.workloads.state_names import FINAL_WORKLOAD_STATES, WorkloadState
 
 Parser = Callable[[argparse._SubParsersAction, str, str, str], argparse.ArgumentParser]
 LINK_WAIT_S = 600.0  # how long `--template` waits for the link by default: an image pull can take minutes
 POLL_S = 2.0
-FINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
 
 
 class BadLink(IdlegridError):
@@ -109,10 +109,10 @@ def print_links_when_up(client: Any, workload: dict[str, Any], wait_s: float, ou
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         state = client.workload(workload["id"])["state"]
-        if state in FINAL_STATES:
+        if state in FINAL_WORKLOAD_STATES:
             print(f"{workload['id']} is {state}; its links are closed", file=sys.stderr)
             return
-        if state == "running" and all(_answers(client, link) for link in links):
+        if state == WorkloadState.RUNNING and all(_answers(client, link) for link in links):
             break
         time.sleep(POLL_S)
     else:

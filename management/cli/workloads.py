@@ -27,6 +27,7 @@ from management.cli.templates import add_launch_options, apply_links, link_wait_
 from management.client.api import ApiError
 from management.market.money import BadAmount, amount_text, format_amount, parse_amount
 from management.workloads.explain_text import render_explanation
+from management.workloads.state_names import WorkloadState
 
 TABLE_COLUMNS = ("ID", "NAME", "ACCOUNT", "STATE", "REPLICAS", "GPUS", "PRIORITY", "CREATED", "REASON")
 
@@ -379,7 +380,7 @@ def cost_line(client: Any, workload: Mapping[str, Any]) -> str:
         funds = client.balance(workload["account"])
     except ApiError:  # a key that may not read the account's balance: the price alone
         return line
-    lasting = balance_lasting(funds, per_hour, counted=workload.get("state") == "running")
+    lasting = balance_lasting(funds, per_hour, counted=workload.get("state") == WorkloadState.RUNNING)
     return f"{line}; {lasting}" if lasting else line
 
 
@@ -446,7 +447,7 @@ def _why_it_waits(client: Any, workload: dict[str, Any]) -> str:
     """For a queued workload, the explanation under a heading; "" for any other (or one placed meanwhile)."""
     from management.client.api import ApiError
 
-    if workload["state"] != "queued":
+    if workload["state"] != WorkloadState.QUEUED:
         return ""
     try:
         explanation = client.explain_workload(workload["id"])

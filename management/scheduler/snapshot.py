@@ -35,6 +35,7 @@ from management.scheduler.model import (
     Snapshot,
     Unit,
 )
+from management.workloads.states import HOLDING_STATES
 from management.workloads.states import WorkloadState as W
 from master.port import (
     DUPLICATE_UUID_FLAG,
@@ -50,8 +51,6 @@ from master.port import (
     reputation,
 )
 
-# States a workload holds (or is about to hold) GPUs in: it is a running job to the core.
-HOLDING_STATES = frozenset(str(s) for s in (W.SCHEDULED, W.STARTING, W.RUNNING, W.PREEMPTED))
 _ANSWERING = frozenset({AgentState.READY.value, AgentState.BUSY.value, AgentState.MAINTENANCE.value})
 _TAKES_WORK = frozenset({AgentState.READY.value, AgentState.BUSY.value})
 _RUNTIMES = frozenset({"docker", "process", "simulated"})

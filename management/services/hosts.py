@@ -19,6 +19,7 @@ from common.inventory import GpuSample
 from management.services.fleet import FleetFigures, fleet_figures
 from management.services.models import KeyText, Page, page_of
 from management.workloads.book import WorkloadBook
+from management.workloads.states import AssignmentState
 from master.port import AgentRecord, GpuRecord, MasterPort
 
 
@@ -117,7 +118,7 @@ class HostsService:
         found: dict[str, list[HostedReplica]] = {}
         for rec in self._book.open_workloads():
             for a in rec.assignments:
-                if a.agent_id in agent_ids and a.state != "deleted":
+                if a.agent_id in agent_ids and a.state != AssignmentState.DELETED:
                     found.setdefault(a.agent_id, []).append(
                         HostedReplica(
                             workload_id=rec.id,

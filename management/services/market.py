@@ -33,6 +33,7 @@ from management.market.money import format_amount, parse_amount, period_cost
 from management.market.offers import Offer, OfferChoices, SearchResult
 from management.services.offer_details import OfferDetail, offer_detail
 from management.workloads.book import WorkloadBook
+from management.workloads.states import GONE_ASSIGNMENT_STATES, WorkloadState
 from master.port import (
     BOOTSTRAP_ACCOUNT,
     LedgerEntry,
@@ -301,7 +302,7 @@ class MarketService:
         """(agent id, provider) of each host a workload is placed on and not leaving."""
         hosts: dict[str, str] = {}
         for a in rec.assignments:
-            if a.state in ("deleting", "deleted"):
+            if a.state in GONE_ASSIGNMENT_STATES:
                 continue
             agent = self._master.registry.agents.get(a.agent_id)
             hosts[a.agent_id] = agent.provider if agent is not None else ""
@@ -326,7 +327,7 @@ class MarketService:
         }
         said = KINDS_SAID[terms.kind]
         hosts = rental.hosts if rental is not None else None
-        if hosts is None and rec.state == "running":  # the meter opens its rental on its next tick, at these prices
+        if hosts is None and rec.state == WorkloadState.RUNNING:  # the meter opens its rental on its next tick, at these prices
             hosts = rental_hosts(rec, self._master, self.market.prices.price)
         if hosts:
             now = time.time()

@@ -35,6 +35,7 @@ import msgspec
 from common.errors import IdlegridError
 from common.output import DEFAULT_OUTPUT_LIMIT, last_lines
 from management.workloads.book import WorkloadBook
+from management.workloads.states import WorkloadState
 from master.port import (
     AgentRecord,
     AgentState,
@@ -243,7 +244,7 @@ class OutputCollector:
         if done.state != "kept" or done.exit_code == 0 or not done.data:
             return ""
         rec = self.book.open_workload(done.workload_id) or await self.book.get(done.workload_id)
-        if rec.state != "failed":
+        if rec.state != WorkloadState.FAILED:
             return ""
         tail = reason_tail(done.data, self.settings.reason_lines, self.settings.reason_chars)
         return f"\nlast lines of replica {done.replica}:\n{tail}" if tail else ""

@@ -17,6 +17,7 @@ from common.errors import Conflict, IdlegridError, NotFound
 from common.output import MARKER_ROOM, TailBuffer, bounded, last_lines
 from common.tunnel import Op, TunnelKind, encode_ticket
 from management.client.tunnel import Tunnel, TunnelClosed, TunnelGrant
+from management.workloads.states import AssignmentState
 from master.port import Assignment, KeptOutput, MasterPort, OutputRepo, WorkloadRecord
 
 Arg = Annotated[str, msgspec.Meta(min_length=1, max_length=2048)]
@@ -207,14 +208,16 @@ def _check_declared(workload: WorkloadRecord, port: int) -> None:
 def _live_logs(workload: WorkloadRecord, replica: int) -> Assignment | None:
     """The replica's container when a logs tunnel reaches it live (running, or exited and not yet deleted)."""
     for assignment in workload.assignments:
-        if assignment.replica == replica and assignment.state in ("running", "exited"):
+        if assignment.replica == replica and assignment.state in (AssignmentState.RUNNING, AssignmentState.EXITED):
             return assignment
     return None
 
 
 def _assignment(workload: WorkloadRecord, request: TunnelRequest) -> Assignment:
     """The replica's container, when it is there to reach: running (logs also once it has exited)."""
-    reachable = ("running", "exited") if request.kind == TunnelKind.LOGS.value else ("running",)
+    reachable = (
+        (AssignmentState.RUNNING, AssignmentState.EXITED) if request.kind == TunnelKind.LOGS.value else (AssignmentState.RUNNING,)
+    )
     for assignment in workload.assignments:
         if assignment.replica != request.replica:
             continue

@@ -20,6 +20,7 @@ from management.services.market import MarketService, RentalDetail
 from management.services.models import Page, page_of
 from management.workloads.book import WorkloadBook
 from management.workloads.runner import SchedulerLoop
+from management.workloads.states import WorkloadState
 from management.workloads.storage import STORAGE_EVENT_PREFIX, StorageSummary, summarize
 from master.port import EventRecord, KeptOutput, MasterPort, WorkloadRecord, WorkloadSpec, workload_order
 
@@ -127,7 +128,7 @@ class WorkloadsService:
     ) -> tuple[WorkloadRecord, Explanation | None]:
         """The workload and, while it is queued, why it waits."""
         record = await self.get_workload(workload_id, account=account)
-        if record.state != "queued":
+        if record.state != WorkloadState.QUEUED:
             return record, None
         try:
             return record, await self.scheduler.explain(workload_id)
@@ -137,7 +138,7 @@ class WorkloadsService:
     async def explain_workload(self, workload_id: str, *, account: str | None = None) -> Explanation:
         """Why a queued workload waits, constraint by constraint; Conflict for one that does not wait."""
         record = await self.get_workload(workload_id, account=account)
-        if record.state != "queued":
+        if record.state != WorkloadState.QUEUED:
             raise Conflict(f"workload {workload_id} is {record.state} ({record.state_reason}); only a queued workload waits")
         return await self.scheduler.explain(workload_id)
 

@@ -39,7 +39,6 @@ from common.overlay import MAX_BLOCKLIST, OverlaySpec
 from management.scheduler.core import explain, never_fits, schedule
 from management.scheduler.model import DEFAULT_HALF_LIFE_S, Explanation, Place, Plan, Policy, Preempt, Reject, Requeue, Snapshot
 from management.scheduler.snapshot import (
-    HOLDING_STATES,
     PriceOf,
     UnitCache,
     build_snapshot,
@@ -64,14 +63,13 @@ from management.workloads.lifecycle import (
     TakeOver,
 )
 from management.workloads.spec import InvalidWorkloadSpec, container_name, container_spec
-from management.workloads.states import AssignmentState, WorkloadState
+from management.workloads.states import HOLDING_STATES, AssignmentState, WorkloadState
 from management.workloads.storage import container_storage, secret_names
 from master.port import AgentRecord, AgentState, Assignment, CommandRecord, MasterConfig, MasterPort, WorkloadRecord, WorkloadSpec
 
 log = logging.getLogger(__name__)
 
 W = WorkloadState
-_STEPPED = frozenset(str(s) for s in (W.SCHEDULED, W.STARTING, W.RUNNING, W.PREEMPTED))  # the states step decides in
 EXPLAIN_SNAPSHOT_S = 1.0  # how long explanations reuse one snapshot of the grid
 OVERLAY_ISSUED_KEPT = MAX_BLOCKLIST  # a workload's overlay certificates remembered (a blocklist holds as many)
 
@@ -379,7 +377,7 @@ class SchedulerLoop:
     ) -> int:
         """Back to the queue; ``host_failure`` ("<agent id>: why") when the run ended through a host."""
         rec = await self.book.get(workload_id)
-        if rec.state not in _STEPPED:
+        if rec.state not in HOLDING_STATES:
             return 0
         changes: dict[str, Any] = {} if restarts is None else {"restarts": restarts}
         if host_failure:
@@ -392,7 +390,7 @@ class SchedulerLoop:
     async def reconcile(self, now: float) -> int:
         moved = 0
         for rec in self.book.open_workloads():
-            if rec.state not in _STEPPED:
+            if rec.state not in HOLDING_STATES:
                 continue
             try:
                 moved += await self.advance(rec, now)
@@ -409,7 +407,7 @@ class SchedulerLoop:
         actions = lifecycle.step(rec, await self.facts(rec), self.lifecycle_policy, now)
         for action in actions:
             rec = await self._carry(rec, action, now)
-            if rec.state not in _STEPPED:
+            if rec.state not in HOLDING_STATES:
                 break  # a refused create requeued it: what followed was for the run that ended
         return 1 if actions else 0
 

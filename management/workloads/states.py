@@ -1,9 +1,8 @@
-"""The workload's and its replicas' states, as enums, and the workload's transition table.
+"""The workload's and its replicas' states, as enums (their home is ``state_names.py``), and the workload's transition
+table.
 
 Pure: no I/O. ``WorkloadBook`` (book.py) applies these transitions to stored records and records each one; the
-lifecycle step (lifecycle.py) decides which event happens. The members are ``StrEnum``s whose values are the strings
-stored in records and sent on the wire: a record's ``state`` is still a plain string, and compares equal to its
-member (``rec.state == WorkloadState.RUNNING``), so code compares with the member, never with ``.value``.
+lifecycle step (lifecycle.py) decides which event happens.
 
 States::
 
@@ -18,45 +17,36 @@ queued -> failed ("reject": it can never fit), and "cancel" from every state tha
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping
 
+from management.workloads.state_names import (
+    FINAL_WORKLOAD_STATES,
+    GONE_ASSIGNMENT_STATES,
+    HOLDING_STATES,
+    OPEN_WORKLOAD_STATES,
+    WORKLOAD_STATES,
+    AssignmentState,
+    W,
+    WorkloadState,
+)
 from master.port import StateMachine
 
-
-class WorkloadState(enum.StrEnum):
-    QUEUED = "queued"
-    SCHEDULED = "scheduled"  # placed: hosts and GPUs chosen, create commands issued
-    STARTING = "starting"  # the agents acknowledged; containers are being created
-    RUNNING = "running"
-    PREEMPTED = "preempted"  # stopped for a higher priority; goes back to the queue
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-
-class AssignmentState(enum.StrEnum):
-    """One replica's container, as the workload's ``Assignment.state`` records it."""
-
-    PENDING = "pending"  # placed; its create is not known to have succeeded
-    RUNNING = "running"  # its create succeeded (or its container was found on its host and adopted)
-    EXITED = "exited"
-    DELETING = "deleting"  # its delete was asked for; its output is awaited (management/services/outputs.py)
-    DELETED = "deleted"  # deleted, its output kept or given up
-
-
-W = WorkloadState
-A = AssignmentState
-GONE_ASSIGNMENT_STATES = frozenset({str(A.DELETING), str(A.DELETED)})  # a container asked to go, or gone
+__all__ = [
+    "FINAL_WORKLOAD_STATES",
+    "GONE_ASSIGNMENT_STATES",
+    "HOLDING_STATES",
+    "OPEN_WORKLOAD_STATES",
+    "WORKLOAD",
+    "WORKLOAD_STATES",
+    "AssignmentState",
+    "WorkloadState",
+    "allowed_events",
+]
 
 
 def _table(rows: list[tuple[list[WorkloadState], str, WorkloadState]]) -> dict[tuple[str, str], str]:
     return {(str(source), event): str(target) for sources, event, target in rows for source in sources}
 
-
-FINAL_WORKLOAD_STATES = frozenset({str(W.SUCCEEDED), str(W.FAILED), str(W.CANCELLED)})
-OPEN_WORKLOAD_STATES = frozenset(str(s) for s in W) - FINAL_WORKLOAD_STATES
-WORKLOAD_STATES = tuple(str(s) for s in W)
 
 WORKLOAD = StateMachine(
     "workload",

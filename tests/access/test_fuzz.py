@@ -19,10 +19,11 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from access.ratelimit import AddressGate, Admission, FrameBudget
-from access.relay import NEVER_RATE_LIMITED, Answer, CutOff, Forward, judge_frame
+from access.relay import Answer, CutOff, Forward, judge_frame
 from common.errors import ProtocolError
 from common.wire import (
     MAX_FRAME_BYTES,
+    NEVER_RATE_LIMITED,
     AgentEvent,
     CommandAck,
     CommandResult,

@@ -1,7 +1,7 @@
 """The relay keeps nothing per frame: after thousands of frames its heap is back where it was.
 
 A relay carries thousands of agents for weeks; any state it kept per relayed frame would grow without
-bound (and make every garbage collection longer, bench/README.md). This counts the objects the
+bound (and make every garbage collection longer, bench/HISTORY.md). This counts the objects the
 collector tracks in this process (the relay runs in it, with a Master stand-in whose record of frames
 is emptied before each count) after a warm-up round and after a round ten times larger.
 """

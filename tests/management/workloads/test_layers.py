@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
-PURE = ("states.py", "spec.py", "lifecycle.py")
+PURE = ("state_names.py", "states.py", "spec.py", "lifecycle.py")
 IO_MODULES = (
     "asyncio",
     "time",
