@@ -168,14 +168,16 @@ class Demo:
     def overlay_line(self) -> str:
         """Where the gangs' lighthouse runs, or why gangs have no overlay and what to do about it."""
         lighthouse = self.grid.lighthouse
+        if not self.no_overlay and lighthouse is not None and not lighthouse.alive():
+            self.no_overlay = f"the lighthouse's nebula exited (its log: {self.grid.logs / 'lighthouse.log'})"
         if not self.no_overlay and lighthouse is not None:
             return (
-                f"  gang overlay:    lighthouse {LIGHTHOUSE_ADDRESS} at udp {lighthouse.endpoint} (nebula in a network "
-                f"namespace of its own; log {self.grid.logs / 'lighthouse.log'})"
+                f"  overlay:         gangs meet through lighthouse {LIGHTHOUSE_ADDRESS} at udp {lighthouse.endpoint} "
+                f"(nebula in a network namespace of its own; log {self.grid.logs / 'lighthouse.log'})"
             )
         return (
-            f"  gang overlay:    OFF, {self.no_overlay}; workloads of 2 or more replicas are refused unless "
-            "submitted with --network none (their replicas cannot reach each other)"
+            f"  overlay:         OFF: {self.no_overlay}. A gang's replicas cannot reach each other, and a Master "
+            "without a lighthouse refuses gangs unless submitted with --network none"
         )
 
     def renter_lines(self) -> list[str]:
