@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from master.port import OverlayAuthority, OverlaySettings, write_lighthouse
+
 __all__ = [
     "LIGHTHOUSE_ADDRESS",
     "LIGHTHOUSE_PORT",
@@ -148,8 +150,6 @@ class Lighthouse:
         """Issue the lighthouse from the Master's overlay CA (the operator's ``issue-lighthouse``) into ``workdir``,
         bound each replica's relayed bandwidth in the namespace, and run nebula there, its output appended to ``log``.
         The Master must have started once: its state directory holds the overlay CA."""
-        from master.overlay import OverlayAuthority, OverlaySettings, write_lighthouse
-
         authority = OverlayAuthority.open(master_dir, OverlaySettings())
         rules = write_lighthouse(authority, address=LIGHTHOUSE_ADDRESS, port=LIGHTHOUSE_PORT, out=self.workdir)
         for rule in rules:
