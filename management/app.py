@@ -213,7 +213,14 @@ def compose(master: Master, settings: ManagementSettings | None = None) -> Compo
     """Build every management part over ``master``, once: who writes what is decided here (one writer each)."""
     settings = settings or ManagementSettings.of(master.config)
     # The one writer of workload records, shared with the scheduling loop, the market and the output collector.
-    book = WorkloadBook(master.store, master.events, master, policy=master.policy, egress=master.config.egress_rule())
+    book = WorkloadBook(
+        master.store,
+        master.events,
+        master,
+        policy=master.policy,
+        egress=master.config.egress_rule(),
+        gang_overlay=bool(master.config.overlay.lighthouses),
+    )
     hosts = HostsService(master, book)
     # The one writer of providers' prices; the offer index and the scheduler read (and subscribe to) the same book.
     prices = PriceBook(master.store.prices, grid_default_of(master.config), time.time, owner_of=hosts.provider_of)

@@ -49,6 +49,7 @@ from master.link import RelayHub
 from master.loops import Loop, stop_loop
 from master.metrics import MasterMetrics
 from master.network_floors import NetworkFloors, Shortfall
+from master.overlay import OverlayAuthority, OverlaySettings, write_lighthouse
 from master.records import (
     MAX_GPUS_PER_REPLICA,
     MAX_REPLICAS,
@@ -196,6 +197,9 @@ class MasterPort(Protocol):
 __all__ = [
     "SEALED",
     "OverlaySpec",
+    "OverlayAuthority",  # with OverlaySettings and write_lighthouse: a local grid issues its lighthouse (management/devgrid)
+    "OverlaySettings",
+    "write_lighthouse",
     "MEASURED_FLAGS",
     "VERIFIED",
     "measured_rate",

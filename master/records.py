@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -416,6 +416,10 @@ class WorkloadSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # SIGTERM to SIGKILL when the grid stops it (preemption, cancel, max duration, a drained host): long enough to
     # write and upload a checkpoint; None: the scheduler's grace. Bounded by the Master's max_stop_grace_s.
     stop_grace_s: Annotated[float, msgspec.Meta(ge=1, le=600)] | None = None
+    # A gang's network (docs/overlay.md): "overlay", a private network its replicas reach each other on, with torchrun's
+    # variables; "none" for replicas that need not reach each other (a Master without lighthouses takes only these).
+    # One replica gets no network either way.
+    network: Literal["overlay", "none"] = "overlay"
 
     def __post_init__(self) -> None:
         _require_finite("max_duration_s", self.max_duration_s)

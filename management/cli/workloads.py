@@ -63,6 +63,12 @@ def add_parser(sub: argparse._SubParsersAction, make: Parser) -> None:
     submit.add_argument("--name", help="workload name: lowercase letters, digits, '-' (default: the file's)")
     submit.add_argument("--image", help="container image (default: the file's)")
     submit.add_argument("--replicas", type=int, metavar="N", help="copies to run, 1..64 (default: the file's, else 1)")
+    submit.add_argument(
+        "--network",
+        choices=("overlay", "none"),
+        help="a gang's network: 'overlay', a private network its replicas reach each other on (MASTER_ADDR, RANK, "
+        "WORLD_SIZE...), or 'none' for replicas that need not (default: the file's, else overlay)",
+    )
     submit.add_argument("--gpus", type=int, metavar="N", help="GPUs per replica, 1..16 (default: the file's, else 1)")
     submit.add_argument("--model", action="append", metavar="KEY", help="allowed GPU model, repeatable (default: any)")
     submit.add_argument("--tier", action="append", metavar="NAME", help="allowed tier, repeatable (default: any)")
@@ -204,6 +210,8 @@ def spec_from(args: argparse.Namespace) -> dict[str, Any]:
     for field in ("name", "image", "replicas", "priority", "project", "max_duration_s"):
         if getattr(args, field) is not None:
             spec[field] = getattr(args, field)
+    if getattr(args, "network", None) is not None:  # not on rent
+        spec["network"] = args.network
     replica = dict(spec.get("replica") or {})
     if args.gpus is not None:
         replica["gpus"] = args.gpus
@@ -513,6 +521,7 @@ def describe(w: dict[str, Any]) -> str:
         f"command:     {' '.join(spec['command']) or '(the image default)'}",
         f"replicas:    {spec['replicas']} x {replica['gpus']} GPU"
         + (f" ({', '.join(replica['models'])})" if replica["models"] else ""),
+        *_network_lines(w),
         f"priority:    {spec['priority']}",
         f"rental:      {w['rental']['summary']}" if w.get("rental") else "rental:      -",
         f"env:         {', '.join(spec['env']) or '-'}  (values are never shown)",
@@ -524,6 +533,19 @@ def describe(w: dict[str, Any]) -> str:
     for a in w["assignments"]:
         lines.append(f"replica {a['replica']}:   {a['container']} on {a['agent_id']} ({', '.join(a['units'])}) {a['state']}")
     return "\n".join(lines)
+
+
+def _network_lines(w: dict[str, Any]) -> list[str]:
+    """A gang's network (docs/overlay.md): its block and each replica's address and peers, or why it has none."""
+    if w["spec"]["replicas"] < 2:
+        return []
+    network = w.get("network")
+    if network:
+        replicas = [f"replica {r['replica']} {r['address']}" for r in network["replicas"]]
+        return [f"network:     {network['network']}: {', '.join(replicas)}"]
+    if w["spec"].get("network") == "none":
+        return ["network:     none (its spec asks for none)"]
+    return ["network:     none yet (a gang gets its network when it is first placed)"]
 
 
 def _state_lines(w: dict[str, Any]) -> list[str]:

@@ -36,13 +36,20 @@ PROCESS_IMAGE = "none"  # the image of work that runs as a sandboxed process: no
 
 
 def gang_fields(form: Mapping[str, Any], errors: FormErrors) -> dict[str, Any]:
-    """``replicas``, ``restart_policy`` and ``max_restarts`` as the spec takes them."""
+    """``replicas``, ``network``, ``restart_policy`` and ``max_restarts`` as the spec takes them (``no_network``
+    ticked: a gang whose replicas need not reach each other, which a grid without a gang overlay takes too)."""
     replicas = integer(form, "replicas", errors, label="replicas", low=1, high=MAX_REPLICAS, default=1)
     policy = text(form, "restart_policy") or None
     if policy is not None and policy not in RESTART_POLICIES:
         errors.add("restart_policy", f"restart policy: one of {', '.join(RESTART_POLICIES)}")
     restarts = integer(form, "max_restarts", errors, label="max restarts", low=0, high=1000, default=3)
-    return {"replicas": replicas or 1, "restart_policy": policy, "max_restarts": 3 if restarts is None else restarts}
+    network = "none" if form.get("no_network") == "on" else "overlay"
+    return {
+        "replicas": replicas or 1,
+        "network": network,
+        "restart_policy": policy,
+        "max_restarts": 3 if restarts is None else restarts,
+    }
 
 
 def link_fields(form: Mapping[str, Any], errors: FormErrors, ports: list[int]) -> list[dict[str, Any]]:
@@ -144,6 +151,7 @@ def form_from_spec(spec: WorkloadSpec, secret_names: Collection[str]) -> tuple[d
         "replicas": str(spec.replicas), "restart_policy": spec.restart_policy or "", "max_restarts": str(spec.max_restarts),
         "disk_gib": f"{spec.constraints.min_disk_gib:g}" if spec.constraints.min_disk_gib else "",
         "allow_process_runtime": "on" if spec.constraints.allow_process_runtime else "",
+        "no_network": "on" if spec.network == "none" else "",
         "kind": spec.rental.kind if spec.rental is not None else "on_demand",
     }  # fmt: skip
     if spec.rental is not None:

@@ -11,6 +11,11 @@ operator's (``renter.token``, 0600). Its provider's hosts are priced (DEMO_PRICE
 credited once (RENTER_CREDIT), so renting costs money and the ledger shows every cent. The banner shows the commands a
 renter types to search offers, rent one, read its balance and ledger, and submit, list, show, explain and cancel a
 workload.
+
+Its gangs get their overlay network where the machine allows it (root and the tools ``lighthouse_unavailable`` checks):
+a lighthouse in a network namespace of its own (management/devgrid/lighthouse.py), listed in the Master's ``[overlay]``
+(``master.toml``, written at every start with the lighthouse's endpoint of that run), issued from the Master's overlay
+CA once the Master is up and closed by the grid's stop. Elsewhere the banner says why gangs have no overlay.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import secrets
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -26,6 +32,7 @@ from types import FrameType
 
 from common.files import write_atomically
 from management.client.api import ApiClient, ApiError
+from management.devgrid.lighthouse import LIGHTHOUSE_ADDRESS, lighthouse_unavailable, overlay_toml
 from management.devgrid.localgrid import PORTS_FILE, LocalGrid, RelayInfo, StartupFailed
 
 # Two regions, one relay each; agents alternate between them.
@@ -45,6 +52,17 @@ DEMO_PRICES = {"on_demand": "1.20", "min_bid": "0.40", "reserved_discount": 0.25
 RENTER_CREDIT = "25.00"  # the renter's first credit (once per state directory)
 SANDBOX = "sandbox"  # the isolation the demo's process-runtime hosts report when the demo runs as root
 READY_TIMEOUT_S = 30.0
+MASTER_CONFIG_FILE = "master.toml"  # the Master's [overlay], rewritten at every start with this run's lighthouse
+# What a renter pastes to see a gang meet over its overlay: rank 0 serves a file on MASTER_PORT, rank 1 fetches it from
+# MASTER_ADDR (retrying until the overlay's tunnel is up) and prints it; each prints its place in the gang first.
+# Debian's python3, which the sandboxed replica's uid runs (the demo's own Python may live in a directory it cannot read).
+GANG_COMMAND = (
+    """sh -c 'echo "rank $RANK of $WORLD_SIZE, rank 0 at $MASTER_ADDR:$MASTER_PORT"; """
+    """if [ "$RANK" = 0 ]; then echo "hello from rank 0 at $MASTER_ADDR" > hello; """
+    """exec python3 -m http.server "$MASTER_PORT"; fi; """
+    """until python3 -c "import sys, urllib.request as u; print(u.urlopen(sys.argv[1], timeout=3).read().decode())" """
+    """"http://$MASTER_ADDR:$MASTER_PORT/hello"; do sleep 1; done'"""
+)
 
 
 class Interrupted(BaseException):  # not an Exception: no "not up yet" retry loop may swallow it
@@ -65,18 +83,40 @@ class Demo:
         self.grid = LocalGrid(state_dir, api_port=api_port if api_port is not None or not first_run else DEFAULT_API_PORT)
         self.agents = agents
         self.unsandboxed: list[str] = []  # agents that cannot sandbox commands: the scheduler never places work there
+        self.no_overlay = ""  # why the demo's gangs have no overlay ("" when its lighthouse runs)
 
     def start(self) -> list[str]:
-        """Master, relays, then the agents (enrolled the first time); the agent ids once all are ready."""
+        """The lighthouse's namespace, the Master, the lighthouse, relays, then the agents (enrolled the first time);
+        the agent ids once all are ready."""
         started = time.time()
+        config = self._overlay_config()
         # The demo's hosts run the process runtime (no container engine needed): the operator allows offering them.
-        self.grid.start_master(env={"IDLEGRID_MASTER_OFFER_SANDBOXED_HOSTS": "true"})
+        self.grid.start_master(*config, env={"IDLEGRID_MASTER_OFFER_SANDBOXED_HOSTS": "true"})
+        if config:
+            self.grid.run_lighthouse()  # the Master made the overlay CA it is issued from
         relays = [self.grid.start_relay(relay_id, region) for relay_id, region in RELAYS]
         with ThreadPoolExecutor(max_workers=max(1, self.agents)) as pool:
             ids = list(pool.map(lambda i: self._start_agent(i, relays[i % len(relays)]), range(self.agents)))
         self.grid.wait_agents_ready(ids, since=started, timeout_s=READY_TIMEOUT_S)
         self.unsandboxed = sorted(a["id"] for a in self.grid.client.list("/api/v1/agents") if a["isolation"] != SANDBOX)
         return ids
+
+    def _overlay_config(self) -> tuple[str, ...]:
+        """``--config`` naming the lighthouse in the Master's ``[overlay]``, once its namespace is made; () and the
+        reason in ``no_overlay`` where it cannot run."""
+        self.no_overlay = lighthouse_unavailable()
+        if self.no_overlay:
+            return ()
+        try:
+            lighthouse = self.grid.start_lighthouse()
+        except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+            self.no_overlay = f"its lighthouse could not start: {exc}"
+            if self.grid.lighthouse is not None:
+                self.grid.lighthouse.close()
+            return ()
+        path = self.grid.root / MASTER_CONFIG_FILE
+        write_atomically(path, overlay_toml(LIGHTHOUSE_ADDRESS, lighthouse.endpoint).encode())
+        return ("--config", str(path))
 
     def _start_agent(self, index: int, relay: RelayInfo) -> str:
         name = agent_name(index)
@@ -115,6 +155,7 @@ class Demo:
                 f"--access {first.http_url} --ca-file {grid.ca_file}",
                 f'  try:             curl -H "Authorization: Bearer $(cat {key})" {grid.api_url}/api/v1/agents',
                 f"  logs:            {grid.logs}",
+                self.overlay_line(),
                 "",
                 *self.renter_lines(),
                 "",
@@ -122,6 +163,21 @@ class Demo:
                 "",
                 "  Ctrl-C stops everything.",
             ]
+        )
+
+    def overlay_line(self) -> str:
+        """Where the gangs' lighthouse runs, or why gangs have no overlay and what to do about it."""
+        lighthouse = self.grid.lighthouse
+        if not self.no_overlay and lighthouse is not None and not lighthouse.alive():
+            self.no_overlay = f"the lighthouse's nebula exited (its log: {self.grid.logs / 'lighthouse.log'})"
+        if not self.no_overlay and lighthouse is not None:
+            return (
+                f"  overlay:         gangs meet through lighthouse {LIGHTHOUSE_ADDRESS} at udp {lighthouse.endpoint} "
+                f"(nebula in a network namespace of its own; log {self.grid.logs / 'lighthouse.log'})"
+            )
+        return (
+            f"  overlay:         OFF: {self.no_overlay}. A gang's replicas cannot reach each other, and a Master "
+            "without a lighthouse refuses gangs unless submitted with --network none"
         )
 
     def renter_lines(self) -> list[str]:
@@ -140,6 +196,7 @@ class Demo:
             f"    ledger:        {idlegrid} ledger",
             f"    submit:        {idlegrid} workload submit --name hello --image none --allow-process-runtime"
             " --port 8888 -- sleep 300",
+            *self.gang_lines(idlegrid),
             f"    list:          {idlegrid} workload list",
             f"    show:          {idlegrid} workload get ID",
             f"    why it waits:  {idlegrid} workload explain ID",
@@ -155,6 +212,16 @@ class Demo:
                 "placed on them: their agents run commands as an unprivileged user only when the demo runs as root."
             )
         return lines
+
+    def gang_lines(self, idlegrid: str) -> list[str]:
+        """Two replicas meeting over their overlay, and replica 1's output, where the demo runs a lighthouse."""
+        if self.no_overlay:
+            return []
+        return [
+            f"    gang:          {idlegrid} workload submit --name pair --replicas 2 --image none --allow-process-runtime"
+            f" -- {GANG_COMMAND}",
+            f"    rank 1 says:   {idlegrid} workload logs ID --replica 1",
+        ]
 
     def console_lines(self) -> list[str]:
         """Where the web console is and how each demo account signs in to it."""

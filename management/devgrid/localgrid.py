@@ -32,6 +32,7 @@ from common.errors import IdlegridError
 from common.files import write_atomically
 from common.pki import CertRole
 from management.client.api import ApiClient, ApiError, instant
+from management.devgrid.lighthouse import Lighthouse
 from master.port import Authority
 
 T = TypeVar("T")
@@ -277,6 +278,7 @@ class LocalGrid:
         self.master: Daemon | None = None
         self._master_launch: tuple[tuple[str, ...], tuple[str, ...], dict[str, str]] = (CLI, (), {})
         self._client: ApiClient | None = None
+        self.lighthouse: Lighthouse | None = None
 
     # --- where things are ---------------------------------------------------------------------------
 
@@ -381,6 +383,23 @@ class LocalGrid:
         program, extra, env = self._master_launch
         return self.start_master(*extra, program=program, env=env)
 
+    def start_lighthouse(self) -> Lighthouse:
+        """A gang overlay's lighthouse namespace under ``lighthouse/`` (ending first what an earlier launcher left
+        there); list its ``endpoint`` in the Master's ``[overlay]``, then ``run_lighthouse`` once the Master is up.
+        ``stop`` closes it. Needs what ``lighthouse_unavailable()`` checks."""
+        workdir = self.root / "lighthouse"
+        if workdir.exists():
+            kill_processes_under(workdir)
+        self.lighthouse = Lighthouse(workdir)  # set first: a stop during start closes what was made
+        return self.lighthouse.start()
+
+    def run_lighthouse(self) -> Lighthouse:
+        """Issue the lighthouse from the Master's overlay CA and run its nebula (log: logs/lighthouse.log)."""
+        if self.lighthouse is None:
+            raise IdlegridError("start_lighthouse first: the Master's config lists its endpoint")
+        self.lighthouse.run(self.master_dir, self.logs / "lighthouse.log")
+        return self.lighthouse
+
     def plan_relay(self, relay_id: str, region: str = "local") -> RelayInfo:
         """A relay's ports, chosen now (and kept) for a relay started later, so agents can be told its URL first."""
         relay = self.ports.relays.get(relay_id)
@@ -441,7 +460,8 @@ class LocalGrid:
         return self.spawn(name, "agent", args, env=env)
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
-        """Agents, then relays, then the Master: each group gets SIGTERM and up to ``timeout_s`` before SIGKILL."""
+        """Agents, then relays, then the Master: each group gets SIGTERM and up to ``timeout_s`` before SIGKILL; then
+        the lighthouse, and whatever still runs from under the root (process-runtime containers)."""
         for role in STOP_ORDER:
             group = [d for d in self.daemons if d.role == role and d.alive()]
             for daemon in group:
@@ -454,6 +474,8 @@ class LocalGrid:
                     daemon.process.wait(timeout=timeout_s)
                 except subprocess.TimeoutExpired:
                     daemon.kill(signal.SIGKILL)
+        if self.lighthouse is not None:  # after the Master: nothing hands it out any more
+            self.lighthouse.close()
         kill_processes_under(self.root)
 
     # --- what the grid says about itself ------------------------------------------------------------

@@ -95,11 +95,14 @@ class WorkloadBook:
         priority_classes: Collection[str] = DEFAULT_PRIORITY_CLASSES,
         delete_grace_s: float = DEFAULT_DELETE_GRACE_S,
         egress: EgressRule = OPERATOR_EGRESS,
+        gang_overlay: bool = False,
     ) -> None:
         """``egress``: where a spec's storage endpoint and image registry may be (public, or the operator's
-        ``egress_allow``), judged at every submit."""
+        ``egress_allow``), judged at every submit; ``gang_overlay``: whether the Master runs the gangs' overlay (its
+        ``[overlay]`` lists lighthouses), without which a gang is taken only with ``network = "none"``."""
         self._store = store
         self._egress = egress
+        self._gang_overlay = gang_overlay
         self._events = events
         self._commands = commands
         self._policy = policy
@@ -197,7 +200,7 @@ class WorkloadBook:
 
     async def submit(self, account: str, spec: WorkloadSpec, now: float) -> WorkloadRecord:
         """Store a new queued workload for ``account``; InvalidWorkloadSpec when it names what is not configured."""
-        check_spec(spec, policy=self._policy, priority_classes=self._priority_classes)
+        check_spec(spec, policy=self._policy, priority_classes=self._priority_classes, gang_overlay=self._gang_overlay)
         check_storage(spec, {s.name for s in await self._store.secrets.list(account)} if secret_names(spec) else ())
         await check_targets(spec, self._egress)
         spec = msgspec.structs.replace(spec, restart_policy=spec.restart_policy_in_force)  # answers state the one in force

@@ -337,8 +337,9 @@ class SchedulerLoop:
 
     def _gang_network(self, rec: WorkloadRecord) -> str:
         """A block of the overlay for a gang placed the first time (docs/overlay.md); kept while the workload is open,
-        so its replicas keep their addresses across restarts and moves. "" for one replica, or with the overlay off."""
-        if rec.spec.replicas < 2:
+        so its replicas keep their addresses across restarts and moves. "" for one replica, a gang that asked for no
+        network, or with the overlay off."""
+        if rec.spec.replicas < 2 or rec.spec.network == "none":
             return ""
         return self.master.overlay_network([r.network for r in self.book.open_workloads() if r.network])
 

@@ -21,6 +21,7 @@ from master.port import Assignment, TierPolicy, WorkloadRecord, WorkloadSpec
 
 __all__ = [
     "DEFAULT_PRIORITY_CLASSES",
+    "NO_GANG_OVERLAY",
     "InvalidWorkloadSpec",
     "WorkloadSpec",
     "check_spec",
@@ -41,8 +42,9 @@ class InvalidWorkloadSpec(IdlegridError):
     code = "invalid_workload_spec"
 
 
-def check_spec(spec: WorkloadSpec, *, policy: TierPolicy, priority_classes: Collection[str]) -> None:
-    """Refuse what a spec names that is not configured here, naming the field; InvalidWorkloadSpec."""
+def check_spec(spec: WorkloadSpec, *, policy: TierPolicy, priority_classes: Collection[str], gang_overlay: bool = False) -> None:
+    """Refuse what a spec names that is not configured here, naming the field; InvalidWorkloadSpec. ``gang_overlay``:
+    whether this Master runs the gangs' overlay (lighthouses listed in its ``[overlay]``)."""
     unknown_models = [m for m in spec.replica.models if m not in CATALOG]
     if unknown_models:
         raise InvalidWorkloadSpec(
@@ -61,6 +63,17 @@ def check_spec(spec: WorkloadSpec, *, policy: TierPolicy, priority_classes: Coll
         )
     if spec.replica.mig_profile is not None and spec.replica.gpus != 1:
         raise InvalidWorkloadSpec("replica.gpus: a replica with a mig_profile takes exactly one MIG instance (gpus = 1)")
+    if spec.replicas > 1 and spec.network == "overlay" and not gang_overlay:
+        raise InvalidWorkloadSpec(NO_GANG_OVERLAY)
+
+
+# Said to whoever submits a gang to a Master without lighthouses: the renter's way round it and the operator's fix.
+NO_GANG_OVERLAY = (
+    "replicas: this grid runs no gang overlay, so the replicas of one workload cannot reach each other (no MASTER_ADDR, "
+    "RANK or WORLD_SIZE). Its operator runs one with 'idlegrid ca issue-lighthouse' and lists it in the Master's config "
+    "as [[overlay.lighthouses]] (docs/overlay.md); replicas that need not reach each other can be submitted with "
+    'network = "none" (--network none)'
+)
 
 
 def container_name(workload_id: str, replica: int, attempt: int) -> str:

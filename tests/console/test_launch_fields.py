@@ -72,10 +72,17 @@ def test_a_launch_carries_replicas_restart_policy_links_secret_variables_and_reg
     assert page.get_by_label("Password or token", exact=False).input_value() == "ghcr"
     shot(page, "launch-filled")
     page.get_by_role("button", name="Launch").click()
+    # This grid runs no gang overlay: a gang is refused beside its replicas, naming the operator's fix and the opt-out.
+    refusal = page.locator("#replicas-error").inner_text()
+    assert "this grid runs no gang overlay" in refusal and "idlegrid ca issue-lighthouse" in refusal, refusal
+    shot(page, "gang-refused-without-overlay")
+    page.get_by_label("No gang network", exact=False).check()
+    page.get_by_role("button", name="Launch").click()
     page.wait_for_url(re.compile(r"/console/workloads/wl-"))
     shot(page, "launched")
     spec = stored_spec(grid, page.url.rsplit("/", 1)[1])
     assert spec.replicas == 2 and spec.restart_policy == "on_failure" and spec.max_restarts == 5
+    assert spec.network == "none"
     assert [(link.port, link.kind, link.public) for link in spec.links] == [
         (8888, "http", False), (8080, "http", True), (2222, "tcp", False),
     ]  # fmt: skip
@@ -158,6 +165,7 @@ def launch_gang(grid, page) -> str:
     page.get_by_label("From secret 1").select_option("hf")
     page.get_by_label("Registry username").fill("rita-bot")
     page.get_by_label("Password or token", exact=False).select_option("ghcr")
+    page.get_by_label("No gang network", exact=False).check()  # this grid runs no gang overlay
     page.get_by_role("button", name="Launch").click()
     page.wait_for_url(re.compile(r"/console/workloads/wl-"))
     return page.url.rsplit("/", 1)[1]
@@ -187,6 +195,7 @@ def test_clone_fills_the_launch_form_from_the_spec_and_says_what_it_could_not_co
     assert page.get_by_label("Name", exact=True).input_value() == "gang-2"
     assert page.get_by_label("Command", exact=False).input_value() == "python3 -c 'print(1)'"
     assert page.get_by_label("Replicas", exact=False).input_value() == "2"
+    assert page.get_by_label("No gang network", exact=False).is_checked()
     assert page.get_by_label("Restart policy").input_value() == "always"
     assert page.get_by_label("Links, one", exact=False).input_value() == "8080 public"
     assert page.get_by_label("Ports to reach", exact=False).input_value() == "6006"

@@ -4,9 +4,9 @@ on the hosts left, and resumes from its checkpoint ("Work that survives its host
 Real parts: the Master, a relay and three sandboxed process-runtime hosts as processes (simulated GPUs: none exists
 here), each replica in a network namespace of its own with slirp4netns as its way out, Debian's nebula as every
 replica's overlay client (started by the host's agent in the replica's namespace) and as the lighthouse and relay
-(issued by the operator's ``idlegrid ca issue-lighthouse`` from the Master's overlay CA, run in a namespace of the
-test's own: tests/support/lighthouse.py says why and how), and moto's S3 server on 127.0.0.1 for the checkpoints and
-outputs.
+(issued by ``write_lighthouse``, what the operator's ``idlegrid ca issue-lighthouse`` runs, from the Master's overlay
+CA, run in a namespace of its own by the launcher: management/devgrid/lighthouse.py says why and how), and moto's S3
+server on 127.0.0.1 for the checkpoints and outputs.
 
 "A new network" here is the gang's overlay formed again on the hosts it lands on: its block, its replicas' ranks and
 addresses stay the workload's (docs/overlay.md: a replica that moves keeps its rank and address), while each replica's
@@ -31,7 +31,7 @@ from common.nebula import NebulaCertificate, decode_cert_pem, fingerprint, publi
 from tests.e2e.test_scheduler import SANDBOXED, wait_workload, workload
 from tests.e2e.test_storage import checkpointed_step, hosts, new_bucket, outputs, starts, stored_renter, with_storage
 from tests.support.grid import Grid, pid_alive, wait_for
-from tests.support.lighthouse import LIGHTHOUSE_ADDRESS, lighthouse_net, lighthouse_unavailable
+from tests.support.lighthouse import LIGHTHOUSE_ADDRESS, lighthouse_unavailable, overlay_toml
 from tests.support.s3 import S3Server
 
 SYSTEM_PYTHON = "/usr/bin/python3"  # a sandboxed container's uid reads Debian's python, not the test's environment
@@ -54,23 +54,22 @@ def master_toml(path: Path, lighthouse_endpoint: str, egress_allow: list[str]) -
     write_toml writes flat settings only)."""
     settings = {**MASTER_SETTINGS, "egress_allow": egress_allow}
     flat = "".join(f"{key} = {json.dumps(value)}\n" for key, value in settings.items())
-    overlay = f'[[overlay.lighthouses]]\naddress = "{LIGHTHOUSE_ADDRESS}"\nendpoints = ["{lighthouse_endpoint}"]\n'
-    path.write_text(flat + overlay)
+    path.write_text(flat + overlay_toml(LIGHTHOUSE_ADDRESS, lighthouse_endpoint))
     return path
 
 
 @pytest.fixture
 def grid(tmp_path: Path, s3: S3Server) -> Iterator[Grid]:
-    with lighthouse_net() as net:
-        g = Grid(tmp_path)
-        g.egress_allow = [s3.allowed]  # moto on 127.0.0.1: the operator and the hosts' providers allow it by name
-        try:
-            g.start_master("--config", str(master_toml(tmp_path / "master.toml", net.endpoint, g.egress_allow)))
-            net.run_lighthouse(g.master_dir, tmp_path / "lighthouse", g.logs / "lighthouse.log")
-            g.start_relay("relay-1", "eu-west")
-            yield g
-        finally:
-            g.stop()
+    g = Grid(tmp_path)
+    g.egress_allow = [s3.allowed]  # moto on 127.0.0.1: the operator and the hosts' providers allow it by name
+    try:
+        endpoint = g.start_lighthouse().endpoint
+        g.start_master("--config", str(master_toml(tmp_path / "master.toml", endpoint, g.egress_allow)))
+        g.run_lighthouse()
+        g.start_relay("relay-1", "eu-west")
+        yield g
+    finally:
+        g.stop()
 
 
 def gang_spec(s3: S3Server, bucket: str, drop: Path, name: str) -> dict[str, Any]:

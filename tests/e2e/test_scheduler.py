@@ -112,7 +112,7 @@ def by_replica(rec: dict[str, Any]) -> dict[int, dict[str, Any]]:
 def test_a_gang_runs_on_two_hosts_at_once_and_a_fatal_xid_moves_it_within_30_s(drop, grid):
     hosts = sandboxed_hosts(grid, 3)
     alice = renter(grid, "alice")
-    gang = workload("gang", f"{record_start(drop / 'gang')}; exec sleep 600", replicas=2)
+    gang = workload("gang", f"{record_start(drop / 'gang')}; exec sleep 600", replicas=2, network="none")
 
     submitted = alice.submit_workload(gang)
     assert submitted["account"] == "alice" and submitted["state"] == "queued"

@@ -103,6 +103,7 @@ def submit(grid: Grid, runs: Path, name: str, model: str, *, replicas: int = 1) 
         "image": "none",
         "command": recorded_start(runs),
         "replicas": replicas,
+        "network": "none",  # a gang whose replicas need not reach each other: this grid runs no lighthouse
         "replica": {"gpus": 1, "models": [model]},
         "constraints": {"allow_process_runtime": True},
     }

@@ -1,5 +1,6 @@
 """Workloads through the real API on a real Master (SQLite): a renter submits, lists, reads and cancels its own;
-each bad field of a spec is refused with a 400 that names it; the operator sees every account's. Another renter's
+each bad field of a spec is refused with a 400 that names it, and a gang its grid cannot network (no gang overlay) with
+one that names the fix; the operator sees every account's. Another renter's
 workload answering 404 as a missing one, and providers' 403s: test_api_tenancy.py."""
 
 from __future__ import annotations
@@ -8,7 +9,10 @@ from typing import Any
 
 import pytest
 
+from master.config import MasterConfig
+from master.overlay import LighthouseSetting, OverlaySettings
 from tests.management.hosts import api_key
+from tests.support.operator_api import operator_api
 
 SPEC: dict[str, Any] = {
     "name": "train-llm",
@@ -17,6 +21,7 @@ SPEC: dict[str, Any] = {
     "env": {"HF_TOKEN": "hf_secret_value"},
     "ports": [8080],
     "replicas": 2,
+    "network": "none",  # its replicas need not reach each other: this Master runs no gang overlay
     "replica": {"gpus": 2, "models": ["h100-sxm"], "min_vram_mib": 40000},
 }
 
@@ -86,6 +91,32 @@ async def test_each_bad_field_is_refused_with_a_400_that_names_it(api, keys, cha
     assert response.status == 400, await response.text()
     assert field in (await response.json())["error"]["message"]
     assert await api.master.store.workloads.list() == []
+
+
+async def test_a_gang_on_a_master_without_lighthouses_is_refused_with_what_its_operator_must_run(api, keys):
+    gang = SPEC | {"network": "overlay"}  # what a gang asks for unless it says otherwise
+    response = await api.post("/api/v1/workloads", json=gang, headers=keys["alice"])
+
+    assert response.status == 400, await response.text()
+    error = (await response.json())["error"]
+    assert error["code"] == "invalid_workload_spec"
+    assert error["message"].startswith("replicas: this grid runs no gang overlay")
+    assert "idlegrid ca issue-lighthouse" in error["message"] and "[[overlay.lighthouses]]" in error["message"]
+    assert 'network = "none"' in error["message"]  # the renter's way for replicas that need not reach each other
+    assert await api.master.store.workloads.list() == []
+    one = await submit(api, keys["alice"], replicas=1, network="overlay")  # one replica needs no network
+    assert one["spec"]["network"] == "overlay"
+
+
+async def test_a_master_with_a_lighthouse_takes_a_gang_and_one_that_asks_for_no_network(tmp_path):
+    overlay = OverlaySettings(lighthouses=[LighthouseSetting(address="100.64.0.1", endpoints=["198.18.0.2:4242"])])
+    async with operator_api(MasterConfig(state_dir=str(tmp_path), link_port=0, overlay=overlay)) as api:
+        alice = await api_key(api.master, "renter", "alice")
+        gang = await submit(api, alice, network="overlay")
+        apart = await submit(api, alice, name="apart")  # SPEC's network = "none"
+
+    assert (gang["spec"]["replicas"], gang["spec"]["network"]) == (2, "overlay")
+    assert (apart["spec"]["replicas"], apart["spec"]["network"]) == (2, "none")
 
 
 async def test_nan_and_infinity_are_refused(api, keys):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -23,9 +24,10 @@ class OperatorApi(TestClient[web.Request, web.Application]):
     operator: AsyncApiClient  # the project's own API client (management/client/api.py), as the operator
 
 
-@pytest.fixture
-async def api(tmp_path: Path) -> AsyncIterator[OperatorApi]:
-    master = Master(MasterConfig(state_dir=str(tmp_path), link_port=0))
+@contextlib.asynccontextmanager
+async def operator_api(config: MasterConfig) -> AsyncIterator[OperatorApi]:
+    """The operator API on a real Master of ``config``, with an operator key; stopped when the block ends."""
+    master = Master(config)
     await master.start()
     key = await master.create_api_key("test operator")
     client = OperatorApi(TestServer(api_app(master)))
@@ -33,7 +35,15 @@ async def api(tmp_path: Path) -> AsyncIterator[OperatorApi]:
     client.master = master
     client.auth = {"Authorization": f"Bearer {key}"}
     client.operator = AsyncApiClient(str(client.make_url("")), key)
-    yield client
-    await client.operator.close()
-    await client.close()
-    await master.stop()
+    try:
+        yield client
+    finally:
+        await client.operator.close()
+        await client.close()
+        await master.stop()
+
+
+@pytest.fixture
+async def api(tmp_path: Path) -> AsyncIterator[OperatorApi]:
+    async with operator_api(MasterConfig(state_dir=str(tmp_path), link_port=0)) as client:
+        yield client

@@ -65,12 +65,20 @@ async def test_a_spec_file_gives_every_field_and_flags_override_it(renter, capsy
         'name = "sweep"\nimage = "busybox"\nreplicas = 3\npriority = "high"\n'
         '[replica]\ngpus = 1\nmin_vram_mib = 24000\n[constraints]\nregions = ["eu-west"]\nmin_reputation = 0.8\n'
     )
-    code, out, err = await renter("submit", "-f", str(spec), "--replicas", "2", "--json", capsys=capsys)
+    code, out, err = await renter("submit", "-f", str(spec), "--replicas", "2", "--network", "none", "--json", capsys=capsys)
     assert code == 0, err
     body = json.loads(out)
-    assert (body["spec"]["replicas"], body["spec"]["priority"]) == (2, "high")
+    assert (body["spec"]["replicas"], body["spec"]["priority"], body["spec"]["network"]) == (2, "high", "none")
     assert body["spec"]["replica"]["min_vram_mib"] == 24000
     assert body["spec"]["constraints"] == body["spec"]["constraints"] | {"regions": ["eu-west"], "min_reputation": 0.8}
+
+
+async def test_a_gang_on_a_grid_without_an_overlay_is_refused_naming_what_the_operator_runs_and_the_opt_out(renter, capsys):
+    code, _, err = await renter("submit", "--name", "pair", "--image", "busybox", "--replicas", "2", capsys=capsys)
+
+    assert code == 2
+    assert "400 invalid_workload_spec: replicas: this grid runs no gang overlay" in err
+    assert "idlegrid ca issue-lighthouse" in err and "[[overlay.lighthouses]]" in err and "--network none" in err
 
 
 @pytest.mark.parametrize(("written", "amount"), [("0.5", "0.5"), ("2", "2"), ("0.000125", "0.000125"), ('"0.5"', "0.5")])
@@ -269,7 +277,7 @@ async def test_explain_names_the_gang_ahead_that_has_the_gpus_reserved(renter, c
     await grid.cycle()
     # A high-priority gang of 2 x 2 GPUs cannot preempt its equals: it is first in line, with GPUs reserved for the
     # hour's end; alice's small job with no max duration would delay it on the idle host, so it waits behind.
-    gang = await bob_submits(api, name="gang", priority="high", replicas=2, replica={"gpus": 2})
+    gang = await bob_submits(api, name="gang", priority="high", replicas=2, network="none", replica={"gpus": 2})
     wl = await submitted(renter, capsys, "--name", "small", "--gpus", "1")
 
     out = await explained(renter, capsys, wl)

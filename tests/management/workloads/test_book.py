@@ -24,7 +24,9 @@ from tests.management.hosts import add_agent
 from tests.master.conftest import nx27017_uri, store_url  # noqa: F401  (fixtures: each backend in turn)
 
 NOW = 1_700_000_000.0
-SPEC = WorkloadSpec(name="train", image="busybox", env={"TOKEN": "s3cret"}, replicas=2, replica=ReplicaSpec(gpus=1))
+SPEC = WorkloadSpec(
+    name="train", image="busybox", env={"TOKEN": "s3cret"}, replicas=2, network="none", replica=ReplicaSpec(gpus=1)
+)
 
 StartMaster = Callable[[], Awaitable[Master]]
 

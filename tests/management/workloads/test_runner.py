@@ -35,7 +35,14 @@ OPERATOR_ALLOWS_TEST_STORE = MasterConfig(egress_allow=["127.0.0.1:9000"]).egres
 
 
 def scheduler(master: Master) -> SchedulerLoop:
-    book = WorkloadBook(master.store, master.events, master, policy=master.policy, egress=OPERATOR_ALLOWS_TEST_STORE)
+    book = WorkloadBook(
+        master.store,
+        master.events,
+        master,
+        policy=master.policy,
+        egress=OPERATOR_ALLOWS_TEST_STORE,
+        gang_overlay=bool(master.config.overlay.lighthouses),  # as the composition root builds it
+    )
     return SchedulerLoop(master, book, SchedulerSettings(grace_s=GRACE_S, offline_grace_s=5.0, stray_sweep_s=0.0))
 
 
@@ -68,7 +75,7 @@ async def test_a_gang_is_placed_on_two_hosts_at_once_runs_and_succeeds(master, l
     a, b = await host(master, link, "agt-a"), await host(master, link, "agt-b")
     loop = scheduler(master)
     await loop.book.load()
-    wl = await loop.book.submit("alice", spec(replicas=2, env={"TOKEN": "s3cret"}), time.time())
+    wl = await loop.book.submit("alice", spec(replicas=2, network="none", env={"TOKEN": "s3cret"}), time.time())
 
     report = await loop.cycle()
 
@@ -101,7 +108,7 @@ async def test_a_gang_that_does_not_fit_takes_nothing(master, link):
     await host(master, link, "agt-a")
     loop = scheduler(master)
     await loop.book.load()
-    wl = await loop.book.submit("alice", spec(replicas=2), time.time())
+    wl = await loop.book.submit("alice", spec(replicas=2, network="none"), time.time())
 
     await loop.cycle()
 
@@ -450,11 +457,11 @@ async def test_explanations_reuse_a_snapshot_but_never_miss_a_workload_just_subm
     await host(master, link, "agt-a")
     loop = scheduler(master)
     await loop.book.load()
-    first = await loop.book.submit("alice", spec("first", replicas=2), time.time())
+    first = await loop.book.submit("alice", spec("first", replicas=2, network="none"), time.time())
     assert (await loop.explain(first.id)).cannot_fit  # one host: a 2-host gang cannot be held
     taken = loop._explain_snapshot  # noqa: SLF001
     assert (await loop.explain(first.id)).cannot_fit and loop._explain_snapshot is taken  # noqa: SLF001  (reused)
 
-    second = await loop.book.submit("alice", spec("second", replicas=2), time.time())
+    second = await loop.book.submit("alice", spec("second", replicas=2, network="none"), time.time())
 
     assert (await loop.explain(second.id)).position == 2  # the submission dropped the old snapshot

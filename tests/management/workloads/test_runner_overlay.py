@@ -101,6 +101,18 @@ async def test_a_second_gang_gets_another_block_and_a_single_replica_none(master
     assert rec.network == "" and "overlay" not in creates_sent(link, rec.assignments[0].agent_id)[0].body.spec
 
 
+async def test_a_gang_that_asks_for_no_network_gets_none_where_the_overlay_runs(master: Master, link: AccessLink) -> None:
+    for agent in ("agt-a", "agt-b"):
+        await host_with_key(master, link, agent)
+    loop = scheduler(master)
+    await loop.book.load()
+    apart = await loop.book.submit("alice", spec("apart", replicas=2, network="none"), time.time())
+    await loop.cycle()
+    rec = await loop.book.get(apart.id)
+    assert rec.state == "scheduled" and rec.network == ""
+    assert all("overlay" not in creates_sent(link, a.agent_id)[0].body.spec for a in rec.assignments)
+
+
 async def test_a_restarted_gang_keeps_its_block_ranks_and_addresses(master: Master, link: AccessLink) -> None:
     for agent in ("agt-a", "agt-b"):
         await host_with_key(master, link, agent)

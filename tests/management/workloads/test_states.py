@@ -105,6 +105,18 @@ def test_a_spec_naming_what_the_master_lacks_is_refused_by_field(workload, field
     assert refused.value.code == "invalid_workload_spec"
 
 
+def test_a_gang_needs_the_gang_overlay_unless_it_asks_for_no_network():
+    gang = WorkloadSpec(name="pair", image="busybox", replicas=2)
+    with pytest.raises(InvalidWorkloadSpec) as refused:
+        check_spec(gang, policy=POLICY, priority_classes=DEFAULT_PRIORITY_CLASSES, gang_overlay=False)
+    assert str(refused.value).startswith("replicas: this grid runs no gang overlay")
+    check_spec(gang, policy=POLICY, priority_classes=DEFAULT_PRIORITY_CLASSES, gang_overlay=True)
+    apart = WorkloadSpec(name="pair", image="busybox", replicas=2, network="none")
+    check_spec(apart, policy=POLICY, priority_classes=DEFAULT_PRIORITY_CLASSES, gang_overlay=False)
+    alone = WorkloadSpec(name="one", image="busybox")  # one replica: no network to make
+    check_spec(alone, policy=POLICY, priority_classes=DEFAULT_PRIORITY_CLASSES, gang_overlay=False)
+
+
 def test_nan_is_refused_where_json_cannot_carry_it():
     for bad in (
         lambda: WorkloadSpec(name="job", image="busybox", max_duration_s=float("nan")),

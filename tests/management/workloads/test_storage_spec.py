@@ -95,7 +95,7 @@ async def test_each_replica_of_a_gang_gets_its_own_checkpoint_and_outputs_and_a_
     loop = scheduler(master)
     await loop.book.load()
     await master.secrets.create("alice", "s3-keys", "AKIA:secret")
-    await loop.book.submit("alice", spec(replicas=2, **storage()), time.time())
+    await loop.book.submit("alice", spec(replicas=2, network="none", **storage()), time.time())
     await loop.cycle()
     sent = [c for agent in ("agt-a", "agt-b") for c in creates_sent(link, agent)]
     by_replica = {c.body.spec["replica"]: c for c in sent}
