@@ -466,7 +466,8 @@ def run_explain(args: argparse.Namespace) -> int:
             raise
         # Not waiting (it runs, or has ended): the answer to "why does it wait" is that it does not.
         w = client.workload(args.workload_id)
-        print(f"{w['id']} ({w['name']}) does not wait: it is {w['state']} ({w['state_reason']}); 'idlegrid workload get' shows it")
+        state = f"{w['state']} ({w['state_reason']})"
+        print(f"{w['id']} ({w['name']}) does not wait: it is {state}; 'idlegrid workload get' shows it")
         return 0
     now = datetime.now(UTC)
     _print(args, explanation, lambda e: print(render_explanation(client.workload(args.workload_id), e, now)))

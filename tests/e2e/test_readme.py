@@ -29,7 +29,6 @@ from typing import Any
 
 import pytest
 
-from management.client.api import ApiClient
 from tests.e2e.test_demo import DemoRun, assert_stopped_cleanly
 from tests.support.grid import REPO, free_port, wait_for
 from tests.support.readme import Session, Step, banner_lines, sessions
@@ -65,7 +64,7 @@ class Reader:
         body = f"{self.export}{key}\n{command}\n"
         home = pwd.getpwuid(os.getuid()).pw_dir
         # A mount namespace of its own, ~/.ssh the test's directory in it: the machine's is never touched.
-        bind = f'mount --bind "$1" "$2/.ssh" && export HOME="$2" && exec bash -c "$3"'
+        bind = 'mount --bind "$1" "$2/.ssh" && export HOME="$2" && exec bash -c "$3"'
         return ["unshare", "--mount", "--propagation", "private", "bash", "-c", bind, "_", str(self.ssh_dir), home, body]
 
     def type(self, step: Step | str, *, operator: bool = False, retry_s: float = 0.0, lasting: bool = False) -> str:
@@ -123,11 +122,11 @@ class Reader:
             return
         renter = self.run.renter()
         for workload_id in re.findall(r"\bwl-[0-9a-f]{16}\b", command):
-            wait_for(
-                lambda w=workload_id: renter.workload(w)["state"] not in ("queued", "scheduled", "starting"),
-                RUNNING_TIMEOUT_S,
-                f"{workload_id} to run",
-            )
+
+            def started(w: str = workload_id) -> bool:
+                return renter.workload(w)["state"] not in ("queued", "scheduled", "starting")
+
+            wait_for(started, RUNNING_TIMEOUT_S, f"{workload_id} to run")
 
     def stop_background(self) -> None:
         """Each command sent to the background must still run; then it is stopped."""
@@ -135,7 +134,7 @@ class Reader:
         for process in running:
             if process.poll() is not None:
                 said = process.stdout.read() if process.stdout is not None else ""
-                raise AssertionError(f"a background command ended early ({process.returncode}): {process.args[-1]}\n{said}")
+                raise AssertionError(f"a background command ended early ({process.returncode}): {process.args!r}\n{said}")
             os.killpg(process.pid, signal.SIGTERM)
             try:
                 process.wait(timeout=10)
