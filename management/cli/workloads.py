@@ -468,7 +468,16 @@ def _why_it_waits(client: Any, workload: dict[str, Any]) -> str:
 
 def run_explain(args: argparse.Namespace) -> int:
     client = _client(args)
-    explanation = client.explain_workload(args.workload_id)
+    try:
+        explanation = client.explain_workload(args.workload_id)
+    except ApiError as exc:
+        if exc.code != "conflict" or args.json:
+            raise
+        # Not waiting (it runs, or has ended): the answer to "why does it wait" is that it does not.
+        w = client.workload(args.workload_id)
+        state = f"{w['state']} ({w['state_reason']})"
+        print(f"{w['id']} ({w['name']}) does not wait: it is {state}; 'idlegrid workload get' shows it")
+        return 0
     now = datetime.now(UTC)
     _print(args, explanation, lambda e: print(render_explanation(client.workload(args.workload_id), e, now)))
     return 0

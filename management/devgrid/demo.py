@@ -32,8 +32,10 @@ from types import FrameType
 
 from common.files import write_atomically
 from management.client.api import ApiClient, ApiError
+from management.devgrid import object_store
 from management.devgrid.lighthouse import LIGHTHOUSE_ADDRESS, lighthouse_unavailable, overlay_toml
 from management.devgrid.localgrid import PORTS_FILE, LocalGrid, RelayInfo, StartupFailed
+from management.devgrid.object_store import ObjectStore
 
 # Two regions, one relay each; agents alternate between them.
 RELAYS = (("relay-a", "eu-west"), ("relay-b", "us-east"))
@@ -63,6 +65,11 @@ GANG_COMMAND = (
     """until python3 -c "import sys, urllib.request as u; print(u.urlopen(sys.argv[1], timeout=3).read().decode())" """
     """"http://$MASTER_ADDR:$MASTER_PORT/hello"; do sleep 1; done'"""
 )
+# The banner's checkpointed job: counts to 600, a step a second, and resumes from the last step its checkpoint kept.
+COUNTER = (
+    'n=$(cat "$IDLEGRID_CHECKPOINT_DIR/n" 2>/dev/null || echo 0); while [ "$n" -lt 600 ]; do n=$((n+1)); '
+    'echo "$n" > "$IDLEGRID_CHECKPOINT_DIR/n"; echo "step $n"; sleep 1; done'
+)
 
 
 class Interrupted(BaseException):  # not an Exception: no "not up yet" retry loop may swallow it
@@ -84,20 +91,32 @@ class Demo:
         self.agents = agents
         self.unsandboxed: list[str] = []  # agents that cannot sandbox commands: the scheduler never places work there
         self.no_overlay = ""  # why the demo's gangs have no overlay ("" when its lighthouse runs)
+        self.no_store = object_store.unavailable()  # why the demo has no object store, or ""
+        self.store = None if self.no_store else ObjectStore.plan(self.grid)
+
+    def egress_allow(self) -> list[str]:
+        """What the demo's operator and provider allow renters to reach on this machine: its object store."""
+        return [self.store.allowed] if self.store is not None else []
 
     def start(self) -> list[str]:
         """The lighthouse's namespace, the Master, the lighthouse, relays, then the agents (enrolled the first time);
         the agent ids once all are ready."""
         started = time.time()
+        if self.store is not None:
+            self.store.start(self.grid)  # waited for once the agents are up: it starts while they do
         config = self._overlay_config()
         # The demo's hosts run the process runtime (no container engine needed): the operator allows offering them.
-        self.grid.start_master(*config, env={"IDLEGRID_MASTER_OFFER_SANDBOXED_HOSTS": "true"})
+        allow = ",".join(self.egress_allow())
+        env = {"IDLEGRID_MASTER_OFFER_SANDBOXED_HOSTS": "true", "IDLEGRID_MASTER_EGRESS_ALLOW": allow}
+        self.grid.start_master(*config, env=env)
         if config:
             self.grid.run_lighthouse()  # the Master made the overlay CA it is issued from
         relays = [self.grid.start_relay(relay_id, region) for relay_id, region in RELAYS]
         with ThreadPoolExecutor(max_workers=max(1, self.agents)) as pool:
             ids = list(pool.map(lambda i: self._start_agent(i, relays[i % len(relays)]), range(self.agents)))
         self.grid.wait_agents_ready(ids, since=started, timeout_s=READY_TIMEOUT_S)
+        if self.store is not None:
+            self.store.wait()
         self.unsandboxed = sorted(a["id"] for a in self.grid.client.list("/api/v1/agents") if a["isolation"] != SANDBOX)
         return ids
 
@@ -129,7 +148,8 @@ class Demo:
         # The relay's URL as of this run, whatever the agent recorded at enrollment (a state directory from before
         # ports were kept would otherwise send it to a port nobody listens on).
         flags = ("--region", relay.region, "--runtime", "process", "--access", relay.agent_url)
-        self.grid.start_agent(name, *flags, simulate=FLEET[index % len(FLEET)])
+        env = {"IDLEGRID_AGENT_EGRESS_ALLOW": ",".join(self.egress_allow())}
+        self.grid.start_agent(name, *flags, simulate=FLEET[index % len(FLEET)], env=env)
         return self.grid.agent_id(name)
 
     def banner(self) -> str:
@@ -188,7 +208,7 @@ class Demo:
             exports.insert(0, f'PATH="{Path(idlegrid).parent}:$PATH"')
             idlegrid = "idlegrid"
         lines = [
-            f"  Rent a GPU as {RENTER}, from another shell:",
+            f"  Rent a GPU as {RENTER}, from another shell (each line pastes as it is; ID is what submit printed):",
             f"    export {' '.join(exports)}",
             f"    search:        {idlegrid} offers search 'num_gpus>=1 price<=2'",
             f"    rent:          {idlegrid} rent OFFER --image none --allow-process-runtime -- sleep 300",
@@ -202,8 +222,9 @@ class Demo:
             f"    why it waits:  {idlegrid} workload explain ID",
             f"    its output:    {idlegrid} workload logs ID --follow",
             f"    a shell in it: {idlegrid} workload exec ID -- sh",
-            f"    reach a port:  {idlegrid} workload port-forward ID 8888   (a port the workload declared with --port)",
+            f"    reach a port:  {idlegrid} workload port-forward ID 8888   # a port the workload declared with --port",
             f"    cancel:        {idlegrid} workload cancel ID",
+            *self.storage_lines(idlegrid),
             "    The demo's hosts run a workload's command as a sandboxed process on the host (the image is not pulled).",
         ]
         if self.unsandboxed:
@@ -221,6 +242,19 @@ class Demo:
             f"    gang:          {idlegrid} workload submit --name pair --replicas 2 --image none --allow-process-runtime"
             f" -- {GANG_COMMAND}",
             f"    rank 1 says:   {idlegrid} workload logs ID --replica 1",
+        ]
+
+    def storage_lines(self, idlegrid: str) -> list[str]:
+        """The demo's object store and a job that checkpoints into it, or why there is none."""
+        if self.store is None:
+            return [f"    No object store for checkpoints: {self.no_store}."]
+        store = self.store.endpoint
+        return [
+            f"    storage:       printf %s {object_store.KEYS} | {idlegrid} secret create s3"
+            f"   # the demo's S3 at {store}, bucket {object_store.BUCKET}, takes any key pair",
+            f"    checkpointed:  {idlegrid} workload submit --name steps --image none --allow-process-runtime"
+            f" --storage-credentials s3 --storage-endpoint {store} --checkpoint s3://{object_store.BUCKET}/steps/"
+            f" --checkpoint-period 10 -- sh -c '{COUNTER}'",
         ]
 
     def console_lines(self) -> list[str]:

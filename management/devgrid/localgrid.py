@@ -230,6 +230,7 @@ class Ports:
     link_port: int
     relays: dict[str, RelayInfo] = field(default_factory=dict)
     links_port: int = 0  # the workloads' links (docs/links.md); 0 in a file from before links had a port: chosen now
+    services: dict[str, int] = field(default_factory=dict)  # other servers of the grid by name (the demo's object store)
 
     def __post_init__(self) -> None:
         if not self.links_port:
@@ -243,20 +244,27 @@ class Ports:
         relays = {
             rid: RelayInfo(rid, r["region"], int(r["agent_port"]), int(r["http_port"])) for rid, r in data["relays"].items()
         }
-        ports = cls(int(data["api_port"]), int(data["link_port"]), relays, int(data.get("links_port", 0)))
+        services = {str(name): int(port) for name, port in data.get("services", {}).items()}
+        ports = cls(int(data["api_port"]), int(data["link_port"]), relays, int(data.get("links_port", 0)), services)
         for port in ports.all():
             reserve_port(port)  # kept for this grid; held by another process, it is check_ports that says so at start
         return ports
 
     def all(self) -> list[int]:
         relays = [port for r in self.relays.values() for port in (r.agent_port, r.http_port)]
-        return [self.api_port, self.link_port, self.links_port, *relays]
+        return [self.api_port, self.link_port, self.links_port, *relays, *self.services.values()]
 
     def save(self, path: Path) -> None:
         relays = {
             r.relay_id: {"region": r.region, "agent_port": r.agent_port, "http_port": r.http_port} for r in self.relays.values()
         }
-        data = {"api_port": self.api_port, "link_port": self.link_port, "links_port": self.links_port, "relays": relays}
+        data = {
+            "api_port": self.api_port,
+            "link_port": self.link_port,
+            "links_port": self.links_port,
+            "relays": relays,
+            "services": self.services,
+        }
         write_atomically(path, json.dumps(data, indent=2).encode())
 
 
@@ -317,6 +325,15 @@ class LocalGrid:
         if self._client is None:
             self._client = ApiClient.with_key_file(self.api_url, self.operator_key_file)
         return self._client
+
+    def service_port(self, name: str, preferred: int | None = None) -> int:
+        """The port of the grid's server ``name``, chosen on first use (``preferred`` when it is free) and kept."""
+        port = self.ports.services.get(name)
+        if port is None:
+            free = preferred is not None and port_is_free(preferred) and reserve_port(preferred)
+            port = self.ports.services[name] = preferred if free and preferred is not None else free_port()
+            self.ports.save(self.root / PORTS_FILE)
+        return port
 
     def agent_dir(self, name: str) -> Path:
         return self.root / "agents" / name

@@ -258,12 +258,23 @@ def job_of(rec: WorkloadRecord, *, funded: bool = True, affordable: int | None =
         rental=rental,  # type: ignore[arg-type]  # checked against the literal's values above
         bid=parse_amount(terms.bid) if terms is not None and terms.bid is not None else 0,
         max_price=parse_amount(terms.max_price) if terms is not None and terms.max_price is not None else None,
-        pin=terms.offer if terms is not None else None,
+        pin=_pin(rec, rental),
         funded=funded,
         affordable=affordable,
         balance=balance,
         reserved_s=terms.reserved_s if terms is not None else None,
     )
+
+
+def _pin(rec: WorkloadRecord, rental: str) -> str | None:
+    """The one host a rental of an offer runs on. A checkpointed interruptible rental whose host was lost may resume
+    on any host its bid meets (its bid bounds what it pays; docs/market.md); an on-demand one waits for its host."""
+    terms = rec.spec.rental
+    if terms is None or terms.offer is None:
+        return None
+    if rental == "interruptible" and rec.spec.checkpoint is not None and rec.host_failure.startswith(f"{terms.offer}:"):
+        return None
+    return terms.offer
 
 
 def policy_of(

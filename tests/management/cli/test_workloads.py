@@ -319,7 +319,9 @@ async def test_get_shows_why_a_queued_workload_waits_and_nothing_once_it_is_plac
     code, out, _ = await renter("get", small, "--json", capsys=capsys)
     assert json.loads(out)["id"] == small  # the API's JSON, as it is
 
-    code, _, err = await renter("explain", small, capsys=capsys)
+    code, out, _ = await renter("explain", small, capsys=capsys)  # the banner's "why it waits" line, on what runs
+    assert code == 0 and out.startswith(f"{small} (fits) does not wait: it is scheduled ("), out
+    code, _, err = await renter("explain", small, "--json", capsys=capsys)  # a script reads the API's own answer
     assert code == 2 and "409 conflict" in err and "only a queued workload waits" in err
 
 

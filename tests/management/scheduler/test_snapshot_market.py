@@ -3,10 +3,12 @@ force become the host's, and renters without money are marked unfunded. With non
 
 from __future__ import annotations
 
+import msgspec
+
 from management.market.prices import HostPrice
 from management.scheduler.model import Host, Job, Policy
 from management.scheduler.snapshot import build_snapshot, job_of
-from master.records import AgentRecord, RentalTerms, ReplicaSpec, WorkloadRecord, WorkloadSpec
+from master.records import AgentRecord, CheckpointSpec, RentalTerms, ReplicaSpec, WorkloadRecord, WorkloadSpec
 
 
 def workload(wid: str, account: str = "alice", rental: RentalTerms | None = None) -> WorkloadRecord:
@@ -27,6 +29,23 @@ def test_rental_terms_become_the_jobs_in_micro_units():
     reserved = job_of(workload("wl-3", rental=RentalTerms(kind="reserved", reserved_s=86_400.0, max_price="1")))
     assert (reserved.rental, reserved.reserved_s, reserved.max_price) == ("reserved", 86_400.0, 1_000_000)
     assert job_of(workload("wl-4"), funded=False).funded is False
+
+
+def test_a_checkpointed_bid_whose_rented_host_was_lost_may_resume_on_any_host_its_bid_meets():
+    terms = RentalTerms(kind="interruptible", bid="0.5", offer="agt-7")
+    spec = WorkloadSpec(
+        name="spot", image="none", replica=ReplicaSpec(gpus=1), rental=terms, checkpoint=CheckpointSpec(uri="s3://b/ck/")
+    )
+    lost = "agt-7: host agt-7 went offline"
+    rec = WorkloadRecord(id="wl-5", account="a", spec=spec, state="queued", created_at=1.0, queued_at=1.0, host_failure=lost)
+    assert job_of(rec).pin is None
+    assert job_of(msgspec.structs.replace(rec, host_failure="")).pin == "agt-7"  # placed, preempted: its own host
+    other = msgspec.structs.replace(rec, host_failure="agt-9: host agt-9 went offline")
+    assert job_of(other).pin == "agt-7"
+    no_checkpoint = msgspec.structs.replace(rec, spec=msgspec.structs.replace(spec, checkpoint=None))
+    assert job_of(no_checkpoint).pin == "agt-7"  # nothing to resume from: it waits for its host
+    on_demand = msgspec.structs.replace(spec, rental=RentalTerms(kind="on_demand", offer="agt-7"))
+    assert job_of(msgspec.structs.replace(rec, spec=on_demand)).pin == "agt-7"  # its price was that host's
 
 
 def agents() -> dict[str, AgentRecord]:
