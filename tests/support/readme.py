@@ -86,7 +86,7 @@ def banner_lines(banner: str) -> dict[str, str]:
             continue
         if text.startswith("export "):
             lines["export"] = text
-        elif re.match(r"^[a-z][a-z ]*:\s+\S", text):
+        elif re.match(r"^[a-z][a-z0-9 ]*:\s+\S", text):
             label, command = text.split(":", 1)
             lines[label] = command.strip()
     return lines
