@@ -294,9 +294,7 @@ def test_every_command_line_of_the_banner_runs_as_pasted(reader: Reader) -> None
     if "gang" in lines:  # where the demo runs its lighthouse (root, nebula: CI does)
         pair = paste("gang").split()[1]
         reader.session.text[" ID"] = f" {pair}"
-        heard = wait_for(
-            lambda: "hello from rank 0 at " in (said := paste("rank 1 says")) and said, 60, "rank 1 to reach rank 0"
-        )
+        heard = wait_for(lambda: "hello from rank 0 at " in (said := paste("rank 1 says")) and said, 60, "rank 1 to reach rank 0")
         assert heard.startswith("rank 1 of 2, rank 0 at "), heard
         reader.type(f"idlegrid workload cancel {pair}")
     paste("storage")
