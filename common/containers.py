@@ -101,12 +101,12 @@ def wire_spec(spec: ContainerSpec) -> dict[str, Any]:
     return body
 
 
-def parse_create_spec(spec: dict) -> ContainerSpec:
+def parse_create_spec(spec: dict[str, Any]) -> ContainerSpec:
     """Validate a ``create_container`` spec; raises ``msgspec.ValidationError`` with the reason."""
     return msgspec.convert(spec, ContainerSpec)
 
 
-def parse_delete_spec(spec: dict) -> DeleteSpec:
+def parse_delete_spec(spec: dict[str, Any]) -> DeleteSpec:
     return msgspec.convert(spec, DeleteSpec)
 
 

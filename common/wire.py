@@ -504,7 +504,7 @@ def signing_bytes(body: CommandBody) -> bytes:
     return msgspec.json.encode(body, order="sorted")
 
 
-def _decode(decoder: msgspec.json.Decoder, data: bytes | str, max_bytes: int) -> Any:
+def _decode(decoder: msgspec.json.Decoder[Any], data: bytes | str, max_bytes: int) -> Any:
     if len(data) > max_bytes:
         raise ProtocolError(
             f"frame of {len(data)} bytes exceeds the {max_bytes}-byte limit",
@@ -529,15 +529,18 @@ def _decode(decoder: msgspec.json.Decoder, data: bytes | str, max_bytes: int) ->
 
 def decode_agent_frame(data: bytes | str, max_bytes: int = MAX_FRAME_BYTES) -> AgentFrame:
     """Decode and validate a frame an agent sent; raises ``ProtocolError`` with a wire error code."""
-    return _decode(_agent_decoder, data, max_bytes)
+    frame: AgentFrame = _decode(_agent_decoder, data, max_bytes)
+    return frame
 
 
 def decode_master_frame(data: bytes | str, max_bytes: int = MAX_FRAME_BYTES) -> MasterFrame:
-    return _decode(_master_decoder, data, max_bytes)
+    frame: MasterFrame = _decode(_master_decoder, data, max_bytes)
+    return frame
 
 
 def decode_link_frame(data: bytes | str, max_bytes: int = HARD_FRAME_BYTES) -> LinkFrame:
-    return _decode(_link_decoder, data, max_bytes)
+    frame: LinkFrame = _decode(_link_decoder, data, max_bytes)
+    return frame
 
 
 def decode_link_message(data: bytes | str, max_bytes: int = HARD_FRAME_BYTES) -> list[LinkFrame | ProtocolError]:

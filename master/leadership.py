@@ -188,15 +188,18 @@ class Leadership:
         self._deposed.set()
         await self._on_deposed(reason)
 
+    def _stepped_down(self) -> bool:
+        return self.role is LeaderRole.STEPPED_DOWN
+
     async def run(self) -> None:
-        while self.role is not LeaderRole.STEPPED_DOWN:
+        while not self._stepped_down():
             try:
                 await self.step()
             except asyncio.CancelledError:
                 raise
             except Exception:  # a standby whose store is unreachable keeps trying
                 log.exception("leader election step failed; trying again in %.1f s", self.timing.renew_s)
-            if self.role is LeaderRole.STEPPED_DOWN:
+            if self._stepped_down():  # step() may have stepped down (a call, so the loop's test does not narrow it)
                 return
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.timing.renew_s)

@@ -129,7 +129,7 @@ class RelayHub:
             process_request=_only_relays,
         )
         self._pacing = asyncio.create_task(self._keep_pace(), name="report-pace")
-        return self._server.sockets[0].getsockname()[1]
+        return int(self._server.sockets[0].getsockname()[1])
 
     async def stop(self) -> None:
         if self._pacing is not None:

@@ -195,6 +195,7 @@ class MasterPort(Protocol):
 
 
 __all__ = [
+    "Authority",  # the grid's CA and keys on disk: a local grid (management/devgrid) issues relays' certificates from it
     "SEALED",
     "OverlaySpec",
     "OverlayAuthority",  # with OverlaySettings and write_lighthouse: a local grid issues its lighthouse (management/devgrid)

@@ -9,7 +9,7 @@ import msgspec
 
 from common.containers import RegistryAuth
 from common.inventory import GpuInfo, GpuReach, HostInfo
-from common.restart_policy import RESTART_POLICIES
+from common.restart_policy import RESTART_POLICIES as RESTART_POLICIES  # published: master.port re-exports it
 from common.storage import CheckpointSpec, StorageAccess, StorageMount
 from common.wire import BenchmarkFigures
 

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import msgspec
 
@@ -610,5 +611,6 @@ class Registry:
             raise
         return len(dirty)
 
-    def view(self, agent: AgentRecord) -> dict:
-        return msgspec.to_builtins(agent)
+    def view(self, agent: AgentRecord) -> dict[str, Any]:
+        view: dict[str, Any] = msgspec.to_builtins(agent)
+        return view

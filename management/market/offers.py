@@ -130,7 +130,7 @@ def score_of(reliability: float, price_micro: int) -> float:
 
 def offer_view(offer: Offer) -> dict[str, Any]:
     """The offer as the API shows it: money as decimal strings in currency units."""
-    view = msgspec.to_builtins(offer)
+    view: dict[str, Any] = msgspec.to_builtins(offer)
     view["price"] = format_amount(offer.price)
     view["reserved_price"] = format_amount(offer.reserved_price)
     view["min_bid"] = format_amount(offer.min_bid) if offer.min_bid is not None else None
@@ -139,7 +139,7 @@ def offer_view(offer: Offer) -> dict[str, Any]:
 
 def search_view(result: SearchResult) -> dict[str, Any]:
     """A search's answer as the API shows it: each offer through ``offer_view``."""
-    view = msgspec.to_builtins(result)
+    view: dict[str, Any] = msgspec.to_builtins(result)
     view["offers"] = [offer_view(o) for o in result.offers]
     return view
 
@@ -480,7 +480,7 @@ def _decode_cursor(cursor: str, order: SortKey) -> tuple[Any, ...]:
             f"cursor was made for sort={made_for}, and this search sorts by {order}: start again without a cursor",
             token=cursor,
         )
-    return _tuples(key)
+    return tuple(_tuples(v) for v in key)
 
 
 def _tuples(value: Value | list[Any]) -> Any:
