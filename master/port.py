@@ -6,8 +6,10 @@ helper types management reads, so a management module imports ``master.port`` an
 (tests/test_dependency_rule.py enforces it). Only entry points (the CLI, the local grid, the server's composition)
 build a ``Master`` itself.
 
-To give management something new from the Master: add the method to ``MasterRequests`` (master/requests.py), its
-signature here, and use it through ``MasterPort``; a new record type: re-export it below.
+The door is narrow: each part ``MasterPort`` hands out is typed by a read-only view (master/views.py) listing what
+management reads of it, and every write is an operation of the port. To let management read more of a part: the
+member in its view; to give it something new, or a write: the method in ``MasterRequests`` (master/requests.py) and its
+signature here; a new record type: re-export it below. tests/test_master_door.py counts reaches past the port.
 """
 
 from __future__ import annotations
@@ -108,8 +110,7 @@ from master.views import (
 
 
 class MasterPort(Protocol):
-    """What management uses of a running Master. The parts are the Master's own (master/composition.py); prefer the
-    operations below them, and add one here rather than reach further into a part."""
+    """What management uses of a running Master: its parts as read-only views, and operations for every write."""
 
     # --- the parts management reads, each through its narrow view (master/views.py) ---
     @property
