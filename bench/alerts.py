@@ -134,7 +134,7 @@ def batches(master: MasterPort, uuids: list[str], hot: set[str], ts: float) -> l
     return out
 
 
-def report(master: MasterPort, reports: list[tuple[str, list[GpuSample]]]) -> float:
+def report(master: Master, reports: list[tuple[str, list[GpuSample]]]) -> float:
     """``reports`` published on the Master's change feed (``SamplesTaken``, as its telemetry intake does); the
     milliseconds its listeners took."""
     started = time.perf_counter()
@@ -143,9 +143,11 @@ def report(master: MasterPort, reports: list[tuple[str, list[GpuSample]]]) -> fl
     return (time.perf_counter() - started) * 1000
 
 
-async def _phase(loop: AlertLoop, uuids: list[str], hot: set[str], name: str, rounds: int, clock: list[float]) -> Phase:
+async def _phase(
+    master: Master, loop: AlertLoop, uuids: list[str], hot: set[str], name: str, rounds: int, clock: list[float]
+) -> Phase:
+    """``master``: the Master ``loop`` observes, whose telemetry intake this bench plays (it publishes on its feed)."""
     phase = Phase(name)
-    master = loop.observer.master
     for _ in range(rounds):
         clock[0] += PERIOD_S
         phase.listen_ms.append(report(master, batches(master, uuids, hot, clock[0] - 1.0)))
@@ -199,10 +201,10 @@ async def _run(options: AlertsBenchOptions) -> dict[str, Any]:
             loop = AlertLoop(observer, load_rules(), clock=lambda: clock[0], period_s=PERIOD_S)
             observer.watch(loop.rules)
             observer.attach()
-            quiet = await _phase(loop, uuids, set(), "quiet", options.rounds, clock)
+            quiet = await _phase(master, loop, uuids, set(), "quiet", options.rounds, clock)
             hot = set(uuids[:: max(1, len(uuids) // options.hot)][: options.hot])
             # 120 s of overheating fires the shipped rule: enough rounds to see it pending, firing, then held.
-            hot_phase = await _phase(loop, uuids, hot, "hot", max(options.rounds, 10), clock)
+            hot_phase = await _phase(master, loop, uuids, hot, "hot", max(options.rounds, 10), clock)
             observer.detach()
         finally:
             await master.stop()

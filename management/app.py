@@ -75,6 +75,7 @@ from management.workloads.runner import SchedulerLoop
 from master.accounts import BOOTSTRAP_ACCOUNT
 from master.config import MasterConfig
 from master.master import Master
+from master.port import MasterPort
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +138,7 @@ class StandbyGate:
     leader's API URL in the body (``error.leader``) and in an ``Idlegrid-Leader`` header ("" / absent when no leader is
     known yet), with Retry-After: a client retries there, or here in a moment. Outermost: nothing else runs first."""
 
-    def __init__(self, master: Master) -> None:
+    def __init__(self, master: MasterPort) -> None:
         self._master = master
 
     def middleware(self) -> Middleware:
@@ -209,13 +210,12 @@ class Composition:
             await loop.stop()
 
 
-def compose(master: Master, settings: ManagementSettings | None = None) -> Composition:
+def compose(master: MasterPort, settings: ManagementSettings | None = None) -> Composition:
     """Build every management part over ``master``, once: who writes what is decided here (one writer each)."""
     settings = settings or ManagementSettings.of(master.config)
     # The one writer of workload records, shared with the scheduling loop, the market and the output collector.
     book = WorkloadBook(
         master.store,
-        master.events,
         master,
         policy=master.policy,
         egress=master.config.egress_rule(),
@@ -293,13 +293,13 @@ def compose(master: Master, settings: ManagementSettings | None = None) -> Compo
     )
 
 
-def http_app(master: Master, composition: Composition, settings: ManagementSettings) -> web.Application:
+def http_app(master: MasterPort, composition: Composition, settings: ManagementSettings) -> web.Application:
     """The API and the console over ``composition``, its market series beside the fleet's on /metrics."""
     master.metrics.registry.register(composition.market_series)
     return build_app(master, composition.services, settings.api, console=settings.console, state_dir=settings.state_path)
 
 
-def api_app(master: Master, api: ApiSettings | None = None) -> web.Application:
+def api_app(master: MasterPort, api: ApiSettings | None = None) -> web.Application:
     """The HTTP app over a Master that runs elsewhere (tests with no relay link): composed here, its state loaded as
     the app starts, its loops not run (a test drives them)."""
     settings = ManagementSettings.of(master.config)
@@ -348,7 +348,7 @@ class MasterServer:
     async def _start_standby(self) -> None:
         """High availability: listen (API and relay link) as a standby; serve once elected (``_serve``). A standby
         loads nothing: the leader goes on changing the state, which this Master reads when it takes over."""
-        self.master.on_elected.append(self._serve)
+        self.master.when_elected(self._serve)
         await self._start_http()
         advertised = self.config.advertise_host or self.config.host
         await self.master.start_standby(f"http://{advertised}:{self.api_port}")
@@ -423,7 +423,7 @@ class MasterServer:
         path = self.operator_token_file
         if path.exists():
             return
-        key = (await self.master.accounts.create_key(BOOTSTRAP_ACCOUNT, "bootstrap operator")).key
+        key = (await self.master.create_account_key(BOOTSTRAP_ACCOUNT, "bootstrap operator")).key
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as fh:
             fh.write(key + "\n")

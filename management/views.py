@@ -184,7 +184,7 @@ def mig_view(gpu: GpuRecord, holders: Mapping[str, str]) -> MigView:
 def agent_view(
     agent: AgentRecord,
     gpus: list[GpuRecord],
-    latest: dict[str, GpuSample] | None = None,
+    latest: Mapping[str, GpuSample] | None = None,
     *,
     reachable: bool = False,
     offered: frozenset[str] = frozenset(),

@@ -40,7 +40,7 @@ class Master(MasterRequests):
         # High availability (docs/ha.md): the leader lease decides whether this Master serves, and fences its writes.
         self.leadership: Leadership | None = None
         self._taken_over = False  # the state is loaded and the loops run (high availability: once elected)
-        self.on_elected: list[Callable[[], Awaitable[None]]] = []  # what serving needs beyond the Master (the API's loops)
+        self._on_elected: list[Callable[[], Awaitable[None]]] = []  # what serving needs beyond the Master (the API's loops)
         if config.ha:
             self.leadership = Leadership(
                 store.leases,
@@ -129,7 +129,7 @@ class Master(MasterRequests):
 
     async def start_standby(self, api_url: str) -> None:
         """Open the store, listen for relays (refused until elected) and run the election; ``api_url``: where callers
-        reach this Master's API, named in the lease. Serving starts when the lease is taken (``on_elected``)."""
+        reach this Master's API, named in the lease. Serving starts when the lease is taken (``when_elected``)."""
         assert self.leadership is not None
         await self.store.open()
         self.link_port = await self.hub.start(self.config.host, self.config.link_port)
@@ -138,6 +138,11 @@ class Master(MasterRequests):
         self.leadership.api_url = api_url
         self.leadership.start()
         log.info("master standing by", extra={"link_port": self.link_port, "holder": self.leadership.holder})
+
+    def when_elected(self, serve: Callable[[], Awaitable[None]]) -> None:
+        """Run ``serve`` once this Master is elected and has loaded its state (what serving needs beyond the Master:
+        management's state and loops), in the order given."""
+        self._on_elected.append(serve)
 
     @property
     def role(self) -> str:
@@ -162,7 +167,7 @@ class Master(MasterRequests):
         self.store.writes_by(lease.holder, lease.epoch)
         await self._load()
         self._run_loops()
-        for take_over in self.on_elected:
+        for take_over in self._on_elected:
             await take_over()
         self._taken_over = True
         log.info("master leading", extra={"epoch": lease.epoch, "holder": lease.holder})

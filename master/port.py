@@ -6,26 +6,29 @@ helper types management reads, so a management module imports ``master.port`` an
 (tests/test_dependency_rule.py enforces it). Only entry points (the CLI, the local grid, the server's composition)
 build a ``Master`` itself.
 
-To give management something new from the Master: add the method to ``MasterRequests`` (master/requests.py), its
-signature here, and use it through ``MasterPort``; a new record type: re-export it below.
+The door is narrow: each part ``MasterPort`` hands out is typed by a read-only view (master/views.py) listing what
+management reads of it, and every write is an operation of the port. To let management read more of a part: the
+member in its view; to give it something new, or a write: the method in ``MasterRequests`` (master/requests.py) and its
+signature here; a new record type: re-export it below. tests/test_master_door.py counts reaches past the port.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from typing import Any, Protocol
 
+from common.inventory import GpuSample
 from common.overlay import OverlaySpec
+from common.tunnel import TunnelKind
 from common.wire import AccessStats, RelayEntry
-from master.accounts import BOOTSTRAP_ACCOUNT, AccountBook, AccountChange, AccountRole, Credential, IssuedKey
-from master.allocations import DUPLICATE_UUID_FLAG, GPU_UNREACHABLE_FLAG, GpuAllocations, Hold
+from master.accounts import BOOTSTRAP_ACCOUNT, AccountChange, AccountRole, Credential, IssuedKey
+from master.allocations import DUPLICATE_UUID_FLAG, GPU_UNREACHABLE_FLAG, Hold
 from master.authority import Authority
 from master.changes import (
     DEFAULT_CAPACITY,
     PLACEMENT,
     AgentWritten,
     Change,
-    ChangeFeed,
     ChangeKind,
     CommandFinished,
     ContainerExited,
@@ -38,16 +41,11 @@ from master.changes import (
     Subscription,
 )
 from master.command_secrets import SEALED
-from master.commands import CommandLedger
 from master.config import ConsoleSettings, LinkSettings, MasterConfig
-from master.events import EventLog
 from master.faults import LASTING
-from master.history import MINUTES_PER_HOUR, HistoryKeeper, downsample, downsample_host
+from master.history import MINUTES_PER_HOUR, downsample, downsample_host
 from master.keys import SigningKeyInfo
-from master.leadership import Leadership
-from master.link import RelayHub
 from master.loops import Loop, stop_loop
-from master.metrics import MasterMetrics
 from master.network_floors import NetworkFloors, Shortfall
 from master.overlay import OverlayAuthority, OverlaySettings, write_lighthouse
 from master.records import (
@@ -86,45 +84,81 @@ from master.records import (
     WorkloadRecord,
     WorkloadSpec,
 )
-from master.registry import Registry
 from master.reputation import WEIGHTS, Reputation, reputation, reputation_score
-from master.secrets import SECRET_NAME_PATTERN, InvalidSecret, SecretVault
+from master.secrets import SECRET_NAME_PATTERN, InvalidSecret
 from master.states import AgentState, CommandState, GpuState, StateMachine
 from master.store.aggregates import output_key, rental_order, workload_order
-from master.store.base import FairShareRepo, LedgerRepo, OutputRepo, PriceRepo, RentalRepo, SshKeyRepo, Store
+from master.store.base import FairShareRepo, LedgerRepo, OutputRepo, PriceRepo, RentalRepo, SshKeyRepo
 from master.store.errors import StaleRental
-from master.telemetry import TelemetryAggregator
 from master.tiers import TierPolicy, describe_tiers
-from master.tunnels import TunnelDispatch, TunnelUnavailable
+from master.tunnels import OpenedTunnel, TunnelUnavailable
 from master.verification import MEASURED_FLAGS, VERIFIED, measured_rate, measured_verified, verification_label
-from master.verifier import HISTORY_KIND, Verifier
+from master.verifier import HISTORY_KIND
+from master.views import (
+    AccountDirectory,
+    ChangeSubscriptions,
+    GpuHolds,
+    HostDirectory,
+    LeaderView,
+    ManagementStore,
+    MetricsExposition,
+    OpenCommands,
+    RelayLinks,
+    SecretShelf,
+    TelemetryView,
+)
 
 
 class MasterPort(Protocol):
-    """What management uses of a running Master. The parts are the Master's own (master/composition.py); prefer the
-    operations below them, and add one here rather than reach further into a part."""
+    """What management uses of a running Master: its parts as read-only views, and operations for every write."""
 
-    # --- the parts management reads (each module's docstring says what it owns) ---
-    config: MasterConfig
-    store: Store
-    registry: Registry  # agents and GPUs in memory
-    allocations: GpuAllocations  # who holds each GPU
-    commands: CommandLedger  # the command ledger: open commands (``market.ledger`` is money)
-    accounts: AccountBook
-    events: EventLog
-    changes: ChangeFeed  # the one change feed management subscribes to
-    telemetry: TelemetryAggregator
-    history: HistoryKeeper
-    policy: TierPolicy
-    network_floors: NetworkFloors
-    authority: Authority
-    metrics: MasterMetrics
-    hub: RelayHub
-    tunnels: TunnelDispatch
-    leadership: Leadership | None
-    verifier: Verifier  # measured verification: challenges, outcomes (master/verifier.py)
-    secrets: SecretVault  # renters' secrets, sealed; values leave only through ``resolve`` (master/secrets.py)
-    on_elected: list[Callable[[], Awaitable[None]]]  # what serving needs beyond the Master, run when it is elected
+    # --- the parts management reads, each through its narrow view (master/views.py) ---
+    @property
+    def config(self) -> MasterConfig: ...
+    @property
+    def policy(self) -> TierPolicy: ...
+    @property
+    def store(self) -> ManagementStore: ...  # management's own repositories, by name; the Master's history, read
+    @property
+    def registry(self) -> HostDirectory: ...  # agents and GPUs in memory
+    @property
+    def allocations(self) -> GpuHolds: ...  # who holds each GPU
+    @property
+    def commands(self) -> OpenCommands: ...  # the command ledger's open commands (``market.ledger`` is money)
+    @property
+    def accounts(self) -> AccountDirectory: ...
+    @property
+    def changes(self) -> ChangeSubscriptions: ...  # the one change feed management subscribes to
+    @property
+    def telemetry(self) -> TelemetryView: ...
+    @property
+    def metrics(self) -> MetricsExposition: ...
+    @property
+    def hub(self) -> RelayLinks: ...
+    @property
+    def leadership(self) -> LeaderView | None: ...
+    @property
+    def secrets(self) -> SecretShelf: ...  # renters' secrets, sealed; values leave only through ``resolve``
+
+    # --- the writes management makes: each an operation, so the Master decides how (master/requests.py) ---
+    async def record_event(self, kind: str, subject: str, /, **data: Any) -> None: ...
+    async def record_events(self, events: list[tuple[str, str, dict[str, Any]]]) -> None: ...
+    async def mark_gpu_faulty(self, gpu: GpuRecord, fault: GpuFault) -> None: ...
+    async def clear_gpu_fault(self, gpu: GpuRecord, reason: str, *, ecc_acknowledged: int | None = None) -> None: ...
+    async def create_account(self, rec: AccountRecord) -> AccountRecord: ...
+    async def update_account(self, account_id: str, change: AccountChange) -> AccountRecord: ...
+    async def set_password(self, account_id: str, password: str, *, current_password: str | None = None) -> AccountRecord: ...
+    async def create_account_key(self, account_id: str, name: str) -> IssuedKey: ...
+    async def revoke_account_key(self, key_id: str) -> ApiKeyRecord: ...
+    async def create_secret(self, account: str, name: str, value: str) -> SecretRecord: ...
+    async def delete_secret(self, account: str, name: str) -> None: ...
+    async def open_tunnel(
+        self, kind: TunnelKind, *, account: str, workload: str, agent_id: str, container: str, **params: Any
+    ) -> OpenedTunnel: ...
+    async def request_verification(self, agent_id: str, gpu_uuids: Iterable[str] = ()) -> list[str]: ...
+    def watch_host_samples(self, agent_id: str, now: float) -> dict[str, list[GpuSample]]: ...
+    def signing_keys(self) -> list[SigningKeyInfo]: ...
+    def when_elected(self, serve: Callable[[], Awaitable[None]]) -> None: ...
 
     # --- lifecycle and high availability ---
     async def start(self) -> None: ...
@@ -195,9 +229,21 @@ class MasterPort(Protocol):
 
 
 __all__ = [
-    "Authority",  # the grid's CA and keys on disk: a local grid (management/devgrid) issues relays' certificates from it
+    "AccountDirectory",  # the narrow views of the parts (master/views.py)
+    "ChangeSubscriptions",
+    "GpuHolds",
+    "HostDirectory",
+    "LeaderView",
+    "ManagementStore",
+    "MetricsExposition",
+    "OpenCommands",
+    "RelayLinks",
+    "SecretShelf",
+    "TelemetryView",
+    "OpenedTunnel",
     "SEALED",
     "OverlaySpec",
+    "Authority",  # a local grid's own certificates (management/devgrid/localgrid.py, an entry point)
     "OverlayAuthority",  # with OverlaySettings and write_lighthouse: a local grid issues its lighthouse (management/devgrid)
     "OverlaySettings",
     "write_lighthouse",
@@ -207,7 +253,6 @@ __all__ = [
     "measured_verified",
     "verification_label",
     "HISTORY_KIND",
-    "Verifier",
     "BOOTSTRAP_ACCOUNT",
     "DEFAULT_CAPACITY",
     "DUPLICATE_UUID_FLAG",
@@ -220,7 +265,6 @@ __all__ = [
     "PLACEMENT",
     "RENTAL_KINDS",
     "WEIGHTS",
-    "AccountBook",
     "AccountChange",
     "AccountRecord",
     "AccountRole",
@@ -232,7 +276,6 @@ __all__ = [
     "ApiKeyRecord",
     "Assignment",
     "Change",
-    "ChangeFeed",
     "ChangeKind",
     "CommandFinished",
     "CommandRecord",
@@ -241,7 +284,6 @@ __all__ = [
     "LinkSettings",
     "ContainerExited",
     "Credential",
-    "EventLog",
     "EventRecord",
     "FairShareRepo",
     "FairShareUsage",
@@ -277,7 +319,6 @@ __all__ = [
     "SECRET_NAME_PATTERN",
     "InvalidSecret",
     "SecretRecord",
-    "SecretVault",
     "SamplesTaken",
     "Shortfall",
     "SigningKeyInfo",
@@ -286,7 +327,6 @@ __all__ = [
     "SshKeyRepo",
     "StaleRental",
     "StateMachine",
-    "Store",
     "Subscription",
     "TelemetryRollup",
     "TierPolicy",

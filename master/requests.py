@@ -13,9 +13,11 @@ from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 from common.errors import Conflict, InvalidRating, NotFound
+from common.inventory import GpuSample
 from common.overlay import OverlaySpec
+from common.tunnel import TunnelKind
 from common.wire import Config, RelayEntry, Revocations, encode
-from master.accounts import AccountBook
+from master.accounts import AccountBook, AccountChange, IssuedKey
 from master.agent_channel import AgentChannel
 from master.allocations import offered
 from master.authority import Authority
@@ -28,12 +30,26 @@ from master.faults import HealthWatch
 from master.keys import SigningKeyInfo
 from master.link import RelayHub
 from master.overlay import OverlayAuthority, allocate_network
-from master.records import AgentRecord, ApiKeyRecord, CommandRecord, EventRecord, GpuRecord, RevocationRecord, TokenRecord
+from master.records import (
+    AccountRecord,
+    AgentRecord,
+    ApiKeyRecord,
+    CommandRecord,
+    EventRecord,
+    GpuFault,
+    GpuRecord,
+    RevocationRecord,
+    SecretRecord,
+    TokenRecord,
+)
 from master.registry import Registry
 from master.reputation import Reputation, reputation
+from master.secrets import SecretVault
 from master.states import AgentState, GpuState
 from master.store.base import Store
 from master.telemetry import TelemetryAggregator
+from master.tunnels import OpenedTunnel, TunnelDispatch
+from master.verifier import Verifier
 
 
 class MasterRequests:
@@ -53,6 +69,9 @@ class MasterRequests:
     directory: RelayDirectoryAnnouncer
     channel: AgentChannel
     overlay: OverlayAuthority
+    tunnels: TunnelDispatch
+    verifier: Verifier
+    secrets: SecretVault
 
     # --- relays and enrollment -----------------------------------------------------------------
 
@@ -304,3 +323,63 @@ class MasterRequests:
     async def check_api_key(self, key: str) -> ApiKeyRecord:
         """The key's record (NotFound for a key never issued), remembered a while: see master/accounts.py."""
         return (await self.accounts.credential(key)).key
+
+    # --- the writes management makes on the parts: one operation each, the part's own rules kept --------------
+
+    async def record_event(self, kind: str, subject: str, /, **data: Any) -> None:
+        await self.events.record(kind, subject, **data)
+
+    async def record_events(self, events: list[tuple[str, str, dict[str, Any]]]) -> None:
+        """(kind, subject, data) each, in one write."""
+        await self.events.record_many(events)
+
+    async def mark_gpu_faulty(self, gpu: GpuRecord, fault: GpuFault) -> None:
+        """``gpu`` leaves service with ``fault`` (an alert rule's verdict: management/monitoring/alert_loop.py)."""
+        await self.registry.mark_faulty(gpu, fault)
+
+    async def clear_gpu_fault(self, gpu: GpuRecord, reason: str, *, ecc_acknowledged: int | None = None) -> None:
+        await self.registry.clear_fault(gpu, reason, ecc_acknowledged=ecc_acknowledged)
+
+    async def create_account(self, rec: AccountRecord) -> AccountRecord:
+        return await self.accounts.create(rec)
+
+    async def update_account(self, account_id: str, change: AccountChange) -> AccountRecord:
+        return await self.accounts.update(account_id, change)
+
+    async def set_password(self, account_id: str, password: str, *, current_password: str | None = None) -> AccountRecord:
+        return await self.accounts.set_password(account_id, password, current_password=current_password)
+
+    async def create_account_key(self, account_id: str, name: str) -> IssuedKey:
+        """A new API key of ``account_id``, shown once (``create_api_key`` is the legacy one naming no account)."""
+        return await self.accounts.create_key(account_id, name)
+
+    async def revoke_account_key(self, key_id: str) -> ApiKeyRecord:
+        return await self.accounts.revoke_key(key_id)
+
+    async def create_secret(self, account: str, name: str, value: str) -> SecretRecord:
+        return await self.secrets.create(account, name, value)
+
+    async def delete_secret(self, account: str, name: str) -> None:
+        await self.secrets.delete(account, name)
+
+    async def open_tunnel(
+        self, kind: TunnelKind, *, account: str, workload: str, agent_id: str, container: str, **params: Any
+    ) -> OpenedTunnel:
+        """A signed ticket for a renter's tunnel to ``container``, sent to its agent (master/tunnels.py)."""
+        return await self.tunnels.open(kind, account=account, workload=workload, agent_id=agent_id, container=container, **params)
+
+    async def request_verification(self, agent_id: str, gpu_uuids: Iterable[str] = ()) -> list[str]:
+        """An operator's measured verification of ``agent_id``'s GPUs, now (master/verifier.py): the challenge ids."""
+        return await self.verifier.request(agent_id, gpu_uuids)
+
+    def watch_host_samples(self, agent_id: str, now: float) -> dict[str, list[GpuSample]]:
+        """``agent_id``'s recent samples per GPU, oldest first. Asking watches the host: from then on the Master keeps a
+        short ring of its samples (master/telemetry.py, RecentSamples), for a while after the last ask; the first
+        answer holds each GPU's latest sample."""
+        latest = self.telemetry.latest
+        self.telemetry.recent.watch(agent_id, now, [latest[g.uuid] for g in self.registry.gpus_of(agent_id) if g.uuid in latest])
+        return self.telemetry.recent.of(agent_id)
+
+    def signing_keys(self) -> list[SigningKeyInfo]:
+        """Every command-signing key, newest first."""
+        return self.authority.keys.describe()

@@ -417,7 +417,7 @@ class MeterLoop:
                 continue
             self._warned.add(renter)
             covers_s = (funds.available + funds.held) / rate if rate else math.inf
-            await self._master.events.record(
+            await self._master.record_event(
                 LOW_BALANCE_EVENT,
                 renter,
                 available=format_amount(funds.available),

@@ -126,7 +126,7 @@ class AlertLoop:
         if not result.transitions:
             return []
         master = self.observer.master
-        await master.events.record_many([(f"alert.{t.phase}", t.subject, msgspec.to_builtins(t)) for t in result.transitions])
+        await master.record_events([(f"alert.{t.phase}", t.subject, msgspec.to_builtins(t)) for t in result.transitions])
         by_name = {rule.name: rule for rule in rules}
         for transition in result.transitions:
             self.recent.append(transition)
@@ -140,20 +140,20 @@ class AlertLoop:
         return result.transitions
 
     async def _mark_faulty(self, rule: AlertRule, transition: AlertTransition) -> None:
-        registry = self.observer.master.registry
-        gpu = registry.gpus.get(transition.subject)
+        master = self.observer.master
+        gpu = master.registry.gpus.get(transition.subject)
         if gpu is None or gpu.fault is not None:
             return  # a fault already stands (the first cause stands, as in master/faults.py)
         reason = f"{_FAULT_PREFIX}{rule.name}: {rule.summary or rule.metric}"
         code = None if transition.value is None else round(transition.value)
-        await registry.mark_faulty(gpu, GpuFault(kind=ALERT_FAULT, reason=reason, since=transition.at, code=code))
+        await master.mark_gpu_faulty(gpu, GpuFault(kind=ALERT_FAULT, reason=reason, since=transition.at, code=code))
 
     async def _clear_fault(self, transition: AlertTransition) -> None:
         """The fault this alert set, and no other, is cleared when it resolves (even if its rule was removed)."""
-        registry = self.observer.master.registry
-        gpu = registry.gpus.get(transition.subject)
+        master = self.observer.master
+        gpu = master.registry.gpus.get(transition.subject)
         if gpu is not None and gpu.fault is not None and _rule_of_fault(gpu.fault) == transition.rule:
-            await registry.clear_fault(gpu, f"alert {transition.rule} resolved")
+            await master.clear_gpu_fault(gpu, f"alert {transition.rule} resolved")
 
     def _adopt_alert_faults(self) -> None:
         """After a restart, the GPUs an alert marked faulty (the fault is stored, the alert's state was not) have

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from common.errors import InvalidTelemetryWindow
 from common.inventory import HostSample
-from master.port import MINUTES_PER_HOUR, HostRollup, Store, TelemetryRollup, downsample, downsample_host
+from master.port import MINUTES_PER_HOUR, HostRollup, ManagementStore, TelemetryRollup, downsample, downsample_host
 
 DEFAULT_SPAN_S = 86400.0  # a window with no ``from`` reaches back a day
 # A week at one minute (both ends partial minutes: 10,081): more points per series are refused (ask for a coarser step).
@@ -97,7 +97,7 @@ def resolution_of(window: Window, *, minutes_kept_since: int) -> int:
     return MINUTES_PER_HOUR if window.hourly or window.since_minute < minutes_kept_since else 1
 
 
-async def gpu_history(store: Store, gpu_uuid: str, window: Window, *, minutes_kept_since: int) -> list[TelemetryRollup]:
+async def gpu_history(store: ManagementStore, gpu_uuid: str, window: Window, *, minutes_kept_since: int) -> list[TelemetryRollup]:
     """One GPU's rollups in ``window``, one per step that has data, ascending. ``minutes_kept_since``: the first
     minute the one-minute rollups still hold (retention); before it only hours are left, whatever the step."""
     if resolution_of(window, minutes_kept_since=minutes_kept_since) == MINUTES_PER_HOUR:
@@ -106,7 +106,7 @@ async def gpu_history(store: Store, gpu_uuid: str, window: Window, *, minutes_ke
     return downsample(minutes, window.step_minutes)
 
 
-async def host_history(store: Store, agent_id: str, window: Window, *, minutes_kept_since: int) -> list[HostRollup]:
+async def host_history(store: ManagementStore, agent_id: str, window: Window, *, minutes_kept_since: int) -> list[HostRollup]:
     """One host's own rollups in ``window``, one per step that has data, ascending; read as ``gpu_history`` reads."""
     if resolution_of(window, minutes_kept_since=minutes_kept_since) == MINUTES_PER_HOUR:
         hours = await _host_hours_topped_up(store, agent_id, window)
@@ -115,7 +115,7 @@ async def host_history(store: Store, agent_id: str, window: Window, *, minutes_k
     return downsample_host(minutes, window.step_minutes)
 
 
-async def _hours_topped_up(store: Store, gpu_uuid: str, window: Window) -> list[TelemetryRollup]:
+async def _hours_topped_up(store: ManagementStore, gpu_uuid: str, window: Window) -> list[TelemetryRollup]:
     """The hourly rollups of the window's hours, then the minutes after the last of them (not downsampled yet)."""
     first_hour = window.since_minute - window.since_minute % MINUTES_PER_HOUR
     hours = await store.hourly_rollups.list(gpu_uuid, since_minute=first_hour, until_minute=window.until_minute)
@@ -126,7 +126,7 @@ async def _hours_topped_up(store: Store, gpu_uuid: str, window: Window) -> list[
     return [*hours, *rest]
 
 
-async def _host_hours_topped_up(store: Store, agent_id: str, window: Window) -> list[HostRollup]:
+async def _host_hours_topped_up(store: ManagementStore, agent_id: str, window: Window) -> list[HostRollup]:
     """``_hours_topped_up`` for a host's own rollups."""
     first_hour = window.since_minute - window.since_minute % MINUTES_PER_HOUR
     hours = await store.host_hourly_rollups.list(agent_id, since_minute=first_hour, until_minute=window.until_minute)

@@ -77,6 +77,8 @@ class ReportSource:
             if found is not None:
                 rentals.append(found)  # outside the window it adds no time: it tells which GPUs the money was for
         commands: list[CommandRecord] = [
-            c for c in await store.commands.list(states=sorted(FAILED_COMMAND_STATES), limit=COMMANDS_READ) if c.agent_id in hosts
+            c
+            for c in await self._master.list_commands(states=sorted(FAILED_COMMAND_STATES), limit=COMMANDS_READ)
+            if c.agent_id in hosts
         ]
         return ReportInputs(hosts=hosts, gpus=gpus, rollups=rollups, rentals=rentals, entries=entries, commands=commands)

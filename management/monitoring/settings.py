@@ -27,7 +27,7 @@ from management.monitoring.observe import WIRED
 from management.monitoring.rules import AlertRule
 from management.monitoring.visibility import Viewer, visible
 from management.monitoring.webhook_targets import url_refusal
-from master.port import AccountBook, AlertRuleRecord, MasterConfig, SilenceRecord, Store, WebhookRecord
+from master.port import AccountDirectory, AlertRuleRecord, ManagementStore, MasterConfig, SilenceRecord, WebhookRecord
 
 MAX_SILENCE_S = 90 * 86400.0
 
@@ -54,7 +54,7 @@ def notifier_settings(config: MasterConfig) -> NotifierSettings:
     )
 
 
-def account_viewer(accounts: AccountBook) -> ViewerOf:
+def account_viewer(accounts: AccountDirectory) -> ViewerOf:
     """What a webhook's owner may see as its account is now: None when it is gone or disabled."""
 
     async def viewer_of(hook: Webhook) -> Viewer | None:
@@ -78,7 +78,7 @@ def rule_of(spec: Mapping[str, Any], name: str) -> AlertRule:
 
 
 class AlertSettings:
-    def __init__(self, store: Store, loop: AlertLoop, file_rules: list[AlertRule], clock: Callable[[], float]) -> None:
+    def __init__(self, store: ManagementStore, loop: AlertLoop, file_rules: list[AlertRule], clock: Callable[[], float]) -> None:
         self._store = store
         self._loop = loop
         self._file_rules = {rule.name: rule for rule in file_rules}

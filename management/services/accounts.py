@@ -45,7 +45,7 @@ class AccountsService:
         return await self._master.accounts.credential(key)
 
     async def create_account(self, account: AccountRecord) -> AccountRecord:
-        return await self._master.accounts.create(account)
+        return await self._master.create_account(account)
 
     async def get_account(self, account_id: str, *, owner: str | None = None) -> AccountRecord:
         _owned(account_id, owner)
@@ -63,11 +63,11 @@ class AccountsService:
         return page_of(found, limit, lambda a: AccountIdKey(a.id))
 
     async def update_account(self, account_id: str, change: AccountChange) -> AccountRecord:
-        return await self._master.accounts.update(account_id, change)
+        return await self._master.update_account(account_id, change)
 
     async def create_api_key(self, account_id: str, name: str, *, owner: str | None = None) -> IssuedKey:
         _owned(account_id, owner)
-        return await self._master.accounts.create_key(account_id, name)
+        return await self._master.create_account_key(account_id, name)
 
     async def list_api_keys(
         self, account_id: str, *, owner: str | None = None, after: PositionKey | None = None, limit: int
@@ -80,7 +80,7 @@ class AccountsService:
         key = await self._master.accounts.key(key_id)
         if owner is not None and key.subject != owner:
             raise NotFound(f"no API key {key_id!r}")
-        return await self._master.accounts.revoke_key(key_id)
+        return await self._master.revoke_account_key(key_id)
 
     # --- passwords and the console's sign-in (master/passwords.py, docs/console.md) ------------------------------
 
@@ -93,10 +93,8 @@ class AccountsService:
         own = account_id == by
         if own and current_password is None and (await self._master.accounts.get(account_id)).password_hash:
             raise InvalidPassword("current_password: required to change your own password")
-        updated = await self._master.accounts.set_password(
-            account_id, password, current_password=current_password if own else None
-        )
-        await self._master.events.record("account.password_set", account_id, by=by)
+        updated = await self._master.set_password(account_id, password, current_password=current_password if own else None)
+        await self._master.record_event("account.password_set", account_id, by=by)
         return updated
 
     async def sign_in(self, account_id: str, password: str, *, address: str) -> AccountRecord:
@@ -105,13 +103,13 @@ class AccountsService:
         try:
             account = await self._master.accounts.sign_in(account_id, password)
         except SignInRefused as exc:
-            await self._master.events.record("console.signin_refused", account_id[:64], address=address, reason=str(exc))
+            await self._master.record_event("console.signin_refused", account_id[:64], address=address, reason=str(exc))
             raise
-        await self._master.events.record("console.signin", account.id, address=address)
+        await self._master.record_event("console.signin", account.id, address=address)
         return account
 
     async def record_audit(self, entry: AuditEntry) -> None:
-        await self._master.events.record(
+        await self._master.record_event(
             "audit",
             entry.account,
             key_id=entry.key_id,

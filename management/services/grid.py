@@ -100,7 +100,7 @@ class GridService:
     def list_signing_keys(self, *, after: PositionKey | None = None, limit: int) -> Page[SigningKeyInfo]:
         """Newest first, as the key ring describes them; the key is the position in that order (keys are few and
         only ever added, at the head, so a rotation during paging repeats at most one key)."""
-        return positioned_page(self._master.authority.keys.describe(), after, limit)
+        return positioned_page(self._master.signing_keys(), after, limit)
 
     async def rotate_signing_key(self) -> SigningKeyInfo:
         return await self._master.rotate_signing_key()

@@ -55,7 +55,7 @@ class AgentDetail:
 
     agent: AgentRecord
     gpus: list[GpuRecord]
-    latest: dict[str, GpuSample]
+    latest: Mapping[str, GpuSample]
     reachable: bool  # a relay link carries it now: commands sent to it are delivered at once
     offered: frozenset[str]  # uuids of its GPUs renters are offered now
     workloads: list[HostedReplica] = field(default_factory=list)  # open workloads' replicas placed on it

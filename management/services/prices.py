@@ -83,9 +83,9 @@ class PricesService:
         now on; an offer's price history is read from them (management/market/offer_history.py). ``record`` None: the
         host's own price was cleared (it takes its provider's default again)."""
         if record is None:
-            await self._master.events.record(PRICE_CHANGED, subject, provider=provider, agent_id=subject, on_demand=None)
+            await self._master.record_event(PRICE_CHANGED, subject, provider=provider, agent_id=subject, on_demand=None)
             return
-        await self._master.events.record(
+        await self._master.record_event(
             PRICE_CHANGED,
             subject,
             provider=record.provider,

@@ -28,16 +28,17 @@ def listing(rec: SecretRecord) -> SecretListing:
 
 class SecretsService:
     def __init__(self, master: MasterPort) -> None:
-        self._vault = master.secrets
+        self._master = master
+        self._vault = master.secrets  # read: creating and deleting are the port's operations
 
     async def create(self, account: str, name: str, value: str) -> SecretListing:
-        return listing(await self._vault.create(account, name, value))
+        return listing(await self._master.create_secret(account, name, value))
 
     async def list(self, account: str) -> list[SecretListing]:
         return [listing(rec) for rec in await self._vault.list(account)]
 
     async def delete(self, account: str, name: str) -> None:
-        await self._vault.delete(account, name)
+        await self._master.delete_secret(account, name)
 
     async def registry_auth(self, account: str, username: str, password_secret: str) -> RegistryAuth:
         """Credentials for a private image's registry whose password is ``account``'s secret ``password_secret``

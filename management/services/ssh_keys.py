@@ -130,7 +130,7 @@ class SshKeysService:
             created_at=time.time(),
         )
         await self._keys.put(record)
-        await self._master.events.record("ssh_key.added", account, key=record.id, fingerprint=print_)
+        await self._master.record_event("ssh_key.added", account, key=record.id, fingerprint=print_)
         return record
 
     async def list(self, *, owner: str | None, account: str | None = None) -> builtins.list[SshKeyRecord]:
@@ -143,7 +143,7 @@ class SshKeysService:
         if not found:
             raise NotFound(f"no SSH key {key_id!r}")
         await self._keys.delete(key_id)
-        await self._master.events.record("ssh_key.deleted", found[0].account, key=key_id, fingerprint=found[0].fingerprint)
+        await self._master.record_event("ssh_key.deleted", found[0].account, key=key_id, fingerprint=found[0].fingerprint)
         return found[0]
 
     async def fingerprints(self, account: str) -> builtins.list[str]:

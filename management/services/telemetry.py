@@ -37,11 +37,8 @@ class TelemetryService:
         the Master keeps a short ring of its samples (master/telemetry.py, RecentSamples), for a while after the
         last ask; the first answer holds each GPU's latest sample."""
         agent = self._hosts.owned_agent(agent_id, owner)
-        m = self._master
-        gpus = m.registry.gpus_of(agent.id)
-        latest = m.telemetry.latest
-        m.telemetry.recent.watch(agent.id, time.time(), [latest[g.uuid] for g in gpus if g.uuid in latest])
-        return HostSamples(agent.id, gpus, m.telemetry.recent.of(agent.id))
+        gpus = self._master.registry.gpus_of(agent.id)
+        return HostSamples(agent.id, gpus, self._master.watch_host_samples(agent.id, time.time()))
 
     def _bounds(self, from_s: float | None, to_s: float | None, step_s: int | None) -> tuple[Window, int]:
         now = time.time()

@@ -80,7 +80,7 @@ class RenterAccess:
     async def _grant(
         self, kind: TunnelKind, account: str, workload: str, agent_id: str, container: str, params: dict[str, Any]
     ) -> TunnelGrant:
-        opened = await self._master.tunnels.open(
+        opened = await self._master.open_tunnel(
             kind, account=account, workload=workload, agent_id=agent_id, container=container, **params
         )
         body = opened.ticket.body
@@ -92,7 +92,7 @@ class RenterAccess:
             relay_id=body.relay_id,
             url=opened.url,
             ticket=encode_ticket(opened.ticket),
-            ca_pem=self._master.authority.ca.chain_pem().decode(),
+            ca_pem=self._master.ca_chain_pem().decode(),
             expires_at=body.expires_at,
         )
 

@@ -74,7 +74,7 @@ class VerificationService:
     async def request(self, agent_id: str, gpus: list[str]) -> dict[str, Any]:
         """The operator's ``POST /api/v1/agents/{id}/verify``: challenges started now (NotFound, Conflict)."""
         self._host(agent_id, None)
-        started = await self._master.verifier.request(agent_id, gpus)
+        started = await self._master.request_verification(agent_id, gpus)
         return {"agent_id": agent_id, "challenges": started}
 
     async def history(self, agent_id: str, *, owner: str | None = None) -> dict[str, Any]:

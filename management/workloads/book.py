@@ -42,10 +42,9 @@ from master.port import (
     SEALED,
     Assignment,
     CommandRecord,
-    EventLog,
     KeptOutput,
-    SecretVault,
-    Store,
+    ManagementStore,
+    SecretShelf,
     TierPolicy,
     WorkloadRecord,
     WorkloadSpec,
@@ -69,15 +68,17 @@ _FIXED_FIELDS = frozenset({"id", "account", "spec", "state", "state_reason", "cr
 Listener = Callable[[str, WorkloadRecord], None]
 
 
-class ContainerCommands(Protocol):
-    """How the book reaches hosts: ``master.master.Master`` is one (through ``master.port.MasterPort``). ``secrets``:
-    the vault, whose key seals a workload's registry password at submit."""
+class BookMaster(Protocol):
+    """What the book asks of the Master (``master.port.MasterPort`` is one): commands to hosts, its events, and
+    ``secrets``: the renters' secrets, whose key seals a workload's registry password at submit."""
 
-    secrets: SecretVault
+    @property
+    def secrets(self) -> SecretShelf: ...
 
     async def create_command(
         self, agent_id: str, kind: str, spec: dict[str, Any], *, timeout_s: float | None = None
     ) -> CommandRecord: ...
+    async def record_event(self, kind: str, subject: str, /, **data: Any) -> None: ...
 
 
 def new_workload_id() -> str:
@@ -87,9 +88,8 @@ def new_workload_id() -> str:
 class WorkloadBook:
     def __init__(
         self,
-        store: Store,
-        events: EventLog,
-        commands: ContainerCommands,
+        store: ManagementStore,
+        master: BookMaster,
         *,
         policy: TierPolicy,
         priority_classes: Collection[str] = DEFAULT_PRIORITY_CLASSES,
@@ -103,8 +103,7 @@ class WorkloadBook:
         self._store = store
         self._egress = egress
         self._gang_overlay = gang_overlay
-        self._events = events
-        self._commands = commands
+        self._master = master
         self._policy = policy
         self._priority_classes = tuple(priority_classes)
         self._delete_grace_s = delete_grace_s
@@ -144,7 +143,7 @@ class WorkloadBook:
             return rec
         spec = msgspec.structs.replace(rec.spec, registry_auth=msgspec.structs.replace(auth, password=SEALED))
         sealed = msgspec.structs.replace(
-            rec, spec=spec, sealed_registry_password=self._commands.secrets.seal(auth.password), version=rec.version + 1
+            rec, spec=spec, sealed_registry_password=self._master.secrets.seal(auth.password), version=rec.version + 1
         )
         try:
             await self._store.workloads.update(sealed, expected_version=rec.version)
@@ -201,12 +200,12 @@ class WorkloadBook:
     async def submit(self, account: str, spec: WorkloadSpec, now: float) -> WorkloadRecord:
         """Store a new queued workload for ``account``; InvalidWorkloadSpec when it names what is not configured."""
         check_spec(spec, policy=self._policy, priority_classes=self._priority_classes, gang_overlay=self._gang_overlay)
-        check_storage(spec, {s.name for s in await self._store.secrets.list(account)} if secret_names(spec) else ())
+        check_storage(spec, await self._master.secrets.names(account) if secret_names(spec) else ())
         await check_targets(spec, self._egress)
         spec = msgspec.structs.replace(spec, restart_policy=spec.restart_policy_in_force)  # answers state the one in force
         sealed_password = ""
         if spec.registry_auth is not None:  # stored sealed: the workload's record is in every backup and replica
-            sealed_password = self._commands.secrets.seal(spec.registry_auth.password)
+            sealed_password = self._master.secrets.seal(spec.registry_auth.password)
             spec = msgspec.structs.replace(spec, registry_auth=msgspec.structs.replace(spec.registry_auth, password=SEALED))
         rec = WorkloadRecord(
             id=new_workload_id(),
@@ -334,7 +333,7 @@ class WorkloadBook:
             await self._store.workloads.update(updated, expected_version=rec.version)
             self._unindex(rec)
             self._index(updated)
-            await self._events.record(BID_EVENT, workload_id, account=rec.account, old=terms.bid, new=bid, at=now)
+            await self._master.record_event(BID_EVENT, workload_id, account=rec.account, old=terms.bid, new=bid, at=now)
         self._notify("bid", updated)
         return updated
 
@@ -381,17 +380,17 @@ class WorkloadBook:
         for a in assignments:
             spec = {"name": a.container, "timeout_s": self._delete_grace_s if grace_s is None else grace_s}
             try:
-                await self._commands.create_command(a.agent_id, "delete_container", spec, timeout_s=timeout_s)
+                await self._master.create_command(a.agent_id, "delete_container", spec, timeout_s=timeout_s)
             except IdlegridError as exc:
                 refused.append(f"{a.container} on {a.agent_id}: {exc}")
-                await self._events.record(
+                await self._master.record_event(
                     DELETE_REFUSED_EVENT, workload_id, agent_id=a.agent_id, container=a.container, error=str(exc)
                 )
         return refused
 
     async def _record(self, rec: WorkloadRecord, old: str, event: str, reason: str) -> None:
         data = {"from": old, "to": rec.state, "event": event, "reason": reason, "account": rec.account}
-        await self._events.record(TRANSITION_EVENT, rec.id, **data)
+        await self._master.record_event(TRANSITION_EVENT, rec.id, **data)
 
     def _index(self, rec: WorkloadRecord) -> None:
         self._open[rec.id] = rec

@@ -83,7 +83,7 @@ async def start_market(tmp_path: Path) -> AsyncIterator[StartMarket]:
         if first:
             await master.accounts.ensure("alice", AccountRole.RENTER)
             await add_agent(master, "agt-1", "h100:4")
-        book = WorkloadBook(master.store, master.events, master, policy=master.policy)
+        book = WorkloadBook(master.store, master, policy=master.policy)
         await book.load()
         ledger = LedgerBook(master.store.ledger)
         await ledger.load()

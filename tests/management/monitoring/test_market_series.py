@@ -40,7 +40,7 @@ async def master(tmp_path: Path) -> AsyncIterator[Master]:
 
 async def test_workloads_by_state_and_running_rentals_by_kind_follow_the_books(master: Master):
     now = float(int(time.time()) + 100)
-    book = WorkloadBook(master.store, master.events, master, policy=master.policy)
+    book = WorkloadBook(master.store, master, policy=master.policy)
     await book.load()
     ledger = LedgerBook(master.store.ledger)
     await ledger.load()

@@ -175,7 +175,7 @@ async def test_the_loop_sends_image_none_to_the_process_runtime_host_and_an_imag
     """The case of issue 37: image "none" went to a Podman host, which tried to pull docker.io/library/none."""
     await connect(master, link, "agt-box", gpus(2, prefix="GPU-box"), runtime="docker", isolation="container")
     await connect(master, link, "agt-proc", gpus(2, prefix="GPU-proc"), runtime="process", isolation="sandbox")
-    book = WorkloadBook(master.store, master.events, master, policy=master.policy, egress=OPERATOR_ALLOWS_TEST_STORE)
+    book = WorkloadBook(master.store, master, policy=master.policy, egress=OPERATOR_ALLOWS_TEST_STORE)
     loop = SchedulerLoop(master, book, SchedulerSettings(grace_s=7.0, allow_process_runtime=True, stray_sweep_s=0.0))
     await loop.book.load()
     allowed = PlacementConstraints(allow_process_runtime=True)

@@ -82,7 +82,7 @@ async def test_a_host_gone_offline_past_the_grace_is_noted_as_the_host_failure_o
 def priced_loop(
     master: Master, prices: dict[str, HostPrice], funded: set[str] | None = None, budget: dict[str, int] | None = None
 ) -> SchedulerLoop:
-    book = WorkloadBook(master.store, master.events, master, policy=master.policy)
+    book = WorkloadBook(master.store, master, policy=master.policy)
     free = HostPrice(on_demand=0, min_bid=0)
     return SchedulerLoop(
         master,

@@ -31,7 +31,7 @@ async def test_a_1g_10gb_workload_lands_on_a_mig_instance_and_a_whole_gpu_worklo
     (a100,) = SimulatedCollector("a100:1:mig=1g.10gb*7", host_key="agt-mig").inventory()
     instances = [m.uuid for m in a100.mig_instances]
     await connect(master, link, "agt-mig", [a100], runtime="docker", isolation="container")
-    book = WorkloadBook(master.store, master.events, master, policy=master.policy)
+    book = WorkloadBook(master.store, master, policy=master.policy)
     loop = SchedulerLoop(master, book, SchedulerSettings(grace_s=5.0, offline_grace_s=5.0))
     await loop.book.load()
     whole = await loop.book.submit("alice", spec("whole"), time.time())
@@ -63,7 +63,7 @@ async def test_a_profile_the_partition_does_not_offer_is_not_placed(master):
     link = relay_link()
     (a100,) = SimulatedCollector("a100:1:mig=3g.40gb*2", host_key="agt-mig").inventory()
     await connect(master, link, "agt-mig", [a100], runtime="docker", isolation="container")
-    loop = SchedulerLoop(master, WorkloadBook(master.store, master.events, master, policy=master.policy), SchedulerSettings())
+    loop = SchedulerLoop(master, WorkloadBook(master.store, master, policy=master.policy), SchedulerSettings())
     await loop.book.load()
     wl = await loop.book.submit("alice", spec("small", "1g.10gb"), time.time())
 
@@ -79,7 +79,7 @@ async def test_a_fault_on_a_split_gpu_moves_its_instance_workload_to_another_car
     (second_card,) = SimulatedCollector("h100:1:mig=1g.10gb*7", host_key="agt-b").inventory()
     await connect(master, link, "agt-a", [first_card], runtime="docker", isolation="container")
     await connect(master, link, "agt-b", [second_card], runtime="docker", isolation="container")
-    loop = SchedulerLoop(master, WorkloadBook(master.store, master.events, master, policy=master.policy), SchedulerSettings())
+    loop = SchedulerLoop(master, WorkloadBook(master.store, master, policy=master.policy), SchedulerSettings())
     await loop.book.load()
     wl = await loop.book.submit("alice", spec("small", "1g.10gb"), time.time())
     await loop.cycle()

@@ -49,7 +49,7 @@ async def until(predicate: Callable[[], object], what: str) -> None:
 
 
 def running_loop(master: Master, clock: Clock) -> SchedulerLoop:
-    book = WorkloadBook(master.store, master.events, master, policy=master.policy)
+    book = WorkloadBook(master.store, master, policy=master.policy)
     return SchedulerLoop(master, book, SETTINGS, clock=clock)
 
 

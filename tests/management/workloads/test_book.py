@@ -50,7 +50,7 @@ async def start_master(store_url: str, tmp_path: Path) -> AsyncIterator[StartMas
 
 
 def book_of(master: Master) -> WorkloadBook:
-    return WorkloadBook(master.store, master.events, master, policy=master.policy, delete_grace_s=12.0)
+    return WorkloadBook(master.store, master, policy=master.policy, delete_grace_s=12.0)
 
 
 async def transitions(master: Master, workload_id: str) -> list[tuple[str, str, str]]:

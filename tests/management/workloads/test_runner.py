@@ -37,7 +37,6 @@ OPERATOR_ALLOWS_TEST_STORE = MasterConfig(egress_allow=["127.0.0.1:9000"]).egres
 def scheduler(master: Master) -> SchedulerLoop:
     book = WorkloadBook(
         master.store,
-        master.events,
         master,
         policy=master.policy,
         egress=OPERATOR_ALLOWS_TEST_STORE,
@@ -432,7 +431,7 @@ async def test_strays_are_looked_for_once_per_sweep_period_not_on_every_wake_up(
     """The look for strays is a pass over every host's containers: at 10,000 hosts it is paid once a period."""
     await host(master, link, "agt-a")
     now = [time.time()]
-    book = WorkloadBook(master.store, master.events, master, policy=master.policy)
+    book = WorkloadBook(master.store, master, policy=master.policy)
     loop = SchedulerLoop(master, book, SchedulerSettings(grace_s=GRACE_S, stray_sweep_s=5.0), clock=lambda: now[0])
     await loop.book.load()
     low = await loop.book.submit("bob", spec("low", priority="low", restart_policy="on_failure"), now[0])

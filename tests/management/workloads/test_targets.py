@@ -23,7 +23,7 @@ from tests.support.egress import resolving
 def book(master: Master, egress_allow: list[str] | None = None) -> WorkloadBook:
     names = resolving({"rebind.example": "10.0.0.1", "s3.example": "93.184.216.34"})
     rule = dataclasses.replace(MasterConfig(egress_allow=egress_allow or []).egress_rule(), resolver=names)
-    return WorkloadBook(master.store, master.events, master, policy=master.policy, egress=rule)
+    return WorkloadBook(master.store, master, policy=master.policy, egress=rule)
 
 
 def submitted(fields: dict) -> WorkloadSpec:
