@@ -51,7 +51,10 @@ class ObjectStore:
         """Spawn the server; ``wait`` makes its bucket once it answers."""
         grid.check_ports({self.port: "the demo's object store"})
         args = ["-H", HOST, "-p", str(self.port)]
-        self.daemon = grid.spawn("storage", "other", args, program=("moto.server",))
+        # Any key pair, always: moto would check keys after INITIAL_NO_AUTH_ACTION_COUNT requests were it set in the
+        # environment the demo inherits (a test's own moto sets it), and refuse the demo's keys (403).
+        env = {"INITIAL_NO_AUTH_ACTION_COUNT": "inf"}
+        self.daemon = grid.spawn("storage", "other", args, program=("moto.server",), env=env)
 
     def wait(self) -> None:
         """Until the server answers, then the bucket ``demo`` (an empty store after every start)."""
