@@ -786,6 +786,7 @@ def _runtime_options(config: AgentConfig) -> dict[str, object]:
             "socket": config.docker_socket,
             "simulated_gpus": bool(config.simulate),
             "gpu_devices": config.docker_gpu_devices,
+            "network": config.docker_network,
             "selftest_image": config.gpu_selftest_image,
             "selftest_timeout_s": config.gpu_selftest_timeout_s,
             "images": image_limits(config),

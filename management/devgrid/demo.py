@@ -11,6 +11,13 @@ operator's (``renter.token``, 0600). Its provider's hosts are priced (DEMO_PRICE
 credited once (RENTER_CREDIT), so renting costs money and the ledger shows every cent. The banner shows the commands a
 renter types to search offers, rent one, read its balance and ledger, and submit, list, show, explain and cancel a
 workload.
+
+Where podman, runc and busybox-static are installed it has a container host too: one more agent, on the docker
+runtime against a Podman service of the demo's own (management/devgrid/podman_host.py), its storage under the state
+directory (``podman/``) and kept between runs, so its images (the GPU self-test's and DEMO_IMAGE, a web page) are built
+on the first run only. No registry is reachable, so that host pulls nothing and says so in its hello: the Master then
+refuses at submit the shipped templates (docker.io images) and takes the demo's own, ``hello-web`` (TEMPLATES_DIR).
+Where Podman is missing or fails, the demo comes up without it and the banner says why.
 """
 
 from __future__ import annotations
@@ -20,13 +27,14 @@ import shutil
 import signal
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from types import FrameType
 
 from common.files import write_atomically
 from management.client.api import ApiClient, ApiError
 from management.devgrid.localgrid import PORTS_FILE, LocalGrid, RelayInfo, StartupFailed
+from management.devgrid.podman_host import DEMO, DEMO_IMAGE, SELFTEST, PodmanHost, PodmanUnavailable
 
 # Two regions, one relay each; agents alternate between them.
 RELAYS = (("relay-a", "eu-west"), ("relay-b", "us-east"))
@@ -43,8 +51,33 @@ OPERATOR = "operator"  # the Master's bootstrap operator account
 CHANGED = "(changed in the console; not known to the demo)"
 DEMO_PRICES = {"on_demand": "1.20", "min_bid": "0.40", "reserved_discount": 0.25}  # per GPU-hour
 RENTER_CREDIT = "25.00"  # the renter's first credit (once per state directory)
-SANDBOX = "sandbox"  # the isolation the demo's process-runtime hosts report when the demo runs as root
+UNISOLATED = "none"  # the isolation the demo's process-runtime hosts report when the demo does not run as root
 READY_TIMEOUT_S = 30.0
+# The container host: an agent on the docker runtime against a Podman service of the demo's own (podman_host.py),
+# whose images are built on this machine, since no registry is reachable: it pulls nothing, and says so in hello.
+CONTAINER_HOST = "podman-host"
+CONTAINER_HOST_GPUS = "l4:2"
+PODMAN_DIR = "podman"
+# Its containers' network: slirp4netns, not CNI's bridge, whose namespace files in /run/netns a process-runtime host's
+# new sandbox (unshare --mount) now and then hides from the CNI plugin while podman makes one (podman_host.py); the
+# process runtime's sandboxes use slirp4netns already.
+CONTAINER_NETNS = "slirp4netns"
+TEMPLATES_DIR = Path(__file__).parent / "templates"  # the demo Master's operator templates: hello-web, on DEMO_IMAGE
+DEMO_TEMPLATE = "hello-web"
+LOCAL_IMAGES = "localhost"  # the egress rule refuses the local images' registry name unless allowed by name
+MASTER_ENV = {
+    # The demo's simulated hosts run the process runtime (no container engine needed): the operator allows offering
+    # them. Renters may name the images built here, and the templates directory adds one that runs on them.
+    "IDLEGRID_MASTER_OFFER_SANDBOXED_HOSTS": "true",
+    "IDLEGRID_MASTER_EGRESS_ALLOW": LOCAL_IMAGES,
+    "IDLEGRID_MASTER_TEMPLATES_DIR": str(TEMPLATES_DIR),
+}
+CONTAINER_HOST_ENV = {
+    "IDLEGRID_AGENT_GPU_SELFTEST_IMAGE": SELFTEST.reference,  # its default is on Docker Hub, out of reach
+    "IDLEGRID_AGENT_EGRESS_ALLOW": LOCAL_IMAGES,
+    "IDLEGRID_AGENT_IMAGE_PULL": "false",  # no registry is reachable: only the images built here run
+    "IDLEGRID_AGENT_DOCKER_NETWORK": CONTAINER_NETNS,
+}
 
 
 class Interrupted(BaseException):  # not an Exception: no "not up yet" retry loop may swallow it
@@ -60,37 +93,80 @@ def agent_name(index: int) -> str:
 
 
 class Demo:
-    def __init__(self, state_dir: Path, *, api_port: int | None, agents: int) -> None:
+    def __init__(self, state_dir: Path, *, api_port: int | None, agents: int, container_host: bool = True) -> None:
         first_run = not (state_dir / PORTS_FILE).exists()
         self.grid = LocalGrid(state_dir, api_port=api_port if api_port is not None or not first_run else DEFAULT_API_PORT)
         self.agents = agents
         self.unsandboxed: list[str] = []  # agents that cannot sandbox commands: the scheduler never places work there
+        self.podman = PodmanHost(self.grid.root / PODMAN_DIR, netns=CONTAINER_NETNS) if container_host else None
+        self.container_host_id: str | None = None
+        self.no_container_host = "" if container_host else "turned off (--no-container-host)"
+        self.images_built: list[str] = []  # built by this start (a later start on the same state directory keeps them)
 
     def start(self) -> list[str]:
-        """Master, relays, then the agents (enrolled the first time); the agent ids once all are ready."""
+        """Master, relays, then the agents (enrolled the first time), Podman made ready meanwhile; the agent ids once
+        all are ready. Podman missing or failing leaves the demo without its container host, saying why."""
         started = time.time()
-        # The demo's hosts run the process runtime (no container engine needed): the operator allows offering them.
-        self.grid.start_master(env={"IDLEGRID_MASTER_OFFER_SANDBOXED_HOSTS": "true"})
-        relays = [self.grid.start_relay(relay_id, region) for relay_id, region in RELAYS]
-        with ThreadPoolExecutor(max_workers=max(1, self.agents)) as pool:
+        with ThreadPoolExecutor(max_workers=self.agents + 2) as pool:
+            engine = pool.submit(self._prepare_engine) if self.podman is not None else None
+            self.grid.start_master(env=MASTER_ENV)
+            relays = [self.grid.start_relay(relay_id, region) for relay_id, region in RELAYS]
             ids = list(pool.map(lambda i: self._start_agent(i, relays[i % len(relays)]), range(self.agents)))
-        self.grid.wait_agents_ready(ids, since=started, timeout_s=READY_TIMEOUT_S)
-        self.unsandboxed = sorted(a["id"] for a in self.grid.client.list("/api/v1/agents") if a["isolation"] != SANDBOX)
-        return ids
+            self.grid.wait_agents_ready(ids, since=started, timeout_s=READY_TIMEOUT_S)
+            # Only now: the container host's GPU self-test starts containers, and runc and CNI on these machines fail
+            # now and then while the process-runtime hosts set their first sandboxes up (their start's runtime probe).
+            self.container_host_id = self._start_container_host(engine, relays[self.agents % len(relays)])
+        ready = [*ids, *([self.container_host_id] if self.container_host_id else [])]
+        self.grid.wait_agents_ready(ready, since=started, timeout_s=READY_TIMEOUT_S)
+        self.unsandboxed = sorted(a["id"] for a in self.grid.client.list("/api/v1/agents") if a["isolation"] == UNISOLATED)
+        return ready
+
+    def stop(self) -> None:
+        """Agents, relays, the Master; then the Podman service and its containers (its images are kept)."""
+        self.grid.stop()
+        if self.podman is not None:
+            self.podman.stop_service()
+
+    def _prepare_engine(self) -> None:
+        """Podman's private configuration, the images (built only when this state directory lacks them), the service."""
+        assert self.podman is not None
+        self.podman.configure()
+        self.images_built = [image.reference for image in (SELFTEST, DEMO) if self.podman.ensure_image(image)]
+        self.podman.start_service()
+
+    def _start_container_host(self, engine: Future[None] | None, relay: RelayInfo) -> str | None:
+        """The container host's agent once Podman serves; None, with the reason kept, when Podman could not start."""
+        if engine is None or self.podman is None:
+            return None
+        try:
+            engine.result()
+        except PodmanUnavailable as exc:
+            self.no_container_host = f"Podman could not start here: {_one_line(str(exc))}"
+            return None
+        self._enroll(CONTAINER_HOST, relay)
+        socket = ("--runtime", "docker", "--docker-socket", str(self.podman.socket_path))
+        flags = ("--region", relay.region, *socket, "--access", relay.agent_url)
+        self.grid.start_agent(CONTAINER_HOST, *flags, simulate=CONTAINER_HOST_GPUS, env=CONTAINER_HOST_ENV)
+        return self.grid.agent_id(CONTAINER_HOST)
 
     def _start_agent(self, index: int, relay: RelayInfo) -> str:
         name = agent_name(index)
-        if not self.grid.enrolled(name):
-            token = self.grid.join_token(PROVIDER)
-            done = self.grid.enroll(name, relay, token, region=relay.region)
-            if done.returncode != 0:
-                reason = (done.stderr.strip().splitlines() or ["no output"])[-1]
-                raise StartupFailed(f"{name} could not enroll: {reason}")
+        self._enroll(name, relay)
         # The relay's URL as of this run, whatever the agent recorded at enrollment (a state directory from before
         # ports were kept would otherwise send it to a port nobody listens on).
         flags = ("--region", relay.region, "--runtime", "process", "--access", relay.agent_url)
         self.grid.start_agent(name, *flags, simulate=FLEET[index % len(FLEET)])
         return self.grid.agent_id(name)
+
+    def _enroll(self, name: str, relay: RelayInfo) -> None:
+        """Enroll agent ``name`` for the demo's provider, the first time only."""
+        if self.grid.enrolled(name):
+            return
+        token = self.grid.join_token(PROVIDER)
+        done = self.grid.enroll(name, relay, token, region=relay.region)
+        if done.returncode != 0:
+            reason = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise StartupFailed(f"{name} could not enroll: {reason}")
 
     def banner(self) -> str:
         grid = self.grid
@@ -100,9 +176,10 @@ class Demo:
         )
         first = next(iter(grid.relays.values()))
         idlegrid = idlegrid_command()
+        hosts = f"{self.agents} simulated agents" + (" and 1 container host" if self.container_host_id else "")
         return "\n".join(
             [
-                f"idlegrid demo is up: {self.agents} simulated agents ready, {len(grid.relays)} relays, 1 Master",
+                f"idlegrid demo is up: {hosts} ready, {len(grid.relays)} relays, 1 Master",
                 f"  API:             {grid.api_url}/api/v1/agents",
                 f"  links:           {grid.links_url}/w/WORKLOAD-PORT/   (workloads' web ports: their own listener)",
                 f"  operator key:    {key}",
@@ -110,6 +187,7 @@ class Demo:
                 "  relays:",
                 relays,
                 f"  CA file:         {grid.ca_file}",
+                *self.container_host_lines(),
                 f'  enroll a host:   {idlegrid} agent enroll --state-dir DIR --token "$({idlegrid} token create '
                 f'--provider {PROVIDER} --api {grid.api_url} --operator-token-file {key})" '
                 f"--access {first.http_url} --ca-file {grid.ca_file}",
@@ -147,7 +225,8 @@ class Demo:
             f"    a shell in it: {idlegrid} workload exec ID -- sh",
             f"    reach a port:  {idlegrid} workload port-forward ID 8888   (a port the workload declared with --port)",
             f"    cancel:        {idlegrid} workload cancel ID",
-            "    The demo's hosts run a workload's command as a sandboxed process on the host (the image is not pulled).",
+            "    The demo's simulated hosts run a workload's command as a sandboxed process on the host (image none).",
+            *self.template_lines(idlegrid),
         ]
         if self.unsandboxed:
             lines.append(
@@ -155,6 +234,35 @@ class Demo:
                 "placed on them: their agents run commands as an unprivileged user only when the demo runs as root."
             )
         return lines
+
+    def container_host_lines(self) -> list[str]:
+        """Where the container host is and what runs on it, or why the demo has none and what to install."""
+        if self.podman is None or self.container_host_id is None:
+            return [f"  container host:  none: {self.no_container_host}; images and templates need one"]
+        images = ", ".join(
+            f"{image} ({'built now' if image in self.images_built else 'kept from an earlier run'})"
+            for image in (DEMO_IMAGE, SELFTEST.reference)
+        )
+        return [
+            f"  container host:  {CONTAINER_HOST} ({self.container_host_id}): Podman at {self.podman.url}",
+            f"    images:        {images}; built here, no registry (its storage: {self.podman.workdir})",
+        ]
+
+    def template_lines(self, idlegrid: str) -> list[str]:
+        """The template that runs on the container host, and what the shipped ones need."""
+        registries = "jupyter, comfyui, vllm and cuda-shell pull from docker.io"
+        if self.container_host_id is None:
+            return [
+                f"    templates:     none runs here without a container host ({DEMO_TEMPLATE} needs one, {registries});",
+                f"                   {self.no_container_host}",
+            ]
+        offer = self.container_host_id
+        return [
+            f"    a template:    {idlegrid} rent {offer} --template {DEMO_TEMPLATE} --wait-link-s 60   (a web page on "
+            f"the container host; its link printed once it answers)",
+            f"    templates:     {idlegrid} template list   ({registries}: they need a host that reaches it, so this "
+            "grid refuses them at submit)",
+        ]
 
     def console_lines(self) -> list[str]:
         """Where the web console is and how each demo account signs in to it."""
@@ -223,6 +331,12 @@ class Demo:
         return bool(me["account"] == RENTER)
 
 
+def _one_line(text: str) -> str:
+    """The last line that says something (podman's own reason comes last)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else "no reason given"
+
+
 def idlegrid_command() -> str:
     """How to call ``idlegrid`` from this shell: the name when it is on PATH, else the one beside this Python
     (scripts/demo runs it from .venv/bin without activating the environment)."""
@@ -232,12 +346,12 @@ def idlegrid_command() -> str:
     return str(beside) if beside.exists() else f"{sys.executable} -m management.cli"
 
 
-def run_demo(state_dir: Path, *, api_port: int | None, agents: int) -> int:
+def run_demo(state_dir: Path, *, api_port: int | None, agents: int, container_host: bool = True) -> int:
     """Run until SIGINT or SIGTERM; errors (a port in use, a process that does not come up) raise IdlegridError."""
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     demo: Demo | None = None
     try:
-        demo = Demo(state_dir, api_port=api_port, agents=agents)
+        demo = Demo(state_dir, api_port=api_port, agents=agents, container_host=container_host)
         demo.start()
         demo.publish_operator_key()
         demo.publish_renter_key()
@@ -253,7 +367,7 @@ def run_demo(state_dir: Path, *, api_port: int | None, agents: int) -> int:
         for sig in previous:
             signal.signal(sig, signal.SIG_IGN)
         if demo is not None:
-            demo.grid.stop()
+            demo.stop()
             print("idlegrid demo: stopped", flush=True)
         for sig, handler in previous.items():
             signal.signal(sig, handler)

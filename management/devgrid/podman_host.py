@@ -12,6 +12,11 @@ machines:
 - ``lock_type = "file"``: the default shm locks live in /dev/shm shared with every other podman on the host,
   and a fresh podman state frees them all on its first start.
 - ``cgroup_manager = "cgroupfs"``, ``events_logger = "file"``: no systemd or journald needed.
+- ``netns = "slirp4netns"`` (optional, the demo's; the agent asks it of each container too: its ``docker_network``):
+  containers' networks without CNI's bridge, whose network namespace files live in /run/netns, where a mount
+  namespace made at that moment (a process-runtime host's sandbox, ``unshare --mount``) now and then hides a new one
+  from the CNI plugin ("unknown FS magic on /run/netns/..."), failing the container's start. A renter's port is
+  reached through the engine either way (the agent's port bridge).
 
 No registry needs to be reachable: images are ``podman import`` of a rootfs made of ``/bin/busybox`` (busybox-static),
 built once and kept in the directory's storage (``ensure_image`` builds only what is missing). ``stop_service`` stops
@@ -37,7 +42,7 @@ from common.errors import IdlegridError
 
 BUSYBOX = Path("/bin/busybox")
 REQUIRED = (("podman", "podman"), ("runc", "runc"))  # (program, Debian package)
-INSTALL_HINT = "apt-get install podman runc busybox-static"
+INSTALL_PACKAGES = ("podman", "runc", "busybox-static")
 # Images the local grid builds (their registry part, "localhost", is a name the egress rule refuses unless the Master's
 # and the agent's egress_allow name it: common/egress.py).
 SELFTEST_IMAGE = "localhost/idlegrid-selftest:1"  # the GPU self-test's probe runs in it (agent/runtime/selftest.py)
@@ -74,9 +79,10 @@ DEMO = BusyboxImage(
 )
 
 
-def write_podman_config(workdir: Path) -> dict[str, str]:
+def write_podman_config(workdir: Path, *, netns: str = "") -> dict[str, str]:
     """Podman's settings for a state kept entirely under ``workdir`` (the module's docstring says why each), and the
-    environment that points podman at them: every podman run with it sees that state and nothing of the host's."""
+    environment that points podman at them: every podman run with it sees that state and nothing of the host's.
+    ``netns``: the containers' network mode ("slirp4netns"); "" is podman's default (CNI's bridge)."""
     (workdir / "tmp").mkdir(parents=True, exist_ok=True)
     (workdir / "containers.conf").write_text(
         "[engine]\n"
@@ -86,7 +92,7 @@ def write_podman_config(workdir: Path) -> dict[str, str]:
         'events_logger = "file"\n'
         f'tmp_dir = "{workdir / "tmp"}"\n'
         "[containers]\n"
-        'default_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]\n'
+        'default_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]\n' + (f'netns = "{netns}"\n' if netns else "")
     )
     (workdir / "storage.conf").write_text(
         f'[storage]\ndriver = "vfs"\ngraphroot = "{workdir / "storage"}"\nrunroot = "{workdir / "run"}"\n'
@@ -94,14 +100,17 @@ def write_podman_config(workdir: Path) -> dict[str, str]:
     return {"CONTAINERS_CONF": str(workdir / "containers.conf"), "CONTAINERS_STORAGE_CONF": str(workdir / "storage.conf")}
 
 
-def missing_programs() -> str | None:
-    """What this machine lacks to run a Podman host, and what to install, or None."""
-    missing = [package for program, package in REQUIRED if shutil.which(program) is None]
+def missing_programs(extra: Sequence[str] = ()) -> str | None:
+    """What this machine lacks to run a Podman host (and the programs ``extra``, each its Debian package's name), and
+    what to install, or None."""
+    wanted = [*REQUIRED, *((program, program) for program in extra)]
+    missing = [package for program, package in wanted if shutil.which(program) is None]
     if not BUSYBOX.exists():
         missing.append("busybox-static")
     if not missing:
         return None
-    return f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed ({INSTALL_HINT})"
+    hint = " ".join(["apt-get install", *dict.fromkeys([*INSTALL_PACKAGES, *extra])])
+    return f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed ({hint})"
 
 
 def socket_path_for(workdir: Path) -> Path:
@@ -118,8 +127,9 @@ class PodmanHost:
     """Podman's state under ``workdir``: the CLI on it (``podman``), images built there (``ensure_image``) and
     ``podman system service`` on ``socket_path`` (``start_service``, ``stop_service``)."""
 
-    def __init__(self, workdir: Path, *, start_timeout_s: float = 30.0) -> None:
+    def __init__(self, workdir: Path, *, netns: str = "", start_timeout_s: float = 30.0) -> None:
         self.workdir = Path(workdir)
+        self.netns = netns  # the containers' network mode (write_podman_config); "" is podman's default
         self.socket_path = socket_path_for(self.workdir)
         self.start_timeout_s = start_timeout_s
         self.env = {
@@ -139,10 +149,10 @@ class PodmanHost:
 
     def configure(self) -> None:
         """Write the private configuration and check that podman works with it (PodmanUnavailable with its reason)."""
-        missing = missing_programs()
+        missing = missing_programs([self.netns] if self.netns else [])
         if missing is not None:
             raise PodmanUnavailable(missing)
-        write_podman_config(self.workdir)
+        write_podman_config(self.workdir, netns=self.netns)
         self.podman("info")  # fails early, with podman's own reason, if the engine cannot work on this host
 
     def podman(self, *args: str, check: bool = True, timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
