@@ -196,7 +196,6 @@ class PodmanHost:
                 env=self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
         deadline = time.monotonic() + self.start_timeout_s
