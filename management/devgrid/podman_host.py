@@ -190,6 +190,8 @@ class PodmanHost:
         """``podman system service`` on ``socket_path``, waited for until it answers ``/_ping``."""
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)
         self.socket_path.unlink(missing_ok=True)  # left by a service that was killed
+        # stdin is the launcher's, as the tests' service always had it: with /dev/null, containers' CNI network
+        # namespaces failed now and then on these machines ("unknown FS magic on /run/netns/..."), for no reason found.
         with open(self.log_file, "ab") as log:
             self._service = subprocess.Popen(
                 ["podman", "system", "service", "--time=0", self.url],
