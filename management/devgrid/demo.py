@@ -111,11 +111,13 @@ class Demo:
             engine = pool.submit(self._prepare_engine) if self.podman is not None else None
             self.grid.start_master(env=MASTER_ENV)
             relays = [self.grid.start_relay(relay_id, region) for relay_id, region in RELAYS]
+            relay = relays[self.agents % len(relays)]
+            enrolled = pool.submit(self._enroll_container_host, engine, relay)
             ids = list(pool.map(lambda i: self._start_agent(i, relays[i % len(relays)]), range(self.agents)))
             self.grid.wait_agents_ready(ids, since=started, timeout_s=READY_TIMEOUT_S)
             # Only now: the container host's GPU self-test starts containers, and runc and CNI on these machines fail
             # now and then while the process-runtime hosts set their first sandboxes up (their start's runtime probe).
-            self.container_host_id = self._start_container_host(engine, relays[self.agents % len(relays)])
+            self.container_host_id = self._start_container_host(relay) if enrolled.result() else None
         ready = [*ids, *([self.container_host_id] if self.container_host_id else [])]
         self.grid.wait_agents_ready(ready, since=started, timeout_s=READY_TIMEOUT_S)
         self.unsandboxed = sorted(a["id"] for a in self.grid.client.list("/api/v1/agents") if a["isolation"] == UNISOLATED)
@@ -134,16 +136,22 @@ class Demo:
         self.images_built = [image.reference for image in (SELFTEST, DEMO) if self.podman.ensure_image(image)]
         self.podman.start_service()
 
-    def _start_container_host(self, engine: Future[None] | None, relay: RelayInfo) -> str | None:
-        """The container host's agent once Podman serves; None, with the reason kept, when Podman could not start."""
-        if engine is None or self.podman is None:
-            return None
+    def _enroll_container_host(self, engine: Future[None] | None, relay: RelayInfo) -> bool:
+        """Once Podman serves, the container host enrolled (the first time); False, with the reason kept, when Podman
+        could not start (or the demo has no container host)."""
+        if engine is None:
+            return False
         try:
             engine.result()
         except PodmanUnavailable as exc:
             self.no_container_host = f"Podman could not start here: {_one_line(str(exc))}"
-            return None
+            return False
         self._enroll(CONTAINER_HOST, relay)
+        return True
+
+    def _start_container_host(self, relay: RelayInfo) -> str:
+        """The container host's agent, on the docker runtime against the demo's Podman service; its agent id."""
+        assert self.podman is not None
         socket = ("--runtime", "docker", "--docker-socket", str(self.podman.socket_path))
         flags = ("--region", relay.region, *socket, "--access", relay.agent_url)
         self.grid.start_agent(CONTAINER_HOST, *flags, simulate=CONTAINER_HOST_GPUS, env=CONTAINER_HOST_ENV)
