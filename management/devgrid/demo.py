@@ -33,7 +33,7 @@ from types import FrameType
 
 from common.files import write_atomically
 from management.client.api import ApiClient, ApiError
-from management.devgrid.localgrid import PORTS_FILE, LocalGrid, RelayInfo, StartupFailed
+from management.devgrid.localgrid import PORTS_FILE, LocalGrid, RelayInfo, StartupFailed, kill_processes_under
 from management.devgrid.podman_host import DEMO, DEMO_IMAGE, SELFTEST, PodmanHost, PodmanUnavailable
 
 # Two regions, one relay each; agents alternate between them.
@@ -124,10 +124,15 @@ class Demo:
         return ready
 
     def stop(self) -> None:
-        """Agents, relays, the Master; then the Podman service and its containers (its images are kept)."""
-        self.grid.stop()
-        if self.podman is not None:
-            self.podman.stop_service()
+        """Agents, relays, the Master; the Podman service and its containers (its images are kept); then the process
+        hosts' containers. Podman's go first: the sweep of processes under the state directory would SIGKILL its
+        containers' processes (their root is in its storage) and leave Podman unable to remove them."""
+        try:
+            self.grid.stop_daemons()
+        finally:
+            if self.podman is not None:
+                self.podman.stop_service()
+            kill_processes_under(self.grid.root)
 
     def _prepare_engine(self) -> None:
         """Podman's private configuration, the images (built only when this state directory lacks them), the service."""

@@ -441,6 +441,12 @@ class LocalGrid:
         return self.spawn(name, "agent", args, env=env)
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Agents, then relays, then the Master (``stop_daemons``); then the process-runtime containers left under the
+        root (``kill_processes_under``)."""
+        self.stop_daemons(timeout_s)
+        kill_processes_under(self.root)
+
+    def stop_daemons(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
         """Agents, then relays, then the Master: each group gets SIGTERM and up to ``timeout_s`` before SIGKILL."""
         for role in STOP_ORDER:
             group = [d for d in self.daemons if d.role == role and d.alive()]
@@ -454,7 +460,6 @@ class LocalGrid:
                     daemon.process.wait(timeout=timeout_s)
                 except subprocess.TimeoutExpired:
                     daemon.kill(signal.SIGKILL)
-        kill_processes_under(self.root)
 
     # --- what the grid says about itself ------------------------------------------------------------
 

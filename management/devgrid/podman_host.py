@@ -212,9 +212,15 @@ class PodmanHost:
         )
 
     def stop_service(self) -> None:
-        """Remove every container, then stop the service; the storage (and its images) is kept. Safe to call twice."""
-        if (self.workdir / "containers.conf").exists():
-            self.podman("rm", "--all", "--force", "--time", "0", check=False)
+        """Remove every container, then stop the service, whether or not the removal worked; the storage (and its
+        images) is kept. Safe to call twice."""
+        try:
+            if (self.workdir / "containers.conf").exists():
+                self.podman("rm", "--all", "--force", "--time", "0", check=False)
+        finally:
+            self._stop_process()
+
+    def _stop_process(self) -> None:
         service, self._service = self._service, None
         if service is None or service.poll() is not None:
             return

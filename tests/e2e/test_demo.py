@@ -287,6 +287,13 @@ def test_the_demos_container_host_runs_its_template_with_a_link_refuses_what_it_
         [link] = [line.split(": ", 1)[1] for line in rented.stdout.splitlines() if line.startswith("link (port 8080")]
         assert "<h1>Hello from the demo's container host</h1>" in fetch_as(link, renter_key)
 
+        # image "none" (the banner's submit line) still runs on a process host only, never on the container host
+        submitted = paste_in_bash(banner, banner_command(banner, "submit"), tmp_path)
+        assert submitted.returncode == 0, f"{submitted.stdout}{submitted.stderr}"
+        bare = submitted.stdout.split()[1]
+        running = wait_for(lambda: (w := run.renter().workload(bare))["state"] == "running" and w, 30, f"{bare} to run")
+        assert [a["agent_id"] for a in running["assignments"]] != [host["id"]], running["assignments"]
+
         refused = paste_in_bash(banner, "idlegrid workload submit --template jupyter", tmp_path)
         assert refused.returncode != 0 and "can never run on this grid" in refused.stderr, refused.stderr
         assert "image_pull" in refused.stderr and "docker.io within image_registries_allowed" in refused.stderr
