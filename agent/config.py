@@ -39,6 +39,10 @@ class AgentConfig(msgspec.Struct, kw_only=True):
     docker_socket: str = "/var/run/docker.sock"
     # How the docker runtime gives containers their GPUs: auto, device_requests, cdi or by_name (agent/runtime/docker.py).
     docker_gpu_devices: str = "auto"
+    # The network mode of renters' containers on the docker runtime (HostConfig.NetworkMode): "" is the engine's
+    # default (a bridge). "slirp4netns" on Podman needs no network namespace files in /run/netns, which every podman
+    # on a machine shares (the demo's container host: management/devgrid/podman_host.py says why).
+    docker_network: str = ""
     # The GPU self-test (agent/runtime/selftest.py), run before the host is offered: the image its probe runs in on a
     # Docker-API engine (it must be on the host), and how long one GPU's test may take.
     gpu_selftest_image: str = "docker.io/library/debian:bookworm-slim"

@@ -45,7 +45,7 @@ from agent.storage.plane import DataPlane, StorageSettings
 from agent.tunnel import RelayLink, TunnelLimits, TunnelServer
 from common.containers import ContainerInfo
 from common.errors import IdlegridError, PKIError, ProtocolError, RuntimeFailure, SignatureError
-from common.inventory import MAX_IMAGES_IN_REPORT, GpuReach, HostInfo, Inventory
+from common.inventory import MAX_IMAGES_IN_REPORT, GpuReach, HostInfo, ImageSource, Inventory
 from common.loopwatch import watching
 from common.pki import CommandVerifier, client_tls_context, load_cert, peer_identity, verify_key_endorsement
 from common.storage import StorageActivity
@@ -383,6 +383,7 @@ class Agent:
             gpu_reach=self.gpu_reach if ready else [],
             images=self.images if ready else [],
             overlay_key=self.overlays.key.public_pem if self.overlays is not None else "",
+            image_source=self._image_source() if ready else None,
         )
         return Hello(
             versions=list(PROTOCOL_VERSIONS),
@@ -392,6 +393,14 @@ class Agent:
             command_keys=sorted(self.verifier.keys()),
             benchmark=self.benchmark,
         )
+
+    def _image_source(self) -> ImageSource | None:
+        """Where this host gets images, for a runtime that pulls them: the Master refuses at submit what no host of
+        its grid can get (this one has pulls off, or names only other registries)."""
+        if not isinstance(self.runtime, PullsImages):
+            return None
+        c = self.config
+        return ImageSource.of_settings(c.image_pull, c.image_registries_allowed, c.image_registries_denied)
 
     # --- frames from the master ----------------------------------------------------------------
 
@@ -777,6 +786,7 @@ def _runtime_options(config: AgentConfig) -> dict[str, object]:
             "socket": config.docker_socket,
             "simulated_gpus": bool(config.simulate),
             "gpu_devices": config.docker_gpu_devices,
+            "network": config.docker_network,
             "selftest_image": config.gpu_selftest_image,
             "selftest_timeout_s": config.gpu_selftest_timeout_s,
             "images": image_limits(config),

@@ -2,7 +2,8 @@
 
 ``idlegrid demo`` (``python -m management.cli demo``) is started on a fresh state directory, then again on the same one
 (its restart: the ports, the agents and their enrollment reused), each time from the process's start to its
-"idlegrid demo is up" line (a Master, two relays and 8 simulated agents, every agent ready), then stopped with SIGINT
+"idlegrid demo is up" line (a Master, two relays and 8 simulated agents, every agent ready, and its container host
+where Podman is installed: the fresh run builds its images), then stopped with SIGINT
 as Ctrl-C would. Target: up within 20 s each time (tests/e2e/test_demo.py checks what the demo does; it asserted this
 speed until 2026-11-27).
 """

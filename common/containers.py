@@ -28,11 +28,40 @@ DOCKER_HUB_ALIASES = frozenset({"docker.io", "index.docker.io", "registry-1.dock
 def registry_of(reference: str) -> str:
     """The registry host an image reference names, as the docker CLI reads it: a first component with a dot or a
     colon, or ``localhost``, is a registry; otherwise the image is Docker Hub's."""
-    name = reference.split("@", 1)[0]
-    first, slash, _ = name.partition("/")
+    return _split_registry(reference.split("@", 1)[0])[0]
+
+
+def _split_registry(name: str) -> tuple[str, str]:
+    """A reference without its digest as (registry, path): ``ghcr.io/a/b:1`` is ("ghcr.io", "a/b:1")."""
+    first, slash, rest = name.partition("/")
     if slash and ("." in first or ":" in first or first == "localhost"):
-        return first.lower()
-    return DOCKER_HUB
+        return first.lower(), rest
+    return DOCKER_HUB, name
+
+
+def canonical_image(reference: str) -> str:
+    """``reference`` as engines list it: its registry named (``docker.io`` for Docker Hub, whose official images are
+    under ``library/``) and its tag (``latest`` unless it has a tag or a digest), so ``busybox`` and
+    ``docker.io/library/busybox:latest`` are one image."""
+    name, at, digest = reference.partition("@")
+    registry, path = _split_registry(name)
+    if registry in DOCKER_HUB_ALIASES:
+        registry = DOCKER_HUB
+        path = path if "/" in path else f"library/{path}"
+    if not at and ":" not in path.rsplit("/", 1)[-1]:
+        path += ":latest"
+    return f"{registry}/{path}" + (f"@{digest}" if at else "")
+
+
+def registry_matches(registry: str, pattern: str) -> bool:
+    """Whether ``registry`` (``registry_of``'s) is what a host's setting ``pattern`` names: a host (with its port when
+    it has one), ``*.domain`` for every host under that domain, or any of Docker Hub's names for Docker Hub."""
+    pattern = pattern.strip().lower()
+    if pattern.startswith("*."):
+        return registry.endswith(pattern[1:])
+    if pattern in DOCKER_HUB_ALIASES:
+        return registry in DOCKER_HUB_ALIASES
+    return registry == pattern
 
 
 class RegistryAuth(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated
 
 import msgspec
+
+from common.containers import canonical_image, registry_matches, registry_of
 
 # Bounds on what a host may say about itself: a hello is taken from an untrusted host, so every string
 # and list has a ceiling. The Master applies a tighter, configurable bound on GPUs per host.
@@ -14,6 +17,7 @@ MAX_GPUS_IN_REPORT = 64  # hard wire limit; the Master's own limit (default 16) 
 # The images a host already has, in hello: the most recently used first, at most this many, so renters can prefer a
 # warm host without one host's thousand images swelling every offer.
 MAX_IMAGES_IN_REPORT = 32
+MAX_REGISTRY_PATTERNS = 32  # of a host's image_registries_allowed or _denied, in hello
 MAX_NVLINKS = 32
 MAX_MIG_INSTANCES = 8  # MIG splits a GPU into at most 7 GPU instances today; one spare
 # NVML's clock throttle reasons, named as a sample reports them (nvmlClocksEventReasons / ClocksThrottleReasons).
@@ -144,6 +148,44 @@ class GpuReach(msgspec.Struct, frozen=True, kw_only=True):
     fix: LongText = ""
 
 
+class ImageSource(msgspec.Struct, frozen=True, kw_only=True):
+    """Where a host's container engine gets the images it runs (the agent's image settings, docs/images.md): what the
+    Master needs to refuse at submit an image no host of the grid could ever start. Sent in hello by agents of a
+    container engine; None from agents older than it and from runtimes that run no image, taken as "gets anything"."""
+
+    pull: bool = True  # image_pull: off, only images already on the host run
+    registries_allowed: Annotated[list[ShortText], msgspec.Meta(max_length=MAX_REGISTRY_PATTERNS)] = []  # []: any
+    registries_denied: Annotated[list[ShortText], msgspec.Meta(max_length=MAX_REGISTRY_PATTERNS)] = []
+
+    @classmethod
+    def of_settings(cls, pull: bool, allowed: Sequence[str], denied: Sequence[str]) -> ImageSource | None:
+        """The source a host's settings make; None (unknown, so never a refusal) when it allows more registries than a
+        hello carries. Denied registries past the bound are left out: the Master then refuses less, never more."""
+        if len(allowed) > MAX_REGISTRY_PATTERNS:
+            return None
+        return cls(pull=pull, registries_allowed=list(allowed), registries_denied=list(denied[:MAX_REGISTRY_PATTERNS]))
+
+
+def image_refusal(source: ImageSource | None, images: Sequence[str], reference: str) -> str | None:
+    """Why a host that gets images from ``source`` and has ``images`` (hello's: warm first, bounded) can never start
+    ``reference``, as a verb phrase a count can precede ("pull only from ..."), or None. An unknown source, and a list
+    as long as the bound (the image may be past it), refuse nothing."""
+    if source is None:
+        return None
+    registry = registry_of(reference)
+    denied = any(registry_matches(registry, p) for p in source.registries_denied)
+    allowed = not source.registries_allowed or any(registry_matches(registry, p) for p in source.registries_allowed)
+    if source.pull and allowed and not denied:
+        return None
+    if len(images) >= MAX_IMAGES_IN_REPORT or canonical_image(reference) in {canonical_image(i) for i in images}:
+        return None
+    if not source.pull:
+        return f"lack image {reference}, with image pulls off (image_pull)"
+    if denied:
+        return f"refuse images from {registry} (image_registries_denied)"
+    return f"pull only from {', '.join(source.registries_allowed)}, not from {registry} (image_registries_allowed)"
+
+
 class Inventory(msgspec.Struct, frozen=True, kw_only=True):
     host: HostInfo
     gpus: Annotated[list[GpuInfo], msgspec.Meta(max_length=MAX_GPUS_IN_REPORT)] = []
@@ -156,3 +198,4 @@ class Inventory(msgspec.Struct, frozen=True, kw_only=True):
     images: Annotated[list[LongText], msgspec.Meta(max_length=MAX_IMAGES_IN_REPORT)] = []  # references, warm first
     # The host's Nebula public key (PEM, common/nebula.py) when it can run gangs' overlays; "" otherwise.
     overlay_key: Annotated[str, msgspec.Meta(max_length=256)] = ""
+    image_source: ImageSource | None = None  # where its engine gets images; None: no engine, or an agent older than it

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from common.containers import RegistryAuth
-from common.inventory import GpuInfo, GpuReach, HostInfo
+from common.inventory import GpuInfo, GpuReach, HostInfo, ImageSource
 from common.restart_policy import RESTART_POLICIES as RESTART_POLICIES  # published: master.port re-exports it
 from common.storage import CheckpointSpec, StorageAccess, StorageMount
 from common.wire import BenchmarkFigures
@@ -34,6 +34,7 @@ class AgentRecord(msgspec.Struct, kw_only=True):
     gpu_reach: list[GpuReach] = []
     images: list[str] = []  # the images the host already has, warm first (bounded by the wire: MAX_IMAGES_IN_REPORT)
     overlay_key: str = ""  # the host's Nebula public key (PEM), from hello; "" when it runs no overlay (docs/overlay.md)
+    image_source: ImageSource | None = None  # where its engine gets images, from hello; None: unknown (pulls anything)
     enrolled_at: float = 0.0
     last_seen: float = 0.0
     connected_since: float | None = None

@@ -265,6 +265,7 @@ class Registry:
         agent.host, agent.simulated, agent.relay = inventory.host, inventory.simulated, relay
         agent.runtime, agent.isolation, agent.images = inventory.runtime, inventory.isolation, list(inventory.images)
         agent.overlay_key = inventory.overlay_key
+        agent.image_source = inventory.image_source
         # Only about GPUs this very report lists, once each: the self-test of a card the host does not report says nothing.
         listed = {gpu.uuid for gpu in inventory.gpus}
         reach: dict[str, GpuReach] = {}

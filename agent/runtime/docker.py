@@ -104,11 +104,13 @@ class DockerRuntime:
         selftest_image: str = DEFAULT_SELFTEST_IMAGE,
         selftest_timeout_s: float = 60.0,
         gpu_devices: str = "auto",
+        network: str = "",
     ) -> None:
         """``simulated_gpus``: the host's GPUs are the agent's simulation (``--simulate``), so a container is given
         them by name (``CUDA_VISIBLE_DEVICES``) and no device is asked of the engine: there is none to give.
         ``selftest_image``: what the GPU self-test runs its probe in (pulled when ``images.pull``, else it must be here).
         ``gpu_devices``: how a container is given its GPUs (GPU_DEVICE_MODES); ``auto`` picks by engine and simulation.
+        ``network``: the containers' network mode (``NetworkMode``, e.g. ``slirp4netns``); "" is the engine's default.
         ``images``: the host's pull settings (default: no pulls, only images already on the host run);
         ``image_state``: the file that records the images the agent pulled and their last use (None: memory only);
         beside it, ``image-access.json`` records who proved access to each image pulled with credentials.
@@ -127,6 +129,7 @@ class DockerRuntime:
         if gpu_devices not in GPU_DEVICE_MODES:
             raise ConfigError(f"gpu_devices must be one of {', '.join(GPU_DEVICE_MODES)}, not {gpu_devices!r}")
         self.gpu_devices = gpu_devices
+        self.network = network
         self.selftest_image = selftest_image
         self.selftest_timeout_s = selftest_timeout_s
         self._libpod_version: str | None = None  # Podman's own API version, when the engine is Podman
@@ -299,9 +302,10 @@ class DockerRuntime:
         if self._cdi_gpus(spec):
             if self._libpod_version is None:
                 raise RuntimeFailure(f"the engine at {self.url} is not Podman: CDI GPU devices (gpu_devices = cdi) need Podman")
-            body = libpod_create_body(spec, labels, self.capabilities, mounts)
+            body = libpod_create_body(spec, labels, self.capabilities, mounts, network=self.network)
             return await self._call("POST", f"/v{self._libpod_version}/libpod/containers/create", body=body, versioned=False)
-        body = create_body(spec, labels, self.capabilities, device_requests=self.gpu_mode() == "device_requests", mounts=mounts)
+        device_requests = self.gpu_mode() == "device_requests"
+        body = create_body(spec, labels, self.capabilities, device_requests=device_requests, mounts=mounts, network=self.network)
         return await self._call("POST", "/containers/create", params={"name": spec.name}, body=body)
 
     async def stop(self, name: str, *, timeout_s: float = 10.0) -> None:
@@ -611,8 +615,10 @@ def create_body(
     *,
     device_requests: bool = True,
     mounts: Sequence[Mount] = (),
+    network: str = "",
 ) -> dict[str, Any]:
-    """The ``POST /containers/create`` body for ``spec``: limits, hardening and (for GPUs) an NVIDIA device request."""
+    """The ``POST /containers/create`` body for ``spec``: limits, hardening and (for GPUs) an NVIDIA device request;
+    ``network``: its network mode ("" the engine's default)."""
     host: dict[str, Any] = {
         "Privileged": False,
         "CapDrop": ["ALL"],
@@ -626,6 +632,8 @@ def create_body(
         host["MemorySwap"] = spec.memory_mib * MIB  # equal: no swap beyond the memory that was sold
     if mounts:
         host["Binds"] = [f"{m.host}:{m.container}:{'rw' if m.writable else 'ro'}" for m in mounts]
+    if network:
+        host["NetworkMode"] = network
     if spec.gpus and device_requests:
         host["DeviceRequests"] = [{"Driver": "nvidia", "DeviceIDs": list(spec.gpus), "Capabilities": [["gpu"]]}]
     body: dict[str, Any] = {
@@ -642,7 +650,12 @@ def create_body(
 
 
 def libpod_create_body(
-    spec: ContainerSpec, labels: Mapping[str, str], capabilities: Sequence[str], mounts: Sequence[Mount] = ()
+    spec: ContainerSpec,
+    labels: Mapping[str, str],
+    capabilities: Sequence[str],
+    mounts: Sequence[Mount] = (),
+    *,
+    network: str = "",
 ) -> dict[str, Any]:
     """Podman's own ``POST /libpod/containers/create`` body (its SpecGenerator) for ``spec``: the limits and hardening
     of ``create_body``, and each GPU as the CDI device ``nvidia.com/gpu=<uuid>``."""
@@ -657,6 +670,8 @@ def libpod_create_body(
         "no_new_privileges": True,
         "devices": [{"path": f"{CDI_GPU_KIND}={gpu}"} for gpu in spec.gpus],
     }
+    if network:
+        body["netns"] = {"nsmode": network}
     if mounts:
         body["mounts"] = [
             {

@@ -25,12 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from agent.state import PRIVATE_FILE_MODE
-from common.containers import DOCKER_HUB_ALIASES, RegistryAuth, registry_of
+from common.containers import RegistryAuth, registry_matches, registry_of
 from common.egress import EgressRule
 from common.errors import ImageNotFound, ImageTooLarge, ImageUnauthorized, RegistryNotAllowed, RuntimeFailure
 from common.files import write_atomically
 
-_HUB_ALIASES = DOCKER_HUB_ALIASES
 MB = 1_000_000
 GB = 1_000_000_000
 
@@ -53,22 +52,12 @@ class ImageLimits:
     egress: EgressRule = EgressRule()  # which registries' addresses a pull may reach (common/egress.py)
 
 
-def _registry_matches(registry: str, pattern: str) -> bool:
-    """``pattern``: a host (with its port when it has one) or ``*.domain`` for every host under that domain."""
-    pattern = pattern.strip().lower()
-    if pattern.startswith("*."):
-        return registry.endswith(pattern[1:])
-    if pattern in _HUB_ALIASES:
-        return registry in _HUB_ALIASES
-    return registry == pattern
-
-
 def check_registry(reference: str, limits: ImageLimits) -> None:
     """Raise ``RegistryNotAllowed`` unless this host pulls from the registry ``reference`` names (denied wins)."""
     registry = registry_of(reference)
-    if any(_registry_matches(registry, p) for p in limits.registries_denied):
+    if any(registry_matches(registry, p) for p in limits.registries_denied):
         raise RegistryNotAllowed(f"this host does not pull from {registry} (image {reference!r}); choose another host")
-    if limits.registries_allowed and not any(_registry_matches(registry, p) for p in limits.registries_allowed):
+    if limits.registries_allowed and not any(registry_matches(registry, p) for p in limits.registries_allowed):
         allowed = ", ".join(limits.registries_allowed)
         raise RegistryNotAllowed(
             f"this host pulls only from {allowed}, not from {registry} (image {reference!r}); choose another host"

@@ -386,6 +386,13 @@ def _demo_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--agents", type=int, default=DEFAULT_AGENTS, metavar="N", help="number of simulated agents (default %(default)s)"
     )
+    p.add_argument(
+        "--no-container-host",
+        dest="container_host",
+        action="store_false",
+        help="start no container host (default: one more host, on a Podman service of the demo's own, where podman, "
+        "runc and busybox-static are installed)",
+    )
     p.set_defaults(func=_run_demo)
 
 
@@ -394,7 +401,7 @@ def _run_demo(args: argparse.Namespace) -> int:
 
     if args.agents < 1:
         raise ConfigError("--agents must be at least 1")
-    return run_demo(args.state_dir, api_port=args.api_port, agents=args.agents)
+    return run_demo(args.state_dir, api_port=args.api_port, agents=args.agents, container_host=args.container_host)
 
 
 # --- the command ----------------------------------------------------------------------------------

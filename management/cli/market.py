@@ -15,7 +15,7 @@ from typing import Any
 from common.errors import IdlegridError
 from management.cli.connection import api_client, connection_options, table, when
 from management.cli.hosts import duration_s
-from management.cli.templates import add_launch_options, link_wait_s, print_links_when_up
+from management.cli.templates import LINK_SILENT_EXIT, add_launch_options, link_wait_s, print_links_when_up
 from management.cli.workloads import DISK_HELP, BadSpec, cost_line, restart_options, spec_from, storage_options
 
 Parser = Callable[[argparse._SubParsersAction, str, str, str], argparse.ArgumentParser]
@@ -219,8 +219,8 @@ def run_rent(args: argparse.Namespace) -> int:
         )
 
     status = _out(args, workload, human)
-    if not args.json:
-        print_links_when_up(client, workload, link_wait_s(args))
+    if not args.json and not print_links_when_up(client, workload, link_wait_s(args)):
+        return LINK_SILENT_EXIT
     return status
 
 

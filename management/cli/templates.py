@@ -19,6 +19,7 @@ from management.workloads.state_names import FINAL_WORKLOAD_STATES, WorkloadStat
 Parser = Callable[[argparse._SubParsersAction, str, str, str], argparse.ArgumentParser]
 LINK_WAIT_S = 600.0  # how long `--template` waits for the link by default: an image pull can take minutes
 POLL_S = 2.0
+LINK_SILENT_EXIT = 3  # the workload was submitted, but its links did not answer within --wait-link-s (or it ended)
 
 
 class BadLink(IdlegridError):
@@ -99,36 +100,53 @@ def link_wait_s(args: argparse.Namespace) -> float:
     return LINK_WAIT_S if getattr(args, "template", None) or getattr(args, "link", None) else 0.0
 
 
-def print_links_when_up(client: Any, workload: dict[str, Any], wait_s: float, out: Any = sys.stdout) -> None:
+def print_links_when_up(client: Any, workload: dict[str, Any], wait_s: float, out: Any = sys.stdout) -> bool:
     """Wait (at most ``wait_s``) for the workload to run and each of its links to answer, then print them: a private
-    link with a URL that opens it in a browser (a link token, valid for the console's browser time)."""
+    link with a URL that opens it in a browser (a link token, valid for the console's browser time). False, with one
+    line on stderr naming the link and what to check, when they did not answer in time or the workload ended; True
+    when they were printed or there was nothing to wait for."""
     links = client.workload_links(workload["id"])["items"]
     if not links or wait_s <= 0:
-        return
-    print(f"waiting up to {wait_s:.0f} s for {workload['id']} to run and its links to answer...", file=sys.stderr, flush=True)
+        return True
+    workload_id = workload["id"]
+    print(f"waiting up to {wait_s:.0f} s for {workload_id} to run and its links to answer...", file=sys.stderr, flush=True)
     deadline = time.monotonic() + wait_s
+    state, silent = workload["state"], links
     while time.monotonic() < deadline:
-        state = client.workload(workload["id"])["state"]
+        state = client.workload(workload_id)["state"]
         if state in FINAL_WORKLOAD_STATES:
-            print(f"{workload['id']} is {state}; its links are closed", file=sys.stderr)
-            return
-        if state == WorkloadState.RUNNING and all(_answers(client, link) for link in links):
+            print(
+                f"idlegrid: {workload_id} is {state}, so its links are closed: 'idlegrid workload get {workload_id}' says why",
+                file=sys.stderr,
+            )
+            return False
+        silent = [link for link in links if not _answers(client, link)] if state == WorkloadState.RUNNING else links
+        if not silent:
             break
         time.sleep(POLL_S)
     else:
-        print(
-            f"the links did not answer within {wait_s:.0f} s; 'idlegrid workload get {workload['id']}' lists them",
-            file=sys.stderr,
-        )
-        return
+        print(_no_answer(workload_id, state, silent[0], wait_s), file=sys.stderr)
+        return False
     for link in links:
         if link["public"]:
             print(f"link (port {link['port']}, public): {link['url']}", file=out)
         else:
-            minted = client.mint_link_token(workload["id"], link["port"])
+            minted = client.mint_link_token(workload_id, link["port"])
             print(f"link (port {link['port']}, private): {link['url']}", file=out)
             print(f"  open in a browser: {minted['url']}?idlegrid_token={minted['token']}", file=out)
     out.flush()
+    return True
+
+
+def _no_answer(workload_id: str, state: str, link: dict[str, Any], wait_s: float) -> str:
+    """One line: which link did not answer in time, and where to look."""
+    said = f"idlegrid: the link {link['url']} (port {link['port']}) did not answer within {wait_s:.0f} s"
+    if state != "running":
+        return f"{said}: {workload_id} is still {state}; 'idlegrid workload explain {workload_id}' says what it waits for"
+    return (
+        f"{said}: {workload_id} runs, but nothing answers HTTP on port {link['port']} in it; check what it serves with "
+        f"'idlegrid workload logs {workload_id}' (the wait was --wait-link-s)"
+    )
 
 
 def _answers(client: Any, link: dict[str, Any]) -> bool:

@@ -23,7 +23,14 @@ import msgspec
 from common.errors import IdlegridError
 from common.restart_policy import RESTART_POLICIES
 from management.cli.connection import api_client, connection_options, table, when
-from management.cli.templates import add_launch_options, apply_links, link_wait_s, print_links_when_up, template_base
+from management.cli.templates import (
+    LINK_SILENT_EXIT,
+    add_launch_options,
+    apply_links,
+    link_wait_s,
+    print_links_when_up,
+    template_base,
+)
 from management.client.api import ApiError
 from management.market.money import BadAmount, amount_text, format_amount, parse_amount
 from management.workloads.explain_text import render_explanation
@@ -425,8 +432,8 @@ def run_submit(args: argparse.Namespace) -> int:
             print(cost)
 
     _print(args, workload, human)
-    if not args.json:
-        print_links_when_up(client, workload, link_wait_s(args))
+    if not args.json and not print_links_when_up(client, workload, link_wait_s(args)):
+        return LINK_SILENT_EXIT
     return 0
 
 

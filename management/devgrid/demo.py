@@ -16,6 +16,13 @@ Its gangs get their overlay network where the machine allows it (root and the to
 a lighthouse in a network namespace of its own (management/devgrid/lighthouse.py), listed in the Master's ``[overlay]``
 (``master.toml``, written at every start with the lighthouse's endpoint of that run), issued from the Master's overlay
 CA once the Master is up and closed by the grid's stop. Elsewhere the banner says why gangs have no overlay.
+
+Where podman, runc and busybox-static are installed it has a container host too: one more agent, on the docker
+runtime against a Podman service of the demo's own (management/devgrid/podman_host.py), its storage under the state
+directory (``podman/``) and kept between runs, so its images (the GPU self-test's and DEMO_IMAGE, a web page) are built
+on the first run only. No registry is reachable, so that host pulls nothing and says so in its hello: the Master then
+refuses at submit the shipped templates (docker.io images) and takes the demo's own, ``hello-web`` (TEMPLATES_DIR).
+Where Podman is missing or fails, the demo comes up without it and the banner says why.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ import signal
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from types import FrameType
 
@@ -34,8 +41,9 @@ from common.files import write_atomically
 from management.client.api import ApiClient, ApiError
 from management.devgrid import object_store
 from management.devgrid.lighthouse import LIGHTHOUSE_ADDRESS, lighthouse_unavailable, overlay_toml
-from management.devgrid.localgrid import PORTS_FILE, LocalGrid, RelayInfo, StartupFailed
+from management.devgrid.localgrid import PORTS_FILE, Daemon, LocalGrid, RelayInfo, StartupFailed, kill_processes_under
 from management.devgrid.object_store import ObjectStore
+from management.devgrid.podman_host import DEMO, DEMO_IMAGE, SELFTEST, PodmanHost, PodmanUnavailable
 
 # Two regions, one relay each; agents alternate between them.
 RELAYS = (("relay-a", "eu-west"), ("relay-b", "us-east"))
@@ -52,7 +60,7 @@ OPERATOR = "operator"  # the Master's bootstrap operator account
 CHANGED = "(changed in the console; not known to the demo)"
 DEMO_PRICES = {"on_demand": "1.20", "min_bid": "0.40", "reserved_discount": 0.25}  # per GPU-hour
 RENTER_CREDIT = "25.00"  # the renter's first credit (once per state directory)
-SANDBOX = "sandbox"  # the isolation the demo's process-runtime hosts report when the demo runs as root
+UNISOLATED = "none"  # the isolation the demo's process-runtime hosts report when the demo does not run as root
 READY_TIMEOUT_S = 30.0
 MASTER_CONFIG_FILE = "master.toml"  # the Master's [overlay], rewritten at every start with this run's lighthouse
 # What a renter pastes to see a gang meet over its overlay: rank 0 serves a file on MASTER_PORT, rank 1 fetches it from
@@ -70,6 +78,31 @@ COUNTER = (
     'n=$(cat "$IDLEGRID_CHECKPOINT_DIR/n" 2>/dev/null || echo 0); while [ "$n" -lt 600 ]; do n=$((n+1)); '
     'echo "$n" > "$IDLEGRID_CHECKPOINT_DIR/n"; echo "step $n"; sleep 1; done'
 )
+# The container host: an agent on the docker runtime against a Podman service of the demo's own (podman_host.py),
+# whose images are built on this machine, since no registry is reachable: it pulls nothing, and says so in hello.
+CONTAINER_HOST = "podman-host"
+CONTAINER_HOST_GPUS = "l4:2"
+PODMAN_DIR = "podman"
+# Its containers' network: slirp4netns, not CNI's bridge, whose namespace files in /run/netns a process-runtime host's
+# new sandbox (unshare --mount) now and then hides from the CNI plugin while podman makes one (podman_host.py); the
+# process runtime's sandboxes use slirp4netns already.
+CONTAINER_NETNS = "slirp4netns"
+TEMPLATES_DIR = Path(__file__).parent / "templates"  # the demo Master's operator templates: hello-web, on DEMO_IMAGE
+DEMO_TEMPLATE = "hello-web"
+LOCAL_IMAGES = "localhost"  # the egress rule refuses the local images' registry name unless allowed by name
+MASTER_ENV = {
+    # The demo's simulated hosts run the process runtime (no container engine needed): the operator allows offering
+    # them. Renters may name the images built here, and the templates directory adds one that runs on them.
+    "IDLEGRID_MASTER_OFFER_SANDBOXED_HOSTS": "true",
+    "IDLEGRID_MASTER_EGRESS_ALLOW": LOCAL_IMAGES,
+    "IDLEGRID_MASTER_TEMPLATES_DIR": str(TEMPLATES_DIR),
+}
+CONTAINER_HOST_ENV = {
+    "IDLEGRID_AGENT_GPU_SELFTEST_IMAGE": SELFTEST.reference,  # its default is on Docker Hub, out of reach
+    "IDLEGRID_AGENT_EGRESS_ALLOW": LOCAL_IMAGES,
+    "IDLEGRID_AGENT_IMAGE_PULL": "false",  # no registry is reachable: only the images built here run
+    "IDLEGRID_AGENT_DOCKER_NETWORK": CONTAINER_NETNS,
+}
 
 
 class Interrupted(BaseException):  # not an Exception: no "not up yet" retry loop may swallow it
@@ -85,7 +118,7 @@ def agent_name(index: int) -> str:
 
 
 class Demo:
-    def __init__(self, state_dir: Path, *, api_port: int | None, agents: int) -> None:
+    def __init__(self, state_dir: Path, *, api_port: int | None, agents: int, container_host: bool = True) -> None:
         first_run = not (state_dir / PORTS_FILE).exists()
         self.grid = LocalGrid(state_dir, api_port=api_port if api_port is not None or not first_run else DEFAULT_API_PORT)
         self.agents = agents
@@ -94,31 +127,122 @@ class Demo:
         self.no_store = object_store.unavailable()  # why the demo has no object store, or ""
         self.store = None if self.no_store else ObjectStore.plan(self.grid)
 
+        self.podman = PodmanHost(self.grid.root / PODMAN_DIR, netns=CONTAINER_NETNS) if container_host else None
+        self.container_host_id: str | None = None
+        self.no_container_host = "" if container_host else "turned off (--no-container-host)"
+        self.images_built: list[str] = []  # built by this start (a later start on the same state directory keeps them)
+        self._container_agent: Daemon | None = None
+
     def egress_allow(self) -> list[str]:
-        """What the demo's operator and provider allow renters to reach on this machine: its object store."""
-        return [self.store.allowed] if self.store is not None else []
+        """What the demo's operator and its hosts' provider allow renters to reach on this machine by name: the images
+        built here (their registry name, localhost) and its object store."""
+        return [LOCAL_IMAGES, *([self.store.allowed] if self.store is not None else [])]
 
     def start(self) -> list[str]:
-        """The lighthouse's namespace, the Master, the lighthouse, relays, then the agents (enrolled the first time);
-        the agent ids once all are ready."""
+        """The object store and the lighthouse's namespace, the Master, the lighthouse, relays, then the agents
+        (enrolled the first time), Podman made ready meanwhile; the agent ids once all are ready. Podman missing or
+        failing leaves the demo without its container host, saying why."""
         started = time.time()
         if self.store is not None:
             self.store.start(self.grid)  # waited for once the agents are up: it starts while they do
         config = self._overlay_config()
-        # The demo's hosts run the process runtime (no container engine needed): the operator allows offering them.
-        allow = ",".join(self.egress_allow())
-        env = {"IDLEGRID_MASTER_OFFER_SANDBOXED_HOSTS": "true", "IDLEGRID_MASTER_EGRESS_ALLOW": allow}
-        self.grid.start_master(*config, env=env)
-        if config:
-            self.grid.run_lighthouse()  # the Master made the overlay CA it is issued from
-        relays = [self.grid.start_relay(relay_id, region) for relay_id, region in RELAYS]
-        with ThreadPoolExecutor(max_workers=max(1, self.agents)) as pool:
-            ids = list(pool.map(lambda i: self._start_agent(i, relays[i % len(relays)]), range(self.agents)))
+        with ThreadPoolExecutor(max_workers=self.agents + 3) as pool:
+            engine = pool.submit(self._prepare_engine) if self.podman is not None else None
+            self.grid.start_master(*config, env={**MASTER_ENV, "IDLEGRID_MASTER_EGRESS_ALLOW": ",".join(self.egress_allow())})
+            if config:
+                self.grid.run_lighthouse()  # the Master made the overlay CA it is issued from
+            relays = [self.grid.start_relay(relay_id, region) for relay_id, region in RELAYS]
+            relay = relays[self.agents % len(relays)]
+            enrolled = pool.submit(self._enroll_container_host, engine, relay)
+            agents = [pool.submit(self._start_agent, i, relays[i % len(relays)]) for i in range(self.agents)]
+            container_host = pool.submit(lambda: self._start_container_host(relay) if enrolled.result() else None)
+            ids = [agent.result() for agent in agents]
+            self.container_host_id = container_host.result()
         self.grid.wait_agents_ready(ids, since=started, timeout_s=READY_TIMEOUT_S)
+        self._wait_container_host(relay, since=started)
         if self.store is not None:
             self.store.wait()
-        self.unsandboxed = sorted(a["id"] for a in self.grid.client.list("/api/v1/agents") if a["isolation"] != SANDBOX)
-        return ids
+        self.unsandboxed = sorted(a["id"] for a in self.grid.client.list("/api/v1/agents") if a["isolation"] == UNISOLATED)
+        return [*ids, *([self.container_host_id] if self.container_host_id else [])]
+
+    def stop(self) -> None:
+        """Agents, relays, the Master; the Podman service and its containers (its images are kept); then the process
+        hosts' containers. Podman's go first: the sweep of processes under the state directory would SIGKILL its
+        containers' processes (their root is in its storage) and leave Podman unable to remove them."""
+        try:
+            self.grid.stop_daemons()
+        finally:
+            self.grid.stop_lighthouse()
+            if self.podman is not None:
+                self.podman.stop_service()
+            kill_processes_under(self.grid.root)
+
+    def _prepare_engine(self) -> None:
+        """Podman's private configuration, the images (built only when this state directory lacks them), the service."""
+        assert self.podman is not None
+        self.podman.configure()
+        self.images_built = [image.reference for image in (SELFTEST, DEMO) if self.podman.ensure_image(image)]
+        self.podman.start_service()
+
+    def _enroll_container_host(self, engine: Future[None] | None, relay: RelayInfo) -> bool:
+        """Once Podman serves, the container host enrolled (the first time); False, with the reason kept, when Podman
+        could not start (or the demo has no container host)."""
+        if engine is None:
+            return False
+        try:
+            engine.result()
+        except PodmanUnavailable as exc:
+            self.no_container_host = f"Podman could not start here: {_one_line(str(exc))}"
+            return False
+        self._enroll(CONTAINER_HOST, relay)
+        return True
+
+    def _start_container_host(self, relay: RelayInfo) -> str:
+        """The container host's agent, on the docker runtime against the demo's Podman service; its agent id."""
+        assert self.podman is not None
+        socket = ("--runtime", "docker", "--docker-socket", str(self.podman.socket_path))
+        flags = ("--region", relay.region, *socket, "--access", relay.agent_url)
+        self._container_agent = self.grid.start_agent(
+            CONTAINER_HOST,
+            *flags,
+            simulate=CONTAINER_HOST_GPUS,
+            env={**CONTAINER_HOST_ENV, "IDLEGRID_AGENT_EGRESS_ALLOW": ",".join(self.egress_allow())},
+        )
+        return self.grid.agent_id(CONTAINER_HOST)
+
+    def _wait_container_host(self, relay: RelayInfo, *, since: float) -> None:
+        """The container host ready (its self-test retried once when it failed), or, when it is not, stopped and the
+        reason kept: the demo comes up without it rather than not at all."""
+        if self.container_host_id is None:
+            return
+        try:
+            self.grid.wait_agents_ready([self.container_host_id], since=since, timeout_s=READY_TIMEOUT_S)
+            self._retest_container_host(relay)
+        except StartupFailed as exc:
+            self._drop_container_agent()
+            self.container_host_id = None
+            self.no_container_host = f"its agent did not come up: {exc}"
+
+    def _drop_container_agent(self) -> None:
+        """Stop the container host's agent and forget it (the readiness wait must not count it as died)."""
+        if self._container_agent is not None:
+            self._container_agent.terminate()
+            self.grid.daemons.remove(self._container_agent)
+            self._container_agent = None
+
+    def _retest_container_host(self, relay: RelayInfo) -> None:
+        """The container host's agent started again, once, when its GPU self-test failed: it ran while the process
+        hosts set their first sandboxes up, when runc and CNI fail now and then on these machines, and a GPU that
+        failed it is not offered until its agent restarts. Alone now, it passes (or its failure is the host's)."""
+        if self.container_host_id is None or self._container_agent is None:
+            return
+        tested = self.grid.client.agent(self.container_host_id)["gpu_selftest"]
+        if all(gpu["reachable"] for gpu in tested):
+            return
+        self._drop_container_agent()
+        restarted = time.time()
+        self._start_container_host(relay)
+        self.grid.wait_agents_ready([self.container_host_id], since=restarted, timeout_s=READY_TIMEOUT_S)
 
     def _overlay_config(self) -> tuple[str, ...]:
         """``--config`` naming the lighthouse in the Master's ``[overlay]``, once its namespace is made; () and the
@@ -139,18 +263,23 @@ class Demo:
 
     def _start_agent(self, index: int, relay: RelayInfo) -> str:
         name = agent_name(index)
-        if not self.grid.enrolled(name):
-            token = self.grid.join_token(PROVIDER)
-            done = self.grid.enroll(name, relay, token, region=relay.region)
-            if done.returncode != 0:
-                reason = (done.stderr.strip().splitlines() or ["no output"])[-1]
-                raise StartupFailed(f"{name} could not enroll: {reason}")
+        self._enroll(name, relay)
         # The relay's URL as of this run, whatever the agent recorded at enrollment (a state directory from before
         # ports were kept would otherwise send it to a port nobody listens on).
         flags = ("--region", relay.region, "--runtime", "process", "--access", relay.agent_url)
         env = {"IDLEGRID_AGENT_EGRESS_ALLOW": ",".join(self.egress_allow())}
         self.grid.start_agent(name, *flags, simulate=FLEET[index % len(FLEET)], env=env)
         return self.grid.agent_id(name)
+
+    def _enroll(self, name: str, relay: RelayInfo) -> None:
+        """Enroll agent ``name`` for the demo's provider, the first time only."""
+        if self.grid.enrolled(name):
+            return
+        token = self.grid.join_token(PROVIDER)
+        done = self.grid.enroll(name, relay, token, region=relay.region)
+        if done.returncode != 0:
+            reason = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise StartupFailed(f"{name} could not enroll: {reason}")
 
     def banner(self) -> str:
         grid = self.grid
@@ -160,9 +289,10 @@ class Demo:
         )
         first = next(iter(grid.relays.values()))
         idlegrid = idlegrid_command()
+        hosts = f"{self.agents} simulated agents" + (" and 1 container host" if self.container_host_id else "")
         return "\n".join(
             [
-                f"idlegrid demo is up: {self.agents} simulated agents ready, {len(grid.relays)} relays, 1 Master",
+                f"idlegrid demo is up: {hosts} ready, {len(grid.relays)} relays, 1 Master",
                 f"  API:             {grid.api_url}/api/v1/agents",
                 f"  links:           {grid.links_url}/w/WORKLOAD-PORT/   (workloads' web ports: their own listener)",
                 f"  operator key:    {key}",
@@ -170,6 +300,7 @@ class Demo:
                 "  relays:",
                 relays,
                 f"  CA file:         {grid.ca_file}",
+                *self.container_host_lines(),
                 f'  enroll a host:   {idlegrid} agent enroll --state-dir DIR --token "$({idlegrid} token create '
                 f'--provider {PROVIDER} --api {grid.api_url} --operator-token-file {key})" '
                 f"--access {first.http_url} --ca-file {grid.ca_file}",
@@ -225,7 +356,8 @@ class Demo:
             f"    reach a port:  {idlegrid} workload port-forward ID 8888   # a port the workload declared with --port",
             f"    cancel:        {idlegrid} workload cancel ID",
             *self.storage_lines(idlegrid),
-            "    The demo's hosts run a workload's command as a sandboxed process on the host (the image is not pulled).",
+            "    The demo's simulated hosts run a workload's command as a sandboxed process on the host (image none).",
+            *self.template_lines(idlegrid),
         ]
         if self.unsandboxed:
             lines.append(
@@ -255,6 +387,35 @@ class Demo:
             f"    checkpointed:  {idlegrid} workload submit --name steps --image none --allow-process-runtime"
             f" --storage-credentials s3 --storage-endpoint {store} --checkpoint s3://{object_store.BUCKET}/steps/"
             f" --checkpoint-period 10 -- sh -c '{COUNTER}'",
+        ]
+
+    def container_host_lines(self) -> list[str]:
+        """Where the container host is and what runs on it, or why the demo has none and what to install."""
+        if self.podman is None or self.container_host_id is None:
+            return [f"  container host:  none: {self.no_container_host}; images and templates need one"]
+        images = ", ".join(
+            f"{image} ({'built now' if image in self.images_built else 'kept from an earlier run'})"
+            for image in (DEMO_IMAGE, SELFTEST.reference)
+        )
+        return [
+            f"  container host:  {CONTAINER_HOST} ({self.container_host_id}): Podman at {self.podman.url}",
+            f"    images:        {images}; built here, no registry (its storage: {self.podman.workdir})",
+        ]
+
+    def template_lines(self, idlegrid: str) -> list[str]:
+        """The template that runs on the container host, and what the shipped ones need."""
+        registries = "jupyter, comfyui, vllm and cuda-shell pull from docker.io"
+        if self.container_host_id is None:
+            return [
+                f"    templates:     none runs here without a container host ({DEMO_TEMPLATE} needs one, {registries});",
+                f"                   {self.no_container_host}",
+            ]
+        offer = self.container_host_id
+        return [
+            f"    a template:    {idlegrid} rent {offer} --template {DEMO_TEMPLATE} --wait-link-s 60   # a web page on "
+            f"the container host; its link printed once it answers",
+            f"    templates:     {idlegrid} template list   # {registries}: they need a host that reaches it, so this "
+            "grid refuses them at submit",
         ]
 
     def console_lines(self) -> list[str]:
@@ -324,6 +485,12 @@ class Demo:
         return bool(me["account"] == RENTER)
 
 
+def _one_line(text: str) -> str:
+    """The last line that says something (podman's own reason comes last)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else "no reason given"
+
+
 def idlegrid_command() -> str:
     """How to call ``idlegrid`` from this shell: the name when it is on PATH, else the one beside this Python
     (scripts/demo runs it from .venv/bin without activating the environment)."""
@@ -333,12 +500,12 @@ def idlegrid_command() -> str:
     return str(beside) if beside.exists() else f"{sys.executable} -m management.cli"
 
 
-def run_demo(state_dir: Path, *, api_port: int | None, agents: int) -> int:
+def run_demo(state_dir: Path, *, api_port: int | None, agents: int, container_host: bool = True) -> int:
     """Run until SIGINT or SIGTERM; errors (a port in use, a process that does not come up) raise IdlegridError."""
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     demo: Demo | None = None
     try:
-        demo = Demo(state_dir, api_port=api_port, agents=agents)
+        demo = Demo(state_dir, api_port=api_port, agents=agents, container_host=container_host)
         demo.start()
         demo.publish_operator_key()
         demo.publish_renter_key()
@@ -354,7 +521,7 @@ def run_demo(state_dir: Path, *, api_port: int | None, agents: int) -> int:
         for sig in previous:
             signal.signal(sig, signal.SIG_IGN)
         if demo is not None:
-            demo.grid.stop()
+            demo.stop()
             print("idlegrid demo: stopped", flush=True)
         for sig, handler in previous.items():
             signal.signal(sig, handler)

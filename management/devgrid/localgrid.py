@@ -477,8 +477,19 @@ class LocalGrid:
         return self.spawn(name, "agent", args, env=env)
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
-        """Agents, then relays, then the Master: each group gets SIGTERM and up to ``timeout_s`` before SIGKILL; then
-        the lighthouse, and whatever still runs from under the root (process-runtime containers)."""
+        """Agents, then relays, then the Master (``stop_daemons``); then the lighthouse, and whatever still runs from
+        under the root (process-runtime containers, ``kill_processes_under``)."""
+        self.stop_daemons(timeout_s)
+        self.stop_lighthouse()
+        kill_processes_under(self.root)
+
+    def stop_lighthouse(self) -> None:
+        """The lighthouse, after the Master: nothing hands it out any more."""
+        if self.lighthouse is not None:
+            self.lighthouse.close()
+
+    def stop_daemons(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Agents, then relays, then the Master: each group gets SIGTERM and up to ``timeout_s`` before SIGKILL."""
         for role in STOP_ORDER:
             group = [d for d in self.daemons if d.role == role and d.alive()]
             for daemon in group:
@@ -491,9 +502,6 @@ class LocalGrid:
                     daemon.process.wait(timeout=timeout_s)
                 except subprocess.TimeoutExpired:
                     daemon.kill(signal.SIGKILL)
-        if self.lighthouse is not None:  # after the Master: nothing hands it out any more
-            self.lighthouse.close()
-        kill_processes_under(self.root)
 
     # --- what the grid says about itself ------------------------------------------------------------
 

@@ -17,7 +17,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from common.containers import registry_of
 from common.errors import NotFound
+from common.inventory import image_refusal
 from management.market.money import affordable_price, format_amount, period_cost
 from management.scheduler.model import (
     Assignment,
@@ -840,7 +842,9 @@ def never_fits(snapshot: Snapshot, job: Job) -> str | None:
         return None
     reason = _never_fits(snapshot, job)
     if reason is None:
-        return None
+        return _image_never_got(snapshot, job)
+    if job.runs_image and not any(has_engine(h) for h in snapshot.hosts.values()):
+        return _no_engine(snapshot)
     allowing = dataclasses.replace(
         job, runs_image=False, constraints=dataclasses.replace(job.constraints, allow_process_runtime=True)
     )
@@ -874,6 +878,49 @@ def never_fits(snapshot: Snapshot, job: Job) -> str | None:
             f"; {_count(bare, 'host')} here {verb} nothing (isolation none) and take{'s' if bare == 1 else ''} no renter's work"
         )
     return reason
+
+
+ENGINE_FIX = "a provider's host with Docker or Podman, its agent on the docker runtime (--runtime docker)"
+
+
+def has_engine(host: Host) -> bool:
+    """Whether ``host`` could run an image for a renter: a container engine (or the simulated runtime), isolating."""
+    return host.runtime != "process" and host.isolation != "none"
+
+
+def _no_engine(snapshot: Snapshot) -> str:
+    """An image on a grid none of whose hosts runs a container engine: what would run it."""
+    process = "" if snapshot.policy.allow_process_runtime else " (which this grid's operator does not offer)"
+    return (
+        f"an image runs only on a host with a container engine, and no host of this grid has one: it needs {ENGINE_FIX}; "
+        f'the hosts here run commands on the host itself, the process runtime{process}: image "none" with '
+        "constraints.allow_process_runtime (the CLI's --allow-process-runtime) runs there"
+    )
+
+
+def _image_never_got(snapshot: Snapshot, job: Job) -> str | None:
+    """Why no host of this grid with a container engine can ever get ``job``'s image (none has it, none may pull it
+    from its registry: common/inventory.py ``image_refusal``), with what would fix it; None when one can, or when the
+    grid has no such host (the capacity check speaks then). A rental looks at the host it rents alone."""
+    if not job.runs_image:
+        return None
+    engines = [h for h in snapshot.hosts.values() if has_engine(h) and (job.pin is None or h.id == job.pin)]
+    per_reason: dict[str, int] = {}
+    for host in engines:
+        why = image_refusal(host.image_source, host.images, job.image)
+        if why is None:
+            return None
+        per_reason[why] = per_reason.get(why, 0) + 1
+    if not per_reason:
+        return None
+    registry = registry_of(job.image)
+    where = f"offer {job.pin} cannot" if job.pin is not None else "no host of this grid with a container engine can"
+    had = sorted({image for h in engines for image in h.images})
+    return (
+        f"{where} get image {job.image}: {_verb_counts(per_reason)}. It runs on a host that pulls from {registry} "
+        f"(its agent's image_pull on, {registry} within image_registries_allowed) or that has the image loaded"
+        + (f"; the images here: {', '.join(had[:8])}" if had else "")
+    )
 
 
 def _never_fits(snapshot: Snapshot, job: Job) -> str | None:
@@ -912,6 +959,8 @@ def runtime_refusal(host: Host, job: Job, policy: Policy) -> str | None:
         return "run the process runtime, which the workload does not allow (constraints.allow_process_runtime)"
     if host.runtime == "process" and not policy.allow_process_runtime:
         return "run the process runtime, which this grid's operator does not offer (offer_sandboxed_hosts)"
+    if job.runs_image:
+        return image_refusal(host.image_source, host.images, job.image)
     return None
 
 
@@ -922,6 +971,11 @@ def _runtime_detail(job: Job, policy: Policy, removed: list[Host]) -> str:
         why = runtime_refusal(host, job, policy)
         if why is not None:
             per_reason[why] = per_reason.get(why, 0) + 1
+    return _verb_counts(per_reason)
+
+
+def _verb_counts(per_reason: dict[str, int]) -> str:
+    """Reasons that start with a verb, each with how many hosts it holds for: "1 host lacks ...; 2 hosts pull ..."."""
     parts = []
     for why, n in sorted(per_reason.items(), key=lambda item: (-item[1], item[0])):
         verb, rest = why.split(" ", 1)

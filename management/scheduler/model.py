@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, TypeVar
 
+from common.inventory import ImageSource
+
 Placement = Literal["binpack", "spread"]
 Runtime = Literal["docker", "process", "simulated"]
 Isolation = Literal["container", "sandbox", "none"]
@@ -54,6 +56,9 @@ class Host:
     online: bool = True  # False: its workloads are requeued
     runtime: Runtime = "docker"
     isolation: Isolation = "container"
+    # Where its engine gets images, and the images it has (common/inventory.py ``image_refusal``); None: anything.
+    image_source: ImageSource | None = None
+    images: tuple[str, ...] = ()
     # Prices, in micro-units per GPU-hour (management/market/prices.py); the defaults are a free grid.
     price: int = 0  # on demand
     min_bid: int | None = 0  # the lowest bid an interruptible rental may make here; None: not rented interruptible
@@ -106,6 +111,7 @@ class Job:
     # False: its image is "none", a command run on the host itself, which only hosts of the process runtime do; an image
     # runs only where a container engine is (the docker runtime). The simulated runtime takes both.
     runs_image: bool = True
+    image: str = ""  # the image it runs (when ``runs_image``): a host must have it or be able to pull it
     avoid: frozenset[str] = frozenset()  # hosts where its container did not start through the host's fault
     # How it is rented (docs/scheduler.md, "Prices and bids"); the defaults are a free grid's job.
     rental: Rental = "on_demand"

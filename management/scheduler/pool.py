@@ -25,6 +25,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from itertools import chain
 
+from common.inventory import image_refusal
 from management.scheduler.model import Assignment, Host, Job, Policy, ReplicaRequest, Snapshot, Unit
 
 # model, tier, VRAM, compute capability, MIG profile; and the host's on-demand and reserved price, so that the idle
@@ -65,7 +66,11 @@ def runtime_fits(host: Host, runs_image: bool, process_allowed: bool) -> bool:
 
 
 def runtime_allowed(host: Host, job: Job, policy: Policy) -> bool:
-    return runtime_fits(host, job.runs_image, policy.allow_process_runtime and job.constraints.allow_process_runtime)
+    """Whether ``host`` runs ``job`` by its runtime (``runtime_fits``) and, for an image, can get that image."""
+    process_allowed = policy.allow_process_runtime and job.constraints.allow_process_runtime
+    if not runtime_fits(host, job.runs_image, process_allowed):
+        return False
+    return not job.runs_image or host.image_source is None or image_refusal(host.image_source, host.images, job.image) is None
 
 
 def price_for(host: Host, job: Job) -> int:

@@ -96,6 +96,8 @@ def host_of(
         online=answering or recently_seen,
         runtime=runtime,  # type: ignore[arg-type]  # checked against the literal's values above
         isolation=isolation,  # type: ignore[arg-type]
+        image_source=agent.image_source,
+        images=tuple(agent.images) if agent.image_source is not None else (),  # read only where it can refuse
         price=price.on_demand,
         min_bid=price.min_bid,
         reserved_price=price.reserved,
@@ -254,6 +256,7 @@ def job_of(rec: WorkloadRecord, *, funded: bool = True, affordable: int | None =
         assignment=assignment,
         preempted_for=(rec.preempted_for or "(stopping)") if rec.state == W.PREEMPTED else None,
         runs_image=spec.runs_image,
+        image=spec.image,
         avoid=frozenset(rec.start_failed_on),
         rental=rental,  # type: ignore[arg-type]  # checked against the literal's values above
         bid=parse_amount(terms.bid) if terms is not None and terms.bid is not None else 0,

@@ -159,6 +159,13 @@ class MarketService:
         offer = self.market.offers.offer(offer_id)
         terms = msgspec.structs.replace(spec.rental or RentalTerms(), offer=offer_id)
         gpus = spec.replicas * spec.replica.gpus
+        if offer.runtime == "process" and spec.runs_image:
+            raise Conflict(
+                f"offer {offer_id} runs commands on the host itself (the process runtime), never an image: rent a host "
+                f"with a container engine for image {spec.image} (idlegrid offers search 'runtime=docker'), or run the "
+                'command on this one with image "none" and constraints.allow_process_runtime (the CLI\'s '
+                "--allow-process-runtime)"
+            )
         if offer.runtime == "process" and not spec.constraints.allow_process_runtime:
             raise Conflict(
                 f"offer {offer_id} runs renters' work as a sandboxed host process (the process runtime), which the "

@@ -25,6 +25,7 @@ from common.errors import ConfigError, RuntimeFailure
 from common.inventory import GpuInfo
 from common.pki import CommandSigner, CommandVerifier
 from common.wire import Command, CommandBody, signing_bytes
+from tests.support.grid import wait_for
 
 pytestmark = pytest.mark.podman
 MIB = 1024 * 1024
@@ -485,3 +486,18 @@ async def test_exec_of_a_program_the_image_lacks_exits_127_saying_so(runtime, po
     assert b'"no-such-program": executable file not found' in output[STDERR]
     assert await asyncio.wait_for(session.wait(), 10) == 127  # as a shell reports a command it cannot find
     await session.close()
+
+
+async def test_a_runtime_with_a_network_mode_gives_it_to_each_container_and_the_container_reaches_out_through_it(podman):
+    """``docker_network = "slirp4netns"`` (the demo's container host): no CNI bridge, a network of the container's own."""
+    rt = DockerRuntime(podman.socket_path, network="slirp4netns")
+    try:
+        await rt.create(spec(podman, "slirp", command=["sh", "-c", "ifconfig tap0 && sleep 300"]), labels=agent_labels("n-1"))
+        raw = podman.inspect("slirp")
+        assert raw["HostConfig"]["NetworkMode"] == "slirp4netns", raw["HostConfig"]
+        assert raw["State"]["Running"] is True
+        # slirp4netns's tap device (not CNI's veth), as the container's own ifconfig prints it
+        wait_for(lambda: "inet addr:10.0.2." in podman.podman("logs", "slirp").stdout, 10, "the container's tap0 address")
+    finally:
+        await rt.close()
+        podman.podman("rm", "--all", "--force", "--time", "0")

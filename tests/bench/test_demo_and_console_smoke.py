@@ -19,6 +19,7 @@ def bench(*args: str, timeout_s: float) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.e2e
+@pytest.mark.podman  # the demo starts its container host's Podman service where podman is installed
 def test_the_demo_benchmark_times_one_run_of_the_demo_until_it_is_up(tmp_path):
     out = tmp_path / "demo.json"
     done = bench("demo", "--runs", "1", "--json", str(out), timeout_s=180)

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from common.errors import ProtocolError
-from common.inventory import MAX_MIG_INSTANCES, GpuInfo, HostInfo, Inventory, MigInstance
+from common.inventory import MAX_MIG_INSTANCES, MAX_REGISTRY_PATTERNS, GpuInfo, HostInfo, ImageSource, Inventory, MigInstance
 from common.wire import (
     MAX_FRAME_BYTES,
     AgentEvent,
@@ -35,6 +35,21 @@ def test_hello_round_trips_with_its_inventory():
     )
     hello = Hello(versions=[1], agent_version="0.1", inventory=Inventory(host=HOST, gpus=[gpu]))
     assert decode_agent_frame(encode(hello)) == hello
+
+
+def test_a_hello_says_where_the_hosts_engine_gets_images_and_an_older_agents_hello_without_it_still_decodes():
+    source = ImageSource(pull=False, registries_allowed=["localhost"], registries_denied=["docker.io"])
+    hello = Hello(versions=[1], agent_version="0.2", inventory=Inventory(host=HOST, image_source=source))
+    assert decode_agent_frame(encode(hello)).inventory.image_source == source
+    older = msgspec.json.encode({"type": "hello", "versions": [1], "agent_version": "0.1", "inventory": {"host": HOST}})
+    assert decode_agent_frame(older).inventory.image_source is None  # unknown: gets anything
+
+
+def test_a_host_allowing_more_registries_than_a_hello_carries_reports_no_source_rather_than_a_narrower_one():
+    allowed = [f"registry-{i}.example" for i in range(MAX_REGISTRY_PATTERNS + 1)]
+    assert ImageSource.of_settings(True, allowed, []) is None
+    kept = ImageSource.of_settings(True, [], allowed)  # denied ones past the bound are left out: it refuses less
+    assert kept is not None and len(kept.registries_denied) == MAX_REGISTRY_PATTERNS
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,7 @@
 """The README's demo, run as a new user runs it: up with every agent ready, again on the same state directory, and
 through the loss of a relay; Ctrl-C leaves no process and no undelivered frame. A renter pastes the banner's
-commands into a shell and sees its workload run on one of the demo's (simulated, sandboxed) hosts."""
+commands into a shell and sees its workload run on one of the demo's (simulated, sandboxed) hosts, and, on its
+container host (a Podman service of the demo's own), a template whose link answers."""
 
 from __future__ import annotations
 
@@ -11,12 +12,20 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
+import pytest
+
+from management.cli.templates import LINK_SILENT_EXIT
 from management.client.api import FINAL_COMMAND_STATES, ApiClient, instant
+from management.devgrid.podman_host import DEMO_IMAGE, SELFTEST_IMAGE, PodmanHost, missing_programs
 from tests.support.grid import REPO, free_port, wait_for
 
 UP_LINE = "idlegrid demo is up"
+# The tests of the process-runtime demo start no Podman service: they run in scripts/test's parallel part, and the
+# container host's own test runs in its Podman part (test_the_demos_container_host_...).
+NO_CONTAINER_HOST = "--no-container-host"
 NOT_DELIVERED = "not delivered to the Master"  # what a relay logs when it stops with frames still buffered
 
 
@@ -102,7 +111,7 @@ def assert_stopped_cleanly(run: DemoRun) -> None:
 def test_demo_started_twice_on_one_state_directory_has_every_agent_ready_each_time_and_stops_cleanly(tmp_path):
     state_dir, port = tmp_path / "demo", free_port()
     for attempt in ("first", "second"):
-        run = DemoRun(state_dir, port)
+        run = DemoRun(state_dir, port, NO_CONTAINER_HOST)
         try:
             banner = run.wait_up(60)  # a bound on waiting; how fast it is up is `python -m bench demo` (target 20 s)
             up_after = time.time() - run.started
@@ -139,7 +148,7 @@ def test_demo_started_twice_on_one_state_directory_has_every_agent_ready_each_ti
 
 def test_when_a_relay_dies_its_agents_are_ready_through_the_other_within_10_s_and_a_command_succeeds(tmp_path):
     """Needs the relay directory: the Master broadcasts it, agents fail over along it (other branches, at merge)."""
-    run = DemoRun(tmp_path / "demo", free_port(), "--agents", "4")
+    run = DemoRun(tmp_path / "demo", free_port(), "--agents", "4", NO_CONTAINER_HOST)
     try:
         run.wait_up(60)
         client = run.client()
@@ -166,13 +175,13 @@ def test_when_a_relay_dies_its_agents_are_ready_through_the_other_within_10_s_an
 
 def test_agents_enrolled_before_the_relays_moved_are_told_where_the_relays_are_now(tmp_path):
     state_dir, port = tmp_path / "demo", free_port()
-    first = DemoRun(state_dir, port, "--agents", "2")
+    first = DemoRun(state_dir, port, "--agents", "2", NO_CONTAINER_HOST)
     try:
         first.wait_up(60)
     finally:
         assert_stopped_cleanly(first)
     (state_dir / "ports.json").unlink()  # as a state directory from before ports were kept: relays get new ones
-    again = DemoRun(state_dir, port, "--agents", "2")
+    again = DemoRun(state_dir, port, "--agents", "2", NO_CONTAINER_HOST)
     try:
         again.wait_up(60)
         assert len(agents_connected_since(again.client(), again.started)) == 2
@@ -193,7 +202,7 @@ def banner_command(banner: str, label: str) -> str:
 
 def test_a_renter_pasting_the_banner_sees_its_workload_run_and_cancels_it_then_a_revoked_key_is_replaced(tmp_path):
     state_dir, port = tmp_path / "demo", free_port()
-    run = DemoRun(state_dir, port, "--agents", "2")
+    run = DemoRun(state_dir, port, "--agents", "2", NO_CONTAINER_HOST)
     try:
         banner = run.wait_up(60)
         export = banner_command(banner, "export")
@@ -230,10 +239,77 @@ def test_a_renter_pasting_the_banner_sees_its_workload_run_and_cancels_it_then_a
     finally:
         assert_stopped_cleanly(run)
     revoked = (state_dir / "renter.token").read_text()
-    again = DemoRun(state_dir, port, "--agents", "2")
+    again = DemoRun(state_dir, port, "--agents", "2", NO_CONTAINER_HOST)
     try:
         again.wait_up(60)
         assert (state_dir / "renter.token").read_text() != revoked
         assert again.renter().whoami()["account"] == "demo-renter"
     finally:
         assert_stopped_cleanly(again)
+
+
+def paste_in_bash(banner: str, command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``command`` run by bash after the banner's export line, as a renter pastes it in another shell."""
+    export = banner_command(banner, "export")
+    return subprocess.run(["bash", "-c", f"{export}\n{command}"], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def fetch_as(url: str, key: str) -> str:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return str(response.read().decode())
+
+
+@pytest.mark.podman
+def test_the_demos_container_host_runs_its_template_with_a_link_refuses_what_it_never_can_and_keeps_its_images(tmp_path):
+    missing = missing_programs(["slirp4netns"])
+    if missing is not None:  # CI installs them: there the test runs
+        pytest.skip(f"the demo's container host needs Podman: {missing}")
+    state_dir, port = tmp_path / "demo", free_port()
+    run = DemoRun(state_dir, port, "--agents", "2")
+    try:
+        banner = run.wait_up(90)  # a bound; the first run builds the images
+        print(f"demo with its container host, first run: up after {time.time() - run.started:.1f} s")
+        assert "2 simulated agents and 1 container host ready" in banner, banner
+        assert f"{DEMO_IMAGE} (built now)" in banner and f"{SELFTEST_IMAGE} (built now)" in banner, banner
+        client, renter_key = run.client(), (state_dir / "renter.token").read_text().strip()
+        [host] = [a for a in client.list("/api/v1/agents") if a["runtime"] == "docker"]
+        assert (host["state"], host["isolation"]) == ("ready", "container"), host
+        # Its GPU self-test ran its probe in the image built here: the host pulls nothing, so no other could have run.
+        assert len(host["gpu_selftest"]) == 2 and all(r["reachable"] for r in host["gpu_selftest"]), host["gpu_selftest"]
+        offered = [g for g in client.list("/api/v1/gpus", offered="true") if g["agent_id"] == host["id"]]
+        assert len(offered) == 2, "the container host's GPUs are not offered"
+        images = {DEMO_IMAGE: PodmanHost(state_dir / "podman").image_id(DEMO_IMAGE)}
+        images[SELFTEST_IMAGE] = PodmanHost(state_dir / "podman").image_id(SELFTEST_IMAGE)
+
+        rented = paste_in_bash(banner, banner_command(banner, "a template").split("   (")[0], tmp_path)
+        assert rented.returncode == 0, f"{rented.stdout}{rented.stderr}"
+        [link] = [line.split(": ", 1)[1] for line in rented.stdout.splitlines() if line.startswith("link (port 8080")]
+        assert "<h1>Hello from the demo's container host</h1>" in fetch_as(link, renter_key)
+
+        # image "none" (the banner's submit line) still runs on a process host only, never on the container host
+        submitted = paste_in_bash(banner, banner_command(banner, "submit"), tmp_path)
+        assert submitted.returncode == 0, f"{submitted.stdout}{submitted.stderr}"
+        bare = submitted.stdout.split()[1]
+        running = wait_for(lambda: (w := run.renter().workload(bare))["state"] == "running" and w, 30, f"{bare} to run")
+        assert [a["agent_id"] for a in running["assignments"]] != [host["id"]], running["assignments"]
+
+        refused = paste_in_bash(banner, "idlegrid workload submit --template jupyter", tmp_path)
+        assert refused.returncode != 0 and "can never run on this grid" in refused.stderr, refused.stderr
+        assert "image_pull" in refused.stderr and "docker.io within image_registries_allowed" in refused.stderr
+
+        silent = f"idlegrid workload submit --name silent --image {DEMO_IMAGE} --link 9999 --wait-link-s 5 -- sleep 300"
+        waited = paste_in_bash(banner, silent, tmp_path)
+        assert waited.returncode == LINK_SILENT_EXIT, f"{waited.stdout}{waited.stderr}"
+        assert "-9999/ (port 9999) did not answer within 5 s" in waited.stderr.splitlines()[-1], waited.stderr
+    finally:
+        assert_stopped_cleanly(run)  # the Podman service and its containers too
+    again = DemoRun(state_dir, port, "--agents", "2")
+    try:
+        banner = again.wait_up(60)
+        print(f"demo with its container host, second run: up after {time.time() - again.started:.1f} s")
+        assert f"{DEMO_IMAGE} (kept from an earlier run)" in banner, banner
+    finally:
+        assert_stopped_cleanly(again)
+    kept = {image: PodmanHost(state_dir / "podman").image_id(image) for image in images}
+    assert kept == images and None not in kept.values(), "the second start built its images again"

@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from common.inventory import GpuInfo, HostInfo, Inventory
+from common.inventory import GpuInfo, HostInfo, ImageSource, Inventory
 from common.wire import (
     PROTOCOL_VERSIONS,
     AgentConnected,
@@ -83,10 +83,22 @@ def gpus(count: int, *, prefix: str = "GPU-h100", name: str = "NVIDIA H100 80GB 
 
 
 def hello(
-    gpu_list: list[GpuInfo], *, runtime: str = "", isolation: str = "", host: HostInfo = HOST, images: list[str] | None = None
+    gpu_list: list[GpuInfo],
+    *,
+    runtime: str = "",
+    isolation: str = "",
+    host: HostInfo = HOST,
+    images: list[str] | None = None,
+    image_source: ImageSource | None = None,
 ) -> Hello:
     inventory = Inventory(
-        host=host, gpus=gpu_list, simulated=True, runtime=runtime, isolation=isolation, images=list(images or [])
+        host=host,
+        gpus=gpu_list,
+        simulated=True,
+        runtime=runtime,
+        isolation=isolation,
+        images=list(images or []),
+        image_source=image_source,
     )
     return Hello(versions=list(PROTOCOL_VERSIONS), agent_version="test", inventory=inventory)
 
@@ -114,16 +126,19 @@ async def connect(
     isolation: str = "",
     host: HostInfo = HOST,
     images: list[str] | None = None,
+    image_source: ImageSource | None = None,
 ) -> None:
     """The agent (enrolled first if the Master does not know it) connects through ``link`` and says hello
-    with ``gpu_list`` (two H100s by default) on ``host``, reporting ``runtime``, ``isolation`` and the ``images`` it has."""
+    with ``gpu_list`` (two H100s by default) on ``host``, reporting ``runtime``, ``isolation``, the ``images`` it has
+    and where it gets more (``image_source``)."""
     if agent_id not in master.registry.agents:
         await enrolled(master, agent_id)
     link.agents.add(agent_id)
     master.hub.links.setdefault(link.relay_id, link)
     await master.channel.on_link_frame(link, AgentConnected(agent_id=agent_id, serial="", cert_not_after=time.time() + 3600))
     gpu_list = gpus(2) if gpu_list is None else gpu_list
-    await relay(master, link, agent_id, hello(gpu_list, runtime=runtime, isolation=isolation, host=host, images=images))
+    said = hello(gpu_list, runtime=runtime, isolation=isolation, host=host, images=images, image_source=image_source)
+    await relay(master, link, agent_id, said)
 
 
 async def disconnect(master: Master, link: AccessLink, agent_id: str, reason: str = "") -> None:

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from common.containers import RegistryAuth
+from common.inventory import ImageSource
 from common.wire import AgentEvent, AgentEventKind, CommandResult
 from management.http.responses import RegistryAuthView
 from management.views import command_view, workload_spec_view
@@ -191,3 +192,23 @@ async def test_the_loop_sends_image_none_to_the_process_runtime_host_and_an_imag
     }  # fmt: skip
     assert all(c.body.spec["image"] == "none" for c in creates_sent(link, "agt-proc"))
     assert all(c.body.spec["image"] == "busybox" for c in creates_sent(link, "agt-box"))
+
+
+async def test_a_hosts_image_source_from_hello_decides_at_submit_what_the_grid_can_never_get(master, link):
+    """The demo's container host: its engine pulls nothing (no registry reachable) and has its locally built image."""
+    demo_image, hub_image = "localhost/idlegrid-demo:1", "docker.io/pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
+    no_pulls = ImageSource(pull=False)
+    await connect(
+        master, link, "agt-demo", gpus(1), runtime="docker", isolation="container", images=[demo_image], image_source=no_pulls
+    )
+    assert master.registry.agents["agt-demo"].image_source == no_pulls
+    loop = scheduler(master)
+    await loop.book.load()
+
+    reason = await loop.never_fits("alice", spec(image=hub_image)) or ""
+
+    assert reason.startswith(f"no host of this grid with a container engine can get image {hub_image}"), reason
+    assert await loop.never_fits("alice", spec(image=demo_image)) is None
+    await connect(master, link, "agt-old", gpus(1), runtime="docker", isolation="container")  # no image_source: older
+    loop = scheduler(master)  # a fresh snapshot
+    assert await loop.never_fits("alice", spec(image=hub_image)) is None

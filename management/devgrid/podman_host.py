@@ -1,0 +1,286 @@
+"""A container host for a local grid: a private Podman service (Docker-compatible API) and images built on this machine.
+
+The demo's container host, the tests' Podman service (tests/support/podman.py) and a person adding a container host
+to a local grid by hand (docs/localgrid.md) all set Podman up this way. Everything Podman keeps (storage, run state,
+locks, events) lives under one directory, through a private ``containers.conf`` and ``storage.conf`` handed to podman
+by environment variables, so the host's own podman state is never read or changed. Settings that matter on these
+machines:
+
+- ``runtime = "runc"``: crun fails on this kernel's cgroups.
+- ``default_ulimits``: the service's inherited limits are too high for runc to apply in a container.
+- storage driver ``vfs``: no overlay mounts to leak, and it works where /tmp is itself an overlay (CI containers).
+- ``lock_type = "file"``: the default shm locks live in /dev/shm shared with every other podman on the host,
+  and a fresh podman state frees them all on its first start.
+- ``cgroup_manager = "cgroupfs"``, ``events_logger = "file"``: no systemd or journald needed.
+- ``netns = "slirp4netns"`` (optional, the demo's; the agent asks it of each container too: its ``docker_network``):
+  containers' networks without CNI's bridge, whose network namespace files live in /run/netns, where a mount
+  namespace made at that moment (a process-runtime host's sandbox, ``unshare --mount``) now and then hides a new one
+  from the CNI plugin ("unknown FS magic on /run/netns/..."), failing the container's start. A renter's port is
+  reached through the engine either way (the agent's port bridge).
+
+No registry needs to be reachable: images are ``podman import`` of a rootfs made of ``/bin/busybox`` (busybox-static),
+built once and kept in the directory's storage (``ensure_image`` builds only what is missing). ``stop_service`` stops
+the service and removes the containers, and keeps the storage, so the next start reuses the images.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from common.errors import IdlegridError
+
+BUSYBOX = Path("/bin/busybox")
+REQUIRED = (("podman", "podman"), ("runc", "runc"))  # (program, Debian package)
+INSTALL_PACKAGES = ("podman", "runc", "busybox-static")
+# Images the local grid builds (their registry part, "localhost", is a name the egress rule refuses unless the Master's
+# and the agent's egress_allow name it: common/egress.py).
+SELFTEST_IMAGE = "localhost/idlegrid-selftest:1"  # the GPU self-test's probe runs in it (agent/runtime/selftest.py)
+DEMO_IMAGE = "localhost/idlegrid-demo:1"  # busybox with a web page: httpd on DEMO_PORT
+DEMO_PORT = 8080
+DEMO_PAGE = "<!DOCTYPE html>\n<title>idlegrid demo</title>\n<h1>Hello from the demo's container host</h1>\n"
+SOCKET_NAME = "podman.sock"
+MAX_SOCKET_PATH = 100  # a unix socket's path must fit sun_path (108 bytes on Linux)
+# Mount points a container's runtime needs in the image, and /www for the demo's page.
+ROOT_DIRS = ("proc", "sys", "dev", "etc", "tmp")
+
+
+class PodmanUnavailable(IdlegridError):
+    """Podman cannot run here; the message says what is missing or what failed, and what to install."""
+
+    code = "podman_unavailable"
+
+
+@dataclass(frozen=True)
+class BusyboxImage:
+    """An image of busybox-static and its applets: ``files`` (path in the image -> text) and Containerfile-style
+    ``changes`` (``ENV``, ``CMD``, ``EXPOSE``) on top."""
+
+    reference: str
+    changes: Sequence[str]
+    files: Mapping[str, str] = field(default_factory=dict)
+
+
+SELFTEST = BusyboxImage(SELFTEST_IMAGE, ("ENV PATH=/bin", 'CMD ["sleep", "3600"]'))
+DEMO = BusyboxImage(
+    DEMO_IMAGE,
+    ("ENV PATH=/bin", f"EXPOSE {DEMO_PORT}", f'CMD ["httpd", "-f", "-v", "-p", "{DEMO_PORT}", "-h", "/www"]'),
+    {"www/index.html": DEMO_PAGE},
+)
+
+
+def write_podman_config(workdir: Path, *, netns: str = "") -> dict[str, str]:
+    """Podman's settings for a state kept entirely under ``workdir`` (the module's docstring says why each), and the
+    environment that points podman at them: every podman run with it sees that state and nothing of the host's.
+    ``netns``: the containers' network mode ("slirp4netns"); "" is podman's default (CNI's bridge)."""
+    (workdir / "tmp").mkdir(parents=True, exist_ok=True)
+    (workdir / "containers.conf").write_text(
+        "[engine]\n"
+        'runtime = "runc"\n'
+        'lock_type = "file"\n'
+        'cgroup_manager = "cgroupfs"\n'
+        'events_logger = "file"\n'
+        f'tmp_dir = "{workdir / "tmp"}"\n'
+        "[containers]\n"
+        'default_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]\n' + (f'netns = "{netns}"\n' if netns else "")
+    )
+    (workdir / "storage.conf").write_text(
+        f'[storage]\ndriver = "vfs"\ngraphroot = "{workdir / "storage"}"\nrunroot = "{workdir / "run"}"\n'
+    )
+    return {"CONTAINERS_CONF": str(workdir / "containers.conf"), "CONTAINERS_STORAGE_CONF": str(workdir / "storage.conf")}
+
+
+def missing_programs(extra: Sequence[str] = ()) -> str | None:
+    """What this machine lacks to run a Podman host (and the programs ``extra``, each its Debian package's name), and
+    what to install, or None."""
+    wanted = [*REQUIRED, *((program, program) for program in extra)]
+    missing = [package for program, package in wanted if shutil.which(program) is None]
+    if not BUSYBOX.exists():
+        missing.append("busybox-static")
+    if not missing:
+        return None
+    hint = " ".join(["apt-get install", *dict.fromkeys([*INSTALL_PACKAGES, *extra])])
+    return f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed ({hint})"
+
+
+def socket_path_for(workdir: Path) -> Path:
+    """Where the service listens: in ``workdir``, or, when that path would not fit a unix socket's address, in a
+    directory of the temp dir named after ``workdir`` (the same one each time)."""
+    inside = workdir.resolve() / SOCKET_NAME
+    if len(str(inside)) <= MAX_SOCKET_PATH:
+        return inside
+    digest = hashlib.sha256(str(workdir.resolve()).encode()).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / f"idlegrid-podman-{digest}" / SOCKET_NAME
+
+
+class PodmanHost:
+    """Podman's state under ``workdir``: the CLI on it (``podman``), images built there (``ensure_image``) and
+    ``podman system service`` on ``socket_path`` (``start_service``, ``stop_service``)."""
+
+    def __init__(self, workdir: Path, *, netns: str = "", start_timeout_s: float = 30.0) -> None:
+        self.workdir = Path(workdir)
+        self.netns = netns  # the containers' network mode (write_podman_config); "" is podman's default
+        self.socket_path = socket_path_for(self.workdir)
+        self.start_timeout_s = start_timeout_s
+        self.env = {
+            **os.environ,
+            "CONTAINERS_CONF": str(self.workdir / "containers.conf"),
+            "CONTAINERS_STORAGE_CONF": str(self.workdir / "storage.conf"),
+        }
+        self._service: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"unix://{self.socket_path}"
+
+    @property
+    def log_file(self) -> Path:
+        return self.workdir / "service.log"
+
+    def configure(self) -> None:
+        """Write the private configuration and check that podman works with it (PodmanUnavailable with its reason)."""
+        missing = missing_programs([self.netns] if self.netns else [])
+        if missing is not None:
+            raise PodmanUnavailable(missing)
+        write_podman_config(self.workdir, netns=self.netns)
+        self.podman("info")  # fails early, with podman's own reason, if the engine cannot work on this host
+
+    def podman(self, *args: str, check: bool = True, timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
+        """Run the podman CLI against this state."""
+        try:
+            done = subprocess.run(["podman", *args], env=self.env, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise PodmanUnavailable(f"`podman {' '.join(args)}` did not finish within {timeout_s:g} s") from None
+        if check and done.returncode != 0:
+            raise PodmanUnavailable(f"`podman {' '.join(args)}` failed ({done.returncode}): {done.stderr.strip() or 'no output'}")
+        return done
+
+    def image_id(self, reference: str) -> str | None:
+        """The id of the image ``reference`` in this state, or None when it has none."""
+        done = self.podman("image", "inspect", "--format", "{{.Id}}", reference, check=False)
+        if done.returncode != 0:
+            return None
+        return done.stdout.strip() or None
+
+    def ensure_image(self, image: BusyboxImage) -> bool:
+        """Build ``image`` unless this state has it already; whether it was built now."""
+        if self.image_id(image.reference) is not None:
+            return False
+        self.build_image(image)
+        return True
+
+    def build_image(self, image: BusyboxImage) -> None:
+        """``podman import`` of a busybox rootfs with ``image``'s files and changes (replacing a tag of that name)."""
+        with tempfile.TemporaryDirectory(prefix="rootfs-", dir=self.workdir) as scratch:
+            archive = busybox_rootfs_archive(Path(scratch), image.files)
+            changes = [arg for change in image.changes for arg in ("--change", change)]
+            self.podman("import", "--quiet", *changes, str(archive), image.reference)
+
+    def start_service(self) -> None:
+        """``podman system service`` on ``socket_path``, waited for until it answers ``/_ping``."""
+        self.socket_path.parent.mkdir(parents=True, exist_ok=True)
+        self.socket_path.unlink(missing_ok=True)  # left by a service that was killed
+        # stdin is the launcher's, as the tests' service always had it: with /dev/null, containers' CNI network
+        # namespaces failed now and then on these machines ("unknown FS magic on /run/netns/..."), for no reason found.
+        with open(self.log_file, "ab") as log:
+            self._service = subprocess.Popen(
+                ["podman", "system", "service", "--time=0", self.url],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:
+            if self._service.poll() is not None:
+                raise PodmanUnavailable(f"podman system service exited at once: {self.log_tail()}")
+            if ping(self.socket_path):
+                return
+            time.sleep(0.05)
+        raise PodmanUnavailable(
+            f"podman system service did not answer /_ping within {self.start_timeout_s:.0f} s: {self.log_tail()}"
+        )
+
+    def stop_service(self) -> None:
+        """Remove every container, then stop the service, whether or not the removal worked; the storage (and its
+        images) is kept. Safe to call twice."""
+        try:
+            if (self.workdir / "containers.conf").exists():
+                self.podman("rm", "--all", "--force", "--time", "0", check=False)
+        finally:
+            self._stop_process()
+
+    def _stop_process(self) -> None:
+        service, self._service = self._service, None
+        if service is None or service.poll() is not None:
+            return
+        os.killpg(service.pid, signal.SIGTERM)  # the service and anything it started in its session
+        try:
+            service.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(service.pid, signal.SIGKILL)
+            service.wait(timeout=10)
+
+    def log_tail(self) -> str:
+        try:
+            return self.log_file.read_text(errors="replace")[-2000:].strip() or "(no output)"
+        except OSError:
+            return "(no log)"
+
+
+def busybox_rootfs_archive(scratch: Path, files: Mapping[str, str] | None = None) -> Path:
+    """A tar of a root filesystem with ``/bin/busybox`` (busybox-static), a link per applet, the mount points a
+    container needs and ``files``, made in ``scratch``."""
+    rootfs = scratch / "rootfs"
+    (rootfs / "bin").mkdir(parents=True)
+    for mountpoint in ROOT_DIRS:
+        (rootfs / mountpoint).mkdir()
+    shutil.copy2(BUSYBOX, rootfs / "bin" / "busybox")
+    applets = subprocess.run([str(BUSYBOX), "--list"], capture_output=True, text=True, check=True).stdout.split()
+    for applet in applets:
+        if applet != "busybox":
+            (rootfs / "bin" / applet).symlink_to("busybox")
+    for path, text in (files or {}).items():
+        target = rootfs / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+    archive = scratch / "rootfs.tar"
+    subprocess.run(["tar", "-C", str(rootfs), "-cf", str(archive), "."], check=True)
+    shutil.rmtree(rootfs)
+    return archive
+
+
+def ping(socket_path: Path) -> bool:
+    """Whether an engine answers ``/_ping`` on ``socket_path``."""
+    connection = UnixHTTPConnection(str(socket_path), timeout=2)
+    try:
+        connection.request("GET", "/_ping")
+        return connection.getresponse().status == 200
+    except OSError:
+        return False
+    finally:
+        connection.close()
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTP over a unix socket: the engine's API."""
+
+    def __init__(self, path: str, timeout: float = 30.0) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        sock.connect(self._path)
+        self.sock = sock
