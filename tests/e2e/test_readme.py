@@ -23,6 +23,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -143,18 +144,22 @@ class Reader:
                 process.wait(timeout=10)
 
 
-@pytest.fixture
-def demo(tmp_path: Path) -> Iterator[DemoRun]:
-    run = DemoRun(tmp_path / "demo", free_port(), "--agents", "3")
+@contextmanager
+def demo_reader(tmp_path: Path, *flags: str) -> Iterator[Reader]:
+    """A demo with 3 process hosts (and ``flags``), and a reader at a shell beside it, the banner's export pasted."""
+    run = DemoRun(tmp_path / "demo", free_port(), "--agents", "3", *flags)
     try:
-        run.wait_up(60)
-        yield run
+        run.wait_up(90)  # a bound; how fast it is up is `python -m bench demo`
+        reader = make_reader(run, tmp_path)
+        try:
+            yield reader
+        finally:
+            reader.stop_background()
     finally:
         assert_stopped_cleanly(run)
 
 
-@pytest.fixture
-def reader(demo: DemoRun, tmp_path: Path) -> Iterator[Reader]:
+def make_reader(demo: DemoRun, tmp_path: Path) -> Reader:
     ssh_dir = tmp_path / "ssh"
     ssh_dir.mkdir(mode=0o700)
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "reader@demo", "-f", str(ssh_dir / "id_ed25519")])
@@ -170,17 +175,20 @@ def reader(demo: DemoRun, tmp_path: Path) -> Iterator[Reader]:
     store = re.search(r"the demo's S3 at (http://\S+),", demo.output)
     assert store, f"the banner names no object store:\n{demo.output}"
     r.session.text[DEFAULT_STORE] = store.group(1)
-    try:
-        yield r
-    finally:
-        r.stop_background()
+    return r
 
 
 def readme_steps() -> list[Step]:
     return [step for block in sessions(README.read_text()) for step in block]
 
 
-def test_every_readme_session_command_runs_against_the_demo_and_does_what_the_readme_says(reader: Reader) -> None:
+def test_every_readme_session_command_runs_against_the_demo_and_does_what_the_readme_says(tmp_path: Path) -> None:
+    # The README's sessions run on process hosts (image none): no Podman needed, so this runs beside other tests.
+    with demo_reader(tmp_path, "--no-container-host") as reader:
+        readme_sessions(reader)
+
+
+def readme_sessions(reader: Reader) -> None:
     steps = readme_steps()
     assert len(steps) >= 25, [s.command for s in steps]
     for step in steps:
@@ -261,7 +269,14 @@ def agent_pids(run: DemoRun, name: str) -> list[int]:
     return pids
 
 
-def test_every_command_line_of_the_banner_runs_as_pasted(reader: Reader) -> None:
+@pytest.mark.podman
+def test_every_command_line_of_the_banner_runs_as_pasted(tmp_path: Path) -> None:
+    """The whole demo, its container host included (Podman: this runs in the suite's Podman part)."""
+    with demo_reader(tmp_path) as reader:
+        banner_commands(reader)
+
+
+def banner_commands(reader: Reader) -> None:
     lines = banner_lines(reader.run.output)
     renter = reader.run.renter()
     ran: set[str] = set()
@@ -270,8 +285,11 @@ def test_every_command_line_of_the_banner_runs_as_pasted(reader: Reader) -> None
         ran.add(label)
         return reader.type(lines[label], lasting=lasting)
 
+    container_host = re.search(r"container host:  \S+ \((agt-[0-9a-f]+)\)", reader.run.output)
+    assert container_host, f"the demo has no container host:\n{reader.run.output}"
     offers = paste("search")
-    offer = offers.splitlines()[1].split()[0]
+    # The banner's rent line runs a process (image none): on a process host's offer, as the banner says.
+    offer = next(row.split()[0] for row in offers.splitlines()[1:] if row.split()[0] != container_host.group(1))
     reader.session.text["OFFER"] = offer
     rented = paste("rent")
     assert f"rented {offer}" in rented, rented
@@ -297,6 +315,10 @@ def test_every_command_line_of_the_banner_runs_as_pasted(reader: Reader) -> None
         heard = wait_for(lambda: "hello from rank 0 at " in (said := paste("rank 1 says")) and said, 60, "rank 1 to reach rank 0")
         assert heard.startswith("rank 1 of 2, rank 0 at "), heard
         reader.type(f"idlegrid workload cancel {pair}")
+    templated = paste("a template")  # the demo's own template on its container host: its link, once it answers
+    assert re.search(r"^link \(port 8080.*: http", templated, re.M), templated
+    listed = paste("templates")
+    assert "hello-web" in listed and "jupyter" in listed, listed
     paste("storage")
     checkpointed = paste("checkpointed")
     job = checkpointed.split()[1]
