@@ -31,9 +31,10 @@ from websockets.exceptions import ConnectionClosed
 from websockets.frames import CloseCode
 
 from agent.benchmark.setup import held_by_containers, open_responder
+from agent.command_keys import CommandKeys
 from agent.config import AgentConfig
 from agent.connector import CONNECTION_ERRORS, RelayConnector, RelayTarget
-from agent.credentials import CertificateRenewer, RenewalError, describe_expiry, recover_interrupted_renewal
+from agent.credentials import CertificateRenewer, describe_expiry, recover_interrupted_renewal
 from agent.directory import DirectoryFile, DirectoryStore
 from agent.errors import CertificateRevoked, is_revocation
 from agent.executor import CommandExecutor
@@ -45,6 +46,7 @@ from agent.identity import AgentIdentity
 from agent.ledger import CommandLog
 from agent.output import KeptOutputRuntime, OutputKeeper
 from agent.overlay import GangOverlays
+from agent.renewal import RenewalTimer
 from agent.runtime import ContainerRuntime, open_runtime
 from agent.runtime.base import PullsImages
 from agent.runtime.images import GB, ImageLimits, PullProgress
@@ -75,10 +77,10 @@ from agent.state import private_dir
 from agent.storage.plane import DataPlane, StorageSettings
 from agent.tunnel import RelayLink, TunnelLimits, TunnelServer
 from common.containers import ContainerInfo
-from common.errors import IdlegridError, PKIError, RuntimeFailure, SignatureError
+from common.errors import IdlegridError, PKIError, RuntimeFailure
 from common.inventory import MAX_IMAGES_IN_REPORT, GpuReach, HostInfo, ImageSource, Inventory
 from common.loopwatch import watching
-from common.pki import CommandVerifier, client_tls_context, load_cert, peer_identity, verify_key_endorsement
+from common.pki import client_tls_context, load_cert, peer_identity
 from common.storage import StorageActivity
 from common.wire import (
     HARD_FRAME_BYTES,
@@ -91,7 +93,6 @@ from common.wire import (
     Hello,
     RelayEntry,
     RelayStatus,
-    RenewResponse,
     Telemetry,
     VerifyCommit,
     Welcome,
@@ -162,17 +163,13 @@ class Agent:
             host_key=str(config.state_path.resolve()),
             faults_file=config.state_path / FAULTS_FILE,
         )
-        self.ca_cert = load_cert(self.identity.ca_file.read_bytes())
-        self.renewer = CertificateRenewer(
-            config.state_path, self.identity.agent_id, self.ca_cert, fraction=config.cert_renew_fraction
-        )
-        if (expired := describe_expiry(self.renewer)) is not None:
+        ca_cert = load_cert(self.identity.ca_file.read_bytes())
+        renewer = CertificateRenewer(config.state_path, self.identity.agent_id, ca_cert, fraction=config.cert_renew_fraction)
+        if (expired := describe_expiry(renewer)) is not None:
             log.error(expired)
-        self._renewal: tuple[ClientConnection, asyncio.Task] | None = None  # the renewal timer of the current connection
-        self._renewal_news = asyncio.Event()  # an answer arrived: the timer looks again
-        self.verifier = CommandVerifier(self.identity.command_keys)
-        for key_id in self.identity.retired_keys:
-            self.verifier.retire_key(key_id)
+        self.renewal = RenewalTimer(renewer)  # agent/renewal.py
+        self.command_keys = CommandKeys(self.identity, ca_cert)  # the keys commands and tickets are checked with
+        self.verifier = self.command_keys.verifier
         self.ledger = ledger if ledger is not None else CommandLog(config.state_path / "commands.db")
         if runtime is None:
             runtime = open_runtime(config.runtime, **_runtime_options(config))
@@ -464,7 +461,7 @@ class Agent:
             case Welcomed(welcome):
                 self._on_welcome(welcome)
             case NewKeys(keys, endorsements, retired):
-                self._update_keys(keys, endorsements, retired)
+                self.command_keys.update(keys, endorsements, retired)
             case OpenTunnel(frame):
                 self.tunnels.open(frame.ticket, self._relay_link)  # checks it, then serves it in a task of its own
             case RefuseTunnel(ticket_id):
@@ -474,7 +471,7 @@ class Agent:
             case NewDirectory(relays):
                 self._on_relay_directory(relays)
             case RenewalAnswered(response):
-                self._on_renew_response(response)
+                self.renewal.answered(response)
             case Challenged(challenge):  # verification (agent/benchmark/)
                 self._spawn(self._answer(self.verification.on_challenge(challenge)))
             case RevealAsked(reveal):
@@ -488,11 +485,12 @@ class Agent:
                 log.warning("bad frame from relay: %s", error)
 
     def _on_welcome(self, welcome: Welcome) -> None:
-        self._update_keys(welcome.command_keys, welcome.key_endorsements, welcome.retired_keys)
+        self.command_keys.update(welcome.command_keys, welcome.key_endorsements, welcome.retired_keys)
         if welcome.relays:  # a Master older than the directory sends none: keep the one we have
             self._on_relay_directory(welcome.relays)
         self.connected.set()
-        self._start_renewal_timer()
+        if self._ws is not None:
+            self.renewal.start(self._ws)  # renews on a connection the Master answers on
         log.info("welcomed by the master", extra={"agent_id": welcome.agent_id, "protocol": welcome.version})
 
     def _on_relay_status(self, status: RelayStatus, degraded: bool) -> None:
@@ -619,66 +617,6 @@ class Agent:
             if await self.probe_runtime() and self._ws is not None:
                 with contextlib.suppress(ConnectionError, ConnectionClosed):
                     await self._send(self._hello())
-
-    def _update_keys(self, keys: dict[str, str], endorsements: dict[str, str], retired: list[str]) -> None:
-        """Keys arrive through relays, so only keys the platform CA endorsed are trusted."""
-        trusted = self.verifier.keys()
-        for key_id, public in keys.items():
-            if key_id in retired or trusted.get(key_id) == public:
-                continue
-            try:
-                verify_key_endorsement(self.ca_cert, public, endorsements.get(key_id, ""))
-                self.verifier.add_key(key_id, public)
-            except SignatureError as exc:
-                log.warning("ignored command-signing key %s: %s", key_id, exc)
-        for key_id in retired:
-            self.verifier.retire_key(key_id)
-        keys_now = self.verifier.keys()
-        retired_now = sorted(set(self.identity.retired_keys) | set(retired))
-        if (keys_now, retired_now) == (self.identity.command_keys, self.identity.retired_keys):
-            return  # the usual welcome: nothing new, so no write (and no fsync) on every reconnect
-        self.identity.command_keys = keys_now
-        self.identity.retired_keys = retired_now
-        self.identity.save()
-
-    # --- certificate renewal -------------------------------------------------------------------
-
-    def _start_renewal_timer(self) -> None:
-        """One renewal timer per connection, started at the welcome: requests go only to a Master that answers."""
-        ws = self._ws
-        if ws is None or (self._renewal is not None and self._renewal[0] is ws and not self._renewal[1].done()):
-            return  # a second welcome on the same connection (after a refreshed hello) keeps the timer
-        if self._renewal is not None:
-            self._renewal[1].cancel()
-        # It ends by itself when its connection closes, so a graceful stop never waits on it.
-        self._renewal = (ws, asyncio.create_task(self._renewal_loop(ws), name="certificate-renewal"))
-
-    async def _renewal_loop(self, ws: ClientConnection) -> None:
-        closed = asyncio.ensure_future(ws.wait_closed())
-        try:
-            while not closed.done():
-                wait = self.renewer.next_attempt_at() - time.time()
-                if wait > 0:
-                    self._renewal_news.clear()
-                    news = asyncio.ensure_future(self._renewal_news.wait())
-                    await asyncio.wait({closed, news}, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
-                    news.cancel()
-                    continue
-                log.info("renewing the certificate", extra={"serial": self.renewer.serial, "not_after": self.renewer.not_after})
-                with contextlib.suppress(ConnectionClosed):
-                    await ws.send(encode(self.renewer.request(time.time())), text=True)
-        finally:
-            closed.cancel()
-
-    def _on_renew_response(self, response: RenewResponse) -> None:
-        try:
-            identity = self.renewer.accept(response, time.time())
-        except RenewalError as exc:
-            log.warning("certificate not renewed: %s", exc)
-        else:
-            # This connection keeps its TLS session; the next one presents the new certificate.
-            log.info("certificate renewed", extra={"serial": identity.serial, "not_after": identity.not_after})
-        self._renewal_news.set()
 
     async def _run_command(self, command: Command) -> None:
         """Ack the command, run it (the session handed its id to no other run) and send its result."""
