@@ -185,6 +185,8 @@ SEND_HELLO = SendHello()
 
 
 class MasterSession:
+    """One per agent process, across its connections: the daemon hands it every message and carries out the action."""
+
     __slots__ = ("heartbeat_s", "telemetry_s", "relay_degraded", "running", "_stopping", "_ping", "_seq")
 
     def __init__(self, *, heartbeat_s: float = DEFAULT_HEARTBEAT_S, telemetry_s: float = DEFAULT_TELEMETRY_S) -> None:
@@ -226,7 +228,7 @@ class MasterSession:
                 self.heartbeat_s, self.telemetry_s = frame.heartbeat_s, frame.telemetry_s
                 return Welcomed(frame)
             case Config():
-                # Absent or zero: the interval stays (a relay passing on the Master's pace may name only one).
+                # Absent or zero: the interval stays (a config frame about keys names none).
                 self.heartbeat_s = frame.heartbeat_s or self.heartbeat_s
                 self.telemetry_s = frame.telemetry_s or self.telemetry_s
                 return NewKeys(frame.command_keys or {}, frame.key_endorsements or {}, frame.retired_keys or [])
