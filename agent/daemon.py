@@ -1,10 +1,20 @@
-"""The agent daemon: dials out to an Access relay, reports, and runs the Master's commands."""
+"""The agent daemon: the I/O shell around this agent's session with the Master (agent/session.py).
+
+It holds the connection (the connector picks the relay and fails over, ``_connect`` dials it and reads it), sends
+what the agent has to say (hello, heartbeats, telemetry, results, events) and carries out the action the session
+decides for each message from the relay: one ``match`` in ``_carry_out``, one method per action, in the part that
+owns it (the executor and its ledger, the tunnel server, the renewer, the relay directory, the benchmark responder).
+What a frame means is the session's to decide, never this module's.
+
+The fleet bench (bench/fleet_agents.py) runs thousands of these in one process through the public seams of
+``Agent``: the runtime, the ledger, the host, the relay connector, where the relay directory is kept, and a
+``LinkObserver`` that sees every frame the agent sends and every action it takes.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import math
 import random
@@ -13,6 +23,7 @@ import socket
 import ssl
 import time
 from collections.abc import Awaitable
+from typing import Protocol
 
 import msgspec
 from websockets.asyncio.client import ClientConnection
@@ -20,10 +31,11 @@ from websockets.exceptions import ConnectionClosed
 from websockets.frames import CloseCode
 
 from agent.benchmark.setup import held_by_containers, open_responder
+from agent.command_keys import CommandKeys
 from agent.config import AgentConfig
 from agent.connector import CONNECTION_ERRORS, RelayConnector, RelayTarget
-from agent.credentials import CertificateRenewer, RenewalError, describe_expiry, recover_interrupted_renewal
-from agent.directory import load_directory, save_directory
+from agent.credentials import CertificateRenewer, describe_expiry, recover_interrupted_renewal
+from agent.directory import DirectoryFile, DirectoryStore
 from agent.errors import CertificateRevoked, is_revocation
 from agent.executor import CommandExecutor
 from agent.fault_injection import FAULTS_FILE
@@ -34,20 +46,41 @@ from agent.identity import AgentIdentity
 from agent.ledger import CommandLog
 from agent.output import KeptOutputRuntime, OutputKeeper
 from agent.overlay import GangOverlays
+from agent.renewal import RenewalTimer
 from agent.runtime import ContainerRuntime, open_runtime
 from agent.runtime.base import PullsImages
 from agent.runtime.images import GB, ImageLimits, PullProgress
 from agent.runtime.selftest import gpu_selftest
+from agent.session import (
+    AckCommand,
+    Action,
+    BadFrame,
+    Challenged,
+    MasterError,
+    MasterSession,
+    NewDirectory,
+    NewKeys,
+    Nothing,
+    OpenTunnel,
+    RefuseTunnel,
+    RelayReported,
+    RenewalAnswered,
+    ResultAcked,
+    RevealAsked,
+    RunCommand,
+    SendHello,
+    Welcomed,
+)
 from agent.simulate import parse_simulate_spec
 from agent.ssh_host_keys import HostKeys
 from agent.state import private_dir
 from agent.storage.plane import DataPlane, StorageSettings
 from agent.tunnel import RelayLink, TunnelLimits, TunnelServer
 from common.containers import ContainerInfo
-from common.errors import IdlegridError, PKIError, ProtocolError, RuntimeFailure, SignatureError
+from common.errors import IdlegridError, PKIError, RuntimeFailure
 from common.inventory import MAX_IMAGES_IN_REPORT, GpuReach, HostInfo, ImageSource, Inventory
 from common.loopwatch import watching
-from common.pki import CommandVerifier, client_tls_context, load_cert, peer_identity, verify_key_endorsement
+from common.pki import client_tls_context, load_cert, peer_identity
 from common.storage import StorageActivity
 from common.wire import (
     HARD_FRAME_BYTES,
@@ -56,31 +89,19 @@ from common.wire import (
     AgentEventKind,
     Command,
     CommandAck,
-    Config,
-    Error,
-    ErrorCode,
     Heartbeat,
     Hello,
-    Ping,
-    RelayDirectory,
     RelayEntry,
     RelayStatus,
-    RenewResponse,
-    ResultAck,
     Telemetry,
-    TunnelOpen,
-    VerifyChallenge,
     VerifyCommit,
-    VerifyReveal,
     Welcome,
-    decode_master_frame,
     encode,
 )
 
 log = logging.getLogger(__name__)
 
 AGENT_VERSION = "0.1.0"
-HELLO_REQUIRED = ErrorCode.HELLO_REQUIRED.value
 # On SIGTERM, how long commands already running get to finish and report before the connection closes. Well
 # under the 10 s the test harness waits before SIGKILL; what does not finish in time is in the ledger as started,
 # and resumes safely (at most once) when the Master resends it.
@@ -95,6 +116,17 @@ NO_RUNTIME, NO_ISOLATION = "", "none"  # what hello reports while the runtime ca
 ENDED_STATES = frozenset({"exited", "dead"})  # a container in one of these ended (on its own: delete removes it)
 
 
+class LinkObserver(Protocol):
+    """Sees the control link's traffic: the fleet bench counts frames and times commands with it. Called on the
+    agent's event loop, on its hot path: it must not block."""
+
+    def message_received(self, action: Action) -> None:
+        """A message came from the relay and the session decided ``action`` (called before it is carried out)."""
+
+    def frame_sent(self, frame: msgspec.Struct) -> None:
+        """``frame`` went out on the link (a resend each time)."""
+
+
 class Agent:
     def __init__(
         self,
@@ -103,9 +135,14 @@ class Agent:
         runtime: ContainerRuntime | None = None,
         ledger: CommandLog | None = None,
         host: HostInfo | None = None,
+        connector: RelayConnector | None = None,
+        directory: DirectoryStore | None = None,
+        observer: LinkObserver | None = None,
     ) -> None:
-        """``runtime``, ``ledger`` and ``host`` default to what ``config`` names; the fleet simulator passes its own,
-        so thousands of agents in one process share one host description and keep no database file each."""
+        """``runtime``, ``ledger``, ``host``, ``connector`` and ``directory`` (where the Master's relay directory is
+        kept) default to what ``config`` names; the fleet simulator passes its own, so thousands of agents in one
+        process share one host description, dial from their own addresses and keep no file each. ``observer`` sees
+        the link's traffic (``LinkObserver``)."""
         self.config = config
         if config.simulate:
             parse_simulate_spec(config.simulate)  # a typo is a one-line error now, before anything else is read
@@ -113,10 +150,12 @@ class Agent:
         if recover_interrupted_renewal(config.state_path):
             log.info("finished a certificate renewal interrupted by a restart")
         self.identity = AgentIdentity.load(config.state_path)
-        self.relay_directory: list[RelayEntry] = load_directory(config.state_path)
-        self._directory_saving = asyncio.Lock()
+        self.session = MasterSession()  # what each frame from the Master means (agent/session.py)
+        self._observer = observer
+        self._directory = directory if directory is not None else DirectoryFile(config.state_path)
+        self.relay_directory: list[RelayEntry] = self._directory.load()
         self._directory_saved: asyncio.Task[None] | None = None
-        self.connector = RelayConnector.from_config(
+        self.connector = connector or RelayConnector.from_config(
             config, static_urls=config.access_urls or self.identity.access_urls, directory=self.relay_directory
         )
         self.collector = open_collector(
@@ -124,17 +163,13 @@ class Agent:
             host_key=str(config.state_path.resolve()),
             faults_file=config.state_path / FAULTS_FILE,
         )
-        self.ca_cert = load_cert(self.identity.ca_file.read_bytes())
-        self.renewer = CertificateRenewer(
-            config.state_path, self.identity.agent_id, self.ca_cert, fraction=config.cert_renew_fraction
-        )
-        if (expired := describe_expiry(self.renewer)) is not None:
+        ca_cert = load_cert(self.identity.ca_file.read_bytes())
+        renewer = CertificateRenewer(config.state_path, self.identity.agent_id, ca_cert, fraction=config.cert_renew_fraction)
+        if (expired := describe_expiry(renewer)) is not None:
             log.error(expired)
-        self._renewal: tuple[ClientConnection, asyncio.Task] | None = None  # the renewal timer of the current connection
-        self._renewal_news = asyncio.Event()  # an answer arrived: the timer looks again
-        self.verifier = CommandVerifier(self.identity.command_keys)
-        for key_id in self.identity.retired_keys:
-            self.verifier.retire_key(key_id)
+        self.renewal = RenewalTimer(renewer)  # agent/renewal.py
+        self.command_keys = CommandKeys(self.identity, ca_cert)  # the keys commands and tickets are checked with
+        self.verifier = self.command_keys.verifier
         self.ledger = ledger if ledger is not None else CommandLog(config.state_path / "commands.db")
         if runtime is None:
             runtime = open_runtime(config.runtime, **_runtime_options(config))
@@ -208,21 +243,15 @@ class Agent:
         # The host's own telemetry, for an agent describing its own host (the fleet simulator passes ``host``: its
         # thousands of agents in one process share one machine, which none of them should report as its own).
         self.host_sampler: HostSampler | None = host_sampler_for(config.state_path) if host is None else None
-        self.heartbeat_s = 5.0
         self.reports_skipped = 0  # heartbeats and telemetry not sent because the link was backed up (_send_report)
-        self.telemetry_s = 10.0
-        self.connected = asyncio.Event()
+        self.connected = asyncio.Event()  # the Master welcomed the current connection
         self.relay_url = ""
         self._ws: ClientConnection | None = None
-        self._seq = itertools.count(1)
-        self._ping: str | None = None
         self._running: set[asyncio.Task] = set()
-        self._inflight: set[str] = set()
-        self._stopping = asyncio.Event()
+        self._stopping = asyncio.Event()  # set with the session's stop: wakes the connector
         self._stop_deadline = 0.0  # loop time by which running commands must have finished, once stopping
         self._closer: asyncio.Future[None] | None = None
         self._tls: tuple[tuple[int, int], ssl.SSLContext] | None = None  # (file stamps, context) of the last connection
-        self.relay_degraded = False  # the relay says it cannot reach the Master: what we send waits in its buffer
         self._exits_told: dict[str, int] = {}  # exits sent as events by this process (name -> code), not resent
         # Set while a container may be running: the exit check looks only then, and otherwise costs nothing (the
         # fleet simulator runs thousands of agents in one process, most with no container).
@@ -250,8 +279,9 @@ class Agent:
     def stop(self) -> None:
         """Graceful stop (SIGTERM): take no new command, let running ones finish and send their results
         (up to STOP_GRACE_S), then close the connection."""
-        if self._stopping.is_set():
+        if self.session.stopping:
             return
+        self.session.stop()
         self._stopping.set()
         self._stop_deadline = asyncio.get_running_loop().time() + STOP_GRACE_S
         self._closer = asyncio.ensure_future(self._disconnect_when_settled())
@@ -267,11 +297,11 @@ class Agent:
         running = [task for task in self._running if not task.done()]
         if not running:
             return
-        log.info("stopping: waiting for running commands", extra={"commands": sorted(self._inflight)})
+        log.info("stopping: waiting for running commands", extra={"commands": sorted(self.session.running)})
         await asyncio.wait(running, timeout=max(0.0, self._stop_deadline - asyncio.get_running_loop().time()))
 
     async def close(self) -> None:
-        if self._stopping.is_set():
+        if self.session.stopping:
             await self._commands_settled()  # also when no connection was open to wait on
         for task in list(self._running):
             task.cancel()
@@ -332,7 +362,7 @@ class Agent:
             give_up_unacknowledged(ws, config.relay_ack_timeout_s)
             self._ws, self.relay_url = ws, relay.url
             self._relay_link = relay_link(ws, relay, ssl_context)
-            self.relay_degraded = False  # a new relay: it says so at once if it cannot reach the Master
+            self.session.connection_opened()
             log.info("connected to relay", extra={"relay": str(relay), "region": relay.region})
             await self._send(self._hello())
             tasks = [
@@ -350,11 +380,18 @@ class Agent:
                 for task in tasks:
                     task.cancel()
 
+    @property
+    def connection(self) -> ClientConnection | None:
+        """The relay connection open now; None between connections."""
+        return self._ws
+
     async def _send(self, frame: msgspec.Struct) -> None:
         ws = self._ws
         if ws is None:
             raise ConnectionError("not connected")
         await ws.send(encode(frame), text=True)
+        if self._observer is not None:
+            self._observer.frame_sent(frame)
 
     async def _send_report(self, frame: Heartbeat | Telemetry) -> bool:
         """Send a heartbeat or telemetry report unless the link is backed up; whether it went.
@@ -405,58 +442,61 @@ class Agent:
     # --- frames from the master ----------------------------------------------------------------
 
     async def _on_message(self, message: str | bytes) -> None:
-        try:
-            frame = decode_master_frame(message)
-        except ProtocolError as exc:
-            log.warning("bad frame from relay: %s", exc)
-            return
-        match frame:
-            case Welcome():
-                self._on_welcome(frame)
-            case Command() if self._stopping.is_set():
-                pass  # not acked: the Master resends it when this agent is back
-            case Command():
-                self._spawn(self._on_command(frame))
-            case TunnelOpen() if self._stopping.is_set():
-                log.info("tunnel refused: agent stopping", extra={"ticket": frame.ticket.body.id})
-            case TunnelOpen():
+        action = self.session.receive(message)
+        if self._observer is not None:
+            self._observer.message_received(action)
+        await self._carry_out(action)
+
+    async def _carry_out(self, action: Action) -> None:
+        """Do what the session decided (agent/session.py lists each action and why), in the part that owns it."""
+        match action:
+            case Nothing():
+                pass
+            case RunCommand(command):
+                self._spawn(self._run_command(command))
+            case AckCommand(command_id):
+                self._spawn(self._send(CommandAck(id=command_id)))  # a resend of one running here: its result follows
+            case ResultAcked(command_id):
+                self.ledger.mark_acked(command_id)
+            case Welcomed(welcome):
+                self._on_welcome(welcome)
+            case NewKeys(keys, endorsements, retired):
+                self.command_keys.update(keys, endorsements, retired)
+            case OpenTunnel(frame):
                 self.tunnels.open(frame.ticket, self._relay_link)  # checks it, then serves it in a task of its own
-            case RelayStatus():
-                self._on_relay_status(frame)
-            case RelayDirectory():
-                self._on_relay_directory(frame.relays)
-            case ResultAck():
-                self.ledger.mark_acked(frame.id)
-            case Ping():
-                self._ping = frame.nonce
-            case Config():
-                self._on_config(frame)
-            case RenewResponse():
-                self._on_renew_response(frame)
-            case VerifyChallenge():  # verification (agent/benchmark/)
-                self._spawn(self._answer(self.verification.on_challenge(frame)))
-            case VerifyReveal():
-                if (opened := self.verification.on_reveal(frame)) is not None:
+            case RefuseTunnel(ticket_id):
+                log.info("tunnel refused: agent stopping", extra={"ticket": ticket_id})
+            case RelayReported(status, degraded):
+                self._on_relay_status(status, degraded)
+            case NewDirectory(relays):
+                self._on_relay_directory(relays)
+            case RenewalAnswered(response):
+                self.renewal.answered(response)
+            case Challenged(challenge):  # verification (agent/benchmark/)
+                self._spawn(self._answer(self.verification.on_challenge(challenge)))
+            case RevealAsked(reveal):
+                if (opened := self.verification.on_reveal(reveal)) is not None:
                     await self._send_quietly(opened)
-            case Error() if frame.code == HELLO_REQUIRED:
+            case SendHello():
                 await self._send(self._hello())
-            case Error():
-                log.warning("relay or master reported an error", extra={"code": frame.code, "detail": frame.message})
+            case MasterError(code, message):
+                log.warning("relay or master reported an error", extra={"code": code, "detail": message})
+            case BadFrame(error):
+                log.warning("bad frame from relay: %s", error)
 
     def _on_welcome(self, welcome: Welcome) -> None:
-        self.heartbeat_s, self.telemetry_s = welcome.heartbeat_s, welcome.telemetry_s
-        self._update_keys(welcome.command_keys, welcome.key_endorsements, welcome.retired_keys)
+        self.command_keys.update(welcome.command_keys, welcome.key_endorsements, welcome.retired_keys)
         if welcome.relays:  # a Master older than the directory sends none: keep the one we have
             self._on_relay_directory(welcome.relays)
         self.connected.set()
-        self._start_renewal_timer()
+        if self._ws is not None:
+            self.renewal.start(self._ws)  # renews on a connection the Master answers on
         log.info("welcomed by the master", extra={"agent_id": welcome.agent_id, "protocol": welcome.version})
 
-    def _on_relay_status(self, status: RelayStatus) -> None:
+    def _on_relay_status(self, status: RelayStatus, degraded: bool) -> None:
         """The relay says whether the Master is reachable through it. While it is not, frames wait in the relay's
         buffer (results included, never dropped) and the Master's silence is no fault of this connection."""
-        self.relay_degraded = status.master_link != "up"
-        if self.relay_degraded:
+        if degraded:
             log.warning(
                 "relay reports the master unreachable; frames wait in its buffer",
                 extra={"relay": self.relay_url, "master_link": status.master_link, "buffered": status.buffered},
@@ -469,16 +509,9 @@ class Agent:
         if not self.connector.update_directory(relays):
             return
         self.relay_directory = list(relays)
-        # The latest save waits for the ones before it (the lock is first come, first served): close() awaits it.
-        self._directory_saved = asyncio.create_task(self._save_directory())
+        # The latest save waits for the ones before it (DirectoryFile): close() awaits it.
+        self._directory_saved = asyncio.create_task(self._directory.save(self.relay_directory))
         log.info("relay directory updated", extra={"relays": [f"{r.relay_id}@{r.region}" for r in relays]})
-
-    async def _save_directory(self) -> None:
-        """Write the latest directory in a worker thread: an fsynced write must not stall the link (in the fleet
-        bench, where agents share a process, it was a quarter of the ramp's samples). One write at a time, each of
-        the latest directory, so an older one never lands last."""
-        async with self._directory_saving:
-            await asyncio.to_thread(save_directory, self.config.state_path, list(self.relay_directory))
 
     # --- the runtime -----------------------------------------------------------------------------
 
@@ -585,82 +618,18 @@ class Agent:
                 with contextlib.suppress(ConnectionError, ConnectionClosed):
                     await self._send(self._hello())
 
-    def _on_config(self, config: Config) -> None:
-        self.heartbeat_s = config.heartbeat_s or self.heartbeat_s
-        self.telemetry_s = config.telemetry_s or self.telemetry_s
-        self._update_keys(config.command_keys or {}, config.key_endorsements or {}, config.retired_keys or [])
-
-    def _update_keys(self, keys: dict[str, str], endorsements: dict[str, str], retired: list[str]) -> None:
-        """Keys arrive through relays, so only keys the platform CA endorsed are trusted."""
-        trusted = self.verifier.keys()
-        for key_id, public in keys.items():
-            if key_id in retired or trusted.get(key_id) == public:
-                continue
-            try:
-                verify_key_endorsement(self.ca_cert, public, endorsements.get(key_id, ""))
-                self.verifier.add_key(key_id, public)
-            except SignatureError as exc:
-                log.warning("ignored command-signing key %s: %s", key_id, exc)
-        for key_id in retired:
-            self.verifier.retire_key(key_id)
-        keys_now = self.verifier.keys()
-        retired_now = sorted(set(self.identity.retired_keys) | set(retired))
-        if (keys_now, retired_now) == (self.identity.command_keys, self.identity.retired_keys):
-            return  # the usual welcome: nothing new, so no write (and no fsync) on every reconnect
-        self.identity.command_keys = keys_now
-        self.identity.retired_keys = retired_now
-        self.identity.save()
-
-    # --- certificate renewal -------------------------------------------------------------------
-
-    def _start_renewal_timer(self) -> None:
-        """One renewal timer per connection, started at the welcome: requests go only to a Master that answers."""
-        ws = self._ws
-        if ws is None or (self._renewal is not None and self._renewal[0] is ws and not self._renewal[1].done()):
-            return  # a second welcome on the same connection (after a refreshed hello) keeps the timer
-        if self._renewal is not None:
-            self._renewal[1].cancel()
-        # It ends by itself when its connection closes, so a graceful stop never waits on it.
-        self._renewal = (ws, asyncio.create_task(self._renewal_loop(ws), name="certificate-renewal"))
-
-    async def _renewal_loop(self, ws: ClientConnection) -> None:
-        closed = asyncio.ensure_future(ws.wait_closed())
-        try:
-            while not closed.done():
-                wait = self.renewer.next_attempt_at() - time.time()
-                if wait > 0:
-                    self._renewal_news.clear()
-                    news = asyncio.ensure_future(self._renewal_news.wait())
-                    await asyncio.wait({closed, news}, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
-                    news.cancel()
-                    continue
-                log.info("renewing the certificate", extra={"serial": self.renewer.serial, "not_after": self.renewer.not_after})
-                with contextlib.suppress(ConnectionClosed):
-                    await ws.send(encode(self.renewer.request(time.time())), text=True)
-        finally:
-            closed.cancel()
-
-    def _on_renew_response(self, response: RenewResponse) -> None:
-        try:
-            identity = self.renewer.accept(response, time.time())
-        except RenewalError as exc:
-            log.warning("certificate not renewed: %s", exc)
-        else:
-            # This connection keeps its TLS session; the next one presents the new certificate.
-            log.info("certificate renewed", extra={"serial": identity.serial, "not_after": identity.not_after})
-        self._renewal_news.set()
-
-    async def _on_command(self, command: Command) -> None:
+    async def _run_command(self, command: Command) -> None:
+        """Ack the command, run it (the session handed its id to no other run) and send its result."""
         command_id = command.body.id
-        await self._send(CommandAck(id=command_id))
-        if command_id in self._inflight:
-            return  # a resend of a command still running here: its result follows when it is done
-        self._inflight.add(command_id)
+        acked = False  # an ack that did not go (the link is down): not run, the Master resends it
         try:
+            await self._send(CommandAck(id=command_id))
+            acked = True
             result = await self.executor.execute(command)
         finally:
-            self._inflight.discard(command_id)
-            self._watch_exits.set()  # a container may have started
+            self.session.command_ended(command_id)
+            if acked:
+                self._watch_exits.set()  # a container may have started
         with contextlib.suppress(ConnectionError, ConnectionClosed):
             await self._send(result)  # if the link is down, the resend loop delivers it later
         if command.body.kind == "create_container" and result.ok and await self._list_images():
@@ -685,10 +654,8 @@ class Agent:
             running = sorted(c.name for c in containers if c.state == "running")
             exited = await self._report_exits(containers)
             overlay = self.overlays.paths() if self.overlays is not None else {}
-            await self._send_report(
-                Heartbeat(seq=next(self._seq), ts=time.time(), running=running, exited=exited, ping=self._ping, overlay=overlay)
-            )
-            await asyncio.sleep(jittered(self.heartbeat_s))
+            await self._send_report(self.session.heartbeat(time.time(), running, exited, overlay))
+            await asyncio.sleep(jittered(self.session.heartbeat_s))
 
     async def _exit_check_loop(self, ws: ClientConnection) -> None:
         """While a container runs, look for one that ended every ``exit_check_s``, so its exit is reported at once
@@ -726,7 +693,7 @@ class Agent:
     async def _telemetry_loop(self, ws: ClientConnection) -> None:
         await self.connected.wait()
         while True:
-            await asyncio.sleep(jittered(self.telemetry_s))
+            await asyncio.sleep(jittered(self.session.telemetry_s))
             # NVML calls may block, so they run in a thread; simulated GPUs answer at once (and thousands of
             # simulated agents in one process would spend more on the thread hand-off than on the samples).
             if self.collector.simulated:  # busy while a running container holds it, idle otherwise

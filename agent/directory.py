@@ -22,6 +22,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Protocol
 from urllib.parse import urlsplit
 
 import msgspec
@@ -123,3 +124,32 @@ def load_directory(state_dir: Path) -> list[RelayEntry]:
 
 def save_directory(state_dir: Path, relays: Sequence[RelayEntry]) -> None:
     write_atomically(state_dir / DIRECTORY_FILE, msgspec.json.encode(list(relays)), mode=PRIVATE_FILE_MODE)
+
+
+class DirectoryStore(Protocol):
+    """Where an agent keeps the Master's relay directory between runs (the fleet bench keeps it in memory)."""
+
+    def load(self) -> list[RelayEntry]: ...
+
+    async def save(self, relays: Sequence[RelayEntry]) -> None: ...
+
+
+class DirectoryFile:
+    """The directory in the agent's state directory (``DIRECTORY_FILE``, 0600).
+
+    Written in a worker thread: an fsynced write must not stall the link (in the fleet bench, where agents share a
+    process, it was a quarter of the ramp's samples). One write at a time, each of the latest directory, so an older
+    one never lands last."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = state_dir
+        self._latest: list[RelayEntry] = []
+        self._saving = asyncio.Lock()
+
+    def load(self) -> list[RelayEntry]:
+        return load_directory(self.state_dir)
+
+    async def save(self, relays: Sequence[RelayEntry]) -> None:
+        self._latest = list(relays)
+        async with self._saving:  # first come, first served
+            await asyncio.to_thread(save_directory, self.state_dir, self._latest)

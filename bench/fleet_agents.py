@@ -38,14 +38,16 @@ from websockets.exceptions import ConnectionClosed
 from agent.config import AgentConfig
 from agent.connector import RelayConnector, RelayTarget
 from agent.daemon import Agent
+from agent.directory import load_directory
 from agent.host import collect_host_info
 from agent.ledger import CommandLog, CommandLogEntry
 from agent.runtime.simulated import Execution, SimulatedRuntime
+from agent.session import AckCommand, Action, RunCommand, Welcomed
 from common.config import load_config
 from common.heap import tune_for_daemon
 from common.logs import setup_logging
 from common.loop import run as run_loop
-from common.wire import Command, CommandAck, CommandResult, Heartbeat
+from common.wire import CommandAck, CommandResult, RelayEntry, encode
 
 log = logging.getLogger(__name__)
 
@@ -183,8 +185,57 @@ class _GatedOpening:
         return await self._opening.__aexit__(*exc_info)
 
 
+class MemoryDirectory:
+    """The relay directory kept in memory only (the agent's ``relay_directory``), not written to its state directory.
+
+    A real host writes its own small file, fsynced, in a worker thread, on its own disk. Here 5,000 agents of one
+    process wrote theirs at once when a relay died (the directory changed for all of them): thousands of writes and
+    fsyncs queued on the process's worker threads, which took the interpreter lock from the event loop of every agent
+    in it, and a command's 20 ms create took 2.7 s (bench/HISTORY.md, the storm). The agent's own file is tested with
+    the agent (tests/agent). What a previous run left on disk is still read at the start, as the agent reads it."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self._loaded = load_directory(state_dir)
+
+    def load(self) -> list[RelayEntry]:
+        return list(self._loaded)
+
+    async def save(self, relays: Sequence[RelayEntry]) -> None:
+        return
+
+
+class LinkTally:
+    """One simulated agent's ``LinkObserver``: the frames it sent (by type, into the fleet's counter), the messages
+    it received, when it was first welcomed, and when each command came in and its ack and result first went out."""
+
+    __slots__ = ("sent", "marks", "received", "ready_at")
+
+    def __init__(self, sent: Counter[str], marks: dict[str, list[float]]) -> None:
+        self.sent = sent
+        self.marks = marks
+        self.received = 0
+        self.ready_at: float | None = None  # first welcome
+
+    def message_received(self, action: Action) -> None:
+        self.received += 1
+        match action:
+            case RunCommand(command):
+                self.marks.setdefault(command.body.id, [time.time(), 0.0, 0.0])
+            case AckCommand(command_id):
+                self.marks.setdefault(command_id, [time.time(), 0.0, 0.0])
+            case Welcomed() if self.ready_at is None:
+                self.ready_at = time.monotonic()
+
+    def frame_sent(self, frame: msgspec.Struct) -> None:
+        self.sent[type(frame).__struct_config__.tag] += 1  # type: ignore[index]
+        if isinstance(frame, (CommandAck, CommandResult)) and (marks := self.marks.get(frame.id)) is not None:
+            slot = 1 if isinstance(frame, CommandAck) else 2
+            marks[slot] = marks[slot] or time.time()  # the first time: a resend's is not the round trip's
+
+
 class SimulatedAgent(Agent):
-    """A real agent that also counts what it sends and receives, and can flood heartbeats for throughput tests."""
+    """A real agent, built through the agent's public seams (runtime, ledger, host, connector, directory, observer),
+    that also counts what it sends and receives, and can flood heartbeats for throughput tests."""
 
     def __init__(
         self,
@@ -199,51 +250,46 @@ class SimulatedAgent(Agent):
     ) -> None:
         """``sent``: frames sent, by type; ``marks``: command id -> [unix time it came in, its ack went out, its result
         went out] (0: not yet); a fleet passes one of each for all its agents."""
-        super().__init__(config, runtime=runtime, ledger=MemoryCommandLog(), host=host)
-        connector = SimulatedHostConnector.from_config(config, static_urls=config.access_urls, directory=self.relay_directory)
+        directory = MemoryDirectory(config.state_path)
+        connector = SimulatedHostConnector.from_config(config, static_urls=config.access_urls, directory=directory.load())
         connector.source, connector.gate = source, gate
-        self.connector = connector
+        self.tally = LinkTally(sent if sent is not None else Counter(), marks if marks is not None else {})
+        super().__init__(
+            config,
+            runtime=runtime,
+            ledger=MemoryCommandLog(),
+            host=host,
+            connector=connector,
+            directory=directory,
+            observer=self.tally,
+        )
         self.simulated_runtime = runtime
-        self.sent: Counter[str] = sent if sent is not None else Counter()
-        self.marks: dict[str, list[float]] = marks if marks is not None else {}
-        self.received = 0
-        self.ready_at: float | None = None  # first welcome
 
-    async def _send(self, frame: msgspec.Struct) -> None:
-        await super()._send(frame)
-        self.sent[type(frame).__struct_config__.tag] += 1  # type: ignore[index]
-        if isinstance(frame, (CommandAck, CommandResult)) and (marks := self.marks.get(frame.id)) is not None:
-            slot = 1 if isinstance(frame, CommandAck) else 2
-            marks[slot] = marks[slot] or time.time()  # the first time: a resend's is not the round trip's
+    @property
+    def sent(self) -> Counter[str]:
+        return self.tally.sent
 
-    async def _save_directory(self) -> None:
-        """Kept in memory only (the agent's ``relay_directory``), not written to this agent's state directory.
+    @property
+    def marks(self) -> dict[str, list[float]]:
+        return self.tally.marks
 
-        A real host writes its own small file, fsynced, in a worker thread, on its own disk. Here 5,000 agents of
-        one process wrote theirs at once when a relay died (the directory changed for all of them): thousands of
-        writes and fsyncs queued on the process's worker threads, which took the interpreter lock from the event
-        loop of every agent in it, and a command's 20 ms create took 2.7 s (bench/HISTORY.md, the storm). The
-        agent's own saving is tested with the agent (tests/agent)."""
-        return
+    @property
+    def received(self) -> int:
+        return self.tally.received
 
-    async def _on_command(self, command: Command) -> None:
-        self.marks.setdefault(command.body.id, [time.time(), 0.0, 0.0])
-        await super()._on_command(command)
-
-    async def _on_message(self, message: str | bytes) -> None:
-        self.received += 1
-        await super()._on_message(message)
-        if self.ready_at is None and self.connected.is_set():
-            self.ready_at = time.monotonic()
+    @property
+    def ready_at(self) -> float | None:
+        return self.tally.ready_at
 
     @property
     def link_open(self) -> bool:
-        return self._ws is not None
+        return self.connection is not None
 
     async def flood(self, rate: float, until: float) -> int:
         """Send heartbeats at ``rate`` per second until the loop time ``until``; returns how many went out.
 
-        Each says which containers run here, as a real heartbeat does, so the Master's view stays right.
+        Each says which containers run here, as a real heartbeat does, so the Master's view stays right. They go on
+        the connection itself, past the tally: they are counted as ``flood``, not as the agent's own heartbeats.
         """
         loop = asyncio.get_running_loop()
         sent, owed, last = 0, 0.0, loop.time()
@@ -253,13 +299,15 @@ class SimulatedAgent(Agent):
             running = sorted(c.name for c in await self.runtime.list() if c.state == "running")
             try:
                 while owed >= 1.0:
-                    await Agent._send(self, Heartbeat(seq=next(self._seq), ts=time.time(), running=running, ping=self._ping))
+                    if (ws := self.connection) is None:
+                        raise ConnectionError("not connected")
+                    await ws.send(encode(self.session.heartbeat(time.time(), running)), text=True)
                     owed -= 1.0
                     sent += 1
             except (ConnectionError, ConnectionClosed):
                 break
             await asyncio.sleep(FLOOD_TICK_S)
-        self.sent["flood"] += sent
+        self.tally.sent["flood"] += sent
         return sent
 
 

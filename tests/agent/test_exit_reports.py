@@ -56,7 +56,7 @@ def make_agent(state_dir: Path) -> Agent:
         exit_check_s=0.05,
     )
     agent = Agent(config)
-    agent.heartbeat_s = 0.1
+    agent.session.heartbeat_s = 0.1
     agent.connected.set()  # as after a welcome
     return agent
 
@@ -136,7 +136,7 @@ async def test_a_simulated_container_finished_by_a_test_is_reported_like_a_real_
         state_dir=str(enrolled), access_urls=["wss://127.0.0.1:1"], simulate="a10:1", measure_bandwidth=False, runtime="simulated"
     )
     agent = Agent(config, runtime=runtime)
-    agent.heartbeat_s = 0.1
+    agent.session.heartbeat_s = 0.1
     agent.connected.set()
     link = RecordingLink()
     agent._ws = link  # type: ignore[assignment]

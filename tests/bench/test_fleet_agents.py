@@ -239,6 +239,13 @@ async def test_failures_of_the_simulated_runtime_reach_the_master_as_failed_comm
         await fleet.stop()
 
 
+def test_the_simulated_agent_overrides_nothing_of_the_agent_and_builds_on_its_public_seams():
+    """The fleet measures the agent's own code: what it changes goes through Agent's constructor (runtime, ledger,
+    host, connector, directory, observer), never by replacing one of its methods or attributes."""
+    inherited = {name for name in dir(Agent) if not name.startswith("__")}
+    assert set(vars(SimulatedAgent)) & inherited == set()
+
+
 def test_a_fleet_without_enrolled_agents_says_how_to_get_them(tmp_path):
     fleet = Fleet(FleetSettings(agents_dir=str(tmp_path), access_urls=["wss://127.0.0.1:1"]))
     with pytest.raises(FileNotFoundError, match="provision the fleet first"):
