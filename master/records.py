@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from common.containers import RegistryAuth
+from common.containers import RegistryAuth, WireSpec
 from common.inventory import GpuInfo, GpuReach, HostInfo, ImageSource
 from common.restart_policy import RESTART_POLICIES as RESTART_POLICIES  # published: master.port re-exports it
 from common.storage import CheckpointSpec, StorageAccess, StorageMount
@@ -111,7 +111,8 @@ class CommandRecord(msgspec.Struct, kw_only=True):
     kind: str  # "create_container" | "delete_container"
     # As stored: a create's secret fields (env values, registry password, storage keys) are master.command_secrets.SEALED
     # here, and ``sealed`` holds them encrypted with the Master's secrets.key; the ledger joins them only to sign and send.
-    spec: dict[str, Any]
+    # The wire's JSON, not the typed spec: sealed values would not parse, and an older Master's records stay readable.
+    spec: WireSpec
     state: str  # see master.states.CommandState
     created_at: float
     deadline: float

@@ -61,10 +61,13 @@ def _finite(field: str, value: float | None) -> None:
 
 
 class CreateCommand(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """POST /api/v1/commands. ``kind`` and ``spec`` are checked by the Master's command ledger."""
+    """POST /api/v1/commands. ``spec`` is the body of a ``kind`` command, checked against that kind's type: a bad one
+    is an ``invalid_command`` naming the field."""
 
     agent_id: Identifier
     kind: Identifier
+    # Open here, since its type depends on ``kind``: the grid service makes it typed once (``ContainerSpec``,
+    # ``DeleteSpec``), after the host is checked, so that a bad one answers as the command ledger always has.
     spec: dict[str, Any]
     timeout_s: Annotated[float, msgspec.Meta(gt=0, le=MAX_COMMAND_TIMEOUT_S)] | None = None
 

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 import msgspec
 
+from common.containers import CommandSpec, DeleteSpec
 from common.egress import EgressRule
 from common.errors import Conflict, IdlegridError, InvalidTransition, NotFound
 from management.workloads.spec import DEFAULT_PRIORITY_CLASSES, check_spec
@@ -75,9 +76,7 @@ class BookMaster(Protocol):
     @property
     def secrets(self) -> SecretShelf: ...
 
-    async def create_command(
-        self, agent_id: str, kind: str, spec: dict[str, Any], *, timeout_s: float | None = None
-    ) -> CommandRecord: ...
+    async def create_command(self, agent_id: str, spec: CommandSpec, *, timeout_s: float | None = None) -> CommandRecord: ...
     async def record_event(self, kind: str, subject: str, /, **data: Any) -> None: ...
 
 
@@ -378,9 +377,9 @@ class WorkloadBook:
         retired), each as a sentence, and records each refusal as an event."""
         refused: builtins.list[str] = []
         for a in assignments:
-            spec = {"name": a.container, "timeout_s": self._delete_grace_s if grace_s is None else grace_s}
+            spec = DeleteSpec(name=a.container, timeout_s=self._delete_grace_s if grace_s is None else grace_s)
             try:
-                await self._master.create_command(a.agent_id, "delete_container", spec, timeout_s=timeout_s)
+                await self._master.create_command(a.agent_id, spec, timeout_s=timeout_s)
             except IdlegridError as exc:
                 refused.append(f"{a.container} on {a.agent_id}: {exc}")
                 await self._master.record_event(
