@@ -28,7 +28,6 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import msgspec
 
@@ -63,7 +62,7 @@ from management.workloads.lifecycle import (
     TakeOver,
 )
 from management.workloads.spec import InvalidWorkloadSpec, container_name, container_spec
-from management.workloads.states import HOLDING_STATES, AssignmentState, WorkloadState
+from management.workloads.states import HOLDING_STATES, AssignmentState, WorkloadChanges, WorkloadState
 from management.workloads.storage import container_storage, secret_names
 from master.port import AgentRecord, AgentState, Assignment, CommandRecord, MasterConfig, MasterPort, WorkloadRecord, WorkloadSpec
 
@@ -380,7 +379,7 @@ class SchedulerLoop:
         rec = await self.book.get(workload_id)
         if rec.state not in HOLDING_STATES:
             return 0
-        changes: dict[str, Any] = {} if restarts is None else {"restarts": restarts}
+        changes = WorkloadChanges() if restarts is None else WorkloadChanges(restarts=restarts)
         if host_failure:
             changes["host_failure"] = host_failure
         await self.book.end(rec.id, "requeue", reason, now, grace_s=self.settings.grace_s, **changes)
