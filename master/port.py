@@ -62,6 +62,7 @@ from master.records import (
     ApiKeyRecord,
     Assignment,
     CommandRecord,
+    EventData,
     EventRecord,
     FairShareUsage,
     GpuFault,
@@ -144,7 +145,7 @@ class MasterPort(Protocol):
 
     # --- the writes management makes: each an operation, so the Master decides how (master/requests.py) ---
     async def record_event(self, kind: str, subject: str, /, **data: Any) -> None: ...
-    async def record_events(self, events: list[tuple[str, str, dict[str, Any]]]) -> None: ...
+    async def record_events(self, events: list[tuple[str, str, EventData]]) -> None: ...
     async def mark_gpu_faulty(self, gpu: GpuRecord, fault: GpuFault) -> None: ...
     async def clear_gpu_fault(self, gpu: GpuRecord, reason: str, *, ecc_acknowledged: int | None = None) -> None: ...
     async def create_account(self, rec: AccountRecord) -> AccountRecord: ...
@@ -287,6 +288,7 @@ __all__ = [
     "LinkSettings",
     "ContainerExited",
     "Credential",
+    "EventData",
     "EventRecord",
     "FairShareRepo",
     "FairShareUsage",

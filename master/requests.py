@@ -36,6 +36,7 @@ from master.records import (
     AgentRecord,
     ApiKeyRecord,
     CommandRecord,
+    EventData,
     EventRecord,
     GpuFault,
     GpuRecord,
@@ -334,7 +335,7 @@ class MasterRequests:
     async def record_event(self, kind: str, subject: str, /, **data: Any) -> None:
         await self.events.record(kind, subject, **data)
 
-    async def record_events(self, events: list[tuple[str, str, dict[str, Any]]]) -> None:
+    async def record_events(self, events: list[tuple[str, str, EventData]]) -> None:
         """(kind, subject, data) each, in one write."""
         await self.events.record_many(events)
 

@@ -231,7 +231,8 @@ class EmptyQuery(msgspec.Struct, forbid_unknown_fields=True):
 
 
 def query_fields(schema: type[msgspec.Struct], query: Any) -> dict[str, Any]:
-    """A query string (a MultiDict) as a plain dict: repeatable fields as lists, others given once."""
+    """A query string (a MultiDict) as a plain dict: repeatable fields as lists, others given once. Open: it is what
+    ``msgspec.convert`` makes ``schema`` from."""
     repeatable: frozenset[str] = getattr(schema, "repeatable", frozenset())
     fields: dict[str, Any] = {}
     for name in query.keys():
@@ -303,7 +304,8 @@ def ecma_patterns(schema: Any) -> Any:
 
 
 def json_schemas() -> dict[str, Any]:
-    """JSON Schema (2020-12, as OpenAPI 3.1 uses) of every request body and list query, by struct name."""
+    """JSON Schema (2020-12, as OpenAPI 3.1 uses) of every request body and list query, by struct name: a JSON
+    document, open by nature."""
     _, components = msgspec.json.schema_components(REQUEST_SCHEMAS, ref_template="#/components/schemas/{name}")
     return ecma_patterns(components)
 
