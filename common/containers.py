@@ -9,6 +9,7 @@ msgspec checks a field's ``Meta`` constraints when it decodes or converts, not w
 from __future__ import annotations
 
 import re
+import typing
 from typing import Annotated, Any, ClassVar
 
 import msgspec
@@ -125,7 +126,7 @@ class DeleteSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
 
 # The body of a container command, one type per kind: the kind follows from the type (``spec.kind``).
 CommandSpec = ContainerSpec | DeleteSpec
-SPEC_OF_KIND: dict[str, type[ContainerSpec] | type[DeleteSpec]] = {ContainerSpec.kind: ContainerSpec, DeleteSpec.kind: DeleteSpec}
+SPEC_OF_KIND: dict[str, type[ContainerSpec] | type[DeleteSpec]] = {spec.kind: spec for spec in typing.get_args(CommandSpec)}
 # A command body as JSON (``wire_spec``): what the Master signs, sends and stores. A dict rather than the typed spec:
 # the signature covers exactly these bytes, a stored record keeps what an older Master wrote, and a create's record
 # holds it with its secret values sealed (master/command_secrets.py), which no longer parses as a ContainerSpec's env.
