@@ -5,6 +5,7 @@ checking it against its type's constraints there (a struct built directly was ne
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -75,17 +76,23 @@ async def commands(master: MasterPort) -> None:
 def test_mypy_fails_a_command_whose_body_is_a_dict_or_names_its_kind(tmp_path: Path) -> None:
     module = tmp_path / "commands.py"
     module.write_text(SNIPPET)
-    report, _, status = mypy_api.run(
-        [
-            str(module),
-            "--config-file",
-            str(ROOT / "pyproject.toml"),
-            "--cache-dir",
-            str(tmp_path / "mypy-cache"),
-            "--follow-imports",
-            "silent",
-        ]
-    )
+    limit = sys.getrecursionlimit()
+    try:
+        report, _, status = mypy_api.run(
+            [
+                str(module),
+                "--config-file",
+                str(ROOT / "pyproject.toml"),
+                "--cache-dir",
+                str(tmp_path / "mypy-cache"),
+                "--follow-imports",
+                "silent",
+            ]
+        )
+    finally:
+        # mypy raises the recursion limit for the whole process and leaves it there; tests run after this one rely
+        # on the default (JSON nested a thousand deep is refused by the decoder's recursion check).
+        sys.setrecursionlimit(limit)
     failing = sorted({int(line.split(":")[1]) for line in report.splitlines() if line.startswith(str(module))})
     assert status == 1, report
     assert failing == [6, 7], report
