@@ -1,9 +1,16 @@
-"""The container spec carried by ``create_container`` commands, validated in one place."""
+"""The bodies of the container commands (``create_container``: ``ContainerSpec``; ``delete_container``: ``DeleteSpec``),
+validated in one place.
+
+A body is typed from where it is made (the workload runner, the book, the API's raw commands) to the Master's command
+ledger, which encodes it to the wire dict it signs (``wire_spec``) and checks it against its type's constraints there:
+msgspec checks a field's ``Meta`` constraints when it decodes or converts, not when a struct is built directly (only
+``__post_init__`` runs then). The agent parses the wire dict back (``parse_create_spec``, ``parse_delete_spec``)."""
 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+import typing
+from typing import Annotated, Any, ClassVar
 
 import msgspec
 
@@ -78,6 +85,8 @@ class RegistryAuth(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 class ContainerSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """What a renter's container gets. GPUs are named by UUID (or index as a string)."""
 
+    kind: ClassVar[str] = "create_container"  # the command that carries it: not a field, never on the wire
+
     name: Annotated[str, msgspec.Meta(pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}\Z")]
     image: Annotated[str, msgspec.Meta(min_length=1, max_length=512)]
     command: list[str] = []
@@ -107,16 +116,30 @@ class ContainerSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 
 
 class DeleteSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Which container a ``delete_container`` command stops and removes, and how long it has to stop."""
+
+    kind: ClassVar[str] = "delete_container"
+
     name: Annotated[str, msgspec.Meta(pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}\Z")]
     timeout_s: Annotated[float, msgspec.Meta(ge=0, le=600)] = 10.0
 
 
-def wire_spec(spec: ContainerSpec) -> dict[str, Any]:
-    """The JSON body of a ``create_container`` command for ``spec``: every field that differs from its default, and no
-    other. ``ContainerSpec`` refuses fields it does not know, so a field left at its default is left out: an agent
-    from before that field existed still accepts every spec that does not use it (``ports``, ``registry_auth``, the
-    CPU and RAM shares). An older Master's body (every list and map written out, empty or not) parses the same."""
-    body: dict[str, Any] = {}
+# The body of a container command, one type per kind: the kind follows from the type (``spec.kind``).
+CommandSpec = ContainerSpec | DeleteSpec
+SPEC_OF_KIND: dict[str, type[ContainerSpec] | type[DeleteSpec]] = {spec.kind: spec for spec in typing.get_args(CommandSpec)}
+# A command body as JSON (``wire_spec``): what the Master signs, sends and stores. A dict rather than the typed spec:
+# the signature covers exactly these bytes, a stored record keeps what an older Master wrote, and a create's record
+# holds it with its secret values sealed (master/command_secrets.py), which no longer parses as a ContainerSpec's env.
+WireSpec = dict[str, Any]
+
+
+def wire_spec(spec: CommandSpec) -> WireSpec:
+    """The JSON body of the command for ``spec``: every field that differs from its default, and no other. The specs
+    refuse fields they do not know, so a field left at its default is left out: an agent from before that field
+    existed still accepts every spec that does not use it (``ports``, ``registry_auth``, the CPU and RAM shares). An
+    older Master's body (every list and map written out, empty or not) parses the same. The dict is JSON as it is
+    signed and sent: its values are open by nature (a renter's env, labels)."""
+    body: WireSpec = {}
     for field in msgspec.structs.fields(spec):
         value = getattr(spec, field.name)
         if field.default is not msgspec.NODEFAULT:
@@ -130,12 +153,13 @@ def wire_spec(spec: ContainerSpec) -> dict[str, Any]:
     return body
 
 
-def parse_create_spec(spec: dict[str, Any]) -> ContainerSpec:
-    """Validate a ``create_container`` spec; raises ``msgspec.ValidationError`` with the reason."""
+def parse_create_spec(spec: WireSpec) -> ContainerSpec:
+    """Validate a ``create_container`` spec as JSON carries it (the wire's dict); raises ``msgspec.ValidationError``
+    with the reason."""
     return msgspec.convert(spec, ContainerSpec)
 
 
-def parse_delete_spec(spec: dict[str, Any]) -> DeleteSpec:
+def parse_delete_spec(spec: WireSpec) -> DeleteSpec:
     return msgspec.convert(spec, DeleteSpec)
 
 

@@ -242,7 +242,8 @@ def hosted_replica_view(replica: HostedReplica) -> HostedReplicaView:
 
 def redact_registry_auth(spec: Mapping[str, Any]) -> dict[str, Any]:
     """A spec with its registry credentials reduced to the username: the password is the renter's secret, sent to the
-    hosts only and never shown again, to anyone (the operator's command list included)."""
+    hosts only and never shown again, to anyone (the operator's command list included). ``spec`` is JSON (a command's
+    stored body, a workload spec as builtins) and so is what it returns: a view."""
     auth = spec.get("registry_auth")
     if not isinstance(auth, Mapping):
         return dict(spec)

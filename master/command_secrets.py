@@ -18,9 +18,9 @@ answers show; a stored spec whose ``secrets`` were lost still parses as a ``Cont
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
+
+from common.containers import WireSpec
 
 SEALED = "<sealed>"  # what the stored spec holds in place of a secret value
 
@@ -35,7 +35,7 @@ class CommandSecrets(msgspec.Struct, kw_only=True, omit_defaults=True):
     storage: dict[str, str] = {}  # secret_access_key, session_token
 
 
-def split(spec: dict[str, Any]) -> tuple[dict[str, Any], CommandSecrets | None]:
+def split(spec: WireSpec) -> tuple[WireSpec, CommandSecrets | None]:
     """The spec as it may be stored, and the secret values it held (None: it held none, and is stored as it is)."""
     secrets = CommandSecrets()
     stored = dict(spec)
@@ -59,7 +59,7 @@ def split(spec: dict[str, Any]) -> tuple[dict[str, Any], CommandSecrets | None]:
     return stored, secrets
 
 
-def join(stored: dict[str, Any], secrets: CommandSecrets) -> dict[str, Any]:
+def join(stored: WireSpec, secrets: CommandSecrets) -> WireSpec:
     """The spec ``split`` was given: ``stored`` with the secret values back in place."""
     spec = dict(stored)
     if secrets.env:

@@ -17,12 +17,12 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import msgspec
 
-from common.containers import parse_create_spec, parse_delete_spec
+from common.containers import SPEC_OF_KIND, CommandSpec, ContainerSpec, DeleteSpec, WireSpec, wire_spec
 from common.errors import Conflict, IdlegridError, NotFound, is_renter_fault
 from common.wire import Command, CommandBody, CommandResult, encode, signing_bytes
 from master.allocations import GpuAllocations
@@ -37,9 +37,9 @@ from master.store.base import Store
 
 log = logging.getLogger(__name__)
 
-KINDS = ("create_container", "delete_container")
+KINDS = tuple(SPEC_OF_KIND)
 _REFUSING_STATES = frozenset({AgentState.RETIRED.value, AgentState.QUARANTINED.value})
-CREATE, DELETE = KINDS
+CREATE, DELETE = ContainerSpec.kind, DeleteSpec.kind
 
 SendToAgent = Callable[[str, bytes], Awaitable[bool]]
 
@@ -113,25 +113,31 @@ class CommandLedger:
         by_name |= {m.uuid: m.uuid for g in host for m in g.info.mig_instances}
         return [by_name[name] for name in record.spec.get("gpus", []) or [] if name in by_name]
 
-    async def create(self, agent_id: str, kind: str, spec: dict[str, Any], *, timeout_s: float | None = None) -> CommandRecord:
-        """Sign, store and dispatch a command; refused before dispatch (Conflict) when the host or its GPUs
-        cannot take it, InvalidCommand when it is malformed."""
+    def target(self, agent_id: str) -> AgentRecord:
+        """The host a command for ``agent_id`` goes to: NotFound when there is none, Conflict when it takes no
+        commands (retired or quarantined)."""
         agent = self._registry.get(agent_id)
         if agent.state in _REFUSING_STATES:
             raise Conflict(f"agent {agent_id} is {agent.state} and takes no commands")
-        _validate(kind, spec)
+        return agent
+
+    async def create(self, agent_id: str, spec: CommandSpec, *, timeout_s: float | None = None) -> CommandRecord:
+        """Sign, store and dispatch the command ``spec`` is the body of; refused before dispatch (Conflict) when the
+        host or its GPUs cannot take it, InvalidCommand when ``spec`` breaks its type's constraints."""
+        agent = self.target(agent_id)
+        kind, wire = spec.kind, _wire(spec)
         if timeout_s is not None and not (math.isfinite(timeout_s) and timeout_s > 0):
             raise InvalidCommand(f"timeout_s must be a positive number of seconds, not {timeout_s!r}")
-        if kind == CREATE and (agent.drained or agent.state == AgentState.MAINTENANCE.value):
+        if isinstance(spec, ContainerSpec) and (agent.drained or agent.state == AgentState.MAINTENANCE.value):
             raise Conflict(f"agent {agent_id} is drained and takes no new containers; undrain it first")
         now = time.time()
         signer = self._keys.current
-        stored, secrets = split(spec) if kind == CREATE else (spec, None)  # only a create carries secrets
+        stored, secrets = split(wire) if isinstance(spec, ContainerSpec) else (wire, None)  # only a create carries secrets
         body = CommandBody(
             id="cmd-" + uuid.uuid4().hex,
             agent_id=agent_id,
             kind=kind,
-            spec=spec,
+            spec=wire,
             issued_at=now,
             deadline=now + (timeout_s or self._timeout_s),
             key_id=signer.key_id,
@@ -148,9 +154,9 @@ class CommandLedger:
             key_id=body.key_id,
             sealed="" if secrets is None else self._box.seal(encode_secrets(secrets).decode()),
         )
-        if kind == CREATE:
-            uuids = self.allocations.resolve(agent_id, self._registry.gpus_of(agent_id), spec.get("gpus", []) or [])
-            self.allocations.claim(agent_id, spec["name"], record.id, uuids)
+        if isinstance(spec, ContainerSpec):
+            uuids = self.allocations.resolve(agent_id, self._registry.gpus_of(agent_id), spec.gpus)
+            self.allocations.claim(agent_id, spec.name, record.id, uuids)
         try:
             await self._store.commands.put(record)
         except BaseException:
@@ -161,9 +167,9 @@ class CommandLedger:
         # written meanwhile. Each write waits its turn on the store's one thread, and in a storm of hellos a turn took
         # a tenth of a second or more: four in a row held the frame back 0.2-0.4 s (bench/HISTORY.md).
         bookkeeping = [self._events.record("command.created", record.id, agent_id=agent_id, kind=kind)]
-        if kind == CREATE:
+        if isinstance(spec, ContainerSpec):
             bookkeeping.append(self._registry.settle_gpus(agent))
-        *recorded, dispatched = await asyncio.gather(*bookkeeping, self.dispatch(record, spec), return_exceptions=True)
+        *recorded, dispatched = await asyncio.gather(*bookkeeping, self.dispatch(record, wire), return_exceptions=True)
         if isinstance(dispatched, BaseException):
             raise dispatched
         for failed in recorded:
@@ -188,7 +194,7 @@ class CommandLedger:
             finished.set()
         self._finished.clear()
 
-    async def dispatch(self, record: CommandRecord, spec: dict[str, Any] | None = None) -> None:
+    async def dispatch(self, record: CommandRecord, spec: WireSpec | None = None) -> None:
         """Send (or resend) a command if its agent is reachable; a miss is retried on reconnect. ``spec``: the command's
         whole spec when the caller holds it (its creation), else it is opened from the record."""
         whole = spec if spec is not None else self._whole_spec(record)
@@ -219,7 +225,7 @@ class CommandLedger:
                 await self._resign(record, whole)
         return [r.id for r in stale]
 
-    async def _resign(self, record: CommandRecord, whole: dict[str, Any]) -> None:
+    async def _resign(self, record: CommandRecord, whole: WireSpec) -> None:
         old_key, signer = record.key_id, self._keys.current
         record.key_id = signer.key_id
         record.signature = signer.sign(signing_bytes(_body(record, whole)))
@@ -227,7 +233,7 @@ class CommandLedger:
         await self._store.commands.put(record)
         await self._events.record("command.resigned", record.id, agent_id=record.agent_id, old_key=old_key, key=signer.key_id)
 
-    def _whole_spec(self, record: CommandRecord) -> dict[str, Any] | None:
+    def _whole_spec(self, record: CommandRecord) -> WireSpec | None:
         """The spec the agent gets: the record's, with its sealed fields opened; None (logged) when this Master's
         secrets.key cannot open them (another Master's key): the command is never sent, and times out."""
         if not record.sealed:
@@ -364,16 +370,28 @@ class CommandLedger:
 _FINAL = frozenset(s.value for s in FINAL_COMMAND_STATES)
 
 
-def _validate(kind: str, spec: dict[str, Any]) -> None:
-    if kind not in KINDS:
+def command_spec(kind: str, spec: Mapping[str, Any]) -> CommandSpec:
+    """The typed body of a ``kind`` command from its JSON (a raw command from the API): InvalidCommand names the kind,
+    and the field that is wrong."""
+    spec_type = SPEC_OF_KIND.get(kind)
+    if spec_type is None:
         raise InvalidCommand(f"unknown command kind {kind!r}; expected one of {', '.join(KINDS)}")
     try:
-        parse_create_spec(spec) if kind == "create_container" else parse_delete_spec(spec)
+        return msgspec.convert(spec, spec_type)
     except (msgspec.ValidationError, ValueError, TypeError) as exc:
         raise InvalidCommand(f"invalid {kind} spec: {exc}") from None
 
 
-def _body(record: CommandRecord, spec: dict[str, Any]) -> CommandBody:
+def _wire(spec: CommandSpec) -> WireSpec:
+    """The JSON body the ledger signs for ``spec``, checked against its type's constraints: a spec built directly
+    (the runner's, the book's) was not checked when it was built, and a host is never sent a body it would refuse.
+    It is stored in the command's record, its secret fields sealed (``split``)."""
+    wire = wire_spec(spec)
+    command_spec(spec.kind, wire)
+    return wire
+
+
+def _body(record: CommandRecord, spec: WireSpec) -> CommandBody:
     return CommandBody(
         id=record.id,
         agent_id=record.agent_id,

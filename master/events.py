@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from master.records import EventRecord
+from master.records import EventData, EventRecord
 from master.store.base import Store
 
 
@@ -16,7 +16,7 @@ class EventLog:
     async def record(self, kind: str, subject: str, /, **data: Any) -> None:
         await self._store.events.append(EventRecord(ts=time.time(), kind=kind, subject=subject, data=data))
 
-    async def record_many(self, events: list[tuple[str, str, dict[str, Any]]]) -> None:
+    async def record_many(self, events: list[tuple[str, str, EventData]]) -> None:
         """Several events (kind, subject, data) in one store write, in the order given."""
         if events:
             now = time.time()

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from typing import Any, Protocol
 
+from common.containers import CommandSpec
 from common.inventory import GpuSample
 from common.overlay import OverlaySpec
 from common.tunnel import TunnelKind
@@ -41,6 +42,7 @@ from master.changes import (
     Subscription,
 )
 from master.command_secrets import SEALED
+from master.commands import InvalidCommand, command_spec
 from master.config import ConsoleSettings, LinkSettings, MasterConfig
 from master.faults import LASTING
 from master.history import MINUTES_PER_HOUR, downsample, downsample_host
@@ -60,6 +62,7 @@ from master.records import (
     ApiKeyRecord,
     Assignment,
     CommandRecord,
+    EventData,
     EventRecord,
     FairShareUsage,
     GpuFault,
@@ -142,7 +145,7 @@ class MasterPort(Protocol):
 
     # --- the writes management makes: each an operation, so the Master decides how (master/requests.py) ---
     async def record_event(self, kind: str, subject: str, /, **data: Any) -> None: ...
-    async def record_events(self, events: list[tuple[str, str, dict[str, Any]]]) -> None: ...
+    async def record_events(self, events: list[tuple[str, str, EventData]]) -> None: ...
     async def mark_gpu_faulty(self, gpu: GpuRecord, fault: GpuFault) -> None: ...
     async def clear_gpu_fault(self, gpu: GpuRecord, reason: str, *, ecc_acknowledged: int | None = None) -> None: ...
     async def create_account(self, rec: AccountRecord) -> AccountRecord: ...
@@ -195,9 +198,8 @@ class MasterPort(Protocol):
     async def record_rating(self, agent_id: str, rating: int, rental_id: str, now: float, *, weight: int = 1) -> Reputation: ...
 
     # --- commands ---
-    async def create_command(
-        self, agent_id: str, kind: str, spec: dict[str, Any], *, timeout_s: float | None = None
-    ) -> CommandRecord: ...
+    async def create_command(self, agent_id: str, spec: CommandSpec, *, timeout_s: float | None = None) -> CommandRecord: ...
+    def check_command_target(self, agent_id: str) -> None: ...
     async def command(self, command_id: str, *, wait_s: float = 0.0) -> CommandRecord: ...
     async def list_commands(
         self, *, agent_id: str | None = None, states: Collection[str] | None = None, limit: int = 1000
@@ -242,6 +244,8 @@ __all__ = [
     "TelemetryView",
     "OpenedTunnel",
     "SEALED",
+    "InvalidCommand",  # with command_spec: a raw command's JSON made typed once, at the API's edge
+    "command_spec",
     "OverlaySpec",
     "Authority",  # a local grid's own certificates (management/devgrid/localgrid.py, an entry point)
     "OverlayAuthority",  # with OverlaySettings and write_lighthouse: a local grid issues its lighthouse (management/devgrid)
@@ -284,6 +288,7 @@ __all__ = [
     "LinkSettings",
     "ContainerExited",
     "Credential",
+    "EventData",
     "EventRecord",
     "FairShareRepo",
     "FairShareUsage",

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from common.containers import RegistryAuth
+from common.containers import RegistryAuth, WireSpec
 from common.inventory import GpuInfo, GpuReach, HostInfo, ImageSource
 from common.restart_policy import RESTART_POLICIES as RESTART_POLICIES  # published: master.port re-exports it
 from common.storage import CheckpointSpec, StorageAccess, StorageMount
@@ -111,7 +111,8 @@ class CommandRecord(msgspec.Struct, kw_only=True):
     kind: str  # "create_container" | "delete_container"
     # As stored: a create's secret fields (env values, registry password, storage keys) are master.command_secrets.SEALED
     # here, and ``sealed`` holds them encrypted with the Master's secrets.key; the ledger joins them only to sign and send.
-    spec: dict[str, Any]
+    # The wire's JSON, not the typed spec: sealed values would not parse, and an older Master's records stay readable.
+    spec: WireSpec
     state: str  # see master.states.CommandState
     created_at: float
     deadline: float
@@ -121,7 +122,7 @@ class CommandRecord(msgspec.Struct, kw_only=True):
     acked_at: float | None = None
     finished_at: float | None = None
     attempts: int = 0
-    result: dict[str, Any] | None = None
+    result: dict[str, Any] | None = None  # what the agent reported (CommandResult.result): its runtime's facts, open
     error: str | None = None
     version: int = 0
     sealed: str = ""  # the secret fields of ``spec`` (master/command_secrets.py), a Fernet token; "": it has none
@@ -185,13 +186,17 @@ class FairShareUsage(msgspec.Struct, kw_only=True):
     decayed_to: float  # unix time the figure is decayed to
 
 
+# An event's facts: each kind has its own (the log is every part's, management's included), so they are open.
+EventData = dict[str, Any]
+
+
 class EventRecord(msgspec.Struct, kw_only=True):
     """One recorded fact: a state transition, a refusal, a reputation change."""
 
     ts: float
     kind: str  # e.g. "agent.transition", "gpu.transition", "command.transition", "agent.revoked"
     subject: str  # id of the agent, gpu or command it is about
-    data: dict[str, Any] = {}
+    data: EventData = {}
     seq: int = 0  # assigned by the store, increasing
 
 
@@ -596,7 +601,7 @@ class AlertRuleRecord(msgspec.Struct, kw_only=True):
     (the Master stores rules, it does not evaluate them). A stored rule replaces the shipped rule of its name."""
 
     name: str
-    spec: dict[str, Any]
+    spec: dict[str, Any]  # open here: the Master stores a rule's fields and never reads them
     updated_at: float
     updated_by: str
 

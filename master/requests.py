@@ -12,6 +12,7 @@ import time
 from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
+from common.containers import CommandSpec
 from common.errors import Conflict, InvalidRating, NotFound
 from common.inventory import GpuSample
 from common.overlay import OverlaySpec
@@ -35,6 +36,7 @@ from master.records import (
     AgentRecord,
     ApiKeyRecord,
     CommandRecord,
+    EventData,
     EventRecord,
     GpuFault,
     GpuRecord,
@@ -205,11 +207,15 @@ class MasterRequests:
 
     # --- commands, GPUs, events, tokens and keys ------------------------------------------------
 
-    async def create_command(
-        self, agent_id: str, kind: str, spec: dict[str, Any], *, timeout_s: float | None = None
-    ) -> CommandRecord:
-        """Sign and dispatch a container command; Conflict when the host or a GPU it names cannot take it."""
-        return await self.commands.create(agent_id, kind, spec, timeout_s=timeout_s)
+    async def create_command(self, agent_id: str, spec: CommandSpec, *, timeout_s: float | None = None) -> CommandRecord:
+        """Sign and dispatch the container command ``spec`` is the body of (its kind follows from its type); Conflict
+        when the host or a GPU it names cannot take it, InvalidCommand when ``spec`` breaks its type's constraints."""
+        return await self.commands.create(agent_id, spec, timeout_s=timeout_s)
+
+    def check_command_target(self, agent_id: str) -> None:
+        """NotFound when there is no host ``agent_id``, Conflict when it takes no commands: what ``create_command``
+        checks first, for a caller that still has a body to parse (the API answers these before a malformed body)."""
+        self.commands.target(agent_id)
 
     async def command(self, command_id: str, *, wait_s: float = 0.0) -> CommandRecord:
         """A command as it stands; an open one once final or after ``wait_s`` seconds, whichever comes first."""
@@ -329,7 +335,7 @@ class MasterRequests:
     async def record_event(self, kind: str, subject: str, /, **data: Any) -> None:
         await self.events.record(kind, subject, **data)
 
-    async def record_events(self, events: list[tuple[str, str, dict[str, Any]]]) -> None:
+    async def record_events(self, events: list[tuple[str, str, EventData]]) -> None:
         """(kind, subject, data) each, in one write."""
         await self.events.record_many(events)
 

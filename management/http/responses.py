@@ -18,10 +18,11 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from common.containers import WireSpec
 from common.inventory import GpuReach, HostInfo
 from common.wire import BenchmarkFigures
 from management.scheduler.model import FilterCount, QuotaCheck
-from master.port import Assignment, GpuFault, Reputation, WorkloadSpec
+from master.port import Assignment, EventData, GpuFault, Reputation, WorkloadSpec
 
 # An RFC 3339 UTC time with milliseconds, as ``views.rfc3339`` writes it; null (where allowed) for "never".
 Time = Annotated[
@@ -165,7 +166,7 @@ class AgentView(View):
 class TierView(View):
     name: str
     description: str
-    criteria: dict[str, Any]
+    criteria: dict[str, Any]  # the policy file's criteria as written: open (master/tiers.py)
     examples: list[str]
 
 
@@ -176,7 +177,7 @@ class CommandView(View):
     id: str
     agent_id: str
     kind: str
-    spec: dict[str, Any]
+    spec: WireSpec  # the command's body as signed (its kind's type, encoded), secrets redacted
     state: str
     created_at: Time | None
     deadline: Time | None
@@ -185,7 +186,7 @@ class CommandView(View):
     finished_at: Time | None
     attempts: int
     key_id: str
-    result: dict[str, Any] | None
+    result: dict[str, Any] | None  # what the agent reported: its runtime's facts, open
     error: str | None
 
 
@@ -199,7 +200,7 @@ class EventView(View):
     ts: Time | None
     kind: str
     subject: str
-    data: dict[str, Any]
+    data: EventData
 
 
 class TokenView(View):

@@ -61,10 +61,13 @@ def _finite(field: str, value: float | None) -> None:
 
 
 class CreateCommand(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """POST /api/v1/commands. ``kind`` and ``spec`` are checked by the Master's command ledger."""
+    """POST /api/v1/commands. ``spec`` is the body of a ``kind`` command, checked against that kind's type: a bad one
+    is an ``invalid_command`` naming the field."""
 
     agent_id: Identifier
     kind: Identifier
+    # Open here, since its type depends on ``kind``: the grid service makes it typed once (``ContainerSpec``,
+    # ``DeleteSpec``), after the host is checked, so that a bad one answers as the command ledger always has.
     spec: dict[str, Any]
     timeout_s: Annotated[float, msgspec.Meta(gt=0, le=MAX_COMMAND_TIMEOUT_S)] | None = None
 
@@ -228,7 +231,8 @@ class EmptyQuery(msgspec.Struct, forbid_unknown_fields=True):
 
 
 def query_fields(schema: type[msgspec.Struct], query: Any) -> dict[str, Any]:
-    """A query string (a MultiDict) as a plain dict: repeatable fields as lists, others given once."""
+    """A query string (a MultiDict) as a plain dict: repeatable fields as lists, others given once. Open: it is what
+    ``msgspec.convert`` makes ``schema`` from."""
     repeatable: frozenset[str] = getattr(schema, "repeatable", frozenset())
     fields: dict[str, Any] = {}
     for name in query.keys():
@@ -300,7 +304,8 @@ def ecma_patterns(schema: Any) -> Any:
 
 
 def json_schemas() -> dict[str, Any]:
-    """JSON Schema (2020-12, as OpenAPI 3.1 uses) of every request body and list query, by struct name."""
+    """JSON Schema (2020-12, as OpenAPI 3.1 uses) of every request body and list query, by struct name: a JSON
+    document, open by nature."""
     _, components = msgspec.json.schema_components(REQUEST_SCHEMAS, ref_template="#/components/schemas/{name}")
     return ecma_patterns(components)
 

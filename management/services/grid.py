@@ -3,13 +3,23 @@ revoked certificates and the Master's health."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any
 
 import msgspec
 
 from management.services.models import KeyText, Page, Position, PositionKey, page_of, positioned_page
-from master.port import CommandRecord, EventRecord, MasterPort, RevocationRecord, SigningKeyInfo, TokenRecord, describe_tiers
+from master.port import (
+    CommandRecord,
+    EventRecord,
+    MasterPort,
+    RevocationRecord,
+    SigningKeyInfo,
+    TokenRecord,
+    command_spec,
+    describe_tiers,
+)
 
 # A page of commands is found by reading the newest ones until the cursor's position; the window grows by this
 # factor while the position lies beyond it (the store lists commands newest first, with a limit but no cursor).
@@ -49,13 +59,20 @@ class GridService:
     # --- tiers ------------------------------------------------------------------------------------------------------
 
     def list_tiers(self, *, after: PositionKey | None = None, limit: int) -> Page[dict[str, Any]]:
-        """Tiers in the policy's order (the order is meaningful: best first); the key is the position."""
+        """Tiers in the policy's order (the order is meaningful: best first); the key is the position. Each tier is
+        a JSON view (its criteria are the policy file's, open)."""
         return positioned_page(describe_tiers(self._master.policy), after, limit)
 
     # --- commands ---------------------------------------------------------------------------------------------------
 
-    async def create_command(self, agent_id: str, kind: str, spec: dict[str, Any], *, timeout_s: float | None) -> CommandRecord:
-        return await self._master.create_command(agent_id, kind, spec, timeout_s=timeout_s)
+    async def create_command(
+        self, agent_id: str, kind: str, spec: Mapping[str, Any], *, timeout_s: float | None
+    ) -> CommandRecord:
+        """A raw command: ``spec`` (the request's JSON, open until here) becomes the typed body of ``kind`` once,
+        here; InvalidCommand names the field that is wrong. An unknown host (404) or one that takes no commands
+        (409) is said first, as the command ledger always has."""
+        self._master.check_command_target(agent_id)
+        return await self._master.create_command(agent_id, command_spec(kind, spec), timeout_s=timeout_s)
 
     async def get_command(self, command_id: str, *, wait_s: float = 0.0) -> CommandRecord:
         return await self._master.command(command_id, wait_s=wait_s)

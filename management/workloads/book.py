@@ -21,10 +21,11 @@ import logging
 import secrets
 from collections import defaultdict
 from collections.abc import Callable, Collection, Iterable
-from typing import Any, Protocol
+from typing import Any, Protocol, Unpack
 
 import msgspec
 
+from common.containers import CommandSpec, DeleteSpec
 from common.egress import EgressRule
 from common.errors import Conflict, IdlegridError, InvalidTransition, NotFound
 from management.workloads.spec import DEFAULT_PRIORITY_CLASSES, check_spec
@@ -34,6 +35,7 @@ from management.workloads.states import (
     OPEN_WORKLOAD_STATES,
     WORKLOAD,
     AssignmentState,
+    WorkloadChanges,
     WorkloadState,
 )
 from management.workloads.storage import check_storage, secret_names, stop_grace
@@ -75,9 +77,7 @@ class BookMaster(Protocol):
     @property
     def secrets(self) -> SecretShelf: ...
 
-    async def create_command(
-        self, agent_id: str, kind: str, spec: dict[str, Any], *, timeout_s: float | None = None
-    ) -> CommandRecord: ...
+    async def create_command(self, agent_id: str, spec: CommandSpec, *, timeout_s: float | None = None) -> CommandRecord: ...
     async def record_event(self, kind: str, subject: str, /, **data: Any) -> None: ...
 
 
@@ -225,7 +225,9 @@ class WorkloadBook:
         self._notify("submitted", rec)
         return rec
 
-    async def transition(self, workload_id: str, event: str, reason: str, now: float, **changes: Any) -> WorkloadRecord:
+    async def transition(
+        self, workload_id: str, event: str, reason: str, now: float, **changes: Unpack[WorkloadChanges]
+    ) -> WorkloadRecord:
         """Apply ``event`` to an open workload and store it; ``changes`` sets other fields on the way (e.g.
         ``assignments``). InvalidTransition when the table has no such move (or the workload is final),
         NotFound when there is no such workload, StaleWorkload when another writer changed it first."""
@@ -248,7 +250,7 @@ class WorkloadBook:
         return rec
 
     async def _end(
-        self, rec: WorkloadRecord, event: str, reason: str, now: float, *, grace_s: float | None, changes: dict[str, Any]
+        self, rec: WorkloadRecord, event: str, reason: str, now: float, *, grace_s: float | None, changes: WorkloadChanges
     ) -> WorkloadRecord:
         """Store ``event`` with the live containers marked ``deleting``, THEN send their deletes: a Master killed in
         between leaves containers that no open workload holds (or holds as ``deleting``) with no delete under way,
@@ -302,7 +304,7 @@ class WorkloadBook:
                 self._index(updated)
             return updated
 
-    async def amend(self, workload_id: str, **changes: Any) -> WorkloadRecord:
+    async def amend(self, workload_id: str, **changes: Unpack[WorkloadChanges]) -> WorkloadRecord:
         """Store ``changes`` on an open workload without a state change (the loop notes its create commands' ids)."""
         async with self._lock:
             rec = self._open.get(workload_id)
@@ -338,7 +340,7 @@ class WorkloadBook:
         return updated
 
     async def end(
-        self, workload_id: str, event: str, reason: str, now: float, *, grace_s: float, **changes: Any
+        self, workload_id: str, event: str, reason: str, now: float, *, grace_s: float, **changes: Unpack[WorkloadChanges]
     ) -> WorkloadRecord:
         """Delete the workload's containers (SIGTERM, ``grace_s``, then SIGKILL) and apply ``event``: how the loop
         preempts, requeues, fails or finishes one. A workload sent back to the queue forgets its assignments (the
@@ -350,7 +352,9 @@ class WorkloadBook:
 
     # --- inside ------------------------------------------------------------------------------------------
 
-    async def _transition(self, workload_id: str, event: str, reason: str, now: float, changes: dict[str, Any]) -> WorkloadRecord:
+    async def _transition(
+        self, workload_id: str, event: str, reason: str, now: float, changes: WorkloadChanges
+    ) -> WorkloadRecord:
         rec = self._open.get(workload_id)
         if rec is None:
             stored = await self._store.workloads.get(workload_id)
@@ -378,9 +382,9 @@ class WorkloadBook:
         retired), each as a sentence, and records each refusal as an event."""
         refused: builtins.list[str] = []
         for a in assignments:
-            spec = {"name": a.container, "timeout_s": self._delete_grace_s if grace_s is None else grace_s}
+            spec = DeleteSpec(name=a.container, timeout_s=self._delete_grace_s if grace_s is None else grace_s)
             try:
-                await self._master.create_command(a.agent_id, "delete_container", spec, timeout_s=timeout_s)
+                await self._master.create_command(a.agent_id, spec, timeout_s=timeout_s)
             except IdlegridError as exc:
                 refused.append(f"{a.container} on {a.agent_id}: {exc}")
                 await self._master.record_event(
@@ -426,7 +430,7 @@ def pending_output(rec: WorkloadRecord, a: Assignment, now: float) -> KeptOutput
     )
 
 
-def _implied(rec: WorkloadRecord, event: str, target: str, now: float) -> dict[str, Any]:
+def _implied(rec: WorkloadRecord, event: str, target: str, now: float) -> WorkloadChanges:
     """What an event changes besides the state: timestamps and counters."""
     if event == "schedule":  # placed again: a run that ended through a host is behind it, and so is its start
         return {"scheduled_at": now, "started_at": None, "attempts": rec.attempts + 1, "host_failure": ""}

@@ -13,9 +13,11 @@ from typing import Any
 
 REJECTED = "Rejected: "  # how the scheduler core starts the sentence of a workload it can never place
 _RFC3339 = re.compile(r"(\d{4}-\d\d-\d\d)T(\d\d:\d\d:\d\d)\.\d{3}Z")
+# An API answer (or a part of one) as a client decodes it: plain JSON, which is all the CLI has of a workload.
+AnswerJson = dict[str, Any]
 
 
-def render_explanation(workload: dict[str, Any], explanation: dict[str, Any], now: datetime) -> str:
+def render_explanation(workload: AnswerJson, explanation: AnswerJson, now: datetime) -> str:
     """The explanation of ``workload``'s wait, at ``now`` (for the "in 5 min" next to each time)."""
     e = explanation
     summary = _readable(e["summary"] or "The scheduler gave no reason.")
@@ -56,11 +58,11 @@ def _readable(sentence: str) -> str:
     return _RFC3339.sub(r"\1 \2 UTC", sentence)
 
 
-def _over(quota: dict[str, Any] | None) -> bool:
+def _over(quota: AnswerJson | None) -> bool:
     return quota is not None and quota["in_use"] + quota["asked"] > quota["limit"]
 
 
-def _asks(spec: dict[str, Any]) -> str:
+def _asks(spec: AnswerJson) -> str:
     gpus = spec["replica"]["gpus"]
     models = spec["replica"]["models"]
     what = f"{gpus} GPU{'s' if gpus > 1 else ''}" + (f" ({' or '.join(models)})" if models else "")
@@ -69,14 +71,14 @@ def _asks(spec: dict[str, Any]) -> str:
     return f"{what} on one host; priority {spec['priority']}"
 
 
-def _queue(e: dict[str, Any]) -> str:
+def _queue(e: AnswerJson) -> str:
     if e["position"] == 0:
         return f"not in line ({e['queue_length']} waiting)"
     ahead = f"; just ahead: {', '.join(e['ahead'])}" if e["ahead"] else "; nothing ahead of it"
     return f"position {e['position']} of {e['queue_length']} in the order the scheduler considers them{ahead}"
 
 
-def _quota(account: str, quota: dict[str, Any] | None) -> str:
+def _quota(account: str, quota: AnswerJson | None) -> str:
     if quota is None:
         return f"account {account} has no GPU quota"
     what = "GPUs" if quota["quota"] == "gpus" else f"GPUs of tier {quota['quota'].removeprefix('tier:')}"
@@ -98,7 +100,7 @@ def _moment(stamp: str, now: datetime) -> str:
     return f"{moment.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC ({relative})"
 
 
-def _constraints(filters: list[dict[str, Any]], needed: int) -> list[str]:
+def _constraints(filters: list[AnswerJson], needed: int) -> list[str]:
     if not filters:
         return ["constraints:      not counted (the scheduler decided before it looked at single GPUs)"]
     total = filters[0]["removed"] + filters[0]["remaining"]

@@ -46,13 +46,12 @@ from __future__ import annotations
 import enum
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import msgspec
 
 from common.errors import is_renter_fault
 from management.workloads.spec import workload_of
-from management.workloads.states import GONE_ASSIGNMENT_STATES, AssignmentState, WorkloadState
+from management.workloads.states import GONE_ASSIGNMENT_STATES, AssignmentState, WorkloadChanges, WorkloadState
 from master.port import Assignment, CommandState, WorkloadRecord
 
 W = WorkloadState
@@ -124,7 +123,7 @@ class Create:
 class Advance:
     event: str
     reason: str
-    changes: Mapping[str, Any] = field(default_factory=dict)
+    changes: WorkloadChanges = field(default_factory=WorkloadChanges)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +131,7 @@ class End:
     event: str
     reason: str
     grace_s: float
-    changes: Mapping[str, Any] = field(default_factory=dict)
+    changes: WorkloadChanges = field(default_factory=WorkloadChanges)
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,14 +304,14 @@ def _failed(
 ) -> tuple[Action, ...]:
     """A replica failed: restart (back to the queue) while the restart policy allows, otherwise fail.
     ``host_failure`` ("<agent id>: why"): it failed through that host (a container that did not start there)."""
-    blame: dict[str, Any] = {"host_failure": host_failure} if host_failure else {}
+    blame = WorkloadChanges(host_failure=host_failure) if host_failure else WorkloadChanges()
     if start_failed_on is not None:
         blame["start_failed_on"] = start_failed_on
     if rec.spec.restart_policy_in_force in RESTARTING_POLICIES and rec.restarts < rec.spec.max_restarts:
         restarts = rec.restarts + 1
         why = f"{reason}; restart {restarts} of {rec.spec.max_restarts}"
         return (End("requeue", why, policy.grace_s, {"restarts": restarts} | blame),)
-    codes: dict[str, Any] = {} if exit_codes is None else {"exit_codes": exit_codes}
+    codes = WorkloadChanges() if exit_codes is None else WorkloadChanges(exit_codes=exit_codes)
     return (End("fail" if rec.state == W.RUNNING else "start_failed", reason, 0.0, codes | blame),)
 
 

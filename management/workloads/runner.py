@@ -28,11 +28,10 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import msgspec
 
-from common.containers import wire_spec
+from common.containers import DeleteSpec
 from common.errors import IdlegridError, NotFound
 from common.nebula import decode_cert_pem, fingerprint
 from common.overlay import MAX_BLOCKLIST, OverlaySpec
@@ -63,7 +62,7 @@ from management.workloads.lifecycle import (
     TakeOver,
 )
 from management.workloads.spec import InvalidWorkloadSpec, container_name, container_spec
-from management.workloads.states import HOLDING_STATES, AssignmentState, WorkloadState
+from management.workloads.states import HOLDING_STATES, AssignmentState, WorkloadChanges, WorkloadState
 from management.workloads.storage import container_storage, secret_names
 from master.port import AgentRecord, AgentState, Assignment, CommandRecord, MasterConfig, MasterPort, WorkloadRecord, WorkloadSpec
 
@@ -380,7 +379,7 @@ class SchedulerLoop:
         rec = await self.book.get(workload_id)
         if rec.state not in HOLDING_STATES:
             return 0
-        changes: dict[str, Any] = {} if restarts is None else {"restarts": restarts}
+        changes = WorkloadChanges() if restarts is None else WorkloadChanges(restarts=restarts)
         if host_failure:
             changes["host_failure"] = host_failure
         await self.book.end(rec.id, "requeue", reason, now, grace_s=self.settings.grace_s, **changes)
@@ -467,12 +466,11 @@ class SchedulerLoop:
                 storage = container_storage(rec.spec, secrets, a.replica)
                 password = self.master.secrets.unseal(rec.sealed_registry_password) if rec.sealed_registry_password else None
                 spec = container_spec(rec, a, overlay, secrets=secrets, storage=storage, registry_password=password)
-                body = wire_spec(spec)
             except (NotFound, InvalidWorkloadSpec) as exc:
                 unusable = End("start_failed", f"did not start: {exc}", self.lifecycle_policy.grace_s)
                 return await self._carry(rec, unusable, now)
             try:
-                command = await self.master.create_command(a.agent_id, "create_container", body, timeout_s=action.timeout_s)
+                command = await self.master.create_command(a.agent_id, spec, timeout_s=action.timeout_s)
             except IdlegridError as exc:
                 refused = lifecycle.create_refused(rec, a.agent_id, str(exc), self.lifecycle_policy)
                 return await self._carry(rec, refused, now)
@@ -499,9 +497,9 @@ class SchedulerLoop:
         deletes, self._strays = lifecycle.strays(self.book.open_workloads(), hosts, deleting, self._strays, now)
         issued = 0
         for stray in deletes:
-            spec = {"name": stray.container, "timeout_s": self.settings.grace_s}
+            spec = DeleteSpec(name=stray.container, timeout_s=self.settings.grace_s)
             try:
-                await self.master.create_command(stray.agent_id, "delete_container", spec)
+                await self.master.create_command(stray.agent_id, spec)
             except IdlegridError as exc:
                 log.warning("stray container %s on %s not deleted: %s", stray.container, stray.agent_id, exc)
                 continue

@@ -18,6 +18,7 @@ queued -> failed ("reject": it can never fit), and "cancel" from every state tha
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TypedDict
 
 from management.workloads.state_names import (
     FINAL_WORKLOAD_STATES,
@@ -29,7 +30,7 @@ from management.workloads.state_names import (
     W,
     WorkloadState,
 )
-from master.port import StateMachine
+from master.port import Assignment, StateMachine
 
 __all__ = [
     "FINAL_WORKLOAD_STATES",
@@ -39,6 +40,7 @@ __all__ = [
     "WORKLOAD",
     "WORKLOAD_STATES",
     "AssignmentState",
+    "WorkloadChanges",
     "WorkloadState",
     "allowed_events",
 ]
@@ -67,6 +69,29 @@ WORKLOAD = StateMachine(
         ]
     ),
 )
+
+
+class WorkloadChanges(TypedDict, total=False):
+    """What a transition (``WorkloadBook.transition``, ``end``) or an amendment (``amend``) may set on a workload
+    besides its state: the fields of ``WorkloadRecord`` less the book's fixed ones (book.py ``_FIXED_FIELDS``: identity,
+    what was asked, what the book keeps itself), each with its field's type. tests/management/workloads/test_states.py
+    keeps the two lists in step with the record."""
+
+    attempts: int
+    scheduled_at: float | None
+    started_at: float | None
+    finished_at: float | None
+    assignments: list[Assignment]
+    restarts: int
+    preemptions: int
+    preempted_for: str
+    exit_codes: list[int]
+    host_failure: str
+    start_failed_on: list[str]
+    network: str
+    overlay_issued: list[str]
+    detail: str
+    sealed_registry_password: str
 
 
 def allowed_events(state: str) -> Mapping[str, str]:

@@ -192,7 +192,7 @@ async def test_a_fleet_of_real_agents_gets_ready_reports_and_runs_each_command_o
         assert not gc.isenabled()
 
         target = agent_ids[0]
-        record = await master.commands.create(target, "create_container", {"name": "c1", "image": "bench/none"})
+        record = await master.commands.create(target, ContainerSpec(name="c1", image="bench/none"))
         assert await _final(master, record.id) == "succeeded"
         await master.commands.resend_for(target)  # a resend of a finished command: answered, not run again
         await asyncio.sleep(1.5)  # a heartbeat or so, for telemetry and the resend to arrive
@@ -231,7 +231,7 @@ async def test_failures_of_the_simulated_runtime_reach_the_master_as_failed_comm
     await fleet.start()
     try:
         assert await fleet.wait_ready(20)
-        record = await master.commands.create(agent_ids[0], "create_container", {"name": "c1", "image": "bench/none"})
+        record = await master.commands.create(agent_ids[0], ContainerSpec(name="c1", image="bench/none"))
         assert await _final(master, record.id) == "failed"
         assert "simulated create failure" in ((await master.commands.get(record.id)).error or "")
         assert fleet.stats()["failed_executions"] == 1

@@ -106,6 +106,22 @@ async def test_bad_commands_get_clear_json_errors(api, body, status, code):
     assert (await response.json())["error"]["code"] == code
 
 
+async def test_a_malformed_spec_is_refused_at_the_edge_naming_its_field_after_the_host_is_checked(api):
+    """The API makes the raw spec typed once (services/grid.py); what it answers is what the command ledger answered
+    when it checked the dict itself: the host first (unknown 404, retired 409), then the spec, naming the field."""
+    await add_agent(api.master, "agt-a", "a10:1")
+    bad = {"agent_id": "agt-a", "kind": "create_container", "spec": {"name": "not a name!", "image": "i"}}
+    refused = await api.post("/api/v1/commands", headers=api.auth, json=bad)
+    assert refused.status == 400
+    error = (await refused.json())["error"]
+    assert error["code"] == "invalid_command"
+    assert error["message"].startswith("invalid create_container spec: Expected `str` matching regex")
+    assert error["message"].endswith("- at `$.name`")
+    await api.post("/api/v1/agents/agt-a/revoke", headers=api.auth)
+    assert (await api.post("/api/v1/commands", headers=api.auth, json=bad)).status == 409
+    assert (await api.master.list_commands(agent_id="agt-a")) == []
+
+
 async def test_a_command_for_an_unreachable_agent_is_accepted_and_stays_pending(api):
     await add_agent(api.master, "agt-a", "a10:1")
     response = await api.post(

@@ -3,6 +3,7 @@ host reports a simulated A100 split into instances)."""
 
 from __future__ import annotations
 
+from common.containers import ContainerSpec
 from tests.management.hosts import add_agent
 
 
@@ -10,7 +11,7 @@ async def test_a_split_gpu_shows_its_instances_and_who_holds_each(api):
     await add_agent(api.master, "agt-a", "a100:1:mig=3g.40gb+2g.20gb+1g.10gb*2")
     [gpu] = api.master.registry.gpus_of("agt-a")
     big, _, small, _ = (m.uuid for m in gpu.info.mig_instances)
-    await api.master.create_command("agt-a", "create_container", {"name": "job-1", "image": "none", "gpus": [small]})
+    await api.master.create_command("agt-a", ContainerSpec(name="job-1", image="none", gpus=[small]))
 
     [shown] = (await (await api.get("/api/v1/gpus", headers=api.auth)).json())["items"]
 
@@ -27,7 +28,7 @@ async def test_a_split_gpu_shows_its_instances_and_who_holds_each(api):
 
 async def test_a_gpu_without_mig_shows_mig_off_and_its_whole_holder(api):
     await add_agent(api.master, "agt-a", "l4:1")
-    await api.master.create_command("agt-a", "create_container", {"name": "job-1", "image": "none", "gpus": ["0"]})
+    await api.master.create_command("agt-a", ContainerSpec(name="job-1", image="none", gpus=["0"]))
 
     [shown] = (await (await api.get("/api/v1/gpus", headers=api.auth)).json())["items"]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
+from common.containers import ContainerSpec
 from common.wire import AgentEvent, AgentEventKind, Error
 from master.config import MasterConfig
 from master.master import Master
@@ -49,7 +50,7 @@ async def test_a_storage_report_is_recorded_under_the_workload_only_from_the_hos
     link = relay_link()
     await connect(master, link, "agt-a")
     await connect(master, link, "agt-b")
-    await master.create_command("agt-b", "create_container", {"name": "wl-00aa-r0-a1", "image": "busybox"})
+    await master.create_command("agt-b", ContainerSpec(name="wl-00aa-r0-a1", image="busybox"))
     upload = StorageActivity(what="checkpoint_uploaded", workload_id="wl-00aa", bytes=5, total_bytes=9, taken_at=2.0)
 
     def report(container: str, activity: StorageActivity = upload) -> AgentEvent:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from common.containers import ContainerSpec, DeleteSpec
 from common.errors import Conflict
 from common.wire import CommandResult
 from master.allocations import DUPLICATE_UUID_FLAG, GpuAllocations, Hold, gpu_state_for, offered
@@ -119,9 +120,9 @@ def test_renters_are_offered_only_available_gpus_on_hosts_that_isolate_workloads
 async def test_two_creates_naming_one_gpu_the_second_is_refused_before_dispatch(master):
     link = relay_link()
     await connect(master, link, "agt-a")
-    first = await master.create_command("agt-a", "create_container", {"name": "job-1", "image": "none", "gpus": ["GPU-h100-0"]})
+    first = await master.create_command("agt-a", ContainerSpec(name="job-1", image="none", gpus=["GPU-h100-0"]))
     with pytest.raises(Conflict, match="held by container 'job-1'"):
-        await master.create_command("agt-a", "create_container", {"name": "job-2", "image": "none", "gpus": ["0"]})
+        await master.create_command("agt-a", ContainerSpec(name="job-2", image="none", gpus=["0"]))
     assert [c.id for c in await master.list_commands(agent_id="agt-a")] == [first.id]  # nothing stored, nothing sent
     assert master.registry.gpus["GPU-h100-0"].state == "reserved"
 
@@ -130,39 +131,39 @@ async def test_a_gpu_not_on_the_host_is_refused(master):
     link = relay_link()
     await connect(master, link, "agt-a")
     with pytest.raises(Conflict, match="not on host agt-a"):
-        await master.create_command("agt-a", "create_container", {"name": "j", "image": "none", "gpus": ["GPU-elsewhere"]})
+        await master.create_command("agt-a", ContainerSpec(name="j", image="none", gpus=["GPU-elsewhere"]))
 
 
-def spec(name: str, *gpu_names: str) -> dict:
-    return {"name": name, "image": "none", "gpus": list(gpu_names)}
+def spec(name: str, *gpu_names: str) -> ContainerSpec:
+    return ContainerSpec(name=name, image="none", gpus=list(gpu_names))
 
 
 async def test_deleting_one_container_leaves_the_other_containers_gpu_busy(master):
     link = relay_link()
     await connect(master, link, "agt-a")
-    one = await master.create_command("agt-a", "create_container", spec("job-1", "GPU-h100-0"))
-    two = await master.create_command("agt-a", "create_container", spec("job-2", "GPU-h100-1"))
+    one = await master.create_command("agt-a", spec("job-1", "GPU-h100-0"))
+    two = await master.create_command("agt-a", spec("job-2", "GPU-h100-1"))
     for command in (one, two):
         await relay(master, link, "agt-a", CommandResult(id=command.id, ok=True))
-    delete = await master.create_command("agt-a", "delete_container", {"name": "job-1"})
+    delete = await master.create_command("agt-a", DeleteSpec(name="job-1"))
     await relay(master, link, "agt-a", CommandResult(id=delete.id, ok=True))
 
     states = {g.uuid: g.state for g in master.gpus("agt-a")}
     assert states == {"GPU-h100-0": "available", "GPU-h100-1": "busy"}
     assert master.allocations.holder("GPU-h100-1") == Hold("agt-a", "job-2", two.id, running=True)
     # The freed GPU can be given again; the held one still cannot.
-    await master.create_command("agt-a", "create_container", spec("job-3", "GPU-h100-0"))
+    await master.create_command("agt-a", spec("job-3", "GPU-h100-0"))
     with pytest.raises(Conflict):
-        await master.create_command("agt-a", "create_container", spec("job-4", "GPU-h100-1"))
+        await master.create_command("agt-a", spec("job-4", "GPU-h100-1"))
 
 
 async def test_a_failed_create_frees_its_gpu(master):
     link = relay_link()
     await connect(master, link, "agt-a")
-    failed = await master.create_command("agt-a", "create_container", spec("job-1", "GPU-h100-0"))
+    failed = await master.create_command("agt-a", spec("job-1", "GPU-h100-0"))
     await relay(master, link, "agt-a", CommandResult(id=failed.id, ok=False, error="image not found"))
     assert master.registry.gpus["GPU-h100-0"].state == "available"
-    await master.create_command("agt-a", "create_container", spec("job-2", "GPU-h100-0"))
+    await master.create_command("agt-a", spec("job-2", "GPU-h100-0"))
 
 
 async def test_holds_survive_a_master_restart(tmp_path):
@@ -172,9 +173,9 @@ async def test_holds_survive_a_master_restart(tmp_path):
     try:
         link = relay_link()
         await connect(first, link, "agt-a")
-        running = await first.create_command("agt-a", "create_container", spec("job-1", "GPU-h100-0"))
+        running = await first.create_command("agt-a", spec("job-1", "GPU-h100-0"))
         await relay(first, link, "agt-a", CommandResult(id=running.id, ok=True))
-        pending = await first.create_command("agt-a", "create_container", spec("job-2", "1"))
+        pending = await first.create_command("agt-a", spec("job-2", "1"))
     finally:
         await first.stop()
 
@@ -187,6 +188,6 @@ async def test_holds_survive_a_master_restart(tmp_path):
         await connect(again, link, "agt-a")
         assert {g.uuid: g.state for g in again.gpus("agt-a")} == {"GPU-h100-0": "busy", "GPU-h100-1": "reserved"}
         with pytest.raises(Conflict):
-            await again.create_command("agt-a", "create_container", spec("job-3", "GPU-h100-0"))
+            await again.create_command("agt-a", spec("job-3", "GPU-h100-0"))
     finally:
         await again.stop()

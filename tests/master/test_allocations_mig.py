@@ -6,6 +6,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from common.containers import ContainerSpec
 from common.errors import Conflict
 from common.inventory import GpuInfo, MigInstance
 from common.wire import CommandResult
@@ -102,20 +103,20 @@ def test_an_instance_is_resolved_on_its_host_and_goes_down_with_a_faulty_gpu():
 # --- through the real Master ---------------------------------------------------------------------------------
 
 
-def spec(name: str, *gpu_names: str) -> dict:
-    return {"name": name, "image": "none", "gpus": list(gpu_names)}
+def spec(name: str, *gpu_names: str) -> ContainerSpec:
+    return ContainerSpec(name=name, image="none", gpus=list(gpu_names))
 
 
 async def test_a_create_names_mig_instances_and_the_gpu_shows_busy_while_one_runs(master):
     link = relay_link()
     await connect(master, link, "agt-a", host_gpus())
-    first = await master.create_command("agt-a", "create_container", spec("a", MIG[0]))
+    first = await master.create_command("agt-a", spec("a", MIG[0]))
     await relay(master, link, "agt-a", CommandResult(id=first.id, ok=True))
-    await master.create_command("agt-a", "create_container", spec("b", MIG[1]))
+    await master.create_command("agt-a", spec("b", MIG[1]))
     with pytest.raises(Conflict, match="its MIG instance"):
-        await master.create_command("agt-a", "create_container", spec("whole", "GPU-h100-0"))
+        await master.create_command("agt-a", spec("whole", "GPU-h100-0"))
     with pytest.raises(Conflict, match="not on host agt-a"):
-        await master.create_command("agt-a", "create_container", spec("ghost", "MIG-elsewhere"))
+        await master.create_command("agt-a", spec("ghost", "MIG-elsewhere"))
     assert master.registry.gpus["GPU-h100-0"].state == "busy"
     assert master.registry.agents["agt-a"].containers == {"a": [MIG[0]]}
 
@@ -127,9 +128,9 @@ async def test_mig_holds_survive_a_master_restart_and_keep_excluding(tmp_path):
     try:
         link = relay_link()
         await connect(first, link, "agt-a", host_gpus())
-        running = await first.create_command("agt-a", "create_container", spec("a", MIG[0]))
+        running = await first.create_command("agt-a", spec("a", MIG[0]))
         await relay(first, link, "agt-a", CommandResult(id=running.id, ok=True))
-        pending = await first.create_command("agt-a", "create_container", spec("b", MIG[2]))
+        pending = await first.create_command("agt-a", spec("b", MIG[2]))
     finally:
         await first.stop()
 
@@ -139,8 +140,8 @@ async def test_mig_holds_survive_a_master_restart_and_keep_excluding(tmp_path):
         assert again.allocations.holder(MIG[0]) == Hold("agt-a", "a", "", running=True)
         assert again.allocations.holder(MIG[2]) == Hold("agt-a", "b", pending.id, running=False)
         with pytest.raises(Conflict, match="its MIG instance"):
-            await again.create_command("agt-a", "create_container", spec("whole", "GPU-h100-0"))
-        await again.create_command("agt-a", "create_container", spec("c", MIG[1]))  # the free one is still free
+            await again.create_command("agt-a", spec("whole", "GPU-h100-0"))
+        await again.create_command("agt-a", spec("c", MIG[1]))  # the free one is still free
     finally:
         await again.stop()
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from common.containers import DeleteSpec
 from common.wire import CommandResult
 from master.config import MasterConfig
 from master.master import Master
@@ -21,7 +22,7 @@ async def test_a_command_the_master_saw_finish_reads_final_while_its_record_is_s
 ) -> None:
     link = relay_link()
     await connect(master, link, "agt-a")
-    command = await master.create_command("agt-a", "delete_container", {"name": "job-1"})
+    command = await master.create_command("agt-a", DeleteSpec(name="job-1"))
     store = master.store.commands
     put = store.put
     gate, writing = asyncio.Event(), asyncio.Event()
@@ -48,7 +49,7 @@ async def test_a_command_the_master_saw_finish_reads_final_while_its_record_is_s
 async def test_a_final_write_that_fails_leaves_the_read_to_the_store(master: Master, monkeypatch: pytest.MonkeyPatch) -> None:
     link = relay_link()
     await connect(master, link, "agt-a")
-    command = await master.create_command("agt-a", "delete_container", {"name": "job-1"})
+    command = await master.create_command("agt-a", DeleteSpec(name="job-1"))
     store = master.store.commands
     put = store.put
 
@@ -71,7 +72,7 @@ async def test_a_read_waiting_for_a_commands_end_answers_when_the_master_stops(t
     try:
         link = relay_link()
         await connect(master, link, "agt-a")
-        command = await master.create_command("agt-a", "delete_container", {"name": "job-1"})
+        command = await master.create_command("agt-a", DeleteSpec(name="job-1"))
         waiting = asyncio.create_task(master.command(command.id, wait_s=60))
         await asyncio.sleep(0.05)
         assert not waiting.done()  # the command is open: the read waits
@@ -102,7 +103,7 @@ async def test_a_stored_command_goes_out_without_waiting_for_its_event_to_be_wri
         return await append(record)
 
     monkeypatch.setattr(events, "append", slow_created)
-    creating = asyncio.create_task(master.create_command("agt-a", "delete_container", {"name": "job-1"}))
+    creating = asyncio.create_task(master.create_command("agt-a", DeleteSpec(name="job-1")))
     for _ in range(100):
         if any(isinstance(f, Command) for f in to_agent(link, "agt-a")):
             break

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from common.containers import parse_create_spec
+from common.containers import ContainerSpec, parse_create_spec
 from common.wire import Command, CommandResult
 from master.command_secrets import SEALED, join, split
 from master.config import MasterConfig
@@ -175,7 +175,7 @@ async def test_a_master_whose_secrets_key_cannot_open_a_stored_create_does_not_s
     link = relay_link()
     await connect(first, link, "agt-a")
     await disconnect(first, link, "agt-a")
-    record = await first.commands.create("agt-a", "create_container", {"name": "c1", "image": "busybox", "env": {"T": "v"}})
+    record = await first.commands.create("agt-a", ContainerSpec(name="c1", image="busybox", env={"T": "v"}))
     await first.stop()
     key = tmp_path / "master" / "pki" / "secrets.key"
     key.unlink()  # a Master given another key (one not copied with the CA)

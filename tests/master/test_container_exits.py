@@ -5,18 +5,19 @@ from __future__ import annotations
 
 import time
 
+from common.containers import ContainerSpec, DeleteSpec
 from common.wire import AgentEvent, AgentEventKind, CommandResult, Heartbeat
 from master.changes import CommandFinished, ContainerExited, HostChanged
 from master.master import Master
 from tests.master.linked import connect, disconnect, events, relay, relay_link
 
-SPEC = {"name": "job", "image": "none", "gpus": ["GPU-h100-0"]}
+SPEC = ContainerSpec(name="job", image="none", gpus=["GPU-h100-0"])
 
 
 async def running_job(master: Master):
     link = relay_link()
     await connect(master, link, "agt-a")
-    create = await master.create_command("agt-a", "create_container", SPEC)
+    create = await master.create_command("agt-a", SPEC)
     await relay(master, link, "agt-a", CommandResult(id=create.id, ok=True))
     await relay(master, link, "agt-a", Heartbeat(seq=1, ts=time.time(), running=["job"]))
     return link
@@ -39,7 +40,7 @@ async def test_an_exit_in_a_heartbeat_is_recorded_once_and_the_gpus_stay_held_un
     assert changes.get_nowait() == HostChanged(agent_id="agt-a", state="ready", previous="busy", reason="no container running")
     assert changes.get_nowait() is None  # the repeat announced nothing
 
-    delete = await master.create_command("agt-a", "delete_container", {"name": "job"})
+    delete = await master.create_command("agt-a", DeleteSpec(name="job"))
     await relay(master, link, "agt-a", CommandResult(id=delete.id, ok=True))
     assert agent.exited == {} and agent.containers == {}
     assert master.registry.gpus["GPU-h100-0"].state == "available"
@@ -66,12 +67,12 @@ async def test_the_feed_announces_hosts_going_and_coming_and_every_final_command
     assert changes.get_nowait() == HostChanged(
         agent_id="agt-a", state="ready", previous="enrolled", reason="connected through relay-a"
     )
-    failed = await master.create_command("agt-a", "create_container", SPEC)
+    failed = await master.create_command("agt-a", SPEC)
     await relay(master, link, "agt-a", CommandResult(id=failed.id, ok=False, error="image not found"))
     assert changes.get_nowait() == CommandFinished(
         command_id=failed.id, agent_id="agt-a", kind="create_container", state="failed", container="job", error="image not found"
     )
-    timed_out = await master.create_command("agt-a", "create_container", SPEC, timeout_s=0.01)
+    timed_out = await master.create_command("agt-a", SPEC, timeout_s=0.01)
     await master.commands.expire(time.time() + 1)
     finished = changes.get_nowait()
     assert isinstance(finished, CommandFinished) and (finished.command_id, finished.state) == (timed_out.id, "timed_out")

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from common.containers import ContainerSpec
 from common.errors import Conflict
 from common.inventory import GpuSample, Inventory
 from common.wire import PROTOCOL_VERSIONS, AgentEvent, AgentEventKind, Hello, Telemetry
@@ -60,7 +61,7 @@ async def test_a_fatal_xid_makes_the_gpu_faulty_with_its_reason_not_offered_and_
     assert transition.data["reason"].startswith("Xid 79")
     assert changes.get_nowait() == GpuHealthChanged(uuid=GPU0, agent_id="agt-a", healthy=False, reason=gpu.fault.reason)
     with pytest.raises(Conflict, match="faulty"):
-        await master.create_command("agt-a", "create_container", {"name": "job", "image": "none", "gpus": [GPU0]})
+        await master.create_command("agt-a", ContainerSpec(name="job", image="none", gpus=[GPU0]))
 
 
 async def test_an_agent_cannot_fault_another_hosts_gpu(master):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from common.containers import ContainerSpec
 from common.errors import Conflict
 from common.inventory import GpuReach, Inventory
 from common.wire import PROTOCOL_VERSIONS, Hello
@@ -38,7 +39,7 @@ async def test_a_gpu_that_did_not_reach_a_container_is_not_offered_until_a_later
     assert master.offered(fine) and fine.state == "available"
     assert not master.offered(broken) and broken.state == "offline" and GPU_UNREACHABLE_FLAG in broken.flags
     with pytest.raises(Conflict, match="self-test"):
-        await master.create_command("agt-a", "create_container", {"name": "j", "image": "none", "gpus": ["GPU-h100-1"]})
+        await master.create_command("agt-a", ContainerSpec(name="j", image="none", gpus=["GPU-h100-1"]))
 
     fixed = [GpuReach(uuid=f"GPU-h100-{i}", reachable=True, detail="seen in a docker container") for i in range(2)]
     await relay(master, link, "agt-a", hello_with_reach(2, fixed))

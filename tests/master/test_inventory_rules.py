@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from common.containers import ContainerSpec
 from common.errors import Conflict
 from common.wire import Error, Welcome
 from master.config import MasterConfig
@@ -49,8 +50,8 @@ async def test_a_uuid_another_host_holds_stays_with_it_and_only_the_claimant_is_
     assert (stored.agent_id, stored.flags) == ("agt-a", [])
     assert (master.agent("agt-a").gpus_flagged, master.agent("agt-b").gpus_flagged) == (0, 1)
     with pytest.raises(Conflict, match="another host holds it"):
-        await master.create_command("agt-b", "create_container", {"name": "j", "image": "none", "gpus": ["GPU-h100-0"]})
-    await master.create_command("agt-a", "create_container", {"name": "j", "image": "none", "gpus": ["GPU-h100-0"]})
+        await master.create_command("agt-b", ContainerSpec(name="j", image="none", gpus=["GPU-h100-0"]))
+    await master.create_command("agt-a", ContainerSpec(name="j", image="none", gpus=["GPU-h100-0"]))
     [flagged] = await events(master, "gpu.duplicate_uuid")
     assert flagged.data == {"agent_id": "agt-b", "owner": "agt-a"}
 
@@ -208,7 +209,7 @@ async def test_gpus_that_left_the_pool_stay_gone_after_a_restart(tmp_path):
 async def test_a_revoked_hosts_gpus_leave_the_pool_and_may_be_reported_by_their_new_host(master):
     link = relay_link()
     await connect(master, link, "agt-a", gpus(2))
-    running = await master.create_command("agt-a", "create_container", {"name": "j", "image": "none", "gpus": ["0"]})
+    running = await master.create_command("agt-a", ContainerSpec(name="j", image="none", gpus=["0"]))
     await master.revoke("agt-a")
     assert master.gpus("agt-a") == [] and master.gpus() == []
     assert master.allocations.holder("GPU-h100-0") is None

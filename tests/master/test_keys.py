@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from common.containers import DeleteSpec
 from common.errors import Conflict, IdlegridError, NotFound, PKIError, SignatureError
 from common.pki import (
     CertificateAuthority,
@@ -143,10 +144,10 @@ async def test_operators_rotate_list_and_retire_keys_through_the_api(api):
 async def test_new_commands_are_signed_with_the_current_key_and_open_ones_re_signed_when_theirs_retires(api):
     master = api.master
     await add_agent(master, "agt-a")
-    before = await master.commands.create("agt-a", "delete_container", {"name": "x"})  # pending: agent not connected
+    before = await master.commands.create("agt-a", DeleteSpec(name="x"))  # pending: agent not connected
     old = before.key_id
     new = (await master.rotate_signing_key()).key_id
-    after = await master.commands.create("agt-a", "delete_container", {"name": "y"})
+    after = await master.commands.create("agt-a", DeleteSpec(name="y"))
     assert after.key_id == new and before.key_id == old  # rotation alone re-signs nothing
 
     await master.retire_signing_key(old)

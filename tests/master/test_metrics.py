@@ -7,6 +7,7 @@ import subprocess
 
 from prometheus_client import generate_latest
 
+from common.containers import ContainerSpec
 from common.wire import CommandResult, Heartbeat
 from tests.master.linked import connect, relay, relay_link
 
@@ -15,7 +16,7 @@ async def test_fleet_gauges_and_counters_are_in_the_masters_registry(master):
     link = relay_link()
     await connect(master, link, "agt-a")
     await relay(master, link, "agt-a", Heartbeat(seq=1, ts=0.0))
-    done = await master.create_command("agt-a", "create_container", {"name": "j", "image": "none", "gpus": ["0"]})
+    done = await master.create_command("agt-a", ContainerSpec(name="j", image="none", gpus=["0"]))
     await relay(master, link, "agt-a", CommandResult(id=done.id, ok=True))
     await master.channel.on_link_opened(link)
 

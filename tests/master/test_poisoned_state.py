@@ -7,6 +7,7 @@ import sqlite3
 
 import pytest
 
+from common.containers import DeleteSpec
 from master.commands import InvalidCommand
 from master.config import MasterConfig
 from master.master import Master
@@ -17,7 +18,7 @@ from tests.master.linked import connect, enrolled, events, relay_link
 async def test_the_ledger_refuses_a_timeout_that_is_not_a_positive_number(master, timeout_s):
     await enrolled(master, "agt-a")
     with pytest.raises(InvalidCommand, match="timeout_s must be a positive number of seconds"):
-        await master.create_command("agt-a", "delete_container", {"name": "j"}, timeout_s=timeout_s)
+        await master.create_command("agt-a", DeleteSpec(name="j"), timeout_s=timeout_s)
     assert await master.list_commands() == []
 
 
@@ -27,8 +28,8 @@ async def test_a_record_the_store_cannot_decode_leaves_everything_else_served(tm
     await first.start()
     try:
         await connect(first, relay_link(), "agt-a")
-        good = await first.create_command("agt-a", "delete_container", {"name": "j"})
-        bad = await first.create_command("agt-a", "delete_container", {"name": "k"})
+        good = await first.create_command("agt-a", DeleteSpec(name="j"))
+        bad = await first.create_command("agt-a", DeleteSpec(name="k"))
     finally:
         await first.stop()
     with sqlite3.connect(tmp_path / "master.db") as db:  # what NaN became in JSON: null, which no float decodes from
@@ -42,6 +43,6 @@ async def test_a_record_the_store_cannot_decode_leaves_everything_else_served(tm
         if good.id not in again.commands.open:  # this store fails the whole list: the Master says so and goes on
             [problem] = await events(again, "master.load_failed")
             assert problem.subject == "commands"
-        await again.create_command("agt-a", "delete_container", {"name": "m"})
+        await again.create_command("agt-a", DeleteSpec(name="m"))
     finally:
         await again.stop()

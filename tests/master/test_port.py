@@ -27,5 +27,5 @@ async def test_a_running_master_has_every_member_of_the_port(master: Master) -> 
 def test_the_port_lists_what_it_re_exports() -> None:
     exported = {name for name in vars(port) if not name.startswith("_")} - {"annotations", "Any", "Protocol"}
     exported -= {"Awaitable", "Callable", "Collection", "Iterable", "Sequence"}  # its signatures' types
-    exported -= {"AccessStats", "GpuSample", "RelayEntry", "TunnelKind"}
+    exported -= {"AccessStats", "CommandSpec", "GpuSample", "RelayEntry", "TunnelKind"}
     assert exported <= set(port.__all__)

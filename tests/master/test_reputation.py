@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from common.containers import ContainerSpec
 from common.errors import InvalidRating
 from common.wire import BenchmarkFigures, CommandResult
 from master.records import AgentRecord, GpuVerification
@@ -118,9 +119,9 @@ async def test_a_rating_is_counted_and_recorded_and_one_outside_1_to_5_is_refuse
 async def test_container_creates_that_fail_on_the_host_lower_container_success(master):
     link = relay_link()
     await connect(master, link, "agt-a")
-    ok = await master.create_command("agt-a", "create_container", {"name": "c1", "image": "none", "gpus": ["0"]})
+    ok = await master.create_command("agt-a", ContainerSpec(name="c1", image="none", gpus=["0"]))
     await relay(master, link, "agt-a", CommandResult(id=ok.id, ok=True))
-    bad = await master.create_command("agt-a", "create_container", {"name": "c2", "image": "none", "gpus": ["1"]})
+    bad = await master.create_command("agt-a", ContainerSpec(name="c2", image="none", gpus=["1"]))
     await relay(master, link, "agt-a", CommandResult(id=bad.id, ok=False, error="image pull failed"))
     agent_now = master.agent("agt-a")
     assert (agent_now.containers_started, agent_now.containers_failed) == (1, 1)

@@ -9,6 +9,7 @@ import pytest
 from agent.benchmark.responder import VerificationResponder
 from agent.benchmark.simulated import SimulatedBenchmark
 from common.catalog import CATALOG
+from common.containers import ContainerSpec
 from common.errors import Conflict
 from common.wire import VerifyChallenge, VerifyReveal
 from master.records import GpuVerification
@@ -52,12 +53,12 @@ async def test_a_gpu_under_verification_is_reserved_and_a_renters_container_wait
     await master.verifier.request("agt-a")
     assert master.registry.gpus[UUID].state == "reserved"  # nothing is placed on it while the benchmark runs
     with pytest.raises(Conflict):
-        await master.create_command("agt-a", "create_container", {"name": "job", "image": "none", "gpus": ["0"]})
+        await master.create_command("agt-a", ContainerSpec(name="job", image="none", gpus=["0"]))
     await answer(master, link, "agt-a", honest_responder())
     gpu = master.registry.gpus[UUID]
     assert gpu.state == "available" and gpu.verification is not None and gpu.verification.status == "verified"
     assert gpu.verification.simulated  # a simulated card's pass: shown "simulated", never "verified"
-    await master.create_command("agt-a", "create_container", {"name": "job", "image": "none", "gpus": ["0"]})
+    await master.create_command("agt-a", ContainerSpec(name="job", image="none", gpus=["0"]))
     runs = [e for e in await events(master, "gpu.verification", UUID) if e.kind == "gpu.verification"]
     assert [r.data["status"] for r in runs] == ["verified"]  # the history the API and the console show
 
@@ -65,7 +66,7 @@ async def test_a_gpu_under_verification_is_reserved_and_a_renters_container_wait
 async def test_an_operator_cannot_verify_a_gpu_a_renter_holds(master):
     link = relay_link()
     await connect_benchmarking(master, link, "agt-a")
-    await master.create_command("agt-a", "create_container", {"name": "job", "image": "none", "gpus": ["0"]})
+    await master.create_command("agt-a", ContainerSpec(name="job", image="none", gpus=["0"]))
     with pytest.raises(Conflict, match="held by a renter"):
         await master.verifier.request("agt-a")
     assert not [f for f in to_agent(link, "agt-a") if isinstance(f, VerifyChallenge)]

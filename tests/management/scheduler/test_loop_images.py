@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from common.containers import RegistryAuth
+from common.containers import DeleteSpec, RegistryAuth
 from common.inventory import ImageSource
 from common.wire import AgentEvent, AgentEventKind, CommandResult
 from management.http.responses import RegistryAuthView
@@ -165,7 +165,7 @@ async def test_registry_credentials_reach_the_host_and_no_answer_shows_the_passw
 
 async def test_only_a_create_can_fail_through_the_renter_a_delete_claiming_so_is_the_hosts(master, link):
     await host(master, link, "agt-a")
-    command = await master.create_command("agt-a", "delete_container", {"name": "gone"})
+    command = await master.create_command("agt-a", DeleteSpec(name="gone"))
     claim = CommandResult(id=command.id, ok=False, error="image not found", error_code="image_not_found")
     await relay(master, link, "agt-a", claim)
     agent = master.registry.agents["agt-a"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from common.containers import CommandSpec, ContainerSpec, DeleteSpec
 from common.wire import AgentEvent, AgentEventKind, Command, CommandResult, Heartbeat
 from management.workloads.book import WorkloadBook
 from management.workloads.runner import SchedulerLoop, SchedulerSettings
@@ -336,7 +337,7 @@ async def test_a_create_made_just_before_the_master_died_is_taken_over_not_issue
     placed = [Assignment(replica=0, agent_id="agt-a", units=[uuid], container=container)]
     await loop.book.transition(wl.id, "schedule", "placed on agt-a", time.time(), assignments=placed)
     made = await first.create_command(
-        "agt-a", "create_container", {"name": container, "image": "busybox", "command": ["sleep", "600"], "gpus": [uuid]}
+        "agt-a", ContainerSpec(name=container, image="busybox", command=["sleep", "600"], gpus=[uuid])
     )
     await first.stop()
 
@@ -414,12 +415,12 @@ async def test_a_stop_is_stored_before_its_deletes_are_sent_so_a_master_killed_b
     stored_when_sent: list[tuple[str, list[str]]] = []
     create_command = master.create_command
 
-    async def recording(agent_id: str, kind: str, body: dict[str, Any], **kw: Any) -> Any:
-        if kind == "delete_container":
+    async def recording(agent_id: str, spec: CommandSpec, **kw: Any) -> Any:
+        if isinstance(spec, DeleteSpec):
             rec = await master.store.workloads.get(wl.id)
             assert rec is not None
             stored_when_sent.append((rec.state, [a.state for a in rec.assignments]))
-        return await create_command(agent_id, kind, body, **kw)
+        return await create_command(agent_id, spec, **kw)
 
     monkeypatch.setattr(master, "create_command", recording)
     await loop.book.cancel(wl.id, "alice", time.time())

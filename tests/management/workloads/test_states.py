@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import itertools
 import re
+import typing
 
+import msgspec
 import pytest
 
 from common.containers import ContainerSpec
 from common.errors import InvalidTransition
+from management.workloads import book
 from management.workloads.spec import DEFAULT_PRIORITY_CLASSES, InvalidWorkloadSpec, check_spec, container_name
-from management.workloads.states import FINAL_WORKLOAD_STATES, WORKLOAD, WorkloadState
-from master.records import ReplicaSpec, WorkloadSpec
+from management.workloads.states import FINAL_WORKLOAD_STATES, WORKLOAD, WorkloadChanges, WorkloadState
+from master.records import ReplicaSpec, WorkloadRecord, WorkloadSpec
 from master.tiers import TierPolicy
 
 ALLOWED = {
@@ -124,3 +127,14 @@ def test_nan_is_refused_where_json_cannot_carry_it():
     ):
         with pytest.raises(ValueError, match="finite"):
             bad()
+
+
+def test_a_transition_may_change_every_workload_field_the_book_does_not_keep_fixed_with_that_fields_type() -> None:
+    """``WorkloadChanges`` types what ``transition``, ``end`` and ``amend`` take: a new field of the record is either
+    one of them (with its type) or fixed by the book."""
+    record = typing.get_type_hints(WorkloadRecord)
+    changeable = typing.get_type_hints(WorkloadChanges)
+    assert set(changeable) | book._FIXED_FIELDS == {f.name for f in msgspec.structs.fields(WorkloadRecord)}
+    assert not set(changeable) & book._FIXED_FIELDS
+    assert {name: record[name] for name in changeable} == changeable
+    assert WorkloadChanges.__required_keys__ == frozenset()  # each change is optional
