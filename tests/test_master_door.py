@@ -13,11 +13,10 @@ import types
 import typing
 from pathlib import Path
 
-from mypy import api as mypy_api
-
 import master.port as port
 import master.views as views
 from master.port import MasterPort
+from tests.support.typecheck import failing_lines
 
 ROOT = Path(__file__).resolve().parent.parent
 # Properties of the port that are values, not parts: settings management reads whole, and facts about the running
@@ -166,19 +165,5 @@ async def through_the_door(master: MasterPort, fault: GpuFault) -> None:
 
 
 def test_mypy_fails_a_module_that_reaches_past_the_port(tmp_path: Path) -> None:
-    module = tmp_path / "reaching.py"
-    module.write_text(SNIPPET)
-    report, _, status = mypy_api.run(
-        [
-            str(module),
-            "--config-file",
-            str(ROOT / "pyproject.toml"),
-            "--cache-dir",
-            str(tmp_path / "mypy-cache"),
-            "--follow-imports",
-            "silent",
-        ]
-    )
-    failing = sorted({int(line.split(":")[1]) for line in report.splitlines() if line.startswith(str(module))})
-    assert status == 1, report
+    failing, report = failing_lines(SNIPPET, tmp_path, "reaching.py")
     assert failing == [5, 6, 7, 8, 9], report

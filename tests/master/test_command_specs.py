@@ -5,19 +5,16 @@ checking it against its type's constraints there (a struct built directly was ne
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
-from mypy import api as mypy_api
 
 from common.containers import ContainerSpec, DeleteSpec, parse_create_spec, wire_spec
 from common.wire import Command
 from master.commands import InvalidCommand, command_spec
 from master.master import Master
 from tests.master.linked import connect, relay_link, to_agent
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.typecheck import failing_lines
 
 
 async def test_the_kind_follows_from_the_type_and_the_agent_gets_the_spec_as_wire_spec_writes_it(master: Master) -> None:
@@ -74,25 +71,5 @@ async def commands(master: MasterPort) -> None:
 
 
 def test_mypy_fails_a_command_whose_body_is_a_dict_or_names_its_kind(tmp_path: Path) -> None:
-    module = tmp_path / "commands.py"
-    module.write_text(SNIPPET)
-    limit = sys.getrecursionlimit()
-    try:
-        report, _, status = mypy_api.run(
-            [
-                str(module),
-                "--config-file",
-                str(ROOT / "pyproject.toml"),
-                "--cache-dir",
-                str(tmp_path / "mypy-cache"),
-                "--follow-imports",
-                "silent",
-            ]
-        )
-    finally:
-        # mypy raises the recursion limit for the whole process and leaves it there; tests run after this one rely
-        # on the default (JSON nested a thousand deep is refused by the decoder's recursion check).
-        sys.setrecursionlimit(limit)
-    failing = sorted({int(line.split(":")[1]) for line in report.splitlines() if line.startswith(str(module))})
-    assert status == 1, report
+    failing, report = failing_lines(SNIPPET, tmp_path, "commands.py")
     assert failing == [6, 7], report
