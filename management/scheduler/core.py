@@ -849,9 +849,7 @@ def never_fits(snapshot: Snapshot, job: Job) -> str | None:
         job, runs_image=False, constraints=dataclasses.replace(job.constraints, allow_process_runtime=True)
     )
     offered = dataclasses.replace(snapshot, policy=dataclasses.replace(snapshot.policy, allow_process_runtime=True))
-    flag = (
-        "constraints.allow_process_runtime (the CLI's --allow-process-runtime, the console's \"May run as a sandboxed process\")"
-    )
+    flag = PROCESS_RUNTIME_FLAG
     if job.runs_image and _never_fits(offered, allowing) is None:
         offer = (
             "" if snapshot.policy.allow_process_runtime else ", which this grid's operator does not offer (offer_sandboxed_hosts)"
@@ -881,6 +879,10 @@ def never_fits(snapshot: Snapshot, job: Job) -> str | None:
 
 
 ENGINE_FIX = "a provider's host with Docker or Podman, its agent on the docker runtime (--runtime docker)"
+# The one setting that lets a workload onto the process runtime, as each of the renter's tools spells it.
+PROCESS_RUNTIME_FLAG = (
+    "constraints.allow_process_runtime (the CLI's --allow-process-runtime, the console's \"May run as a sandboxed process\")"
+)
 
 
 def has_engine(host: Host) -> bool:
@@ -894,7 +896,7 @@ def _no_engine(snapshot: Snapshot) -> str:
     return (
         f"an image runs only on a host with a container engine, and no host of this grid has one: it needs {ENGINE_FIX}; "
         f'the hosts here run commands on the host itself, the process runtime{process}: image "none" with '
-        "constraints.allow_process_runtime (the CLI's --allow-process-runtime) runs there"
+        f"{PROCESS_RUNTIME_FLAG} runs there"
     )
 
 

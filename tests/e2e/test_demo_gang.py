@@ -69,7 +69,7 @@ def assert_lighthouse_gone(state_dir: Path, endpoint: str) -> None:
 
 def test_a_gang_pasted_from_the_banner_meets_over_the_demos_overlay_and_a_restart_runs_a_lighthouse_again(tmp_path):
     state_dir, port = tmp_path / "demo", free_port()
-    first = DemoRun(state_dir, port, "--agents", "2")
+    first = DemoRun(state_dir, port, "--agents", "2", "--no-container-host")
     try:
         _, first_endpoint = up_with_lighthouse(first, state_dir)
         print(f"demo with its lighthouse, first run: up after {time.time() - first.started:.1f} s")
@@ -77,7 +77,7 @@ def test_a_gang_pasted_from_the_banner_meets_over_the_demos_overlay_and_a_restar
         assert_stopped_cleanly(first)
     assert_lighthouse_gone(state_dir, first_endpoint)
 
-    run = DemoRun(state_dir, port, "--agents", "2")
+    run = DemoRun(state_dir, port, "--agents", "2", "--no-container-host")
     try:
         banner, endpoint = up_with_lighthouse(run, state_dir)
         print(f"demo with its lighthouse, second run: up after {time.time() - run.started:.1f} s")
