@@ -32,6 +32,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -217,6 +218,8 @@ class PodmanHost:
         try:
             if (self.workdir / "containers.conf").exists():
                 self.podman("rm", "--all", "--force", "--time", "0", check=False)
+        except PodmanUnavailable as exc:  # a hung removal (seen once in CI): the service and the sweep still end them
+            print(f"idlegrid demo: {exc}; stopping Podman anyway", file=sys.stderr)
         finally:
             self._stop_process()
 
