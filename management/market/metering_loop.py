@@ -319,9 +319,15 @@ class MeterLoop:
         """End an open rental: charges stop at ``now`` or at its hosts' last heartbeat, when earlier."""
         rental = self._open[rid]
         last = min([now, *(self._heartbeats(rental).values())])
+        # Never before the periods already charged: a host heard last before them (its stored last_seen lags the
+        # heartbeats by the flush, and after a Master restart that is all there is until it reconnects) still ran
+        # them, and the rental's end is what its renter reads beside the charge.
+        state = self._state.get(rid)
+        charged_to = rental.started_at + (state.last_period * self.settings.period_s if state is not None else 0.0)
         failure = wl.host_failure if wl is not None else ""
         reason = f"workload {wl.state}: {wl.state_reason}" if wl is not None else "its workload is gone"
-        ended = msgspec.structs.replace(rental, ended_at=max(rental.started_at, last), end_reason=reason, host_failure=failure)
+        ended_at = max(rental.started_at, charged_to, last)
+        ended = msgspec.structs.replace(rental, ended_at=ended_at, end_reason=reason, host_failure=failure)
         await self._meter(ended, now)  # the final charge, the hold released, the refund: before the rental is stored
         stored = msgspec.structs.replace(ended, version=rental.version + 1)
         try:

@@ -343,6 +343,15 @@ async def test_after_a_restart_a_host_not_known_offline_counts_as_heard_when_the
     await again.tick(T + 400, beat=False)
     assert (await again.keys(f"{wl.id}-a1"))[-1] == f"charge:{wl.id}-a1:3"
 
+    # It ends while its host is still unheard: the rental's end is not put before the periods it was charged for
+    # (the stored last_seen is older than them), so the renter reads an end that matches the charge.
+    again.clock[0] = T + 400
+    await again.book.transition(wl.id, "succeed", "exited 0", T + 400, exit_codes=[0])
+    await again.tick(T + 401, beat=False)
+    ended = await again.master.store.rentals.get(f"{wl.id}-a1")
+    assert ended is not None and ended.ended_at == T + 180, ended
+    assert again.ledger.balance(provider_account("prov")) + again.ledger.balance(FEES) == 180 * 1000
+
 
 async def test_a_rental_does_not_start_under_its_hosts_minimum_bid_whatever_changed_the_bid_after_placement(start_market):
     """D2: the terms are checked when the rental starts: a bid lowered between placement and the run (here straight
