@@ -15,7 +15,8 @@ What it owns, for the life of the agent process:
 
 Actions, the closed set ``Action``; each frame kind leads to one:
 
-    message not a frame of the Master's     BadFrame(error)              logged, nothing sent
+    message not a frame of the Master's     BadFrame(error)              logged, nothing sent (a report interval
+                                                                         of 0 or less, or over a week, is no frame)
     welcome                                 Welcomed(welcome)            intervals set here; keys, directory, renewal
     command, new                            RunCommand(command)          ack it, run it once, send its result
     command, running here now               AckCommand(id)               ack it; its result follows when it ends

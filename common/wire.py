@@ -207,14 +207,23 @@ class VerifyOpen(_Frame, tag="verify_open"):
     openings: list[VerifyOpening]
 
 
+# A report interval the Master sets: a positive number of seconds, at most a week (the Master's own settings allow
+# an hour, slowed at most 64 times under overload). An agent told 0, a negative number, NaN or infinity would report
+# in a tight loop or never: such a frame is refused at decode.
+MAX_REPORT_INTERVAL_S = 7 * 86_400
+ReportInterval = Annotated[float, msgspec.Meta(gt=0, le=MAX_REPORT_INTERVAL_S)]
+# In a config frame 0 means "keep the interval you have" (a frame about keys names none).
+IntervalChange = Annotated[float, msgspec.Meta(ge=0, le=MAX_REPORT_INTERVAL_S)]
+
+
 # --- master -> agent -------------------------------------------------------------------------
 
 
 class Welcome(_Frame, tag="welcome"):
     version: int
     agent_id: str
-    heartbeat_s: float
-    telemetry_s: float
+    heartbeat_s: ReportInterval
+    telemetry_s: ReportInterval
     command_keys: dict[str, str] = {}  # key id -> Ed25519 public key, base64
     key_endorsements: dict[str, str] = {}  # key id -> the platform CA's signature over the key
     retired_keys: list[str] = []
@@ -253,8 +262,8 @@ class Ping(_Frame, tag="ping"):
 
 
 class Config(_Frame, tag="config"):
-    heartbeat_s: float | None = None
-    telemetry_s: float | None = None
+    heartbeat_s: IntervalChange | None = None
+    telemetry_s: IntervalChange | None = None
     command_keys: dict[str, str] | None = None
     key_endorsements: dict[str, str] | None = None
     retired_keys: list[str] | None = None
@@ -428,8 +437,8 @@ class ReportPace(_Frame, tag="report_pace"):
     this relay (0: unlimited): after a restart, agents come back at a pace the Master can take.
     """
 
-    heartbeat_s: float
-    telemetry_s: float
+    heartbeat_s: ReportInterval
+    telemetry_s: ReportInterval
     factor: float = 1.0  # telemetry_s over the configured interval: 1 when all is well
     admit_per_s: float = 0.0
     admit_burst: int = 0

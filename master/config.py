@@ -64,8 +64,9 @@ class MasterConfig(msgspec.Struct, kw_only=True):
     host: str = "127.0.0.1"
     link_port: int = 7100  # WebSocket endpoint for Access relays (mutual TLS)
     api_port: int = 7000  # management HTTP API
-    heartbeat_s: float = 5.0
-    telemetry_s: float = 10.0
+    # How often agents send a heartbeat and a telemetry sample (positive, at most an hour: see common/wire.py).
+    heartbeat_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 5.0
+    telemetry_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 10.0
     missed_heartbeats: int = 3
     command_timeout_s: float = 300.0
     # A workload's create on a host that lacks its image (the host's hello lists what it has) may take this much longer:

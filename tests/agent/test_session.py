@@ -186,6 +186,25 @@ def test_a_config_with_zero_intervals_and_no_keys_keeps_the_intervals():
     assert (session.heartbeat_s, session.telemetry_s) == (5.0, 10.0)
 
 
+@pytest.mark.parametrize("interval", [0.0, -1.0, float("nan"), float("inf"), 8 * 86400.0])
+def test_a_welcome_with_an_interval_no_agent_can_keep_is_a_bad_frame_and_changes_nothing(interval):
+    # 0 or less would send heartbeats in a tight loop (asyncio.sleep of a negative number returns at once);
+    # nan or infinity would send none. The frame is refused at decode: the agent keeps the intervals it has.
+    session = MasterSession(heartbeat_s=5.0, telemetry_s=10.0)
+    for fields in ({"heartbeat_s": interval}, {"telemetry_s": interval}):
+        action = session.receive(encode(welcome(**fields)))
+        assert isinstance(action, BadFrame)
+        assert (session.heartbeat_s, session.telemetry_s) == (5.0, 10.0)
+
+
+@pytest.mark.parametrize("interval", [-0.5, 8 * 86400.0])  # (JSON has no nan or infinity: those arrive as null, kept)
+def test_a_config_with_a_negative_or_week_long_interval_is_a_bad_frame_and_changes_nothing(interval):
+    session = MasterSession(heartbeat_s=5.0, telemetry_s=10.0)
+    assert isinstance(session.receive(encode(Config(heartbeat_s=interval))), BadFrame)
+    assert isinstance(session.receive(encode(Config(telemetry_s=interval))), BadFrame)
+    assert (session.heartbeat_s, session.telemetry_s) == (5.0, 10.0)
+
+
 def test_a_renewal_answer_is_passed_to_the_renewer():
     frame = RenewResponse(error="not yet")
     assert MasterSession().receive(encode(frame)) == RenewalAnswered(frame)

@@ -25,6 +25,11 @@ def test_later_sources_override_earlier_ones(tmp_path):
         ("max_gpus_per_host = 0\n", {}, "max_gpus_per_host"),
         ("report_window_s = 0\n", {}, "report_window_s"),
         ("report_events_per_window = -1\n", {}, "report_events_per_window"),
+        # an agent told 0 (or less) would report in a tight loop, one told nan or a day between heartbeats never
+        ("heartbeat_s = 0\n", {}, "heartbeat_s"),
+        ("telemetry_s = -1.0\n", {}, "telemetry_s"),
+        ("heartbeat_s = nan\n", {}, "heartbeat_s"),
+        ("telemetry_s = 86400\n", {}, "telemetry_s"),
     ],
 )
 def test_bad_settings_are_named(tmp_path, text, env, message):
