@@ -14,13 +14,12 @@ from management.api.auth import scope_of
 from management.http.keys import SERVICES_KEY
 from management.http.paging import decode_cursor, page_response
 from management.http.requests import json_response, parse_body, parse_query
-from management.http.responses import Time, View
 from management.http.schemas import EmptyQuery, PageQuery
 from management.monitoring.evaluator import AlertState, AlertTransition
 from management.monitoring.rules import AlertRule
 from management.monitoring.settings import RuleListing
 from management.services.alerts import WebhookKey
-from management.views import rfc3339
+from management.views.base import Time, View, rfc3339
 from master.port import SilenceRecord, WebhookRecord
 
 RuleName = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[a-z0-9_]+\Z")]

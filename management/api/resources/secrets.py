@@ -12,10 +12,9 @@ from management.api.audit import created
 from management.api.auth import scope_of
 from management.http.keys import SERVICES_KEY
 from management.http.requests import json_response, parse_body, parse_query
-from management.http.responses import View
 from management.http.schemas import EmptyQuery
 from management.services.secrets import SecretListing
-from management.views import rfc3339
+from management.views.base import View, rfc3339
 from master.port import SECRET_NAME_PATTERN
 
 SecretName = Annotated[str, msgspec.Meta(min_length=1, max_length=63, pattern=SECRET_NAME_PATTERN)]

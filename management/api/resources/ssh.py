@@ -16,10 +16,9 @@ from management.api.auth import scope_of
 from management.http.errors import Forbidden
 from management.http.keys import SERVICES_KEY
 from management.http.requests import json_response, parse_body, parse_query
-from management.http.responses import Time, View
 from management.http.schemas import EmptyQuery
 from management.services.ssh_keys import host_alias
-from management.views import rfc3339
+from management.views.base import Time, View, rfc3339
 from master.port import SshKeyRecord
 
 AccountId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
