@@ -49,6 +49,7 @@ from management.services.tunnels import TunnelRequest
 from management.views.accounts import AccountPage, AccountView, ApiKeyPage, ApiKeyView, IssuedApiKeyView, WhoamiView
 from management.views.grid import CommandAccepted, CommandPage, CommandView, EventPage, SigningKeyPage, SigningKeyView, TokenView
 from management.views.hosts import AgentPage, AgentView, GpuPage, GpuView, TierPage
+from management.views.links import LinkList, MintedToken
 from management.views.market import (
     Credited,
     EarningsStatements,
@@ -63,6 +64,7 @@ from management.views.market import (
 )
 from management.views.prices import HostPriceView, PriceListing, PriceRecordView
 from management.views.telemetry import TelemetryView
+from management.views.templates import TemplateList, TemplateView
 from management.views.tunnels import TunnelGrantView
 from management.views.verification import HostVerificationsView, VerifyStarted
 from management.views.workloads import ExplanationView, WorkloadDetail, WorkloadPage, WorkloadView
@@ -417,7 +419,7 @@ ROUTES: tuple[Route, ...] = (
         Resource.TEMPLATES,
         Action.READ,
         "Launch templates, by name, each with the workload spec it launches",
-        {200: templates.TemplateList},
+        {200: TemplateList},
         tag="templates",
     ),
     Route(
@@ -427,7 +429,7 @@ ROUTES: tuple[Route, ...] = (
         Resource.TEMPLATES,
         Action.READ,
         "One launch template and the workload spec it launches",
-        {200: templates.TemplateView},
+        {200: TemplateView},
         tag="templates",
     ),
     # --- links (docs/links.md)
@@ -438,7 +440,7 @@ ROUTES: tuple[Route, ...] = (
         Resource.WORKLOADS,
         Action.READ,
         "A workload's HTTPS links: one per http port it declared, with its URL and whether it is public",
-        {200: links.LinkList},
+        {200: LinkList},
         tag="workloads",
     ),
     Route(
@@ -448,7 +450,7 @@ ROUTES: tuple[Route, ...] = (
         Resource.WORKLOADS,
         Action.WRITE,
         "A link token: a bearer secret that opens this one link (shown once; a browser takes it as ?idlegrid_token=)",
-        {201: links.MintedToken},
+        {201: MintedToken},
         body=links.MintLinkToken,
         tag="workloads",
     ),

@@ -11,7 +11,9 @@ from typing import Any
 import msgspec
 
 from common.overlay import replica_address
+from management.market.money import format_amount
 from management.scheduler.model import Explanation, FilterCount, QuotaCheck
+from management.services.market import WorkloadTerms
 from management.views.base import Money, Time, View, page_of, rfc3339
 from management.workloads.storage import StorageSummary
 from master.port import (
@@ -188,7 +190,7 @@ def workload_spec_view(workload: WorkloadRecord) -> WorkloadSpecView:
     return msgspec.convert(redact_registry_auth(spec), WorkloadSpecView)
 
 
-def workload_view(workload: WorkloadRecord, terms: Mapping[str, Any]) -> WorkloadView:
+def workload_view(workload: WorkloadRecord, terms: WorkloadTerms) -> WorkloadView:
     """A workload as its owner and the operator see it. ``terms``: how it pays (the market's ``workload_terms``),
     stated in every answer about a workload as ``rental``."""
     return WorkloadView(**_workload_fields(workload, terms))
@@ -196,7 +198,7 @@ def workload_view(workload: WorkloadRecord, terms: Mapping[str, Any]) -> Workloa
 
 def workload_detail(
     workload: WorkloadRecord,
-    terms: Mapping[str, Any],
+    terms: WorkloadTerms,
     waiting: Explanation | None,
     outputs: Sequence[KeptOutput],
     paths: Mapping[int, dict[str, str]] | None = None,
@@ -237,7 +239,7 @@ def network_view(workload: WorkloadRecord, paths: Mapping[int, dict[str, str]]) 
     return NetworkView(network=workload.network, replicas=replicas)
 
 
-def _workload_fields(workload: WorkloadRecord, terms: Mapping[str, Any]) -> dict[str, Any]:
+def _workload_fields(workload: WorkloadRecord, terms: WorkloadTerms) -> dict[str, Any]:
     return {
         "id": workload.id,
         "account": workload.account,
@@ -258,8 +260,26 @@ def _workload_fields(workload: WorkloadRecord, terms: Mapping[str, Any]) -> dict
         "host_failure": workload.host_failure or None,
         "detail": workload.detail,  # while it starts: how its image pull goes
         "version": workload.version,
-        "rental": RentalTermsView(**terms),
+        "rental": rental_terms_view(terms),
     }
+
+
+def rental_terms_view(t: WorkloadTerms) -> RentalTermsView:
+    """How a workload pays: its terms as submitted, its price per GPU-hour (a list when its hosts are priced
+    differently, null while undecided) and per hour as decimal strings, and the market's sentence."""
+    prices = [format_amount(p) for p in t.prices]
+    return RentalTermsView(
+        kind=t.terms.kind,
+        currency=t.currency,
+        max_price=t.terms.max_price,
+        bid=t.terms.bid,
+        offer=t.terms.offer,
+        reserved_s=t.terms.reserved_s,
+        rental=t.rental,
+        price=None if not prices else prices[0] if len(prices) == 1 else prices,
+        per_hour=format_amount(t.per_hour) if t.per_hour is not None else None,
+        summary=t.summary,
+    )
 
 
 def explanation_view(explanation: Explanation) -> ExplanationView:
