@@ -47,6 +47,16 @@ from management.api.route import DECLARED_KEY, JSON, DeclarationError, Route
 from management.http import schemas
 from management.services.tunnels import TunnelRequest
 from management.views.accounts import AccountPage, AccountView, ApiKeyPage, ApiKeyView, IssuedApiKeyView, WhoamiView
+from management.views.alerts import (
+    AlertList,
+    AlertRuleList,
+    AlertRuleView,
+    CreatedWebhook,
+    DeletedAlertRule,
+    SilenceList,
+    SilenceView,
+    WebhookList,
+)
 from management.views.grid import CommandAccepted, CommandPage, CommandView, EventPage, SigningKeyPage, SigningKeyView, TokenView
 from management.views.hosts import AgentPage, AgentView, GpuPage, GpuView, TierPage
 from management.views.links import LinkList, MintedToken
@@ -63,6 +73,9 @@ from management.views.market import (
     StatementView,
 )
 from management.views.prices import HostPriceView, PriceListing, PriceRecordView
+from management.views.reports import ReportView
+from management.views.secrets import DeletedSecret, SecretList, SecretView
+from management.views.ssh import SshKeyList, SshKeyView, WorkloadSshView
 from management.views.telemetry import TelemetryView
 from management.views.templates import TemplateList, TemplateView
 from management.views.tunnels import TunnelGrantView
@@ -772,7 +785,7 @@ ROUTES: tuple[Route, ...] = (
         Resource.ALERT_RULES,
         Action.READ,
         "Alert rules, by name",
-        {200: alerts.AlertRuleList},
+        {200: AlertRuleList},
         query=schemas.EmptyQuery,
         tag="alerts",
     ),
@@ -783,7 +796,7 @@ ROUTES: tuple[Route, ...] = (
         Resource.ALERT_RULES,
         Action.WRITE,
         "Put an alert rule (replaces the rules file's rule of that name)",
-        {200: alerts.AlertRuleView},
+        {200: AlertRuleView},
         body=alerts.PutAlertRule,
         tag="alerts",
     ),
@@ -794,7 +807,7 @@ ROUTES: tuple[Route, ...] = (
         Resource.ALERT_RULES,
         Action.WRITE,
         "Delete a rule put through the API",
-        {200: alerts.DeletedAlertRule},
+        {200: DeletedAlertRule},
         query=schemas.EmptyQuery,
         errors=frozenset({409}),  # a rule of the rules file
         tag="alerts",
@@ -806,7 +819,7 @@ ROUTES: tuple[Route, ...] = (
         Resource.ALERTS,
         Action.READ,
         "Alerts pending and firing, and recent transitions",
-        {200: alerts.AlertList},
+        {200: AlertList},
         query=alerts.AlertQuery,
         tag="alerts",
     ),
@@ -817,7 +830,7 @@ ROUTES: tuple[Route, ...] = (
         Resource.SILENCES,
         Action.WRITE,
         "Silence matching alerts' notifications",
-        {201: alerts.SilenceView},
+        {201: SilenceView},
         body=alerts.CreateSilence,
         tag="alerts",
     ),
@@ -828,7 +841,7 @@ ROUTES: tuple[Route, ...] = (
         Resource.SILENCES,
         Action.READ,
         "Silences in force",
-        {200: alerts.SilenceList},
+        {200: SilenceList},
         query=alerts.SilenceQuery,
         tag="alerts",
     ),
@@ -839,7 +852,7 @@ ROUTES: tuple[Route, ...] = (
         Resource.SILENCES,
         Action.WRITE,
         "End a silence now",
-        {200: alerts.SilenceView},
+        {200: SilenceView},
         query=schemas.EmptyQuery,
         tag="alerts",
     ),
@@ -850,7 +863,7 @@ ROUTES: tuple[Route, ...] = (
         Resource.WEBHOOKS,
         Action.WRITE,
         "Add a webhook for alert notifications (its secret is shown once)",
-        {201: alerts.CreatedWebhook},
+        {201: CreatedWebhook},
         body=alerts.CreateWebhook,
         tag="alerts",
     ),
@@ -861,7 +874,7 @@ ROUTES: tuple[Route, ...] = (
         Resource.WEBHOOKS,
         Action.READ,
         "Webhooks, by creation",
-        {200: alerts.WebhookList},
+        {200: WebhookList},
         query=schemas.PageQuery,
         tag="alerts",
     ),
@@ -884,7 +897,7 @@ ROUTES: tuple[Route, ...] = (
         Resource.SSH_KEYS,
         Action.WRITE,
         "Register an SSH public key for SSH to one's workloads",
-        {201: ssh.SshKeyView},
+        {201: SshKeyView},
         body=ssh.AddSshKey,
         errors=frozenset({404, 409}),
         tag="ssh",
@@ -896,7 +909,7 @@ ROUTES: tuple[Route, ...] = (
         Resource.SSH_KEYS,
         Action.READ,
         "SSH public keys, by creation",
-        {200: ssh.SshKeyList},
+        {200: SshKeyList},
         query=ssh.SshKeyQuery,
         tag="ssh",
     ),
@@ -918,7 +931,7 @@ ROUTES: tuple[Route, ...] = (
         Resource.WORKLOADS,
         Action.READ,
         "A workload's SSH host keys, one per placed replica, with their known_hosts lines",
-        {200: ssh.WorkloadSshView},
+        {200: WorkloadSshView},
         query=schemas.EmptyQuery,
         tag="ssh",
     ),
@@ -930,7 +943,7 @@ ROUTES: tuple[Route, ...] = (
         Resource.SECRETS,
         Action.WRITE,
         "Store a secret for this account's workloads (its value is never shown again)",
-        {201: secrets.SecretView},
+        {201: SecretView},
         body=secrets.CreateSecret,
         errors=frozenset({409}),
         tag="secrets",
@@ -942,7 +955,7 @@ ROUTES: tuple[Route, ...] = (
         Resource.SECRETS,
         Action.READ,
         "This account's secrets, by name (never their values)",
-        {200: secrets.SecretList},
+        {200: SecretList},
         query=schemas.EmptyQuery,
         tag="secrets",
     ),
@@ -953,7 +966,7 @@ ROUTES: tuple[Route, ...] = (
         Resource.SECRETS,
         Action.WRITE,
         "Delete one of this account's secrets",
-        {200: secrets.DeletedSecret},
+        {200: DeletedSecret},
         query=schemas.EmptyQuery,
         tag="secrets",
     ),
@@ -965,7 +978,7 @@ ROUTES: tuple[Route, ...] = (
         Resource.REPORTS,
         Action.READ,
         "A report along dimensions (JSON or CSV)",
-        {200: reports.ReportView},
+        {200: ReportView},
         query=reports.ReportQuery,
         media=(JSON, "text/csv"),
         description="kind: usage, revenue, reliability or summary; by: e.g. provider,day or tier,region.",

@@ -16,6 +16,12 @@ them from the services' records. Services return records and plain dataclasses, 
 | ``market`` | offers, balances, the ledger, statements, rentals |
 | ``tunnels`` | a tunnel's grant |
 | ``telemetry`` | GPU, host and workload telemetry history |
+| ``links`` | a workload's HTTPS links, a link token |
+| ``templates`` | launch templates with the spec each launches |
+| ``alerts`` | alert rules, alerts and their transitions, silences, webhooks |
+| ``ssh`` | SSH public keys, a workload's host keys |
+| ``secrets`` | secrets by name (never a value) |
+| ``reports`` | a report in JSON (its CSV: management/monitoring/report_render.py) |
 
 Every timestamp is an RFC 3339 UTC string with milliseconds ("2026-11-22T17:40:00.000Z"), or null for a moment that
 has not happened (the records keep 0 or None for "never"); money is a decimal string in the grid's currency.
