@@ -1,8 +1,7 @@
 """The market's answers: offers, balances, ledger entries and statements, spend, earnings and payouts, rentals.
 Money as decimal strings in the grid's currency ("2.50"), exact to the micro-unit.
-
-The offers (management/market/offers.py) are still built as dicts; tests/management/test_api_responses.py reads them
-through the API and decodes them as ``OfferView``, so a key an offer adds and its struct lacks fails the suite."""
+An offer (management/market/offers.py) is its struct with the money written out: ``OfferView`` states the same fields
+in the same order, and tests/management/test_api_responses.py reads offers through the API and decodes them as it."""
 
 from __future__ import annotations
 
@@ -10,6 +9,7 @@ import msgspec
 
 from management.market.ledger import Statement
 from management.market.money import format_amount
+from management.market.offers import Offer, SearchResult
 from management.services.market import FundsDetail, RentalDetail, Statements
 from management.views.base import Money, Time, View, page_of, rfc3339
 from master.port import (
@@ -199,6 +199,27 @@ class RentalView(View):
 
 
 RentalPage = page_of(RentalView)
+
+
+def offer_view(offer: Offer) -> OfferView:
+    """The offer as the API shows it: money as decimal strings in currency units."""
+    fields = msgspec.structs.asdict(offer)
+    fields["price"] = format_amount(offer.price)
+    fields["reserved_price"] = format_amount(offer.reserved_price)
+    fields["min_bid"] = format_amount(offer.min_bid) if offer.min_bid is not None else None
+    return OfferView(**fields)
+
+
+def search_view(result: SearchResult) -> OfferSearch:
+    """A search's answer as the API shows it: each offer through ``offer_view``."""
+    emptied = result.emptied_by
+    return OfferSearch(
+        offers=[offer_view(o) for o in result.offers],
+        next_cursor=result.next_cursor,
+        total=result.total,
+        sort=result.sort,
+        emptied_by=EmptiedByView(**msgspec.structs.asdict(emptied)) if emptied is not None else None,
+    )
 
 
 def funds_view(funds: FundsDetail) -> FundsView:
