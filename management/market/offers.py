@@ -51,7 +51,8 @@ _OFFERED_STATES = frozenset({AgentState.READY.value, AgentState.BUSY.value})
 
 
 class Offer(msgspec.Struct, frozen=True, kw_only=True):
-    """What one host offers now. Money is in micro-units per GPU-hour (``offer_view`` renders decimal strings)."""
+    """What one host offers now. Money is in micro-units per GPU-hour (``offer_view`` in management/views/market.py
+    writes decimal strings)."""
 
     id: str  # the host's agent id
     host: str  # its hostname, as it reports it
