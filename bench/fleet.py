@@ -420,7 +420,7 @@ async def _port_open(port: int) -> bool:
 # the frame going out (``send``), out to the agent (``to_agent``: relay and the fleet's reading), the agent's ack
 # (``agent_ack``), the ack back to the Master (``ack_back``), the agent's work to its result going out
 # (``agent_run``), the result back to the Master (``result_back``), the Master's record to the bench's waiting read
-# (``seen``). The Master's stamps are its record's (management/views.py command_view), the agent's its fleet
+# (``seen``). The Master's stamps are its record's (management/views/grid.py command_view), the agent's its fleet
 # process's (bench/fleet_agents.py ``marks``). Every process here reads the same clock, so the phase that holds a
 # slow command names where it waited.
 PHASES = ("issue", "send", "to_agent", "agent_ack", "ack_back", "agent_run", "result_back", "seen")

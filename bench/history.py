@@ -42,7 +42,7 @@ from management.monitoring.history import (
     resolution_of,
     window_of,
 )
-from management.views import telemetry_view
+from management.views.telemetry import telemetry_view
 from master.history import MINUTES_PER_HOUR, HistoryKeeper, downsample, downsample_host
 from master.records import HostRollup, TelemetryRollup
 from master.store import SqliteStore

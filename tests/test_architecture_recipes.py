@@ -1,5 +1,5 @@
-"""docs/architecture.md's recipe for an agent frame stays true: every file it names exists, the lane is declared where
-it says, and the files it says only read the lane name no frame kind of their own."""
+"""docs/architecture.md's recipes name files that exist, and the one for an agent frame stays true: every file it names
+exists, the lane is declared where it says, and the files it says only read the lane name no frame kind of their own."""
 
 from __future__ import annotations
 
@@ -30,6 +30,21 @@ def named_files(text: str) -> list[str]:
 
 
 FRAME_RECIPE = recipe("An agent frame")
+
+
+def where_to_add() -> str:
+    """docs/architecture.md's "Where to add" section: every recipe."""
+    text = ARCHITECTURE.read_text()
+    start = text.index("## Where to add")
+    return text[start : text.index("\n## ", start + 1)]
+
+
+def test_every_file_any_recipe_names_exists():
+    """A file moved or removed (``management/views.py`` became ``management/views/``) is a recipe to rewrite."""
+    files = named_files(where_to_add())
+    assert len(files) > 20
+    missing = [name for name in files if not (ROOT / name).is_file()]
+    assert missing == [], f"docs/architecture.md's recipes name files that do not exist: {missing}"
 
 
 def test_every_file_the_frame_recipe_names_exists():

@@ -22,7 +22,7 @@ from aiohttp import web
 
 from management.api.route import COMMON_ERRORS, JSON, PUBLIC_ERRORS, Route
 from management.http import schemas
-from management.http.responses import Error
+from management.views.errors import Error
 
 OPENAPI_PATH = "/api/v1/openapi.json"
 REF = "#/components/schemas/{name}"

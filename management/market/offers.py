@@ -24,7 +24,7 @@ from typing import Any
 import msgspec
 
 from common.errors import BadQuery
-from management.market.money import MICRO, format_amount
+from management.market.money import MICRO
 from management.market.prices import HostPrice
 from management.market.query import (
     DEFAULT_SORT,
@@ -51,7 +51,8 @@ _OFFERED_STATES = frozenset({AgentState.READY.value, AgentState.BUSY.value})
 
 
 class Offer(msgspec.Struct, frozen=True, kw_only=True):
-    """What one host offers now. Money is in micro-units per GPU-hour (``offer_view`` renders decimal strings)."""
+    """What one host offers now. Money is in micro-units per GPU-hour (``offer_view`` in management/views/market.py
+    writes decimal strings)."""
 
     id: str  # the host's agent id
     host: str  # its hostname, as it reports it
@@ -126,22 +127,6 @@ def offer_choices(offers: Iterable[Offer]) -> OfferChoices:
 
 def score_of(reliability: float, price_micro: int) -> float:
     return round(reliability**SCORE_RELIABILITY_POWER / (price_micro / MICRO + SCORE_PRICE_FLOOR), 6)
-
-
-def offer_view(offer: Offer) -> dict[str, Any]:
-    """The offer as the API shows it: money as decimal strings in currency units."""
-    view: dict[str, Any] = msgspec.to_builtins(offer)
-    view["price"] = format_amount(offer.price)
-    view["reserved_price"] = format_amount(offer.reserved_price)
-    view["min_bid"] = format_amount(offer.min_bid) if offer.min_bid is not None else None
-    return view
-
-
-def search_view(result: SearchResult) -> dict[str, Any]:
-    """A search's answer as the API shows it: each offer through ``offer_view``."""
-    view: dict[str, Any] = msgspec.to_builtins(result)
-    view["offers"] = [offer_view(o) for o in result.offers]
-    return view
 
 
 def offer_of(

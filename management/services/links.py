@@ -13,9 +13,8 @@ import os
 import secrets
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
-
-import msgspec
 
 from common.errors import IdlegridError, NotFound
 from management.client.tunnel import TunnelGrant
@@ -37,16 +36,18 @@ class InvalidLink(IdlegridError):
     code = "invalid_link"
 
 
-class LinkView(msgspec.Struct, kw_only=True):
-    """A workload's link as the API, the CLI and the console show it."""
+@dataclass(frozen=True)
+class WorkloadLink:
+    """One of a workload's links: its http port, the URL it is served at, and whether it opens without a token."""
 
     port: int
     url: str
     public: bool
 
 
-class MintedToken(msgspec.Struct, kw_only=True):
-    """A link token, shown once: ``url`` opens the link with it in a browser (it becomes a cookie there)."""
+@dataclass(frozen=True)
+class IssuedLinkToken:
+    """A link token minted for one link: ``url`` opens the link with it in a browser (it becomes a cookie there)."""
 
     token: str
     url: str
@@ -94,19 +95,19 @@ class LinksService:
         s = self.settings
         return link_url(address, public_url=self.public_url, domain=s.domain, scheme=s.scheme)
 
-    def links_of(self, workload: WorkloadRecord) -> list[LinkView]:
+    def links_of(self, workload: WorkloadRecord) -> list[WorkloadLink]:
         return [
-            LinkView(port=link.port, url=self.url(LinkAddress(workload.id, link.port)), public=link.public)
+            WorkloadLink(port=link.port, url=self.url(LinkAddress(workload.id, link.port)), public=link.public)
             for link in workload.spec.links
             if link.kind == "http"
         ]
 
-    async def list_links(self, workload_id: str, *, owner: str | None) -> list[LinkView]:
+    async def list_links(self, workload_id: str, *, owner: str | None) -> list[WorkloadLink]:
         return self.links_of(await self._workload(workload_id, account=owner))
 
     async def mint(
         self, workload_id: str, port: int, *, account: str, owner: str | None, ttl_s: float | None = None
-    ) -> MintedToken:
+    ) -> IssuedLinkToken:
         """A token that opens ``workload_id``'s link on ``port`` for ``account`` (its owner or an operator)."""
         workload = await self._workload(workload_id, account=owner)
         if declared_link(workload, port) is None:
@@ -117,7 +118,7 @@ class LinksService:
             raise InvalidLink(f"ttl_s: a link token lasts 60 to {self.settings.max_token_s:.0f} seconds, not {ttl:g}")
         expires_at = self._clock() + ttl
         address = LinkAddress(workload.id, port)
-        return MintedToken(
+        return IssuedLinkToken(
             token=mint_token(self._key, account, address, expires_at), url=self.url(address), expires_at=expires_at
         )
 

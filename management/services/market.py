@@ -90,6 +90,21 @@ class RentalDetail:
     currency: str
 
 
+@dataclass(frozen=True)
+class WorkloadTerms:
+    """How a workload pays (``MarketService.workload_terms``): its terms as submitted, its rental (None before one
+    opens), the price per GPU-hour in force or known now (micro-units, lowest first: several when its hosts are priced
+    differently, none while the host it is placed on decides), what it costs per hour in all (None: not known yet),
+    and a sentence for people."""
+
+    terms: RentalTerms
+    currency: str
+    rental: str | None
+    prices: list[int]
+    per_hour: int | None
+    summary: str
+
+
 @dataclass
 class Statements:
     account: str
@@ -315,24 +330,15 @@ class MarketService:
             hosts[a.agent_id] = agent.provider if agent is not None else ""
         return sorted(hosts.items())
 
-    def workload_terms(self, rec: WorkloadRecord) -> dict[str, Any]:
+    def workload_terms(self, rec: WorkloadRecord) -> WorkloadTerms:
         """How a workload pays, stated plainly (renters of other markets are surprised by silent on-demand fallbacks):
         the kind, the price per GPU-hour in force (while it runs) or what decides it (while it waits), and a sentence."""
         terms = rec.spec.rental or RentalTerms()
         cur = self.currency
         rental = self.market.meter.rental_for(rec)
-        view: dict[str, Any] = {
-            "kind": terms.kind,
-            "currency": cur,
-            "max_price": terms.max_price,
-            "bid": terms.bid,
-            "offer": terms.offer,
-            "reserved_s": terms.reserved_s,
-            "rental": rental.id if rental is not None else None,
-            "price": None,
-            "per_hour": None,
-        }
         said = KINDS_SAID[terms.kind]
+        prices: list[int] = []
+        per_hour: int | None = None
         hosts = rental.hosts if rental is not None else None
         if hosts is None and rec.state == WorkloadState.RUNNING:  # the meter opens its rental on its next tick, at these prices
             hosts = rental_hosts(rec, self._master, self.market.prices.price)
@@ -341,32 +347,35 @@ class MarketService:
             price_of = (lambda h: price_at(rental, h, now)) if rental is not None else (lambda h: h.price)
             per_hour = sum(price_of(h) * h.gpus for h in hosts)
             prices = sorted({price_of(h) for h in hosts})
-            view["price"] = format_amount(prices[0]) if len(prices) == 1 else [format_amount(p) for p in prices]
-            view["per_hour"] = format_amount(per_hour)
             source = {"on_demand": "the host's listed price", "interruptible": "your bid", "reserved": "the reserved price"}
-            view["summary"] = (
+            summary = (
                 f"{said} at {' / '.join(format_amount(p) for p in prices)} {cur} per GPU-hour ({source[terms.kind]}): "
                 f"{format_amount(per_hour)} {cur} per hour for {sum(h.gpus for h in hosts)} GPU(s), charged per second while "
                 "it runs"
             )
         elif terms.kind == "interruptible":
-            view["summary"] = f"{said} at your bid of {terms.bid} {cur} per GPU-hour, on hosts whose minimum bid it meets"
-            view["per_hour"] = format_amount(parse_amount(terms.bid or "0") * rec.spec.replicas * rec.spec.replica.gpus)
+            summary = f"{said} at your bid of {terms.bid} {cur} per GPU-hour, on hosts whose minimum bid it meets"
+            per_hour = parse_amount(terms.bid or "0") * rec.spec.replicas * rec.spec.replica.gpus
         elif terms.kind == "reserved":
-            view["summary"] = (
-                f"{said} for {(terms.reserved_s or 0) / 3600:g} h at the host's reserved price, prepaid when it starts"
-            )
+            summary = f"{said} for {(terms.reserved_s or 0) / 3600:g} h at the host's reserved price, prepaid when it starts"
         elif terms.offer is not None and (agent := self._master.registry.agents.get(terms.offer)) is not None:
             listed = self.market.prices.price(agent.provider, agent.id)
             price = listed.reserved if terms.kind == "reserved" else listed.on_demand
-            view["price"] = format_amount(price)
-            view["per_hour"] = format_amount(price * rec.spec.replicas * rec.spec.replica.gpus)
+            prices = [price]
+            per_hour = price * rec.spec.replicas * rec.spec.replica.gpus
             when = "prepaid when it starts" if terms.kind == "reserved" else "charged per second once it runs"
-            view["summary"] = f"{said} at {format_amount(price)} {cur} per GPU-hour (offer {terms.offer}'s price now); {when}"
+            summary = f"{said} at {format_amount(price)} {cur} per GPU-hour (offer {terms.offer}'s price now); {when}"
         else:
             cap = f", at most {terms.max_price} {cur}" if terms.max_price is not None else ""
-            view["summary"] = f"{said} at the listed price per GPU-hour of the host it is placed on{cap}; charged once it runs"
-        return view
+            summary = f"{said} at the listed price per GPU-hour of the host it is placed on{cap}; charged once it runs"
+        return WorkloadTerms(
+            terms=terms,
+            currency=cur,
+            rental=rental.id if rental is not None else None,
+            prices=prices,
+            per_hour=per_hour,
+            summary=summary,
+        )
 
     # --- money ----------------------------------------------------------------------------------------------------
 

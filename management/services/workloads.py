@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated
 
 import msgspec
 
 from common.errors import Conflict, NotFound
 from management.scheduler.model import Explanation
-from management.services.market import MarketService, RentalDetail
+from management.services.market import MarketService, RentalDetail, WorkloadTerms
 from management.services.models import Page, page_of
 from management.workloads.book import WorkloadBook
 from management.workloads.runner import SchedulerLoop
@@ -39,7 +39,7 @@ class WorkloadOverview:
 
     workload: WorkloadRecord
     explanation: Explanation | None
-    terms: dict[str, Any]
+    terms: WorkloadTerms
     events: list[EventRecord]
     rentals: list[RentalDetail]
     charged: int  # micro-units, refunds taken off

@@ -60,13 +60,26 @@ def importers_of(prefix: str, paths: list[Path]) -> list[str]:
 
 
 def test_the_console_and_the_shared_pieces_import_nothing_of_the_api_so_there_is_no_cycle():
-    """The API adds the console to its app; the console shares access control (management/access_control.py) and the
-    HTTP pieces (management/http/) with the API, never the API's own modules, so neither imports the other lazily."""
+    """The API adds the console to its app; the console shares access control (management/access_control.py), the
+    HTTP pieces (management/http/) and the answers (management/views/) with the API, never the API's own modules, so
+    neither imports the other lazily."""
     console = sorted((MANAGEMENT / "console").rglob("*.py"))
-    shared = [*sorted((MANAGEMENT / "http").rglob("*.py")), MANAGEMENT / "access_control.py", MANAGEMENT / "views.py"]
+    shared = [
+        *sorted((MANAGEMENT / "http").rglob("*.py")),
+        MANAGEMENT / "access_control.py",
+        *sorted((MANAGEMENT / "views").rglob("*.py")),
+    ]
     assert len(console) >= 10 and all(path.exists() for path in shared)
     assert importers_of("management.api", console + shared) == []
     assert importers_of("management.console", shared) == []
+
+
+def test_no_service_imports_an_answer():
+    """Services return records and dataclasses; the answers (management/views/) are built from them by the API and the
+    console. A service that imported one would be building a view, and management/views/ imports the services."""
+    services = sorted((MANAGEMENT / "services").rglob("*.py"))
+    assert len(services) >= 10
+    assert importers_of("management.views", services) == []
 
 
 def test_the_import_check_finds_a_console_page_importing_the_api(tmp_path):

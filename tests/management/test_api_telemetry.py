@@ -11,7 +11,7 @@ import msgspec
 import pytest
 
 from common.inventory import GpuSample, HostSample
-from management.http.responses import TelemetryView
+from management.views.telemetry import TelemetryView
 from master.records import RentalHost, RentalRecord
 from tests.management.hosts import add_agent, api_key
 

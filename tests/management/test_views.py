@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from management.scheduler.model import Explanation
-from management.views import explanation_view
+from management.views.workloads import explanation_view
 
 
 def test_the_explanation_view_keeps_the_sentences_and_writes_its_times_as_rfc3339():

@@ -18,7 +18,7 @@ from management.http.requests import json_response, parse_body, parse_query
 from management.http.schemas import AccountQuery, CreateAccount, CreateApiKey, EmptyQuery, PageQuery, SetPassword, UpdateAccount
 from management.services.accounts import AccountIdKey
 from management.services.models import PositionKey
-from management.views import account_view, api_key_view, issued_api_key_view, whoami_view
+from management.views.accounts import account_view, api_key_view, issued_api_key_view, whoami_view
 from master.port import AccountChange, AccountRecord
 
 ACCOUNTS = "accounts"

@@ -8,10 +8,9 @@ from management.api.auth import scope_of
 from management.http.keys import SERVICES_KEY
 from management.http.paging import decode_cursor, page_response
 from management.http.requests import json_response, parse_query
-from management.http.responses import AgentView
 from management.http.schemas import AgentQuery, EmptyQuery
 from management.services.hosts import AgentDetail, AgentKey
-from management.views import agent_view
+from management.views.hosts import AgentView, agent_view
 
 RESOURCE = "agents"
 

@@ -1,7 +1,7 @@
 """Alerts (management/monitoring/): rules (list; put and delete: the operator's), alerts (pending and firing now,
 and recent transitions; each account sees its own), silences (the operator's) and webhooks (each account its own;
-the secret is shown once, in the answer that creates it). Request schemas and answer structs live here, next to
-the handlers, and feed the OpenAPI document (openapi.py)."""
+the secret is shown once, in the answer that creates it). Request schemas live here, next to the handlers; the answers
+are management/views/alerts.py's; both feed the OpenAPI document (openapi.py)."""
 
 from __future__ import annotations
 
@@ -14,14 +14,19 @@ from management.api.auth import scope_of
 from management.http.keys import SERVICES_KEY
 from management.http.paging import decode_cursor, page_response
 from management.http.requests import json_response, parse_body, parse_query
-from management.http.responses import Time, View
 from management.http.schemas import EmptyQuery, PageQuery
-from management.monitoring.evaluator import AlertState, AlertTransition
-from management.monitoring.rules import AlertRule
 from management.monitoring.settings import RuleListing
 from management.services.alerts import WebhookKey
-from management.views import rfc3339
-from master.port import SilenceRecord, WebhookRecord
+from management.views.alerts import (
+    alert_list_view,
+    created_webhook_view,
+    deleted_rule_view,
+    rule_list_view,
+    rule_view,
+    silence_list_view,
+    silence_view,
+    webhook_view,
+)
 
 RuleName = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[a-z0-9_]+\Z")]
 MetricName = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[a-z_]+(\.[a-z_]+)*\Z")]
@@ -81,153 +86,7 @@ class CreateWebhook(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 REQUEST_SCHEMAS: tuple[type[msgspec.Struct], ...] = (PutAlertRule, AlertQuery, CreateSilence, SilenceQuery, CreateWebhook)
 
-
-# --- answers -----------------------------------------------------------------------------------------------------
-
-
-class AlertRuleView(View):
-    name: str
-    metric: str
-    op: str
-    threshold: float
-    for_s: float
-    clear_threshold: float | None
-    clear_for_s: float
-    severity: str
-    scope: str
-    fault: bool
-    summary: str
-    source: Literal["file", "api"]
-
-
-class AlertRuleList(View):
-    items: list[AlertRuleView]
-
-
-class DeletedAlertRule(View):
-    deleted: str
-    applies_now: AlertRuleView | None  # the rules file's rule of that name, which applies again
-
-
-class AlertView(View):
-    rule: str
-    subject: str
-    phase: str
-    since: Time
-    value: float
-    fired_at: Time | None
-    labels: dict[str, str]
-
-
-class AlertTransitionView(View):
-    key: str
-    rule: str
-    subject: str
-    phase: str
-    at: Time
-    since: Time
-    fired_at: Time
-    value: float | None
-    severity: str
-    scope: str
-    summary: str
-    labels: dict[str, str]
-
-
-class AlertList(View):
-    items: list[AlertView]  # pending and firing now
-    recent: list[AlertTransitionView]  # the latest transitions, newest first
-
-
-class SilenceView(View):
-    id: str
-    rule: str | None
-    subject: str | None
-    labels: dict[str, str]
-    comment: str
-    created_by: str
-    created_at: Time
-    expires_at: Time
-
-
-class SilenceList(View):
-    items: list[SilenceView]
-
-
-class WebhookView(View):
-    id: str
-    url: str
-    owner: str
-    role: str
-    created_at: Time
-
-
-class CreatedWebhook(WebhookView):
-    secret: str  # shown this once: it signs every delivery (X-Idlegrid-Signature: sha256=HMAC-SHA256(secret, body))
-
-
-class WebhookList(View):
-    items: list[WebhookView]
-    next_cursor: str | None  # pass it back as ``cursor`` for the next page; null on the last
-
-
 WEBHOOKS = "webhooks"
-
-
-def _time(ts: float) -> str:
-    return rfc3339(ts) or rfc3339(1e-3) or ""
-
-
-def rule_view(listing: RuleListing) -> AlertRuleView:
-    rule: AlertRule = listing.rule
-    fields = {f: getattr(rule, f) for f in rule.__struct_fields__}
-    return AlertRuleView(**fields, source="api" if listing.source == "api" else "file")
-
-
-def alert_view(state: AlertState) -> AlertView:
-    return AlertView(
-        rule=state.rule,
-        subject=state.subject,
-        phase=state.phase,
-        since=_time(state.since),
-        value=state.value,
-        fired_at=None if state.fired_at is None else _time(state.fired_at),
-        labels=state.labels,
-    )
-
-
-def transition_view(t: AlertTransition) -> AlertTransitionView:
-    return AlertTransitionView(
-        key=t.key,
-        rule=t.rule,
-        subject=t.subject,
-        phase=t.phase,
-        at=_time(t.at),
-        since=_time(t.since),
-        fired_at=_time(t.fired_at),
-        value=t.value,
-        severity=t.severity,
-        scope=t.scope,
-        summary=t.summary,
-        labels=t.labels,
-    )
-
-
-def silence_view(s: SilenceRecord) -> SilenceView:
-    return SilenceView(
-        id=s.id,
-        rule=s.rule,
-        subject=s.subject,
-        labels=s.labels,
-        comment=s.comment,
-        created_by=s.created_by,
-        created_at=_time(s.created_at),
-        expires_at=_time(s.expires_at),
-    )
-
-
-def webhook_view(w: WebhookRecord) -> WebhookView:
-    return WebhookView(id=w.id, url=w.url, owner=w.owner, role=w.role, created_at=_time(w.created_at))
 
 
 # --- handlers ----------------------------------------------------------------------------------------------------
@@ -236,7 +95,7 @@ def webhook_view(w: WebhookRecord) -> WebhookView:
 async def list_rules(request: web.Request) -> web.Response:
     parse_query(request, EmptyQuery)
     listings = await request.app[SERVICES_KEY].alerts.alert_rules()
-    return json_response(AlertRuleList(items=[rule_view(listing) for listing in listings]))
+    return json_response(rule_list_view(listings))
 
 
 async def put_rule(request: web.Request) -> web.Response:
@@ -251,7 +110,7 @@ async def delete_rule(request: web.Request) -> web.Response:
     parse_query(request, EmptyQuery)
     name = request.match_info["name"]
     shipped = await request.app[SERVICES_KEY].alerts.delete_alert_rule(name)
-    return json_response(DeletedAlertRule(deleted=name, applies_now=None if shipped is None else rule_view(shipped)))
+    return json_response(deleted_rule_view(name, shipped))
 
 
 async def list_alerts(request: web.Request) -> web.Response:
@@ -260,9 +119,7 @@ async def list_alerts(request: web.Request) -> web.Response:
     listing = await request.app[SERVICES_KEY].alerts.list_alerts(
         owner=scope.owner, role=scope.principal.role.value, rule=query.rule, phase=query.phase, severity=query.severity
     )
-    return json_response(
-        AlertList(items=[alert_view(s) for s in listing.active], recent=[transition_view(t) for t in listing.recent])
-    )
+    return json_response(alert_list_view(listing))
 
 
 async def create_silence(request: web.Request) -> web.Response:
@@ -281,7 +138,7 @@ async def create_silence(request: web.Request) -> web.Response:
 async def list_silences(request: web.Request) -> web.Response:
     query = parse_query(request, SilenceQuery)
     silences = await request.app[SERVICES_KEY].alerts.list_silences(include_expired=query.include_expired)
-    return json_response(SilenceList(items=[silence_view(s) for s in silences]))
+    return json_response(silence_list_view(silences))
 
 
 async def expire_silence(request: web.Request) -> web.Response:
@@ -293,9 +150,7 @@ async def create_webhook(request: web.Request) -> web.Response:
     body = await parse_body(request, CreateWebhook)
     principal = scope_of(request).principal
     record = await request.app[SERVICES_KEY].alerts.create_webhook(body.url, owner=principal.account, role=principal.role.value)
-    view = webhook_view(record)
-    created = CreatedWebhook(**{f: getattr(view, f) for f in view.__struct_fields__}, secret=record.secret)
-    return json_response(created, status=201)
+    return json_response(created_webhook_view(record), status=201)
 
 
 async def list_webhooks(request: web.Request) -> web.Response:

@@ -9,7 +9,7 @@ from management.http.paging import decode_cursor, page_response
 from management.http.requests import json_response, parse_body, parse_query
 from management.http.schemas import CommandQuery, CommandWaitQuery, CreateCommand
 from management.services.grid import CommandKey
-from management.views import command_accepted_view, command_view
+from management.views.grid import command_accepted_view, command_view
 
 RESOURCE = "commands"
 

@@ -10,7 +10,7 @@ from management.http.paging import decode_cursor, page_response
 from management.http.requests import parse_query
 from management.http.schemas import EventQuery
 from management.services.grid import SeqKey
-from management.views import event_view
+from management.views.grid import event_view
 
 RESOURCE = "events"
 

@@ -8,10 +8,9 @@ from management.api.auth import scope_of
 from management.http.keys import SERVICES_KEY
 from management.http.paging import decode_cursor, page_response
 from management.http.requests import json_response, parse_query
-from management.http.responses import GpuView
 from management.http.schemas import EmptyQuery, GpuQuery
 from management.services.hosts import GpuDetail, GpuKey
-from management.views import gpu_view
+from management.views.hosts import GpuView, gpu_view
 
 RESOURCE = "gpus"
 

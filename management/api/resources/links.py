@@ -13,13 +13,8 @@ from aiohttp import web
 from management.api.auth import scope_of
 from management.http.keys import SERVICES_KEY
 from management.http.requests import json_response, parse_body
-from management.services.links import InvalidLink, LinkView, MintedToken
-
-
-class LinkList(msgspec.Struct, kw_only=True):
-    """A workload's links: one per http port it declared (``links`` in its spec)."""
-
-    items: list[LinkView]
+from management.services.links import InvalidLink
+from management.views.links import link_list_view, minted_token_view
 
 
 class MintLinkToken(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -29,13 +24,12 @@ class MintLinkToken(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 REQUEST_SCHEMAS: tuple[type[msgspec.Struct], ...] = (MintLinkToken,)
-ANSWERS = (LinkList, MintedToken)
 
 
 async def list_links(request: web.Request) -> web.Response:
     scope = scope_of(request)
     items = await request.app[SERVICES_KEY].links.list_links(request.match_info["workload_id"], owner=scope.owner)
-    return json_response(LinkList(items=items))
+    return json_response(link_list_view(items))
 
 
 async def mint_token(request: web.Request) -> web.Response:
@@ -47,4 +41,4 @@ async def mint_token(request: web.Request) -> web.Response:
     minted = await request.app[SERVICES_KEY].links.mint(
         request.match_info["workload_id"], int(text), account=scope.principal.account, owner=scope.owner, ttl_s=body.ttl_s
     )
-    return json_response(minted, status=201)
+    return json_response(minted_token_view(minted), status=201)

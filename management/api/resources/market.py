@@ -19,17 +19,18 @@ from management.http.paging import decode_cursor, encode_cursor
 from management.http.requests import json_response, parse_body, parse_query
 from management.http.schemas import AccountName, EmptyQuery, EventSeq, Identifier, PageLimit, PageQuery
 from management.market.money import BadAmount, parse_amount
-from management.market.offers import offer_view, search_view
-from management.views import (
+from management.views.market import (
     credited_view,
     earnings_view,
     funds_view,
+    offer_view,
     payouts_view,
     rental_view,
+    search_view,
     spend_view,
     statement_view,
-    workload_view,
 )
+from management.views.workloads import workload_view
 from master.port import Amount, WorkloadSpec
 
 RENTALS = "rentals"

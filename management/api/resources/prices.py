@@ -17,7 +17,7 @@ from management.http.requests import json_response, parse_body, parse_query
 from management.http.schemas import EmptyQuery, PriceQuery, SetDefaultPrice, SetPrice
 from management.market.prices import PriceSetting
 from management.services.prices import HostPriceDetail
-from management.views import host_price_view, price_listing_view, price_record_view
+from management.views.prices import host_price_view, price_listing_view, price_record_view
 
 
 def _setting(body: SetPrice) -> PriceSetting:

@@ -7,7 +7,7 @@ it comes from). A provider's report has its own hosts' rows, a renter's its own 
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import msgspec
 from aiohttp import web
@@ -17,8 +17,9 @@ from management.api.auth import scope_of
 from management.http.errors import BadRequest
 from management.http.keys import SERVICES_KEY
 from management.http.requests import json_response, parse_query
-from management.monitoring.report_render import report_csv, report_json
+from management.monitoring.report_render import report_csv
 from management.monitoring.reports import KINDS, InvalidReport, parse_dimensions, parse_instant, window
+from management.views.reports import report_view
 
 InstantText = Annotated[str, msgspec.Meta(min_length=1, max_length=40)]
 
@@ -31,22 +32,6 @@ class ReportQuery(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     start: InstantText | None = msgspec.field(default=None, name="from")
     end: InstantText | None = msgspec.field(default=None, name="to")
     format: Literal["json", "csv"] = "json"
-
-
-Cell = str | int | float | None
-
-
-class ReportView(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """A report: ``columns`` names every row's keys (its dimensions, then its figures); money as decimal strings."""
-
-    kind: str
-    by: list[str]
-    start: str = msgspec.field(name="from")
-    end: str = msgspec.field(name="to")
-    currency: str
-    columns: list[str]
-    rows: list[dict[str, Cell]]
-    total: dict[str, Cell]
 
 
 REQUEST_SCHEMAS: tuple[type[msgspec.Struct], ...] = (ReportQuery,)
@@ -71,5 +56,4 @@ async def get_report(request: web.Request) -> web.Response:
         return web.Response(
             text=report_csv(report), content_type="text/csv", headers={"Content-Disposition": f'attachment; filename="{name}"'}
         )
-    body: dict[str, Any] = report_json(report, currency)
-    return json_response(body)
+    return json_response(report_view(report, currency))

@@ -12,10 +12,8 @@ from management.api.audit import created
 from management.api.auth import scope_of
 from management.http.keys import SERVICES_KEY
 from management.http.requests import json_response, parse_body, parse_query
-from management.http.responses import View
 from management.http.schemas import EmptyQuery
-from management.services.secrets import SecretListing
-from management.views import rfc3339
+from management.views.secrets import deleted_secret_view, secret_list_view, secret_view
 from master.port import SECRET_NAME_PATTERN
 
 SecretName = Annotated[str, msgspec.Meta(min_length=1, max_length=63, pattern=SECRET_NAME_PATTERN)]
@@ -25,25 +23,6 @@ SecretValue = Annotated[str, msgspec.Meta(min_length=1, max_length=64 * 1024)]
 class CreateSecret(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     name: SecretName
     value: SecretValue  # taken once: no answer shows it again
-
-
-class SecretView(View):
-    name: str
-    created_at: str
-    size: int  # the value's length in bytes
-
-
-class DeletedSecret(View):
-    name: str
-    deleted: bool  # always true: a secret not there answers 404
-
-
-class SecretList(View):
-    items: list[SecretView]
-
-
-def secret_view(s: SecretListing) -> SecretView:
-    return SecretView(name=s.name, created_at=rfc3339(s.created_at) or "", size=s.size)
 
 
 def _account(request: web.Request) -> str:
@@ -60,11 +39,11 @@ async def create_secret(request: web.Request) -> web.Response:
 async def list_secrets(request: web.Request) -> web.Response:
     parse_query(request, EmptyQuery)
     items = await request.app[SERVICES_KEY].secrets.list(_account(request))
-    return json_response(SecretList(items=[secret_view(s) for s in items]))
+    return json_response(secret_list_view(items))
 
 
 async def delete_secret(request: web.Request) -> web.Response:
     parse_query(request, EmptyQuery)
     name = request.match_info["name"]
     await request.app[SERVICES_KEY].secrets.delete(_account(request), name)
-    return json_response(DeletedSecret(name=name, deleted=True))
+    return json_response(deleted_secret_view(name))

@@ -9,7 +9,7 @@ from management.http.paging import decode_cursor, page_response
 from management.http.requests import json_response, parse_query
 from management.http.schemas import PageQuery
 from management.services.models import PositionKey
-from management.views import signing_key_view
+from management.views.grid import signing_key_view
 
 RESOURCE = "signing_keys"
 

@@ -16,11 +16,8 @@ from management.api.auth import scope_of
 from management.http.errors import Forbidden
 from management.http.keys import SERVICES_KEY
 from management.http.requests import json_response, parse_body, parse_query
-from management.http.responses import Time, View
 from management.http.schemas import EmptyQuery
-from management.services.ssh_keys import host_alias
-from management.views import rfc3339
-from master.port import SshKeyRecord
+from management.views.ssh import ssh_key_list_view, ssh_key_view, workload_ssh_view
 
 AccountId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 
@@ -43,44 +40,6 @@ class SshKeyQuery(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 REQUEST_SCHEMAS: tuple[type[msgspec.Struct], ...] = (AddSshKey, SshKeyQuery)
 
 
-class SshKeyView(View):
-    id: str
-    account: str
-    name: str
-    public_key: str
-    fingerprint: str
-    created_at: Time
-
-
-class SshKeyList(View):
-    items: list[SshKeyView]
-
-
-class ReplicaSshView(View):
-    replica: int
-    host: str  # the name ssh knows it by (Host in ~/.ssh/config, the proxy's %h)
-    agent_id: str
-    state: str
-    host_key: str | None  # null: its host reported none (an older agent); restart the workload to get one
-    known_hosts: str | None  # the line for ~/.ssh/known_hosts
-
-
-class WorkloadSshView(View):
-    workload: str
-    replicas: list[ReplicaSshView]
-
-
-def ssh_key_view(k: SshKeyRecord) -> SshKeyView:
-    return SshKeyView(
-        id=k.id,
-        account=k.account,
-        name=k.name,
-        public_key=k.public_key,
-        fingerprint=k.fingerprint,
-        created_at=rfc3339(k.created_at) or "",
-    )
-
-
 async def add_ssh_key(request: web.Request) -> web.Response:
     body = await parse_body(request, AddSshKey)
     scope = scope_of(request)
@@ -97,7 +56,7 @@ async def add_ssh_key(request: web.Request) -> web.Response:
 async def list_ssh_keys(request: web.Request) -> web.Response:
     query = parse_query(request, SshKeyQuery)
     keys = await request.app[SERVICES_KEY].ssh_keys.list(owner=scope_of(request).owner, account=query.account)
-    return json_response(SshKeyList(items=[ssh_key_view(k) for k in keys]))
+    return json_response(ssh_key_list_view(keys))
 
 
 async def delete_ssh_key(request: web.Request) -> web.Response:
@@ -111,13 +70,4 @@ async def workload_ssh(request: web.Request) -> web.Response:
     workload, keys = await request.app[SERVICES_KEY].ssh_keys.host_keys(
         request.match_info["workload_id"], owner=scope_of(request).owner
     )
-    replicas = []
-    for k in keys:
-        alias = host_alias(workload.id, k.replica)
-        line = f"{alias} {k.host_key}" if k.host_key else None
-        replicas.append(
-            ReplicaSshView(
-                replica=k.replica, host=alias, agent_id=k.agent_id, state=k.state, host_key=k.host_key, known_hosts=line
-            )
-        )
-    return json_response(WorkloadSshView(workload=workload.id, replicas=replicas))
+    return json_response(workload_ssh_view(workload, keys))

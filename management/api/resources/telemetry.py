@@ -10,7 +10,7 @@ from management.api.auth import scope_of
 from management.http.keys import SERVICES_KEY
 from management.http.requests import json_response, parse_query
 from management.http.schemas import TelemetryQuery
-from management.views import telemetry_view
+from management.views.telemetry import telemetry_view
 
 
 async def gpu_telemetry(request: web.Request) -> web.Response:

@@ -7,14 +7,12 @@ from aiohttp import web
 
 from management.http.keys import SERVICES_KEY
 from management.http.requests import json_response
-from management.services.templates import TemplateList, TemplateView
-
-ANSWERS = (TemplateList, TemplateView)
+from management.views.templates import template_list_view, template_view
 
 
 async def list_templates(request: web.Request) -> web.Response:
-    return json_response(request.app[SERVICES_KEY].templates.list_templates())
+    return json_response(template_list_view(request.app[SERVICES_KEY].templates.list_templates()))
 
 
 async def get_template(request: web.Request) -> web.Response:
-    return json_response(request.app[SERVICES_KEY].templates.get_template(request.match_info["name"]))
+    return json_response(template_view(request.app[SERVICES_KEY].templates.get_template(request.match_info["name"])))

@@ -9,9 +9,9 @@ from aiohttp import web
 from management.http.keys import SERVICES_KEY
 from management.http.paging import decode_cursor, page_response
 from management.http.requests import parse_query
-from management.http.responses import TierView
 from management.http.schemas import PageQuery
 from management.services.models import PositionKey
+from management.views.hosts import TierView
 
 RESOURCE = "tiers"
 

@@ -9,7 +9,7 @@ from management.api.audit import created
 from management.http.keys import SERVICES_KEY
 from management.http.requests import json_response, parse_body
 from management.http.schemas import CreateToken
-from management.views import token_view
+from management.views.grid import token_view
 
 
 async def create_token(request: web.Request) -> web.Response:

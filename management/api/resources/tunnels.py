@@ -17,7 +17,7 @@ from management.api.auth import scope_of
 from management.http.keys import SERVICES_KEY
 from management.http.requests import json_response, parse_body, parse_query
 from management.services.tunnels import TunnelRequest
-from management.views import tunnel_grant_view
+from management.views.tunnels import tunnel_grant_view
 
 
 class LogsQuery(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -11,7 +11,7 @@ from management.http.paging import decode_cursor, page_response
 from management.http.requests import json_response, parse_body, parse_query
 from management.http.schemas import EmptyQuery, SubmitWorkload, WorkloadQuery
 from management.services.workloads import WorkloadKey
-from management.views import explanation_view, workload_detail, workload_view
+from management.views.workloads import explanation_view, workload_detail, workload_view
 
 RESOURCE = "workloads"
 

@@ -32,6 +32,7 @@ from management.market.money import format_amount
 from management.market.prices import HostPrice, PriceSetting
 from management.services.hosts import AgentDetail, AgentKey
 from management.services.telemetry import HostSamples
+from management.views.verification import host_verifications_view
 from master.port import WEIGHTS, GpuRecord, reputation
 
 HOSTS_PAGE = 50  # hosts on a page of the list
@@ -360,7 +361,7 @@ async def host_page(request: web.Request) -> web.StreamResponse:
         earnings = await operations.market.earnings(detail.agent.provider, owner=scope.owner)
         earned = earnings_rows([e for e in earnings.items if e.agent_id == agent_id], label="agent_id")
     score, parts = reputation_parts(detail)
-    verification = await operations.verification.history(agent_id, owner=scope.owner)  # measured verification
+    verification = host_verifications_view(await operations.verification.history(agent_id, owner=scope.owner))
     return await page(
         request,
         "provider/host.html",

@@ -57,7 +57,7 @@ from management.monitoring.history import TelemetryHistory
 from management.services.billing import SpendOverTime
 from management.services.market import FundsDetail, PaymentRequired
 from management.services.workloads import WorkloadKey, WorkloadRuns
-from management.views import explanation_view, workload_view
+from management.views.workloads import explanation_view, workload_view
 from management.workloads.explain_text import render_explanation
 from management.workloads.spec import InvalidWorkloadSpec
 from management.workloads.states import WORKLOAD_STATES

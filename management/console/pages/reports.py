@@ -27,7 +27,7 @@ from management.console.rendering import page
 from management.console.session import signed_in
 from management.http.keys import SERVICES_KEY
 from management.market.ledger import calendar_period
-from management.monitoring.report_render import report_csv, report_json
+from management.monitoring.report_render import report_csv
 from management.monitoring.reports import (
     DIMENSIONS,
     KINDS,
@@ -39,6 +39,7 @@ from management.monitoring.reports import (
     parse_instant,
     window,
 )
+from management.views.reports import report_view
 
 DEFAULT_KIND = "usage"
 DEFAULT_BY = "day"
@@ -280,7 +281,7 @@ async def reports_page(request: web.Request) -> web.StreamResponse:
     report, currency = await request.app[SERVICES_KEY].reports.report(
         wanted.kind, wanted.by, wanted.start, wanted.end, provider=provider, renter=renter
     )
-    body = report_json(report, currency)
+    body = msgspec.to_builtins(report_view(report, currency))
     series = chart_series(body, wanted.chart, wanted.start, wanted.end)
     return await page(
         request,

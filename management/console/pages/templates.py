@@ -34,7 +34,7 @@ async def gallery(request: web.Request, *, errors: FormErrors | None = None, for
     errors = errors or FormErrors()
     return await page(
         request, "renter/templates.html", status=400 if errors else 200, title="Launch templates",
-        templates=listed.items, errors=errors, form=form or {},
+        templates=listed, errors=errors, form=form or {},
     )  # fmt: skip
 
 

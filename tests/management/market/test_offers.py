@@ -7,8 +7,9 @@ import pytest
 from common.errors import BadQuery
 from common.inventory import GpuInfo, HostInfo, MigInstance, NvLink
 from common.wire import BenchmarkFigures
-from management.market.offers import Offer, OfferIndex, offer_of, offer_view, score_of, search_view
+from management.market.offers import Offer, OfferIndex, offer_of, score_of
 from management.market.prices import HostPrice
+from management.views.market import offer_view, search_view
 from master.records import AgentRecord, GpuFault, GpuRecord, GpuVerification
 
 VRAM = {"h100-sxm": 81_559, "rtx-4090": 24_564, "a100-80gb": 81_920}
@@ -84,7 +85,7 @@ def test_an_offer_describes_the_free_healthy_units_of_a_host_and_its_price():
     assert offer.score == score_of(0.97, 2_000_000)
     assert (offer.tflops, offer.memory_bandwidth_gbs, offer.tflops_per_price) == (800.0, 3000.0, 400.0)
     view = offer_view(offer)
-    assert (view["price"], view["min_bid"], view["reserved_price"]) == ("2.00", "0.50", "1.50")
+    assert (view.price, view.min_bid, view.reserved_price) == ("2.00", "0.50", "1.50")
 
 
 @pytest.mark.parametrize(
@@ -199,7 +200,7 @@ def test_default_order_is_score_descending_and_sort_orders_by_any_field_with_tie
     by_score = index.search().offers
     assert [o.score for o in by_score] == sorted((o.score for o in by_score), reverse=True)
     assert ids(by_score)[0] == "h5"  # free and reliable enough
-    assert search_view(index.search())["offers"][0]["price"] == "0.00"
+    assert search_view(index.search()).offers[0].price == "0.00"
     assert ids(index.search("", sort="price").offers) == ["h5", "h3", "h2", "h4", "h1", "h0"]
     assert ids(index.search("sort=-num_gpus", sort="price").offers)[:2] == ["h0", "h2"]  # the query's own sort wins
     assert ids(index.search("", sort="-region").offers) == ["h2", "h4", "h0", "h1", "h3", "h5"]
@@ -214,8 +215,9 @@ def test_an_empty_result_names_the_condition_that_emptied_it_and_how_many_matche
     assert (result.emptied_by.condition, result.emptied_by.position, result.emptied_by.matched_before) == ("price<1", 30, 2)
     assert result.emptied_by.sentence == "no offer has price<1 (2 matched the conditions before it)"
     view = search_view(market().search("model=h200"))
-    assert view["emptied_by"]["sentence"] == "no offer has model=h200 (it is the first condition; 6 offers in all)"
-    assert (view["offers"], view["total"], view["next_cursor"]) == ([], 0, None)
+    assert view.emptied_by is not None
+    assert view.emptied_by.sentence == "no offer has model=h200 (it is the first condition; 6 offers in all)"
+    assert (view.offers, view.total, view.next_cursor) == ([], 0, None)
 
 
 def test_pages_follow_each_other_without_gap_or_repeat_even_when_offers_change_between_them():
@@ -261,7 +263,7 @@ def test_an_offer_names_the_images_its_host_already_has_so_renters_can_prefer_a_
     warm = host("h1", images=["ghcr.io/acme/train:1", "pytorch/pytorch:2.3.0-cuda12.1-cudnn8-runtime"])
     offer = offer_of(warm, cards("h1", 2), held=set(), price=PRICE, reliability=1.0)
     assert offer is not None and offer.images == ["ghcr.io/acme/train:1", "pytorch/pytorch:2.3.0-cuda12.1-cudnn8-runtime"]
-    assert offer_view(offer)["images"] == offer.images
+    assert offer_view(offer).images == offer.images
     cold = offer_of(host("h2"), cards("h2", 2), held=set(), price=PRICE, reliability=1.0)
     assert cold is not None and cold.images == []
 

@@ -12,8 +12,8 @@ import pytest
 from common.containers import DeleteSpec, RegistryAuth
 from common.inventory import ImageSource
 from common.wire import AgentEvent, AgentEventKind, CommandResult
-from management.http.responses import RegistryAuthView
-from management.views import command_view, workload_spec_view
+from management.views.grid import command_view
+from management.views.workloads import RegistryAuthView, workload_spec_view
 from management.workloads.book import TRANSITION_EVENT, WorkloadBook
 from management.workloads.runner import SchedulerLoop, SchedulerSettings
 from master.records import AgentRecord, PlacementConstraints

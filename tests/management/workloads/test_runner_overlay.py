@@ -15,7 +15,7 @@ from common.inventory import Inventory
 from common.nebula import decode_cert_pem, fingerprint, new_host_key, public_key_of_pem, verify
 from common.overlay import OverlaySpec
 from common.wire import PROTOCOL_VERSIONS, AgentConnected, Heartbeat, Hello
-from management.views import network_view
+from management.views.workloads import network_view
 from management.workloads.runner import SchedulerLoop
 from master.accounts import AccountRole
 from master.config import MasterConfig

@@ -9,7 +9,8 @@ import msgspec
 import pytest
 
 from common.storage import CheckpointSpec, StorageAccess, StorageMount
-from management.views import command_view, workload_spec_view
+from management.views.grid import command_view
+from management.views.workloads import workload_spec_view
 from management.workloads.spec import InvalidWorkloadSpec
 from management.workloads.states import WorkloadState
 from tests.management.workloads.test_runner import creates_sent, host, scheduler, spec
