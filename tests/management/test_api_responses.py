@@ -9,7 +9,7 @@ the market's façade (a workload's terms, balances, statements, offers) are read
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import pytest
@@ -67,9 +67,10 @@ from master.records import (
 from tests.management.hosts import HOST, add_agent, api_key
 
 NOW = 1795380123.25
+ViewT = TypeVar("ViewT", bound=msgspec.Struct)
 
 
-def conforms(view: Any, struct: type[msgspec.Struct]) -> msgspec.Struct:
+def conforms(view: Any, struct: type[ViewT]) -> ViewT:
     """The view as the API sends it (JSON), decoded as its struct: ValidationError names the field that disagrees."""
     return msgspec.json.decode(msgspec.json.encode(view), type=struct)
 
