@@ -89,5 +89,9 @@ def test_the_relay_never_refuses_what_is_declared_never_rate_limited():
 
 
 def encode_kind(kind: str) -> bytes:
-    fields = {"heartbeat": {"seq": 1, "ts": 0.0}, "command_ack": {"id": "c1"}, "command_result": {"id": "c1", "ok": True}}
+    fields: dict[str, dict[str, object]] = {
+        "heartbeat": {"seq": 1, "ts": 0.0},
+        "command_ack": {"id": "c1"},
+        "command_result": {"id": "c1", "ok": True},
+    }
     return msgspec.json.encode({"type": kind, **fields[kind]})

@@ -72,7 +72,9 @@ def _aliases(function: ast.AST) -> set[str]:
 def _reaches(scope: ast.AST, names: set[str], parts: dict[str, type], port_members: set[str]) -> set[str]:
     found = set()
     for node in ast.walk(scope):
-        chain = _chain(node) if isinstance(node, ast.Attribute) else []
+        if not isinstance(node, ast.Attribute):
+            continue
+        chain = _chain(node)
         for i, name in enumerate(chain[:-1]):
             if name not in names:
                 continue

@@ -20,6 +20,7 @@ import urllib.request
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
@@ -337,7 +338,13 @@ async def flood_and_oversize(port: int, grid: Grid, name: str, tally: Counter[st
     at once whenever it is cut off and ignoring Retry-After."""
     context = client_tls_context(grid.authority.ca_file, grid.agent_dir(name) / "agent.crt", grid.agent_dir(name) / "agent.key")
     url = f"wss://127.0.0.1:{port}"
-    options = {"ssl": context, "max_size": HARD_FRAME_BYTES, "open_timeout": 5, "local_addr": (FLOODER_ADDRESS, 0)}
+    # Any: the values differ in type, and local_addr goes through connect's **kwargs to create_connection
+    options: dict[str, Any] = {
+        "ssl": context,
+        "max_size": HARD_FRAME_BYTES,
+        "open_timeout": 5,
+        "local_addr": (FLOODER_ADDRESS, 0),
+    }
     try:
         async with connect(url, **options) as ws:
             await ws.send(heartbeat(0, pad="x" * (MAX_FRAME_BYTES + 1)))
@@ -386,6 +393,7 @@ def test_the_relay_holds_under_hostile_load_while_real_agents_keep_working(tmp_p
     try:
         grid.start_master()
         relay = grid.start_relay("relay-1", "eu-west")
+        assert relay.daemon is not None
         names = [f"good-{n}" for n in range(GOOD_AGENTS)]
         enroll_all(grid, [*names, "flooder"])
         for name in names:
@@ -404,11 +412,11 @@ def test_the_relay_holds_under_hostile_load_while_real_agents_keep_working(tmp_p
         )
         started = time.monotonic()
         abuse.start()
-        polls, all_up, commands = 0, 0, Counter()
+        polls, all_up, commands = 0, 0, Counter[str]()
         while abuse.is_alive() and time.monotonic() - started < ABUSE_S + 30:
-            states = [grid.agent(agent_id)["state"] for agent_id in agents]
+            polled = [grid.agent(agent_id)["state"] for agent_id in agents]
             polls += 1
-            all_up += all(state in ("ready", "busy") for state in states)
+            all_up += all(state in ("ready", "busy") for state in polled)
             agent_id = agents[polls % len(agents)]
             commands[run_command_pair(grid, agent_id, f"job-{polls}")] += 1
         abuse.join(timeout=5)

@@ -98,6 +98,7 @@ async def test_python_m_access_links_up_serves_and_stops_on_sigterm(master, pki)
         if process.returncode is None:
             process.kill()
             await process.wait()
+    assert process.stderr is not None
     lines = (await process.stderr.read()).decode().splitlines()
     records = [json.loads(line) for line in lines]  # one JSON object per line, nothing else
     assert any(r["msg"] == "access relay started" and r["relay"] == pki.relay.identity.id for r in records)

@@ -62,7 +62,7 @@ def of_type(hint: Any) -> st.SearchStrategy[Any]:
         if base is int:
             low = max((m.ge for m in metas if isinstance(m, msgspec.Meta) and m.ge is not None), default=-(2**63))
             high = min((m.le for m in metas if isinstance(m, msgspec.Meta) and m.le is not None), default=2**63 - 1)
-            return st.integers(low, high)
+            return st.integers(int(low), int(high))
         if base is float:
             metas_ = [m for m in metas if isinstance(m, msgspec.Meta)]
             low_f = max([m.ge for m in metas_ if m.ge is not None] + [m.gt for m in metas_ if m.gt is not None], default=None)

@@ -10,6 +10,7 @@ import os
 import socket
 import sys
 import time
+from typing import TextIO
 
 rank, world = int(os.environ["NODE_RANK"]), int(os.environ["NNODES"])
 value = float(sys.argv[1])
@@ -27,14 +28,14 @@ names = (
     "GLOO_SOCKET_IFNAME",
     "IDLEGRID_OVERLAY_ADDR",
 )
-out = {"env": {n: os.environ[n] for n in names}, "hostfile": open(os.environ["IDLEGRID_HOSTFILE"]).read()}
+out: dict[str, object] = {"env": {n: os.environ[n] for n in names}, "hostfile": open(os.environ["IDLEGRID_HOSTFILE"]).read()}
 
 
 def line(conn):
     return readers.setdefault(conn, conn.makefile("r")).readline().strip()
 
 
-readers = {}
+readers: dict[socket.socket, TextIO] = {}
 if rank == 0:
     server = socket.create_server((addr, port))
     server.settimeout(60)

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import Encoding
 
 from agent.credentials import (
@@ -67,12 +68,17 @@ def test_the_fraction_must_leave_time_before_expiry(state_dir, ca):
             CertificateRenewer(state_dir, AGENT, ca.cert, fraction=bad)
 
 
+def public_numbers(key: object) -> ec.EllipticCurvePublicNumbers:
+    assert isinstance(key, ec.EllipticCurvePublicKey)  # the agent's keys are EC keys
+    return key.public_numbers()
+
+
 def test_repeated_requests_ask_for_the_same_new_key(state_dir, ca):
     renewer = CertificateRenewer(state_dir, AGENT, ca.cert)
     first, second = renewer.request(time.time()), renewer.request(time.time())
-    keys = {x509.load_pem_x509_csr(r.csr_pem.encode()).public_key().public_numbers() for r in (first, second)}
+    keys = {public_numbers(x509.load_pem_x509_csr(r.csr_pem.encode()).public_key()) for r in (first, second)}
     assert len(keys) == 1
-    current = load_cert((state_dir / CERT_FILE).read_bytes()).public_key().public_numbers()
+    current = public_numbers(load_cert((state_dir / CERT_FILE).read_bytes()).public_key())
     assert current not in keys  # a fresh key, not the one in use
 
 
@@ -168,4 +174,5 @@ def test_install_writes_both_files_and_leaves_nothing_staged(state_dir, ca):
 def test_an_expired_certificate_is_reported_with_what_to_do(state_dir, ca):
     renewer = CertificateRenewer(state_dir, AGENT, ca.cert)
     assert describe_expiry(renewer) is None
-    assert "enroll this host again" in describe_expiry(renewer, renewer.not_after + 1)
+    expiry = describe_expiry(renewer, renewer.not_after + 1)
+    assert expiry is not None and "enroll this host again" in expiry

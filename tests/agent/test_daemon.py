@@ -19,7 +19,7 @@ from websockets.frames import Close
 
 from agent.config import AgentConfig
 from agent.daemon import Agent
-from agent.directory import DIRECTORY_FILE
+from agent.directory import DIRECTORY_FILE, save_directory
 from agent.errors import EXIT_CERTIFICATE_REVOKED, is_revocation
 from agent.runtime.images import PullProgress
 from bench.fleet_agents import agent_dir
@@ -246,7 +246,7 @@ def test_sigkill_of_its_relay_moves_the_agent_along_its_directory_to_a_relay_in_
         RelayEntry(relay_id="relay-1", region="eu-west", url=relay_1.agent_url),
         RelayEntry(relay_id="relay-2", region="us-east", url=relay_2.agent_url),
     ]
-    (grid.agent_dir("traveller") / DIRECTORY_FILE).write_bytes(encode(directory))
+    save_directory(grid.agent_dir("traveller"), directory)
     write_toml(grid.root / "config" / "traveller.toml", {**QUICK_RECONNECT, "region": "eu-west"})
     grid.start_agent("traveller", "--config", str(grid.root / "config" / "traveller.toml"))
     wait_for(lambda: _ready_through(grid, agent_id, "relay-1"), 30, "the agent on relay-1, its home region's relay")

@@ -71,7 +71,8 @@ async def test_the_probe_measures_every_relay_and_gives_none_for_one_that_refuse
         dead = RelayEntry(relay_id="gone", region="eu", url=f"wss://127.0.0.1:{relays['gone'].port}")
         await relays["gone"].close()
         latencies = await probe_relays([alive, dead], tcp_latency_ms, timeout_s=1.0)
-    assert latencies[alive.url] is not None and latencies[alive.url] >= 0
+    latency = latencies[alive.url]
+    assert latency is not None and latency >= 0
     assert latencies[dead.url] is None
 
 

@@ -160,7 +160,7 @@ def discovery_of(
         region=region,
         nameservers=[server.address],
         port=server.port,
-        **settings,  # type: ignore[arg-type]
+        **settings,
     )
     return RelayDiscovery(config, probe=probe or scripted_probe(LATENCY_MS), clock=clock)
 
@@ -317,7 +317,8 @@ async def test_the_default_probe_times_a_tcp_connect_and_finds_closed_relays_dea
     probes = {label(p.candidate): p for p in await discovery.probe_all(candidates)}
 
     assert probes["a1"].latency_ms is None and "ConnectionRefused" in probes["a1"].error
-    assert 0 <= probes["a2"].latency_ms < 1000 and 0 <= probes["a3"].latency_ms < 1000
+    a2, a3 = probes["a2"].latency_ms, probes["a3"].latency_ms
+    assert a2 is not None and a3 is not None and 0 <= a2 < 1000 and 0 <= a3 < 1000
     assert sorted(labels(await discovery.ranked())) == ["a2", "a3"]
 
 
@@ -343,7 +344,7 @@ async def test_the_ranking_lives_for_the_smallest_ttl_clamped(tmp_path, relays, 
 
 async def test_the_fallback_records_ttl_bounds_the_ranking_too(tmp_path, relays, clock):
     # dnsmasq gives SRV and TXT the same --local-ttl, so the shorter TTL is put on the addresses of b and c only
-    records = [r for r in records_for(relays) if not isinstance(r, HostRecord)]
+    records: list[Record] = [r for r in records_for(relays) if not isinstance(r, HostRecord)]
     records += [HostRecord(relays[n].host, "127.0.0.1", 60 if n.startswith("a") else 8) for n in LATENCY_MS]
     with Dnsmasq(ZONE, local_ttl=RELAY_TTL_S, workdir=tmp_path / "d").start(records) as server:
         discovery = discovery_of(server, clock=clock)

@@ -36,9 +36,10 @@ def test_injected_temperature_and_ecc_show_in_every_sample_until_removed(tmp_pat
     for _ in range(2):
         by_uuid = {s.uuid: s for s in gpus.sample()}
         assert by_uuid[first].temperature_c == 97 and by_uuid[second].ecc_uncorrected == 3
-        assert by_uuid[third].temperature_c <= 90 and by_uuid[third].ecc_uncorrected == 0
+        cool = by_uuid[third].temperature_c
+        assert cool is not None and cool <= 90 and by_uuid[third].ecc_uncorrected == 0
     (tmp_path / FAULTS_FILE).unlink()
-    assert all(s.temperature_c <= 90 and s.ecc_uncorrected == 0 for s in gpus.sample())
+    assert all(s.temperature_c is not None and s.temperature_c <= 90 and s.ecc_uncorrected == 0 for s in gpus.sample())
 
 
 def test_an_injected_xid_is_reported_once_and_again_only_when_it_changes(tmp_path):

@@ -153,6 +153,11 @@ def fake_nvml(gpus: list[FakeGpu], *, init_error: type[pynvml.NVMLError] | None 
     def shutdown() -> None:
         state["shutdowns"] += 1
 
+    def nvlink_remote(handle: int, link: int) -> SimpleNamespace:
+        links = gpu(handle).nvlinks
+        assert links is not None, "a PCIe card's links have no remote end"
+        return SimpleNamespace(busId=links[link][1])
+
     def nvlink_state(handle: int, link: int) -> int:
         links = gpu(handle).nvlinks
         if links is None:
@@ -188,7 +193,7 @@ def fake_nvml(gpus: list[FakeGpu], *, init_error: type[pynvml.NVMLError] | None 
         return (handle, slot)  # a MIG device handle: (its GPU, its slot)
 
     def mig_of(handle: Any) -> FakeMig:
-        return gpus[handle[0]].mig[handle[1]]  # type: ignore[index]
+        return gpus[handle[0]].mig[handle[1]]
 
     def instance_by_id(handle: int, gi: int) -> tuple[int, int]:
         return next((handle, slot) for slot, m in (gpu(handle).mig or {}).items() if m.gpu_instance_id == gi)
@@ -222,7 +227,7 @@ def fake_nvml(gpus: list[FakeGpu], *, init_error: type[pynvml.NVMLError] | None 
         "nvmlDeviceGetMaxPcieLinkGeneration": lambda h: gpu(h).max_pcie_gen,
         "nvmlDeviceGetCurrPcieLinkWidth": lambda h: gpu(h).pcie_width,
         "nvmlDeviceGetNvLinkState": nvlink_state,
-        "nvmlDeviceGetNvLinkRemotePciInfo": lambda h, link: SimpleNamespace(busId=gpu(h).nvlinks[link][1]),
+        "nvmlDeviceGetNvLinkRemotePciInfo": nvlink_remote,
         "nvmlDeviceGetMaxClockInfo": lambda h, clock: gpu(h).clocks_max[clock],
         "nvmlDeviceGetEnforcedPowerLimit": lambda h: gpu(h).power_limit_mw,
         "nvmlDeviceGetMemoryBusWidth": lambda h: gpu(h).bus_width,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+from typing import Any
 
 import pytest
 
@@ -79,14 +80,15 @@ def test_credentials_never_show_in_a_specs_repr():
 
 def test_progress_counts_layers_and_the_bytes_the_engine_announces():
     progress = PullProgress()
-    for event in [  # Docker's pull stream
+    pull_stream: list[dict[str, Any]] = [  # Docker's pull stream
         {"status": "Pulling from library/python", "id": "3.12"},
         {"status": "Pulling fs layer", "progressDetail": {}, "id": "a1"},
         {"status": "Pulling fs layer", "progressDetail": {}, "id": "b2"},
         {"status": "Downloading", "progressDetail": {"current": 3_000_000, "total": 10_000_000}, "id": "a1"},
         {"status": "Downloading", "progressDetail": {"current": 1_000_000, "total": 2_000_000}, "id": "b2"},
         {"status": "Download complete", "progressDetail": {}, "id": "b2"},
-    ]:
+    ]
+    for event in pull_stream:
         progress.feed(event)
     assert (progress.done_bytes, progress.total_bytes) == (5_000_000, 12_000_000)
     assert progress.text() == "5.0 MB of 12.0 MB, 1 of 2 layers"

@@ -24,14 +24,14 @@ pytestmark = [
 
 
 @pytest.fixture
-async def runtime(podman):  # type: ignore[no-untyped-def]
+async def runtime(podman):
     rt = DockerRuntime(podman.socket_path)
     yield rt
     await rt.close()
     podman.podman("rm", "--all", "--force", "--time", "0")
 
 
-async def test_a_docker_replicas_overlay_runs_in_the_containers_namespace(runtime, podman, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+async def test_a_docker_replicas_overlay_runs_in_the_containers_namespace(runtime, podman, tmp_path: Path) -> None:
     overlays, overlay = replica_overlay(tmp_path, 0)
     spec = overlays.prepare(
         ContainerSpec(name="wl-ab-r0-a1", image=podman.image, command=["sleep", "300"], overlay=overlay), runtime

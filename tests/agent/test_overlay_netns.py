@@ -167,7 +167,7 @@ def _finish(proc: subprocess.Popen[bytes], timeout_s: float = 60) -> dict:
     return json.loads(out)
 
 
-async def _until(predicate, timeout_s: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
+async def _until(predicate, timeout_s: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if predicate():

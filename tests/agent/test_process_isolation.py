@@ -133,6 +133,7 @@ async def test_a_hostile_container_reaches_nothing_of_another_renters_container_
         )
         await wait_for_file(victim_dir / "listening")
         victim = runtime._load("renter-a")
+        assert victim is not None
         # The victim's own server, reached the way a tunnel reaches it: it is there and answers.
         reader, writer = await runtime.connect("renter-a", victim_port)
         assert await reader.read() == b"victim-data"
@@ -148,7 +149,8 @@ async def test_a_hostile_container_reaches_nothing_of_another_renters_container_
         )
         seen = dict(line.split(": ", 1) for line in (await wait_for_file(runtime.workdir("renter-b") / "seen")).splitlines())
         attacker = runtime._load("renter-b")
-        victim_alive = (await runtime.inspect("renter-a")).state
+        victim_info = await runtime.inspect("renter-a")
+        victim_alive = victim_info.state if victim_info is not None else None
     finally:
         for name in ("renter-a", "renter-b"):
             await runtime.delete(name, timeout_s=0)
@@ -158,7 +160,7 @@ async def test_a_hostile_container_reaches_nothing_of_another_renters_container_
     for probe in ("read", "list", "write", "tmp", "shm", "kill", "ptrace", "victim_port", "host_port", "host_via_gateway"):
         assert seen[probe].startswith("refused"), (probe, seen[probe])
     assert victim_alive == "running"
-    assert victim.uid != attacker.uid and seen["uid"] == f"{attacker.uid} {attacker.uid} []"
+    assert attacker is not None and victim.uid != attacker.uid and seen["uid"] == f"{attacker.uid} {attacker.uid} []"
 
 
 async def test_a_container_sees_its_own_proc_and_an_exec_joins_it(tmp_path):

@@ -69,7 +69,8 @@ async def test_a_failed_create_answers_without_the_renters_secret_or_this_hosts_
     assert not result.ok and result.error_code == "bad_command"
     assert result.error is not None and token not in result.error and str(tmp_path) not in result.error
     assert f"'<agent work>/train/{HIDDEN}.sh' of container 'train' is not an executable" in result.error, result.error
-    assert ledger.get("cmd-1").error == result.error  # the command record holds no secret either
+    entry = ledger.get("cmd-1")
+    assert entry is not None and entry.error == result.error  # the command record holds no secret either
 
 
 def test_an_agents_private_paths_are_its_state_data_and_work_directories(tmp_path):

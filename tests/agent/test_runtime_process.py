@@ -124,11 +124,12 @@ async def test_a_new_runtime_on_the_same_state_dir_finds_inspects_and_deletes_th
     restarted = ProcessRuntime(tmp_path / "state")
     assert [c.id for c in await restarted.find(LABEL_COMMAND_ID, "cmd-3")] == [created.id]
     assert await restarted.find(LABEL_COMMAND_ID, "cmd-other") == []
-    assert (await restarted.inspect("shared")).state == "running"
+    shared = await restarted.inspect("shared")
+    assert shared is not None and shared.state == "running"
     assert [c.name for c in await restarted.list()] == ["shared"]
 
     deleted = await restarted.delete("shared", timeout_s=5)
-    assert deleted.id == created.id and deleted.state == "removed"
+    assert deleted is not None and deleted.id == created.id and deleted.state == "removed"
     assert deleted.exit_code == 143  # ended by SIGTERM; known to a runtime that is not its parent, from the shim's file
     assert not any(map(alive, members))
     assert await restarted.inspect("shared") is None and await runtime.inspect("shared") is None
@@ -156,7 +157,8 @@ async def test_an_exited_process_is_reaped_and_reports_its_exit_code(runtime, tm
     pid = record(tmp_path, "quitter")["pid"]
     await wait_until(lambda: asyncio.sleep(0, not Path(f"/proc/{pid}").exists()), "the runtime to reap its child")
     # A runtime that is not the parent learns the code from the file the shim wrote.
-    assert (await ProcessRuntime(tmp_path / "state").inspect("quitter")).exit_code == 3
+    quitter = await ProcessRuntime(tmp_path / "state").inspect("quitter")
+    assert quitter is not None and quitter.exit_code == 3
 
 
 async def exited(runtime, name):
@@ -194,7 +196,7 @@ async def test_containers_outlive_an_agent_killed_with_sigkill(tmp_path):
     """)
     proc = subprocess.Popen([sys.executable, "-c", agent], cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
-        assert proc.stdout.readline() == "created\n"
+        assert proc.stdout is not None and proc.stdout.readline() == "created\n"
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
@@ -204,7 +206,7 @@ async def test_containers_outlive_an_agent_killed_with_sigkill(tmp_path):
     assert found.state == "running"
     pid = record(tmp_path, "survivor")["pid"]
     deleted = await restarted.delete("survivor", timeout_s=5)
-    assert deleted.state == "removed"
+    assert deleted is not None and deleted.state == "removed"
     assert not alive(pid)
     assert await restarted.list() == []
 

@@ -48,7 +48,7 @@ async def test_a_followed_log_ends_when_its_container_ends_not_at_its_next_line(
     rt = SimulatedRuntime(log_interval_s=3600)
     await rt.create(ContainerSpec(name="sim-1", image="none", command=["train"]), labels={LABEL_COMMAND_ID: "cmd-1"})
     stream = rt.logs("sim-1", tail=0, follow=True)
-    waiting = asyncio.create_task(anext(stream))
+    waiting = asyncio.ensure_future(anext(stream))
     await asyncio.sleep(0.05)  # the follower is asleep, waiting for its first line
     assert not waiting.done()
     if end == "delete":

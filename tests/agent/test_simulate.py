@@ -6,6 +6,7 @@ import pytest
 
 from agent.simulate import MAX_SIMULATED_GPUS, SimulatedCollector, parse_simulate_spec
 from common.catalog import CATALOG, match_model
+from common.inventory import GpuInfo
 from master.tiers import TierPolicy, classify
 
 
@@ -38,10 +39,16 @@ def test_a_bad_spec_is_a_value_error_saying_what_is_wrong(spec: str, says: str):
         parse_simulate_spec(spec)
 
 
+def model_key(gpu: GpuInfo) -> str:
+    model = match_model(gpu)
+    assert model is not None, f"{gpu.name} matched no model"
+    return model.key
+
+
 def test_inventory_has_the_asked_models_and_counts_in_order():
     gpus = SimulatedCollector("h100:4,a10:2", seed=1).inventory()
     assert [g.index for g in gpus] == list(range(6))
-    assert [match_model(g).key for g in gpus] == ["h100-sxm"] * 4 + ["a10"] * 2
+    assert [model_key(g) for g in gpus] == ["h100-sxm"] * 4 + ["a10"] * 2
 
 
 def test_inventory_looks_like_nvml_and_says_it_is_simulated():
@@ -77,7 +84,7 @@ def test_simulated_gpus_are_classified_like_real_ones():
 
 def test_samples_stay_within_the_models_limits_and_vary():
     collector = SimulatedCollector("h100:2,t4:2", seed=7)
-    gpus = {g.uuid: CATALOG[match_model(g).key] for g in collector.inventory()}
+    gpus = {g.uuid: CATALOG[model_key(g)] for g in collector.inventory()}
     seen = set()
     for n in range(200):
         if n % 50 == 0:  # containers come and go: half the cards held, then the other half
@@ -88,9 +95,9 @@ def test_samples_stay_within_the_models_limits_and_vary():
             model = gpus[s.uuid]
             assert 0 <= s.utilization_pct <= 100
             assert 0 <= s.memory_used_mib <= model.memory_mib
-            assert 0 < s.power_w <= model.tdp_w
-            assert 20 <= s.temperature_c <= 90
-            assert 0 < s.clock_sm_mhz <= model.sm_clock_max_mhz
+            assert s.power_w is not None and 0 < s.power_w <= model.tdp_w
+            assert s.temperature_c is not None and 20 <= s.temperature_c <= 90
+            assert s.clock_sm_mhz is not None and 0 < s.clock_sm_mhz <= model.sm_clock_max_mhz
             assert s.ecc_uncorrected == 0
             seen.add(round(s.utilization_pct))
     assert len(seen) > 20  # load actually changes

@@ -467,7 +467,7 @@ async def test_a_ticket_that_does_not_check_out_is_dropped_without_dialling(pki,
     assert server.open(ticket, link_to(relay, pki)) is False
     assert server.active == 0 and relay.dials == []  # nothing runs that could dial later
     refusal = next(r for r in caplog.records if r.getMessage() == "tunnel refused")
-    assert refusal.ticket == ticket.body.id  # type: ignore[attr-defined]
+    assert refusal.ticket == ticket.body.id
 
 
 async def test_with_no_relay_link_up_a_ticket_is_dropped(pki, server):
@@ -688,7 +688,7 @@ async def test_exec_echoes_input_takes_a_resize_and_ends_with_the_exit_status(pk
     assert await closed_with(renter) == 1000
     await eventually(lambda: server.active == 0, "the tunnel to end")
     opened, closed = [r for r in caplog.records if r.getMessage() in ("tunnel opened", "tunnel closed")]
-    assert (opened.getMessage(), opened.kind, opened.workload) == ("tunnel opened", "exec", WORKLOAD)  # type: ignore[attr-defined]
+    assert (opened.getMessage(), opened.kind, opened.workload) == ("tunnel opened", "exec", WORKLOAD)
     line = closed.__dict__
     assert (line["why"], line["bytes_in"], line["bytes_out"]) == ("completed", 23 + len(resize_payload(132, 43)), 23 + 10)
     assert line["duration_s"] >= 0

@@ -52,7 +52,7 @@ def test_a_timing_is_cut_with_the_marks_of_its_own_command_only():
 
 
 def test_the_summary_names_the_phase_the_slowest_commands_waited_in():
-    quick = dict.fromkeys(PHASES, 5.0)
+    quick: dict[str, float | None] = dict.fromkeys(PHASES, 5.0)
     timings = [CommandTiming("create_container", "succeeded", 0.04, 0.0, quick) for _ in range(198)]
     timings += [
         CommandTiming("create_container", "succeeded", 1.2, 0.0, {**quick, "to_agent": 1160.0}),

@@ -26,6 +26,12 @@ REQUIRED = (
 )
 
 
+def matched(info: GpuInfo) -> GpuModel:
+    model = match_model(info)
+    assert model is not None, f"{info.name} matched no model"
+    return model
+
+
 def gpu(name: str, memory_mib: int) -> GpuInfo:
     return GpuInfo(
         index=0, uuid="GPU-test", name=name, pci_bus_id="00000000:10:00.0", memory_total_mib=memory_mib, compute_capability="8.0"
@@ -54,34 +60,34 @@ def test_catalog_figures_are_consistent(model: GpuModel):
 
 
 def test_a100_40gb_and_80gb_are_told_apart_by_name_and_by_memory():
-    assert match_model(gpu("NVIDIA A100-SXM4-80GB", 81920)).key == "a100-80gb"
-    assert match_model(gpu("NVIDIA A100-SXM4-40GB", 40536)).key == "a100-40gb"
+    assert matched(gpu("NVIDIA A100-SXM4-80GB", 81920)).key == "a100-80gb"
+    assert matched(gpu("NVIDIA A100-SXM4-40GB", 40536)).key == "a100-40gb"
     # A name without the memory size leaves memory to decide.
-    assert match_model(gpu("NVIDIA A100", 40960)).key.startswith("a100-40gb")
-    assert match_model(gpu("NVIDIA A100", 81920)).key.startswith("a100-80gb")
+    assert matched(gpu("NVIDIA A100", 40960)).key.startswith("a100-40gb")
+    assert matched(gpu("NVIDIA A100", 81920)).key.startswith("a100-80gb")
 
 
 def test_h100_sxm_and_pcie_are_told_apart_by_pcie_in_the_name():
-    assert match_model(gpu("NVIDIA H100 80GB HBM3", 81559)).key == "h100-sxm"
-    assert match_model(gpu("NVIDIA H100 PCIe", 81559)).key == "h100-pcie"
+    assert matched(gpu("NVIDIA H100 80GB HBM3", 81559)).key == "h100-sxm"
+    assert matched(gpu("NVIDIA H100 PCIe", 81559)).key == "h100-pcie"
 
 
 def test_an_ambiguous_name_matches_the_slower_variant_so_it_is_never_tiered_up():
-    assert match_model(gpu("NVIDIA H100", 81559)).key == "h100-pcie"
+    assert matched(gpu("NVIDIA H100", 81559)).key == "h100-pcie"
 
 
 def test_variants_sharing_one_nvml_name_are_told_apart_by_memory():
-    assert match_model(gpu("NVIDIA GeForce RTX 3080", 10240)).key == "rtx-3080"
-    assert match_model(gpu("NVIDIA GeForce RTX 3080", 12288)).key == "rtx-3080-12gb"
+    assert matched(gpu("NVIDIA GeForce RTX 3080", 10240)).key == "rtx-3080"
+    assert matched(gpu("NVIDIA GeForce RTX 3080", 12288)).key == "rtx-3080-12gb"
 
 
 def test_matching_ignores_case_and_vendor_words():
-    assert match_model(gpu("nvidia geforce rtx 4090", 24564)).key == "rtx-4090"
-    assert match_model(gpu("NVIDIA T4", 15360)).key == "t4"  # NVML says "Tesla T4"
+    assert matched(gpu("nvidia geforce rtx 4090", 24564)).key == "rtx-4090"
+    assert matched(gpu("NVIDIA T4", 15360)).key == "t4"  # NVML says "Tesla T4"
 
 
 def test_a_name_that_says_more_than_the_catalog_matches_the_model_it_contains():
-    assert match_model(gpu("NVIDIA GeForce RTX 4090 D", 24564)).key == "rtx-4090"
+    assert matched(gpu("NVIDIA GeForce RTX 4090 D", 24564)).key == "rtx-4090"
 
 
 def test_names_match_by_whole_words_not_substrings():

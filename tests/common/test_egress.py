@@ -90,7 +90,7 @@ def test_a_public_name_gives_the_addresses_to_connect_to_and_a_literal_is_never_
     assert rule.addresses("storage endpoint", "store.example", 443) == [ipaddress.ip_address("93.184.216.34")]
     with pytest.raises(EgressRefused):
         rule.addresses("storage endpoint", "2130706433", 443)
-    assert resolver.asked == [("store.example", 443)]  # type: ignore[attr-defined]
+    assert resolver.asked == [("store.example", 443)]
 
 
 def test_the_provider_allows_a_private_endpoint_by_name_and_port_and_nothing_else():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 
 import pytest
 
@@ -30,4 +31,4 @@ def test_an_unknown_loop_is_refused_with_the_choices(monkeypatch):
     coro = _which()
     with pytest.raises(ConfigError, match="uvloop, asyncio"):
         run(coro)
-    assert coro.cr_frame is None  # closed, not left to warn that it was never awaited
+    assert inspect.getcoroutinestate(coro) == inspect.CORO_CLOSED  # closed, not left to warn that it was never awaited

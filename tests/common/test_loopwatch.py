@@ -78,6 +78,6 @@ def test_lag_is_counted_in_cumulative_buckets_and_below_the_report_bound_is_not_
     for lag in (0.001, 0.03, 0.2, 20.0, -0.001):  # a negative lag (the clock's resolution) counts as none
         watch.observe(lag, 0.0, 1.0)
     assert watch.stalls == 2 and watch.longest_s == 20.0
-    (lag,) = [m for m in watch.collect() if m.name == "idlegrid_event_loop_lag_seconds"]
-    buckets = {s.labels["le"]: s.value for s in lag.samples if s.name.endswith("_bucket")}
+    (family,) = [m for m in watch.collect() if m.name == "idlegrid_event_loop_lag_seconds"]
+    buckets = {s.labels["le"]: s.value for s in family.samples if s.name.endswith("_bucket")}
     assert buckets["0.005"] == 2 and buckets["0.05"] == 3 and buckets["0.25"] == 4 and buckets["+Inf"] == 5

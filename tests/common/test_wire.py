@@ -40,9 +40,11 @@ def test_hello_round_trips_with_its_inventory():
 def test_a_hello_says_where_the_hosts_engine_gets_images_and_an_older_agents_hello_without_it_still_decodes():
     source = ImageSource(pull=False, registries_allowed=["localhost"], registries_denied=["docker.io"])
     hello = Hello(versions=[1], agent_version="0.2", inventory=Inventory(host=HOST, image_source=source))
-    assert decode_agent_frame(encode(hello)).inventory.image_source == source
+    decoded = decode_agent_frame(encode(hello))
+    assert isinstance(decoded, Hello) and decoded.inventory.image_source == source
     older = msgspec.json.encode({"type": "hello", "versions": [1], "agent_version": "0.1", "inventory": {"host": HOST}})
-    assert decode_agent_frame(older).inventory.image_source is None  # unknown: gets anything
+    decoded = decode_agent_frame(older)
+    assert isinstance(decoded, Hello) and decoded.inventory.image_source is None  # unknown: gets anything
 
 
 def test_a_host_allowing_more_registries_than_a_hello_carries_reports_no_source_rather_than_a_narrower_one():
@@ -78,6 +80,7 @@ def test_agent_frames_cannot_pose_as_master_frames():
 def test_relay_envelope_carries_the_agent_frame_untouched():
     inner = encode(Heartbeat(seq=7, ts=3.5))
     envelope = decode_link_frame(encode(Relay(agent_id="agt-1", frame=msgspec.Raw(inner))))
+    assert isinstance(envelope, Relay)
     assert envelope.agent_id == "agt-1"
     assert bytes(envelope.frame) == inner
 

@@ -74,7 +74,7 @@ class ConsoleMaster:
         return self.server.api_url
 
     @property
-    def services(self):  # type: ignore[no-untyped-def]
+    def services(self):
         return self.server.services
 
     def start(self) -> None:

@@ -13,6 +13,12 @@ from master.store.base import TokenOutcome
 from tests.management.hosts import UNREACHABLE_DETAIL, UNREACHABLE_FIX, add_agent
 
 
+def token_in(command: str) -> str:
+    found = re.search(r"--token (igjt_\S+)", command)
+    assert found is not None, command
+    return found.group(1)
+
+
 def test_a_provider_gets_a_token_of_its_own_and_a_command_for_each_engine(console_master, page, sign_in, shot):
     sign_in(page, "provider")
     page.get_by_role("navigation", name="Main").get_by_role("link", name="Add a host").click()
@@ -23,7 +29,7 @@ def test_a_provider_gets_a_token_of_its_own_and_a_command_for_each_engine(consol
     page.get_by_role("button", name="Make a join token and the commands").click()
     commands = {engine: page.locator(f"#command-{engine}").inner_text() for engine in ("docker", "podman", "none")}
     shot(page, "commands")
-    tokens = {re.search(r"--token (igjt_\S+)", command).group(1) for command in commands.values()}
+    tokens = {token_in(command) for command in commands.values()}
     assert len(tokens) == 1, commands  # one token, in each command
     for engine, command in commands.items():
         assert command.startswith(f"curl -fsSL {console_master.url}/install.sh | sudo sh -s -- --token igjt_")

@@ -30,7 +30,7 @@ def grid(tmp_path: Path):
         yield g
 
 
-def table_rows(page) -> list[list[str]]:  # type: ignore[no-untyped-def]
+def table_rows(page) -> list[list[str]]:
     return [
         [cell.strip() for cell in row.locator("th, td").all_inner_texts()] for row in page.locator("table#report tbody tr").all()
     ]

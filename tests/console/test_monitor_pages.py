@@ -194,7 +194,10 @@ def test_groups_beyond_the_largest_are_summed_as_others():
 
 
 def test_without_a_time_dimension_each_row_is_a_bar_named_by_its_dimensions():
-    rows = [{"tier": "t1", "region": "eu", "gross": "1.00"}, {"tier": "t2", "region": "us", "gross": None}]
+    rows: list[dict[str, str | None]] = [
+        {"tier": "t1", "region": "eu", "gross": "1.00"},
+        {"tier": "t2", "region": "us", "gross": None},
+    ]
     series = chart_series(report_body(["tier", "region"], rows), "gross", MONDAY, MONDAY + DAY)
     assert not series.time and series.labels == ["t1 / eu", "t2 / us"] and series.values == [[1.0, None]]
     assert series.points == ["t1 / eu: 1.00", "t2 / us: -"]  # money as the table writes it

@@ -163,7 +163,10 @@ def test_an_offer_page_shows_the_host_its_gpus_measured_figures_prices_and_avail
     assert "1.20" in history[1] and "provider" in history[1] and "0.40" in history[1]
     states = page.locator("#state-spans tbody").inner_text()
     assert "maintenance" in states and "ready" in states
-    share = float(re.search(r"([0-9.]+)%", page.locator("#availability").inner_text()).group(1))
+    availability = page.locator("#availability").inner_text()
+    found = re.search(r"([0-9.]+)%", availability)
+    assert found is not None, availability
+    share = float(found.group(1))
     assert 0 < share < 100
     assert page.locator(".avail-bar").get_attribute("aria-label").startswith("Host state over time: ready from")
     shot(page, "offer-detail")

@@ -71,7 +71,9 @@ def test_my_hosts_are_only_the_providers_own_and_are_filtered_on_the_server(cons
     assert table.locator("tbody tr").inner_text().startswith("agt-acme-a")
     page.get_by_role("link", name="Next page").click()
     assert table.locator("tbody tr").inner_text().startswith("agt-acme-b") and "limit=1" in page.url
-    cursor = re.search(r"cursor=([\w-]+)", page.url).group(1)
+    found = re.search(r"cursor=([\w-]+)", page.url)
+    assert found is not None, page.url
+    cursor = found.group(1)
     response = page.goto(f"{console_master.url}/console/hosts?model=l4&cursor={cursor}")  # another filter: refused
     assert response.status == 400 and "cursor" in page.locator("main").inner_text()
 

@@ -93,10 +93,12 @@ def placement(grid: Grid, ids: dict[str, str]) -> dict[str, tuple[str, str, str]
 
 def wait_placed(grid: Grid, ids: dict[str, str], relay_of_region: dict[str, str], what: str) -> None:
     want = {agent_id: ("ready", region, relay_of_region[region]) for agent_id, region in ids.items()}
+    relay_b1 = grid.relays["relay-b1"].daemon
+    assert relay_b1 is not None
     wait_for(
         lambda: placement(grid, ids) == want,
         SWITCH_TIMEOUT_S,
-        f"{what}: want {want}\nrelay-b1 log:\n{grid.relays['relay-b1'].daemon.tail(10)}",
+        f"{what}: want {want}\nrelay-b1 log:\n{relay_b1.tail(10)}",
     )
 
 

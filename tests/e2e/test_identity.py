@@ -156,7 +156,8 @@ async def test_an_agent_renews_its_certificate_on_its_open_connection_and_uses_i
             30,
             "the Master to record a renewed certificate",
         )
-        assert instant(renewed["cert_not_after"]) > instant(first["cert_not_after"])
+        renewed_not_after, first_not_after = instant(renewed["cert_not_after"]), instant(first["cert_not_after"])
+        assert renewed_not_after is not None and first_not_after is not None and renewed_not_after > first_not_after
         state_dir = grid.agent_dir("renewer")
         await asyncio.to_thread(
             wait_for, lambda: serial_of(state_dir) != serial_of(first_pair), 10, "the agent to store its new certificate"
@@ -166,14 +167,16 @@ async def test_an_agent_renews_its_certificate_on_its_open_connection_and_uses_i
         assert (state_dir / "agent.key").read_bytes() != (first_pair / "agent.key").read_bytes()  # a fresh key
 
         # The first certificate expires while the session it opened is still up: the relay adopted the new one.
-        await asyncio.sleep(max(0.0, instant(first["cert_not_after"]) + EXPIRY_SWEEP_S + 1.5 - time.time()))
+        await asyncio.sleep(max(0.0, first_not_after + EXPIRY_SWEEP_S + 1.5 - time.time()))
         now = await asyncio.to_thread(grid.agent, agent_id)
         assert now["state"] == "ready"
         assert now["connected_since"] == first["connected_since"]  # no new hello, so no new connection
         assert len(log_entries(daemon, "connected to relay")) == 1
         assert len(log_entries(daemon, "certificate renewed")) >= 1
         relay = grid.relays["relay-1"]
-        assert [e["agent"] for e in log_entries(relay.daemon, "agent connected")] == [agent_id]
+        relay_daemon = relay.daemon
+        assert relay_daemon is not None
+        assert [e["agent"] for e in log_entries(relay_daemon, "agent connected")] == [agent_id]
         assert relay_counter(grid, relay, "idlegrid_access_connections_refused", reason="expired") == 0
         assert await refused(relay.agent_url, context_for(first_pair))  # the first certificate is no use any more
 
@@ -183,7 +186,7 @@ async def test_an_agent_renews_its_certificate_on_its_open_connection_and_uses_i
         grid.start_agent("renewer", simulate="l4:1")
         await asyncio.to_thread(
             wait_for,
-            lambda: any(e["serial"] == latest for e in log_entries(relay.daemon, "agent connected")),
+            lambda: any(e["serial"] == latest for e in log_entries(relay_daemon, "agent connected")),
             20,
             "the agent to reconnect with its renewed certificate",
         )
@@ -257,6 +260,7 @@ async def test_revocation_covers_every_valid_certificate_on_every_relay_across_r
         assert serial_of(a_latest) != serial_of(a_first)
 
         # B is revoked while relay-2 is down: relay-2 learns it when it links up again.
+        assert r2.daemon is not None
         await asyncio.to_thread(r2.daemon.kill, signal.SIGTERM)
         status, _ = await asyncio.to_thread(grid.call, "POST", f"/api/v1/agents/{b_id}/revoke")
         assert status == 200

@@ -21,7 +21,7 @@ import pytest
 from agent.fault_injection import FAULTS_FILE
 from management.client.api import ApiClient
 from tests.e2e.test_renter_access import cli
-from tests.e2e.test_scheduler import renter, sandboxed_hosts, wait_workload, workload
+from tests.e2e.test_scheduler import RenterClient, renter, sandboxed_hosts, wait_workload, workload
 from tests.support.grid import TEST_PROVIDER, Grid, running_grid, wait_for
 
 PRICES = {"on_demand": "3.60", "min_bid": "0.36"}  # per GPU-hour: 0.001 and 0.0001 per second
@@ -52,7 +52,7 @@ def priced_grid(grid: Grid, hosts: int) -> dict[str, Any]:
     return found
 
 
-def funded_renter(grid: Grid, account: str, amount: str) -> ApiClient:
+def funded_renter(grid: Grid, account: str, amount: str) -> RenterClient:
     client = renter(grid, account)
     grid.client.credit(account, amount, memo="test credit")
     return client
@@ -184,7 +184,7 @@ def test_a_master_killed_during_metering_charges_no_period_twice_and_loses_at_mo
     grid.master.kill(signal.SIGKILL)
     time.sleep(1.5)
     grid.restart_master()
-    dave = ApiClient(grid.api_url, dave.api_key)
+    dave = RenterClient(grid.api_url, dave.api_key)
     time.sleep(2.5)
     dave.cancel_workload(job["id"])
     [rental] = wait_for(lambda: [r for r in rentals_of(dave, job["id"]) if r["ended_at"]] or None, 20, "the rental to end")

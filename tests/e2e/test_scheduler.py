@@ -68,10 +68,16 @@ def sandboxed_hosts(grid: Grid, count: int) -> dict[str, Sandboxed]:
     return hosts
 
 
-def renter(grid: Grid, account: str) -> ApiClient:
+class RenterClient(ApiClient):
+    """A renter's client: it always holds a key (the CLI is handed it too)."""
+
+    api_key: str
+
+
+def renter(grid: Grid, account: str) -> RenterClient:
     """A renter account and a key of its own, made through the API by the operator."""
     grid.client.create_account(account, "renter")
-    return ApiClient(grid.api_url, grid.client.create_api_key(account, "e2e")["key"])
+    return RenterClient(grid.api_url, grid.client.create_api_key(account, "e2e")["key"])
 
 
 def workload(name: str, command: str, **fields: Any) -> dict[str, Any]:

@@ -21,9 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from management.client.api import ApiClient
 from tests.e2e.test_renter_access import cli, web_server
-from tests.e2e.test_scheduler import MASTER_SETTINGS, renter, sandboxed_hosts, wait_workload, workload
+from tests.e2e.test_scheduler import MASTER_SETTINGS, RenterClient, renter, sandboxed_hosts, wait_workload, workload
 from tests.support.grid import Grid, free_port, running_grid, wait_for
 from tests.support.podman import LOCAL_IMAGES_ALLOWED
 
@@ -48,7 +47,7 @@ class SshWorld:
     """A running workload of alice's, her key registered, an ssh config and known_hosts from ``idlegrid ssh-config``."""
 
     grid: Grid
-    alice: ApiClient
+    alice: RenterClient
     workload_id: str
     port: int  # the container's HTTP server, a declared port
     folder: Path
@@ -68,7 +67,7 @@ class SshWorld:
         )
 
 
-def ssh_world(grid: Grid, alice: ApiClient, workload_id: str, port: int, root: Path) -> SshWorld:
+def ssh_world(grid: Grid, alice: RenterClient, workload_id: str, port: int, root: Path) -> SshWorld:
     folder = root / "renter"  # the renter's own files (tmp_path also holds the grid's)
     folder.mkdir()
     alice_key = keypair(folder, "alice")

@@ -269,7 +269,9 @@ async def test_an_operator_key_from_before_accounts_is_adopted_by_the_operator_a
     try:
         adopted = [k for k in await server.master.accounts.keys("operator") if k.name == "old ops key"]
         assert len(adopted) == 1 and adopted[0].key_id.startswith("key-")
-        assert (await server.master.accounts.credential(legacy)).account.role == "operator"  # still the operator
+        credential = await server.master.accounts.credential(legacy)
+        assert credential is not None and credential.account is not None
+        assert credential.account.role == "operator"  # still the operator
         await server.master.accounts.revoke_key(adopted[0].key_id)  # and now it can be revoked like any other
         assert (await server.master.accounts.credential(legacy)).key.revoked_at is not None
     finally:

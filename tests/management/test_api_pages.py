@@ -12,8 +12,9 @@ import base64
 import msgspec
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.web import Application, Request
 
-from bench.api_pages import generated_fleet, seed_store
+from bench.api_pages import Fleet, generated_fleet, seed_store
 from management.api import ApiSettings
 from management.app import api_app
 from management.http.paging import fingerprint
@@ -25,6 +26,14 @@ from tests.management.hosts import add_agent
 AGENTS, GPUS_PER_AGENT = 625, 8  # 5,000 GPUs
 
 
+class FleetClient(TestClient[Request, Application]):
+    """A test client that also holds what the test pages through: the Master, the fleet it was seeded with, a key."""
+
+    master: Master
+    fleet: Fleet
+    auth: dict[str, str]
+
+
 @pytest.fixture
 async def fleet_api(tmp_path):
     fleet = generated_fleet(AGENTS, GPUS_PER_AGENT)
@@ -32,7 +41,7 @@ async def fleet_api(tmp_path):
     master = Master(MasterConfig(state_dir=str(tmp_path), link_port=0))
     await master.start()
     # Paging as fast as the test can: far over the per-key rate limit a client gets by default.
-    client = TestClient(TestServer(api_app(master, ApiSettings(key_rate_per_s=1e6, key_burst=10**6))))
+    client = FleetClient(TestServer(api_app(master, ApiSettings(key_rate_per_s=1e6, key_burst=10**6))))
     await client.start_server()
     client.master = master
     client.fleet = fleet

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import pytest
@@ -103,9 +103,10 @@ VIEW_MODULES = [importlib.import_module(f"management.views.{m.name}") for m in p
 OPEN_ANSWERS = {"LinkList", "LinkView", "MintedToken", "TemplateList"}
 
 NOW = 1795380123.25
+ViewT = TypeVar("ViewT", bound=msgspec.Struct)
 
 
-def conforms(view: Any, struct: type[msgspec.Struct]) -> msgspec.Struct:
+def conforms(view: Any, struct: type[ViewT]) -> ViewT:
     """The view as the API sends it (JSON), decoded as its struct: ValidationError names the field that disagrees."""
     return msgspec.json.decode(msgspec.json.encode(view), type=struct)
 

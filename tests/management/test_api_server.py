@@ -21,9 +21,15 @@ HEADER_TIMEOUT_S = 1.0
 SLACK_S = 1.5  # the loop's timer granularity (aiohttp rounds timeouts over 5 s up) and a busy 2-core machine
 
 
+class AuthedServer(MasterServer):
+    """The server with the operator's Authorization header at hand."""
+
+    auth: dict[str, str]
+
+
 @pytest.fixture
 async def server(tmp_path):
-    server = MasterServer(
+    server = AuthedServer(
         MasterConfig(state_dir=str(tmp_path), link_port=0, api_port=0), ApiSettings(header_timeout_s=HEADER_TIMEOUT_S)
     )
     await server.start()

@@ -28,14 +28,15 @@ async def operations(tmp_path):
 
 
 def every_host(operations: Services, **filters) -> list[str]:
-    ids, after = [], None
+    ids: list[str] = []
+    after: AgentKey | None = None
     while True:
         page = operations.hosts.list_agents(**filters, after=after, limit=7)
         ids += [d.agent.id for d in page.items]
         if page.next_key is None:
             return ids
+        assert isinstance(page.next_key, AgentKey)
         after = page.next_key
-        assert isinstance(after, AgentKey)
 
 
 async def test_hosts_are_filtered_by_their_gpus_model_and_tier_and_by_owner_across_pages(operations):

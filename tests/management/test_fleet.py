@@ -35,6 +35,7 @@ def test_figures_count_every_state_and_average_only_gpus_in_service():
     assert total.memory_pct == round(100 * 40_960 / (2 * h100), 1)
     assert figures.hosts == 20 and figures.faulty_count == 1
     [faulty] = figures.faulty
+    assert faulty.fault is not None
     assert (faulty.uuid, faulty.agent_id, faulty.region, faulty.fault.code) == ("GPU-00000002-01", "agt-00000002", "ap-south", 79)
     assert (
         sum(f.total for f in figures.by_tier)

@@ -29,11 +29,20 @@ from master.authority import Authority
 from master.config import MasterConfig
 from master.records import EventRecord
 
-FAST = {"lease_ttl_s": 1.0, "lease_renew_s": 0.2, "lease_margin_s": 0.3}
-
 
 def ha_server(state_dir: Path, node: str) -> MasterServer:
-    return MasterServer(MasterConfig(state_dir=str(state_dir), link_port=0, api_port=0, ha=True, node_id=node, **FAST))
+    return MasterServer(
+        MasterConfig(
+            state_dir=str(state_dir),
+            link_port=0,
+            api_port=0,
+            ha=True,
+            node_id=node,
+            lease_ttl_s=1.0,  # fast leases, so a takeover happens within the test
+            lease_renew_s=0.2,
+            lease_margin_s=0.3,
+        )
+    )
 
 
 async def eventually(predicate: Callable[[], Awaitable[Any]], what: str, timeout: float = 5.0) -> Any:

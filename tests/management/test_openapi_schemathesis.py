@@ -48,7 +48,9 @@ OTHER_ROLE_EXAMPLES = 12
 WRITE_EXAMPLES = 30
 
 schema = schemathesis.openapi.from_dict(document())
-schema.config.generation.update(modes=["positive", "negative"], deterministic=True, allow_x00=False)
+schema.config.generation.update(
+    modes=[schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE], deterministic=True, allow_x00=False
+)
 reads = schema.include(method="GET")
 writes = schema.exclude(method="GET")
 
@@ -145,7 +147,7 @@ def with_seeded_ids(case: schemathesis.Case, grid: LiveGrid) -> None:
             case.path_parameters[name] = known[digest[1] % len(known)]
 
 
-HYPOTHESIS = dict(derandomize=True, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+HYPOTHESIS = settings(derandomize=True, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 
 
 # The passes run in this order (pytest keeps the file's order): the reads, then the renter's changes, then the
@@ -154,35 +156,35 @@ HYPOTHESIS = dict(derandomize=True, deadline=None, suppress_health_check=list(He
 
 
 @reads.parametrize()
-@settings(max_examples=READ_EXAMPLES, **HYPOTHESIS)
+@settings(HYPOTHESIS, max_examples=READ_EXAMPLES)
 def test_every_read_conforms_for_the_operator(case: schemathesis.Case, grid: LiveGrid) -> None:
     with_seeded_ids(case, grid)
     case.call_and_validate(base_url=grid.url, headers=grid.headers("operator"), checks=CHECKS)
 
 
 @reads.parametrize()
-@settings(max_examples=OTHER_ROLE_EXAMPLES, **HYPOTHESIS)
+@settings(HYPOTHESIS, max_examples=OTHER_ROLE_EXAMPLES)
 def test_every_read_conforms_for_a_renter(case: schemathesis.Case, grid: LiveGrid) -> None:
     with_seeded_ids(case, grid)
     case.call_and_validate(base_url=grid.url, headers=grid.headers("renter"), checks=CHECKS)
 
 
 @reads.parametrize()
-@settings(max_examples=OTHER_ROLE_EXAMPLES, **HYPOTHESIS)
+@settings(HYPOTHESIS, max_examples=OTHER_ROLE_EXAMPLES)
 def test_every_read_conforms_for_a_provider(case: schemathesis.Case, grid: LiveGrid) -> None:
     with_seeded_ids(case, grid)
     case.call_and_validate(base_url=grid.url, headers=grid.headers("provider"), checks=CHECKS)
 
 
 @writes.parametrize()
-@settings(max_examples=OTHER_ROLE_EXAMPLES, **HYPOTHESIS)
+@settings(HYPOTHESIS, max_examples=OTHER_ROLE_EXAMPLES)
 def test_every_change_conforms_for_a_renter(case: schemathesis.Case, grid: LiveGrid) -> None:
     with_seeded_ids(case, grid)
     case.call_and_validate(base_url=grid.url, headers=grid.headers("renter"), checks=CHECKS)
 
 
 @writes.parametrize()
-@settings(max_examples=WRITE_EXAMPLES, **HYPOTHESIS)
+@settings(HYPOTHESIS, max_examples=WRITE_EXAMPLES)
 def test_every_change_conforms_for_the_operator(case: schemathesis.Case, grid: LiveGrid) -> None:
     with_seeded_ids(case, grid)
     case.call_and_validate(base_url=grid.url, headers=grid.headers("operator"), checks=CHECKS)

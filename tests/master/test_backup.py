@@ -26,10 +26,10 @@ from management.app import MasterServer
 from management.cli.main import main
 from management.client.api import AsyncApiClient
 from master.accounts import AccountRole
-from master.backup import LATEST_VERSION, MANIFEST, STORE_FILE
+from master.backup import MANIFEST, STORE_FILE
 from master.config import MasterConfig
 from master.records import EventRecord
-from master.store.migrations import migrate_sqlite
+from master.store.migrations import LATEST_VERSION, migrate_sqlite
 from tests.management.hosts import add_agent
 
 

@@ -62,7 +62,8 @@ async def test_a_final_write_that_fails_leaves_the_read_to_the_store(master: Mas
     with pytest.raises(OSError, match="disk full"):
         await relay(master, link, "agt-a", CommandResult(id=command.id, ok=True))
     # Not kept aside for ever: the read goes to the store, which holds the last state written.
-    assert (await master.command(command.id)).state == (await store.get(command.id)).state
+    stored = await store.get(command.id)
+    assert stored is not None and (await master.command(command.id)).state == stored.state
 
 
 async def test_a_read_waiting_for_a_commands_end_answers_when_the_master_stops(tmp_path: Path) -> None:

@@ -103,13 +103,15 @@ async def test_overheating_faults_after_n_hot_samples_and_clears_after_n_cool_on
             await telemetry(master, link, sample(temperature=temperature))
         assert gpu.state == "available"
         await telemetry(master, link, sample(temperature=90))  # at the limit counts as hot: third in a row
-        assert gpu.state == "faulty" and gpu.fault.kind == "overheat"
+        assert gpu.state == "faulty" and gpu.fault is not None and gpu.fault.kind == "overheat"
         for temperature in (80, 92, 80):  # hot again in between: the cool streak starts over
             await telemetry(master, link, sample(temperature=temperature))
         assert gpu.state == "faulty"
         await telemetry(master, link, sample(temperature=79))
         assert gpu.state == "available" and gpu.fault is None
-        assert [c.healthy for c in (changes.get_nowait(), changes.get_nowait())] == [False, True]
+        went, came = changes.get_nowait(), changes.get_nowait()
+        assert isinstance(went, GpuHealthChanged) and isinstance(came, GpuHealthChanged)
+        assert [went.healthy, came.healthy] == [False, True]
         with pytest.raises(Conflict, match="not faulty"):
             await master.repair_gpu(GPU0)
     finally:
@@ -130,7 +132,7 @@ async def test_an_xid_fault_waits_for_the_repair_and_outlives_a_master_restart_a
     await restarted.start()
     try:
         gpu = restarted.registry.gpus[GPU0]
-        assert gpu.state == "faulty" and gpu.fault.kind == "xid" and gpu.fault.code == 48
+        assert gpu.state == "faulty" and gpu.fault is not None and gpu.fault.kind == "xid" and gpu.fault.code == 48
         link = relay_link()
         await connect(restarted, link, "agt-a")
         await relay(restarted, link, "agt-a", container_hello())

@@ -109,7 +109,7 @@ async def test_one_bad_sample_of_a_frame_is_set_aside_and_the_others_are_taken_a
         assert sorted(master.telemetry.latest) == ["GPU-h100-2"]
         counted = {
             s.labels["figure"]: s.value
-            for s in master.metrics.samples_set_aside.collect()[0].samples
+            for s in list(master.metrics.samples_set_aside.collect())[0].samples
             if s.name.endswith("_total")
         }
         assert counted == {"ts": 1.0, "utilization_pct": 1.0}

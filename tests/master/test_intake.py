@@ -197,12 +197,12 @@ async def test_shedding_telemetry_tells_relays_to_have_agents_report_less_often_
     hub.intake.replaced += 3  # as if three heartbeats had been coalesced away
     slower = decode_link_frame(await asyncio.wait_for(relay.recv(), 5))
     assert isinstance(slower, ReportPace) and slower.factor == 2.0 and slower.telemetry_s == 20.0
-    factors = []
+    factors: list[float] = []
     while not factors or factors[-1] > 1.0:  # back step by step once calm
         again = decode_link_frame(await asyncio.wait_for(relay.recv(), 5))
         assert isinstance(again, ReportPace)
         factors.append(again.factor)
-    assert factors == [1.5, 1.125, 1.0] and again.telemetry_s == 10.0
+    assert factors == [1.5, 1.125, 1.0] and isinstance(again, ReportPace) and again.telemetry_s == 10.0
 
 
 async def test_an_agent_is_heard_when_its_frame_is_read_not_when_a_slow_master_gets_to_it(hub_and_link):
@@ -298,6 +298,7 @@ def test_a_waiting_frame_holds_only_its_own_bytes_not_its_whole_batch():
 
     message = batch(*(heartbeat(f"a{n}", n) for n in range(1000)))
     frames = decode_link_message(message)
+    assert isinstance(frames[0], Relay)
     held = detached(frames[0])
     before = sys.getrefcount(message)
     del frames

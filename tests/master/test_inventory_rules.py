@@ -163,6 +163,7 @@ async def test_a_holder_flagged_by_an_older_master_is_unflagged_when_loaded(tmp_
     try:
         await connect(first, relay_link(), "agt-a", gpus(1))
         stored = await first.store.gpus.get("GPU-h100-0")
+        assert stored is not None
         stored.flags, stored.state = ["duplicate_uuid"], "offline"  # what issue 22's D3 left in a store
         await first.store.gpus.put_many([stored])
     finally:

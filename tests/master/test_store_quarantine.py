@@ -17,7 +17,7 @@ from master.store.aggregates import Aggregate
 from master.store.base import Store, TokenOutcome
 from master.store.codec import to_document, to_json
 from master.store.quarantine import Quarantine
-from tests.master.test_store_contract import NOW, agent, command, event, gpu, gpu_info, host, rollup, token
+from tests.master.test_store_contract import NOW, agent, command, event, gpu, gpu_info, host, raw_client, rollup, token
 from tests.support.poison import nan_command_doc, poison, poison_sqlite
 from tests.support.prometheus import check_metrics
 
@@ -141,12 +141,10 @@ async def _raw_keys(store: Store, aggregate: Aggregate) -> list[str]:
             rows = conn.execute(f"SELECT {key} FROM {aggregate.value}").fetchall()
         conn.close()
         return [row[0] for row in rows]
-    import pymongo
-
     from master.store import MongoStore
 
     assert isinstance(store, MongoStore)
-    async with pymongo.AsyncMongoClient(store.url) as client:
+    async with raw_client(store.url) as client:
         return [doc["_id"] async for doc in client[store.database][aggregate.value].find({})]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Collection
 
 import pytest
 
@@ -32,14 +33,14 @@ class VirtualClock:
         self.now += seconds
 
 
-def run_challenge(cheat: SimulatedCheat, *, book: ChallengeBook | None = None, held: set[str] = frozenset()) -> Outcome:
+def run_challenge(cheat: SimulatedCheat, *, book: ChallengeBook | None = None, held: Collection[str] = frozenset()) -> Outcome:
     clock = VirtualClock()
     book = book or ChallengeBook(SETTINGS, min_throughput_fraction=0.6, rng=random.Random(7))
     bench = SimulatedBenchmark({UUID: H100}, cheat, clock=clock, sleep=clock.sleep)
     return asyncio.run(_exchange(book, bench, clock, held))
 
 
-async def _exchange(book: ChallengeBook, bench: SimulatedBenchmark, clock: VirtualClock, held: set[str]) -> Outcome:
+async def _exchange(book: ChallengeBook, bench: SimulatedBenchmark, clock: VirtualClock, held: Collection[str]) -> Outcome:
     async def held_gpus() -> set[str]:
         return set(held)
 

@@ -3,6 +3,8 @@ agent's side is the real responder with the simulated benchmark (no GPU here: th
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import msgspec
 import pytest
 
@@ -16,6 +18,8 @@ from master.records import GpuVerification
 from master.verifier import VerifySchedule, due
 from tests.master.linked import connect, disconnect, events, gpus, hello, relay, relay_link, to_agent
 
+FrameT = TypeVar("FrameT")
+
 UUID = "GPU-h100-0"
 
 
@@ -27,7 +31,7 @@ async def connect_benchmarking(master, link, agent_id: str, gpu_list=None, *, dr
     await relay(master, link, agent_id, msgspec.structs.replace(frame, benchmark="simulated"))
 
 
-def last(link, agent_id: str, kind: type) -> object:
+def last(link, agent_id: str, kind: type[FrameT]) -> FrameT:
     return [f for f in to_agent(link, agent_id) if isinstance(f, kind)][-1]
 
 

@@ -36,8 +36,11 @@ __all__ = [
 ]
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
-    """Poll ``predicate`` until it returns something truthy; a test failure after ``timeout`` seconds."""
+def wait_for(predicate: Callable[..., Any], timeout: float, what: str, interval: float = 0.1) -> Any:
+    """Poll ``predicate`` until it returns something truthy; a test failure after ``timeout`` seconds.
+
+    It is called with no arguments; ``...`` lets a loop bind its variable as a default (``lambda a=a: ...``), which
+    mypy cannot check against ``Callable[[], Any]``."""
     try:
         return wait_until(predicate, timeout, what, interval_s=interval)
     except StartupFailed as exc:
@@ -132,6 +135,8 @@ def pid_alive(pid: int) -> bool:
 
 class Grid(LocalGrid):
     """The launcher with agents' heartbeats every second, and the API seen the way tests assert on it."""
+
+    heartbeat_s: float  # always given here (LocalGrid's None leaves the Master's default)
 
     def __init__(self, root: Path, heartbeat_s: float = 1.0) -> None:
         super().__init__(root, heartbeat_s=heartbeat_s)

@@ -125,7 +125,7 @@ async def poison_mongo(url: str, database: str, aggregate: Aggregate, key: str, 
     """Plant an undecodable document; returns the key the store will report it under."""
     columns = _columns(aggregate, key, overrides)
     doc = _undecodable(aggregate, columns)
-    async with pymongo.AsyncMongoClient(url) as client:
+    async with pymongo.AsyncMongoClient[dict[str, Any]](url) as client:
         db = client[database]
         if aggregate is Aggregate.EVENTS:  # numbered from the store's own counter, so later appends do not collide
             counter = await db.meta.find_one_and_update(

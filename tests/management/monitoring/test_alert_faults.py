@@ -92,7 +92,8 @@ async def test_after_a_master_restart_an_alerts_fault_is_adopted_and_cleared_whe
             master, link, "agt-a", Telemetry(ts=now[0], samples=[GpuSample(uuid=gpu_uuid, ts=now[0], temperature_c=95.0)])
         )
         [fired] = await alerts.step()
-        assert master.registry.gpus[gpu_uuid].fault.kind == ALERT_FAULT
+        fault = master.registry.gpus[gpu_uuid].fault
+        assert fault is not None and fault.kind == ALERT_FAULT
     finally:
         await master.stop()
 

@@ -35,7 +35,9 @@ async def test_the_servers_alert_loop_delivers_to_a_webhook_made_through_the_api
         await add_agent(master, "agt-acme", "a10:1", provider="acme", runtime="simulated", isolation="container")
         gpu = master.gpus("agt-acme")[0]
         report = AgentEvent(kind=AgentEventKind.GPU_XID, ts=time.time(), gpu_uuid=gpu.uuid, code=79)
-        await master.registry.mark_faulty(gpu, master.health.on_report(gpu, report, time.time()))
+        fault = master.health.on_report(gpu, report, time.time())
+        assert fault is not None
+        await master.registry.mark_faulty(gpu, fault)
 
         [delivered] = await receiver.wait_for(1)
         assert delivered.payload["alert"]["rule"] == "gpu_hardware_error"

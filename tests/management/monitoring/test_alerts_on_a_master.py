@@ -173,7 +173,8 @@ async def test_an_xid_on_a_gpu_fires_the_shipped_hardware_error_alert(tmp_path):
         await relay(master, link, "agt-a", xid)
         [transition] = await loop.step()
         assert (transition.rule, transition.subject, transition.phase) == ("gpu_hardware_error", GPU0, FIRING)
-        assert master.registry.gpus[GPU0].fault.kind == "xid"  # the Master's own fault path, unchanged
+        fault = master.registry.gpus[GPU0].fault
+        assert fault is not None and fault.kind == "xid"  # the Master's own fault path, unchanged
         await master.repair_gpu(GPU0)
         [cleared] = await loop.step()
         assert cleared.phase == RESOLVED

@@ -237,7 +237,7 @@ def records(draw: st.DrawFn) -> ReportInputs:
         host = draw(st.sampled_from(sorted(HOSTS)))
         units = draw(st.lists(st.sampled_from(UNITS[host]), min_size=1, unique=True))
         start = DAY0 + draw(st.integers(-86400, span))
-        end = draw(st.none() | st.integers(60, span).map(lambda d, s=start: s + d))
+        end = draw(st.none() | st.integers(60, span).map(start.__add__))
         r = rental(f"wl-{i}-a1", host, units, start, end, renter=draw(st.sampled_from(["lab", "zoo"])))
         rentals.append(r)
         provider = HOSTS[host].provider

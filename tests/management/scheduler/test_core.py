@@ -181,8 +181,8 @@ def test_image_none_that_does_not_allow_the_process_runtime_never_fits_naming_th
     hosts, units = runtime_grid()
     reason = never_fits(snapshot(hosts, units, queue=[], policy=OFFERED), job("bare", runs_image=False)) or ""
     assert reason.startswith('image "none" runs the command on the host itself') and "--allow-process-runtime" in reason
-    reason = never_fits(snapshot(hosts, units, queue=[]), job("bare", runs_image=False, constraints=MAY_RUN_AS_PROCESS))
-    assert reason is not None and "offer_sandboxed_hosts" in reason and "name an image" in reason, reason
+    sandboxed = never_fits(snapshot(hosts, units, queue=[]), job("bare", runs_image=False, constraints=MAY_RUN_AS_PROCESS))
+    assert sandboxed is not None and "offer_sandboxed_hosts" in sandboxed and "name an image" in sandboxed, sandboxed
 
 
 def test_a_host_its_container_did_not_start_on_is_avoided_and_the_explanation_says_so():
@@ -204,7 +204,7 @@ runtimes = st.sampled_from([("docker", "container"), ("process", "sandbox"), ("p
 def test_every_placement_lands_where_the_runtime_runs_it(host_kinds, asks):
     """Property: image "none" lands only on process (or simulated) hosts that it and the operator allow, an image only
     on hosts with a container engine (or simulated), and nothing on a host that isolates nothing."""
-    hs = [Host(f"h{i}", runtime=rt, isolation=iso) for i, (rt, iso) in enumerate(host_kinds)]  # type: ignore[arg-type]
+    hs = [Host(f"h{i}", runtime=rt, isolation=iso) for i, (rt, iso) in enumerate(host_kinds)]
     hosts, units = grid(hs, units=[u for i in range(len(hs)) for u in gpus(f"h{i}", 2)])
     queue = [
         job(f"j{i}", runs_image=image, constraints=Constraints(allow_process_runtime=allow), t=i)

@@ -3,6 +3,8 @@ preemption (docs/scheduler.md, "Prices and bids"). Snapshot in, decisions out; n
 
 from __future__ import annotations
 
+from typing import Any
+
 from management.market.money import parse_amount
 from management.scheduler import FreePool, Host, Job, ReplicaRequest, explain, schedule
 from management.scheduler.model import Plan
@@ -171,7 +173,7 @@ def test_on_demand_goes_before_interruptible_and_interruptibles_by_bid_but_class
 # --- preemption -------------------------------------------------------------------------------------
 
 
-def spot(jid: str, bid: str, unit: str, started: float = 0.0, **kw: object) -> Job:
+def spot(jid: str, bid: str, unit: str, started: float = 0.0, **kw: Any) -> Job:  # kw: more of job()'s fields
     return running(job(jid, rental="interruptible", bid=money(bid), **kw), [[unit]], started_at=started)
 
 

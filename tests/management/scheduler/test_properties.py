@@ -225,7 +225,7 @@ def test_4_backfill_never_delays_the_heads_reserved_start(snap: Snapshot) -> Non
         holders.update({u: p.job_id for r in p.assignment for u in r})
     after = replace(snap, running=running, holders=holders, queue=[head])
     start = reserved_start(after, head)
-    assert start is not None and start <= heads[0].reserved_start
+    assert start is not None and heads[0].reserved_start is not None and start <= heads[0].reserved_start
 
 
 @settings(max_examples=25, deadline=None)

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import msgspec
 
+from common.storage import CheckpointSpec
 from management.market.prices import HostPrice
 from management.scheduler.model import Host, Job, Policy
 from management.scheduler.snapshot import build_snapshot, job_of
-from master.records import AgentRecord, CheckpointSpec, RentalTerms, ReplicaSpec, WorkloadRecord, WorkloadSpec
+from master.records import AgentRecord, RentalTerms, ReplicaSpec, WorkloadRecord, WorkloadSpec
 
 
 def workload(wid: str, account: str = "alice", rental: RentalTerms | None = None) -> WorkloadRecord:
@@ -55,7 +56,7 @@ def agents() -> dict[str, AgentRecord]:
     }
 
 
-def snap(**kw: object):  # type: ignore[no-untyped-def]
+def snap(**kw: object):
     return build_snapshot(
         now=10.0,
         agents=agents(),

@@ -95,7 +95,8 @@ async def test_a_refused_move_changes_nothing(start_master):
     with pytest.raises(InvalidTransition):
         await book.transition(wl.id, "run", "skipping ahead", NOW + 1)
     with pytest.raises(ValueError, match="account"):
-        await book.transition(wl.id, "schedule", "and steal it", NOW + 1, account="mallory")
+        # account is no change a move may make: the type says so, and the book refuses it at run time too
+        await book.transition(wl.id, "schedule", "and steal it", NOW + 1, account="mallory")  # type: ignore[call-arg]
     with pytest.raises(NotFound):
         await book.transition("wl-missing", "schedule", "", NOW + 1)
     assert await master.store.workloads.get(wl.id) == wl
@@ -213,7 +214,7 @@ async def test_a_second_master_that_writes_first_makes_this_books_write_fail_sta
     await book_two.transition(wl.id, "schedule", "placed by the other Master", NOW + 1)
     with pytest.raises(StaleWorkload):
         await book_one.transition(wl.id, "reject", "can never fit", NOW + 1)
-    assert (await one.store.workloads.get(wl.id)).state == "scheduled"  # type: ignore[union-attr]
+    assert (await one.store.workloads.get(wl.id)).state == "scheduled"
 
 
 async def test_submit_stores_the_restart_policy_in_force_so_answers_show_it(start_master):

@@ -42,7 +42,9 @@ WL = "wl-00000000000000aa"
 
 
 def record(state: str = "running", replicas: int = 1, **fields: Any) -> WorkloadRecord:
-    spec_fields = {k: fields.pop(k) for k in ("restart_policy", "max_restarts", "max_duration_s", "checkpoint") if k in fields}
+    spec_fields: dict[str, Any] = {  # WorkloadSpec's fields, of several types
+        k: fields.pop(k) for k in ("restart_policy", "max_restarts", "max_duration_s", "checkpoint") if k in fields
+    }
     if "offer" in fields:
         spec_fields["rental"] = RentalTerms(offer=fields.pop("offer"))
     if "bid" in fields:

@@ -79,7 +79,7 @@ def mongo_bytes(url: str) -> bytes:
     """Every document of every collection of the database, as the server hands out its BSON."""
     database = pymongo.uri_parser.parse_uri(url)["database"]
     raw = CodecOptions(document_class=RawBSONDocument)
-    with pymongo.MongoClient(url) as client:
+    with pymongo.MongoClient[RawBSONDocument](url) as client:  # the type only: the raw codec is the collection's
         db = client[database]
         return b"".join(doc.raw for name in db.list_collection_names() for doc in db.get_collection(name, raw).find())
 
