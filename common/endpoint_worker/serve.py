@@ -58,7 +58,8 @@ class Request:
 
 @dataclass
 class Backoff:
-    """Exponential backoff with full jitter (the AWS architecture blog's), reset by a success."""
+    """Exponential backoff with jitter (each pause drawn from half to all of its step, so workers that lost the agent
+    together do not come back together), reset by a success."""
 
     first_s: float = 0.05
     most_s: float = 5.0
@@ -74,11 +75,10 @@ class Backoff:
 
 class _Worker:
     def __init__(
-        self, handler: Handler, api: WorkerAPI, *, concurrency: int, heartbeat_s: float, take_wait_s: float, stop: threading.Event
+        self, handler: Handler, api: WorkerAPI, *, heartbeat_s: float, take_wait_s: float, stop: threading.Event
     ) -> None:
         self.handler = handler
         self.api = api
-        self.concurrency = concurrency
         self.heartbeat_s = heartbeat_s
         self.take_wait_s = take_wait_s
         self.stop = stop
@@ -290,7 +290,7 @@ def serve(
     if not callable(handler):
         raise TypeError(f"serve() needs a callable handler(request), not {handler!r}")
     api = WorkerAPI(url, token)
-    worker = _Worker(handler, api, concurrency=concurrency, heartbeat_s=heartbeat_s, take_wait_s=take_wait_s, stop=stop)
+    worker = _Worker(handler, api, heartbeat_s=heartbeat_s, take_wait_s=take_wait_s, stop=stop)
     previous = _on_sigterm(stop)
     takers = [threading.Thread(target=worker.take_loop, name=f"take-{n}", daemon=True) for n in range(concurrency)]
     beats = threading.Thread(target=worker.heartbeat_loop, name="heartbeat", daemon=True)

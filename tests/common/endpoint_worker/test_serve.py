@@ -218,8 +218,11 @@ def test_a_request_cancelled_through_the_heartbeat_stops_its_stream_and_sends_no
     agent.wait_for(lambda: len(agent.partials["r1"]) >= 2)
     agent.cancel.add("r1")
     assert closed.wait(WAIT_S)
+    closed.clear()
     agent.submit("r2", None)  # the worker takes the next one: it sends r2's partials, never r1's result
     agent.wait_for(lambda: len(agent.partials["r2"]) >= 1)
+    agent.cancel.add("r2")
+    assert closed.wait(WAIT_S)
     assert "r1" not in agent.results and "r1" not in agent.errors
 
 

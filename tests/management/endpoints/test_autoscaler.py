@@ -95,7 +95,7 @@ def busy(worker: Worker) -> bool:
 
 
 # 1
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(cases())
 def test_never_above_max(case):
     policy, queue, pool, may_scale_up = case
@@ -108,7 +108,7 @@ def test_never_above_max(case):
 
 
 # 2
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(cases())
 def test_never_below_min(case):
     policy, queue, pool, _ = case
@@ -117,7 +117,7 @@ def test_never_below_min(case):
 
 
 # 3
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(cases())
 def test_never_stops_work_in_flight(case):
     policy, queue, pool, may_scale_up = case
@@ -128,7 +128,7 @@ def test_never_stops_work_in_flight(case):
 
 
 # 4
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(cases())
 def test_scales_to_zero_only_after_idle_timeout(case):
     policy, queue, pool, may_scale_up = case
@@ -142,7 +142,7 @@ def test_scales_to_zero_only_after_idle_timeout(case):
 
 
 # 5
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(cases())
 def test_burst_from_zero_starts_enough(case):
     policy, queue, pool, _ = case
@@ -153,7 +153,7 @@ def test_burst_from_zero_starts_enough(case):
 
 
 # 6
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(cases())
 def test_scales_up_on_queue_delay(case):
     policy, queue, pool, _ = case
@@ -164,7 +164,7 @@ def test_scales_up_on_queue_delay(case):
 
 
 # 7
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(cases())
 def test_starting_workers_count_no_overshoot(case):
     policy, queue, pool, _ = case
@@ -178,7 +178,7 @@ def test_starting_workers_count_no_overshoot(case):
 
 
 # 8
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(cases())
 def test_stuck_workers_replaced(case):
     policy, queue, pool, may_scale_up = case
@@ -192,7 +192,7 @@ def test_stuck_workers_replaced(case):
 
 
 # 9
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(cases())
 def test_no_start_when_scale_up_refused(case):
     policy, queue, pool, _ = case
@@ -200,7 +200,7 @@ def test_no_start_when_scale_up_refused(case):
 
 
 # 10
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(cases())
 def test_holds_within_target(case):
     policy, queue, pool, may_scale_up = case
