@@ -2,6 +2,7 @@
 narrower rules of the subpackages that talk to the management API from outside it: the command line and the clients."""
 
 import ast
+import sys
 import tomllib
 from pathlib import Path
 
@@ -50,14 +51,19 @@ def _imported_modules(path: Path) -> set[str]:
     return {name for name in found if name.split(".")[0] in PACKAGES}
 
 
-def _imported_packages(path: Path) -> set[str]:
+def _absolute_imports(path: Path) -> set[str]:
+    """The top-level names of everything ``path`` imports by absolute name (relative imports left out)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             found |= {alias.name.split(".")[0] for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             found.add(node.module.split(".")[0])
-    return found & PACKAGES
+    return found
+
+
+def _imported_packages(path: Path) -> set[str]:
+    return _absolute_imports(path) & PACKAGES
 
 
 def test_packages_import_only_what_the_design_allows():
@@ -119,6 +125,28 @@ def test_the_command_line_and_the_clients_import_only_what_they_need(part):
         if not _within(module, NARROWER[part])
     ]
     assert violations == []
+
+
+# Carried into renters' images, copied under any name: the standard library and its own folder (relative imports) only.
+STANDALONE = ("common/endpoint_worker",)
+
+
+@pytest.mark.parametrize("part", STANDALONE)
+def test_the_worker_handler_library_imports_the_standard_library_alone(part):
+    paths = sorted((ROOT / part).rglob("*.py"))
+    assert paths
+    violations = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in paths
+        for name in sorted(_absolute_imports(path) - set(sys.stdlib_module_names) - {"__future__"})
+    ]
+    assert violations == []
+
+
+def test_a_standalone_module_that_imports_a_package_or_ours_is_caught(tmp_path):
+    reaching = tmp_path / "reaching.py"
+    reaching.write_text("import json\nfrom . import contract\nimport msgspec\nfrom common.wire import Hello\n")
+    assert _absolute_imports(reaching) - set(sys.stdlib_module_names) == {"msgspec", "common"}
 
 
 def test_a_module_under_the_narrower_rule_that_reaches_further_is_caught(tmp_path):

@@ -1,0 +1,123 @@
+"""The worker API's client: one call is one HTTP request on the standard library's ``http.client``, with the bearer
+token; answers are sorted into what the caller does next (contract.py says what each means)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import urllib.parse
+from dataclasses import dataclass
+from typing import Any
+
+from . import contract
+
+
+class WorkerAPIError(Exception):
+    """Base of the worker API's failures."""
+
+
+class TokenRefused(WorkerAPIError):
+    """401/403: the agent refuses this worker's token; it can never take work."""
+
+
+class RequestGone(WorkerAPIError):
+    """404/409 on a request's path: the request is no longer this worker's; its outputs are dropped."""
+
+
+class BodyTooLarge(WorkerAPIError):
+    """413: the agent refuses a report this large (an output over the endpoint's bound)."""
+
+
+class AgentUnavailable(WorkerAPIError):
+    """No answer, 429 or 5xx: the agent is not there right now; the call is worth retrying."""
+
+
+class BadAnswer(WorkerAPIError):
+    """An answer the contract does not allow (a status, a body that is not the JSON it should be)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TakenRequest:
+    id: str
+    input: Any
+    attempt: int = 1
+
+
+class WorkerAPI:
+    """Calls to the agent's worker API at ``base_url`` (``http://host:port``)."""
+
+    def __init__(self, base_url: str, token: str, *, call_timeout_s: float = contract.CALL_TIMEOUT_S) -> None:
+        parts = urllib.parse.urlsplit(base_url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"{contract.ENV_API} must be http://HOST:PORT, not {base_url!r}")
+        self.host = parts.hostname
+        self.port = parts.port or 80
+        self.prefix = parts.path.rstrip("/")
+        self.token = token
+        self.call_timeout_s = call_timeout_s
+
+    def take(self, wait_s: float = contract.DEFAULT_TAKE_WAIT_S) -> TakenRequest | None:
+        """One request for this worker, or None when none came within ``wait_s``."""
+        status, answer = self._call(contract.TAKE, {"wait_s": wait_s}, timeout_s=wait_s + self.call_timeout_s)
+        if status == 204:
+            return None
+        if not isinstance(answer, dict) or not isinstance(answer.get("id"), str) or not answer["id"] or "input" not in answer:
+            raise BadAnswer(f"take answered {answer!r}: expected an object with a string id and an input")
+        attempt = answer.get("attempt", 1)
+        if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 1:
+            raise BadAnswer(f"take answered attempt {attempt!r}: expected a whole number from 1")
+        return TakenRequest(id=answer["id"], input=answer["input"], attempt=attempt)
+
+    def heartbeat(self, in_flight: list[str]) -> list[str]:
+        """Tell the agent this worker lives and what it holds; the answer names the requests to drop."""
+        status, answer = self._call(contract.HEARTBEAT, {"in_flight": in_flight})
+        if status == 204:
+            return []
+        cancel = answer.get("cancel", []) if isinstance(answer, dict) else None
+        if not isinstance(cancel, list) or not all(isinstance(rid, str) for rid in cancel):
+            raise BadAnswer(f"heartbeat answered {answer!r}: expected an object with a list of request ids to cancel")
+        return cancel
+
+    def report(self, request_id: str, report: str, body: dict[str, Any]) -> None:
+        """One report about one request (partial, progress, result, error, release)."""
+        self._call(contract.request_path(request_id, report), body)
+
+    def _call(self, path: str, body: dict[str, Any], *, timeout_s: float | None = None) -> tuple[int, Any]:
+        payload = json.dumps(body).encode()  # a TypeError or ValueError here is the caller's output, not the agent's
+        headers = {
+            "Authorization": f"Bearer {self.token}",
+            "Content-Type": "application/json",
+            "Content-Length": str(len(payload)),
+        }
+        connection = http.client.HTTPConnection(self.host, self.port, timeout=timeout_s or self.call_timeout_s)
+        try:
+            connection.request("POST", self.prefix + path, body=payload, headers=headers)
+            response = connection.getresponse()
+            status = response.status
+            raw = response.read(contract.MAX_BODY_BYTES + 1)
+        except (OSError, http.client.HTTPException) as exc:
+            raise AgentUnavailable(f"{path}: {exc.__class__.__name__}: {exc}") from exc
+        finally:
+            connection.close()
+        return status, _answer(path, status, raw)
+
+
+def _answer(path: str, status: int, raw: bytes) -> Any:
+    if status in (401, 403):
+        raise TokenRefused(f"{path}: the agent refused the worker token ({status})")
+    if status in (404, 409) and path.startswith("/v1/requests/"):
+        raise RequestGone(f"{path}: the request is no longer this worker's ({status})")
+    if status == 413:
+        raise BodyTooLarge(f"{path}: the agent refused a body this large (413)")
+    if status == 429 or status >= 500:
+        raise AgentUnavailable(f"{path}: the agent answered {status}")
+    if status == 204:
+        return None
+    if status != 200:
+        raise BadAnswer(f"{path}: the agent answered {status}, which the worker API does not use")
+    if len(raw) > contract.MAX_BODY_BYTES:
+        raise BadAnswer(f"{path}: an answer over {contract.MAX_BODY_BYTES} bytes")
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        raise BadAnswer(f"{path}: the answer is not JSON ({exc})") from exc

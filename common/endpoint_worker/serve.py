@@ -1,0 +1,320 @@
+"""``serve(handler)``: take requests from the agent's worker API, run the handler on them, report what it made.
+
+Threads, not asyncio, so any handler runs as written (blocking GPU calls included): ``concurrency`` takers, each one
+long-polls a request, runs the handler and reports, then takes the next; one more thread heartbeats the requests in
+flight and learns which were cancelled. Reports that must arrive (partials, results, errors, releases) are retried
+with backoff while the agent is away; a progress is sent once (the next replaces it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import random
+import signal
+import threading
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import contract
+from .client import AgentUnavailable, BadAnswer, BodyTooLarge, RequestGone, TakenRequest, TokenRefused, WorkerAPI
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[["Request"], Any]
+
+
+class Request:
+    """One request as a handler sees it: its ``id``, its ``input`` (JSON), which ``attempt`` this is, whether it was
+    ``cancelled`` (a long handler may look, and stop early), and ``progress(value)`` to tell the caller how far it is."""
+
+    def __init__(self, taken: TakenRequest, api: WorkerAPI) -> None:
+        self.id = taken.id
+        self.input = taken.input
+        self.attempt = taken.attempt
+        self._api = api
+        self._cancelled = threading.Event()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    def progress(self, value: Any) -> None:
+        """Send a progress update (any JSON value). Best effort: one try; the next update replaces this one."""
+        try:
+            self._api.report(self.id, contract.PROGRESS, {"progress": value})
+        except RequestGone:
+            self.cancel()
+        except (AgentUnavailable, BadAnswer, BodyTooLarge) as exc:
+            log.warning("progress of %s not sent: %s", self.id, exc)
+
+
+@dataclass
+class Backoff:
+    """Exponential backoff with jitter (each pause drawn from half to all of its step, so workers that lost the agent
+    together do not come back together), reset by a success."""
+
+    first_s: float = 0.05
+    most_s: float = 5.0
+    _next_s: float = field(default=0.0, init=False)
+
+    def pause_s(self) -> float:
+        self._next_s = min(self.most_s, self._next_s * 2 if self._next_s else self.first_s)
+        return random.uniform(self._next_s / 2, self._next_s)
+
+    def reset(self) -> None:
+        self._next_s = 0.0
+
+
+class _Worker:
+    def __init__(
+        self, handler: Handler, api: WorkerAPI, *, heartbeat_s: float, take_wait_s: float, stop: threading.Event
+    ) -> None:
+        self.handler = handler
+        self.api = api
+        self.heartbeat_s = heartbeat_s
+        self.take_wait_s = take_wait_s
+        self.stop = stop
+        self.abandon = threading.Event()  # set when the drain after a stop ran out: undelivered reports are dropped
+        self.done = threading.Event()  # the takers ended: heartbeats (which keep a draining worker alive) end too
+        self.in_flight: dict[str, Request] = {}
+        self.delivering = 0  # reports being sent for requests no longer in flight (releases)
+        self.lock = threading.Lock()
+        self.settled = threading.Condition(self.lock)  # notified as a request leaves in_flight
+        self.fatal: TokenRefused | None = None
+
+    def refused(self, exc: TokenRefused) -> None:
+        log.error("the agent refused this worker's token; stopping: %s", exc)
+        self.fatal = exc
+        self.stop.set()
+        self.abandon.set()
+        self.done.set()
+
+    # takers
+
+    def take_loop(self) -> None:
+        backoff = Backoff()
+        while not self.stop.is_set():
+            try:
+                taken = self.api.take(self.take_wait_s)
+            except TokenRefused as exc:
+                return self.refused(exc)
+            except (AgentUnavailable, BadAnswer, BodyTooLarge) as exc:
+                log.warning("take failed, retrying: %s", exc)
+                self.stop.wait(backoff.pause_s())
+                continue
+            backoff.reset()
+            if taken is None:
+                continue
+            if self.stop.is_set():  # taken as the worker stops: back to the queue for another worker
+                self.release(taken.id)
+                return
+            self.run(taken)
+
+    def release(self, request_id: str) -> None:
+        with self.lock:
+            self.delivering += 1
+        try:
+            self.deliver(request_id, contract.RELEASE, {})
+        finally:
+            with self.lock:
+                self.delivering -= 1
+                self.settled.notify_all()
+
+    def run(self, taken: TakenRequest) -> None:
+        request = Request(taken, self.api)
+        with self.lock:
+            self.in_flight[request.id] = request
+        try:
+            output = self.handler(request)
+            output = self.drive(request, output)
+        except RequestGone:
+            log.info("request %s is no longer this worker's: dropped", request.id)
+        except TokenRefused as exc:
+            self.refused(exc)
+        except Exception as exc:  # the handler's failure is the request's, never the worker's
+            self.deliver(request.id, contract.ERROR, {"error": describe(exc)})
+        else:
+            if request.cancelled:
+                log.info("request %s was cancelled: its result is dropped", request.id)
+            else:
+                self.deliver_result(request.id, output)
+        finally:
+            with self.lock:
+                self.in_flight.pop(request.id, None)
+                self.settled.notify_all()
+
+    def drive(self, request: Request, output: Any) -> Any:
+        """The handler's final output: a plain value as it is; a coroutine awaited; a generator's (or an async
+        generator's) items streamed as partial outputs, its return value the result."""
+        if inspect.iscoroutine(output):
+            return asyncio.run(output)
+        if inspect.isgenerator(output):
+            return self.stream(request, output)
+        if inspect.isasyncgen(output):
+            loop = asyncio.new_event_loop()
+            try:
+                items = _sync_items(loop, output)
+                return self.stream(request, items)
+            finally:
+                loop.run_until_complete(output.aclose())
+                loop.close()
+        return output
+
+    def stream(self, request: Request, items: Any) -> Any:
+        seq = 0
+        try:
+            while not request.cancelled:
+                try:
+                    item = next(items)
+                except StopIteration as end:
+                    return end.value
+                partial = {"seq": seq, "output": item}
+                self.deliver(request.id, contract.PARTIAL, partial, raise_gone=True, raise_unsendable=True)
+                seq += 1
+            return None
+        finally:
+            items.close()
+
+    def deliver_result(self, request_id: str, output: Any) -> None:
+        try:
+            self.deliver(request_id, contract.RESULT, {"output": output}, raise_unsendable=True)
+        except (TypeError, ValueError, BodyTooLarge) as exc:
+            self.deliver(request_id, contract.ERROR, {"error": describe(exc, what="the handler's output could not be sent")})
+
+    def deliver(
+        self, request_id: str, report: str, body: dict[str, Any], *, raise_gone: bool = False, raise_unsendable: bool = False
+    ) -> None:
+        """Send a report until the agent answers it (or the request is gone, or the drain after a stop ran out: then
+        it is tried once more, and dropped)."""
+        backoff = Backoff()
+        while True:
+            try:
+                self.api.report(request_id, report, body)
+                return
+            except RequestGone:
+                if raise_gone:
+                    raise
+                log.info("%s of %s: the request is no longer this worker's", report, request_id)
+                return
+            except TokenRefused as exc:
+                return self.refused(exc)
+            except (TypeError, ValueError, BodyTooLarge) as exc:
+                if raise_unsendable:
+                    raise
+                log.error("%s of %s cannot be sent: %s", report, request_id, exc)
+                return
+            except (AgentUnavailable, BadAnswer) as exc:
+                if self.abandon.is_set():
+                    break
+                log.warning("%s of %s not delivered yet: %s", report, request_id, exc)
+                self.abandon.wait(backoff.pause_s())
+        log.error("%s of %s dropped: the worker stopped before the agent came back", report, request_id)
+
+    # heartbeats
+
+    def heartbeat_loop(self) -> None:
+        while not self.done.wait(self.heartbeat_s):
+            with self.lock:
+                held = sorted(self.in_flight)
+            try:
+                cancel = self.api.heartbeat(held)
+            except TokenRefused as exc:
+                return self.refused(exc)
+            except (AgentUnavailable, BadAnswer) as exc:
+                log.warning("heartbeat failed: %s", exc)
+                continue
+            with self.lock:
+                for request_id in cancel:
+                    if request_id in self.in_flight:
+                        self.in_flight[request_id].cancel()
+
+
+def _sync_items(loop: asyncio.AbstractEventLoop, agen: Any) -> Any:
+    while True:
+        try:
+            yield loop.run_until_complete(agen.__anext__())
+        except StopAsyncIteration:
+            return None
+
+
+def describe(exc: BaseException, *, what: str | None = None) -> dict[str, str]:
+    message = str(exc) if what is None else f"{what}: {exc}"
+    return {
+        "type": exc.__class__.__name__,
+        "message": message,
+        "traceback": "".join(traceback.format_exception(exc))[-8_000:],
+    }
+
+
+def settings_from_env(env: dict[str, str] | None = None) -> tuple[str, str, int, float]:
+    """The API's URL, the token, the concurrency and the heartbeat period, from the environment."""
+    env = dict(os.environ) if env is None else env
+    missing = [name for name in (contract.ENV_API, contract.ENV_TOKEN) if not env.get(name)]
+    if missing:
+        raise ValueError(f"{' and '.join(missing)} not set: serve() runs inside an endpoint worker, which the agent starts")
+    try:
+        concurrency = int(env.get(contract.ENV_CONCURRENCY) or contract.DEFAULT_CONCURRENCY)
+        heartbeat_s = float(env.get(contract.ENV_HEARTBEAT_S) or contract.DEFAULT_HEARTBEAT_S)
+    except ValueError as exc:
+        raise ValueError(f"{contract.ENV_CONCURRENCY} and {contract.ENV_HEARTBEAT_S} must be numbers: {exc}") from exc
+    if concurrency < 1 or heartbeat_s <= 0:
+        raise ValueError(f"{contract.ENV_CONCURRENCY} must be 1 or more and {contract.ENV_HEARTBEAT_S} more than 0")
+    return env[contract.ENV_API], env[contract.ENV_TOKEN], concurrency, heartbeat_s
+
+
+def serve(
+    handler: Handler,
+    *,
+    concurrency: int | None = None,
+    stop: threading.Event | None = None,
+    drain_s: float = 30.0,
+    take_wait_s: float = contract.DEFAULT_TAKE_WAIT_S,
+    env: dict[str, str] | None = None,
+) -> None:
+    """Run ``handler`` on this worker's requests until ``stop`` is set (or SIGTERM, when called from the main
+    thread). Requests in flight then finish; reports still undelivered ``drain_s`` later are dropped. Raises
+    ``TokenRefused`` if the agent refuses the token: the worker can never work, and its process should end."""
+    url, token, env_concurrency, heartbeat_s = settings_from_env(env)
+    concurrency = env_concurrency if concurrency is None else concurrency
+    if concurrency < 1:
+        raise ValueError("concurrency must be 1 or more")
+    stop = threading.Event() if stop is None else stop
+    if not callable(handler):
+        raise TypeError(f"serve() needs a callable handler(request), not {handler!r}")
+    api = WorkerAPI(url, token)
+    worker = _Worker(handler, api, heartbeat_s=heartbeat_s, take_wait_s=take_wait_s, stop=stop)
+    previous = _on_sigterm(stop)
+    takers = [threading.Thread(target=worker.take_loop, name=f"take-{n}", daemon=True) for n in range(concurrency)]
+    beats = threading.Thread(target=worker.heartbeat_loop, name="heartbeat", daemon=True)
+    for thread in [*takers, beats]:
+        thread.start()
+    try:
+        while not stop.wait(1.0):
+            pass
+        # Requests in flight finish (their reports sent) within drain_s. A taker still in a take's long poll is not
+        # waited for: what it gets now it releases, and what a worker that ended held the agent sends back to the
+        # queue anyway (as for a worker killed outright).
+        with worker.settled:
+            worker.settled.wait_for(lambda: not worker.in_flight and not worker.delivering, timeout=drain_s)
+        worker.abandon.set()
+        worker.done.set()
+        beats.join()
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    if worker.fatal is not None:
+        raise worker.fatal
+
+
+def _on_sigterm(stop: threading.Event) -> Any:
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())

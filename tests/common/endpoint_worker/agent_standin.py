@@ -1,0 +1,133 @@
+"""A stand-in for the agent's side of the worker API (common/endpoint_worker/contract.py): a real HTTP server on
+127.0.0.1 that hands out the requests a test queues and records every report, so the handler library is tested over
+real sockets. It can be stopped and started again on the same port, and told to answer badly."""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+from collections import defaultdict
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import unquote
+
+from common.endpoint_worker import contract
+
+WAIT_S = 20.0  # how long a test waits for what it expects before it fails (never an assertion on speed)
+
+
+class AgentStandIn:
+    def __init__(self, token: str = "worker-token") -> None:
+        self.token = token
+        self.pending: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.changed = threading.Condition()
+        self.results: dict[str, Any] = {}
+        self.errors: dict[str, dict[str, str]] = {}
+        self.partials: dict[str, list[tuple[int, Any]]] = defaultdict(list)
+        self.progress: dict[str, list[Any]] = defaultdict(list)
+        self.released: list[str] = []
+        self.heartbeats: list[list[str]] = []
+        self.authorizations: list[str] = []
+        self.cancel: set[str] = set()  # named in every heartbeat's answer
+        self.gone: set[str] = set()  # their reports answer 404
+        self.take_gate: threading.Event | None = None  # when set up, a take waits for it before it answers
+        self.canned: dict[str, list[tuple[int, bytes]]] = defaultdict(list)  # path -> next answers, used up in order
+        self.port = 0
+        self.server: ThreadingHTTPServer | None = None
+
+    # the test's side
+
+    def start(self) -> AgentStandIn:
+        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), _handler_for(self))
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return {contract.ENV_API: self.url, contract.ENV_TOKEN: self.token, contract.ENV_HEARTBEAT_S: "0.05", **extra}
+
+    def submit(self, request_id: str, value: Any, attempt: int = 1) -> None:
+        self.pending.put({"id": request_id, "input": value, "attempt": attempt})
+
+    def wait_for(self, what: Callable[[], bool], timeout_s: float = WAIT_S) -> None:
+        with self.changed:
+            assert self.changed.wait_for(what, timeout_s), "the stand-in never saw what the test waited for"
+
+    # the server's side
+
+    def record(self, change: Callable[[], None]) -> None:
+        with self.changed:
+            change()
+            self.changed.notify_all()
+
+    def answer(self, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+        if path == contract.TAKE:
+            if self.take_gate is not None:
+                self.take_gate.wait(WAIT_S)
+            try:
+                return 200, self.pending.get(timeout=float(body["wait_s"]))
+            except queue.Empty:
+                return 204, None
+        if path == contract.HEARTBEAT:
+            self.record(lambda: self.heartbeats.append(body["in_flight"]))
+            return 200, {"cancel": sorted(self.cancel)}
+        _, _, _, request_id, report = path.split("/")
+        request_id = unquote(request_id)
+        if request_id in self.gone:
+            return 404, {"error": "gone"}
+        match report:
+            case contract.RESULT:
+                self.record(lambda: self.results.__setitem__(request_id, body["output"]))
+            case contract.ERROR:
+                self.record(lambda: self.errors.__setitem__(request_id, body["error"]))
+            case contract.PARTIAL:
+                self.record(lambda: self.partials[request_id].append((body["seq"], body["output"])))
+            case contract.PROGRESS:
+                self.record(lambda: self.progress[request_id].append(body["progress"]))
+            case contract.RELEASE:
+                self.record(lambda: self.released.append(request_id))
+        return 204, None
+
+
+def _handler_for(standin: AgentStandIn) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            auth = self.headers.get("Authorization", "")
+            standin.record(lambda: standin.authorizations.append(auth))
+            if standin.canned[self.path]:
+                status, raw = standin.canned[self.path].pop(0)
+                return self.send(status, raw)
+            if auth != f"Bearer {standin.token}":
+                return self.send(401, b'{"error": "unauthorized"}')
+            status, answer = standin.answer(self.path, body)
+            self.send(status, b"" if answer is None else json.dumps(answer).encode())
+
+        def send(self, status: int, raw: bytes) -> None:
+            self.send_response(status)
+            if status != 204:
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            if status != 204:
+                self.wfile.write(raw)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    return Handler
