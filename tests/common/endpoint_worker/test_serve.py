@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 import pytest
@@ -87,7 +87,7 @@ def test_a_taken_request_gets_its_handlers_output_as_its_result(agent, serving):
 
 
 def test_a_generator_handler_streams_each_item_in_order_and_its_return_value_is_the_result(agent, serving):
-    def handler(request: Request) -> Iterator[str]:
+    def handler(request: Request) -> Generator[str, None, str]:
         yield from request.input.split()
         return "done"
 

@@ -50,7 +50,7 @@ def workers(draw: st.DrawFn, index: int) -> Worker:
     since = NOW - draw(AGES)
     in_flight = draw(st.sampled_from([0, 0, 1]) | st.integers(0, 8)) if phase is not WorkerPhase.STARTING else 0
     # mostly heard from lately (healthy), sometimes silent past any heartbeat timeout
-    last_seen = max(since, NOW - draw(st.sampled_from([0.0, 1.0, 9.0, 10.0, 29.0, 31.0, 500.0])))
+    last_seen: float | None = max(since, NOW - draw(st.sampled_from([0.0, 1.0, 9.0, 10.0, 29.0, 31.0, 500.0])))
     idle_since = max(since, NOW - draw(AGES)) if phase is WorkerPhase.READY and in_flight == 0 else None
     if phase is not WorkerPhase.READY:
         last_seen = None
