@@ -13,7 +13,7 @@ and a command result (500 bytes) every twentieth, round after round. Scenarios:
 - ``relay-down``: the Master is away (coalescing), three rounds buffered, then all sent.
 - ``intake``: the Master's intake of one link: every frame pushed, a pop after each.
 
-Figures: nanoseconds per frame, the minimum and median of ``rounds`` runs of each; the two codes' runs alternate, so
+Figures: nanoseconds of CPU per frame, the minimum and median of ``rounds`` runs of each; the two codes' runs alternate, so
 a machine's load falls on both alike. The old code is read with ``git show REF:access/upstream.py`` (and
 ``common/lanes.py``) and loaded beside this checkout's modules.
 """
@@ -109,11 +109,12 @@ def scenarios(agents: int) -> dict[str, tuple[Frames, Callable[[ModuleType, Modu
 
 
 def timed(run: Callable[[ModuleType, ModuleType, Frames], Any], code: tuple[ModuleType, ModuleType], work: Frames) -> float:
-    """Nanoseconds per frame of one run."""
+    """Nanoseconds of this process's CPU per frame of one run (CPU, not wall time: on a machine shared with other work,
+    time spent waiting for a core is not the code's)."""
     gc.collect()
-    began = time.perf_counter()
+    began = time.process_time()
     run(*code, work)
-    return (time.perf_counter() - began) * 1e9 / len(work)
+    return (time.process_time() - began) * 1e9 / len(work)
 
 
 def main(argv: list[str] | None = None) -> int:
