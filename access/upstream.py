@@ -1,6 +1,7 @@
 """The relay's one link to the Master: mutual TLS as role ``access``, every agent multiplexed on it.
 
-Agent frames and the relay's ``agent_connected``/``agent_disconnected`` notices go through one ``FrameBuffer``, up
+Agent frames and the relay's ``agent_connected``/``agent_disconnected`` notices go through one ``FrameBuffer`` (a shell
+over the grid's one lane queue, ``common.lanes.LaneQueue``; docs/overload.md, "One queue type"), up
 or down, in three lanes, each in arrival order: control (notices, acks, results, events), then hellos, then
 telemetry (heartbeats and telemetry), so a command result never waits behind heartbeats, nor behind the hellos of
 thousands of agents coming back at once (issue 29). The Master learns of an agent before its frames and of its
