@@ -28,7 +28,8 @@ that wait grows without bound (bench/HISTORY.md, "overload").
   ``on_drop``, so the loss is never silent.
 - A sender that writes items out in batches ``take``s them (the oldest, in ``pop``'s order), writes them, then
   reports ``done``; a failed write ``give_back``s them to the head of their lanes, in order. Items taken still count
-  in the lanes' sizes and bounds until done, and are never replaced, evicted, forgotten or withdrawn meanwhile.
+  in the lanes' sizes and bounds until done, and are never replaced, evicted, forgotten or withdrawn meanwhile. A
+  queue has one reader at a time: ``pop`` does not see what is taken (the relay's sender takes, the intake pops).
 - ``source`` (say, an agent) names who pushed an item: ``withdraw_last`` takes back a source's newest item while it
   waits (the relay withdraws the notice of an agent that came and went with nothing said). ``discard`` takes back
   every waiting item a predicate picks; neither counts as a drop (nothing was lost: the item had nothing to say).
@@ -201,6 +202,9 @@ class LaneQueue(Generic[T]):
             if self._in_place:
                 self._bytes[2] += size - older.size
                 older.value, older.size = value, size
+                if older.source is not None and self._last_of.get(older.source) is older:
+                    del self._last_of[older.source]  # the slot is the new push's now, and its source's newest
+                older.source = source
                 if source is not None:
                     self._last_of[source] = older
                 self._evict_to_fit(0, keep=older)
@@ -290,7 +294,7 @@ class LaneQueue(Generic[T]):
     def withdraw_last(self, source: Hashable, where: Callable[[T], bool]) -> bool:
         """Take back ``source``'s newest item if it still waits (not taken) and ``where`` picks it; whether it did."""
         slot = self._last_of.get(source)
-        if slot is None or slot.taken or not where(slot.value):
+        if slot is None or not slot.live or slot.taken or not where(slot.value):
             return False
         self._retire(slot)
         return True
