@@ -147,7 +147,7 @@ class LaneQueue(Generic[T]):
         on_drop: Callable[[Drop], None] | None = None,
     ) -> None:
         self.bounds = bounds or LaneBounds()
-        self.replace = replace
+        self._replace = replace
         self._in_place = replace is Replace.IN_PLACE
         self.coalesce = False  # True: telemetry is coalesced whatever the lane holds (the relay, its Master away)
         self._on_drop = on_drop
@@ -161,6 +161,11 @@ class LaneQueue(Generic[T]):
         self.replaced = 0  # telemetry items let go because a newer one of the same key took their place
         self.evicted = 0  # telemetry items let go to stay under telemetry_bytes or items
         self.forgotten = 0  # telemetry items let go by ``forget`` (their source left)
+
+    @property
+    def replace(self) -> Replace:
+        """Where a replacing telemetry item goes; fixed when the queue is made."""
+        return self._replace
 
     def __len__(self) -> int:
         """Items not yet out, taken ones included."""
