@@ -1,6 +1,7 @@
 """The relay's one link to the Master: mutual TLS as role ``access``, every agent multiplexed on it.
 
-Agent frames and the relay's ``agent_connected``/``agent_disconnected`` notices go through one ``FrameBuffer``, up
+Agent frames and the relay's ``agent_connected``/``agent_disconnected`` notices go through one ``FrameBuffer`` (a shell
+over the grid's one lane queue, ``common.lanes.LaneQueue``; docs/overload.md, "One queue type"), up
 or down, in three lanes, each in arrival order: control (notices, acks, results, events), then hellos, then
 telemetry (heartbeats and telemetry), so a command result never waits behind heartbeats, nor behind the hellos of
 thousands of agents coming back at once (issue 29). The Master learns of an agent before its frames and of its
@@ -15,14 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import math
 import random
 import ssl
-from collections import deque
+import sys
 from collections.abc import Callable, Collection, Iterable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import msgspec
@@ -32,10 +31,11 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from access.config import AccessConfig
 from access.metrics import RelayMetrics
 from common.errors import IdlegridError, ProtocolError
+from common.lanes import Drop, Lane, LaneBounds, LaneQueue, Pushed, Replace
 from common.wire import (
-    ADMISSION_KINDS,
     CLOSE_NOT_LEADER,
     HARD_FRAME_BYTES,
+    LANE_OF_KIND,
     PROTOCOL_VERSIONS,
     TELEMETRY_KINDS,
     AccessHello,
@@ -61,8 +61,8 @@ from common.wire import (
 
 log = logging.getLogger(__name__)
 
-# Each kind's lane is declared with its frame (common/wire.py): only the newest of TELEMETRY_KINDS says anything the
-# Master needs, so older ones may be replaced while they wait; ADMISSION_KINDS go after control, before telemetry.
+# Each kind's lane is declared with its frame (common/wire.py, ``LANE_OF_KIND``): only the newest of TELEMETRY_KINDS says
+# anything the Master needs, so older ones may be replaced while they wait; hellos go after control, before telemetry.
 CONNECTED, DISCONNECTED = tag_of(AgentConnected), tag_of(AgentDisconnected)
 WELCOME_TIMEOUT_S = 10.0
 FLUSH_POLL_S = 0.02
@@ -72,27 +72,32 @@ class MasterUnavailable(IdlegridError):
     code = "master_unavailable"
 
 
-# --- the buffer (no I/O but two wake-up events) --------------------------------------------------
+# --- the buffer (a LaneQueue and two wake-up events) ---------------------------------------------
+
+_UNBOUNDED = sys.maxsize  # the relay bounds control and hellos in frames (``buffer_frames``), not in bytes
+# Read per frame, so kept as module constants: reading a member off its enum class costs about 150 ns in Python 3.11.
+_CONTROL, _TELEMETRY = Lane.CONTROL, Lane.TELEMETRY
+_FULL, _DROPPED, _FORGOTTEN = Pushed.FULL, Pushed.DROPPED, Drop.FORGOTTEN
+_DROP_REASON = {Drop.REPLACED: "superseded", Drop.EVICTED: "evicted", Drop.FORGOTTEN: "forgotten"}  # metric labels
 
 
-@dataclass(eq=False, slots=True)
-class Outbound:
-    """One link frame waiting to go to the Master, encoded already."""
+class Outbound(msgspec.Struct, gc=False):
+    """One link frame waiting to go to the Master, encoded already (a struct made in C: one per frame)."""
 
     agent_id: str
     kind: str  # the agent frame's type, or agent_connected / agent_disconnected
     data: bytes
-    live: bool = True  # False once sent, superseded or evicted; such entries are skipped and compacted away
-    seq: int = 0  # order of arrival in the buffer, set when queued
-    sending: bool = False  # taken by the sender, on the wire: never evicted or withdrawn
 
 
 class FrameBuffer:
-    """Link frames in send order (control, then hellos, then telemetry), at most ``limit`` live ones (notices may exceed it:
-    they are tiny and few), at most ``telemetry_bytes`` of telemetry.
+    """Link frames in send order (control, then hellos, then telemetry) on a ``LaneQueue`` (common/lanes.py): at most
+    ``limit`` of them (notices may exceed it: they are tiny and few), at most ``telemetry_bytes`` of telemetry, an
+    agent's newer heartbeat or telemetry replacing its waiting one (queued last) while ``coalesce`` is set or the
+    telemetry lane holds ``coalesce_bytes``.
 
     The sender ``take``s the oldest entries (``peek``: the head alone), sends them, then calls ``done``; a failed
-    send leaves them at the head.
+    send (``send_failed``) leaves them at the head. What this adds to the queue: the relay's names for it, the
+    waits of agents for room (``put``) and of the sender for frames (``ready``), and the notices' rules.
     """
 
     def __init__(
@@ -104,59 +109,56 @@ class FrameBuffer:
         coalesce_bytes: int = 512 * 1024,
     ) -> None:
         self.limit = limit
-        self.telemetry_bytes = telemetry_bytes
-        self.coalesce_bytes = coalesce_bytes
-        self._on_drop = on_drop  # told "superseded" or "evicted" for each heartbeat/telemetry let go
-        self._queue: deque[Outbound] = deque()  # the control lane
-        self._admission: deque[Outbound] = deque()  # hellos: after control (results first), before telemetry
-        self._telemetry: deque[Outbound] = deque()  # the telemetry lane: heartbeats and telemetry, sent after control
-        self._telemetry_size = 0  # bytes of live entries in the telemetry lane
+        self._on_drop = on_drop  # told "superseded", "evicted" or "forgotten" for each heartbeat/telemetry let go
         self.telemetry_shed = 0  # heartbeats/telemetry let go (superseded or evicted), in all: told to the Master
-        self._replaceable: deque[Outbound] = deque()  # heartbeats/telemetry, oldest first: evicted first when full
-        self._latest: dict[tuple[str, str], Outbound] = {}  # (agent, kind) -> its waiting heartbeat/telemetry
-        self._last: dict[str, Outbound] = {}  # agent -> its most recent entry
-        self._sending: list[Outbound] = []  # what the sender took and has not reported done
-        self._live = 0
-        self._appended = 0  # entries ever queued: the seq of the next one
+        bounds = LaneBounds(
+            control_bytes=_UNBOUNDED,
+            admission_bytes=_UNBOUNDED,
+            telemetry_bytes=telemetry_bytes,
+            coalesce_bytes=coalesce_bytes,
+            items=limit,
+        )
+        self.queue: LaneQueue[Outbound] = LaneQueue(bounds, replace=Replace.LAST, on_drop=self._dropped)
         # Replace a waiting heartbeat/telemetry with its newer one. Off while the Master link is up, so
         # that a momentary backlog loses no telemetry sample; on while it is down.
-        self.coalesce = True
+        self.queue.coalesce = True
         self._space = asyncio.Event()
         self._ready = asyncio.Event()
 
     def __len__(self) -> int:
-        return self._live
+        return len(self.queue)
+
+    @property
+    def coalesce(self) -> bool:
+        return self.queue.coalesce
+
+    @coalesce.setter
+    def coalesce(self, on: bool) -> None:
+        self.queue.coalesce = on
 
     def offer(self, entry: Outbound, *, force: bool = False) -> bool:
         """Queue ``entry`` without waiting; False only when it must be kept but there is no room."""
-        replaceable = entry.kind in TELEMETRY_KINDS
-        if replaceable and (self.coalesce or self._telemetry_size >= self.coalesce_bytes):
-            older = self._latest.get((entry.agent_id, entry.kind))
-            if older is not None and older.live and not older.sending:
-                self._retire(older)
-                self._shed("superseded")
-        if replaceable:
-            while self._telemetry_size + len(entry.data) > self.telemetry_bytes and self._evict_one():
-                pass
-            if self._telemetry_size + len(entry.data) > self.telemetry_bytes:
-                self._shed("evicted")
-                return True
-        if self._live >= self.limit and not force and not self._evict_one():
-            if not replaceable:
-                return False
-            self._shed("evicted")  # a heartbeat with no room: the next one will say the same, so let it go
-            return True
-        self._append(entry, replaceable)
+        kind = entry.kind
+        lane = LANE_OF_KIND.get(kind, _CONTROL)
+        key = (entry.agent_id, kind) if lane is _TELEMETRY else None
+        pushed = self.queue.push(entry, lane, len(entry.data), key, source=entry.agent_id, force=force)
+        if pushed is _FULL:
+            return False
+        if pushed is not _DROPPED:  # a heartbeat with no room is let go: the next one will say the same
+            self._ready.set()
         return True
 
     @property
     def telemetry_size(self) -> int:
         """Bytes of heartbeats and telemetry waiting."""
-        return self._telemetry_size
+        return self.queue.bytes(Lane.TELEMETRY)
 
-    def _shed(self, reason: str) -> None:
-        self.telemetry_shed += 1
-        self._on_drop(reason)
+    def _dropped(self, why: Drop) -> None:
+        if why is not _FORGOTTEN:
+            # An agent leaving says nothing about overload: the Master paces every agent down for shed telemetry
+            # (master/pacing.py), not for forgotten.
+            self.telemetry_shed += 1
+        self._on_drop(_DROP_REASON[why])
 
     async def put(self, entry: Outbound, until: asyncio.Future[Any] | None = None) -> bool:
         """Queue ``entry``, waiting for room if it must be kept and the buffer is full of what must be kept.
@@ -183,10 +185,9 @@ class FrameBuffer:
 
         An agent that connects and leaves while the Master is away then costs nothing in the buffer.
         """
-        last = self._last.get(agent_id)
-        if last is None or not last.live or last.kind != CONNECTED or last.sending:
+        if not self.queue.withdraw_last(agent_id, lambda entry: entry.kind == CONNECTED):
             return False
-        self._retire(last)
+        self._space.set()
         return True
 
     def peek(self) -> Outbound | None:
@@ -197,43 +198,22 @@ class FrameBuffer:
     def take(self, max_frames: int, max_bytes: int) -> list[Outbound]:
         """The oldest waiting entries, in order, now being sent: at most ``max_frames`` and, past the first,
         ``max_bytes`` of data in all. A take not yet reported ``done`` is given back first (taken again)."""
-        self.send_failed()
-        self._trim_heads()
-        batch: list[Outbound] = []
-        size = 0
-        for entry in itertools.chain(self._queue, self._admission, self._telemetry):
-            if not entry.live:
-                continue
-            if batch and (len(batch) >= max_frames or size + len(entry.data) > max_bytes):
-                break
-            entry.sending = True
-            batch.append(entry)
-            size += len(entry.data)
-        self._sending = batch
-        return batch
+        return self.queue.take(max_frames, max_bytes)
 
     async def ready(self) -> None:
         """Until something waits to be sent."""
-        while not self._live:
+        while not len(self.queue):
             self._ready.clear()
             await self._ready.wait()
 
     def send_failed(self) -> None:
         """What was taken did not go out (the link dropped): it stays at the head, no longer being sent."""
-        for entry in self._sending:
-            entry.sending = False
-        self._sending = []
+        self.queue.give_back()
 
-    def done(self, entry: Outbound | None = None) -> None:
-        """What was taken (or ``entry`` of it) was sent: take it out."""
-        sent = self._sending if entry is None else [entry]
-        for one in sent:
-            one.sending = False
-            if one.live:
-                self._retire(one)
-        self._sending = [] if entry is None else [e for e in self._sending if e is not entry]
-        self._trim_heads()
-        self._compact()  # a batch sent may leave many retired heartbeats behind, and nothing else may come to clear them
+    def done(self) -> None:
+        """What was taken was sent: take it out."""
+        self.queue.done()
+        self._space.set()
 
     def withdraw_connects(self, keep: Collection[str]) -> dict[str, str]:
         """Withdraw the ``agent_connected`` notices of agents not in ``keep``; then, per agent, the kind of
@@ -241,98 +221,40 @@ class FrameBuffer:
 
         Only while nothing is being sent (between links).
         """
+        if self.queue.discard(lambda entry: entry.kind == CONNECTED and entry.agent_id not in keep):
+            self._space.set()
         first: dict[str, str] = {}
-        for entry in itertools.chain(self._queue, self._admission, self._telemetry):
-            if not entry.live:
-                continue
-            if entry.kind == CONNECTED and entry.agent_id not in keep:
-                self._retire(entry)
-                continue
+        for entry in self.queue.in_order():
             first.setdefault(entry.agent_id, entry.kind)
         return first
 
     @property
     def mark(self) -> int:
         """A point in the stream: ``sent_through(mark)`` is true once everything queued before it has left."""
-        return self._appended
+        return self.queue.pushed
 
     def sent_through(self, mark: int) -> bool:
         """Whether no entry queued before ``mark`` is still waiting (sent, or superseded by a newer one)."""
-        for lane in (self._queue, self._admission, self._telemetry):
-            for entry in lane:
-                if entry.live:
-                    if entry.seq < mark:
-                        return False
-                    break
-        return True
+        return self.queue.sent_through(mark)
+
+    def entries(self) -> list[Outbound]:
+        """Every waiting entry (those being sent included), in send order; for tests and diagnostics."""
+        return self.queue.in_order()
 
     def kinds(self) -> list[tuple[str, str]]:
         """(agent id, kind) of every waiting entry, in send order; for tests and diagnostics."""
-        return [(e.agent_id, e.kind) for e in itertools.chain(self._queue, self._admission, self._telemetry) if e.live]
+        return [(e.agent_id, e.kind) for e in self.queue.in_order()]
 
     def forget_telemetry(self, agent_id: str) -> None:
         """Let go of the agent's waiting heartbeat and telemetry (it left; the Master would ignore them now).
 
         Counted as ``forgotten``, not as shed: the Master slows every agent down for shed telemetry (master/pacing.py),
         and an agent leaving says nothing about overload."""
+        gone = False
         for kind in TELEMETRY_KINDS:
-            older = self._latest.get((agent_id, kind))
-            if older is not None and older.live and not older.sending:
-                self._retire(older)
-                self._on_drop("forgotten")
-
-    def _trim_heads(self) -> None:
-        for lane in (self._queue, self._admission, self._telemetry):
-            while lane and not lane[0].live:
-                lane.popleft()
-
-    def _append(self, entry: Outbound, replaceable: bool) -> None:
-        entry.seq, self._appended = self._appended, self._appended + 1
-        self._live += 1
-        self._last[entry.agent_id] = entry
-        if replaceable:
-            self._telemetry.append(entry)
-            self._telemetry_size += len(entry.data)
-            self._latest[(entry.agent_id, entry.kind)] = entry
-            self._replaceable.append(entry)
-        elif entry.kind in ADMISSION_KINDS:
-            self._admission.append(entry)
-        else:
-            self._queue.append(entry)
-        self._ready.set()
-        self._compact()
-
-    def _evict_one(self) -> bool:
-        while self._replaceable:
-            victim = self._replaceable.popleft()
-            if victim.live and not victim.sending:
-                self._retire(victim)
-                self._shed("evicted")
-                return True
-        return False
-
-    def _retire(self, entry: Outbound) -> None:
-        entry.live = False
-        self._live -= 1
-        if entry.kind in TELEMETRY_KINDS:
-            self._telemetry_size -= len(entry.data)
-        if self._latest.get((entry.agent_id, entry.kind)) is entry:
-            del self._latest[(entry.agent_id, entry.kind)]
-        if self._last.get(entry.agent_id) is entry:
-            del self._last[entry.agent_id]
-        self._space.set()
-
-    def _compact(self) -> None:
-        """Drop retired entries once they outnumber live ones, so superseded heartbeats cannot pile up."""
-        slack = 2 * self._live + 1024
-        if len(self._queue) > slack:
-            self._queue = deque(e for e in self._queue if e.live or e.sending)
-        if len(self._admission) > slack:
-            self._admission = deque(e for e in self._admission if e.live or e.sending)
-        if len(self._telemetry) > slack:
-            self._telemetry = deque(e for e in self._telemetry if e.live or e.sending)
-        if len(self._replaceable) > slack:
-            self._replaceable = deque(e for e in self._replaceable if e.live)
+            gone = self.queue.forget((agent_id, kind)) or gone
+        if gone:
+            self._space.set()
 
 
 # --- the link --------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ def drain(buffer: FrameBuffer) -> list[bytes]:
     sent = []
     while (head := buffer.peek()) is not None:
         sent.append(head.data)
-        buffer.done(head)
+        buffer.done()
     return sent
 
 
@@ -72,7 +72,7 @@ async def test_put_waits_for_room_instead_of_dropping():
     assert not waiting.done()
     head = buffer.peek()
     assert head is not None
-    buffer.done(head)
+    buffer.done()
     await asyncio.wait_for(waiting, 1)
     assert drain(buffer) == [b"a1:command_result:second"]
 
@@ -124,5 +124,31 @@ def test_superseded_entries_do_not_pile_up():
     for n in range(rounds):
         buffer.offer(entry("a1", "heartbeat", str(n)))
     assert len(buffer) == 1
-    assert len(buffer._queue) < 2000 and len(buffer._replaceable) < 2000
+    assert all(len(lane) < 2000 for lane in buffer.queue._lanes)  # superseded slots are compacted away
     assert drain(buffer) == [f"a1:heartbeat:{rounds - 1}".encode()]
+
+
+def test_a_heartbeat_given_back_after_a_failed_send_makes_room_again():
+    """docs/overload.md, "One queue type": the buffer before it kept such a heartbeat for good, under any load."""
+    dropped: list[str] = []
+    buffer = FrameBuffer(limit=2, on_drop=dropped.append)
+    buffer.coalesce = False
+    buffer.offer(entry("a1", "heartbeat"))
+    assert buffer.peek() is not None  # on the wire: not to be evicted
+    assert buffer.offer(entry("a1", "command_result", "x"))
+    assert not buffer.offer(entry("a2", "command_result", "y"))
+    buffer.send_failed()
+    assert buffer.offer(entry("a2", "command_result", "y"))
+    assert buffer.kinds() == [("a1", "command_result"), ("a2", "command_result")]
+    assert dropped == ["evicted"]
+
+
+def test_a_heartbeat_larger_than_the_telemetry_lane_goes_alone():
+    """docs/overload.md, "One queue type": the buffer before it evicted every waiting heartbeat first."""
+    dropped: list[str] = []
+    buffer = FrameBuffer(limit=10, on_drop=dropped.append, telemetry_bytes=100, coalesce_bytes=100)
+    buffer.coalesce = False
+    buffer.offer(Outbound("a1", "heartbeat", b"x" * 50))
+    assert buffer.offer(Outbound("a2", "heartbeat", b"x" * 101))
+    assert buffer.kinds() == [("a1", "heartbeat")]
+    assert dropped == ["evicted"] and buffer.telemetry_shed == 1

@@ -216,7 +216,7 @@ def test_the_relay_buffer_keeps_its_lanes_bounds_and_order_under_any_sequence(op
                 buffer.done()
             else:
                 buffer.send_failed()
-        waiting = [e for e in buffer._telemetry if e.live]
+        waiting = [e for e in buffer.entries() if e.kind == "heartbeat"]
         assert buffer.telemetry_size == sum(len(e.data) for e in waiting) <= 120
     while taken := buffer.take(100, 1_000_000):
         sent.extend(taken)

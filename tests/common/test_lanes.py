@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.lanes import Lane, LaneBounds, LaneQueue, Pushed
+from common.lanes import Drop, Lane, LaneBounds, LaneQueue, Pushed, Replace
 
 BOUNDS = LaneBounds(control_bytes=100, telemetry_bytes=60, coalesce_bytes=20, admission_bytes=80)
 
@@ -160,3 +161,237 @@ def test_bounds_are_checked():
         LaneBounds(control_bytes=10, telemetry_bytes=10, coalesce_bytes=11)
     with pytest.raises(ValueError, match="positive"):
         LaneBounds(admission_bytes=0)
+
+
+# --- the generalized queue: a count bound, two replace policies, a sender's take/done/give_back, sources -----------
+
+Item = tuple[int, int, int, str | None, str, bool]  # serial, lane, size, key, source, forced
+
+
+def of_source(source: str, item: Item) -> bool:
+    return item[4] == source
+
+
+general_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("push"), st.sampled_from([Lane.CONTROL, Lane.ADMISSION]), st.integers(1, 40), st.booleans()),
+        st.tuples(st.just("telemetry"), st.sampled_from(["a", "b", "c", "d"]), st.integers(1, 30), st.booleans()),
+        st.tuples(st.just("pop"), st.none(), st.none(), st.none()),
+        st.tuples(st.just("take"), st.integers(1, 4), st.integers(0, 80), st.none()),
+        st.tuples(st.just("done"), st.none(), st.none(), st.none()),
+        st.tuples(st.just("give_back"), st.none(), st.none(), st.none()),
+        st.tuples(st.just("forget"), st.sampled_from(["a", "b", "c", "d"]), st.none(), st.none()),
+        st.tuples(st.just("withdraw_last"), st.sampled_from(["s0", "s1", "s2"]), st.none(), st.none()),
+        st.tuples(st.just("discard"), st.sampled_from(["s0", "s1", "s2"]), st.none(), st.none()),
+        st.tuples(st.just("coalesce"), st.booleans(), st.none(), st.none()),
+    ),
+    max_size=120,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(general_ops, st.sampled_from(list(Replace)), st.sampled_from([None, 1, 3, 8]))
+def test_the_general_queue_keeps_its_invariants_under_any_sequence(ops, replace, items):
+    bounds = LaneBounds(control_bytes=100, telemetry_bytes=60, coalesce_bytes=20, admission_bytes=80, items=items)
+    dropped: list[Drop] = []
+    queue: LaneQueue[Item] = LaneQueue(bounds, replace=replace, on_drop=dropped.append)
+    serial, pushed, withdrawn = 0, 0, 0
+    queued: list[Item] = []  # every item accepted, in order
+    out: list[Item] = []  # every item that left by pop or done, in order
+    taken: list[Item] = []
+    for op, a, b, force in ops:
+        serial += 1
+        source = f"s{serial % 3}"
+        before = len(queue)
+        if op in ("push", "telemetry"):
+            lane = a if op == "push" else Lane.TELEMETRY
+            item: Item = (serial, int(lane), b, a if op == "telemetry" else None, source, force)
+            got = queue.push(item, lane, b, item[3], source=source, force=force)
+            if got is not Pushed.FULL:
+                pushed += 1
+                queued.append(item)
+            if got in (Pushed.QUEUED, Pushed.REPLACED) and not force and items is not None:
+                assert len(queue) <= max(items, before)  # an unforced push never takes the count past the bound
+        elif op == "pop":
+            if taken:
+                continue  # one reader at a time: a sender's take, or pops (common/lanes.py)
+            got_pop = queue.pop()
+            if got_pop is not None:
+                out.append(got_pop[0])
+        elif op == "take":
+            taken = queue.take(a, b)
+            assert taken == queue.in_order()[: len(taken)]  # the head, in order
+            assert len(taken) <= a and (len(taken) <= 1 or sum(i[2] for i in taken) <= b)
+        elif op == "done":
+            out.extend(taken)
+            queue.done()
+            taken = []
+        elif op == "give_back":
+            queue.give_back()
+            taken = []
+        elif op == "forget":
+            queue.forget(a)
+        elif op == "withdraw_last":
+            withdrawn += queue.withdraw_last(a, lambda item: True)
+        elif op == "discard":
+            withdrawn += queue.discard(functools.partial(of_source, a))
+        else:
+            queue.coalesce = a
+        inside = queue.in_order()
+        assert len(inside) == len(queue)
+        for lane in Lane:
+            assert queue.bytes(lane) == sum(i[2] for i in inside if i[1] == lane)
+        assert queue.bytes(Lane.TELEMETRY) <= bounds.telemetry_bytes
+        assert [i[1] for i in inside] == sorted(i[1] for i in inside)  # control, then admission, then telemetry
+        assert all(i in inside for i in taken)  # what a sender holds is never let go under it
+    queue.done()
+    out.extend(taken)
+    while (got_pop := queue.pop()) is not None:
+        out.append(got_pop[0])
+    assert len(set(out)) == len(out)  # nothing leaves twice
+    for lane in (Lane.CONTROL, Lane.ADMISSION):
+        # control leaves in the order it came, every item that was not withdrawn
+        left = [i for i in out if i[1] == lane]
+        assert left == [i for i in queued if i in left]
+    for key in "abcd":
+        serials = [i[0] for i in out if i[3] == key]
+        assert serials == sorted(serials)  # per key, telemetry leaves in the order it came
+    assert pushed == len(out) + queue.replaced + queue.evicted + queue.forgotten + withdrawn  # nothing lost uncounted
+    counts = Counter(dropped)
+    assert (counts[Drop.REPLACED], counts[Drop.EVICTED], counts[Drop.FORGOTTEN]) == (
+        queue.replaced,
+        queue.evicted,
+        queue.forgotten,
+    )
+
+
+def test_past_the_count_bound_the_oldest_sample_makes_room_and_then_control_waits():
+    queue: LaneQueue[str] = LaneQueue(LaneBounds(items=2))
+    queue.push("a1", Lane.TELEMETRY, 5, key="a")
+    queue.push("r1", Lane.CONTROL, 5)
+    assert queue.push("r2", Lane.CONTROL, 5) is Pushed.QUEUED  # the sample made room
+    assert queue.evicted == 1
+    assert queue.push("r3", Lane.CONTROL, 5) is Pushed.FULL  # nothing left to let go: wait
+    assert queue.push("b1", Lane.TELEMETRY, 5, key="b") is Pushed.DROPPED  # a sample does not wait: it goes
+    assert queue.evicted == 2
+    assert queue.push("bye", Lane.CONTROL, 5, force=True) is Pushed.QUEUED  # a forced item passes the bound
+    assert queue.in_order() == ["r1", "r2", "bye"]
+
+
+def test_replaced_last_the_newest_sample_goes_at_the_end_of_the_line():
+    queue: LaneQueue[str] = LaneQueue(BOUNDS, replace=Replace.LAST)
+    queue.push("a1", Lane.TELEMETRY, 10, key="a")
+    queue.push("b1", Lane.TELEMETRY, 10, key="b")
+    assert queue.push("a2", Lane.TELEMETRY, 10, key="a") is Pushed.REPLACED
+    assert queue.in_order() == ["b1", "a2"]
+    assert queue.replaced == 1
+
+
+def test_while_coalescing_samples_are_replaced_below_the_coalescing_bound_too():
+    queue: LaneQueue[str] = LaneQueue(BOUNDS)
+    queue.coalesce = True
+    queue.push("a1", Lane.TELEMETRY, 1, key="a")
+    assert queue.push("a2", Lane.TELEMETRY, 1, key="a") is Pushed.REPLACED
+    assert queue.in_order() == ["a2"]
+
+
+def test_a_sample_larger_than_its_lane_is_dropped_and_the_waiting_ones_stay():
+    queue: LaneQueue[str] = LaneQueue(BOUNDS)
+    queue.push("a1", Lane.TELEMETRY, 10, key="a")
+    assert queue.push("huge", Lane.TELEMETRY, BOUNDS.telemetry_bytes + 1, key="b") is Pushed.DROPPED
+    assert queue.in_order() == ["a1"] and queue.evicted == 1
+
+
+def test_taken_items_leave_when_done_and_come_back_to_the_head_in_order_when_given_back():
+    queue: LaneQueue[str] = LaneQueue(BOUNDS)
+    for name in ("r1", "r2"):
+        queue.push(name, Lane.CONTROL, 10)
+    queue.push("hello", Lane.ADMISSION, 10)
+    queue.push("a1", Lane.TELEMETRY, 10, key="a")
+    assert queue.take(3, 1_000) == ["r1", "r2", "hello"]
+    assert queue.take(10, 25) == ["r1", "r2"]  # a take not done is given back first; a third would pass 25 bytes
+    assert queue.take(10, 0) == ["r1"]  # the first always goes, whatever its size
+    queue.push("r3", Lane.CONTROL, 10)
+    queue.give_back()
+    assert queue.in_order() == ["r1", "r2", "r3", "hello", "a1"]
+    assert queue.take(2, 1_000) == ["r1", "r2"]
+    queue.done()
+    assert queue.in_order() == ["r3", "hello", "a1"] and len(queue) == 3 and queue.bytes(Lane.CONTROL) == 10
+
+
+def test_a_taken_sample_is_neither_replaced_evicted_nor_forgotten():
+    queue: LaneQueue[str] = LaneQueue(LaneBounds(telemetry_bytes=20, coalesce_bytes=0, items=3), replace=Replace.LAST)
+    queue.push("a1", Lane.TELEMETRY, 10, key="a")
+    assert queue.take(1, 0) == ["a1"]
+    assert queue.push("a2", Lane.TELEMETRY, 10, key="a") is Pushed.QUEUED  # queued apart: a1 is on its way out
+    assert queue.forget("a")  # a2, the one waiting
+    assert queue.push("b1", Lane.TELEMETRY, 15, key="b") is Pushed.DROPPED  # a1's bytes are not for eviction
+    assert queue.in_order() == ["a1"] and queue.bytes(Lane.TELEMETRY) == 10
+    queue.give_back()
+    assert queue.push("b2", Lane.TELEMETRY, 15, key="b") is Pushed.QUEUED  # given back, it may be evicted again
+    assert queue.in_order() == ["b2"]
+
+
+def test_withdraw_last_takes_back_a_sources_newest_item_only_while_it_waits():
+    queue: LaneQueue[str] = LaneQueue(BOUNDS)
+    queue.push("hi-a", Lane.CONTROL, 5, source="a")
+    queue.push("hi-b", Lane.CONTROL, 5, source="b")
+    queue.push("said-b", Lane.CONTROL, 5, source="b")
+    assert not queue.withdraw_last("b", lambda item: item.startswith("hi"))  # b said something since
+    assert queue.withdraw_last("a", lambda item: item.startswith("hi"))
+    assert not queue.withdraw_last("a", lambda item: True)  # nothing of a is left
+    assert queue.take(1, 0) == ["hi-b"]
+    queue.push("hi-c", Lane.CONTROL, 5, source="c")
+    assert queue.take(5, 100) == ["hi-b", "said-b", "hi-c"]
+    assert not queue.withdraw_last("c", lambda item: True)  # on its way out
+    assert queue.forgotten == queue.evicted == queue.replaced == 0  # withdrawn is not lost
+
+
+def test_discard_takes_back_every_waiting_item_it_picks_and_in_order_names_the_rest():
+    queue: LaneQueue[str] = LaneQueue(BOUNDS)
+    for name in ("x1", "y1", "x2"):
+        queue.push(name, Lane.CONTROL, 5)
+    queue.push("x3", Lane.TELEMETRY, 5, key="x")
+    assert queue.discard(lambda item: item.startswith("x")) == 3
+    assert queue.in_order() == ["y1"] and queue.bytes(Lane.TELEMETRY) == 0 and queue.pop() == ("y1", Lane.CONTROL)
+
+
+def test_a_mark_is_sent_through_once_everything_queued_before_it_has_left():
+    queue: LaneQueue[str] = LaneQueue(BOUNDS, replace=Replace.LAST)
+    queue.push("r1", Lane.CONTROL, 5)
+    queue.push("a1", Lane.TELEMETRY, 5, key="a")
+    mark = queue.pushed
+    queue.push("r2", Lane.CONTROL, 5)
+    assert not queue.sent_through(mark)
+    assert queue.take(2, 100) == ["r1", "r2"]
+    assert not queue.sent_through(mark)  # taken is not gone
+    queue.done()
+    assert not queue.sent_through(mark)  # a1 waits
+    queue.coalesce = True
+    queue.push("a2", Lane.TELEMETRY, 5, key="a")  # replaces a1, queued after the mark
+    assert queue.sent_through(mark)
+
+
+def test_every_sample_let_go_is_told_to_on_drop_with_why():
+    dropped: list[Drop] = []
+    queue: LaneQueue[str] = LaneQueue(LaneBounds(telemetry_bytes=10, coalesce_bytes=0), on_drop=dropped.append)
+    queue.push("a1", Lane.TELEMETRY, 5, key="a")
+    queue.push("a2", Lane.TELEMETRY, 5, key="a")
+    queue.push("b1", Lane.TELEMETRY, 10, key="b")
+    queue.forget("b")
+    assert dropped == [Drop.REPLACED, Drop.EVICTED, Drop.FORGOTTEN]
+
+
+def test_the_count_bound_is_checked():
+    with pytest.raises(ValueError, match="items"):
+        LaneBounds(items=0)
+
+
+def test_a_sample_replaced_in_place_is_its_new_sources_newest_item():
+    queue: LaneQueue[str] = LaneQueue(LaneBounds(telemetry_bytes=60, coalesce_bytes=0))
+    queue.push("b-by-s0", Lane.TELEMETRY, 5, key="b", source="s0")
+    assert queue.push("b-by-s1", Lane.TELEMETRY, 5, key="b", source="s1") is Pushed.REPLACED
+    assert not queue.withdraw_last("s0", lambda item: True)  # s0's item is gone: replaced
+    assert queue.pop() == ("b-by-s1", Lane.TELEMETRY)
+    assert not queue.withdraw_last("s1", lambda item: True)  # and s1's left with the pop
+    assert len(queue) == 0 and queue.bytes(Lane.TELEMETRY) == 0
