@@ -91,7 +91,7 @@ from master.reputation import WEIGHTS, Reputation, reputation, reputation_score
 from master.secrets import SECRET_NAME_PATTERN, InvalidSecret
 from master.states import AgentState, CommandState, GpuState, StateMachine
 from master.store.aggregates import output_key, rental_order, workload_order
-from master.store.base import FairShareRepo, LedgerRepo, OutputRepo, PriceRepo, RentalRepo, SshKeyRepo
+from master.store.base import FairShareRepo, LedgerRepo, OutputRepo, PriceRepo, RentalRepo
 from master.store.errors import StaleRental
 from master.tiers import TierPolicy, describe_tiers
 from master.tunnels import OpenedTunnel, TunnelUnavailable
@@ -329,7 +329,6 @@ __all__ = [
     "SigningKeyInfo",
     "SilenceRecord",
     "SshKeyRecord",
-    "SshKeyRepo",
     "StaleRental",
     "StateMachine",
     "Subscription",

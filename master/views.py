@@ -40,17 +40,14 @@ from master.records import (
     TelemetryRollup,
 )
 from master.store.base import (
-    AlertRuleRepo,
     FairShareRepo,
     LedgerRepo,
     OutputRepo,
     PriceRepo,
     RentalRepo,
-    SilenceRepo,
-    SshKeyRepo,
-    WebhookRepo,
     WorkloadRepo,
 )
+from master.store.plugin import AggregatePlugin, Repo
 
 
 class HostDirectory(Protocol):
@@ -195,14 +192,9 @@ class ManagementStore(Protocol):
     def rentals(self) -> RentalRepo: ...
     @property
     def ledger(self) -> LedgerRepo: ...
-    @property
-    def alert_rules(self) -> AlertRuleRepo: ...
-    @property
-    def silences(self) -> SilenceRepo: ...
-    @property
-    def webhooks(self) -> WebhookRepo: ...
-    @property
-    def ssh_keys(self) -> SshKeyRepo: ...
+
+    def repository(self, plugin: AggregatePlugin[Repo]) -> Repo:
+        """A management aggregate's repository (management/store/): kept in this store, fenced as the Master's own."""
 
     # --- the Master's, read ---
     @property

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 from master.records import FairShareUsage
 
 
-class Aggregate(str, Enum):
+class Aggregate(StrEnum):
     """The aggregates the store keeps; each value names its SQLite table and its MongoDB collection alike.
 
     Also the ``aggregate`` label of the store's metrics and of quarantined records, so that label is bounded.
@@ -28,14 +28,10 @@ class Aggregate(str, Enum):
     PRICES = "prices"
     RENTALS = "rentals"
     LEDGER = "ledger"
-    ALERT_RULES = "alert_rules"
-    SILENCES = "silences"
-    WEBHOOKS = "webhooks"
     # host telemetry history: one host's own readings, by minute and by hour (keyed by host_rollup_key)
     HOST_ROLLUPS = "host_rollups"
     HOST_HOURLY_ROLLUPS = "host_hourly_rollups"
     OUTPUTS = "outputs"  # workload containers' output kept after they are deleted
-    SSH_KEYS = "ssh_keys"  # accounts' SSH public keys (docs/ssh.md)
     SECRETS = "secrets"  # renters' secrets, encrypted (keyed by secret_key)
 
 

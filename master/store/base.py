@@ -18,7 +18,6 @@ from typing import Protocol
 from master.records import (
     AccountRecord,
     AgentRecord,
-    AlertRuleRecord,
     ApiKeyRecord,
     CommandRecord,
     EventRecord,
@@ -32,22 +31,19 @@ from master.records import (
     RentalRecord,
     RevocationRecord,
     SecretRecord,
-    SilenceRecord,
-    SshKeyRecord,
     TelemetryRollup,
     TokenRecord,
-    WebhookRecord,
     WorkloadRecord,
 )
 from master.store.aggregates import Aggregate
 from master.store.metrics import StoreMetrics
+from master.store.plugin import AggregatePlugin, Repo
 from master.store.quarantine import Quarantine
 
 __all__ = [
     "AccountRepo",
     "Aggregate",
     "AgentRepo",
-    "AlertRuleRepo",
     "ApiKeyRepo",
     "CommandRepo",
     "EventRepo",
@@ -61,12 +57,9 @@ __all__ = [
     "RevocationRepo",
     "SecretRepo",
     "RollupRepo",
-    "SilenceRepo",
-    "SshKeyRepo",
     "Store",
     "TokenOutcome",
     "TokenRepo",
-    "WebhookRepo",
     "WorkloadRepo",
     "prefix_upper_bound",
 ]
@@ -327,51 +320,6 @@ class LedgerRepo(Protocol):
         """The sum of every ledger account's lines (accounts with no line are absent)."""
 
 
-class AlertRuleRepo(Protocol):
-    """Alert rules put through the API, one per name."""
-
-    async def put(self, rec: AlertRuleRecord) -> None:
-        """Insert, or replace the rule of the same name."""
-
-    async def delete(self, name: str) -> bool:
-        """Remove one rule; False when there was none."""
-
-    async def list(self) -> builtins.list[AlertRuleRecord]:
-        """Every rule, by name."""
-
-
-class SilenceRepo(Protocol):
-    async def put(self, rec: SilenceRecord) -> None:
-        """Insert, or replace the silence of the same id (an expiry brought forward)."""
-
-    async def list(self, *, active_at: float | None = None) -> builtins.list[SilenceRecord]:
-        """Every silence (those expiring after ``active_at`` when given), by creation, then id."""
-
-
-class WebhookRepo(Protocol):
-    async def put(self, rec: WebhookRecord) -> None:
-        """Insert, or replace the webhook of the same id."""
-
-    async def delete(self, webhook_id: str) -> bool:
-        """Remove one webhook; False when there was none."""
-
-    async def list(self, *, owner: str | None = None) -> builtins.list[WebhookRecord]:
-        """Every webhook (of one owner when given), by creation, then id."""
-
-
-class SshKeyRepo(Protocol):
-    """Accounts' SSH public keys (docs/ssh.md), keyed by id."""
-
-    async def put(self, rec: SshKeyRecord) -> None:
-        """Insert, or replace the key of the same id."""
-
-    async def delete(self, key_id: str) -> bool:
-        """Remove one key; False when there was none."""
-
-    async def list(self, *, account: str | None = None) -> builtins.list[SshKeyRecord]:
-        """Every key (of one account when given), by creation, then id."""
-
-
 class LeaseRepo(Protocol):
     """The leader lease of the Masters sharing this store (docs/ha.md); every change is one atomic step, so of
     Masters racing for it at most one holds it at any time. ``now`` is wall-clock seconds (the acquirer's clock)."""
@@ -425,16 +373,15 @@ class Store(Protocol):
     prices: PriceRepo
     rentals: RentalRepo
     ledger: LedgerRepo
-    alert_rules: AlertRuleRepo
-    silences: SilenceRepo
-    webhooks: WebhookRepo
     host_rollups: HostRollupRepo  # a host's own telemetry, one per host and minute
     host_hourly_rollups: HostRollupRepo  # the same, one per host and hour, downsampled from ``host_rollups``
     leases: LeaseRepo  # the leader lease (docs/ha.md)
-    ssh_keys: SshKeyRepo  # accounts' SSH public keys (docs/ssh.md)
     backend: str  # "sqlite" | "mongodb"
     quarantine: Quarantine  # the records found undecodable, kept aside
     metrics: StoreMetrics  # write latency and quarantined records; register into the daemon's registry
+
+    def repository(self, plugin: AggregatePlugin[Repo]) -> Repo:
+        """The repository of an aggregate another part keeps here (master/store/plugin.py), built on first use."""
 
     async def open(self) -> None:
         """Connect and apply pending migrations; raises ConfigError for a store newer than this code."""

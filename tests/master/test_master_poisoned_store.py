@@ -19,6 +19,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from common.errors import EnrollmentError
 from common.pki import generate_key, make_csr
 from management.app import api_app
+from management.store import AGGREGATES, ALERT_RULES, SILENCES, SSH_KEYS, WEBHOOKS
 from master.config import MasterConfig
 from master.enrollment import hash_secret
 from master.master import Master
@@ -43,7 +44,7 @@ POISONED_API_KEY = "igak_poisoned"
 POISONED_TOKEN = "igjt_poisoned"
 
 
-async def _plant_good_and_bad_records(store_url: str) -> dict[Aggregate, str]:
+async def _plant_good_and_bad_records(store_url: str) -> dict[str, str]:
     """One good record and one undecodable one in every table; the keys the bad ones are reported under."""
     store = open_store(store_url)
     await store.open()
@@ -87,14 +88,14 @@ async def _plant_good_and_bad_records(store_url: str) -> dict[Aggregate, str]:
             Aggregate.PRICES: await poison(store, Aggregate.PRICES, "acme/agt-poisoned"),
             Aggregate.RENTALS: await poison(store, Aggregate.RENTALS, "wl-bad-a1"),
             Aggregate.LEDGER: await poison(store, Aggregate.LEDGER, "charge:wl-1-a1:1"),
-            Aggregate.ALERT_RULES: await poison(store, Aggregate.ALERT_RULES, "bad_rule"),
-            Aggregate.SILENCES: await poison(store, Aggregate.SILENCES, "sil-bad"),
-            Aggregate.WEBHOOKS: await poison(store, Aggregate.WEBHOOKS, "wh-bad"),
+            ALERT_RULES.name: await poison(store, ALERT_RULES.name, "bad_rule"),
+            SILENCES.name: await poison(store, SILENCES.name, "sil-bad"),
+            WEBHOOKS.name: await poison(store, WEBHOOKS.name, "wh-bad"),
             Aggregate.HOST_ROLLUPS: await poison(store, Aggregate.HOST_ROLLUPS, "agt-1", minute=2),
             Aggregate.HOST_HOURLY_ROLLUPS: await poison(store, Aggregate.HOST_HOURLY_ROLLUPS, "agt-1", minute=120),
             Aggregate.OUTPUTS: await poison(store, Aggregate.OUTPUTS, "wl-1:r0:a2"),
             Aggregate.SECRETS: await poison(store, Aggregate.SECRETS, "alice/poisoned"),
-            Aggregate.SSH_KEYS: await poison(store, Aggregate.SSH_KEYS, "sshk-bad"),
+            SSH_KEYS.name: await poison(store, SSH_KEYS.name, "sshk-bad"),
         }
     finally:
         await store.close()
@@ -179,14 +180,14 @@ async def test_the_master_starts_and_serves_with_an_undecodable_record_in_every_
         assert keys.status == 200 and (await keys.json())["items"] == []
 
         # Each bad record is reported: an event naming its aggregate and key, a log line, a count.
-        reported = await _reported(client, auth, len(Aggregate))
+        reported = await _reported(client, auth, len(Aggregate) + len(AGGREGATES))
         assert sorted((e["data"]["aggregate"], e["subject"]) for e in reported) == sorted(
-            (aggregate.value, key) for aggregate, key in bad.items()
+            (str(aggregate), key) for aggregate, key in bad.items()
         )
         assert {e["data"]["backend"] for e in reported} == {master.store.backend}
         logged = {(r.aggregate, r.key) for r in caplog.records if "quarantined" in r.getMessage()}  # type: ignore[attr-defined]
-        assert logged == {(aggregate.value, key) for aggregate, key in bad.items()}
-        assert len(master.store.quarantine) == len(Aggregate)
+        assert logged == {(str(aggregate), key) for aggregate, key in bad.items()}
+        assert len(master.store.quarantine) == len(Aggregate) + len(AGGREGATES)
     finally:
         await client.close()
         await master.stop()

@@ -14,6 +14,7 @@ import pytest
 
 from common.errors import ConfigError
 from common.inventory import GpuInfo, HostInfo, MigInstance, NvLink
+from management.store import alert_rule_repo, silence_repo, webhook_repo
 from master.records import (
     AccountRecord,
     AgentRecord,
@@ -1510,13 +1511,13 @@ def alert_rule(name: str = "gpu_hot", threshold: float = 85.0) -> AlertRuleRecor
 
 
 async def test_an_alert_rule_round_trips_put_replaces_by_name_and_delete_says_whether_there_was_one(store: Store) -> None:
-    await store.alert_rules.put(alert_rule("zz_last"))
-    await store.alert_rules.put(alert_rule())
-    await store.alert_rules.put(alert_rule(threshold=90.0))  # the same name: replaced
-    assert_same(await store.alert_rules.list(), [alert_rule(threshold=90.0), alert_rule("zz_last")])
-    assert await store.alert_rules.delete("zz_last") is True
-    assert await store.alert_rules.delete("zz_last") is False
-    assert_same(await store.alert_rules.list(), [alert_rule(threshold=90.0)])
+    await alert_rule_repo(store).put(alert_rule("zz_last"))
+    await alert_rule_repo(store).put(alert_rule())
+    await alert_rule_repo(store).put(alert_rule(threshold=90.0))  # the same name: replaced
+    assert_same(await alert_rule_repo(store).list(), [alert_rule(threshold=90.0), alert_rule("zz_last")])
+    assert await alert_rule_repo(store).delete("zz_last") is True
+    assert await alert_rule_repo(store).delete("zz_last") is False
+    assert_same(await alert_rule_repo(store).list(), [alert_rule(threshold=90.0)])
 
 
 def silence(silence_id: str, created_at: float, expires_at: float, **overrides: Any) -> SilenceRecord:
@@ -1534,14 +1535,14 @@ def silence(silence_id: str, created_at: float, expires_at: float, **overrides: 
 async def test_silences_list_by_creation_and_only_those_still_in_force_at_a_time(store: Store) -> None:
     later = silence("sil-b", NOW + 10, NOW + 100, subject="GPU-1", comment="swapping fans")
     ended = silence("sil-a", NOW, NOW + 50)
-    await store.silences.put(later)
-    await store.silences.put(ended)
-    assert_same(await store.silences.list(), [ended, later])
-    assert_same(await store.silences.list(active_at=NOW + 50), [later])  # expiring at that very time: over
+    await silence_repo(store).put(later)
+    await silence_repo(store).put(ended)
+    assert_same(await silence_repo(store).list(), [ended, later])
+    assert_same(await silence_repo(store).list(active_at=NOW + 50), [later])  # expiring at that very time: over
     expired_now = msgspec.structs.replace(later, expires_at=NOW + 20)  # expired early: replaced
-    await store.silences.put(expired_now)
-    assert_same(await store.silences.list(active_at=NOW + 30), [ended])  # the other one ended at NOW + 20
-    assert_same(await store.silences.list(), [ended, expired_now])
+    await silence_repo(store).put(expired_now)
+    assert_same(await silence_repo(store).list(active_at=NOW + 30), [ended])  # the other one ended at NOW + 20
+    assert_same(await silence_repo(store).list(), [ended, expired_now])
 
 
 def webhook(webhook_id: str, owner: str, created_at: float) -> WebhookRecord:
@@ -1557,13 +1558,15 @@ def webhook(webhook_id: str, owner: str, created_at: float) -> WebhookRecord:
 
 async def test_webhooks_list_by_creation_per_owner_and_delete_says_whether_there_was_one(store: Store) -> None:
     for rec in [webhook("wh-2", "acme", NOW + 1), webhook("wh-1", "zeta", NOW), webhook("wh-3", "acme", NOW + 2)]:
-        await store.webhooks.put(rec)
-    assert [w.id for w in await store.webhooks.list()] == ["wh-1", "wh-2", "wh-3"]
-    assert_same(await store.webhooks.list(owner="acme"), [webhook("wh-2", "acme", NOW + 1), webhook("wh-3", "acme", NOW + 2)])
-    assert await store.webhooks.list(owner="nobody") == []
-    assert await store.webhooks.delete("wh-2") is True
-    assert await store.webhooks.delete("wh-2") is False
-    assert [w.id for w in await store.webhooks.list(owner="acme")] == ["wh-3"]
+        await webhook_repo(store).put(rec)
+    assert [w.id for w in await webhook_repo(store).list()] == ["wh-1", "wh-2", "wh-3"]
+    assert_same(
+        await webhook_repo(store).list(owner="acme"), [webhook("wh-2", "acme", NOW + 1), webhook("wh-3", "acme", NOW + 2)]
+    )
+    assert await webhook_repo(store).list(owner="nobody") == []
+    assert await webhook_repo(store).delete("wh-2") is True
+    assert await webhook_repo(store).delete("wh-2") is False
+    assert [w.id for w in await webhook_repo(store).list(owner="acme")] == ["wh-3"]
 
 
 async def test_an_sqlite_file_at_schema_version_6_is_migrated_to_alerting_keeping_its_data(tmp_path: Path) -> None:
@@ -1584,8 +1587,8 @@ async def test_an_sqlite_file_at_schema_version_6_is_migrated_to_alerting_keepin
     await store.open()
     try:
         assert_same(await store.prices.list(), [price()])
-        await store.alert_rules.put(alert_rule())  # the tables version 7 added
-        await store.webhooks.put(webhook("wh-1", "acme", NOW))
-        assert [r.name for r in await store.alert_rules.list()] == ["gpu_hot"]
+        await alert_rule_repo(store).put(alert_rule())  # the tables version 7 added
+        await webhook_repo(store).put(webhook("wh-1", "acme", NOW))
+        assert [r.name for r in await alert_rule_repo(store).list()] == ["gpu_hot"]
     finally:
         await store.close()

@@ -8,7 +8,6 @@ from common.errors import ConfigError
 from master.store.base import (
     AccountRepo,
     AgentRepo,
-    AlertRuleRepo,
     ApiKeyRepo,
     CommandRepo,
     EventRepo,
@@ -23,18 +22,15 @@ from master.store.base import (
     RevocationRepo,
     RollupRepo,
     SecretRepo,
-    SilenceRepo,
-    SshKeyRepo,
     TokenRepo,
-    WebhookRepo,
     WorkloadRepo,
 )
 from master.store.metrics import StoreMetrics
 from master.store.migrations import migrate_sqlite, sqlite_schema_version
+from master.store.plugin import AggregatePlugin, PluggedRepositories, Repo
 from master.store.quarantine import Quarantine
 from master.store.sqlite.accounts import SqliteAccountRepo
 from master.store.sqlite.agents import SqliteAgentRepo
-from master.store.sqlite.alerting import SqliteAlertRuleRepo, SqliteSilenceRepo, SqliteWebhookRepo
 from master.store.sqlite.api_keys import SqliteApiKeyRepo
 from master.store.sqlite.commands import SqliteCommandRepo
 from master.store.sqlite.database import SqliteDatabase
@@ -50,7 +46,6 @@ from master.store.sqlite.rentals import SqliteRentalRepo
 from master.store.sqlite.revocations import SqliteRevocationRepo
 from master.store.sqlite.rollups import SqliteHourlyRollupRepo, SqliteRollupRepo
 from master.store.sqlite.secrets import SqliteSecretRepo
-from master.store.sqlite.ssh_keys import SqliteSshKeyRepo
 from master.store.sqlite.tokens import SqliteTokenRepo
 from master.store.sqlite.workloads import SqliteWorkloadRepo
 
@@ -81,13 +76,13 @@ class SqliteStore:
         self.prices: PriceRepo = SqlitePriceRepo(*upkeep)
         self.rentals: RentalRepo = SqliteRentalRepo(*upkeep)
         self.ledger: LedgerRepo = SqliteLedgerRepo(*upkeep)
-        self.alert_rules: AlertRuleRepo = SqliteAlertRuleRepo(*upkeep)
-        self.silences: SilenceRepo = SqliteSilenceRepo(*upkeep)
         self.leases: LeaseRepo = SqliteLeaseRepo(self._db)
-        self.webhooks: WebhookRepo = SqliteWebhookRepo(*upkeep)
         self.host_rollups: HostRollupRepo = SqliteHostRollupRepo(*upkeep)
         self.host_hourly_rollups: HostRollupRepo = SqliteHostHourlyRollupRepo(*upkeep)
-        self.ssh_keys: SshKeyRepo = SqliteSshKeyRepo(*upkeep)
+        self._plugged = PluggedRepositories(self.metrics)
+
+    def repository(self, plugin: AggregatePlugin[Repo]) -> Repo:
+        return self._plugged.get(plugin, lambda: plugin.sqlite(self._db, self.quarantine, self.metrics))
 
     def __repr__(self) -> str:
         return f"SqliteStore({self.path!r})"
