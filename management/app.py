@@ -70,7 +70,7 @@ from management.services.tunnels import RenterAccess
 from management.services.verification import VerificationService
 from management.services.workloads import WorkloadsService
 from management.settings import ManagementSettings
-from management.store import attach, ssh_key_repo
+from management.store import attach, output_repo, ssh_key_repo
 from management.workloads.book import WorkloadBook
 from management.workloads.runner import SchedulerLoop
 from master.accounts import BOOTSTRAP_ACCOUNT
@@ -239,12 +239,12 @@ def compose(master: MasterPort, settings: ManagementSettings | None = None) -> C
     market_service = MarketService(master, book, market, settings.market, fit_check=scheduler.never_fits)
     workloads = WorkloadsService(master, book, scheduler, market_service)
     ssh_keys = SshKeysService(master, ssh_key_repo(master.store), workloads.get_workload)
-    tunnels = RenterAccess(master, workloads.get_workload, master.store.outputs)
+    tunnels = RenterAccess(master, workloads.get_workload, output_repo(master.store))
     output_settings = settings.scheduler.outputs
     outputs = OutputCollector(
         master,
         book,
-        master.store.outputs,
+        output_repo(master.store),
         lambda kept: tunnels.read_output(kept, limit=output_settings.limit_bytes),
         output_settings,
         restart_s=settings.loop_restart_s,

@@ -90,8 +90,8 @@ from master.records import (
 from master.reputation import WEIGHTS, Reputation, reputation, reputation_score
 from master.secrets import SECRET_NAME_PATTERN, InvalidSecret
 from master.states import AgentState, CommandState, GpuState, StateMachine
-from master.store.aggregates import output_key, rental_order, workload_order
-from master.store.base import FairShareRepo, LedgerRepo, OutputRepo, PriceRepo, RentalRepo
+from master.store.aggregates import rental_order, workload_order
+from master.store.base import FairShareRepo, LedgerRepo, PriceRepo, RentalRepo
 from master.store.errors import StaleRental
 from master.tiers import TierPolicy, describe_tiers
 from master.tunnels import OpenedTunnel, TunnelUnavailable
@@ -310,7 +310,6 @@ __all__ = [
     "MasterConfig",
     "MasterPort",
     "NetworkFloors",
-    "OutputRepo",
     "PriceChange",
     "PriceRecord",
     "PriceRepo",
@@ -343,7 +342,6 @@ __all__ = [
     "describe_tiers",
     "downsample",
     "downsample_host",
-    "output_key",
     "rental_order",
     "reputation",
     "reputation_score",

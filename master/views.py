@@ -42,7 +42,6 @@ from master.records import (
 from master.store.base import (
     FairShareRepo,
     LedgerRepo,
-    OutputRepo,
     PriceRepo,
     RentalRepo,
     WorkloadRepo,
@@ -182,8 +181,6 @@ class ManagementStore(Protocol):
     # --- management's own aggregates ---
     @property
     def workloads(self) -> WorkloadRepo: ...
-    @property
-    def outputs(self) -> OutputRepo: ...
     @property
     def fair_share(self) -> FairShareRepo: ...
     @property

@@ -18,6 +18,7 @@ from common.errors import Conflict, NotFound
 from management.scheduler.model import Explanation
 from management.services.market import MarketService, RentalDetail
 from management.services.models import Page, page_of
+from management.store import output_repo
 from management.workloads.book import WorkloadBook
 from management.workloads.runner import SchedulerLoop
 from management.workloads.states import WorkloadState
@@ -145,7 +146,7 @@ class WorkloadsService:
     async def workload_outputs(self, workload_id: str) -> list[KeptOutput]:
         """The output kept of a workload's deleted containers, by replica then attempt (the caller has checked who may
         see the workload)."""
-        kept = await self._master.store.outputs.list(workload_id=workload_id)
+        kept = await output_repo(self._master.store).list(workload_id=workload_id)
         return sorted(kept, key=lambda k: (k.replica, k.attempt))
 
     async def workload_storage(self, record: WorkloadRecord) -> StorageSummary | None:

@@ -10,10 +10,11 @@ step of the one migration sequence, master/store/migrations.py (docs/store.md, "
 from __future__ import annotations
 
 from management.store.alerting import ALERT_RULES, SILENCES, WEBHOOKS, AlertRuleRepo, SilenceRepo, WebhookRepo
+from management.store.outputs import OUTPUTS, OutputRepo
 from management.store.ssh_keys import SSH_KEYS, SshKeyRepo
 from master.store.kit import AggregatePlugin, Repositories
 
-AGGREGATES: tuple[AggregatePlugin[object], ...] = (ALERT_RULES, SILENCES, WEBHOOKS, SSH_KEYS)
+AGGREGATES: tuple[AggregatePlugin[object], ...] = (ALERT_RULES, SILENCES, WEBHOOKS, SSH_KEYS, OUTPUTS)
 
 
 def attach(store: Repositories) -> None:
@@ -34,6 +35,10 @@ def webhook_repo(store: Repositories) -> WebhookRepo:
     return store.repository(WEBHOOKS)
 
 
+def output_repo(store: Repositories) -> OutputRepo:
+    return store.repository(OUTPUTS)
+
+
 def ssh_key_repo(store: Repositories) -> SshKeyRepo:
     return store.repository(SSH_KEYS)
 
@@ -41,15 +46,18 @@ def ssh_key_repo(store: Repositories) -> SshKeyRepo:
 __all__ = [
     "AGGREGATES",
     "ALERT_RULES",
+    "OUTPUTS",
     "SILENCES",
     "SSH_KEYS",
     "WEBHOOKS",
     "AlertRuleRepo",
+    "OutputRepo",
     "SilenceRepo",
     "SshKeyRepo",
     "WebhookRepo",
     "alert_rule_repo",
     "attach",
+    "output_repo",
     "silence_repo",
     "ssh_key_repo",
     "webhook_repo",

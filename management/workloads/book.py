@@ -28,6 +28,8 @@ import msgspec
 from common.containers import CommandSpec, DeleteSpec
 from common.egress import EgressRule
 from common.errors import Conflict, IdlegridError, InvalidTransition, NotFound
+from management.store import output_repo
+from management.store.outputs import output_key
 from management.workloads.spec import DEFAULT_PRIORITY_CLASSES, check_spec
 from management.workloads.states import (
     FINAL_WORKLOAD_STATES,
@@ -50,7 +52,6 @@ from master.port import (
     TierPolicy,
     WorkloadRecord,
     WorkloadSpec,
-    output_key,
     workload_order,
 )
 
@@ -262,7 +263,7 @@ class WorkloadBook:
         # Their output is awaited before the deletes go: a Master killed after the deletes still reads it from the
         # hosts when it is back (management/services/outputs.py), whatever becomes of the assignments (a requeue drops them).
         for a in live:
-            await self._store.outputs.put(pending_output(rec, a, now))
+            await output_repo(self._store).put(pending_output(rec, a, now))
         if target != WorkloadState.QUEUED:
             changes = {"assignments": marked} | changes
         rec = await self._transition(rec.id, event, reason, now, changes)

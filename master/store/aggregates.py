@@ -31,7 +31,6 @@ class Aggregate(StrEnum):
     # host telemetry history: one host's own readings, by minute and by hour (keyed by host_rollup_key)
     HOST_ROLLUPS = "host_rollups"
     HOST_HOURLY_ROLLUPS = "host_hourly_rollups"
-    OUTPUTS = "outputs"  # workload containers' output kept after they are deleted
     SECRETS = "secrets"  # renters' secrets, encrypted (keyed by secret_key)
 
 
@@ -73,8 +72,3 @@ def rental_order(started_at: float, rental_id: str) -> str:
 def secret_key(account: str, name: str) -> str:
     """The key of one account's secret, in both backends: the account id (which has no "/"), "/", the name."""
     return f"{account}/{name}"
-
-
-def output_key(workload_id: str, replica: int, attempt: int) -> str:
-    """The key of one container's kept output (one replica of one attempt of a workload), in both backends."""
-    return f"{workload_id}:r{replica}:a{attempt}"

@@ -24,7 +24,6 @@ from master.records import (
     FairShareUsage,
     GpuRecord,
     HostRollup,
-    KeptOutput,
     LeaseRecord,
     LedgerEntry,
     PriceRecord,
@@ -230,23 +229,6 @@ class WorkloadRepo(Protocol):
         """Workloads matching every filter, newest first; an empty ``states`` matches none."""
 
 
-class OutputRepo(Protocol):
-    """Workload containers' kept output (``KeptOutput``), one record per replica and attempt."""
-
-    async def put(self, rec: KeptOutput) -> None:
-        """Insert, or replace the record with the same id."""
-
-    async def get(self, key: str) -> KeptOutput | None: ...
-
-    async def list(
-        self, *, workload_id: str | None = None, state: str | None = None, limit: int = 1000
-    ) -> builtins.list[KeptOutput]:
-        """Records matching every filter, oldest ``ended_at`` first (then by id)."""
-
-    async def delete_before(self, ended_before: float) -> int:
-        """Delete the records that are no longer pending with ``ended_at < ended_before`` (retention); how many."""
-
-
 class FairShareRepo(Protocol):
     """The scheduler's decayed usage, one figure per account and per (account, project), keyed by
     ``aggregates.fair_share_key``. Figures are written whole (last writer wins: see docs/scheduler.md)."""
@@ -367,7 +349,6 @@ class Store(Protocol):
     rollups: RollupRepo
     hourly_rollups: RollupRepo  # the same records, one per GPU and hour, downsampled from ``rollups``
     workloads: WorkloadRepo
-    outputs: OutputRepo
     secrets: SecretRepo  # renters' secrets, sealed (master/secrets.py)
     fair_share: FairShareRepo
     prices: PriceRepo

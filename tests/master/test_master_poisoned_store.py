@@ -19,7 +19,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from common.errors import EnrollmentError
 from common.pki import generate_key, make_csr
 from management.app import api_app
-from management.store import AGGREGATES, ALERT_RULES, SILENCES, SSH_KEYS, WEBHOOKS
+from management.store import AGGREGATES, ALERT_RULES, OUTPUTS, SILENCES, SSH_KEYS, WEBHOOKS, output_repo
 from master.config import MasterConfig
 from master.enrollment import hash_secret
 from master.master import Master
@@ -62,7 +62,7 @@ async def _plant_good_and_bad_records(store_url: str) -> dict[str, str]:
             id="wl-1:r0:a1", workload_id="wl-1", account="alice", replica=0, attempt=1, agent_id="agt-1",
             container="wl-1-r0-a1", state="kept", data=b"done\n", ended_at=NOW,
         )  # fmt: skip
-        await store.outputs.put(kept)
+        await output_repo(store).put(kept)
         await store.fair_share.put_many([FairShareUsage(account="alice", gpu_seconds=60.0, decayed_to=NOW)])
         await store.prices.put(PriceRecord(provider="acme", on_demand=1_000_000, updated_at=NOW))
         host = RentalHost(agent_id="agt-1", provider="prov", gpus=1, price=1_000_000)
@@ -93,7 +93,7 @@ async def _plant_good_and_bad_records(store_url: str) -> dict[str, str]:
             WEBHOOKS.name: await poison(store, WEBHOOKS.name, "wh-bad"),
             Aggregate.HOST_ROLLUPS: await poison(store, Aggregate.HOST_ROLLUPS, "agt-1", minute=2),
             Aggregate.HOST_HOURLY_ROLLUPS: await poison(store, Aggregate.HOST_HOURLY_ROLLUPS, "agt-1", minute=120),
-            Aggregate.OUTPUTS: await poison(store, Aggregate.OUTPUTS, "wl-1:r0:a2"),
+            OUTPUTS.name: await poison(store, OUTPUTS.name, "wl-1:r0:a2"),
             Aggregate.SECRETS: await poison(store, Aggregate.SECRETS, "alice/poisoned"),
             SSH_KEYS.name: await poison(store, SSH_KEYS.name, "sshk-bad"),
         }

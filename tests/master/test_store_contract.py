@@ -14,7 +14,8 @@ import pytest
 
 from common.errors import ConfigError
 from common.inventory import GpuInfo, HostInfo, MigInstance, NvLink
-from management.store import alert_rule_repo, silence_repo, webhook_repo
+from management.store import alert_rule_repo, output_repo, silence_repo, webhook_repo
+from management.store.outputs import output_key
 from master.records import (
     AccountRecord,
     AgentRecord,
@@ -45,7 +46,7 @@ from master.records import (
     WorkloadSpec,
 )
 from master.store import MongoStore, SqliteStore, open_store
-from master.store.aggregates import Aggregate, output_key, rental_order, workload_order
+from master.store.aggregates import Aggregate, rental_order, workload_order
 from master.store.base import Store, TokenOutcome
 from master.store.errors import DuplicateWorkload, StaleRental, StaleWorkload, UnbalancedEntry, UnstorableRecord
 from master.store.migrations import LATEST_VERSION, MONGO_MIGRATIONS, migrate_mongo, migrate_sqlite
@@ -989,44 +990,46 @@ def _output(workload: str = "wl-1", replica: int = 0, attempt: int = 1, **fields
 async def test_kept_output_round_trips_bytes_that_are_not_utf8(store: Store) -> None:
     data = b"line one\n\xff\xfe binary \x00 tail\n" * 1000
     rec = _output(state="kept", data=data, truncated=True, exit_code=3, collected_at=101.5)
-    await store.outputs.put(rec)
-    assert await store.outputs.get(rec.id) == rec
-    assert await store.outputs.get(output_key("wl-1", 0, 2)) is None
+    await output_repo(store).put(rec)
+    assert await output_repo(store).get(rec.id) == rec
+    assert await output_repo(store).get(output_key("wl-1", 0, 2)) is None
 
 
 async def test_putting_a_kept_output_again_replaces_it(store: Store) -> None:
-    await store.outputs.put(_output())
-    await store.outputs.put(_output(state="lost", reason="the host kept none"))
-    got = await store.outputs.get(output_key("wl-1", 0, 1))
+    await output_repo(store).put(_output())
+    await output_repo(store).put(_output(state="lost", reason="the host kept none"))
+    got = await output_repo(store).get(output_key("wl-1", 0, 1))
     assert got is not None and (got.state, got.reason) == ("lost", "the host kept none")
 
 
 async def test_kept_outputs_list_by_workload_oldest_end_first(store: Store) -> None:
     for replica, attempt, ended in ((1, 1, 30.0), (0, 2, 20.0), (0, 1, 10.0)):
-        await store.outputs.put(_output(replica=replica, attempt=attempt, ended_at=ended))
-    await store.outputs.put(_output(workload="wl-2"))
-    listed = await store.outputs.list(workload_id="wl-1")
+        await output_repo(store).put(_output(replica=replica, attempt=attempt, ended_at=ended))
+    await output_repo(store).put(_output(workload="wl-2"))
+    listed = await output_repo(store).list(workload_id="wl-1")
     assert [(r.replica, r.attempt) for r in listed] == [(0, 1), (0, 2), (1, 1)]
-    assert await store.outputs.list(workload_id="wl-none") == []
-    assert len(await store.outputs.list()) == 4 and await store.outputs.list(limit=0) == []
+    assert await output_repo(store).list(workload_id="wl-none") == []
+    assert len(await output_repo(store).list()) == 4 and await output_repo(store).list(limit=0) == []
 
 
 async def test_pending_outputs_are_listed_oldest_first_up_to_the_limit(store: Store) -> None:
-    await store.outputs.put(_output(workload="wl-b", ended_at=20.0))
-    await store.outputs.put(_output(workload="wl-a", ended_at=10.0))
-    await store.outputs.put(_output(workload="wl-c", ended_at=5.0, state="kept"))
-    assert [r.workload_id for r in await store.outputs.list(state="pending")] == ["wl-a", "wl-b"]
-    assert [r.workload_id for r in await store.outputs.list(state="pending", limit=1)] == ["wl-a"]
-    assert [r.workload_id for r in await store.outputs.list(workload_id="wl-c", state="pending")] == []
+    await output_repo(store).put(_output(workload="wl-b", ended_at=20.0))
+    await output_repo(store).put(_output(workload="wl-a", ended_at=10.0))
+    await output_repo(store).put(_output(workload="wl-c", ended_at=5.0, state="kept"))
+    assert [r.workload_id for r in await output_repo(store).list(state="pending")] == ["wl-a", "wl-b"]
+    assert [r.workload_id for r in await output_repo(store).list(state="pending", limit=1)] == ["wl-a"]
+    assert [r.workload_id for r in await output_repo(store).list(workload_id="wl-c", state="pending")] == []
 
 
 async def test_retention_deletes_old_settled_outputs_and_never_a_pending_one(store: Store) -> None:
-    await store.outputs.put(_output(workload="wl-old", ended_at=10.0, state="kept"))
-    await store.outputs.put(_output(workload="wl-lost", ended_at=10.0, state="lost"))
-    await store.outputs.put(_output(workload="wl-wait", ended_at=10.0))  # pending: its host still holds it
-    await store.outputs.put(_output(workload="wl-new", ended_at=50.0, state="kept"))
-    assert await store.outputs.delete_before(20.0) == 2
-    left = {r.workload_id for w in ("wl-old", "wl-lost", "wl-wait", "wl-new") for r in await store.outputs.list(workload_id=w)}
+    await output_repo(store).put(_output(workload="wl-old", ended_at=10.0, state="kept"))
+    await output_repo(store).put(_output(workload="wl-lost", ended_at=10.0, state="lost"))
+    await output_repo(store).put(_output(workload="wl-wait", ended_at=10.0))  # pending: its host still holds it
+    await output_repo(store).put(_output(workload="wl-new", ended_at=50.0, state="kept"))
+    assert await output_repo(store).delete_before(20.0) == 2
+    left = {
+        r.workload_id for w in ("wl-old", "wl-lost", "wl-wait", "wl-new") for r in await output_repo(store).list(workload_id=w)
+    }
     assert left == {"wl-wait", "wl-new"}
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 import pymongo
 
-from management.store import ALERT_RULES, SILENCES, SSH_KEYS, WEBHOOKS
+from management.store import ALERT_RULES, OUTPUTS, SILENCES, SSH_KEYS, WEBHOOKS
 from master.records import CommandRecord
 from master.store import MongoStore, SqliteStore, Store
 from master.store.aggregates import Aggregate, host_rollup_key, rollup_key
@@ -50,7 +50,7 @@ _SQLITE_COLUMNS: dict[str, dict[str, Any]] = {
     WEBHOOKS.name: {"id": KEY, "owner": "acme", "created_at": 1_700_000_000.0},
     Aggregate.HOST_ROLLUPS: {"agent_id": KEY, "minute": 5},
     Aggregate.HOST_HOURLY_ROLLUPS: {"agent_id": KEY, "minute": 120},
-    Aggregate.OUTPUTS: {"id": KEY, "workload_id": "wl-1", "state": "kept", "ended_at": 1_700_000_000.0},
+    OUTPUTS.name: {"id": KEY, "workload_id": "wl-1", "state": "kept", "ended_at": 1_700_000_000.0},
     Aggregate.SECRETS: {"id": KEY, "account": "alice", "name": "poisoned"},
     SSH_KEYS.name: {"id": KEY, "account": "alice", "created_at": 1_700_000_000.0},
 }
@@ -78,7 +78,7 @@ _BROKEN: dict[str, dict[str, Any]] = {
     WEBHOOKS.name: {"url": "https://hooks.example/x", "secret": 7, "role": "provider"},
     Aggregate.HOST_ROLLUPS: {"samples": "many"},
     Aggregate.HOST_HOURLY_ROLLUPS: {"samples": "many"},
-    Aggregate.OUTPUTS: {"replica": "the first", "attempt": 1, "account": "alice", "agent_id": "agt-1", "container": "c"},
+    OUTPUTS.name: {"replica": "the first", "attempt": 1, "account": "alice", "agent_id": "agt-1", "container": "c"},
     Aggregate.SECRETS: {"sealed": 7, "created_at": 0.0},
     SSH_KEYS.name: {"name": "laptop", "public_key": 7, "fingerprint": "SHA256:x"},
 }

@@ -20,7 +20,6 @@ from master.store.base import (
     HostRollupRepo,
     LeaseRepo,
     LedgerRepo,
-    OutputRepo,
     PriceRepo,
     RentalRepo,
     RevocationRepo,
@@ -42,7 +41,6 @@ from master.store.mongo.gpus import MongoGpuRepo
 from master.store.mongo.host_rollups import MongoHostHourlyRollupRepo, MongoHostRollupRepo
 from master.store.mongo.leases import MongoLeaseRepo
 from master.store.mongo.ledger import MongoLedgerRepo
-from master.store.mongo.outputs import MongoOutputRepo
 from master.store.mongo.prices import MongoPriceRepo
 from master.store.mongo.rentals import MongoRentalRepo
 from master.store.mongo.revocations import MongoRevocationRepo
@@ -73,7 +71,6 @@ class MongoStore:
         self.rollups: RollupRepo = MongoRollupRepo(*upkeep)
         self.hourly_rollups: RollupRepo = MongoHourlyRollupRepo(*upkeep)
         self.workloads: WorkloadRepo = MongoWorkloadRepo(*upkeep)
-        self.outputs: OutputRepo = MongoOutputRepo(*upkeep)
         self.secrets: SecretRepo = MongoSecretRepo(*upkeep)
         self.fair_share: FairShareRepo = MongoFairShareRepo(*upkeep)
         self.prices: PriceRepo = MongoPriceRepo(*upkeep)

@@ -16,7 +16,6 @@ from master.store.base import (
     HostRollupRepo,
     LeaseRepo,
     LedgerRepo,
-    OutputRepo,
     PriceRepo,
     RentalRepo,
     RevocationRepo,
@@ -40,7 +39,6 @@ from master.store.sqlite.gpus import SqliteGpuRepo
 from master.store.sqlite.host_rollups import SqliteHostHourlyRollupRepo, SqliteHostRollupRepo
 from master.store.sqlite.leases import SqliteLeaseRepo
 from master.store.sqlite.ledger import SqliteLedgerRepo
-from master.store.sqlite.outputs import SqliteOutputRepo
 from master.store.sqlite.prices import SqlitePriceRepo
 from master.store.sqlite.rentals import SqliteRentalRepo
 from master.store.sqlite.revocations import SqliteRevocationRepo
@@ -70,7 +68,6 @@ class SqliteStore:
         self.rollups: RollupRepo = SqliteRollupRepo(*upkeep)
         self.hourly_rollups: RollupRepo = SqliteHourlyRollupRepo(*upkeep)
         self.workloads: WorkloadRepo = SqliteWorkloadRepo(*upkeep)
-        self.outputs: OutputRepo = SqliteOutputRepo(*upkeep)
         self.secrets: SecretRepo = SqliteSecretRepo(*upkeep)
         self.fair_share: FairShareRepo = SqliteFairShareRepo(*upkeep)
         self.prices: PriceRepo = SqlitePriceRepo(*upkeep)

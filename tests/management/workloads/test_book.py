@@ -12,13 +12,14 @@ import msgspec
 import pytest
 
 from common.errors import InvalidTransition, NotFound
+from management.store import output_repo
+from management.store.outputs import output_key
 from management.workloads.book import WorkloadBook
 from management.workloads.spec import InvalidWorkloadSpec, container_name
 from master.config import MasterConfig
 from master.master import Master
 from master.records import Assignment, RentalTerms, ReplicaSpec, WorkloadSpec
 from master.store import open_store
-from master.store.aggregates import output_key
 from master.store.errors import StaleWorkload
 from tests.management.hosts import add_agent
 from tests.master.conftest import nx27017_uri, store_url  # noqa: F401  (fixtures: each backend in turn)
@@ -156,7 +157,7 @@ async def test_a_cancelled_workloads_replicas_await_their_output_then_settle_del
     await book.transition(wl.id, "schedule", "placed", NOW + 1, assignments=placed)
     await book.cancel(wl.id, "alice", NOW + 2)
 
-    awaited = await master.store.outputs.list(state="pending")  # stored with the transition, before the deletes were sent
+    awaited = await output_repo(master.store).list(state="pending")  # stored with the transition, before the deletes were sent
     assert [(k.id, k.account, k.container, k.state, k.ended_at) for k in awaited] == [
         (output_key(wl.id, r, 1), "alice", names[r], "pending", NOW + 2) for r in (0, 1)
     ]
