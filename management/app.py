@@ -70,7 +70,7 @@ from management.services.tunnels import RenterAccess
 from management.services.verification import VerificationService
 from management.services.workloads import WorkloadsService
 from management.settings import ManagementSettings
-from management.store import attach, output_repo, ssh_key_repo
+from management.store import attach, output_repo, price_repo, ssh_key_repo
 from management.workloads.book import WorkloadBook
 from management.workloads.runner import SchedulerLoop
 from master.accounts import BOOTSTRAP_ACCOUNT
@@ -225,7 +225,7 @@ def compose(master: MasterPort, settings: ManagementSettings | None = None) -> C
     )
     hosts = HostsService(master, book)
     # The one writer of providers' prices; the offer index and the scheduler read (and subscribe to) the same book.
-    prices = PriceBook(master.store.prices, grid_default_of(master.config), time.time, owner_of=hosts.provider_of)
+    prices = PriceBook(price_repo(master.store), grid_default_of(master.config), time.time, owner_of=hosts.provider_of)
     market = Market(master, book, prices)
     scheduler = SchedulerLoop(
         master,

@@ -91,7 +91,7 @@ from master.reputation import WEIGHTS, Reputation, reputation, reputation_score
 from master.secrets import SECRET_NAME_PATTERN, InvalidSecret
 from master.states import AgentState, CommandState, GpuState, StateMachine
 from master.store.aggregates import rental_order, workload_order
-from master.store.base import FairShareRepo, LedgerRepo, PriceRepo, RentalRepo
+from master.store.base import LedgerRepo, RentalRepo
 from master.store.errors import StaleRental
 from master.tiers import TierPolicy, describe_tiers
 from master.tunnels import OpenedTunnel, TunnelUnavailable
@@ -290,7 +290,6 @@ __all__ = [
     "Credential",
     "EventData",
     "EventRecord",
-    "FairShareRepo",
     "FairShareUsage",
     "GpuFault",
     "GpuHealthChanged",
@@ -312,7 +311,6 @@ __all__ = [
     "NetworkFloors",
     "PriceChange",
     "PriceRecord",
-    "PriceRepo",
     "RentalHost",
     "RentalRecord",
     "RentalRepo",

@@ -40,9 +40,7 @@ from master.records import (
     TelemetryRollup,
 )
 from master.store.base import (
-    FairShareRepo,
     LedgerRepo,
-    PriceRepo,
     RentalRepo,
     WorkloadRepo,
 )
@@ -181,10 +179,6 @@ class ManagementStore(Protocol):
     # --- management's own aggregates ---
     @property
     def workloads(self) -> WorkloadRepo: ...
-    @property
-    def fair_share(self) -> FairShareRepo: ...
-    @property
-    def prices(self) -> PriceRepo: ...
     @property
     def rentals(self) -> RentalRepo: ...
     @property

@@ -10,11 +10,13 @@ step of the one migration sequence, master/store/migrations.py (docs/store.md, "
 from __future__ import annotations
 
 from management.store.alerting import ALERT_RULES, SILENCES, WEBHOOKS, AlertRuleRepo, SilenceRepo, WebhookRepo
+from management.store.fair_share import FAIR_SHARE, FairShareRepo
 from management.store.outputs import OUTPUTS, OutputRepo
+from management.store.prices import PRICES, PriceRepo
 from management.store.ssh_keys import SSH_KEYS, SshKeyRepo
 from master.store.kit import AggregatePlugin, Repositories
 
-AGGREGATES: tuple[AggregatePlugin[object], ...] = (ALERT_RULES, SILENCES, WEBHOOKS, SSH_KEYS, OUTPUTS)
+AGGREGATES: tuple[AggregatePlugin[object], ...] = (ALERT_RULES, SILENCES, WEBHOOKS, SSH_KEYS, OUTPUTS, PRICES, FAIR_SHARE)
 
 
 def attach(store: Repositories) -> None:
@@ -39,6 +41,14 @@ def output_repo(store: Repositories) -> OutputRepo:
     return store.repository(OUTPUTS)
 
 
+def price_repo(store: Repositories) -> PriceRepo:
+    return store.repository(PRICES)
+
+
+def fair_share_repo(store: Repositories) -> FairShareRepo:
+    return store.repository(FAIR_SHARE)
+
+
 def ssh_key_repo(store: Repositories) -> SshKeyRepo:
     return store.repository(SSH_KEYS)
 
@@ -46,18 +56,24 @@ def ssh_key_repo(store: Repositories) -> SshKeyRepo:
 __all__ = [
     "AGGREGATES",
     "ALERT_RULES",
+    "FAIR_SHARE",
     "OUTPUTS",
+    "PRICES",
     "SILENCES",
     "SSH_KEYS",
     "WEBHOOKS",
     "AlertRuleRepo",
+    "FairShareRepo",
     "OutputRepo",
+    "PriceRepo",
     "SilenceRepo",
     "SshKeyRepo",
     "WebhookRepo",
     "alert_rule_repo",
     "attach",
+    "fair_share_repo",
     "output_repo",
+    "price_repo",
     "silence_repo",
     "ssh_key_repo",
     "webhook_repo",

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from master.records import FairShareUsage
-
 
 class Aggregate(StrEnum):
     """The aggregates the store keeps; each value names its SQLite table and its MongoDB collection alike.
@@ -24,8 +22,6 @@ class Aggregate(StrEnum):
     HOURLY_ROLLUPS = "hourly_rollups"
     ACCOUNTS = "accounts"
     WORKLOADS = "workloads"
-    FAIR_SHARE = "fair_share"
-    PRICES = "prices"
     RENTALS = "rentals"
     LEDGER = "ledger"
     # host telemetry history: one host's own readings, by minute and by hour (keyed by host_rollup_key)
@@ -47,21 +43,6 @@ def workload_order(created_at: float, workload_id: str) -> str:
 def rollup_key(gpu_uuid: str, minute: int) -> str:
     """The key of one GPU's rollup of one minute, in both backends (MongoDB's ``_id``)."""
     return f"{gpu_uuid}:{minute}"
-
-
-def fair_share_key(account: str, project: str | None) -> str:
-    """The key of one fair-share figure, in both backends: the account id (which has no "/"), then "/project"."""
-    return account if project is None else f"{account}/{project}"
-
-
-def fair_share_order(rec: FairShareUsage) -> tuple[str, bool, str]:
-    """Where a fair-share figure sorts in both backends: by account, its own figure first, then by project."""
-    return (rec.account, rec.project is not None, rec.project or "")
-
-
-def price_key(provider: str, agent_id: str) -> str:
-    """The key of one price record in both backends: the provider, then "/" and the host ("" for its default)."""
-    return f"{provider}/{agent_id}"
 
 
 def rental_order(started_at: float, rental_id: str) -> str:

@@ -21,12 +21,10 @@ from master.records import (
     ApiKeyRecord,
     CommandRecord,
     EventRecord,
-    FairShareUsage,
     GpuRecord,
     HostRollup,
     LeaseRecord,
     LedgerEntry,
-    PriceRecord,
     RentalRecord,
     RevocationRecord,
     SecretRecord,
@@ -46,12 +44,10 @@ __all__ = [
     "ApiKeyRepo",
     "CommandRepo",
     "EventRepo",
-    "FairShareRepo",
     "GpuRepo",
     "HostRollupRepo",
     "LeaseRepo",
     "LedgerRepo",
-    "PriceRepo",
     "RentalRepo",
     "RevocationRepo",
     "SecretRepo",
@@ -229,30 +225,6 @@ class WorkloadRepo(Protocol):
         """Workloads matching every filter, newest first; an empty ``states`` matches none."""
 
 
-class FairShareRepo(Protocol):
-    """The scheduler's decayed usage, one figure per account and per (account, project), keyed by
-    ``aggregates.fair_share_key``. Figures are written whole (last writer wins: see docs/scheduler.md)."""
-
-    async def put_many(self, recs: Sequence[FairShareUsage]) -> None:
-        """Insert, or replace the figures with the same (account, project), in one batch."""
-
-    async def list(self) -> builtins.list[FairShareUsage]:
-        """Every figure, by account, the account's own figure before its projects, then by project."""
-
-
-class PriceRepo(Protocol):
-    """Providers' prices, one record per (provider, agent_id); agent_id "" is the provider's default."""
-
-    async def put(self, rec: PriceRecord) -> None:
-        """Insert, or replace the record with the same (provider, agent_id)."""
-
-    async def delete(self, provider: str, agent_id: str) -> bool:
-        """Remove one record; False when there was none."""
-
-    async def list(self, *, provider: str | None = None) -> builtins.list[PriceRecord]:
-        """Every record (of one provider when given), by provider, then agent_id ("" first)."""
-
-
 class RentalRepo(Protocol):
     """Rentals (one run of a workload, priced); written with a version check like workloads."""
 
@@ -350,8 +322,6 @@ class Store(Protocol):
     hourly_rollups: RollupRepo  # the same records, one per GPU and hour, downsampled from ``rollups``
     workloads: WorkloadRepo
     secrets: SecretRepo  # renters' secrets, sealed (master/secrets.py)
-    fair_share: FairShareRepo
-    prices: PriceRepo
     rentals: RentalRepo
     ledger: LedgerRepo
     host_rollups: HostRollupRepo  # a host's own telemetry, one per host and minute

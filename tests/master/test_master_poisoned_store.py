@@ -19,7 +19,19 @@ from aiohttp.test_utils import TestClient, TestServer
 from common.errors import EnrollmentError
 from common.pki import generate_key, make_csr
 from management.app import api_app
-from management.store import AGGREGATES, ALERT_RULES, OUTPUTS, SILENCES, SSH_KEYS, WEBHOOKS, output_repo
+from management.store import (
+    AGGREGATES,
+    ALERT_RULES,
+    FAIR_SHARE,
+    OUTPUTS,
+    PRICES,
+    SILENCES,
+    SSH_KEYS,
+    WEBHOOKS,
+    fair_share_repo,
+    output_repo,
+    price_repo,
+)
 from master.config import MasterConfig
 from master.enrollment import hash_secret
 from master.master import Master
@@ -63,8 +75,8 @@ async def _plant_good_and_bad_records(store_url: str) -> dict[str, str]:
             container="wl-1-r0-a1", state="kept", data=b"done\n", ended_at=NOW,
         )  # fmt: skip
         await output_repo(store).put(kept)
-        await store.fair_share.put_many([FairShareUsage(account="alice", gpu_seconds=60.0, decayed_to=NOW)])
-        await store.prices.put(PriceRecord(provider="acme", on_demand=1_000_000, updated_at=NOW))
+        await fair_share_repo(store).put_many([FairShareUsage(account="alice", gpu_seconds=60.0, decayed_to=NOW)])
+        await price_repo(store).put(PriceRecord(provider="acme", on_demand=1_000_000, updated_at=NOW))
         host = RentalHost(agent_id="agt-1", provider="prov", gpus=1, price=1_000_000)
         rental = RentalRecord(
             id="wl-1-a1", workload_id="wl-1", account="alice", kind="on_demand", hosts=[host], started_at=NOW, version=1
@@ -84,8 +96,8 @@ async def _plant_good_and_bad_records(store_url: str) -> dict[str, str]:
             Aggregate.HOURLY_ROLLUPS: await poison(store, Aggregate.HOURLY_ROLLUPS, "GPU-a", minute=120),
             Aggregate.WORKLOADS: await poison(store, Aggregate.WORKLOADS, "wl-bad"),
             Aggregate.ACCOUNTS: await poison(store, Aggregate.ACCOUNTS, "bad-account"),
-            Aggregate.FAIR_SHARE: await poison(store, Aggregate.FAIR_SHARE, "bad-account/default"),
-            Aggregate.PRICES: await poison(store, Aggregate.PRICES, "acme/agt-poisoned"),
+            FAIR_SHARE.name: await poison(store, FAIR_SHARE.name, "bad-account/default"),
+            PRICES.name: await poison(store, PRICES.name, "acme/agt-poisoned"),
             Aggregate.RENTALS: await poison(store, Aggregate.RENTALS, "wl-bad-a1"),
             Aggregate.LEDGER: await poison(store, Aggregate.LEDGER, "charge:wl-1-a1:1"),
             ALERT_RULES.name: await poison(store, ALERT_RULES.name, "bad_rule"),
@@ -152,7 +164,7 @@ async def test_the_master_starts_and_serves_with_an_undecodable_record_in_every_
         host_history = await client.get("/api/v1/agents/agt-1/telemetry?from=0&to=10800&step=3600", headers=auth)
         assert host_history.status == 200  # reads the host's hours, the bad one skipped
         assert [p["ts"] for p in (await host_history.json())["host_points"]] == ["1970-01-01T01:00:00.000Z"]
-        assert [u.account for u in await master.store.fair_share.list()] == ["alice"]  # what a scheduling loop loads
+        assert [u.account for u in await fair_share_repo(master.store).list()] == ["alice"]  # what a scheduling loop loads
         accounts = await client.get("/api/v1/accounts", headers=auth)
         assert accounts.status == 200 and [a["id"] for a in (await accounts.json())["items"]] == ["operator"]
         # The market's: prices (loaded at start), rentals and a rental's ledger entries (read on demand).

@@ -14,7 +14,7 @@ import pytest
 
 from common.errors import ConfigError
 from common.inventory import GpuInfo, HostInfo, MigInstance, NvLink
-from management.store import alert_rule_repo, output_repo, silence_repo, webhook_repo
+from management.store import PRICES, alert_rule_repo, fair_share_repo, output_repo, price_repo, silence_repo, webhook_repo
 from management.store.outputs import output_key
 from master.records import (
     AccountRecord,
@@ -1041,7 +1041,7 @@ def figure(account: str, project: str | None = None, gpu_seconds: float = 3600.0
 
 
 async def test_fair_share_figures_round_trip_by_account_its_own_first_then_by_project(store: Store) -> None:
-    assert await store.fair_share.list() == []
+    assert await fair_share_repo(store).list() == []
     written = [
         figure("bob", "vision", 7.5),
         figure("alice-2"),
@@ -1049,9 +1049,9 @@ async def test_fair_share_figures_round_trip_by_account_its_own_first_then_by_pr
         figure("bob", None, 12.0),
         figure("alice"),
     ]
-    await store.fair_share.put_many(written)
+    await fair_share_repo(store).put_many(written)
     assert_same(
-        await store.fair_share.list(),
+        await fair_share_repo(store).list(),
         [
             figure("alice"),
             figure("alice", "nlp", 0.25),
@@ -1063,30 +1063,30 @@ async def test_fair_share_figures_round_trip_by_account_its_own_first_then_by_pr
 
 
 async def test_putting_fair_share_figures_replaces_those_of_the_same_account_and_project_only(store: Store) -> None:
-    await store.fair_share.put_many([figure("alice", None, 100.0), figure("alice", "nlp", 60.0), figure("bob", None, 5.0)])
+    await fair_share_repo(store).put_many([figure("alice", None, 100.0), figure("alice", "nlp", 60.0), figure("bob", None, 5.0)])
     later = NOW + 60
-    await store.fair_share.put_many([figure("alice", None, 99.0, later), figure("alice", "nlp", 59.5, later)])
+    await fair_share_repo(store).put_many([figure("alice", None, 99.0, later), figure("alice", "nlp", 59.5, later)])
     assert_same(
-        await store.fair_share.list(),
+        await fair_share_repo(store).list(),
         [figure("alice", None, 99.0, later), figure("alice", "nlp", 59.5, later), figure("bob", None, 5.0)],
     )
 
 
 async def test_a_fair_share_batch_holding_a_nan_writes_nothing(store: Store) -> None:
     with pytest.raises(UnstorableRecord, match="gpu_seconds"):
-        await store.fair_share.put_many([figure("alice"), figure("bob", None, float("nan"))])
-    assert await store.fair_share.list() == []
+        await fair_share_repo(store).put_many([figure("alice"), figure("bob", None, float("nan"))])
+    assert await fair_share_repo(store).list() == []
 
 
 async def test_fair_share_figures_outlive_the_store_connection(store_url: str) -> None:
     first = open_store(store_url)
     await first.open()
-    await first.fair_share.put_many([figure("alice"), figure("alice", "default", 1800.0)])
+    await fair_share_repo(first).put_many([figure("alice"), figure("alice", "default", 1800.0)])
     await first.close()
     second = open_store(store_url)
     await second.open()
     try:
-        assert_same(await second.fair_share.list(), [figure("alice"), figure("alice", "default", 1800.0)])
+        assert_same(await fair_share_repo(second).list(), [figure("alice"), figure("alice", "default", 1800.0)])
     finally:
         await second.close()
 
@@ -1108,36 +1108,36 @@ def price(provider: str = "acme", agent_id: str = "", on_demand: int = 2_500_000
 
 
 async def test_a_price_round_trips_and_put_replaces_the_same_provider_and_host_only(store: Store) -> None:
-    await store.prices.put(price())
-    await store.prices.put(price(agent_id="agt-1", min_bid=None, max_duration_s=None))
-    await store.prices.put(price(on_demand=3_000_000, reserved_discount=0.0))  # the default again: replaces it
+    await price_repo(store).put(price())
+    await price_repo(store).put(price(agent_id="agt-1", min_bid=None, max_duration_s=None))
+    await price_repo(store).put(price(on_demand=3_000_000, reserved_discount=0.0))  # the default again: replaces it
     assert_same(
-        await store.prices.list(),
+        await price_repo(store).list(),
         [price(on_demand=3_000_000, reserved_discount=0.0), price(agent_id="agt-1", min_bid=None, max_duration_s=None)],
     )
 
 
 async def test_prices_list_by_provider_then_host_the_providers_default_first(store: Store) -> None:
     for rec in [price("zeta", "agt-2"), price("acme", "agt-9"), price("zeta"), price("acme", "agt-1"), price("acme")]:
-        await store.prices.put(rec)
-    assert [(p.provider, p.agent_id) for p in await store.prices.list()] == [
+        await price_repo(store).put(rec)
+    assert [(p.provider, p.agent_id) for p in await price_repo(store).list()] == [
         ("acme", ""),
         ("acme", "agt-1"),
         ("acme", "agt-9"),
         ("zeta", ""),
         ("zeta", "agt-2"),
     ]
-    assert [(p.provider, p.agent_id) for p in await store.prices.list(provider="zeta")] == [("zeta", ""), ("zeta", "agt-2")]
-    assert await store.prices.list(provider="nobody") == []
+    assert [(p.provider, p.agent_id) for p in await price_repo(store).list(provider="zeta")] == [("zeta", ""), ("zeta", "agt-2")]
+    assert await price_repo(store).list(provider="nobody") == []
 
 
 async def test_deleting_a_price_removes_that_record_only_and_says_whether_there_was_one(store: Store) -> None:
-    await store.prices.put(price())
-    await store.prices.put(price(agent_id="agt-1"))
-    assert await store.prices.delete("acme", "agt-1") is True
-    assert await store.prices.delete("acme", "agt-1") is False
-    assert await store.prices.delete("other", "") is False
-    assert_same(await store.prices.list(), [price()])
+    await price_repo(store).put(price())
+    await price_repo(store).put(price(agent_id="agt-1"))
+    assert await price_repo(store).delete("acme", "agt-1") is True
+    assert await price_repo(store).delete("acme", "agt-1") is False
+    assert await price_repo(store).delete("other", "") is False
+    assert_same(await price_repo(store).list(), [price()])
 
 
 # --- the market: rentals -----------------------------------------------------------------------------
@@ -1431,8 +1431,8 @@ async def test_ledger_seqs_continue_after_reopening_the_store(store_url: str) ->
 
 
 async def test_undecodable_prices_rentals_and_entries_are_skipped_and_reported(store: Store) -> None:
-    await store.prices.put(price())
-    await poison(store, Aggregate.PRICES, "acme/agt-poisoned")
+    await price_repo(store).put(price())
+    await poison(store, PRICES.name, "acme/agt-poisoned")
     await store.rentals.insert(rental("wl-1-a1", NOW + 1))
     await poison(store, Aggregate.RENTALS, "wl-0-a1")
     first = await store.ledger.post(CREDIT)
@@ -1440,13 +1440,13 @@ async def test_undecodable_prices_rentals_and_entries_are_skipped_and_reported(s
     second = await store.ledger.post(HOLD)
     assert first is not None and second is not None
 
-    assert_same(await store.prices.list(), [price()])
+    assert_same(await price_repo(store).list(), [price()])
     assert_same(await store.rentals.list(limit=1), [rental("wl-1-a1", NOW + 1)])  # a page is topped up past it
     assert await store.rentals.get("wl-0-a1") is None
     assert_same(await store.ledger.list(limit=2), [numbered(CREDIT, first), numbered(HOLD, second)])
     assert await store.ledger.get("charge:poisoned:1") is None
     assert await store.ledger.balances() == {"external": -10_000_000, "renter:alice": 7_000_000, "hold:alice": 3_000_000}
-    assert sorted((q.aggregate.value, q.key) for q in store.quarantine.records) == [
+    assert sorted((q.aggregate, q.key) for q in store.quarantine.records) == [
         ("ledger", "charge:poisoned:1"),
         ("prices", "acme/agt-poisoned"),
         ("rentals", "wl-0-a1"),
@@ -1474,7 +1474,7 @@ async def test_an_sqlite_file_at_schema_version_5_is_migrated_to_the_market_keep
     try:
         assert await store.schema_version() == LATEST_VERSION
         assert_same(await store.workloads.get(old.id), old)
-        await store.prices.put(price())  # the tables version 6 added
+        await price_repo(store).put(price())  # the tables version 6 added
         assert await store.rentals.insert(rental())
         assert await store.ledger.post(CREDIT) is not None
         assert len(await store.ledger.list(account="renter:alice")) == 1
@@ -1580,7 +1580,7 @@ async def test_an_sqlite_file_at_schema_version_6_is_migrated_to_alerting_keepin
     store = SqliteStore(str(path))
     await store.open()
     try:
-        await store.prices.put(price())
+        await price_repo(store).put(price())
     finally:
         await store.close()
     with sqlite3.connect(path, isolation_level=None) as conn:
@@ -1589,7 +1589,7 @@ async def test_an_sqlite_file_at_schema_version_6_is_migrated_to_alerting_keepin
     store = SqliteStore(str(path))
     await store.open()
     try:
-        assert_same(await store.prices.list(), [price()])
+        assert_same(await price_repo(store).list(), [price()])
         await alert_rule_repo(store).put(alert_rule())  # the tables version 7 added
         await webhook_repo(store).put(webhook("wh-1", "acme", NOW))
         assert [r.name for r in await alert_rule_repo(store).list()] == ["gpu_hot"]

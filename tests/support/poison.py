@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 import pymongo
 
-from management.store import ALERT_RULES, OUTPUTS, SILENCES, SSH_KEYS, WEBHOOKS
+from management.store import ALERT_RULES, FAIR_SHARE, OUTPUTS, PRICES, SILENCES, SSH_KEYS, WEBHOOKS
 from master.records import CommandRecord
 from master.store import MongoStore, SqliteStore, Store
 from master.store.aggregates import Aggregate, host_rollup_key, rollup_key
@@ -34,8 +34,8 @@ _SQLITE_COLUMNS: dict[str, dict[str, Any]] = {
     Aggregate.HOURLY_ROLLUPS: {"gpu_uuid": KEY, "minute": 120},
     Aggregate.WORKLOADS: {"id": KEY, "account": "bob", "state": "queued", "listed": "0|poisoned", "version": 0},
     Aggregate.ACCOUNTS: {"id": KEY, "role": "renter"},
-    Aggregate.FAIR_SHARE: {"key": KEY, "account": "alice"},
-    Aggregate.PRICES: {"key": KEY, "provider": "acme", "agent_id": "agt-poisoned"},
+    FAIR_SHARE.name: {"key": KEY, "account": "alice"},
+    PRICES.name: {"key": KEY, "provider": "acme", "agent_id": "agt-poisoned"},
     Aggregate.RENTALS: {
         "id": KEY,
         "workload_id": "wl-1",
@@ -69,8 +69,8 @@ _BROKEN: dict[str, dict[str, Any]] = {
     Aggregate.HOURLY_ROLLUPS: {"agent_id": "agt-1", "samples": "many"},
     Aggregate.WORKLOADS: {"account": "bob", "spec": "not a spec", "state": "queued", "created_at": 0.0},
     Aggregate.ACCOUNTS: {"share": "a lot"},
-    Aggregate.FAIR_SHARE: {"gpu_seconds": "a lot", "decayed_to": 0.0},
-    Aggregate.PRICES: {"on_demand": "a lot"},
+    FAIR_SHARE.name: {"gpu_seconds": "a lot", "decayed_to": 0.0},
+    PRICES.name: {"on_demand": "a lot"},
     Aggregate.RENTALS: {"kind": "on_demand", "hosts": "not hosts", "started_at": 0.0},
     Aggregate.LEDGER: {"ts": 0.0, "kind": "charge", "memo": "", "lines": "not lines"},
     ALERT_RULES.name: {"spec": "not a mapping", "updated_at": 0.0, "updated_by": "operator"},

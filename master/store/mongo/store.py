@@ -15,12 +15,10 @@ from master.store.base import (
     ApiKeyRepo,
     CommandRepo,
     EventRepo,
-    FairShareRepo,
     GpuRepo,
     HostRollupRepo,
     LeaseRepo,
     LedgerRepo,
-    PriceRepo,
     RentalRepo,
     RevocationRepo,
     RollupRepo,
@@ -36,12 +34,10 @@ from master.store.mongo.api_keys import MongoApiKeyRepo
 from master.store.mongo.commands import MongoCommandRepo
 from master.store.mongo.connection import MongoConnection, Writer, redacted
 from master.store.mongo.events import MongoEventRepo
-from master.store.mongo.fair_share import MongoFairShareRepo
 from master.store.mongo.gpus import MongoGpuRepo
 from master.store.mongo.host_rollups import MongoHostHourlyRollupRepo, MongoHostRollupRepo
 from master.store.mongo.leases import MongoLeaseRepo
 from master.store.mongo.ledger import MongoLedgerRepo
-from master.store.mongo.prices import MongoPriceRepo
 from master.store.mongo.rentals import MongoRentalRepo
 from master.store.mongo.revocations import MongoRevocationRepo
 from master.store.mongo.rollups import MongoHourlyRollupRepo, MongoRollupRepo
@@ -72,8 +68,6 @@ class MongoStore:
         self.hourly_rollups: RollupRepo = MongoHourlyRollupRepo(*upkeep)
         self.workloads: WorkloadRepo = MongoWorkloadRepo(*upkeep)
         self.secrets: SecretRepo = MongoSecretRepo(*upkeep)
-        self.fair_share: FairShareRepo = MongoFairShareRepo(*upkeep)
-        self.prices: PriceRepo = MongoPriceRepo(*upkeep)
         self.rentals: RentalRepo = MongoRentalRepo(*upkeep)
         self.ledger: LedgerRepo = MongoLedgerRepo(*upkeep)
         self.leases: LeaseRepo = MongoLeaseRepo(self._conn)

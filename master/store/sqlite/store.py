@@ -11,12 +11,10 @@ from master.store.base import (
     ApiKeyRepo,
     CommandRepo,
     EventRepo,
-    FairShareRepo,
     GpuRepo,
     HostRollupRepo,
     LeaseRepo,
     LedgerRepo,
-    PriceRepo,
     RentalRepo,
     RevocationRepo,
     RollupRepo,
@@ -34,12 +32,10 @@ from master.store.sqlite.api_keys import SqliteApiKeyRepo
 from master.store.sqlite.commands import SqliteCommandRepo
 from master.store.sqlite.database import SqliteDatabase
 from master.store.sqlite.events import SqliteEventRepo
-from master.store.sqlite.fair_share import SqliteFairShareRepo
 from master.store.sqlite.gpus import SqliteGpuRepo
 from master.store.sqlite.host_rollups import SqliteHostHourlyRollupRepo, SqliteHostRollupRepo
 from master.store.sqlite.leases import SqliteLeaseRepo
 from master.store.sqlite.ledger import SqliteLedgerRepo
-from master.store.sqlite.prices import SqlitePriceRepo
 from master.store.sqlite.rentals import SqliteRentalRepo
 from master.store.sqlite.revocations import SqliteRevocationRepo
 from master.store.sqlite.rollups import SqliteHourlyRollupRepo, SqliteRollupRepo
@@ -69,8 +65,6 @@ class SqliteStore:
         self.hourly_rollups: RollupRepo = SqliteHourlyRollupRepo(*upkeep)
         self.workloads: WorkloadRepo = SqliteWorkloadRepo(*upkeep)
         self.secrets: SecretRepo = SqliteSecretRepo(*upkeep)
-        self.fair_share: FairShareRepo = SqliteFairShareRepo(*upkeep)
-        self.prices: PriceRepo = SqlitePriceRepo(*upkeep)
         self.rentals: RentalRepo = SqliteRentalRepo(*upkeep)
         self.ledger: LedgerRepo = SqliteLedgerRepo(*upkeep)
         self.leases: LeaseRepo = SqliteLeaseRepo(self._db)
