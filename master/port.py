@@ -90,9 +90,8 @@ from master.records import (
 from master.reputation import WEIGHTS, Reputation, reputation, reputation_score
 from master.secrets import SECRET_NAME_PATTERN, InvalidSecret
 from master.states import AgentState, CommandState, GpuState, StateMachine
-from master.store.aggregates import rental_order, workload_order
-from master.store.base import LedgerRepo, RentalRepo
-from master.store.errors import StaleRental
+from master.store.aggregates import workload_order
+from master.store.base import LedgerRepo
 from master.tiers import TierPolicy, describe_tiers
 from master.tunnels import OpenedTunnel, TunnelUnavailable
 from master.verification import MEASURED_FLAGS, VERIFIED, measured_rate, measured_verified, verification_label
@@ -313,7 +312,6 @@ __all__ = [
     "PriceRecord",
     "RentalHost",
     "RentalRecord",
-    "RentalRepo",
     "RentalTerms",
     "Reputation",
     "Resync",
@@ -326,7 +324,6 @@ __all__ = [
     "SigningKeyInfo",
     "SilenceRecord",
     "SshKeyRecord",
-    "StaleRental",
     "StateMachine",
     "Subscription",
     "TelemetryRollup",
@@ -340,7 +337,6 @@ __all__ = [
     "describe_tiers",
     "downsample",
     "downsample_host",
-    "rental_order",
     "reputation",
     "reputation_score",
     "stop_loop",

@@ -41,7 +41,6 @@ from master.records import (
 )
 from master.store.base import (
     LedgerRepo,
-    RentalRepo,
     WorkloadRepo,
 )
 from master.store.plugin import AggregatePlugin, Repo
@@ -179,8 +178,6 @@ class ManagementStore(Protocol):
     # --- management's own aggregates ---
     @property
     def workloads(self) -> WorkloadRepo: ...
-    @property
-    def rentals(self) -> RentalRepo: ...
     @property
     def ledger(self) -> LedgerRepo: ...
 

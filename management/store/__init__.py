@@ -13,10 +13,20 @@ from management.store.alerting import ALERT_RULES, SILENCES, WEBHOOKS, AlertRule
 from management.store.fair_share import FAIR_SHARE, FairShareRepo
 from management.store.outputs import OUTPUTS, OutputRepo
 from management.store.prices import PRICES, PriceRepo
+from management.store.rentals import RENTALS, RentalRepo
 from management.store.ssh_keys import SSH_KEYS, SshKeyRepo
 from master.store.kit import AggregatePlugin, Repositories
 
-AGGREGATES: tuple[AggregatePlugin[object], ...] = (ALERT_RULES, SILENCES, WEBHOOKS, SSH_KEYS, OUTPUTS, PRICES, FAIR_SHARE)
+AGGREGATES: tuple[AggregatePlugin[object], ...] = (
+    ALERT_RULES,
+    SILENCES,
+    WEBHOOKS,
+    SSH_KEYS,
+    OUTPUTS,
+    PRICES,
+    FAIR_SHARE,
+    RENTALS,
+)
 
 
 def attach(store: Repositories) -> None:
@@ -49,6 +59,10 @@ def fair_share_repo(store: Repositories) -> FairShareRepo:
     return store.repository(FAIR_SHARE)
 
 
+def rental_repo(store: Repositories) -> RentalRepo:
+    return store.repository(RENTALS)
+
+
 def ssh_key_repo(store: Repositories) -> SshKeyRepo:
     return store.repository(SSH_KEYS)
 
@@ -59,6 +73,7 @@ __all__ = [
     "FAIR_SHARE",
     "OUTPUTS",
     "PRICES",
+    "RENTALS",
     "SILENCES",
     "SSH_KEYS",
     "WEBHOOKS",
@@ -66,6 +81,7 @@ __all__ = [
     "FairShareRepo",
     "OutputRepo",
     "PriceRepo",
+    "RentalRepo",
     "SilenceRepo",
     "SshKeyRepo",
     "WebhookRepo",
@@ -74,6 +90,7 @@ __all__ = [
     "fair_share_repo",
     "output_repo",
     "price_repo",
+    "rental_repo",
     "silence_repo",
     "ssh_key_repo",
     "webhook_repo",

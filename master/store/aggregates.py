@@ -22,7 +22,6 @@ class Aggregate(StrEnum):
     HOURLY_ROLLUPS = "hourly_rollups"
     ACCOUNTS = "accounts"
     WORKLOADS = "workloads"
-    RENTALS = "rentals"
     LEDGER = "ledger"
     # host telemetry history: one host's own readings, by minute and by hour (keyed by host_rollup_key)
     HOST_ROLLUPS = "host_rollups"
@@ -43,11 +42,6 @@ def workload_order(created_at: float, workload_id: str) -> str:
 def rollup_key(gpu_uuid: str, minute: int) -> str:
     """The key of one GPU's rollup of one minute, in both backends (MongoDB's ``_id``)."""
     return f"{gpu_uuid}:{minute}"
-
-
-def rental_order(started_at: float, rental_id: str) -> str:
-    """Where a rental sorts in lists, in both backends: by start, then id, as one comparable string."""
-    return f"{started_at:020.6f}|{rental_id}"
 
 
 def secret_key(account: str, name: str) -> str:

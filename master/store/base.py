@@ -25,7 +25,6 @@ from master.records import (
     HostRollup,
     LeaseRecord,
     LedgerEntry,
-    RentalRecord,
     RevocationRecord,
     SecretRecord,
     TelemetryRollup,
@@ -48,7 +47,6 @@ __all__ = [
     "HostRollupRepo",
     "LeaseRepo",
     "LedgerRepo",
-    "RentalRepo",
     "RevocationRepo",
     "SecretRepo",
     "RollupRepo",
@@ -225,35 +223,6 @@ class WorkloadRepo(Protocol):
         """Workloads matching every filter, newest first; an empty ``states`` matches none."""
 
 
-class RentalRepo(Protocol):
-    """Rentals (one run of a workload, priced); written with a version check like workloads."""
-
-    async def get(self, rental_id: str) -> RentalRecord | None: ...
-
-    async def insert(self, rec: RentalRecord) -> bool:
-        """Store a new rental; False (nothing written) when its id is taken, even by a concurrent insert."""
-
-    async def update(self, rec: RentalRecord, *, expected_version: int) -> None:
-        """Replace the stored rental if its stored ``version`` is ``expected_version``, else StaleRental (also when
-        it is not stored). The caller sets ``rec.version``."""
-
-    async def list(
-        self,
-        *,
-        account: str | None = None,
-        workload_id: str | None = None,
-        agent_id: str | None = None,
-        provider: str | None = None,
-        open_only: bool = False,
-        ended_since: float | None = None,
-        after: str | None = None,
-        limit: int = 1000,
-    ) -> builtins.list[RentalRecord]:
-        """Rentals matching every filter, by ``started_at`` then id (ascending); ``agent_id``/``provider``: rentals
-        with a host of theirs; ``open_only``: not ended; ``ended_since``: open, or ended at or after it; ``after``: an
-        order key (``aggregates.rental_order``) of the last one of the previous page."""
-
-
 class LedgerRepo(Protocol):
     """The double-entry ledger: entries are appended, never changed; an entry's key is unique."""
 
@@ -322,7 +291,6 @@ class Store(Protocol):
     hourly_rollups: RollupRepo  # the same records, one per GPU and hour, downsampled from ``rollups``
     workloads: WorkloadRepo
     secrets: SecretRepo  # renters' secrets, sealed (master/secrets.py)
-    rentals: RentalRepo
     ledger: LedgerRepo
     host_rollups: HostRollupRepo  # a host's own telemetry, one per host and minute
     host_hourly_rollups: HostRollupRepo  # the same, one per host and hour, downsampled from ``host_rollups``

@@ -19,10 +19,6 @@ class DuplicateWorkload(Conflict):
     """A new workload whose id is already stored."""
 
 
-class StaleRental(Conflict):
-    """A rental write that named a version other than the stored one: someone else wrote it first. Read it again."""
-
-
 class UnbalancedEntry(IdlegridError):
     """A ledger entry whose lines do not sum to zero (or that has none): the ledger refuses it whole."""
 

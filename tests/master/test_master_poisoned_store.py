@@ -25,12 +25,14 @@ from management.store import (
     FAIR_SHARE,
     OUTPUTS,
     PRICES,
+    RENTALS,
     SILENCES,
     SSH_KEYS,
     WEBHOOKS,
     fair_share_repo,
     output_repo,
     price_repo,
+    rental_repo,
 )
 from master.config import MasterConfig
 from master.enrollment import hash_secret
@@ -81,7 +83,7 @@ async def _plant_good_and_bad_records(store_url: str) -> dict[str, str]:
         rental = RentalRecord(
             id="wl-1-a1", workload_id="wl-1", account="alice", kind="on_demand", hosts=[host], started_at=NOW, version=1
         )
-        await store.rentals.insert(msgspec.structs.replace(rental, ended_at=NOW + 60))
+        await rental_repo(store).insert(msgspec.structs.replace(rental, ended_at=NOW + 60))
         lines = [LedgerLine(account="external", amount=-5), LedgerLine(account="renter:alice", amount=5)]
         await store.ledger.post(LedgerEntry(key="credit:alice:1", ts=NOW, kind="credit", memo="", lines=lines, rental="wl-1-a1"))
         return {
@@ -98,7 +100,7 @@ async def _plant_good_and_bad_records(store_url: str) -> dict[str, str]:
             Aggregate.ACCOUNTS: await poison(store, Aggregate.ACCOUNTS, "bad-account"),
             FAIR_SHARE.name: await poison(store, FAIR_SHARE.name, "bad-account/default"),
             PRICES.name: await poison(store, PRICES.name, "acme/agt-poisoned"),
-            Aggregate.RENTALS: await poison(store, Aggregate.RENTALS, "wl-bad-a1"),
+            RENTALS.name: await poison(store, RENTALS.name, "wl-bad-a1"),
             Aggregate.LEDGER: await poison(store, Aggregate.LEDGER, "charge:wl-1-a1:1"),
             ALERT_RULES.name: await poison(store, ALERT_RULES.name, "bad_rule"),
             SILENCES.name: await poison(store, SILENCES.name, "sil-bad"),

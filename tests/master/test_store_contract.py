@@ -14,8 +14,19 @@ import pytest
 
 from common.errors import ConfigError
 from common.inventory import GpuInfo, HostInfo, MigInstance, NvLink
-from management.store import PRICES, alert_rule_repo, fair_share_repo, output_repo, price_repo, silence_repo, webhook_repo
+from management.store import (
+    PRICES,
+    RENTALS,
+    alert_rule_repo,
+    fair_share_repo,
+    output_repo,
+    price_repo,
+    rental_repo,
+    silence_repo,
+    webhook_repo,
+)
 from management.store.outputs import output_key
+from management.store.rentals import StaleRental, rental_order
 from master.records import (
     AccountRecord,
     AgentRecord,
@@ -46,9 +57,9 @@ from master.records import (
     WorkloadSpec,
 )
 from master.store import MongoStore, SqliteStore, open_store
-from master.store.aggregates import Aggregate, rental_order, workload_order
+from master.store.aggregates import Aggregate, workload_order
 from master.store.base import Store, TokenOutcome
-from master.store.errors import DuplicateWorkload, StaleRental, StaleWorkload, UnbalancedEntry, UnstorableRecord
+from master.store.errors import DuplicateWorkload, StaleWorkload, UnbalancedEntry, UnstorableRecord
 from master.store.migrations import LATEST_VERSION, MONGO_MIGRATIONS, migrate_mongo, migrate_sqlite
 from tests.master.conftest import OpenStore
 from tests.support.grid import free_port
@@ -1174,51 +1185,51 @@ async def test_a_rental_round_trips_its_hosts_and_bid_changes(store: Store) -> N
         reserved_until=NOW + 3600.0,
         rating=4,
     )
-    assert await store.rentals.insert(rec) is True
-    assert_same(await store.rentals.get("wl-1-a1"), rec)
-    assert await store.rentals.get("wl-never-a1") is None
+    assert await rental_repo(store).insert(rec) is True
+    assert_same(await rental_repo(store).get("wl-1-a1"), rec)
+    assert await rental_repo(store).get("wl-never-a1") is None
 
 
 async def test_a_taken_rental_id_is_refused_and_changes_nothing(store: Store) -> None:
-    assert await store.rentals.insert(rental()) is True
-    assert await store.rentals.insert(rental(account="mallory", hosts=[rental_host("agt-9", "evil")])) is False
-    assert_same(await store.rentals.get("wl-1-a1"), rental())
-    assert await store.rentals.list(agent_id="agt-9") == []
+    assert await rental_repo(store).insert(rental()) is True
+    assert await rental_repo(store).insert(rental(account="mallory", hosts=[rental_host("agt-9", "evil")])) is False
+    assert_same(await rental_repo(store).get("wl-1-a1"), rental())
+    assert await rental_repo(store).list(agent_id="agt-9") == []
 
 
 async def test_of_concurrent_inserts_of_one_rental_id_exactly_one_wins(open_stores: OpenStore) -> None:
     stores = [await open_stores() for _ in range(4)]
     accounts = [f"renter-{i}" for i in range(8)]
-    won = await asyncio.gather(*(s.rentals.insert(rental(account=a)) for s, a in zip(stores * 2, accounts, strict=True)))
+    won = await asyncio.gather(*(rental_repo(s).insert(rental(account=a)) for s, a in zip(stores * 2, accounts, strict=True)))
     assert sum(won) == 1
-    assert (await stores[0].rentals.get("wl-1-a1")).account == accounts[won.index(True)]  # type: ignore[union-attr]
+    assert (await rental_repo(stores[0]).get("wl-1-a1")).account == accounts[won.index(True)]  # type: ignore[union-attr]
 
 
 async def test_a_rental_update_needs_the_version_it_read(store: Store) -> None:
-    await store.rentals.insert(rental())
-    await store.rentals.update(rental(ended_at=NOW + 60, version=2), expected_version=1)
+    await rental_repo(store).insert(rental())
+    await rental_repo(store).update(rental(ended_at=NOW + 60, version=2), expected_version=1)
     with pytest.raises(StaleRental):  # a writer that read version 1 too comes second
-        await store.rentals.update(rental(rating=1, version=2), expected_version=1)
-    assert_same(await store.rentals.get("wl-1-a1"), rental(ended_at=NOW + 60, version=2))
+        await rental_repo(store).update(rental(rating=1, version=2), expected_version=1)
+    assert_same(await rental_repo(store).get("wl-1-a1"), rental(ended_at=NOW + 60, version=2))
     with pytest.raises(StaleRental):  # never stored
-        await store.rentals.update(rental("wl-never-a1", version=2), expected_version=1)
-    assert await store.rentals.get("wl-never-a1") is None
+        await rental_repo(store).update(rental("wl-never-a1", version=2), expected_version=1)
+    assert await rental_repo(store).get("wl-never-a1") is None
 
 
 async def test_of_concurrent_rental_writers_on_separate_connections_exactly_one_wins(open_stores: OpenStore) -> None:
     stores = [await open_stores() for _ in range(4)]
-    await stores[0].rentals.insert(rental())
+    await rental_repo(stores[0]).insert(rental())
 
     async def rate(store: Store, rating: int) -> bool:
         try:
-            await store.rentals.update(rental(rating=rating, version=2), expected_version=1)
+            await rental_repo(store).update(rental(rating=rating, version=2), expected_version=1)
         except StaleRental:
             return False
         return True
 
     won = await asyncio.gather(*(rate(s, r) for s, r in zip(stores, [1, 2, 3, 4], strict=True)))
     assert sum(won) == 1
-    assert (await stores[0].rentals.get("wl-1-a1")).rating == won.index(True) + 1  # type: ignore[union-attr]
+    assert (await rental_repo(stores[0]).get("wl-1-a1")).rating == won.index(True) + 1  # type: ignore[union-attr]
 
 
 async def test_rentals_filter_by_renter_workload_host_provider_and_end(store: Store) -> None:
@@ -1230,10 +1241,10 @@ async def test_rentals_filter_by_renter_workload_host_provider_and_end(store: St
         rental("wl-3-a1", NOW + 4, account="bob", hosts=[rental_host("agt-1", "acme")]),
     ]
     for rec in reversed(recs):
-        assert await store.rentals.insert(rec)
+        assert await rental_repo(store).insert(rec)
 
     async def ids(**filters: Any) -> list[str]:
-        return [r.id for r in await store.rentals.list(**filters)]
+        return [r.id for r in await rental_repo(store).list(**filters)]
 
     assert await ids() == ["wl-1-a1", "wl-1-a2", "wl-2-a1", "wl-3-a1"]
     assert await ids(account="bob") == ["wl-2-a1", "wl-3-a1"]
@@ -1252,34 +1263,34 @@ async def test_rentals_filter_by_renter_workload_host_provider_and_end(store: St
 
 async def test_a_rental_with_two_units_on_one_host_is_listed_once_for_it(store: Store) -> None:
     rec = rental(hosts=[rental_host("agt-1", gpus=1), rental_host("agt-1", gpus=1, price=2_000_000)])
-    await store.rentals.insert(rec)
-    assert_same(await store.rentals.list(agent_id="agt-1"), [rec])
-    assert_same(await store.rentals.list(provider="acme"), [rec])
+    await rental_repo(store).insert(rec)
+    assert_same(await rental_repo(store).list(agent_id="agt-1"), [rec])
+    assert_same(await rental_repo(store).list(provider="acme"), [rec])
 
 
 async def test_rentals_list_by_start_then_id_and_page_strictly_after_a_cursor(store: Store) -> None:
     recs = [rental("wl-b-a1", NOW + 5), rental("wl-a-a1", NOW + 5), rental("wl-c-a1", NOW + 1), rental("wl-d-a1", NOW + 9)]
     for rec in recs:
-        await store.rentals.insert(rec)
-    everything = [r.id for r in await store.rentals.list()]
+        await rental_repo(store).insert(rec)
+    everything = [r.id for r in await rental_repo(store).list()]
     assert everything == ["wl-c-a1", "wl-a-a1", "wl-b-a1", "wl-d-a1"]  # by start, a tie by id
-    page = await store.rentals.list(limit=2)
+    page = await rental_repo(store).list(limit=2)
     assert [r.id for r in page] == everything[:2]
     last = page[-1]
-    rest = await store.rentals.list(after=rental_order(last.started_at, last.id), limit=10)
+    rest = await rental_repo(store).list(after=rental_order(last.started_at, last.id), limit=10)
     assert [r.id for r in rest] == everything[2:]
-    assert await store.rentals.list(limit=0) == []
+    assert await rental_repo(store).list(limit=0) == []
 
 
 async def test_updating_a_rental_moves_it_between_host_and_end_filters(store: Store) -> None:
-    await store.rentals.insert(rental())
+    await rental_repo(store).insert(rental())
     moved = rental(hosts=[rental_host("agt-7", "zeta")], ended_at=NOW + 30, version=2)
-    await store.rentals.update(moved, expected_version=1)
-    assert await store.rentals.list(agent_id="agt-1") == []
-    assert await store.rentals.list(provider="acme") == []
-    assert_same(await store.rentals.list(agent_id="agt-7", provider="zeta"), [moved])
-    assert await store.rentals.list(open_only=True) == []
-    assert_same(await store.rentals.list(ended_since=NOW + 30), [moved])
+    await rental_repo(store).update(moved, expected_version=1)
+    assert await rental_repo(store).list(agent_id="agt-1") == []
+    assert await rental_repo(store).list(provider="acme") == []
+    assert_same(await rental_repo(store).list(agent_id="agt-7", provider="zeta"), [moved])
+    assert await rental_repo(store).list(open_only=True) == []
+    assert_same(await rental_repo(store).list(ended_since=NOW + 30), [moved])
 
 
 # --- the market: the ledger --------------------------------------------------------------------------
@@ -1433,16 +1444,16 @@ async def test_ledger_seqs_continue_after_reopening_the_store(store_url: str) ->
 async def test_undecodable_prices_rentals_and_entries_are_skipped_and_reported(store: Store) -> None:
     await price_repo(store).put(price())
     await poison(store, PRICES.name, "acme/agt-poisoned")
-    await store.rentals.insert(rental("wl-1-a1", NOW + 1))
-    await poison(store, Aggregate.RENTALS, "wl-0-a1")
+    await rental_repo(store).insert(rental("wl-1-a1", NOW + 1))
+    await poison(store, RENTALS.name, "wl-0-a1")
     first = await store.ledger.post(CREDIT)
     await poison(store, Aggregate.LEDGER, "charge:poisoned:1")
     second = await store.ledger.post(HOLD)
     assert first is not None and second is not None
 
     assert_same(await price_repo(store).list(), [price()])
-    assert_same(await store.rentals.list(limit=1), [rental("wl-1-a1", NOW + 1)])  # a page is topped up past it
-    assert await store.rentals.get("wl-0-a1") is None
+    assert_same(await rental_repo(store).list(limit=1), [rental("wl-1-a1", NOW + 1)])  # a page is topped up past it
+    assert await rental_repo(store).get("wl-0-a1") is None
     assert_same(await store.ledger.list(limit=2), [numbered(CREDIT, first), numbered(HOLD, second)])
     assert await store.ledger.get("charge:poisoned:1") is None
     assert await store.ledger.balances() == {"external": -10_000_000, "renter:alice": 7_000_000, "hold:alice": 3_000_000}
@@ -1475,7 +1486,7 @@ async def test_an_sqlite_file_at_schema_version_5_is_migrated_to_the_market_keep
         assert await store.schema_version() == LATEST_VERSION
         assert_same(await store.workloads.get(old.id), old)
         await price_repo(store).put(price())  # the tables version 6 added
-        assert await store.rentals.insert(rental())
+        assert await rental_repo(store).insert(rental())
         assert await store.ledger.post(CREDIT) is not None
         assert len(await store.ledger.list(account="renter:alice")) == 1
     finally:
@@ -1500,7 +1511,7 @@ async def test_a_mongodb_database_at_schema_version_5_gets_the_market_indexes_an
         assert any(spec["key"] == [("seq", 1)] and spec.get("unique") for spec in ledger_indexes.values())
         assert [("host_agents", 1), ("listed", 1)] in [spec["key"] for spec in rental_indexes.values()]
         assert await store.ledger.post(CREDIT) is not None
-        assert await store.rentals.insert(rental())
+        assert await rental_repo(store).insert(rental())
     finally:
         await store.close()
 

@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 import pymongo
 
-from management.store import ALERT_RULES, FAIR_SHARE, OUTPUTS, PRICES, SILENCES, SSH_KEYS, WEBHOOKS
+from management.store import ALERT_RULES, FAIR_SHARE, OUTPUTS, PRICES, RENTALS, SILENCES, SSH_KEYS, WEBHOOKS
 from master.records import CommandRecord
 from master.store import MongoStore, SqliteStore, Store
 from master.store.aggregates import Aggregate, host_rollup_key, rollup_key
@@ -36,7 +36,7 @@ _SQLITE_COLUMNS: dict[str, dict[str, Any]] = {
     Aggregate.ACCOUNTS: {"id": KEY, "role": "renter"},
     FAIR_SHARE.name: {"key": KEY, "account": "alice"},
     PRICES.name: {"key": KEY, "provider": "acme", "agent_id": "agt-poisoned"},
-    Aggregate.RENTALS: {
+    RENTALS.name: {
         "id": KEY,
         "workload_id": "wl-1",
         "account": "alice",
@@ -71,7 +71,7 @@ _BROKEN: dict[str, dict[str, Any]] = {
     Aggregate.ACCOUNTS: {"share": "a lot"},
     FAIR_SHARE.name: {"gpu_seconds": "a lot", "decayed_to": 0.0},
     PRICES.name: {"on_demand": "a lot"},
-    Aggregate.RENTALS: {"kind": "on_demand", "hosts": "not hosts", "started_at": 0.0},
+    RENTALS.name: {"kind": "on_demand", "hosts": "not hosts", "started_at": 0.0},
     Aggregate.LEDGER: {"ts": 0.0, "kind": "charge", "memo": "", "lines": "not lines"},
     ALERT_RULES.name: {"spec": "not a mapping", "updated_at": 0.0, "updated_by": "operator"},
     SILENCES.name: {"created_by": "operator", "labels": "not labels"},

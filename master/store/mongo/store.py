@@ -19,7 +19,6 @@ from master.store.base import (
     HostRollupRepo,
     LeaseRepo,
     LedgerRepo,
-    RentalRepo,
     RevocationRepo,
     RollupRepo,
     SecretRepo,
@@ -38,7 +37,6 @@ from master.store.mongo.gpus import MongoGpuRepo
 from master.store.mongo.host_rollups import MongoHostHourlyRollupRepo, MongoHostRollupRepo
 from master.store.mongo.leases import MongoLeaseRepo
 from master.store.mongo.ledger import MongoLedgerRepo
-from master.store.mongo.rentals import MongoRentalRepo
 from master.store.mongo.revocations import MongoRevocationRepo
 from master.store.mongo.rollups import MongoHourlyRollupRepo, MongoRollupRepo
 from master.store.mongo.secrets import MongoSecretRepo
@@ -68,7 +66,6 @@ class MongoStore:
         self.hourly_rollups: RollupRepo = MongoHourlyRollupRepo(*upkeep)
         self.workloads: WorkloadRepo = MongoWorkloadRepo(*upkeep)
         self.secrets: SecretRepo = MongoSecretRepo(*upkeep)
-        self.rentals: RentalRepo = MongoRentalRepo(*upkeep)
         self.ledger: LedgerRepo = MongoLedgerRepo(*upkeep)
         self.leases: LeaseRepo = MongoLeaseRepo(self._conn)
         self.host_rollups: HostRollupRepo = MongoHostRollupRepo(*upkeep)

@@ -15,7 +15,6 @@ from master.store.base import (
     HostRollupRepo,
     LeaseRepo,
     LedgerRepo,
-    RentalRepo,
     RevocationRepo,
     RollupRepo,
     SecretRepo,
@@ -36,7 +35,6 @@ from master.store.sqlite.gpus import SqliteGpuRepo
 from master.store.sqlite.host_rollups import SqliteHostHourlyRollupRepo, SqliteHostRollupRepo
 from master.store.sqlite.leases import SqliteLeaseRepo
 from master.store.sqlite.ledger import SqliteLedgerRepo
-from master.store.sqlite.rentals import SqliteRentalRepo
 from master.store.sqlite.revocations import SqliteRevocationRepo
 from master.store.sqlite.rollups import SqliteHourlyRollupRepo, SqliteRollupRepo
 from master.store.sqlite.secrets import SqliteSecretRepo
@@ -65,7 +63,6 @@ class SqliteStore:
         self.hourly_rollups: RollupRepo = SqliteHourlyRollupRepo(*upkeep)
         self.workloads: WorkloadRepo = SqliteWorkloadRepo(*upkeep)
         self.secrets: SecretRepo = SqliteSecretRepo(*upkeep)
-        self.rentals: RentalRepo = SqliteRentalRepo(*upkeep)
         self.ledger: LedgerRepo = SqliteLedgerRepo(*upkeep)
         self.leases: LeaseRepo = SqliteLeaseRepo(self._db)
         self.host_rollups: HostRollupRepo = SqliteHostRollupRepo(*upkeep)
