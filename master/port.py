@@ -91,7 +91,6 @@ from master.reputation import WEIGHTS, Reputation, reputation, reputation_score
 from master.secrets import SECRET_NAME_PATTERN, InvalidSecret
 from master.states import AgentState, CommandState, GpuState, StateMachine
 from master.store.aggregates import workload_order
-from master.store.base import LedgerRepo
 from master.tiers import TierPolicy, describe_tiers
 from master.tunnels import OpenedTunnel, TunnelUnavailable
 from master.verification import MEASURED_FLAGS, VERIFIED, measured_rate, measured_verified, verification_label
@@ -303,7 +302,6 @@ __all__ = [
     "KeptOutput",
     "LedgerEntry",
     "LedgerLine",
-    "LedgerRepo",
     "Loop",
     "MasterConfig",
     "MasterPort",

@@ -40,7 +40,6 @@ from master.records import (
     TelemetryRollup,
 )
 from master.store.base import (
-    LedgerRepo,
     WorkloadRepo,
 )
 from master.store.plugin import AggregatePlugin, Repo
@@ -178,8 +177,6 @@ class ManagementStore(Protocol):
     # --- management's own aggregates ---
     @property
     def workloads(self) -> WorkloadRepo: ...
-    @property
-    def ledger(self) -> LedgerRepo: ...
 
     def repository(self, plugin: AggregatePlugin[Repo]) -> Repo:
         """A management aggregate's repository (management/store/): kept in this store, fenced as the Master's own."""

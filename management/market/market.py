@@ -14,7 +14,7 @@ from management.market.ledger import LedgerBook
 from management.market.metering_loop import MeterLoop, MeterSettings
 from management.market.offer_feed import OfferFeed
 from management.market.prices import PriceBook
-from management.store import rental_repo
+from management.store import ledger_repo, rental_repo
 from management.store.rentals import RentalRepo, rental_order
 from management.workloads.book import WorkloadBook
 from management.workloads.spec import workload_of
@@ -81,7 +81,7 @@ class Market:
     def __init__(self, master: MasterPort, book: WorkloadBook, prices: PriceBook) -> None:
         config = master.config
         self.prices = prices
-        self.ledger = LedgerBook(master.store.ledger)
+        self.ledger = LedgerBook(ledger_repo(master.store))
         self.offers = OfferFeed(master, prices.price, interruptible=self._interruptible_container)
         prices.subscribe(self.offers.prices_changed)
         self.reliability = HostReliability(master, rental_repo(master.store), window_s=config.reliable_window_s)

@@ -16,7 +16,7 @@ from management.monitoring.reports import (
     check_provider_dimensions,
     restrict,
 )
-from management.store import rental_repo
+from management.store import ledger_repo, rental_repo
 from management.store.rentals import rental_order
 from master.port import CommandRecord, LedgerEntry, MasterPort, RentalRecord, TelemetryRollup
 
@@ -68,7 +68,7 @@ class ReportSource:
         entries: list[LedgerEntry] = []
         seq = 0
         while True:
-            batch = await store.ledger.list(account=f"provider:{provider}" if provider else None, after_seq=seq, limit=PAGE)
+            batch = await ledger_repo(store).list(account=f"provider:{provider}" if provider else None, after_seq=seq, limit=PAGE)
             entries.extend(e for e in batch if e.kind in ("charge", "refund") and start <= e.ts < end)
             if len(batch) < PAGE:
                 break

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from management.store.alerting import ALERT_RULES, SILENCES, WEBHOOKS, AlertRuleRepo, SilenceRepo, WebhookRepo
 from management.store.fair_share import FAIR_SHARE, FairShareRepo
+from management.store.ledger import LEDGER, LedgerRepo
 from management.store.outputs import OUTPUTS, OutputRepo
 from management.store.prices import PRICES, PriceRepo
 from management.store.rentals import RENTALS, RentalRepo
@@ -26,6 +27,7 @@ AGGREGATES: tuple[AggregatePlugin[object], ...] = (
     PRICES,
     FAIR_SHARE,
     RENTALS,
+    LEDGER,
 )
 
 
@@ -63,6 +65,10 @@ def rental_repo(store: Repositories) -> RentalRepo:
     return store.repository(RENTALS)
 
 
+def ledger_repo(store: Repositories) -> LedgerRepo:
+    return store.repository(LEDGER)
+
+
 def ssh_key_repo(store: Repositories) -> SshKeyRepo:
     return store.repository(SSH_KEYS)
 
@@ -71,6 +77,7 @@ __all__ = [
     "AGGREGATES",
     "ALERT_RULES",
     "FAIR_SHARE",
+    "LEDGER",
     "OUTPUTS",
     "PRICES",
     "RENTALS",
@@ -79,6 +86,7 @@ __all__ = [
     "WEBHOOKS",
     "AlertRuleRepo",
     "FairShareRepo",
+    "LedgerRepo",
     "OutputRepo",
     "PriceRepo",
     "RentalRepo",
@@ -88,6 +96,7 @@ __all__ = [
     "alert_rule_repo",
     "attach",
     "fair_share_repo",
+    "ledger_repo",
     "output_repo",
     "price_repo",
     "rental_repo",

@@ -22,7 +22,6 @@ class Aggregate(StrEnum):
     HOURLY_ROLLUPS = "hourly_rollups"
     ACCOUNTS = "accounts"
     WORKLOADS = "workloads"
-    LEDGER = "ledger"
     # host telemetry history: one host's own readings, by minute and by hour (keyed by host_rollup_key)
     HOST_ROLLUPS = "host_rollups"
     HOST_HOURLY_ROLLUPS = "host_hourly_rollups"

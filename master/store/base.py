@@ -24,7 +24,6 @@ from master.records import (
     GpuRecord,
     HostRollup,
     LeaseRecord,
-    LedgerEntry,
     RevocationRecord,
     SecretRecord,
     TelemetryRollup,
@@ -46,7 +45,6 @@ __all__ = [
     "GpuRepo",
     "HostRollupRepo",
     "LeaseRepo",
-    "LedgerRepo",
     "RevocationRepo",
     "SecretRepo",
     "RollupRepo",
@@ -223,26 +221,6 @@ class WorkloadRepo(Protocol):
         """Workloads matching every filter, newest first; an empty ``states`` matches none."""
 
 
-class LedgerRepo(Protocol):
-    """The double-entry ledger: entries are appended, never changed; an entry's key is unique."""
-
-    async def post(self, entry: LedgerEntry) -> int | None:
-        """Append ``entry`` atomically (all its lines or none) and return its ``seq``; None, and nothing written, when
-        an entry with its key is already there (even one written concurrently). UnbalancedEntry when its lines do not
-        sum to zero, or it has none."""
-
-    async def get(self, key: str) -> LedgerEntry | None: ...
-
-    async def list(
-        self, *, account: str | None = None, rental: str | None = None, after_seq: int = 0, limit: int = 1000
-    ) -> builtins.list[LedgerEntry]:
-        """Entries with ``seq > after_seq``, ascending; ``account``: those with a line on that ledger account;
-        ``rental``: those of that rental."""
-
-    async def balances(self) -> dict[str, int]:
-        """The sum of every ledger account's lines (accounts with no line are absent)."""
-
-
 class LeaseRepo(Protocol):
     """The leader lease of the Masters sharing this store (docs/ha.md); every change is one atomic step, so of
     Masters racing for it at most one holds it at any time. ``now`` is wall-clock seconds (the acquirer's clock)."""
@@ -291,7 +269,6 @@ class Store(Protocol):
     hourly_rollups: RollupRepo  # the same records, one per GPU and hour, downsampled from ``rollups``
     workloads: WorkloadRepo
     secrets: SecretRepo  # renters' secrets, sealed (master/secrets.py)
-    ledger: LedgerRepo
     host_rollups: HostRollupRepo  # a host's own telemetry, one per host and minute
     host_hourly_rollups: HostRollupRepo  # the same, one per host and hour, downsampled from ``host_rollups``
     leases: LeaseRepo  # the leader lease (docs/ha.md)

@@ -19,11 +19,5 @@ class DuplicateWorkload(Conflict):
     """A new workload whose id is already stored."""
 
 
-class UnbalancedEntry(IdlegridError):
-    """A ledger entry whose lines do not sum to zero (or that has none): the ledger refuses it whole."""
-
-    code = "unbalanced_entry"
-
-
 class DuplicateSecret(Conflict):
     """A new secret whose name the account already uses: secrets are never overwritten in place (delete it first)."""

@@ -23,6 +23,7 @@ from management.store import (
     AGGREGATES,
     ALERT_RULES,
     FAIR_SHARE,
+    LEDGER,
     OUTPUTS,
     PRICES,
     RENTALS,
@@ -30,6 +31,7 @@ from management.store import (
     SSH_KEYS,
     WEBHOOKS,
     fair_share_repo,
+    ledger_repo,
     output_repo,
     price_repo,
     rental_repo,
@@ -85,7 +87,9 @@ async def _plant_good_and_bad_records(store_url: str) -> dict[str, str]:
         )
         await rental_repo(store).insert(msgspec.structs.replace(rental, ended_at=NOW + 60))
         lines = [LedgerLine(account="external", amount=-5), LedgerLine(account="renter:alice", amount=5)]
-        await store.ledger.post(LedgerEntry(key="credit:alice:1", ts=NOW, kind="credit", memo="", lines=lines, rental="wl-1-a1"))
+        await ledger_repo(store).post(
+            LedgerEntry(key="credit:alice:1", ts=NOW, kind="credit", memo="", lines=lines, rental="wl-1-a1")
+        )
         return {
             Aggregate.AGENTS: await poison(store, Aggregate.AGENTS, "agt-bad"),
             Aggregate.GPUS: await poison(store, Aggregate.GPUS, "GPU-bad"),
@@ -101,7 +105,7 @@ async def _plant_good_and_bad_records(store_url: str) -> dict[str, str]:
             FAIR_SHARE.name: await poison(store, FAIR_SHARE.name, "bad-account/default"),
             PRICES.name: await poison(store, PRICES.name, "acme/agt-poisoned"),
             RENTALS.name: await poison(store, RENTALS.name, "wl-bad-a1"),
-            Aggregate.LEDGER: await poison(store, Aggregate.LEDGER, "charge:wl-1-a1:1"),
+            LEDGER.name: await poison(store, LEDGER.name, "charge:wl-1-a1:1"),
             ALERT_RULES.name: await poison(store, ALERT_RULES.name, "bad_rule"),
             SILENCES.name: await poison(store, SILENCES.name, "sil-bad"),
             WEBHOOKS.name: await poison(store, WEBHOOKS.name, "wh-bad"),

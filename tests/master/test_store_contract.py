@@ -15,16 +15,19 @@ import pytest
 from common.errors import ConfigError
 from common.inventory import GpuInfo, HostInfo, MigInstance, NvLink
 from management.store import (
+    LEDGER,
     PRICES,
     RENTALS,
     alert_rule_repo,
     fair_share_repo,
+    ledger_repo,
     output_repo,
     price_repo,
     rental_repo,
     silence_repo,
     webhook_repo,
 )
+from management.store.ledger import UnbalancedEntry
 from management.store.outputs import output_key
 from management.store.rentals import StaleRental, rental_order
 from master.records import (
@@ -57,9 +60,9 @@ from master.records import (
     WorkloadSpec,
 )
 from master.store import MongoStore, SqliteStore, open_store
-from master.store.aggregates import Aggregate, workload_order
+from master.store.aggregates import workload_order
 from master.store.base import Store, TokenOutcome
-from master.store.errors import DuplicateWorkload, StaleWorkload, UnbalancedEntry, UnstorableRecord
+from master.store.errors import DuplicateWorkload, StaleWorkload, UnstorableRecord
 from master.store.migrations import LATEST_VERSION, MONGO_MIGRATIONS, migrate_mongo, migrate_sqlite
 from tests.master.conftest import OpenStore
 from tests.support.grid import free_port
@@ -1326,40 +1329,44 @@ def numbered(rec: LedgerEntry, seq: int) -> LedgerEntry:
 
 
 async def test_a_posted_entry_round_trips_with_the_seq_it_was_given(store: Store) -> None:
-    first = await store.ledger.post(CREDIT)
-    second = await store.ledger.post(HOLD)
+    first = await ledger_repo(store).post(CREDIT)
+    second = await ledger_repo(store).post(HOLD)
     assert first is not None and second is not None and second > first
-    assert_same(await store.ledger.get(CREDIT.key), numbered(CREDIT, first))
-    assert_same(await store.ledger.get(HOLD.key), numbered(HOLD, second))
-    assert await store.ledger.get("charge:never:1") is None
+    assert_same(await ledger_repo(store).get(CREDIT.key), numbered(CREDIT, first))
+    assert_same(await ledger_repo(store).get(HOLD.key), numbered(HOLD, second))
+    assert await ledger_repo(store).get("charge:never:1") is None
 
 
 async def test_the_store_assigns_the_seq_whatever_the_caller_set(store: Store) -> None:
-    first = await store.ledger.post(numbered(CREDIT, 1_000))
-    second = await store.ledger.post(numbered(HOLD, 1))
+    first = await ledger_repo(store).post(numbered(CREDIT, 1_000))
+    second = await ledger_repo(store).post(numbered(HOLD, 1))
     assert first is not None and second is not None and second > first
-    assert [e.seq for e in await store.ledger.list()] == [first, second]
+    assert [e.seq for e in await ledger_repo(store).list()] == [first, second]
 
 
 async def test_posting_an_entry_again_by_its_key_writes_nothing(store: Store) -> None:
-    seq = await store.ledger.post(CREDIT)
+    seq = await ledger_repo(store).post(CREDIT)
     assert seq is not None
     again = entry(CREDIT.key, ("external", -99), ("renter:alice", 99), kind="credit")  # same key, other amounts
-    assert await store.ledger.post(again) is None
-    assert await store.ledger.post(CREDIT) is None
-    assert await store.ledger.balances() == {"external": -10_000_000, "renter:alice": 10_000_000}
-    assert_same(await store.ledger.list(), [numbered(CREDIT, seq)])
-    later = await store.ledger.post(HOLD)
+    assert await ledger_repo(store).post(again) is None
+    assert await ledger_repo(store).post(CREDIT) is None
+    assert await ledger_repo(store).balances() == {"external": -10_000_000, "renter:alice": 10_000_000}
+    assert_same(await ledger_repo(store).list(), [numbered(CREDIT, seq)])
+    later = await ledger_repo(store).post(HOLD)
     assert later is not None and later > seq
 
 
 async def test_of_concurrent_posts_of_one_key_exactly_one_gets_a_seq(open_stores: OpenStore) -> None:
     stores = [await open_stores() for _ in range(4)]  # as four Master processes would race after a restart
-    seqs = await asyncio.gather(*(s.ledger.post(CHARGE) for s in stores * 4))
+    seqs = await asyncio.gather(*(ledger_repo(s).post(CHARGE) for s in stores * 4))
     assigned = [seq for seq in seqs if seq is not None]
     assert len(assigned) == 1
-    assert_same(await stores[0].ledger.list(), [numbered(CHARGE, assigned[0])])
-    assert await stores[0].ledger.balances() == {"hold:alice": -2_500_000, "provider:acme": 2_250_000, "platform:fees": 250_000}
+    assert_same(await ledger_repo(stores[0]).list(), [numbered(CHARGE, assigned[0])])
+    assert await ledger_repo(stores[0]).balances() == {
+        "hold:alice": -2_500_000,
+        "provider:acme": 2_250_000,
+        "platform:fees": 250_000,
+    }
 
 
 @pytest.mark.parametrize(
@@ -1372,47 +1379,47 @@ async def test_of_concurrent_posts_of_one_key_exactly_one_gets_a_seq(open_stores
     ids=["off-by-one", "one-sided", "no-lines"],
 )
 async def test_an_unbalanced_or_empty_entry_is_refused_whole(store: Store, lines: list[tuple[str, int]]) -> None:
-    await store.ledger.post(CREDIT)
+    await ledger_repo(store).post(CREDIT)
     with pytest.raises(UnbalancedEntry, match="hold:wl-1-a1:1"):
-        await store.ledger.post(entry("hold:wl-1-a1:1", *lines, rental="wl-1-a1"))
-    assert await store.ledger.get("hold:wl-1-a1:1") is None
-    assert await store.ledger.balances() == {"external": -10_000_000, "renter:alice": 10_000_000}
-    assert await store.ledger.post(HOLD) is not None  # the key was not taken by the refused entry
+        await ledger_repo(store).post(entry("hold:wl-1-a1:1", *lines, rental="wl-1-a1"))
+    assert await ledger_repo(store).get("hold:wl-1-a1:1") is None
+    assert await ledger_repo(store).balances() == {"external": -10_000_000, "renter:alice": 10_000_000}
+    assert await ledger_repo(store).post(HOLD) is not None  # the key was not taken by the refused entry
 
 
 async def test_an_entry_holding_a_nan_is_refused_and_nothing_is_written(store: Store) -> None:
     with pytest.raises(UnstorableRecord, match="ts"):
-        await store.ledger.post(entry("credit:alice:nan", ("external", -1), ("renter:alice", 1), ts=float("nan")))
-    assert await store.ledger.list() == []
-    assert await store.ledger.balances() == {}
+        await ledger_repo(store).post(entry("credit:alice:nan", ("external", -1), ("renter:alice", 1), ts=float("nan")))
+    assert await ledger_repo(store).list() == []
+    assert await ledger_repo(store).balances() == {}
 
 
 async def test_ledger_lists_by_account_and_rental_paged_by_after_seq(store: Store) -> None:
     other = entry("hold:wl-2-a1:1", ("renter:alice", -1_000_000), ("hold:alice", 1_000_000), rental="wl-2-a1", kind="hold")
-    seqs = [await store.ledger.post(rec) for rec in (CREDIT, HOLD, CHARGE, other)]
+    seqs = [await ledger_repo(store).post(rec) for rec in (CREDIT, HOLD, CHARGE, other)]
     posted = [numbered(rec, seq) for rec, seq in zip((CREDIT, HOLD, CHARGE, other), seqs, strict=True) if seq is not None]
     assert len(posted) == 4
 
-    assert_same(await store.ledger.list(), posted)
-    assert_same(await store.ledger.list(account="renter:alice"), [posted[0], posted[1], posted[3]])
-    assert_same(await store.ledger.list(account="provider:acme"), [posted[2]])
-    assert_same(await store.ledger.list(rental="wl-1-a1"), [posted[1], posted[2]])
-    assert_same(await store.ledger.list(account="hold:alice", rental="wl-2-a1"), [posted[3]])
-    assert await store.ledger.list(account="provider:nobody") == []
+    assert_same(await ledger_repo(store).list(), posted)
+    assert_same(await ledger_repo(store).list(account="renter:alice"), [posted[0], posted[1], posted[3]])
+    assert_same(await ledger_repo(store).list(account="provider:acme"), [posted[2]])
+    assert_same(await ledger_repo(store).list(rental="wl-1-a1"), [posted[1], posted[2]])
+    assert_same(await ledger_repo(store).list(account="hold:alice", rental="wl-2-a1"), [posted[3]])
+    assert await ledger_repo(store).list(account="provider:nobody") == []
 
-    page = await store.ledger.list(account="hold:alice", limit=2)
+    page = await ledger_repo(store).list(account="hold:alice", limit=2)
     assert_same(page, [posted[1], posted[2]])
-    assert_same(await store.ledger.list(account="hold:alice", after_seq=page[-1].seq, limit=2), [posted[3]])
-    assert await store.ledger.list(after_seq=posted[-1].seq) == []
-    assert await store.ledger.list(limit=0) == []
+    assert_same(await ledger_repo(store).list(account="hold:alice", after_seq=page[-1].seq, limit=2), [posted[3]])
+    assert await ledger_repo(store).list(after_seq=posted[-1].seq) == []
+    assert await ledger_repo(store).list(limit=0) == []
 
 
 async def test_balances_are_the_sum_of_every_ledger_accounts_lines(store: Store) -> None:
-    assert await store.ledger.balances() == {}
+    assert await ledger_repo(store).balances() == {}
     release = entry("release:wl-1-a1", ("hold:alice", -500_000), ("renter:alice", 500_000), rental="wl-1-a1", kind="release")
     for rec in (CREDIT, HOLD, CHARGE, release):
-        await store.ledger.post(rec)
-    balances = await store.ledger.balances()
+        await ledger_repo(store).post(rec)
+    balances = await ledger_repo(store).balances()
     assert balances == {
         "external": -10_000_000,
         "renter:alice": 7_500_000,
@@ -1426,13 +1433,13 @@ async def test_balances_are_the_sum_of_every_ledger_accounts_lines(store: Store)
 async def test_ledger_seqs_continue_after_reopening_the_store(store_url: str) -> None:
     first = open_store(store_url)
     await first.open()
-    seq = await first.ledger.post(CREDIT)
+    seq = await ledger_repo(first).post(CREDIT)
     await first.close()
     second = open_store(store_url)
     await second.open()
     try:
-        assert await second.ledger.post(CREDIT) is None  # still there: not posted twice across a restart
-        later = await second.ledger.post(HOLD)
+        assert await ledger_repo(second).post(CREDIT) is None  # still there: not posted twice across a restart
+        later = await ledger_repo(second).post(HOLD)
         assert seq is not None and later is not None and later > seq
     finally:
         await second.close()
@@ -1446,17 +1453,17 @@ async def test_undecodable_prices_rentals_and_entries_are_skipped_and_reported(s
     await poison(store, PRICES.name, "acme/agt-poisoned")
     await rental_repo(store).insert(rental("wl-1-a1", NOW + 1))
     await poison(store, RENTALS.name, "wl-0-a1")
-    first = await store.ledger.post(CREDIT)
-    await poison(store, Aggregate.LEDGER, "charge:poisoned:1")
-    second = await store.ledger.post(HOLD)
+    first = await ledger_repo(store).post(CREDIT)
+    await poison(store, LEDGER.name, "charge:poisoned:1")
+    second = await ledger_repo(store).post(HOLD)
     assert first is not None and second is not None
 
     assert_same(await price_repo(store).list(), [price()])
     assert_same(await rental_repo(store).list(limit=1), [rental("wl-1-a1", NOW + 1)])  # a page is topped up past it
     assert await rental_repo(store).get("wl-0-a1") is None
-    assert_same(await store.ledger.list(limit=2), [numbered(CREDIT, first), numbered(HOLD, second)])
-    assert await store.ledger.get("charge:poisoned:1") is None
-    assert await store.ledger.balances() == {"external": -10_000_000, "renter:alice": 7_000_000, "hold:alice": 3_000_000}
+    assert_same(await ledger_repo(store).list(limit=2), [numbered(CREDIT, first), numbered(HOLD, second)])
+    assert await ledger_repo(store).get("charge:poisoned:1") is None
+    assert await ledger_repo(store).balances() == {"external": -10_000_000, "renter:alice": 7_000_000, "hold:alice": 3_000_000}
     assert sorted((q.aggregate, q.key) for q in store.quarantine.records) == [
         ("ledger", "charge:poisoned:1"),
         ("prices", "acme/agt-poisoned"),
@@ -1487,8 +1494,8 @@ async def test_an_sqlite_file_at_schema_version_5_is_migrated_to_the_market_keep
         assert_same(await store.workloads.get(old.id), old)
         await price_repo(store).put(price())  # the tables version 6 added
         assert await rental_repo(store).insert(rental())
-        assert await store.ledger.post(CREDIT) is not None
-        assert len(await store.ledger.list(account="renter:alice")) == 1
+        assert await ledger_repo(store).post(CREDIT) is not None
+        assert len(await ledger_repo(store).list(account="renter:alice")) == 1
     finally:
         await store.close()
 
@@ -1510,7 +1517,7 @@ async def test_a_mongodb_database_at_schema_version_5_gets_the_market_indexes_an
         assert [("lines.account", 1), ("seq", 1)] in [spec["key"] for spec in ledger_indexes.values()]
         assert any(spec["key"] == [("seq", 1)] and spec.get("unique") for spec in ledger_indexes.values())
         assert [("host_agents", 1), ("listed", 1)] in [spec["key"] for spec in rental_indexes.values()]
-        assert await store.ledger.post(CREDIT) is not None
+        assert await ledger_repo(store).post(CREDIT) is not None
         assert await rental_repo(store).insert(rental())
     finally:
         await store.close()

@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 import pymongo
 
-from management.store import ALERT_RULES, FAIR_SHARE, OUTPUTS, PRICES, RENTALS, SILENCES, SSH_KEYS, WEBHOOKS
+from management.store import ALERT_RULES, FAIR_SHARE, LEDGER, OUTPUTS, PRICES, RENTALS, SILENCES, SSH_KEYS, WEBHOOKS
 from master.records import CommandRecord
 from master.store import MongoStore, SqliteStore, Store
 from master.store.aggregates import Aggregate, host_rollup_key, rollup_key
@@ -44,7 +44,7 @@ _SQLITE_COLUMNS: dict[str, dict[str, Any]] = {
         "ended_at": None,
         "version": 0,
     },
-    Aggregate.LEDGER: {"key": KEY, "rental": "wl-1-a1"},
+    LEDGER.name: {"key": KEY, "rental": "wl-1-a1"},
     ALERT_RULES.name: {"name": KEY},
     SILENCES.name: {"id": KEY, "created_at": 1_700_000_000.0, "expires_at": FAR_FUTURE},
     WEBHOOKS.name: {"id": KEY, "owner": "acme", "created_at": 1_700_000_000.0},
@@ -72,7 +72,7 @@ _BROKEN: dict[str, dict[str, Any]] = {
     FAIR_SHARE.name: {"gpu_seconds": "a lot", "decayed_to": 0.0},
     PRICES.name: {"on_demand": "a lot"},
     RENTALS.name: {"kind": "on_demand", "hosts": "not hosts", "started_at": 0.0},
-    Aggregate.LEDGER: {"ts": 0.0, "kind": "charge", "memo": "", "lines": "not lines"},
+    LEDGER.name: {"ts": 0.0, "kind": "charge", "memo": "", "lines": "not lines"},
     ALERT_RULES.name: {"spec": "not a mapping", "updated_at": 0.0, "updated_by": "operator"},
     SILENCES.name: {"created_by": "operator", "labels": "not labels"},
     WEBHOOKS.name: {"url": "https://hooks.example/x", "secret": 7, "role": "provider"},
@@ -136,7 +136,7 @@ async def poison_mongo(url: str, database: str, aggregate: str, key: str, **over
             doc["seq"] = counter["value"]
             reported = str(counter["value"])
         else:
-            if aggregate == Aggregate.LEDGER:  # numbered like the store numbers entries, so lists by seq find it
+            if aggregate == LEDGER.name:  # numbered like the store numbers entries, so lists by seq find it
                 counter = await db.meta.find_one_and_update(
                     {"_id": "ledger_seq"}, {"$inc": {"value": 1}}, upsert=True, return_document=pymongo.ReturnDocument.AFTER
                 )

@@ -18,7 +18,6 @@ from master.store.base import (
     GpuRepo,
     HostRollupRepo,
     LeaseRepo,
-    LedgerRepo,
     RevocationRepo,
     RollupRepo,
     SecretRepo,
@@ -36,7 +35,6 @@ from master.store.mongo.events import MongoEventRepo
 from master.store.mongo.gpus import MongoGpuRepo
 from master.store.mongo.host_rollups import MongoHostHourlyRollupRepo, MongoHostRollupRepo
 from master.store.mongo.leases import MongoLeaseRepo
-from master.store.mongo.ledger import MongoLedgerRepo
 from master.store.mongo.revocations import MongoRevocationRepo
 from master.store.mongo.rollups import MongoHourlyRollupRepo, MongoRollupRepo
 from master.store.mongo.secrets import MongoSecretRepo
@@ -66,7 +64,6 @@ class MongoStore:
         self.hourly_rollups: RollupRepo = MongoHourlyRollupRepo(*upkeep)
         self.workloads: WorkloadRepo = MongoWorkloadRepo(*upkeep)
         self.secrets: SecretRepo = MongoSecretRepo(*upkeep)
-        self.ledger: LedgerRepo = MongoLedgerRepo(*upkeep)
         self.leases: LeaseRepo = MongoLeaseRepo(self._conn)
         self.host_rollups: HostRollupRepo = MongoHostRollupRepo(*upkeep)
         self.host_hourly_rollups: HostRollupRepo = MongoHostHourlyRollupRepo(*upkeep)

@@ -14,7 +14,6 @@ from master.store.base import (
     GpuRepo,
     HostRollupRepo,
     LeaseRepo,
-    LedgerRepo,
     RevocationRepo,
     RollupRepo,
     SecretRepo,
@@ -34,7 +33,6 @@ from master.store.sqlite.events import SqliteEventRepo
 from master.store.sqlite.gpus import SqliteGpuRepo
 from master.store.sqlite.host_rollups import SqliteHostHourlyRollupRepo, SqliteHostRollupRepo
 from master.store.sqlite.leases import SqliteLeaseRepo
-from master.store.sqlite.ledger import SqliteLedgerRepo
 from master.store.sqlite.revocations import SqliteRevocationRepo
 from master.store.sqlite.rollups import SqliteHourlyRollupRepo, SqliteRollupRepo
 from master.store.sqlite.secrets import SqliteSecretRepo
@@ -63,7 +61,6 @@ class SqliteStore:
         self.hourly_rollups: RollupRepo = SqliteHourlyRollupRepo(*upkeep)
         self.workloads: WorkloadRepo = SqliteWorkloadRepo(*upkeep)
         self.secrets: SecretRepo = SqliteSecretRepo(*upkeep)
-        self.ledger: LedgerRepo = SqliteLedgerRepo(*upkeep)
         self.leases: LeaseRepo = SqliteLeaseRepo(self._db)
         self.host_rollups: HostRollupRepo = SqliteHostRollupRepo(*upkeep)
         self.host_hourly_rollups: HostRollupRepo = SqliteHostHourlyRollupRepo(*upkeep)

@@ -18,7 +18,7 @@ from common.errors import InvalidTransition, NotFound
 from management.market.ledger import FEES, LedgerBook, hold_account, provider_account, renter_account
 from management.market.metering_loop import LOW_BALANCE_EVENT, RAN_OUT_REASON, MeterLoop, MeterSettings
 from management.market.prices import HostPrice, PriceTable
-from management.store import rental_repo
+from management.store import ledger_repo, rental_repo
 from management.workloads.book import WorkloadBook
 from management.workloads.spec import container_name
 from master.accounts import AccountRole
@@ -86,7 +86,7 @@ async def start_market(tmp_path: Path) -> AsyncIterator[StartMarket]:
             await add_agent(master, "agt-1", "h100:4")
         book = WorkloadBook(master.store, master, policy=master.policy)
         await book.load()
-        ledger = LedgerBook(master.store.ledger)
+        ledger = LedgerBook(ledger_repo(master.store))
         await ledger.load()
         clock = [t0]
         table = PriceTable(PRICES, grid_default=HostPrice(on_demand=0))
@@ -203,7 +203,7 @@ async def test_a_low_balance_is_announced_once_per_crossing(start_market):
     assert len(await warnings()) == 1
     await m.tick(T + 183)  # three periods: 3.00 - 0.72 = 2.28, below 2.40 again: a second crossing
     assert len(await warnings()) == 2
-    assert await m.master.store.ledger.balances() == m.ledger.balances()
+    assert await ledger_repo(m.master.store).balances() == m.ledger.balances()
 
 
 async def test_the_balance_cover_is_how_long_each_renters_funds_last_at_its_running_rentals_prices(start_market):
