@@ -90,7 +90,6 @@ from master.records import (
 from master.reputation import WEIGHTS, Reputation, reputation, reputation_score
 from master.secrets import SECRET_NAME_PATTERN, InvalidSecret
 from master.states import AgentState, CommandState, GpuState, StateMachine
-from master.store.aggregates import workload_order
 from master.tiers import TierPolicy, describe_tiers
 from master.tunnels import OpenedTunnel, TunnelUnavailable
 from master.verification import MEASURED_FLAGS, VERIFIED, measured_rate, measured_verified, verification_label
@@ -338,5 +337,4 @@ __all__ = [
     "reputation",
     "reputation_score",
     "stop_loop",
-    "workload_order",
 ]

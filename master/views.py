@@ -39,9 +39,6 @@ from master.records import (
     SecretRecord,
     TelemetryRollup,
 )
-from master.store.base import (
-    WorkloadRepo,
-)
 from master.store.plugin import AggregatePlugin, Repo
 
 
@@ -171,13 +168,11 @@ class RevocationList(Protocol):
 
 
 class ManagementStore(Protocol):
-    """The store as management reaches it: its own aggregates' repositories, by name, read and written whole (it is
-    their one writer), and the Master's records it reads: telemetry history and revoked certificates."""
+    """The store as management reaches it: its own aggregates' repositories, through the store's plugin seam (each
+    module of management/store/ declares one, master/store/plugin.py), read and written whole (it is their one writer);
+    and the Master's records it reads: telemetry history and revoked certificates."""
 
     # --- management's own aggregates ---
-    @property
-    def workloads(self) -> WorkloadRepo: ...
-
     def repository(self, plugin: AggregatePlugin[Repo]) -> Repo:
         """A management aggregate's repository (management/store/): kept in this store, fenced as the Master's own."""
 

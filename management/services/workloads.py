@@ -19,11 +19,12 @@ from management.scheduler.model import Explanation
 from management.services.market import MarketService, RentalDetail
 from management.services.models import Page, page_of
 from management.store import output_repo
+from management.store.workloads import workload_order
 from management.workloads.book import WorkloadBook
 from management.workloads.runner import SchedulerLoop
 from management.workloads.states import WorkloadState
 from management.workloads.storage import STORAGE_EVENT_PREFIX, StorageSummary, summarize
-from master.port import EventRecord, KeptOutput, MasterPort, WorkloadRecord, WorkloadSpec, workload_order
+from master.port import EventRecord, KeptOutput, MasterPort, WorkloadRecord, WorkloadSpec
 
 EVENTS_PAGE = 500  # storage reports read per store call
 

@@ -16,6 +16,7 @@ from management.store.outputs import OUTPUTS, OutputRepo
 from management.store.prices import PRICES, PriceRepo
 from management.store.rentals import RENTALS, RentalRepo
 from management.store.ssh_keys import SSH_KEYS, SshKeyRepo
+from management.store.workloads import WORKLOADS, WorkloadRepo
 from master.store.kit import AggregatePlugin, Repositories
 
 AGGREGATES: tuple[AggregatePlugin[object], ...] = (
@@ -28,6 +29,7 @@ AGGREGATES: tuple[AggregatePlugin[object], ...] = (
     FAIR_SHARE,
     RENTALS,
     LEDGER,
+    WORKLOADS,
 )
 
 
@@ -69,6 +71,10 @@ def ledger_repo(store: Repositories) -> LedgerRepo:
     return store.repository(LEDGER)
 
 
+def workload_repo(store: Repositories) -> WorkloadRepo:
+    return store.repository(WORKLOADS)
+
+
 def ssh_key_repo(store: Repositories) -> SshKeyRepo:
     return store.repository(SSH_KEYS)
 
@@ -84,6 +90,7 @@ __all__ = [
     "SILENCES",
     "SSH_KEYS",
     "WEBHOOKS",
+    "WORKLOADS",
     "AlertRuleRepo",
     "FairShareRepo",
     "LedgerRepo",
@@ -93,6 +100,7 @@ __all__ = [
     "SilenceRepo",
     "SshKeyRepo",
     "WebhookRepo",
+    "WorkloadRepo",
     "alert_rule_repo",
     "attach",
     "fair_share_repo",
@@ -103,4 +111,5 @@ __all__ = [
     "silence_repo",
     "ssh_key_repo",
     "webhook_repo",
+    "workload_repo",
 ]

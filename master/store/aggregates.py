@@ -21,7 +21,6 @@ class Aggregate(StrEnum):
     ROLLUPS = "rollups"
     HOURLY_ROLLUPS = "hourly_rollups"
     ACCOUNTS = "accounts"
-    WORKLOADS = "workloads"
     # host telemetry history: one host's own readings, by minute and by hour (keyed by host_rollup_key)
     HOST_ROLLUPS = "host_rollups"
     HOST_HOURLY_ROLLUPS = "host_hourly_rollups"
@@ -31,11 +30,6 @@ class Aggregate(StrEnum):
 def host_rollup_key(agent_id: str, minute: int) -> str:
     """The key of one host's rollup of one minute (or hour), in both backends (MongoDB's ``_id``)."""
     return f"{agent_id}:{minute}"
-
-
-def workload_order(created_at: float, workload_id: str) -> str:
-    """Where a workload sorts in lists, in both backends: by creation time, then id, as one comparable string."""
-    return f"{created_at:020.6f}|{workload_id}"
 
 
 def rollup_key(gpu_uuid: str, minute: int) -> str:

@@ -28,7 +28,6 @@ from master.records import (
     SecretRecord,
     TelemetryRollup,
     TokenRecord,
-    WorkloadRecord,
 )
 from master.store.aggregates import Aggregate
 from master.store.metrics import StoreMetrics
@@ -51,7 +50,6 @@ __all__ = [
     "Store",
     "TokenOutcome",
     "TokenRepo",
-    "WorkloadRepo",
     "prefix_upper_bound",
 ]
 
@@ -194,33 +192,6 @@ class HostRollupRepo(Protocol):
         """Delete these hosts' rollups with ``minute < before_minute`` (retention); returns how many went."""
 
 
-class WorkloadRepo(Protocol):
-    """Renters' workloads; written with a version check (optimistic concurrency), listed newest first.
-
-    The order of a list is ``aggregates.workload_order(created_at, id)``, descending; ``before`` is such an
-    order key (the last one of the previous page) and the list continues strictly after it.
-    """
-
-    async def get(self, workload_id: str) -> WorkloadRecord | None: ...
-
-    async def insert(self, rec: WorkloadRecord) -> None:
-        """Store a new workload; DuplicateWorkload if its id is taken."""
-
-    async def update(self, rec: WorkloadRecord, *, expected_version: int) -> None:
-        """Replace the stored workload if its stored ``version`` is ``expected_version``, else StaleWorkload
-        (also when it is not stored at all). The caller sets ``rec.version`` (normally ``expected_version + 1``)."""
-
-    async def list(
-        self,
-        *,
-        account: str | None = None,
-        states: Collection[str] | None = None,
-        before: str | None = None,
-        limit: int = 1000,
-    ) -> builtins.list[WorkloadRecord]:
-        """Workloads matching every filter, newest first; an empty ``states`` matches none."""
-
-
 class LeaseRepo(Protocol):
     """The leader lease of the Masters sharing this store (docs/ha.md); every change is one atomic step, so of
     Masters racing for it at most one holds it at any time. ``now`` is wall-clock seconds (the acquirer's clock)."""
@@ -267,7 +238,6 @@ class Store(Protocol):
     revocations: RevocationRepo
     rollups: RollupRepo
     hourly_rollups: RollupRepo  # the same records, one per GPU and hour, downsampled from ``rollups``
-    workloads: WorkloadRepo
     secrets: SecretRepo  # renters' secrets, sealed (master/secrets.py)
     host_rollups: HostRollupRepo  # a host's own telemetry, one per host and minute
     host_hourly_rollups: HostRollupRepo  # the same, one per host and hour, downsampled from ``host_rollups``

@@ -30,11 +30,13 @@ from management.store import (
     SILENCES,
     SSH_KEYS,
     WEBHOOKS,
+    WORKLOADS,
     fair_share_repo,
     ledger_repo,
     output_repo,
     price_repo,
     rental_repo,
+    workload_repo,
 )
 from master.config import MasterConfig
 from master.enrollment import hash_secret
@@ -73,7 +75,7 @@ async def _plant_good_and_bad_records(store_url: str) -> dict[str, str]:
         await store.hourly_rollups.put_many([rollup("GPU-a", 60)])
         await store.host_rollups.put_many([host_rollup("agt-1", 1)])
         await store.host_hourly_rollups.put_many([host_rollup("agt-1", 60)])
-        await store.workloads.insert(workload("wl-1"))
+        await workload_repo(store).insert(workload("wl-1"))
         kept = KeptOutput(
             id="wl-1:r0:a1", workload_id="wl-1", account="alice", replica=0, attempt=1, agent_id="agt-1",
             container="wl-1-r0-a1", state="kept", data=b"done\n", ended_at=NOW,
@@ -100,7 +102,7 @@ async def _plant_good_and_bad_records(store_url: str) -> dict[str, str]:
             Aggregate.REVOCATIONS: await poison(store, Aggregate.REVOCATIONS, "0b"),
             Aggregate.ROLLUPS: await poison(store, Aggregate.ROLLUPS, "GPU-a", minute=2),
             Aggregate.HOURLY_ROLLUPS: await poison(store, Aggregate.HOURLY_ROLLUPS, "GPU-a", minute=120),
-            Aggregate.WORKLOADS: await poison(store, Aggregate.WORKLOADS, "wl-bad"),
+            WORKLOADS.name: await poison(store, WORKLOADS.name, "wl-bad"),
             Aggregate.ACCOUNTS: await poison(store, Aggregate.ACCOUNTS, "bad-account"),
             FAIR_SHARE.name: await poison(store, FAIR_SHARE.name, "bad-account/default"),
             PRICES.name: await poison(store, PRICES.name, "acme/agt-poisoned"),

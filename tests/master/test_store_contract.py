@@ -26,10 +26,12 @@ from management.store import (
     rental_repo,
     silence_repo,
     webhook_repo,
+    workload_repo,
 )
 from management.store.ledger import UnbalancedEntry
 from management.store.outputs import output_key
 from management.store.rentals import StaleRental, rental_order
+from management.store.workloads import DuplicateWorkload, StaleWorkload, workload_order
 from master.records import (
     AccountRecord,
     AgentRecord,
@@ -60,9 +62,8 @@ from master.records import (
     WorkloadSpec,
 )
 from master.store import MongoStore, SqliteStore, open_store
-from master.store.aggregates import workload_order
 from master.store.base import Store, TokenOutcome
-from master.store.errors import DuplicateWorkload, StaleWorkload, UnstorableRecord
+from master.store.errors import UnstorableRecord
 from master.store.migrations import LATEST_VERSION, MONGO_MIGRATIONS, migrate_mongo, migrate_sqlite
 from tests.master.conftest import OpenStore
 from tests.support.grid import free_port
@@ -920,35 +921,35 @@ async def test_workload_round_trips_its_spec_and_assignments(store: Store) -> No
         exit_codes=[0, 137],
         started_at=NOW + 5.5,
     )
-    await store.workloads.insert(placed)
-    assert_same(await store.workloads.get("wl-1"), placed)
-    assert await store.workloads.get("wl-nope") is None
+    await workload_repo(store).insert(placed)
+    assert_same(await workload_repo(store).get("wl-1"), placed)
+    assert await workload_repo(store).get("wl-nope") is None
 
 
 async def test_a_workload_id_is_inserted_once(store: Store) -> None:
-    await store.workloads.insert(workload())
+    await workload_repo(store).insert(workload())
     with pytest.raises(DuplicateWorkload):
-        await store.workloads.insert(workload(state="running"))
-    assert (await store.workloads.get("wl-1")).state == "queued"  # type: ignore[union-attr]
+        await workload_repo(store).insert(workload(state="running"))
+    assert (await workload_repo(store).get("wl-1")).state == "queued"  # type: ignore[union-attr]
 
 
 async def test_a_workload_update_needs_the_version_it_read(store: Store) -> None:
-    await store.workloads.insert(workload())
-    await store.workloads.update(workload(state="scheduled", version=2), expected_version=1)
+    await workload_repo(store).insert(workload())
+    await workload_repo(store).update(workload(state="scheduled", version=2), expected_version=1)
     with pytest.raises(StaleWorkload):  # a writer that read version 1 too comes second
-        await store.workloads.update(workload(state="cancelled", version=2), expected_version=1)
-    assert_same(await store.workloads.get("wl-1"), workload(state="scheduled", version=2))
+        await workload_repo(store).update(workload(state="cancelled", version=2), expected_version=1)
+    assert_same(await workload_repo(store).get("wl-1"), workload(state="scheduled", version=2))
     with pytest.raises(StaleWorkload):
-        await store.workloads.update(workload("wl-never", version=2), expected_version=1)
+        await workload_repo(store).update(workload("wl-never", version=2), expected_version=1)
 
 
 async def test_of_concurrent_workload_writers_on_separate_connections_exactly_one_wins(open_stores: OpenStore) -> None:
     stores = [await open_stores() for _ in range(4)]
-    await stores[0].workloads.insert(workload())
+    await workload_repo(stores[0]).insert(workload())
 
     async def write(store: Store, state: str) -> bool:
         try:
-            await store.workloads.update(workload(state=state, version=2), expected_version=1)
+            await workload_repo(store).update(workload(state=state, version=2), expected_version=1)
         except StaleWorkload:
             return False
         return True
@@ -956,7 +957,7 @@ async def test_of_concurrent_workload_writers_on_separate_connections_exactly_on
     states = ["scheduled", "cancelled", "failed", "running"]
     won = await asyncio.gather(*(write(s, state) for s, state in zip(stores, states, strict=True)))
     assert sum(won) == 1
-    assert (await stores[0].workloads.get("wl-1")).state == states[won.index(True)]  # type: ignore[union-attr]
+    assert (await workload_repo(stores[0]).get("wl-1")).state == states[won.index(True)]  # type: ignore[union-attr]
 
 
 async def test_workloads_list_newest_first_filtered_and_paged(store: Store) -> None:
@@ -967,23 +968,23 @@ async def test_workloads_list_newest_first_filtered_and_paged(store: Store) -> N
         workload("wl-d", "alice", NOW + 3),  # same instant as wl-c: the id breaks the tie
     ]
     for rec in recs:
-        await store.workloads.insert(rec)
+        await workload_repo(store).insert(rec)
     ids = lambda found: [w.id for w in found]  # noqa: E731
-    assert ids(await store.workloads.list()) == ["wl-d", "wl-c", "wl-b", "wl-a"]
-    assert ids(await store.workloads.list(account="alice")) == ["wl-d", "wl-c", "wl-a"]
-    assert ids(await store.workloads.list(states=["queued", "running"])) == ["wl-d", "wl-b", "wl-a"]
-    assert ids(await store.workloads.list(account="alice", states=["queued"])) == ["wl-d", "wl-a"]
-    assert await store.workloads.list(states=[]) == []
-    first = await store.workloads.list(limit=2)
+    assert ids(await workload_repo(store).list()) == ["wl-d", "wl-c", "wl-b", "wl-a"]
+    assert ids(await workload_repo(store).list(account="alice")) == ["wl-d", "wl-c", "wl-a"]
+    assert ids(await workload_repo(store).list(states=["queued", "running"])) == ["wl-d", "wl-b", "wl-a"]
+    assert ids(await workload_repo(store).list(account="alice", states=["queued"])) == ["wl-d", "wl-a"]
+    assert await workload_repo(store).list(states=[]) == []
+    first = await workload_repo(store).list(limit=2)
     assert ids(first) == ["wl-d", "wl-c"]
-    rest = await store.workloads.list(before=workload_order(first[-1].created_at, first[-1].id), limit=2)
+    rest = await workload_repo(store).list(before=workload_order(first[-1].created_at, first[-1].id), limit=2)
     assert ids(rest) == ["wl-b", "wl-a"]
 
 
 async def test_a_workload_holding_a_nan_is_refused_before_it_is_written(store: Store) -> None:
     with pytest.raises(UnstorableRecord, match="created_at"):
-        await store.workloads.insert(workload(created_at=float("nan")))
-    assert await store.workloads.list() == []
+        await workload_repo(store).insert(workload(created_at=float("nan")))
+    assert await workload_repo(store).list() == []
 
 
 # --- workload containers' kept output (management/services/outputs.py) ---------------------------------------------------
@@ -1491,7 +1492,7 @@ async def test_an_sqlite_file_at_schema_version_5_is_migrated_to_the_market_keep
     await store.open()
     try:
         assert await store.schema_version() == LATEST_VERSION
-        assert_same(await store.workloads.get(old.id), old)
+        assert_same(await workload_repo(store).get(old.id), old)
         await price_repo(store).put(price())  # the tables version 6 added
         assert await rental_repo(store).insert(rental())
         assert await ledger_repo(store).post(CREDIT) is not None
@@ -1510,7 +1511,7 @@ async def test_a_mongodb_database_at_schema_version_5_gets_the_market_indexes_an
     await store.open()
     try:
         assert await store.schema_version() == LATEST_VERSION
-        assert_same(await store.workloads.get(old.id), old)
+        assert_same(await workload_repo(store).get(old.id), old)
         async with raw_client(mongo_url) as client:
             ledger_indexes = await client[store.database].ledger.index_information()
             rental_indexes = await client[store.database].rentals.index_information()

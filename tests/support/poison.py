@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 import pymongo
 
-from management.store import ALERT_RULES, FAIR_SHARE, LEDGER, OUTPUTS, PRICES, RENTALS, SILENCES, SSH_KEYS, WEBHOOKS
+from management.store import ALERT_RULES, FAIR_SHARE, LEDGER, OUTPUTS, PRICES, RENTALS, SILENCES, SSH_KEYS, WEBHOOKS, WORKLOADS
 from master.records import CommandRecord
 from master.store import MongoStore, SqliteStore, Store
 from master.store.aggregates import Aggregate, host_rollup_key, rollup_key
@@ -32,7 +32,7 @@ _SQLITE_COLUMNS: dict[str, dict[str, Any]] = {
     Aggregate.REVOCATIONS: {"serial": KEY, "agent_id": "agt-1", "revoked_at": 1_700_000_000.0},
     Aggregate.ROLLUPS: {"gpu_uuid": KEY, "minute": 5},
     Aggregate.HOURLY_ROLLUPS: {"gpu_uuid": KEY, "minute": 120},
-    Aggregate.WORKLOADS: {"id": KEY, "account": "bob", "state": "queued", "listed": "0|poisoned", "version": 0},
+    WORKLOADS.name: {"id": KEY, "account": "bob", "state": "queued", "listed": "0|poisoned", "version": 0},
     Aggregate.ACCOUNTS: {"id": KEY, "role": "renter"},
     FAIR_SHARE.name: {"key": KEY, "account": "alice"},
     PRICES.name: {"key": KEY, "provider": "acme", "agent_id": "agt-poisoned"},
@@ -67,7 +67,7 @@ _BROKEN: dict[str, dict[str, Any]] = {
     Aggregate.REVOCATIONS: {"reason": 7},
     Aggregate.ROLLUPS: {"agent_id": "agt-1", "samples": "many"},
     Aggregate.HOURLY_ROLLUPS: {"agent_id": "agt-1", "samples": "many"},
-    Aggregate.WORKLOADS: {"account": "bob", "spec": "not a spec", "state": "queued", "created_at": 0.0},
+    WORKLOADS.name: {"account": "bob", "spec": "not a spec", "state": "queued", "created_at": 0.0},
     Aggregate.ACCOUNTS: {"share": "a lot"},
     FAIR_SHARE.name: {"gpu_seconds": "a lot", "decayed_to": 0.0},
     PRICES.name: {"on_demand": "a lot"},

@@ -22,7 +22,6 @@ from master.store.base import (
     RollupRepo,
     SecretRepo,
     TokenRepo,
-    WorkloadRepo,
 )
 from master.store.metrics import StoreMetrics
 from master.store.migrations import migrate_mongo, mongo_schema_version
@@ -39,7 +38,6 @@ from master.store.mongo.revocations import MongoRevocationRepo
 from master.store.mongo.rollups import MongoHourlyRollupRepo, MongoRollupRepo
 from master.store.mongo.secrets import MongoSecretRepo
 from master.store.mongo.tokens import MongoTokenRepo
-from master.store.mongo.workloads import MongoWorkloadRepo
 from master.store.plugin import AggregatePlugin, PluggedRepositories, Repo
 from master.store.quarantine import Quarantine
 
@@ -62,7 +60,6 @@ class MongoStore:
         self.revocations: RevocationRepo = MongoRevocationRepo(*upkeep)
         self.rollups: RollupRepo = MongoRollupRepo(*upkeep)
         self.hourly_rollups: RollupRepo = MongoHourlyRollupRepo(*upkeep)
-        self.workloads: WorkloadRepo = MongoWorkloadRepo(*upkeep)
         self.secrets: SecretRepo = MongoSecretRepo(*upkeep)
         self.leases: LeaseRepo = MongoLeaseRepo(self._conn)
         self.host_rollups: HostRollupRepo = MongoHostRollupRepo(*upkeep)

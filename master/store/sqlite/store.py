@@ -18,7 +18,6 @@ from master.store.base import (
     RollupRepo,
     SecretRepo,
     TokenRepo,
-    WorkloadRepo,
 )
 from master.store.metrics import StoreMetrics
 from master.store.migrations import migrate_sqlite, sqlite_schema_version
@@ -37,7 +36,6 @@ from master.store.sqlite.revocations import SqliteRevocationRepo
 from master.store.sqlite.rollups import SqliteHourlyRollupRepo, SqliteRollupRepo
 from master.store.sqlite.secrets import SqliteSecretRepo
 from master.store.sqlite.tokens import SqliteTokenRepo
-from master.store.sqlite.workloads import SqliteWorkloadRepo
 
 
 class SqliteStore:
@@ -59,7 +57,6 @@ class SqliteStore:
         self.revocations: RevocationRepo = SqliteRevocationRepo(*upkeep)
         self.rollups: RollupRepo = SqliteRollupRepo(*upkeep)
         self.hourly_rollups: RollupRepo = SqliteHourlyRollupRepo(*upkeep)
-        self.workloads: WorkloadRepo = SqliteWorkloadRepo(*upkeep)
         self.secrets: SecretRepo = SqliteSecretRepo(*upkeep)
         self.leases: LeaseRepo = SqliteLeaseRepo(self._db)
         self.host_rollups: HostRollupRepo = SqliteHostRollupRepo(*upkeep)

@@ -10,6 +10,7 @@ import time
 from common.wire import AgentEvent, AgentEventKind
 from management.market.money import parse_amount
 from management.market.prices import HostPrice
+from management.store import workload_repo
 from management.workloads.book import WorkloadBook
 from management.workloads.runner import SchedulerLoop, SchedulerSettings
 from master.master import Master
@@ -52,7 +53,7 @@ async def test_a_faulty_gpu_notes_the_host_on_the_requeue_and_placing_it_again_c
     requeued = await loop.book.get(rec.id)
     assert requeued.state == "queued"
     assert requeued.host_failure == f"{first.agent_id}: unit {first.units[0]} on host {first.agent_id} is unhealthy"
-    assert (await master.store.workloads.get(rec.id)).host_failure == requeued.host_failure  # stored with the transition
+    assert (await workload_repo(master.store).get(rec.id)).host_failure == requeued.host_failure  # stored with the transition
 
     await loop.cycle()  # placed on the other host
     placed = await loop.book.get(rec.id)
