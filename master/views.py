@@ -6,8 +6,9 @@ that calls anything they do not list fails type checking. Writes are never here:
 (``record_event``, ``mark_gpu_faulty``, ``update_account``...), so the Master decides how it is done.
 
 The exception is ``ManagementStore``: the repositories of management's own aggregates (workloads, rentals, the
-ledger...), which management reads and writes whole because it is their one writer; the Master's records in the same
-store (telemetry history, revocations) are read-only there too.
+ledger...), which management declares itself (management/store/) and reaches through the store's plugin seam
+(``repository``, master/store/plugin.py), reading and writing them whole because it is their one writer; the Master's
+records in the same store (telemetry history, revocations) are read-only there.
 
 To let management read something new of a part: add it to the part's protocol here (a read, never a write); to let it
 change something: add an operation to ``MasterRequests`` (master/requests.py) and its signature to ``MasterPort``.

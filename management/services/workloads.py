@@ -30,7 +30,7 @@ EVENTS_PAGE = 500  # storage reports read per store call
 
 
 class WorkloadKey(msgspec.Struct, array_like=True, frozen=True):
-    listed: Annotated[str, msgspec.Meta(max_length=160)]  # master.store.aggregates.workload_order of the last item
+    listed: Annotated[str, msgspec.Meta(max_length=160)]  # management.store.workloads.workload_order of the last item
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ from master.store.plugin import AggregatePlugin, Repo
 
 Check = Callable[[], None]
 
-# The write methods of the repositories of master/store/base.py (a new verb that writes must be named here).
+# The write methods of the store's repositories, its own (master/store/base.py) and the plugged ones (management/store/):
+# a new verb that writes must be named here.
 WRITES = frozenset(
     {
         "put",
