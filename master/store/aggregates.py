@@ -1,4 +1,7 @@
-"""The aggregates the store keeps, named once for both backends, the metrics and the quarantine."""
+"""The Master's aggregates in its store, named once for both backends, the metrics and the quarantine.
+
+Management's own aggregates are not here: each is named by its plugin in management/store/ (docs/store.md).
+"""
 
 from __future__ import annotations
 
@@ -6,9 +9,10 @@ from enum import StrEnum
 
 
 class Aggregate(StrEnum):
-    """The aggregates the store keeps; each value names its SQLite table and its MongoDB collection alike.
+    """The Master's aggregates; each value names its SQLite table and its MongoDB collection alike.
 
-    Also the ``aggregate`` label of the store's metrics and of quarantined records, so that label is bounded.
+    Also the ``aggregate`` label of the store's metrics and of quarantined records, which is bounded by these and the
+    plugged aggregates' names (master/store/plugin.py). A ``StrEnum``: a member is that name, a plain ``str``.
     """
 
     AGENTS = "agents"

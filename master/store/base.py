@@ -1,5 +1,8 @@
 """The Master's store: one repository per aggregate, the contract both backends (SQLite, MongoDB) keep.
 
+These are the Master's own aggregates; management's are declared in management/store/ and reached through
+``Store.repository`` (master/store/plugin.py), with the same contract.
+
 Repositories take and return the record structs of ``master.records``; a backend never hands out
 an object it still holds, and copies a record when it is written, so callers may keep mutating theirs.
 
