@@ -68,9 +68,9 @@ class PluggedRepositories:
         if plugin.name in BUILT_IN:
             raise DuplicateAggregate(f"aggregate {plugin.name!r} is one of the store's own: name it otherwise")
         repo = build()
+        declared = getattr(repo, "aggregate", plugin.name)  # a SqliteTable's or MongoCollection's own name
+        if declared != plugin.name:
+            raise ValueError(f"plugin {plugin.name!r} builds a repository of aggregate {declared!r}: name them alike")
         self._made[plugin.name] = (plugin, repo)
         self._metrics.track(plugin.name)
         return repo
-
-    def names(self) -> list[str]:
-        return list(self._made)

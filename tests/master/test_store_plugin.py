@@ -138,6 +138,8 @@ async def test_an_aggregate_name_is_one_aggregate_s(noted_store: Store) -> None:
         noted_store.repository(twin)
     with pytest.raises(DuplicateAggregate, match="agents"):
         noted_store.repository(AggregatePlugin("agents", SqliteNoteRepo, MongoNoteRepo))
+    with pytest.raises(ValueError, match="'test_other' builds a repository of aggregate 'test_notes'"):
+        noted_store.repository(AggregatePlugin("test_other", SqliteNoteRepo, MongoNoteRepo))
 
 
 async def test_management_s_aggregates_have_their_series_from_the_start(store_url: str) -> None:
