@@ -70,6 +70,7 @@ from management.services.tunnels import RenterAccess
 from management.services.verification import VerificationService
 from management.services.workloads import WorkloadsService
 from management.settings import ManagementSettings
+from management.store import attach, output_repo, price_repo, ssh_key_repo
 from management.workloads.book import WorkloadBook
 from management.workloads.runner import SchedulerLoop
 from master.accounts import BOOTSTRAP_ACCOUNT
@@ -213,6 +214,7 @@ class Composition:
 def compose(master: MasterPort, settings: ManagementSettings | None = None) -> Composition:
     """Build every management part over ``master``, once: who writes what is decided here (one writer each)."""
     settings = settings or ManagementSettings.of(master.config)
+    attach(master.store)  # management's own aggregates in the Master's store (management/store/)
     # The one writer of workload records, shared with the scheduling loop, the market and the output collector.
     book = WorkloadBook(
         master.store,
@@ -223,7 +225,7 @@ def compose(master: MasterPort, settings: ManagementSettings | None = None) -> C
     )
     hosts = HostsService(master, book)
     # The one writer of providers' prices; the offer index and the scheduler read (and subscribe to) the same book.
-    prices = PriceBook(master.store.prices, grid_default_of(master.config), time.time, owner_of=hosts.provider_of)
+    prices = PriceBook(price_repo(master.store), grid_default_of(master.config), time.time, owner_of=hosts.provider_of)
     market = Market(master, book, prices)
     scheduler = SchedulerLoop(
         master,
@@ -236,13 +238,13 @@ def compose(master: MasterPort, settings: ManagementSettings | None = None) -> C
     )
     market_service = MarketService(master, book, market, settings.market, fit_check=scheduler.never_fits)
     workloads = WorkloadsService(master, book, scheduler, market_service)
-    ssh_keys = SshKeysService(master, master.store.ssh_keys, workloads.get_workload)
-    tunnels = RenterAccess(master, workloads.get_workload, master.store.outputs)
+    ssh_keys = SshKeysService(master, ssh_key_repo(master.store), workloads.get_workload)
+    tunnels = RenterAccess(master, workloads.get_workload, output_repo(master.store))
     output_settings = settings.scheduler.outputs
     outputs = OutputCollector(
         master,
         book,
-        master.store.outputs,
+        output_repo(master.store),
         lambda kept: tunnels.read_output(kept, limit=output_settings.limit_bytes),
         output_settings,
         restart_s=settings.loop_restart_s,

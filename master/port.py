@@ -90,9 +90,6 @@ from master.records import (
 from master.reputation import WEIGHTS, Reputation, reputation, reputation_score
 from master.secrets import SECRET_NAME_PATTERN, InvalidSecret
 from master.states import AgentState, CommandState, GpuState, StateMachine
-from master.store.aggregates import output_key, rental_order, workload_order
-from master.store.base import FairShareRepo, LedgerRepo, OutputRepo, PriceRepo, RentalRepo, SshKeyRepo
-from master.store.errors import StaleRental
 from master.tiers import TierPolicy, describe_tiers
 from master.tunnels import OpenedTunnel, TunnelUnavailable
 from master.verification import MEASURED_FLAGS, VERIFIED, measured_rate, measured_verified, verification_label
@@ -290,7 +287,6 @@ __all__ = [
     "Credential",
     "EventData",
     "EventRecord",
-    "FairShareRepo",
     "FairShareUsage",
     "GpuFault",
     "GpuHealthChanged",
@@ -305,18 +301,14 @@ __all__ = [
     "KeptOutput",
     "LedgerEntry",
     "LedgerLine",
-    "LedgerRepo",
     "Loop",
     "MasterConfig",
     "MasterPort",
     "NetworkFloors",
-    "OutputRepo",
     "PriceChange",
     "PriceRecord",
-    "PriceRepo",
     "RentalHost",
     "RentalRecord",
-    "RentalRepo",
     "RentalTerms",
     "Reputation",
     "Resync",
@@ -329,8 +321,6 @@ __all__ = [
     "SigningKeyInfo",
     "SilenceRecord",
     "SshKeyRecord",
-    "SshKeyRepo",
-    "StaleRental",
     "StateMachine",
     "Subscription",
     "TelemetryRollup",
@@ -344,10 +334,7 @@ __all__ = [
     "describe_tiers",
     "downsample",
     "downsample_host",
-    "output_key",
-    "rental_order",
     "reputation",
     "reputation_score",
     "stop_loop",
-    "workload_order",
 ]

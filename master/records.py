@@ -667,7 +667,7 @@ class KeptOutput(msgspec.Struct, kw_only=True):
     left the grid) or it could not be read in time; ``reason`` says why.
     """
 
-    id: str  # aggregates.output_key(workload_id, replica, attempt)
+    id: str  # output_key(workload_id, replica, attempt) (management/store/outputs.py)
     workload_id: str
     account: str  # the workload's owner: who may read it
     replica: int

@@ -52,7 +52,7 @@ class Upkeep:
         parts = self._parts
         for found in parts.store.quarantine.take_unreported():
             await parts.events.record(
-                "store.quarantined", found.key, aggregate=found.aggregate.value, backend=found.backend, reason=found.reason
+                "store.quarantined", found.key, aggregate=str(found.aggregate), backend=found.backend, reason=found.reason
             )
 
     def _in_start_grace(self, now: float, silence: float) -> bool:

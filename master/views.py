@@ -6,8 +6,9 @@ that calls anything they do not list fails type checking. Writes are never here:
 (``record_event``, ``mark_gpu_faulty``, ``update_account``...), so the Master decides how it is done.
 
 The exception is ``ManagementStore``: the repositories of management's own aggregates (workloads, rentals, the
-ledger...), which management reads and writes whole because it is their one writer; the Master's records in the same
-store (telemetry history, revocations) are read-only there too.
+ledger...), which management declares itself (management/store/) and reaches through the store's plugin seam
+(``repository``, master/store/plugin.py), reading and writing them whole because it is their one writer; the Master's
+records in the same store (telemetry history, revocations) are read-only there.
 
 To let management read something new of a part: add it to the part's protocol here (a read, never a write); to let it
 change something: add an operation to ``MasterRequests`` (master/requests.py) and its signature to ``MasterPort``.
@@ -39,18 +40,7 @@ from master.records import (
     SecretRecord,
     TelemetryRollup,
 )
-from master.store.base import (
-    AlertRuleRepo,
-    FairShareRepo,
-    LedgerRepo,
-    OutputRepo,
-    PriceRepo,
-    RentalRepo,
-    SilenceRepo,
-    SshKeyRepo,
-    WebhookRepo,
-    WorkloadRepo,
-)
+from master.store.plugin import AggregatePlugin, Repo
 
 
 class HostDirectory(Protocol):
@@ -179,30 +169,13 @@ class RevocationList(Protocol):
 
 
 class ManagementStore(Protocol):
-    """The store as management reaches it: its own aggregates' repositories, by name, read and written whole (it is
-    their one writer), and the Master's records it reads: telemetry history and revoked certificates."""
+    """The store as management reaches it: its own aggregates' repositories, through the store's plugin seam (each
+    module of management/store/ declares one, master/store/plugin.py), read and written whole (it is their one writer);
+    and the Master's records it reads: telemetry history and revoked certificates."""
 
     # --- management's own aggregates ---
-    @property
-    def workloads(self) -> WorkloadRepo: ...
-    @property
-    def outputs(self) -> OutputRepo: ...
-    @property
-    def fair_share(self) -> FairShareRepo: ...
-    @property
-    def prices(self) -> PriceRepo: ...
-    @property
-    def rentals(self) -> RentalRepo: ...
-    @property
-    def ledger(self) -> LedgerRepo: ...
-    @property
-    def alert_rules(self) -> AlertRuleRepo: ...
-    @property
-    def silences(self) -> SilenceRepo: ...
-    @property
-    def webhooks(self) -> WebhookRepo: ...
-    @property
-    def ssh_keys(self) -> SshKeyRepo: ...
+    def repository(self, plugin: AggregatePlugin[Repo]) -> Repo:
+        """A management aggregate's repository (management/store/): kept in this store, fenced as the Master's own."""
 
     # --- the Master's, read ---
     @property

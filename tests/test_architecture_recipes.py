@@ -94,3 +94,16 @@ def test_a_reader_naming_a_kind_is_caught(tmp_path):
     reader = tmp_path / "reader.py"
     reader.write_text('"""Mentions "heartbeat" in its docstring only."""\nTELEMETRY = frozenset({"heartbeat", "telemetry"})\n')
     assert kinds_named_in(reader) == {"heartbeat", "telemetry"}
+
+
+STORE_RECIPE = recipe("A management resource's stored aggregate")
+
+
+def test_the_stored_aggregate_recipe_names_files_that_exist_and_one_master_file_to_edit():
+    files = named_files(STORE_RECIPE)
+    missing = [name for name in files if not (ROOT / name).is_file()]
+    assert missing == [], f"docs/architecture.md's stored aggregate recipe names files that do not exist: {missing}"
+    edited_in_master = {name for name in files if name.startswith("master/")} - {"master/store/plugin.py"}
+    assert edited_in_master == {"master/store/migrations.py", "master/records.py", "master/port.py"}
+    assert "the one master/ file it touches" in STORE_RECIPE
+    assert {"management/store/__init__.py", "master/store/migrations.py"} <= set(files)

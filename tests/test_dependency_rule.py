@@ -83,8 +83,10 @@ def test_the_entry_point_exists():
 
 
 # The entry points build a Master (or its files) themselves: the composition root, the CLI and the local grid. Every
-# other management module reaches the Master through master/port.py alone.
+# other management module reaches the Master through master/port.py alone, but management's own aggregates
+# (management/store/), which are written against the store's plugin kit too (docs/store.md, "Who owns what").
 ENTRY_POINTS = {"management/app.py", "management/cli/main.py", "management/devgrid/localgrid.py"}
+STORE_PLUGINS = "management/store/"
 
 
 def _master_modules(path: Path) -> set[str]:
@@ -103,8 +105,18 @@ def test_management_imports_from_master_only_its_published_interface():
         name = path.relative_to(ROOT).as_posix()
         if name in ENTRY_POINTS:
             continue
-        violations += [f"{name} imports {module}" for module in sorted(_master_modules(path) - {"master.port"})]
+        allowed = {"master.port", "master.store.kit"} if name.startswith(STORE_PLUGINS) else {"master.port"}
+        violations += [f"{name} imports {module}" for module in sorted(_master_modules(path) - allowed)]
     assert violations == [], "management uses the Master through master/port.py (MasterPort) only"
+
+
+def test_only_management_s_aggregates_import_the_store_s_plugin_kit():
+    importing = sorted(
+        path.relative_to(ROOT).as_posix()
+        for path in (ROOT / "management").rglob("*.py")
+        if "master.store.kit" in _master_modules(path)
+    )
+    assert importing and all(name.startswith(STORE_PLUGINS) for name in importing)
 
 
 def _within(module: str, prefixes: tuple[str, ...]) -> bool:

@@ -162,7 +162,7 @@ async def through_the_door(master: MasterPort, fault: GpuFault) -> None:
     await master.mark_gpu_faulty(gpu, fault)
     await master.update_account("acct", AccountChange(name="n"))
     await master.record_event("kind", "subject", by="me")
-    await master.store.rentals.get("r-1")
+    await master.store.revocations.list()
 """
 
 

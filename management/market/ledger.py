@@ -27,7 +27,8 @@ import msgspec
 
 from common.errors import Conflict, IdlegridError
 from management.market.money import format_amount
-from master.port import LedgerEntry, LedgerLine, LedgerRepo
+from management.store.ledger import LedgerRepo
+from master.port import LedgerEntry, LedgerLine
 
 FEES = "platform:fees"
 EXTERNAL = "external"

@@ -14,9 +14,11 @@ from management.market.ledger import LedgerBook
 from management.market.metering_loop import MeterLoop, MeterSettings
 from management.market.offer_feed import OfferFeed
 from management.market.prices import PriceBook
+from management.store import ledger_repo, rental_repo
+from management.store.rentals import RentalRepo, rental_order
 from management.workloads.book import WorkloadBook
 from management.workloads.spec import workload_of
-from master.port import MasterPort, RentalRepo, rental_order, stop_loop
+from master.port import MasterPort, stop_loop
 
 log = logging.getLogger(__name__)
 
@@ -79,15 +81,15 @@ class Market:
     def __init__(self, master: MasterPort, book: WorkloadBook, prices: PriceBook) -> None:
         config = master.config
         self.prices = prices
-        self.ledger = LedgerBook(master.store.ledger)
+        self.ledger = LedgerBook(ledger_repo(master.store))
         self.offers = OfferFeed(master, prices.price, interruptible=self._interruptible_container)
         prices.subscribe(self.offers.prices_changed)
-        self.reliability = HostReliability(master, master.store.rentals, window_s=config.reliable_window_s)
+        self.reliability = HostReliability(master, rental_repo(master.store), window_s=config.reliable_window_s)
         self.meter = MeterLoop(
             master,
             book,
             self.ledger,
-            master.store.rentals,
+            rental_repo(master.store),
             prices.price,
             MeterSettings.of(config),
             reliability=self.reliability,

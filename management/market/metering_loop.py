@@ -33,6 +33,7 @@ from management.market.charges import FeeRate, MeterState, MeterStep, apply, pri
 from management.market.ledger import LedgerBook
 from management.market.money import format_amount, parse_amount
 from management.market.prices import HostPrice
+from management.store.rentals import RentalRepo, StaleRental, rental_order
 from management.workloads.book import WorkloadBook
 from management.workloads.states import WorkloadState
 from master.port import (
@@ -44,10 +45,7 @@ from master.port import (
     PriceChange,
     RentalHost,
     RentalRecord,
-    RentalRepo,
-    StaleRental,
     WorkloadRecord,
-    rental_order,
     reputation,
     stop_loop,
 )

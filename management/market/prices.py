@@ -1,7 +1,7 @@
 """Prices in force: a host's own, else its provider's default, else the grid's default (MasterConfig).
 
 ``HostPrice`` and ``PriceTable`` are pure. ``PriceBook`` is the one writer of providers' prices: it validates a
-``PriceSetting``, stores the record (``store.prices``), keeps the table in memory (``price`` never reads the store:
+``PriceSetting``, stores the record (``price_repo(store)``), keeps the table in memory (``price`` never reads the store:
 the scheduler and the offer index call it for every host) and tells its listeners which price changed.
 """
 
@@ -18,7 +18,8 @@ import msgspec
 
 from common.errors import InvalidPrice, NotFound
 from management.market.money import BadAmount, parse_amount
-from master.port import MasterConfig, PriceRecord, PriceRepo
+from management.store.prices import PriceRepo
+from master.port import MasterConfig, PriceRecord
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,9 @@ from management.monitoring.reports import (
     check_provider_dimensions,
     restrict,
 )
-from master.port import CommandRecord, LedgerEntry, MasterPort, RentalRecord, TelemetryRollup, rental_order
+from management.store import ledger_repo, rental_repo
+from management.store.rentals import rental_order
+from master.port import CommandRecord, LedgerEntry, MasterPort, RentalRecord, TelemetryRollup
 
 PAGE = 1000
 COMMANDS_READ = 100_000  # the failed commands a report reads at most (newest first)
@@ -49,7 +51,7 @@ class ReportSource:
         rentals: list[RentalRecord] = []
         after: str | None = None
         while True:
-            page = await store.rentals.list(provider=provider, account=renter, ended_since=start, after=after, limit=PAGE)
+            page = await rental_repo(store).list(provider=provider, account=renter, ended_since=start, after=after, limit=PAGE)
             rentals.extend(r for r in page if r.started_at < end)
             if len(page) < PAGE:
                 break
@@ -66,14 +68,14 @@ class ReportSource:
         entries: list[LedgerEntry] = []
         seq = 0
         while True:
-            batch = await store.ledger.list(account=f"provider:{provider}" if provider else None, after_seq=seq, limit=PAGE)
+            batch = await ledger_repo(store).list(account=f"provider:{provider}" if provider else None, after_seq=seq, limit=PAGE)
             entries.extend(e for e in batch if e.kind in ("charge", "refund") and start <= e.ts < end)
             if len(batch) < PAGE:
                 break
             seq = batch[-1].seq
         known = {r.id for r in rentals}
         for rental_id in sorted({e.rental for e in entries if e.rental and e.rental not in known}):
-            found = await store.rentals.get(rental_id)  # ended before the window, charged or refunded in it
+            found = await rental_repo(store).get(rental_id)  # ended before the window, charged or refunded in it
             if found is not None:
                 rentals.append(found)  # outside the window it adds no time: it tells which GPUs the money was for
         commands: list[CommandRecord] = [

@@ -27,6 +27,7 @@ from management.monitoring.observe import WIRED
 from management.monitoring.rules import AlertRule
 from management.monitoring.visibility import Viewer, visible
 from management.monitoring.webhook_targets import url_refusal
+from management.store import alert_rule_repo, silence_repo, webhook_repo
 from master.port import AccountDirectory, AlertRuleRecord, ManagementStore, MasterConfig, SilenceRecord, WebhookRecord
 
 MAX_SILENCE_S = 90 * 86400.0
@@ -92,14 +93,14 @@ class AlertSettings:
         the first call below)."""
         if self._loaded:
             return
-        for record in await self._store.alert_rules.list():
+        for record in await alert_rule_repo(self._store).list():
             try:
                 self._api_rules[record.name] = rule_of(record.spec, record.name)
             except InvalidAlertSetting:
                 continue  # a rule this version no longer accepts: left in the store, listed nowhere
-        for silence in await self._store.silences.list(active_at=self._clock()):
+        for silence in await silence_repo(self._store).list(active_at=self._clock()):
             self._loop.silences.put(silence)
-        for webhook in await self._store.webhooks.list():
+        for webhook in await webhook_repo(self._store).list():
             self._loop.notifier.webhooks[webhook.id] = _hook(webhook)
         self._loaded = True
         self._apply()
@@ -119,7 +120,7 @@ class AlertSettings:
         if rule.metric not in WIRED:
             raise InvalidAlertSetting(f"metric {rule.metric!r} is not one the Master watches: {', '.join(sorted(WIRED))}")
         record = AlertRuleRecord(name=name, spec=msgspec.to_builtins(rule), updated_at=self._clock(), updated_by=by)
-        await self._store.alert_rules.put(record)
+        await alert_rule_repo(self._store).put(record)
         self._api_rules[name] = rule
         self._apply()
         return rule
@@ -130,7 +131,7 @@ class AlertSettings:
             if name in self._file_rules:
                 raise Conflict(f"rule {name!r} comes from the rules file; put a rule of that name to change it")
             raise NotFound(f"no alert rule {name!r}")
-        await self._store.alert_rules.delete(name)
+        await alert_rule_repo(self._store).delete(name)
         del self._api_rules[name]
         self._apply()
         shipped = self._file_rules.get(name)
@@ -183,20 +184,20 @@ class AlertSettings:
             labels=dict(labels),
             comment=comment,
         )
-        await self._store.silences.put(silence)
+        await silence_repo(self._store).put(silence)
         self._loop.silences.put(silence)
         return silence
 
     async def silences(self, *, include_expired: bool = False) -> list[SilenceRecord]:
-        return await self._store.silences.list(active_at=None if include_expired else self._clock())
+        return await silence_repo(self._store).list(active_at=None if include_expired else self._clock())
 
     async def expire_silence(self, silence_id: str) -> SilenceRecord:
         now = self._clock()
-        found = [s for s in await self._store.silences.list(active_at=now) if s.id == silence_id]
+        found = [s for s in await silence_repo(self._store).list(active_at=now) if s.id == silence_id]
         if not found:
             raise NotFound(f"no silence {silence_id!r} in force")
         ended = msgspec.structs.replace(found[0], expires_at=now)
-        await self._store.silences.put(ended)
+        await silence_repo(self._store).put(ended)
         self._loop.silences.put(ended)
         return ended
 
@@ -212,7 +213,7 @@ class AlertSettings:
         why = url_refusal(url, allow_private=settings.allow_private and role == "operator", rule=settings.egress)
         if why is not None:
             raise InvalidAlertSetting(why)
-        held = len(await self._store.webhooks.list(owner=owner))
+        held = len(await webhook_repo(self._store).list(owner=owner))
         if held >= settings.per_account_webhooks:
             raise Conflict(
                 f"account {owner!r} has {held} webhooks, the most an account may (webhooks_per_account); delete one first"
@@ -225,22 +226,22 @@ class AlertSettings:
             role=role,
             created_at=self._clock(),
         )
-        await self._store.webhooks.put(record)
+        await webhook_repo(self._store).put(record)
         self._loop.notifier.webhooks[record.id] = _hook(record)
         return record
 
     async def webhooks(self, *, owner: str | None, after: tuple[float, str] | None = None, limit: int) -> list[WebhookRecord]:
         """Up to ``limit`` webhooks (of ``owner``, or every one), by creation then id, from just after ``after``."""
-        listed = await self._store.webhooks.list(owner=owner)
+        listed = await webhook_repo(self._store).list(owner=owner)
         if after is not None:
             listed = [w for w in listed if (w.created_at, w.id) > after]
         return listed[:limit]
 
     async def delete_webhook(self, webhook_id: str, *, owner: str | None) -> None:
-        mine = [w for w in await self._store.webhooks.list(owner=owner) if w.id == webhook_id]
+        mine = [w for w in await webhook_repo(self._store).list(owner=owner) if w.id == webhook_id]
         if not mine:
             raise NotFound(f"no webhook {webhook_id!r}")
-        await self._store.webhooks.delete(webhook_id)
+        await webhook_repo(self._store).delete(webhook_id)
         self._loop.notifier.webhooks.pop(webhook_id, None)
 
 

@@ -18,7 +18,7 @@ import asyncio
 import logging
 
 from management.scheduler.usage import UsageMeter
-from master.port import FairShareRepo
+from management.store.fair_share import FairShareRepo
 
 log = logging.getLogger(__name__)
 

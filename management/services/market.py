@@ -32,18 +32,11 @@ from management.market.metering_loop import rental_hosts
 from management.market.money import format_amount, parse_amount, period_cost
 from management.market.offers import Offer, OfferChoices, SearchResult
 from management.services.offer_details import OfferDetail, offer_detail
+from management.store import rental_repo
+from management.store.rentals import rental_order
 from management.workloads.book import WorkloadBook
 from management.workloads.states import GONE_ASSIGNMENT_STATES, WorkloadState
-from master.port import (
-    BOOTSTRAP_ACCOUNT,
-    LedgerEntry,
-    MasterPort,
-    RentalRecord,
-    RentalTerms,
-    WorkloadRecord,
-    WorkloadSpec,
-    rental_order,
-)
+from master.port import BOOTSTRAP_ACCOUNT, LedgerEntry, MasterPort, RentalRecord, RentalTerms, WorkloadRecord, WorkloadSpec
 
 PROVIDER_PREFIX = provider_account("")
 RATED_PAGE = 500
@@ -462,7 +455,7 @@ class MarketService:
         """A renter's own rentals, a provider's hosts' rentals, or (operator) all; by start."""
         account = owner if role == "renter" else None
         provider = owner if role == "provider" else None
-        found = await self._master.store.rentals.list(
+        found = await rental_repo(self._master.store).list(
             account=account,
             provider=provider,
             workload_id=workload,
@@ -477,7 +470,7 @@ class MarketService:
         return [await self._detail(r) for r in found], next_key
 
     async def _owned_rental(self, rental_id: str, owner: str | None, role: str) -> RentalRecord:
-        rental = await self._master.store.rentals.get(rental_id)
+        rental = await rental_repo(self._master.store).get(rental_id)
         visible = rental is not None and (
             owner is None
             or (role == "renter" and rental.account == owner)
@@ -518,7 +511,7 @@ class MarketService:
                     f"{rules.window_s / 86400:g} days; one rating per host in that time"
                 )
         rated = msgspec.structs.replace(rental, rating=rating, version=rental.version + 1)
-        await self._master.store.rentals.update(rated, expected_version=rental.version)
+        await rental_repo(self._master.store).update(rated, expected_version=rental.version)
         for host in rental.hosts:
             weight = rating_weight(paid.get(host.agent_id, 0), rules.weight_unit, rules.max_weight)
             await self._master.record_rating(host.agent_id, rating, rental_id, now, weight=weight)
@@ -539,7 +532,7 @@ class MarketService:
         """Another rental of the same renter on ``agent_id``, ended since ``since``, that was rated; None if none."""
         after: str | None = None
         while True:
-            page = await self._master.store.rentals.list(
+            page = await rental_repo(self._master.store).list(
                 account=rental.account, agent_id=agent_id, ended_since=since, after=after, limit=RATED_PAGE
             )
             for other in page:

@@ -34,6 +34,7 @@ import msgspec
 
 from common.errors import IdlegridError
 from common.output import DEFAULT_OUTPUT_LIMIT, last_lines
+from management.store.outputs import OutputRepo
 from management.workloads.book import WorkloadBook
 from management.workloads.states import WorkloadState
 from master.port import (
@@ -45,7 +46,6 @@ from master.port import (
     Loop,
     MasterConfig,
     MasterPort,
-    OutputRepo,
     TunnelUnavailable,
     stop_loop,
 )

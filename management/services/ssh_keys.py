@@ -20,7 +20,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import dsa
 
 from common.errors import Conflict, IdlegridError, NotFound
-from master.port import MasterPort, SshKeyRecord, SshKeyRepo, WorkloadRecord
+from management.store import SshKeyRepo
+from master.port import MasterPort, SshKeyRecord, WorkloadRecord
 
 KEY_ID_PREFIX = "sshk-"
 MAX_KEYS_PER_ACCOUNT = 20  # each key's fingerprint travels in every SSH ticket of the account, in a header

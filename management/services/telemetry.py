@@ -14,6 +14,7 @@ from common.inventory import GpuSample
 from management.monitoring.history import GpuSeries, TelemetryHistory, Window, gpu_history, host_history, resolution_of, window_of
 from management.services.hosts import HostsService
 from management.services.workloads import WorkloadsService
+from management.store import rental_repo
 from master.port import GpuRecord, MasterPort
 
 
@@ -88,7 +89,7 @@ class TelemetryService:
         workload = await self._workloads.get_workload(workload_id, account=account)
         window, kept_since = self._bounds(from_s, to_s, step_s)
         runs: list[tuple[str, str, float | None, float | None]] = []  # (agent id, unit, since, until)
-        rentals = await self._master.store.rentals.list(workload_id=workload.id)
+        rentals = await rental_repo(self._master.store).list(workload_id=workload.id)
         for rental in rentals:
             runs += [(h.agent_id, unit, rental.started_at, rental.ended_at) for h in rental.hosts for unit in h.units]
         if not any(r.ended_at is None for r in rentals):

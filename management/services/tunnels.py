@@ -17,8 +17,9 @@ from common.errors import Conflict, IdlegridError, NotFound
 from common.output import MARKER_ROOM, TailBuffer, bounded, last_lines
 from common.tunnel import Op, TunnelKind, encode_ticket
 from management.client.tunnel import Tunnel, TunnelClosed, TunnelGrant
+from management.store.outputs import OutputRepo
 from management.workloads.states import AssignmentState
-from master.port import Assignment, KeptOutput, MasterPort, OutputRepo, WorkloadRecord
+from master.port import Assignment, KeptOutput, MasterPort, WorkloadRecord
 
 Arg = Annotated[str, msgspec.Meta(min_length=1, max_length=2048)]
 DEFAULT_SHELL = ("/bin/sh",)

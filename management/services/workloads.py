@@ -18,17 +18,19 @@ from common.errors import Conflict, NotFound
 from management.scheduler.model import Explanation
 from management.services.market import MarketService, RentalDetail, WorkloadTerms
 from management.services.models import Page, page_of
+from management.store import output_repo
+from management.store.workloads import workload_order
 from management.workloads.book import WorkloadBook
 from management.workloads.runner import SchedulerLoop
 from management.workloads.states import WorkloadState
 from management.workloads.storage import STORAGE_EVENT_PREFIX, StorageSummary, summarize
-from master.port import EventRecord, KeptOutput, MasterPort, WorkloadRecord, WorkloadSpec, workload_order
+from master.port import EventRecord, KeptOutput, MasterPort, WorkloadRecord, WorkloadSpec
 
 EVENTS_PAGE = 500  # storage reports read per store call
 
 
 class WorkloadKey(msgspec.Struct, array_like=True, frozen=True):
-    listed: Annotated[str, msgspec.Meta(max_length=160)]  # master.store.aggregates.workload_order of the last item
+    listed: Annotated[str, msgspec.Meta(max_length=160)]  # management.store.workloads.workload_order of the last item
 
 
 @dataclass(frozen=True)
@@ -145,7 +147,7 @@ class WorkloadsService:
     async def workload_outputs(self, workload_id: str) -> list[KeptOutput]:
         """The output kept of a workload's deleted containers, by replica then attempt (the caller has checked who may
         see the workload)."""
-        kept = await self._master.store.outputs.list(workload_id=workload_id)
+        kept = await output_repo(self._master.store).list(workload_id=workload_id)
         return sorted(kept, key=lambda k: (k.replica, k.attempt))
 
     async def workload_storage(self, record: WorkloadRecord) -> StorageSummary | None:

@@ -28,6 +28,9 @@ import msgspec
 from common.containers import CommandSpec, DeleteSpec
 from common.egress import EgressRule
 from common.errors import Conflict, IdlegridError, InvalidTransition, NotFound
+from management.store import output_repo, workload_repo
+from management.store.outputs import output_key
+from management.store.workloads import workload_order
 from management.workloads.spec import DEFAULT_PRIORITY_CLASSES, check_spec
 from management.workloads.states import (
     FINAL_WORKLOAD_STATES,
@@ -50,8 +53,6 @@ from master.port import (
     TierPolicy,
     WorkloadRecord,
     WorkloadSpec,
-    output_key,
-    workload_order,
 )
 
 log = logging.getLogger(__name__)
@@ -124,7 +125,7 @@ class WorkloadBook:
                 return len(self._open)
             before: str | None = None
             while True:
-                page = await self._store.workloads.list(states=OPEN_WORKLOAD_STATES, before=before, limit=LOAD_PAGE)
+                page = await workload_repo(self._store).list(states=OPEN_WORKLOAD_STATES, before=before, limit=LOAD_PAGE)
                 for rec in page:
                     self._index(await self._sealed(rec))
                 if len(page) < LOAD_PAGE:
@@ -146,7 +147,7 @@ class WorkloadBook:
             rec, spec=spec, sealed_registry_password=self._master.secrets.seal(auth.password), version=rec.version + 1
         )
         try:
-            await self._store.workloads.update(sealed, expected_version=rec.version)
+            await workload_repo(self._store).update(sealed, expected_version=rec.version)
         except Conflict:  # StaleWorkload
             return rec  # another Master wrote it first (and sealed it too): the next load reads theirs
         return sealed
@@ -158,7 +159,7 @@ class WorkloadBook:
 
     async def get(self, workload_id: str, *, account: str | None = None) -> WorkloadRecord:
         """The workload; NotFound when missing or (with ``account``) owned by another account, alike."""
-        rec = self._open.get(workload_id) or await self._store.workloads.get(workload_id)
+        rec = self._open.get(workload_id) or await workload_repo(self._store).get(workload_id)
         if rec is None or (account is not None and rec.account != account):
             raise NotFound(f"no workload {workload_id!r}")
         return rec
@@ -172,7 +173,7 @@ class WorkloadBook:
         limit: int = 100,
     ) -> builtins.list[WorkloadRecord]:
         """Open and final workloads alike, newest first, from the store (which holds every write of this book)."""
-        return await self._store.workloads.list(account=account, states=states, before=before, limit=limit)
+        return await workload_repo(self._store).list(account=account, states=states, before=before, limit=limit)
 
     def open_workload(self, workload_id: str) -> WorkloadRecord | None:
         """An open workload as held in memory (no store read), None when it is not open."""
@@ -219,7 +220,7 @@ class WorkloadBook:
             version=1,
         )
         async with self._lock:
-            await self._store.workloads.insert(rec)
+            await workload_repo(self._store).insert(rec)
             self._index(rec)
             await self._record(rec, "", "submit", "submitted")
         self._notify("submitted", rec)
@@ -262,7 +263,7 @@ class WorkloadBook:
         # Their output is awaited before the deletes go: a Master killed after the deletes still reads it from the
         # hosts when it is back (management/services/outputs.py), whatever becomes of the assignments (a requeue drops them).
         for a in live:
-            await self._store.outputs.put(pending_output(rec, a, now))
+            await output_repo(self._store).put(pending_output(rec, a, now))
         if target != WorkloadState.QUEUED:
             changes = {"assignments": marked} | changes
         rec = await self._transition(rec.id, event, reason, now, changes)
@@ -274,7 +275,7 @@ class WorkloadBook:
         if refused:
             note = f"; {len(refused)} container(s) could not be deleted now: {'; '.join(refused)}"
             updated = msgspec.structs.replace(rec, state_reason=rec.state_reason + note, version=rec.version + 1)
-            await self._store.workloads.update(updated, expected_version=rec.version)
+            await workload_repo(self._store).update(updated, expected_version=rec.version)
             if rec.id in self._open:
                 self._unindex(rec)
                 self._index(updated)
@@ -286,7 +287,7 @@ class WorkloadBook:
         open or a final workload; ``note`` is added to the reason (a failed workload's last lines of output). None
         when no assignment of the workload names that container in ``deleting`` (a requeue dropped it)."""
         async with self._lock:
-            rec = self._open.get(workload_id) or await self._store.workloads.get(workload_id)
+            rec = self._open.get(workload_id) or await workload_repo(self._store).get(workload_id)
             if rec is None or not any(a.container == container and a.state == AssignmentState.DELETING for a in rec.assignments):
                 return None
             assignments = [
@@ -298,7 +299,7 @@ class WorkloadBook:
             updated = msgspec.structs.replace(
                 rec, assignments=assignments, state_reason=rec.state_reason + note, version=rec.version + 1
             )
-            await self._store.workloads.update(updated, expected_version=rec.version)
+            await workload_repo(self._store).update(updated, expected_version=rec.version)
             if rec.id in self._open:
                 self._unindex(rec)
                 self._index(updated)
@@ -314,7 +315,7 @@ class WorkloadBook:
             if fixed:
                 raise ValueError(f"an amendment may not set {', '.join(fixed)}")
             updated = msgspec.structs.replace(rec, **changes, version=rec.version + 1)
-            await self._store.workloads.update(updated, expected_version=rec.version)
+            await workload_repo(self._store).update(updated, expected_version=rec.version)
             self._unindex(rec)
             self._index(updated)
             return updated
@@ -332,7 +333,7 @@ class WorkloadBook:
                 raise InvalidTransition(f"workload {workload_id} is rented {kind}; only an interruptible workload has a bid")
             spec = msgspec.structs.replace(rec.spec, rental=msgspec.structs.replace(terms, bid=bid))
             updated = msgspec.structs.replace(rec, spec=spec, version=rec.version + 1)
-            await self._store.workloads.update(updated, expected_version=rec.version)
+            await workload_repo(self._store).update(updated, expected_version=rec.version)
             self._unindex(rec)
             self._index(updated)
             await self._master.record_event(BID_EVENT, workload_id, account=rec.account, old=terms.bid, new=bid, at=now)
@@ -357,7 +358,7 @@ class WorkloadBook:
     ) -> WorkloadRecord:
         rec = self._open.get(workload_id)
         if rec is None:
-            stored = await self._store.workloads.get(workload_id)
+            stored = await workload_repo(self._store).get(workload_id)
             if stored is None:
                 raise NotFound(f"no workload {workload_id!r}")
             raise InvalidTransition(f"workload {workload_id} is {stored.state}, which is final; it takes no {event!r}")
@@ -368,7 +369,7 @@ class WorkloadBook:
         updated = msgspec.structs.replace(
             rec, **(_implied(rec, event, target, now) | changes), state=target, state_reason=reason, version=rec.version + 1
         )
-        await self._store.workloads.update(updated, expected_version=rec.version)
+        await workload_repo(self._store).update(updated, expected_version=rec.version)
         self._unindex(rec)
         if target not in FINAL_WORKLOAD_STATES:
             self._index(updated)

@@ -46,6 +46,7 @@ from management.scheduler.snapshot import (
 )
 from management.scheduler.usage import UsageMeter
 from management.scheduler.usage_saving import UsageSaver
+from management.store import fair_share_repo
 from management.workloads import lifecycle
 from management.workloads.book import WorkloadBook
 from management.workloads.lifecycle import (
@@ -138,7 +139,7 @@ class SchedulerLoop:
         self.settings = settings or SchedulerSettings()
         self._clock = clock
         self.usage = UsageMeter(self.settings.half_life_s)
-        self.usage_saver = UsageSaver(self.usage, master.store.fair_share, every_s=self.settings.usage_save_every_s)
+        self.usage_saver = UsageSaver(self.usage, fair_share_repo(master.store), every_s=self.settings.usage_save_every_s)
         self.base_policy = Policy(
             half_life_s=self.settings.half_life_s,
             placement_default=self.settings.placement,  # type: ignore[arg-type]  # checked by the settings' user

@@ -1,16 +1,18 @@
-"""The aggregates the store keeps, named once for both backends, the metrics and the quarantine."""
+"""The Master's aggregates in its store, named once for both backends, the metrics and the quarantine.
+
+Management's own aggregates are not here: each is named by its plugin in management/store/ (docs/store.md).
+"""
 
 from __future__ import annotations
 
-from enum import Enum
-
-from master.records import FairShareUsage
+from enum import StrEnum
 
 
-class Aggregate(str, Enum):
-    """The aggregates the store keeps; each value names its SQLite table and its MongoDB collection alike.
+class Aggregate(StrEnum):
+    """The Master's aggregates; each value names its SQLite table and its MongoDB collection alike.
 
-    Also the ``aggregate`` label of the store's metrics and of quarantined records, so that label is bounded.
+    Also the ``aggregate`` label of the store's metrics and of quarantined records, which is bounded by these and the
+    plugged aggregates' names (master/store/plugin.py). A ``StrEnum``: a member is that name, a plain ``str``.
     """
 
     AGENTS = "agents"
@@ -23,19 +25,9 @@ class Aggregate(str, Enum):
     ROLLUPS = "rollups"
     HOURLY_ROLLUPS = "hourly_rollups"
     ACCOUNTS = "accounts"
-    WORKLOADS = "workloads"
-    FAIR_SHARE = "fair_share"
-    PRICES = "prices"
-    RENTALS = "rentals"
-    LEDGER = "ledger"
-    ALERT_RULES = "alert_rules"
-    SILENCES = "silences"
-    WEBHOOKS = "webhooks"
     # host telemetry history: one host's own readings, by minute and by hour (keyed by host_rollup_key)
     HOST_ROLLUPS = "host_rollups"
     HOST_HOURLY_ROLLUPS = "host_hourly_rollups"
-    OUTPUTS = "outputs"  # workload containers' output kept after they are deleted
-    SSH_KEYS = "ssh_keys"  # accounts' SSH public keys (docs/ssh.md)
     SECRETS = "secrets"  # renters' secrets, encrypted (keyed by secret_key)
 
 
@@ -44,41 +36,11 @@ def host_rollup_key(agent_id: str, minute: int) -> str:
     return f"{agent_id}:{minute}"
 
 
-def workload_order(created_at: float, workload_id: str) -> str:
-    """Where a workload sorts in lists, in both backends: by creation time, then id, as one comparable string."""
-    return f"{created_at:020.6f}|{workload_id}"
-
-
 def rollup_key(gpu_uuid: str, minute: int) -> str:
     """The key of one GPU's rollup of one minute, in both backends (MongoDB's ``_id``)."""
     return f"{gpu_uuid}:{minute}"
 
 
-def fair_share_key(account: str, project: str | None) -> str:
-    """The key of one fair-share figure, in both backends: the account id (which has no "/"), then "/project"."""
-    return account if project is None else f"{account}/{project}"
-
-
-def fair_share_order(rec: FairShareUsage) -> tuple[str, bool, str]:
-    """Where a fair-share figure sorts in both backends: by account, its own figure first, then by project."""
-    return (rec.account, rec.project is not None, rec.project or "")
-
-
-def price_key(provider: str, agent_id: str) -> str:
-    """The key of one price record in both backends: the provider, then "/" and the host ("" for its default)."""
-    return f"{provider}/{agent_id}"
-
-
-def rental_order(started_at: float, rental_id: str) -> str:
-    """Where a rental sorts in lists, in both backends: by start, then id, as one comparable string."""
-    return f"{started_at:020.6f}|{rental_id}"
-
-
 def secret_key(account: str, name: str) -> str:
     """The key of one account's secret, in both backends: the account id (which has no "/"), "/", the name."""
     return f"{account}/{name}"
-
-
-def output_key(workload_id: str, replica: int, attempt: int) -> str:
-    """The key of one container's kept output (one replica of one attempt of a workload), in both backends."""
-    return f"{workload_id}:r{replica}:a{attempt}"

@@ -1,5 +1,8 @@
 """The Master's store: one repository per aggregate, the contract both backends (SQLite, MongoDB) keep.
 
+These are the Master's own aggregates; management's are declared in management/store/ and reached through
+``Store.repository`` (master/store/plugin.py), with the same contract.
+
 Repositories take and return the record structs of ``master.records``; a backend never hands out
 an object it still holds, and copies a record when it is written, so callers may keep mutating theirs.
 
@@ -18,56 +21,38 @@ from typing import Protocol
 from master.records import (
     AccountRecord,
     AgentRecord,
-    AlertRuleRecord,
     ApiKeyRecord,
     CommandRecord,
     EventRecord,
-    FairShareUsage,
     GpuRecord,
     HostRollup,
-    KeptOutput,
     LeaseRecord,
-    LedgerEntry,
-    PriceRecord,
-    RentalRecord,
     RevocationRecord,
     SecretRecord,
-    SilenceRecord,
-    SshKeyRecord,
     TelemetryRollup,
     TokenRecord,
-    WebhookRecord,
-    WorkloadRecord,
 )
 from master.store.aggregates import Aggregate
 from master.store.metrics import StoreMetrics
+from master.store.plugin import AggregatePlugin, Repo
 from master.store.quarantine import Quarantine
 
 __all__ = [
     "AccountRepo",
     "Aggregate",
     "AgentRepo",
-    "AlertRuleRepo",
     "ApiKeyRepo",
     "CommandRepo",
     "EventRepo",
-    "FairShareRepo",
     "GpuRepo",
     "HostRollupRepo",
     "LeaseRepo",
-    "LedgerRepo",
-    "PriceRepo",
-    "RentalRepo",
     "RevocationRepo",
     "SecretRepo",
     "RollupRepo",
-    "SilenceRepo",
-    "SshKeyRepo",
     "Store",
     "TokenOutcome",
     "TokenRepo",
-    "WebhookRepo",
-    "WorkloadRepo",
     "prefix_upper_bound",
 ]
 
@@ -210,168 +195,6 @@ class HostRollupRepo(Protocol):
         """Delete these hosts' rollups with ``minute < before_minute`` (retention); returns how many went."""
 
 
-class WorkloadRepo(Protocol):
-    """Renters' workloads; written with a version check (optimistic concurrency), listed newest first.
-
-    The order of a list is ``aggregates.workload_order(created_at, id)``, descending; ``before`` is such an
-    order key (the last one of the previous page) and the list continues strictly after it.
-    """
-
-    async def get(self, workload_id: str) -> WorkloadRecord | None: ...
-
-    async def insert(self, rec: WorkloadRecord) -> None:
-        """Store a new workload; DuplicateWorkload if its id is taken."""
-
-    async def update(self, rec: WorkloadRecord, *, expected_version: int) -> None:
-        """Replace the stored workload if its stored ``version`` is ``expected_version``, else StaleWorkload
-        (also when it is not stored at all). The caller sets ``rec.version`` (normally ``expected_version + 1``)."""
-
-    async def list(
-        self,
-        *,
-        account: str | None = None,
-        states: Collection[str] | None = None,
-        before: str | None = None,
-        limit: int = 1000,
-    ) -> builtins.list[WorkloadRecord]:
-        """Workloads matching every filter, newest first; an empty ``states`` matches none."""
-
-
-class OutputRepo(Protocol):
-    """Workload containers' kept output (``KeptOutput``), one record per replica and attempt."""
-
-    async def put(self, rec: KeptOutput) -> None:
-        """Insert, or replace the record with the same id."""
-
-    async def get(self, key: str) -> KeptOutput | None: ...
-
-    async def list(
-        self, *, workload_id: str | None = None, state: str | None = None, limit: int = 1000
-    ) -> builtins.list[KeptOutput]:
-        """Records matching every filter, oldest ``ended_at`` first (then by id)."""
-
-    async def delete_before(self, ended_before: float) -> int:
-        """Delete the records that are no longer pending with ``ended_at < ended_before`` (retention); how many."""
-
-
-class FairShareRepo(Protocol):
-    """The scheduler's decayed usage, one figure per account and per (account, project), keyed by
-    ``aggregates.fair_share_key``. Figures are written whole (last writer wins: see docs/scheduler.md)."""
-
-    async def put_many(self, recs: Sequence[FairShareUsage]) -> None:
-        """Insert, or replace the figures with the same (account, project), in one batch."""
-
-    async def list(self) -> builtins.list[FairShareUsage]:
-        """Every figure, by account, the account's own figure before its projects, then by project."""
-
-
-class PriceRepo(Protocol):
-    """Providers' prices, one record per (provider, agent_id); agent_id "" is the provider's default."""
-
-    async def put(self, rec: PriceRecord) -> None:
-        """Insert, or replace the record with the same (provider, agent_id)."""
-
-    async def delete(self, provider: str, agent_id: str) -> bool:
-        """Remove one record; False when there was none."""
-
-    async def list(self, *, provider: str | None = None) -> builtins.list[PriceRecord]:
-        """Every record (of one provider when given), by provider, then agent_id ("" first)."""
-
-
-class RentalRepo(Protocol):
-    """Rentals (one run of a workload, priced); written with a version check like workloads."""
-
-    async def get(self, rental_id: str) -> RentalRecord | None: ...
-
-    async def insert(self, rec: RentalRecord) -> bool:
-        """Store a new rental; False (nothing written) when its id is taken, even by a concurrent insert."""
-
-    async def update(self, rec: RentalRecord, *, expected_version: int) -> None:
-        """Replace the stored rental if its stored ``version`` is ``expected_version``, else StaleRental (also when
-        it is not stored). The caller sets ``rec.version``."""
-
-    async def list(
-        self,
-        *,
-        account: str | None = None,
-        workload_id: str | None = None,
-        agent_id: str | None = None,
-        provider: str | None = None,
-        open_only: bool = False,
-        ended_since: float | None = None,
-        after: str | None = None,
-        limit: int = 1000,
-    ) -> builtins.list[RentalRecord]:
-        """Rentals matching every filter, by ``started_at`` then id (ascending); ``agent_id``/``provider``: rentals
-        with a host of theirs; ``open_only``: not ended; ``ended_since``: open, or ended at or after it; ``after``: an
-        order key (``aggregates.rental_order``) of the last one of the previous page."""
-
-
-class LedgerRepo(Protocol):
-    """The double-entry ledger: entries are appended, never changed; an entry's key is unique."""
-
-    async def post(self, entry: LedgerEntry) -> int | None:
-        """Append ``entry`` atomically (all its lines or none) and return its ``seq``; None, and nothing written, when
-        an entry with its key is already there (even one written concurrently). UnbalancedEntry when its lines do not
-        sum to zero, or it has none."""
-
-    async def get(self, key: str) -> LedgerEntry | None: ...
-
-    async def list(
-        self, *, account: str | None = None, rental: str | None = None, after_seq: int = 0, limit: int = 1000
-    ) -> builtins.list[LedgerEntry]:
-        """Entries with ``seq > after_seq``, ascending; ``account``: those with a line on that ledger account;
-        ``rental``: those of that rental."""
-
-    async def balances(self) -> dict[str, int]:
-        """The sum of every ledger account's lines (accounts with no line are absent)."""
-
-
-class AlertRuleRepo(Protocol):
-    """Alert rules put through the API, one per name."""
-
-    async def put(self, rec: AlertRuleRecord) -> None:
-        """Insert, or replace the rule of the same name."""
-
-    async def delete(self, name: str) -> bool:
-        """Remove one rule; False when there was none."""
-
-    async def list(self) -> builtins.list[AlertRuleRecord]:
-        """Every rule, by name."""
-
-
-class SilenceRepo(Protocol):
-    async def put(self, rec: SilenceRecord) -> None:
-        """Insert, or replace the silence of the same id (an expiry brought forward)."""
-
-    async def list(self, *, active_at: float | None = None) -> builtins.list[SilenceRecord]:
-        """Every silence (those expiring after ``active_at`` when given), by creation, then id."""
-
-
-class WebhookRepo(Protocol):
-    async def put(self, rec: WebhookRecord) -> None:
-        """Insert, or replace the webhook of the same id."""
-
-    async def delete(self, webhook_id: str) -> bool:
-        """Remove one webhook; False when there was none."""
-
-    async def list(self, *, owner: str | None = None) -> builtins.list[WebhookRecord]:
-        """Every webhook (of one owner when given), by creation, then id."""
-
-
-class SshKeyRepo(Protocol):
-    """Accounts' SSH public keys (docs/ssh.md), keyed by id."""
-
-    async def put(self, rec: SshKeyRecord) -> None:
-        """Insert, or replace the key of the same id."""
-
-    async def delete(self, key_id: str) -> bool:
-        """Remove one key; False when there was none."""
-
-    async def list(self, *, account: str | None = None) -> builtins.list[SshKeyRecord]:
-        """Every key (of one account when given), by creation, then id."""
-
-
 class LeaseRepo(Protocol):
     """The leader lease of the Masters sharing this store (docs/ha.md); every change is one atomic step, so of
     Masters racing for it at most one holds it at any time. ``now`` is wall-clock seconds (the acquirer's clock)."""
@@ -418,23 +241,16 @@ class Store(Protocol):
     revocations: RevocationRepo
     rollups: RollupRepo
     hourly_rollups: RollupRepo  # the same records, one per GPU and hour, downsampled from ``rollups``
-    workloads: WorkloadRepo
-    outputs: OutputRepo
     secrets: SecretRepo  # renters' secrets, sealed (master/secrets.py)
-    fair_share: FairShareRepo
-    prices: PriceRepo
-    rentals: RentalRepo
-    ledger: LedgerRepo
-    alert_rules: AlertRuleRepo
-    silences: SilenceRepo
-    webhooks: WebhookRepo
     host_rollups: HostRollupRepo  # a host's own telemetry, one per host and minute
     host_hourly_rollups: HostRollupRepo  # the same, one per host and hour, downsampled from ``host_rollups``
     leases: LeaseRepo  # the leader lease (docs/ha.md)
-    ssh_keys: SshKeyRepo  # accounts' SSH public keys (docs/ssh.md)
     backend: str  # "sqlite" | "mongodb"
     quarantine: Quarantine  # the records found undecodable, kept aside
     metrics: StoreMetrics  # write latency and quarantined records; register into the daemon's registry
+
+    def repository(self, plugin: AggregatePlugin[Repo]) -> Repo:
+        """The repository of an aggregate another part keeps here (master/store/plugin.py), built on first use."""
 
     async def open(self) -> None:
         """Connect and apply pending migrations; raises ConfigError for a store newer than this code."""

@@ -19,7 +19,6 @@ from typing import Any
 import msgspec
 import msgspec.inspect as mi
 
-from master.store.aggregates import Aggregate
 from master.store.errors import UnstorableRecord
 
 # A check takes a value and returns the path inside it (relative: "" is the value itself) and the value of
@@ -29,7 +28,7 @@ Check = Callable[[Any], tuple[str, float] | None]
 _json = msgspec.json.Encoder()
 
 
-def to_document(aggregate: Aggregate, key: object, rec: msgspec.Struct) -> dict[str, Any]:
+def to_document(aggregate: str, key: object, rec: msgspec.Struct) -> dict[str, Any]:
     """``rec`` as builtins; UnstorableRecord if any float in it is NaN or infinite."""
     refuse_non_finite(aggregate, key, rec)
     doc = msgspec.to_builtins(rec)
@@ -37,18 +36,18 @@ def to_document(aggregate: Aggregate, key: object, rec: msgspec.Struct) -> dict[
     return doc
 
 
-def to_json(aggregate: Aggregate, key: object, rec: msgspec.Struct) -> str:
+def to_json(aggregate: str, key: object, rec: msgspec.Struct) -> str:
     """``rec`` as JSON text, refused as ``to_document`` refuses it."""
     refuse_non_finite(aggregate, key, rec)
     return _json.encode(rec).decode()
 
 
-def refuse_non_finite(aggregate: Aggregate, key: object, rec: msgspec.Struct) -> None:
+def refuse_non_finite(aggregate: str, key: object, rec: msgspec.Struct) -> None:
     found = _struct_check(type(rec))(rec)
     if found is not None:
         field, value = found
         raise UnstorableRecord(
-            f"refusing to store {aggregate.value} record {key!r}: {field} is {value!r}, and a stored NaN or "
+            f"refusing to store {aggregate} record {key!r}: {field} is {value!r}, and a stored NaN or "
             "infinity cannot be read back; the value must be checked where it entered (API request, agent frame)"
         )
 

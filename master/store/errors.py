@@ -11,23 +11,5 @@ class UnstorableRecord(IdlegridError):
     code = "unstorable_record"
 
 
-class StaleWorkload(Conflict):
-    """A workload write that named a version other than the stored one: someone else wrote it first. Read it again."""
-
-
-class DuplicateWorkload(Conflict):
-    """A new workload whose id is already stored."""
-
-
-class StaleRental(Conflict):
-    """A rental write that named a version other than the stored one: someone else wrote it first. Read it again."""
-
-
-class UnbalancedEntry(IdlegridError):
-    """A ledger entry whose lines do not sum to zero (or that has none): the ledger refuses it whole."""
-
-    code = "unbalanced_entry"
-
-
 class DuplicateSecret(Conflict):
     """A new secret whose name the account already uses: secrets are never overwritten in place (delete it first)."""

@@ -13,10 +13,12 @@ from collections.abc import Callable
 from typing import Any
 
 from master.store.base import LeaseRepo, Store
+from master.store.plugin import AggregatePlugin, Repo
 
 Check = Callable[[], None]
 
-# The write methods of the repositories of master/store/base.py (a new verb that writes must be named here).
+# The write methods of the store's repositories, its own (master/store/base.py) and the plugged ones (management/store/):
+# a new verb that writes must be named here.
 WRITES = frozenset(
     {
         "put",
@@ -67,10 +69,19 @@ class FencedStore:
 
     def __init__(self, store: Store, fence: Check) -> None:
         self.inner = store
+        self._fence = fence
         self.leases: LeaseRepo = store.leases
+        self._plugged: dict[str, Any] = {}
         for name in repo_names():
             if name not in UNFENCED_REPOS:
                 setattr(self, name, FencedRepo(getattr(store, name), fence))
+
+    def repository(self, plugin: AggregatePlugin[Repo]) -> Repo:
+        """A plugged aggregate's repository (master/store/plugin.py), fenced as the store's own."""
+        repo = self.inner.repository(plugin)  # the inner store checks the name is the plugin's alone
+        if plugin.name not in self._plugged:
+            self._plugged[plugin.name] = FencedRepo(repo, self._fence)
+        return typing.cast(Repo, self._plugged[plugin.name])
 
     def __getattr__(self, name: str) -> Any:  # backend, quarantine, metrics, open, close, schema_version, path...
         return getattr(self.inner, name)

@@ -1,6 +1,7 @@
 """The store's Prometheus metrics: write latency and quarantined records, by aggregate and backend.
 
-Both label sets are bounded: aggregates are the ``Aggregate`` members, backends "sqlite" and "mongodb".
+Both label sets are bounded: aggregates are the ``Aggregate`` members and the plugged aggregates' names (each given
+once, in code: master/store/plugin.py), backends "sqlite" and "mongodb".
 The collectors belong to no registry until ``register`` puts them in the daemon's.
 """
 
@@ -30,9 +31,15 @@ class StoreMetrics:
             buckets=WRITE_BUCKETS_S,
             registry=None,
         )
+        self.aggregates: list[str] = []
+        self.quarantined = _QuarantinedRecords(quarantine, self.aggregates)
         for aggregate in Aggregate:  # every series exists from the start, at zero
-            self.write_seconds.labels(aggregate.value, backend)
-        self.quarantined = _QuarantinedRecords(quarantine)
+            self.track(aggregate)
+
+    def track(self, aggregate: str) -> None:
+        """Give ``aggregate``'s series, at zero: the store's own at once, a plugged one's when it is first used."""
+        self.write_seconds.labels(aggregate, self.backend)
+        self.aggregates.append(aggregate)
 
     def register(self, registry: CollectorRegistry) -> None:
         """Expose these metrics in ``registry`` (the daemon's, e.g. the Master's ``/metrics``); once per registry."""
@@ -40,17 +47,18 @@ class StoreMetrics:
         registry.register(self.quarantined)
 
     @contextmanager
-    def timed_write(self, aggregate: Aggregate) -> Iterator[None]:
+    def timed_write(self, aggregate: str) -> Iterator[None]:
         """Observe the time the block takes as one write of ``aggregate``, whether it succeeds or fails."""
-        with self.write_seconds.labels(aggregate.value, self.backend).time():
+        with self.write_seconds.labels(aggregate, self.backend).time():
             yield
 
 
 class _QuarantinedRecords(Collector):
     """A gauge read from the quarantine at scrape time."""
 
-    def __init__(self, quarantine: Quarantine) -> None:
+    def __init__(self, quarantine: Quarantine, aggregates: list[str]) -> None:
         self._quarantine = quarantine
+        self._aggregates = aggregates  # StoreMetrics's, growing as plugged aggregates are used
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         gauge = GaugeMetricFamily(
@@ -59,6 +67,6 @@ class _QuarantinedRecords(Collector):
             labels=["aggregate", "backend"],
         )
         counts = self._quarantine.counts()
-        for aggregate in Aggregate:
-            gauge.add_metric([aggregate.value, self._quarantine.backend], counts[aggregate])
+        for aggregate in list(self._aggregates):
+            gauge.add_metric([aggregate, self._quarantine.backend], counts[aggregate])
         yield gauge

@@ -171,7 +171,7 @@ SQLITE_MIGRATIONS: tuple[SqliteMigration, ...] = (
             """CREATE TABLE prices (
                 key TEXT PRIMARY KEY, provider TEXT NOT NULL, agent_id TEXT NOT NULL, doc TEXT NOT NULL)""",
             "CREATE INDEX prices_by_provider ON prices (provider, agent_id)",
-            # ``listed``: aggregates.rental_order(started_at, id), the one column lists sort and page on.
+            # ``listed``: rental_order(started_at, id) (management/store/rentals.py), the one column lists sort and page on.
             """CREATE TABLE rentals (
                 id TEXT PRIMARY KEY, workload_id TEXT NOT NULL, account TEXT NOT NULL, listed TEXT NOT NULL,
                 ended_at REAL, version INTEGER NOT NULL, doc TEXT NOT NULL)""",

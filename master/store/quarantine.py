@@ -21,8 +21,6 @@ from typing import TypeVar
 
 import msgspec
 
-from master.store.aggregates import Aggregate
-
 log = logging.getLogger(__name__)
 
 Raw = TypeVar("Raw")
@@ -36,7 +34,7 @@ REASON_MAX_CHARS = 300  # a decoder's message can quote the record; the log and 
 
 
 class QuarantinedRecord(msgspec.Struct, frozen=True, kw_only=True):
-    aggregate: Aggregate
+    aggregate: str  # an ``Aggregate``, or a plugged aggregate's name (master/store/plugin.py)
     key: str  # the record's key in its table or collection (an id, a hash, "<gpu_uuid>:<minute>", an event seq)
     backend: str
     reason: str  # why it did not decode
@@ -53,11 +51,11 @@ class Quarantine:
         self.backend = backend
         self._clock = clock
         self._lock = threading.Lock()
-        self._found: dict[tuple[Aggregate, str], QuarantinedRecord] = {}
+        self._found: dict[tuple[str, str], QuarantinedRecord] = {}
         self._unreported: list[QuarantinedRecord] = []
 
     def decode_each(
-        self, aggregate: Aggregate, raw: Iterable[Raw], decode: Callable[[Raw], Decoded], key_of: Callable[[Raw], object]
+        self, aggregate: str, raw: Iterable[Raw], decode: Callable[[Raw], Decoded], key_of: Callable[[Raw], object]
     ) -> list[Decoded]:
         """Each of ``raw`` (rows, documents) decoded; those that fail are added here and left out."""
         decoded = []
@@ -68,7 +66,7 @@ class Quarantine:
                 self.add(aggregate, key_of(item), exc)
         return decoded
 
-    def add(self, aggregate: Aggregate, key: object, error: Exception) -> None:
+    def add(self, aggregate: str, key: object, error: Exception) -> None:
         """Note one record that failed to decode; logged the first time it is met."""
         reason = f"{type(error).__name__}: {error}"[:REASON_MAX_CHARS]
         found = QuarantinedRecord(aggregate=aggregate, key=str(key), backend=self.backend, reason=reason, found_at=self._clock())
@@ -79,10 +77,10 @@ class Quarantine:
             self._unreported.append(found)
         log.warning(
             "undecodable store record quarantined: skipped and left in the database",
-            extra={"aggregate": aggregate.value, "key": found.key, "backend": self.backend, "reason": reason},
+            extra={"aggregate": str(aggregate), "key": found.key, "backend": self.backend, "reason": reason},
         )
 
-    def release(self, aggregate: Aggregate, keys: Iterable[object]) -> None:
+    def release(self, aggregate: str, keys: Iterable[object]) -> None:
         """Forget records just overwritten by good ones."""
         if not self._found:  # the common case, without taking the lock
             return
@@ -96,7 +94,7 @@ class Quarantine:
         with self._lock:
             return list(self._found.values())
 
-    def counts(self) -> Counter[Aggregate]:
+    def counts(self) -> Counter[str]:
         """How many records of each aggregate are in quarantine now."""
         with self._lock:
             return Counter(aggregate for aggregate, _ in self._found)

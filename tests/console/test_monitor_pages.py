@@ -27,6 +27,7 @@ from management.console.pages.reports import (
 from management.monitoring.evaluator import AlertState, AlertTransition
 from management.monitoring.rules import AlertRule
 from management.monitoring.settings import RuleListing
+from management.store import silence_repo
 from master.records import SilenceRecord
 from tests.console.plain_http import csrf_of, sign_in
 
@@ -225,7 +226,7 @@ async def test_a_renter_has_alerts_and_reports_but_no_silences(console):
     form = {"rule": "gpu_overheating", "duration": "1h", "csrf_token": token}
     posted = await console.post("/console/silences", data=form, headers={"Origin": console.origin}, allow_redirects=False)
     assert posted.status == 403 and "may not write silences" in await posted.text()
-    assert await console.master.store.silences.list(active_at=None) == []
+    assert await silence_repo(console.master.store).list(active_at=None) == []
 
 
 async def test_bad_report_input_is_a_400_page_naming_it_and_the_csv_is_the_reports(console):

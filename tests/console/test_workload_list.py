@@ -12,6 +12,7 @@ import pytest
 
 from management.market.money import parse_amount
 from management.market.prices import PriceSetting
+from management.store import rental_repo
 from master.port import LedgerEntry, LedgerLine, RentalHost, RentalRecord, WorkloadSpec
 from master.records import ReplicaSpec
 from tests.management.hosts import add_agent
@@ -43,7 +44,7 @@ def ran(console_master):
             id=f"{trained.id}-a1", workload_id=trained.id, account="rita", kind="on_demand", hosts=[host],
             started_at=end - 9000, ended_at=end,
         )  # fmt: skip
-        assert await master.store.rentals.insert(rental)
+        assert await rental_repo(master.store).insert(rental)
         charge = LedgerEntry(
             key=f"charge:{rental.id}:0", ts=end, kind="charge", memo="charge", rental=rental.id,
             lines=[LedgerLine(account="renter:rita", amount=-3_000_000), LedgerLine(account="provider:acme", amount=3_000_000)],

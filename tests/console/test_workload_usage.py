@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from management.store import rental_repo
 from master.port import RentalHost, RentalRecord, TelemetryRollup, WorkloadSpec
 from tests.management.hosts import add_agent
 
@@ -31,7 +32,7 @@ def busy(console_master):
         rental = RentalRecord(
             id=f"{record.id}-a1", workload_id=record.id, account="rita", kind="on_demand", hosts=[host], started_at=now - 600
         )
-        assert await master.store.rentals.insert(rental)
+        assert await rental_repo(master.store).insert(rental)
         first = int((now - 600) // 60) + 1
         minutes = [
             TelemetryRollup(

@@ -9,6 +9,7 @@ import pytest
 
 from common.wire import AgentEvent, AgentEventKind
 from management.http.keys import SERVICES_KEY
+from management.store import alert_rule_repo, webhook_repo
 from tests.management.hosts import add_agent, api_key
 
 
@@ -26,7 +27,7 @@ async def test_the_operator_puts_a_rule_that_replaces_the_files_and_deleting_it_
     assert (rules["gpu_overheating"]["threshold"], rules["gpu_overheating"]["source"]) == (80, "api")
     operations = api.app[SERVICES_KEY]
     assert [r.threshold for r in operations.alerts.loop.rules if r.name == "gpu_overheating"] == [80]
-    assert [r.name for r in await api.master.store.alert_rules.list()] == ["gpu_overheating"]
+    assert [r.name for r in await alert_rule_repo(api.master.store).list()] == ["gpu_overheating"]
 
     deleted = await api.delete("/api/v1/alert-rules/gpu_overheating", headers=api.auth)
     assert deleted.status == 200 and (await deleted.json())["applies_now"]["threshold"] == 85
@@ -79,7 +80,7 @@ async def test_webhooks_are_each_accounts_own_and_the_secret_is_shown_once(api):
 
     assert (await api.delete(f"/api/v1/webhooks/{hook['id']}", headers=acme)).status == 204
     assert hook["id"] not in api.app[SERVICES_KEY].alerts.loop.notifier.webhooks
-    assert await api.master.store.webhooks.list() == []
+    assert await webhook_repo(api.master.store).list() == []
 
 
 async def test_the_operator_silences_with_an_expiry_and_ends_a_silence_early(api):
@@ -151,4 +152,4 @@ async def test_silences_and_rules_are_the_operators_alone(api, role):
     assert (await api.get("/api/v1/alert-rules", headers=other)).status == 200
     listed = (await (await api.get("/api/v1/silences", headers=api.auth)).json())["items"]
     assert [s["id"] for s in listed] == [silence_id]
-    assert [r.name for r in await api.master.store.alert_rules.list()] == []
+    assert [r.name for r in await alert_rule_repo(api.master.store).list()] == []

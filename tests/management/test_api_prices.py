@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from management.store import price_repo
 from tests.management.hosts import add_agent, api_key
 
 
@@ -154,5 +155,5 @@ async def test_every_price_write_is_audited_and_reads_are_not(market):
 
 async def test_a_price_set_through_the_api_is_stored_in_micro_units(market):
     await market.put("/api/v1/agents/agt-a1/price", json={"on_demand": "4.25"}, headers=market.acme)
-    stored = await market.master.store.prices.list(provider="acme")
+    stored = await price_repo(market.master.store).list(provider="acme")
     assert [(r.agent_id, r.on_demand) for r in stored] == [("agt-a1", 4_250_000)]

@@ -9,6 +9,7 @@ import hashlib
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
 
+from management.store import ssh_key_repo
 from tests.management.hosts import api_key
 from tests.management.test_api_workloads import submit
 
@@ -44,7 +45,7 @@ async def test_each_account_manages_its_own_ssh_keys_and_the_operator_every_acco
     assert theirs.status == 403  # a renter adds keys to its own account only
     assert (await api.delete(f"/api/v1/ssh-keys/{key['id']}", headers=bo)).status == 404  # not bo's: as if absent
     assert (await api.delete(f"/api/v1/ssh-keys/{key['id']}", headers=ana)).status == 204
-    assert await api.master.store.ssh_keys.list() == []
+    assert await ssh_key_repo(api.master.store).list() == []
 
     # The operator adds a key to a renter's account.
     for_bo = await api.post("/api/v1/ssh-keys", json={"public_key": line, "account": "bo", "name": "ci"}, headers=api.auth)

@@ -11,6 +11,7 @@ import msgspec
 import pytest
 
 from common.inventory import GpuSample, HostSample
+from management.store import rental_repo
 from management.views.telemetry import TelemetryView
 from master.records import RentalHost, RentalRecord
 from tests.management.hosts import add_agent, api_key
@@ -113,7 +114,7 @@ async def test_a_workload_answers_its_gpus_over_its_runs_to_its_renter_only(api)
         id=f"{workload_id}-a1", workload_id=workload_id, account="alice", kind="on_demand", hosts=[host],
         started_at=T0 + 120, ended_at=T0 + 360,
     )  # fmt: skip
-    assert await api.master.store.rentals.insert(run)
+    assert await rental_repo(api.master.store).insert(run)
 
     status, body = await get(api, f"/api/v1/workloads/{workload_id}/telemetry?from={T0:.0f}&to={T0 + 600:.0f}", alice)
     assert status == 200, body

@@ -18,7 +18,9 @@ from typing import Any
 import pytest
 
 from management.http.keys import SERVICES_KEY
+from management.store import workload_repo
 from tests.management.hosts import add_agent, api_key
+from tests.support.stored import stored_workload
 
 SECRET = "hf_secret_value"
 SPEC: dict[str, Any] = {
@@ -70,7 +72,7 @@ async def test_a_renter_cannot_see_explain_or_cancel_another_renters_workload(ap
     assert (await other.json()) == _with_id(await missing.json(), MISSING, theirs)  # the same answer: nothing leaks
     readable = path.format(theirs) if method == "GET" else f"/api/v1/workloads/{theirs}"
     assert (await api.get(readable, headers=tenants["alice"])).status == 200  # alice still reads (and explains) it
-    assert (await api.master.store.workloads.get(theirs)).state == "queued"  # bob's cancel did nothing
+    assert (await stored_workload(api.master.store, theirs)).state == "queued"  # bob's cancel did nothing
 
 
 async def test_a_renter_lists_none_of_another_renters_workloads_whatever_it_filters_on(api, tenants):
@@ -91,7 +93,7 @@ async def test_a_provider_uses_no_workload_route(api, tenants, method, path):
 
 async def test_a_provider_sees_what_runs_on_its_hosts_without_the_renters_secrets(api, tenants):
     await place(api)
-    placed = await api.master.store.workloads.get(tenants["workload"])
+    placed = await stored_workload(api.master.store, tenants["workload"])
     assert placed.state == "scheduled" and [a.agent_id for a in placed.assignments] == ["agt-acme"]
     (assignment,) = placed.assignments
 
@@ -142,8 +144,8 @@ async def test_a_revoked_renter_key_is_refused_on_the_very_next_call_and_its_wor
         refused = await api.request(method, call, json=SPEC if call.endswith("workloads") else None, headers=alice)
         assert refused.status == 401, call
         assert key_id in (await refused.json())["error"]["message"]
-    assert (await api.master.store.workloads.get(tenants["workload"])).state == "queued"  # nothing was done with it
-    assert len(await api.master.store.workloads.list()) == 1
+    assert (await stored_workload(api.master.store, tenants["workload"])).state == "queued"  # nothing was done with it
+    assert len(await workload_repo(api.master.store).list()) == 1
     assert (await api.get(path, headers=api.auth)).status == 200  # the operator still reads it
     assert (await api.get("/api/v1/workloads", headers=tenants["bob"])).status == 200  # other keys are untouched
 

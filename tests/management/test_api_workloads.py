@@ -9,10 +9,12 @@ from typing import Any
 
 import pytest
 
+from management.store import workload_repo
 from master.config import MasterConfig
 from master.overlay import LighthouseSetting, OverlaySettings
 from tests.management.hosts import api_key
 from tests.support.operator_api import operator_api
+from tests.support.stored import stored_workload
 
 SPEC: dict[str, Any] = {
     "name": "train-llm",
@@ -55,7 +57,7 @@ async def test_a_renter_submits_a_workload_that_waits_in_the_queue(api, keys):
     assert waiting["job_id"] == body["id"] and waiting["cannot_fit"] == "no GPU on this grid is a h100-sxm"
     assert [f["name"] for f in waiting["filters"]][:2] == ["unhealthy or offline", "host takes no work"]
     assert waiting["summary"].startswith("Cannot be placed on this grid as it is now: no GPU on this grid is a h100-sxm")
-    assert (await api.master.store.workloads.get(body["id"])).spec.env == {"HF_TOKEN": "hf_secret_value"}
+    assert (await stored_workload(api.master.store, body["id"])).spec.env == {"HF_TOKEN": "hf_secret_value"}
     events = await api.master.store.events.list(subject=body["id"])
     assert [(e.kind, e.data["to"], e.data["account"]) for e in events] == [("workload.transition", "queued", "alice")]
 
@@ -90,7 +92,7 @@ async def test_each_bad_field_is_refused_with_a_400_that_names_it(api, keys, cha
     response = await api.post("/api/v1/workloads", json=SPEC | change, headers=keys["alice"])
     assert response.status == 400, await response.text()
     assert field in (await response.json())["error"]["message"]
-    assert await api.master.store.workloads.list() == []
+    assert await workload_repo(api.master.store).list() == []
 
 
 async def test_a_gang_on_a_master_without_lighthouses_is_refused_with_what_its_operator_must_run(api, keys):
@@ -103,7 +105,7 @@ async def test_a_gang_on_a_master_without_lighthouses_is_refused_with_what_its_o
     assert error["message"].startswith("replicas: this grid runs no gang overlay")
     assert "idlegrid ca issue-lighthouse" in error["message"] and "[[overlay.lighthouses]]" in error["message"]
     assert 'network = "none"' in error["message"]  # the renter's way for replicas that need not reach each other
-    assert await api.master.store.workloads.list() == []
+    assert await workload_repo(api.master.store).list() == []
     one = await submit(api, keys["alice"], replicas=1, network="overlay")  # one replica needs no network
     assert one["spec"]["network"] == "overlay"
 

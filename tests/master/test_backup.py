@@ -25,6 +25,7 @@ from common.pki import CertRole, load_cert, verify_issued_by
 from management.app import MasterServer
 from management.cli.main import main
 from management.client.api import AsyncApiClient
+from management.store import ledger_repo, workload_repo
 from master.accounts import AccountRole
 from master.backup import MANIFEST, STORE_FILE
 from master.config import MasterConfig
@@ -66,9 +67,11 @@ async def state_of(server: MasterServer) -> dict[str, Any]:
     return {
         "agents": [(a.id, a.provider, a.state) for a in await store.agents.list()],
         "gpus": sorted((g.uuid, g.agent_id, g.model) for g in await store.gpus.list()),
-        "workloads": [(w.id, w.account, w.spec.name, w.state) for w in await store.workloads.list()],
-        "ledger": [(e.seq, e.key, e.kind, [(line.account, line.amount) for line in e.lines]) for e in await store.ledger.list()],
-        "balances": await store.ledger.balances(),
+        "workloads": [(w.id, w.account, w.spec.name, w.state) for w in await workload_repo(store).list()],
+        "ledger": [
+            (e.seq, e.key, e.kind, [(line.account, line.amount) for line in e.lines]) for e in await ledger_repo(store).list()
+        ],
+        "balances": await ledger_repo(store).balances(),
         "accounts": sorted(a.id for a in await store.accounts.list()),
     }
 

@@ -19,6 +19,25 @@ from aiohttp.test_utils import TestClient, TestServer
 from common.errors import EnrollmentError
 from common.pki import generate_key, make_csr
 from management.app import api_app
+from management.store import (
+    AGGREGATES,
+    ALERT_RULES,
+    FAIR_SHARE,
+    LEDGER,
+    OUTPUTS,
+    PRICES,
+    RENTALS,
+    SILENCES,
+    SSH_KEYS,
+    WEBHOOKS,
+    WORKLOADS,
+    fair_share_repo,
+    ledger_repo,
+    output_repo,
+    price_repo,
+    rental_repo,
+    workload_repo,
+)
 from master.config import MasterConfig
 from master.enrollment import hash_secret
 from master.master import Master
@@ -43,7 +62,7 @@ POISONED_API_KEY = "igak_poisoned"
 POISONED_TOKEN = "igjt_poisoned"
 
 
-async def _plant_good_and_bad_records(store_url: str) -> dict[Aggregate, str]:
+async def _plant_good_and_bad_records(store_url: str) -> dict[str, str]:
     """One good record and one undecodable one in every table; the keys the bad ones are reported under."""
     store = open_store(store_url)
     await store.open()
@@ -56,21 +75,23 @@ async def _plant_good_and_bad_records(store_url: str) -> dict[Aggregate, str]:
         await store.hourly_rollups.put_many([rollup("GPU-a", 60)])
         await store.host_rollups.put_many([host_rollup("agt-1", 1)])
         await store.host_hourly_rollups.put_many([host_rollup("agt-1", 60)])
-        await store.workloads.insert(workload("wl-1"))
+        await workload_repo(store).insert(workload("wl-1"))
         kept = KeptOutput(
             id="wl-1:r0:a1", workload_id="wl-1", account="alice", replica=0, attempt=1, agent_id="agt-1",
             container="wl-1-r0-a1", state="kept", data=b"done\n", ended_at=NOW,
         )  # fmt: skip
-        await store.outputs.put(kept)
-        await store.fair_share.put_many([FairShareUsage(account="alice", gpu_seconds=60.0, decayed_to=NOW)])
-        await store.prices.put(PriceRecord(provider="acme", on_demand=1_000_000, updated_at=NOW))
+        await output_repo(store).put(kept)
+        await fair_share_repo(store).put_many([FairShareUsage(account="alice", gpu_seconds=60.0, decayed_to=NOW)])
+        await price_repo(store).put(PriceRecord(provider="acme", on_demand=1_000_000, updated_at=NOW))
         host = RentalHost(agent_id="agt-1", provider="prov", gpus=1, price=1_000_000)
         rental = RentalRecord(
             id="wl-1-a1", workload_id="wl-1", account="alice", kind="on_demand", hosts=[host], started_at=NOW, version=1
         )
-        await store.rentals.insert(msgspec.structs.replace(rental, ended_at=NOW + 60))
+        await rental_repo(store).insert(msgspec.structs.replace(rental, ended_at=NOW + 60))
         lines = [LedgerLine(account="external", amount=-5), LedgerLine(account="renter:alice", amount=5)]
-        await store.ledger.post(LedgerEntry(key="credit:alice:1", ts=NOW, kind="credit", memo="", lines=lines, rental="wl-1-a1"))
+        await ledger_repo(store).post(
+            LedgerEntry(key="credit:alice:1", ts=NOW, kind="credit", memo="", lines=lines, rental="wl-1-a1")
+        )
         return {
             Aggregate.AGENTS: await poison(store, Aggregate.AGENTS, "agt-bad"),
             Aggregate.GPUS: await poison(store, Aggregate.GPUS, "GPU-bad"),
@@ -81,20 +102,20 @@ async def _plant_good_and_bad_records(store_url: str) -> dict[Aggregate, str]:
             Aggregate.REVOCATIONS: await poison(store, Aggregate.REVOCATIONS, "0b"),
             Aggregate.ROLLUPS: await poison(store, Aggregate.ROLLUPS, "GPU-a", minute=2),
             Aggregate.HOURLY_ROLLUPS: await poison(store, Aggregate.HOURLY_ROLLUPS, "GPU-a", minute=120),
-            Aggregate.WORKLOADS: await poison(store, Aggregate.WORKLOADS, "wl-bad"),
+            WORKLOADS.name: await poison(store, WORKLOADS.name, "wl-bad"),
             Aggregate.ACCOUNTS: await poison(store, Aggregate.ACCOUNTS, "bad-account"),
-            Aggregate.FAIR_SHARE: await poison(store, Aggregate.FAIR_SHARE, "bad-account/default"),
-            Aggregate.PRICES: await poison(store, Aggregate.PRICES, "acme/agt-poisoned"),
-            Aggregate.RENTALS: await poison(store, Aggregate.RENTALS, "wl-bad-a1"),
-            Aggregate.LEDGER: await poison(store, Aggregate.LEDGER, "charge:wl-1-a1:1"),
-            Aggregate.ALERT_RULES: await poison(store, Aggregate.ALERT_RULES, "bad_rule"),
-            Aggregate.SILENCES: await poison(store, Aggregate.SILENCES, "sil-bad"),
-            Aggregate.WEBHOOKS: await poison(store, Aggregate.WEBHOOKS, "wh-bad"),
+            FAIR_SHARE.name: await poison(store, FAIR_SHARE.name, "bad-account/default"),
+            PRICES.name: await poison(store, PRICES.name, "acme/agt-poisoned"),
+            RENTALS.name: await poison(store, RENTALS.name, "wl-bad-a1"),
+            LEDGER.name: await poison(store, LEDGER.name, "charge:wl-1-a1:1"),
+            ALERT_RULES.name: await poison(store, ALERT_RULES.name, "bad_rule"),
+            SILENCES.name: await poison(store, SILENCES.name, "sil-bad"),
+            WEBHOOKS.name: await poison(store, WEBHOOKS.name, "wh-bad"),
             Aggregate.HOST_ROLLUPS: await poison(store, Aggregate.HOST_ROLLUPS, "agt-1", minute=2),
             Aggregate.HOST_HOURLY_ROLLUPS: await poison(store, Aggregate.HOST_HOURLY_ROLLUPS, "agt-1", minute=120),
-            Aggregate.OUTPUTS: await poison(store, Aggregate.OUTPUTS, "wl-1:r0:a2"),
+            OUTPUTS.name: await poison(store, OUTPUTS.name, "wl-1:r0:a2"),
             Aggregate.SECRETS: await poison(store, Aggregate.SECRETS, "alice/poisoned"),
-            Aggregate.SSH_KEYS: await poison(store, Aggregate.SSH_KEYS, "sshk-bad"),
+            SSH_KEYS.name: await poison(store, SSH_KEYS.name, "sshk-bad"),
         }
     finally:
         await store.close()
@@ -151,7 +172,7 @@ async def test_the_master_starts_and_serves_with_an_undecodable_record_in_every_
         host_history = await client.get("/api/v1/agents/agt-1/telemetry?from=0&to=10800&step=3600", headers=auth)
         assert host_history.status == 200  # reads the host's hours, the bad one skipped
         assert [p["ts"] for p in (await host_history.json())["host_points"]] == ["1970-01-01T01:00:00.000Z"]
-        assert [u.account for u in await master.store.fair_share.list()] == ["alice"]  # what a scheduling loop loads
+        assert [u.account for u in await fair_share_repo(master.store).list()] == ["alice"]  # what a scheduling loop loads
         accounts = await client.get("/api/v1/accounts", headers=auth)
         assert accounts.status == 200 and [a["id"] for a in (await accounts.json())["items"]] == ["operator"]
         # The market's: prices (loaded at start), rentals and a rental's ledger entries (read on demand).
@@ -179,14 +200,14 @@ async def test_the_master_starts_and_serves_with_an_undecodable_record_in_every_
         assert keys.status == 200 and (await keys.json())["items"] == []
 
         # Each bad record is reported: an event naming its aggregate and key, a log line, a count.
-        reported = await _reported(client, auth, len(Aggregate))
+        reported = await _reported(client, auth, len(Aggregate) + len(AGGREGATES))
         assert sorted((e["data"]["aggregate"], e["subject"]) for e in reported) == sorted(
-            (aggregate.value, key) for aggregate, key in bad.items()
+            (str(aggregate), key) for aggregate, key in bad.items()
         )
         assert {e["data"]["backend"] for e in reported} == {master.store.backend}
         logged = {(r.aggregate, r.key) for r in caplog.records if "quarantined" in r.getMessage()}  # type: ignore[attr-defined]
-        assert logged == {(aggregate.value, key) for aggregate, key in bad.items()}
-        assert len(master.store.quarantine) == len(Aggregate)
+        assert logged == {(str(aggregate), key) for aggregate, key in bad.items()}
+        assert len(master.store.quarantine) == len(Aggregate) + len(AGGREGATES)
     finally:
         await client.close()
         await master.stop()

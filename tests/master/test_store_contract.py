@@ -14,6 +14,24 @@ import pytest
 
 from common.errors import ConfigError
 from common.inventory import GpuInfo, HostInfo, MigInstance, NvLink
+from management.store import (
+    LEDGER,
+    PRICES,
+    RENTALS,
+    alert_rule_repo,
+    fair_share_repo,
+    ledger_repo,
+    output_repo,
+    price_repo,
+    rental_repo,
+    silence_repo,
+    webhook_repo,
+    workload_repo,
+)
+from management.store.ledger import UnbalancedEntry
+from management.store.outputs import output_key
+from management.store.rentals import StaleRental, rental_order
+from management.store.workloads import DuplicateWorkload, StaleWorkload, workload_order
 from master.records import (
     AccountRecord,
     AgentRecord,
@@ -44,9 +62,8 @@ from master.records import (
     WorkloadSpec,
 )
 from master.store import MongoStore, SqliteStore, open_store
-from master.store.aggregates import Aggregate, output_key, rental_order, workload_order
 from master.store.base import Store, TokenOutcome
-from master.store.errors import DuplicateWorkload, StaleRental, StaleWorkload, UnbalancedEntry, UnstorableRecord
+from master.store.errors import UnstorableRecord
 from master.store.migrations import LATEST_VERSION, MONGO_MIGRATIONS, migrate_mongo, migrate_sqlite
 from tests.master.conftest import OpenStore
 from tests.support.grid import free_port
@@ -904,35 +921,35 @@ async def test_workload_round_trips_its_spec_and_assignments(store: Store) -> No
         exit_codes=[0, 137],
         started_at=NOW + 5.5,
     )
-    await store.workloads.insert(placed)
-    assert_same(await store.workloads.get("wl-1"), placed)
-    assert await store.workloads.get("wl-nope") is None
+    await workload_repo(store).insert(placed)
+    assert_same(await workload_repo(store).get("wl-1"), placed)
+    assert await workload_repo(store).get("wl-nope") is None
 
 
 async def test_a_workload_id_is_inserted_once(store: Store) -> None:
-    await store.workloads.insert(workload())
+    await workload_repo(store).insert(workload())
     with pytest.raises(DuplicateWorkload):
-        await store.workloads.insert(workload(state="running"))
-    assert (await store.workloads.get("wl-1")).state == "queued"  # type: ignore[union-attr]
+        await workload_repo(store).insert(workload(state="running"))
+    assert (await workload_repo(store).get("wl-1")).state == "queued"  # type: ignore[union-attr]
 
 
 async def test_a_workload_update_needs_the_version_it_read(store: Store) -> None:
-    await store.workloads.insert(workload())
-    await store.workloads.update(workload(state="scheduled", version=2), expected_version=1)
+    await workload_repo(store).insert(workload())
+    await workload_repo(store).update(workload(state="scheduled", version=2), expected_version=1)
     with pytest.raises(StaleWorkload):  # a writer that read version 1 too comes second
-        await store.workloads.update(workload(state="cancelled", version=2), expected_version=1)
-    assert_same(await store.workloads.get("wl-1"), workload(state="scheduled", version=2))
+        await workload_repo(store).update(workload(state="cancelled", version=2), expected_version=1)
+    assert_same(await workload_repo(store).get("wl-1"), workload(state="scheduled", version=2))
     with pytest.raises(StaleWorkload):
-        await store.workloads.update(workload("wl-never", version=2), expected_version=1)
+        await workload_repo(store).update(workload("wl-never", version=2), expected_version=1)
 
 
 async def test_of_concurrent_workload_writers_on_separate_connections_exactly_one_wins(open_stores: OpenStore) -> None:
     stores = [await open_stores() for _ in range(4)]
-    await stores[0].workloads.insert(workload())
+    await workload_repo(stores[0]).insert(workload())
 
     async def write(store: Store, state: str) -> bool:
         try:
-            await store.workloads.update(workload(state=state, version=2), expected_version=1)
+            await workload_repo(store).update(workload(state=state, version=2), expected_version=1)
         except StaleWorkload:
             return False
         return True
@@ -940,7 +957,7 @@ async def test_of_concurrent_workload_writers_on_separate_connections_exactly_on
     states = ["scheduled", "cancelled", "failed", "running"]
     won = await asyncio.gather(*(write(s, state) for s, state in zip(stores, states, strict=True)))
     assert sum(won) == 1
-    assert (await stores[0].workloads.get("wl-1")).state == states[won.index(True)]  # type: ignore[union-attr]
+    assert (await workload_repo(stores[0]).get("wl-1")).state == states[won.index(True)]  # type: ignore[union-attr]
 
 
 async def test_workloads_list_newest_first_filtered_and_paged(store: Store) -> None:
@@ -951,23 +968,23 @@ async def test_workloads_list_newest_first_filtered_and_paged(store: Store) -> N
         workload("wl-d", "alice", NOW + 3),  # same instant as wl-c: the id breaks the tie
     ]
     for rec in recs:
-        await store.workloads.insert(rec)
+        await workload_repo(store).insert(rec)
     ids = lambda found: [w.id for w in found]  # noqa: E731
-    assert ids(await store.workloads.list()) == ["wl-d", "wl-c", "wl-b", "wl-a"]
-    assert ids(await store.workloads.list(account="alice")) == ["wl-d", "wl-c", "wl-a"]
-    assert ids(await store.workloads.list(states=["queued", "running"])) == ["wl-d", "wl-b", "wl-a"]
-    assert ids(await store.workloads.list(account="alice", states=["queued"])) == ["wl-d", "wl-a"]
-    assert await store.workloads.list(states=[]) == []
-    first = await store.workloads.list(limit=2)
+    assert ids(await workload_repo(store).list()) == ["wl-d", "wl-c", "wl-b", "wl-a"]
+    assert ids(await workload_repo(store).list(account="alice")) == ["wl-d", "wl-c", "wl-a"]
+    assert ids(await workload_repo(store).list(states=["queued", "running"])) == ["wl-d", "wl-b", "wl-a"]
+    assert ids(await workload_repo(store).list(account="alice", states=["queued"])) == ["wl-d", "wl-a"]
+    assert await workload_repo(store).list(states=[]) == []
+    first = await workload_repo(store).list(limit=2)
     assert ids(first) == ["wl-d", "wl-c"]
-    rest = await store.workloads.list(before=workload_order(first[-1].created_at, first[-1].id), limit=2)
+    rest = await workload_repo(store).list(before=workload_order(first[-1].created_at, first[-1].id), limit=2)
     assert ids(rest) == ["wl-b", "wl-a"]
 
 
 async def test_a_workload_holding_a_nan_is_refused_before_it_is_written(store: Store) -> None:
     with pytest.raises(UnstorableRecord, match="created_at"):
-        await store.workloads.insert(workload(created_at=float("nan")))
-    assert await store.workloads.list() == []
+        await workload_repo(store).insert(workload(created_at=float("nan")))
+    assert await workload_repo(store).list() == []
 
 
 # --- workload containers' kept output (management/services/outputs.py) ---------------------------------------------------
@@ -988,44 +1005,46 @@ def _output(workload: str = "wl-1", replica: int = 0, attempt: int = 1, **fields
 async def test_kept_output_round_trips_bytes_that_are_not_utf8(store: Store) -> None:
     data = b"line one\n\xff\xfe binary \x00 tail\n" * 1000
     rec = _output(state="kept", data=data, truncated=True, exit_code=3, collected_at=101.5)
-    await store.outputs.put(rec)
-    assert await store.outputs.get(rec.id) == rec
-    assert await store.outputs.get(output_key("wl-1", 0, 2)) is None
+    await output_repo(store).put(rec)
+    assert await output_repo(store).get(rec.id) == rec
+    assert await output_repo(store).get(output_key("wl-1", 0, 2)) is None
 
 
 async def test_putting_a_kept_output_again_replaces_it(store: Store) -> None:
-    await store.outputs.put(_output())
-    await store.outputs.put(_output(state="lost", reason="the host kept none"))
-    got = await store.outputs.get(output_key("wl-1", 0, 1))
+    await output_repo(store).put(_output())
+    await output_repo(store).put(_output(state="lost", reason="the host kept none"))
+    got = await output_repo(store).get(output_key("wl-1", 0, 1))
     assert got is not None and (got.state, got.reason) == ("lost", "the host kept none")
 
 
 async def test_kept_outputs_list_by_workload_oldest_end_first(store: Store) -> None:
     for replica, attempt, ended in ((1, 1, 30.0), (0, 2, 20.0), (0, 1, 10.0)):
-        await store.outputs.put(_output(replica=replica, attempt=attempt, ended_at=ended))
-    await store.outputs.put(_output(workload="wl-2"))
-    listed = await store.outputs.list(workload_id="wl-1")
+        await output_repo(store).put(_output(replica=replica, attempt=attempt, ended_at=ended))
+    await output_repo(store).put(_output(workload="wl-2"))
+    listed = await output_repo(store).list(workload_id="wl-1")
     assert [(r.replica, r.attempt) for r in listed] == [(0, 1), (0, 2), (1, 1)]
-    assert await store.outputs.list(workload_id="wl-none") == []
-    assert len(await store.outputs.list()) == 4 and await store.outputs.list(limit=0) == []
+    assert await output_repo(store).list(workload_id="wl-none") == []
+    assert len(await output_repo(store).list()) == 4 and await output_repo(store).list(limit=0) == []
 
 
 async def test_pending_outputs_are_listed_oldest_first_up_to_the_limit(store: Store) -> None:
-    await store.outputs.put(_output(workload="wl-b", ended_at=20.0))
-    await store.outputs.put(_output(workload="wl-a", ended_at=10.0))
-    await store.outputs.put(_output(workload="wl-c", ended_at=5.0, state="kept"))
-    assert [r.workload_id for r in await store.outputs.list(state="pending")] == ["wl-a", "wl-b"]
-    assert [r.workload_id for r in await store.outputs.list(state="pending", limit=1)] == ["wl-a"]
-    assert [r.workload_id for r in await store.outputs.list(workload_id="wl-c", state="pending")] == []
+    await output_repo(store).put(_output(workload="wl-b", ended_at=20.0))
+    await output_repo(store).put(_output(workload="wl-a", ended_at=10.0))
+    await output_repo(store).put(_output(workload="wl-c", ended_at=5.0, state="kept"))
+    assert [r.workload_id for r in await output_repo(store).list(state="pending")] == ["wl-a", "wl-b"]
+    assert [r.workload_id for r in await output_repo(store).list(state="pending", limit=1)] == ["wl-a"]
+    assert [r.workload_id for r in await output_repo(store).list(workload_id="wl-c", state="pending")] == []
 
 
 async def test_retention_deletes_old_settled_outputs_and_never_a_pending_one(store: Store) -> None:
-    await store.outputs.put(_output(workload="wl-old", ended_at=10.0, state="kept"))
-    await store.outputs.put(_output(workload="wl-lost", ended_at=10.0, state="lost"))
-    await store.outputs.put(_output(workload="wl-wait", ended_at=10.0))  # pending: its host still holds it
-    await store.outputs.put(_output(workload="wl-new", ended_at=50.0, state="kept"))
-    assert await store.outputs.delete_before(20.0) == 2
-    left = {r.workload_id for w in ("wl-old", "wl-lost", "wl-wait", "wl-new") for r in await store.outputs.list(workload_id=w)}
+    await output_repo(store).put(_output(workload="wl-old", ended_at=10.0, state="kept"))
+    await output_repo(store).put(_output(workload="wl-lost", ended_at=10.0, state="lost"))
+    await output_repo(store).put(_output(workload="wl-wait", ended_at=10.0))  # pending: its host still holds it
+    await output_repo(store).put(_output(workload="wl-new", ended_at=50.0, state="kept"))
+    assert await output_repo(store).delete_before(20.0) == 2
+    left = {
+        r.workload_id for w in ("wl-old", "wl-lost", "wl-wait", "wl-new") for r in await output_repo(store).list(workload_id=w)
+    }
     assert left == {"wl-wait", "wl-new"}
 
 
@@ -1037,7 +1056,7 @@ def figure(account: str, project: str | None = None, gpu_seconds: float = 3600.0
 
 
 async def test_fair_share_figures_round_trip_by_account_its_own_first_then_by_project(store: Store) -> None:
-    assert await store.fair_share.list() == []
+    assert await fair_share_repo(store).list() == []
     written = [
         figure("bob", "vision", 7.5),
         figure("alice-2"),
@@ -1045,9 +1064,9 @@ async def test_fair_share_figures_round_trip_by_account_its_own_first_then_by_pr
         figure("bob", None, 12.0),
         figure("alice"),
     ]
-    await store.fair_share.put_many(written)
+    await fair_share_repo(store).put_many(written)
     assert_same(
-        await store.fair_share.list(),
+        await fair_share_repo(store).list(),
         [
             figure("alice"),
             figure("alice", "nlp", 0.25),
@@ -1059,30 +1078,30 @@ async def test_fair_share_figures_round_trip_by_account_its_own_first_then_by_pr
 
 
 async def test_putting_fair_share_figures_replaces_those_of_the_same_account_and_project_only(store: Store) -> None:
-    await store.fair_share.put_many([figure("alice", None, 100.0), figure("alice", "nlp", 60.0), figure("bob", None, 5.0)])
+    await fair_share_repo(store).put_many([figure("alice", None, 100.0), figure("alice", "nlp", 60.0), figure("bob", None, 5.0)])
     later = NOW + 60
-    await store.fair_share.put_many([figure("alice", None, 99.0, later), figure("alice", "nlp", 59.5, later)])
+    await fair_share_repo(store).put_many([figure("alice", None, 99.0, later), figure("alice", "nlp", 59.5, later)])
     assert_same(
-        await store.fair_share.list(),
+        await fair_share_repo(store).list(),
         [figure("alice", None, 99.0, later), figure("alice", "nlp", 59.5, later), figure("bob", None, 5.0)],
     )
 
 
 async def test_a_fair_share_batch_holding_a_nan_writes_nothing(store: Store) -> None:
     with pytest.raises(UnstorableRecord, match="gpu_seconds"):
-        await store.fair_share.put_many([figure("alice"), figure("bob", None, float("nan"))])
-    assert await store.fair_share.list() == []
+        await fair_share_repo(store).put_many([figure("alice"), figure("bob", None, float("nan"))])
+    assert await fair_share_repo(store).list() == []
 
 
 async def test_fair_share_figures_outlive_the_store_connection(store_url: str) -> None:
     first = open_store(store_url)
     await first.open()
-    await first.fair_share.put_many([figure("alice"), figure("alice", "default", 1800.0)])
+    await fair_share_repo(first).put_many([figure("alice"), figure("alice", "default", 1800.0)])
     await first.close()
     second = open_store(store_url)
     await second.open()
     try:
-        assert_same(await second.fair_share.list(), [figure("alice"), figure("alice", "default", 1800.0)])
+        assert_same(await fair_share_repo(second).list(), [figure("alice"), figure("alice", "default", 1800.0)])
     finally:
         await second.close()
 
@@ -1104,36 +1123,36 @@ def price(provider: str = "acme", agent_id: str = "", on_demand: int = 2_500_000
 
 
 async def test_a_price_round_trips_and_put_replaces_the_same_provider_and_host_only(store: Store) -> None:
-    await store.prices.put(price())
-    await store.prices.put(price(agent_id="agt-1", min_bid=None, max_duration_s=None))
-    await store.prices.put(price(on_demand=3_000_000, reserved_discount=0.0))  # the default again: replaces it
+    await price_repo(store).put(price())
+    await price_repo(store).put(price(agent_id="agt-1", min_bid=None, max_duration_s=None))
+    await price_repo(store).put(price(on_demand=3_000_000, reserved_discount=0.0))  # the default again: replaces it
     assert_same(
-        await store.prices.list(),
+        await price_repo(store).list(),
         [price(on_demand=3_000_000, reserved_discount=0.0), price(agent_id="agt-1", min_bid=None, max_duration_s=None)],
     )
 
 
 async def test_prices_list_by_provider_then_host_the_providers_default_first(store: Store) -> None:
     for rec in [price("zeta", "agt-2"), price("acme", "agt-9"), price("zeta"), price("acme", "agt-1"), price("acme")]:
-        await store.prices.put(rec)
-    assert [(p.provider, p.agent_id) for p in await store.prices.list()] == [
+        await price_repo(store).put(rec)
+    assert [(p.provider, p.agent_id) for p in await price_repo(store).list()] == [
         ("acme", ""),
         ("acme", "agt-1"),
         ("acme", "agt-9"),
         ("zeta", ""),
         ("zeta", "agt-2"),
     ]
-    assert [(p.provider, p.agent_id) for p in await store.prices.list(provider="zeta")] == [("zeta", ""), ("zeta", "agt-2")]
-    assert await store.prices.list(provider="nobody") == []
+    assert [(p.provider, p.agent_id) for p in await price_repo(store).list(provider="zeta")] == [("zeta", ""), ("zeta", "agt-2")]
+    assert await price_repo(store).list(provider="nobody") == []
 
 
 async def test_deleting_a_price_removes_that_record_only_and_says_whether_there_was_one(store: Store) -> None:
-    await store.prices.put(price())
-    await store.prices.put(price(agent_id="agt-1"))
-    assert await store.prices.delete("acme", "agt-1") is True
-    assert await store.prices.delete("acme", "agt-1") is False
-    assert await store.prices.delete("other", "") is False
-    assert_same(await store.prices.list(), [price()])
+    await price_repo(store).put(price())
+    await price_repo(store).put(price(agent_id="agt-1"))
+    assert await price_repo(store).delete("acme", "agt-1") is True
+    assert await price_repo(store).delete("acme", "agt-1") is False
+    assert await price_repo(store).delete("other", "") is False
+    assert_same(await price_repo(store).list(), [price()])
 
 
 # --- the market: rentals -----------------------------------------------------------------------------
@@ -1170,51 +1189,51 @@ async def test_a_rental_round_trips_its_hosts_and_bid_changes(store: Store) -> N
         reserved_until=NOW + 3600.0,
         rating=4,
     )
-    assert await store.rentals.insert(rec) is True
-    assert_same(await store.rentals.get("wl-1-a1"), rec)
-    assert await store.rentals.get("wl-never-a1") is None
+    assert await rental_repo(store).insert(rec) is True
+    assert_same(await rental_repo(store).get("wl-1-a1"), rec)
+    assert await rental_repo(store).get("wl-never-a1") is None
 
 
 async def test_a_taken_rental_id_is_refused_and_changes_nothing(store: Store) -> None:
-    assert await store.rentals.insert(rental()) is True
-    assert await store.rentals.insert(rental(account="mallory", hosts=[rental_host("agt-9", "evil")])) is False
-    assert_same(await store.rentals.get("wl-1-a1"), rental())
-    assert await store.rentals.list(agent_id="agt-9") == []
+    assert await rental_repo(store).insert(rental()) is True
+    assert await rental_repo(store).insert(rental(account="mallory", hosts=[rental_host("agt-9", "evil")])) is False
+    assert_same(await rental_repo(store).get("wl-1-a1"), rental())
+    assert await rental_repo(store).list(agent_id="agt-9") == []
 
 
 async def test_of_concurrent_inserts_of_one_rental_id_exactly_one_wins(open_stores: OpenStore) -> None:
     stores = [await open_stores() for _ in range(4)]
     accounts = [f"renter-{i}" for i in range(8)]
-    won = await asyncio.gather(*(s.rentals.insert(rental(account=a)) for s, a in zip(stores * 2, accounts, strict=True)))
+    won = await asyncio.gather(*(rental_repo(s).insert(rental(account=a)) for s, a in zip(stores * 2, accounts, strict=True)))
     assert sum(won) == 1
-    assert (await stores[0].rentals.get("wl-1-a1")).account == accounts[won.index(True)]  # type: ignore[union-attr]
+    assert (await rental_repo(stores[0]).get("wl-1-a1")).account == accounts[won.index(True)]  # type: ignore[union-attr]
 
 
 async def test_a_rental_update_needs_the_version_it_read(store: Store) -> None:
-    await store.rentals.insert(rental())
-    await store.rentals.update(rental(ended_at=NOW + 60, version=2), expected_version=1)
+    await rental_repo(store).insert(rental())
+    await rental_repo(store).update(rental(ended_at=NOW + 60, version=2), expected_version=1)
     with pytest.raises(StaleRental):  # a writer that read version 1 too comes second
-        await store.rentals.update(rental(rating=1, version=2), expected_version=1)
-    assert_same(await store.rentals.get("wl-1-a1"), rental(ended_at=NOW + 60, version=2))
+        await rental_repo(store).update(rental(rating=1, version=2), expected_version=1)
+    assert_same(await rental_repo(store).get("wl-1-a1"), rental(ended_at=NOW + 60, version=2))
     with pytest.raises(StaleRental):  # never stored
-        await store.rentals.update(rental("wl-never-a1", version=2), expected_version=1)
-    assert await store.rentals.get("wl-never-a1") is None
+        await rental_repo(store).update(rental("wl-never-a1", version=2), expected_version=1)
+    assert await rental_repo(store).get("wl-never-a1") is None
 
 
 async def test_of_concurrent_rental_writers_on_separate_connections_exactly_one_wins(open_stores: OpenStore) -> None:
     stores = [await open_stores() for _ in range(4)]
-    await stores[0].rentals.insert(rental())
+    await rental_repo(stores[0]).insert(rental())
 
     async def rate(store: Store, rating: int) -> bool:
         try:
-            await store.rentals.update(rental(rating=rating, version=2), expected_version=1)
+            await rental_repo(store).update(rental(rating=rating, version=2), expected_version=1)
         except StaleRental:
             return False
         return True
 
     won = await asyncio.gather(*(rate(s, r) for s, r in zip(stores, [1, 2, 3, 4], strict=True)))
     assert sum(won) == 1
-    assert (await stores[0].rentals.get("wl-1-a1")).rating == won.index(True) + 1  # type: ignore[union-attr]
+    assert (await rental_repo(stores[0]).get("wl-1-a1")).rating == won.index(True) + 1  # type: ignore[union-attr]
 
 
 async def test_rentals_filter_by_renter_workload_host_provider_and_end(store: Store) -> None:
@@ -1226,10 +1245,10 @@ async def test_rentals_filter_by_renter_workload_host_provider_and_end(store: St
         rental("wl-3-a1", NOW + 4, account="bob", hosts=[rental_host("agt-1", "acme")]),
     ]
     for rec in reversed(recs):
-        assert await store.rentals.insert(rec)
+        assert await rental_repo(store).insert(rec)
 
     async def ids(**filters: Any) -> list[str]:
-        return [r.id for r in await store.rentals.list(**filters)]
+        return [r.id for r in await rental_repo(store).list(**filters)]
 
     assert await ids() == ["wl-1-a1", "wl-1-a2", "wl-2-a1", "wl-3-a1"]
     assert await ids(account="bob") == ["wl-2-a1", "wl-3-a1"]
@@ -1248,34 +1267,34 @@ async def test_rentals_filter_by_renter_workload_host_provider_and_end(store: St
 
 async def test_a_rental_with_two_units_on_one_host_is_listed_once_for_it(store: Store) -> None:
     rec = rental(hosts=[rental_host("agt-1", gpus=1), rental_host("agt-1", gpus=1, price=2_000_000)])
-    await store.rentals.insert(rec)
-    assert_same(await store.rentals.list(agent_id="agt-1"), [rec])
-    assert_same(await store.rentals.list(provider="acme"), [rec])
+    await rental_repo(store).insert(rec)
+    assert_same(await rental_repo(store).list(agent_id="agt-1"), [rec])
+    assert_same(await rental_repo(store).list(provider="acme"), [rec])
 
 
 async def test_rentals_list_by_start_then_id_and_page_strictly_after_a_cursor(store: Store) -> None:
     recs = [rental("wl-b-a1", NOW + 5), rental("wl-a-a1", NOW + 5), rental("wl-c-a1", NOW + 1), rental("wl-d-a1", NOW + 9)]
     for rec in recs:
-        await store.rentals.insert(rec)
-    everything = [r.id for r in await store.rentals.list()]
+        await rental_repo(store).insert(rec)
+    everything = [r.id for r in await rental_repo(store).list()]
     assert everything == ["wl-c-a1", "wl-a-a1", "wl-b-a1", "wl-d-a1"]  # by start, a tie by id
-    page = await store.rentals.list(limit=2)
+    page = await rental_repo(store).list(limit=2)
     assert [r.id for r in page] == everything[:2]
     last = page[-1]
-    rest = await store.rentals.list(after=rental_order(last.started_at, last.id), limit=10)
+    rest = await rental_repo(store).list(after=rental_order(last.started_at, last.id), limit=10)
     assert [r.id for r in rest] == everything[2:]
-    assert await store.rentals.list(limit=0) == []
+    assert await rental_repo(store).list(limit=0) == []
 
 
 async def test_updating_a_rental_moves_it_between_host_and_end_filters(store: Store) -> None:
-    await store.rentals.insert(rental())
+    await rental_repo(store).insert(rental())
     moved = rental(hosts=[rental_host("agt-7", "zeta")], ended_at=NOW + 30, version=2)
-    await store.rentals.update(moved, expected_version=1)
-    assert await store.rentals.list(agent_id="agt-1") == []
-    assert await store.rentals.list(provider="acme") == []
-    assert_same(await store.rentals.list(agent_id="agt-7", provider="zeta"), [moved])
-    assert await store.rentals.list(open_only=True) == []
-    assert_same(await store.rentals.list(ended_since=NOW + 30), [moved])
+    await rental_repo(store).update(moved, expected_version=1)
+    assert await rental_repo(store).list(agent_id="agt-1") == []
+    assert await rental_repo(store).list(provider="acme") == []
+    assert_same(await rental_repo(store).list(agent_id="agt-7", provider="zeta"), [moved])
+    assert await rental_repo(store).list(open_only=True) == []
+    assert_same(await rental_repo(store).list(ended_since=NOW + 30), [moved])
 
 
 # --- the market: the ledger --------------------------------------------------------------------------
@@ -1311,40 +1330,44 @@ def numbered(rec: LedgerEntry, seq: int) -> LedgerEntry:
 
 
 async def test_a_posted_entry_round_trips_with_the_seq_it_was_given(store: Store) -> None:
-    first = await store.ledger.post(CREDIT)
-    second = await store.ledger.post(HOLD)
+    first = await ledger_repo(store).post(CREDIT)
+    second = await ledger_repo(store).post(HOLD)
     assert first is not None and second is not None and second > first
-    assert_same(await store.ledger.get(CREDIT.key), numbered(CREDIT, first))
-    assert_same(await store.ledger.get(HOLD.key), numbered(HOLD, second))
-    assert await store.ledger.get("charge:never:1") is None
+    assert_same(await ledger_repo(store).get(CREDIT.key), numbered(CREDIT, first))
+    assert_same(await ledger_repo(store).get(HOLD.key), numbered(HOLD, second))
+    assert await ledger_repo(store).get("charge:never:1") is None
 
 
 async def test_the_store_assigns_the_seq_whatever_the_caller_set(store: Store) -> None:
-    first = await store.ledger.post(numbered(CREDIT, 1_000))
-    second = await store.ledger.post(numbered(HOLD, 1))
+    first = await ledger_repo(store).post(numbered(CREDIT, 1_000))
+    second = await ledger_repo(store).post(numbered(HOLD, 1))
     assert first is not None and second is not None and second > first
-    assert [e.seq for e in await store.ledger.list()] == [first, second]
+    assert [e.seq for e in await ledger_repo(store).list()] == [first, second]
 
 
 async def test_posting_an_entry_again_by_its_key_writes_nothing(store: Store) -> None:
-    seq = await store.ledger.post(CREDIT)
+    seq = await ledger_repo(store).post(CREDIT)
     assert seq is not None
     again = entry(CREDIT.key, ("external", -99), ("renter:alice", 99), kind="credit")  # same key, other amounts
-    assert await store.ledger.post(again) is None
-    assert await store.ledger.post(CREDIT) is None
-    assert await store.ledger.balances() == {"external": -10_000_000, "renter:alice": 10_000_000}
-    assert_same(await store.ledger.list(), [numbered(CREDIT, seq)])
-    later = await store.ledger.post(HOLD)
+    assert await ledger_repo(store).post(again) is None
+    assert await ledger_repo(store).post(CREDIT) is None
+    assert await ledger_repo(store).balances() == {"external": -10_000_000, "renter:alice": 10_000_000}
+    assert_same(await ledger_repo(store).list(), [numbered(CREDIT, seq)])
+    later = await ledger_repo(store).post(HOLD)
     assert later is not None and later > seq
 
 
 async def test_of_concurrent_posts_of_one_key_exactly_one_gets_a_seq(open_stores: OpenStore) -> None:
     stores = [await open_stores() for _ in range(4)]  # as four Master processes would race after a restart
-    seqs = await asyncio.gather(*(s.ledger.post(CHARGE) for s in stores * 4))
+    seqs = await asyncio.gather(*(ledger_repo(s).post(CHARGE) for s in stores * 4))
     assigned = [seq for seq in seqs if seq is not None]
     assert len(assigned) == 1
-    assert_same(await stores[0].ledger.list(), [numbered(CHARGE, assigned[0])])
-    assert await stores[0].ledger.balances() == {"hold:alice": -2_500_000, "provider:acme": 2_250_000, "platform:fees": 250_000}
+    assert_same(await ledger_repo(stores[0]).list(), [numbered(CHARGE, assigned[0])])
+    assert await ledger_repo(stores[0]).balances() == {
+        "hold:alice": -2_500_000,
+        "provider:acme": 2_250_000,
+        "platform:fees": 250_000,
+    }
 
 
 @pytest.mark.parametrize(
@@ -1357,47 +1380,47 @@ async def test_of_concurrent_posts_of_one_key_exactly_one_gets_a_seq(open_stores
     ids=["off-by-one", "one-sided", "no-lines"],
 )
 async def test_an_unbalanced_or_empty_entry_is_refused_whole(store: Store, lines: list[tuple[str, int]]) -> None:
-    await store.ledger.post(CREDIT)
+    await ledger_repo(store).post(CREDIT)
     with pytest.raises(UnbalancedEntry, match="hold:wl-1-a1:1"):
-        await store.ledger.post(entry("hold:wl-1-a1:1", *lines, rental="wl-1-a1"))
-    assert await store.ledger.get("hold:wl-1-a1:1") is None
-    assert await store.ledger.balances() == {"external": -10_000_000, "renter:alice": 10_000_000}
-    assert await store.ledger.post(HOLD) is not None  # the key was not taken by the refused entry
+        await ledger_repo(store).post(entry("hold:wl-1-a1:1", *lines, rental="wl-1-a1"))
+    assert await ledger_repo(store).get("hold:wl-1-a1:1") is None
+    assert await ledger_repo(store).balances() == {"external": -10_000_000, "renter:alice": 10_000_000}
+    assert await ledger_repo(store).post(HOLD) is not None  # the key was not taken by the refused entry
 
 
 async def test_an_entry_holding_a_nan_is_refused_and_nothing_is_written(store: Store) -> None:
     with pytest.raises(UnstorableRecord, match="ts"):
-        await store.ledger.post(entry("credit:alice:nan", ("external", -1), ("renter:alice", 1), ts=float("nan")))
-    assert await store.ledger.list() == []
-    assert await store.ledger.balances() == {}
+        await ledger_repo(store).post(entry("credit:alice:nan", ("external", -1), ("renter:alice", 1), ts=float("nan")))
+    assert await ledger_repo(store).list() == []
+    assert await ledger_repo(store).balances() == {}
 
 
 async def test_ledger_lists_by_account_and_rental_paged_by_after_seq(store: Store) -> None:
     other = entry("hold:wl-2-a1:1", ("renter:alice", -1_000_000), ("hold:alice", 1_000_000), rental="wl-2-a1", kind="hold")
-    seqs = [await store.ledger.post(rec) for rec in (CREDIT, HOLD, CHARGE, other)]
+    seqs = [await ledger_repo(store).post(rec) for rec in (CREDIT, HOLD, CHARGE, other)]
     posted = [numbered(rec, seq) for rec, seq in zip((CREDIT, HOLD, CHARGE, other), seqs, strict=True) if seq is not None]
     assert len(posted) == 4
 
-    assert_same(await store.ledger.list(), posted)
-    assert_same(await store.ledger.list(account="renter:alice"), [posted[0], posted[1], posted[3]])
-    assert_same(await store.ledger.list(account="provider:acme"), [posted[2]])
-    assert_same(await store.ledger.list(rental="wl-1-a1"), [posted[1], posted[2]])
-    assert_same(await store.ledger.list(account="hold:alice", rental="wl-2-a1"), [posted[3]])
-    assert await store.ledger.list(account="provider:nobody") == []
+    assert_same(await ledger_repo(store).list(), posted)
+    assert_same(await ledger_repo(store).list(account="renter:alice"), [posted[0], posted[1], posted[3]])
+    assert_same(await ledger_repo(store).list(account="provider:acme"), [posted[2]])
+    assert_same(await ledger_repo(store).list(rental="wl-1-a1"), [posted[1], posted[2]])
+    assert_same(await ledger_repo(store).list(account="hold:alice", rental="wl-2-a1"), [posted[3]])
+    assert await ledger_repo(store).list(account="provider:nobody") == []
 
-    page = await store.ledger.list(account="hold:alice", limit=2)
+    page = await ledger_repo(store).list(account="hold:alice", limit=2)
     assert_same(page, [posted[1], posted[2]])
-    assert_same(await store.ledger.list(account="hold:alice", after_seq=page[-1].seq, limit=2), [posted[3]])
-    assert await store.ledger.list(after_seq=posted[-1].seq) == []
-    assert await store.ledger.list(limit=0) == []
+    assert_same(await ledger_repo(store).list(account="hold:alice", after_seq=page[-1].seq, limit=2), [posted[3]])
+    assert await ledger_repo(store).list(after_seq=posted[-1].seq) == []
+    assert await ledger_repo(store).list(limit=0) == []
 
 
 async def test_balances_are_the_sum_of_every_ledger_accounts_lines(store: Store) -> None:
-    assert await store.ledger.balances() == {}
+    assert await ledger_repo(store).balances() == {}
     release = entry("release:wl-1-a1", ("hold:alice", -500_000), ("renter:alice", 500_000), rental="wl-1-a1", kind="release")
     for rec in (CREDIT, HOLD, CHARGE, release):
-        await store.ledger.post(rec)
-    balances = await store.ledger.balances()
+        await ledger_repo(store).post(rec)
+    balances = await ledger_repo(store).balances()
     assert balances == {
         "external": -10_000_000,
         "renter:alice": 7_500_000,
@@ -1411,13 +1434,13 @@ async def test_balances_are_the_sum_of_every_ledger_accounts_lines(store: Store)
 async def test_ledger_seqs_continue_after_reopening_the_store(store_url: str) -> None:
     first = open_store(store_url)
     await first.open()
-    seq = await first.ledger.post(CREDIT)
+    seq = await ledger_repo(first).post(CREDIT)
     await first.close()
     second = open_store(store_url)
     await second.open()
     try:
-        assert await second.ledger.post(CREDIT) is None  # still there: not posted twice across a restart
-        later = await second.ledger.post(HOLD)
+        assert await ledger_repo(second).post(CREDIT) is None  # still there: not posted twice across a restart
+        later = await ledger_repo(second).post(HOLD)
         assert seq is not None and later is not None and later > seq
     finally:
         await second.close()
@@ -1427,22 +1450,22 @@ async def test_ledger_seqs_continue_after_reopening_the_store(store_url: str) ->
 
 
 async def test_undecodable_prices_rentals_and_entries_are_skipped_and_reported(store: Store) -> None:
-    await store.prices.put(price())
-    await poison(store, Aggregate.PRICES, "acme/agt-poisoned")
-    await store.rentals.insert(rental("wl-1-a1", NOW + 1))
-    await poison(store, Aggregate.RENTALS, "wl-0-a1")
-    first = await store.ledger.post(CREDIT)
-    await poison(store, Aggregate.LEDGER, "charge:poisoned:1")
-    second = await store.ledger.post(HOLD)
+    await price_repo(store).put(price())
+    await poison(store, PRICES.name, "acme/agt-poisoned")
+    await rental_repo(store).insert(rental("wl-1-a1", NOW + 1))
+    await poison(store, RENTALS.name, "wl-0-a1")
+    first = await ledger_repo(store).post(CREDIT)
+    await poison(store, LEDGER.name, "charge:poisoned:1")
+    second = await ledger_repo(store).post(HOLD)
     assert first is not None and second is not None
 
-    assert_same(await store.prices.list(), [price()])
-    assert_same(await store.rentals.list(limit=1), [rental("wl-1-a1", NOW + 1)])  # a page is topped up past it
-    assert await store.rentals.get("wl-0-a1") is None
-    assert_same(await store.ledger.list(limit=2), [numbered(CREDIT, first), numbered(HOLD, second)])
-    assert await store.ledger.get("charge:poisoned:1") is None
-    assert await store.ledger.balances() == {"external": -10_000_000, "renter:alice": 7_000_000, "hold:alice": 3_000_000}
-    assert sorted((q.aggregate.value, q.key) for q in store.quarantine.records) == [
+    assert_same(await price_repo(store).list(), [price()])
+    assert_same(await rental_repo(store).list(limit=1), [rental("wl-1-a1", NOW + 1)])  # a page is topped up past it
+    assert await rental_repo(store).get("wl-0-a1") is None
+    assert_same(await ledger_repo(store).list(limit=2), [numbered(CREDIT, first), numbered(HOLD, second)])
+    assert await ledger_repo(store).get("charge:poisoned:1") is None
+    assert await ledger_repo(store).balances() == {"external": -10_000_000, "renter:alice": 7_000_000, "hold:alice": 3_000_000}
+    assert sorted((q.aggregate, q.key) for q in store.quarantine.records) == [
         ("ledger", "charge:poisoned:1"),
         ("prices", "acme/agt-poisoned"),
         ("rentals", "wl-0-a1"),
@@ -1469,11 +1492,11 @@ async def test_an_sqlite_file_at_schema_version_5_is_migrated_to_the_market_keep
     await store.open()
     try:
         assert await store.schema_version() == LATEST_VERSION
-        assert_same(await store.workloads.get(old.id), old)
-        await store.prices.put(price())  # the tables version 6 added
-        assert await store.rentals.insert(rental())
-        assert await store.ledger.post(CREDIT) is not None
-        assert len(await store.ledger.list(account="renter:alice")) == 1
+        assert_same(await workload_repo(store).get(old.id), old)
+        await price_repo(store).put(price())  # the tables version 6 added
+        assert await rental_repo(store).insert(rental())
+        assert await ledger_repo(store).post(CREDIT) is not None
+        assert len(await ledger_repo(store).list(account="renter:alice")) == 1
     finally:
         await store.close()
 
@@ -1488,15 +1511,15 @@ async def test_a_mongodb_database_at_schema_version_5_gets_the_market_indexes_an
     await store.open()
     try:
         assert await store.schema_version() == LATEST_VERSION
-        assert_same(await store.workloads.get(old.id), old)
+        assert_same(await workload_repo(store).get(old.id), old)
         async with raw_client(mongo_url) as client:
             ledger_indexes = await client[store.database].ledger.index_information()
             rental_indexes = await client[store.database].rentals.index_information()
         assert [("lines.account", 1), ("seq", 1)] in [spec["key"] for spec in ledger_indexes.values()]
         assert any(spec["key"] == [("seq", 1)] and spec.get("unique") for spec in ledger_indexes.values())
         assert [("host_agents", 1), ("listed", 1)] in [spec["key"] for spec in rental_indexes.values()]
-        assert await store.ledger.post(CREDIT) is not None
-        assert await store.rentals.insert(rental())
+        assert await ledger_repo(store).post(CREDIT) is not None
+        assert await rental_repo(store).insert(rental())
     finally:
         await store.close()
 
@@ -1510,13 +1533,13 @@ def alert_rule(name: str = "gpu_hot", threshold: float = 85.0) -> AlertRuleRecor
 
 
 async def test_an_alert_rule_round_trips_put_replaces_by_name_and_delete_says_whether_there_was_one(store: Store) -> None:
-    await store.alert_rules.put(alert_rule("zz_last"))
-    await store.alert_rules.put(alert_rule())
-    await store.alert_rules.put(alert_rule(threshold=90.0))  # the same name: replaced
-    assert_same(await store.alert_rules.list(), [alert_rule(threshold=90.0), alert_rule("zz_last")])
-    assert await store.alert_rules.delete("zz_last") is True
-    assert await store.alert_rules.delete("zz_last") is False
-    assert_same(await store.alert_rules.list(), [alert_rule(threshold=90.0)])
+    await alert_rule_repo(store).put(alert_rule("zz_last"))
+    await alert_rule_repo(store).put(alert_rule())
+    await alert_rule_repo(store).put(alert_rule(threshold=90.0))  # the same name: replaced
+    assert_same(await alert_rule_repo(store).list(), [alert_rule(threshold=90.0), alert_rule("zz_last")])
+    assert await alert_rule_repo(store).delete("zz_last") is True
+    assert await alert_rule_repo(store).delete("zz_last") is False
+    assert_same(await alert_rule_repo(store).list(), [alert_rule(threshold=90.0)])
 
 
 def silence(silence_id: str, created_at: float, expires_at: float, **overrides: Any) -> SilenceRecord:
@@ -1534,14 +1557,14 @@ def silence(silence_id: str, created_at: float, expires_at: float, **overrides: 
 async def test_silences_list_by_creation_and_only_those_still_in_force_at_a_time(store: Store) -> None:
     later = silence("sil-b", NOW + 10, NOW + 100, subject="GPU-1", comment="swapping fans")
     ended = silence("sil-a", NOW, NOW + 50)
-    await store.silences.put(later)
-    await store.silences.put(ended)
-    assert_same(await store.silences.list(), [ended, later])
-    assert_same(await store.silences.list(active_at=NOW + 50), [later])  # expiring at that very time: over
+    await silence_repo(store).put(later)
+    await silence_repo(store).put(ended)
+    assert_same(await silence_repo(store).list(), [ended, later])
+    assert_same(await silence_repo(store).list(active_at=NOW + 50), [later])  # expiring at that very time: over
     expired_now = msgspec.structs.replace(later, expires_at=NOW + 20)  # expired early: replaced
-    await store.silences.put(expired_now)
-    assert_same(await store.silences.list(active_at=NOW + 30), [ended])  # the other one ended at NOW + 20
-    assert_same(await store.silences.list(), [ended, expired_now])
+    await silence_repo(store).put(expired_now)
+    assert_same(await silence_repo(store).list(active_at=NOW + 30), [ended])  # the other one ended at NOW + 20
+    assert_same(await silence_repo(store).list(), [ended, expired_now])
 
 
 def webhook(webhook_id: str, owner: str, created_at: float) -> WebhookRecord:
@@ -1557,13 +1580,15 @@ def webhook(webhook_id: str, owner: str, created_at: float) -> WebhookRecord:
 
 async def test_webhooks_list_by_creation_per_owner_and_delete_says_whether_there_was_one(store: Store) -> None:
     for rec in [webhook("wh-2", "acme", NOW + 1), webhook("wh-1", "zeta", NOW), webhook("wh-3", "acme", NOW + 2)]:
-        await store.webhooks.put(rec)
-    assert [w.id for w in await store.webhooks.list()] == ["wh-1", "wh-2", "wh-3"]
-    assert_same(await store.webhooks.list(owner="acme"), [webhook("wh-2", "acme", NOW + 1), webhook("wh-3", "acme", NOW + 2)])
-    assert await store.webhooks.list(owner="nobody") == []
-    assert await store.webhooks.delete("wh-2") is True
-    assert await store.webhooks.delete("wh-2") is False
-    assert [w.id for w in await store.webhooks.list(owner="acme")] == ["wh-3"]
+        await webhook_repo(store).put(rec)
+    assert [w.id for w in await webhook_repo(store).list()] == ["wh-1", "wh-2", "wh-3"]
+    assert_same(
+        await webhook_repo(store).list(owner="acme"), [webhook("wh-2", "acme", NOW + 1), webhook("wh-3", "acme", NOW + 2)]
+    )
+    assert await webhook_repo(store).list(owner="nobody") == []
+    assert await webhook_repo(store).delete("wh-2") is True
+    assert await webhook_repo(store).delete("wh-2") is False
+    assert [w.id for w in await webhook_repo(store).list(owner="acme")] == ["wh-3"]
 
 
 async def test_an_sqlite_file_at_schema_version_6_is_migrated_to_alerting_keeping_its_data(tmp_path: Path) -> None:
@@ -1574,7 +1599,7 @@ async def test_an_sqlite_file_at_schema_version_6_is_migrated_to_alerting_keepin
     store = SqliteStore(str(path))
     await store.open()
     try:
-        await store.prices.put(price())
+        await price_repo(store).put(price())
     finally:
         await store.close()
     with sqlite3.connect(path, isolation_level=None) as conn:
@@ -1583,9 +1608,9 @@ async def test_an_sqlite_file_at_schema_version_6_is_migrated_to_alerting_keepin
     store = SqliteStore(str(path))
     await store.open()
     try:
-        assert_same(await store.prices.list(), [price()])
-        await store.alert_rules.put(alert_rule())  # the tables version 7 added
-        await store.webhooks.put(webhook("wh-1", "acme", NOW))
-        assert [r.name for r in await store.alert_rules.list()] == ["gpu_hot"]
+        assert_same(await price_repo(store).list(), [price()])
+        await alert_rule_repo(store).put(alert_rule())  # the tables version 7 added
+        await webhook_repo(store).put(webhook("wh-1", "acme", NOW))
+        assert [r.name for r in await alert_rule_repo(store).list()] == ["gpu_hot"]
     finally:
         await store.close()

@@ -22,7 +22,7 @@ from tests.support.poison import nan_command_doc, poison, poison_sqlite
 from tests.support.prometheus import check_metrics
 
 
-def quarantined(store: Store) -> list[tuple[Aggregate, str]]:
+def quarantined(store: Store) -> list[tuple[str, str]]:
     return [(q.aggregate, q.key) for q in store.quarantine.records]
 
 

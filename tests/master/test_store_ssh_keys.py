@@ -1,7 +1,9 @@
-"""The SSH-key collection of the store (docs/ssh.md), on both backends, as the contract tests run the others."""
+"""The SSH-key collection, management's (management/store/ssh_keys.py), on both backends, as the contract tests run the
+others."""
 
 from __future__ import annotations
 
+from management.store import ssh_key_repo
 from master.records import SshKeyRecord
 from master.store.base import Store
 from tests.master.test_store_contract import NOW, assert_same
@@ -20,10 +22,12 @@ def ssh_key(key_id: str, account: str, created_at: float) -> SshKeyRecord:
 
 async def test_ssh_keys_list_by_creation_per_account_and_delete_says_whether_there_was_one(store: Store) -> None:
     for rec in [ssh_key("sshk-2", "ana", NOW + 1), ssh_key("sshk-1", "bo", NOW), ssh_key("sshk-3", "ana", NOW + 2)]:
-        await store.ssh_keys.put(rec)
-    assert [k.id for k in await store.ssh_keys.list()] == ["sshk-1", "sshk-2", "sshk-3"]
-    assert_same(await store.ssh_keys.list(account="ana"), [ssh_key("sshk-2", "ana", NOW + 1), ssh_key("sshk-3", "ana", NOW + 2)])
-    assert await store.ssh_keys.list(account="nobody") == []
-    assert await store.ssh_keys.delete("sshk-2") is True
-    assert await store.ssh_keys.delete("sshk-2") is False
-    assert [k.id for k in await store.ssh_keys.list(account="ana")] == ["sshk-3"]
+        await ssh_key_repo(store).put(rec)
+    assert [k.id for k in await ssh_key_repo(store).list()] == ["sshk-1", "sshk-2", "sshk-3"]
+    assert_same(
+        await ssh_key_repo(store).list(account="ana"), [ssh_key("sshk-2", "ana", NOW + 1), ssh_key("sshk-3", "ana", NOW + 2)]
+    )
+    assert await ssh_key_repo(store).list(account="nobody") == []
+    assert await ssh_key_repo(store).delete("sshk-2") is True
+    assert await ssh_key_repo(store).delete("sshk-2") is False
+    assert [k.id for k in await ssh_key_repo(store).list(account="ana")] == ["sshk-3"]

@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 import pymongo
 
+from management.store import ALERT_RULES, FAIR_SHARE, LEDGER, OUTPUTS, PRICES, RENTALS, SILENCES, SSH_KEYS, WEBHOOKS, WORKLOADS
 from master.records import CommandRecord
 from master.store import MongoStore, SqliteStore, Store
 from master.store.aggregates import Aggregate, host_rollup_key, rollup_key
@@ -21,7 +22,7 @@ KEY = object()  # stands for the planted record's key among the columns below
 FAR_FUTURE = 4_000_000_000.0
 
 # The indexed columns of each SQLite table (all but ``doc``, and an event's seq), as the planted row fills them.
-_SQLITE_COLUMNS: dict[Aggregate, dict[str, Any]] = {
+_SQLITE_COLUMNS: dict[str, dict[str, Any]] = {
     Aggregate.AGENTS: {"id": KEY, "provider": "prov-a", "state": "ready"},
     Aggregate.GPUS: {"uuid": KEY, "agent_id": "agt-1", "idx": 9, "model": "h100-sxm", "state": "available", "tier": None},
     Aggregate.COMMANDS: {"id": KEY, "agent_id": "agt-1", "state": "pending", "created_at": 1_700_000_000.0},
@@ -31,11 +32,11 @@ _SQLITE_COLUMNS: dict[Aggregate, dict[str, Any]] = {
     Aggregate.REVOCATIONS: {"serial": KEY, "agent_id": "agt-1", "revoked_at": 1_700_000_000.0},
     Aggregate.ROLLUPS: {"gpu_uuid": KEY, "minute": 5},
     Aggregate.HOURLY_ROLLUPS: {"gpu_uuid": KEY, "minute": 120},
-    Aggregate.WORKLOADS: {"id": KEY, "account": "bob", "state": "queued", "listed": "0|poisoned", "version": 0},
+    WORKLOADS.name: {"id": KEY, "account": "bob", "state": "queued", "listed": "0|poisoned", "version": 0},
     Aggregate.ACCOUNTS: {"id": KEY, "role": "renter"},
-    Aggregate.FAIR_SHARE: {"key": KEY, "account": "alice"},
-    Aggregate.PRICES: {"key": KEY, "provider": "acme", "agent_id": "agt-poisoned"},
-    Aggregate.RENTALS: {
+    FAIR_SHARE.name: {"key": KEY, "account": "alice"},
+    PRICES.name: {"key": KEY, "provider": "acme", "agent_id": "agt-poisoned"},
+    RENTALS.name: {
         "id": KEY,
         "workload_id": "wl-1",
         "account": "alice",
@@ -43,20 +44,20 @@ _SQLITE_COLUMNS: dict[Aggregate, dict[str, Any]] = {
         "ended_at": None,
         "version": 0,
     },
-    Aggregate.LEDGER: {"key": KEY, "rental": "wl-1-a1"},
-    Aggregate.ALERT_RULES: {"name": KEY},
-    Aggregate.SILENCES: {"id": KEY, "created_at": 1_700_000_000.0, "expires_at": FAR_FUTURE},
-    Aggregate.WEBHOOKS: {"id": KEY, "owner": "acme", "created_at": 1_700_000_000.0},
+    LEDGER.name: {"key": KEY, "rental": "wl-1-a1"},
+    ALERT_RULES.name: {"name": KEY},
+    SILENCES.name: {"id": KEY, "created_at": 1_700_000_000.0, "expires_at": FAR_FUTURE},
+    WEBHOOKS.name: {"id": KEY, "owner": "acme", "created_at": 1_700_000_000.0},
     Aggregate.HOST_ROLLUPS: {"agent_id": KEY, "minute": 5},
     Aggregate.HOST_HOURLY_ROLLUPS: {"agent_id": KEY, "minute": 120},
-    Aggregate.OUTPUTS: {"id": KEY, "workload_id": "wl-1", "state": "kept", "ended_at": 1_700_000_000.0},
+    OUTPUTS.name: {"id": KEY, "workload_id": "wl-1", "state": "kept", "ended_at": 1_700_000_000.0},
     Aggregate.SECRETS: {"id": KEY, "account": "alice", "name": "poisoned"},
-    Aggregate.SSH_KEYS: {"id": KEY, "account": "alice", "created_at": 1_700_000_000.0},
+    SSH_KEYS.name: {"id": KEY, "account": "alice", "created_at": 1_700_000_000.0},
 }
 # The MongoDB field each SQLite column is kept in, where the names differ; the key column is _id.
 _MONGO_FIELD = {"idx": "index"}
 # A field of the wrong type in each planted record (a command's deadline as a NaN was written: null).
-_BROKEN: dict[Aggregate, dict[str, Any]] = {
+_BROKEN: dict[str, dict[str, Any]] = {
     Aggregate.AGENTS: {"host": "not a host"},
     Aggregate.GPUS: {"info": "not GPU info"},
     Aggregate.COMMANDS: {"kind": "create_container", "spec": {}, "deadline": None},
@@ -66,20 +67,20 @@ _BROKEN: dict[Aggregate, dict[str, Any]] = {
     Aggregate.REVOCATIONS: {"reason": 7},
     Aggregate.ROLLUPS: {"agent_id": "agt-1", "samples": "many"},
     Aggregate.HOURLY_ROLLUPS: {"agent_id": "agt-1", "samples": "many"},
-    Aggregate.WORKLOADS: {"account": "bob", "spec": "not a spec", "state": "queued", "created_at": 0.0},
+    WORKLOADS.name: {"account": "bob", "spec": "not a spec", "state": "queued", "created_at": 0.0},
     Aggregate.ACCOUNTS: {"share": "a lot"},
-    Aggregate.FAIR_SHARE: {"gpu_seconds": "a lot", "decayed_to": 0.0},
-    Aggregate.PRICES: {"on_demand": "a lot"},
-    Aggregate.RENTALS: {"kind": "on_demand", "hosts": "not hosts", "started_at": 0.0},
-    Aggregate.LEDGER: {"ts": 0.0, "kind": "charge", "memo": "", "lines": "not lines"},
-    Aggregate.ALERT_RULES: {"spec": "not a mapping", "updated_at": 0.0, "updated_by": "operator"},
-    Aggregate.SILENCES: {"created_by": "operator", "labels": "not labels"},
-    Aggregate.WEBHOOKS: {"url": "https://hooks.example/x", "secret": 7, "role": "provider"},
+    FAIR_SHARE.name: {"gpu_seconds": "a lot", "decayed_to": 0.0},
+    PRICES.name: {"on_demand": "a lot"},
+    RENTALS.name: {"kind": "on_demand", "hosts": "not hosts", "started_at": 0.0},
+    LEDGER.name: {"ts": 0.0, "kind": "charge", "memo": "", "lines": "not lines"},
+    ALERT_RULES.name: {"spec": "not a mapping", "updated_at": 0.0, "updated_by": "operator"},
+    SILENCES.name: {"created_by": "operator", "labels": "not labels"},
+    WEBHOOKS.name: {"url": "https://hooks.example/x", "secret": 7, "role": "provider"},
     Aggregate.HOST_ROLLUPS: {"samples": "many"},
     Aggregate.HOST_HOURLY_ROLLUPS: {"samples": "many"},
-    Aggregate.OUTPUTS: {"replica": "the first", "attempt": 1, "account": "alice", "agent_id": "agt-1", "container": "c"},
+    OUTPUTS.name: {"replica": "the first", "attempt": 1, "account": "alice", "agent_id": "agt-1", "container": "c"},
     Aggregate.SECRETS: {"sealed": 7, "created_at": 0.0},
-    Aggregate.SSH_KEYS: {"name": "laptop", "public_key": 7, "fingerprint": "SHA256:x"},
+    SSH_KEYS.name: {"name": "laptop", "public_key": 7, "fingerprint": "SHA256:x"},
 }
 _HOST_ROLLUPS = (Aggregate.HOST_ROLLUPS, Aggregate.HOST_HOURLY_ROLLUPS)
 
@@ -93,26 +94,26 @@ def nan_command_doc(command_id: str, created_at: float) -> str:
     return msgspec.json.encode(rec).decode()
 
 
-def _columns(aggregate: Aggregate, key: str, overrides: dict[str, Any]) -> dict[str, Any]:
+def _columns(aggregate: str, key: str, overrides: dict[str, Any]) -> dict[str, Any]:
     columns = {name: (key if value is KEY else value) for name, value in _SQLITE_COLUMNS[aggregate].items()}
     return columns | overrides
 
 
-def _undecodable(aggregate: Aggregate, columns: dict[str, Any]) -> dict[str, Any]:
+def _undecodable(aggregate: str, columns: dict[str, Any]) -> dict[str, Any]:
     """A record body with the planted row's columns and one field of the wrong type."""
     return {_MONGO_FIELD.get(name, name): value for name, value in columns.items()} | _BROKEN[aggregate]
 
 
-def poison_sqlite(path: str, aggregate: Aggregate, key: str, *, doc: str | None = None, **overrides: Any) -> str:
+def poison_sqlite(path: str, aggregate: str, key: str, *, doc: str | None = None, **overrides: Any) -> str:
     """Plant an undecodable row; returns the key the store will report it under (an event's seq for events)."""
     columns = _columns(aggregate, key, overrides)
     columns["doc"] = doc if doc is not None else msgspec.json.encode(_undecodable(aggregate, columns)).decode()
     names = ", ".join(columns)
     marks = ", ".join("?" for _ in columns)
     with sqlite3.connect(path, isolation_level=None) as conn:
-        cursor = conn.execute(f"INSERT INTO {aggregate.value} ({names}) VALUES ({marks})", list(columns.values()))
+        cursor = conn.execute(f"INSERT INTO {aggregate} ({names}) VALUES ({marks})", list(columns.values()))
     conn.close()
-    if aggregate is Aggregate.EVENTS:
+    if aggregate == Aggregate.EVENTS:
         return str(cursor.lastrowid)
     if aggregate in (Aggregate.ROLLUPS, Aggregate.HOURLY_ROLLUPS):
         return rollup_key(key, columns["minute"])
@@ -121,13 +122,13 @@ def poison_sqlite(path: str, aggregate: Aggregate, key: str, *, doc: str | None 
     return key
 
 
-async def poison_mongo(url: str, database: str, aggregate: Aggregate, key: str, **overrides: Any) -> str:
+async def poison_mongo(url: str, database: str, aggregate: str, key: str, **overrides: Any) -> str:
     """Plant an undecodable document; returns the key the store will report it under."""
     columns = _columns(aggregate, key, overrides)
     doc = _undecodable(aggregate, columns)
     async with pymongo.AsyncMongoClient[dict[str, Any]](url) as client:
         db = client[database]
-        if aggregate is Aggregate.EVENTS:  # numbered from the store's own counter, so later appends do not collide
+        if aggregate == Aggregate.EVENTS:  # numbered from the store's own counter, so later appends do not collide
             counter = await db.meta.find_one_and_update(
                 {"_id": "event_seq"}, {"$inc": {"value": 1}}, upsert=True, return_document=pymongo.ReturnDocument.AFTER
             )
@@ -135,7 +136,7 @@ async def poison_mongo(url: str, database: str, aggregate: Aggregate, key: str, 
             doc["seq"] = counter["value"]
             reported = str(counter["value"])
         else:
-            if aggregate is Aggregate.LEDGER:  # numbered like the store numbers entries, so lists by seq find it
+            if aggregate == LEDGER.name:  # numbered like the store numbers entries, so lists by seq find it
                 counter = await db.meta.find_one_and_update(
                     {"_id": "ledger_seq"}, {"$inc": {"value": 1}}, upsert=True, return_document=pymongo.ReturnDocument.AFTER
                 )
@@ -146,11 +147,11 @@ async def poison_mongo(url: str, database: str, aggregate: Aggregate, key: str, 
             if aggregate in _HOST_ROLLUPS:
                 reported = host_rollup_key(key, columns["minute"])
             doc["_id"] = reported
-        await db[aggregate.value].insert_one(doc)
+        await db[aggregate].insert_one(doc)
     return reported
 
 
-async def poison(store: Store, aggregate: Aggregate, key: str, **overrides: Any) -> str:
+async def poison(store: Store, aggregate: str, key: str, **overrides: Any) -> str:
     """Plant an undecodable record in ``store``'s database (SQLite or MongoDB); returns the key it is reported under."""
     if isinstance(store, SqliteStore):
         return poison_sqlite(store.path, aggregate, key, **overrides)

@@ -204,7 +204,7 @@ async def get_payouts(request: web.Request) -> web.Response:
 
 
 class RentalKey(msgspec.Struct, array_like=True, frozen=True):
-    listed: Annotated[str, msgspec.Meta(max_length=200)]  # master.store.aggregates.rental_order of the last one shown
+    listed: Annotated[str, msgspec.Meta(max_length=200)]  # management.store.rentals.rental_order of the last one shown
 
 
 async def list_rentals(request: web.Request) -> web.Response:

@@ -20,7 +20,6 @@ from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import BulkWriteError, DuplicateKeyError
 
 from common.errors import Fenced
-from master.store.aggregates import Aggregate
 from master.store.codec import to_document
 from master.store.metrics import StoreMetrics
 from master.store.mongo.connection import MongoConnection
@@ -45,7 +44,7 @@ DUPLICATE_KEY = 11000
 
 
 class MongoCollection(Generic[R]):
-    aggregate: Aggregate
+    aggregate: str  # an ``Aggregate``, or a plugged aggregate's name (master/store/plugin.py)
     record_type: type[R]
     # High availability (docs/ha.md): an upsert of this aggregate matches only a document no higher epoch wrote, so
     # a deposed leader's write that slipped past the fence is refused by the store itself (the contended aggregates).
@@ -58,7 +57,7 @@ class MongoCollection(Generic[R]):
 
     @property
     def _c(self) -> AsyncCollection[dict[str, Any]]:
-        return self._conn.db[self.aggregate.value]
+        return self._conn.db[str(self.aggregate)]
 
     # --- reading -------------------------------------------------------------------------------
 
@@ -124,7 +123,7 @@ class MongoCollection(Generic[R]):
     def _fenced(self, keys: object) -> Fenced:
         writer = self._conn.writer
         epoch = writer.epoch if writer is not None else 0
-        return Fenced(f"{self.aggregate.value} {keys} were written by a leader newer than epoch {epoch}: this Master is deposed")
+        return Fenced(f"{self.aggregate} {keys} were written by a leader newer than epoch {epoch}: this Master is deposed")
 
     async def _upsert(self, key: Any, rec: R) -> None:
         doc = self._document(key, rec)

@@ -12,50 +12,33 @@ from common.errors import ConfigError
 from master.store.base import (
     AccountRepo,
     AgentRepo,
-    AlertRuleRepo,
     ApiKeyRepo,
     CommandRepo,
     EventRepo,
-    FairShareRepo,
     GpuRepo,
     HostRollupRepo,
     LeaseRepo,
-    LedgerRepo,
-    OutputRepo,
-    PriceRepo,
-    RentalRepo,
     RevocationRepo,
     RollupRepo,
     SecretRepo,
-    SilenceRepo,
-    SshKeyRepo,
     TokenRepo,
-    WebhookRepo,
-    WorkloadRepo,
 )
 from master.store.metrics import StoreMetrics
 from master.store.migrations import migrate_mongo, mongo_schema_version
 from master.store.mongo.accounts import MongoAccountRepo
 from master.store.mongo.agents import MongoAgentRepo
-from master.store.mongo.alerting import MongoAlertRuleRepo, MongoSilenceRepo, MongoWebhookRepo
 from master.store.mongo.api_keys import MongoApiKeyRepo
 from master.store.mongo.commands import MongoCommandRepo
 from master.store.mongo.connection import MongoConnection, Writer, redacted
 from master.store.mongo.events import MongoEventRepo
-from master.store.mongo.fair_share import MongoFairShareRepo
 from master.store.mongo.gpus import MongoGpuRepo
 from master.store.mongo.host_rollups import MongoHostHourlyRollupRepo, MongoHostRollupRepo
 from master.store.mongo.leases import MongoLeaseRepo
-from master.store.mongo.ledger import MongoLedgerRepo
-from master.store.mongo.outputs import MongoOutputRepo
-from master.store.mongo.prices import MongoPriceRepo
-from master.store.mongo.rentals import MongoRentalRepo
 from master.store.mongo.revocations import MongoRevocationRepo
 from master.store.mongo.rollups import MongoHourlyRollupRepo, MongoRollupRepo
 from master.store.mongo.secrets import MongoSecretRepo
-from master.store.mongo.ssh_keys import MongoSshKeyRepo
 from master.store.mongo.tokens import MongoTokenRepo
-from master.store.mongo.workloads import MongoWorkloadRepo
+from master.store.plugin import AggregatePlugin, PluggedRepositories, Repo
 from master.store.quarantine import Quarantine
 
 
@@ -77,20 +60,14 @@ class MongoStore:
         self.revocations: RevocationRepo = MongoRevocationRepo(*upkeep)
         self.rollups: RollupRepo = MongoRollupRepo(*upkeep)
         self.hourly_rollups: RollupRepo = MongoHourlyRollupRepo(*upkeep)
-        self.workloads: WorkloadRepo = MongoWorkloadRepo(*upkeep)
-        self.outputs: OutputRepo = MongoOutputRepo(*upkeep)
         self.secrets: SecretRepo = MongoSecretRepo(*upkeep)
-        self.fair_share: FairShareRepo = MongoFairShareRepo(*upkeep)
-        self.prices: PriceRepo = MongoPriceRepo(*upkeep)
-        self.rentals: RentalRepo = MongoRentalRepo(*upkeep)
-        self.ledger: LedgerRepo = MongoLedgerRepo(*upkeep)
-        self.alert_rules: AlertRuleRepo = MongoAlertRuleRepo(*upkeep)
-        self.silences: SilenceRepo = MongoSilenceRepo(*upkeep)
         self.leases: LeaseRepo = MongoLeaseRepo(self._conn)
-        self.webhooks: WebhookRepo = MongoWebhookRepo(*upkeep)
         self.host_rollups: HostRollupRepo = MongoHostRollupRepo(*upkeep)
         self.host_hourly_rollups: HostRollupRepo = MongoHostHourlyRollupRepo(*upkeep)
-        self.ssh_keys: SshKeyRepo = MongoSshKeyRepo(*upkeep)
+        self._plugged = PluggedRepositories(self.metrics)
+
+    def repository(self, plugin: AggregatePlugin[Repo]) -> Repo:
+        return self._plugged.get(plugin, lambda: plugin.mongo(self._conn, self.quarantine, self.metrics))
 
     @property
     def url(self) -> str:

@@ -8,51 +8,34 @@ from common.errors import ConfigError
 from master.store.base import (
     AccountRepo,
     AgentRepo,
-    AlertRuleRepo,
     ApiKeyRepo,
     CommandRepo,
     EventRepo,
-    FairShareRepo,
     GpuRepo,
     HostRollupRepo,
     LeaseRepo,
-    LedgerRepo,
-    OutputRepo,
-    PriceRepo,
-    RentalRepo,
     RevocationRepo,
     RollupRepo,
     SecretRepo,
-    SilenceRepo,
-    SshKeyRepo,
     TokenRepo,
-    WebhookRepo,
-    WorkloadRepo,
 )
 from master.store.metrics import StoreMetrics
 from master.store.migrations import migrate_sqlite, sqlite_schema_version
+from master.store.plugin import AggregatePlugin, PluggedRepositories, Repo
 from master.store.quarantine import Quarantine
 from master.store.sqlite.accounts import SqliteAccountRepo
 from master.store.sqlite.agents import SqliteAgentRepo
-from master.store.sqlite.alerting import SqliteAlertRuleRepo, SqliteSilenceRepo, SqliteWebhookRepo
 from master.store.sqlite.api_keys import SqliteApiKeyRepo
 from master.store.sqlite.commands import SqliteCommandRepo
 from master.store.sqlite.database import SqliteDatabase
 from master.store.sqlite.events import SqliteEventRepo
-from master.store.sqlite.fair_share import SqliteFairShareRepo
 from master.store.sqlite.gpus import SqliteGpuRepo
 from master.store.sqlite.host_rollups import SqliteHostHourlyRollupRepo, SqliteHostRollupRepo
 from master.store.sqlite.leases import SqliteLeaseRepo
-from master.store.sqlite.ledger import SqliteLedgerRepo
-from master.store.sqlite.outputs import SqliteOutputRepo
-from master.store.sqlite.prices import SqlitePriceRepo
-from master.store.sqlite.rentals import SqliteRentalRepo
 from master.store.sqlite.revocations import SqliteRevocationRepo
 from master.store.sqlite.rollups import SqliteHourlyRollupRepo, SqliteRollupRepo
 from master.store.sqlite.secrets import SqliteSecretRepo
-from master.store.sqlite.ssh_keys import SqliteSshKeyRepo
 from master.store.sqlite.tokens import SqliteTokenRepo
-from master.store.sqlite.workloads import SqliteWorkloadRepo
 
 
 class SqliteStore:
@@ -74,20 +57,14 @@ class SqliteStore:
         self.revocations: RevocationRepo = SqliteRevocationRepo(*upkeep)
         self.rollups: RollupRepo = SqliteRollupRepo(*upkeep)
         self.hourly_rollups: RollupRepo = SqliteHourlyRollupRepo(*upkeep)
-        self.workloads: WorkloadRepo = SqliteWorkloadRepo(*upkeep)
-        self.outputs: OutputRepo = SqliteOutputRepo(*upkeep)
         self.secrets: SecretRepo = SqliteSecretRepo(*upkeep)
-        self.fair_share: FairShareRepo = SqliteFairShareRepo(*upkeep)
-        self.prices: PriceRepo = SqlitePriceRepo(*upkeep)
-        self.rentals: RentalRepo = SqliteRentalRepo(*upkeep)
-        self.ledger: LedgerRepo = SqliteLedgerRepo(*upkeep)
-        self.alert_rules: AlertRuleRepo = SqliteAlertRuleRepo(*upkeep)
-        self.silences: SilenceRepo = SqliteSilenceRepo(*upkeep)
         self.leases: LeaseRepo = SqliteLeaseRepo(self._db)
-        self.webhooks: WebhookRepo = SqliteWebhookRepo(*upkeep)
         self.host_rollups: HostRollupRepo = SqliteHostRollupRepo(*upkeep)
         self.host_hourly_rollups: HostRollupRepo = SqliteHostHourlyRollupRepo(*upkeep)
-        self.ssh_keys: SshKeyRepo = SqliteSshKeyRepo(*upkeep)
+        self._plugged = PluggedRepositories(self.metrics)
+
+    def repository(self, plugin: AggregatePlugin[Repo]) -> Repo:
+        return self._plugged.get(plugin, lambda: plugin.sqlite(self._db, self.quarantine, self.metrics))
 
     def __repr__(self) -> str:
         return f"SqliteStore({self.path!r})"

@@ -14,7 +14,6 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
-from master.store.aggregates import Aggregate
 from master.store.codec import to_json
 from master.store.metrics import StoreMetrics
 from master.store.quarantine import Quarantine
@@ -28,7 +27,7 @@ def _key_of_row(row: tuple[Any, ...]) -> object:
 
 
 class SqliteTable(Generic[R]):
-    aggregate: Aggregate
+    aggregate: str  # an ``Aggregate``, or a plugged aggregate's name (master/store/plugin.py)
     record_type: type[R]
 
     def __init__(self, db: SqliteDatabase, quarantine: Quarantine, metrics: StoreMetrics) -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from management.cli import main as cli
 from tests.management.hosts import api_key
+from tests.support.stored import stored_workload
 
 
 @pytest.fixture
@@ -59,7 +60,8 @@ async def test_submit_takes_storage_flags_and_get_shows_where_the_data_lives(ali
     )  # fmt: skip
     assert code == 0, err
     workload_id = out.split()[1]
-    spec = (await api.master.store.workloads.get(workload_id)).spec
+    spec = (await stored_workload(api.master.store, workload_id)).spec
+    assert spec.checkpoint is not None and spec.storage is not None
     assert spec.checkpoint.uri == "s3://runs/ck/" and spec.checkpoint.path == "/checkpoint" and spec.checkpoint.period_s == 60
     assert spec.storage.endpoint == "https://s3.eu-central-1.amazonaws.com"
     assert spec.stop_grace_s == 90 and spec.storage.credentials == "s3" and spec.env == {"TOKEN": "${secret:s3}"}

@@ -11,6 +11,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from management.cli import main as cli
+from management.store import ssh_key_repo
 from tests.management.hosts import api_key
 from tests.management.test_api_ssh_keys import openssh_fingerprint, openssh_public
 
@@ -42,7 +43,7 @@ async def test_ssh_key_add_takes_a_public_key_file_beside_the_api_key_file(ana, 
 
     assert code == 0, err
     assert out.startswith("added sshk-") and f"(ana@laptop) {openssh_fingerprint(line)} for ana" in out
-    [stored] = await api.master.store.ssh_keys.list(account="ana")
+    [stored] = await ssh_key_repo(api.master.store).list(account="ana")
     assert stored.fingerprint == openssh_fingerprint(line)
     code, out, err = await ana("ssh-key", "list", capsys=capsys)
     assert code == 0 and openssh_fingerprint(line) in out, err
@@ -55,7 +56,7 @@ async def test_ssh_key_add_dash_reads_the_public_key_from_standard_input(ana, ap
 
     assert code == 0, err
     assert f"(ci) {openssh_fingerprint(line)} for ana" in out
-    assert [k.name for k in await api.master.store.ssh_keys.list(account="ana")] == ["ci"]
+    assert [k.name for k in await ssh_key_repo(api.master.store).list(account="ana")] == ["ci"]
 
 
 async def test_ssh_key_add_of_a_missing_file_says_so(ana, tmp_path, capsys):

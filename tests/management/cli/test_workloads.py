@@ -13,6 +13,7 @@ import pytest
 from management.cli import main as cli
 from management.http.keys import SERVICES_KEY
 from tests.management.hosts import add_agent, api_key
+from tests.support.stored import stored_workload
 
 
 @pytest.fixture
@@ -253,7 +254,7 @@ async def test_explain_names_the_quota_that_holds_a_workload_back(renter, capsys
     assert response.status == 200, await response.text()
     first = await submitted(renter, capsys, "--name", "first", "--gpus", "2")
     await grid.cycle()
-    assert (await api.master.store.workloads.get(first)).state == "scheduled"
+    assert (await stored_workload(api.master.store, first)).state == "scheduled"
     wl = await submitted(renter, capsys, "--name", "second", "--gpus", "1")
 
     out = await explained(renter, capsys, wl)

@@ -10,6 +10,7 @@ import io
 
 import pytest
 
+from management.store import ledger_repo, rental_repo
 from tests.management.hosts import add_agent, api_key
 
 
@@ -200,9 +201,9 @@ async def test_a_renter_rates_an_ended_rental_once_and_it_counts_in_the_hosts_re
 
     paid, running, short, unpaid, again = rental(1, 700), rental(2, None), rental(3, 30), rental(4, 700), rental(5, 900)
     for r in (paid, running, short, unpaid, again):
-        assert await market.master.store.rentals.insert(r)
+        assert await rental_repo(market.master.store).insert(r)
     for r, amount in ((paid, 2_500_000), (short, 12_500), (again, 375_000)):
-        assert await market.master.store.ledger.post(charge(r, amount)) is not None
+        assert await ledger_repo(market.master.store).post(charge(r, amount)) is not None
     before = market.master.registry.agents["agt-a1"]
     count, total = before.ratings_count, before.ratings_sum
 

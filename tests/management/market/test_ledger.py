@@ -27,10 +27,11 @@ from management.market.ledger import (
     renter_account,
     statement_csv,
 )
+from management.store import ledger_repo
+from management.store.ledger import UnbalancedEntry
 from master.records import LedgerEntry, LedgerLine, RentalHost, RentalRecord
 from master.store import open_store
 from master.store.base import Store
-from master.store.errors import UnbalancedEntry
 from tests.master.conftest import nx27017_uri, store_url  # noqa: F401  (fixtures: each backend in turn)
 
 # Monday 2026-11-02 00:00 UTC
@@ -56,7 +57,7 @@ async def open_one(store_url: str) -> AsyncIterator[OpenStore]:  # noqa: F811
 
 
 async def book_on(open_one: OpenStore, now: float = MONDAY) -> LedgerBook:
-    book = LedgerBook((await open_one()).ledger, clock=lambda: now)
+    book = LedgerBook(ledger_repo(await open_one()), clock=lambda: now)
     await book.load()
     return book
 

@@ -18,6 +18,7 @@ from common.errors import InvalidTransition, NotFound
 from management.market.ledger import FEES, LedgerBook, hold_account, provider_account, renter_account
 from management.market.metering_loop import LOW_BALANCE_EVENT, RAN_OUT_REASON, MeterLoop, MeterSettings
 from management.market.prices import HostPrice, PriceTable
+from management.store import ledger_repo, rental_repo
 from management.workloads.book import WorkloadBook
 from management.workloads.spec import container_name
 from master.accounts import AccountRole
@@ -85,12 +86,12 @@ async def start_market(tmp_path: Path) -> AsyncIterator[StartMarket]:
             await add_agent(master, "agt-1", "h100:4")
         book = WorkloadBook(master.store, master, policy=master.policy)
         await book.load()
-        ledger = LedgerBook(master.store.ledger)
+        ledger = LedgerBook(ledger_repo(master.store))
         await ledger.load()
         clock = [t0]
         table = PriceTable(PRICES, grid_default=HostPrice(on_demand=0))
         settings = MeterSettings(period_s=60.0, low_balance_warning_s=warning_s, grace_s=5.0)
-        meter = MeterLoop(master, book, ledger, master.store.rentals, table.price, settings, clock=lambda: clock[0])
+        meter = MeterLoop(master, book, ledger, rental_repo(master.store), table.price, settings, clock=lambda: clock[0])
         await meter.load()
         return Market(master=master, book=book, ledger=ledger, meter=meter, clock=clock)
 
@@ -111,7 +112,7 @@ async def test_a_running_workload_is_held_charged_each_period_and_settled_at_its
     await m.ledger.credit("alice", 10_000_000, "credit", key="c1")
     wl = await m.run("train", 2, T)  # 2 GPUs at 3.60: 2000 a second
     await m.tick(T + 1)
-    rental = await m.master.store.rentals.get(f"{wl.id}-a1")
+    rental = await rental_repo(m.master.store).get(f"{wl.id}-a1")
     assert rental is not None and rental.started_at == T and rental.kind == "on_demand"
     assert [(h.agent_id, h.provider, h.gpus, h.price) for h in rental.hosts] == [("agt-1", "prov", 2, 3_600_000)]
     assert m.ledger.funds("alice").held == 120_000
@@ -126,7 +127,7 @@ async def test_a_running_workload_is_held_charged_each_period_and_settled_at_its
     m.clock[0] = T + 150
     await m.book.transition(wl.id, "succeed", "exited 0", T + 150, exit_codes=[0])
     await m.tick(T + 151)
-    ended = await m.master.store.rentals.get(rental.id)
+    ended = await rental_repo(m.master.store).get(rental.id)
     assert ended is not None and ended.ended_at == T + 150 and "succeeded" in ended.end_reason
     assert await m.keys(rental.id) == [f"hold:{rental.id}:0", f"charge:{rental.id}:2", f"charge:{rental.id}:end"]
     assert m.ledger.balance(provider_account("prov")) + m.ledger.balance(FEES) == 150 * 2000
@@ -150,7 +151,7 @@ async def test_charges_stop_at_a_silent_hosts_last_heartbeat_and_a_run_ended_thr
     m.clock[0] = T + 200
     await m.book.end(wl.id, "requeue", "agt-1 went offline", T + 200, grace_s=5.0, host_failure="agt-1: went offline")
     await m.tick(T + 201, beat=False)
-    ended = await m.master.store.rentals.get(f"{wl.id}-a1")
+    ended = await rental_repo(m.master.store).get(f"{wl.id}-a1")
     assert ended is not None and ended.ended_at == T + 70 and ended.host_failure == "agt-1: went offline"
     entries = await m.ledger.rental_entries(ended.id)
     assert [e.key for e in entries][-2:] == [f"charge:{ended.id}:end", f"refund:{ended.id}"]
@@ -173,7 +174,7 @@ async def test_when_the_money_runs_out_the_workload_fails_and_only_what_there_wa
     await m.tick(T + 51)
     stopped = await m.book.get(wl.id)
     assert (stopped.state, stopped.state_reason) == ("failed", RAN_OUT_REASON)
-    ended = await m.master.store.rentals.get(f"{wl.id}-a1")
+    ended = await rental_repo(m.master.store).get(f"{wl.id}-a1")
     assert ended is not None and ended.ended_at == T + 51
     assert m.ledger.balance(provider_account("prov")) + m.ledger.balance(FEES) == 100_000
     assert m.ledger.funds("alice").available == m.ledger.funds("alice").held == 0
@@ -202,7 +203,7 @@ async def test_a_low_balance_is_announced_once_per_crossing(start_market):
     assert len(await warnings()) == 1
     await m.tick(T + 183)  # three periods: 3.00 - 0.72 = 2.28, below 2.40 again: a second crossing
     assert len(await warnings()) == 2
-    assert await m.master.store.ledger.balances() == m.ledger.balances()
+    assert await ledger_repo(m.master.store).balances() == m.ledger.balances()
 
 
 async def test_the_balance_cover_is_how_long_each_renters_funds_last_at_its_running_rentals_prices(start_market):
@@ -227,7 +228,7 @@ async def test_a_bid_change_prices_the_rest_of_an_interruptible_run(start_market
     wl = await m.run("cheap", 1, T, RentalTerms(kind="interruptible", bid="1.80"))  # 500 a second
     await m.tick(T + 1)
     changed = await m.meter.change_bid(wl.id, 3_600_000, T + 30)  # 1000 a second from T + 30
-    stored = await m.master.store.rentals.get(changed.id)
+    stored = await rental_repo(m.master.store).get(changed.id)
     assert stored is not None and [(c.at, c.price) for c in stored.bid_changes] == [(T + 30, 3_600_000)]
     m.clock[0] = T + 60
     await m.book.transition(wl.id, "succeed", "exited 0", T + 60, exit_codes=[0])
@@ -269,7 +270,7 @@ async def test_after_a_restart_open_rentals_continue_without_a_double_charge_and
 
     again = await start_market(t0=T + 200, first=False)
     assert {r.id for r in again.meter.open_rentals()} == {f"{a.id}-a1", f"{b.id}-a1"}
-    b_rental = await again.master.store.rentals.get(f"{b.id}-a1")
+    b_rental = await rental_repo(again.master.store).get(f"{b.id}-a1")
     assert b_rental is not None and b_rental.started_at == T + 70
     await again.tick(T + 200)
     assert await again.keys(f"{a.id}-a1") == [f"hold:{a.id}-a1:0", f"charge:{a.id}-a1:1", f"charge:{a.id}-a1:3"]
@@ -298,7 +299,7 @@ async def test_a_workload_that_never_ran_is_not_charged_and_the_host_it_failed_t
     await m.book.end(wl.id, "start_failed", "a container did not start", T + 3, grace_s=5.0, host_failure=why)
     await m.tick(T + 4)
     await m.tick(T + 5)
-    assert await m.master.store.rentals.get(f"{wl.id}-a1") is None
+    assert await rental_repo(m.master.store).get(f"{wl.id}-a1") is None
     assert m.ledger.funds("alice").available == 10_000_000
     events = await m.master.store.events.list(subject="agt-1", kind_prefix="agent.reputation")
     assert [e.data["reason"] for e in events] == [f"rental {wl.id}-a1 did not start through the host: {why}"]
@@ -314,7 +315,7 @@ async def test_started_the_loop_meters_on_its_own_every_quarter_period_and_stops
     m.meter.start()
     try:
         deadline = asyncio.get_running_loop().time() + 5.0
-        while await m.master.store.rentals.get(f"{wl.id}-a1") is None:
+        while await rental_repo(m.master.store).get(f"{wl.id}-a1") is None:
             assert asyncio.get_running_loop().time() < deadline, "the loop never metered the rental"
             await asyncio.sleep(0.01)
     finally:
@@ -348,7 +349,7 @@ async def test_after_a_restart_a_host_not_known_offline_counts_as_heard_when_the
     again.clock[0] = T + 400
     await again.book.transition(wl.id, "succeed", "exited 0", T + 400, exit_codes=[0])
     await again.tick(T + 401, beat=False)
-    ended = await again.master.store.rentals.get(f"{wl.id}-a1")
+    ended = await rental_repo(again.master.store).get(f"{wl.id}-a1")
     assert ended is not None and ended.ended_at == T + 180, ended
     assert again.ledger.balance(provider_account("prov")) + again.ledger.balance(FEES) == 180 * 1000
 
@@ -371,7 +372,7 @@ async def test_a_rental_does_not_start_under_its_hosts_minimum_bid_whatever_chan
     await m.book.transition(wl.id, "run", "containers started", T)
     await m.tick(T + 1)
     assert m.meter.rental_of(wl.id) is None
-    assert await m.master.store.rentals.get(f"{wl.id}-a1") is None
+    assert await rental_repo(m.master.store).get(f"{wl.id}-a1") is None
     now = await m.book.get(wl.id)
     assert now.state == "queued" and "under host agt-1's minimum bid 1.00" in now.state_reason, now.state_reason
     assert m.ledger.balance(renter_account("alice")) == 10_000_000

@@ -15,6 +15,7 @@ from common.errors import NotFound
 from management.market.offer_feed import OfferFeed
 from management.market.offers import Offer
 from management.market.prices import HostPrice, PriceBook, PriceSetting, PriceTable, grid_default_of
+from management.store import price_repo
 from master.config import MasterConfig
 from master.link import AccessLink
 from master.master import Master
@@ -128,7 +129,7 @@ async def test_a_price_shows_once_the_feed_is_told_it_changed_for_the_host_or_it
 
 
 async def test_a_price_set_in_the_price_book_shows_in_the_next_search(master, link):
-    book = PriceBook(master.store.prices, grid_default_of(master.config))
+    book = PriceBook(price_repo(master.store), grid_default_of(master.config))
     feed = OfferFeed(master, book.price)
     book.subscribe(feed.prices_changed)
     await host(master, link, "h1")

@@ -10,6 +10,7 @@ import pytest
 
 from common.errors import InvalidPrice, NotFound
 from management.market.prices import HostPrice, PriceBook, PriceSetting, grid_default_of
+from management.store import price_repo
 from master.config import MasterConfig
 from master.store import open_store
 from master.store.base import Store
@@ -28,7 +29,7 @@ async def store(tmp_path: Path) -> AsyncIterator[Store]:
 
 @pytest.fixture
 async def book(store: Store) -> PriceBook:
-    prices = PriceBook(store.prices, GRID, lambda: 1000.0, owner_of=HOSTS.get)
+    prices = PriceBook(price_repo(store), GRID, lambda: 1000.0, owner_of=HOSTS.get)
     await prices.load()
     return prices
 
@@ -63,7 +64,7 @@ async def test_clearing_a_hosts_price_falls_back_to_its_providers_default(book):
 async def test_prices_survive_a_restart_of_the_book(store, book):
     await book.set_default("acme", PriceSetting(on_demand="1.5"))
     await book.set_host("acme", "agt-a2", PriceSetting(on_demand="0.000125", min_bid="0.0001"))
-    again = PriceBook(store.prices, GRID)
+    again = PriceBook(price_repo(store), GRID)
     await again.load()
     assert again.price("acme", "agt-a2").on_demand == 125
     assert again.price("acme", "agt-a1").on_demand == 1_500_000
@@ -121,7 +122,7 @@ async def test_a_provider_may_price_only_its_own_hosts(book):
 async def test_a_bad_price_is_refused_naming_its_field_and_nothing_is_stored(book, store, setting, field):
     with pytest.raises(InvalidPrice, match=f"^{field}: "):
         await book.set_host("acme", "agt-a1", setting)
-    assert await store.prices.list() == []
+    assert await price_repo(store).list() == []
     assert book.price("acme", "agt-a1") == GRID
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from management.market.market import HostReliability
+from management.store import rental_repo
 from master.config import MasterConfig
 from master.master import Master
 from master.records import RentalHost, RentalRecord
@@ -32,7 +33,7 @@ async def master(tmp_path: Path) -> AsyncIterator[Master]:
 async def rent(master: Master, n: int, agent_id: str, *, ended_days_ago: float | None, failed: bool = False) -> None:
     now = time.time()
     ended = None if ended_days_ago is None else now - ended_days_ago * DAY
-    await master.store.rentals.insert(
+    await rental_repo(master.store).insert(
         RentalRecord(
             id=f"wl-{agent_id}-{n}-a1",
             workload_id=f"wl-{agent_id}-{n}",
@@ -52,7 +53,7 @@ async def test_rentals_ended_in_the_window_without_failing_through_the_host_make
         await rent(master, n, "agt-1", ended_days_ago=n + 1)
     await rent(master, 9, "agt-1", ended_days_ago=40)  # before the window: not counted
     master.registry.agents["agt-1"].uptime_s, master.registry.agents["agt-1"].downtime_s = 99.0, 1.0
-    reliability = HostReliability(master, master.store.rentals, window_s=30 * DAY)
+    reliability = HostReliability(master, rental_repo(master.store), window_s=30 * DAY)
     await reliability.refresh()
     assert reliability.evidence("agt-1") == (3, 0)
     assert reliability("agt-1") == pytest.approx(0.99)  # every rental fine: capped by its uptime
@@ -63,7 +64,7 @@ async def test_a_rental_failed_through_the_host_lowers_it_and_too_few_rentals_sa
         await rent(master, n, "agt-1", ended_days_ago=1, failed=n == 0)
     await rent(master, 0, "agt-2", ended_days_ago=1)
     await rent(master, 1, "agt-2", ended_days_ago=None)  # still running: not counted
-    reliability = HostReliability(master, master.store.rentals, window_s=30 * DAY)
+    reliability = HostReliability(master, rental_repo(master.store), window_s=30 * DAY)
     await reliability.refresh()
     assert reliability.evidence("agt-1") == (3, 1)
     assert reliability("agt-1") == pytest.approx(2 / 3)

@@ -13,6 +13,7 @@ from collections import defaultdict
 
 import pytest
 
+from management.store import ledger_repo, rental_repo
 from master.master import Master
 from master.records import LedgerEntry, LedgerLine, RentalHost, RentalRecord, TelemetryRollup
 from tests.management.hosts import add_agent, api_key
@@ -98,7 +99,7 @@ async def seed(master: Master) -> dict[str, list[str]]:
         host_failure="agt-b1: went offline",
     )
     for r in (lab, zoo):
-        assert await master.store.rentals.insert(r)
+        assert await rental_repo(master.store).insert(r)
     entries = [
         charge("charge:wl-lab-a1:1", D1 + 21 * 3600, lab, 4_000_000, 400_000),
         charge("charge:wl-lab-a1:2", D1 + 23 * 3600, lab, 8_000_000, 800_000),
@@ -107,7 +108,7 @@ async def seed(master: Master) -> dict[str, list[str]]:
         refund("refund:wl-zoo-a1", D1 + DAY + 6 * 3600 + 1, zoo, 1_000_000, 100_000),
     ]
     for entry in entries:
-        assert await master.store.ledger.post(entry) is not None
+        assert await ledger_repo(master.store).post(entry) is not None
     return gpus
 
 

@@ -16,6 +16,7 @@ from management.market.ledger import LedgerBook
 from management.market.metering_loop import MeterLoop, MeterSettings
 from management.market.prices import HostPrice, PriceTable
 from management.monitoring.market_series import MarketSeries
+from management.store import ledger_repo, rental_repo
 from management.workloads.book import WorkloadBook
 from management.workloads.spec import container_name
 from master.accounts import AccountRole
@@ -42,13 +43,13 @@ async def test_workloads_by_state_and_running_rentals_by_kind_follow_the_books(m
     now = float(int(time.time()) + 100)
     book = WorkloadBook(master.store, master, policy=master.policy)
     await book.load()
-    ledger = LedgerBook(master.store.ledger)
+    ledger = LedgerBook(ledger_repo(master.store))
     await ledger.load()
     await ledger.credit("alice", 10_000_000, "credit", key="c1")
     clock = [now]
     table = PriceTable(PRICES, grid_default=HostPrice(on_demand=0))
     meter = MeterLoop(
-        master, book, ledger, master.store.rentals, table.price, MeterSettings(period_s=60.0), clock=lambda: clock[0]
+        master, book, ledger, rental_repo(master.store), table.price, MeterSettings(period_s=60.0), clock=lambda: clock[0]
     )
     await meter.load()
     registry = CollectorRegistry()

@@ -21,6 +21,7 @@ from management.app import api_app
 from management.http.keys import SERVICES_KEY
 from management.monitoring.evaluator import FIRING, AlertTransition
 from management.monitoring.notifier import NotifierSettings, Webhook, WebhookNotifier
+from management.store import webhook_repo
 from master.accounts import AccountChange
 from master.config import MasterConfig
 from master.master import Master
@@ -72,7 +73,7 @@ async def test_a_providers_webhook_to_a_target_that_is_not_public_is_refused_say
     assert refused.status == 400
     message = (await refused.json())["error"]["message"]
     assert why in message and "public addresses only" in message
-    assert await api.master.store.webhooks.list() == []
+    assert await webhook_repo(api.master.store).list() == []
 
 
 async def test_the_operators_webhook_may_be_private_only_with_the_setting_and_never_carries_credentials(api, hooks_api):
@@ -192,7 +193,7 @@ async def test_a_webhook_url_ending_in_a_newline_is_refused(api):
     acme = await api_key(api.master, "provider", "acme")
     refused = await api.post("/api/v1/webhooks", json={"url": "https://hooks.example.net/x\n"}, headers=acme)
     assert refused.status == 400 and "url" in (await refused.json())["error"]["message"]
-    assert await api.master.store.webhooks.list() == []
+    assert await webhook_repo(api.master.store).list() == []
 
 
 async def test_concurrent_requests_cannot_pass_the_webhook_cap_together(hooks_api):
@@ -201,4 +202,4 @@ async def test_concurrent_requests_cannot_pass_the_webhook_cap_together(hooks_ap
         *(hooks_api.post("/api/v1/webhooks", json={"url": f"https://hooks.example.net/{n}"}, headers=acme) for n in range(8))
     )
     assert sorted(a.status for a in answers) == [201] * 3 + [409] * 5
-    assert len(await hooks_api.master.store.webhooks.list(owner="acme")) == 3
+    assert len(await webhook_repo(hooks_api.master.store).list(owner="acme")) == 3

@@ -16,6 +16,7 @@ from master.master import Master
 from master.records import RentalTerms, WorkloadRecord
 from tests.management.workloads.test_runner import GRACE_S, creates_sent, host, relay, scheduler, spec, started
 from tests.master.linked import disconnect
+from tests.support.stored import stored_workload
 
 
 def transitions(loop: SchedulerLoop) -> list[WorkloadRecord]:
@@ -52,7 +53,7 @@ async def test_a_faulty_gpu_notes_the_host_on_the_requeue_and_placing_it_again_c
     requeued = await loop.book.get(rec.id)
     assert requeued.state == "queued"
     assert requeued.host_failure == f"{first.agent_id}: unit {first.units[0]} on host {first.agent_id} is unhealthy"
-    assert (await master.store.workloads.get(rec.id)).host_failure == requeued.host_failure  # stored with the transition
+    assert (await stored_workload(master.store, rec.id)).host_failure == requeued.host_failure  # stored with the transition
 
     await loop.cycle()  # placed on the other host
     placed = await loop.book.get(rec.id)

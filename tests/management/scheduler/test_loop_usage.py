@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from management.store import fair_share_repo
 from management.workloads.book import WorkloadBook
 from management.workloads.runner import SchedulerLoop, SchedulerSettings
 from master.accounts import AccountRole
@@ -112,7 +113,7 @@ async def test_a_master_started_on_the_store_of_a_stopped_one_goes_on_from_its_u
         snapshot = await again.snapshot(back.now)  # what the core orders the queue by
         assert snapshot.usage == pytest.approx({"alice": 1800.0})
         await again.stop()  # saves once more: decayed to its own clock
-        saved = await second.store.fair_share.list()
+        saved = await fair_share_repo(second.store).list()
         assert [(u.account, u.project, u.decayed_to) for u in saved] == [
             ("alice", None, back.now),
             ("alice", "default", back.now),
@@ -155,7 +156,7 @@ async def test_a_save_the_store_refuses_is_logged_the_loop_cycles_on_and_the_nex
         loop.wake()
         await until(lambda: loop.usage_saver.saves > saves, "the save to be made again")
 
-        saved = {(u.account, u.project): u for u in await master.store.fair_share.list()}
+        saved = {(u.account, u.project): u for u in await fair_share_repo(master.store).list()}
         assert set(saved) == {("alice", None), ("alice", "default")}
         assert saved[("alice", None)].gpu_seconds == pytest.approx(3601.0, abs=0.1)
         assert saved[("alice", None)].decayed_to == clock.now
@@ -174,7 +175,7 @@ async def test_a_loop_that_could_not_load_the_usage_never_overwrites_it_and_adds
         await master.accounts.ensure("alice", AccountRole.RENTER)
         assert isinstance(master.store, SqliteStore)
         clock = Clock(time.time())
-        await master.store.fair_share.put_many([FairShareUsage(account="alice", gpu_seconds=1000.0, decayed_to=clock.now)])
+        await fair_share_repo(master.store).put_many([FairShareUsage(account="alice", gpu_seconds=1000.0, decayed_to=clock.now)])
         with sqlite3.connect(master.store.path, isolation_level=None) as outside:  # the store cannot be read...
             outside.execute("ALTER TABLE fair_share RENAME TO fair_share_away")
         outside.close()
@@ -200,7 +201,7 @@ async def test_a_loop_that_could_not_load_the_usage_never_overwrites_it_and_adds
         hour = 3600.0 * 0.5 ** (1 / HALF_LIFE_S) + 1.0  # what this loop charged, decayed to its clock
         stored = 1000.0 * 0.5 ** (3601 / HALF_LIFE_S)  # what was saved before, decayed to the same clock
         assert loop.usage.usage == pytest.approx({"alice": hour + stored})
-        saved = {(u.account, u.project): u.gpu_seconds for u in await master.store.fair_share.list()}
+        saved = {(u.account, u.project): u.gpu_seconds for u in await fair_share_repo(master.store).list()}
         assert saved == pytest.approx({("alice", None): hour + stored, ("alice", "default"): hour})
         await loop.stop()
     finally:

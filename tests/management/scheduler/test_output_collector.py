@@ -10,6 +10,7 @@ import time
 from common.wire import CommandResult, Heartbeat
 from management.client.tunnel import TunnelClosed
 from management.services.outputs import OutputCollector, OutputSettings
+from management.store import output_repo
 from management.workloads.runner import SchedulerLoop
 from master.link import AccessLink
 from master.master import Master
@@ -61,11 +62,11 @@ async def test_a_failed_workloads_output_is_read_kept_and_its_reason_gets_the_la
     loop = scheduler(master)
     workload_id = await failed_workload(master, link, loop, delete_result=KEPT_BY_HOST)
     answers = HostAnswers(OUTPUT)
-    collector = OutputCollector(master, loop.book, master.store.outputs, answers)  # the default: 3 lines
+    collector = OutputCollector(master, loop.book, output_repo(master.store), answers)  # the default: 3 lines
 
     await collector.step()
 
-    (kept,) = await master.store.outputs.list(workload_id=workload_id)
+    (kept,) = await output_repo(master.store).list(workload_id=workload_id)
     assert (kept.state, kept.data, kept.exit_code, kept.truncated) == ("kept", OUTPUT, 3, False)
     rec = await loop.book.get(workload_id)
     assert [a.state for a in rec.assignments] == ["deleted"]
@@ -85,15 +86,15 @@ async def test_a_host_that_kept_nothing_makes_it_lost_and_a_broken_read_is_tried
         TunnelClosed("the tunnel closed (1011): the agent's side failed"),
         TunnelClosed("container x of workload y does not run on this host"),
     )
-    collector = OutputCollector(master, loop.book, master.store.outputs, answers, OutputSettings(max_tries=3))
+    collector = OutputCollector(master, loop.book, output_repo(master.store), answers, OutputSettings(max_tries=3))
 
     await collector.step()
-    assert [(k.state, k.tries) for k in await master.store.outputs.list(workload_id=workload_id)] == [("pending", 0)]
+    assert [(k.state, k.tries) for k in await output_repo(master.store).list(workload_id=workload_id)] == [("pending", 0)]
     await collector.step()
-    assert [(k.state, k.tries) for k in await master.store.outputs.list(workload_id=workload_id)] == [("pending", 1)]
+    assert [(k.state, k.tries) for k in await output_repo(master.store).list(workload_id=workload_id)] == [("pending", 1)]
     await collector.step()
 
-    (lost,) = await master.store.outputs.list(workload_id=workload_id)
+    (lost,) = await output_repo(master.store).list(workload_id=workload_id)
     assert (lost.state, lost.reason) == ("lost", "host agt-a kept none of its output")
     rec = await loop.book.get(workload_id)
     assert [a.state for a in rec.assignments] == ["deleted"] and rec.state_reason == "a container exited with code 3"
@@ -103,11 +104,11 @@ async def test_a_container_that_was_not_there_to_delete_is_settled_without_a_rea
     loop = scheduler(master)
     workload_id = await failed_workload(master, link, loop, delete_result={"container": None})
     answers = HostAnswers()
-    collector = OutputCollector(master, loop.book, master.store.outputs, answers)
+    collector = OutputCollector(master, loop.book, output_repo(master.store), answers)
 
     await collector.step()
 
-    (lost,) = await master.store.outputs.list(workload_id=workload_id)
+    (lost,) = await output_repo(master.store).list(workload_id=workload_id)
     assert lost.state == "lost" and answers.asked == []
     assert [a.state for a in (await loop.book.get(workload_id)).assignments] == ["deleted"]
 
@@ -117,12 +118,12 @@ async def test_retention_deletes_kept_output_once_it_is_old_enough(master, link)
     workload_id = await failed_workload(master, link, loop, delete_result=KEPT_BY_HOST)
     now = [time.time()]
     collector = OutputCollector(
-        master, loop.book, master.store.outputs, HostAnswers(OUTPUT), OutputSettings(retention_s=60.0), clock=lambda: now[0]
+        master, loop.book, output_repo(master.store), HostAnswers(OUTPUT), OutputSettings(retention_s=60.0), clock=lambda: now[0]
     )
     await collector.step()
-    assert await master.store.outputs.list(workload_id=workload_id)
+    assert await output_repo(master.store).list(workload_id=workload_id)
 
     now[0] += 61.0
     await collector.step()
 
-    assert await master.store.outputs.list(workload_id=workload_id) == []
+    assert await output_repo(master.store).list(workload_id=workload_id) == []

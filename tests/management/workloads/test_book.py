@@ -12,16 +12,18 @@ import msgspec
 import pytest
 
 from common.errors import InvalidTransition, NotFound
+from management.store import output_repo, workload_repo
+from management.store.outputs import output_key
+from management.store.workloads import StaleWorkload
 from management.workloads.book import WorkloadBook
 from management.workloads.spec import InvalidWorkloadSpec, container_name
 from master.config import MasterConfig
 from master.master import Master
 from master.records import Assignment, RentalTerms, ReplicaSpec, WorkloadSpec
 from master.store import open_store
-from master.store.aggregates import output_key
-from master.store.errors import StaleWorkload
 from tests.management.hosts import add_agent
 from tests.master.conftest import nx27017_uri, store_url  # noqa: F401  (fixtures: each backend in turn)
+from tests.support.stored import stored_workload
 
 NOW = 1_700_000_000.0
 SPEC = WorkloadSpec(
@@ -75,7 +77,7 @@ async def test_a_workload_goes_from_submission_to_success_each_step_stored_and_r
     done = await book.transition(wl.id, "succeed", "every replica exited 0", NOW + 9, exit_codes=[0, 0])
 
     assert (done.state, done.finished_at, done.exit_codes) == ("succeeded", NOW + 9, [0, 0])
-    assert await master.store.workloads.get(wl.id) == done
+    assert await workload_repo(master.store).get(wl.id) == done
     assert book.open_workloads() == [] and await book.get(wl.id) == done  # final: read from the store
     assert await transitions(master, wl.id) == [
         ("", "submit", "queued"),
@@ -99,7 +101,7 @@ async def test_a_refused_move_changes_nothing(start_master):
         await book.transition(wl.id, "schedule", "and steal it", NOW + 1, account="mallory")  # type: ignore[call-arg]
     with pytest.raises(NotFound):
         await book.transition("wl-missing", "schedule", "", NOW + 1)
-    assert await master.store.workloads.get(wl.id) == wl
+    assert await workload_repo(master.store).get(wl.id) == wl
     with pytest.raises(InvalidWorkloadSpec, match="priority"):
         await book.submit("alice", WorkloadSpec(name="x", image="busybox", priority="urgent"), NOW)
 
@@ -157,7 +159,7 @@ async def test_a_cancelled_workloads_replicas_await_their_output_then_settle_del
     await book.transition(wl.id, "schedule", "placed", NOW + 1, assignments=placed)
     await book.cancel(wl.id, "alice", NOW + 2)
 
-    awaited = await master.store.outputs.list(state="pending")  # stored with the transition, before the deletes were sent
+    awaited = await output_repo(master.store).list(state="pending")  # stored with the transition, before the deletes were sent
     assert [(k.id, k.account, k.container, k.state, k.ended_at) for k in awaited] == [
         (output_key(wl.id, r, 1), "alice", names[r], "pending", NOW + 2) for r in (0, 1)
     ]
@@ -214,7 +216,7 @@ async def test_a_second_master_that_writes_first_makes_this_books_write_fail_sta
     await book_two.transition(wl.id, "schedule", "placed by the other Master", NOW + 1)
     with pytest.raises(StaleWorkload):
         await book_one.transition(wl.id, "reject", "can never fit", NOW + 1)
-    assert (await one.store.workloads.get(wl.id)).state == "scheduled"
+    assert (await stored_workload(one.store, wl.id)).state == "scheduled"
 
 
 async def test_submit_stores_the_restart_policy_in_force_so_answers_show_it(start_master):
@@ -226,4 +228,4 @@ async def test_submit_stores_the_restart_policy_in_force_so_answers_show_it(star
     interruptible = await book.submit("alice", msgspec.structs.replace(SPEC, rental=bid), NOW)
     told = await book.submit("alice", msgspec.structs.replace(SPEC, rental=bid, restart_policy="never"), NOW)
     assert [w.spec.restart_policy for w in (plain, interruptible, told)] == ["never", "on_failure", "never"]
-    assert (await master.store.workloads.get(interruptible.id)).spec.restart_policy == "on_failure"
+    assert (await stored_workload(master.store, interruptible.id)).spec.restart_policy == "on_failure"

@@ -10,6 +10,7 @@ from typing import Any
 
 from common.containers import CommandSpec, ContainerSpec, DeleteSpec
 from common.wire import AgentEvent, AgentEventKind, Command, CommandResult, Heartbeat
+from management.store import workload_repo
 from management.workloads.book import WorkloadBook
 from management.workloads.runner import SchedulerLoop, SchedulerSettings
 from master.accounts import AccountRole
@@ -19,6 +20,7 @@ from master.link import AccessLink
 from master.master import Master
 from master.records import Assignment, ReplicaSpec, WorkloadRecord, WorkloadSpec
 from tests.master.linked import connect, gpus, relay, relay_link, to_agent
+from tests.support.stored import stored_workload
 
 GRACE_S = 7.0
 
@@ -191,7 +193,7 @@ async def test_a_higher_class_preempts_a_lower_one_which_goes_back_to_the_queue(
     assert report.preempted == 1
     victim = await loop.book.get(low.id)
     assert victim.state == "preempted" and victim.preemptions == 1
-    assert (await master.store.workloads.get(low.id)).preempted_for == high.id  # stored: a restarted Master knows it
+    assert (await stored_workload(master.store, low.id)).preempted_for == high.id  # stored: a restarted Master knows it
     (delete,) = deletes_sent(link, "agt-a")
     assert delete.body.spec["timeout_s"] == GRACE_S  # SIGTERM, then this long before SIGKILL
     assert (await loop.book.get(high.id)).state == "queued"  # the victim's GPU is not free until its container is gone
@@ -417,7 +419,7 @@ async def test_a_stop_is_stored_before_its_deletes_are_sent_so_a_master_killed_b
 
     async def recording(agent_id: str, spec: CommandSpec, **kw: Any) -> Any:
         if isinstance(spec, DeleteSpec):
-            rec = await master.store.workloads.get(wl.id)
+            rec = await workload_repo(master.store).get(wl.id)
             assert rec is not None
             stored_when_sent.append((rec.state, [a.state for a in rec.assignments]))
         return await create_command(agent_id, spec, **kw)

@@ -26,6 +26,7 @@ from common.containers import RegistryAuth
 from common.pki import CommandVerifier
 from common.wire import Command, CommandResult, signing_bytes
 from management.app import api_app
+from management.store import workload_repo
 from master.accounts import AccountRole
 from master.config import MasterConfig
 from master.link import AccessLink
@@ -170,7 +171,7 @@ async def test_a_create_and_its_resends_carry_the_secrets_and_nothing_at_rest_ho
     assert_carries_the_secrets(master, resent)
 
     assert found_in(store_bytes(store_url, state_dir)) == []
-    (workload,) = await master.store.workloads.list()
+    (workload,) = await workload_repo(master.store).list()
     answers = await api_answers(master, first.body.id, workload.id)
     assert found_in(answers.encode()) == [] and '"HF_TOKEN":"<hidden>"' in answers.replace(" ", "")
     if store_url.startswith("sqlite"):
@@ -209,7 +210,7 @@ async def test_an_open_workload_stored_with_its_registry_password_in_clear_is_se
         queued_at=time.time(),
         version=1,
     )
-    await master.store.workloads.insert(old)
+    await workload_repo(master.store).insert(old)
     assert found_in(store_bytes(store_url, state_dir)) == ["registry password"]
 
     loop = scheduler(master)
@@ -218,7 +219,7 @@ async def test_an_open_workload_stored_with_its_registry_password_in_clear_is_se
 
     (create,) = creates_sent(link, "agt-a")
     assert create.body.spec["registry_auth"] == {"username": "alice", "password": REGISTRY_PASSWORD}
-    stored = await master.store.workloads.get(old.id)
+    stored = await workload_repo(master.store).get(old.id)
     assert stored is not None and stored.sealed_registry_password
     assert stored.spec.registry_auth is not None and stored.spec.registry_auth.password == SEALED
     if not store_url.startswith("sqlite"):  # SQLite's WAL and free pages keep the old row until they are reused

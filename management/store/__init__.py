@@ -1,0 +1,115 @@
+"""Management's own aggregates, kept in the Master's one store through its plugin seam (master/store/plugin.py).
+
+One module per aggregate: its repository's interface (a ``Protocol``), its SQLite and MongoDB implementations, its
+key and order helpers, and its ``AggregatePlugin``. Management reaches a repository with the accessor below, given the
+store (``port.store`` in a running Master, a ``Store`` in tests): ``ssh_key_repo(port.store).list(account=...)``.
+The store builds it on first use and brings its quarantine, metrics and fence; its table or collection is made by a
+step of the one migration sequence, master/store/migrations.py (docs/store.md, "Who owns what").
+"""
+
+from __future__ import annotations
+
+from management.store.alerting import ALERT_RULES, SILENCES, WEBHOOKS, AlertRuleRepo, SilenceRepo, WebhookRepo
+from management.store.fair_share import FAIR_SHARE, FairShareRepo
+from management.store.ledger import LEDGER, LedgerRepo
+from management.store.outputs import OUTPUTS, OutputRepo
+from management.store.prices import PRICES, PriceRepo
+from management.store.rentals import RENTALS, RentalRepo
+from management.store.ssh_keys import SSH_KEYS, SshKeyRepo
+from management.store.workloads import WORKLOADS, WorkloadRepo
+from master.store.kit import AggregatePlugin, Repositories
+
+AGGREGATES: tuple[AggregatePlugin[object], ...] = (
+    ALERT_RULES,
+    SILENCES,
+    WEBHOOKS,
+    SSH_KEYS,
+    OUTPUTS,
+    PRICES,
+    FAIR_SHARE,
+    RENTALS,
+    LEDGER,
+    WORKLOADS,
+)
+
+
+def attach(store: Repositories) -> None:
+    """Build every management repository now, so each one's metric series exist from the start."""
+    for plugin in AGGREGATES:
+        store.repository(plugin)
+
+
+def alert_rule_repo(store: Repositories) -> AlertRuleRepo:
+    return store.repository(ALERT_RULES)
+
+
+def silence_repo(store: Repositories) -> SilenceRepo:
+    return store.repository(SILENCES)
+
+
+def webhook_repo(store: Repositories) -> WebhookRepo:
+    return store.repository(WEBHOOKS)
+
+
+def output_repo(store: Repositories) -> OutputRepo:
+    return store.repository(OUTPUTS)
+
+
+def price_repo(store: Repositories) -> PriceRepo:
+    return store.repository(PRICES)
+
+
+def fair_share_repo(store: Repositories) -> FairShareRepo:
+    return store.repository(FAIR_SHARE)
+
+
+def rental_repo(store: Repositories) -> RentalRepo:
+    return store.repository(RENTALS)
+
+
+def ledger_repo(store: Repositories) -> LedgerRepo:
+    return store.repository(LEDGER)
+
+
+def workload_repo(store: Repositories) -> WorkloadRepo:
+    return store.repository(WORKLOADS)
+
+
+def ssh_key_repo(store: Repositories) -> SshKeyRepo:
+    return store.repository(SSH_KEYS)
+
+
+__all__ = [
+    "AGGREGATES",
+    "ALERT_RULES",
+    "FAIR_SHARE",
+    "LEDGER",
+    "OUTPUTS",
+    "PRICES",
+    "RENTALS",
+    "SILENCES",
+    "SSH_KEYS",
+    "WEBHOOKS",
+    "WORKLOADS",
+    "AlertRuleRepo",
+    "FairShareRepo",
+    "LedgerRepo",
+    "OutputRepo",
+    "PriceRepo",
+    "RentalRepo",
+    "SilenceRepo",
+    "SshKeyRepo",
+    "WebhookRepo",
+    "WorkloadRepo",
+    "alert_rule_repo",
+    "attach",
+    "fair_share_repo",
+    "ledger_repo",
+    "output_repo",
+    "price_repo",
+    "rental_repo",
+    "silence_repo",
+    "ssh_key_repo",
+    "webhook_repo",
+    "workload_repo",
+]
