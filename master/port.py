@@ -57,6 +57,7 @@ from master.records import (
     RESTART_POLICIES,
     AccountRecord,
     AgentRecord,
+    AgentResult,
     AlertRuleRecord,
     Amount,
     ApiKeyRecord,
@@ -78,6 +79,7 @@ from master.records import (
     RentalRecord,
     RentalTerms,
     RevocationRecord,
+    RuleSpec,
     SecretRecord,
     SilenceRecord,
     SshKeyRecord,
@@ -90,7 +92,7 @@ from master.records import (
 from master.reputation import WEIGHTS, Reputation, reputation, reputation_score
 from master.secrets import SECRET_NAME_PATTERN, InvalidSecret
 from master.states import AgentState, CommandState, GpuState, StateMachine
-from master.tiers import TierPolicy, describe_tiers
+from master.tiers import TierJson, TierPolicy, describe_tiers
 from master.tunnels import OpenedTunnel, TunnelUnavailable
 from master.verification import MEASURED_FLAGS, VERIFIED, measured_rate, measured_verified, verification_label
 from master.verifier import HISTORY_KIND
@@ -107,6 +109,10 @@ from master.views import (
     SecretShelf,
     TelemetryView,
 )
+
+# A workload spec (or a piece of one, a link) as plain JSON, before WorkloadSpec decodes it (the CLI's flags and file,
+# a template with overrides over it, a console form) or turned back into builtins for an answer: open until checked.
+SpecJson = dict[str, Any]
 
 
 class MasterPort(Protocol):
@@ -228,6 +234,9 @@ class MasterPort(Protocol):
 
 
 __all__ = [
+    "AgentResult",
+    "RuleSpec",
+    "TierJson",
     "AccountDirectory",  # the narrow views of the parts (master/views.py)
     "ChangeSubscriptions",
     "GpuHolds",
@@ -320,6 +329,7 @@ __all__ = [
     "Shortfall",
     "SigningKeyInfo",
     "SilenceRecord",
+    "SpecJson",
     "SshKeyRecord",
     "StateMachine",
     "Subscription",

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from typing import Any
 
 from aiohttp import web
 
@@ -45,6 +44,7 @@ from management.api.resources import (
 )
 from management.api.route import DECLARED_KEY, JSON, DeclarationError, Route
 from management.http import schemas
+from management.http.schemas import OpenApiJson
 from management.services.tunnels import TunnelRequest
 from management.views.accounts import AccountPage, AccountView, ApiKeyPage, ApiKeyView, IssuedApiKeyView, WhoamiView
 from management.views.alerts import (
@@ -1006,7 +1006,7 @@ def published() -> PublishedDocument:
     return PublishedDocument(build_document(ROUTES))
 
 
-def document() -> dict[str, Any]:
+def document() -> OpenApiJson:
     return published().document
 
 

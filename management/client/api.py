@@ -28,6 +28,11 @@ if TYPE_CHECKING:  # imported when an AsyncApiClient first sends: the CLI's bloc
     import aiohttp
 
 Json = Any
+# An API answer (or a part of one) as the client decodes it: plain JSON whose shape is the API's (management/views/),
+# of which the CLI reads the fields it shows, so it is open on this side.
+AnswerJson = dict[str, Any]
+# A request body the CLI builds by hand from its flags: the API's own Struct checks it on arrival, so it is open here.
+BodyJson = dict[str, Any]
 R = TypeVar("R")
 
 API_PREFIX = "/api/v1"
