@@ -21,7 +21,7 @@ from typing import Any
 
 import msgspec
 
-from common.errors import Conflict, NotFound
+from common.errors import Conflict, IdlegridError, NotFound
 from management.endpoints.spec import (
     INVOCATION_KEY_PREFIX,
     EndpointKeyRecord,
@@ -31,17 +31,43 @@ from management.endpoints.spec import (
     new_endpoint_id,
     new_invocation_key,
 )
-from management.http.errors import BadRequest, Forbidden, Unauthorized
 from management.store import EndpointKeyRepo, EndpointRepo
 from master.port import SEALED, SecretShelf, WorkloadSpec
 
-__all__ = ["Invocation", "IssuedInvocationKey", "EndpointsService", "MAX_ENDPOINTS_PER_ACCOUNT", "MAX_KEYS_PER_ENDPOINT"]
+__all__ = [
+    "EndpointsService",
+    "InvalidEndpointSpec",
+    "Invocation",
+    "InvocationForbidden",
+    "InvocationRefused",
+    "IssuedInvocationKey",
+    "MAX_ENDPOINTS_PER_ACCOUNT",
+    "MAX_KEYS_PER_ENDPOINT",
+]
 
 MAX_ENDPOINTS_PER_ACCOUNT = 50
 MAX_KEYS_PER_ENDPOINT = 20  # keys not revoked
 MAX_KEY_NAME = 100
 
 SpecCheck = Callable[[str, WorkloadSpec], Awaitable[None]]
+
+
+class InvalidEndpointSpec(IdlegridError):
+    """An endpoint's spec, or a change to it, that does not decode or breaks a bound (the request's fault: 400)."""
+
+    code = "invalid_endpoint_spec"
+
+
+class InvocationRefused(IdlegridError):
+    """A bearer key that is not a live invocation key (401 on a request route)."""
+
+    code = "unauthorized"
+
+
+class InvocationForbidden(IdlegridError):
+    """A live invocation key of another endpoint (403 on a request route)."""
+
+    code = "forbidden"
 
 
 @dataclass(frozen=True)
@@ -125,7 +151,7 @@ class EndpointsService:
         try:
             spec = msgspec.convert(merged, EndpointSpec)
         except msgspec.ValidationError as exc:
-            raise BadRequest(f"invalid endpoint spec: {exc}") from None
+            raise InvalidEndpointSpec(f"the changed spec is refused: {exc}") from None
         if "registry_auth" in changes:  # a new password (checked as given), or none
             await self._check_worker(record.account, spec.worker_spec())
             spec, sealed = self._sealed(spec)
@@ -164,7 +190,7 @@ class EndpointsService:
         endpoint = await self.get(endpoint_id, account=account)
         name = name.strip() or "invocation key"
         if len(name) > MAX_KEY_NAME:
-            raise BadRequest(f"name: {MAX_KEY_NAME} characters at most")
+            raise InvalidEndpointSpec(f"name: {MAX_KEY_NAME} characters at most")
         active = sum(1 for k in await self._keys.list(endpoint.id) if k.revoked_at is None)
         if active >= MAX_KEYS_PER_ENDPOINT:
             raise Conflict(
@@ -193,23 +219,23 @@ class EndpointsService:
         return found
 
     async def authorize_invocation(self, endpoint_id: str, key: str) -> Invocation:
-        """The check every request route of an endpoint makes with the caller's bearer ``key``: Unauthorized for a key
-        that is not a live invocation key, Forbidden for one of another endpoint. Read from the store at every call, so
-        a revoke or a delete takes effect at once."""
+        """The check every request route of an endpoint makes with the caller's bearer ``key``: InvocationRefused (401)
+        for a key that is not a live invocation key, InvocationForbidden (403) for one of another endpoint. Read from
+        the store at every call, so a revoke or a delete takes effect at once."""
         key = key.strip()
         if not key.startswith(INVOCATION_KEY_PREFIX):
-            raise Unauthorized(
+            raise InvocationRefused(
                 f"send one of this endpoint's invocation keys ({INVOCATION_KEY_PREFIX}...) as 'Authorization: Bearer <key>'; "
                 "make one with 'idlegrid endpoint keys create ENDPOINT'"
             )
         record = await self._keys.by_hash(hash_key(key))
         if record is None:
-            raise Unauthorized("invocation key not recognised")
+            raise InvocationRefused("invocation key not recognised")
         if record.revoked_at is not None:
-            raise Unauthorized(f"invocation key {record.id} ({record.name!r}) was revoked; use another key")
+            raise InvocationRefused(f"invocation key {record.id} ({record.name!r}) was revoked; use another key")
         if record.endpoint != endpoint_id:
-            raise Forbidden(f"invocation key {record.id} invokes endpoint {record.endpoint} only, not {endpoint_id!r}")
+            raise InvocationForbidden(f"invocation key {record.id} invokes endpoint {record.endpoint} only, not {endpoint_id!r}")
         endpoint = await self._endpoints.get(endpoint_id)
         if endpoint is None:  # deleted between the two reads: its keys go with it
-            raise Unauthorized("invocation key not recognised")
+            raise InvocationRefused("invocation key not recognised")
         return Invocation(endpoint, record)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from management.cli import main as cli
-from management.http.errors import Forbidden, Unauthorized
 from management.http.keys import SERVICES_KEY
+from management.services.endpoints import InvocationForbidden, InvocationRefused
 from management.store import endpoint_repo
 from tests.management.hosts import api_key
 
@@ -123,11 +123,11 @@ async def test_invocation_keys_are_made_listed_and_revoked(ana, api, capsys):
 
     code, out, err = await ana("endpoint", "keys", "revoke", endpoint.id, key_id, capsys=capsys)
     assert code == 0 and out.startswith(f"invocation key {key_id} revoked ("), err
-    with pytest.raises(Unauthorized):
+    with pytest.raises(InvocationRefused):
         await api.app[SERVICES_KEY].endpoints.authorize_invocation(endpoint.id, key)
     code, _, err = await ana("endpoint", "list", "--api-key", key, capsys=capsys)
     assert code != 0  # an invocation key is no API key
 
     other = await api.app[SERVICES_KEY].endpoints.create_key(endpoint.id, "x")
-    with pytest.raises(Forbidden):
+    with pytest.raises(InvocationForbidden):
         await api.app[SERVICES_KEY].endpoints.authorize_invocation("ep-other", other.key)

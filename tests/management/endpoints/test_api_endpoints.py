@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from management.http.errors import Forbidden, Unauthorized
 from management.http.keys import SERVICES_KEY
+from management.services.endpoints import InvocationForbidden, InvocationRefused
 from management.store import endpoint_repo
 from master.config import MasterConfig
 from tests.management.hosts import add_agent, api_key
@@ -192,7 +192,7 @@ async def test_invocation_keys_are_shown_once_scoped_to_one_endpoint_and_open_no
     endpoints = api.app[SERVICES_KEY].endpoints
     invocation = await endpoints.authorize_invocation(a["id"], key["key"])
     assert invocation.endpoint.id == a["id"] and invocation.key.id == key["id"]
-    with pytest.raises(Forbidden, match=f"invokes endpoint {a['id']} only"):
+    with pytest.raises(InvocationForbidden, match=f"invokes endpoint {a['id']} only"):
         await endpoints.authorize_invocation(b["id"], key["key"])
 
     bearer = {"Authorization": f"Bearer {key['key']}"}
@@ -211,7 +211,7 @@ async def test_invocation_keys_are_shown_once_scoped_to_one_endpoint_and_open_no
 
     revoked = await api.post(f"/api/v1/endpoints/{a['id']}/keys/{key['id']}/revoke", headers=keys["ana"])
     assert revoked.status == 200 and (await revoked.json())["revoked_at"] is not None
-    with pytest.raises(Unauthorized, match="was revoked"):
+    with pytest.raises(InvocationRefused, match="was revoked"):
         await endpoints.authorize_invocation(a["id"], key["key"])
     missing = await api.post(f"/api/v1/endpoints/{b['id']}/keys/{key['id']}/revoke", headers=keys["ana"])
     assert missing.status == 404  # a key is revoked through its own endpoint
@@ -219,8 +219,8 @@ async def test_invocation_keys_are_shown_once_scoped_to_one_endpoint_and_open_no
     second = await (await api.post(f"/api/v1/endpoints/{a['id']}/keys", json={}, headers=keys["ana"])).json()
     assert (await endpoints.authorize_invocation(a["id"], second["key"])).key.name == "invocation key"
     assert (await api.delete(f"/api/v1/endpoints/{a['id']}", headers=keys["ana"])).status == 200
-    with pytest.raises(Unauthorized, match="not recognised"):
+    with pytest.raises(InvocationRefused, match="not recognised"):
         await endpoints.authorize_invocation(a["id"], second["key"])
     for wrong in ("", "igak_not-an-invocation-key", "igek_never-issued"):
-        with pytest.raises(Unauthorized):
+        with pytest.raises(InvocationRefused):
             await endpoints.authorize_invocation(b["id"], wrong)
