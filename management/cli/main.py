@@ -467,7 +467,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         dest="command",
         required=True,
         metavar="{master,access,agent,ca,token,account,whoami,demo,workload,offers,rent,bid,"
-        "balance,ledger,spend,earnings,payouts,credit,host,report,alert,ssh-key,ssh-config,secret}",
+        "balance,ledger,spend,earnings,payouts,credit,host,report,alert,ssh-key,ssh-config,secret,endpoint}",
     )
     _add_daemon(sub, "master", only)
     _add_daemon(sub, "access", only)
@@ -502,6 +502,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     from management.cli.secrets import add_parsers as add_secret_parsers
 
     add_secret_parsers(sub, _parser)
+    from management.cli.endpoints import add_parsers as add_endpoint_parsers
+
+    add_endpoint_parsers(sub, _parser)
     return parser
 
 
@@ -522,6 +525,8 @@ def _command_name(args: argparse.Namespace) -> str:
         "webhook_command",
         "ssh_key_command",
         "secret_command",
+        "endpoint_command",
+        "endpoint_keys_command",
         "master_command",
     ):
         if getattr(args, attr, None):

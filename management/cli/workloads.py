@@ -233,14 +233,14 @@ def spec_from(args: argparse.Namespace) -> SpecJson:
     if replica:
         spec["replica"] = replica
     if args.env:
-        spec["env"] = dict(spec.get("env") or {}) | dict(_env_pair(e) for e in args.env)
+        spec["env"] = dict(spec.get("env") or {}) | dict(env_pair(e) for e in args.env)
     if args.port:
         spec["ports"] = args.port
         spec["links"] = [link for link in spec.get("links") or [] if link["port"] in args.port]
     apply_links(args, spec)
     user, variable = getattr(args, "registry_user", None), getattr(args, "registry_password_env", None)  # not on rent
     if user or variable:
-        spec["registry_auth"] = _registry_auth(user, variable)
+        spec["registry_auth"] = registry_auth(user, variable)
     if args.container_command:
         spec["command"] = args.container_command
     _storage_flags(args, spec)
@@ -364,7 +364,7 @@ def _storage_flags(args: argparse.Namespace, spec: SpecJson) -> None:
         spec["stop_grace_s"] = args.stop_grace
 
 
-def _registry_auth(user: str | None, variable: str | None) -> dict[str, str]:
+def registry_auth(user: str | None, variable: str | None) -> dict[str, str]:
     if not user or not variable:
         raise BadSpec("a private registry needs both --registry-user and --registry-password-env")
     password = os.environ.get(variable, "")
@@ -373,7 +373,7 @@ def _registry_auth(user: str | None, variable: str | None) -> dict[str, str]:
     return {"username": user, "password": password}
 
 
-def _env_pair(text: str) -> tuple[str, str]:
+def env_pair(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise BadSpec(f"--env {text!r}: write it as KEY=VALUE")

@@ -275,6 +275,20 @@ SQLITE_MIGRATIONS: tuple[SqliteMigration, ...] = (
         (),
         _forget_finished_secrets_sqlite,
     ),
+    SqliteMigration(
+        15,
+        "serverless endpoints and their invocation keys (docs/endpoints.md)",
+        (
+            """CREATE TABLE endpoints (
+                id TEXT PRIMARY KEY, account TEXT NOT NULL, created_at REAL NOT NULL, doc TEXT NOT NULL)""",
+            "CREATE INDEX endpoints_by_account ON endpoints (account, created_at)",
+            """CREATE TABLE endpoint_keys (
+                id TEXT PRIMARY KEY, endpoint TEXT NOT NULL, key_hash TEXT NOT NULL, created_at REAL NOT NULL,
+                doc TEXT NOT NULL)""",
+            "CREATE INDEX endpoint_keys_by_hash ON endpoint_keys (key_hash)",
+            "CREATE INDEX endpoint_keys_by_endpoint ON endpoint_keys (endpoint, created_at)",
+        ),
+    ),
 )
 
 MONGO_MIGRATIONS: tuple[MongoMigration, ...] = (
@@ -396,6 +410,17 @@ MONGO_MIGRATIONS: tuple[MongoMigration, ...] = (
         {"secrets": [IndexModel([("account", ASCENDING), ("name", ASCENDING)])]},
     ),
     MongoMigration(14, "finished create commands keep no secret values (docs/storage.md)", {}, _forget_finished_secrets_mongo),
+    MongoMigration(
+        15,
+        "serverless endpoints by account and creation; their invocation keys by hash and by endpoint (docs/endpoints.md)",
+        {
+            "endpoints": [IndexModel([("account", ASCENDING), ("created_at", ASCENDING)])],
+            "endpoint_keys": [
+                IndexModel([("key_hash", ASCENDING)]),
+                IndexModel([("endpoint", ASCENDING), ("created_at", ASCENDING)]),
+            ],
+        },
+    ),
 )
 
 LATEST_VERSION = SQLITE_MIGRATIONS[-1].version  # the contract tests check MongoDB reaches it too
