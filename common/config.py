@@ -16,6 +16,9 @@ from common.errors import ConfigError
 # A TOML table (or a JSON object) as tomllib or a decoder reads it, before its reader checks it key by key and names
 # the key that is wrong: open until then.
 TomlTable = Mapping[str, Any]
+# Keyword arguments gathered for a Struct (a view, a query, a ticket) or a call before it is made: that Struct's own
+# decoding, or the call's signature, checks them, so they are open until then.
+StructFields = dict[str, Any]
 
 T = TypeVar("T", bound=msgspec.Struct)
 

@@ -27,7 +27,7 @@ KNOWN_ALIASES = """\
   TierJson          master/tiers.py (port)         a tier's criteria as the policy file wrote them
   Document          master/store/codec.py (kit)    a BSON document or query as PyMongo takes and returns it
   TomlTable         common/config.py               a TOML table (or JSON object) before its reader checks it
-  StructFields      management/views/base.py       keyword arguments gathered for a Struct or a call
+  StructFields      common/config.py               keyword arguments gathered for a Struct or a call
   OpenApiJson       management/http/schemas.py     an OpenAPI document or a piece of one (JSON Schema)
   FormFields        management/console/forms.py    a posted form as aiohttp reads it
   TemplateContext   management/console/rendering.py  what a Jinja template or a page's chart script reads"""

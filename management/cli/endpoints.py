@@ -15,12 +15,12 @@ checks the spec; its answer names a bad field.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from management.cli.connection import api_client, connection_options, show, table, when
 from management.cli.workloads import BadSpec, env_pair, read_spec_file, registry_auth
+from management.client.api import AnswerJson, BodyJson
 
 Parser = Callable[[argparse._SubParsersAction, str, str, str], argparse.ArgumentParser]
 
@@ -167,7 +167,7 @@ def _spec_options(p: argparse.ArgumentParser, *, creating: bool) -> None:
     )
 
 
-def spec_from(args: argparse.Namespace, base: Mapping[str, Any]) -> dict[str, Any]:
+def spec_from(args: argparse.Namespace, base: BodyJson) -> BodyJson:
     """The fields to send: ``base`` (a file's), then the flags given over them."""
     spec = dict(base)
     for field in ("name", "image"):
@@ -266,17 +266,17 @@ def _run_key_revoke(args: argparse.Namespace) -> int:
 # --- output ------------------------------------------------------------------------------------------
 
 
-def _workers(scaling: Mapping[str, Any]) -> str:
+def _workers(scaling: AnswerJson) -> str:
     return f"{scaling['min_workers']}..{scaling['max_workers']}"
 
 
-def _gpus(spec: Mapping[str, Any]) -> str:
+def _gpus(spec: AnswerJson) -> str:
     replica = spec.get("replica") or {}
     models = ",".join(replica.get("models") or []) or "any"
     return f"{replica.get('gpus', 1)} x {models}"
 
 
-def _rows(items: Sequence[Mapping[str, Any]]) -> str:
+def _rows(items: Sequence[AnswerJson]) -> str:
     if not items:
         return "no endpoint"
     return table(
@@ -297,7 +297,7 @@ def _rows(items: Sequence[Mapping[str, Any]]) -> str:
     )
 
 
-def _detail(e: Mapping[str, Any]) -> str:
+def _detail(e: AnswerJson) -> str:
     spec, scaling = e["spec"], e["spec"]["scaling"]
     auth = spec.get("registry_auth")
     lines = [
@@ -323,7 +323,7 @@ def _detail(e: Mapping[str, Any]) -> str:
     return "\n".join(f"{k + ':':<13}{v}" for k, v in lines)
 
 
-def _key_rows(items: Sequence[Mapping[str, Any]]) -> str:
+def _key_rows(items: Sequence[AnswerJson]) -> str:
     if not items:
         return "no invocation key"
     return table(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
 
@@ -52,6 +52,9 @@ INVOCATION_KEY_PREFIX = "igek_"  # an invocation key's secret; an API key's is "
 KEY_ID_PREFIX = "epk-"  # an invocation key's public id
 MAX_WORKERS = 100  # one endpoint's workers at most
 MAX_CONCURRENCY = 1000  # requests one worker holds at once, at most
+# An endpoint's spec, or the fields a change gives, as JSON before EndpointSpec checks them (an update merges them
+# into the stored spec's JSON, field by field for its tables, and the result is decoded and checked as at create).
+EndpointSpecJson = dict[str, Any]
 Seconds = Annotated[float, msgspec.Meta(ge=0, le=7 * 86400.0)]
 
 

@@ -14,8 +14,8 @@ from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 
+from common.config import StructFields
 from common.containers import WireSpec
-from management.views.base import StructFields
 from management.workloads.states import WORKLOAD_STATES
 from master.port import AgentState, CommandState, GpuState, WorkloadSpec
 

@@ -17,7 +17,6 @@ import builtins
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
 import msgspec
 
@@ -27,6 +26,7 @@ from management.endpoints.spec import (
     EndpointKeyRecord,
     EndpointRecord,
     EndpointSpec,
+    EndpointSpecJson,
     hash_key,
     new_endpoint_id,
     new_invocation_key,
@@ -136,7 +136,7 @@ class EndpointsService:
             account = owner
         return await self._endpoints.list(account=account)
 
-    async def update(self, endpoint_id: str, changes: dict[str, Any], *, account: str | None = None) -> EndpointRecord:
+    async def update(self, endpoint_id: str, changes: EndpointSpecJson, *, account: str | None = None) -> EndpointRecord:
         """Change some of the spec's fields (``changes``, JSON: a field given replaces the stored one; the tables
         ``scaling``, ``replica`` and ``constraints`` are merged field by field). The env's values and the registry
         password are kept unless given again. The result is checked as at create."""

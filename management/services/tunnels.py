@@ -13,12 +13,12 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from common.config import StructFields
 from common.errors import Conflict, IdlegridError, NotFound
 from common.output import MARKER_ROOM, TailBuffer, bounded, last_lines
 from common.tunnel import Op, TunnelKind, encode_ticket
 from management.client.tunnel import Tunnel, TunnelClosed, TunnelGrant
 from management.store.outputs import OutputRepo
-from management.views.base import StructFields
 from management.workloads.states import AssignmentState
 from master.port import Assignment, KeptOutput, MasterPort, WorkloadRecord
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from management.views.base import StructFields, Time, View, page_of, rfc3339
+from common.config import StructFields
+from management.views.base import Time, View, page_of, rfc3339
 from master.port import (
     AccountRecord,
     ApiKeyRecord,

@@ -4,11 +4,9 @@ key itself only in the answer that created it."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 
-from management.endpoints.spec import EndpointKeyRecord, EndpointRecord, EndpointSpec
+from management.endpoints.spec import EndpointKeyRecord, EndpointRecord, EndpointSpec, EndpointSpecJson
 from management.views.base import Time, View, rfc3339
 from management.views.workloads import RegistryAuthView, redact_registry_auth
 
@@ -55,7 +53,7 @@ class IssuedEndpointKeyView(EndpointKeyView):
 
 
 def endpoint_spec_view(spec: EndpointSpec) -> EndpointSpecView:
-    shown: dict[str, Any] = msgspec.to_builtins(spec)
+    shown: EndpointSpecJson = msgspec.to_builtins(spec)
     shown["env"] = sorted(spec.env)
     return msgspec.convert(redact_registry_auth(shown), EndpointSpecView)
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
+from common.config import StructFields
 from management.market.money import format_amount
 from management.market.prices import HostPrice
-from management.views.base import Money, StructFields, Time, View, rfc3339
+from management.views.base import Money, Time, View, rfc3339
 from master.port import (
     PriceRecord,
 )

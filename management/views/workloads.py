@@ -9,11 +9,12 @@ from collections.abc import Mapping, Sequence
 
 import msgspec
 
+from common.config import StructFields
 from common.overlay import replica_address
 from management.market.money import format_amount
 from management.scheduler.model import Explanation, FilterCount, QuotaCheck
 from management.services.market import WorkloadTerms
-from management.views.base import Money, StructFields, Time, View, page_of, rfc3339
+from management.views.base import Money, Time, View, page_of, rfc3339
 from management.workloads.storage import StorageSummary
 from master.port import (
     Assignment,

@@ -4,7 +4,7 @@ the operator any account's. The request routes, which take invocation keys, are 
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 import msgspec
 from aiohttp import web
@@ -12,7 +12,7 @@ from aiohttp import web
 from common.containers import RegistryAuth
 from management.access_control import acting_account
 from management.api.auth import scope_of
-from management.endpoints.spec import MAX_CONCURRENCY, MAX_WORKERS, EndpointSpec
+from management.endpoints.spec import MAX_CONCURRENCY, MAX_WORKERS, EndpointSpec, EndpointSpecJson
 from management.http.keys import SERVICES_KEY
 from management.http.requests import json_response, parse_body, parse_query
 from management.http.schemas import AccountName, EmptyQuery
@@ -80,7 +80,7 @@ class UpdateEndpoint(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ttl_s: Annotated[float, msgspec.Meta(gt=0, le=7 * 86400.0)] | msgspec.UnsetType = UNSET
     max_retries: Annotated[int, msgspec.Meta(ge=0, le=10)] | msgspec.UnsetType = UNSET
 
-    def changes(self) -> dict[str, Any]:
+    def changes(self) -> EndpointSpecJson:
         """The fields given, as JSON (those left out are not there; a null ``registry_auth`` is)."""
         return {
             name: msgspec.to_builtins(value) for name in self.__struct_fields__ if (value := getattr(self, name)) is not UNSET
