@@ -138,7 +138,7 @@ async def test_a_long_poll_take_does_not_hold_back_the_agents_other_frames(maste
     beat = await _answer(link, "agt-a", "beat")
     assert (beat.status, beat.body) == (200, {"cancel": ["cancel-r2"]})
     queue.waiting.put_nowait(TakenRequest(id="r3", input=None))
-    assert (await _answer(link, "agt-a", "take")).body["id"] == "r3"  # type: ignore[index]
+    assert (await _answer(link, "agt-a", "take")).body["id"] == "r3"
 
 
 async def test_a_worker_gone_reaches_the_handler_and_is_not_answered(master: Master) -> None:
