@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import socket
 import urllib.parse
 from dataclasses import dataclass
@@ -56,7 +57,15 @@ class UnixHTTPConnection(http.client.HTTPConnection):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(self.timeout)
         try:
-            sock.connect(self.socket_path)
+            if len(self.socket_path.encode()) < 100:
+                sock.connect(self.socket_path)
+            else:  # a socket address holds 107 bytes: a longer path is reached through its directory's descriptor
+                directory, _, name = self.socket_path.rpartition("/")
+                fd = os.open(directory or "/", os.O_RDONLY | os.O_DIRECTORY)
+                try:
+                    sock.connect(f"/proc/self/fd/{fd}/{name}")
+                finally:
+                    os.close(fd)
         except OSError:
             sock.close()
             raise

@@ -179,3 +179,17 @@ def test_each_report_path_is_its_call_with_the_body_as_payload():
 def test_what_the_agent_refuses_itself(path, body, method, token, status):
     judged = _judge(path, body, method=method, token=token)
     assert isinstance(judged, Refusal) and judged.status == status
+
+
+async def test_a_socket_deeper_than_a_socket_address_holds_is_served_and_reached(tmp_path):
+    """A unix socket's address holds 107 bytes; an agent's state directory may be deeper: bound and reached through
+    the directory's descriptor."""
+    master = MasterStandIn()
+    apis = WorkerAPIs(tmp_path / ("deep-" * 20) / "worker-api", master.send)
+    master.apis = apis
+    try:
+        spec, _ = await apis.prepare(WORKER, runtime=None)
+        assert len(spec.env[contract.ENV_API]) > 120
+        assert await asyncio.to_thread(WorkerAPI(spec.env[contract.ENV_API], TOKEN).heartbeat, []) == []
+    finally:
+        await apis.close_all()
