@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,11 +41,11 @@ def endpoint_grid(tmp_path: Path) -> Iterator[tuple[Grid, Path]]:
         g.stop()
 
 
-def _worker_spec(name: str, endpoint_id: str, worker_id: str, token: str) -> dict[str, Any]:
+def _worker_spec(name: str, endpoint_id: str, worker_id: str, token: str, python: str = sys.executable) -> dict[str, Any]:
     return {
         "name": name,
         "image": "none",
-        "command": [sys.executable, "-c", HANDLER],
+        "command": [python, "-c", HANDLER],
         "env": {"PYTHONPATH": str(REPO)},
         "endpoint_worker": {"endpoint_id": endpoint_id, "worker_id": worker_id, "token": token},
     }
@@ -79,6 +80,24 @@ def test_requests_flow_worker_agent_relay_master_and_back_each_endpoint_to_its_o
     assert deleted["state"] == "succeeded", deleted
     wait_for(lambda: (queue / "gone" / "ep-a--w-a").exists(), 20, "the deleted worker to be told gone")
     assert not api.exists()
+
+
+SYSTEM_PYTHON = "/usr/bin/python3"  # a sandboxed uid cannot run the test's own interpreter, under root's home
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists(SYSTEM_PYTHON), reason="the sandbox needs root and a system Python")
+def test_a_sandboxed_worker_reaches_its_socket_bound_into_its_mount_namespace(endpoint_grid):
+    """As root, the process runtime runs a worker as a uid of its own in namespaces of its own (isolation sandbox):
+    it sees its socket's directory bound at /idlegrid/mnt/idlegrid/worker, owned by its uid, and nothing else of the
+    agent's state."""
+    grid, queue = endpoint_grid
+    agent_id, daemon = grid.run_agent("sandbox-host", simulate="a10:1", env={"IDLEGRID_AGENT_PROCESS_USER": "dynamic"})
+    spec = _worker_spec("ep-a-w-a", "ep-a", "w-a", "token-of-w-a-0123456789", python=SYSTEM_PYTHON)
+    created = grid.wait_command(grid.command(agent_id, "create_container", spec))
+    assert created["state"] == "succeeded", created
+    (queue / "waiting" / "ep-a--r1.json").write_text(json.dumps({"prompt": "sandboxed"}))
+    [report] = wait_for(lambda: _reports(queue, "r1"), 30, f"r1's result\n{daemon.tail()}")
+    assert report == {"op": "result", "worker": ["ep-a", "w-a", agent_id], "value": {"echo": {"prompt": "sandboxed"}}}
 
 
 async def test_a_second_host_cannot_answer_for_the_first_hosts_worker(endpoint_grid, tmp_path):
