@@ -61,7 +61,7 @@ from master.renewal import renew_certificate
 from master.session import HELLO_REQUIRED, Act, AgentSession, SessionRules, Verdict
 from master.states import AgentState
 from master.telemetry import SampleWindow, SetAside, plausible_gpu
-from master.worker_calls import WorkerCalls, WorkerPlaces, answer_call
+from master.worker_calls import WorkerCalls, WorkerPlaces, WorkerRef, answer_call
 
 if TYPE_CHECKING:
     from master.composition import Parts
@@ -107,6 +107,7 @@ class AgentChannel:
         )
         self._sample_window = SampleWindow(max_age_s=config.sample_max_age_s, max_ahead_s=config.sample_max_ahead_s)
         self._set_aside_logged: dict[str, float] = {}  # agent id -> when a sample of it set aside was last logged
+        self._store = parts.store
         # Endpoint workers' calls (master/worker_calls.py): the handler management registers (None: answered 503),
         # where each worker's container was created, and the calls being answered (a take is a long poll: each call
         # runs as a task of its own, so it never holds back the agent's other frames).
@@ -426,6 +427,23 @@ class AgentChannel:
             name = str(command.spec.get("name", ""))
             self.worker_places.created(str(worker.get("endpoint_id")), str(worker.get("worker_id")), agent_id, name)
 
+    async def _recall_worker_place(self, agent_id: str, call: WorkerCall) -> WorkerRef | None:
+        """A worker this process has not seen created (it was, before a restart): its place read back from the store,
+        only for a container the Master created on this agent (``agent.containers``), by the newest create of that
+        name there, so a host can name only what the Master put on it."""
+        agent = self._registry.agents.get(agent_id)
+        if (
+            agent is None
+            or call.container not in agent.containers
+            or self.worker_places.is_gone(call.endpoint_id, call.worker_id)
+        ):
+            return None
+        for command in await self._store.commands.list(agent_id=agent_id, states=["succeeded"], limit=1000):
+            if command.kind == "create_container" and command.spec.get("name") == call.container:
+                self._learn_worker_place(agent_id, command)
+                break  # the newest create of that name: an older one's worker is not there any more
+        return self.worker_places.ref(agent_id, call)
+
     async def stop_worker_calls(self) -> None:
         """The Master stops: the calls still waiting (long polls) end unanswered; their workers retry elsewhere."""
         for task in list(self._worker_tasks):
@@ -440,7 +458,7 @@ class AgentChannel:
     async def _answer_worker_call(self, agent_id: str, call: WorkerCall) -> None:
         """Pass an endpoint worker's call to the registered handler and answer it on the agent's connection; a call
         for a worker whose container is not on this agent is refused 403 (no host speaks for another's worker)."""
-        worker = self.worker_places.ref(agent_id, call)
+        worker = self.worker_places.ref(agent_id, call) or await self._recall_worker_place(agent_id, call)
         if worker is not None and call.op is WorkerOp.GONE:
             self.worker_places.forget(call.endpoint_id, call.worker_id)  # before the handler: no call passes after it
         try:

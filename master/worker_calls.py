@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from common.wire import MAX_WORKER_TAKE_WAIT_S, WorkerCall, WorkerOp
 
+MAX_GONE_REMEMBERED = 100_000  # workers said gone that one Master process keeps refusing (oldest forgotten first)
 NO_QUEUE_STATUS = 503  # no handler registered: the worker's library retries with backoff
 
 
@@ -63,17 +64,27 @@ class WorkerCalls(Protocol):
 
 class WorkerPlaces:
     """Which agent each worker's container was created on: (endpoint id, worker id) -> (agent id, container name),
-    learned from the create commands the Master issues. In memory: after a Master restart it is learned again from
-    the create commands still open, and (until the queue keeps placements) a worker created before is refused 403."""
+    learned from the create commands that succeed. In memory: after a Master restart the agent channel reads a
+    worker's place back from its create command in the store at the worker's first call."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, remember_gone: int = MAX_GONE_REMEMBERED) -> None:
         self._places: dict[tuple[str, str], tuple[str, str]] = {}
+        # Workers said gone, newest last: never read back from the store (their containers may linger until deleted).
+        self._gone: dict[tuple[str, str], None] = {}
+        self._remember_gone = remember_gone
 
     def created(self, endpoint_id: str, worker_id: str, agent_id: str, container: str) -> None:
         self._places[(endpoint_id, worker_id)] = (agent_id, container)
+        self._gone.pop((endpoint_id, worker_id), None)
 
     def forget(self, endpoint_id: str, worker_id: str) -> None:
         self._places.pop((endpoint_id, worker_id), None)
+        self._gone[(endpoint_id, worker_id)] = None
+        if len(self._gone) > self._remember_gone:
+            del self._gone[next(iter(self._gone))]
+
+    def is_gone(self, endpoint_id: str, worker_id: str) -> bool:
+        return (endpoint_id, worker_id) in self._gone
 
     def ref(self, agent_id: str, call: WorkerCall) -> WorkerRef | None:
         """The worker the call names, if ``agent_id`` holds its container; None: no agent may speak for it."""

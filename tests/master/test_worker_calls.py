@@ -8,13 +8,16 @@ part of issue 39, merged separately; these tests are about the Master's side onl
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 from common.containers import ContainerSpec, EndpointWorkerSpec
 from common.wire import CommandResult, WorkerAnswer, WorkerCall, WorkerOp
+from master.config import MasterConfig
 from master.link import AccessLink
 from master.master import Master
 from master.port import CallOutcome, TakenRequest, WorkerError, WorkerRef
+from master.worker_calls import WorkerPlaces
 from tests.master.linked import connect, relay, relay_link, to_agent
 
 TOKEN = "worker-token-0123456789"
@@ -152,3 +155,40 @@ async def test_a_worker_gone_reaches_the_handler_and_is_not_answered(master: Mas
     assert (await _answer(link, "agt-a", "after")).status == 403  # gone: its place is forgotten
     assert queue.gone == [WorkerRef("ep-a", "w-1", "agt-a")]
     assert not any(isinstance(f, WorkerAnswer) and f.call_id == "g1" for f in to_agent(link, "agt-a"))
+
+
+async def test_after_a_restart_a_workers_place_is_read_back_from_its_create_for_its_own_host_only(tmp_path: Path) -> None:
+    config = MasterConfig(state_dir=str(tmp_path / "master"), link_port=0)
+    first = Master(config)
+    await first.start()
+    link = relay_link()
+    await connect(first, link, "agt-a")
+    await connect(first, link, "agt-b")
+    await _place_worker(first, link, "agt-a")
+    await first.stop()
+
+    master = Master(config)
+    await master.start()
+    try:
+        link = relay_link()
+        await connect(master, link, "agt-a")
+        await connect(master, link, "agt-b")
+        queue = FakeQueue()
+        master.serve_worker_calls(queue)
+        await relay(master, link, "agt-b", _call(WorkerOp.HEARTBEAT, "c1"))
+        assert (await _answer(link, "agt-b", "c1")).status == 403
+        await relay(master, link, "agt-a", _call(WorkerOp.HEARTBEAT, "c2", in_flight=["r1"]))
+        assert (await _answer(link, "agt-a", "c2")).status == 200
+        assert queue.reports == [("heartbeat", WorkerRef("ep-a", "w-1", "agt-a"), ["r1"])]
+    finally:
+        await master.stop()
+
+
+def test_workers_said_gone_are_remembered_up_to_a_bound_oldest_forgotten_first() -> None:
+    places = WorkerPlaces(remember_gone=2)
+    for worker in ("w-1", "w-2", "w-3"):
+        places.created("ep-a", worker, "agt-a", f"{worker}-c")
+        places.forget("ep-a", worker)
+    assert [places.is_gone("ep-a", w) for w in ("w-1", "w-2", "w-3")] == [False, True, True]
+    places.created("ep-a", "w-2", "agt-b", "w-2-c")  # created again (elsewhere): no longer gone
+    assert not places.is_gone("ep-a", "w-2")
