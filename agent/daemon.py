@@ -709,6 +709,7 @@ class Agent:
             self._watch_exits.clear()
         for name in exited.keys() & self.worker_apis.served():
             await self.worker_apis.close(name)  # an endpoint worker's container ended: its requests go back
+        await self.worker_apis.lost({c.name for c in containers})  # or is no longer there at all
         for name, code in exited.items():
             if self._exits_told.get(name) == code:
                 continue

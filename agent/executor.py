@@ -167,6 +167,8 @@ class CommandExecutor:
                 # Started before a crash: the runtime knows whether the container came to be.
                 existing = await self.runtime.find(LABEL_COMMAND_ID, command_id)
                 if existing:
+                    if self.worker_apis is not None:
+                        self.worker_apis.started(container.name)
                     return existing[0]
             if isinstance(self.runtime, PullsImages):  # outside the lock: a pull may take minutes
                 await self.runtime.ensure_image(container, on_progress=self._progress_of(container.name))
@@ -196,6 +198,8 @@ class CommandExecutor:
                 raise
             if self.overlays is not None:
                 await self.overlays.attach(container, self.runtime)
+            if self.worker_apis is not None:
+                self.worker_apis.started(container.name)
             return info
         if kind == "delete_container":
             target = parse_delete_spec(spec)

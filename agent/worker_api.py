@@ -119,6 +119,8 @@ class WorkerAPIs:
         self.root = root
         self._send = send
         self._servers: dict[str, tuple[EndpointWorkerSpec, asyncio.Server]] = {}
+        self._started: set[str] = set()  # served containers known to exist (a create in progress is not yet)
+        self._missing: set[str] = set()  # started ones the last runtime listing did not have
         self._waiting: dict[str, asyncio.Future[WorkerAnswer]] = {}
         self._ids = itertools.count(1)
         self._prefix = os.urandom(4).hex()  # call ids of an earlier agent process are never answered to this one
@@ -128,6 +130,21 @@ class WorkerAPIs:
 
     def served(self) -> set[str]:
         return set(self._servers)
+
+    def started(self, name: str) -> None:
+        """``name``'s container exists now (created, or found running at a resume): from now on, a runtime listing
+        without it means the container is lost (``lost``)."""
+        if name in self._servers:
+            self._started.add(name)
+
+    async def lost(self, listed: set[str]) -> None:
+        """Containers the runtime lists now (running or ended): a started worker missing from two listings in a row
+        is gone (one alone may be a listing taken just before its create ended)."""
+        missing = self._started - listed
+        for name in sorted(missing & self._missing):
+            log.warning("an endpoint worker's container is no longer there", extra={"container": name})
+            await self.close(name)
+        self._missing = missing - self._missing
 
     async def prepare(self, spec: ContainerSpec, runtime: object) -> tuple[ContainerSpec, list[Mount]]:
         """Serve ``spec``'s worker API (when it is an endpoint worker's) and give the container its environment and the
@@ -183,6 +200,7 @@ class WorkerAPIs:
                 worker = None
             if worker is not None and name in running:
                 await self.open(name, worker, self.root / name)
+                self.started(name)
             else:
                 record.unlink(missing_ok=True)
                 shutil.rmtree(self.root / name, ignore_errors=True)
@@ -193,6 +211,7 @@ class WorkerAPIs:
     async def close(self, name: str, *, tell: bool = True) -> None:
         """``name`` ended or is deleted: its socket closes and (``tell``) the Master sends its requests back."""
         entry = self._servers.pop(name, None)
+        self._started.discard(name)
         if entry is None:
             return
         worker, server = entry
@@ -216,6 +235,7 @@ class WorkerAPIs:
         for name in list(self._servers):
             _, server = self._servers.pop(name)
             server.close()
+        self._started.clear()
         for future in self._waiting.values():
             future.cancel()
 

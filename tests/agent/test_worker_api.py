@@ -193,3 +193,19 @@ async def test_a_socket_deeper_than_a_socket_address_holds_is_served_and_reached
         assert await asyncio.to_thread(WorkerAPI(spec.env[contract.ENV_API], TOKEN).heartbeat, []) == []
     finally:
         await apis.close_all()
+
+
+async def test_a_started_worker_missing_from_two_runtime_listings_in_a_row_is_gone(served):
+    apis, master = served
+    await apis.prepare(WORKER, runtime=None)
+    await apis.lost(set())  # not started yet: a create in progress is never lost
+    await apis.lost(set())
+    assert apis.serves(WORKER.name)
+    apis.started(WORKER.name)
+    await apis.lost(set())  # one listing without it may predate its create
+    await apis.lost({WORKER.name})
+    await apis.lost(set())
+    assert apis.serves(WORKER.name) and master.calls == []
+    await apis.lost(set())
+    gone = await master.wait_for(WorkerOp.GONE)
+    assert gone.container == WORKER.name and not apis.serves(WORKER.name)
