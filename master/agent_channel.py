@@ -15,7 +15,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -61,7 +62,14 @@ from master.renewal import renew_certificate
 from master.session import HELLO_REQUIRED, Act, AgentSession, SessionRules, Verdict
 from master.states import AgentState
 from master.telemetry import SampleWindow, SetAside, plausible_gpu
-from master.worker_calls import WorkerCalls, WorkerPlaces, WorkerRef, answer_call
+from master.worker_calls import (
+    BUSY_STATUS,
+    MAX_CALLS_IN_FLIGHT_PER_AGENT,
+    WorkerCalls,
+    WorkerPlaces,
+    WorkerRef,
+    answer_call,
+)
 
 if TYPE_CHECKING:
     from master.composition import Parts
@@ -113,7 +121,8 @@ class AgentChannel:
         # runs as a task of its own, so it never holds back the agent's other frames).
         self.worker_calls: WorkerCalls | None = None
         self.worker_places = WorkerPlaces()
-        self._worker_tasks: set[asyncio.Task[None]] = set()
+        self._worker_tasks: set[asyncio.Task[Any]] = set()
+        self._worker_calls_of: dict[str, int] = {}  # agent id -> its calls being answered now
 
     def forget(self, agent_id: str) -> None:
         """The agent's session ends (it went silent): its next frame starts a new one, which must say hello."""
@@ -451,9 +460,26 @@ class AgentChannel:
         await asyncio.gather(*self._worker_tasks, return_exceptions=True)
 
     def _on_worker_call(self, agent: AgentRecord, call: WorkerCall) -> None:
-        task = asyncio.create_task(self._answer_worker_call(agent.id, call), name=f"worker-call-{agent.id}")
+        agent_id = agent.id
+        if self._worker_calls_of.get(agent_id, 0) >= MAX_CALLS_IN_FLIGHT_PER_AGENT and call.op is not WorkerOp.GONE:
+            busy = WorkerAnswer(call_id=call.call_id, status=BUSY_STATUS, body={"error": "too many calls of this host at once"})
+            self._spawn_worker_task(agent_id, self._hub.send_to_agent(agent_id, encode(busy)))
+            return
+        self._worker_calls_of[agent_id] = self._worker_calls_of.get(agent_id, 0) + 1
+        self._spawn_worker_task(agent_id, self._answer_worker_call(agent_id, call), counted=True)
+
+    def _spawn_worker_task(self, agent_id: str, work: Coroutine[Any, Any, object], *, counted: bool = False) -> None:
+        task = asyncio.create_task(work, name=f"worker-call-{agent_id}")
         self._worker_tasks.add(task)
-        task.add_done_callback(self._worker_tasks.discard)
+
+        def done(task: asyncio.Task[Any]) -> None:
+            self._worker_tasks.discard(task)
+            if counted:
+                left = self._worker_calls_of.pop(agent_id, 1) - 1
+                if left:
+                    self._worker_calls_of[agent_id] = left
+
+        task.add_done_callback(done)
 
     async def _answer_worker_call(self, agent_id: str, call: WorkerCall) -> None:
         """Pass an endpoint worker's call to the registered handler and answer it on the agent's connection; a call

@@ -17,6 +17,11 @@ from typing import Any, Protocol
 from common.wire import MAX_WORKER_TAKE_WAIT_S, WorkerCall, WorkerOp
 
 MAX_GONE_REMEMBERED = 100_000  # workers said gone that one Master process keeps refusing (oldest forgotten first)
+# Calls of one agent's workers being answered at once (long polls mostly): past it a call is answered 429 at once,
+# which the worker retries, so a host cannot pile up waiting tasks on the Master. A host of 8 workers running 64
+# requests each stays well within.
+MAX_CALLS_IN_FLIGHT_PER_AGENT = 1024
+BUSY_STATUS = 429
 NO_QUEUE_STATUS = 503  # no handler registered: the worker's library retries with backoff
 
 

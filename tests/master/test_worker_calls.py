@@ -192,3 +192,25 @@ def test_workers_said_gone_are_remembered_up_to_a_bound_oldest_forgotten_first()
     assert [places.is_gone("ep-a", w) for w in ("w-1", "w-2", "w-3")] == [False, True, True]
     places.created("ep-a", "w-2", "agt-b", "w-2-c")  # created again (elsewhere): no longer gone
     assert not places.is_gone("ep-a", "w-2")
+
+
+async def test_a_host_with_too_many_calls_waiting_is_answered_429_until_some_end(master: Master, monkeypatch) -> None:
+    monkeypatch.setattr("master.agent_channel.MAX_CALLS_IN_FLIGHT_PER_AGENT", 2)
+    link = relay_link()
+    await connect(master, link, "agt-a")
+    await _place_worker(master, link, "agt-a")
+    queue = FakeQueue()
+    master.serve_worker_calls(queue)
+    for call_id in ("t1", "t2"):  # two long polls wait: nothing is queued
+        await relay(master, link, "agt-a", _call(WorkerOp.TAKE, call_id, wait_s=30.0))
+    await relay(master, link, "agt-a", _call(WorkerOp.HEARTBEAT, "over"))
+    assert (await _answer(link, "agt-a", "over")).status == 429
+    queue.waiting.put_nowait(TakenRequest(id="r1", input=None))
+    queue.waiting.put_nowait(TakenRequest(id="r2", input=None))
+    assert {(await _answer(link, "agt-a", t)).status for t in ("t1", "t2")} == {200}
+    for attempt in range(100):  # the ended polls' slots free as their tasks finish, just after their answers
+        await relay(master, link, "agt-a", _call(WorkerOp.HEARTBEAT, f"after-{attempt}"))
+        if (await _answer(link, "agt-a", f"after-{attempt}")).status == 200:
+            break
+    else:
+        raise AssertionError("the host's calls stayed refused after its long polls ended")
