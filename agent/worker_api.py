@@ -48,10 +48,13 @@ SOCKET_NAME = "api.sock"
 MAX_BODY_BYTES = MAX_FRAME_BYTES - 16 * 1024  # a body must fit one frame with its fields: larger is a 413
 ANSWER_MARGIN_S = 15.0  # beyond a take's wait, how long a call waits for the Master's answer before a 503
 MAX_HEADER_BYTES = 16 * 1024
+# Calls of one container waiting for the Master at once: past it a call is answered 429 at once (the worker retries),
+# so a worker cannot flood the host link. A worker takes ``concurrency`` at a time, plus its heartbeat and reports.
+MAX_CALLS_PER_WORKER = 256
 
 _REASONS = {200: "OK", 204: "No Content", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found"}
 _REASONS |= {405: "Method Not Allowed", 409: "Conflict", 413: "Payload Too Large", 500: "Internal Server Error"}
-_REASONS |= {503: "Service Unavailable"}
+_REASONS |= {429: "Too Many Requests", 503: "Service Unavailable"}
 _REPORT_OPS = {op.value: op for op in (WorkerOp.PARTIAL, WorkerOp.PROGRESS, WorkerOp.RESULT, WorkerOp.ERROR, WorkerOp.RELEASE)}
 
 
@@ -121,6 +124,7 @@ class WorkerAPIs:
         self._servers: dict[str, tuple[EndpointWorkerSpec, asyncio.Server]] = {}
         self._started: set[str] = set()  # served containers known to exist (a create in progress is not yet)
         self._missing: set[str] = set()  # started ones the last runtime listing did not have
+        self._calls_of: dict[str, int] = {}  # container -> its calls waiting for the Master now
         self._waiting: dict[str, asyncio.Future[WorkerAnswer]] = {}
         self._ids = itertools.count(1)
         self._prefix = os.urandom(4).hex()  # call ids of an earlier agent process are never answered to this one
@@ -274,8 +278,11 @@ class WorkerAPIs:
             return judged.status, {"error": judged.message}
         if len(msgspec.json.encode(judged)) > MAX_FRAME_BYTES:
             return 413, {"error": "the report does not fit one frame"}
+        if self._calls_of.get(name, 0) >= MAX_CALLS_PER_WORKER:
+            return 429, {"error": f"more than {MAX_CALLS_PER_WORKER} calls of this worker at once"}
         future: asyncio.Future[WorkerAnswer] = asyncio.get_running_loop().create_future()
         self._waiting[call_id] = future
+        self._calls_of[name] = self._calls_of.get(name, 0) + 1
         try:
             try:
                 sent = await self._send(judged)
@@ -288,6 +295,9 @@ class WorkerAPIs:
             return 503, {"error": "no answer from the Master in time"}
         finally:
             self._waiting.pop(call_id, None)
+            left = self._calls_of.pop(name, 1) - 1
+            if left:
+                self._calls_of[name] = left
         return answer.status, answer.body
 
 

@@ -209,3 +209,17 @@ async def test_a_started_worker_missing_from_two_runtime_listings_in_a_row_is_go
     await apis.lost(set())
     gone = await master.wait_for(WorkerOp.GONE)
     assert gone.container == WORKER.name and not apis.serves(WORKER.name)
+
+
+async def test_a_worker_with_too_many_calls_waiting_is_answered_429(served, monkeypatch):
+    monkeypatch.setattr("agent.worker_api.MAX_CALLS_PER_WORKER", 1)
+    apis, master = served
+    spec, _ = await apis.prepare(WORKER, runtime=None)
+    client = WorkerAPI(spec.env[contract.ENV_API], TOKEN)
+    waiting = asyncio.create_task(asyncio.to_thread(client.take, 5.0))  # waits: nothing queued
+    await master.wait_for(WorkerOp.TAKE)
+    with pytest.raises(AgentUnavailable, match="429"):
+        await asyncio.to_thread(client.heartbeat, [])
+    master.queue.put_nowait({"id": "r1", "input": None, "attempt": 1})
+    assert (await waiting).id == "r1"  # type: ignore[union-attr]
+    assert await asyncio.to_thread(client.heartbeat, []) == []
