@@ -13,6 +13,10 @@ import msgspec
 
 from common.errors import ConfigError
 
+# A TOML table (or a JSON object) as tomllib or a decoder reads it, before its reader checks it key by key and names
+# the key that is wrong: open until then.
+TomlTable = Mapping[str, Any]
+
 T = TypeVar("T", bound=msgspec.Struct)
 
 

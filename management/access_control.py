@@ -58,6 +58,7 @@ class Resource(str, enum.Enum):
     TEMPLATES = "templates"  # launch templates (docs/templates.md): every account reads them
     SSH_KEYS = "ssh_keys"  # SSH public keys: each account its own (docs/ssh.md)
     SECRETS = "secrets"  # an account's secrets for its workloads: each account its own, values never shown again
+    ENDPOINTS = "endpoints"  # serverless endpoints and their invocation keys: a renter's own (docs/endpoints.md)
 
 
 class Action(str, enum.Enum):
@@ -122,6 +123,9 @@ for _role in (AccountRole.PROVIDER, AccountRole.RENTER):
 # Secrets: a renter keeps its own (storage credentials, tokens its workloads' env names); each account acts on its
 # own only, the operator's included (docs/storage.md).
 PERMISSIONS[AccountRole.RENTER][Resource.SECRETS] = frozenset({Action.READ, Action.WRITE})
+# Serverless endpoints (docs/endpoints.md): a renter makes, changes and deletes its own and their invocation keys
+# (Scope.owner), the operator anyone's. An invocation key is no API key: it opens none of these routes.
+PERMISSIONS[AccountRole.RENTER][Resource.ENDPOINTS] = frozenset({Action.READ, Action.WRITE})
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from typing import Protocol
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from common.errors import Conflict
 from common.http import HttpServer
 from common.loopwatch import watching
 from management.api import ApiSettings, Handler, build_app, error_response
@@ -55,6 +56,7 @@ from management.services import Services
 from management.services.accounts import AccountsService
 from management.services.alerts import AlertsService
 from management.services.billing import BillingService
+from management.services.endpoints import EndpointsService
 from management.services.grid import GridService
 from management.services.hosts import HostsService
 from management.services.links import LinksService, link_key
@@ -70,13 +72,13 @@ from management.services.tunnels import RenterAccess
 from management.services.verification import VerificationService
 from management.services.workloads import WorkloadsService
 from management.settings import ManagementSettings
-from management.store import attach, output_repo, price_repo, ssh_key_repo
+from management.store import attach, endpoint_key_repo, endpoint_repo, output_repo, price_repo, ssh_key_repo
 from management.workloads.book import WorkloadBook
 from management.workloads.runner import SchedulerLoop
 from master.accounts import BOOTSTRAP_ACCOUNT
 from master.config import MasterConfig
 from master.master import Master
-from master.port import MasterPort
+from master.port import MasterPort, WorkloadSpec
 
 log = logging.getLogger(__name__)
 
@@ -239,6 +241,16 @@ def compose(master: MasterPort, settings: ManagementSettings | None = None) -> C
     market_service = MarketService(master, book, market, settings.market, fit_check=scheduler.never_fits)
     workloads = WorkloadsService(master, book, scheduler, market_service)
     ssh_keys = SshKeysService(master, ssh_key_repo(master.store), workloads.get_workload)
+
+    async def check_worker(account: str, spec: WorkloadSpec) -> None:  # an endpoint's worker, as a workload's submit
+        await book.check(account, spec)
+        why = await scheduler.never_fits(account, spec)
+        if why is not None:
+            raise Conflict(f"this endpoint's workers can never run on this grid: {why}")
+
+    endpoints = EndpointsService(
+        master.secrets, endpoint_repo(master.store), endpoint_key_repo(master.store), check_worker=check_worker
+    )
     tunnels = RenterAccess(master, workloads.get_workload, output_repo(master.store))
     output_settings = settings.scheduler.outputs
     outputs = OutputCollector(
@@ -285,6 +297,7 @@ def compose(master: MasterPort, settings: ManagementSettings | None = None) -> C
         templates=TemplatesService(TemplateCatalog.load(settings.templates_dir)),
         ssh_keys=ssh_keys,
         secrets=SecretsService(master),
+        endpoints=endpoints,
     )
     series = MarketSeries(book.counts, market.meter.open_rentals, market.ledger.balances, currency=settings.market.currency)
     return Composition(

@@ -17,7 +17,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -370,7 +370,7 @@ class CommandLedger:
 _FINAL = frozenset(s.value for s in FINAL_COMMAND_STATES)
 
 
-def command_spec(kind: str, spec: Mapping[str, Any]) -> CommandSpec:
+def command_spec(kind: str, spec: WireSpec) -> CommandSpec:
     """The typed body of a ``kind`` command from its JSON (a raw command from the API): InvalidCommand names the kind,
     and the field that is wrong."""
     spec_type = SPEC_OF_KIND.get(kind)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import msgspec
 
-from common.config import load_config
+from common.config import TomlTable, load_config
 from common.egress import EgressRule
 from master.overlay import OverlaySettings
 
@@ -272,6 +272,6 @@ class MasterConfig(msgspec.Struct, kw_only=True):
 
 
 def load_master_config(
-    path: Path | None = None, *, env: Mapping[str, str] | None = None, overrides: Mapping[str, Any] | None = None
+    path: Path | None = None, *, env: Mapping[str, str] | None = None, overrides: TomlTable | None = None
 ) -> MasterConfig:
     return load_config(MasterConfig, path=path, env_prefix="IDLEGRID_MASTER_", env=env, overrides=overrides)

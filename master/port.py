@@ -53,44 +53,57 @@ from master.overlay import OverlayAuthority, OverlaySettings, write_lighthouse
 from master.records import (
     MAX_GPUS_PER_REPLICA,
     MAX_REPLICAS,
+    NO_IMAGE,
     RENTAL_KINDS,
     RESTART_POLICIES,
     AccountRecord,
     AgentRecord,
+    AgentResult,
     AlertRuleRecord,
     Amount,
     ApiKeyRecord,
     Assignment,
+    CommandArg,
     CommandRecord,
+    EnvName,
+    EnvValue,
     EventData,
     EventRecord,
     FairShareUsage,
     GpuFault,
     GpuRecord,
     HostRollup,
+    ImageRef,
     KeptOutput,
+    LabelKey,
+    LabelValue,
     LedgerEntry,
     LedgerLine,
+    PlacementConstraints,
     PortLink,
     PriceChange,
     PriceRecord,
     RentalHost,
     RentalRecord,
     RentalTerms,
+    ReplicaSpec,
     RevocationRecord,
+    RuleSpec,
     SecretRecord,
+    ShortText,
     SilenceRecord,
     SshKeyRecord,
     TelemetryRollup,
     TokenRecord,
     WebhookRecord,
+    WorkloadName,
     WorkloadRecord,
     WorkloadSpec,
 )
 from master.reputation import WEIGHTS, Reputation, reputation, reputation_score
 from master.secrets import SECRET_NAME_PATTERN, InvalidSecret
 from master.states import AgentState, CommandState, GpuState, StateMachine
-from master.tiers import TierPolicy, describe_tiers
+from master.tiers import TierJson, TierPolicy, describe_tiers
 from master.tunnels import OpenedTunnel, TunnelUnavailable
 from master.verification import MEASURED_FLAGS, VERIFIED, measured_rate, measured_verified, verification_label
 from master.verifier import HISTORY_KIND
@@ -108,6 +121,10 @@ from master.views import (
     TelemetryView,
 )
 from master.worker_calls import CallOutcome, TakenRequest, WorkerCalls, WorkerError, WorkerRef
+
+# A workload spec (or a piece of one, a link) as plain JSON, before WorkloadSpec decodes it (the CLI's flags and file,
+# a template with overrides over it, a console form) or turned back into builtins for an answer: open until checked.
+SpecJson = dict[str, Any]
 
 
 class MasterPort(Protocol):
@@ -230,6 +247,9 @@ class MasterPort(Protocol):
 
 
 __all__ = [
+    "AgentResult",
+    "RuleSpec",
+    "TierJson",
     "AccountDirectory",  # the narrow views of the parts (master/views.py)
     "ChangeSubscriptions",
     "GpuHolds",
@@ -263,6 +283,17 @@ __all__ = [
     "LASTING",
     "MAX_GPUS_PER_REPLICA",
     "MAX_REPLICAS",
+    "NO_IMAGE",  # with the spec's field types and parts: an endpoint's worker spec (management/endpoints/spec.py)
+    "CommandArg",
+    "EnvName",
+    "EnvValue",
+    "ImageRef",
+    "LabelKey",
+    "LabelValue",
+    "PlacementConstraints",
+    "ReplicaSpec",
+    "ShortText",
+    "WorkloadName",
     "RESTART_POLICIES",
     "MINUTES_PER_HOUR",
     "PLACEMENT",
@@ -322,6 +353,7 @@ __all__ = [
     "Shortfall",
     "SigningKeyInfo",
     "SilenceRecord",
+    "SpecJson",
     "SshKeyRecord",
     "StateMachine",
     "Subscription",

@@ -13,6 +13,13 @@ from common.restart_policy import RESTART_POLICIES as RESTART_POLICIES  # publis
 from common.storage import CheckpointSpec, StorageAccess, StorageMount
 from common.wire import BenchmarkFigures
 
+# What an agent reported of a command (CommandResult.result): its runtime's facts, each kind of command its own, and
+# the Master passes them on unread, so they are open.
+AgentResult = dict[str, Any]
+# An alert rule's fields as management/monitoring/rules.py reads them (JSON from the API, a table from a rules file):
+# the Master stores a rule's fields and never reads them, so they are open here.
+RuleSpec = dict[str, Any]
+
 
 class AgentRecord(msgspec.Struct, kw_only=True):
     id: str
@@ -122,7 +129,7 @@ class CommandRecord(msgspec.Struct, kw_only=True):
     acked_at: float | None = None
     finished_at: float | None = None
     attempts: int = 0
-    result: dict[str, Any] | None = None  # what the agent reported (CommandResult.result): its runtime's facts, open
+    result: AgentResult | None = None  # what the agent reported (CommandResult.result)
     error: str | None = None
     version: int = 0
     sealed: str = ""  # the secret fields of ``spec`` (master/command_secrets.py), a Fernet token; "": it has none
@@ -601,7 +608,7 @@ class AlertRuleRecord(msgspec.Struct, kw_only=True):
     (the Master stores rules, it does not evaluate them). A stored rule replaces the shipped rule of its name."""
 
     name: str
-    spec: dict[str, Any]  # open here: the Master stores a rule's fields and never reads them
+    spec: RuleSpec
     updated_at: float
     updated_by: str
 

@@ -6,7 +6,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
 import msgspec
 
@@ -611,7 +610,3 @@ class Registry:
             self._dirty.update(a.id for a in dirty[written:])  # written with the next flush
             raise
         return len(dirty)
-
-    def view(self, agent: AgentRecord) -> dict[str, Any]:
-        view: dict[str, Any] = msgspec.to_builtins(agent)
-        return view

@@ -21,8 +21,16 @@ from pathlib import Path
 from typing import Any
 
 from common.catalog import CATALOG, GpuModel, match_model, reference_gpu_info
+from common.config import TomlTable
 from common.errors import ConfigError
 from common.inventory import GpuInfo, HostInfo
+
+# A tier's criteria by their policy-file names, and a tier as GET /api/v1/tiers shows it: what the criteria hold is the
+# policy file's (numbers, a "major.minor" string, a flag), whatever it sets, so it is open.
+TierJson = dict[str, Any]
+# A card's figure for each ``min_*`` criterion (a number, (major, minor) for compute capability, None: unknown),
+# compared with the rule's field of the same name: open, as the rule's fields are.
+GpuFacts = dict[str, Any]
 
 # Keys of ``classify(measured=...)``: figures a benchmark measured, compared with the catalog's.
 MEASURED_FIGURES = {"fp16_tflops": "throughput", "bf16_tflops": "throughput", "memory_bandwidth_gbs": "bandwidth"}
@@ -75,7 +83,7 @@ class TierRule:
         )
         _check(isinstance(self.require_nvlink, bool), "require_nvlink", self.require_nvlink, "true or false")
 
-    def criteria(self) -> dict[str, Any]:
+    def criteria(self) -> TierJson:
         """The criteria this rule sets, by their policy-file names."""
         skip = {"name", "description"}
         return {
@@ -129,7 +137,7 @@ class TierPolicy:
             raise ConfigError(f"{source}: {exc}") from None
 
     @classmethod
-    def from_mapping(cls, data: Mapping[str, Any]) -> TierPolicy:
+    def from_mapping(cls, data: TomlTable) -> TierPolicy:
         """A policy from parsed TOML; ConfigError names the offending key or value."""
         _reject_unknown(data, {"tier", "verification"}, "top level")
         tables = data.get("tier")
@@ -182,7 +190,7 @@ def network_mbps(host: HostInfo | None) -> float | None:
     return _network_mbps(host)
 
 
-def describe_tiers(policy: TierPolicy) -> list[dict[str, Any]]:
+def describe_tiers(policy: TierPolicy) -> list[TierJson]:
     """The tiers for GET /api/v1/tiers, each with the catalog models a healthy card of lands in it."""
     examples: dict[str, list[str]] = {rule.name: [] for rule in policy.tiers}
     for model in CATALOG.values():
@@ -257,7 +265,7 @@ def _assign_tier(info: GpuInfo, model: GpuModel, policy: TierPolicy, host: HostI
     return Classification(model.key, None, (), tuple(reasons))
 
 
-def _facts(info: GpuInfo, model: GpuModel, host: HostInfo | None) -> dict[str, Any]:
+def _facts(info: GpuInfo, model: GpuModel, host: HostInfo | None) -> GpuFacts:
     """The figure each ``min_*`` criterion is compared with; None means unknown, and the criterion is skipped."""
     return {
         "min_vram_gib": info.memory_total_mib / 1024,
@@ -272,7 +280,7 @@ def _facts(info: GpuInfo, model: GpuModel, host: HostInfo | None) -> dict[str, A
     }
 
 
-def _unmet(rule: TierRule, facts: Mapping[str, Any], *, nvlinked: bool) -> list[str]:
+def _unmet(rule: TierRule, facts: GpuFacts, *, nvlinked: bool) -> list[str]:
     unmet = []
     for key, have in facts.items():
         need = getattr(rule, key)
@@ -299,7 +307,7 @@ def _network_mbps(host: HostInfo | None) -> float | None:
 # -- small helpers ------------------------------------------------------------------------------
 
 
-def _rule(index: int, table: Mapping[str, Any]) -> TierRule:
+def _rule(index: int, table: TomlTable) -> TierRule:
     where = f"tier {table.get('name')!r}" if isinstance(table.get("name"), str) else f"tier #{index + 1}"
     _reject_unknown(table, {f.name for f in fields(TierRule)}, where)
     if "name" not in table:
@@ -310,7 +318,7 @@ def _rule(index: int, table: Mapping[str, Any]) -> TierRule:
         raise ConfigError(f"{where}: {exc}") from None
 
 
-def _reject_unknown(table: Mapping[str, Any], known: set[str], where: str) -> None:
+def _reject_unknown(table: TomlTable, known: set[str], where: str) -> None:
     unknown = sorted(set(table) - known)
     if unknown:
         raise ConfigError(f"{where}: unknown key {unknown[0]!r}; known keys: {', '.join(sorted(known))}")

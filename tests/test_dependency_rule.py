@@ -30,7 +30,7 @@ NARROWER = {
         "management.market.money",  # amounts as people type and read them: pure text <-> integers
         "management.workloads.explain_text",  # "why it waits" rendered from the API's answer: pure text
         "management.workloads.state_names",  # the workload's states as enums: the standard library only
-        "master.port",  # WorkloadSpec alone: the spec's schema, checked before it is sent (it is the API's body)
+        "master.port",  # WorkloadSpec and SpecJson alone: the spec's schema, checked before it is sent (it is the API's body)
     ),
     "agent/cli.py": ("common", "agent"),
 }

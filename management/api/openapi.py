@@ -14,14 +14,14 @@ both are public (declared with no resource), like the document of any public API
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import msgspec
 from aiohttp import web
 
 from management.api.route import COMMON_ERRORS, JSON, PUBLIC_ERRORS, Route
 from management.http import schemas
+from management.http.schemas import OpenApiJson
 from management.views.errors import Error
 
 OPENAPI_PATH = "/api/v1/openapi.json"
@@ -50,7 +50,7 @@ RETRY_AFTER = {
 class PublishedDocument:
     """The document an app serves, built once from its declared routes: the dict, and its JSON encoded once."""
 
-    def __init__(self, document: dict[str, Any]) -> None:
+    def __init__(self, document: OpenApiJson) -> None:
         self.document = document
         self.json = msgspec.json.encode(document)
 
@@ -58,7 +58,7 @@ class PublishedDocument:
 DOCUMENT_KEY = web.AppKey("openapi_document", PublishedDocument)
 
 
-def _without_null(schema: dict[str, Any]) -> dict[str, Any]:
+def _without_null(schema: OpenApiJson) -> OpenApiJson:
     """A query parameter's schema: an absent parameter is the null, so ``X | None`` is ``X`` (and no null default)."""
     schema = {k: v for k, v in schema.items() if not (k == "default" and v is None)}
     options = [s for s in schema.get("anyOf", ()) if s != {"type": "null"}]
@@ -70,7 +70,7 @@ def _without_null(schema: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
-def _query_parameters(query: type[msgspec.Struct], components: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _query_parameters(query: type[msgspec.Struct], components: OpenApiJson) -> list[OpenApiJson]:
     struct = components[query.__name__]
     required = set(struct.get("required", ()))
     return [
@@ -79,7 +79,7 @@ def _query_parameters(query: type[msgspec.Struct], components: Mapping[str, Any]
     ]
 
 
-def _path_parameters(op: Route) -> list[dict[str, Any]]:
+def _path_parameters(op: Route) -> list[OpenApiJson]:
     return [
         {"name": name, "in": "path", "required": True, "schema": {"type": "string", "minLength": 1}}
         for name in op.path_parameters
@@ -90,7 +90,7 @@ def _ref(struct: type[msgspec.Struct]) -> dict[str, str]:
     return {"$ref": REF.format(name=struct.__name__)}
 
 
-def _answer_content(op: Route, struct: type[msgspec.Struct] | None) -> dict[str, Any]:
+def _answer_content(op: Route, struct: type[msgspec.Struct] | None) -> OpenApiJson:
     content = {}
     for media in op.media:
         if media == JSON:
@@ -100,15 +100,15 @@ def _answer_content(op: Route, struct: type[msgspec.Struct] | None) -> dict[str,
     return content
 
 
-def _operation(op: Route, components: Mapping[str, Any]) -> dict[str, Any]:
-    answers: dict[str, Any] = {
+def _operation(op: Route, components: OpenApiJson) -> OpenApiJson:
+    answers: OpenApiJson = {
         str(status): {"description": op.summary, "content": _answer_content(op, struct)} for status, struct in op.answers.items()
     }
     for status in op.error_statuses:
         answers[str(status)] = {"description": ERROR_SAID.get(status, "Refused"), "content": {JSON: {"schema": _ref(Error)}}}
         if status in RETRY_AFTER_STATUSES:
             answers[str(status)]["headers"] = {"Retry-After": RETRY_AFTER}
-    doc: dict[str, Any] = {
+    doc: OpenApiJson = {
         "operationId": op.operation_id,
         "summary": op.summary,
         "tags": [op.tag],
@@ -133,11 +133,11 @@ def _structs(operations: Sequence[Route]) -> list[type[msgspec.Struct]]:
     return list(named.values())
 
 
-def build_document(operations: Sequence[Route], *, version: str = "1") -> dict[str, Any]:
+def build_document(operations: Sequence[Route], *, version: str = "1") -> OpenApiJson:
     """The OpenAPI 3.1 document of ``operations``."""
     _, components = msgspec.json.schema_components(_structs(operations), ref_template=REF)
     components = schemas.ecma_patterns(components)
-    paths: dict[str, dict[str, Any]] = {}
+    paths: dict[str, OpenApiJson] = {}
     for op in operations:
         paths.setdefault(op.path, {})[op.method.lower()] = _operation(op, components)
     return {

@@ -7,13 +7,13 @@ No script, no stylesheet from elsewhere: the page is one self-contained document
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from html import escape
-from typing import Any
 
 from aiohttp import web
 
 from management.api.openapi import DOCUMENT_KEY, PublishedDocument
+from management.http.schemas import OpenApiJson
 
 DOCS_PATH = "/api/v1/docs"
 _STYLE = (
@@ -24,7 +24,7 @@ _STYLE = (
 )
 
 
-def schema_text(schema: Mapping[str, Any]) -> str:
+def schema_text(schema: OpenApiJson) -> str:
     """A schema in a few words: ``AgentView``, ``array of string``, ``integer ≥ 1 ≤ 1000``, ``string | null``."""
     if "$ref" in schema:
         name = schema["$ref"].rsplit("/", 1)[-1]
@@ -61,7 +61,7 @@ def _rows(header: Iterable[str], rows: Iterable[Iterable[str]]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def _operation_html(path: str, method: str, op: Mapping[str, Any]) -> str:
+def _operation_html(path: str, method: str, op: OpenApiJson) -> str:
     parts = [
         f'<section class="op" id="{escape(op["operationId"])}">',
         f'<h3><span class="method">{escape(method.upper())}</span> <span class="path">{escape(path)}</span></h3>',
@@ -96,7 +96,7 @@ def _operation_html(path: str, method: str, op: Mapping[str, Any]) -> str:
     return "".join(parts)
 
 
-def _schema_html(name: str, schema: Mapping[str, Any]) -> str:
+def _schema_html(name: str, schema: OpenApiJson) -> str:
     required = set(schema.get("required", ()))
     parts = [f'<section id="schema-{escape(name)}"><h3>{escape(name)}</h3>']
     if schema.get("description"):
@@ -114,7 +114,7 @@ def _schema_html(name: str, schema: Mapping[str, Any]) -> str:
     return "".join(parts)
 
 
-def render(doc: Mapping[str, Any]) -> str:
+def render(doc: OpenApiJson) -> str:
     """The reference page of ``doc``: operations by tag (in the document's tag order), then the schemas."""
     by_tag: dict[str, list[str]] = {t["name"]: [] for t in doc.get("tags", ())}
     for path, methods in doc["paths"].items():

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from typing import Any
 
 from aiohttp import web
 
@@ -26,6 +25,7 @@ from management.api.resources import (
     agents,
     alerts,
     commands,
+    endpoints,
     events,
     gpus,
     links,
@@ -45,6 +45,7 @@ from management.api.resources import (
 )
 from management.api.route import DECLARED_KEY, JSON, DeclarationError, Route
 from management.http import schemas
+from management.http.schemas import OpenApiJson
 from management.services.tunnels import TunnelRequest
 from management.views.accounts import AccountPage, AccountView, ApiKeyPage, ApiKeyView, IssuedApiKeyView, WhoamiView
 from management.views.alerts import (
@@ -56,6 +57,14 @@ from management.views.alerts import (
     SilenceList,
     SilenceView,
     WebhookList,
+)
+from management.views.endpoints import (
+    DeletedEndpoint,
+    EndpointKeyList,
+    EndpointKeyView,
+    EndpointList,
+    EndpointView,
+    IssuedEndpointKeyView,
 )
 from management.views.grid import CommandAccepted, CommandPage, CommandView, EventPage, SigningKeyPage, SigningKeyView, TokenView
 from management.views.hosts import AgentPage, AgentView, GpuPage, GpuView, TierPage
@@ -889,6 +898,97 @@ ROUTES: tuple[Route, ...] = (
         query=schemas.EmptyQuery,
         tag="alerts",
     ),
+    # --- serverless endpoints (docs/endpoints.md): a renter's own, and their invocation keys
+    Route(
+        "POST",
+        "/api/v1/endpoints",
+        endpoints.create_endpoint,
+        Resource.ENDPOINTS,
+        Action.WRITE,
+        "Create a serverless endpoint",
+        {201: EndpointView},
+        body=endpoints.CreateEndpoint,
+        errors=frozenset({404, 409}),
+        tag="endpoints",
+    ),
+    Route(
+        "GET",
+        "/api/v1/endpoints",
+        endpoints.list_endpoints,
+        Resource.ENDPOINTS,
+        Action.READ,
+        "Serverless endpoints, by creation",
+        {200: EndpointList},
+        query=endpoints.EndpointQuery,
+        tag="endpoints",
+    ),
+    Route(
+        "GET",
+        "/api/v1/endpoints/{endpoint_id}",
+        endpoints.get_endpoint,
+        Resource.ENDPOINTS,
+        Action.READ,
+        "One serverless endpoint",
+        {200: EndpointView},
+        query=schemas.EmptyQuery,
+        tag="endpoints",
+    ),
+    Route(
+        "PATCH",
+        "/api/v1/endpoints/{endpoint_id}",
+        endpoints.update_endpoint,
+        Resource.ENDPOINTS,
+        Action.WRITE,
+        "Change some fields of a serverless endpoint's spec",
+        {200: EndpointView},
+        body=endpoints.UpdateEndpoint,
+        errors=frozenset({409}),
+        tag="endpoints",
+    ),
+    Route(
+        "DELETE",
+        "/api/v1/endpoints/{endpoint_id}",
+        endpoints.delete_endpoint,
+        Resource.ENDPOINTS,
+        Action.WRITE,
+        "Delete a serverless endpoint and its invocation keys",
+        {200: DeletedEndpoint},
+        query=schemas.EmptyQuery,
+        tag="endpoints",
+    ),
+    Route(
+        "POST",
+        "/api/v1/endpoints/{endpoint_id}/keys",
+        endpoints.create_endpoint_key,
+        Resource.ENDPOINTS,
+        Action.WRITE,
+        "Create an invocation key of one endpoint (the key is shown this once)",
+        {201: IssuedEndpointKeyView},
+        body=endpoints.CreateEndpointKey,
+        errors=frozenset({409}),
+        tag="endpoints",
+    ),
+    Route(
+        "GET",
+        "/api/v1/endpoints/{endpoint_id}/keys",
+        endpoints.list_endpoint_keys,
+        Resource.ENDPOINTS,
+        Action.READ,
+        "An endpoint's invocation keys, by creation",
+        {200: EndpointKeyList},
+        query=schemas.EmptyQuery,
+        tag="endpoints",
+    ),
+    Route(
+        "POST",
+        "/api/v1/endpoints/{endpoint_id}/keys/{key_id}/revoke",
+        endpoints.revoke_endpoint_key,
+        Resource.ENDPOINTS,
+        Action.WRITE,
+        "Revoke an invocation key",
+        {200: EndpointKeyView},
+        tag="endpoints",
+    ),
     # --- SSH public keys (docs/ssh.md): each account its own
     Route(
         "POST",
@@ -1006,7 +1106,7 @@ def published() -> PublishedDocument:
     return PublishedDocument(build_document(ROUTES))
 
 
-def document() -> dict[str, Any]:
+def document() -> OpenApiJson:
     return published().document
 
 

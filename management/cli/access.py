@@ -16,14 +16,14 @@ import termios
 import threading
 import time
 import tty
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from common.errors import IdlegridError
 from common.tunnel import MAX_TUNNEL_PAYLOAD, Op, decode_exit, resize_payload
-from management.client.api import API_PREFIX, ApiRequest
+from management.client.api import API_PREFIX, AnswerJson, ApiRequest, BodyJson
 from management.workloads.state_names import FINAL_WORKLOAD_STATES, AssignmentState, WorkloadState
 
 if TYPE_CHECKING:  # the tunnel client (websockets) is imported by the commands that open one, not by every command line
@@ -98,7 +98,7 @@ def add_parsers(
     forward.set_defaults(func=run_port_forward)
 
 
-def _grant(args: argparse.Namespace, request: dict[str, Any]) -> TunnelGrant:
+def _grant(args: argparse.Namespace, request: BodyJson) -> TunnelGrant:
     from management.cli.connection import api_client
 
     client = api_client(args)[0]
@@ -307,7 +307,7 @@ def run_port_forward(args: argparse.Namespace) -> int:
     return asyncio.run(forward.run(args.address, local))
 
 
-def check_forwardable(workload: Mapping[str, Any], port: int) -> None:
+def check_forwardable(workload: AnswerJson, port: int) -> None:
     """Refuse at once, naming the fix, what no tunnel could reach: a port the workload does not declare (the API
     refuses a tunnel to it, docs/renter-access.md) or a workload that does not run."""
     name, declared = workload["id"], workload["spec"]["ports"]

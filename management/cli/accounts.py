@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from common.errors import ConfigError
@@ -19,11 +19,12 @@ from management.cli.connection import (
     table,
     when,
 )
+from management.client.api import AnswerJson, BodyJson
 
 ROLES = ("operator", "provider", "renter")
 
 
-def _account_rows(accounts: Sequence[Mapping[str, Any]]) -> str:
+def _account_rows(accounts: Sequence[AnswerJson]) -> str:
     return table(
         ["ID", "ROLE", "NAME", "SHARE", "GPU QUOTA", "TIER QUOTAS", "STATUS", "CREATED"],
         [
@@ -42,7 +43,7 @@ def _account_rows(accounts: Sequence[Mapping[str, Any]]) -> str:
     )
 
 
-def _key_rows(keys: Sequence[Mapping[str, Any]]) -> str:
+def _key_rows(keys: Sequence[AnswerJson]) -> str:
     return table(
         ["KEY ID", "NAME", "CREATED", "LAST USED", "REVOKED"],
         [[k["key_id"], k["name"], when(k["created_at"]), when(k["last_used"]), when(k["revoked_at"])] for k in keys],
@@ -223,8 +224,8 @@ _SOURCES = (
 # --- running -------------------------------------------------------------------------------------------
 
 
-def _settings(args: argparse.Namespace) -> dict[str, Any]:
-    found: dict[str, Any] = {}
+def _settings(args: argparse.Namespace) -> BodyJson:
+    found: BodyJson = {}
     for name in ("name", "share"):
         if getattr(args, name) is not None:
             found[name] = getattr(args, name)

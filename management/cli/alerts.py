@@ -16,11 +16,11 @@ its hosts' and GPUs' alerts, a renter its workloads'. Tables by default, ``--jso
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 from management.cli.connection import Parser, api_client, connection_options, mapping_text, show, table, when
 from management.cli.hosts import duration_s
+from management.client.api import AnswerJson
 
 RECENT_SHOWN = 10
 
@@ -52,7 +52,7 @@ def _value(value: object) -> str:
     return "-" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def _alert_rows(alerts: Sequence[Mapping[str, Any]]) -> str:
+def _alert_rows(alerts: Sequence[AnswerJson]) -> str:
     """One line an alert: its host and owner (provider, else renter) out of its labels; ``--json`` shows them all."""
     return table(
         ["PHASE", "RULE", "SUBJECT", "VALUE", "SINCE", "FIRED", "HOST", "OWNER"],
@@ -72,7 +72,7 @@ def _alert_rows(alerts: Sequence[Mapping[str, Any]]) -> str:
     )
 
 
-def _transition_rows(transitions: Sequence[Mapping[str, Any]]) -> str:
+def _transition_rows(transitions: Sequence[AnswerJson]) -> str:
     return table(
         ["AT", "PHASE", "SEVERITY", "RULE", "SUBJECT", "VALUE", "SUMMARY"],
         [
@@ -82,8 +82,8 @@ def _transition_rows(transitions: Sequence[Mapping[str, Any]]) -> str:
     )
 
 
-def _listing(recent: int) -> Callable[[Mapping[str, Any]], str]:
-    def render(body: Mapping[str, Any]) -> str:
+def _listing(recent: int) -> Callable[[AnswerJson], str]:
+    def render(body: AnswerJson) -> str:
         active = body["items"]
         parts = [_alert_rows(active) if active else "no alert is pending or firing"]
         shown = body["recent"][:recent]
@@ -95,12 +95,12 @@ def _listing(recent: int) -> Callable[[Mapping[str, Any]], str]:
     return render
 
 
-def _rule_rows(body: Mapping[str, Any]) -> str:
-    def condition(r: Mapping[str, Any]) -> str:
+def _rule_rows(body: AnswerJson) -> str:
+    def condition(r: AnswerJson) -> str:
         text = f"{r['metric']} {r['op']} {_value(r['threshold'])}"
         return text + (f" for {r['for_s']:g}s" if r["for_s"] else "")
 
-    def clears(r: Mapping[str, Any]) -> str:
+    def clears(r: AnswerJson) -> str:
         if r["clear_threshold"] is None and not r["clear_for_s"]:
             return "-"
         threshold = r["clear_threshold"] if r["clear_threshold"] is not None else r["threshold"]
@@ -115,7 +115,7 @@ def _rule_rows(body: Mapping[str, Any]) -> str:
     )
 
 
-def _silence_rows(silences: Sequence[Mapping[str, Any]]) -> str:
+def _silence_rows(silences: Sequence[AnswerJson]) -> str:
     if not silences:
         return "no silence"
     return table(
@@ -135,13 +135,13 @@ def _silence_rows(silences: Sequence[Mapping[str, Any]]) -> str:
     )
 
 
-def _webhook_rows(webhooks: Sequence[Mapping[str, Any]]) -> str:
+def _webhook_rows(webhooks: Sequence[AnswerJson]) -> str:
     if not webhooks:
         return "no webhook"
     return table(["ID", "URL", "OWNER", "CREATED"], [[w["id"], w["url"], w["owner"], when(w["created_at"])] for w in webhooks])
 
 
-def _created_webhook(body: Mapping[str, Any]) -> str:
+def _created_webhook(body: AnswerJson) -> str:
     return (
         _webhook_rows([body]) + f"\n\nsecret: {body['secret']}\n"
         "Keep it: it is shown this once. Each delivery carries X-Idlegrid-Signature: sha256=HMAC-SHA256(secret, body)."
@@ -292,7 +292,7 @@ def _run_rule_delete(args: argparse.Namespace) -> int:
     client, _ = api_client(args)
     body = client.delete_alert_rule(args.name)
 
-    def human(b: Mapping[str, Any]) -> str:
+    def human(b: AnswerJson) -> str:
         again = b["applies_now"]
         return f"rule {b['deleted']} deleted" + (
             "; the rules file's applies again:\n" + _rule_rows({"items": [again]}) if again else ""

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from management.cli.connection import Parser, api_client, connection_options, show, table, when
 from management.cli.verify import add_verification_parsers
+from management.client.api import AnswerJson, BodyJson
 
 _DURATION = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([smhd]?)\Z")
 _UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -56,7 +56,7 @@ def _terms_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _terms(args: argparse.Namespace) -> dict[str, Any]:
+def _terms(args: argparse.Namespace) -> BodyJson:
     return {
         "on_demand": args.on_demand,
         "min_bid": args.min_bid,
@@ -79,7 +79,7 @@ def _discount(value: object) -> str:
     return f"{value:.0%}" if isinstance(value, int | float) else "-"
 
 
-def _host_price_rows(prices: Sequence[Mapping[str, Any]]) -> str:
+def _host_price_rows(prices: Sequence[AnswerJson]) -> str:
     return table(
         ["HOST", "PROVIDER", "SOURCE", "ON DEMAND", "MIN BID", "RESERVED", "DISCOUNT", "MAX DURATION", "CURRENCY"],
         [
@@ -99,7 +99,7 @@ def _host_price_rows(prices: Sequence[Mapping[str, Any]]) -> str:
     )
 
 
-def _record_rows(records: Sequence[Mapping[str, Any]]) -> str:
+def _record_rows(records: Sequence[AnswerJson]) -> str:
     return table(
         ["PROVIDER", "HOST", "ON DEMAND", "MIN BID", "RESERVED", "DISCOUNT", "MAX DURATION", "CURRENCY", "UPDATED"],
         [
@@ -119,7 +119,7 @@ def _record_rows(records: Sequence[Mapping[str, Any]]) -> str:
     )
 
 
-def _listing(body: Mapping[str, Any]) -> str:
+def _listing(body: AnswerJson) -> str:
     grid = body["grid_default"]
     bid = grid["min_bid"] if grid["min_bid"] is not None else "on demand only"
     head = f"grid default: {grid['on_demand']} {body['currency']} per GPU-hour on demand, min bid {bid}"
@@ -128,11 +128,11 @@ def _listing(body: Mapping[str, Any]) -> str:
     return head + "\n\n" + _record_rows(body["items"])
 
 
-def _agent_rows(agent: Mapping[str, Any]) -> str:
+def _agent_rows(agent: AnswerJson) -> str:
     return table(["HOST", "PROVIDER", "STATE", "DRAINED"], [[agent["id"], agent["provider"], agent["state"], agent["drained"]]])
 
 
-def host_text(agent: Mapping[str, Any]) -> str:
+def host_text(agent: AnswerJson) -> str:
     """A host for its provider: state and runtime, then each GPU with its self-test; a failed one's reason and fix."""
     head = f"{agent['id']} ({agent['provider']}): {agent['state']}, runtime {agent['runtime'] or 'none'}"
     head += f", isolation {agent['isolation'] or 'none'}"

@@ -135,7 +135,7 @@ def _run_master(args: argparse.Namespace) -> int:
 def _master_backup_parsers(p: argparse.ArgumentParser) -> None:
     """``master backup`` and ``master restore``. Their options default to SUPPRESS, so --state-dir or --config given
     before the subcommand (``idlegrid master --state-dir DIR backup``) is not reset by the subcommand's default."""
-    quiet: dict[str, Any] = {"default": argparse.SUPPRESS}
+    quiet = argparse.SUPPRESS  # each option's default
     master_sub = p.add_subparsers(dest="master_command", metavar="{backup,restore}")
     b = _parser(
         master_sub,
@@ -152,10 +152,14 @@ def _master_backup_parsers(p: argparse.ArgumentParser) -> None:
         type=Path,
         metavar="FILE",
         help="the Master's TOML configuration, for its state_dir and store_url (default: none)",
-        **quiet,
+        default=quiet,
     )
-    b.add_argument("--state-dir", metavar="DIR", help="the Master's state directory (default: as the Master finds it)", **quiet)
-    b.add_argument("--store-url", metavar="URL", help="the Master's store URL (default: SQLite in the state directory)", **quiet)
+    b.add_argument(
+        "--state-dir", metavar="DIR", help="the Master's state directory (default: as the Master finds it)", default=quiet
+    )
+    b.add_argument(
+        "--store-url", metavar="URL", help="the Master's store URL (default: SQLite in the state directory)", default=quiet
+    )
     b.add_argument("--out", type=Path, required=True, metavar="FILE", help="the archive to write (refused if it exists)")
     b.add_argument("--force", action="store_true", help="replace --out if it exists (default: refuse)")
     b.add_argument(
@@ -174,9 +178,15 @@ def _master_backup_parsers(p: argparse.ArgumentParser) -> None:
         "  idlegrid master restore --from master-backup.tar.gz --state-dir /var/lib/idlegrid/master",
     )
     r.add_argument("--from", dest="archive", type=Path, required=True, metavar="FILE", help="the archive to restore")
-    r.add_argument("--state-dir", metavar="DIR", help="the directory to restore into (default: as the Master finds it)", **quiet)
     r.add_argument(
-        "--config", type=Path, metavar="FILE", help="the Master's TOML configuration, for its state_dir (default: none)", **quiet
+        "--state-dir", metavar="DIR", help="the directory to restore into (default: as the Master finds it)", default=quiet
+    )
+    r.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="the Master's TOML configuration, for its state_dir (default: none)",
+        default=quiet,
     )
     r.add_argument(
         "--force", action="store_true", help="replace the store and keys in a directory that is not empty (default: refuse)"
@@ -457,7 +467,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         dest="command",
         required=True,
         metavar="{master,access,agent,ca,token,account,whoami,demo,workload,offers,rent,bid,"
-        "balance,ledger,spend,earnings,payouts,credit,host,report,alert,ssh-key,ssh-config,secret}",
+        "balance,ledger,spend,earnings,payouts,credit,host,report,alert,ssh-key,ssh-config,secret,endpoint}",
     )
     _add_daemon(sub, "master", only)
     _add_daemon(sub, "access", only)
@@ -492,6 +502,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     from management.cli.secrets import add_parsers as add_secret_parsers
 
     add_secret_parsers(sub, _parser)
+    from management.cli.endpoints import add_parsers as add_endpoint_parsers
+
+    add_endpoint_parsers(sub, _parser)
     return parser
 
 
@@ -512,6 +525,8 @@ def _command_name(args: argparse.Namespace) -> str:
         "webhook_command",
         "ssh_key_command",
         "secret_command",
+        "endpoint_command",
+        "endpoint_keys_command",
         "master_command",
     ):
         if getattr(args, attr, None):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from common.errors import IdlegridError
@@ -17,6 +17,7 @@ from management.cli.connection import api_client, connection_options, table, whe
 from management.cli.hosts import duration_s
 from management.cli.templates import LINK_SILENT_EXIT, add_launch_options, link_wait_s, print_links_when_up
 from management.cli.workloads import DISK_HELP, BadSpec, cost_line, restart_options, spec_from, storage_options
+from management.client.api import AnswerJson, BodyJson
 
 Parser = Callable[[argparse._SubParsersAction, str, str, str], argparse.ArgumentParser]
 
@@ -150,7 +151,7 @@ def _own(client: Any, args: argparse.Namespace) -> str:
     return str(args.account_id or client.whoami()["account"])
 
 
-def offer_rows(offers: Sequence[Mapping[str, Any]]) -> str:
+def offer_rows(offers: Sequence[AnswerJson]) -> str:
     return table(
         ["OFFER", "MODEL", "GPUS", "VRAM", "TIER", "PRICE/GPU-H", "MIN BID", "RELIABILITY", "REGION", "NET DOWN", "SCORE"],
         [
@@ -176,7 +177,7 @@ def run_search(args: argparse.Namespace) -> int:
     client = api_client(args)[0]
     result = client.search_offers(args.query, sort=args.sort, limit=args.limit)
 
-    def human(r: Mapping[str, Any]) -> str:
+    def human(r: AnswerJson) -> str:
         if not r["offers"]:
             why = r.get("emptied_by")
             return "no offers" + (f": {why['sentence']}" if why else "")
@@ -186,7 +187,7 @@ def run_search(args: argparse.Namespace) -> int:
     return _out(args, result, human)
 
 
-def terms_line(terms: Mapping[str, Any]) -> str:
+def terms_line(terms: AnswerJson) -> str:
     """How a workload pays, in one line: "on demand at 2.50 USD per GPU-hour (listed by the host)"."""
     return str(terms.get("summary", ""))
 
@@ -199,7 +200,7 @@ def run_rent(args: argparse.Namespace) -> int:
         setattr(args, unset, None)
     spec = spec_from(args)
     spec.pop("account", None)
-    rental: dict[str, Any] = {"kind": "on_demand"}
+    rental: BodyJson = {"kind": "on_demand"}
     if args.bid is not None:
         rental = {"kind": "interruptible", "bid": args.bid}
     elif args.reserved is not None:
@@ -212,7 +213,7 @@ def run_rent(args: argparse.Namespace) -> int:
     client = api_client(args)[0]
     workload = client.rent_offer(args.offer_id, spec, account=args.account)
 
-    def human(w: Mapping[str, Any]) -> str:
+    def human(w: AnswerJson) -> str:
         cost = cost_line(client, w)
         return f"rented {args.offer_id}: workload {w['id']} ({w['name']}) is {w['state']}\n{terms_line(w['rental'])}" + (
             f"\n{cost}" if cost else ""
@@ -233,7 +234,7 @@ def run_balance(args: argparse.Namespace) -> int:
     client = api_client(args)[0]
     funds = client.balance(_own(client, args))
 
-    def human(f: Mapping[str, Any]) -> str:
+    def human(f: AnswerJson) -> str:
         lines = [
             f"account:    {f['account']}",
             f"available:  {f['available']} {f['currency']}",
@@ -258,7 +259,7 @@ def run_ledger(args: argparse.Namespace) -> int:
         return 0
     statement = client.ledger(account, after=args.after, limit=args.limit)
 
-    def human(s: Mapping[str, Any]) -> str:
+    def human(s: AnswerJson) -> str:
         if not s["lines"]:
             return "no ledger entries"
         return table(

@@ -11,9 +11,9 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
-from typing import Any
 
 from management.cli.connection import api_client, connection_options, table
+from management.client.api import AnswerJson
 
 Parser = Callable[[argparse._SubParsersAction, str, str, str], argparse.ArgumentParser]
 KINDS = ("usage", "revenue", "reliability", "summary")
@@ -49,7 +49,7 @@ def run_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def render(body: dict[str, Any]) -> str:
+def render(body: AnswerJson) -> str:
     """The report as a table: a heading saying what it covers, one line per row, then the total."""
     by, columns = body["by"], body["columns"]
     figures = columns[len(by) :]

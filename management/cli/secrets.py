@@ -14,15 +14,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from common.errors import ConfigError
 from management.cli.connection import Parser, api_client, connection_options, show, table, when
+from management.client.api import AnswerJson
 
 
-def _rows(secrets: Sequence[Mapping[str, Any]]) -> str:
+def _rows(secrets: Sequence[AnswerJson]) -> str:
     if not secrets:
         return "no secret"
     return table(["NAME", "BYTES", "CREATED"], [[s["name"], s["size"], when(s["created_at"])] for s in secrets])

@@ -17,13 +17,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from common.errors import IdlegridError
 from common.tunnel import MAX_TUNNEL_PAYLOAD, Op
 from management.cli.connection import API_ENV, API_KEY_ENV, api_client, connection_options, show, table, when
+from management.client.api import AnswerJson
 
 if TYPE_CHECKING:  # the tunnel client (websockets) is imported by the proxy that opens one, not by every command line
     from management.client.tunnel import TunnelGrant
@@ -151,7 +152,7 @@ def _read_public_key(name: str | None) -> str:
     raise BadSshRequest(f"no public key at {', '.join(DEFAULT_PUBLIC_KEYS)}: name one, or make one with ssh-keygen -t ed25519")
 
 
-def _key_rows(body: Mapping[str, Any]) -> str:
+def _key_rows(body: AnswerJson) -> str:
     rows = [[k["id"], k["account"], k["name"], k["fingerprint"], when(k["created_at"])] for k in body["items"]]
     return table(["ID", "ACCOUNT", "NAME", "FINGERPRINT", "ADDED"], rows)
 
@@ -188,7 +189,7 @@ def host_block(hosts: Sequence[str], proxy: str) -> str:
     )
 
 
-def known_hosts_lines(answer: Mapping[str, Any]) -> list[str]:
+def known_hosts_lines(answer: AnswerJson) -> list[str]:
     return [r["known_hosts"] for r in answer["replicas"] if r.get("known_hosts")]
 
 

@@ -9,12 +9,16 @@ import argparse
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from common.errors import IdlegridError
 from management.cli.connection import api_client, connection_options, table
-from management.client.api import ApiError
+from management.client.api import AnswerJson, ApiError
 from management.workloads.state_names import FINAL_WORKLOAD_STATES, WorkloadState
+
+if TYPE_CHECKING:
+    from master.port import SpecJson  # the Master's published interface is slow to import: for types only
+
 
 Parser = Callable[[argparse._SubParsersAction, str, str, str], argparse.ArgumentParser]
 LINK_WAIT_S = 600.0  # how long `--template` waits for the link by default: an image pull can take minutes
@@ -69,14 +73,14 @@ def add_launch_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def parse_link(text: str) -> dict[str, Any]:
+def parse_link(text: str) -> SpecJson:
     port_text, _, flag = text.partition(":")
     if not port_text.isdigit() or not 1 <= int(port_text) <= 65535 or flag not in ("", "public"):
         raise BadLink(f"--link {text!r}: write it as PORT or PORT:public, the port 1 to 65535")
     return {"port": int(port_text), "kind": "http", "public": flag == "public"}
 
 
-def template_base(args: argparse.Namespace) -> dict[str, Any]:
+def template_base(args: argparse.Namespace) -> SpecJson:
     """The spec the template launches (``{}`` without ``--template``)."""
     name = getattr(args, "template", None)
     if not name:
@@ -84,7 +88,7 @@ def template_base(args: argparse.Namespace) -> dict[str, Any]:
     return dict(api_client(args)[0].template(name)["spec"])
 
 
-def apply_links(args: argparse.Namespace, spec: dict[str, Any]) -> None:
+def apply_links(args: argparse.Namespace, spec: SpecJson) -> None:
     """``--link`` flags over the spec: each port declared, and linked as asked (replacing that port's link)."""
     for link in map(parse_link, getattr(args, "link", None) or []):
         ports = list(spec.get("ports") or [])
@@ -100,7 +104,7 @@ def link_wait_s(args: argparse.Namespace) -> float:
     return LINK_WAIT_S if getattr(args, "template", None) or getattr(args, "link", None) else 0.0
 
 
-def print_links_when_up(client: Any, workload: dict[str, Any], wait_s: float, out: Any = sys.stdout) -> bool:
+def print_links_when_up(client: Any, workload: AnswerJson, wait_s: float, out: Any = sys.stdout) -> bool:
     """Wait (at most ``wait_s``) for the workload to run and each of its links to answer, then print them: a private
     link with a URL that opens it in a browser (a link token, valid for the console's browser time). False, with one
     line on stderr naming the link and what to check, when they did not answer in time or the workload ended; True
@@ -138,7 +142,7 @@ def print_links_when_up(client: Any, workload: dict[str, Any], wait_s: float, ou
     return True
 
 
-def _no_answer(workload_id: str, state: str, link: dict[str, Any], wait_s: float) -> str:
+def _no_answer(workload_id: str, state: str, link: AnswerJson, wait_s: float) -> str:
     """One line: which link did not answer in time, and where to look."""
     said = f"idlegrid: the link {link['url']} (port {link['port']}) did not answer within {wait_s:.0f} s"
     if state != "running":
@@ -149,7 +153,7 @@ def _no_answer(workload_id: str, state: str, link: dict[str, Any], wait_s: float
     )
 
 
-def _answers(client: Any, link: dict[str, Any]) -> bool:
+def _answers(client: Any, link: AnswerJson) -> bool:
     """Whether the container answers on the link: any answer but the Master's own 502/503 (not reachable yet)."""
     import urllib.error
     import urllib.request
@@ -204,7 +208,7 @@ def run_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _ports(t: dict[str, Any]) -> str:
+def _ports(t: AnswerJson) -> str:
     return ", ".join(f"{p['port']}/{p['kind']}" + (" public" if p["public"] else "") for p in t["ports"])
 
 

@@ -9,10 +9,9 @@ What a run proves: docs/verification.md. Tables by default, ``--json`` for the A
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
-from typing import Any
 
 from management.cli.connection import Parser, api_client, connection_options, show, table, when
+from management.client.api import AnswerJson
 
 FIGURES = (("bf16_tflops", "BF16"), ("fp32_tflops", "FP32"), ("memory_bandwidth_gbs", "MEM GB/S"), ("h2d_gbs", "H2D GB/S"))
 
@@ -41,7 +40,7 @@ def add_verification_parsers(h_sub: argparse._SubParsersAction, parser: Parser) 
     history.set_defaults(func=_run_history)
 
 
-def started_text(body: Mapping[str, Any]) -> str:
+def started_text(body: AnswerJson) -> str:
     started = body["challenges"]
     if not started:
         return f"{body['agent_id']}: every GPU is being verified already"
@@ -50,7 +49,7 @@ def started_text(body: Mapping[str, Any]) -> str:
     )
 
 
-def history_text(body: Mapping[str, Any]) -> str:
+def history_text(body: AnswerJson) -> str:
     parts = []
     for gpu in body["gpus"]:
         latest = gpu["verification"]

@@ -13,10 +13,10 @@ import json
 import os
 import sys
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -31,10 +31,14 @@ from management.cli.templates import (
     print_links_when_up,
     template_base,
 )
-from management.client.api import ApiError
+from management.client.api import AnswerJson, ApiError
 from management.market.money import BadAmount, amount_text, format_amount, parse_amount
 from management.workloads.explain_text import render_explanation
 from management.workloads.state_names import WorkloadState
+
+if TYPE_CHECKING:
+    from master.port import SpecJson  # the Master's published interface is slow to import: for types only
+
 
 TABLE_COLUMNS = ("ID", "NAME", "ACCOUNT", "STATE", "REPLICAS", "GPUS", "PRIORITY", "CREATED", "REASON")
 
@@ -173,7 +177,7 @@ def _client(args: argparse.Namespace) -> Any:
 # --- submit ---------------------------------------------------------------------------------------
 
 
-def read_spec_file(path: Path) -> dict[str, Any]:
+def read_spec_file(path: Path) -> SpecJson:
     """A spec file's fields: TOML by default, JSON for a .json file; errors name the file."""
     try:
         text = path.read_text()
@@ -191,7 +195,7 @@ def read_spec_file(path: Path) -> dict[str, Any]:
 RENTAL_AMOUNTS = ("bid", "max_price")  # the spec's amounts of money: text in the API, a number in a file too
 
 
-def _amounts_as_text(data: dict[str, Any], path: Path) -> dict[str, Any]:
+def _amounts_as_text(data: SpecJson, path: Path) -> SpecJson:
     """``bid = 0.5`` in a file is the amount ``"0.5"``, as if quoted (money is exact decimal text, never a float)."""
     rental = data.get("rental")
     if not isinstance(rental, dict):
@@ -210,7 +214,7 @@ def _amounts_as_text(data: dict[str, Any], path: Path) -> dict[str, Any]:
 DISK_HELP = "only hosts reporting at least this much free disk, GiB (default: the file's, else any host)"
 
 
-def spec_from(args: argparse.Namespace) -> dict[str, Any]:
+def spec_from(args: argparse.Namespace) -> SpecJson:
     """The spec to send: the file's fields, then the flags given over them; checked as the API will check it."""
     spec = template_base(args) | (read_spec_file(args.file) if args.file else {})
     account = spec.pop("account", None)
@@ -229,14 +233,14 @@ def spec_from(args: argparse.Namespace) -> dict[str, Any]:
     if replica:
         spec["replica"] = replica
     if args.env:
-        spec["env"] = dict(spec.get("env") or {}) | dict(_env_pair(e) for e in args.env)
+        spec["env"] = dict(spec.get("env") or {}) | dict(env_pair(e) for e in args.env)
     if args.port:
         spec["ports"] = args.port
         spec["links"] = [link for link in spec.get("links") or [] if link["port"] in args.port]
     apply_links(args, spec)
     user, variable = getattr(args, "registry_user", None), getattr(args, "registry_password_env", None)  # not on rent
     if user or variable:
-        spec["registry_auth"] = _registry_auth(user, variable)
+        spec["registry_auth"] = registry_auth(user, variable)
     if args.container_command:
         spec["command"] = args.container_command
     _storage_flags(args, spec)
@@ -339,7 +343,7 @@ def _location(flag: str, text: str, default_path: str | None = None) -> dict[str
     raise BadSpec(f"{flag} {text!r}: write it as s3://BUCKET/KEY:/path/in/container")
 
 
-def _storage_flags(args: argparse.Namespace, spec: dict[str, Any]) -> None:
+def _storage_flags(args: argparse.Namespace, spec: SpecJson) -> None:
     if getattr(args, "input", None):
         spec["inputs"] = list(spec.get("inputs") or []) + [_location("--input", t) for t in args.input]
     if getattr(args, "output", None):
@@ -360,7 +364,7 @@ def _storage_flags(args: argparse.Namespace, spec: dict[str, Any]) -> None:
         spec["stop_grace_s"] = args.stop_grace
 
 
-def _registry_auth(user: str | None, variable: str | None) -> dict[str, str]:
+def registry_auth(user: str | None, variable: str | None) -> dict[str, str]:
     if not user or not variable:
         raise BadSpec("a private registry needs both --registry-user and --registry-password-env")
     password = os.environ.get(variable, "")
@@ -369,7 +373,7 @@ def _registry_auth(user: str | None, variable: str | None) -> dict[str, str]:
     return {"username": user, "password": password}
 
 
-def _env_pair(text: str) -> tuple[str, str]:
+def env_pair(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise BadSpec(f"--env {text!r}: write it as KEY=VALUE")
@@ -382,7 +386,7 @@ def _where(exc: msgspec.ValidationError) -> str:
     return f"{path.rstrip('`')}: {message}" if sep else text
 
 
-def cost_line(client: Any, workload: Mapping[str, Any]) -> str:
+def cost_line(client: Any, workload: AnswerJson) -> str:
     """What the workload costs per hour, when known, and how long the renter's balance lasts (``lasting``). Empty when
     the price is not known yet (on demand on whichever host it is placed); the price alone when the balance cannot be
     read."""
@@ -399,7 +403,7 @@ def cost_line(client: Any, workload: Mapping[str, Any]) -> str:
     return f"{line}; {lasting}" if lasting else line
 
 
-def balance_lasting(funds: Mapping[str, Any], per_hour: str, *, counted: bool) -> str:
+def balance_lasting(funds: AnswerJson, per_hour: str, *, counted: bool) -> str:
     """How long the balance (``GET /accounts/{id}/balance``) lasts with this work added to what already runs, saying
     what the rate counts: "the balance of 12.50 USD lasts about 2.1 h at 6.00 USD per hour: 1.20 for this workload and
     4.80 for what already runs". ``counted``: the work already runs, so what runs now includes it. Empty when nothing
@@ -425,7 +429,7 @@ def run_submit(args: argparse.Namespace) -> int:
     client = _client(args)
     workload = client.submit_workload(spec, account=account)
 
-    def human(w: dict[str, Any]) -> None:
+    def human(w: AnswerJson) -> None:
         print(f"submitted {w['id']} ({w['name']}) for account {w['account']}: {w['state']}")
         cost = cost_line(client, w)
         if cost:
@@ -452,13 +456,13 @@ def run_get(args: argparse.Namespace) -> int:
     return 0
 
 
-def _links(client: Any, workload: dict[str, Any]) -> str:
+def _links(client: Any, workload: AnswerJson) -> str:
     """The workload's HTTPS links, one line each ("" when it has none)."""
     links = client.workload_links(workload["id"])["items"]
     return "".join(f"\nlink:        {v['url']}  (port {v['port']}, {'public' if v['public'] else 'private'})" for v in links)
 
 
-def _why_it_waits(client: Any, workload: dict[str, Any]) -> str:
+def _why_it_waits(client: Any, workload: AnswerJson) -> str:
     """For a queued workload, the explanation under a heading; "" for any other (or one placed meanwhile)."""
     from management.client.api import ApiError
 
@@ -508,7 +512,7 @@ def _print(args: argparse.Namespace, answer: Any, human: Callable[[Any], None]) 
         human(answer)
 
 
-def _row(w: dict[str, Any]) -> list[str]:
+def _row(w: AnswerJson) -> list[str]:
     spec = w["spec"]
     return [
         w["id"],
@@ -523,7 +527,7 @@ def _row(w: dict[str, Any]) -> list[str]:
     ]
 
 
-def describe(w: dict[str, Any]) -> str:
+def describe(w: AnswerJson) -> str:
     spec = w["spec"]
     replica = spec["replica"]
     lines = [
@@ -551,7 +555,7 @@ def describe(w: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _network_lines(w: dict[str, Any]) -> list[str]:
+def _network_lines(w: AnswerJson) -> list[str]:
     """A gang's network (docs/overlay.md): its block and each replica's address and peers, or why it has none."""
     if w["spec"]["replicas"] < 2:
         return []
@@ -564,7 +568,7 @@ def _network_lines(w: dict[str, Any]) -> list[str]:
     return ["network:     none yet (a gang gets its network when it is first placed)"]
 
 
-def _state_lines(w: dict[str, Any]) -> list[str]:
+def _state_lines(w: AnswerJson) -> list[str]:
     """The state and its reason; a failed workload's reason goes on with its last lines of output, one a line."""
     first, *rest = w["state_reason"].split("\n")
     return [f"state:       {w['state']}  ({first})", *(f"             {line}" for line in rest)]
@@ -574,7 +578,7 @@ def _size(n: int | None) -> str:
     return "-" if n is None else f"{n / 1e6:.1f} MB" if n >= 100_000 else f"{n} bytes"
 
 
-def _storage_lines(spec: dict[str, Any], storage: dict[str, Any] | None) -> list[str]:
+def _storage_lines(spec: AnswerJson, storage: AnswerJson | None) -> list[str]:
     """The workload's data (docs/storage.md): where it lives, its last checkpoint, what its hosts moved."""
     lines = [f"input:       {m['uri']} -> {m['path']}" for m in spec.get("inputs") or []]
     lines += [f"output:      {m['path']} -> {m['uri']}" for m in spec.get("outputs") or []]

@@ -28,6 +28,11 @@ if TYPE_CHECKING:  # imported when an AsyncApiClient first sends: the CLI's bloc
     import aiohttp
 
 Json = Any
+# An API answer (or a part of one) as the client decodes it: plain JSON whose shape is the API's (management/views/),
+# of which the CLI reads the fields it shows, so it is open on this side.
+AnswerJson = dict[str, Any]
+# A request body the CLI builds by hand from its flags: the API's own Struct checks it on arrival, so it is open here.
+BodyJson = dict[str, Any]
 R = TypeVar("R")
 
 API_PREFIX = "/api/v1"
@@ -392,6 +397,36 @@ class ApiCalls(Generic[R]):
 
     def delete_secret(self, name: str) -> R:
         return self.send(ApiRequest("DELETE", f"{API_PREFIX}/secrets/{_segment(name)}"))
+
+    # --- serverless endpoints (docs/endpoints.md): a renter's own; invocation keys shown once ---
+
+    def create_endpoint(self, spec: Mapping[str, Json]) -> R:
+        """``spec``: an endpoint spec, with ``account`` for an operator's key."""
+        return self.send(ApiRequest("POST", f"{API_PREFIX}/endpoints", body=dict(spec)))
+
+    def endpoints(self, *, account: str | None = None) -> R:
+        query = {"account": account} if account is not None else {}
+        return self.send(ApiRequest("GET", f"{API_PREFIX}/endpoints", query))
+
+    def endpoint(self, endpoint_id: str) -> R:
+        return self.send(ApiRequest("GET", f"{API_PREFIX}/endpoints/{_segment(endpoint_id)}"))
+
+    def update_endpoint(self, endpoint_id: str, changes: Mapping[str, Json]) -> R:
+        """``changes``: the spec's fields to change (``scaling`` field by field)."""
+        return self.send(ApiRequest("PATCH", f"{API_PREFIX}/endpoints/{_segment(endpoint_id)}", body=dict(changes)))
+
+    def delete_endpoint(self, endpoint_id: str) -> R:
+        return self.send(ApiRequest("DELETE", f"{API_PREFIX}/endpoints/{_segment(endpoint_id)}"))
+
+    def create_endpoint_key(self, endpoint_id: str, name: str = "") -> R:
+        return self.send(ApiRequest("POST", f"{API_PREFIX}/endpoints/{_segment(endpoint_id)}/keys", body={"name": name}))
+
+    def endpoint_keys(self, endpoint_id: str) -> R:
+        return self.send(ApiRequest("GET", f"{API_PREFIX}/endpoints/{_segment(endpoint_id)}/keys"))
+
+    def revoke_endpoint_key(self, endpoint_id: str, key_id: str) -> R:
+        path = f"{API_PREFIX}/endpoints/{_segment(endpoint_id)}/keys/{_segment(key_id)}/revoke"
+        return self.send(ApiRequest("POST", path))
 
     # --- the market: providers' prices (amounts as decimal strings per GPU-hour, e.g. "2.50") ---
 

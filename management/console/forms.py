@@ -15,6 +15,11 @@ from management.market.money import BadAmount, parse_amount
 WORD = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}\Z")
 
 
+# A posted form as aiohttp reads it (``await request.post()``: a MultiDictProxy of text and uploaded files), or a test's
+# dict of the same: each page's fields are its own, read here one by one and checked, so it is open.
+FormFields = Mapping[str, Any]
+
+
 class FormErrors(dict[str, str]):
     """field name -> what is wrong with it, in words a person can act on."""
 
@@ -22,12 +27,12 @@ class FormErrors(dict[str, str]):
         self.setdefault(field, message)
 
 
-def text(form: Mapping[str, Any], field: str, *, max_length: int = 4096) -> str:
+def text(form: FormFields, field: str, *, max_length: int = 4096) -> str:
     value = form.get(field, "")
     return value.strip()[:max_length] if isinstance(value, str) else ""
 
 
-def word(form: Mapping[str, Any], field: str, errors: FormErrors, *, label: str) -> str | None:
+def word(form: FormFields, field: str, errors: FormErrors, *, label: str) -> str | None:
     """A name such as a GPU model, a tier or a region; None when left empty."""
     value = text(form, field)
     if not value:
@@ -39,7 +44,7 @@ def word(form: Mapping[str, Any], field: str, errors: FormErrors, *, label: str)
 
 
 def integer(
-    form: Mapping[str, Any], field: str, errors: FormErrors, *, label: str, low: int, high: int, default: int | None = None
+    form: FormFields, field: str, errors: FormErrors, *, label: str, low: int, high: int, default: int | None = None
 ) -> int | None:
     value = text(form, field)
     if not value:
@@ -55,7 +60,7 @@ def integer(
     return number
 
 
-def number(form: Mapping[str, Any], field: str, errors: FormErrors, *, label: str, low: float, high: float) -> float | None:
+def number(form: FormFields, field: str, errors: FormErrors, *, label: str, low: float, high: float) -> float | None:
     value = text(form, field)
     if not value:
         return None
@@ -70,7 +75,7 @@ def number(form: Mapping[str, Any], field: str, errors: FormErrors, *, label: st
     return parsed
 
 
-def amount(form: Mapping[str, Any], field: str, errors: FormErrors, *, label: str) -> str | None:
+def amount(form: FormFields, field: str, errors: FormErrors, *, label: str) -> str | None:
     """Money as the API takes it ("1.20"); None when left empty."""
     value = text(form, field)
     if not value:
@@ -88,7 +93,7 @@ MAX_ENV_VARIABLES = 256  # as WorkloadSpec.env takes them
 MAX_ENV_VALUE = 32768
 
 
-def environment(form: Mapping[str, Any], field: str, errors: FormErrors) -> dict[str, str]:
+def environment(form: FormFields, field: str, errors: FormErrors) -> dict[str, str]:
     """Environment variables typed one ``NAME=value`` a line (blank lines and lines starting with # are skipped; the
     value is everything after the first =, kept as typed). A problem names its line."""
     value = form.get(field, "")

@@ -16,6 +16,10 @@ from management.http.keys import SERVICES_KEY
 
 NAV_KEY: web.AppKey[list[NavItem]] = web.AppKey("console_nav")
 
+# What a Jinja template reads (a page's context, a row or a section of it), or the JSON a page's chart script reads:
+# each template names its own keys, so it is open here.
+TemplateContext = dict[str, Any]
+
 
 async def nav_counts(request: web.Request) -> dict[str, int]:
     """The counts the navigation shows beside its entries (``NavItem.badge``) for the signed-in account: ``alerts``,

@@ -10,18 +10,17 @@ through the services (the spec carries the password itself; the form names a sto
 from __future__ import annotations
 
 import shlex
-from collections.abc import Collection, Mapping
-from typing import Any
+from collections.abc import Collection
 
 import msgspec
 from aiohttp import web
 
 from common.errors import NotFound
 from common.storage import SECRET_REF
-from management.console.forms import FormErrors, integer, text
+from management.console.forms import FormErrors, FormFields, integer, text
 from management.console.workload_storage import field_of as storage_field_of
 from management.http.keys import SERVICES_KEY
-from master.port import MAX_REPLICAS, RESTART_POLICIES, WorkloadSpec
+from master.port import MAX_REPLICAS, RESTART_POLICIES, SpecJson, WorkloadSpec
 
 # "": what a renter means (the spec's restart_policy left out): on failure for work with a checkpoint or a bid, else never
 RESTART_LABELS = {"": "Default", "never": "Never", "on_failure": "On failure", "always": "Always"}
@@ -35,7 +34,7 @@ SECRET_ROWS = 3  # rows of "variable from a secret" the form shows
 PROCESS_IMAGE = "none"  # the image of work that runs as a sandboxed process: nothing to pull, no container engine
 
 
-def gang_fields(form: Mapping[str, Any], errors: FormErrors) -> dict[str, Any]:
+def gang_fields(form: FormFields, errors: FormErrors) -> SpecJson:
     """``replicas``, ``network``, ``restart_policy`` and ``max_restarts`` as the spec takes them (``no_network``
     ticked: a gang whose replicas need not reach each other, which a grid without a gang overlay takes too)."""
     replicas = integer(form, "replicas", errors, label="replicas", low=1, high=MAX_REPLICAS, default=1)
@@ -52,10 +51,10 @@ def gang_fields(form: Mapping[str, Any], errors: FormErrors) -> dict[str, Any]:
     }
 
 
-def link_fields(form: Mapping[str, Any], errors: FormErrors, ports: list[int]) -> list[dict[str, Any]]:
+def link_fields(form: FormFields, errors: FormErrors, ports: list[int]) -> list[SpecJson]:
     """Links typed one ``PORT private|public|tcp`` a line (``8888`` alone is private); a port linked and not declared
     is declared with it (added to ``ports``)."""
-    links: list[dict[str, Any]] = []
+    links: list[SpecJson] = []
     for n, line in enumerate(text(form, "links", max_length=8192).splitlines(), 1):
         parts = line.split()
         if not parts:
@@ -73,7 +72,7 @@ def link_fields(form: Mapping[str, Any], errors: FormErrors, ports: list[int]) -
     return links
 
 
-def secret_env(form: Mapping[str, Any], errors: FormErrors, env: dict[str, str], secret_names: Collection[str]) -> None:
+def secret_env(form: FormFields, errors: FormErrors, env: dict[str, str], secret_names: Collection[str]) -> None:
     """Add to ``env`` each row's variable set from a stored secret (``${secret:NAME}``, resolved on the host)."""
     for row in range(SECRET_ROWS):
         variable, secret = text(form, f"secret_var_{row}"), text(form, f"secret_name_{row}")
@@ -90,12 +89,12 @@ def secret_env(form: Mapping[str, Any], errors: FormErrors, env: dict[str, str],
             env[variable] = f"${{secret:{secret}}}"
 
 
-def process_allowed(form: Mapping[str, Any]) -> bool:
+def process_allowed(form: FormFields) -> bool:
     """May it run as a sandboxed process: the box, or the image ``none`` (which only a process can run)."""
     return form.get("allow_process_runtime") == "on" or text(form, "image") == PROCESS_IMAGE
 
 
-def registry_fields(form: Mapping[str, Any], errors: FormErrors, secret_names: Collection[str]) -> tuple[str, str] | None:
+def registry_fields(form: FormFields, errors: FormErrors, secret_names: Collection[str]) -> tuple[str, str] | None:
     """(username, password secret's name) for a private image's registry; None when left empty."""
     user, secret = text(form, "registry_user", max_length=256), text(form, "registry_secret")
     if not user and not secret:

@@ -11,7 +11,7 @@ put beside the field it names. Pure but for ``with_storage``, which reads the ac
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,12 +28,13 @@ from common.storage import (
     clean_path,
     split_uri,
 )
-from management.console.forms import FormErrors, number, text
+from management.console.forms import FormErrors, FormFields, number, text
+from management.console.rendering import TemplateContext
 from management.console.templating import when
 from management.http.keys import SERVICES_KEY
 from management.workloads.spec import InvalidWorkloadSpec
 from management.workloads.storage import STORAGE_EVENT_PREFIX, StorageSummary, check_storage
-from master.port import EventRecord, WorkloadSpec
+from master.port import EventRecord, SpecJson, WorkloadSpec
 
 MAX_LOCATIONS = 16  # of each kind, as the spec takes them
 MIN_STOP_GRACE_S, MAX_STOP_GRACE_S = 1.0, 600.0  # the spec's bounds; the grid's policy may bound it lower still
@@ -64,7 +65,7 @@ def _location(line: str) -> dict[str, str]:
     return {"uri": uri, "path": path}
 
 
-def _locations(form: Mapping[str, Any], field: str, errors: FormErrors, *, label: str) -> list[dict[str, str]]:
+def _locations(form: FormFields, field: str, errors: FormErrors, *, label: str) -> list[dict[str, str]]:
     found: list[dict[str, str]] = []
     lines = [line.strip() for line in text(form, field, max_length=64 * 1024).splitlines()]
     for n, line in enumerate(lines, 1):
@@ -86,10 +87,10 @@ def _typed(value: str, kind: Any, field: str, errors: FormErrors, message: str) 
         errors.add(field, message)
 
 
-def storage_fields(form: Mapping[str, Any], errors: FormErrors, choices: StorageChoices) -> dict[str, Any]:
+def storage_fields(form: FormFields, errors: FormErrors, choices: StorageChoices) -> SpecJson:
     """The spec's storage fields the form's block describes (none when it is left empty), as the command line's flags
     build them; ``errors`` gets each problem beside its field."""
-    spec: dict[str, Any] = {}
+    spec: SpecJson = {}
     inputs = _locations(form, "inputs", errors, label="inputs")
     outputs = _locations(form, "outputs", errors, label="outputs")
     if inputs:
@@ -115,7 +116,7 @@ def storage_fields(form: Mapping[str, Any], errors: FormErrors, choices: Storage
             spec["checkpoint"]["period_s"] = period
     elif checkpoint_path or period is not None:
         errors.add("checkpoint_uri", "checkpoint: a path or period needs the checkpoint's location (s3://BUCKET/PREFIX/)")
-    access: dict[str, Any] = {}
+    access: SpecJson = {}
     credentials = text(form, "storage_credentials", max_length=100)
     if credentials:
         if credentials not in choices.secret_names:
@@ -173,9 +174,7 @@ def field_of(message: str) -> str:
     return "form"
 
 
-def apply_storage(
-    spec: WorkloadSpec, fields: dict[str, Any], secret_names: Collection[str], errors: FormErrors
-) -> WorkloadSpec | None:
+def apply_storage(spec: WorkloadSpec, fields: SpecJson, secret_names: Collection[str], errors: FormErrors) -> WorkloadSpec | None:
     """``spec`` with the block's fields, checked as a submit checks them; None with ``errors`` filled otherwise."""
     if not fields:
         return spec
@@ -198,7 +197,7 @@ async def storage_choices(request: web.Request, account: str) -> StorageChoices:
 
 
 async def with_storage(
-    request: web.Request, account: str, spec: WorkloadSpec | None, form: Mapping[str, Any], errors: FormErrors
+    request: web.Request, account: str, spec: WorkloadSpec | None, form: FormFields, errors: FormErrors
 ) -> WorkloadSpec | None:
     """The form's spec with its storage block: the block is read even when the rest of the form has errors (so that
     all are shown at once); None when there is any."""
@@ -239,7 +238,7 @@ def transfer_rate(bytes_: int, seconds: float) -> str:
     return f"{size(round(bytes_ / seconds))}/s" if seconds >= 0.001 and bytes_ else ""
 
 
-def storage_section(spec: WorkloadSpec, summary: StorageSummary | None) -> dict[str, Any] | None:
+def storage_section(spec: WorkloadSpec, summary: StorageSummary | None) -> TemplateContext | None:
     """What a workload's page shows of its data: where it lives (from the spec), the last checkpoint, what the latest
     run resumed from, the time spent moving data, the last failure and the latest transfers (newest first)."""
     if summary is None:

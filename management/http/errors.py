@@ -42,6 +42,7 @@ STATUS_OF_CODE = {
     "unknown_template": 404,  # management/launch/catalog.py
     "invalid_template": 400,  # management/launch/catalog.py
     "invalid_ssh_key": 400,  # management/services/ssh_keys.py
+    "invalid_endpoint_spec": 400,  # management/services/endpoints.py
     "invalid_ledger_request": 400,  # management/market/ledger.py
 }
 INTERNAL_MESSAGE = "internal error; see the Master's log"

@@ -14,8 +14,13 @@ from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 
+from common.containers import WireSpec
+from management.views.base import StructFields
 from management.workloads.states import WORKLOAD_STATES
 from master.port import AgentState, CommandState, GpuState, WorkloadSpec
+
+# An OpenAPI document, or a piece of one (a schema, an operation, a parameter): JSON Schema's shape is open by nature.
+OpenApiJson = dict[str, Any]
 
 # Ids the Master mints ("agt-…", "cmd-…", GPU UUIDs, key ids), tier and model names, event subjects.
 Identifier = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*\Z")]
@@ -68,7 +73,7 @@ class CreateCommand(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     kind: Identifier
     # Open here, since its type depends on ``kind``: the grid service makes it typed once (``ContainerSpec``,
     # ``DeleteSpec``), after the host is checked, so that a bad one answers as the command ledger always has.
-    spec: dict[str, Any]
+    spec: WireSpec
     timeout_s: Annotated[float, msgspec.Meta(gt=0, le=MAX_COMMAND_TIMEOUT_S)] | None = None
 
     def __post_init__(self) -> None:
@@ -230,11 +235,11 @@ class EmptyQuery(msgspec.Struct, forbid_unknown_fields=True):
     """Routes that take no query parameters still refuse unknown ones, so a typo is never silently ignored."""
 
 
-def query_fields(schema: type[msgspec.Struct], query: Any) -> dict[str, Any]:
+def query_fields(schema: type[msgspec.Struct], query: Any) -> StructFields:
     """A query string (a MultiDict) as a plain dict: repeatable fields as lists, others given once. Open: it is what
     ``msgspec.convert`` makes ``schema`` from."""
     repeatable: frozenset[str] = getattr(schema, "repeatable", frozenset())
-    fields: dict[str, Any] = {}
+    fields: StructFields = {}
     for name in query.keys():
         if name in fields:
             continue
@@ -303,7 +308,7 @@ def ecma_patterns(schema: Any) -> Any:
     return schema
 
 
-def json_schemas() -> dict[str, Any]:
+def json_schemas() -> OpenApiJson:
     """JSON Schema (2020-12, as OpenAPI 3.1 uses) of every request body and list query, by struct name: a JSON
     document, open by nature."""
     _, components = msgspec.json.schema_components(REQUEST_SCHEMAS, ref_template="#/components/schemas/{name}")

@@ -30,13 +30,13 @@ import tomllib
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import msgspec
 
 from common.catalog import CATALOG
 from common.errors import IdlegridError, NotFound
-from master.port import PortLink, WorkloadSpec
+from master.port import PortLink, SpecJson, WorkloadSpec
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}\Z")
 SHIPPED = "management.launch.catalog"
@@ -69,10 +69,10 @@ class LaunchTemplate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     source: str = "shipped"  # "shipped" or "operator": set by the loader
 
 
-def spec_of(template: LaunchTemplate, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def spec_of(template: LaunchTemplate, overrides: SpecJson | None = None) -> SpecJson:
     """The workload spec (as the API takes it) that ``template`` launches, ``overrides``' fields over it (a field given
     there wins whole: ``env`` is merged key by key, ``replica`` and ``constraints`` field by field)."""
-    spec: dict[str, Any] = {
+    spec: SpecJson = {
         "name": template.name,
         "image": template.image,
         "command": list(template.command),

@@ -225,6 +225,9 @@ def _nvlinked(free: Sequence[Unit]) -> bool:
 # --- the index ---------------------------------------------------------------------------------------------------
 
 NO_LIMIT = 1e300  # max_duration_s of a host with no limit, as queries compare it (finite: cursors carry it as JSON)
+# An offer's values by search field as queries compare them (numbers, text, version tuples, None: not reported): each
+# field's kind is FIELDS', known only at run time, so the row is open.
+OfferValues = dict[str, Any]
 
 
 class _Row:
@@ -234,7 +237,7 @@ class _Row:
 
     def __init__(self, offer: Offer) -> None:
         self.offer = offer
-        values: dict[str, Any] = {}
+        values: OfferValues = {}
         for name, kind in FIELDS.items():
             value = getattr(offer, name)
             if kind is Kind.VERSION:
@@ -262,7 +265,7 @@ _COMPARE: dict[str, Callable[[Any, Any], bool]] = {
 }
 
 
-def _predicate(condition: Condition) -> Callable[[dict[str, Any]], bool]:
+def _predicate(condition: Condition) -> Callable[[OfferValues], bool]:
     """A test on a row's values. A missing value (None: not reported) matches no condition but ``!=`` / ``notin``."""
     field, op, value = condition.field, condition.op, condition.value
     if op in ("in", "notin"):

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import csv
 import io
-from typing import Any
 
 from management.market.money import format_amount
 from management.monitoring.reports import MONEY_COLUMNS, Figures, Report
 
 
-def figure_cells(figures: Figures, columns: tuple[str, ...]) -> dict[str, Any]:
+def figure_cells(figures: Figures, columns: tuple[str, ...]) -> dict[str, str | float | None]:
     """A row's figures by column: money as a decimal string, the rest as numbers (None: no figure)."""
-    out: dict[str, Any] = {}
+    out: dict[str, str | float | None] = {}
     for name in columns:
         value = figures.column(name)
         out[name] = format_amount(int(value)) if name in MONEY_COLUMNS and value is not None else value

@@ -11,10 +11,10 @@ import re
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import msgspec
 
+from common.config import TomlTable
 from common.errors import ConfigError
 
 SHIPPED_RULES = Path(__file__).with_name("rules.toml")
@@ -73,7 +73,7 @@ class AlertRule(msgspec.Struct, frozen=True, kw_only=True):
         return not self.still_breached(value)
 
 
-def parse_rules(document: dict[str, Any], *, source: str = "rules") -> list[AlertRule]:
+def parse_rules(document: TomlTable, *, source: str = "rules") -> list[AlertRule]:
     """The ``[[rule]]`` tables of a parsed TOML document; ConfigError names the rule and field that are wrong."""
     tables = document.get("rule", [])
     if not isinstance(tables, list):

@@ -15,7 +15,6 @@ import asyncio
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import msgspec
 
@@ -28,7 +27,7 @@ from management.monitoring.rules import AlertRule
 from management.monitoring.visibility import Viewer, visible
 from management.monitoring.webhook_targets import url_refusal
 from management.store import alert_rule_repo, silence_repo, webhook_repo
-from master.port import AccountDirectory, AlertRuleRecord, ManagementStore, MasterConfig, SilenceRecord, WebhookRecord
+from master.port import AccountDirectory, AlertRuleRecord, ManagementStore, MasterConfig, RuleSpec, SilenceRecord, WebhookRecord
 
 MAX_SILENCE_S = 90 * 86400.0
 
@@ -68,7 +67,7 @@ def account_viewer(accounts: AccountDirectory) -> ViewerOf:
     return viewer_of
 
 
-def rule_of(spec: Mapping[str, Any], name: str) -> AlertRule:
+def rule_of(spec: RuleSpec, name: str) -> AlertRule:
     """``spec`` as a rule named ``name``; InvalidAlertSetting names the field that is wrong."""
     if "name" in spec and spec["name"] != name:
         raise InvalidAlertSetting(f"name {spec['name']!r} in the body differs from the rule's path name {name!r}")
@@ -115,7 +114,7 @@ class AlertSettings:
         merged |= {name: RuleListing(rule, "api") for name, rule in self._api_rules.items()}
         return [merged[name] for name in sorted(merged)]
 
-    async def put_rule(self, name: str, spec: Mapping[str, Any], by: str) -> AlertRule:
+    async def put_rule(self, name: str, spec: RuleSpec, by: str) -> AlertRule:
         rule = rule_of(spec, name)
         if rule.metric not in WIRED:
             raise InvalidAlertSetting(f"metric {rule.metric!r} is not one the Master watches: {', '.join(sorted(WIRED))}")

@@ -25,6 +25,7 @@ lazily.
 | ``templates`` | launch templates: the catalog and the workload spec each launches |
 | ``links`` | HTTPS links to workloads' http ports: their URLs, link tokens, who may pass, the tunnels they use |
 | ``ssh_keys`` | accounts' SSH public keys, which the platform's SSH end lets in (docs/ssh.md) |
+| ``endpoints`` | renters' serverless endpoints and their invocation keys (docs/endpoints.md) |
 
 Lists are keyset-paginated (``models.Page``); ownership filters (``owner``: the account a call is limited to, as the
 API's auth decided) are applied in the services, so a provider's page never holds another account's hosts.
@@ -38,6 +39,7 @@ from management.onboarding.service import Onboarding
 from management.services.accounts import AccountsService
 from management.services.alerts import AlertsService
 from management.services.billing import BillingService
+from management.services.endpoints import EndpointsService
 from management.services.grid import GridService
 from management.services.hosts import HostsService
 from management.services.links import LinksService
@@ -74,3 +76,4 @@ class Services:
     templates: TemplatesService
     ssh_keys: SshKeysService
     secrets: SecretsService
+    endpoints: EndpointsService

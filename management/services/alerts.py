@@ -7,7 +7,7 @@ rules are evaluated by ``loop`` (an ``AlertLoop``), which runs where the composi
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import Annotated
 
 import msgspec
 
@@ -16,7 +16,7 @@ from management.monitoring.rules import AlertRule
 from management.monitoring.settings import AlertListing, AlertSettings, RuleListing
 from management.monitoring.visibility import Viewer
 from management.services.models import KeyText, Page, page_of
-from master.port import SilenceRecord, WebhookRecord
+from master.port import RuleSpec, SilenceRecord, WebhookRecord
 
 
 class WebhookKey(msgspec.Struct, array_like=True, frozen=True):
@@ -32,7 +32,7 @@ class AlertsService:
     async def alert_rules(self) -> list[RuleListing]:
         return await self.settings.rules()
 
-    async def put_alert_rule(self, name: str, spec: dict[str, Any], *, by: str) -> AlertRule:
+    async def put_alert_rule(self, name: str, spec: RuleSpec, *, by: str) -> AlertRule:
         return await self.settings.put_rule(name, spec, by)
 
     async def delete_alert_rule(self, name: str) -> RuleListing | None:

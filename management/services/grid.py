@@ -3,12 +3,12 @@ revoked certificates and the Master's health."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated
 
 import msgspec
 
+from common.containers import WireSpec
 from management.services.models import KeyText, Page, Position, PositionKey, page_of, positioned_page
 from master.port import (
     CommandRecord,
@@ -16,6 +16,7 @@ from master.port import (
     MasterPort,
     RevocationRecord,
     SigningKeyInfo,
+    TierJson,
     TokenRecord,
     command_spec,
     describe_tiers,
@@ -58,16 +59,14 @@ class GridService:
 
     # --- tiers ------------------------------------------------------------------------------------------------------
 
-    def list_tiers(self, *, after: PositionKey | None = None, limit: int) -> Page[dict[str, Any]]:
+    def list_tiers(self, *, after: PositionKey | None = None, limit: int) -> Page[TierJson]:
         """Tiers in the policy's order (the order is meaningful: best first); the key is the position. Each tier is
         a JSON view (its criteria are the policy file's, open)."""
         return positioned_page(describe_tiers(self._master.policy), after, limit)
 
     # --- commands ---------------------------------------------------------------------------------------------------
 
-    async def create_command(
-        self, agent_id: str, kind: str, spec: Mapping[str, Any], *, timeout_s: float | None
-    ) -> CommandRecord:
+    async def create_command(self, agent_id: str, kind: str, spec: WireSpec, *, timeout_s: float | None) -> CommandRecord:
         """A raw command: ``spec`` (the request's JSON, open until here) becomes the typed body of ``kind`` once,
         here; InvalidCommand names the field that is wrong. An unknown host (404) or one that takes no commands
         (409) is said first, as the command ledger always has."""

@@ -4,9 +4,8 @@ management/views/templates.py's."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from management.launch.templates import LaunchTemplate, TemplateCatalog, spec_of
+from master.port import SpecJson
 
 
 class TemplatesService:
@@ -22,6 +21,6 @@ class TemplatesService:
         """UnknownTemplate for a name not here."""
         return self.catalog.get(name)
 
-    def launch_spec(self, name: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    def launch_spec(self, name: str, overrides: SpecJson | None = None) -> SpecJson:
         """The spec that launching ``name`` submits, with ``overrides`` over it (UnknownTemplate for a name not here)."""
         return spec_of(self.catalog.get(name), overrides)

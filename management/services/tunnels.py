@@ -9,7 +9,7 @@ workload, the kind and the port.
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -18,6 +18,7 @@ from common.output import MARKER_ROOM, TailBuffer, bounded, last_lines
 from common.tunnel import Op, TunnelKind, encode_ticket
 from management.client.tunnel import Tunnel, TunnelClosed, TunnelGrant
 from management.store.outputs import OutputRepo
+from management.views.base import StructFields
 from management.workloads.states import AssignmentState
 from master.port import Assignment, KeptOutput, MasterPort, WorkloadRecord
 
@@ -79,7 +80,7 @@ class RenterAccess:
         return found
 
     async def _grant(
-        self, kind: TunnelKind, account: str, workload: str, agent_id: str, container: str, params: dict[str, Any]
+        self, kind: TunnelKind, account: str, workload: str, agent_id: str, container: str, params: StructFields
     ) -> TunnelGrant:
         opened = await self._master.open_tunnel(
             kind, account=account, workload=workload, agent_id=agent_id, container=container, **params
@@ -176,7 +177,7 @@ class InvalidTunnel(IdlegridError):
     code = "invalid_tunnel"
 
 
-def _ticket_fields(kind: TunnelKind, request: TunnelRequest) -> dict[str, Any]:
+def _ticket_fields(kind: TunnelKind, request: TunnelRequest) -> StructFields:
     """The kind's fields of the ticket, checked."""
     if kind is TunnelKind.PORT:
         if not 1 <= request.port <= 65535:

@@ -10,6 +10,7 @@ step of the one migration sequence, master/store/migrations.py (docs/store.md, "
 from __future__ import annotations
 
 from management.store.alerting import ALERT_RULES, SILENCES, WEBHOOKS, AlertRuleRepo, SilenceRepo, WebhookRepo
+from management.store.endpoints import ENDPOINT_KEYS, ENDPOINTS, EndpointKeyRepo, EndpointRepo
 from management.store.fair_share import FAIR_SHARE, FairShareRepo
 from management.store.ledger import LEDGER, LedgerRepo
 from management.store.outputs import OUTPUTS, OutputRepo
@@ -30,6 +31,8 @@ AGGREGATES: tuple[AggregatePlugin[object], ...] = (
     RENTALS,
     LEDGER,
     WORKLOADS,
+    ENDPOINTS,
+    ENDPOINT_KEYS,
 )
 
 
@@ -79,9 +82,19 @@ def ssh_key_repo(store: Repositories) -> SshKeyRepo:
     return store.repository(SSH_KEYS)
 
 
+def endpoint_repo(store: Repositories) -> EndpointRepo:
+    return store.repository(ENDPOINTS)
+
+
+def endpoint_key_repo(store: Repositories) -> EndpointKeyRepo:
+    return store.repository(ENDPOINT_KEYS)
+
+
 __all__ = [
     "AGGREGATES",
     "ALERT_RULES",
+    "ENDPOINTS",
+    "ENDPOINT_KEYS",
     "FAIR_SHARE",
     "LEDGER",
     "OUTPUTS",
@@ -92,6 +105,8 @@ __all__ = [
     "WEBHOOKS",
     "WORKLOADS",
     "AlertRuleRepo",
+    "EndpointKeyRepo",
+    "EndpointRepo",
     "FairShareRepo",
     "LedgerRepo",
     "OutputRepo",
@@ -103,6 +118,8 @@ __all__ = [
     "WorkloadRepo",
     "alert_rule_repo",
     "attach",
+    "endpoint_key_repo",
+    "endpoint_repo",
     "fair_share_repo",
     "ledger_repo",
     "output_repo",

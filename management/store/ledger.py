@@ -24,7 +24,7 @@ from pymongo.errors import DuplicateKeyError
 
 from common.errors import IdlegridError
 from master.port import LedgerEntry
-from master.store.kit import AggregatePlugin, MongoCollection, SqliteTable, transaction
+from master.store.kit import AggregatePlugin, Document, MongoCollection, SqliteTable, transaction
 
 NAME = "ledger"
 
@@ -159,7 +159,7 @@ class MongoLedgerRepo(MongoCollection[LedgerEntry]):
     ) -> builtins.list[LedgerEntry]:
         if limit <= 0:
             return []
-        query: dict[str, Any] = {"seq": {"$gt": after_seq}}
+        query: Document = {"seq": {"$gt": after_seq}}
         if account is not None:
             query["lines.account"] = account
         if rental is not None:
@@ -168,7 +168,7 @@ class MongoLedgerRepo(MongoCollection[LedgerEntry]):
 
     async def balances(self) -> dict[str, int]:
         # $project between $unwind and $group: nx-27017 groups by a nested path of an unwound array as null.
-        pipeline: builtins.list[dict[str, Any]] = [
+        pipeline: builtins.list[Document] = [
             {"$unwind": "$lines"},
             {"$project": {"account": "$lines.account", "amount": "$lines.amount"}},
             {"$group": {"_id": "$account", "total": {"$sum": "$amount"}}},

@@ -20,7 +20,7 @@ from pymongo.errors import DuplicateKeyError
 
 from common.errors import Conflict
 from master.port import RentalRecord
-from master.store.kit import AggregatePlugin, MongoCollection, SqliteTable, only, set_fields, transaction
+from master.store.kit import AggregatePlugin, Document, MongoCollection, SqliteTable, only, set_fields, transaction
 
 NAME = "rentals"
 
@@ -178,7 +178,7 @@ class MongoRentalRepo(MongoCollection[RentalRecord]):
     aggregate = NAME
     record_type = RentalRecord
 
-    def _rental_document(self, rec: RentalRecord) -> dict[str, Any]:
+    def _rental_document(self, rec: RentalRecord) -> Document:
         return self._document(rec.id, rec) | {
             "listed": rental_order(rec.started_at, rec.id),
             "host_agents": sorted({h.agent_id for h in rec.hosts}),

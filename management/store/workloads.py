@@ -12,14 +12,14 @@ from __future__ import annotations
 import builtins
 import sqlite3
 from collections.abc import Collection
-from typing import Any, Protocol
+from typing import Protocol
 
 from pymongo import DESCENDING
 from pymongo.errors import DuplicateKeyError
 
 from common.errors import Conflict
 from master.port import WorkloadRecord
-from master.store.kit import AggregatePlugin, MongoCollection, SqliteTable, only, set_fields, where
+from master.store.kit import AggregatePlugin, Document, MongoCollection, SqliteTable, only, set_fields, where
 
 NAME = "workloads"
 
@@ -114,7 +114,7 @@ class MongoWorkloadRepo(MongoCollection[WorkloadRecord]):
     aggregate = NAME
     record_type = WorkloadRecord
 
-    def _workload_document(self, rec: WorkloadRecord) -> dict[str, Any]:
+    def _workload_document(self, rec: WorkloadRecord) -> Document:
         return self._document(rec.id, rec) | {"listed": workload_order(rec.created_at, rec.id)}
 
     async def get(self, workload_id: str) -> WorkloadRecord | None:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from management.views.base import Time, View, page_of, rfc3339
+from management.views.base import StructFields, Time, View, page_of, rfc3339
 from master.port import (
     AccountRecord,
     ApiKeyRecord,
@@ -66,7 +64,7 @@ def account_view(account: AccountRecord) -> AccountView:
     )
 
 
-def _key_fields(key: ApiKeyRecord) -> dict[str, Any]:
+def _key_fields(key: ApiKeyRecord) -> StructFields:
     """Never the key, never its hash."""
     return {
         "key_id": key.key_id,

@@ -4,9 +4,13 @@ and amounts are written; ``page_of``, a list's page; and ``rfc3339``/``instant``
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
+
+# Keyword arguments gathered for a Struct (a view, a query, a ticket) or a call before it is made: that Struct's own
+# decoding, or the call's signature, checks them, so they are open until then.
+StructFields = dict[str, Any]
 
 # An RFC 3339 UTC time with milliseconds, as ``rfc3339`` below writes it; null (where allowed) for "never".
 Time = Annotated[

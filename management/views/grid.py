@@ -4,7 +4,6 @@ tokens, the event log and the command-signing keys."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from common.containers import WireSpec
 from management.views.base import Time, View, page_of, rfc3339
@@ -12,6 +11,7 @@ from management.views.workloads import (
     redact_registry_auth,
 )
 from master.port import (
+    AgentResult,
     CommandRecord,
     EventData,
     EventRecord,
@@ -33,7 +33,7 @@ class CommandView(View):
     finished_at: Time | None
     attempts: int
     key_id: str
-    result: dict[str, Any] | None  # what the agent reported: its runtime's facts, open
+    result: AgentResult | None  # what the agent reported
     error: str | None
 
 
@@ -73,7 +73,7 @@ EventPage = page_of(EventView)
 SigningKeyPage = page_of(SigningKeyView)
 
 
-def redact_container_secrets(spec: Mapping[str, Any]) -> dict[str, Any]:
+def redact_container_secrets(spec: WireSpec) -> WireSpec:
     """A create command's spec as answers show it: the registry password gone (``redact_registry_auth``), the env's
     values hidden (they may be the renter's secrets, resolved from ``${secret:NAME}``), the storage keys reduced to
     the key id (docs/storage.md)."""

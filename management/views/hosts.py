@@ -7,7 +7,6 @@ structs from ``master``/``common``; what an answer reshapes (times as RFC 3339 s
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from common.inventory import GpuReach, GpuSample, HostInfo
 from management.services.hosts import HostedReplica
@@ -18,6 +17,7 @@ from master.port import (
     GpuFault,
     GpuRecord,
     Reputation,
+    TierJson,
     reputation,
 )
 
@@ -122,7 +122,7 @@ class AgentView(View):
 class TierView(View):
     name: str
     description: str
-    criteria: dict[str, Any]  # the policy file's criteria as written: open (master/tiers.py)
+    criteria: TierJson  # the policy file's criteria as written
     examples: list[str]
 
 

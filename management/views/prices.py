@@ -4,11 +4,11 @@ GPU-hour ("2.50"), with the currency; never a float."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Literal
 
 from management.market.money import format_amount
 from management.market.prices import HostPrice
-from management.views.base import Money, Time, View, rfc3339
+from management.views.base import Money, StructFields, Time, View, rfc3339
 from master.port import (
     PriceRecord,
 )
@@ -43,7 +43,7 @@ class PriceListing(View):
     items: list[PriceRecordView]
 
 
-def _price_terms(price: HostPrice) -> dict[str, Any]:
+def _price_terms(price: HostPrice) -> StructFields:
     return {
         "on_demand": format_amount(price.on_demand),
         "min_bid": format_amount(price.min_bid) if price.min_bid is not None else None,  # null: not interruptible

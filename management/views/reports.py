@@ -33,6 +33,8 @@ def report_view(report: Report, currency: str) -> ReportView:
         end=iso_day(report.end),
         currency=currency,
         columns=[*report.by, *report.columns],
-        rows=[dict(zip(report.by, row.keys, strict=True)) | figure_cells(row.figures, report.columns) for row in report.rows],
+        rows=[
+            {**dict(zip(report.by, row.keys, strict=True)), **figure_cells(row.figures, report.columns)} for row in report.rows
+        ],
         total=figure_cells(report.total, report.columns),
     )

@@ -3,18 +3,17 @@ launches. The catalog is management/launch/templates.py's, read by management/se
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 
 from management.launch.templates import LaunchTemplate, spec_of
+from master.port import SpecJson
 
 
 class TemplateView(LaunchTemplate, kw_only=True):
     """A template as the API answers it: its fields, and the workload spec it launches (what ``--template`` starts
     from before the flags given over it)."""
 
-    spec: dict[str, Any]
+    spec: SpecJson
 
 
 class TemplateList(msgspec.Struct, kw_only=True):

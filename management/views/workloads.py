@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import msgspec
 
@@ -14,11 +13,12 @@ from common.overlay import replica_address
 from management.market.money import format_amount
 from management.scheduler.model import Explanation, FilterCount, QuotaCheck
 from management.services.market import WorkloadTerms
-from management.views.base import Money, Time, View, page_of, rfc3339
+from management.views.base import Money, StructFields, Time, View, page_of, rfc3339
 from management.workloads.storage import StorageSummary
 from master.port import (
     Assignment,
     KeptOutput,
+    SpecJson,
     WorkloadRecord,
     WorkloadSpec,
 )
@@ -156,7 +156,7 @@ class WorkloadDetail(WorkloadView):
 WorkloadPage = page_of(WorkloadView)
 
 
-def redact_registry_auth(spec: Mapping[str, Any]) -> dict[str, Any]:
+def redact_registry_auth(spec: SpecJson) -> SpecJson:
     """A spec with its registry credentials reduced to the username: the password is the renter's secret, sent to the
     hosts only and never shown again, to anyone (the operator's command list included). ``spec`` is JSON (a command's
     stored body, a workload spec as builtins) and so is what it returns: a view."""
@@ -239,7 +239,7 @@ def network_view(workload: WorkloadRecord, paths: Mapping[int, dict[str, str]]) 
     return NetworkView(network=workload.network, replicas=replicas)
 
 
-def _workload_fields(workload: WorkloadRecord, terms: WorkloadTerms) -> dict[str, Any]:
+def _workload_fields(workload: WorkloadRecord, terms: WorkloadTerms) -> StructFields:
     return {
         "id": workload.id,
         "account": workload.account,

@@ -198,11 +198,17 @@ class WorkloadBook:
 
     # --- writing -----------------------------------------------------------------------------------------
 
-    async def submit(self, account: str, spec: WorkloadSpec, now: float) -> WorkloadRecord:
-        """Store a new queued workload for ``account``; InvalidWorkloadSpec when it names what is not configured."""
+    async def check(self, account: str, spec: WorkloadSpec) -> None:
+        """Refuse a spec ``account`` may not submit here, as submit does: what it names that is not configured, the
+        secrets it names that the account lacks, the storage and registry the egress rule refuses. An endpoint's
+        worker spec passes the same checks (management/services/endpoints.py)."""
         check_spec(spec, policy=self._policy, priority_classes=self._priority_classes, gang_overlay=self._gang_overlay)
         check_storage(spec, await self._master.secrets.names(account) if secret_names(spec) else ())
         await check_targets(spec, self._egress)
+
+    async def submit(self, account: str, spec: WorkloadSpec, now: float) -> WorkloadRecord:
+        """Store a new queued workload for ``account``; InvalidWorkloadSpec when it names what is not configured."""
+        await self.check(account, spec)
         spec = msgspec.structs.replace(spec, restart_policy=spec.restart_policy_in_force)  # answers state the one in force
         sealed_password = ""
         if spec.registry_auth is not None:  # stored sealed: the workload's record is in every backup and replica

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
-from typing import Any
+
+from management.client.api import AnswerJson
 
 REJECTED = "Rejected: "  # how the scheduler core starts the sentence of a workload it can never place
 _RFC3339 = re.compile(r"(\d{4}-\d\d-\d\d)T(\d\d:\d\d:\d\d)\.\d{3}Z")
-# An API answer (or a part of one) as a client decodes it: plain JSON, which is all the CLI has of a workload.
-AnswerJson = dict[str, Any]
 
 
 def render_explanation(workload: AnswerJson, explanation: AnswerJson, now: datetime) -> str:

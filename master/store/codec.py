@@ -24,11 +24,14 @@ from master.store.errors import UnstorableRecord
 # A check takes a value and returns the path inside it (relative: "" is the value itself) and the value of
 # its first non-finite float, or None.
 Check = Callable[[Any], tuple[str, float] | None]
+# A BSON document (a record's, a query, an update) as PyMongo takes and returns it: its shape is the codec's (a
+# record's builtins, decoded back by msgspec) or the query language's, so it is open here.
+Document = dict[str, Any]
 
 _json = msgspec.json.Encoder()
 
 
-def to_document(aggregate: str, key: object, rec: msgspec.Struct) -> dict[str, Any]:
+def to_document(aggregate: str, key: object, rec: msgspec.Struct) -> Document:
     """``rec`` as builtins; UnstorableRecord if any float in it is NaN or infinite."""
     refuse_non_finite(aggregate, key, rec)
     doc = msgspec.to_builtins(rec)

@@ -71,7 +71,7 @@ class FencedStore:
         self.inner = store
         self._fence = fence
         self.leases: LeaseRepo = store.leases
-        self._plugged: dict[str, Any] = {}
+        self._plugged: dict[str, object] = {}  # each a FencedRepo, cast back to its plugin's Repo
         for name in repo_names():
             if name not in UNFENCED_REPOS:
                 setattr(self, name, FencedRepo(getattr(store, name), fence))

@@ -8,6 +8,7 @@ helpers, and the store's errors. tests/test_dependency_rule.py keeps management/
 from __future__ import annotations
 
 from master.store.base import prefix_upper_bound
+from master.store.codec import Document
 from master.store.errors import UnstorableRecord
 from master.store.mongo.collection import DUPLICATE_KEY, MongoCollection, Sort, only, set_fields
 from master.store.plugin import AggregatePlugin, Repositories
@@ -17,6 +18,7 @@ from master.store.sqlite.table import SqliteTable
 __all__ = [
     "DUPLICATE_KEY",
     "AggregatePlugin",
+    "Document",
     "MongoCollection",
     "Repositories",
     "Sort",

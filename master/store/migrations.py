@@ -21,6 +21,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 from common.errors import ConfigError
 from master.command_secrets import split
 from master.states import FINAL_COMMAND_STATES
+from master.store.codec import Document
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class MongoMigration:
     version: int
     description: str
     indexes: dict[str, list[IndexModel]]  # collection name -> indexes to create
-    rewrite: Callable[[AsyncDatabase[dict[str, Any]]], Awaitable[None]] | None = None  # idempotent: Masters may race
+    rewrite: Callable[[AsyncDatabase[Document]], Awaitable[None]] | None = None  # idempotent: Masters may race
 
 
 # --- version 14: finished create commands stored by an older Master lose their secret values -------------------------
@@ -46,7 +47,7 @@ class MongoMigration:
 _FINISHED = tuple(sorted(s.value for s in FINAL_COMMAND_STATES))
 
 
-def _without_secrets(doc: Any) -> dict[str, Any] | None:
+def _without_secrets(doc: Any) -> Document | None:
     """The command document with its spec's secret values gone, or None when it holds none (or is unreadable)."""
     spec = doc.get("spec") if isinstance(doc, dict) else None
     if not isinstance(spec, dict):
@@ -75,7 +76,7 @@ def _rewrite_finished_commands(conn: sqlite3.Connection) -> None:
             conn.execute("UPDATE commands SET doc = ? WHERE id = ?", (json.dumps(scrubbed), command_id))
 
 
-async def _forget_finished_secrets_mongo(db: AsyncDatabase[dict[str, Any]]) -> None:
+async def _forget_finished_secrets_mongo(db: AsyncDatabase[Document]) -> None:
     async for doc in db.commands.find({"state": {"$in": list(_FINISHED)}, "kind": "create_container"}):
         scrubbed = _without_secrets(doc)
         if scrubbed is not None:
@@ -274,6 +275,20 @@ SQLITE_MIGRATIONS: tuple[SqliteMigration, ...] = (
         (),
         _forget_finished_secrets_sqlite,
     ),
+    SqliteMigration(
+        15,
+        "serverless endpoints and their invocation keys (docs/endpoints.md)",
+        (
+            """CREATE TABLE endpoints (
+                id TEXT PRIMARY KEY, account TEXT NOT NULL, created_at REAL NOT NULL, doc TEXT NOT NULL)""",
+            "CREATE INDEX endpoints_by_account ON endpoints (account, created_at)",
+            """CREATE TABLE endpoint_keys (
+                id TEXT PRIMARY KEY, endpoint TEXT NOT NULL, key_hash TEXT NOT NULL, created_at REAL NOT NULL,
+                doc TEXT NOT NULL)""",
+            "CREATE INDEX endpoint_keys_by_hash ON endpoint_keys (key_hash)",
+            "CREATE INDEX endpoint_keys_by_endpoint ON endpoint_keys (endpoint, created_at)",
+        ),
+    ),
 )
 
 MONGO_MIGRATIONS: tuple[MongoMigration, ...] = (
@@ -395,6 +410,17 @@ MONGO_MIGRATIONS: tuple[MongoMigration, ...] = (
         {"secrets": [IndexModel([("account", ASCENDING), ("name", ASCENDING)])]},
     ),
     MongoMigration(14, "finished create commands keep no secret values (docs/storage.md)", {}, _forget_finished_secrets_mongo),
+    MongoMigration(
+        15,
+        "serverless endpoints by account and creation; their invocation keys by hash and by endpoint (docs/endpoints.md)",
+        {
+            "endpoints": [IndexModel([("account", ASCENDING), ("created_at", ASCENDING)])],
+            "endpoint_keys": [
+                IndexModel([("key_hash", ASCENDING)]),
+                IndexModel([("endpoint", ASCENDING), ("created_at", ASCENDING)]),
+            ],
+        },
+    ),
 )
 
 LATEST_VERSION = SQLITE_MIGRATIONS[-1].version  # the contract tests check MongoDB reaches it too
@@ -450,12 +476,12 @@ def migrate_sqlite(conn: sqlite3.Connection, *, up_to: int | None = None, store_
     return sqlite_schema_version(conn)
 
 
-async def mongo_schema_version(db: AsyncDatabase[dict[str, Any]]) -> int:
+async def mongo_schema_version(db: AsyncDatabase[Document]) -> int:
     doc = await db.meta.find_one({"_id": "schema"})
     return int(doc["version"]) if doc else 0
 
 
-async def migrate_mongo(db: AsyncDatabase[dict[str, Any]], *, up_to: int | None = None) -> int:
+async def migrate_mongo(db: AsyncDatabase[Document], *, up_to: int | None = None) -> int:
     """Apply the pending steps up to ``up_to`` (default: all); returns the version reached."""
     current = await mongo_schema_version(db)
     _refuse_newer(current, f"MongoDB database {db.name!r}")

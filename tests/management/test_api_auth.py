@@ -136,8 +136,10 @@ def test_the_operator_may_do_everything_and_a_renter_reads_tiers_runs_its_worklo
         Resource.TEMPLATES: frozenset({Action.READ}),  # the launch templates, the same for everyone
         Resource.SSH_KEYS: frozenset({Action.READ, Action.WRITE}),  # its own SSH public keys
         Resource.SECRETS: frozenset({Action.READ, Action.WRITE}),  # its own secrets, for its workloads
+        Resource.ENDPOINTS: frozenset({Action.READ, Action.WRITE}),  # its own serverless endpoints and their keys
     }
     assert Resource.WORKLOADS not in PERMISSIONS[AccountRole.PROVIDER]
+    assert Resource.ENDPOINTS not in PERMISSIONS[AccountRole.PROVIDER]
     assert Resource.SECRETS not in PERMISSIONS[AccountRole.PROVIDER]
     assert PERMISSIONS[AccountRole.PROVIDER][Resource.PRICES] == frozenset({Action.READ, Action.WRITE})
     assert PERMISSIONS[AccountRole.PROVIDER][Resource.LEDGER] == frozenset({Action.READ})  # its earnings and payouts

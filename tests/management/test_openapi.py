@@ -14,7 +14,7 @@ from openapi_spec_validator import validate
 
 from management.api.openapi import build_document
 from management.api.reference import render
-from management.api.resources import alerts, market, tunnels
+from management.api.resources import alerts, endpoints, market, tunnels
 from management.api.route import Route
 from management.api.routing import DECLARED, ROUTES, document
 from management.http import schemas
@@ -60,7 +60,13 @@ def test_a_document_with_a_broken_reference_is_refused_by_the_validator():
 
 def test_every_request_schema_is_in_the_document():
     components = document()["components"]["schemas"]
-    for struct in (*schemas.REQUEST_SCHEMAS, *market.REQUEST_SCHEMAS, *tunnels.REQUEST_SCHEMAS, *alerts.REQUEST_SCHEMAS):
+    for struct in (
+        *schemas.REQUEST_SCHEMAS,
+        *market.REQUEST_SCHEMAS,
+        *tunnels.REQUEST_SCHEMAS,
+        *alerts.REQUEST_SCHEMAS,
+        *endpoints.REQUEST_SCHEMAS,
+    ):
         assert struct.__name__ in components, f"{struct.__name__} is a request schema the document does not state"
     assert set(schemas.json_schemas()) <= set(components)
 

@@ -22,6 +22,8 @@ from management.app import api_app
 from management.store import (
     AGGREGATES,
     ALERT_RULES,
+    ENDPOINT_KEYS,
+    ENDPOINTS,
     FAIR_SHARE,
     LEDGER,
     OUTPUTS,
@@ -31,6 +33,7 @@ from management.store import (
     SSH_KEYS,
     WEBHOOKS,
     WORKLOADS,
+    endpoint_key_repo,
     fair_share_repo,
     ledger_repo,
     output_repo,
@@ -116,6 +119,8 @@ async def _plant_good_and_bad_records(store_url: str) -> dict[str, str]:
             OUTPUTS.name: await poison(store, OUTPUTS.name, "wl-1:r0:a2"),
             Aggregate.SECRETS: await poison(store, Aggregate.SECRETS, "alice/poisoned"),
             SSH_KEYS.name: await poison(store, SSH_KEYS.name, "sshk-bad"),
+            ENDPOINTS.name: await poison(store, ENDPOINTS.name, "ep-bad"),
+            ENDPOINT_KEYS.name: await poison(store, ENDPOINT_KEYS.name, "epk-bad"),
         }
     finally:
         await store.close()
@@ -198,6 +203,11 @@ async def test_the_master_starts_and_serves_with_an_undecodable_record_in_every_
         # An account's SSH keys (read when it lists them or opens an ssh tunnel): the bad one skipped.
         keys = await client.get("/api/v1/ssh-keys?account=alice", headers=auth)
         assert keys.status == 200 and (await keys.json())["items"] == []
+
+        # An account's endpoints and an endpoint's invocation keys (read when listed): the bad ones skipped.
+        endpoints = await client.get("/api/v1/endpoints?account=alice", headers=auth)
+        assert endpoints.status == 200 and (await endpoints.json())["items"] == []
+        assert await endpoint_key_repo(master.store).list("ep-1") == []
 
         # Each bad record is reported: an event naming its aggregate and key, a log line, a count.
         reported = await _reported(client, auth, len(Aggregate) + len(AGGREGATES))

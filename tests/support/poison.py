@@ -13,7 +13,20 @@ from typing import Any
 import msgspec
 import pymongo
 
-from management.store import ALERT_RULES, FAIR_SHARE, LEDGER, OUTPUTS, PRICES, RENTALS, SILENCES, SSH_KEYS, WEBHOOKS, WORKLOADS
+from management.store import (
+    ALERT_RULES,
+    ENDPOINT_KEYS,
+    ENDPOINTS,
+    FAIR_SHARE,
+    LEDGER,
+    OUTPUTS,
+    PRICES,
+    RENTALS,
+    SILENCES,
+    SSH_KEYS,
+    WEBHOOKS,
+    WORKLOADS,
+)
 from master.records import CommandRecord
 from master.store import MongoStore, SqliteStore, Store
 from master.store.aggregates import Aggregate, host_rollup_key, rollup_key
@@ -53,6 +66,8 @@ _SQLITE_COLUMNS: dict[str, dict[str, Any]] = {
     OUTPUTS.name: {"id": KEY, "workload_id": "wl-1", "state": "kept", "ended_at": 1_700_000_000.0},
     Aggregate.SECRETS: {"id": KEY, "account": "alice", "name": "poisoned"},
     SSH_KEYS.name: {"id": KEY, "account": "alice", "created_at": 1_700_000_000.0},
+    ENDPOINTS.name: {"id": KEY, "account": "alice", "created_at": 1_700_000_000.0},
+    ENDPOINT_KEYS.name: {"id": KEY, "endpoint": "ep-1", "key_hash": "0" * 64, "created_at": 1_700_000_000.0},
 }
 # The MongoDB field each SQLite column is kept in, where the names differ; the key column is _id.
 _MONGO_FIELD = {"idx": "index"}
@@ -81,6 +96,8 @@ _BROKEN: dict[str, dict[str, Any]] = {
     OUTPUTS.name: {"replica": "the first", "attempt": 1, "account": "alice", "agent_id": "agt-1", "container": "c"},
     Aggregate.SECRETS: {"sealed": 7, "created_at": 0.0},
     SSH_KEYS.name: {"name": "laptop", "public_key": 7, "fingerprint": "SHA256:x"},
+    ENDPOINTS.name: {"spec": "not a spec", "updated_at": 0.0},
+    ENDPOINT_KEYS.name: {"account": "alice", "name": 7},
 }
 _HOST_ROLLUPS = (Aggregate.HOST_ROLLUPS, Aggregate.HOST_HOURLY_ROLLUPS)
 

@@ -5,7 +5,7 @@ are management/views/alerts.py's; both feed the OpenAPI document (openapi.py).""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import msgspec
 from aiohttp import web
@@ -27,6 +27,7 @@ from management.views.alerts import (
     silence_view,
     webhook_view,
 )
+from master.port import RuleSpec
 
 RuleName = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[a-z0-9_]+\Z")]
 MetricName = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[a-z_]+(\.[a-z_]+)*\Z")]
@@ -100,7 +101,7 @@ async def list_rules(request: web.Request) -> web.Response:
 
 async def put_rule(request: web.Request) -> web.Response:
     body = await parse_body(request, PutAlertRule)
-    spec: dict[str, Any] = msgspec.to_builtins(body)
+    spec: RuleSpec = msgspec.to_builtins(body)
     by = scope_of(request).principal.account
     rule = await request.app[SERVICES_KEY].alerts.put_alert_rule(request.match_info["name"], spec, by=by)
     return json_response(rule_view(RuleListing(rule, "api")))

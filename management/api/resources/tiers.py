@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from aiohttp import web
 
 from management.http.keys import SERVICES_KEY
@@ -12,11 +10,12 @@ from management.http.requests import parse_query
 from management.http.schemas import PageQuery
 from management.services.models import PositionKey
 from management.views.hosts import TierView
+from master.port import TierJson
 
 RESOURCE = "tiers"
 
 
-def render(tier: dict[str, Any]) -> TierView:
+def render(tier: TierJson) -> TierView:
     """The policy's description of a tier (``describe_tiers``), as its answer struct."""
     return TierView(**tier)
 

@@ -12,17 +12,17 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 from urllib.parse import quote, urlencode
 
 import msgspec
 from aiohttp import web
 
 from management.access_control import Action, Resource, permitted
-from management.console.forms import FormErrors, text
+from management.console.forms import FormErrors, FormFields, text
 from management.console.nav import NavItem
 from management.console.pages.operator import parse_fields
-from management.console.rendering import nav_counts, page
+from management.console.rendering import TemplateContext, nav_counts, page
 from management.console.session import flash, signed_in
 from management.console.templating import duration, when
 from management.http.keys import SERVICES_KEY
@@ -173,7 +173,7 @@ def parse_labels(value: str) -> dict[str, str] | None:
     return labels
 
 
-def read_silence_form(form: Mapping[str, Any], known_rules: Sequence[str]) -> tuple[SilenceRequest | None, FormErrors]:
+def read_silence_form(form: FormFields, known_rules: Sequence[str]) -> tuple[SilenceRequest | None, FormErrors]:
     """The silence form's fields, each problem beside its field; None when any was found."""
     errors = FormErrors()
     rule = text(form, "rule") or None
@@ -247,7 +247,7 @@ async def alerts_page(request: web.Request) -> web.StreamResponse:
     now = time.time()
     active = alert_rows(listing.active, rules, role, now)
     refresh = bool(request.headers.get("HX-Request"))  # htmx's refresh: the notices are left for the next page
-    extra: dict[str, Any] = {"nav_counts": await nav_counts(request)} if refresh else {}  # the nav's count too
+    extra: TemplateContext = {"nav_counts": await nav_counts(request)} if refresh else {}  # the nav's count too
     return await page(
         request,
         "alerts/alerts.html",

@@ -7,18 +7,18 @@ the operator's, so another role is refused (403) there, in one place. A key or t
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 from urllib.parse import quote, urlencode
 
 import msgspec
 from aiohttp import web
 
 from management.access_control import Action, Resource
+from management.console.forms import FormFields
 from management.console.nav import NavItem
 from management.console.pages.provider import when
-from management.console.rendering import page
+from management.console.rendering import TemplateContext, page
 from management.console.session import flash, signed_in
 from management.http.errors import BadRequest
 from management.http.keys import SERVICES_KEY
@@ -66,7 +66,7 @@ def figure_row(figures: UnitFigures) -> FigureRow:
     )
 
 
-def fleet_context(fleet: FleetFigures) -> dict[str, Any]:
+def fleet_context(fleet: FleetFigures) -> TemplateContext:
     return {
         "total": figure_row(fleet.total),
         "hosts": fleet.hosts,
@@ -131,7 +131,7 @@ class RevokeForm(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 St = TypeVar("St", bound=msgspec.Struct)
 
 
-def parse_fields(fields: Mapping[str, Any], schema: type[St], what: str) -> St:
+def parse_fields(fields: FormFields, schema: type[St], what: str) -> St:
     """A query string or form as ``schema`` (an empty field is left out); BadRequest naming the wrong field."""
     given = {k: v.strip() for k, v in fields.items() if isinstance(v, str) and v.strip()}
     try:

@@ -22,7 +22,7 @@ from common.inventory import GpuReach, GpuSample
 from management.access_control import Action, Resource, permitted
 from management.console.assets import vendor_available
 from management.console.nav import NavItem
-from management.console.rendering import page
+from management.console.rendering import TemplateContext, page
 from management.console.session import flash, signed_in
 from management.http.errors import BadRequest
 from management.http.keys import SERVICES_KEY
@@ -223,7 +223,7 @@ def _selftest_said(reach: GpuReach | None) -> str:
 CHARTED = ("utilization_pct", "memory_used_mib", "temperature_c", "power_w")
 
 
-def samples_document(found: HostSamples) -> dict[str, Any]:
+def samples_document(found: HostSamples) -> TemplateContext:
     """The host's recent samples per GPU as columns a chart draws (uPlot's [xs, ys]): times in unix seconds, a
     figure not reported is null; with the latest figures as text."""
     gpus = []
@@ -283,7 +283,7 @@ def earnings_rows(items: Sequence[Any], *, label: str) -> list[EarningsRow]:
     ]
 
 
-def earnings_series(periods: Sequence[Any]) -> dict[str, Any]:
+def earnings_series(periods: Sequence[Any]) -> TemplateContext:
     """Net earnings per period for a chart: period starts (unix seconds), net amounts in currency units, and how long
     a period is (the chart pads its time axis by one, so a single period is a bar, not a point in years of axis)."""
     span = max((p.end - p.start for p in periods), default=86400.0)
@@ -470,7 +470,7 @@ async def earnings_page(request: web.Request) -> web.StreamResponse:
     if period not in PAYOUT_PERIODS:
         raise BadRequest(f"period must be one of {', '.join(PAYOUT_PERIODS)}, not {period!r}")
     provider = scope.owner or request.query.get("provider", "").strip()
-    context: dict[str, Any] = {"period": period, "periods": PAYOUT_PERIODS, "provider": provider, "ask_provider": False}
+    context: TemplateContext = {"period": period, "periods": PAYOUT_PERIODS, "provider": provider, "ask_provider": False}
     if not provider:  # the operator names the provider whose earnings to see
         return await page(request, "provider/earnings.html", title="Earnings", **{**context, "ask_provider": True})
     market = request.app[SERVICES_KEY].market

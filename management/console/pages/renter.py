@@ -24,7 +24,7 @@ from management.access_control import Action, Resource, acting_account
 from management.console import session
 from management.console.forms import FormErrors, amount, environment, integer, number, text, word
 from management.console.nav import NavItem
-from management.console.rendering import page
+from management.console.rendering import TemplateContext, page
 from management.console.terminal import serve_logs, serve_terminal
 from management.console.workload_form import (
     PROCESS_IMAGE,
@@ -61,7 +61,7 @@ from management.views.workloads import explanation_view, workload_view
 from management.workloads.explain_text import render_explanation
 from management.workloads.spec import InvalidWorkloadSpec
 from management.workloads.states import WORKLOAD_STATES
-from master.port import MAX_GPUS_PER_REPLICA, MAX_REPLICAS, KeptOutput, RentalTerms, WorkloadRecord, WorkloadSpec
+from master.port import MAX_GPUS_PER_REPLICA, MAX_REPLICAS, KeptOutput, RentalTerms, SpecJson, WorkloadRecord, WorkloadSpec
 
 WORKLOADS_PER_PAGE = 25
 LEDGER_PER_PAGE = 50
@@ -97,7 +97,7 @@ def workload_spec(
     gpus = integer(form, "gpus", errors, label="GPUs", low=1, high=high, default=1)
     model = word(form, "model", errors, label="GPU model") if offer is None else None
     kind = text(form, "kind") or "on_demand"
-    rental: dict[str, Any] = {"kind": kind}
+    rental: SpecJson = {"kind": kind}
     if kind not in RENTAL_KINDS:
         errors.add("kind", f"rental: one of {', '.join(RENTAL_KINDS)}")
     elif kind == "interruptible":
@@ -331,7 +331,7 @@ def duration(seconds: float) -> str:
     return f"{s // 86400} d {s % 86400 // 3600} h"
 
 
-def workload_row(record: WorkloadRecord, runs: WorkloadRuns) -> dict[str, Any]:
+def workload_row(record: WorkloadRecord, runs: WorkloadRuns) -> TemplateContext:
     """One line of the workloads list: what it cost so far, where it ran, for how long (its rentals' charged time)."""
     hosts = runs.hosts
     return {
@@ -374,7 +374,7 @@ async def workload(request: web.Request, *, template: str = "renter/workload.htm
     )  # fmt: skip
 
 
-def utilization_chart(history: TelemetryHistory) -> dict[str, Any]:
+def utilization_chart(history: TelemetryHistory) -> TemplateContext:
     """The workload's GPU utilization over its last day, one line per GPU and run (x: unix seconds of each step's
     minute; y: the step's mean utilization, %), and the latest mean of each, as the chart's text says it."""
     series = []
@@ -387,7 +387,7 @@ def utilization_chart(history: TelemetryHistory) -> dict[str, Any]:
     return {"series": series, "said": "; ".join(said) or "no samples yet"}
 
 
-def _network_section(record: WorkloadRecord, paths: Mapping[int, Mapping[str, str]]) -> dict[str, Any] | None:
+def _network_section(record: WorkloadRecord, paths: Mapping[int, Mapping[str, str]]) -> TemplateContext | None:
     """A gang's private network as the page shows it (docs/overlay.md): each replica's address, and how it reaches
     each peer as its host last said (None: the workload has no network)."""
     if not record.network:
@@ -403,7 +403,7 @@ OUTPUT_LINES_SHOWN = 200  # of a deleted container's kept output, the page shows
 OUTPUT_BYTES_SHOWN = 64 * 1024
 
 
-def _shown_output(kept: KeptOutput) -> dict[str, Any]:
+def _shown_output(kept: KeptOutput) -> TemplateContext:
     """What the page shows of one kept output: its last lines as text (autoescaped by the template), and its facts."""
     text = last_lines(kept.data, OUTPUT_LINES_SHOWN)[-OUTPUT_BYTES_SHOWN:].decode("utf-8", "replace")
     return {
@@ -423,9 +423,9 @@ async def workload_live(request: web.Request) -> web.Response:
     return response
 
 
-def _plain(view: msgspec.Struct) -> dict[str, Any]:
+def _plain(view: msgspec.Struct) -> TemplateContext:
     """An answer struct as the plain JSON values the API would send (what the explanation's text is written from)."""
-    plain: dict[str, Any] = msgspec.json.decode(msgspec.json.encode(view))
+    plain: TemplateContext = msgspec.json.decode(msgspec.json.encode(view))
     return plain
 
 
@@ -486,7 +486,7 @@ async def billing(request: web.Request) -> web.Response:
     )  # fmt: skip
 
 
-def spend_chart(spend: SpendOverTime) -> dict[str, Any]:
+def spend_chart(spend: SpendOverTime) -> TemplateContext:
     """The chart's series: x in unix seconds (the middle of each hour, from the first charged hour), y in currency
     units, drawn as one bar per hour (``span``: the bucket), so nothing is drawn before the first charge or between
     hours."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode
@@ -20,10 +19,11 @@ import msgspec
 from aiohttp import web
 
 from management.access_control import Action, Resource, report_owners
+from management.client.api import AnswerJson
 from management.console.assets import vendor_available
-from management.console.forms import FormErrors, text
+from management.console.forms import FormErrors, FormFields, text
 from management.console.nav import NavItem
-from management.console.rendering import page
+from management.console.rendering import TemplateContext, page
 from management.console.session import signed_in
 from management.http.keys import SERVICES_KEY
 from management.market.ledger import calendar_period
@@ -60,7 +60,7 @@ class ReportRequest:
     chart: str  # the figure drawn
 
 
-def read_report_form(fields: Mapping[str, Any], now: float) -> tuple[ReportRequest | None, FormErrors, dict[str, str]]:
+def read_report_form(fields: FormFields, now: float) -> tuple[ReportRequest | None, FormErrors, dict[str, str]]:
     """The report form (a query string) read: the request, the problems beside their fields, and what was typed."""
     typed = {name: text(fields, name, max_length=100) for name in FIELDS}
     typed["kind"] = typed["kind"] or DEFAULT_KIND
@@ -161,11 +161,11 @@ def period_starts(start: float, end: float, period: str) -> dict[str, float]:
     return starts
 
 
-def chart_series(report: Mapping[str, Any], chart: str, start: float, end: float) -> ChartSeries:
+def chart_series(report: AnswerJson, chart: str, start: float, end: float) -> ChartSeries:
     """The figure ``chart`` of a report (its JSON) as series: over time when a time dimension is among its ``by``
     (one series per combination of the other dimensions, the largest CHART_SERIES), else one bar per row."""
     by: list[str] = list(report["by"])
-    rows: list[dict[str, Any]] = report["rows"]
+    rows: list[AnswerJson] = report["rows"]
     title = chart.replace("_", " ")
     money = chart in MONEY_COLUMNS
     periods = [d for d in by if d in TIME_DIMENSIONS]
@@ -238,7 +238,7 @@ class ReportTable:
     total: list[str]
 
 
-def report_table(report: Mapping[str, Any]) -> ReportTable:
+def report_table(report: AnswerJson) -> ReportTable:
     by: list[str] = list(report["by"])
     columns: list[str] = list(report["columns"])
     figures = columns[len(by) :]
@@ -266,7 +266,7 @@ async def reports_page(request: web.Request) -> web.StreamResponse:
     scope = await signed_in(request, Resource.REPORTS, Action.READ)
     # A whole second for "now": the CSV link names the same window exactly, so the file has the table's rows.
     wanted, errors, typed = read_report_form(request.query, math.floor(time.time()))
-    context: dict[str, Any] = {
+    context: TemplateContext = {
         "kinds": list(KINDS),
         "dimensions": list(DIMENSIONS),
         "figures": {kind: list(columns) for kind, columns in KINDS.items()},

@@ -8,15 +8,13 @@ account's secret is simply not there (its name answers 404). Roles without secre
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from typing import Any
 
 from aiohttp import web
 
 from common.errors import Conflict, NotFound
 from management.access_control import Action, Resource
 from management.console import session
-from management.console.forms import FormErrors, text
+from management.console.forms import FormErrors, FormFields, text
 from management.console.nav import NavItem
 from management.console.rendering import page
 from management.http.keys import SERVICES_KEY
@@ -27,7 +25,7 @@ MAX_NAME_TYPED = 200  # longer than any name the vault takes: what is typed is k
 NAME_RULE = "1 to 63 letters, digits, '_', '.' or '-', starting with a letter or digit"
 
 
-def read_secret_form(form: Mapping[str, Any], errors: FormErrors) -> tuple[str, str]:
+def read_secret_form(form: FormFields, errors: FormErrors) -> tuple[str, str]:
     """(name, value) from the create form, each problem beside its field. The value is kept as typed (a browser sends
     a textarea's line ends as CRLF: they are made LF, and one trailing line end dropped, as the CLI drops echo's)."""
     name = text(form, "name", max_length=MAX_NAME_TYPED)

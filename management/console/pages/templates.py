@@ -25,7 +25,7 @@ from management.http.errors import validation_message
 from management.http.keys import SERVICES_KEY
 from management.links.names import TOKEN_QUERY
 from management.services.market import PaymentRequired
-from master.port import WorkloadSpec
+from master.port import SpecJson, WorkloadSpec
 
 
 async def gallery(request: web.Request, *, errors: FormErrors | None = None, form: Any = None) -> web.Response:
@@ -45,7 +45,7 @@ async def launch(request: web.Request) -> web.Response:
     form = await request.post()
     errors = FormErrors()
     workload_name = text(form, "name", max_length=63) or name
-    overrides: dict[str, Any] = {"name": workload_name}
+    overrides: SpecJson = {"name": workload_name}
     try:
         spec = msgspec.convert(services.templates.launch_spec(name, overrides), WorkloadSpec)
     except msgspec.ValidationError as exc:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import builtins
-from typing import Any
 
 from pymongo import ASCENDING
 from pymongo.errors import DuplicateKeyError
 
 from master.records import AccountRecord
 from master.store.aggregates import Aggregate
+from master.store.codec import Document
 from master.store.mongo.collection import MongoCollection, only
 
 
@@ -34,7 +34,7 @@ class MongoAccountRepo(MongoCollection[AccountRecord]):
         return await self._get(account_id)
 
     async def list(self, *, role: str | None = None, after: str | None = None, limit: int = 1000) -> builtins.list[AccountRecord]:
-        query: dict[str, Any] = only(role=role)
+        query: Document = only(role=role)
         if after is not None:
             query["_id"] = {"$gt": after}
         return await self._find(query, [("_id", ASCENDING)], limit=limit)

@@ -20,7 +20,7 @@ from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import BulkWriteError, DuplicateKeyError
 
 from common.errors import Fenced
-from master.store.codec import to_document
+from master.store.codec import Document, to_document
 from master.store.metrics import StoreMetrics
 from master.store.mongo.connection import MongoConnection
 from master.store.quarantine import Quarantine
@@ -30,12 +30,12 @@ R = TypeVar("R", bound=msgspec.Struct)
 Sort = list[tuple[str, int]]
 
 
-def set_fields(doc: dict[str, Any]) -> dict[str, Any]:
+def set_fields(doc: Document) -> Document:
     # An upsert by $set, not replace_one(..., upsert=True): nx-27017 inserts a fresh ObjectId for the latter.
     return {"$set": doc}
 
 
-def only(**filters: Any) -> dict[str, Any]:
+def only(**filters: Any) -> Document:
     """A query from the equality filters that are not None."""
     return {field: value for field, value in filters.items() if value is not None}
 
@@ -56,29 +56,29 @@ class MongoCollection(Generic[R]):
         self._metrics = metrics
 
     @property
-    def _c(self) -> AsyncCollection[dict[str, Any]]:
+    def _c(self) -> AsyncCollection[Document]:
         return self._conn.db[str(self.aggregate)]
 
     # --- reading -------------------------------------------------------------------------------
 
-    def _decode(self, doc: dict[str, Any]) -> R:
+    def _decode(self, doc: Document) -> R:
         return msgspec.convert(doc, self.record_type, strict=False)  # unknown keys such as _id are ignored
 
-    def _key_of(self, doc: dict[str, Any]) -> object:
+    def _key_of(self, doc: Document) -> object:
         return doc.get("_id")
 
-    def _decoded(self, docs: Sequence[dict[str, Any]]) -> builtins.list[R]:
+    def _decoded(self, docs: Sequence[Document]) -> builtins.list[R]:
         """The records of ``docs``, those that fail to decode quarantined and skipped."""
         return self._quarantine.decode_each(self.aggregate, docs, self._decode, self._key_of)
 
-    def _decode_or_quarantine(self, doc: dict[str, Any] | None) -> R | None:
+    def _decode_or_quarantine(self, doc: Document | None) -> R | None:
         decoded = self._decoded([doc] if doc is not None else [])
         return decoded[0] if decoded else None
 
     async def _get(self, key: Any) -> R | None:
         return self._decode_or_quarantine(await self._c.find_one({"_id": key}))
 
-    async def _find(self, query: dict[str, Any], sort: Sort, limit: int | None = None) -> builtins.list[R]:
+    async def _find(self, query: Document, sort: Sort, limit: int | None = None) -> builtins.list[R]:
         """The records ``query`` finds in ``sort`` order; with ``limit``, that many good ones if there are.
 
         Quarantined documents do not count against the limit: the page is topped up past them.
@@ -98,7 +98,7 @@ class MongoCollection(Generic[R]):
 
     # --- writing -------------------------------------------------------------------------------
 
-    def _document(self, key: object, rec: R) -> dict[str, Any]:
+    def _document(self, key: object, rec: R) -> Document:
         """The document to store for ``rec``, stamped with its writer when this Master leads a group (docs/ha.md);
         UnstorableRecord if it holds a NaN or an infinity."""
         doc = to_document(self.aggregate, key, rec)
@@ -111,7 +111,7 @@ class MongoCollection(Generic[R]):
     def _guarded(self) -> bool:
         return self.epoch_guarded and self._conn.writer is not None
 
-    def _guard(self, key: Any) -> dict[str, Any]:
+    def _guard(self, key: Any) -> Document:
         """``_id``, and, once this Master leads a group (docs/ha.md), "no higher epoch wrote it". No ``$or`` (for the
         documents no leader stamped yet): nx-27017 drops the ``_id`` equality beside an ``$or`` and writes whichever
         document matches the rest."""
@@ -134,7 +134,7 @@ class MongoCollection(Generic[R]):
                 await self._c.update_one({"_id": key}, set_fields(doc), upsert=True)
         self._quarantine.release(self.aggregate, [key])
 
-    async def _replace(self, key: Any, doc: dict[str, Any]) -> None:
+    async def _replace(self, key: Any, doc: Document) -> None:
         """Write ``doc`` whole as document ``key`` (the contended aggregates: commands, agents).
 
         A replacement, or an insert when there is none, rather than a ``$set`` upsert: nx-27017 keeps a float set into
@@ -169,15 +169,15 @@ class MongoCollection(Generic[R]):
                 await self._c.bulk_write(ops, ordered=False)
         self._quarantine.release(self.aggregate, [key for key, _ in keyed])
 
-    async def _replace_many(self, docs: Sequence[tuple[Any, dict[str, Any]]]) -> None:
+    async def _replace_many(self, docs: Sequence[tuple[Any, Document]]) -> None:
         """``_replace`` for many documents: replacements of those there, inserts of the others, in one bulk write;
         whatever it could not settle (an insert that clashed, a replacement that matched nothing) one by one."""
         keys = [key for key, _ in docs]
         there = {d["_id"] for d in await self._c.find({"_id": {"$in": keys}}, projection={"_id": 1}).to_list()}
-        ops: list[ReplaceOne[dict[str, Any]] | InsertOne[dict[str, Any]]] = [
+        ops: list[ReplaceOne[Document] | InsertOne[Document]] = [
             ReplaceOne(self._guard(key), doc) if key in there else InsertOne({"_id": key, **doc}) for key, doc in docs
         ]
-        unsettled: list[tuple[Any, dict[str, Any]]] = []
+        unsettled: list[tuple[Any, Document]] = []
         try:
             result = await self._c.bulk_write(ops, ordered=False)
             if result.matched_count < len(there):

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 from urllib.parse import urlsplit
 
 from pymongo import AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
 
 from common.errors import ConfigError
+from master.store.codec import Document
 
 
 class Writer(NamedTuple):
@@ -24,17 +25,17 @@ class MongoConnection:
     def __init__(self, url: str) -> None:
         self.url = url
         self.database = database_name(url)
-        self._db: AsyncDatabase[dict[str, Any]] | None = None
+        self._db: AsyncDatabase[Document] | None = None
         self.writer: Writer | None = None  # set once this Master leads (high availability); None: stamp nothing
 
     @property
-    def db(self) -> AsyncDatabase[dict[str, Any]]:
+    def db(self) -> AsyncDatabase[Document]:
         if self._db is None:
             raise RuntimeError(f"the MongoDB store at {redacted(self.url)} is not open")
         return self._db
 
     def connect(self) -> None:
-        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(self.url)
+        client: AsyncMongoClient[Document] = AsyncMongoClient(self.url)
         self._db = client[self.database]
 
     async def disconnect(self) -> None:

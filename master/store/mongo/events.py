@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Sequence
-from typing import Any
 
 from pymongo import ASCENDING, ReturnDocument
 
 from master.records import EventRecord
 from master.store.aggregates import Aggregate
 from master.store.base import prefix_upper_bound
+from master.store.codec import Document
 from master.store.mongo.collection import MongoCollection, only
 
 
@@ -26,7 +26,7 @@ class MongoEventRepo(MongoCollection[EventRecord]):
     aggregate = Aggregate.EVENTS
     record_type = EventRecord
 
-    def _key_of(self, doc: dict[str, Any]) -> object:
+    def _key_of(self, doc: Document) -> object:
         return doc.get("seq", doc.get("_id"))
 
     async def _take_seqs(self, count: int) -> int:
@@ -37,7 +37,7 @@ class MongoEventRepo(MongoCollection[EventRecord]):
         assert counter is not None
         return int(counter["value"]) - count + 1
 
-    def _unnumbered(self, rec: EventRecord) -> dict[str, Any]:
+    def _unnumbered(self, rec: EventRecord) -> Document:
         return self._document(f"{rec.kind} of {rec.subject}", rec)
 
     async def append(self, rec: EventRecord) -> int:
@@ -60,7 +60,7 @@ class MongoEventRepo(MongoCollection[EventRecord]):
     ) -> builtins.list[EventRecord]:
         if limit <= 0:
             return []
-        query: dict[str, Any] = {"seq": {"$gt": after_seq}, **only(subject=subject)}
+        query: Document = {"seq": {"$gt": after_seq}, **only(subject=subject)}
         if kind_prefix:
             query["kind"] = {"$gte": kind_prefix, "$lt": prefix_upper_bound(kind_prefix)}
         return await self._find(query, [("seq", ASCENDING)], limit)

@@ -11,14 +11,13 @@ broken deployment, reported as such.
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 from pymongo import ReturnDocument
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import DuplicateKeyError
 
 from master.records import LeaseRecord
+from master.store.codec import Document
 from master.store.mongo.connection import MongoConnection
 
 COLLECTION = "leader_lease"
@@ -30,7 +29,7 @@ class MongoLeaseRepo:
         self._conn = conn
 
     @property
-    def _c(self) -> AsyncCollection[dict[str, Any]]:
+    def _c(self) -> AsyncCollection[Document]:
         return self._conn.db[COLLECTION]
 
     async def current(self) -> LeaseRecord | None:
@@ -68,7 +67,7 @@ class MongoLeaseRepo:
         return result.matched_count == 1
 
 
-def _decode(doc: dict[str, Any] | None) -> LeaseRecord | None:
+def _decode(doc: Document | None) -> LeaseRecord | None:
     if doc is None:
         return None
     return msgspec.convert(doc, LeaseRecord, strict=False)
