@@ -70,12 +70,14 @@ from agent.session import (
     RunCommand,
     SendHello,
     Welcomed,
+    WorkerAnswered,
 )
 from agent.simulate import parse_simulate_spec
 from agent.ssh_host_keys import HostKeys
 from agent.state import private_dir
 from agent.storage.plane import DataPlane, StorageSettings
 from agent.tunnel import RelayLink, TunnelLimits, TunnelServer
+from agent.worker_api import WorkerAPIs
 from common.containers import ContainerInfo
 from common.errors import IdlegridError, PKIError, RuntimeFailure
 from common.inventory import MAX_IMAGES_IN_REPORT, GpuReach, HostInfo, ImageSource, Inventory
@@ -96,6 +98,7 @@ from common.wire import (
     Telemetry,
     VerifyCommit,
     Welcome,
+    WorkerCall,
     encode,
 )
 
@@ -200,6 +203,8 @@ class Agent:
                 ),
                 self._on_storage,
             )
+        # Endpoint workers' own worker API, each on a unix socket in its container's files (agent/worker_api.py).
+        self.worker_apis = WorkerAPIs(config.state_path / "worker-api", self._send_worker_call)
         self.executor = CommandExecutor(
             self.identity.agent_id,
             self.ledger,
@@ -212,6 +217,7 @@ class Agent:
             host_keys=self.host_keys,
             data=self.data,
             private_paths=config.private_paths(),
+            worker_apis=self.worker_apis,
         )
         # Verification challenges (agent/benchmark/): answered with the benchmark this host can run, if any.
         self.verification, self.benchmark = open_responder(
@@ -266,6 +272,7 @@ class Agent:
         if self.overlays is not None:
             await self.overlays.resume(self.runtime)  # gang replicas still running get their overlay again
         await self._resume_storage()
+        await self._resume_worker_apis()
         background = [asyncio.create_task(self._runtime_probe_loop())]
         if self.config.measure_bandwidth:
             background.append(asyncio.create_task(self._bandwidth_loop()))
@@ -310,6 +317,7 @@ class Agent:
             await self.overlays.close()  # resumed at the next start for the replicas that still run
         if self.data is not None:
             await self.data.close()
+        await self.worker_apis.close_all()  # served again by the next start for the workers that still run
         if self._directory_saved is not None:
             await self._directory_saved  # the directory the Master sent last is on disk for the next start
         await self.runtime.close()
@@ -474,6 +482,8 @@ class Agent:
                 self.renewal.answered(response)
             case Challenged(challenge):  # verification (agent/benchmark/)
                 self._spawn(self._answer(self.verification.on_challenge(challenge)))
+            case WorkerAnswered(answer):
+                self.worker_apis.on_answer(answer)
             case RevealAsked(reveal):
                 if (opened := self.verification.on_reveal(reveal)) is not None:
                     await self._send_quietly(opened)
@@ -606,6 +616,25 @@ class Agent:
         if resumed:
             log.info("storage sync resumed", extra={"containers": resumed})
 
+    async def _send_worker_call(self, call: WorkerCall) -> bool:
+        """An endpoint worker's call to the Master; False when there is no link to carry it now (the worker retries)."""
+        if self._ws is None:
+            return False
+        try:
+            await self._send(call)
+        except (ConnectionError, ConnectionClosed):
+            return False
+        return True
+
+    async def _resume_worker_apis(self) -> None:
+        """Endpoint workers that outlived a previous agent process get their worker API again."""
+        try:
+            running = {c.name for c in await self.runtime.list() if c.state not in ENDED_STATES}
+        except RuntimeFailure as exc:
+            log.warning("endpoint workers not resumed: the runtime did not answer", extra={"error": str(exc)})
+            return
+        await self.worker_apis.resume(running)
+
     async def _send_quietly(self, frame: msgspec.Struct) -> None:
         with contextlib.suppress(ConnectionError, ConnectionClosed):
             await self._send(frame)
@@ -678,6 +707,9 @@ class Agent:
             self._watch_exits.set()
         else:
             self._watch_exits.clear()
+        for name in exited.keys() & self.worker_apis.served():
+            await self.worker_apis.close(name)  # an endpoint worker's container ended: its requests go back
+        await self.worker_apis.lost({c.name for c in containers})  # or is no longer there at all
         for name, code in exited.items():
             if self._exits_told.get(name) == code:
                 continue

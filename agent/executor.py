@@ -26,6 +26,7 @@ from agent.runtime.base import ContainerRuntime, Mount, MountsData, PullsImages
 from agent.runtime.images import PullProgress
 from agent.ssh_host_keys import HostKeys
 from agent.storage.plane import DataPlane
+from agent.worker_api import WorkerAPIs
 from common.containers import (
     LABEL_AGENT_ID,
     LABEL_COMMAND_ID,
@@ -68,13 +69,15 @@ class CommandExecutor:
         host_keys: HostKeys | None = None,
         data: DataPlane | None = None,
         private_paths: Mapping[str, str] | None = None,
+        worker_apis: WorkerAPIs | None = None,
     ) -> None:
         """``host_gpus``: this host's GPUs now (the collector's inventory). ``on_pull_progress(container, progress)``:
         a create's image pull moved on (the daemon tells the Master, which shows it to the renter). ``keeper``: where
         the output of a deleted container is kept for the Master (None: it is not kept). ``host_keys``: the workloads'
         SSH host keys, whose public half a create's result carries for the Master to publish (docs/ssh.md). ``data``:
         moves the object storage of containers that name some (agent/storage/; None: such a create fails).
-        ``private_paths``: this host's directories and the label a failed command's words show instead (agent/redact.py)."""
+        ``private_paths``: this host's directories and the label a failed command's words show instead (agent/redact.py).
+        ``worker_apis``: the worker API of each endpoint worker container (agent/worker_api.py; None: such a create fails)."""
         self.agent_id = agent_id
         self.ledger = ledger
         self.runtime = runtime
@@ -86,6 +89,7 @@ class CommandExecutor:
         self.host_keys = host_keys
         self.data = data
         self.private_paths = dict(private_paths or {})
+        self.worker_apis = worker_apis
         self._placing = asyncio.Lock()  # GPU check and create, one command at a time
 
     async def execute(self, command: Command) -> CommandResult:
@@ -154,10 +158,17 @@ class CommandExecutor:
                 labels[LABEL_REPLICA] = str(container.replica)
             if container.ports:  # the signed command's ports, kept with the container for agent/tunnel.py to check
                 labels[LABEL_PORTS] = ",".join(map(str, container.ports))
+            worker_mounts: list[Mount] = []
+            if container.endpoint_worker is not None:  # its worker API is served before it starts (again, if resumed)
+                if self.worker_apis is None:
+                    raise RuntimeFailure("this agent serves no endpoint workers")
+                container, worker_mounts = await self.worker_apis.prepare(container, self.runtime)
             if resumed:
                 # Started before a crash: the runtime knows whether the container came to be.
                 existing = await self.runtime.find(LABEL_COMMAND_ID, command_id)
                 if existing:
+                    if self.worker_apis is not None:
+                        self.worker_apis.started(container.name)
                     return existing[0]
             if isinstance(self.runtime, PullsImages):  # outside the lock: a pull may take minutes
                 await self.runtime.ensure_image(container, on_progress=self._progress_of(container.name))
@@ -169,6 +180,7 @@ class CommandExecutor:
                 host_paths = not mounted or getattr(self.runtime, "host_paths", True)
                 data_root = getattr(self.runtime, "data_root", "")  # the process runtime's /idlegrid; docker: the spec's paths
                 container, mounts = await self.data.prepare(container, host_paths=host_paths, data_root=data_root)
+            mounts += worker_mounts
             try:
                 async with self._placing:
                     gpus = await self._claimable_gpus(container, command_id)
@@ -181,14 +193,20 @@ class CommandExecutor:
             except BaseException:
                 if self.data is not None and container.storage is not None:
                     await self.data.discard(container.name)
+                if self.worker_apis is not None:
+                    await self.worker_apis.close(container.name, tell=False)
                 raise
             if self.overlays is not None:
                 await self.overlays.attach(container, self.runtime)
+            if self.worker_apis is not None:
+                self.worker_apis.started(container.name)
             return info
         if kind == "delete_container":
             target = parse_delete_spec(spec)
             if self.overlays is not None:
                 await self.overlays.detach(target.name)
+            if self.worker_apis is not None:  # its requests go back to the queue
+                await self.worker_apis.close(target.name)
             if self.keeper is None:
                 deleted = await self.runtime.delete(target.name, timeout_s=target.timeout_s)
             else:

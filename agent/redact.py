@@ -20,8 +20,11 @@ HIDDEN = "<hidden>"
 
 
 def secrets_of(spec: ContainerSpec) -> list[str]:
-    """Every value of ``spec`` that is the renter's secret: its env's values, the registry password, the storage keys."""
+    """Every value of ``spec`` that is the renter's secret: its env's values, the registry password, the storage keys, an
+    endpoint worker's token."""
     found = list(spec.env.values())
+    if spec.endpoint_worker is not None:
+        found.append(spec.endpoint_worker.token)
     if spec.registry_auth is not None:
         found.append(spec.registry_auth.password)
     if spec.storage is not None:

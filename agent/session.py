@@ -30,6 +30,7 @@ Actions, the closed set ``Action``; each frame kind leads to one:
     renew_response                          RenewalAnswered(response)    the renewer installs the certificate
     verify_challenge                        Challenged(challenge)        the benchmark answers with a commit
     verify_reveal                           RevealAsked(reveal)          the benchmark opens the committed rows
+    worker_answer                           WorkerAnswered(answer)       the worker API server answers the call
     ping                                    NOTHING                      the next heartbeat echoes its nonce
     error hello_required                    SEND_HELLO                   the inventory again
     any other error                         MasterError(code, message)   logged
@@ -69,6 +70,7 @@ from common.wire import (
     VerifyChallenge,
     VerifyReveal,
     Welcome,
+    WorkerAnswer,
     decode_master_frame,
 )
 
@@ -157,6 +159,11 @@ class RevealAsked:
 
 
 @dataclass(frozen=True, slots=True)
+class WorkerAnswered:
+    answer: WorkerAnswer
+
+
+@dataclass(frozen=True, slots=True)
 class MasterError:
     code: str
     message: str
@@ -178,6 +185,7 @@ Action = (
     | RenewalAnswered
     | Challenged
     | RevealAsked
+    | WorkerAnswered
     | MasterError
 )
 
@@ -246,6 +254,8 @@ class MasterSession:
                 return Challenged(frame)
             case VerifyReveal():
                 return RevealAsked(frame)
+            case WorkerAnswer():
+                return WorkerAnswered(frame)
             case Error() if frame.code == HELLO_REQUIRED:
                 return SEND_HELLO
             case Error():

@@ -82,6 +82,20 @@ class RegistryAuth(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         return f"RegistryAuth(username={self.username!r}, password=<hidden>)"
 
 
+class EndpointWorkerSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The container is a worker of a serverless endpoint (docs/endpoints.md, "The agent's side"): the agent serves it
+    the worker API and checks each call's bearer token against ``token``, a secret like the env's values (sealed in
+    the stored command, master/command_secrets.py). The agent mints nothing: the token comes signed in the spec."""
+
+    endpoint_id: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+    worker_id: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+    token: Annotated[str, msgspec.Meta(min_length=16, max_length=256)]
+    concurrency: Annotated[int, msgspec.Meta(ge=1, le=1024)] = 1
+
+    def __repr__(self) -> str:
+        return f"EndpointWorkerSpec(endpoint_id={self.endpoint_id!r}, worker_id={self.worker_id!r}, token=<hidden>)"
+
+
 class ContainerSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """What a renter's container gets. GPUs are named by UUID (or index as a string)."""
 
@@ -103,6 +117,7 @@ class ContainerSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     registry_auth: RegistryAuth | None = None  # for pulling a private image; absent: pulled anonymously
     overlay: OverlaySpec | None = None  # a gang replica's place on its private network (docs/overlay.md)
     storage: ContainerStorage | None = None  # inputs, outputs, checkpoint the agent moves (agent/storage/)
+    endpoint_worker: EndpointWorkerSpec | None = None  # a serverless endpoint's worker: the agent serves it its API
 
     def __post_init__(self) -> None:
         for key in self.labels:

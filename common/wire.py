@@ -207,6 +207,44 @@ class VerifyOpen(_Frame, tag="verify_open"):
     openings: list[VerifyOpening]
 
 
+class WorkerOp(str, enum.Enum):
+    """The calls of an endpoint worker's API (common/endpoint_worker/contract.py), and ``gone``: the agent's word that
+    the worker's container ended or is lost, so its requests go back to the queue."""
+
+    TAKE = "take"
+    HEARTBEAT = "heartbeat"
+    PARTIAL = "partial"
+    PROGRESS = "progress"
+    RESULT = "result"
+    ERROR = "error"
+    RELEASE = "release"
+    GONE = "gone"
+
+
+MAX_WORKER_TAKE_WAIT_S = 30.0  # a take's long poll, at most: the agent caps what a worker asks
+MAX_WORKER_IN_FLIGHT = 1024  # request ids one heartbeat names
+
+
+class WorkerCall(_Frame, tag="worker_call"):
+    """One call of an endpoint worker in a container of this host, carried to the Master (docs/endpoints.md, "The
+    agent's side"); the Master answers with a ``worker_answer`` of the same ``call_id`` (``gone`` has no answer).
+    The agent checked the worker's token against its container's signed spec; the Master checks that this agent is
+    the one that container was created on. ``payload`` is the output, the progress or the error; the frame's size
+    bounds it (a body larger than a frame is refused by the agent with 413)."""
+
+    lane: ClassVar[Lane] = Lane.CONTROL
+    call_id: ShortText
+    container: ShortText
+    endpoint_id: ShortText
+    worker_id: ShortText
+    op: WorkerOp
+    request_id: ShortText = ""
+    wait_s: Annotated[float, msgspec.Meta(ge=0, le=MAX_WORKER_TAKE_WAIT_S)] = 0.0
+    in_flight: Annotated[list[ShortText], msgspec.Meta(max_length=MAX_WORKER_IN_FLIGHT)] = []
+    seq: Annotated[int, msgspec.Meta(ge=0)] = 0
+    payload: Any = None
+
+
 # A report interval the Master sets: a positive number of seconds, at most a week (the Master's own settings allow
 # an hour, slowed at most 64 times under overload). An agent told 0, a negative number, NaN or infinity would report
 # in a tight loop or never: such a frame is refused at decode.
@@ -305,6 +343,15 @@ class VerifyReveal(_Frame, tag="verify_reveal"):
     rows: list[int]
 
 
+class WorkerAnswer(_Frame, tag="worker_answer"):
+    """The Master's answer to a ``worker_call``: the HTTP status and JSON body the agent gives the worker as they are
+    (the contract's: 200 with a body, 204, 404/409 a request gone, 413, 503 when no queue is there)."""
+
+    call_id: ShortText
+    status: Annotated[int, msgspec.Meta(ge=100, le=599)]
+    body: Any = None
+
+
 class RelayStatus(_Frame, tag="relay_status"):
     """Sent by the Access relay itself: whether it can reach the Master right now."""
 
@@ -320,7 +367,17 @@ class Error(_Frame, tag="error"):
 
 
 AgentFrame = (
-    Hello | Heartbeat | Telemetry | CommandAck | CommandResult | AgentEvent | RenewRequest | VerifyCommit | VerifyOpen | Error
+    Hello
+    | Heartbeat
+    | Telemetry
+    | CommandAck
+    | CommandResult
+    | AgentEvent
+    | RenewRequest
+    | VerifyCommit
+    | VerifyOpen
+    | WorkerCall
+    | Error
 )
 MasterFrame = (
     Welcome
@@ -334,6 +391,7 @@ MasterFrame = (
     | TunnelOpen
     | VerifyChallenge
     | VerifyReveal
+    | WorkerAnswer
     | Error
 )
 

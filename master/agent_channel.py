@@ -4,9 +4,10 @@ A relay's link frame (an agent connected or gone, an enrollment, a relayed agent
 ``on_link_frame``. A relayed agent frame is decoded, judged by the agent's sans-I/O session (master/session.py
 ``AgentSession.receive`` -> ``Verdict``) and the verdict carried out by ``_carry_out``. A frame the session takes goes
 to the handler of its kind: one method per kind (``_on_heartbeat``, ``_on_telemetry``, ``_on_command_report``,
-``_on_image_pull``, ``_on_agent_report``, ``_on_renew``, ``_on_agent_error``), so a new frame kind, or a hook on one,
-is one method and one line of ``_take``. The parts these handlers write to (registry, commands, telemetry, health,
-events) are built by master/composition.py; the rules live in them, this module only moves frames between them.
+``_on_image_pull``, ``_on_agent_report``, ``_on_renew``, ``_on_worker_call``, ``_on_agent_error``), so a new frame
+kind, or a hook on one, is one method and one line of ``_take``. The parts these handlers write to (registry,
+commands, telemetry, health, events) are built by master/composition.py; the rules live in them, this module only
+moves frames between them.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -44,6 +46,9 @@ from common.wire import (
     VerifyCommit,
     VerifyOpen,
     Welcome,
+    WorkerAnswer,
+    WorkerCall,
+    WorkerOp,
     decode_agent_frame,
     encode,
     error_frame,
@@ -57,6 +62,14 @@ from master.renewal import renew_certificate
 from master.session import HELLO_REQUIRED, Act, AgentSession, SessionRules, Verdict
 from master.states import AgentState
 from master.telemetry import SampleWindow, SetAside, plausible_gpu
+from master.worker_calls import (
+    BUSY_STATUS,
+    MAX_CALLS_IN_FLIGHT_PER_AGENT,
+    WorkerCalls,
+    WorkerPlaces,
+    WorkerRef,
+    answer_call,
+)
 
 if TYPE_CHECKING:
     from master.composition import Parts
@@ -102,6 +115,14 @@ class AgentChannel:
         )
         self._sample_window = SampleWindow(max_age_s=config.sample_max_age_s, max_ahead_s=config.sample_max_ahead_s)
         self._set_aside_logged: dict[str, float] = {}  # agent id -> when a sample of it set aside was last logged
+        self._store = parts.store
+        # Endpoint workers' calls (master/worker_calls.py): the handler management registers (None: answered 503),
+        # where each worker's container was created, and the calls being answered (a take is a long poll: each call
+        # runs as a task of its own, so it never holds back the agent's other frames).
+        self.worker_calls: WorkerCalls | None = None
+        self.worker_places = WorkerPlaces()
+        self._worker_tasks: set[asyncio.Task[Any]] = set()
+        self._worker_calls_of: dict[str, int] = {}  # agent id -> its calls being answered now
 
     def forget(self, agent_id: str) -> None:
         """The agent's session ends (it went silent): its next frame starts a new one, which must say hello."""
@@ -286,6 +307,8 @@ class AgentChannel:
                 await self._verifier.on_commit(agent.id, frame)
             case VerifyOpen():
                 await self._verifier.on_open(agent.id, frame)
+            case WorkerCall():
+                self._on_worker_call(agent, frame)
             case Error():
                 self._on_agent_error(agent, frame)
 
@@ -338,6 +361,7 @@ class AgentChannel:
         command = commands.open.get(frame.id)
         if command is not None and command.agent_id == agent.id:
             self.pulls.pop((agent.id, str(command.spec.get("name", ""))), None)  # its pull, if any, is over
+            self._learn_worker_place(agent.id, command)
         await commands.on_result(agent.id, frame)  # stored before the ack, so an acked result is never lost
         await link.send_to_agent(agent.id, encode(ResultAck(id=frame.id)))
 
@@ -404,6 +428,77 @@ class AgentChannel:
         await self._registry.save(agent)
         await self._events.record("agent.renewed", agent.id, serial=agent.cert_serial, not_after=agent.cert_not_after)
         await link.send_to_agent(agent.id, encode(RenewResponse(cert_pem=cert_pem)))
+
+    def _learn_worker_place(self, agent_id: str, command: CommandRecord) -> None:
+        """An endpoint worker's create reached its host: calls for that worker are taken from this agent only."""
+        worker = command.spec.get("endpoint_worker") if command.kind == "create_container" else None
+        if isinstance(worker, dict):
+            name = str(command.spec.get("name", ""))
+            self.worker_places.created(str(worker.get("endpoint_id")), str(worker.get("worker_id")), agent_id, name)
+
+    async def _recall_worker_place(self, agent_id: str, call: WorkerCall) -> WorkerRef | None:
+        """A worker this process has not seen created (it was, before a restart): its place read back from the store,
+        only for a container the Master created on this agent (``agent.containers``), by the newest create of that
+        name there, so a host can name only what the Master put on it."""
+        agent = self._registry.agents.get(agent_id)
+        if (
+            agent is None
+            or call.container not in agent.containers
+            or self.worker_places.is_gone(call.endpoint_id, call.worker_id)
+        ):
+            return None
+        for command in await self._store.commands.list(agent_id=agent_id, states=["succeeded"], limit=1000):
+            if command.kind == "create_container" and command.spec.get("name") == call.container:
+                self._learn_worker_place(agent_id, command)
+                break  # the newest create of that name: an older one's worker is not there any more
+        return self.worker_places.ref(agent_id, call)
+
+    async def stop_worker_calls(self) -> None:
+        """The Master stops: the calls still waiting (long polls) end unanswered; their workers retry elsewhere."""
+        for task in list(self._worker_tasks):
+            task.cancel()
+        await asyncio.gather(*self._worker_tasks, return_exceptions=True)
+
+    def _on_worker_call(self, agent: AgentRecord, call: WorkerCall) -> None:
+        agent_id = agent.id
+        if self._worker_calls_of.get(agent_id, 0) >= MAX_CALLS_IN_FLIGHT_PER_AGENT and call.op is not WorkerOp.GONE:
+            busy = WorkerAnswer(call_id=call.call_id, status=BUSY_STATUS, body={"error": "too many calls of this host at once"})
+            self._spawn_worker_task(agent_id, self._hub.send_to_agent(agent_id, encode(busy)))
+            return
+        self._worker_calls_of[agent_id] = self._worker_calls_of.get(agent_id, 0) + 1
+        self._spawn_worker_task(agent_id, self._answer_worker_call(agent_id, call), counted=True)
+
+    def _spawn_worker_task(self, agent_id: str, work: Coroutine[Any, Any, object], *, counted: bool = False) -> None:
+        task = asyncio.create_task(work, name=f"worker-call-{agent_id}")
+        self._worker_tasks.add(task)
+
+        def done(task: asyncio.Task[Any]) -> None:
+            self._worker_tasks.discard(task)
+            if counted:
+                left = self._worker_calls_of.pop(agent_id, 1) - 1
+                if left:
+                    self._worker_calls_of[agent_id] = left
+
+        task.add_done_callback(done)
+
+    async def _answer_worker_call(self, agent_id: str, call: WorkerCall) -> None:
+        """Pass an endpoint worker's call to the registered handler and answer it on the agent's connection; a call
+        for a worker whose container is not on this agent is refused 403 (no host speaks for another's worker)."""
+        worker = self.worker_places.ref(agent_id, call) or await self._recall_worker_place(agent_id, call)
+        if worker is not None and call.op is WorkerOp.GONE:
+            self.worker_places.forget(call.endpoint_id, call.worker_id)  # before the handler: no call passes after it
+        try:
+            if worker is None:
+                status, body = 403, {"error": "this host holds no such worker"}
+            else:
+                status, body = await answer_call(self.worker_calls, worker, call)
+        except Exception:  # the handler's fault: a 500 and a log line; the worker retries
+            log.exception("a worker call failed", extra={"agent_id": agent_id, "op": call.op.value, "worker": call.worker_id})
+            status, body = 500, {"error": "internal"}
+        if call.op is WorkerOp.GONE:
+            return
+        # Through the hub, not ``link``: after a long poll the agent may be back through another relay.
+        await self._hub.send_to_agent(agent_id, encode(WorkerAnswer(call_id=call.call_id, status=status, body=body)))
 
     def _on_agent_error(self, agent: AgentRecord, frame: Error) -> None:
         log.info("agent %s reported an error: %s %s", agent.id, frame.code, frame.message)

@@ -12,8 +12,9 @@ takes out, once per command, and a command with no secret field (every delete, a
 password or storage) costs nothing.
 
 Invariants (tests/master/test_command_secrets.py): ``join(*split(spec)) == spec`` for every spec; the stored spec holds
-no secret value; the stored spec still names every env variable, the registry username and the storage key id, which
-answers show; a stored spec whose ``secrets`` were lost still parses as a ``ContainerSpec``.
+no secret value; the stored spec still names every env variable, the registry username, the storage key id and an
+endpoint worker's ids, which answers show; a stored spec whose ``secrets`` were lost still parses as a
+``ContainerSpec``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import msgspec
 from common.containers import WireSpec
 
 SEALED = "<sealed>"  # what the stored spec holds in place of a secret value
+SEALED_TOKEN = "<sealed-worker-token>"  # the same for a worker token, long enough that the stored spec still parses
 
 _STORAGE_SECRET_KEYS = ("secret_access_key", "session_token")
 
@@ -33,6 +35,7 @@ class CommandSecrets(msgspec.Struct, kw_only=True, omit_defaults=True):
     env: dict[str, str] = {}
     registry_password: str | None = None
     storage: dict[str, str] = {}  # secret_access_key, session_token
+    worker_token: str | None = None  # an endpoint worker's bearer token (docs/endpoints.md)
 
 
 def split(spec: WireSpec) -> tuple[WireSpec, CommandSecrets | None]:
@@ -54,7 +57,11 @@ def split(spec: WireSpec) -> tuple[WireSpec, CommandSecrets | None]:
         if secrets.storage:
             kept = {k: v for k, v in credentials.items() if k not in _STORAGE_SECRET_KEYS}
             stored["storage"] = {**storage, "credentials": {**kept, "secret_access_key": SEALED}}
-    if not (secrets.env or secrets.registry_password is not None or secrets.storage):
+    worker = spec.get("endpoint_worker")
+    if isinstance(worker, dict) and isinstance(worker.get("token"), str):
+        secrets.worker_token = worker["token"]
+        stored["endpoint_worker"] = {**worker, "token": SEALED_TOKEN}
+    if not (secrets.env or secrets.registry_password is not None or secrets.storage or secrets.worker_token is not None):
         return spec, None
     return stored, secrets
 
@@ -66,6 +73,8 @@ def join(stored: WireSpec, secrets: CommandSecrets) -> WireSpec:
         spec["env"] = {**stored.get("env", {}), **secrets.env}
     if secrets.registry_password is not None:
         spec["registry_auth"] = {**stored["registry_auth"], "password": secrets.registry_password}
+    if secrets.worker_token is not None:
+        spec["endpoint_worker"] = {**stored["endpoint_worker"], "token": secrets.worker_token}
     if secrets.storage:
         storage = stored["storage"]
         credentials = {k: v for k, v in storage["credentials"].items() if k not in _STORAGE_SECRET_KEYS}

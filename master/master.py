@@ -191,6 +191,7 @@ class Master(MasterRequests):
         await self.hub.stop()
         await self.directory.stop()
         self.commands.wake_readers()  # a read waiting for a command's end answers now, with the state it has
+        await self.channel.stop_worker_calls()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

@@ -120,6 +120,7 @@ from master.views import (
     SecretShelf,
     TelemetryView,
 )
+from master.worker_calls import CallOutcome, TakenRequest, WorkerCalls, WorkerError, WorkerRef
 
 # A workload spec (or a piece of one, a link) as plain JSON, before WorkloadSpec decodes it (the CLI's flags and file,
 # a template with overrides over it, a console form) or turned back into builtins for an answer: open until checked.
@@ -219,6 +220,7 @@ class MasterPort(Protocol):
         self, *, agent_id: str | None = None, states: Collection[str] | None = None, limit: int = 1000
     ) -> list[CommandRecord]: ...
     def pull_progress(self, agent_id: str, container: str) -> str: ...
+    def serve_worker_calls(self, calls: WorkerCalls | None) -> None: ...  # endpoint workers' calls (None: 503)
     def overlay_network(self, held: Collection[str]) -> str: ...
     def overlay_paths(self, agent_id: str, container: str) -> dict[str, str]: ...
     def overlay_spec(
@@ -362,6 +364,11 @@ __all__ = [
     "WebhookRecord",
     "WorkloadRecord",
     "WorkloadSpec",
+    "WorkerCalls",  # with WorkerRef, TakenRequest, WorkerError, CallOutcome: what the request queue implements
+    "WorkerRef",
+    "TakenRequest",
+    "WorkerError",
+    "CallOutcome",
     "PortLink",
     "describe_tiers",
     "downsample",

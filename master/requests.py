@@ -52,6 +52,7 @@ from master.store.base import Store
 from master.telemetry import TelemetryAggregator
 from master.tunnels import OpenedTunnel, TunnelDispatch
 from master.verifier import Verifier
+from master.worker_calls import WorkerCalls
 
 
 class MasterRequests:
@@ -277,6 +278,11 @@ class MasterRequests:
         """How the image pull of ``container``'s create on that host goes ("pulling image: 12.0 MB of 45.3 MB, 1 of 3
         layers"), as its agent last said; "" when no pull is under way."""
         return self.channel.pulls.get((agent_id, container), "")
+
+    def serve_worker_calls(self, calls: WorkerCalls | None) -> None:
+        """Endpoint workers' calls go to ``calls`` from now on (management's request queue: docs/endpoints.md, "The
+        agent's side"); None: each is answered 503, which a worker retries."""
+        self.channel.worker_calls = calls
 
     async def repair_gpu(self, uuid: str) -> GpuRecord:
         """An operator says ``uuid`` is sound again (after a reset, a reseat, a swap): its fault is cleared and it

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
+import socket
 import urllib.parse
 from dataclasses import dataclass
 from typing import Any
@@ -43,16 +45,47 @@ class TakenRequest:
     attempt: int = 1
 
 
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTP over a unix socket: the agent serves each container's worker API on a socket inside the container's own
+    files (``unix:///idlegrid/worker/api.sock``), since a host never listens on a network port."""
+
+    def __init__(self, socket_path: str, *, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.socket_path = socket_path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            if len(self.socket_path.encode()) < 100:
+                sock.connect(self.socket_path)
+            else:  # a socket address holds 107 bytes: a longer path is reached through its directory's descriptor
+                directory, _, name = self.socket_path.rpartition("/")
+                fd = os.open(directory or "/", os.O_RDONLY | os.O_DIRECTORY)
+                try:
+                    sock.connect(f"/proc/self/fd/{fd}/{name}")
+                finally:
+                    os.close(fd)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
 class WorkerAPI:
-    """Calls to the agent's worker API at ``base_url`` (``http://host:port``)."""
+    """Calls to the agent's worker API at ``base_url``: ``unix:///PATH/TO/SOCKET`` (what the agent gives a container)
+    or ``http://host:port``."""
 
     def __init__(self, base_url: str, token: str, *, call_timeout_s: float = contract.CALL_TIMEOUT_S) -> None:
         parts = urllib.parse.urlsplit(base_url)
-        if parts.scheme != "http" or not parts.hostname:
-            raise ValueError(f"{contract.ENV_API} must be http://HOST:PORT, not {base_url!r}")
-        self.host = parts.hostname
+        self.socket_path = parts.path if parts.scheme == "unix" and not parts.netloc else ""
+        if parts.scheme == "unix" and not self.socket_path:
+            raise ValueError(f"{contract.ENV_API} must be unix:///PATH (three slashes, an absolute path), not {base_url!r}")
+        if parts.scheme not in ("http", "unix") or (parts.scheme == "http" and not parts.hostname):
+            raise ValueError(f"{contract.ENV_API} must be unix:///PATH or http://HOST:PORT, not {base_url!r}")
+        self.host = parts.hostname or ""
         self.port = parts.port or 80
-        self.prefix = parts.path.rstrip("/")
+        self.prefix = "" if self.socket_path else parts.path.rstrip("/")
         self.token = token
         self.call_timeout_s = call_timeout_s
 
@@ -89,7 +122,12 @@ class WorkerAPI:
             "Content-Type": "application/json",
             "Content-Length": str(len(payload)),
         }
-        connection = http.client.HTTPConnection(self.host, self.port, timeout=timeout_s or self.call_timeout_s)
+        timeout = timeout_s or self.call_timeout_s
+        connection = (
+            UnixHTTPConnection(self.socket_path, timeout=timeout)
+            if self.socket_path
+            else http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+        )
         try:
             connection.request("POST", self.prefix + path, body=payload, headers=headers)
             response = connection.getresponse()

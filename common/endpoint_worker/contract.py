@@ -5,7 +5,9 @@ Standard library only and no import of the rest of idlegrid, so this folder can 
 
 The worker finds the API in its environment:
 
-- ``IDLEGRID_WORKER_API``: the base URL, ``http://HOST:PORT`` (the agent's local endpoint for this one container);
+- ``IDLEGRID_WORKER_API``: where the agent's local endpoint for this one container is: ``unix:///PATH`` (the agent's
+  socket inside the container's own files, ``/idlegrid/worker/api.sock``: hosts never listen on a network port), or
+  ``http://HOST:PORT`` (the tests' stand-in);
 - ``IDLEGRID_WORKER_TOKEN``: the bearer token, sent as ``Authorization: Bearer <token>`` on every call; it names this
   worker of this endpoint, so the agent hands it that endpoint's requests and no other's;
 - ``IDLEGRID_WORKER_CONCURRENCY``: requests one worker process runs at once (the endpoint's per-worker concurrency);

@@ -38,6 +38,7 @@ from agent.session import (
     RevealAsked,
     RunCommand,
     Welcomed,
+    WorkerAnswered,
 )
 from common.containers import LABEL_COMMAND_ID, ContainerInfo, ContainerSpec
 from common.pki import CommandSigner, CommandVerifier
@@ -58,6 +59,7 @@ from common.wire import (
     VerifyChallenge,
     VerifyReveal,
     Welcome,
+    WorkerAnswer,
     encode,
     signing_bytes,
 )
@@ -216,6 +218,15 @@ def test_a_verification_challenge_and_its_reveal_go_to_the_benchmark():
     session = MasterSession()
     assert session.receive(encode(challenge)) == Challenged(challenge)
     assert session.receive(encode(reveal)) == RevealAsked(reveal)
+
+
+def test_a_worker_answer_goes_to_the_worker_api_server():
+    answer = WorkerAnswer(call_id="call-1", status=200, body={"id": "r1", "input": {"x": 1}, "attempt": 1})
+    assert MasterSession().receive(encode(answer)) == WorkerAnswered(answer)
+
+
+def test_a_worker_answer_with_a_status_no_http_has_is_a_bad_frame():
+    assert isinstance(MasterSession().receive(b'{"type": "worker_answer", "call_id": "c", "status": 42}'), BadFrame)
 
 
 def test_a_ping_is_echoed_by_every_later_heartbeat():

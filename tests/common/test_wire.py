@@ -1,5 +1,7 @@
 """Wire protocol v1: typed frames, one codec, clear error codes for every kind of bad input."""
 
+import json
+
 import msgspec
 import pytest
 from hypothesis import given, settings
@@ -9,12 +11,17 @@ from common.errors import ProtocolError
 from common.inventory import MAX_MIG_INSTANCES, MAX_REGISTRY_PATTERNS, GpuInfo, HostInfo, ImageSource, Inventory, MigInstance
 from common.wire import (
     MAX_FRAME_BYTES,
+    MAX_WORKER_IN_FLIGHT,
+    MAX_WORKER_TAKE_WAIT_S,
     AgentEvent,
     AgentEventKind,
     CommandBody,
     Heartbeat,
     Hello,
     Relay,
+    WorkerAnswer,
+    WorkerCall,
+    WorkerOp,
     decode_agent_frame,
     decode_link_frame,
     decode_link_message,
@@ -240,3 +247,25 @@ def test_a_gpu_claiming_more_mig_instances_than_the_wire_allows_is_refused():
     hello = {"type": "hello", "versions": [1], "agent_version": "1", "inventory": {"host": host, "gpus": [gpu]}}
     with pytest.raises(ProtocolError, match="length"):
         decode_agent_frame(msgspec.json.encode(hello))
+
+
+def test_a_worker_call_round_trips_and_its_bounds_are_refused_at_decode():
+    call = WorkerCall(call_id="c-1", container="w-c", endpoint_id="ep-a", worker_id="w-1", op=WorkerOp.TAKE, wait_s=20.0)
+    assert decode_agent_frame(encode(call)) == call
+    fields = {"type": "worker_call", "call_id": "c", "container": "w", "endpoint_id": "e", "worker_id": "w"}
+    for bad in (
+        {"op": "take", "wait_s": MAX_WORKER_TAKE_WAIT_S + 1},
+        {"op": "heartbeat", "in_flight": ["r"] * (MAX_WORKER_IN_FLIGHT + 1)},
+        {"op": "partial", "seq": -1},
+        {"op": "launch"},
+        {"op": "result", "request_id": "r" * 129},
+    ):
+        with pytest.raises(ProtocolError, match="schema"):
+            decode_agent_frame(json.dumps({**fields, **bad}))
+
+
+def test_a_worker_answer_carries_an_http_status_and_any_json_body():
+    answer = WorkerAnswer(call_id="c-1", status=200, body={"id": "r1", "input": [1, {"a": None}], "attempt": 1})
+    assert decode_master_frame(encode(answer)) == answer
+    with pytest.raises(ProtocolError, match="schema"):
+        decode_master_frame(b'{"type": "worker_answer", "call_id": "c", "status": 600}')

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from common.containers import ContainerSpec, parse_create_spec
 from common.wire import Command, CommandResult
-from master.command_secrets import SEALED, join, split
+from master.command_secrets import SEALED, SEALED_TOKEN, join, split
 from master.config import MasterConfig
 from master.master import Master
 from master.records import CommandRecord
@@ -39,6 +39,8 @@ def create_specs(draw: st.DrawFn) -> dict[str, Any]:
         spec["registry_auth"] = {"username": draw(_text), "password": draw(_text)}
     if draw(st.booleans()):
         spec["storage"] = {"credentials": draw(_credentials), "region": "eu-1", "inputs": [{"uri": "s3://b/k", "path": "/in"}]}
+    if draw(st.booleans()):
+        spec["endpoint_worker"] = {"endpoint_id": "ep-1", "worker_id": "w-1", "token": draw(_text) * 16}
     return spec
 
 
@@ -49,6 +51,8 @@ def _secret_values(spec: dict[str, Any]) -> list[str]:
     if "storage" in spec:
         credentials = spec["storage"]["credentials"]
         values += [credentials["secret_access_key"], *([credentials["session_token"]] if "session_token" in credentials else [])]
+    if "endpoint_worker" in spec:
+        values.append(spec["endpoint_worker"]["token"])
     return values
 
 
@@ -60,7 +64,7 @@ def test_a_stored_spec_holds_no_secret_value_and_joins_back_to_the_spec(spec: di
         assert stored == spec
         return
     assert join(stored, secrets) == spec
-    assert set(_secret_values(stored)) <= {SEALED}
+    assert set(_secret_values(stored)) <= {SEALED, SEALED_TOKEN}
     # What answers show stays: every env name, the registry username, the storage key id; and it still parses.
     assert stored.get("env", {}).keys() == spec.get("env", {}).keys()
     if "registry_auth" in spec:
@@ -70,6 +74,8 @@ def test_a_stored_spec_holds_no_secret_value_and_joins_back_to_the_spec(spec: di
             "access_key_id": spec["storage"]["credentials"]["access_key_id"],
             "secret_access_key": SEALED,
         }
+    if "endpoint_worker" in spec:
+        assert stored["endpoint_worker"] == {**spec["endpoint_worker"], "token": SEALED_TOKEN}
     parse_create_spec(stored)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from common.wire import AgentEvent, AgentEventKind, CommandResult, Heartbeat, Hello
+from common.wire import AgentEvent, AgentEventKind, CommandResult, Heartbeat, Hello, WorkerCall, WorkerOp
 from master.budget import ReportLimits
 from master.session import INVENTORY_TOO_LARGE, Act, AgentSession, SessionRules
 from tests.master.linked import gpus, hello
@@ -71,3 +71,13 @@ def test_event_reports_are_budgeted_by_bytes_too():
     assert session.receive(report(), 9_000, 0.0).act is Act.TAKE
     assert session.receive(report(), 2_000, 0.0).act is Act.DROP_AND_NOTE  # 11,000 bytes > 10,000 per window
     assert session.budget.dropped_bytes == 2_000
+
+
+def test_a_worker_call_is_taken_only_after_the_welcome_and_is_not_budgeted_as_a_report():
+    """A call before the hello is not passed on (the Master does not know the host yet: its worker's call times out
+    at the agent, a 503 the worker retries); after it, every call is taken, however many: the worker API's own
+    retries pace them, and a report budget would drop a result."""
+    call = WorkerCall(call_id="c-1", container="w-c", endpoint_id="ep-a", worker_id="w-1", op=WorkerOp.HEARTBEAT)
+    assert AgentSession("agt-a", RULES, 0.0).receive(call, 100, 0.0).act is Act.ASK_HELLO
+    session = welcomed()
+    assert all(session.receive(call, 100_000, 1.0).act is Act.TAKE for _ in range(10))

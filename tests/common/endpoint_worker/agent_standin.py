@@ -1,11 +1,13 @@
 """A stand-in for the agent's side of the worker API (common/endpoint_worker/contract.py): a real HTTP server on
 127.0.0.1 that hands out the requests a test queues and records every report, so the handler library is tested over
-real sockets. It can be stopped and started again on the same port, and told to answer badly."""
+real sockets: TCP on 127.0.0.1, or a unix socket (``socket_path``) as the agent serves it. It can be stopped and
+started again on the same port, and told to answer badly."""
 
 from __future__ import annotations
 
 import json
 import queue
+import socketserver
 import threading
 from collections import defaultdict
 from collections.abc import Callable
@@ -18,9 +20,14 @@ from common.endpoint_worker import contract
 WAIT_S = 20.0  # how long a test waits for what it expects before it fails (never an assertion on speed)
 
 
+class _UnixHTTPServer(socketserver.ThreadingUnixStreamServer):
+    daemon_threads = True
+
+
 class AgentStandIn:
-    def __init__(self, token: str = "worker-token") -> None:
+    def __init__(self, token: str = "worker-token", *, socket_path: str = "") -> None:
         self.token = token
+        self.socket_path = socket_path
         self.pending: queue.Queue[dict[str, Any]] = queue.Queue()
         self.changed = threading.Condition()
         self.results: dict[str, Any] = {}
@@ -35,14 +42,18 @@ class AgentStandIn:
         self.take_gate: threading.Event | None = None  # when set up, a take waits for it before it answers
         self.canned: dict[str, list[tuple[int, bytes]]] = defaultdict(list)  # path -> next answers, used up in order
         self.port = 0
-        self.server: ThreadingHTTPServer | None = None
+        self.server: socketserver.BaseServer | None = None
 
     # the test's side
 
     def start(self) -> AgentStandIn:
-        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), _handler_for(self))
-        self.server.daemon_threads = True
-        self.port = self.server.server_address[1]
+        if self.socket_path:
+            self.server = _UnixHTTPServer(self.socket_path, _handler_for(self))
+        else:
+            tcp = ThreadingHTTPServer(("127.0.0.1", self.port), _handler_for(self))
+            tcp.daemon_threads = True
+            self.port = tcp.server_address[1]
+            self.server = tcp
         threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         return self
 
@@ -54,7 +65,7 @@ class AgentStandIn:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"unix://{self.socket_path}" if self.socket_path else f"http://127.0.0.1:{self.port}"
 
     def env(self, **extra: str) -> dict[str, str]:
         return {contract.ENV_API: self.url, contract.ENV_TOKEN: self.token, contract.ENV_HEARTBEAT_S: "0.05", **extra}

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from common.endpoint_worker import Request, TokenRefused, serve
+from common.endpoint_worker.client import WorkerAPI
 from common.endpoint_worker.contract import ENV_CONCURRENCY, request_path
 from common.endpoint_worker.serve import settings_from_env
 from tests.common.endpoint_worker.agent_standin import WAIT_S, AgentStandIn
@@ -343,3 +344,24 @@ def test_settings_name_what_is_missing_or_wrong():
         settings_from_env(env | {ENV_CONCURRENCY: "0"})
     with pytest.raises(ValueError, match="must be numbers"):
         settings_from_env(env | {ENV_CONCURRENCY: "many"})
+
+
+def test_a_worker_api_on_a_unix_socket_is_served_as_over_tcp(serving, tmp_path):
+    """The agent serves each container's worker API on a unix socket in the container's own files (hosts never
+    listen on a network port): ``unix:///PATH`` in the environment is HTTP over that socket."""
+    standin = AgentStandIn(socket_path=str(tmp_path / "api.sock")).start()
+    try:
+        serving(lambda request: {"echo": request.input}, standin.env())
+        standin.submit("r1", {"prompt": "hi"})
+        standin.wait_for(lambda: "r1" in standin.results)
+        assert standin.results["r1"] == {"echo": {"prompt": "hi"}}
+        standin.wait_for(lambda: bool(standin.heartbeats))
+        assert set(standin.authorizations) == {"Bearer worker-token"}
+    finally:
+        standin.stop()
+
+
+@pytest.mark.parametrize("url", ["unix://relative/api.sock", "unix://", "ftp://host/x", "http://"])
+def test_a_worker_api_url_other_than_unix_or_http_is_refused(url):
+    with pytest.raises(ValueError, match="IDLEGRID_WORKER_API must be"):
+        WorkerAPI(url, "t")
