@@ -69,7 +69,8 @@ def test_management_s_aggregates_are_not_the_store_s_own() -> None:
     assert len(_plugin_names()) == len(AGGREGATES)  # each name once
     assert _plugin_names().isdisjoint(str(a) for a in Aggregate)
     assert _plugin_names() == {
-        "workloads", "outputs", "fair_share", "prices", "rentals", "ledger", "alert_rules", "silences", "webhooks", "ssh_keys"
+        "workloads", "outputs", "fair_share", "prices", "rentals", "ledger", "alert_rules", "silences", "webhooks", "ssh_keys",
+        "endpoint_requests",
     }  # fmt: skip
 
 

@@ -94,7 +94,10 @@ class WorkerRef(NamedTuple):
 
 class Partial(msgspec.Struct, frozen=True):
     seq: int
-    output: JSON
+    output: str  # JSON text
+
+    def value(self) -> JSON:
+        return msgspec.json.decode(self.output)
 
 
 class WorkerError(msgspec.Struct, frozen=True):
@@ -109,7 +112,7 @@ class EndpointRequestRecord(msgspec.Struct, frozen=True, kw_only=True):
     id: str
     endpoint_id: str
     account: str = ""
-    input: JSON = None
+    input: str = "null"  # the payloads are kept as JSON text: their size is what is bounded, and any keys are safe
     state: str = RequestState.QUEUED.value
     order: int = 0  # FIFO place among the endpoint's queued requests; kept through requeues, new on retry
     attempt: int = 1  # 1 the first time; +1 after each lost worker and each retry
@@ -122,10 +125,10 @@ class EndpointRequestRecord(msgspec.Struct, frozen=True, kw_only=True):
     agent_id: str = ""
     started_at: float | None = None  # taken by its holder
     ended_at: float | None = None
-    output: JSON = None
+    output: str = ""  # JSON text of a completed request's output
     partials: tuple[Partial, ...] = ()  # this attempt's, by seq
     partial_bytes: int = 0
-    progress: JSON = None
+    progress: str = ""  # JSON text of the latest progress
     error: WorkerError | None = None
     reason: str = ""  # EndReason of a failed, cancelled or timed-out request
     version: int = 1
@@ -162,12 +165,21 @@ class QueueLimits:
 MAX_ERROR_CHARS = 8_000  # each of an error's message and traceback is cut to this (the library sends at most it)
 
 
-def encoded_size(value: JSON) -> int:
-    """A JSON value's size as stored; a value that is not JSON counts as too large to take."""
+def as_json(value: JSON) -> str | None:
+    """A JSON value as the text stored; None for a value that is not JSON (refused as too large: nothing takes it)."""
     try:
-        return len(msgspec.json.encode(value))
+        return msgspec.json.encode(value).decode()
     except (TypeError, ValueError, OverflowError):
-        return 1 << 62
+        return None
+
+
+def fits(text: str | None, limit: int) -> bool:
+    return text is not None and len(text.encode()) <= limit
+
+
+def value_of(text: str) -> JSON:
+    """The JSON value of a stored text ("": none)."""
+    return None if not text else msgspec.json.decode(text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,7 +207,7 @@ def _requeued(rec: EndpointRequestRecord, *, attempt: int, lost: int) -> Endpoin
         started_at=None,
         partials=(),
         partial_bytes=0,
-        progress=None,
+        progress="",
     )
 
 
@@ -246,13 +258,14 @@ class RequestQueue:
     ) -> Step:
         if request_id in self.requests:
             return Step(Outcome.GONE)
-        if encoded_size(input) > limits.max_input_bytes:
+        text = as_json(input)
+        if text is None or not fits(text, limits.max_input_bytes):
             return Step(Outcome.TOO_LARGE)
         rec = EndpointRequestRecord(
             id=request_id,
             endpoint_id=endpoint_id,
             account=account,
-            input=input,
+            input=text,
             order=self.next_order,
             submitted_at=now,
             ttl_s=limits.ttl_s,
@@ -287,10 +300,11 @@ class RequestQueue:
             return Step(Outcome.GONE, seen=seen)
         if any(p.seq == seq for p in rec.partials):
             return Step(Outcome.OK, seen=seen)  # a resend: taken once
-        size = max(encoded_size(output), 1)
-        if rec.partial_bytes + size > limits.max_partial_bytes:
+        text = as_json(output)
+        if text is None or not fits(text, limits.max_partial_bytes - rec.partial_bytes):
             return Step(Outcome.TOO_LARGE, seen=seen)
-        partials = tuple(sorted((*rec.partials, Partial(seq, output)), key=lambda p: p.seq))
+        size = len(text.encode())
+        partials = tuple(sorted((*rec.partials, Partial(seq, text)), key=lambda p: p.seq))
         return Step(Outcome.OK, changed=(_next(rec, partials=partials, partial_bytes=rec.partial_bytes + size),), seen=seen)
 
     def progress(self, worker: WorkerRef, request_id: str, progress: JSON, limits: QueueLimits, now: float) -> Step:
@@ -298,18 +312,20 @@ class RequestQueue:
         rec = self._holding(worker, request_id)
         if rec is None:
             return Step(Outcome.GONE, seen=seen)
-        if encoded_size(progress) > limits.max_progress_bytes:
+        text = as_json(progress)
+        if text is None or not fits(text, limits.max_progress_bytes):
             return Step(Outcome.TOO_LARGE, seen=seen)
-        return Step(Outcome.OK, changed=(_next(rec, progress=progress),), seen=seen)
+        return Step(Outcome.OK, changed=(_next(rec, progress=text),), seen=seen)
 
     def result(self, worker: WorkerRef, request_id: str, output: JSON, limits: QueueLimits, now: float) -> Step:
         seen = ((worker, now),)
         rec = self._holding(worker, request_id)
         if rec is None:
             return Step(Outcome.GONE, seen=seen)
-        if encoded_size(output) > limits.max_output_bytes:
+        text = as_json(output)
+        if text is None or not fits(text, limits.max_output_bytes):
             return Step(Outcome.TOO_LARGE, seen=seen)
-        return Step(Outcome.OK, changed=(_ended(rec, RequestState.COMPLETED, now, output=output),), seen=seen)
+        return Step(Outcome.OK, changed=(_ended(rec, RequestState.COMPLETED, now, output=text),), seen=seen)
 
     def error(self, worker: WorkerRef, request_id: str, error: WorkerError, now: float) -> Step:
         seen = ((worker, now),)
@@ -359,10 +375,10 @@ class RequestQueue:
             agent_id="",
             started_at=None,
             ended_at=None,
-            output=None,
+            output="",
             partials=(),
             partial_bytes=0,
-            progress=None,
+            progress="",
             error=None,
             reason="",
         )

@@ -10,6 +10,7 @@ step of the one migration sequence, master/store/migrations.py (docs/store.md, "
 from __future__ import annotations
 
 from management.store.alerting import ALERT_RULES, SILENCES, WEBHOOKS, AlertRuleRepo, SilenceRepo, WebhookRepo
+from management.store.endpoint_requests import ENDPOINT_REQUESTS, EndpointRequestRepo
 from management.store.fair_share import FAIR_SHARE, FairShareRepo
 from management.store.ledger import LEDGER, LedgerRepo
 from management.store.outputs import OUTPUTS, OutputRepo
@@ -30,6 +31,7 @@ AGGREGATES: tuple[AggregatePlugin[object], ...] = (
     RENTALS,
     LEDGER,
     WORKLOADS,
+    ENDPOINT_REQUESTS,
 )
 
 
@@ -79,9 +81,14 @@ def ssh_key_repo(store: Repositories) -> SshKeyRepo:
     return store.repository(SSH_KEYS)
 
 
+def endpoint_request_repo(store: Repositories) -> EndpointRequestRepo:
+    return store.repository(ENDPOINT_REQUESTS)
+
+
 __all__ = [
     "AGGREGATES",
     "ALERT_RULES",
+    "ENDPOINT_REQUESTS",
     "FAIR_SHARE",
     "LEDGER",
     "OUTPUTS",
@@ -92,6 +99,7 @@ __all__ = [
     "WEBHOOKS",
     "WORKLOADS",
     "AlertRuleRepo",
+    "EndpointRequestRepo",
     "FairShareRepo",
     "LedgerRepo",
     "OutputRepo",
@@ -103,6 +111,7 @@ __all__ = [
     "WorkloadRepo",
     "alert_rule_repo",
     "attach",
+    "endpoint_request_repo",
     "fair_share_repo",
     "ledger_repo",
     "output_repo",

@@ -274,6 +274,17 @@ SQLITE_MIGRATIONS: tuple[SqliteMigration, ...] = (
         (),
         _forget_finished_secrets_sqlite,
     ),
+    SqliteMigration(
+        15,
+        "requests to serverless endpoints, by state and endpoint in FIFO order (docs/endpoints.md)",
+        (
+            """CREATE TABLE endpoint_requests (
+                id TEXT PRIMARY KEY, endpoint_id TEXT NOT NULL, state TEXT NOT NULL, ord INTEGER NOT NULL,
+                version INTEGER NOT NULL, doc TEXT NOT NULL)""",
+            "CREATE INDEX endpoint_requests_by_state ON endpoint_requests (state, endpoint_id, ord)",
+            "CREATE INDEX endpoint_requests_by_endpoint ON endpoint_requests (endpoint_id, ord)",
+        ),
+    ),
 )
 
 MONGO_MIGRATIONS: tuple[MongoMigration, ...] = (
@@ -395,6 +406,16 @@ MONGO_MIGRATIONS: tuple[MongoMigration, ...] = (
         {"secrets": [IndexModel([("account", ASCENDING), ("name", ASCENDING)])]},
     ),
     MongoMigration(14, "finished create commands keep no secret values (docs/storage.md)", {}, _forget_finished_secrets_mongo),
+    MongoMigration(
+        15,
+        "requests to serverless endpoints, by state and endpoint in FIFO order (docs/endpoints.md)",
+        {
+            "endpoint_requests": [
+                IndexModel([("state", ASCENDING), ("endpoint_id", ASCENDING), ("order", ASCENDING)]),
+                IndexModel([("endpoint_id", ASCENDING), ("order", ASCENDING)]),
+            ]
+        },
+    ),
 )
 
 LATEST_VERSION = SQLITE_MIGRATIONS[-1].version  # the contract tests check MongoDB reaches it too

@@ -13,7 +13,19 @@ from typing import Any
 import msgspec
 import pymongo
 
-from management.store import ALERT_RULES, FAIR_SHARE, LEDGER, OUTPUTS, PRICES, RENTALS, SILENCES, SSH_KEYS, WEBHOOKS, WORKLOADS
+from management.store import (
+    ALERT_RULES,
+    ENDPOINT_REQUESTS,
+    FAIR_SHARE,
+    LEDGER,
+    OUTPUTS,
+    PRICES,
+    RENTALS,
+    SILENCES,
+    SSH_KEYS,
+    WEBHOOKS,
+    WORKLOADS,
+)
 from master.records import CommandRecord
 from master.store import MongoStore, SqliteStore, Store
 from master.store.aggregates import Aggregate, host_rollup_key, rollup_key
@@ -53,9 +65,10 @@ _SQLITE_COLUMNS: dict[str, dict[str, Any]] = {
     OUTPUTS.name: {"id": KEY, "workload_id": "wl-1", "state": "kept", "ended_at": 1_700_000_000.0},
     Aggregate.SECRETS: {"id": KEY, "account": "alice", "name": "poisoned"},
     SSH_KEYS.name: {"id": KEY, "account": "alice", "created_at": 1_700_000_000.0},
+    ENDPOINT_REQUESTS.name: {"id": KEY, "endpoint_id": "ep-1", "state": "queued", "ord": 1, "version": 1},
 }
 # The MongoDB field each SQLite column is kept in, where the names differ; the key column is _id.
-_MONGO_FIELD = {"idx": "index"}
+_MONGO_FIELD = {"idx": "index", "ord": "order"}
 # A field of the wrong type in each planted record (a command's deadline as a NaN was written: null).
 _BROKEN: dict[str, dict[str, Any]] = {
     Aggregate.AGENTS: {"host": "not a host"},
@@ -81,6 +94,7 @@ _BROKEN: dict[str, dict[str, Any]] = {
     OUTPUTS.name: {"replica": "the first", "attempt": 1, "account": "alice", "agent_id": "agt-1", "container": "c"},
     Aggregate.SECRETS: {"sealed": 7, "created_at": 0.0},
     SSH_KEYS.name: {"name": "laptop", "public_key": 7, "fingerprint": "SHA256:x"},
+    ENDPOINT_REQUESTS.name: {"input": 7, "attempt": "first"},
 }
 _HOST_ROLLUPS = (Aggregate.HOST_ROLLUPS, Aggregate.HOST_HOURLY_ROLLUPS)
 
