@@ -36,25 +36,30 @@ takes = st.tuples(st.just("take"), workers)
 reports = st.tuples(st.sampled_from(REPORTS), workers, request_numbers, st.integers(0, 3))
 losses = st.tuples(st.just("worker_gone"), workers)
 holder_reports = st.tuples(st.just("holder"), st.sampled_from(REPORTS), request_numbers, st.integers(0, 3))
-holder_lost = st.tuples(st.just("holder_gone"), request_numbers)  # the worker that holds the request, if any, is lost
-operations = st.one_of(  # weighted towards what moves requests: submits, takes, reports and lost workers
-    submits,
-    submits,
-    takes,
-    takes,
-    takes,
-    reports,
-    holder_reports,
-    holder_reports,
-    losses,
-    holder_lost,
-    holder_lost,
-    st.tuples(st.just("heartbeat"), workers, st.lists(request_numbers, max_size=3)),
-    st.tuples(st.just("cancel"), request_numbers),
-    st.tuples(st.just("retry"), request_numbers),
-    st.tuples(st.just("expire")),
-    st.tuples(st.just("wait"), st.sampled_from([1.0, 10.0, 29.0, 31.0, 60.0])),
-)
+sibling_reports = st.tuples(st.just("sibling"), st.sampled_from(REPORTS), request_numbers, st.integers(0, 3))
+holder_lost = st.tuples(st.just("holder_gone"), request_numbers)
+# Weighted towards what moves requests: submits, takes, reports from holders and lost holders (so bounds are reached).
+operations = st.sampled_from(
+    [
+        submits,
+        takes,
+        holder_reports,
+        submits,
+        takes,
+        holder_reports,
+        holder_lost,
+        takes,
+        reports,
+        sibling_reports,
+        losses,
+        st.tuples(st.just("heartbeat"), workers, st.lists(request_numbers, max_size=3)),
+        st.tuples(st.just("retry"), request_numbers),
+        st.tuples(st.just("retry"), request_numbers),
+        st.tuples(st.just("cancel"), request_numbers),
+        st.tuples(st.just("expire")),
+        st.tuples(st.just("wait"), st.sampled_from([1.0, 10.0, 29.0, 31.0, 60.0])),
+    ]
+).flatmap(lambda operation: operation)
 sequences = st.lists(operations, min_size=10, max_size=80)
 
 
@@ -78,9 +83,11 @@ class Run:
         self.known: dict[str, EndpointRequestRecord] = {}
         self.now = 1_000.0
         self.submitted = 0
+        self.resolved: tuple[object, ...] = ()
 
     def step(self, op: tuple[object, ...]) -> Step | None:
         q, now = self.queue, self.now
+        self.resolved = op  # a report by a holder or a sibling is the plain report it resolves to
         match op:
             case ("submit", str(endpoint), input):
                 step = q.submit(rid(self.submitted), endpoint, input, LIMITS, now)
@@ -89,10 +96,10 @@ class Run:
                 step = q.take(w, CONCURRENCY[w.endpoint_id], now)
             case ("heartbeat", WorkerRef() as w, list(ns)):
                 step = q.heartbeat(w, [rid(n) for n in ns], now)
-            case ("holder", str(kind), int(n), int(k)):  # a report from the request's holder, if any
-                if (held := q.get(rid(n))) is None or (holder := held.holder) is None:
+            case ("holder", str(kind), int(n), int(k)):  # a report on the n-th request in progress, from its holder
+                if (held := self.in_progress(n)) is None or (holder := held.holder) is None:
                     return None
-                return self.step((kind, holder, n, k))
+                return self.step((kind, holder, int(held.id.removeprefix("req-")), k))
             case ("partial", WorkerRef() as w, int(n), int(seq)):
                 step = q.partial(w, rid(n), seq, "p" * (seq * 5), LIMITS, now)
             case ("progress", WorkerRef() as w, int(n), int(k)):
@@ -105,16 +112,22 @@ class Run:
                 step = q.release(w, rid(n), now)
             case ("worker_gone", WorkerRef() as w):
                 step = q.worker_gone(w, now)
-            case ("holder_gone", int(n)):
-                if (held := q.get(rid(n))) is None or (holder := held.holder) is None:
+            case ("sibling", str(kind), int(n), int(k)):  # ... from another worker of its endpoint (refused)
+                if (held := self.in_progress(n)) is None or (holder := held.holder) is None:
+                    return None
+                sibling = next(w for w in WORKERS if w.endpoint_id == holder.endpoint_id and w != holder)
+                return self.step((kind, sibling, int(held.id.removeprefix("req-")), k))
+            case ("holder_gone", int(n)):  # the holder of the n-th request in progress is lost
+                if (held := self.in_progress(n)) is None or (holder := held.holder) is None:
                     return None
                 step = q.worker_gone(holder, now)
             case ("cancel", int(n)):
                 step = q.cancel(rid(n), now)
-            case ("retry", int(n)):
-                if (rec := self.known.get(rid(n))) is None:
+            case ("retry", int(n)):  # of the n-th ended request (completed ones included: the queue refuses them)
+                ended = sorted((r for r in self.known.values() if not r.is_open), key=lambda r: r.id)
+                if not ended:
                     return None
-                step = q.retry(rec, now)
+                step = q.retry(ended[n % len(ended)], now)
             case ("expire",):
                 step = q.expire(now, HEARTBEAT_TIMEOUT_S)
             case ("wait", float(s)):
@@ -124,6 +137,10 @@ class Run:
                 raise AssertionError(op)
         self.apply(step)
         return step
+
+    def in_progress(self, n: int) -> EndpointRequestRecord | None:
+        running = sorted((r for r in self.queue.requests.values() if r.holder is not None), key=lambda r: r.id)
+        return running[n % len(running)] if running else None
 
     def apply(self, step: Step) -> None:
         for rec in step.changed:
@@ -137,7 +154,7 @@ class Run:
             before, known = copy.deepcopy(self.queue), dict(self.known)
             step = self.step(op)
             if step is not None:
-                yield Move(op, before, known, step)
+                yield Move(self.resolved, before, known, step)
 
 
 def check_held(queue: RequestQueue) -> None:
