@@ -237,10 +237,12 @@ class RequestBook:
     async def stream(self, request_id: str, after_seq: int = -1, *, wait_s: float = 0.0) -> Streamed:
         """The request's partial outputs after ``after_seq``; with ``wait_s``, waits that long for one (or the
         request's end) when there is none yet. NotFound for an unknown request."""
-        change = self._event(self._changes, request_id)
         found = await self._streamed(request_id, after_seq)
         if found.partials or found.done or wait_s <= 0:
             return found
+        # Made only now, so an ended request leaves no event behind; nothing ran since it was read (an open request is
+        # read from memory, without suspending), so no change slips in between.
+        change = self._event(self._changes, request_id)
         try:
             await asyncio.wait_for(change.wait(), min(wait_s, MAX_TAKE_WAIT_S))
         except TimeoutError:

@@ -177,3 +177,18 @@ async def test_ttl_and_execution_timeout_end_requests_at_the_sweep(store: Store)
     await book.sweep()
     queued = await book.status(waiting.id)
     assert queued is not None and (queued.state, queued.reason) == ("timed_out", "ttl")
+
+
+async def test_a_stream_waits_for_the_next_partial(store: Store) -> None:
+    book = await book_over(store, Clock())
+    rec = await book.submit("ep-a", "stream me")
+    assert (await book.take(W1, 0)) is not None
+    reading = asyncio.create_task(book.stream(rec.id, -1, wait_s=25))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not reading.done()
+    assert await book.partial(W1, rec.id, 0, {"token": "a"}) == Outcome.OK
+    streamed = await reading  # without the wake it would wait the 25 s out and answer no partials
+    assert [p.value() for p in streamed.partials] == [{"token": "a"}]
+    with pytest.raises(NotFound):
+        await book.stream("req-nobody")
