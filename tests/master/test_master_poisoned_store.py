@@ -19,9 +19,11 @@ from aiohttp.test_utils import TestClient, TestServer
 from common.errors import EnrollmentError
 from common.pki import generate_key, make_csr
 from management.app import api_app
+from management.endpoints.queue import EndpointRequestRecord
 from management.store import (
     AGGREGATES,
     ALERT_RULES,
+    ENDPOINT_REQUESTS,
     FAIR_SHARE,
     LEDGER,
     OUTPUTS,
@@ -31,6 +33,7 @@ from management.store import (
     SSH_KEYS,
     WEBHOOKS,
     WORKLOADS,
+    endpoint_request_repo,
     fair_share_repo,
     ledger_repo,
     output_repo,
@@ -89,6 +92,7 @@ async def _plant_good_and_bad_records(store_url: str) -> dict[str, str]:
         )
         await rental_repo(store).insert(msgspec.structs.replace(rental, ended_at=NOW + 60))
         lines = [LedgerLine(account="external", amount=-5), LedgerLine(account="renter:alice", amount=5)]
+        await endpoint_request_repo(store).insert(EndpointRequestRecord(id="req-1", endpoint_id="ep-1", submitted_at=NOW))
         await ledger_repo(store).post(
             LedgerEntry(key="credit:alice:1", ts=NOW, kind="credit", memo="", lines=lines, rental="wl-1-a1")
         )
@@ -116,6 +120,7 @@ async def _plant_good_and_bad_records(store_url: str) -> dict[str, str]:
             OUTPUTS.name: await poison(store, OUTPUTS.name, "wl-1:r0:a2"),
             Aggregate.SECRETS: await poison(store, Aggregate.SECRETS, "alice/poisoned"),
             SSH_KEYS.name: await poison(store, SSH_KEYS.name, "sshk-bad"),
+            ENDPOINT_REQUESTS.name: await poison(store, ENDPOINT_REQUESTS.name, "req-bad"),
         }
     finally:
         await store.close()
@@ -198,6 +203,10 @@ async def test_the_master_starts_and_serves_with_an_undecodable_record_in_every_
         # An account's SSH keys (read when it lists them or opens an ssh tunnel): the bad one skipped.
         keys = await client.get("/api/v1/ssh-keys?account=alice", headers=auth)
         assert keys.status == 200 and (await keys.json())["items"] == []
+
+        # An endpoint's open requests (what a request book loads at start): the bad one skipped.
+        requests = await endpoint_request_repo(master.store).list(states=["queued", "in_progress"])
+        assert [r.id for r in requests] == ["req-1"]
 
         # Each bad record is reported: an event naming its aggregate and key, a log line, a count.
         reported = await _reported(client, auth, len(Aggregate) + len(AGGREGATES))
