@@ -10,6 +10,7 @@ step of the one migration sequence, master/store/migrations.py (docs/store.md, "
 from __future__ import annotations
 
 from management.store.alerting import ALERT_RULES, SILENCES, WEBHOOKS, AlertRuleRepo, SilenceRepo, WebhookRepo
+from management.store.endpoint_requests import ENDPOINT_REQUESTS, EndpointRequestRepo
 from management.store.endpoints import ENDPOINT_KEYS, ENDPOINTS, EndpointKeyRepo, EndpointRepo
 from management.store.fair_share import FAIR_SHARE, FairShareRepo
 from management.store.ledger import LEDGER, LedgerRepo
@@ -33,6 +34,7 @@ AGGREGATES: tuple[AggregatePlugin[object], ...] = (
     WORKLOADS,
     ENDPOINTS,
     ENDPOINT_KEYS,
+    ENDPOINT_REQUESTS,
 )
 
 
@@ -90,11 +92,16 @@ def endpoint_key_repo(store: Repositories) -> EndpointKeyRepo:
     return store.repository(ENDPOINT_KEYS)
 
 
+def endpoint_request_repo(store: Repositories) -> EndpointRequestRepo:
+    return store.repository(ENDPOINT_REQUESTS)
+
+
 __all__ = [
     "AGGREGATES",
     "ALERT_RULES",
     "ENDPOINTS",
     "ENDPOINT_KEYS",
+    "ENDPOINT_REQUESTS",
     "FAIR_SHARE",
     "LEDGER",
     "OUTPUTS",
@@ -107,6 +114,7 @@ __all__ = [
     "AlertRuleRepo",
     "EndpointKeyRepo",
     "EndpointRepo",
+    "EndpointRequestRepo",
     "FairShareRepo",
     "LedgerRepo",
     "OutputRepo",
@@ -120,6 +128,7 @@ __all__ = [
     "attach",
     "endpoint_key_repo",
     "endpoint_repo",
+    "endpoint_request_repo",
     "fair_share_repo",
     "ledger_repo",
     "output_repo",

@@ -289,6 +289,17 @@ SQLITE_MIGRATIONS: tuple[SqliteMigration, ...] = (
             "CREATE INDEX endpoint_keys_by_endpoint ON endpoint_keys (endpoint, created_at)",
         ),
     ),
+    SqliteMigration(
+        16,
+        "requests to serverless endpoints, by state and endpoint in FIFO order (docs/endpoints.md)",
+        (
+            """CREATE TABLE endpoint_requests (
+                id TEXT PRIMARY KEY, endpoint_id TEXT NOT NULL, state TEXT NOT NULL, ord INTEGER NOT NULL,
+                version INTEGER NOT NULL, doc TEXT NOT NULL)""",
+            "CREATE INDEX endpoint_requests_by_state ON endpoint_requests (state, endpoint_id, ord)",
+            "CREATE INDEX endpoint_requests_by_endpoint ON endpoint_requests (endpoint_id, ord)",
+        ),
+    ),
 )
 
 MONGO_MIGRATIONS: tuple[MongoMigration, ...] = (
@@ -419,6 +430,16 @@ MONGO_MIGRATIONS: tuple[MongoMigration, ...] = (
                 IndexModel([("key_hash", ASCENDING)]),
                 IndexModel([("endpoint", ASCENDING), ("created_at", ASCENDING)]),
             ],
+        },
+    ),
+    MongoMigration(
+        16,
+        "requests to serverless endpoints, by state and endpoint in FIFO order (docs/endpoints.md)",
+        {
+            "endpoint_requests": [
+                IndexModel([("state", ASCENDING), ("endpoint_id", ASCENDING), ("order", ASCENDING)]),
+                IndexModel([("endpoint_id", ASCENDING), ("order", ASCENDING)]),
+            ]
         },
     ),
 )

@@ -19,10 +19,12 @@ from aiohttp.test_utils import TestClient, TestServer
 from common.errors import EnrollmentError
 from common.pki import generate_key, make_csr
 from management.app import api_app
+from management.endpoints.queue import EndpointRequestRecord
 from management.store import (
     AGGREGATES,
     ALERT_RULES,
     ENDPOINT_KEYS,
+    ENDPOINT_REQUESTS,
     ENDPOINTS,
     FAIR_SHARE,
     LEDGER,
@@ -34,6 +36,7 @@ from management.store import (
     WEBHOOKS,
     WORKLOADS,
     endpoint_key_repo,
+    endpoint_request_repo,
     fair_share_repo,
     ledger_repo,
     output_repo,
@@ -92,6 +95,7 @@ async def _plant_good_and_bad_records(store_url: str) -> dict[str, str]:
         )
         await rental_repo(store).insert(msgspec.structs.replace(rental, ended_at=NOW + 60))
         lines = [LedgerLine(account="external", amount=-5), LedgerLine(account="renter:alice", amount=5)]
+        await endpoint_request_repo(store).insert(EndpointRequestRecord(id="req-1", endpoint_id="ep-1", submitted_at=NOW))
         await ledger_repo(store).post(
             LedgerEntry(key="credit:alice:1", ts=NOW, kind="credit", memo="", lines=lines, rental="wl-1-a1")
         )
@@ -121,6 +125,7 @@ async def _plant_good_and_bad_records(store_url: str) -> dict[str, str]:
             SSH_KEYS.name: await poison(store, SSH_KEYS.name, "sshk-bad"),
             ENDPOINTS.name: await poison(store, ENDPOINTS.name, "ep-bad"),
             ENDPOINT_KEYS.name: await poison(store, ENDPOINT_KEYS.name, "epk-bad"),
+            ENDPOINT_REQUESTS.name: await poison(store, ENDPOINT_REQUESTS.name, "req-bad"),
         }
     finally:
         await store.close()
@@ -208,6 +213,9 @@ async def test_the_master_starts_and_serves_with_an_undecodable_record_in_every_
         endpoints = await client.get("/api/v1/endpoints?account=alice", headers=auth)
         assert endpoints.status == 200 and (await endpoints.json())["items"] == []
         assert await endpoint_key_repo(master.store).list("ep-1") == []
+        # An endpoint's open requests (what a request book loads at start): the bad one skipped.
+        requests = await endpoint_request_repo(master.store).list(states=["queued", "in_progress"])
+        assert [r.id for r in requests] == ["req-1"]
 
         # Each bad record is reported: an event naming its aggregate and key, a log line, a count.
         reported = await _reported(client, auth, len(Aggregate) + len(AGGREGATES))

@@ -16,6 +16,7 @@ import pymongo
 from management.store import (
     ALERT_RULES,
     ENDPOINT_KEYS,
+    ENDPOINT_REQUESTS,
     ENDPOINTS,
     FAIR_SHARE,
     LEDGER,
@@ -68,9 +69,10 @@ _SQLITE_COLUMNS: dict[str, dict[str, Any]] = {
     SSH_KEYS.name: {"id": KEY, "account": "alice", "created_at": 1_700_000_000.0},
     ENDPOINTS.name: {"id": KEY, "account": "alice", "created_at": 1_700_000_000.0},
     ENDPOINT_KEYS.name: {"id": KEY, "endpoint": "ep-1", "key_hash": "0" * 64, "created_at": 1_700_000_000.0},
+    ENDPOINT_REQUESTS.name: {"id": KEY, "endpoint_id": "ep-1", "state": "queued", "ord": 1, "version": 1},
 }
 # The MongoDB field each SQLite column is kept in, where the names differ; the key column is _id.
-_MONGO_FIELD = {"idx": "index"}
+_MONGO_FIELD = {"idx": "index", "ord": "order"}
 # A field of the wrong type in each planted record (a command's deadline as a NaN was written: null).
 _BROKEN: dict[str, dict[str, Any]] = {
     Aggregate.AGENTS: {"host": "not a host"},
@@ -98,6 +100,7 @@ _BROKEN: dict[str, dict[str, Any]] = {
     SSH_KEYS.name: {"name": "laptop", "public_key": 7, "fingerprint": "SHA256:x"},
     ENDPOINTS.name: {"spec": "not a spec", "updated_at": 0.0},
     ENDPOINT_KEYS.name: {"account": "alice", "name": 7},
+    ENDPOINT_REQUESTS.name: {"input": 7, "attempt": "first"},
 }
 _HOST_ROLLUPS = (Aggregate.HOST_ROLLUPS, Aggregate.HOST_HOURLY_ROLLUPS)
 

@@ -1,0 +1,300 @@
+"""The request queue's shell: the book of endpoint requests, on the Master.
+
+``RequestBook`` loads the open requests from the store at start (``load``), and from then on does each operation the
+same way: under one lock, it asks the pure queue (queue.py) for the step, stores the step's requests (an insert for a
+new one, else an update over the version it read: a request someone else wrote meanwhile is read back and the call
+answers as if it had lost the race), then applies what was stored. Memory never runs ahead of the store, so a Master
+that restarts finds every request where the last one left it; a holder it has not heard from since is treated as
+lost after ``heartbeat_timeout_s`` (the queue counts each loaded holder as heard from at load).
+
+Two sides call it:
+
+- the workers, through their agents (``WorkerCalls``, docs/endpoints.md "The worker API"): ``take`` is a long poll,
+  bounded by ``MAX_TAKE_WAIT_S``, that sleeps on its endpoint's arrival event (set by every submit, release, retry and
+  requeue of the endpoint) and never spins; the reports answer ``Outcome`` (ok, gone: 404/409, too_large: 413);
+- the renters' routes (a later slice): ``submit``, ``status``, ``stream`` (partial outputs after a seq, optionally
+  waiting for the next change), ``cancel``, ``retry``, ``health``.
+
+``sweep`` applies the clock (TTL, execution timeout, silent workers); the Master's composition runs it every few
+seconds. No timing here is a test's assertion: tests drive the clock (``clock``) and call ``sweep``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from common.errors import Conflict, IdlegridError, NotFound
+from management.endpoints.queue import (
+    OPEN_STATES,
+    EndpointRequestRecord,
+    Outcome,
+    Partial,
+    QueueLimits,
+    RequestQueue,
+    RequestState,
+    Step,
+    WorkerError,
+    WorkerRef,
+    value_of,
+)
+from management.store.endpoint_requests import EndpointRequestRepo, StaleEndpointRequest
+
+JSON = Any
+MAX_TAKE_WAIT_S = 30.0  # a take waits at most this long, whatever the worker asks (the library asks 20 s)
+MAX_IN_FLIGHT_LISTED = 1_000  # a heartbeat's in-flight list is read up to this many ids
+LOAD_PAGE = 1_000
+
+
+class RequestTooLarge(IdlegridError):
+    """A request's input past its endpoint's bound."""
+
+    code = "request_too_large"
+
+
+@dataclass(frozen=True, slots=True)
+class TakenRequest:
+    """A take's answer: what the worker API hands the worker (``{"id", "input", "attempt"}``)."""
+
+    id: str
+    input: JSON
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class Streamed:
+    """A stream's answer: the partial outputs after the seq asked for, and the request as it is."""
+
+    request: EndpointRequestRecord
+    partials: tuple[Partial, ...]
+
+    @property
+    def done(self) -> bool:
+        return self.request.state not in OPEN_STATES
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointHealth:
+    workers: int  # heard from and not gone
+    busy_workers: int  # holding at least one request
+    requests: dict[str, int]  # open requests by state
+
+
+def new_request_id() -> str:
+    return f"req-{secrets.token_hex(10)}"
+
+
+class RequestBook:
+    """Endpoint requests: the open ones in memory (the pure queue), every change stored first."""
+
+    def __init__(
+        self,
+        repo: EndpointRequestRepo,
+        *,
+        limits_of: Callable[[str], QueueLimits] = lambda _endpoint: QueueLimits(),
+        heartbeat_timeout_s: float = 30.0,
+        clock: Callable[[], float] = time.time,
+        new_id: Callable[[], str] = new_request_id,
+    ) -> None:
+        self._repo = repo
+        self._limits_of = limits_of
+        self._heartbeat_timeout_s = heartbeat_timeout_s
+        self._clock = clock
+        self._new_id = new_id
+        self._queue = RequestQueue()
+        self._lock = asyncio.Lock()
+        self._arrivals: dict[str, asyncio.Event] = {}  # per endpoint: set when a request becomes queued there
+        self._changes: dict[str, asyncio.Event] = {}  # per request someone streams: set when it changes
+
+    async def load(self) -> None:
+        """Read the open requests from the store (at start)."""
+        found: list[EndpointRequestRecord] = []
+        after: int | None = None
+        while page := await self._repo.list(states=list(OPEN_STATES), after_order=after, limit=LOAD_PAGE):
+            found.extend(page)
+            after = page[-1].order
+        async with self._lock:
+            self._queue = RequestQueue.loaded(found, self._clock())
+
+    # --- carrying out a step ---
+
+    async def _commit(self, step: Step) -> Step:
+        """Store the step's requests, then apply what was stored; answers the step as applied (a request lost to a
+        concurrent writer is left out, read back instead, and turns an OK into GONE). Called under the lock."""
+        stored: list[EndpointRequestRecord] = []
+        for rec in step.changed:
+            try:
+                if rec.version == 1:
+                    await self._repo.insert(rec)
+                else:
+                    await self._repo.update(rec, expected_version=rec.version - 1)
+            except StaleEndpointRequest:
+                await self._reread(rec.id)
+                continue
+            stored.append(rec)
+        lost_race = len(stored) < len(step.changed)
+        taken = step.taken if step.taken in stored else None
+        outcome = Outcome.GONE if lost_race and len(step.changed) == 1 else step.outcome
+        done = Step(outcome, tuple(stored), taken, step.cancel, step.seen, step.forgotten)
+        self._queue.apply(done)
+        for rec in stored:
+            if rec.state == RequestState.QUEUED:
+                self._wake(self._arrivals, rec.endpoint_id)
+            self._wake(self._changes, rec.id)
+        return done
+
+    async def _reread(self, request_id: str) -> None:
+        fresh = await self._repo.get(request_id)
+        held = self._queue.get(request_id)
+        if fresh is not None:
+            self._queue.apply(Step(Outcome.OK, changed=(fresh,)))
+        elif held is not None:  # gone from the store (by hand): no longer open here either
+            self._queue.apply(Step(Outcome.OK, changed=(msgspec.structs.replace(held, state=RequestState.FAILED.value),)))
+
+    @staticmethod
+    def _wake(events: dict[str, asyncio.Event], key: str) -> None:
+        event = events.pop(key, None)
+        if event is not None:
+            event.set()
+
+    @staticmethod
+    def _event(events: dict[str, asyncio.Event], key: str) -> asyncio.Event:
+        return events.setdefault(key, asyncio.Event())
+
+    async def _step(self, make: Callable[[RequestQueue, float], Step]) -> Step:
+        async with self._lock:
+            return await self._commit(make(self._queue, self._clock()))
+
+    # --- the workers' side (WorkerCalls) ---
+
+    async def take(self, worker: WorkerRef, wait_s: float) -> TakenRequest | None:
+        """The oldest queued request of the worker's endpoint, waiting up to ``wait_s`` (at most MAX_TAKE_WAIT_S) for
+        one to arrive; None when none came (or the worker holds its concurrency already)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0.0, min(wait_s, MAX_TAKE_WAIT_S))
+        concurrency = self._limits_of(worker.endpoint_id).concurrency
+        while True:
+            arrival = self._event(self._arrivals, worker.endpoint_id)  # before looking: no arrival slips between
+            step = await self._step(lambda q, now: q.take(worker, concurrency, now))
+            if step.taken is not None:
+                return TakenRequest(step.taken.id, value_of(step.taken.input), step.taken.attempt)
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return None
+            try:
+                await asyncio.wait_for(arrival.wait(), remaining)
+            except TimeoutError:
+                return None
+
+    async def heartbeat(self, worker: WorkerRef, in_flight: list[str]) -> list[str]:
+        """The worker is heard from; answers the ids it lists that are no longer its own (to cancel)."""
+        listed = in_flight[:MAX_IN_FLIGHT_LISTED]
+        return list((await self._step(lambda q, now: q.heartbeat(worker, listed, now))).cancel)
+
+    async def partial(self, worker: WorkerRef, request_id: str, seq: int, output: JSON) -> Outcome:
+        limits = self._limits_of(worker.endpoint_id)
+        return (await self._step(lambda q, now: q.partial(worker, request_id, seq, output, limits, now))).outcome
+
+    async def progress(self, worker: WorkerRef, request_id: str, progress: JSON) -> Outcome:
+        limits = self._limits_of(worker.endpoint_id)
+        return (await self._step(lambda q, now: q.progress(worker, request_id, progress, limits, now))).outcome
+
+    async def result(self, worker: WorkerRef, request_id: str, output: JSON) -> Outcome:
+        limits = self._limits_of(worker.endpoint_id)
+        return (await self._step(lambda q, now: q.result(worker, request_id, output, limits, now))).outcome
+
+    async def error(self, worker: WorkerRef, request_id: str, error: WorkerError) -> Outcome:
+        return (await self._step(lambda q, now: q.error(worker, request_id, error, now))).outcome
+
+    async def release(self, worker: WorkerRef, request_id: str) -> Outcome:
+        return (await self._step(lambda q, now: q.release(worker, request_id, now))).outcome
+
+    async def worker_gone(self, worker: WorkerRef) -> None:
+        """The worker's container ended or its agent was lost: its requests go back to the queue (or fail)."""
+        await self._step(lambda q, now: q.worker_gone(worker, now))
+
+    # --- the renters' side ---
+
+    async def submit(self, endpoint_id: str, input: JSON, *, account: str = "") -> EndpointRequestRecord:
+        limits = self._limits_of(endpoint_id)
+        request_id = self._new_id()
+        step = await self._step(lambda q, now: q.submit(request_id, endpoint_id, input, limits, now, account=account))
+        if step.outcome == Outcome.TOO_LARGE:
+            raise RequestTooLarge(f"the request's input is over the endpoint's {limits.max_input_bytes} bytes (or not JSON)")
+        if step.outcome != Outcome.OK or not step.changed:
+            raise Conflict(f"request {request_id!r} was not stored")
+        return step.changed[0]
+
+    async def status(self, request_id: str) -> EndpointRequestRecord | None:
+        return self._queue.get(request_id) or await self._repo.get(request_id)
+
+    async def stream(self, request_id: str, after_seq: int = -1, *, wait_s: float = 0.0) -> Streamed:
+        """The request's partial outputs after ``after_seq``; with ``wait_s``, waits that long for one (or the
+        request's end) when there is none yet. NotFound for an unknown request."""
+        found = await self._streamed(request_id, after_seq)
+        if found.partials or found.done or wait_s <= 0:
+            return found
+        # Made only now, so an ended request leaves no event behind; nothing ran since it was read (an open request is
+        # read from memory, without suspending), so no change slips in between.
+        change = self._event(self._changes, request_id)
+        try:
+            await asyncio.wait_for(change.wait(), min(wait_s, MAX_TAKE_WAIT_S))
+        except TimeoutError:
+            return found
+        return await self._streamed(request_id, after_seq)
+
+    async def _streamed(self, request_id: str, after_seq: int) -> Streamed:
+        rec = await self.status(request_id)
+        if rec is None:
+            self._changes.pop(request_id, None)
+            raise NotFound(f"no request {request_id!r}")
+        return Streamed(rec, tuple(p for p in rec.partials if p.seq > after_seq))
+
+    async def cancel(self, request_id: str) -> EndpointRequestRecord:
+        """End an open request ``cancelled`` (its worker learns it at its next heartbeat). NotFound for an unknown
+        request, Conflict for one that has ended."""
+        step = await self._step(lambda q, now: q.cancel(request_id, now))
+        if step.outcome == Outcome.OK and step.changed:
+            return step.changed[0]
+        rec = await self.status(request_id)
+        if rec is None:
+            raise NotFound(f"no request {request_id!r}")
+        raise Conflict(f"request {request_id!r} is {rec.state}: only a queued or running request is cancelled")
+
+    async def retry(self, request_id: str) -> EndpointRequestRecord:
+        """Queue a failed, timed-out or cancelled request again, as a new attempt. NotFound for an unknown request,
+        Conflict for a completed or open one."""
+        async with self._lock:
+            rec = self._queue.get(request_id) or await self._repo.get(request_id)
+            if rec is None:
+                raise NotFound(f"no request {request_id!r}")
+            step = await self._commit(self._queue.retry(rec, self._clock()))
+        if step.outcome != Outcome.OK or not step.changed:
+            raise Conflict(f"request {request_id!r} is {rec.state}: only a failed, timed-out or cancelled request is retried")
+        return step.changed[0]
+
+    def health(self, endpoint_id: str) -> EndpointHealth:
+        """The endpoint's workers heard from and its open requests by state (ended ones are the store's to count)."""
+        workers = [w for w in self._queue.workers if w.endpoint_id == endpoint_id]
+        by_state = {s.value: 0 for s in OPEN_STATES}
+        for state, n in self._queue.counts().get(endpoint_id, {}).items():
+            if state in by_state:
+                by_state[state] = n
+        busy = sum(1 for w in workers if self._queue.held_by(w))
+        return EndpointHealth(workers=len(workers), busy_workers=busy, requests=by_state)
+
+    def queued(self, endpoint_id: str) -> list[EndpointRequestRecord]:
+        """The endpoint's queued requests, oldest first (the autoscaler's view of its queue)."""
+        return self._queue.queued(endpoint_id)
+
+    # --- the clock ---
+
+    async def sweep(self) -> Step:
+        """TTLs, execution timeouts and silent workers, as of now."""
+        return await self._step(lambda q, now: q.expire(now, self._heartbeat_timeout_s))

@@ -1,0 +1,181 @@
+"""Requests to serverless endpoints (``EndpointRequestRecord``, management/endpoints/queue.py), in the Master's store:
+inserted once (``DuplicateEndpointRequest``), then replaced only over the version the writer read
+(``StaleEndpointRequest`` otherwise); listed by their FIFO ``order``. A Master that restarts loads the open ones
+(``list(states=OPEN)``) and goes on where it was (docs/endpoints.md, "The request queue").
+
+Each record is bounded: its input, output, partial outputs and progress are JSON text that the queue caps
+(``QueueLimits``), and the repository refuses a record whose stored form is larger than ``MAX_RECORD_BYTES``
+(``UnstorableRecord``) whatever the limits, so no request can grow a row or a document without bound (MongoDB's own
+limit is 16 MiB).
+
+SQLite: ``endpoint_requests (id, endpoint_id, state, ord, version, doc)``, indexed by ``(state, endpoint_id, ord)``
+and ``(endpoint_id, ord)``. MongoDB: one document per request, ``_id`` its id, the record's fields beside it, indexed
+alike on ``state``, ``endpoint_id`` and ``order``. Schema version 16 (master/store/migrations.py).
+"""
+
+from __future__ import annotations
+
+import builtins
+import sqlite3
+from collections.abc import Collection
+from typing import Any, Protocol
+
+from pymongo import ASCENDING
+from pymongo.errors import DuplicateKeyError
+
+from common.errors import Conflict
+from management.endpoints.queue import EndpointRequestRecord
+from master.store.kit import AggregatePlugin, MongoCollection, SqliteTable, UnstorableRecord, set_fields, where
+
+NAME = "endpoint_requests"
+MAX_RECORD_BYTES = 8 << 20  # characters of payload; the default limits make at most about 3 Mi of them
+
+
+class StaleEndpointRequest(Conflict):
+    """A request write that named a version other than the stored one: someone else wrote it first. Read it again."""
+
+
+class DuplicateEndpointRequest(Conflict):
+    """A new request whose id is already stored."""
+
+
+class EndpointRequestRepo(Protocol):
+    """Endpoint requests; written with a version check, listed by ``order`` (ascending, then id)."""
+
+    async def get(self, request_id: str) -> EndpointRequestRecord | None: ...
+
+    async def insert(self, rec: EndpointRequestRecord) -> None:
+        """Store a new request; DuplicateEndpointRequest if its id is taken."""
+
+    async def update(self, rec: EndpointRequestRecord, *, expected_version: int) -> None:
+        """Replace the stored request if its stored ``version`` is ``expected_version``, else StaleEndpointRequest
+        (also when it is not stored). The caller sets ``rec.version``."""
+
+    async def list(
+        self,
+        *,
+        endpoint_id: str | None = None,
+        states: Collection[str] | None = None,
+        after_order: int | None = None,
+        limit: int = 1000,
+    ) -> builtins.list[EndpointRequestRecord]:
+        """Requests matching every filter, by ``order`` then id; an empty ``states`` matches none; ``after_order``:
+        the ``order`` of the last one of the previous page."""
+
+
+def payload_chars(rec: EndpointRequestRecord) -> int:
+    """How much of the record is the renter's and the worker's: its JSON texts and error, in characters."""
+    error = rec.error
+    texts = (rec.input, rec.output, rec.progress, *(p.output for p in rec.partials))
+    return sum(map(len, texts)) + (0 if error is None else len(error.type) + len(error.message) + len(error.traceback))
+
+
+def _refuse_oversized(rec: EndpointRequestRecord) -> None:
+    if (size := payload_chars(rec)) > MAX_RECORD_BYTES:
+        raise UnstorableRecord(f"endpoint request {rec.id!r} carries {size} characters, over {MAX_RECORD_BYTES}")
+
+
+class SqliteEndpointRequestRepo(SqliteTable[EndpointRequestRecord]):
+    aggregate = NAME
+    record_type = EndpointRequestRecord
+
+    async def get(self, request_id: str) -> EndpointRequestRecord | None:
+        return await self._select_one("SELECT id, doc FROM endpoint_requests WHERE id = ?", (request_id,))
+
+    async def insert(self, rec: EndpointRequestRecord) -> None:
+        _refuse_oversized(rec)
+        doc = self._doc(rec.id, rec)
+        row = (rec.id, rec.endpoint_id, rec.state, rec.order, rec.version, doc)
+        try:
+            await self._write(
+                "INSERT INTO endpoint_requests (id, endpoint_id, state, ord, version, doc) VALUES (?, ?, ?, ?, ?, ?)",
+                None,
+                row,
+            )
+        except sqlite3.IntegrityError:
+            raise DuplicateEndpointRequest(f"endpoint request {rec.id!r} is already stored") from None
+
+    async def update(self, rec: EndpointRequestRecord, *, expected_version: int) -> None:
+        _refuse_oversized(rec)
+        doc = self._doc(rec.id, rec)
+        sql = "UPDATE endpoint_requests SET state = ?, ord = ?, version = ?, doc = ? WHERE id = ? AND version = ?"
+        params = (rec.state, rec.order, rec.version, doc, rec.id, expected_version)
+        with self._metrics.timed_write(self.aggregate):
+            changed = await self._db.run(lambda conn: conn.execute(sql, params).rowcount)
+        if changed != 1:
+            raise StaleEndpointRequest(
+                f"endpoint request {rec.id!r} is no longer at version {expected_version} (written meanwhile, or never stored)"
+            )
+        self._quarantine.release(self.aggregate, [rec.id])
+
+    async def list(
+        self,
+        *,
+        endpoint_id: str | None = None,
+        states: Collection[str] | None = None,
+        after_order: int | None = None,
+        limit: int = 1000,
+    ) -> builtins.list[EndpointRequestRecord]:
+        if limit <= 0 or (states is not None and not states):
+            return []
+        clause, params = where(("endpoint_id = ?", endpoint_id), ("ord > ?", after_order))
+        if states is not None:
+            in_states = f"state IN ({', '.join('?' for _ in states)})"
+            clause += f" AND {in_states}" if clause else f" WHERE {in_states}"
+            params += builtins.list(states)
+        return await self._select(f"SELECT id, doc FROM endpoint_requests{clause} ORDER BY ord, id", params, limit=limit)
+
+
+class MongoEndpointRequestRepo(MongoCollection[EndpointRequestRecord]):
+    aggregate = NAME
+    record_type = EndpointRequestRecord
+
+    def _request_document(self, rec: EndpointRequestRecord) -> dict[str, Any]:
+        _refuse_oversized(rec)
+        return self._document(rec.id, rec)
+
+    async def get(self, request_id: str) -> EndpointRequestRecord | None:
+        return await self._get(request_id)
+
+    async def insert(self, rec: EndpointRequestRecord) -> None:
+        doc = {"_id": rec.id} | self._request_document(rec)
+        try:
+            with self._metrics.timed_write(self.aggregate):
+                await self._c.insert_one(doc)
+        except DuplicateKeyError:
+            raise DuplicateEndpointRequest(f"endpoint request {rec.id!r} is already stored") from None
+
+    async def update(self, rec: EndpointRequestRecord, *, expected_version: int) -> None:
+        doc = self._request_document(rec)
+        with self._metrics.timed_write(self.aggregate):
+            # One atomic document update: of two writers that read the same version, only the first matches.
+            result = await self._c.update_one({"_id": rec.id, "version": expected_version}, set_fields(doc))
+        if result.matched_count != 1:
+            raise StaleEndpointRequest(
+                f"endpoint request {rec.id!r} is no longer at version {expected_version} (written meanwhile, or never stored)"
+            )
+        self._quarantine.release(self.aggregate, [rec.id])
+
+    async def list(
+        self,
+        *,
+        endpoint_id: str | None = None,
+        states: Collection[str] | None = None,
+        after_order: int | None = None,
+        limit: int = 1000,
+    ) -> builtins.list[EndpointRequestRecord]:
+        if limit <= 0 or (states is not None and not states):
+            return []
+        query: dict[str, Any] = {}
+        if endpoint_id is not None:
+            query["endpoint_id"] = endpoint_id
+        if states is not None:
+            query["state"] = {"$in": builtins.list(states)}
+        if after_order is not None:
+            query["order"] = {"$gt": after_order}
+        return await self._find(query, [("order", ASCENDING), ("_id", ASCENDING)], limit)
+
+
+ENDPOINT_REQUESTS: AggregatePlugin[EndpointRequestRepo] = AggregatePlugin(
+    NAME, SqliteEndpointRequestRepo, MongoEndpointRequestRepo
+)

@@ -1,0 +1,194 @@
+"""The request book (management/endpoints/requests.py) over a real SQLite store: each call stored before it counts, the
+long poll woken by an arrival, renters' calls, and a Master restart (a new book over the same store)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from common.errors import Conflict, NotFound
+from management.endpoints.queue import Outcome, QueueLimits, WorkerError, WorkerRef
+from management.endpoints.requests import RequestBook, RequestTooLarge
+from management.store import endpoint_request_repo
+from master.store import open_store
+from master.store.base import Store
+
+W1 = WorkerRef("ep-a", "w1", "agent-1")
+W2 = WorkerRef("ep-a", "w2", "agent-2")
+OTHER = WorkerRef("ep-b", "w1", "agent-1")
+LIMITS = QueueLimits(concurrency=1, max_retries=1, ttl_s=600.0, execution_timeout_s=300.0, max_output_bytes=100)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[Store]:
+    opened = open_store(f"sqlite:///{tmp_path / 'master.db'}")
+    await opened.open()
+    yield opened
+    await opened.close()
+
+
+async def book_over(store: Store, clock: Clock) -> RequestBook:
+    book = RequestBook(endpoint_request_repo(store), limits_of=lambda _: LIMITS, heartbeat_timeout_s=30.0, clock=clock)
+    await book.load()
+    return book
+
+
+async def test_a_request_goes_through_take_partials_and_result_and_every_step_is_stored(store: Store) -> None:
+    book = await book_over(store, Clock())
+    submitted = await book.submit("ep-a", {"prompt": "hi"}, account="ana")
+    assert await book.take(OTHER, 0) is None  # another endpoint's worker
+    taken = await book.take(W1, 0)
+    assert taken is not None and (taken.id, taken.input, taken.attempt) == (submitted.id, {"prompt": "hi"}, 1)
+    for _ in range(2):  # a resend of seq 0 is taken once
+        assert await book.partial(W1, taken.id, 0, "a") == Outcome.OK
+    assert await book.partial(W1, taken.id, 1, ["b"]) == Outcome.OK
+    assert await book.progress(W1, taken.id, {"step": 2}) == Outcome.OK
+    assert await book.partial(W2, taken.id, 2, "not W2's") == Outcome.GONE
+    streamed = await book.stream(taken.id, 0)
+    assert [(p.seq, p.value()) for p in streamed.partials] == [(1, ["b"])] and not streamed.done
+    assert await book.result(W1, taken.id, "x" * 200) == Outcome.TOO_LARGE
+    assert await book.result(W1, taken.id, {"answer": 42}) == Outcome.OK
+    assert await book.result(W1, taken.id, {"answer": 43}) == Outcome.GONE
+    stored = await endpoint_request_repo(store).get(taken.id)
+    assert stored is not None and (stored.state, stored.output, stored.account) == ("completed", '{"answer":42}', "ana")
+    assert (await book.stream(taken.id, 1)).done
+
+
+async def test_a_waiting_take_is_woken_by_the_request_that_arrives(store: Store) -> None:
+    book = await book_over(store, Clock())
+    waiting = asyncio.create_task(book.take(W1, 25))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not waiting.done()
+    submitted = await book.submit("ep-a", "hello")
+    taken = await waiting  # without the wake it would wait the 25 s out and answer None
+    assert taken is not None and taken.id == submitted.id
+
+
+async def test_a_worker_takes_no_more_than_its_concurrency(store: Store) -> None:
+    book = await book_over(store, Clock())
+    first, second = await book.submit("ep-a", 1), await book.submit("ep-a", 2)
+    taken = await book.take(W1, 0)
+    assert taken is not None and taken.id == first.id
+    assert await book.take(W1, 0) is None
+    assert await book.release(W1, first.id) == Outcome.OK
+    again = await book.take(W2, 0)
+    assert again is not None and (again.id, again.attempt) == (first.id, 1)  # released: same attempt, first in line
+    assert (await book.take(W1, 0)) is not None and second.id in {r.id for r in await endpoint_request_repo(store).list()}
+
+
+async def test_cancel_reaches_the_worker_at_its_heartbeat_and_retry_queues_a_new_attempt(store: Store) -> None:
+    book = await book_over(store, Clock())
+    rec = await book.submit("ep-a", "work")
+    assert (await book.take(W1, 0)) is not None
+    assert (await book.cancel(rec.id)).state == "cancelled"
+    assert await book.heartbeat(W1, [rec.id]) == [rec.id]
+    assert await book.result(W1, rec.id, "late") == Outcome.GONE
+    with pytest.raises(Conflict):
+        await book.cancel(rec.id)
+    retried = await book.retry(rec.id)
+    assert (retried.state, retried.attempt) == ("queued", 2)
+    with pytest.raises(Conflict):
+        await book.retry(rec.id)  # open: not retried
+    with pytest.raises(NotFound):
+        await book.retry("req-nobody")
+    with pytest.raises(NotFound):
+        await book.cancel("req-nobody")
+    with pytest.raises(RequestTooLarge):
+        await book.submit("ep-a", "x" * (LIMITS.max_input_bytes + 1))
+
+
+async def test_errors_and_lost_workers_follow_the_queue_s_rules(store: Store) -> None:
+    book = await book_over(store, Clock())
+    failing, lost = await book.submit("ep-a", "a"), await book.submit("ep-a", "b")
+    assert (await book.take(W1, 0)) is not None
+    assert await book.error(W1, failing.id, WorkerError("ValueError", "bad input", "Traceback ...")) == Outcome.OK
+    assert (await book.take(W1, 0)) is not None
+    await book.worker_gone(W1)
+    again = await book.take(W2, 0)
+    assert again is not None and (again.id, again.attempt) == (lost.id, 2)
+    await book.worker_gone(W2)  # the second loss, past max_retries 1: it fails
+    ended = await book.status(lost.id)
+    assert ended is not None and (ended.state, ended.reason) == ("failed", "worker_lost")
+    errored = await book.status(failing.id)
+    assert errored is not None and errored.error is not None and errored.error.message == "bad input"
+
+
+async def test_a_restarted_master_sees_the_same_requests_and_requeues_a_silent_worker_s(store: Store) -> None:
+    clock = Clock()
+    before = await book_over(store, clock)
+    first = await before.submit("ep-a", "first")
+    second = await before.submit("ep-a", "second")
+    third = await before.submit("ep-a", "third")
+    assert (await before.take(W1, 0)) is not None  # first, by W1
+    assert (await before.take(W2, 0)) is not None  # second, by W2
+    clock.now += 100.0  # the Master restarts, long after its workers were last heard from
+    after = await book_over(store, clock)
+    for rec in (first, second, third):
+        assert await after.status(rec.id) == await before.status(rec.id)
+    assert after.health("ep-a").requests == {"queued": 1, "in_progress": 2}
+    clock.now += 20.0
+    assert await after.heartbeat(W2, [second.id]) == []  # W2 is heard from after the restart
+    clock.now += 10.0  # 30 s since the restart: W1 has been silent for the heartbeat timeout
+    await after.sweep()
+    requeued, kept = await after.status(first.id), await after.status(second.id)
+    assert requeued is not None and (requeued.state, requeued.attempt) == ("queued", 2)
+    assert kept is not None and kept.state == "in_progress"
+    taken = await after.take(WorkerRef("ep-a", "w3", "agent-3"), 0)
+    assert taken is not None and taken.id == first.id  # back at its place, ahead of the third
+    stored = await endpoint_request_repo(store).get(first.id)
+    assert stored is not None and stored.worker_id == "w3"
+
+
+async def test_a_book_that_lost_a_race_reads_the_request_back_and_answers_gone(store: Store) -> None:
+    clock = Clock()
+    first = await book_over(store, clock)
+    rec = await first.submit("ep-a", "contested")
+    stale = await book_over(store, clock)  # a second Master that loaded the same queue
+    assert (await first.take(W1, 0)) is not None
+    assert await stale.take(W2, 0) is None  # its write names the old version: refused, read back
+    now_held = await stale.status(rec.id)
+    assert now_held is not None and now_held.worker_id == "w1"
+    assert await stale.result(W1, rec.id, "done") == Outcome.OK  # it knows W1 holds it now
+
+
+async def test_ttl_and_execution_timeout_end_requests_at_the_sweep(store: Store) -> None:
+    clock = Clock()
+    book = await book_over(store, clock)
+    running, waiting = await book.submit("ep-a", "r"), await book.submit("ep-b", "w")
+    assert (await book.take(W1, 0)) is not None
+    clock.now += LIMITS.execution_timeout_s
+    await book.heartbeat(W1, [running.id])
+    await book.sweep()
+    ran = await book.status(running.id)
+    assert ran is not None and (ran.state, ran.reason) == ("timed_out", "execution_timeout")
+    clock.now += LIMITS.ttl_s
+    await book.sweep()
+    queued = await book.status(waiting.id)
+    assert queued is not None and (queued.state, queued.reason) == ("timed_out", "ttl")
+
+
+async def test_a_stream_waits_for_the_next_partial(store: Store) -> None:
+    book = await book_over(store, Clock())
+    rec = await book.submit("ep-a", "stream me")
+    assert (await book.take(W1, 0)) is not None
+    reading = asyncio.create_task(book.stream(rec.id, -1, wait_s=25))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not reading.done()
+    assert await book.partial(W1, rec.id, 0, {"token": "a"}) == Outcome.OK
+    streamed = await reading  # without the wake it would wait the 25 s out and answer no partials
+    assert [p.value() for p in streamed.partials] == [{"token": "a"}]
+    with pytest.raises(NotFound):
+        await book.stream("req-nobody")

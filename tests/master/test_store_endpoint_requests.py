@@ -1,0 +1,118 @@
+"""Endpoint requests, management's aggregate (management/store/endpoint_requests.py), on every backend, as the contract
+tests run the others: read back as written, version-checked, listed in FIFO order, bounded, and still there for a
+store opened again (a Master that restarted)."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from management.endpoints.queue import EndpointRequestRecord, Partial, RequestState, WorkerError
+from management.store import ENDPOINT_REQUESTS, endpoint_request_repo
+from management.store.endpoint_requests import MAX_RECORD_BYTES, DuplicateEndpointRequest, StaleEndpointRequest
+from master.store.base import Store
+from master.store.errors import UnstorableRecord
+from tests.master.conftest import OpenStore
+from tests.master.test_store_contract import NOW, assert_same
+from tests.support.poison import poison
+
+
+def request(request_id: str, endpoint_id: str, order: int, state: RequestState = RequestState.QUEUED) -> EndpointRequestRecord:
+    return EndpointRequestRecord(
+        id=request_id,
+        endpoint_id=endpoint_id,
+        account="ana",
+        input='{"prompt":"hello","$odd.key":[1,2.5,true,null]}',
+        state=state.value,
+        order=order,
+        submitted_at=NOW,
+        ttl_s=60.0,
+    )
+
+
+async def test_a_request_reads_back_as_written_and_is_inserted_once(store: Store) -> None:
+    repo = endpoint_request_repo(store)
+    rec = msgspec.structs.replace(
+        request("req-1", "ep-a", 1, RequestState.IN_PROGRESS),
+        worker_id="w1",
+        agent_id="agent-1",
+        started_at=NOW + 1,
+        partials=(Partial(0, '"a"'), Partial(1, '{"b":2}')),
+        partial_bytes=10,
+        progress='{"step":3}',
+        attempt=2,
+        lost=1,
+    )
+    await repo.insert(rec)
+    assert_same(await repo.get("req-1"), rec)
+    assert await repo.get("req-2") is None
+    with pytest.raises(DuplicateEndpointRequest):
+        await repo.insert(request("req-1", "ep-b", 9))
+    assert_same(await repo.get("req-1"), rec)
+
+
+async def test_an_update_names_the_version_it_read(store: Store) -> None:
+    repo = endpoint_request_repo(store)
+    rec = request("req-1", "ep-a", 1)
+    await repo.insert(rec)
+    failed = msgspec.structs.replace(
+        rec, state="failed", version=2, ended_at=NOW + 5, error=WorkerError("ValueError", "bad", "Traceback..."), reason="error"
+    )
+    await repo.update(failed, expected_version=1)
+    assert_same(await repo.get("req-1"), failed)
+    with pytest.raises(StaleEndpointRequest):
+        await repo.update(msgspec.structs.replace(rec, version=2), expected_version=1)
+    with pytest.raises(StaleEndpointRequest):
+        await repo.update(request("req-9", "ep-a", 9), expected_version=0)
+    assert_same(await repo.get("req-1"), failed)
+
+
+async def test_requests_list_in_fifo_order_by_endpoint_and_state_and_page(store: Store) -> None:
+    repo = endpoint_request_repo(store)
+    for rec in [
+        request("req-c", "ep-a", 3),
+        request("req-a", "ep-a", 1, RequestState.IN_PROGRESS),
+        request("req-b", "ep-b", 2),
+        request("req-d", "ep-a", 4, RequestState.COMPLETED),
+    ]:
+        await repo.insert(rec)
+    assert [r.id for r in await repo.list()] == ["req-a", "req-b", "req-c", "req-d"]
+    assert [r.id for r in await repo.list(endpoint_id="ep-a")] == ["req-a", "req-c", "req-d"]
+    open_states = [RequestState.QUEUED.value, RequestState.IN_PROGRESS.value]
+    assert [r.id for r in await repo.list(states=open_states)] == ["req-a", "req-b", "req-c"]
+    assert [r.id for r in await repo.list(endpoint_id="ep-a", states=["queued"])] == ["req-c"]
+    assert await repo.list(states=[]) == []
+    assert [r.id for r in await repo.list(after_order=1, limit=2)] == ["req-b", "req-c"]
+    assert await repo.list(limit=0) == []
+
+
+async def test_an_oversized_request_is_refused_and_nothing_is_written(store: Store) -> None:
+    repo = endpoint_request_repo(store)
+    with pytest.raises(UnstorableRecord):
+        await repo.insert(msgspec.structs.replace(request("req-1", "ep-a", 1), input='"' + "x" * MAX_RECORD_BYTES + '"'))
+    assert await repo.get("req-1") is None
+    rec = request("req-2", "ep-a", 2)
+    await repo.insert(rec)
+    huge = tuple(Partial(i, '"' + "y" * (MAX_RECORD_BYTES // 4) + '"') for i in range(5))
+    with pytest.raises(UnstorableRecord):
+        await repo.update(msgspec.structs.replace(rec, version=2, partials=huge), expected_version=1)
+    assert_same(await repo.get("req-2"), rec)
+
+
+async def test_requests_survive_the_store_being_opened_again(open_stores: OpenStore) -> None:
+    first = await open_stores()
+    rec = request("req-1", "ep-a", 1)
+    await endpoint_request_repo(first).insert(rec)
+    await first.close()
+    again = await open_stores()
+    assert_same(await endpoint_request_repo(again).list(states=["queued"]), [rec])
+
+
+async def test_an_undecodable_request_is_skipped_and_quarantined(store: Store) -> None:
+    repo = endpoint_request_repo(store)
+    await poison(store, ENDPOINT_REQUESTS.name, "req-bad")
+    rec = request("req-1", "ep-1", 2)
+    await repo.insert(rec)
+    assert_same(await repo.list(states=["queued"]), [rec])
+    assert await repo.get("req-bad") is None
+    assert ("endpoint_requests", "req-bad") in {(q.aggregate, q.key) for q in store.quarantine.records}
