@@ -18,14 +18,22 @@ from __future__ import annotations
 import builtins
 import sqlite3
 from collections.abc import Collection
-from typing import Any, Protocol
+from typing import Protocol
 
 from pymongo import ASCENDING
 from pymongo.errors import DuplicateKeyError
 
 from common.errors import Conflict
 from management.endpoints.queue import EndpointRequestRecord
-from master.store.kit import AggregatePlugin, MongoCollection, SqliteTable, UnstorableRecord, set_fields, where
+from master.store.kit import (
+    AggregatePlugin,
+    Document,
+    MongoCollection,
+    SqliteTable,
+    UnstorableRecord,
+    set_fields,
+    where,
+)
 
 NAME = "endpoint_requests"
 MAX_RECORD_BYTES = 8 << 20  # characters of payload; the default limits make at most about 3 Mi of them
@@ -130,7 +138,7 @@ class MongoEndpointRequestRepo(MongoCollection[EndpointRequestRecord]):
     aggregate = NAME
     record_type = EndpointRequestRecord
 
-    def _request_document(self, rec: EndpointRequestRecord) -> dict[str, Any]:
+    def _request_document(self, rec: EndpointRequestRecord) -> Document:
         _refuse_oversized(rec)
         return self._document(rec.id, rec)
 
@@ -166,7 +174,7 @@ class MongoEndpointRequestRepo(MongoCollection[EndpointRequestRecord]):
     ) -> builtins.list[EndpointRequestRecord]:
         if limit <= 0 or (states is not None and not states):
             return []
-        query: dict[str, Any] = {}
+        query: Document = {}
         if endpoint_id is not None:
             query["endpoint_id"] = endpoint_id
         if states is not None:
