@@ -8,9 +8,12 @@ is another part of issue 39, merged separately."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import io
 import json
 import os
 import sys
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +30,23 @@ HOST = HostInfo(
     hostname="second", cpu_model="x", cpu_cores=1, ram_mib=1024, disk_total_gib=1, disk_free_gib=1, os="linux", kernel="6"
 )
 HANDLER = "from common.endpoint_worker import serve; serve(lambda request: {'echo': request.input})"
+# A sandboxed worker sees none of the host's /tmp (a fresh tmpfs there), where a CI's clone may lie: it carries the
+# library as an image would, here a zip in its environment written to its working directory and imported from there.
+LIBRARY_ENV = "IDLEGRID_TEST_WORKER_LIBRARY"
+CARRIED_HANDLER = (
+    "import base64, os, sys; path = os.path.join(os.getcwd(), 'idlegrid_worker.zip'); "
+    f"open(path, 'wb').write(base64.b64decode(os.environ['{LIBRARY_ENV}'])); sys.path.insert(0, path); "
+    "from idlegrid_worker import serve; serve(lambda request: {'echo': request.input})"
+)
+
+
+def _library_zip() -> str:
+    """common/endpoint_worker/ as the package ``idlegrid_worker`` in a zip, base64 (its imports are relative)."""
+    packed = io.BytesIO()
+    with zipfile.ZipFile(packed, "w", zipfile.ZIP_DEFLATED) as archive:
+        for source in sorted((REPO / "common" / "endpoint_worker").glob("*.py")):
+            archive.write(source, f"idlegrid_worker/{source.name}")
+    return base64.b64encode(packed.getvalue()).decode()
 
 
 @pytest.fixture
@@ -93,6 +113,8 @@ def test_a_sandboxed_worker_reaches_its_socket_bound_into_its_mount_namespace(en
     grid, queue = endpoint_grid
     agent_id, daemon = grid.run_agent("sandbox-host", simulate="a10:1", env={"IDLEGRID_AGENT_PROCESS_USER": "dynamic"})
     spec = _worker_spec("ep-a-w-a", "ep-a", "w-a", "token-of-w-a-0123456789", python=SYSTEM_PYTHON)
+    spec["command"] = [SYSTEM_PYTHON, "-c", CARRIED_HANDLER]
+    spec["env"] = {LIBRARY_ENV: _library_zip()}
     created = grid.wait_command(grid.command(agent_id, "create_container", spec))
     assert created["state"] == "succeeded", created
     (queue / "waiting" / "ep-a--r1.json").write_text(json.dumps({"prompt": "sandboxed"}))
