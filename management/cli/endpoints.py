@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from management.cli.connection import api_client, connection_options, show, table, when
-from management.cli.workloads import BadSpec, env_pair, read_spec_file, registry_auth
+from management.cli.workloads import BadSpec, apply_replica_and_env, read_spec_file, registry_auth
 from management.client.api import AnswerJson, BodyJson
 
 Parser = Callable[[argparse._SubParsersAction, str, str, str], argparse.ArgumentParser]
@@ -173,17 +173,7 @@ def spec_from(args: argparse.Namespace, base: BodyJson) -> BodyJson:
     for field in ("name", "image"):
         if getattr(args, field) is not None:
             spec[field] = getattr(args, field)
-    replica = dict(spec.get("replica") or {})
-    if args.gpus is not None:
-        replica["gpus"] = args.gpus
-    if args.model:
-        replica["models"] = args.model
-    if args.tier:
-        replica["tiers"] = args.tier
-    if replica:
-        spec["replica"] = replica
-    if args.env:
-        spec["env"] = dict(spec.get("env") or {}) | dict(env_pair(e) for e in args.env)
+    apply_replica_and_env(args, spec)
     if args.registry_user or args.registry_password_env:
         spec["registry_auth"] = registry_auth(args.registry_user, args.registry_password_env)
     if args.allow_process_runtime:

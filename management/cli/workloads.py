@@ -214,15 +214,8 @@ def _amounts_as_text(data: SpecJson, path: Path) -> SpecJson:
 DISK_HELP = "only hosts reporting at least this much free disk, GiB (default: the file's, else any host)"
 
 
-def spec_from(args: argparse.Namespace) -> SpecJson:
-    """The spec to send: the file's fields, then the flags given over them; checked as the API will check it."""
-    spec = template_base(args) | (read_spec_file(args.file) if args.file else {})
-    account = spec.pop("account", None)
-    for field in ("name", "image", "replicas", "priority", "project", "max_duration_s"):
-        if getattr(args, field) is not None:
-            spec[field] = getattr(args, field)
-    if getattr(args, "network", None) is not None:  # not on rent
-        spec["network"] = args.network
+def apply_replica_and_env(args: argparse.Namespace, spec: SpecJson) -> None:
+    """The flags a workload and an endpoint's worker share, over ``spec``'s own: --gpus, --model, --tier, --env."""
     replica = dict(spec.get("replica") or {})
     if args.gpus is not None:
         replica["gpus"] = args.gpus
@@ -234,6 +227,18 @@ def spec_from(args: argparse.Namespace) -> SpecJson:
         spec["replica"] = replica
     if args.env:
         spec["env"] = dict(spec.get("env") or {}) | dict(env_pair(e) for e in args.env)
+
+
+def spec_from(args: argparse.Namespace) -> SpecJson:
+    """The spec to send: the file's fields, then the flags given over them; checked as the API will check it."""
+    spec = template_base(args) | (read_spec_file(args.file) if args.file else {})
+    account = spec.pop("account", None)
+    for field in ("name", "image", "replicas", "priority", "project", "max_duration_s"):
+        if getattr(args, field) is not None:
+            spec[field] = getattr(args, field)
+    if getattr(args, "network", None) is not None:  # not on rent
+        spec["network"] = args.network
+    apply_replica_and_env(args, spec)
     if args.port:
         spec["ports"] = args.port
         spec["links"] = [link for link in spec.get("links") or [] if link["port"] in args.port]
