@@ -82,6 +82,10 @@ COUNTER = (
 # whose images are built on this machine, since no registry is reachable: it pulls nothing, and says so in hello.
 CONTAINER_HOST = "podman-host"
 CONTAINER_HOST_GPUS = "l4:2"
+# The container host is ready once its GPUs' self-test ran, one container per GPU in turn, each bounded: on a loaded
+# machine the first containers on a cold Podman can take most of a minute (a fresh-clone CI saw more than 30 s).
+SELFTEST_TIMEOUT_S = 30
+CONTAINER_READY_TIMEOUT_S = READY_TIMEOUT_S + int(CONTAINER_HOST_GPUS.rsplit(":", 1)[1]) * SELFTEST_TIMEOUT_S
 PODMAN_DIR = "podman"
 # Its containers' network: slirp4netns, not CNI's bridge, whose namespace files in /run/netns a process-runtime host's
 # new sandbox (unshare --mount) now and then hides from the CNI plugin while podman makes one (podman_host.py); the
@@ -102,6 +106,7 @@ CONTAINER_HOST_ENV = {
     "IDLEGRID_AGENT_EGRESS_ALLOW": LOCAL_IMAGES,
     "IDLEGRID_AGENT_IMAGE_PULL": "false",  # no registry is reachable: only the images built here run
     "IDLEGRID_AGENT_DOCKER_NETWORK": CONTAINER_NETNS,
+    "IDLEGRID_AGENT_GPU_SELFTEST_TIMEOUT_S": str(SELFTEST_TIMEOUT_S),
 }
 
 
@@ -216,7 +221,7 @@ class Demo:
         if self.container_host_id is None:
             return
         try:
-            self.grid.wait_agents_ready([self.container_host_id], since=since, timeout_s=READY_TIMEOUT_S)
+            self.grid.wait_agents_ready([self.container_host_id], since=since, timeout_s=CONTAINER_READY_TIMEOUT_S)
             self._retest_container_host(relay)
         except StartupFailed as exc:
             self._drop_container_agent()
@@ -226,7 +231,10 @@ class Demo:
     def _drop_container_agent(self) -> None:
         """Stop the container host's agent and forget it (the readiness wait must not count it as died)."""
         if self._container_agent is not None:
-            self._container_agent.terminate()
+            try:
+                self._container_agent.terminate()
+            except subprocess.TimeoutExpired:  # stuck on its engine (a self-test container Podman does not end)
+                self._container_agent.kill()
             self.grid.daemons.remove(self._container_agent)
             self._container_agent = None
 
@@ -242,7 +250,7 @@ class Demo:
         self._drop_container_agent()
         restarted = time.time()
         self._start_container_host(relay)
-        self.grid.wait_agents_ready([self.container_host_id], since=restarted, timeout_s=READY_TIMEOUT_S)
+        self.grid.wait_agents_ready([self.container_host_id], since=restarted, timeout_s=CONTAINER_READY_TIMEOUT_S)
 
     def _overlay_config(self) -> tuple[str, ...]:
         """``--config`` naming the lighthouse in the Master's ``[overlay]``, once its namespace is made; () and the

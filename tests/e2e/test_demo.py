@@ -268,7 +268,7 @@ def test_the_demos_container_host_runs_its_template_with_a_link_refuses_what_it_
     state_dir, port = tmp_path / "demo", free_port()
     run = DemoRun(state_dir, port, "--agents", "2")
     try:
-        banner = run.wait_up(90)  # a bound; the first run builds the images
+        banner = run.wait_up(180)  # a bound; the first run builds the images and self-tests on a cold Podman
         print(f"demo with its container host, first run: up after {time.time() - run.started:.1f} s")
         assert "2 simulated agents and 1 container host ready" in banner, banner
         assert f"{DEMO_IMAGE} (built now)" in banner and f"{SELFTEST_IMAGE} (built now)" in banner, banner
