@@ -6,18 +6,21 @@ call (management/services/). ``MasterServer`` runs it with the Master and the HT
 and the tests alike); ``api_app`` serves the same over an existing Master for tests that need no relay link.
 
 State is loaded once, here, before the first call is served (``Composition.load``): providers' prices, the open
-workloads, the market (balances, open rentals, the fee window), the alert settings. No service loads lazily.
+workloads, the market (balances, open rentals, the fee window), the alert settings, the endpoints' request bounds and
+their open requests. No service loads lazily.
 
 Order, the same every time (a standby Master does steps 2 and 3 only once elected, docs/ha.md):
 
 1. the Master starts (store, registry, relay link);
 2. the operator's API key is written on the first start, then the state is loaded, in ``Composition.state`` order;
 3. the loops start in ``Composition.loops`` order: the market (offer feed and metering), the output collector, the
-   scheduler, the links' idle sweep, the alert loop (which observes all the others);
+   scheduler, the links' idle sweep, the alert loop (which observes all the others), the endpoint requests' book (from
+   here on the Master hands it the endpoint workers' calls, and its sweep applies TTLs and timeouts);
 4. the HTTP API listens.
 
 Stopping runs it backwards: the API refuses new changes (503) and lets those under way finish, the loops stop in
-reverse order (alerts, scheduler, output collector, market: nothing is placed once metering has stopped), the Master
+reverse order (the endpoint requests' book first: workers' calls are answered 503, which they retry; then alerts,
+scheduler, output collector, market: nothing is placed once metering has stopped), the Master
 drains its relay links and closes its store, and the HTTP server closes last (reads are served until then).
 """
 
@@ -40,6 +43,7 @@ from common.errors import Conflict
 from common.http import HttpServer
 from common.loopwatch import watching
 from management.api import ApiSettings, Handler, build_app, error_response
+from management.endpoints.requests import RequestBook
 from management.launch.templates import TemplateCatalog
 from management.links.proxy import links_app
 from management.market.market import Market
@@ -72,7 +76,15 @@ from management.services.tunnels import RenterAccess
 from management.services.verification import VerificationService
 from management.services.workloads import WorkloadsService
 from management.settings import ManagementSettings
-from management.store import attach, endpoint_key_repo, endpoint_repo, output_repo, price_repo, ssh_key_repo
+from management.store import (
+    attach,
+    endpoint_key_repo,
+    endpoint_repo,
+    endpoint_request_repo,
+    output_repo,
+    price_repo,
+    ssh_key_repo,
+)
 from management.workloads.book import WorkloadBook
 from management.workloads.runner import SchedulerLoop
 from master.accounts import BOOTSTRAP_ACCOUNT
@@ -251,6 +263,8 @@ def compose(master: MasterPort, settings: ManagementSettings | None = None) -> C
     endpoints = EndpointsService(
         master.secrets, endpoint_repo(master.store), endpoint_key_repo(master.store), check_worker=check_worker
     )
+    # The one writer of endpoint requests; the Master hands it the endpoint workers' calls while it runs.
+    requests = RequestBook(endpoint_request_repo(master.store), limits_of=endpoints.limits_of, serve=master.serve_worker_calls)
     tunnels = RenterAccess(master, workloads.get_workload, output_repo(master.store))
     output_settings = settings.scheduler.outputs
     outputs = OutputCollector(
@@ -302,8 +316,22 @@ def compose(master: MasterPort, settings: ManagementSettings | None = None) -> C
     series = MarketSeries(book.counts, market.meter.open_rentals, market.ledger.balances, currency=settings.market.currency)
     return Composition(
         services=services,
-        state=(("prices", prices), ("workloads", book), ("market", market), ("alert settings", alert_settings)),
-        loops=(("market", market), ("outputs", outputs), ("scheduler", scheduler), ("links", links), ("alerts", alert_loop)),
+        state=(
+            ("prices", prices),
+            ("workloads", book),
+            ("market", market),
+            ("alert settings", alert_settings),
+            ("endpoints", endpoints),
+            ("endpoint requests", requests),
+        ),
+        loops=(
+            ("market", market),
+            ("outputs", outputs),
+            ("scheduler", scheduler),
+            ("links", links),
+            ("alerts", alert_loop),
+            ("endpoint requests", requests),
+        ),
         market_series=series,
     )
 

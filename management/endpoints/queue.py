@@ -46,9 +46,11 @@ import enum
 import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import msgspec
+
+from master.port import WorkerError, WorkerRef
 
 JSON = Any
 
@@ -84,26 +86,12 @@ class Outcome(enum.StrEnum):
     NOT_FOUND = "not_found"
 
 
-class WorkerRef(NamedTuple):
-    """One worker: one container of one endpoint, on one agent."""
-
-    endpoint_id: str
-    worker_id: str
-    agent_id: str
-
-
 class Partial(msgspec.Struct, frozen=True):
     seq: int
     output: str  # JSON text
 
     def value(self) -> JSON:
         return msgspec.json.decode(self.output)
-
-
-class WorkerError(msgspec.Struct, frozen=True):
-    type: str = ""
-    message: str = ""
-    traceback: str = ""
 
 
 class EndpointRequestRecord(msgspec.Struct, frozen=True, kw_only=True):

@@ -40,31 +40,22 @@ from management.endpoints.queue import (
     RequestQueue,
     RequestState,
     Step,
-    WorkerError,
-    WorkerRef,
     value_of,
 )
 from management.store.endpoint_requests import EndpointRequestRepo, StaleEndpointRequest
+from master.port import CallOutcome, Loop, TakenRequest, WorkerCalls, WorkerError, WorkerRef, stop_loop
 
 JSON = Any
 MAX_TAKE_WAIT_S = 30.0  # a take waits at most this long, whatever the worker asks (the library asks 20 s)
 MAX_IN_FLIGHT_LISTED = 1_000  # a heartbeat's in-flight list is read up to this many ids
 LOAD_PAGE = 1_000
+SWEEP_PERIOD_S = 2.0  # how often the clock is applied: a TTL or a timeout ends at most this late
 
 
 class RequestTooLarge(IdlegridError):
     """A request's input past its endpoint's bound."""
 
     code = "request_too_large"
-
-
-@dataclass(frozen=True, slots=True)
-class TakenRequest:
-    """A take's answer: what the worker API hands the worker (``{"id", "input", "attempt"}``)."""
-
-    id: str
-    input: JSON
-    attempt: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,12 +77,23 @@ class EndpointHealth:
     requests: dict[str, int]  # open requests by state
 
 
+# What a worker's report answers (the worker API's 204, 404, 413): a request that is not the caller's, or no longer
+# open, is gone to it whether or not it exists.
+CALL_OUTCOMES = {
+    Outcome.OK: CallOutcome.OK,
+    Outcome.GONE: CallOutcome.GONE,
+    Outcome.NOT_FOUND: CallOutcome.GONE,
+    Outcome.TOO_LARGE: CallOutcome.TOO_LARGE,
+}
+
+
 def new_request_id() -> str:
     return f"req-{secrets.token_hex(10)}"
 
 
 class RequestBook:
-    """Endpoint requests: the open ones in memory (the pure queue), every change stored first."""
+    """Endpoint requests: the open ones in memory (the pure queue), every change stored first. It is the ``WorkerCalls``
+    the Master hands its endpoint workers' calls to (master/worker_calls.py)."""
 
     def __init__(
         self,
@@ -101,7 +103,11 @@ class RequestBook:
         heartbeat_timeout_s: float = 30.0,
         clock: Callable[[], float] = time.time,
         new_id: Callable[[], str] = new_request_id,
+        serve: Callable[[WorkerCalls | None], None] = lambda _calls: None,
+        sweep_period_s: float = SWEEP_PERIOD_S,
     ) -> None:
+        """``limits_of``: an endpoint's bounds (read synchronously, at each call); ``serve``: how the book is made
+        the Master's handler of workers' calls while it runs (``MasterPort.serve_worker_calls``)."""
         self._repo = repo
         self._limits_of = limits_of
         self._heartbeat_timeout_s = heartbeat_timeout_s
@@ -111,6 +117,9 @@ class RequestBook:
         self._lock = asyncio.Lock()
         self._arrivals: dict[str, asyncio.Event] = {}  # per endpoint: set when a request becomes queued there
         self._changes: dict[str, asyncio.Event] = {}  # per request someone streams: set when it changes
+        self._serve = serve
+        self._sweep_period_s = sweep_period_s
+        self._sweeper: asyncio.Task[None] | None = None
 
     async def load(self) -> None:
         """Read the open requests from the store (at start)."""
@@ -121,6 +130,20 @@ class RequestBook:
             after = page[-1].order
         async with self._lock:
             self._queue = RequestQueue.loaded(found, self._clock())
+
+    def start(self) -> None:
+        """Take the workers' calls (once loaded) and apply the clock every ``sweep_period_s``."""
+        self._serve(self)
+        self._sweeper = Loop("endpoint requests", self._sweep_period_s, self._sweep_once, restart_s=self._sweep_period_s).start()
+
+    async def stop(self) -> None:
+        """Workers' calls are answered 503 from now on (they retry, on this Master or the next); the sweeps stop."""
+        self._serve(None)
+        await stop_loop(self._sweeper)
+        self._sweeper = None
+
+    async def _sweep_once(self) -> None:
+        await self.sweep()
 
     # --- carrying out a step ---
 
@@ -173,6 +196,9 @@ class RequestBook:
 
     # --- the workers' side (WorkerCalls) ---
 
+    async def _report(self, make: Callable[[RequestQueue, float], Step]) -> CallOutcome:
+        return CALL_OUTCOMES[(await self._step(make)).outcome]
+
     async def take(self, worker: WorkerRef, wait_s: float) -> TakenRequest | None:
         """The oldest queued request of the worker's endpoint, waiting up to ``wait_s`` (at most MAX_TAKE_WAIT_S) for
         one to arrive; None when none came (or the worker holds its concurrency already)."""
@@ -197,23 +223,23 @@ class RequestBook:
         listed = in_flight[:MAX_IN_FLIGHT_LISTED]
         return list((await self._step(lambda q, now: q.heartbeat(worker, listed, now))).cancel)
 
-    async def partial(self, worker: WorkerRef, request_id: str, seq: int, output: JSON) -> Outcome:
+    async def partial(self, worker: WorkerRef, request_id: str, seq: int, output: JSON) -> CallOutcome:
         limits = self._limits_of(worker.endpoint_id)
-        return (await self._step(lambda q, now: q.partial(worker, request_id, seq, output, limits, now))).outcome
+        return await self._report(lambda q, now: q.partial(worker, request_id, seq, output, limits, now))
 
-    async def progress(self, worker: WorkerRef, request_id: str, progress: JSON) -> Outcome:
+    async def progress(self, worker: WorkerRef, request_id: str, progress: JSON) -> CallOutcome:
         limits = self._limits_of(worker.endpoint_id)
-        return (await self._step(lambda q, now: q.progress(worker, request_id, progress, limits, now))).outcome
+        return await self._report(lambda q, now: q.progress(worker, request_id, progress, limits, now))
 
-    async def result(self, worker: WorkerRef, request_id: str, output: JSON) -> Outcome:
+    async def result(self, worker: WorkerRef, request_id: str, output: JSON) -> CallOutcome:
         limits = self._limits_of(worker.endpoint_id)
-        return (await self._step(lambda q, now: q.result(worker, request_id, output, limits, now))).outcome
+        return await self._report(lambda q, now: q.result(worker, request_id, output, limits, now))
 
-    async def error(self, worker: WorkerRef, request_id: str, error: WorkerError) -> Outcome:
-        return (await self._step(lambda q, now: q.error(worker, request_id, error, now))).outcome
+    async def error(self, worker: WorkerRef, request_id: str, error: WorkerError) -> CallOutcome:
+        return await self._report(lambda q, now: q.error(worker, request_id, error, now))
 
-    async def release(self, worker: WorkerRef, request_id: str) -> Outcome:
-        return (await self._step(lambda q, now: q.release(worker, request_id, now))).outcome
+    async def release(self, worker: WorkerRef, request_id: str) -> CallOutcome:
+        return await self._report(lambda q, now: q.release(worker, request_id, now))
 
     async def worker_gone(self, worker: WorkerRef) -> None:
         """The worker's container ended or its agent was lost: its requests go back to the queue (or fail)."""

@@ -19,6 +19,7 @@ import msgspec
 
 from common.containers import RegistryAuth
 from management.endpoints.autoscaler import ScalingPolicy
+from management.endpoints.queue import QueueLimits
 from master.port import (
     CommandArg,
     EnvName,
@@ -108,6 +109,15 @@ class EndpointSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 raise ValueError(f"{field} must be a finite number, not {value!r}")
         if self.execution_timeout_s > self.ttl_s:
             raise ValueError(f"execution_timeout_s ({self.execution_timeout_s:g}) must not exceed ttl_s ({self.ttl_s:g})")
+
+    def limits(self) -> QueueLimits:
+        """Its requests' bounds, as the request queue applies them."""
+        return QueueLimits(
+            concurrency=self.scaling.concurrency,
+            max_retries=self.max_retries,
+            ttl_s=self.ttl_s,
+            execution_timeout_s=self.execution_timeout_s,
+        )
 
     def worker_spec(self) -> WorkloadSpec:
         """The workload each worker is: one replica, no network, not restarted in place (the autoscaler replaces it)."""

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import msgspec
 
 from common.errors import Conflict, IdlegridError, NotFound
+from management.endpoints.queue import QueueLimits
 from management.endpoints.spec import (
     INVOCATION_KEY_PREFIX,
     EndpointKeyRecord,
@@ -101,6 +102,17 @@ class EndpointsService:
         self._keys = keys
         self._check_worker = check_worker
         self._clock = clock
+        # Each endpoint's request bounds, for the request queue's synchronous reads (a worker's take, a report):
+        # read at load, kept by this service, the only writer of endpoints.
+        self._limits: dict[str, QueueLimits] = {}
+
+    async def load(self) -> None:
+        """Read every endpoint's request bounds (at start, and on the Master that takes over)."""
+        self._limits = {record.id: record.spec.limits() for record in await self._endpoints.list()}
+
+    def limits_of(self, endpoint_id: str) -> QueueLimits:
+        """The endpoint's request bounds; the defaults for one deleted (its last requests end under them)."""
+        return self._limits.get(endpoint_id) or QueueLimits()
 
     # --- endpoints
 
@@ -120,6 +132,7 @@ class EndpointsService:
             id=new_endpoint_id(), account=account, spec=spec, created_at=now, updated_at=now, sealed_registry_password=sealed
         )
         await self._endpoints.put(record)
+        self._limits[record.id] = spec.limits()
         return record
 
     async def get(self, endpoint_id: str, *, account: str | None = None) -> EndpointRecord:
@@ -168,6 +181,7 @@ class EndpointsService:
                 raise Conflict(f"account {record.account!r} already has an endpoint named {spec.name!r}; choose another name")
         record = msgspec.structs.replace(record, spec=spec, sealed_registry_password=sealed, updated_at=self._clock())
         await self._endpoints.put(record)
+        self._limits[record.id] = spec.limits()
         return record
 
     async def delete(self, endpoint_id: str, *, account: str | None = None) -> EndpointRecord:
@@ -175,6 +189,7 @@ class EndpointsService:
         record = await self.get(endpoint_id, account=account)
         await self._keys.delete_of(record.id)
         await self._endpoints.delete(record.id)
+        self._limits.pop(record.id, None)
         return record
 
     def _sealed(self, spec: EndpointSpec) -> tuple[EndpointSpec, str]:

@@ -7,9 +7,10 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from management.endpoints.queue import EndpointRequestRecord, Partial, RequestState, WorkerError
+from management.endpoints.queue import EndpointRequestRecord, Partial, RequestState
 from management.store import ENDPOINT_REQUESTS, endpoint_request_repo
 from management.store.endpoint_requests import MAX_RECORD_BYTES, DuplicateEndpointRequest, StaleEndpointRequest
+from master.port import WorkerError
 from master.store.base import Store
 from master.store.errors import UnstorableRecord
 from tests.master.conftest import OpenStore

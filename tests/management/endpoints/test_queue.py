@@ -18,9 +18,8 @@ from management.endpoints.queue import (
     RequestQueue,
     RequestState,
     Step,
-    WorkerError,
-    WorkerRef,
 )
+from master.port import WorkerError, WorkerRef
 
 ENDPOINTS = ("ep-a", "ep-b")
 WORKERS = tuple(WorkerRef(ep, f"w{i}", f"agent-{i % 2}") for ep in ENDPOINTS for i in range(2))

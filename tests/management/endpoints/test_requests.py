@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from common.errors import Conflict, NotFound
-from management.endpoints.queue import Outcome, QueueLimits, WorkerError, WorkerRef
+from management.endpoints.queue import QueueLimits
 from management.endpoints.requests import RequestBook, RequestTooLarge
 from management.store import endpoint_request_repo
+from master.port import CallOutcome, WorkerError, WorkerRef
 from master.store import open_store
 from master.store.base import Store
 
@@ -51,15 +52,15 @@ async def test_a_request_goes_through_take_partials_and_result_and_every_step_is
     taken = await book.take(W1, 0)
     assert taken is not None and (taken.id, taken.input, taken.attempt) == (submitted.id, {"prompt": "hi"}, 1)
     for _ in range(2):  # a resend of seq 0 is taken once
-        assert await book.partial(W1, taken.id, 0, "a") == Outcome.OK
-    assert await book.partial(W1, taken.id, 1, ["b"]) == Outcome.OK
-    assert await book.progress(W1, taken.id, {"step": 2}) == Outcome.OK
-    assert await book.partial(W2, taken.id, 2, "not W2's") == Outcome.GONE
+        assert await book.partial(W1, taken.id, 0, "a") == CallOutcome.OK
+    assert await book.partial(W1, taken.id, 1, ["b"]) == CallOutcome.OK
+    assert await book.progress(W1, taken.id, {"step": 2}) == CallOutcome.OK
+    assert await book.partial(W2, taken.id, 2, "not W2's") == CallOutcome.GONE
     streamed = await book.stream(taken.id, 0)
     assert [(p.seq, p.value()) for p in streamed.partials] == [(1, ["b"])] and not streamed.done
-    assert await book.result(W1, taken.id, "x" * 200) == Outcome.TOO_LARGE
-    assert await book.result(W1, taken.id, {"answer": 42}) == Outcome.OK
-    assert await book.result(W1, taken.id, {"answer": 43}) == Outcome.GONE
+    assert await book.result(W1, taken.id, "x" * 200) == CallOutcome.TOO_LARGE
+    assert await book.result(W1, taken.id, {"answer": 42}) == CallOutcome.OK
+    assert await book.result(W1, taken.id, {"answer": 43}) == CallOutcome.GONE
     stored = await endpoint_request_repo(store).get(taken.id)
     assert stored is not None and (stored.state, stored.output, stored.account) == ("completed", '{"answer":42}', "ana")
     assert (await book.stream(taken.id, 1)).done
@@ -82,7 +83,7 @@ async def test_a_worker_takes_no_more_than_its_concurrency(store: Store) -> None
     taken = await book.take(W1, 0)
     assert taken is not None and taken.id == first.id
     assert await book.take(W1, 0) is None
-    assert await book.release(W1, first.id) == Outcome.OK
+    assert await book.release(W1, first.id) == CallOutcome.OK
     again = await book.take(W2, 0)
     assert again is not None and (again.id, again.attempt) == (first.id, 1)  # released: same attempt, first in line
     assert (await book.take(W1, 0)) is not None and second.id in {r.id for r in await endpoint_request_repo(store).list()}
@@ -94,7 +95,7 @@ async def test_cancel_reaches_the_worker_at_its_heartbeat_and_retry_queues_a_new
     assert (await book.take(W1, 0)) is not None
     assert (await book.cancel(rec.id)).state == "cancelled"
     assert await book.heartbeat(W1, [rec.id]) == [rec.id]
-    assert await book.result(W1, rec.id, "late") == Outcome.GONE
+    assert await book.result(W1, rec.id, "late") == CallOutcome.GONE
     with pytest.raises(Conflict):
         await book.cancel(rec.id)
     retried = await book.retry(rec.id)
@@ -113,7 +114,7 @@ async def test_errors_and_lost_workers_follow_the_queue_s_rules(store: Store) ->
     book = await book_over(store, Clock())
     failing, lost = await book.submit("ep-a", "a"), await book.submit("ep-a", "b")
     assert (await book.take(W1, 0)) is not None
-    assert await book.error(W1, failing.id, WorkerError("ValueError", "bad input", "Traceback ...")) == Outcome.OK
+    assert await book.error(W1, failing.id, WorkerError("ValueError", "bad input", "Traceback ...")) == CallOutcome.OK
     assert (await book.take(W1, 0)) is not None
     await book.worker_gone(W1)
     again = await book.take(W2, 0)
@@ -160,7 +161,7 @@ async def test_a_book_that_lost_a_race_reads_the_request_back_and_answers_gone(s
     assert await stale.take(W2, 0) is None  # its write names the old version: refused, read back
     now_held = await stale.status(rec.id)
     assert now_held is not None and now_held.worker_id == "w1"
-    assert await stale.result(W1, rec.id, "done") == Outcome.OK  # it knows W1 holds it now
+    assert await stale.result(W1, rec.id, "done") == CallOutcome.OK  # it knows W1 holds it now
 
 
 async def test_ttl_and_execution_timeout_end_requests_at_the_sweep(store: Store) -> None:
@@ -187,7 +188,7 @@ async def test_a_stream_waits_for_the_next_partial(store: Store) -> None:
     for _ in range(5):
         await asyncio.sleep(0)
     assert not reading.done()
-    assert await book.partial(W1, rec.id, 0, {"token": "a"}) == Outcome.OK
+    assert await book.partial(W1, rec.id, 0, {"token": "a"}) == CallOutcome.OK
     streamed = await reading  # without the wake it would wait the 25 s out and answer no partials
     assert [p.value() for p in streamed.partials] == [{"token": "a"}]
     with pytest.raises(NotFound):
