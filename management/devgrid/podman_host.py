@@ -246,6 +246,9 @@ class PodmanHost:
             print(f"idlegrid demo: {exc}; stopping Podman anyway", file=sys.stderr)
         finally:
             self._stop_process()
+            # A container's /dev/shm that its removal left mounted (seen after a demo's stop): the directory could not
+            # be deleted, and a later start would find it busy.
+            unmount_below(self.workdir)
 
     def _stop_process(self) -> None:
         service, self._service = self._service, None
@@ -287,6 +290,18 @@ def busybox_rootfs_archive(scratch: Path, files: Mapping[str, str] | None = None
     subprocess.run(["tar", "-C", str(rootfs), "-cf", str(archive), "."], check=True)
     shutil.rmtree(rootfs)
     return archive
+
+
+def unmount_below(directory: Path) -> None:
+    """Lazily unmount whatever is still mounted under ``directory`` (a container's /dev/shm), deepest first."""
+    prefix = str(directory.resolve()) + "/"
+    try:
+        with open("/proc/self/mounts") as mounts:
+            targets = [line.split()[1] for line in mounts if line.split()[1].startswith(prefix)]
+    except OSError:
+        return
+    for target in sorted(targets, reverse=True):
+        subprocess.run(["umount", "-l", target], check=False, capture_output=True)
 
 
 def add_python(rootfs: Path) -> None:
