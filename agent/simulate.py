@@ -19,7 +19,7 @@ import msgspec
 from agent.errors import SimulationSpecError
 from agent.fault_injection import FaultInjection, InjectedFault
 from common.catalog import GpuModel, UnknownGpuModel, reference_gpu_info, resolve_alias
-from common.inventory import MAX_MIG_INSTANCES, GpuInfo, GpuSample, MigInstance
+from common.inventory import MAX_MIG_INSTANCES, GpuInfo, GpuSample, MigInstance, UnofferedGpu
 from common.mig import MigLayoutError, instance_memory_mib, lay_out
 from common.wire import AgentEvent, AgentEventKind
 
@@ -145,6 +145,10 @@ class SimulatedCollector:
 
     def inventory(self) -> list[GpuInfo]:
         return list(self._gpus)
+
+    def unoffered(self) -> list[UnofferedGpu]:
+        """A simulated host has every card it simulates on offer."""
+        return []
 
     def hold(self, units: Collection[str]) -> None:
         """The GPUs (or MIG instances) running containers hold now: a held card is busy, any other idle (a real card
