@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from common.containers import RegistryAuth, WireSpec
-from common.inventory import GpuInfo, GpuReach, HostInfo, ImageSource
+from common.inventory import GpuInfo, GpuReach, HostInfo, ImageSource, UnofferedGpu
 from common.restart_policy import RESTART_POLICIES as RESTART_POLICIES  # published: master.port re-exports it
 from common.storage import CheckpointSpec, StorageAccess, StorageMount
 from common.wire import BenchmarkFigures
@@ -39,6 +39,9 @@ class AgentRecord(msgspec.Struct, kw_only=True):
     # The agent's GPU self-test, from its latest hello: which GPUs reach a container of its runtime (a GPU that does not
     # is flagged GPU_UNREACHABLE_FLAG and not offered); empty when nothing was tested.
     gpu_reach: list[GpuReach] = []
+    # Cards on the host's PCI bus its agent does not offer, each with why and what to install, from its latest hello
+    # (docs/gpus.md); empty from agents older than the field. Shown to the provider, never offered.
+    unoffered_gpus: list[UnofferedGpu] = []
     images: list[str] = []  # the images the host already has, warm first (bounded by the wire: MAX_IMAGES_IN_REPORT)
     overlay_key: str = ""  # the host's Nebula public key (PEM), from hello; "" when it runs no overlay (docs/overlay.md)
     image_source: ImageSource | None = None  # where its engine gets images, from hello; None: unknown (pulls anything)
