@@ -141,11 +141,17 @@ class HostGpus:
         self._bus = bus
         self._nvml, self._nvml_problem = nvml, nvml_problem
         self._amd, self._amd_problem = amd, amd_problem
+        self._withheld: frozenset[str] = frozenset()  # uuids of cards a binding reads and the host does not offer
+        self.latest = self.detection()  # what the latest inventory found
 
     def detection(self) -> Detection:
         nvidia = BindingReport(self._nvml.inventory() if self._nvml else (), self._nvml_problem)
         amd = BindingReport(self._amd.cards() if self._amd else (), self._amd_problem)
-        return reconcile(self._bus, {"nvidia": nvidia, "amd": amd})
+        found = reconcile(self._bus, {"nvidia": nvidia, "amd": amd})
+        offered = {card.uuid for card in found.offered}
+        self._withheld = frozenset(card.uuid for card in (*nvidia.cards, *amd.cards) if card.uuid not in offered)
+        self.latest = found
+        return found
 
     def inventory(self) -> list[GpuInfo]:
         return self.detection().offered
@@ -154,9 +160,10 @@ class HostGpus:
         return self.detection().unoffered
 
     def sample(self) -> list[GpuSample]:
-        offered = {card.uuid for card in self.inventory()}
+        """Every offered card's reading. The cards withheld are those of the latest inventory (not re-read here: an
+        inventory reads every NVLink and MIG slot, too much for each telemetry tick)."""
         samples = [*(self._nvml.sample() if self._nvml else ()), *(self._amd.sample() if self._amd else ())]
-        return [s for s in samples if s.uuid in offered]
+        return [s for s in samples if s.uuid not in self._withheld]
 
     def reports(self) -> list[AgentEvent]:
         return self._nvml.reports() if self._nvml else []
@@ -199,7 +206,7 @@ def detect_gpus(
         elif bus is not None:
             log.warning("AMD GPUs on the bus, but %s", amd_problem)
     collector = HostGpus(bus, nvml, nvml_problem, amd, amd_problem)
-    detection = collector.detection()
+    detection = collector.latest
     for card in detection.unoffered:
         log.warning("GPU %s (%s) not offered: %s", card.pci_bus_id, card.vendor, card.reason, extra={"fix": card.fix})
     if nvml is None and amd is None:

@@ -264,6 +264,22 @@ def test_a_card_with_too_little_memory_of_its_own_is_display_only():
     assert [(u.name, u.kind) for u in detection.unoffered] == [("NVIDIA NVS 510", "display_only")]
 
 
+def test_a_withheld_card_is_not_sampled():
+    small = GpuInfo(
+        index=1,
+        uuid="GPU-nvs",
+        name="NVIDIA NVS 510",
+        pci_bus_id="00000000:02:00.0",
+        memory_total_mib=1024,
+        compute_capability="3.0",
+    )
+    nvml = FakeNvml([rtx4090(), small])
+    collector = detect_gpus(SYSFS / "wsl", open_nvml=lambda: nvml, import_module=no_amdsmi, runner=Commands())
+    assert [card.uuid for card in collector.inventory()] == ["GPU-4090"]
+    assert [s.uuid for s in collector.sample()] == ["GPU-4090"]
+    assert [(u.name, u.kind) for u in collector.unoffered()] == [("NVIDIA NVS 510", "display_only")]
+
+
 def test_closing_the_host_collector_closes_its_bindings():
     nvml = FakeNvml([rtx4090()])
     collector = detect_gpus(SYSFS / "wsl", open_nvml=lambda: nvml, import_module=no_amdsmi, runner=Commands())
