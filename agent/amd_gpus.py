@@ -83,8 +83,8 @@ def open_amd_source(
     try:
         module = import_module("amdsmi")
         source: AmdSource = AmdSmiSource(module, host_key=host_key)
-    except Exception as exc:  # an ImportError, the library's OSError, or amdsmi's own error at init
-        tried.append(f"amdsmi: {_first_line(exc)}")
+    except Exception as exc:  # an ImportError; KeyError('libamd_smi.so') without ROCm's library; amdsmi's own at init
+        tried.append(f"amdsmi: not usable ({type(exc).__name__}: {_first_line(exc)})")
     else:
         if source.cards():
             return source, tried
@@ -102,7 +102,7 @@ def open_amd_source(
     sysfs = SysfsSource(bus, sysfs_root, host_key=host_key)
     if sysfs.cards():
         return sysfs, tried
-    tried.append("sysfs: no card with the amdgpu driver bound")
+    tried.append("sysfs: no card under amdgpu that reports its memory (mem_info_vram_total)")
     return None, tried
 
 

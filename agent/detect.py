@@ -11,7 +11,8 @@ against the other, and is pure:
   does not run workloads on yet (Intel, Habana);
 - where the bus cannot be read (WSL, a container without /sys/bus/pci) the bindings alone say what the host offers.
 
-``HostGpus`` is the collector the agent runs on such a host: it re-reads its bindings at each call and reconciles.
+``HostGpus`` is the collector the agent runs on such a host: it re-reads its bindings at each inventory and
+reconciles.
 """
 
 from __future__ import annotations
@@ -130,7 +131,7 @@ def _display_only(card: GpuInfo, vendor: str, address: str) -> UnofferedGpu:
 
 
 class HostGpus:
-    """The collector of a host with real GPUs: NVML's and an AMD source's cards, reconciled with the bus at each call.
+    """The collector of a host with real GPUs: NVML's and an AMD source's cards, reconciled with the bus at each inventory.
     NVML and amdsmi are thread-safe, so ``sample`` may run in a worker thread as before."""
 
     simulated = False
@@ -212,5 +213,13 @@ def detect_gpus(
     if nvml is None and amd is None:
         if nvml_problem:
             log.warning("%s", nvml_problem, extra={"code": NvmlUnavailable.code})
-        return EmptyCollector(nvml_problem or "no GPU library read a card", unoffered=detection.unoffered)
+        return EmptyCollector(_why_none(bus, nvml_problem, amd_problem), unoffered=detection.unoffered)
     return collector
+
+
+def _why_none(bus: Sequence[PciGpu] | None, nvml_problem: str, amd_problem: str) -> str:
+    """Why no library read a card: NVML's reason on a host that may have an NVIDIA card (the bus shows one, or cannot
+    be read, or shows none at all), AMD's where the bus shows AMD cards."""
+    nvidia_possible = bus is None or not bus or any(gpu.vendor == "nvidia" for gpu in bus)
+    reasons = [text for text in (nvml_problem if nvidia_possible else "", amd_problem) if text]
+    return "; ".join(reasons) or nvml_problem or "no GPU library read a card"

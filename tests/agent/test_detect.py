@@ -237,6 +237,21 @@ def test_cards_whose_driver_is_not_loaded_are_reported_with_what_to_install():
     assert all(card.reason for card in found.values())
 
 
+def test_an_amd_host_whose_cards_no_library_reads_says_why_in_amds_words_not_nvmls(tmp_path):
+    # An RX 7900 XTX under amdgpu whose sysfs says nothing of its memory (written here: a tree of one odd card).
+    card = tmp_path / "bus" / "pci" / "devices" / "0000:03:00.0"
+    card.mkdir(parents=True)
+    for name, value in (("vendor", "0x1002"), ("device", "0x744c"), ("class", "0x030000")):
+        (card / name).write_text(value + "\n")
+    (card / "driver").symlink_to("../../../bus/pci/drivers/amdgpu")
+    collector = detect_gpus(tmp_path, open_nvml=no_nvml, import_module=no_amdsmi, runner=Commands())
+    assert isinstance(collector, EmptyCollector)
+    assert collector.unavailable_reason.startswith("no AMD library or tool read it (amdsmi: not usable (KeyError: ")
+    assert "NVML" not in collector.unavailable_reason
+    [unread] = collector.unoffered()
+    assert unread.kind == "no_binding" and "amd-smi" in unread.fix
+
+
 def test_an_nvidia_card_the_driver_has_but_nvml_does_not_read_says_why():
     bus = [PciGpu(address="0000:17:00.0", vendor="nvidia", device_id=0x27B8, class_code=0x030200, driver="nvidia")]
     problem = "NVML is not available: the NVML library and the loaded kernel driver have different versions; reboot"
