@@ -17,6 +17,7 @@ from the host and the card's PCI address, so it stays the same across restarts.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import json
 import logging
@@ -172,9 +173,7 @@ class AmdSmiSource:
         smi = self._smi
         activity = _optional(lambda: smi.amdsmi_get_gpu_activity(handle)) or {}
         used = _optional(lambda: smi.amdsmi_get_gpu_memory_usage(handle, smi.AmdSmiMemoryType.VRAM))
-        temperature = _optional(
-            lambda: smi.amdsmi_get_temp_metric(handle, smi.AmdSmiTemperatureType.HOTSPOT, smi.AmdSmiTemperatureMetric.CURRENT)
-        )
+        temperature = _temperature(smi, handle)
         power = _optional(lambda: smi.amdsmi_get_power_info(handle)) or {}
         ecc = _optional(lambda: smi.amdsmi_get_gpu_total_ecc_count(handle)) or {}
         watts = power.get("current_socket_power") or power.get("average_socket_power")
@@ -183,11 +182,22 @@ class AmdSmiSource:
             ts=now,
             utilization_pct=float(_number(activity.get("gfx_activity")) or 0.0),
             memory_used_mib=int(used or 0) // MIB,
-            temperature_c=float(temperature) if isinstance(temperature, int | float) else None,
+            temperature_c=temperature,
             power_w=float(watts) if isinstance(watts, int | float) else None,
             ecc_corrected=int(_number(ecc.get("correctable_count")) or 0),
             ecc_uncorrected=int(_number(ecc.get("uncorrectable_count")) or 0),
         )
+
+
+def _temperature(smi: ModuleType, handle: Any) -> float | None:
+    """The card's edge temperature where it has that sensor (what NVIDIA's GPU temperature compares with, so the
+    Master's overheat rule means the same for both), else its hotspot (an MI300 has no edge sensor)."""
+    metric = smi.AmdSmiTemperatureMetric.CURRENT
+    for sensor in (smi.AmdSmiTemperatureType.EDGE, smi.AmdSmiTemperatureType.HOTSPOT):
+        value = _optional(functools.partial(smi.amdsmi_get_temp_metric, handle, sensor, metric))
+        if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+            return float(value)
+    return None
 
 
 # ---------------------------------------------------------------- 2. and 3. the command-line tools
@@ -334,9 +344,10 @@ class SysfsSource:
 
 
 class SysfsSampler:
-    """Telemetry of amdgpu cards from sysfs: ``gpu_busy_percent``, ``mem_info_vram_used`` and the first hwmon's
-    ``temp*_input`` (millidegrees; the junction one where labelled) and ``power1_average``/``power1_input``
-    (microwatts). A reading a card lacks reads as None (0 for utilization and memory)."""
+    """Telemetry of amdgpu cards from sysfs: ``gpu_busy_percent``, ``mem_info_vram_used``, the first hwmon's
+    ``temp*_input`` (millidegrees; the edge sensor where the card has one) and ``power1_average``/``power1_input``
+    (microwatts), and RAS's memory ECC counts. A reading a card lacks reads as None (0 for utilization, memory and
+    ECC)."""
 
     def __init__(self, sysfs_root: Path, cards: Sequence[GpuInfo]) -> None:
         self._root = sysfs_root / "bus" / "pci" / "devices"
@@ -350,7 +361,8 @@ class SysfsSampler:
         device = self._root / card.pci_bus_id
         hwmon = _first_hwmon(device)
         power = _int_or_none(_read(hwmon / "power1_average") or _read(hwmon / "power1_input")) if hwmon else None
-        temperature = _junction_temperature(hwmon) if hwmon else None
+        temperature = _edge_temperature(hwmon) if hwmon else None
+        uncorrected, corrected = _memory_errors(device)
         return GpuSample(
             uuid=card.uuid,
             ts=now,
@@ -358,6 +370,8 @@ class SysfsSampler:
             memory_used_mib=(_int_or_none(_read(device / "mem_info_vram_used")) or 0) // MIB,
             temperature_c=temperature / 1000.0 if temperature is not None else None,
             power_w=power / 1e6 if power is not None else None,
+            ecc_corrected=corrected,
+            ecc_uncorrected=uncorrected,
         )
 
 
@@ -368,12 +382,26 @@ def _first_hwmon(device: Path) -> Path | None:
         return None
 
 
-def _junction_temperature(hwmon: Path) -> int | None:
-    """amdgpu labels its sensors "edge", "junction" and "mem"; the junction is the hottest spot, what throttles."""
-    for index in (1, 2, 3):
-        if (_read(hwmon / f"temp{index}_label") or "").lower() == "junction":
-            return _int_or_none(_read(hwmon / f"temp{index}_input"))
+def _edge_temperature(hwmon: Path) -> int | None:
+    """amdgpu labels its sensors "edge", "junction" and "mem": the edge one where the card has it (what NVIDIA's GPU
+    temperature compares with, so the Master's overheat rule means the same), else the junction (an MI300 has no edge
+    sensor), else the first."""
+    labels = {(_read(hwmon / f"temp{index}_label") or "").lower(): index for index in (1, 2, 3)}
+    for label in ("edge", "junction"):
+        if label in labels:
+            return _int_or_none(_read(hwmon / f"temp{labels[label]}_input"))
     return _int_or_none(_read(hwmon / "temp1_input"))
+
+
+def _memory_errors(device: Path) -> tuple[int, int]:
+    """(uncorrectable, correctable) memory ECC errors amdgpu's RAS counts on the card's memory controller
+    (``ras/umc_err_count``: "ue: N" and "ce: N" lines), what NVIDIA's ECC counters count; (0, 0) without RAS."""
+    counts = {"ue": 0, "ce": 0}
+    for line in (_read(device / "ras" / "umc_err_count") or "").splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() in counts:
+            counts[name.strip()] = _int_or_none(value) or 0
+    return counts["ue"], counts["ce"]
 
 
 # ---------------------------------------------------------------- helpers

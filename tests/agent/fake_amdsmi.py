@@ -87,6 +87,12 @@ def stand_in(amd_smi_static: Path, *, broken: frozenset[int] = frozenset()) -> t
         card(handle)
         return {"socket_power": 141, "current_socket_power": 141, "average_socket_power": "N/A"}
 
+    def temperature(handle: int, sensor: AmdSmiTemperatureType, metric: AmdSmiTemperatureMetric) -> int:
+        card(handle)
+        if sensor == AmdSmiTemperatureType.EDGE:  # an MI300X has no edge sensor
+            raise AmdSmiException("AMDSMI_STATUS_NOT_SUPPORTED")
+        return 40 + handle
+
     module.__dict__.update(
         AmdSmiException=AmdSmiException,
         AmdSmiMemoryType=AmdSmiMemoryType,
@@ -104,7 +110,7 @@ def stand_in(amd_smi_static: Path, *, broken: frozenset[int] = frozenset()) -> t
         amdsmi_get_power_cap_info=power_cap,
         amdsmi_get_power_info=power_info,
         amdsmi_get_gpu_activity=lambda handle: {"gfx_activity": 10 * handle, "umc_activity": 0, "mm_activity": "N/A"},
-        amdsmi_get_temp_metric=lambda handle, sensor, metric: 40 + handle if card(handle) else 0,
+        amdsmi_get_temp_metric=temperature,
         amdsmi_get_gpu_total_ecc_count=lambda handle: {
             "correctable_count": handle,
             "uncorrectable_count": 0,

@@ -17,7 +17,7 @@ from types import ModuleType
 import msgspec
 import pytest
 
-from agent.amd_gpus import AmdSmiCommand, RocmSmiCommand, parse_amd_smi_static, parse_rocm_smi
+from agent.amd_gpus import AmdSmiCommand, RocmSmiCommand, SysfsSampler, parse_amd_smi_static, parse_rocm_smi
 from agent.detect import DISPLAY_ONLY_MAX_MIB, BindingReport, HostGpus, detect_gpus, reconcile
 from agent.gpus import EmptyCollector
 from agent.pci import PciGpu, integrated_reason, list_pci_gpus, normal_address
@@ -191,9 +191,19 @@ def test_an_mi300x_host_without_amdsmi_falls_back_and_keeps_its_cards_uuids(comm
     cards = collector.inventory()
     assert [c.uuid for c in cards] == MI300X_UUIDS  # the same cards whichever source read them
     assert {(c.vendor, c.name, c.memory_total_mib) for c in cards} == {("amd", "AMD Instinct MI300X", MI300X_MIB)}
-    samples = collector.sample()  # from sysfs: gpu_busy_percent, the junction sensor, power1_average
+    samples = collector.sample()  # from sysfs: gpu_busy_percent, the junction sensor (no edge one), power1_average, RAS
     assert (samples[2].utilization_pct, samples[2].temperature_c, samples[2].power_w) == (20.0, 42.0, 142.0)
+    assert (samples[2].ecc_corrected, samples[2].ecc_uncorrected) == (2, 0)
     assert collector.unoffered() == []
+
+
+def test_sysfs_telemetry_reads_the_edge_sensor_where_a_card_has_one_as_nvidias_gpu_temperature_compares():
+    card = GpuInfo(
+        index=0, uuid="GPU-apu", name="AMD GPU", pci_bus_id="0000:0e:00.0", memory_total_mib=512, compute_capability=""
+    )
+    [sample] = SysfsSampler(SYSFS / "nvidia-beside-amd-igpu", [card]).sample()
+    assert (sample.temperature_c, sample.power_w, sample.memory_used_mib) == (33.0, 9.0, 118)  # edge 33, junction 41
+    assert (sample.ecc_corrected, sample.ecc_uncorrected) == (0, 0)  # no RAS on this card
 
 
 def test_the_commands_are_tried_in_order_and_only_while_none_answered():
