@@ -2,17 +2,13 @@
 of their sources from reconstructed outputs, and every card the bus shows either offered or reported with why.
 
 The fixtures (tests/fixtures/gpus/, its README) are reconstructed from the tools' documented formats, not recorded.
-NVML cannot run here (no NVIDIA GPU): where a test needs NVIDIA's binding to list a card, ``FakeNvml`` stands in for
-agent/gpus.py's NvmlCollector. The real ``amdsmi`` cannot be imported here (tests/agent/fake_amdsmi.py says why):
-tests/agent/fake_amdsmi.py stands in for it.
+NVML and the real ``amdsmi`` cannot run here: tests/agent/gpu_hosts.py's stand-ins answer for them (it says why).
 """
 
 from __future__ import annotations
 
 import subprocess
 from collections.abc import Sequence
-from pathlib import Path
-from types import ModuleType
 
 import msgspec
 import pytest
@@ -21,76 +17,21 @@ from agent.amd_gpus import AmdSmiCommand, RocmSmiCommand, SysfsSampler, parse_am
 from agent.detect import DISPLAY_ONLY_MAX_MIB, BindingReport, HostGpus, detect_gpus, reconcile
 from agent.gpus import EmptyCollector
 from agent.pci import PciGpu, integrated_reason, list_pci_gpus, normal_address
-from common.errors import NvmlUnavailable
-from common.inventory import GpuInfo, GpuSample, HostInfo, Inventory
-from common.wire import AgentEvent
+from common.inventory import GpuInfo, HostInfo, Inventory
 from tests.agent.fake_amdsmi import stand_in
-
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "gpus"
-SYSFS = FIXTURES / "sysfs"
-COMMANDS = FIXTURES / "commands"
-MI300X_BUSES = ["05", "26", "46", "65", "85", "a5", "c5", "e5"]
-MI300X_UUIDS = [f"GPU-{0x4B2C4F5D21B5A3F0 + i:016x}" for i in range(8)]
-MI300X_MIB = 196592  # 192 GiB less what the driver keeps
-
-
-class FakeNvml:
-    """Stands in for NvmlCollector (no NVIDIA GPU here): lists the cards it is given."""
-
-    def __init__(self, cards: Sequence[GpuInfo]) -> None:
-        self.cards = list(cards)
-        self.closed = False
-
-    def inventory(self) -> list[GpuInfo]:
-        return list(self.cards)
-
-    def sample(self) -> list[GpuSample]:
-        return [GpuSample(uuid=card.uuid, ts=0.0, utilization_pct=50.0) for card in self.cards]
-
-    def reports(self) -> list[AgentEvent]:
-        return []
-
-    def close(self) -> None:
-        self.closed = True
-
-
-def rtx4090(bus_id: str = "00000000:01:00.0") -> GpuInfo:
-    return GpuInfo(
-        index=0,
-        uuid="GPU-4090",
-        name="NVIDIA GeForce RTX 4090",
-        pci_bus_id=bus_id,
-        memory_total_mib=24564,
-        compute_capability="8.9",
-    )
-
-
-def no_nvml() -> FakeNvml:
-    raise NvmlUnavailable("NVML is not available: libnvidia-ml.so.1 not found (the NVIDIA driver is not installed)")
-
-
-def no_amdsmi(name: str) -> ModuleType:
-    raise KeyError("libamd_smi.so")  # what importing the real amdsmi raises without ROCm's library
-
-
-class Commands:
-    """Runs the AMD tools from recorded outputs: argv[0] -> the output file, a missing one not installed."""
-
-    def __init__(self, **outputs: Path) -> None:
-        self.outputs = {name.replace("_", "-"): path for name, path in outputs.items()}
-        self.ran: list[tuple[str, ...]] = []
-
-    def __call__(self, argv: Sequence[str], timeout_s: float) -> str:
-        self.ran.append(tuple(argv))
-        if argv[0] not in self.outputs:
-            raise FileNotFoundError(f"{argv[0]} not found on PATH")
-        return self.outputs[argv[0]].read_text()
-
-
-def amdsmi_module(name: str) -> ModuleType:
-    assert name == "amdsmi"
-    return stand_in(COMMANDS / "amd-smi-static-mi300x-8.json")
-
+from tests.agent.gpu_hosts import (
+    COMMANDS,
+    MI300X_BUSES,
+    MI300X_MIB,
+    MI300X_UUIDS,
+    SYSFS,
+    Commands,
+    FakeNvml,
+    amdsmi_module,
+    no_amdsmi,
+    no_nvml,
+    rtx4090,
+)
 
 # ---------------------------------------------------------------- the bus
 
