@@ -126,6 +126,7 @@ def _spec_options(p: argparse.ArgumentParser, *, creating: bool) -> None:
     p.add_argument("--gpus", type=int, metavar="N", help=f"GPUs per worker, 1..16 ({default('1')})")
     p.add_argument("--model", action="append", metavar="KEY", help=f"allowed GPU model, repeatable ({default('any')})")
     p.add_argument("--tier", action="append", metavar="NAME", help=f"allowed tier, repeatable ({default('any')})")
+    p.add_argument("--vendor", action="append", metavar="NAME", help=f"GPU vendor, nvidia or amd, repeatable ({default('any')})")
     p.add_argument("--env", action="append", metavar="KEY=VALUE", help=f"environment variable, repeatable ({default('none')})")
     p.add_argument(
         "--registry-user",

@@ -40,6 +40,7 @@ class Unit:
     mig_profile: str | None = None
     parent: str | None = None
     healthy: bool = True
+    vendor: str = "nvidia"  # who made the card (common.inventory.GPU_VENDORS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +74,7 @@ class ReplicaRequest:
     gpus: int = 1
     min_vram_mib: int = 0
     models: frozenset[str] = frozenset()  # empty: any model
+    vendors: frozenset[str] = frozenset()  # empty: any vendor
     tiers: frozenset[str] = frozenset()  # empty: any tier
     min_compute_capability: tuple[int, int] | None = None
     cpu_cores: float = 0.0

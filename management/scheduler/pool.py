@@ -28,20 +28,22 @@ from itertools import chain
 from common.inventory import image_refusal
 from management.scheduler.model import Assignment, Host, Job, Policy, ReplicaRequest, Snapshot, Unit
 
-# model, tier, VRAM, compute capability, MIG profile; and the host's on-demand and reserved price, so that the idle
-# units are bucketed by price too and a priced job walks the cheapest buckets first (a free grid has one price)
-Shape = tuple[str, str | None, int, tuple[int, int], str | None, int, int]
+# model, tier, VRAM, compute capability, MIG profile; the host's on-demand and reserved price, so that the idle units
+# are bucketed by price too and a priced job walks the cheapest buckets first (a free grid has one price); the vendor
+Shape = tuple[str, str | None, int, tuple[int, int], str | None, int, int, str]
 REPUTATION_PROBE = 8  # among equally good hosts, the best reputation of the first few that pass is taken
 
 
 def shape_of(unit: Unit, host: Host | None = None) -> Shape:
     price, reserved = (host.price, host.reserved_price) if host is not None else (0, 0)
-    return (unit.model, unit.tier, unit.vram_mib, unit.compute_capability, unit.mig_profile, price, reserved)
+    return (unit.model, unit.tier, unit.vram_mib, unit.compute_capability, unit.mig_profile, price, reserved, unit.vendor)
 
 
 def shape_matches(shape: Shape, r: ReplicaRequest) -> bool:
-    model, tier, vram, cc, mig, _, _ = shape
+    model, tier, vram, cc, mig, _, _, vendor = shape
     if r.models and model not in r.models:
+        return False
+    if r.vendors and vendor not in r.vendors:
         return False
     if r.tiers and tier not in r.tiers:
         return False

@@ -141,6 +141,7 @@ def units_of(gpus: Iterable[GpuRecord]) -> list[Unit]:
                 compute_capability=compute_capability(gpu.info.compute_capability),
                 nvlink_peers=peers,
                 healthy=healthy,
+                vendor=gpu.info.vendor,
             )
         )
     return units
@@ -211,6 +212,7 @@ def mig_units_of(gpu: GpuRecord, *, healthy: bool) -> list[Unit]:
             mig_profile=instance.profile,
             parent=gpu.uuid,
             healthy=healthy,
+            vendor=gpu.info.vendor,
         )
         for instance in gpu.info.mig_instances
     ]
@@ -236,6 +238,7 @@ def job_of(rec: WorkloadRecord, *, funded: bool = True, affordable: int | None =
             gpus=replica.gpus,
             min_vram_mib=replica.min_vram_mib,
             models=frozenset(replica.models),
+            vendors=frozenset(replica.vendors),
             tiers=frozenset(replica.tiers),
             min_compute_capability=compute_capability(replica.min_compute_capability) if replica.min_compute_capability else None,
             cpu_cores=replica.cpu_cores or 0.0,
