@@ -7,7 +7,7 @@ demo's worker image (podman_host.py ``WORKER``), or as ``common.endpoint_worker`
 from __future__ import annotations
 
 from collections.abc import Generator
-from typing import Any
+from typing import Any, TypedDict
 
 try:
     from idlegrid_worker import Request, serve  # in an image: the library alone
@@ -15,7 +15,13 @@ except ImportError:
     from common.endpoint_worker import Request, serve
 
 
-def handler(request: Request) -> Generator[str, None, dict[str, Any]]:
+class Echoed(TypedDict):
+    echo: Any  # the request's input, whatever JSON it was
+    words: int
+    attempt: int
+
+
+def handler(request: Request) -> Generator[str, None, Echoed]:
     """Each word of the input's ``prompt`` as a partial output, then the input back with the count of words."""
     given: Any = request.input
     prompt = given.get("prompt", "") if isinstance(given, dict) else ""
