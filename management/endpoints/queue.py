@@ -119,6 +119,7 @@ class EndpointRequestRecord(msgspec.Struct, frozen=True, kw_only=True):
     progress: str = ""  # JSON text of the latest progress
     error: WorkerError | None = None
     reason: str = ""  # EndReason of a failed, cancelled or timed-out request
+    webhook: str = ""  # where its end is POSTed (checked against the egress rule when it was submitted); "" for none
     version: int = 1
 
     @property
@@ -242,7 +243,15 @@ class RequestQueue:
     # --- operations: each answers a Step and changes nothing ---
 
     def submit(
-        self, request_id: str, endpoint_id: str, input: JSON, limits: QueueLimits, now: float, *, account: str = ""
+        self,
+        request_id: str,
+        endpoint_id: str,
+        input: JSON,
+        limits: QueueLimits,
+        now: float,
+        *,
+        account: str = "",
+        webhook: str = "",
     ) -> Step:
         if request_id in self.requests:
             return Step(Outcome.GONE)
@@ -259,6 +268,7 @@ class RequestQueue:
             ttl_s=limits.ttl_s,
             execution_timeout_s=limits.execution_timeout_s,
             max_retries=limits.max_retries,
+            webhook=webhook,
         )
         return Step(Outcome.OK, changed=(rec,))
 

@@ -70,6 +70,9 @@ class EndpointRequestRepo(Protocol):
         """Requests matching every filter, by ``order`` then id; an empty ``states`` matches none; ``after_order``:
         the ``order`` of the last one of the previous page."""
 
+    async def count_by_state(self, endpoint_id: str) -> dict[str, int]:
+        """How many of the endpoint's requests are in each state (states with none left out)."""
+
 
 def payload_chars(rec: EndpointRequestRecord) -> int:
     """How much of the record is the renter's and the worker's: its JSON texts and error, in characters."""
@@ -133,6 +136,11 @@ class SqliteEndpointRequestRepo(SqliteTable[EndpointRequestRecord]):
             params += builtins.list(states)
         return await self._select(f"SELECT id, doc FROM endpoint_requests{clause} ORDER BY ord, id", params, limit=limit)
 
+    async def count_by_state(self, endpoint_id: str) -> dict[str, int]:
+        sql = "SELECT state, COUNT(*) FROM endpoint_requests WHERE endpoint_id = ? GROUP BY state"
+        rows = await self._db.run(lambda conn: conn.execute(sql, (endpoint_id,)).fetchall())
+        return {str(state): int(n) for state, n in rows}
+
 
 class MongoEndpointRequestRepo(MongoCollection[EndpointRequestRecord]):
     aggregate = NAME
@@ -182,6 +190,14 @@ class MongoEndpointRequestRepo(MongoCollection[EndpointRequestRecord]):
         if after_order is not None:
             query["order"] = {"$gt": after_order}
         return await self._find(query, [("order", ASCENDING), ("_id", ASCENDING)], limit)
+
+    async def count_by_state(self, endpoint_id: str) -> dict[str, int]:
+        pipeline: builtins.list[Document] = [
+            {"$match": {"endpoint_id": endpoint_id}},
+            {"$group": {"_id": "$state", "n": {"$sum": 1}}},
+        ]
+        cursor = await self._c.aggregate(pipeline)
+        return {str(doc["_id"]): int(doc["n"]) for doc in await cursor.to_list() if doc["_id"] is not None}
 
 
 ENDPOINT_REQUESTS: AggregatePlugin[EndpointRequestRepo] = AggregatePlugin(

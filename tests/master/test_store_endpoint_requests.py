@@ -117,3 +117,13 @@ async def test_an_undecodable_request_is_skipped_and_quarantined(store: Store) -
     assert_same(await repo.list(states=["queued"]), [rec])
     assert await repo.get("req-bad") is None
     assert ("endpoint_requests", "req-bad") in {(q.aggregate, q.key) for q in store.quarantine.records}
+
+
+async def test_an_endpoints_requests_are_counted_by_state(store: Store) -> None:
+    repo = endpoint_request_repo(store)
+    made = [("ep-a", RequestState.QUEUED), ("ep-a", RequestState.COMPLETED), ("ep-a", RequestState.COMPLETED)]
+    for i, (endpoint, state) in enumerate([*made, ("ep-b", RequestState.FAILED)]):
+        await repo.insert(request(f"req-{i}", endpoint, i + 1, state))
+    assert await repo.count_by_state("ep-a") == {"queued": 1, "completed": 2}
+    assert await repo.count_by_state("ep-b") == {"failed": 1}
+    assert await repo.count_by_state("ep-none") == {}
