@@ -45,6 +45,7 @@ class ErrorDetail(Answer):
 class RequestStatusView(Answer):
     id: str
     status: str  # IN_QUEUE | IN_PROGRESS | COMPLETED | FAILED | CANCELLED | TIMED_OUT
+    attempt: int  # 1 the first time; higher after a lost worker or a retry
     delayTime: int | None = None  # ms from submission (this run's) to its worker taking it
     executionTime: int | None = None  # ms its last worker worked on it, once it ended
     output: JSON = None  # a completed request's output
@@ -52,18 +53,17 @@ class RequestStatusView(Answer):
     errorDetail: ErrorDetail | None = None  # the handler's exception
     reason: str | None = None  # error | cancelled | ttl | execution_timeout | worker_lost
     progress: JSON = None  # the latest progress its handler sent
-    attempt: int = 1
 
 
 class StreamItem(Answer):
-    output: JSON = None
-    seq: int = 0
+    output: JSON
+    seq: int  # counts from 0 within an attempt; a stream's ``after``
 
 
 class RequestStreamView(Answer):
     id: str
     status: str
-    stream: list[StreamItem] = []
+    stream: list[StreamItem]
 
 
 class HealthJobs(Answer):
