@@ -14,12 +14,14 @@ Order, the same every time (a standby Master does steps 2 and 3 only once electe
 1. the Master starts (store, registry, relay link);
 2. the operator's API key is written on the first start, then the state is loaded, in ``Composition.state`` order;
 3. the loops start in ``Composition.loops`` order: the market (offer feed and metering), the output collector, the
-   scheduler, the links' idle sweep, the alert loop (which observes all the others), the endpoint requests' book (from
-   here on the Master hands it the endpoint workers' calls, and its sweep applies TTLs and timeouts);
+   scheduler, the links' idle sweep, the alert loop (which observes all the others), the endpoint requests' webhooks
+   (delivered once a request ends), the endpoint requests' book (from here on the Master hands it the endpoint
+   workers' calls, and its sweep applies TTLs and timeouts);
 4. the HTTP API listens.
 
 Stopping runs it backwards: the API refuses new changes (503) and lets those under way finish, the loops stop in
-reverse order (the endpoint requests' book first: workers' calls are answered 503, which they retry; then alerts,
+reverse order (the endpoint requests' book first: workers' calls are answered 503, which they retry; then the
+webhooks still pending are dropped; then alerts,
 scheduler, output collector, market: nothing is placed once metering has stopped), the Master
 drains its relay links and closes its store, and the HTTP server closes last (reads are served until then).
 """
