@@ -56,7 +56,7 @@ def add_parsers(e_sub: argparse._SubParsersAction, make: Parser) -> None:
         type=float,
         default=90.0,
         metavar="S",
-        help=f"with --sync, wait at most this long, up to {MAX_WAIT_S:g} (default: %(default)g)",
+        help=f"with --sync, wait at most this many seconds, up to {MAX_WAIT_S:g} (default: %(default)g)",
     )
     run.add_argument("--webhook", metavar="URL", help="POST the request's status there once it ends (default: none)")
     _key_options(run)

@@ -152,9 +152,6 @@ class EndpointRequestsService:
         return StreamRead(rec, partials)
 
     def _remember(self, rec: EndpointRequestRecord, partials: tuple[Partial, ...], after: int) -> None:
-        if rec.state not in OPEN_STATES:  # all of it read: nothing more will come
-            self._cursors.pop(rec.id, None)
-            return
         self._cursors[rec.id] = (rec.attempt, max([after, *(p.seq for p in partials)]))
         self._cursors.move_to_end(rec.id)
         while len(self._cursors) > STREAM_CURSORS:
