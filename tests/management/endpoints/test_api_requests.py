@@ -371,8 +371,12 @@ async def test_deleting_an_endpoint_ends_its_open_requests_and_their_waiters(gri
     w1 = worker(endpoint)
     taken = await grid.book.take(w1, 5)
     assert taken is not None and taken.id == queued
-    while len(grid.book.open_of(endpoint)) < 2:
-        await asyncio.sleep(0.01)
+
+    async def both_open() -> None:
+        while len(grid.book.open_of(endpoint)) < 2:  # the runsync's request has arrived
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(both_open(), 30)
     assert (await grid.call("DELETE", base, grid.ana))[0] == 200
     status, ended = await asyncio.wait_for(waiting, 30)
     assert status == 200 and ended["status"] == "CANCELLED"  # the waiter was not left to its 90 s
