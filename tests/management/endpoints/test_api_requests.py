@@ -18,6 +18,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from management.access_control import Action, Resource
+from management.api.route import DeclarationError, Route
+from management.api.routing import ROUTES
 from management.app import MasterServer
 from management.endpoints.queue import RequestState
 from management.endpoints.requests import RequestBook
@@ -386,3 +389,22 @@ async def test_deleting_an_endpoint_ends_its_open_requests_and_their_waiters(gri
     assert await grid.book.heartbeat(w1, [queued]) == [queued]  # its worker drops it
     assert (await grid.call("GET", f"{base}/status/{queued}", grid.ana))[0] == 404
     assert (await grid.call("GET", f"{base}/health", key))[0] == 401  # its keys went with it
+
+
+def test_only_a_route_naming_an_endpoint_may_take_its_invocation_keys() -> None:
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response()
+
+    taking = {(r.method, r.path) for r in ROUTES if r.invocation}
+    assert taking == {
+        ("POST", "/api/v1/endpoints/{endpoint_id}/run"),
+        ("POST", "/api/v1/endpoints/{endpoint_id}/runsync"),
+        ("GET", "/api/v1/endpoints/{endpoint_id}/status/{request_id}"),
+        ("GET", "/api/v1/endpoints/{endpoint_id}/stream/{request_id}"),
+        ("POST", "/api/v1/endpoints/{endpoint_id}/cancel/{request_id}"),
+        ("POST", "/api/v1/endpoints/{endpoint_id}/retry/{request_id}"),
+        ("GET", "/api/v1/endpoints/{endpoint_id}/health"),
+    }
+    for path, resource, action in [("/api/v1/workloads", Resource.ENDPOINTS, Action.READ), ("/api/v1/endpoints/{x}", None, None)]:
+        with pytest.raises(DeclarationError, match="invocation key"):
+            Route("GET", path, handler, resource, action, "s", {200: None}, tag="t", invocation=True)
