@@ -333,6 +333,10 @@ class RequestBook:
         busy = sum(1 for w in workers if self._queue.held_by(w))
         return EndpointHealth(workers=len(workers), busy_workers=busy, requests=by_state)
 
+    def open_load(self, endpoint_id: str) -> tuple[int, int]:
+        """How many requests the endpoint holds open, and the characters of their inputs together (at no cost)."""
+        return self._queue.open_load(endpoint_id)
+
     def open_of(self, endpoint_id: str) -> list[EndpointRequestRecord]:
         """The endpoint's open requests (queued and in progress), by their place in the queue."""
         return sorted((r for r in self._queue.requests.values() if r.endpoint_id == endpoint_id), key=lambda r: r.order)

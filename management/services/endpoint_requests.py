@@ -30,6 +30,7 @@ __all__ = [
     "EndpointHealthReport",
     "EndpointRequestsService",
     "InvalidEndpointRequest",
+    "QueueFull",
     "MAX_RUNSYNC_WAIT_S",
     "MAX_STREAM_WAIT_S",
     "RUN_BODY_SLACK",
@@ -44,6 +45,15 @@ MAX_STREAM_WAIT_S = MAX_TAKE_WAIT_S
 RUN_BODY_SLACK = 16 << 10  # a /run body may be this much larger than the input it carries (the webhook, the braces)
 STREAM_CURSORS = 100_000  # requests whose stream position is kept (the least recently read forgotten first)
 FAR_SEQ = 1 << 62  # "after every partial": a wait for any change of the request
+# What one endpoint's open requests may hold on the Master (they are kept in memory, inputs included, until they end).
+MAX_OPEN_REQUESTS = 10_000
+MAX_OPEN_INPUT_CHARS = 256 << 20
+
+
+class QueueFull(IdlegridError):
+    """An endpoint holding as many open requests (or input) as it may: 429, until some end."""
+
+    code = "queue_full"
 
 
 class InvalidEndpointRequest(IdlegridError):
@@ -102,6 +112,12 @@ class EndpointRequestsService:
             why = self._webhooks.refusal(webhook)
             if why is not None:
                 raise InvalidEndpointRequest(why)
+        count, chars = self._book.open_load(endpoint.id)
+        if count >= MAX_OPEN_REQUESTS or chars >= MAX_OPEN_INPUT_CHARS:
+            raise QueueFull(
+                f"endpoint {endpoint.id} holds {count} open requests ({chars} characters of input), the most it may "
+                f"({MAX_OPEN_REQUESTS} requests, {MAX_OPEN_INPUT_CHARS} characters); send again once some have ended"
+            )
         return await self._book.submit(endpoint.id, input, account=endpoint.account, webhook=webhook or "")
 
     async def run_sync(

@@ -24,6 +24,7 @@ from management.api.routing import ROUTES
 from management.app import MasterServer
 from management.endpoints.queue import RequestState
 from management.endpoints.requests import RequestBook
+from management.services import endpoint_requests
 from master.config import MasterConfig
 from master.port import WorkerError, WorkerRef
 from tests.management.hosts import api_key
@@ -408,3 +409,24 @@ def test_only_a_route_naming_an_endpoint_may_take_its_invocation_keys() -> None:
     for path, resource, action in [("/api/v1/workloads", Resource.ENDPOINTS, Action.READ), ("/api/v1/endpoints/{x}", None, None)]:
         with pytest.raises(DeclarationError, match="invocation key"):
             Route("GET", path, handler, resource, action, "s", {200: None}, tag="t", invocation=True)
+
+
+async def test_an_endpoints_open_requests_are_bounded_and_a_full_queue_answers_429(grid: Grid, monkeypatch) -> None:
+    monkeypatch.setattr(endpoint_requests, "MAX_OPEN_REQUESTS", 2)
+    endpoint, key = await grid.endpoint(grid.ana)
+    run = f"/api/v1/endpoints/{endpoint}/run"
+    first = (await grid.call("POST", run, key, json={"input": 1}))[1]["id"]
+    assert (await grid.call("POST", run, key, json={"input": 2}))[0] == 200
+    status, refused = await grid.call("POST", run, key, json={"input": 3})
+    assert status == 429 and refused["error"]["code"] == "queue_full"
+    assert f"endpoint {endpoint} holds 2 open requests" in refused["error"]["message"]
+    other, other_key = await grid.endpoint(grid.ana, name="other")  # each endpoint its own bound
+    assert (await grid.call("POST", f"/api/v1/endpoints/{other}/run", other_key, json={"input": 1}))[0] == 200
+    await grid.call("POST", f"/api/v1/endpoints/{endpoint}/cancel/{first}", key)
+    assert (await grid.call("POST", run, key, json={"input": 3}))[0] == 200  # one ended: room again
+
+    monkeypatch.setattr(endpoint_requests, "MAX_OPEN_REQUESTS", 100)
+    monkeypatch.setattr(endpoint_requests, "MAX_OPEN_INPUT_CHARS", 1000)
+    assert (await grid.call("POST", run, key, json={"input": "x" * 1000}))[0] == 200
+    status, refused = await grid.call("POST", run, key, json={"input": 4})
+    assert status == 429 and "characters of input" in refused["error"]["message"]
