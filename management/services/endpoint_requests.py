@@ -112,13 +112,16 @@ class EndpointRequestsService:
             why = self._webhooks.refusal(webhook)
             if why is not None:
                 raise InvalidEndpointRequest(why)
-        count, chars = self._book.open_load(endpoint.id)
+        self._room_for_one(endpoint.id)
+        return await self._book.submit(endpoint.id, input, account=endpoint.account, webhook=webhook or "")
+
+    def _room_for_one(self, endpoint_id: str) -> None:
+        count, chars = self._book.open_load(endpoint_id)
         if count >= MAX_OPEN_REQUESTS or chars >= MAX_OPEN_INPUT_CHARS:
             raise QueueFull(
-                f"endpoint {endpoint.id} holds {count} open requests ({chars} characters of input), the most it may "
+                f"endpoint {endpoint_id} holds {count} open requests ({chars} characters of input), the most it may "
                 f"({MAX_OPEN_REQUESTS} requests, {MAX_OPEN_INPUT_CHARS} characters); send again once some have ended"
             )
-        return await self._book.submit(endpoint.id, input, account=endpoint.account, webhook=webhook or "")
 
     async def run_sync(
         self,
@@ -181,6 +184,7 @@ class EndpointRequestsService:
     async def retry(self, endpoint_id: str, request_id: str, *, account: str | None = None) -> EndpointRequestRecord:
         """Queue a failed, timed-out or cancelled request again; Conflict for a completed or open one."""
         await self._request(endpoint_id, request_id, account)
+        self._room_for_one(endpoint_id)
         self._cursors.pop(request_id, None)
         return await self._book.retry(request_id)
 

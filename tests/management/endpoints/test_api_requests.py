@@ -424,6 +424,7 @@ async def test_an_endpoints_open_requests_are_bounded_and_a_full_queue_answers_4
     assert (await grid.call("POST", f"/api/v1/endpoints/{other}/run", other_key, json={"input": 1}))[0] == 200
     await grid.call("POST", f"/api/v1/endpoints/{endpoint}/cancel/{first}", key)
     assert (await grid.call("POST", run, key, json={"input": 3}))[0] == 200  # one ended: room again
+    assert (await grid.call("POST", f"/api/v1/endpoints/{endpoint}/retry/{first}", key))[0] == 429  # a retry counts too
 
     monkeypatch.setattr(endpoint_requests, "MAX_OPEN_REQUESTS", 100)
     monkeypatch.setattr(endpoint_requests, "MAX_OPEN_INPUT_CHARS", 1000)
