@@ -71,6 +71,15 @@ def invocation_key(header: str) -> str | None:
 async def invocation_scope(services: Services, request: web.Request, key: str) -> Scope:
     """The scope of a call with an invocation key on a route that takes one: the endpoint's owner."""
     invocation = await services.endpoints.authorize_invocation(request.match_info["endpoint_id"], key)
+    owner = invocation.endpoint.account
+    try:
+        disabled = (await services.accounts.get_account(owner)).disabled
+    except NotFound:
+        disabled = True
+    if disabled:
+        raise Forbidden(
+            f"account {owner!r}, which owns this endpoint, is disabled or gone; its keys are refused until it is enabled"
+        )
     principal = Principal(
         f"invocation key {invocation.key.name}",
         AccountRole.RENTER,

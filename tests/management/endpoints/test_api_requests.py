@@ -280,6 +280,11 @@ async def test_invocation_keys_open_their_own_endpoints_request_routes_and_nothi
     for wrong in ("Bearer igek_never-issued", "Bearer igak_not-a-key", "Basic abc", ""):
         status, refused = await grid.call("GET", f"/api/v1/endpoints/{a}/health", {"Authorization": wrong})
         assert status == 401, (wrong, refused)
+    # A disabled owner's keys are refused as its API keys are (403), and work again once it is enabled.
+    for disabled, status in ((True, 403), (False, 200)):
+        changed, _ = await grid.call("PATCH", "/api/v1/accounts/ana", grid.operator, json={"disabled": disabled})
+        assert changed == 200
+        assert (await grid.call("GET", f"/api/v1/endpoints/{a}/health", key_a))[0] == status
     key_id = (await grid.call("GET", f"/api/v1/endpoints/{a}/keys", grid.ana))[1]["items"][0]["id"]
     await grid.call("POST", f"/api/v1/endpoints/{a}/keys/{key_id}/revoke", grid.ana)
     status, refused = await grid.call("GET", f"/api/v1/endpoints/{a}/health", key_a)
