@@ -179,7 +179,7 @@ def _run_health(args: argparse.Namespace) -> int:
 
 
 def _follow(endpoint_id: str, r: AnswerJson) -> str:
-    return f"follow it:   idlegrid endpoint request status {endpoint_id} {r['id']}"
+    return f"follow it: idlegrid endpoint request status {endpoint_id} {r['id']}"
 
 
 def _queued(endpoint_id: str, r: AnswerJson) -> str:

@@ -38,7 +38,7 @@ async def test_run_status_stream_cancel_retry_and_health_read_as_a_stranger_woul
     code, out, err = await run("endpoint", "run", endpoint, "--input", '{"prompt": "hi"}', key=key)
     assert code == 0, err
     [rid] = [r.id for r in grid.book.open_of(endpoint)]
-    assert out == f"request {rid} queued\nfollow it:   idlegrid endpoint request status {endpoint} {rid}\n"
+    assert out == f"request {rid} queued\nfollow it: idlegrid endpoint request status {endpoint} {rid}\n"
 
     code, out, _ = await run("endpoint", "request", "status", endpoint, rid, key=key)
     assert code == 0 and out.startswith(f"request:    {rid}\nstatus:     IN_QUEUE\n")
