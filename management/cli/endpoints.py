@@ -1,5 +1,5 @@
 """``idlegrid endpoint create|list|get|update|delete|keys``: a renter's serverless endpoints (docs/endpoints.md), through
-the management API.
+the management API (``run``, ``request`` and ``health``, the requests to one: endpoint_requests.py).
 
   idlegrid endpoint create --name echo --image IMAGE --gpus 1 --max-workers 4 -- python handler.py
   idlegrid endpoint create -f echo.toml            every field of the spec, flags over the file's
@@ -18,6 +18,7 @@ import argparse
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from management.cli import endpoint_requests
 from management.cli.connection import api_client, connection_options, show, table, when
 from management.cli.workloads import BadSpec, apply_replica_and_env, read_spec_file, registry_auth
 from management.client.api import AnswerJson, BodyJson
@@ -46,7 +47,9 @@ def add_parsers(sub: argparse._SubParsersAction, make: Parser) -> None:
         "A serverless endpoint takes requests and runs them on workers that scale with them, to zero and back "
         "(docs/endpoints.md). A renter's key acts for its own account; the operator's sees every account's.",
     )
-    e_sub = p.add_subparsers(dest="endpoint_command", required=True, metavar="{create,list,get,update,delete,keys}")
+    e_sub = p.add_subparsers(
+        dest="endpoint_command", required=True, metavar="{create,list,get,update,delete,keys,run,request,health}"
+    )
 
     create = make(
         e_sub,
@@ -113,6 +116,7 @@ def add_parsers(sub: argparse._SubParsersAction, make: Parser) -> None:
     k_revoke.add_argument("key_id", metavar="KEY_ID", help="the key's id, epk-…")
     connection_options(k_revoke)
     k_revoke.set_defaults(func=_run_key_revoke)
+    endpoint_requests.add_parsers(e_sub, make)  # run, request, health: docs/endpoints.md, "The request routes"
 
 
 def _spec_options(p: argparse.ArgumentParser, *, creating: bool) -> None:

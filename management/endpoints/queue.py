@@ -121,6 +121,7 @@ class EndpointRequestRecord(msgspec.Struct, frozen=True, kw_only=True):
     progress: str = ""  # JSON text of the latest progress
     error: WorkerError | None = None
     reason: str = ""  # EndReason of a failed, cancelled or timed-out request
+    webhook: str = ""  # where its end is POSTed (checked against the egress rule when it was submitted); "" for none
     version: int = 1
 
     @property
@@ -218,6 +219,7 @@ class RequestQueue:
     next_order: int = 1
     _waiting: dict[str, list[tuple[int, str]]] = field(default_factory=dict)  # per endpoint: heap of (order, id)
     _held: dict[WorkerRef, set[str]] = field(default_factory=dict)
+    _load: dict[str, tuple[int, int]] = field(default_factory=dict)  # per endpoint: open requests, their input chars
 
     @classmethod
     def loaded(cls, records: Iterable[EndpointRequestRecord], now: float) -> RequestQueue:
@@ -232,6 +234,10 @@ class RequestQueue:
 
     def get(self, request_id: str) -> EndpointRequestRecord | None:
         return self.requests.get(request_id)
+
+    def open_load(self, endpoint_id: str) -> tuple[int, int]:
+        """The endpoint's open requests: how many, and the characters of their inputs together."""
+        return self._load.get(endpoint_id, (0, 0))
 
     def held_by(self, worker: WorkerRef) -> frozenset[str]:
         return frozenset(self._held.get(worker, ()))
@@ -248,7 +254,15 @@ class RequestQueue:
     # --- operations: each answers a Step and changes nothing ---
 
     def submit(
-        self, request_id: str, endpoint_id: str, input: JSON, limits: QueueLimits, now: float, *, account: str = ""
+        self,
+        request_id: str,
+        endpoint_id: str,
+        input: JSON,
+        limits: QueueLimits,
+        now: float,
+        *,
+        account: str = "",
+        webhook: str = "",
     ) -> Step:
         if request_id in self.requests:
             return Step(Outcome.GONE)
@@ -265,6 +279,7 @@ class RequestQueue:
             ttl_s=limits.ttl_s,
             execution_timeout_s=limits.execution_timeout_s,
             max_retries=limits.max_retries,
+            webhook=webhook,
         )
         return Step(Outcome.OK, changed=(rec,))
 
@@ -411,6 +426,8 @@ class RequestQueue:
     def apply(self, step: Step) -> None:
         for rec in step.changed:
             old = self.requests.pop(rec.id, None)
+            if old is not None:
+                self._count(old, -1)
             if old is not None and (holder := old.holder) is not None:
                 held = self._held.get(holder)
                 if held is not None:
@@ -420,6 +437,7 @@ class RequestQueue:
             if not rec.is_open:
                 continue
             self.requests[rec.id] = rec
+            self._count(rec, 1)
             self.next_order = max(self.next_order, rec.order + 1)
             if (holder := rec.holder) is not None:
                 self._held.setdefault(holder, set()).add(rec.id)
@@ -432,6 +450,14 @@ class RequestQueue:
         for heap in self._waiting.values():  # drop entries no longer queued at that place
             while heap and not self._waits(heap[0]):
                 heapq.heappop(heap)
+
+    def _count(self, rec: EndpointRequestRecord, sign: int) -> None:
+        count, chars = self._load.get(rec.endpoint_id, (0, 0))
+        count, chars = count + sign, chars + sign * len(rec.input)
+        if count:
+            self._load[rec.endpoint_id] = (count, chars)
+        else:
+            self._load.pop(rec.endpoint_id, None)
 
     def _waits(self, entry: tuple[int, str]) -> bool:
         rec = self.requests.get(entry[1])

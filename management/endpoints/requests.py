@@ -22,6 +22,7 @@ seconds. No timing here is a test's assertion: tests drive the clock (``clock``)
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 import time
 from collections.abc import Callable
@@ -44,6 +45,8 @@ from management.endpoints.queue import (
 )
 from management.store.endpoint_requests import EndpointRequestRepo, StaleEndpointRequest
 from master.port import CallOutcome, Loop, TakenRequest, WorkerCalls, WorkerError, WorkerRef, stop_loop
+
+log = logging.getLogger(__name__)
 
 JSON = Any
 MAX_TAKE_WAIT_S = 30.0  # a take waits at most this long, whatever the worker asks (the library asks 20 s)
@@ -112,9 +115,12 @@ class RequestBook:
         serve: Callable[[WorkerCalls | None], None] = lambda _calls: None,
         sweep_period_s: float = SWEEP_PERIOD_S,
         retention_s: float = RESULT_RETENTION_S,
+        on_end: Callable[[EndpointRequestRecord], None] = lambda _rec: None,
     ) -> None:
         """``limits_of``: an endpoint's bounds (read synchronously, at each call); ``serve``: how the book is made
-        the Master's handler of workers' calls while it runs (``MasterPort.serve_worker_calls``)."""
+        the Master's handler of workers' calls while it runs (``MasterPort.serve_worker_calls``); ``on_end``: told of
+        each request once it has ended and been stored (once per run: a retry's run is told again at its own end). It
+        is called under the book's lock, so it must not block: it hands the record over and returns."""
         self._repo = repo
         self._limits_of = limits_of
         self._heartbeat_timeout_s = heartbeat_timeout_s
@@ -129,6 +135,7 @@ class RequestBook:
         self._sweeper: asyncio.Task[None] | None = None
         self._retention_s = retention_s
         self._purged_at = float("-inf")
+        self._on_end = on_end
 
     async def load(self) -> None:
         """Read the open requests from the store (at start)."""
@@ -183,7 +190,15 @@ class RequestBook:
             if rec.state == RequestState.QUEUED:
                 self._wake(self._arrivals, rec.endpoint_id)
             self._wake(self._changes, rec.id)
+            if not rec.is_open:
+                self._tell_end(rec)
         return done
+
+    def _tell_end(self, rec: EndpointRequestRecord) -> None:
+        try:
+            self._on_end(rec)
+        except Exception:  # the request has ended and is stored whatever a listener does
+            log.exception("endpoint request %s: the end hook failed", rec.id)
 
     async def _reread(self, request_id: str) -> None:
         fresh = await self._repo.get(request_id)
@@ -260,10 +275,13 @@ class RequestBook:
 
     # --- the renters' side ---
 
-    async def submit(self, endpoint_id: str, input: JSON, *, account: str = "") -> EndpointRequestRecord:
+    async def submit(self, endpoint_id: str, input: JSON, *, account: str = "", webhook: str = "") -> EndpointRequestRecord:
+        """A new queued request (``webhook``: where its end is POSTed, already judged by the caller)."""
         limits = self._limits_of(endpoint_id)
         request_id = self._new_id()
-        step = await self._step(lambda q, now: q.submit(request_id, endpoint_id, input, limits, now, account=account))
+        step = await self._step(
+            lambda q, now: q.submit(request_id, endpoint_id, input, limits, now, account=account, webhook=webhook)
+        )
         if step.outcome == Outcome.TOO_LARGE:
             raise RequestTooLarge(f"the request's input is over the endpoint's {limits.max_input_bytes} bytes (or not JSON)")
         if step.outcome != Outcome.OK or not step.changed:
@@ -327,6 +345,14 @@ class RequestBook:
                 by_state[state] = n
         busy = sum(1 for w in workers if self._queue.held_by(w))
         return EndpointHealth(workers=len(workers), busy_workers=busy, requests=by_state)
+
+    def open_load(self, endpoint_id: str) -> tuple[int, int]:
+        """How many requests the endpoint holds open, and the characters of their inputs together (at no cost)."""
+        return self._queue.open_load(endpoint_id)
+
+    def open_of(self, endpoint_id: str) -> list[EndpointRequestRecord]:
+        """The endpoint's open requests (queued and in progress), by their place in the queue."""
+        return sorted((r for r in self._queue.requests.values() if r.endpoint_id == endpoint_id), key=lambda r: r.order)
 
     def queued(self, endpoint_id: str) -> list[EndpointRequestRecord]:
         """The endpoint's queued requests, oldest first (the autoscaler's view of its queue)."""

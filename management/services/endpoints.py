@@ -105,6 +105,11 @@ class EndpointsService:
         # Each endpoint's request bounds, for the request queue's synchronous reads (a worker's take, a report):
         # read at load, kept by this service, the only writer of endpoints.
         self._limits: dict[str, QueueLimits] = {}
+        self._deleted: list[Callable[[EndpointRecord], Awaitable[None]]] = []
+
+    def when_deleted(self, listener: Callable[[EndpointRecord], Awaitable[None]]) -> None:
+        """Call ``listener`` with each endpoint deleted, after it is gone (the request routes end its open requests)."""
+        self._deleted.append(listener)
 
     async def load(self) -> None:
         """Read every endpoint's request bounds (at start, and on the Master that takes over)."""
@@ -189,7 +194,9 @@ class EndpointsService:
         record = await self.get(endpoint_id, account=account)
         await self._keys.delete_of(record.id)
         await self._endpoints.delete(record.id)
-        self._limits.pop(record.id, None)
+        for listener in self._deleted:
+            await listener(record)
+        self._limits.pop(record.id, None)  # after its requests ended: they end under its own bounds
         return record
 
     def _sealed(self, spec: EndpointSpec) -> tuple[EndpointSpec, str]:

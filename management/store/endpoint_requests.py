@@ -76,6 +76,9 @@ class EndpointRequestRepo(Protocol):
     async def delete_ended(self, before: float, *, limit: int = 1000) -> builtins.list[str]:
         """Delete up to ``limit`` requests that ended before ``before`` (oldest end first); their ids."""
 
+    async def count_by_state(self, endpoint_id: str) -> dict[str, int]:
+        """How many of the endpoint's requests are in each state (states with none left out)."""
+
 
 def payload_chars(rec: EndpointRequestRecord) -> int:
     """How much of the record is the renter's and the worker's: its JSON texts and error, in characters."""
@@ -155,6 +158,11 @@ class SqliteEndpointRequestRepo(SqliteTable[EndpointRequestRecord]):
         with self._metrics.timed_write(self.aggregate):
             return await self._db.run(delete)
 
+    async def count_by_state(self, endpoint_id: str) -> dict[str, int]:
+        sql = "SELECT state, COUNT(*) FROM endpoint_requests WHERE endpoint_id = ? GROUP BY state"
+        rows = await self._db.run(lambda conn: conn.execute(sql, (endpoint_id,)).fetchall())
+        return {str(state): int(n) for state, n in rows}
+
 
 class MongoEndpointRequestRepo(MongoCollection[EndpointRequestRecord]):
     aggregate = NAME
@@ -215,6 +223,14 @@ class MongoEndpointRequestRepo(MongoCollection[EndpointRequestRecord]):
             with self._metrics.timed_write(self.aggregate):
                 await self._c.delete_many({"_id": {"$in": ids}})
         return ids
+
+    async def count_by_state(self, endpoint_id: str) -> dict[str, int]:
+        pipeline: builtins.list[Document] = [
+            {"$match": {"endpoint_id": endpoint_id}},
+            {"$group": {"_id": "$state", "n": {"$sum": 1}}},
+        ]
+        cursor = await self._c.aggregate(pipeline)
+        return {str(doc["_id"]): int(doc["n"]) for doc in await cursor.to_list() if doc["_id"] is not None}
 
 
 ENDPOINT_REQUESTS: AggregatePlugin[EndpointRequestRepo] = AggregatePlugin(

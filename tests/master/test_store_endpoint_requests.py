@@ -158,3 +158,13 @@ async def test_a_version_16_sqlite_store_finds_its_ended_requests_by_their_end_o
         assert [r.id for r in await endpoint_request_repo(store).list()] == ["req-open"]
     finally:
         await store.close()
+
+
+async def test_an_endpoints_requests_are_counted_by_state(store: Store) -> None:
+    repo = endpoint_request_repo(store)
+    made = [("ep-a", RequestState.QUEUED), ("ep-a", RequestState.COMPLETED), ("ep-a", RequestState.COMPLETED)]
+    for i, (endpoint, state) in enumerate([*made, ("ep-b", RequestState.FAILED)]):
+        await repo.insert(request(f"req-{i}", endpoint, i + 1, state))
+    assert await repo.count_by_state("ep-a") == {"queued": 1, "completed": 2}
+    assert await repo.count_by_state("ep-b") == {"failed": 1}
+    assert await repo.count_by_state("ep-none") == {}

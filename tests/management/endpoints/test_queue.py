@@ -166,6 +166,9 @@ def check_held(queue: RequestQueue) -> None:
         assert (rec.state == RequestState.IN_PROGRESS) == (rec.id in holders)
         assert rec.holder == holders.get(rec.id)
         assert (rec.worker_id == "") == (rec.state != RequestState.IN_PROGRESS)
+    for endpoint in ENDPOINTS:
+        mine = [rec for rec in queue.requests.values() if rec.endpoint_id == endpoint]
+        assert queue.open_load(endpoint) == (len(mine), sum(len(rec.input) for rec in mine))
 
 
 @settings(max_examples=300, deadline=None)

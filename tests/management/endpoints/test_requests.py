@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from common.errors import Conflict, NotFound
-from management.endpoints.queue import QueueLimits
+from management.endpoints.queue import EndpointRequestRecord, QueueLimits
 from management.endpoints.requests import RequestBook, RequestTooLarge
 from management.store import endpoint_request_repo
 from master.port import CallOutcome, WorkerError, WorkerRef
@@ -215,3 +215,35 @@ async def test_ended_requests_are_kept_for_the_retention_then_deleted_and_open_o
             await book.stream(gone)
     still = await book.status(waiting.id)  # open for over an hour (its TTL is the sweep's to apply), never purged
     assert still is not None and still.state == "queued"
+
+
+async def test_each_end_is_told_once_per_run_after_it_is_stored_and_open_requests_are_listed(store: Store) -> None:
+    clock = Clock()
+    ended: list[tuple[str, str, int]] = []
+    repo = endpoint_request_repo(store)
+
+    def told(rec: EndpointRequestRecord) -> None:
+        ended.append((rec.id, rec.state, rec.attempt))
+
+    book = RequestBook(repo, limits_of=lambda _: LIMITS, clock=clock, on_end=told)
+    await book.load()
+    first = await book.submit("ep-a", 1, webhook="https://hooks.example/a")
+    second = await book.submit("ep-a", 2)
+    await book.submit("ep-b", 3)
+    assert [r.id for r in book.open_of("ep-a")] == [first.id, second.id]
+    assert first.webhook == "https://hooks.example/a"
+    taken = await book.take(W1, 0)
+    assert taken is not None and taken.id == first.id
+    assert [r.state for r in book.open_of("ep-a")] == ["in_progress", "queued"]
+    assert ended == []  # taking, reports and progress are no end
+    assert await book.result(W1, first.id, "done") == CallOutcome.OK
+    await book.cancel(second.id)
+    assert ended == [(first.id, "completed", 1), (second.id, "cancelled", 1)]
+    again = await book.retry(second.id)
+    assert again.webhook == "" and ended[-1] == (second.id, "cancelled", 1)  # a retry is a new run, no end yet
+    clock.now += LIMITS.ttl_s + 1
+    await book.sweep()
+    assert ended[-1] == (second.id, "timed_out", 2) and len(ended) == 4  # ep-b's request timed out too
+    assert book.open_of("ep-a") == []
+    stored = await repo.get(first.id)
+    assert stored is not None and stored.webhook == "https://hooks.example/a"
