@@ -71,6 +71,17 @@ class Streamed:
 
 
 @dataclass(frozen=True, slots=True)
+class WorkerActivity:
+    """One worker as the book knows it (the autoscaler's shell reads it): when it was last heard from, the requests it
+    holds, and when its work last changed (a request taken, reported on or handed back)."""
+
+    ref: WorkerRef
+    last_seen: float
+    in_flight: int
+    last_work: float | None  # None: no request taken since the book knew it
+
+
+@dataclass(frozen=True, slots=True)
 class EndpointHealth:
     workers: int  # heard from and not gone
     busy_workers: int  # holding at least one request
@@ -120,6 +131,13 @@ class RequestBook:
         self._serve = serve
         self._sweep_period_s = sweep_period_s
         self._sweeper: asyncio.Task[None] | None = None
+        self._last_work: dict[WorkerRef, float] = {}  # per worker: when a request it held (or took) last changed
+        self._arrival_listeners: list[Callable[[str], None]] = []
+
+    def on_arrival(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(endpoint_id)`` whenever a request becomes queued there (submitted, handed back, requeued,
+        retried): the autoscaler's shell wakes at once for an endpoint with no worker. It must not block."""
+        self._arrival_listeners.append(listener)
 
     async def load(self) -> None:
         """Read the open requests from the store (at start)."""
@@ -165,12 +183,26 @@ class RequestBook:
         taken = step.taken if step.taken in stored else None
         outcome = Outcome.GONE if lost_race and len(step.changed) == 1 else step.outcome
         done = Step(outcome, tuple(stored), taken, step.cancel, step.seen, step.forgotten)
+        self._note_work(done)
         self._queue.apply(done)
         for rec in stored:
             if rec.state == RequestState.QUEUED:
                 self._wake(self._arrivals, rec.endpoint_id)
+                for listener in self._arrival_listeners:
+                    listener(rec.endpoint_id)
             self._wake(self._changes, rec.id)
         return done
+
+    def _note_work(self, step: Step) -> None:
+        """Each worker whose requests the step changes (the holder before, the holder after) worked now."""
+        now = self._clock()
+        for rec in step.changed:
+            held = self._queue.get(rec.id)
+            for holder in (held.holder if held is not None else None, rec.holder):
+                if holder is not None:
+                    self._last_work[holder] = now
+        for worker in step.forgotten:
+            self._last_work.pop(worker, None)
 
     async def _reread(self, request_id: str) -> None:
         fresh = await self._repo.get(request_id)
@@ -314,6 +346,15 @@ class RequestBook:
                 by_state[state] = n
         busy = sum(1 for w in workers if self._queue.held_by(w))
         return EndpointHealth(workers=len(workers), busy_workers=busy, requests=by_state)
+
+    def workers_of(self, endpoint_id: str) -> list[WorkerActivity]:
+        """The endpoint's workers heard from and not gone: when each was last heard from, what it holds, when its work
+        last changed (the autoscaler's shell reads it every tick)."""
+        return [
+            WorkerActivity(ref, seen, len(self._queue.held_by(ref)), self._last_work.get(ref))
+            for ref, seen in self._queue.workers.items()
+            if ref.endpoint_id == endpoint_id
+        ]
 
     def queued(self, endpoint_id: str) -> list[EndpointRequestRecord]:
         """The endpoint's queued requests, oldest first (the autoscaler's view of its queue)."""

@@ -112,13 +112,14 @@ async def create_endpoint(request: web.Request) -> web.Response:
 async def list_endpoints(request: web.Request) -> web.Response:
     query = parse_query(request, EndpointQuery)
     found = await request.app[SERVICES_KEY].endpoints.list(owner=scope_of(request).owner, account=query.account)
-    return json_response(endpoint_list_view(found))
+    return json_response(endpoint_list_view(found, request.app[SERVICES_KEY].endpoints.scale_of))
 
 
 async def get_endpoint(request: web.Request) -> web.Response:
     parse_query(request, EmptyQuery)
-    record = await request.app[SERVICES_KEY].endpoints.get(request.match_info["endpoint_id"], account=scope_of(request).owner)
-    return json_response(endpoint_view(record))
+    endpoints = request.app[SERVICES_KEY].endpoints
+    record = await endpoints.get(request.match_info["endpoint_id"], account=scope_of(request).owner)
+    return json_response(endpoint_view(record, endpoints.scale_of(record.id)))
 
 
 async def update_endpoint(request: web.Request) -> web.Response:

@@ -1,0 +1,343 @@
+"""The autoscaler's shell: a loop on the Master that runs each endpoint's pure autoscaler (autoscaler.py ``decide``)
+and carries out its decisions with ordinary workloads (docs/endpoints.md, "The autoscaler's shell").
+
+Each tick (every ``period_s``, and at once when a request arrives at an endpoint with no healthy worker, so a burst
+from zero does not wait for the period), for every endpoint:
+
+1. **Reads the facts.** The policy (``spec.scaling.policy()``); the queue (``RequestBook.queued``: how many wait, and
+   since when the oldest); the workers, which are the open workloads whose record names the endpoint
+   (``WorkloadRecord.endpoint_worker``, set only here, at submit), each in the autoscaler's phase:
+
+   - queued: ``starting``, its clock not running (waiting for a GPU is the scheduler's to explain, not a stuck start);
+   - scheduled, starting, preempted: ``starting`` since it was placed;
+   - running: ``ready`` once the request book has heard from its worker (a heartbeat or any call), else still
+     ``starting`` (its handler is loading) since it was placed. A worker heard from once stays ``ready`` with its
+     last call's time, so one that falls silent is found ``silent`` after ``heartbeat_timeout_s``.
+
+   And what the workers spent in the last 24 hours (their rentals, ``spent``) against the endpoint's
+   ``daily_spend_cap``: at the cap ``may_scale_up`` is False.
+2. **Decides** (``decide``).
+3. **Carries it out.** A start submits a worker workload as the endpoint's account (the workload book's submit, with
+   the endpoint's worker spec and a new worker id); the scheduler places it like any workload, and the runner gives
+   its container an ``endpoint_worker`` spec with a token minted for that create. A stop ends the workload
+   (``cancel``, with the autoscaler's reason) and sends its requests back to the queue (``RequestBook.worker_gone``;
+   the agent says so too when the container ends, and a second time changes nothing). A stuck worker is ended at the
+   tick that found it, so its rental (and the renter's charge) ends there (management/market/metering_loop.py ends a
+   rental at its workload's ``finished_at``).
+
+Besides: the workers of an endpoint that is gone are stopped; a worker workload that ended, or moved to another host,
+without its agent saying so, has its requests sent back by this loop (``worker_gone`` for each of its places the book
+still knows). Every decision and its reason is kept per endpoint (``status``) for the endpoint's answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import logging
+import secrets
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from common.errors import IdlegridError, InvalidTransition, NotFound
+from management.endpoints.autoscaler import Decision, QueueView, Worker, WorkerPhase, decide
+from management.endpoints.requests import RequestBook, WorkerActivity
+from management.endpoints.spec import EndpointRecord
+from management.market.charges import cost_until
+from management.market.money import parse_amount
+from management.store.rentals import RentalRepo, rental_order
+from management.workloads.book import WorkloadBook
+from management.workloads.states import WorkloadState
+from master.port import EndpointWorkerRef, RentalRecord, WorkloadRecord, WorkloadSpec
+
+log = logging.getLogger(__name__)
+
+W = WorkloadState
+PERIOD_S = 1.0  # a tick at least this often
+SPEND_WINDOW_S = 86_400.0  # the spend cap's window: any 24 hours
+STOP_GRACE_S = 30.0  # a stopped worker's container: SIGTERM, this long to finish its requests' reports, SIGKILL
+RENTAL_PAGE = 1000
+MAX_REMEMBERED = 100_000  # workloads whose endpoint (or none) this loop remembers for the spend sums
+_PLACED = frozenset({W.SCHEDULED, W.STARTING, W.PREEMPTED})
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointScale:
+    """What the last tick found and decided for one endpoint (shown in its answer)."""
+
+    at: float
+    workers: dict[str, int]  # by the autoscaler's phase: starting, ready, and the ones stopped as stuck this tick
+    waiting: int  # requests queued
+    started: int
+    stopped: int
+    desired: int
+    why: str  # the decision's line
+    may_scale_up: bool
+    spent: int  # micro-units its workers cost in the last 24 hours (0 when it has no cap: not summed)
+    daily_spend_cap: int | None  # micro-units, None: no cap
+
+
+class Endpoints(Protocol):
+    """What the shell reads of the endpoints (management/services/endpoints.py ``EndpointsService``)."""
+
+    async def list(self) -> builtins.list[EndpointRecord]: ...
+    def worker_spec(self, record: EndpointRecord) -> WorkloadSpec: ...
+
+
+def new_worker_id() -> str:
+    return "wk-" + secrets.token_hex(8)
+
+
+def spent(rentals: Iterable[RentalRecord], since: float, now: float) -> int:
+    """What ``rentals`` cost between ``since`` and ``now`` (micro-units): each from its start (or ``since``) to its end
+    (or ``now``), per second at its hosts' prices, as metering charges it (management/market/charges.py)."""
+    total = 0
+    for rental in rentals:
+        end = now if rental.ended_at is None else min(rental.ended_at, now)
+        if end > since:
+            total += cost_until(rental, end) - cost_until(rental, max(since, rental.started_at))
+    return total
+
+
+class EndpointScaler:
+    def __init__(
+        self,
+        book: WorkloadBook,
+        requests: RequestBook,
+        endpoints: Endpoints,
+        rentals: RentalRepo,
+        *,
+        clock: Callable[[], float] = time.time,
+        period_s: float = PERIOD_S,
+        grace_s: float = STOP_GRACE_S,
+        restart_s: float = 1.0,
+    ) -> None:
+        self._book = book
+        self._requests = requests
+        self._endpoints = endpoints
+        self._rentals = rentals
+        self._clock = clock
+        self.period_s = period_s
+        self.grace_s = grace_s
+        self.restart_s = restart_s
+        self._status: dict[str, EndpointScale] = {}
+        self._heard: dict[str, float] = {}  # worker workload id -> its worker's last call, once heard from
+        self._places: dict[str, tuple[str, str]] = {}  # worker workload id -> (endpoint, worker id), while open
+        self._endpoint_of: dict[str, str | None] = {}  # workload id -> the endpoint it served (None: not a worker)
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        requests.on_arrival(self._on_arrival)
+
+    # --- running (every fact is read again at each tick: the workloads, the request book, the endpoints, rentals) ---
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="endpoint scaler")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def _on_arrival(self, endpoint_id: str) -> None:
+        """A request queued: with no healthy worker there, nothing else will take it, so tick now."""
+        last = self._status.get(endpoint_id)
+        if last is None or not (last.workers.get("starting", 0) + last.workers.get("ready", 0)):
+            self._wake.set()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                async with asyncio.timeout(self.period_s):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            try:
+                await self.tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("endpoint scaler tick failed; the next one runs in %.1f s", self.restart_s)
+                await asyncio.sleep(self.restart_s)
+
+    def status(self, endpoint_id: str) -> EndpointScale | None:
+        """What the last tick found and decided for the endpoint; None before its first tick."""
+        return self._status.get(endpoint_id)
+
+    # --- one tick ---
+
+    async def tick(self, now: float | None = None) -> dict[str, Decision]:
+        """Decide and act for every endpoint at ``now`` (the clock's by default); answers each endpoint's decision."""
+        now = self._clock() if now is None else now
+        endpoints = {e.id: e for e in await self._endpoints.list()}
+        workers: dict[str, list[WorkloadRecord]] = {}
+        for rec in self._book.open_workloads():
+            if rec.endpoint_worker is not None:
+                workers.setdefault(rec.endpoint_worker.endpoint_id, []).append(rec)
+        await self._send_back_the_lost(workers)
+        decisions: dict[str, Decision] = {}
+        for endpoint_id, recs in workers.items():
+            if endpoint_id not in endpoints:  # deleted: its workers stop
+                for rec in recs:
+                    await self._stop(rec, "its endpoint was deleted", now)
+                self._status.pop(endpoint_id, None)
+        for endpoint_id, endpoint in endpoints.items():
+            try:
+                decisions[endpoint_id] = await self._scale(endpoint, workers.get(endpoint_id, []), now)
+            except (IdlegridError, ValueError) as exc:
+                log.warning("endpoint %s not scaled: %s", endpoint_id, exc)
+        for endpoint_id in [e for e in self._status if e not in endpoints]:
+            del self._status[endpoint_id]
+        return decisions
+
+    async def _scale(self, endpoint: EndpointRecord, recs: Sequence[WorkloadRecord], now: float) -> Decision:
+        policy = endpoint.spec.scaling.policy()
+        queued = self._requests.queued(endpoint.id)
+        queue = QueueView(waiting=len(queued), oldest_waiting_since=min((r.submitted_at for r in queued), default=None))
+        activity = self._requests.workers_of(endpoint.id)
+        seen = [self._worker(rec, activity, now) for rec in recs]
+        cap = parse_amount(endpoint.spec.daily_spend_cap) if endpoint.spec.daily_spend_cap is not None else None
+        cost = await self._spent(endpoint, now) if cap is not None else 0
+        may_scale_up = cap is None or cost < cap
+        decision = decide(policy, queue, seen, now, may_scale_up=may_scale_up)
+        by_worker = {rec.endpoint_worker.worker_id: rec for rec in recs if rec.endpoint_worker is not None}
+        for stop in decision.stop:
+            rec = by_worker.get(stop.worker)
+            if rec is not None:
+                await self._stop(rec, f"stopped by its endpoint's autoscaler: {stop.reason.value}", now)
+        for _ in range(decision.start):
+            await self._start(endpoint, now)
+        phases = {"starting": 0, "ready": 0}
+        for worker in seen:
+            phases[worker.phase.value] = phases.get(worker.phase.value, 0) + 1
+        why = decision.why if may_scale_up else f"{decision.why}; daily_spend_cap reached"
+        self._status[endpoint.id] = EndpointScale(
+            at=now,
+            workers=phases,
+            waiting=queue.waiting,
+            started=decision.start,
+            stopped=len(decision.stop),
+            desired=decision.desired,
+            why=why,
+            may_scale_up=may_scale_up,
+            spent=cost,
+            daily_spend_cap=cap,
+        )
+        return decision
+
+    def _worker(self, rec: WorkloadRecord, activity: Sequence[WorkerActivity], now: float) -> Worker:
+        """The autoscaler's view of one worker workload (the module's text gives the phases)."""
+        ref = rec.endpoint_worker
+        assert ref is not None
+        placed_at = rec.scheduled_at if rec.scheduled_at is not None else rec.queued_at
+        if rec.state != W.RUNNING:
+            self._heard.pop(rec.id, None)  # a new run's worker is heard from anew
+        if rec.state == W.QUEUED:
+            return Worker(id=ref.worker_id, phase=WorkerPhase.STARTING, since=now)
+        if rec.state in _PLACED:
+            return Worker(id=ref.worker_id, phase=WorkerPhase.STARTING, since=placed_at)
+        mine = [a for a in activity if a.ref.worker_id == ref.worker_id]
+        if mine:
+            self._heard[rec.id] = max(a.last_seen for a in mine)
+        last_seen = self._heard.get(rec.id)
+        if last_seen is None:  # running, its handler not heard from yet
+            return Worker(id=ref.worker_id, phase=WorkerPhase.STARTING, since=placed_at)
+        in_flight = sum(a.in_flight for a in mine)
+        worked = [a.last_work for a in mine if a.last_work is not None]
+        return Worker(
+            id=ref.worker_id,
+            phase=WorkerPhase.READY,
+            since=rec.started_at if rec.started_at is not None else placed_at,
+            in_flight=in_flight,
+            last_seen=last_seen,
+            idle_since=max(worked) if worked else None,
+        )
+
+    # --- acting ---
+
+    async def _start(self, endpoint: EndpointRecord, now: float) -> WorkloadRecord:
+        worker = EndpointWorkerRef(
+            endpoint_id=endpoint.id, worker_id=new_worker_id(), concurrency=endpoint.spec.scaling.concurrency
+        )
+        rec = await self._book.submit(endpoint.account, self._endpoints.worker_spec(endpoint), now, endpoint_worker=worker)
+        self._places[rec.id] = (endpoint.id, worker.worker_id)
+        self._endpoint_of[rec.id] = endpoint.id
+        log.info("endpoint worker asked for", extra={"endpoint": endpoint.id, "worker": worker.worker_id, "workload": rec.id})
+        return rec
+
+    async def _stop(self, rec: WorkloadRecord, reason: str, now: float) -> None:
+        """End the worker's workload at ``now`` (its rental ends there) and send its requests back to the queue."""
+        ref = rec.endpoint_worker
+        assert ref is not None
+        try:
+            await self._book.end(rec.id, "cancel", reason, now, grace_s=self.grace_s)
+        except (InvalidTransition, NotFound) as exc:  # it ended meanwhile: its end is what counts
+            log.info("endpoint worker %s not stopped: %s", rec.id, exc)
+        for activity in self._requests.workers_of(ref.endpoint_id):
+            if activity.ref.worker_id == ref.worker_id:
+                await self._requests.worker_gone(activity.ref)
+        self._forget(rec.id)
+
+    def _forget(self, workload_id: str) -> None:
+        self._heard.pop(workload_id, None)
+        self._places.pop(workload_id, None)
+
+    async def _send_back_the_lost(self, workers: dict[str, list[WorkloadRecord]]) -> None:
+        """Workers whose workload ended, or whose container is no longer where the book last heard from it (moved to
+        another host, or back in the queue): their requests go back to the queue now, without waiting for the book's
+        silence rule."""
+        open_now: dict[str, WorkloadRecord] = {rec.id: rec for recs in workers.values() for rec in recs}
+        for workload_id, (endpoint_id, worker_id) in list(self._places.items()):
+            rec = open_now.get(workload_id)
+            hosts = {a.agent_id for a in rec.assignments} if rec is not None and rec.state != W.QUEUED else set()
+            for activity in self._requests.workers_of(endpoint_id):
+                if activity.ref.worker_id == worker_id and activity.ref.agent_id not in hosts:
+                    await self._requests.worker_gone(activity.ref)
+            if rec is None:
+                self._forget(workload_id)
+        for workload_id, rec in open_now.items():
+            ref = rec.endpoint_worker
+            if ref is not None and workload_id not in self._places:  # a worker from before a restart
+                self._places[workload_id] = (ref.endpoint_id, ref.worker_id)
+                self._endpoint_of[workload_id] = ref.endpoint_id
+
+    # --- the spend cap ---
+
+    async def _spent(self, endpoint: EndpointRecord, now: float) -> int:
+        """What the endpoint's workers cost in the last 24 hours: its account's rentals open or ended in that window
+        whose workload was one of the endpoint's workers."""
+        since = now - SPEND_WINDOW_S
+        mine: list[RentalRecord] = []
+        after: str | None = None
+        while True:
+            page = await self._rentals.list(account=endpoint.account, ended_since=since, after=after, limit=RENTAL_PAGE)
+            for rental in page:
+                if await self._served(rental.workload_id) == endpoint.id:
+                    mine.append(rental)
+            if len(page) < RENTAL_PAGE:
+                break
+            after = rental_order(page[-1].started_at, page[-1].id)
+        return spent(mine, since, now)
+
+    async def _served(self, workload_id: str) -> str | None:
+        """The endpoint a workload was a worker of (None: an ordinary workload), read once per workload."""
+        if workload_id not in self._endpoint_of:
+            if len(self._endpoint_of) > MAX_REMEMBERED:
+                self._endpoint_of.clear()
+            try:
+                rec = await self._book.get(workload_id)
+            except NotFound:
+                self._endpoint_of[workload_id] = None
+            else:
+                self._endpoint_of[workload_id] = rec.endpoint_worker.endpoint_id if rec.endpoint_worker is not None else None
+        return self._endpoint_of[workload_id]
