@@ -131,6 +131,7 @@ class RequestBook:
         self._serve = serve
         self._sweep_period_s = sweep_period_s
         self._sweeper: asyncio.Task[None] | None = None
+        self.loaded = False  # read from the store (the composition's check)
         self._last_work: dict[WorkerRef, float] = {}  # per worker: when a request it held (or took) last changed
         self._arrival_listeners: list[Callable[[str], None]] = []
 
@@ -148,6 +149,7 @@ class RequestBook:
             after = page[-1].order
         async with self._lock:
             self._queue = RequestQueue.loaded(found, self._clock())
+        self.loaded = True
 
     def start(self) -> None:
         """Take the workers' calls (once loaded) and apply the clock every ``sweep_period_s``."""

@@ -106,12 +106,14 @@ class EndpointsService:
         # Each endpoint's request bounds, for the request queue's synchronous reads (a worker's take, a report):
         # read at load, kept by this service, the only writer of endpoints.
         self._limits: dict[str, QueueLimits] = {}
+        self.loaded = False  # the bounds read from the store (the composition's check)
         # What the autoscaler's last tick found for an endpoint (management/endpoints/scaler.py; set by the composition).
         self.scale_of: Callable[[str], EndpointScale | None] = lambda _endpoint_id: None
 
     async def load(self) -> None:
         """Read every endpoint's request bounds (at start, and on the Master that takes over)."""
         self._limits = {record.id: record.spec.limits() for record in await self._endpoints.list()}
+        self.loaded = True
 
     def limits_of(self, endpoint_id: str) -> QueueLimits:
         """The endpoint's request bounds; the defaults for one deleted (its last requests end under them)."""
