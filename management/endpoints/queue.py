@@ -11,7 +11,9 @@ A request's states (``RequestState``) and what moves it (docs/endpoints.md, "The
 - ``submit``: a new request, ``queued``, attempt 1; refused (``TOO_LARGE``) past ``max_input_bytes``;
 - ``take``: the oldest queued request of the worker's endpoint (FIFO by ``order``, kept through requeues), for a
   worker holding fewer than the endpoint's concurrency: ``in_progress``, held by that worker;
-- ``heartbeat``: the worker is heard from; answers the ids it lists that it no longer holds (cancel them);
+- ``heartbeat``: the worker is heard from; answers the ids it lists that it no longer holds (cancel them). A request
+  it holds but does not list, taken ``unclaimed_after_s`` or more before, goes back to the queue at its place, same
+  attempt: the take's answer never reached the worker (a link cut while it travelled);
 - ``partial`` (idempotent by (id, seq), bounded in total), ``progress`` (replaces), ``result`` (``completed``),
   ``error`` (``failed``), ``release`` (back to the queue, same attempt): each only from the worker holding the request,
   else ``GONE`` and nothing changes;
@@ -150,6 +152,10 @@ class QueueLimits:
     max_progress_bytes: int = 64 << 10
 
 
+# A request its worker's heartbeats have not listed this long after its take was answered is taken to have never
+# reached the worker (the answer was lost on the way: the agent gives up on it within the take's wait plus 15 s), and
+# goes back to the queue. The handler library lists a request from the take's answer until its report is delivered.
+UNCLAIMED_AFTER_S = 30.0
 MAX_ERROR_CHARS = 8_000  # each of an error's message and traceback is cut to this (the library sends at most it)
 
 
@@ -277,9 +283,17 @@ class RequestQueue:
             return Step(Outcome.OK, changed=(taken,), taken=taken, seen=seen)
         return Step(Outcome.GONE, seen=seen)
 
-    def heartbeat(self, worker: WorkerRef, in_flight: Iterable[str], now: float) -> Step:
+    def heartbeat(
+        self, worker: WorkerRef, in_flight: Iterable[str], now: float, *, unclaimed_after_s: float = UNCLAIMED_AFTER_S
+    ) -> Step:
         held = self._held.get(worker, set())
-        return Step(Outcome.OK, cancel=tuple(i for i in dict.fromkeys(in_flight) if i not in held), seen=((worker, now),))
+        listed = dict.fromkeys(in_flight)
+        unclaimed = tuple(
+            _requeued(rec, attempt=rec.attempt, lost=rec.lost)
+            for i in sorted(held - listed.keys())
+            if (rec := self.requests[i]).started_at is not None and now - rec.started_at >= unclaimed_after_s
+        )
+        return Step(Outcome.OK, changed=unclaimed, cancel=tuple(i for i in listed if i not in held), seen=((worker, now),))
 
     def partial(self, worker: WorkerRef, request_id: str, seq: int, output: JSON, limits: QueueLimits, now: float) -> Step:
         seen = ((worker, now),)

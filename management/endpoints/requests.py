@@ -50,6 +50,12 @@ MAX_TAKE_WAIT_S = 30.0  # a take waits at most this long, whatever the worker as
 MAX_IN_FLIGHT_LISTED = 1_000  # a heartbeat's in-flight list is read up to this many ids
 LOAD_PAGE = 1_000
 SWEEP_PERIOD_S = 2.0  # how often the clock is applied: a TTL or a timeout ends at most this late
+# How long an ended request (its output, its error) is kept for its status and stream to read, from its end. RunPod
+# keeps an asynchronous request's result for 30 minutes, which its users find short; a day covers a client that
+# comes back the next morning.
+RESULT_RETENTION_S = 86_400.0
+PURGE_EVERY_S = 60.0  # how often the ended requests past the retention are deleted, a page at a time
+PURGE_PAGE = 1_000
 
 
 class RequestTooLarge(IdlegridError):
@@ -116,6 +122,7 @@ class RequestBook:
         new_id: Callable[[], str] = new_request_id,
         serve: Callable[[WorkerCalls | None], None] = lambda _calls: None,
         sweep_period_s: float = SWEEP_PERIOD_S,
+        retention_s: float = RESULT_RETENTION_S,
     ) -> None:
         """``limits_of``: an endpoint's bounds (read synchronously, at each call); ``serve``: how the book is made
         the Master's handler of workers' calls while it runs (``MasterPort.serve_worker_calls``)."""
@@ -131,6 +138,8 @@ class RequestBook:
         self._serve = serve
         self._sweep_period_s = sweep_period_s
         self._sweeper: asyncio.Task[None] | None = None
+        self._retention_s = retention_s
+        self._purged_at = float("-inf")
         self.loaded = False  # read from the store (the composition's check)
         self._last_work: dict[WorkerRef, float] = {}  # per worker: when a request it held (or took) last changed
         self._arrival_listeners: list[Callable[[str], None]] = []
@@ -164,6 +173,10 @@ class RequestBook:
 
     async def _sweep_once(self) -> None:
         await self.sweep()
+        now = self._clock()
+        if now - self._purged_at >= PURGE_EVERY_S:
+            await self.purge()
+            self._purged_at = now
 
     # --- carrying out a step ---
 
@@ -363,6 +376,18 @@ class RequestBook:
         return self._queue.queued(endpoint_id)
 
     # --- the clock ---
+
+    async def purge(self) -> int:
+        """Delete the requests that ended more than the retention ago (a status of one answers NotFound after); how
+        many. Open requests are never touched: only an ended one has an end."""
+        before, deleted = self._clock() - self._retention_s, 0
+        while ids := await self._repo.delete_ended(before, limit=PURGE_PAGE):
+            deleted += len(ids)
+            for request_id in ids:
+                self._changes.pop(request_id, None)
+            if len(ids) < PURGE_PAGE:
+                break
+        return deleted
 
     async def sweep(self) -> Step:
         """TTLs, execution timeouts and silent workers, as of now."""

@@ -300,6 +300,15 @@ SQLITE_MIGRATIONS: tuple[SqliteMigration, ...] = (
             "CREATE INDEX endpoint_requests_by_endpoint ON endpoint_requests (endpoint_id, ord)",
         ),
     ),
+    SqliteMigration(
+        17,
+        "endpoint requests by when they ended, for the retention sweep (docs/endpoints.md)",
+        (
+            "ALTER TABLE endpoint_requests ADD COLUMN ended REAL",
+            "UPDATE endpoint_requests SET ended = json_extract(doc, '$.ended_at')",
+            "CREATE INDEX endpoint_requests_by_end ON endpoint_requests (ended) WHERE ended IS NOT NULL",
+        ),
+    ),
 )
 
 MONGO_MIGRATIONS: tuple[MongoMigration, ...] = (
@@ -441,6 +450,11 @@ MONGO_MIGRATIONS: tuple[MongoMigration, ...] = (
                 IndexModel([("endpoint_id", ASCENDING), ("order", ASCENDING)]),
             ]
         },
+    ),
+    MongoMigration(
+        17,
+        "endpoint requests by when they ended, for the retention sweep (docs/endpoints.md)",
+        {"endpoint_requests": [IndexModel([("ended_at", ASCENDING)])]},
     ),
 )
 

@@ -193,3 +193,25 @@ async def test_a_stream_waits_for_the_next_partial(store: Store) -> None:
     assert [p.value() for p in streamed.partials] == [{"token": "a"}]
     with pytest.raises(NotFound):
         await book.stream("req-nobody")
+
+
+async def test_ended_requests_are_kept_for_the_retention_then_deleted_and_open_ones_never(store: Store) -> None:
+    clock = Clock()
+    book = RequestBook(endpoint_request_repo(store), limits_of=lambda _: LIMITS, clock=clock, retention_s=3_600.0)
+    await book.load()
+    done = await book.submit("ep-a", {"n": 1})
+    taken = await book.take(W1, 0)
+    assert taken is not None and await book.result(W1, taken.id, "out") == CallOutcome.OK
+    cancelled = await book.cancel((await book.submit("ep-a", {"n": 2})).id)
+    waiting = await book.submit("ep-a", {"n": 3}, account="ana")
+    clock.now += 3_599.0
+    assert await book.purge() == 0  # within the retention: its status still reads the output
+    assert (await book.status(done.id)) is not None
+    clock.now += 2.0
+    assert await book.purge() == 2
+    for gone in (done.id, cancelled.id):
+        assert await book.status(gone) is None
+        with pytest.raises(NotFound):
+            await book.stream(gone)
+    still = await book.status(waiting.id)  # open for over an hour (its TTL is the sweep's to apply), never purged
+    assert still is not None and still.state == "queued"
