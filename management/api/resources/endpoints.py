@@ -124,10 +124,9 @@ async def get_endpoint(request: web.Request) -> web.Response:
 
 async def update_endpoint(request: web.Request) -> web.Response:
     body = await parse_body(request, UpdateEndpoint)
-    record = await request.app[SERVICES_KEY].endpoints.update(
-        request.match_info["endpoint_id"], body.changes(), account=scope_of(request).owner
-    )
-    return json_response(endpoint_view(record))
+    endpoints = request.app[SERVICES_KEY].endpoints
+    record = await endpoints.update(request.match_info["endpoint_id"], body.changes(), account=scope_of(request).owner)
+    return json_response(endpoint_view(record, endpoints.scale_of(record.id)))
 
 
 async def delete_endpoint(request: web.Request) -> web.Response:

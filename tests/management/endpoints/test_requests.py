@@ -215,3 +215,27 @@ async def test_ended_requests_are_kept_for_the_retention_then_deleted_and_open_o
             await book.stream(gone)
     still = await book.status(waiting.id)  # open for over an hour (its TTL is the sweep's to apply), never purged
     assert still is not None and still.state == "queued"
+
+
+async def test_the_autoscalers_reads_each_workers_last_call_what_it_holds_and_when_its_work_last_changed(store: Store) -> None:
+    clock = Clock()
+    book = await book_over(store, clock)
+    arrivals: list[str] = []
+    book.on_arrival(arrivals.append)
+    submitted = await book.submit("ep-a", 1)
+    assert arrivals == ["ep-a"] and book.workers_of("ep-a") == []  # no worker heard from yet
+    clock.now = 1_010.0
+    taken = await book.take(W1, 0)
+    assert taken is not None and taken.id == submitted.id
+    await book.heartbeat(W2, [])
+    clock.now = 1_020.0
+    await book.heartbeat(W1, [taken.id])  # heard from, no change to its work
+    found = {a.ref: (a.last_seen, a.in_flight, a.last_work) for a in book.workers_of("ep-a")}
+    assert found == {W1: (1_020.0, 1, 1_010.0), W2: (1_010.0, 0, None)}
+    assert book.workers_of("ep-b") == []
+    clock.now = 1_030.0
+    assert await book.release(W1, taken.id) == CallOutcome.OK  # handed back: queued again, an arrival
+    assert arrivals == ["ep-a", "ep-a"]
+    assert {a.ref: (a.in_flight, a.last_work) for a in book.workers_of("ep-a")}[W1] == (0, 1_030.0)
+    await book.worker_gone(W1)
+    assert [a.ref for a in book.workers_of("ep-a")] == [W2]
