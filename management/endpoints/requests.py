@@ -362,13 +362,13 @@ class RequestBook:
         busy = sum(1 for w in workers if self._queue.held_by(w))
         return EndpointHealth(workers=len(workers), busy_workers=busy, requests=by_state)
 
-    def workers_of(self, endpoint_id: str) -> list[WorkerActivity]:
-        """The endpoint's workers heard from and not gone: when each was last heard from, what it holds, when its work
-        last changed (the autoscaler's shell reads it every tick)."""
+    def workers_of(self, endpoint_id: str | None = None) -> list[WorkerActivity]:
+        """The endpoint's workers (None: every endpoint's) heard from and not gone: when each was last heard from, what
+        it holds, when its work last changed (the autoscaler's shell reads them all once a tick)."""
         return [
             WorkerActivity(ref, seen, len(self._queue.held_by(ref)), self._last_work.get(ref))
             for ref, seen in self._queue.workers.items()
-            if ref.endpoint_id == endpoint_id
+            if endpoint_id is None or ref.endpoint_id == endpoint_id
         ]
 
     def queued(self, endpoint_id: str) -> list[EndpointRequestRecord]:

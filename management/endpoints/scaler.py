@@ -79,11 +79,21 @@ class EndpointScale:
     daily_spend_cap: int | None  # micro-units, None: no cap
 
 
+Activity = dict[tuple[str, str], list[WorkerActivity]]  # (endpoint, worker id) -> its places the request book knows
+
+
 class Endpoints(Protocol):
     """What the shell reads of the endpoints (management/services/endpoints.py ``EndpointsService``)."""
 
     async def list(self) -> builtins.list[EndpointRecord]: ...
     def worker_spec(self, record: EndpointRecord) -> WorkloadSpec: ...
+
+
+def worker_of(rec: WorkloadRecord) -> EndpointWorkerRef:
+    """The endpoint and worker a worker workload is (the shell reads only workloads that have one)."""
+    if rec.endpoint_worker is None:
+        raise ValueError(f"workload {rec.id} is not an endpoint's worker")
+    return rec.endpoint_worker
 
 
 def new_worker_id() -> str:
@@ -126,6 +136,7 @@ class EndpointScaler:
         self._heard: dict[str, float] = {}  # worker workload id -> its worker's last call, once heard from
         self._places: dict[str, tuple[str, str]] = {}  # worker workload id -> (endpoint, worker id), while open
         self._endpoint_of: dict[str, str | None] = {}  # workload id -> the endpoint it served (None: not a worker)
+        self._since: float | None = None  # the first tick's time: no worker's start clock runs from before it
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         requests.on_arrival(self._on_arrival)
@@ -184,37 +195,46 @@ class EndpointScaler:
         for rec in self._book.open_workloads():
             if rec.endpoint_worker is not None:
                 workers.setdefault(rec.endpoint_worker.endpoint_id, []).append(rec)
-        await self._send_back_the_lost(workers)
+        if self._since is None:
+            self._since = now
+        activity = self._activity()
+        await self._send_back_the_lost(workers, activity)
         decisions: dict[str, Decision] = {}
         for endpoint_id, recs in workers.items():
             if endpoint_id not in endpoints:  # deleted: its workers stop
                 for rec in recs:
-                    await self._stop(rec, "its endpoint was deleted", now)
+                    await self._stop(rec, "its endpoint was deleted", now, activity)
                 self._status.pop(endpoint_id, None)
         for endpoint_id, endpoint in endpoints.items():
             try:
-                decisions[endpoint_id] = await self._scale(endpoint, workers.get(endpoint_id, []), now)
+                decisions[endpoint_id] = await self._scale(endpoint, workers.get(endpoint_id, []), activity, now)
             except (IdlegridError, ValueError) as exc:
                 log.warning("endpoint %s not scaled: %s", endpoint_id, exc)
         for endpoint_id in [e for e in self._status if e not in endpoints]:
             del self._status[endpoint_id]
         return decisions
 
-    async def _scale(self, endpoint: EndpointRecord, recs: Sequence[WorkloadRecord], now: float) -> Decision:
+    def _activity(self) -> Activity:
+        """Every worker the request book knows, by (endpoint, worker id): one pass a tick."""
+        found: Activity = {}
+        for activity in self._requests.workers_of():
+            found.setdefault((activity.ref.endpoint_id, activity.ref.worker_id), []).append(activity)
+        return found
+
+    async def _scale(self, endpoint: EndpointRecord, recs: Sequence[WorkloadRecord], activity: Activity, now: float) -> Decision:
         policy = endpoint.spec.scaling.policy()
         queued = self._requests.queued(endpoint.id)
         queue = QueueView(waiting=len(queued), oldest_waiting_since=min((r.submitted_at for r in queued), default=None))
-        activity = self._requests.workers_of(endpoint.id)
-        seen = [self._worker(rec, activity, now) for rec in recs]
+        seen = [self._worker(rec, activity.get((endpoint.id, worker_of(rec).worker_id), []), now) for rec in recs]
         cap = parse_amount(endpoint.spec.daily_spend_cap) if endpoint.spec.daily_spend_cap is not None else None
         cost = await self._spent(endpoint, now) if cap is not None else 0
         may_scale_up = cap is None or cost < cap
         decision = decide(policy, queue, seen, now, may_scale_up=may_scale_up)
-        by_worker = {rec.endpoint_worker.worker_id: rec for rec in recs if rec.endpoint_worker is not None}
+        by_worker = {worker_of(rec).worker_id: rec for rec in recs}
         for stop in decision.stop:
             rec = by_worker.get(stop.worker)
             if rec is not None:
-                await self._stop(rec, f"stopped by its endpoint's autoscaler: {stop.reason.value}", now)
+                await self._stop(rec, f"stopped by its endpoint's autoscaler: {stop.reason.value}", now, activity)
         for _ in range(decision.start):
             await self._start(endpoint, now)
         phases = {"starting": 0, "ready": 0}
@@ -235,18 +255,19 @@ class EndpointScaler:
         )
         return decision
 
-    def _worker(self, rec: WorkloadRecord, activity: Sequence[WorkerActivity], now: float) -> Worker:
-        """The autoscaler's view of one worker workload (the module's text gives the phases)."""
-        ref = rec.endpoint_worker
-        assert ref is not None
-        placed_at = rec.scheduled_at if rec.scheduled_at is not None else rec.queued_at
+    def _worker(self, rec: WorkloadRecord, mine: Sequence[WorkerActivity], now: float) -> Worker:
+        """The autoscaler's view of one worker workload (the module's text gives the phases); ``mine``: its places the
+        request book knows."""
+        ref = worker_of(rec)
+        # Its start clock runs from its placement, but never from before this loop's first tick: after a Master restart
+        # or a takeover, a worker that ran before is not stuck for want of calls this Master has not had time to hear.
+        placed_at = max(rec.scheduled_at if rec.scheduled_at is not None else rec.queued_at, self._since or now)
         if rec.state != W.RUNNING:
             self._heard.pop(rec.id, None)  # a new run's worker is heard from anew
         if rec.state == W.QUEUED:
             return Worker(id=ref.worker_id, phase=WorkerPhase.STARTING, since=now)
         if rec.state in _PLACED:
             return Worker(id=ref.worker_id, phase=WorkerPhase.STARTING, since=placed_at)
-        mine = [a for a in activity if a.ref.worker_id == ref.worker_id]
         if mine:
             self._heard[rec.id] = max(a.last_seen for a in mine)
         last_seen = self._heard.get(rec.id)
@@ -275,24 +296,22 @@ class EndpointScaler:
         log.info("endpoint worker asked for", extra={"endpoint": endpoint.id, "worker": worker.worker_id, "workload": rec.id})
         return rec
 
-    async def _stop(self, rec: WorkloadRecord, reason: str, now: float) -> None:
+    async def _stop(self, rec: WorkloadRecord, reason: str, now: float, activity: Activity) -> None:
         """End the worker's workload at ``now`` (its rental ends there) and send its requests back to the queue."""
-        ref = rec.endpoint_worker
-        assert ref is not None
+        ref = worker_of(rec)
         try:
             await self._book.end(rec.id, "cancel", reason, now, grace_s=self.grace_s)
         except (InvalidTransition, NotFound) as exc:  # it ended meanwhile: its end is what counts
             log.info("endpoint worker %s not stopped: %s", rec.id, exc)
-        for activity in self._requests.workers_of(ref.endpoint_id):
-            if activity.ref.worker_id == ref.worker_id:
-                await self._requests.worker_gone(activity.ref)
+        for place in activity.pop((ref.endpoint_id, ref.worker_id), []):
+            await self._requests.worker_gone(place.ref)
         self._forget(rec.id)
 
     def _forget(self, workload_id: str) -> None:
         self._heard.pop(workload_id, None)
         self._places.pop(workload_id, None)
 
-    async def _send_back_the_lost(self, workers: dict[str, list[WorkloadRecord]]) -> None:
+    async def _send_back_the_lost(self, workers: dict[str, list[WorkloadRecord]], activity: Activity) -> None:
         """Workers whose workload ended, or whose container is no longer where the book last heard from it (moved to
         another host, or back in the queue): their requests go back to the queue now, without waiting for the book's
         silence rule."""
@@ -300,9 +319,10 @@ class EndpointScaler:
         for workload_id, (endpoint_id, worker_id) in list(self._places.items()):
             rec = open_now.get(workload_id)
             hosts = {a.agent_id for a in rec.assignments} if rec is not None and rec.state != W.QUEUED else set()
-            for activity in self._requests.workers_of(endpoint_id):
-                if activity.ref.worker_id == worker_id and activity.ref.agent_id not in hosts:
-                    await self._requests.worker_gone(activity.ref)
+            places = activity.get((endpoint_id, worker_id), [])
+            for place in [p for p in places if p.ref.agent_id not in hosts]:
+                await self._requests.worker_gone(place.ref)
+                places.remove(place)
             if rec is None:
                 self._forget(workload_id)
         for workload_id, rec in open_now.items():

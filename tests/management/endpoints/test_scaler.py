@@ -318,3 +318,25 @@ async def test_a_renter_cannot_submit_a_workload_posing_as_a_worker(api):
     assert answer.status == 400 and "endpoint_worker" in await answer.text(), await answer.text()
     listed = await (await api.get("/api/v1/workloads", headers=key)).json()
     assert listed["items"] == []
+
+
+async def test_after_a_master_restart_the_workers_that_ran_before_are_not_stuck_for_want_of_calls_not_yet_heard(grid):
+    g = grid
+    ep = await endpoint(g, min_workers=1, max_workers=1)
+    await g.scaler.tick(g.at(g.now + 1))
+    (worker,) = await running(g, workers(g, ep.id))
+    await g.requests.heartbeat(ref(worker), [])
+    restarted = g.now + 3600  # long past start_timeout_s and heartbeat_timeout_s of the worker's placement
+    again = compose(g.master)  # a new composition over the same store: nothing of the old one's memory
+    await again.load()
+    scaler, requests = dict(again.loops)["endpoint scaler"], dict(again.state)["endpoint requests"]
+    assert isinstance(scaler, EndpointScaler) and isinstance(requests, RequestBook)
+    requests._clock = lambda: restarted  # noqa: SLF001
+    decision = (await scaler.tick(restarted))[ep.id]
+    assert (decision.start, decision.stop) == (0, ())  # not heard from by this Master yet: starting, not stuck
+    await requests.heartbeat(ref(worker), [])
+    await scaler.tick(restarted + 1)
+    status = scaler.status(ep.id)
+    assert status is not None and status.workers == {"starting": 0, "ready": 1}
+    decision = (await scaler.tick(restarted + 40))[ep.id]  # then silent past heartbeat_timeout_s: replaced
+    assert [s.reason.value for s in decision.stop] == ["silent"] and decision.start == 1
