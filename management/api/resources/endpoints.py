@@ -25,6 +25,7 @@ from management.views.endpoints import (
     issued_endpoint_key_view,
 )
 from master.port import (
+    Amount,
     CommandArg,
     EnvName,
     EnvValue,
@@ -79,6 +80,7 @@ class UpdateEndpoint(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     execution_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=86400.0)] | msgspec.UnsetType = UNSET
     ttl_s: Annotated[float, msgspec.Meta(gt=0, le=7 * 86400.0)] | msgspec.UnsetType = UNSET
     max_retries: Annotated[int, msgspec.Meta(ge=0, le=10)] | msgspec.UnsetType = UNSET
+    daily_spend_cap: Amount | None | msgspec.UnsetType = UNSET  # null removes the cap
 
     def changes(self) -> EndpointSpecJson:
         """The fields given, as JSON (those left out are not there; a null ``registry_auth`` is)."""
