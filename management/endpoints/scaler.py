@@ -59,6 +59,8 @@ PERIOD_S = 1.0  # a tick at least this often
 SPEND_WINDOW_S = 86_400.0  # the spend cap's window: any 24 hours
 STOP_GRACE_S = 30.0  # a stopped worker's container: SIGTERM, this long to finish its requests' reports, SIGKILL
 RENTAL_PAGE = 1000
+START_BACKOFF_S = 5.0  # after a worker failed to start (never ran): no start for this long, doubled each time ...
+MAX_START_BACKOFF_S = 300.0  # ... up to this; a worker that becomes ready ends it
 MAX_REMEMBERED = 100_000  # workloads whose endpoint (or none) this loop remembers for the spend sums
 _PLACED = frozenset({W.SCHEDULED, W.STARTING, W.PREEMPTED})
 
@@ -136,6 +138,7 @@ class EndpointScaler:
         self._heard: dict[str, float] = {}  # worker workload id -> its worker's last call, once heard from
         self._places: dict[str, tuple[str, str]] = {}  # worker workload id -> (endpoint, worker id), while open
         self._endpoint_of: dict[str, str | None] = {}  # workload id -> the endpoint it served (None: not a worker)
+        self._backoff: dict[str, tuple[int, float, str]] = {}  # endpoint -> (workers failed to start, no start until, why)
         self._since: float | None = None  # the first tick's time: no worker's start clock runs from before it
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -198,7 +201,7 @@ class EndpointScaler:
         if self._since is None:
             self._since = now
         activity = self._activity()
-        await self._send_back_the_lost(workers, activity)
+        await self._send_back_the_lost(workers, activity, now)
         decisions: dict[str, Decision] = {}
         for endpoint_id, recs in workers.items():
             if endpoint_id not in endpoints:  # deleted: its workers stop
@@ -212,6 +215,8 @@ class EndpointScaler:
                 log.warning("endpoint %s not scaled: %s", endpoint_id, exc)
         for endpoint_id in [e for e in self._status if e not in endpoints]:
             del self._status[endpoint_id]
+        for endpoint_id in [e for e in self._backoff if e not in endpoints]:
+            del self._backoff[endpoint_id]
         return decisions
 
     def _activity(self) -> Activity:
@@ -229,7 +234,11 @@ class EndpointScaler:
         cap = parse_amount(endpoint.spec.daily_spend_cap) if endpoint.spec.daily_spend_cap is not None else None
         cost = await self._spent(endpoint, now) if cap is not None else 0
         may_scale_up = cap is None or cost < cap
-        decision = decide(policy, queue, seen, now, may_scale_up=may_scale_up)
+        if any(w.phase is WorkerPhase.READY for w in seen):
+            self._backoff.pop(endpoint.id, None)  # its workers start: the failures are behind it
+        failed, until, failure = self._backoff.get(endpoint.id, (0, now, ""))
+        held = now < until  # workers failed to start just now: a new one would most likely fail the same way
+        decision = decide(policy, queue, seen, now, may_scale_up=may_scale_up and not held)
         by_worker = {worker_of(rec).worker_id: rec for rec in recs}
         for stop in decision.stop:
             rec = by_worker.get(stop.worker)
@@ -240,7 +249,11 @@ class EndpointScaler:
         phases = {"starting": 0, "ready": 0}
         for worker in seen:
             phases[worker.phase.value] = phases.get(worker.phase.value, 0) + 1
-        why = decision.why if may_scale_up else f"{decision.why}; daily_spend_cap reached"
+        why = decision.why
+        if not may_scale_up:
+            why = f"{why}; daily_spend_cap reached"
+        elif held:
+            why = f"{why}; no start for {until - now:.0f} s: {failed} worker(s) failed to start ({failure})"
         self._status[endpoint.id] = EndpointScale(
             at=now,
             workers=phases,
@@ -311,10 +324,12 @@ class EndpointScaler:
         self._heard.pop(workload_id, None)
         self._places.pop(workload_id, None)
 
-    async def _send_back_the_lost(self, workers: dict[str, list[WorkloadRecord]], activity: Activity) -> None:
+    async def _send_back_the_lost(self, workers: dict[str, list[WorkloadRecord]], activity: Activity, now: float) -> None:
         """Workers whose workload ended, or whose container is no longer where the book last heard from it (moved to
         another host, or back in the queue): their requests go back to the queue now, without waiting for the book's
-        silence rule."""
+        silence rule. A worker that ended failed without ever running (never placed, or its container never started)
+        holds the endpoint's starts back for a while (``START_BACKOFF_S``, doubled at each such failure), so a worker
+        that cannot start is not asked for again every second."""
         open_now: dict[str, WorkloadRecord] = {rec.id: rec for recs in workers.values() for rec in recs}
         for workload_id, (endpoint_id, worker_id) in list(self._places.items()):
             rec = open_now.get(workload_id)
@@ -325,11 +340,28 @@ class EndpointScaler:
                 places.remove(place)
             if rec is None:
                 self._forget(workload_id)
+                await self._note_end(workload_id, endpoint_id, now)
         for workload_id, rec in open_now.items():
             ref = rec.endpoint_worker
             if ref is not None and workload_id not in self._places:  # a worker from before a restart
                 self._places[workload_id] = (ref.endpoint_id, ref.worker_id)
                 self._endpoint_of[workload_id] = ref.endpoint_id
+
+    async def _note_end(self, workload_id: str, endpoint_id: str, now: float) -> None:
+        try:
+            ended = await self._book.get(workload_id)
+        except NotFound:
+            return
+        if ended.state != W.FAILED or ended.started_at is not None:
+            return
+        failed = self._backoff.get(endpoint_id, (0, now, ""))[0] + 1
+        wait_s = min(MAX_START_BACKOFF_S, START_BACKOFF_S * 2 ** (failed - 1))
+        self._backoff[endpoint_id] = (failed, now + wait_s, ended.state_reason)
+        log.warning(
+            "an endpoint's worker failed to start; no start for %.0f s",
+            wait_s,
+            extra={"endpoint": endpoint_id, "workload": workload_id, "reason": ended.state_reason},
+        )
 
     # --- the spend cap ---
 

@@ -340,3 +340,27 @@ async def test_after_a_master_restart_the_workers_that_ran_before_are_not_stuck_
     assert status is not None and status.workers == {"starting": 0, "ready": 1}
     decision = (await scaler.tick(restarted + 40))[ep.id]  # then silent past heartbeat_timeout_s: replaced
     assert [s.reason.value for s in decision.stop] == ["silent"] and decision.start == 1
+
+
+async def test_a_worker_that_fails_to_start_holds_the_next_start_back_for_a_doubling_while(grid):
+    g = grid
+    ep = await endpoint(g, min_workers=1, max_workers=1)
+    t0 = g.at(g.now + 1)
+    await g.scaler.tick(t0)
+    (first,) = workers(g, ep.id)
+    await g.scheduler.book.transition(first.id, "reject", "it can never fit here", t0)  # failed, never ran
+    assert (await g.scaler.tick(t0 + 1))[ep.id].start == 0  # not asked for again every second
+    status = g.scaler.status(ep.id)
+    assert status is not None and "1 worker(s) failed to start (it can never fit here)" in status.why
+    assert (await g.scaler.tick(t0 + 5.9))[ep.id].start == 0
+    assert (await g.scaler.tick(t0 + 6))[ep.id].start == 1  # 5 s after the failure
+    (second,) = workers(g, ep.id)
+    await g.scheduler.book.transition(second.id, "reject", "it can never fit here", t0 + 6)
+    assert (await g.scaler.tick(t0 + 7))[ep.id].start == 0
+    assert (await g.scaler.tick(t0 + 16.9))[ep.id].start == 0  # twice as long the second time
+    assert (await g.scaler.tick(t0 + 17))[ep.id].start == 1
+    (third,) = await running(g, workers(g, ep.id))
+    await g.requests.heartbeat(ref(third), [])
+    await g.scaler.tick(g.now + 1)  # ready: the failures are behind it
+    await g.scheduler.book.end(third.id, "cancel", "by hand", g.now + 2, grace_s=0)
+    assert (await g.scaler.tick(g.now + 3))[ep.id].start == 1  # a worker that ran and ended is replaced at once
