@@ -27,7 +27,9 @@ from zero does not wait for the period), for every endpoint:
 
 Besides: the workers of an endpoint that is gone are stopped; a worker workload that ended, or moved to another host,
 without its agent saying so, has its requests sent back by this loop (``worker_gone`` for each of its places the book
-still knows). Every decision and its reason is kept per endpoint (``status``) for the endpoint's answer.
+still knows); a worker that failed without ever running holds the endpoint's starts back for a doubling while
+(``START_BACKOFF_S``), so one that cannot start is not asked for again every second. Every decision and its reason is
+kept per endpoint (``status``) for the endpoint's answer.
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ class EndpointScale:
     """What the last tick found and decided for one endpoint (shown in its answer)."""
 
     at: float
-    workers: dict[str, int]  # by the autoscaler's phase: starting, ready, and the ones stopped as stuck this tick
+    workers: dict[str, int]  # by the autoscaler's phase (starting, ready), as the tick found them
     waiting: int  # requests queued
     started: int
     stopped: int
