@@ -106,6 +106,9 @@ def assert_stopped_cleanly(run: DemoRun) -> None:
     wait_for(lambda: processes_mentioning(str(run.state_dir)) == [], 5, "every demo process to exit")
     for log in (run.state_dir / "logs").glob("relay-*.log"):
         assert NOT_DELIVERED not in log.read_text(errors="replace"), f"{log.name} stopped with frames undelivered"
+    prefix = str(run.state_dir.resolve()) + "/"
+    with open("/proc/self/mounts") as mounts:  # a container's /dev/shm left mounted would keep the directory busy
+        assert [m for line in mounts if (m := line.split()[1]).startswith(prefix)] == []
 
 
 def test_demo_started_twice_on_one_state_directory_has_every_agent_ready_each_time_and_stops_cleanly(tmp_path):

@@ -231,8 +231,8 @@ def test_every_repository_method_is_known_as_a_read_or_a_write_so_none_escapes_t
             unknown = methods - WRITES - READS - {"acquire", "renew", "release"}
             assert not unknown, f"{name}: {sorted(unknown)} are neither reads nor writes in master/store/fenced.py"
     for plugin in AGGREGATES:  # management's own, plugged into the store (an endpoint's keys deleted with it, once missed)
-        for repo in (plugin.sqlite, plugin.mongo):
-            methods = {n for n, _ in inspect.getmembers(repo, inspect.iscoroutinefunction) if not n.startswith("_")}
+        for made_by in (plugin.sqlite, plugin.mongo):
+            methods = {n for n, _ in inspect.getmembers(made_by, inspect.iscoroutinefunction) if not n.startswith("_")}
             unknown = methods - WRITES - READS
             assert not unknown, f"{plugin.name}: {sorted(unknown)} are neither reads nor writes in master/store/fenced.py"
 
