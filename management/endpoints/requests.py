@@ -85,6 +85,9 @@ class WorkerActivity:
     last_seen: float
     in_flight: int
     last_work: float | None  # None: no request taken since the book knew it
+    # None while a take of it is under way (a healthy worker with room for more always has one in its long poll); else
+    # since when none has been: the end of its last take, or when the book first heard from it
+    not_taking_since: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +145,8 @@ class RequestBook:
         self._purged_at = float("-inf")
         self.loaded = False  # read from the store (the composition's check)
         self._last_work: dict[WorkerRef, float] = {}  # per worker: when a request it held (or took) last changed
+        self._taking: dict[WorkerRef, int] = {}  # per worker: its takes under way
+        self._take_ended: dict[WorkerRef, float] = {}  # per worker: when its last take ended (or it was first heard)
         self._arrival_listeners: list[Callable[[str], None]] = []
 
     def on_arrival(self, listener: Callable[[str], None]) -> None:
@@ -216,8 +221,11 @@ class RequestBook:
             for holder in (held.holder if held is not None else None, rec.holder):
                 if holder is not None:
                     self._last_work[holder] = now
+        for worker, when in step.seen:
+            self._take_ended.setdefault(worker, when)
         for worker in step.forgotten:
             self._last_work.pop(worker, None)
+            self._take_ended.pop(worker, None)
 
     async def _reread(self, request_id: str) -> None:
         fresh = await self._repo.get(request_id)
@@ -249,6 +257,17 @@ class RequestBook:
     async def take(self, worker: WorkerRef, wait_s: float) -> TakenRequest | None:
         """The oldest queued request of the worker's endpoint, waiting up to ``wait_s`` (at most MAX_TAKE_WAIT_S) for
         one to arrive; None when none came (or the worker holds its concurrency already)."""
+        self._taking[worker] = self._taking.get(worker, 0) + 1
+        try:
+            return await self._take(worker, wait_s)
+        finally:
+            left = self._taking.pop(worker, 1) - 1
+            if left:
+                self._taking[worker] = left
+            if worker in self._queue.workers:
+                self._take_ended[worker] = self._clock()
+
+    async def _take(self, worker: WorkerRef, wait_s: float) -> TakenRequest | None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(0.0, min(wait_s, MAX_TAKE_WAIT_S))
         concurrency = self._limits_of(worker.endpoint_id).concurrency
@@ -364,9 +383,16 @@ class RequestBook:
 
     def workers_of(self, endpoint_id: str | None = None) -> list[WorkerActivity]:
         """The endpoint's workers (None: every endpoint's) heard from and not gone: when each was last heard from, what
-        it holds, when its work last changed (the autoscaler's shell reads them all once a tick)."""
+        it holds, when its work last changed, since when no take of it is under way (the autoscaler's shell reads them
+        all once a tick)."""
         return [
-            WorkerActivity(ref, seen, len(self._queue.held_by(ref)), self._last_work.get(ref))
+            WorkerActivity(
+                ref,
+                seen,
+                len(self._queue.held_by(ref)),
+                self._last_work.get(ref),
+                None if self._taking.get(ref) else self._take_ended.get(ref, seen),
+            )
             for ref, seen in self._queue.workers.items()
             if endpoint_id is None or ref.endpoint_id == endpoint_id
         ]

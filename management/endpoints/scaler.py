@@ -12,7 +12,9 @@ from zero does not wait for the period), for every endpoint:
    - scheduled, starting, preempted: ``starting`` since it was placed;
    - running: ``ready`` once the request book has heard from its worker (a heartbeat or any call), else still
      ``starting`` (its handler is loading) since it was placed. A worker heard from once stays ``ready`` with its
-     last call's time, so one that falls silent is found ``silent`` after ``heartbeat_timeout_s``.
+     last call's time, so one that falls silent is found ``silent`` after ``heartbeat_timeout_s``; one heard from,
+     with room for more requests and no take under way for longer than that, is ``unhealthy`` (its takers are stuck,
+     while its heartbeat thread goes on).
 
    And what the workers spent in the last 24 hours (their rentals, ``spent``) against the endpoint's
    ``daily_spend_cap``: at the cap ``may_scale_up`` is False.
@@ -232,7 +234,10 @@ class EndpointScaler:
         policy = endpoint.spec.scaling.policy()
         queued = self._requests.queued(endpoint.id)
         queue = QueueView(waiting=len(queued), oldest_waiting_since=min((r.submitted_at for r in queued), default=None))
-        seen = [self._worker(rec, activity.get((endpoint.id, worker_of(rec).worker_id), []), now) for rec in recs]
+        seen = [
+            self._worker(rec, activity.get((endpoint.id, worker_of(rec).worker_id), []), policy.heartbeat_timeout_s, now)
+            for rec in recs
+        ]
         cap = parse_amount(endpoint.spec.daily_spend_cap) if endpoint.spec.daily_spend_cap is not None else None
         cost = await self._spent(endpoint, now) if cap is not None else 0
         may_scale_up = cap is None or cost < cap
@@ -270,9 +275,9 @@ class EndpointScaler:
         )
         return decision
 
-    def _worker(self, rec: WorkloadRecord, mine: Sequence[WorkerActivity], now: float) -> Worker:
+    def _worker(self, rec: WorkloadRecord, mine: Sequence[WorkerActivity], timeout_s: float, now: float) -> Worker:
         """The autoscaler's view of one worker workload (the module's text gives the phases); ``mine``: its places the
-        request book knows."""
+        request book knows; ``timeout_s``: the policy's ``heartbeat_timeout_s``."""
         ref = worker_of(rec)
         # Its start clock runs from its placement, but never from before this loop's first tick: after a Master restart
         # or a takeover, a worker that ran before is not stuck for want of calls this Master has not had time to hear.
@@ -290,6 +295,13 @@ class EndpointScaler:
             return Worker(id=ref.worker_id, phase=WorkerPhase.STARTING, since=placed_at)
         in_flight = sum(a.in_flight for a in mine)
         worked = [a.last_work for a in mine if a.last_work is not None]
+        not_taking = [a.not_taking_since for a in mine]
+        if mine and in_flight < ref.concurrency and now - last_seen <= timeout_s and None not in not_taking:
+            # Heard from, with room for more, and no take under way for longer than the timeout: its takers are
+            # stuck (the handler library always has one in a long poll while it has room). Replaced, as one silent.
+            since = max(t for t in not_taking if t is not None)
+            if now - since > timeout_s:
+                return Worker(id=ref.worker_id, phase=WorkerPhase.UNHEALTHY, since=since, last_seen=last_seen)
         return Worker(
             id=ref.worker_id,
             phase=WorkerPhase.READY,

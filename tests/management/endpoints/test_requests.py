@@ -239,3 +239,19 @@ async def test_the_autoscalers_reads_each_workers_last_call_what_it_holds_and_wh
     assert {a.ref: (a.in_flight, a.last_work) for a in book.workers_of("ep-a")}[W1] == (0, 1_030.0)
     await book.worker_gone(W1)
     assert [a.ref for a in book.workers_of("ep-a")] == [W2]
+
+
+async def test_the_book_tells_whether_a_take_of_each_worker_is_under_way_and_since_when_none_is(store: Store) -> None:
+    clock = Clock()
+    book = await book_over(store, clock)
+    await book.heartbeat(W1, [])  # first heard at 1000: no take since
+    assert [a.not_taking_since for a in book.workers_of("ep-a")] == [1_000.0]
+    clock.now = 1_010.0
+    polling = asyncio.create_task(book.take(W1, 25))  # a long poll
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert [a.not_taking_since for a in book.workers_of("ep-a")] == [None]  # under way
+    clock.now = 1_020.0
+    await book.submit("ep-a", "wakes it")
+    assert await polling is not None
+    assert [a.not_taking_since for a in book.workers_of("ep-a")] == [1_020.0]  # its last take ended at 1020

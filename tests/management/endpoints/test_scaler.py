@@ -149,6 +149,13 @@ def ref(rec: WorkloadRecord) -> WorkerRef:
     return WorkerRef(rec.endpoint_worker.endpoint_id, rec.endpoint_worker.worker_id, rec.assignments[0].agent_id)
 
 
+async def poll(g: Grid, rec: WorkloadRecord) -> None:
+    """What a worker with nothing to do does (its library's heartbeat and long poll), at the test's time: here a take
+    that answers at once."""
+    await g.requests.heartbeat(ref(rec), [])
+    assert await g.requests.take(ref(rec), 0.0) is None
+
+
 async def call(g: Grid, rec: WorkloadRecord, op: WorkerOp, call_id: str, **fields: Any) -> Any:
     """The worker's call through its host's link and the Master (which knows the worker from its create)."""
     assert rec.endpoint_worker is not None
@@ -223,15 +230,15 @@ async def test_idle_workers_go_to_zero_after_idle_timeout_counted_from_their_las
     for w, request in zip(ran, taken, strict=True):  # each answers its request 30 s after it started
         assert request is not None
         await g.requests.result(ref(w), request.id, {"ok": True})
-    for t in (t0 + 50, t0 + 70, t0 + 89):  # heartbeats every 20 s: never silent; idle for less than 60 s
+    for t in (t0 + 50, t0 + 70, t0 + 89):  # they poll every 20 s: never silent; idle for less than 60 s
         g.at(t)
         for w in ran:
-            await g.requests.heartbeat(ref(w), [])
+            await poll(g, w)
         decision = (await g.scaler.tick(t))[ep.id]
         assert decision.stop == () and len(workers(g, ep.id)) == 2, t - t0
     g.at(t0 + 90)
     for w in ran:
-        await g.requests.heartbeat(ref(w), [])
+        await poll(g, w)
     decision = (await g.scaler.tick(t0 + 90))[ep.id]
     assert sorted(s.reason.value for s in decision.stop) == ["idle", "idle"] and decision.start == 0
     assert workers(g, ep.id) == []
@@ -364,3 +371,30 @@ async def test_a_worker_that_fails_to_start_holds_the_next_start_back_for_a_doub
     await g.scaler.tick(g.now + 1)  # ready: the failures are behind it
     await g.scheduler.book.end(third.id, "cancel", "by hand", g.now + 2, grace_s=0)
     assert (await g.scaler.tick(g.now + 3))[ep.id].start == 1  # a worker that ran and ended is replaced at once
+
+
+async def test_a_worker_heard_from_that_stops_taking_requests_is_replaced(grid):
+    """Its heartbeats go on (the library's own thread), but no take of it is under way while it has room and requests
+    wait: its takers are stuck. It is stopped as unhealthy and replaced; a worker busy at its concurrency is not."""
+    g = grid
+    ep = await endpoint(g, min_workers=2, max_workers=2)
+    await g.scaler.tick(g.at(g.now + 1))
+    stuck, busy = await running(g, workers(g, ep.id))
+    t0 = g.now
+    await g.requests.heartbeat(ref(stuck), [])  # heard from at t0, and never takes after
+    await g.requests.submit(ep.id, {"n": 1}, account="alice")
+    held = await g.requests.take(ref(busy), 0.0)  # the busy one holds its one request, and takes no more
+    assert held is not None
+    await g.requests.submit(ep.id, {"n": 2}, account="alice")  # waits: the stuck one should have taken it
+    for t in (t0 + 15, t0 + 30):
+        g.at(t)
+        await g.requests.heartbeat(ref(stuck), [])
+        await g.requests.heartbeat(ref(busy), [held.id])
+        assert (await g.scaler.tick(t))[ep.id].stop == ()  # within heartbeat_timeout_s of its last take
+    g.at(t0 + 31)
+    await g.requests.heartbeat(ref(stuck), [])
+    await g.requests.heartbeat(ref(busy), [held.id])
+    decision = (await g.scaler.tick(t0 + 31))[ep.id]
+    assert [(s.worker, s.reason.value) for s in decision.stop] == [(worker_of(stuck).worker_id, "unhealthy")]
+    assert decision.start == 1
+    assert (await g.scheduler.book.get(busy.id)).state == "running"
