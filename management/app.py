@@ -16,12 +16,13 @@ Order, the same every time (a standby Master does steps 2 and 3 only once electe
 3. the loops start in ``Composition.loops`` order: the market (offer feed and metering), the output collector, the
    scheduler, the links' idle sweep, the alert loop (which observes all the others), the endpoint requests' webhooks
    (delivered once a request ends), the endpoint requests' book (from here on the Master hands it the endpoint
-   workers' calls, and its sweep applies TTLs and timeouts);
+   workers' calls, and its sweep applies TTLs and timeouts), the endpoints' autoscaler (docs/endpoints.md, "The
+   autoscaler's shell");
 4. the HTTP API listens.
 
 Stopping runs it backwards: the API refuses new changes (503) and lets those under way finish, the loops stop in
-reverse order (the endpoint requests' book first: workers' calls are answered 503, which they retry; then the
-webhooks still pending are dropped; then alerts,
+reverse order (the endpoints' autoscaler first, then the endpoint requests' book: workers' calls are answered 503,
+which they retry; then the webhooks still pending are dropped; then alerts,
 scheduler, output collector, market: nothing is placed once metering has stopped), the Master
 drains its relay links and closes its store, and the HTTP server closes last (reads are served until then).
 """
@@ -46,6 +47,7 @@ from common.http import HttpServer
 from common.loopwatch import watching
 from management.api import ApiSettings, Handler, build_app, error_response
 from management.endpoints.requests import RequestBook
+from management.endpoints.scaler import EndpointScaler
 from management.endpoints.webhooks import RequestWebhooks
 from management.launch.templates import TemplateCatalog
 from management.links.proxy import links_app
@@ -87,6 +89,7 @@ from management.store import (
     endpoint_request_repo,
     output_repo,
     price_repo,
+    rental_repo,
     ssh_key_repo,
 )
 from management.views.endpoint_requests import request_status_body
@@ -278,6 +281,9 @@ def compose(master: MasterPort, settings: ManagementSettings | None = None) -> C
         on_end=request_webhooks.notify,
     )
     endpoint_requests = EndpointRequestsService(requests, endpoints, endpoint_request_repo(master.store), request_webhooks)
+    # Each endpoint's workers, as workloads of its account: the autoscaler's decisions carried out every second.
+    scaler = EndpointScaler(book, requests, endpoints, rental_repo(master.store), grace_s=settings.scheduler.scheduler.grace_s)
+    endpoints.scale_of = scaler.status  # what the last tick found, in the endpoint's answer
     tunnels = RenterAccess(master, workloads.get_workload, output_repo(master.store))
     output_settings = settings.scheduler.outputs
     outputs = OutputCollector(
@@ -346,6 +352,7 @@ def compose(master: MasterPort, settings: ManagementSettings | None = None) -> C
             ("alerts", alert_loop),
             ("request webhooks", request_webhooks),
             ("endpoint requests", requests),
+            ("endpoint scaler", scaler),
         ),
         market_series=series,
     )

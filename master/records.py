@@ -486,6 +486,16 @@ class Assignment(msgspec.Struct, kw_only=True):
     overlay_fingerprint: str = ""  # of the overlay certificate its create carried (hex SHA-256); "" for none
 
 
+class EndpointWorkerRef(msgspec.Struct, frozen=True, kw_only=True):
+    """The serverless endpoint a worker workload serves, and which of its workers it is (docs/endpoints.md, "The
+    autoscaler's shell"). Set only by the endpoint's autoscaler when it submits the workload, never from a renter's
+    spec: the workloads API takes a ``WorkloadSpec``, which has no such field, so no renter can pose as a worker."""
+
+    endpoint_id: str
+    worker_id: str
+    concurrency: int = 1  # requests the worker runs at once (its endpoint's, when it was asked for)
+
+
 class WorkloadRecord(msgspec.Struct, kw_only=True):
     id: str  # "wl-" + random hex
     account: str  # the renter account that owns it
@@ -522,6 +532,7 @@ class WorkloadRecord(msgspec.Struct, kw_only=True):
     # The registry password of ``spec.registry_auth``, sealed with the Master's secrets.key at submit (the spec then holds
     # master.command_secrets.SEALED in its place); "": none, or a workload stored before passwords were sealed.
     sealed_registry_password: str = ""
+    endpoint_worker: EndpointWorkerRef | None = None  # a serverless endpoint's worker (None: an ordinary workload)
 
 
 # --- the market: prices, rentals, the ledger (docs/market.md) --------------------------------------------------

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from management.cli import endpoint_requests
 from management.cli.connection import api_client, connection_options, show, table, when
@@ -35,6 +36,7 @@ _NUMBERS: dict[str, tuple[str | None, str]] = {
     "execution_timeout_s": (None, "execution_timeout_s"),
     "ttl_s": (None, "ttl_s"),
     "max_retries": (None, "max_retries"),
+    "daily_spend_cap": (None, "daily_spend_cap"),
 }
 
 
@@ -165,11 +167,26 @@ def _spec_options(p: argparse.ArgumentParser, *, creating: bool) -> None:
     p.add_argument("--ttl-s", type=float, metavar="SECONDS", help=f"a request's whole life ({default('86400')})")
     p.add_argument("--max-retries", type=int, metavar="N", help=f"requeues after a lost worker, 0..10 ({default('3')})")
     p.add_argument(
+        "--daily-spend-cap",
+        metavar="AMOUNT",
+        help=f"the most its workers may cost in any 24 hours, e.g. 25.00: at the cap no worker starts ({default('none')})",
+    )
+    p.add_argument(
         "container_command",
         nargs="*",
         metavar="COMMAND",
         help="the worker's command, after '--' (default: " + ("the file's, else the image's)" if creating else "unchanged)"),
     )
+
+
+def _scale_lines(scale: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """What the autoscaler's last tick found (docs/endpoints.md, "The autoscaler's shell")."""
+    if not scale:
+        return []
+    workers = ", ".join(f"{n} {phase}" for phase, n in scale["workers"].items())
+    spent = f"; spent {scale['spent_24h']} in 24 h" if scale.get("spent_24h") is not None else ""
+    capped = "" if scale["may_scale_up"] else " (at its spend cap: none starts)"
+    return [("now", f"{workers}, {scale['waiting']} waiting{spent}{capped}"), ("why", scale["why"])]
 
 
 def spec_from(args: argparse.Namespace, base: BodyJson) -> BodyJson:
@@ -312,6 +329,8 @@ def _detail(e: AnswerJson) -> str:
             f"{spec['execution_timeout_s']:g} s per attempt, {spec['ttl_s']:g} s in all, "
             f"{spec['max_retries']} retries after a lost worker",
         ),
+        ("spend cap", f"{spec['daily_spend_cap']} a day" if spec.get("daily_spend_cap") else "none"),
+        *_scale_lines(e.get("scale")),
         ("created", when(e["created_at"])),
         ("updated", when(e["updated_at"])),
     ]

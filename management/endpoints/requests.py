@@ -80,6 +80,20 @@ class Streamed:
 
 
 @dataclass(frozen=True, slots=True)
+class WorkerActivity:
+    """One worker as the book knows it (the autoscaler's shell reads it): when it was last heard from, the requests it
+    holds, and when its work last changed (a request taken, reported on or handed back)."""
+
+    ref: WorkerRef
+    last_seen: float
+    in_flight: int
+    last_work: float | None  # None: no request taken since the book knew it
+    # None while a take of it is under way (a healthy worker with room for more always has one in its long poll); else
+    # since when none has been: the end of its last take, or when the book first heard from it
+    not_taking_since: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class EndpointHealth:
     workers: int  # heard from and not gone
     busy_workers: int  # holding at least one request
@@ -136,6 +150,16 @@ class RequestBook:
         self._retention_s = retention_s
         self._purged_at = float("-inf")
         self._on_end = on_end
+        self.loaded = False  # read from the store (the composition's check)
+        self._last_work: dict[WorkerRef, float] = {}  # per worker: when a request it held (or took) last changed
+        self._taking: dict[WorkerRef, int] = {}  # per worker: its takes under way
+        self._take_ended: dict[WorkerRef, float] = {}  # per worker: when its last take ended (or it was first heard)
+        self._arrival_listeners: list[Callable[[str], None]] = []
+
+    def on_arrival(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(endpoint_id)`` whenever a request becomes queued there (submitted, handed back, requeued,
+        retried): the autoscaler's shell wakes at once for an endpoint with no worker. It must not block."""
+        self._arrival_listeners.append(listener)
 
     async def load(self) -> None:
         """Read the open requests from the store (at start)."""
@@ -146,6 +170,7 @@ class RequestBook:
             after = page[-1].order
         async with self._lock:
             self._queue = RequestQueue.loaded(found, self._clock())
+        self.loaded = True
 
     def start(self) -> None:
         """Take the workers' calls (once loaded) and apply the clock every ``sweep_period_s``."""
@@ -185,10 +210,13 @@ class RequestBook:
         taken = step.taken if step.taken in stored else None
         outcome = Outcome.GONE if lost_race and len(step.changed) == 1 else step.outcome
         done = Step(outcome, tuple(stored), taken, step.cancel, step.seen, step.forgotten)
+        self._note_work(done)
         self._queue.apply(done)
         for rec in stored:
             if rec.state == RequestState.QUEUED:
                 self._wake(self._arrivals, rec.endpoint_id)
+                for listener in self._arrival_listeners:
+                    listener(rec.endpoint_id)
             self._wake(self._changes, rec.id)
             if not rec.is_open:
                 self._tell_end(rec)
@@ -199,6 +227,20 @@ class RequestBook:
             self._on_end(rec)
         except Exception:  # the request has ended and is stored whatever a listener does
             log.exception("endpoint request %s: the end hook failed", rec.id)
+
+    def _note_work(self, step: Step) -> None:
+        """Each worker whose requests the step changes (the holder before, the holder after) worked now."""
+        now = self._clock()
+        for rec in step.changed:
+            held = self._queue.get(rec.id)
+            for holder in (held.holder if held is not None else None, rec.holder):
+                if holder is not None:
+                    self._last_work[holder] = now
+        for worker, when in step.seen:
+            self._take_ended.setdefault(worker, when)
+        for worker in step.forgotten:
+            self._last_work.pop(worker, None)
+            self._take_ended.pop(worker, None)
 
     async def _reread(self, request_id: str) -> None:
         fresh = await self._repo.get(request_id)
@@ -230,6 +272,17 @@ class RequestBook:
     async def take(self, worker: WorkerRef, wait_s: float) -> TakenRequest | None:
         """The oldest queued request of the worker's endpoint, waiting up to ``wait_s`` (at most MAX_TAKE_WAIT_S) for
         one to arrive; None when none came (or the worker holds its concurrency already)."""
+        self._taking[worker] = self._taking.get(worker, 0) + 1
+        try:
+            return await self._take(worker, wait_s)
+        finally:
+            left = self._taking.pop(worker, 1) - 1
+            if left:
+                self._taking[worker] = left
+            if worker in self._queue.workers:
+                self._take_ended[worker] = self._clock()
+
+    async def _take(self, worker: WorkerRef, wait_s: float) -> TakenRequest | None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(0.0, min(wait_s, MAX_TAKE_WAIT_S))
         concurrency = self._limits_of(worker.endpoint_id).concurrency
@@ -353,6 +406,22 @@ class RequestBook:
     def open_of(self, endpoint_id: str) -> list[EndpointRequestRecord]:
         """The endpoint's open requests (queued and in progress), by their place in the queue."""
         return sorted((r for r in self._queue.requests.values() if r.endpoint_id == endpoint_id), key=lambda r: r.order)
+
+    def workers_of(self, endpoint_id: str | None = None) -> list[WorkerActivity]:
+        """The endpoint's workers (None: every endpoint's) heard from and not gone: when each was last heard from, what
+        it holds, when its work last changed, since when no take of it is under way (the autoscaler's shell reads them
+        all once a tick)."""
+        return [
+            WorkerActivity(
+                ref,
+                seen,
+                len(self._queue.held_by(ref)),
+                self._last_work.get(ref),
+                None if self._taking.get(ref) else self._take_ended.get(ref, seen),
+            )
+            for ref, seen in self._queue.workers.items()
+            if endpoint_id is None or ref.endpoint_id == endpoint_id
+        ]
 
     def queued(self, endpoint_id: str) -> list[EndpointRequestRecord]:
         """The endpoint's queued requests, oldest first (the autoscaler's view of its queue)."""

@@ -21,6 +21,7 @@ from common.containers import RegistryAuth
 from management.endpoints.autoscaler import ScalingPolicy
 from management.endpoints.queue import QueueLimits
 from master.port import (
+    Amount,
     CommandArg,
     EnvName,
     EnvValue,
@@ -101,6 +102,9 @@ class EndpointSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     execution_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=86400.0)] = 600.0  # one attempt at most
     ttl_s: Annotated[float, msgspec.Meta(gt=0, le=7 * 86400.0)] = 86400.0  # a request's life, queued or running
     max_retries: Annotated[int, msgspec.Meta(ge=0, le=10)] = 3  # requeues after a lost worker
+    # The most its workers may cost in any 24 hours, in the grid's currency ("25.00"); at the cap the autoscaler starts
+    # no worker (the running ones finish their work and scale down as usual). None: no cap (docs/endpoints.md).
+    daily_spend_cap: Amount | None = None
 
     def __post_init__(self) -> None:
         for field in ("execution_timeout_s", "ttl_s"):

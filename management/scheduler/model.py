@@ -115,6 +115,8 @@ class Job:
     runs_image: bool = True
     image: str = ""  # the image it runs (when ``runs_image``): a host must have it or be able to pull it
     avoid: frozenset[str] = frozenset()  # hosts where its container did not start through the host's fault
+    # An endpoint's worker: among hosts of one price, those that already hold its image go first (a warm start).
+    prefer_warm: bool = False
     # How it is rented (docs/scheduler.md, "Prices and bids"); the defaults are a free grid's job.
     rental: Rental = "on_demand"
     bid: int = 0  # interruptible: micro-units per GPU-hour offered

@@ -249,3 +249,15 @@ async def test_the_request_queue_reads_each_endpoints_bounds_as_created_changed_
 
 async def _no_check(account: str, spec: WorkloadSpec) -> None:
     return None
+
+
+async def test_the_daily_spend_cap_is_set_changed_and_removed_like_any_field_and_a_bad_amount_is_400(api, keys):
+    await add_agent(api.master, "agt-1", "h100:1", runtime="docker", isolation="container")
+    made = await create(api, keys["ana"], daily_spend_cap="25.00")
+    assert made["spec"]["daily_spend_cap"] == "25.00" and made["scale"] is None  # no tick yet on this Master
+    path = f"/api/v1/endpoints/{made['id']}"
+    for cap, shown in (("5", "5"), (None, None)):
+        changed = await api.patch(path, json={"daily_spend_cap": cap}, headers=keys["ana"])
+        assert changed.status == 200 and (await changed.json())["spec"]["daily_spend_cap"] == shown
+    refused = await api.patch(path, json={"daily_spend_cap": "-1"}, headers=keys["ana"])
+    assert refused.status == 400 and "daily_spend_cap" in await refused.text()

@@ -247,3 +247,43 @@ async def test_each_end_is_told_once_per_run_after_it_is_stored_and_open_request
     assert book.open_of("ep-a") == []
     stored = await repo.get(first.id)
     assert stored is not None and stored.webhook == "https://hooks.example/a"
+
+
+async def test_the_autoscalers_reads_each_workers_last_call_what_it_holds_and_when_its_work_last_changed(store: Store) -> None:
+    clock = Clock()
+    book = await book_over(store, clock)
+    arrivals: list[str] = []
+    book.on_arrival(arrivals.append)
+    submitted = await book.submit("ep-a", 1)
+    assert arrivals == ["ep-a"] and book.workers_of("ep-a") == []  # no worker heard from yet
+    clock.now = 1_010.0
+    taken = await book.take(W1, 0)
+    assert taken is not None and taken.id == submitted.id
+    await book.heartbeat(W2, [])
+    clock.now = 1_020.0
+    await book.heartbeat(W1, [taken.id])  # heard from, no change to its work
+    found = {a.ref: (a.last_seen, a.in_flight, a.last_work) for a in book.workers_of("ep-a")}
+    assert found == {W1: (1_020.0, 1, 1_010.0), W2: (1_010.0, 0, None)}
+    assert book.workers_of("ep-b") == []
+    clock.now = 1_030.0
+    assert await book.release(W1, taken.id) == CallOutcome.OK  # handed back: queued again, an arrival
+    assert arrivals == ["ep-a", "ep-a"]
+    assert {a.ref: (a.in_flight, a.last_work) for a in book.workers_of("ep-a")}[W1] == (0, 1_030.0)
+    await book.worker_gone(W1)
+    assert [a.ref for a in book.workers_of("ep-a")] == [W2]
+
+
+async def test_the_book_tells_whether_a_take_of_each_worker_is_under_way_and_since_when_none_is(store: Store) -> None:
+    clock = Clock()
+    book = await book_over(store, clock)
+    await book.heartbeat(W1, [])  # first heard at 1000: no take since
+    assert [a.not_taking_since for a in book.workers_of("ep-a")] == [1_000.0]
+    clock.now = 1_010.0
+    polling = asyncio.create_task(book.take(W1, 25))  # a long poll
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert [a.not_taking_since for a in book.workers_of("ep-a")] == [None]  # under way
+    clock.now = 1_020.0
+    await book.submit("ep-a", "wakes it")
+    assert await polling is not None
+    assert [a.not_taking_since for a in book.workers_of("ep-a")] == [1_020.0]  # its last take ended at 1020
