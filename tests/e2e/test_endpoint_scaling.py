@@ -193,7 +193,8 @@ def test_a_worker_sigkilled_mid_request_is_replaced_and_the_request_completes_on
     workers = workers_of(grid, "blocking")
     assert [w["id"] for w in workers][0] == first["id"] and len(workers) == 2, workers
     assert grid.get(f"/api/v1/workloads/{first['id']}")["state"] == "failed"  # its command was killed
-    assert workers[1]["state"] == "running", workers[1]
+    replacement = workers[1]["id"]  # (its workload may show running a moment after its worker's first call)
+    wait_for(lambda: grid.get(f"/api/v1/workloads/{replacement}")["state"] == "running", 30, "the replacement to run")
     status, health = blocking.call("GET", "health")
     assert status == 200 and health["jobs"]["completed"] == 1 and health["jobs"]["inProgress"] == 0, health
     assert blocking.status(request_id) | {"delayTime": 0, "executionTime": 0} == done | {"delayTime": 0, "executionTime": 0}
