@@ -8,6 +8,8 @@ renter's client sends them (docs/endpoints.md, "The request routes").
   and with nothing left to do the workers go back to zero after the idle timeout.
 - A worker SIGKILLed mid-request: its agent tells the Master, the request goes back to the queue, the autoscaler
   replaces the worker, and the request completes on the new one as attempt 2, once.
+- A host SIGKILLed mid-request (its agent, so no word of the worker's end reaches the Master): the request goes back to
+  the queue by the Master's host-loss rules and completes on the other host as attempt 2, once.
 - A cancel of a running request reaches its worker (the handler sees ``request.cancelled`` at the worker's next
   heartbeat) and frees it for the next request; a request at an endpoint where no worker may start ends TIMED_OUT
   at its TTL."""
@@ -28,6 +30,7 @@ MASTER_SETTINGS: dict[str, str | int | float | bool] = {
     "scheduler_period_s": 1.0,
     "preemption_grace_s": 3.0,
     "offer_sandboxed_hosts": True,
+    "requeue_offline_after_s": 3.0,  # a lost host's workloads go elsewhere 3 s after it goes offline
 }
 SANDBOXED = {"IDLEGRID_AGENT_PROCESS_USER": "dynamic"}
 OPEN = ("IN_QUEUE", "IN_PROGRESS")
@@ -198,6 +201,31 @@ def test_a_worker_sigkilled_mid_request_is_replaced_and_the_request_completes_on
     status, health = blocking.call("GET", "health")
     assert status == 200 and health["jobs"]["completed"] == 1 and health["jobs"]["inProgress"] == 0, health
     assert blocking.status(request_id) | {"delayTime": 0, "executionTime": 0} == done | {"delayTime": 0, "executionTime": 0}
+
+
+def test_a_host_sigkilled_mid_request_loses_its_worker_and_the_request_completes_once_on_the_other_host(scaling_grid):
+    """The agent itself SIGKILLed (its process group): no worker ``gone`` reaches the Master, whose host-loss rules
+    must send the request back. The worker's own process lives on (process-runtime containers outlive their agent),
+    cut off from the Master with its request, which it can never report on."""
+    grid = scaling_grid
+    daemons = dict(grid.run_agent(f"host-{n}", simulate="a10:1", env=SANDBOXED) for n in range(2))
+    blocking = autoscaled(grid, "blocking", BLOCKING_HANDLER, scaling={"max_workers": 1, "concurrency": 1}, max_retries=2)
+    request_id = blocking.run({"block": True})
+    me = wait_for(lambda: (blocking.status(request_id).get("progress") or {}).get("me"), 90, "the request to start")
+    [first] = workers_of(grid, "blocking")
+    [lost] = {a["agent_id"] for a in first["assignments"]}
+    [kept] = set(daemons) - {lost}
+    daemons[lost].kill()
+
+    done = blocking.ended(request_id, timeout=120)
+    assert (done["status"], done["attempt"], done["output"]) == (
+        "COMPLETED", 2, {"echo": {"block": True}, "attempt": 2, "seen_cancelled": []},
+    ), done  # fmt: skip
+    assert pid_alive(host_pid(me))  # attempt 1's process still runs on the lost host, its report never to come
+    placed = [a["agent_id"] for w in workers_of(grid, "blocking") if w["state"] == "running" for a in w["assignments"]]
+    assert placed == [kept], workers_of(grid, "blocking")
+    status, health = blocking.call("GET", "health")
+    assert status == 200 and health["jobs"]["completed"] == 1 and health["jobs"]["inProgress"] == 0, health
 
 
 def test_a_cancel_reaches_its_running_worker_and_a_request_no_worker_can_take_expires_at_its_ttl(scaling_grid):
