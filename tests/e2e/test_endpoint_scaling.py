@@ -136,7 +136,8 @@ def test_requests_at_an_endpoint_with_no_worker_bring_workers_up_from_zero_and_c
         "echo",
         GATED_HANDLER,
         env={GATE_ENV: str(gate)},
-        # The queue's delay target passed, the autoscaler wants ceil(4 / 1) workers, capped at max_workers 2.
+        # Requests waiting while no worker is ready (or, once one is, past the 1 s delay target): the autoscaler wants
+        # ceil(4 / 1) workers, capped at max_workers 2.
         scaling={"max_workers": 2, "idle_timeout_s": 3, "concurrency": 1, "target_queue_delay_s": 1},
     )
     assert workers_of(grid, "echo") == []
