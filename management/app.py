@@ -284,6 +284,7 @@ def compose(master: MasterPort, settings: ManagementSettings | None = None) -> C
     # Each endpoint's workers, as workloads of its account: the autoscaler's decisions carried out every second.
     scaler = EndpointScaler(book, requests, endpoints, rental_repo(master.store), grace_s=settings.scheduler.scheduler.grace_s)
     endpoints.scale_of = scaler.status  # what the last tick found, in the endpoint's answer
+    endpoint_requests.spend_of = scaler.spent_24h  # an endpoint's day's cost, on its console page
     tunnels = RenterAccess(master, workloads.get_workload, output_repo(master.store))
     output_settings = settings.scheduler.outputs
     outputs = OutputCollector(
