@@ -52,6 +52,8 @@ from management.monitoring.report_source import ReportSource
 from management.monitoring.rules import load_rules
 from management.monitoring.settings import AlertSettings, account_viewer
 from management.onboarding.service import Onboarding
+from management.payments.provider import PaymentProvider
+from management.payments.stripe_provider import StripeProvider
 from management.services import Services
 from management.services.accounts import AccountsService
 from management.services.alerts import AlertsService
@@ -68,11 +70,21 @@ from management.services.secrets import SecretsService
 from management.services.ssh_keys import SshKeysService
 from management.services.telemetry import TelemetryService
 from management.services.templates import TemplatesService
+from management.services.topups import TopupService
 from management.services.tunnels import RenterAccess
 from management.services.verification import VerificationService
 from management.services.workloads import WorkloadsService
-from management.settings import ManagementSettings
-from management.store import attach, endpoint_key_repo, endpoint_repo, output_repo, price_repo, ssh_key_repo
+from management.settings import ManagementSettings, PaymentSettings
+from management.store import (
+    attach,
+    endpoint_key_repo,
+    endpoint_repo,
+    output_repo,
+    payment_event_repo,
+    price_repo,
+    ssh_key_repo,
+    topup_repo,
+)
 from management.workloads.book import WorkloadBook
 from management.workloads.runner import SchedulerLoop
 from master.accounts import BOOTSTRAP_ACCOUNT
@@ -298,6 +310,15 @@ def compose(master: MasterPort, settings: ManagementSettings | None = None) -> C
         ssh_keys=ssh_keys,
         secrets=SecretsService(master),
         endpoints=endpoints,
+        topups=TopupService(
+            master,
+            payment_provider(settings.payments),
+            topup_repo(master.store),
+            payment_event_repo(master.store),
+            market.ledger,
+            currency=settings.market.currency,
+            limits=settings.payments.limits,
+        ),
     )
     series = MarketSeries(book.counts, market.meter.open_rentals, market.ledger.balances, currency=settings.market.currency)
     return Composition(
@@ -306,6 +327,18 @@ def compose(master: MasterPort, settings: ManagementSettings | None = None) -> C
         loops=(("market", market), ("outputs", outputs), ("scheduler", scheduler), ("links", links), ("alerts", alert_loop)),
         market_series=series,
     )
+
+
+def payment_provider(settings: PaymentSettings) -> PaymentProvider | None:
+    """The payment provider's adapter the settings name; None when the grid takes no payments."""
+    if settings.provider == "stripe":
+        return StripeProvider(
+            settings.stripe_api_key,
+            settings.stripe_webhook_secret,
+            api_base=settings.stripe_api_base,
+            tolerance_s=settings.webhook_tolerance_s,
+        )
+    return None
 
 
 def http_app(master: MasterPort, composition: Composition, settings: ManagementSettings) -> web.Application:

@@ -44,6 +44,10 @@ STATUS_OF_CODE = {
     "invalid_ssh_key": 400,  # management/services/ssh_keys.py
     "invalid_endpoint_spec": 400,  # management/services/endpoints.py
     "invalid_ledger_request": 400,  # management/market/ledger.py
+    "invalid_topup": 400,  # management/payments/topups.py: an amount out of bounds, negative, or finer than a cent
+    "invalid_webhook": 400,  # management/payments/provider.py: a signature that does not verify, or no event
+    "payments_not_configured": 503,  # management/payments/topups.py: the grid has no payment provider
+    "payment_provider_error": 502,  # management/payments/provider.py: the provider refused or was unreachable
 }
 INTERNAL_MESSAGE = "internal error; see the Master's log"
 

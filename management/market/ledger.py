@@ -185,10 +185,13 @@ class LedgerBook:
                 self._balances[line.account] += line.amount
         return seq
 
-    async def credit(self, account_id: str, amount: int, memo: str, *, key: str) -> LedgerEntry:
-        """Move ``amount`` micro-units from ``external`` to renter ``account_id`` (an operator's credit); returns the
-        entry as stored (with its seq). The same credit asked again under the same ``key`` returns the first one and
-        moves nothing; a key that names a different entry is a Conflict."""
+    async def credit(
+        self, account_id: str, amount: int, memo: str, *, key: str, kind: Literal["credit", "topup"] = "credit"
+    ) -> LedgerEntry:
+        """Move ``amount`` micro-units from ``external`` to renter ``account_id`` (an operator's ``credit``, or a
+        ``topup`` the payment provider collected); returns the entry as stored (with its seq). The same credit asked
+        again under the same ``key`` returns the first one and moves nothing; a key that names a different entry is a
+        Conflict."""
         if amount <= 0:
             raise InvalidLedgerRequest(f"amount must be more than 0, not {format_amount(amount)}")
         if not key:
@@ -197,13 +200,13 @@ class LedgerBook:
             LedgerLine(account=EXTERNAL, amount=-amount),
             LedgerLine(account=renter_account(account_id), amount=amount),
         ]
-        entry = LedgerEntry(key=key, ts=self._clock(), kind="credit", memo=memo or "credit", lines=lines)
+        entry = LedgerEntry(key=key, ts=self._clock(), kind=kind, memo=memo or kind, lines=lines)
         async with self.lock:
             seq = await self._post_seq(entry)
         if seq is not None:
             return msgspec.structs.replace(entry, seq=seq)
         stored = await self._repo.get(key)
-        if stored is None or stored.kind != "credit" or stored.lines != lines:
+        if stored is None or stored.kind != kind or stored.lines != lines:
             raise Conflict(f"key {key!r} already names another ledger entry; choose a new key for this credit")
         return stored
 
