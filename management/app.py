@@ -291,6 +291,18 @@ def compose(master: MasterPort, settings: ManagementSettings | None = None) -> C
         public_url=settings.links_url,
         key=link_key(settings.state_path),
     )
+    topups = TopupService(
+        master,
+        payment_provider(settings.payments),
+        topup_repo(master.store),
+        payment_event_repo(master.store),
+        market.ledger,
+        currency=settings.market.currency,
+        limits=settings.payments.limits,
+        catch_up_s=settings.payments.catch_up_s,
+        catch_up_window_s=settings.payments.catch_up_window_s,
+        restart_s=settings.loop_restart_s,
+    )
     services = Services(
         accounts=accounts,
         hosts=hosts,
@@ -310,21 +322,20 @@ def compose(master: MasterPort, settings: ManagementSettings | None = None) -> C
         ssh_keys=ssh_keys,
         secrets=SecretsService(master),
         endpoints=endpoints,
-        topups=TopupService(
-            master,
-            payment_provider(settings.payments),
-            topup_repo(master.store),
-            payment_event_repo(master.store),
-            market.ledger,
-            currency=settings.market.currency,
-            limits=settings.payments.limits,
-        ),
+        topups=topups,
     )
     series = MarketSeries(book.counts, market.meter.open_rentals, market.ledger.balances, currency=settings.market.currency)
     return Composition(
         services=services,
         state=(("prices", prices), ("workloads", book), ("market", market), ("alert settings", alert_settings)),
-        loops=(("market", market), ("outputs", outputs), ("scheduler", scheduler), ("links", links), ("alerts", alert_loop)),
+        loops=(
+            ("market", market),
+            ("outputs", outputs),
+            ("scheduler", scheduler),
+            ("links", links),
+            ("alerts", alert_loop),
+            ("payments", topups),
+        ),
         market_series=series,
     )
 

@@ -56,6 +56,8 @@ class PaymentSettings:
     stripe_webhook_secret: str = field(default="", repr=False)
     stripe_api_base: str = ""
     webhook_tolerance_s: int = 300
+    catch_up_s: float = 300.0  # how often the provider's recent events are read (webhooks missed in an outage)
+    catch_up_window_s: float = 3 * 86400.0  # how far back
 
     @classmethod
     def of(cls, config: MasterConfig) -> PaymentSettings:
@@ -74,6 +76,8 @@ class PaymentSettings:
             stripe_webhook_secret=config.stripe_webhook_secret,
             stripe_api_base=config.stripe_api_base,
             webhook_tolerance_s=config.stripe_webhook_tolerance_s,
+            catch_up_s=config.payment_catch_up_s,
+            catch_up_window_s=config.payment_catch_up_window_s,
         )
 
 

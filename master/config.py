@@ -199,6 +199,10 @@ class MasterConfig(msgspec.Struct, kw_only=True):
     stripe_api_base: str = ""
     # A webhook delivery signed longer ago than this is refused (replayed deliveries must be re-signed by Stripe).
     stripe_webhook_tolerance_s: Annotated[int, msgspec.Meta(ge=1, le=3600)] = 300
+    # Every payment_catch_up_s the Master reads the provider's top-up events of the last payment_catch_up_window_s from
+    # its API and acts on those no webhook brought (an outage): each event is acted on once, whichever way it came.
+    payment_catch_up_s: Annotated[float, msgspec.Meta(gt=0)] = 300.0
+    payment_catch_up_window_s: Annotated[float, msgspec.Meta(ge=60, le=30 * 86400)] = 3 * 86400.0
     # The least and the most one top-up may be, as decimal strings of the grid's currency.
     topup_min: Annotated[str, msgspec.Meta(pattern=r"^[0-9]{1,9}(\.[0-9]{1,6})?\Z")] = "5"
     topup_max: Annotated[str, msgspec.Meta(pattern=r"^[0-9]{1,9}(\.[0-9]{1,6})?\Z")] = "10000"

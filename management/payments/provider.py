@@ -93,5 +93,10 @@ class PaymentProvider(Protocol):
         """The event of one webhook delivery, checked against the endpoint's secret over the raw ``payload``;
         InvalidWebhook when the signature, its age or the payload is wrong."""
 
+    async def events_since(self, since: float) -> list[PaymentEvent]:
+        """The top-up events the provider made at or after unix time ``since``, read from its API (authenticated by
+        the grid's key, so believed without a signature), oldest first: what webhooks missed during an outage.
+        PaymentProviderError when it refuses or is unreachable."""
+
     async def close(self) -> None:
         """Release the adapter's connections."""

@@ -77,12 +77,7 @@ class StripeProvider:
 
     async def create_topup(self, request: TopupRequest) -> TopupStart:
         http = stripe.AIOHTTPClient(timeout=30)
-        client = stripe.StripeClient(
-            self._api_key,
-            base_addresses={"api": self._api_base} if self._api_base else None,
-            http_client=http,
-            max_network_retries=2,
-        )
+        client = self._client(http)
         try:
             intent = await client.v1.payment_intents.create_async(
                 params={
@@ -119,25 +114,69 @@ class StripeProvider:
             intent = msgspec.json.decode(event.data.object, type=_PaymentIntent)
         except msgspec.ValidationError as exc:
             raise InvalidWebhook(f"the event's payment intent is malformed: {exc}") from None
-        topup_id = intent.metadata.idlegrid_topup
-        if event.type == PAID:
-            received = intent.amount if intent.amount_received is None else intent.amount_received
-            return TopupPaid(
-                event_id=event.id,
-                kind=event.type,
-                reference=intent.id,
-                topup_id=topup_id,
-                amount=from_minor(received, intent.currency),
-                currency=intent.currency.upper(),
-            )
-        error = intent.last_payment_error
-        reason = (error.message or error.code) if error is not None else ""
-        return TopupFailed(
-            event_id=event.id, kind=event.type, reference=intent.id, topup_id=topup_id, reason=reason or "the payment failed"
+        return _typed(event.id, event.type, intent)
+
+    async def events_since(self, since: float) -> list[PaymentEvent]:
+        http = stripe.AIOHTTPClient(timeout=30)
+        client = self._client(http)
+        found: list[tuple[int, PaymentEvent]] = []
+        try:
+            for kind in (PAID, FAILED):
+                after: str | None = None
+                while True:
+                    params: stripe.params.EventListParams = {"type": kind, "created": {"gte": int(since)}, "limit": 100}
+                    if after is not None:
+                        params["starting_after"] = after
+                    page = await client.v1.events.list_async(params=params)
+                    for listed in page.data:
+                        found.append((listed.created, self._listed(listed)))
+                    if not page.has_more or not page.data:
+                        break
+                    after = page.data[-1].id
+        except stripe.StripeError as exc:
+            raise PaymentProviderError(f"Stripe's events could not be read: {_said(exc)}") from None
+        finally:
+            await http.close_async()
+        return [event for _, event in sorted(found, key=lambda pair: pair[0])]
+
+    @staticmethod
+    def _listed(listed: stripe.Event) -> PaymentEvent:
+        try:
+            intent = msgspec.convert(listed.data.object.to_dict(), _PaymentIntent)
+        except msgspec.ValidationError as exc:
+            raise PaymentProviderError(f"Stripe listed event {listed.id} with a malformed payment intent: {exc}") from None
+        return _typed(listed.id, listed.type, intent)
+
+    def _client(self, http: stripe.AIOHTTPClient) -> stripe.StripeClient:
+        return stripe.StripeClient(
+            self._api_key,
+            base_addresses={"api": self._api_base} if self._api_base else None,
+            http_client=http,
+            max_network_retries=2,
         )
 
     async def close(self) -> None:
         return None  # every call closed its own connection
+
+
+def _typed(event_id: str, kind: str, intent: _PaymentIntent) -> PaymentEvent:
+    """A payment intent's event as the grid's typed event."""
+    topup_id = intent.metadata.idlegrid_topup
+    if kind == PAID:
+        received = intent.amount if intent.amount_received is None else intent.amount_received
+        return TopupPaid(
+            event_id=event_id,
+            kind=kind,
+            reference=intent.id,
+            topup_id=topup_id,
+            amount=from_minor(received, intent.currency),
+            currency=intent.currency.upper(),
+        )
+    error = intent.last_payment_error
+    reason = (error.message or error.code) if error is not None else ""
+    return TopupFailed(
+        event_id=event_id, kind=kind, reference=intent.id, topup_id=topup_id, reason=reason or "the payment failed"
+    )
 
 
 def _said(exc: stripe.StripeError) -> str:

@@ -6,7 +6,9 @@ delivery over its raw bytes (InvalidWebhook: nothing of it is believed), answers
 on from the store (``payment_events``) without acting again, and otherwise carries out ``judge``'s verdict: a credit
 under the ledger key ``topup:<id>`` (idempotent: an event re-sent after a crash between the credit and the event's
 record credits nothing), the top-up marked failed, or nothing. Deliveries are handled one at a time (``_lock``), so a
-top-up's record is written by one of them at a time.
+top-up's record is written by one of them at a time. ``catch_up`` (run every ``payment_catch_up_s`` while the Master
+serves) reads the provider's recent events from its API and acts on each the same way: what a webhook missed during an
+outage is credited then, and what a webhook brought is answered as replayed.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from management.payments.topups import (
     judge,
 )
 from management.store.payments import PaymentEventRepo, TopupRepo
-from master.port import MasterPort
+from master.port import Loop, MasterPort, stop_loop
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +76,9 @@ class TopupService:
         *,
         currency: str,
         limits: TopupLimits,
+        catch_up_s: float = 300.0,
+        catch_up_window_s: float = 3 * 86400.0,
+        restart_s: float = 1.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._master = master
@@ -85,6 +90,10 @@ class TopupService:
         self.limits = limits
         self._clock = clock
         self._lock = asyncio.Lock()
+        self._catch_up_s = catch_up_s
+        self._catch_up_window_s = catch_up_window_s
+        self._restart_s = restart_s
+        self._task: asyncio.Task[None] | None = None
 
     def _configured(self) -> PaymentProvider:
         if self._provider is None:
@@ -119,7 +128,7 @@ class TopupService:
         await self._topups.put(record)
         return StartedTopup(record, start.client_secret, start.url)
 
-    async def list(self, *, owner: str | None, account: str | None = None) -> list[TopupRecord]:
+    async def list_topups(self, *, owner: str | None, account: str | None = None) -> list[TopupRecord]:
         """The newest top-ups: the caller's own (``owner``), or any account's for the operator (``account`` filters)."""
         if owner is not None:
             account = owner
@@ -136,7 +145,30 @@ class TopupService:
     async def receive(self, payload: bytes, signature: str) -> WebhookReceipt:
         """Verify one webhook delivery and act on its event once (InvalidWebhook: nothing read, nothing changed)."""
         provider = self._configured()
-        event = provider.verify_event(payload, signature)
+        return await self._act(provider, provider.verify_event(payload, signature))
+
+    async def catch_up(self, since: float) -> list[WebhookReceipt]:
+        """Act on the provider's top-up events since unix time ``since`` that no webhook brought (a Master down, a
+        network cut): read from the provider's API, each acted on once like a delivery (``replayed`` when it was)."""
+        provider = self._configured()
+        return [await self._act(provider, event) for event in await provider.events_since(since)]
+
+    def start(self) -> None:
+        """Run ``catch_up`` over the last ``catch_up_window_s`` every ``catch_up_s`` (nothing without a provider)."""
+        if self._provider is not None and self._task is None:
+            self._task = Loop("payments catch-up", self._catch_up_s, self._catch_up_step, self._restart_s).start()
+
+    async def stop(self) -> None:
+        await stop_loop(self._task)
+        self._task = None
+
+    async def _catch_up_step(self) -> None:
+        receipts = await self.catch_up(self._clock() - self._catch_up_window_s)
+        acted = [r for r in receipts if not r.replayed]
+        if acted:
+            log.warning("payments catch-up: %d events no webhook brought were acted on", len(acted))
+
+    async def _act(self, provider: PaymentProvider, event: PaymentEvent) -> WebhookReceipt:
         key = event_key(provider.name, event.event_id)
         topup_id = event.topup_id if isinstance(event, TopupPaid | TopupFailed) else ""
         async with self._lock:

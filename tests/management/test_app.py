@@ -75,7 +75,7 @@ async def test_the_state_is_read_once_in_order_before_the_loops_start(server):
         "loaded workloads",
     }
     starts = [c for c in server.calls if c.startswith("start ")]
-    assert starts == ["start market", "start outputs", "start scheduler", "start links", "start alerts"]
+    assert starts == ["start market", "start outputs", "start scheduler", "start links", "start alerts", "start payments"]
     assert server.calls.index(starts[0]) > server.calls.index("load alert settings")
 
 
@@ -102,7 +102,7 @@ async def test_the_loops_stop_in_the_reverse_order_of_their_start(tmp_path):
     await server.stop()
     started = [c.removeprefix("start ") for c in calls if c.startswith("start ")]
     stopped = [c.removeprefix("stop ") for c in calls if c.startswith("stop ")]
-    assert started == ["market", "outputs", "scheduler", "links", "alerts"]
+    assert started == ["market", "outputs", "scheduler", "links", "alerts", "payments"]
     assert stopped == list(reversed(started))
 
 

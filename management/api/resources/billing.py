@@ -63,7 +63,7 @@ async def create_topup(request: web.Request) -> web.Response:
 
 async def list_topups(request: web.Request) -> web.Response:
     query = parse_query(request, TopupQuery)
-    records = await request.app[SERVICES_KEY].topups.list(owner=scope_of(request).owner, account=query.account)
+    records = await request.app[SERVICES_KEY].topups.list_topups(owner=scope_of(request).owner, account=query.account)
     return json_response(topup_list_view(records))
 
 

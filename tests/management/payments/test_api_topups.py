@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import msgspec
 import pytest
 from aiohttp import web
 
+from management.http.keys import SERVICES_KEY
 from master.config import MasterConfig
 from tests.management.hosts import api_key
 from tests.support.grid import free_port
@@ -282,3 +284,31 @@ async def test_a_grid_without_a_payment_provider_says_so(api: OperatorApi) -> No
     refused = await api.post("/api/v1/billing/topups", json={"amount": "25"}, headers=ann)
     assert refused.status == 503 and (await refused.json())["error"]["code"] == "payments_not_configured"
     assert (await api.post(WEBHOOK, data=b"{}", headers={"Stripe-Signature": "t=1,v1=00"})).status == 503
+
+
+async def test_a_payment_no_webhook_brought_is_credited_by_the_catch_up_once(tmp_path: Path, localstripe: LocalStripe) -> None:
+    """An outage: localstripe has nowhere to deliver (no webhook is set), so only the catch-up, which reads Stripe's
+    events from its API, learns of the payments; each is credited once, however often the catch-up runs."""
+    config = msgspec.structs.replace(paying_config(tmp_path / "master", localstripe), payment_catch_up_s=0.2)
+    async with operator_api(config) as api:
+        topups = api.app[SERVICES_KEY].topups
+        ann = await api_key(api.master, "renter", "ann")
+        first = await top_up(api, ann, "25")
+        await localstripe.pay(first["topup"]["reference"])
+        receipts = await topups.catch_up(time.time() - 3600)
+        assert [(r.outcome, r.topup_id, r.replayed) for r in receipts] == [("credited", first["topup"]["id"], False)]
+        assert await balance(api, "ann") == "25.00"
+        again = await topups.catch_up(time.time() - 3600)
+        assert [(r.outcome, r.replayed) for r in again] == [("credited", True)]
+        assert await balance(api, "ann") == "25.00"
+
+        # The loop a serving Master runs does the same on its own.
+        second = await top_up(api, ann, "10")
+        await localstripe.pay(second["topup"]["reference"])
+        topups.start()
+        try:
+            await until(lambda: _is(balance(api, "ann"), "35.00"), "the catch-up loop's credit")
+        finally:
+            await topups.stop()
+        shown = await (await api.get(f"/api/v1/billing/topups/{second['topup']['id']}", headers=ann)).json()
+        assert shown["state"] == "credited"

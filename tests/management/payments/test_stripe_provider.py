@@ -147,3 +147,19 @@ def test_a_signed_event_that_is_no_stripe_event_is_invalid() -> None:
     body, signature = signed(malformed, SECRET, time.time())
     with pytest.raises(InvalidWebhook):
         grid.verify_event(body, signature)
+
+
+async def test_recent_topup_events_are_read_from_the_api(localstripe: LocalStripe) -> None:
+    grid = provider(localstripe)
+    since = time.time() - 5
+    paid = await grid.create_topup(request("tu-a"))
+    await localstripe.pay(paid.reference)
+    declined = await grid.create_topup(request("tu-b"))
+    with pytest.raises(stripe.CardError):
+        await localstripe.pay(declined.reference, "pm_card_chargeCustomerFail")
+    events = await grid.events_since(since)
+    assert [(type(e).__name__, e.topup_id) for e in events if isinstance(e, TopupPaid | TopupFailed)] == [
+        ("TopupPaid", "tu-a"),
+        ("TopupFailed", "tu-b"),
+    ]
+    assert await grid.events_since(time.time() + 3600) == []
