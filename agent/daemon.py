@@ -80,7 +80,7 @@ from agent.tunnel import RelayLink, TunnelLimits, TunnelServer
 from agent.worker_api import WorkerAPIs
 from common.containers import ContainerInfo
 from common.errors import IdlegridError, PKIError, RuntimeFailure
-from common.inventory import MAX_IMAGES_IN_REPORT, GpuReach, HostInfo, ImageSource, Inventory
+from common.inventory import MAX_GPUS_IN_REPORT, MAX_IMAGES_IN_REPORT, GpuReach, HostInfo, ImageSource, Inventory
 from common.loopwatch import watching
 from common.pki import client_tls_context, load_cert, peer_identity
 from common.storage import StorageActivity
@@ -429,6 +429,7 @@ class Agent:
             images=self.images if ready else [],
             overlay_key=self.overlays.key.public_pem if self.overlays is not None else "",
             image_source=self._image_source() if ready else None,
+            unoffered=self.collector.unoffered()[:MAX_GPUS_IN_REPORT],
         )
         return Hello(
             versions=list(PROTOCOL_VERSIONS),

@@ -1,4 +1,6 @@
-"""GPU inventory and telemetry read through NVML (nvidia-ml-py, imported as ``pynvml``).
+"""NVIDIA GPUs' inventory and telemetry read through NVML (nvidia-ml-py, imported as ``pynvml``), and the collector
+the agent opens (``open_collector``): simulated GPUs, or every vendor's cards reconciled with the PCI bus
+(agent/detect.py).
 
 A host without a usable NVIDIA driver gets one actionable line (``NvmlUnavailable``), never a
 traceback. A field a GPU does not have (NVLink on a PCIe card, ECC on a consumer card) reads as
@@ -13,14 +15,14 @@ import functools
 import logging
 import math
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import pynvml
 
 from common.errors import NvmlUnavailable
-from common.inventory import MAX_MIG_INSTANCES, GpuInfo, GpuSample, MigInstance, NvLink
+from common.inventory import MAX_MIG_INSTANCES, GpuInfo, GpuSample, MigInstance, NvLink, UnofferedGpu
 from common.wire import AgentEvent, AgentEventKind
 
 log = logging.getLogger(__name__)
@@ -64,11 +66,15 @@ _INIT_FAILURES: dict[str, tuple[str, str]] = {
 
 
 class GpuCollector(Protocol):
-    """What the agent needs from a GPU source: real (NVML), simulated, or none."""
+    """What the agent needs from a GPU source: real (agent/detect.py), simulated, or none."""
 
     simulated: bool
 
     def inventory(self) -> list[GpuInfo]: ...
+
+    def unoffered(self) -> list[UnofferedGpu]:
+        """Cards the host has and does not offer, each with why and what to install (agent/detect.py)."""
+        ...
 
     def sample(self) -> list[GpuSample]: ...
 
@@ -167,15 +173,20 @@ class NvmlCollector:
 
 
 class EmptyCollector:
-    """Stands in when NVML is unavailable: the host reports no GPUs and says why."""
+    """Stands in when no GPU library reads a card: the host offers no GPUs, says why, and reports the cards its PCI bus
+    shows (``unoffered``)."""
 
     simulated = False
 
-    def __init__(self, unavailable_reason: str) -> None:
+    def __init__(self, unavailable_reason: str, *, unoffered: Sequence[UnofferedGpu] = ()) -> None:
         self.unavailable_reason = unavailable_reason
+        self._unoffered = list(unoffered)
 
     def inventory(self) -> list[GpuInfo]:
         return []
+
+    def unoffered(self) -> list[UnofferedGpu]:
+        return list(self._unoffered)
 
     def sample(self) -> list[GpuSample]:
         return []
@@ -190,20 +201,21 @@ class EmptyCollector:
         """Nothing to release."""
 
 
-def open_collector(simulate: str | None, *, host_key: str = "", faults_file: Path | None = None) -> GpuCollector:
-    """Simulated GPUs when ``simulate`` names them (faults injected through ``faults_file``, if given), else NVML,
-    else an empty collector with the reason."""
+def open_collector(
+    simulate: str | None, *, host_key: str = "", faults_file: Path | None = None, sysfs_root: Path = Path("/sys")
+) -> GpuCollector:
+    """Simulated GPUs when ``simulate`` names them (faults injected through ``faults_file``, if given), else every
+    vendor's cards the host's bindings read, reconciled with its PCI bus under ``sysfs_root`` (agent/detect.py), else
+    an empty collector with the reason."""
     if simulate:
         from agent.fault_injection import FaultInjection
         from agent.simulate import SimulatedCollector
 
         faults = FaultInjection(faults_file) if faults_file is not None else None
         return SimulatedCollector(simulate, host_key=host_key, faults=faults)
-    try:
-        return NvmlCollector()
-    except NvmlUnavailable as exc:
-        log.warning("%s", exc, extra={"code": exc.code})
-        return EmptyCollector(str(exc))
+    from agent.detect import detect_gpus
+
+    return detect_gpus(sysfs_root, host_key=host_key)
 
 
 def _fault_event_set(handles: list[Any]) -> Any:

@@ -19,7 +19,7 @@ import msgspec
 from agent.errors import SimulationSpecError
 from agent.fault_injection import FaultInjection, InjectedFault
 from common.catalog import GpuModel, UnknownGpuModel, reference_gpu_info, resolve_alias
-from common.inventory import MAX_MIG_INSTANCES, GpuInfo, GpuSample, MigInstance
+from common.inventory import MAX_MIG_INSTANCES, GpuInfo, GpuSample, MigInstance, UnofferedGpu
 from common.mig import MigLayoutError, instance_memory_mib, lay_out
 from common.wire import AgentEvent, AgentEventKind
 
@@ -27,6 +27,7 @@ MAX_SIMULATED_GPUS = 64  # per host; keeps simulated PCI bus ids in range and a 
 # What a current datacenter driver reports; nothing depends on the exact values.
 SIMULATED_DRIVER_VERSION = "550.54.15"
 SIMULATED_CUDA_VERSION = "12.4"
+SIMULATED_AMDGPU_VERSION = "6.7.0"  # what amd-smi reports of a ROCm 6.2 host's amdgpu driver; AMD cards have no CUDA
 _UUID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_DNS, "simulated-gpu.idlegrid")
 _FIRST_PCI_BUS = 0x10
 _IDLE_POWER_FRACTION = 0.1  # of TDP, what an idle card draws
@@ -146,6 +147,10 @@ class SimulatedCollector:
     def inventory(self) -> list[GpuInfo]:
         return list(self._gpus)
 
+    def unoffered(self) -> list[UnofferedGpu]:
+        """A simulated host has every card it simulates on offer."""
+        return []
+
     def hold(self, units: Collection[str]) -> None:
         """The GPUs (or MIG instances) running containers hold now: a held card is busy, any other idle (a real card
         measures its own load; a simulated one has only this to go on)."""
@@ -229,9 +234,13 @@ def _simulated_info(model: GpuModel, index: int, identity: str, mig: tuple[str, 
         uuid=f"GPU-{uuid.uuid5(_UUID_NAMESPACE, f'{identity}/{index}/{model.key}')}",
         pci_bus_id=f"00000000:{_FIRST_PCI_BUS + index:02X}:00.0",
     )
-    info = msgspec.structs.replace(
-        reference, simulated=True, driver_version=SIMULATED_DRIVER_VERSION, cuda_version=SIMULATED_CUDA_VERSION
-    )
+    if model.vendor == "amd":  # named as the agent names a real AMD card: "GPU-" and its unique id (agent/amd_gpus.py)
+        unique = uuid.uuid5(_UUID_NAMESPACE, f"{identity}/{index}/{model.key}").hex[:16]
+        info = msgspec.structs.replace(reference, simulated=True, uuid=f"GPU-{unique}", driver_version=SIMULATED_AMDGPU_VERSION)
+    else:
+        info = msgspec.structs.replace(
+            reference, simulated=True, driver_version=SIMULATED_DRIVER_VERSION, cuda_version=SIMULATED_CUDA_VERSION
+        )
     if mig is None:
         return info
     return msgspec.structs.replace(info, mig_enabled=True, mig_instances=tuple(_mig_instances(model, info.uuid, mig)))

@@ -50,7 +50,12 @@ def _fleet_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--agents", type=int, default=defaults.agents, help=f"simulated agents (default {defaults.agents})")
     p.add_argument("--gpus-per-agent", type=int, default=defaults.gpus_per_agent, help="simulated GPUs per agent (default 8)")
-    p.add_argument("--gpu-model", default=defaults.gpu_model, help="catalog model of the simulated GPUs (default h100)")
+    p.add_argument(
+        "--gpu-model",
+        default=defaults.gpu_model,
+        help="catalog model of the simulated GPUs, or several comma-separated that the agents take in turn, e.g. h100,mi300x"
+        " (default h100)",
+    )
     p.add_argument(
         "--duration",
         type=float,

@@ -107,7 +107,9 @@ class FleetOptions:
 
     @property
     def simulate(self) -> str:
-        return f"{self.gpu_model}:{self.gpus_per_agent}"
+        """Every agent's GPUs, or, for a comma-separated ``gpu_model`` ("h100,mi300x"), the agents' in turn by index
+        (bench/fleet_agents.py ``host_gpus``): a fleet of mixed vendors."""
+        return "|".join(f"{model.strip()}:{self.gpus_per_agent}" for model in self.gpu_model.split(","))
 
     @property
     def flood_size(self) -> int:

@@ -60,13 +60,21 @@ LONG_GC_PAUSE_S = 0.1
 FLOOD_TICK_S = 0.05
 
 
+def host_gpus(simulate: str, index: int) -> str:
+    """The GPUs of agent ``index`` in a fleet simulating ``simulate`` (``FleetSettings.simulate``)."""
+    specs = simulate.split("|")
+    return specs[index % len(specs)]
+
+
 class FleetSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     agents_dir: str
     access_urls: list[str]  # agent i dials access_urls[i % n] first, the others on failover
     first: int = 0  # the agents run here: agents_dir/agent-<first> .. agent-<first + count - 1>
     count: int = 0  # 0: every agent directory from ``first`` on
     stride: int = 1  # every stride-th agent from ``first``: with one process per relay, each holds one relay's agents
-    simulate: str = "h100:8"  # GPUs of every simulated host
+    # GPUs of the simulated hosts: one agent spec ("h100:8"), or several joined by "|" ("h100:8|mi300x:8"), which the
+    # agents take in turn by index (a fleet of mixed vendors)
+    simulate: str = "h100:8"
     connect_rate: float = 500.0  # agents started per second during the ramp
     latency_ms: float = 20.0  # simulated runtime: time a create or delete takes
     jitter_ms: float = 5.0
@@ -404,7 +412,7 @@ class Fleet:
             config = AgentConfig(
                 state_dir=str(agent_dir(root, index)),
                 access_urls=rotated,
-                simulate=settings.simulate,
+                simulate=host_gpus(settings.simulate, index),
                 runtime="simulated",
                 measure_bandwidth=False,
                 relay_probe=False,  # one machine: latency says nothing, and 10,000 probes would load the relays

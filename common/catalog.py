@@ -11,6 +11,12 @@ Figures are the vendors' published spec-sheet numbers, written down by hand:
 - ``memory_mib`` is what NVML reports as total memory, approximately; cards that reserve memory for
   ECC by default (L40S) are listed with the ECC-on figure.
 - ``pcie_gen`` is the generation the card supports (a slot can run it slower).
+
+AMD's cards (``vendor="amd"``) follow the same rules with AMD's own spec sheets: dense FP16/BF16 matrix figures,
+``memory_mib`` as amd-smi reports it, no CUDA compute capability ("": a workload's CUDA minimum never matches them) and
+the ISA target instead (``gfx_target``). An MI250X is two GPUs to ROCm (two GCDs, each with half the package's memory,
+matrix throughput, bandwidth and power): it is listed as one GCD, the unit the agent reports and a renter gets.
+Infinity Fabric links are not NVLink: ``nvlink`` is False for every AMD card.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from common.inventory import GpuInfo, NvLink
 class GpuModel:
     key: str  # "h100-sxm", "a100-80gb", "rtx-4090", ...
     name: str  # marketing name, "NVIDIA H100 SXM"
-    nvml_names: tuple[str, ...]  # names NVML reports; matched by match_model, reported by the simulator
+    nvml_names: tuple[str, ...]  # names the vendor's library (NVML, amd-smi) reports; matched by match_model, simulated
     memory_mib: int
     compute_capability: str
     fp16_tflops: float
@@ -40,6 +46,8 @@ class GpuModel:
     sm_clock_max_mhz: int
     memory_bus_width_bits: int
     nvlink_links: int = 0  # links per GPU where NVLink is built in (SXM); bridges are optional, so 0 for PCIe
+    vendor: str = "nvidia"  # one of common.inventory.GPU_VENDORS; a card reporting another vendor is flagged
+    gfx_target: str = ""  # AMD's ISA target ("gfx942"): what ROCm builds for, as compute capability is for CUDA
 
 
 class UnknownGpuModel(KeyError):
@@ -49,7 +57,7 @@ class UnknownGpuModel(KeyError):
         return str(self.args[0]) if self.args else "unknown GPU model"
 
 
-_MODELS = (
+_NVIDIA_MODELS = (
     # Hopper
     GpuModel(
         "h200",
@@ -307,6 +315,120 @@ _MODELS = (
     ),
 )
 
+# AMD Instinct and Radeon: AMD's spec-sheet dense matrix figures (FP16 = BF16 on these), names as amd-smi reports them.
+_AMD_MODELS = (
+    GpuModel(
+        "mi325x",
+        "AMD Instinct MI325X",
+        ("AMD Instinct MI325X",),
+        262128,
+        "",
+        1307.4,
+        1307.4,
+        6000.0,
+        "oam",
+        False,
+        5,
+        1000.0,
+        2100,
+        8192,
+        vendor="amd",
+        gfx_target="gfx942",
+    ),
+    GpuModel(
+        "mi300x",
+        "AMD Instinct MI300X",
+        ("AMD Instinct MI300X",),
+        196592,
+        "",
+        1307.4,
+        1307.4,
+        5300.0,
+        "oam",
+        False,
+        5,
+        750.0,
+        2100,
+        8192,
+        vendor="amd",
+        gfx_target="gfx942",
+    ),
+    # One GCD of the two an MI250X package has (the module docstring): 383 TFLOPS, 3.2 TB/s and 560 W halved.
+    GpuModel(
+        "mi250x",
+        "AMD Instinct MI250X (one GCD)",
+        ("AMD Instinct MI250X", "AMD Instinct MI250X/MI250"),
+        65520,
+        "",
+        191.5,
+        191.5,
+        1638.4,
+        "oam",
+        False,
+        4,
+        280.0,
+        1700,
+        4096,
+        vendor="amd",
+        gfx_target="gfx90a",
+    ),
+    GpuModel(
+        "mi210",
+        "AMD Instinct MI210",
+        ("AMD Instinct MI210",),
+        65520,
+        "",
+        181.0,
+        181.0,
+        1638.4,
+        "pcie",
+        False,
+        4,
+        300.0,
+        1700,
+        4096,
+        vendor="amd",
+        gfx_target="gfx90a",
+    ),
+    GpuModel(
+        "w7900",
+        "AMD Radeon PRO W7900",
+        ("AMD Radeon PRO W7900",),
+        49136,
+        "",
+        122.6,
+        122.6,
+        864.0,
+        "pcie",
+        False,
+        4,
+        295.0,
+        2495,
+        384,
+        vendor="amd",
+        gfx_target="gfx1100",
+    ),
+    GpuModel(
+        "rx-7900-xtx",
+        "AMD Radeon RX 7900 XTX",
+        ("AMD Radeon RX 7900 XTX",),
+        24560,
+        "",
+        122.8,
+        122.8,
+        960.0,
+        "pcie",
+        False,
+        4,
+        355.0,
+        2500,
+        384,
+        vendor="amd",
+        gfx_target="gfx1100",
+    ),
+)
+_MODELS = _NVIDIA_MODELS + _AMD_MODELS
+
 CATALOG: Mapping[str, GpuModel] = MappingProxyType({m.key: m for m in _MODELS})
 
 ALIASES: Mapping[str, str] = MappingProxyType(
@@ -324,6 +446,8 @@ ALIASES: Mapping[str, str] = MappingProxyType(
         "3090": "rtx-3090",
         "3080": "rtx-3080",
         "3080-12gb": "rtx-3080-12gb",
+        "7900xtx": "rx-7900-xtx",
+        "radeon-pro-w7900": "w7900",
     }
 )
 
@@ -346,7 +470,7 @@ def resolve_alias(name: str) -> GpuModel:
 
 
 # Vendor words carry no model information and come and go between driver versions ("Tesla T4").
-_NOISE_TOKENS = frozenset({"nvidia", "geforce", "tesla"})
+_NOISE_TOKENS = frozenset({"nvidia", "geforce", "tesla", "amd", "ati", "instinct", "radeon"})
 
 
 def _tokens(name: str) -> frozenset[str]:
@@ -402,6 +526,7 @@ def reference_gpu_info(model: GpuModel, *, index: int = 0, uuid: str = "", pci_b
         clock_sm_max_mhz=model.sm_clock_max_mhz,
         power_limit_w=model.tdp_w,
         memory_bus_width_bits=model.memory_bus_width_bits,
+        vendor=model.vendor,
     )
 
 
@@ -421,6 +546,9 @@ class ExpectedFigures:
 
 
 TENSOR_EFFICIENCY = 0.8  # a good GEMM reaches 70-85% of dense peak
+# AMD's cards, where no benchmark of this project has run yet: public hipBLASLt BF16 GEMM figures on an MI300X reach
+# about 55-65% of its dense peak, so the spec sheet times NVIDIA's efficiency would expect too much of a healthy card.
+TENSOR_EFFICIENCY_BY_VENDOR: Mapping[str, float] = MappingProxyType({"amd": 0.6})
 COPY_EFFICIENCY = 0.85  # a copy kernel reaches 80-90% of peak bandwidth
 _PCIE_X16_GBS = {3: 12.0, 4: 25.0, 5: 50.0, 6: 100.0}  # what pinned copies reach per generation, about
 # What the agent's own benchmark (agent/benchmark/cuda.py: an mma.sync BF16/FP16 loop, a float4 copy kernel, pinned
@@ -444,7 +572,7 @@ def expected_figures(model: GpuModel) -> ExpectedFigures:
         return calibrated
     tensor = max(model.fp16_tflops, model.bf16_tflops or 0.0)
     return ExpectedFigures(
-        tensor_tflops=round(tensor * TENSOR_EFFICIENCY, 1),
+        tensor_tflops=round(tensor * TENSOR_EFFICIENCY_BY_VENDOR.get(model.vendor, TENSOR_EFFICIENCY), 1),
         memory_bandwidth_gbs=round(model.memory_bandwidth_gbs * COPY_EFFICIENCY, 1),
         h2d_gbs=_PCIE_X16_GBS.get(model.pcie_gen, 12.0),
     )

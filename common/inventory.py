@@ -38,6 +38,14 @@ MAX_THROTTLE_REASONS = 16
 MAX_GPU_MEMORY_MIB = 4 * 1024 * 1024
 GpuMemoryMiB = Annotated[int, msgspec.Meta(ge=0, le=MAX_GPU_MEMORY_MIB)]
 
+# Who made a GPU, as GpuInfo and UnofferedGpu name it; by PCI vendor id (agent/pci.py lists the bus by these).
+GPU_VENDORS = ("nvidia", "amd", "intel", "habana")
+# Why a card seen on the host's PCI bus is not offered (UnofferedGpu.kind): "integrated" (an iGPU sharing the host's
+# memory), "display_only" (too little memory of its own to hold a workload), "no_driver" (no kernel driver bound to it),
+# "no_binding" (a driver, but no library or tool the agent reads it through), "unsupported" (a vendor idlegrid does
+# not run workloads on yet). A newer agent may send a kind this list lacks: it is shown as sent.
+UNOFFERED_KINDS = ("integrated", "display_only", "no_driver", "no_binding", "unsupported")
+
 RUNTIMES = ("docker", "process", "simulated")  # what runs renters' containers on the host
 ISOLATIONS = ("container", "sandbox", "none")  # how well a workload is kept from the host
 
@@ -65,9 +73,9 @@ class MigInstance(msgspec.Struct, frozen=True, kw_only=True):
 class GpuInfo(msgspec.Struct, frozen=True, kw_only=True):
     """Static facts of one GPU, as read from NVML (or simulated, then ``simulated`` is true)."""
 
-    index: int
+    index: int  # the vendor's own numbering on the host (NVML's index, amdsmi's), not unique across vendors
     uuid: ShortText
-    name: ShortText  # as NVML reports it, e.g. "NVIDIA H100 80GB HBM3"
+    name: ShortText  # as the vendor's library reports it, e.g. "NVIDIA H100 80GB HBM3", "AMD Instinct MI300X"
     pci_bus_id: ShortText
     memory_total_mib: GpuMemoryMiB
     compute_capability: ShortText  # "9.0"
@@ -86,6 +94,21 @@ class GpuInfo(msgspec.Struct, frozen=True, kw_only=True):
     mig_enabled: bool = False
     # A tuple: the empty default is one shared object, not an empty list per GPU (10,000 hosts × 8 GPUs on the Master).
     mig_instances: Annotated[tuple[MigInstance, ...], msgspec.Meta(max_length=MAX_MIG_INSTANCES)] = ()
+    # One of GPU_VENDORS. "nvidia" by default: every agent older than the field read its GPUs through NVML alone.
+    vendor: ShortText = "nvidia"
+
+
+class UnofferedGpu(msgspec.Struct, frozen=True, kw_only=True):
+    """A card the host's PCI bus shows that the agent does not offer, and why (agent/detect.py): a provider is told what
+    to install, never left with a card silently missing. ``fix`` is "" where there is nothing to do (an iGPU)."""
+
+    pci_bus_id: ShortText  # "0000:17:00.0", as sysfs names it
+    vendor: ShortText  # one of GPU_VENDORS
+    device_id: ShortText = ""  # the PCI device id, "0x74a1"
+    name: ShortText = ""  # what is known of its name ("AMD Instinct MI300X"), "" when nothing read it
+    kind: ShortText  # one of UNOFFERED_KINDS
+    reason: LongText
+    fix: LongText = ""
 
 
 class GpuSample(msgspec.Struct, frozen=True, kw_only=True):
@@ -199,3 +222,6 @@ class Inventory(msgspec.Struct, frozen=True, kw_only=True):
     # The host's Nebula public key (PEM, common/nebula.py) when it can run gangs' overlays; "" otherwise.
     overlay_key: Annotated[str, msgspec.Meta(max_length=256)] = ""
     image_source: ImageSource | None = None  # where its engine gets images; None: no engine, or an agent older than it
+    # Cards on the host's PCI bus it does not offer, each with why and what to install (docs/gpus.md); [] from agents
+    # older than the field, which never looked past NVML.
+    unoffered: Annotated[list[UnofferedGpu], msgspec.Meta(max_length=MAX_GPUS_IN_REPORT)] = []

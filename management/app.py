@@ -6,18 +6,24 @@ call (management/services/). ``MasterServer`` runs it with the Master and the HT
 and the tests alike); ``api_app`` serves the same over an existing Master for tests that need no relay link.
 
 State is loaded once, here, before the first call is served (``Composition.load``): providers' prices, the open
-workloads, the market (balances, open rentals, the fee window), the alert settings. No service loads lazily.
+workloads, the market (balances, open rentals, the fee window), the alert settings, the endpoints' request bounds and
+their open requests. No service loads lazily.
 
 Order, the same every time (a standby Master does steps 2 and 3 only once elected, docs/ha.md):
 
 1. the Master starts (store, registry, relay link);
 2. the operator's API key is written on the first start, then the state is loaded, in ``Composition.state`` order;
 3. the loops start in ``Composition.loops`` order: the market (offer feed and metering), the output collector, the
-   scheduler, the links' idle sweep, the alert loop (which observes all the others);
+   scheduler, the links' idle sweep, the alert loop (which observes all the others), the endpoint requests' webhooks
+   (delivered once a request ends), the endpoint requests' book (from here on the Master hands it the endpoint
+   workers' calls, and its sweep applies TTLs and timeouts), the endpoints' autoscaler (docs/endpoints.md, "The
+   autoscaler's shell");
 4. the HTTP API listens.
 
 Stopping runs it backwards: the API refuses new changes (503) and lets those under way finish, the loops stop in
-reverse order (alerts, scheduler, output collector, market: nothing is placed once metering has stopped), the Master
+reverse order (the endpoints' autoscaler first, then the endpoint requests' book: workers' calls are answered 503,
+which they retry; then the webhooks still pending are dropped; then alerts,
+scheduler, output collector, market: nothing is placed once metering has stopped), the Master
 drains its relay links and closes its store, and the HTTP server closes last (reads are served until then).
 """
 
@@ -40,6 +46,9 @@ from common.errors import Conflict
 from common.http import HttpServer
 from common.loopwatch import watching
 from management.api import ApiSettings, Handler, build_app, error_response
+from management.endpoints.requests import RequestBook
+from management.endpoints.scaler import EndpointScaler
+from management.endpoints.webhooks import RequestWebhooks
 from management.launch.templates import TemplateCatalog
 from management.links.proxy import links_app
 from management.market.market import Market
@@ -57,6 +66,7 @@ from management.services import Services
 from management.services.accounts import AccountsService
 from management.services.alerts import AlertsService
 from management.services.billing import BillingService
+from management.services.endpoint_requests import EndpointRequestsService
 from management.services.endpoints import EndpointsService
 from management.services.grid import GridService
 from management.services.hosts import HostsService
@@ -78,12 +88,15 @@ from management.store import (
     attach,
     endpoint_key_repo,
     endpoint_repo,
+    endpoint_request_repo,
     output_repo,
     payment_event_repo,
     price_repo,
+    rental_repo,
     ssh_key_repo,
     topup_repo,
 )
+from management.views.endpoint_requests import request_status_body
 from management.workloads.book import WorkloadBook
 from management.workloads.runner import SchedulerLoop
 from master.accounts import BOOTSTRAP_ACCOUNT
@@ -262,6 +275,19 @@ def compose(master: MasterPort, settings: ManagementSettings | None = None) -> C
     endpoints = EndpointsService(
         master.secrets, endpoint_repo(master.store), endpoint_key_repo(master.store), check_worker=check_worker
     )
+    # Each ended request's webhook, delivered off the book's path through the grid's egress rule.
+    request_webhooks = RequestWebhooks(request_status_body, egress=master.config.egress_rule())
+    # The one writer of endpoint requests; the Master hands it the endpoint workers' calls while it runs.
+    requests = RequestBook(
+        endpoint_request_repo(master.store),
+        limits_of=endpoints.limits_of,
+        serve=master.serve_worker_calls,
+        on_end=request_webhooks.notify,
+    )
+    endpoint_requests = EndpointRequestsService(requests, endpoints, endpoint_request_repo(master.store), request_webhooks)
+    # Each endpoint's workers, as workloads of its account: the autoscaler's decisions carried out every second.
+    scaler = EndpointScaler(book, requests, endpoints, rental_repo(master.store), grace_s=settings.scheduler.scheduler.grace_s)
+    endpoints.scale_of = scaler.status  # what the last tick found, in the endpoint's answer
     tunnels = RenterAccess(master, workloads.get_workload, output_repo(master.store))
     output_settings = settings.scheduler.outputs
     outputs = OutputCollector(
@@ -321,18 +347,29 @@ def compose(master: MasterPort, settings: ManagementSettings | None = None) -> C
         ssh_keys=ssh_keys,
         secrets=SecretsService(master),
         endpoints=endpoints,
+        endpoint_requests=endpoint_requests,
         topups=topups,
     )
     series = MarketSeries(book.counts, market.meter.open_rentals, market.ledger.balances, currency=settings.market.currency)
     return Composition(
         services=services,
-        state=(("prices", prices), ("workloads", book), ("market", market), ("alert settings", alert_settings)),
+        state=(
+            ("prices", prices),
+            ("workloads", book),
+            ("market", market),
+            ("alert settings", alert_settings),
+            ("endpoints", endpoints),
+            ("endpoint requests", requests),
+        ),
         loops=(
             ("market", market),
             ("outputs", outputs),
             ("scheduler", scheduler),
             ("links", links),
             ("alerts", alert_loop),
+            ("request webhooks", request_webhooks),
+            ("endpoint requests", requests),
+            ("endpoint scaler", scaler),
             ("payments", topups),
         ),
         market_series=series,

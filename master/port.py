@@ -65,6 +65,7 @@ from master.records import (
     Assignment,
     CommandArg,
     CommandRecord,
+    EndpointWorkerRef,
     EnvName,
     EnvValue,
     EventData,
@@ -363,6 +364,7 @@ __all__ = [
     "TunnelUnavailable",
     "WebhookRecord",
     "WorkloadRecord",
+    "EndpointWorkerRef",
     "WorkloadSpec",
     "WorkerCalls",  # with WorkerRef, TakenRequest, WorkerError, CallOutcome: what the request queue implements
     "WorkerRef",

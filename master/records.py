@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from common.containers import RegistryAuth, WireSpec
-from common.inventory import GpuInfo, GpuReach, HostInfo, ImageSource
+from common.inventory import GPU_VENDORS, GpuInfo, GpuReach, HostInfo, ImageSource, UnofferedGpu
 from common.restart_policy import RESTART_POLICIES as RESTART_POLICIES  # published: master.port re-exports it
 from common.storage import CheckpointSpec, StorageAccess, StorageMount
 from common.wire import BenchmarkFigures
@@ -39,6 +39,9 @@ class AgentRecord(msgspec.Struct, kw_only=True):
     # The agent's GPU self-test, from its latest hello: which GPUs reach a container of its runtime (a GPU that does not
     # is flagged GPU_UNREACHABLE_FLAG and not offered); empty when nothing was tested.
     gpu_reach: list[GpuReach] = []
+    # Cards on the host's PCI bus its agent does not offer, each with why and what to install, from its latest hello
+    # (docs/gpus.md); empty from agents older than the field. Shown to the provider, never offered.
+    unoffered_gpus: list[UnofferedGpu] = []
     images: list[str] = []  # the images the host already has, warm first (bounded by the wire: MAX_IMAGES_IN_REPORT)
     overlay_key: str = ""  # the host's Nebula public key (PEM), from hello; "" when it runs no overlay (docs/overlay.md)
     image_source: ImageSource | None = None  # where its engine gets images, from hello; None: unknown (pulls anything)
@@ -310,6 +313,8 @@ class ReplicaSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     gpus: Annotated[int, msgspec.Meta(ge=1, le=MAX_GPUS_PER_REPLICA)] = 1
     min_vram_mib: Annotated[int, msgspec.Meta(ge=0, le=16 * 1024 * 1024)] = 0
     models: Annotated[list[ShortText], msgspec.Meta(max_length=64)] = []  # catalog keys; [] = any model
+    # GPU vendors it runs on (common.inventory.GPU_VENDORS: "nvidia" for a CUDA image, "amd" for a ROCm one); [] = any
+    vendors: Annotated[list[ShortText], msgspec.Meta(max_length=8)] = []
     tiers: Annotated[list[ShortText], msgspec.Meta(max_length=64)] = []  # tier names; [] = any tier
     min_compute_capability: Annotated[str, msgspec.Meta(pattern=r"^[0-9]{1,2}\.[0-9]\Z")] | None = None
     cpu_cores: Annotated[float, msgspec.Meta(gt=0, le=1024)] | None = None
@@ -318,7 +323,10 @@ class ReplicaSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     def __post_init__(self) -> None:
         _require_finite("replica.cpu_cores", self.cpu_cores)
-        for field in ("models", "tiers"):
+        unknown = sorted(set(self.vendors) - set(GPU_VENDORS))
+        if unknown:
+            raise ValueError(f"replica.vendors: {', '.join(unknown)} is not a GPU vendor; known: {', '.join(GPU_VENDORS)}")
+        for field in ("models", "vendors", "tiers"):
             values = getattr(self, field)
             repeated = sorted({v for v in values if values.count(v) > 1})
             if repeated:
@@ -478,6 +486,16 @@ class Assignment(msgspec.Struct, kw_only=True):
     overlay_fingerprint: str = ""  # of the overlay certificate its create carried (hex SHA-256); "" for none
 
 
+class EndpointWorkerRef(msgspec.Struct, frozen=True, kw_only=True):
+    """The serverless endpoint a worker workload serves, and which of its workers it is (docs/endpoints.md, "The
+    autoscaler's shell"). Set only by the endpoint's autoscaler when it submits the workload, never from a renter's
+    spec: the workloads API takes a ``WorkloadSpec``, which has no such field, so no renter can pose as a worker."""
+
+    endpoint_id: str
+    worker_id: str
+    concurrency: int = 1  # requests the worker runs at once (its endpoint's, when it was asked for)
+
+
 class WorkloadRecord(msgspec.Struct, kw_only=True):
     id: str  # "wl-" + random hex
     account: str  # the renter account that owns it
@@ -514,6 +532,7 @@ class WorkloadRecord(msgspec.Struct, kw_only=True):
     # The registry password of ``spec.registry_auth``, sealed with the Master's secrets.key at submit (the spec then holds
     # master.command_secrets.SEALED in its place); "": none, or a workload stored before passwords were sealed.
     sealed_registry_password: str = ""
+    endpoint_worker: EndpointWorkerRef | None = None  # a serverless endpoint's worker (None: an ordinary workload)
 
 
 # --- the market: prices, rentals, the ledger (docs/market.md) --------------------------------------------------

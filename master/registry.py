@@ -272,6 +272,7 @@ class Registry:
             if tested.uuid in listed:
                 reach.setdefault(tested.uuid, tested)
         agent.gpu_reach = list(reach.values())
+        agent.unoffered_gpus = list(inventory.unoffered)
         # The region is the one the agent declares (or enrolled with): a failover to another region's relay
         # does not move the host. The relay's region only fills in a region the agent never gave.
         agent.region = region or agent.region or relay_region

@@ -23,7 +23,7 @@ from typing import Any
 from common.catalog import CATALOG, GpuModel, match_model, reference_gpu_info
 from common.config import TomlTable
 from common.errors import ConfigError
-from common.inventory import GpuInfo, HostInfo
+from common.inventory import GPU_VENDORS, GpuInfo, HostInfo
 
 # A tier's criteria by their policy-file names, and a tier as GET /api/v1/tiers shows it: what the criteria hold is the
 # policy file's (numbers, a "major.minor" string, a flag), whatever it sets, so it is open.
@@ -63,6 +63,9 @@ class TierRule:
     min_pcie_width: int | None = None
     require_nvlink: bool = False
     min_network_mbps: float | None = None
+    # The GPU's vendor (common.inventory.GPU_VENDORS): a tier sells one vendor's cards, so a renter asking for it gets
+    # the software stack (CUDA, ROCm) its image was built for. None: any vendor.
+    vendor: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -82,6 +85,7 @@ class TierRule:
             'a string "major.minor" such as "8.0"',
         )
         _check(isinstance(self.require_nvlink, bool), "require_nvlink", self.require_nvlink, "true or false")
+        _check(self.vendor is None or self.vendor in GPU_VENDORS, "vendor", self.vendor, f"one of {', '.join(GPU_VENDORS)}")
 
     def criteria(self) -> TierJson:
         """The criteria this rule sets, by their policy-file names."""
@@ -227,6 +231,8 @@ def _verify(info: GpuInfo, model: GpuModel, policy: TierPolicy, measured: Mappin
         )
     if _active_nvlinks(info) and not model.nvlink:
         problems.append(("nvlink_mismatch", f"reports active NVLinks; a {model.name} has no NVLink"))
+    if info.vendor != model.vendor:
+        problems.append(("vendor_mismatch", f"reports vendor {info.vendor!r}; a {model.name} is made by {model.vendor}"))
     return problems + _verify_measured(model, policy, measured)
 
 
@@ -256,7 +262,7 @@ def _assign_tier(info: GpuInfo, model: GpuModel, policy: TierPolicy, host: HostI
     facts = _facts(info, model, host)
     reasons = []
     for rule in policy.tiers:
-        unmet = _unmet(rule, facts, nvlinked=bool(_active_nvlinks(info)))
+        unmet = _unmet(rule, facts, nvlinked=bool(_active_nvlinks(info)), vendor=model.vendor)
         if not unmet:
             reasons.append(f"{model.name} meets every criterion of tier {rule.name!r}")
             return Classification(model.key, rule.name, (), tuple(reasons))
@@ -280,10 +286,16 @@ def _facts(info: GpuInfo, model: GpuModel, host: HostInfo | None) -> GpuFacts:
     }
 
 
-def _unmet(rule: TierRule, facts: GpuFacts, *, nvlinked: bool) -> list[str]:
+def _unmet(rule: TierRule, facts: GpuFacts, *, nvlinked: bool, vendor: str) -> list[str]:
     unmet = []
+    if rule.vendor is not None and vendor != rule.vendor:
+        unmet.append(f"vendor {vendor} is not {rule.vendor}")
     for key, have in facts.items():
         need = getattr(rule, key)
+        if key == "min_compute_capability" and need is not None and have is None:
+            # A card without CUDA (AMD's) never meets a CUDA minimum, even in a policy that names no vendor.
+            unmet.append("no CUDA compute capability")
+            continue
         if need is None or have is None:
             continue
         if key == "min_compute_capability":

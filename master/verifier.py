@@ -5,8 +5,11 @@ When a GPU is challenged (``due``, pure):
 - it has no verification yet: the host just joined, or its driver changed (a new driver's report drops the old one);
 - its last verification is older than ``period_s`` (daily by default) and the GPU is idle;
 - an operator asks (``POST /api/v1/agents/{id}/verify``), at once.
-Never while a renter holds the GPU: a held GPU is not challenged (the operator's request answers 409), and the agent
-refuses a challenge for a GPU a container of its own holds.
+Never a GPU of a vendor the host's benchmark does not measure (``measures``): the agent's "cuda" benchmark runs on
+NVIDIA cards only, so an AMD card beside them is never challenged and shows "unmeasured" until a ROCm benchmark exists
+(docs/gpus.md); the simulated benchmark measures any simulated card. Never while a renter holds the GPU: a held GPU
+is not challenged (the operator's request answers 409), and the agent refuses a challenge for a GPU a container of its
+own holds.
 
 While a challenge runs its GPU is held in the Master's allocations by ``VERIFY_HOLDER`` (shown ``reserved``), so
 nothing is placed on it: a renter's workload that would go there waits until the run ends (at most its deadline plus
@@ -43,6 +46,14 @@ HISTORY_KIND = "gpu.verification"  # the event every outcome is recorded as, und
 _CHALLENGED_STATES = frozenset({AgentState.READY.value, AgentState.BUSY.value})
 
 SendToAgent = Callable[[str, bytes], Awaitable[bool]]
+# The GPU vendors each benchmark a hello may name measures; a benchmark not listed (the simulated one) measures any.
+_BENCHMARK_VENDORS = {"cuda": frozenset({"nvidia"})}
+
+
+def measures(benchmark: str, vendor: str) -> bool:
+    """Whether the agent's ``benchmark`` can measure a GPU of ``vendor``."""
+    vendors = _BENCHMARK_VENDORS.get(benchmark)
+    return vendors is None or vendor in vendors
 
 
 @dataclass(frozen=True)
@@ -112,11 +123,19 @@ class Verifier:
         if agent.state not in _CHALLENGED_STATES:
             raise Conflict(f"host {agent_id} is {agent.state}; it can be verified while it is ready or busy")
         gpus = self._registry.gpus_of(agent_id)
-        named = list(gpu_uuids) or [g.uuid for g in gpus]
+        benchmark = self.benchmarks[agent_id]
+        named = list(gpu_uuids) or [g.uuid for g in gpus if measures(benchmark, g.info.vendor)]
         by_uuid = {g.uuid: g for g in gpus}
         unknown = [u for u in named if u not in by_uuid]
         if unknown:
             raise NotFound(f"host {agent_id} has no GPU {', '.join(unknown)}")
+        unmeasured = [u for u in named if not measures(benchmark, by_uuid[u].info.vendor)]
+        if unmeasured:
+            vendors = ", ".join(sorted({by_uuid[u].info.vendor for u in unmeasured}))
+            raise Conflict(
+                f"GPU {', '.join(unmeasured)}: the host's {benchmark} benchmark does not measure {vendors} GPUs; "
+                "they stay unmeasured until a benchmark for them exists"
+            )
         rented = [u for u in named if self._held_by_renter(u)]
         if rented:
             raise Conflict(f"GPU {', '.join(rented)} is held by a renter's container; a benchmark never runs on a rented GPU")
@@ -145,6 +164,8 @@ class Verifier:
             for gpu in self._registry.gpus_of(agent.id):
                 if len(self.book.open) >= self.schedule.max_concurrent:
                     return
+                if not measures(benchmark, gpu.info.vendor):
+                    continue  # no benchmark for its vendor on this host: it stays unmeasured
                 held = self._allocations.covering(gpu.uuid) is not None or self.book.busy(gpu.uuid)
                 if due(gpu, agent, held, now, self.schedule, self._refused_at.get(gpu.uuid, float("-inf"))):
                     await self._start(agent, gpu, now)

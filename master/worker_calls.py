@@ -14,6 +14,8 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import msgspec
+
 from common.wire import MAX_WORKER_TAKE_WAIT_S, WorkerCall, WorkerOp
 
 MAX_GONE_REMEMBERED = 100_000  # workers said gone that one Master process keeps refusing (oldest forgotten first)
@@ -41,10 +43,11 @@ class TakenRequest:
     attempt: int = 1
 
 
-@dataclass(frozen=True, slots=True)
-class WorkerError:
-    type: str
-    message: str
+class WorkerError(msgspec.Struct, frozen=True):
+    """A handler's failure as its worker reported it (kept in the request's record as it is)."""
+
+    type: str = ""
+    message: str = ""
     traceback: str = ""
 
 

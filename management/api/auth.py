@@ -6,6 +6,11 @@ key is refused (401), so is every key of a disabled account (403). Keys naming n
 legacy operator keys and belong to the bootstrap ``operator`` account. Each route's declaration
 (management/api/routing.py) names the resource and the action it performs; who may do what, and the
 scope of a call, are decided in management/access_control.py, which the console reads too.
+
+An endpoint's invocation key (``igek_...``, docs/endpoints.md) is no API key: ``authenticate`` never finds it, so every
+route answers it 401, except the routes declared ``invocation`` (an endpoint's request routes). There it is checked
+against the endpoint the path names (401 unknown or revoked, 403 another endpoint's), and the call's scope is the
+endpoint's owner, as if the owner had called: the key's own name and id stand for it in the rate limits and the audit.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from aiohttp import web
 from common.errors import NotFound
 from management.access_control import AccountRole, Principal, Scope, scope_for
 from management.api.route import DECLARED_KEY
+from management.endpoints.spec import INVOCATION_KEY_PREFIX
 from management.http.errors import Forbidden, Handler, Unauthorized
 from management.http.keys import SERVICES_KEY
 from management.services import Services
@@ -55,6 +61,35 @@ async def authenticate(services: Services, header: str) -> Principal:
     return Principal(record.name, role, account.id, record.key_id, record.key_hash)
 
 
+def invocation_key(header: str) -> str | None:
+    """The invocation key a bearer header carries; None for any other (an API key, nothing)."""
+    scheme, _, key = header.partition(" ")
+    key = key.strip()
+    return key if scheme.lower() == "bearer" and key.startswith(INVOCATION_KEY_PREFIX) else None
+
+
+async def invocation_scope(services: Services, request: web.Request, key: str) -> Scope:
+    """The scope of a call with an invocation key on a route that takes one: the endpoint's owner."""
+    invocation = await services.endpoints.authorize_invocation(request.match_info["endpoint_id"], key)
+    owner = invocation.endpoint.account
+    try:
+        disabled = (await services.accounts.get_account(owner)).disabled
+    except NotFound:
+        disabled = True
+    if disabled:
+        raise Forbidden(
+            f"account {owner!r}, which owns this endpoint, is disabled or gone; its keys are refused until it is enabled"
+        )
+    principal = Principal(
+        f"invocation key {invocation.key.name}",
+        AccountRole.RENTER,
+        invocation.endpoint.account,
+        invocation.key.id,
+        invocation.key.key_hash,
+    )
+    return Scope(principal, invocation.endpoint.account)
+
+
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     if not request.path.startswith("/api/"):
@@ -64,7 +99,11 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     route = request.app[DECLARED_KEY].get((method, resource.canonical)) if resource is not None else None
     if route is not None and route.public:
         return await handler(request)
-    principal = await authenticate(request.app[SERVICES_KEY], request.headers.get("Authorization", ""))
+    header = request.headers.get("Authorization", "")
+    if route is not None and route.invocation and (key := invocation_key(header)) is not None:
+        request[SCOPE_KEY] = await invocation_scope(request.app[SERVICES_KEY], request, key)
+        return await handler(request)
+    principal = await authenticate(request.app[SERVICES_KEY], header)
     if resource is None:  # no such route: the router answers 404 (or 405) to whoever asks
         return await handler(request)
     if route is None or route.resource is None or route.action is None:

@@ -37,7 +37,8 @@ class Route:
     ``answers``: success status -> the struct of its JSON body (None: a body the document does not model: ``{"type":
     "object"}`` for JSON, a string for other media). ``media``: the answer's content types (the struct describes the
     JSON one). ``errors``: statuses beyond ``COMMON_ERRORS`` (404 is added for a path with parameters, 413 for a
-    body)."""
+    body). ``invocation``: the route also takes an invocation key of the endpoint its path names (``{endpoint_id}``;
+    management/api/auth.py), besides the API keys its resource and action let in; no other route does."""
 
     method: str
     path: str
@@ -52,10 +53,13 @@ class Route:
     errors: frozenset[int] = frozenset()
     media: tuple[str, ...] = (JSON,)
     description: str = ""
+    invocation: bool = False
 
     def __post_init__(self) -> None:
         if (self.resource is None) != (self.action is None):
             raise DeclarationError(f"{self.method} {self.path}: name both a resource and an action, or neither (public)")
+        if self.invocation and (self.public or "endpoint_id" not in self.path_parameters):
+            raise DeclarationError(f"{self.method} {self.path}: an invocation key is taken only on a path naming an endpoint")
         if not self.answers:
             raise DeclarationError(f"{self.method} {self.path}: declare at least one success answer")
 

@@ -26,6 +26,7 @@ from management.api.resources import (
     alerts,
     billing,
     commands,
+    endpoint_requests,
     endpoints,
     events,
     gpus,
@@ -59,6 +60,7 @@ from management.views.alerts import (
     SilenceView,
     WebhookList,
 )
+from management.views.endpoint_requests import EndpointHealthView, RequestStatusView, RequestStreamView
 from management.views.endpoints import (
     DeletedEndpoint,
     EndpointKeyList,
@@ -92,6 +94,12 @@ from management.views.templates import TemplateList, TemplateView
 from management.views.tunnels import TunnelGrantView
 from management.views.verification import HostVerificationsView, VerifyStarted
 from management.views.workloads import ExplanationView, WorkloadDetail, WorkloadPage, WorkloadView
+
+# What the request routes say of their keys.
+INVOCATION = (
+    "Send one of the endpoint's invocation keys (igek_...), or its owner's or the operator's API key, as "
+    "'Authorization: Bearer <key>'."
+)
 
 # Route(method, path, handler, resource, action, summary, {status: answer struct}, tag=..., body=..., query=...,
 # errors=frozenset({409, ...})); resource and action None: public, served without a key.
@@ -1046,6 +1054,105 @@ ROUTES: tuple[Route, ...] = (
         "Revoke an invocation key",
         {200: EndpointKeyView},
         tag="endpoints",
+    ),
+    # --- requests to an endpoint, RunPod's shape (docs/endpoints.md, "The request routes"): these also take the
+    # endpoint's invocation keys
+    Route(
+        "POST",
+        "/api/v1/endpoints/{endpoint_id}/run",
+        endpoint_requests.run,
+        Resource.ENDPOINTS,
+        Action.WRITE,
+        "Queue a request; answers its id",
+        {200: RequestStatusView},
+        body=endpoint_requests.RunRequest,
+        query=schemas.EmptyQuery,
+        errors=frozenset({409}),
+        tag="endpoint requests",
+        invocation=True,
+        description=INVOCATION,
+    ),
+    Route(
+        "POST",
+        "/api/v1/endpoints/{endpoint_id}/runsync",
+        endpoint_requests.run_sync,
+        Resource.ENDPOINTS,
+        Action.WRITE,
+        "Queue a request and wait (bounded) for its output",
+        {200: RequestStatusView},
+        body=endpoint_requests.RunRequest,
+        query=endpoint_requests.RunSyncQuery,
+        errors=frozenset({409}),
+        tag="endpoint requests",
+        invocation=True,
+        description=INVOCATION + " Answers the status so far when the request has not ended within the wait.",
+    ),
+    Route(
+        "GET",
+        "/api/v1/endpoints/{endpoint_id}/status/{request_id}",
+        endpoint_requests.status,
+        Resource.ENDPOINTS,
+        Action.READ,
+        "A request's status, and its output once completed",
+        {200: RequestStatusView},
+        query=schemas.EmptyQuery,
+        tag="endpoint requests",
+        invocation=True,
+        description=INVOCATION,
+    ),
+    Route(
+        "GET",
+        "/api/v1/endpoints/{endpoint_id}/stream/{request_id}",
+        endpoint_requests.stream,
+        Resource.ENDPOINTS,
+        Action.READ,
+        "A request's partial outputs after those already read (a bounded long poll)",
+        {200: RequestStreamView},
+        query=endpoint_requests.StreamQuery,
+        tag="endpoint requests",
+        invocation=True,
+        description=INVOCATION,
+    ),
+    Route(
+        "POST",
+        "/api/v1/endpoints/{endpoint_id}/cancel/{request_id}",
+        endpoint_requests.cancel,
+        Resource.ENDPOINTS,
+        Action.WRITE,
+        "Cancel a queued or running request",
+        {200: RequestStatusView},
+        query=schemas.EmptyQuery,
+        errors=frozenset({409}),
+        tag="endpoint requests",
+        invocation=True,
+        description=INVOCATION,
+    ),
+    Route(
+        "POST",
+        "/api/v1/endpoints/{endpoint_id}/retry/{request_id}",
+        endpoint_requests.retry,
+        Resource.ENDPOINTS,
+        Action.WRITE,
+        "Queue a failed, timed-out or cancelled request again",
+        {200: RequestStatusView},
+        query=schemas.EmptyQuery,
+        errors=frozenset({409}),
+        tag="endpoint requests",
+        invocation=True,
+        description=INVOCATION,
+    ),
+    Route(
+        "GET",
+        "/api/v1/endpoints/{endpoint_id}/health",
+        endpoint_requests.health,
+        Resource.ENDPOINTS,
+        Action.READ,
+        "An endpoint's requests by state and its workers",
+        {200: EndpointHealthView},
+        query=schemas.EmptyQuery,
+        tag="endpoint requests",
+        invocation=True,
+        description=INVOCATION,
     ),
     # --- SSH public keys (docs/ssh.md): each account its own
     Route(

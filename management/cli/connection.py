@@ -63,13 +63,18 @@ class Credentials:
     key_source: str  # where the key was found, for messages
 
 
+def resolve_api(args: argparse.Namespace, env: Mapping[str, str]) -> str:
+    """The API's URL: --api, then IDLEGRID_API, then the CLI config file's ``api``, then the default."""
+    return str(args.api or env.get(API_ENV) or _read_cli_config(cli_config_path(env)).get("api") or DEFAULT_API)
+
+
 def resolve_credentials(
     args: argparse.Namespace, env: Mapping[str, str], *, key_option: str = "--api-key KEY or --key-file FILE"
 ) -> Credentials:
     """``key_option``: how the calling command takes a key, for the message when none is found."""
     config_path = cli_config_path(env)
     config = _read_cli_config(config_path)
-    api = args.api or env.get(API_ENV) or config.get("api") or DEFAULT_API
+    api = resolve_api(args, env)
     if args.api_key:
         return Credentials(api, args.api_key, "--api-key")
     key_file: Path | None = getattr(args, "key_file", None)

@@ -1,5 +1,5 @@
 """``idlegrid endpoint create|list|get|update|delete|keys``: a renter's serverless endpoints (docs/endpoints.md), through
-the management API.
+the management API (``run``, ``request`` and ``health``, the requests to one: endpoint_requests.py).
 
   idlegrid endpoint create --name echo --image IMAGE --gpus 1 --max-workers 4 -- python handler.py
   idlegrid endpoint create -f echo.toml            every field of the spec, flags over the file's
@@ -17,7 +17,9 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
+from management.cli import endpoint_requests
 from management.cli.connection import api_client, connection_options, show, table, when
 from management.cli.workloads import BadSpec, apply_replica_and_env, read_spec_file, registry_auth
 from management.client.api import AnswerJson, BodyJson
@@ -34,6 +36,7 @@ _NUMBERS: dict[str, tuple[str | None, str]] = {
     "execution_timeout_s": (None, "execution_timeout_s"),
     "ttl_s": (None, "ttl_s"),
     "max_retries": (None, "max_retries"),
+    "daily_spend_cap": (None, "daily_spend_cap"),
 }
 
 
@@ -46,7 +49,9 @@ def add_parsers(sub: argparse._SubParsersAction, make: Parser) -> None:
         "A serverless endpoint takes requests and runs them on workers that scale with them, to zero and back "
         "(docs/endpoints.md). A renter's key acts for its own account; the operator's sees every account's.",
     )
-    e_sub = p.add_subparsers(dest="endpoint_command", required=True, metavar="{create,list,get,update,delete,keys}")
+    e_sub = p.add_subparsers(
+        dest="endpoint_command", required=True, metavar="{create,list,get,update,delete,keys,run,request,health}"
+    )
 
     create = make(
         e_sub,
@@ -113,6 +118,7 @@ def add_parsers(sub: argparse._SubParsersAction, make: Parser) -> None:
     k_revoke.add_argument("key_id", metavar="KEY_ID", help="the key's id, epk-…")
     connection_options(k_revoke)
     k_revoke.set_defaults(func=_run_key_revoke)
+    endpoint_requests.add_parsers(e_sub, make)  # run, request, health: docs/endpoints.md, "The request routes"
 
 
 def _spec_options(p: argparse.ArgumentParser, *, creating: bool) -> None:
@@ -126,6 +132,7 @@ def _spec_options(p: argparse.ArgumentParser, *, creating: bool) -> None:
     p.add_argument("--gpus", type=int, metavar="N", help=f"GPUs per worker, 1..16 ({default('1')})")
     p.add_argument("--model", action="append", metavar="KEY", help=f"allowed GPU model, repeatable ({default('any')})")
     p.add_argument("--tier", action="append", metavar="NAME", help=f"allowed tier, repeatable ({default('any')})")
+    p.add_argument("--vendor", action="append", metavar="NAME", help=f"GPU vendor, nvidia or amd, repeatable ({default('any')})")
     p.add_argument("--env", action="append", metavar="KEY=VALUE", help=f"environment variable, repeatable ({default('none')})")
     p.add_argument(
         "--registry-user",
@@ -160,11 +167,26 @@ def _spec_options(p: argparse.ArgumentParser, *, creating: bool) -> None:
     p.add_argument("--ttl-s", type=float, metavar="SECONDS", help=f"a request's whole life ({default('86400')})")
     p.add_argument("--max-retries", type=int, metavar="N", help=f"requeues after a lost worker, 0..10 ({default('3')})")
     p.add_argument(
+        "--daily-spend-cap",
+        metavar="AMOUNT",
+        help=f"the most its workers may cost in any 24 hours, e.g. 25.00: at the cap no worker starts ({default('none')})",
+    )
+    p.add_argument(
         "container_command",
         nargs="*",
         metavar="COMMAND",
         help="the worker's command, after '--' (default: " + ("the file's, else the image's)" if creating else "unchanged)"),
     )
+
+
+def _scale_lines(scale: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """What the autoscaler's last tick found (docs/endpoints.md, "The autoscaler's shell")."""
+    if not scale:
+        return []
+    workers = ", ".join(f"{n} {phase}" for phase, n in scale["workers"].items())
+    spent = f"; spent {scale['spent_24h']} in 24 h" if scale.get("spent_24h") is not None else ""
+    capped = "" if scale["may_scale_up"] else " (at its spend cap: none starts)"
+    return [("now", f"{workers}, {scale['waiting']} waiting{spent}{capped}"), ("why", scale["why"])]
 
 
 def spec_from(args: argparse.Namespace, base: BodyJson) -> BodyJson:
@@ -307,6 +329,8 @@ def _detail(e: AnswerJson) -> str:
             f"{spec['execution_timeout_s']:g} s per attempt, {spec['ttl_s']:g} s in all, "
             f"{spec['max_retries']} retries after a lost worker",
         ),
+        ("spend cap", f"{spec['daily_spend_cap']} a day" if spec.get("daily_spend_cap") else "none"),
+        *_scale_lines(e.get("scale")),
         ("created", when(e["created_at"])),
         ("updated", when(e["updated_at"])),
     ]

@@ -147,6 +147,11 @@ def host_text(agent: AnswerJson) -> str:
     for uuid, tested in reach.items():
         if not tested["reachable"]:
             text += f"\n\n{uuid} is not offered: {tested['detail']}\n  fix: {tested['fix']}"
+    for card in agent.get("unoffered_gpus") or []:  # seen on the host's bus, read by no library (docs/gpus.md)
+        named = card["name"] or card["device_id"] or card["vendor"]
+        text += f"\n\n{card['vendor']} card {named} at {card['pci_bus_id']} is not offered: {card['reason']}"
+        if card["fix"]:
+            text += f"\n  fix: {card['fix']}"
     return text
 
 

@@ -83,6 +83,9 @@ def add_parser(sub: argparse._SubParsersAction, make: Parser) -> None:
     submit.add_argument("--gpus", type=int, metavar="N", help="GPUs per replica, 1..16 (default: the file's, else 1)")
     submit.add_argument("--model", action="append", metavar="KEY", help="allowed GPU model, repeatable (default: any)")
     submit.add_argument("--tier", action="append", metavar="NAME", help="allowed tier, repeatable (default: any)")
+    submit.add_argument(
+        "--vendor", action="append", metavar="NAME", help="GPU vendor, nvidia or amd (CUDA or ROCm), repeatable (default: any)"
+    )
     submit.add_argument("--priority", metavar="CLASS", help="low, normal, high or critical (default: the file's, else normal)")
     submit.add_argument("--project", metavar="NAME", help="project to account it to (default: the file's, else 'default')")
     submit.add_argument("--env", action="append", metavar="KEY=VALUE", help="environment variable, repeatable (default: none)")
@@ -215,12 +218,15 @@ DISK_HELP = "only hosts reporting at least this much free disk, GiB (default: th
 
 
 def apply_replica_and_env(args: argparse.Namespace, spec: SpecJson) -> None:
-    """The flags a workload and an endpoint's worker share, over ``spec``'s own: --gpus, --model, --tier, --env."""
+    """The flags a workload and an endpoint's worker share, over ``spec``'s own: --gpus, --model, --vendor, --tier,
+    --env."""
     replica = dict(spec.get("replica") or {})
     if args.gpus is not None:
         replica["gpus"] = args.gpus
     if args.model:
         replica["models"] = args.model
+    if getattr(args, "vendor", None):  # not on every command that shares these flags
+        replica["vendors"] = args.vendor
     if args.tier:
         replica["tiers"] = args.tier
     if replica:

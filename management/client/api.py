@@ -440,6 +440,42 @@ class ApiCalls(Generic[R]):
         path = f"{API_PREFIX}/endpoints/{_segment(endpoint_id)}/keys/{_segment(key_id)}/revoke"
         return self.send(ApiRequest("POST", path))
 
+    # --- requests to an endpoint, RunPod's shape: the owner's API key, the operator's, or an invocation key ---
+
+    def run_endpoint(self, endpoint_id: str, input: Json, *, webhook: str | None = None) -> R:
+        """Queue a request: ``{"id", "status"}``."""
+        body: dict[str, Json] = {"input": input} | ({"webhook": webhook} if webhook else {})
+        return self.send(ApiRequest("POST", f"{API_PREFIX}/endpoints/{_segment(endpoint_id)}/run", body=body))
+
+    def run_endpoint_sync(self, endpoint_id: str, input: Json, *, wait_s: float = 90.0, webhook: str | None = None) -> R:
+        """Queue a request and wait up to ``wait_s`` for its end (the client's own timeout must be longer)."""
+        body: dict[str, Json] = {"input": input} | ({"webhook": webhook} if webhook else {})
+        query = {"wait": str(round(wait_s * 1000))}
+        return self.send(ApiRequest("POST", f"{API_PREFIX}/endpoints/{_segment(endpoint_id)}/runsync", query, body))
+
+    def endpoint_request(self, endpoint_id: str, request_id: str) -> R:
+        return self.send(ApiRequest("GET", f"{API_PREFIX}/endpoints/{_segment(endpoint_id)}/status/{_segment(request_id)}"))
+
+    def stream_endpoint_request(
+        self, endpoint_id: str, request_id: str, *, after: int | None = None, wait_s: float | None = None
+    ) -> R:
+        """The partial outputs after ``after`` (None: after those this route answered already), waiting up to
+        ``wait_s`` for one."""
+        query = ({"after": str(after)} if after is not None else {}) | (
+            {"wait": str(round(wait_s * 1000))} if wait_s is not None else {}
+        )
+        path = f"{API_PREFIX}/endpoints/{_segment(endpoint_id)}/stream/{_segment(request_id)}"
+        return self.send(ApiRequest("GET", path, query))
+
+    def cancel_endpoint_request(self, endpoint_id: str, request_id: str) -> R:
+        return self.send(ApiRequest("POST", f"{API_PREFIX}/endpoints/{_segment(endpoint_id)}/cancel/{_segment(request_id)}"))
+
+    def retry_endpoint_request(self, endpoint_id: str, request_id: str) -> R:
+        return self.send(ApiRequest("POST", f"{API_PREFIX}/endpoints/{_segment(endpoint_id)}/retry/{_segment(request_id)}"))
+
+    def endpoint_health(self, endpoint_id: str) -> R:
+        return self.send(ApiRequest("GET", f"{API_PREFIX}/endpoints/{_segment(endpoint_id)}/health"))
+
     # --- the market: providers' prices (amounts as decimal strings per GPU-hour, e.g. "2.50") ---
 
     def prices(self, *, provider: str | None = None) -> R:

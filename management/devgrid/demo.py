@@ -47,8 +47,22 @@ from management.devgrid.podman_host import DEMO, DEMO_IMAGE, SELFTEST, PodmanHos
 
 # Two regions, one relay each; agents alternate between them.
 RELAYS = (("relay-a", "eu-west"), ("relay-b", "us-east"))
-# A mix of GPU models, as a marketplace would see them.
-FLEET = ("h100:8", "a100-80gb:4", "l40s:4", "rtx-4090:2", "a10:1", "t4:4", "rtx-3090:2", "h200:8", "l4:2", "v100:4")
+# A mix of GPU models and vendors, as a marketplace would see them: the second host is AMD's (docs/gpus.md), so even a
+# two-agent demo has one.
+FLEET = (
+    "h100:8",
+    "mi300x:8",
+    "a100-80gb:4",
+    "l40s:4",
+    "rtx-4090:2",
+    "a10:1",
+    "t4:4",
+    "rtx-3090:2",
+    "h200:8",
+    "l4:2",
+    "v100:4",
+    "w7900:2",
+)
 DEFAULT_API_PORT = 7000
 DEFAULT_AGENTS = 8
 PROVIDER = "demo-provider"
@@ -350,11 +364,14 @@ class Demo:
             f"  Rent a GPU as {RENTER}, from another shell (each line pastes as it is; ID is what submit printed):",
             f"    export {' '.join(exports)}",
             f"    search:        {idlegrid} offers search 'num_gpus>=1 price<=2'",
+            f"    AMD offers:    {idlegrid} offers search 'vendor=amd'",
             f"    rent:          {idlegrid} rent OFFER --image none --allow-process-runtime -- sleep 300",
             f"    balance:       {idlegrid} balance",
             f"    ledger:        {idlegrid} ledger",
             f"    submit:        {idlegrid} workload submit --name hello --image none --allow-process-runtime"
             " --port 8888 -- sleep 300",
+            f"    on AMD:        {idlegrid} workload submit --name on-amd --image none --allow-process-runtime --vendor amd"
+            " -- sleep 300",
             *self.gang_lines(idlegrid),
             f"    list:          {idlegrid} workload list",
             f"    show:          {idlegrid} workload get ID",

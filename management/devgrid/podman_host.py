@@ -54,6 +54,9 @@ SOCKET_NAME = "podman.sock"
 MAX_SOCKET_PATH = 100  # a unix socket's path must fit sun_path (108 bytes on Linux)
 # Mount points a container's runtime needs in the image, and /www for the demo's page.
 ROOT_DIRS = ("proc", "sys", "dev", "etc", "tmp")
+HOST_PYTHON = "3.11"  # Debian 12's python3, which an image with Python carries (add_python)
+# What of the host's standard library an image leaves out: tests, tools, caches, Tk (about 25 of its 54 MB).
+STDLIB_LEFT_OUT = ("test", "idlelib", "tkinter", "turtledemo", "lib2to3", "ensurepip", "__pycache__", "config-3*", "*_test*.so")
 
 
 class PodmanUnavailable(IdlegridError):
@@ -65,14 +68,35 @@ class PodmanUnavailable(IdlegridError):
 @dataclass(frozen=True)
 class BusyboxImage:
     """An image of busybox-static and its applets: ``files`` (path in the image -> text) and Containerfile-style
-    ``changes`` (``ENV``, ``CMD``, ``EXPOSE``) on top."""
+    ``changes`` (``ENV``, ``CMD``, ``EXPOSE``) on top; with ``python``, the host's Python 3 too (``add_python``)."""
 
     reference: str
     changes: Sequence[str]
     files: Mapping[str, str] = field(default_factory=dict)
+    python: bool = False
 
 
 SELFTEST = BusyboxImage(SELFTEST_IMAGE, ("ENV PATH=/bin", 'CMD ["sleep", "3600"]'))
+
+
+def _worker_files() -> dict[str, str]:
+    """The handler library as the package ``idlegrid_worker`` (its imports are relative) and the echo worker."""
+    library = Path(__file__).resolve().parents[2] / "common" / "endpoint_worker"
+    files = {f"opt/idlegrid_worker/{source.name}": source.read_text() for source in sorted(library.glob("*.py"))}
+    files["app/worker.py"] = (Path(__file__).parent / "echo_worker.py").read_text()
+    return files
+
+
+WORKER_FILES = _worker_files()
+# An endpoint's worker: the host's Python and the handler library, serving the echo worker. Its tag is its files'
+# digest, so a state directory that kept an image of another version of the library builds this one beside it.
+WORKER_IMAGE = "localhost/idlegrid-worker:" + hashlib.sha256(repr(sorted(WORKER_FILES.items())).encode()).hexdigest()[:12]
+WORKER = BusyboxImage(
+    WORKER_IMAGE,
+    ("ENV PATH=/usr/bin:/bin", "ENV PYTHONPATH=/opt", "ENV PYTHONDONTWRITEBYTECODE=1", 'CMD ["python3", "/app/worker.py"]'),
+    WORKER_FILES,
+    python=True,
+)
 DEMO = BusyboxImage(
     DEMO_IMAGE,
     ("ENV PATH=/bin", f"EXPOSE {DEMO_PORT}", f'CMD ["httpd", "-f", "-v", "-p", "{DEMO_PORT}", "-h", "/www"]'),
@@ -183,7 +207,7 @@ class PodmanHost:
     def build_image(self, image: BusyboxImage) -> None:
         """``podman import`` of a busybox rootfs with ``image``'s files and changes (replacing a tag of that name)."""
         with tempfile.TemporaryDirectory(prefix="rootfs-", dir=self.workdir) as scratch:
-            archive = busybox_rootfs_archive(Path(scratch), image.files)
+            archive = busybox_rootfs_archive(Path(scratch), image.files, python=image.python)
             changes = [arg for change in image.changes for arg in ("--change", change)]
             self.podman("import", "--quiet", *changes, str(archive), image.reference)
 
@@ -222,6 +246,9 @@ class PodmanHost:
             print(f"idlegrid demo: {exc}; stopping Podman anyway", file=sys.stderr)
         finally:
             self._stop_process()
+            # A container's /dev/shm that its removal left mounted (seen after a demo's stop): the directory could not
+            # be deleted, and a later start would find it busy.
+            unmount_below(self.workdir)
 
     def _stop_process(self) -> None:
         service, self._service = self._service, None
@@ -241,9 +268,9 @@ class PodmanHost:
             return "(no log)"
 
 
-def busybox_rootfs_archive(scratch: Path, files: Mapping[str, str] | None = None) -> Path:
+def busybox_rootfs_archive(scratch: Path, files: Mapping[str, str] | None = None, *, python: bool = False) -> Path:
     """A tar of a root filesystem with ``/bin/busybox`` (busybox-static), a link per applet, the mount points a
-    container needs and ``files``, made in ``scratch``."""
+    container needs and ``files`` (and the host's Python 3, ``add_python``), made in ``scratch``."""
     rootfs = scratch / "rootfs"
     (rootfs / "bin").mkdir(parents=True)
     for mountpoint in ROOT_DIRS:
@@ -253,6 +280,8 @@ def busybox_rootfs_archive(scratch: Path, files: Mapping[str, str] | None = None
     for applet in applets:
         if applet != "busybox":
             (rootfs / "bin" / applet).symlink_to("busybox")
+    if python:
+        add_python(rootfs)
     for path, text in (files or {}).items():
         target = rootfs / path
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -261,6 +290,49 @@ def busybox_rootfs_archive(scratch: Path, files: Mapping[str, str] | None = None
     subprocess.run(["tar", "-C", str(rootfs), "-cf", str(archive), "."], check=True)
     shutil.rmtree(rootfs)
     return archive
+
+
+def unmount_below(directory: Path) -> None:
+    """Lazily unmount whatever is still mounted under ``directory`` (a container's /dev/shm), deepest first."""
+    prefix = str(directory.resolve()) + "/"
+    try:
+        with open("/proc/self/mounts") as mounts:
+            targets = [line.split()[1] for line in mounts if line.split()[1].startswith(prefix)]
+    except OSError:
+        return
+    for target in sorted(targets, reverse=True):
+        subprocess.run(["umount", "-l", target], check=False, capture_output=True)
+
+
+def add_python(rootfs: Path) -> None:
+    """The host's Python 3 interpreter (Debian's ``python3``: /usr/bin/python3.X), its standard library without its
+    tests and tools, and every shared library the two link (as ``ldd`` resolves them), copied into ``rootfs``: enough
+    for a stdlib-only program, such as an endpoint worker on the handler library, in an image built offline.
+    PodmanUnavailable when the host has no such Python."""
+    interpreter = Path(f"/usr/bin/python{HOST_PYTHON}")
+    stdlib = Path(f"/usr/lib/python{HOST_PYTHON}")
+    if not interpreter.exists() or not stdlib.is_dir():
+        raise PodmanUnavailable(f"an image with Python needs the host's {interpreter} (Debian package python3)")
+    (rootfs / "usr" / "bin").mkdir(parents=True, exist_ok=True)
+    shutil.copy2(interpreter, rootfs / "usr" / "bin" / interpreter.name)
+    (rootfs / "usr" / "bin" / "python3").symlink_to(interpreter.name)
+    shutil.copytree(stdlib, rootfs / stdlib.relative_to("/"), symlinks=True, ignore=shutil.ignore_patterns(*STDLIB_LEFT_OUT))
+    linked = [interpreter, *sorted((stdlib / "lib-dynload").glob("*.so"))]
+    for library in sorted({lib for program in linked for lib in _linked_libraries(program)}):
+        target = rootfs / library.relative_to("/")
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(library, target)  # a link's target's bytes, under the name the loader asks for
+
+
+def _linked_libraries(program: Path) -> list[Path]:
+    """The shared libraries ``program`` loads, by the paths ``ldd`` resolves (the loader itself included)."""
+    listed = subprocess.run(["ldd", str(program)], capture_output=True, text=True, check=False).stdout
+    found = []
+    for line in listed.splitlines():
+        words = line.replace("=>", " ").split()
+        found += [Path(word) for word in words if word.startswith("/")]
+    return found
 
 
 def ping(socket_path: Path) -> bool:

@@ -11,7 +11,9 @@ A request's states (``RequestState``) and what moves it (docs/endpoints.md, "The
 - ``submit``: a new request, ``queued``, attempt 1; refused (``TOO_LARGE``) past ``max_input_bytes``;
 - ``take``: the oldest queued request of the worker's endpoint (FIFO by ``order``, kept through requeues), for a
   worker holding fewer than the endpoint's concurrency: ``in_progress``, held by that worker;
-- ``heartbeat``: the worker is heard from; answers the ids it lists that it no longer holds (cancel them);
+- ``heartbeat``: the worker is heard from; answers the ids it lists that it no longer holds (cancel them). A request
+  it holds but does not list, taken ``unclaimed_after_s`` or more before, goes back to the queue at its place, same
+  attempt: the take's answer never reached the worker (a link cut while it travelled);
 - ``partial`` (idempotent by (id, seq), bounded in total), ``progress`` (replaces), ``result`` (``completed``),
   ``error`` (``failed``), ``release`` (back to the queue, same attempt): each only from the worker holding the request,
   else ``GONE`` and nothing changes;
@@ -46,9 +48,11 @@ import enum
 import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import msgspec
+
+from master.port import WorkerError, WorkerRef
 
 JSON = Any
 
@@ -84,26 +88,12 @@ class Outcome(enum.StrEnum):
     NOT_FOUND = "not_found"
 
 
-class WorkerRef(NamedTuple):
-    """One worker: one container of one endpoint, on one agent."""
-
-    endpoint_id: str
-    worker_id: str
-    agent_id: str
-
-
 class Partial(msgspec.Struct, frozen=True):
     seq: int
     output: str  # JSON text
 
     def value(self) -> JSON:
         return msgspec.json.decode(self.output)
-
-
-class WorkerError(msgspec.Struct, frozen=True):
-    type: str = ""
-    message: str = ""
-    traceback: str = ""
 
 
 class EndpointRequestRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -131,6 +121,7 @@ class EndpointRequestRecord(msgspec.Struct, frozen=True, kw_only=True):
     progress: str = ""  # JSON text of the latest progress
     error: WorkerError | None = None
     reason: str = ""  # EndReason of a failed, cancelled or timed-out request
+    webhook: str = ""  # where its end is POSTed (checked against the egress rule when it was submitted); "" for none
     version: int = 1
 
     @property
@@ -162,6 +153,10 @@ class QueueLimits:
     max_progress_bytes: int = 64 << 10
 
 
+# A request its worker's heartbeats have not listed this long after its take was answered is taken to have never
+# reached the worker (the answer was lost on the way: the agent gives up on it within the take's wait plus 15 s), and
+# goes back to the queue. The handler library lists a request from the take's answer until its report is delivered.
+UNCLAIMED_AFTER_S = 30.0
 MAX_ERROR_CHARS = 8_000  # each of an error's message and traceback is cut to this (the library sends at most it)
 
 
@@ -224,6 +219,7 @@ class RequestQueue:
     next_order: int = 1
     _waiting: dict[str, list[tuple[int, str]]] = field(default_factory=dict)  # per endpoint: heap of (order, id)
     _held: dict[WorkerRef, set[str]] = field(default_factory=dict)
+    _load: dict[str, tuple[int, int]] = field(default_factory=dict)  # per endpoint: open requests, their input chars
 
     @classmethod
     def loaded(cls, records: Iterable[EndpointRequestRecord], now: float) -> RequestQueue:
@@ -238,6 +234,10 @@ class RequestQueue:
 
     def get(self, request_id: str) -> EndpointRequestRecord | None:
         return self.requests.get(request_id)
+
+    def open_load(self, endpoint_id: str) -> tuple[int, int]:
+        """The endpoint's open requests: how many, and the characters of their inputs together."""
+        return self._load.get(endpoint_id, (0, 0))
 
     def held_by(self, worker: WorkerRef) -> frozenset[str]:
         return frozenset(self._held.get(worker, ()))
@@ -254,7 +254,15 @@ class RequestQueue:
     # --- operations: each answers a Step and changes nothing ---
 
     def submit(
-        self, request_id: str, endpoint_id: str, input: JSON, limits: QueueLimits, now: float, *, account: str = ""
+        self,
+        request_id: str,
+        endpoint_id: str,
+        input: JSON,
+        limits: QueueLimits,
+        now: float,
+        *,
+        account: str = "",
+        webhook: str = "",
     ) -> Step:
         if request_id in self.requests:
             return Step(Outcome.GONE)
@@ -271,6 +279,7 @@ class RequestQueue:
             ttl_s=limits.ttl_s,
             execution_timeout_s=limits.execution_timeout_s,
             max_retries=limits.max_retries,
+            webhook=webhook,
         )
         return Step(Outcome.OK, changed=(rec,))
 
@@ -289,9 +298,17 @@ class RequestQueue:
             return Step(Outcome.OK, changed=(taken,), taken=taken, seen=seen)
         return Step(Outcome.GONE, seen=seen)
 
-    def heartbeat(self, worker: WorkerRef, in_flight: Iterable[str], now: float) -> Step:
+    def heartbeat(
+        self, worker: WorkerRef, in_flight: Iterable[str], now: float, *, unclaimed_after_s: float = UNCLAIMED_AFTER_S
+    ) -> Step:
         held = self._held.get(worker, set())
-        return Step(Outcome.OK, cancel=tuple(i for i in dict.fromkeys(in_flight) if i not in held), seen=((worker, now),))
+        listed = dict.fromkeys(in_flight)
+        unclaimed = tuple(
+            _requeued(rec, attempt=rec.attempt, lost=rec.lost)
+            for i in sorted(held - listed.keys())
+            if (rec := self.requests[i]).started_at is not None and now - rec.started_at >= unclaimed_after_s
+        )
+        return Step(Outcome.OK, changed=unclaimed, cancel=tuple(i for i in listed if i not in held), seen=((worker, now),))
 
     def partial(self, worker: WorkerRef, request_id: str, seq: int, output: JSON, limits: QueueLimits, now: float) -> Step:
         seen = ((worker, now),)
@@ -409,6 +426,8 @@ class RequestQueue:
     def apply(self, step: Step) -> None:
         for rec in step.changed:
             old = self.requests.pop(rec.id, None)
+            if old is not None:
+                self._count(old, -1)
             if old is not None and (holder := old.holder) is not None:
                 held = self._held.get(holder)
                 if held is not None:
@@ -418,6 +437,7 @@ class RequestQueue:
             if not rec.is_open:
                 continue
             self.requests[rec.id] = rec
+            self._count(rec, 1)
             self.next_order = max(self.next_order, rec.order + 1)
             if (holder := rec.holder) is not None:
                 self._held.setdefault(holder, set()).add(rec.id)
@@ -430,6 +450,14 @@ class RequestQueue:
         for heap in self._waiting.values():  # drop entries no longer queued at that place
             while heap and not self._waits(heap[0]):
                 heapq.heappop(heap)
+
+    def _count(self, rec: EndpointRequestRecord, sign: int) -> None:
+        count, chars = self._load.get(rec.endpoint_id, (0, 0))
+        count, chars = count + sign, chars + sign * len(rec.input)
+        if count:
+            self._load[rec.endpoint_id] = (count, chars)
+        else:
+            self._load.pop(rec.endpoint_id, None)
 
     def _waits(self, entry: tuple[int, str]) -> bool:
         rec = self.requests.get(entry[1])

@@ -22,6 +22,7 @@ seconds. No timing here is a test's assertion: tests drive the clock (``clock``)
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 import time
 from collections.abc import Callable
@@ -40,31 +41,30 @@ from management.endpoints.queue import (
     RequestQueue,
     RequestState,
     Step,
-    WorkerError,
-    WorkerRef,
     value_of,
 )
 from management.store.endpoint_requests import EndpointRequestRepo, StaleEndpointRequest
+from master.port import CallOutcome, Loop, TakenRequest, WorkerCalls, WorkerError, WorkerRef, stop_loop
+
+log = logging.getLogger(__name__)
 
 JSON = Any
 MAX_TAKE_WAIT_S = 30.0  # a take waits at most this long, whatever the worker asks (the library asks 20 s)
 MAX_IN_FLIGHT_LISTED = 1_000  # a heartbeat's in-flight list is read up to this many ids
 LOAD_PAGE = 1_000
+SWEEP_PERIOD_S = 2.0  # how often the clock is applied: a TTL or a timeout ends at most this late
+# How long an ended request (its output, its error) is kept for its status and stream to read, from its end. RunPod
+# keeps an asynchronous request's result for 30 minutes, which its users find short; a day covers a client that
+# comes back the next morning.
+RESULT_RETENTION_S = 86_400.0
+PURGE_EVERY_S = 60.0  # how often the ended requests past the retention are deleted, a page at a time
+PURGE_PAGE = 1_000
 
 
 class RequestTooLarge(IdlegridError):
     """A request's input past its endpoint's bound."""
 
     code = "request_too_large"
-
-
-@dataclass(frozen=True, slots=True)
-class TakenRequest:
-    """A take's answer: what the worker API hands the worker (``{"id", "input", "attempt"}``)."""
-
-    id: str
-    input: JSON
-    attempt: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,10 +80,34 @@ class Streamed:
 
 
 @dataclass(frozen=True, slots=True)
+class WorkerActivity:
+    """One worker as the book knows it (the autoscaler's shell reads it): when it was last heard from, the requests it
+    holds, and when its work last changed (a request taken, reported on or handed back)."""
+
+    ref: WorkerRef
+    last_seen: float
+    in_flight: int
+    last_work: float | None  # None: no request taken since the book knew it
+    # None while a take of it is under way (a healthy worker with room for more always has one in its long poll); else
+    # since when none has been: the end of its last take, or when the book first heard from it
+    not_taking_since: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class EndpointHealth:
     workers: int  # heard from and not gone
     busy_workers: int  # holding at least one request
     requests: dict[str, int]  # open requests by state
+
+
+# What a worker's report answers (the worker API's 204, 404, 413): a request that is not the caller's, or no longer
+# open, is gone to it whether or not it exists.
+CALL_OUTCOMES = {
+    Outcome.OK: CallOutcome.OK,
+    Outcome.GONE: CallOutcome.GONE,
+    Outcome.NOT_FOUND: CallOutcome.GONE,
+    Outcome.TOO_LARGE: CallOutcome.TOO_LARGE,
+}
 
 
 def new_request_id() -> str:
@@ -91,7 +115,8 @@ def new_request_id() -> str:
 
 
 class RequestBook:
-    """Endpoint requests: the open ones in memory (the pure queue), every change stored first."""
+    """Endpoint requests: the open ones in memory (the pure queue), every change stored first. It is the ``WorkerCalls``
+    the Master hands its endpoint workers' calls to (master/worker_calls.py)."""
 
     def __init__(
         self,
@@ -101,7 +126,15 @@ class RequestBook:
         heartbeat_timeout_s: float = 30.0,
         clock: Callable[[], float] = time.time,
         new_id: Callable[[], str] = new_request_id,
+        serve: Callable[[WorkerCalls | None], None] = lambda _calls: None,
+        sweep_period_s: float = SWEEP_PERIOD_S,
+        retention_s: float = RESULT_RETENTION_S,
+        on_end: Callable[[EndpointRequestRecord], None] = lambda _rec: None,
     ) -> None:
+        """``limits_of``: an endpoint's bounds (read synchronously, at each call); ``serve``: how the book is made
+        the Master's handler of workers' calls while it runs (``MasterPort.serve_worker_calls``); ``on_end``: told of
+        each request once it has ended and been stored (once per run: a retry's run is told again at its own end). It
+        is called under the book's lock, so it must not block: it hands the record over and returns."""
         self._repo = repo
         self._limits_of = limits_of
         self._heartbeat_timeout_s = heartbeat_timeout_s
@@ -111,6 +144,22 @@ class RequestBook:
         self._lock = asyncio.Lock()
         self._arrivals: dict[str, asyncio.Event] = {}  # per endpoint: set when a request becomes queued there
         self._changes: dict[str, asyncio.Event] = {}  # per request someone streams: set when it changes
+        self._serve = serve
+        self._sweep_period_s = sweep_period_s
+        self._sweeper: asyncio.Task[None] | None = None
+        self._retention_s = retention_s
+        self._purged_at = float("-inf")
+        self._on_end = on_end
+        self.loaded = False  # read from the store (the composition's check)
+        self._last_work: dict[WorkerRef, float] = {}  # per worker: when a request it held (or took) last changed
+        self._taking: dict[WorkerRef, int] = {}  # per worker: its takes under way
+        self._take_ended: dict[WorkerRef, float] = {}  # per worker: when its last take ended (or it was first heard)
+        self._arrival_listeners: list[Callable[[str], None]] = []
+
+    def on_arrival(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(endpoint_id)`` whenever a request becomes queued there (submitted, handed back, requeued,
+        retried): the autoscaler's shell wakes at once for an endpoint with no worker. It must not block."""
+        self._arrival_listeners.append(listener)
 
     async def load(self) -> None:
         """Read the open requests from the store (at start)."""
@@ -121,6 +170,25 @@ class RequestBook:
             after = page[-1].order
         async with self._lock:
             self._queue = RequestQueue.loaded(found, self._clock())
+        self.loaded = True
+
+    def start(self) -> None:
+        """Take the workers' calls (once loaded) and apply the clock every ``sweep_period_s``."""
+        self._serve(self)
+        self._sweeper = Loop("endpoint requests", self._sweep_period_s, self._sweep_once, restart_s=self._sweep_period_s).start()
+
+    async def stop(self) -> None:
+        """Workers' calls are answered 503 from now on (they retry, on this Master or the next); the sweeps stop."""
+        self._serve(None)
+        await stop_loop(self._sweeper)
+        self._sweeper = None
+
+    async def _sweep_once(self) -> None:
+        await self.sweep()
+        now = self._clock()
+        if now - self._purged_at >= PURGE_EVERY_S:
+            await self.purge()
+            self._purged_at = now
 
     # --- carrying out a step ---
 
@@ -142,12 +210,37 @@ class RequestBook:
         taken = step.taken if step.taken in stored else None
         outcome = Outcome.GONE if lost_race and len(step.changed) == 1 else step.outcome
         done = Step(outcome, tuple(stored), taken, step.cancel, step.seen, step.forgotten)
+        self._note_work(done)
         self._queue.apply(done)
         for rec in stored:
             if rec.state == RequestState.QUEUED:
                 self._wake(self._arrivals, rec.endpoint_id)
+                for listener in self._arrival_listeners:
+                    listener(rec.endpoint_id)
             self._wake(self._changes, rec.id)
+            if not rec.is_open:
+                self._tell_end(rec)
         return done
+
+    def _tell_end(self, rec: EndpointRequestRecord) -> None:
+        try:
+            self._on_end(rec)
+        except Exception:  # the request has ended and is stored whatever a listener does
+            log.exception("endpoint request %s: the end hook failed", rec.id)
+
+    def _note_work(self, step: Step) -> None:
+        """Each worker whose requests the step changes (the holder before, the holder after) worked now."""
+        now = self._clock()
+        for rec in step.changed:
+            held = self._queue.get(rec.id)
+            for holder in (held.holder if held is not None else None, rec.holder):
+                if holder is not None:
+                    self._last_work[holder] = now
+        for worker, when in step.seen:
+            self._take_ended.setdefault(worker, when)
+        for worker in step.forgotten:
+            self._last_work.pop(worker, None)
+            self._take_ended.pop(worker, None)
 
     async def _reread(self, request_id: str) -> None:
         fresh = await self._repo.get(request_id)
@@ -173,9 +266,23 @@ class RequestBook:
 
     # --- the workers' side (WorkerCalls) ---
 
+    async def _report(self, make: Callable[[RequestQueue, float], Step]) -> CallOutcome:
+        return CALL_OUTCOMES[(await self._step(make)).outcome]
+
     async def take(self, worker: WorkerRef, wait_s: float) -> TakenRequest | None:
         """The oldest queued request of the worker's endpoint, waiting up to ``wait_s`` (at most MAX_TAKE_WAIT_S) for
         one to arrive; None when none came (or the worker holds its concurrency already)."""
+        self._taking[worker] = self._taking.get(worker, 0) + 1
+        try:
+            return await self._take(worker, wait_s)
+        finally:
+            left = self._taking.pop(worker, 1) - 1
+            if left:
+                self._taking[worker] = left
+            if worker in self._queue.workers:
+                self._take_ended[worker] = self._clock()
+
+    async def _take(self, worker: WorkerRef, wait_s: float) -> TakenRequest | None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(0.0, min(wait_s, MAX_TAKE_WAIT_S))
         concurrency = self._limits_of(worker.endpoint_id).concurrency
@@ -197,23 +304,23 @@ class RequestBook:
         listed = in_flight[:MAX_IN_FLIGHT_LISTED]
         return list((await self._step(lambda q, now: q.heartbeat(worker, listed, now))).cancel)
 
-    async def partial(self, worker: WorkerRef, request_id: str, seq: int, output: JSON) -> Outcome:
+    async def partial(self, worker: WorkerRef, request_id: str, seq: int, output: JSON) -> CallOutcome:
         limits = self._limits_of(worker.endpoint_id)
-        return (await self._step(lambda q, now: q.partial(worker, request_id, seq, output, limits, now))).outcome
+        return await self._report(lambda q, now: q.partial(worker, request_id, seq, output, limits, now))
 
-    async def progress(self, worker: WorkerRef, request_id: str, progress: JSON) -> Outcome:
+    async def progress(self, worker: WorkerRef, request_id: str, progress: JSON) -> CallOutcome:
         limits = self._limits_of(worker.endpoint_id)
-        return (await self._step(lambda q, now: q.progress(worker, request_id, progress, limits, now))).outcome
+        return await self._report(lambda q, now: q.progress(worker, request_id, progress, limits, now))
 
-    async def result(self, worker: WorkerRef, request_id: str, output: JSON) -> Outcome:
+    async def result(self, worker: WorkerRef, request_id: str, output: JSON) -> CallOutcome:
         limits = self._limits_of(worker.endpoint_id)
-        return (await self._step(lambda q, now: q.result(worker, request_id, output, limits, now))).outcome
+        return await self._report(lambda q, now: q.result(worker, request_id, output, limits, now))
 
-    async def error(self, worker: WorkerRef, request_id: str, error: WorkerError) -> Outcome:
-        return (await self._step(lambda q, now: q.error(worker, request_id, error, now))).outcome
+    async def error(self, worker: WorkerRef, request_id: str, error: WorkerError) -> CallOutcome:
+        return await self._report(lambda q, now: q.error(worker, request_id, error, now))
 
-    async def release(self, worker: WorkerRef, request_id: str) -> Outcome:
-        return (await self._step(lambda q, now: q.release(worker, request_id, now))).outcome
+    async def release(self, worker: WorkerRef, request_id: str) -> CallOutcome:
+        return await self._report(lambda q, now: q.release(worker, request_id, now))
 
     async def worker_gone(self, worker: WorkerRef) -> None:
         """The worker's container ended or its agent was lost: its requests go back to the queue (or fail)."""
@@ -221,10 +328,13 @@ class RequestBook:
 
     # --- the renters' side ---
 
-    async def submit(self, endpoint_id: str, input: JSON, *, account: str = "") -> EndpointRequestRecord:
+    async def submit(self, endpoint_id: str, input: JSON, *, account: str = "", webhook: str = "") -> EndpointRequestRecord:
+        """A new queued request (``webhook``: where its end is POSTed, already judged by the caller)."""
         limits = self._limits_of(endpoint_id)
         request_id = self._new_id()
-        step = await self._step(lambda q, now: q.submit(request_id, endpoint_id, input, limits, now, account=account))
+        step = await self._step(
+            lambda q, now: q.submit(request_id, endpoint_id, input, limits, now, account=account, webhook=webhook)
+        )
         if step.outcome == Outcome.TOO_LARGE:
             raise RequestTooLarge(f"the request's input is over the endpoint's {limits.max_input_bytes} bytes (or not JSON)")
         if step.outcome != Outcome.OK or not step.changed:
@@ -289,11 +399,47 @@ class RequestBook:
         busy = sum(1 for w in workers if self._queue.held_by(w))
         return EndpointHealth(workers=len(workers), busy_workers=busy, requests=by_state)
 
+    def open_load(self, endpoint_id: str) -> tuple[int, int]:
+        """How many requests the endpoint holds open, and the characters of their inputs together (at no cost)."""
+        return self._queue.open_load(endpoint_id)
+
+    def open_of(self, endpoint_id: str) -> list[EndpointRequestRecord]:
+        """The endpoint's open requests (queued and in progress), by their place in the queue."""
+        return sorted((r for r in self._queue.requests.values() if r.endpoint_id == endpoint_id), key=lambda r: r.order)
+
+    def workers_of(self, endpoint_id: str | None = None) -> list[WorkerActivity]:
+        """The endpoint's workers (None: every endpoint's) heard from and not gone: when each was last heard from, what
+        it holds, when its work last changed, since when no take of it is under way (the autoscaler's shell reads them
+        all once a tick)."""
+        return [
+            WorkerActivity(
+                ref,
+                seen,
+                len(self._queue.held_by(ref)),
+                self._last_work.get(ref),
+                None if self._taking.get(ref) else self._take_ended.get(ref, seen),
+            )
+            for ref, seen in self._queue.workers.items()
+            if endpoint_id is None or ref.endpoint_id == endpoint_id
+        ]
+
     def queued(self, endpoint_id: str) -> list[EndpointRequestRecord]:
         """The endpoint's queued requests, oldest first (the autoscaler's view of its queue)."""
         return self._queue.queued(endpoint_id)
 
     # --- the clock ---
+
+    async def purge(self) -> int:
+        """Delete the requests that ended more than the retention ago (a status of one answers NotFound after); how
+        many. Open requests are never touched: only an ended one has an end."""
+        before, deleted = self._clock() - self._retention_s, 0
+        while ids := await self._repo.delete_ended(before, limit=PURGE_PAGE):
+            deleted += len(ids)
+            for request_id in ids:
+                self._changes.pop(request_id, None)
+            if len(ids) < PURGE_PAGE:
+                break
+        return deleted
 
     async def sweep(self) -> Step:
         """TTLs, execution timeouts and silent workers, as of now."""

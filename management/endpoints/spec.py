@@ -19,7 +19,9 @@ import msgspec
 
 from common.containers import RegistryAuth
 from management.endpoints.autoscaler import ScalingPolicy
+from management.endpoints.queue import QueueLimits
 from master.port import (
+    Amount,
     CommandArg,
     EnvName,
     EnvValue,
@@ -100,6 +102,9 @@ class EndpointSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     execution_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=86400.0)] = 600.0  # one attempt at most
     ttl_s: Annotated[float, msgspec.Meta(gt=0, le=7 * 86400.0)] = 86400.0  # a request's life, queued or running
     max_retries: Annotated[int, msgspec.Meta(ge=0, le=10)] = 3  # requeues after a lost worker
+    # The most its workers may cost in any 24 hours, in the grid's currency ("25.00"); at the cap the autoscaler starts
+    # no worker (the running ones finish their work and scale down as usual). None: no cap (docs/endpoints.md).
+    daily_spend_cap: Amount | None = None
 
     def __post_init__(self) -> None:
         for field in ("execution_timeout_s", "ttl_s"):
@@ -108,6 +113,15 @@ class EndpointSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 raise ValueError(f"{field} must be a finite number, not {value!r}")
         if self.execution_timeout_s > self.ttl_s:
             raise ValueError(f"execution_timeout_s ({self.execution_timeout_s:g}) must not exceed ttl_s ({self.ttl_s:g})")
+
+    def limits(self) -> QueueLimits:
+        """Its requests' bounds, as the request queue applies them."""
+        return QueueLimits(
+            concurrency=self.scaling.concurrency,
+            max_retries=self.max_retries,
+            ttl_s=self.ttl_s,
+            execution_timeout_s=self.execution_timeout_s,
+        )
 
     def worker_spec(self) -> WorkloadSpec:
         """The workload each worker is: one replica, no network, not restarted in place (the autoscaler replaces it)."""

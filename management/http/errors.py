@@ -43,6 +43,9 @@ STATUS_OF_CODE = {
     "invalid_template": 400,  # management/launch/catalog.py
     "invalid_ssh_key": 400,  # management/services/ssh_keys.py
     "invalid_endpoint_spec": 400,  # management/services/endpoints.py
+    "invalid_endpoint_request": 400,  # management/services/endpoint_requests.py
+    "request_too_large": 413,  # management/endpoints/requests.py: an input past its endpoint's bound
+    "queue_full": 429,  # management/services/endpoint_requests.py: an endpoint holding all the open requests it may
     "invalid_ledger_request": 400,  # management/market/ledger.py
     "invalid_topup": 400,  # management/payments/topups.py: an amount out of bounds, negative, or finer than a cent
     "invalid_webhook": 400,  # management/payments/provider.py: a signature that does not verify, or no event

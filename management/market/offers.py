@@ -59,6 +59,8 @@ class Offer(msgspec.Struct, frozen=True, kw_only=True):
     provider: str
     region: str
     model: str  # of its free units (the most common model, on a host with more than one)
+    # Who made that model's cards (common.inventory.GPU_VENDORS): what software stack (CUDA, ROCm) a renter's image needs.
+    vendor: str = "nvidia"
     num_gpus: int  # free healthy units now
     num_gpus_on_demand: int  # what an on-demand or reserved rental can have: the free units and those interruptible rentals hold
     total_gpus: int  # every unit it has, held and faulty included
@@ -171,6 +173,7 @@ def offer_of(
         provider=agent.provider,
         region=agent.region,
         model=model,
+        vendor=gpu.info.vendor if gpu is not None else "nvidia",
         num_gpus=len(free),
         num_gpus_on_demand=len(free) + len(preemptible),
         total_gpus=total,

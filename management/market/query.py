@@ -39,6 +39,7 @@ FIELDS: dict[str, Kind] = {
     "provider": Kind.WORD,
     "region": Kind.WORD,
     "model": Kind.WORD,
+    "vendor": Kind.WORD,
     "tier": Kind.WORD,
     "runtime": Kind.WORD,
     "num_gpus": Kind.NUMBER,

@@ -70,6 +70,7 @@ FILTER_NAMES = (
     "disk",
     "price",
     "model",
+    "vendor",
     "tier",
     "VRAM",
     "compute capability",
@@ -306,7 +307,7 @@ class _Cycle:
         """Why ``job`` cannot be placed on the grid as it is now, even empty (hosts may still join), or None."""
         r = job.request
         allow = job.constraints.allow_process_runtime
-        shape_part = (r.gpus, r.min_vram_mib, r.models, r.tiers, r.min_compute_capability, r.mig_profile)
+        shape_part = (r.gpus, r.min_vram_mib, r.models, r.vendors, r.tiers, r.min_compute_capability, r.mig_profile)
         key = (shape_part, job.replicas, allow, self.policy.allow_process_runtime, job.runs_image)
         cache = self.pool.capacity_verdicts
         if key not in cache:
@@ -322,9 +323,11 @@ class _Cycle:
                 return f"no GPU on this grid is in tier {', '.join(sorted(r.tiers))}"
             if r.models and not any(s[0] in r.models for s in static):
                 return f"no GPU on this grid is a {', '.join(sorted(r.models))}"
+            if r.vendors and not any(s[7] in r.vendors for s in static):
+                return f"no GPU on this grid is made by {' or '.join(sorted(r.vendors))}"
             if r.mig_profile is not None and not any(s[4] == r.mig_profile for s in static):
                 return f"no GPU on this grid offers MIG profile {r.mig_profile}"
-            return "no GPU on this grid matches the request (model, tier, VRAM, compute capability, MIG profile)"
+            return "no GPU on this grid matches the request (model, vendor, tier, VRAM, compute capability, MIG profile)"
         allow = job.constraints.allow_process_runtime and self.policy.allow_process_runtime
         histogram = self.pool.static_histogram(job.runs_image, allow)
         replicas = 0
@@ -678,14 +681,15 @@ class _Cycle:
         keep(FILTER_NAMES[8], lambda u: u.host not in refused)
         counts[-1].detail = _price_detail(job, refused)
         keep(FILTER_NAMES[9], lambda u: not r.models or u.model in r.models)
-        keep(FILTER_NAMES[10], lambda u: not r.tiers or u.tier in r.tiers)
-        keep(FILTER_NAMES[11], lambda u: u.vram_mib >= r.min_vram_mib)
+        keep(FILTER_NAMES[10], lambda u: not r.vendors or u.vendor in r.vendors)
+        keep(FILTER_NAMES[11], lambda u: not r.tiers or u.tier in r.tiers)
+        keep(FILTER_NAMES[12], lambda u: u.vram_mib >= r.min_vram_mib)
         mcc = r.min_compute_capability
-        keep(FILTER_NAMES[12], lambda u: mcc is None or u.compute_capability >= mcc)
-        keep(FILTER_NAMES[13], lambda u: u.mig_profile == r.mig_profile)
-        keep(FILTER_NAMES[14], lambda u: pool.cpu_free.get(u.host, 0.0) >= r.cpu_cores)
-        keep(FILTER_NAMES[15], lambda u: pool.ram_free.get(u.host, 0) >= r.ram_mib)
-        keep(FILTER_NAMES[16], lambda u: u.id not in pool.holder)
+        keep(FILTER_NAMES[13], lambda u: mcc is None or u.compute_capability >= mcc)
+        keep(FILTER_NAMES[14], lambda u: u.mig_profile == r.mig_profile)
+        keep(FILTER_NAMES[15], lambda u: pool.cpu_free.get(u.host, 0.0) >= r.cpu_cores)
+        keep(FILTER_NAMES[16], lambda u: pool.ram_free.get(u.host, 0) >= r.ram_mib)
+        keep(FILTER_NAMES[17], lambda u: u.id not in pool.holder)
         by_host: dict[str, list[str]] = {}
         for u in remaining:
             by_host.setdefault(u.host, []).append(u.id)
@@ -693,8 +697,8 @@ class _Cycle:
             ok = {h for h, ids in by_host.items() if nvlink_group(ids, r.gpus, s.units) is not None}
         else:
             ok = set(by_host)
-        keep(FILTER_NAMES[17], lambda u: u.host in ok)
-        keep(FILTER_NAMES[18], lambda u: len(by_host[u.host]) >= r.gpus)
+        keep(FILTER_NAMES[18], lambda u: u.host in ok)
+        keep(FILTER_NAMES[19], lambda u: len(by_host[u.host]) >= r.gpus)
         return counts
 
     def _explain(self, job: Job, position: int, ordered: list[Job], status: str) -> Explanation:

@@ -40,6 +40,7 @@ class Unit:
     mig_profile: str | None = None
     parent: str | None = None
     healthy: bool = True
+    vendor: str = "nvidia"  # who made the card (common.inventory.GPU_VENDORS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +74,7 @@ class ReplicaRequest:
     gpus: int = 1
     min_vram_mib: int = 0
     models: frozenset[str] = frozenset()  # empty: any model
+    vendors: frozenset[str] = frozenset()  # empty: any vendor
     tiers: frozenset[str] = frozenset()  # empty: any tier
     min_compute_capability: tuple[int, int] | None = None
     cpu_cores: float = 0.0
@@ -113,6 +115,8 @@ class Job:
     runs_image: bool = True
     image: str = ""  # the image it runs (when ``runs_image``): a host must have it or be able to pull it
     avoid: frozenset[str] = frozenset()  # hosts where its container did not start through the host's fault
+    # An endpoint's worker: among hosts of one price, those that already hold its image go first (a warm start).
+    prefer_warm: bool = False
     # How it is rented (docs/scheduler.md, "Prices and bids"); the defaults are a free grid's job.
     rental: Rental = "on_demand"
     bid: int = 0  # interruptible: micro-units per GPU-hour offered

@@ -25,23 +25,26 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from itertools import chain
 
+from common.containers import canonical_image
 from common.inventory import image_refusal
 from management.scheduler.model import Assignment, Host, Job, Policy, ReplicaRequest, Snapshot, Unit
 
-# model, tier, VRAM, compute capability, MIG profile; and the host's on-demand and reserved price, so that the idle
-# units are bucketed by price too and a priced job walks the cheapest buckets first (a free grid has one price)
-Shape = tuple[str, str | None, int, tuple[int, int], str | None, int, int]
+# model, tier, VRAM, compute capability, MIG profile; the host's on-demand and reserved price, so that the idle units
+# are bucketed by price too and a priced job walks the cheapest buckets first (a free grid has one price); the vendor
+Shape = tuple[str, str | None, int, tuple[int, int], str | None, int, int, str]
 REPUTATION_PROBE = 8  # among equally good hosts, the best reputation of the first few that pass is taken
 
 
 def shape_of(unit: Unit, host: Host | None = None) -> Shape:
     price, reserved = (host.price, host.reserved_price) if host is not None else (0, 0)
-    return (unit.model, unit.tier, unit.vram_mib, unit.compute_capability, unit.mig_profile, price, reserved)
+    return (unit.model, unit.tier, unit.vram_mib, unit.compute_capability, unit.mig_profile, price, reserved, unit.vendor)
 
 
 def shape_matches(shape: Shape, r: ReplicaRequest) -> bool:
-    model, tier, vram, cc, mig, _, _ = shape
+    model, tier, vram, cc, mig, _, _, vendor = shape
     if r.models and model not in r.models:
+        return False
+    if r.vendors and vendor not in r.vendors:
         return False
     if r.tiers and tier not in r.tiers:
         return False
@@ -271,6 +274,7 @@ class FreePool:
         self._static: dict[Shape, dict[str, int]] | None = None
         self._histograms: dict[tuple[bool, bool], dict[Shape, dict[int, int]]] = {}
         self._hosts_with: dict[frozenset[Shape], frozenset[str]] = {}
+        self._warm: dict[str, frozenset[str]] = {}  # image -> the hosts that hold it (kept with the hosts)
         self.capacity_verdicts: dict[tuple[object, ...], str | None] = {}  # for rejections; the grid's shape is fixed
         self.now = snapshot.now
         self.ends: dict[str, float] = {}  # job -> when it ends at the latest (max duration), where known
@@ -373,6 +377,7 @@ class FreePool:
         self._shapes_for.clear()
         if changed_hosts:
             self._duration_limited = None
+            self._warm.clear()
             self._reprice()
 
     def _reprice(self) -> None:
@@ -508,18 +513,41 @@ class FreePool:
         the placement walk over the buckets of the lowest price, then of the next: a free grid has one."""
         shapes = self.shapes_for(job.request)
         if job.rental == "interruptible":  # it pays its bid wherever it runs
-            return self._candidates_by_fit(job, exclude, shapes)
+            return self._warm_first(job, exclude, shapes)
         reserved = job.rental == "reserved"
         by_price: dict[int, list[Shape]] = {}
         for shape in shapes:
             by_price.setdefault(shape[6] if reserved else shape[5], []).append(shape)
         if len(by_price) <= 1:
-            return self._candidates_by_fit(job, exclude, shapes)
-        return chain.from_iterable(self._candidates_by_fit(job, exclude, by_price[p]) for p in sorted(by_price))
+            return self._warm_first(job, exclude, shapes)
+        return chain.from_iterable(self._warm_first(job, exclude, by_price[p]) for p in sorted(by_price))
 
-    def _candidates_by_fit(self, job: Job, exclude: frozenset[str], shapes: list[Shape]) -> Iterator[tuple[str, Shape]]:
+    def _warm_first(self, job: Job, exclude: frozenset[str], shapes: list[Shape]) -> Iterator[tuple[str, Shape]]:
+        """``_candidates_by_fit``, but for a job that prefers warm hosts (an endpoint's worker), the hosts of these
+        shapes (one price) that already hold its image first: no pull, the shortest cold start."""
+        if not (job.prefer_warm and job.runs_image and job.image):
+            return self._candidates_by_fit(job, exclude, shapes)
+        warm = self.warm_hosts(job.image)
+        if not warm:
+            return self._candidates_by_fit(job, exclude, shapes)
+        return chain(
+            self._candidates_by_fit(job, exclude, shapes, only=warm), self._candidates_by_fit(job, exclude | warm, shapes)
+        )
+
+    def warm_hosts(self, image: str) -> frozenset[str]:
+        """The hosts whose reported images include ``image`` (hello's list, most recently used first)."""
+        found = self._warm.get(image)
+        if found is None:
+            wanted = canonical_image(image)
+            found = frozenset(h.id for h in self.hosts.values() if any(canonical_image(i) == wanted for i in h.images))
+            self._warm[image] = found
+        return found
+
+    def _candidates_by_fit(
+        self, job: Job, exclude: frozenset[str], shapes: list[Shape], *, only: frozenset[str] | None = None
+    ) -> Iterator[tuple[str, Shape]]:
         """Hosts (with the shape to use there, one of ``shapes``) in placement order (bin-packing or spread, then
-        reputation)."""
+        reputation); ``only``: of these hosts alone."""
         g = job.request.gpus
         spread = (job.placement or self.policy.placement_default) == "spread"
         levels: dict[int, list[Shape]] = {}
@@ -532,7 +560,7 @@ class FreePool:
                 hosts = self.buckets[shape][count]
                 best: list[tuple[float, str]] = []
                 for host_id in hosts:
-                    if host_id in exclude or not self._host_fits(host_id, job):
+                    if host_id in exclude or (only is not None and host_id not in only) or not self._host_fits(host_id, job):
                         continue
                     best.append((-self.hosts[host_id].reputation, host_id))
                     if len(best) >= REPUTATION_PROBE:
@@ -543,7 +571,9 @@ class FreePool:
                 if len(best) >= REPUTATION_PROBE:  # the rest of this bucket, beyond the probe
                     seen = {h for _, h in best}
                     for host_id in list(hosts):
-                        if host_id not in seen and host_id not in exclude and self._host_fits(host_id, job):
+                        if host_id in seen or host_id in exclude or (only is not None and host_id not in only):
+                            continue
+                        if self._host_fits(host_id, job):
                             yield host_id, shape
 
     def _find_replica(self, job: Job, exclude: frozenset[str]) -> tuple[str, ...] | None:

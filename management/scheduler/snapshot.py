@@ -97,7 +97,7 @@ def host_of(
         runtime=runtime,  # type: ignore[arg-type]  # checked against the literal's values above
         isolation=isolation,  # type: ignore[arg-type]
         image_source=agent.image_source,
-        images=tuple(agent.images) if agent.image_source is not None else (),  # read only where it can refuse
+        images=tuple(agent.images),  # what it can refuse (with an image_source), and warm hosts for endpoint workers
         price=price.on_demand,
         min_bid=price.min_bid,
         reserved_price=price.reserved,
@@ -141,6 +141,7 @@ def units_of(gpus: Iterable[GpuRecord]) -> list[Unit]:
                 compute_capability=compute_capability(gpu.info.compute_capability),
                 nvlink_peers=peers,
                 healthy=healthy,
+                vendor=gpu.info.vendor,
             )
         )
     return units
@@ -211,6 +212,7 @@ def mig_units_of(gpu: GpuRecord, *, healthy: bool) -> list[Unit]:
             mig_profile=instance.profile,
             parent=gpu.uuid,
             healthy=healthy,
+            vendor=gpu.info.vendor,
         )
         for instance in gpu.info.mig_instances
     ]
@@ -236,6 +238,7 @@ def job_of(rec: WorkloadRecord, *, funded: bool = True, affordable: int | None =
             gpus=replica.gpus,
             min_vram_mib=replica.min_vram_mib,
             models=frozenset(replica.models),
+            vendors=frozenset(replica.vendors),
             tiers=frozenset(replica.tiers),
             min_compute_capability=compute_capability(replica.min_compute_capability) if replica.min_compute_capability else None,
             cpu_cores=replica.cpu_cores or 0.0,
@@ -258,6 +261,7 @@ def job_of(rec: WorkloadRecord, *, funded: bool = True, affordable: int | None =
         runs_image=spec.runs_image,
         image=spec.image,
         avoid=frozenset(rec.start_failed_on),
+        prefer_warm=rec.endpoint_worker is not None,
         rental=rental,  # type: ignore[arg-type]  # checked against the literal's values above
         bid=parse_amount(terms.bid) if terms is not None and terms.bid is not None else 0,
         max_price=parse_amount(terms.max_price) if terms is not None and terms.max_price is not None else None,

@@ -27,6 +27,7 @@ lazily.
 | ``links`` | HTTPS links to workloads' http ports: their URLs, link tokens, who may pass, the tunnels they use |
 | ``ssh_keys`` | accounts' SSH public keys, which the platform's SSH end lets in (docs/ssh.md) |
 | ``endpoints`` | renters' serverless endpoints and their invocation keys (docs/endpoints.md) |
+| ``endpoint_requests`` | requests to those endpoints: run, run and wait, status, stream, cancel, retry, health |
 
 Lists are keyset-paginated (``models.Page``); ownership filters (``owner``: the account a call is limited to, as the
 API's auth decided) are applied in the services, so a provider's page never holds another account's hosts.
@@ -40,6 +41,7 @@ from management.onboarding.service import Onboarding
 from management.services.accounts import AccountsService
 from management.services.alerts import AlertsService
 from management.services.billing import BillingService
+from management.services.endpoint_requests import EndpointRequestsService
 from management.services.endpoints import EndpointsService
 from management.services.grid import GridService
 from management.services.hosts import HostsService
@@ -79,4 +81,5 @@ class Services:
     ssh_keys: SshKeysService
     secrets: SecretsService
     endpoints: EndpointsService
+    endpoint_requests: EndpointRequestsService
     topups: TopupService

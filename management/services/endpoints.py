@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import msgspec
 
 from common.errors import Conflict, IdlegridError, NotFound
+from management.endpoints.queue import QueueLimits
+from management.endpoints.scaler import EndpointScale
 from management.endpoints.spec import (
     INVOCATION_KEY_PREFIX,
     EndpointKeyRecord,
@@ -101,6 +103,26 @@ class EndpointsService:
         self._keys = keys
         self._check_worker = check_worker
         self._clock = clock
+        # Each endpoint's request bounds, for the request queue's synchronous reads (a worker's take, a report):
+        # read at load, kept by this service, the only writer of endpoints.
+        self._limits: dict[str, QueueLimits] = {}
+        self._deleted: list[Callable[[EndpointRecord], Awaitable[None]]] = []
+
+    def when_deleted(self, listener: Callable[[EndpointRecord], Awaitable[None]]) -> None:
+        """Call ``listener`` with each endpoint deleted, after it is gone (the request routes end its open requests)."""
+        self._deleted.append(listener)
+        self.loaded = False  # the bounds read from the store (the composition's check)
+        # What the autoscaler's last tick found for an endpoint (management/endpoints/scaler.py; set by the composition).
+        self.scale_of: Callable[[str], EndpointScale | None] = lambda _endpoint_id: None
+
+    async def load(self) -> None:
+        """Read every endpoint's request bounds (at start, and on the Master that takes over)."""
+        self._limits = {record.id: record.spec.limits() for record in await self._endpoints.list()}
+        self.loaded = True
+
+    def limits_of(self, endpoint_id: str) -> QueueLimits:
+        """The endpoint's request bounds; the defaults for one deleted (its last requests end under them)."""
+        return self._limits.get(endpoint_id) or QueueLimits()
 
     # --- endpoints
 
@@ -120,6 +142,7 @@ class EndpointsService:
             id=new_endpoint_id(), account=account, spec=spec, created_at=now, updated_at=now, sealed_registry_password=sealed
         )
         await self._endpoints.put(record)
+        self._limits[record.id] = spec.limits()
         return record
 
     async def get(self, endpoint_id: str, *, account: str | None = None) -> EndpointRecord:
@@ -157,17 +180,14 @@ class EndpointsService:
             spec, sealed = self._sealed(spec)
         else:  # the stored one, SEALED in the spec: the check sees it opened, as at create
             sealed = record.sealed_registry_password
-            worker = spec.worker_spec()
-            if worker.registry_auth is not None and sealed:
-                auth = msgspec.structs.replace(worker.registry_auth, password=self._secrets.unseal(sealed))
-                worker = msgspec.structs.replace(worker, registry_auth=auth)
-            await self._check_worker(record.account, worker)
+            await self._check_worker(record.account, self.worker_spec(msgspec.structs.replace(record, spec=spec)))
         if spec.name != record.spec.name:
             owned = await self._endpoints.list(account=record.account)
             if any(e.spec.name == spec.name for e in owned if e.id != record.id):
                 raise Conflict(f"account {record.account!r} already has an endpoint named {spec.name!r}; choose another name")
         record = msgspec.structs.replace(record, spec=spec, sealed_registry_password=sealed, updated_at=self._clock())
         await self._endpoints.put(record)
+        self._limits[record.id] = spec.limits()
         return record
 
     async def delete(self, endpoint_id: str, *, account: str | None = None) -> EndpointRecord:
@@ -175,7 +195,19 @@ class EndpointsService:
         record = await self.get(endpoint_id, account=account)
         await self._keys.delete_of(record.id)
         await self._endpoints.delete(record.id)
+        for listener in self._deleted:
+            await listener(record)
+        self._limits.pop(record.id, None)  # after its requests ended: they end under its own bounds
         return record
+
+    def worker_spec(self, record: EndpointRecord) -> WorkloadSpec:
+        """The workload each of the endpoint's workers is submitted as, its registry password opened from the record
+        (the workload book seals it again in the worker's record)."""
+        worker = record.spec.worker_spec()
+        if worker.registry_auth is not None and record.sealed_registry_password:
+            auth = msgspec.structs.replace(worker.registry_auth, password=self._secrets.unseal(record.sealed_registry_password))
+            worker = msgspec.structs.replace(worker, registry_auth=auth)
+        return worker
 
     def _sealed(self, spec: EndpointSpec) -> tuple[EndpointSpec, str]:
         """The spec to store (its registry password replaced by SEALED) and the password sealed ("" for none)."""

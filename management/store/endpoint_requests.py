@@ -8,9 +8,12 @@ Each record is bounded: its input, output, partial outputs and progress are JSON
 (``UnstorableRecord``) whatever the limits, so no request can grow a row or a document without bound (MongoDB's own
 limit is 16 MiB).
 
-SQLite: ``endpoint_requests (id, endpoint_id, state, ord, version, doc)``, indexed by ``(state, endpoint_id, ord)``
-and ``(endpoint_id, ord)``. MongoDB: one document per request, ``_id`` its id, the record's fields beside it, indexed
-alike on ``state``, ``endpoint_id`` and ``order``. Schema version 16 (master/store/migrations.py).
+An ended request is kept until the book's retention sweep deletes it (``delete_ended``, by when it ended).
+
+SQLite: ``endpoint_requests (id, endpoint_id, state, ord, version, doc, ended)``, indexed by
+``(state, endpoint_id, ord)``, ``(endpoint_id, ord)`` and ``ended``. MongoDB: one document per request, ``_id`` its
+id, the record's fields beside it, indexed alike on ``state``, ``endpoint_id`` and ``order``, and on ``ended_at``.
+Schema versions 16 and 17 (master/store/migrations.py).
 """
 
 from __future__ import annotations
@@ -70,6 +73,12 @@ class EndpointRequestRepo(Protocol):
         """Requests matching every filter, by ``order`` then id; an empty ``states`` matches none; ``after_order``:
         the ``order`` of the last one of the previous page."""
 
+    async def delete_ended(self, before: float, *, limit: int = 1000) -> builtins.list[str]:
+        """Delete up to ``limit`` requests that ended before ``before`` (oldest end first); their ids."""
+
+    async def count_by_state(self, endpoint_id: str) -> dict[str, int]:
+        """How many of the endpoint's requests are in each state (states with none left out)."""
+
 
 def payload_chars(rec: EndpointRequestRecord) -> int:
     """How much of the record is the renter's and the worker's: its JSON texts and error, in characters."""
@@ -93,10 +102,10 @@ class SqliteEndpointRequestRepo(SqliteTable[EndpointRequestRecord]):
     async def insert(self, rec: EndpointRequestRecord) -> None:
         _refuse_oversized(rec)
         doc = self._doc(rec.id, rec)
-        row = (rec.id, rec.endpoint_id, rec.state, rec.order, rec.version, doc)
+        row = (rec.id, rec.endpoint_id, rec.state, rec.order, rec.version, doc, rec.ended_at)
         try:
             await self._write(
-                "INSERT INTO endpoint_requests (id, endpoint_id, state, ord, version, doc) VALUES (?, ?, ?, ?, ?, ?)",
+                "INSERT INTO endpoint_requests (id, endpoint_id, state, ord, version, doc, ended) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 None,
                 row,
             )
@@ -106,8 +115,8 @@ class SqliteEndpointRequestRepo(SqliteTable[EndpointRequestRecord]):
     async def update(self, rec: EndpointRequestRecord, *, expected_version: int) -> None:
         _refuse_oversized(rec)
         doc = self._doc(rec.id, rec)
-        sql = "UPDATE endpoint_requests SET state = ?, ord = ?, version = ?, doc = ? WHERE id = ? AND version = ?"
-        params = (rec.state, rec.order, rec.version, doc, rec.id, expected_version)
+        sql = "UPDATE endpoint_requests SET state = ?, ord = ?, version = ?, doc = ?, ended = ? WHERE id = ? AND version = ?"
+        params = (rec.state, rec.order, rec.version, doc, rec.ended_at, rec.id, expected_version)
         with self._metrics.timed_write(self.aggregate):
             changed = await self._db.run(lambda conn: conn.execute(sql, params).rowcount)
         if changed != 1:
@@ -132,6 +141,27 @@ class SqliteEndpointRequestRepo(SqliteTable[EndpointRequestRecord]):
             clause += f" AND {in_states}" if clause else f" WHERE {in_states}"
             params += builtins.list(states)
         return await self._select(f"SELECT id, doc FROM endpoint_requests{clause} ORDER BY ord, id", params, limit=limit)
+
+    async def delete_ended(self, before: float, *, limit: int = 1000) -> builtins.list[str]:
+        if limit <= 0:
+            return []
+
+        def delete(conn: sqlite3.Connection) -> builtins.list[str]:
+            with conn:
+                found = conn.execute(
+                    "SELECT id FROM endpoint_requests WHERE ended < ? ORDER BY ended, id LIMIT ?", (before, limit)
+                ).fetchall()
+                ids = [row[0] for row in found]
+                conn.executemany("DELETE FROM endpoint_requests WHERE id = ?", [(i,) for i in ids])
+            return ids
+
+        with self._metrics.timed_write(self.aggregate):
+            return await self._db.run(delete)
+
+    async def count_by_state(self, endpoint_id: str) -> dict[str, int]:
+        sql = "SELECT state, COUNT(*) FROM endpoint_requests WHERE endpoint_id = ? GROUP BY state"
+        rows = await self._db.run(lambda conn: conn.execute(sql, (endpoint_id,)).fetchall())
+        return {str(state): int(n) for state, n in rows}
 
 
 class MongoEndpointRequestRepo(MongoCollection[EndpointRequestRecord]):
@@ -182,6 +212,25 @@ class MongoEndpointRequestRepo(MongoCollection[EndpointRequestRecord]):
         if after_order is not None:
             query["order"] = {"$gt": after_order}
         return await self._find(query, [("order", ASCENDING), ("_id", ASCENDING)], limit)
+
+    async def delete_ended(self, before: float, *, limit: int = 1000) -> builtins.list[str]:
+        if limit <= 0:
+            return []
+        query: Document = {"ended_at": {"$lt": before}}
+        found = self._c.find(query, {"_id": 1}).sort([("ended_at", ASCENDING), ("_id", ASCENDING)]).limit(limit)
+        ids = [str(doc["_id"]) async for doc in found]
+        if ids:
+            with self._metrics.timed_write(self.aggregate):
+                await self._c.delete_many({"_id": {"$in": ids}})
+        return ids
+
+    async def count_by_state(self, endpoint_id: str) -> dict[str, int]:
+        pipeline: builtins.list[Document] = [
+            {"$match": {"endpoint_id": endpoint_id}},
+            {"$group": {"_id": "$state", "n": {"$sum": 1}}},
+        ]
+        cursor = await self._c.aggregate(pipeline)
+        return {str(doc["_id"]): int(doc["n"]) for doc in await cursor.to_list() if doc["_id"] is not None}
 
 
 ENDPOINT_REQUESTS: AggregatePlugin[EndpointRequestRepo] = AggregatePlugin(

@@ -4,7 +4,7 @@ grid acted on, so a delivery seen again (a retry, a replay, after any restart) m
 SQLite: ``topups (id, account, created_at, doc)``, indexed by ``(account, created_at)``; ``payment_events (id,
 received_at, doc)``, ``id`` the provider and its event id, inserted once. MongoDB: one document per record, ``_id`` its
 id, a top-up's indexed by ``(account, created_at)``; an event's insert is one ``insert_one`` (``_id`` unique: of
-concurrent inserts of one event, one inserts). Schema version 17 (master/store/migrations.py).
+concurrent inserts of one event, one inserts). Schema version 18 (master/store/migrations.py).
 """
 
 from __future__ import annotations

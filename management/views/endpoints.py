@@ -4,9 +4,13 @@ key itself only in the answer that created it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import msgspec
 
+from management.endpoints.scaler import EndpointScale
 from management.endpoints.spec import EndpointKeyRecord, EndpointRecord, EndpointSpec, EndpointSpecJson
+from management.market.money import format_amount
 from management.views.base import Time, View, rfc3339
 from management.views.workloads import RegistryAuthView, redact_registry_auth
 
@@ -18,6 +22,19 @@ class EndpointSpecView(EndpointSpec, forbid_unknown_fields=True):
     registry_auth: RegistryAuthView | None = None  # type: ignore[assignment]
 
 
+class EndpointScaleView(View):
+    """What the autoscaler's last tick found and decided (docs/endpoints.md, "The autoscaler's shell")."""
+
+    at: Time
+    workers: dict[str, int]  # by phase: starting, ready
+    waiting: int  # requests queued
+    desired: int  # the healthy workers its decision leaves
+    why: str
+    may_scale_up: bool  # False: its daily_spend_cap is reached (running workers finish; none starts)
+    spent_24h: str | None  # what its workers cost in the last 24 hours, when it has a daily_spend_cap
+    daily_spend_cap: str | None
+
+
 class EndpointView(View):
     id: str
     account: str
@@ -25,6 +42,7 @@ class EndpointView(View):
     spec: EndpointSpecView
     created_at: Time
     updated_at: Time
+    scale: EndpointScaleView | None = None  # None before the autoscaler's first tick on this Master
 
 
 class EndpointList(View):
@@ -58,7 +76,21 @@ def endpoint_spec_view(spec: EndpointSpec) -> EndpointSpecView:
     return msgspec.convert(redact_registry_auth(shown), EndpointSpecView)
 
 
-def endpoint_view(e: EndpointRecord) -> EndpointView:
+def endpoint_scale_view(scale: EndpointScale) -> EndpointScaleView:
+    capped = scale.daily_spend_cap is not None
+    return EndpointScaleView(
+        at=rfc3339(scale.at) or "",
+        workers=dict(scale.workers),
+        waiting=scale.waiting,
+        desired=scale.desired,
+        why=scale.why,
+        may_scale_up=scale.may_scale_up,
+        spent_24h=format_amount(scale.spent) if capped else None,
+        daily_spend_cap=format_amount(scale.daily_spend_cap) if scale.daily_spend_cap is not None else None,
+    )
+
+
+def endpoint_view(e: EndpointRecord, scale: EndpointScale | None = None) -> EndpointView:
     return EndpointView(
         id=e.id,
         account=e.account,
@@ -66,11 +98,12 @@ def endpoint_view(e: EndpointRecord) -> EndpointView:
         spec=endpoint_spec_view(e.spec),
         created_at=rfc3339(e.created_at) or "",
         updated_at=rfc3339(e.updated_at) or "",
+        scale=endpoint_scale_view(scale) if scale is not None else None,
     )
 
 
-def endpoint_list_view(items: list[EndpointRecord]) -> EndpointList:
-    return EndpointList(items=[endpoint_view(e) for e in items])
+def endpoint_list_view(items: list[EndpointRecord], scale_of: Callable[[str], EndpointScale | None]) -> EndpointList:
+    return EndpointList(items=[endpoint_view(e, scale_of(e.id)) for e in items])
 
 
 def deleted_endpoint_view(e: EndpointRecord) -> DeletedEndpoint:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from common.inventory import GpuReach, GpuSample, HostInfo
+from common.inventory import GpuReach, GpuSample, HostInfo, UnofferedGpu
 from management.services.hosts import HostedReplica
 from management.views.base import Time, View, page_of, rfc3339
 from management.views.verification import GpuVerificationView, gpu_verification_view
@@ -114,6 +114,8 @@ class AgentView(View):
     exited: dict[str, int]
     # The agent's GPU self-test: whether each GPU reaches a container of its runtime, what was seen, the fix.
     gpu_selftest: list[GpuReach]
+    # Cards the host has and does not offer (an iGPU, a card without its driver or library), each with why and the fix.
+    unoffered_gpus: list[UnofferedGpu]
     gpus: list[GpuView]
     reputation: Reputation
     workloads: list[HostedReplicaView]
@@ -237,6 +239,7 @@ def agent_view(
         containers=sorted(agent.containers),
         exited=dict(agent.exited),  # containers that ended on their own (name -> exit status), until deleted
         gpu_selftest=list(agent.gpu_reach),  # a GPU listed unreachable is not offered
+        unoffered_gpus=list(agent.unoffered_gpus),
         gpus=[gpu_view(g, latest.get(g.uuid), offered=g.uuid in offered, holders=holders) for g in gpus],
         reputation=reputation(agent),
         workloads=[hosted_replica_view(r) for r in workloads],

@@ -23,6 +23,7 @@ class OfferView(View):
     provider: str
     region: str
     model: str
+    vendor: str  # nvidia | amd | ...: the software stack (CUDA, ROCm) the host's cards run
     num_gpus: int
     num_gpus_on_demand: int
     total_gpus: int

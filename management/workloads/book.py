@@ -47,6 +47,7 @@ from master.port import (
     SEALED,
     Assignment,
     CommandRecord,
+    EndpointWorkerRef,
     KeptOutput,
     ManagementStore,
     SecretShelf,
@@ -66,7 +67,9 @@ UPLOAD_ALLOWANCE_S = 600.0  # a delete of a container with storage: its host's l
 LOAD_PAGE = 1000
 OPERATOR_EGRESS = EgressRule(who="the operator", setting="egress_allow in the Master's config")  # public only
 # Fields a transition may not change: identity, what was asked, and what the book itself keeps.
-_FIXED_FIELDS = frozenset({"id", "account", "spec", "state", "state_reason", "created_at", "queued_at", "version"})
+_FIXED_FIELDS = frozenset(
+    {"id", "account", "spec", "state", "state_reason", "created_at", "queued_at", "version", "endpoint_worker"}
+)
 
 Listener = Callable[[str, WorkloadRecord], None]
 
@@ -206,8 +209,12 @@ class WorkloadBook:
         check_storage(spec, await self._master.secrets.names(account) if secret_names(spec) else ())
         await check_targets(spec, self._egress)
 
-    async def submit(self, account: str, spec: WorkloadSpec, now: float) -> WorkloadRecord:
-        """Store a new queued workload for ``account``; InvalidWorkloadSpec when it names what is not configured."""
+    async def submit(
+        self, account: str, spec: WorkloadSpec, now: float, *, endpoint_worker: EndpointWorkerRef | None = None
+    ) -> WorkloadRecord:
+        """Store a new queued workload for ``account``; InvalidWorkloadSpec when it names what is not configured.
+        ``endpoint_worker``: the endpoint and worker it is, given only by the endpoints' autoscaler (never by a renter:
+        the workloads service has no such parameter; docs/endpoints.md, "The autoscaler's shell")."""
         await self.check(account, spec)
         spec = msgspec.structs.replace(spec, restart_policy=spec.restart_policy_in_force)  # answers state the one in force
         sealed_password = ""
@@ -224,6 +231,7 @@ class WorkloadBook:
             created_at=now,
             queued_at=now,
             version=1,
+            endpoint_worker=endpoint_worker,
         )
         async with self._lock:
             await workload_repo(self._store).insert(rec)

@@ -62,7 +62,7 @@ from management.workloads.lifecycle import (
     ReplicaFacts,
     TakeOver,
 )
-from management.workloads.spec import InvalidWorkloadSpec, container_name, container_spec
+from management.workloads.spec import InvalidWorkloadSpec, container_name, container_spec, new_worker_token
 from management.workloads.states import HOLDING_STATES, AssignmentState, WorkloadChanges, WorkloadState
 from management.workloads.storage import container_storage, secret_names
 from master.port import AgentRecord, AgentState, Assignment, CommandRecord, MasterConfig, MasterPort, WorkloadRecord, WorkloadSpec
@@ -466,7 +466,11 @@ class SchedulerLoop:
                 secrets = await self.master.secrets.resolve(rec.account, secret_names(rec.spec))
                 storage = container_storage(rec.spec, secrets, a.replica)
                 password = self.master.secrets.unseal(rec.sealed_registry_password) if rec.sealed_registry_password else None
-                spec = container_spec(rec, a, overlay, secrets=secrets, storage=storage, registry_password=password)
+                # An endpoint worker's token, new for each create: the Master keeps it sealed in the stored command.
+                token = new_worker_token() if rec.endpoint_worker is not None else ""
+                spec = container_spec(
+                    rec, a, overlay, secrets=secrets, storage=storage, registry_password=password, worker_token=token
+                )
             except (NotFound, InvalidWorkloadSpec) as exc:
                 unusable = End("start_failed", f"did not start: {exc}", self.lifecycle_policy.grace_s)
                 return await self._carry(rec, unusable, now)

@@ -10,10 +10,11 @@ Pure: no I/O.
 from __future__ import annotations
 
 import re
+import secrets as random_secrets
 from collections.abc import Collection, Mapping
 
 from common.catalog import CATALOG
-from common.containers import ContainerSpec, RegistryAuth
+from common.containers import ContainerSpec, EndpointWorkerSpec, RegistryAuth
 from common.errors import IdlegridError
 from common.overlay import OverlaySpec
 from common.storage import ContainerStorage, secret_ref
@@ -27,6 +28,7 @@ __all__ = [
     "check_spec",
     "container_name",
     "container_spec",
+    "new_worker_token",
     "workload_of",
 ]
 
@@ -90,6 +92,11 @@ def workload_of(container: str) -> str | None:
     return match.group(1) if match else None
 
 
+def new_worker_token() -> str:
+    """A new endpoint worker's bearer token (common/containers.py ``EndpointWorkerSpec.token``): one per create."""
+    return random_secrets.token_urlsafe(32)
+
+
 def container_spec(
     rec: WorkloadRecord,
     a: Assignment,
@@ -98,6 +105,7 @@ def container_spec(
     secrets: Mapping[str, str] | None = None,
     storage: ContainerStorage | None = None,
     registry_password: str | None = None,
+    worker_token: str = "",
 ) -> ContainerSpec:
     """What replica ``a`` of ``rec`` runs on its host: the renter's image, command, env, labels and ports, the GPUs
     placed for it, its CPU and RAM shares, its registry credentials, the workload id and replica the agent turns
@@ -106,9 +114,12 @@ def container_spec(
 
     ``secrets``: the values of the secrets the spec names (the runner resolves them; management/workloads/storage.py),
     put in place of the env's ``${secret:NAME}`` values; ``storage``: the replica's resolved object storage;
-    ``registry_password``: the registry password opened from the record (``rec.sealed_registry_password``)."""
+    ``registry_password``: the registry password opened from the record (``rec.sealed_registry_password``);
+    ``worker_token``: an endpoint worker's bearer token, minted for this create (``rec.endpoint_worker`` set: the agent
+    serves the container its worker API, docs/endpoints.md)."""
     spec = rec.spec
     auth = spec.registry_auth
+    worker = rec.endpoint_worker
     return ContainerSpec(
         name=a.container,
         image=spec.image,
@@ -126,4 +137,9 @@ def container_spec(
         else RegistryAuth(username=auth.username, password=auth.password if registry_password is None else registry_password),
         overlay=overlay,
         storage=storage,
+        endpoint_worker=None
+        if worker is None
+        else EndpointWorkerSpec(
+            endpoint_id=worker.endpoint_id, worker_id=worker.worker_id, token=worker_token, concurrency=worker.concurrency
+        ),
     )

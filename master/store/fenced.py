@@ -32,6 +32,8 @@ WRITES = frozenset(
         "update",
         "delete",
         "delete_before",
+        "delete_of",
+        "delete_ended",
         "post",
     }
 )

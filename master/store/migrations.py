@@ -302,6 +302,15 @@ SQLITE_MIGRATIONS: tuple[SqliteMigration, ...] = (
     ),
     SqliteMigration(
         17,
+        "endpoint requests by when they ended, for the retention sweep (docs/endpoints.md)",
+        (
+            "ALTER TABLE endpoint_requests ADD COLUMN ended REAL",
+            "UPDATE endpoint_requests SET ended = json_extract(doc, '$.ended_at')",
+            "CREATE INDEX endpoint_requests_by_end ON endpoint_requests (ended) WHERE ended IS NOT NULL",
+        ),
+    ),
+    SqliteMigration(
+        18,
         "money in: renters' top-ups by account, and the payment provider's events acted on, once each (docs/payments.md)",
         (
             """CREATE TABLE topups (
@@ -456,6 +465,11 @@ MONGO_MIGRATIONS: tuple[MongoMigration, ...] = (
     ),
     MongoMigration(
         17,
+        "endpoint requests by when they ended, for the retention sweep (docs/endpoints.md)",
+        {"endpoint_requests": [IndexModel([("ended_at", ASCENDING)])]},
+    ),
+    MongoMigration(
+        18,
         "money in: renters' top-ups by account, and the payment provider's events acted on, once each (docs/payments.md)",
         {
             "topups": [

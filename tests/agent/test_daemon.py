@@ -19,6 +19,7 @@ from websockets.frames import Close
 
 from agent.config import AgentConfig
 from agent.daemon import Agent
+from agent.detect import detect_gpus
 from agent.directory import DIRECTORY_FILE, save_directory
 from agent.errors import EXIT_CERTIFICATE_REVOKED, is_revocation
 from agent.runtime.images import PullProgress
@@ -26,6 +27,7 @@ from bench.fleet_agents import agent_dir
 from bench.provision import provision_agents
 from common.wire import CLOSE_POLICY, CLOSE_REVOKED, AgentEventKind, RelayDirectory, RelayEntry, Welcome, encode
 from master.config import MasterConfig
+from tests.agent.gpu_hosts import SYSFS, Commands, no_amdsmi, no_nvml
 from tests.support.grid import QUICK_RECONNECT, Grid, wait_for, write_toml
 
 RELAY_A = RelayEntry(relay_id="relay-a", region="eu-west", url="wss://127.0.0.1:1")
@@ -87,6 +89,20 @@ async def test_an_engine_that_never_answers_is_no_runtime_after_the_probe_timeou
     finally:
         await agent.close()
         engine.close()
+
+
+async def test_hello_carries_the_cards_the_host_has_and_does_not_offer(enrolled):
+    """Issue 41: the cards detection found on the bus and no library read go to the Master with why (docs/gpus.md)."""
+    agent = Agent(agent_config(enrolled))
+    try:
+        agent.collector = detect_gpus(
+            SYSFS / "driver-not-loaded", open_nvml=no_nvml, import_module=no_amdsmi, runner=Commands()
+        )  # a host whose cards have no driver (tests/fixtures/gpus), as the agent opens it without --simulate
+        inventory = agent._hello().inventory
+        assert inventory.gpus == [] and len(inventory.unoffered) == 6
+        assert {card.kind for card in inventory.unoffered} == {"integrated", "no_driver", "unsupported"}
+    finally:
+        await agent.close()
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the process runtime reports 'sandbox' only when the agent is root")

@@ -188,3 +188,33 @@ def test_a_mig_layout_the_model_cannot_take_is_refused_saying_why(spec: str, say
 def test_layouts_from_nvidia_s_tables_fit_an_80gb_card(layout: str):
     for model in ("a100-80gb", "h100-sxm", "h100-pcie", "a100-80gb-pcie"):
         assert len(SimulatedCollector(f"{model}:1:mig={layout}", seed=1).inventory()[0].mig_instances) >= 1
+
+
+def test_an_mi300x_host_is_simulated_as_the_agent_reads_a_real_one():
+    """Issue 41: ``--simulate mi300x:8`` reports what agent/amd_gpus.py reads of a real MI300X host, marked simulated."""
+    collector = SimulatedCollector("mi300x:8", seed=3)
+    gpus = collector.inventory()
+    assert len(gpus) == 8 and {g.vendor for g in gpus} == {"amd"}
+    assert {(g.name, g.memory_total_mib, g.cuda_version, g.compute_capability) for g in gpus} == {
+        ("AMD Instinct MI300X", CATALOG["mi300x"].memory_mib, "", "")
+    }
+    assert all(re.fullmatch(r"GPU-[0-9a-f]{16}", g.uuid) for g in gpus)  # ROCR_VISIBLE_DEVICES' form
+    assert len({g.uuid for g in gpus}) == 8
+    policy = TierPolicy.load()
+    assert {classify(g, policy).tier for g in gpus} == {"amd-flagship"}
+    assert len(collector.sample()) == 8 and collector.unoffered() == []
+
+
+def test_a_mixed_host_has_each_vendors_cards():
+    gpus = SimulatedCollector("mi300x:2,h100:2", seed=3).inventory()
+    assert [(g.vendor, match_model(g).key) for g in gpus] == [  # type: ignore[union-attr]
+        ("amd", "mi300x"),
+        ("amd", "mi300x"),
+        ("nvidia", "h100-sxm"),
+        ("nvidia", "h100-sxm"),
+    ]
+
+
+def test_an_amd_card_cannot_be_split_into_mig_instances():
+    with pytest.raises(ValueError, match="mi300x"):
+        SimulatedCollector("mi300x:1:mig=1g.10gb")

@@ -18,7 +18,17 @@ from agent.daemon import Agent
 from agent.ledger import CommandLog
 from agent.runtime import open_runtime
 from agent.runtime.simulated import SimulatedRuntime
-from bench.fleet_agents import Fleet, FleetSettings, MemoryCommandLog, SimulatedAgent, build_parser, load_settings, source_address
+from bench.fleet import FleetOptions
+from bench.fleet_agents import (
+    Fleet,
+    FleetSettings,
+    MemoryCommandLog,
+    SimulatedAgent,
+    build_parser,
+    host_gpus,
+    load_settings,
+    source_address,
+)
 from bench.provision import provision_agents
 from common.containers import LABEL_COMMAND_ID, ContainerSpec
 from common.errors import ConfigError, RuntimeFailure
@@ -250,3 +260,11 @@ def test_a_fleet_without_enrolled_agents_says_how_to_get_them(tmp_path):
     fleet = Fleet(FleetSettings(agents_dir=str(tmp_path), access_urls=["wss://127.0.0.1:1"]))
     with pytest.raises(FileNotFoundError, match="provision the fleet first"):
         fleet.load()
+
+
+def test_a_fleet_can_mix_vendors_its_agents_taking_the_models_in_turn():
+    """Issue 41, point 5: `bench fleet --gpu-model h100,mi300x` simulates NVIDIA and AMD hosts alternately."""
+    options = FleetOptions(gpu_model="h100,mi300x", gpus_per_agent=4)
+    assert options.simulate == "h100:4|mi300x:4"
+    assert [host_gpus(options.simulate, i) for i in range(4)] == ["h100:4", "mi300x:4", "h100:4", "mi300x:4"]
+    assert host_gpus(FleetOptions(gpu_model="h100").simulate, 7) == "h100:8"

@@ -3,7 +3,16 @@
 import msgspec
 import pytest
 
-from common.catalog import ALIASES, CATALOG, GpuModel, UnknownGpuModel, match_model, reference_gpu_info, resolve_alias
+from common.catalog import (
+    ALIASES,
+    CATALOG,
+    GpuModel,
+    UnknownGpuModel,
+    expected_figures,
+    match_model,
+    reference_gpu_info,
+    resolve_alias,
+)
 from common.inventory import GpuInfo
 
 REQUIRED = (
@@ -50,10 +59,16 @@ def test_every_catalog_model_is_matched_from_its_own_nvml_name(model: GpuModel):
 
 @pytest.mark.parametrize("model", CATALOG.values(), ids=lambda m: m.key)
 def test_catalog_figures_are_consistent(model: GpuModel):
-    assert model.form_factor in {"sxm", "pcie"}
     assert model.memory_mib > 0 and model.fp16_tflops > 0 and model.memory_bandwidth_gbs > 0
     assert model.bf16_tflops is None or model.bf16_tflops > 0
     assert model.nvlink or model.nvlink_links == 0
+    if model.vendor == "amd":
+        # No CUDA compute capability (a CUDA minimum never matches), the ISA target instead; BF16 on every one listed.
+        assert model.form_factor in {"oam", "pcie"} and not model.nvlink
+        assert model.compute_capability == "" and model.gfx_target.startswith("gfx") and model.bf16_tflops
+        return
+    assert model.vendor == "nvidia" and model.gfx_target == ""
+    assert model.form_factor in {"sxm", "pcie"}
     major, minor = (int(part) for part in model.compute_capability.split("."))
     # Volta and Turing have no BF16 tensor cores; everything from Ampere on has.
     assert (model.bf16_tflops is None) == ((major, minor) < (8, 0))
@@ -96,7 +111,9 @@ def test_names_match_by_whole_words_not_substrings():
     assert match_model(gpu("NVIDIA A10G", 23028)) is None
 
 
-@pytest.mark.parametrize("name", ["Tesla V100-PCIE-16GB", "AMD Instinct MI300X", "NVIDIA", "", "GeForce RTX"])
+@pytest.mark.parametrize(
+    "name", ["Tesla V100-PCIE-16GB", "AMD Instinct MI100", "AMD Radeon Graphics", "NVIDIA", "", "GeForce RTX"]
+)
 def test_unknown_names_match_nothing(name: str):
     assert match_model(gpu(name, 16384)) is None
 
@@ -143,3 +160,26 @@ def test_reference_info_reports_what_a_healthy_card_reports():
     assert h100.pcie_gen == 5 and len(h100.nvlinks) == 18 and all(link.active for link in h100.nvlinks)
     assert reference_gpu_info(CATALOG["rtx-4090"]).nvlinks == []
     msgspec.json.decode(msgspec.json.encode(h100), type=GpuInfo)  # travels on the wire as is
+
+
+@pytest.mark.parametrize(
+    ("reported", "key"),
+    [
+        ("AMD Instinct MI300X", "mi300x"),
+        ("AMD Instinct MI325X", "mi325x"),
+        ("AMD Instinct MI250X/MI250", "mi250x"),  # amd-smi's name for one GCD of an MI250X
+        ("AMD INSTINCT MI250X", "mi250x"),
+        ("AMD Instinct MI210", "mi210"),
+        ("AMD Radeon PRO W7900", "w7900"),
+        ("Radeon RX 7900 XTX", "rx-7900-xtx"),  # rocm-smi without the vendor's word
+    ],
+)
+def test_amd_cards_match_by_the_names_amd_smi_and_rocm_smi_report(reported: str, key: str):
+    model = CATALOG[key]
+    assert matched(gpu(reported, model.memory_mib)).key == key and model.vendor == "amd"
+
+
+def test_amd_cards_expect_less_of_their_spec_sheet_until_a_benchmark_measures_them():
+    mi300x = expected_figures(CATALOG["mi300x"])
+    assert mi300x.tensor_tflops == round(1307.4 * 0.6, 1)  # public hipBLASLt GEMMs reach ~55-65% of dense peak
+    assert expected_figures(CATALOG["a100-80gb"]).tensor_tflops == round(312.0 * 0.8, 1)

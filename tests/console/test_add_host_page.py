@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import time
 
+from common.inventory import UnofferedGpu
 from master.enrollment import hash_secret
 from master.store.base import TokenOutcome
 from tests.management.hosts import UNREACHABLE_DETAIL, UNREACHABLE_FIX, add_agent
@@ -70,3 +71,26 @@ def test_a_host_page_says_which_gpu_did_not_reach_a_container_why_and_the_fix(co
     assert "GPU 1 is not offered" in text and UNREACHABLE_DETAIL in text and f"Fix: {UNREACHABLE_FIX}" in text
     assert page.locator("#selftest-0").count() == 0
     shot(page, "host-selftest")
+
+
+def test_a_host_page_names_the_cards_the_host_does_not_offer_why_and_the_fix(console_master, page, sign_in, shot):
+    """Issue 41, point 1 (the console): a card seen on the host's bus that no binding reads is shown, never omitted."""
+    master = console_master.server.master
+    missing = UnofferedGpu(
+        pci_bus_id="0000:03:00.0",
+        vendor="amd",
+        device_id="0x744c",
+        kind="no_driver",
+        reason="no kernel driver is bound to it",
+        fix="install AMD's amdgpu driver (ROCm's amdgpu-dkms package) and reboot",
+    )
+    console_master.run(
+        add_agent(master, "agt-acme-u", "a10:1", provider="acme", runtime="docker", isolation="container", unoffered=[missing])
+    )
+    sign_in(page, "provider")
+    page.goto(f"{console_master.url}/console/hosts/agt-acme-u")
+    rows = page.locator("table[aria-labelledby=unoffered-heading] tbody tr")
+    assert rows.count() == 1
+    text = rows.first.inner_text()
+    assert "0000:03:00.0" in text and "no kernel driver is bound to it" in text and "amdgpu-dkms" in text
+    shot(page, "host-unoffered")

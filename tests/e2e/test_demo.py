@@ -106,6 +106,9 @@ def assert_stopped_cleanly(run: DemoRun) -> None:
     wait_for(lambda: processes_mentioning(str(run.state_dir)) == [], 5, "every demo process to exit")
     for log in (run.state_dir / "logs").glob("relay-*.log"):
         assert NOT_DELIVERED not in log.read_text(errors="replace"), f"{log.name} stopped with frames undelivered"
+    prefix = str(run.state_dir.resolve()) + "/"
+    with open("/proc/self/mounts") as mounts:  # a container's /dev/shm left mounted would keep the directory busy
+        assert [m for line in mounts if (m := line.split()[1]).startswith(prefix)] == []
 
 
 def test_demo_started_twice_on_one_state_directory_has_every_agent_ready_each_time_and_stops_cleanly(tmp_path):
@@ -235,6 +238,15 @@ def test_a_renter_pasting_the_banner_sees_its_workload_run_and_cancels_it_then_a
             15,
             "the cancelled workload's container to be deleted from its host",
         )
+        # Issue 41: the demo's second host is a simulated MI300X host; a renter finds it by vendor and runs on it.
+        amd_offers = paste("AMD offers")
+        assert "mi300x" in amd_offers and "h100-sxm" not in amd_offers, amd_offers
+        on_amd = paste("on AMD").split()[1]
+        wait_for(lambda: renter.workload(on_amd)["state"] == "running", 20, f"{on_amd} to run")
+        [amd_replica] = renter.workload(on_amd)["assignments"]
+        amd_host = run.client().agent(amd_replica["agent_id"])
+        assert {g["model"] for g in amd_host["gpus"]} == {"mi300x"}, amd_host["gpus"]
+        assert "cancelled" in paste("cancel", on_amd)
         run.client().revoke_api_key(renter.whoami()["key_id"])  # the next run must notice, and issue another
     finally:
         assert_stopped_cleanly(run)

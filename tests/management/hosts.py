@@ -7,7 +7,7 @@ import time
 from collections.abc import Sequence
 
 from agent.simulate import SimulatedCollector
-from common.inventory import GpuReach, HostInfo, Inventory
+from common.inventory import GpuReach, HostInfo, Inventory, UnofferedGpu
 from master.accounts import AccountRole
 from master.enrollment import hash_secret
 from master.master import Master
@@ -38,9 +38,11 @@ async def add_agent(
     isolation: str = "",
     region: str = "eu-west",
     unreachable: Sequence[int] = (),
+    unoffered: Sequence[UnofferedGpu] = (),
 ) -> None:
     """An enrolled agent that said hello through relay-1 with the simulated GPUs ``simulate`` describes.
-    ``unreachable``: indexes of GPUs its self-test reports not reaching a container (the others reached one)."""
+    ``unreachable``: indexes of GPUs its self-test reports not reaching a container (the others reached one).
+    ``unoffered``: cards its hello reports seen on the bus and not offered (agent/detect.py)."""
     agent = AgentRecord(id=agent_id, provider=provider, state="enrolled", enrolled_at=time.time())
     await master.store.agents.put(agent)
     await master.registry.add(agent)
@@ -52,7 +54,13 @@ async def add_agent(
         for g in gpus
     ]
     inventory = Inventory(
-        host=HOST, gpus=gpus, simulated=True, runtime=runtime, isolation=isolation, gpu_reach=reach if unreachable else []
+        host=HOST,
+        gpus=gpus,
+        simulated=True,
+        runtime=runtime,
+        isolation=isolation,
+        gpu_reach=reach if unreachable else [],
+        unoffered=list(unoffered),
     )
     await master.registry.on_hello(agent, inventory, relay="relay-1", region=region, now=time.time())
 

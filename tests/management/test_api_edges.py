@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import re
 
+import msgspec
 import pytest
 
+from common.inventory import UnofferedGpu
 from management.http.schemas import json_schemas
 from tests.management.hosts import add_agent
 
@@ -137,6 +139,25 @@ async def test_the_agent_view_shows_runtime_isolation_and_reachability(api):
     b = await (await api.get("/api/v1/agents/agt-b", headers=api.auth)).json()
     assert (a["runtime"], a["isolation"], a["reachable"]) == ("process", "sandbox", False)  # no relay link carries it
     assert (b["runtime"], b["isolation"]) == (None, None)
+
+
+async def test_the_agent_view_names_the_cards_its_host_does_not_offer_and_why(api):
+    """Issue 41: a card the agent sees on the bus and no binding reads is shown with the reason and the fix."""
+    missing = UnofferedGpu(
+        pci_bus_id="0000:03:00.0",
+        vendor="amd",
+        device_id="0x744c",
+        kind="no_driver",
+        reason="no kernel driver is bound to it",
+        fix="install AMD's amdgpu driver",
+    )
+    await add_agent(api.master, "agt-a", "a10:1", runtime="docker", isolation="container", unoffered=[missing])
+    await add_agent(api.master, "agt-b", "a10:1")  # an agent older than the field, or a host with nothing unoffered
+    a = await (await api.get("/api/v1/agents/agt-a", headers=api.auth)).json()
+    b = await (await api.get("/api/v1/agents/agt-b", headers=api.auth)).json()
+    assert a["unoffered_gpus"] == [msgspec.to_builtins(missing)]
+    assert [g["offered"] for g in a["gpus"]] == [True]  # the card it does offer is unchanged
+    assert b["unoffered_gpus"] == []
 
 
 async def test_process_runtime_hosts_are_not_offered_to_renters_unless_the_operator_allows_it(api):

@@ -73,6 +73,8 @@ async def test_a_renter_submits_a_workload_that_waits_in_the_queue(api, keys):
         ({"ports": [70000]}, "ports"),
         ({"replica": {"models": ["h900-imaginary"]}}, "replica.models"),
         ({"replica": {"tiers": ["platinum-plus"]}}, "replica.tiers"),
+        ({"replica": {"vendors": ["3dfx"]}}, "replica.vendors"),
+        ({"replica": {"vendors": ["amd", "amd"]}}, "replica.vendors"),
         ({"replica": {"min_compute_capability": "eight"}}, "replica.min_compute_capability"),
         ({"replica": {"mig_profile": "big"}}, "replica.mig_profile"),
         ({"replica": {"cpu_cores": 0}}, "replica.cpu_cores"),

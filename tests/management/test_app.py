@@ -67,7 +67,14 @@ async def server(tmp_path):
 
 async def test_the_state_is_read_once_in_order_before_the_loops_start(server):
     reads = [c for c in server.calls if c.startswith("load ")]
-    assert reads == ["load prices", "load workloads", "load market", "load alert settings"]
+    assert reads == [
+        "load prices",
+        "load workloads",
+        "load market",
+        "load alert settings",
+        "load endpoints",
+        "load endpoint requests",
+    ]
     assert all(loaded(part) for _, part in server.composition.state)
     # The market asks for the price and workload books it reads: they were loaded already and read nothing again.
     assert set(server.calls) - set(reads) - {c for c in server.calls if c.startswith("start ")} <= {
@@ -75,8 +82,17 @@ async def test_the_state_is_read_once_in_order_before_the_loops_start(server):
         "loaded workloads",
     }
     starts = [c for c in server.calls if c.startswith("start ")]
-    assert starts == ["start market", "start outputs", "start scheduler", "start links", "start alerts", "start payments"]
-    assert server.calls.index(starts[0]) > server.calls.index("load alert settings")
+    assert starts == [
+        "start market",
+        "start outputs",
+        "start scheduler",
+        "start links",
+        "start alerts",
+        "start endpoint requests",
+        "start endpoint scaler",
+        "start payments",
+    ]
+    assert server.calls.index(starts[0]) > server.calls.index("load endpoint requests")
 
 
 async def test_no_call_loads_state_after_the_root_has_loaded_it(server):
@@ -102,7 +118,7 @@ async def test_the_loops_stop_in_the_reverse_order_of_their_start(tmp_path):
     await server.stop()
     started = [c.removeprefix("start ") for c in calls if c.startswith("start ")]
     stopped = [c.removeprefix("stop ") for c in calls if c.startswith("stop ")]
-    assert started == ["market", "outputs", "scheduler", "links", "alerts", "payments"]
+    assert started == ["market", "outputs", "scheduler", "links", "alerts", "endpoint requests", "endpoint scaler", "payments"]
     assert stopped == list(reversed(started))
 
 

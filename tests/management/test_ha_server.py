@@ -24,9 +24,13 @@ from common.errors import Fenced
 from common.pki import CertRole, client_tls_context
 from common.wire import CLOSE_NOT_LEADER, PROTOCOL_VERSIONS, AccessHello, AccessWelcome, decode_link_frame, encode
 from management.app import LEADER_HEADER, MasterServer
+from management.endpoints.requests import RequestBook
+from management.endpoints.spec import EndpointRecord, EndpointScaling, EndpointSpec
 from management.http.errors import errors_middleware
+from management.store import endpoint_repo
 from master.authority import Authority
 from master.config import MasterConfig
+from master.port import CallOutcome, WorkerRef
 from master.records import EventRecord
 
 
@@ -179,3 +183,39 @@ async def test_a_write_fenced_while_a_call_was_under_way_answers_503_fenced() ->
         response = await client.post("/api/v1/commands")
         assert response.status == 503
         assert (await response.json())["error"]["code"] == "fenced"
+
+
+async def test_endpoint_requests_and_bounds_survive_a_takeover_and_the_new_leader_hands_them_to_workers(
+    pair: tuple[MasterServer, MasterServer],
+) -> None:
+    """Issue 39 point 5: what the leader's book stored is the next leader's, loaded when it takes over (the queued
+    request in its place, the one in progress still its worker's), with each endpoint's bounds."""
+    a, b = pair
+    scaling = EndpointScaling(max_workers=2, concurrency=3)
+    spec = EndpointSpec(name="echo", image="none", scaling=scaling, ttl_s=900.0, execution_timeout_s=300.0)
+    await endpoint_repo(a.master.store).put(EndpointRecord(id="ep-ha", account="ana", spec=spec, created_at=1.0, updated_at=1.0))
+    await a.composition.services.endpoints.load()  # as if made through the API (which keeps the bounds itself)
+    book_a = book_of(a)
+    running = await book_a.submit("ep-ha", {"n": 1}, account="ana")
+    waiting = await book_a.submit("ep-ha", {"n": 2}, account="ana")
+    worker = WorkerRef("ep-ha", "w-1", "agt-1")
+    taken = await book_a.take(worker, 0)
+    assert taken is not None and taken.id == running.id
+
+    await a.stop()
+    await eventually(lambda: _serves(b), "master-b to take over and load")
+    book_b = book_of(b)
+    assert b.composition.services.endpoints.limits_of("ep-ha").concurrency == 3
+    held = await book_b.status(running.id)
+    assert held is not None and (held.state, held.worker_id) == ("in_progress", "w-1")
+    assert await book_b.result(worker, running.id, {"done": 1}) == CallOutcome.OK  # its worker finishes it on b
+    again = await book_b.take(WorkerRef("ep-ha", "w-2", "agt-2"), 0)
+    assert again is not None and again.id == waiting.id and again.input == {"n": 2}
+    done = await book_b.status(running.id)
+    assert done is not None and done.state == "completed"
+
+
+def book_of(server: MasterServer) -> RequestBook:
+    book = dict(server.composition.state)["endpoint requests"]
+    assert isinstance(book, RequestBook)
+    return book

@@ -4,14 +4,20 @@ store opened again (a Master that restarted)."""
 
 from __future__ import annotations
 
+import sqlite3
+from pathlib import Path
+
 import msgspec
 import pytest
 
-from management.endpoints.queue import EndpointRequestRecord, Partial, RequestState, WorkerError
+from management.endpoints.queue import EndpointRequestRecord, Partial, RequestState
 from management.store import ENDPOINT_REQUESTS, endpoint_request_repo
 from management.store.endpoint_requests import MAX_RECORD_BYTES, DuplicateEndpointRequest, StaleEndpointRequest
+from master.port import WorkerError
 from master.store.base import Store
 from master.store.errors import UnstorableRecord
+from master.store.migrations import migrate_sqlite
+from master.store.sqlite import SqliteStore
 from tests.master.conftest import OpenStore
 from tests.master.test_store_contract import NOW, assert_same
 from tests.support.poison import poison
@@ -116,3 +122,49 @@ async def test_an_undecodable_request_is_skipped_and_quarantined(store: Store) -
     assert_same(await repo.list(states=["queued"]), [rec])
     assert await repo.get("req-bad") is None
     assert ("endpoint_requests", "req-bad") in {(q.aggregate, q.key) for q in store.quarantine.records}
+
+
+async def test_ended_requests_are_deleted_oldest_end_first_a_page_at_a_time_and_open_ones_never(store: Store) -> None:
+    repo = endpoint_request_repo(store)
+    for n, end in enumerate((NOW + 30, NOW + 10, NOW + 20, None, NOW + 50)):
+        rec = request(f"req-{n}", "ep-a", n + 1)
+        await repo.insert(rec)
+        if end is not None:  # ended by an update, as the book ends them
+            ended = msgspec.structs.replace(rec, state="completed", ended_at=end, output='"x"', version=2)
+            await repo.update(ended, expected_version=1)
+    assert await repo.delete_ended(NOW + 40, limit=2) == ["req-1", "req-2"]
+    assert await repo.delete_ended(NOW + 40, limit=0) == []
+    assert await repo.delete_ended(NOW + 40) == ["req-0"]
+    assert await repo.delete_ended(NOW + 40) == []
+    assert sorted(r.id for r in await repo.list()) == ["req-3", "req-4"]  # the open one, and the one that ended later
+
+
+async def test_a_version_16_sqlite_store_finds_its_ended_requests_by_their_end_once_migrated(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    ended = msgspec.structs.replace(request("req-old", "ep-a", 1), state="failed", ended_at=NOW + 5, version=2)
+    still_open = request("req-open", "ep-a", 2)
+    with sqlite3.connect(path, isolation_level=None) as conn:  # what an idlegrid of schema version 16 wrote
+        assert migrate_sqlite(conn, up_to=16) == 16
+        for rec in (ended, still_open):
+            row = (rec.id, rec.endpoint_id, rec.state, rec.order, rec.version, msgspec.json.encode(rec).decode())
+            conn.execute(
+                "INSERT INTO endpoint_requests (id, endpoint_id, state, ord, version, doc) VALUES (?, ?, ?, ?, ?, ?)", row
+            )
+    conn.close()
+    store = SqliteStore(str(path))
+    await store.open()
+    try:
+        assert await endpoint_request_repo(store).delete_ended(NOW + 10) == ["req-old"]
+        assert [r.id for r in await endpoint_request_repo(store).list()] == ["req-open"]
+    finally:
+        await store.close()
+
+
+async def test_an_endpoints_requests_are_counted_by_state(store: Store) -> None:
+    repo = endpoint_request_repo(store)
+    made = [("ep-a", RequestState.QUEUED), ("ep-a", RequestState.COMPLETED), ("ep-a", RequestState.COMPLETED)]
+    for i, (endpoint, state) in enumerate([*made, ("ep-b", RequestState.FAILED)]):
+        await repo.insert(request(f"req-{i}", endpoint, i + 1, state))
+    assert await repo.count_by_state("ep-a") == {"queued": 1, "completed": 2}
+    assert await repo.count_by_state("ep-b") == {"failed": 1}
+    assert await repo.count_by_state("ep-none") == {}

@@ -45,13 +45,60 @@ def write(tmp_path: Path, text: str) -> Path:
 
 
 def test_default_policy_orders_tiers_best_first():
-    assert [t.name for t in POLICY.tiers] == ["flagship", "datacenter", "inference", "consumer", "entry"]
+    assert [t.name for t in POLICY.tiers] == [
+        "flagship",
+        "datacenter",
+        "inference",
+        "consumer",
+        "entry",
+        "amd-flagship",
+        "amd-datacenter",
+        "amd-workstation",
+    ]
 
 
 @pytest.mark.parametrize("key", ["h200", "h100-sxm", "h100-pcie"])
 def test_hopper_gpus_are_in_the_top_tier(key: str):
     result = classify(card(key), POLICY)
     assert result == Classification(key, "flagship", (), result.reasons) and result.tier == POLICY.tiers[0].name
+
+
+@pytest.mark.parametrize(
+    ("key", "tier"),
+    [
+        ("mi300x", "amd-flagship"),
+        ("mi325x", "amd-flagship"),
+        ("mi250x", "amd-datacenter"),
+        ("mi210", "amd-datacenter"),
+        ("w7900", "amd-workstation"),
+        ("rx-7900-xtx", "amd-workstation"),
+    ],
+)
+def test_amd_cards_are_sold_in_amd_tiers_never_in_a_cuda_one(key: str, tier: str):
+    result = classify(card(key), POLICY)
+    assert result.tier == tier and result.flags == ()
+    assert any("vendor amd is not nvidia" in reason for reason in result.reasons)  # the NVIDIA tiers say why not
+
+
+def test_a_policy_naming_no_vendor_still_keeps_a_card_without_cuda_out_of_a_cuda_tier(tmp_path):
+    policy = TierPolicy.load(write(tmp_path, '[[tier]]\nname = "cuda"\nmin_vram_gib = 70\nmin_compute_capability = "8.0"\n'))
+    result = classify(card("mi300x"), policy)
+    assert result.tier is None and "no CUDA compute capability" in result.reasons[0]
+    assert classify(card("h100-sxm"), policy).tier == "cuda"
+
+
+def test_a_tier_may_name_its_vendor_and_only_a_known_one(tmp_path):
+    either = TierPolicy.load(write(tmp_path, '[[tier]]\nname = "big"\nmin_vram_gib = 70\n'))
+    assert classify(card("mi300x"), either).tier == "big" and classify(card("h100-sxm"), either).tier == "big"
+    amd = TierPolicy.load(write(tmp_path, '[[tier]]\nname = "big"\nvendor = "amd"\nmin_vram_gib = 70\n'))
+    assert classify(card("mi300x"), amd).tier == "big" and classify(card("h100-sxm"), amd).tier is None
+    with pytest.raises(ConfigError, match="vendor must be one of nvidia, amd"):
+        TierPolicy.load(write(tmp_path, '[[tier]]\nname = "big"\nvendor = "3dfx"\n'))
+
+
+def test_a_card_claiming_another_vendors_model_is_flagged():
+    result = classify(card("mi300x", vendor="nvidia"), POLICY)
+    assert result.tier is None and result.flags == ("vendor_mismatch",)
 
 
 @pytest.mark.parametrize("key", ["a100-80gb", "a100-40gb", "l40s", "rtx-6000-ada", "rtx-a6000"])
@@ -259,7 +306,8 @@ def test_describe_tiers_lists_criteria_and_example_models_in_policy_order():
     flagship = described[0]
     assert flagship["criteria"]["min_vram_gib"] == 70 and "require_nvlink" not in flagship["criteria"]
     assert set(flagship["examples"]) == {"h200", "h100-sxm", "h100-pcie"}
-    assert "t4" in described[-1]["examples"] and all(d["description"] for d in described)
+    entry = next(d for d in described if d["name"] == "entry")
+    assert "t4" in entry["examples"] and all(d["description"] for d in described)
     every_example = [key for d in described for key in d["examples"]]
     assert sorted(every_example) == sorted(CATALOG)  # each model appears in exactly one tier
 

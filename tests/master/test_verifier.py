@@ -10,12 +10,13 @@ import pytest
 
 from agent.benchmark.responder import VerificationResponder
 from agent.benchmark.simulated import SimulatedBenchmark
-from common.catalog import CATALOG
+from common.catalog import CATALOG, reference_gpu_info
 from common.containers import ContainerSpec
 from common.errors import Conflict
 from common.wire import VerifyChallenge, VerifyReveal
 from master.records import GpuVerification
-from master.verifier import VerifySchedule, due
+from master.verification import verification_label
+from master.verifier import VerifySchedule, due, measures
 from tests.master.linked import connect, disconnect, events, gpus, hello, relay, relay_link, to_agent
 
 FrameT = TypeVar("FrameT")
@@ -83,6 +84,26 @@ async def test_an_agent_without_a_benchmark_is_never_challenged(master):
         await master.verifier.request("agt-old")
     await master.verifier.step()
     assert not [f for f in to_agent(link, "agt-old") if isinstance(f, VerifyChallenge)]
+
+
+async def test_a_card_the_hosts_benchmark_cannot_measure_is_never_challenged_and_shows_unmeasured(master):
+    """Issue 41: the CUDA benchmark measures NVIDIA cards only; an AMD card beside them stays unmeasured."""
+    link = relay_link()
+    nvidia = msgspec.structs.replace(gpus(1)[0], simulated=False)
+    amd = msgspec.structs.replace(
+        reference_gpu_info(CATALOG["mi300x"], index=0, uuid="GPU-4b2c4f5d21b5a3f0", pci_bus_id="0000:05:00.0"),
+        driver_version="6.7.0",
+    )
+    await connect(master, link, "agt-mixed", [nvidia, amd], isolation="container", runtime="docker")
+    frame = hello([nvidia, amd], runtime="docker", isolation="container")
+    await relay(master, link, "agt-mixed", msgspec.structs.replace(frame, benchmark="cuda"))
+    await master.verifier.step()
+    challenged = [f.gpu_uuid for f in to_agent(link, "agt-mixed") if isinstance(f, VerifyChallenge)]
+    assert challenged == [UUID]
+    with pytest.raises(Conflict, match="does not measure amd GPUs"):
+        await master.verifier.request("agt-mixed", [amd.uuid])
+    assert verification_label(master.registry.gpus[amd.uuid]) == "unmeasured"
+    assert measures("simulated", "amd") and measures("cuda", "nvidia") and not measures("cuda", "amd")
 
 
 async def test_a_disconnect_during_a_run_gives_the_gpu_back_and_keeps_what_it_had(master):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,7 +55,6 @@ class PodmanService(PodmanHost):
         self.stop_service()
         if (self.workdir / "containers.conf").exists():
             self.podman("rmi", "--all", "--force", check=False)
-        _unmount_below(self.workdir)
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     def __enter__(self) -> PodmanService:
@@ -90,15 +88,6 @@ class PodmanService(PodmanHost):
             return None
         assert status == 200, body
         return body
-
-
-def _unmount_below(directory: Path) -> None:
-    """Lazily unmount whatever a crashed container left mounted under ``directory`` (e.g. its /dev/shm)."""
-    prefix = str(directory.resolve()) + "/"
-    with open("/proc/self/mounts") as mounts:
-        targets = [line.split()[1] for line in mounts if line.split()[1].startswith(prefix)]
-    for target in sorted(targets, reverse=True):  # deepest first
-        subprocess.run(["umount", "-l", target], check=False, capture_output=True)
 
 
 @pytest.fixture(scope="session")

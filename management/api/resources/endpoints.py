@@ -25,6 +25,7 @@ from management.views.endpoints import (
     issued_endpoint_key_view,
 )
 from master.port import (
+    Amount,
     CommandArg,
     EnvName,
     EnvValue,
@@ -79,6 +80,7 @@ class UpdateEndpoint(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     execution_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=86400.0)] | msgspec.UnsetType = UNSET
     ttl_s: Annotated[float, msgspec.Meta(gt=0, le=7 * 86400.0)] | msgspec.UnsetType = UNSET
     max_retries: Annotated[int, msgspec.Meta(ge=0, le=10)] | msgspec.UnsetType = UNSET
+    daily_spend_cap: Amount | None | msgspec.UnsetType = UNSET  # null removes the cap
 
     def changes(self) -> EndpointSpecJson:
         """The fields given, as JSON (those left out are not there; a null ``registry_auth`` is)."""
@@ -112,21 +114,21 @@ async def create_endpoint(request: web.Request) -> web.Response:
 async def list_endpoints(request: web.Request) -> web.Response:
     query = parse_query(request, EndpointQuery)
     found = await request.app[SERVICES_KEY].endpoints.list(owner=scope_of(request).owner, account=query.account)
-    return json_response(endpoint_list_view(found))
+    return json_response(endpoint_list_view(found, request.app[SERVICES_KEY].endpoints.scale_of))
 
 
 async def get_endpoint(request: web.Request) -> web.Response:
     parse_query(request, EmptyQuery)
-    record = await request.app[SERVICES_KEY].endpoints.get(request.match_info["endpoint_id"], account=scope_of(request).owner)
-    return json_response(endpoint_view(record))
+    endpoints = request.app[SERVICES_KEY].endpoints
+    record = await endpoints.get(request.match_info["endpoint_id"], account=scope_of(request).owner)
+    return json_response(endpoint_view(record, endpoints.scale_of(record.id)))
 
 
 async def update_endpoint(request: web.Request) -> web.Response:
     body = await parse_body(request, UpdateEndpoint)
-    record = await request.app[SERVICES_KEY].endpoints.update(
-        request.match_info["endpoint_id"], body.changes(), account=scope_of(request).owner
-    )
-    return json_response(endpoint_view(record))
+    endpoints = request.app[SERVICES_KEY].endpoints
+    record = await endpoints.update(request.match_info["endpoint_id"], body.changes(), account=scope_of(request).owner)
+    return json_response(endpoint_view(record, endpoints.scale_of(record.id)))
 
 
 async def delete_endpoint(request: web.Request) -> web.Response:

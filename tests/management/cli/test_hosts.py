@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from common.inventory import UnofferedGpu
 from management.cli.hosts import duration_s
 from tests.management.cli.test_accounts import idlegrid, served  # noqa: F401  # the served Master and the CLI runner
 from tests.management.hosts import UNREACHABLE_DETAIL, UNREACHABLE_FIX, add_agent, api_key
@@ -93,3 +94,23 @@ def test_host_show_lists_the_gpus_and_why_one_that_did_not_reach_a_container_is_
     assert rows[second.uuid][1:3] == ["offline", "no"], out
     assert rows[second.uuid][3].split() == ["DOES", "NOT", "REACH", "simulated"], out
     assert f"{second.uuid} is not offered: {UNREACHABLE_DETAIL}" in out and f"fix: {UNREACHABLE_FIX}" in out
+
+
+def test_host_show_names_the_cards_the_host_has_and_does_not_offer(idlegrid, served, acme):  # noqa: F811
+    """Issue 41, point 1 (the provider's view): a card on the bus that no library reads is shown with why and the fix."""
+    missing = UnofferedGpu(
+        pci_bus_id="0000:03:00.0",
+        vendor="amd",
+        device_id="0x744c",
+        kind="no_driver",
+        reason="no kernel driver is bound to it",
+        fix="install AMD's amdgpu driver",
+    )
+    master = served.server.master
+    in_master(
+        served,
+        add_agent(master, "agt-a4", "a10:1", provider="acme", runtime="docker", isolation="container", unoffered=[missing]),
+    )
+    out = idlegrid("host", "show", "agt-a4", "--api-key", acme)
+    assert "amd card 0x744c at 0000:03:00.0 is not offered: no kernel driver is bound to it" in out, out
+    assert "fix: install AMD's amdgpu driver" in out

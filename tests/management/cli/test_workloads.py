@@ -238,6 +238,7 @@ async def bob_submits(api, **spec: Any) -> str:
     [
         (["--gpus", "8"], ("8 GPUs", "the most any host has that match is 2")),  # hosts have 2 each
         (["--model", "l40s"], ("no GPU on this grid is a l40s", "replica.models", "h100")),  # a model no host here has
+        (["--vendor", "amd"], ("no GPU on this grid is made by amd",)),  # a ROCm image on a grid of NVIDIA hosts
     ],
 )
 async def test_a_workload_that_can_never_fit_on_this_grid_is_refused_at_once_saying_why(renter, capsys, grid, args, said):

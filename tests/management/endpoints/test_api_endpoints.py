@@ -8,10 +8,12 @@ from typing import Any
 
 import pytest
 
+from management.endpoints.queue import QueueLimits
 from management.http.keys import SERVICES_KEY
-from management.services.endpoints import InvocationForbidden, InvocationRefused
-from management.store import endpoint_repo
+from management.services.endpoints import EndpointsService, InvocationForbidden, InvocationRefused
+from management.store import endpoint_key_repo, endpoint_repo
 from master.config import MasterConfig
+from master.port import WorkloadSpec
 from tests.management.hosts import add_agent, api_key
 from tests.support.operator_api import operator_api
 
@@ -224,3 +226,38 @@ async def test_invocation_keys_are_shown_once_scoped_to_one_endpoint_and_open_no
     for wrong in ("", "igak_not-an-invocation-key", "igek_never-issued"):
         with pytest.raises(InvocationRefused):
             await endpoints.authorize_invocation(b["id"], wrong)
+
+
+async def test_the_request_queue_reads_each_endpoints_bounds_as_created_changed_deleted_and_loaded(api, keys):
+    service = api.app[SERVICES_KEY].endpoints
+    made = await create(api, keys["ana"])
+    limits = service.limits_of(made["id"])
+    assert (limits.concurrency, limits.max_retries, limits.ttl_s, limits.execution_timeout_s) == (2, 2, 3600, 120)
+    changed = await api.patch(f"/api/v1/endpoints/{made['id']}", json={"scaling": {"concurrency": 5}}, headers=keys["ana"])
+    assert changed.status == 200, await changed.text()
+    assert service.limits_of(made["id"]).concurrency == 5
+    other = await create(api, keys["ana"], name="other", max_retries=0)
+    fresh = EndpointsService(
+        api.master.secrets, endpoint_repo(api.master.store), endpoint_key_repo(api.master.store), check_worker=_no_check
+    )
+    assert fresh.limits_of(other["id"]) == QueueLimits()  # nothing read yet
+    await fresh.load()  # a restarted Master, or the one that takes over, reads them all
+    assert (fresh.limits_of(made["id"]).concurrency, fresh.limits_of(other["id"]).max_retries) == (5, 0)
+    assert (await api.delete(f"/api/v1/endpoints/{made['id']}", headers=keys["ana"])).status == 200
+    assert service.limits_of(made["id"]) == QueueLimits()  # a deleted endpoint's last requests end under the defaults
+
+
+async def _no_check(account: str, spec: WorkloadSpec) -> None:
+    return None
+
+
+async def test_the_daily_spend_cap_is_set_changed_and_removed_like_any_field_and_a_bad_amount_is_400(api, keys):
+    await add_agent(api.master, "agt-1", "h100:1", runtime="docker", isolation="container")
+    made = await create(api, keys["ana"], daily_spend_cap="25.00")
+    assert made["spec"]["daily_spend_cap"] == "25.00" and made["scale"] is None  # no tick yet on this Master
+    path = f"/api/v1/endpoints/{made['id']}"
+    for cap, shown in (("5", "5"), (None, None)):
+        changed = await api.patch(path, json={"daily_spend_cap": cap}, headers=keys["ana"])
+        assert changed.status == 200 and (await changed.json())["spec"]["daily_spend_cap"] == shown
+    refused = await api.patch(path, json={"daily_spend_cap": "-1"}, headers=keys["ana"])
+    assert refused.status == 400 and "daily_spend_cap" in await refused.text()

@@ -18,9 +18,8 @@ from management.endpoints.queue import (
     RequestQueue,
     RequestState,
     Step,
-    WorkerError,
-    WorkerRef,
 )
+from master.port import WorkerError, WorkerRef
 
 ENDPOINTS = ("ep-a", "ep-b")
 WORKERS = tuple(WorkerRef(ep, f"w{i}", f"agent-{i % 2}") for ep in ENDPOINTS for i in range(2))
@@ -167,6 +166,9 @@ def check_held(queue: RequestQueue) -> None:
         assert (rec.state == RequestState.IN_PROGRESS) == (rec.id in holders)
         assert rec.holder == holders.get(rec.id)
         assert (rec.worker_id == "") == (rec.state != RequestState.IN_PROGRESS)
+    for endpoint in ENDPOINTS:
+        mine = [rec for rec in queue.requests.values() if rec.endpoint_id == endpoint]
+        assert queue.open_load(endpoint) == (len(mine), sum(len(rec.input) for rec in mine))
 
 
 @settings(max_examples=300, deadline=None)
@@ -331,6 +333,22 @@ def test_heartbeat_names_what_the_worker_no_longer_holds_and_silence_loses_the_r
     queue.apply(queue.expire(50.0, HEARTBEAT_TIMEOUT_S))
     assert (queue.requests["r1"].state, queue.requests["r1"].attempt) == ("queued", 2)
     assert A1 not in queue.workers
+
+
+def test_a_request_whose_take_answer_never_reached_its_worker_goes_back_once_heartbeats_leave_it_out() -> None:
+    queue = RequestQueue()
+    submitted(queue, "r1", "r2", "r3")
+    assert taken(queue, A1, now=10.0) == "r1"  # the answer was lost: the worker never lists r1
+    assert taken(queue, A2, now=30.0) == "r2"
+    step = queue.heartbeat(A1, [], 39.0)  # within UNCLAIMED_AFTER_S of the take: the answer may still be travelling
+    assert step.changed == ()
+    step = queue.heartbeat(A1, [], 40.0)
+    assert [(r.id, r.state, r.attempt, r.order) for r in step.changed] == [("r1", "queued", 1, 1)]
+    queue.apply(step)
+    assert queue.held_by(A1) == frozenset()
+    assert taken(queue, A2, now=41.0, concurrency=2) == "r1"  # first in line again, at its old place
+    queue.apply(queue.heartbeat(A2, ["r2", "r1"], 75.0))  # a worker that lists what it holds keeps it
+    assert queue.held_by(A2) == frozenset({"r1", "r2"})
 
 
 def test_ttl_and_execution_timeout_end_requests_timed_out_and_retry_starts_a_new_run() -> None:

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from common.errors import Conflict, NotFound
-from management.endpoints.queue import Outcome, QueueLimits, WorkerError, WorkerRef
+from management.endpoints.queue import EndpointRequestRecord, QueueLimits
 from management.endpoints.requests import RequestBook, RequestTooLarge
 from management.store import endpoint_request_repo
+from master.port import CallOutcome, WorkerError, WorkerRef
 from master.store import open_store
 from master.store.base import Store
 
@@ -51,15 +52,15 @@ async def test_a_request_goes_through_take_partials_and_result_and_every_step_is
     taken = await book.take(W1, 0)
     assert taken is not None and (taken.id, taken.input, taken.attempt) == (submitted.id, {"prompt": "hi"}, 1)
     for _ in range(2):  # a resend of seq 0 is taken once
-        assert await book.partial(W1, taken.id, 0, "a") == Outcome.OK
-    assert await book.partial(W1, taken.id, 1, ["b"]) == Outcome.OK
-    assert await book.progress(W1, taken.id, {"step": 2}) == Outcome.OK
-    assert await book.partial(W2, taken.id, 2, "not W2's") == Outcome.GONE
+        assert await book.partial(W1, taken.id, 0, "a") == CallOutcome.OK
+    assert await book.partial(W1, taken.id, 1, ["b"]) == CallOutcome.OK
+    assert await book.progress(W1, taken.id, {"step": 2}) == CallOutcome.OK
+    assert await book.partial(W2, taken.id, 2, "not W2's") == CallOutcome.GONE
     streamed = await book.stream(taken.id, 0)
     assert [(p.seq, p.value()) for p in streamed.partials] == [(1, ["b"])] and not streamed.done
-    assert await book.result(W1, taken.id, "x" * 200) == Outcome.TOO_LARGE
-    assert await book.result(W1, taken.id, {"answer": 42}) == Outcome.OK
-    assert await book.result(W1, taken.id, {"answer": 43}) == Outcome.GONE
+    assert await book.result(W1, taken.id, "x" * 200) == CallOutcome.TOO_LARGE
+    assert await book.result(W1, taken.id, {"answer": 42}) == CallOutcome.OK
+    assert await book.result(W1, taken.id, {"answer": 43}) == CallOutcome.GONE
     stored = await endpoint_request_repo(store).get(taken.id)
     assert stored is not None and (stored.state, stored.output, stored.account) == ("completed", '{"answer":42}', "ana")
     assert (await book.stream(taken.id, 1)).done
@@ -82,7 +83,7 @@ async def test_a_worker_takes_no_more_than_its_concurrency(store: Store) -> None
     taken = await book.take(W1, 0)
     assert taken is not None and taken.id == first.id
     assert await book.take(W1, 0) is None
-    assert await book.release(W1, first.id) == Outcome.OK
+    assert await book.release(W1, first.id) == CallOutcome.OK
     again = await book.take(W2, 0)
     assert again is not None and (again.id, again.attempt) == (first.id, 1)  # released: same attempt, first in line
     assert (await book.take(W1, 0)) is not None and second.id in {r.id for r in await endpoint_request_repo(store).list()}
@@ -94,7 +95,7 @@ async def test_cancel_reaches_the_worker_at_its_heartbeat_and_retry_queues_a_new
     assert (await book.take(W1, 0)) is not None
     assert (await book.cancel(rec.id)).state == "cancelled"
     assert await book.heartbeat(W1, [rec.id]) == [rec.id]
-    assert await book.result(W1, rec.id, "late") == Outcome.GONE
+    assert await book.result(W1, rec.id, "late") == CallOutcome.GONE
     with pytest.raises(Conflict):
         await book.cancel(rec.id)
     retried = await book.retry(rec.id)
@@ -113,7 +114,7 @@ async def test_errors_and_lost_workers_follow_the_queue_s_rules(store: Store) ->
     book = await book_over(store, Clock())
     failing, lost = await book.submit("ep-a", "a"), await book.submit("ep-a", "b")
     assert (await book.take(W1, 0)) is not None
-    assert await book.error(W1, failing.id, WorkerError("ValueError", "bad input", "Traceback ...")) == Outcome.OK
+    assert await book.error(W1, failing.id, WorkerError("ValueError", "bad input", "Traceback ...")) == CallOutcome.OK
     assert (await book.take(W1, 0)) is not None
     await book.worker_gone(W1)
     again = await book.take(W2, 0)
@@ -160,7 +161,7 @@ async def test_a_book_that_lost_a_race_reads_the_request_back_and_answers_gone(s
     assert await stale.take(W2, 0) is None  # its write names the old version: refused, read back
     now_held = await stale.status(rec.id)
     assert now_held is not None and now_held.worker_id == "w1"
-    assert await stale.result(W1, rec.id, "done") == Outcome.OK  # it knows W1 holds it now
+    assert await stale.result(W1, rec.id, "done") == CallOutcome.OK  # it knows W1 holds it now
 
 
 async def test_ttl_and_execution_timeout_end_requests_at_the_sweep(store: Store) -> None:
@@ -187,8 +188,102 @@ async def test_a_stream_waits_for_the_next_partial(store: Store) -> None:
     for _ in range(5):
         await asyncio.sleep(0)
     assert not reading.done()
-    assert await book.partial(W1, rec.id, 0, {"token": "a"}) == Outcome.OK
+    assert await book.partial(W1, rec.id, 0, {"token": "a"}) == CallOutcome.OK
     streamed = await reading  # without the wake it would wait the 25 s out and answer no partials
     assert [p.value() for p in streamed.partials] == [{"token": "a"}]
     with pytest.raises(NotFound):
         await book.stream("req-nobody")
+
+
+async def test_ended_requests_are_kept_for_the_retention_then_deleted_and_open_ones_never(store: Store) -> None:
+    clock = Clock()
+    book = RequestBook(endpoint_request_repo(store), limits_of=lambda _: LIMITS, clock=clock, retention_s=3_600.0)
+    await book.load()
+    done = await book.submit("ep-a", {"n": 1})
+    taken = await book.take(W1, 0)
+    assert taken is not None and await book.result(W1, taken.id, "out") == CallOutcome.OK
+    cancelled = await book.cancel((await book.submit("ep-a", {"n": 2})).id)
+    waiting = await book.submit("ep-a", {"n": 3}, account="ana")
+    clock.now += 3_599.0
+    assert await book.purge() == 0  # within the retention: its status still reads the output
+    assert (await book.status(done.id)) is not None
+    clock.now += 2.0
+    assert await book.purge() == 2
+    for gone in (done.id, cancelled.id):
+        assert await book.status(gone) is None
+        with pytest.raises(NotFound):
+            await book.stream(gone)
+    still = await book.status(waiting.id)  # open for over an hour (its TTL is the sweep's to apply), never purged
+    assert still is not None and still.state == "queued"
+
+
+async def test_each_end_is_told_once_per_run_after_it_is_stored_and_open_requests_are_listed(store: Store) -> None:
+    clock = Clock()
+    ended: list[tuple[str, str, int]] = []
+    repo = endpoint_request_repo(store)
+
+    def told(rec: EndpointRequestRecord) -> None:
+        ended.append((rec.id, rec.state, rec.attempt))
+
+    book = RequestBook(repo, limits_of=lambda _: LIMITS, clock=clock, on_end=told)
+    await book.load()
+    first = await book.submit("ep-a", 1, webhook="https://hooks.example/a")
+    second = await book.submit("ep-a", 2)
+    await book.submit("ep-b", 3)
+    assert [r.id for r in book.open_of("ep-a")] == [first.id, second.id]
+    assert first.webhook == "https://hooks.example/a"
+    taken = await book.take(W1, 0)
+    assert taken is not None and taken.id == first.id
+    assert [r.state for r in book.open_of("ep-a")] == ["in_progress", "queued"]
+    assert ended == []  # taking, reports and progress are no end
+    assert await book.result(W1, first.id, "done") == CallOutcome.OK
+    await book.cancel(second.id)
+    assert ended == [(first.id, "completed", 1), (second.id, "cancelled", 1)]
+    again = await book.retry(second.id)
+    assert again.webhook == "" and ended[-1] == (second.id, "cancelled", 1)  # a retry is a new run, no end yet
+    clock.now += LIMITS.ttl_s + 1
+    await book.sweep()
+    assert ended[-1] == (second.id, "timed_out", 2) and len(ended) == 4  # ep-b's request timed out too
+    assert book.open_of("ep-a") == []
+    stored = await repo.get(first.id)
+    assert stored is not None and stored.webhook == "https://hooks.example/a"
+
+
+async def test_the_autoscalers_reads_each_workers_last_call_what_it_holds_and_when_its_work_last_changed(store: Store) -> None:
+    clock = Clock()
+    book = await book_over(store, clock)
+    arrivals: list[str] = []
+    book.on_arrival(arrivals.append)
+    submitted = await book.submit("ep-a", 1)
+    assert arrivals == ["ep-a"] and book.workers_of("ep-a") == []  # no worker heard from yet
+    clock.now = 1_010.0
+    taken = await book.take(W1, 0)
+    assert taken is not None and taken.id == submitted.id
+    await book.heartbeat(W2, [])
+    clock.now = 1_020.0
+    await book.heartbeat(W1, [taken.id])  # heard from, no change to its work
+    found = {a.ref: (a.last_seen, a.in_flight, a.last_work) for a in book.workers_of("ep-a")}
+    assert found == {W1: (1_020.0, 1, 1_010.0), W2: (1_010.0, 0, None)}
+    assert book.workers_of("ep-b") == []
+    clock.now = 1_030.0
+    assert await book.release(W1, taken.id) == CallOutcome.OK  # handed back: queued again, an arrival
+    assert arrivals == ["ep-a", "ep-a"]
+    assert {a.ref: (a.in_flight, a.last_work) for a in book.workers_of("ep-a")}[W1] == (0, 1_030.0)
+    await book.worker_gone(W1)
+    assert [a.ref for a in book.workers_of("ep-a")] == [W2]
+
+
+async def test_the_book_tells_whether_a_take_of_each_worker_is_under_way_and_since_when_none_is(store: Store) -> None:
+    clock = Clock()
+    book = await book_over(store, clock)
+    await book.heartbeat(W1, [])  # first heard at 1000: no take since
+    assert [a.not_taking_since for a in book.workers_of("ep-a")] == [1_000.0]
+    clock.now = 1_010.0
+    polling = asyncio.create_task(book.take(W1, 25))  # a long poll
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert [a.not_taking_since for a in book.workers_of("ep-a")] == [None]  # under way
+    clock.now = 1_020.0
+    await book.submit("ep-a", "wakes it")
+    assert await polling is not None
+    assert [a.not_taking_since for a in book.workers_of("ep-a")] == [1_020.0]  # its last take ended at 1020

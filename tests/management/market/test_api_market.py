@@ -61,6 +61,19 @@ async def test_a_renter_searches_offers_and_a_price_change_shows_in_the_next_sea
     assert [o["id"] for o in again["offers"]] == ["agt-a2", "agt-a1"]
 
 
+async def test_a_renter_finds_a_simulated_amd_host_by_its_vendor(market):
+    """Issue 41, point 3: an offer carries its cards' vendor and the search language filters on it."""
+    await add_agent(market.master, "agt-amd", "mi300x:8", provider="acme", runtime="docker", isolation="container")
+    amd = await (await market.get("/api/v1/offers", params={"q": "vendor=amd"}, headers=market.lab)).json()
+    assert [(o["id"], o["vendor"], o["model"], o["tier"], o["num_gpus"]) for o in amd["offers"]] == [
+        ("agt-amd", "amd", "mi300x", "amd-flagship", 8)
+    ]
+    others = await (await market.get("/api/v1/offers", params={"q": "vendor!=amd", "sort": "id"}, headers=market.lab)).json()
+    assert [(o["id"], o["vendor"]) for o in others["offers"]] == [("agt-a1", "nvidia"), ("agt-a2", "nvidia")]
+    both = await (await market.get("/api/v1/offers", params={"q": "vendor in [amd,nvidia]"}, headers=market.lab)).json()
+    assert both["total"] == 3
+
+
 async def test_a_query_that_does_not_parse_is_a_400_naming_the_position_and_the_token(market):
     response = await market.get("/api/v1/offers", params={"q": "gpu_ram=>24"}, headers=market.lab)
     status, code, message = await error_of(response)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import asdict
 
@@ -111,3 +112,24 @@ def test_a_job_asking_for_free_disk_goes_only_to_hosts_that_report_that_much_and
     e = explain(snapshot(hosts, units, queue=[too_much]), "x")
     by = {f.name: (f.removed, f.remaining) for f in e.filters}
     assert by["disk"] == (6, 0) and not e.fits_now and "disk filter" in e.summary
+
+
+def test_a_job_asking_for_a_vendor_is_placed_only_on_its_cards_and_the_explanation_names_the_vendor():
+    """Issue 41, point 3: a ROCm image asks for vendor amd; the scheduler places it on AMD cards only."""
+    hs = [Host("nv"), Host("amd")]
+    amd = [dataclasses.replace(u, vendor="amd") for u in gpus("amd", 2, "l40s")]
+    hosts, units = grid(hs, units=gpus("nv", 4) + amd)
+    rocm = job("rocm", request=ReplicaRequest(gpus=2, vendors=frozenset({"amd"})))
+    plan = schedule(snapshot(hosts, units, queue=[rocm]))
+    assert placed(plan)["rocm"] == (("amd-g0", "amd-g1"),)
+
+    wide = job("wide", request=ReplicaRequest(gpus=3, vendors=frozenset({"amd"})))
+    e = explain(snapshot(hosts, units, queue=[wide]), "wide")
+    by = {f.name: (f.removed, f.remaining) for f in e.filters}
+    assert by["vendor"] == (4, 2)
+    assert e.cannot_fit == "each replica asks for 3 GPUs on one host; the most any host has that match is 2"
+
+    intel = job("xpu", request=ReplicaRequest(gpus=1, vendors=frozenset({"intel"})))
+    e = explain(snapshot(hosts, units, queue=[intel]), "xpu")
+    assert e.cannot_fit == "no GPU on this grid is made by intel" and "made by intel" in e.summary
+    assert {f.name: f.remaining for f in e.filters}["vendor"] == 0

@@ -1,0 +1,76 @@
+"""A renter's endpoints in the console, in Debian's Chromium against a real Master (docs/endpoints.md, "The console"):
+the list, an endpoint's page (its worker, scaling, how to call it), an invocation key made (shown once, and the key
+that was shown works: ``authorize_invocation`` lets it call this endpoint), revoked after a confirmation (then refused),
+and another renter's endpoint answering 404.
+
+The host is simulated (no GPU here): it is there so the endpoint's worker spec could run on this grid, which creating
+an endpoint checks."""
+
+from __future__ import annotations
+
+import pytest
+
+from management.endpoints.spec import EndpointScaling, EndpointSpec
+from management.services.endpoints import InvocationRefused
+from master.port import ReplicaSpec
+from master.records import AccountRecord
+from tests.management.hosts import add_agent
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+def test_a_renter_reads_its_endpoint_makes_a_key_shown_once_and_revokes_it(console_master, page, sign_in, shot):
+    services = console_master.services
+    console_master.run(
+        add_agent(console_master.server.master, "agt-sim", "a10:2", provider="acme", runtime="docker", isolation="container")
+    )
+    spec = EndpointSpec(
+        name="echo",
+        image="ghcr.io/acme/echo:1",
+        command=["python", "handler.py"],
+        env={"HF_TOKEN": "hf_secret_value"},
+        replica=ReplicaSpec(gpus=1),
+        scaling=EndpointScaling(min_workers=0, max_workers=4, concurrency=2),
+    )
+    made = console_master.run(services.endpoints.create("rita", spec))
+    console_master.run(console_master.server.master.accounts.create(AccountRecord(id="otto", role="renter")))
+    others = console_master.run(services.endpoints.create("otto", EndpointSpec(name="theirs", image="ghcr.io/o/x:1")))
+
+    sign_in(page, "renter")
+    page.get_by_role("link", name="Endpoints").click()
+    table = page.locator("#endpoints")
+    assert table.get_by_role("link", name="echo").is_visible()
+    assert "0 to 4" in table.inner_text() and "theirs" not in page.content()
+    shot(page, "endpoints")
+
+    table.get_by_role("link", name="echo").click()
+    body = page.locator("main").inner_text()
+    assert made.id in body and "ghcr.io/acme/echo:1" in body and "python handler.py" in body
+    assert "HF_TOKEN" in body and "hf_secret_value" not in page.content()  # names only
+    assert f"/api/v1/endpoints/{made.id}/run" in body
+    assert page.locator("#no-keys").is_visible()
+
+    page.get_by_label("Name of a new key").fill("x" * 101)
+    page.get_by_role("button", name="Make a key").click()
+    assert "100 characters at most" in page.locator("#name-error").inner_text()
+    page.get_by_label("Name of a new key").fill("my-app")
+    page.get_by_role("button", name="Make a key").click()
+    key = page.locator("#issued-key").inner_text().strip()
+    assert key.startswith("igek_") and "shown on this page once" in page.locator("#issued").inner_text()
+    shot(page, "key-made")
+    invocation = console_master.run(services.endpoints.authorize_invocation(made.id, key))
+    assert invocation.key.name == "my-app"
+
+    page.goto(f"{console_master.url}/console/endpoints/{made.id}")
+    assert key not in page.content()  # never shown again
+    page.get_by_role("link", name="Revoke key my-app").click()
+    shot(page, "revoke-confirm")
+    page.get_by_role("button", name="Revoke the key").click()
+    assert "Revoked invocation key my-app" in page.locator(".flashes").inner_text()
+    assert "revoked" in page.locator("#keys").inner_text()
+    with pytest.raises(InvocationRefused):
+        console_master.run(services.endpoints.authorize_invocation(made.id, key))
+    shot(page, "revoked")
+
+    answer = page.goto(f"{console_master.url}/console/endpoints/{others.id}")
+    assert answer is not None and answer.status == 404  # another renter's endpoint is not there for this one
