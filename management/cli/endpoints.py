@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from management.cli import endpoint_requests
 from management.cli.connection import api_client, connection_options, show, table, when
@@ -179,7 +178,7 @@ def _spec_options(p: argparse.ArgumentParser, *, creating: bool) -> None:
     )
 
 
-def _scale_lines(scale: dict[str, Any] | None) -> list[tuple[str, str]]:
+def _scale_lines(scale: AnswerJson | None) -> list[tuple[str, str]]:
     """What the autoscaler's last tick found (docs/endpoints.md, "The autoscaler's shell")."""
     if not scale:
         return []

@@ -88,6 +88,7 @@ async def test_the_state_is_read_once_in_order_before_the_loops_start(server):
         "start scheduler",
         "start links",
         "start alerts",
+        "start request webhooks",
         "start endpoint requests",
         "start endpoint scaler",
         "start payments",
@@ -118,7 +119,17 @@ async def test_the_loops_stop_in_the_reverse_order_of_their_start(tmp_path):
     await server.stop()
     started = [c.removeprefix("start ") for c in calls if c.startswith("start ")]
     stopped = [c.removeprefix("stop ") for c in calls if c.startswith("stop ")]
-    assert started == ["market", "outputs", "scheduler", "links", "alerts", "endpoint requests", "endpoint scaler", "payments"]
+    assert started == [
+        "market",
+        "outputs",
+        "scheduler",
+        "links",
+        "alerts",
+        "request webhooks",
+        "endpoint requests",
+        "endpoint scaler",
+        "payments",
+    ]
     assert stopped == list(reversed(started))
 
 
