@@ -59,6 +59,7 @@ class Resource(str, enum.Enum):
     SSH_KEYS = "ssh_keys"  # SSH public keys: each account its own (docs/ssh.md)
     SECRETS = "secrets"  # an account's secrets for its workloads: each account its own, values never shown again
     ENDPOINTS = "endpoints"  # serverless endpoints and their invocation keys: a renter's own (docs/endpoints.md)
+    TOPUPS = "topups"  # money in through the payment provider: a renter tops up its own balance (docs/payments.md)
 
 
 class Action(str, enum.Enum):
@@ -126,6 +127,9 @@ PERMISSIONS[AccountRole.RENTER][Resource.SECRETS] = frozenset({Action.READ, Acti
 # Serverless endpoints (docs/endpoints.md): a renter makes, changes and deletes its own and their invocation keys
 # (Scope.owner), the operator anyone's. An invocation key is no API key: it opens none of these routes.
 PERMISSIONS[AccountRole.RENTER][Resource.ENDPOINTS] = frozenset({Action.READ, Action.WRITE})
+# Top-ups (docs/payments.md): a renter opens and reads its own (Scope.owner); the operator reads anyone's and may open
+# one for a renter. The provider's webhook is public: its signature is its credential.
+PERMISSIONS[AccountRole.RENTER][Resource.TOPUPS] = frozenset({Action.READ, Action.WRITE})
 
 
 @dataclass(frozen=True)

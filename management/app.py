@@ -61,6 +61,7 @@ from management.monitoring.report_source import ReportSource
 from management.monitoring.rules import load_rules
 from management.monitoring.settings import AlertSettings, account_viewer
 from management.onboarding.service import Onboarding
+from management.payments.provider import PaymentProvider
 from management.services import Services
 from management.services.accounts import AccountsService
 from management.services.alerts import AlertsService
@@ -78,19 +79,22 @@ from management.services.secrets import SecretsService
 from management.services.ssh_keys import SshKeysService
 from management.services.telemetry import TelemetryService
 from management.services.templates import TemplatesService
+from management.services.topups import TopupService
 from management.services.tunnels import RenterAccess
 from management.services.verification import VerificationService
 from management.services.workloads import WorkloadsService
-from management.settings import ManagementSettings
+from management.settings import ManagementSettings, PaymentSettings
 from management.store import (
     attach,
     endpoint_key_repo,
     endpoint_repo,
     endpoint_request_repo,
     output_repo,
+    payment_event_repo,
     price_repo,
     rental_repo,
     ssh_key_repo,
+    topup_repo,
 )
 from management.views.endpoint_requests import request_status_body
 from management.workloads.book import WorkloadBook
@@ -284,6 +288,7 @@ def compose(master: MasterPort, settings: ManagementSettings | None = None) -> C
     # Each endpoint's workers, as workloads of its account: the autoscaler's decisions carried out every second.
     scaler = EndpointScaler(book, requests, endpoints, rental_repo(master.store), grace_s=settings.scheduler.scheduler.grace_s)
     endpoints.scale_of = scaler.status  # what the last tick found, in the endpoint's answer
+    endpoint_requests.spend_of = scaler.spent_24h  # an endpoint's day's cost, on its console page
     tunnels = RenterAccess(master, workloads.get_workload, output_repo(master.store))
     output_settings = settings.scheduler.outputs
     outputs = OutputCollector(
@@ -312,6 +317,18 @@ def compose(master: MasterPort, settings: ManagementSettings | None = None) -> C
         public_url=settings.links_url,
         key=link_key(settings.state_path),
     )
+    topups = TopupService(
+        master,
+        payment_provider(settings.payments),
+        topup_repo(master.store),
+        payment_event_repo(master.store),
+        market.ledger,
+        currency=settings.market.currency,
+        limits=settings.payments.limits,
+        catch_up_s=settings.payments.catch_up_s,
+        catch_up_window_s=settings.payments.catch_up_window_s,
+        restart_s=settings.loop_restart_s,
+    )
     services = Services(
         accounts=accounts,
         hosts=hosts,
@@ -332,6 +349,7 @@ def compose(master: MasterPort, settings: ManagementSettings | None = None) -> C
         secrets=SecretsService(master),
         endpoints=endpoints,
         endpoint_requests=endpoint_requests,
+        topups=topups,
     )
     series = MarketSeries(book.counts, market.meter.open_rentals, market.ledger.balances, currency=settings.market.currency)
     return Composition(
@@ -353,9 +371,25 @@ def compose(master: MasterPort, settings: ManagementSettings | None = None) -> C
             ("request webhooks", request_webhooks),
             ("endpoint requests", requests),
             ("endpoint scaler", scaler),
+            ("payments", topups),
         ),
         market_series=series,
     )
+
+
+def payment_provider(settings: PaymentSettings) -> PaymentProvider | None:
+    """The payment provider's adapter the settings name; None when the grid takes no payments."""
+    if settings.provider == "stripe":
+        # Imported only by a Master that takes payments: the SDK costs every other process 0.2 s of imports.
+        from management.payments.stripe_provider import StripeProvider
+
+        return StripeProvider(
+            settings.stripe_api_key,
+            settings.stripe_webhook_secret,
+            api_base=settings.stripe_api_base,
+            tolerance_s=settings.webhook_tolerance_s,
+        )
+    return None
 
 
 def http_app(master: MasterPort, composition: Composition, settings: ManagementSettings) -> web.Application:

@@ -10,18 +10,22 @@ and never reads the flat config:
 - ``[api]``: the per-key and per-account rate limits (``ApiSettings``)
 - ``[alerts]``: the rules file, the evaluation period, the webhook notifier's limits
 - ``[console]``: ``ConsoleSettings``, already a table of its own in the file (``[console]``)
+- money in: ``PaymentSettings``, the payment provider, its secrets and the top-up bounds (docs/payments.md)
 
 The sections are frozen: a running Master's settings change only by a restart.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from common.errors import ConfigError
 from management.api import ApiSettings
+from management.market.money import parse_amount
 from management.monitoring.notifier import NotifierSettings
 from management.monitoring.settings import notifier_settings
+from management.payments.topups import TopupLimits
 from management.services.market import MarketRules, RatingRules
 from management.services.outputs import OutputSettings
 from management.workloads.runner import SchedulerSettings
@@ -42,6 +46,42 @@ class AlertsSection:
 
 
 @dataclass(frozen=True)
+class PaymentSettings:
+    """Money in (docs/payments.md): the provider ("" for none), its secrets (kept out of every repr and log line),
+    where its SDK sends requests, how old a signed delivery may be, and the bounds of one top-up."""
+
+    provider: str
+    limits: TopupLimits
+    stripe_api_key: str = field(default="", repr=False)
+    stripe_webhook_secret: str = field(default="", repr=False)
+    stripe_api_base: str = ""
+    webhook_tolerance_s: int = 300
+    catch_up_s: float = 300.0  # how often the provider's recent events are read (webhooks missed in an outage)
+    catch_up_window_s: float = 3 * 86400.0  # how far back
+
+    @classmethod
+    def of(cls, config: MasterConfig) -> PaymentSettings:
+        limits = TopupLimits(parse_amount(config.topup_min), parse_amount(config.topup_max))
+        if not 0 < limits.min_amount <= limits.max_amount:
+            raise ConfigError(f"topup_min ({config.topup_min}) must be more than 0 and at most topup_max ({config.topup_max})")
+        if config.payment_provider == "stripe" and not (config.stripe_api_key and config.stripe_webhook_secret):
+            raise ConfigError(
+                "payment_provider is stripe, so stripe_api_key and stripe_webhook_secret must be set "
+                "(IDLEGRID_MASTER_STRIPE_API_KEY and IDLEGRID_MASTER_STRIPE_WEBHOOK_SECRET)"
+            )
+        return cls(
+            provider=config.payment_provider,
+            limits=limits,
+            stripe_api_key=config.stripe_api_key,
+            stripe_webhook_secret=config.stripe_webhook_secret,
+            stripe_api_base=config.stripe_api_base,
+            webhook_tolerance_s=config.stripe_webhook_tolerance_s,
+            catch_up_s=config.payment_catch_up_s,
+            catch_up_window_s=config.payment_catch_up_window_s,
+        )
+
+
+@dataclass(frozen=True)
 class ManagementSettings:
     scheduler: SchedulerSection
     market: MarketRules
@@ -53,6 +93,7 @@ class ManagementSettings:
     links: LinkSettings  # HTTPS links to workloads' ports (docs/links.md)
     links_url: str  # where the links listener listens, what path links are under unless links.public_url says otherwise
     templates_dir: Path | None  # the operator's launch templates (docs/templates.md); None: the shipped ones only
+    payments: PaymentSettings
 
     @classmethod
     def of(cls, config: MasterConfig) -> ManagementSettings:
@@ -87,4 +128,5 @@ class ManagementSettings:
             links=config.links,
             links_url=f"http://{config.host}:{config.links_port}",
             templates_dir=Path(config.templates_dir) if config.templates_dir else None,
+            payments=PaymentSettings.of(config),
         )

@@ -188,6 +188,24 @@ class MasterConfig(msgspec.Struct, kw_only=True):
     rating_weight_unit: Annotated[str, msgspec.Meta(pattern=r"^[0-9]{1,9}(\.[0-9]{1,6})?\Z")] = "1"
     rating_max_weight: Annotated[int, msgspec.Meta(ge=1, le=100)] = 4
     rating_window_s: Annotated[float, msgspec.Meta(ge=0)] = 30 * 86400.0
+    # --- money in (management/payments/, docs/payments.md) ---
+    # The payment provider renters top up through: "" takes no payments (an operator credits balances by hand).
+    payment_provider: Literal["", "stripe"] = ""
+    # Stripe's secret API key and the signing secret of the grid's webhook endpoint on Stripe: secrets, best given as
+    # IDLEGRID_MASTER_STRIPE_API_KEY and IDLEGRID_MASTER_STRIPE_WEBHOOK_SECRET rather than in the file; never logged.
+    stripe_api_key: str = ""
+    stripe_webhook_secret: str = ""
+    # Where the SDK sends its requests; "": Stripe's own API (https://api.stripe.com). The tests' localstripe sets it.
+    stripe_api_base: str = ""
+    # A webhook delivery signed longer ago than this is refused (replayed deliveries must be re-signed by Stripe).
+    stripe_webhook_tolerance_s: Annotated[int, msgspec.Meta(ge=1, le=3600)] = 300
+    # Every payment_catch_up_s the Master reads the provider's top-up events of the last payment_catch_up_window_s from
+    # its API and acts on those no webhook brought (an outage): each event is acted on once, whichever way it came.
+    payment_catch_up_s: Annotated[float, msgspec.Meta(gt=0)] = 300.0
+    payment_catch_up_window_s: Annotated[float, msgspec.Meta(ge=60, le=30 * 86400)] = 3 * 86400.0
+    # The least and the most one top-up may be, as decimal strings of the grid's currency.
+    topup_min: Annotated[str, msgspec.Meta(pattern=r"^[0-9]{1,9}(\.[0-9]{1,6})?\Z")] = "5"
+    topup_max: Annotated[str, msgspec.Meta(pattern=r"^[0-9]{1,9}(\.[0-9]{1,6})?\Z")] = "10000"
     # --- renter access (tunnels through the relays: common/tunnel.py) ---
     # Both ends of a tunnel must reach the relay within this long of the ticket's issue.
     tunnel_ticket_s: Annotated[float, msgspec.Meta(ge=1, le=600)] = 30.0

@@ -612,7 +612,7 @@ class LedgerEntry(msgspec.Struct, kw_only=True):
 
     key: str
     ts: float
-    kind: str  # "credit" | "hold" | "charge" | "refund" | "release" | "prepay" | "payout" | "adjust"
+    kind: str  # "credit" | "topup" | "hold" | "charge" | "refund" | "release" | "prepay" | "payout" | "adjust"
     memo: str  # why, for a person
     lines: list[LedgerLine]
     rental: str = ""  # the rental it belongs to, "" for none

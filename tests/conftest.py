@@ -3,6 +3,7 @@ No test process asks the system's DNS (tests/support/no_dns.py)."""
 
 from tests.support import no_dns
 from tests.support.egress import listener  # noqa: F401
+from tests.support.localstripe import localstripe  # noqa: F401
 from tests.support.operator_api import api  # noqa: F401
 from tests.support.podman import podman  # noqa: F401
 from tests.support.s3 import s3  # noqa: F401

@@ -24,6 +24,7 @@ from management.api.resources import (
     accounts,
     agents,
     alerts,
+    billing,
     commands,
     endpoint_requests,
     endpoints,
@@ -83,6 +84,7 @@ from management.views.market import (
     SpendStatements,
     StatementView,
 )
+from management.views.payments import StartedTopupView, TopupList, TopupView, WebhookReceiptView
 from management.views.prices import HostPriceView, PriceListing, PriceRecordView
 from management.views.reports import ReportView
 from management.views.secrets import DeletedSecret, SecretList, SecretView
@@ -701,6 +703,62 @@ ROUTES: tuple[Route, ...] = (
         {200: PayoutStatements},
         query=market.PayoutQuery,
         tag="market",
+    ),
+    # --- money in (docs/payments.md)
+    Route(
+        "POST",
+        "/api/v1/billing/topups",
+        billing.create_topup,
+        Resource.TOPUPS,
+        Action.WRITE,
+        "Top up a renter's balance through the payment provider",
+        {201: StartedTopupView},
+        body=billing.CreateTopup,
+        errors=frozenset({404, 409, 502}),
+        tag="billing",
+        description=(
+            "Opens a payment of the amount (within the grid's bounds, in its currency) on the payment provider and "
+            "answers its hosted step: a client secret for the provider's payment element, or a URL. The balance is "
+            "credited when the provider's signed webhook says the money arrived, never before."
+        ),
+    ),
+    Route(
+        "GET",
+        "/api/v1/billing/topups",
+        billing.list_topups,
+        Resource.TOPUPS,
+        Action.READ,
+        "Top-ups, newest first",
+        {200: TopupList},
+        query=billing.TopupQuery,
+        tag="billing",
+    ),
+    Route(
+        "GET",
+        "/api/v1/billing/topups/{topup_id}",
+        billing.get_topup,
+        Resource.TOPUPS,
+        Action.READ,
+        "One top-up",
+        {200: TopupView},
+        query=schemas.EmptyQuery,
+        tag="billing",
+    ),
+    Route(
+        "POST",
+        "/api/v1/billing/webhook",
+        billing.receive_webhook,
+        None,
+        None,
+        "The payment provider's signed event (no API key: the signature is the credential)",
+        {200: WebhookReceiptView},
+        errors=frozenset({400}),
+        tag="billing",
+        description=(
+            "The body is the provider's event as it sent it (JSON), checked with the endpoint's secret against the "
+            "Stripe-Signature header over its raw bytes before anything of it is read; a bad or missing signature is a "
+            "400 and changes nothing. An event already acted on is answered again (replayed: true) and moves nothing."
+        ),
     ),
     Route(
         "GET",

@@ -467,7 +467,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         dest="command",
         required=True,
         metavar="{master,access,agent,ca,token,account,whoami,demo,workload,offers,rent,bid,"
-        "balance,ledger,spend,earnings,payouts,credit,host,report,alert,ssh-key,ssh-config,secret,endpoint}",
+        "balance,ledger,spend,earnings,payouts,credit,billing,host,report,alert,ssh-key,ssh-config,secret,endpoint}",
     )
     _add_daemon(sub, "master", only)
     _add_daemon(sub, "access", only)
@@ -484,6 +484,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     from management.cli.market import add_parsers as add_market_parsers
 
     add_market_parsers(sub, _parser)
+    from management.cli.billing import add_parsers as add_billing_parsers
+
+    add_billing_parsers(sub, _parser)
     from management.cli.hosts import add_parsers as add_host_parsers
 
     add_host_parsers(sub, _parser)
@@ -525,6 +528,7 @@ def _command_name(args: argparse.Namespace) -> str:
         "webhook_command",
         "ssh_key_command",
         "secret_command",
+        "billing_command",
         "endpoint_command",
         "endpoint_keys_command",
         "master_command",

@@ -387,6 +387,18 @@ class ApiCalls(Generic[R]):
         """The workload's SSH host keys, one per placed replica, with their known_hosts lines."""
         return self.send(ApiRequest("GET", f"{API_PREFIX}/workloads/{_segment(workload_id)}/ssh"))
 
+    # --- money in (docs/payments.md): top-ups through the payment provider ---
+
+    def create_topup(self, amount: str, *, account: str | None = None) -> R:
+        body: dict[str, Json] = {"amount": amount}
+        if account is not None:
+            body["account"] = account
+        return self.send(ApiRequest("POST", f"{API_PREFIX}/billing/topups", body=body))
+
+    def topups(self, *, account: str | None = None) -> R:
+        query = {"account": account} if account is not None else {}
+        return self.send(ApiRequest("GET", f"{API_PREFIX}/billing/topups", query))
+
     # --- secrets (docs/storage.md): each account its own; a value is sent once and never read back ---
 
     def create_secret(self, name: str, value: str) -> R:

@@ -40,6 +40,7 @@ from types import FrameType
 from common.files import write_atomically
 from management.client.api import ApiClient, ApiError
 from management.devgrid import object_store
+from management.devgrid.carried_worker import SYSTEM_PYTHON, carried_worker
 from management.devgrid.lighthouse import LIGHTHOUSE_ADDRESS, lighthouse_unavailable, overlay_toml
 from management.devgrid.localgrid import PORTS_FILE, Daemon, LocalGrid, RelayInfo, StartupFailed, kill_processes_under
 from management.devgrid.object_store import ObjectStore
@@ -105,6 +106,15 @@ PODMAN_DIR = "podman"
 # new sandbox (unshare --mount) now and then hides from the CNI plugin while podman makes one (podman_host.py); the
 # process runtime's sandboxes use slirp4netns already.
 CONTAINER_NETNS = "slirp4netns"
+# The renter's serverless endpoint: an echo worker on a process host, 0 to 2 of them, each serving 4 requests at once.
+ENDPOINT_NAME = "echo"
+ENDPOINT_IDLE_S = 60
+ENDPOINT_SPEC = {
+    "name": ENDPOINT_NAME,
+    "image": "none",
+    "constraints": {"allow_process_runtime": True},
+    "scaling": {"min_workers": 0, "max_workers": 2, "idle_timeout_s": ENDPOINT_IDLE_S, "concurrency": 4},
+}
 TEMPLATES_DIR = Path(__file__).parent / "templates"  # the demo Master's operator templates: hello-web, on DEMO_IMAGE
 DEMO_TEMPLATE = "hello-web"
 LOCAL_IMAGES = "localhost"  # the egress rule refuses the local images' registry name unless allowed by name
@@ -151,6 +161,8 @@ class Demo:
         self.no_container_host = "" if container_host else "turned off (--no-container-host)"
         self.images_built: list[str] = []  # built by this start (a later start on the same state directory keeps them)
         self._container_agent: Daemon | None = None
+        self.endpoint_id: str | None = None  # the renter's endpoint (publish_endpoint)
+        self.no_endpoint = "not made yet"
 
     def egress_allow(self) -> list[str]:
         """What the demo's operator and its hosts' provider allow renters to reach on this machine by name: the images
@@ -373,6 +385,7 @@ class Demo:
             f"    on AMD:        {idlegrid} workload submit --name on-amd --image none --allow-process-runtime --vendor amd"
             " -- sleep 300",
             *self.gang_lines(idlegrid),
+            *self.endpoint_lines(idlegrid),
             f"    list:          {idlegrid} workload list",
             f"    show:          {idlegrid} workload get ID",
             f"    why it waits:  {idlegrid} workload explain ID",
@@ -498,6 +511,39 @@ class Demo:
             self.grid.client.set_default_price(DEMO_PRICES, provider=PROVIDER)
         self.grid.client.credit(RENTER, RENTER_CREDIT, memo="the demo's welcome credit", key="demo-welcome")
 
+    def publish_endpoint(self) -> None:
+        """The renter's serverless endpoint ``echo`` on the process hosts: made the first time, its worker's code (the
+        handler library and the echo worker, carried in its spec: carried_worker.py) brought up to date at every start.
+        No worker runs until a request comes. Where it cannot be, ``no_endpoint`` says why."""
+        if not Path(SYSTEM_PYTHON).exists():
+            self.no_endpoint = f"its worker needs the host's Python at {SYSTEM_PYTHON} (Debian package python3)"
+            return
+        if self.unsandboxed and len(self.unsandboxed) == self.agents:
+            self.no_endpoint = "no host here isolates a process (run the demo as root)"
+            return
+        command, env = carried_worker()
+        client = self.grid.client
+        found = [e for e in client.endpoints(account=RENTER)["items"] if e["name"] == ENDPOINT_NAME]
+        try:
+            if found:
+                self.endpoint_id = found[0]["id"]
+                client.update_endpoint(self.endpoint_id, {"command": command, "env": env})
+            else:
+                spec = {**ENDPOINT_SPEC, "command": command, "env": env, "account": RENTER}
+                self.endpoint_id = client.create_endpoint(spec)["id"]
+        except ApiError as exc:  # the grid refuses it (its hosts could never run it): the demo goes on without one
+            self.endpoint_id, self.no_endpoint = None, f"the grid refused it: {exc}"
+
+    def endpoint_lines(self, idlegrid: str) -> list[str]:
+        """A request to the renter's endpoint, answered once a worker has started for it, or why there is none."""
+        if self.endpoint_id is None:
+            return [f"    endpoint:      none: {self.no_endpoint}"]
+        run = f'{idlegrid} endpoint run {self.endpoint_id} --input \'{{"prompt": "hello from the demo"}}\' --sync'
+        return [
+            f"    endpoint:      {run}   # serverless: a worker starts for it, and stops {ENDPOINT_IDLE_S} s after",
+            f"                   (its requests, workers and cost: {self.grid.api_url}/console/endpoints/{self.endpoint_id})",
+        ]
+
     def _acts_for_renter(self, key: str) -> bool:
         if not key:
             return False
@@ -535,6 +581,7 @@ def run_demo(state_dir: Path, *, api_port: int | None, agents: int, container_ho
         demo.publish_operator_key()
         demo.publish_renter_key()
         demo.open_market()
+        demo.publish_endpoint()
         demo.publish_console_passwords()
         print(demo.banner(), flush=True)
         while True:

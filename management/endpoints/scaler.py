@@ -379,6 +379,10 @@ class EndpointScaler:
 
     # --- the spend cap ---
 
+    async def spent_24h(self, endpoint: EndpointRecord, now: float | None = None) -> int:
+        """What the endpoint's workers cost in the last 24 hours (micro-units), as the spend cap counts it."""
+        return await self._spent(endpoint, self._clock() if now is None else now)
+
     async def _spent(self, endpoint: EndpointRecord, now: float) -> int:
         """What the endpoint's workers cost in the last 24 hours: its account's rentals open or ended in that window
         whose workload was one of the endpoint's workers."""

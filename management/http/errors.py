@@ -47,6 +47,10 @@ STATUS_OF_CODE = {
     "request_too_large": 413,  # management/endpoints/requests.py: an input past its endpoint's bound
     "queue_full": 429,  # management/services/endpoint_requests.py: an endpoint holding all the open requests it may
     "invalid_ledger_request": 400,  # management/market/ledger.py
+    "invalid_topup": 400,  # management/payments/topups.py: an amount out of bounds, negative, or finer than a cent
+    "invalid_webhook": 400,  # management/payments/provider.py: a signature that does not verify, or no event
+    "payments_not_configured": 503,  # management/payments/topups.py: the grid has no payment provider
+    "payment_provider_error": 502,  # management/payments/provider.py: the provider refused or was unreachable
 }
 INTERNAL_MESSAGE = "internal error; see the Master's log"
 

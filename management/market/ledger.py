@@ -185,25 +185,21 @@ class LedgerBook:
                 self._balances[line.account] += line.amount
         return seq
 
-    async def credit(self, account_id: str, amount: int, memo: str, *, key: str) -> LedgerEntry:
-        """Move ``amount`` micro-units from ``external`` to renter ``account_id`` (an operator's credit); returns the
-        entry as stored (with its seq). The same credit asked again under the same ``key`` returns the first one and
-        moves nothing; a key that names a different entry is a Conflict."""
-        if amount <= 0:
-            raise InvalidLedgerRequest(f"amount must be more than 0, not {format_amount(amount)}")
-        if not key:
-            raise InvalidLedgerRequest("key must name the credit (the same key is credited once)")
-        lines = [
-            LedgerLine(account=EXTERNAL, amount=-amount),
-            LedgerLine(account=renter_account(account_id), amount=amount),
-        ]
-        entry = LedgerEntry(key=key, ts=self._clock(), kind="credit", memo=memo or "credit", lines=lines)
+    async def credit(
+        self, account_id: str, amount: int, memo: str, *, key: str, kind: Literal["credit", "topup"] = "credit"
+    ) -> LedgerEntry:
+        """Move ``amount`` micro-units from ``external`` to renter ``account_id`` (an operator's ``credit``, or a
+        ``topup`` the payment provider collected); returns the entry as stored (with its seq). The same credit asked
+        again under the same ``key`` returns the first one and moves nothing; a key that names a different entry is a
+        Conflict."""
+        entry = credit_entry(account_id, amount, memo, key=key, kind=kind, ts=self._clock())
+        lines = entry.lines
         async with self.lock:
             seq = await self._post_seq(entry)
         if seq is not None:
             return msgspec.structs.replace(entry, seq=seq)
         stored = await self._repo.get(key)
-        if stored is None or stored.kind != "credit" or stored.lines != lines:
+        if stored is None or stored.kind != kind or stored.lines != lines:
             raise Conflict(f"key {key!r} already names another ledger entry; choose a new key for this credit")
         return stored
 
@@ -319,6 +315,22 @@ class LedgerBook:
             PeriodEarnings(label=label, start=start, end=end, gross=g, fee=f, refunded=r, net=g - f - r)
             for (start, end, label), (g, f, r) in sorted(by_period.items())
         ]
+
+
+def credit_entry(
+    account_id: str, amount: int, memo: str, *, key: str, kind: Literal["credit", "topup"], ts: float
+) -> LedgerEntry:
+    """The entry of a credit (pure): ``amount`` from ``external`` to renter ``account_id``, under ``key``.
+    InvalidLedgerRequest for an amount that is not positive or a missing key."""
+    if amount <= 0:
+        raise InvalidLedgerRequest(f"amount must be more than 0, not {format_amount(amount)}")
+    if not key:
+        raise InvalidLedgerRequest("key must name the credit (the same key is credited once)")
+    lines = [
+        LedgerLine(account=EXTERNAL, amount=-amount),
+        LedgerLine(account=renter_account(account_id), amount=amount),
+    ]
+    return LedgerEntry(key=key, ts=ts, kind=kind, memo=memo or kind, lines=lines)
 
 
 def _net(entry: LedgerEntry, accounts: set[str]) -> int:

@@ -15,6 +15,7 @@ lazily.
 | ``prices`` | providers' prices and the price in force on a host |
 | ``market`` | offers, rentals, ratings, funds and the ledger |
 | ``billing`` | what a renter spent over time (the console's billing page) |
+| ``topups`` | money in: renters' top-ups through the payment provider, and its signed webhook (docs/payments.md) |
 | ``telemetry`` | telemetry history by GPU, host and workload; a host's live samples |
 | ``alerts`` | alert rules, alerts, silences, webhooks |
 | ``reports`` | reports along dimensions |
@@ -52,6 +53,7 @@ from management.services.secrets import SecretsService
 from management.services.ssh_keys import SshKeysService
 from management.services.telemetry import TelemetryService
 from management.services.templates import TemplatesService
+from management.services.topups import TopupService
 from management.services.tunnels import RenterAccess
 from management.services.verification import VerificationService
 from management.services.workloads import WorkloadsService
@@ -80,3 +82,4 @@ class Services:
     secrets: SecretsService
     endpoints: EndpointsService
     endpoint_requests: EndpointRequestsService
+    topups: TopupService

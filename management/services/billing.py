@@ -10,6 +10,7 @@ from management.market.ledger import Statement, StatementLine
 from management.services.market import FundsDetail, MarketService
 
 LEDGER_PAGE = 1000  # ledger lines read a time while summing spend
+MONEY_IN = frozenset({"credit", "topup"})  # entries that bring money in: not spending
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ class BillingService:
         after, lines = 0, list[StatementLine]()
         while True:
             statement = await self._market.ledger_statement(account_id, owner=owner, after_seq=after, limit=LEDGER_PAGE)
-            lines.extend(line for line in statement.lines if line.kind != "credit")
+            lines.extend(line for line in statement.lines if line.kind not in MONEY_IN)
             if not statement.more or len(lines) >= self.ENTRIES_READ:
                 break
             after = statement.next_after

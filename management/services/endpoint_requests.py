@@ -14,13 +14,16 @@ read, as RunPod's does. When an endpoint is deleted its open requests are cancel
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from common.errors import Conflict, IdlegridError, NotFound
 from management.endpoints.queue import OPEN_STATES, EndpointRequestRecord, Partial, RequestState
 from management.endpoints.requests import MAX_TAKE_WAIT_S, RequestBook
+from management.endpoints.scaler import EndpointScale
 from management.endpoints.spec import EndpointRecord
 from management.endpoints.webhooks import RequestWebhooks
 from management.services.endpoints import EndpointsService
@@ -77,6 +80,31 @@ class EndpointHealthReport:
     busy_workers: int  # holding a request
 
 
+@dataclass(frozen=True, slots=True)
+class EndpointOverview:
+    """An endpoint at a glance (its console page): its requests now and lately, its workers, what it cost."""
+
+    endpoint: EndpointRecord
+    health: EndpointHealthReport
+    scale: EndpointScale | None  # the autoscaler's last tick; None before its first
+    oldest_wait_s: float | None  # how long the oldest queued request has waited; None: none waits
+    latest: list[EndpointRequestRecord]  # the newest first
+    spent_24h: int  # micro-units its workers cost in the last 24 hours
+    completed_24h: int  # requests completed and still kept (ended ones are kept a day: RESULT_RETENTION_S)
+
+    @property
+    def cost_per_request(self) -> int | None:
+        """Micro-units per completed request over the last day; None before any completed."""
+        return self.spent_24h // self.completed_24h if self.completed_24h else None
+
+
+async def _nothing_spent(_endpoint: EndpointRecord) -> int:
+    return 0
+
+
+LATEST_SHOWN = 20
+
+
 class EndpointRequestsService:
     def __init__(
         self, book: RequestBook, endpoints: EndpointsService, repo: EndpointRequestRepo, webhooks: RequestWebhooks
@@ -87,6 +115,8 @@ class EndpointRequestsService:
         self._webhooks = webhooks
         self._cursors: OrderedDict[str, tuple[int, int]] = OrderedDict()  # request -> (attempt, last seq read)
         endpoints.when_deleted(self._end_requests_of)
+        # What an endpoint's workers cost in the last day (the autoscaler's shell's count; set by the composition).
+        self.spend_of: Callable[[EndpointRecord], Awaitable[int]] = _nothing_spent
 
     def body_limit(self, endpoint_id: str) -> int:
         """The most bytes a /run body of this endpoint may carry (its input's bound and a little more)."""
@@ -197,6 +227,25 @@ class EndpointRequestsService:
                 jobs[state] = n
         jobs.update(now.requests)  # the open ones as the book holds them now
         return EndpointHealthReport(jobs=jobs, workers=now.workers, busy_workers=now.busy_workers)
+
+    async def overview(
+        self, endpoint_id: str, *, account: str | None = None, latest: int = LATEST_SHOWN, now: float | None = None
+    ) -> EndpointOverview:
+        """The endpoint's health, its autoscaler's last tick, its oldest wait, its latest requests and its day's cost."""
+        endpoint = await self._endpoint(endpoint_id, account)
+        health = await self.health(endpoint.id)
+        queued = self._book.queued(endpoint.id)
+        now = time.time() if now is None else now
+        oldest = min((r.submitted_at for r in queued), default=None)
+        return EndpointOverview(
+            endpoint=endpoint,
+            health=health,
+            scale=self._endpoints.scale_of(endpoint.id),
+            oldest_wait_s=None if oldest is None else max(0.0, now - oldest),
+            latest=await self._repo.latest(endpoint.id, limit=latest),
+            spent_24h=await self.spend_of(endpoint),
+            completed_24h=health.jobs.get(RequestState.COMPLETED.value, 0),
+        )
 
     async def _end_requests_of(self, endpoint: EndpointRecord) -> None:
         """A deleted endpoint's open requests end ``cancelled``: its callers stop waiting, its workers drop them."""

@@ -15,6 +15,7 @@ from management.store.endpoints import ENDPOINT_KEYS, ENDPOINTS, EndpointKeyRepo
 from management.store.fair_share import FAIR_SHARE, FairShareRepo
 from management.store.ledger import LEDGER, LedgerRepo
 from management.store.outputs import OUTPUTS, OutputRepo
+from management.store.payments import PAYMENT_EVENTS, TOPUPS, PaymentEventRepo, TopupRepo
 from management.store.prices import PRICES, PriceRepo
 from management.store.rentals import RENTALS, RentalRepo
 from management.store.ssh_keys import SSH_KEYS, SshKeyRepo
@@ -35,6 +36,8 @@ AGGREGATES: tuple[AggregatePlugin[object], ...] = (
     ENDPOINTS,
     ENDPOINT_KEYS,
     ENDPOINT_REQUESTS,
+    TOPUPS,
+    PAYMENT_EVENTS,
 )
 
 
@@ -96,6 +99,14 @@ def endpoint_request_repo(store: Repositories) -> EndpointRequestRepo:
     return store.repository(ENDPOINT_REQUESTS)
 
 
+def topup_repo(store: Repositories) -> TopupRepo:
+    return store.repository(TOPUPS)
+
+
+def payment_event_repo(store: Repositories) -> PaymentEventRepo:
+    return store.repository(PAYMENT_EVENTS)
+
+
 __all__ = [
     "AGGREGATES",
     "ALERT_RULES",
@@ -105,10 +116,12 @@ __all__ = [
     "FAIR_SHARE",
     "LEDGER",
     "OUTPUTS",
+    "PAYMENT_EVENTS",
     "PRICES",
     "RENTALS",
     "SILENCES",
     "SSH_KEYS",
+    "TOPUPS",
     "WEBHOOKS",
     "WORKLOADS",
     "AlertRuleRepo",
@@ -118,10 +131,12 @@ __all__ = [
     "FairShareRepo",
     "LedgerRepo",
     "OutputRepo",
+    "PaymentEventRepo",
     "PriceRepo",
     "RentalRepo",
     "SilenceRepo",
     "SshKeyRepo",
+    "TopupRepo",
     "WebhookRepo",
     "WorkloadRepo",
     "alert_rule_repo",
@@ -132,10 +147,12 @@ __all__ = [
     "fair_share_repo",
     "ledger_repo",
     "output_repo",
+    "payment_event_repo",
     "price_repo",
     "rental_repo",
     "silence_repo",
     "ssh_key_repo",
+    "topup_repo",
     "webhook_repo",
     "workload_repo",
 ]

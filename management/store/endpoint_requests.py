@@ -23,7 +23,7 @@ import sqlite3
 from collections.abc import Collection
 from typing import Protocol
 
-from pymongo import ASCENDING
+from pymongo import ASCENDING, DESCENDING
 from pymongo.errors import DuplicateKeyError
 
 from common.errors import Conflict
@@ -78,6 +78,9 @@ class EndpointRequestRepo(Protocol):
 
     async def count_by_state(self, endpoint_id: str) -> dict[str, int]:
         """How many of the endpoint's requests are in each state (states with none left out)."""
+
+    async def latest(self, endpoint_id: str, *, limit: int = 20) -> builtins.list[EndpointRequestRecord]:
+        """The endpoint's last ``limit`` requests by their place in the queue, the newest first (a retry is new)."""
 
 
 def payload_chars(rec: EndpointRequestRecord) -> int:
@@ -163,6 +166,12 @@ class SqliteEndpointRequestRepo(SqliteTable[EndpointRequestRecord]):
         rows = await self._db.run(lambda conn: conn.execute(sql, (endpoint_id,)).fetchall())
         return {str(state): int(n) for state, n in rows}
 
+    async def latest(self, endpoint_id: str, *, limit: int = 20) -> builtins.list[EndpointRequestRecord]:
+        if limit <= 0:
+            return []
+        sql = "SELECT id, doc FROM endpoint_requests WHERE endpoint_id = ? ORDER BY ord DESC, id DESC"
+        return await self._select(sql, (endpoint_id,), limit=limit)
+
 
 class MongoEndpointRequestRepo(MongoCollection[EndpointRequestRecord]):
     aggregate = NAME
@@ -231,6 +240,11 @@ class MongoEndpointRequestRepo(MongoCollection[EndpointRequestRecord]):
         ]
         cursor = await self._c.aggregate(pipeline)
         return {str(doc["_id"]): int(doc["n"]) for doc in await cursor.to_list() if doc["_id"] is not None}
+
+    async def latest(self, endpoint_id: str, *, limit: int = 20) -> builtins.list[EndpointRequestRecord]:
+        if limit <= 0:
+            return []
+        return await self._find({"endpoint_id": endpoint_id}, [("order", DESCENDING), ("_id", DESCENDING)], limit)
 
 
 ENDPOINT_REQUESTS: AggregatePlugin[EndpointRequestRepo] = AggregatePlugin(

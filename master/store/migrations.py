@@ -309,6 +309,18 @@ SQLITE_MIGRATIONS: tuple[SqliteMigration, ...] = (
             "CREATE INDEX endpoint_requests_by_end ON endpoint_requests (ended) WHERE ended IS NOT NULL",
         ),
     ),
+    SqliteMigration(
+        18,
+        "money in: renters' top-ups by account, and the payment provider's events acted on, once each (docs/payments.md)",
+        (
+            """CREATE TABLE topups (
+                id TEXT PRIMARY KEY, account TEXT NOT NULL, created_at REAL NOT NULL, doc TEXT NOT NULL)""",
+            "CREATE INDEX topups_by_account ON topups (account, created_at)",
+            "CREATE INDEX topups_by_creation ON topups (created_at)",
+            """CREATE TABLE payment_events (
+                id TEXT PRIMARY KEY, received_at REAL NOT NULL, doc TEXT NOT NULL)""",
+        ),
+    ),
 )
 
 MONGO_MIGRATIONS: tuple[MongoMigration, ...] = (
@@ -455,6 +467,18 @@ MONGO_MIGRATIONS: tuple[MongoMigration, ...] = (
         17,
         "endpoint requests by when they ended, for the retention sweep (docs/endpoints.md)",
         {"endpoint_requests": [IndexModel([("ended_at", ASCENDING)])]},
+    ),
+    MongoMigration(
+        18,
+        "money in: renters' top-ups by account, and the payment provider's events acted on, once each (docs/payments.md)",
+        {
+            "topups": [
+                IndexModel([("account", ASCENDING), ("created_at", DESCENDING)]),
+                IndexModel([("created_at", DESCENDING)]),
+            ],
+            # Keyed by _id (the provider and its event id, unique): an event is inserted once. Nothing else to index.
+            "payment_events": [IndexModel([("received_at", ASCENDING)])],
+        },
     ),
 )
 

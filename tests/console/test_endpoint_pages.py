@@ -12,9 +12,10 @@ import pytest
 
 from management.endpoints.spec import EndpointScaling, EndpointSpec
 from management.services.endpoints import InvocationRefused
-from master.port import ReplicaSpec
+from master.port import ReplicaSpec, WorkerError, WorkerRef
 from master.records import AccountRecord
 from tests.management.hosts import add_agent
+from tests.support.grid import wait_for
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -74,3 +75,41 @@ def test_a_renter_reads_its_endpoint_makes_a_key_shown_once_and_revokes_it(conso
 
     answer = page.goto(f"{console_master.url}/console/endpoints/{others.id}")
     assert answer is not None and answer.status == 404  # another renter's endpoint is not there for this one
+
+
+def test_an_endpoints_page_shows_its_workers_queue_latest_requests_and_cost(console_master, page, sign_in, shot):
+    """The live parts: the request book's and the autoscaler's view. A worker is played through the book's worker calls
+    (no agent runs here); the autoscaler's shell ticks as it does on any Master."""
+    services = console_master.services
+    console_master.run(
+        add_agent(console_master.server.master, "agt-sim", "a10:2", provider="acme", runtime="docker", isolation="container")
+    )
+    spec = EndpointSpec(name="echo", image="ghcr.io/acme/echo:1", scaling=EndpointScaling(max_workers=2), daily_spend_cap="5.00")
+    made = console_master.run(services.endpoints.create("rita", spec))
+    book = dict(console_master.server.composition.state)["endpoint requests"]
+    sent = [console_master.run(services.endpoint_requests.run(made.id, {"n": n}, account="rita")) for n in range(3)]
+    worker = WorkerRef(made.id, "wk-played", "agt-sim")
+
+    async def work_one() -> None:
+        taken = await book.take(worker, 0)
+        assert taken is not None and taken.id == sent[0].id
+        await book.result(worker, taken.id, {"ok": True})
+        failing = await book.take(worker, 0)
+        assert failing is not None
+        await book.error(worker, failing.id, WorkerError("ValueError", "bad input"))
+
+    console_master.run(work_one())
+    # The autoscaler's shell looks at the endpoint within a tick (a second) of its making.
+    wait_for(lambda: services.endpoints.scale_of(made.id) is not None, 10, "the autoscaler's first tick")
+    sign_in(page, "renter")
+    page.goto(f"{console_master.url}/console/endpoints/{made.id}")
+    now = page.locator("#now").inner_text()
+    assert "1 waiting" in page.locator("#now-queue").inner_text()
+    assert "1 completed, 1 failed" in page.locator("#now-cost").inner_text()
+    assert "Daily spend cap" in now and "5.00" in now
+    rows = page.locator("#latest tbody tr").all_inner_texts()
+    assert [r.split("\t")[0] for r in rows] == [s.id for s in reversed(sent)]  # newest first
+    assert "completed" in rows[2] and "failed" in rows[1] and "ValueError bad input" in rows[1] and "queued" in rows[0]
+    assert page.locator("#now-decision").inner_text()  # the autoscaler's line: why it started or stopped workers
+    assert "none yet" not in page.locator("#now-workers").inner_text()
+    shot(page, "live")

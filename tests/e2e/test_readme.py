@@ -219,6 +219,8 @@ def check_what_the_readme_says(reader: Reader, step: Step, out: str) -> None:
         assert re.search(r"\bwl-[0-9a-f]{16}\b", out), out
         learned = [real for sample, real in reader.session.ids.items() if sample in "\n".join(step.sample)]
         assert learned, f"no id of the README's sample was found in what it printed:\n{out}"
+    elif command.startswith("idlegrid endpoint run"):  # the demo's endpoint: a worker started for it from zero
+        assert "status:     COMPLETED" in out and '"prompt": "hello from the readme"' in out, out
     elif command.startswith("idlegrid ledger"):
         assert "the demo's welcome credit" in out, out
 
@@ -315,6 +317,8 @@ def banner_commands(reader: Reader) -> None:
         heard = wait_for(lambda: "hello from rank 0 at " in (said := paste("rank 1 says")) and said, 60, "rank 1 to reach rank 0")
         assert heard.startswith("rank 1 of 2, rank 0 at "), heard
         reader.type(f"idlegrid workload cancel {pair}")
+    answered = paste("endpoint")  # the renter's endpoint: a worker starts for the request (from zero), then echoes it
+    assert "status:     COMPLETED" in answered and '"prompt": "hello from the demo"' in answered, answered
     templated = paste("a template")  # the demo's own template on its container host: its link, once it answers
     assert re.search(r"^link \(port 8080.*: http", templated, re.M), templated
     listed = paste("templates")

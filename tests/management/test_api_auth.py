@@ -113,7 +113,8 @@ def test_every_route_of_the_app_is_declared_with_what_authorizes_it(api):
     }
     assert app_routes == set(DECLARED)
     public = {key for key, route in DECLARED.items() if route.public}
-    assert public == {("GET", "/api/v1/openapi.json"), ("GET", "/api/v1/docs")}  # the API's own description, keyless
+    # the API's own description, keyless; the payment provider's webhook, whose signature is its credential
+    assert public == {("GET", "/api/v1/openapi.json"), ("GET", "/api/v1/docs"), ("POST", "/api/v1/billing/webhook")}
     assert all(route.resource is not None and route.action is not None for key, route in DECLARED.items() if key not in public)
 
 
@@ -137,8 +138,10 @@ def test_the_operator_may_do_everything_and_a_renter_reads_tiers_runs_its_worklo
         Resource.SSH_KEYS: frozenset({Action.READ, Action.WRITE}),  # its own SSH public keys
         Resource.SECRETS: frozenset({Action.READ, Action.WRITE}),  # its own secrets, for its workloads
         Resource.ENDPOINTS: frozenset({Action.READ, Action.WRITE}),  # its own serverless endpoints and their keys
+        Resource.TOPUPS: frozenset({Action.READ, Action.WRITE}),  # its own top-ups through the payment provider
     }
     assert Resource.WORKLOADS not in PERMISSIONS[AccountRole.PROVIDER]
+    assert Resource.TOPUPS not in PERMISSIONS[AccountRole.PROVIDER]
     assert Resource.ENDPOINTS not in PERMISSIONS[AccountRole.PROVIDER]
     assert Resource.SECRETS not in PERMISSIONS[AccountRole.PROVIDER]
     assert PERMISSIONS[AccountRole.PROVIDER][Resource.PRICES] == frozenset({Action.READ, Action.WRITE})

@@ -91,6 +91,7 @@ async def test_the_state_is_read_once_in_order_before_the_loops_start(server):
         "start request webhooks",
         "start endpoint requests",
         "start endpoint scaler",
+        "start payments",
     ]
     assert server.calls.index(starts[0]) > server.calls.index("load endpoint requests")
 
@@ -127,6 +128,7 @@ async def test_the_loops_stop_in_the_reverse_order_of_their_start(tmp_path):
         "request webhooks",
         "endpoint requests",
         "endpoint scaler",
+        "payments",
     ]
     assert stopped == list(reversed(started))
 

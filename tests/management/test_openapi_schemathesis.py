@@ -4,7 +4,8 @@ no 500, have a status the document lists for the operation, the content type it 
 
 The server runs in a thread of its own (schemathesis and Hypothesis drive it synchronously, over HTTP). It is seeded
 the way a grid is: an operator key, a provider with two simulated hosts (no GPU exists here: the agents' GPUs are
-simulated, as everywhere in the tests) and its prices, a renter with a balance, a workload and a key. Path parameters
+simulated, as everywhere in the tests) and its prices, a renter with a balance, a workload, a top-up and a key; the
+Master takes payments through a localstripe of its own (tests/support/localstripe.py). Path parameters
 are sometimes swapped for the seeded ids, so the answers about real resources are exercised as well as the 404s.
 
 Generation is derandomized (the same examples every run) and small: every read with the operator's key, and with the
@@ -38,6 +39,7 @@ from management.api.routing import document
 from management.app import MasterServer
 from master.config import MasterConfig
 from tests.management.hosts import add_agent
+from tests.support.localstripe import local_stripe
 
 pytestmark = pytest.mark.serial  # scripts/test runs it after the parallel part (pyproject.toml's markers)
 
@@ -108,6 +110,7 @@ def seed(server: MasterServer, thread: ServerThread, grid: LiveGrid) -> None:
     )
     signing = _call(grid, "GET", "/api/v1/signing-keys")["items"]
     gpus = _call(grid, "GET", "/api/v1/gpus")["items"]
+    topup = _call(grid, "POST", "/api/v1/billing/topups", who="renter", json={"amount": "25"})["topup"]
     grid.ids = {
         "agent_id": ["agt-acme-1", "agt-acme-2"],
         "offer_id": ["agt-acme-1", "agt-acme-2"],
@@ -117,6 +120,7 @@ def seed(server: MasterServer, thread: ServerThread, grid: LiveGrid) -> None:
         "key_id": [spare_key["key_id"], signing[0]["key_id"]],
         "uuid": [gpus[0]["uuid"]],
         "rental_id": [f"{workload['id']}-a1"],
+        "topup_id": [topup["id"]],
     }
 
 
@@ -126,15 +130,25 @@ def grid(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveGrid]:
     thread = ServerThread()
     # No rate limit: Hypothesis calls far faster than any client should (the limit has its own tests).
     settings_ = ApiSettings(key_rate_per_s=1e6, key_burst=1_000_000)
-    server = MasterServer(MasterConfig(state_dir=str(state), link_port=0, api_port=0), settings_)
-    thread.run(server.start())
-    grid = LiveGrid(url=server.api_url, keys={"operator": server.operator_token_file.read_text().strip()})
-    try:
-        seed(server, thread, grid)
-        yield grid
-    finally:
-        thread.run(server.stop())
-        thread.close()
+    with local_stripe(state / "localstripe") as stripe_server:
+        config = MasterConfig(
+            state_dir=str(state),
+            link_port=0,
+            api_port=0,
+            payment_provider="stripe",
+            stripe_api_key=stripe_server.api_key,
+            stripe_webhook_secret="whsec_schemathesis",
+            stripe_api_base=stripe_server.url,
+        )
+        server = MasterServer(config, settings_)
+        thread.run(server.start())
+        grid = LiveGrid(url=server.api_url, keys={"operator": server.operator_token_file.read_text().strip()})
+        try:
+            seed(server, thread, grid)
+            yield grid
+        finally:
+            thread.run(server.stop())
+            thread.close()
 
 
 def with_seeded_ids(case: schemathesis.Case, grid: LiveGrid) -> None:

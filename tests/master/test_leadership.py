@@ -21,7 +21,7 @@ from master.store.base import Store
 from master.store.fenced import WRITES, fenced, repo_names
 
 TIMING = LeaseTiming(ttl_s=10.0, renew_s=3.0, margin_s=2.0)
-READS = frozenset({"get", "list", "by_key_id", "by_hash", "count_by_state", "balances", "current"})
+READS = frozenset({"get", "list", "by_key_id", "by_hash", "count_by_state", "latest", "balances", "current"})
 
 
 @dataclass

@@ -29,10 +29,12 @@ from management.store import (
     FAIR_SHARE,
     LEDGER,
     OUTPUTS,
+    PAYMENT_EVENTS,
     PRICES,
     RENTALS,
     SILENCES,
     SSH_KEYS,
+    TOPUPS,
     WEBHOOKS,
     WORKLOADS,
     endpoint_key_repo,
@@ -40,6 +42,7 @@ from management.store import (
     fair_share_repo,
     ledger_repo,
     output_repo,
+    payment_event_repo,
     price_repo,
     rental_repo,
     workload_repo,
@@ -126,6 +129,8 @@ async def _plant_good_and_bad_records(store_url: str) -> dict[str, str]:
             ENDPOINTS.name: await poison(store, ENDPOINTS.name, "ep-bad"),
             ENDPOINT_KEYS.name: await poison(store, ENDPOINT_KEYS.name, "epk-bad"),
             ENDPOINT_REQUESTS.name: await poison(store, ENDPOINT_REQUESTS.name, "req-bad"),
+            TOPUPS.name: await poison(store, TOPUPS.name, "tu-bad"),
+            PAYMENT_EVENTS.name: await poison(store, PAYMENT_EVENTS.name, "stripe:evt_bad"),
         }
     finally:
         await store.close()
@@ -216,6 +221,10 @@ async def test_the_master_starts_and_serves_with_an_undecodable_record_in_every_
         # An endpoint's open requests (what a request book loads at start): the bad one skipped.
         requests = await endpoint_request_repo(master.store).list(states=["queued", "in_progress"])
         assert [r.id for r in requests] == ["req-1"]
+        # Top-ups (read when listed) and the payment provider's events (read when one is delivered): the bad ones skipped.
+        topups = await client.get("/api/v1/billing/topups", headers=auth)
+        assert topups.status == 200 and (await topups.json())["items"] == []
+        assert await payment_event_repo(master.store).get("stripe:evt_bad") is None
 
         # Each bad record is reported: an event naming its aggregate and key, a log line, a count.
         reported = await _reported(client, auth, len(Aggregate) + len(AGGREGATES))

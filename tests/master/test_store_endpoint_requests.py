@@ -168,3 +168,12 @@ async def test_an_endpoints_requests_are_counted_by_state(store: Store) -> None:
     assert await repo.count_by_state("ep-a") == {"queued": 1, "completed": 2}
     assert await repo.count_by_state("ep-b") == {"failed": 1}
     assert await repo.count_by_state("ep-none") == {}
+
+
+async def test_an_endpoints_latest_requests_come_newest_first_and_only_its_own(store: Store) -> None:
+    repo = endpoint_request_repo(store)
+    for n, endpoint in enumerate(("ep-a", "ep-b", "ep-a", "ep-a")):
+        await repo.insert(request(f"req-{n}", endpoint, n + 1))
+    assert [r.id for r in await repo.latest("ep-a", limit=2)] == ["req-3", "req-2"]
+    assert [r.id for r in await repo.latest("ep-a")] == ["req-3", "req-2", "req-0"]
+    assert await repo.latest("ep-a", limit=0) == [] and await repo.latest("ep-c") == []

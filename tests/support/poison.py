@@ -21,10 +21,12 @@ from management.store import (
     FAIR_SHARE,
     LEDGER,
     OUTPUTS,
+    PAYMENT_EVENTS,
     PRICES,
     RENTALS,
     SILENCES,
     SSH_KEYS,
+    TOPUPS,
     WEBHOOKS,
     WORKLOADS,
 )
@@ -70,6 +72,8 @@ _SQLITE_COLUMNS: dict[str, dict[str, Any]] = {
     ENDPOINTS.name: {"id": KEY, "account": "alice", "created_at": 1_700_000_000.0},
     ENDPOINT_KEYS.name: {"id": KEY, "endpoint": "ep-1", "key_hash": "0" * 64, "created_at": 1_700_000_000.0},
     ENDPOINT_REQUESTS.name: {"id": KEY, "endpoint_id": "ep-1", "state": "queued", "ord": 1, "version": 1},
+    TOPUPS.name: {"id": KEY, "account": "alice", "created_at": 1_700_000_000.0},
+    PAYMENT_EVENTS.name: {"id": KEY, "received_at": 1_700_000_000.0},
 }
 # The MongoDB field each SQLite column is kept in, where the names differ; the key column is _id.
 _MONGO_FIELD = {"idx": "index", "ord": "order"}
@@ -101,6 +105,8 @@ _BROKEN: dict[str, dict[str, Any]] = {
     ENDPOINTS.name: {"spec": "not a spec", "updated_at": 0.0},
     ENDPOINT_KEYS.name: {"account": "alice", "name": 7},
     ENDPOINT_REQUESTS.name: {"input": 7, "attempt": "first"},
+    TOPUPS.name: {"amount": "a lot", "currency": "USD", "provider": "stripe", "reference": "pi_1"},
+    PAYMENT_EVENTS.name: {"provider": "stripe", "event_id": 7, "kind": "payment_intent.succeeded", "outcome": "credited"},
 }
 _HOST_ROLLUPS = (Aggregate.HOST_ROLLUPS, Aggregate.HOST_HOURLY_ROLLUPS)
 

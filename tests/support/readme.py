@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-ID = re.compile(r"\b(?:wl|agt|sil)-[0-9a-f]{8,}\b")
+ID = re.compile(r"\b(?:wl|agt|sil|ep)-[0-9a-f]{8,}\b")
 PROMPT = "$ "
 
 

@@ -9,6 +9,8 @@ the API; the page says how.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from aiohttp import web
 
 from common.errors import Conflict, NotFound
@@ -19,9 +21,46 @@ from management.console.nav import NavItem
 from management.console.rendering import page
 from management.endpoints.spec import EndpointKeyRecord
 from management.http.keys import SERVICES_KEY
+from management.market.money import format_amount
+from management.services.endpoint_requests import EndpointOverview
 from management.services.endpoints import MAX_KEY_NAME
 
-__all__ = ["NAV", "add_routes"]
+__all__ = ["NAV", "add_routes", "live_view"]
+
+
+@dataclass(frozen=True)
+class LiveView:
+    """What the page shows of an endpoint now, as text: its workers, its queue, its day's cost."""
+
+    workers: str
+    queue: str
+    decision: str
+    spent: str
+    cost_per_request: str
+    cap: str
+
+
+def live_view(o: EndpointOverview) -> LiveView:
+    jobs = o.health.jobs
+    if o.scale is None:
+        workers, decision = "none yet: the autoscaler has not looked at this endpoint", ""
+    else:
+        by_phase = [f"{n} {phase}" for phase, n in sorted(o.scale.workers.items()) if n]
+        workers = ", ".join(by_phase) or "none"
+        decision = o.scale.why
+    queued, running = jobs.get("queued", 0), jobs.get("in_progress", 0)
+    waited = f", the oldest waiting {o.oldest_wait_s:.1f} s" if o.oldest_wait_s is not None else ""
+    queue = f"{queued} waiting{waited}; {running} running; {o.health.busy_workers} of {o.health.workers} workers busy"
+    per = o.cost_per_request
+    spec_cap = o.endpoint.spec.daily_spend_cap
+    return LiveView(
+        workers=workers,
+        queue=queue,
+        decision=decision,
+        spent=format_amount(o.spent_24h),
+        cost_per_request="no request completed in the last day" if per is None else format_amount(per),
+        cap="none" if spec_cap is None else spec_cap,
+    )
 
 
 async def endpoints_page(request: web.Request) -> web.Response:
@@ -35,14 +74,15 @@ async def _endpoint_page(
     errors: FormErrors | None = None, key_name: str = "",
 ) -> web.Response:  # fmt: skip
     scope = await session.signed_in(request, Resource.ENDPOINTS, action)
-    endpoints = request.app[SERVICES_KEY].endpoints
-    record = await endpoints.get(request.match_info["endpoint_id"], account=scope.owner)
-    keys = await endpoints.keys(record.id, account=scope.owner)
+    services = request.app[SERVICES_KEY]
+    overview = await services.endpoint_requests.overview(request.match_info["endpoint_id"], account=scope.owner)
+    record = overview.endpoint
+    keys = await services.endpoints.keys(record.id, account=scope.owner)
     errors = errors if errors is not None else FormErrors()
     return await page(
         request, "endpoints/endpoint.html", status=400 if errors else (201 if issued else 200),
         title=f"Endpoint {record.spec.name}", e=record, keys=keys, issued=issued, issued_key=issued_key, errors=errors,
-        key_name=key_name,
+        key_name=key_name, o=overview, now=live_view(overview), currency=services.market.currency,
         api_url=f"{request.scheme}://{request.host}", max_key_name=MAX_KEY_NAME,
     )  # fmt: skip
 

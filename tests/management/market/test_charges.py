@@ -1,9 +1,12 @@
 """Metering, pure: what a rental costs up to a moment, and the entries a metering step posts for it.
 
-The property tests drive a whole market of one renter through ANY sequence of credits, rentals starting, time passing,
+The property tests drive a whole market of one renter through ANY sequence of credits, top-ups opened and the payment
+provider's events about them (paid, failed, in another currency, delivered again), rentals starting, time passing,
 hosts falling silent, bid changes, ends (normal, through the host, the money running out) and Master restarts
 (the metering state rebuilt from the entries alone), applying every step's entries to a model of the ledger (keys
-taken once, balances as sums of lines, as master/store's LedgerRepo keeps them)."""
+taken once, balances as sums of lines, as master/store's LedgerRepo keeps them). A provider's event goes through the
+top-up rules (management/payments/topups.py ``judge``) and its credit is ``credit_entry``'s, as the top-up service
+posts it."""
 
 from __future__ import annotations
 
@@ -14,7 +17,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from management.market.charges import FeeRate, MeterState, apply, cost_until, state_of, step
-from management.market.ledger import EXTERNAL, FEES, hold_account, renter_account
+from management.market.ledger import EXTERNAL, FEES, credit_entry, hold_account, renter_account
+from management.payments.provider import PaymentEvent, TopupFailed, TopupPaid
+from management.payments.records import TopupRecord
+from management.payments.topups import Credit, MarkFailed, judge, topup_key
 from master.records import LedgerEntry, LedgerLine, PriceChange, RentalHost, RentalRecord
 
 T0 = 1_700_000_000.0
@@ -203,18 +209,81 @@ OPS = st.one_of(
     st.tuples(st.just("bid"), st.integers(0, 20_000_000)),
     st.tuples(st.just("end"), st.booleans()),
     st.tuples(st.just("restart")),
+    st.tuples(st.just("topup"), st.integers(1, 50_000)),  # a top-up of that many cents opened
+    # an event of the provider: its id (a small range, so the same event is delivered again), the top-up it is about,
+    # whether it says paid or failed, and whether in the grid's currency; an id seen before is delivered as first sent
+    st.tuples(st.just("deliver"), st.integers(0, 6), st.integers(0, 4), st.booleans(), st.booleans()),
 )
+
+
+@dataclasses.dataclass
+class Payments:
+    """The top-ups of the model and the provider's events as first sent (by event number)."""
+
+    topups: dict[str, TopupRecord] = dataclasses.field(default_factory=dict)
+    events: dict[int, PaymentEvent] = dataclasses.field(default_factory=dict)
+    credited: dict[str, int] = dataclasses.field(default_factory=dict)  # top-up id -> what its one credit moved
+
+    def open(self, cents: int) -> None:
+        n = len(self.topups)
+        self.topups[f"tu-{n}"] = TopupRecord(
+            id=f"tu-{n}", account="alice", amount=cents * 10_000, currency="USD", provider="stripe",
+            reference=f"pi_{n}", created_at=T0,
+        )  # fmt: skip
+
+    def event(self, number: int, pick: int, paid: bool, in_usd: bool) -> PaymentEvent | None:
+        if number not in self.events:
+            if not self.topups:
+                return None
+            topup = sorted(self.topups.values(), key=lambda t: t.id)[pick % len(self.topups)]
+            self.events[number] = (
+                TopupPaid(
+                    event_id=f"evt_{number}", kind="payment_intent.succeeded", reference=topup.reference,
+                    topup_id=topup.id, amount=topup.amount, currency="USD" if in_usd else "EUR",
+                )
+                if paid
+                else TopupFailed(
+                    event_id=f"evt_{number}", kind="payment_intent.payment_failed", reference=topup.reference,
+                    topup_id=topup.id, reason="declined",
+                )
+            )  # fmt: skip
+        return self.events[number]
+
+    def deliver(self, ledger: Ledger, event: PaymentEvent, now: float) -> None:
+        topup_id = event.topup_id if isinstance(event, TopupPaid | TopupFailed) else ""
+        verdict = judge(event, self.topups.get(topup_id), "USD")
+        if isinstance(verdict, Credit):
+            entry = credit_entry(verdict.topup.account, verdict.amount, "top-up", key=verdict.key, kind="topup", ts=now)
+            if ledger.post(entry):
+                assert verdict.topup.id not in self.credited, f"{verdict.topup.id} credited twice"
+                self.credited[verdict.topup.id] = verdict.amount
+            else:
+                assert verdict.topup.id in self.credited  # its key was taken by its first credit: nothing moved
+            self.topups[verdict.topup.id] = msgspec.structs.replace(verdict.topup, state="credited")
+        elif isinstance(verdict, MarkFailed):
+            self.topups[verdict.topup.id] = msgspec.structs.replace(verdict.topup, state="failed")
+
+    def check(self, ledger: Ledger) -> None:
+        topup_entries = [e for e in ledger.entries if e.kind == "topup"]
+        assert sorted(e.key for e in topup_entries) == sorted(topup_key(t) for t in self.credited)
+        into_renter = sum(ln.amount for e in topup_entries for ln in e.lines if ln.account == renter_account("alice"))
+        assert into_renter == sum(self.credited.values())
+        for topup_id, amount in self.credited.items():
+            assert amount == self.topups[topup_id].amount and self.topups[topup_id].state == "credited"
 
 
 @settings(max_examples=150, deadline=None)
 @given(st.lists(OPS, max_size=40))
 def test_after_any_sequence_every_entry_balances_no_renter_or_hold_goes_negative_and_replays_post_nothing(ops):
+    """Also: each top-up is credited at most once, its own amount, whichever of its events arrive and however often;
+    a failed payment, another currency or another payment credits nothing."""
     ledger = Ledger()
     now = T0
     open_rentals: dict[str, RentalRecord] = {}
     states: dict[str, MeterState] = {}
     silent: dict[str, float] = {}  # agent id -> its last heartbeat, once it fell silent
     count = 0
+    payments = Payments()
 
     def heartbeats() -> dict[str, float]:
         agents = {h.agent_id for r in open_rentals.values() for h in r.hosts}
@@ -257,7 +326,15 @@ def test_after_any_sequence_every_entry_balances_no_renter_or_hold_goes_negative
             end(r, f"{r.hosts[0].agent_id}: went offline" if op[1] else "", "stopped")
         elif op[0] == "restart":  # a new Master: every state from the entries alone
             states = {rid: state_of(rid, ledger.entries) for rid in states}
+        elif op[0] == "topup":
+            payments.open(op[1])
+        elif op[0] == "deliver":
+            event = payments.event(*op[1:])
+            if event is not None:
+                payments.deliver(ledger, event, now)
+                payments.deliver(ledger, event, now)  # delivered again (a retry, a replay): nothing more moves
         tick()
+        payments.check(ledger)
         assert sum(ledger.balances.values()) == 0
         assert ledger.balance(renter_account("alice")) >= 0
         assert ledger.balance(hold_account("alice")) >= 0
