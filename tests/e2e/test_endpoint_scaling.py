@@ -33,7 +33,6 @@ MASTER_SETTINGS: dict[str, str | int | float | bool] = {
     "requeue_offline_after_s": 3.0,  # a lost host's workloads go elsewhere 3 s after it goes offline
 }
 SANDBOXED = {"IDLEGRID_AGENT_PROCESS_USER": "dynamic"}
-OPEN = ("IN_QUEUE", "IN_PROGRESS")
 # A worker that tells who it is (its pid, start time and PID namespace as its own /proc shows them: host_pid finds the
 # host's pid from them) in its request's progress, then blocks: its first attempt until the worker is killed (or the
 # request cancelled), a later attempt not at all. Every output says which attempt made it and which cancels this
