@@ -12,9 +12,10 @@ queue's own rules). The rules, Knative's and RunPod Serverless's together:
 - **Capacity** is every healthy worker, the ``starting`` ones included: a worker asked for is counted from the tick
   that asked, so a queue that waits on cold starts does not start a second round (no overshoot).
 - **Scale up** (only while ``may_scale_up``: a spend cap or a paused endpoint says no) to ``min_workers`` at any time,
-  and to ``needed`` when requests wait and either no healthy worker exists (a burst from zero: nothing else will ever
-  take them) or the oldest waiting request has waited longer than ``target_queue_delay_s`` (RunPod's "queue delay"
-  scaler: the workers there do not keep up). Never past ``max_workers``. While the oldest wait is within the target,
+  and to ``needed`` when requests wait and either no worker is ready yet (a burst from zero: nothing is taking them,
+  and the requests of a burst that arrive while its first workers start are counted with the first ones) or the
+  oldest waiting request has waited longer than ``target_queue_delay_s`` (RunPod's "queue delay" scaler: the workers
+  there do not keep up). Never past ``max_workers``. While a worker is ready and the oldest wait is within the target,
   the workers there are keeping up, and none is added.
 - **Scale down**: a ready worker with nothing in flight, idle for ``idle_timeout_s`` or more, is stopped while no
   request waits and the workers left still hold ``max(min_workers, needed)``; the longest idle goes first. Starting
@@ -34,8 +35,9 @@ Invariants (tests/management/endpoints/test_autoscaler.py states each as a hypot
 3. ``never_stops_work_in_flight``: a worker stopped with requests in flight is always a stuck one.
 4. ``scales_to_zero_only_after_idle_timeout``: a healthy worker is stopped for idleness only when ready, with nothing
    in flight, idle ``idle_timeout_s`` or more, and no request waits (nor comes back from a stuck worker).
-5. ``burst_from_zero_starts_enough``: with no healthy worker and requests waiting, the decision starts
-   ``min(max_workers, max(min_workers, needed))`` workers: every request has a slot the moment they are ready.
+5. ``burst_from_zero_starts_enough``: with no ready worker and requests waiting, the healthy workers after the
+   decision are at least ``min(max_workers, max(min_workers, needed))`` (starting ones counted): every request has a
+   slot the moment they are ready.
 6. ``scales_up_on_queue_delay``: a request waiting past the target with fewer than ``needed`` healthy workers (and
    fewer than ``max_workers``) starts at least one worker.
 7. ``starting_workers_count_no_overshoot``: the healthy workers after a decision that starts some are at most
@@ -43,8 +45,8 @@ Invariants (tests/management/endpoints/test_autoscaler.py states each as a hypot
    starting, starts none.
 8. ``stuck_workers_replaced``: every stuck worker is stopped, and never counts toward capacity.
 9. ``no_start_when_scale_up_refused``: ``may_scale_up=False`` starts nothing.
-10. ``holds_within_target``: while healthy workers exist, above ``min_workers``, and the oldest wait is within the
-    target, nothing starts.
+10. ``holds_within_target``: while a ready worker exists, healthy ones at or above ``min_workers``, and the oldest
+    wait is within the target, nothing starts.
 """
 
 from __future__ import annotations
@@ -174,8 +176,8 @@ def decide(
 
     goal, why = policy.min_workers, f"{count} healthy for {needed} needed, min_workers {policy.min_workers}"
     if waiting > 0 and needed > goal:
-        if count == 0:
-            goal, why = needed, f"{waiting} waiting and no worker: {needed} hold them"
+        if not any(w.phase is WorkerPhase.READY for w in healthy):
+            goal, why = needed, f"{waiting} waiting and no worker ready: {needed} hold them"
         elif delay > policy.target_queue_delay_s:
             goal, why = needed, f"oldest request waited {delay:.1f} s > target {policy.target_queue_delay_s:g} s"
         else:
