@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import io
 import json
 import sys
@@ -373,15 +374,21 @@ async def _run(grid: LocalGrid, options: EndpointsBenchOptions) -> dict[str, Any
 
 
 def run_endpoints_bench(options: EndpointsBenchOptions, work_dir: str = "") -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="idlegrid-endpoints-bench-", dir=work_dir or None) as tmp:
-        root = Path(tmp)
+    """``work_dir``: where the grid's directory is made and kept, with every log (default: a temporary one, removed)."""
+    with contextlib.ExitStack() as stack:
+        if work_dir:
+            root = Path(tempfile.mkdtemp(prefix="idlegrid-endpoints-bench-", dir=work_dir))
+        else:
+            root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="idlegrid-endpoints-bench-")))
         grid = LocalGrid(root, heartbeat_s=options.heartbeat_s)
         try:
             config = root / "master.toml"
             config.write_text(MASTER_TOML)
             grid.start_master("--config", str(config))
             grid.start_relay("relay-1")
-            return asyncio.run(_run(grid, options))
+            result = asyncio.run(_run(grid, options))
+            result["work_dir"] = str(root) if work_dir else None
+            return result
         finally:
             grid.stop()
 
