@@ -36,6 +36,7 @@ import base64
 import contextlib
 import io
 import json
+import os
 import sys
 import tempfile
 import time
@@ -47,6 +48,7 @@ from typing import Any
 
 import aiohttp
 
+from bench.procs import read_usage
 from bench.tunnel import CommandLoad, _pct
 from management.client.api import ApiRequest, AsyncApiClient
 from management.devgrid.localgrid import LocalGrid
@@ -61,6 +63,7 @@ HANDLER = (
     f"open(path, 'wb').write(base64.b64decode(os.environ['{LIBRARY_ENV}'])); sys.path.insert(0, path); "
     "from idlegrid_worker import serve; serve(lambda request: {'echo': request.input})"
 )
+WORKER_MARK = b"idlegrid_worker.zip"  # in a worker process's command line (HANDLER): how its CPU is found
 # The bench's own polling and command load must not meet the operator's API limits (its 429s would be timed).
 MASTER_TOML = (
     "offer_sandboxed_hosts = true\nscheduler_period_s = 0.5\npreemption_grace_s = 1.0\n"
@@ -199,6 +202,27 @@ async def _clients(endpoint: Endpoint, clients: int, seconds: float) -> tuple[li
     return timings, time.perf_counter() - started
 
 
+def _cpu_s(grid: LocalGrid) -> dict[str, float]:
+    """CPU seconds so far of each part: the Master, the relay, the agents together, the worker processes together (those
+    running ``HANDLER``) and this process (the clients)."""
+    taken: dict[str, float] = {"master": 0.0, "relay": 0.0, "agents": 0.0, "workers": 0.0}
+    daemons = {d.pid: d.role for d in grid.daemons if d.alive()}
+    for pid, role in daemons.items():
+        part = {"master": "master", "relay": "relay", "agent": "agents"}.get(role)
+        if part is not None:
+            with contextlib.suppress(OSError, StopIteration):
+                taken[part] += read_usage(pid).cpu_s
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in daemons or int(entry.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError, StopIteration):
+            if WORKER_MARK in (entry / "cmdline").read_bytes():
+                taken["workers"] += read_usage(int(entry.name)).cpu_s
+    own = os.times()
+    taken["clients"] = own.user + own.system
+    return taken
+
+
 async def _commands(load: CommandLoad, rate: float, work: Any, idle_s: float) -> list[float]:
     stop = asyncio.Event()
     loading = asyncio.create_task(load.run(rate, stop))
@@ -325,9 +349,18 @@ async def _run(grid: LocalGrid, options: EndpointsBenchOptions) -> dict[str, Any
         single, single_s = await _clients(serving, 1, options.single_s)
         load = CommandLoad(operator, agent_ids)
         idle_cmds = await _commands(load, options.cmd_rate, None, options.idle_s)
+        cpu_before, load_before = _cpu_s(grid), os.getloadavg()[0]
         many_task = asyncio.create_task(_clients(serving, options.clients, options.load_s))
         busy_cmds = await _commands(load, options.cmd_rate, many_task, 0)
         many, many_s = many_task.result()
+        cpu_after = _cpu_s(grid)
+        # Where the requests' CPU went: ms of each part per completed request (the command load's share included),
+        # and the load average of the machine (other work on it takes its cores too).
+        result["cpu_ms_per_request"] = {
+            part: round((cpu_after[part] - cpu_before[part]) * 1000 / max(1, len(many)), 2) for part in cpu_after
+        }
+        result["cpu_ms_per_request"]["all"] = round(sum(result["cpu_ms_per_request"].values()), 2)
+        result["load_average"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
         direct_s = _ms(direct)
         result["direct_ms"] = direct_s
         for name, timings, seconds in (("one_client", single, single_s), ("many_clients", many, many_s)):
@@ -411,6 +444,12 @@ def endpoints_table(r: dict[str, Any]) -> str:
     lines.append(
         f"requests/s per endpoint {r['requests_per_s']:g} >= {t['requests_per_s']:g}: "
         f"{'met' if r['met']['requests_per_s'] else 'MISSED'} ({r['request_errors']} errors)"
+    )
+    cpu = r["cpu_ms_per_request"]
+    lines.append(
+        "CPU ms per request in the clients phase: "
+        + ", ".join(f"{k} {v}" for k, v in cpu.items())
+        + f" (load average {r['load_average'][0]} -> {r['load_average'][1]})"
     )
     c = r["commands"]
     lines.append(
