@@ -16,12 +16,14 @@ relay and the Master's link.
 3. **Commands beside the load**: a command to a host (a delete of a container that is not there, API -> Master ->
    relay -> agent -> back, as in ``bench tunnel``) at ``cmd_rate`` a second while the grid is idle, then while the
    ``clients`` phase runs: the grid's command p99 while the endpoint carries its peak load.
-4. **Cold starts**: ``starts`` times, a request at the endpoint while it has no worker; each start cut into phases
-   from the worker workload's own record (``created_at``, ``scheduled_at``, ``started_at``) and the request's
-   ``delayTime``: ``wake`` (the request's arrival to the autoscaler's workload), ``placement`` (the scheduler placing
-   it), ``start`` (the create command to the agent and the process running; image ``none``: no pull, so ``pull`` is
-   reported as none), ``first_ready`` (the process running to its first take). A start on a host that never ran the
-   endpoint's worker is "from zero", any later one on a host that did "warm".
+4. **Cold starts**: ``starts`` times, a request at the endpoint while it has no worker (every start is from zero
+   workers); each start cut into phases from the worker workload's own record (``created_at``, ``scheduled_at``,
+   ``started_at``) and the request's ``delayTime``: ``wake`` (the request's arrival to the autoscaler's workload),
+   ``placement`` (the scheduler placing it), ``start`` (the create command to the agent, the process running, and the
+   create's success back at the Master; image ``none``: no pull, so ``pull`` is reported as none), ``first_ready``
+   (from there to the worker's first take; below 0 when that take reached the Master before the create's success).
+   Between starts the worker is stopped (``max_workers`` 0) and its process waited out. A start on a host that never
+   ran the endpoint's worker is a fresh host's, any later one on a host that did a warm host's.
 5. **Scale-up**: ``min_workers`` raised from 0 to ``scale_to``: the time until every one of them has taken a call
    (the endpoint's ``scale.workers.ready``).
 
@@ -137,6 +139,7 @@ class Endpoint:
         self.http, self.operator, self.id = http, operator, endpoint_id
         self.headers = {"Authorization": f"Bearer {key}"}
         self.errors: list[str] = []
+        self.split: list[tuple[float, float]] = []  # each completed runsync's (delayTime, executionTime), ms
 
     async def runsync(self) -> float | None:
         started = time.perf_counter()
@@ -151,7 +154,9 @@ class Endpoint:
         if answer.status != 200 or got.get("status") != "COMPLETED":
             self.errors.append(f"runsync {answer.status}: {str(got)[:200]}")
             return None
-        return (time.perf_counter() - started) * 1000
+        took = (time.perf_counter() - started) * 1000
+        self.split.append((float(got.get("delayTime", 0)), float(got.get("executionTime", 0))))
+        return took
 
     async def run(self) -> tuple[str, float]:
         sent = time.time()
@@ -346,7 +351,17 @@ async def _run(grid: LocalGrid, options: EndpointsBenchOptions) -> dict[str, Any
         await serving.wait_workers(options.workers, 120)
         await _clients(serving, 4, 2.0)  # warm up: connections, the book's caches
         direct = _direct_ms(2000)
+        serving.split.clear()
         single, single_s = await _clients(serving, 1, options.single_s)
+        # Where one client's round trip goes, as the Master's stamps cut it: submitted to taken (delayTime: the take's
+        # wake and its answer's trip to the worker are not in it), taken to the result stored (executionTime: the
+        # take's answer to the worker, the handler, the result's way back), and the rest (HTTP in and out, the store's
+        # insert, runsync's wake).
+        result["one_client_split_ms"] = {
+            "delay": _ms([d for d, _ in serving.split]),
+            "execution": _ms([e for _, e in serving.split]),
+            "rest": _ms([max(0.0, t - d - e) for t, (d, e) in zip(single, serving.split, strict=False)]),
+        }
         load = CommandLoad(operator, agent_ids)
         idle_cmds = await _commands(load, options.cmd_rate, None, options.idle_s)
         cpu_before, load_before = _cpu_s(grid), os.getloadavg()[0]
@@ -381,8 +396,9 @@ async def _run(grid: LocalGrid, options: EndpointsBenchOptions) -> dict[str, Any
         await cold.update({"max_workers": 0})
         result["cold_starts"] = rows
         result["cold_start"] = {
-            "from_zero": _phases([r for r in rows if not r["warm"]]),
-            "warm": _phases([r for r in rows if r["warm"]]),
+            "all": _phases(rows),  # every start is from zero workers
+            "fresh_host": _phases([r for r in rows if not r["warm"]]),  # on a host that never ran the endpoint's worker
+            "warm": _phases([r for r in rows if r["warm"]]),  # on a host that did
         }
 
         # 5: scale-up from 0 to scale_to.
@@ -445,6 +461,11 @@ def endpoints_table(r: dict[str, Any]) -> str:
         f"requests/s per endpoint {r['requests_per_s']:g} >= {t['requests_per_s']:g}: "
         f"{'met' if r['met']['requests_per_s'] else 'MISSED'} ({r['request_errors']} errors)"
     )
+    split = r["one_client_split_ms"]
+    lines.append(
+        "1 client's round trip, p50 ms: taken after "
+        + f"{split['delay']['p50']}, executed in {split['execution']['p50']}, the rest {split['rest']['p50']}"
+    )
     cpu = r["cpu_ms_per_request"]
     lines.append(
         "CPU ms per request in the clients phase: "
@@ -459,13 +480,16 @@ def endpoints_table(r: dict[str, Any]) -> str:
     lines.append(
         f"{'cold start (s)':<16} {'n':>3} " + " ".join(f"{p:>15}" for p in ("total", "wake", "placement", "start", "first_ready"))
     )
-    for kind in ("from_zero", "warm"):
+    for kind in ("all", "fresh_host", "warm"):
         ph = r["cold_start"][kind]
         cells = [
             f"{ph[p]['p50']}/{ph[p]['p95']}" if ph[p] else "-" for p in ("total", "wake", "placement", "start", "first_ready")
         ]
         lines.append(f"{kind:<16} {ph['n']:>3} " + " ".join(f"{c:>15}" for c in cells))
-    lines.append("  (p50/p95; pull: none, image none)")
+    lines.append(
+        "  (p50/p95; every start from zero workers; pull: none, image none; first_ready < 0: the worker's first take"
+        " reached the Master before its create's success did)"
+    )
     lines.append(
         f"cold start from a warm host p50 < {t['cold_start_warm_p50_s']:g} s: "
         + ("met" if r["met"]["cold_start_warm_p50_s"] else "MISSED")
