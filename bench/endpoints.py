@@ -51,6 +51,7 @@ from typing import Any
 import aiohttp
 
 from bench.procs import read_usage
+from bench.profile import Profiler
 from bench.tunnel import CommandLoad, _pct
 from management.client.api import ApiRequest, AsyncApiClient
 from management.devgrid.localgrid import LocalGrid
@@ -90,6 +91,7 @@ class EndpointsBenchOptions:
     starts: int = 20
     scale_to: int = 8
     heartbeat_s: float = 0.5
+    profile_dir: str = ""  # py-spy samples the Master, the relay and the agents during the many-clients phase, here
 
 
 async def _api(client: AsyncApiClient, method: str, path: str, body: Any = None) -> Any:
@@ -364,11 +366,16 @@ async def _run(grid: LocalGrid, options: EndpointsBenchOptions) -> dict[str, Any
         }
         load = CommandLoad(operator, agent_ids)
         idle_cmds = await _commands(load, options.cmd_rate, None, options.idle_s)
+        profiler = Profiler(Path(options.profile_dir)) if options.profile_dir else None
+        if profiler is not None:
+            profiler.start({d.name: d.pid for d in grid.daemons if d.alive()}, options.load_s)
         cpu_before, load_before = _cpu_s(grid), os.getloadavg()[0]
         many_task = asyncio.create_task(_clients(serving, options.clients, options.load_s))
         busy_cmds = await _commands(load, options.cmd_rate, many_task, 0)
         many, many_s = many_task.result()
         cpu_after = _cpu_s(grid)
+        if profiler is not None:
+            result["profile"] = await asyncio.to_thread(profiler.finish)
         # Where the requests' CPU went: ms of each part per completed request (the command load's share included),
         # and the load average of the machine (other work on it takes its cores too).
         result["cpu_ms_per_request"] = {
