@@ -34,6 +34,11 @@ class AccessConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_frame_bytes: int = MAX_FRAME_BYTES
     rate_per_agent: float = 50.0  # frames per second, sustained
     burst: int = 200  # frames an agent may send at once before the rate applies
+    # An endpoint's workers' calls (``worker_call``: takes, reports, heartbeats; docs/endpoints.md) have a budget of
+    # their own per agent, sized for a host serving 1,000 requests a second and more: a busy endpoint's calls neither
+    # spend the host's frame budget above nor are dropped by it (a dropped call waits out its answer margin, 15 s).
+    worker_call_rate_per_agent: float = 4000.0
+    worker_call_burst: int = 8000
     buffer_frames: int = 10_000  # agent frames held while the Master is unreachable
     # Heartbeats and telemetry wait behind control frames, at most this many bytes; past the coalescing bound
     # (and always while the Master is unreachable) only each agent's latest waits (docs/access.md, "Lanes").
@@ -113,6 +118,7 @@ def _check(config: AccessConfig) -> None:
         problems.append(f"max_frame_bytes must be between 1 and {HARD_FRAME_BYTES}, got {config.max_frame_bytes}")
     for name in (
         "rate_per_agent",
+        "worker_call_rate_per_agent",
         "handshake_timeout_s",
         "idle_timeout_s",
         "stats_interval_s",
@@ -132,6 +138,7 @@ def _check(config: AccessConfig) -> None:
             problems.append(f"{name} must be positive, got {getattr(config, name)}")
     for name in (
         "burst",
+        "worker_call_burst",
         "buffer_frames",
         "telemetry_buffer_bytes",
         "max_handshakes",

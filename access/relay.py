@@ -61,6 +61,7 @@ from common.wire import (
     RelayDirectory,
     RenewResponse,
     ReportPace,
+    WorkerCall,
     decode_agent_frame,
     decode_master_frame,
     encode,
@@ -244,8 +245,11 @@ class CutOff:
 FrameVerdict = Forward | Answer | Ignore | CutOff
 
 
-def judge_frame(message: bytes | str, budget: FrameBudget, now: float, max_bytes: int) -> FrameVerdict:
-    """Decode and validate one agent message and charge it to its sender's budget. Never raises."""
+def judge_frame(
+    message: bytes | str, budget: FrameBudget, now: float, max_bytes: int, worker_budget: FrameBudget | None = None
+) -> FrameVerdict:
+    """Decode and validate one agent message and charge it to its sender's budget (a ``worker_call`` to
+    ``worker_budget`` when given: an endpoint's workers' calls have a budget of their own). Never raises."""
     try:
         frame = decode_agent_frame(message, max_bytes)
     except ProtocolError as exc:
@@ -255,6 +259,8 @@ def judge_frame(message: bytes | str, budget: FrameBudget, now: float, max_bytes
         return Answer(exc) if admission is Admission.PASS else Ignore(exc)
     kind = type(frame).__struct_config__.tag
     assert isinstance(kind, str)
+    if worker_budget is not None and isinstance(frame, WorkerCall):
+        budget = worker_budget
     admission = budget.admit(now, must_pass=not frame.rate_limited)  # declared with the frame (common/wire.py)
     if admission is Admission.PASS:
         return Forward(kind)
@@ -274,6 +280,7 @@ class AgentConnection:
     connection: ServerConnection
     remote: str
     budget: FrameBudget
+    worker_budget: FrameBudget | None = None  # its endpoint workers' calls (``worker_call``), apart from ``budget``
     open: bool = True  # False once the relay decided to close it: nothing more is relayed
     last_frame: float = 0.0  # monotonic time of the last message (frame) the agent sent
     ping: asyncio.Future[float] | None = None  # the pong awaited for a ping to a silent agent, while one is out
@@ -514,7 +521,10 @@ class AgentGateway:
         remote = _remote(connection)
         now = time.monotonic()
         budget = FrameBudget(self.config.rate_per_agent, self.config.burst, self.config.flood_limit, now)
-        session = AgentConnection(identity, connection, remote, budget, last_frame=now)
+        worker_budget = FrameBudget(
+            self.config.worker_call_rate_per_agent, self.config.worker_call_burst, self.config.flood_limit, now
+        )
+        session = AgentConnection(identity, connection, remote, budget, worker_budget, last_frame=now)
         older = self.sessions.get(identity.id)
         self.sessions[identity.id] = session
         if older is not None:
@@ -575,7 +585,8 @@ class AgentGateway:
                 log.exception("failed to relay a frame", extra={"agent": session.agent_id})
 
     async def _on_message(self, session: AgentConnection, message: bytes) -> None:
-        match judge_frame(message, session.budget, session.last_frame, self.config.max_frame_bytes):  # stamped on receipt
+        budget, workers = session.budget, session.worker_budget
+        match judge_frame(message, budget, session.last_frame, self.config.max_frame_bytes, workers):  # stamped on receipt
             case Forward(kind):
                 if session.pace_told != self._pace_epoch and session.pace_told >= 0:
                     await self._tell_pace(session)

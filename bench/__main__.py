@@ -1,5 +1,5 @@
 """``python -m bench BENCHMARK ...`` (fleet, ingest, api-pages, scheduler, offers, tunnel, link, ssh, storage, history, alerts,
-summaries, console-pages, demo, cli-start): run one, print, write JSON."""
+summaries, console-pages, demo, cli-start, endpoints): run one, print, write JSON."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from bench.api_pages import run as run_api_pages
 from bench.cli_start import CliStartBenchOptions, cli_start_table, run_cli_start_bench
 from bench.console_pages import ConsolePagesBenchOptions, console_pages_table, run_console_pages_bench
 from bench.demo import DemoBenchOptions, demo_table, run_demo_bench
+from bench.endpoints import EndpointsBenchOptions, endpoints_table, run_endpoints_bench
 from bench.fleet import PHASES, FleetOptions, run_fleet_bench
 from bench.history import HistoryBenchOptions, history_table, run_history_bench
 from bench.ingest import run_ingest_bench
@@ -361,6 +362,31 @@ def _run_demo(args: argparse.Namespace) -> int:
     result = run_demo_bench(DemoBenchOptions(runs=args.runs))
     _write(args.json, result)
     print(demo_table(result))
+    return 0
+
+
+def _endpoints_parser(sub: argparse._SubParsersAction) -> None:
+    d = EndpointsBenchOptions()
+    p = sub.add_parser(
+        "endpoints",
+        help="a serverless endpoint on a local grid: request overhead, requests/s, cold starts, scale-up",
+        description="Start a Master, a relay and sandboxed process-runtime hosts; time runsync round trips of 1 KB "
+        "against the handler called directly (1 client, then many), commands to a host beside that load, cold starts "
+        "per phase and a scale-up from zero (bench/endpoints.py).",
+    )
+    for f in fields(EndpointsBenchOptions):
+        default = getattr(d, f.name)
+        p.add_argument(f"--{f.name.replace('_', '-')}", type=type(default), default=default, help=f"(default {default})")
+    p.add_argument("--work-dir", default="", help="where the grid's state directory goes (default: a temporary one)")
+    p.add_argument("--json", type=Path, help="write the figures here")
+    p.set_defaults(func=_run_endpoints)
+
+
+def _run_endpoints(args: argparse.Namespace) -> int:
+    options = EndpointsBenchOptions(**{f.name: getattr(args, f.name) for f in fields(EndpointsBenchOptions)})
+    result = run_endpoints_bench(options, args.work_dir)
+    _write(args.json, result)
+    print(endpoints_table(result))
     return 0
 
 
@@ -732,6 +758,7 @@ def build_parser() -> argparse.ArgumentParser:
     _console_pages_parser(sub)
     _demo_parser(sub)
     _cli_start_parser(sub)
+    _endpoints_parser(sub)
     return parser
 
 

@@ -116,6 +116,8 @@ class ManagementSettings:
                 key_burst=config.api_key_burst,
                 account_rate_per_s=config.api_account_rate_per_s,
                 account_burst=config.api_account_burst,
+                endpoint_rate_per_s=config.endpoint_rate_per_s,
+                endpoint_burst=config.endpoint_burst,
             ),
             alerts=AlertsSection(
                 rules=Path(config.alert_rules) if config.alert_rules else None,

@@ -220,6 +220,10 @@ class MasterConfig(msgspec.Struct, kw_only=True):
     # minting keys buys no more (management/api/ratelimit.py).
     api_account_rate_per_s: Annotated[float, msgspec.Meta(gt=0)] = 40.0
     api_account_burst: Annotated[int, msgspec.Meta(ge=1)] = 80
+    # Each endpoint, all its invocation keys together, may make this many calls of its request routes a second
+    # sustained and this many at once (management/api/ratelimit.py): an endpoint's clients are no API key's.
+    endpoint_rate_per_s: Annotated[float, msgspec.Meta(gt=0)] = 2000.0
+    endpoint_burst: Annotated[int, msgspec.Meta(ge=1)] = 4000
     # Keys an account may hold that are not revoked (master/accounts.py); creating one more answers 409.
     api_keys_per_account: Annotated[int, msgspec.Meta(ge=1)] = 20
     # --- alerts (management/monitoring/, docs/monitoring.md) ---

@@ -46,6 +46,9 @@ class ApiSettings:
     # Each account, all its keys together, this many a second sustained and this many at once.
     account_rate_per_s: float = 40.0
     account_burst: int = 80
+    # Each endpoint, all its invocation keys together, this many request-route calls a second and this many at once.
+    endpoint_rate_per_s: float = 2000.0
+    endpoint_burst: int = 4000
 
 
 def build_app(
@@ -60,6 +63,8 @@ def build_app(
         settings.key_burst,
         account_rate=settings.account_rate_per_s,
         account_burst=settings.account_burst,
+        endpoint_rate=settings.endpoint_rate_per_s,
+        endpoint_burst=settings.endpoint_burst,
     )
     # Links are never served here (docs/links.md): a link's path is redirected to its own origin before anything else.
     middlewares = [

@@ -4,6 +4,11 @@ An ``audit`` event's subject is the calling account; its data names the key (``k
 operator key), the role, the method, the route pattern, the target (the id in the path, or what the call
 created when its handler names it) and the status. Reads (GET, HEAD, OPTIONS) and refused calls (any
 status of 400 or more, raised errors included) are not recorded. Being a middleware, no handler can forget it.
+
+An endpoint's request routes (those declared ``invocation``: run, runsync, cancel, retry, docs/endpoints.md) are not
+audited per request, whoever calls them: each request is a record of its own already (its account, its times, its
+state), RunPod's serverless keeps no audit entry per request either, and an event per request was a second store
+write on the path of every request. What changes an endpoint (its spec, its keys) is audited as any change.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import logging
 from aiohttp import web
 
 from management.api.auth import SCOPE_KEY
+from management.api.route import DECLARED_KEY
 from management.http.errors import Handler
 from management.http.keys import SERVICES_KEY
 from management.services.accounts import AuditEntry
@@ -35,6 +41,9 @@ async def audit_middleware(request: web.Request, handler: Handler) -> web.Stream
     if scope is None or request.method in READ_ONLY_METHODS or response.status >= 400:
         return response
     route = request.match_info.route.resource
+    declared = request.app[DECLARED_KEY].get((request.method, route.canonical)) if route is not None else None
+    if declared is not None and declared.invocation:  # a request of an endpoint: its own record is its trail
+        return response
     target = request.get(AUDIT_TARGET_KEY) or ",".join(request.match_info.values())
     principal = scope.principal
     entry = AuditEntry(

@@ -10,7 +10,8 @@ scope of a call, are decided in management/access_control.py, which the console 
 An endpoint's invocation key (``igek_...``, docs/endpoints.md) is no API key: ``authenticate`` never finds it, so every
 route answers it 401, except the routes declared ``invocation`` (an endpoint's request routes). There it is checked
 against the endpoint the path names (401 unknown or revoked, 403 another endpoint's), and the call's scope is the
-endpoint's owner, as if the owner had called: the key's own name and id stand for it in the rate limits and the audit.
+endpoint's owner, as if the owner had called: the key's own name and id stand for it in the audit, and the endpoint's
+own rate limit, not an API key's, counts its calls (``INVOKED_ENDPOINT_KEY``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from management.services import Services
 from master.port import BOOTSTRAP_ACCOUNT
 
 SCOPE_KEY = web.RequestKey("scope", Scope)
+# The endpoint an invocation key called (its request routes): its calls count against that endpoint's own rate limit,
+# not an API key's (management/api/ratelimit.py).
+INVOKED_ENDPOINT_KEY = web.RequestKey("invoked_endpoint", str)
 
 
 def scope_of(request: web.Request) -> Scope:
@@ -102,6 +106,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     header = request.headers.get("Authorization", "")
     if route is not None and route.invocation and (key := invocation_key(header)) is not None:
         request[SCOPE_KEY] = await invocation_scope(request.app[SERVICES_KEY], request, key)
+        request[INVOKED_ENDPOINT_KEY] = request.match_info["endpoint_id"]
         return await handler(request)
     principal = await authenticate(request.app[SERVICES_KEY], header)
     if resource is None:  # no such route: the router answers 404 (or 405) to whoever asks
@@ -117,4 +122,4 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     return await handler(request)
 
 
-__all__ = ["SERVICES_KEY", "SCOPE_KEY", "auth_middleware", "authenticate", "scope_of"]
+__all__ = ["INVOKED_ENDPOINT_KEY", "SERVICES_KEY", "SCOPE_KEY", "auth_middleware", "authenticate", "scope_of"]

@@ -5,6 +5,11 @@ Runs after authentication (it limits keys and accounts, not addresses: unauthent
 they cost anything). A request is served when both its key's and its account's buckets allow it (and then counts in
 both); otherwise it gets 429 with ``Retry-After`` (whole seconds) and the JSON error shape saying which limit it hit.
 Every other key and account keeps its own full budget. Buckets live in memory, per Master process.
+
+An endpoint's invocation keys (its request routes, docs/endpoints.md) are no API keys: their calls count against one
+bucket per endpoint (``endpoint_rate``, ``endpoint_burst``: all its invocation keys together), sized for an endpoint's
+clients (1,000 requests a second and more), and against no key's or account's bucket. The owner's own API key on the
+same routes keeps its API key's limits.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from common.tokenbucket import TokenBucket
-from management.api.auth import SCOPE_KEY
+from management.api.auth import INVOKED_ENDPOINT_KEY, SCOPE_KEY
 from management.http.errors import Handler, error_response
 
 MAX_BUCKETS = (
@@ -36,20 +41,25 @@ class KeyRateLimits:
         *,
         account_rate: float | None = None,
         account_burst: int | None = None,
+        endpoint_rate: float = 2000.0,
+        endpoint_burst: int = 4000,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         account_rate = rate if account_rate is None else account_rate
         account_burst = burst if account_burst is None else account_burst
-        for r, b in ((rate, burst), (account_rate, account_burst)):
+        for r, b in ((rate, burst), (account_rate, account_burst), (endpoint_rate, endpoint_burst)):
             if r <= 0 or b < 1:
                 raise ValueError(f"an API rate limit needs rate > 0 and burst >= 1, not rate={r}, burst={b}")
         self.rate = rate
         self.burst = burst
         self.account_rate = account_rate
         self.account_burst = account_burst
+        self.endpoint_rate = endpoint_rate
+        self.endpoint_burst = endpoint_burst
         self._clock = clock
         self._buckets: dict[str, TokenBucket] = {}
         self._accounts: dict[str, TokenBucket] = {}
+        self._endpoints: dict[str, TokenBucket] = {}
 
     def retry_after_s(self, key: str, account: str | None = None) -> float:
         """0 when ``key`` (of ``account``) may make a request now (and it is counted against both); otherwise how
@@ -74,6 +84,15 @@ class KeyRateLimits:
             account_bucket.allow(now)
         return 0.0, ""
 
+    def endpoint_wait_s(self, endpoint_id: str) -> float:
+        """0 when ``endpoint_id``'s invocation keys may make a request now (and it is counted); else how long until."""
+        now = self._clock()
+        bucket = _bucket(self._endpoints, endpoint_id, self.endpoint_rate, self.endpoint_burst, now)
+        wait = bucket.wait_s(now)
+        if wait <= 0:
+            bucket.allow(now)
+        return max(wait, 0.0)
+
     def middleware(self) -> Middleware:
         @web.middleware
         async def limit(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -81,9 +100,18 @@ class KeyRateLimits:
             if scope is None:  # not an authenticated API call (health, metrics, an unknown route)
                 return await handler(request)
             principal = scope.principal
-            wait, which = self.verdict(principal.key_hash, principal.account)
+            endpoint_id = request.get(INVOKED_ENDPOINT_KEY)
+            if endpoint_id is not None:
+                wait, which = self.endpoint_wait_s(endpoint_id), "endpoint"
+            else:
+                wait, which = self.verdict(principal.key_hash, principal.account)
             if wait > 0:
-                if which == "account":
+                if which == "endpoint":
+                    said = (
+                        f"endpoint {endpoint_id}'s invocation keys (all together) made more than {self.endpoint_rate:g} "
+                        f"requests a second (bursts of {self.endpoint_burst})"
+                    )
+                elif which == "account":
                     said = (
                         f"account {principal.account!r} (all its keys together) made more than {self.account_rate:g} "
                         f"requests a second (bursts of {self.account_burst})"

@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 JSON = Any
 MAX_TAKE_WAIT_S = 30.0  # a take waits at most this long, whatever the worker asks (the library asks 20 s)
 MAX_IN_FLIGHT_LISTED = 1_000  # a heartbeat's in-flight list is read up to this many ids
+MAX_GONE_KEPT = 100_000  # workers remembered as gone (their late takes get nothing)
 LOAD_PAGE = 1_000
 SWEEP_PERIOD_S = 2.0  # how often the clock is applied: a TTL or a timeout ends at most this late
 # How long an ended request (its output, its error) is kept for its status and stream to read, from its end. RunPod
@@ -155,6 +156,10 @@ class RequestBook:
         self._taking: dict[WorkerRef, int] = {}  # per worker: its takes under way
         self._take_ended: dict[WorkerRef, float] = {}  # per worker: when its last take ended (or it was first heard)
         self._arrival_listeners: list[Callable[[str], None]] = []
+        # Workers told gone (their container ended, the autoscaler stopped them, their host was lost), oldest first: a
+        # take of theirs still waiting here ends with nothing, and a late one takes nothing. A worker id is new at each
+        # start, so a gone worker never comes back; at most MAX_GONE_KEPT are remembered.
+        self._gone: dict[WorkerRef, None] = {}
 
     def on_arrival(self, listener: Callable[[str], None]) -> None:
         """Call ``listener(endpoint_id)`` whenever a request becomes queued there (submitted, handed back, requeued,
@@ -287,6 +292,8 @@ class RequestBook:
         deadline = loop.time() + max(0.0, min(wait_s, MAX_TAKE_WAIT_S))
         concurrency = self._limits_of(worker.endpoint_id).concurrency
         while True:
+            if worker in self._gone:  # its container is gone: a request taken now would wait out a heartbeat timeout
+                return None
             arrival = self._event(self._arrivals, worker.endpoint_id)  # before looking: no arrival slips between
             step = await self._step(lambda q, now: q.take(worker, concurrency, now))
             if step.taken is not None:
@@ -323,8 +330,13 @@ class RequestBook:
         return await self._report(lambda q, now: q.release(worker, request_id, now))
 
     async def worker_gone(self, worker: WorkerRef) -> None:
-        """The worker's container ended or its agent was lost: its requests go back to the queue (or fail)."""
+        """The worker's container ended or its agent was lost: its requests go back to the queue (or fail), and its
+        takes still waiting end with nothing."""
+        self._gone[worker] = None
+        while len(self._gone) > MAX_GONE_KEPT:
+            del self._gone[next(iter(self._gone))]
         await self._step(lambda q, now: q.worker_gone(worker, now))
+        self._wake(self._arrivals, worker.endpoint_id)  # its waiting takes look again, and see it gone
 
     # --- the renters' side ---
 

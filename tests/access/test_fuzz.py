@@ -314,3 +314,19 @@ TestFrameBudget = FrameBudgetMachine.TestCase
 TestFrameBudget.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
 TestAddressGate = AddressGateMachine.TestCase
 TestAddressGate.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
+
+
+def test_an_endpoint_workers_calls_spend_their_own_budget_and_not_the_hosts_frames():
+    """A host's worker calls (an endpoint serving many requests) past the host's frame budget still pass on their own
+    budget, and they leave the host's budget whole for its heartbeats; past their own budget they are refused too."""
+    from common.wire import WorkerCall, WorkerOp
+
+    frames, workers = (
+        FrameBudget(rate=1, burst=2, flood_limit=100, now=0.0),
+        FrameBudget(rate=1, burst=5, flood_limit=100, now=0.0),
+    )
+    call = encode(WorkerCall(call_id="c", container="w", endpoint_id="ep-a", worker_id="wk-1", op=WorkerOp.TAKE))
+    assert [type(judge_frame(call, frames, 0.0, MAX_FRAME_BYTES, workers)) for _ in range(6)] == [Forward] * 5 + [Answer]
+    heartbeat = encode(Heartbeat(seq=1, ts=0.0))
+    assert [type(judge_frame(heartbeat, frames, 0.0, MAX_FRAME_BYTES, workers)) for _ in range(3)] == [Forward] * 2 + [Answer]
+    assert isinstance(judge_frame(call, frames, 0.0, MAX_FRAME_BYTES), Answer)  # without a budget of their own: the host's

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -126,3 +127,34 @@ def test_the_storage_benchmark_reports_throughput_and_round_trips_during_an_uplo
     trips = result["round_trips"]
     assert trips["idle"]["commands"] > 0 and trips["upload"]["commands"] > 0 and trips["errors"] == []
     assert trips["upload_transfer"]["bytes"] >= 20_000_000
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not os.path.exists("/usr/bin/python3"), reason="sandboxed hosts need root and a system Python"
+)
+def test_the_endpoints_benchmark_times_requests_cold_starts_and_a_scale_up(tmp_path):
+    out = tmp_path / "endpoints.json"
+    done = run_bench(
+        "endpoints",
+        *("--hosts", "1", "--gpus-per-host", "2", "--workers", "1", "--concurrency", "2", "--single-s", "1"),
+        *("--clients", "4", "--load-s", "1.5", "--cmd-rate", "5", "--idle-s", "1", "--starts", "2", "--scale-to", "2"),
+        *("--json", str(out)),
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(out.read_text())
+    for phase in ("one_client", "many_clients"):
+        row = result[phase]
+        assert row["n"] > 0 and 0 < row["p50"] <= row["p99"] and row["requests_per_s"] > 0
+        assert row["overhead_p99_ms"] == pytest.approx(row["p99"] - result["direct_ms"]["p99"], abs=0.02)
+    assert result["request_errors"] == 0 and result["commands"]["errors"] == []
+    assert result["commands"]["idle"]["n"] > 0 and result["commands"]["under_load"]["n"] > 0
+    assert set(result["cpu_ms_per_request"]) == {"master", "relay", "agents", "workers", "clients", "all"}
+    starts = result["cold_starts"]
+    assert [s["warm"] for s in starts] == [False, True]  # one host: the second start is on a host that ran one
+    for s in starts:  # the phases cut the start: wake + placement + start + first take add up to it
+        assert s["total"] > 0 and s["pull"] is None
+        assert s["wake"] + s["placement"] + s["start"] + s["first_ready"] == pytest.approx(s["total"], abs=0.01)
+    assert (result["cold_start"]["all"]["n"], result["cold_start"]["warm"]["n"]) == (2, 1) and result["scale_up_s"] > 0
+    assert "cold start (s)" in done.stdout and "scale-up 0 -> 2" in done.stdout

@@ -158,3 +158,60 @@ async def test_an_account_holds_at_most_the_configured_number_of_keys(tmp_path):
     finally:
         await client.close()
         await master.stop()
+
+
+def test_an_endpoints_invocation_keys_share_its_own_bucket_and_no_api_keys():
+    clock = FakeClock()
+    limits = KeyRateLimits(rate=1.0, burst=1, endpoint_rate=2.0, endpoint_burst=3, clock=clock)
+    assert [limits.endpoint_wait_s("ep-a") for _ in range(3)] == [0.0, 0.0, 0.0]  # past any key's burst of 1
+    assert limits.endpoint_wait_s("ep-a") == pytest.approx(0.5)
+    assert limits.endpoint_wait_s("ep-b") == 0.0  # another endpoint has its own
+    assert limits.retry_after_s("k", "acct") == 0.0  # and no API key or account paid for ep-a's calls
+    with pytest.raises(ValueError, match="rate > 0"):
+        KeyRateLimits(rate=1.0, burst=1, endpoint_rate=0.0)
+
+
+async def test_invocation_keys_meet_their_endpoints_limit_and_the_owners_api_key_its_own(tmp_path):
+    """An endpoint's invocation keys (two of them) get the endpoint's burst together, well past an API key's; the owner's
+    API key on the same routes keeps its key's limit, and another endpoint's keys are not slowed."""
+    import aiohttp
+
+    from management.app import MasterServer
+
+    config = MasterConfig(
+        state_dir=str(tmp_path), link_port=0, api_port=0, api_key_burst=6, api_key_rate_per_s=0.01,
+        api_account_burst=100, endpoint_burst=10, endpoint_rate_per_s=0.01,
+    )  # fmt: skip
+    server = MasterServer(config)
+    await server.start()
+    try:
+        operator = {"Authorization": f"Bearer {server.operator_token_file.read_text().strip()}"}
+        owner = await api_key(server.master, "renter", "ana")
+        spec = {"image": "none", "command": ["python", "h.py"], "constraints": {"allow_process_runtime": True}}
+        async with aiohttp.ClientSession(server.api_url) as http:
+
+            async def call(method: str, path: str, headers: dict[str, str], body: object = None) -> tuple[int, object]:
+                async with http.request(method, path, headers=headers, json=body) as answer:
+                    return answer.status, await answer.json()
+
+            keys: dict[str, list[dict[str, str]]] = {}
+            for name in ("a", "b"):
+                status, made = await call("POST", "/api/v1/endpoints", operator, spec | {"name": name, "account": "ana"})
+                assert status == 201, made
+                assert isinstance(made, dict)
+                keys[made["id"]] = []
+                for n in range(2):
+                    _, key = await call("POST", f"/api/v1/endpoints/{made['id']}/keys", operator, {"name": f"k{n}"})
+                    assert isinstance(key, dict)
+                    keys[made["id"]].append({"Authorization": f"Bearer {key['key']}"})
+            (a, a_keys), (b, b_keys) = keys.items()
+            statuses = [(await call("GET", f"/api/v1/endpoints/{a}/health", a_keys[n % 2]))[0] for n in range(12)]
+            assert statuses == [200] * 10 + [429] * 2  # the endpoint's burst of 10, both keys together
+            status, refused = await call("GET", f"/api/v1/endpoints/{a}/health", a_keys[0])
+            assert status == 429 and isinstance(refused, dict)
+            assert f"endpoint {a}'s invocation keys" in refused["error"]["message"]
+            assert (await call("GET", f"/api/v1/endpoints/{b}/health", b_keys[0]))[0] == 200
+            owners = [(await call("GET", f"/api/v1/endpoints/{a}/health", owner))[0] for _ in range(8)]
+            assert owners == [200] * 6 + [429] * 2  # the owner's API key: its own key's burst of 6, as before
+    finally:
+        await server.stop()

@@ -436,3 +436,18 @@ async def test_an_endpoints_open_requests_are_bounded_and_a_full_queue_answers_4
     assert (await grid.call("POST", run, key, json={"input": "x" * 1000}))[0] == 200
     status, refused = await grid.call("POST", run, key, json={"input": 4})
     assert status == 429 and "characters of input" in refused["error"]["message"]
+
+
+async def test_requests_leave_no_audit_event_and_what_changes_an_endpoint_does(grid: Grid) -> None:
+    """An endpoint's request routes are not audited per request (its record is its trail), whoever calls them; making
+    the endpoint and its key are audited as any change."""
+    endpoint_id, key = await grid.endpoint(grid.ana, name="audited")
+    for headers in (key, grid.ana):
+        status, ran = await grid.call("POST", f"/api/v1/endpoints/{endpoint_id}/run", headers, json={"input": 1})
+        assert status == 200, ran
+        assert (await grid.call("POST", f"/api/v1/endpoints/{endpoint_id}/cancel/{ran['id']}", headers))[0] == 200
+    status, events = await grid.call("GET", "/api/v1/events?kind=audit&limit=1000", grid.operator)
+    assert status == 200
+    routes = [e["data"]["route"] for e in events["items"] if e["kind"] == "audit"]
+    assert "/api/v1/endpoints" in routes and "/api/v1/endpoints/{endpoint_id}/keys" in routes
+    assert not [r for r in routes if r.endswith(("/run", "/runsync", "/cancel/{request_id}"))], routes

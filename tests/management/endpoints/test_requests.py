@@ -287,3 +287,18 @@ async def test_the_book_tells_whether_a_take_of_each_worker_is_under_way_and_sin
     await book.submit("ep-a", "wakes it")
     assert await polling is not None
     assert [a.not_taking_since for a in book.workers_of("ep-a")] == [1_020.0]  # its last take ended at 1020
+
+
+async def test_a_gone_workers_waiting_take_ends_and_never_takes_the_next_request(store: Store) -> None:
+    """A worker stopped (or its container ended) while its long poll waits at the book: the take ends at once with
+    nothing, and a take of it that arrives later gets nothing either, so the next request waits for a live worker
+    instead of being held by a gone one until its heartbeat timeout (a cold start on a warm host waited 30 s so)."""
+    book = await book_over(store, Clock())
+    waiting = asyncio.create_task(book.take(W1, 25))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    await book.worker_gone(W1)
+    assert await asyncio.wait_for(waiting, 1) is None
+    submitted = await book.submit("ep-a", "for a live worker")
+    assert await book.take(W1, 0) is None  # a late call of the gone worker
+    assert await book.take(W2, 0) is not None and (await book.status(submitted.id)).holder == W2  # type: ignore[union-attr]

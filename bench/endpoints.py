@@ -1,0 +1,505 @@
+"""``python -m bench endpoints``: what a serverless endpoint's requests cost on their way through the grid, how many it
+serves, and how long its workers take to start (issue 39, point 7; docs/endpoints.md).
+
+A real local grid (management/devgrid/localgrid.py): a Master (its request book and autoscaler inside), one relay and
+``hosts`` sandboxed process-runtime agents behind it, each ``gpus_per_host`` simulated A10s, each its own process. The
+endpoint's worker is image ``none``: the handler library (carried as a zip in its environment, as an image carries it)
+and a one-line echo handler, run by the system Python as a dynamic user. Every request goes to the API with the
+endpoint's invocation key, as a renter's client sends it; every take and report of a worker crosses the agent, the
+relay and the Master's link.
+
+1. **Overhead**: ``runsync`` round trips of a 1 KB input from 1 client, then from ``clients`` at once (each in a loop),
+   against the same handler called directly in this process. ``runsync`` (one HTTP call that answers with the output)
+   rather than ``run`` and ``status``: a client polling ``status`` adds its own polling interval to every figure, and
+   RunPod's clients call ``runsync`` for short requests; the path inside the grid is the same.
+2. **Requests/s**: the completed requests per second of the ``clients`` phase, through one relay.
+3. **Commands beside the load**: a command to a host (a delete of a container that is not there, API -> Master ->
+   relay -> agent -> back, as in ``bench tunnel``) at ``cmd_rate`` a second while the grid is idle, then while the
+   ``clients`` phase runs: the grid's command p99 while the endpoint carries its peak load.
+4. **Cold starts**: ``starts`` times, a request at the endpoint while it has no worker (every start is from zero
+   workers); each start cut into phases from the worker workload's own record (``created_at``, ``scheduled_at``,
+   ``started_at``) and the request's ``delayTime``: ``wake`` (the request's arrival to the autoscaler's workload),
+   ``placement`` (the scheduler placing it), ``start`` (the create command to the agent, the process running, and the
+   create's success back at the Master; image ``none``: no pull, so ``pull`` is reported as none), ``first_ready``
+   (from there to the worker's first take; below 0 when that take reached the Master before the create's success).
+   Between starts the worker is stopped (``max_workers`` 0) and its process waited out. A start on a host that never
+   ran the endpoint's worker is a fresh host's, any later one on a host that did a warm host's.
+5. **Scale-up**: ``min_workers`` raised from 0 to ``scale_to``: the time until every one of them has taken a call
+   (the endpoint's ``scale.workers.ready``).
+
+Targets (this shared 2-core machine, bench/README.md): overhead p99 < 25 ms for a 1 KB request; 1,000 requests/s per
+endpoint; cold start from a warm host < 2 s p50 on the process runtime. Compare within one run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import io
+import json
+import os
+import sys
+import tempfile
+import time
+import zipfile
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from bench.procs import read_usage
+from bench.profile import Profiler
+from bench.tunnel import CommandLoad, _pct
+from management.client.api import ApiRequest, AsyncApiClient
+from management.devgrid.localgrid import LocalGrid
+
+REPO = Path(__file__).resolve().parent.parent
+RENTER = "bench-renter"
+SYSTEM_PYTHON = "/usr/bin/python3"  # a sandboxed uid cannot run a virtual environment under root's home
+LIBRARY_ENV = "IDLEGRID_BENCH_WORKER_LIBRARY"
+# The worker's handler: the library from the zip its environment carries, and an echo (the lightest handler there is).
+HANDLER = (
+    "import base64, os, sys; path = os.path.join(os.getcwd(), 'idlegrid_worker.zip'); "
+    f"open(path, 'wb').write(base64.b64decode(os.environ['{LIBRARY_ENV}'])); sys.path.insert(0, path); "
+    "from idlegrid_worker import serve; serve(lambda request: {'echo': request.input})"
+)
+WORKER_MARK = b"idlegrid_worker.zip"  # in a worker process's command line (HANDLER): how its CPU is found
+# The bench's own polling and command load must not meet the operator's API limits (its 429s would be timed).
+MASTER_TOML = (
+    "offer_sandboxed_hosts = true\nscheduler_period_s = 0.5\npreemption_grace_s = 1.0\n"
+    "api_key_rate_per_s = 2000.0\napi_key_burst = 4000\napi_account_rate_per_s = 2000.0\napi_account_burst = 4000\n"
+)
+PAYLOAD = {"data": "x" * 1000}  # with its JSON around it, a 1 KB input
+FINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT"})
+TARGETS = {"overhead_p99_ms": 25.0, "requests_per_s": 1000.0, "cold_start_warm_p50_s": 2.0}
+
+
+@dataclass(frozen=True)
+class EndpointsBenchOptions:
+    hosts: int = 2
+    gpus_per_host: int = 4
+    workers: int = 2  # workers serving the overhead and throughput phases
+    concurrency: int = 32  # requests each of them runs at once
+    single_s: float = 10.0  # the one-client phase
+    clients: int = 64
+    load_s: float = 15.0  # the many-clients phase
+    cmd_rate: float = 10.0
+    idle_s: float = 8.0  # the idle phase of the command load
+    starts: int = 20
+    scale_to: int = 8
+    heartbeat_s: float = 0.5
+    profile_dir: str = ""  # py-spy samples the Master, the relay and the agents during the many-clients phase, here
+
+
+async def _api(client: AsyncApiClient, method: str, path: str, body: Any = None) -> Any:
+    return await client.send(ApiRequest(method, path, body=body))
+
+
+def _at(stamp: str | None) -> float:
+    """An answer's RFC 3339 time (milliseconds) as Unix seconds."""
+    if not stamp:
+        raise RuntimeError("a worker's record lacks a time it should have")
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+async def _workloads(operator: AsyncApiClient) -> list[dict[str, Any]]:
+    return [dict(w) for w in await operator.list("/api/v1/workloads", account=RENTER)]
+
+
+def _library_zip() -> str:
+    packed = io.BytesIO()
+    with zipfile.ZipFile(packed, "w", zipfile.ZIP_DEFLATED) as archive:
+        for source in sorted((REPO / "common" / "endpoint_worker").glob("*.py")):
+            archive.write(source, f"idlegrid_worker/{source.name}")
+    return base64.b64encode(packed.getvalue()).decode()
+
+
+def _ms(values: list[float]) -> dict[str, Any]:
+    return {"n": len(values), "p50": _pct(values, 0.5), "p95": _pct(values, 0.95), "p99": _pct(values, 0.99)}
+
+
+def _direct_ms(samples: int) -> list[float]:
+    """The handler called in this process, as its worker calls it: the figure the grid's path is set against."""
+
+    def handler(request: dict[str, Any]) -> dict[str, Any]:
+        return {"echo": request["input"]}
+
+    body = json.dumps({"input": PAYLOAD})
+    timings = []
+    for _ in range(samples):
+        started = time.perf_counter()
+        json.dumps(handler(json.loads(body)))
+        timings.append((time.perf_counter() - started) * 1000)
+    return timings
+
+
+class Endpoint:
+    def __init__(self, http: aiohttp.ClientSession, operator: AsyncApiClient, endpoint_id: str, key: str) -> None:
+        self.http, self.operator, self.id = http, operator, endpoint_id
+        self.headers = {"Authorization": f"Bearer {key}"}
+        self.errors: list[str] = []
+        self.split: list[tuple[float, float]] = []  # each completed runsync's (delayTime, executionTime), ms
+
+    async def runsync(self) -> float | None:
+        started = time.perf_counter()
+        try:
+            async with self.http.post(
+                f"/api/v1/endpoints/{self.id}/runsync?wait=30000", json={"input": PAYLOAD}, headers=self.headers
+            ) as answer:
+                got = await answer.json()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            self.errors.append(f"runsync: {exc!r}")
+            return None
+        if answer.status != 200 or got.get("status") != "COMPLETED":
+            self.errors.append(f"runsync {answer.status}: {str(got)[:200]}")
+            return None
+        took = (time.perf_counter() - started) * 1000
+        self.split.append((float(got.get("delayTime", 0)), float(got.get("executionTime", 0))))
+        return took
+
+    async def run(self) -> tuple[str, float]:
+        sent = time.time()
+        async with self.http.post(f"/api/v1/endpoints/{self.id}/run", json={"input": PAYLOAD}, headers=self.headers) as answer:
+            got = await answer.json()
+        if answer.status != 200:
+            raise RuntimeError(f"run answered {answer.status}: {got}")
+        return str(got["id"]), sent
+
+    async def status(self, request_id: str) -> dict[str, Any]:
+        async with self.http.get(f"/api/v1/endpoints/{self.id}/status/{request_id}", headers=self.headers) as answer:
+            return dict(await answer.json())
+
+    async def record(self) -> dict[str, Any]:
+        return dict(await _api(self.operator, "GET", f"/api/v1/endpoints/{self.id}"))
+
+    async def update(self, scaling: dict[str, Any]) -> None:
+        await _api(self.operator, "PATCH", f"/api/v1/endpoints/{self.id}", {"scaling": scaling})
+
+    async def workers(self) -> dict[str, int]:
+        scale = (await self.record()).get("scale") or {}
+        return dict(scale.get("workers") or {})
+
+    async def wait_workers(self, ready: int, timeout_s: float, *, total: int | None = None) -> float:
+        """Seconds until ``ready`` workers are ready (and, with ``total``, exactly that many in all)."""
+        started = time.perf_counter()
+        while time.perf_counter() - started < timeout_s:
+            found = await self.workers()
+            if found.get("ready", 0) >= ready and (total is None or sum(found.values()) == total):
+                return time.perf_counter() - started
+            await asyncio.sleep(0.05)
+        raise RuntimeError(f"endpoint {self.id}: {ready} ready workers not reached in {timeout_s:g} s ({await self.workers()})")
+
+
+async def _clients(endpoint: Endpoint, clients: int, seconds: float) -> tuple[list[float], float]:
+    """``clients`` loops of runsync for ``seconds``: every completed round trip (ms) and the phase's length."""
+    timings: list[float] = []
+    deadline = time.perf_counter() + seconds
+
+    async def loop() -> None:
+        while time.perf_counter() < deadline:
+            took = await endpoint.runsync()
+            if took is not None:
+                timings.append(took)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(loop() for _ in range(clients)))
+    return timings, time.perf_counter() - started
+
+
+def _cpu_s(grid: LocalGrid) -> dict[str, float]:
+    """CPU seconds so far of each part: the Master, the relay, the agents together, the worker processes together (those
+    running ``HANDLER``) and this process (the clients)."""
+    taken: dict[str, float] = {"master": 0.0, "relay": 0.0, "agents": 0.0, "workers": 0.0}
+    daemons = {d.pid: d.role for d in grid.daemons if d.alive()}
+    for pid, role in daemons.items():
+        part = {"master": "master", "relay": "relay", "agent": "agents"}.get(role)
+        if part is not None:
+            with contextlib.suppress(OSError, StopIteration):
+                taken[part] += read_usage(pid).cpu_s
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in daemons or int(entry.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError, StopIteration):
+            if WORKER_MARK in (entry / "cmdline").read_bytes():
+                taken["workers"] += read_usage(int(entry.name)).cpu_s
+    own = os.times()
+    taken["clients"] = own.user + own.system
+    return taken
+
+
+async def _commands(load: CommandLoad, rate: float, work: Any, idle_s: float) -> list[float]:
+    stop = asyncio.Event()
+    loading = asyncio.create_task(load.run(rate, stop))
+    if work is None:
+        await asyncio.sleep(idle_s)
+    else:
+        await work
+    stop.set()
+    return await loading
+
+
+async def _cold_starts(endpoint: Endpoint, operator: AsyncApiClient, starts: int) -> list[dict[str, Any]]:
+    """``starts`` requests, each at the endpoint with no worker: each start's phases (s) from the workload's record."""
+    hosts_seen: set[str] = set()
+    rows: list[dict[str, Any]] = []
+    for _ in range(starts):
+        await endpoint.wait_workers(0, 120, total=0)
+        known = {w["id"] for w in await _workloads(operator)}
+        request_id, sent = await endpoint.run()
+        while (status := await endpoint.status(request_id))["status"] not in FINAL:
+            await asyncio.sleep(0.02)
+        if status["status"] != "COMPLETED":
+            raise RuntimeError(f"cold start request ended {status}")
+        taken = sent + status["delayTime"] / 1000
+        started = [w for w in await _workloads(operator) if w["id"] not in known]
+        if len(started) != 1:
+            raise RuntimeError(f"a request at an endpoint with no worker started {len(started)} workers")
+        [worker] = started
+        for _ in range(200):  # its create's success may reach the Master after the worker's first take
+            if worker["started_at"]:
+                break
+            await asyncio.sleep(0.05)
+            worker = dict(await _api(operator, "GET", f"/api/v1/workloads/{worker['id']}"))
+        host = worker["assignments"][0]["agent_id"] if worker["assignments"] else ""
+        created, scheduled, running = (_at(worker[k]) for k in ("created_at", "scheduled_at", "started_at"))
+        rows.append(
+            {
+                "host": host,
+                "warm": host in hosts_seen,
+                "total": round(taken - sent, 3),
+                "wake": round(created - sent, 3),
+                "placement": round(scheduled - created, 3),
+                "pull": None,  # image none: nothing to pull
+                "start": round(running - scheduled, 3),
+                "first_ready": round(taken - running, 3),
+            }
+        )
+        hosts_seen.add(host)
+        print(f"cold start {len(rows)}: {rows[-1]}", file=sys.stderr, flush=True)
+        await endpoint.update({"max_workers": 0})  # the worker goes at the next tick, not after the idle timeout
+        await endpoint.wait_workers(0, 120, total=0)
+        # Its process goes only once the SIGTERM reaches it: until then it could take the next start's request.
+        for _ in range(600):
+            record = await _api(operator, "GET", f"/api/v1/workloads/{worker['id']}")
+            if all(a["state"] in ("exited", "deleted") for a in record["assignments"]):
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise RuntimeError(f"worker {worker['id']}'s process did not end: {record['assignments']}")
+        await endpoint.update({"max_workers": 1})
+    return rows
+
+
+def _phases(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {"n": len(rows)}
+    for phase in ("total", "wake", "placement", "start", "first_ready"):
+        values = [r[phase] for r in rows]
+        out[phase] = {"p50": _pct(values, 0.5), "p95": _pct(values, 0.95)} if values else None
+    return out
+
+
+async def _start_hosts(grid: LocalGrid, options: EndpointsBenchOptions) -> list[str]:
+    names = [f"host-{n}" for n in range(options.hosts)]
+    for name in names:
+        enrolled = await asyncio.to_thread(grid.enroll, name, grid.relays["relay-1"])
+        if enrolled.returncode != 0:
+            raise RuntimeError(f"enrolling {name}: {enrolled.stderr}")
+        env = {"IDLEGRID_AGENT_PROCESS_USER": "dynamic"}
+        grid.start_agent(name, "--runtime", "process", simulate=f"a10:{options.gpus_per_host}", env=env)
+    agent_ids = [grid.agent_id(name) for name in names]
+    await asyncio.to_thread(grid.wait_agents_ready, agent_ids)
+    return agent_ids
+
+
+async def _make_endpoint(http: aiohttp.ClientSession, operator: AsyncApiClient, name: str, scaling: dict[str, Any]) -> Endpoint:
+    made = await _api(
+        operator,
+        "POST",
+        "/api/v1/endpoints",
+        {
+            "account": RENTER,
+            "name": name,
+            "image": "none",
+            "command": [SYSTEM_PYTHON, "-c", HANDLER],
+            "env": {LIBRARY_ENV: _library_zip()},
+            "replica": {"gpus": 1},
+            "constraints": {"allow_process_runtime": True},
+            "scaling": scaling,
+        },
+    )
+    key = await _api(operator, "POST", f"/api/v1/endpoints/{made['id']}/keys", {"name": "bench"})
+    return Endpoint(http, operator, made["id"], key["key"])
+
+
+async def _run(grid: LocalGrid, options: EndpointsBenchOptions) -> dict[str, Any]:
+    agent_ids = await _start_hosts(grid, options)
+    grid.client.create_account(RENTER, "renter")
+    result: dict[str, Any] = {"options": asdict(options)}
+    connector = aiohttp.TCPConnector(limit=options.clients + 8)
+    async with (
+        AsyncApiClient(grid.api_url, grid.client.api_key) as operator,
+        aiohttp.ClientSession(grid.api_url, connector=connector) as http,
+    ):
+        # 1-3: overhead, requests/s, commands beside the load, on `workers` workers kept up by min_workers.
+        serving = await _make_endpoint(
+            http,
+            operator,
+            "bench-load",
+            {"min_workers": options.workers, "max_workers": options.workers, "concurrency": options.concurrency},
+        )
+        await serving.wait_workers(options.workers, 120)
+        await _clients(serving, 4, 2.0)  # warm up: connections, the book's caches
+        direct = _direct_ms(2000)
+        serving.split.clear()
+        single, single_s = await _clients(serving, 1, options.single_s)
+        # Where one client's round trip goes, as the Master's stamps cut it: submitted to taken (delayTime: the take's
+        # wake and its answer's trip to the worker are not in it), taken to the result stored (executionTime: the
+        # take's answer to the worker, the handler, the result's way back), and the rest (HTTP in and out, the store's
+        # insert, runsync's wake).
+        result["one_client_split_ms"] = {
+            "delay": _ms([d for d, _ in serving.split]),
+            "execution": _ms([e for _, e in serving.split]),
+            "rest": _ms([max(0.0, t - d - e) for t, (d, e) in zip(single, serving.split, strict=False)]),
+        }
+        load = CommandLoad(operator, agent_ids)
+        idle_cmds = await _commands(load, options.cmd_rate, None, options.idle_s)
+        profiler = Profiler(Path(options.profile_dir)) if options.profile_dir else None
+        if profiler is not None:
+            profiler.start({d.name: d.pid for d in grid.daemons if d.alive()}, options.load_s)
+        cpu_before, load_before = _cpu_s(grid), os.getloadavg()[0]
+        many_task = asyncio.create_task(_clients(serving, options.clients, options.load_s))
+        busy_cmds = await _commands(load, options.cmd_rate, many_task, 0)
+        many, many_s = many_task.result()
+        cpu_after = _cpu_s(grid)
+        if profiler is not None:
+            result["profile"] = await asyncio.to_thread(profiler.finish)
+        # Where the requests' CPU went: ms of each part per completed request (the command load's share included),
+        # and the load average of the machine (other work on it takes its cores too).
+        result["cpu_ms_per_request"] = {
+            part: round((cpu_after[part] - cpu_before[part]) * 1000 / max(1, len(many)), 2) for part in cpu_after
+        }
+        result["cpu_ms_per_request"]["all"] = round(sum(result["cpu_ms_per_request"].values()), 2)
+        result["load_average"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+        direct_s = _ms(direct)
+        result["direct_ms"] = direct_s
+        for name, timings, seconds in (("one_client", single, single_s), ("many_clients", many, many_s)):
+            row = _ms(timings)
+            row["requests_per_s"] = round(len(timings) / seconds, 1)
+            row["overhead_p50_ms"] = round(row["p50"] - direct_s["p50"], 2) if row["p50"] is not None else None
+            row["overhead_p99_ms"] = round(row["p99"] - direct_s["p99"], 2) if row["p99"] is not None else None
+            result[name] = row
+        result["requests_per_s"] = result["many_clients"]["requests_per_s"]
+        result["commands"] = {"idle": _ms(idle_cmds), "under_load": _ms(busy_cmds), "errors": load.errors[:10]}
+        result["errors"] = serving.errors[:10]
+        result["request_errors"] = len(serving.errors)
+        await serving.update({"min_workers": 0, "max_workers": 0})
+
+        # 4: cold starts, one worker at a time.
+        cold = await _make_endpoint(http, operator, "bench-cold", {"max_workers": 1, "idle_timeout_s": 60})
+        rows = await _cold_starts(cold, operator, options.starts)
+        await cold.update({"max_workers": 0})
+        result["cold_starts"] = rows
+        result["cold_start"] = {
+            "all": _phases(rows),  # every start is from zero workers
+            "fresh_host": _phases([r for r in rows if not r["warm"]]),  # on a host that never ran the endpoint's worker
+            "warm": _phases([r for r in rows if r["warm"]]),  # on a host that did
+        }
+
+        # 5: scale-up from 0 to scale_to.
+        await serving.wait_workers(0, 120, total=0)
+        await cold.wait_workers(0, 120, total=0)
+        scaling = await _make_endpoint(http, operator, "bench-scale", {"max_workers": options.scale_to})
+        started = time.perf_counter()
+        await scaling.update({"min_workers": options.scale_to})
+        await scaling.wait_workers(options.scale_to, 300)
+        result["scale_up_s"] = round(time.perf_counter() - started, 2)
+        await scaling.update({"min_workers": 0, "max_workers": 0})
+    warm = result["cold_start"]["warm"]
+    result["targets"] = TARGETS
+    result["met"] = {
+        "overhead_p99_ms": all(
+            (result[n]["overhead_p99_ms"] or 1e9) < TARGETS["overhead_p99_ms"] for n in ("one_client", "many_clients")
+        ),
+        "requests_per_s": result["requests_per_s"] >= TARGETS["requests_per_s"],
+        "cold_start_warm_p50_s": bool(warm["total"]) and warm["total"]["p50"] < TARGETS["cold_start_warm_p50_s"],
+    }
+    return result
+
+
+def run_endpoints_bench(options: EndpointsBenchOptions, work_dir: str = "") -> dict[str, Any]:
+    """``work_dir``: where the grid's directory is made and kept, with every log (default: a temporary one, removed)."""
+    with contextlib.ExitStack() as stack:
+        if work_dir:
+            root = Path(tempfile.mkdtemp(prefix="idlegrid-endpoints-bench-", dir=work_dir))
+        else:
+            root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="idlegrid-endpoints-bench-")))
+        grid = LocalGrid(root, heartbeat_s=options.heartbeat_s)
+        try:
+            config = root / "master.toml"
+            config.write_text(MASTER_TOML)
+            grid.start_master("--config", str(config))
+            grid.start_relay("relay-1")
+            result = asyncio.run(_run(grid, options))
+            result["work_dir"] = str(root) if work_dir else None
+            return result
+        finally:
+            grid.stop()
+
+
+def _row(name: str, r: dict[str, Any]) -> str:
+    return (
+        f"{name:<24} {r['n']:>6} {r['p50']!s:>8} {r['p99']!s:>8} {r.get('overhead_p50_ms')!s:>8} "
+        f"{r.get('overhead_p99_ms')!s:>8} {r.get('requests_per_s', '')!s:>8}"
+    )
+
+
+def endpoints_table(r: dict[str, Any]) -> str:
+    o = r["options"]
+    lines = [f"{'runsync, 1 KB (ms)':<24} {'n':>6} {'p50':>8} {'p99':>8} {'over p50':>8} {'over p99':>8} {'req/s':>8}"]
+    lines.append(_row("handler called directly", r["direct_ms"]))
+    lines.append(_row("1 client", r["one_client"]))
+    lines.append(_row(f"{o['clients']} clients", r["many_clients"]))
+    t = r["targets"]
+    lines.append(f"overhead p99 < {t['overhead_p99_ms']:g} ms: {'met' if r['met']['overhead_p99_ms'] else 'MISSED'}")
+    lines.append(
+        f"requests/s per endpoint {r['requests_per_s']:g} >= {t['requests_per_s']:g}: "
+        f"{'met' if r['met']['requests_per_s'] else 'MISSED'} ({r['request_errors']} errors)"
+    )
+    split = r["one_client_split_ms"]
+    lines.append(
+        "1 client's round trip, p50 ms: taken after "
+        + f"{split['delay']['p50']}, executed in {split['execution']['p50']}, the rest {split['rest']['p50']}"
+    )
+    cpu = r["cpu_ms_per_request"]
+    lines.append(
+        "CPU ms per request in the clients phase: "
+        + ", ".join(f"{k} {v}" for k, v in cpu.items())
+        + f" (load average {r['load_average'][0]} -> {r['load_average'][1]})"
+    )
+    c = r["commands"]
+    lines.append(
+        f"commands to a host: idle p50 / p99 {c['idle']['p50']} / {c['idle']['p99']} ms ({c['idle']['n']}); "
+        f"under the endpoint's load {c['under_load']['p50']} / {c['under_load']['p99']} ms ({c['under_load']['n']})"
+    )
+    lines.append(
+        f"{'cold start (s)':<16} {'n':>3} " + " ".join(f"{p:>15}" for p in ("total", "wake", "placement", "start", "first_ready"))
+    )
+    for kind in ("all", "fresh_host", "warm"):
+        ph = r["cold_start"][kind]
+        cells = [
+            f"{ph[p]['p50']}/{ph[p]['p95']}" if ph[p] else "-" for p in ("total", "wake", "placement", "start", "first_ready")
+        ]
+        lines.append(f"{kind:<16} {ph['n']:>3} " + " ".join(f"{c:>15}" for c in cells))
+    lines.append(
+        "  (p50/p95; every start from zero workers; pull: none, image none; first_ready < 0: the worker's first take"
+        " reached the Master before its create's success did)"
+    )
+    lines.append(
+        f"cold start from a warm host p50 < {t['cold_start_warm_p50_s']:g} s: "
+        + ("met" if r["met"]["cold_start_warm_p50_s"] else "MISSED")
+    )
+    lines.append(f"scale-up 0 -> {o['scale_to']} workers ready: {r['scale_up_s']} s")
+    return "\n".join(lines)
