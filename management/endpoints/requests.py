@@ -92,6 +92,7 @@ class WorkerActivity:
     # None while a take of it is under way (a healthy worker with room for more always has one in its long poll); else
     # since when none has been: the end of its last take, or when the book first heard from it
     not_taking_since: float | None = None
+    first_seen: float | None = None  # when the book first heard from it (its cold start ends there)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +156,7 @@ class RequestBook:
         self._last_work: dict[WorkerRef, float] = {}  # per worker: when a request it held (or took) last changed
         self._taking: dict[WorkerRef, int] = {}  # per worker: its takes under way
         self._take_ended: dict[WorkerRef, float] = {}  # per worker: when its last take ended (or it was first heard)
+        self._first_seen: dict[WorkerRef, float] = {}  # per worker: when it was first heard from
         self._arrival_listeners: list[Callable[[str], None]] = []
         # Workers told gone (their container ended, the autoscaler stopped them, their host was lost), oldest first: a
         # take of theirs still waiting here ends with nothing, and a late one takes nothing. A worker id is new at each
@@ -243,9 +245,11 @@ class RequestBook:
                     self._last_work[holder] = now
         for worker, when in step.seen:
             self._take_ended.setdefault(worker, when)
+            self._first_seen.setdefault(worker, when)
         for worker in step.forgotten:
             self._last_work.pop(worker, None)
             self._take_ended.pop(worker, None)
+            self._first_seen.pop(worker, None)
 
     async def _reread(self, request_id: str) -> None:
         fresh = await self._repo.get(request_id)
@@ -430,6 +434,7 @@ class RequestBook:
                 len(self._queue.held_by(ref)),
                 self._last_work.get(ref),
                 None if self._taking.get(ref) else self._take_ended.get(ref, seen),
+                self._first_seen.get(ref, seen),
             )
             for ref, seen in self._queue.workers.items()
             if endpoint_id is None or ref.endpoint_id == endpoint_id

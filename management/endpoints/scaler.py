@@ -41,6 +41,7 @@ import builtins
 import logging
 import secrets
 import time
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -61,6 +62,8 @@ log = logging.getLogger(__name__)
 W = WorkloadState
 PERIOD_S = 1.0  # a tick at least this often
 SPEND_WINDOW_S = 86_400.0  # the spend cap's window: any 24 hours
+COLD_STARTS_KEPT = 20  # an endpoint's latest cold starts shown (its page, its answer's scale)
+COLD_COUNTED_REMEMBERED = 10_000  # worker workloads whose cold start was counted, remembered so it is counted once
 STOP_GRACE_S = 30.0  # a stopped worker's container: SIGTERM, this long to finish its requests' reports, SIGKILL
 RENTAL_PAGE = 1000
 START_BACKOFF_S = 5.0  # after a worker failed to start (never ran): no start for this long, doubled each time ...
@@ -83,6 +86,9 @@ class EndpointScale:
     may_scale_up: bool
     spent: int  # micro-units its workers cost in the last 24 hours (0 when it has no cap: not summed)
     daily_spend_cap: int | None  # micro-units, None: no cap
+    # Its latest workers' cold starts (s), oldest first: from the worker asked for (its workload made) to its first
+    # call to the Master (its handler up and taking requests), as this Master saw them.
+    cold_starts: tuple[float, ...] = ()
 
 
 Activity = dict[tuple[str, str], list[WorkerActivity]]  # (endpoint, worker id) -> its places the request book knows
@@ -140,6 +146,8 @@ class EndpointScaler:
         self.restart_s = restart_s
         self._status: dict[str, EndpointScale] = {}
         self._heard: dict[str, float] = {}  # worker workload id -> its worker's last call, once heard from
+        self._cold: dict[str, deque[float]] = {}  # endpoint -> its latest workers' cold starts (s)
+        self._cold_counted: OrderedDict[str, None] = OrderedDict()  # worker workload ids whose cold start is counted
         self._places: dict[str, tuple[str, str]] = {}  # worker workload id -> (endpoint, worker id), while open
         self._endpoint_of: dict[str, str | None] = {}  # workload id -> the endpoint it served (None: not a worker)
         self._backoff: dict[str, tuple[int, float, str]] = {}  # endpoint -> (workers failed to start, no start until, why)
@@ -272,6 +280,7 @@ class EndpointScaler:
             may_scale_up=may_scale_up,
             spent=cost,
             daily_spend_cap=cap,
+            cold_starts=tuple(self._cold.get(endpoint.id, ())),
         )
         return decision
 
@@ -290,6 +299,7 @@ class EndpointScaler:
             return Worker(id=ref.worker_id, phase=WorkerPhase.STARTING, since=placed_at)
         if mine:
             self._heard[rec.id] = max(a.last_seen for a in mine)
+            self._count_cold_start(rec, mine)
         last_seen = self._heard.get(rec.id)
         if last_seen is None:  # running, its handler not heard from yet
             return Worker(id=ref.worker_id, phase=WorkerPhase.STARTING, since=placed_at)
@@ -310,6 +320,20 @@ class EndpointScaler:
             last_seen=last_seen,
             idle_since=max(worked) if worked else None,
         )
+
+    def _count_cold_start(self, rec: WorkloadRecord, mine: Sequence[WorkerActivity]) -> None:
+        """The worker's cold start, once: from its workload made to its first call. Only for a worker made since this
+        loop's first tick (a worker that ran before a restart or a takeover is heard from again, not started)."""
+        if rec.id in self._cold_counted or self._since is None or rec.created_at < self._since:
+            return
+        first = min((a.first_seen for a in mine if a.first_seen is not None), default=None)
+        if first is None:
+            return
+        self._cold_counted[rec.id] = None
+        while len(self._cold_counted) > COLD_COUNTED_REMEMBERED:
+            self._cold_counted.popitem(last=False)
+        ref = worker_of(rec)
+        self._cold.setdefault(ref.endpoint_id, deque(maxlen=COLD_STARTS_KEPT)).append(round(max(0.0, first - rec.created_at), 3))
 
     # --- acting ---
 

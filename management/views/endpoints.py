@@ -33,6 +33,8 @@ class EndpointScaleView(View):
     may_scale_up: bool  # False: its daily_spend_cap is reached (running workers finish; none starts)
     spent_24h: str | None  # what its workers cost in the last 24 hours, when it has a daily_spend_cap
     daily_spend_cap: str | None
+    # Its latest workers' cold starts in seconds, oldest first (at most 20): from the worker asked for to its first call.
+    cold_starts_s: list[float] = []
 
 
 class EndpointView(View):
@@ -87,6 +89,7 @@ def endpoint_scale_view(scale: EndpointScale) -> EndpointScaleView:
         may_scale_up=scale.may_scale_up,
         spent_24h=format_amount(scale.spent) if capped else None,
         daily_spend_cap=format_amount(scale.daily_spend_cap) if scale.daily_spend_cap is not None else None,
+        cold_starts_s=list(scale.cold_starts),
     )
 
 

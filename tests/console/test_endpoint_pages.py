@@ -112,4 +112,6 @@ def test_an_endpoints_page_shows_its_workers_queue_latest_requests_and_cost(cons
     assert "completed" in rows[2] and "failed" in rows[1] and "ValueError bad input" in rows[1] and "queued" in rows[0]
     assert page.locator("#now-decision").inner_text()  # the autoscaler's line: why it started or stopped workers
     assert "none yet" not in page.locator("#now-workers").inner_text()
+    # The played worker is no workload of this Master and the one asked for has not called yet: no cold start to show.
+    assert "no worker started yet on this Master" in page.locator("#now-cold").inner_text()
     shot(page, "live")

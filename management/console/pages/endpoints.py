@@ -9,6 +9,7 @@ the API; the page says how.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -38,6 +39,7 @@ class LiveView:
     spent: str
     cost_per_request: str
     cap: str
+    cold_starts: str
 
 
 def live_view(o: EndpointOverview) -> LiveView:
@@ -52,6 +54,12 @@ def live_view(o: EndpointOverview) -> LiveView:
     waited = f", the oldest waiting {o.oldest_wait_s:.1f} s" if o.oldest_wait_s is not None else ""
     queue = f"{queued} waiting{waited}; {running} running; {o.health.busy_workers} of {o.health.workers} workers busy"
     per = o.cost_per_request
+    colds = sorted(o.scale.cold_starts) if o.scale is not None else []
+    cold_starts = (
+        f"median {statistics.median(colds):.2f} s, longest {colds[-1]:.2f} s, over its last {len(colds)} worker start(s)"
+        if colds
+        else "no worker started yet on this Master"
+    )
     spec_cap = o.endpoint.spec.daily_spend_cap
     return LiveView(
         workers=workers,
@@ -60,6 +68,7 @@ def live_view(o: EndpointOverview) -> LiveView:
         spent=format_amount(o.spent_24h),
         cost_per_request="no request completed in the last day" if per is None else format_amount(per),
         cap="none" if spec_cap is None else spec_cap,
+        cold_starts=cold_starts,
     )
 
 

@@ -398,3 +398,40 @@ async def test_a_worker_heard_from_that_stops_taking_requests_is_replaced(grid):
     assert [(s.worker, s.reason.value) for s in decision.stop] == [(worker_of(stuck).worker_id, "unhealthy")]
     assert decision.start == 1
     assert (await g.scheduler.book.get(busy.id)).state == "running"
+
+
+async def test_each_workers_cold_start_is_counted_once_from_its_making_to_its_first_call_and_shown(grid):
+    g = grid
+    ep = await endpoint(g, max_workers=2)
+    for i in range(2):
+        await g.requests.submit(ep.id, {"n": i}, account="alice")
+    made_at = g.at(g.now + 1)
+    await g.scaler.tick(made_at)
+    first, second = await running(g, workers(g, ep.id))
+    assert {first.created_at, second.created_at} == {made_at}
+    g.at(made_at + 2.5)
+    assert await g.requests.take(ref(first), 0.0) is not None  # its first call: its handler is up
+    g.at(made_at + 4.0)
+    await g.requests.heartbeat(ref(second), [])
+    await g.scaler.tick(made_at + 4.0)
+    status = g.scaler.status(ep.id)
+    assert status is not None and sorted(status.cold_starts) == [2.5, 4.0]
+    for t in (made_at + 10, made_at + 20):  # heard from again: counted once
+        g.at(t)
+        await g.requests.heartbeat(ref(second), [])
+        await g.scaler.tick(t)
+    status = g.scaler.status(ep.id)
+    assert status is not None and sorted(status.cold_starts) == [2.5, 4.0]
+    shown = endpoint_view(ep, status).scale
+    assert shown is not None and sorted(shown.cold_starts_s) == [2.5, 4.0]
+
+    again = compose(g.master)  # a restarted Master hears the same workers again: no cold start of its own
+    await again.load()
+    scaler, requests = dict(again.loops)["endpoint scaler"], dict(again.state)["endpoint requests"]
+    assert isinstance(scaler, EndpointScaler) and isinstance(requests, RequestBook)
+    requests._clock = lambda: made_at + 100  # noqa: SLF001
+    await scaler.tick(made_at + 100)
+    await requests.heartbeat(ref(second), [])
+    await scaler.tick(made_at + 101)
+    restarted = scaler.status(ep.id)
+    assert restarted is not None and restarted.cold_starts == () and restarted.workers["ready"] >= 1
