@@ -203,45 +203,48 @@ def _temperature(smi: ModuleType, handle: Any) -> float | None:
 # ---------------------------------------------------------------- 2. and 3. the command-line tools
 
 
-class AmdSmiCommand:
+class _CommandCards:
+    """A vendor command's cards, read once when made (``ARGV``'s output through ``parse``), sampled from sysfs after."""
+
+    name: str
+    ARGV: tuple[str, ...]
+
+    def __init__(self, runner: CommandRunner, sysfs_root: Path, *, host_key: str) -> None:
+        self._cards = self.parse(runner(self.ARGV, COMMAND_TIMEOUT_S), host_key=host_key)
+        self._sampler = SysfsSampler(sysfs_root, self._cards)
+
+    def parse(self, text: str, *, host_key: str) -> list[GpuInfo]:
+        raise NotImplementedError
+
+    def cards(self) -> list[GpuInfo]:
+        return list(self._cards)
+
+    def sample(self) -> list[GpuSample]:
+        return self._sampler.sample()
+
+    def close(self) -> None:
+        """Nothing held between calls."""
+
+
+class AmdSmiCommand(_CommandCards):
     """``amd-smi static --json``: a list of cards (amd-smi 24.x) or {"gpu_data": [...]} (amd-smi 25 and later); sizes
     as {"value": N, "unit": "MB"} or "N MB" depending on the version."""
 
     name = "amd-smi"
     ARGV = ("amd-smi", "static", "--json")
 
-    def __init__(self, runner: CommandRunner, sysfs_root: Path, *, host_key: str) -> None:
-        self._cards = parse_amd_smi_static(runner(self.ARGV, COMMAND_TIMEOUT_S), host_key=host_key)
-        self._sampler = SysfsSampler(sysfs_root, self._cards)
-
-    def cards(self) -> list[GpuInfo]:
-        return list(self._cards)
-
-    def sample(self) -> list[GpuSample]:
-        return self._sampler.sample()
-
-    def close(self) -> None:
-        """Nothing held between calls."""
+    def parse(self, text: str, *, host_key: str) -> list[GpuInfo]:
+        return parse_amd_smi_static(text, host_key=host_key)
 
 
-class RocmSmiCommand:
+class RocmSmiCommand(_CommandCards):
     """``rocm-smi --json``: {"card0": {"Card series": ..., "VRAM Total Memory (B)": ..., "PCI Bus": ...}, ...}."""
 
     name = "rocm-smi"
     ARGV = ("rocm-smi", "--showproductname", "--showmeminfo", "vram", "--showbus", "--showuniqueid", "--json")
 
-    def __init__(self, runner: CommandRunner, sysfs_root: Path, *, host_key: str) -> None:
-        self._cards = parse_rocm_smi(runner(self.ARGV, COMMAND_TIMEOUT_S), host_key=host_key)
-        self._sampler = SysfsSampler(sysfs_root, self._cards)
-
-    def cards(self) -> list[GpuInfo]:
-        return list(self._cards)
-
-    def sample(self) -> list[GpuSample]:
-        return self._sampler.sample()
-
-    def close(self) -> None:
-        """Nothing held between calls."""
+    def parse(self, text: str, *, host_key: str) -> list[GpuInfo]:
+        return parse_rocm_smi(text, host_key=host_key)
 
 
 def parse_amd_smi_static(text: str, *, host_key: str) -> list[GpuInfo]:

@@ -34,15 +34,12 @@ endpoint; cold start from a warm host < 2 s p50 on the process runtime. Compare 
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
-import io
 import json
 import os
 import sys
 import tempfile
 import time
-import zipfile
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
@@ -54,19 +51,15 @@ from bench.procs import read_usage
 from bench.profile import Profiler
 from bench.tunnel import CommandLoad, _pct
 from management.client.api import ApiRequest, AsyncApiClient
+from management.devgrid.carried_worker import CODE_ENV, ZIP_NAME, carrying, worker_zip
 from management.devgrid.localgrid import LocalGrid
 
 REPO = Path(__file__).resolve().parent.parent
 RENTER = "bench-renter"
 SYSTEM_PYTHON = "/usr/bin/python3"  # a sandboxed uid cannot run a virtual environment under root's home
-LIBRARY_ENV = "IDLEGRID_BENCH_WORKER_LIBRARY"
 # The worker's handler: the library from the zip its environment carries, and an echo (the lightest handler there is).
-HANDLER = (
-    "import base64, os, sys; path = os.path.join(os.getcwd(), 'idlegrid_worker.zip'); "
-    f"open(path, 'wb').write(base64.b64decode(os.environ['{LIBRARY_ENV}'])); sys.path.insert(0, path); "
-    "from idlegrid_worker import serve; serve(lambda request: {'echo': request.input})"
-)
-WORKER_MARK = b"idlegrid_worker.zip"  # in a worker process's command line (HANDLER): how its CPU is found
+HANDLER = carrying("from idlegrid_worker import serve; serve(lambda request: {'echo': request.input})")
+WORKER_MARK = ZIP_NAME.encode()  # in a worker process's command line (HANDLER): how its CPU is found
 # The bench's own polling and command load must not meet the operator's API limits (its 429s would be timed).
 MASTER_TOML = (
     "offer_sandboxed_hosts = true\nscheduler_period_s = 0.5\npreemption_grace_s = 1.0\n"
@@ -107,14 +100,6 @@ def _at(stamp: str | None) -> float:
 
 async def _workloads(operator: AsyncApiClient) -> list[dict[str, Any]]:
     return [dict(w) for w in await operator.list("/api/v1/workloads", account=RENTER)]
-
-
-def _library_zip() -> str:
-    packed = io.BytesIO()
-    with zipfile.ZipFile(packed, "w", zipfile.ZIP_DEFLATED) as archive:
-        for source in sorted((REPO / "common" / "endpoint_worker").glob("*.py")):
-            archive.write(source, f"idlegrid_worker/{source.name}")
-    return base64.b64encode(packed.getvalue()).decode()
 
 
 def _ms(values: list[float]) -> dict[str, Any]:
@@ -324,7 +309,7 @@ async def _make_endpoint(http: aiohttp.ClientSession, operator: AsyncApiClient, 
             "name": name,
             "image": "none",
             "command": [SYSTEM_PYTHON, "-c", HANDLER],
-            "env": {LIBRARY_ENV: _library_zip()},
+            "env": {CODE_ENV: worker_zip(echo_worker=False)},
             "replica": {"gpus": 1},
             "constraints": {"allow_process_runtime": True},
             "scaling": scaling,

@@ -18,20 +18,29 @@ from pathlib import Path
 SYSTEM_PYTHON = "/usr/bin/python3"  # the host's (Debian's python3): a sandboxed uid cannot run a virtualenv's under /root
 CODE_ENV = "IDLEGRID_WORKER_CODE"
 LIBRARY = Path(__file__).resolve().parents[2] / "common" / "endpoint_worker"
-BOOTSTRAP = (
-    "import base64, os, runpy, sys; path = os.path.join(os.getcwd(), 'idlegrid-worker.zip'); "
-    f"open(path, 'wb').write(base64.b64decode(os.environ['{CODE_ENV}'])); sys.path.insert(0, path); "
-    "runpy.run_module('echo_worker', run_name='__main__')"
-)
+ZIP_NAME = "idlegrid-worker.zip"  # written to the worker's working directory (and in its command line)
 
 
-def worker_zip() -> str:
-    """The library as the package ``idlegrid_worker`` and the echo worker as ``echo_worker``, zipped, base64."""
+def carrying(program: str) -> str:
+    """A ``python -c`` program that unpacks the zip the environment carries (``CODE_ENV``), puts it on ``sys.path``,
+    then runs ``program``."""
+    return (
+        f"import base64, os, sys; path = os.path.join(os.getcwd(), '{ZIP_NAME}'); "
+        f"open(path, 'wb').write(base64.b64decode(os.environ['{CODE_ENV}'])); sys.path.insert(0, path); {program}"
+    )
+
+
+BOOTSTRAP = carrying("import runpy; runpy.run_module('echo_worker', run_name='__main__')")
+
+
+def worker_zip(*, echo_worker: bool = True) -> str:
+    """The library as the package ``idlegrid_worker`` (and the echo worker as ``echo_worker``), zipped, base64."""
     packed = io.BytesIO()
     with zipfile.ZipFile(packed, "w", zipfile.ZIP_DEFLATED) as archive:
         for source in sorted(LIBRARY.glob("*.py")):
             archive.write(source, f"idlegrid_worker/{source.name}")
-        archive.write(Path(__file__).parent / "echo_worker.py", "echo_worker.py")
+        if echo_worker:
+            archive.write(Path(__file__).parent / "echo_worker.py", "echo_worker.py")
     return base64.b64encode(packed.getvalue()).decode()
 
 

@@ -9,12 +9,9 @@ the autoscaler's shell, which will start them, is another part of issue 39."""
 from __future__ import annotations
 
 import asyncio
-import base64
-import io
 import json
 import os
 import sys
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +22,7 @@ from common.endpoint_worker.client import RequestGone, TokenRefused, WorkerAPI
 from common.inventory import HostInfo
 from common.wire import WorkerCall, WorkerOp, encode
 from management.client.api import ApiClient, ApiRequest
+from management.devgrid.carried_worker import CODE_ENV, carrying, worker_zip
 from tests.e2e.test_hostile_agent import enroll_hostile, hostile_link
 from tests.support.grid import REPO, Grid, wait_for
 
@@ -61,22 +59,14 @@ serve(handler)
 """
 # A sandboxed worker sees none of the host's /tmp (a fresh tmpfs there), where a CI's clone may lie: it carries the
 # library as an image would, here a zip in its environment written to its working directory and imported from there.
-LIBRARY_ENV = "IDLEGRID_TEST_WORKER_LIBRARY"
-CARRIED_HANDLER = (
-    "import base64, os, sys; path = os.path.join(os.getcwd(), 'idlegrid_worker.zip'); "
-    f"open(path, 'wb').write(base64.b64decode(os.environ['{LIBRARY_ENV}'])); sys.path.insert(0, path); "
-    "from idlegrid_worker import serve; serve(lambda request: {'echo': request.input})"
-)
+LIBRARY_ENV = CODE_ENV
+CARRIED_HANDLER = carrying("from idlegrid_worker import serve; serve(lambda request: {'echo': request.input})")
 ENDPOINT = {"image": "none", "command": ["python3", "handler.py"], "constraints": {"allow_process_runtime": True}}
 
 
 def _library_zip() -> str:
     """common/endpoint_worker/ as the package ``idlegrid_worker`` in a zip, base64 (its imports are relative)."""
-    packed = io.BytesIO()
-    with zipfile.ZipFile(packed, "w", zipfile.ZIP_DEFLATED) as archive:
-        for source in sorted((REPO / "common" / "endpoint_worker").glob("*.py")):
-            archive.write(source, f"idlegrid_worker/{source.name}")
-    return base64.b64encode(packed.getvalue()).decode()
+    return worker_zip(echo_worker=False)
 
 
 class Endpoint:
