@@ -69,15 +69,40 @@ class DemoRun:
         return "".join(self.lines)
 
     def wait_up(self, timeout: float) -> str:
-        wait_for(lambda: UP_LINE in self.output or self.process.poll() is not None, timeout, "the demo to say it is up")
-        assert UP_LINE in self.output, self.output
+        try:
+            wait_for(lambda: UP_LINE in self.output or self.process.poll() is not None, timeout, "the demo to say it is up")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{self.diagnosis()}") from None
+        assert UP_LINE in self.output, self.diagnosis()
         return self.output
+
+    def diagnosis(self) -> str:
+        """What the demo printed, the end of each of its logs (its Podman service's too) and the podman commands still
+        running under its state directory: what a failure to come up is read from."""
+        parts = [f"--- demo output:\n{self.output}"]
+        for log in sorted([*(self.state_dir / "logs").glob("*.log"), *(self.state_dir / "podman").glob("*.log")]):
+            tail = log.read_text(errors="replace").splitlines()[-15:]
+            parts.append(f"--- {log.relative_to(self.state_dir)} (last {len(tail)} lines):\n" + "\n".join(tail))
+        running = [p for p in processes_mentioning(str(self.state_dir)) if p != self.process.pid]
+        commands = []
+        for pid in running:
+            try:
+                commands.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:200])
+            except OSError:
+                continue
+        parts.append("--- processes under its state directory:\n" + "\n".join(commands))
+        return "\n".join(parts)
 
     def interrupt(self) -> int:
         """SIGINT, what Ctrl-C does; the exit status."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGINT)
-        status = self.process.wait(timeout=60)
+        try:
+            status = self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            said = self.diagnosis()
+            self.process.kill()
+            raise AssertionError(f"the demo did not stop within 60 s of its SIGINT\n{said}") from None
         self._reader.join(timeout=5)
         return status
 
