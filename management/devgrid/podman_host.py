@@ -51,6 +51,7 @@ DEMO_IMAGE = "localhost/idlegrid-demo:1"  # busybox with a web page: httpd on DE
 DEMO_PORT = 8080
 DEMO_PAGE = "<!DOCTYPE html>\n<title>idlegrid demo</title>\n<h1>Hello from the demo's container host</h1>\n"
 SOCKET_NAME = "podman.sock"
+RM_TIMEOUT_S = 20.0  # how long stopping waits for ``podman rm --all`` before it stops the service anyway
 MAX_SOCKET_PATH = 100  # a unix socket's path must fit sun_path (108 bytes on Linux)
 # Mount points a container's runtime needs in the image, and /www for the demo's page.
 ROOT_DIRS = ("proc", "sys", "dev", "etc", "tmp")
@@ -241,7 +242,9 @@ class PodmanHost:
         images) is kept. Safe to call twice."""
         try:
             if (self.workdir / "containers.conf").exists():
-                self.podman("rm", "--all", "--force", "--time", "0", check=False)
+                # Bounded well within the minute a caller gives a stop (a hung removal was seen in CI twice): killing
+                # the service's session, next, ends what it left.
+                self.podman("rm", "--all", "--force", "--time", "0", check=False, timeout_s=RM_TIMEOUT_S)
         except PodmanUnavailable as exc:  # a hung removal (seen once in CI): the service and the sweep still end them
             print(f"idlegrid demo: {exc}; stopping Podman anyway", file=sys.stderr)
         finally:
