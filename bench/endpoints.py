@@ -51,12 +51,11 @@ from bench.procs import read_usage
 from bench.profile import Profiler
 from bench.tunnel import CommandLoad, _pct
 from management.client.api import ApiRequest, AsyncApiClient
-from management.devgrid.carried_worker import CODE_ENV, ZIP_NAME, carrying, worker_zip
+from management.devgrid.carried_worker import CODE_ENV, SYSTEM_PYTHON, ZIP_NAME, carrying, worker_zip
 from management.devgrid.localgrid import LocalGrid
 
 REPO = Path(__file__).resolve().parent.parent
 RENTER = "bench-renter"
-SYSTEM_PYTHON = "/usr/bin/python3"  # a sandboxed uid cannot run a virtual environment under root's home
 # The worker's handler: the library from the zip its environment carries, and an echo (the lightest handler there is).
 HANDLER = carrying("from idlegrid_worker import serve; serve(lambda request: {'echo': request.input})")
 WORKER_MARK = ZIP_NAME.encode()  # in a worker process's command line (HANDLER): how its CPU is found

@@ -22,7 +22,7 @@ from common.endpoint_worker.client import RequestGone, TokenRefused, WorkerAPI
 from common.inventory import HostInfo
 from common.wire import WorkerCall, WorkerOp, encode
 from management.client.api import ApiClient, ApiRequest
-from management.devgrid.carried_worker import CODE_ENV, carrying, worker_zip
+from management.devgrid.carried_worker import CODE_ENV, SYSTEM_PYTHON, carrying, worker_zip
 from tests.e2e.test_hostile_agent import enroll_hostile, hostile_link
 from tests.support.grid import REPO, Grid, wait_for
 
@@ -241,9 +241,6 @@ def test_a_hostile_worker_of_one_endpoint_never_gets_anothers_requests(endpoint_
     requeued = wait_for(lambda: (s := a.status(slow))["status"] == "IN_QUEUE" and s, 20, "the request to be requeued")
     assert requeued["attempt"] == 2
     assert not api.exists()
-
-
-SYSTEM_PYTHON = "/usr/bin/python3"  # a sandboxed uid cannot run the test's own interpreter, under root's home
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists(SYSTEM_PYTHON), reason="the sandbox needs root and a system Python")
