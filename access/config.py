@@ -77,6 +77,11 @@ class AccessConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     link_batch_frames: int = 256
     link_batch_bytes: int = 1024 * 1024
     link_batch_window_s: float = 0.01
+    # Folding (access/fold.py): agents' heartbeats and telemetry go to a Master that takes folds as one report_fold
+    # per interval; 0 turns folding off (every frame on its own). A fold holding fold_max_samples samples (or
+    # link_batch_bytes of frames) goes at once, before its interval ends.
+    fold_interval_s: float = 1.0
+    fold_max_samples: int = 4096
     # Renters' tunnels (access/tunnels.py): bytes per second each way per tunnel when its ticket names no rate,
     # tunnels open (waiting for their other end or joined) on this relay and per agent, and how long past its
     # ticket's expiry an end waits for the other before it is closed (4021).
@@ -150,6 +155,7 @@ def _check(config: AccessConfig) -> None:
         "reconnect_burst_per_agent",
         "speedtest_transfers_per_ip",
         "link_batch_frames",
+        "fold_max_samples",
         "tunnel_bytes_per_s",
         "max_tunnels",
         "max_tunnels_per_agent",
@@ -168,6 +174,8 @@ def _check(config: AccessConfig) -> None:
         problems.append(f"link_batch_bytes must be between {bounds}, got {config.link_batch_bytes}")
     if not 0 <= config.link_batch_window_s <= 1:
         problems.append(f"link_batch_window_s must be between 0 and 1, got {config.link_batch_window_s}")
+    if not 0 <= config.fold_interval_s <= 10:
+        problems.append(f"fold_interval_s must be between 0 (off) and 10, got {config.fold_interval_s}")
     if config.tunnel_grace_s < 0:
         problems.append(f"tunnel_grace_s must not be negative, got {config.tunnel_grace_s}")
     if config.http_public_url and not config.http_public_url.startswith("https://"):

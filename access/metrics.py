@@ -178,6 +178,15 @@ class RelayMetrics:
         self._link_frames = Counter(
             "idlegrid_access_master_link_frames", "Frames sent to the Master, batched or not", ["relay"], registry=r
         ).labels(**labels)
+        self._folds = Counter(
+            "idlegrid_access_report_folds", "Report folds sent toward the Master (access/fold.py)", ["relay"], registry=r
+        ).labels(**labels)
+        self._folded_agents = Counter(
+            "idlegrid_access_report_fold_agents",
+            "Agents named in report folds, in all: divided by the folds, agents per fold",
+            ["relay"],
+            registry=r,
+        ).labels(**labels)
         self._http_head_timeouts = Counter(
             "idlegrid_access_http_head_timeouts",
             "HTTPS connections cut off (408) for not sending a request head in time",
@@ -233,6 +242,11 @@ class RelayMetrics:
         """One message of ``frames`` frames went to the Master."""
         self._link_messages.inc()
         self._link_frames.inc(frames)
+
+    def fold_sent(self, agents: int) -> None:
+        """One report fold naming ``agents`` agents went into the buffer for the Master."""
+        self._folds.inc()
+        self._folded_agents.inc(agents)
 
     def frame_error(self, code: str) -> None:
         self._frame_errors.labels(relay=self._relay_id, code=code).inc()

@@ -29,7 +29,7 @@ import struct
 import time
 import weakref
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from cryptography import x509
@@ -55,6 +55,7 @@ from common.wire import (
     CLOSE_SILENT,
     HARD_FRAME_BYTES,
     AgentConnected,
+    AgentFrame,
     Config,
     DirectoryNews,
     ErrorCode,
@@ -224,6 +225,7 @@ class RefusalLog:
 @dataclass(frozen=True)
 class Forward:
     kind: str  # relay it upstream under the certificate's agent id
+    frame: AgentFrame | None = field(default=None, compare=False)  # as decoded here: what a fold holds (access/fold.py)
 
 
 @dataclass(frozen=True)
@@ -263,7 +265,7 @@ def judge_frame(
         budget = worker_budget
     admission = budget.admit(now, must_pass=not frame.rate_limited)  # declared with the frame (common/wire.py)
     if admission is Admission.PASS:
-        return Forward(kind)
+        return Forward(kind, frame)
     if admission is Admission.CUT_OFF:
         return CutOff("frames far over the rate limit")
     limit = f"{budget.frames.rate:g}/s, burst {budget.frames.burst:g}"
@@ -587,14 +589,16 @@ class AgentGateway:
     async def _on_message(self, session: AgentConnection, message: bytes) -> None:
         budget, workers = session.budget, session.worker_budget
         match judge_frame(message, budget, session.last_frame, self.config.max_frame_bytes, workers):  # stamped on receipt
-            case Forward(kind):
+            case Forward(kind, frame):
                 if session.pace_told != self._pace_epoch and session.pace_told >= 0:
                     await self._tell_pace(session)
                 if session.directory_told != self._directory_epoch and session.directory_told >= 0:
                     await self._tell_directory(session)
                 # Waits while the buffer is full of frames that must be kept (backpressure: this agent is not
                 # read meanwhile); gives up only if the connection ends, and an agent resends results until acked.
-                if await self._link.forward(session.agent_id, kind, message, until=session.connection.connection_lost_waiter):
+                if await self._link.forward(
+                    session.agent_id, kind, message, until=session.connection.connection_lost_waiter, decoded=frame
+                ):
                     self._metrics.frame_in(kind)
             case Answer(error, quiet):
                 await self._answer_error(session, error, quiet=quiet)

@@ -29,11 +29,13 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
 from access.config import AccessConfig
+from access.fold import ReportFolder
 from access.metrics import RelayMetrics
 from common.errors import IdlegridError, ProtocolError
 from common.lanes import Drop, Lane, LaneBounds, LaneQueue, Pushed, Replace
 from common.wire import (
     CLOSE_NOT_LEADER,
+    FOLDED_KINDS,
     HARD_FRAME_BYTES,
     LANE_OF_KIND,
     PROTOCOL_VERSIONS,
@@ -48,10 +50,14 @@ from common.wire import (
     EnrollResponse,
     Error,
     ErrorCode,
+    Heartbeat,
+    Hello,
     Relay,
     RelayStatus,
+    ReportFold,
     ReportPace,
     Revocations,
+    Telemetry,
     decode_link_frame,
     encode,
     error_frame,
@@ -63,7 +69,7 @@ log = logging.getLogger(__name__)
 
 # Each kind's lane is declared with its frame (common/wire.py, ``LANE_OF_KIND``): only the newest of TELEMETRY_KINDS says
 # anything the Master needs, so older ones may be replaced while they wait; hellos go after control, before telemetry.
-CONNECTED, DISCONNECTED = tag_of(AgentConnected), tag_of(AgentDisconnected)
+CONNECTED, DISCONNECTED, FOLD, HELLO = tag_of(AgentConnected), tag_of(AgentDisconnected), tag_of(ReportFold), tag_of(Hello)
 WELCOME_TIMEOUT_S = 10.0
 FLUSH_POLL_S = 0.02
 
@@ -111,6 +117,7 @@ class FrameBuffer:
         self.limit = limit
         self._on_drop = on_drop  # told "superseded", "evicted" or "forgotten" for each heartbeat/telemetry let go
         self.telemetry_shed = 0  # heartbeats/telemetry let go (superseded or evicted), in all: told to the Master
+        self.on_shed: Callable[[], None] = lambda: None  # told of each one, after on_drop (the link resets its fold)
         bounds = LaneBounds(
             control_bytes=_UNBOUNDED,
             admission_bytes=_UNBOUNDED,
@@ -140,7 +147,7 @@ class FrameBuffer:
         """Queue ``entry`` without waiting; False only when it must be kept but there is no room."""
         kind = entry.kind
         lane = LANE_OF_KIND.get(kind, _CONTROL)
-        key = (entry.agent_id, kind) if lane is _TELEMETRY else None
+        key = (entry.agent_id, kind) if lane is _TELEMETRY and kind != FOLD else None  # a fold replaces no other
         pushed = self.queue.push(entry, lane, len(entry.data), key, source=entry.agent_id, force=force)
         if pushed is _FULL:
             return False
@@ -158,6 +165,9 @@ class FrameBuffer:
             # An agent leaving says nothing about overload: the Master paces every agent down for shed telemetry
             # (master/pacing.py), not for forgotten.
             self.telemetry_shed += 1
+            self._on_drop(_DROP_REASON[why])
+            self.on_shed()
+            return
         self._on_drop(_DROP_REASON[why])
 
     async def put(self, entry: Outbound, until: asyncio.Future[Any] | None = None) -> bool:
@@ -245,6 +255,15 @@ class FrameBuffer:
         """(agent id, kind) of every waiting entry, in send order; for tests and diagnostics."""
         return [(e.agent_id, e.kind) for e in self.queue.in_order()]
 
+    def discard_folds(self) -> int:
+        """Let go of the folds waiting (not being sent), counted as shed: for a Master that does not take them."""
+        gone = self.queue.discard(lambda entry: entry.kind == FOLD)
+        for _ in range(gone):
+            self._dropped(Drop.EVICTED)
+        if gone:
+            self._space.set()
+        return gone
+
     def forget_telemetry(self, agent_id: str) -> None:
         """Let go of the agent's waiting heartbeat and telemetry (it left; the Master would ignore them now).
 
@@ -304,6 +323,11 @@ class MasterLink:
             coalesce_bytes=min(config.telemetry_coalesce_bytes, config.telemetry_buffer_bytes),
         )
         self.pace: ReportPace | None = None  # what the Master last said of report intervals and admission
+        # Heartbeats and telemetry folded into one report_fold per fold_interval_s, while the Master linked now takes
+        # folds (its access_welcome says so) and folding is on (fold_interval_s > 0): access/fold.py.
+        self.folder = ReportFolder(config.fold_max_samples, config.link_batch_bytes)
+        self._folding = False
+        self.buffer.on_shed = self.folder.reset  # a fold shed on the way: the Master may lack what it said
         self._ssl = ssl_context
         self._metrics = metrics
         self._agents: AgentSide | None = None
@@ -341,10 +365,18 @@ class MasterLink:
             asyncio.create_task(self._report_stats(), name="access-stats"),
             asyncio.create_task(self._tell_agents(), name="relay-status"),
         ]
+        if self.config.fold_interval_s > 0:
+            self._tasks.append(asyncio.create_task(self._fold_every_interval(), name="report-fold"))
+
+    @property
+    def folding(self) -> bool:
+        """Whether agents' heartbeats and telemetry go to the Master in folds now."""
+        return self._folding
 
     async def flush(self, timeout_s: float) -> bool:
         """Send the Master everything buffered until now, redialling at once if the link is down; whether it
         all went within ``timeout_s``. Frames queued meanwhile are not waited for (agents keep talking)."""
+        self._send_fold()
         mark = self.buffer.mark
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
@@ -387,16 +419,55 @@ class MasterLink:
         if self.buffer.cancel_connect(agent_id):
             return  # the Master never heard of this visit, so it needs no goodbye either
         self.buffer.forget_telemetry(agent_id)  # sent after the goodbye, the Master would ignore it
+        self.folder.forget(agent_id)
         goodbye = AgentDisconnected(agent_id=agent_id, reason=reason)
         self.buffer.offer(Outbound(agent_id, DISCONNECTED, encode(goodbye)), force=True)
 
-    async def forward(self, agent_id: str, kind: str, frame: bytes, until: asyncio.Future[Any] | None = None) -> bool:
-        """Queue an agent's frame (its JSON, untouched) under the certificate's agent id; may wait for room.
+    async def forward(
+        self,
+        agent_id: str,
+        kind: str,
+        frame: bytes,
+        until: asyncio.Future[Any] | None = None,
+        decoded: msgspec.Struct | None = None,
+    ) -> bool:
+        """Queue an agent's frame (its JSON, untouched) under the certificate's agent id; may wait for room. A heartbeat
+        or telemetry (``decoded``: the frame as the relay decoded it) goes into the fold while folding.
 
         False when ``until`` completed before there was room: the frame was not queued.
         """
+        if self._folding and kind in FOLDED_KINDS and isinstance(decoded, (Heartbeat, Telemetry)):
+            if self.folder.add(agent_id, decoded, len(frame)):
+                self._send_fold()  # full: it goes now, not at the interval's end
+            return True
+        if kind == HELLO:
+            self.folder.renew(agent_id)  # a new session with the Master: its next heartbeat in full
         data = encode(Relay(agent_id=agent_id, frame=msgspec.Raw(frame)))
         return await self.buffer.put(Outbound(agent_id, kind, data), until)
+
+    def _send_fold(self) -> None:
+        """The waiting fold into the buffer's telemetry lane (bounded there like any telemetry)."""
+        fold = self.folder.take()
+        if fold is not None:
+            self.buffer.offer(Outbound("", FOLD, encode(fold)))
+            self._metrics.fold_sent(len(fold.alive) + len(fold.reports))
+
+    async def _fold_every_interval(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.fold_interval_s)
+            try:
+                self._send_fold()
+            except Exception:  # a bug here must not end folding for good
+                log.exception("sending a report fold failed")
+
+    def _unfold(self) -> None:
+        """Folding stops (the link went down): what waits in the fold goes into the buffer as the agents' own frames,
+        where it waits (and is coalesced) as unfolded frames do."""
+        self._folding = False
+        for agent_id, frame in self.folder.unfold():
+            kind = tag_of(type(frame))
+            data = encode(Relay(agent_id=agent_id, frame=msgspec.Raw(encode(frame))))
+            self.buffer.offer(Outbound(agent_id, kind, data))
 
     async def enroll(self, request: EnrollRequest, timeout_s: float) -> EnrollResponse:
         """Ask the Master to enroll; ``MasterUnavailable`` when the link is down, ``TimeoutError`` when it is slow."""
@@ -496,6 +567,7 @@ class MasterLink:
             public_url=self.public_url,
             http_url=self.http_url,
             directory_news=True,
+            folds=self.config.fold_interval_s > 0,
         )
         await connection.send(encode(hello), text=True)
         welcome = decode_link_frame(await asyncio.wait_for(connection.recv(), WELCOME_TIMEOUT_S))
@@ -506,12 +578,16 @@ class MasterLink:
             )
         negotiate([welcome.version])
         self._batches = welcome.batches
+        self.folder.reset()  # whatever an earlier link was told, this Master has none of it
+        if not welcome.folds and self.buffer.discard_folds():
+            log.warning("this Master takes no report folds: the folds waiting for it were let go")
         assert self._agents is not None
         await self._agents.revoke(welcome.revoked_serials)
         for notice in self._announcements(revoked=set(welcome.revoked_serials)):
             await connection.send(encode(notice), text=True)
         self._connection = connection
         self.buffer.coalesce = False
+        self._folding = welcome.folds and self.config.fold_interval_s > 0
         self._up.set()
         self._status_changed.set()
         self._metrics.master_link_up.set(1)
@@ -591,6 +667,7 @@ class MasterLink:
         self._connection = None
         self.buffer.send_failed()
         self.buffer.coalesce = True
+        self._unfold()
         self._up.clear()
         self._metrics.master_link_up.set(0)
         self._fail_pending("the link to the Master went down while enrolling; retry in a few seconds")

@@ -44,9 +44,15 @@ class AgentConfig(msgspec.Struct, kw_only=True):
     # on a machine shares (the demo's container host: management/devgrid/podman_host.py says why).
     docker_network: str = ""
     # The GPU self-test (agent/runtime/selftest.py), run before the host is offered: the image its probe runs in on a
-    # Docker-API engine (it must be on the host), and how long one GPU's test may take.
+    # Docker-API engine (it must be on the host), and how long one GPU's test may take. A container the engine fails for
+    # a reason that passes (runc under load) is tried gpu_selftest_tries times in all, at once with a short backoff; a GPU
+    # still failing so (or too slow) is tested again gpu_selftest_retests times, gpu_selftest_retest_s later, then twice
+    # as long each time, and offered once it passes.
     gpu_selftest_image: str = "docker.io/library/debian:bookworm-slim"
     gpu_selftest_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 60.0
+    gpu_selftest_tries: Annotated[int, msgspec.Meta(ge=1)] = 3
+    gpu_selftest_retests: Annotated[int, msgspec.Meta(ge=0)] = 3
+    gpu_selftest_retest_s: Annotated[float, msgspec.Meta(gt=0)] = 30.0
     runtime_probe_s: float = 60.0  # how often the agent checks that its runtime can run containers
     runtime_probe_timeout_s: float = 5.0  # a runtime slower than this to answer the check offers nothing meanwhile
     # Targets on private addresses this host may reach for its renters (docs/security.md, "Egress"): storage endpoints

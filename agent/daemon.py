@@ -22,7 +22,7 @@ import signal
 import socket
 import ssl
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from typing import Protocol
 
 import msgspec
@@ -46,11 +46,13 @@ from agent.identity import AgentIdentity
 from agent.ledger import CommandLog
 from agent.output import KeptOutputRuntime, OutputKeeper
 from agent.overlay import GangOverlays
+from agent.pci import SYSFS_ROOT
 from agent.renewal import RenewalTimer
 from agent.runtime import ContainerRuntime, open_runtime
 from agent.runtime.base import PullsImages
+from agent.runtime.gpu_access import GpuDevices, host_gpu_access
 from agent.runtime.images import GB, ImageLimits, PullProgress
-from agent.runtime.selftest import gpu_selftest
+from agent.runtime.selftest import SelfTestRetry, gpu_selftest, retest_later
 from agent.session import (
     AckCommand,
     Action,
@@ -174,12 +176,16 @@ class Agent:
         self.command_keys = CommandKeys(self.identity, ca_cert)  # the keys commands and tickets are checked with
         self.verifier = self.command_keys.verifier
         self.ledger = ledger if ledger is not None else CommandLog(config.state_path / "commands.db")
+        # Which vendor made each GPU and, for an AMD card, the device files a container is given (its render node),
+        # read from sysfs; refreshed at each self-test (agent/runtime/gpu_access.py).
+        self.gpu_devices = GpuDevices(host_gpu_access(self.collector.inventory(), SYSFS_ROOT))
         if runtime is None:
-            runtime = open_runtime(config.runtime, **_runtime_options(config))
+            runtime = open_runtime(config.runtime, **_runtime_options(config, self.gpu_devices))
         self.runtime = runtime
         self.runtime_problem: str | None = None  # why the runtime cannot run containers, as last probed
         self.gpu_reach: list[GpuReach] = []  # the GPU self-test's result since the runtime was last found ready
         self._gpus_tested_with: ContainerRuntime | None = None  # the runtime the self-test ran with, while it stays ready
+        self._retesting: asyncio.Task[None] | None = None  # GPUs whose self-test failed for a passing reason, tested again
         self.output = OutputKeeper(
             config.state_path / "output",
             limit=config.output_keep_bytes,
@@ -312,6 +318,8 @@ class Agent:
             await self._commands_settled()  # also when no connection was open to wait on
         for task in list(self._running):
             task.cancel()
+        if self._retesting is not None:
+            self._retesting.cancel()
         await self.tunnels.close()
         if self.overlays is not None:
             await self.overlays.close()  # resumed at the next start for the replicas that still run
@@ -438,6 +446,7 @@ class Agent:
             region=self.config.region,
             command_keys=sorted(self.verifier.keys()),
             benchmark=self.benchmark,
+            challenge_forms=list(self.verification.forms),
         )
 
     def _image_source(self) -> ImageSource | None:
@@ -555,9 +564,41 @@ class Agent:
 
     async def selftest_gpus(self) -> None:
         """Prove each GPU reaches a container of the runtime before the host is offered (agent/runtime/selftest.py);
-        a GPU that does not is logged with the fix, and the Master offers it to no one."""
-        self.gpu_reach = await gpu_selftest(self.runtime, self.collector.inventory())
-        for reach in self.gpu_reach:
+        a GPU that does not is logged with the fix, and the Master offers it to no one until it passes: one that failed
+        for a reason that passes (the engine's, agent/runtime/selftest.py) is tested again later (``_retest_gpus``)."""
+        if self._retesting is not None:
+            self._retesting.cancel()  # this test covers every GPU
+            self._retesting = None
+        gpus = self.collector.inventory()
+        self.gpu_devices.know(host_gpu_access(gpus, SYSFS_ROOT))
+        runtime = self.runtime
+        self.gpu_reach = await gpu_selftest(runtime, gpus)
+        self._log_reach(self.gpu_reach)
+        if self.config.gpu_selftest_retests and any(retest_later(reach) for reach in self.gpu_reach):
+            self._retesting = asyncio.create_task(self._retest_gpus(runtime))
+
+    async def _retest_gpus(self, runtime: ContainerRuntime) -> None:
+        """The GPUs whose self-test failed for a reason that passes, tested again ``gpu_selftest_retest_s`` later, then
+        twice as long each time, ``gpu_selftest_retests`` times at most; a new hello offers those that pass. Ends when
+        the runtime is no longer the one tested (it is tested whole when it is ready again)."""
+        for retest in range(self.config.gpu_selftest_retests):
+            await asyncio.sleep(self.config.gpu_selftest_retest_s * 2**retest)
+            again = {reach.uuid for reach in self.gpu_reach if retest_later(reach)}
+            if self._gpus_tested_with is not runtime or self.runtime_problem is not None or not again:
+                return
+            log.info("GPU self-test run again after a passing failure", extra={"gpus": sorted(again)})
+            tested = await gpu_selftest(runtime, [gpu for gpu in self.collector.inventory() if gpu.uuid in again])
+            if self._gpus_tested_with is not runtime:
+                return
+            by_uuid = {reach.uuid: reach for reach in tested}
+            self.gpu_reach = [by_uuid.get(reach.uuid, reach) for reach in self.gpu_reach]
+            self._log_reach(tested)
+            if self._ws is not None:  # what the Master offers, or why not, may have changed
+                with contextlib.suppress(ConnectionError, ConnectionClosed):
+                    await self._send(self._hello())
+
+    def _log_reach(self, tested: Sequence[GpuReach]) -> None:
+        for reach in tested:
             if reach.reachable:
                 log.info("GPU self-test passed", extra={"gpu": reach.uuid, "detail": reach.detail})
             else:
@@ -769,7 +810,7 @@ class Agent:
             await asyncio.sleep(self.config.bandwidth_interval_s)
 
 
-def _runtime_options(config: AgentConfig) -> dict[str, object]:
+def _runtime_options(config: AgentConfig, gpu_table: GpuDevices) -> dict[str, object]:
     if config.runtime == "process":
         work = config.process_work_dir or None
         return {
@@ -780,6 +821,8 @@ def _runtime_options(config: AgentConfig) -> dict[str, object]:
             "network": config.process_network,
             "simulated_gpus": bool(config.simulate),
             "selftest_timeout_s": config.gpu_selftest_timeout_s,
+            "selftest_retry": SelfTestRetry(tries=config.gpu_selftest_tries),
+            "gpu_table": gpu_table,
         }
     if config.runtime == "docker":
         return {
@@ -789,8 +832,10 @@ def _runtime_options(config: AgentConfig) -> dict[str, object]:
             "network": config.docker_network,
             "selftest_image": config.gpu_selftest_image,
             "selftest_timeout_s": config.gpu_selftest_timeout_s,
+            "selftest_retry": SelfTestRetry(tries=config.gpu_selftest_tries),
             "images": image_limits(config),
             "image_state": config.state_path / "images.json",
+            "gpu_table": gpu_table,
         }
     return {}  # open_runtime names the runtimes it knows
 

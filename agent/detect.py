@@ -4,8 +4,10 @@ The PCI bus (agent/pci.py) says what cards the host has; each vendor's binding s
 NVML, agent/gpus.py; AMD through amdsmi, amd-smi, rocm-smi or sysfs, agent/amd_gpus.py). ``reconcile`` sets one
 against the other, and is pure:
 
-- a card a binding reads is offered, unless the bus shows it integrated (agent/pci.py's rule) or it has under
-  ``DISPLAY_ONLY_MAX_MIB`` of memory of its own (a card that drives a screen and holds no workload worth renting);
+- a card a binding reads is offered, unless the bus shows it integrated (agent/pci.py's rule), it has under
+  ``DISPLAY_ONLY_MAX_MIB`` of memory of its own (a card that drives a screen and holds no workload worth renting), or
+  its compute is split into several devices (an AMD card in a partition mode other than SPX: its partitions are
+  reported, not sold yet, and a renter given the card would get one of them);
 - a card the bus shows that no binding reads is reported unoffered (common.inventory.UnofferedGpu) with the reason and
   what to install: no kernel driver, another driver bound (nouveau, vfio-pci), no library or tool, or a vendor idlegrid
   does not run workloads on yet (Intel, Habana);
@@ -28,7 +30,7 @@ from agent.amd_gpus import AmdSource, CommandRunner, open_amd_source, run_comman
 from agent.gpus import EmptyCollector, GpuCollector, NvmlCollector
 from agent.pci import SYSFS_ROOT, PciGpu, integrated_reason, list_pci_gpus, normal_address
 from common.errors import NvmlUnavailable
-from common.inventory import GpuInfo, GpuSample, UnofferedGpu
+from common.inventory import GpuInfo, GpuPartition, GpuSample, UnofferedGpu
 from common.wire import AgentEvent
 
 log = logging.getLogger(__name__)
@@ -82,13 +84,18 @@ def reconcile(bus: Sequence[PciGpu] | None, bindings: dict[str, BindingReport]) 
     offered: list[GpuInfo] = []
     unoffered: list[UnofferedGpu] = []
     read: set[str] = set()
+    partitioned: set[str] = set()
     for vendor, report in bindings.items():
         for card in report.cards:
             address = normal_address(card.pci_bus_id)
             read.add(address)
             if address in integrated:
                 continue  # reported below, from the bus
-            if card.memory_total_mib < DISPLAY_ONLY_MAX_MIB:
+            if card.partition is not None and card.partition.split:
+                if address not in partitioned:  # each partition may be listed as a device of its own
+                    partitioned.add(address)
+                    unoffered.append(_partitioned(card, card.partition, vendor, address))
+            elif card.memory_total_mib < DISPLAY_ONLY_MAX_MIB:
                 unoffered.append(_display_only(card, vendor, address))
             else:
                 offered.append(card)
@@ -119,6 +126,17 @@ def _unread(gpu: PciGpu, report: BindingReport | None) -> UnofferedGpu:
 def _unoffered(gpu: PciGpu, kind: str, reason: str, fix: str = "") -> UnofferedGpu:
     return UnofferedGpu(
         pci_bus_id=gpu.address, vendor=gpu.vendor, device_id=gpu.device_hex, kind=kind, reason=reason[:512], fix=fix
+    )
+
+
+def _partitioned(card: GpuInfo, partition: GpuPartition, vendor: str, address: str) -> UnofferedGpu:
+    reason = (
+        f"its compute is split into several devices ({partition.describe()}): partitions are not sold yet, and a renter "
+        "given the card would get one of them"
+    )
+    fix = "to offer it whole: sudo amd-smi set --gpu all --compute-partition SPX (no workload may run), then restart the agent"
+    return UnofferedGpu(
+        pci_bus_id=address, vendor=vendor, name=card.name, kind="partitioned", reason=reason, fix=fix, partition=partition
     )
 
 
@@ -167,7 +185,8 @@ class HostGpus:
         return [s for s in samples if s.uuid not in self._withheld]
 
     def reports(self) -> list[AgentEvent]:
-        return self._nvml.reports() if self._nvml else []
+        """NVML's fault events and the AMD source's (its RAS errors and amdsmi's events, as what means the same)."""
+        return [*(self._nvml.reports() if self._nvml else ()), *(self._amd.reports() if self._amd else ())]
 
     def hold(self, units: Collection[str]) -> None:
         """A real card's utilization is measured, not told."""

@@ -28,6 +28,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 SYSFS_ROOT = Path("/sys")
+DEV_DRI = "/dev/dri"  # where the kernel puts DRM device files (card0, renderD128)
 VENDORS = {0x10DE: "nvidia", 0x1002: "amd", 0x8086: "intel", 0x1DA3: "habana"}
 _GPU_CLASSES = frozenset({0x0300, 0x0302, 0x0380})
 _ACCELERATOR_CLASS = 0x1200  # "processing accelerator": also Intel's NPUs, which are no GPU
@@ -169,3 +170,27 @@ def _int(path: Path) -> int | None:
         return int(text) if text else None
     except ValueError:
         return None
+
+
+@dataclass(frozen=True)
+class DrmNodes:
+    """A card's device files under /dev/dri, as its sysfs ``drm`` folder names them: ROCm opens the render node (and
+    ``/dev/kfd``) to run work; the card node is the display's, which some tools (amd-smi inside a container) open too."""
+
+    render: str | None = None  # "/dev/dri/renderD128"
+    card: str | None = None  # "/dev/dri/card0"
+
+
+def drm_nodes(root: Path, address: str) -> DrmNodes:
+    """The DRM device files of the card at ``address`` (``<root>/bus/pci/devices/<address>/drm/{cardN,renderDN}``):
+    what maps an offered GPU to what a container is given. Nothing where the driver made none (or is not bound)."""
+    try:
+        names = os.listdir(root / "bus" / "pci" / "devices" / normal_address(address) / "drm")
+    except OSError:
+        return DrmNodes()
+    render = sorted(n for n in names if n.startswith("renderD") and n[7:].isdigit())
+    card = sorted(n for n in names if n.startswith("card") and n[4:].isdigit())
+    return DrmNodes(
+        render=f"{DEV_DRI}/{render[0]}" if render else None,
+        card=f"{DEV_DRI}/{card[0]}" if card else None,
+    )

@@ -19,7 +19,7 @@ import msgspec
 from agent.errors import SimulationSpecError
 from agent.fault_injection import FaultInjection, InjectedFault
 from common.catalog import GpuModel, UnknownGpuModel, reference_gpu_info, resolve_alias
-from common.inventory import MAX_MIG_INSTANCES, GpuInfo, GpuSample, MigInstance, UnofferedGpu
+from common.inventory import MAX_MIG_INSTANCES, GpuInfo, GpuPartition, GpuSample, MigInstance, UnofferedGpu
 from common.mig import MigLayoutError, instance_memory_mib, lay_out
 from common.wire import AgentEvent, AgentEventKind
 
@@ -27,6 +27,10 @@ MAX_SIMULATED_GPUS = 64  # per host; keeps simulated PCI bus ids in range and a 
 # What a current datacenter driver reports; nothing depends on the exact values.
 SIMULATED_DRIVER_VERSION = "550.54.15"
 SIMULATED_CUDA_VERSION = "12.4"
+# An MI300-series card (gfx942) as amdgpu ships it: whole (SPX), one memory domain (NPS1), and the modes it may be set to.
+SIMULATED_MI300_PARTITION = GpuPartition(
+    compute="SPX", memory="NPS1", compute_modes=("SPX", "DPX", "QPX", "CPX"), memory_modes=("NPS1", "NPS4")
+)
 SIMULATED_AMDGPU_VERSION = "6.7.0"  # what amd-smi reports of a ROCm 6.2 host's amdgpu driver; AMD cards have no CUDA
 _UUID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_DNS, "simulated-gpu.idlegrid")
 _FIRST_PCI_BUS = 0x10
@@ -236,7 +240,13 @@ def _simulated_info(model: GpuModel, index: int, identity: str, mig: tuple[str, 
     )
     if model.vendor == "amd":  # named as the agent names a real AMD card: "GPU-" and its unique id (agent/amd_gpus.py)
         unique = uuid.uuid5(_UUID_NAMESPACE, f"{identity}/{index}/{model.key}").hex[:16]
-        info = msgspec.structs.replace(reference, simulated=True, uuid=f"GPU-{unique}", driver_version=SIMULATED_AMDGPU_VERSION)
+        info = msgspec.structs.replace(
+            reference,
+            simulated=True,
+            uuid=f"GPU-{unique}",
+            driver_version=SIMULATED_AMDGPU_VERSION,
+            partition=SIMULATED_MI300_PARTITION if model.gfx_target == "gfx942" else None,
+        )
     else:
         info = msgspec.structs.replace(
             reference, simulated=True, driver_version=SIMULATED_DRIVER_VERSION, cuda_version=SIMULATED_CUDA_VERSION

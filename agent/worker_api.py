@@ -39,7 +39,15 @@ import msgspec
 from agent.runtime.base import Mount, MountsData
 from common.containers import ContainerSpec, EndpointWorkerSpec
 from common.endpoint_worker import contract
-from common.wire import MAX_FRAME_BYTES, MAX_WORKER_TAKE_WAIT_S, WorkerAnswer, WorkerCall, WorkerOp
+from common.wire import (
+    MAX_FRAME_BYTES,
+    MAX_WORKER_TAKE_MOST,
+    MAX_WORKER_TAKE_WAIT_S,
+    WorkerAnswer,
+    WorkerCall,
+    WorkerOp,
+    WorkerResults,
+)
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +56,9 @@ SOCKET_NAME = "api.sock"
 MAX_BODY_BYTES = MAX_FRAME_BYTES - 16 * 1024  # a body must fit one frame with its fields: larger is a 413
 ANSWER_MARGIN_S = 15.0  # beyond a take's wait, how long a call waits for the Master's answer before a 503
 MAX_HEADER_BYTES = 16 * 1024
+# A connection kept open between calls (HTTP/1.1 keep-alive) is closed after this long with no call on it: the library
+# keeps one per thread, and calls on it every few seconds at least (its heartbeats, its takes' long polls).
+IDLE_CONNECTION_S = 120.0
 # Calls of one container waiting for the Master at once: past it a call is answered 429 at once (the worker retries),
 # so a worker cannot flood the host link. A worker takes ``concurrency`` at a time, plus its heartbeat and reports.
 MAX_CALLS_PER_WORKER = 256
@@ -94,9 +105,15 @@ def _call(names: dict[str, str], path: str, fields: dict[str, Any]) -> WorkerCal
         wait_s = fields.get("wait_s", contract.DEFAULT_TAKE_WAIT_S)
         if not isinstance(wait_s, (int, float)) or isinstance(wait_s, bool) or not wait_s >= 0:
             return Refusal(400, "wait_s is a number of seconds")
-        return msgspec.convert({**names, "op": "take", "wait_s": min(float(wait_s), MAX_WORKER_TAKE_WAIT_S)}, WorkerCall)
+        most = fields.get("max", 0)  # none: a take of one, answered as the request itself (the library before max)
+        if not isinstance(most, int) or isinstance(most, bool) or most < 0 or ("max" in fields and most < 1):
+            return Refusal(400, "max is a whole number of requests from 1")
+        wait = min(float(wait_s), MAX_WORKER_TAKE_WAIT_S)
+        return msgspec.convert({**names, "op": "take", "wait_s": wait, "most": min(most, MAX_WORKER_TAKE_MOST)}, WorkerCall)
     if path == contract.HEARTBEAT:
         return msgspec.convert({**names, "op": "heartbeat", "in_flight": fields.get("in_flight", [])}, WorkerCall)
+    if path == contract.RESULTS:
+        return _results(names, fields.get("results"))
     parts = path.split("/")
     if len(parts) != 5 or parts[:3] != ["", "v1", "requests"] or parts[4] not in _REPORT_OPS or not parts[3]:
         return Refusal(404, f"no call {path}")
@@ -114,6 +131,13 @@ def _call(names: dict[str, str], path: str, fields: dict[str, Any]) -> WorkerCal
     )
 
 
+def _results(names: dict[str, str], results: Any) -> WorkerCall | Refusal:
+    """Several results in one call: each an object of its request's ``id`` and its ``output`` (common/wire.py
+    ``WorkerResult``); a ValidationError is the caller's 400."""
+    msgspec.convert(results, WorkerResults)
+    return msgspec.convert({**names, "op": WorkerOp.RESULTS.value, "payload": results}, WorkerCall)
+
+
 class WorkerAPIs:
     """The worker API of every endpoint worker container on this host: one unix socket server each, the calls sent
     through ``send`` (False: no link now, a 503) and answered by ``on_answer``."""
@@ -126,6 +150,8 @@ class WorkerAPIs:
         self._missing: set[str] = set()  # started ones the last runtime listing did not have
         self._calls_of: dict[str, int] = {}  # container -> its calls waiting for the Master now
         self._waiting: dict[str, asyncio.Future[WorkerAnswer]] = {}
+        # container -> its open connections: a server's close leaves them open, so closing a worker closes them too
+        self._connections: dict[str, set[asyncio.StreamWriter]] = {}
         self._ids = itertools.count(1)
         self._prefix = os.urandom(4).hex()  # call ids of an earlier agent process are never answered to this one
 
@@ -220,6 +246,7 @@ class WorkerAPIs:
             return
         worker, server = entry
         server.close()
+        self._hang_up(name)
         shutil.rmtree(self.root / name, ignore_errors=True)
         self._record(name).unlink(missing_ok=True)
         if tell:
@@ -239,9 +266,14 @@ class WorkerAPIs:
         for name in list(self._servers):
             _, server = self._servers.pop(name)
             server.close()
+            self._hang_up(name)
         self._started.clear()
         for future in self._waiting.values():
             future.cancel()
+
+    def _hang_up(self, name: str) -> None:
+        for writer in self._connections.pop(name, set()):
+            writer.close()
 
     def on_answer(self, answer: WorkerAnswer) -> None:
         future = self._waiting.get(answer.call_id)
@@ -254,24 +286,45 @@ class WorkerAPIs:
     async def _serve(
         self, name: str, worker: EndpointWorkerSpec, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
+        """One connection: its calls one after another, for as long as the worker keeps it open (and calls on it at
+        least every IDLE_CONNECTION_S) and asks for no close; a request that is not HTTP ends it after its 400."""
+        self._connections.setdefault(name, set()).add(writer)
         try:
-            status, body = await self._answer(name, worker, reader)
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError, ConnectionError):
-            status, body = 400, {"error": "not an HTTP request the worker API takes"}
-        try:
-            writer.write(_response(status, body))
-            await writer.drain()
+            keep = True
+            while keep:
+                try:
+                    async with asyncio.timeout(IDLE_CONNECTION_S):
+                        head = await reader.readuntil(b"\r\n\r\n")
+                except asyncio.IncompleteReadError as exc:
+                    if not exc.partial:
+                        return  # closed by the worker between calls: nothing to answer
+                    head = b""  # a part of a request, then the end: a 400
+                except asyncio.LimitOverrunError:
+                    head = b""
+                except (TimeoutError, ConnectionError):
+                    return  # idle too long, or gone
+                try:
+                    method, path, headers = _parse_head(head)
+                    keep = headers.get("connection", "").lower() != "close"
+                    length = int(headers.get("content-length", "0"))
+                    if length > MAX_BODY_BYTES:  # its body is never read: the connection ends after the answer
+                        keep, (status, body) = False, (413, {"error": f"a body over {MAX_BODY_BYTES} bytes"})
+                    else:
+                        raw = await reader.readexactly(length) if length > 0 else b""
+                        status, body = await self._answer(name, worker, method, path, headers, raw)
+                except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError, ConnectionError):
+                    keep, (status, body) = False, (400, {"error": "not an HTTP request the worker API takes"})
+                writer.write(_response(status, body, keep=keep))
+                await writer.drain()
         except ConnectionError:
             pass
         finally:
             writer.close()
+            self._connections.get(name, set()).discard(writer)
 
-    async def _answer(self, name: str, worker: EndpointWorkerSpec, reader: asyncio.StreamReader) -> tuple[int, Any]:
-        method, path, headers = _parse_head(await reader.readuntil(b"\r\n\r\n"))
-        length = int(headers.get("content-length", "0"))
-        if length > MAX_BODY_BYTES:
-            return 413, {"error": f"a body over {MAX_BODY_BYTES} bytes"}
-        body = await reader.readexactly(length) if length > 0 else b""
+    async def _answer(
+        self, name: str, worker: EndpointWorkerSpec, method: str, path: str, headers: dict[str, str], body: bytes
+    ) -> tuple[int, Any]:
         call_id = self._next_id()
         judged = judge(worker, name, call_id, method, path, headers.get("authorization", ""), body)
         if isinstance(judged, Refusal):
@@ -312,9 +365,9 @@ def _parse_head(head: bytes) -> tuple[str, str, dict[str, str]]:
     return method, path, headers
 
 
-def _response(status: int, body: Any) -> bytes:
+def _response(status: int, body: Any, *, keep: bool) -> bytes:
     raw = b"" if status == 204 or body is None else json.dumps(body).encode()
-    head = f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}\r\nConnection: close\r\n"
+    head = f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}\r\n" + ("" if keep else "Connection: close\r\n")
     if status != 204:
         head += f"Content-Type: application/json\r\nContent-Length: {len(raw)}\r\n"
     return (head + "\r\n").encode() + raw

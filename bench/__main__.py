@@ -1,5 +1,5 @@
 """``python -m bench BENCHMARK ...`` (fleet, ingest, api-pages, scheduler, offers, tunnel, link, ssh, storage, history, alerts,
-summaries, console-pages, demo, cli-start, endpoints): run one, print, write JSON."""
+summaries, console-pages, demo, cli-start, endpoints, challenge): run one, print, write JSON."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from typing import Any
 from bench.alerts import AlertsBenchOptions, alerts_table, run_alerts_bench
 from bench.api_pages import api_pages_table
 from bench.api_pages import run as run_api_pages
+from bench.challenge import ChallengeBenchOptions, challenge_table, run_challenge_bench
 from bench.cli_start import CliStartBenchOptions, cli_start_table, run_cli_start_bench
 from bench.console_pages import ConsolePagesBenchOptions, console_pages_table, run_console_pages_bench
 from bench.demo import DemoBenchOptions, demo_table, run_demo_bench
@@ -125,6 +126,13 @@ def _fleet_parser(sub: argparse._SubParsersAction) -> None:
         help="run the relays with asyncio's TLS read buffer at this size (default: the relay's own, 32)",
     )
     p.add_argument(
+        "--fold-interval-s",
+        type=float,
+        default=None,
+        help="the relays' report fold interval (0: folding off, every heartbeat and telemetry frame on its own; "
+        "default: the relay's own, 1 s)",
+    )
+    p.add_argument(
         "--sample-s",
         type=float,
         default=0.0,
@@ -142,6 +150,19 @@ def _fleet_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="at the end, SIGKILL relay-1 and measure its agents failing over to the others (a reconnect storm)",
     )
+    p.add_argument(
+        "--relays-simulated",
+        type=int,
+        default=0,
+        help="measure the Master alone behind this many simulated relays (bench/relay_sim.py), each with "
+        "--agents-per-relay agents; --agents, the relays, the baseline and the flood are then not used (default 0: off)",
+    )
+    p.add_argument(
+        "--agents-per-relay",
+        type=int,
+        default=defaults.agents_per_relay,
+        help=f"agents behind each simulated relay (default {defaults.agents_per_relay:,})",
+    )
     p.add_argument("--json", type=Path, help="write the figures here")
     p.set_defaults(func=_run_fleet)
 
@@ -150,6 +171,13 @@ def _run_fleet(args: argparse.Namespace) -> int:
     names = {f.name for f in fields(FleetOptions)}
     options = FleetOptions(**{k: v for k, v in vars(args).items() if k in names})
     options.baseline = not args.no_baseline
+    if options.relays_simulated > 0:
+        from bench.fleet_sim import run_simulated, simulated_table  # noqa: PLC0415  (only this mode needs it)
+
+        result = asyncio.run(run_simulated(options))
+        _write(args.json, result)
+        print(simulated_table(result))
+        return 0
     result = asyncio.run(run_fleet_bench(options))
     _write(args.json, result)
     print(fleet_table(result))
@@ -633,6 +661,12 @@ def fleet_table(r: dict[str, Any]) -> str:
         ("relay KiB per agent", r.get("relay_kib_per_agent"), _verdict("relay_kib_per_agent", r.get("relay_kib_per_agent"))),
         ("Master KiB per agent", r.get("master_kib_per_agent"), _verdict("master_kib_per_agent", r.get("master_kib_per_agent"))),
         ("msgs/s to the Master (expected)", f"{_fmt(r.get('msgs_per_s'))} ({_fmt(r.get('expected_msgs_per_s'))})", ""),
+        (
+            "frames/s into the Master: link / agent",
+            f"{_fmt(r.get('master_link_frames_per_s'))} / {_fmt(r.get('master_agent_frames_per_s'))}",
+            "a fold is one link frame",
+        ),
+        ("Master CPU per 1,000 agents (cores, hold)", r.get("master_cpu_per_1000_agents"), ""),
         ("heartbeats/s, telemetry samples/s", f"{_fmt(r.get('heartbeats_per_s'))}, {_fmt(r.get('telemetry_samples_per_s'))}", ""),
         (
             "backlog: relay frames end / max",
@@ -739,6 +773,34 @@ def _run_cli_start(args: argparse.Namespace) -> int:
     return 0
 
 
+def _challenge_parser(sub: argparse._SubParsersAction) -> None:
+    d = ChallengeBenchOptions()
+    p = sub.add_parser(
+        "challenge",
+        help="the Master's check of a verification challenge: CPU per check, event-loop stall",
+        description="Answer a challenge of each form honestly here, then time the Master's check of the openings "
+        "(CPU per check, and the longest stall of an event loop while it runs in a thread).",
+    )
+    p.add_argument("--round-n", type=int, default=d.round_n, help=f"rounds form n (default {d.round_n})")
+    p.add_argument("--round-k", type=int, default=d.round_k, help=f"rounds form k (default {d.round_k})")
+    p.add_argument("--rounds", type=int, default=d.rounds, help=f"rounds of the short challenge (default {d.rounds})")
+    p.add_argument("--sum-n", type=int, default=d.sum_n, help=f"sum form n (default {d.sum_n})")
+    p.add_argument("--sum-k", type=int, default=d.sum_k, help=f"sum form k (default {d.sum_k})")
+    p.add_argument("--runs", type=int, default=d.runs, help=f"timed checks of each form (default {d.runs})")
+    p.add_argument("--json", type=Path, help="write the figures here")
+    p.set_defaults(func=_run_challenge)
+
+
+def _run_challenge(args: argparse.Namespace) -> int:
+    options = ChallengeBenchOptions(
+        round_n=args.round_n, round_k=args.round_k, rounds=args.rounds, sum_n=args.sum_n, sum_k=args.sum_k, runs=args.runs
+    )
+    result = run_challenge_bench(options)
+    _write(args.json, result)
+    print(challenge_table(result))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench", description="idlegrid benchmarks (see bench/README.md)")
     sub = parser.add_subparsers(dest="benchmark", required=True)
@@ -759,6 +821,7 @@ def build_parser() -> argparse.ArgumentParser:
     _demo_parser(sub)
     _cli_start_parser(sub)
     _endpoints_parser(sub)
+    _challenge_parser(sub)
     return parser
 
 

@@ -26,6 +26,13 @@ relay and the Master's link.
    ran the endpoint's worker is a fresh host's, any later one on a host that did a warm host's.
 5. **Scale-up**: ``min_workers`` raised from 0 to ``scale_to``: the time until every one of them has taken a call
    (the endpoint's ``scale.workers.ready``).
+6. **Cold starts on a Podman host** (``podman_starts``, 0 to leave out): a host on the docker runtime against a private
+   Podman service whose state is in the grid's directory (management/devgrid/podman_host.py, as the demo's container
+   host: never the tests' shared cache), the local grid's offline worker image (``WORKER``: busybox, the host's
+   Python, the handler library, the echo worker) built there first, and an endpoint of that image; the same starts
+   from zero workers, cut into the same phases. No registry is reachable here, so the image is on the host before
+   the first start (pulls off, as on the demo's container host): ``pull`` is none, and every start is on a host that
+   holds the image (a warm host in the autoscaler's sense).
 
 Targets (this shared 2-core machine, bench/README.md): overhead p99 < 25 ms for a 1 KB request; 1,000 requests/s per
 endpoint; cold start from a warm host < 2 s p50 on the process runtime. Compare within one run.
@@ -52,7 +59,9 @@ from bench.profile import Profiler
 from bench.tunnel import CommandLoad, _pct
 from management.client.api import ApiRequest, AsyncApiClient
 from management.devgrid.carried_worker import CODE_ENV, SYSTEM_PYTHON, ZIP_NAME, carrying, worker_zip
+from management.devgrid.demo import CONTAINER_NETNS
 from management.devgrid.localgrid import LocalGrid
+from management.devgrid.podman_host import SELFTEST, WORKER, PodmanHost, PodmanUnavailable
 
 REPO = Path(__file__).resolve().parent.parent
 RENTER = "bench-renter"
@@ -63,9 +72,11 @@ WORKER_MARK = ZIP_NAME.encode()  # in a worker process's command line (HANDLER):
 MASTER_TOML = (
     "offer_sandboxed_hosts = true\nscheduler_period_s = 0.5\npreemption_grace_s = 1.0\n"
     "api_key_rate_per_s = 2000.0\napi_key_burst = 4000\napi_account_rate_per_s = 2000.0\napi_account_burst = 4000\n"
+    'egress_allow = ["localhost"]\n'  # the Podman host's images, built here (their registry part names no host)
 )
 PAYLOAD = {"data": "x" * 1000}  # with its JSON around it, a 1 KB input
 FINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT"})
+START_TIMEOUT_S = 120.0  # a cold start's request answered by then, or the bench fails (it never waits forever)
 TARGETS = {"overhead_p99_ms": 25.0, "requests_per_s": 1000.0, "cold_start_warm_p50_s": 2.0}
 
 
@@ -83,6 +94,7 @@ class EndpointsBenchOptions:
     starts: int = 20
     scale_to: int = 8
     heartbeat_s: float = 0.5
+    podman_starts: int = 20  # cold starts on a Podman host (0: none)
     profile_dir: str = ""  # py-spy samples the Master, the relay and the agents during the many-clients phase, here
 
 
@@ -233,7 +245,10 @@ async def _cold_starts(endpoint: Endpoint, operator: AsyncApiClient, starts: int
         await endpoint.wait_workers(0, 120, total=0)
         known = {w["id"] for w in await _workloads(operator)}
         request_id, sent = await endpoint.run()
+        waited = time.perf_counter()
         while (status := await endpoint.status(request_id))["status"] not in FINAL:
+            if time.perf_counter() - waited > START_TIMEOUT_S:
+                raise RuntimeError(f"a cold start's request was not answered in {START_TIMEOUT_S:g} s: {status}")
             await asyncio.sleep(0.02)
         if status["status"] != "COMPLETED":
             raise RuntimeError(f"cold start request ended {status}")
@@ -401,6 +416,11 @@ async def _run(grid: LocalGrid, options: EndpointsBenchOptions) -> dict[str, Any
         await scaling.wait_workers(options.scale_to, 300)
         result["scale_up_s"] = round(time.perf_counter() - started, 2)
         await scaling.update({"min_workers": 0, "max_workers": 0})
+
+        # 6: cold starts on a Podman host.
+        if options.podman_starts > 0:
+            await scaling.wait_workers(0, 120, total=0)
+            result["podman"] = await _podman_cold_starts(grid, http, operator, options.podman_starts)
     warm = result["cold_start"]["warm"]
     result["targets"] = TARGETS
     result["met"] = {
@@ -411,6 +431,59 @@ async def _run(grid: LocalGrid, options: EndpointsBenchOptions) -> dict[str, Any
         "cold_start_warm_p50_s": bool(warm["total"]) and warm["total"]["p50"] < TARGETS["cold_start_warm_p50_s"],
     }
     return result
+
+
+async def _podman_cold_starts(
+    grid: LocalGrid, http: aiohttp.ClientSession, operator: AsyncApiClient, starts: int
+) -> dict[str, Any]:
+    """``starts`` cold starts from zero workers of an endpoint of the offline worker image on a Podman host (its own
+    Podman state under the grid's directory, removed with it); ``skipped`` with the reason where Podman cannot run."""
+    # Containers' networks through slirp4netns, as the demo's container host: CNI's bridge failed a container's start
+    # now and then here ("unknown FS magic on /run/netns/..."), which held the autoscaler's next start back.
+    podman = PodmanHost(grid.root / "podman", netns=CONTAINER_NETNS)
+    try:
+        try:
+            await asyncio.to_thread(podman.configure)
+            await asyncio.to_thread(podman.ensure_image, SELFTEST)
+            built = time.perf_counter()
+            await asyncio.to_thread(podman.ensure_image, WORKER)
+            build_s = time.perf_counter() - built
+            await asyncio.to_thread(podman.start_service)
+        except PodmanUnavailable as exc:
+            return {"skipped": str(exc)}
+        enrolled = await asyncio.to_thread(grid.enroll, "podman-host", grid.relays["relay-1"])
+        if enrolled.returncode != 0:
+            raise RuntimeError(f"enrolling podman-host: {enrolled.stderr}")
+        env = {
+            "IDLEGRID_AGENT_GPU_SELFTEST_IMAGE": SELFTEST.reference,
+            "IDLEGRID_AGENT_EGRESS_ALLOW": "localhost",
+            "IDLEGRID_AGENT_IMAGE_PULL": "false",  # no registry is reachable: only the images built here run
+            "IDLEGRID_AGENT_DOCKER_NETWORK": CONTAINER_NETNS,
+        }
+        socket = ("--runtime", "docker", "--docker-socket", str(podman.socket_path))
+        grid.start_agent("podman-host", *socket, simulate="a10:1", env=env)
+        await asyncio.to_thread(grid.wait_agents_ready, [grid.agent_id("podman-host")], timeout_s=180)
+        made = await _api(
+            operator,
+            "POST",
+            "/api/v1/endpoints",
+            {
+                "account": RENTER,
+                "name": "bench-podman",
+                "image": WORKER.reference,  # its own CMD runs the echo worker
+                "command": [],
+                "replica": {"gpus": 1},
+                "scaling": {"max_workers": 1, "idle_timeout_s": 60},
+            },
+        )
+        key = await _api(operator, "POST", f"/api/v1/endpoints/{made['id']}/keys", {"name": "bench"})
+        endpoint = Endpoint(http, operator, made["id"], key["key"])
+        rows = await _cold_starts(endpoint, operator, starts)
+        await endpoint.update({"max_workers": 0})
+        warm = _phases([r for r in rows if r["warm"]])
+        return {"image_build_s": round(build_s, 2), "starts": rows, "all": _phases(rows), "warm": warm}
+    finally:
+        await asyncio.to_thread(podman.stop_service)
 
 
 def run_endpoints_bench(options: EndpointsBenchOptions, work_dir: str = "") -> dict[str, Any]:
@@ -486,4 +559,18 @@ def endpoints_table(r: dict[str, Any]) -> str:
         + ("met" if r["met"]["cold_start_warm_p50_s"] else "MISSED")
     )
     lines.append(f"scale-up 0 -> {o['scale_to']} workers ready: {r['scale_up_s']} s")
+    podman = r.get("podman")
+    if podman is not None and "skipped" in podman:
+        lines.append(f"cold starts on a Podman host: skipped ({podman['skipped']})")
+    elif podman is not None:
+        for kind in ("all", "warm"):
+            ph = podman[kind]
+            cells = [
+                f"{ph[p]['p50']}/{ph[p]['p95']}" if ph[p] else "-" for p in ("total", "wake", "placement", "start", "first_ready")
+            ]
+            lines.append(f"{'podman ' + kind:<16} {ph['n']:>3} " + " ".join(f"{c:>15}" for c in cells))
+        lines.append(
+            f"  (a Podman host, the offline worker image on it before the first start: pull none; built in "
+            f"{podman['image_build_s']} s)"
+        )
     return "\n".join(lines)

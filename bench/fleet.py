@@ -92,10 +92,15 @@ class FleetOptions:
     log_level: str = "warning"
     profile_dir: str = ""  # py-spy every process during the ramp and the hold: raw stacks and a summary here
     relay_tls_buffer_kib: int = 0  # 0: the relay's own TLS read buffer (access/daemon.py); else this, to compare
+    fold_interval_s: float | None = None  # the relays' fold_interval_s (0: folding off); None: the relay's default
     sample_s: float = 0.0  # backlog sampling period in the hold; 0: 1 s per 2,000 agents (/proc/net/tcp grows with N)
     competitor_share: float = 0.0  # overload: a process per core spinning this share of it for the whole run (0: none)
     storm: bool = False  # at the end, SIGKILL relay-1: its agents fail over to the others (a reconnect storm)
     storm_timeout: float = 120.0  # how long the storm phase waits for every agent to be back
+    # The Master alone behind this many simulated relays (bench/fleet_sim.py), each with ``agents_per_relay`` agents
+    # sending what a real relay's agents send (0: the real relays and agents above).
+    relays_simulated: int = 0
+    agents_per_relay: int = 10_000
 
     @property
     def processes(self) -> int:
@@ -131,13 +136,15 @@ class FleetDriver:
         self.readings: dict[str, Any] = {}
 
     @classmethod
-    async def spawn(cls, name: str, args: list[str], logs: Path) -> FleetDriver:
+    async def spawn(cls, name: str, args: list[str], logs: Path, module: str = "bench.fleet_agents") -> FleetDriver:
+        """``module``: bench.fleet_agents (real agents), or bench.relay_sim (a simulated relay and its agents), which
+        answer the same requests."""
         log = logs / f"{name}.log"
         with open(log, "ab") as err:
             process = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
-                "bench.fleet_agents",
+                module,
                 "--control",
                 *args,
                 cwd=Path(__file__).resolve().parents[1],
@@ -240,13 +247,19 @@ def parse_master_intake(text: str) -> dict[str, float]:
     without them gives {}."""
     figures: dict[str, float] = {}
     for line in text.splitlines():
-        if not line.startswith("idlegrid_master_"):
+        if not line.startswith(("idlegrid_master_", "idlegrid_store_write_seconds_count")):
             continue
         name, _, value = line.rpartition(" ")
         if name.startswith("idlegrid_master_telemetry_shed_total"):
             figures["shed"] = figures.get("shed", 0.0) + float(value)
         elif name == "idlegrid_master_report_pace_factor":
             figures["pace_factor"] = float(value)
+        elif name == "idlegrid_master_intake_frames_total":
+            figures["link_frames"] = float(value)
+        elif name.startswith("idlegrid_master_frames_received_total"):
+            figures["agent_frames"] = figures.get("agent_frames", 0.0) + float(value)
+        elif name.startswith("idlegrid_store_write_seconds_count"):
+            figures["store_writes"] = figures.get("store_writes", 0.0) + float(value)
         elif name.startswith("idlegrid_master_intake_bytes"):
             lane = name.partition('lane="')[2].partition('"')[0]
             figures[f"{lane}_bytes"] = float(value)
@@ -319,6 +332,11 @@ class BenchGrid:
 
     async def start(self) -> None:
         """The Master, then each relay (under bench.gcwatch), each waited for by the launcher."""
+        await self.start_master()
+        await self.start_relays()
+
+    async def start_master(self) -> None:
+        """The Master alone (under bench.gcwatch), waited for by the launcher; the API client then opens."""
         env = {
             "IDLEGRID_MASTER_TELEMETRY_S": str(self.options.telemetry_s),
             "IDLEGRID_MASTER_LOG_LEVEL": self.options.log_level,
@@ -333,6 +351,9 @@ class BenchGrid:
         await asyncio.to_thread(
             self.launcher.start_master, program=(*self._gcwatch("master"), "management.cli"), env=env, timeout_s=START_TIMEOUT_S
         )
+        self.client = AsyncApiClient(self.api, read_key_file(self.launcher.operator_key_file))
+
+    async def start_relays(self) -> None:
         per_agent_flood = self.options.flood_rate / self.options.flood_size
         relay_env = {
             "IDLEGRID_ACCESS_LOG_LEVEL": self.options.log_level,
@@ -340,6 +361,8 @@ class BenchGrid:
             "IDLEGRID_ACCESS_RATE_PER_AGENT": str(max(50.0, 2 * per_agent_flood)),
             "IDLEGRID_ACCESS_BURST": str(max(200, math.ceil(2 * per_agent_flood))),
         }
+        if self.options.fold_interval_s is not None:
+            relay_env["IDLEGRID_ACCESS_FOLD_INTERVAL_S"] = str(self.options.fold_interval_s)
         for relay in self.relays:
             program = (
                 ["bench.relay", "--tls-buffer-kib", str(self.options.relay_tls_buffer_kib)]
@@ -354,7 +377,6 @@ class BenchGrid:
                 env=relay_env,
                 timeout_s=START_TIMEOUT_S,
             )
-        self.client = AsyncApiClient(self.api, read_key_file(self.launcher.operator_key_file))
 
     def _gcwatch(self, name: str) -> list[str]:
         """Run the daemon under bench.gcwatch, which writes its garbage collector's pauses to gc/NAME.json."""
@@ -796,6 +818,11 @@ async def _run_fleet_bench(options: FleetOptions) -> dict[str, Any]:
         result["processes"] = watched.report(options.agents)
         result["relay_kib_per_agent"] = watched.kib_per_agent("relay", options.agents)
         result["master_kib_per_agent"] = watched.kib_per_agent("master", options.agents)
+        master_pct = result["processes"].get("master", {}).get("cpu_hold_pct")
+        result["master_cpu_hold_cores"] = round(master_pct / 100, 3) if master_pct is not None else None
+        result["master_cpu_per_1000_agents"] = (
+            round(master_pct / 100 * 1000 / options.agents, 4) if master_pct is not None else None
+        )
         baseline = result.get("baseline", {}).get("echoed_per_s")
         result["baseline_msgs_per_s"] = baseline
         result["relay_vs_baseline"] = round(result["relay_msgs_per_s"] / baseline, 3) if baseline else None
@@ -919,6 +946,10 @@ async def _hold(
             "pace_factor_end": after_intake.get("pace_factor"),
             "telemetry_bytes_end": after_intake.get("telemetry_bytes"),
         },
+        # what the Master reads (absent from a Master without the series): link frames (a fold is one) and the agent
+        # frames in them, folded or not
+        "master_link_frames_per_s": _rate(before_intake, after_intake, "link_frames", held),
+        "master_agent_frames_per_s": _rate(before_intake, after_intake, "agent_frames", held),
         "heartbeats_per_s": round(sent.get("heartbeat", 0) / held, 1),
         "telemetry_per_s": round(sent.get("telemetry", 0) / held, 1),
         "telemetry_samples_per_s": round(sent.get("telemetry", 0) * options.gpus_per_agent / held, 1),
@@ -1085,6 +1116,12 @@ class _Watched:
                     entry[f"cpu_{phase}_pct"] = round(100 * (r[b].cpu_s - r[a].cpu_s) / wall, 1) if wall > 0 else None
             out[name] = entry
         return out
+
+
+def _rate(before: dict[str, float], after: dict[str, float], key: str, seconds: float) -> float | None:
+    if key not in before or key not in after or seconds <= 0:
+        return None
+    return round((after[key] - before[key]) / seconds, 1)
 
 
 def _round(value: float | None) -> float | None:

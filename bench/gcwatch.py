@@ -3,16 +3,28 @@
 A full collection walks every object of the process and stops its event loop meanwhile; with the state of
 thousands of agents that can take a second, and it shows up as latency nothing else explains. The figures
 (collections and longest pause per generation, total pause) are written to OUT every second, as JSON.
+
+SIGUSR2 writes a census of the heap beside OUT (``OUT.census-N.txt``): the garbage collector's objects by type (how
+many, and their own sizes), and the frozen ones counted apart. With ``IDLEGRID_BENCH_TRACEMALLOC=1`` in the daemon's
+environment it adds the 40 source lines that allocated the most memory still held (tracemalloc, started before the
+daemon's imports; it slows the daemon, so its timings are not the bench's). Built to read what the Master's memory per agent
+is made of (docs/capacity.md, item 3); not yet run on it.
 """
 
 from __future__ import annotations
 
+import collections
+import gc
 import json
+import os
 import runpy
+import signal
 import sys
 import threading
 import time
+import tracemalloc
 from pathlib import Path
+from types import FrameType
 
 from bench.fleet_agents import GcPauses
 
@@ -27,10 +39,42 @@ def _write_forever(out: Path, pauses: GcPauses) -> None:
         tmp.replace(out)
 
 
+def census(top: int = 40) -> str:
+    """The heap's census as text: the collector's objects by type, the most memory first (and tracemalloc's top lines
+    where it runs)."""
+    counts: collections.Counter[str] = collections.Counter()
+    sizes: collections.Counter[str] = collections.Counter()
+    for obj in gc.get_objects():
+        name = type(obj).__qualname__
+        counts[name] += 1
+        sizes[name] += sys.getsizeof(obj)
+    lines = [f"tracked objects {sum(counts.values())}, frozen {gc.get_freeze_count()}, their own sizes {sum(sizes.values())} B"]
+    lines += [f"{sizes[name]:>14,} B {counts[name]:>11,}  {name}" for name, _ in sizes.most_common(top)]
+    if tracemalloc.is_tracing():
+        snapshot = tracemalloc.take_snapshot()
+        stats = snapshot.statistics("lineno")
+        lines.append(f"tracemalloc: {sum(s.size for s in stats):,} B held")
+        lines += [f"{stat.size:>14,} B {stat.count:>11,}  {stat.traceback}" for stat in stats[:top]]
+    return "\n".join(lines) + "\n"
+
+
+def _census_on_signal(out: Path) -> None:
+    taken = [0]
+
+    def write(signum: int, frame: FrameType | None) -> None:
+        taken[0] += 1
+        out.with_name(f"{out.name}.census-{taken[0]}.txt").write_text(census())
+
+    signal.signal(signal.SIGUSR2, write)
+
+
 def main() -> None:
     if len(sys.argv) < 3:
         sys.exit("usage: python -m bench.gcwatch OUT MODULE [ARGS]")
     out, module = Path(sys.argv[1]), sys.argv[2]
+    if os.environ.get("IDLEGRID_BENCH_TRACEMALLOC") == "1":
+        tracemalloc.start()
+    _census_on_signal(out)
     pauses = GcPauses()
     pauses.install()
     threading.Thread(target=_write_forever, args=(out, pauses), daemon=True, name="gcwatch").start()

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from common.inventory import GpuInfo, NvLink
@@ -48,6 +48,7 @@ class GpuModel:
     nvlink_links: int = 0  # links per GPU where NVLink is built in (SXM); bridges are optional, so 0 for PCIe
     vendor: str = "nvidia"  # one of common.inventory.GPU_VENDORS; a card reporting another vendor is flagged
     gfx_target: str = ""  # AMD's ISA target ("gfx942"): what ROCm builds for, as compute capability is for CUDA
+    int8_tops: float = 0.0  # dense INT8 tensor throughput (no sparsity); 0.0 where the card has no INT8 tensor cores
 
 
 class UnknownGpuModel(KeyError):
@@ -75,6 +76,7 @@ _NVIDIA_MODELS = (
         1980,
         6144,
         nvlink_links=18,
+        int8_tops=1979.0,
     ),
     GpuModel(
         "h100-sxm",
@@ -92,6 +94,7 @@ _NVIDIA_MODELS = (
         1980,
         5120,
         nvlink_links=18,
+        int8_tops=1979.0,
     ),
     GpuModel(
         "h100-pcie",
@@ -108,6 +111,7 @@ _NVIDIA_MODELS = (
         350.0,
         1755,
         5120,
+        int8_tops=1513.0,
     ),
     # Ampere datacenter
     GpuModel(
@@ -126,6 +130,7 @@ _NVIDIA_MODELS = (
         1410,
         5120,
         nvlink_links=12,
+        int8_tops=624.0,
     ),
     GpuModel(
         "a100-80gb-pcie",
@@ -142,6 +147,7 @@ _NVIDIA_MODELS = (
         300.0,
         1410,
         5120,
+        int8_tops=624.0,
     ),
     GpuModel(
         "a100-40gb",
@@ -159,6 +165,7 @@ _NVIDIA_MODELS = (
         1410,
         5120,
         nvlink_links=12,
+        int8_tops=624.0,
     ),
     GpuModel(
         "a100-40gb-pcie",
@@ -175,11 +182,46 @@ _NVIDIA_MODELS = (
         250.0,
         1410,
         5120,
+        int8_tops=624.0,
     ),
-    GpuModel("a10", "NVIDIA A10", ("NVIDIA A10",), 23028, "8.6", 125.0, 125.0, 600.0, "pcie", False, 4, 150.0, 1695, 384),
+    GpuModel(
+        "a10",
+        "NVIDIA A10",
+        ("NVIDIA A10",),
+        23028,
+        "8.6",
+        125.0,
+        125.0,
+        600.0,
+        "pcie",
+        False,
+        4,
+        150.0,
+        1695,
+        384,
+        int8_tops=250.0,
+    ),
     # Ada datacenter and workstation
-    GpuModel("l40s", "NVIDIA L40S", ("NVIDIA L40S",), 46068, "8.9", 362.1, 362.1, 864.0, "pcie", False, 4, 350.0, 2520, 384),
-    GpuModel("l4", "NVIDIA L4", ("NVIDIA L4",), 23034, "8.9", 121.0, 121.0, 300.0, "pcie", False, 4, 72.0, 2040, 192),
+    GpuModel(
+        "l40s",
+        "NVIDIA L40S",
+        ("NVIDIA L40S",),
+        46068,
+        "8.9",
+        362.1,
+        362.1,
+        864.0,
+        "pcie",
+        False,
+        4,
+        350.0,
+        2520,
+        384,
+        int8_tops=733.0,
+    ),
+    GpuModel(
+        "l4", "NVIDIA L4", ("NVIDIA L4",), 23034, "8.9", 121.0, 121.0, 300.0, "pcie", False, 4, 72.0, 2040, 192, int8_tops=242.0
+    ),
     GpuModel(
         "rtx-6000-ada",
         "NVIDIA RTX 6000 Ada Generation",
@@ -195,6 +237,7 @@ _NVIDIA_MODELS = (
         300.0,
         2505,
         384,
+        int8_tops=728.5,
     ),
     GpuModel(
         "rtx-a6000",
@@ -211,6 +254,7 @@ _NVIDIA_MODELS = (
         300.0,
         1800,
         384,
+        int8_tops=309.7,
     ),
     # Volta and Turing: no BF16. V100 is listed as the SXM2 32GB module, the common cloud/HGX variant.
     GpuModel(
@@ -230,7 +274,9 @@ _NVIDIA_MODELS = (
         4096,
         nvlink_links=6,
     ),
-    GpuModel("t4", "NVIDIA T4", ("Tesla T4",), 15360, "7.5", 65.0, None, 320.0, "pcie", False, 3, 70.0, 1590, 256),
+    GpuModel(
+        "t4", "NVIDIA T4", ("Tesla T4",), 15360, "7.5", 65.0, None, 320.0, "pcie", False, 3, 70.0, 1590, 256, int8_tops=130.0
+    ),
     # GeForce (FP32-accumulate tensor figures, see the module docstring)
     GpuModel(
         "rtx-4090",
@@ -247,6 +293,7 @@ _NVIDIA_MODELS = (
         450.0,
         2520,
         384,
+        int8_tops=660.6,
     ),
     GpuModel(
         "rtx-4080",
@@ -263,6 +310,7 @@ _NVIDIA_MODELS = (
         320.0,
         2505,
         256,
+        int8_tops=389.9,
     ),
     GpuModel(
         "rtx-3090",
@@ -279,6 +327,7 @@ _NVIDIA_MODELS = (
         350.0,
         1695,
         384,
+        int8_tops=284.7,
     ),
     # The RTX 3080 shipped with 10 GB and 12 GB under the same NVML name: memory tells them apart.
     GpuModel(
@@ -296,6 +345,7 @@ _NVIDIA_MODELS = (
         320.0,
         1710,
         320,
+        int8_tops=238.0,
     ),
     GpuModel(
         "rtx-3080-12gb",
@@ -312,6 +362,7 @@ _NVIDIA_MODELS = (
         350.0,
         1710,
         384,
+        int8_tops=243.6,
     ),
 )
 
@@ -543,12 +594,21 @@ class ExpectedFigures:
     tensor_tflops: float  # dense FP16 or BF16 matrix products, the better of the two
     memory_bandwidth_gbs: float  # device copy, read + write
     h2d_gbs: float  # pinned host-to-device over the card's PCIe generation (x16)
+    # The verification challenge's rounds form (common/challenge.py) on the agent's own kernel: what its deadline is
+    # sized by. 0.0 in CALIBRATED means "not measured yet": challenge_peak(model) * CHALLENGE_EFFICIENCY stands in.
+    challenge_tflops: float = 0.0
 
 
 TENSOR_EFFICIENCY = 0.8  # a good GEMM reaches 70-85% of dense peak
 # AMD's cards, where no benchmark of this project has run yet: public hipBLASLt BF16 GEMM figures on an MI300X reach
 # about 55-65% of its dense peak, so the spec sheet times NVIDIA's efficiency would expect too much of a healthy card.
 TENSOR_EFFICIENCY_BY_VENDOR: Mapping[str, float] = MappingProxyType({"amd": 0.6})
+# The challenge's rounds-form kernel (agent/benchmark/cuda.py: mma.sync products of 8-bit inputs it generates, and a
+# weighted sum of each product) against the dense peak of the path it takes (challenge_peak). NOT MEASURED: no GPU
+# was lent since the kernel was written. A guess of what a simple tensor-core GEMM fed from L2, without shared-memory
+# staging, reaches (10-35 % of peak): too high fails honest cards, too low lets a lesser card through;
+# scripts/gpu-smoke --benchmark-only prints the measured rate to calibrate it (docs/verification.md).
+CHALLENGE_EFFICIENCY = 0.2
 COPY_EFFICIENCY = 0.85  # a copy kernel reaches 80-90% of peak bandwidth
 _PCIE_X16_GBS = {3: 12.0, 4: 25.0, 5: 50.0, 6: 100.0}  # what pinned copies reach per generation, about
 # What the agent's own benchmark (agent/benchmark/cuda.py: an mma.sync BF16/FP16 loop, a float4 copy kernel, pinned
@@ -565,14 +625,31 @@ CALIBRATED: Mapping[str, ExpectedFigures] = MappingProxyType(
 )
 
 
+def compute_capability(model: GpuModel) -> tuple[int, int]:
+    """(major, minor) of an NVIDIA model; (0, 0) for a card without one (AMD's)."""
+    major, _, minor = model.compute_capability.partition(".")
+    return (int(major), int(minor or 0)) if major.isdigit() else (0, 0)
+
+
+def challenge_peak(model: GpuModel) -> float:
+    """The dense peak (TOPS or TFLOP/s) of the tensor path the rounds form's kernel takes on ``model``: INT8 on compute
+    capability 8.0 and later (its 8-bit inputs are exact there, and no exact path of the card is faster), FP16 before
+    (Turing's kernel), the better tensor figure where the model has no INT8 figure (AMD's: never challenged yet)."""
+    if compute_capability(model) >= (8, 0) and model.int8_tops > 0:
+        return model.int8_tops
+    return max(model.fp16_tflops, model.bf16_tflops or 0.0)
+
+
 def expected_figures(model: GpuModel) -> ExpectedFigures:
     """What a healthy ``model`` measures: calibrated where a real card was run, else derived from its spec sheet."""
-    calibrated = CALIBRATED.get(model.key)
-    if calibrated is not None:
-        return calibrated
-    tensor = max(model.fp16_tflops, model.bf16_tflops or 0.0)
-    return ExpectedFigures(
-        tensor_tflops=round(tensor * TENSOR_EFFICIENCY_BY_VENDOR.get(model.vendor, TENSOR_EFFICIENCY), 1),
-        memory_bandwidth_gbs=round(model.memory_bandwidth_gbs * COPY_EFFICIENCY, 1),
-        h2d_gbs=_PCIE_X16_GBS.get(model.pcie_gen, 12.0),
-    )
+    figures = CALIBRATED.get(model.key)
+    if figures is None:
+        tensor = max(model.fp16_tflops, model.bf16_tflops or 0.0)
+        figures = ExpectedFigures(
+            tensor_tflops=round(tensor * TENSOR_EFFICIENCY_BY_VENDOR.get(model.vendor, TENSOR_EFFICIENCY), 1),
+            memory_bandwidth_gbs=round(model.memory_bandwidth_gbs * COPY_EFFICIENCY, 1),
+            h2d_gbs=_PCIE_X16_GBS.get(model.pcie_gen, 12.0),
+        )
+    if figures.challenge_tflops <= 0:
+        figures = replace(figures, challenge_tflops=round(challenge_peak(model) * CHALLENGE_EFFICIENCY, 1))
+    return figures

@@ -16,7 +16,9 @@ import ctypes
 import ctypes.util
 import gc
 import sys
+import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 YOUNG_THRESHOLD = 20_000  # allocations between young collections (CPython's default: 700)
 # Young collections between middle ones (CPython's default: 10). A middle collection walks everything that survived
@@ -27,11 +29,89 @@ MIDDLE_THRESHOLD = 5
 OLD_THRESHOLD = 10  # CPython's default; a full collection also waits for 25% growth of the old generation
 
 
-def tune_for_daemon() -> None:
-    """Call once, after imports and before serving."""
+def tune_for_daemon(*, freeze_survivors: bool = False) -> None:
+    """Call once, after imports and before serving. ``freeze_survivors``: the daemon's heap is mostly state that lives
+    as long as the process (the Master's agents, GPUs and their aggregates): each full collection's survivors are frozen
+    out of the next ones (``SurvivorFreezer``)."""
     gc.collect()
     gc.freeze()
     gc.set_threshold(YOUNG_THRESHOLD, MIDDLE_THRESHOLD, OLD_THRESHOLD)
+    if freeze_survivors:
+        SurvivorFreezer.install()
+
+
+@dataclass(frozen=True)
+class CompletePolicy:
+    """When a full collection should walk the frozen objects too (a complete collection, which frees the cyclic
+    garbage among them): once they have grown ``growth`` times over since the last one, and, above ``floor_objects``
+    (where a complete collection's pause starts to matter), no sooner than ``min_interval_s`` after it."""
+
+    growth: float = 2.0
+    # With a floor of 1,000,000 a complete collection in a ramp to 30,000 agents held the Master's loop 908 ms (bench
+    # fleet, 3 simulated relays), where the full collections around it took 300-370 ms.
+    floor_objects: int = 250_000
+    min_interval_s: float = 6 * 3600.0
+
+    def due(self, frozen: int, frozen_after_complete: int, since_complete_s: float) -> bool:
+        if frozen < self.growth * max(frozen_after_complete, 1):
+            return False
+        return frozen < self.floor_objects or since_complete_s >= self.min_interval_s
+
+
+@dataclass
+class SurvivorFreezer:
+    """Freezes what each full collection leaves alive, so the next one walks only what was promoted since.
+
+    A full collection walks every object of the oldest generation with the event loop held. At 100,000 agents the
+    Master's heap is millions of objects (each agent's record, eight GPU records with their inventory, its session and
+    minute aggregates) that live as long as the process, and its full collections held the loop 9.9 and 18.5 s
+    (docs/capacity.md). Frozen after one collection, they are not walked again: the next full collection costs what
+    was promoted since, which the thresholds bound (YOUNG_THRESHOLD x MIDDLE_THRESHOLD x OLD_THRESHOLD allocations).
+
+    The price: an object frozen while alive that later dies in a reference cycle is not freed by later full
+    collections (objects freed by their reference count, most of them, are freed as ever). So when the frozen objects
+    have doubled since the last complete collection (and, above a quarter of a million objects, six hours have passed:
+    ``CompletePolicy``), they are unfrozen after a full collection, the next full collection walks them all (a long pause, at most
+    four a day, each after the heap doubled), and its survivors are frozen again. A collection's callback cannot start
+    one (the collector is busy), hence "the next". ``gc.get_freeze_count()`` says how many are frozen.
+    """
+
+    policy: CompletePolicy = field(default_factory=CompletePolicy)
+    clock: Callable[[], float] = time.monotonic
+    frozen_after_complete: int = 0
+    completed_at: float = field(default=0.0)
+    complete_next: bool = False
+    completes: int = 0
+
+    def __post_init__(self) -> None:
+        self.completed_at = self.clock()
+        self.frozen_after_complete = gc.get_freeze_count()
+
+    @classmethod
+    def install(cls, policy: CompletePolicy | None = None) -> SurvivorFreezer:
+        """One per process, in ``gc.callbacks`` (a second call returns the first one)."""
+        for callback in gc.callbacks:
+            owner = getattr(callback, "__self__", None)
+            if isinstance(owner, SurvivorFreezer):
+                return owner
+        freezer = cls(policy or CompletePolicy())
+        gc.callbacks.append(freezer.on_gc)
+        return freezer
+
+    def on_gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase != "stop" or info.get("generation") != 2:
+            return
+        now = self.clock()
+        if self.complete_next:  # this collection walked the unfrozen objects too
+            self.complete_next = False
+            gc.freeze()
+            self.frozen_after_complete, self.completed_at = gc.get_freeze_count(), now
+            self.completes += 1
+            return
+        gc.freeze()
+        if self.policy.due(gc.get_freeze_count(), self.frozen_after_complete, now - self.completed_at):
+            gc.unfreeze()  # into the oldest generation: the next full collection walks them
+            self.complete_next = True
 
 
 # How long a thread may keep the interpreter lock while another waits for it (CPython's default: 5 ms).

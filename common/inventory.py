@@ -44,7 +44,13 @@ GPU_VENDORS = ("nvidia", "amd", "intel", "habana")
 # memory), "display_only" (too little memory of its own to hold a workload), "no_driver" (no kernel driver bound to it),
 # "no_binding" (a driver, but no library or tool the agent reads it through), "unsupported" (a vendor idlegrid does
 # not run workloads on yet). A newer agent may send a kind this list lacks: it is shown as sent.
-UNOFFERED_KINDS = ("integrated", "display_only", "no_driver", "no_binding", "unsupported")
+# "partitioned": an AMD card whose compute is split into several devices (CPX and the like): its partitions are reported,
+# not sold yet, and the card is not sold whole either.
+UNOFFERED_KINDS = ("integrated", "display_only", "no_driver", "no_binding", "unsupported", "partitioned")
+# An AMD card's compute partition modes, as amd-smi names them: SPX is the whole card as one device; DPX, TPX, QPX and
+# CPX split it into 2, 3, 4 and (on an MI300X) 8 devices. Memory partition modes are NPS1 (one NUMA domain) to NPS4.
+WHOLE_COMPUTE_PARTITION = "SPX"
+MAX_PARTITION_MODES = 8
 
 RUNTIMES = ("docker", "process", "simulated")  # what runs renters' containers on the host
 ISOLATIONS = ("container", "sandbox", "none")  # how well a workload is kept from the host
@@ -68,6 +74,29 @@ class MigInstance(msgspec.Struct, frozen=True, kw_only=True):
     gpu_instance_id: int | None = None
     compute_instance_id: int | None = None
     index: int = 0  # the MIG device's index on its GPU, as NVML numbers them
+
+
+class GpuPartition(msgspec.Struct, frozen=True, kw_only=True):
+    """How an AMD card is partitioned (MI300-series; MIG has no AMD equivalent): its compute partition mode (``SPX``:
+    whole; ``CPX``: one device per compute die) and memory partition mode (``NPS1``, ``NPS4``), as amd-smi names
+    them, and the modes the card can be set to. Reported and shown to the provider, never sold (issue 41): a card
+    split into several devices is not offered at all (agent/detect.py). "" where the card does not say."""
+
+    compute: ShortText = ""
+    memory: ShortText = ""
+    compute_modes: Annotated[tuple[ShortText, ...], msgspec.Meta(max_length=MAX_PARTITION_MODES)] = ()
+    memory_modes: Annotated[tuple[ShortText, ...], msgspec.Meta(max_length=MAX_PARTITION_MODES)] = ()
+
+    @property
+    def split(self) -> bool:
+        """Whether the card's compute is split into several devices (a mode other than SPX)."""
+        return bool(self.compute) and self.compute.upper() != WHOLE_COMPUTE_PARTITION
+
+    def describe(self) -> str:
+        """ "CPX, NPS4 (can be SPX, DPX, QPX, CPX; NPS1, NPS4)", or "" when nothing is known."""
+        now = ", ".join(mode for mode in (self.compute, self.memory) if mode)
+        can = "; ".join(", ".join(modes) for modes in (self.compute_modes, self.memory_modes) if modes)
+        return f"{now} (can be {can})" if now and can else now
 
 
 class GpuInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -96,6 +125,8 @@ class GpuInfo(msgspec.Struct, frozen=True, kw_only=True):
     mig_instances: Annotated[tuple[MigInstance, ...], msgspec.Meta(max_length=MAX_MIG_INSTANCES)] = ()
     # One of GPU_VENDORS. "nvidia" by default: every agent older than the field read its GPUs through NVML alone.
     vendor: ShortText = "nvidia"
+    # An AMD card's partition modes (None: not partitionable, not read, or an older agent): reported, not sold.
+    partition: GpuPartition | None = None
 
 
 class UnofferedGpu(msgspec.Struct, frozen=True, kw_only=True):
@@ -109,6 +140,7 @@ class UnofferedGpu(msgspec.Struct, frozen=True, kw_only=True):
     kind: ShortText  # one of UNOFFERED_KINDS
     reason: LongText
     fix: LongText = ""
+    partition: GpuPartition | None = None  # a "partitioned" card's modes
 
 
 class GpuSample(msgspec.Struct, frozen=True, kw_only=True):

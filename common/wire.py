@@ -83,6 +83,9 @@ class Hello(_Frame, tag="hello"):
     # The GPU benchmark this agent answers verification challenges with: "cuda", "simulated", or "" (none: its GPUs
     # are never challenged and stay unmeasured, as with agents older than verification).
     benchmark: ShortText = ""
+    # The challenge forms (common/challenge.py FORMS) that benchmark answers besides "sum", which every benchmark
+    # answers: "rounds", sized by the claimed card's speed. Empty for agents older than the rounds form.
+    challenge_forms: Annotated[list[ShortText], msgspec.Meta(max_length=8)] = []
 
 
 class Heartbeat(_Frame, tag="heartbeat"):
@@ -218,11 +221,24 @@ class WorkerOp(str, enum.Enum):
     RESULT = "result"
     ERROR = "error"
     RELEASE = "release"
+    RESULTS = "results"  # several results in one call: payload [{"id", "output"}, ...]
     GONE = "gone"
 
 
 MAX_WORKER_TAKE_WAIT_S = 30.0  # a take's long poll, at most: the agent caps what a worker asks
+MAX_WORKER_TAKE_MOST = 1000  # requests one take may ask for (an endpoint's per-worker concurrency, at most)
 MAX_WORKER_IN_FLIGHT = 1024  # request ids one heartbeat names
+
+
+class WorkerResult(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One result of a ``results`` call (its payload is a list of them, 1 to MAX_WORKER_IN_FLIGHT): the request's id
+    and its output. The agent checks a worker's body against it, and the Master the frame's payload."""
+
+    id: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+    output: Any
+
+
+WorkerResults = Annotated[list[WorkerResult], msgspec.Meta(min_length=1, max_length=MAX_WORKER_IN_FLIGHT)]
 
 
 class WorkerCall(_Frame, tag="worker_call"):
@@ -240,6 +256,9 @@ class WorkerCall(_Frame, tag="worker_call"):
     op: WorkerOp
     request_id: ShortText = ""
     wait_s: Annotated[float, msgspec.Meta(ge=0, le=MAX_WORKER_TAKE_WAIT_S)] = 0.0
+    # A take of up to this many requests, answered {"requests": [...]}; 0: a take of one, answered as the request
+    # itself (the form of an agent or a handler library from before the batch take)
+    most: Annotated[int, msgspec.Meta(ge=0, le=MAX_WORKER_TAKE_MOST)] = 0
     in_flight: Annotated[list[ShortText], msgspec.Meta(max_length=MAX_WORKER_IN_FLIGHT)] = []
     seq: Annotated[int, msgspec.Meta(ge=0)] = 0
     payload: Any = None
@@ -321,10 +340,16 @@ class RenewResponse(_Frame, tag="renew_response"):
     error: str = ""
 
 
+# The verification challenge's forms (common/challenge.py defines what each answer is).
+CHALLENGE_FORM_SUM = "sum"
+CHALLENGE_FORM_ROUNDS = "rounds"
+
+
 class VerifyChallenge(_Frame, tag="verify_challenge"):
     """Benchmark this GPU and answer the challenge (common/challenge.py): commit to the answer by ``deadline``.
 
-    ``sim_rate_scale`` only slows a simulated GPU (the local grid's time scale); a real GPU ignores it."""
+    ``sim_rate_scale`` only slows a simulated GPU (the local grid's time scale); a real GPU ignores it. ``form`` says
+    what the answer is: the sum of the rounds' products, or one digest per round (common/challenge.py)."""
 
     challenge_id: ShortText
     gpu_uuid: ShortText
@@ -334,6 +359,7 @@ class VerifyChallenge(_Frame, tag="verify_challenge"):
     rounds: int
     deadline: float  # the Master's clock; the Master judges lateness by its own clock, this is a hint
     sim_rate_scale: float = 1.0
+    form: ShortText = CHALLENGE_FORM_SUM  # CHALLENGE_FORM_ROUNDS only to an agent whose hello named it
 
 
 class VerifyReveal(_Frame, tag="verify_reveal"):
@@ -408,6 +434,9 @@ class AccessHello(_Frame, tag="access_hello"):
     # The relay takes ``DirectoryNews`` and passes it on to its agents; an older relay leaves this out and its agents
     # get one ``relay_directory`` frame each through the link.
     directory_news: bool = False
+    # The relay folds its agents' heartbeats and telemetry into one ``report_fold`` per interval when the Master takes
+    # them; an older relay leaves this out and sends each agent frame in its own ``relay`` envelope, as before.
+    folds: bool = False
 
 
 class AccessWelcome(_Frame, tag="access_welcome"):
@@ -416,6 +445,9 @@ class AccessWelcome(_Frame, tag="access_welcome"):
     # The Master takes a JSON array of link frames as one message (in order, as if sent one by one). A relay sends
     # arrays only when told so: an older Master, which leaves this out, gets one frame per message.
     batches: bool = False
+    # The Master takes ``report_fold`` frames. A relay folds only when told so: an older Master, which leaves this out,
+    # gets each heartbeat and telemetry frame on its own, as before.
+    folds: bool = False
 
 
 class DirectoryNews(_Frame, tag="directory_news"):
@@ -433,6 +465,29 @@ class Relay(_Frame, tag="relay"):
 
     agent_id: str
     frame: msgspec.Raw
+
+
+class AgentReports(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One agent's part of a fold: its heartbeats and telemetry of the interval that say something the Master has not
+    heard from it already, in the order the agent sent them (every telemetry sample, every change of its heartbeat)."""
+
+    agent_id: str
+    frames: list[Heartbeat | Telemetry] = []
+
+
+class ReportFold(_Frame, tag="report_fold"):
+    """Relay -> Master: its agents' heartbeats and telemetry of one interval (access/fold.py), in one frame instead of
+    one each, so that the Master pays per relay frame rather than per agent frame (docs/access.md, "Folding").
+
+    ``alive`` names the agents whose heartbeat in the interval, before any other frame of theirs in it, said nothing the
+    Master does not have already (running containers, exits, overlay paths and ping echo as in its last full one):
+    liveness alone. ``reports`` holds the rest, a delta, each agent's frames in order after its ``alive`` mark. The
+    Master unfolds it into what the same frames one by one would have done (master/agent_channel.py ``_on_reports``).
+    Only to a Master whose ``access_welcome`` said ``folds``."""
+
+    lane: ClassVar[Lane] = Lane.TELEMETRY
+    alive: list[str] = []
+    reports: list[AgentReports] = []
 
 
 class AgentConnected(_Frame, tag="agent_connected"):
@@ -514,6 +569,7 @@ LinkFrame = (
     | EnrollResponse
     | ReportPace
     | DirectoryNews
+    | ReportFold
     | Error
 )
 
@@ -542,13 +598,15 @@ def lanes_of(frames: Iterable[type[_Frame]]) -> dict[str, Lane]:
     return lanes
 
 
-# What a relay queues for the Master: every agent frame (inside a ``relay`` envelope) and the relay's notices of
-# agents coming and going. The relay's other frames (hello, stats, enrollment) go straight onto the link, and the
-# intake takes every link frame that carries no agent frame as control.
-QUEUED_FRAMES: tuple[type[_Frame], ...] = (*get_args(AgentFrame), AgentConnected, AgentDisconnected)
+# What a relay queues for the Master: every agent frame (inside a ``relay`` envelope), the relay's notices of
+# agents coming and going, and its folds of its agents' reports. The relay's other frames (hello, stats, enrollment)
+# go straight onto the link, and the intake takes every link frame that carries no agent frame (or fold) as control.
+QUEUED_FRAMES: tuple[type[_Frame], ...] = (*get_args(AgentFrame), AgentConnected, AgentDisconnected, ReportFold)
 LANE_OF_KIND: dict[str, Lane] = lanes_of(QUEUED_FRAMES)
 TELEMETRY_KINDS = frozenset(kind for kind, lane in LANE_OF_KIND.items() if lane is Lane.TELEMETRY)
 ADMISSION_KINDS = frozenset(kind for kind, lane in LANE_OF_KIND.items() if lane is Lane.ADMISSION)
+# The agent frames a relay folds into a ``report_fold`` (``AgentReports``) for a Master that takes folds.
+FOLDED_KINDS = frozenset({tag_of(Heartbeat), tag_of(Telemetry)})
 NEVER_RATE_LIMITED = frozenset(tag_of(frame) for frame in get_args(AgentFrame) if not frame.rate_limited)
 
 

@@ -59,7 +59,14 @@ class Resource(str, enum.Enum):
     SSH_KEYS = "ssh_keys"  # SSH public keys: each account its own (docs/ssh.md)
     SECRETS = "secrets"  # an account's secrets for its workloads: each account its own, values never shown again
     ENDPOINTS = "endpoints"  # serverless endpoints and their invocation keys: a renter's own (docs/endpoints.md)
-    TOPUPS = "topups"  # money in through the payment provider: a renter tops up its own balance (docs/payments.md)
+    TOPUPS = "topups"  # money in through the payment provider: a renter tops up its own balance, sets its saved
+    # payment method, auto top-up and spend caps (docs/payments.md)
+    DISPUTES = "disputes"  # disputes of rentals: a renter opens and reads its own, a provider reads those about its
+    # hosts (docs/disputes.md)
+    DISPUTE_ANSWERS = "dispute_answers"  # a provider's answer to a dispute about its host
+    DISPUTE_RESOLUTIONS = "dispute_resolutions"  # the operator's resolution of a dispute: full, partial or no refund
+    PAYOUTS = "payouts"  # money out: a provider connects its own payout account and reads its payouts (docs/payments.md)
+    PAYOUT_RUNS = "payout_runs"  # running the payout run and the reconciliation now: the operator's
 
 
 class Action(str, enum.Enum):
@@ -130,6 +137,14 @@ PERMISSIONS[AccountRole.RENTER][Resource.ENDPOINTS] = frozenset({Action.READ, Ac
 # Top-ups (docs/payments.md): a renter opens and reads its own (Scope.owner); the operator reads anyone's and may open
 # one for a renter. The provider's webhook is public: its signature is its credential.
 PERMISSIONS[AccountRole.RENTER][Resource.TOPUPS] = frozenset({Action.READ, Action.WRITE})
+# Disputes (docs/disputes.md): a renter opens and reads its own; the disputed host's provider reads and answers them;
+# only the operator resolves (the service limits each to its own: another's answers 404).
+PERMISSIONS[AccountRole.RENTER][Resource.DISPUTES] = frozenset({Action.READ, Action.WRITE})
+PERMISSIONS[AccountRole.PROVIDER][Resource.DISPUTES] = frozenset({Action.READ})
+PERMISSIONS[AccountRole.PROVIDER][Resource.DISPUTE_ANSWERS] = frozenset({Action.WRITE})
+# Payouts (docs/payments.md): a provider connects and reads its own payout account and reads its payouts; the operator
+# anyone's, and alone runs a payout run or a reconciliation on demand.
+PERMISSIONS[AccountRole.PROVIDER][Resource.PAYOUTS] = frozenset({Action.READ, Action.WRITE})
 
 
 @dataclass(frozen=True)

@@ -16,12 +16,14 @@ Order, the same every time (a standby Master does steps 2 and 3 only once electe
 3. the loops start in ``Composition.loops`` order: the market (offer feed and metering), the output collector, the
    scheduler, the links' idle sweep, the alert loop (which observes all the others), the endpoint requests' webhooks
    (delivered once a request ends), the endpoint requests' book (from here on the Master hands it the endpoint
-   workers' calls, and its sweep applies TTLs and timeouts), the endpoints' autoscaler (docs/endpoints.md, "The
-   autoscaler's shell");
+   workers' calls, and its sweep applies TTLs and timeouts), the load-balanced endpoints' readiness probes (their
+   pool: docs/endpoints.md, "Load-balanced mode"), the endpoints' autoscaler (docs/endpoints.md, "The autoscaler's
+   shell"), the payments' catch-up, the auto top-up and the spend caps' watch (docs/payments.md);
 4. the HTTP API listens.
 
 Stopping runs it backwards: the API refuses new changes (503) and lets those under way finish, the loops stop in
-reverse order (the endpoints' autoscaler first, then the endpoint requests' book: workers' calls are answered 503,
+reverse order (the endpoints' autoscaler first, then the readiness probes, whose held requests are answered 503, then
+the endpoint requests' book: workers' calls are answered 503,
 which they retry; then the webhooks still pending are dropped; then alerts,
 scheduler, output collector, market: nothing is placed once metering has stopped), the Master
 drains its relay links and closes its store, and the HTTP server closes last (reads are served until then).
@@ -46,14 +48,17 @@ from common.errors import Conflict
 from common.http import HttpServer
 from common.loopwatch import watching
 from management.api import ApiSettings, Handler, build_app, error_response
+from management.endpoints.pool import BalancedPool
 from management.endpoints.requests import RequestBook
 from management.endpoints.scaler import EndpointScaler
 from management.endpoints.webhooks import RequestWebhooks
 from management.launch.templates import TemplateCatalog
+from management.links.endpoint_proxy import readiness
 from management.links.proxy import links_app
 from management.market.market import Market
 from management.market.prices import PriceBook, grid_default_of
 from management.monitoring.alert_loop import AlertLoop
+from management.monitoring.billing_signals import failed_auto_topup_readings, spend_cap_readings
 from management.monitoring.market_series import MarketSeries
 from management.monitoring.notifier import WebhookNotifier
 from management.monitoring.observe import FleetObserver
@@ -61,11 +66,14 @@ from management.monitoring.report_source import ReportSource
 from management.monitoring.rules import load_rules
 from management.monitoring.settings import AlertSettings, account_viewer
 from management.onboarding.service import Onboarding
+from management.payments.caps import CapBlocks
 from management.payments.provider import PaymentProvider
 from management.services import Services
 from management.services.accounts import AccountsService
 from management.services.alerts import AlertsService
 from management.services.billing import BillingService
+from management.services.billing_settings import BillingSettingsService
+from management.services.disputes import DisputeService
 from management.services.endpoint_requests import EndpointRequestsService
 from management.services.endpoints import EndpointsService
 from management.services.grid import GridService
@@ -73,9 +81,11 @@ from management.services.hosts import HostsService
 from management.services.links import LinksService, link_key
 from management.services.market import MarketService
 from management.services.outputs import OutputCollector
+from management.services.payouts import PayoutService
 from management.services.prices import PricesService
 from management.services.reports import ReportsService
 from management.services.secrets import SecretsService
+from management.services.spend_caps import SpendCapWatch
 from management.services.ssh_keys import SshKeysService
 from management.services.telemetry import TelemetryService
 from management.services.templates import TemplatesService
@@ -86,11 +96,15 @@ from management.services.workloads import WorkloadsService
 from management.settings import ManagementSettings, PaymentSettings
 from management.store import (
     attach,
+    billing_repo,
+    dispute_repo,
     endpoint_key_repo,
     endpoint_repo,
     endpoint_request_repo,
     output_repo,
     payment_event_repo,
+    payout_account_repo,
+    payout_repo,
     price_repo,
     rental_repo,
     ssh_key_repo,
@@ -253,6 +267,7 @@ def compose(master: MasterPort, settings: ManagementSettings | None = None) -> C
     # The one writer of providers' prices; the offer index and the scheduler read (and subscribe to) the same book.
     prices = PriceBook(price_repo(master.store), grid_default_of(master.config), time.time, owner_of=hosts.provider_of)
     market = Market(master, book, prices)
+    cap_blocks = CapBlocks()  # the spend cap watch's word on who may start paid work, read by the scheduler
     scheduler = SchedulerLoop(
         master,
         book,
@@ -261,6 +276,8 @@ def compose(master: MasterPort, settings: ManagementSettings | None = None) -> C
         funded=market.funded,
         budget=market.budget,
         period_s=settings.market.metering_period_s,
+        capped=cap_blocks.reason,
+        under_review=market.reliability.under_review,
     )
     market_service = MarketService(master, book, market, settings.market, fit_check=scheduler.never_fits)
     workloads = WorkloadsService(master, book, scheduler, market_service)
@@ -286,7 +303,11 @@ def compose(master: MasterPort, settings: ManagementSettings | None = None) -> C
     )
     endpoint_requests = EndpointRequestsService(requests, endpoints, endpoint_request_repo(master.store), request_webhooks)
     # Each endpoint's workers, as workloads of its account: the autoscaler's decisions carried out every second.
-    scaler = EndpointScaler(book, requests, endpoints, rental_repo(master.store), grace_s=settings.scheduler.scheduler.grace_s)
+    # Load-balanced endpoints' workers, asked their readiness path through the links' tunnels (set once links exist).
+    balancer = BalancedPool(book.open_workloads, endpoints, lambda *ask: balanced_probe(*ask))
+    scaler = EndpointScaler(
+        book, requests, endpoints, rental_repo(master.store), grace_s=settings.scheduler.scheduler.grace_s, pool=balancer
+    )
     endpoints.scale_of = scaler.status  # what the last tick found, in the endpoint's answer
     endpoint_requests.spend_of = scaler.spent_24h  # an endpoint's day's cost, on its console page
     tunnels = RenterAccess(master, workloads.get_workload, output_repo(master.store))
@@ -301,8 +322,9 @@ def compose(master: MasterPort, settings: ManagementSettings | None = None) -> C
     )
     tunnels.collect = outputs.collect  # a renter's request reads a pending output at once
     tunnels.ssh_fingerprints = ssh_keys.fingerprints  # an ssh ticket lets in the caller's keys (docs/ssh.md)
+    observer = FleetObserver(master, book.open_workloads, market.meter.balance_cover_s)
     alert_loop = AlertLoop(
-        FleetObserver(master, book.open_workloads, market.meter.balance_cover_s),
+        observer,
         load_rules(settings.alerts.rules),
         notifier=WebhookNotifier(settings=settings.alerts.notifier, viewer_of=account_viewer(master.accounts)),
         period_s=settings.alerts.period_s,
@@ -317,9 +339,15 @@ def compose(master: MasterPort, settings: ManagementSettings | None = None) -> C
         public_url=settings.links_url,
         key=link_key(settings.state_path),
     )
+    endpoints.url_of = lambda record: links.endpoint_url(record.id) if record.spec.load_balanced else None
+
+    async def balanced_probe(workload_id: str, port: int, path: str, timeout_s: float) -> bool:
+        return await readiness(links, workload_id, port, path, timeout_s)
+
+    provider = payment_provider(settings.payments)
     topups = TopupService(
         master,
-        payment_provider(settings.payments),
+        provider,
         topup_repo(master.store),
         payment_event_repo(master.store),
         market.ledger,
@@ -329,6 +357,57 @@ def compose(master: MasterPort, settings: ManagementSettings | None = None) -> C
         catch_up_window_s=settings.payments.catch_up_window_s,
         restart_s=settings.loop_restart_s,
     )
+
+    def balance_left(renter: str, now: float) -> int:
+        funds = market.ledger.funds(renter)
+        return funds.available + funds.held - market.meter.unbilled(renter, now)
+
+    billing_settings = BillingSettingsService(
+        master,
+        provider,
+        billing_repo(master.store),
+        topups,
+        balance_left,
+        currency=settings.market.currency,
+        limits=settings.payments.limits,
+        auto_topup_s=settings.payments.auto_topup_s,
+        min_interval_s=settings.payments.auto_topup_min_interval_s,
+        restart_s=settings.loop_restart_s,
+    )
+    spend_caps = SpendCapWatch(
+        master,
+        billing_repo(master.store),
+        rental_repo(master.store),
+        market.meter,
+        book,
+        cap_blocks,
+        currency=settings.market.currency,
+        check_s=settings.payments.spend_cap_check_s,
+        grace_s=settings.payments.grace_s,
+        restart_s=settings.loop_restart_s,
+    )
+    # A renter's spend caps and failed auto top-ups are alerts too, seen by the operator and by that renter.
+    currency = settings.market.currency
+    observer.spend_caps = lambda now: spend_cap_readings(spend_caps.all_readings(), currency)
+    observer.failed_auto_topups = lambda now: failed_auto_topup_readings(topups.failed_auto_topups())
+    disputes = DisputeService(
+        master,
+        dispute_repo(master.store),
+        rental_repo(master.store),
+        market.ledger,
+        window_s=settings.payments.dispute_window_s,
+    )
+    payouts = PayoutService(
+        master,
+        provider,
+        payout_account_repo(master.store),
+        payout_repo(master.store),
+        market.ledger,
+        currency=settings.market.currency,
+        settings=settings.payments.payouts,
+        restart_s=settings.loop_restart_s,
+    )
+    alert_loop.observer.unreconciled = payouts.unreconciled  # the payout reconciliation's alert (docs/payments.md)
     services = Services(
         accounts=accounts,
         hosts=hosts,
@@ -349,7 +428,12 @@ def compose(master: MasterPort, settings: ManagementSettings | None = None) -> C
         secrets=SecretsService(master),
         endpoints=endpoints,
         endpoint_requests=endpoint_requests,
+        balancer=balancer,
         topups=topups,
+        billing_settings=billing_settings,
+        spend_caps=spend_caps,
+        disputes=disputes,
+        payouts=payouts,
     )
     series = MarketSeries(book.counts, market.meter.open_rentals, market.ledger.balances, currency=settings.market.currency)
     return Composition(
@@ -370,8 +454,12 @@ def compose(master: MasterPort, settings: ManagementSettings | None = None) -> C
             ("alerts", alert_loop),
             ("request webhooks", request_webhooks),
             ("endpoint requests", requests),
+            ("endpoint readiness", balancer),
             ("endpoint scaler", scaler),
             ("payments", topups),
+            ("auto top-up", billing_settings),
+            ("spend caps", spend_caps),
+            ("payouts", payouts),
         ),
         market_series=series,
     )
@@ -388,6 +476,8 @@ def payment_provider(settings: PaymentSettings) -> PaymentProvider | None:
             settings.stripe_webhook_secret,
             api_base=settings.stripe_api_base,
             tolerance_s=settings.webhook_tolerance_s,
+            publishable_key=settings.stripe_publishable_key,
+            js_url=settings.stripe_js_url,
         )
     return None
 

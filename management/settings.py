@@ -25,6 +25,7 @@ from management.api import ApiSettings
 from management.market.money import parse_amount
 from management.monitoring.notifier import NotifierSettings
 from management.monitoring.settings import notifier_settings
+from management.payments.payouts import PayoutSettings
 from management.payments.topups import TopupLimits
 from management.services.market import MarketRules, RatingRules
 from management.services.outputs import OutputSettings
@@ -55,9 +56,17 @@ class PaymentSettings:
     stripe_api_key: str = field(default="", repr=False)
     stripe_webhook_secret: str = field(default="", repr=False)
     stripe_api_base: str = ""
+    stripe_publishable_key: str = ""  # public by design (it is sent to every browser), so kept in the repr
+    stripe_js_url: str = ""
     webhook_tolerance_s: int = 300
     catch_up_s: float = 300.0  # how often the provider's recent events are read (webhooks missed in an outage)
     catch_up_window_s: float = 3 * 86400.0  # how far back
+    auto_topup_s: float = 60.0  # how often due auto top-ups are charged
+    auto_topup_min_interval_s: float = 3600.0  # at most one auto top-up try per renter this often
+    spend_cap_check_s: float = 30.0  # how often spend caps are read and acted on
+    grace_s: float = 30.0  # work stopped by a hard spend cap: SIGTERM, this long, SIGKILL
+    dispute_window_s: float = 7 * 86400.0  # a rental is disputed within this long of its end (docs/disputes.md)
+    payouts: PayoutSettings = field(default_factory=PayoutSettings)  # money out
 
     @classmethod
     def of(cls, config: MasterConfig) -> PaymentSettings:
@@ -75,9 +84,24 @@ class PaymentSettings:
             stripe_api_key=config.stripe_api_key,
             stripe_webhook_secret=config.stripe_webhook_secret,
             stripe_api_base=config.stripe_api_base,
+            stripe_publishable_key=config.stripe_publishable_key,
+            stripe_js_url=config.stripe_js_url,
             webhook_tolerance_s=config.stripe_webhook_tolerance_s,
             catch_up_s=config.payment_catch_up_s,
             catch_up_window_s=config.payment_catch_up_window_s,
+            auto_topup_s=config.auto_topup_s,
+            auto_topup_min_interval_s=config.auto_topup_min_interval_s,
+            spend_cap_check_s=config.spend_cap_check_s,
+            grace_s=config.preemption_grace_s,
+            dispute_window_s=config.dispute_window_s,
+            payouts=PayoutSettings(
+                window_s=config.payout_window_s,
+                period=config.payout_period,
+                minimum=parse_amount(config.payout_min),
+                check_s=config.payout_check_s,
+                reconcile_s=config.payout_reconcile_s,
+                reconcile_window_s=config.payout_reconcile_window_s,
+            ),
         )
 
 

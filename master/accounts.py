@@ -129,6 +129,7 @@ class AccountBook:
         self._max_keys = max_keys
         self._issuing = asyncio.Lock()  # one key issued at a time, so concurrent requests cannot pass the cap together
         self._checked: dict[str, tuple[Credential, float]] = {}  # key hash -> (credential, until when it is trusted)
+        self._checked_accounts: dict[str, tuple[AccountRecord, float]] = {}  # id -> (account, until when trusted)
 
     # --- accounts ------------------------------------------------------------------------------
 
@@ -156,6 +157,20 @@ class AccountBook:
         found = await self._store.accounts.get(account_id)
         if found is None:
             raise NotFound(f"no account {account_id!r}")
+        return found
+
+    async def checked(self, account_id: str) -> AccountRecord:
+        """The account as a credential's check reads it (an endpoint's invocation key checks its owner's at every
+        request): remembered for ``API_KEY_CACHE_S`` like a checked key, and forgotten at once when this Master changes
+        it. NotFound for no such account (never remembered)."""
+        now = time.monotonic()
+        cached = self._checked_accounts.get(account_id)
+        if cached is not None and cached[1] > now:
+            return cached[0]
+        found = await self.get(account_id)
+        if len(self._checked_accounts) >= API_KEY_CACHE_SIZE:
+            self._checked_accounts.clear()
+        self._checked_accounts[account_id] = (found, now + API_KEY_CACHE_S)
         return found
 
     async def list(self, *, role: str | None = None, after: str | None = None, limit: int = 1000) -> builtins.list[AccountRecord]:
@@ -305,5 +320,6 @@ class AccountBook:
         return credential
 
     def _forget_account(self, account_id: str) -> None:
+        self._checked_accounts.pop(account_id, None)
         for key_hash in [h for h, (c, _) in self._checked.items() if c.key.subject == account_id]:
             del self._checked[key_hash]

@@ -29,6 +29,7 @@ from common.wire import (
     AgentEvent,
     AgentEventKind,
     AgentFrame,
+    AgentReports,
     CommandAck,
     CommandResult,
     EnrollRequest,
@@ -40,6 +41,7 @@ from common.wire import (
     Relay,
     RenewRequest,
     RenewResponse,
+    ReportFold,
     ResultAck,
     Revocations,
     Telemetry,
@@ -59,7 +61,7 @@ from master.faults import HealthVerdict, Recovered
 from master.link import AccessLink
 from master.records import AgentRecord, CommandRecord, GpuRecord
 from master.renewal import renew_certificate
-from master.session import HELLO_REQUIRED, Act, AgentSession, SessionRules, Verdict
+from master.session import HELLO_REQUIRED, TAKE, Act, AgentSession, SessionRules, Verdict
 from master.states import AgentState
 from master.telemetry import SampleWindow, SetAside, plausible_gpu
 from master.worker_calls import (
@@ -123,17 +125,28 @@ class AgentChannel:
         self.worker_places = WorkerPlaces()
         self._worker_tasks: set[asyncio.Task[Any]] = set()
         self._worker_calls_of: dict[str, int] = {}  # agent id -> its calls being answered now
+        # Each agent's last full heartbeat from a fold, for as long as its session lasts: a fold names an agent whose
+        # heartbeat said nothing new only as alive, and this is what that heartbeat said (``_on_reports``).
+        self._heartbeats: dict[str, Heartbeat] = {}
 
     def forget(self, agent_id: str) -> None:
         """The agent's session ends (it went silent): its next frame starts a new one, which must say hello."""
         self.sessions.pop(agent_id, None)
+        self._heartbeats.pop(agent_id, None)
 
     # --- relay links ---------------------------------------------------------------------------
 
-    async def on_link_frame(self, link: AccessLink, frame: LinkFrame) -> None:
+    async def on_link_frame(self, link: AccessLink, frame: LinkFrame | AgentReports) -> None:
         match frame:
             case Relay():
                 await self._on_relayed(link, frame)
+            case AgentReports():  # one agent's part of a fold, in its turn (master/intake.py)
+                await self._on_reports(link, frame)
+            case ReportFold():  # a whole fold, not unfolded by an intake: agent by agent
+                for agent_id in frame.alive:
+                    await self._on_reports(link, AgentReports(agent_id=agent_id))
+                for reports in frame.reports:
+                    await self._on_reports(link, reports)
             case AgentConnected():
                 await self._on_agent_connected(link, frame)
             case AgentDisconnected():
@@ -160,7 +173,7 @@ class AgentChannel:
         for agent_id in list(link.agents):
             if self._hub.agent_links.get(agent_id) is link:
                 del self._hub.agent_links[agent_id]
-                self.sessions.pop(agent_id, None)
+                self.forget(agent_id)
                 lost.append(agent_id)
         if not self.stopping:  # this Master going away says nothing about its agents
             await self._lose_all(lost, f"relay {link.relay_id} lost")
@@ -194,7 +207,7 @@ class AgentChannel:
 
     async def _lose(self, agent_id: str, reason: str) -> None:
         """The agent's connection is gone: it leaves ``ready`` now rather than after missed heartbeats."""
-        self.sessions.pop(agent_id, None)
+        self.forget(agent_id)
         await self._verifier.on_disconnect(agent_id)  # a run in progress there is over
         agent = self._registry.agents.get(agent_id)
         if agent is not None and agent.state in _CONNECTED:
@@ -258,6 +271,43 @@ class AgentChannel:
             session = self.sessions[agent_id] = AgentSession(agent_id, self._rules, now)
         await self._carry_out(link, agent, session, frame, session.receive(frame, len(raw), now), now)
 
+    async def _on_reports(self, link: AccessLink, reports: AgentReports) -> None:
+        """One agent's part of a fold (common/wire.py ``ReportFold``): what its frames one by one would have done.
+
+        Each frame is judged by the agent's session and handled as ``_on_relayed`` would, in the agent's order; an agent
+        named only as alive sent a heartbeat saying what its last full one said, which is handled again (its liveness,
+        and its running containers against the registry now), its transit aside (that heartbeat's date is not this
+        one's). A fold's frames are not counted into an agent's report budget: that budget is for events alone."""
+        agent_id = reports.agent_id
+        agent = self._registry.agents.get(agent_id)
+        if agent is None or agent.state == AgentState.RETIRED.value or self._hub.agent_links.get(agent_id) is not link:
+            return  # not (or no longer) connected here: nothing it says is taken
+        now = time.time()
+        session = self.sessions.get(agent_id)
+        if session is None:
+            session = self.sessions[agent_id] = AgentSession(agent_id, self._rules, now)
+        if not reports.frames:
+            await self._on_alive(link, agent, session, now)
+        for frame in reports.frames:
+            self._metrics.frame_received(frame)
+            verdict = session.receive(frame, 0, now)
+            if verdict is TAKE and isinstance(frame, Heartbeat):
+                self._heartbeats[agent_id] = frame
+            await self._carry_out(link, agent, session, frame, verdict, now)
+
+    async def _on_alive(self, link: AccessLink, agent: AgentRecord, session: AgentSession, now: float) -> None:
+        beat = self._heartbeats.get(agent.id)
+        if beat is None:  # its relay believes this Master has its heartbeat, which it has not: liveness alone
+            if session.helloed:
+                self._registry.on_heartbeat(agent, now, max_gap_s=self._config.heartbeat_s * self._config.missed_heartbeats)
+            return
+        self._metrics.frame_received(beat)
+        verdict = session.receive(beat, 0, now)
+        if verdict is TAKE:
+            await self._on_heartbeat(agent, beat, now, transit=False)
+        else:
+            await self._carry_out(link, agent, session, beat, verdict, now)
+
     async def _carry_out(
         self, link: AccessLink, agent: AgentRecord, session: AgentSession, frame: AgentFrame, verdict: Verdict, now: float
     ) -> None:
@@ -313,10 +363,12 @@ class AgentChannel:
                 self._on_agent_error(agent, frame)
 
     async def _on_hello(self, link: AccessLink, agent: AgentRecord, hello: Hello, version: int, now: float) -> None:
+        self._heartbeats.pop(agent.id, None)  # a new session: its relay sends its next heartbeat in full
         await self._registry.on_hello(
             agent, hello.inventory, relay=link.relay_id, region=hello.region, relay_region=link.region, now=now
         )
-        self._verifier.on_hello(agent.id, hello.benchmark)  # which benchmark it runs, if any (docs/verification.md)
+        # which benchmark it runs, if any, and the challenge forms it answers (docs/verification.md)
+        self._verifier.on_hello(agent.id, hello.benchmark, hello.challenge_forms)
         welcome = Welcome(
             version=version,
             agent_id=agent.id,
@@ -330,12 +382,12 @@ class AgentChannel:
         await link.send_to_agent(agent.id, encode(welcome))
         await self._commands.resend_for(agent.id)
 
-    async def _on_heartbeat(self, agent: AgentRecord, frame: Heartbeat, now: float) -> None:
-        transit = now - frame.ts
-        if -self._sample_window.max_ahead_s <= transit <= self._sample_window.max_age_s:
+    async def _on_heartbeat(self, agent: AgentRecord, frame: Heartbeat, now: float, *, transit: bool = True) -> None:
+        since = now - frame.ts
+        if transit and -self._sample_window.max_ahead_s <= since <= self._sample_window.max_age_s:
             # A heartbeat's date is the agent's word too: one dated -1e21 would make the histogram's sum
             # meaningless for the whole fleet, so only a date a real clock could give is observed.
-            self._metrics.heartbeat_transit.observe(max(0.0, transit))
+            self._metrics.heartbeat_transit.observe(max(0.0, since))
         self._registry.on_heartbeat(agent, now, max_gap_s=self._config.heartbeat_s * self._config.missed_heartbeats)
         self._registry.overlay_paths[agent.id] = frame.overlay  # in memory: the next heartbeat says it again
         if frame.exited:

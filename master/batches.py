@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -59,3 +60,68 @@ async def write_paced(
             rest = max(rest, window_left / left)
         if rest > 0:
             await asyncio.sleep(rest)
+
+
+class GroupWrite(Generic[T]):
+    """Writes of concurrent callers joined into one store write each time (a group commit), at most ``batch`` items.
+
+    ``put(items)`` returns once its items are written, as a write of its own would; what callers put while a write is
+    under way goes into the next one, so a burst (the hellos of a ramp, each with its events, GPUs and agent record)
+    costs a store write per group, not per caller (bench/HISTORY.md, "100,000 agents"). Order is kept: items are
+    written in the order they were put, and a caller's items are never split over two writes.
+
+    A group's write that fails is retried caller by caller, so that one caller's unstorable record (a non-finite
+    figure in an agent's report) fails that caller alone, as before; the others' writes are done then one by one.
+    """
+
+    def __init__(self, write: Callable[[Sequence[T]], Awaitable[None]], batch: int = BATCH) -> None:
+        self._write = write
+        self._batch = batch
+        self._waiting: deque[tuple[list[T], asyncio.Future[None]]] = deque()
+        self._writer: asyncio.Task[None] | None = None
+        self.writes = 0  # store writes made (groups, and retries one by one)
+
+    async def put(self, items: Sequence[T]) -> None:
+        if not items:
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append((list(items), future))
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._drain(), name="group-write")
+        await asyncio.shield(future)  # a caller that gives up does not take the group's write with it
+
+    async def _drain(self) -> None:
+        while self._waiting:
+            group: list[tuple[list[T], asyncio.Future[None]]] = []
+            size = 0
+            while self._waiting and (not group or size + len(self._waiting[0][0]) <= self._batch):
+                items, future = self._waiting.popleft()
+                group.append((items, future))
+                size += len(items)
+            try:
+                self.writes += 1
+                await self._write([item for items, _ in group for item in items])
+            except Exception as exc:
+                if len(group) == 1:
+                    _settle(group[0][1], exc)
+                    continue
+                for items, future in group:  # whose record it was: each caller's own write, as before
+                    try:
+                        self.writes += 1
+                        await self._write(items)
+                    except Exception as own:
+                        _settle(future, own)
+                    else:
+                        _settle(future, None)
+                continue
+            for _, future in group:
+                _settle(future, None)
+
+
+def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)

@@ -123,6 +123,14 @@ class MasterConfig(msgspec.Struct, kw_only=True):
     verify_k: Annotated[int, msgspec.Meta(ge=1, le=65536)] = 4096
     verify_rounds: Annotated[int, msgspec.Meta(ge=1)] = 4
     verify_allowance_s: Annotated[float, msgspec.Meta(ge=0)] = 5.0  # on top of the claimed model's computing time
+    # The rounds form (agents that answer it): sized per claimed model so its healthy card computes for
+    # verify_work_ratio * verify_round_allowance_s (docs/verification.md)
+    # the real kernel's tiles (agent/benchmark/cuda.py round_batch): n a multiple of 64, k of 32; k at most 1,024 so
+    # that FP32 accumulation of the 8-bit entries' products stays exact (common/challenge.py ROUND_MAX_K)
+    verify_round_n: Annotated[int, msgspec.Meta(ge=64, le=16384, multiple_of=64)] = 512
+    verify_round_k: Annotated[int, msgspec.Meta(ge=32, le=1024, multiple_of=32)] = 1024
+    verify_work_ratio: Annotated[float, msgspec.Meta(gt=0)] = 10.0
+    verify_round_allowance_s: Annotated[float, msgspec.Meta(ge=0)] = 3.0
     verify_sim_target_s: Annotated[float, msgspec.Meta(gt=0)] = 0.5  # a simulated card of its claimed model takes this
     verify_sim_allowance_s: Annotated[float, msgspec.Meta(ge=0)] = 1.0
     # The scheduler (management/scheduler/): it runs on every change that can matter, and at least this often.
@@ -178,6 +186,24 @@ class MasterConfig(msgspec.Struct, kw_only=True):
     reliable_fee_percent: Annotated[float, msgspec.Meta(ge=0, le=100)] = 5.0
     reliable_threshold: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.97
     reliable_window_s: Annotated[float, msgspec.Meta(gt=0)] = 30 * 86400.0
+    # A running rental holds this long of its cost from its renter's balance (at least one period; docs/payments.md,
+    # "Holds"): its provider is paid for every metered second even when the balance runs out, and the rest returns.
+    rental_hold_s: Annotated[float, msgspec.Meta(ge=1, le=30 * 86400)] = 3600.0
+    # Automatic SLA credits (docs/disputes.md): a run ended through its host credits its renter, on top of the refund,
+    # price x GPUs x min(downtime x sla_credit_percent / 100, sla_credit_cap_s) / 3600 from that host's provider, the
+    # downtime being the seconds from the host's last heartbeat to the run's end as the meter saw it, at least
+    # sla_min_downtime_s (a start the host failed: that minimum). sla_credit_percent 0 credits nothing.
+    sla_credit_percent: Annotated[int, msgspec.Meta(ge=0, le=10_000)] = 200
+    sla_min_downtime_s: Annotated[float, msgspec.Meta(ge=0, le=86400)] = 600.0
+    sla_credit_cap_s: Annotated[float, msgspec.Meta(ge=0, le=30 * 86400)] = 3600.0
+    # A host whose rental completion rate over reliable_window_s (the share of its rentals that did not end through it)
+    # falls below completion_rate_threshold, with at least completion_min_rentals counted, is not offered until an
+    # operator reviews it (docs/disputes.md, "Completion rates"); 0 turns the gate off.
+    completion_rate_threshold: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.8
+    completion_min_rentals: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 5
+    # A renter disputes an ended rental within this long of its end (docs/disputes.md); the disputed amount is held off
+    # the provider's earnings until an operator resolves it.
+    dispute_window_s: Annotated[float, msgspec.Meta(gt=0, le=365 * 86400)] = 7 * 86400.0
     # A renter whose balance will not cover this long of its running rentals is warned (an event, the console).
     low_balance_warning_s: Annotated[float, msgspec.Meta(gt=0)] = 3600.0
     # A renter's rating counts in a host's reputation only for a rental that ran at least rating_min_run_s and was paid
@@ -197,6 +223,11 @@ class MasterConfig(msgspec.Struct, kw_only=True):
     stripe_webhook_secret: str = ""
     # Where the SDK sends its requests; "": Stripe's own API (https://api.stripe.com). The tests' localstripe sets it.
     stripe_api_base: str = ""
+    # The console's top-up and card form (docs/payments.md, "Topping up on the console"): Stripe's publishable key
+    # (pk_...; "" offers no card form: renters then use the API or CLI) and where Stripe.js is loaded from (Stripe's
+    # own origin; the tests' localstripe serves a stand-in). The billing page's Content-Security-Policy allows these.
+    stripe_publishable_key: str = ""
+    stripe_js_url: str = "https://js.stripe.com/v3/"
     # A webhook delivery signed longer ago than this is refused (replayed deliveries must be re-signed by Stripe).
     stripe_webhook_tolerance_s: Annotated[int, msgspec.Meta(ge=1, le=3600)] = 300
     # Every payment_catch_up_s the Master reads the provider's top-up events of the last payment_catch_up_window_s from
@@ -206,6 +237,24 @@ class MasterConfig(msgspec.Struct, kw_only=True):
     # The least and the most one top-up may be, as decimal strings of the grid's currency.
     topup_min: Annotated[str, msgspec.Meta(pattern=r"^[0-9]{1,9}(\.[0-9]{1,6})?\Z")] = "5"
     topup_max: Annotated[str, msgspec.Meta(pattern=r"^[0-9]{1,9}(\.[0-9]{1,6})?\Z")] = "10000"
+    # Auto top-ups (docs/payments.md): every auto_topup_s the Master charges renters whose balance fell below their
+    # threshold, each at most once per auto_topup_min_interval_s (RunPod: once an hour), paid or declined.
+    auto_topup_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 60.0
+    auto_topup_min_interval_s: Annotated[float, msgspec.Meta(ge=60, le=30 * 86400)] = 3600.0
+    # Spend caps (docs/payments.md): every spend_cap_check_s the Master reads each capped renter's spending; a hard cap
+    # reached stops its running work (with preemption_grace_s) and keeps new paid work from starting.
+    spend_cap_check_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 30.0
+    # --- money out (docs/payments.md, "Payouts") ---
+    # Earnings younger than payout_window_s (the dispute window) wait; what matured is paid once per payout_period
+    # (a UTC day, ISO week or month) to each onboarded provider, when at least payout_min (in the grid's currency).
+    payout_window_s: Annotated[float, msgspec.Meta(ge=0, le=90 * 86400)] = 7 * 86400.0
+    payout_period: Literal["day", "week", "month"] = "week"
+    payout_min: Annotated[str, msgspec.Meta(pattern=r"^[0-9]{1,9}(\.[0-9]{1,6})?\Z")] = "10"
+    # How often the payout run looks for a period not paid yet, and how often (and how far back) the ledger's payouts
+    # are reconciled with the payment provider's transfers.
+    payout_check_s: Annotated[float, msgspec.Meta(gt=0, le=86400)] = 3600.0
+    payout_reconcile_s: Annotated[float, msgspec.Meta(gt=0, le=7 * 86400)] = 86400.0
+    payout_reconcile_window_s: Annotated[float, msgspec.Meta(ge=86400, le=400 * 86400)] = 35 * 86400.0
     # --- renter access (tunnels through the relays: common/tunnel.py) ---
     # Both ends of a tunnel must reach the relay within this long of the ticket's issue.
     tunnel_ticket_s: Annotated[float, msgspec.Meta(ge=1, le=600)] = 30.0

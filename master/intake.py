@@ -10,7 +10,9 @@ handled at once, and an agent's frames are handled in the order one task would h
 kind's lane is declared with its frame (common/wire.py ``lane``); today:
 
 - control: command acks and results, events, agents connecting and leaving, enrollment, the relay's stats;
-- admission: hellos (after the control of agents already in, before any telemetry);
+- admission: hellos (after the control of agents already in, before any telemetry); hellos of different agents are
+  handled up to ``ADMIT_AT_ONCE`` at once beside the handler (each waits on the store, and their writes join:
+  master/batches.py ``GroupWrite``), each agent still marked as handled from the start, so its next frame waits;
 - telemetry: heartbeats and telemetry, keyed by (agent, type): past the coalescing bound the newest of an agent
   replaces its waiting one, past the byte bound the oldest go; every frame let go is counted (``IntakeCounters``).
 
@@ -34,30 +36,51 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
+from typing import get_args
 
 import msgspec
 
 from common.errors import ProtocolError
 from common.lanes import Lane, LaneBounds, LaneQueue, Pushed
-from common.wire import LANE_OF_KIND, TELEMETRY_KINDS, AgentDisconnected, LinkFrame, Relay, decode_link_message
+from common.wire import (
+    LANE_OF_KIND,
+    TELEMETRY_KINDS,
+    AgentDisconnected,
+    AgentFrame,
+    AgentReports,
+    LinkFrame,
+    Relay,
+    ReportFold,
+    Telemetry,
+    decode_link_message,
+    tag_of,
+)
 
 log = logging.getLogger(__name__)
 
 # An agent frame's JSON as agents encode it starts with its tag: a bounded prefix tells its lane, as each frame kind
 # declares it (common/wire.py). Control needs no prefix: a frame no prefix names is control.
+_AGENT_KINDS = frozenset(tag_of(frame) for frame in get_args(AgentFrame))
 _PREFIX_LANES = {
     f'{{"type":"{kind}"'.encode(): (lane, kind)
     for kind, lane in sorted(LANE_OF_KIND.items(), key=lambda item: -item[1])  # telemetry first: the most frequent
-    if lane is not Lane.CONTROL
+    if lane is not Lane.CONTROL and kind in _AGENT_KINDS
 }
 _PREFIX_BYTES = max(len(prefix) for prefix in _PREFIX_LANES)
 NOTICE_BYTES = 128  # what a link frame that carries no agent frame is counted as
+# What a fold is counted as in the telemetry lane's byte bound, roughly: per agent named, per sample.
+FOLD_AGENT_BYTES, FOLD_SAMPLE_BYTES = 48, 160
 # Frames handled between yields to the event loop, so that the reader (and other links) keep going.
 HANDLE_SLICE = 64
+# Hellos of different agents handled at once on one link: a hello waits on the store (its events, GPUs and agent
+# record), and one at a time a link's ramp went at the store's round trip, not its throughput (50 hellos/s on a loaded
+# machine, bench/HISTORY.md "100,000 agents"); at once, their writes join (master/batches.py ``GroupWrite``).
+ADMIT_AT_ONCE = 32
 
 
 @dataclass(slots=True)
@@ -79,6 +102,8 @@ class IntakeCounters:
 def lane_of(frame: LinkFrame) -> tuple[Lane, tuple[str, str] | None, int]:
     """The lane of a link frame, its coalescing key (telemetry only) and its size in bytes, roughly. A frame of the
     relay's own (a notice, stats, enrollment) is control."""
+    if isinstance(frame, ReportFold):
+        return Lane.TELEMETRY, None, fold_size(frame)  # no key: a fold is never replaced by the next one
     if not isinstance(frame, Relay):
         return Lane.CONTROL, None, NOTICE_BYTES
     inner = memoryview(frame.frame)
@@ -90,13 +115,25 @@ def lane_of(frame: LinkFrame) -> tuple[Lane, tuple[str, str] | None, int]:
     return Lane.CONTROL, None, size
 
 
+def fold_size(fold: ReportFold) -> int:
+    """A fold's size in the lanes' byte bounds, roughly (its decoded form holds no bytes to measure)."""
+    named = len(fold.alive) + len(fold.reports)
+    samples = sum(len(f.samples) + 1 if isinstance(f, Telemetry) else 2 for r in fold.reports for f in r.frames)
+    return NOTICE_BYTES + FOLD_AGENT_BYTES * named + FOLD_SAMPLE_BYTES * samples
+
+
+def fold_agents(fold: ReportFold) -> list[str]:
+    """Every agent a fold names."""
+    return [*fold.alive, *(report.agent_id for report in fold.reports)]
+
+
 def detached(frame: Relay) -> Relay:
     """``frame`` holding only its own bytes: a decoded ``Raw`` is a view that keeps its whole message alive (a batch,
     up to a MiB), so one waiting heartbeat would hold its batch, and the lanes' byte bounds would bound nothing."""
     return Relay(agent_id=frame.agent_id, frame=msgspec.Raw(bytes(frame.frame)))
 
 
-Handler = Callable[[LinkFrame], Awaitable[None]]
+Handler = Callable[[LinkFrame | AgentReports], Awaitable[None]]
 OnBadFrame = Callable[[ProtocolError], Awaitable[None]]
 
 
@@ -110,18 +147,26 @@ class LinkIntake:
         bounds: LaneBounds,
         counters: IntakeCounters,
         heard: dict[str, float] | None = None,
+        agents: Collection[str] | None = None,
     ) -> None:
         self._handle = handle
+        # The agents the link speaks for now (its ``AccessLink.agents``): a fold may still name one that left (it was
+        # folded before), which is not heard of; None: every agent named is.
+        self._agents = agents
         self.heard: dict[str, float] = heard if heard is not None else {}  # agent id -> when a frame of it was last read
         self._on_bad_frame = on_bad_frame
         self.queue: LaneQueue[LinkFrame | ProtocolError] = LaneQueue(bounds)
         self._counters = counters
         self._ready = {True: asyncio.Event(), False: asyncio.Event()}  # control's handler, the others' handler
-        # Agents with a frame being handled, and the count of each agent's frames waiting in the control lane; a
-        # frame of an agent waits its turn while either says so (``_in_turn``), woken by ``_turn`` at each frame's end.
+        # Agents with a frame being handled, and the count of each agent's control frames not handled yet (in the lane
+        # or waiting for their turn); a frame of an agent waits its turn while either says so (``_in_turn``), woken by
+        # ``_turn`` at each frame's end.
         self._handling: set[str] = set()
         self._control_of: dict[str, int] = {}
         self._turn = asyncio.Event()
+        self._turn_waiters = 0
+        self._admitting: set[asyncio.Task[None]] = set()  # hellos being handled beside the handler (``_admit``)
+        self._admit_room = asyncio.Semaphore(ADMIT_AT_ONCE)
         self._room = asyncio.Event()
         self._closed = False
         self._seen = (0, 0, 0)  # the queue's replaced, evicted, forgotten already added to the counters
@@ -140,6 +185,8 @@ class LinkIntake:
                 if isinstance(frame, Relay):
                     heard[frame.agent_id] = now
                     frame = detached(frame)
+                elif isinstance(frame, ReportFold):
+                    self._hear_fold(frame, now)
                 elif isinstance(frame, AgentDisconnected):
                     heard.pop(frame.agent_id, None)
                     for kind in TELEMETRY_KINDS:
@@ -159,6 +206,23 @@ class LinkIntake:
             self._counters.frames += 1
         self._sync_counters()
         self._wake()
+
+    def _hear_fold(self, fold: ReportFold, now: float) -> None:
+        """Every agent a fold names is heard now, as if each of its frames had been read here."""
+        agents, heard = self._agents, self.heard
+        for agent_id in fold_agents(fold):
+            if agents is None or agent_id in agents:
+                heard[agent_id] = now
+
+    def backlogged(self, coalesce_bytes: int, *, folds: bool) -> bool:
+        """Whether telemetry waits here past what the Master drains by itself (the pacer's backlog, master/pacing.py):
+        ``coalesce_bytes`` of frames from a relay that does not fold; from one that folds, a second fold (the Master
+        is an interval behind). One fold of 10,000 agents is counted as about 1.6 MB: a single fold waiting, as one
+        does whenever it arrives, read as a backlog and kept a 25,000-agent grid paced down eightfold
+        (bench/HISTORY.md, "100,000 agents")."""
+        if folds:
+            return self.queue.telemetry_waiting > 1
+        return self.queue.bytes(Lane.TELEMETRY) >= coalesce_bytes
 
     def stalled_within(self, now: float, window_s: float) -> bool:
         """Whether the reader waited for room at any time in the last ``window_s`` seconds (or waits now)."""
@@ -184,7 +248,7 @@ class LinkIntake:
         try:
             done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         finally:
-            for task in tasks:
+            for task in [*tasks, *self._admitting]:
                 task.cancel()
         for task in pending:
             with contextlib.suppress(asyncio.CancelledError):
@@ -198,29 +262,92 @@ class LinkIntake:
             got = self.queue.pop(control=control)
             if got is None:  # (room is made by a pop, never here: the reader may wait for the other handler's lane)
                 if self._closed:
+                    await self._admitted()
                     return
                 ready.clear()
                 await ready.wait()
                 continue
             frame, lane = got
             agent_id = getattr(frame, "agent_id", None)
-            if lane is Lane.CONTROL and isinstance(agent_id, str):
-                left = self._control_of.pop(agent_id) - 1
-                if left:
-                    self._control_of[agent_id] = left
             if lane is Lane.TELEMETRY and self._closed:
+                await self._admitted()
                 self._let_go_telemetry()
                 return
             self._room.set()
             began = time.perf_counter()
-            await self._in_turn(frame, control=control)  # its store writes included: what bounds the Master is the wait for them
-            self._counters.busy_s += time.perf_counter() - began
+            if lane is Lane.ADMISSION and isinstance(agent_id, str) and await self._admitted_aside(frame, agent_id):
+                pass
+            elif isinstance(frame, ReportFold):
+                await self._unfold(frame)  # it counts its own busy time: it yields between slices of agents
+            else:
+                try:
+                    await self._in_turn(frame, control=control)  # its store writes included: what bounds the Master
+                finally:
+                    if lane is Lane.CONTROL and isinstance(agent_id, str):
+                        self._control_done(agent_id)
+                self._counters.busy_s += time.perf_counter() - began
             handled += 1
             if handled % HANDLE_SLICE == 0:
                 self._sync_counters()
                 await asyncio.sleep(0)
 
-    async def _in_turn(self, frame: LinkFrame | ProtocolError, *, control: bool) -> None:
+    def _control_done(self, agent_id: str) -> None:
+        """A control frame of ``agent_id`` was handled: counted in ``_control_of`` until now, not only until it left
+        the lane, so that the agent's hello or telemetry never overtakes it while it waits for its turn."""
+        left = self._control_of.pop(agent_id) - 1
+        if left:
+            self._control_of[agent_id] = left
+        elif self._turn_waiters:
+            self._turn.set()
+            self._turn = asyncio.Event()
+
+    async def _admitted_aside(self, frame: LinkFrame | ProtocolError, agent_id: str) -> bool:
+        """Start handling a hello beside the handler (once there is room: ``ADMIT_AT_ONCE``) when its agent has no
+        frame being handled and no control frame waiting, which it would otherwise wait for (``_in_turn``); whether
+        it was. The agent is marked as handled at once, so that its next frame waits for the hello."""
+        await self._admit_room.acquire()
+        if agent_id in self._handling or agent_id in self._control_of:
+            self._admit_room.release()
+            return False
+        self._handling.add(agent_id)
+        task = asyncio.create_task(self._admit(frame, agent_id), name=f"admit-{agent_id}")
+        self._admitting.add(task)
+        task.add_done_callback(self._admitting.discard)
+        return True
+
+    async def _admit(self, frame: LinkFrame | ProtocolError, agent_id: str) -> None:
+        """One hello, handled beside the handler (up to ``ADMIT_AT_ONCE`` at once), its agent marked as handled."""
+        began = time.perf_counter()
+        try:
+            await self._handle_one(frame)
+        finally:
+            self._counters.busy_s += time.perf_counter() - began
+            self._handling.discard(agent_id)
+            self._admit_room.release()
+            if self._turn_waiters:
+                self._turn.set()
+                self._turn = asyncio.Event()
+
+    async def _admitted(self) -> None:
+        """Wait for the hellos being handled beside the handler (the link closes: they end before its close)."""
+        while self._admitting:
+            await asyncio.gather(*list(self._admitting), return_exceptions=True)
+
+    async def _unfold(self, fold: ReportFold) -> None:
+        """A fold's agents one by one, each in its turn as its frames one by one would have been: never while another
+        frame of the agent is handled or a control frame of it waits, so a command's result is never held behind a
+        fold, and a fold behind a result holds up only that agent's part of it."""
+        handled, counters, began = 0, self._counters, time.perf_counter()
+        for report in itertools.chain((AgentReports(agent_id=agent_id) for agent_id in fold.alive), fold.reports):
+            await self._in_turn(report, control=False)
+            handled += 1
+            if handled % HANDLE_SLICE == 0:  # the Master's busy time, not the others' turns in between (pacing)
+                counters.busy_s += time.perf_counter() - began
+                await asyncio.sleep(0)
+                began = time.perf_counter()
+        counters.busy_s += time.perf_counter() - began
+
+    async def _in_turn(self, frame: LinkFrame | AgentReports | ProtocolError, *, control: bool) -> None:
         """Handle ``frame`` in its agent's turn, keeping the order one handler taking control first had: never while
         another frame of its agent is handled, and a hello or telemetry never while a control frame of its agent waits
         (an agent's ``agent_connected`` is handled before its hello, its results before a hello read after them)."""
@@ -229,14 +356,19 @@ class LinkIntake:
             await self._handle_one(frame)
             return
         while agent_id in self._handling or (not control and agent_id in self._control_of):
-            await self._turn.wait()
+            self._turn_waiters += 1
+            try:
+                await self._turn.wait()
+            finally:
+                self._turn_waiters -= 1
         self._handling.add(agent_id)
         try:
             await self._handle_one(frame)
         finally:
             self._handling.discard(agent_id)
-            self._turn.set()
-            self._turn = asyncio.Event()
+            if self._turn_waiters:  # a fresh event per frame only when someone waits for one
+                self._turn.set()
+                self._turn = asyncio.Event()
 
     def _let_go_telemetry(self) -> None:
         left = 1 + self.queue.telemetry_waiting
@@ -245,7 +377,7 @@ class LinkIntake:
         self.queue.forgotten += left
         self._sync_counters()
 
-    async def _handle_one(self, frame: LinkFrame | ProtocolError) -> None:
+    async def _handle_one(self, frame: LinkFrame | AgentReports | ProtocolError) -> None:
         if isinstance(frame, ProtocolError):
             await self._on_bad_frame(frame)
             return

@@ -29,6 +29,7 @@ from common.wire import (
     AccessHello,
     AccessStats,
     AccessWelcome,
+    AgentReports,
     DirectoryNews,
     ErrorCode,
     LinkFrame,
@@ -49,6 +50,13 @@ log = logging.getLogger(__name__)
 # Only relays dial this endpoint. TLS, the upgrade and the first frame each get this long (websockets applies
 # open_timeout to TLS as well), so a peer that stalls anywhere in the opening is dropped.
 OPEN_TIMEOUT_S = 10.0
+# The Master pings each link every LINK_PING_INTERVAL_S and gives its relay LINK_PING_TIMEOUT_S to answer. A pong is read
+# behind every message before it, and while the intake's admission lane is full the reader reads nothing (backpressure):
+# a ramp of 12,500 hellos behind one link took longer than websockets' default 20 s to drain on a loaded machine, and
+# the Master closed the link (1011), sending every agent behind it offline (bench/HISTORY.md, "100,000 agents"). An
+# agent's liveness never rests on these pings (its frames do, master/intake.py), so a long wait costs little: a relay
+# gone without a word is still found, a few minutes later, and its agents' silence is judged meanwhile.
+LINK_PING_INTERVAL_S, LINK_PING_TIMEOUT_S = 20.0, 300.0
 
 
 @dataclass(eq=False)
@@ -64,6 +72,7 @@ class AccessLink:
     intake: LinkIntake | None = None  # its frames between reading and handling (master/intake.py)
     telemetry_shed: int = 0  # what its relay last said it let go of telemetry, in all (AccessStats)
     directory_news: bool = False  # it passes DirectoryNews on to its agents (its AccessHello said so)
+    folds: bool = False  # it folds its agents' reports into report_fold frames (its AccessHello said so)
 
     async def send(self, data: bytes) -> bool:
         try:
@@ -76,7 +85,7 @@ class AccessLink:
         return await self.send(encode(Relay(agent_id=agent_id, frame=msgspec.Raw(frame))))
 
 
-LinkHandler = Callable[[AccessLink, LinkFrame], Awaitable[None]]
+LinkHandler = Callable[[AccessLink, LinkFrame | AgentReports], Awaitable[None]]
 LinkEvent = Callable[[AccessLink], Awaitable[None]]
 
 
@@ -126,6 +135,8 @@ class RelayHub:
             max_queue=64,
             compression=None,
             open_timeout=OPEN_TIMEOUT_S,
+            ping_interval=LINK_PING_INTERVAL_S,
+            ping_timeout=LINK_PING_TIMEOUT_S,
             process_request=_only_relays,
         )
         self._pacing = asyncio.create_task(self._keep_pace(), name="report-pace")
@@ -186,6 +197,7 @@ class RelayHub:
             self.lanes,
             self.intake,
             self.heard,
+            link.agents,
         )
         handler = asyncio.create_task(intake.run(), name=f"intake-{link.relay_id}")
         await self._announce_pace()  # the admission share of every relay changed
@@ -232,16 +244,17 @@ class RelayHub:
             public_url=hello.public_url,
             http_url=hello.http_url,
             directory_news=hello.directory_news,
+            folds=hello.folds,
         )
         old = self.links.get(link.relay_id)
         if old is not None:
             await old.connection.close(CLOSE_POLICY, "replaced by a newer link")
         self.links[link.relay_id] = link
-        await link.send(encode(AccessWelcome(version=version, revoked_serials=self._revoked(), batches=True)))
+        await link.send(encode(AccessWelcome(version=version, revoked_serials=self._revoked(), batches=True, folds=True)))
         log.info("access relay connected", extra={"relay": link.relay_id, "region": link.region})
         return link
 
-    async def _handle(self, link: AccessLink, frame: LinkFrame) -> None:
+    async def _handle(self, link: AccessLink, frame: LinkFrame | AgentReports) -> None:
         if isinstance(frame, AccessStats):
             link.telemetry_shed = frame.telemetry_shed
         try:
@@ -292,7 +305,7 @@ class RelayHub:
         pressure = Pressure(
             shed=max(0, shed - self._shed_seen) + max(0, relay_shed - self._relay_shed_seen),
             backlogged=any(
-                link.intake is not None and link.intake.queue.bytes(Lane.TELEMETRY) >= self.lanes.coalesce_bytes
+                link.intake is not None and link.intake.backlogged(self.lanes.coalesce_bytes, folds=link.folds)
                 for link in self.links.values()
             ),
             busy=min(1.0, (busy_s - busy_then) / (now - then)) if now > then else 1.0,
@@ -359,6 +372,12 @@ class _IntakeCollector(Collector):
         )
         relays.add_metric([], sum(link.telemetry_shed for link in hub.links.values()))
         yield relays
+        yield CounterMetricFamily(
+            "idlegrid_master_intake_frames",
+            "Link frames read from every relay (a fold, a relayed agent frame, a notice each): what the Master pays "
+            "framing and decoding for",
+            value=counters.frames,
+        )
         yield CounterMetricFamily(
             "idlegrid_master_intake_waits",
             "Times a relay link's reader waited for room in the control lanes",

@@ -12,19 +12,34 @@ in time, rows named, waiting for the openings) -> an ``Outcome``. Every path end
 - ``refused``: the agent said why it did not run (the GPU is rented, the host has no benchmark); not a failure of
   the card, and the GPU keeps its previous verification.
 
-The deadline is the Master's clock: ``allowance_s + work / (expected rate of the claimed model * fraction)``, with
-the fraction the tier policy's ``min_throughput_fraction``. Inputs are the clock and a random source passed in, so
-every rule above is a unit test (tests/master/test_verification.py). What it proves: docs/verification.md.
+The deadline is the Master's clock: ``allowance + work / (expected rate of the claimed model * fraction)``, with
+the fraction the tier policy's ``min_throughput_fraction``. The form (common/challenge.py) is the agent's best: an
+agent whose hello names the ``rounds`` form gets a challenge sized for its claimed model (``sized_shape``: a healthy
+card of that model computes for ``work_ratio`` times the allowance, so the card's speed decides, not the allowance),
+and the Master recomputes a few whole rounds; older agents get the small ``sum`` shape, which only a gross fake
+misses. Inputs are the clock and a random source passed in, so every rule above is a unit test
+(tests/master/test_verification.py, tests/master/test_challenge_sizing.py). What it proves: docs/verification.md.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from collections import deque
 from dataclasses import dataclass, field
 
 from common.catalog import GpuModel, expected_figures
-from common.challenge import Shape, answer_entry, path_matches
+from common.challenge import (
+    FORM_ROUNDS,
+    FORM_SUM,
+    MAX_ROUNDS,
+    Shape,
+    answer_entries,
+    digest_width,
+    path_matches,
+    round_digest,
+    weights,
+)
 from common.inventory import GpuInfo
 from common.wire import BenchmarkFigures, VerifyChallenge, VerifyCommit, VerifyOpen, VerifyReveal
 from master.records import GpuRecord, GpuVerification
@@ -40,12 +55,23 @@ class ChallengeSettings:
     it gets a small shape and a time scale (``sim_rate_scale``) chosen so that its claimed model takes ``sim_target_s``:
     the deadline then judges it as it judges a real card."""
 
+    # The sum form (agents that answer no other): a fixed small shape, since the Master's check of an entry costs
+    # k * rounds multiply-adds; on a real card its work takes milliseconds and the allowance decides.
     n: int = 1024
     k: int = 4096
-    rounds: int = 4  # real cards: k * rounds multiply-adds per checked entry, recomputed in Python by the Master
+    rounds: int = 4
     rows_checked: int = 3  # rows the Master opens
     entries_per_row: int = 2  # entries recomputed in each opened row
     allowance_s: float = 5.0  # network, set-up and hashing on top of the computing time
+    # The rounds form: rounds of n x k by k x n sized so that a healthy card of the claimed model computes for
+    # work_ratio * round_allowance_s; the Master recomputes round_rows_checked * rounds_per_row whole rounds
+    # (about 13 ms of CPU each at 512 x 1024 x 512, bench/README.md "challenge check").
+    round_n: int = 512
+    round_k: int = 1024  # at most common.challenge.ROUND_MAX_K
+    work_ratio: float = 10.0
+    round_allowance_s: float = 3.0  # set-up (NVRTC, the figures' probes), the digests' copy and hashing, the network
+    round_rows_checked: int = 4
+    rounds_per_row: int = 4
     open_timeout_s: float = 30.0  # after the reveal, for the openings
     sim_n: int = 16
     sim_k: int = 32
@@ -70,6 +96,29 @@ class Outcome:
     figures: BenchmarkFigures | None = None  # the agent's own figures, kept with the outcome
 
 
+def expected_rate(model: GpuModel, form: str) -> float:
+    """FLOP/s a healthy card of ``model`` computes ``form`` at: the rounds form's kernel has its own catalog figure."""
+    figures = expected_figures(model)
+    return (figures.challenge_tflops if form == FORM_ROUNDS else figures.tensor_tflops) * 1e12
+
+
+def sized_shape(model: GpuModel, settings: ChallengeSettings) -> Shape:
+    """The rounds form's shape for a claimed ``model``: as many rounds as a healthy card of it computes in
+    ``work_ratio * round_allowance_s`` (at most MAX_ROUNDS: a card faster than that bound gets a shorter run)."""
+    per_round = Shape(settings.round_n, settings.round_k, 1).flops
+    target_s = settings.work_ratio * settings.round_allowance_s
+    rounds = math.ceil(target_s * expected_rate(model, FORM_ROUNDS) / per_round)
+    return Shape(settings.round_n, settings.round_k, min(max(rounds, 1), MAX_ROUNDS))
+
+
+def separation_ratio(settings: ChallengeSettings, fraction: float) -> float:
+    """How much slower than its claim a card must be for the rounds form's deadline to catch it, at the least (a card
+    with no overhead at all): the claimed model computes for T = work_ratio * allowance, the deadline is allowance +
+    T / fraction, and a card rho times slower takes rho * T, so it is late when rho > 1 / fraction + 1 / work_ratio.
+    Models closer than this to each other (an H100 PCIe and SXM) are one class to the challenge."""
+    return 1.0 / fraction + 1.0 / settings.work_ratio
+
+
 @dataclass
 class _Open:
     challenge: VerifyChallenge
@@ -78,6 +127,7 @@ class _Open:
     shape: Shape
     started_at: float
     rate_scale: float
+    form: str = FORM_SUM
     commit: VerifyCommit | None = None
     committed_at: float = 0.0
     rows: list[int] = field(default_factory=list)
@@ -95,12 +145,25 @@ class ChallengeBook:
     def busy(self, gpu_uuid: str) -> bool:
         return any(o.challenge.gpu_uuid == gpu_uuid for o in self.open.values())
 
-    def start(self, agent_id: str, gpu_uuid: str, model: GpuModel, now: float, *, simulated: bool = False) -> VerifyChallenge:
+    def start(
+        self,
+        agent_id: str,
+        gpu_uuid: str,
+        model: GpuModel,
+        now: float,
+        *,
+        simulated: bool = False,
+        forms: frozenset[str] = frozenset(),
+    ) -> VerifyChallenge:
+        """A challenge for the GPU, in the best form the agent answers (``forms``: its hello's ``challenge_forms``)."""
         s = self.settings
-        expected = expected_figures(model).tensor_tflops * 1e12
+        form = FORM_ROUNDS if FORM_ROUNDS in forms else FORM_SUM
+        expected = expected_rate(model, form)
         if simulated:
             shape, allowance = Shape(s.sim_n, s.sim_k, s.sim_rounds), s.sim_allowance_s
             scale = shape.flops / (s.sim_target_s * expected)
+        elif form == FORM_ROUNDS:
+            shape, allowance, scale = sized_shape(model, s), s.round_allowance_s, 1.0
         else:
             shape, allowance, scale = Shape(s.n, s.k, s.rounds), s.allowance_s, 1.0
         rate = expected * self.fraction * scale
@@ -113,8 +176,9 @@ class ChallengeBook:
             rounds=shape.rounds,
             deadline=now + allowance + shape.flops / rate,
             sim_rate_scale=scale,
+            form=form,
         )
-        self.open[challenge.challenge_id] = _Open(challenge, agent_id, model, shape, now, scale)
+        self.open[challenge.challenge_id] = _Open(challenge, agent_id, model, shape, now, scale, form)
         return challenge
 
     def on_commit(self, agent_id: str, commit: VerifyCommit, now: float) -> VerifyReveal | Outcome | None:
@@ -142,10 +206,19 @@ class ChallengeBook:
             )
         roots.append(commit.root)
         state.commit, state.committed_at = commit, now
-        n, s = state.shape.n, self.settings
-        state.rows = self._rng.sample(range(n), min(s.rows_checked, n))
-        state.columns = {row: self._rng.sample(range(n), min(s.entries_per_row, n)) for row in state.rows}
+        rows, rows_checked, per_row = self._checked(state)
+        state.rows = self._rng.sample(range(rows), min(rows_checked, rows))
+        for row in state.rows:
+            width = _row_width(state, row)
+            state.columns[row] = self._rng.sample(range(width), min(per_row, width))
         return VerifyReveal(challenge_id=commit.challenge_id, rows=list(state.rows))
+
+    def _checked(self, state: _Open) -> tuple[int, int, int]:
+        """(rows in the answer, rows to open, values to recompute in each) for the challenge's form."""
+        s = self.settings
+        if state.form == FORM_ROUNDS:
+            return -(-state.shape.rounds // digest_width(state.shape)), s.round_rows_checked, s.rounds_per_row
+        return state.shape.n, s.rows_checked, s.entries_per_row
 
     def on_open(self, agent_id: str, opened: VerifyOpen, now: float) -> Outcome | None:
         """The openings checked here and now (``check`` then ``conclude``, for a caller with no event loop to keep)."""
@@ -231,19 +304,42 @@ class ChallengeBook:
         )
 
 
+def _row_width(state: _Open, row: int) -> int:
+    """How many values row ``row`` of the answer holds: n for the sum form; the rounds form's last row may be short."""
+    if state.form != FORM_ROUNDS:
+        return state.shape.n
+    width = digest_width(state.shape)
+    return min(width, state.shape.rounds - row * width)
+
+
 def _first_wrong(state: _Open, opened: VerifyOpen) -> str:
-    """Why the openings do not prove the answer; "" when they do."""
+    """Why the openings do not prove the answer; "" when they do. Checks every path first (cheap), then recomputes
+    the picked values: the sum form's entries in one vectorized pass, the rounds form's rounds one by one."""
     by_row = {o.row: o for o in opened.openings}
     assert state.commit is not None
     for row in state.rows:
         opening = by_row.get(row)
         if opening is None:
             return f"row {row} was not opened"
-        if len(opening.values) != state.shape.n or not path_matches(state.commit.root, row, opening.values, opening.path):
+        if len(opening.values) != _row_width(state, row) or not path_matches(
+            state.commit.root, row, opening.values, opening.path
+        ):
             return f"row {row} does not match the committed answer"
-        for col in state.columns[row]:
-            if opening.values[col] != answer_entry(state.challenge.seed, state.shape, row, col):
-                return f"entry ({row}, {col}) is not the product of the challenge's matrices"
+    seed, shape = state.challenge.seed, state.shape
+    if state.form == FORM_ROUNDS:
+        w = weights(seed, shape.n)
+        width = digest_width(shape)
+        for row in state.rows:
+            for col in state.columns[row]:
+                r = row * width + col
+                if by_row[row].values[col] != round_digest(seed, shape, r, w):
+                    return f"round {r}'s digest is not that of the product of its matrices"
+        return ""
+    cells = [(row, col) for row in state.rows for col in state.columns[row]]
+    expected = answer_entries(seed, shape, cells)
+    for row, col in cells:
+        if by_row[row].values[col] != expected[row, col]:
+            return f"entry ({row}, {col}) is not the product of the challenge's matrices"
     return ""
 
 

@@ -13,8 +13,8 @@ own holds.
 
 While a challenge runs its GPU is held in the Master's allocations by ``VERIFY_HOLDER`` (shown ``reserved``), so
 nothing is placed on it: a renter's workload that would go there waits until the run ends (at most its deadline plus
-the opening timeout), then is placed as usual. Waiting, not preempting: a run is seconds, and a preempted benchmark
-would have to start over (docs/verification.md).
+the opening timeout), then is placed as usual. Waiting, not preempting: a run is about half a minute at most (the
+rounds form's default work), and a preempted benchmark would have to start over (docs/verification.md).
 """
 
 from __future__ import annotations
@@ -102,12 +102,15 @@ class Verifier:
         # Agent id -> the benchmark its hello named ("cuda", "simulated"); agents naming none are never challenged.
         # In memory: every connection starts with a hello, and a restarted Master asks for one.
         self.benchmarks: dict[str, str] = {}
+        self.forms: dict[str, frozenset[str]] = {}  # agent id -> the challenge forms its hello named besides "sum"
 
-    def on_hello(self, agent_id: str, benchmark: str) -> None:
+    def on_hello(self, agent_id: str, benchmark: str, forms: Iterable[str] = ()) -> None:
         if benchmark:
             self.benchmarks[agent_id] = benchmark
+            self.forms[agent_id] = frozenset(forms)
         else:
             self.benchmarks.pop(agent_id, None)
+            self.forms.pop(agent_id, None)
 
     # -- starting -------------------------------------------------------------------------------------------------
 
@@ -174,7 +177,8 @@ class Verifier:
         model = CATALOG.get(gpu.model)
         if model is None:
             return ""  # an unknown model has nothing to be measured against: the catalog must list it first
-        challenge = self.book.start(agent.id, gpu.uuid, model, now, simulated=gpu.info.simulated)
+        forms = self.forms.get(agent.id, frozenset())
+        challenge = self.book.start(agent.id, gpu.uuid, model, now, simulated=gpu.info.simulated, forms=forms)
         try:
             self._allocations.claim(agent.id, VERIFY_HOLDER, _hold_id(challenge.challenge_id), [gpu.uuid])
         except Conflict:
@@ -195,7 +199,7 @@ class Verifier:
             await self.finish(step)
 
     async def on_open(self, agent_id: str, frame: VerifyOpen) -> None:
-        # Recomputing the checked entries costs k * rounds multiply-adds each: off the event loop.
+        # Recomputing the checked entries or rounds is milliseconds of numpy each (bench/README.md): off the event loop.
         wrong = await asyncio.to_thread(self.book.check, agent_id, frame)
         outcome = None if wrong is None else self.book.conclude(agent_id, frame, wrong, time.time())
         if outcome is not None:
@@ -203,6 +207,7 @@ class Verifier:
 
     async def on_disconnect(self, agent_id: str) -> None:
         self.benchmarks.pop(agent_id, None)
+        self.forms.pop(agent_id, None)
         for outcome in self.book.forget_agent(agent_id, time.time()):
             await self.finish(outcome)
 
@@ -248,6 +253,10 @@ def verifier_for(config: MasterConfig, registry: Registry, events: EventLog, sen
         k=config.verify_k,
         rounds=config.verify_rounds,
         allowance_s=config.verify_allowance_s,
+        round_n=config.verify_round_n,
+        round_k=config.verify_round_k,
+        work_ratio=config.verify_work_ratio,
+        round_allowance_s=config.verify_round_allowance_s,
         sim_target_s=config.verify_sim_target_s,
         sim_allowance_s=config.verify_sim_allowance_s,
     )

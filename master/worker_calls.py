@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 import msgspec
 
-from common.wire import MAX_WORKER_TAKE_WAIT_S, WorkerCall, WorkerOp
+from common.wire import MAX_WORKER_TAKE_WAIT_S, WorkerCall, WorkerOp, WorkerResults
 
 MAX_GONE_REMEMBERED = 100_000  # workers said gone that one Master process keeps refusing (oldest forgotten first)
 # Calls of one agent's workers being answered at once (long polls mostly): past it a call is answered 429 at once,
@@ -61,10 +61,12 @@ class WorkerCalls(Protocol):
     """What the Master hands each worker call to. ``take`` is a long poll of at most ``wait_s`` seconds."""
 
     async def take(self, worker: WorkerRef, wait_s: float) -> TakenRequest | None: ...
+    async def take_many(self, worker: WorkerRef, wait_s: float, most: int) -> list[TakenRequest]: ...
     async def heartbeat(self, worker: WorkerRef, in_flight: list[str]) -> list[str]: ...
     async def partial(self, worker: WorkerRef, request_id: str, seq: int, output: Any) -> CallOutcome: ...
     async def progress(self, worker: WorkerRef, request_id: str, progress: Any) -> CallOutcome: ...
     async def result(self, worker: WorkerRef, request_id: str, output: Any) -> CallOutcome: ...
+    async def results(self, worker: WorkerRef, results: list[tuple[str, Any]]) -> list[CallOutcome]: ...
     async def error(self, worker: WorkerRef, request_id: str, error: WorkerError) -> CallOutcome: ...
     async def release(self, worker: WorkerRef, request_id: str) -> CallOutcome: ...
     async def worker_gone(self, worker: WorkerRef) -> None: ...
@@ -106,20 +108,52 @@ async def answer_call(calls: WorkerCalls | None, worker: WorkerRef, call: Worker
     if calls is None:
         return NO_QUEUE_STATUS, {"error": "no request queue on this Master"}
     match call.op:
+        case WorkerOp.TAKE if call.most > 0:  # a take of several: those queued now, or the first to come
+            found = await calls.take_many(worker, min(call.wait_s, MAX_WORKER_TAKE_WAIT_S), call.most)
+            if not found:
+                return 204, None
+            return 200, {"requests": [_taken(one) for one in found]}
         case WorkerOp.TAKE:
             taken = await calls.take(worker, min(call.wait_s, MAX_WORKER_TAKE_WAIT_S))
             if taken is None:
                 return 204, None
-            return 200, {"id": taken.id, "input": taken.input, "attempt": taken.attempt}
+            return 200, _taken(taken)
         case WorkerOp.HEARTBEAT:
             return 200, {"cancel": await calls.heartbeat(worker, list(call.in_flight))}
         case WorkerOp.GONE:
             await calls.worker_gone(worker)
             return 204, None
+        case WorkerOp.RESULTS:
+            results = _results_of(call.payload)
+            if results is None:
+                return 400, {"error": 'results is a list of objects of "id" (a request id) and "output"'}
+            return 200, {"outcomes": [outcome.value for outcome in await calls.results(worker, results)]}
     if not call.request_id:
         return 400, {"error": "a report names its request"}
     outcome = await _report(calls, worker, call)
     return outcome.value, None
+
+
+def _results_of(payload: Any) -> list[tuple[str, Any]] | None:
+    """A results call's (request id, output) pairs; None for a payload that is not a list of ``WorkerResult`` (the
+    agent checked it, but a frame is a host's word)."""
+    try:
+        results = msgspec.convert(payload, WorkerResults)
+    except msgspec.ValidationError:
+        return None
+    return [(one.id, one.output) for one in results]
+
+
+class TakenJson(TypedDict):
+    """A taken request as the worker's take call answers it."""
+
+    id: str
+    input: Any
+    attempt: int
+
+
+def _taken(taken: TakenRequest) -> TakenJson:
+    return {"id": taken.id, "input": taken.input, "attempt": taken.attempt}
 
 
 async def _report(calls: WorkerCalls, worker: WorkerRef, call: WorkerCall) -> CallOutcome:

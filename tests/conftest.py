@@ -7,5 +7,6 @@ from tests.support.localstripe import localstripe  # noqa: F401
 from tests.support.operator_api import api  # noqa: F401
 from tests.support.podman import podman  # noqa: F401
 from tests.support.s3 import s3  # noqa: F401
+from tests.support.singletons import pytest_runtest_call  # noqa: F401
 
 no_dns.guard()

@@ -10,14 +10,18 @@ from access.relay import Forward, judge_frame
 from access.upstream import FrameBuffer, Outbound
 from common.lanes import Lane
 from common.wire import (
+    FOLDED_KINDS,
     LANE_OF_KIND,
     MAX_FRAME_BYTES,
     NEVER_RATE_LIMITED,
     QUEUED_FRAMES,
     TELEMETRY_KINDS,
     AgentFrame,
+    AgentReports,
     FrameWithoutLane,
     Relay,
+    ReportFold,
+    Telemetry,
     _Frame,
     decode_link_frame,
     encode,
@@ -53,7 +57,8 @@ def test_every_agent_frame_is_queued_with_a_lane():
 
 def test_the_lanes_declared_today():
     """A change here is a change of behaviour at the relay and the Master's door: docs/overload.md says why each is where."""
-    assert {kind for kind, lane in LANE_OF_KIND.items() if lane is Lane.TELEMETRY} == {"heartbeat", "telemetry"}
+    assert {kind for kind, lane in LANE_OF_KIND.items() if lane is Lane.TELEMETRY} == {"heartbeat", "telemetry", "report_fold"}
+    assert FOLDED_KINDS == {"heartbeat", "telemetry"}
     assert {kind for kind, lane in LANE_OF_KIND.items() if lane is Lane.ADMISSION} == {"hello"}
     assert NEVER_RATE_LIMITED == {"command_ack", "command_result"}
 
@@ -62,7 +67,7 @@ def relayed(kind: str) -> bytes:
     return encode(Relay(agent_id="a1", frame=msgspec.Raw(b'{"type":"' + kind.encode() + b'"}')))
 
 
-@pytest.mark.parametrize("kind", sorted(k for k in LANE_OF_KIND if k not in ("agent_connected", "agent_disconnected")))
+@pytest.mark.parametrize("kind", sorted(tag_of(frame) for frame in get_args(AgentFrame)))
 def test_the_masters_intake_puts_each_agent_frame_in_its_declared_lane(kind):
     lane, key, _ = lane_of(decode_link_frame(relayed(kind)))
     assert lane is LANE_OF_KIND[kind]
@@ -95,3 +100,27 @@ def encode_kind(kind: str) -> bytes:
         "command_result": {"id": "c1", "ok": True},
     }
     return msgspec.json.encode({"type": kind, **fields[kind]})
+
+
+async def test_the_relay_and_the_masters_intake_queue_on_the_one_lane_queue():
+    """Issue 38, point 2: one lane queue (common/lanes.py), under the relay's buffer and under each link's intake."""
+    from common.lanes import LaneBounds, LaneQueue
+    from master.intake import IntakeCounters, LinkIntake
+
+    async def ignore(_: object) -> None:
+        return None
+
+    assert type(FrameBuffer(limit=10).queue) is LaneQueue
+    assert type(LinkIntake(ignore, ignore, LaneBounds(), IntakeCounters()).queue) is LaneQueue
+
+
+def test_a_fold_waits_in_the_telemetry_lane_at_both_ends_and_is_never_replaced_by_the_next():
+    fold = ReportFold(alive=["a1", "a2"], reports=[AgentReports(agent_id="a3", frames=[Telemetry(ts=1.0, samples=[])])])
+    lane, key, size = lane_of(decode_link_frame(encode(fold)))
+    assert (lane, key) == (Lane.TELEMETRY, None)
+    assert size > 0
+    buffer = FrameBuffer(limit=100)
+    buffer.coalesce = True  # as while the Master is away: an agent's newer heartbeat replaces its older one
+    assert buffer.offer(Outbound("", "report_fold", encode(fold)))
+    assert buffer.offer(Outbound("", "report_fold", encode(fold)))
+    assert buffer.kinds() == [("", "report_fold"), ("", "report_fold")]

@@ -20,8 +20,8 @@ from tests.support.typecheck import failing_lines
 
 ROOT = Path(__file__).resolve().parent.parent
 # Properties of the port that are values, not parts: settings management reads whole, and facts about the running
-# Master (its role, when it started, its link's URL, the relays' latest counts).
-VALUES = {"config", "policy", "role", "started_at", "link_url", "relay_stats"}
+# Master (its role, when it started, its link's URL).
+VALUES = {"config", "policy", "role", "started_at", "link_url"}
 # The names management gives a MasterPort (``self._master``, ``self.master``, ``observer.master``); a function's own
 # short name for one (``m = self._master``) counts too.
 PORT_NAMES = {"master", "_master"}
@@ -117,6 +117,28 @@ def test_management_reaches_nothing_past_the_port() -> None:
         if found:
             reaches[name] = found
     assert reaches == {}, "management reads the Master's parts through their views and writes through port operations"
+
+
+def unused_members(source: str, parts: dict[str, type]) -> list[str]:
+    """Each member of the port, and of each part's view, that ``source`` names nowhere as an attribute."""
+    named = {node.attr for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Attribute)}
+    found = [f"MasterPort.{name}" for name in _port_members() - named]
+    found += [f"{view.__name__}.{name}" for view in parts.values() for name in _members(view) - named]
+    return sorted(found)
+
+
+def test_the_port_and_its_views_list_only_what_management_uses() -> None:
+    """The door is as wide as management's use of it: a member nothing in management names is an opening to close
+    (the Master keeps it for itself; the port need not publish it)."""
+    management = "\n".join(path.read_text() for path in sorted((ROOT / "management").rglob("*.py")))
+    assert unused_members(management, _parts()) == []
+
+
+def test_an_unused_member_of_the_port_is_named() -> None:
+    members = _port_members() | {member for view in _parts().values() for member in _members(view)}
+    used_by_all_but_one = "".join(f"master.{name}\n" for name in sorted(members))
+    assert unused_members(used_by_all_but_one, _parts()) == []
+    assert unused_members(used_by_all_but_one.replace("master.create_command\n", ""), _parts()) == ["MasterPort.create_command"]
 
 
 def test_the_scan_catches_a_reach_past_a_view_and_a_write_on_a_part() -> None:

@@ -6,22 +6,34 @@ runs, and answers challenges with a refusal naming what to install.
 
 Per GPU, in a few seconds: tensor-core throughput (``mma.sync`` BF16 and FP16 on compute capability 8.0 and later,
 FP16 on 7.x), FP32 FMA throughput, device copy bandwidth, pinned host-to-device and device-to-host bandwidth, how much
-memory can be allocated and written, and the challenge (common/challenge.py) computed by an exact FP32 tiled kernel.
+memory can be allocated and written, and the challenge (common/challenge.py): the sum form by an exact FP32 tiled
+kernel, the rounds form on tensor cores (``rounds_mma``: INT8 ``mma.sync`` m16n8k32 with INT32 accumulators from
+compute capability 8.0, FP16 m16n8k8 with FP32 accumulators on 7.5; both exact for its 8-bit entries), each round's
+product folded into its digest in the kernel's epilogue. The rounds form is offered (``forms``) only after its
+self-test gave the CPU's digests on every card of the host.
 
 NOT RUN IN CI: no GPU there. Every line here runs only where a GPU is lent (scripts/gpu-smoke runs it and prints the
-figures); the simulated benchmark (agent/benchmark/simulated.py) implements the same interface for CI.
+figures); the simulated benchmark (agent/benchmark/simulated.py) implements the same interface for CI, and
+tests/agent/test_cuda_kernels.py compiles the kernels with NVRTC where the gpu extra is installed. The rounds kernel
+was written without a GPU lent: it has been compiled for sm_75 to sm_90, never run.
 """
 
 from __future__ import annotations
 
 import ctypes
-import struct
+import logging
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import numpy as np
 
 from agent.benchmark.interface import BenchmarkRun, BenchmarkUnavailable, ChallengeTask
-from common.challenge import P, round_seed
+from common.challenge import FORM_ROUNDS, AnswerRows, P, Shape, digest_rows, digests, round_seed, weight_seed
 from common.wire import BenchmarkFigures
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 INSTALL_HINT = "install the agent's gpu extra (pip install 'idlegrid[gpu]': cuda-bindings and NVRTC)"
 COPY_BYTES = 1 << 30  # device copy: 1 GiB read + 1 GiB written per pass
@@ -113,7 +125,133 @@ template <int BF16> __device__ void mma_loop(float* out, int iterations) {
 }
 extern "C" __global__ void mma_bf16(float* out, int iterations) { mma_loop<1>(out, iterations); }
 extern "C" __global__ void mma_f16(float* out, int iterations) { mma_loop<0>(out, iterations); }
+
+// -- the challenge's rounds form (common/challenge.py) ----------------------------------------------------------------
+// Round r's A (n x k, row by row) and B (column by column, so that mma's "col" operand is contiguous): signed bytes, the
+// eight bytes of one mix() at a time. INT8 on compute capability 8.0 and later (mma m16n8k32, INT32 accumulators): the
+// words are stored as they are. FP16 on 7.5 (mma m16n8k8, FP32 accumulators, exact: every partial sum is an integer
+// within 2^24): each byte becomes a half.
+#if __CUDA_ARCH__ >= 800
+typedef signed char round_t;
+#define ROUND_K 32
+#else
+typedef unsigned short round_t;
+#define ROUND_K 8
+__constant__ unsigned short HALF_OF[256] = {  // IEEE half bits of -128 .. 127
+    0xD800, 0xD7F0, 0xD7E0, 0xD7D0, 0xD7C0, 0xD7B0, 0xD7A0, 0xD790, 0xD780, 0xD770, 0xD760, 0xD750,
+    0xD740, 0xD730, 0xD720, 0xD710, 0xD700, 0xD6F0, 0xD6E0, 0xD6D0, 0xD6C0, 0xD6B0, 0xD6A0, 0xD690,
+    0xD680, 0xD670, 0xD660, 0xD650, 0xD640, 0xD630, 0xD620, 0xD610, 0xD600, 0xD5F0, 0xD5E0, 0xD5D0,
+    0xD5C0, 0xD5B0, 0xD5A0, 0xD590, 0xD580, 0xD570, 0xD560, 0xD550, 0xD540, 0xD530, 0xD520, 0xD510,
+    0xD500, 0xD4F0, 0xD4E0, 0xD4D0, 0xD4C0, 0xD4B0, 0xD4A0, 0xD490, 0xD480, 0xD470, 0xD460, 0xD450,
+    0xD440, 0xD430, 0xD420, 0xD410, 0xD400, 0xD3E0, 0xD3C0, 0xD3A0, 0xD380, 0xD360, 0xD340, 0xD320,
+    0xD300, 0xD2E0, 0xD2C0, 0xD2A0, 0xD280, 0xD260, 0xD240, 0xD220, 0xD200, 0xD1E0, 0xD1C0, 0xD1A0,
+    0xD180, 0xD160, 0xD140, 0xD120, 0xD100, 0xD0E0, 0xD0C0, 0xD0A0, 0xD080, 0xD060, 0xD040, 0xD020,
+    0xD000, 0xCFC0, 0xCF80, 0xCF40, 0xCF00, 0xCEC0, 0xCE80, 0xCE40, 0xCE00, 0xCDC0, 0xCD80, 0xCD40,
+    0xCD00, 0xCCC0, 0xCC80, 0xCC40, 0xCC00, 0xCB80, 0xCB00, 0xCA80, 0xCA00, 0xC980, 0xC900, 0xC880,
+    0xC800, 0xC700, 0xC600, 0xC500, 0xC400, 0xC200, 0xC000, 0xBC00, 0x0000, 0x3C00, 0x4000, 0x4200,
+    0x4400, 0x4500, 0x4600, 0x4700, 0x4800, 0x4880, 0x4900, 0x4980, 0x4A00, 0x4A80, 0x4B00, 0x4B80,
+    0x4C00, 0x4C40, 0x4C80, 0x4CC0, 0x4D00, 0x4D40, 0x4D80, 0x4DC0, 0x4E00, 0x4E40, 0x4E80, 0x4EC0,
+    0x4F00, 0x4F40, 0x4F80, 0x4FC0, 0x5000, 0x5020, 0x5040, 0x5060, 0x5080, 0x50A0, 0x50C0, 0x50E0,
+    0x5100, 0x5120, 0x5140, 0x5160, 0x5180, 0x51A0, 0x51C0, 0x51E0, 0x5200, 0x5220, 0x5240, 0x5260,
+    0x5280, 0x52A0, 0x52C0, 0x52E0, 0x5300, 0x5320, 0x5340, 0x5360, 0x5380, 0x53A0, 0x53C0, 0x53E0,
+    0x5400, 0x5410, 0x5420, 0x5430, 0x5440, 0x5450, 0x5460, 0x5470, 0x5480, 0x5490, 0x54A0, 0x54B0,
+    0x54C0, 0x54D0, 0x54E0, 0x54F0, 0x5500, 0x5510, 0x5520, 0x5530, 0x5540, 0x5550, 0x5560, 0x5570,
+    0x5580, 0x5590, 0x55A0, 0x55B0, 0x55C0, 0x55D0, 0x55E0, 0x55F0, 0x5600, 0x5610, 0x5620, 0x5630,
+    0x5640, 0x5650, 0x5660, 0x5670, 0x5680, 0x5690, 0x56A0, 0x56B0, 0x56C0, 0x56D0, 0x56E0, 0x56F0,
+    0x5700, 0x5710, 0x5720, 0x5730, 0x5740, 0x5750, 0x5760, 0x5770, 0x5780, 0x5790, 0x57A0, 0x57B0,
+    0x57C0, 0x57D0, 0x57E0, 0x57F0,
+};
+#endif
+__device__ __forceinline__ u64 round_seed(u64 seed, u64 r, u64 which) { return mix(seed ^ mix((r << 1) | which)); }
+__device__ __forceinline__ void put_word(round_t* out, u64 x8, u64 word) {
+#if __CUDA_ARCH__ >= 800
+    ((u64*)out)[x8] = word;  // little-endian: byte b is entry 8 * x8 + b
+#else
+    for (int b = 0; b < 8; ++b) out[8 * x8 + b] = HALF_OF[(int)(signed char)(word >> (8 * b)) + 128];
+#endif
+}
+extern "C" __global__ void fill_rounds(round_t* a, round_t* bt, u64 seed, u64 first, int n, int k) {
+    u64 r = first + blockIdx.y, per = (u64)n * k, words = per / 8;
+    u64 sa = round_seed(seed, r, 0), sb = round_seed(seed, r, 1);
+    round_t* ar = a + blockIdx.y * per;
+    round_t* br = bt + blockIdx.y * per;
+    for (u64 x8 = blockIdx.x * (u64)blockDim.x + threadIdx.x; x8 < words; x8 += (u64)gridDim.x * blockDim.x) {
+        put_word(ar, x8, mix(sa ^ x8));  // A[i, t] at i * k + t
+        put_word(br, x8, mix(sb ^ x8));  // B[t, j] at j * k + t
+    }
+}
+// The digests' weights W[i, j] (n x n), the same for every round.
+extern "C" __global__ void fill_weights(u64* w, u64 seed, u64 count) {
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < count; i += (u64)gridDim.x * blockDim.x)
+        w[i] = mix(seed ^ i);
+}
+// One block of 4 warps: a 64 x 64 tile of round (first + blockIdx.z)'s product, each warp 32 x 32 (2 x 4 mma tiles of
+// 16 x 8), fragments read straight from L2/L1 as 32-bit words (4 INT8 or 2 FP16 entries each; PTX ISA "Matrix
+// Fragments for mma.m16n8k32" and "mma.m16n8k8"); then sum W[i, j] * C[i, j] over the tile (mod 2^64, the product as
+// two's complement) into the round's digest. n % 64 == 0, k % 32 == 0.
+extern "C" __global__ void rounds_mma(const round_t* a, const round_t* bt, const u64* w, u64* digests, u64 first, int n,
+                                      int k) {
+#if __CUDA_ARCH__ >= 750
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    int row0 = blockIdx.y * 64 + (warp >> 1) * 32, col0 = blockIdx.x * 64 + (warp & 1) * 32;
+    u64 per = (u64)n * k, words = (u64)k * sizeof(round_t) / 4;
+    const unsigned* ar = (const unsigned*)(a + blockIdx.z * per);
+    const unsigned* br = (const unsigned*)(bt + blockIdx.z * per);
+#if ROUND_K == 32
+    int acc[2][4][4] = {};
+#else
+    float acc[2][4][4] = {};
+#endif
+    for (int t0 = 0; t0 < k; t0 += ROUND_K) {
+        u64 word = (u64)t0 * sizeof(round_t) / 4 + q;  // the word holding this lane's first entries of the k step
+        unsigned fa[2][4], fb[4][2];
+        for (int m = 0; m < 2; ++m) {
+            u64 r = row0 + m * 16 + g;
+            fa[m][0] = __ldg(ar + r * words + word);  // A[r, ...]
+            fa[m][1] = __ldg(ar + (r + 8) * words + word);  // A[r + 8, ...]
+#if ROUND_K == 32
+            fa[m][2] = __ldg(ar + r * words + word + 4);  // A[r, 16 entries further]
+            fa[m][3] = __ldg(ar + (r + 8) * words + word + 4);
+#endif
+        }
+        for (int nb = 0; nb < 4; ++nb) {
+            u64 c = col0 + nb * 8 + g;
+            fb[nb][0] = __ldg(br + c * words + word);  // B[..., c]
+#if ROUND_K == 32
+            fb[nb][1] = __ldg(br + c * words + word + 4);  // B[16 entries further, c]
+#endif
+        }
+        for (int m = 0; m < 2; ++m)
+            for (int nb = 0; nb < 4; ++nb) {
+#if ROUND_K == 32
+                asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
+                             "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                    : "+r"(acc[m][nb][0]), "+r"(acc[m][nb][1]), "+r"(acc[m][nb][2]), "+r"(acc[m][nb][3])
+                    : "r"(fa[m][0]), "r"(fa[m][1]), "r"(fa[m][2]), "r"(fa[m][3]), "r"(fb[nb][0]), "r"(fb[nb][1]));
+#else
+                asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 "
+                             "{%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
+                    : "+f"(acc[m][nb][0]), "+f"(acc[m][nb][1]), "+f"(acc[m][nb][2]), "+f"(acc[m][nb][3])
+                    : "r"(fa[m][0]), "r"(fa[m][1]), "r"(fb[nb][0]));
+#endif
+            }
+    }
+    u64 sum = 0;
+    for (int m = 0; m < 2; ++m)
+        for (int nb = 0; nb < 4; ++nb)
+            for (int e = 0; e < 4; ++e) {
+                u64 i = row0 + m * 16 + g + (e >> 1) * 8, j = col0 + nb * 8 + 2 * q + (e & 1);
+                sum += w[i * n + j] * (u64)(i64)acc[m][nb][e];
+            }
+    for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    if (lane == 0) atomicAdd((unsigned long long*)(digests + first + blockIdx.z), (unsigned long long)sum);
+#endif
+}
 """
+ROUND_TILE = 64  # the rounds kernel's block tile (n must be a multiple of it)
+ROUND_K_STEP = 32  # its k step on INT8 (k must be a multiple of it)
+ROUND_BATCH_BYTES = 256 << 20  # the rounds' generated inputs held at once (A and B of each round, 2 bytes an entry)
+SELF_TEST_SHAPE = Shape(64, 1024, 3)  # checked against the CPU's answer before the form is offered, at the largest k
 MMA_FLOPS_PER_WARP = {8: 2 * 16 * 8 * 16, 7: 2 * 16 * 8 * 8}  # by compute capability major (>= 8 vs 7.x)
 
 
@@ -139,11 +277,45 @@ class CudaBenchmark:
     def __init__(self) -> None:
         self.driver, self.nvrtc = _modules()
         _check(self.driver.cuInit(0), "cuInit (is the NVIDIA driver loaded?)")
+        self.forms: tuple[str, ...] = ()  # the rounds form once self_test passed on every card here
 
     def run(self, task: ChallengeTask) -> BenchmarkRun:
-        driver = self.driver
         started = time.perf_counter()
-        device = self._device(task.gpu_uuid)
+
+        def work(module: Any, major: int, minor: int, sms: int) -> tuple[AnswerRows, BenchmarkFigures]:
+            rows = self._rounds(module, task) if task.form == FORM_ROUNDS else self._challenge(module, task)
+            return rows, self._measure(module, major, sms)
+
+        rows, figures = self._on_device(self._device(task.gpu_uuid), work)
+        figures.duration_s = round(time.perf_counter() - started, 3)
+        return BenchmarkRun(figures=figures, rows=rows)
+
+    def self_test(self) -> str:
+        """Offer the rounds form (``forms``) only if its tensor-core kernel gives the CPU's exact answer to a small
+        challenge on every card of this host; otherwise say why (the host still answers the sum form)."""
+        driver, problems = self.driver, []
+        task = ChallengeTask("self-test", "", 0x1D1E6121D, SELF_TEST_SHAPE, 0.0, form=FORM_ROUNDS)
+        expected = digests(task.seed, task.shape)
+
+        def check(module: Any, major: int, minor: int, sms: int) -> str:
+            if (major, minor) < (7, 5):
+                return f"compute capability {major}.{minor} has no mma.sync of the rounds kernel's shapes"
+            got = np.concatenate(list(self._rounds(module, task)))
+            return "" if np.array_equal(got, expected) else "the rounds kernel's digests differ from the CPU's"
+
+        for ordinal in range(_check(driver.cuDeviceGetCount(), "cuDeviceGetCount")):
+            try:
+                why = self._on_device(_check(driver.cuDeviceGet(ordinal), "cuDeviceGet"), check)
+            except BenchmarkUnavailable as exc:
+                why = str(exc)
+            if why:
+                problems.append(f"GPU {ordinal}: {why}")
+        self.forms = () if problems else (FORM_ROUNDS,)
+        return "; ".join(problems)
+
+    def _on_device(self, device: Any, work: Callable[[Any, int, int, int], T]) -> T:
+        """``work(module, major, minor, SMs)`` in the device's primary context, with the kernels compiled for it."""
+        driver = self.driver
         context = _check(driver.cuDevicePrimaryCtxRetain(device), "cuDevicePrimaryCtxRetain")
         try:
             _check(driver.cuCtxSetCurrent(context), "cuCtxSetCurrent")
@@ -158,13 +330,9 @@ class CudaBenchmark:
             sms = _check(
                 driver.cuDeviceGetAttribute(driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device), "SMs"
             )
-            module = self._compile(major, minor)
-            rows = self._challenge(module, task)
-            figures = self._measure(module, major, sms)
+            return work(self._compile(major, minor), major, minor, sms)
         finally:
             driver.cuDevicePrimaryCtxRelease(device)
-        figures.duration_s = round(time.perf_counter() - started, 3)
-        return BenchmarkRun(figures=figures, rows=rows)
 
     # -- set-up --------------------------------------------------------------------------------------------------
 
@@ -185,24 +353,27 @@ class CudaBenchmark:
         # NVRTC wheel's CUDA version still runs it.
         options = [f"--gpu-architecture=sm_{major}{minor}".encode(), b"-std=c++14"]
         error = nvrtc.nvrtcCompileProgram(program, len(options), options)[0]
+        # NVRTC writes its log and the machine code into the buffer it is given: a bytearray, never a bytes object
+        # (immutable, and ``b" " * 1`` is the interpreter's one shared b" ": an empty log, one NUL, turned every b" "
+        # of the process into b"\x00").
         if int(error) != 0:
             size = _check(nvrtc.nvrtcGetProgramLogSize(program), "nvrtcGetProgramLogSize")
-            text = b" " * size
-            nvrtc.nvrtcGetProgramLog(program, text)
-            raise BenchmarkUnavailable(f"NVRTC could not compile the benchmark: {text.decode(errors='replace')[:2000]}")
+            log = bytearray(size)
+            nvrtc.nvrtcGetProgramLog(program, log)
+            said = log.rstrip(b"\0").decode(errors="replace")[:2000]
+            raise BenchmarkUnavailable(f"NVRTC could not compile the benchmark: {said}")
         size = _check(nvrtc.nvrtcGetCUBINSize(program), "nvrtcGetCUBINSize")
-        cubin = b" " * size
+        cubin = bytearray(size)
         _check(nvrtc.nvrtcGetCUBIN(program, cubin), "nvrtcGetCUBIN")
-        return _check(self.driver.cuModuleLoadData(cubin), "cuModuleLoadData")
+        return _check(self.driver.cuModuleLoadData(bytes(cubin)), "cuModuleLoadData")
 
     def _function(self, module: Any, name: str) -> Any:
         return _check(self.driver.cuModuleGetFunction(module, name.encode()), f"cuModuleGetFunction {name}")
 
-    def _launch(self, module: Any, name: str, grid: tuple[int, int], block: tuple[int, int], args: tuple, types: tuple) -> None:
+    def _launch(self, module: Any, name: str, grid: tuple[int, ...], block: tuple[int, int], args: tuple, types: tuple) -> None:
+        x, y, z = (*grid, 1, 1)[:3]
         _check(
-            self.driver.cuLaunchKernel(
-                self._function(module, name), grid[0], grid[1], 1, block[0], block[1], 1, 0, 0, (args, types), 0
-            ),
+            self.driver.cuLaunchKernel(self._function(module, name), x, y, z, block[0], block[1], 1, 0, 0, (args, types), 0),
             f"launch {name}",
         )
 
@@ -214,7 +385,7 @@ class CudaBenchmark:
 
     # -- the challenge -------------------------------------------------------------------------------------------
 
-    def _challenge(self, module: Any, task: ChallengeTask) -> list[list[int]]:
+    def _challenge(self, module: Any, task: ChallengeTask) -> AnswerRows:
         n, k = task.shape.n, task.shape.k
         a, b, acc = self._alloc(4 * n * k), self._alloc(4 * k * n), self._alloc(8 * n * n)
         try:
@@ -240,8 +411,45 @@ class CudaBenchmark:
         finally:
             for buffer in (a, b, acc):
                 self.driver.cuMemFree(buffer)
-        values = struct.unpack(f"<{n * n}q", host)
-        return [list(values[i * n : (i + 1) * n]) for i in range(n)]
+        return list(np.frombuffer(host, dtype="<u8").reshape(n, n))  # every value in [0, P): the kernel reduced it
+
+    def _rounds(self, module: Any, task: ChallengeTask) -> AnswerRows:
+        """The rounds form: every round's digest, a batch of rounds' inputs generated at a time, the digests kept on the
+        card until the end (8 bytes a round)."""
+        n, k, rounds = task.shape.n, task.shape.k, task.shape.rounds
+        batch = round_batch(task.shape)
+        matrix_bytes = 2 * n * k  # one FP16 matrix
+        a, bt = self._alloc(matrix_bytes * batch), self._alloc(matrix_bytes * batch)
+        w, out = self._alloc(8 * n * n), self._alloc(8 * rounds)
+        u64, i32 = ctypes.c_uint64, ctypes.c_int
+        try:
+            _check(self.driver.cuMemsetD8(out, 0, 8 * rounds), "cuMemsetD8")
+            self._launch(module, "fill_weights", (1024,), (256, 1), (w, weight_seed(task.seed), n * n), (None, u64, u64))
+            for first in range(0, rounds, batch):
+                count = min(batch, rounds - first)
+                self._launch(
+                    module,
+                    "fill_rounds",
+                    (64, count),
+                    (256, 1),
+                    (a, bt, task.seed, first, n, k),
+                    (None, None, u64, u64, i32, i32),
+                )
+                self._launch(
+                    module,
+                    "rounds_mma",
+                    (n // ROUND_TILE, n // ROUND_TILE, count),
+                    (128, 1),
+                    (a, bt, w, out, first, n, k),
+                    (None, None, None, None, u64, i32, i32),
+                )
+            self._sync()
+            host = bytearray(8 * rounds)
+            _check(self.driver.cuMemcpyDtoH(host, out, len(host)), "cuMemcpyDtoH")
+        finally:
+            for buffer in (a, bt, w, out):
+                self.driver.cuMemFree(buffer)
+        return digest_rows(np.frombuffer(host, dtype="<u8"), task.shape)
 
     # -- the figures ---------------------------------------------------------------------------------------------
 
@@ -324,9 +532,29 @@ class CudaBenchmark:
         return len(chunks) * (ALLOC_CHUNK_BYTES >> 20)
 
 
+def round_batch(shape: Shape) -> int:
+    """Rounds whose inputs the rounds kernel generates at once: ROUND_BATCH_BYTES of A and B at most, and no more
+    than a launch's grid holds (its z dimension). BenchmarkUnavailable for a shape the kernel's tiles do not cover."""
+    if shape.n % ROUND_TILE or shape.k % ROUND_K_STEP:
+        raise BenchmarkUnavailable(
+            f"the rounds kernel needs n a multiple of {ROUND_TILE} and k of {ROUND_K_STEP}, got {shape.n} x {shape.k}"
+        )
+    per_round = 2 * (2 * shape.n * shape.k)
+    return max(1, min(shape.rounds, 65535, ROUND_BATCH_BYTES // per_round))
+
+
 def open_benchmark() -> tuple[CudaBenchmark | None, str]:
-    """The real benchmark, or None and why it cannot run here (one line, with what to do)."""
+    """The real benchmark, or None and why it cannot run here (one line, with what to do). The rounds form is offered
+    only where the self-test passed (a second or so at start: NVRTC and a small challenge on each card)."""
     try:
-        return CudaBenchmark(), ""
+        benchmark = CudaBenchmark()
     except BenchmarkUnavailable as exc:
         return None, str(exc)
+    try:
+        why = benchmark.self_test()
+    except Exception as exc:  # the self-test's code has not run on a card yet: whatever it raises, the agent starts
+        log.exception("the rounds form's self-test failed")
+        why = f"the self-test raised {exc!r}"
+    if why:
+        log.warning("the rounds challenge form is not offered: this host answers only the sum form", extra={"why": why})
+    return benchmark, ""

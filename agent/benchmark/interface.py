@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from common.challenge import Shape
+from common.challenge import FORM_SUM, AnswerRows, Shape
 from common.errors import IdlegridError
 from common.wire import BenchmarkFigures
 
@@ -26,18 +26,21 @@ class ChallengeTask:
     shape: Shape
     deadline: float  # the Master's clock
     sim_rate_scale: float = 1.0  # simulated GPUs only: the local grid's time scale
+    form: str = FORM_SUM  # common/challenge.py FORMS: what the answer's rows are
 
 
 @dataclass(frozen=True)
 class BenchmarkRun:
-    """The benchmark's figures and the challenge's answer (its rows, reduced mod common.challenge.P)."""
+    """The benchmark's figures and the challenge's answer: its rows as the form defines them (the sum's rows reduced
+    mod common.challenge.P, or the rounds' digests), each a 1-D array of unsigned 64-bit values."""
 
     figures: BenchmarkFigures
-    rows: list[list[int]]
+    rows: AnswerRows
 
 
 class GpuBenchmark(Protocol):
     simulated: bool
+    forms: tuple[str, ...]  # the challenge forms it answers besides "sum" (the hello's challenge_forms)
 
     def run(self, task: ChallengeTask) -> BenchmarkRun:
         """Measure the GPU ``task.gpu_uuid`` and compute the challenge; blocking (the agent calls it in a thread).

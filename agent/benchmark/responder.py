@@ -15,7 +15,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
 from agent.benchmark.interface import BenchmarkUnavailable, ChallengeTask, GpuBenchmark
-from common.challenge import ChallengeShapeError, Commitment, Shape, commit
+from common.challenge import FORM_SUM, AnswerRows, ChallengeShapeError, Commitment, Shape, check_form, commit
 from common.wire import VerifyChallenge, VerifyCommit, VerifyOpen, VerifyOpening, VerifyReveal
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,12 @@ class VerificationResponder:
         self._unavailable = unavailable
         self._held_gpus = held_gpus
         self.running: set[str] = set()  # GPUs being benchmarked now
-        self._kept: OrderedDict[str, tuple[Commitment, list[list[int]]]] = OrderedDict()
+        self._kept: OrderedDict[str, tuple[Commitment, AnswerRows]] = OrderedDict()
+
+    @property
+    def forms(self) -> tuple[str, ...]:
+        """The challenge forms this host answers besides "sum" (its hello says so)."""
+        return self.benchmark.forms if self.benchmark is not None else ()
 
     async def on_challenge(self, challenge: VerifyChallenge) -> VerifyCommit:
         refusal = await self._refusal(challenge)
@@ -49,9 +54,14 @@ class VerificationResponder:
                 Shape(challenge.n, challenge.k, challenge.rounds),
                 challenge.deadline,
                 challenge.sim_rate_scale,
+                challenge.form,
             )
+            check_form(task.shape, task.form)
         except ChallengeShapeError as exc:
             return VerifyCommit(challenge_id=challenge.challenge_id, refused=str(exc))
+        if challenge.form != FORM_SUM and challenge.form not in self.forms:
+            why = f"this host's benchmark does not answer the {challenge.form!r} challenge form"
+            return VerifyCommit(challenge_id=challenge.challenge_id, refused=why)
         self.running.add(challenge.gpu_uuid)
         try:
             run = await asyncio.to_thread(self.benchmark.run, task)
@@ -72,7 +82,7 @@ class VerificationResponder:
             return None
         commitment, rows = kept
         openings = [
-            VerifyOpening(row=row, values=rows[row], path=commitment.path(row))
+            VerifyOpening(row=row, values=[int(v) for v in rows[row]], path=commitment.path(row))
             for row in reveal.rows[:MAX_OPENED_ROWS]
             if 0 <= row < len(rows)
         ]

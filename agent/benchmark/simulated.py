@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from agent.benchmark.interface import BenchmarkRun, BenchmarkUnavailable, ChallengeTask
 from agent.errors import SimulationSpecError
 from common.catalog import GpuModel, UnknownGpuModel, expected_figures, resolve_alias
-from common.challenge import answer
+from common.challenge import FORM_ROUNDS, AnswerRows, answer_rows
 from common.wire import BenchmarkFigures
 
 LATE_BY_S = 1.0  # how far past the deadline the ``late`` cheat commits
@@ -55,6 +55,7 @@ class SimulatedCheat:
 
 class SimulatedBenchmark:
     simulated = True
+    forms: tuple[str, ...] = (FORM_ROUNDS,)
 
     def __init__(
         self,
@@ -69,7 +70,7 @@ class SimulatedBenchmark:
         self.cheat = cheat or SimulatedCheat()
         self._clock = clock
         self._sleep = sleep
-        self._recorded: list[list[int]] | None = None  # the replay cheat's first answer
+        self._recorded: AnswerRows | None = None  # the replay cheat's first answer
 
     def run(self, task: ChallengeTask) -> BenchmarkRun:
         claimed = self._models.get(task.gpu_uuid)
@@ -80,10 +81,12 @@ class SimulatedBenchmark:
         if self.cheat.replay and self._recorded is not None:
             rows = self._recorded
         else:
-            rows = answer(task.seed, task.shape)
+            rows = answer_rows(task.seed, task.shape, task.form)
             if self.cheat.replay:
                 self._recorded = rows
-        rate = expected_figures(performs).tensor_tflops * 1e12 * task.sim_rate_scale
+        figures = expected_figures(performs)
+        tflops = figures.challenge_tflops if task.form == FORM_ROUNDS else figures.tensor_tflops
+        rate = tflops * 1e12 * task.sim_rate_scale
         remaining = task.shape.flops / rate - (self._clock() - started)
         if self.cheat.late:
             remaining = max(remaining, task.deadline + LATE_BY_S - self._clock())

@@ -26,6 +26,7 @@ import msgspec
 
 from agent.runtime.base import ENV_CONTAINER, STATE_REMOVED, STDOUT, ExecSession, Mount, check_same_command, container_labels
 from agent.runtime.docker_exec import DockerExecSession, exec_streams, hijack, read_frame
+from agent.runtime.gpu_access import AMD, GpuDevices, GpuPlan, device_groups
 from agent.runtime.images import (
     ImageAccess,
     ImageLimits,
@@ -41,7 +42,7 @@ from agent.runtime.images import (
     too_large,
     warm_first,
 )
-from agent.runtime.selftest import reach_in_containers
+from agent.runtime.selftest import SELFTEST_RETRY, Probe, SelfTestRetry, reach_in_containers
 from common.containers import LABEL_COMMAND_ID, ContainerInfo, ContainerSpec, RegistryAuth
 from common.egress import check_registry as check_registry_egress
 from common.errors import BadCommand, ConfigError, ImageNotFound, ImagePullTimeout, ImageUnauthorized, RuntimeFailure
@@ -64,6 +65,21 @@ DEFAULT_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "NE
 DEFAULT_SELFTEST_IMAGE = "docker.io/library/debian:bookworm-slim"
 NVIDIA_PROBE = ("nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader")
 SIMULATED_PROBE = ("sh", "-c", 'echo "$CUDA_VISIBLE_DEVICES"')
+SIMULATED_AMD_PROBE = ("sh", "-c", 'echo "$ROCR_VISIBLE_DEVICES"')
+# AMD's: the container opens /dev/kfd and each render node it has, as its own user and groups through the engine's
+# device rules, and says which it opened (``opened <node>``); rocminfo, where the image has ROCm, must list a GPU.
+AMD_PROBE = (
+    "sh",
+    "-c",
+    'if ! (exec 3<>/dev/kfd) 2>/dev/null; then echo "cannot open /dev/kfd as uid $(id -u), groups $(id -G)"; exit 3; fi\n'
+    "for node in /dev/dri/renderD*; do\n"
+    '  [ -e "$node" ] || continue\n'
+    '  if (exec 3<>"$node") 2>/dev/null; then echo "opened <$node>"; else echo "cannot open $node as uid $(id -u)"; fi\n'
+    "done\n"
+    "command -v rocminfo >/dev/null 2>&1 || exit 0\n"
+    'out=$(rocminfo 2>&1) || { echo "rocminfo failed: $out" | tail -n 5; exit 4; }\n'
+    'echo "$out" | grep -q "Device Type: *GPU" || { echo "rocminfo lists no GPU"; exit 4; }',
+)
 # How a container is given its GPUs: "device_requests" (Docker with the NVIDIA Container Toolkit), "cdi" (Podman's own
 # API with CDI devices), "by_name" (no device, only CUDA_VISIBLE_DEVICES: the agent's simulated GPUs), or "auto":
 # by_name for simulated GPUs, else cdi on Podman and device_requests on Docker.
@@ -77,6 +93,12 @@ DOCKER_GPU_FIX = (
 PODMAN_GPU_FIX = (
     "install the NVIDIA Container Toolkit and write its CDI specification (sudo nvidia-ctk cdi generate "
     "--output=/etc/cdi/nvidia.yaml); check: podman run --rm --device nvidia.com/gpu=all IMAGE nvidia-smi -L; "
+    "then restart the agent"
+)
+AMD_GPU_FIX = (
+    "check that the amdgpu driver is loaded (/dev/kfd and /dev/dri/renderD* exist; amd-smi list shows the card) and that "
+    "the engine passes devices: a rootless engine's user must be in the render and video groups (sudo usermod -aG "
+    "render,video USER); check: podman run --rm --device /dev/kfd --device /dev/dri/renderD128 IMAGE ls -l /dev/kfd; "
     "then restart the agent"
 )
 # What engines say when a container's command is not in its image (runc through Docker or Podman): the renter's.
@@ -103,21 +125,26 @@ class DockerRuntime:
         simulated_gpus: bool = False,
         selftest_image: str = DEFAULT_SELFTEST_IMAGE,
         selftest_timeout_s: float = 60.0,
+        selftest_retry: SelfTestRetry = SELFTEST_RETRY,
         gpu_devices: str = "auto",
         network: str = "",
+        gpu_table: GpuDevices | None = None,
     ) -> None:
         """``simulated_gpus``: the host's GPUs are the agent's simulation (``--simulate``), so a container is given
         them by name (``CUDA_VISIBLE_DEVICES``) and no device is asked of the engine: there is none to give.
         ``selftest_image``: what the GPU self-test runs its probe in (pulled when ``images.pull``, else it must be here).
         ``gpu_devices``: how a container is given its GPUs (GPU_DEVICE_MODES); ``auto`` picks by engine and simulation.
         ``network``: the containers' network mode (``NetworkMode``, e.g. ``slirp4netns``); "" is the engine's default.
+        ``gpu_table``: the host's GPUs by uuid, their vendors and device files (agent/runtime/gpu_access.py), which the
+        agent keeps current; without one every GPU is taken for NVIDIA's.
         ``images``: the host's pull settings (default: no pulls, only images already on the host run);
         ``image_state``: the file that records the images the agent pulled and their last use (None: memory only);
         beside it, ``image-access.json`` records who proved access to each image pulled with credentials.
 
         GPUs reach a container through DeviceRequests on Docker (the NVIDIA Container Toolkit); Podman's Docker API
         ignores those, so on Podman a GPU container is made through Podman's own API with CDI devices
-        (``nvidia.com/gpu=<uuid>``, the toolkit's CDI specification)."""
+        (``nvidia.com/gpu=<uuid>``, the toolkit's CDI specification). AMD cards reach it as device files on both
+        engines (``/dev/kfd`` and the card's render node, with the groups that own them)."""
         self.socket_path = str(socket)
         self.simulated_gpus = simulated_gpus
         self.images = images if images is not None else ImageLimits(pull=False)
@@ -130,8 +157,10 @@ class DockerRuntime:
             raise ConfigError(f"gpu_devices must be one of {', '.join(GPU_DEVICE_MODES)}, not {gpu_devices!r}")
         self.gpu_devices = gpu_devices
         self.network = network
+        self.gpu_table = gpu_table if gpu_table is not None else GpuDevices()
         self.selftest_image = selftest_image
         self.selftest_timeout_s = selftest_timeout_s
+        self.selftest_retry = selftest_retry
         self._libpod_version: str | None = None  # Podman's own API version, when the engine is Podman
         self._session: aiohttp.ClientSession | None = None
         self._api_prefix: str | None = None
@@ -177,10 +206,20 @@ class DockerRuntime:
             self,
             gpus,
             image=self.selftest_image,
-            command=SIMULATED_PROBE if self.gpu_mode() == "by_name" else NVIDIA_PROBE,
+            probe=self._probe,
             timeout_s=self.selftest_timeout_s,
-            fix=PODMAN_GPU_FIX if self.gpu_mode() == "cdi" else DOCKER_GPU_FIX,
+            retry=self.selftest_retry,
         )
+
+    def _probe(self, gpu: GpuInfo) -> Probe:
+        """The self-test of ``gpu``: by name for simulated GPUs, else its vendor's probe (agent/runtime/selftest.py)."""
+        amd = self.gpu_table.vendor(gpu.uuid) == AMD
+        if self.gpu_mode() == "by_name":
+            return Probe(SIMULATED_AMD_PROBE if amd else SIMULATED_PROBE, expect=gpu.uuid, fix=DOCKER_GPU_FIX)
+        if amd:
+            node = self.gpu_table.render_node(gpu.uuid)
+            return Probe(AMD_PROBE, expect=f"opened <{node}>" if node else "", fix=AMD_GPU_FIX)
+        return Probe(NVIDIA_PROBE, expect=gpu.uuid, fix=PODMAN_GPU_FIX if self.gpu_mode() == "cdi" else DOCKER_GPU_FIX)
 
     host_paths = False  # storage directories are bound at the paths the spec names
 
@@ -195,7 +234,7 @@ class DockerRuntime:
             return info  # running or already finished: a repeat delivery, not a second run
         # Ours and never started (a fresh create, or an agent that died between create and start).
         self.image_uses.touch(str(raw.get("Image") or ""), time.time())
-        if spec.gpus and self.gpu_mode() == "device_requests":
+        if spec.gpus and self.gpu_mode() in ("device_requests", "cdi"):
             await self._require_gpus(spec, raw)
         await self._start(info)
         return _info(await self._inspect_required(spec.name))
@@ -299,13 +338,26 @@ class DockerRuntime:
 
     async def _send_create(self, spec: ContainerSpec, labels: dict[str, str], mounts: Sequence[Mount]) -> tuple[int, Any]:
         await self._negotiate()  # which engine: Podman takes GPU containers through its own API
+        plan = self.gpu_table.plan(spec.gpus)
+        device_requests = self.gpu_mode() == "device_requests"
+        if device_requests or self._cdi_gpus(spec):
+            plan.require_devices()
+        groups = device_groups(plan.devices)
         if self._cdi_gpus(spec):
             if self._libpod_version is None:
                 raise RuntimeFailure(f"the engine at {self.url} is not Podman: CDI GPU devices (gpu_devices = cdi) need Podman")
-            body = libpod_create_body(spec, labels, self.capabilities, mounts, network=self.network)
+            body = libpod_create_body(spec, labels, self.capabilities, mounts, network=self.network, gpus=plan, groups=groups)
             return await self._call("POST", f"/v{self._libpod_version}/libpod/containers/create", body=body, versioned=False)
-        device_requests = self.gpu_mode() == "device_requests"
-        body = create_body(spec, labels, self.capabilities, device_requests=device_requests, mounts=mounts, network=self.network)
+        body = create_body(
+            spec,
+            labels,
+            self.capabilities,
+            device_requests=device_requests,
+            mounts=mounts,
+            network=self.network,
+            gpus=plan,
+            groups=groups,
+        )
         return await self._call("POST", "/containers/create", params={"name": spec.name}, body=body)
 
     async def stop(self, name: str, *, timeout_s: float = 10.0) -> None:
@@ -348,15 +400,26 @@ class DockerRuntime:
         raise failure
 
     async def _require_gpus(self, spec: ContainerSpec, raw: dict[str, Any]) -> None:
-        """A renter paying for GPUs must not get a container without them, so check what the engine kept."""
-        granted = {gpu for request in raw["HostConfig"].get("DeviceRequests") or [] for gpu in request.get("DeviceIDs") or []}
-        if set(spec.gpus) <= granted:
-            return
-        await self._remove_quietly(raw["Id"])
-        raise RuntimeFailure(
-            f"the engine at {self.url} dropped the request for GPUs {', '.join(spec.gpus)}; GPU containers need "
-            "Docker with the NVIDIA Container Toolkit, or Podman with its CDI specification"
-        )
+        """A renter paying for GPUs must not get a container without them, so check what the engine kept: NVIDIA's
+        device requests on Docker (Podman's CDI devices fail the start instead), AMD's device files on both."""
+        plan = self.gpu_table.plan(spec.gpus)
+        host = raw.get("HostConfig") or {}
+        if self.gpu_mode() == "device_requests":
+            granted = {gpu for request in host.get("DeviceRequests") or [] for gpu in request.get("DeviceIDs") or []}
+            if not set(plan.nvidia) <= granted:
+                await self._remove_quietly(raw["Id"])
+                raise RuntimeFailure(
+                    f"the engine at {self.url} dropped the request for GPUs {', '.join(plan.nvidia)}; GPU containers need "
+                    "Docker with the NVIDIA Container Toolkit, or Podman with its CDI specification"
+                )
+        given = {str(device.get("PathInContainer") or "") for device in host.get("Devices") or []}
+        dropped = [node.container for node in plan.devices if node.container not in given]
+        if dropped:
+            await self._remove_quietly(raw["Id"])
+            raise RuntimeFailure(
+                f"the engine at {self.url} dropped the devices {', '.join(dropped)} of AMD GPUs {', '.join(plan.amd)}: "
+                f"{AMD_GPU_FIX}"
+            )
 
     async def _pull(self, image: str, auth: RegistryAuth | None, on_progress: PullProgressCallback | None) -> None:
         """``POST /images/create``, reading its JSON-lines stream as it comes: progress for the renter, the engine's
@@ -616,9 +679,14 @@ def create_body(
     device_requests: bool = True,
     mounts: Sequence[Mount] = (),
     network: str = "",
+    gpus: GpuPlan | None = None,
+    groups: Sequence[int] = (),
 ) -> dict[str, Any]:
-    """The ``POST /containers/create`` body for ``spec``: limits, hardening and (for GPUs) an NVIDIA device request;
+    """The ``POST /containers/create`` body for ``spec``: limits, hardening and its GPUs (``gpus``: the plan of
+    agent/runtime/gpu_access.py; every GPU NVIDIA's without one): with ``device_requests``, an NVIDIA device request
+    and AMD's device files with the ``groups`` that own them; without, the GPUs by name only (simulated ones);
     ``network``: its network mode ("" the engine's default)."""
+    plan = gpus if gpus is not None else GpuPlan(nvidia=tuple(spec.gpus))
     host: dict[str, Any] = {
         "Privileged": False,
         "CapDrop": ["ALL"],
@@ -634,13 +702,20 @@ def create_body(
         host["Binds"] = [f"{m.host}:{m.container}:{'rw' if m.writable else 'ro'}" for m in mounts]
     if network:
         host["NetworkMode"] = network
-    if spec.gpus and device_requests:
-        host["DeviceRequests"] = [{"Driver": "nvidia", "DeviceIDs": list(spec.gpus), "Capabilities": [["gpu"]]}]
+    if plan.nvidia and device_requests:
+        host["DeviceRequests"] = [{"Driver": "nvidia", "DeviceIDs": list(plan.nvidia), "Capabilities": [["gpu"]]}]
+    if plan.devices and device_requests:
+        host["Devices"] = [
+            {"PathOnHost": node.host, "PathInContainer": node.container, "CgroupPermissions": "rwm"} for node in plan.devices
+        ]
+        if groups:
+            host["GroupAdd"] = [str(gid) for gid in groups]
+    named = plan.visible_env() if spec.gpus and not device_requests else {}
     body: dict[str, Any] = {
         "Image": spec.image,
-        "Env": [f"{key}={value}" for key, value in spec.env.items() if key != ENV_CONTAINER]
+        "Env": [f"{key}={value}" for key, value in spec.env.items() if key != ENV_CONTAINER and key not in named]
         + [f"{ENV_CONTAINER}={spec.name}"]
-        + ([f"CUDA_VISIBLE_DEVICES={','.join(spec.gpus)}"] if spec.gpus and not device_requests else []),
+        + [f"{key}={value}" for key, value in named.items()],
         "Labels": dict(labels),
         "HostConfig": host,
     }
@@ -656,9 +731,13 @@ def libpod_create_body(
     mounts: Sequence[Mount] = (),
     *,
     network: str = "",
+    gpus: GpuPlan | None = None,
+    groups: Sequence[int] = (),
 ) -> dict[str, Any]:
     """Podman's own ``POST /libpod/containers/create`` body (its SpecGenerator) for ``spec``: the limits and hardening
-    of ``create_body``, and each GPU as the CDI device ``nvidia.com/gpu=<uuid>``."""
+    of ``create_body``, each NVIDIA GPU as the CDI device ``nvidia.com/gpu=<uuid>`` and each AMD card's device files
+    (``host:container:rwm``, Podman's --device form) with the ``groups`` that own them."""
+    plan = gpus if gpus is not None else GpuPlan(nvidia=tuple(spec.gpus))
     body: dict[str, Any] = {
         "name": spec.name,
         "image": spec.image,
@@ -668,8 +747,11 @@ def libpod_create_body(
         "cap_drop": ["ALL"],
         "cap_add": list(capabilities),
         "no_new_privileges": True,
-        "devices": [{"path": f"{CDI_GPU_KIND}={gpu}"} for gpu in spec.gpus],
+        "devices": [{"path": f"{CDI_GPU_KIND}={gpu}"} for gpu in plan.nvidia]
+        + [{"path": f"{node.host}:{node.container}:rwm"} for node in plan.devices],
     }
+    if groups and plan.devices:
+        body["groups"] = [str(gid) for gid in groups]
     if network:
         body["netns"] = {"nsmode": network}
     if mounts:

@@ -21,7 +21,9 @@ What this runtime is and is not:
   of its PID namespace, works. The shim is the namespace's init, so when it dies the kernel kills everything the
   command started, ``setsid`` and double forks included. Delete SIGTERMs every process of the namespace, then
   SIGKILLs what is left.
-- GPUs: ``CUDA_VISIBLE_DEVICES`` is set to the spec's GPUs (empty when none, so CUDA sees no device).
+- GPUs: ``CUDA_VISIBLE_DEVICES`` is set to the spec's NVIDIA GPUs (empty when none, so CUDA sees no device), and
+  ``ROCR_VISIBLE_DEVICES`` to its AMD cards (empty when none), with the groups owning their device files kept
+  (agent/runtime/gpu_access.py).
 - Memory: ``RLIMIT_AS`` (address space, not resident memory). CUDA reserves far more address space than it uses,
   so a GPU workload wants the docker runtime rather than a memory limit here.
 - CPU: a coarse limit. The process is pinned to ``ceil(cpus)`` cores, preferring cores no other container holds;
@@ -65,8 +67,9 @@ import msgspec
 
 from agent.runtime import process_sandbox as sandbox
 from agent.runtime.base import ENV_CONTAINER, STATE_REMOVED, STDOUT, ExecSession, Mount, check_same_command, container_labels
+from agent.runtime.gpu_access import AMD, GpuDevices, GpuPlan, device_groups
 from agent.runtime.process_exec import start_exec
-from agent.runtime.selftest import reach_in_containers
+from agent.runtime.selftest import SELFTEST_RETRY, Probe, SelfTestRetry, reach_in_containers
 from agent.state import PRIVATE_FILE_MODE, private_dir
 from common.containers import LABEL_COMMAND_ID, ContainerInfo, ContainerSpec
 from common.errors import BadCommand, ConfigError, RuntimeFailure
@@ -122,6 +125,24 @@ PROCESS_GPU_PROBE = (
     "sys.exit(0 if status == 0 and count.value == 1 else 4)'",
 )
 SIMULATED_PROBE = ("sh", "-c", 'echo "$CUDA_VISIBLE_DEVICES"')
+SIMULATED_AMD_PROBE = ("sh", "-c", 'echo "$ROCR_VISIBLE_DEVICES"')
+# AMD's: ROCm's rocminfo (on the host) lists the cards ROCR_VISIBLE_DEVICES shows the container's user; exactly one, its
+# own, must be listed (uuids in lower case, as the agent writes them).
+PROCESS_AMD_PROBE = (
+    "sh",
+    "-c",
+    'command -v rocminfo >/dev/null 2>&1 || { echo "rocminfo not found: ROCm is not installed on this host"; exit 3; }\n'
+    'out=$(rocminfo 2>&1) || { echo "rocminfo failed: $out" | tail -n 5; exit 3; }\n'
+    "seen=$(echo \"$out\" | grep -o 'GPU-[0-9A-Fa-f]*' | tr A-F a-f)\n"
+    'echo "$seen"\n'
+    'count=$(echo "$seen" | grep -c GPU-)\n'
+    '[ "$count" -eq 1 ] || { echo "rocminfo lists $count GPUs, not one"; exit 4; }',
+)
+PROCESS_AMD_FIX = (
+    "check that ROCm is installed on the host (rocminfo lists the card), that /dev/kfd and the card's /dev/dri/renderD* "
+    "may be opened by the containers' uids through their group (render or video), and that the card has a unique id "
+    "(ROCR_VISIBLE_DEVICES names cards by it); then restart the agent"
+)
 PROCESS_GPU_FIX = (
     "check that the NVIDIA driver is loaded (nvidia-smi works on the host), that its device files /dev/nvidia* may be "
     "opened by the containers' uids (process_uids), and that util-linux's unshare supports --mount-proc; then restart "
@@ -164,7 +185,11 @@ class ProcessRuntime:
         network: str = sandbox.NETWORK_PRIVATE,
         simulated_gpus: bool = False,
         selftest_timeout_s: float = 60.0,
+        selftest_retry: SelfTestRetry = SELFTEST_RETRY,
+        gpu_table: GpuDevices | None = None,
     ) -> None:
+        """``gpu_table``: the host's GPUs by uuid and vendor (agent/runtime/gpu_access.py), which the agent keeps
+        current; without one every GPU is taken for NVIDIA's."""
         state = Path(state_dir)
         self.root = private_dir(private_dir(state) / "containers")
         self.work_root = Path(work_root) if work_root is not None else state.parent / f"{state.name}-work"
@@ -175,6 +200,8 @@ class ProcessRuntime:
         self._root = os.geteuid() == 0
         self.simulated_gpus = simulated_gpus  # the agent's GPUs are simulated: the self-test looks for names only
         self.selftest_timeout_s = selftest_timeout_s
+        self.selftest_retry = selftest_retry
+        self.gpu_table = gpu_table if gpu_table is not None else GpuDevices()
         self._uids = _container_uids(user, uids) if self._root else None
         if network not in sandbox.NETWORKS:
             raise ConfigError(f"process_network {network!r}: choose one of {', '.join(sandbox.NETWORKS)}")
@@ -280,7 +307,7 @@ class ProcessRuntime:
             )
         cols, rows = (cols, rows) if cols > 0 and rows > 0 else (80, 24)  # no size given: a terminal's usual
         workdir = self.workdir(name)
-        env = child_env(record.spec, home=self._home(workdir))
+        env = child_env(record.spec, home=self._home(workdir), gpus=self.gpu_table.plan(record.spec.gpus))
         if tty:
             env.setdefault("TERM", "xterm")  # as Docker sets it for a terminal; the container's own env wins
         session = [SETSID, "--ctty"] if tty else [SETSID]
@@ -288,7 +315,7 @@ class ProcessRuntime:
             *sandbox.enter_argv(record.pid, workdir=self._home(workdir), root=self._root, private_network=record.private_network),
             *session,
             *_limits(record.spec, record.cores),
-            *sandbox.drop_privileges_argv(record.uid, gpus=bool(record.spec.gpus)),
+            *sandbox.drop_privileges_argv(record.uid, gpus=bool(record.spec.gpus), device_groups=self._gpu_groups(record.spec)),
             *command,
         ]
         return await start_exec(argv, env=env, cwd=workdir, tty=tty, cols=cols, rows=rows, container=name)
@@ -320,13 +347,22 @@ class ProcessRuntime:
         where the host has python3, the CUDA driver initializes and counts one device (what failed with error 304
         before containers had their own /proc)."""
         return await reach_in_containers(
-            self,
-            gpus,
-            image="none",
-            command=SIMULATED_PROBE if self.simulated_gpus else PROCESS_GPU_PROBE,
-            timeout_s=self.selftest_timeout_s,
-            fix=PROCESS_GPU_FIX,
+            self, gpus, image="none", probe=self._probe, timeout_s=self.selftest_timeout_s, retry=self.selftest_retry
         )
+
+    def _probe(self, gpu: GpuInfo) -> Probe:
+        """The self-test of ``gpu``: by name for simulated GPUs, else its vendor's probe (agent/runtime/selftest.py)."""
+        amd = self.gpu_table.vendor(gpu.uuid) == AMD
+        if self.simulated_gpus:
+            return Probe(SIMULATED_AMD_PROBE if amd else SIMULATED_PROBE, expect=gpu.uuid, fix=PROCESS_GPU_FIX)
+        if amd:
+            return Probe(PROCESS_AMD_PROBE, expect=gpu.uuid.lower(), fix=PROCESS_AMD_FIX)
+        return Probe(PROCESS_GPU_PROBE, expect=gpu.uuid, fix=PROCESS_GPU_FIX)
+
+    def _gpu_groups(self, spec: ContainerSpec) -> tuple[int, ...]:
+        """The groups owning the device files of the spec's AMD cards (none for simulated cards, which have none)."""
+        plan = self.gpu_table.plan(spec.gpus)
+        return device_groups(plan.devices) if plan.amd and not self.simulated_gpus else ()
 
     def workdir(self, name: str) -> Path:
         """The container's working directory and HOME on the host, owned by the user it runs as."""
@@ -345,7 +381,7 @@ class ProcessRuntime:
                 f"and cannot use the image's default ({spec.image!r} is not used)"
             )
         workdir = self.workdir(spec.name)
-        env = child_env(spec, home=self._home(workdir))
+        env = child_env(spec, home=self._home(workdir), gpus=self.gpu_table.plan(spec.gpus))
         _require_executable(spec, env["PATH"], workdir)
         exit_file = self._path(spec.name, ".exit")
         exit_file.unlink(missing_ok=True)
@@ -366,7 +402,7 @@ class ProcessRuntime:
         launch = [
             *sandbox.sandbox_argv(root=self._root, private_network=self._private_network, setup=setup),
             *_limits(spec, cores),
-            *sandbox.drop_privileges_argv(uid, gpus=bool(spec.gpus)),
+            *sandbox.drop_privileges_argv(uid, gpus=bool(spec.gpus), device_groups=self._gpu_groups(spec)),
             *shim,
         ]
         exit_fd = os.open(exit_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE_MODE)
@@ -588,8 +624,11 @@ def _give_data(mounts: Sequence[Mount], uid: int | None) -> None:
             os.chmod(mount.host, 0o700)
 
 
-def child_env(spec: ContainerSpec, *, home: Path) -> dict[str, str]:
-    """A small base, the spec's variables, then the GPU set, which the renter's env must not widen.
+def child_env(spec: ContainerSpec, *, home: Path, gpus: GpuPlan | None = None) -> dict[str, str]:
+    """A small base, the spec's variables, then the GPU set, which the renter's env must not widen: NVIDIA's GPUs in
+    ``CUDA_VISIBLE_DEVICES``, AMD's in ``ROCR_VISIBLE_DEVICES`` and ``HIP_VISIBLE_DEVICES``, and, for a container
+    without AMD cards, an empty ``ROCR_VISIBLE_DEVICES`` (none: the process runtime's containers see the host's
+    device files). ``gpus``: the spec's GPUs split by vendor (agent/runtime/gpu_access.py); without it, NVIDIA's.
 
     ``USER`` and ``LOGNAME``: a sandboxed container runs as a uid of its own that has no passwd entry, and programs ask
     who they are (Python's ``getpass.getuser()`` reads these first, then the passwd file: PyTorch's optimizers import
@@ -598,7 +637,9 @@ def child_env(spec: ContainerSpec, *, home: Path) -> dict[str, str]:
     env = {"PATH": BASE_PATH, "HOME": str(home), "LANG": "C.UTF-8", "USER": SANDBOX_USER_NAME, "LOGNAME": SANDBOX_USER_NAME}
     env.update(spec.env)
     env[ENV_CONTAINER] = spec.name
-    env["CUDA_VISIBLE_DEVICES"] = ",".join(spec.gpus)  # GPU uuids, indexes or MIG instance uuids ("MIG-…")
+    plan = gpus if gpus is not None else GpuPlan(nvidia=tuple(spec.gpus))
+    env.update(plan.visible_env())  # CUDA's: GPU uuids, indexes or MIG instance uuids ("MIG-…")
+    env.update(plan.hidden_amd_env())
     env["NVIDIA_VISIBLE_DEVICES"] = env["CUDA_VISIBLE_DEVICES"] or "none"  # for tools that read the toolkit's name
     return env
 

@@ -200,12 +200,15 @@ def enter_argv(pid: int, *, workdir: Path, root: bool, private_network: bool) ->
     return [NSENTER, f"--target={pid}", *joins, *net, "--"]
 
 
-def drop_privileges_argv(uid: int | None, *, gpus: bool) -> list[str]:
-    """Become the container's own user, with no way back; keep the GPU devices' group when it guards them."""
+def drop_privileges_argv(uid: int | None, *, gpus: bool, device_groups: Sequence[int] = ()) -> list[str]:
+    """Become the container's own user, with no way back; keep the GPU devices' groups when they guard them: NVIDIA's
+    control device's, and ``device_groups`` (those owning an AMD card's /dev/kfd and render node: render, video)."""
     if uid is None:
         return []
-    group = gpu_device_group() if gpus else None
-    groups = [f"--groups={group}"] if group is not None else ["--clear-groups"]
+    nvidia = gpu_device_group() if gpus else None
+    kept = [gid for gid in ([nvidia] if nvidia is not None else []) + list(device_groups)]
+    kept = list(dict.fromkeys(kept))
+    groups = [f"--groups={','.join(map(str, kept))}"] if kept else ["--clear-groups"]
     return [SETPRIV, f"--reuid={uid}", f"--regid={uid}", *groups, "--no-new-privs", "--"]
 
 

@@ -20,6 +20,10 @@ path                           body                                   answer
 =============================  =====================================  ==========================================
 ``/v1/take``                   ``{"wait_s": 20}``                     200 ``{"id", "input", "attempt"}``; 204 when
                                                                       none came within ``wait_s`` (a long poll)
+``/v1/take``                   ``{"wait_s": 20, "max": 8}``           200 ``{"requests": [{"id", "input",
+                                                                      "attempt"}, ...]}``: 1 to ``max`` of them
+                                                                      (those queued, or the first to arrive);
+                                                                      204 as above
 ``/v1/heartbeat``              ``{"in_flight": [id, ...]}``           200 ``{"cancel": [id, ...]}``: requests
                                                                       cancelled (or past their TTL) to drop
 ``/v1/requests/{id}/partial``  ``{"seq": 0, "output": ...}``          204 (a streamed partial output; ``seq``
@@ -30,13 +34,18 @@ path                           body                                   answer
                                "traceback"}}``
 ``/v1/requests/{id}/release``  ``{}``                                 204 (taken but not worked: back to the
                                                                       queue, as when the worker stops)
+``/v1/results``                ``{"results": [{"id", "output"},       200 ``{"outcomes": [204 | 404 | 409 | 413,
+                               ...]}``                                ...]}``: each result's own answer, as its
+                                                                      ``/result`` would have had; a 404 for the
+                                                                      call itself is an agent from before it
 =============================  =====================================  ==========================================
 
 Answers other than these: 401/403, the token is refused (the worker stops: it can never work); 404/409 on a request's
 path, the request is no longer this worker's (cancelled, past its TTL, given to another worker): its outputs are
 dropped; 413, a body too large; 429 and 5xx, or no answer, the agent is not there right now: the call is retried with
 backoff. A result, error, partial or release is sent until it is answered, at least once: the agent takes each by
-(request id, kind, seq) once.
+(request id, kind, seq) once. A connection may carry one call after another (HTTP/1.1 keep-alive); the agent closes
+one left idle.
 """
 
 from __future__ import annotations
@@ -50,6 +59,8 @@ ENV_HEARTBEAT_S = "IDLEGRID_WORKER_HEARTBEAT_S"
 
 TAKE = "/v1/take"
 HEARTBEAT = "/v1/heartbeat"
+RESULTS = "/v1/results"
+MAX_RESULTS = 1024  # results one /v1/results call carries, at most (the agent's own bound: common/wire.py)
 PARTIAL = "partial"
 PROGRESS = "progress"
 RESULT = "result"

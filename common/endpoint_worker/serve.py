@@ -1,17 +1,20 @@
 """``serve(handler)``: take requests from the agent's worker API, run the handler on them, report what it made.
 
-Threads, not asyncio, so any handler runs as written (blocking GPU calls included): ``concurrency`` takers, each one
-long-polls a request, runs the handler and reports, then takes the next; one more thread heartbeats the requests in
-flight and learns which were cancelled. Reports that must arrive (partials, results, errors, releases) are retried
-with backoff while the agent is away; a progress is sent once (the next replaces it).
+Threads, not asyncio, so any handler runs as written (blocking GPU calls included): one taker long-polls for as many
+requests as the worker has room for (``concurrency`` less those in flight), in one call, and hands each to one of
+``concurrency`` runner threads, which runs the handler and reports; one more thread heartbeats the requests in flight
+and learns which were cancelled. Reports that must arrive (partials, results, errors, releases) are retried with
+backoff while the agent is away; a progress is sent once (the next replaces it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import logging
 import os
+import queue
 import random
 import signal
 import threading
@@ -21,11 +24,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import contract
-from .client import AgentUnavailable, BadAnswer, BodyTooLarge, RequestGone, TakenRequest, TokenRefused, WorkerAPI
+from .client import (
+    AgentUnavailable,
+    BadAnswer,
+    BodyTooLarge,
+    CallUnknown,
+    RequestGone,
+    TakenRequest,
+    TokenRefused,
+    WorkerAPI,
+)
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[["Request"], Any]
+# Results sent together in one /v1/results call: at most this many bytes of outputs (a larger output goes alone, by its
+# request's /result), so the call fits the agent's frame to the Master.
+RESULTS_BATCH_BYTES = 128 * 1024
+DROPPED = 0  # a result's outcome when it could not be sent (the token refused, the drain after a stop ran out)
 
 
 class Request:
@@ -75,10 +91,19 @@ class Backoff:
 
 class _Worker:
     def __init__(
-        self, handler: Handler, api: WorkerAPI, *, heartbeat_s: float, take_wait_s: float, stop: threading.Event
+        self,
+        handler: Handler,
+        api: WorkerAPI,
+        *,
+        concurrency: int,
+        heartbeat_s: float,
+        take_wait_s: float,
+        stop: threading.Event,
     ) -> None:
         self.handler = handler
         self.api = api
+        self.concurrency = concurrency
+        self.work: queue.Queue[Request | None] = queue.Queue()  # taken requests for the runners; None: a runner ends
         self.heartbeat_s = heartbeat_s
         self.take_wait_s = take_wait_s
         self.stop = stop
@@ -89,6 +114,7 @@ class _Worker:
         self.lock = threading.Lock()
         self.settled = threading.Condition(self.lock)  # notified as a request leaves in_flight
         self.fatal: TokenRefused | None = None
+        self.results = _ResultSender(self)
 
     def refused(self, exc: TokenRefused) -> None:
         log.error("the agent refused this worker's token; stopping: %s", exc)
@@ -97,26 +123,44 @@ class _Worker:
         self.abandon.set()
         self.done.set()
 
-    # takers
+    # the taker and the runners
 
     def take_loop(self) -> None:
+        """Take as many requests as there is room for, in one call, and hand them to the runners; then again. A
+        request counts as in flight from its take (the heartbeat names it) until its reports are sent."""
         backoff = Backoff()
-        while not self.stop.is_set():
-            try:
-                taken = self.api.take(self.take_wait_s)
-            except TokenRefused as exc:
-                return self.refused(exc)
-            except (AgentUnavailable, BadAnswer, BodyTooLarge) as exc:
-                log.warning("take failed, retrying: %s", exc)
-                self.stop.wait(backoff.pause_s())
-                continue
-            backoff.reset()
-            if taken is None:
-                continue
-            if self.stop.is_set():  # taken as the worker stops: back to the queue for another worker
-                self.release(taken.id)
-                return
-            self.run(taken)
+        try:
+            while not self.stop.is_set():
+                with self.settled:
+                    self.settled.wait_for(lambda: len(self.in_flight) < self.concurrency or self.stop.is_set())
+                    room = self.concurrency - len(self.in_flight)
+                if self.stop.is_set():
+                    return
+                try:
+                    taken = self.api.take_many(room, self.take_wait_s)
+                except TokenRefused as exc:
+                    return self.refused(exc)
+                except (AgentUnavailable, BadAnswer, BodyTooLarge) as exc:
+                    log.warning("take failed, retrying: %s", exc)
+                    self.stop.wait(backoff.pause_s())
+                    continue
+                backoff.reset()
+                if self.stop.is_set():  # taken as the worker stops: back to the queue for another worker
+                    for one in taken:
+                        self.release(one.id)
+                    return
+                for one in taken:
+                    request = Request(one, self.api)
+                    with self.lock:
+                        self.in_flight[request.id] = request
+                    self.work.put(request)
+        finally:
+            for _ in range(self.concurrency):  # each runner ends once the requests handed to it are done
+                self.work.put(None)
+
+    def run_loop(self) -> None:
+        while (request := self.work.get()) is not None:
+            self.run(request)
 
     def release(self, request_id: str) -> None:
         with self.lock:
@@ -128,10 +172,7 @@ class _Worker:
                 self.delivering -= 1
                 self.settled.notify_all()
 
-    def run(self, taken: TakenRequest) -> None:
-        request = Request(taken, self.api)
-        with self.lock:
-            self.in_flight[request.id] = request
+    def run(self, request: Request) -> None:
         try:
             output = self.handler(request)
             output = self.drive(request, output)
@@ -184,10 +225,47 @@ class _Worker:
             items.close()
 
     def deliver_result(self, request_id: str, output: Any) -> None:
+        """The result, with the others finished meanwhile in one call (``_ResultSender``); alone, by its request's
+        own path, when it is large or the agent has no results call."""
         try:
-            self.deliver(request_id, contract.RESULT, {"output": output}, raise_unsendable=True)
-        except (TypeError, ValueError, BodyTooLarge) as exc:
-            self.deliver(request_id, contract.ERROR, {"error": describe(exc, what="the handler's output could not be sent")})
+            encoded = json.dumps(output).encode()
+        except (TypeError, ValueError) as exc:
+            return self.deliver_error(request_id, exc)
+        outcome = None if len(encoded) > RESULTS_BATCH_BYTES else self.results.send(request_id, encoded)
+        if outcome is None:
+            try:
+                self.deliver(request_id, contract.RESULT, {"output": output}, raise_unsendable=True)
+            except (TypeError, ValueError, BodyTooLarge) as exc:
+                self.deliver_error(request_id, exc)
+        elif outcome == 413:
+            self.deliver_error(request_id, BodyTooLarge(f"{contract.RESULTS}: the agent refused a result this large (413)"))
+        elif outcome in (404, 409):
+            log.info("result of %s: the request is no longer this worker's", request_id)
+
+    def deliver_error(self, request_id: str, exc: Exception) -> None:
+        self.deliver(request_id, contract.ERROR, {"error": describe(exc, what="the handler's output could not be sent")})
+
+    def deliver_results(self, batch: list[tuple[str, bytes]]) -> list[int | None]:
+        """Send results together until the agent answers them: each one's status (204, 404, 409, 413); None for each
+        when the agent has no results call (they go alone then), or when the drain after a stop ran out (dropped)."""
+        ids = ", ".join(request_id for request_id, _ in batch)
+        backoff = Backoff()
+        while True:
+            try:
+                return list(self.api.results(batch))
+            except CallUnknown:
+                self.results.unknown = True
+                return [None] * len(batch)
+            except TokenRefused as exc:
+                self.refused(exc)
+                return [DROPPED] * len(batch)  # this worker can never report
+            except (AgentUnavailable, BadAnswer) as exc:
+                if self.abandon.is_set():
+                    break
+                log.warning("result of %s not delivered yet: %s", ids, exc)
+                self.abandon.wait(backoff.pause_s())
+        log.error("result of %s dropped: the worker stopped before the agent came back", ids)
+        return [DROPPED] * len(batch)
 
     def deliver(
         self, request_id: str, report: str, body: dict[str, Any], *, raise_gone: bool = False, raise_unsendable: bool = False
@@ -235,6 +313,68 @@ class _Worker:
                 for request_id in cancel:
                     if request_id in self.in_flight:
                         self.in_flight[request_id].cancel()
+
+
+@dataclass
+class _Result:
+    request_id: str
+    encoded: bytes
+    done: threading.Event = field(default_factory=threading.Event)
+    outcome: int | None = None
+
+
+class _ResultSender:
+    """Results sent together, in the way of a group commit: a runner whose result finds no call under way sends it,
+    with every result handed over meanwhile, and goes on sending while more wait; the others wait for their outcome.
+    So one request alone costs one call, and requests finishing together share one."""
+
+    def __init__(self, worker: _Worker) -> None:
+        self.worker = worker
+        self.lock = threading.Lock()
+        self.pending: list[_Result] = []
+        self.sending = False
+        self.unknown = False  # the agent has no results call: every result goes alone
+
+    def send(self, request_id: str, encoded: bytes) -> int | None:
+        """The result's outcome once sent (204, 404, 409, 413); None: send it alone."""
+        if self.unknown:
+            return None
+        mine = _Result(request_id, encoded)
+        with self.lock:
+            self.pending.append(mine)
+            lead, self.sending = not self.sending, True
+        if lead:
+            self._lead()
+        mine.done.wait()
+        return mine.outcome
+
+    def _lead(self) -> None:
+        while True:
+            with self.lock:
+                batch: list[_Result] = []
+                size = 0
+                while self.pending and len(batch) < contract.MAX_RESULTS:
+                    if batch and size + len(self.pending[0].encoded) > RESULTS_BATCH_BYTES:
+                        break
+                    batch.append(self.pending.pop(0))
+                    size += len(batch[-1].encoded)
+                if not batch:
+                    self.sending = False
+                    return
+            outcomes: list[int | None] = [DROPPED] * len(batch)
+            try:
+                if not self.unknown:  # else the agent has no results call: each goes alone, by its runner
+                    outcomes = self.worker.deliver_results([(one.request_id, one.encoded) for one in batch])
+                else:
+                    outcomes = [None] * len(batch)
+            except BaseException:
+                with self.lock:
+                    self.sending = False
+                raise
+            finally:  # whatever happened, no runner waits forever for its outcome
+                for one, outcome in zip(batch, outcomes, strict=True):
+                    one.outcome = outcome
+                    one.done.set()
 
 
 def _sync_items(loop: asyncio.AbstractEventLoop, agen: Any) -> Any:
@@ -290,15 +430,18 @@ def serve(
     if not callable(handler):
         raise TypeError(f"serve() needs a callable handler(request), not {handler!r}")
     api = WorkerAPI(url, token)
-    worker = _Worker(handler, api, heartbeat_s=heartbeat_s, take_wait_s=take_wait_s, stop=stop)
+    worker = _Worker(handler, api, concurrency=concurrency, heartbeat_s=heartbeat_s, take_wait_s=take_wait_s, stop=stop)
     previous = _on_sigterm(stop)
-    takers = [threading.Thread(target=worker.take_loop, name=f"take-{n}", daemon=True) for n in range(concurrency)]
+    runners = [threading.Thread(target=worker.run_loop, name=f"run-{n}", daemon=True) for n in range(concurrency)]
+    taker = threading.Thread(target=worker.take_loop, name="take", daemon=True)
     beats = threading.Thread(target=worker.heartbeat_loop, name="heartbeat", daemon=True)
-    for thread in [*takers, beats]:
+    for thread in [*runners, taker, beats]:
         thread.start()
     try:
         while not stop.wait(1.0):
             pass
+        with worker.settled:  # the taker, waiting for room, sees the stop
+            worker.settled.notify_all()
         # Requests in flight finish (their reports sent) within drain_s. A taker still in a take's long poll is not
         # waited for: what it gets now it releases, and what a worker that ended held the agent sends back to the
         # queue anyway (as for a worker killed outright).

@@ -77,7 +77,7 @@ async def invocation_scope(services: Services, request: web.Request, key: str) -
     invocation = await services.endpoints.authorize_invocation(request.match_info["endpoint_id"], key)
     owner = invocation.endpoint.account
     try:
-        disabled = (await services.accounts.get_account(owner)).disabled
+        disabled = (await services.accounts.checked_account(owner)).disabled  # as an API key's account is checked
     except NotFound:
         disabled = True
     if disabled:

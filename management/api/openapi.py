@@ -136,7 +136,9 @@ def _structs(operations: Sequence[Route]) -> list[type[msgspec.Struct]]:
 def build_document(operations: Sequence[Route], *, version: str = "1") -> OpenApiJson:
     """The OpenAPI 3.1 document of ``operations``."""
     _, components = msgspec.json.schema_components(_structs(operations), ref_template=REF)
-    components = schemas.ecma_patterns(components)
+    # A struct's default written as a tuple (``= ()``) comes back as a Python tuple: through JSON it is the array
+    # the schema says it is.
+    components = schemas.ecma_patterns(msgspec.json.decode(msgspec.json.encode(components)))
     paths: dict[str, OpenApiJson] = {}
     for op in operations:
         paths.setdefault(op.path, {})[op.method.lower()] = _operation(op, components)

@@ -26,6 +26,7 @@ from management.api.resources import (
     alerts,
     billing,
     commands,
+    disputes,
     endpoint_requests,
     endpoints,
     events,
@@ -60,6 +61,7 @@ from management.views.alerts import (
     SilenceView,
     WebhookList,
 )
+from management.views.disputes import DisputeList, DisputeView
 from management.views.endpoint_requests import EndpointHealthView, RequestStatusView, RequestStreamView
 from management.views.endpoints import (
     DeletedEndpoint,
@@ -73,6 +75,7 @@ from management.views.grid import CommandAccepted, CommandPage, CommandView, Eve
 from management.views.hosts import AgentPage, AgentView, GpuPage, GpuView, TierPage
 from management.views.links import LinkList, MintedToken
 from management.views.market import (
+    CompletionView,
     Credited,
     EarningsStatements,
     FundsView,
@@ -84,7 +87,16 @@ from management.views.market import (
     SpendStatements,
     StatementView,
 )
-from management.views.payments import StartedTopupView, TopupList, TopupView, WebhookReceiptView
+from management.views.payments import (
+    BillingSettingsView,
+    PayoutAccountView,
+    PayoutList,
+    ReconciliationView,
+    StartedTopupView,
+    TopupList,
+    TopupView,
+    WebhookReceiptView,
+)
 from management.views.prices import HostPriceView, PriceListing, PriceRecordView
 from management.views.reports import ReportView
 from management.views.secrets import DeletedSecret, SecretList, SecretView
@@ -138,6 +150,32 @@ ROUTES: tuple[Route, ...] = (
         "One host with its GPUs, reputation and workloads",
         {200: AgentView},
         query=schemas.EmptyQuery,
+        tag="agents",
+    ),
+    Route(
+        "GET",
+        "/api/v1/agents/{agent_id}/completion",
+        agents.get_completion,
+        Resource.AGENTS,
+        Action.READ,
+        "A host's rental completion rate by close reason, and whether it is under review",
+        {200: CompletionView},
+        query=schemas.EmptyQuery,
+        tag="agents",
+        description=(
+            "The share of the host's rentals that ended in the window (30 days by default, since its last review) and "
+            "did not end through it, with the count per close reason. Below the grid's threshold the host is under "
+            "review: it is not offered until an operator reviews it."
+        ),
+    ),
+    Route(
+        "POST",
+        "/api/v1/agents/{agent_id}/completion-review",
+        agents.review_completion,
+        Resource.AGENTS,
+        Action.WRITE,
+        "The operator reviews a host under review: its count starts afresh and it is offered again",
+        {200: CompletionView},
         tag="agents",
     ),
     Route(
@@ -745,6 +783,143 @@ ROUTES: tuple[Route, ...] = (
         tag="billing",
     ),
     Route(
+        "GET",
+        "/api/v1/billing/settings",
+        billing.get_billing_settings,
+        Resource.TOPUPS,
+        Action.READ,
+        "A renter's billing settings: saved payment method, auto top-up, spend caps",
+        {200: BillingSettingsView},
+        query=billing.BillingQuery,
+        errors=frozenset({404, 409}),
+        tag="billing",
+    ),
+    Route(
+        "PUT",
+        "/api/v1/billing/payment-method",
+        billing.save_payment_method,
+        Resource.TOPUPS,
+        Action.WRITE,
+        "Save the payment method auto top-ups charge",
+        {200: BillingSettingsView},
+        body=billing.SavePaymentMethod,
+        errors=frozenset({400, 402, 404, 409, 502}),
+        tag="billing",
+        description=(
+            "Takes the payment provider's token of a payment method (Stripe: a pm_ id from its payment element or "
+            "SetupIntent; never card data) and attaches it to the renter's customer on the provider for off-session "
+            "charges. A method the provider declines is a 402, one it does not know a 400; either changes nothing."
+        ),
+    ),
+    Route(
+        "PUT",
+        "/api/v1/billing/auto-topup",
+        billing.set_auto_topup,
+        Resource.TOPUPS,
+        Action.WRITE,
+        "Set auto top-up: charge an amount when the balance falls below a threshold, at most once an hour",
+        {200: BillingSettingsView},
+        body=billing.SetAutoTopup,
+        errors=frozenset({404, 409}),
+        tag="billing",
+        description=(
+            "The balance is what is available and held less what ran since the last charges. The amount is within the "
+            "grid's top-up bounds; the charge is credited, like any top-up, when the provider's signed webhook says "
+            "the money arrived. A failed charge raises the event payments.auto_topup_failed for the renter."
+        ),
+    ),
+    Route(
+        "PUT",
+        "/api/v1/billing/caps",
+        billing.set_caps,
+        Resource.TOPUPS,
+        Action.WRITE,
+        "Set spend caps per account and per project, hourly and monthly, soft or hard",
+        {200: BillingSettingsView},
+        body=billing.SetCaps,
+        errors=frozenset({404, 409}),
+        tag="billing",
+        description=(
+            "Replaces the renter's caps (an empty list removes them). Spending is what the renter's rentals cost in "
+            "the last hour (rolling) or this UTC month, charged yet or not. A soft cap reached raises the event "
+            "payments.spend_cap_reached; a hard cap also keeps new paid work from starting and sends running work in "
+            "its scope back to the queue (SIGTERM, the grace, its checkpoint; nothing is destroyed) until it allows."
+        ),
+    ),
+    # --- money out (docs/payments.md)
+    Route(
+        "POST",
+        "/api/v1/billing/payout-account",
+        billing.connect_payout_account,
+        Resource.PAYOUTS,
+        Action.WRITE,
+        "Connect a provider's payout account on the payment provider, and get its onboarding link",
+        {200: PayoutAccountView},
+        body=billing.ConnectPayoutAccount,
+        errors=frozenset({404, 409, 502}),
+        tag="billing",
+        description=(
+            "Makes the provider's connected account on the payment provider once (Stripe: an Express account) and, "
+            "until its owner finished the provider's hosted onboarding (bank and identity details go there, never to "
+            "the grid), answers a fresh onboarding link. Payouts go only to an account that can take transfers."
+        ),
+    ),
+    Route(
+        "GET",
+        "/api/v1/billing/payout-account",
+        billing.get_payout_account,
+        Resource.PAYOUTS,
+        Action.READ,
+        "A provider's payout account, its status on the payment provider and what it may be paid now",
+        {200: PayoutAccountView},
+        query=billing.PayoutQuery,
+        errors=frozenset({404, 502}),
+        tag="billing",
+    ),
+    Route(
+        "GET",
+        "/api/v1/billing/payouts",
+        billing.list_payouts,
+        Resource.PAYOUTS,
+        Action.READ,
+        "Payouts of matured earnings, newest first",
+        {200: PayoutList},
+        query=billing.PayoutQuery,
+        tag="billing",
+    ),
+    Route(
+        "POST",
+        "/api/v1/billing/payouts/run",
+        billing.run_payouts,
+        Resource.PAYOUT_RUNS,
+        Action.WRITE,
+        "Run the payout run now: finish unfinished payouts, then pay this period's matured earnings",
+        {200: PayoutList},
+        query=schemas.EmptyQuery,
+        errors=frozenset({502}),
+        tag="billing",
+        description=(
+            "What the scheduled run does, now. Each payout is keyed by provider and period: a run repeated, or run "
+            "again after a crash, pays nothing twice. Answers the payouts this run finished."
+        ),
+    ),
+    Route(
+        "POST",
+        "/api/v1/billing/payouts/reconcile",
+        billing.reconcile_payouts,
+        Resource.PAYOUT_RUNS,
+        Action.WRITE,
+        "Reconcile the ledger's payouts with the payment provider's transfers now",
+        {200: ReconciliationView},
+        query=schemas.EmptyQuery,
+        errors=frozenset({502}),
+        tag="billing",
+        description=(
+            "Each difference is recorded as the event payments.payout_mismatch, and the alert rule payout_unreconciled "
+            "fires while the last reconciliation found any."
+        ),
+    ),
+    Route(
         "POST",
         "/api/v1/billing/webhook",
         billing.receive_webhook,
@@ -758,6 +933,79 @@ ROUTES: tuple[Route, ...] = (
             "The body is the provider's event as it sent it (JSON), checked with the endpoint's secret against the "
             "Stripe-Signature header over its raw bytes before anything of it is read; a bad or missing signature is a "
             "400 and changes nothing. An event already acted on is answered again (replayed: true) and moves nothing."
+        ),
+    ),
+    # --- disputes (docs/disputes.md)
+    Route(
+        "POST",
+        "/api/v1/disputes",
+        disputes.open_dispute,
+        Resource.DISPUTES,
+        Action.WRITE,
+        "Dispute an ended rental within the dispute window",
+        {201: DisputeView},
+        body=disputes.OpenDispute,
+        errors=frozenset({404, 409}),
+        tag="disputes",
+        description=(
+            "A renter disputes its own ended rental (the host named when it ran on several) within the grid's "
+            "dispute window (7 days by default). The evidence is gathered at once: the meter's seconds and the "
+            "rental's ledger entries, the host's telemetry, faults and container exits in its span, its GPUs' "
+            "verification history. What the renter paid for the host is held off the provider's earnings (at most "
+            "what the provider has) until the operator resolves it. Another account's rental answers 404; a rental "
+            "still running, past the window or already disputed, 409."
+        ),
+    ),
+    Route(
+        "GET",
+        "/api/v1/disputes",
+        disputes.list_disputes,
+        Resource.DISPUTES,
+        Action.READ,
+        "Disputes, newest first: a renter's own, those about a provider's hosts, or (operator) all",
+        {200: DisputeList},
+        query=disputes.DisputeQuery,
+        tag="disputes",
+    ),
+    Route(
+        "GET",
+        "/api/v1/disputes/{dispute_id}",
+        disputes.get_dispute,
+        Resource.DISPUTES,
+        Action.READ,
+        "One dispute, with its evidence",
+        {200: DisputeView},
+        query=schemas.EmptyQuery,
+        tag="disputes",
+    ),
+    Route(
+        "POST",
+        "/api/v1/disputes/{dispute_id}/answer",
+        disputes.answer_dispute,
+        Resource.DISPUTE_ANSWERS,
+        Action.WRITE,
+        "The disputed host's provider answers a dispute",
+        {200: DisputeView},
+        body=disputes.AnswerDispute,
+        errors=frozenset({409}),
+        tag="disputes",
+        description="A dispute about another provider's host answers 404; a resolved one takes no answer (409).",
+    ),
+    Route(
+        "POST",
+        "/api/v1/disputes/{dispute_id}/resolution",
+        disputes.resolve_dispute,
+        Resource.DISPUTE_RESOLUTIONS,
+        Action.WRITE,
+        "The operator resolves a dispute: a full, partial or no refund",
+        {200: DisputeView},
+        body=disputes.ResolveDispute,
+        errors=frozenset({409}),
+        tag="disputes",
+        description=(
+            "One ledger entry releases the hold: full returns everything held and the platform's fee on the host's "
+            "charges to the renter; partial returns the amount (more than 0, at most what is held) and the rest to "
+            "the provider; none returns it all to the provider. A dispute is resolved once (409 after)."
         ),
     ),
     Route(

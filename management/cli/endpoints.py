@@ -36,7 +36,12 @@ _NUMBERS: dict[str, tuple[str | None, str]] = {
     "ttl_s": (None, "ttl_s"),
     "max_retries": (None, "max_retries"),
     "daily_spend_cap": (None, "daily_spend_cap"),
+    "http_port": (None, "http_port"),
+    "readiness_path": (None, "readiness_path"),
+    "max_held": (None, "max_held"),
+    "max_hold_s": (None, "max_hold_s"),
 }
+MODES = {"queue": "queue", "load-balanced": "load_balanced", "load_balanced": "load_balanced"}  # flag -> the spec's
 
 
 def add_parsers(sub: argparse._SubParsersAction, make: Parser) -> None:
@@ -171,6 +176,30 @@ def _spec_options(p: argparse.ArgumentParser, *, creating: bool) -> None:
         help=f"the most its workers may cost in any 24 hours, e.g. 25.00: at the cap no worker starts ({default('none')})",
     )
     p.add_argument(
+        "--mode",
+        choices=("queue", "load-balanced"),
+        help="queue: requests through the request routes, workers pull them; load-balanced: HTTP to the workers' own "
+        f"server on --http-port, at the endpoint's URL ({default('queue')})",
+    )
+    p.add_argument("--http-port", type=int, metavar="PORT", help=f"load-balanced: the workers' HTTP port ({default('8000')})")
+    p.add_argument(
+        "--readiness-path",
+        metavar="PATH",
+        help=f"load-balanced: a worker takes requests once this path answers 200 ({default('/health')})",
+    )
+    p.add_argument(
+        "--max-held",
+        type=int,
+        metavar="N",
+        help=f"load-balanced: requests held while no worker is ready; more are 503 ({default('256')})",
+    )
+    p.add_argument(
+        "--max-hold-s",
+        type=float,
+        metavar="SECONDS",
+        help=f"load-balanced: how long a held request waits for a ready worker before a 503 ({default('120')})",
+    )
+    p.add_argument(
         "container_command",
         nargs="*",
         metavar="COMMAND",
@@ -207,6 +236,8 @@ def spec_from(args: argparse.Namespace, base: BodyJson) -> BodyJson:
             spec[field] = value
         else:
             spec[table_name] = dict(spec.get(table_name) or {}) | {field: value}
+    if args.mode is not None:
+        spec["mode"] = MODES[args.mode]
     if args.container_command:
         spec["command"] = args.container_command
     return spec
@@ -329,11 +360,23 @@ def _detail(e: AnswerJson) -> str:
             f"{spec['max_retries']} retries after a lost worker",
         ),
         ("spend cap", f"{spec['daily_spend_cap']} a day" if spec.get("daily_spend_cap") else "none"),
+        *_mode_lines(e),
         *_scale_lines(e.get("scale")),
         ("created", when(e["created_at"])),
         ("updated", when(e["updated_at"])),
     ]
     return "\n".join(f"{k + ':':<13}{v}" for k, v in lines)
+
+
+def _mode_lines(e: AnswerJson) -> list[tuple[str, str]]:
+    spec = e["spec"]
+    if spec.get("mode", "queue") != "load_balanced":
+        return [("mode", "queue (idlegrid endpoint run)")]
+    return [
+        ("mode", f"load-balanced: port {spec['http_port']}, ready when {spec['readiness_path']} answers 200"),
+        ("held", f"up to {spec['max_held']} requests for {spec['max_hold_s']:g} s while no worker is ready"),
+        ("url", e.get("url") or "the Master serves no links listener"),
+    ]
 
 
 def _key_rows(items: Sequence[AnswerJson]) -> str:

@@ -144,6 +144,10 @@ def host_text(agent: AnswerJson) -> str:
         verified = gpu["verification"]["label"] if gpu.get("verification") else "-"
         rows.append([gpu["uuid"], gpu["model"] or "-", gpu["state"], "yes" if gpu["offered"] else "no", verdict, verified])
     text = head + "\n\n" + table(["GPU", "MODEL", "STATE", "OFFERED", "SELF-TEST", "VERIFICATION"], rows)
+    for gpu in agent["gpus"]:  # an AMD card's partition modes: shown, not sold (docs/gpus.md)
+        if split := gpu.get("partition"):
+            modes = ", ".join(mode for mode in (split["compute"], split["memory"]) if mode)
+            text += f"\n{gpu['uuid']} partition modes: {modes} (reported, not sold)"
     for uuid, tested in reach.items():
         if not tested["reachable"]:
             text += f"\n\n{uuid} is not offered: {tested['detail']}\n  fix: {tested['fix']}"

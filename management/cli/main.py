@@ -123,7 +123,7 @@ def _run_master(args: argparse.Namespace) -> int:
     if args.links_port is not None:  # a key of the [links] table, which the flat overrides cannot reach
         config = msgspec.structs.replace(config, links=msgspec.structs.replace(config.links, port=args.links_port))
     setup_logging("master", config.log_level)
-    tune_for_daemon()
+    tune_for_daemon(freeze_survivors=True)  # its heap is its agents' state, alive as long as it is
     share_the_interpreter_quickly()  # its store works on a thread of its own
     run_loop(serve_master(config))
     return 0
@@ -467,7 +467,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         dest="command",
         required=True,
         metavar="{master,access,agent,ca,token,account,whoami,demo,workload,offers,rent,bid,"
-        "balance,ledger,spend,earnings,payouts,credit,billing,host,report,alert,ssh-key,ssh-config,secret,endpoint}",
+        "balance,ledger,spend,earnings,payouts,credit,billing,dispute,host,report,alert,ssh-key,ssh-config,secret,endpoint}",
     )
     _add_daemon(sub, "master", only)
     _add_daemon(sub, "access", only)
@@ -487,6 +487,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     from management.cli.billing import add_parsers as add_billing_parsers
 
     add_billing_parsers(sub, _parser)
+    from management.cli.disputes import add_parsers as add_dispute_parsers
+
+    add_dispute_parsers(sub, _parser)
     from management.cli.hosts import add_parsers as add_host_parsers
 
     add_host_parsers(sub, _parser)
@@ -529,6 +532,7 @@ def _command_name(args: argparse.Namespace) -> str:
         "ssh_key_command",
         "secret_command",
         "billing_command",
+        "dispute_command",
         "endpoint_command",
         "endpoint_keys_command",
         "master_command",

@@ -126,6 +126,12 @@ def add_parsers(sub: argparse._SubParsersAction, make: Parser) -> None:
     ledger.add_argument("--after", type=int, default=0, metavar="SEQ", help="entries after this sequence number (default 0)")
     ledger.add_argument("--limit", type=int, default=100, metavar="N", help="entries to show (default %(default)s)")
     ledger.add_argument("--csv", action="store_true", help="print CSV for a spreadsheet (default: a table)")
+    ledger.add_argument(
+        "--period",
+        default="",
+        metavar="PERIOD",
+        help="a statement of one UTC day (2026-12-07), ISO week (2026-W50) or month (2026-12) (default: every entry)",
+    )
     connection_options(ledger)
     ledger.set_defaults(func=run_ledger)
 
@@ -238,11 +244,12 @@ def run_balance(args: argparse.Namespace) -> int:
         lines = [
             f"account:    {f['account']}",
             f"available:  {f['available']} {f['currency']}",
-            f"held:       {f['held']} {f['currency']}  (for the next period of running rentals)",
+            f"held:       {f['held']} {f['currency']}  (held for running rentals; what is not used returns)",
             f"running:    {f['running_per_hour']} {f['currency']} per hour",
         ]
-        if f.get("covers_s") is not None:
-            lines.append(f"covers:     about {f['covers_s'] / 3600:.1f} hours of what runs now")
+        if f.get("unbilled") not in (None, "0", "0.00"):
+            lines.append(f"ran:        {f['unbilled']} {f['currency']} since the last charge (taken from the hold)")
+        lines.append(f"runway:     {runway(f.get('covers_s'))}")
         if f.get("warning"):
             lines.append(f"warning:    {f['warning']}")
         return "\n".join(lines)
@@ -250,14 +257,29 @@ def run_balance(args: argparse.Namespace) -> int:
     return _out(args, funds, human)
 
 
+def runway(covers_s: float | None) -> str:
+    """The balance's runway (the API's ``covers_s``) for people: "about 2 h 05 min, then running work is stopped
+    (nothing destroyed)"; "as long as nothing runs" when nothing costs anything (as the console's billing page says)."""
+    if covers_s is None:
+        return "as long as nothing runs"
+    s = int(covers_s)
+    if s >= 86400:
+        said = f"{s // 86400} d {s % 86400 // 3600} h"
+    elif s >= 3600:
+        said = f"{s // 3600} h {s % 3600 // 60:02d} min"
+    else:
+        said = f"{s // 60} min" if s >= 60 else f"{s} s"
+    return f"about {said}, then running work is stopped (nothing destroyed)"
+
+
 def run_ledger(args: argparse.Namespace) -> int:
     client = api_client(args)[0]
     account = _own(client, args)
     if args.csv:
-        text = client.ledger(account, after=args.after, limit=args.limit, csv=True)
+        text = client.ledger(account, after=args.after, limit=args.limit, csv=True, period=args.period)
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
         return 0
-    statement = client.ledger(account, after=args.after, limit=args.limit)
+    statement = client.ledger(account, after=args.after, limit=args.limit, period=args.period)
 
     def human(s: AnswerJson) -> str:
         if not s["lines"]:

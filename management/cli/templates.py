@@ -145,7 +145,7 @@ def print_links_when_up(client: Any, workload: AnswerJson, wait_s: float, out: A
 def _no_answer(workload_id: str, state: str, link: AnswerJson, wait_s: float) -> str:
     """One line: which link did not answer in time, and where to look."""
     said = f"idlegrid: the link {link['url']} (port {link['port']}) did not answer within {wait_s:.0f} s"
-    if state != "running":
+    if state != WorkloadState.RUNNING:
         return f"{said}: {workload_id} is still {state}; 'idlegrid workload explain {workload_id}' says what it waits for"
     return (
         f"{said}: {workload_id} runs, but nothing answers HTTP on port {link['port']} in it; check what it serves with "

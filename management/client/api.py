@@ -39,7 +39,6 @@ API_PREFIX = "/api/v1"
 REQUEST_TIMEOUT_S = 30.0
 # A list call asks for this many items a page; the API caps it (1,000) and defaults to 100.
 PAGE_LIMIT = 500
-FINAL_COMMAND_STATES = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
 # A call answered 429 (the key's rate limit: nothing was done) is sent again after its Retry-After, this many times.
 RATE_LIMIT_RETRIES = 3
 MAX_RETRY_AFTER_S = 5.0
@@ -299,8 +298,10 @@ class ApiCalls(Generic[R]):
             body["key"] = key
         return self.send(ApiRequest("POST", f"{API_PREFIX}/accounts/{_segment(account_id)}/credit", body=body))
 
-    def ledger(self, account_id: str, *, after: int = 0, limit: int = 100, csv: bool = False) -> R:
+    def ledger(self, account_id: str, *, after: int = 0, limit: int = 100, csv: bool = False, period: str = "") -> R:
         query = {"after": str(after), "limit": str(limit), "format": "csv" if csv else "json"}
+        if period:
+            query["period"] = period
         return self.send(ApiRequest("GET", f"{API_PREFIX}/accounts/{_segment(account_id)}/ledger", query))
 
     def statement(self, account_id: str, which: str, **query: str) -> R:
@@ -398,6 +399,75 @@ class ApiCalls(Generic[R]):
     def topups(self, *, account: str | None = None) -> R:
         query = {"account": account} if account is not None else {}
         return self.send(ApiRequest("GET", f"{API_PREFIX}/billing/topups", query))
+
+    def open_dispute(self, rental: str, reason: str, *, agent_id: str | None = None) -> R:
+        body: dict[str, Json] = {"rental": rental, "reason": reason}
+        if agent_id is not None:
+            body["agent_id"] = agent_id
+        return self.send(ApiRequest("POST", f"{API_PREFIX}/disputes", body=body))
+
+    def disputes(self, *, rental: str | None = None) -> R:
+        query = {"rental": rental} if rental is not None else {}
+        return self.send(ApiRequest("GET", f"{API_PREFIX}/disputes", query))
+
+    def dispute(self, dispute_id: str) -> R:
+        return self.send(ApiRequest("GET", f"{API_PREFIX}/disputes/{_segment(dispute_id)}"))
+
+    def answer_dispute(self, dispute_id: str, answer: str) -> R:
+        body: dict[str, Json] = {"answer": answer}
+        return self.send(ApiRequest("POST", f"{API_PREFIX}/disputes/{_segment(dispute_id)}/answer", body=body))
+
+    def resolve_dispute(self, dispute_id: str, resolution: str, *, amount: str | None = None, note: str = "") -> R:
+        body: dict[str, Json] = {"resolution": resolution, "note": note}
+        if amount is not None:
+            body["amount"] = amount
+        return self.send(ApiRequest("POST", f"{API_PREFIX}/disputes/{_segment(dispute_id)}/resolution", body=body))
+
+    def connect_payout_account(self, *, account: str | None = None, return_url: str | None = None) -> R:
+        body: dict[str, Json] = {}
+        if account is not None:
+            body["account"] = account
+        if return_url is not None:
+            body["return_url"] = body["refresh_url"] = return_url
+        return self.send(ApiRequest("POST", f"{API_PREFIX}/billing/payout-account", body=body))
+
+    def payout_account(self, *, account: str | None = None) -> R:
+        query = {"account": account} if account is not None else {}
+        return self.send(ApiRequest("GET", f"{API_PREFIX}/billing/payout-account", query))
+
+    def payouts(self, *, account: str | None = None) -> R:
+        query = {"account": account} if account is not None else {}
+        return self.send(ApiRequest("GET", f"{API_PREFIX}/billing/payouts", query))
+
+    def run_payouts(self) -> R:
+        return self.send(ApiRequest("POST", f"{API_PREFIX}/billing/payouts/run"))
+
+    def reconcile_payouts(self) -> R:
+        return self.send(ApiRequest("POST", f"{API_PREFIX}/billing/payouts/reconcile"))
+
+    def billing_settings(self, *, account: str | None = None) -> R:
+        query = {"account": account} if account is not None else {}
+        return self.send(ApiRequest("GET", f"{API_PREFIX}/billing/settings", query))
+
+    def save_payment_method(self, token: str, *, account: str | None = None) -> R:
+        body: dict[str, Json] = {"payment_method": token}
+        if account is not None:
+            body["account"] = account
+        return self.send(ApiRequest("PUT", f"{API_PREFIX}/billing/payment-method", body=body))
+
+    def set_spend_caps(self, caps: list[dict[str, Json]], *, account: str | None = None) -> R:
+        """Replace the renter's spend caps: each ``{"window": "hour"|"month", "limit": "10", "hard": bool, "scope":
+        "account"|"project", "project": name}``; an empty list removes them."""
+        body: dict[str, Json] = {"caps": list(caps)}
+        if account is not None:
+            body["account"] = account
+        return self.send(ApiRequest("PUT", f"{API_PREFIX}/billing/caps", body=body))
+
+    def set_auto_topup(self, threshold: str, amount: str, *, enabled: bool = True, account: str | None = None) -> R:
+        body: dict[str, Json] = {"enabled": enabled, "threshold": threshold, "amount": amount}
+        if account is not None:
+            body["account"] = account
+        return self.send(ApiRequest("PUT", f"{API_PREFIX}/billing/auto-topup", body=body))
 
     # --- secrets (docs/storage.md): each account its own; a value is sent once and never read back ---
 

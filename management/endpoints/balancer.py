@@ -1,10 +1,10 @@
 """Load-balanced mode's choices as pure functions (docs/endpoints.md, "Load-balanced mode"): which ready worker takes
 the next HTTP request, and whether a request that finds no ready worker is held for one or refused.
 
-The shell (to come, in the links listener) keeps each worker's outstanding requests and readiness, asks ``pick`` for
-each request, and holds what ``admit`` says to hold until a worker becomes ready (a burst from zero waits for the cold
-start instead of failing), up to a bound on how many wait and for how long. The held requests are the queue the
-autoscaler reads in this mode.
+The shell (pool.py ``BalancedPool``, used by the links listener's management/links/endpoint_proxy.py) keeps each
+worker's outstanding requests and readiness, asks ``pick`` for each request, and holds what ``admit`` says to hold
+until a worker becomes ready (a burst from zero waits for the cold start instead of failing), up to a bound on how
+many wait and for how long. The held requests are the queue the autoscaler reads in this mode.
 
 - ``pick(backends, after)``: the ready backend with the fewest outstanding requests (least outstanding requests, as
   Envoy and Knative's activator balance); among equals, the first whose id comes after ``after`` (the last one

@@ -242,6 +242,10 @@ class RequestQueue:
     def held_by(self, worker: WorkerRef) -> frozenset[str]:
         return frozenset(self._held.get(worker, ()))
 
+    def has_queued(self, endpoint_id: str) -> bool:
+        """Whether the endpoint has a queued request (at no cost: the head of its heap is always a queued one)."""
+        return bool(self._waiting.get(endpoint_id))
+
     def queued(self, endpoint_id: str) -> list[EndpointRequestRecord]:
         """The endpoint's queued requests, in the order takes answer them."""
         recs = [r for r in self.requests.values() if r.endpoint_id == endpoint_id and r.state == RequestState.QUEUED]

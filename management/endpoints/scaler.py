@@ -27,6 +27,12 @@ from zero does not wait for the period), for every endpoint:
    tick that found it, so its rental (and the renter's charge) ends there (management/market/metering_loop.py ends a
    rental at its workload's ``finished_at``).
 
+A **load-balanced** endpoint (docs/endpoints.md, "Load-balanced mode") is read from its pool (pool.py) instead of the
+request book: its queue is the requests held for a ready worker (a request held wakes the loop, as one queued does),
+and a running worker is ``starting`` until its readiness path first answers 200, then ``ready`` with its outstanding
+requests in flight, its last 200 as its last call (one that stops answering is ``silent`` after
+``heartbeat_timeout_s``, and replaced), and idle since its last request ended; its cold start ends at that first 200.
+
 Besides: the workers of an endpoint that is gone are stopped; a worker workload that ended, or moved to another host,
 without its agent saying so, has its requests sent back by this loop (``worker_gone`` for each of its places the book
 still knows); a worker that failed without ever running holds the endpoint's starts back for a doubling while
@@ -48,6 +54,7 @@ from typing import Protocol
 
 from common.errors import IdlegridError, InvalidTransition, NotFound
 from management.endpoints.autoscaler import Decision, QueueView, Worker, WorkerPhase, decide
+from management.endpoints.pool import BalancedPool
 from management.endpoints.requests import RequestBook, WorkerActivity
 from management.endpoints.spec import EndpointRecord
 from management.market.charges import cost_until
@@ -135,8 +142,10 @@ class EndpointScaler:
         period_s: float = PERIOD_S,
         grace_s: float = STOP_GRACE_S,
         restart_s: float = 1.0,
+        pool: BalancedPool | None = None,
     ) -> None:
         self._book = book
+        self._pool = pool  # load-balanced endpoints' workers and held requests
         self._requests = requests
         self._endpoints = endpoints
         self._rentals = rentals
@@ -155,6 +164,8 @@ class EndpointScaler:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         requests.on_arrival(self._on_arrival)
+        if pool is not None:
+            pool.on_hold(self._on_arrival)
 
     # --- running (every fact is read again at each tick: the workloads, the request book, the endpoints, rentals) ---
 
@@ -240,12 +251,18 @@ class EndpointScaler:
 
     async def _scale(self, endpoint: EndpointRecord, recs: Sequence[WorkloadRecord], activity: Activity, now: float) -> Decision:
         policy = endpoint.spec.scaling.policy()
-        queued = self._requests.queued(endpoint.id)
-        queue = QueueView(waiting=len(queued), oldest_waiting_since=min((r.submitted_at for r in queued), default=None))
-        seen = [
-            self._worker(rec, activity.get((endpoint.id, worker_of(rec).worker_id), []), policy.heartbeat_timeout_s, now)
-            for rec in recs
-        ]
+        pool = self._pool if endpoint.spec.load_balanced else None
+        if pool is not None:
+            holds = pool.held(endpoint.id)
+            queue = QueueView(waiting=holds.count, oldest_waiting_since=holds.oldest_since)
+            seen = [self._balanced_worker(rec, pool, now) for rec in recs]
+        else:
+            queued = self._requests.queued(endpoint.id)
+            queue = QueueView(waiting=len(queued), oldest_waiting_since=min((r.submitted_at for r in queued), default=None))
+            seen = [
+                self._worker(rec, activity.get((endpoint.id, worker_of(rec).worker_id), []), policy.heartbeat_timeout_s, now)
+                for rec in recs
+            ]
         cap = parse_amount(endpoint.spec.daily_spend_cap) if endpoint.spec.daily_spend_cap is not None else None
         cost = await self._spent(endpoint, now) if cap is not None else 0
         may_scale_up = cap is None or cost < cap
@@ -288,9 +305,7 @@ class EndpointScaler:
         """The autoscaler's view of one worker workload (the module's text gives the phases); ``mine``: its places the
         request book knows; ``timeout_s``: the policy's ``heartbeat_timeout_s``."""
         ref = worker_of(rec)
-        # Its start clock runs from its placement, but never from before this loop's first tick: after a Master restart
-        # or a takeover, a worker that ran before is not stuck for want of calls this Master has not had time to hear.
-        placed_at = max(rec.scheduled_at if rec.scheduled_at is not None else rec.queued_at, self._since or now)
+        placed_at = self._placed_at(rec, now)
         if rec.state != W.RUNNING:
             self._heard.pop(rec.id, None)  # a new run's worker is heard from anew
         if rec.state == W.QUEUED:
@@ -299,7 +314,7 @@ class EndpointScaler:
             return Worker(id=ref.worker_id, phase=WorkerPhase.STARTING, since=placed_at)
         if mine:
             self._heard[rec.id] = max(a.last_seen for a in mine)
-            self._count_cold_start(rec, mine)
+            self._count_cold_start(rec, min((a.first_seen for a in mine if a.first_seen is not None), default=None))
         last_seen = self._heard.get(rec.id)
         if last_seen is None:  # running, its handler not heard from yet
             return Worker(id=ref.worker_id, phase=WorkerPhase.STARTING, since=placed_at)
@@ -321,12 +336,37 @@ class EndpointScaler:
             idle_since=max(worked) if worked else None,
         )
 
-    def _count_cold_start(self, rec: WorkloadRecord, mine: Sequence[WorkerActivity]) -> None:
-        """The worker's cold start, once: from its workload made to its first call. Only for a worker made since this
-        loop's first tick (a worker that ran before a restart or a takeover is heard from again, not started)."""
+    def _placed_at(self, rec: WorkloadRecord, now: float) -> float:
+        # Its start clock runs from its placement, but never from before this loop's first tick: after a Master restart
+        # or a takeover, a worker that ran before is not stuck for want of calls this Master has not had time to hear.
+        return max(rec.scheduled_at if rec.scheduled_at is not None else rec.queued_at, self._since or now)
+
+    def _balanced_worker(self, rec: WorkloadRecord, pool: BalancedPool, now: float) -> Worker:
+        """A load-balanced endpoint's worker as the autoscaler sees it: its readiness and outstanding requests are the
+        pool's (the module's text)."""
+        ref = worker_of(rec)
+        placed_at = self._placed_at(rec, now)
+        if rec.state == W.QUEUED:
+            return Worker(id=ref.worker_id, phase=WorkerPhase.STARTING, since=now)
+        seen = pool.worker(ref.endpoint_id, rec.id) if rec.state == W.RUNNING else None
+        if seen is None or seen.ok_at is None or seen.first_ready_at is None:
+            return Worker(id=ref.worker_id, phase=WorkerPhase.STARTING, since=placed_at)
+        self._count_cold_start(rec, seen.first_ready_at)
+        return Worker(
+            id=ref.worker_id,
+            phase=WorkerPhase.READY,
+            since=seen.first_ready_at,
+            in_flight=seen.outstanding,
+            last_seen=seen.ok_at,
+            idle_since=seen.idle_since if seen.idle_since is not None else seen.first_ready_at,
+        )
+
+    def _count_cold_start(self, rec: WorkloadRecord, first: float | None) -> None:
+        """The worker's cold start, once: from its workload made to its first call (``first``; in load-balanced mode
+        its readiness path's first 200). Only for a worker made since this loop's first tick (a worker that ran before
+        a restart or a takeover is heard from again, not started)."""
         if rec.id in self._cold_counted or self._since is None or rec.created_at < self._since:
             return
-        first = min((a.first_seen for a in mine if a.first_seen is not None), default=None)
         if first is None:
             return
         self._cold_counted[rec.id] = None
@@ -350,6 +390,8 @@ class EndpointScaler:
     async def _stop(self, rec: WorkloadRecord, reason: str, now: float, activity: Activity) -> None:
         """End the worker's workload at ``now`` (its rental ends there) and send its requests back to the queue."""
         ref = worker_of(rec)
+        if self._pool is not None:
+            self._pool.drop(ref.endpoint_id, rec.id)  # a load-balanced endpoint sends it nothing more
         try:
             await self._book.end(rec.id, "cancel", reason, now, grace_s=self.grace_s)
         except (InvalidTransition, NotFound) as exc:  # it ended meanwhile: its end is what counts

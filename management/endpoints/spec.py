@@ -12,13 +12,15 @@ the policy's own checks refuse a bad one. Pure: no I/O.
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
 from common.containers import RegistryAuth
 from management.endpoints.autoscaler import ScalingPolicy
+from management.endpoints.balancer import HoldLimits
 from management.endpoints.queue import QueueLimits
 from master.port import (
     Amount,
@@ -40,6 +42,7 @@ __all__ = [
     "INVOCATION_KEY_PREFIX",
     "KEY_ID_PREFIX",
     "MAX_WORKERS",
+    "MODES",
     "EndpointKeyRecord",
     "EndpointRecord",
     "EndpointScaling",
@@ -58,6 +61,14 @@ MAX_CONCURRENCY = 1000  # requests one worker holds at once, at most
 # into the stored spec's JSON, field by field for its tables, and the result is decoded and checked as at create).
 EndpointSpecJson = dict[str, Any]
 Seconds = Annotated[float, msgspec.Meta(ge=0, le=7 * 86400.0)]
+# How an endpoint takes requests (docs/endpoints.md): "queue", through the request routes and the worker API (workers
+# pull); "load_balanced", as HTTP to the workers' own server on ``http_port``, through the links listener.
+EndpointMode = Literal["queue", "load_balanced"]
+MODES: tuple[str, ...] = ("queue", "load_balanced")
+MAX_HELD = 10_000  # requests held for a ready worker at once, per endpoint, at most
+MAX_HOLD_S = 3600.0  # the longest a held request may wait
+# A readiness path: absolute, printable, no space, no fragment; a query is allowed ("/health?full=1").
+_READINESS_PATH = re.compile(r"^/[!-~]*\Z")
 
 
 class EndpointScaling(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -105,14 +116,34 @@ class EndpointSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # The most its workers may cost in any 24 hours, in the grid's currency ("25.00"); at the cap the autoscaler starts
     # no worker (the running ones finish their work and scale down as usual). None: no cap (docs/endpoints.md).
     daily_spend_cap: Amount | None = None
+    # Load-balanced mode (docs/endpoints.md, "Load-balanced mode"). A stored endpoint made before these fields reads
+    # as queue mode, and the other fields are not read by a queue-mode endpoint.
+    mode: EndpointMode = "queue"
+    http_port: Annotated[int, msgspec.Meta(ge=1, le=65535)] = 8000  # where each worker's HTTP server listens
+    readiness_path: Annotated[str, msgspec.Meta(min_length=1, max_length=512)] = "/health"  # 200 when ready
+    max_held: Annotated[int, msgspec.Meta(ge=0, le=MAX_HELD)] = 256  # requests held at once while none is ready
+    max_hold_s: Annotated[float, msgspec.Meta(ge=0, le=MAX_HOLD_S)] = 120.0  # one held request's longest wait
 
     def __post_init__(self) -> None:
-        for field in ("execution_timeout_s", "ttl_s"):
+        for field in ("execution_timeout_s", "ttl_s", "max_hold_s"):
             value = getattr(self, field)
             if value != value or value in (float("inf"), float("-inf")):
                 raise ValueError(f"{field} must be a finite number, not {value!r}")
         if self.execution_timeout_s > self.ttl_s:
             raise ValueError(f"execution_timeout_s ({self.execution_timeout_s:g}) must not exceed ttl_s ({self.ttl_s:g})")
+        if not _READINESS_PATH.match(self.readiness_path) or "#" in self.readiness_path:
+            raise ValueError(
+                f"readiness_path must be an absolute path such as /health (printable, no space, no '#'), "
+                f"not {self.readiness_path!r}"
+            )
+
+    @property
+    def load_balanced(self) -> bool:
+        return self.mode == "load_balanced"
+
+    def hold_limits(self) -> HoldLimits:
+        """How many requests a load-balanced endpoint holds while no worker is ready, and for how long."""
+        return HoldLimits(max_held=self.max_held, max_hold_s=self.max_hold_s)
 
     def limits(self) -> QueueLimits:
         """Its requests' bounds, as the request queue applies them."""
@@ -124,7 +155,8 @@ class EndpointSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         )
 
     def worker_spec(self) -> WorkloadSpec:
-        """The workload each worker is: one replica, no network, not restarted in place (the autoscaler replaces it)."""
+        """The workload each worker is: one replica, no network, not restarted in place (the autoscaler replaces it). A
+        load-balanced endpoint's worker declares its ``http_port``, the only port the Master's tunnels may reach."""
         return WorkloadSpec(
             name=self.name,
             image=self.image,
@@ -138,6 +170,7 @@ class EndpointSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             registry_auth=self.registry_auth,
             restart_policy="never",
             network="none",
+            ports=[self.http_port] if self.load_balanced else [],
         )
 
 

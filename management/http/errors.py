@@ -48,9 +48,13 @@ STATUS_OF_CODE = {
     "queue_full": 429,  # management/services/endpoint_requests.py: an endpoint holding all the open requests it may
     "invalid_ledger_request": 400,  # management/market/ledger.py
     "invalid_topup": 400,  # management/payments/topups.py: an amount out of bounds, negative, or finer than a cent
+    "invalid_caps": 400,  # management/payments/caps.py: a spend cap the grid does not take
     "invalid_webhook": 400,  # management/payments/provider.py: a signature that does not verify, or no event
     "payments_not_configured": 503,  # management/payments/topups.py: the grid has no payment provider
     "payment_provider_error": 502,  # management/payments/provider.py: the provider refused or was unreachable
+    "invalid_payment_method": 400,  # management/payments/provider.py: a token the provider does not know
+    "payment_declined": 402,  # management/payments/provider.py: the provider declined a saved payment method
+    "invalid_dispute": 400,  # management/payments/disputes.py: a dispute, answer or resolution the rules refuse
 }
 INTERNAL_MESSAGE = "internal error; see the Master's log"
 

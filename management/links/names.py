@@ -23,6 +23,7 @@ import msgspec
 from common.errors import IdlegridError
 
 PATH_PREFIX = "/w/"
+ENDPOINT_PREFIX = "/e/"  # a load-balanced endpoint's URL: /e/<endpoint id>/ (docs/endpoints.md, "Load-balanced mode")
 TOKEN_PREFIX = "igl_"
 TOKEN_COOKIE = "idlegrid_link"  # the browser's link token, scoped to the link's path (or its host)
 TOKEN_QUERY = "idlegrid_token"  # a token handed over in a URL once: turned into the cookie and taken off the URL
@@ -67,6 +68,11 @@ def from_host(host: str, domain: str) -> LinkAddress | None:
     if not dot or rest != domain.lower().strip("."):
         return None
     return parse_name(label)
+
+
+def endpoint_url(endpoint_id: str, *, public_url: str) -> str:
+    """A load-balanced endpoint's one URL, on the links listener: ``<public_url>/e/<endpoint id>/``."""
+    return f"{public_url.rstrip('/')}{ENDPOINT_PREFIX}{endpoint_id}/"
 
 
 def from_path(path: str) -> tuple[LinkAddress, str] | None:

@@ -72,11 +72,17 @@ WS_MAX_MESSAGE = 16 * 1024 * 1024
 
 def links_app(services: Services) -> web.Application:
     """The links listener's application: path links under ``/w/`` (a wildcard domain's links by their Host, through
-    ``host_middleware``); anything else there is a 404, so nothing of the API or the console is ever on this origin."""
+    ``host_middleware``), load-balanced endpoints under ``/e/``; anything else there is a 404, so nothing of the API
+    or the console is ever on this origin."""
+    # Load-balanced endpoints' URLs, /e/<endpoint>/ (endpoint_proxy.py reuses this module's header rules, so it is
+    # imported here, once both are loaded).
+    from management.links.endpoint_proxy import add_endpoint_routes
+
     app = web.Application(middlewares=[host_middleware])
     app[SERVICES_KEY] = services
     app.router.add_route("*", "/w/{name}", serve_path_link)
     app.router.add_route("*", "/w/{name}/{rest:.*}", serve_path_link)
+    add_endpoint_routes(app)
     app.router.add_route("*", "/{rest:.*}", _nothing_here)
     return app
 
@@ -105,7 +111,8 @@ async def not_on_the_console(request: web.Request, handler: aiohttp.typedefs.Han
 
 
 async def _nothing_here(request: web.Request) -> web.StreamResponse:
-    return _refusal(Refused(404, "not_found", "this address serves only links: /w/<workload>-<port>/"), request)
+    why = "this address serves only links, /w/<workload>-<port>/, and endpoints, /e/<endpoint>/"
+    return _refusal(Refused(404, "not_found", why), request)
 
 
 @web.middleware
@@ -212,6 +219,14 @@ def _query_without_token(request: web.Request) -> str:
 
 
 def _upstream_headers(request: web.Request, address: LinkAddress, *, on_path: bool, strip_auth: str) -> CIMultiDict[str]:
+    return forwarded_headers(request, prefix=address.prefix.rstrip("/") if on_path else None, strip_auth=bool(strip_auth))
+
+
+def forwarded_headers(request: web.Request, *, prefix: str | None, strip_auth: bool) -> CIMultiDict[str]:
+    """The visitor's headers as the container gets them: no hop-by-hop or WebSocket handshake header, none of the
+    platform's cookies, no ``Authorization`` when it was the grid's credential (``strip_auth``); the ``X-Forwarded-``
+    ones added (``X-Forwarded-Prefix`` when the request came under a path ``prefix``). Links and load-balanced
+    endpoints (endpoint_proxy.py) both send these."""
     headers: CIMultiDict[str] = CIMultiDict()
     for name, value in request.headers.items():
         lower = name.lower()
@@ -225,8 +240,8 @@ def _upstream_headers(request: web.Request, address: LinkAddress, *, on_path: bo
         headers["Cookie"] = kept_cookies
     headers["X-Forwarded-Proto"] = request.scheme
     headers["X-Forwarded-Host"] = request.host
-    if on_path:
-        headers["X-Forwarded-Prefix"] = address.prefix.rstrip("/")
+    if prefix is not None:
+        headers["X-Forwarded-Prefix"] = prefix
     return headers
 
 
@@ -240,7 +255,7 @@ async def _http(
     on_path: bool,
     sandbox: bool,
 ) -> web.StreamResponse:
-    body = _body(request) if request.body_exists else None
+    body = stream_body(request) if request.body_exists else None
     try:
         upstream = await tunnel.session.request(
             request.method, f"http://link{target}", headers=headers, data=body, allow_redirects=False
@@ -280,7 +295,7 @@ async def _http(
         return response
 
 
-async def _body(request: web.Request) -> AsyncIterator[bytes]:
+async def stream_body(request: web.Request) -> AsyncIterator[bytes]:
     async for chunk in request.content.iter_chunked(BODY_CHUNK):
         yield chunk
         await asyncio.sleep(0)
@@ -364,4 +379,12 @@ def _refusal(refused: Refused, request: web.Request | None = None, address: Link
     return response
 
 
-__all__ = ["Admitted", "host_middleware", "links_app", "not_on_the_console", "serve_path_link"]
+__all__ = [
+    "Admitted",
+    "forwarded_headers",
+    "host_middleware",
+    "links_app",
+    "not_on_the_console",
+    "serve_path_link",
+    "stream_body",
+]

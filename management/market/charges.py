@@ -8,21 +8,26 @@ now minus what was charged", and the sum over any number of charges is exact (mo
 ``step`` turns a rental, the time, its hosts' last heartbeats, what the ledger already holds for it (``MeterState``,
 rebuilt from its entries by ``state_of``) and the renter's available balance into the entries to post:
 
-- at the start, ``hold:<rental>:0``: the first period's cost moves from ``renter:<id>`` to ``hold:<id>`` (capped at what
-  the renter has); a reserved rental instead has ``prepay:<rental>``: its whole prepaid period into the hold;
+- at the start, ``hold:<rental>:0``: the rental's hold moves from ``renter:<id>`` to ``hold:<id>`` (capped at what the
+  renter has): the cost of ``hold_s`` (the grid's ``rental_hold_s``, one hour by default; never less than one period) at
+  the prices in force; a reserved rental instead has ``prepay:<rental>``: its whole prepaid period into the hold;
 - for every metering period that ended, and that every host heartbeated past, ONE entry ``charge:<rental>:<k>``
   (k: the last whole period it covers; several periods missed by a stopped Master are charged in one) that both
   settles and re-holds: each host's charge goes from the hold to its provider less the fee, the fee to
-  ``platform:fees``, and the hold is moved to the next period's cost (from or back to the renter). Settling and
-  re-holding in one entry means a Master killed between them cannot exist;
+  ``platform:fees``, and the hold is brought back to the cost of ``hold_s`` from there (from or back to the renter).
+  Settling and re-holding in one entry means a Master killed between them cannot exist;
 - at the end, ``charge:<rental>:end``: the rest up to ``ended_at`` (a reserved rental ended by its renter owes its
   whole prepaid period, the provider keeps it, unless it was never prepaid whole), and the release of what is left in the hold;
 - when the rental ended through its host (``host_failure``), ``refund:<rental>``: every charge of the rental, from
-  the providers and the fees, back to the renter.
+  the providers and the fees, back to the renter; and, given ``sla`` terms, ``sla:<rental>``: the downtime's SLA
+  credit from the failing host's provider to the renter (management/market/sla.py, docs/disputes.md).
 
 No balance goes below zero: a charge takes at most what the rental holds plus what the renter has available. When
-what is owed exceeds that, ``MeterStep.ran_out`` is set: the caller stops the workload, and its final entry charges
-only what there was.
+what is owed, plus what ``reserve_s`` more of running costs, exceeds that, ``MeterStep.ran_out`` is set: the caller
+stops the workload. The reserve is how long the caller may take to see it (the metering loop: two of its ticks), so the
+stop falls while the hold still pays every second up to it, and the provider is paid for every metered second. With
+``reserve_s`` 0 the stop comes only once what is owed exceeds what there is, and the final entry charges only what there
+was (a provider then loses the seconds between the money's end and the stop).
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ import msgspec
 
 from management.market.ledger import FEES, hold_account, provider_account, renter_account
 from management.market.money import format_amount
+from management.market.sla import KIND as SLA_KIND
+from management.market.sla import SlaTerms, sla_credit, sla_key
 from master.port import LedgerEntry, LedgerLine, RentalHost, RentalRecord
 
 __all__ = [
@@ -84,6 +91,7 @@ class MeterState:
     prepaid: int = 0  # what prepay:<rental> took into the hold (a reserved rental)
     settled: bool = False  # charge:<rental>:end posted
     refunded: bool = False  # refund:<rental> posted
+    credited: bool = False  # sla:<rental> posted (an SLA credit for a host failure)
 
     @property
     def charged_total(self) -> int:
@@ -169,6 +177,9 @@ def apply(state: MeterState, entry: LedgerEntry) -> None:
         state.last_period = max(state.last_period, period)
     if entry.key == f"refund:{rid}":
         state.refunded = True
+    if entry.key == sla_key(rid) and entry.kind == SLA_KIND:
+        state.credited = True
+        return  # its lines are the provider's and the renter's: nothing the rental holds, charged or paid
     for line in entry.lines:
         if line.account.startswith("hold:"):
             state.held += line.amount
@@ -250,11 +261,19 @@ def step(
     state: MeterState,
     available: int,
     fees: Mapping[str, FeeRate],
+    hold_s: float | None = None,
+    reserve_s: float = 0.0,
+    sla: SlaTerms | None = None,
+    provider_balances: Mapping[str, int] | None = None,
 ) -> MeterStep:
     """The entries to post for ``rental`` at ``now`` (see the module's text), given what the ledger holds for it
     (``state``) and what its renter has available. ``heartbeats``: each host's last heartbeat (a host missing from it
     has none: nothing is charged for it before the rental ends). Posting them and calling again at the same ``now``
-    with the state they make gives nothing more."""
+    with the state they make gives nothing more. ``hold_s``: how long of running the hold pays for (None: one period);
+    ``reserve_s``: how long before what there is runs out the rental is said to have run out. ``sla``: the SLA credit's
+    terms (None: no credit), ``provider_balances`` what each ``provider:<id>`` has (the credit is capped at it); the
+    downtime runs from the rental's ``ended_at`` to ``now``, when the meter saw it end."""
+    held_s = max(period_s, hold_s if hold_s is not None else period_s)
     st = state.copy()
     entries: list[LedgerEntry] = []
     ran_out = False
@@ -275,9 +294,9 @@ def step(
             ran_out = amount < full
             memo = f"prepaid reserved period to {rental.reserved_until:.0f}: {format_amount(full)}"
         else:
-            full = period_cost(rental, rental.started_at, period_s)
+            full = period_cost(rental, rental.started_at, held_s)
             amount, key, kind = min(full, available), f"hold:{rental.id}:0", "hold"
-            memo = f"hold for period 1 ({period_s:g} s): {format_amount(full)}"
+            memo = f"hold of {held_s:g} s from the start: {format_amount(full)}"
         if amount < full:
             memo += f"; the renter had {format_amount(available)}"
         if amount > 0:
@@ -301,7 +320,7 @@ def step(
             charges = _take(owed, budget)
             ran_out = ran_out or sum(charges.values()) < sum(owed.values())
             charged = sum(charges.values())
-            target = period_cost(rental, t_k, period_s)
+            target = period_cost(rental, t_k, held_s)
             if rental.kind == "reserved" and rental.reserved_until is not None and t_k < rental.reserved_until:
                 target = max(target, st.held - charged)  # the prepaid stays held until the reserved period ends
             target = min(target, budget - charged)
@@ -309,11 +328,12 @@ def step(
             span = f"period {whole}" if first == whole else f"periods {first}..{whole}"
             memo = (
                 f"{span} to {t_k - rental.started_at:g} s: {format_amount(charged)} charged; "
-                f"{_describe_hosts(rental, t_k, fees)}; {format_amount(target)} held for the next period"
+                f"{_describe_hosts(rental, t_k, fees)}; {format_amount(target)} held"
             )
             post(_charge_entry(rental, f"charge:{rental.id}:{whole}", t_k, memo, charges, fees, target + charged - st.held))
         owed_now = sum(owed_at(bound).values())
-        ran_out = ran_out or owed_now > st.held + available
+        reserve = period_cost(rental, bound, reserve_s) if reserve_s > 0 else 0
+        ran_out = ran_out or owed_now + reserve > st.held + available
         return MeterStep(entries=entries, ran_out=ran_out, owed=owed_now)
 
     if not st.settled:
@@ -351,4 +371,34 @@ def step(
             memo = f"refund of {format_amount(total)}: the rental ended through its host ({rental.host_failure})"
             ts = rental.ended_at
             post(LedgerEntry(key=f"refund:{rental.id}", ts=ts, kind="refund", memo=memo, lines=refund_lines, rental=rental.id))
+    if rental.host_failure and sla is not None and not st.credited:
+        post(_sla_credit(rental, now, sla, provider_balances or {}, entries))
     return MeterStep(entries=entries, ran_out=ran_out, owed=0)
+
+
+def _sla_credit(
+    rental: RentalRecord, now: float, sla: SlaTerms, balances: Mapping[str, int], posted: Iterable[LedgerEntry]
+) -> LedgerEntry | None:
+    """The SLA credit of a rental ended through one of its hosts, capped at its provider's balance after ``posted``."""
+    failed = rental.host_failure.split(":", 1)[0]
+    host = next((h for h in rental.hosts if h.agent_id == failed), None)
+    if host is None or rental.ended_at is None:
+        return None
+    after = dict(balances)
+    for entry in posted:
+        for line in entry.lines:
+            after[line.account] = after.get(line.account, 0) + line.amount
+    return sla_credit(
+        rental_id=rental.id,
+        renter=rental.account,
+        workload=rental.workload_id,
+        agent_id=host.agent_id,
+        provider=host.provider,
+        price=price_at(rental, host, rental.ended_at),
+        gpus=host.gpus,
+        last_heard=rental.ended_at,
+        noticed=max(now, rental.ended_at),
+        why=rental.host_failure,
+        terms=sla,
+        provider_balances=after,
+    )

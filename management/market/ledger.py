@@ -33,6 +33,10 @@ from master.port import LedgerEntry, LedgerLine
 FEES = "platform:fees"
 EXTERNAL = "external"
 PAGE = 1000
+# Entries that return money to a renter (docs/disputes.md): a failed run's refund, an SLA credit, a dispute's resolution;
+# on a provider's account also a dispute's hold (what it holds is off the earnings until the resolution releases it).
+RENTER_REFUNDS = frozenset({"refund", "sla_credit", "dispute_resolve"})
+PROVIDER_REFUNDS = RENTER_REFUNDS | {"dispute_hold"}
 
 Period = Literal["day", "week", "month"]
 PERIODS: tuple[str, ...] = ("day", "week", "month")
@@ -83,9 +87,11 @@ class StatementLine(msgspec.Struct, frozen=True, kw_only=True):
 class Statement(msgspec.Struct, frozen=True, kw_only=True):
     """The entries touching ``accounts`` after seq ``after_seq`` (at most ``limit``), oldest first, with the accounts'
     balance together before the first (``opening``) and after the last (``closing``). ``next_after``: the seq to ask
-    from for the next page; ``more``: whether there is one."""
+    from for the next page; ``more``: whether there is one. With a ``period`` (a UTC day, ISO week or month, by its
+    label), only the entries of that period, ``opening`` the balance at its start."""
 
     accounts: list[str]
+    period: str = ""
     after_seq: int
     opening: int
     closing: int
@@ -95,7 +101,8 @@ class Statement(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class WorkloadSpend(msgspec.Struct, frozen=True, kw_only=True):
-    """What a renter paid for one workload: charged, refunded (a host failed it), and the difference."""
+    """What a renter paid for one workload: charged, refunded (a host failed it: the refund and the SLA credit; a
+    dispute's refund), and the difference."""
 
     workload: str
     charged: int
@@ -105,7 +112,8 @@ class WorkloadSpend(msgspec.Struct, frozen=True, kw_only=True):
 
 class HostEarnings(msgspec.Struct, frozen=True, kw_only=True):
     """What one host of a provider earned: ``gross`` charged to renters, the platform's ``fee`` of it, what was
-    ``refunded`` to renters from the provider (rentals the host failed), and ``net`` = gross - fee - refunded."""
+    ``refunded`` to renters from the provider (rentals the host failed, SLA credits, disputes: held, and refunded once
+    resolved), and ``net`` = gross - fee - refunded."""
 
     agent_id: str
     gross: int
@@ -230,16 +238,22 @@ class LedgerBook:
                 return found
             after = page[-1].seq
 
-    async def statement(self, ledger_accounts: Sequence[str], after_seq: int = 0, limit: int = 100) -> Statement:
-        """The entries touching ``ledger_accounts`` (together) after ``after_seq``, each with the running balance."""
+    async def statement(
+        self, ledger_accounts: Sequence[str], after_seq: int = 0, limit: int = 100, period: str = ""
+    ) -> Statement:
+        """The entries touching ``ledger_accounts`` (together) after ``after_seq``, each with the running balance; with
+        a ``period`` label ("2026-12-07", "2026-W50", "2026-12"), those of that UTC period only."""
         if not ledger_accounts:
             raise InvalidLedgerRequest("accounts must name at least one ledger account")
         if limit < 1 or after_seq < 0:
             raise InvalidLedgerRequest(f"limit must be at least 1 and after_seq at least 0 (got {limit}, {after_seq})")
+        start, end = period_span(period) if period else (float("-inf"), float("inf"))
         accounts = set(ledger_accounts)
         later = await self.entries(accounts, after_seq=after_seq)
         closing_now = sum(self.balance(a) for a in accounts)
         balance = closing_now - sum(_net(e, accounts) for e in later)
+        balance += sum(_net(e, accounts) for e in later if e.ts < start)  # the period's opening
+        later = [e for e in later if start <= e.ts < end]
         opening = balance
         lines: list[StatementLine] = []
         for entry in later[:limit]:
@@ -261,6 +275,7 @@ class LedgerBook:
             )
         return Statement(
             accounts=sorted(accounts),
+            period=period,
             after_seq=after_seq,
             opening=opening,
             closing=balance,
@@ -278,7 +293,7 @@ class LedgerBook:
             for line in entry.lines:
                 if entry.kind == "charge" and line.account == hold and line.host:
                     charged[line.workload] -= line.amount
-                elif entry.kind == "refund" and line.account == renter:
+                elif entry.kind in RENTER_REFUNDS and line.account == renter:
                     refunded[line.workload] += line.amount
         return [
             WorkloadSpend(workload=w, charged=charged[w], refunded=refunded[w], net=charged[w] - refunded[w])
@@ -352,7 +367,7 @@ def _earnings(entries: Iterable[LedgerEntry], account: str) -> dict[tuple[int, s
                 elif line.account == FEES:
                     figures[0] += line.amount
                     figures[1] += line.amount
-            elif entry.kind == "refund" and line.account == account:
+            elif entry.kind in PROVIDER_REFUNDS and line.account == account:
                 figures[2] -= line.amount
     return out
 
@@ -372,6 +387,25 @@ def calendar_period(ts: float, period: str) -> tuple[float, float, str]:
         end = dt.datetime(t.year + (t.month == 12), t.month % 12 + 1, 1, tzinfo=dt.UTC)
         label = start.strftime("%Y-%m")
     return start.timestamp(), end.timestamp(), label
+
+
+def period_span(label: str) -> tuple[float, float]:
+    """The UTC day ("2026-12-07"), ISO week ("2026-W50") or month ("2026-12") a label names: (start, end), unix times.
+    InvalidLedgerRequest for anything else."""
+    try:
+        if len(label) == 10:
+            day = dt.datetime.strptime(label, "%Y-%m-%d").replace(tzinfo=dt.UTC)
+            return day.timestamp(), (day + dt.timedelta(days=1)).timestamp()
+        if len(label) == 8 and label[4:6] == "-W":
+            monday = dt.datetime.fromisocalendar(int(label[:4]), int(label[6:]), 1).replace(tzinfo=dt.UTC)
+            return monday.timestamp(), (monday + dt.timedelta(days=7)).timestamp()
+        if len(label) == 7:
+            first = dt.datetime.strptime(label, "%Y-%m").replace(tzinfo=dt.UTC)
+            start, end, _ = calendar_period(first.timestamp(), "month")
+            return start, end
+    except ValueError:
+        pass
+    raise InvalidLedgerRequest(f"period must be a UTC day (2026-12-07), ISO week (2026-W50) or month (2026-12), not {label!r}")
 
 
 def _iso(ts: float) -> str:

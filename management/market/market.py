@@ -10,6 +10,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from management.market.completion import CompletionPolicy, CompletionRate, completion_rates
 from management.market.ledger import LedgerBook
 from management.market.metering_loop import MeterLoop, MeterSettings
 from management.market.offer_feed import OfferFeed
@@ -18,13 +19,15 @@ from management.store import ledger_repo, rental_repo
 from management.store.rentals import RentalRepo, rental_order
 from management.workloads.book import WorkloadBook
 from management.workloads.spec import workload_of
-from master.port import MasterPort, stop_loop
+from master.port import MasterPort, RentalRecord, stop_loop
 
 log = logging.getLogger(__name__)
 
 RELIABILITY_REFRESH_S = 600.0  # the fee window's figures are read again this often
 MIN_RENTALS_FOR_RELIABILITY = 3  # fewer rentals in the window say nothing: the standard fee applies
 RENTAL_PAGE = 1000
+REVIEW_EVENT = "market.completion_reviewed"  # an operator reviewed a host under review: its count starts afresh
+EVENT_PAGE = 500
 
 
 class HostReliability:
@@ -33,23 +36,35 @@ class HostReliability:
     fewer than ``MIN_RENTALS_FOR_RELIABILITY`` rentals in the window has none (None: the standard fee)."""
 
     def __init__(
-        self, master: MasterPort, rentals: RentalRepo, *, window_s: float, clock: Callable[[], float] = time.time
+        self,
+        master: MasterPort,
+        rentals: RentalRepo,
+        *,
+        window_s: float,
+        clock: Callable[[], float] = time.time,
+        completion: CompletionPolicy | None = None,
     ) -> None:
         self._master = master
         self._rentals = rentals
         self._window_s = window_s
         self._clock = clock
         self._counts: dict[str, tuple[int, int]] = {}  # agent id -> (rentals in the window, failed through the host)
+        self._completion_policy = completion or CompletionPolicy()
+        self._completion: dict[str, CompletionRate] = {}
+        self.on_change: Callable[[set[str]], None] | None = None  # hosts whose completion rate moved (the offers')
 
     async def refresh(self) -> None:
+        """The window's figures, read again: each host's reliability and its completion rate by close reason."""
         since = self._clock() - self._window_s
         counts: dict[str, list[int]] = {}
+        ended: list[RentalRecord] = []
         after: str | None = None
         while True:
             page = await self._rentals.list(ended_since=since, after=after, limit=RENTAL_PAGE)
             for rental in page:
                 if rental.ended_at is None:
                     continue
+                ended.append(rental)
                 failed_host = rental.host_failure.split(":", 1)[0] if rental.host_failure else ""
                 for host in rental.hosts:
                     seen = counts.setdefault(host.agent_id, [0, 0])
@@ -59,6 +74,41 @@ class HostReliability:
                 break
             after = rental_order(page[-1].started_at, page[-1].id)
         self._counts = {agent: (n, failed) for agent, (n, failed) in counts.items()}
+        before = self._completion
+        self._completion = completion_rates(ended, await self._reviews(), self._completion_policy)
+        moved = {a for a in set(before) | set(self._completion) if before.get(a) != self._completion.get(a)}
+        if moved and self.on_change is not None:
+            self.on_change(moved)
+
+    async def _reviews(self) -> dict[str, float]:
+        """Each host's last review by an operator (its ``market.completion_reviewed`` events)."""
+        reviews: dict[str, float] = {}
+        after = 0
+        while True:
+            page = await self._master.events_after(kind_prefix=REVIEW_EVENT, after_seq=after, limit=EVENT_PAGE)
+            for event in page:
+                reviews[event.subject] = max(event.ts, reviews.get(event.subject, 0.0))
+            if len(page) < EVENT_PAGE:
+                return reviews
+            after = page[-1].seq
+
+    def completion(self, agent_id: str) -> CompletionRate:
+        """The host's completion rate by close reason over the window (since its last review)."""
+        return self._completion.get(agent_id) or CompletionRate(agent_id=agent_id)
+
+    def under_review(self, agent_id: str) -> bool:
+        """Whether the host's completion rate is below the policy's threshold: it is not offered until reviewed."""
+        found = self._completion.get(agent_id)
+        return found is not None and found.under_review
+
+    async def review(self, agent_id: str, by: str) -> CompletionRate:
+        """An operator reviewed the host: its count starts afresh from now, so it is offered again."""
+        before = self.completion(agent_id)
+        await self._master.record_event(
+            REVIEW_EVENT, agent_id, by=by, rate=before.rate, rentals=before.rentals, by_reason=dict(before.by_reason)
+        )
+        await self.refresh()
+        return self.completion(agent_id)
 
     def evidence(self, agent_id: str) -> tuple[int, int]:
         """(rentals that ended in the window, of which failed through this host)."""
@@ -82,9 +132,12 @@ class Market:
         config = master.config
         self.prices = prices
         self.ledger = LedgerBook(ledger_repo(master.store))
-        self.offers = OfferFeed(master, prices.price, interruptible=self._interruptible_container)
+        self.offers = OfferFeed(master, prices.price, interruptible=self._interruptible_container, completion=self._completion)
         prices.subscribe(self.offers.prices_changed)
-        self.reliability = HostReliability(master, rental_repo(master.store), window_s=config.reliable_window_s)
+        completion = CompletionPolicy(threshold=config.completion_rate_threshold, min_rentals=config.completion_min_rentals)
+        self.reliability = HostReliability(
+            master, rental_repo(master.store), window_s=config.reliable_window_s, completion=completion
+        )
         self.meter = MeterLoop(
             master,
             book,
@@ -94,9 +147,13 @@ class Market:
             MeterSettings.of(config),
             reliability=self.reliability,
         )
+        self.reliability.on_change = self.offers.hosts_changed
         self._book = book
         self._loaded = False
         self._task: asyncio.Task[None] | None = None
+
+    def _completion(self, agent_id: str) -> CompletionRate:
+        return self.reliability.completion(agent_id)
 
     def _interruptible_container(self, container: str) -> bool:
         """Whether ``container`` belongs to an open interruptible workload (its GPUs are on offer on demand)."""

@@ -29,10 +29,11 @@ from collections.abc import Callable
 import msgspec
 
 from common.errors import InvalidTransition, NotFound
-from management.market.charges import FeeRate, MeterState, MeterStep, apply, price_at, state_of, step
+from management.market.charges import FeeRate, MeterState, MeterStep, apply, cost_until, price_at, state_of, step
 from management.market.ledger import LedgerBook
 from management.market.money import format_amount, parse_amount
 from management.market.prices import HostPrice
+from management.market.sla import SlaTerms, sla_credit
 from management.store.rentals import RentalRepo, StaleRental, rental_order
 from management.workloads.book import WorkloadBook
 from management.workloads.states import WorkloadState
@@ -68,10 +69,18 @@ class MeterSettings(msgspec.Struct, frozen=True, kw_only=True):
     low_balance_warning_s: float = 3600.0
     grace_s: float = 30.0  # a workload stopped for want of money: SIGTERM, this long, SIGKILL
     restart_s: float = 1.0
+    hold_s: float = 3600.0  # a running rental holds this long of its cost (at least one period)
+    sla: SlaTerms = SlaTerms()  # the SLA credit's formula (docs/disputes.md)
 
     @property
     def tick_s(self) -> float:
         return min(5.0, self.period_s / 4)
+
+    @property
+    def reserve_s(self) -> float:
+        """A rental runs out while what is held still pays this long: two ticks (the one that sees it may come late),
+        so the stop falls before the money's end and the provider is paid for every metered second."""
+        return 2 * self.tick_s
 
     @classmethod
     def of(cls, config: MasterConfig) -> MeterSettings:
@@ -83,6 +92,12 @@ class MeterSettings(msgspec.Struct, frozen=True, kw_only=True):
             low_balance_warning_s=config.low_balance_warning_s,
             grace_s=config.preemption_grace_s,
             restart_s=config.loop_restart_s,
+            hold_s=config.rental_hold_s,
+            sla=SlaTerms(
+                percent=config.sla_credit_percent,
+                min_downtime_s=config.sla_min_downtime_s,
+                cap_s=config.sla_credit_cap_s,
+            ),
         )
 
 
@@ -214,6 +229,16 @@ class MeterLoop:
             (r for r in self._open.values() if account is None or r.account == account), key=lambda r: (r.started_at, r.id)
         )
 
+    def metered_until(self, rental: RentalRecord, now: float) -> float:
+        """Where an open rental's meter stands at ``now``: where it would end if it ended now. That is ``now`` or its
+        hosts' last heartbeat, when earlier, but never before the periods already charged: a host heard last before
+        them (its stored last_seen lags the heartbeats by the flush, and after a Master restart that is all there is
+        until it reconnects) still ran them, and the rental's end is what its renter reads beside the charge."""
+        last = min([now, *(self._heartbeats(rental).values())])
+        state = self._state.get(rental.id)
+        charged_to = rental.started_at + (state.last_period * self.settings.period_s if state is not None else 0.0)
+        return max(rental.started_at, charged_to, last)
+
     def rental_for(self, wl: WorkloadRecord) -> RentalRecord | None:
         """The open rental of this run of a workload (its id names the attempt): one lookup, for lists of workloads."""
         return self._open.get(rental_id(wl))
@@ -282,7 +307,34 @@ class MeterLoop:
         if agent_id not in self._master.registry.agents:
             return
         why = f"rental {rid} did not start through the host: {wl.host_failure}"
+        await self._credit_failed_start(wl, rid, agent_id, now)
         await self._master.record_rental_outcome(agent_id, failed=True, reason=why, now=now)
+
+    async def _credit_failed_start(self, wl: WorkloadRecord, rid: str, agent_id: str, now: float) -> None:
+        """A start the host failed: nothing ran or was charged, but the renter waited; the SLA credit of the minimum
+        downtime, at the host's price now (docs/disputes.md)."""
+        host = next((h for h in rental_hosts(wl, self._master, self._prices) if h.agent_id == agent_id), None)
+        if host is None or not host.provider:
+            return
+
+        def compute() -> list[LedgerEntry]:
+            entry = sla_credit(
+                rental_id=rid,
+                renter=wl.account,
+                workload=wl.id,
+                agent_id=agent_id,
+                provider=host.provider,
+                price=host.price,
+                gpus=host.gpus,
+                last_heard=now,
+                noticed=now,
+                why=f"did not start: {wl.host_failure}",
+                terms=self.settings.sla,
+                provider_balances=self._ledger.balances(),
+            )
+            return [entry] if entry is not None else []
+
+        await self._ledger.post_computed(compute)
 
     async def _start(self, wl: WorkloadRecord, started_at: float) -> None:
         rid = rental_id(wl)
@@ -316,15 +368,9 @@ class MeterLoop:
     async def _end(self, rid: str, wl: WorkloadRecord | None, now: float) -> None:
         """End an open rental: charges stop at ``now`` or at its hosts' last heartbeat, when earlier."""
         rental = self._open[rid]
-        last = min([now, *(self._heartbeats(rental).values())])
-        # Never before the periods already charged: a host heard last before them (its stored last_seen lags the
-        # heartbeats by the flush, and after a Master restart that is all there is until it reconnects) still ran
-        # them, and the rental's end is what its renter reads beside the charge.
-        state = self._state.get(rid)
-        charged_to = rental.started_at + (state.last_period * self.settings.period_s if state is not None else 0.0)
         failure = wl.host_failure if wl is not None else ""
         reason = f"workload {wl.state}: {wl.state_reason}" if wl is not None else "its workload is gone"
-        ended_at = max(rental.started_at, charged_to, last)
+        ended_at = self.metered_until(rental, now)
         ended = msgspec.structs.replace(rental, ended_at=ended_at, end_reason=reason, host_failure=failure)
         await self._meter(ended, now)  # the final charge, the hold released, the refund: before the rental is stored
         stored = msgspec.structs.replace(ended, version=rental.version + 1)
@@ -363,8 +409,19 @@ class MeterLoop:
 
         def compute() -> list[LedgerEntry]:
             available = self._ledger.funds(rental.account).available
+            s = self.settings
             done = step(
-                rental, now, heartbeats=heartbeats, period_s=self.settings.period_s, state=state, available=available, fees=fees
+                rental,
+                now,
+                heartbeats=heartbeats,
+                period_s=s.period_s,
+                state=state,
+                available=available,
+                fees=fees,
+                hold_s=s.hold_s,
+                reserve_s=s.reserve_s,
+                sla=s.sla,
+                provider_balances=self._ledger.balances(),
             )
             computed.append(done)
             return done.entries
@@ -391,9 +448,18 @@ class MeterLoop:
         except (InvalidTransition, NotFound) as exc:  # it stopped meanwhile: its transition ends the rental
             log.info("workload %s not stopped for want of money: %s", rental.workload_id, exc)
 
+    def unbilled(self, account: str, now: float) -> int:
+        """What ``account``'s open rentals ran up since their last charge: owed, and taken from the hold at the next."""
+        total = 0
+        for rental in self._open.values():
+            if rental.account == account:
+                state = self._state.get(rental.id)
+                total += max(0, cost_until(rental, now) - (state.charged_total if state is not None else 0))
+        return total
+
     def balance_cover_s(self, now: float) -> dict[str, float]:
-        """Each renter with running rentals: how many seconds its balance (available and held) covers them at their
-        current prices (the alert rule ``renter_balance_low`` watches it)."""
+        """Each renter with running rentals: how many seconds its balance (available and held, less what ran since the
+        last charges) covers them at their current prices (the alert rule ``renter_balance_low`` watches it)."""
         per_second: dict[str, float] = {}
         for rental in self._open.values():
             rate = sum(price_at(rental, h, now) * h.gpus for h in rental.hosts) / 3600.0
@@ -401,7 +467,8 @@ class MeterLoop:
         cover: dict[str, float] = {}
         for renter, rate in per_second.items():
             funds = self._ledger.funds(renter)
-            cover[renter] = (funds.available + funds.held) / rate if rate else math.inf
+            left = max(0, funds.available + funds.held - self.unbilled(renter, now))
+            cover[renter] = left / rate if rate else math.inf
         return cover
 
     async def _warn_low_balances(self, now: float) -> None:

@@ -8,7 +8,8 @@ What marks a host dirty, all from the Master's one change feed (master/changes.p
   back, or the holds rebuilt), ``AgentWritten`` (an agent record written: a hello with a new inventory, a drain, an
   undrain) and ``GpusWritten`` (a host's GPU records written, whoever caused it: another host's hello naming its
   uuids withdrew or flagged them: the offer once kept advertising them and a rent of 5 was queued for ever);
-- ``prices_changed(provider, agent_id | None)``: a host's price, or its provider's default (every host of it).
+- ``prices_changed(provider, agent_id | None)``: a host's price, or its provider's default (every host of it);
+- ``hosts_changed(agent_ids)``: hosts whose completion rate moved (a host under review is not offered: docs/disputes.md).
 Reputation moves with every heartbeat (uptime) and is not worth a change each time: each host is also re-derived
 when its offer is older than ``max_age_s``: at most ``max_aged_per_refresh`` such hosts per search, oldest first, so
 a search after a quiet spell does not re-derive the whole grid (about 40 µs a host) before it answers.
@@ -20,9 +21,10 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from common.errors import NotFound
+from management.market.completion import CompletionRate
 from management.market.offers import DEFAULT_LIMIT, Offer, OfferChoices, OfferIndex, SearchResult, offer_choices
 from management.market.prices import HostPrice
 from management.market.query import Query, SortKey
@@ -62,12 +64,14 @@ class OfferFeed:
         changes_capacity: int = DEFAULT_CAPACITY,
         max_aged_per_refresh: int = 200,
         interruptible: Callable[[str], bool] = lambda _container: False,
+        completion: Callable[[str], CompletionRate] | None = None,
     ) -> None:
         self.master = master
         self.index = OfferIndex()
         self._price_of = price_of
         self._interruptible = interruptible  # container name -> whether an interruptible rental's container holds it
         self._reliability_of = reliability_of
+        self._completion = completion  # agent id -> its completion rate (None: not published, nothing held for review)
         self._max_age_s = max_age_s
         self._max_aged = max_aged_per_refresh
         self._clock = clock
@@ -114,6 +118,10 @@ class OfferFeed:
             self._dirty.add(agent_id)
         else:
             self._dirty.update(a.id for a in self.master.registry.agents.values() if a.provider == provider)
+
+    def hosts_changed(self, agent_ids: Iterable[str]) -> None:
+        """These hosts' completion rates (or review) changed: their offers are derived again before the next search."""
+        self._dirty.update(agent_ids)
 
     def _on_written(self, change: Change) -> None:
         agent_id = getattr(change, "agent_id", None)
@@ -191,7 +199,20 @@ class OfferFeed:
         price = self._price_of(agent.provider, agent.id)
         sandboxed = self.master.config.offer_sandboxed_hosts
         reliability = self._reliability_of(agent)
-        offer = self.index.update_host(agent, gpus, held, price, reliability, allow_sandboxed=sandboxed, outbid=outbid)
+        completion = self._completion(agent.id) if self._completion is not None else None
+        if completion is not None and completion.under_review:  # not offered until an operator reviews it
+            self._forget(host)
+            return None
+        offer = self.index.update_host(
+            agent,
+            gpus,
+            held,
+            price,
+            reliability,
+            allow_sandboxed=sandboxed,
+            outbid=outbid,
+            completion_rate=completion.rate if completion is not None else None,
+        )
         self._refreshed.pop(host, None)
         self._refreshed[host] = now
         return offer
@@ -208,6 +229,12 @@ class OfferFeed:
         if agent.state not in (AgentState.READY.value, AgentState.BUSY.value) or agent.drained:
             why = "drained" if agent.drained else agent.state
             raise NotFound(f"no offer {host_id!r}: the host is {why} and takes no new work")
+        review = self._completion(host_id) if self._completion is not None else None
+        if review is not None and review.under_review:
+            raise NotFound(
+                f"no offer {host_id!r}: the host's rental completion rate ({review.rate:.0%} of {review.rentals}) is under "
+                "the grid's threshold; it is offered again once an operator reviews it"
+            )
         raise NotFound(f"no offer {host_id!r}: the host has no free healthy GPU it may rent out now")
 
     def choices(self) -> OfferChoices:

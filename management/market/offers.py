@@ -88,6 +88,8 @@ class Offer(msgspec.Struct, frozen=True, kw_only=True):
     tflops: float | None = None  # dense FP16/BF16 tensor TFLOP/s
     memory_bandwidth_gbs: float | None = None
     tflops_per_price: float | None = None  # TFLOP/s per currency unit per GPU-hour, on demand
+    # The share of its rentals in the window that did not end through it (docs/disputes.md); None: too few rentals.
+    completion_rate: float | None = None
 
 
 class EmptiedBy(msgspec.Struct, frozen=True, kw_only=True):
@@ -140,6 +142,7 @@ def offer_of(
     *,
     allow_sandboxed: bool = False,
     outbid: Collection[str] = (),
+    completion_rate: float | None = None,
 ) -> Offer | None:
     """The offer of one host, or None when it offers nothing: not ready/busy, drained, not isolating a renter's work
     in a container (or in the process runtime's sandbox, when the operator allows it: ``allow_sandboxed``, as
@@ -200,6 +203,7 @@ def offer_of(
         tflops=tflops,
         memory_bandwidth_gbs=bandwidth,
         tflops_per_price=round(tflops / (price.on_demand / MICRO), 2) if tflops is not None and price.on_demand > 0 else None,
+        completion_rate=completion_rate,
     )
 
 
@@ -353,10 +357,13 @@ class OfferIndex:
         *,
         allow_sandboxed: bool = False,
         outbid: Collection[str] = (),
+        completion_rate: float | None = None,
     ) -> Offer | None:
         """Re-derive one host's offer from plain inputs (``offer_of``); the host leaves the index when it offers
         nothing. Returns the offer now held, or None."""
-        offer = offer_of(agent, gpus, held, price, reliability, allow_sandboxed=allow_sandboxed, outbid=outbid)
+        offer = offer_of(
+            agent, gpus, held, price, reliability, allow_sandboxed=allow_sandboxed, outbid=outbid, completion_rate=completion_rate
+        )
         if offer is None:
             self.remove_host(agent.id)
         else:

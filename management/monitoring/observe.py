@@ -9,6 +9,12 @@ Metrics wired (subject in brackets):
 - ``host.offline`` [agent id]: 1 while the host is offline, else 0 (retired hosts are not watched);
 - ``renter.balance_cover_s`` [renter account]: how long the renter's balance covers its running rentals (only
   renters with running rentals; label ``renter``);
+- ``renter.spend_cap_used_pct`` [renter/cap, e.g. ``rita/project=train/month/hard``]: what the renter spent in a spend
+  cap's window as a percentage of its limit, as the spend-cap watch last read it (every capped renter's caps; labels
+  ``renter``, ``cap``, ``spent``, ``limit``, ``hard``);
+- ``renter.auto_topup_failed`` [renter account]: 1 while the renter's latest auto top-up failed (declined at once or by
+  the provider's event), until a later one is credited or the renter changes its card or its auto top-up (only
+  renters whose latest failed; labels ``renter``, ``amount``, ``reason``);
 - ``fleet.command_failure_pct`` ["fleet"]: failed container commands as a percentage of those finished over the
   last ``COMMAND_WINDOW_S`` (0 until at least ``COMMAND_MIN_COUNT`` finished in the window), from the hosts' counters;
 - ``relay.down`` [relay id]: 1 while a known relay is not linked to the Master, else 0. Known: linked now, or the
@@ -18,6 +24,8 @@ Metrics wired (subject in brackets):
   the network floor (``min_network_mbps``) of the tier its GPUs' hardware earns, else 0: the host is kept from
   that tier by its network. Only hosts that measured their bandwidth and have GPUs whose tier sets a floor (the
   shipped tier policy sets none; an operator's may). Labels ``bandwidth_mbps``, ``floor_mbps``;
+- ``payouts.unreconciled`` ["fleet"]: how many differences the last reconciliation of the ledger's payouts with the
+  payment provider's transfers found (docs/payments.md, "Reconciliation"); 0 before the first;
 - ``gpu.temperature_anomaly`` [GPU uuid]: each sample's temperature scored against the GPU's own recent range at
   the same utilization (management/monitoring/anomaly.py), from the moment a rule asks for it.
 
@@ -50,6 +58,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from common.inventory import GpuSample
 from management.monitoring.anomaly import TemperatureBaselines
@@ -79,6 +88,9 @@ FLEET_COMMAND_FAILURE = "fleet.command_failure_pct"
 RELAY_DOWN = "relay.down"
 HOST_BANDWIDTH_BELOW_FLOOR = "host.bandwidth_below_floor"
 GPU_TEMPERATURE_ANOMALY = "gpu.temperature_anomaly"
+SPEND_CAP_USED = "renter.spend_cap_used_pct"
+AUTO_TOPUP_FAILED = "renter.auto_topup_failed"
+PAYOUTS_UNRECONCILED = "payouts.unreconciled"
 WIRED = frozenset(
     {
         GPU_TEMPERATURE,
@@ -90,6 +102,9 @@ WIRED = frozenset(
         RELAY_DOWN,
         HOST_BANDWIDTH_BELOW_FLOOR,
         GPU_TEMPERATURE_ANOMALY,
+        SPEND_CAP_USED,
+        AUTO_TOPUP_FAILED,
+        PAYOUTS_UNRECONCILED,
     }
 )
 SAMPLED = (GPU_TEMPERATURE, GPU_RENTED_UTILIZATION, GPU_TEMPERATURE_ANOMALY)  # read off telemetry samples
@@ -102,8 +117,27 @@ BalanceCover = Callable[[float], Mapping[str, float]]  # now -> renter -> second
 Key = tuple[str, str]  # (metric, subject)
 
 
+class Reading(NamedTuple):
+    """One value of a metric read off a part of the grid (not telemetry), about one subject, with its labels."""
+
+    subject: str
+    value: float
+    labels: dict[str, str]
+
+
+Readings = Callable[[float], Sequence[Reading]]  # now -> the metric's current values
+
+
+def _no_readings(now: float) -> Sequence[Reading]:
+    return ()
+
+
 def _no_balances(now: float) -> Mapping[str, float]:
     return {}
+
+
+def _reconciled() -> int:
+    return 0
 
 
 def _alerted_hosts(short: Mapping[str, Shortfall], live: Collection[Key], agents: Mapping[str, AgentRecord]) -> list[AgentRecord]:
@@ -129,6 +163,9 @@ class FleetObserver:
     master: MasterPort
     open_workloads: OpenWorkloads = tuple  # the scheduler's open workloads, to label a rented GPU with its renter
     balance_cover: BalanceCover = _no_balances  # the market's meter
+    spend_caps: Readings = _no_readings  # the spend-cap watch: renter.spend_cap_used_pct
+    failed_auto_topups: Readings = _no_readings  # the top-ups: renter.auto_topup_failed
+    unreconciled: Callable[[], int] = _reconciled  # the payout service's last reconciliation: differences found
     _points: dict[Key, list[Point]] = field(default_factory=dict)  # only subjects worth keeping (module docstring)
     _stop_listening: Callable[[], None] | None = None  # attached: how to stop hearing samples
     _caught_up: bool = False  # the one-time pass over the Master's latest samples was made
@@ -332,8 +369,14 @@ class FleetObserver:
             for renter, cover_s in self.balance_cover(now).items():
                 if math.isfinite(cover_s):
                     emit((RENTER_BALANCE_COVER, renter), [(now, cover_s)], {"renter": renter})
+        for metric, read in ((SPEND_CAP_USED, self.spend_caps), (AUTO_TOPUP_FAILED, self.failed_auto_topups)):
+            if metric in watched:
+                for reading in read(now):
+                    emit((metric, reading.subject), [(now, reading.value)], reading.labels)
         if FLEET_COMMAND_FAILURE in watched:
             emit((FLEET_COMMAND_FAILURE, "fleet"), [(now, self._command_failure_pct(now))], {})
+        if PAYOUTS_UNRECONCILED in watched:
+            emit((PAYOUTS_UNRECONCILED, "fleet"), [(now, float(self.unreconciled()))], {})
         # Keep each emitted telemetry subject's latest point (the next evaluation's run may start before its new
         # samples); every other subject is forgotten: quiet, or no longer in the fleet.
         self._points = {key: points[-1:] for key, points in self._points.items() if key in current}

@@ -236,7 +236,7 @@ class _Cycle:
             if not self._ends_before_head(job):
                 exclude = self.head.hosts
         duration = (job.max_duration_s, job.reserved_s) if self._duration_limited else None
-        terms = (job.rental, job.bid, job.max_price, job.pin, job.funded, job.affordable, duration)
+        terms = (job.rental, job.bid, job.max_price, job.pin, job.funded, job.capped, job.affordable, duration)
         fail_key = (job.request, job.constraints, job.replicas, job.placement, bool(exclude), terms, job.runs_image, job.avoid)
         assignment = None if fail_key in self._no_fit else self.pool.place(job, exclude)
         if assignment is None:
@@ -831,6 +831,7 @@ def explain(snapshot: Snapshot, job_id: str) -> Explanation:
     pos = next(i for i, j in enumerate(order, 1) if j.id == job_id)
     job = order[pos - 1]
     out = Explanation(job_id, pos, len(snapshot.queue), ahead=[j.id for j in order[max(0, pos - 6) : pos - 1]])
+    cycle.pool.release(job_id)  # the cycle placed it: its own GPUs, CPU and RAM are not held by others
     out.filters = cycle.filter_counts(job)
     out.fits_now = True
     out.estimated_start = snapshot.now
@@ -1008,6 +1009,8 @@ def _price_detail(job: Job, refused: dict[str, str]) -> str:
             what = f"are not the offer you rent ({job.pin})"
         elif why == "duration":
             what = "take rentals only up to a max duration shorter than yours (or yours sets none)"
+        elif job.capped:  # unfunded: a hard spend cap reached
+            what = f"charge money and {job.capped}: it waits until the cap allows it (or is raised)"
         elif job.funded and job.affordable is not None:  # unfunded: too little for one metering period
             what = (
                 "charge more than your available balance pays for one metering period of this workload "

@@ -123,6 +123,9 @@ class Job:
     max_price: int | None = None  # on_demand/reserved: the most it takes per GPU-hour (None: no cap)
     pin: str | None = None  # a host id: it rents that offer, and runs there or waits
     funded: bool = True  # False: the renter has no available money, so only hosts that charge it 0
+    # A hard spend cap of its renter's reached (docs/payments.md, "Spend caps"): only hosts that charge it 0, and this
+    # says which cap ("" for none).
+    capped: str = ""
     # The most per GPU-hour the renter's available balance pays for one metering period of this job's GPUs (None: no
     # limit): work starts only where the balance covers its first period (management/market/money.affordable_price).
     affordable: int | None = None

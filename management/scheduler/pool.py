@@ -86,7 +86,7 @@ def price_for(host: Host, job: Job) -> int:
 def price_refusal(host: Host, job: Job) -> str | None:
     """Why ``host`` is not for ``job`` by price or rental terms, or None: "pin" (not the offer rented), "not_interruptible"
     (no min bid), "bid" (under the min bid), "max_price", "duration" (longer than the host takes, or unbounded),
-    "unfunded" (it would pay and the renter has no money)."""
+    "unfunded" (it would pay and the renter has no money, or a hard spend cap of its renter's is reached)."""
     if job.pin is not None and host.id != job.pin:
         return "pin"
     rental = job.rental
@@ -102,7 +102,7 @@ def price_refusal(host: Host, job: Job) -> str | None:
         if duration is None or duration > host.max_duration_s:
             return "duration"
     price = price_for(host, job)
-    if price > 0 and (not job.funded or (job.affordable is not None and price > job.affordable)):
+    if price > 0 and (job.capped or not job.funded or (job.affordable is not None and price > job.affordable)):
         return "unfunded"
     return None
 
@@ -115,6 +115,7 @@ def host_static_ok(host: Host, job: Job, policy: Policy) -> bool:
     if (
         job.rental != "on_demand"
         or not job.funded
+        or job.capped
         or job.affordable is not None
         or job.max_price is not None
         or job.pin is not None

@@ -19,6 +19,7 @@ reads memory only (the Master's registry and allocation ledger, the book's open 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Collection, Iterable, Mapping
 
 from management.market.money import affordable_price, parse_amount, period_cost
@@ -62,6 +63,7 @@ _RENTAL_KINDS = frozenset({"on_demand", "interruptible", "reserved"})
 PriceOf = Callable[[str, str], HostPrice]  # (provider, agent id) -> the host's prices in force
 Funded = Callable[[str], bool] | Collection[str]  # an account -> whether it has money available (or the set that has)
 Budget = Callable[[str], int]  # an account -> its available balance, micro-units
+Capped = Callable[[str, str], str]  # (account, project) -> which hard spend cap keeps it from new work ("" for none)
 
 
 def compute_capability(text: str) -> tuple[int, int]:
@@ -218,9 +220,12 @@ def mig_units_of(gpu: GpuRecord, *, healthy: bool) -> list[Unit]:
     ]
 
 
-def job_of(rec: WorkloadRecord, *, funded: bool = True, affordable: int | None = None, balance: int | None = None) -> Job:
+def job_of(
+    rec: WorkloadRecord, *, funded: bool = True, affordable: int | None = None, balance: int | None = None, capped: str = ""
+) -> Job:
     """The core's job for a workload; ``funded`` False: its renter has no available money (only free hosts);
-    ``affordable``: the most per GPU-hour its renter's balance pays for one metering period of it (None: no limit)."""
+    ``affordable``: the most per GPU-hour its renter's balance pays for one metering period of it (None: no limit);
+    ``capped``: which hard spend cap of its renter's is reached ("" for none: only free hosts otherwise)."""
     spec = rec.spec
     terms = spec.rental
     rental = terms.kind if terms is not None and terms.kind in _RENTAL_KINDS else "on_demand"
@@ -267,6 +272,7 @@ def job_of(rec: WorkloadRecord, *, funded: bool = True, affordable: int | None =
         max_price=parse_amount(terms.max_price) if terms is not None and terms.max_price is not None else None,
         pin=_pin(rec, rental),
         funded=funded,
+        capped=capped,
         affordable=affordable,
         balance=balance,
         reserved_s=terms.reserved_s if terms is not None else None,
@@ -358,18 +364,26 @@ def build_snapshot(
     funded: Funded | None = None,
     budget: Budget | None = None,
     period_s: float = 60.0,
+    capped: Capped | None = None,
+    under_review: Callable[[str], bool] | None = None,
 ) -> Snapshot:
     """The core's snapshot. ``listening_since``: when this Master started (a host's silence is not counted before it).
     ``prices``: each host's prices in force (None: everything is free); ``funded``: which renters have money available
     (None: all of them); ``budget``: each renter's available balance, so that a queued job is placed only where it
-    pays one metering period (``period_s``) of its GPUs (None: no such limit)."""
+    pays one metering period (``period_s``) of its GPUs (None: no such limit); ``capped``: which hard spend cap
+    keeps a renter's project from new work that costs money ("" for none; None: no caps); ``under_review``: hosts
+    whose completion rate put them under review (docs/disputes.md): they take no new work until an operator reviews
+    them, and what runs there goes on."""
     hosts: dict[str, Host] = {}
     units: dict[str, Unit] = {}
     for agent in agents.values():
         if agent.state == AgentState.RETIRED.value:
             continue
         price = prices(agent.provider, agent.id) if prices is not None else None
-        hosts[agent.id] = host_of(agent, now, offline_grace_s=offline_grace_s, listening_since=listening_since, price=price)
+        host = host_of(agent, now, offline_grace_s=offline_grace_s, listening_since=listening_since, price=price)
+        if under_review is not None and host.takes_work and under_review(agent.id):
+            host = dataclasses.replace(host, takes_work=False)
+        hosts[agent.id] = host
         gpus = gpus_by_agent.get(agent.id, ())
         for unit in unit_cache.units(agent.id, gpus) if unit_cache is not None else units_of(gpus):
             units[unit.id] = unit
@@ -389,7 +403,8 @@ def build_snapshot(
             balance = budget(rec.account) - committed.get(rec.account, 0) if budget is not None else None
             affordable = affordable_price(balance, asked, period_s) if balance is not None else None
             funds = has_money(rec.account) if has_money is not None else True
-            queue.append(job_of(rec, funded=funds, affordable=affordable, balance=balance))
+            cap = capped(rec.account, rec.spec.project) if capped is not None else ""
+            queue.append(job_of(rec, funded=funds, affordable=affordable, balance=balance, capped=cap))
         elif rec.state in HOLDING_STATES and rec.assignments:
             running[rec.id] = job_of(rec, funded=has_money(rec.account) if has_money is not None else True)
             for a in rec.assignments:

@@ -51,6 +51,11 @@ class AccountsService:
         _owned(account_id, owner)
         return await self._master.accounts.get(account_id)
 
+    async def checked_account(self, account_id: str) -> AccountRecord:
+        """The account as a credential's check reads it: from the Master's memory of checked accounts (up to its
+        API key cache's seconds old from another Master; this one's changes at once). NotFound for none."""
+        return await self._master.accounts.checked(account_id)
+
     async def list_accounts(
         self, *, role: str | None = None, owner: str | None = None, after: AccountIdKey | None = None, limit: int
     ) -> Page[AccountRecord]:

@@ -138,6 +138,8 @@ class EndpointRequestsService:
         """Queue a request; RequestTooLarge past the endpoint's input bound, InvalidEndpointRequest for a webhook the
         egress rule refuses."""
         endpoint = await self._endpoint(endpoint_id, account)
+        if endpoint.spec.load_balanced:  # no worker would ever take it: its workers serve HTTP at its URL
+            raise Conflict(f"endpoint {endpoint.id} is load-balanced: send its requests to {self._endpoints.url_of(endpoint)}")
         if webhook:
             why = self._webhooks.refusal(webhook)
             if why is not None:

@@ -106,6 +106,11 @@ class EndpointsService:
         # Each endpoint's request bounds, for the request queue's synchronous reads (a worker's take, a report):
         # read at load, kept by this service, the only writer of endpoints.
         self._limits: dict[str, QueueLimits] = {}
+        # The endpoints and invocation keys read so far, kept true by this service, the only writer of both, so that a
+        # request's route checks its key and reads its endpoint from memory (docs/endpoints.md, "The request path's
+        # cost"). Emptied at each load (a Master that takes over reads the store afresh); a miss reads the store.
+        self._records: dict[str, EndpointRecord] = {}
+        self._key_by_hash: dict[str, EndpointKeyRecord] = {}
         self._deleted: list[Callable[[EndpointRecord], Awaitable[None]]] = []
 
     def when_deleted(self, listener: Callable[[EndpointRecord], Awaitable[None]]) -> None:
@@ -114,10 +119,15 @@ class EndpointsService:
         self.loaded = False  # the bounds read from the store (the composition's check)
         # What the autoscaler's last tick found for an endpoint (management/endpoints/scaler.py; set by the composition).
         self.scale_of: Callable[[str], EndpointScale | None] = lambda _endpoint_id: None
+        # A load-balanced endpoint's URL on the links listener (set by the composition); None in queue mode.
+        self.url_of: Callable[[EndpointRecord], str | None] = lambda _record: None
 
     async def load(self) -> None:
         """Read every endpoint's request bounds (at start, and on the Master that takes over)."""
-        self._limits = {record.id: record.spec.limits() for record in await self._endpoints.list()}
+        records = await self._endpoints.list()
+        self._records = {record.id: record for record in records}
+        self._limits = {record.id: record.spec.limits() for record in records}
+        self._key_by_hash = {}
         self.loaded = True
 
     def limits_of(self, endpoint_id: str) -> QueueLimits:
@@ -142,14 +152,28 @@ class EndpointsService:
             id=new_endpoint_id(), account=account, spec=spec, created_at=now, updated_at=now, sealed_registry_password=sealed
         )
         await self._endpoints.put(record)
+        self._records[record.id] = record
         self._limits[record.id] = spec.limits()
         return record
 
     async def get(self, endpoint_id: str, *, account: str | None = None) -> EndpointRecord:
-        record = await self._endpoints.get(endpoint_id)
+        record = await self._record(endpoint_id)
         if record is None or (account is not None and record.account != account):
             raise NotFound(f"no endpoint {endpoint_id!r}")
         return record
+
+    async def _record(self, endpoint_id: str) -> EndpointRecord | None:
+        """The endpoint from memory, or from the store the first time it is asked for since the load."""
+        record = self._records.get(endpoint_id)
+        if record is None:
+            record = await self._endpoints.get(endpoint_id)
+            if record is not None:
+                self._records[record.id] = record
+        return record
+
+    def _forget(self, endpoint_id: str) -> None:
+        self._records.pop(endpoint_id, None)
+        self._key_by_hash = {h: k for h, k in self._key_by_hash.items() if k.endpoint != endpoint_id}
 
     async def list(self, *, owner: str | None = None, account: str | None = None) -> builtins.list[EndpointRecord]:
         """By creation. ``owner`` limits it to one account whatever ``account`` asks (another's finds nothing)."""
@@ -187,14 +211,17 @@ class EndpointsService:
                 raise Conflict(f"account {record.account!r} already has an endpoint named {spec.name!r}; choose another name")
         record = msgspec.structs.replace(record, spec=spec, sealed_registry_password=sealed, updated_at=self._clock())
         await self._endpoints.put(record)
+        self._records[record.id] = record
         self._limits[record.id] = spec.limits()
         return record
 
     async def delete(self, endpoint_id: str, *, account: str | None = None) -> EndpointRecord:
         """Remove an endpoint and its invocation keys (they stop working at once)."""
         record = await self.get(endpoint_id, account=account)
+        self._forget(record.id)  # from here on no key of it is let through, whatever the store's writes do
         await self._keys.delete_of(record.id)
         await self._endpoints.delete(record.id)
+        self._forget(record.id)  # and nothing a read under way meanwhile found stays
         for listener in self._deleted:
             await listener(record)
         self._limits.pop(record.id, None)  # after its requests ended: they end under its own bounds
@@ -233,6 +260,7 @@ class EndpointsService:
             id=key_id, endpoint=endpoint.id, account=endpoint.account, name=name, key_hash=hash_key(key), created_at=self._clock()
         )
         await self._keys.put(record)
+        self._key_by_hash[record.key_hash] = record
         return IssuedInvocationKey(key, record)
 
     async def keys(self, endpoint_id: str, *, account: str | None = None) -> builtins.list[EndpointKeyRecord]:
@@ -247,27 +275,35 @@ class EndpointsService:
             raise NotFound(f"endpoint {endpoint.id} has no invocation key {key_id!r}")
         if found.revoked_at is None:
             found = msgspec.structs.replace(found, revoked_at=self._clock())
+            self._key_by_hash.pop(found.key_hash, None)  # refused from now on, even while the store's write is under way
             await self._keys.put(found)
+        self._key_by_hash[found.key_hash] = found
         return found
 
     async def authorize_invocation(self, endpoint_id: str, key: str) -> Invocation:
         """The check every request route of an endpoint makes with the caller's bearer ``key``: InvocationRefused (401)
         for a key that is not a live invocation key, InvocationForbidden (403) for one of another endpoint. Read from
-        the store at every call, so a revoke or a delete takes effect at once."""
+        memory (read from the store once, then kept true by this service's own create, revoke and delete, and read
+        afresh at each load: a Master that takes over), so a revoke or a delete takes effect at once."""
         key = key.strip()
         if not key.startswith(INVOCATION_KEY_PREFIX):
             raise InvocationRefused(
                 f"send one of this endpoint's invocation keys ({INVOCATION_KEY_PREFIX}...) as 'Authorization: Bearer <key>'; "
                 "make one with 'idlegrid endpoint keys create ENDPOINT'"
             )
-        record = await self._keys.by_hash(hash_key(key))
+        key_hash = hash_key(key)
+        record = self._key_by_hash.get(key_hash)
         if record is None:
-            raise InvocationRefused("invocation key not recognised")
+            record = await self._keys.by_hash(key_hash)
+            if record is None:  # not remembered: a made-up key costs a read each time, as before
+                raise InvocationRefused("invocation key not recognised")
+            if record.endpoint in self._records or await self._record(record.endpoint) is not None:
+                self._key_by_hash[key_hash] = record
         if record.revoked_at is not None:
             raise InvocationRefused(f"invocation key {record.id} ({record.name!r}) was revoked; use another key")
         if record.endpoint != endpoint_id:
             raise InvocationForbidden(f"invocation key {record.id} invokes endpoint {record.endpoint} only, not {endpoint_id!r}")
-        endpoint = await self._endpoints.get(endpoint_id)
+        endpoint = await self._record(endpoint_id)
         if endpoint is None:  # deleted between the two reads: its keys go with it
             raise InvocationRefused("invocation key not recognised")
         return Invocation(endpoint, record)

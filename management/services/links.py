@@ -19,7 +19,7 @@ from pathlib import Path
 from common.errors import IdlegridError, NotFound
 from management.client.tunnel import TunnelGrant
 from management.links.gate import Admitted, Refused, Visitor, admit, declared_link
-from management.links.names import LinkAddress, check_token, is_link_token, link_url, mint_token
+from management.links.names import LinkAddress, check_token, endpoint_url, is_link_token, link_url, mint_token
 from management.links.tunnels import LinkTunnels
 from management.services.accounts import AccountsService
 from management.services.tunnels import RenterAccess, TunnelRequest
@@ -94,6 +94,10 @@ class LinksService:
     def url(self, address: LinkAddress) -> str:
         s = self.settings
         return link_url(address, public_url=self.public_url, domain=s.domain, scheme=s.scheme)
+
+    def endpoint_url(self, endpoint_id: str) -> str:
+        """A load-balanced endpoint's URL (its requests go to its ready workers: management/links/endpoint_proxy.py)."""
+        return endpoint_url(endpoint_id, public_url=self.public_url)
 
     def links_of(self, workload: WorkloadRecord) -> list[WorkloadLink]:
         return [

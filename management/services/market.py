@@ -15,6 +15,7 @@ import msgspec
 
 from common.errors import Conflict, IdlegridError, NotFound
 from management.market.charges import price_at
+from management.market.completion import CompletionRate
 from management.market.ledger import (
     EXTERNAL,
     FEES,
@@ -36,7 +37,16 @@ from management.store import rental_repo
 from management.store.rentals import rental_order
 from management.workloads.book import WorkloadBook
 from management.workloads.states import GONE_ASSIGNMENT_STATES, WorkloadState
-from master.port import BOOTSTRAP_ACCOUNT, LedgerEntry, MasterPort, RentalRecord, RentalTerms, WorkloadRecord, WorkloadSpec
+from master.port import (
+    BOOTSTRAP_ACCOUNT,
+    AgentState,
+    LedgerEntry,
+    MasterPort,
+    RentalRecord,
+    RentalTerms,
+    WorkloadRecord,
+    WorkloadSpec,
+)
 
 PROVIDER_PREFIX = provider_account("")
 RATED_PAGE = 500
@@ -67,13 +77,17 @@ class FundsDetail:
     running_per_hour: int  # what the account's running rentals cost per hour now
     currency: str
     warning: str = ""
+    unbilled: int = 0  # what the running rentals ran up since their last charge: the next charge takes it from the hold
+    reserve_s: float = 0.0  # running work is stopped while what is left still pays this long (docs/payments.md)
 
     @property
     def covers_s(self) -> float | None:
-        """How long the money lasts at the running rate; None when nothing costs anything."""
+        """The runway: how long until running work is stopped for want of money at the running rate (what is
+        available and held, less what already ran, less the reserve the stop keeps); None when nothing costs anything."""
         if self.running_per_hour <= 0:
             return None
-        return (self.available + self.held) * 3600 / self.running_per_hour
+        left = max(0, self.available + self.held - self.unbilled)
+        return max(0.0, left * 3600 / self.running_per_hour - self.reserve_s)
 
 
 @dataclass(frozen=True)
@@ -265,7 +279,7 @@ class MarketService:
         listed = [
             self.market.prices.price(agent.provider, agent.id)
             for agent in self._master.registry.agents.values()
-            if agent.state != "retired"
+            if agent.state != AgentState.RETIRED
         ]
         if not listed:
             return None
@@ -390,12 +404,16 @@ class MarketService:
         await self._master.accounts.get(account_id)  # NotFound for no such account
         funds = self.market.ledger.funds(account_id)
         now = time.time()
-        running = sum(price_at(r, h, now) * h.gpus for r in self.market.meter.open_rentals(account=account_id) for h in r.hosts)
+        meter = self.market.meter
+        running = sum(price_at(r, h, now) * h.gpus for r in meter.open_rentals(account=account_id) for h in r.hosts)
+        unbilled = meter.unbilled(account_id, now)
         warning = ""
         warn_s = self._rules.low_balance_warning_s
         if running > 0 and (funds.available + funds.held) * 3600 < running * warn_s:
             warning = f"the balance covers less than {warn_s / 3600:g} h of what runs now; at zero, running work is stopped"
-        return FundsDetail(account_id, funds.available, funds.held, running, self.currency, warning)
+        return FundsDetail(
+            account_id, funds.available, funds.held, running, self.currency, warning, unbilled, meter.settings.reserve_s
+        )
 
     async def credit(self, account_id: str, amount: int, memo: str, *, key: str | None) -> LedgerEntry:
         account = await self._master.accounts.get(account_id)
@@ -404,10 +422,12 @@ class MarketService:
         key = key or f"{account_id}:{time.time_ns()}"  # no key given: a credit of its own
         return await self.market.ledger.credit(account_id, amount, memo or "credited by an operator", key=f"credit:{key}")
 
-    async def ledger_statement(self, account_id: str, *, owner: str | None, after_seq: int, limit: int) -> Statement:
+    async def ledger_statement(
+        self, account_id: str, *, owner: str | None, after_seq: int, limit: int, period: str = ""
+    ) -> Statement:
         self._owned(account_id, owner)
         accounts = await self._ledger_accounts(account_id)
-        return await self.market.ledger.statement(accounts, after_seq, limit)
+        return await self.market.ledger.statement(accounts, after_seq, limit, period)
 
     @staticmethod
     def statement_csv(statement: Statement) -> str:
@@ -436,6 +456,8 @@ class MarketService:
     async def _detail(self, rental: RentalRecord) -> RentalDetail:
         charged = 0
         for entry in await self.market.ledger.rental_entries(rental.id):
+            if entry.kind not in ("charge", "refund"):  # an SLA credit or a dispute is money of its own, not the charge
+                continue
             for line in entry.lines:
                 if line.account.startswith(PROVIDER_PREFIX) or line.account == FEES:  # what the renter paid out
                     charged += line.amount
@@ -482,6 +504,18 @@ class MarketService:
 
     async def get_rental(self, rental_id: str, *, owner: str | None, role: str) -> RentalDetail:
         return await self._detail(await self._owned_rental(rental_id, owner, role))
+
+    def completion(self, agent_id: str, *, owner: str | None) -> CompletionRate:
+        """A host's rental completion rate by close reason over the window (a provider's own hosts; NotFound else)."""
+        agent = self._master.registry.agents.get(agent_id)
+        if agent is None or (owner is not None and agent.provider != owner):
+            raise NotFound(f"no agent {agent_id!r}")
+        return self.market.reliability.completion(agent_id)
+
+    async def review_completion(self, agent_id: str, *, by: str) -> CompletionRate:
+        """The operator reviewed a host under review: its count starts afresh, and it is offered again."""
+        self.completion(agent_id, owner=None)
+        return await self.market.reliability.review(agent_id, by)
 
     async def rate_rental(self, rental_id: str, rating: int, *, owner: str | None, role: str) -> RentalDetail:
         """The renter's 1..5 of an ended rental, once; it counts in each of its hosts' reputation, weighted by what was

@@ -24,8 +24,25 @@ import msgspec
 from common.errors import Conflict, NotFound
 from management.market.ledger import LedgerBook
 from management.market.money import format_amount
-from management.payments.provider import PaymentEvent, PaymentProvider, TopupFailed, TopupPaid, TopupRequest
-from management.payments.records import EventOutcome, PaymentEventRecord, TopupRecord, event_key, new_topup_id
+from management.payments.provider import (
+    PaymentDeclined,
+    PaymentEvent,
+    PaymentProvider,
+    PaymentProviderError,
+    SavedMethod,
+    TopupFailed,
+    TopupPaid,
+    TopupRequest,
+    TopupStart,
+)
+from management.payments.records import (
+    TOPUP_FAILED,
+    EventOutcome,
+    PaymentEventRecord,
+    TopupRecord,
+    event_key,
+    new_topup_id,
+)
 from management.payments.topups import (
     Credit,
     Ignore,
@@ -43,6 +60,7 @@ from master.port import Loop, MasterPort, stop_loop
 log = logging.getLogger(__name__)
 
 TOPUPS_LISTED = 100
+AUTO_TOPUP_FAILED_EVENT = "payments.auto_topup_failed"
 
 
 @dataclass(frozen=True)
@@ -94,6 +112,7 @@ class TopupService:
         self._catch_up_window_s = catch_up_window_s
         self._restart_s = restart_s
         self._task: asyncio.Task[None] | None = None
+        self._failed_auto: dict[str, TopupRecord] = {}  # renter -> its latest auto top-up, which failed
 
     def _configured(self) -> PaymentProvider:
         if self._provider is None:
@@ -127,6 +146,79 @@ class TopupService:
         )
         await self._topups.put(record)
         return StartedTopup(record, start.client_secret, start.url)
+
+    async def charge_saved(self, account_id: str, amount: int, method: SavedMethod) -> TopupRecord:
+        """An auto top-up: ``amount`` charged to the renter's saved method with no renter present, kept as a top-up
+        (``auto``) credited like any other by the provider's signed event. A charge declined or refused at once is
+        kept ``failed`` with the reason, and a ``payments.auto_topup_failed`` event tells the renter."""
+        record, _ = await self._charge_saved(account_id, amount, method, auto=True)
+        if record.state == TOPUP_FAILED:
+            await self._auto_failed(record)
+        return record
+
+    async def pay_saved(self, account_id: str, amount: int, method: SavedMethod) -> StartedTopup:
+        """A top-up the renter pays now, on the console, with the card it just saved on the provider's element: an
+        on-session charge, credited like any other by the provider's signed event. A card that asks its holder to
+        authenticate answers a ``client_secret`` for the provider's script; a charge declined at once is kept
+        ``failed`` and raised (PaymentDeclined, PaymentProviderError)."""
+        record, outcome = await self._charge_saved(account_id, amount, method, auto=False)
+        if isinstance(outcome, PaymentProviderError):
+            raise outcome
+        return StartedTopup(record, outcome.client_secret, outcome.url)
+
+    async def _charge_saved(
+        self, account_id: str, amount: int, method: SavedMethod, *, auto: bool
+    ) -> tuple[TopupRecord, TopupStart | PaymentProviderError]:
+        """Under the deliveries' lock: the provider's event about the charge waits until the top-up naming its
+        payment is stored."""
+        provider = self._configured()
+        check_topup(amount, self.currency, self.limits)
+        topup_id = new_topup_id()
+        request = TopupRequest(topup_id=topup_id, account=account_id, amount=amount, currency=self.currency)
+        now = self._clock()
+        record = TopupRecord(
+            id=topup_id, account=account_id, amount=amount, currency=self.currency, provider=provider.name,
+            reference="", created_at=now, auto=auto,
+        )  # fmt: skip
+        outcome: TopupStart | PaymentProviderError
+        async with self._lock:
+            try:
+                outcome = await provider.charge_saved(request, method, on_session=not auto)
+                record.reference = outcome.reference
+            except PaymentProviderError as exc:
+                outcome = exc
+                record.reference = exc.reference if isinstance(exc, PaymentDeclined) else ""
+                record.state, record.reason, record.settled_at = "failed", str(exc)[:500], now
+            await self._topups.put(record)
+        return record, outcome
+
+    def failed_auto_topups(self) -> dict[str, TopupRecord]:
+        """Renters whose latest auto top-up failed, and that top-up (the alert ``auto_topup_failed`` reads it): until
+        a later auto top-up is credited or the renter changes its card or auto top-up (``forget_failed_auto``)."""
+        return dict(self._failed_auto)
+
+    def forget_failed_auto(self, account_id: str) -> None:
+        self._failed_auto.pop(account_id, None)
+
+    async def recall_failed_auto(self, account_id: str) -> None:
+        """After a restart: whether the renter's latest auto top-up failed, from the stored top-ups."""
+        for topup in await self._topups.list(account=account_id, limit=TOPUPS_LISTED):
+            if topup.auto:
+                if topup.state == TOPUP_FAILED:
+                    self._failed_auto.setdefault(account_id, topup)
+                return
+
+    async def _auto_failed(self, record: TopupRecord) -> None:
+        self._failed_auto[record.account] = record
+        log.warning("auto top-up %s of %s failed: %s", record.id, record.account, record.reason)
+        await self._master.record_event(
+            AUTO_TOPUP_FAILED_EVENT,
+            record.account,
+            topup=record.id,
+            amount=format_amount(record.amount),
+            currency=record.currency,
+            reason=record.reason,
+        )
 
     async def list_topups(self, *, owner: str | None, account: str | None = None) -> list[TopupRecord]:
         """The newest top-ups: the caller's own (``owner``), or any account's for the operator (``account`` filters)."""
@@ -198,6 +290,8 @@ class TopupService:
                     await self._ledger.credit(topup.account, amount, memo, key=key, kind="topup")
                 except Conflict:
                     return await self._refuse(Refuse(topup, f"top-up {topup.id} was credited another amount already"), event)
+                if topup.auto:
+                    self._failed_auto.pop(topup.account, None)
                 if topup.state != "credited":  # credited before (another event of one payment): told once
                     settled = msgspec.structs.replace(
                         topup, state="credited", credited=amount, ledger_key=key, event_id=event.event_id
@@ -219,6 +313,8 @@ class TopupService:
                 )
                 await self._topups.put(failed)
                 await self._master.record_event("payments.topup_failed", topup.account, topup=topup.id, reason=reason[:500])
+                if failed.auto:
+                    await self._auto_failed(failed)
                 return "failed", reason[:500]
             case Refuse():
                 return await self._refuse(verdict, event)

@@ -10,12 +10,15 @@ step of the one migration sequence, master/store/migrations.py (docs/store.md, "
 from __future__ import annotations
 
 from management.store.alerting import ALERT_RULES, SILENCES, WEBHOOKS, AlertRuleRepo, SilenceRepo, WebhookRepo
+from management.store.billing import BILLING, BillingRepo
+from management.store.disputes import DISPUTES, DisputeRepo
 from management.store.endpoint_requests import ENDPOINT_REQUESTS, EndpointRequestRepo
 from management.store.endpoints import ENDPOINT_KEYS, ENDPOINTS, EndpointKeyRepo, EndpointRepo
 from management.store.fair_share import FAIR_SHARE, FairShareRepo
 from management.store.ledger import LEDGER, LedgerRepo
 from management.store.outputs import OUTPUTS, OutputRepo
 from management.store.payments import PAYMENT_EVENTS, TOPUPS, PaymentEventRepo, TopupRepo
+from management.store.payouts import PAYOUT_ACCOUNTS, PAYOUTS, PayoutAccountRepo, PayoutRepo
 from management.store.prices import PRICES, PriceRepo
 from management.store.rentals import RENTALS, RentalRepo
 from management.store.ssh_keys import SSH_KEYS, SshKeyRepo
@@ -38,7 +41,23 @@ AGGREGATES: tuple[AggregatePlugin[object], ...] = (
     ENDPOINT_REQUESTS,
     TOPUPS,
     PAYMENT_EVENTS,
+    BILLING,
+    DISPUTES,
+    PAYOUT_ACCOUNTS,
+    PAYOUTS,
 )
+
+
+def payout_account_repo(store: Repositories) -> PayoutAccountRepo:
+    return store.repository(PAYOUT_ACCOUNTS)
+
+
+def payout_repo(store: Repositories) -> PayoutRepo:
+    return store.repository(PAYOUTS)
+
+
+def billing_repo(store: Repositories) -> BillingRepo:
+    return store.repository(BILLING)
 
 
 def attach(store: Repositories) -> None:
@@ -107,9 +126,15 @@ def payment_event_repo(store: Repositories) -> PaymentEventRepo:
     return store.repository(PAYMENT_EVENTS)
 
 
+def dispute_repo(store: Repositories) -> DisputeRepo:
+    return store.repository(DISPUTES)
+
+
 __all__ = [
     "AGGREGATES",
     "ALERT_RULES",
+    "BILLING",
+    "DISPUTES",
     "ENDPOINTS",
     "ENDPOINT_KEYS",
     "ENDPOINT_REQUESTS",
@@ -117,6 +142,8 @@ __all__ = [
     "LEDGER",
     "OUTPUTS",
     "PAYMENT_EVENTS",
+    "PAYOUTS",
+    "PAYOUT_ACCOUNTS",
     "PRICES",
     "RENTALS",
     "SILENCES",
@@ -125,6 +152,7 @@ __all__ = [
     "WEBHOOKS",
     "WORKLOADS",
     "AlertRuleRepo",
+    "BillingRepo",
     "EndpointKeyRepo",
     "EndpointRepo",
     "EndpointRequestRepo",
@@ -132,6 +160,8 @@ __all__ = [
     "LedgerRepo",
     "OutputRepo",
     "PaymentEventRepo",
+    "PayoutAccountRepo",
+    "PayoutRepo",
     "PriceRepo",
     "RentalRepo",
     "SilenceRepo",
@@ -141,6 +171,8 @@ __all__ = [
     "WorkloadRepo",
     "alert_rule_repo",
     "attach",
+    "billing_repo",
+    "dispute_repo",
     "endpoint_key_repo",
     "endpoint_repo",
     "endpoint_request_repo",
@@ -148,6 +180,8 @@ __all__ = [
     "ledger_repo",
     "output_repo",
     "payment_event_repo",
+    "payout_account_repo",
+    "payout_repo",
     "price_repo",
     "rental_repo",
     "silence_repo",

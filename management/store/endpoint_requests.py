@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import builtins
 import sqlite3
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import Protocol
 
 from pymongo import ASCENDING, DESCENDING
@@ -35,6 +35,7 @@ from master.store.kit import (
     SqliteTable,
     UnstorableRecord,
     set_fields,
+    transaction,
     where,
 )
 
@@ -62,6 +63,13 @@ class EndpointRequestRepo(Protocol):
         """Replace the stored request if its stored ``version`` is ``expected_version``, else StaleEndpointRequest
         (also when it is not stored). The caller sets ``rec.version``."""
 
+    async def write_many(self, recs: Sequence[EndpointRequestRecord]) -> builtins.list[bool]:
+        """Store several requests' new versions at once, in order (the book's group commit): a record at version 1 is
+        inserted, any other replaces the stored one at its version less one. Answers, record by record, whether it was
+        stored (False where ``insert`` would raise DuplicateEndpointRequest or ``update`` StaleEndpointRequest, or for
+        an unstorable record); the others are stored, durably, when it returns. A failure of the store itself raises:
+        on SQLite none of them is stored then (one transaction), on MongoDB those before it are."""
+
     async def list(
         self,
         *,
@@ -83,11 +91,24 @@ class EndpointRequestRepo(Protocol):
         """The endpoint's last ``limit`` requests by their place in the queue, the newest first (a retry is new)."""
 
 
+INSERT_SQL = "INSERT INTO endpoint_requests (id, endpoint_id, state, ord, version, doc, ended) VALUES (?, ?, ?, ?, ?, ?, ?)"
+UPDATE_SQL = "UPDATE endpoint_requests SET state = ?, ord = ?, version = ?, doc = ?, ended = ? WHERE id = ? AND version = ?"
+
+
+def _insert_row(rec: EndpointRequestRecord, doc: str) -> tuple[object, ...]:
+    return (rec.id, rec.endpoint_id, rec.state, rec.order, rec.version, doc, rec.ended_at)
+
+
 def payload_chars(rec: EndpointRequestRecord) -> int:
     """How much of the record is the renter's and the worker's: its JSON texts and error, in characters."""
     error = rec.error
     texts = (rec.input, rec.output, rec.progress, *(p.output for p in rec.partials))
     return sum(map(len, texts)) + (0 if error is None else len(error.type) + len(error.message) + len(error.traceback))
+
+
+def refuse_unstorable(rec: EndpointRequestRecord) -> None:
+    """UnstorableRecord for a record the repository would refuse (its payload past MAX_RECORD_BYTES)."""
+    _refuse_oversized(rec)
 
 
 def _refuse_oversized(rec: EndpointRequestRecord) -> None:
@@ -105,28 +126,57 @@ class SqliteEndpointRequestRepo(SqliteTable[EndpointRequestRecord]):
     async def insert(self, rec: EndpointRequestRecord) -> None:
         _refuse_oversized(rec)
         doc = self._doc(rec.id, rec)
-        row = (rec.id, rec.endpoint_id, rec.state, rec.order, rec.version, doc, rec.ended_at)
+        row = _insert_row(rec, doc)
         try:
-            await self._write(
-                "INSERT INTO endpoint_requests (id, endpoint_id, state, ord, version, doc, ended) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                None,
-                row,
-            )
+            await self._write(INSERT_SQL, None, row)
         except sqlite3.IntegrityError:
             raise DuplicateEndpointRequest(f"endpoint request {rec.id!r} is already stored") from None
 
     async def update(self, rec: EndpointRequestRecord, *, expected_version: int) -> None:
         _refuse_oversized(rec)
         doc = self._doc(rec.id, rec)
-        sql = "UPDATE endpoint_requests SET state = ?, ord = ?, version = ?, doc = ?, ended = ? WHERE id = ? AND version = ?"
         params = (rec.state, rec.order, rec.version, doc, rec.ended_at, rec.id, expected_version)
         with self._metrics.timed_write(self.aggregate):
-            changed = await self._db.run(lambda conn: conn.execute(sql, params).rowcount)
+            changed = await self._db.run(lambda conn: conn.execute(UPDATE_SQL, params).rowcount)
         if changed != 1:
             raise StaleEndpointRequest(
                 f"endpoint request {rec.id!r} is no longer at version {expected_version} (written meanwhile, or never stored)"
             )
         self._quarantine.release(self.aggregate, [rec.id])
+
+    async def write_many(self, recs: Sequence[EndpointRequestRecord]) -> builtins.list[bool]:
+        if not recs:
+            return []
+        docs: builtins.list[str | None] = []
+        for rec in recs:
+            try:
+                _refuse_oversized(rec)
+                docs.append(self._doc(rec.id, rec))
+            except UnstorableRecord:
+                docs.append(None)
+
+        def write(conn: sqlite3.Connection) -> builtins.list[bool]:
+            stored: builtins.list[bool] = []
+            with transaction(conn):  # one commit for them all: the WAL's write, once
+                for rec, doc in zip(recs, docs, strict=True):
+                    if doc is None:
+                        stored.append(False)
+                    elif rec.version == 1:
+                        try:
+                            conn.execute(INSERT_SQL, _insert_row(rec, doc))
+                        except sqlite3.IntegrityError:  # that statement alone is undone; the transaction goes on
+                            stored.append(False)
+                        else:
+                            stored.append(True)
+                    else:
+                        params = (rec.state, rec.order, rec.version, doc, rec.ended_at, rec.id, rec.version - 1)
+                        stored.append(conn.execute(UPDATE_SQL, params).rowcount == 1)
+            return stored
+
+        with self._metrics.timed_write(self.aggregate):
+            stored = await self._db.run(write)
+        self._quarantine.release(self.aggregate, [rec.id for rec, ok in zip(recs, stored, strict=True) if ok and rec.version > 1])
+        return stored
 
     async def list(
         self,
@@ -202,6 +252,22 @@ class MongoEndpointRequestRepo(MongoCollection[EndpointRequestRecord]):
                 f"endpoint request {rec.id!r} is no longer at version {expected_version} (written meanwhile, or never stored)"
             )
         self._quarantine.release(self.aggregate, [rec.id])
+
+    async def write_many(self, recs: Sequence[EndpointRequestRecord]) -> builtins.list[bool]:
+        # One write at a time, each acknowledged by the replica set as its own is (a version check per document has
+        # no bulk form that tells which matched).
+        stored: builtins.list[bool] = []
+        for rec in recs:
+            try:
+                if rec.version == 1:
+                    await self.insert(rec)
+                else:
+                    await self.update(rec, expected_version=rec.version - 1)
+            except (DuplicateEndpointRequest, StaleEndpointRequest, UnstorableRecord):
+                stored.append(False)
+            else:
+                stored.append(True)
+        return stored
 
     async def list(
         self,

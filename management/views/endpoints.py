@@ -45,6 +45,9 @@ class EndpointView(View):
     created_at: Time
     updated_at: Time
     scale: EndpointScaleView | None = None  # None before the autoscaler's first tick on this Master
+    # A load-balanced endpoint's one URL, on the Master's links listener (requests there go to its ready workers,
+    # with an invocation key as 'Authorization: Bearer'); None in queue mode (its request routes are under /api/v1).
+    url: str | None = None
 
 
 class EndpointList(View):
@@ -93,7 +96,7 @@ def endpoint_scale_view(scale: EndpointScale) -> EndpointScaleView:
     )
 
 
-def endpoint_view(e: EndpointRecord, scale: EndpointScale | None = None) -> EndpointView:
+def endpoint_view(e: EndpointRecord, scale: EndpointScale | None = None, url: str | None = None) -> EndpointView:
     return EndpointView(
         id=e.id,
         account=e.account,
@@ -102,11 +105,16 @@ def endpoint_view(e: EndpointRecord, scale: EndpointScale | None = None) -> Endp
         created_at=rfc3339(e.created_at) or "",
         updated_at=rfc3339(e.updated_at) or "",
         scale=endpoint_scale_view(scale) if scale is not None else None,
+        url=url,
     )
 
 
-def endpoint_list_view(items: list[EndpointRecord], scale_of: Callable[[str], EndpointScale | None]) -> EndpointList:
-    return EndpointList(items=[endpoint_view(e, scale_of(e.id)) for e in items])
+def endpoint_list_view(
+    items: list[EndpointRecord],
+    scale_of: Callable[[str], EndpointScale | None],
+    url_of: Callable[[EndpointRecord], str | None] = lambda _e: None,
+) -> EndpointList:
+    return EndpointList(items=[endpoint_view(e, scale_of(e.id), url_of(e)) for e in items])
 
 
 def deleted_endpoint_view(e: EndpointRecord) -> DeletedEndpoint:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from common.inventory import GpuReach, GpuSample, HostInfo, UnofferedGpu
+from common.inventory import GpuPartition, GpuReach, GpuSample, HostInfo, UnofferedGpu
 from management.services.hosts import HostedReplica
 from management.views.base import Time, View, page_of, rfc3339
 from management.views.verification import GpuVerificationView, gpu_verification_view
@@ -77,6 +77,8 @@ class GpuView(View):
     held_by: str | None
     mig: MigView
     verification: GpuVerificationView
+    # An AMD card's partition modes (compute SPX..CPX, memory NPS1..NPS4): reported, not sold. None: none reported.
+    partition: GpuPartition | None = None
 
 
 class HostedReplicaView(View):
@@ -182,6 +184,7 @@ def gpu_view(
         held_by=holders.get(gpu.uuid),  # the container holding the whole GPU, None when none does
         mig=mig_view(gpu, holders),
         verification=gpu_verification_view(gpu),  # measured verification (management/views/verification.py)
+        partition=gpu.info.partition,
     )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import msgspec
 
+from management.market.completion import CompletionRate
 from management.market.ledger import Statement
 from management.market.money import format_amount
 from management.market.offers import Offer, SearchResult
@@ -50,6 +51,7 @@ class OfferView(View):
     tflops: float | None  # measured dense tensor TFLOP/s (a passed verification run), None until measured
     memory_bandwidth_gbs: float | None
     tflops_per_price: float | None  # TFLOP/s per currency unit per GPU-hour
+    completion_rate: float | None  # rentals in the window not ended through the host (docs/disputes.md); None: too few
 
 
 class EmptiedByView(View):
@@ -72,6 +74,7 @@ class FundsView(View):
     currency: str
     available: Money
     held: Money
+    unbilled: Money
     running_per_hour: Money
     covers_s: float | None
     warning: str | None
@@ -116,6 +119,7 @@ class StatementLineView(View):
 class StatementView(View):
     accounts: list[str]
     currency: str
+    period: str | None  # the UTC day, ISO week or month asked for (None: every entry)
     after_seq: int
     opening: Money
     closing: Money
@@ -230,6 +234,7 @@ def funds_view(funds: FundsDetail) -> FundsView:
         currency=funds.currency,
         available=format_amount(funds.available),
         held=format_amount(funds.held),
+        unbilled=format_amount(funds.unbilled),
         running_per_hour=format_amount(funds.running_per_hour),
         covers_s=round(covers, 1) if covers is not None else None,
         warning=funds.warning or None,
@@ -266,6 +271,7 @@ def statement_view(statement: Statement, currency: str) -> StatementView:
     return StatementView(
         accounts=statement.accounts,
         currency=currency,
+        period=statement.period or None,
         after_seq=statement.after_seq,
         opening=format_amount(statement.opening),
         closing=format_amount(statement.closing),
@@ -358,3 +364,25 @@ def rental_view(detail: RentalDetail, *, for_provider: bool) -> RentalView:
         view.account = r.account
         view.workload = r.workload_id
     return view
+
+
+class CompletionView(View):
+    """A host's rental completion rate over the window by close reason (docs/disputes.md, "Completion rates")."""
+
+    agent_id: str
+    rentals: int  # rentals that ended in the window since its last review
+    by_reason: dict[str, int]  # completed, cancelled, failed, requeued, host_failure, other_host
+    rate: float | None  # the share not ended through the host; None with too few rentals
+    under_review: bool  # below the grid's threshold: not offered until an operator reviews it
+    reviewed_at: Time | None
+
+
+def completion_view(rate: CompletionRate) -> CompletionView:
+    return CompletionView(
+        agent_id=rate.agent_id,
+        rentals=rate.rentals,
+        by_reason=dict(rate.by_reason),
+        rate=rate.rate,
+        under_review=rate.under_review,
+        reviewed_at=rfc3339(rate.reviewed_at),
+    )

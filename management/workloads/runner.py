@@ -126,14 +126,19 @@ class SchedulerLoop:
         funded: Callable[[str], bool] | None = None,
         budget: Callable[[str], int] | None = None,
         period_s: float = 60.0,
+        capped: Callable[[str, str], str] | None = None,
+        under_review: Callable[[str], bool] | None = None,
     ) -> None:
         """``prices``: each host's prices in force, ``(provider, agent id) -> HostPrice`` (None: a free grid);
         ``funded``: whether a renter account has money available (None: every renter has); ``budget``: a renter's
-        available balance, so work starts only where it pays one metering period of ``period_s`` (None: no limit)."""
+        available balance, so work starts only where it pays one metering period of ``period_s`` (None: no limit);
+        ``capped``: which hard spend cap keeps an (account, project) from new paid work ("" for none; None: no caps)."""
         self.master = master
         self.prices = prices
         self.funded = funded
         self.budget = budget
+        self.capped = capped
+        self.under_review = under_review  # hosts under review for their completion rate take no new work
         self.period_s = period_s
         self.book = book
         self.settings = settings or SchedulerSettings()
@@ -264,6 +269,8 @@ class SchedulerLoop:
             funded=self.funded,
             budget=self.budget,
             period_s=self.period_s,
+            capped=self.capped,
+            under_review=self.under_review,
         )
         self._units.forget_all_but(m.registry.agents)
         self.usage.advance(now, [snapshot.running[w.id] for w in holding if w.state == W.RUNNING and w.id in snapshot.running])

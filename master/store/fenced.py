@@ -35,6 +35,7 @@ WRITES = frozenset(
         "delete_of",
         "delete_ended",
         "post",
+        "write_many",
     }
 )
 UNFENCED_REPOS = frozenset({"leases"})

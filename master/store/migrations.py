@@ -321,6 +321,35 @@ SQLITE_MIGRATIONS: tuple[SqliteMigration, ...] = (
                 id TEXT PRIMARY KEY, received_at REAL NOT NULL, doc TEXT NOT NULL)""",
         ),
     ),
+    SqliteMigration(
+        19,
+        "renters' billing settings: the saved payment method, auto top-up and spend caps, by account (docs/payments.md)",
+        ("CREATE TABLE billing (id TEXT PRIMARY KEY, doc TEXT NOT NULL)",),
+    ),
+    SqliteMigration(
+        20,
+        "money out: providers' payout accounts, and payouts by account and state, one per period (docs/payments.md)",
+        (
+            "CREATE TABLE payout_accounts (id TEXT PRIMARY KEY, doc TEXT NOT NULL)",
+            """CREATE TABLE payouts (
+                id TEXT PRIMARY KEY, account TEXT NOT NULL, created_at REAL NOT NULL, state TEXT NOT NULL,
+                doc TEXT NOT NULL)""",
+            "CREATE INDEX payouts_by_account ON payouts (account, created_at)",
+            "CREATE INDEX payouts_by_state ON payouts (state, created_at)",
+        ),
+    ),
+    SqliteMigration(
+        21,
+        "renters' disputes of rentals, by renter, provider and rental (docs/disputes.md)",
+        (
+            """CREATE TABLE disputes (
+                id TEXT PRIMARY KEY, rental_id TEXT NOT NULL, account TEXT NOT NULL, provider TEXT NOT NULL,
+                created_at REAL NOT NULL, doc TEXT NOT NULL)""",
+            "CREATE INDEX disputes_by_account ON disputes (account, created_at)",
+            "CREATE INDEX disputes_by_provider ON disputes (provider, created_at)",
+            "CREATE INDEX disputes_by_rental ON disputes (rental_id)",
+        ),
+    ),
 )
 
 MONGO_MIGRATIONS: tuple[MongoMigration, ...] = (
@@ -478,6 +507,33 @@ MONGO_MIGRATIONS: tuple[MongoMigration, ...] = (
             ],
             # Keyed by _id (the provider and its event id, unique): an event is inserted once. Nothing else to index.
             "payment_events": [IndexModel([("received_at", ASCENDING)])],
+        },
+    ),
+    MongoMigration(
+        19,
+        "renters' billing settings: the saved payment method, auto top-up and spend caps, by account (docs/payments.md)",
+        {},  # keyed by _id (the account) and read by it or in its order: nothing else to index
+    ),
+    MongoMigration(
+        20,
+        "money out: providers' payout accounts, and payouts by account and state, one per period (docs/payments.md)",
+        {
+            # payout_accounts: keyed by _id (the account), read by it or in its order: nothing to index.
+            "payouts": [
+                IndexModel([("account", ASCENDING), ("created_at", DESCENDING)]),
+                IndexModel([("state", ASCENDING), ("created_at", DESCENDING)]),
+            ],
+        },
+    ),
+    MongoMigration(
+        21,
+        "renters' disputes of rentals, by renter, provider and rental (docs/disputes.md)",
+        {
+            "disputes": [
+                IndexModel([("account", ASCENDING), ("created_at", DESCENDING)]),
+                IndexModel([("provider", ASCENDING), ("created_at", DESCENDING)]),
+                IndexModel([("rental_id", ASCENDING)]),
+            ]
         },
     ),
 )

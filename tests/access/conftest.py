@@ -106,6 +106,7 @@ class MasterStandIn:
         self.links: list[ServerConnection] = []
         self.hellos: list[AccessHello] = []
         self.batches = True  # tells relays it takes several frames per message, as the Master does
+        self.folds = False  # tells relays it takes report folds (the Master does; a test that wants them says so)
         self.messages: list[int] = []  # frames in each message received after the hello
         # Answer an enrollment request; None means "stay silent".
         self.answer_enroll: Callable[[EnrollRequest], EnrollResponse | None] = lambda req: EnrollResponse(
@@ -148,7 +149,7 @@ class MasterStandIn:
         hello = decode_link_frame(await connection.recv())
         assert isinstance(hello, AccessHello)
         self.hellos.append(hello)
-        welcome = AccessWelcome(version=1, revoked_serials=self.revoked, batches=self.batches)
+        welcome = AccessWelcome(version=1, revoked_serials=self.revoked, batches=self.batches, folds=self.folds)
         await connection.send(encode(welcome), text=True)
         self.links.append(connection)
         try:

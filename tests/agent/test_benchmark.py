@@ -4,9 +4,7 @@ refusal it gives without its ``gpu`` extra; the simulated benchmark stands in fo
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-
-import pytest
+import sys
 
 from agent.benchmark.cuda import INSTALL_HINT, open_benchmark
 from agent.benchmark.responder import VerificationResponder
@@ -33,8 +31,11 @@ def responder() -> VerificationResponder:
     return VerificationResponder(SimulatedBenchmark({UUID: CATALOG["l4"]}), "", nothing_held)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("cuda") is not None, reason="cuda-bindings is installed here")
-def test_without_the_gpu_extra_the_real_benchmark_says_what_to_install():
+def test_without_the_gpu_extra_the_real_benchmark_says_what_to_install(monkeypatch):
+    """The gpu extra is installed for the tests (the kernels' NVRTC test needs it): its absence is played by hiding
+    the package from the import system, as on a provider's host that never installed it."""
+    monkeypatch.setitem(sys.modules, "cuda", None)
+    monkeypatch.setitem(sys.modules, "cuda.bindings", None)
     benchmark, why = open_benchmark()
     assert benchmark is None and INSTALL_HINT in why
 
@@ -48,6 +49,17 @@ def test_a_host_without_a_benchmark_refuses_challenges_with_the_reason():
 def test_a_challenge_too_large_is_refused_not_run():
     commit = asyncio.run(responder().on_challenge(challenge(n=MAX_N + 1)))
     assert "challenge n must be" in commit.refused
+
+
+def test_a_form_the_benchmark_does_not_answer_is_refused_not_miscomputed():
+    class SumOnly(SimulatedBenchmark):
+        forms: tuple[str, ...] = ()
+
+    answering = VerificationResponder(SumOnly({UUID: CATALOG["l4"]}), "", nothing_held)
+    assert answering.forms == ()
+    commit = asyncio.run(answering.on_challenge(challenge(form="rounds")))
+    assert "does not answer the 'rounds' challenge form" in commit.refused and commit.root == ""
+    assert asyncio.run(responder().on_challenge(challenge(form="rounds"))).root  # the simulated benchmark answers it
 
 
 def test_the_rows_named_are_opened_once_against_the_committed_root():

@@ -325,3 +325,12 @@ async def test_a_report_finding_the_link_backed_up_is_skipped_and_counted_while_
         await agent.close()
     assert link.sent == ["command_ack", "heartbeat"]
     assert agent.reports_skipped == 2
+
+
+async def test_a_simulated_hosts_hello_names_its_benchmark_and_the_challenge_forms_it_answers(enrolled, tmp_path):
+    agent = Agent(agent_config(enrolled, docker_socket=str(tmp_path / "no-engine.sock")))
+    try:
+        hello = agent._hello()
+        assert (hello.benchmark, hello.challenge_forms) == ("simulated", ["rounds"])
+    finally:
+        await agent.close()

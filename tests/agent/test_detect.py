@@ -7,6 +7,7 @@ NVML and the real ``amdsmi`` cannot run here: tests/agent/gpu_hosts.py's stand-i
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from collections.abc import Sequence
 
@@ -17,7 +18,7 @@ from agent.amd_gpus import AmdSmiCommand, RocmSmiCommand, SysfsSampler, parse_am
 from agent.detect import DISPLAY_ONLY_MAX_MIB, BindingReport, HostGpus, detect_gpus, reconcile
 from agent.gpus import EmptyCollector
 from agent.pci import PciGpu, integrated_reason, list_pci_gpus, normal_address
-from common.inventory import GpuInfo, HostInfo, Inventory
+from common.inventory import GpuInfo, GpuPartition, HostInfo, Inventory
 from tests.agent.fake_amdsmi import stand_in
 from tests.agent.gpu_hosts import (
     COMMANDS,
@@ -313,3 +314,66 @@ def test_hello_carries_the_unoffered_cards_and_an_older_agents_hello_still_decod
     assert older.unoffered == []
     nvidia = msgspec.json.decode(msgspec.json.encode(msgspec.to_builtins(rtx4090())), type=GpuInfo)
     assert nvidia.vendor == "nvidia"  # an agent older than the field read NVIDIA cards only
+
+
+# ---------------------------------------------------------------- partition modes (MI300-series): reported, not sold
+
+
+@pytest.mark.parametrize(
+    ("import_module", "commands", "modes"),
+    [
+        pytest.param(amdsmi_module, Commands(), (), id="amdsmi"),  # amdsmi says the modes in use, not those possible
+        pytest.param(
+            no_amdsmi, Commands(amd_smi=COMMANDS / "amd-smi-static-mi300x-8.json"), ("SPX", "DPX", "QPX", "CPX"), id="amd-smi"
+        ),
+        pytest.param(
+            no_amdsmi, Commands(rocm_smi=COMMANDS / "rocm-smi-mi300x-8.json"), ("SPX", "DPX", "QPX", "CPX"), id="rocm-smi"
+        ),
+        pytest.param(no_amdsmi, Commands(), ("SPX", "DPX", "QPX", "CPX"), id="sysfs alone"),
+    ],
+)
+def test_each_source_reads_an_mi300x_cards_partition_modes(import_module, commands, modes):
+    collector = detect_gpus(SYSFS / "mi300x-8", open_nvml=no_nvml, import_module=import_module, runner=commands)
+    partitions = {c.partition for c in collector.inventory()}
+    assert len(partitions) == 1
+    [partition] = partitions
+    assert partition is not None and (partition.compute, partition.memory, partition.compute_modes) == ("SPX", "NPS1", modes)
+    assert not partition.split  # whole: offered as one GPU
+    assert len(collector.inventory()) == 8
+
+
+def test_a_card_split_into_cpx_partitions_is_reported_with_its_modes_and_not_sold(tmp_path):
+    root = tmp_path / "sys"
+    shutil.copytree(SYSFS / "mi300x-8", root, symlinks=True)
+    device = root / "bus" / "pci" / "devices" / f"0000:{MI300X_BUSES[1]}:00.0"
+    (device / "current_compute_partition").write_text("CPX\n")
+    (device / "current_memory_partition").write_text("NPS4\n")
+    collector = detect_gpus(root, open_nvml=no_nvml, import_module=no_amdsmi, runner=Commands())
+    assert [c.uuid for c in collector.inventory()] == [u for i, u in enumerate(MI300X_UUIDS) if i != 1]
+    [split] = collector.unoffered()
+    assert (split.pci_bus_id, split.kind, split.name) == (f"0000:{MI300X_BUSES[1]}:00.0", "partitioned", "AMD Instinct MI300X")
+    assert split.partition is not None and (split.partition.compute, split.partition.memory) == ("CPX", "NPS4")
+    assert "CPX, NPS4 (can be SPX, DPX, QPX, CPX; NPS1, NPS4)" in split.reason and "not sold" in split.reason
+    assert "--compute-partition SPX" in split.fix
+    assert MI300X_UUIDS[1] not in {s.uuid for s in collector.sample()}  # withheld: not sampled either
+
+
+def test_a_partitioned_card_listed_once_per_partition_is_reported_once():
+    cpx = GpuPartition(compute="CPX", memory="NPS1")
+    parts = [
+        GpuInfo(
+            index=i,
+            uuid=f"GPU-part{i}",
+            name="AMD Instinct MI300X",
+            pci_bus_id="0000:05:00.0",
+            memory_total_mib=MI300X_MIB // 8,
+            compute_capability="",
+            vendor="amd",
+            partition=cpx,
+        )
+        for i in range(8)
+    ]
+    bus = list_pci_gpus(SYSFS / "mi300x-8")
+    assert bus is not None
+    detection = reconcile(bus[:1], {"amd": BindingReport(parts)})
+    assert detection.offered == [] and [(u.pci_bus_id, u.kind) for u in detection.unoffered] == [("0000:05:00.0", "partitioned")]

@@ -7,10 +7,12 @@ import os
 import socket
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
-from agent.runtime.process import ProcessRuntime
+from agent.runtime.gpu_access import GpuAccess, GpuDevices
+from agent.runtime.process import PROCESS_GPU_FIX, PROCESS_GPU_PROBE, ProcessRuntime
 from common.containers import LABEL_AGENT_ID, LABEL_COMMAND_ID, ContainerSpec
 from common.inventory import GpuInfo
 
@@ -235,3 +237,42 @@ async def test_the_gpu_self_test_runs_in_the_sandbox_and_says_why_a_gpu_does_not
     [refused] = await real.gpu_selftest(gpus[:1])
     assert not refused.reachable
     assert "exited with code" in refused.detail and "NVIDIA driver" in refused.fix
+
+
+async def test_the_amd_self_test_in_the_sandbox_names_each_card_for_rocr_and_says_what_is_missing(tmp_path):
+    """A simulated MI300X host's cards are seen by name (ROCR_VISIBLE_DEVICES, AMD's variable); the real probe asks
+    ROCm's rocminfo, which this host lacks (no AMD GPU, no ROCm), and says what to fix."""
+    cards = [
+        GpuInfo(
+            index=i,
+            uuid=f"GPU-4b2c4f5d21b5a3f{i}",
+            name="AMD Instinct MI300X",
+            pci_bus_id=f"0000:0{i}:00.0",
+            memory_total_mib=196592,
+            compute_capability="",
+            vendor="amd",
+        )
+        for i in range(2)
+    ]
+    table = GpuDevices(GpuAccess(uuid=card.uuid, vendor="amd") for card in cards)
+    simulated = ProcessRuntime(tmp_path / "sim", simulated_gpus=True, gpu_table=table)
+    reached = await simulated.gpu_selftest(cards)
+    assert [(r.uuid, r.reachable) for r in reached] == [(c.uuid, True) for c in cards]
+
+    real = ProcessRuntime(tmp_path / "real", gpu_table=table)
+    [refused] = await real.gpu_selftest(cards[:1])
+    assert not refused.reachable and "rocminfo not found" in refused.detail, refused
+    assert "ROCR_VISIBLE_DEVICES" in refused.fix
+
+
+def test_the_providers_guide_says_the_process_runtime_runs_this_self_test_and_its_fix():
+    """docs/install-provider.md once said the process runtime had no self-test (issue 37): what it says now is the
+    probe and the fix above, as the code has them."""
+    guide = " ".join((Path(__file__).resolve().parents[2] / "docs" / "install-provider.md").read_text().split())
+    probe = PROCESS_GPU_PROBE[2]
+    assert "no self-test" not in guide and "The process runtime runs the self-test too, with no image" in guide
+    assert 'nvidia-smi -i "$CUDA_VISIBLE_DEVICES"' in guide and '-i "$CUDA_VISIBLE_DEVICES"' in probe
+    assert "count exactly one device" in guide and "count.value == 1" in probe and "command -v python3" in probe
+    assert "PROCESS_GPU_PROBE" in guide
+    for part in ("NVIDIA driver", "/dev/nvidia*", "process_uids", "--mount-proc"):
+        assert part in PROCESS_GPU_FIX and part.removeprefix("NVIDIA ") in guide, part

@@ -11,6 +11,7 @@ from agent.ledger import CommandLog
 from agent.runtime import open_runtime
 from agent.runtime.base import STDERR, STDOUT, container_labels
 from agent.runtime.docker import DEFAULT_CAPABILITIES, DockerRuntime, libpod_create_body
+from agent.runtime.gpu_access import KFD, DeviceNode, GpuAccess, GpuDevices
 from agent.runtime.selftest import gpu_selftest
 from common.containers import (
     LABEL_AGENT_ID,
@@ -501,3 +502,80 @@ async def test_a_runtime_with_a_network_mode_gives_it_to_each_container_and_the_
     finally:
         await rt.close()
         podman.podman("rm", "--all", "--force", "--time", "0")
+
+
+# --- AMD cards: device files, not a toolkit (agent/runtime/gpu_access.py) ----------------------------------------------
+# No AMD GPU here: the host's /dev/null is mapped under ROCm's names (/dev/kfd, the card's render node), an existing
+# character device rather than one made with mknod (which would be the same kernel device under another path, and
+# prove no more). These tests check that what the runtime asks reaches a real Podman and the container, opened as
+# the AMD self-test opens them; not that ROCm runs.
+AMD_UUID = "GPU-4b2c4f5d21b5a3f0"
+
+
+def amd_table(render="/dev/dri/renderD128", *, host="/dev/null"):
+    nodes = (DeviceNode(host, render),) if render else ()
+    return GpuDevices([GpuAccess(uuid=AMD_UUID, vendor="amd", nodes=nodes)], kfd=DeviceNode(host, KFD))
+
+
+def amd_card(uuid=AMD_UUID):
+    return GpuInfo(
+        index=0,
+        uuid=uuid,
+        name="AMD Instinct MI300X",
+        pci_bus_id="0000:05:00.0",
+        memory_total_mib=196592,
+        compute_capability="",
+        vendor="amd",
+    )
+
+
+@pytest.mark.parametrize("mode", ["cdi", "device_requests"])  # Podman's own API; the Docker API, as on Docker
+async def test_an_amd_cards_kfd_and_render_node_reach_its_container(podman, mode):
+    rt = DockerRuntime(podman.socket_path, gpu_devices=mode, gpu_table=amd_table())
+    try:
+        job = spec(podman, f"amd-{mode}", gpus=[AMD_UUID], command=["sh", "-c", "ls /dev/kfd /dev/dri/renderD128 && sleep 300"])
+        info = await rt.create(job, labels=agent_labels(f"cmd-amd-{mode}"))
+        assert info.state == "running"
+        raw = podman.inspect(f"amd-{mode}")
+        given = {(d["PathOnHost"], d["PathInContainer"]) for d in raw["HostConfig"]["Devices"] or []}
+        assert given == {("/dev/null", KFD), ("/dev/null", "/dev/dri/renderD128")}
+        await until_logged(rt, f"amd-{mode}", b"/dev/dri/renderD128")
+        assert not raw["HostConfig"].get("DeviceRequests")  # nothing asked of NVIDIA's toolkit
+    finally:
+        await rt.close()
+        podman.podman("rm", "--all", "--force", "--time", "0")
+
+
+async def test_the_amd_self_test_passes_where_the_container_opens_kfd_and_its_render_node(podman):
+    rt = DockerRuntime(podman.socket_path, gpu_table=amd_table(), selftest_image=podman.image)
+    try:
+        (reach,) = await gpu_selftest(rt, [amd_card()])
+        assert reach.reachable, reach
+        assert podman.inspect("idlegrid-selftest-amd-0") is None  # it leaves nothing behind
+    finally:
+        await rt.close()
+
+
+async def test_an_amd_card_whose_render_node_is_unknown_or_not_on_the_host_fails_the_self_test_saying_why(podman):
+    unknown = DockerRuntime(podman.socket_path, gpu_table=amd_table(render=""), selftest_image=podman.image)
+    missing = DockerRuntime(podman.socket_path, gpu_table=amd_table(host="/dev/no-such-kfd"), selftest_image=podman.image)
+    try:
+        (reach,) = await gpu_selftest(unknown, [amd_card()])
+        assert not reach.reachable and "no /dev/dri render node is known" in reach.detail
+        (reach,) = await gpu_selftest(missing, [amd_card()])
+        assert not reach.reachable and "/dev/no-such-kfd" in reach.detail, reach
+        assert "render,video" in reach.fix
+    finally:
+        await unknown.close()
+        await missing.close()
+        podman.podman("rm", "--all", "--force", "--time", "0")
+
+
+async def test_a_simulated_amd_hosts_self_test_sees_each_card_by_its_rocm_name(podman):
+    table = GpuDevices([GpuAccess(uuid="GPU-sim-amd-0", vendor="amd"), GpuAccess(uuid="GPU-sim-amd-1", vendor="amd")])
+    rt = DockerRuntime(podman.socket_path, simulated_gpus=True, gpu_table=table, selftest_image=podman.image)
+    try:
+        reach = await gpu_selftest(rt, [amd_card("GPU-sim-amd-0"), amd_card("GPU-sim-amd-1")])
+        assert [(r.uuid, r.reachable) for r in reach] == [("GPU-sim-amd-0", True), ("GPU-sim-amd-1", True)]
+    finally:
+        await rt.close()

@@ -64,8 +64,12 @@ class MasterStandIn:
                 status, body = 200, await asyncio.wait_for(self.queue.get(), call.wait_s)
             except TimeoutError:
                 status, body = 204, None
+            if status == 200 and call.most:
+                body = {"requests": [body]}
         elif call.op is WorkerOp.HEARTBEAT:
             status, body = 200, {"cancel": []}
+        elif call.op is WorkerOp.RESULTS:
+            status, body = 200, {"outcomes": [204] * len(call.payload)}
         assert self.apis is not None
         self.apis.on_answer(WorkerAnswer(call_id=call.call_id, status=status, body=body))
 
@@ -100,11 +104,11 @@ async def test_a_request_flows_from_the_master_to_a_handler_in_a_subprocess_and_
     master.queue.put_nowait({"id": "r1", "input": {"prompt": "hi"}, "attempt": 1})
     worker = subprocess.Popen([sys.executable, "-c", HANDLER], env={**spec.env, "PYTHONPATH": str(Path.cwd())})
     try:
-        result = await master.wait_for(WorkerOp.RESULT)
+        result = await master.wait_for(WorkerOp.RESULTS)
     finally:
         worker.kill()
         worker.wait()
-    assert (result.request_id, result.payload) == ("r1", {"echo": {"prompt": "hi"}, "attempt": 1})
+    assert result.payload == [{"id": "r1", "output": {"echo": {"prompt": "hi"}, "attempt": 1}}]
     # The worker is named from the signed spec, never from what the call says.
     assert {(c.container, c.endpoint_id, c.worker_id) for c in master.calls} == {("ep-a-w-1", "ep-a", "w-1")}
 
@@ -159,7 +163,12 @@ def test_each_report_path_is_its_call_with_the_body_as_payload():
     error = _judge(contract.request_path("r1", "error"), b'{"error": {"type": "E", "message": "m"}}')
     assert isinstance(error, WorkerCall) and error.payload == {"type": "E", "message": "m"}
     take = _judge(contract.TAKE, b'{"wait_s": 3600}')
-    assert isinstance(take, WorkerCall) and take.wait_s == 30.0  # capped
+    assert isinstance(take, WorkerCall) and take.wait_s == 30.0 and take.most == 0  # capped; a take of one
+    several = _judge(contract.TAKE, b'{"wait_s": 1, "max": 5000}')
+    assert isinstance(several, WorkerCall) and several.most == 1000  # capped
+    results = _judge(contract.RESULTS, b'{"results": [{"id": "r1", "output": 1}, {"id": "r/2", "output": null}]}')
+    assert isinstance(results, WorkerCall) and results.op == WorkerOp.RESULTS
+    assert results.payload == [{"id": "r1", "output": 1}, {"id": "r/2", "output": None}]
 
 
 @pytest.mark.parametrize(
@@ -173,6 +182,12 @@ def test_each_report_path_is_its_call_with_the_body_as_payload():
         ("/v1/take", b'{"wait_s": "soon"}', "POST", TOKEN, 400),
         ("/v1/requests/r1/partial", b'{"seq": -1}', "POST", TOKEN, 400),
         ("/v1/heartbeat", b'{"in_flight": "r1"}', "POST", TOKEN, 400),
+        ("/v1/take", b'{"max": 0}', "POST", TOKEN, 400),
+        ("/v1/take", b'{"max": true}', "POST", TOKEN, 400),
+        ("/v1/results", b'{"results": []}', "POST", TOKEN, 400),
+        ("/v1/results", b'{"results": [{"id": "r1"}]}', "POST", TOKEN, 400),
+        ("/v1/results", b'{"results": [{"id": "", "output": 1}]}', "POST", TOKEN, 400),
+        ("/v1/results", b'{"results": [{"id": "r1", "output": 1, "extra": 2}]}', "POST", TOKEN, 400),
         ("/v1/requests/r1/result", b"x" * (MAX_BODY_BYTES + 1), "POST", TOKEN, 413),
     ],
 )
@@ -223,3 +238,22 @@ async def test_a_worker_with_too_many_calls_waiting_is_answered_429(served, monk
     master.queue.put_nowait({"id": "r1", "input": None, "attempt": 1})
     assert (await waiting).id == "r1"  # type: ignore[union-attr]
     assert await asyncio.to_thread(client.heartbeat, []) == []
+
+
+async def test_calls_share_a_kept_connection_and_closing_the_worker_closes_it(served):
+    apis, master = served
+    spec, _ = await apis.prepare(WORKER, runtime=None)
+    api = WorkerAPI(spec.env[contract.ENV_API], TOKEN)
+
+    def beat_twice() -> None:  # one thread: its calls go on its one connection
+        api.heartbeat(["r1"])
+        api.heartbeat(["r2"])
+
+    await asyncio.to_thread(beat_twice)
+    assert [c.in_flight for c in master.calls] == [["r1"], ["r2"]]
+    assert len(apis._connections[WORKER.name]) == 1  # both calls on it, still open
+    await apis.close(WORKER.name)
+    assert WORKER.name not in apis._connections  # hung up: the gone worker's kept connection carries nothing more
+    with pytest.raises(AgentUnavailable):
+        await asyncio.to_thread(api.heartbeat, ["r3"])
+    assert [c.op for c in master.calls] == [WorkerOp.HEARTBEAT, WorkerOp.HEARTBEAT, WorkerOp.GONE]

@@ -214,7 +214,11 @@ async def test_a_fleet_of_real_agents_gets_ready_reports_and_runs_each_command_o
         assert stats["ready"] == 4 and stats["all_ready_s"] is not None
         assert stats["commands_executed"] == 1 and stats["duplicate_executions"] == 0
         assert stats["sent"]["hello"] == 4 and stats["sent"]["heartbeat"] >= 4 and stats["sent"].get("telemetry", 0) >= 1
-        assert master.telemetry.latest  # samples arrived through the relay
+        # samples arrived through the relay (folded there: up to one fold interval later than they were sent)
+        deadline = time.monotonic() + 5.0
+        while not master.telemetry.latest and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert master.telemetry.latest
 
         flood = await fleet.flood(rate=200, agents=2, seconds=0.5)
         assert flood["agents"] == 2 and flood["sent"] >= 50
@@ -254,6 +258,25 @@ def test_the_simulated_agent_overrides_nothing_of_the_agent_and_builds_on_its_pu
     host, connector, directory, observer), never by replacing one of its methods or attributes."""
     inherited = {name for name in dir(Agent) if not name.startswith("__")}
     assert set(vars(SimulatedAgent)) & inherited == set()
+
+
+def test_no_class_of_the_simulated_fleet_replaces_a_private_method_of_the_agents_part_it_builds_on():
+    """Issue 38, point 4: the fleet's ledger, connector and agent extend the agent's parts through their public
+    methods (what the agent calls on a ledger or a connector it is given), never one of their private ones."""
+    import inspect
+
+    import bench.fleet_agents
+
+    replaced = {}
+    for name, cls in vars(bench.fleet_agents).items():
+        if not inspect.isclass(cls) or cls.__module__ != bench.fleet_agents.__name__:
+            continue
+        for base in cls.__mro__[1:]:
+            if base.__module__.startswith("agent."):
+                private = {n for n in vars(cls) if n.startswith("_") and not n.startswith("__") and hasattr(base, n)}
+                if private:
+                    replaced[f"{name}({base.__name__})"] = sorted(private)
+    assert replaced == {}
 
 
 def test_a_fleet_without_enrolled_agents_says_how_to_get_them(tmp_path):

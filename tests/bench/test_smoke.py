@@ -28,6 +28,9 @@ FLEET_KEYS = {
     "relay_msgs_per_s",
     "relay_vs_baseline",
     "processes",
+    "master_link_frames_per_s",
+    "master_agent_frames_per_s",
+    "master_cpu_per_1000_agents",
 }
 
 
@@ -72,6 +75,9 @@ def test_the_fleet_benchmark_runs_50_agents_and_reports_every_figure(tmp_path):
     assert isinstance(result["relay_kib_per_agent"], float) and isinstance(result["master_kib_per_agent"], float)
     assert {"master", "relay-1", "relay-2", "fleet-1"} <= result["processes"].keys()
     assert "ready_s" in done.stdout and "relay / baseline" in done.stdout  # the readable table
+    # what the Master reads: link frames (folds among them) and the agent frames they carry
+    assert 0 < result["master_link_frames_per_s"] <= result["master_agent_frames_per_s"]
+    assert result["master_cpu_per_1000_agents"] > 0
 
 
 @pytest.mark.e2e
@@ -139,6 +145,7 @@ def test_the_endpoints_benchmark_times_requests_cold_starts_and_a_scale_up(tmp_p
         "endpoints",
         *("--hosts", "1", "--gpus-per-host", "2", "--workers", "1", "--concurrency", "2", "--single-s", "1"),
         *("--clients", "4", "--load-s", "1.5", "--cmd-rate", "5", "--idle-s", "1", "--starts", "2", "--scale-to", "2"),
+        *("--podman-starts", "0"),  # this part of the suite runs beside others: no Podman here (scripts/test)
         *("--json", str(out)),
         timeout=240,
     )
@@ -158,3 +165,39 @@ def test_the_endpoints_benchmark_times_requests_cold_starts_and_a_scale_up(tmp_p
         assert s["wake"] + s["placement"] + s["start"] + s["first_ready"] == pytest.approx(s["total"], abs=0.01)
     assert (result["cold_start"]["all"]["n"], result["cold_start"]["warm"]["n"]) == (2, 1) and result["scale_up_s"] > 0
     assert "cold start (s)" in done.stdout and "scale-up 0 -> 2" in done.stdout
+
+
+@pytest.mark.e2e
+def test_a_simulated_relay_brings_200_agents_to_the_real_master_and_answers_its_commands(tmp_path):
+    """``--relays-simulated``: one process playing a relay with 200 agents behind it, the real Master on SQLite."""
+    out = tmp_path / "fleet-sim.json"
+    done = run_bench(
+        "fleet",
+        "--relays-simulated",
+        "1",
+        "--agents-per-relay",
+        "200",
+        "--gpus-per-agent",
+        "2",
+        "--duration",
+        "4",
+        "--cmd-rate",
+        "4",
+        "--json",
+        str(out),
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(out.read_text())
+    assert result["agents"] == 200 and result["ready_agents"] == 200 and result["ready_s"] > 0
+    assert result["hellos"] == 200  # one each: no agent was asked to say hello again
+    assert result["ramp"]["store_writes"] > 0
+    assert result["commands"]["issued"] > 0 and result["commands"]["duplicate_executions"] == 0
+    assert set(result["commands"]["states"]) == {"succeeded"}
+    assert 0 < result["cmd_rtt_p50_ms"] <= result["cmd_rtt_p99_ms"]
+    # folded: each link frame (a fold, a result) carries agent frames; the Master took every agent's reports
+    assert 0 < result["link_frames_per_s"] < result["agent_frames_per_s"]
+    assert result["relay_sent_per_s"]["report_fold"] > 0 and result["relay_sent_per_s"]["telemetry"] > 0
+    assert result["master_cpu_hold_cores"] > 0 and isinstance(result["master_kib_per_agent"], float)
+    assert result["agents_ready_end"] == 200
+    assert "Master CPU in the hold" in done.stdout  # the readable table

@@ -25,6 +25,7 @@ def test_every_role_creates_a_key_shown_once_and_revokes_it(console_master, page
     before = page.locator("#keys tbody tr:has(button)").count()  # the operator has its bootstrap key
     page.get_by_label("New key's name").fill("laptop")
     page.get_by_role("button", name="Create a key").click()
+    page.wait_for_load_state()  # the page the click brings, whole
     key = page.locator("#issued-key").inner_text().strip()
     assert len(key) >= 32 and "shown this once" in page.locator(".issued").inner_text()
     assert page.locator("#keys tbody tr:has(button)").count() == before + 1
@@ -49,11 +50,13 @@ def test_a_key_without_a_name_or_with_a_long_one_is_refused_beside_the_field(con
     sign_in(page, "renter")
     page.goto(f"{console_master.url}/console/account")
     page.get_by_role("button", name="Create a key").click()
+    page.wait_for_load_state()  # the page the click brings, whole
     assert page.locator("#key-name-error").inner_text().startswith("name: give the key a name")
     assert page.get_by_label("New key's name").get_attribute("aria-invalid") == "true"
     page.get_by_label("New key's name").evaluate("el => el.removeAttribute('maxlength')")
     page.get_by_label("New key's name").fill("x" * 65)
     page.get_by_role("button", name="Create a key").click()
+    page.wait_for_load_state()  # the page the click brings, whole
     assert "at most 64 characters, not 65" in page.locator("#key-name-error").inner_text()
     assert page.get_by_label("New key's name").input_value() == "x" * 65  # what was typed is kept
     assert "No API key yet" in page.locator("#keys").inner_text()
@@ -65,6 +68,7 @@ def test_another_account_neither_sees_nor_revokes_your_keys(console_master, brow
     page.goto(f"{console_master.url}/console/account")
     page.get_by_label("New key's name").fill("acme-ci")
     page.get_by_role("button", name="Create a key").click()
+    page.wait_for_load_state()  # the page the click brings, whole
     provider_key = page.locator("#issued-key").inner_text().strip()
     key_id = page.locator("#keys tbody th code").first.inner_text()
 
@@ -105,6 +109,7 @@ def test_console_key_writes_are_audit_events_naming_the_account(console_master, 
     page.goto(f"{console_master.url}/console/account")
     page.get_by_label("New key's name").fill("audit-me")
     page.get_by_role("button", name="Create a key").click()
+    page.wait_for_load_state()  # the page the click brings, whole
     key_id = page.locator("#keys tbody th code").first.inner_text()
     page.get_by_role("button", name=f"Revoke key {key_id}", exact=False).click()
     page.wait_for_url(re.compile(r"/console/account$"))
@@ -125,6 +130,7 @@ def test_another_renter_neither_sees_nor_revokes_a_renters_keys(console_master, 
     page.goto(f"{console_master.url}/console/account")
     page.get_by_label("New key's name").fill("rita-laptop")
     page.get_by_role("button", name="Create a key").click()
+    page.wait_for_load_state()  # the page the click brings, whole
     rita_key = page.locator("#issued-key").inner_text().strip()
     key_id = page.locator("#keys tbody th code").first.inner_text()
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 import time
 
-from common.inventory import UnofferedGpu
+from common.inventory import GpuPartition, UnofferedGpu
 from master.enrollment import hash_secret
 from master.store.base import TokenOutcome
 from tests.management.hosts import UNREACHABLE_DETAIL, UNREACHABLE_FIX, add_agent
@@ -28,6 +28,7 @@ def test_a_provider_gets_a_token_of_its_own_and_a_command_for_each_engine(consol
     shot(page, "add-a-host")
 
     page.get_by_role("button", name="Make a join token and the commands").click()
+    page.wait_for_load_state()  # the page the click brings, whole
     commands = {engine: page.locator(f"#command-{engine}").inner_text() for engine in ("docker", "podman", "none")}
     shot(page, "commands")
     tokens = {token_in(command) for command in commands.values()}
@@ -94,3 +95,34 @@ def test_a_host_page_names_the_cards_the_host_does_not_offer_why_and_the_fix(con
     text = rows.first.inner_text()
     assert "0000:03:00.0" in text and "no kernel driver is bound to it" in text and "amdgpu-dkms" in text
     shot(page, "host-unoffered")
+
+
+def test_the_host_page_shows_amd_partition_modes_and_a_split_card_not_sold(console_master, page, sign_in, shot):
+    """Issue 41: an MI300X host's cards show their partition modes (whole, SPX: sold as one GPU); a card split into
+    CPX partitions is listed among the cards not offered, with its modes and the way back to SPX."""
+    master = console_master.server.master
+    cpx = GpuPartition(compute="CPX", memory="NPS4", compute_modes=("SPX", "DPX", "QPX", "CPX"), memory_modes=("NPS1", "NPS4"))
+    split = UnofferedGpu(
+        pci_bus_id="0000:26:00.0",
+        vendor="amd",
+        name="AMD Instinct MI300X",
+        kind="partitioned",
+        reason=f"its compute is split into several devices ({cpx.describe()}): partitions are not sold yet",
+        fix="to offer it whole: sudo amd-smi set --gpu all --compute-partition SPX",
+        partition=cpx,
+    )
+    console_master.run(
+        add_agent(master, "agt-acme-amd", "mi300x:1", provider="acme", runtime="docker", isolation="container", unoffered=[split])
+    )
+    sign_in(page, "provider")
+    page.goto(f"{console_master.url}/console/hosts/agt-acme-amd")
+    gpus = page.locator("table[aria-labelledby=gpus-heading]")
+    assert "Partitions" in gpus.locator("thead").inner_text()
+    assert gpus.locator("td.partition").first.inner_text() == "SPX, NPS1 (can be SPX, DPX, QPX, CPX; NPS1, NPS4)"
+    unoffered = page.locator("table[aria-labelledby=unoffered-heading] tbody tr").first.inner_text()
+    assert "CPX, NPS4" in unoffered and "--compute-partition SPX" in unoffered
+    shot(page, "host-amd-partitions")
+
+    console_master.run(add_agent(master, "agt-acme-nv", "a10:1", provider="acme", runtime="docker", isolation="container"))
+    page.goto(f"{console_master.url}/console/hosts/agt-acme-nv")  # an NVIDIA host: no partitions column at all
+    assert "Partitions" not in page.locator("table[aria-labelledby=gpus-heading] thead").inner_text()

@@ -9,6 +9,7 @@ an endpoint checks."""
 from __future__ import annotations
 
 import pytest
+from playwright.sync_api import expect
 
 from management.endpoints.spec import EndpointScaling, EndpointSpec
 from management.services.endpoints import InvocationRefused
@@ -40,22 +41,25 @@ def test_a_renter_reads_its_endpoint_makes_a_key_shown_once_and_revokes_it(conso
     sign_in(page, "renter")
     page.get_by_role("link", name="Endpoints").click()
     table = page.locator("#endpoints")
-    assert table.get_by_role("link", name="echo").is_visible()
+    expect(table.get_by_role("link", name="echo")).to_be_visible()  # waits for the list (the click returns before it)
     assert "0 to 4" in table.inner_text() and "theirs" not in page.content()
     shot(page, "endpoints")
 
     table.get_by_role("link", name="echo").click()
+    page.wait_for_url(f"**/console/endpoints/{made.id}")
+    page.wait_for_load_state("load")  # the whole page, not the part parsed when the click returned (CI read half)
     body = page.locator("main").inner_text()
     assert made.id in body and "ghcr.io/acme/echo:1" in body and "python handler.py" in body
     assert "HF_TOKEN" in body and "hf_secret_value" not in page.content()  # names only
     assert f"/api/v1/endpoints/{made.id}/run" in body
-    assert page.locator("#no-keys").is_visible()
+    expect(page.locator("#no-keys")).to_be_visible()
 
     page.get_by_label("Name of a new key").fill("x" * 101)
     page.get_by_role("button", name="Make a key").click()
-    assert "100 characters at most" in page.locator("#name-error").inner_text()
+    expect(page.locator("#name-error")).to_contain_text("100 characters at most")
     page.get_by_label("Name of a new key").fill("my-app")
     page.get_by_role("button", name="Make a key").click()
+    page.wait_for_load_state()  # the page the click brings, whole
     key = page.locator("#issued-key").inner_text().strip()
     assert key.startswith("igek_") and "shown on this page once" in page.locator("#issued").inner_text()
     shot(page, "key-made")
@@ -67,7 +71,7 @@ def test_a_renter_reads_its_endpoint_makes_a_key_shown_once_and_revokes_it(conso
     page.get_by_role("link", name="Revoke key my-app").click()
     shot(page, "revoke-confirm")
     page.get_by_role("button", name="Revoke the key").click()
-    assert "Revoked invocation key my-app" in page.locator(".flashes").inner_text()
+    expect(page.locator(".flashes")).to_contain_text("Revoked invocation key my-app")
     assert "revoked" in page.locator("#keys").inner_text()
     with pytest.raises(InvocationRefused):
         console_master.run(services.endpoints.authorize_invocation(made.id, key))
@@ -75,6 +79,28 @@ def test_a_renter_reads_its_endpoint_makes_a_key_shown_once_and_revokes_it(conso
 
     answer = page.goto(f"{console_master.url}/console/endpoints/{others.id}")
     assert answer is not None and answer.status == 404  # another renter's endpoint is not there for this one
+
+
+def test_a_load_balanced_endpoint_shows_its_mode_and_its_url(console_master, page, sign_in, shot):
+    services = console_master.services
+    console_master.run(
+        add_agent(console_master.server.master, "agt-sim", "a10:2", provider="acme", runtime="docker", isolation="container")
+    )
+    spec = EndpointSpec(name="llm", image="ghcr.io/acme/vllm:1", mode="load_balanced", http_port=8080, readiness_path="/ready")
+    made = console_master.run(services.endpoints.create("rita", spec))
+    console_master.run(services.endpoints.create("rita", EndpointSpec(name="echo", image="ghcr.io/acme/echo:1")))
+    sign_in(page, "renter")
+    page.goto(f"{console_master.url}/console/endpoints")
+    rows = {row.split()[0]: row for row in page.locator("#endpoints tbody").inner_text().splitlines()}
+    assert "load-balanced" in rows["llm"] and "queue" in rows["echo"]
+    page.get_by_role("link", name="llm").click()
+    page.wait_for_url(f"**/console/endpoints/{made.id}")
+    url = services.links.endpoint_url(made.id)
+    assert page.locator("#endpoint-url").inner_text() == url and url.endswith(f"/e/{made.id}/")
+    assert "port 8080" in page.locator("#endpoint-mode").inner_text() and "/ready" in page.locator("#endpoint-mode").inner_text()
+    assert f"/api/v1/endpoints/{made.id}/run" not in page.locator("main").inner_text()  # no queue routes to call
+    assert page.locator("#now-queue").inner_text().startswith("0 held for a ready worker")
+    shot(page, "load-balanced")
 
 
 def test_an_endpoints_page_shows_its_workers_queue_latest_requests_and_cost(console_master, page, sign_in, shot):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 
+import msgspec
 import pytest
 
 from bench.api_pages import generated_fleet, seed_store
@@ -20,7 +21,9 @@ HOSTS, GPUS_PER_HOST = 10_000, 8
 @pytest.fixture(scope="module")
 def large_master(tmp_path_factory):
     root = tmp_path_factory.mktemp("large-fleet")
-    master = ConsoleMaster(console_config(root))
+    # No agent connects (the fleet is records): heartbeats an hour apart keep the Master from finding them all silent
+    # (offline after 3 missed) while a loaded machine takes longer than the default 15 s over the pages.
+    master = ConsoleMaster(msgspec.structs.replace(console_config(root), heartbeat_s=3600.0))
     master.run(seed_store(root / "master", generated_fleet(HOSTS, GPUS_PER_HOST)), timeout_s=120)  # before it starts
     master.start()
     master.run(_report_telemetry(master))
@@ -68,4 +71,5 @@ def test_the_first_page_of_10000_hosts_a_filtered_page_and_the_fleet_view_render
     visit(page, f"{large_master.url}/console/hosts", "table#hosts")
     assert page.locator("table#hosts tbody tr").count() == 50
     page.get_by_role("link", name="Next page").click()  # the cursor carries on where the first page ended
+    page.wait_for_load_state()  # the page the click brings, whole
     assert page.locator("table#hosts tbody tr").first.inner_text().startswith("agt-00000050")

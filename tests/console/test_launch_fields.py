@@ -67,6 +67,7 @@ def test_a_launch_carries_replicas_restart_policy_links_secret_variables_and_reg
     page.get_by_label("Registry username").fill("rita-bot")
     page.get_by_label("Password or token", exact=False).select_option("ghcr")
     page.get_by_role("button", name="Update the total").click()
+    page.wait_for_load_state()  # the page the click brings, whole
     assert "Total 2.40 USD per hour for 2 GPU(s)" in page.locator("#cost").inner_text()  # both replicas' GPUs
     assert page.get_by_label("Restart policy").input_value() == "on_failure"  # what was chosen is kept
     assert page.get_by_label("Password or token", exact=False).input_value() == "ghcr"
@@ -116,6 +117,7 @@ def test_bad_fields_are_said_beside_them_and_nothing_is_launched(grid, page, sig
     page.get_by_label("Registry username").fill("rita-bot")
     page.get_by_label("Environment variables", exact=False).fill("A=1")
     page.get_by_role("button", name="Launch").click()
+    page.wait_for_load_state()  # the page the click brings, whole
     assert "replicas: from 1 to" in page.locator("#replicas-error").inner_text()
     assert "max restarts: from 0 to 1000" in page.locator("#max_restarts-error").inner_text()
     assert "links, line 1: PORT private, PORT public or PORT tcp, not '8888 open'" in page.locator("#links-error").inner_text()
@@ -130,6 +132,7 @@ def test_bad_fields_are_said_beside_them_and_nothing_is_launched(grid, page, sig
     page.get_by_label("Variable 1").fill("A")
     page.get_by_label("From secret 1").select_option("hf")
     page.get_by_role("button", name="Launch").click()
+    page.wait_for_load_state()  # the page the click brings, whole
     assert "A is set twice" in page.locator("#secret_var_0-error").inner_text()
     assert grid.run(grid.services.workloads.list_workloads(owner="rita", states=None, after=None, limit=5)).items == []
 
@@ -146,6 +149,7 @@ def test_a_refusal_of_the_submit_is_said_beside_the_field_it_names(grid, page, s
     page.get_by_label("Credentials (your secret)").select_option("hf")
     page.get_by_label("Endpoint", exact=False).fill("http://10.1.2.3:9000")
     page.get_by_role("button", name="Launch").click()
+    page.wait_for_load_state()  # the page the click brings, whole
     assert "10.1.2.3 is 10.1.2.3: a private address" in page.locator("#storage_endpoint-error").inner_text()
     assert page.get_by_label("Endpoint", exact=False).get_attribute("aria-invalid") == "true"
     shot(page, "submit-refused-by-field")

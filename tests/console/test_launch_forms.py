@@ -62,6 +62,7 @@ def test_bad_environment_lines_and_disk_sizes_are_said_beside_their_fields_and_k
     page.get_by_label("Environment variables", exact=False).fill(typed)
     page.get_by_label("Disk, GiB", exact=False).fill("lots")
     page.get_by_role("button", name="Launch").click()
+    page.wait_for_load_state()  # the page the click brings, whole
     assert "environment, line 2: '1BAD' is not a variable name" in page.locator("#env-error").inner_text()
     assert page.get_by_label("Environment variables", exact=False).get_attribute("aria-invalid") == "true"
     assert page.get_by_label("Environment variables", exact=False).input_value() == typed
@@ -70,10 +71,12 @@ def test_bad_environment_lines_and_disk_sizes_are_said_beside_their_fields_and_k
     page.get_by_label("Environment variables", exact=False).fill("A=1\nNO_EQUALS\nA=2")
     page.get_by_label("Disk, GiB", exact=False).fill("0")
     page.get_by_role("button", name="Launch").click()
+    page.wait_for_load_state()  # the page the click brings, whole
     assert "line 2: NAME=value, not 'NO_EQUALS'" in page.locator("#env-error").inner_text()
     assert "disk: from 1 to" in page.locator("#disk_gib-error").inner_text()
     page.get_by_label("Environment variables", exact=False).fill("A=1\nA=2")
     page.get_by_role("button", name="Launch").click()
+    page.wait_for_load_state()  # the page the click brings, whole
     assert "line 2: A is set twice" in page.locator("#env-error").inner_text()
     assert market.run(market.services.workloads.list_workloads(owner="rita", states=None, after=None, limit=5)).items == []
 
@@ -84,6 +87,7 @@ def test_renting_more_disk_than_the_host_has_is_refused_on_the_form(market, page
     fill_basics(page, "big-disk")
     page.get_by_label("Disk, GiB", exact=False).fill("2000")
     page.get_by_role("button", name="Rent", exact=True).click()
+    page.wait_for_load_state()  # the page the click brings, whole
     alert = page.get_by_role("alert").inner_text()
     assert "offer agt-a10 has 1500 GiB of free disk; the workload asks for 2000 GiB" in alert, alert
     shot(page, "disk-refused")
@@ -99,15 +103,18 @@ def test_a_reserved_rental_shows_its_prepaid_total_is_refused_beyond_the_balance
     fill_basics(page, "reserved-1")
     page.get_by_role("radio", name="Reserved", exact=False).check()
     page.get_by_role("button", name="Rent", exact=True).click()  # no period: said beside its field
+    page.wait_for_load_state()  # the page the click brings, whole
     assert "a reserved rental prepays a period" in page.locator("#reserved_hours-error").inner_text()
     page.get_by_label("Reserved period, hours", exact=False).fill("48")
     page.get_by_role("button", name="Update the total").click()  # priced, nothing rented
+    page.wait_for_load_state()  # the page the click brings, whole
     cost = page.locator("#cost").inner_text()
     assert cost.startswith("Total 0.90 USD per hour for 1 GPU(s) at the offer's reserved price"), cost
     assert cost.endswith("the reserved period of 48 h is prepaid: 43.20 USD, more than your available balance of 25.00 USD.")
     assert page.get_by_role("alert").count() == 0
     shot(page, "reserved-priced")
     page.get_by_role("button", name="Rent", exact=True).click()
+    page.wait_for_load_state()  # the page the click brings, whole
     alert = page.get_by_role("alert").inner_text()
     assert alert.startswith("Not rented: a reserved period of 48 h on 1 GPU(s) is prepaid: 43.20 USD"), alert
     assert "the balance available is 25.00 USD" in alert
@@ -129,6 +136,7 @@ def test_update_the_total_prices_the_form_as_filled_in_without_launching(market,
     page.get_by_role("radio", name="Reserved", exact=False).check()
     page.get_by_label("Reserved period, hours", exact=False).fill("10")
     page.get_by_role("button", name="Update the total").click()
+    page.wait_for_load_state()  # the page the click brings, whole
     cost = page.locator("#cost").inner_text()
     assert cost.startswith("Total 1.80 USD per hour for 2 GPU(s) at the cheapest host's reserved price"), cost
     assert "prepaid: 18.00 USD" in cost and "lasts about 13.9 h" in cost

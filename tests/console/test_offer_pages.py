@@ -156,6 +156,7 @@ def test_an_offer_page_shows_the_host_its_gpus_measured_figures_prices_and_avail
     for figure in ("550.54.15", "12.4", "Gen 5 x16", "verified", "812.5", "61.2", "3010", "52.5"):
         assert figure in gpus[0], (figure, gpus[0])
     assert page.locator("#verified").inner_text().startswith("yes, by measurement")
+    assert page.locator("#completion").inner_text() == "too few rentals for a rate"  # docs/disputes.md
     assert page.locator("#price-now").inner_text().startswith("2.50 USD")
     assert "Reserved (prepaid): 2.00 USD" in page.locator("section.price").inner_text()
     history = page.locator("#price-history tbody tr").all_inner_texts()

@@ -32,6 +32,7 @@ def fleet(console_master):
 def test_the_fleet_shows_unit_figures_by_group_and_links_each_faulty_gpu_to_its_host(console_master, fleet, page, sign_in, shot):
     sign_in(page, "operator")
     page.get_by_role("navigation", name="Main").get_by_role("link", name="Fleet").click()
+    page.wait_for_load_state()  # the page the click brings, whole
     assert page.locator("#units-total").inner_text() == "6"
     assert page.locator("#units-faulty").inner_text() == "1"
     assert page.locator("#units-available").inner_text() == "5"
@@ -62,6 +63,7 @@ def test_an_api_key_is_shown_once_and_revoked(console_master, fleet, page, sign_
     page.locator("#accounts").get_by_role("link", name="rita").click()
     page.get_by_label("New key's name").fill("ci")
     page.get_by_role("button", name="Create a key").click()
+    page.wait_for_load_state()  # the page the click brings, whole
     key = page.locator("#issued-key").inner_text()
     assert key.startswith("igak_")
     shot(page, "key-issued")
@@ -81,6 +83,7 @@ def test_a_join_token_is_shown_once_and_a_host_is_revoked_and_listed(console_mas
     page.get_by_role("navigation", name="Main").get_by_role("link", name="Join tokens").click()
     page.get_by_label("Provider").select_option("acme")
     page.get_by_role("button", name="Create a join token").click()
+    page.wait_for_load_state()  # the page the click brings, whole
     assert len(page.locator("#issued-token").inner_text()) > 20
     shot(page, "token")
 
@@ -104,6 +107,7 @@ def test_events_are_filtered_by_kind_prefix_and_subject(console_master, fleet, p
     page.get_by_label("Kind starts with").fill("")
     page.get_by_label(re.compile("^Subject")).fill("agt-a")
     page.get_by_role("button", name="Filter").click()
+    page.wait_for_load_state()  # the page the click brings, whole
     assert all("agt-a" in r for r in rows.all_inner_texts()) and rows.count() >= 1
 
 

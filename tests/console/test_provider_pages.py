@@ -70,6 +70,7 @@ def test_my_hosts_are_only_the_providers_own_and_are_filtered_on_the_server(cons
     page.goto(f"{console_master.url}/console/hosts?limit=1")  # pages of one host: the cursor goes on to the next
     assert table.locator("tbody tr").inner_text().startswith("agt-acme-a")
     page.get_by_role("link", name="Next page").click()
+    page.wait_for_load_state()  # the page the click brings, whole
     assert table.locator("tbody tr").inner_text().startswith("agt-acme-b") and "limit=1" in page.url
     found = re.search(r"cursor=([\w-]+)", page.url)
     assert found is not None, page.url
@@ -86,6 +87,7 @@ def test_a_host_shows_its_gpus_reputation_live_charts_and_is_drained_and_priced(
     page.goto(f"{console_master.url}/console/hosts/agt-acme-a")
     assert page.locator("table[aria-labelledby=gpus-heading] tbody tr").count() == 2
     assert "uptime" in page.locator("table[aria-labelledby=rep-heading]").inner_text()
+    assert page.locator("#host-completion").inner_text() == "0 rentals (too few for a rate)"  # docs/disputes.md
     page.locator("[data-gpu] .uplot canvas").first.wait_for()  # uPlot drew the charts
     utilization = page.locator("[data-gpu] [data-now=utilization]").first
     assert utilization.inner_text() == "20%"

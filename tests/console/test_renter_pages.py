@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from playwright.sync_api import expect
 
 from management.market.money import parse_amount
 from management.market.prices import PriceSetting
@@ -71,6 +72,7 @@ def test_the_launch_form_shows_each_error_next_to_its_field_and_keeps_what_was_t
     page.get_by_role("radio", name="Interruptible", exact=False).check()
     page.get_by_label("Ports", exact=False).fill("8888, 70000")
     page.get_by_role("button", name="Launch").click()
+    page.wait_for_load_state()  # the page the click brings, whole
     assert "problems" in page.get_by_role("alert").inner_text()
     assert "give the workload a name" in page.locator("#name-error").inner_text()
     assert "a whole number" in page.locator("#gpus-error").inner_text()
@@ -102,20 +104,24 @@ def test_a_launched_workload_has_its_page_and_stops_from_it(market, page, sign_i
     assert page.get_by_role("button", name="Stop this workload").count() == 0
     shot(page, "stopped")
     page.get_by_role("link", name="My workloads").click()
+    page.wait_for_load_state()  # the page the click brings, whole
     assert workload_id in page.locator("table").inner_text()
     page.get_by_label("State").select_option("running")
     page.get_by_role("button", name="Show").click()
-    assert "No workloads running yet" in page.locator("main").inner_text()
+    page.wait_for_url("**state=running*")
+    expect(page.locator("main p.card")).to_contain_text("No workloads running yet")
 
 
 def test_renting_an_offer_pins_the_workload_to_its_host(market, page, sign_in, shot):
     sign_in(page, "renter")
     page.get_by_role("link", name="Rent offer agt-a10", exact=False).click()
+    page.wait_for_load_state()  # the page the click brings, whole
     assert "The offer" in page.locator("main").inner_text() and "agt-a10" in page.locator("main").inner_text()
     page.get_by_label("Name", exact=True).fill("on-a10")
     page.get_by_label("Image", exact=True).fill("python:3.12")
     page.get_by_label("GPUs", exact=True).fill("3")
     page.get_by_role("button", name="Rent").click()
+    page.wait_for_load_state()  # the page the click brings, whole
     assert "from 1 to 2" in page.locator("#gpus-error").inner_text()  # the offer has 2 free
     page.get_by_label("GPUs", exact=True).fill("2")
     page.get_by_role("button", name="Rent").click()
@@ -128,6 +134,7 @@ def test_renting_an_offer_pins_the_workload_to_its_host(market, page, sign_in, s
 def test_billing_shows_the_balance_the_ledger_and_its_csv(market, page, sign_in, shot):
     sign_in(page, "renter")
     page.get_by_role("link", name="Billing").click()
+    page.wait_for_load_state()  # the page the click brings, whole
     assert page.locator("#available").inner_text() == "25.00 USD"
     ledger = page.get_by_role("table").last.inner_text()
     assert "credit" in ledger and "welcome" in ledger and "25.00" in ledger
@@ -181,12 +188,14 @@ def test_the_rent_and_launch_forms_show_the_total_per_hour_and_how_long_the_bala
     balance lasts; what can never run here is refused on the form, saying what to change."""
     sign_in(page, "renter")
     page.get_by_role("link", name="Rent offer agt-a10", exact=False).click()
+    page.wait_for_load_state()  # the page the click brings, whole
     assert page.locator("#cost").inner_text() == (
         "Total 1.20 USD per hour for 1 GPU(s) at the offer's on-demand price; your balance of 25.00 USD lasts about "
         "20.8 h at that rate."
     )
     page.get_by_label("GPUs", exact=True).fill("2")
     page.get_by_role("button", name="Rent").click()  # no name: the form comes back, priced for 2 GPUs
+    page.wait_for_load_state()  # the page the click brings, whole
     assert "Total 2.40 USD per hour for 2 GPU(s)" in page.locator("#cost").inner_text()
     assert "lasts about 10.4 h" in page.locator("#cost").inner_text()
     shot(page, "rent-cost")
@@ -196,6 +205,7 @@ def test_the_rent_and_launch_forms_show_the_total_per_hour_and_how_long_the_bala
     page.get_by_label("Image", exact=True).fill("python:3.12")
     page.get_by_label("GPU model", exact=False).fill("b200")
     page.get_by_role("button", name="Launch").click()
+    page.wait_for_load_state()  # the page the click brings, whole
     alert = page.get_by_role("alert").inner_text()
     assert "can never run on this grid" in alert and "replica.models" in alert, alert
     shot(page, "launch-never-runs")
@@ -217,6 +227,7 @@ def test_launching_on_a_sandbox_only_grid_without_the_box_ticked_is_refused_nami
         page.get_by_label("Name", exact=True).fill("boxed")
         page.get_by_label("Image", exact=True).fill("python:3.12")  # the image none ticks the box (test_launch_fields)
         page.get_by_role("button", name="Launch").click()
+        page.wait_for_load_state()  # the page the click brings, whole
         alert = page.get_by_role("alert").inner_text()
         assert "can never run on this grid" in alert and "May run as a sandboxed process" in alert, alert
     finally:

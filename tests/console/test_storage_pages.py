@@ -39,6 +39,7 @@ def test_secrets_are_stored_listed_by_name_and_deleted_after_a_confirmation(cons
     sign_in(page, "renter")
     page.get_by_role("link", name="Account").click()
     page.locator("#secrets-link").get_by_role("link", name="your secrets").click()
+    page.wait_for_load_state()  # the page the click brings, whole
     assert page.url.endswith("/console/secrets") and "No secrets yet" in page.locator("main").inner_text()
     store_secret(page, "datasets-rw", KEYS)
     page.wait_for_url(re.compile(r"/console/secrets$"))
@@ -55,6 +56,7 @@ def test_secrets_are_stored_listed_by_name_and_deleted_after_a_confirmation(cons
     assert "starting with a letter or digit" in page.locator("#name-error").inner_text()
     shot(page, "bad-name")
     page.get_by_role("link", name="Delete secret datasets-rw").click()
+    page.wait_for_load_state()  # the page the click brings, whole
     assert "can no longer" in page.locator("main").inner_text()
     shot(page, "confirm-delete")
     page.get_by_role("button", name="Delete datasets-rw").click()
@@ -124,6 +126,7 @@ def test_bad_storage_input_is_said_beside_its_field_and_what_was_typed_is_kept(m
     page.get_by_label("Upload every, seconds").fill("0")
     page.get_by_label("Stop grace", exact=False).fill("3600")
     page.get_by_role("button", name="Launch").click()
+    page.wait_for_load_state()  # the page the click brings, whole
     assert "problems" in page.get_by_role("alert").first.inner_text()
     assert "line 2" in page.locator("#inputs-error").inner_text() and "s3://" in page.locator("#inputs-error").inner_text()
     assert "from 1 to 86400" in page.locator("#checkpoint_period-error").inner_text()
@@ -138,6 +141,7 @@ def test_bad_storage_input_is_said_beside_its_field_and_what_was_typed_is_kept(m
     page.get_by_label("Stop grace", exact=False).fill("")
     page.get_by_label("Credentials (your secret)").select_option("datasets-rw")
     page.get_by_role("button", name="Launch").click()
+    page.wait_for_load_state()  # the page the click brings, whole
     assert "overlaps inputs[0]" in page.locator("#outputs-error").inner_text()
     shot(page, "overlap")
 

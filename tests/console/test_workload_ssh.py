@@ -46,6 +46,7 @@ def test_the_workload_page_gives_the_ssh_config_line_and_the_keys_that_may_log_i
 
     page.get_by_label("Public key", exact=False).fill("ssh-ed25519 not-base64!")
     page.get_by_role("button", name="Add the SSH key").click()
+    page.wait_for_load_state()  # the page the click brings, whole
     assert "public_key: not a valid ssh-ed25519 key" in page.locator("#public_key-error").inner_text()
     assert page.get_by_label("Public key", exact=False).input_value() == "ssh-ed25519 not-base64!"
     shot(page, "a-bad-key-said-beside-its-field")
@@ -64,5 +65,6 @@ def test_the_workload_page_gives_the_ssh_config_line_and_the_keys_that_may_log_i
 
     page.goto(f"{submitted.url}/console/account")
     page.get_by_role("button", name="Delete SSH key rita@laptop").click()
+    page.wait_for_load_state()  # the page the click brings, whole
     assert "No SSH key yet." in page.locator("#ssh-key-list").inner_text()
     assert submitted.run(submitted.services.ssh_keys.list(owner="rita")) == []

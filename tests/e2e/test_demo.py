@@ -5,6 +5,7 @@ container host (a Podman service of the demo's own), a template whose link answe
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -18,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from management.cli.templates import LINK_SILENT_EXIT
-from management.client.api import FINAL_COMMAND_STATES, ApiClient, instant
+from management.client.api import ApiClient, instant
 from management.devgrid.podman_host import DEMO_IMAGE, SELFTEST_IMAGE, PodmanHost, missing_programs
-from tests.support.grid import REPO, free_port, wait_for
+from tests.support.grid import FINISHED, REPO, free_port, wait_for
 
 UP_LINE = "idlegrid demo is up"
 # The tests of the process-runtime demo start no Podman service: they run in scripts/test's parallel part, and the
@@ -113,9 +114,23 @@ class DemoRun:
         return ApiClient.with_key_file(f"http://127.0.0.1:{self.api_port}", self.state_dir / "renter.token")
 
     def relay_pid(self, relay_id: str) -> int:
-        pids = [p for p in processes_mentioning(f"--relay-id {relay_id}") if p in processes_mentioning(str(self.state_dir))]
-        assert len(pids) == 1, pids
-        return pids[0]
+        """The relay's one process: the demo's child (its parent read from /proc) whose arguments name it. Waited for;
+        the failure names what was seen."""
+        seen: dict[int, str] = {}
+
+        def one() -> int | None:
+            seen.clear()
+            for pid in processes_mentioning(f"--relay-id {relay_id}"):
+                with contextlib.suppress(OSError):
+                    stat = Path(f"/proc/{pid}/stat").read_text()
+                    seen[pid] = stat[stat.rindex(")") + 2 :].split()[1]  # the field after the state: its parent
+            children = [pid for pid, parent in seen.items() if parent == str(self.process.pid)]
+            return children[0] if len(children) == 1 else None
+
+        try:
+            return int(wait_for(one, 15, f"one process of {relay_id}"))
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: processes naming it, with their parents: {seen}\n{self.diagnosis()}") from None
 
 
 def agents_connected_since(client: ApiClient, since: float) -> list[dict]:
@@ -174,8 +189,11 @@ def test_demo_started_twice_on_one_state_directory_has_every_agent_ready_each_ti
             assert_stopped_cleanly(run)
 
 
-def test_when_a_relay_dies_its_agents_are_ready_through_the_other_within_10_s_and_a_command_succeeds(tmp_path):
-    """Needs the relay directory: the Master broadcasts it, agents fail over along it (other branches, at merge)."""
+def test_when_a_relay_dies_its_agents_are_ready_through_the_other_and_a_command_succeeds(tmp_path):
+    """Needs the relay directory: the Master broadcasts it, agents fail over along it (other branches, at merge).
+
+    The bound is generous (60 s, where a quiet machine takes a few seconds: the test prints it): how fast failover is
+    is a figure for ``bench fleet`` (its relay kill), not a timed assertion here, which a loaded CI machine failed."""
     run = DemoRun(tmp_path / "demo", free_port(), "--agents", "4", NO_CONTAINER_HOST)
     try:
         run.wait_up(60)
@@ -192,9 +210,9 @@ def test_when_a_relay_dies_its_agents_are_ready_through_the_other_within_10_s_an
             agents = {a["id"]: a for a in agents_connected_since(client, killed)}
             return all(agents.get(i, {}).get("relay") == "relay-b" for i in carried)
 
-        wait_for(moved, 10, f"{carried} to be ready through relay-b")
+        wait_for(moved, 60, f"{carried} to be ready through relay-b")
         print(f"relay-a killed: its {len(carried)} agents ready through relay-b after {time.time() - killed:.1f} s")
-        command = wait_for(lambda: (c := client.command(command_id))["state"] in FINAL_COMMAND_STATES and c, 30, "the command")
+        command = wait_for(lambda: (c := client.command(command_id))["state"] in FINISHED and c, 30, "the command")
         assert command["state"] == "succeeded", command
     finally:
         assert run.interrupt() == 0, run.output
@@ -305,9 +323,12 @@ def test_the_demos_container_host_runs_its_template_with_a_link_refuses_what_it_
     state_dir, port = tmp_path / "demo", free_port()
     run = DemoRun(state_dir, port, "--agents", "2")
     try:
-        banner = run.wait_up(180)  # a bound; the first run builds the images and self-tests on a cold Podman
+        # A bound; the first run builds the images and self-tests on a cold Podman, within the demo's own deadline for its
+        # container host (CONTAINER_HOST_DEADLINE_S, 150 s) and what it does after.
+        banner = run.wait_up(180)
         print(f"demo with its container host, first run: up after {time.time() - run.started:.1f} s")
         assert "2 simulated agents and 1 container host ready" in banner, banner
+        assert "NOT OFFERED" not in banner, banner  # a GPU its self-test still failed: the banner says which and why
         assert f"{DEMO_IMAGE} (built now)" in banner and f"{SELFTEST_IMAGE} (built now)" in banner, banner
         client, renter_key = run.client(), (state_dir / "renter.token").read_text().strip()
         [host] = [a for a in client.list("/api/v1/agents") if a["runtime"] == "docker"]
@@ -343,7 +364,9 @@ def test_the_demos_container_host_runs_its_template_with_a_link_refuses_what_it_
         assert_stopped_cleanly(run)  # the Podman service and its containers too
     again = DemoRun(state_dir, port, "--agents", "2")
     try:
-        banner = again.wait_up(60)
+        # The same bound as the first run's: CI once saw this second start's self-test containers take over a minute
+        # on a loaded machine (the demo's own deadline for its container host is CONTAINER_HOST_DEADLINE_S, 150 s).
+        banner = again.wait_up(180)
         print(f"demo with its container host, second run: up after {time.time() - again.started:.1f} s")
         assert f"{DEMO_IMAGE} (kept from an earlier run)" in banner, banner
     finally:

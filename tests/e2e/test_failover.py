@@ -35,9 +35,9 @@ from pymongo import AsyncMongoClient
 
 from bench.provision import provision_agents
 from common.errors import IdlegridError
-from management.client.api import FINAL_COMMAND_STATES, ApiClient, ApiRequest
+from management.client.api import ApiClient, ApiRequest
 from master.config import MasterConfig
-from tests.support.grid import REPO, Daemon, Grid, RelayInfo, free_port, wait_for, write_toml
+from tests.support.grid import FINISHED, REPO, Daemon, Grid, RelayInfo, free_port, wait_for, write_toml
 from tests.support.mongo import Nx27017, database_url, real_mongodb_uri
 
 AGENTS = 50
@@ -290,9 +290,7 @@ def test_sigkill_of_the_leading_master_the_standby_serves_within_15_s_agents_sta
         str(b.issue_command(targets[n], "create_container", {"name": f"failover-{n}", "image": "none"})["id"])
         for n in range(COMMANDS // 2, COMMANDS)
     ]
-    finished = [
-        wait_for(lambda c=c: (r := b.command(c))["state"] in FINAL_COMMAND_STATES and r, 30, f"command {c}") for c in command_ids
-    ]
+    finished = [wait_for(lambda c=c: (r := b.command(c))["state"] in FINISHED and r, 30, f"command {c}") for c in command_ids]
     assert [r["state"] for r in finished] == ["succeeded"] * COMMANDS, [r for r in finished if r["state"] != "succeeded"]
     ran = wait_for(
         lambda: (s := fleet.request("stats"))["commands_executed"] >= COMMANDS and s, 10, "the agents to report their executions"

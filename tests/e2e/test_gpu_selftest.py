@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.grid import Grid
+from tests.support.grid import Grid, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.podman]
 
 
-def start(grid: Grid, name: str, podman, **env: str) -> str:
+def start(grid: Grid, name: str, podman, simulate: str = "a10:2", **env: str) -> str:
     assert grid.enroll(name, grid.relays["relay-1"]).returncode == 0
     agent_id = grid.agent_id(name)
     extra = ("--runtime", "docker", "--docker-socket", str(podman.socket_path))
-    grid.start_agent(name, *extra, simulate="a10:2", env={"IDLEGRID_AGENT_GPU_SELFTEST_IMAGE": podman.image, **env})
+    grid.start_agent(name, *extra, simulate=simulate, env={"IDLEGRID_AGENT_GPU_SELFTEST_IMAGE": podman.image, **env})
     grid.wait_state(agent_id, "ready")
     return agent_id
 
@@ -56,3 +56,27 @@ def test_a_host_whose_gpus_do_not_reach_containers_is_not_offered_and_says_why(g
     )
     assert status == 409 and "self-test" in body["error"]["message"], body
     assert not podman.inspect("x")
+
+
+def test_a_simulated_amd_hosts_cards_reach_containers_by_their_rocm_names(grid, podman):
+    """Issue 41: the agent knows which vendor made each card and gives a container AMD's by ROCm's variables: its
+    self-test probes AMD's (``$ROCR_VISIBLE_DEVICES``), and a container on an MI300X is told its card there, not in
+    CUDA's."""
+    amd = start(grid, "amd-host", podman, simulate="mi300x:2")
+    host = grid.agent(amd)
+    assert {g["model"] for g in host["gpus"]} == {"mi300x"}
+    assert [r["reachable"] for r in host["gpu_selftest"]] == [True, True], host["gpu_selftest"]
+    assert all(g["offered"] and g["partition"]["compute"] == "SPX" for g in host["gpus"]), host["gpus"]
+
+    card = host["gpus"][1]["uuid"]
+    spec = {"name": "on-mi300x", "image": podman.image, "command": ["sleep", "300"], "gpus": [card]}
+    status, body = grid.call("POST", "/api/v1/commands", {"agent_id": amd, "kind": "create_container", "spec": spec})
+    assert status in (200, 201, 202), body
+    try:
+        wait_for(lambda: podman.inspect("on-mi300x") is not None, 20, "the container on the MI300X")
+        env = podman.inspect("on-mi300x")["Config"]["Env"]
+        assert f"ROCR_VISIBLE_DEVICES={card}" in env and "HIP_VISIBLE_DEVICES=0" in env and "CUDA_VISIBLE_DEVICES=" in env
+    finally:
+        # The session's Podman serves the later tests: a container left running there (its network namespace lost
+        # when a later sandbox's mount namespace hid it) made every later listing answer 500.
+        podman.api("DELETE", "/containers/on-mi300x?force=true&v=true")

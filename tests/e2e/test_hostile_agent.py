@@ -20,7 +20,7 @@ import signal
 import sqlite3
 import time
 import urllib.request
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -67,14 +67,17 @@ async def hostile_link(
         yield ws
 
 
-async def taken(grid: Grid, ws: ClientConnection, agent_id: str, marker: str) -> None:
-    """Wait until the Master has handled what was sent on ``ws`` so far: frames of one link are handled in order, so
-    once a report sent after them is recorded, they were handled (whatever the code made of them)."""
+async def taken(grid: Grid, ws: ClientConnection, agent_id: str, marker: str, telemetry: Callable[[], bool]) -> None:
+    """Wait until the Master has handled what was sent on ``ws`` so far: frames of one lane are handled in order, so
+    once a report sent after them is recorded, they were handled (whatever the code made of them). Telemetry is the
+    exception: the relay folds it into one frame per interval, which can reach the Master after a later report, so
+    what the Master made of it is waited for by ``telemetry`` (its expected outcome, bounded like the report)."""
     await ws.send(encode(AgentEvent(kind=AgentEventKind.GPU_THROTTLED, ts=time.time(), message=marker)).decode())
     path = f"/api/v1/events?subject={agent_id}&kind=agent_report.gpu_throttled&limit=1000"
     await asyncio.to_thread(
         wait_for, lambda: any(e["data"].get("message") == marker for e in grid.get(path)["items"]), 15, f"report {marker}"
     )
+    await asyncio.to_thread(wait_for, telemetry, 15, f"the telemetry sent before {marker}")
 
 
 def honest_gpus(grid: Grid, agent_id: str) -> list[tuple[str, str, list[str], bool]]:
@@ -163,7 +166,11 @@ async def test_a_sample_dated_minus_1e21_is_set_aside_and_the_honest_hosts_minut
             bad = GpuSample(uuid=own[0].uuid, ts=-1e21, utilization_pct=50.0)
             good = GpuSample(uuid=own[1].uuid, ts=now, utilization_pct=42.0, memory_used_mib=1024)
             await ws.send(encode(Telemetry(ts=now, samples=[bad, good])).decode())
-            await taken(grid, ws, hostile_id, "after-the-bad-sample")
+
+            def good_taken() -> bool:
+                return bool({g["uuid"]: g for g in grid.agent(hostile_id)["gpus"]}[own[1].uuid]["telemetry"])
+
+            await taken(grid, ws, hostile_id, "after-the-bad-sample", good_taken)
             # D5: the operator's lists answer (they answered 500 until the agent sent another sample).
             for path in ("/api/v1/agents", "/api/v1/gpus", f"/api/v1/agents/{hostile_id}"):
                 status, body = await asyncio.to_thread(grid.call, "GET", path)
@@ -205,7 +212,13 @@ async def test_utilization_1e308_and_memory_2_62_stay_out_of_the_fleet_gauges_of
             ]
             for sample in poison:  # one frame each: the last sample of a frame is the GPU's latest
                 await ws.send(encode(Telemetry(ts=time.time(), samples=[sample])).decode())
-            await taken(grid, ws, hostile_id, "after-the-poison")
+            await taken(
+                grid,
+                ws,
+                hostile_id,
+                "after-the-poison",
+                lambda: set_aside(grid, "utilization_pct") >= 2 and set_aside(grid, "memory_used_mib") >= 1,
+            )
             metrics = await asyncio.to_thread(master_metrics, grid)
             region = honest["region"] or "none"
             [tier], [model] = {t for t, _ in group}, {m for _, m in group}

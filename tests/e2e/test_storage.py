@@ -203,7 +203,7 @@ def resumes_after_a_sigkill(grid: Grid, s3: S3Server) -> None:
 def test_a_200_mb_input_is_fetched_once_per_host(grid, s3):
     hosts(grid, 1)
     bucket = new_bucket(s3)
-    s3.client().put_object(Bucket=bucket, Key="weights/model.bin", Body=os.urandom(200 * 1024 * 1024))
+    s3.put_large(bucket, "weights/model.bin", os.urandom(200 * 1024 * 1024))
     alice = stored_renter(grid, s3, "alice")
     read = 'test "$(wc -c < "$IDLEGRID_INPUT_DIR/model.bin")" -eq 209715200'
     spec = with_storage(s3, workload("reader", read), inputs=[{"uri": f"s3://{bucket}/weights/model.bin", "path": "/in"}])

@@ -139,7 +139,11 @@ def test_the_operator_may_do_everything_and_a_renter_reads_tiers_runs_its_worklo
         Resource.SECRETS: frozenset({Action.READ, Action.WRITE}),  # its own secrets, for its workloads
         Resource.ENDPOINTS: frozenset({Action.READ, Action.WRITE}),  # its own serverless endpoints and their keys
         Resource.TOPUPS: frozenset({Action.READ, Action.WRITE}),  # its own top-ups through the payment provider
+        Resource.DISPUTES: frozenset({Action.READ, Action.WRITE}),  # disputes of its own rentals (never resolving one)
     }
+    assert PERMISSIONS[AccountRole.PROVIDER][Resource.DISPUTES] == frozenset({Action.READ})  # those about its hosts
+    assert PERMISSIONS[AccountRole.PROVIDER][Resource.DISPUTE_ANSWERS] == frozenset({Action.WRITE})
+    assert all(Resource.DISPUTE_RESOLUTIONS not in PERMISSIONS[role] for role in (AccountRole.PROVIDER, AccountRole.RENTER))
     assert Resource.WORKLOADS not in PERMISSIONS[AccountRole.PROVIDER]
     assert Resource.TOPUPS not in PERMISSIONS[AccountRole.PROVIDER]
     assert Resource.ENDPOINTS not in PERMISSIONS[AccountRole.PROVIDER]

@@ -11,7 +11,7 @@ import re
 import msgspec
 import pytest
 
-from common.inventory import UnofferedGpu
+from common.inventory import GpuPartition, UnofferedGpu
 from management.http.schemas import json_schemas
 from tests.management.hosts import add_agent
 
@@ -246,3 +246,20 @@ async def test_invalid_utf8_in_a_json_body_is_a_400_not_a_500(api, body):
     assert "UTF-8" in error["message"]
     assert await commands_stored(api) == []
     assert (await api.get("/healthz")).status == 200
+
+
+async def test_the_agent_view_reports_amd_partition_modes_and_a_partitioned_card_it_does_not_sell(api):
+    """Issue 41: an MI300X's partition modes are shown (a whole card, SPX, is sold as one GPU); a card split into CPX
+    partitions is among the cards not offered, with its modes."""
+    cpx = GpuPartition(compute="CPX", memory="NPS4", compute_modes=("SPX", "CPX"), memory_modes=("NPS1", "NPS4"))
+    split = UnofferedGpu(
+        pci_bus_id="0000:26:00.0", vendor="amd", name="AMD Instinct MI300X", kind="partitioned", reason="split", partition=cpx
+    )
+    await add_agent(api.master, "agt-amd", "mi300x:2", runtime="docker", isolation="container", unoffered=[split])
+    await add_agent(api.master, "agt-nv", "a10:1", runtime="docker", isolation="container")
+    amd = await (await api.get("/api/v1/agents/agt-amd", headers=api.auth)).json()
+    nvidia = await (await api.get("/api/v1/agents/agt-nv", headers=api.auth)).json()
+    assert [g["partition"]["compute"] + "/" + g["partition"]["memory"] for g in amd["gpus"]] == ["SPX/NPS1", "SPX/NPS1"]
+    assert [g["offered"] for g in amd["gpus"]] == [True, True]  # whole cards: sold as before
+    assert amd["unoffered_gpus"][0]["kind"] == "partitioned" and amd["unoffered_gpus"][0]["partition"]["compute"] == "CPX"
+    assert nvidia["gpus"][0]["partition"] is None

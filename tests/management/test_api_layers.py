@@ -82,7 +82,35 @@ def test_no_service_imports_an_answer():
     assert importers_of("management.views", services) == []
 
 
+def test_only_the_api_the_console_and_the_composition_root_import_an_answer():
+    """Beyond services/: the endpoints', payments', market's, workloads' and monitoring's modules return records too;
+    the answers are the API's and the console's (app.py, the composition root, hands a builder to a webhook sender)."""
+    readers = ("api", "console", "views")
+    others = [
+        path
+        for path in sorted(MANAGEMENT.rglob("*.py"))
+        if path.relative_to(MANAGEMENT).parts[0] not in readers and path != MANAGEMENT / "app.py"
+    ]
+    assert len(others) > 100
+    assert importers_of("management.views", others) == []
+
+
 def test_the_import_check_finds_a_console_page_importing_the_api(tmp_path):
     page = tmp_path / "page.py"
     page.write_text("from management.api.auth import scope_of\n")
     assert importers_of("management.api", [page]) == ["page.py imports management.api.auth"]
+
+
+def test_every_answer_a_route_declares_is_a_struct_of_management_views():
+    """Issue 38, point 2: an answer's struct lives with the functions that build it (management/views/), not in an API
+    module beside a dict built elsewhere."""
+    from management.api.routing import ROUTES
+
+    elsewhere = sorted(
+        f"{route.method} {route.path} {status}: {answer.__module__}.{answer.__qualname__}"
+        for route in ROUTES
+        for status, answer in route.answers.items()
+        if answer is not None and not answer.__module__.startswith("management.views.")
+    )
+    assert len(ROUTES) > 50
+    assert elsewhere == []

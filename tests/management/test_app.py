@@ -90,8 +90,12 @@ async def test_the_state_is_read_once_in_order_before_the_loops_start(server):
         "start alerts",
         "start request webhooks",
         "start endpoint requests",
+        "start endpoint readiness",
         "start endpoint scaler",
         "start payments",
+        "start auto top-up",
+        "start spend caps",
+        "start payouts",
     ]
     assert server.calls.index(starts[0]) > server.calls.index("load endpoint requests")
 
@@ -127,8 +131,12 @@ async def test_the_loops_stop_in_the_reverse_order_of_their_start(tmp_path):
         "alerts",
         "request webhooks",
         "endpoint requests",
+        "endpoint readiness",
         "endpoint scaler",
         "payments",
+        "auto top-up",
+        "spend caps",
+        "payouts",
     ]
     assert stopped == list(reversed(started))
 

@@ -14,7 +14,7 @@ from openapi_spec_validator import validate
 
 from management.api.openapi import build_document
 from management.api.reference import render
-from management.api.resources import alerts, billing, endpoints, market, tunnels
+from management.api.resources import alerts, billing, disputes, endpoints, market, tunnels
 from management.api.route import Route
 from management.api.routing import DECLARED, ROUTES, document
 from management.http import schemas
@@ -67,6 +67,7 @@ def test_every_request_schema_is_in_the_document():
         *alerts.REQUEST_SCHEMAS,
         *endpoints.REQUEST_SCHEMAS,
         *billing.REQUEST_SCHEMAS,
+        *disputes.REQUEST_SCHEMAS,
     ):
         assert struct.__name__ in components, f"{struct.__name__} is a request schema the document does not state"
     assert set(schemas.json_schemas()) <= set(components)

@@ -5,7 +5,8 @@ no 500, have a status the document lists for the operation, the content type it 
 The server runs in a thread of its own (schemathesis and Hypothesis drive it synchronously, over HTTP). It is seeded
 the way a grid is: an operator key, a provider with two simulated hosts (no GPU exists here: the agents' GPUs are
 simulated, as everywhere in the tests) and its prices, a renter with a balance, a workload, a top-up and a key; the
-Master takes payments through a localstripe of its own (tests/support/localstripe.py). Path parameters
+Master takes payments through a localstripe of its own (tests/support/localstripe.py) behind the fake of Stripe's
+Connect calls (tests/support/fake_connect.py; the provider's payout account is connected). Path parameters
 are sometimes swapped for the seeded ids, so the answers about real resources are exercised as well as the 404s.
 
 Generation is derandomized (the same examples every run) and small: every read with the operator's key, and with the
@@ -39,6 +40,7 @@ from management.api.routing import document
 from management.app import MasterServer
 from master.config import MasterConfig
 from tests.management.hosts import add_agent
+from tests.support.fake_connect import fake_connect_server
 from tests.support.localstripe import local_stripe
 
 pytestmark = pytest.mark.serial  # scripts/test runs it after the parallel part (pyproject.toml's markers)
@@ -131,6 +133,9 @@ def grid(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveGrid]:
     # No rate limit: Hypothesis calls far faster than any client should (the limit has its own tests).
     settings_ = ApiSettings(key_rate_per_s=1e6, key_burst=1_000_000)
     with local_stripe(state / "localstripe") as stripe_server:
+        # Stripe's Connect calls (payouts) answered by the fake, everything else passed on to localstripe.
+        connect = fake_connect_server(upstream=stripe_server.url)
+        fake = thread.run(connect.__aenter__())
         config = MasterConfig(
             state_dir=str(state),
             link_port=0,
@@ -138,16 +143,19 @@ def grid(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveGrid]:
             payment_provider="stripe",
             stripe_api_key=stripe_server.api_key,
             stripe_webhook_secret="whsec_schemathesis",
-            stripe_api_base=stripe_server.url,
+            stripe_api_base=fake.url,
         )
         server = MasterServer(config, settings_)
         thread.run(server.start())
         grid = LiveGrid(url=server.api_url, keys={"operator": server.operator_token_file.read_text().strip()})
         try:
             seed(server, thread, grid)
+            connected = _call(grid, "POST", "/api/v1/billing/payout-account", json={"account": "acme"})
+            fake.complete_onboarding(connected["reference"])  # acme's payout account can take transfers
             yield grid
         finally:
             thread.run(server.stop())
+            thread.run(connect.__aexit__(None, None, None))
             thread.close()
 
 

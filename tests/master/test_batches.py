@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from master.batches import write_paced
+from master.batches import GroupWrite, write_paced
 
 
 async def test_every_item_is_written_once_in_order_in_batches() -> None:
@@ -119,3 +119,61 @@ def test_a_negative_spread_is_refused() -> None:
 
     with pytest.raises(ValueError, match="spread_s"):
         asyncio.run(write_paced([1], write, spread_s=-1.0))
+
+
+async def test_callers_at_once_share_a_write_in_the_order_they_put_and_each_returns_once_its_items_are_written() -> None:
+    writes: list[list[int]] = []
+    release = asyncio.Event()
+
+    async def write(items):
+        writes.append(list(items))
+        await release.wait()  # a store round trip: callers arriving meanwhile wait for the next write
+
+    group: GroupWrite[int] = GroupWrite(write, batch=100)
+    first = asyncio.create_task(group.put([0]))
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # the first write is under way
+    others = [asyncio.create_task(group.put([n, n + 1])) for n in range(1, 40, 2)]
+    await asyncio.sleep(0)
+    assert writes == [[0]] and not first.done()
+    release.set()
+    await asyncio.gather(first, *others)
+    assert writes == [[0], list(range(1, 41))]  # twenty callers, one write, in order
+    assert group.writes == 2
+
+
+async def test_a_group_never_splits_a_callers_items_and_keeps_under_its_batch() -> None:
+    writes: list[list[int]] = []
+
+    async def write(items):
+        writes.append(list(items))
+        await asyncio.sleep(0)
+
+    group: GroupWrite[int] = GroupWrite(write, batch=5)
+    await asyncio.gather(*(group.put([n] * 3) for n in range(4)), group.put(list(range(10, 18))))
+    assert [i for w in writes for i in w] == [0] * 3 + [1] * 3 + [2] * 3 + [3] * 3 + list(range(10, 18))
+    assert all(len(w) <= 5 or len(set(w)) == len(w) for w in writes)  # only a caller's own items exceed the batch
+    assert [len(w) for w in writes] == [3, 3, 3, 3, 8]
+
+
+async def test_a_failing_group_is_written_caller_by_caller_so_only_the_bad_record_fails_its_caller() -> None:
+    stored: list[int] = []
+    release = asyncio.Event()
+
+    async def write(items):
+        await release.wait()
+        if -1 in items:
+            raise ValueError("unstorable record")
+        stored.extend(items)
+
+    group: GroupWrite[int] = GroupWrite(write)
+    first = asyncio.create_task(group.put([0]))
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    good, bad, later = (asyncio.create_task(group.put(items)) for items in ([1], [-1], [2]))
+    await asyncio.sleep(0)
+    release.set()
+    await asyncio.gather(first, good, later)
+    with pytest.raises(ValueError, match="unstorable"):
+        await bad
+    assert stored == [0, 1, 2]

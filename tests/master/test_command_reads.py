@@ -94,16 +94,16 @@ async def test_a_stored_command_goes_out_without_waiting_for_its_event_to_be_wri
     link = relay_link()
     await connect(master, link, "agt-a")
     events = master.store.events
-    append = events.append
+    append_many = events.append_many
     gate = asyncio.Event()
 
-    async def slow_created(record: Any) -> int:
-        if record.kind == "command.created":
+    async def slow_created(records: Any) -> None:
+        if any(record.kind == "command.created" for record in records):
             await gate.wait()  # the store's thread busy with a storm's hellos, say
             raise OSError("disk full")
-        return await append(record)
+        await append_many(records)
 
-    monkeypatch.setattr(events, "append", slow_created)
+    monkeypatch.setattr(events, "append_many", slow_created)
     creating = asyncio.create_task(master.create_command("agt-a", DeleteSpec(name="job-1")))
     for _ in range(100):
         if any(isinstance(f, Command) for f in to_agent(link, "agt-a")):

@@ -30,6 +30,10 @@ def test_later_sources_override_earlier_ones(tmp_path):
         ("telemetry_s = -1.0\n", {}, "telemetry_s"),
         ("heartbeat_s = nan\n", {}, "heartbeat_s"),
         ("telemetry_s = 86400\n", {}, "telemetry_s"),
+        # the rounds challenge's shape must fit the real kernel's tiles, or every real host would refuse it
+        ("verify_round_n = 500\n", {}, "verify_round_n"),
+        ("verify_round_k = 100\n", {}, "verify_round_k"),
+        ("verify_round_k = 2048\n", {}, "verify_round_k"),
     ],
 )
 def test_bad_settings_are_named(tmp_path, text, env, message):

@@ -22,6 +22,7 @@ from common.wire import (
     AccessWelcome,
     AgentConnected,
     AgentDisconnected,
+    AgentReports,
     LinkFrame,
     Relay,
     ReportPace,
@@ -114,13 +115,15 @@ class Recorder:
     """The Master's side of the hub in these tests: records each frame; the first one it holds until released."""
 
     def __init__(self) -> None:
-        self.frames: list[LinkFrame] = []
+        self.frames: list[LinkFrame | AgentReports] = []
         self.gate = asyncio.Event()
         self.closed = 0
+        self.held_kinds: set[str] = set()  # agent frames of these types are held until released too
 
-    async def on_frame(self, link: AccessLink, frame: LinkFrame) -> None:
+    async def on_frame(self, link: AccessLink, frame: LinkFrame | AgentReports) -> None:
         self.frames.append(frame)
-        if len(self.frames) == 1:
+        held = isinstance(frame, Relay) and json.loads(bytes(frame.frame))["type"] in self.held_kinds
+        if len(self.frames) == 1 or held:
             await self.gate.wait()  # a slow Master: everything after this frame waits to be handled
 
     async def on_close(self, link: AccessLink) -> None:
@@ -269,12 +272,32 @@ async def test_a_result_is_handled_while_a_hello_is_but_never_while_its_own_agen
     await eventually(lambda: len(recorder.frames) == 2, "another agent's result handled while the hello is")
     await relay.send(relayed("a1", {"type": "command_result", "id": "c1", "ok": True}))
     await relay.send(heartbeat("a3", 1))
-    await eventually(lambda: hub.intake.frames >= 4, "every frame read")
+    await relay.send(heartbeat("a1", 2))
+    await eventually(lambda: hub.intake.frames >= 5, "every frame read")
     await asyncio.sleep(0.2)
-    assert recorder.agents_frames() == [("a1", "hello"), ("a2", "command_result")]  # a1's result waits for its hello
+    # a1's result and heartbeat wait for its hello; another agent's heartbeat does not (the hello is handled aside)
+    assert recorder.agents_frames() == [("a1", "hello"), ("a2", "command_result"), ("a3", "heartbeat")]
     recorder.gate.set()
-    await eventually(lambda: len(recorder.frames) == 4, "every frame handled")
-    assert sorted(recorder.agents_frames()[2:]) == [("a1", "command_result"), ("a3", "heartbeat")]
+    await eventually(lambda: len(recorder.frames) == 5, "every frame handled")
+    handled = recorder.agents_frames()
+    assert handled[3:] == [("a1", "command_result"), ("a1", "heartbeat")]
+    assert handled.index(("a1", "command_result")) < handled.index(("a1", "heartbeat"))  # control first, as before
+
+
+async def test_hellos_of_different_agents_are_handled_at_once_and_an_agents_own_frames_wait_for_its_hello(hub_and_link):
+    hub, recorder, relay, _ = hub_and_link
+    recorder.held_kinds = {"hello"}
+    for n in range(3):
+        await relay.send(hello(f"h{n}"))  # each held by the slow handler, as by its store writes
+    await eventually(lambda: len(recorder.frames) == 3, "three hellos being handled at once")
+    await relay.send(heartbeat("h0", 1))
+    await relay.send(heartbeat("x", 2))
+    await eventually(lambda: hub.intake.frames >= 5, "every frame read")
+    await asyncio.sleep(0.2)
+    assert recorder.agents_frames() == [("h0", "hello"), ("h1", "hello"), ("h2", "hello")]  # h0's heartbeat waits
+    recorder.gate.set()
+    await eventually(lambda: len(recorder.frames) == 5, "every frame handled")
+    assert sorted(recorder.agents_frames()[3:]) == [("h0", "heartbeat"), ("x", "heartbeat")]
 
 
 async def test_an_agents_hello_waits_for_its_control_read_before_it(hub_and_link):

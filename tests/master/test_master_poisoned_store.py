@@ -23,6 +23,8 @@ from management.endpoints.queue import EndpointRequestRecord
 from management.store import (
     AGGREGATES,
     ALERT_RULES,
+    BILLING,
+    DISPUTES,
     ENDPOINT_KEYS,
     ENDPOINT_REQUESTS,
     ENDPOINTS,
@@ -30,6 +32,8 @@ from management.store import (
     LEDGER,
     OUTPUTS,
     PAYMENT_EVENTS,
+    PAYOUT_ACCOUNTS,
+    PAYOUTS,
     PRICES,
     RENTALS,
     SILENCES,
@@ -37,12 +41,14 @@ from management.store import (
     TOPUPS,
     WEBHOOKS,
     WORKLOADS,
+    billing_repo,
     endpoint_key_repo,
     endpoint_request_repo,
     fair_share_repo,
     ledger_repo,
     output_repo,
     payment_event_repo,
+    payout_account_repo,
     price_repo,
     rental_repo,
     workload_repo,
@@ -131,6 +137,10 @@ async def _plant_good_and_bad_records(store_url: str) -> dict[str, str]:
             ENDPOINT_REQUESTS.name: await poison(store, ENDPOINT_REQUESTS.name, "req-bad"),
             TOPUPS.name: await poison(store, TOPUPS.name, "tu-bad"),
             PAYMENT_EVENTS.name: await poison(store, PAYMENT_EVENTS.name, "stripe:evt_bad"),
+            BILLING.name: await poison(store, BILLING.name, "bill-bad"),
+            PAYOUT_ACCOUNTS.name: await poison(store, PAYOUT_ACCOUNTS.name, "payacct-bad"),
+            PAYOUTS.name: await poison(store, PAYOUTS.name, "payout:bad:2026-W49"),
+            DISPUTES.name: await poison(store, DISPUTES.name, "dsp-bad"),
         }
     finally:
         await store.close()
@@ -225,6 +235,15 @@ async def test_the_master_starts_and_serves_with_an_undecodable_record_in_every_
         topups = await client.get("/api/v1/billing/topups", headers=auth)
         assert topups.status == 200 and (await topups.json())["items"] == []
         assert await payment_event_repo(master.store).get("stripe:evt_bad") is None
+        # Billing settings (read by the auto top-up and spend cap loops, page by page): the bad one skipped.
+        assert await billing_repo(master.store).list() == []
+        # Payout accounts and payouts (read by the payout run, page by page; payouts when listed): the bad ones skipped.
+        assert await payout_account_repo(master.store).list() == []
+        payouts = await client.get("/api/v1/billing/payouts", headers=auth)
+        assert payouts.status == 200 and (await payouts.json())["items"] == []
+        # Disputes (read when listed): the bad one skipped.
+        disputes = await client.get("/api/v1/disputes", headers=auth)
+        assert disputes.status == 200 and (await disputes.json())["items"] == []
 
         # Each bad record is reported: an event naming its aggregate and key, a log line, a count.
         reported = await _reported(client, auth, len(Aggregate) + len(AGGREGATES))

@@ -12,8 +12,8 @@ import pytest
 from agent.benchmark.responder import VerificationResponder
 from agent.benchmark.simulated import SimulatedBenchmark, SimulatedCheat
 from common.catalog import CATALOG
-from common.challenge import Shape, answer, answer_entry, commit, path_matches
-from common.wire import VerifyOpen, VerifyOpening, VerifyReveal
+from common.challenge import FORM_ROUNDS, FORM_SUM, FORMS, Shape, answer, answer_entry, answer_rows, commit, path_matches
+from common.wire import VerifyCommit, VerifyOpen, VerifyOpening, VerifyReveal
 from master.verification import FAILED, REFUSED, VERIFIED, ChallengeBook, ChallengeSettings, Outcome
 
 H100 = CATALOG["h100-sxm"]
@@ -33,19 +33,25 @@ class VirtualClock:
         self.now += seconds
 
 
-def run_challenge(cheat: SimulatedCheat, *, book: ChallengeBook | None = None, held: Collection[str] = frozenset()) -> Outcome:
+def run_challenge(
+    cheat: SimulatedCheat, *, book: ChallengeBook | None = None, held: Collection[str] = frozenset(), form: str = FORM_SUM
+) -> Outcome:
     clock = VirtualClock()
     book = book or ChallengeBook(SETTINGS, min_throughput_fraction=0.6, rng=random.Random(7))
     bench = SimulatedBenchmark({UUID: H100}, cheat, clock=clock, sleep=clock.sleep)
-    return asyncio.run(_exchange(book, bench, clock, held))
+    return asyncio.run(_exchange(book, bench, clock, held, form))
 
 
-async def _exchange(book: ChallengeBook, bench: SimulatedBenchmark, clock: VirtualClock, held: Collection[str]) -> Outcome:
+async def _exchange(
+    book: ChallengeBook, bench: SimulatedBenchmark, clock: VirtualClock, held: Collection[str], form: str = FORM_SUM
+) -> Outcome:
     async def held_gpus() -> set[str]:
         return set(held)
 
     responder = VerificationResponder(bench, "", held_gpus)
-    challenge = book.start("agent-1", UUID, H100, clock.now, simulated=True)
+    forms = frozenset({form}) - {FORM_SUM}
+    challenge = book.start("agent-1", UUID, H100, clock.now, simulated=True, forms=forms)
+    assert challenge.form == form
     committed = await responder.on_challenge(challenge)
     step = book.on_commit("agent-1", committed, clock.now)
     if isinstance(step, Outcome):
@@ -62,7 +68,7 @@ def test_the_answer_is_the_product_of_the_seeded_matrices_mod_p() -> None:
     shape = Shape(5, 7, 2)
     rows = answer(42, shape)
     assert all(rows[i][j] == answer_entry(42, shape, i, j) for i in range(5) for j in range(5))
-    assert answer(43, shape) != rows  # a fresh seed, a fresh answer
+    assert (answer(43, shape) != rows).any()  # a fresh seed, a fresh answer
 
 
 def test_a_committed_row_opens_with_its_path_and_a_changed_one_does_not() -> None:
@@ -76,30 +82,34 @@ def test_a_committed_row_opens_with_its_path_and_a_changed_one_does_not() -> Non
     assert not path_matches(committed.root, 3, rows[3], ["zz"])  # malformed hex is a mismatch, not an error
 
 
-def test_an_honest_card_is_verified_with_its_figures() -> None:
-    outcome = run_challenge(SimulatedCheat())
+@pytest.mark.parametrize("form", FORMS)
+def test_an_honest_card_is_verified_with_its_figures(form: str) -> None:
+    outcome = run_challenge(SimulatedCheat(), form=form)
     assert outcome.status == VERIFIED, outcome.reason
     assert outcome.figures is not None and outcome.figures.simulated
     assert outcome.challenge_tflops is not None and outcome.challenge_tflops > 0
 
 
-def test_a_t4_claiming_to_be_an_h100_misses_the_deadline() -> None:
-    outcome = run_challenge(SimulatedCheat(performs_as=CATALOG["t4"]))
+@pytest.mark.parametrize("form", FORMS)
+def test_a_t4_claiming_to_be_an_h100_misses_the_deadline(form: str) -> None:
+    outcome = run_challenge(SimulatedCheat(performs_as=CATALOG["t4"]), form=form)
     assert (outcome.status, outcome.code) == (FAILED, "late")
     assert "NVIDIA H100 SXM" in outcome.reason
 
 
-def test_a_late_answer_fails() -> None:
-    outcome = run_challenge(SimulatedCheat(late=True))
+@pytest.mark.parametrize("form", FORMS)
+def test_a_late_answer_fails(form: str) -> None:
+    outcome = run_challenge(SimulatedCheat(late=True), form=form)
     assert (outcome.status, outcome.code) == (FAILED, "late")
 
 
-def test_a_replayed_answer_fails_on_the_next_challenge() -> None:
+@pytest.mark.parametrize("form", FORMS)
+def test_a_replayed_answer_fails_on_the_next_challenge(form: str) -> None:
     book = ChallengeBook(SETTINGS, min_throughput_fraction=0.6, rng=random.Random(3))
     clock = VirtualClock()
     bench = SimulatedBenchmark({UUID: H100}, SimulatedCheat(replay=True), clock=clock, sleep=clock.sleep)
-    first = asyncio.run(_exchange(book, bench, clock, set()))
-    second = asyncio.run(_exchange(book, bench, clock, set()))
+    first = asyncio.run(_exchange(book, bench, clock, set(), form))
+    second = asyncio.run(_exchange(book, bench, clock, set(), form))
     assert first.status == VERIFIED  # the recorded run was honest
     assert (second.status, second.code) == (FAILED, "replayed")
 
@@ -110,16 +120,46 @@ def test_a_replayed_answer_under_a_new_root_fails_on_its_entries() -> None:
     challenge = book.start("agent-1", UUID, H100, 0.0, simulated=True)
     old = answer(challenge.seed + 1, Shape(SETTINGS.sim_n, SETTINGS.sim_k, SETTINGS.sim_rounds))
     committed = commit(old)
-    from common.wire import VerifyCommit
-
     reveal = book.on_commit("agent-1", VerifyCommit(challenge_id=challenge.challenge_id, root=committed.root), 0.1)
     assert isinstance(reveal, VerifyReveal)
     opened = VerifyOpen(
         challenge_id=challenge.challenge_id,
-        openings=[VerifyOpening(row=r, values=old[r], path=committed.path(r)) for r in reveal.rows],
+        openings=[VerifyOpening(row=r, values=old[r].tolist(), path=committed.path(r)) for r in reveal.rows],
     )
     outcome = book.on_open("agent-1", opened, 0.2)
     assert outcome is not None and (outcome.status, outcome.code) == (FAILED, "wrong_answer")
+
+
+def test_a_rounds_answer_for_another_seed_under_a_new_root_fails_on_its_recomputed_rounds() -> None:
+    book = ChallengeBook(SETTINGS, min_throughput_fraction=0.6, rng=random.Random(5))
+    challenge = book.start("agent-1", UUID, H100, 0.0, simulated=True, forms=frozenset({FORM_ROUNDS}))
+    old = answer_rows(challenge.seed + 1, Shape(challenge.n, challenge.k, challenge.rounds), FORM_ROUNDS)
+    committed = commit(old)
+    reveal = book.on_commit("agent-1", VerifyCommit(challenge_id=challenge.challenge_id, root=committed.root), 0.1)
+    assert isinstance(reveal, VerifyReveal)
+    opened = VerifyOpen(
+        challenge_id=challenge.challenge_id,
+        openings=[VerifyOpening(row=r, values=old[r].tolist(), path=committed.path(r)) for r in reveal.rows],
+    )
+    outcome = book.on_open("agent-1", opened, 0.2)
+    assert outcome is not None and (outcome.status, outcome.code) == (FAILED, "wrong_answer")
+    assert "digest" in outcome.reason
+
+
+def test_a_rounds_row_cut_short_does_not_match() -> None:
+    book = ChallengeBook(SETTINGS, min_throughput_fraction=0.6, rng=random.Random(5))
+    challenge = book.start("agent-1", UUID, H100, 0.0, simulated=True, forms=frozenset({FORM_ROUNDS}))
+    rows = answer_rows(challenge.seed, Shape(challenge.n, challenge.k, challenge.rounds), FORM_ROUNDS)
+    short = [row[:-1] for row in rows]
+    committed = commit(short)
+    reveal = book.on_commit("agent-1", VerifyCommit(challenge_id=challenge.challenge_id, root=committed.root), 0.1)
+    assert isinstance(reveal, VerifyReveal)
+    opened = VerifyOpen(
+        challenge_id=challenge.challenge_id,
+        openings=[VerifyOpening(row=r, values=short[r].tolist(), path=committed.path(r)) for r in reveal.rows],
+    )
+    outcome = book.on_open("agent-1", opened, 0.2)
+    assert outcome is not None and outcome.code == "wrong_answer" and "does not match" in outcome.reason
 
 
 def test_a_gpu_a_renter_holds_is_never_benchmarked() -> None:

@@ -68,6 +68,22 @@ async def test_a_gpu_under_verification_is_reserved_and_a_renters_container_wait
     assert [r.data["status"] for r in runs] == ["verified"]  # the history the API and the console show
 
 
+async def test_the_master_asks_the_rounds_form_of_an_agent_whose_hello_names_it_and_the_sum_form_otherwise(master):
+    link = relay_link()
+    await connect_benchmarking(master, link, "agt-a")  # its hello names no form: the sum form only
+    await master.verifier.request("agt-a")
+    assert last(link, "agt-a", VerifyChallenge).form == "sum"
+    await answer(master, link, "agt-a", honest_responder())
+    listed = [msgspec.structs.replace(g, driver_version="550.54.15") for g in gpus(1)]
+    frame = hello(listed, runtime="docker", isolation="container")
+    await relay(master, link, "agt-a", msgspec.structs.replace(frame, benchmark="simulated", challenge_forms=["rounds"]))
+    await master.verifier.request("agt-a")
+    assert last(link, "agt-a", VerifyChallenge).form == "rounds"
+    await answer(master, link, "agt-a", honest_responder())
+    runs = [e for e in await events(master, "gpu.verification", UUID) if e.kind == "gpu.verification"]
+    assert [r.data["status"] for r in runs] == ["verified", "verified"]
+
+
 async def test_an_operator_cannot_verify_a_gpu_a_renter_holds(master):
     link = relay_link()
     await connect_benchmarking(master, link, "agt-a")

@@ -38,6 +38,13 @@ class FakeQueue:
         except TimeoutError:
             return None
 
+    async def take_many(self, worker: WorkerRef, wait_s: float, most: int) -> list[TakenRequest]:
+        first = await self.take(worker, wait_s)
+        found = [] if first is None else [first]
+        while len(found) < most and not self.waiting.empty():
+            found.append(self.waiting.get_nowait())
+        return found
+
     async def heartbeat(self, worker: WorkerRef, in_flight: list[str]) -> list[str]:
         self.reports.append(("heartbeat", worker, in_flight))
         return [rid for rid in in_flight if rid.startswith("cancel-")]
@@ -52,6 +59,9 @@ class FakeQueue:
     async def result(self, worker: WorkerRef, request_id: str, output: Any) -> CallOutcome:
         self.reports.append(("result", worker, (request_id, output)))
         return CallOutcome.GONE if request_id == "gone" else CallOutcome.OK
+
+    async def results(self, worker: WorkerRef, results: list[tuple[str, Any]]) -> list[CallOutcome]:
+        return [await self.result(worker, request_id, output) for request_id, output in results]
 
     async def error(self, worker: WorkerRef, request_id: str, error: WorkerError) -> CallOutcome:
         self.reports.append(("error", worker, (request_id, error)))
@@ -113,6 +123,41 @@ async def test_a_take_and_a_result_reach_the_handler_as_the_worker_of_the_agent_
     assert queue.reports == [("result", WorkerRef("ep-a", "w-1", "agt-a"), ("r1", {"echo": "hi"}))]
     await relay(master, link, "agt-a", _call(WorkerOp.RESULT, "c3", request_id="gone", payload=1))
     assert (await _answer(link, "agt-a", "c3")).status == 404
+
+
+async def test_a_take_of_several_answers_the_requests_queued_as_a_list_and_a_take_of_one_as_the_request(
+    master: Master,
+) -> None:
+    link = relay_link()
+    await connect(master, link, "agt-a")
+    await _place_worker(master, link, "agt-a")
+    queue = FakeQueue()
+    master.serve_worker_calls(queue)
+    for n in range(3):
+        queue.waiting.put_nowait(TakenRequest(id=f"r{n}", input=n))
+    await relay(master, link, "agt-a", _call(WorkerOp.TAKE, "c1", wait_s=1.0, most=2))
+    taken = await _answer(link, "agt-a", "c1")
+    assert (taken.status, taken.body) == (200, {"requests": [{"id": f"r{n}", "input": n, "attempt": 1} for n in (0, 1)]})
+    await relay(master, link, "agt-a", _call(WorkerOp.TAKE, "c2", wait_s=1.0))
+    assert (await _answer(link, "agt-a", "c2")).body == {"id": "r2", "input": 2, "attempt": 1}
+    await relay(master, link, "agt-a", _call(WorkerOp.TAKE, "c3", wait_s=0.0, most=5))
+    assert (await _answer(link, "agt-a", "c3")).status == 204
+
+
+async def test_several_results_in_one_call_are_answered_each_its_outcome(master: Master) -> None:
+    link = relay_link()
+    await connect(master, link, "agt-a")
+    await _place_worker(master, link, "agt-a")
+    queue = FakeQueue()
+    master.serve_worker_calls(queue)
+    payload = [{"id": "r1", "output": {"echo": 1}}, {"id": "gone", "output": 2}]
+    await relay(master, link, "agt-a", _call(WorkerOp.RESULTS, "c1", payload=payload))
+    answer = await _answer(link, "agt-a", "c1")
+    assert (answer.status, answer.body) == (200, {"outcomes": [204, 404]})
+    worker = WorkerRef("ep-a", "w-1", "agt-a")
+    assert queue.reports == [("result", worker, ("r1", {"echo": 1})), ("result", worker, ("gone", 2))]
+    await relay(master, link, "agt-a", _call(WorkerOp.RESULTS, "c2", payload=[{"output": 1}]))  # a host's bad frame
+    assert (await _answer(link, "agt-a", "c2")).status == 400
 
 
 async def test_another_host_cannot_speak_for_a_worker_it_does_not_hold(master: Master) -> None:

@@ -15,11 +15,13 @@ from typing import Any
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
-from management.client.api import FINAL_COMMAND_STATES, ApiRequest
+from management.client.api import ApiRequest
 from management.devgrid.localgrid import Daemon, LocalGrid, RelayInfo, StartupFailed, free_port, wait_until
+from master.states import FINAL_COMMAND_STATES
 
 REPO = Path(__file__).resolve().parents[2]
 TEST_PROVIDER = "prov-1"
+FINISHED = frozenset(state.value for state in FINAL_COMMAND_STATES)  # a command's final states, as the API writes them
 
 __all__ = [
     "REPO",
@@ -206,7 +208,7 @@ class Grid(LocalGrid):
 
     def wait_command(self, command_id: str, timeout: float = 30) -> dict[str, Any]:
         return wait_for(
-            lambda: (c := self.client.command(command_id))["state"] in FINAL_COMMAND_STATES and c,
+            lambda: (c := self.client.command(command_id))["state"] in FINISHED and c,
             timeout,
             f"command {command_id} to finish",
         )

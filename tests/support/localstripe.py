@@ -11,7 +11,8 @@ What localstripe lacks, as the tests use it (docs/payments.md, "How the tests ru
 - ``amount_received`` on a PaymentIntent (the adapter then reads ``amount`` of a succeeded intent);
 - confirming with a payment method in one call (``confirm`` with ``payment_method`` answers 500): the tests set the
   test payment method with an update, then confirm, as Stripe.js would on the renter's side;
-- Connect (accounts, transfers, payouts to connected accounts): not used by this slice.
+- Connect (accounts, account links, transfers): the payout tests use tests/support/fake_connect.py, a fake of exactly
+  the calls the grid makes, which can forward every other path here (``upstream``).
 """
 
 from __future__ import annotations

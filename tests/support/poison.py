@@ -15,6 +15,8 @@ import pymongo
 
 from management.store import (
     ALERT_RULES,
+    BILLING,
+    DISPUTES,
     ENDPOINT_KEYS,
     ENDPOINT_REQUESTS,
     ENDPOINTS,
@@ -22,6 +24,8 @@ from management.store import (
     LEDGER,
     OUTPUTS,
     PAYMENT_EVENTS,
+    PAYOUT_ACCOUNTS,
+    PAYOUTS,
     PRICES,
     RENTALS,
     SILENCES,
@@ -74,6 +78,10 @@ _SQLITE_COLUMNS: dict[str, dict[str, Any]] = {
     ENDPOINT_REQUESTS.name: {"id": KEY, "endpoint_id": "ep-1", "state": "queued", "ord": 1, "version": 1},
     TOPUPS.name: {"id": KEY, "account": "alice", "created_at": 1_700_000_000.0},
     PAYMENT_EVENTS.name: {"id": KEY, "received_at": 1_700_000_000.0},
+    BILLING.name: {"id": KEY},
+    DISPUTES.name: {"id": KEY, "rental_id": "wl-1-a1", "account": "alice", "provider": "acme", "created_at": 1_700_000_000.0},
+    PAYOUT_ACCOUNTS.name: {"id": KEY},
+    PAYOUTS.name: {"id": KEY, "account": "alice", "created_at": 1_700_000_000.0, "state": "pending"},
 }
 # The MongoDB field each SQLite column is kept in, where the names differ; the key column is _id.
 _MONGO_FIELD = {"idx": "index", "ord": "order"}
@@ -107,6 +115,10 @@ _BROKEN: dict[str, dict[str, Any]] = {
     ENDPOINT_REQUESTS.name: {"input": 7, "attempt": "first"},
     TOPUPS.name: {"amount": "a lot", "currency": "USD", "provider": "stripe", "reference": "pi_1"},
     PAYMENT_EVENTS.name: {"provider": "stripe", "event_id": 7, "kind": "payment_intent.succeeded", "outcome": "credited"},
+    BILLING.name: {"customer": "cus_1", "caps": "no caps"},
+    DISPUTES.name: {"workload_id": "wl-1", "agent_id": "agt-1", "reason": 7, "disputable": "all"},
+    PAYOUT_ACCOUNTS.name: {"provider": "stripe", "reference": 7},
+    PAYOUTS.name: {"period": "2026-W49", "amount": "a lot", "currency": "USD", "destination": "acct_1"},
 }
 _HOST_ROLLUPS = (Aggregate.HOST_ROLLUPS, Aggregate.HOST_HOURLY_ROLLUPS)
 

@@ -1,11 +1,12 @@
-"""A real S3-compatible server for the storage tests: moto in server mode (``ThreadedMotoServer``) on 127.0.0.1, with
-real HTTP, SigV4 signatures and multipart uploads. Its credentials check is on (``INITIAL_NO_AUTH_ACTION_COUNT`` 0), so
-wrong keys are refused as a real store refuses them; moto's IAM accepts any key pair the test creates as a user."""
+"""A real S3-compatible server for the storage tests: moto in server mode (``ThreadedMotoServer``) on
+127.0.0.1, with real HTTP, SigV4 signatures and multipart uploads. Its credentials check is on
+(``INITIAL_NO_AUTH_ACTION_COUNT`` 0), so wrong keys are refused as a real store refuses them; moto's IAM accepts any key
+pair the test creates as a user."""
 
 from __future__ import annotations
 
+import io
 import os
-import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -16,12 +17,6 @@ import pytest
 from botocore.config import Config
 
 from common.egress import EgressRule
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass(frozen=True)
@@ -53,8 +48,16 @@ class S3Server:
             region_name="us-east-1",
             aws_access_key_id=self.access_key_id,
             aws_secret_access_key=self.secret_access_key,
-            config=Config(s3={"addressing_style": "path"}),
+            config=Config(s3={"addressing_style": "path"}, retries={"mode": "standard", "max_attempts": 6}),
         )
+
+    def put_large(self, bucket: str, key: str, body: bytes) -> None:
+        """Store ``body`` as a multipart upload of 16 MB parts, each sent (and retried) on its own: CI saw a single PUT
+        of 200 MB to moto fail on a loaded machine 7 times over (its connection closed before the answer)."""
+        from boto3.s3.transfer import TransferConfig
+
+        parts = TransferConfig(multipart_threshold=16 * 1024 * 1024, multipart_chunksize=16 * 1024 * 1024, max_concurrency=2)
+        self.client().upload_fileobj(io.BytesIO(body), bucket, key, Config=parts)
 
 
 @contextmanager
@@ -65,10 +68,10 @@ def moto_s3() -> Iterator[S3Server]:
     os.environ["INITIAL_NO_AUTH_ACTION_COUNT"] = "3"
     from moto.server import ThreadedMotoServer
 
-    port = _free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)  # port 0: the kernel picks a free one
     server.start()
-    endpoint = f"http://127.0.0.1:{port}"
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
     try:
         iam = boto3.session.Session().client(
             "iam", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x"

@@ -11,6 +11,7 @@ from management.http.requests import json_response, parse_query
 from management.http.schemas import AgentQuery, EmptyQuery
 from management.services.hosts import AgentDetail, AgentKey
 from management.views.hosts import AgentView, agent_view
+from management.views.market import completion_view
 
 RESOURCE = "agents"
 
@@ -46,6 +47,18 @@ async def get_agent(request: web.Request) -> web.Response:
     parse_query(request, EmptyQuery)
     detail = request.app[SERVICES_KEY].hosts.get_agent(request.match_info["agent_id"], owner=scope_of(request).owner)
     return json_response(render(detail))
+
+
+async def get_completion(request: web.Request) -> web.Response:
+    parse_query(request, EmptyQuery)
+    rate = request.app[SERVICES_KEY].market.completion(request.match_info["agent_id"], owner=scope_of(request).owner)
+    return json_response(completion_view(rate))
+
+
+async def review_completion(request: web.Request) -> web.Response:
+    scope = scope_of(request)
+    rate = await request.app[SERVICES_KEY].market.review_completion(request.match_info["agent_id"], by=scope.principal.account)
+    return json_response(completion_view(rate))
 
 
 async def drain_agent(request: web.Request) -> web.Response:

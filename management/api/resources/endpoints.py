@@ -12,7 +12,15 @@ from aiohttp import web
 from common.containers import RegistryAuth
 from management.access_control import acting_account
 from management.api.auth import scope_of
-from management.endpoints.spec import MAX_CONCURRENCY, MAX_WORKERS, EndpointSpec, EndpointSpecJson
+from management.endpoints.spec import (
+    MAX_CONCURRENCY,
+    MAX_HELD,
+    MAX_HOLD_S,
+    MAX_WORKERS,
+    EndpointMode,
+    EndpointSpec,
+    EndpointSpecJson,
+)
 from management.http.keys import SERVICES_KEY
 from management.http.requests import json_response, parse_body, parse_query
 from management.http.schemas import AccountName, EmptyQuery
@@ -81,6 +89,11 @@ class UpdateEndpoint(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ttl_s: Annotated[float, msgspec.Meta(gt=0, le=7 * 86400.0)] | msgspec.UnsetType = UNSET
     max_retries: Annotated[int, msgspec.Meta(ge=0, le=10)] | msgspec.UnsetType = UNSET
     daily_spend_cap: Amount | None | msgspec.UnsetType = UNSET  # null removes the cap
+    mode: EndpointMode | msgspec.UnsetType = UNSET
+    http_port: Annotated[int, msgspec.Meta(ge=1, le=65535)] | msgspec.UnsetType = UNSET
+    readiness_path: Annotated[str, msgspec.Meta(min_length=1, max_length=512)] | msgspec.UnsetType = UNSET
+    max_held: Annotated[int, msgspec.Meta(ge=0, le=MAX_HELD)] | msgspec.UnsetType = UNSET
+    max_hold_s: Annotated[float, msgspec.Meta(ge=0, le=MAX_HOLD_S)] | msgspec.UnsetType = UNSET
 
     def changes(self) -> EndpointSpecJson:
         """The fields given, as JSON (those left out are not there; a null ``registry_auth`` is)."""
@@ -107,28 +120,30 @@ REQUEST_SCHEMAS: tuple[type[msgspec.Struct], ...] = (CreateEndpoint, UpdateEndpo
 async def create_endpoint(request: web.Request) -> web.Response:
     body = await parse_body(request, CreateEndpoint)
     account = acting_account(scope_of(request), body.account)
-    record = await request.app[SERVICES_KEY].endpoints.create(account, body.spec())
-    return json_response(endpoint_view(record), status=201)
+    endpoints = request.app[SERVICES_KEY].endpoints
+    record = await endpoints.create(account, body.spec())
+    return json_response(endpoint_view(record, url=endpoints.url_of(record)), status=201)
 
 
 async def list_endpoints(request: web.Request) -> web.Response:
     query = parse_query(request, EndpointQuery)
-    found = await request.app[SERVICES_KEY].endpoints.list(owner=scope_of(request).owner, account=query.account)
-    return json_response(endpoint_list_view(found, request.app[SERVICES_KEY].endpoints.scale_of))
+    endpoints = request.app[SERVICES_KEY].endpoints
+    found = await endpoints.list(owner=scope_of(request).owner, account=query.account)
+    return json_response(endpoint_list_view(found, endpoints.scale_of, endpoints.url_of))
 
 
 async def get_endpoint(request: web.Request) -> web.Response:
     parse_query(request, EmptyQuery)
     endpoints = request.app[SERVICES_KEY].endpoints
     record = await endpoints.get(request.match_info["endpoint_id"], account=scope_of(request).owner)
-    return json_response(endpoint_view(record, endpoints.scale_of(record.id)))
+    return json_response(endpoint_view(record, endpoints.scale_of(record.id), endpoints.url_of(record)))
 
 
 async def update_endpoint(request: web.Request) -> web.Response:
     body = await parse_body(request, UpdateEndpoint)
     endpoints = request.app[SERVICES_KEY].endpoints
     record = await endpoints.update(request.match_info["endpoint_id"], body.changes(), account=scope_of(request).owner)
-    return json_response(endpoint_view(record, endpoints.scale_of(record.id)))
+    return json_response(endpoint_view(record, endpoints.scale_of(record.id), endpoints.url_of(record)))
 
 
 async def delete_endpoint(request: web.Request) -> web.Response:

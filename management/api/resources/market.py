@@ -78,6 +78,8 @@ class LedgerQuery(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     after: EventSeq = 0  # entries after this sequence number
     limit: PageLimit = 100
     format: Literal["json", "csv"] = "json"
+    # one UTC day (2026-12-07), ISO week (2026-W50) or month (2026-12): that period's entries only (a statement)
+    period: Annotated[str, msgspec.Meta(max_length=10, pattern=r"^[0-9]{4}-(W[0-9]{2}|[0-9]{2}(-[0-9]{2})?)\Z")] | None = None
 
 
 class PayoutQuery(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -169,13 +171,22 @@ async def get_ledger(request: web.Request) -> web.Response:
     query = parse_query(request, LedgerQuery)
     market = request.app[SERVICES_KEY].market
     statement = await market.ledger_statement(
-        request.match_info["account_id"], owner=scope_of(request).owner, after_seq=query.after, limit=query.limit
+        request.match_info["account_id"],
+        owner=scope_of(request).owner,
+        after_seq=query.after,
+        limit=query.limit,
+        period=query.period or "",
     )
     if query.format == "csv":
+        name = (
+            f"statement-{request.match_info['account_id']}-{query.period}"
+            if query.period
+            else "ledger-" + request.match_info["account_id"]
+        )
         return web.Response(
             text=market.statement_csv(statement),
             content_type="text/csv",
-            headers={"Content-Disposition": f'attachment; filename="ledger-{request.match_info["account_id"]}.csv"'},
+            headers={"Content-Disposition": f'attachment; filename="{name}.csv"'},
         )
     return json_response(statement_view(statement, market.currency))
 

@@ -53,6 +53,9 @@ def live_view(o: EndpointOverview) -> LiveView:
     queued, running = jobs.get("queued", 0), jobs.get("in_progress", 0)
     waited = f", the oldest waiting {o.oldest_wait_s:.1f} s" if o.oldest_wait_s is not None else ""
     queue = f"{queued} waiting{waited}; {running} running; {o.health.busy_workers} of {o.health.workers} workers busy"
+    if o.endpoint.spec.load_balanced:  # its requests are not the book's: held ones are the autoscaler's queue
+        held = o.scale.waiting if o.scale is not None else 0
+        queue = f"{held} held for a ready worker (the others go straight to one; their answers are not kept)"
     per = o.cost_per_request
     colds = sorted(o.scale.cold_starts) if o.scale is not None else []
     cold_starts = (
@@ -92,7 +95,7 @@ async def _endpoint_page(
         request, "endpoints/endpoint.html", status=400 if errors else (201 if issued else 200),
         title=f"Endpoint {record.spec.name}", e=record, keys=keys, issued=issued, issued_key=issued_key, errors=errors,
         key_name=key_name, o=overview, now=live_view(overview), currency=services.market.currency,
-        api_url=f"{request.scheme}://{request.host}", max_key_name=MAX_KEY_NAME,
+        api_url=f"{request.scheme}://{request.host}", max_key_name=MAX_KEY_NAME, url=services.endpoints.url_of(record),
     )  # fmt: skip
 
 

@@ -175,6 +175,7 @@ class GpuRow:
     selftest: str = "not tested"  # the agent's GPU self-test: "reaches a container", "does not reach", "not tested"
     selftest_detail: str = ""  # what the self-test saw, when the GPU did not reach a container
     selftest_fix: str = ""  # and what the provider does about it
+    partition: str = ""  # an AMD card's partition modes ("SPX, NPS1 (can be ...)"): shown, not sold; "" for none
 
 
 def sample_figures(sample: GpuSample | None, memory_total_mib: int) -> dict[str, str]:
@@ -207,6 +208,7 @@ def gpu_rows(detail: AgentDetail) -> list[GpuRow]:
             selftest=_selftest_said(reach.get(g.uuid)),
             selftest_detail=reach[g.uuid].detail if g.uuid in reach and not reach[g.uuid].reachable else "",
             selftest_fix=reach[g.uuid].fix if g.uuid in reach and not reach[g.uuid].reachable else "",
+            partition=g.info.partition.describe() if g.info.partition is not None else "",
         )
         for g in sorted(detail.gpus, key=lambda g: (g.index, g.uuid))
     ]
@@ -377,6 +379,7 @@ async def host_page(request: web.Request) -> web.StreamResponse:
         price=price_terms(price.price),
         currency=price.currency,
         earned=earned,
+        completion=operations.market.completion(agent_id, owner=scope.owner),
         may_maintain=permitted(role, Resource.AGENTS, Action.MAINTAIN),
         may_price=permitted(role, Resource.PRICES, Action.WRITE),
         may_revoke=permitted(role, Resource.AGENTS, Action.WRITE),

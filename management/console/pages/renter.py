@@ -24,6 +24,8 @@ from management.access_control import Action, Resource, acting_account
 from management.console import session
 from management.console.forms import FormErrors, amount, environment, integer, number, text, word
 from management.console.nav import NavItem
+from management.console.pages.billing_settings import settings_of
+from management.console.pages.billing_topup import billing_csp
 from management.console.rendering import TemplateContext, page
 from management.console.terminal import serve_logs, serve_terminal
 from management.console.workload_form import (
@@ -54,17 +56,20 @@ from management.http.schemas import PageQuery
 from management.market.money import MICRO, BadAmount, format_amount, parse_amount
 from management.market.offers import Offer
 from management.monitoring.history import TelemetryHistory
+from management.payments.records import TopupRecord
 from management.services.billing import SpendOverTime
 from management.services.market import FundsDetail, PaymentRequired
 from management.services.workloads import WorkloadKey, WorkloadRuns
 from management.views.workloads import explanation_view, workload_view
 from management.workloads.explain_text import render_explanation
 from management.workloads.spec import InvalidWorkloadSpec
-from management.workloads.states import WORKLOAD_STATES
+from management.workloads.states import FINAL_WORKLOAD_STATES, WORKLOAD_STATES, WorkloadState
 from master.port import MAX_GPUS_PER_REPLICA, MAX_REPLICAS, KeptOutput, RentalTerms, SpecJson, WorkloadRecord, WorkloadSpec
 
 WORKLOADS_PER_PAGE = 25
 LEDGER_PER_PAGE = 50
+TOPUPS_SHOWN = 10
+TOPUP_WAIT_S = 120.0  # the billing page reloads itself this long while a top-up just paid waits for its webhook
 LIVE_STATE_KEY = web.RequestKey("console_workload_state", str)
 RENTAL_KINDS = {
     "on_demand": "On demand (runs until stopped)",
@@ -365,8 +370,8 @@ async def workload(request: web.Request, *, template: str = "renter/workload.htm
     return await page(
         request, template, fragment=template != "renter/workload.html", title=f"{record.spec.name} ({record.id})",
         w=record, overview=overview,
-        waits=waits, ports=ports, money=format_amount, running=record.state == "running",
-        open=record.state not in ("succeeded", "failed", "cancelled"), now=time.time(),
+        waits=waits, ports=ports, money=format_amount, running=record.state == WorkloadState.RUNNING,
+        open=record.state not in FINAL_WORKLOAD_STATES, now=time.time(),
         outputs=[_shown_output(kept) for kept in overview.outputs], output_lines=OUTPUT_LINES_SHOWN,
         links=request.app[SERVICES_KEY].links.links_of(record),
         storage=data, transfer=transfer_event, network=network,
@@ -480,10 +485,28 @@ async def billing(request: web.Request) -> web.Response:
     )
     funds, spend, statement = billing.funds, billing.spend, billing.statement
     chart = spend_chart(spend)
-    return await page(
+    services = request.app[SERVICES_KEY]
+    settings = await settings_of(request, scope.principal.account)
+    readings = services.spend_caps.readings(scope.principal.account)
+    step = services.billing_settings.browser_step if settings is not None else None
+    topups = await services.topups.list_topups(owner=scope.owner, account=scope.principal.account)
+    waiting = _waiting_topup(topups, request.query.get("topup", ""), time.time())
+    response = await page(
         request, "renter/billing.html", title="Billing", funds=funds, spend=spend, statement=statement, chart=chart,
-        money=format_amount, after=after,
+        money=format_amount, after=after, settings=settings, readings=readings, step=step,
+        topups=topups[:TOPUPS_SHOWN], waiting=waiting,
     )  # fmt: skip
+    response.headers["Content-Security-Policy"] = billing_csp(step)
+    return response
+
+
+def _waiting_topup(topups: list[TopupRecord], topup_id: str, now: float) -> TopupRecord | None:
+    """The top-up the renter just paid on this page (``?topup=``), while it waits for the provider's webhook, for at
+    most ``TOPUP_WAIT_S``: the page reloads itself until it is credited or failed."""
+    for topup in topups:
+        if topup.id == topup_id and topup.state == "pending" and now - topup.created_at < TOPUP_WAIT_S:
+            return topup
+    return None
 
 
 def spend_chart(spend: SpendOverTime) -> TemplateContext:

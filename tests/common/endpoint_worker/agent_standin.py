@@ -1,12 +1,16 @@
 """A stand-in for the agent's side of the worker API (common/endpoint_worker/contract.py): a real HTTP server on
 127.0.0.1 that hands out the requests a test queues and records every report, so the handler library is tested over
-real sockets: TCP on 127.0.0.1, or a unix socket (``socket_path``) as the agent serves it. It can be stopped and
-started again on the same port, and told to answer badly."""
+real sockets: TCP on 127.0.0.1, or a unix socket (``socket_path``) as the agent serves it. Like the agent, it keeps
+each connection open from one call to the next (``single_take``: it answers a take of several with one request, as
+an agent from before ``max`` does). It can be stopped (its open connections closed) and started again on the same
+port, and told to answer badly."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
+import socket
 import socketserver
 import threading
 from collections import defaultdict
@@ -41,6 +45,11 @@ class AgentStandIn:
         self.gone: set[str] = set()  # their reports answer 404
         self.take_gate: threading.Event | None = None  # when set up, a take waits for it before it answers
         self.canned: dict[str, list[tuple[int, bytes]]] = defaultdict(list)  # path -> next answers, used up in order
+        self.takes: list[int | None] = []  # each take's max (None: a take of one, the form from before max)
+        self.single_take = False
+        self.result_calls: list[list[str]] = []  # the ids of each /v1/results call
+        self.no_results = False  # /v1/results answers 404, as an agent from before it does
+        self.connections: set[socket.socket] = set()  # open now
         self.port = 0
         self.server: socketserver.BaseServer | None = None
 
@@ -62,6 +71,10 @@ class AgentStandIn:
             self.server.shutdown()
             self.server.server_close()
             self.server = None
+        with self.changed:
+            for connection in self.connections:  # the kept ones too: an agent that goes away closes them all
+                with contextlib.suppress(OSError):
+                    connection.shutdown(socket.SHUT_RDWR)
 
     @property
     def url(self) -> str:
@@ -88,13 +101,26 @@ class AgentStandIn:
         if path == contract.TAKE:
             if self.take_gate is not None:
                 self.take_gate.wait(WAIT_S)
+            most = body.get("max")
+            self.record(lambda: self.takes.append(most))
             try:
-                return 200, self.pending.get(timeout=float(body["wait_s"]))
+                first = self.pending.get(timeout=float(body["wait_s"]))
             except queue.Empty:
                 return 204, None
+            if most is None or self.single_take:
+                return 200, first
+            found = [first]
+            while len(found) < most:
+                try:
+                    found.append(self.pending.get_nowait())
+                except queue.Empty:
+                    break
+            return 200, {"requests": found}
         if path == contract.HEARTBEAT:
             self.record(lambda: self.heartbeats.append(body["in_flight"]))
             return 200, {"cancel": sorted(self.cancel)}
+        if path == contract.RESULTS:
+            return self.answer_results(body["results"])
         _, _, _, request_id, report = path.split("/")
         request_id = unquote(request_id)
         if request_id in self.gone:
@@ -112,10 +138,31 @@ class AgentStandIn:
                 self.record(lambda: self.released.append(request_id))
         return 204, None
 
+    def answer_results(self, results: list[dict[str, Any]]) -> tuple[int, Any]:
+        self.record(lambda: self.result_calls.append([one["id"] for one in results]))
+        if self.no_results:
+            return 404, {"error": "no call /v1/results"}
+        outcomes = []
+        for one in results:
+            if one["id"] in self.gone:
+                outcomes.append(404)
+                continue
+            self.record(lambda one=one: self.results.__setitem__(one["id"], one["output"]))  # type: ignore[misc]
+            outcomes.append(204)
+        return 200, {"outcomes": outcomes}
+
 
 def _handler_for(standin: AgentStandIn) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+
+        def setup(self) -> None:
+            super().setup()
+            standin.record(lambda: standin.connections.add(self.connection))
+
+        def finish(self) -> None:
+            standin.record(lambda: standin.connections.discard(self.connection))
+            super().finish()
 
         def do_POST(self) -> None:  # noqa: N802 (http.server's name)
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))

@@ -14,7 +14,7 @@ import pytest
 
 from common.endpoint_worker import Request, TokenRefused, serve
 from common.endpoint_worker.client import WorkerAPI
-from common.endpoint_worker.contract import ENV_CONCURRENCY, request_path
+from common.endpoint_worker.contract import ENV_CONCURRENCY, RESULTS, request_path
 from common.endpoint_worker.serve import settings_from_env
 from tests.common.endpoint_worker.agent_standin import WAIT_S, AgentStandIn
 
@@ -291,12 +291,44 @@ def test_a_bad_answer_to_take_is_survived_and_the_worker_takes_again(agent, serv
 
 
 def test_a_report_answered_with_a_server_error_is_sent_again(agent, serving):
-    path = request_path("r/1", "result")  # an id that needs quoting in a path
-    agent.canned[path] = [(500, b"{}"), (502, b"")]
+    agent.canned[RESULTS] = [(500, b"{}"), (502, b"")]
     serving(lambda request: "landed", agent.env())
     agent.submit("r/1", None)
     agent.wait_for(lambda: "r/1" in agent.results)
-    assert agent.canned[path] == [] and agent.results["r/1"] == "landed"
+    assert agent.canned[RESULTS] == [] and agent.results["r/1"] == "landed"
+
+
+def test_an_agent_without_the_results_call_gets_each_result_by_its_own_path(agent, serving):
+    agent.no_results = True
+    path = request_path("r/1", "result")  # an id that needs quoting in a path
+    agent.canned[path] = [(500, b"{}")]
+    serving(lambda request: request.input, agent.env(**{ENV_CONCURRENCY: "2"}))
+    for n in range(3):
+        agent.submit(f"r/{n}", n)
+    agent.wait_for(lambda: len(agent.results) == 3)
+    assert agent.results == {"r/0": 0, "r/1": 1, "r/2": 2} and agent.canned[path] == []
+    assert len(agent.result_calls) == 1  # asked once, then never again
+
+
+def test_takes_ask_for_the_room_left_and_an_agent_answering_one_request_is_understood(agent, serving):
+    finish = threading.Event()
+
+    def handler(request: Request) -> Any:
+        finish.wait(WAIT_S)
+        return request.input
+
+    for n in range(3):
+        agent.submit(f"r{n}", n)
+    serving(handler, agent.env(**{ENV_CONCURRENCY: "4"}))
+    agent.wait_for(lambda: len(agent.heartbeats) > 0 and len(agent.heartbeats[-1]) == 3)  # all three in one take
+    assert agent.takes[0] == 4
+    agent.wait_for(lambda: len(agent.takes) >= 2)
+    assert agent.takes[1] == 1  # the room left
+    agent.single_take = True
+    agent.submit("r3", 3)
+    finish.set()
+    agent.wait_for(lambda: len(agent.results) == 4)
+    assert agent.results == {"r0": 0, "r1": 1, "r2": 2, "r3": 3}
 
 
 def test_a_stop_lets_the_request_in_flight_finish_first(agent):
@@ -328,7 +360,7 @@ def test_a_request_taken_as_the_worker_stops_goes_back_to_the_queue(agent):
 
 
 def test_an_output_the_agent_finds_too_large_fails_the_request(agent, serving):
-    agent.canned[request_path("r1", "result")] = [(413, b"{}")]
+    agent.canned[RESULTS] = [(200, b'{"outcomes": [413]}')]
     serving(lambda request: "x" * 1000, agent.env())
     agent.submit("r1", None)
     agent.wait_for(lambda: "r1" in agent.errors)

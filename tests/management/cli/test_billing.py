@@ -66,3 +66,42 @@ async def test_a_negative_or_huge_amount_is_refused_with_the_reason(
     assert code != 0 and "more than 0" in err
     code, _, err = await run(paying, key_file, "billing", "topup", "--amount", "100000", capsys=capsys)
     assert code != 0 and "at most 500.00" in err
+
+
+async def test_a_renter_saves_a_payment_method_and_sets_auto_topup_from_the_command_line(
+    paying: OperatorApi, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    key_file = tmp_path / "ann.key"
+    key_file.write_text((await api_key(paying.master, "renter", "ann"))["Authorization"].removeprefix("Bearer "))
+    code, out, err = await run(paying, key_file, "billing", "settings", capsys=capsys)
+    assert code == 0 and "payment method:  none saved" in out and "auto top-up:     off" in out, out + err
+    code, out, err = await run(paying, key_file, "billing", "auto-topup", "--threshold", "10", "--amount", "20", capsys=capsys)
+    assert code != 0 and "no saved payment method" in err
+    code, out, err = await run(paying, key_file, "billing", "payment-method", "--token", "pm_card_visa", capsys=capsys)
+    assert code == 0 and "payment method:  none saved" not in out, out + err
+    code, out, err = await run(paying, key_file, "billing", "auto-topup", "--threshold", "10", "--amount", "20", capsys=capsys)
+    assert code == 0, err
+    assert "auto top-up:     20.00 USD when the balance falls below 10.00 USD (at most hourly)" in out
+    code, out, err = await run(paying, key_file, "billing", "auto-topup", "--threshold", "10", "--amount=-20", capsys=capsys)
+    assert code != 0 and "more than 0" in err
+    code, out, err = await run(paying, key_file, "billing", "auto-topup", "--off", capsys=capsys)
+    assert code == 0 and "auto top-up:     off" in out, err
+
+
+async def test_a_renter_sets_and_removes_spend_caps_from_the_command_line(
+    paying: OperatorApi, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    key_file = tmp_path / "ann.key"
+    key_file.write_text((await api_key(paying.master, "renter", "ann"))["Authorization"].removeprefix("Bearer "))
+    code, out, err = await run(
+        paying, key_file, "billing", "caps", "--cap", "hour:5", "--cap", "project=train:month:100:hard", capsys=capsys
+    )
+    assert code == 0, err
+    assert "cap:             5.00 USD per hour, account, soft (alert)" in out
+    assert "cap:             100.00 USD per month, project train, hard (work stopped)" in out
+    code, out, err = await run(paying, key_file, "billing", "caps", "--cap", "hour:-5", capsys=capsys)
+    assert code != 0 and "more than 0" in err
+    code, out, err = await run(paying, key_file, "billing", "caps", "--cap", "week:5", capsys=capsys)
+    assert code != 0 and "is not [project=NAME:]hour|month:LIMIT[:hard]" in err
+    code, out, err = await run(paying, key_file, "billing", "caps", "--none", capsys=capsys)
+    assert code == 0 and "cap:" not in out, err

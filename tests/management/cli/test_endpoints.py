@@ -76,6 +76,32 @@ async def test_create_list_get_update_and_delete_an_endpoint(ana, api, tmp_path,
     assert code == 0 and out == "no endpoint\n"
 
 
+async def test_a_load_balanced_endpoint_from_flags_shows_its_mode_and_url_and_bad_flags_are_refused(ana, api, capsys):
+    code, out, err = await ana(
+        "endpoint", "create", "--name", "llm", "--image", "ghcr.io/acme/vllm:1", "--max-workers", "2",
+        "--mode", "load-balanced", "--http-port", "8080", "--readiness-path", "/v1/models", "--max-hold-s", "30",
+        "--", "vllm", "serve",
+        capsys=capsys,
+    )  # fmt: skip
+    assert code == 0, err
+    [stored] = await endpoint_repo(api.master.store).list(account="ana")
+    spec = stored.spec
+    assert (spec.mode, spec.http_port, spec.readiness_path, spec.max_hold_s) == ("load_balanced", 8080, "/v1/models", 30.0)
+    assert "mode:        load-balanced: port 8080, ready when /v1/models answers 200" in out
+    assert "held:        up to 256 requests for 30 s while no worker is ready" in out
+    assert f"/e/{stored.id}/" in next(line for line in out.splitlines() if line.startswith("url:"))
+
+    code, out, err = await ana("endpoint", "update", stored.id, "--mode", "queue", capsys=capsys)
+    assert code == 0 and "mode:        queue" in out and "url:" not in out, err
+    code, _, err = await ana("endpoint", "update", stored.id, "--readiness-path", "health", capsys=capsys)
+    assert code != 0 and "readiness_path must be an absolute path" in err
+    code, _, err = await ana("endpoint", "update", stored.id, "--http-port", "70000", capsys=capsys)
+    assert code != 0 and "http_port" in err
+    with pytest.raises(SystemExit):  # argparse's own refusal: the choices are named in its message
+        await ana("endpoint", "update", stored.id, "--mode", "round-robin", capsys=capsys)
+    assert "invalid choice: 'round-robin'" in capsys.readouterr().err
+
+
 async def test_a_spec_file_and_flags_over_it(ana, api, tmp_path, capsys):
     spec = tmp_path / "echo.toml"
     spec.write_text(

@@ -114,3 +114,13 @@ def test_host_show_names_the_cards_the_host_has_and_does_not_offer(idlegrid, ser
     out = idlegrid("host", "show", "agt-a4", "--api-key", acme)
     assert "amd card 0x744c at 0000:03:00.0 is not offered: no kernel driver is bound to it" in out, out
     assert "fix: install AMD's amdgpu driver" in out
+
+
+def test_host_show_says_an_amd_hosts_partition_modes_are_reported_not_sold(idlegrid, served, acme):  # noqa: F811
+    """Issue 41, point 2: an MI300X's partition modes are shown to its provider; an NVIDIA card has none to show."""
+    master = served.server.master
+    in_master(served, add_agent(master, "agt-a5", "mi300x:1", provider="acme", runtime="docker", isolation="container"))
+    out = idlegrid("host", "show", "agt-a5", "--api-key", acme)
+    [card] = master.registry.gpus_of("agt-a5")
+    assert f"{card.uuid} partition modes: SPX, NPS1 (reported, not sold)" in out, out
+    assert "partition modes" not in idlegrid("host", "show", "agt-a1", "--api-key", acme)

@@ -10,6 +10,7 @@ import json
 import pytest
 
 from management.cli import main as cli
+from management.cli.market import runway
 from management.cli.workloads import balance_lasting
 from tests.management.cli.test_accounts import idlegrid, served  # noqa: F401  # the served Master and the CLI runner
 from tests.management.hosts import add_agent, api_key
@@ -67,8 +68,9 @@ def test_money_commands_show_balances_ledger_and_statements(idlegrid, keys):  # 
     assert balance.splitlines()[:3] == [
         "account:    lab",
         "available:  12.50 USD",
-        "held:       0.00 USD  (for the next period of running rentals)",
+        "held:       0.00 USD  (held for running rentals; what is not used returns)",
     ]
+    assert "runway:     as long as nothing runs" in balance.splitlines()  # nothing runs: shown, not left out
     ledger = idlegrid("ledger", "--api-key", keys["lab"])
     header, row = ledger.splitlines()
     assert header.split() == ["SEQ", "WHEN", "KIND", "AMOUNT", "BALANCE", "WORKLOAD", "MEMO"]
@@ -100,6 +102,13 @@ def test_the_command_after_a_double_dash_is_the_containers_and_a_command_that_ru
         cli.main(["balance", *api, "--", "sleep", "1"])
     assert refused.value.code == 2
     assert "'--' takes a container's command; 'idlegrid balance' runs none" in capsys.readouterr().err
+
+
+def test_the_runway_is_said_in_hours_and_minutes_before_money_runs_out():
+    assert runway(None) == "as long as nothing runs"
+    assert runway(45.4) == "about 45 s, then running work is stopped (nothing destroyed)"  # once "about 0.0 hours"
+    assert runway(7500.0) == "about 2 h 05 min, then running work is stopped (nothing destroyed)"
+    assert runway(200_000.0).startswith("about 2 d 7 h,")
 
 
 def test_how_long_the_balance_lasts_says_what_its_rate_counts():

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import pytest
 
 from management.endpoints.queue import QueueLimits
+from management.endpoints.spec import EndpointSpec
 from management.http.keys import SERVICES_KEY
 from management.services.endpoints import EndpointsService, InvocationForbidden, InvocationRefused
 from management.store import endpoint_key_repo, endpoint_repo
@@ -28,6 +30,9 @@ SPEC: dict[str, Any] = {
     "ttl_s": 3600,
     "max_retries": 2,
 }
+
+
+LB_FIELDS = ("mode", "http_port", "readiness_path", "max_held", "max_hold_s")
 
 
 @pytest.fixture
@@ -130,6 +135,16 @@ async def test_a_renter_sees_only_its_own_and_the_operator_everyones(api, keys):
         ({"replica": {"tiers": ["gold"]}}, "replica.tiers: unknown tier 'gold'"),
         ({"priority": "urgent"}, "priority: unknown priority class 'urgent'"),
         ({"env": {"TOKEN": "${secret:missing}"}}, "no secret named 'missing' in this account"),
+        ({"mode": "round_robin"}, "mode"),
+        ({"mode": "load_balanced", "http_port": 0}, "http_port"),
+        ({"mode": "load_balanced", "http_port": 70000}, "http_port"),
+        ({"mode": "load_balanced", "http_port": "8000"}, "http_port"),
+        ({"mode": "load_balanced", "readiness_path": "health"}, "readiness_path must be an absolute path"),
+        ({"mode": "load_balanced", "readiness_path": "/he alth"}, "readiness_path must be an absolute path"),
+        ({"mode": "load_balanced", "readiness_path": "/health#x"}, "readiness_path must be an absolute path"),
+        ({"mode": "load_balanced", "readiness_path": "/" + "x" * 600}, "readiness_path"),
+        ({"mode": "load_balanced", "max_held": -1}, "max_held"),
+        ({"mode": "load_balanced", "max_hold_s": 4000}, "max_hold_s"),
     ],
 )
 async def test_each_bad_field_is_refused_with_a_400_that_names_it(api, keys, change, field):
@@ -137,6 +152,33 @@ async def test_each_bad_field_is_refused_with_a_400_that_names_it(api, keys, cha
     assert response.status == 400, await response.text()
     assert field in (await response.json())["error"]["message"]
     assert await endpoint_repo(api.master.store).list() == []
+
+
+async def test_a_load_balanced_endpoint_has_a_url_and_declares_its_port_and_old_records_read_as_queue_mode(api, keys):
+    made = await create(api, keys["ana"], mode="load_balanced", http_port=8080, readiness_path="/ready?deep=1")
+    spec = made["spec"]
+    assert (spec["mode"], spec["http_port"], spec["readiness_path"]) == ("load_balanced", 8080, "/ready?deep=1")
+    assert (spec["max_held"], spec["max_hold_s"]) == (256, 120.0)
+    links = api.app[SERVICES_KEY].links
+    assert made["url"] == f"{links.public_url.rstrip('/')}/e/{made['id']}/"
+    record = await endpoint_repo(api.master.store).get(made["id"])
+    assert record is not None and record.spec.worker_spec().ports == [8080]  # the only port its tunnels may reach
+    queued = await create(api, keys["ana"], name="queued")
+    assert queued["spec"]["mode"] == "queue" and queued["url"] is None
+    queued_record = await endpoint_repo(api.master.store).get(queued["id"])
+    assert queued_record is not None and queued_record.spec.worker_spec().ports == []
+    # A record stored before the mode existed (no such fields in its JSON) reads as queue mode.
+    old = msgspec.json.decode(
+        msgspec.json.encode({k: v for k, v in msgspec.to_builtins(queued_record.spec).items() if k not in LB_FIELDS}),
+        type=EndpointSpec,
+    )
+    assert old.mode == "queue" and not old.load_balanced
+    refused = await api.post(f"/api/v1/endpoints/{made['id']}/run", json={"input": {}}, headers=keys["ana"])
+    assert refused.status == 409 and made["url"] in (await refused.json())["error"]["message"]  # no worker would take it
+    changed = await api.patch(f"/api/v1/endpoints/{queued['id']}", json={"mode": "load_balanced"}, headers=keys["ana"])
+    assert changed.status == 200 and (await changed.json())["url"].endswith(f"/e/{queued['id']}/")
+    listed = (await (await api.get("/api/v1/endpoints", headers=keys["ana"])).json())["items"]
+    assert {e["id"]: e["url"] is not None for e in listed} == {made["id"]: True, queued["id"]: True}
 
 
 async def test_an_update_is_checked_as_a_create_is_and_a_refused_one_changes_nothing(api, keys):
@@ -245,6 +287,34 @@ async def test_the_request_queue_reads_each_endpoints_bounds_as_created_changed_
     assert (fresh.limits_of(made["id"]).concurrency, fresh.limits_of(other["id"]).max_retries) == (5, 0)
     assert (await api.delete(f"/api/v1/endpoints/{made['id']}", headers=keys["ana"])).status == 200
     assert service.limits_of(made["id"]) == QueueLimits()  # a deleted endpoint's last requests end under the defaults
+
+
+async def test_keys_checked_from_memory_follow_a_revoke_made_by_the_master_that_took_over(api, keys):
+    """Two services over one store, as a deposed leader and the one that took over: the first remembers a key it let
+    through; the second, elected, revokes it; the first, elected again, loads and refuses it (the cache is emptied at
+    each load, never trusted across a takeover), and no key of an endpoint the second deleted gets through."""
+    made = await create(api, keys["ana"])
+    key = await (await api.post(f"/api/v1/endpoints/{made['id']}/keys", json={}, headers=keys["ana"])).json()
+    first = api.app[SERVICES_KEY].endpoints
+    assert (await first.authorize_invocation(made["id"], key["key"])).key.id == key["id"]  # now remembered
+    second = EndpointsService(
+        api.master.secrets, endpoint_repo(api.master.store), endpoint_key_repo(api.master.store), check_worker=_no_check
+    )
+    await second.load()  # elected
+    await second.revoke_key(made["id"], key["id"])
+    with pytest.raises(InvocationRefused, match="was revoked"):
+        await second.authorize_invocation(made["id"], key["key"])
+    # From memory: a deposed Master answers no call (StandbyGate), and loads before it serves again.
+    assert (await first.authorize_invocation(made["id"], key["key"])).key.id == key["id"]
+    await first.load()  # elected again: reads the store afresh
+    with pytest.raises(InvocationRefused, match="was revoked"):
+        await first.authorize_invocation(made["id"], key["key"])
+    other = await second.create_key(made["id"], "other")
+    assert (await first.authorize_invocation(made["id"], other.key)).key.id == other.record.id  # a miss reads the store
+    await second.delete(made["id"])
+    await first.load()
+    with pytest.raises(InvocationRefused, match="not recognised"):
+        await first.authorize_invocation(made["id"], other.key)
 
 
 async def _no_check(account: str, spec: WorkloadSpec) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from common.errors import Conflict, NotFound
 from management.endpoints.queue import EndpointRequestRecord, QueueLimits
-from management.endpoints.requests import RequestBook, RequestTooLarge
+from management.endpoints.requests import TAKE_MANY_INPUT_CHARS, RequestBook, RequestTooLarge
 from management.store import endpoint_request_repo
 from master.port import CallOutcome, WorkerError, WorkerRef
 from master.store import open_store
@@ -87,6 +87,53 @@ async def test_a_worker_takes_no_more_than_its_concurrency(store: Store) -> None
     again = await book.take(W2, 0)
     assert again is not None and (again.id, again.attempt) == (first.id, 1)  # released: same attempt, first in line
     assert (await book.take(W1, 0)) is not None and second.id in {r.id for r in await endpoint_request_repo(store).list()}
+
+
+async def test_a_take_of_several_takes_the_oldest_queued_within_the_concurrency_in_one_write(store: Store) -> None:
+    book = RequestBook(
+        endpoint_request_repo(store), limits_of=lambda _: QueueLimits(concurrency=3), heartbeat_timeout_s=30.0, clock=Clock()
+    )
+    await book.load()
+    submitted = [await book.submit("ep-a", n) for n in range(5)]
+    writes = book._writer.batches
+    taken = await book.take_many(W1, 0, 10)
+    assert [(t.id, t.input) for t in taken] == [(r.id, n) for n, r in enumerate(submitted[:3])]  # its concurrency
+    assert book._writer.batches == writes + 1  # the three takes stored together
+    stored = {r.id: r.state for r in await endpoint_request_repo(store).list()}
+    assert [stored[r.id] for r in submitted] == ["in_progress"] * 3 + ["queued"] * 2
+    assert await book.take_many(W1, 0, 10) == []  # it holds its concurrency
+    assert [t.id for t in await book.take_many(W2, 0, 1)] == [submitted[3].id]
+
+
+async def test_several_results_are_stored_in_one_write_and_each_answers_as_its_own_result(store: Store) -> None:
+    book = RequestBook(
+        endpoint_request_repo(store), limits_of=lambda _: QueueLimits(concurrency=3), heartbeat_timeout_s=30.0, clock=Clock()
+    )
+    await book.load()
+    submitted = [await book.submit("ep-a", n) for n in range(3)]
+    taken = await book.take_many(W1, 0, 2)
+    writes = book._writer.batches
+    outcomes = await book.results(W1, [(taken[0].id, "a"), (submitted[2].id, "not held"), (taken[1].id, "b")])
+    assert outcomes == [CallOutcome.OK, CallOutcome.GONE, CallOutcome.OK]
+    assert book._writer.batches == writes + 1
+    stored = {r.id: (r.state, r.output) for r in await endpoint_request_repo(store).list()}
+    assert stored[taken[0].id] == ("completed", '"a"') and stored[taken[1].id] == ("completed", '"b"')
+    assert stored[submitted[2].id] == ("queued", "")
+
+
+async def test_a_take_of_several_waits_for_the_first_and_stops_at_the_inputs_bound(store: Store) -> None:
+    book = RequestBook(
+        endpoint_request_repo(store), limits_of=lambda _: QueueLimits(concurrency=8), heartbeat_timeout_s=30.0, clock=Clock()
+    )
+    await book.load()
+    waiting = asyncio.create_task(book.take_many(W1, 25, 8))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    first = await book.submit("ep-a", "x" * (TAKE_MANY_INPUT_CHARS // 2))
+    assert [t.id for t in await waiting] == [first.id]  # the first to arrive, without waiting the 25 s out
+    big = [await book.submit("ep-a", "y" * (TAKE_MANY_INPUT_CHARS // 2)) for _ in range(4)]
+    taken = await book.take_many(W1, 0, 8)
+    assert [t.id for t in taken] == [r.id for r in big[:2]]  # the second took it past the bound: the rest wait
 
 
 async def test_cancel_reaches_the_worker_at_its_heartbeat_and_retry_queues_a_new_attempt(store: Store) -> None:

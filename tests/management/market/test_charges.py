@@ -17,7 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from management.market.charges import FeeRate, MeterState, apply, cost_until, state_of, step
-from management.market.ledger import EXTERNAL, FEES, credit_entry, hold_account, renter_account
+from management.market.ledger import EXTERNAL, FEES, credit_entry, hold_account, provider_account, renter_account
+from management.market.sla import SlaTerms, sla_key
+from management.payments.payouts import due, matured, paid_out, payout_entry, period_label
 from management.payments.provider import PaymentEvent, TopupFailed, TopupPaid
 from management.payments.records import TopupRecord
 from management.payments.topups import Credit, MarkFailed, judge, topup_key
@@ -60,11 +62,11 @@ class Ledger:
         return self.balances.get(account, 0)
 
     def charged(self, rental_id: str) -> int:
-        """What the providers and the fees received from the rental, refunds taken back."""
+        """What the providers and the fees received from the rental, refunds taken back (SLA credits apart)."""
         return sum(
             ln.amount
             for e in self.entries
-            if e.rental == rental_id
+            if e.rental == rental_id and e.kind in ("charge", "refund")
             for ln in e.lines
             if ln.account == FEES or ln.account.startswith("provider:")
         )
@@ -75,15 +77,35 @@ def credit(ledger: Ledger, amount: int, key: str) -> None:
     ledger.post(LedgerEntry(key=key, ts=T0, kind="credit", memo="credit", lines=lines))
 
 
-def meter(ledger: Ledger, r: RentalRecord, now: float, heartbeats: dict[str, float], state: MeterState) -> bool:
+def meter(
+    ledger: Ledger,
+    r: RentalRecord,
+    now: float,
+    heartbeats: dict[str, float],
+    state: MeterState,
+    *,
+    hold_s: float | None = None,
+    reserve_s: float = 0.0,
+    sla: SlaTerms | None = None,
+) -> bool:
     """One step, posted; asserts that replaying it posts nothing new. Returns whether the money ran out."""
-    done = step(r, now, heartbeats=heartbeats, period_s=P, state=state, available=ledger.balance("renter:alice"), fees=FEE)
-    for entry in done.entries:
+
+    def once() -> list[LedgerEntry]:
+        available = ledger.balance("renter:alice")
+        done = step(
+            r, now, heartbeats=heartbeats, period_s=P, state=state, available=available, fees=FEE, hold_s=hold_s,
+            reserve_s=reserve_s, sla=sla, provider_balances=dict(ledger.balances),
+        )  # fmt: skip
+        ran_out.append(done.ran_out)
+        return done.entries
+
+    ran_out: list[bool] = []
+    for entry in once():
         assert ledger.post(entry), f"{entry.key} posted twice"
         apply(state, entry)
-    again = step(r, now, heartbeats=heartbeats, period_s=P, state=state, available=ledger.balance("renter:alice"), fees=FEE)
-    assert [e for e in again.entries if ledger.post(e)] == [], "a replayed step posted something"
-    return done.ran_out
+    again = once()
+    assert [e for e in again if ledger.post(e)] == [], "a replayed step posted something"
+    return ran_out[0]
 
 
 # --- cost ---------------------------------------------------------------------------------------------------------
@@ -148,6 +170,47 @@ def test_when_the_money_runs_out_the_charge_takes_only_what_there_was_and_the_st
     assert ledger.balance(renter_account("alice")) == 0 and ledger.balance(hold_account("alice")) == 0
 
 
+def test_a_rental_holds_an_hour_of_its_cost_keeps_it_held_at_each_charge_and_returns_the_rest_at_its_end():
+    ledger, r, state = Ledger(), rental(price=3_600_000, gpus=1), MeterState(rental="wl-1-a1")  # 1000 a second
+    credit(ledger, 5_000_000, "c1")
+    meter(ledger, r, T0 + 1, {"agt-1": T0 + 1}, state, hold_s=3600.0)
+    hold = ledger.entries[-1]
+    assert hold.key == "hold:wl-1-a1:0" and "hold of 3600 s" in hold.memo
+    assert ledger.balance(hold_account("alice")) == 3_600_000
+    meter(ledger, r, T0 + 130, {"agt-1": T0 + 130}, state, hold_s=3600.0)
+    assert ledger.charged("wl-1-a1") == 120_000
+    assert ledger.balance(hold_account("alice")) == 3_600_000  # an hour from the last charge, held again
+    assert ledger.balance(renter_account("alice")) == 5_000_000 - 120_000 - 3_600_000
+    ended = msgspec.structs.replace(r, ended_at=T0 + 150, end_reason="succeeded")
+    meter(ledger, ended, T0 + 151, {"agt-1": T0 + 151}, state, hold_s=3600.0)
+    assert ledger.charged("wl-1-a1") == 150_000
+    assert ledger.balance(hold_account("alice")) == 0  # the unused hold returned
+    assert ledger.balance(renter_account("alice")) == 5_000_000 - 150_000
+
+
+def test_a_hold_is_capped_at_what_the_renter_has_and_is_never_less_than_one_period():
+    ledger, r, state = Ledger(), rental(price=3_600_000, gpus=1), MeterState(rental="wl-1-a1")
+    credit(ledger, 500_000, "c1")
+    meter(ledger, r, T0 + 1, {"agt-1": T0 + 1}, state, hold_s=3600.0)
+    assert ledger.balance(hold_account("alice")) == 500_000 and ledger.balance(renter_account("alice")) == 0
+    other, st2 = rental(price=3_600_000, gpus=1, id="wl-2-a1"), MeterState(rental="wl-2-a1")
+    credit(ledger, 1_000_000, "c2")
+    meter(ledger, other, T0 + 1, {"agt-1": T0 + 1}, st2, hold_s=5.0)  # shorter than the period: one period held
+    assert st2.held == 60_000
+
+
+def test_with_a_reserve_the_money_runs_out_while_the_hold_still_pays_every_second_up_to_the_stop():
+    ledger, r, state = Ledger(), rental(price=3_600_000, gpus=1), MeterState(rental="wl-1-a1")  # 1000 a second
+    credit(ledger, 90_000, "c1")
+    assert not meter(ledger, r, T0 + 1, {"agt-1": T0 + 1}, state, hold_s=3600.0, reserve_s=10.0)
+    assert not meter(ledger, r, T0 + 79, {"agt-1": T0 + 79}, state, hold_s=3600.0, reserve_s=10.0)
+    assert meter(ledger, r, T0 + 81, {"agt-1": T0 + 81}, state, hold_s=3600.0, reserve_s=10.0)  # 81 + 10 s > 90 s
+    ended = msgspec.structs.replace(r, ended_at=T0 + 81, end_reason="the renter's balance ran out")
+    meter(ledger, ended, T0 + 82, {"agt-1": T0 + 82}, state, hold_s=3600.0, reserve_s=10.0)
+    assert ledger.charged("wl-1-a1") == 81_000  # every second it ran
+    assert ledger.balance(renter_account("alice")) == 9_000 and ledger.balance(hold_account("alice")) == 0
+
+
 def test_a_rental_ended_through_its_host_is_refunded_every_charge():
     ledger, r, state = Ledger(), rental(hosts=2), MeterState(rental="wl-1-a1")
     credit(ledger, 10_000_000, "c1")
@@ -159,6 +222,57 @@ def test_a_rental_ended_through_its_host_is_refunded_every_charge():
     assert ledger.charged("wl-1-a1") == 0
     assert ledger.balance(renter_account("alice")) == 10_000_000
     assert ledger.balance("provider:prov-1") == ledger.balance("provider:prov-2") == ledger.balance(FEES) == 0
+
+
+SLA = SlaTerms(percent=200, min_downtime_s=600.0, cap_s=3600.0)
+
+
+def test_a_host_failure_credits_the_renter_its_downtime_on_top_of_the_refund_from_that_hosts_provider():
+    ledger, r, state = Ledger(), rental(hosts=2, price=3_600_000, gpus=2), MeterState(rental="wl-1-a1")  # 2000 a second a host
+    credit(ledger, 10_000_000, "c1")
+    ledger.post(LedgerEntry(key="earned", ts=T0, kind="adjust", memo="earlier earnings", lines=[
+        LedgerLine(account=EXTERNAL, amount=-50_000_000), LedgerLine(account=provider_account("prov-2"), amount=50_000_000),
+    ]))  # fmt: skip
+    meter(ledger, r, T0 + 130, {"agt-1": T0 + 130, "agt-2": T0 + 130}, state, sla=SLA)
+    failed = msgspec.structs.replace(r, ended_at=T0 + 140, host_failure="agt-2: went offline")
+    meter(ledger, failed, T0 + 140 + 900, {"agt-1": T0 + 1040, "agt-2": T0 + 140}, state, sla=SLA)  # seen 900 s later
+    sla_entry = ledger.entries[-1]
+    assert sla_entry.key == sla_key("wl-1-a1") and sla_entry.kind == "sla_credit" and "900 s down" in sla_entry.memo
+    credited = 3_600_000 * 2 * 1800 // 3600  # 900 s x 200%, at the failing host's price and GPUs
+    assert ledger.charged("wl-1-a1") == 0  # the refund returned every charge; the credit is on top
+    assert ledger.balance(renter_account("alice")) == 10_000_000 + credited
+    assert ledger.balance(provider_account("prov-2")) == 50_000_000 - credited
+    assert ledger.balance(provider_account("prov-1")) == 0  # the host that did not fail pays nothing
+    assert state_of("wl-1-a1", ledger.entries) == state and state.credited
+
+
+def test_an_sla_credit_is_at_least_the_minimum_downtime_at_most_the_cap_and_never_more_than_the_provider_has():
+    for noticed, earned, expected in (
+        (5.0, 10**9, 3_600_000 * 1200 // 3600),  # 5 s down: the 600 s minimum, x 200%
+        (86400.0, 10**9, 3_600_000),  # a day down: capped at an hour of the host's cost
+        (5.0, 7, 7),  # a provider with 7 micro-units pays 7; its balance never goes below zero
+        (5.0, 0, 0),  # nothing: no entry
+    ):
+        ledger, r, state = Ledger(), rental(price=3_600_000, gpus=1), MeterState(rental="wl-1-a1")
+        credit(ledger, 10_000_000, "c1")
+        meter(ledger, r, T0, {"agt-1": T0}, state, sla=SLA)
+        if earned:
+            ledger.post(LedgerEntry(key="earned", ts=T0, kind="adjust", memo="earned", lines=[
+                LedgerLine(account=EXTERNAL, amount=-earned), LedgerLine(account=provider_account("prov-1"), amount=earned),
+            ]))  # fmt: skip
+        failed = msgspec.structs.replace(r, ended_at=T0 + 10, host_failure="agt-1: a GPU became faulty")
+        meter(ledger, failed, T0 + 10 + noticed, {"agt-1": T0 + 10}, state, sla=SLA)
+        assert ledger.balance(renter_account("alice")) == 10_000_000 + expected, noticed
+        assert ledger.balance(provider_account("prov-1")) == earned - expected >= 0
+        assert state.credited == (expected > 0)
+
+
+def test_a_normal_end_credits_nothing():
+    ledger, r, state = Ledger(), rental(), MeterState(rental="wl-1-a1")
+    credit(ledger, 10_000_000, "c1")
+    ended = msgspec.structs.replace(r, ended_at=T0 + 100, end_reason="done")
+    meter(ledger, ended, T0 + 5000, {"agt-1": T0 + 100}, state, sla=SLA)
+    assert not any(e.kind == "sla_credit" for e in ledger.entries)
 
 
 def test_a_reserved_rental_prepays_its_period_and_the_provider_keeps_the_unused_part_unless_the_host_failed():
@@ -213,7 +327,27 @@ OPS = st.one_of(
     # an event of the provider: its id (a small range, so the same event is delivered again), the top-up it is about,
     # whether it says paid or failed, and whether in the grid's currency; an id seen before is delivered as first sent
     st.tuples(st.just("deliver"), st.integers(0, 6), st.integers(0, 4), st.booleans(), st.booleans()),
+    # a payout run (management/payments/payouts.py) with that dispute window, paying each provider what matured
+    st.tuples(st.just("payout"), st.sampled_from([0.0, 600.0, 3600.0])),
 )
+
+
+def pay_out(ledger: Ledger, now: float, window_s: float, paid: dict[str, int]) -> None:
+    """A payout run's entries, once per provider and day, and the same run again (a rerun after a crash)."""
+    for account in sorted(a for a in ledger.balances if a.startswith("provider:")):
+        provider = account.removeprefix("provider:")
+        entries = [e for e in ledger.entries if any(ln.account == account for ln in e.lines)]
+        found = due(
+            provider, matured(entries, account, ledger.balance(account), now, window_s), 0, period_label(now, "day"), 10_000
+        )
+        if found is None:
+            continue
+        assert 0 < found.amount <= ledger.balance(account)
+        entry = payout_entry(provider, found.amount, found.key, now, "payout")
+        if ledger.post(entry):
+            paid[found.key] = found.amount
+        assert not ledger.post(entry)  # run again: nothing moves
+        assert ledger.balance(account) >= 0  # a payout never pays more than the provider has
 
 
 @dataclasses.dataclass
@@ -272,11 +406,19 @@ class Payments:
             assert amount == self.topups[topup_id].amount and self.topups[topup_id].state == "credited"
 
 
+HOLDS = st.sampled_from([None, 60.0, 600.0, 3600.0, 86400.0])  # a rental's hold: one period, ... a day
+RESERVES = st.sampled_from([0.0, 10.0, 120.0])
+
+
 @settings(max_examples=150, deadline=None)
-@given(st.lists(OPS, max_size=40))
-def test_after_any_sequence_every_entry_balances_no_renter_or_hold_goes_negative_and_replays_post_nothing(ops):
-    """Also: each top-up is credited at most once, its own amount, whichever of its events arrive and however often;
-    a failed payment, another currency or another payment credits nothing."""
+@given(st.lists(OPS, max_size=40), HOLDS, RESERVES, st.floats(0.0, 90_000.0, allow_nan=False))
+def test_after_any_sequence_every_entry_balances_no_renter_or_hold_goes_negative_and_replays_post_nothing(
+    ops, hold_s, reserve_s, downtime
+):
+    """Whatever the hold and the reserve. Also: each top-up is credited at most once, its own amount, whichever of its
+    events arrive and however often, holds taken or not; a failed payment, another currency or another payment credits
+    nothing; an ended rental holds nothing; a rental ended through its host is credited at most once, only then, from
+    that host's provider, never past the formula or what the provider had, and no provider goes below zero."""
     ledger = Ledger()
     now = T0
     open_rentals: dict[str, RentalRecord] = {}
@@ -284,6 +426,8 @@ def test_after_any_sequence_every_entry_balances_no_renter_or_hold_goes_negative
     silent: dict[str, float] = {}  # agent id -> its last heartbeat, once it fell silent
     count = 0
     payments = Payments()
+    failed: set[str] = set()  # rentals ended through a host
+    paid: dict[str, int] = {}  # payout key -> amount
 
     def heartbeats() -> dict[str, float]:
         agents = {h.agent_id for r in open_rentals.values() for h in r.hosts}
@@ -292,12 +436,15 @@ def test_after_any_sequence_every_entry_balances_no_renter_or_hold_goes_negative
     def end(r: RentalRecord, failure: str, reason: str) -> None:
         last = min([now, *(heartbeats()[h.agent_id] for h in r.hosts)])
         ended = msgspec.structs.replace(r, ended_at=max(r.started_at, last), host_failure=failure, end_reason=reason)
-        meter(ledger, ended, now, heartbeats(), states[r.id])
+        if failure:
+            failed.add(r.id)
+        meter(ledger, ended, now + downtime, heartbeats(), states[r.id], hold_s=hold_s, reserve_s=reserve_s, sla=SLA)
+        assert states[r.id].held == 0, "an ended rental still holds money"
         del open_rentals[r.id]
 
     def tick() -> None:
         for r in list(open_rentals.values()):
-            if meter(ledger, r, now, heartbeats(), states[r.id]):
+            if meter(ledger, r, now, heartbeats(), states[r.id], hold_s=hold_s, reserve_s=reserve_s):
                 end(r, "", "the renter's balance ran out")
 
     for op in ops:
@@ -333,6 +480,8 @@ def test_after_any_sequence_every_entry_balances_no_renter_or_hold_goes_negative
             if event is not None:
                 payments.deliver(ledger, event, now)
                 payments.deliver(ledger, event, now)  # delivered again (a retry, a replay): nothing more moves
+        elif op[0] == "payout":
+            pay_out(ledger, now, op[1], paid)
         tick()
         payments.check(ledger)
         assert sum(ledger.balances.values()) == 0
@@ -341,8 +490,19 @@ def test_after_any_sequence_every_entry_balances_no_renter_or_hold_goes_negative
         for rid, state in states.items():
             assert state.held >= 0, rid
             assert state_of(rid, ledger.entries) == state
+        assert ledger.balance(hold_account("alice")) == sum(states[rid].held for rid in open_rentals)
+        for account, balance in ledger.balances.items():
+            assert account == EXTERNAL or balance >= 0, account
+        payouts = [e for e in ledger.entries if e.kind == "payout"]
+        assert {e.key: paid_out(e) for e in payouts} == paid  # each payout once, its own amount, out to external
     for rid in states:
         assert ledger.charged(rid) >= 0
+    for e in ledger.entries:
+        if e.kind == "sla_credit":
+            assert e.key == sla_key(e.rental) and e.rental in failed
+            (provider_line,) = [ln for ln in e.lines if ln.account.startswith("provider:")]
+            assert provider_line.host.startswith(e.rental) and provider_line.host.endswith("agt-1")  # the failing host's
+            assert -provider_line.amount <= 20_000_000 * 8 * 2  # at most the cap: an hour of the host's cost
 
 
 @settings(max_examples=200, deadline=None)
@@ -365,3 +525,31 @@ def test_a_rental_with_enough_money_is_charged_exactly_price_times_gpus_times_it
     meter(ledger, msgspec.structs.replace(r, ended_at=end), end, {"agt-1": end}, state)
     assert ledger.charged("wl-1-a1") == price * gpus * seconds // 3600
     assert ledger.balance(hold_account("alice")) == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    funds=st.integers(0, 20_000_000),
+    price=st.integers(1, 50_000_000),
+    gpus=st.integers(1, 8),
+    hold_s=HOLDS,
+    gaps=st.lists(st.floats(0.5, 10.0, allow_nan=False), min_size=1, max_size=400),
+)
+def test_a_rental_stopped_at_the_first_tick_that_says_it_ran_out_pays_its_provider_every_metered_second(
+    funds, price, gpus, hold_s, gaps
+):
+    """Ticks at most the reserve (10 s) apart, as the metering loop's are: however much money, whatever the hold, the
+    providers and fees get exactly what the rental cost up to its end, and what the hold kept beyond that returns."""
+    ledger, r, state = Ledger(), rental(price=price, gpus=gpus), MeterState(rental="wl-1-a1")
+    credit(ledger, funds, "c1")
+    now, end = T0, None
+    for gap in [0.0, *gaps]:
+        now += gap
+        if meter(ledger, r, now, {"agt-1": now}, state, hold_s=hold_s, reserve_s=10.0):
+            end = now
+            break
+    end = now if end is None else end
+    meter(ledger, msgspec.structs.replace(r, ended_at=end), end, {"agt-1": end}, state, hold_s=hold_s, reserve_s=10.0)
+    assert ledger.charged("wl-1-a1") == cost_until(r, end)
+    assert ledger.balance(hold_account("alice")) == 0
+    assert ledger.balance(renter_account("alice")) == funds - cost_until(r, end)

@@ -149,6 +149,29 @@ async def test_a_statement_lists_each_entry_with_the_running_balance_and_pages_o
     assert rows[1][1].startswith("2026-11-02T00:00:00") and rows[1][1].endswith("Z")
 
 
+async def test_a_statement_of_a_period_has_its_entries_and_opens_with_the_balance_at_its_start(open_one):
+    times = iter([MONDAY - DAY, MONDAY + DAY, MONDAY + 3 * DAY, MONDAY + 8 * DAY])
+    book = LedgerBook(ledger_repo(await open_one()), clock=lambda: next(times))
+    await book.load()
+    for n, amount in enumerate([100, 20, 3, 4000]):  # Sunday 1 November, Tuesday, Thursday, the next Tuesday
+        await book.credit("alice", amount, f"credit {n}", key=f"c{n}")
+
+    week = await book.statement([renter_account("alice")], period="2026-W45")
+    assert [line.key for line in week.lines] == ["c1", "c2"]
+    assert (week.opening, week.closing, week.period) == (100, 123, "2026-W45")
+    assert [line.balance for line in week.lines] == [120, 123]
+    day = await book.statement([renter_account("alice")], period="2026-11-03")
+    assert [line.key for line in day.lines] == ["c1"] and (day.opening, day.closing) == (100, 120)
+    month = await book.statement([renter_account("alice")], period="2026-11")
+    assert [line.key for line in month.lines] == ["c0", "c1", "c2", "c3"] and month.opening == 0
+    october = await book.statement([renter_account("alice")], period="2026-10")
+    assert october.lines == [] and october.opening == october.closing == 0
+    assert [line.key for line in (await book.statement([renter_account("alice")], period="2026-11", limit=1)).lines] == ["c0"]
+    for bad in ("2026-13", "2026-W60", "yesterday", "2026-11-31"):
+        with pytest.raises(InvalidLedgerRequest, match="period"):
+            await book.statement([renter_account("alice")], period=bad)
+
+
 async def test_a_statement_with_no_accounts_or_a_bad_limit_is_refused(open_one):
     book = await book_on(open_one)
     with pytest.raises(InvalidLedgerRequest, match="accounts"):

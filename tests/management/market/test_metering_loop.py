@@ -24,7 +24,16 @@ from management.workloads.spec import container_name
 from master.accounts import AccountRole
 from master.config import MasterConfig
 from master.master import Master
-from master.records import Assignment, PriceRecord, RentalTerms, ReplicaSpec, WorkloadRecord, WorkloadSpec
+from master.records import (
+    Assignment,
+    LedgerEntry,
+    LedgerLine,
+    PriceRecord,
+    RentalTerms,
+    ReplicaSpec,
+    WorkloadRecord,
+    WorkloadSpec,
+)
 from tests.management.hosts import add_agent
 
 PRICES = [PriceRecord(provider="prov", on_demand=3_600_000, min_bid=1_000_000, reserved_discount=0.5)]  # 1000 /GPU-s
@@ -77,7 +86,7 @@ async def start_market(tmp_path: Path) -> AsyncIterator[StartMarket]:
         await master.stop()
         stopped.append(master)
 
-    async def start(*, t0: float, warning_s: float = 3600.0, first: bool = True) -> Market:
+    async def start(*, t0: float, warning_s: float = 3600.0, first: bool = True, hold_s: float = 3600.0) -> Market:
         master = Master(MasterConfig(state_dir=str(tmp_path / "master"), link_port=0))
         await master.start()
         started.append(master)
@@ -90,7 +99,7 @@ async def start_market(tmp_path: Path) -> AsyncIterator[StartMarket]:
         await ledger.load()
         clock = [t0]
         table = PriceTable(PRICES, grid_default=HostPrice(on_demand=0))
-        settings = MeterSettings(period_s=60.0, low_balance_warning_s=warning_s, grace_s=5.0)
+        settings = MeterSettings(period_s=60.0, low_balance_warning_s=warning_s, grace_s=5.0, hold_s=hold_s)
         meter = MeterLoop(master, book, ledger, rental_repo(master.store), table.price, settings, clock=lambda: clock[0])
         await meter.load()
         return Market(master=master, book=book, ledger=ledger, meter=meter, clock=clock)
@@ -115,7 +124,7 @@ async def test_a_running_workload_is_held_charged_each_period_and_settled_at_its
     rental = await rental_repo(m.master.store).get(f"{wl.id}-a1")
     assert rental is not None and rental.started_at == T and rental.kind == "on_demand"
     assert [(h.agent_id, h.provider, h.gpus, h.price) for h in rental.hosts] == [("agt-1", "prov", 2, 3_600_000)]
-    assert m.ledger.funds("alice").held == 120_000
+    assert m.ledger.funds("alice").held == 3600 * 2000  # an hour of it held (the default rental_hold_s)
 
     await m.tick(T + 130)
     assert await m.keys(rental.id) == ["hold:" + rental.id + ":0", f"charge:{rental.id}:2"]
@@ -163,26 +172,28 @@ async def test_charges_stop_at_a_silent_hosts_last_heartbeat_and_a_run_ended_thr
     assert m.master.registry.agents["agt-1"].rentals_failed == 1
 
 
-async def test_when_the_money_runs_out_the_workload_fails_and_only_what_there_was_is_charged(start_market):
+async def test_when_the_money_runs_out_the_workload_fails_while_the_hold_still_pays_every_second_it_ran(start_market):
     T = t0()
     m = await start_market(t0=T)
+    assert m.meter.settings.reserve_s == 10.0  # two ticks of 5 s
     await m.ledger.credit("alice", 100_000, "credit", key="c1")
-    wl = await m.run("train", 2, T)  # 2000 a second: 50 s of money
+    wl = await m.run("train", 2, T)  # 2000 a second: 50 s of money, all of it held
     await m.tick(T + 1)
-    await m.tick(T + 49)
+    assert m.ledger.funds("alice").held == 100_000
+    await m.tick(T + 39)
     assert (await m.book.get(wl.id)).state == "running"
-    await m.tick(T + 51)
+    await m.tick(T + 41)  # 82_000 owed, and 10 s more would pass what there is
     stopped = await m.book.get(wl.id)
     assert (stopped.state, stopped.state_reason) == ("failed", RAN_OUT_REASON)
     ended = await rental_repo(m.master.store).get(f"{wl.id}-a1")
-    assert ended is not None and ended.ended_at == T + 51
-    assert m.ledger.balance(provider_account("prov")) + m.ledger.balance(FEES) == 100_000
-    assert m.ledger.funds("alice").available == m.ledger.funds("alice").held == 0
+    assert ended is not None and ended.ended_at == T + 41
+    assert m.ledger.balance(provider_account("prov")) + m.ledger.balance(FEES) == 41 * 2000  # every second
+    assert m.ledger.funds("alice").available == 100_000 - 82_000 and m.ledger.funds("alice").held == 0
 
 
 async def test_a_low_balance_is_announced_once_per_crossing(start_market):
     T = t0()
-    m = await start_market(t0=T, warning_s=600.0)
+    m = await start_market(t0=T, warning_s=600.0, hold_s=60.0)  # each rental holds one period: both run on 2.00
     await m.ledger.credit("alice", 2_000_000, "credit", key="c1")
 
     async def warnings() -> list[dict]:
@@ -208,7 +219,7 @@ async def test_a_low_balance_is_announced_once_per_crossing(start_market):
 
 async def test_the_balance_cover_is_how_long_each_renters_funds_last_at_its_running_rentals_prices(start_market):
     T = t0()
-    m = await start_market(t0=T)
+    m = await start_market(t0=T, hold_s=60.0)  # each rental holds one period: both run on 2.00
     await m.ledger.credit("alice", 2_000_000, "credit", key="c1")
     await m.ledger.credit("bob", 5_000_000, "credit", key="c2")  # nothing running: not listed
     assert m.meter.balance_cover_s(T) == {}
@@ -305,6 +316,54 @@ async def test_a_workload_that_never_ran_is_not_charged_and_the_host_it_failed_t
     assert [e.data["reason"] for e in events] == [f"rental {wl.id}-a1 did not start through the host: {why}"]
 
 
+async def earned(m: Market, amount: int) -> None:
+    """Provider prov has ``amount`` of earlier earnings on its ledger account (what an SLA credit is taken from)."""
+    lines = [LedgerLine(account="external", amount=-amount), LedgerLine(account=provider_account("prov"), amount=amount)]
+    assert await m.ledger.post(LedgerEntry(key="earlier", ts=0.0, kind="adjust", memo="earlier earnings", lines=lines))
+
+
+async def test_a_run_lost_through_its_host_credits_the_renter_its_downtime_from_the_provider_once(start_market):
+    T = t0()
+    m = await start_market(t0=T)
+    await m.ledger.credit("alice", 10_000_000, "credit", key="c1")
+    await earned(m, 50_000_000)
+    wl = await m.run("train", 1, T)
+    await m.tick(T + 61)
+    await m.tick(T + 70)
+    m.clock[0] = T + 1000
+    await m.book.end(wl.id, "requeue", "agt-1 went offline", T + 1000, grace_s=5.0, host_failure="agt-1: went offline")
+    await m.tick(T + 1001, beat=False)
+    rid = f"{wl.id}-a1"
+    assert (await m.keys(rid))[-2:] == [f"refund:{rid}", f"sla:{rid}"]
+    credit = 3_600_000 * 1 * (930 * 2) // 3600  # down from the last heartbeat (T + 70) to the end seen (T + 1000), x 200%
+    assert m.ledger.funds("alice").available == 10_000_000 + credit  # every charge back, and the credit on top
+    assert m.ledger.balance(provider_account("prov")) == 50_000_000 - credit
+    assert sum(m.ledger.balances().values()) == 0
+    await m.meter.load()  # a restart finds nothing more to credit
+    await m.tick(T + 1100, beat=False)
+    assert m.ledger.funds("alice").available == 10_000_000 + credit
+
+
+async def test_a_start_the_host_failed_credits_the_minimum_downtime(start_market):
+    T = t0()
+    m = await start_market(t0=T)
+    await m.ledger.credit("alice", 10_000_000, "credit", key="c1")
+    await earned(m, 50_000_000)
+    spec = WorkloadSpec(name="broken", image="busybox", replica=ReplicaSpec(gpus=2))
+    wl = await m.book.submit("alice", spec, T)
+    units = [g.uuid for g in m.master.gpus("agt-1")][:2]
+    placed = [Assignment(replica=0, agent_id="agt-1", units=units, container=container_name(wl.id, 0, 1))]
+    await m.book.transition(wl.id, "schedule", "placed", T + 1, assignments=placed)
+    await m.book.transition(wl.id, "start", "acknowledged", T + 2)
+    why = "agt-1: container did not start (the GPU fell off the bus)"
+    await m.book.end(wl.id, "start_failed", "a container did not start", T + 3, grace_s=5.0, host_failure=why)
+    await m.tick(T + 4)
+    credit = 3_600_000 * 2 * (600 * 2) // 3600  # the minimum 600 s x 200%, 2 GPUs at the host's price
+    assert m.ledger.funds("alice").available == 10_000_000 + credit
+    assert m.ledger.balance(provider_account("prov")) == 50_000_000 - credit
+    assert [e.key for e in await m.ledger.rental_entries(f"{wl.id}-a1")] == [f"sla:{wl.id}-a1"]
+
+
 async def test_started_the_loop_meters_on_its_own_every_quarter_period_and_stops(start_market):
     T = t0()
     m = await start_market(t0=T)
@@ -376,3 +435,21 @@ async def test_a_rental_does_not_start_under_its_hosts_minimum_bid_whatever_chan
     now = await m.book.get(wl.id)
     assert now.state == "queued" and "under host agt-1's minimum bid 1.00" in now.state_reason, now.state_reason
     assert m.ledger.balance(renter_account("alice")) == 10_000_000
+
+
+async def test_a_rental_holds_an_hour_and_the_runway_counts_what_ran_since_the_last_charge(start_market):
+    T = t0()
+    m = await start_market(t0=T)
+    await m.ledger.credit("alice", 10_000_000, "credit", key="c1")
+    wl = await m.run("train", 1, T)  # 1000 a second: an hour is 3.60
+    await m.tick(T + 1)
+    assert m.ledger.funds("alice").held == 3_600_000 and m.ledger.funds("alice").available == 6_400_000
+    await m.tick(T + 90)  # period 1 charged (60_000), the hold an hour again; 30 s ran since
+    assert m.ledger.funds("alice").held == 3_600_000
+    assert m.meter.unbilled("alice", T + 90) == 30_000
+    assert m.meter.balance_cover_s(T + 90)["alice"] == pytest.approx((10_000_000 - 90_000) / 1000)
+    m.clock[0] = T + 100
+    await m.book.transition(wl.id, "succeed", "exited 0", T + 100, exit_codes=[0])
+    await m.tick(T + 101)
+    assert m.ledger.funds("alice").held == 0 and m.ledger.funds("alice").available == 10_000_000 - 100_000
+    assert m.meter.unbilled("alice", T + 101) == 0

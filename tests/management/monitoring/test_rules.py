@@ -26,6 +26,9 @@ def test_the_shipped_rules_parse_and_watch_only_wired_metrics():
         "relay_down",
         "host_bandwidth_below_floor",
         "gpu_temperature_anomaly",
+        "spend_cap_reached",
+        "auto_topup_failed",
+        "payout_unreconciled",
     }
     assert all(r.metric in WIRED for r in rules)
     [hot] = [r for r in rules if r.name == "gpu_overheating"]

@@ -13,7 +13,15 @@ import pytest
 import stripe
 from aiohttp import web
 
-from management.payments.provider import InvalidWebhook, PaymentProviderError, TopupFailed, TopupPaid, TopupRequest
+from management.payments.provider import (
+    InvalidPaymentMethod,
+    InvalidWebhook,
+    PaymentDeclined,
+    PaymentProviderError,
+    TopupFailed,
+    TopupPaid,
+    TopupRequest,
+)
 from management.payments.stripe_provider import StripeProvider
 from tests.support.grid import free_port
 from tests.support.localstripe import LocalStripe, wait_for
@@ -163,3 +171,82 @@ async def test_recent_topup_events_are_read_from_the_api(localstripe: LocalStrip
         ("TopupFailed", "tu-b"),
     ]
     assert await grid.events_since(time.time() + 3600) == []
+
+
+async def test_a_saved_method_is_charged_off_session_and_its_payment_arrives_as_a_signed_event(
+    localstripe: LocalStripe, deliveries: Deliveries
+) -> None:
+    """Auto top-up: the renter's test token is attached to a new customer (its own id now: a token is used once),
+    then charged with no renter present; the money is believed from the signed event, as for any top-up."""
+    grid = provider(localstripe)
+    saved = await grid.save_method("renter-1", "", "pm_card_visa")
+    assert saved.customer.startswith("cus_") and saved.payment_method.startswith("pm_")
+    again = await grid.save_method("renter-1", saved.customer, "pm_card_visa")  # another card, the same customer
+    assert again.customer == saved.customer and again.payment_method != saved.payment_method
+    start = await grid.charge_saved(request("tu-auto", 20_000_000), saved)
+    intent = await retrieve(localstripe, start.reference)
+    assert intent.customer == saved.customer and intent.amount == 2000
+    await wait_for(lambda: any(b'"payment_intent.succeeded"' in body for body, _ in deliveries.received))
+    body, signature = next((b, s) for b, s in deliveries.received if b'"payment_intent.succeeded"' in b)
+    event = grid.verify_event(body, signature)
+    assert isinstance(event, TopupPaid) and (event.topup_id, event.amount) == ("tu-auto", 20_000_000)
+
+
+async def test_a_saved_method_whose_charge_is_declined_is_a_payment_declined(
+    localstripe: LocalStripe, deliveries: Deliveries
+) -> None:
+    grid = provider(localstripe)
+    saved = await grid.save_method("renter-1", "", "pm_card_chargeCustomerFail")  # attaches, then every charge fails
+    with pytest.raises(PaymentDeclined) as caught:
+        await grid.charge_saved(request("tu-auto-declined"), saved)
+    assert "declined" in str(caught.value).lower() and caught.value.reference.startswith("pi_")
+    await wait_for(lambda: any(b'"payment_intent.payment_failed"' in body for body, _ in deliveries.received))
+    body, signature = next((b, s) for b, s in deliveries.received if b'"payment_intent.payment_failed"' in b)
+    event = grid.verify_event(body, signature)
+    assert isinstance(event, TopupFailed) and event.topup_id == "tu-auto-declined"
+    assert event.reference == caught.value.reference  # the grid can match the event to its top-up
+
+
+async def test_a_method_the_provider_does_not_know_is_refused(localstripe: LocalStripe) -> None:
+    with pytest.raises(InvalidPaymentMethod) as caught:
+        await provider(localstripe).save_method("renter-1", "", "pm_nonexistent")
+    assert "pm_nonexistent" in str(caught.value)
+
+
+async def confirm_setup(localstripe: LocalStripe, reference: str, payment_method: str = "pm_card_visa") -> None:
+    """What Stripe.js's confirmCardSetup does in the renter's browser, with Stripe's test token for the card."""
+    http = stripe.AIOHTTPClient()
+    try:
+        await localstripe.client(http).v1.setup_intents.confirm_async(reference, params={"payment_method": payment_method})
+    finally:
+        await http.close_async()
+
+
+async def test_a_card_saved_by_the_browser_is_read_from_the_api_and_only_for_its_own_account(localstripe: LocalStripe) -> None:
+    """The console's top-up: the grid opens a SetupIntent, the browser saves the card on it (Stripe.js, here the SDK
+    with a test token), and the grid believes only what Stripe's API says of it: the account it was opened for, and
+    whether it succeeded."""
+    grid = StripeProvider(
+        localstripe.api_key, SECRET, api_base=localstripe.url, publishable_key="pk_test_1", js_url=f"{localstripe.url}/js/"
+    )
+    step = grid.browser_step
+    assert step is not None and step.connect_origins == (localstripe.url,) and step.frame_origins == ()
+    assert StripeProvider("sk", SECRET).browser_step is None  # no publishable key: no card form
+    stripes = StripeProvider("sk", SECRET, publishable_key="pk_live_1").browser_step
+    assert stripes is not None and stripes.script_origins == ("https://js.stripe.com",)
+    assert stripes.frame_origins == ("https://js.stripe.com", "https://hooks.stripe.com")
+
+    setup = await grid.start_card_setup("renter-1", "")
+    assert setup.customer.startswith("cus_") and setup.client_secret.startswith(setup.reference + "_secret_")
+    with pytest.raises(InvalidPaymentMethod, match="did not succeed"):
+        await grid.finish_card_setup("renter-1", setup.customer, setup.reference)  # no card given yet
+    await confirm_setup(localstripe, setup.reference)
+    with pytest.raises(InvalidPaymentMethod, match="not this account's"):
+        await grid.finish_card_setup("renter-2", setup.customer, setup.reference)  # another renter names it
+    with pytest.raises(InvalidPaymentMethod):
+        await grid.finish_card_setup("renter-1", setup.customer, "seti_nonexistent")
+    saved = await grid.finish_card_setup("renter-1", setup.customer, setup.reference)
+    assert saved.customer == setup.customer and saved.payment_method.startswith("pm_") and saved.label == "visa ending 4242"
+    start = await grid.charge_saved(request("tu-console"), saved, on_session=True)
+    intent = await retrieve(localstripe, start.reference)
+    assert intent.status == "succeeded" and intent.customer == saved.customer and start.client_secret == ""

@@ -109,6 +109,16 @@ def test_a_renter_with_no_money_takes_only_free_hosts():
     assert "rich" in placed(schedule(snapshot(hosts, units, queue=[job("rich", 2)])))
 
 
+def test_a_job_under_a_reached_hard_spend_cap_takes_only_free_hosts_and_its_wait_names_the_cap():
+    hosts, units = priced({"paid": (4, {"price": money("1")}), "free": (1, {"price": 0})})
+    cap = "the hard cap of 5.00 USD per hour on project train is reached (5.00 USD spent)"
+    q = [job("capped-1", capped=cap, t=1), job("capped-2", capped=cap, t=2)]
+    plan = schedule(snapshot(hosts, units, queue=q))
+    assert list(placed(plan)) == ["capped-1"] and host_of(units, placed(plan)["capped-1"][0]) == {"free"}
+    e = explain(snapshot(hosts, units, queue=q[1:], run=[running(q[0], placed(plan)["capped-1"])]), "capped-2")
+    assert f"1 host charge money and {cap}: it waits until the cap allows it (or is raised)" in e.summary
+
+
 # --- cheapest first -----------------------------------------------------------------------------------
 
 

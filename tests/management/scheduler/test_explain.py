@@ -7,11 +7,14 @@ import json
 from dataclasses import asdict
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from common.errors import NotFound
 from management.scheduler import Constraints, Host, Job, Policy, Quota, ReplicaRequest, explain, schedule
 from management.scheduler.core import FILTER_NAMES
 from tests.management.scheduler.grid import gpus, grid, placed, running, snapshot
+from tests.management.scheduler.test_properties import grids
 
 
 def job(jid: str, n: int = 1, **kw) -> Job:
@@ -133,3 +136,23 @@ def test_a_job_asking_for_a_vendor_is_placed_only_on_its_cards_and_the_explanati
     e = explain(snapshot(hosts, units, queue=[intel]), "xpu")
     assert e.cannot_fit == "no GPU on this grid is made by intel" and "made by intel" in e.summary
     assert {f.name: f.remaining for f in e.filters}["vendor"] == 0
+
+
+def test_a_gang_that_fits_an_empty_grid_counts_none_of_its_own_gpus_as_held_by_others():
+    hosts, units = grid({"h": 4})
+    pair = job("pair", 2, replicas=2, request=ReplicaRequest(gpus=2, cpu_cores=1.0, ram_mib=1024))
+    e = explain(snapshot(hosts, units, queue=[pair]), "pair")
+    by = {f.name: (f.removed, f.remaining) for f in e.filters}
+    assert e.fits_now
+    assert (by["CPU"], by["RAM"], by["held by others"]) == ((0, 4), (0, 4), (0, 4)), by
+    assert by["replica fit"] == (0, 4)
+
+
+@given(grids(), st.integers(1, 3), st.integers(1, 4), st.sampled_from([0.0, 2.0]))
+def test_a_job_that_fits_never_counts_its_own_gpus_cpu_or_ram_as_held_by_others(layout, replicas, n, cpu) -> None:
+    hosts, units = layout  # nothing runs: whatever a filter of holdings removes, the job itself would hold
+    want = job("w", replicas=replicas, request=ReplicaRequest(gpus=n, cpu_cores=cpu))
+    e = explain(snapshot(hosts, units, queue=[want]), "w")
+    if e.fits_now:
+        by = {f.name: f.removed for f in e.filters}
+        assert (by["CPU"], by["RAM"], by["held by others"]) == (0, 0, 0), e.filters

@@ -97,3 +97,10 @@ def test_prices_in_force_and_funds_are_read_per_host_and_per_renter():
         assert (default.price, default.min_bid) == (1_000_000, None)
         by_account: dict[str, Job] = {j.account: j for j in s.queue}
         assert (by_account["alice"].funded, by_account["bob"].funded) == (False, True)
+
+
+def test_a_host_under_review_for_its_completion_rate_takes_no_new_work():
+    """docs/disputes.md, "Completion rates": until an operator reviews it, the scheduler places nothing new there."""
+    s = snap(under_review=lambda agent_id: agent_id == "agt-priced")
+    assert (s.hosts["agt-priced"].takes_work, s.hosts["agt-default"].takes_work) == (False, True)
+    assert all(h.takes_work for h in snap().hosts.values())

@@ -1,0 +1,115 @@
+"""The Master unfolds a relay's ``report_fold`` into what each agent's frames would have done one by one
+(master/intake.py ``_unfold``, master/agent_channel.py ``_on_reports``); a real Master on SQLite, driven through its
+relay-link handlers (tests/master/linked.py)."""
+
+from __future__ import annotations
+
+import time
+
+from common.inventory import GpuSample
+from common.lanes import Lane, LaneBounds
+from common.wire import AgentReports, Error, Heartbeat, ReportFold, Telemetry, encode
+from master.config import MasterConfig
+from master.intake import IntakeCounters, LinkIntake
+from master.master import Master
+from tests.master.linked import connect, enrolled, gpus, relay_link, to_agent
+
+
+def fold(*reports: AgentReports, alive: tuple[str, ...] = ()) -> ReportFold:
+    return ReportFold(alive=list(alive), reports=list(reports))
+
+
+async def started(tmp_path) -> Master:
+    master = Master(MasterConfig(state_dir=str(tmp_path), link_port=0))
+    await master.start()
+    return master
+
+
+async def test_a_folds_telemetry_and_heartbeats_are_taken_as_the_frames_themselves(tmp_path):
+    master = await started(tmp_path)
+    try:
+        link = relay_link()
+        await connect(master, link, "agt-1", gpus(2))
+        now = time.time()
+        samples = [GpuSample(uuid="GPU-h100-0", ts=now, temperature_c=61.0), GpuSample(uuid="GPU-h100-1", ts=now)]
+        frames: list[Heartbeat | Telemetry] = [Heartbeat(seq=1, ts=now, running=["c1"]), Telemetry(ts=now, samples=samples)]
+        await master.channel.on_link_frame(link, fold(AgentReports(agent_id="agt-1", frames=frames)))
+
+        assert master.agent("agt-1").state == "busy"
+        assert master.telemetry.latest["GPU-h100-0"] == samples[0]
+        assert master.telemetry.latest["GPU-h100-1"] == samples[1]
+    finally:
+        await master.stop()
+
+
+async def test_an_agent_named_alive_is_handled_as_its_last_full_heartbeat_again(tmp_path):
+    master = await started(tmp_path)
+    try:
+        link = relay_link()
+        await connect(master, link, "agt-1", gpus(1))
+        await master.channel.on_link_frame(
+            link, fold(AgentReports(agent_id="agt-1", frames=[Heartbeat(seq=1, ts=time.time(), running=["c1"])]))
+        )
+        agent = master.agent("agt-1")
+        assert agent.state == "busy"
+        # Meanwhile the Master's view moved on (as a command's result could move it): the agent's next heartbeat, the
+        # same as its last one, must set it right again, as it would have unfolded.
+        await master.registry.transition(agent, "workload_finished", "for the test")
+        seen = agent.last_seen
+        await master.channel.on_link_frame(link, fold(alive=("agt-1",)))
+
+        assert agent.state == "busy"
+        assert agent.last_seen is not None and seen is not None and agent.last_seen >= seen
+    finally:
+        await master.stop()
+
+
+async def test_a_fold_takes_nothing_of_an_agent_not_linked_through_it_and_asks_an_unwelcomed_one_for_hello(tmp_path):
+    master = await started(tmp_path)
+    try:
+        link, other = relay_link("relay-a"), relay_link("relay-b")
+        await connect(master, other, "agt-elsewhere", gpus(1, prefix="GPU-b"))
+        await enrolled(master, "agt-new")
+        await master.channel.on_link_frame(
+            link, fold(AgentReports(agent_id="agt-elsewhere", frames=[Heartbeat(seq=1, ts=time.time(), running=["c1"])]))
+        )
+        assert master.agent("agt-elsewhere").state == "ready"
+
+        # An agent connected through the link but with no hello yet: asked for one, as a heartbeat would have it asked.
+        link.agents.add("agt-new")
+        master.hub.agent_links["agt-new"] = link
+        await master.channel.on_link_frame(link, fold(alive=("agt-new",)))
+        await master.channel.on_link_frame(
+            link, fold(AgentReports(agent_id="agt-new", frames=[Heartbeat(seq=1, ts=time.time())]))
+        )
+        told = to_agent(link, "agt-new")
+        assert [type(f) for f in told] == [Error] and told[0].code == "hello_required"  # type: ignore[union-attr]
+    finally:
+        await master.stop()
+
+
+async def _nothing(_: object) -> None:
+    return None
+
+
+async def test_the_intake_hears_every_agent_of_a_fold_that_its_link_speaks_for_when_it_reads_it():
+    heard: dict[str, float] = {}
+    agents = {"agt-1", "agt-2"}
+    intake = LinkIntake(_nothing, _nothing, LaneBounds(), IntakeCounters(), heard, agents)
+    message = encode(fold(AgentReports(agent_id="agt-2", frames=[]), alive=("agt-1", "agt-gone")))
+
+    await intake.take(message)
+
+    assert set(heard) == {"agt-1", "agt-2"}  # agt-gone left the link: a fold folded before it left does not revive it
+
+
+async def test_a_folding_links_backlog_is_a_second_fold_waiting_not_the_size_of_one() -> None:
+    """The pacer's backlog (master/pacing.py): one fold of 10,000 agents is counted as about 1.6 MB, past the 1 MiB a
+    link of single frames is judged by; it waits whenever it arrives, and only a second one says the Master is behind."""
+    intake = LinkIntake(_nothing, _nothing, LaneBounds(), IntakeCounters())
+    big = fold(*(AgentReports(agent_id=f"agt-{n}", frames=[]) for n in range(2)))
+    intake.queue.push(big, Lane.TELEMETRY, 2 * 1024 * 1024)
+    assert not intake.backlogged(1024 * 1024, folds=True)
+    assert intake.backlogged(1024 * 1024, folds=False)  # as many bytes of single frames: behind
+    intake.queue.push(big, Lane.TELEMETRY, 1024)
+    assert intake.backlogged(1024 * 1024, folds=True)
