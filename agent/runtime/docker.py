@@ -58,6 +58,8 @@ MIN_API_VERSION = (1, 40)
 # packages and step down to a user (apt, chown of a data dir, gosu/su). Left out of Docker's defaults:
 # NET_RAW (forged packets on the provider's network), MKNOD, SETFCAP, SETPCAP, SYS_CHROOT, AUDIT_WRITE.
 # Dropping ALL first means a newer engine's defaults can never widen what a renter gets.
+# Pauses before inspecting again after Podman answered an inspect that raced the container's exit (_exit_race).
+INSPECT_RACE_PAUSES_S = (0.05, 0.2, 0.5)
 CONNECT_TIMEOUT_S = 3.0  # to a container's address on the engine's network, before trying through exec
 DEFAULT_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "NET_BIND_SERVICE", "SETGID", "SETUID")
 # The GPU self-test (agent/runtime/selftest.py): an image with a C library for the nvidia-smi the NVIDIA toolkit
@@ -584,6 +586,13 @@ class DockerRuntime:
 
     async def _inspect_raw(self, name: str) -> dict[str, Any] | None:
         status, body = await self._call("GET", f"/containers/{quote(name, safe='')}/json")
+        for pause in INSPECT_RACE_PAUSES_S:
+            if not _exit_race(status, body):
+                break
+            # Podman read the cgroup of a process that had just ended (the container exiting as it was inspected):
+            # asked again a moment later, it describes the container as exited.
+            await asyncio.sleep(pause)
+            status, body = await self._call("GET", f"/containers/{quote(name, safe='')}/json")
         if status == 404:
             return None
         if status != 200:
@@ -874,6 +883,11 @@ def _message(body: Any) -> str:
 
 def _failure(what: str, status: int, body: Any) -> RuntimeFailure:
     return RuntimeFailure(f"{what} failed: the engine answered {status}: {_message(body)}")
+
+
+def _exit_race(status: int, body: Any) -> bool:
+    """Podman's answer to an inspect that raced the container's exit ("read /proc/N/cgroup: no such process")."""
+    return status == 500 and "no such process" in _message(body).lower()
 
 
 def _name_in_use(status: int, body: Any) -> bool:
