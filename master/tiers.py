@@ -162,6 +162,13 @@ class Classification:
     reasons: tuple[str, ...]  # explanations a person reads, one per flag or decision
 
 
+# classify's answers by what it reads (``_classify_key``): a fleet holds few kinds of card, and each hello classifies
+# every GPU of its host (8 per host, about 55 us each uncached: 45 s of the Master's CPU for a 100,000-host ramp).
+# Bounded: emptied when full. Each entry keeps its policy, so an answer is only reused for the very same policy object.
+CLASSIFY_CACHE_SIZE = 4096
+_classified: dict[tuple[object, ...], tuple[TierPolicy, Classification]] = {}
+
+
 def classify(
     info: GpuInfo,
     policy: TierPolicy,
@@ -169,7 +176,46 @@ def classify(
     host: HostInfo | None = None,
     measured: Mapping[str, float] | None = None,
 ) -> Classification:
-    """Identify, verify and tier one GPU. Never raises on odd reported values: they are flagged instead."""
+    """Identify, verify and tier one GPU. Never raises on odd reported values: they are flagged instead.
+
+    Pure: the same facts under the same policy give the same answer, so answers are kept (``_classified``)."""
+    key = _classify_key(info, policy, host, measured)
+    if key is None:
+        return _classify(info, policy, host, measured)
+    kept = _classified.get(key)
+    if kept is not None and kept[0] is policy:
+        return kept[1]
+    answer = _classify(info, policy, host, measured)
+    if len(_classified) >= CLASSIFY_CACHE_SIZE:
+        _classified.clear()
+    _classified[key] = (policy, answer)
+    return answer
+
+
+def _classify_key(
+    info: GpuInfo, policy: TierPolicy, host: HostInfo | None, measured: Mapping[str, float] | None
+) -> tuple[object, ...] | None:
+    """Everything of the inputs ``_classify`` reads (not the GPU's uuid, index or bus id); None when unhashable."""
+    try:
+        key = (
+            id(policy),
+            info.name,
+            info.memory_total_mib,
+            info.compute_capability,
+            info.vendor,
+            info.pcie_gen,
+            info.pcie_width,
+            _active_nvlinks(info),
+            _network_mbps(host),
+            tuple(sorted(measured.items())) if measured else (),
+        )
+        hash(key)
+    except TypeError:  # a measured figure of an odd type: classified afresh (and flagged there)
+        return None
+    return key
+
+
+def _classify(info: GpuInfo, policy: TierPolicy, host: HostInfo | None, measured: Mapping[str, float] | None) -> Classification:
     model = match_model(info)
     if model is None:
         reason = f"{info.name!r} is not a known GPU model; it is not tiered until the catalog lists it"

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from common.catalog import CATALOG, reference_gpu_info
 from common.errors import ConfigError
 from common.inventory import GpuInfo, HostInfo, NvLink
+from master import tiers
 from master.tiers import Classification, TierPolicy, TierRule, classify, describe_tiers
 
 POLICY = TierPolicy.load()
@@ -346,3 +347,32 @@ def test_classify_never_raises_and_flagged_gpus_never_get_a_tier(info, host_info
         assert result.tier is None
     assert result.reasons  # every outcome is explained
     assert result.model == "" or result.model in CATALOG
+
+
+# -- classify's kept answers --------------------------------------------------------------------
+
+
+@settings(max_examples=300, deadline=None)
+@given(info=_gpu_infos, host_info=_hosts, measured=_measured, uuid=st.text(max_size=20))
+def test_a_kept_answer_is_the_one_classifying_afresh_gives_whatever_the_gpus_identity(info, host_info, measured, uuid):
+    first = classify(info, POLICY, host=host_info, measured=measured)
+    other_card = msgspec.structs.replace(info, uuid=uuid, index=info.index + 1, pci_bus_id=uuid)
+    again = classify(other_card, POLICY, host=host_info, measured=measured)
+    fresh = tiers._classify(other_card, POLICY, host_info, measured)
+    assert again == fresh == first
+
+
+def test_an_answer_kept_under_one_policy_is_not_given_under_another(tmp_path):
+    a100 = card("a100-80gb")
+    assert classify(a100, POLICY).tier is not None
+    only_h100s = TierPolicy.load(write(tmp_path, '[[tier]]\nname = "hopper"\nmin_compute_capability = "9.0"\n'))
+    assert classify(a100, only_h100s).tier is None
+    assert classify(a100, POLICY).tier is not None
+
+
+def test_the_kept_answers_stay_bounded(monkeypatch):
+    monkeypatch.setattr(tiers, "CLASSIFY_CACHE_SIZE", 8)
+    monkeypatch.setattr(tiers, "_classified", {})
+    for mib in range(81_000, 81_050):
+        classify(card("a100-80gb", memory_total_mib=mib), POLICY)
+        assert len(tiers._classified) <= 8
