@@ -502,9 +502,12 @@ class SchedulerLoop:
         deleting = {
             (c.agent_id, str(c.spec.get("name"))) for c in self.master.commands.open.values() if c.kind == "delete_container"
         }
+        # Only hosts with containers can hold a stray: at 100,000 mostly idle hosts, judging each one's status every
+        # sweep was the largest timer-driven cost of the Master's loop (docs/capacity.md).
         hosts = [
             HostContainers(agent.id, _host_status(agent) == HostStatus.ANSWERING, agent.containers)
             for agent in self.master.registry.agents.values()
+            if agent.containers
         ]
         deletes, self._strays = lifecycle.strays(self.book.open_workloads(), hosts, deleting, self._strays, now)
         issued = 0
