@@ -22,7 +22,7 @@ import msgspec
 
 from common.errors import Conflict, IdlegridError
 from management.market.ledger import FEES, provider_account, renter_account
-from management.market.money import format_amount
+from management.market.money import BadAmount, format_amount, parse_amount
 from master.port import EventData, LedgerEntry, LedgerLine, RentalRecord
 
 DisputeState = Literal["open", "answered", "resolved"]
@@ -136,6 +136,19 @@ def clean_text(text: str, what: str, *, required: bool) -> str:
     if len(text) > MAX_TEXT:
         raise InvalidDispute(f"{what} is {len(text)} characters; at most {MAX_TEXT}")
     return text
+
+
+def refund_amount(text: str | None) -> int | None:
+    """A partial refund's micro-units as typed ("1.20"; None for none), or InvalidDispute saying what is wrong with it
+    (negative, not a number, too precise): the API's body and the console's form read it alike."""
+    if text is None:
+        return None
+    if text.strip().startswith("-"):
+        raise InvalidDispute(f"amount must be more than 0, not {text}")
+    try:
+        return parse_amount(text)
+    except BadAmount as exc:
+        raise InvalidDispute(f"amount: {exc}") from None
 
 
 def disputed_host(rental: RentalRecord, agent_id: str | None) -> str:

@@ -9,11 +9,10 @@ import msgspec
 from aiohttp import web
 
 from management.api.auth import scope_of
-from management.http.errors import BadRequest
 from management.http.keys import SERVICES_KEY
 from management.http.requests import json_response, parse_body, parse_query
 from management.http.schemas import EmptyQuery
-from management.market.money import BadAmount, parse_amount
+from management.payments.disputes import refund_amount
 from management.views.disputes import dispute_list_view, dispute_view
 
 Text = Annotated[str, msgspec.Meta(min_length=1, max_length=4000)]
@@ -52,18 +51,6 @@ class DisputeQuery(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 REQUEST_SCHEMAS: tuple[type[msgspec.Struct], ...] = (OpenDispute, AnswerDispute, ResolveDispute, DisputeQuery)
-
-
-def refund_amount(text: str | None) -> int | None:
-    """A partial refund's micro-units, or a 400 that says what is wrong with it (negative, not a number, too precise)."""
-    if text is None:
-        return None
-    if text.strip().startswith("-"):
-        raise BadRequest(f"amount must be more than 0, not {text}", code="invalid_dispute")
-    try:
-        return parse_amount(text)
-    except BadAmount as exc:
-        raise BadRequest(f"amount: {exc}", code="invalid_dispute") from None
 
 
 async def open_dispute(request: web.Request) -> web.Response:
