@@ -101,6 +101,16 @@ class HostReliability:
         found = self._completion.get(agent_id)
         return found is not None and found.under_review
 
+    @property
+    def completion_policy(self) -> CompletionPolicy:
+        """The threshold and minimum of rentals that put a host under review."""
+        return self._completion_policy
+
+    def held_for_review(self) -> list[CompletionRate]:
+        """The hosts under review now, the lowest rate first (the operator's review list)."""
+        held = [rate for rate in self._completion.values() if rate.under_review]
+        return sorted(held, key=lambda rate: (rate.rate if rate.rate is not None else 1.0, rate.agent_id))
+
     async def review(self, agent_id: str, by: str) -> CompletionRate:
         """An operator reviewed the host: its count starts afresh from now, so it is offered again."""
         before = self.completion(agent_id)

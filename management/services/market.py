@@ -15,7 +15,7 @@ import msgspec
 
 from common.errors import Conflict, IdlegridError, NotFound
 from management.market.charges import price_at
-from management.market.completion import CompletionRate
+from management.market.completion import CompletionPolicy, CompletionRate
 from management.market.ledger import (
     EXTERNAL,
     FEES,
@@ -511,6 +511,15 @@ class MarketService:
         if agent is None or (owner is not None and agent.provider != owner):
             raise NotFound(f"no agent {agent_id!r}")
         return self.market.reliability.completion(agent_id)
+
+    @property
+    def completion_policy(self) -> CompletionPolicy:
+        """The grid's completion threshold and minimum of rentals (docs/disputes.md, "Settings")."""
+        return self.market.reliability.completion_policy
+
+    def hosts_under_review(self) -> list[CompletionRate]:
+        """Every host under review for its completion rate, the lowest rate first (the operator's: no owner filter)."""
+        return self.market.reliability.held_for_review()
 
     async def review_completion(self, agent_id: str, *, by: str) -> CompletionRate:
         """The operator reviewed a host under review: its count starts afresh, and it is offered again."""
