@@ -12,13 +12,13 @@ from __future__ import annotations
 from aiohttp import web
 
 from common.errors import Conflict, InvalidPassword
-from management.access_control import Action, Resource, Scope, permitted
+from management.access_control import Action, Resource, permitted
 from management.console import session
+from management.console.audit import record_write
 from management.console.forms import FormErrors, text
 from management.console.nav import NavItem
 from management.console.rendering import page
 from management.http.keys import SERVICES_KEY
-from management.services.accounts import AuditEntry
 from management.services.ssh_keys import InvalidSshKey
 from master.port import IssuedKey
 
@@ -70,16 +70,6 @@ async def change_password(request: web.Request) -> web.Response:
     raise web.HTTPSeeOther("/console/signin")
 
 
-async def _audit(request: web.Request, scope: Scope, status: int, target: str) -> None:
-    """A console write is an audit event naming the account, as an API write is (key id "": a session, not a key)."""
-    route = request.match_info.route.resource.canonical if request.match_info.route.resource else request.path
-    entry = AuditEntry(
-        account=scope.principal.account, key_id="", role=scope.principal.role.value, method=request.method,
-        route=route, target=target, status=status,
-    )  # fmt: skip
-    await request.app[SERVICES_KEY].accounts.record_audit(entry)
-
-
 async def create_key(request: web.Request) -> web.Response:
     scope = await session.signed_in(request, Resource.KEYS, Action.WRITE)
     own = scope.principal.account
@@ -96,7 +86,7 @@ async def create_key(request: web.Request) -> web.Response:
     except Conflict as exc:  # too many keys not revoked: said beside the form
         errors.add("key-name", str(exc))
         return await account_page(request, status=409, key_errors=errors, key_name=name)
-    await _audit(request, scope, 200, issued.record.key_id)
+    await record_write(request, scope, 200, issued.record.key_id)
     return await account_page(request, issued=issued)
 
 
@@ -104,7 +94,7 @@ async def revoke_key(request: web.Request) -> web.Response:
     scope = await session.signed_in(request, Resource.KEYS, Action.WRITE)
     own = scope.principal.account
     key = await request.app[SERVICES_KEY].accounts.revoke_api_key(request.match_info["key_id"], owner=own)
-    await _audit(request, scope, 303, key.key_id)
+    await record_write(request, scope, 303, key.key_id)
     await session.flash(request, f"API key {key.key_id} ({key.name}) is revoked: it is refused from now on.")
     raise web.HTTPSeeOther("/console/account")
 
