@@ -20,12 +20,13 @@ from aiohttp import web
 from common.errors import Conflict, NotFound
 from common.output import last_lines
 from common.overlay import replica_address
-from management.access_control import Action, Resource, acting_account
+from management.access_control import AccountRole, Action, Resource, acting_account
 from management.console import session
 from management.console.forms import FormErrors, amount, environment, integer, number, text, word
 from management.console.nav import NavItem
 from management.console.pages.billing_settings import settings_of
 from management.console.pages.billing_topup import billing_csp
+from management.console.pages.disputes import rental_disputes
 from management.console.rendering import TemplateContext, page
 from management.console.terminal import serve_logs, serve_terminal
 from management.console.workload_form import (
@@ -69,6 +70,7 @@ from master.port import MAX_GPUS_PER_REPLICA, MAX_REPLICAS, KeptOutput, RentalTe
 WORKLOADS_PER_PAGE = 25
 LEDGER_PER_PAGE = 50
 TOPUPS_SHOWN = 10
+DISPUTES_SHOWN = 5  # the billing page's latest disputes; the disputes page lists them all
 TOPUP_WAIT_S = 120.0  # the billing page reloads itself this long while a top-up just paid waits for its webhook
 LIVE_STATE_KEY = web.RequestKey("console_workload_state", str)
 RENTAL_KINDS = {
@@ -367,6 +369,7 @@ async def workload(request: web.Request, *, template: str = "renter/workload.htm
             account=scope.owner,  # its runs over the last day
         )
         usage = utilization_chart(history)
+    ended = [r.rental.id for r in overview.rentals if r.rental.ended_at is not None]
     return await page(
         request, template, fragment=template != "renter/workload.html", title=f"{record.spec.name} ({record.id})",
         w=record, overview=overview,
@@ -376,6 +379,7 @@ async def workload(request: web.Request, *, template: str = "renter/workload.htm
         links=request.app[SERVICES_KEY].links.links_of(record),
         storage=data, transfer=transfer_event, network=network,
         ssh_keys=await request.app[SERVICES_KEY].ssh_keys.list(owner=scope.principal.account), usage=usage,
+        disputes=await rental_disputes(request, scope, ended),
     )  # fmt: skip
 
 
@@ -491,10 +495,13 @@ async def billing(request: web.Request) -> web.Response:
     step = services.billing_settings.browser_step if settings is not None else None
     topups = await services.topups.list_topups(owner=scope.owner, account=scope.principal.account)
     waiting = _waiting_topup(topups, request.query.get("topup", ""), time.time())
+    disputes = []  # the account's own as a renter: the billing page is the renter's (an operator's lists every one)
+    if scope.principal.role is AccountRole.RENTER:
+        disputes = await services.disputes.list_disputes(owner=scope.owner, role="renter", limit=DISPUTES_SHOWN)
     response = await page(
         request, "renter/billing.html", title="Billing", funds=funds, spend=spend, statement=statement, chart=chart,
         money=format_amount, after=after, settings=settings, readings=readings, step=step,
-        topups=topups[:TOPUPS_SHOWN], waiting=waiting,
+        topups=topups[:TOPUPS_SHOWN], waiting=waiting, disputes=disputes,
     )  # fmt: skip
     response.headers["Content-Security-Policy"] = billing_csp(step)
     return response
