@@ -330,6 +330,10 @@ def test_the_operator_clears_a_host_held_for_completion_review_and_a_provider_ca
     assert grid.services.market.completion("agt-a1", owner=None).under_review
 
     sign_in(page, "operator")
+    page.goto(f"{grid.url}/console/hosts/agt-a1")  # the host's own page offers the same clearing
+    expect(page.locator("#clear-review")).to_be_visible()
+    expect(page.locator("#host-completion")).to_contain_text("75% of 8 rentals")
+    shot(page, "host-page-under-review")
     nav(page, "Completion review").click()
     row = page.locator("#held-agt-a1")
     expect(row).to_contain_text("75%")
