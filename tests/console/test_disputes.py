@@ -119,6 +119,12 @@ def nav(page: Any, label: str) -> Any:
     return page.get_by_role("navigation", name="Main").get_by_role("link", name=label)
 
 
+def audited(grid: Any, account: str) -> list[tuple[str, str, str]]:
+    """The account's audit events: (method, route, target), as a console write records them."""
+    events = grid.run(grid.server.master.events_after(subject=account, kind_prefix="audit"))
+    return [(e.data["method"], e.data["route"], e.data["target"]) for e in events]
+
+
 def balances(grid: Any) -> dict[str, int]:
     return dict(grid.services.market.market.ledger.balances())
 
@@ -155,6 +161,7 @@ def test_a_renter_disputes_its_ended_rental_from_the_workload_page_and_follows_i
     dispute_id = page.url.rsplit("/", 1)[1]
     assert balances(grid).get(dispute_account(dispute_id)) == 2_250_000
     assert balances(grid)[provider_account("acme")] == earned - 2_250_000
+    assert ("POST", "/console/disputes", dispute_id) in audited(grid, "rita")
 
     page.goto(f"{grid.url}/console/workloads/{grid.workload_id}")  # the rental now links its dispute, and no new one
     expect(page.locator("#rentals")).to_contain_text(f"dispute {dispute_id} (open)")
@@ -265,6 +272,7 @@ def test_the_operator_reads_the_evidence_refuses_bad_amounts_and_refunds_part_on
     assert after[renter_account("rita")] == before[renter_account("rita")] + 1_000_000
     assert after[provider_account("acme")] == before.get(provider_account("acme"), 0) + 1_250_000
     assert after.get(dispute_account(dispute_id), 0) == 0 and sum(after.values()) == 0
+    assert ("POST", "/console/disputes/{dispute_id}/resolution", dispute_id) in audited(grid, "operator")
     again = post_form(page, grid.url, f"/console/disputes/{dispute_id}/resolution", {"resolution": "full"})
     assert again.status == 409 and "already resolved (partial)" in again.text()
     assert balances(grid) == after
