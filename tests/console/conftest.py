@@ -107,6 +107,9 @@ def console_config(tmp_path: Path, **console: Any) -> MasterConfig:
         # The storage pages' stand-in endpoint, http://127.0.0.1:9000 (nothing connects to it here): a private target
         # a renter may name only because the operator allows it by name (common/egress.py).
         egress_allow=["127.0.0.1:9000"],
+        # The console tests' hosts are records with no agent behind them: at the default (5 s, offline after 3 missed)
+        # a loaded machine walking a page for longer than 15 s saw its host go offline mid-test.
+        heartbeat_s=3600.0,
     )
 
 
