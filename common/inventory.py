@@ -112,7 +112,9 @@ class GpuInfo(msgspec.Struct, frozen=True, kw_only=True):
     cuda_version: ShortText = ""
     pcie_gen: int | None = None
     pcie_width: int | None = None
-    nvlinks: Annotated[list[NvLink], msgspec.Meta(max_length=MAX_NVLINKS)] = []
+    # A tuple, like ``mig_instances``: the Master keeps one tuple for every card of the same links (an H100 SXM has 18),
+    # not a list and 18 link objects per GPU (master/sharing.py).
+    nvlinks: Annotated[tuple[NvLink, ...], msgspec.Meta(max_length=MAX_NVLINKS)] = ()
     clock_sm_max_mhz: int | None = None
     clock_mem_max_mhz: int | None = None
     power_limit_w: float | None = None

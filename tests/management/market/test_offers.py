@@ -38,9 +38,8 @@ def host(agent_id: str, *, state: str = "ready", region: str = "eu-west", isolat
 def cards(agent_id: str, n: int, model: str = "h100-sxm", *, nvlink: bool = False, cuda: str = "12.4") -> list[GpuRecord]:
     out = []
     for i in range(n):
-        links = (
-            [NvLink(link=j, active=True, remote_pci_bus_id=f"0000:{j:02x}:00.0") for j in range(n) if j != i] if nvlink else []
-        )
+        peers = [j for j in range(n) if j != i] if nvlink else []
+        links = tuple(NvLink(link=j, active=True, remote_pci_bus_id=f"0000:{j:02x}:00.0") for j in peers)
         info = GpuInfo(
             index=i,
             uuid=f"GPU-{agent_id}-{i}",
