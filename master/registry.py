@@ -17,6 +17,7 @@ from master.changes import AgentWritten, ChangeFeed, ContainerExited, GpuHealthC
 from master.events import EventLog
 from master.records import AgentRecord, GpuFault, GpuRecord, GpuVerification
 from master.reputation import verification_counts
+from master.sharing import SharedValues
 from master.states import AGENT, GPU, AgentState, GpuState
 from master.store.base import Store
 from master.tiers import TierPolicy, classify
@@ -58,6 +59,8 @@ class Registry:
         self.allocations = allocations if allocations is not None else GpuAllocations(self.changes)
         self.agents: dict[str, AgentRecord] = {}
         self.gpus: dict[str, GpuRecord] = {}
+        # What hosts report alike (GPU names, drivers, NvLinks, CPU models) kept once, not once per agent.
+        self.shared = SharedValues()
         self._gpus_by_agent: dict[str, dict[str, GpuRecord]] = {}  # agent id -> its GPUs by uuid: no scan of every GPU
         # agent id -> the GPUs it reported under a uuid another host holds (its refused claims): shown on it (flagged
         # ``duplicate_uuid``, offline), never stored (the store keys GPUs by uuid, the holder's record is the one there)
@@ -109,6 +112,7 @@ class Registry:
                     # Stored by a Master that flagged the holder of a claimed uuid too (issue 22, D3): the stored
                     # record is always the holder's, which keeps its card. Written so with its next change.
                     gpu.flags = [f for f in gpu.flags if f != DUPLICATE_UUID_FLAG]
+                gpu.info = self.shared.gpu_info(gpu.info)
                 self._put_gpu(gpu)
             for gpu in sorted(absent, key=lambda g: g.updated_at):
                 if gpu.uuid not in self.gpus:
@@ -264,8 +268,10 @@ class Registry:
         """A (re)connected agent described itself: refresh its inventory and bring it up."""
         if agent.state == AgentState.OFFLINE.value and agent.last_seen:
             agent.downtime_s += max(0.0, now - agent.last_seen)
-        agent.host, agent.simulated, agent.relay = inventory.host, inventory.simulated, relay
-        agent.runtime, agent.isolation, agent.images = inventory.runtime, inventory.isolation, list(inventory.images)
+        shared = self.shared
+        agent.host, agent.simulated, agent.relay = shared.host(inventory.host), inventory.simulated, relay
+        agent.runtime, agent.isolation = shared.one(inventory.runtime), shared.one(inventory.isolation)
+        agent.images = list(inventory.images)
         agent.overlay_key = inventory.overlay_key
         agent.image_source = inventory.image_source
         # Only about GPUs this very report lists, once each: the self-test of a card the host does not report says nothing.
@@ -278,7 +284,7 @@ class Registry:
         agent.unoffered_gpus = list(inventory.unoffered)
         # The region is the one the agent declares (or enrolled with): a failover to another region's relay
         # does not move the host. The relay's region only fills in a region the agent never gave.
-        agent.region = region or agent.region or relay_region
+        agent.region = shared.one(region or agent.region or relay_region)
         await self._record_relay_change(agent, relay, relay_region=relay_region)
         agent.last_seen, agent.connected_since = now, now
         unreachable = {tested.uuid for tested in agent.gpu_reach if not tested.reachable}
@@ -328,6 +334,7 @@ class Registry:
             if info.uuid in reported:
                 continue  # listed twice in one report: the first entry stands
             reported.add(info.uuid)
+            info = self.shared.gpu_info(info)  # kept for as long as the card is: its values shared with its peers'
             old = self.gpus.get(info.uuid)
             holder = old.agent_id if old is not None else self._absent_holder.get(info.uuid)
             if holder is not None and not self._may_claim(holder, agent_id):
