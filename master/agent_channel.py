@@ -80,6 +80,11 @@ log = logging.getLogger(__name__)
 
 LOSE_SLICE = 250  # agents taken offline per turn of the event loop when their relay is lost (``_lose_all``)
 
+# What an agent's last full heartbeat said, kept for the fold's ``alive`` marks (``_on_alive``) when it said nothing
+# (no container running or exited, no overlay, no ping echo): one shared object, not a heartbeat, a list and two dicts
+# per idle agent. Its date and sequence are never read again (a repeat is handled with its transit aside).
+_SAID_NOTHING = Heartbeat(seq=0, ts=0.0)
+
 # Agents in these states are shown reachable; a clean disconnect or a lost relay takes them offline at once.
 _CONNECTED = frozenset({AgentState.ENROLLED.value, AgentState.READY.value, AgentState.BUSY.value, AgentState.MAINTENANCE.value})
 
@@ -292,7 +297,8 @@ class AgentChannel:
             self._metrics.frame_received(frame)
             verdict = session.receive(frame, 0, now)
             if verdict is TAKE and isinstance(frame, Heartbeat):
-                self._heartbeats[agent_id] = frame
+                said_nothing = not (frame.running or frame.exited or frame.overlay or frame.ping is not None)
+                self._heartbeats[agent_id] = _SAID_NOTHING if said_nothing else frame
             await self._carry_out(link, agent, session, frame, verdict, now)
 
     async def _on_alive(self, link: AccessLink, agent: AgentRecord, session: AgentSession, now: float) -> None:
@@ -389,7 +395,10 @@ class AgentChannel:
             # meaningless for the whole fleet, so only a date a real clock could give is observed.
             self._metrics.heartbeat_transit.observe(max(0.0, since))
         self._registry.on_heartbeat(agent, now, max_gap_s=self._config.heartbeat_s * self._config.missed_heartbeats)
-        self._registry.overlay_paths[agent.id] = frame.overlay  # in memory: the next heartbeat says it again
+        if frame.overlay:  # in memory: the next heartbeat says it again
+            self._registry.overlay_paths[agent.id] = frame.overlay
+        else:
+            self._registry.overlay_paths.pop(agent.id, None)
         if frame.exited:
             await self._registry.on_exited(agent, frame.exited)
         await self._registry.on_running(agent, frame.running)
