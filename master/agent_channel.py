@@ -234,7 +234,7 @@ class AgentChannel:
         link.agents.add(frame.agent_id)
         self._hub.agent_links[frame.agent_id] = link
         # A new connection, a new session: it must say hello again, and is asked at once if it does not.
-        self.sessions[frame.agent_id] = AgentSession(frame.agent_id, self._rules, time.time())
+        self.sessions[frame.agent_id] = AgentSession(frame.agent_id, self._rules)
 
     async def _enroll(self, request: EnrollRequest) -> EnrollResponse:
         try:
@@ -273,7 +273,7 @@ class AgentChannel:
         self._metrics.frame_received(frame)
         session = self.sessions.get(agent_id)
         if session is None:
-            session = self.sessions[agent_id] = AgentSession(agent_id, self._rules, now)
+            session = self.sessions[agent_id] = AgentSession(agent_id, self._rules)
         await self._carry_out(link, agent, session, frame, session.receive(frame, len(raw), now), now)
 
     async def _on_reports(self, link: AccessLink, reports: AgentReports) -> None:
@@ -290,7 +290,7 @@ class AgentChannel:
         now = time.time()
         session = self.sessions.get(agent_id)
         if session is None:
-            session = self.sessions[agent_id] = AgentSession(agent_id, self._rules, now)
+            session = self.sessions[agent_id] = AgentSession(agent_id, self._rules)
         if not reports.frames:
             await self._on_alive(link, agent, session, now)
         for frame in reports.frames:
@@ -338,6 +338,7 @@ class AgentChannel:
             case Act.DROP_AND_NOTE:
                 self._metrics.reports_dropped.inc()
                 budget = session.budget
+                assert budget is not None  # a drop is a spend from it
                 await self._events.record(
                     "agent_report.budget_exceeded", agent.id, dropped=budget.dropped, dropped_bytes=budget.dropped_bytes
                 )
