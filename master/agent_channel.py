@@ -63,7 +63,7 @@ from master.records import AgentRecord, CommandRecord, GpuRecord
 from master.renewal import renew_certificate
 from master.session import HELLO_REQUIRED, TAKE, Act, AgentSession, SessionRules, Verdict
 from master.states import AgentState
-from master.telemetry import SampleWindow, SetAside, plausible_gpu
+from master.telemetry import SampleWindow, SetAside, kept_sample, plausible_gpu
 from master.worker_calls import (
     BUSY_STATUS,
     MAX_CALLS_IN_FLIGHT_PER_AGENT,
@@ -587,9 +587,10 @@ class AgentChannel:
                 await self._registry.mark_faulty(gpu, verdict)
 
     def _plausible_samples(self, agent_id: str, samples: list[GpuSample], now: float) -> list[GpuSample]:
-        """The samples of GPUs ``agent_id`` owns that are plausible (master/telemetry.py ``plausible_gpu``); each one
-        set aside is counted, and logged at most once per report window per agent, so a hostile agent cannot flood the
-        log. The rest of the frame is taken: one bad record never holds back the others."""
+        """The samples of GPUs ``agent_id`` owns that are plausible (master/telemetry.py ``plausible_gpu``), as the
+        Master keeps them (``kept_sample``); each one set aside is counted, and logged at most once per report window per
+        agent, so a hostile agent cannot flood the log. The rest of the frame is taken: one bad record never holds back
+        the others."""
         taken: list[GpuSample] = []
         for sample in samples:
             gpu = self._registry.gpus.get(sample.uuid)
@@ -605,5 +606,5 @@ class AgentChannel:
                         extra={"agent_id": agent_id, "gpu_uuid": sample.uuid, "figure": checked.figure, "why": checked.detail},
                     )
                 continue
-            taken.append(checked)
+            taken.append(kept_sample(checked, gpu.uuid))
         return taken

@@ -51,6 +51,10 @@ class SharedValues:
             self._kept[key] = value
         return value
 
+    def known(self, value: _V) -> _V | None:
+        """The pooled value equal to ``value`` and of its type, or None (nothing is pooled)."""
+        return self._kept.get((type(value), value))  # type: ignore[return-value]  # keyed by its type
+
     def nvlinks(self, links: tuple[NvLink, ...]) -> tuple[NvLink, ...]:
         """``links`` as one shared tuple of shared links."""
         if not links:

@@ -203,6 +203,16 @@ def plausible_gpu(sample: GpuSample, memory_total_mib: int, now: float, window: 
     return msgspec.structs.replace(sample, **unsaid) if unsaid else sample
 
 
+def kept_sample(sample: GpuSample, uuid: str) -> GpuSample:
+    """``sample`` as the Master keeps it (its GPU's latest, and its minute's first): naming its GPU by ``uuid``, the
+    registry's own string of it, and its throttle reasons as a shared tuple. As decoded, each kept sample held a UUID
+    string and a tuple of reasons of its own, and its GPU's minute another copy of the UUID: about 300 bytes per GPU."""
+    reasons = sample.throttle_reasons
+    if reasons:  # in the agent's order, each a shared string
+        reasons = _REASON_SETS.known(reasons) or _REASON_SETS.one(tuple(_KNOWN_REASONS.get(r, r) for r in reasons))
+    return msgspec.structs.replace(sample, uuid=uuid, throttle_reasons=reasons)
+
+
 def counter_step(previous: int | None, current: int | None, gap_s: float) -> int | None:
     """The bytes a counter since boot moved between two consecutive samples ``gap_s`` apart: None where either
     reading is missing, the gap is too long to place them or the step too large to be real; 0 where it went
