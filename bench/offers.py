@@ -136,7 +136,7 @@ def market(o: OffersBenchOptions) -> tuple[OfferIndex, float]:
                     info=info,
                     state="available",
                     tier=tier,
-                    flags=["vram_mismatch"] if flagged else [],
+                    flags=("vram_mismatch",) if flagged else (),
                     # a passed verification run (docs/verification.md), so ``verified=true`` matches the unflagged hosts
                     verification=None if flagged else measured,
                 )

@@ -110,7 +110,9 @@ class GpuRecord(msgspec.Struct, kw_only=True, gc=False):
     info: GpuInfo
     state: str  # see master.states.GpuState
     tier: str | None = None
-    flags: list[str] = []  # reasons the GPU was not tiered up, e.g. "vram_mismatch"
+    # Reasons the GPU was not tiered up, e.g. "vram_mismatch": a tuple, so that the many GPUs with none share the one
+    # empty tuple (an empty list was 56 bytes of the Master's memory per GPU).
+    flags: tuple[str, ...] = ()
     updated_at: float = 0.0
     fault: GpuFault | None = None  # set while the GPU is faulty because of its hardware; cleared by a repair
     # The uncorrectable ECC count (volatile, since the driver loaded) an operator accepted with the last repair:

@@ -111,7 +111,7 @@ class Registry:
                 if DUPLICATE_UUID_FLAG in gpu.flags:
                     # Stored by a Master that flagged the holder of a claimed uuid too (issue 22, D3): the stored
                     # record is always the holder's, which keeps its card. Written so with its next change.
-                    gpu.flags = [f for f in gpu.flags if f != DUPLICATE_UUID_FLAG]
+                    gpu.flags = tuple(f for f in gpu.flags if f != DUPLICATE_UUID_FLAG)
                 gpu.info = self.shared.gpu_info(gpu.info)
                 self._put_gpu(gpu)
             for gpu in sorted(absent, key=lambda g: g.updated_at):
@@ -249,7 +249,7 @@ class Registry:
             self.gpus.pop(gpu.uuid, None)
             self._gpus_by_agent.get(agent_id, {}).pop(gpu.uuid, None)
             self.allocations.set_partition(gpu.uuid, [])
-            gpu.state, gpu.flags, gpu.updated_at = GpuState.OFFLINE.value, [*gpu.flags, flag], time.time()
+            gpu.state, gpu.flags, gpu.updated_at = GpuState.OFFLINE.value, (*gpu.flags, flag), time.time()
             withdrawn.append(gpu)
         if withdrawn:
             await self._events.record_many([("gpu.withdrawn", g.uuid, {"agent_id": agent_id, "reason": flag}) for g in withdrawn])
@@ -349,7 +349,7 @@ class Registry:
                     model=old.model if old is not None else classify(info, self.policy, host=host).model,  # type: ignore[arg-type]
                     info=info,
                     state=GpuState.OFFLINE.value,
-                    flags=[DUPLICATE_UUID_FLAG],
+                    flags=(DUPLICATE_UUID_FLAG,),
                     updated_at=time.time(),
                 )
                 self._shadows.setdefault(agent_id, {})[info.uuid] = shadow
@@ -372,7 +372,7 @@ class Registry:
                 info=info,
                 state=state,
                 tier=tier,
-                flags=judged_flags + ([GPU_UNREACHABLE_FLAG] if info.uuid in unreachable else []),
+                flags=tuple(judged_flags) + ((GPU_UNREACHABLE_FLAG,) if info.uuid in unreachable else ()),
                 updated_at=time.time(),
                 # A hello does not clear a fault: a card that threw a fatal Xid may do so again (docs/master.md).
                 fault=old.fault if old is not None and same_host else None,
@@ -460,8 +460,9 @@ class Registry:
             return None
         c = classify(gpu.info, self.policy, host=agent.host, measured=measured_of(verification))
         tier, flags, reasons = judged(c, verification)
-        kept = [flag for flag in gpu.flags if flag in (GPU_UNREACHABLE_FLAG, DUPLICATE_UUID_FLAG)]
-        record = msgspec.structs.replace(gpu, tier=tier, flags=flags + kept, verification=verification, updated_at=time.time())
+        kept = tuple(flag for flag in gpu.flags if flag in (GPU_UNREACHABLE_FLAG, DUPLICATE_UUID_FLAG))
+        flags_now = tuple(flags) + kept
+        record = msgspec.structs.replace(gpu, tier=tier, flags=flags_now, verification=verification, updated_at=time.time())
         if (gpu.tier, gpu.flags) != (record.tier, record.flags):
             await self._events.record(
                 "gpu.classified", uuid, agent_id=gpu.agent_id, model=c.model, tier=tier, flags=flags, reasons=reasons

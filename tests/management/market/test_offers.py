@@ -125,7 +125,7 @@ def test_units_an_interruptible_rental_holds_are_offered_on_demand_only():
 
 def test_a_flagged_gpu_makes_the_offer_unverified_and_mig_instances_are_units_held_by_their_gpu():
     gpus = cards("h1", 2, "a100-80gb")
-    gpus[0].flags = ["vram_mismatch"]
+    gpus[0].flags = ("vram_mismatch",)
     assert offer_of(host("h1"), gpus, held=set(), price=PRICE, reliability=1.0).verified is False  # type: ignore[union-attr]
     split = GpuInfo(
         index=0,
