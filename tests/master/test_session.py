@@ -70,7 +70,7 @@ def test_event_reports_are_budgeted_by_bytes_too():
     session = welcomed()
     assert session.receive(report(), 9_000, 0.0).act is Act.TAKE
     assert session.receive(report(), 2_000, 0.0).act is Act.DROP_AND_NOTE  # 11,000 bytes > 10,000 per window
-    assert session.budget.dropped_bytes == 2_000
+    assert session.budget is not None and session.budget.dropped_bytes == 2_000
 
 
 def test_a_worker_call_is_taken_only_after_the_welcome_and_is_not_budgeted_as_a_report():

@@ -70,10 +70,10 @@ async def test_an_idle_agent_named_alive_is_handled_as_its_last_heartbeat_which_
         link = relay_link()
         await connect(master, link, "agt-1", gpus(1))
         overlay = {"c1": {"10.9.0.2": "direct"}}
-        said = [Heartbeat(seq=1, ts=time.time(), running=["c1"], overlay=overlay)]
+        said: list[Heartbeat | Telemetry] = [Heartbeat(seq=1, ts=time.time(), running=["c1"], overlay=overlay)]
         await master.channel.on_link_frame(link, fold(AgentReports(agent_id="agt-1", frames=said)))
         assert master.agent("agt-1").state == "busy" and master.overlay_paths("agt-1", "c1") == {"10.9.0.2": "direct"}
-        idle = [Heartbeat(seq=2, ts=time.time(), ping="nonce-1"), Heartbeat(seq=3, ts=time.time())]
+        idle: list[Heartbeat | Telemetry] = [Heartbeat(seq=2, ts=time.time(), ping="nonce-1"), Heartbeat(seq=3, ts=time.time())]
         await master.channel.on_link_frame(link, fold(AgentReports(agent_id="agt-1", frames=idle)))
         agent = master.agent("agt-1")
         assert agent.state == "ready" and master.overlay_paths("agt-1", "c1") == {}
