@@ -8,9 +8,10 @@ each card's own UUID is its own.
 
 ``SharedValues.one(value)`` answers the first equal value it was given, of the same type (``1 == 1.0 == True``, but a
 float must stay a float). What an agent reports is its own choice, so the pool is bounded: past ``limit`` values a
-new one is kept as given, not pooled, and a host that makes values up grows the Master no further than its own
-records do. Only immutable values are pooled (strings, numbers, frozen structs and tuples of them): a shared object
-must never be changed in place.
+new one is kept as given, not pooled. A pooled value stays pooled after the last card that said it is gone, so hosts
+that make values up cost the Master at most the pool's bound (at the wire's limits on each value, a few tens of MB),
+and what they keep of their own as before. Only immutable values are pooled (strings, numbers, frozen structs and
+tuples of them): a shared object must never be changed in place.
 """
 
 from __future__ import annotations
