@@ -351,7 +351,7 @@ def _mig_profile(parent: Any, mig: Any, gpu_instance: int | None) -> str:
     return name if compute in (0, slices) else f"{compute}c.{name}"
 
 
-def _nvlinks(handle: Any) -> list[NvLink]:
+def _nvlinks(handle: Any) -> tuple[NvLink, ...]:
     links = []
     for link in range(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)):
         try:
@@ -361,7 +361,7 @@ def _nvlinks(handle: Any) -> list[NvLink]:
         active = state == pynvml.NVML_FEATURE_ENABLED
         remote = _optional(functools.partial(_remote_bus_id, handle, link)) if active else None
         links.append(NvLink(link=link, active=active, remote_pci_bus_id=_text(remote) if remote else None))
-    return links
+    return tuple(links)
 
 
 def _remote_bus_id(handle: Any, link: int) -> Any:

@@ -55,6 +55,11 @@ def census(top: int = 40) -> str:
         stats = snapshot.statistics("lineno")
         lines.append(f"tracemalloc: {sum(s.size for s in stats):,} B held")
         lines += [f"{stat.size:>14,} B {stat.count:>11,}  {stat.traceback}" for stat in stats[:top]]
+        if tracemalloc.get_traceback_limit() > 1:
+            lines.append(f"tracemalloc by call path ({tracemalloc.get_traceback_limit()} frames, innermost first):")
+            for stat in snapshot.statistics("traceback")[:top]:
+                lines.append(f"{stat.size:>14,} B {stat.count:>11,}")
+                lines += [f"{'':>32}{frame}" for frame in reversed(stat.traceback)]
     return "\n".join(lines) + "\n"
 
 
@@ -72,8 +77,9 @@ def main() -> None:
     if len(sys.argv) < 3:
         sys.exit("usage: python -m bench.gcwatch OUT MODULE [ARGS]")
     out, module = Path(sys.argv[1]), sys.argv[2]
-    if os.environ.get("IDLEGRID_BENCH_TRACEMALLOC") == "1":
-        tracemalloc.start()
+    frames = os.environ.get("IDLEGRID_BENCH_TRACEMALLOC", "")
+    if frames.isdigit() and int(frames) >= 1:
+        tracemalloc.start(int(frames))
     _census_on_signal(out)
     pauses = GcPauses()
     pauses.install()

@@ -114,9 +114,9 @@ def market(o: OffersBenchOptions) -> tuple[OfferIndex, float]:
         measured = GpuVerification(status="verified", at=1.0, figures=figures)
         gpus = []
         for i in range(n):
-            links = [
+            links = tuple(
                 NvLink(link=k, active=True, remote_pci_bus_id=f"0000:{j:02x}:00.0") for k, j in enumerate(range(n)) if j != i
-            ]
+            )
             info = GpuInfo(
                 index=i,
                 uuid=f"GPU-{h:06d}-{i}",
@@ -125,7 +125,7 @@ def market(o: OffersBenchOptions) -> tuple[OfferIndex, float]:
                 memory_total_mib=vram,
                 compute_capability=cc,
                 cuda_version=cuda,
-                nvlinks=links if nvlinked else [],
+                nvlinks=links if nvlinked else (),
             )
             gpus.append(
                 GpuRecord(
@@ -136,7 +136,7 @@ def market(o: OffersBenchOptions) -> tuple[OfferIndex, float]:
                     info=info,
                     state="available",
                     tier=tier,
-                    flags=["vram_mismatch"] if flagged else [],
+                    flags=("vram_mismatch",) if flagged else (),
                     # a passed verification run (docs/verification.md), so ``verified=true`` matches the unflagged hosts
                     verification=None if flagged else measured,
                 )

@@ -53,7 +53,7 @@ def _grid(o: SnapshotBenchOptions) -> tuple[dict[str, AgentRecord], dict[str, li
         for i in range(n):
             uuid = f"GPU-{h:06d}-{i}"
             peers = [j for j in range(n) if j != i]
-            links = [NvLink(link=k, active=True, remote_pci_bus_id=f"0000:{j:02x}:00.0") for k, j in enumerate(peers)]
+            links = tuple(NvLink(link=k, active=True, remote_pci_bus_id=f"0000:{j:02x}:00.0") for k, j in enumerate(peers))
             info = GpuInfo(
                 index=i,
                 uuid=uuid,
@@ -61,7 +61,7 @@ def _grid(o: SnapshotBenchOptions) -> tuple[dict[str, AgentRecord], dict[str, li
                 pci_bus_id=f"0000:{i:02x}:00.0",
                 memory_total_mib=81_559,
                 compute_capability="9.0",
-                nvlinks=links if h % 2 == 0 else [],  # half the hosts NVLinked (SXM), half not
+                nvlinks=links if h % 2 == 0 else (),  # half the hosts NVLinked (SXM), half not
             )
             record = GpuRecord(
                 uuid=uuid, agent_id=agent_id, index=i, model="h100-sxm", tier="flagship", info=info, state="available"

@@ -573,7 +573,7 @@ def reference_gpu_info(model: GpuModel, *, index: int = 0, uuid: str = "", pci_b
         compute_capability=model.compute_capability,
         pcie_gen=model.pcie_gen,
         pcie_width=16,
-        nvlinks=[NvLink(link=i, active=True) for i in range(model.nvlink_links)],
+        nvlinks=tuple(NvLink(link=i, active=True) for i in range(model.nvlink_links)),
         clock_sm_max_mhz=model.sm_clock_max_mhz,
         power_limit_w=model.tdp_w,
         memory_bus_width_bits=model.memory_bus_width_bits,

@@ -56,13 +56,18 @@ RUNTIMES = ("docker", "process", "simulated")  # what runs renters' containers o
 ISOLATIONS = ("container", "sandbox", "none")  # how well a workload is kept from the host
 
 
-class NvLink(msgspec.Struct, frozen=True, kw_only=True):
+# The descriptions and samples of GPUs and hosts are frozen and hold only strings, numbers and tuples of each other, so
+# they can never be part of a reference cycle: they are out of the garbage collector's sight (``gc=False``). The
+# Master keeps one of each per GPU of the fleet (800,000 descriptions and latest samples at 100,000 agents): with the
+# collector's header each cost 16 bytes more, and each one tracked (a description always was, a sample naming a
+# throttle reason too) a visit in every full collection (docs/capacity.md, "Where the next wall is").
+class NvLink(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     link: int
     active: bool
     remote_pci_bus_id: ShortText | None = None
 
 
-class MigInstance(msgspec.Struct, frozen=True, kw_only=True):
+class MigInstance(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """One MIG instance of a partitioned GPU: a GPU instance with its compute instance, placed on its own.
 
     ``uuid`` is what CUDA_VISIBLE_DEVICES and the NVIDIA container toolkit accept ("MIG-…"); ``profile`` is
@@ -76,7 +81,7 @@ class MigInstance(msgspec.Struct, frozen=True, kw_only=True):
     index: int = 0  # the MIG device's index on its GPU, as NVML numbers them
 
 
-class GpuPartition(msgspec.Struct, frozen=True, kw_only=True):
+class GpuPartition(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """How an AMD card is partitioned (MI300-series; MIG has no AMD equivalent): its compute partition mode (``SPX``:
     whole; ``CPX``: one device per compute die) and memory partition mode (``NPS1``, ``NPS4``), as amd-smi names
     them, and the modes the card can be set to. Reported and shown to the provider, never sold (issue 41): a card
@@ -99,7 +104,7 @@ class GpuPartition(msgspec.Struct, frozen=True, kw_only=True):
         return f"{now} (can be {can})" if now and can else now
 
 
-class GpuInfo(msgspec.Struct, frozen=True, kw_only=True):
+class GpuInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """Static facts of one GPU, as read from NVML (or simulated, then ``simulated`` is true)."""
 
     index: int  # the vendor's own numbering on the host (NVML's index, amdsmi's), not unique across vendors
@@ -112,7 +117,9 @@ class GpuInfo(msgspec.Struct, frozen=True, kw_only=True):
     cuda_version: ShortText = ""
     pcie_gen: int | None = None
     pcie_width: int | None = None
-    nvlinks: Annotated[list[NvLink], msgspec.Meta(max_length=MAX_NVLINKS)] = []
+    # A tuple, like ``mig_instances``: the Master keeps one tuple for every card of the same links (an H100 SXM has 18),
+    # not a list and 18 link objects per GPU (master/sharing.py).
+    nvlinks: Annotated[tuple[NvLink, ...], msgspec.Meta(max_length=MAX_NVLINKS)] = ()
     clock_sm_max_mhz: int | None = None
     clock_mem_max_mhz: int | None = None
     power_limit_w: float | None = None
@@ -129,7 +136,7 @@ class GpuInfo(msgspec.Struct, frozen=True, kw_only=True):
     partition: GpuPartition | None = None
 
 
-class UnofferedGpu(msgspec.Struct, frozen=True, kw_only=True):
+class UnofferedGpu(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """A card the host's PCI bus shows that the agent does not offer, and why (agent/detect.py): a provider is told what
     to install, never left with a card silently missing. ``fix`` is "" where there is nothing to do (an iGPU)."""
 
@@ -143,7 +150,7 @@ class UnofferedGpu(msgspec.Struct, frozen=True, kw_only=True):
     partition: GpuPartition | None = None  # a "partitioned" card's modes
 
 
-class GpuSample(msgspec.Struct, frozen=True, kw_only=True):
+class GpuSample(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """One telemetry reading of one GPU."""
 
     uuid: ShortText
@@ -162,7 +169,7 @@ class GpuSample(msgspec.Struct, frozen=True, kw_only=True):
     throttle_reasons: Annotated[tuple[ShortText, ...], msgspec.Meta(max_length=MAX_THROTTLE_REASONS)] = ()
 
 
-class HostSample(msgspec.Struct, frozen=True, kw_only=True):
+class HostSample(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """One telemetry reading of the host itself (Linux /proc and the state directory's disk). ``cpu_pct``: busy share
     of every core since the previous sample (None on the first); network bytes are counters since boot, summed over
     every interface but loopback. None: the host did not say."""
@@ -178,7 +185,7 @@ class HostSample(msgspec.Struct, frozen=True, kw_only=True):
     net_tx_bytes: int | None = None
 
 
-class HostInfo(msgspec.Struct, frozen=True, kw_only=True):
+class HostInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     hostname: ShortText
     cpu_model: ShortText
     cpu_cores: int
@@ -192,7 +199,7 @@ class HostInfo(msgspec.Struct, frozen=True, kw_only=True):
     latency_ms: float | None = None
 
 
-class GpuReach(msgspec.Struct, frozen=True, kw_only=True):
+class GpuReach(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """Whether one GPU reaches a container of the host's runtime: the agent's self-test, run before the host is offered
     (agent/runtime/base.py ``gpu_selftest``). A GPU found unreachable is not offered (master/allocations.py), and the
     provider is shown ``detail`` (what the test saw) and ``fix`` (what to do about it)."""

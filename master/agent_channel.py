@@ -63,7 +63,7 @@ from master.records import AgentRecord, CommandRecord, GpuRecord
 from master.renewal import renew_certificate
 from master.session import HELLO_REQUIRED, TAKE, Act, AgentSession, SessionRules, Verdict
 from master.states import AgentState
-from master.telemetry import SampleWindow, SetAside, plausible_gpu
+from master.telemetry import SampleWindow, SetAside, kept_sample, plausible_gpu
 from master.worker_calls import (
     BUSY_STATUS,
     MAX_CALLS_IN_FLIGHT_PER_AGENT,
@@ -79,6 +79,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 LOSE_SLICE = 250  # agents taken offline per turn of the event loop when their relay is lost (``_lose_all``)
+
+# What an agent's last full heartbeat said, kept for the fold's ``alive`` marks (``_on_alive``) when it said nothing
+# (no container running or exited, no overlay, no ping echo): one shared object, not a heartbeat, a list and two dicts
+# per idle agent. Its date and sequence are never read again (a repeat is handled with its transit aside).
+_SAID_NOTHING = Heartbeat(seq=0, ts=0.0)
 
 # Agents in these states are shown reachable; a clean disconnect or a lost relay takes them offline at once.
 _CONNECTED = frozenset({AgentState.ENROLLED.value, AgentState.READY.value, AgentState.BUSY.value, AgentState.MAINTENANCE.value})
@@ -229,7 +234,7 @@ class AgentChannel:
         link.agents.add(frame.agent_id)
         self._hub.agent_links[frame.agent_id] = link
         # A new connection, a new session: it must say hello again, and is asked at once if it does not.
-        self.sessions[frame.agent_id] = AgentSession(frame.agent_id, self._rules, time.time())
+        self.sessions[frame.agent_id] = AgentSession(frame.agent_id, self._rules)
 
     async def _enroll(self, request: EnrollRequest) -> EnrollResponse:
         try:
@@ -268,7 +273,7 @@ class AgentChannel:
         self._metrics.frame_received(frame)
         session = self.sessions.get(agent_id)
         if session is None:
-            session = self.sessions[agent_id] = AgentSession(agent_id, self._rules, now)
+            session = self.sessions[agent_id] = AgentSession(agent_id, self._rules)
         await self._carry_out(link, agent, session, frame, session.receive(frame, len(raw), now), now)
 
     async def _on_reports(self, link: AccessLink, reports: AgentReports) -> None:
@@ -285,14 +290,15 @@ class AgentChannel:
         now = time.time()
         session = self.sessions.get(agent_id)
         if session is None:
-            session = self.sessions[agent_id] = AgentSession(agent_id, self._rules, now)
+            session = self.sessions[agent_id] = AgentSession(agent_id, self._rules)
         if not reports.frames:
             await self._on_alive(link, agent, session, now)
         for frame in reports.frames:
             self._metrics.frame_received(frame)
             verdict = session.receive(frame, 0, now)
             if verdict is TAKE and isinstance(frame, Heartbeat):
-                self._heartbeats[agent_id] = frame
+                said_nothing = not (frame.running or frame.exited or frame.overlay or frame.ping is not None)
+                self._heartbeats[agent_id] = _SAID_NOTHING if said_nothing else frame
             await self._carry_out(link, agent, session, frame, verdict, now)
 
     async def _on_alive(self, link: AccessLink, agent: AgentRecord, session: AgentSession, now: float) -> None:
@@ -332,6 +338,7 @@ class AgentChannel:
             case Act.DROP_AND_NOTE:
                 self._metrics.reports_dropped.inc()
                 budget = session.budget
+                assert budget is not None  # a drop is a spend from it
                 await self._events.record(
                     "agent_report.budget_exceeded", agent.id, dropped=budget.dropped, dropped_bytes=budget.dropped_bytes
                 )
@@ -389,7 +396,10 @@ class AgentChannel:
             # meaningless for the whole fleet, so only a date a real clock could give is observed.
             self._metrics.heartbeat_transit.observe(max(0.0, since))
         self._registry.on_heartbeat(agent, now, max_gap_s=self._config.heartbeat_s * self._config.missed_heartbeats)
-        self._registry.overlay_paths[agent.id] = frame.overlay  # in memory: the next heartbeat says it again
+        if frame.overlay:  # in memory: the next heartbeat says it again
+            self._registry.overlay_paths[agent.id] = frame.overlay
+        else:
+            self._registry.overlay_paths.pop(agent.id, None)
         if frame.exited:
             await self._registry.on_exited(agent, frame.exited)
         await self._registry.on_running(agent, frame.running)
@@ -577,9 +587,10 @@ class AgentChannel:
                 await self._registry.mark_faulty(gpu, verdict)
 
     def _plausible_samples(self, agent_id: str, samples: list[GpuSample], now: float) -> list[GpuSample]:
-        """The samples of GPUs ``agent_id`` owns that are plausible (master/telemetry.py ``plausible_gpu``); each one
-        set aside is counted, and logged at most once per report window per agent, so a hostile agent cannot flood the
-        log. The rest of the frame is taken: one bad record never holds back the others."""
+        """The samples of GPUs ``agent_id`` owns that are plausible (master/telemetry.py ``plausible_gpu``), as the
+        Master keeps them (``kept_sample``); each one set aside is counted, and logged at most once per report window per
+        agent, so a hostile agent cannot flood the log. The rest of the frame is taken: one bad record never holds back
+        the others."""
         taken: list[GpuSample] = []
         for sample in samples:
             gpu = self._registry.gpus.get(sample.uuid)
@@ -595,5 +606,5 @@ class AgentChannel:
                         extra={"agent_id": agent_id, "gpu_uuid": sample.uuid, "figure": checked.figure, "why": checked.detail},
                     )
                 continue
-            taken.append(checked)
+            taken.append(kept_sample(checked, gpu.uuid))
         return taken

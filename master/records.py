@@ -98,7 +98,11 @@ class GpuVerification(msgspec.Struct, kw_only=True):
     figures: BenchmarkFigures | None = None
 
 
-class GpuRecord(msgspec.Struct, kw_only=True):
+# Out of the garbage collector's sight (``gc=False``): the Master keeps one per GPU of the fleet (800,000 at 100,000
+# agents), and it holds only its card's values (a list of flag strings, frozen structs) and never a record or anything
+# that could hold one back, so it can never be part of a cycle. Each cost 16 bytes of header and a visit in every full
+# collection (docs/capacity.md, "Where the next wall is").
+class GpuRecord(msgspec.Struct, kw_only=True, gc=False):
     uuid: str
     agent_id: str
     index: int
@@ -106,7 +110,9 @@ class GpuRecord(msgspec.Struct, kw_only=True):
     info: GpuInfo
     state: str  # see master.states.GpuState
     tier: str | None = None
-    flags: list[str] = []  # reasons the GPU was not tiered up, e.g. "vram_mismatch"
+    # Reasons the GPU was not tiered up, e.g. "vram_mismatch": a tuple, so that the many GPUs with none share the one
+    # empty tuple (an empty list was 56 bytes of the Master's memory per GPU).
+    flags: tuple[str, ...] = ()
     updated_at: float = 0.0
     fault: GpuFault | None = None  # set while the GPU is faulty because of its hardware; cleared by a repair
     # The uncorrectable ECC count (volatile, since the driver loaded) an operator accepted with the last repair:

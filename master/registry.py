@@ -17,6 +17,7 @@ from master.changes import AgentWritten, ChangeFeed, ContainerExited, GpuHealthC
 from master.events import EventLog
 from master.records import AgentRecord, GpuFault, GpuRecord, GpuVerification
 from master.reputation import verification_counts
+from master.sharing import SharedValues
 from master.states import AGENT, GPU, AgentState, GpuState
 from master.store.base import Store
 from master.tiers import TierPolicy, classify
@@ -58,6 +59,8 @@ class Registry:
         self.allocations = allocations if allocations is not None else GpuAllocations(self.changes)
         self.agents: dict[str, AgentRecord] = {}
         self.gpus: dict[str, GpuRecord] = {}
+        # What hosts report alike (GPU names, drivers, NvLinks, CPU models) kept once, not once per agent.
+        self.shared = SharedValues()
         self._gpus_by_agent: dict[str, dict[str, GpuRecord]] = {}  # agent id -> its GPUs by uuid: no scan of every GPU
         # agent id -> the GPUs it reported under a uuid another host holds (its refused claims): shown on it (flagged
         # ``duplicate_uuid``, offline), never stored (the store keys GPUs by uuid, the holder's record is the one there)
@@ -108,7 +111,8 @@ class Registry:
                 if DUPLICATE_UUID_FLAG in gpu.flags:
                     # Stored by a Master that flagged the holder of a claimed uuid too (issue 22, D3): the stored
                     # record is always the holder's, which keeps its card. Written so with its next change.
-                    gpu.flags = [f for f in gpu.flags if f != DUPLICATE_UUID_FLAG]
+                    gpu.flags = tuple(f for f in gpu.flags if f != DUPLICATE_UUID_FLAG)
+                gpu.info = self.shared.gpu_info(gpu.info)
                 self._put_gpu(gpu)
             for gpu in sorted(absent, key=lambda g: g.updated_at):
                 if gpu.uuid not in self.gpus:
@@ -245,7 +249,7 @@ class Registry:
             self.gpus.pop(gpu.uuid, None)
             self._gpus_by_agent.get(agent_id, {}).pop(gpu.uuid, None)
             self.allocations.set_partition(gpu.uuid, [])
-            gpu.state, gpu.flags, gpu.updated_at = GpuState.OFFLINE.value, [*gpu.flags, flag], time.time()
+            gpu.state, gpu.flags, gpu.updated_at = GpuState.OFFLINE.value, (*gpu.flags, flag), time.time()
             withdrawn.append(gpu)
         if withdrawn:
             await self._events.record_many([("gpu.withdrawn", g.uuid, {"agent_id": agent_id, "reason": flag}) for g in withdrawn])
@@ -264,8 +268,10 @@ class Registry:
         """A (re)connected agent described itself: refresh its inventory and bring it up."""
         if agent.state == AgentState.OFFLINE.value and agent.last_seen:
             agent.downtime_s += max(0.0, now - agent.last_seen)
-        agent.host, agent.simulated, agent.relay = inventory.host, inventory.simulated, relay
-        agent.runtime, agent.isolation, agent.images = inventory.runtime, inventory.isolation, list(inventory.images)
+        shared = self.shared
+        agent.host, agent.simulated, agent.relay = shared.host(inventory.host), inventory.simulated, relay
+        agent.runtime, agent.isolation = shared.one(inventory.runtime), shared.one(inventory.isolation)
+        agent.images = list(inventory.images)
         agent.overlay_key = inventory.overlay_key
         agent.image_source = inventory.image_source
         # Only about GPUs this very report lists, once each: the self-test of a card the host does not report says nothing.
@@ -278,7 +284,7 @@ class Registry:
         agent.unoffered_gpus = list(inventory.unoffered)
         # The region is the one the agent declares (or enrolled with): a failover to another region's relay
         # does not move the host. The relay's region only fills in a region the agent never gave.
-        agent.region = region or agent.region or relay_region
+        agent.region = shared.one(region or agent.region or relay_region)
         await self._record_relay_change(agent, relay, relay_region=relay_region)
         agent.last_seen, agent.connected_since = now, now
         unreachable = {tested.uuid for tested in agent.gpu_reach if not tested.reachable}
@@ -328,6 +334,7 @@ class Registry:
             if info.uuid in reported:
                 continue  # listed twice in one report: the first entry stands
             reported.add(info.uuid)
+            info = self.shared.gpu_info(info)  # kept for as long as the card is: its values shared with its peers'
             old = self.gpus.get(info.uuid)
             holder = old.agent_id if old is not None else self._absent_holder.get(info.uuid)
             if holder is not None and not self._may_claim(holder, agent_id):
@@ -342,7 +349,7 @@ class Registry:
                     model=old.model if old is not None else classify(info, self.policy, host=host).model,  # type: ignore[arg-type]
                     info=info,
                     state=GpuState.OFFLINE.value,
-                    flags=[DUPLICATE_UUID_FLAG],
+                    flags=(DUPLICATE_UUID_FLAG,),
                     updated_at=time.time(),
                 )
                 self._shadows.setdefault(agent_id, {})[info.uuid] = shadow
@@ -365,7 +372,7 @@ class Registry:
                 info=info,
                 state=state,
                 tier=tier,
-                flags=judged_flags + ([GPU_UNREACHABLE_FLAG] if info.uuid in unreachable else []),
+                flags=tuple(judged_flags) + ((GPU_UNREACHABLE_FLAG,) if info.uuid in unreachable else ()),
                 updated_at=time.time(),
                 # A hello does not clear a fault: a card that threw a fatal Xid may do so again (docs/master.md).
                 fault=old.fault if old is not None and same_host else None,
@@ -453,8 +460,9 @@ class Registry:
             return None
         c = classify(gpu.info, self.policy, host=agent.host, measured=measured_of(verification))
         tier, flags, reasons = judged(c, verification)
-        kept = [flag for flag in gpu.flags if flag in (GPU_UNREACHABLE_FLAG, DUPLICATE_UUID_FLAG)]
-        record = msgspec.structs.replace(gpu, tier=tier, flags=flags + kept, verification=verification, updated_at=time.time())
+        kept = tuple(flag for flag in gpu.flags if flag in (GPU_UNREACHABLE_FLAG, DUPLICATE_UUID_FLAG))
+        flags_now = tuple(flags) + kept
+        record = msgspec.structs.replace(gpu, tier=tier, flags=flags_now, verification=verification, updated_at=time.time())
         if (gpu.tier, gpu.flags) != (record.tier, record.flags):
             await self._events.record(
                 "gpu.classified", uuid, agent_id=gpu.agent_id, model=c.model, tier=tier, flags=flags, reasons=reasons

@@ -60,12 +60,14 @@ class SessionRules:
 class AgentSession:
     __slots__ = ("agent_id", "_rules", "helloed", "_hello_asked_at", "budget")
 
-    def __init__(self, agent_id: str, rules: SessionRules, now: float) -> None:
+    def __init__(self, agent_id: str, rules: SessionRules) -> None:
         self.agent_id = agent_id
         self._rules = rules
         self.helloed = False  # said hello to this process on its current connection
         self._hello_asked_at = float("-inf")
-        self.budget = ReportBudget(rules.reports, now)
+        # Made at the agent's first event report, which most agents never send: a budget made at the session's start
+        # and not spent from would be full then all the same. None until then.
+        self.budget: ReportBudget | None = None
 
     def receive(self, frame: AgentFrame, size: int, now: float) -> Verdict:
         """Judge one frame of ``size`` bytes from the agent, received at ``now``."""
@@ -78,6 +80,8 @@ class AgentSession:
                 return TAKE_AND_ASK_HELLO if self._may_ask(now) else TAKE
             return ASK_HELLO if self._may_ask(now) else IGNORE
         if isinstance(frame, AgentEvent):
+            if self.budget is None:
+                self.budget = ReportBudget(self._rules.reports, now)
             spent = self.budget.spend(size, now)
             if spent is Spend.TAKEN:
                 return TAKE

@@ -16,6 +16,7 @@ import msgspec
 from common.inventory import THROTTLE_REASONS, GpuSample, HostSample
 from master.batches import DUTY, write_paced
 from master.records import HostRollup, TelemetryRollup
+from master.sharing import SharedValues
 from master.store.base import Store
 
 log = logging.getLogger(__name__)
@@ -48,15 +49,17 @@ _EMPTY_MINUTE = array("d", bytes(18 * 8))
 
 
 # The reasons NVML names, each kept as one string object: a minute's reasons are a tuple of these, not of the strings
-# each frame decoded (tens of thousands of minutes name one).
+# each frame decoded (tens of thousands of minutes name one); and each set of reasons is one shared tuple, not a tuple
+# per GPU's minute (bounded: an agent may name reasons of its own).
 _KNOWN_REASONS = {reason: reason for reason in THROTTLE_REASONS}
+_REASON_SETS = SharedValues(limit=4_096)
 
 
 def _merged_reasons(held: tuple[str, ...], named: tuple[str, ...]) -> tuple[str, ...]:
     """``held`` with the reasons of ``named`` it lacks, sorted; ``held`` itself when it lacks none (the usual case)."""
     if all(reason in held for reason in named):
         return held
-    return tuple(sorted({*held, *(_KNOWN_REASONS.get(reason, reason) for reason in named)}))
+    return _REASON_SETS.one(tuple(sorted({*held, *(_KNOWN_REASONS.get(reason, reason) for reason in named)})))
 
 
 # The minutes are out of the garbage collector's sight (``gc=False``: they hold strings, numbers, an array and a tuple,
@@ -198,6 +201,16 @@ def plausible_gpu(sample: GpuSample, memory_total_mib: int, now: float, window: 
     if sample.clock_mem_mhz is not None and not 0 <= sample.clock_mem_mhz <= GPU_CLOCK_MAX_MHZ:
         unsaid["clock_mem_mhz"] = None
     return msgspec.structs.replace(sample, **unsaid) if unsaid else sample
+
+
+def kept_sample(sample: GpuSample, uuid: str) -> GpuSample:
+    """``sample`` as the Master keeps it (its GPU's latest, and its minute's first): naming its GPU by ``uuid``, the
+    registry's own string of it, and its throttle reasons as a shared tuple. As decoded, each kept sample held a UUID
+    string and a tuple of reasons of its own, and its GPU's minute another copy of the UUID: about 300 bytes per GPU."""
+    reasons = sample.throttle_reasons
+    if reasons:  # in the agent's order, each a shared string
+        reasons = _REASON_SETS.known(reasons) or _REASON_SETS.one(tuple(_KNOWN_REASONS.get(r, r) for r in reasons))
+    return msgspec.structs.replace(sample, uuid=uuid, throttle_reasons=reasons)
 
 
 def counter_step(previous: int | None, current: int | None, gap_s: float) -> int | None:
@@ -374,6 +387,7 @@ class TelemetryAggregator:
     _open: dict[str, _Minute] = field(default_factory=dict)
     _ended: dict[int, dict[str, _Minute]] = field(default_factory=dict)  # minute -> UUID -> its minute
     _unwritten: list[TelemetryRollup] = field(default_factory=list)  # a failed flush's rest, tried again first
+    _number: int = -1  # the latest minute's number, the one int object the GPUs' minutes of it hold (``_shared``)
     recent: RecentSamples = field(default_factory=RecentSamples)  # the watched hosts' recent samples
     # Each host's latest sample of itself (CPU, memory, disk, network), by agent id; also the previous counters its
     # next sample's network bytes are counted from.
@@ -435,10 +449,10 @@ class TelemetryAggregator:
             number = int(sample.ts // 60)
             minute = self._open.get(uuid)
             if minute is None:
-                minute = self._open[uuid] = _Minute(uuid, agent_id, number)
+                minute = self._open[uuid] = _Minute(uuid, agent_id, self._shared(number))
             elif minute.minute < number:
                 self._end(minute)
-                minute = self._open[uuid] = _Minute(minute.uuid, agent_id, number)
+                minute = self._open[uuid] = _Minute(minute.uuid, agent_id, self._shared(number))
             elif minute.minute > number:
                 ended_then = self._ended.setdefault(number, {})
                 ended = ended_then.get(uuid)
@@ -446,6 +460,13 @@ class TelemetryAggregator:
                     ended = ended_then[minute.uuid] = _Minute(minute.uuid, agent_id, number)
                 minute = ended
             minute.add(sample)
+
+    def _shared(self, number: int) -> int:
+        """``number``, the minute a GPU's new minute is of, as one int object for every GPU's minute of it (80,000 GPUs
+        start a minute together; an int of each was 2.5 MB)."""
+        if number != self._number:
+            self._number = number
+        return self._number
 
     def _end(self, minute: _Minute) -> None:
         """``minute`` is over: it waits in ``_ended`` for the next flush."""

@@ -232,9 +232,12 @@ def _nvlinked(free: Sequence[Unit]) -> bool:
 # --- the index ---------------------------------------------------------------------------------------------------
 
 NO_LIMIT = 1e300  # max_duration_s of a host with no limit, as queries compare it (finite: cursors carry it as JSON)
-# An offer's values by search field as queries compare them (numbers, text, version tuples, None: not reported): each
-# field's kind is FIELDS', known only at run time, so the row is open.
-OfferValues = dict[str, Any]
+# An offer's values as queries compare them (numbers, text, version tuples, None: not reported), in FIELDS' order and
+# read by a field's position (_FIELD_AT): each field's kind is FIELDS', known only at run time, so the row is open. A
+# tuple rather than a dict by name: the index holds one per host, and a dict of 31 entries was about 1.2 KB of the
+# Master's memory per host (bench/HISTORY.md, "The Master's memory per agent").
+OfferValues = tuple[Any, ...]
+_FIELD_AT = {name: at for at, name in enumerate(FIELDS)}
 
 
 class _Row:
@@ -244,15 +247,17 @@ class _Row:
 
     def __init__(self, offer: Offer) -> None:
         self.offer = offer
-        values: OfferValues = {}
-        for name, kind in FIELDS.items():
-            value = getattr(offer, name)
-            if kind is Kind.VERSION:
-                value = _version_or_none(value)
-            elif name == "max_duration_s" and value is None:
-                value = NO_LIMIT
-            values[name] = value
-        self.values = values
+        self.values: OfferValues = tuple(_compared(offer, name, kind) for name, kind in FIELDS.items())
+
+
+def _compared(offer: Offer, name: str, kind: Kind) -> Any:
+    """``offer``'s value of field ``name`` as queries compare it."""
+    value = getattr(offer, name)
+    if kind is Kind.VERSION:
+        return _version_or_none(value)
+    if name == "max_duration_s" and value is None:
+        return NO_LIMIT
+    return value
 
 
 def _version_or_none(text: str) -> tuple[int, ...] | None:
@@ -274,27 +279,29 @@ _COMPARE: dict[str, Callable[[Any, Any], bool]] = {
 
 def _predicate(condition: Condition) -> Callable[[OfferValues], bool]:
     """A test on a row's values. A missing value (None: not reported) matches no condition but ``!=`` / ``notin``."""
-    field, op, value = condition.field, condition.op, condition.value
+    at, op, value = _FIELD_AT[condition.field], condition.op, condition.value
     if op in ("in", "notin"):
         assert isinstance(value, tuple)
         members = frozenset(value)
         if op == "in":
-            return lambda v: v[field] in members
-        return lambda v: v[field] not in members
+            return lambda v: v[at] in members
+        return lambda v: v[at] not in members
     compare = _COMPARE[op]
     if op == "!=":
-        return lambda v: v[field] != value
+        return lambda v: v[at] != value
     if op == "=":
-        return lambda v: v[field] == value
-    return lambda v: (x := v[field]) is not None and compare(x, value)
+        return lambda v: v[at] == value
+    return lambda v: (x := v[at]) is not None and compare(x, value)
 
 
 def _sort_key(field: str, kind: Kind, descending: bool) -> Callable[[_Row], tuple[Any, ...]]:
     """Rows sort ascending by this key, whatever the direction: missing values last, then the id (a stable order a
     cursor can resume from)."""
 
+    at = _FIELD_AT[field]
+
     def key(row: _Row) -> tuple[Any, ...]:
-        value = row.values[field]
+        value = row.values[at]
         if value is None:
             return (1, 0, row.offer.id)
         if descending:

@@ -170,7 +170,7 @@ def gpu_view(
         model=gpu.model,
         tier=gpu.tier,
         state=gpu.state,
-        flags=gpu.flags,
+        flags=list(gpu.flags),
         # Why the GPU is faulty (an Xid, ECC errors, overheating), until repaired or cooled down; None when healthy.
         fault=gpu.fault,
         offered=offered,

@@ -330,17 +330,17 @@ def test_inventory_maps_nvml_readings_of_every_gpu(two_gpu_host):
     assert (h100.clock_sm_max_mhz, h100.clock_mem_max_mhz) == (1980, 2619)
     assert h100.power_limit_w == 700.0 and h100.memory_bus_width_bits == 5120
     assert h100.simulated is False
-    assert h100.nvlinks == [
+    assert h100.nvlinks == (
         NvLink(link=0, active=True, remote_pci_bus_id="00000000:2A:00.0"),
         NvLink(link=1, active=True, remote_pci_bus_id="00000000:2B:00.0"),
         NvLink(link=2, active=False, remote_pci_bus_id=None),
-    ]
+    )
 
 
 def test_a_gpu_without_nvlink_reports_no_links_and_still_decodes_bytes(two_gpu_host):
     rtx = NvmlCollector().inventory()[1]
 
-    assert rtx.nvlinks == []
+    assert rtx.nvlinks == ()
     assert rtx.uuid == "GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"
     assert rtx.name == "NVIDIA GeForce RTX 4090"
     assert rtx.compute_capability == "8.9" and rtx.memory_total_mib == 24564 and rtx.power_limit_w == 450.0

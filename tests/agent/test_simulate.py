@@ -58,7 +58,7 @@ def test_inventory_looks_like_nvml_and_says_it_is_simulated():
     assert all(re.fullmatch(r"GPU-[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}", g.uuid) for g in gpus)
     assert [g.pci_bus_id for g in gpus] == ["00000000:10:00.0", "00000000:11:00.0", "00000000:12:00.0"]
     assert (h100.name, h100.memory_total_mib, h100.compute_capability) == ("NVIDIA H100 80GB HBM3", 81559, "9.0")
-    assert len(h100.nvlinks) == 18 and t4.nvlinks == [] and (h100.pcie_gen, t4.pcie_gen) == (5, 3)
+    assert len(h100.nvlinks) == 18 and t4.nvlinks == () and (h100.pcie_gen, t4.pcie_gen) == (5, 3)
     assert h100.driver_version and h100.cuda_version and h100.power_limit_w == 700.0
 
 

@@ -158,7 +158,7 @@ def test_reference_info_reports_what_a_healthy_card_reports():
     h100 = reference_gpu_info(CATALOG["h100-sxm"], index=3, uuid="GPU-x", pci_bus_id="00000000:13:00.0")
     assert (h100.index, h100.uuid, h100.name, h100.memory_total_mib) == (3, "GPU-x", "NVIDIA H100 80GB HBM3", 81559)
     assert h100.pcie_gen == 5 and len(h100.nvlinks) == 18 and all(link.active for link in h100.nvlinks)
-    assert reference_gpu_info(CATALOG["rtx-4090"]).nvlinks == []
+    assert reference_gpu_info(CATALOG["rtx-4090"]).nvlinks == ()
     msgspec.json.decode(msgspec.json.encode(h100), type=GpuInfo)  # travels on the wire as is
 
 

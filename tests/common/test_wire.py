@@ -1,5 +1,6 @@
 """Wire protocol v1: typed frames, one codec, clear error codes for every kind of bad input."""
 
+import gc
 import json
 
 import msgspec
@@ -7,18 +8,30 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from common.catalog import CATALOG, reference_gpu_info
 from common.errors import ProtocolError
-from common.inventory import MAX_MIG_INSTANCES, MAX_REGISTRY_PATTERNS, GpuInfo, HostInfo, ImageSource, Inventory, MigInstance
+from common.inventory import (
+    MAX_MIG_INSTANCES,
+    MAX_REGISTRY_PATTERNS,
+    GpuInfo,
+    GpuSample,
+    HostInfo,
+    ImageSource,
+    Inventory,
+    MigInstance,
+)
 from common.wire import (
     MAX_FRAME_BYTES,
     MAX_WORKER_IN_FLIGHT,
     MAX_WORKER_TAKE_WAIT_S,
+    PROTOCOL_VERSIONS,
     AgentEvent,
     AgentEventKind,
     CommandBody,
     Heartbeat,
     Hello,
     Relay,
+    Telemetry,
     WorkerAnswer,
     WorkerCall,
     WorkerOp,
@@ -269,3 +282,18 @@ def test_a_worker_answer_carries_an_http_status_and_any_json_body():
     assert decode_master_frame(encode(answer)) == answer
     with pytest.raises(ProtocolError, match="schema"):
         decode_master_frame(b'{"type": "worker_answer", "call_id": "c", "status": 600}')
+
+
+def test_gpu_and_host_descriptions_and_samples_as_decoded_are_out_of_the_collectors_sight():
+    """The Master keeps one description and one latest sample per GPU of the fleet: each tracked by the garbage
+    collector would cost 16 bytes and a visit in every full collection (common/inventory.py)."""
+    inventory = Inventory(host=HOST, gpus=[reference_gpu_info(CATALOG["h100-sxm"], uuid="GPU-a", pci_bus_id="0000:01:00.0")])
+    hello = decode_agent_frame(encode(Hello(versions=list(PROTOCOL_VERSIONS), agent_version="t", inventory=inventory)))
+    assert isinstance(hello, Hello)
+    card = hello.inventory.gpus[0]
+    assert card == inventory.gpus[0] and len(card.nvlinks) == 18
+    assert not any(gc.is_tracked(o) for o in (card, card.nvlinks[0], hello.inventory.host))
+    telemetry = decode_agent_frame(
+        encode(Telemetry(ts=1.0, samples=[GpuSample(uuid=card.uuid, ts=1.0, throttle_reasons=("gpu_idle",))]))
+    )
+    assert isinstance(telemetry, Telemetry) and not gc.is_tracked(telemetry.samples[0])

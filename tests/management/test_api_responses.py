@@ -125,7 +125,7 @@ def gpus(agent_id: str = "agt-1") -> list[GpuRecord]:
             info=infos[0],
             state="faulty",
             tier="gold",
-            flags=["vram_mismatch"],
+            flags=("vram_mismatch",),
             updated_at=NOW,
             fault=GpuFault(kind="xid", reason="Xid 79", since=NOW, code=79),
         ),

@@ -15,10 +15,10 @@ from tests.master.linked import connect, gpus, relay, relay_link
 
 
 def gpu(
-    uuid: str, index: int = 0, agent_id: str = "agt-a", state: str = "available", flags: list[str] | None = None
+    uuid: str, index: int = 0, agent_id: str = "agt-a", state: str = "available", flags: tuple[str, ...] | None = None
 ) -> GpuRecord:
     info = gpus(index + 1)[index]
-    return GpuRecord(uuid=uuid, agent_id=agent_id, index=index, model="h100", info=info, state=state, flags=flags or [])
+    return GpuRecord(uuid=uuid, agent_id=agent_id, index=index, model="h100", info=info, state=state, flags=flags or ())
 
 
 HOST_GPUS = [gpu("GPU-0", 0), gpu("GPU-1", 1)]
@@ -33,7 +33,7 @@ def test_a_gpu_is_resolved_by_uuid_or_index_and_one_not_on_the_host_is_a_conflic
 
 def test_a_gpu_two_hosts_report_is_not_offered():
     with pytest.raises(Conflict, match="more than one host"):
-        GpuAllocations().resolve("agt-a", [gpu("GPU-0", flags=[DUPLICATE_UUID_FLAG])], ["GPU-0"])
+        GpuAllocations().resolve("agt-a", [gpu("GPU-0", flags=(DUPLICATE_UUID_FLAG,))], ["GPU-0"])
 
 
 def test_a_gpu_held_by_one_container_is_refused_to_another_and_nothing_is_half_taken():

@@ -43,11 +43,11 @@ async def test_a_uuid_another_host_holds_stays_with_it_and_only_the_claimant_is_
     await connect(master, link, "agt-a", gpus(2))
     await connect(master, link, "agt-b", gpus(1))  # names GPU-h100-0, which agt-a reported first
     held = master.registry.gpus["GPU-h100-0"]
-    assert (held.agent_id, held.state, held.flags) == ("agt-a", "available", [])  # the holder keeps it, offered
+    assert (held.agent_id, held.state, held.flags) == ("agt-a", "available", ())  # the holder keeps it, offered
     [copy] = master.gpus("agt-b")  # shown on the claimant, flagged, never offered, never stored over the holder's
-    assert (copy.uuid, copy.state, copy.flags) == ("GPU-h100-0", "offline", ["duplicate_uuid"])
+    assert (copy.uuid, copy.state, copy.flags) == ("GPU-h100-0", "offline", ("duplicate_uuid",))
     stored = await master.store.gpus.get("GPU-h100-0")
-    assert (stored.agent_id, stored.flags) == ("agt-a", [])
+    assert (stored.agent_id, stored.flags) == ("agt-a", ())
     assert (master.agent("agt-a").gpus_flagged, master.agent("agt-b").gpus_flagged) == (0, 1)
     with pytest.raises(Conflict, match="another host holds it"):
         await master.create_command("agt-b", ContainerSpec(name="j", image="none", gpus=["GPU-h100-0"]))
@@ -61,7 +61,7 @@ async def test_a_refused_claim_clears_when_the_claimant_stops_making_it(master):
     await connect(master, link, "agt-a", gpus(1))
     await connect(master, link, "agt-b", gpus(1))
     await relay(master, link, "agt-b", hello(gpus(1, prefix="GPU-b")))  # its own cards now
-    assert [(g.uuid, g.flags) for g in master.gpus("agt-b")] == [("GPU-b-0", [])]
+    assert [(g.uuid, g.flags) for g in master.gpus("agt-b")] == [("GPU-b-0", ())]
     assert master.agent("agt-b").gpus_flagged == 0 and master.registry.claimants("GPU-h100-0") == []
 
 
@@ -71,7 +71,7 @@ async def test_the_holders_retirement_hands_the_card_to_the_claimant(master):
     await connect(master, link, "agt-b", gpus(1))  # the card moved before agt-a was revoked
     await master.revoke("agt-a")
     [moved] = master.gpus("agt-b")
-    assert (moved.uuid, moved.agent_id, moved.state, moved.flags) == ("GPU-h100-0", "agt-b", "available", [])
+    assert (moved.uuid, moved.agent_id, moved.state, moved.flags) == ("GPU-h100-0", "agt-b", "available", ())
     assert master.registry.gpus["GPU-h100-0"] is moved and master.agent("agt-b").gpus_flagged == 0
     assert (await master.store.gpus.get("GPU-h100-0")).agent_id == "agt-b"
 
@@ -81,7 +81,7 @@ async def test_a_card_its_holder_leaves_out_of_a_report_stays_its_own_until_it_i
     await connect(master, link, "agt-a", gpus(2))
     await relay(master, link, "agt-a", hello(gpus(2)[1:]))  # GPU-h100-0 fell off the bus: not reported
     await connect(master, link, "agt-b", gpus(1))  # a claim waiting for that must not take it
-    assert [(g.uuid, g.flags) for g in master.gpus("agt-b")] == [("GPU-h100-0", ["duplicate_uuid"])]
+    assert [(g.uuid, g.flags) for g in master.gpus("agt-b")] == [("GPU-h100-0", ("duplicate_uuid",))]
     [claim] = await events(master, "gpu.duplicate_uuid")
     assert claim.data == {"agent_id": "agt-b", "owner": "agt-a"}
     await relay(master, link, "agt-a", hello(gpus(2)))  # back after a reset: still agt-a's
@@ -90,7 +90,7 @@ async def test_a_card_its_holder_leaves_out_of_a_report_stays_its_own_until_it_i
     await relay(master, link, "agt-a", hello(gpus(2)[1:]))
     await master.revoke("agt-a")  # the operator retires the old host: the card moved, the claimant takes it
     [moved] = master.gpus("agt-b")
-    assert (moved.uuid, moved.agent_id, moved.state, moved.flags) == ("GPU-h100-0", "agt-b", "available", [])
+    assert (moved.uuid, moved.agent_id, moved.state, moved.flags) == ("GPU-h100-0", "agt-b", "available", ())
 
 
 async def test_a_card_left_out_of_a_report_stays_its_hosts_across_a_master_restart(tmp_path):
@@ -107,7 +107,7 @@ async def test_a_card_left_out_of_a_report_stays_its_hosts_across_a_master_resta
     await again.start()
     try:
         await connect(again, relay_link(), "agt-b", gpus(1))
-        assert [g.flags for g in again.gpus("agt-b")] == [["duplicate_uuid"]]
+        assert [g.flags for g in again.gpus("agt-b")] == [("duplicate_uuid",)]
     finally:
         await again.stop()
 
@@ -132,7 +132,7 @@ async def test_an_operator_clears_a_refused_claim_and_the_holder_keeps_the_card(
     with pytest.raises(Conflict, match="not faulty"):
         await master.repair_gpu("GPU-h100-0")  # nothing left to settle
     await relay(master, link, "agt-b", hello(gpus(1)))  # claims it again: refused and flagged again
-    assert [g.flags for g in master.gpus("agt-b")] == [["duplicate_uuid"]]
+    assert [g.flags for g in master.gpus("agt-b")] == [("duplicate_uuid",)]
 
 
 async def test_a_claimed_card_stays_with_its_holder_across_the_claimant_leaving_and_a_master_restart(tmp_path):
@@ -151,7 +151,7 @@ async def test_a_claimed_card_stays_with_its_holder_across_the_claimant_leaving_
     try:
         link = relay_link()
         await connect(again, link, "agt-a", gpus(2))
-        assert [(g.agent_id, g.state, g.flags) for g in again.gpus("agt-a")] == [("agt-a", "available", [])] * 2
+        assert [(g.agent_id, g.state, g.flags) for g in again.gpus("agt-a")] == [("agt-a", "available", ())] * 2
     finally:
         await again.stop()
 
@@ -164,14 +164,14 @@ async def test_a_holder_flagged_by_an_older_master_is_unflagged_when_loaded(tmp_
         await connect(first, relay_link(), "agt-a", gpus(1))
         stored = await first.store.gpus.get("GPU-h100-0")
         assert stored is not None
-        stored.flags, stored.state = ["duplicate_uuid"], "offline"  # what issue 22's D3 left in a store
+        stored.flags, stored.state = ("duplicate_uuid",), "offline"  # what issue 22's D3 left in a store
         await first.store.gpus.put_many([stored])
     finally:
         await first.stop()
     again = Master(config)
     await again.start()
     try:
-        assert again.registry.gpus["GPU-h100-0"].flags == []
+        assert again.registry.gpus["GPU-h100-0"].flags == ()
         await connect(again, relay_link(), "agt-a", gpus(1))
         assert again.registry.gpus["GPU-h100-0"].state == "available"
     finally:

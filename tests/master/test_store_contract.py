@@ -112,7 +112,7 @@ def gpu_info(uuid: str, index: int = 0, **overrides: Any) -> GpuInfo:
         cuda_version="12.4",
         pcie_gen=5,
         pcie_width=16,
-        nvlinks=[NvLink(link=0, active=True, remote_pci_bus_id="00000000:1b:00.0"), NvLink(link=1, active=False)],
+        nvlinks=(NvLink(link=0, active=True, remote_pci_bus_id="00000000:1b:00.0"), NvLink(link=1, active=False)),
         clock_sm_max_mhz=1980,
         clock_mem_max_mhz=2619,
         power_limit_w=700.0,
@@ -157,7 +157,7 @@ def gpu(uuid: str, agent_id: str = "agt-1", index: int = 0, **overrides: Any) ->
         info=gpu_info(uuid, index),
         state="available",
         tier="premium",
-        flags=["nvlink_partial"],
+        flags=("nvlink_partial",),
         updated_at=NOW,
     )
     return GpuRecord(**(fields | overrides))
@@ -275,7 +275,7 @@ async def test_gpu_round_trips_its_mig_instances(store: Store) -> None:
 
 async def test_gpu_put_many_upserts_by_uuid(store: Store) -> None:
     await store.gpus.put_many([gpu("GPU-a"), gpu("GPU-b", index=1)])
-    moved = gpu("GPU-a", state="faulty", tier=None, flags=[], info=gpu_info("GPU-a", simulated=False, nvlinks=[]))
+    moved = gpu("GPU-a", state="faulty", tier=None, flags=(), info=gpu_info("GPU-a", simulated=False, nvlinks=()))
     await store.gpus.put_many([moved, gpu("GPU-c", index=2)])
     assert_same(await store.gpus.get("GPU-a"), moved)
     assert [g.uuid for g in await store.gpus.list()] == ["GPU-a", "GPU-b", "GPU-c"]

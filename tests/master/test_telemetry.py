@@ -12,7 +12,7 @@ from common.inventory import THROTTLE_REASONS, GpuSample, HostSample
 from common.wire import Telemetry
 from master.batches import BATCH
 from master.store import SqliteStore
-from master.telemetry import NET_STEP_MAX_S, TelemetryAggregator, _Minute, counter_step
+from master.telemetry import NET_STEP_MAX_S, TelemetryAggregator, _Minute, counter_step, kept_sample
 from tests.master.linked import connect, relay, relay_link
 
 MINUTE = 29_000_000 * 60  # a whole minute, in seconds
@@ -374,6 +374,19 @@ def test_every_minute_of_a_gpu_holds_its_first_uuid_string_and_reasons_are_share
     assert int(ended.v[0]) == 2  # the first sample and the late one
     assert ended.throttle_reasons == ("sw_power_cap",) and ended.throttle_reasons[0] is THROTTLE_REASONS[2]
     assert open_.throttle_reasons == ("hw_slowdown", "sw_power_cap")  # merged, sorted, once each
+
+
+def test_a_kept_sample_is_the_sample_as_sent_naming_its_gpu_by_the_registrys_string_with_shared_reasons():
+    registry_uuid = "GPU-00000007-0000-0000-0000-000000000000"  # the registry's string, from the host's hello
+    sent = frame_sample(7, MINUTE + 5, ("sw_power_cap", "hw_slowdown"))
+    kept = kept_sample(sent, registry_uuid)
+    again = kept_sample(frame_sample(7, MINUTE + 15, ("sw_power_cap", "hw_slowdown")), registry_uuid)
+
+    assert kept == sent and kept.uuid is registry_uuid and sent.uuid is not registry_uuid
+    assert kept.throttle_reasons == ("sw_power_cap", "hw_slowdown")  # in the agent's order
+    assert kept.throttle_reasons is again.throttle_reasons
+    assert kept.throttle_reasons[0] is THROTTLE_REASONS[THROTTLE_REASONS.index("sw_power_cap")]
+    assert kept_sample(frame_sample(7, MINUTE + 25), registry_uuid).throttle_reasons == ()
 
 
 def test_a_gpus_ended_and_open_minutes_and_latest_sample_cost_about_a_kilobyte_with_frames_own_strings():

@@ -159,7 +159,7 @@ def test_a_malformed_compute_capability_is_flagged():
 
 
 def test_active_nvlinks_on_a_model_without_nvlink_are_flagged():
-    result = classify(card("rtx-4090", nvlinks=[NvLink(link=0, active=True)]), POLICY)
+    result = classify(card("rtx-4090", nvlinks=(NvLink(link=0, active=True),)), POLICY)
     assert result.flags == ("nvlink_mismatch",) and result.tier is None
 
 
@@ -215,7 +215,7 @@ def test_pcie_and_nvlink_criteria_use_the_reported_link():
     assert classify(card("h100-sxm"), policy).tier == "fabric"
     assert classify(card("h100-sxm", pcie_gen=4), policy).tier == "any"  # an H100 in a Gen4 slot
     assert classify(card("h100-sxm", pcie_width=8), policy).tier == "any"
-    assert classify(card("h100-sxm", nvlinks=[]), policy).tier == "any"
+    assert classify(card("h100-sxm", nvlinks=()), policy).tier == "any"
     assert classify(card("h100-sxm", pcie_gen=None), policy).tier == "fabric"  # unreported: the catalog's gen
 
 
@@ -328,7 +328,7 @@ _gpu_infos = st.builds(
     compute_capability=_ccs,
     pcie_gen=st.none() | st.integers(),
     pcie_width=st.none() | st.integers(),
-    nvlinks=st.lists(st.builds(NvLink, link=st.integers(), active=st.booleans()), max_size=4),
+    nvlinks=st.lists(st.builds(NvLink, link=st.integers(), active=st.booleans()), max_size=4).map(tuple),
     clock_sm_max_mhz=st.none() | st.integers(),
     power_limit_w=st.none() | _any_float,
     memory_bus_width_bits=st.none() | st.integers(),

@@ -64,6 +64,29 @@ async def test_an_agent_named_alive_is_handled_as_its_last_full_heartbeat_again(
         await master.stop()
 
 
+async def test_an_idle_agent_named_alive_is_handled_as_its_last_heartbeat_which_said_nothing(tmp_path):
+    master = await started(tmp_path)
+    try:
+        link = relay_link()
+        await connect(master, link, "agt-1", gpus(1))
+        overlay = {"c1": {"10.9.0.2": "direct"}}
+        said: list[Heartbeat | Telemetry] = [Heartbeat(seq=1, ts=time.time(), running=["c1"], overlay=overlay)]
+        await master.channel.on_link_frame(link, fold(AgentReports(agent_id="agt-1", frames=said)))
+        assert master.agent("agt-1").state == "busy" and master.overlay_paths("agt-1", "c1") == {"10.9.0.2": "direct"}
+        idle: list[Heartbeat | Telemetry] = [Heartbeat(seq=2, ts=time.time(), ping="nonce-1"), Heartbeat(seq=3, ts=time.time())]
+        await master.channel.on_link_frame(link, fold(AgentReports(agent_id="agt-1", frames=idle)))
+        agent = master.agent("agt-1")
+        assert agent.state == "ready" and master.overlay_paths("agt-1", "c1") == {}
+        await master.registry.transition(agent, "workload_started", "for the test")
+        seen = agent.last_seen
+        await master.channel.on_link_frame(link, fold(alive=("agt-1",)))
+
+        assert agent.state == "ready" and agent.last_seen >= seen  # no container runs, as the last heartbeat said
+        assert master.overlay_paths("agt-1", "c1") == {}
+    finally:
+        await master.stop()
+
+
 async def test_a_fold_takes_nothing_of_an_agent_not_linked_through_it_and_asks_an_unwelcomed_one_for_hello(tmp_path):
     master = await started(tmp_path)
     try:

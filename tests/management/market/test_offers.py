@@ -38,9 +38,8 @@ def host(agent_id: str, *, state: str = "ready", region: str = "eu-west", isolat
 def cards(agent_id: str, n: int, model: str = "h100-sxm", *, nvlink: bool = False, cuda: str = "12.4") -> list[GpuRecord]:
     out = []
     for i in range(n):
-        links = (
-            [NvLink(link=j, active=True, remote_pci_bus_id=f"0000:{j:02x}:00.0") for j in range(n) if j != i] if nvlink else []
-        )
+        peers = [j for j in range(n) if j != i] if nvlink else []
+        links = tuple(NvLink(link=j, active=True, remote_pci_bus_id=f"0000:{j:02x}:00.0") for j in peers)
         info = GpuInfo(
             index=i,
             uuid=f"GPU-{agent_id}-{i}",
@@ -126,7 +125,7 @@ def test_units_an_interruptible_rental_holds_are_offered_on_demand_only():
 
 def test_a_flagged_gpu_makes_the_offer_unverified_and_mig_instances_are_units_held_by_their_gpu():
     gpus = cards("h1", 2, "a100-80gb")
-    gpus[0].flags = ["vram_mismatch"]
+    gpus[0].flags = ("vram_mismatch",)
     assert offer_of(host("h1"), gpus, held=set(), price=PRICE, reliability=1.0).verified is False  # type: ignore[union-attr]
     split = GpuInfo(
         index=0,

@@ -19,7 +19,7 @@ def gpus(host: str = "agt-1") -> list[GpuRecord]:
             pci_bus_id=f"0000:0{i}:00.0",
             memory_total_mib=81_559,
             compute_capability="9.0",
-            nvlinks=[NvLink(link=0, active=True, remote_pci_bus_id=f"0000:0{1 - i}:00.0")],
+            nvlinks=(NvLink(link=0, active=True, remote_pci_bus_id=f"0000:0{1 - i}:00.0"),),
         )
         for i in range(2)
     ]
