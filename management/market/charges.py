@@ -287,7 +287,9 @@ def step(
         available += sum(line.amount for line in entry.lines if line.account == renter)
         apply(st, entry)
 
-    if not st.opened and st.last_period == 0 and not st.settled:
+    # A hold is opened once, before the rental's end is processed: an ended rental whose end posted a credit (an SLA
+    # credit raises what the renter has) must not find money for a hold on a replay of the same step.
+    if not st.opened and st.last_period == 0 and not st.settled and not st.credited:
         if rental.kind == "reserved" and rental.reserved_until is not None:
             full = cost_until(rental, rental.reserved_until)
             amount, key, kind = min(full, available), f"prepay:{rental.id}", "prepay"
