@@ -382,12 +382,15 @@ def _demo_parser(sub: argparse._SubParsersAction) -> None:
         "start to its 'idlegrid demo is up' line; stop each with SIGINT.",
     )
     p.add_argument("--runs", type=int, default=d.runs, help=f"runs, the first on a fresh state directory (default {d.runs})")
+    p.add_argument(
+        "--timeout-s", type=float, default=d.timeout_s, help=f"give up on a run not up by then (default {d.timeout_s:g})"
+    )
     p.add_argument("--json", type=Path, help="write the figures here")
     p.set_defaults(func=_run_demo)
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    result = run_demo_bench(DemoBenchOptions(runs=args.runs))
+    result = run_demo_bench(DemoBenchOptions(runs=args.runs, timeout_s=args.timeout_s))
     _write(args.json, result)
     print(demo_table(result))
     return 0

@@ -33,6 +33,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from types import FrameType
@@ -154,7 +155,16 @@ def agent_name(index: int) -> str:
 
 
 class Demo:
-    def __init__(self, state_dir: Path, *, api_port: int | None, agents: int, container_host: bool = True) -> None:
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        api_port: int | None,
+        agents: int,
+        container_host: bool = True,
+        say: Callable[[str], None] = lambda line: None,
+    ) -> None:
+        self.say = say  # progress for the person waiting (run_demo prints it): a cold first run is a minute or two
         first_run = not (state_dir / PORTS_FILE).exists()
         self.grid = LocalGrid(state_dir, api_port=api_port if api_port is not None or not first_run else DEFAULT_API_PORT)
         self.agents = agents
@@ -183,6 +193,8 @@ class Demo:
         failing leaves the demo without its container host, saying why."""
         started = time.time()
         container_deadline = time.monotonic() + CONTAINER_HOST_DEADLINE_S
+        engine_note = " and a container host (Podman)" if self.podman is not None else ""
+        self.say(f"starting a Master, {len(RELAYS)} relays, {self.agents} simulated agents{engine_note} in {self.grid.root}")
         if self.store is not None:
             self.store.start(self.grid)  # waited for once the agents are up: it starts while they do
         config = self._overlay_config()
@@ -199,6 +211,12 @@ class Demo:
             ids = [agent.result() for agent in agents]
             self.container_host_id = container_host.result()
         self.grid.wait_agents_ready(ids, since=started, timeout_s=READY_TIMEOUT_S)
+        if self.container_host_id is not None:
+            left_s = max(0.0, container_deadline - time.monotonic())
+            self.say(
+                f"{len(ids)} simulated agents ready after {time.time() - started:.0f} s; waiting for the container host's "
+                f"GPU self-test (at most {left_s:.0f} s more: a cold Podman's first containers are slow)"
+            )
         self._wait_container_host(since=started, deadline=container_deadline)
         if self.store is not None:
             self.store.wait()
@@ -221,7 +239,13 @@ class Demo:
         """Podman's private configuration, the images (built only when this state directory lacks them), the service."""
         assert self.podman is not None
         self.podman.configure()
-        self.images_built = [image.reference for image in (SELFTEST, DEMO) if self.podman.ensure_image(image)]
+        missing = [image for image in (SELFTEST, DEMO) if self.podman.image_id(image.reference) is None]
+        if missing:
+            names = ", ".join(image.reference for image in missing)
+            self.say(f"building the container host's images here, once for this state directory: {names}")
+        for image in missing:
+            self.podman.build_image(image)
+        self.images_built = [image.reference for image in missing]
         self.podman.start_service()
 
     def _enroll_container_host(self, engine: Future[None] | None, relay: RelayInfo) -> bool:
@@ -590,12 +614,16 @@ def idlegrid_command() -> str:
     return str(beside) if beside.exists() else f"{sys.executable} -m management.cli"
 
 
+def _progress(line: str) -> None:
+    print(f"idlegrid demo: {line}", flush=True)
+
+
 def run_demo(state_dir: Path, *, api_port: int | None, agents: int, container_host: bool = True) -> int:
     """Run until SIGINT or SIGTERM; errors (a port in use, a process that does not come up) raise IdlegridError."""
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     demo: Demo | None = None
     try:
-        demo = Demo(state_dir, api_port=api_port, agents=agents, container_host=container_host)
+        demo = Demo(state_dir, api_port=api_port, agents=agents, container_host=container_host, say=_progress)
         demo.start()
         demo.publish_operator_key()
         demo.publish_renter_key()
