@@ -137,7 +137,10 @@ def browser() -> Iterator[Any]:
 @pytest.fixture
 def page(browser: Any) -> Iterator[Any]:
     context = browser.new_context(viewport={"width": 1280, "height": 860})
-    context.set_default_timeout(10_000)
+    # Bounds that catch a hang, not speed (bench console-pages times the pages): a loaded CI machine took more than
+    # 10 s for a page's load now and then (test_launch_forms' goto, 2026-12-07).
+    context.set_default_timeout(20_000)
+    context.set_default_navigation_timeout(30_000)
     page = context.new_page()
     yield page
     context.close()
