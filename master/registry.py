@@ -176,6 +176,7 @@ class Registry:
         await self.save(agent)
         if agent.state == AgentState.RETIRED.value:
             self._shadows.pop(agent.id, None)
+            self.overlay_paths.pop(agent.id, None)
             retired = list(self._gpus_by_agent.get(agent.id, {}).values())
             await self.withdraw_gpus(agent.id, retired, HOST_RETIRED_FLAG)
             self.allocations.release_host(agent.id)
@@ -598,6 +599,7 @@ class Registry:
         ]
         for agent in silent:
             agent.relay = ""
+            self.overlay_paths.pop(agent.id, None)  # the paths its heartbeats reported are no longer known
         moves = [(agent, f"no heartbeat for {now - agent.last_seen:.1f} s") for agent in silent]
         return [agent.id for agent in await self.transition_many(moves, "heartbeat_lost")]
 

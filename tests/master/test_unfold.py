@@ -136,3 +136,24 @@ async def test_a_folding_links_backlog_is_a_second_fold_waiting_not_the_size_of_
     assert intake.backlogged(1024 * 1024, folds=False)  # as many bytes of single frames: behind
     intake.queue.push(big, Lane.TELEMETRY, 1024)
     assert intake.backlogged(1024 * 1024, folds=True)
+
+
+async def test_an_agent_gone_silent_keeps_no_overlay_paths(tmp_path):
+    """The overlay's paths live in memory only as long as the agent's heartbeats say them: a silent agent's are dropped
+    when it goes offline (they were kept for every agent that ever reported one, gone or not)."""
+    master = await started(tmp_path)
+    try:
+        link = relay_link()
+        await connect(master, link, "agt-1", gpus(1))
+        said: list[Heartbeat | Telemetry] = [
+            Heartbeat(seq=1, ts=time.time(), running=["c1"], overlay={"c1": {"10.9.0.2": "direct"}})
+        ]
+        await master.channel.on_link_frame(link, fold(AgentReports(agent_id="agt-1", frames=said)))
+        assert master.overlay_paths("agt-1", "c1") == {"10.9.0.2": "direct"}
+
+        gone = await master.registry.sweep(time.time() + 3600, timeout_s=60)
+
+        assert gone == ["agt-1"] and master.agent("agt-1").state == "offline"
+        assert master.overlay_paths("agt-1", "c1") == {} and "agt-1" not in master.registry.overlay_paths
+    finally:
+        await master.stop()
