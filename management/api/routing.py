@@ -61,7 +61,7 @@ from management.views.alerts import (
     SilenceView,
     WebhookList,
 )
-from management.views.disputes import DisputeList, DisputeView
+from management.views.disputes import DisputePage, DisputeView
 from management.views.endpoint_requests import EndpointHealthView, RequestStatusView, RequestStreamView
 from management.views.endpoints import (
     DeletedEndpoint,
@@ -963,7 +963,7 @@ ROUTES: tuple[Route, ...] = (
         Resource.DISPUTES,
         Action.READ,
         "Disputes, newest first: a renter's own, those about a provider's hosts, or (operator) all",
-        {200: DisputeList},
+        {200: DisputePage},
         query=disputes.DisputeQuery,
         tag="disputes",
     ),

@@ -112,7 +112,8 @@ def _run_open(args: argparse.Namespace) -> int:
 
 def _run_list(args: argparse.Namespace) -> int:
     client, _ = api_client(args)
-    return show(args, client.disputes(rental=args.rental), lambda body: _rows(body["items"]))
+    every = {"items": client.list("/api/v1/disputes", rental=args.rental)}  # the list is paged: every page
+    return show(args, every, lambda body: _rows(body["items"]))
 
 
 def _run_show(args: argparse.Namespace) -> int:

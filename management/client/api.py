@@ -406,10 +406,6 @@ class ApiCalls(Generic[R]):
             body["agent_id"] = agent_id
         return self.send(ApiRequest("POST", f"{API_PREFIX}/disputes", body=body))
 
-    def disputes(self, *, rental: str | None = None) -> R:
-        query = {"rental": rental} if rental is not None else {}
-        return self.send(ApiRequest("GET", f"{API_PREFIX}/disputes", query))
-
     def dispute(self, dispute_id: str) -> R:
         return self.send(ApiRequest("GET", f"{API_PREFIX}/disputes/{_segment(dispute_id)}"))
 

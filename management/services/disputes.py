@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterable
+from typing import Annotated
 
 import msgspec
 
@@ -34,6 +35,7 @@ from management.payments.disputes import (
     refund_of,
     resolve_entry,
 )
+from management.services.models import KeyText, Page, page_of
 from management.store.disputes import DisputeRepo
 from management.store.rentals import RentalRepo
 from master.port import EventRecord, LedgerEntry, MasterPort, RentalRecord
@@ -45,6 +47,13 @@ EVENT_PAGE = 500
 EVENT_PAGES = 20  # at most this many pages of a subject's history are read for the evidence
 MARGIN_S = 60.0  # the evidence's span: the rental's, and a minute either side
 FAULT_KINDS = ("gpu.fault", "gpu.hardware_error", "gpu.transition", "agent.transition")
+
+
+class DisputeKey(msgspec.Struct, array_like=True, frozen=True):
+    """Where a page of disputes ends: the last one's creation time and id (the list is newest first)."""
+
+    created_at: Annotated[float, msgspec.Meta(ge=0, le=1e11)]
+    id: KeyText
 
 
 class DisputeService:
@@ -81,6 +90,16 @@ class DisputeService:
         account = owner if role == "renter" else None
         provider = owner if role == "provider" else None
         return await self._disputes.list(account=account, provider=provider, rental_id=rental_id, limit=limit)
+
+    async def page(
+        self, *, owner: str | None, role: str, rental_id: str | None, after: DisputeKey | None, limit: int
+    ) -> Page[DisputeRecord]:
+        """A page of what ``list_disputes`` lists, starting after ``after``."""
+        account = owner if role == "renter" else None
+        provider = owner if role == "provider" else None
+        before = (after.created_at, after.id) if after is not None else None
+        found = await self._disputes.list(account=account, provider=provider, rental_id=rental_id, before=before, limit=limit + 1)
+        return page_of(found, limit, lambda rec: DisputeKey(rec.created_at, rec.id))
 
     # --- writing ---------------------------------------------------------------------------------------------------
 

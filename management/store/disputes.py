@@ -32,9 +32,11 @@ class DisputeRepo(Protocol):
         account: str | None = None,
         provider: str | None = None,
         rental_id: str | None = None,
+        before: tuple[float, str] | None = None,
         limit: int = 100,
     ) -> builtins.list[DisputeRecord]:
-        """Disputes matching every filter, newest first, at most ``limit``."""
+        """Disputes matching every filter, newest first (by creation, then id), at most ``limit``; with ``before``
+        (created_at, id) only those after it in that order (the next page of a list)."""
 
 
 class SqliteDisputeRepo(SqliteTable[DisputeRecord]):
@@ -57,15 +59,20 @@ class SqliteDisputeRepo(SqliteTable[DisputeRecord]):
         account: str | None = None,
         provider: str | None = None,
         rental_id: str | None = None,
+        before: tuple[float, str] | None = None,
         limit: int = 100,
     ) -> builtins.list[DisputeRecord]:
         if limit <= 0:
             return []
-        clauses, params = [], []
+        clauses: builtins.list[str] = []
+        params: builtins.list[object] = []
         for column, value in (("account", account), ("provider", provider), ("rental_id", rental_id)):
             if value is not None:
                 clauses.append(f"{column} = ?")
                 params.append(value)
+        if before is not None:
+            clauses.append("(created_at < ? OR (created_at = ? AND id < ?))")
+            params += [before[0], before[0], before[1]]
         where = f"WHERE {' AND '.join(clauses)} " if clauses else ""
         return await self._select(
             f"SELECT id, doc FROM disputes {where}ORDER BY created_at DESC, id DESC", tuple(params), limit=limit
@@ -88,11 +95,14 @@ class MongoDisputeRepo(MongoCollection[DisputeRecord]):
         account: str | None = None,
         provider: str | None = None,
         rental_id: str | None = None,
+        before: tuple[float, str] | None = None,
         limit: int = 100,
     ) -> builtins.list[DisputeRecord]:
         if limit <= 0:
             return []
         query = only(account=account, provider=provider, rental_id=rental_id)
+        if before is not None:
+            query["$or"] = [{"created_at": {"$lt": before[0]}}, {"created_at": before[0], "_id": {"$lt": before[1]}}]
         return await self._find(query, [("created_at", DESCENDING), ("_id", DESCENDING)], limit)
 
 

@@ -7,7 +7,7 @@ from typing import Literal
 
 from management.market.money import format_amount
 from management.payments.disputes import DisputeRecord, EventEvidence, Evidence
-from management.views.base import Money, Time, View, rfc3339
+from management.views.base import Money, Time, View, page_of, rfc3339
 from master.port import EventData
 
 
@@ -77,8 +77,7 @@ class DisputeView(View):
     evidence: EvidenceView | None
 
 
-class DisputeList(View):
-    items: list[DisputeView]
+DisputePage = page_of(DisputeView)
 
 
 def _event(e: EventEvidence) -> EventEvidenceView:
@@ -135,7 +134,3 @@ def dispute_view(rec: DisputeRecord) -> DisputeView:
         resolved_by=rec.resolved_by or None,
         evidence=evidence_view(rec.evidence) if rec.evidence is not None else None,
     )
-
-
-def dispute_list_view(records: list[DisputeRecord]) -> DisputeList:
-    return DisputeList(items=[dispute_view(r) for r in records])

@@ -62,6 +62,24 @@ async def test_disputes_are_put_read_replaced_and_listed_newest_first_by_renter_
     assert_same(await repo.get("dsp-1"), resolved)
 
 
+async def test_disputes_page_newest_first_after_a_key_even_when_they_share_a_creation_time(store: Store) -> None:
+    repo = dispute_repo(store)
+    for n in (1, 2, 3):
+        await repo.put(dispute(n))
+    tied = [dispute(4), dispute(5)]  # both created at the same instant: the id orders them
+    for rec in tied:
+        rec.id, rec.created_at = f"dsp-4{rec.id[-1]}", NOW + 4
+        await repo.put(rec)
+    await repo.put(dispute(6, account="zoo"))
+    first = await repo.list(account="lab", limit=2)
+    assert [d.id for d in first] == ["dsp-45", "dsp-44"]
+    second = await repo.list(account="lab", before=(first[-1].created_at, first[-1].id), limit=2)
+    assert [d.id for d in second] == ["dsp-3", "dsp-2"]
+    last = await repo.list(account="lab", before=(second[-1].created_at, second[-1].id), limit=2)
+    assert [d.id for d in last] == ["dsp-1"]
+    assert await repo.list(account="lab", before=(last[-1].created_at, last[-1].id)) == []
+
+
 async def test_disputes_survive_a_restart(store_url: str) -> None:
     first = open_store(store_url)
     await first.open()

@@ -10,15 +10,18 @@ from aiohttp import web
 
 from management.api.auth import scope_of
 from management.http.keys import SERVICES_KEY
+from management.http.paging import decode_cursor, page_response
 from management.http.requests import json_response, parse_body, parse_query
-from management.http.schemas import EmptyQuery
+from management.http.schemas import EmptyQuery, PageQuery
 from management.payments.disputes import refund_amount
-from management.views.disputes import dispute_list_view, dispute_view
+from management.services.disputes import DisputeKey
+from management.views.disputes import dispute_view
 
 Text = Annotated[str, msgspec.Meta(min_length=1, max_length=4000)]
 Amount = Annotated[
     str, msgspec.Meta(min_length=1, max_length=32, description='a decimal amount of the grid\'s currency ("2.50")')
 ]
+DISPUTES = "disputes"  # the resource a cursor of this list names
 Id = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+\Z")]
 
 
@@ -45,9 +48,8 @@ class ResolveDispute(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     note: Annotated[str, msgspec.Meta(max_length=4000)] = ""
 
 
-class DisputeQuery(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+class DisputeQuery(PageQuery, kw_only=True, forbid_unknown_fields=True):
     rental: Id | None = None
-    limit: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 100
 
 
 REQUEST_SCHEMAS: tuple[type[msgspec.Struct], ...] = (OpenDispute, AnswerDispute, ResolveDispute, DisputeQuery)
@@ -63,10 +65,14 @@ async def open_dispute(request: web.Request) -> web.Response:
 async def list_disputes(request: web.Request) -> web.Response:
     query = parse_query(request, DisputeQuery)
     scope = scope_of(request)
-    records = await request.app[SERVICES_KEY].disputes.list_disputes(
-        owner=scope.owner, role=scope.principal.role.value, rental_id=query.rental, limit=query.limit
+    page = await request.app[SERVICES_KEY].disputes.page(
+        owner=scope.owner,
+        role=scope.principal.role.value,
+        rental_id=query.rental,
+        after=decode_cursor(DISPUTES, query, DisputeKey),
+        limit=query.limit,
     )
-    return json_response(dispute_list_view(records))
+    return page_response(DISPUTES, query, page, dispute_view)
 
 
 async def get_dispute(request: web.Request) -> web.Response:

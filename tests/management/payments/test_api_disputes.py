@@ -228,3 +228,27 @@ async def test_the_evidence_holds_the_hosts_faults_exits_and_verification_in_the
     evidence = (await open_dispute(grid, early, grid.lab))["evidence"]
     assert (evidence["exits"], evidence["verification"]) == ([], [])
     assert not [e for e in evidence["faults"] if e["kind"] == "gpu.fault"]
+
+
+async def test_the_disputes_list_pages_with_a_cursor_bound_to_its_filters(grid):
+    opened = []
+    for n in range(2, 7):  # five more rentals of lab's, each disputed
+        opened.append((await open_dispute(grid, await ended_rental(grid, n, ended_ago=60), grid.lab))["id"])
+    seen, cursor, pages = [], None, 0
+    while True:
+        query = "?limit=2" + (f"&cursor={cursor}" if cursor else "")
+        body = await (await grid.get(f"/api/v1/disputes{query}", headers=grid.lab)).json()
+        seen += [d["id"] for d in body["items"]]
+        pages += 1
+        cursor = body["next_cursor"]
+        if cursor is None:
+            break
+    assert pages == 3 and seen == opened[::-1]  # newest first, each once
+    first = await (await grid.get("/api/v1/disputes?limit=2", headers=grid.lab)).json()
+    # a cursor is the list's own: with other filters, or made up, a 400 that says so
+    other = await grid.get(f"/api/v1/disputes?limit=2&rental={grid.rental}&cursor={first['next_cursor']}", headers=grid.lab)
+    assert (await error_of(other))[:2] == (400, "bad_cursor")
+    made_up = await grid.get("/api/v1/disputes?cursor=WyJkaXNwdXRlcyJd", headers=grid.lab)
+    assert (await error_of(made_up))[:2] == (400, "bad_cursor")
+    # another renter's pages hold none of them
+    assert (await (await grid.get("/api/v1/disputes?limit=2", headers=grid.zoo)).json()) == {"items": [], "next_cursor": None}
