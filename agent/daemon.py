@@ -36,7 +36,7 @@ from agent.config import AgentConfig
 from agent.connector import CONNECTION_ERRORS, RelayConnector, RelayTarget
 from agent.credentials import CertificateRenewer, describe_expiry, recover_interrupted_renewal
 from agent.directory import DirectoryFile, DirectoryStore
-from agent.errors import CertificateRevoked, is_revocation
+from agent.errors import CertificateRevoked, UnansweredCopy, is_revocation
 from agent.executor import CommandExecutor
 from agent.fault_injection import FAULTS_FILE
 from agent.gpus import open_collector
@@ -697,6 +697,8 @@ class Agent:
             await self._send(CommandAck(id=command_id))
             acked = True
             result = await self.executor.execute(command)
+        except UnansweredCopy:
+            return  # logged by the executor: the intact copy the Master sends again resumes the run and answers it
         finally:
             self.session.command_ended(command_id)
             if acked:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from websockets.frames import Close
 
-from common.errors import ConfigError, IdlegridError
+from common.errors import ConfigError, IdlegridError, SignatureError
 from common.wire import CLOSE_POLICY, CLOSE_REVOKED
 
 # Exit codes of `idlegrid agent`. 2 is every other IdlegridError (bad settings, not enrolled): the CLI's default.
@@ -27,6 +27,11 @@ class SimulationSpecError(ConfigError, ValueError):
     """A ``--simulate`` spec that names no known GPU model or count; the message is one line saying which part."""
 
     code = "bad_simulate_spec"
+
+
+class UnansweredCopy(SignatureError):
+    """A copy of a command that does not verify, of an id this host started and did not finish (a restart cut the run
+    short): the copy neither resumes nor ends that run, so there is no result to send. An intact copy resumes it."""
 
 
 class UnknownGpu(IdlegridError):

@@ -1,5 +1,8 @@
 """Runs the Master's container commands: verified, at most once, each result kept until acknowledged.
 
+A refused copy (its signature does not verify) ends its command id here as refused, kept and answered like any
+result: the Master ends the command on that refusal, so a later copy of the id, even intact, must not run.
+
 Before it starts a container with GPUs, the agent checks again what the Master already enforces (one holder per
 GPU or MIG instance, and a whole GPU and its instances exclude each other): every GPU named must be on this host,
 and none held by another running container of this agent. The GPUs a
@@ -17,7 +20,7 @@ from typing import Any
 
 import msgspec
 
-from agent.errors import GpuConflict, UnknownGpu
+from agent.errors import GpuConflict, UnansweredCopy, UnknownGpu
 from agent.ledger import CommandLog, CommandLogEntry
 from agent.output import OutputKeeper
 from agent.overlay import GangOverlays
@@ -93,13 +96,14 @@ class CommandExecutor:
         self._placing = asyncio.Lock()  # GPU check and create, one command at a time
 
     async def execute(self, command: Command) -> CommandResult:
-        """Return the command's result, running it only if this host has never run that id."""
+        """Return the command's result, running it only if this host has never run, nor refused, that id.
+
+        Raises UnansweredCopy for a copy that does not verify of an id this host started and did not finish."""
         body = command.body
         try:
             self._verify(command)
         except SignatureError as exc:
-            log.warning("refused command %s: %s", body.id, exc)
-            return CommandResult(id=body.id, ok=False, error=f"command refused: {exc}", error_code=exc.code)
+            return self._refuse(body.id, body.kind, exc)
         done = self.ledger.get(body.id)
         if done is not None and done.finished:
             return _result(done)
@@ -129,6 +133,17 @@ class CommandExecutor:
         if body.kind == "create_container" and self.host_keys is not None and workload:
             result["ssh_host_key"] = self.host_keys.public_line(workload)
         return self._finish(body.id, body.kind, ok=True, result=result, error=None, code=None)
+
+    def _refuse(self, command_id: str, kind: str, exc: SignatureError) -> CommandResult:
+        """A copy that does not verify. Its refusal is the id's end on this host, kept like a result: the Master ends
+        the command on it, so a later copy (a resend on reconnect, intact or not) must get the same answer and never
+        run. An id this host already ran keeps its own end (the Master hears what happened, not this copy); one whose
+        run a restart cut short may have its container already, so this copy ends nothing (UnansweredCopy)."""
+        log.warning("refused command %s: %s", command_id, exc)
+        entry = self.ledger.refuse(command_id, kind, error=f"command refused: {exc}", error_code=exc.code)
+        if not entry.finished:
+            raise UnansweredCopy(f"command {command_id} was started here and is not finished; this copy: {exc}")
+        return _result(entry)
 
     def _words(self, spec: dict[str, Any], text: str) -> str:
         """A failure's words as the Master (and the renter) may read them: no secret of the spec, no path of this host."""

@@ -1,7 +1,9 @@
 """The agent's command ledger: which command ids ran and what they returned, kept across restarts.
 
 It is what makes execution at most once: a command id is recorded as started *before* the runtime
-is touched, and a result is kept until the Master acknowledges it.
+is touched, and a result is kept until the Master acknowledges it. A command id whose copy was refused (its
+signature did not verify) is kept as finished with that refusal: the Master takes the refusal as the command's end,
+so no later copy of the id may run here, however intact.
 """
 
 from __future__ import annotations
@@ -64,6 +66,20 @@ class CommandLog:
         self._db.execute(
             "INSERT OR IGNORE INTO executed (id, kind, started_at) VALUES (?, ?, ?)", (command_id, kind, time.time())
         )
+
+    def refuse(self, command_id: str, kind: str, *, error: str, error_code: str) -> CommandLogEntry:
+        """Keep ``command_id`` as refused unless this host already knows it; the entry it has now.
+
+        An id this host started or finished keeps what it has: a copy that does not verify says nothing about it."""
+        now = time.time()
+        self._db.execute(
+            "INSERT OR IGNORE INTO executed (id, kind, started_at, finished_at, ok, result, error, error_code) "
+            "VALUES (?, ?, ?, ?, 0, '{}', ?, ?)",
+            (command_id, kind, now, now, error, error_code),
+        )
+        entry = self.get(command_id)
+        assert entry is not None  # inserted, or there already
+        return entry
 
     def finish(
         self, command_id: str, kind: str, *, ok: bool, result: dict[str, Any], error: str | None, error_code: str | None

@@ -40,7 +40,8 @@ Invariants, each a test:
 1. ``receive`` never raises: whatever the relay sends, the answer is an action.
 2. A command id is handed to the executor (``RunCommand``) at most once while it runs: a resend while it runs is
    only acked, whatever the order of resends, acks and ends (a property). Across runs, the executor's ledger
-   (agent/ledger.py) answers a finished id from what it kept, so a command is executed at most once in all.
+   (agent/ledger.py) answers a finished id from what it kept, a refused one included (agent/executor.py), so a
+   command is executed at most once in all, and never after a copy of it was refused.
 3. Every command received, unless the agent is stopping, is acked exactly once per receipt.
 4. Once stopping, no command is acked or run and no tunnel opens.
 5. Heartbeat sequence numbers only grow, across connections too.

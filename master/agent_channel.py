@@ -370,6 +370,9 @@ class AgentChannel:
                 self._on_agent_error(agent, frame)
 
     async def _on_hello(self, link: AccessLink, agent: AgentRecord, hello: Hello, version: int, now: float) -> None:
+        # The agent reads as connected from the registration on, and a command created from then on goes out on this
+        # connection at once: the resend below is for what was sent before (on a connection gone), not a second copy.
+        hello_at = time.monotonic()
         self._heartbeats.pop(agent.id, None)  # a new session: its relay sends its next heartbeat in full
         await self._registry.on_hello(
             agent, hello.inventory, relay=link.relay_id, region=hello.region, relay_region=link.region, now=now
@@ -387,7 +390,7 @@ class AgentChannel:
             relays=self._directory.current(),
         )
         await link.send_to_agent(agent.id, encode(welcome))
-        await self._commands.resend_for(agent.id)
+        await self._commands.resend_for(agent.id, sent_before=hello_at)
 
     async def _on_heartbeat(self, agent: AgentRecord, frame: Heartbeat, now: float, *, transit: bool = True) -> None:
         since = now - frame.ts

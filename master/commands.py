@@ -1,7 +1,10 @@
 """The command ledger: signs container commands, dispatches them, and tracks each one to a final state.
 
 Delivery is at least once (unfinished commands are resent whenever their agent comes back) and
-execution at most once (the command id is the agent's idempotency key).
+execution at most once (the command id is the agent's idempotency key). A hello resends only what this process had not
+sent on the connection that said it: a command created while the hello was being handled went out on that connection
+already, and a second copy is needless (and, when a relay tampers the first, a second chance to run what the first
+copy's refusal ended; the agent answers it with that refusal, agent/executor.py).
 
 A create's secret fields are sealed in its record (master/command_secrets.py): the store, its backups and replicas
 never hold them in clear. The ledger joins them back in memory only to sign and send: at the first send with the spec
@@ -72,6 +75,7 @@ class CommandLedger:
         # older than one the Master has acted on (a poll answered between the two would wait for the store's queue).
         self._landing: dict[str, CommandRecord] = {}
         self._finished: dict[str, asyncio.Event] = {}  # set when the command is final; made for a reader that waits
+        self._sent_at: dict[str, float] = {}  # open command id -> when this process last sent it (time.monotonic())
         self.allocations: GpuAllocations = registry.allocations
         # Called with each command that reaches a final state (metrics count them); must not raise.
         self.on_final: Callable[[CommandRecord], None] = lambda record: None
@@ -205,6 +209,7 @@ class CommandLedger:
         frame = encode(Command(body=_body(record, whole), signature=record.signature))
         if not await self._send(record.agent_id, frame):
             return
+        self._sent_at[record.id] = time.monotonic()
         record.attempts += 1
         if record.state == CommandState.PENDING.value:
             record.sent_at = time.time()
@@ -258,8 +263,15 @@ class CommandLedger:
                 problems.append(f"command {record.id}: its secret fields could not be sealed in the store: {exc}")
         return problems
 
-    async def resend_for(self, agent_id: str) -> int:
-        pending = sorted((r for r in self.open.values() if r.agent_id == agent_id), key=lambda r: r.created_at)
+    async def resend_for(self, agent_id: str, *, sent_before: float = math.inf) -> int:
+        """Send again the agent's open commands, oldest first, except those this process sent at ``sent_before`` or
+        later (``time.monotonic()``; a hello's arrival: what went out since went on the connection that said it);
+        how many went."""
+        sent_at = self._sent_at
+        pending = sorted(
+            (r for r in self.open.values() if r.agent_id == agent_id and sent_at.get(r.id, -math.inf) < sent_before),
+            key=lambda r: r.created_at,
+        )
         for record in pending:
             await self.dispatch(record)
         return len(pending)
@@ -337,6 +349,7 @@ class CommandLedger:
             await written()
             return
         self.open.pop(record.id, None)
+        self._sent_at.pop(record.id, None)
         record.sealed = ""  # never sent again: its secret fields need not be kept at all
         self._landing[record.id] = record
         self.on_final(record)

@@ -6,6 +6,7 @@ import time
 import msgspec
 import pytest
 
+from agent.errors import UnansweredCopy
 from agent.executor import CommandExecutor
 from agent.ledger import CommandLog
 from agent.runtime.docker import create_body
@@ -101,7 +102,58 @@ async def test_a_tampered_command_is_refused_with_the_reason(tmp_path, signer):
     assert not result.ok
     assert result.error_code == "bad_signature"
     assert "signature" in result.error
-    assert ex.ledger.get(cmd.body.id) is None  # a forgery must not poison the real id
+    kept = ex.ledger.get(cmd.body.id)  # the Master ends the command on this refusal: so does the host
+    assert kept is not None and kept.finished and not kept.ok and kept.error_code == "bad_signature"
+    assert [r.id for r in ex.pending_results()] == [cmd.body.id]  # sent again until the Master acknowledges it
+
+
+async def test_an_intact_copy_of_a_command_whose_copy_was_refused_gets_the_refusal_and_never_runs(tmp_path, signer):
+    """A relay tampered one copy and the Master, which ends the command on the refusal, sent it again (a resend at a
+    hello): the host's end must be the Master's, so the intact copy is answered with the refusal, after a restart too."""
+    runs = tmp_path / "work" / "honest" / "runs"
+    spec = {"name": "honest", "image": "none", "command": ["sh", "-c", "echo x >> runs; sleep 30"]}
+    intact = command(signer, spec=spec, command_id="cmd-t")
+    tampered = msgspec.structs.replace(intact, body=msgspec.structs.replace(intact.body, spec={**spec, "command": ["id"]}))
+    ex, runtime = executor(tmp_path, signer)
+    refused = await ex.execute(tampered)
+    again = await ex.execute(intact)
+    ex.ledger.close()
+    restarted, _ = executor(tmp_path, signer)
+    after_restart = await restarted.execute(intact)
+    assert again == refused == after_restart
+    assert not refused.ok and refused.error_code == "bad_signature"
+    assert await runtime.list() == [] and not runs.exists()
+
+
+async def test_a_copy_that_does_not_verify_of_a_finished_command_gets_the_kept_result(tmp_path, signer):
+    """What the host did is what the Master hears: a later bad copy neither turns a success into a refusal nor runs."""
+    spec = {"name": "done", "image": "none", "command": ["sleep", "30"]}
+    intact = command(signer, spec=spec, command_id="cmd-d")
+    ex, runtime = executor(tmp_path, signer)
+    ran = await ex.execute(intact)
+    bad = msgspec.structs.replace(intact, signature=command(CommandSigner.generate(), spec=spec).signature)
+    assert ran.ok
+    assert await ex.execute(bad) == ran
+    assert ex.ledger.get("cmd-d").ok
+    await runtime.delete("done", timeout_s=2)
+
+
+async def test_a_copy_that_does_not_verify_of_a_run_a_crash_cut_short_neither_ends_nor_resumes_it(tmp_path, signer):
+    """The host may have started the container: a refusal would end the command at the Master with the container
+    there. No answer; the intact copy the Master sends again resumes it."""
+    spec = {"name": "cut", "image": "none", "command": ["sleep", "30"]}
+    intact = command(signer, spec=spec, command_id="cmd-c")
+    ex, runtime = executor(tmp_path, signer)
+    assert (await ex.execute(intact)).ok
+    ex.ledger._db.execute("UPDATE executed SET finished_at = NULL, ok = NULL, result = NULL WHERE id = 'cmd-c'")
+    bad = msgspec.structs.replace(intact, signature=command(CommandSigner.generate(), spec=spec).signature)
+    with pytest.raises(UnansweredCopy):
+        await ex.execute(bad)
+    assert not ex.ledger.get("cmd-c").finished
+    resumed = await ex.execute(intact)
+    assert resumed.ok and resumed.result["container"]["labels"]["io.idlegrid.command-id"] == "cmd-c"
+    assert len(await runtime.list()) == 1
+    await runtime.delete("cut", timeout_s=2)
 
 
 async def test_commands_signed_by_an_unknown_or_retired_key_or_for_another_agent_are_refused(tmp_path, signer):

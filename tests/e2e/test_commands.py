@@ -102,24 +102,55 @@ def test_an_agent_killed_during_a_command_goes_offline_comes_back_and_ran_it_onc
     assert runs.read_text().count("run") == 1
 
 
+def reconnect_through(grid, rogue, name, agent_id, daemon):
+    """Kill the agent and start it again behind ``rogue``; returns once the Master registered its new hello."""
+    before = grid.agent(agent_id)["connected_since"]
+    daemon.kill()
+    grid.start_agent(name, "--access", rogue.agent_url, simulate="a10:2")
+    wait_for(
+        lambda: (
+            rogue.connections >= 1 and (agent := grid.agent(agent_id))["state"] == "ready" and agent["connected_since"] != before
+        ),
+        20,
+        "the agent to reconnect through the rogue relay",
+    )
+
+
 def test_a_command_whose_signature_does_not_verify_is_refused_and_reported_failed(grid, tmp_path):
     agent_id, daemon = start(grid, "victim")
     with tampering_relay(grid, "victim") as rogue:
-        daemon.kill()
-        grid.start_agent("victim", "--access", rogue.agent_url, simulate="a10:2")
-        wait_for(
-            lambda: rogue.connections >= 1 and grid.agent(agent_id)["state"] == "ready",
-            20,
-            "the agent to reconnect through the rogue relay",
-        )
+        reconnect_through(grid, rogue, "victim", agent_id, daemon)
         rogue.tamper_next_command()
         witness = tmp_path / "ran"
         spec = {"name": "honest", "image": "none", "command": ["sh", "-c", f"touch {witness}; sleep 5"]}
         command_id = grid.command(agent_id, "create_container", spec)
         result = grid.wait_command(command_id)
+        # Every copy the agent was sent (the hello's resend, were there one) was received and answered...
+        wait_for(lambda: rogue.acks.count(command_id) >= rogue.commands.count(command_id), 10, "every copy acked")
+        time.sleep(1)  # ... and none of them runs, now or a moment later
     assert rogue.tampered == [command_id]
     assert result["state"] == "failed"
     assert "signature" in result["error"]
     assert not witness.exists()
     refusals = grid.get(f"/api/v1/events?subject={command_id}&kind=command.refused")["items"]
     assert refusals and "signature" in refusals[0]["data"]["reason"]
+
+
+def test_an_intact_copy_of_a_command_whose_copy_was_refused_is_answered_with_the_refusal_not_run(grid, tmp_path):
+    """The race behind a flake of the test above: the Master sends a command again after one copy of it was refused
+    (a resend at the agent's next hello), and the rogue relay tampered only the first. The Master ends the command on
+    the refusal, so the host must not run the intact copy: its answer is the refusal it kept."""
+    agent_id, daemon = start(grid, "victim")
+    with tampering_relay(grid, "victim") as rogue:
+        reconnect_through(grid, rogue, "victim", agent_id, daemon)
+        rogue.tamper_next_command(then_ask_hello=True)  # the refusal waits: the Master resends at the agent's hello
+        witness = tmp_path / "ran"
+        spec = {"name": "honest", "image": "none", "command": ["sh", "-c", f"touch {witness}; sleep 5"]}
+        command_id = grid.command(agent_id, "create_container", spec)
+        result = grid.wait_command(command_id)
+        wait_for(lambda: rogue.acks.count(command_id) >= rogue.commands.count(command_id), 10, "every copy acked")
+        time.sleep(1)
+    assert rogue.tampered == [command_id]
+    assert rogue.commands.count(command_id) == 2  # an intact copy reached the agent after the tampered one
+    assert result["state"] == "failed" and "signature" in result["error"], result
+    assert not witness.exists()

@@ -1,5 +1,10 @@
 """A compromised relay stand-in: it holds a valid relay certificate, sits between an agent and the real
-relay, and rewrites the spec of a command in transit (keeping the Master's signature)."""
+relay, and rewrites the spec of a command in transit (keeping the Master's signature).
+
+It notes every command copy it passes down and every ack it passes up, so a test can say what the agent was sent and
+that it answered each copy. Asked to, it also withholds the agent's answers to the copy it tampered and asks the agent
+for its hello again (what a Master whose session restarted asks): the Master, which has not heard the refusal, resends
+the command at that hello, intact, and the agent's answers go up from then on."""
 
 from __future__ import annotations
 
@@ -26,7 +31,11 @@ class TamperingRelay:
         self._client_ssl = client_tls_context(agent_dir / "ca.crt", agent_dir / "agent.crt", agent_dir / "agent.key")
         self._upstream = upstream_url
         self._armed = threading.Event()
+        self._ask_hello_after_tampering = False
+        self._withheld: set[str] = set()  # tampered ids whose answers are swallowed until an intact copy went down
         self.tampered: list[str] = []
+        self.commands: list[str] = []  # the id of every command copy passed down, tampered or not, in order
+        self.acks: list[str] = []  # the id of every command ack passed up
         self.connections = 0
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
@@ -35,7 +44,10 @@ class TamperingRelay:
     def agent_url(self) -> str:
         return f"wss://127.0.0.1:{self.port}"
 
-    def tamper_next_command(self) -> None:
+    def tamper_next_command(self, *, then_ask_hello: bool = False) -> None:
+        """Rewrite the next command that passes; ``then_ask_hello``: swallow the agent's acks and results for it until
+        an intact copy of it went down, and at its first result ask the agent for a hello (``hello_required``)."""
+        self._ask_hello_after_tampering = then_ask_hello
         self._armed.set()
 
     def start(self) -> None:
@@ -63,7 +75,16 @@ class TamperingRelay:
                     await agent.send(self._maybe_tamper(message))
 
             async def up() -> None:
+                asked_hello = False
                 async for message in agent:
+                    frame = json.loads(message)
+                    if frame.get("type") == "command_ack":
+                        self.acks.append(frame["id"])
+                    if frame.get("type") in ("command_ack", "command_result") and frame["id"] in self._withheld:
+                        if frame["type"] == "command_result" and not asked_hello:
+                            asked_hello = True
+                            await agent.send(json.dumps({"type": "error", "code": "hello_required", "message": "hello"}))
+                        continue  # swallowed: the Master does not hear it
                     await relay.send(message)
 
             tasks = [asyncio.create_task(down()), asyncio.create_task(up())]
@@ -73,11 +94,18 @@ class TamperingRelay:
 
     def _maybe_tamper(self, message: str | bytes) -> str | bytes:
         frame = json.loads(message)
-        if frame.get("type") != "command" or not self._armed.is_set():
+        if frame.get("type") != "command":
+            return message
+        command_id = frame["body"]["id"]
+        self.commands.append(command_id)
+        if not self._armed.is_set():
+            self._withheld.discard(command_id)  # an intact copy: what the agent answers from now on goes up
             return message
         self._armed.clear()
         frame["body"]["spec"]["command"] = ["sh", "-c", "echo owned"]
-        self.tampered.append(frame["body"]["id"])
+        self.tampered.append(command_id)
+        if self._ask_hello_after_tampering:
+            self._withheld.add(command_id)
         return json.dumps(frame)
 
 
