@@ -21,7 +21,7 @@ from typing import Any
 import msgspec
 
 from agent.errors import GpuConflict, UnansweredCopy, UnknownGpu
-from agent.ledger import CommandLog, CommandLogEntry
+from agent.ledger import REFUSED_PREFIX, CommandLog, CommandLogEntry
 from agent.output import OutputKeeper
 from agent.overlay import GangOverlays
 from agent.redact import redact, secrets_of
@@ -140,7 +140,7 @@ class CommandExecutor:
         run. An id this host already ran keeps its own end (the Master hears what happened, not this copy); one whose
         run a restart cut short may have its container already, so this copy ends nothing (UnansweredCopy)."""
         log.warning("refused command %s: %s", command_id, exc)
-        entry = self.ledger.refuse(command_id, kind, error=f"command refused: {exc}", error_code=exc.code)
+        entry = self.ledger.refuse(command_id, kind, error=f"{REFUSED_PREFIX}{exc}", error_code=exc.code)
         if not entry.finished:
             raise UnansweredCopy(f"command {command_id} was started here and is not finished; this copy: {exc}")
         return _result(entry)

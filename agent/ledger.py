@@ -3,7 +3,9 @@
 It is what makes execution at most once: a command id is recorded as started *before* the runtime
 is touched, and a result is kept until the Master acknowledges it. A command id whose copy was refused (its
 signature did not verify) is kept as finished with that refusal: the Master takes the refusal as the command's end,
-so no later copy of the id may run here, however intact.
+so no later copy of the id may run here, however intact. Anyone on the path can make refusals (a relay that forges
+commands, each id new), so refused ids are bounded: past ``REFUSED_KEPT`` the oldest whose refusal the Master
+acknowledged are forgotten (the Master ends a command on its refusal and never sends it again).
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ CREATE TABLE IF NOT EXISTS executed (
     acked INTEGER NOT NULL DEFAULT 0
 );
 """
+
+
+REFUSED_PREFIX = "command refused: "  # how a refusal's error begins (agent/executor.py); a run's failure never does
+REFUSED_KEPT = 10_000  # refused ids kept: enough to outlast any resend of a real one, bounded against a forger
 
 
 @dataclass(frozen=True)
@@ -71,15 +77,28 @@ class CommandLog:
         """Keep ``command_id`` as refused unless this host already knows it; the entry it has now.
 
         An id this host started or finished keeps what it has: a copy that does not verify says nothing about it."""
+        assert error.startswith(REFUSED_PREFIX), error
         now = time.time()
-        self._db.execute(
+        inserted = self._db.execute(
             "INSERT OR IGNORE INTO executed (id, kind, started_at, finished_at, ok, result, error, error_code) "
             "VALUES (?, ?, ?, ?, 0, '{}', ?, ?)",
             (command_id, kind, now, now, error, error_code),
-        )
+        ).rowcount
+        if inserted:
+            self._forget_old_refusals()
         entry = self.get(command_id)
         assert entry is not None  # inserted, or there already
         return entry
+
+    def _forget_old_refusals(self) -> None:
+        refused = "ok = 0 AND started_at = finished_at AND error LIKE ? || '%'"
+        (count,) = self._db.execute(f"SELECT COUNT(*) FROM executed WHERE {refused}", (REFUSED_PREFIX,)).fetchone()
+        if count > REFUSED_KEPT:
+            self._db.execute(
+                f"DELETE FROM executed WHERE id IN (SELECT id FROM executed WHERE {refused} AND acked = 1 "
+                "ORDER BY finished_at LIMIT ?)",
+                (REFUSED_PREFIX, count - REFUSED_KEPT),
+            )
 
     def finish(
         self, command_id: str, kind: str, *, ok: bool, result: dict[str, Any], error: str | None, error_code: str | None
