@@ -18,11 +18,13 @@ rebuilt from its entries by ``state_of``) and the renter's available balance int
   Settling and re-holding in one entry means a Master killed between them cannot exist;
 - at the end, ``charge:<rental>:end``: the rest up to ``ended_at`` (a reserved rental ended by its renter owes its
   whole prepaid period, the provider keeps it, unless it was never prepaid whole), and the release of what is left in the hold;
-- when the rental ended through its host (``host_failure``), ``refund:<rental>``: every charge of the rental, from
-  the providers and the fees, back to the renter; and, given ``sla`` terms, ``sla:<rental>``: the downtime's SLA
-  credit from the failing host's provider to the renter (management/market/sla.py, docs/disputes.md).
+- when the rental ended through its host (``host_failure``), ``refund:<rental>``: every charge of the rental back to
+  the renter: each provider and the fees give back what they received from it, at most what they still have (a payout
+  or a credit may have taken it since); the platform pays the rest (``external``, as it pays a credit); and, given
+  ``sla`` terms, ``sla:<rental>``: the downtime's SLA credit from the failing host's provider to the renter, capped at
+  what that provider has after the refund (management/market/sla.py, docs/disputes.md).
 
-No balance goes below zero: a charge takes at most what the rental holds plus what the renter has available. When
+No balance but ``external`` goes below zero: a charge takes at most what the rental holds plus what the renter has available. When
 what is owed, plus what ``reserve_s`` more of running costs, exceeds that, ``MeterStep.ran_out`` is set: the caller
 stops the workload. The reserve is how long the caller may take to see it (the metering loop: two of its ticks), so the
 stop falls while the hold still pays every second up to it, and the provider is paid for every metered second. With
@@ -38,7 +40,7 @@ from collections.abc import Iterable, Mapping
 
 import msgspec
 
-from management.market.ledger import FEES, hold_account, provider_account, renter_account
+from management.market.ledger import EXTERNAL, FEES, hold_account, provider_account, renter_account
 from management.market.money import format_amount
 from management.market.sla import KIND as SLA_KIND
 from management.market.sla import SlaTerms, sla_credit, sla_key
@@ -264,15 +266,16 @@ def step(
     hold_s: float | None = None,
     reserve_s: float = 0.0,
     sla: SlaTerms | None = None,
-    provider_balances: Mapping[str, int] | None = None,
+    balances: Mapping[str, int],
 ) -> MeterStep:
     """The entries to post for ``rental`` at ``now`` (see the module's text), given what the ledger holds for it
     (``state``) and what its renter has available. ``heartbeats``: each host's last heartbeat (a host missing from it
     has none: nothing is charged for it before the rental ends). Posting them and calling again at the same ``now``
     with the state they make gives nothing more. ``hold_s``: how long of running the hold pays for (None: one period);
     ``reserve_s``: how long before what there is runs out the rental is said to have run out. ``sla``: the SLA credit's
-    terms (None: no credit), ``provider_balances`` what each ``provider:<id>`` has (the credit is capped at it); the
-    downtime runs from the rental's ``ended_at`` to ``now``, when the meter saw it end."""
+    terms (None: no credit; the downtime runs from the rental's ``ended_at`` to ``now``, when the meter saw it end).
+    ``balances``: the ledger's balances before this step (a refund takes back from an account, and a credit from a
+    provider, at most what it has after the step's earlier entries)."""
     held_s = max(period_s, hold_s if hold_s is not None else period_s)
     st = state.copy()
     entries: list[LedgerEntry] = []
@@ -362,20 +365,47 @@ def step(
         # Nothing to move (a free rental that held nothing): nothing is posted, and a replay finds nothing again.
         post(_charge_entry(rental, f"charge:{rental.id}:{END}", until, memo, charges, fees, -(st.held - charged)))
     if rental.host_failure and not st.refunded:
-        refund_lines = [
-            LedgerLine(account=account, amount=-amount, host=host, workload=wl)
-            for (account, host), amount in sorted(st.paid.items())
-            if amount
-        ]
-        total = -sum(line.amount for line in refund_lines)
-        if total:
-            refund_lines.append(LedgerLine(account=renter, amount=total, workload=wl))
-            memo = f"refund of {format_amount(total)}: the rental ended through its host ({rental.host_failure})"
-            ts = rental.ended_at
-            post(LedgerEntry(key=f"refund:{rental.id}", ts=ts, kind="refund", memo=memo, lines=refund_lines, rental=rental.id))
+        post(_refund(rental, rental.ended_at, st, balances, entries))
     if rental.host_failure and sla is not None and not st.credited:
-        post(_sla_credit(rental, now, sla, provider_balances or {}, entries))
+        post(_sla_credit(rental, now, sla, balances, entries))
     return MeterStep(entries=entries, ran_out=ran_out, owed=0)
+
+
+def _balances_after(balances: Mapping[str, int], posted: Iterable[LedgerEntry]) -> dict[str, int]:
+    after = dict(balances)
+    for entry in posted:
+        for line in entry.lines:
+            after[line.account] = after.get(line.account, 0) + line.amount
+    return after
+
+
+def _refund(
+    rental: RentalRecord, ts: float, state: MeterState, balances: Mapping[str, int], posted: Iterable[LedgerEntry]
+) -> LedgerEntry | None:
+    """Every charge of a rental ended through its host back to its renter. Each account that was paid (a provider, the
+    fees) gives back what it received from the rental, at most what it has after ``posted``: what it was paid may have
+    left it since (a payout, another rental's SLA credit, a dispute's hold), and a provider's balance never goes below
+    zero. The platform pays the rest, from ``external`` as it pays a credit: the renter is refunded every charge."""
+    renter, wl = renter_account(rental.account), rental.workload_id
+    after = _balances_after(balances, posted)
+    lines: list[LedgerLine] = []
+    short: dict[str, int] = {}  # agent id -> what the platform pays of its refund
+    for (account, host), amount in sorted(state.paid.items()):
+        back = max(0, min(amount, after.get(account, 0)))
+        after[account] = after.get(account, 0) - back
+        if back:
+            lines.append(LedgerLine(account=account, amount=-back, host=host, workload=wl))
+        if amount > back:
+            short[host] = short.get(host, 0) + amount - back
+    lines += [LedgerLine(account=EXTERNAL, amount=-amount, host=host, workload=wl) for host, amount in sorted(short.items())]
+    total = -sum(line.amount for line in lines)
+    if not total:
+        return None
+    lines.append(LedgerLine(account=renter, amount=total, workload=wl))
+    memo = f"refund of {format_amount(total)}: the rental ended through its host ({rental.host_failure})"
+    if short:
+        memo += f"; the platform pays {format_amount(sum(short.values()))} of it: paid out or spent since it was earned"
+    return LedgerEntry(key=f"refund:{rental.id}", ts=ts, kind="refund", memo=memo, lines=lines, rental=rental.id)
 
 
 def _sla_credit(
@@ -386,10 +416,6 @@ def _sla_credit(
     host = next((h for h in rental.hosts if h.agent_id == failed), None)
     if host is None or rental.ended_at is None:
         return None
-    after = dict(balances)
-    for entry in posted:
-        for line in entry.lines:
-            after[line.account] = after.get(line.account, 0) + line.amount
     return sla_credit(
         rental_id=rental.id,
         renter=rental.account,
@@ -402,5 +428,5 @@ def _sla_credit(
         noticed=max(now, rental.ended_at),
         why=rental.host_failure,
         terms=sla,
-        provider_balances=after,
+        provider_balances=_balances_after(balances, posted),
     )

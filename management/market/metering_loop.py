@@ -421,7 +421,7 @@ class MeterLoop:
                 hold_s=s.hold_s,
                 reserve_s=s.reserve_s,
                 sla=s.sla,
-                provider_balances=self._ledger.balances(),
+                balances=self._ledger.balances(),
             )
             computed.append(done)
             return done.entries

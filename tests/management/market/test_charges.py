@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 import msgspec
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from management.market.charges import FeeRate, MeterState, apply, cost_until, state_of, step
@@ -94,7 +94,7 @@ def meter(
         available = ledger.balance("renter:alice")
         done = step(
             r, now, heartbeats=heartbeats, period_s=P, state=state, available=available, fees=FEE, hold_s=hold_s,
-            reserve_s=reserve_s, sla=sla, provider_balances=dict(ledger.balances),
+            reserve_s=reserve_s, sla=sla, balances=dict(ledger.balances),
         )  # fmt: skip
         ran_out.append(done.ran_out)
         return done.entries
@@ -222,6 +222,22 @@ def test_a_rental_ended_through_its_host_is_refunded_every_charge():
     assert ledger.charged("wl-1-a1") == 0
     assert ledger.balance(renter_account("alice")) == 10_000_000
     assert ledger.balance("provider:prov-1") == ledger.balance("provider:prov-2") == ledger.balance(FEES) == 0
+
+
+def test_a_refund_after_a_payout_takes_back_only_what_the_provider_still_has_and_the_platform_pays_the_rest():
+    ledger, r, state = Ledger(), rental(price=3_600_000, gpus=1), MeterState(rental="wl-1-a1")  # 1000 a second
+    credit(ledger, 10_000_000, "c1")
+    meter(ledger, r, T0 + 130, {"agt-1": T0 + 130}, state)  # 120_000 charged: 108_000 to the provider after the fee
+    ledger.post(payout_entry("prov-1", 110_000, "payout:prov-1:today", T0 + 130, "payout"))
+    failed = msgspec.structs.replace(r, ended_at=T0 + 140, host_failure="agt-1: went offline")
+    meter(ledger, failed, T0 + 140, {"agt-1": T0 + 140}, state)
+    refund = ledger.entries[-1]
+    assert refund.key == "refund:wl-1-a1" and "the platform pays 0.11" in refund.memo
+    by_account = {ln.account: -ln.amount for ln in refund.lines if ln.amount < 0}
+    # 140 s charged: 126_000 to the provider, 110_000 of it paid out; 14_000 to the fees
+    assert by_account == {provider_account("prov-1"): 16_000, FEES: 14_000, EXTERNAL: 110_000}
+    assert ledger.balance(provider_account("prov-1")) == 0
+    assert ledger.balance(renter_account("alice")) == 10_000_000  # every charge back, whoever pays it
 
 
 SLA = SlaTerms(percent=200, min_downtime_s=600.0, cap_s=3600.0)
@@ -412,6 +428,19 @@ RESERVES = st.sampled_from([0.0, 10.0, 120.0])
 
 @settings(max_examples=150, deadline=None)
 @given(st.lists(OPS, max_size=40), HOLDS, RESERVES, st.floats(0.0, 90_000.0, allow_nan=False))
+# Found in CI (provider:prov-1 at -1): r1's SLA credit took the 1 prov-1 had earned from r2, still running; r2's refund
+# then took it back again. A refund takes back at most what the provider has; the platform pays the rest.
+@example(
+    ops=[("credit", 1), ("start", "on_demand", 1, 3, 1), ("start", "on_demand", 8, 8, 1), ("advance", 60.0),
+         ("end", True), ("end", True)],
+    hold_s=None, reserve_s=0.0, downtime=0.0,
+)  # fmt: skip
+# A refund after a payout of the rental's earnings (a dispute window of 0).
+@example(
+    ops=[("credit", 5_000_000), ("start", "on_demand", 3_600_000, 1, 1), ("advance", 120.0), ("payout", 0.0),
+         ("end", True)],
+    hold_s=None, reserve_s=0.0, downtime=0.0,
+)  # fmt: skip
 def test_after_any_sequence_every_entry_balances_no_renter_or_hold_goes_negative_and_replays_post_nothing(
     ops, hold_s, reserve_s, downtime
 ):

@@ -79,7 +79,9 @@ async def run(book: LedgerBook, r: RentalRecord, seconds: float, *, failure: str
         now = ended.started_at + seconds
         heard = {h.agent_id: now for h in r.hosts}
         available = book.balance(renter_account(r.account))
-        return step(ended, now, heartbeats=heard, period_s=60.0, state=state, available=available, fees=fees).entries
+        return step(
+            ended, now, heartbeats=heard, period_s=60.0, state=state, available=available, fees=fees, balances=book.balances()
+        ).entries
 
     await book.post_computed(compute)
 
