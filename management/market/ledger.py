@@ -21,14 +21,16 @@ import io
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import msgspec
 
 from common.errors import Conflict, IdlegridError
 from management.market.money import format_amount
-from management.store.ledger import LedgerRepo
 from master.port import LedgerEntry, LedgerLine
+
+if TYPE_CHECKING:  # the store package's repositories import this module's account names (a cycle when imported first)
+    from management.store.ledger import LedgerRepo
 
 FEES = "platform:fees"
 EXTERNAL = "external"
