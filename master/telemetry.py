@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from array import array
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -45,7 +45,26 @@ log = logging.getLogger(__name__)
     _ECC_UNCORRECTED,
     _XID_COUNT,
 ) = range(18)
-_EMPTY_MINUTE = array("d", bytes(18 * 8))
+_FIGURES = 18
+_EMPTY_MINUTE = array("d", bytes(_FIGURES * 8))
+
+# A GPU's latest sample, packed after its open minute's figures in the GPU's one array (``_GpuNow``), NaN where it said
+# nothing: kept as a struct with a Python number object per figure, a latest sample was about 300 bytes per GPU.
+(
+    _LATEST_TS,
+    _LATEST_UTIL,
+    _LATEST_MEM,
+    _LATEST_TEMP,
+    _LATEST_POWER,
+    _LATEST_CLOCK_SM,
+    _LATEST_CLOCK_MEM,
+    _LATEST_ECC_CORRECTED,
+    _LATEST_ECC_UNCORRECTED,
+    _LATEST_XID,
+) = range(_FIGURES, _FIGURES + 10)
+_EMPTY_ROW = array("d", bytes((_FIGURES + 10) * 8))
+_EXACT = 2**53  # integers up to this are exact as doubles
+_NAN = float("nan")
 
 
 # The reasons NVML names, each kept as one string object: a minute's reasons are a tuple of these, not of the strings
@@ -77,42 +96,179 @@ class _Minute(msgspec.Struct, gc=False):
     throttle_reasons: tuple[str, ...] = ()
 
     def add(self, s: GpuSample) -> None:
-        v = self.v
-        v[_SAMPLES] += 1
-        utilization = s.utilization_pct
-        v[_UTIL_SUM] += utilization
-        if utilization > v[_UTIL_MAX]:
-            v[_UTIL_MAX] = utilization
-        memory = s.memory_used_mib
-        v[_MEM_SUM] += memory
-        if memory > v[_MEM_MAX]:
-            v[_MEM_MAX] = memory
-        temperature = s.temperature_c
-        if temperature is not None:
-            if not v[_TEMP_N] or temperature > v[_TEMP_MAX]:
-                v[_TEMP_MAX] = temperature
-            v[_TEMP_SUM] += temperature
-            v[_TEMP_N] += 1
-        power = s.power_w
-        if power is not None:
-            if not v[_POWER_N] or power > v[_POWER_MAX]:
-                v[_POWER_MAX] = power
-            v[_POWER_SUM] += power
-            v[_POWER_N] += 1
-        if s.clock_sm_mhz is not None:
-            v[_CLOCK_SM_SUM] += s.clock_sm_mhz
-            v[_CLOCK_SM_N] += 1
-        if s.clock_mem_mhz is not None:
-            v[_CLOCK_MEM_SUM] += s.clock_mem_mhz
-            v[_CLOCK_MEM_N] += 1
-        if s.ecc_corrected > v[_ECC_CORRECTED]:
-            v[_ECC_CORRECTED] = s.ecc_corrected
-        if s.ecc_uncorrected > v[_ECC_UNCORRECTED]:
-            v[_ECC_UNCORRECTED] = s.ecc_uncorrected
-        if s.xid_count > v[_XID_COUNT]:
-            v[_XID_COUNT] = s.xid_count
+        _add_figures(self.v, s)
         if s.throttle_reasons:
             self.throttle_reasons = _merged_reasons(self.throttle_reasons, s.throttle_reasons)
+
+
+def _add_figures(v: array[float], s: GpuSample) -> None:
+    """``s`` summed into the minute's figures ``v`` (its first _FIGURES slots)."""
+    v[_SAMPLES] += 1
+    utilization = s.utilization_pct
+    v[_UTIL_SUM] += utilization
+    if utilization > v[_UTIL_MAX]:
+        v[_UTIL_MAX] = utilization
+    memory = s.memory_used_mib
+    v[_MEM_SUM] += memory
+    if memory > v[_MEM_MAX]:
+        v[_MEM_MAX] = memory
+    temperature = s.temperature_c
+    if temperature is not None:
+        if not v[_TEMP_N] or temperature > v[_TEMP_MAX]:
+            v[_TEMP_MAX] = temperature
+        v[_TEMP_SUM] += temperature
+        v[_TEMP_N] += 1
+    power = s.power_w
+    if power is not None:
+        if not v[_POWER_N] or power > v[_POWER_MAX]:
+            v[_POWER_MAX] = power
+        v[_POWER_SUM] += power
+        v[_POWER_N] += 1
+    if s.clock_sm_mhz is not None:
+        v[_CLOCK_SM_SUM] += s.clock_sm_mhz
+        v[_CLOCK_SM_N] += 1
+    if s.clock_mem_mhz is not None:
+        v[_CLOCK_MEM_SUM] += s.clock_mem_mhz
+        v[_CLOCK_MEM_N] += 1
+    if s.ecc_corrected > v[_ECC_CORRECTED]:
+        v[_ECC_CORRECTED] = s.ecc_corrected
+    if s.ecc_uncorrected > v[_ECC_UNCORRECTED]:
+        v[_ECC_UNCORRECTED] = s.ecc_uncorrected
+    if s.xid_count > v[_XID_COUNT]:
+        v[_XID_COUNT] = s.xid_count
+
+
+def _exact_int(value: object) -> bool:
+    return type(value) is int and -_EXACT <= value <= _EXACT
+
+
+def _exact_float(value: object) -> bool:
+    """Whether ``value`` comes back from a double as itself (NaN stands for "not said")."""
+    return (type(value) is float and value == value) or _exact_int(value)
+
+
+def _packable(s: GpuSample) -> bool:
+    """Whether ``s``'s figures come back from the doubles of ``_GpuNow`` equal to themselves. A sample the Master took
+    always does (plausible_gpu: no NaN, counters below 2**53); one given to ``ingest`` directly may not."""
+    return (
+        _exact_float(s.ts)
+        and _exact_float(s.utilization_pct)
+        and _exact_int(s.memory_used_mib)
+        and (s.temperature_c is None or _exact_float(s.temperature_c))
+        and (s.power_w is None or _exact_float(s.power_w))
+        and (s.clock_sm_mhz is None or _exact_int(s.clock_sm_mhz))
+        and (s.clock_mem_mhz is None or _exact_int(s.clock_mem_mhz))
+        and _exact_int(s.ecc_corrected)
+        and _exact_int(s.ecc_uncorrected)
+        and _exact_int(s.xid_count)
+    )
+
+
+def _said(value: float) -> float | None:
+    return None if value != value else value
+
+
+def _said_int(value: float) -> int | None:
+    return None if value != value else int(value)
+
+
+class _GpuNow(msgspec.Struct, gc=False):
+    """One GPU's latest sample and its open minute, in one array of doubles (``v``: the minute's figures, indexed as
+    ``_Minute``'s, then the latest sample's, ``_LATEST_*``). ``minute``: the open minute's number, None while none is
+    open (a flush took it); ``agent_id``: the agent whose sample opened it. ``reasons``: the latest sample's throttle
+    reasons; ``odd``: the latest sample itself when its figures would not come back equal from doubles (never for a
+    sample the Master took), else None.
+
+    Kept as a struct and an array per GPU, not a sample struct with a Python number per figure and a ``_Minute`` with
+    its own array: about 400 bytes a GPU instead of 670 (bench/HISTORY.md, "The Master's memory per agent, part
+    two"). Out of the collector's sight, as the minutes are."""
+
+    uuid: str
+    agent_id: str
+    minute: int | None = None
+    minute_reasons: tuple[str, ...] = ()
+    reasons: tuple[str, ...] = ()
+    odd: GpuSample | None = None
+    v: array[float] = msgspec.field(default_factory=lambda: array("d", _EMPTY_ROW))
+
+    def keep(self, s: GpuSample) -> None:
+        """``s`` is this GPU's latest sample now."""
+        if not _packable(s):
+            self.odd = s
+            return
+        self.odd = None
+        self.reasons = s.throttle_reasons
+        v = self.v
+        v[_LATEST_TS] = s.ts
+        v[_LATEST_UTIL] = s.utilization_pct
+        v[_LATEST_MEM] = s.memory_used_mib
+        v[_LATEST_TEMP] = _NAN if s.temperature_c is None else s.temperature_c
+        v[_LATEST_POWER] = _NAN if s.power_w is None else s.power_w
+        v[_LATEST_CLOCK_SM] = _NAN if s.clock_sm_mhz is None else s.clock_sm_mhz
+        v[_LATEST_CLOCK_MEM] = _NAN if s.clock_mem_mhz is None else s.clock_mem_mhz
+        v[_LATEST_ECC_CORRECTED] = s.ecc_corrected
+        v[_LATEST_ECC_UNCORRECTED] = s.ecc_uncorrected
+        v[_LATEST_XID] = s.xid_count
+
+    def latest(self) -> GpuSample:
+        """The latest sample, equal to the one kept (naming the GPU by the UUID string its first sample gave)."""
+        if self.odd is not None:
+            return self.odd
+        v = self.v
+        return GpuSample(
+            uuid=self.uuid,
+            ts=v[_LATEST_TS],
+            utilization_pct=v[_LATEST_UTIL],
+            memory_used_mib=int(v[_LATEST_MEM]),
+            temperature_c=_said(v[_LATEST_TEMP]),
+            power_w=_said(v[_LATEST_POWER]),
+            clock_sm_mhz=_said_int(v[_LATEST_CLOCK_SM]),
+            ecc_corrected=int(v[_LATEST_ECC_CORRECTED]),
+            ecc_uncorrected=int(v[_LATEST_ECC_UNCORRECTED]),
+            clock_mem_mhz=_said_int(v[_LATEST_CLOCK_MEM]),
+            xid_count=int(v[_LATEST_XID]),
+            throttle_reasons=self.reasons,
+        )
+
+    def add(self, s: GpuSample) -> None:
+        """``s`` summed into the open minute."""
+        _add_figures(self.v, s)
+        if s.throttle_reasons:
+            self.minute_reasons = _merged_reasons(self.minute_reasons, s.throttle_reasons)
+
+    def close(self) -> _Minute:
+        """The open minute, taken out as a ``_Minute`` (none is open after)."""
+        assert self.minute is not None
+        v = self.v
+        ended = _Minute(self.uuid, self.agent_id, self.minute, v[:_FIGURES], self.minute_reasons)
+        v[:_FIGURES] = _EMPTY_MINUTE
+        self.minute, self.minute_reasons = None, ()
+        return ended
+
+
+class LatestSamples(Mapping[str, GpuSample]):
+    """Each GPU's latest sample by UUID, read from the telemetry's packed figures (a sample is made at each read)."""
+
+    __slots__ = ("_gpus",)
+
+    def __init__(self, gpus: dict[str, _GpuNow]) -> None:
+        self._gpus = gpus
+
+    def __getitem__(self, uuid: str) -> GpuSample:
+        return self._gpus[uuid].latest()
+
+    def get(self, uuid: str, default: GpuSample | None = None) -> GpuSample | None:  # type: ignore[override]
+        gpu = self._gpus.get(uuid)
+        return default if gpu is None else gpu.latest()
+
+    def __contains__(self, uuid: object) -> bool:
+        return uuid in self._gpus
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._gpus)
+
+    def __len__(self) -> int:
+        return len(self._gpus)
 
 
 # A step of a host's network counters over a longer gap than this (the host, its link or the Master was away) is not
@@ -373,18 +529,18 @@ async def put_sound(put_many: Callable[[list[_Rollup]], Awaitable[None]], rollup
 
 @dataclass
 class TelemetryAggregator:
-    """Memory: one open minute per GPU (``_open``, by UUID); a sample of a later minute moves the open one to
-    ``_ended``, by minute then UUID, until the next flush writes it. A late sample (out of order) of an ended minute
-    is added to it there. A host's own samples are rolled up alike, by agent id (``_host_open``, ``_host_ended``).
+    """Memory: per GPU (``_gpus``, by UUID) its latest sample and its open minute, packed (``_GpuNow``); a sample of a
+    later minute moves the open one to ``_ended``, by minute then UUID, until the next flush writes it. A late sample
+    (out of order) of an ended minute is added to it there. A host's own samples are rolled up alike, by agent id
+    (``_host_open``, ``_host_ended``).
 
-    At 10,000 agents these minutes are the Master's largest state that comes and goes (80,000 open, up to as many
-    ended until a flush has written them), so each is kept small: every minute of a GPU holds the one UUID string
-    its first minute took from a sample (not the string of each frame decoded), ``_ended`` is keyed without a tuple
-    and a number object per entry, and throttle reasons are a tuple of shared strings."""
+    At 10,000 agents these are the Master's largest per-GPU state (80,000 latest samples and open minutes, up to as
+    many ended minutes until a flush has written them), so each is kept small: every minute of a GPU holds the one
+    UUID string its first sample gave (not the string of each frame decoded), ``_ended`` is keyed without a tuple and
+    a number object per entry, and throttle reasons are a tuple of shared strings."""
 
     store: Store
-    latest: dict[str, GpuSample] = field(default_factory=dict)
-    _open: dict[str, _Minute] = field(default_factory=dict)
+    _gpus: dict[str, _GpuNow] = field(default_factory=dict)  # by UUID: each GPU's latest sample and open minute
     _ended: dict[int, dict[str, _Minute]] = field(default_factory=dict)  # minute -> UUID -> its minute
     _unwritten: list[TelemetryRollup] = field(default_factory=list)  # a failed flush's rest, tried again first
     _number: int = -1  # the latest minute's number, the one int object the GPUs' minutes of it hold (``_shared``)
@@ -440,26 +596,34 @@ class TelemetryAggregator:
             minute = ended
         minute.add(sample, rx, tx)
 
+    @property
+    def latest(self) -> LatestSamples:
+        """Each GPU's latest sample to arrive, by UUID."""
+        return LatestSamples(self._gpus)
+
     def ingest(self, agent_id: str, samples: Iterable[GpuSample]) -> None:
         batch = list(samples)
         self.recent.add(agent_id, batch)
+        gpus = self._gpus
         for sample in batch:
             uuid = sample.uuid
-            self.latest[uuid] = sample
+            gpu = gpus.get(uuid)
+            if gpu is None:
+                gpu = gpus[uuid] = _GpuNow(uuid, agent_id)
+            gpu.keep(sample)
             number = int(sample.ts // 60)
-            minute = self._open.get(uuid)
-            if minute is None:
-                minute = self._open[uuid] = _Minute(uuid, agent_id, self._shared(number))
-            elif minute.minute < number:
-                self._end(minute)
-                minute = self._open[uuid] = _Minute(minute.uuid, agent_id, self._shared(number))
-            elif minute.minute > number:
+            if gpu.minute is not None and gpu.minute > number:  # a late sample: to its ended minute
                 ended_then = self._ended.setdefault(number, {})
                 ended = ended_then.get(uuid)
                 if ended is None:
-                    ended = ended_then[minute.uuid] = _Minute(minute.uuid, agent_id, number)
-                minute = ended
-            minute.add(sample)
+                    ended = ended_then[gpu.uuid] = _Minute(gpu.uuid, agent_id, number)
+                ended.add(sample)
+                continue
+            if gpu.minute is not None and gpu.minute < number:
+                self._end(gpu.close())
+            if gpu.minute is None:
+                gpu.agent_id, gpu.minute = agent_id, self._shared(number)
+            gpu.add(sample)
 
     def _shared(self, number: int) -> int:
         """``number``, the minute a GPU's new minute is of, as one int object for every GPU's minute of it (80,000 GPUs
@@ -489,8 +653,9 @@ class TelemetryAggregator:
         # Each minute is let go (None) as soon as its rollup is made: a spread flush lasts half a minute, and holding
         # the whole of the last minute meanwhile would keep two minutes of 80,000 GPUs in memory at once.
         done: list[_Minute | None] = [minute for ended_then in self._ended.values() for minute in ended_then.values()]
-        for uuid in [u for u, m in self._open.items() if everything or m.minute < current]:
-            done.append(self._open.pop(uuid))
+        for gpu in self._gpus.values():
+            if gpu.minute is not None and (everything or gpu.minute < current):
+                done.append(gpu.close())
         gpus = len(done)
         self._ended = {}
         retry, self._unwritten = self._unwritten, []
