@@ -227,6 +227,7 @@ class Registry:
         self, agent: AgentRecord, changed: list[GpuRecord], events: list[tuple[str, str, dict[str, object]]]
     ) -> None:
         """The GPU moves of ``settle_gpus``, applied in memory; the records and events to write are appended."""
+        now: float | None = None  # one time for the host's GPUs moved together (one float object, not one each)
         for gpu in self._gpus_by_agent.get(agent.id, {}).values():
             wanted = gpu_state_for(gpu, self.allocations.covering(gpu.uuid), agent)
             if wanted == gpu.state:
@@ -234,7 +235,9 @@ class Registry:
             for event in GPU.path(gpu.state, wanted):
                 old, gpu.state = gpu.state, GPU.next(gpu.state, event)
                 events.append(("gpu.transition", gpu.uuid, {"old": old, "new": gpu.state, "event": event, "agent_id": agent.id}))
-            gpu.updated_at = time.time()
+            if now is None:
+                now = time.time()
+            gpu.updated_at = now
             changed.append(gpu)
 
     async def settle_gpus_of(self, agent_ids: Iterable[str]) -> None:
@@ -246,11 +249,12 @@ class Registry:
     async def withdraw_gpus(self, agent_id: str, gpus: Iterable[GpuRecord], flag: str) -> None:
         """GPUs leave the pool: gone from memory (never offered, never listed), stored offline with ``flag``."""
         withdrawn = []
+        now = time.time()
         for gpu in list(gpus):
             self.gpus.pop(gpu.uuid, None)
             self._gpus_by_agent.get(agent_id, {}).pop(gpu.uuid, None)
             self.allocations.set_partition(gpu.uuid, [])
-            gpu.state, gpu.flags, gpu.updated_at = GpuState.OFFLINE.value, (*gpu.flags, flag), time.time()
+            gpu.state, gpu.flags, gpu.updated_at = GpuState.OFFLINE.value, (*gpu.flags, flag), now
             withdrawn.append(gpu)
         if withdrawn:
             await self._events.record_many([("gpu.withdrawn", g.uuid, {"agent_id": agent_id, "reason": flag}) for g in withdrawn])
@@ -330,6 +334,8 @@ class Registry:
         records = []
         events: list[tuple[str, str, dict[str, object]]] = []  # one store write for all of them, not one per GPU
         reported: set[str] = set()
+        # One time for every record of this report: a float object each was 24 bytes per GPU of the Master's memory.
+        updated_at = time.time()
         self._shadows.pop(agent_id, None)  # its earlier claims end with this report: those still made are judged again
         for info in infos:
             if info.uuid in reported:
@@ -351,7 +357,7 @@ class Registry:
                     info=info,
                     state=GpuState.OFFLINE.value,
                     flags=(DUPLICATE_UUID_FLAG,),
-                    updated_at=time.time(),
+                    updated_at=updated_at,
                 )
                 self._shadows.setdefault(agent_id, {})[info.uuid] = shadow
                 continue
@@ -374,7 +380,7 @@ class Registry:
                 state=state,
                 tier=tier,
                 flags=tuple(judged_flags) + ((GPU_UNREACHABLE_FLAG,) if info.uuid in unreachable else ()),
-                updated_at=time.time(),
+                updated_at=updated_at,
                 # A hello does not clear a fault: a card that threw a fatal Xid may do so again (docs/master.md).
                 fault=old.fault if old is not None and same_host else None,
                 ecc_acknowledged=old.ecc_acknowledged if old is not None and same_host else 0,
