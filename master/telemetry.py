@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
     _XID_COUNT,
 ) = range(18)
 _FIGURES = 18
-_EMPTY_MINUTE = array("d", bytes(_FIGURES * 8))
+_EMPTY_MINUTE = array("d", bytes(8 * _FIGURES))
 
 # A GPU's latest sample, packed after its open minute's figures in the GPU's one array (``_GpuNow``), NaN where it said
 # nothing: kept as a struct with a Python number object per figure, a latest sample was about 300 bytes per GPU.
@@ -62,9 +62,36 @@ _EMPTY_MINUTE = array("d", bytes(_FIGURES * 8))
     _LATEST_ECC_UNCORRECTED,
     _LATEST_XID,
 ) = range(_FIGURES, _FIGURES + 10)
-_EMPTY_ROW = array("d", bytes((_FIGURES + 10) * 8))
+_ROW = _FIGURES + 10
 _EXACT = 2**53  # integers up to this are exact as doubles
 _NAN = float("nan")
+
+
+class _Blocks:
+    """Slots of ``width`` doubles, handed out from blocks of ``per_block`` slots: an array of its own per GPU costs
+    about 90 bytes beside its figures (and an object the collector tracks), a block's is shared by all its slots. A
+    slot is never handed out twice; a block is let go when nothing holds it any more. ``per_block`` is such that every
+    slot's offset (``width`` times at most ``per_block - 1``) is below 257: CPython keeps those ints once."""
+
+    __slots__ = ("width", "per_block", "_block", "_taken")
+
+    def __init__(self, width: int, per_block: int) -> None:
+        self.width, self.per_block = width, per_block
+        self._block = array("d")
+        self._taken = per_block  # the first ``take`` makes a block
+
+    def take(self) -> tuple[array[float], int]:
+        """A fresh slot (all zeros): its block, and its offset there."""
+        if self._taken == self.per_block:
+            self._block, self._taken = array("d", bytes(8 * self.width * self.per_block)), 0
+        at = self._taken * self.width
+        self._taken += 1
+        return self._block, at
+
+
+# Blocks of 8 GPUs' rows (offsets up to 196) and of 14 ended minutes (offsets up to 234).
+_ROWS_PER_BLOCK = 8
+_MINUTES_PER_BLOCK = 14
 
 
 # The reasons NVML names, each kept as one string object: a minute's reasons are a tuple of these, not of the strings
@@ -85,57 +112,58 @@ def _merged_reasons(held: tuple[str, ...], named: tuple[str, ...]) -> tuple[str,
 # never a cycle). 80,000 of them a minute, each living one to two minutes, were the most of what each middle
 # collection walked and the most of what it moved to the old generation, whose growth calls the full collections.
 class _Minute(msgspec.Struct, gc=False):
-    """One GPU's samples of one minute, summed up as they come (the figures in ``v``, indexed by the names above; a
-    maximum means nothing while its count is 0). ``throttle_reasons``: every reason a sample named, sorted (a tuple
+    """One GPU's samples of one minute, summed up as they come (its figures from ``v[at]`` on, indexed by the names
+    above; a maximum means nothing while its count is 0). ``throttle_reasons``: every reason a sample named, sorted (a tuple
     of a few shared strings is a quarter of a set's size; up to half the GPUs' minutes name one)."""
 
     uuid: str
     agent_id: str
     minute: int
-    v: array[float] = msgspec.field(default_factory=lambda: array("d", _EMPTY_MINUTE))
+    v: array[float]  # its block (``_Blocks``): the figures are ``v[at : at + _FIGURES]``
+    at: int
     throttle_reasons: tuple[str, ...] = ()
 
     def add(self, s: GpuSample) -> None:
-        _add_figures(self.v, s)
+        _add_figures(self.v, self.at, s)
         if s.throttle_reasons:
             self.throttle_reasons = _merged_reasons(self.throttle_reasons, s.throttle_reasons)
 
 
-def _add_figures(v: array[float], s: GpuSample) -> None:
-    """``s`` summed into the minute's figures ``v`` (its first _FIGURES slots)."""
-    v[_SAMPLES] += 1
+def _add_figures(v: array[float], at: int, s: GpuSample) -> None:
+    """``s`` summed into the minute's figures ``v[at : at + _FIGURES]``."""
+    v[at + _SAMPLES] += 1
     utilization = s.utilization_pct
-    v[_UTIL_SUM] += utilization
-    if utilization > v[_UTIL_MAX]:
-        v[_UTIL_MAX] = utilization
+    v[at + _UTIL_SUM] += utilization
+    if utilization > v[at + _UTIL_MAX]:
+        v[at + _UTIL_MAX] = utilization
     memory = s.memory_used_mib
-    v[_MEM_SUM] += memory
-    if memory > v[_MEM_MAX]:
-        v[_MEM_MAX] = memory
+    v[at + _MEM_SUM] += memory
+    if memory > v[at + _MEM_MAX]:
+        v[at + _MEM_MAX] = memory
     temperature = s.temperature_c
     if temperature is not None:
-        if not v[_TEMP_N] or temperature > v[_TEMP_MAX]:
-            v[_TEMP_MAX] = temperature
-        v[_TEMP_SUM] += temperature
-        v[_TEMP_N] += 1
+        if not v[at + _TEMP_N] or temperature > v[at + _TEMP_MAX]:
+            v[at + _TEMP_MAX] = temperature
+        v[at + _TEMP_SUM] += temperature
+        v[at + _TEMP_N] += 1
     power = s.power_w
     if power is not None:
-        if not v[_POWER_N] or power > v[_POWER_MAX]:
-            v[_POWER_MAX] = power
-        v[_POWER_SUM] += power
-        v[_POWER_N] += 1
+        if not v[at + _POWER_N] or power > v[at + _POWER_MAX]:
+            v[at + _POWER_MAX] = power
+        v[at + _POWER_SUM] += power
+        v[at + _POWER_N] += 1
     if s.clock_sm_mhz is not None:
-        v[_CLOCK_SM_SUM] += s.clock_sm_mhz
-        v[_CLOCK_SM_N] += 1
+        v[at + _CLOCK_SM_SUM] += s.clock_sm_mhz
+        v[at + _CLOCK_SM_N] += 1
     if s.clock_mem_mhz is not None:
-        v[_CLOCK_MEM_SUM] += s.clock_mem_mhz
-        v[_CLOCK_MEM_N] += 1
-    if s.ecc_corrected > v[_ECC_CORRECTED]:
-        v[_ECC_CORRECTED] = s.ecc_corrected
-    if s.ecc_uncorrected > v[_ECC_UNCORRECTED]:
-        v[_ECC_UNCORRECTED] = s.ecc_uncorrected
-    if s.xid_count > v[_XID_COUNT]:
-        v[_XID_COUNT] = s.xid_count
+        v[at + _CLOCK_MEM_SUM] += s.clock_mem_mhz
+        v[at + _CLOCK_MEM_N] += 1
+    if s.ecc_corrected > v[at + _ECC_CORRECTED]:
+        v[at + _ECC_CORRECTED] = s.ecc_corrected
+    if s.ecc_uncorrected > v[at + _ECC_UNCORRECTED]:
+        v[at + _ECC_UNCORRECTED] = s.ecc_uncorrected
+    if s.xid_count > v[at + _XID_COUNT]:
+        v[at + _XID_COUNT] = s.xid_count
 
 
 def _exact_int(value: object) -> bool:
@@ -173,23 +201,24 @@ def _said_int(value: float) -> int | None:
 
 
 class _GpuNow(msgspec.Struct, gc=False):
-    """One GPU's latest sample and its open minute, in one array of doubles (``v``: the minute's figures, indexed as
-    ``_Minute``'s, then the latest sample's, ``_LATEST_*``). ``minute``: the open minute's number, None while none is
-    open (a flush took it); ``agent_id``: the agent whose sample opened it. ``reasons``: the latest sample's throttle
-    reasons; ``odd``: the latest sample itself when its figures would not come back equal from doubles (never for a
-    sample the Master took), else None.
+    """One GPU's open minute and latest sample, as doubles in its slot of a block (``v[at : at + _ROW]``: the minute's
+    figures, indexed as ``_Minute``'s, then the latest sample's, ``_LATEST_*``). ``minute``: the open minute's number,
+    None while none is open (a flush took it); ``agent_id``: the agent whose sample opened it. ``reasons``: the latest
+    sample's throttle reasons; ``odd``: the latest sample itself when its figures would not come back equal from
+    doubles (never a sample the Master took), else None.
 
-    Kept as a struct and an array per GPU, not a sample struct with a Python number per figure and a ``_Minute`` with
-    its own array: about 400 bytes a GPU instead of 670 (bench/HISTORY.md, "The Master's memory per agent, part
-    two"). Out of the collector's sight, as the minutes are."""
+    Kept so rather than as a sample struct with a Python number per figure and a ``_Minute`` with an array of its own:
+    about 360 bytes a GPU instead of 670 (bench/HISTORY.md, "The Master's memory per agent, part two"). Out of the
+    collector's sight, as the minutes are."""
 
     uuid: str
     agent_id: str
+    v: array[float]
+    at: int
     minute: int | None = None
     minute_reasons: tuple[str, ...] = ()
     reasons: tuple[str, ...] = ()
     odd: GpuSample | None = None
-    v: array[float] = msgspec.field(default_factory=lambda: array("d", _EMPTY_ROW))
 
     def keep(self, s: GpuSample) -> None:
         """``s`` is this GPU's latest sample now."""
@@ -198,50 +227,52 @@ class _GpuNow(msgspec.Struct, gc=False):
             return
         self.odd = None
         self.reasons = s.throttle_reasons
-        v = self.v
-        v[_LATEST_TS] = s.ts
-        v[_LATEST_UTIL] = s.utilization_pct
-        v[_LATEST_MEM] = s.memory_used_mib
-        v[_LATEST_TEMP] = _NAN if s.temperature_c is None else s.temperature_c
-        v[_LATEST_POWER] = _NAN if s.power_w is None else s.power_w
-        v[_LATEST_CLOCK_SM] = _NAN if s.clock_sm_mhz is None else s.clock_sm_mhz
-        v[_LATEST_CLOCK_MEM] = _NAN if s.clock_mem_mhz is None else s.clock_mem_mhz
-        v[_LATEST_ECC_CORRECTED] = s.ecc_corrected
-        v[_LATEST_ECC_UNCORRECTED] = s.ecc_uncorrected
-        v[_LATEST_XID] = s.xid_count
+        v, at = self.v, self.at
+        v[at + _LATEST_TS] = s.ts
+        v[at + _LATEST_UTIL] = s.utilization_pct
+        v[at + _LATEST_MEM] = s.memory_used_mib
+        v[at + _LATEST_TEMP] = _NAN if s.temperature_c is None else s.temperature_c
+        v[at + _LATEST_POWER] = _NAN if s.power_w is None else s.power_w
+        v[at + _LATEST_CLOCK_SM] = _NAN if s.clock_sm_mhz is None else s.clock_sm_mhz
+        v[at + _LATEST_CLOCK_MEM] = _NAN if s.clock_mem_mhz is None else s.clock_mem_mhz
+        v[at + _LATEST_ECC_CORRECTED] = s.ecc_corrected
+        v[at + _LATEST_ECC_UNCORRECTED] = s.ecc_uncorrected
+        v[at + _LATEST_XID] = s.xid_count
 
     def latest(self) -> GpuSample:
         """The latest sample, equal to the one kept (naming the GPU by the UUID string its first sample gave)."""
         if self.odd is not None:
             return self.odd
-        v = self.v
+        v, at = self.v, self.at
         return GpuSample(
             uuid=self.uuid,
-            ts=v[_LATEST_TS],
-            utilization_pct=v[_LATEST_UTIL],
-            memory_used_mib=int(v[_LATEST_MEM]),
-            temperature_c=_said(v[_LATEST_TEMP]),
-            power_w=_said(v[_LATEST_POWER]),
-            clock_sm_mhz=_said_int(v[_LATEST_CLOCK_SM]),
-            ecc_corrected=int(v[_LATEST_ECC_CORRECTED]),
-            ecc_uncorrected=int(v[_LATEST_ECC_UNCORRECTED]),
-            clock_mem_mhz=_said_int(v[_LATEST_CLOCK_MEM]),
-            xid_count=int(v[_LATEST_XID]),
+            ts=v[at + _LATEST_TS],
+            utilization_pct=v[at + _LATEST_UTIL],
+            memory_used_mib=int(v[at + _LATEST_MEM]),
+            temperature_c=_said(v[at + _LATEST_TEMP]),
+            power_w=_said(v[at + _LATEST_POWER]),
+            clock_sm_mhz=_said_int(v[at + _LATEST_CLOCK_SM]),
+            ecc_corrected=int(v[at + _LATEST_ECC_CORRECTED]),
+            ecc_uncorrected=int(v[at + _LATEST_ECC_UNCORRECTED]),
+            clock_mem_mhz=_said_int(v[at + _LATEST_CLOCK_MEM]),
+            xid_count=int(v[at + _LATEST_XID]),
             throttle_reasons=self.reasons,
         )
 
     def add(self, s: GpuSample) -> None:
         """``s`` summed into the open minute."""
-        _add_figures(self.v, s)
+        _add_figures(self.v, self.at, s)
         if s.throttle_reasons:
             self.minute_reasons = _merged_reasons(self.minute_reasons, s.throttle_reasons)
 
-    def close(self) -> _Minute:
-        """The open minute, taken out as a ``_Minute`` (none is open after)."""
+    def close(self, slots: _Blocks) -> _Minute:
+        """The open minute, taken out as a ``_Minute`` in a slot of ``slots`` (none is open after)."""
         assert self.minute is not None
-        v = self.v
-        ended = _Minute(self.uuid, self.agent_id, self.minute, v[:_FIGURES], self.minute_reasons)
-        v[:_FIGURES] = _EMPTY_MINUTE
+        v, at = self.v, self.at
+        block, to = slots.take()
+        block[to : to + _FIGURES] = v[at : at + _FIGURES]
+        v[at : at + _FIGURES] = _EMPTY_MINUTE
+        ended = _Minute(self.uuid, self.agent_id, self.minute, block, to, self.minute_reasons)
         self.minute, self.minute_reasons = None, ()
         return ended
 
@@ -541,6 +572,8 @@ class TelemetryAggregator:
 
     store: Store
     _gpus: dict[str, _GpuNow] = field(default_factory=dict)  # by UUID: each GPU's latest sample and open minute
+    _rows: _Blocks = field(default_factory=lambda: _Blocks(_ROW, _ROWS_PER_BLOCK))  # the figures of ``_gpus``
+    _minutes: _Blocks = field(default_factory=lambda: _Blocks(_FIGURES, _MINUTES_PER_BLOCK))  # those of ended minutes
     _ended: dict[int, dict[str, _Minute]] = field(default_factory=dict)  # minute -> UUID -> its minute
     _unwritten: list[TelemetryRollup] = field(default_factory=list)  # a failed flush's rest, tried again first
     _number: int = -1  # the latest minute's number, the one int object the GPUs' minutes of it hold (``_shared``)
@@ -609,18 +642,18 @@ class TelemetryAggregator:
             uuid = sample.uuid
             gpu = gpus.get(uuid)
             if gpu is None:
-                gpu = gpus[uuid] = _GpuNow(uuid, agent_id)
+                gpu = gpus[uuid] = _GpuNow(uuid, agent_id, *self._rows.take())
             gpu.keep(sample)
             number = int(sample.ts // 60)
             if gpu.minute is not None and gpu.minute > number:  # a late sample: to its ended minute
                 ended_then = self._ended.setdefault(number, {})
                 ended = ended_then.get(uuid)
                 if ended is None:
-                    ended = ended_then[gpu.uuid] = _Minute(gpu.uuid, agent_id, number)
+                    ended = ended_then[gpu.uuid] = _Minute(gpu.uuid, agent_id, number, *self._minutes.take())
                 ended.add(sample)
                 continue
             if gpu.minute is not None and gpu.minute < number:
-                self._end(gpu.close())
+                self._end(gpu.close(self._minutes))
             if gpu.minute is None:
                 gpu.agent_id, gpu.minute = agent_id, self._shared(number)
             gpu.add(sample)
@@ -655,7 +688,7 @@ class TelemetryAggregator:
         done: list[_Minute | None] = [minute for ended_then in self._ended.values() for minute in ended_then.values()]
         for gpu in self._gpus.values():
             if gpu.minute is not None and (everything or gpu.minute < current):
-                done.append(gpu.close())
+                done.append(gpu.close(self._minutes))
         gpus = len(done)
         self._ended = {}
         retry, self._unwritten = self._unwritten, []
@@ -738,7 +771,7 @@ class TelemetryAggregator:
 
     @staticmethod
     def _rollup(m: _Minute) -> TelemetryRollup:
-        v = m.v
+        v = m.v[m.at : m.at + _FIGURES]
         samples = int(v[_SAMPLES])
 
         def mean(total: int, count: int) -> float | None:

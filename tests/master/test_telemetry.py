@@ -372,7 +372,7 @@ def test_every_minute_of_a_gpu_holds_its_first_uuid_string_and_reasons_are_share
     ended = telemetry._ended[MINUTE // 60][first.uuid]
     assert open_.uuid is ended.uuid is first.uuid and later.uuid is not first.uuid
     assert telemetry.latest[first.uuid].uuid is first.uuid
-    assert int(ended.v[0]) == 2  # the first sample and the late one
+    assert int(ended.v[ended.at]) == 2  # the first sample and the late one
     assert ended.throttle_reasons == ("sw_power_cap",) and ended.throttle_reasons[0] is THROTTLE_REASONS[2]
     assert open_.minute_reasons == ("hw_slowdown", "sw_power_cap")  # merged, sorted, once each
 
