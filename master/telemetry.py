@@ -48,23 +48,16 @@ log = logging.getLogger(__name__)
 _FIGURES = 18
 _EMPTY_MINUTE = array("d", bytes(8 * _FIGURES))
 
-# A GPU's latest sample, packed after its open minute's figures in the GPU's one array (``_GpuNow``), NaN where it said
-# nothing: kept as a struct with a Python number object per figure, a latest sample was about 300 bytes per GPU.
-(
-    _LATEST_TS,
-    _LATEST_UTIL,
-    _LATEST_MEM,
-    _LATEST_TEMP,
-    _LATEST_POWER,
-    _LATEST_CLOCK_SM,
-    _LATEST_CLOCK_MEM,
-    _LATEST_ECC_CORRECTED,
-    _LATEST_ECC_UNCORRECTED,
-    _LATEST_XID,
-) = range(_FIGURES, _FIGURES + 10)
-_ROW = _FIGURES + 10
-_EXACT = 2**53  # integers up to this are exact as doubles
-_NAN = float("nan")
+# A GPU's latest sample, packed after its open minute's figures in the GPU's slot (``_GpuNow``): its figures in
+# GpuSample's order (ts, utilization, memory, temperature, power, SM clock, corrected and uncorrected ECC errors, memory
+# clock, Xids), 0 where it said nothing and a bit in ``unsaid``. Kept as a struct with a Python number object per
+# figure, it was about 300 bytes per GPU.
+_LATEST_TS = _FIGURES
+_LATEST = 10
+_ROW = _FIGURES + _LATEST
+_NO_TEMP, _NO_POWER, _NO_CLOCK_SM, _NO_CLOCK_MEM = 1, 2, 4, 8  # ``_GpuNow.unsaid``: which of them the sample left None
+# Each figure's bit; a figure that may not be None has none (-64: such a sample is kept whole)
+_UNSAID_BITS = (-64, -64, -64, _NO_TEMP, _NO_POWER, _NO_CLOCK_SM, -64, -64, _NO_CLOCK_MEM, -64)
 
 
 class _Blocks:
@@ -166,40 +159,6 @@ def _add_figures(v: array[float], at: int, s: GpuSample) -> None:
         v[at + _XID_COUNT] = s.xid_count
 
 
-def _exact_int(value: object) -> bool:
-    return type(value) is int and -_EXACT <= value <= _EXACT
-
-
-def _exact_float(value: object) -> bool:
-    """Whether ``value`` comes back from a double as itself (NaN stands for "not said")."""
-    return (type(value) is float and value == value) or _exact_int(value)
-
-
-def _packable(s: GpuSample) -> bool:
-    """Whether ``s``'s figures come back from the doubles of ``_GpuNow`` equal to themselves. A sample the Master took
-    always does (plausible_gpu: no NaN, counters below 2**53); one given to ``ingest`` directly may not."""
-    return (
-        _exact_float(s.ts)
-        and _exact_float(s.utilization_pct)
-        and _exact_int(s.memory_used_mib)
-        and (s.temperature_c is None or _exact_float(s.temperature_c))
-        and (s.power_w is None or _exact_float(s.power_w))
-        and (s.clock_sm_mhz is None or _exact_int(s.clock_sm_mhz))
-        and (s.clock_mem_mhz is None or _exact_int(s.clock_mem_mhz))
-        and _exact_int(s.ecc_corrected)
-        and _exact_int(s.ecc_uncorrected)
-        and _exact_int(s.xid_count)
-    )
-
-
-def _said(value: float) -> float | None:
-    return None if value != value else value
-
-
-def _said_int(value: float) -> int | None:
-    return None if value != value else int(value)
-
-
 class _GpuNow(msgspec.Struct, gc=False):
     """One GPU's open minute and latest sample, as doubles in its slot of a block (``v[at : at + _ROW]``: the minute's
     figures, indexed as ``_Minute``'s, then the latest sample's, ``_LATEST_*``). ``minute``: the open minute's number,
@@ -218,44 +177,51 @@ class _GpuNow(msgspec.Struct, gc=False):
     minute: int | None = None
     minute_reasons: tuple[str, ...] = ()
     reasons: tuple[str, ...] = ()
+    unsaid: int = 0  # the latest sample's optional figures it left unsaid (None), as _NO_* bits
     odd: GpuSample | None = None
 
     def keep(self, s: GpuSample) -> None:
-        """``s`` is this GPU's latest sample now."""
-        if not _packable(s):
+        """``s`` is this GPU's latest sample now. Its figures are packed, and kept whole instead where one would not come
+        back as itself (NaN, an integer beyond 2**53: never in a sample the Master took, plausible_gpu bounds them)."""
+        figures = msgspec.structs.astuple(s)[1 : 1 + _LATEST]
+        unsaid = 0
+        try:
+            try:
+                packed = array("d", figures)
+            except TypeError:  # a figure left unsaid (None): packed as 0, its bit set
+                unsaid = sum(bit for figure, bit in zip(figures, _UNSAID_BITS, strict=True) if figure is None)
+                figures = tuple(0 if figure is None else figure for figure in figures)
+                packed = array("d", figures)
+        except (OverflowError, TypeError):  # beyond any double, or not a number
+            packed = None
+        if packed is None or packed.tolist() != list(figures) or unsaid < 0:
             self.odd = s
             return
-        self.odd = None
-        self.reasons = s.throttle_reasons
-        v, at = self.v, self.at
-        v[at + _LATEST_TS] = s.ts
-        v[at + _LATEST_UTIL] = s.utilization_pct
-        v[at + _LATEST_MEM] = s.memory_used_mib
-        v[at + _LATEST_TEMP] = _NAN if s.temperature_c is None else s.temperature_c
-        v[at + _LATEST_POWER] = _NAN if s.power_w is None else s.power_w
-        v[at + _LATEST_CLOCK_SM] = _NAN if s.clock_sm_mhz is None else s.clock_sm_mhz
-        v[at + _LATEST_CLOCK_MEM] = _NAN if s.clock_mem_mhz is None else s.clock_mem_mhz
-        v[at + _LATEST_ECC_CORRECTED] = s.ecc_corrected
-        v[at + _LATEST_ECC_UNCORRECTED] = s.ecc_uncorrected
-        v[at + _LATEST_XID] = s.xid_count
+        at = self.at + _LATEST_TS
+        self.v[at : at + _LATEST] = packed
+        self.odd, self.unsaid, self.reasons = None, unsaid, s.throttle_reasons
 
     def latest(self) -> GpuSample:
         """The latest sample, equal to the one kept (naming the GPU by the UUID string its first sample gave)."""
         if self.odd is not None:
             return self.odd
-        v, at = self.v, self.at
+        at = self.at + _LATEST_TS
+        ts, utilization, memory, temperature, power, clock_sm, ecc_corrected, ecc_uncorrected, clock_mem, xid = self.v[
+            at : at + _LATEST
+        ].tolist()
+        unsaid = self.unsaid
         return GpuSample(
             uuid=self.uuid,
-            ts=v[at + _LATEST_TS],
-            utilization_pct=v[at + _LATEST_UTIL],
-            memory_used_mib=int(v[at + _LATEST_MEM]),
-            temperature_c=_said(v[at + _LATEST_TEMP]),
-            power_w=_said(v[at + _LATEST_POWER]),
-            clock_sm_mhz=_said_int(v[at + _LATEST_CLOCK_SM]),
-            ecc_corrected=int(v[at + _LATEST_ECC_CORRECTED]),
-            ecc_uncorrected=int(v[at + _LATEST_ECC_UNCORRECTED]),
-            clock_mem_mhz=_said_int(v[at + _LATEST_CLOCK_MEM]),
-            xid_count=int(v[at + _LATEST_XID]),
+            ts=ts,
+            utilization_pct=utilization,
+            memory_used_mib=int(memory),
+            temperature_c=None if unsaid & _NO_TEMP else temperature,
+            power_w=None if unsaid & _NO_POWER else power,
+            clock_sm_mhz=None if unsaid & _NO_CLOCK_SM else int(clock_sm),
+            ecc_corrected=int(ecc_corrected),
+            ecc_uncorrected=int(ecc_uncorrected),
+            clock_mem_mhz=None if unsaid & _NO_CLOCK_MEM else int(clock_mem),
+            xid_count=int(xid),
             throttle_reasons=self.reasons,
         )
 
