@@ -106,8 +106,8 @@ def _merged_reasons(held: tuple[str, ...], named: tuple[str, ...]) -> tuple[str,
 # collection walked and the most of what it moved to the old generation, whose growth calls the full collections.
 class _Minute(msgspec.Struct, gc=False):
     """One GPU's samples of one minute, summed up as they come (its figures from ``v[at]`` on, indexed by the names
-    above; a maximum means nothing while its count is 0). ``throttle_reasons``: every reason a sample named, sorted (a tuple
-    of a few shared strings is a quarter of a set's size; up to half the GPUs' minutes name one)."""
+    above; a maximum means nothing while its count is 0). ``throttle_reasons``: every reason a sample named, sorted (a
+    tuple of a few shared strings is a quarter of a set's size; up to half the GPUs' minutes name one)."""
 
     uuid: str
     agent_id: str
@@ -161,7 +161,7 @@ def _add_figures(v: array[float], at: int, s: GpuSample) -> None:
 
 class _GpuNow(msgspec.Struct, gc=False):
     """One GPU's open minute and latest sample, as doubles in its slot of a block (``v[at : at + _ROW]``: the minute's
-    figures, indexed as ``_Minute``'s, then the latest sample's, ``_LATEST_*``). ``minute``: the open minute's number,
+    figures, indexed as ``_Minute``'s, then the latest sample's from ``_LATEST_TS``). ``minute``: the open minute's number,
     None while none is open (a flush took it); ``agent_id``: the agent whose sample opened it. ``reasons``: the latest
     sample's throttle reasons; ``odd``: the latest sample itself when its figures would not come back equal from
     doubles (never a sample the Master took), else None.
