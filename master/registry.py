@@ -40,6 +40,14 @@ ABSENT_KEPT_PER_HOST = 64
 _LIVE = frozenset({AgentState.READY.value, AgentState.BUSY.value, AgentState.MAINTENANCE.value, AgentState.ENROLLED.value})
 
 
+def _with_gpu(held: tuple[GpuRecord, ...], gpu: GpuRecord) -> tuple[GpuRecord, ...]:
+    """``held`` with ``gpu`` in the place of the record of its uuid, or after the others when there is none."""
+    for i, kept in enumerate(held):
+        if kept.uuid == gpu.uuid:
+            return (*held[:i], gpu, *held[i + 1 :])
+    return (*held, gpu)
+
+
 class Registry:
     def __init__(
         self,
@@ -61,7 +69,9 @@ class Registry:
         self.gpus: dict[str, GpuRecord] = {}
         # What hosts report alike (GPU names, drivers, NvLinks, CPU models) kept once, not once per agent.
         self.shared = SharedValues()
-        self._gpus_by_agent: dict[str, dict[str, GpuRecord]] = {}  # agent id -> its GPUs by uuid: no scan of every GPU
+        # agent id -> its GPUs, in the order first reported: no scan of every GPU. A tuple (about 100 bytes for 8 GPUs),
+        # not a dict by uuid (about 360): a host has a few GPUs, and they change at a hello, not at every frame.
+        self._gpus_by_agent: dict[str, tuple[GpuRecord, ...]] = {}
         # agent id -> the GPUs it reported under a uuid another host holds (its refused claims): shown on it (flagged
         # ``duplicate_uuid``, offline), never stored (the store keys GPUs by uuid, the holder's record is the one there)
         # and never offered. The holder is not touched: naming a uuid must not take a card out of another's hands.
@@ -134,9 +144,9 @@ class Registry:
 
     def gpus_of(self, agent_id: str) -> list[GpuRecord]:
         """The GPUs the agent reported, its refused claims on another host's GPUs included (flagged ``duplicate_uuid``)."""
-        owned = self._gpus_by_agent.get(agent_id, {})
+        owned = self._gpus_by_agent.get(agent_id, ())
         shadows = self._shadows.get(agent_id)
-        gpus = [*owned.values(), *shadows.values()] if shadows else owned.values()
+        gpus = [*owned, *shadows.values()] if shadows else owned
         return sorted(gpus, key=lambda g: g.index)
 
     def gpu_of_unit(self, uuid: str) -> GpuRecord | None:
@@ -150,11 +160,16 @@ class Registry:
     def _put_gpu(self, gpu: GpuRecord) -> None:
         old = self.gpus.get(gpu.uuid)
         if old is not None and old.agent_id != gpu.agent_id:
-            self._gpus_by_agent.get(old.agent_id, {}).pop(gpu.uuid, None)  # the card changed hosts
+            self._drop_from_host(old.agent_id, gpu.uuid)  # the card changed hosts
         self.gpus[gpu.uuid] = gpu
-        self._gpus_by_agent.setdefault(gpu.agent_id, {})[gpu.uuid] = gpu
+        self._gpus_by_agent[gpu.agent_id] = _with_gpu(self._gpus_by_agent.get(gpu.agent_id, ()), gpu)
         # The ledger keeps a whole-GPU hold and holds on its MIG instances apart (master/allocations.py).
         self.allocations.set_partition(gpu.uuid, [m.uuid for m in gpu.info.mig_instances] if gpu.info.mig_enabled else [])
+
+    def _drop_from_host(self, agent_id: str, uuid: str) -> None:
+        held = self._gpus_by_agent.get(agent_id)
+        if held is not None:
+            self._gpus_by_agent[agent_id] = tuple(g for g in held if g.uuid != uuid)
 
     async def add(self, agent: AgentRecord) -> None:
         self.agents[agent.id] = agent
@@ -177,7 +192,7 @@ class Registry:
         if agent.state == AgentState.RETIRED.value:
             self._shadows.pop(agent.id, None)
             self.overlay_paths.pop(agent.id, None)
-            retired = list(self._gpus_by_agent.get(agent.id, {}).values())
+            retired = list(self._gpus_by_agent.get(agent.id, ()))
             await self.withdraw_gpus(agent.id, retired, HOST_RETIRED_FLAG)
             self.allocations.release_host(agent.id)
             absent = self._absent_of.pop(agent.id, {})
@@ -227,14 +242,17 @@ class Registry:
         self, agent: AgentRecord, changed: list[GpuRecord], events: list[tuple[str, str, dict[str, object]]]
     ) -> None:
         """The GPU moves of ``settle_gpus``, applied in memory; the records and events to write are appended."""
-        for gpu in self._gpus_by_agent.get(agent.id, {}).values():
+        now: float | None = None  # one time for the host's GPUs moved together (one float object, not one each)
+        for gpu in self._gpus_by_agent.get(agent.id, ()):
             wanted = gpu_state_for(gpu, self.allocations.covering(gpu.uuid), agent)
             if wanted == gpu.state:
                 continue
             for event in GPU.path(gpu.state, wanted):
                 old, gpu.state = gpu.state, GPU.next(gpu.state, event)
                 events.append(("gpu.transition", gpu.uuid, {"old": old, "new": gpu.state, "event": event, "agent_id": agent.id}))
-            gpu.updated_at = time.time()
+            if now is None:
+                now = time.time()
+            gpu.updated_at = now
             changed.append(gpu)
 
     async def settle_gpus_of(self, agent_ids: Iterable[str]) -> None:
@@ -246,11 +264,12 @@ class Registry:
     async def withdraw_gpus(self, agent_id: str, gpus: Iterable[GpuRecord], flag: str) -> None:
         """GPUs leave the pool: gone from memory (never offered, never listed), stored offline with ``flag``."""
         withdrawn = []
+        now = time.time()
         for gpu in list(gpus):
             self.gpus.pop(gpu.uuid, None)
-            self._gpus_by_agent.get(agent_id, {}).pop(gpu.uuid, None)
+            self._drop_from_host(agent_id, gpu.uuid)
             self.allocations.set_partition(gpu.uuid, [])
-            gpu.state, gpu.flags, gpu.updated_at = GpuState.OFFLINE.value, (*gpu.flags, flag), time.time()
+            gpu.state, gpu.flags, gpu.updated_at = GpuState.OFFLINE.value, (*gpu.flags, flag), now
             withdrawn.append(gpu)
         if withdrawn:
             await self._events.record_many([("gpu.withdrawn", g.uuid, {"agent_id": agent_id, "reason": flag}) for g in withdrawn])
@@ -330,6 +349,8 @@ class Registry:
         records = []
         events: list[tuple[str, str, dict[str, object]]] = []  # one store write for all of them, not one per GPU
         reported: set[str] = set()
+        # One time for every record of this report: a float object each was 24 bytes per GPU of the Master's memory.
+        updated_at = time.time()
         self._shadows.pop(agent_id, None)  # its earlier claims end with this report: those still made are judged again
         for info in infos:
             if info.uuid in reported:
@@ -351,7 +372,7 @@ class Registry:
                     info=info,
                     state=GpuState.OFFLINE.value,
                     flags=(DUPLICATE_UUID_FLAG,),
-                    updated_at=time.time(),
+                    updated_at=updated_at,
                 )
                 self._shadows.setdefault(agent_id, {})[info.uuid] = shadow
                 continue
@@ -374,7 +395,7 @@ class Registry:
                 state=state,
                 tier=tier,
                 flags=tuple(judged_flags) + ((GPU_UNREACHABLE_FLAG,) if info.uuid in unreachable else ()),
-                updated_at=time.time(),
+                updated_at=updated_at,
                 # A hello does not clear a fault: a card that threw a fatal Xid may do so again (docs/master.md).
                 fault=old.fault if old is not None and same_host else None,
                 ecc_acknowledged=old.ecc_acknowledged if old is not None and same_host else 0,
@@ -399,7 +420,7 @@ class Registry:
         await self._events.record_many(events)
         if records:
             await self._write_gpus(records)
-        gone = [g for uuid, g in self._gpus_by_agent.get(agent_id, {}).items() if uuid not in reported]
+        gone = [g for g in self._gpus_by_agent.get(agent_id, ()) if g.uuid not in reported]
         await self.withdraw_gpus(agent_id, gone, MISSING_FROM_INVENTORY_FLAG)
         agent = self.agents.get(agent_id)
         if gone and agent is not None and agent.state != AgentState.RETIRED.value:

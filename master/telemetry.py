@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from array import array
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -45,7 +45,46 @@ log = logging.getLogger(__name__)
     _ECC_UNCORRECTED,
     _XID_COUNT,
 ) = range(18)
-_EMPTY_MINUTE = array("d", bytes(18 * 8))
+_FIGURES = 18
+_EMPTY_MINUTE = array("d", bytes(8 * _FIGURES))
+
+# A GPU's latest sample, packed after its open minute's figures in the GPU's slot (``_GpuNow``): its figures in
+# GpuSample's order (ts, utilization, memory, temperature, power, SM clock, corrected and uncorrected ECC errors, memory
+# clock, Xids), 0 where it said nothing and a bit in ``unsaid``. Kept as a struct with a Python number object per
+# figure, it was about 300 bytes per GPU.
+_LATEST_TS = _FIGURES
+_LATEST = 10
+_ROW = _FIGURES + _LATEST
+_NO_TEMP, _NO_POWER, _NO_CLOCK_SM, _NO_CLOCK_MEM = 1, 2, 4, 8  # ``_GpuNow.unsaid``: which of them the sample left None
+# Each figure's bit; a figure that may not be None has none (-64: such a sample is kept whole)
+_UNSAID_BITS = (-64, -64, -64, _NO_TEMP, _NO_POWER, _NO_CLOCK_SM, -64, -64, _NO_CLOCK_MEM, -64)
+
+
+class _Blocks:
+    """Slots of ``width`` doubles, handed out from blocks of ``per_block`` slots: an array of its own per GPU costs
+    about 90 bytes beside its figures (and an object the collector tracks), a block's is shared by all its slots. A
+    slot is never handed out twice; a block is let go when nothing holds it any more. ``per_block`` is such that every
+    slot's offset (``width`` times at most ``per_block - 1``) is below 257: CPython keeps those ints once."""
+
+    __slots__ = ("width", "per_block", "_block", "_taken")
+
+    def __init__(self, width: int, per_block: int) -> None:
+        self.width, self.per_block = width, per_block
+        self._block = array("d")
+        self._taken = per_block  # the first ``take`` makes a block
+
+    def take(self) -> tuple[array[float], int]:
+        """A fresh slot (all zeros): its block, and its offset there."""
+        if self._taken == self.per_block:
+            self._block, self._taken = array("d", bytes(8 * self.width * self.per_block)), 0
+        at = self._taken * self.width
+        self._taken += 1
+        return self._block, at
+
+
+# Blocks of 8 GPUs' rows (offsets up to 196) and of 14 ended minutes (offsets up to 234).
+_ROWS_PER_BLOCK = 8
+_MINUTES_PER_BLOCK = 14
 
 
 # The reasons NVML names, each kept as one string object: a minute's reasons are a tuple of these, not of the strings
@@ -66,53 +105,167 @@ def _merged_reasons(held: tuple[str, ...], named: tuple[str, ...]) -> tuple[str,
 # never a cycle). 80,000 of them a minute, each living one to two minutes, were the most of what each middle
 # collection walked and the most of what it moved to the old generation, whose growth calls the full collections.
 class _Minute(msgspec.Struct, gc=False):
-    """One GPU's samples of one minute, summed up as they come (the figures in ``v``, indexed by the names above; a
-    maximum means nothing while its count is 0). ``throttle_reasons``: every reason a sample named, sorted (a tuple
-    of a few shared strings is a quarter of a set's size; up to half the GPUs' minutes name one)."""
+    """One GPU's samples of one minute, summed up as they come (its figures from ``v[at]`` on, indexed by the names
+    above; a maximum means nothing while its count is 0). ``throttle_reasons``: every reason a sample named, sorted (a
+    tuple of a few shared strings is a quarter of a set's size; up to half the GPUs' minutes name one)."""
 
     uuid: str
     agent_id: str
     minute: int
-    v: array[float] = msgspec.field(default_factory=lambda: array("d", _EMPTY_MINUTE))
+    v: array[float]  # its block (``_Blocks``): the figures are ``v[at : at + _FIGURES]``
+    at: int
     throttle_reasons: tuple[str, ...] = ()
 
     def add(self, s: GpuSample) -> None:
-        v = self.v
-        v[_SAMPLES] += 1
-        utilization = s.utilization_pct
-        v[_UTIL_SUM] += utilization
-        if utilization > v[_UTIL_MAX]:
-            v[_UTIL_MAX] = utilization
-        memory = s.memory_used_mib
-        v[_MEM_SUM] += memory
-        if memory > v[_MEM_MAX]:
-            v[_MEM_MAX] = memory
-        temperature = s.temperature_c
-        if temperature is not None:
-            if not v[_TEMP_N] or temperature > v[_TEMP_MAX]:
-                v[_TEMP_MAX] = temperature
-            v[_TEMP_SUM] += temperature
-            v[_TEMP_N] += 1
-        power = s.power_w
-        if power is not None:
-            if not v[_POWER_N] or power > v[_POWER_MAX]:
-                v[_POWER_MAX] = power
-            v[_POWER_SUM] += power
-            v[_POWER_N] += 1
-        if s.clock_sm_mhz is not None:
-            v[_CLOCK_SM_SUM] += s.clock_sm_mhz
-            v[_CLOCK_SM_N] += 1
-        if s.clock_mem_mhz is not None:
-            v[_CLOCK_MEM_SUM] += s.clock_mem_mhz
-            v[_CLOCK_MEM_N] += 1
-        if s.ecc_corrected > v[_ECC_CORRECTED]:
-            v[_ECC_CORRECTED] = s.ecc_corrected
-        if s.ecc_uncorrected > v[_ECC_UNCORRECTED]:
-            v[_ECC_UNCORRECTED] = s.ecc_uncorrected
-        if s.xid_count > v[_XID_COUNT]:
-            v[_XID_COUNT] = s.xid_count
+        _add_figures(self.v, self.at, s)
         if s.throttle_reasons:
             self.throttle_reasons = _merged_reasons(self.throttle_reasons, s.throttle_reasons)
+
+
+def _add_figures(v: array[float], at: int, s: GpuSample) -> None:
+    """``s`` summed into the minute's figures ``v[at : at + _FIGURES]``."""
+    v[at + _SAMPLES] += 1
+    utilization = s.utilization_pct
+    v[at + _UTIL_SUM] += utilization
+    if utilization > v[at + _UTIL_MAX]:
+        v[at + _UTIL_MAX] = utilization
+    memory = s.memory_used_mib
+    v[at + _MEM_SUM] += memory
+    if memory > v[at + _MEM_MAX]:
+        v[at + _MEM_MAX] = memory
+    temperature = s.temperature_c
+    if temperature is not None:
+        if not v[at + _TEMP_N] or temperature > v[at + _TEMP_MAX]:
+            v[at + _TEMP_MAX] = temperature
+        v[at + _TEMP_SUM] += temperature
+        v[at + _TEMP_N] += 1
+    power = s.power_w
+    if power is not None:
+        if not v[at + _POWER_N] or power > v[at + _POWER_MAX]:
+            v[at + _POWER_MAX] = power
+        v[at + _POWER_SUM] += power
+        v[at + _POWER_N] += 1
+    if s.clock_sm_mhz is not None:
+        v[at + _CLOCK_SM_SUM] += s.clock_sm_mhz
+        v[at + _CLOCK_SM_N] += 1
+    if s.clock_mem_mhz is not None:
+        v[at + _CLOCK_MEM_SUM] += s.clock_mem_mhz
+        v[at + _CLOCK_MEM_N] += 1
+    if s.ecc_corrected > v[at + _ECC_CORRECTED]:
+        v[at + _ECC_CORRECTED] = s.ecc_corrected
+    if s.ecc_uncorrected > v[at + _ECC_UNCORRECTED]:
+        v[at + _ECC_UNCORRECTED] = s.ecc_uncorrected
+    if s.xid_count > v[at + _XID_COUNT]:
+        v[at + _XID_COUNT] = s.xid_count
+
+
+class _GpuNow(msgspec.Struct, gc=False):
+    """One GPU's open minute and latest sample, as doubles in its slot of a block (``v[at : at + _ROW]``: the minute's
+    figures, indexed as ``_Minute``'s, then the latest sample's from ``_LATEST_TS``). ``minute``: the open minute's number,
+    None while none is open (a flush took it); ``agent_id``: the agent whose sample opened it. ``reasons``: the latest
+    sample's throttle reasons; ``odd``: the latest sample itself when its figures would not come back equal from
+    doubles (never a sample the Master took), else None.
+
+    Kept so rather than as a sample struct with a Python number per figure and a ``_Minute`` with an array of its own:
+    about 360 bytes a GPU instead of 670 (bench/HISTORY.md, "The Master's memory per agent, part two"). Out of the
+    collector's sight, as the minutes are."""
+
+    uuid: str
+    agent_id: str
+    v: array[float]
+    at: int
+    minute: int | None = None
+    minute_reasons: tuple[str, ...] = ()
+    reasons: tuple[str, ...] = ()
+    unsaid: int = 0  # the latest sample's optional figures it left unsaid (None), as _NO_* bits
+    odd: GpuSample | None = None
+
+    def keep(self, s: GpuSample) -> None:
+        """``s`` is this GPU's latest sample now. Its figures are packed, and kept whole instead where one would not come
+        back as itself (NaN, an integer beyond 2**53: never in a sample the Master took, plausible_gpu bounds them)."""
+        figures = msgspec.structs.astuple(s)[1 : 1 + _LATEST]
+        unsaid = 0
+        try:
+            try:
+                packed = array("d", figures)
+            except TypeError:  # a figure left unsaid (None): packed as 0, its bit set
+                unsaid = sum(bit for figure, bit in zip(figures, _UNSAID_BITS, strict=True) if figure is None)
+                figures = tuple(0 if figure is None else figure for figure in figures)
+                packed = array("d", figures)
+        except (OverflowError, TypeError):  # beyond any double, or not a number
+            packed = None
+        if packed is None or packed.tolist() != list(figures) or unsaid < 0:
+            self.odd = s
+            return
+        at = self.at + _LATEST_TS
+        self.v[at : at + _LATEST] = packed
+        self.odd, self.unsaid, self.reasons = None, unsaid, s.throttle_reasons
+
+    def latest(self) -> GpuSample:
+        """The latest sample, equal to the one kept (naming the GPU by the UUID string its first sample gave)."""
+        if self.odd is not None:
+            return self.odd
+        at = self.at + _LATEST_TS
+        ts, utilization, memory, temperature, power, clock_sm, ecc_corrected, ecc_uncorrected, clock_mem, xid = self.v[
+            at : at + _LATEST
+        ].tolist()
+        unsaid = self.unsaid
+        return GpuSample(
+            uuid=self.uuid,
+            ts=ts,
+            utilization_pct=utilization,
+            memory_used_mib=int(memory),
+            temperature_c=None if unsaid & _NO_TEMP else temperature,
+            power_w=None if unsaid & _NO_POWER else power,
+            clock_sm_mhz=None if unsaid & _NO_CLOCK_SM else int(clock_sm),
+            ecc_corrected=int(ecc_corrected),
+            ecc_uncorrected=int(ecc_uncorrected),
+            clock_mem_mhz=None if unsaid & _NO_CLOCK_MEM else int(clock_mem),
+            xid_count=int(xid),
+            throttle_reasons=self.reasons,
+        )
+
+    def add(self, s: GpuSample) -> None:
+        """``s`` summed into the open minute."""
+        _add_figures(self.v, self.at, s)
+        if s.throttle_reasons:
+            self.minute_reasons = _merged_reasons(self.minute_reasons, s.throttle_reasons)
+
+    def close(self, slots: _Blocks) -> _Minute:
+        """The open minute, taken out as a ``_Minute`` in a slot of ``slots`` (none is open after)."""
+        assert self.minute is not None
+        v, at = self.v, self.at
+        block, to = slots.take()
+        block[to : to + _FIGURES] = v[at : at + _FIGURES]
+        v[at : at + _FIGURES] = _EMPTY_MINUTE
+        ended = _Minute(self.uuid, self.agent_id, self.minute, block, to, self.minute_reasons)
+        self.minute, self.minute_reasons = None, ()
+        return ended
+
+
+class LatestSamples(Mapping[str, GpuSample]):
+    """Each GPU's latest sample by UUID, read from the telemetry's packed figures (a sample is made at each read)."""
+
+    __slots__ = ("_gpus",)
+
+    def __init__(self, gpus: dict[str, _GpuNow]) -> None:
+        self._gpus = gpus
+
+    def __getitem__(self, uuid: str) -> GpuSample:
+        return self._gpus[uuid].latest()
+
+    def get(self, uuid: str, default: GpuSample | None = None) -> GpuSample | None:  # type: ignore[override]
+        gpu = self._gpus.get(uuid)
+        return default if gpu is None else gpu.latest()
+
+    def __contains__(self, uuid: object) -> bool:
+        return uuid in self._gpus
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._gpus)
+
+    def __len__(self) -> int:
+        return len(self._gpus)
 
 
 # A step of a host's network counters over a longer gap than this (the host, its link or the Master was away) is not
@@ -373,18 +526,20 @@ async def put_sound(put_many: Callable[[list[_Rollup]], Awaitable[None]], rollup
 
 @dataclass
 class TelemetryAggregator:
-    """Memory: one open minute per GPU (``_open``, by UUID); a sample of a later minute moves the open one to
-    ``_ended``, by minute then UUID, until the next flush writes it. A late sample (out of order) of an ended minute
-    is added to it there. A host's own samples are rolled up alike, by agent id (``_host_open``, ``_host_ended``).
+    """Memory: per GPU (``_gpus``, by UUID) its latest sample and its open minute, packed (``_GpuNow``); a sample of a
+    later minute moves the open one to ``_ended``, by minute then UUID, until the next flush writes it. A late sample
+    (out of order) of an ended minute is added to it there. A host's own samples are rolled up alike, by agent id
+    (``_host_open``, ``_host_ended``).
 
-    At 10,000 agents these minutes are the Master's largest state that comes and goes (80,000 open, up to as many
-    ended until a flush has written them), so each is kept small: every minute of a GPU holds the one UUID string
-    its first minute took from a sample (not the string of each frame decoded), ``_ended`` is keyed without a tuple
-    and a number object per entry, and throttle reasons are a tuple of shared strings."""
+    At 10,000 agents these are the Master's largest per-GPU state (80,000 latest samples and open minutes, up to as
+    many ended minutes until a flush has written them), so each is kept small: every minute of a GPU holds the one
+    UUID string its first sample gave (not the string of each frame decoded), ``_ended`` is keyed without a tuple and
+    a number object per entry, and throttle reasons are a tuple of shared strings."""
 
     store: Store
-    latest: dict[str, GpuSample] = field(default_factory=dict)
-    _open: dict[str, _Minute] = field(default_factory=dict)
+    _gpus: dict[str, _GpuNow] = field(default_factory=dict)  # by UUID: each GPU's latest sample and open minute
+    _rows: _Blocks = field(default_factory=lambda: _Blocks(_ROW, _ROWS_PER_BLOCK))  # the figures of ``_gpus``
+    _minutes: _Blocks = field(default_factory=lambda: _Blocks(_FIGURES, _MINUTES_PER_BLOCK))  # those of ended minutes
     _ended: dict[int, dict[str, _Minute]] = field(default_factory=dict)  # minute -> UUID -> its minute
     _unwritten: list[TelemetryRollup] = field(default_factory=list)  # a failed flush's rest, tried again first
     _number: int = -1  # the latest minute's number, the one int object the GPUs' minutes of it hold (``_shared``)
@@ -440,26 +595,34 @@ class TelemetryAggregator:
             minute = ended
         minute.add(sample, rx, tx)
 
+    @property
+    def latest(self) -> LatestSamples:
+        """Each GPU's latest sample to arrive, by UUID."""
+        return LatestSamples(self._gpus)
+
     def ingest(self, agent_id: str, samples: Iterable[GpuSample]) -> None:
         batch = list(samples)
         self.recent.add(agent_id, batch)
+        gpus = self._gpus
         for sample in batch:
             uuid = sample.uuid
-            self.latest[uuid] = sample
+            gpu = gpus.get(uuid)
+            if gpu is None:
+                gpu = gpus[uuid] = _GpuNow(uuid, agent_id, *self._rows.take())
+            gpu.keep(sample)
             number = int(sample.ts // 60)
-            minute = self._open.get(uuid)
-            if minute is None:
-                minute = self._open[uuid] = _Minute(uuid, agent_id, self._shared(number))
-            elif minute.minute < number:
-                self._end(minute)
-                minute = self._open[uuid] = _Minute(minute.uuid, agent_id, self._shared(number))
-            elif minute.minute > number:
+            if gpu.minute is not None and gpu.minute > number:  # a late sample: to its ended minute
                 ended_then = self._ended.setdefault(number, {})
                 ended = ended_then.get(uuid)
                 if ended is None:
-                    ended = ended_then[minute.uuid] = _Minute(minute.uuid, agent_id, number)
-                minute = ended
-            minute.add(sample)
+                    ended = ended_then[gpu.uuid] = _Minute(gpu.uuid, agent_id, number, *self._minutes.take())
+                ended.add(sample)
+                continue
+            if gpu.minute is not None and gpu.minute < number:
+                self._end(gpu.close(self._minutes))
+            if gpu.minute is None:
+                gpu.agent_id, gpu.minute = agent_id, self._shared(number)
+            gpu.add(sample)
 
     def _shared(self, number: int) -> int:
         """``number``, the minute a GPU's new minute is of, as one int object for every GPU's minute of it (80,000 GPUs
@@ -489,8 +652,9 @@ class TelemetryAggregator:
         # Each minute is let go (None) as soon as its rollup is made: a spread flush lasts half a minute, and holding
         # the whole of the last minute meanwhile would keep two minutes of 80,000 GPUs in memory at once.
         done: list[_Minute | None] = [minute for ended_then in self._ended.values() for minute in ended_then.values()]
-        for uuid in [u for u, m in self._open.items() if everything or m.minute < current]:
-            done.append(self._open.pop(uuid))
+        for gpu in self._gpus.values():
+            if gpu.minute is not None and (everything or gpu.minute < current):
+                done.append(gpu.close(self._minutes))
         gpus = len(done)
         self._ended = {}
         retry, self._unwritten = self._unwritten, []
@@ -573,7 +737,7 @@ class TelemetryAggregator:
 
     @staticmethod
     def _rollup(m: _Minute) -> TelemetryRollup:
-        v = m.v
+        v = m.v[m.at : m.at + _FIGURES]
         samples = int(v[_SAMPLES])
 
         def mean(total: int, count: int) -> float | None:

@@ -257,24 +257,22 @@ async def test_a_hosts_readings_out_of_bounds_are_taken_as_not_said_and_every_ot
     assert [r.cpu_pct_avg for r in await store.host_rollups.list("agt-good")] == [10.0]
 
 
-def test_a_gpus_open_minute_costs_a_few_hundred_bytes_so_80000_gpus_tens_of_megabytes():
-    """The minutes held between two flushes are the Master's largest per-GPU state (two per GPU at a flush)."""
+def test_a_gpus_latest_sample_and_open_minute_cost_a_few_hundred_bytes_so_80000_gpus_tens_of_megabytes():
+    """Each GPU's latest sample and open minute are the Master's largest per-GPU state (with an ended one at a flush)."""
     telemetry = TelemetryAggregator(store=None)  # type: ignore[arg-type]  # nothing is flushed here
-    first = [sample(f"GPU-{i}", MINUTE, 1.0) for i in range(10_000)]
-    for one in first:
-        telemetry.ingest("agt-1", [one])  # the latest samples exist before (and are replaced, not added)
-    telemetry._open.clear()
-    later = [sample(f"GPU-{i}", MINUTE + 20, i % 100 + 0.5, temp=40 + i % 40, power=100.0 + i) for i in range(10_000)]
+    first = [frame_sample(i, MINUTE + 20 + i % 30, ("sw_power_cap",) if i % 2 else ()) for i in range(10_000)]
     tracemalloc.start()
     try:
-        for one in later:
+        for one in first:
             telemetry.ingest("agt-1", [one])
         held, _ = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert len(telemetry._open) == 10_000
-    # measured: 349 bytes per GPU (the minute, its figures, its dict entry); 573 with a float attribute per figure
-    assert held / 10_000 < 450
+    assert len(telemetry.latest) == 10_000
+    # measured: 397 bytes per GPU (its struct, its array of figures, its dict entry); before they were packed together,
+    # 349 for the open minute alone and a latest sample besides (about 300 as decoded); 573 for the minute with a float
+    # attribute per figure
+    assert held / 10_000 < 500
 
 
 async def test_a_minute_without_temperature_power_clocks_or_throttling_says_none_not_zero(tmp_path):
@@ -329,7 +327,9 @@ async def test_a_minutes_rollups_are_spread_over_the_flush_window_and_written_at
     for host in range(150):
         telemetry.ingest(f"agt-{host}", [sample(f"GPU-{host}-{i}", MINUTE + 1, 10) for i in range(8)])
         telemetry.ingest_host(f"agt-{host}", host_sample(MINUTE + 1))
-    held.extend(telemetry._open.values())
+    for host in range(150):  # the minute ended: it waits for the flush
+        telemetry.ingest(f"agt-{host}", [sample(f"GPU-{host}-{i}", MINUTE + 61, 10) for i in range(8)])
+    held.extend(minute for ended_then in telemetry._ended.values() for minute in ended_then.values())
     assert await telemetry.flush(MINUTE + 65, spread_s=30.0) == 1200 + 150
     gpu_batches, host_batches = -(-1200 // BATCH), -(-150 // BATCH)
     assert len(rests) == gpu_batches - 1 + host_batches - 1  # a rest between batches, none after the last
@@ -368,12 +368,13 @@ def test_every_minute_of_a_gpu_holds_its_first_uuid_string_and_reasons_are_share
     telemetry.ingest(
         "agt-1", [frame_sample(7, MINUTE + 70, ("hw_slowdown", "sw_power_cap")), frame_sample(7, MINUTE + 80, ("sw_power_cap",))]
     )
-    open_ = telemetry._open[first.uuid]
+    open_ = telemetry._gpus[first.uuid]
     ended = telemetry._ended[MINUTE // 60][first.uuid]
     assert open_.uuid is ended.uuid is first.uuid and later.uuid is not first.uuid
-    assert int(ended.v[0]) == 2  # the first sample and the late one
+    assert telemetry.latest[first.uuid].uuid is first.uuid
+    assert int(ended.v[ended.at]) == 2  # the first sample and the late one
     assert ended.throttle_reasons == ("sw_power_cap",) and ended.throttle_reasons[0] is THROTTLE_REASONS[2]
-    assert open_.throttle_reasons == ("hw_slowdown", "sw_power_cap")  # merged, sorted, once each
+    assert open_.minute_reasons == ("hw_slowdown", "sw_power_cap")  # merged, sorted, once each
 
 
 def test_a_kept_sample_is_the_sample_as_sent_naming_its_gpu_by_the_registrys_string_with_shared_reasons():
@@ -389,10 +390,34 @@ def test_a_kept_sample_is_the_sample_as_sent_naming_its_gpu_by_the_registrys_str
     assert kept_sample(frame_sample(7, MINUTE + 25), registry_uuid).throttle_reasons == ()
 
 
+def test_the_latest_sample_read_back_is_the_sample_kept_whatever_it_said_or_left_unsaid():
+    telemetry = TelemetryAggregator(store=None)  # type: ignore[arg-type]  # nothing is flushed here
+    full = GpuSample(
+        uuid="GPU-a", ts=MINUTE + 1.25, utilization_pct=97.5, memory_used_mib=81_000, temperature_c=-0.0, power_w=699.9,
+        clock_sm_mhz=1980, ecc_corrected=3, ecc_uncorrected=2**53, clock_mem_mhz=2619, xid_count=7,
+        throttle_reasons=("sw_power_cap", "hw_slowdown"),
+    )  # fmt: skip
+    bare = GpuSample(uuid="GPU-b", ts=MINUTE + 2)
+    # figures no double holds as themselves (never from the Master, which takes plausible samples only): kept whole
+    odd = GpuSample(uuid="GPU-c", ts=MINUTE + 3, temperature_c=float("nan"), ecc_corrected=2**60 + 1)
+    telemetry.ingest("agt-1", [full, bare, odd])
+
+    assert telemetry.latest["GPU-a"] == full and telemetry.latest.get("GPU-b") == bare
+    assert telemetry.latest["GPU-c"] is odd
+    assert telemetry.latest["GPU-a"].throttle_reasons is full.throttle_reasons
+    assert (type(telemetry.latest["GPU-a"].memory_used_mib), telemetry.latest["GPU-b"].power_w) == (int, None)
+    assert telemetry.latest.get("GPU-z") is None and "GPU-z" not in telemetry.latest and "GPU-a" in telemetry.latest
+    assert sorted(telemetry.latest) == ["GPU-a", "GPU-b", "GPU-c"] and len(telemetry.latest) == 3
+
+    telemetry.ingest("agt-1", [msgspec.structs.replace(bare, uuid="GPU-c", ts=MINUTE + 4)])  # a usual one again
+    assert telemetry.latest["GPU-c"] == msgspec.structs.replace(bare, uuid="GPU-c", ts=MINUTE + 4)
+
+
 def test_a_gpus_ended_and_open_minutes_and_latest_sample_cost_about_a_kilobyte_with_frames_own_strings():
     """What a flush finds: each GPU's ended minute, its open one and its latest sample, from frames that each decoded
     their own UUID and reasons (the Master's case). Measured: 1,387 bytes a GPU with a UUID string and a set of reasons
-    per minute and a tuple and a number per ended entry; 1,010 now."""
+    per minute and a tuple and a number per ended entry; 1,010 then (874 in a later run); 346 with the latest sample and
+    the open minute packed in one array (the frames' own UUID strings and reasons are no longer kept in a sample)."""
     telemetry = TelemetryAggregator(store=None)  # type: ignore[arg-type]  # nothing is flushed here
     gpus = 10_000
 
@@ -412,5 +437,5 @@ def test_a_gpus_ended_and_open_minutes_and_latest_sample_cost_about_a_kilobyte_w
         held, _ = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert len(telemetry._open) == gpus and len(telemetry._ended[MINUTE // 60 + 1]) == gpus
-    assert held / gpus < 1_200
+    assert len(telemetry.latest) == gpus and len(telemetry._ended[MINUTE // 60 + 1]) == gpus
+    assert held / gpus < 600
