@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from bench.api_pages import generated_fleet
 from common.heap import tune_for_daemon
 from common.inventory import GpuSample
-from management.services.fleet import fleet_figures
+from management.services.fleet import fleet_figures, usage_of
 from master.metrics import FleetGauges
 from master.records import AgentRecord
 from master.reputation import reputation
@@ -72,7 +72,7 @@ def run_summaries_bench(options: SummariesBenchOptions) -> dict[str, Any]:
         )
         for i, g in enumerate(fleet.gpus)
     }
-    summed = fleet_figures(fleet.gpus, agents, latest)
+    summed = fleet_figures(fleet.gpus, agents, usage_of(latest))
     if summed.total.total != len(fleet.gpus):  # a summary that misses GPUs is no figure to time
         raise AssertionError(f"fleet figures counted {summed.total.total} of {len(fleet.gpus)} GPUs")
     hosts = [
@@ -100,7 +100,7 @@ def run_summaries_bench(options: SummariesBenchOptions) -> dict[str, Any]:
         "gpus": len(fleet.gpus),
         "rounds": options.rounds,
         "summaries": [
-            _figures("fleet_figures", _timed(options.rounds, lambda: fleet_figures(fleet.gpus, agents, latest))),
+            _figures("fleet_figures", _timed(options.rounds, lambda: fleet_figures(fleet.gpus, agents, usage_of(latest)))),
             _figures("reputation", _timed(options.rounds, score_every_host)),
             _figures("fleet_scrape", _timed(options.rounds, lambda: generate_latest(scraped))),
         ],

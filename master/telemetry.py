@@ -225,6 +225,15 @@ class _GpuNow(msgspec.Struct, gc=False):
             throttle_reasons=self.reasons,
         )
 
+    def usage(self) -> tuple[float, int]:
+        """The latest sample's utilization and memory used, read without making the sample (the fleet's figures read
+        these two of every GPU)."""
+        if self.odd is not None:
+            return self.odd.utilization_pct, self.odd.memory_used_mib
+        at = self.at + _LATEST_TS + 1  # after its ts: utilization, then memory used (``latest``)
+        v = self.v
+        return v[at], int(v[at + 1])
+
     def add(self, s: GpuSample) -> None:
         """``s`` summed into the open minute."""
         _add_figures(self.v, self.at, s)
@@ -260,6 +269,11 @@ class LatestSamples(Mapping[str, GpuSample]):
 
     def __contains__(self, uuid: object) -> bool:
         return uuid in self._gpus
+
+    def usage(self, uuid: str) -> tuple[float, int] | None:
+        """The GPU's latest utilization and memory used (``_GpuNow.usage``); None for a GPU with no sample."""
+        gpu = self._gpus.get(uuid)
+        return None if gpu is None else gpu.usage()
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._gpus)
@@ -599,6 +613,11 @@ class TelemetryAggregator:
     def latest(self) -> LatestSamples:
         """Each GPU's latest sample to arrive, by UUID."""
         return LatestSamples(self._gpus)
+
+    def usage(self, uuid: str) -> tuple[float, int] | None:
+        """A GPU's latest utilization and memory used, its sample not made (``LatestSamples.usage``)."""
+        gpu = self._gpus.get(uuid)
+        return None if gpu is None else gpu.usage()
 
     def ingest(self, agent_id: str, samples: Iterable[GpuSample]) -> None:
         batch = list(samples)

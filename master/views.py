@@ -85,6 +85,8 @@ class TelemetryView(Protocol):
     def latest(self) -> Mapping[str, GpuSample]: ...
     @property
     def latest_hosts(self) -> Mapping[str, HostSample]: ...
+    def usage(self, uuid: str) -> tuple[float, int] | None:
+        """A GPU's latest utilization (percent) and memory used (MiB), read without making its sample; None if none."""
 
 
 class LeaderView(Protocol):

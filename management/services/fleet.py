@@ -13,7 +13,7 @@ dictionary update per GPU (tests/management/test_fleet.py measures it). Nothing 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from common.inventory import GpuSample
@@ -83,14 +83,26 @@ class FleetFigures:
     hosts: int = 0
 
 
+def usage_of(latest: Mapping[str, GpuSample]) -> Callable[[str], tuple[float, int] | None]:
+    """``fleet_figures``' reading of each GPU's utilization and memory used, from samples by UUID."""
+
+    def usage(uuid: str) -> tuple[float, int] | None:
+        sample = latest.get(uuid)
+        return None if sample is None else (sample.utilization_pct, sample.memory_used_mib)
+
+    return usage
+
+
 def fleet_figures(
     gpus: Iterable[GpuRecord],
     agents: Mapping[str, AgentRecord],
-    latest: Mapping[str, GpuSample],
+    usage: Callable[[str], tuple[float, int] | None],
     *,
     tier_order: Iterable[str] = (),
 ) -> FleetFigures:
-    """The figures of ``gpus`` (their hosts' regions from ``agents``, their latest samples from ``latest``)."""
+    """The figures of ``gpus`` (their hosts' regions from ``agents``, each one's latest utilization and memory used from
+    ``usage``: the Master's telemetry reads the two of 80,000 GPUs without making their samples; ``usage_of`` for a
+    mapping of samples)."""
     combos: dict[tuple[str, str, str], UnitFigures] = {}
     faulty: list[GpuRecord] = []
     regions = {agent_id: agent.region or NO_REGION for agent_id, agent in agents.items()}
@@ -112,11 +124,11 @@ def fleet_figures(
         elif state == GpuState.OFFLINE.value:
             figures.offline += 1
             continue  # a silent host's last figures are not the fleet's now
-        sample = latest.get(gpu.uuid)
-        if sample is not None:
+        used = usage(gpu.uuid)
+        if used is not None:
             figures.sampled += 1
-            figures.utilization_sum += sample.utilization_pct
-            figures.memory_used_mib += sample.memory_used_mib
+            figures.utilization_sum += used[0]
+            figures.memory_used_mib += used[1]
             figures.memory_total_mib += gpu.info.memory_total_mib
 
     total = UnitFigures("all")

@@ -263,7 +263,7 @@ class HostsService:
         (management/services/fleet.py): one pass over the registry in memory."""
         m = self._master
         order = [rule.name for rule in m.policy.tiers]
-        return fleet_figures(m.registry.gpus.values(), m.registry.agents, m.telemetry.latest, tier_order=order)
+        return fleet_figures(m.registry.gpus.values(), m.registry.agents, m.telemetry.usage, tier_order=order)
 
     def host_choices(self, *, owner: str | None = None) -> HostChoices:
         """What the hosts list may be filtered by: the regions, tiers and models present (of ``owner``'s hosts)."""

@@ -21,7 +21,7 @@ from management.console.pages.provider import (
 )
 from management.http.errors import BadRequest
 from management.market.ledger import PeriodEarnings
-from management.services.fleet import UnitFigures, fleet_figures
+from management.services.fleet import UnitFigures, fleet_figures, usage_of
 from management.services.hosts import AgentDetail
 from management.services.telemetry import HostSamples
 from master.records import GpuFault
@@ -98,7 +98,7 @@ def test_filters_and_forms_refuse_bad_input_naming_the_field():
 
 def test_the_fleet_context_lists_faulty_gpus_with_their_host_and_rows_say_no_figure_as_a_dash():
     detail = detail_of()
-    context = fleet_context(fleet_figures(detail.gpus, {detail.agent.id: detail.agent}, {}))
+    context = fleet_context(fleet_figures(detail.gpus, {detail.agent.id: detail.agent}, usage_of({})))
     [faulty] = context["faulty"]
     assert faulty["agent_id"] == detail.agent.id and faulty["reason"].startswith("Xid 79")
     empty = figure_row(UnitFigures("none"))

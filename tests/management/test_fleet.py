@@ -7,7 +7,7 @@ import msgspec
 
 from bench.api_pages import generated_fleet
 from common.inventory import GpuSample
-from management.services.fleet import FAULTY_LISTED, fleet_figures
+from management.services.fleet import FAULTY_LISTED, fleet_figures, usage_of
 from master.records import GpuFault
 from master.states import GpuState
 
@@ -26,7 +26,7 @@ def test_figures_count_every_state_and_average_only_gpus_in_service():
     }
     agents = {a.id: a for a in fleet.agents}
 
-    figures = fleet_figures(fleet.gpus, agents, latest, tier_order=["premium", "standard"])
+    figures = fleet_figures(fleet.gpus, agents, usage_of(latest), tier_order=["premium", "standard"])
 
     total = figures.total
     assert (total.total, total.busy, total.available, total.faulty, total.offline) == (40, 2, 33, 1, 4)
@@ -54,7 +54,7 @@ def test_many_faulty_gpus_are_counted_all_and_listed_up_to_the_limit_in_host_ord
     fleet = generated_fleet(FAULTY_LISTED, 2, now=1000.0)
     for gpu in fleet.gpus:
         gpu.state = GpuState.FAULTY.value
-    figures = fleet_figures(reversed(fleet.gpus), {a.id: a for a in fleet.agents}, {})
+    figures = fleet_figures(reversed(fleet.gpus), {a.id: a for a in fleet.agents}, usage_of({}))
     assert figures.faulty_count == 2 * FAULTY_LISTED and len(figures.faulty) == FAULTY_LISTED
     assert [g.uuid for g in figures.faulty[:2]] == ["GPU-00000000-00", "GPU-00000000-01"]
     assert figures.total.faulty == 2 * FAULTY_LISTED and figures.total.utilization_pct is None
@@ -68,6 +68,6 @@ def test_a_fleet_of_10000_hosts_and_80000_gpus_is_summed_up_whole():
         g.uuid: GpuSample(uuid=g.uuid, ts=1000.0, utilization_pct=float(i % 100), memory_used_mib=i % 4096)
         for i, g in enumerate(fleet.gpus)
     }
-    figures = fleet_figures(fleet.gpus, agents, latest)
+    figures = fleet_figures(fleet.gpus, agents, usage_of(latest))
     assert figures.total.total == 80_000 and figures.total.offline == 8_000
     assert msgspec.to_builtins(figures.faulty) == []

@@ -409,6 +409,12 @@ def test_the_latest_sample_read_back_is_the_sample_kept_whatever_it_said_or_left
     assert telemetry.latest.get("GPU-z") is None and "GPU-z" not in telemetry.latest and "GPU-a" in telemetry.latest
     assert sorted(telemetry.latest) == ["GPU-a", "GPU-b", "GPU-c"] and len(telemetry.latest) == 3
 
+    # the fleet's figures read two figures of every GPU without making its sample: the same as the sample's
+    for uuid in ("GPU-a", "GPU-b", "GPU-c"):
+        sample = telemetry.latest[uuid]
+        assert telemetry.usage(uuid) == telemetry.latest.usage(uuid) == (sample.utilization_pct, sample.memory_used_mib)
+    assert type(telemetry.usage("GPU-a")[1]) is int and telemetry.usage("GPU-z") is None  # type: ignore[index]
+
     telemetry.ingest("agt-1", [msgspec.structs.replace(bare, uuid="GPU-c", ts=MINUTE + 4)])  # a usual one again
     assert telemetry.latest["GPU-c"] == msgspec.structs.replace(bare, uuid="GPU-c", ts=MINUTE + 4)
 
