@@ -262,3 +262,42 @@ async def test_a_request_back_in_the_queue_wakes_every_waiting_take_but_only_the
     for task in waiting:
         task.cancel()
     await asyncio.gather(*waiting, return_exceptions=True)
+
+
+async def test_a_take_handed_a_request_answers_before_its_write_and_the_submit_only_after(store: Store) -> None:
+    repo = CountingRepo(endpoint_request_repo(store))
+    book = RequestBook(repo, limits_of=lambda _: LIMITS)  # type: ignore[arg-type]
+    await book.load()
+    waiting = asyncio.create_task(book.take(W1, 25))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    repo.held.clear()  # the write of the request handed over waits until let go
+    submit = asyncio.create_task(book.submit("ep-a", "now"))
+    taken = await waiting  # the worker has it while its write waits: no one else has heard of the request
+    assert taken is not None and taken.input == "now"
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not submit.done() and await endpoint_request_repo(store).get(taken.id) is None  # its caller waits for it
+    repo.held.set()
+    rec = await submit
+    stored = await endpoint_request_repo(store).get(rec.id)
+    assert stored is not None and (stored.id, stored.state, stored.worker_id) == (taken.id, "in_progress", "w1")
+
+
+async def test_a_handed_request_whose_write_failed_is_refused_to_its_caller_and_its_worker_s_result_is_gone(
+    store: Store,
+) -> None:
+    repo = CountingRepo(endpoint_request_repo(store))
+    book = RequestBook(repo, limits_of=lambda _: LIMITS)  # type: ignore[arg-type]
+    await book.load()
+    waiting = asyncio.create_task(book.take(W1, 25))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    repo.failing = OSError("disk gone")
+    with pytest.raises(OSError):
+        await book.submit("ep-a", "lost")  # never acknowledged: nothing accepted is lost
+    taken = await waiting
+    assert taken is not None
+    repo.failing = None
+    assert await book.result(W1, taken.id, "ran anyway") == CallOutcome.GONE  # the store never had it
+    assert await book.status(taken.id) is None and await endpoint_request_repo(store).list() == []
