@@ -244,6 +244,10 @@ class RequestQueue:
     def held_by(self, worker: WorkerRef) -> frozenset[str]:
         return frozenset(self._held.get(worker, ()))
 
+    def holding(self, worker: WorkerRef) -> int:
+        """How many requests the worker holds (at no cost)."""
+        return len(self._held.get(worker, ()))
+
     def has_queued(self, endpoint_id: str) -> bool:
         """Whether the endpoint has a queued request (at no cost: the head of its heap is always a queued one)."""
         return bool(self._waiting.get(endpoint_id))

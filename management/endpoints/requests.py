@@ -199,6 +199,10 @@ class _TakeWaiter:
     open: bool = False
     handed: list[EndpointRequestRecord] = field(default_factory=list)
     chars: int = 0  # of the inputs handed
+    # Its worker held other requests when the first was handed: the answer waits for that request's write (which its
+    # submit waits for anyway), and what is submitted meanwhile goes in the same answer. An idle worker's take answers
+    # at once: nothing would come to share its answer, and the write would only add a trip to the store's thread.
+    busy: bool = False
 
     def has_room(self) -> bool:
         return self.open and not self.woken.cancelled() and len(self.handed) < self.most and self.chars <= TAKE_MANY_INPUT_CHARS
@@ -438,6 +442,8 @@ class RequestBook:
         return None
 
     def _hand(self, waiter: _TakeWaiter, rec: EndpointRequestRecord) -> None:
+        if not waiter.handed:
+            waiter.busy = self._queue.holding(waiter.worker) > 1  # others than this one
         waiter.handed.append(rec)
         waiter.chars += len(rec.input)
         if not waiter.woken.done():
@@ -518,9 +524,13 @@ class RequestBook:
                         if not waiter.handed:
                             return []
                 # Handed at its submit, in the step that stored it as this worker's: answered without waiting for its
-                # write. No one else was told of it, so a Master that dies before the write leaves no trace of it, and
-                # its worker's reports are answered gone; the submit's caller hears only once it is stored.
+                # write (but a busy worker's, ``busy``). No one else was told of it, so a Master that dies before the
+                # write leaves no trace of it, and its worker's reports are answered gone; the submit's caller hears
+                # only once it is stored.
                 if waiter.handed:
+                    if waiter.busy and (written := self._unsettled.get(waiter.handed[0].id)) is not None:
+                        with contextlib.suppress(Exception):  # a failed write: its worker's reports are answered gone
+                            await asyncio.shield(written)
                     return [_taken(rec) for rec in waiter.handed]
             finally:
                 self._stop_waiting(waiter)

@@ -301,3 +301,25 @@ async def test_a_handed_request_whose_write_failed_is_refused_to_its_caller_and_
     repo.failing = None
     assert await book.result(W1, taken.id, "ran anyway") == CallOutcome.GONE  # the store never had it
     assert await book.status(taken.id) is None and await endpoint_request_repo(store).list() == []
+
+
+async def test_a_busy_worker_s_take_answers_after_the_handed_request_s_write_with_what_came_meanwhile(
+    store: Store,
+) -> None:
+    repo = CountingRepo(endpoint_request_repo(store))
+    book = RequestBook(repo, limits_of=lambda _: LIMITS)  # type: ignore[arg-type]
+    await book.load()
+    await book.submit("ep-a", "queued first")
+    assert await book.take(W1, 0) is not None  # W1 is at work
+    waiting = asyncio.create_task(book.take_many(W1, 25, 8))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    repo.held.clear()
+    submits = [asyncio.create_task(book.submit("ep-a", n)) for n in range(3)]
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not waiting.done()  # a busy worker's take waits for the first one's write, gathering the others
+    repo.held.set()
+    taken = await waiting
+    assert [t.input for t in taken] == [0, 1, 2]  # one answer for the three
+    assert [r.worker_id for r in await asyncio.gather(*submits)] == ["w1"] * 3
