@@ -87,6 +87,12 @@ _FULL, _DROPPED, _FORGOTTEN = Pushed.FULL, Pushed.DROPPED, Drop.FORGOTTEN
 _DROP_REASON = {Drop.REPLACED: "superseded", Drop.EVICTED: "evicted", Drop.FORGOTTEN: "forgotten"}  # metric labels
 
 
+def send_delay(now: float, last_sent: float, window_s: float, *, control_waiting: bool) -> float:
+    """How long the link's sender waits before it takes what waits: the rest of the batch window since its last
+    message, or nothing when a control frame waits (a control frame queued during that wait cuts it short too)."""
+    return 0.0 if control_waiting else max(0.0, last_sent + window_s - now)
+
+
 class Outbound(msgspec.Struct, gc=False):
     """One link frame waiting to go to the Master, encoded already (a struct made in C: one per frame)."""
 
@@ -131,6 +137,7 @@ class FrameBuffer:
         self.queue.coalesce = True
         self._space = asyncio.Event()
         self._ready = asyncio.Event()
+        self._control = asyncio.Event()  # set when a control frame is queued: it cuts the sender's batch window short
 
     def __len__(self) -> int:
         return len(self.queue)
@@ -153,6 +160,8 @@ class FrameBuffer:
             return False
         if pushed is not _DROPPED:  # a heartbeat with no room is let go: the next one will say the same
             self._ready.set()
+            if lane is _CONTROL:
+                self._control.set()
         return True
 
     @property
@@ -215,6 +224,21 @@ class FrameBuffer:
         while not len(self.queue):
             self._ready.clear()
             await self._ready.wait()
+
+    @property
+    def control_waiting(self) -> bool:
+        """Whether a control frame waits (commands' acks and results, endpoint workers' calls: each one someone waits
+        for)."""
+        return self.queue.bytes(_CONTROL) > 0
+
+    async def control_or(self, delay_s: float) -> None:
+        """Until ``delay_s`` has passed or a control frame waits, whichever comes first."""
+        if self.control_waiting:
+            return
+        self._control.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(delay_s):
+                await self._control.wait()
 
     def send_failed(self) -> None:
         """What was taken did not go out (the link dropped): it stays at the head, no longer being sent."""
@@ -638,7 +662,9 @@ class MasterLink:
 
         To a Master that takes batches, what waits goes as one JSON array per message, and under load at most one
         message per ``link_batch_window_s``: thousands of agents' heartbeats then cost the relay and the Master a few
-        hundred WebSocket messages a second instead of thousands. A frame on an idle link goes at once.
+        hundred WebSocket messages a second instead of thousands. A frame on an idle link goes at once, and so does a
+        control frame whatever the window (``send_delay``), with everything waiting behind it: a command's result or
+        an endpoint worker's call held for the window added up to 10 ms to each round trip through the relay.
         """
         loop = asyncio.get_running_loop()
         config = self.config
@@ -647,9 +673,9 @@ class MasterLink:
         last_sent = -math.inf
         while True:
             await self.buffer.ready()
-            rest = last_sent + window - loop.time()
+            rest = send_delay(loop.time(), last_sent, window, control_waiting=self.buffer.control_waiting)
             if rest > 0:
-                await asyncio.sleep(rest)
+                await self.buffer.control_or(rest)
             batch = self.buffer.take(max_frames, config.link_batch_bytes)
             if not batch:
                 continue  # superseded meanwhile

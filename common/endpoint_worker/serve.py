@@ -1,8 +1,10 @@
 """``serve(handler)``: take requests from the agent's worker API, run the handler on them, report what it made.
 
-Threads, not asyncio, so any handler runs as written (blocking GPU calls included): one taker long-polls for as many
-requests as the worker has room for (``concurrency`` less those in flight), in one call, and hands each to one of
-``concurrency`` runner threads, which runs the handler and reports; one more thread heartbeats the requests in flight
+Threads, not asyncio, so any handler runs as written (blocking GPU calls included): ``concurrency`` threads, each of
+which runs a request taken for it, or, when none waits, no other thread is taking and the worker has room (fewer than
+``concurrency`` in flight), takes: one long poll for as many requests as there is room for, in one call. The thread
+that took runs the first of them itself and leaves the rest to the others (a leader and its followers), so a request
+alone goes from its take to its handler without crossing threads. One more thread heartbeats the requests in flight
 and learns which were cancelled. Reports that must arrive (partials, results, errors, releases) are retried with
 backoff while the agent is away; a progress is sent once (the next replaces it).
 """
@@ -14,11 +16,11 @@ import inspect
 import json
 import logging
 import os
-import queue
 import random
 import signal
 import threading
 import traceback
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -103,7 +105,9 @@ class _Worker:
         self.handler = handler
         self.api = api
         self.concurrency = concurrency
-        self.work: queue.Queue[Request | None] = queue.Queue()  # taken requests for the runners; None: a runner ends
+        self.pending: deque[Request] = deque()  # taken, in flight, not started yet: the next free thread runs each
+        self.taking = False  # a thread is taking (or backing off after a failed take) now
+        self.take_backoff = Backoff()
         self.heartbeat_s = heartbeat_s
         self.take_wait_s = take_wait_s
         self.stop = stop
@@ -113,6 +117,7 @@ class _Worker:
         self.delivering = 0  # reports being sent for requests no longer in flight (releases)
         self.lock = threading.Lock()
         self.settled = threading.Condition(self.lock)  # notified as a request leaves in_flight
+        self.turn = threading.Condition(self.lock)  # notified when a thread may have something to do: run, take, end
         self.fatal: TokenRefused | None = None
         self.results = _ResultSender(self)
 
@@ -122,45 +127,70 @@ class _Worker:
         self.stop.set()
         self.abandon.set()
         self.done.set()
+        self.wake_all()
 
-    # the taker and the runners
+    def wake_all(self) -> None:
+        """Every thread waiting for its turn looks again (the worker stops)."""
+        with self.lock:
+            self.turn.notify_all()
+            self.settled.notify_all()
 
-    def take_loop(self) -> None:
-        """Take as many requests as there is room for, in one call, and hand them to the runners; then again. A
-        request counts as in flight from its take (the heartbeat names it) until its reports are sent."""
-        backoff = Backoff()
+    # the threads: each takes or runs, in turn
+
+    def work_loop(self) -> None:
+        """One of the ``concurrency`` threads: run a request taken and not started yet; else take, when no other
+        thread is taking and the worker has room, and run the first of what came; else wait for a turn. Ends once the
+        worker stops and nothing taken waits to run. A request counts as in flight from its take (the heartbeat names
+        it) until its reports are sent."""
+        while True:
+            with self.lock:
+                while True:
+                    if self.pending:
+                        request: Request | None = self.pending.popleft()
+                        break
+                    if self.stop.is_set():
+                        self.turn.notify()  # the next thread waiting sees the stop too
+                        return
+                    if not self.taking and len(self.in_flight) < self.concurrency:
+                        self.taking, request = True, None
+                        room = self.concurrency - len(self.in_flight)
+                        break
+                    self.turn.wait()
+            if request is None:
+                request = self.take(room)
+            if request is not None:
+                self.run(request)
+
+    def take(self, room: int) -> Request | None:
+        """One take of up to ``room`` requests (this thread is the one taking): the first to run here, the rest left
+        for the other threads; None when none came, or the take failed (after a backoff: no other thread takes
+        meanwhile)."""
         try:
-            while not self.stop.is_set():
-                with self.settled:
-                    self.settled.wait_for(lambda: len(self.in_flight) < self.concurrency or self.stop.is_set())
-                    room = self.concurrency - len(self.in_flight)
-                if self.stop.is_set():
-                    return
-                try:
-                    taken = self.api.take_many(room, self.take_wait_s)
-                except TokenRefused as exc:
-                    return self.refused(exc)
-                except (AgentUnavailable, BadAnswer, BodyTooLarge) as exc:
-                    log.warning("take failed, retrying: %s", exc)
-                    self.stop.wait(backoff.pause_s())
-                    continue
-                backoff.reset()
-                if self.stop.is_set():  # taken as the worker stops: back to the queue for another worker
-                    for one in taken:
-                        self.release(one.id)
-                    return
-                for one in taken:
-                    request = Request(one, self.api)
-                    with self.lock:
-                        self.in_flight[request.id] = request
-                    self.work.put(request)
-        finally:
-            for _ in range(self.concurrency):  # each runner ends once the requests handed to it are done
-                self.work.put(None)
-
-    def run_loop(self) -> None:
-        while (request := self.work.get()) is not None:
-            self.run(request)
+            taken = self.api.take_many(room, self.take_wait_s)
+        except TokenRefused as exc:
+            taken = []
+            self.refused(exc)
+        except (AgentUnavailable, BadAnswer, BodyTooLarge) as exc:
+            taken = []
+            log.warning("take failed, retrying: %s", exc)
+            self.stop.wait(self.take_backoff.pause_s())
+        else:
+            self.take_backoff.reset()
+        if self.stop.is_set() and taken:  # taken as the worker stops: back to the queue for another worker
+            with self.lock:
+                self.taking = False
+                self.turn.notify()
+            for one in taken:
+                self.release(one.id)
+            return None
+        requests = [Request(one, self.api) for one in taken]
+        with self.lock:  # in flight before another thread may take: no take asks for more than the room left
+            for request in requests:
+                self.in_flight[request.id] = request
+            self.pending.extend(requests[1:])
+            self.taking = False
+            self.turn.notify(len(requests))  # one for each left to run, and one to take if room is left
+        return requests[0] if requests else None
 
     def release(self, request_id: str) -> None:
         with self.lock:
@@ -190,7 +220,7 @@ class _Worker:
         finally:
             with self.lock:
                 self.in_flight.pop(request.id, None)
-                self.settled.notify_all()
+                self.settled.notify_all()  # this thread looks for its next turn itself: it may take the room made
 
     def drive(self, request: Request, output: Any) -> Any:
         """The handler's final output: a plain value as it is; a coroutine awaited; a generator's (or an async
@@ -432,17 +462,15 @@ def serve(
     api = WorkerAPI(url, token)
     worker = _Worker(handler, api, concurrency=concurrency, heartbeat_s=heartbeat_s, take_wait_s=take_wait_s, stop=stop)
     previous = _on_sigterm(stop)
-    runners = [threading.Thread(target=worker.run_loop, name=f"run-{n}", daemon=True) for n in range(concurrency)]
-    taker = threading.Thread(target=worker.take_loop, name="take", daemon=True)
+    threads = [threading.Thread(target=worker.work_loop, name=f"work-{n}", daemon=True) for n in range(concurrency)]
     beats = threading.Thread(target=worker.heartbeat_loop, name="heartbeat", daemon=True)
-    for thread in [*runners, taker, beats]:
+    for thread in [*threads, beats]:
         thread.start()
     try:
         while not stop.wait(1.0):
             pass
-        with worker.settled:  # the taker, waiting for room, sees the stop
-            worker.settled.notify_all()
-        # Requests in flight finish (their reports sent) within drain_s. A taker still in a take's long poll is not
+        worker.wake_all()  # the threads waiting for a turn see the stop
+        # Requests in flight finish (their reports sent) within drain_s. A thread still in a take's long poll is not
         # waited for: what it gets now it releases, and what a worker that ended held the agent sends back to the
         # queue anyway (as for a worker killed outright).
         with worker.settled:

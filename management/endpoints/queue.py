@@ -8,7 +8,9 @@ clock: ``now`` is passed in; ids are given by the caller. The model is managemen
 
 A request's states (``RequestState``) and what moves it (docs/endpoints.md, "The request queue"):
 
-- ``submit``: a new request, ``queued``, attempt 1; refused (``TOO_LARGE``) past ``max_input_bytes``;
+- ``submit``: a new request, ``queued``, attempt 1; refused (``TOO_LARGE``) past ``max_input_bytes``. Given a worker
+  whose take waits (``to``), it is ``in_progress``, held by that worker, in the same step, when a take would have
+  given it that request (none queued at the endpoint, the worker below its concurrency);
 - ``take``: the oldest queued request of the worker's endpoint (FIFO by ``order``, kept through requeues), for a
   worker holding fewer than the endpoint's concurrency: ``in_progress``, held by that worker;
 - ``heartbeat``: the worker is heard from; answers the ids it lists that it no longer holds (cancel them). A request
@@ -36,7 +38,7 @@ random sequences of operations):
 4. ``retries_bounded``: a run's requeues after lost workers never exceed ``max_retries``; attempts rise by one each.
 5. ``completed_never_change``: no step changes a completed request.
 6. ``fifo_per_endpoint``: a take answers the endpoint's queued request of lowest ``order``: of two queued with
-   equal attempts, the one submitted first.
+   equal attempts, the one submitted first; a submit is handed to a waiting take only when none is queued there.
 7. ``concurrency_respected``: no worker holds more than its endpoint's concurrency.
 8. ``every_request_ends``: with workers answering, every request ends; with no one answering, one ``expire`` past
    every deadline ends all.
@@ -242,6 +244,10 @@ class RequestQueue:
     def held_by(self, worker: WorkerRef) -> frozenset[str]:
         return frozenset(self._held.get(worker, ()))
 
+    def holding(self, worker: WorkerRef) -> int:
+        """How many requests the worker holds (at no cost)."""
+        return len(self._held.get(worker, ()))
+
     def has_queued(self, endpoint_id: str) -> bool:
         """Whether the endpoint has a queued request (at no cost: the head of its heap is always a queued one)."""
         return bool(self._waiting.get(endpoint_id))
@@ -267,7 +273,11 @@ class RequestQueue:
         *,
         account: str = "",
         webhook: str = "",
+        to: WorkerRef | None = None,
     ) -> Step:
+        """A new request, queued; or, with ``to`` (a worker of the endpoint whose take waits now), taken by that worker
+        in the same step, when a take would give it this request: the endpoint has none queued (it would be the head)
+        and the worker holds fewer than ``limits.concurrency``. Else it is queued as without ``to``."""
         if request_id in self.requests:
             return Step(Outcome.GONE)
         text = as_json(input)
@@ -285,7 +295,17 @@ class RequestQueue:
             max_retries=limits.max_retries,
             webhook=webhook,
         )
+        if to is not None and self.may_hand(to, limits.concurrency):
+            held = msgspec.structs.replace(
+                rec, state=RequestState.IN_PROGRESS.value, worker_id=to.worker_id, agent_id=to.agent_id, started_at=now
+            )
+            return Step(Outcome.OK, changed=(held,), taken=held, seen=((to, now),))
         return Step(Outcome.OK, changed=(rec,))
+
+    def may_hand(self, worker: WorkerRef, concurrency: int) -> bool:
+        """Whether a request submitted now at the worker's endpoint may go straight to it: a take of it would get that
+        request (none queued ahead of it) and it holds fewer than ``concurrency``."""
+        return not self._waiting.get(worker.endpoint_id) and len(self._held.get(worker, ())) < concurrency
 
     def take(self, worker: WorkerRef, concurrency: int, now: float) -> Step:
         """The oldest queued request of the worker's endpoint, if it holds fewer than ``concurrency``; else none

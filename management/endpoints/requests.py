@@ -15,8 +15,10 @@ load).
 Two sides call it:
 
 - the workers, through their agents (``WorkerCalls``, docs/endpoints.md "The worker API"): ``take`` is a long poll,
-  bounded by ``MAX_TAKE_WAIT_S``, that sleeps on its endpoint's arrival event (set by every submit, release, retry and
-  requeue of the endpoint) and never spins; the reports answer ``Outcome`` (ok, gone: 404/409, too_large: 413);
+  bounded by ``MAX_TAKE_WAIT_S``, that sleeps until a request becomes queued at its endpoint (every release, retry and
+  requeue, and a submit no waiting take could have) and never spins; a request submitted while it waits is handed
+  to it in the submit's own step (stored once, as its worker's; the take answers without waiting for that write, since
+  no one else has heard of the request yet). The reports answer ``Outcome`` (ok, gone: 404/409, too_large: 413);
 - the renters' routes (a later slice): ``submit``, ``status``, ``stream`` (partial outputs after a seq, optionally
   waiting for the next change), ``cancel``, ``retry``, ``health``.
 
@@ -33,7 +35,7 @@ import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -125,6 +127,10 @@ CALL_OUTCOMES = {
 }
 
 
+def _taken(rec: EndpointRequestRecord) -> TakenRequest:
+    return TakenRequest(rec.id, value_of(rec.input), rec.attempt)
+
+
 def new_request_id() -> str:
     return f"req-{secrets.token_hex(10)}"
 
@@ -181,6 +187,27 @@ class GroupWriter:
             self._pending = []
 
 
+@dataclass(eq=False, slots=True)
+class _TakeWaiter:
+    """A take in its long poll. Registered at its endpoint before it looks at the queue, so an arrival meanwhile wakes it
+    (``woken``); ``open`` once it has looked and found nothing, when a submit may hand it its request straight
+    (``handed``: up to ``most``, and more than one only while their inputs stay under TAKE_MANY_INPUT_CHARS)."""
+
+    worker: WorkerRef
+    most: int
+    woken: asyncio.Future[None]
+    open: bool = False
+    handed: list[EndpointRequestRecord] = field(default_factory=list)
+    chars: int = 0  # of the inputs handed
+    # Its worker held other requests when the first was handed: the answer waits for that request's write (which its
+    # submit waits for anyway), and what is submitted meanwhile goes in the same answer. An idle worker's take answers
+    # at once: nothing would come to share its answer, and the write would only add a trip to the store's thread.
+    busy: bool = False
+
+    def has_room(self) -> bool:
+        return self.open and not self.woken.cancelled() and len(self.handed) < self.most and self.chars <= TAKE_MANY_INPUT_CHARS
+
+
 @dataclass(frozen=True, slots=True)
 class _Staged:
     step: Step
@@ -215,7 +242,9 @@ class RequestBook:
         self._new_id = new_id
         self._queue = RequestQueue()
         self._lock = asyncio.Lock()
-        self._arrivals: dict[str, asyncio.Event] = {}  # per endpoint: set when a request becomes queued there
+        # Per endpoint: its takes waiting, oldest first; all woken when a request becomes queued there, the first with
+        # room handed a request submitted while it waits.
+        self._waiters: dict[str, dict[_TakeWaiter, None]] = {}
         self._changes: dict[str, asyncio.Event] = {}  # per request someone streams: set when it changes
         self._serve = serve
         self._sweep_period_s = sweep_period_s
@@ -310,7 +339,7 @@ class RequestBook:
                 continue
             self._keep_ended(rec)
             if rec.state == RequestState.QUEUED:
-                self._wake(self._arrivals, rec.endpoint_id)
+                self._wake_takes(rec.endpoint_id)
                 for listener in self._arrival_listeners:
                     listener(rec.endpoint_id)
             self._wake(self._changes, rec.id)
@@ -388,6 +417,41 @@ class RequestBook:
         elif held is not None:  # gone from the store (by hand): no longer open here either
             self._queue.apply(Step(Outcome.OK, changed=(msgspec.structs.replace(held, state=RequestState.FAILED.value),)))
 
+    def _wake_takes(self, endpoint_id: str) -> None:
+        """Every take waiting at the endpoint looks at the queue again."""
+        for waiter in self._waiters.pop(endpoint_id, {}):
+            if not waiter.woken.done():
+                waiter.woken.set_result(None)
+
+    def _waiting_take(self, worker: WorkerRef, most: int) -> _TakeWaiter:
+        waiter = _TakeWaiter(worker, most, asyncio.get_running_loop().create_future())
+        self._waiters.setdefault(worker.endpoint_id, {})[waiter] = None
+        return waiter
+
+    def _stop_waiting(self, waiter: _TakeWaiter) -> None:
+        waiting = self._waiters.get(waiter.worker.endpoint_id)
+        if waiting is not None and waiting.pop(waiter, 0) is None and not waiting:
+            del self._waiters[waiter.worker.endpoint_id]
+
+    def _take_to_hand(self, endpoint_id: str, concurrency: int) -> _TakeWaiter | None:
+        """The first take waiting at the endpoint that a request submitted now may be handed to (called under the lock):
+        one with room, of a worker not gone and below its concurrency."""
+        for waiter in self._waiters.get(endpoint_id, ()):
+            if waiter.has_room() and waiter.worker not in self._gone and self._queue.may_hand(waiter.worker, concurrency):
+                return waiter
+        return None
+
+    def _hand(self, waiter: _TakeWaiter, rec: EndpointRequestRecord) -> None:
+        if not waiter.handed:
+            waiter.busy = self._queue.holding(waiter.worker) > 1  # others than this one
+        waiter.handed.append(rec)
+        waiter.chars += len(rec.input)
+        if not waiter.woken.done():
+            waiter.woken.set_result(None)
+        waiting = self._waiters.get(waiter.worker.endpoint_id, {})
+        if waiting.pop(waiter, 0) is None:  # the next submit goes to the next take waiting with room (then this one again)
+            waiting[waiter] = None
+
     @staticmethod
     def _wake(events: dict[str, asyncio.Event], key: str) -> None:
         event = events.pop(key, None)
@@ -438,23 +502,38 @@ class RequestBook:
         while True:
             if worker in self._gone:  # its container is gone: a request taken now would wait out a heartbeat timeout
                 return []
-            arrival = self._event(self._arrivals, worker.endpoint_id)  # before looking: no arrival slips between
-            # An arrival wakes every take waiting at the endpoint, and one of them gets it: the others see the queue
-            # empty again and go back to waiting without a step (a step each cost the Master about 50 us a waiting
-            # take per request: 3 ms a request with 64 takes waiting). The first look is always a step: it is the
-            # worker's call heard from.
-            if not woken or self._queue.has_queued(worker.endpoint_id):
-                taken = await self._take_now(worker, concurrency, most)
-                if taken:
-                    return [TakenRequest(rec.id, value_of(rec.input), rec.attempt) for rec in taken]
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return []
+            waiter = self._waiting_take(worker, most)  # before looking: no arrival slips between
             try:
-                async with asyncio.timeout(remaining):  # no task of its own, as wait_for makes one at each wait
-                    await arrival.wait()
-            except TimeoutError:
-                return []
+                # An arrival wakes every take waiting at the endpoint, and one of them gets it: the others see the
+                # queue empty again and go back to waiting without a step (a step each cost the Master about 50 us a
+                # waiting take per request: 3 ms a request with 64 takes waiting). The first look is always a step: it
+                # is the worker's call heard from.
+                if not woken or self._queue.has_queued(worker.endpoint_id):
+                    taken = await self._take_now(worker, concurrency, most)
+                    if taken:
+                        return [_taken(rec) for rec in taken]
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return []
+                if not waiter.woken.done():
+                    waiter.open = True  # a request submitted from now on may come straight here
+                    try:
+                        async with asyncio.timeout(remaining):  # no task of its own, as wait_for makes one
+                            await waiter.woken
+                    except TimeoutError:
+                        if not waiter.handed:
+                            return []
+                # Handed at its submit, in the step that stored it as this worker's: answered without waiting for its
+                # write (but a busy worker's, ``busy``). No one else was told of it, so a Master that dies before the
+                # write leaves no trace of it, and its worker's reports are answered gone; the submit's caller hears
+                # only once it is stored.
+                if waiter.handed:
+                    if waiter.busy and (written := self._unsettled.get(waiter.handed[0].id)) is not None:
+                        with contextlib.suppress(Exception):  # a failed write: its worker's reports are answered gone
+                            await asyncio.shield(written)
+                    return [_taken(rec) for rec in waiter.handed]
+            finally:
+                self._stop_waiting(waiter)
             woken = True
 
     async def _take_now(self, worker: WorkerRef, concurrency: int, most: int) -> list[EndpointRequestRecord]:
@@ -520,7 +599,7 @@ class RequestBook:
         while len(self._gone) > MAX_GONE_KEPT:
             del self._gone[next(iter(self._gone))]
         await self._step(lambda q, now: q.worker_gone(worker, now))
-        self._wake(self._arrivals, worker.endpoint_id)  # its waiting takes look again, and see it gone
+        self._wake_takes(worker.endpoint_id)  # its waiting takes look again, and see it gone
 
     # --- the renters' side ---
 
@@ -528,9 +607,19 @@ class RequestBook:
         """A new queued request (``webhook``: where its end is POSTed, already judged by the caller)."""
         limits = self._limits_of(endpoint_id)
         request_id = self._new_id()
-        step = await self._step(
-            lambda q, now: q.submit(request_id, endpoint_id, input, limits, now, account=account, webhook=webhook)
-        )
+        async with self._lock:
+            await self._resync_if_needed()
+            # A take waiting now gets it in this step: one write (the request stored as that worker's), no wake and
+            # no look at the queue after it.
+            waiter = self._take_to_hand(endpoint_id, limits.concurrency)
+            to = None if waiter is None else waiter.worker
+            made = self._queue.submit(
+                request_id, endpoint_id, input, limits, self._clock(), account=account, webhook=webhook, to=to
+            )
+            staged = self._stage(made)
+            if waiter is not None and made.taken is not None:
+                self._hand(waiter, made.taken)
+        step = await self._settle(staged)
         if step.outcome == Outcome.TOO_LARGE:
             raise RequestTooLarge(f"the request's input is over the endpoint's {limits.max_input_bytes} bytes (or not JSON)")
         if step.outcome != Outcome.OK or not step.changed:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from access.upstream import FrameBuffer, Outbound
+import pytest
+
+from access.upstream import FrameBuffer, Outbound, send_delay
 from common.wire import AgentConnected, Relay
 from tests.access.conftest import heartbeat, result
 from tests.support.prometheus import sample
@@ -42,6 +44,26 @@ def test_what_is_being_sent_is_neither_evicted_nor_withdrawn_and_a_failed_send_g
     assert [e.agent_id for e in buffer.take(10, 10_000)] == ["a1", "a2"]
     buffer.done()
     assert len(buffer) == 0
+
+
+def test_the_sender_waits_out_the_batch_window_only_while_no_control_frame_waits():
+    assert send_delay(10.0, 9.995, 0.01, control_waiting=False) == pytest.approx(0.005)  # the window's rest
+    assert send_delay(10.0, 9.995, 0.01, control_waiting=True) == 0.0  # a command's result, a worker's call: at once
+    assert send_delay(10.0, 9.0, 0.01, control_waiting=False) == 0.0  # an idle link: at once
+
+
+async def test_a_control_frame_queued_during_the_window_ends_the_wait():
+    buffer = FrameBuffer(limit=100)
+    buffer.offer(entry("a1", "heartbeat"))
+    assert not buffer.control_waiting
+    waiting = asyncio.create_task(buffer.control_or(3600.0))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert not waiting.done()
+    buffer.offer(entry("a2", "worker_call"))
+    await waiting  # without the control frame it would wait the hour out
+    assert buffer.control_waiting
+    assert [e.kind for e in buffer.take(10, 10_000)] == ["worker_call", "heartbeat"]
 
 
 async def test_frames_of_many_agents_reach_the_master_batched_and_in_order(make_relay, master, pki, open_agent):

@@ -331,6 +331,32 @@ def test_takes_ask_for_the_room_left_and_an_agent_answering_one_request_is_under
     assert agent.results == {"r0": 0, "r1": 1, "r2": 2, "r3": 3}
 
 
+def test_the_thread_that_takes_a_request_runs_it_while_another_takes_the_next(agent, serving, monkeypatch):
+    takers: list[threading.Thread] = []
+    real_take_many = WorkerAPI.take_many
+
+    def take_many(api: WorkerAPI, most: int, wait_s: float) -> Any:
+        takers.append(threading.current_thread())
+        return real_take_many(api, most, wait_s)
+
+    monkeypatch.setattr(WorkerAPI, "take_many", take_many)
+    ran_on: list[threading.Thread] = []
+    next_take = threading.Event()
+
+    def handler(request: Request) -> Any:
+        ran_on.append(threading.current_thread())
+        agent.wait_for(lambda: len(takers) >= 2)  # the next take goes out while this request runs
+        next_take.set()
+        return request.input
+
+    agent.submit("r0", 0)
+    serving(handler, agent.env(**{ENV_CONCURRENCY: "2"}))
+    agent.wait_for(lambda: agent.results == {"r0": 0})
+    assert next_take.is_set()
+    assert ran_on == [takers[0]]  # no hand-over between threads: the taker ran it
+    assert takers[1] is not takers[0]
+
+
 def test_a_stop_lets_the_request_in_flight_finish_first(agent):
     started, finish = threading.Event(), threading.Event()
 

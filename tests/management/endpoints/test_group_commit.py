@@ -194,32 +194,132 @@ async def test_a_request_that_ended_is_read_from_memory_until_it_is_purged(store
     assert await book.status(rec.id) is None and reads == [rec.id]  # purged: gone from memory too
 
 
-async def test_an_arrival_wakes_every_waiting_take_but_only_the_one_that_can_take_it_makes_a_step(store: Store) -> None:
-    book = RequestBook(endpoint_request_repo(store), limits_of=lambda _: LIMITS)
-    await book.load()
+def counting_looks(book: RequestBook) -> list[WorkerRef]:
+    """The workers whose takes looked at the queue (a step each), in order."""
     looks: list[WorkerRef] = []
-    queue = book._queue
-    real_take = queue.take
+    real_take = book._queue.take
 
     def counted(worker: WorkerRef, concurrency: int, now: float) -> object:
         looks.append(worker)
         return real_take(worker, concurrency, now)
 
-    queue.take = counted  # type: ignore[method-assign,assignment]
+    book._queue.take = counted  # type: ignore[method-assign,assignment]
+    return looks
+
+
+async def test_a_request_submitted_while_takes_wait_goes_straight_to_the_first_without_waking_the_others(
+    store: Store,
+) -> None:
+    book = RequestBook(endpoint_request_repo(store), limits_of=lambda _: LIMITS)
+    await book.load()
+    looks = counting_looks(book)
     workers = [WorkerRef("ep-a", f"w{n}", "agent-1") for n in range(20)]
     waiting = [asyncio.create_task(book.take(w, 25)) for w in workers]
     for _ in range(20):
         await asyncio.sleep(0)
     assert len(looks) == 20 and not any(t.done() for t in waiting)  # each take's first look is a step
+    writes = book._writer.batches
     rec = await book.submit("ep-a", "one")
+    assert (rec.state, rec.worker_id) == ("in_progress", "w0")  # the take waiting longest, in the submit's own step
+    assert book._writer.batches == writes + 1  # one write: the request stored as w0's
+    taken = await waiting[0]
+    assert taken is not None and (taken.id, taken.input) == (rec.id, "one")
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert len(looks) == 20 and not any(t.done() for t in waiting[1:])  # no look at the queue, no other take woken
+    stored = await endpoint_request_repo(store).get(rec.id)
+    assert stored is not None and (stored.state, stored.worker_id, stored.version) == ("in_progress", "w0", 1)
+    second = await book.submit("ep-a", "two")
+    assert second.worker_id == "w1"  # the next waiting take
+    for task in waiting:
+        task.cancel()
+    await asyncio.gather(*waiting, return_exceptions=True)
+
+
+async def test_a_request_back_in_the_queue_wakes_every_waiting_take_but_only_the_one_that_can_take_it_makes_a_step(
+    store: Store,
+) -> None:
+    book = RequestBook(endpoint_request_repo(store), limits_of=lambda _: LIMITS)
+    await book.load()
+    looks = counting_looks(book)
+    holder = WorkerRef("ep-a", "holder", "agent-2")
+    rec = await book.submit("ep-a", "one")  # no take waits: queued
+    assert await book.take(holder, 0) is not None
+    workers = [WorkerRef("ep-a", f"w{n}", "agent-1") for n in range(20)]
+    waiting = [asyncio.create_task(book.take(w, 25)) for w in workers]
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert len(looks) == 21 and not any(t.done() for t in waiting)  # the holder's take, then each take's first look
+    assert await book.release(holder, rec.id) == CallOutcome.OK  # back in the queue: an arrival
     done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
     for _ in range(20):
         await asyncio.sleep(0)
     [first] = done
     taken = first.result()
     assert taken is not None and taken.id == rec.id
-    assert len(looks) == 21  # the one that took it; the 19 others saw the queue empty (a step each, before: 40)
+    assert len(looks) == 22  # the one that took it; the 19 others saw the queue empty (a step each, before: 41)
     assert sum(t.done() for t in waiting) == 1
     for task in waiting:
         task.cancel()
     await asyncio.gather(*waiting, return_exceptions=True)
+
+
+async def test_a_take_handed_a_request_answers_before_its_write_and_the_submit_only_after(store: Store) -> None:
+    repo = CountingRepo(endpoint_request_repo(store))
+    book = RequestBook(repo, limits_of=lambda _: LIMITS)  # type: ignore[arg-type]
+    await book.load()
+    waiting = asyncio.create_task(book.take(W1, 25))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    repo.held.clear()  # the write of the request handed over waits until let go
+    submit = asyncio.create_task(book.submit("ep-a", "now"))
+    taken = await waiting  # the worker has it while its write waits: no one else has heard of the request
+    assert taken is not None and taken.input == "now"
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not submit.done() and await endpoint_request_repo(store).get(taken.id) is None  # its caller waits for it
+    repo.held.set()
+    rec = await submit
+    stored = await endpoint_request_repo(store).get(rec.id)
+    assert stored is not None and (stored.id, stored.state, stored.worker_id) == (taken.id, "in_progress", "w1")
+
+
+async def test_a_handed_request_whose_write_failed_is_refused_to_its_caller_and_its_worker_s_result_is_gone(
+    store: Store,
+) -> None:
+    repo = CountingRepo(endpoint_request_repo(store))
+    book = RequestBook(repo, limits_of=lambda _: LIMITS)  # type: ignore[arg-type]
+    await book.load()
+    waiting = asyncio.create_task(book.take(W1, 25))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    repo.failing = OSError("disk gone")
+    with pytest.raises(OSError):
+        await book.submit("ep-a", "lost")  # never acknowledged: nothing accepted is lost
+    taken = await waiting
+    assert taken is not None
+    repo.failing = None
+    assert await book.result(W1, taken.id, "ran anyway") == CallOutcome.GONE  # the store never had it
+    assert await book.status(taken.id) is None and await endpoint_request_repo(store).list() == []
+
+
+async def test_a_busy_worker_s_take_answers_after_the_handed_request_s_write_with_what_came_meanwhile(
+    store: Store,
+) -> None:
+    repo = CountingRepo(endpoint_request_repo(store))
+    book = RequestBook(repo, limits_of=lambda _: LIMITS)  # type: ignore[arg-type]
+    await book.load()
+    await book.submit("ep-a", "queued first")
+    assert await book.take(W1, 0) is not None  # W1 is at work
+    waiting = asyncio.create_task(book.take_many(W1, 25, 8))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    repo.held.clear()
+    submits = [asyncio.create_task(book.submit("ep-a", n)) for n in range(3)]
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not waiting.done()  # a busy worker's take waits for the first one's write, gathering the others
+    repo.held.set()
+    taken = await waiting
+    assert [t.input for t in taken] == [0, 1, 2]  # one answer for the three
+    assert [r.worker_id for r in await asyncio.gather(*submits)] == ["w1"] * 3

@@ -4,6 +4,7 @@ the same name, over random sequences of operations; a few worked examples read a
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -32,6 +33,8 @@ workers = st.sampled_from(WORKERS)
 request_numbers = st.integers(0, 4)
 submits = st.tuples(st.just("submit"), st.sampled_from(ENDPOINTS), st.sampled_from(["x", "a much longer input" * 2]))
 takes = st.tuples(st.just("take"), workers)
+# a submit while a take of the worker waits: handed to it in the same step when a take would get it
+handed_submits = st.tuples(st.just("submit_to"), workers, st.sampled_from(["x", "a much longer input" * 2]))
 reports = st.tuples(st.sampled_from(REPORTS), workers, request_numbers, st.integers(0, 3))
 losses = st.tuples(st.just("worker_gone"), workers)
 holder_reports = st.tuples(st.just("holder"), st.sampled_from(REPORTS), request_numbers, st.integers(0, 3))
@@ -47,6 +50,7 @@ operations = st.sampled_from(
         takes,
         holder_reports,
         holder_lost,
+        handed_submits,
         takes,
         reports,
         sibling_reports,
@@ -90,6 +94,10 @@ class Run:
         match op:
             case ("submit", str(endpoint), input):
                 step = q.submit(rid(self.submitted), endpoint, input, LIMITS, now)
+                self.submitted += 1
+            case ("submit_to", WorkerRef() as w, input):
+                limits = dataclasses.replace(LIMITS, concurrency=CONCURRENCY[w.endpoint_id])
+                step = q.submit(rid(self.submitted), w.endpoint_id, input, limits, now, to=w)
                 self.submitted += 1
             case ("take", WorkerRef() as w):
                 step = q.take(w, CONCURRENCY[w.endpoint_id], now)
@@ -186,7 +194,7 @@ def test_never_held_twice(ops: list[tuple[object, ...]]) -> None:
 @given(sequences)
 def test_never_taken_across_endpoints(ops: list[tuple[object, ...]]) -> None:
     for move in Run().moves(ops):
-        if move.op[0] == "take" and move.step.taken is not None:
+        if move.op[0] in ("take", "submit_to") and move.step.taken is not None:
             worker = move.op[1]
             assert isinstance(worker, WorkerRef)
             assert move.step.taken.endpoint_id == worker.endpoint_id
@@ -239,6 +247,9 @@ def test_fifo_per_endpoint(ops: list[tuple[object, ...]]) -> None:
         if taken is None:
             continue
         waiting = move.before.queued(taken.endpoint_id)
+        if move.op[0] == "submit_to":  # handed at its submit only when a take would have got it: none queued
+            assert waiting == [] and taken.id not in move.known
+            continue
         assert taken.id == waiting[0].id
         assert all(taken.order <= r.order for r in waiting if r.attempt == taken.attempt)
 

@@ -199,6 +199,39 @@ async def test_a_restarted_master_sees_the_same_requests_and_requeues_a_silent_w
     assert stored is not None and stored.worker_id == "w3"
 
 
+async def test_a_request_handed_to_a_waiting_take_is_stored_as_its_worker_s_and_a_restart_keeps_it_there(
+    store: Store,
+) -> None:
+    clock = Clock()
+    before = await book_over(store, clock)
+    waiting = asyncio.create_task(before.take(W1, 25))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    rec = await before.submit("ep-a", {"prompt": "hi"})
+    taken = await waiting
+    assert taken is not None and (taken.id, taken.input, taken.attempt) == (rec.id, {"prompt": "hi"}, 1)
+    assert (rec.state, rec.worker_id, rec.version) == ("in_progress", "w1", 1)  # one write: no queued version first
+    after = await book_over(store, clock)  # the Master restarts
+    held = await after.status(rec.id)
+    assert held is not None and held.holder == W1 and after.health("ep-a").requests == {"queued": 0, "in_progress": 1}
+    assert await after.take(W2, 0) is None  # never handed to a second worker
+    assert await after.result(W1, rec.id, "done") == CallOutcome.OK
+    done = await endpoint_request_repo(store).get(rec.id)
+    assert done is not None and done.state == "completed"
+
+
+async def test_a_submit_is_queued_when_the_waiting_take_s_worker_holds_its_concurrency(store: Store) -> None:
+    book = await book_over(store, Clock())  # concurrency 1
+    first = await book.submit("ep-a", 1)
+    assert await book.take(W1, 0) is not None
+    waiting = asyncio.create_task(book.take(W1, 0.5))  # an old library's second take: W1 has no room
+    for _ in range(5):
+        await asyncio.sleep(0)
+    second = await book.submit("ep-a", 2)
+    assert second.state == "queued" and await waiting is None
+    assert (await book.status(first.id)).worker_id == "w1"  # type: ignore[union-attr]
+
+
 async def test_a_book_that_lost_a_race_reads_the_request_back_and_answers_gone(store: Store) -> None:
     clock = Clock()
     first = await book_over(store, clock)
