@@ -1,5 +1,6 @@
 """Telemetry: the latest sample per GPU in memory; finished minutes persisted as rollups."""
 
+import asyncio
 import gc
 import sys
 import time
@@ -314,7 +315,12 @@ async def test_a_minutes_rollups_are_spread_over_the_flush_window_and_written_at
 
     held: list[_Minute] = []  # the minute's GPUs' minutes: still referenced elsewhere while the flush holds them
 
+    real_sleep, flushing = asyncio.sleep, asyncio.current_task()
+
     async def rest(seconds: float) -> None:
+        if asyncio.current_task() is not flushing:  # asyncio.sleep is patched for every task: the store's own loops
+            await real_sleep(seconds)  # (its checkpoints every 0.5 s, master/store/sqlite/database.py) rest as usual
+            return
         rests.append(seconds)
         # referenced by more than ``held``, the loop's name and the argument: still held by the flush
         live.append(sum(1 for minute in held if sys.getrefcount(minute) > 3))
