@@ -20,7 +20,8 @@ import datetime as dt
 import io
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Literal
 
 import msgspec
@@ -153,6 +154,10 @@ class LedgerBook:
 
     def balance(self, ledger_account: str) -> int:
         return self._balances.get(ledger_account, 0)
+
+    def balance_view(self) -> Mapping[str, int]:
+        """Every account's balance, read through as it moves (no copy): for a computation under ``post_computed``."""
+        return MappingProxyType(self._balances)
 
     def balances(self) -> dict[str, int]:
         """Every ledger account with a line, and its balance."""

@@ -330,7 +330,7 @@ class MeterLoop:
                 noticed=now,
                 why=f"did not start: {wl.host_failure}",
                 terms=self.settings.sla,
-                provider_balances=self._ledger.balances(),
+                provider_balances=self._ledger.balance_view(),
             )
             return [entry] if entry is not None else []
 
@@ -421,7 +421,7 @@ class MeterLoop:
                 hold_s=s.hold_s,
                 reserve_s=s.reserve_s,
                 sla=s.sla,
-                balances=self._ledger.balances(),
+                balances=self._ledger.balance_view(),
             )
             computed.append(done)
             return done.entries
