@@ -49,6 +49,11 @@ MARGIN_S = 60.0  # the evidence's span: the rental's, and a minute either side
 FAULT_KINDS = ("gpu.fault", "gpu.hardware_error", "gpu.transition", "agent.transition")
 
 
+def _scope(owner: str | None, role: str) -> tuple[str | None, str | None]:
+    """The (account, provider) filters of what ``owner`` may list: a renter its own, a provider those about its hosts."""
+    return (owner if role == "renter" else None), (owner if role == "provider" else None)
+
+
 class DisputeKey(msgspec.Struct, array_like=True, frozen=True):
     """Where a page of disputes ends: the last one's creation time and id (the list is newest first)."""
 
@@ -87,16 +92,14 @@ class DisputeService:
         self, *, owner: str | None, role: str, rental_id: str | None = None, limit: int = 100
     ) -> list[DisputeRecord]:
         """A renter's own disputes, a provider's (about its hosts), or (operator) all; newest first."""
-        account = owner if role == "renter" else None
-        provider = owner if role == "provider" else None
+        account, provider = _scope(owner, role)
         return await self._disputes.list(account=account, provider=provider, rental_id=rental_id, limit=limit)
 
     async def page(
         self, *, owner: str | None, role: str, rental_id: str | None, after: DisputeKey | None, limit: int
     ) -> Page[DisputeRecord]:
         """A page of what ``list_disputes`` lists, starting after ``after``."""
-        account = owner if role == "renter" else None
-        provider = owner if role == "provider" else None
+        account, provider = _scope(owner, role)
         before = (after.created_at, after.id) if after is not None else None
         found = await self._disputes.list(account=account, provider=provider, rental_id=rental_id, before=before, limit=limit + 1)
         return page_of(found, limit, lambda rec: DisputeKey(rec.created_at, rec.id))
