@@ -1,7 +1,7 @@
 """``idlegrid dispute ...``: disputes of rentals (docs/disputes.md).
 
   idlegrid dispute open --rental RENTAL --reason TEXT [--host AGENT]   a renter disputes its ended rental
-  idlegrid dispute list [--rental RENTAL]                              disputes the key may see, newest first
+  idlegrid dispute list [--rental RENTAL] [--state STATE]              disputes the key may see, newest first
   idlegrid dispute show ID                                             one dispute and its evidence
   idlegrid dispute answer ID --text TEXT                               the disputed host's provider answers
   idlegrid dispute resolve ID --full | --partial AMOUNT | --none [--note TEXT]   the operator resolves it
@@ -38,6 +38,11 @@ def add_parsers(sub: argparse._SubParsersAction, parser: Parser) -> None:
     opened.set_defaults(func=_run_open)
     listing = parser(d_sub, "list", "disputes", "Your disputes, those about your hosts, or (operator) all; newest first.")
     listing.add_argument("--rental", metavar="RENTAL", help="one rental's (default: every rental)")
+    listing.add_argument(
+        "--state",
+        choices=("open", "answered", "resolved", "unresolved"),
+        help="only those in this state; unresolved: open or answered (default: every state)",
+    )
     connection_options(listing)
     listing.set_defaults(func=_run_list)
     shown = parser(d_sub, "show", "one dispute", "One dispute: the amounts, the answer, the resolution and the evidence.")
@@ -112,7 +117,7 @@ def _run_open(args: argparse.Namespace) -> int:
 
 def _run_list(args: argparse.Namespace) -> int:
     client, _ = api_client(args)
-    every = {"items": client.list("/api/v1/disputes", rental=args.rental)}  # the list is paged: every page
+    every = {"items": client.list("/api/v1/disputes", rental=args.rental, state=args.state)}  # the list is paged: every page
     return show(args, every, lambda body: _rows(body["items"]))
 
 

@@ -26,6 +26,15 @@ from management.market.money import BadAmount, format_amount, parse_amount
 from master.port import EventData, LedgerEntry, LedgerLine, RentalRecord
 
 DisputeState = Literal["open", "answered", "resolved"]
+StateFilter = Literal["open", "answered", "resolved", "unresolved"]
+# What each filter of a list (API ``?state=``, CLI ``--state``, the console's menu) keeps: "unresolved" is every
+# dispute an operator still has to decide.
+STATE_FILTERS: dict[str, tuple[DisputeState, ...]] = {
+    "open": ("open",),
+    "answered": ("answered",),
+    "resolved": ("resolved",),
+    "unresolved": ("open", "answered"),
+}
 Resolution = Literal["full", "partial", "none"]
 RESOLUTIONS: tuple[str, ...] = ("full", "partial", "none")
 HOLD_KIND = "dispute_hold"

@@ -20,10 +20,12 @@ import msgspec
 from common.errors import Conflict, NotFound
 from management.market.ledger import FEES, LedgerBook, hold_account, provider_account, renter_account
 from management.payments.disputes import (
+    STATE_FILTERS,
     ChargeEvidence,
     DisputeRecord,
     EventEvidence,
     Evidence,
+    StateFilter,
     TelemetryEvidence,
     check_window,
     clean_text,
@@ -96,12 +98,23 @@ class DisputeService:
         return await self._disputes.list(account=account, provider=provider, rental_id=rental_id, limit=limit)
 
     async def page(
-        self, *, owner: str | None, role: str, rental_id: str | None, after: DisputeKey | None, limit: int
+        self,
+        *,
+        owner: str | None,
+        role: str,
+        rental_id: str | None,
+        after: DisputeKey | None,
+        limit: int,
+        state: StateFilter | None = None,
     ) -> Page[DisputeRecord]:
-        """A page of what ``list_disputes`` lists, starting after ``after``."""
+        """A page of what ``list_disputes`` lists (only those ``state`` keeps: STATE_FILTERS), starting after
+        ``after``."""
         account, provider = _scope(owner, role)
         before = (after.created_at, after.id) if after is not None else None
-        found = await self._disputes.list(account=account, provider=provider, rental_id=rental_id, before=before, limit=limit + 1)
+        states = STATE_FILTERS[state] if state is not None else None
+        found = await self._disputes.list(
+            account=account, provider=provider, rental_id=rental_id, states=states, before=before, limit=limit + 1
+        )
         return page_of(found, limit, lambda rec: DisputeKey(rec.created_at, rec.id))
 
     # --- writing ---------------------------------------------------------------------------------------------------

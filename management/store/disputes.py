@@ -8,6 +8,7 @@ version 21 (master/store/migrations.py). Written by one writer at a time (the di
 from __future__ import annotations
 
 import builtins
+from collections.abc import Collection
 from typing import Protocol
 
 from pymongo import DESCENDING
@@ -32,11 +33,12 @@ class DisputeRepo(Protocol):
         account: str | None = None,
         provider: str | None = None,
         rental_id: str | None = None,
+        states: Collection[str] | None = None,
         before: tuple[float, str] | None = None,
         limit: int = 100,
     ) -> builtins.list[DisputeRecord]:
-        """Disputes matching every filter, newest first (by creation, then id), at most ``limit``; with ``before``
-        (created_at, id) only those after it in that order (the next page of a list)."""
+        """Disputes matching every filter (``states``: one of these states), newest first (by creation, then id), at
+        most ``limit``; with ``before`` (created_at, id) only those after it in that order (the next page of a list)."""
 
 
 class SqliteDisputeRepo(SqliteTable[DisputeRecord]):
@@ -59,10 +61,11 @@ class SqliteDisputeRepo(SqliteTable[DisputeRecord]):
         account: str | None = None,
         provider: str | None = None,
         rental_id: str | None = None,
+        states: Collection[str] | None = None,
         before: tuple[float, str] | None = None,
         limit: int = 100,
     ) -> builtins.list[DisputeRecord]:
-        if limit <= 0:
+        if limit <= 0 or (states is not None and not states):
             return []
         clauses: builtins.list[str] = []
         params: builtins.list[object] = []
@@ -70,6 +73,11 @@ class SqliteDisputeRepo(SqliteTable[DisputeRecord]):
             if value is not None:
                 clauses.append(f"{column} = ?")
                 params.append(value)
+        if states is not None:
+            # The state is in the document only (no column of its own): read there, on the rows the other filters
+            # and the order's index already narrowed.
+            clauses.append(f"json_extract(doc, '$.state') IN ({', '.join('?' * len(states))})")
+            params += sorted(states)
         if before is not None:
             clauses.append("(created_at < ? OR (created_at = ? AND id < ?))")
             params += [before[0], before[0], before[1]]
@@ -95,12 +103,15 @@ class MongoDisputeRepo(MongoCollection[DisputeRecord]):
         account: str | None = None,
         provider: str | None = None,
         rental_id: str | None = None,
+        states: Collection[str] | None = None,
         before: tuple[float, str] | None = None,
         limit: int = 100,
     ) -> builtins.list[DisputeRecord]:
-        if limit <= 0:
+        if limit <= 0 or (states is not None and not states):
             return []
         query = only(account=account, provider=provider, rental_id=rental_id)
+        if states is not None:
+            query["state"] = {"$in": sorted(states)}
         if before is not None:
             query["$or"] = [{"created_at": {"$lt": before[0]}}, {"created_at": before[0], "_id": {"$lt": before[1]}}]
         return await self._find(query, [("created_at", DESCENDING), ("_id", DESCENDING)], limit)

@@ -352,3 +352,55 @@ def test_the_operator_clears_a_host_held_for_completion_review_and_a_provider_ca
     expect(page.locator("#none-held")).to_be_visible()
     shot(page, "review-cleared")
     assert not grid.services.market.completion("agt-a1", owner=None).under_review
+
+
+def test_the_operators_unresolved_disputes_are_found_past_hundreds_of_newer_resolved_ones_page_by_page(grid, page, sign_in, shot):
+    """The state is filtered by the store, not among the newest few hundred read: 230 resolved disputes newer than 55
+    open ones, and the operator's list (unresolved by default) shows the open ones, 50 a page, each once."""
+    from management.payments.disputes import DisputeRecord, DisputeState, Evidence
+    from management.store import dispute_repo
+
+    repo = dispute_repo(grid.server.master.store)
+    now = time.time()
+
+    async def seed() -> None:
+        for n in range(285):
+            state: DisputeState = "open" if n < 55 else "resolved"
+            await repo.put(DisputeRecord(
+                id=f"dsp-{n:04d}", rental_id=f"wl-s{n}-a1", workload_id=f"wl-s{n}", account="rita", agent_id="agt-a1",
+                provider="acme", reason="seeded", created_at=now - 10_000 + n, disputable=1, held=1, fee=0,
+                evidence=Evidence(started_at=now - 20_000, ended_at=now - 10_000, seconds=3600), state=state,
+            ))  # fmt: skip
+
+    grid.run(seed())
+    sign_in(page, "operator")
+    nav(page, "Disputes").click()
+    page.wait_for_load_state("load")
+    expect(page.locator("#state")).to_have_value("unresolved")
+    rows = page.locator("#disputes tbody tr")
+    expect(rows).to_have_count(50)
+    expect(rows.first).to_contain_text("dsp-0054")  # the newest open one, past 230 newer resolved
+    shot(page, "operator-unresolved-page-1")
+    seen = rows.locator("td:first-child").all_inner_texts()
+    page.locator("#disputes-older").click()
+    page.wait_for_load_state("load")
+    expect(rows).to_have_count(5)
+    expect(page.locator("#disputes-older")).to_have_count(0)
+    seen += rows.locator("td:first-child").all_inner_texts()
+    assert seen == [f"dsp-{n:04d}" for n in range(54, -1, -1)]
+    assert all(s == "open" for s in rows.locator(".state").all_inner_texts())
+    shot(page, "operator-unresolved-page-2")
+    page.locator("#disputes-newest").click()
+    page.wait_for_load_state("load")
+    expect(rows.first).to_contain_text("dsp-0054")
+
+    page.goto(page.url.split("?")[0] + "?state=")  # every state: the newest first, the resolved ones
+    expect(rows).to_have_count(50)
+    expect(rows.first).to_contain_text("dsp-0284")
+    page.locator("#disputes-older").click()
+    page.wait_for_load_state("load")
+    expect(rows.first).to_contain_text("dsp-0234")  # the cursor kept "every state", not the operator's default
+    # a cursor issued for one state, sent with another: refused, saying so
+    older = page.locator("#disputes-older").get_attribute("href")
+    answer = page.request.get(page.url.split("?")[0] + older.replace("state=&", "state=resolved&"))
+    assert answer.status == 400 and "cursor" in answer.text()

@@ -3,7 +3,7 @@ listed newest first by renter, provider and rental, kept across a restart, and a
 
 from __future__ import annotations
 
-from management.payments.disputes import ChargeEvidence, DisputeRecord, EventEvidence, Evidence
+from management.payments.disputes import ChargeEvidence, DisputeRecord, DisputeState, EventEvidence, Evidence
 from management.store import DISPUTES, dispute_repo
 from master.store import open_store
 from master.store.base import Store
@@ -97,3 +97,19 @@ async def test_an_undecodable_record_is_skipped_and_quarantined(store: Store) ->
     await poison(store, DISPUTES.name, "bad")
     await dispute_repo(store).put(dispute(1))
     assert [d.id for d in await dispute_repo(store).list()] == ["dsp-1"]
+
+
+async def test_disputes_list_only_the_states_asked_and_page_within_them(store: Store) -> None:
+    repo = dispute_repo(store)
+    states: dict[int, DisputeState] = {1: "open", 2: "resolved", 3: "answered", 4: "resolved", 5: "open"}
+    for n, state in states.items():
+        rec = dispute(n)
+        rec.state = state
+        await repo.put(rec)
+    assert [d.id for d in await repo.list(states=("open", "answered"))] == ["dsp-5", "dsp-3", "dsp-1"]
+    assert [d.id for d in await repo.list(states=("resolved",), account="lab")] == ["dsp-4", "dsp-2"]
+    assert await repo.list(states=("resolved",), account="zoo") == []
+    assert await repo.list(states=()) == []  # no state asked: none listed, not every one
+    first = await repo.list(states=("open", "answered"), limit=2)
+    after = (first[-1].created_at, first[-1].id)
+    assert [d.id for d in await repo.list(states=("open", "answered"), before=after)] == ["dsp-1"]

@@ -13,7 +13,7 @@ from management.http.keys import SERVICES_KEY
 from management.http.paging import decode_cursor, page_response
 from management.http.requests import json_response, parse_body, parse_query
 from management.http.schemas import EmptyQuery, PageQuery
-from management.payments.disputes import refund_amount
+from management.payments.disputes import StateFilter, refund_amount
 from management.services.disputes import DisputeKey
 from management.views.disputes import dispute_view
 
@@ -49,7 +49,10 @@ class ResolveDispute(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class DisputeQuery(PageQuery, kw_only=True, forbid_unknown_fields=True):
+    """``state``: only open, answered or resolved disputes, or ``unresolved`` (open or answered)."""
+
     rental: Id | None = None
+    state: StateFilter | None = None
 
 
 REQUEST_SCHEMAS: tuple[type[msgspec.Struct], ...] = (OpenDispute, AnswerDispute, ResolveDispute, DisputeQuery)
@@ -71,6 +74,7 @@ async def list_disputes(request: web.Request) -> web.Response:
         rental_id=query.rental,
         after=decode_cursor(DISPUTES, query, DisputeKey),
         limit=query.limit,
+        state=query.state,
     )
     return page_response(DISPUTES, query, page, dispute_view)
 

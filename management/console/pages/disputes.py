@@ -14,7 +14,9 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from urllib.parse import urlencode
 
+import msgspec
 from aiohttp import web
 
 from common.errors import Conflict
@@ -26,20 +28,25 @@ from management.console.nav import NavItem
 from management.console.rendering import page
 from management.http.errors import BadRequest
 from management.http.keys import SERVICES_KEY
+from management.http.paging import decode_cursor, encode_cursor
+from management.http.schemas import Cursor, PageQuery
 from management.market.money import format_amount
 from management.payments.disputes import (
     MAX_TEXT,
     RESOLUTIONS,
     DisputeRecord,
     InvalidDispute,
+    StateFilter,
     check_window,
     clean_text,
     refund_amount,
 )
+from management.services.disputes import DisputeKey
 
 __all__ = ["NAV", "RentalDisputes", "add_routes", "rental_disputes"]
 
-LISTED = 200  # the newest disputes a list reads; the state filter is applied to them
+PAGE = 50  # disputes a page of the list shows; "Older disputes" reads the next
+DISPUTES_CURSOR = "console-disputes"
 FILTERS = {
     "": "all",
     "unresolved": "not resolved (open or answered)",
@@ -74,12 +81,6 @@ async def rental_disputes(request: web.Request, scope: Scope, rental_ids: Iterab
     return RentalDisputes(by_rental, permitted(role, Resource.DISPUTES, Action.WRITE), disputes.window_s)
 
 
-def _shown(rec: DisputeRecord, state: str) -> bool:
-    if state == "unresolved":
-        return rec.state != "resolved"
-    return not state or rec.state == state
-
-
 def _said(exc: Exception) -> str:
     """A rule's message as the sentence beside a field ("the reason must say why" -> "The reason must say why")."""
     message = str(exc)
@@ -90,17 +91,42 @@ def _role(scope: Scope) -> str:
     return scope.principal.role.value
 
 
+class DisputesQuery(PageQuery, kw_only=True, forbid_unknown_fields=True):
+    """The list's filter and where its page starts (a cursor is bound to the state it was issued for)."""
+
+    state: StateFilter | None = None
+    cursor: Cursor | None = None
+
+
 async def disputes_page(request: web.Request) -> web.Response:
     scope = await session.signed_in(request, Resource.DISPUTES, Action.READ)
     role = _role(scope)
     state = request.query.get("state", "unresolved" if role == "operator" else "")
     if state not in FILTERS:
         raise BadRequest(f"state: one of {', '.join(f for f in FILTERS if f)} (or none for all), not {state[:40]!r}")
+    # Paged as the API's list is, the state filtered by the store: a page holds the disputes the filter keeps, however
+    # many others are newer (the cursor is bound to the state it was issued for).
+    try:
+        fields = {"state": state or None, "cursor": request.query.get("cursor") or None, "limit": PAGE}
+        query = msgspec.convert(fields, DisputesQuery)
+    except msgspec.ValidationError as exc:
+        raise BadRequest(f"the filters: {exc}") from None
     services = request.app[SERVICES_KEY]
-    found = await services.disputes.list_disputes(owner=scope.owner, role=role, limit=LISTED)
+    found = await services.disputes.page(
+        owner=scope.owner,
+        role=role,
+        rental_id=None,
+        after=decode_cursor(DISPUTES_CURSOR, query, DisputeKey),
+        limit=PAGE,
+        state=query.state,
+    )
+    kept = {"state": state}  # "" too: the operator's list without it is the unresolved one
+    next_link = None
+    if found.next_key is not None:
+        next_link = "?" + urlencode({**kept, "cursor": encode_cursor(DISPUTES_CURSOR, query, found.next_key)})
     return await page(
-        request, "disputes/disputes.html", title="Disputes", disputes=[d for d in found if _shown(d, state)],
-        state=state, filters=FILTERS, read=len(found), listed=LISTED, money=format_amount,
+        request, "disputes/disputes.html", title="Disputes", disputes=found.items, state=state, filters=FILTERS,
+        next_link=next_link, first_link=("?" + urlencode(kept)) if query.cursor else None, money=format_amount,
         currency=services.market.currency, window_days=services.disputes.window_s / 86400,
     )  # fmt: skip
 

@@ -252,3 +252,29 @@ async def test_the_disputes_list_pages_with_a_cursor_bound_to_its_filters(grid):
     assert (await error_of(made_up))[:2] == (400, "bad_cursor")
     # another renter's pages hold none of them
     assert (await (await grid.get("/api/v1/disputes?limit=2", headers=grid.zoo)).json()) == {"items": [], "next_cursor": None}
+
+
+async def test_the_disputes_list_filters_by_state_in_the_store_and_its_cursor_keeps_the_state(grid):
+    ids = [(await open_dispute(grid, await ended_rental(grid, n, ended_ago=60), grid.lab))["id"] for n in range(2, 6)]
+    await grid.post(f"/api/v1/disputes/{ids[0]}/answer", json={"answer": "it ran"}, headers=grid.acme)
+    resolved = await grid.post(f"/api/v1/disputes/{ids[1]}/resolution", json={"resolution": "none"}, headers=grid.auth)
+    assert resolved.status == 200, await resolved.text()
+
+    async def listed(query: str, headers) -> list[tuple[str, str]]:
+        seen, cursor = [], None
+        while True:
+            page = f"/api/v1/disputes?{query}" + (f"&cursor={cursor}" if cursor else "")
+            body = await (await grid.get(page, headers=headers)).json()
+            seen += [(d["id"], d["state"]) for d in body["items"]]
+            if (cursor := body["next_cursor"]) is None:
+                return seen
+
+    assert await listed("state=unresolved&limit=1", grid.auth) == [(ids[3], "open"), (ids[2], "open"), (ids[0], "answered")]
+    assert await listed("state=open&limit=1", grid.lab) == [(ids[3], "open"), (ids[2], "open")]
+    assert await listed("state=resolved", grid.acme) == [(ids[1], "resolved")]
+    assert await listed("state=answered", grid.zoo) == []  # another renter's: none
+    first = await (await grid.get("/api/v1/disputes?state=open&limit=1", headers=grid.lab)).json()
+    other = await grid.get(f"/api/v1/disputes?state=resolved&limit=1&cursor={first['next_cursor']}", headers=grid.lab)
+    assert (await error_of(other))[:2] == (400, "bad_cursor")
+    status, _, message = await error_of(await grid.get("/api/v1/disputes?state=lost", headers=grid.lab))
+    assert status == 400 and "state" in message
