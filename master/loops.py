@@ -25,10 +25,13 @@ class Loop:
     period_s: float
     step: Step
     restart_s: float  # the pause after a step that raised
+    first_s: float | None = None  # the wait before the first step (None: a period)
 
     async def run(self) -> None:
+        wait = self.period_s if self.first_s is None else self.first_s
         while True:
-            await asyncio.sleep(self.period_s)
+            await asyncio.sleep(wait)
+            wait = self.period_s
             try:
                 await self.step()
             except asyncio.CancelledError:

@@ -41,6 +41,9 @@ class PayoutSettings:
     minimum: int = 10_000_000  # micro-units: less waits for a later period
     check_s: float = 3600.0  # how often the run looks for a period not paid yet
     reconcile_s: float = 86400.0  # how often the reconciliation runs
+    # The first one after this Master starts (or takes over): its result is kept in memory, so a restart would
+    # otherwise leave a difference unseen, and its alert quiet, for a whole reconcile_s.
+    reconcile_first_s: float = 60.0
     reconcile_window_s: float = 35 * 86400.0  # how far back it compares
 
 

@@ -301,11 +301,18 @@ class PayoutService:
     # --- loops ---------------------------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """The payout run every ``check_s`` and the reconciliation every ``reconcile_s`` (nothing without a provider)."""
+        """The payout run every ``check_s``; the reconciliation ``reconcile_first_s`` after the start, then every
+        ``reconcile_s`` (nothing without a provider)."""
         if self._provider is not None and not self._tasks:
             self._tasks = [
                 Loop("payout run", self.settings.check_s, self._run_step, self._restart_s).start(),
-                Loop("payout reconciliation", self.settings.reconcile_s, self._reconcile_step, self._restart_s).start(),
+                Loop(
+                    "payout reconciliation",
+                    self.settings.reconcile_s,
+                    self._reconcile_step,
+                    self._restart_s,
+                    first_s=min(self.settings.reconcile_first_s, self.settings.reconcile_s),
+                ).start(),
             ]
 
     async def stop(self) -> None:

@@ -31,3 +31,28 @@ async def test_a_loop_whose_step_raises_is_logged_and_runs_again(caplog: pytest.
     assert "loop sweep failed" in caplog.text and "store went away" in caplog.text
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+async def test_a_loop_with_a_first_wait_runs_its_first_step_after_it_then_every_period(monkeypatch: pytest.MonkeyPatch):
+    waits: list[float] = []
+    steps = 0
+    real_sleep = asyncio.sleep
+
+    async def recorded_sleep(seconds: float) -> None:  # the loop's own rests, recorded instead of slept
+        waits.append(seconds)
+        await real_sleep(0)
+
+    async def step() -> None:
+        nonlocal steps
+        steps += 1
+
+    monkeypatch.setattr("master.loops.asyncio.sleep", recorded_sleep)
+    task = Loop("reconcile", 86400.0, step, restart_s=1.0, first_s=60.0).start()
+    for _ in range(1000):  # bounded
+        if steps >= 3:
+            break
+        await real_sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert waits[:3] == [60.0, 86400.0, 86400.0]

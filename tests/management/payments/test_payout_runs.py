@@ -8,7 +8,9 @@ is about the entries' ages, which a test cannot wait for."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -237,3 +239,33 @@ async def test_the_reconciliation_finds_a_planted_difference_and_fires_the_alert
         assert [(t.phase, t.subject) for t in fired] == [(FIRING, "fleet")]
         events = await (await api.get("/api/v1/events", params={"kind": "payments.payout_mismatch"}, headers=api.auth)).json()
         assert [e["data"]["kind"] for e in events["items"]] == ["unknown_transfer"]
+
+
+async def test_a_started_master_reconciles_soon_so_a_restart_does_not_hide_a_difference_for_a_day(tmp_path, fake):
+    """The reconciliation's result lives in memory: a Master that (re)starts runs one after ``reconcile_first_s``,
+    not a whole ``reconcile_s`` (a day) later, so a difference on record fires its alert again soon after a restart."""
+    async with paying_master(tmp_path, fake) as api:
+        await connected(api, fake)
+        fake.plant_transfer(next(iter(fake.accounts)), 700)  # a difference on Stripe's side, from before the restart
+        services = api.app[SERVICES_KEY]
+        assert services.payouts.last_reconciliation is None and services.payouts.unreconciled() == 0
+        settings = dataclasses.replace(services.payouts.settings, reconcile_s=DAY, reconcile_first_s=0.2)
+        restarted = PayoutService(
+            api.master,
+            StripeProvider("sk_test_payouts", "whsec_payouts", api_base=fake.url),
+            payout_account_repo(api.master.store),
+            payout_repo(api.master.store),
+            services.market.market.ledger,
+            currency=services.payouts.currency,
+            settings=settings,
+        )
+        restarted.start()
+        try:
+            for _ in range(200):  # bounded: 10 s at most
+                if restarted.last_reconciliation is not None:
+                    break
+                await asyncio.sleep(0.05)
+            assert restarted.last_reconciliation is not None, "no reconciliation after the start"
+            assert restarted.unreconciled() == 1
+        finally:
+            await restarted.stop()
