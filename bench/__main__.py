@@ -1,5 +1,5 @@
 """``python -m bench BENCHMARK ...`` (fleet, ingest, api-pages, scheduler, offers, tunnel, link, ssh, storage, history, alerts,
-summaries, console-pages, demo, cli-start, endpoints, challenge): run one, print, write JSON."""
+summaries, console-pages, demo, cli-start, endpoints, challenge, takeover): run one, print, write JSON."""
 
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ from bench.scheduler_snapshot import SnapshotBenchOptions, run_snapshot_bench, s
 from bench.ssh import SshBenchOptions, run_ssh_bench, ssh_table
 from bench.storage import StorageBenchOptions, run_storage_bench, storage_table
 from bench.summaries import SummariesBenchOptions, run_summaries_bench, summaries_table
+from bench.takeover import TakeoverBenchOptions, run_takeover_bench, takeover_table
 from bench.tunnel import TunnelBenchOptions, run_tunnel_bench, tunnel_table
 
 TARGETS = {  # bench/README.md: the issue's targets, beside which every figure is printed
@@ -393,6 +394,28 @@ def _run_demo(args: argparse.Namespace) -> int:
     result = run_demo_bench(DemoBenchOptions(runs=args.runs, timeout_s=args.timeout_s))
     _write(args.json, result)
     print(demo_table(result))
+    return 0
+
+
+def _takeover_parser(sub: argparse._SubParsersAction) -> None:
+    d = TakeoverBenchOptions()
+    p = sub.add_parser(
+        "takeover",
+        help="how long a standby Master takes to serve after the leader's SIGKILL",
+        description="Two Masters with ha on one database, a relay and N real agents; SIGKILL the leader with commands in "
+        "flight and time the standby serving, the relay re-linked, every agent ready and every command done (once).",
+    )
+    p.add_argument("--runs", type=int, default=d.runs, help=f"takeovers, each on a fresh grid (default {d.runs})")
+    p.add_argument("--agents", type=int, default=d.agents, help=f"agents on the relay (default {d.agents})")
+    p.add_argument("--commands", type=int, default=d.commands, help=f"commands per run, half in flight (default {d.commands})")
+    p.add_argument("--json", type=Path, help="write the figures here")
+    p.set_defaults(func=_run_takeover)
+
+
+def _run_takeover(args: argparse.Namespace) -> int:
+    result = run_takeover_bench(TakeoverBenchOptions(runs=args.runs, agents=args.agents, commands=args.commands))
+    _write(args.json, result)
+    print(takeover_table(result))
     return 0
 
 
@@ -825,6 +848,7 @@ def build_parser() -> argparse.ArgumentParser:
     _cli_start_parser(sub)
     _endpoints_parser(sub)
     _challenge_parser(sub)
+    _takeover_parser(sub)
     return parser
 
 
