@@ -11,8 +11,11 @@
    method, the path after the prefix, the query, headers (not the invocation key, no hop-by-hop header, none of the
    platform's cookies) and the body streamed; the answer streams back as it comes (an OpenAI-style stream works),
    without any ``Set-Cookie`` (this origin is shared with the links and, by host, the console).
-4. **Counting**: the request counts on its worker until its answer ends, it fails, or its client goes away (the
-   client's connection is watched while the request is held or proxied: gone, the request is ended and released).
+4. **Its bound**: ``execution_timeout_s`` from the worker taking it to the answer's end: no answer by then is a 504
+   ``execution_timeout``; an answer still streaming then is cut (a short body, never one that looks complete).
+5. **Counting**: the request counts on its worker until its answer ends, it fails, times out, or its client goes away
+   (the client's connection is watched while the request is held or proxied: gone, the request is ended and
+   released).
 """
 
 from __future__ import annotations
@@ -115,17 +118,24 @@ async def _to_worker(
         pool.failed(lease)
         return _error(502, "worker_unavailable", f"endpoint {endpoint.id}'s worker cannot be reached now: {exc}")
     tunnel.in_use += 1
+    # The request's execution bound, from the worker taking it to its answer's end (as a queue-mode attempt's).
+    limit_s = endpoint.spec.execution_timeout_s
+    deadline = asyncio.get_running_loop().time() + limit_s
     try:
         target = path + (f"?{request.query_string}" if request.query_string else "")
         body = stream_body(request) if request.body_exists else None
         try:
-            upstream = await tunnel.session.request(
-                request.method,
-                f"http://endpoint{target}",
-                headers=forwarded_headers(request, prefix=f"{ENDPOINT_PREFIX}{endpoint.id}", strip_auth=True),
-                data=body,
-                allow_redirects=False,
-            )
+            async with asyncio.timeout_at(deadline):
+                upstream = await tunnel.session.request(
+                    request.method,
+                    f"http://endpoint{target}",
+                    headers=forwarded_headers(request, prefix=f"{ENDPOINT_PREFIX}{endpoint.id}", strip_auth=True),
+                    data=body,
+                    allow_redirects=False,
+                )
+        except TimeoutError:
+            why = f"endpoint {endpoint.id}'s worker did not answer within its execution_timeout_s ({limit_s:g} s)"
+            return _error(504, "execution_timeout", why)
         except (aiohttp.ClientError, OSError) as exc:
             pool.failed(lease)
             why = f"endpoint {endpoint.id}'s worker did not answer on port {lease.port}: {exc}"
@@ -138,11 +148,13 @@ async def _to_worker(
             response.headers["Content-Security-Policy"] = SANDBOX  # a shared origin: its pages get an opaque one
             await response.prepare(request)
             try:
-                async for chunk in upstream.content.iter_any():
-                    await response.write(chunk)
-                    await asyncio.sleep(0)
-            except (aiohttp.ClientError, ConnectionError) as exc:
-                log.info("endpoint %s: the answer ended early: %s", endpoint.id, exc)
+                async with asyncio.timeout_at(deadline):
+                    async for chunk in upstream.content.iter_any():
+                        await response.write(chunk)
+                        await asyncio.sleep(0)
+            except (aiohttp.ClientError, ConnectionError, TimeoutError) as exc:
+                why = f"past its execution_timeout_s ({limit_s:g} s)" if isinstance(exc, TimeoutError) else str(exc)
+                log.info("endpoint %s: the answer ended early: %s", endpoint.id, why)
                 if request.transport is not None:
                     request.transport.close()  # a short body, never one that looks complete
                 return response

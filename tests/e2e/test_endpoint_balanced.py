@@ -266,3 +266,38 @@ def test_hold_bounds_answer_503_with_retry_after_and_keys_of_another_endpoint_ar
     status, _, body = send(grid, queued.id, "v1/x", queued.key)
     assert status == 404 and "queue mode" in json.loads(body)["error"]["message"]
     assert grid.get(f"/api/v1/endpoints/{queued.id}")["url"] is None
+
+
+def test_a_proxied_request_past_its_execution_timeout_is_a_504_and_a_stream_past_it_is_cut(scaling_grid, drop):  # noqa: F811
+    grid = scaling_grid
+    grid.run_agent("host-0", simulate="a10:1", env=SANDBOXED)
+    (drop / "ready").touch()
+    slow = balanced(grid, "slow", drop, scaling={"max_workers": 1, "concurrency": 2}, execution_timeout_s=2)
+    status, _, body = send(grid, slow.id, "v1/echo", slow.key)  # held while its worker comes up, then answered
+    assert status == 200, body
+
+    # No answer within the 2 s: a 504 that says why, while the worker still holds the request.
+    status, _, body = send(grid, slow.id, "block", slow.key)
+    assert status == 504, body
+    error = json.loads(body)["error"]
+    assert error["code"] == "execution_timeout" and "execution_timeout_s (2 s)" in error["message"]
+    assert list(drop.glob("blocked-*")), "the request never reached the worker"
+
+    # An answer that began in time and still streams at 2 s is cut: a short body, never one that looks complete.
+    url = urlsplit(grid.links_url)
+    conn = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port, timeout=60)
+    try:
+        conn.request("POST", f"/e/{slow.id}/stream", body=b"", headers={"Authorization": f"Bearer {slow.key}"})
+        answer = conn.getresponse()
+        assert answer.status == 200
+        with pytest.raises(http.client.IncompleteRead) as cut:
+            answer.read()
+        assert b"data: first" in cut.value.partial and b"[DONE]" not in cut.value.partial
+    finally:
+        conn.close()
+
+    # Both timed-out requests gave their worker's count back: the next one is answered by it.
+    status, _, body = send(grid, slow.id, "v1/echo", slow.key)
+    assert status == 200 and json.loads(body)["path"] == "/v1/echo", body
+    assert scale(grid, slow)["workers"]["ready"] == 1
+    (drop / "unblock").touch()
