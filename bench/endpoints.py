@@ -30,9 +30,13 @@ relay and the Master's link.
    Podman service whose state is in the grid's directory (management/devgrid/podman_host.py, as the demo's container
    host: never the tests' shared cache), the local grid's offline worker image (``WORKER``: busybox, the host's
    Python, the handler library, the echo worker) built there first, and an endpoint of that image; the same starts
-   from zero workers, cut into the same phases. No registry is reachable here, so the image is on the host before
-   the first start (pulls off, as on the demo's container host): ``pull`` is none, and every start is on a host that
-   holds the image (a warm host in the autoscaler's sense).
+   from zero workers, cut into the same phases. The image is on the host before the first start: ``pull`` is none,
+   and every start is on a host that holds the image (a warm host in the autoscaler's sense).
+7. **Pulled cold starts on that host** (``podman_pull_starts``, 0 to leave out): the same image pushed to a registry
+   on 127.0.0.1 (Debian's docker-registry, plain HTTP, as the pull tests'), an endpoint of it, and before each start
+   the image taken off the host (the offline one too: the same layer), so each start pulls it: ``pull`` from the
+   placement to the engine's ``create`` of the container (the pull done), ``start`` from there to the worker
+   running (a cold host's start; no registry beyond 127.0.0.1 is ever reached).
 
 Targets (this shared 2-core machine, bench/README.md): overhead p99 < 25 ms for a 1 KB request; 1,000 requests/s per
 endpoint; cold start from a warm host < 2 s p50 on the process runtime. Compare within one run.
@@ -47,6 +51,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
@@ -72,8 +77,8 @@ WORKER_MARK = ZIP_NAME.encode()  # in a worker process's command line (HANDLER):
 MASTER_TOML = (
     "offer_sandboxed_hosts = true\nscheduler_period_s = 0.5\npreemption_grace_s = 1.0\n"
     "api_key_rate_per_s = 2000.0\napi_key_burst = 4000\napi_account_rate_per_s = 2000.0\napi_account_burst = 4000\n"
-    'egress_allow = ["localhost"]\n'  # the Podman host's images, built here (their registry part names no host)
 )
+REGISTRY_REPOSITORY = "bench/worker:1"  # the worker image, pushed to the local registry for the pulled starts
 PAYLOAD = {"data": "x" * 1000}  # with its JSON around it, a 1 KB input
 FINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT"})
 START_TIMEOUT_S = 120.0  # a cold start's request answered by then, or the bench fails (it never waits forever)
@@ -95,6 +100,7 @@ class EndpointsBenchOptions:
     scale_to: int = 8
     heartbeat_s: float = 0.5
     podman_starts: int = 20  # cold starts on a Podman host (0: none)
+    podman_pull_starts: int = 20  # then cold starts there whose image is pulled each time from a local registry (0: none)
     profile_dir: str = ""  # py-spy samples the Master, the relay and the agents during the many-clients phase, here
 
 
@@ -237,12 +243,27 @@ async def _commands(load: CommandLoad, rate: float, work: Any, idle_s: float) ->
     return await loading
 
 
-async def _cold_starts(endpoint: Endpoint, operator: AsyncApiClient, starts: int) -> list[dict[str, Any]]:
-    """``starts`` requests, each at the endpoint with no worker: each start's phases (s) from the workload's record."""
+PullEnd = Callable[[float], Awaitable[float]]
+
+
+async def _cold_starts(
+    endpoint: Endpoint,
+    operator: AsyncApiClient,
+    starts: int,
+    *,
+    before_each: Callable[[], Awaitable[None]] | None = None,
+    pulled_at: PullEnd | None = None,
+) -> list[dict[str, Any]]:
+    """``starts`` requests, each at the endpoint with no worker: each start's phases (s) from the workload's record.
+    ``before_each`` runs before each start (the image taken off the host); ``pulled_at(scheduled)``, when the image is
+    pulled, says when the pull after that time ended (the engine's own event): ``pull`` is from the placement to it,
+    ``start`` from it to the worker running."""
     hosts_seen: set[str] = set()
     rows: list[dict[str, Any]] = []
     for _ in range(starts):
         await endpoint.wait_workers(0, 120, total=0)
+        if before_each is not None:
+            await before_each()
         known = {w["id"] for w in await _workloads(operator)}
         request_id, sent = await endpoint.run()
         waited = time.perf_counter()
@@ -264,6 +285,7 @@ async def _cold_starts(endpoint: Endpoint, operator: AsyncApiClient, starts: int
             worker = dict(await _api(operator, "GET", f"/api/v1/workloads/{worker['id']}"))
         host = worker["assignments"][0]["agent_id"] if worker["assignments"] else ""
         created, scheduled, running = (_at(worker[k]) for k in ("created_at", "scheduled_at", "started_at"))
+        pull_end = await pulled_at(scheduled) if pulled_at is not None else None
         rows.append(
             {
                 "host": host,
@@ -271,8 +293,9 @@ async def _cold_starts(endpoint: Endpoint, operator: AsyncApiClient, starts: int
                 "total": round(taken - sent, 3),
                 "wake": round(created - sent, 3),
                 "placement": round(scheduled - created, 3),
-                "pull": None,  # image none: nothing to pull
-                "start": round(running - scheduled, 3),
+                # image none, or an image on the host: nothing to pull
+                "pull": round(pull_end - scheduled, 3) if pull_end is not None else None,
+                "start": round(running - (pull_end if pull_end is not None else scheduled), 3),
                 "first_ready": round(taken - running, 3),
             }
         )
@@ -294,8 +317,8 @@ async def _cold_starts(endpoint: Endpoint, operator: AsyncApiClient, starts: int
 
 def _phases(rows: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {"n": len(rows)}
-    for phase in ("total", "wake", "placement", "start", "first_ready"):
-        values = [r[phase] for r in rows]
+    for phase in ("total", "wake", "placement", "pull", "start", "first_ready"):
+        values = [r[phase] for r in rows if r[phase] is not None]
         out[phase] = {"p50": _pct(values, 0.5), "p95": _pct(values, 0.95)} if values else None
     return out
 
@@ -333,7 +356,7 @@ async def _make_endpoint(http: aiohttp.ClientSession, operator: AsyncApiClient, 
     return Endpoint(http, operator, made["id"], key["key"])
 
 
-async def _run(grid: LocalGrid, options: EndpointsBenchOptions) -> dict[str, Any]:
+async def _run(grid: LocalGrid, options: EndpointsBenchOptions, registry: str = "") -> dict[str, Any]:
     agent_ids = await _start_hosts(grid, options)
     grid.client.create_account(RENTER, "renter")
     result: dict[str, Any] = {"options": asdict(options)}
@@ -420,7 +443,9 @@ async def _run(grid: LocalGrid, options: EndpointsBenchOptions) -> dict[str, Any
         # 6: cold starts on a Podman host.
         if options.podman_starts > 0:
             await scaling.wait_workers(0, 120, total=0)
-            result["podman"] = await _podman_cold_starts(grid, http, operator, options.podman_starts)
+            result["podman"] = await _podman_cold_starts(
+                grid, http, operator, options.podman_starts, pull_starts=options.podman_pull_starts, registry=registry
+            )
     warm = result["cold_start"]["warm"]
     result["targets"] = TARGETS
     result["met"] = {
@@ -434,20 +459,37 @@ async def _run(grid: LocalGrid, options: EndpointsBenchOptions) -> dict[str, Any
 
 
 async def _podman_cold_starts(
-    grid: LocalGrid, http: aiohttp.ClientSession, operator: AsyncApiClient, starts: int
+    grid: LocalGrid,
+    http: aiohttp.ClientSession,
+    operator: AsyncApiClient,
+    starts: int,
+    *,
+    pull_starts: int = 0,
+    registry: str = "",
 ) -> dict[str, Any]:
     """``starts`` cold starts from zero workers of an endpoint of the offline worker image on a Podman host (its own
-    Podman state under the grid's directory, removed with it); ``skipped`` with the reason where Podman cannot run."""
+    Podman state under the grid's directory, removed with it); then, with a ``registry`` (HOST:PORT, plain HTTP, on
+    127.0.0.1), ``pull_starts`` of an endpoint of the same image pushed there, taken off the host before each start so
+    that each one pulls it. ``skipped`` with the reason where Podman cannot run."""
     # Containers' networks through slirp4netns, as the demo's container host: CNI's bridge failed a container's start
     # now and then here ("unknown FS magic on /run/netns/..."), which held the autoscaler's next start back.
     podman = PodmanHost(grid.root / "podman", netns=CONTAINER_NETNS)
+    pulled = f"{registry}/{REGISTRY_REPOSITORY}" if registry else ""
     try:
         try:
             await asyncio.to_thread(podman.configure)
+            if registry:  # plain HTTP on 127.0.0.1: the engine is told so, as a provider would for its own mirror
+                conf = podman.workdir / "registries.conf"
+                conf.write_text(f'[[registry]]\nlocation = "{registry}"\ninsecure = true\n')
+                podman.env["CONTAINERS_REGISTRIES_CONF"] = str(conf)
             await asyncio.to_thread(podman.ensure_image, SELFTEST)
             built = time.perf_counter()
             await asyncio.to_thread(podman.ensure_image, WORKER)
             build_s = time.perf_counter() - built
+            if pulled:
+                await asyncio.to_thread(podman.podman, "tag", WORKER.reference, pulled)
+                await asyncio.to_thread(podman.podman, "push", "--tls-verify=false", "--quiet", pulled, timeout_s=180)
+                await asyncio.to_thread(podman.podman, "rmi", pulled)  # the tag only: the offline image stays
             await asyncio.to_thread(podman.start_service)
         except PodmanUnavailable as exc:
             return {"skipped": str(exc)}
@@ -456,34 +498,84 @@ async def _podman_cold_starts(
             raise RuntimeError(f"enrolling podman-host: {enrolled.stderr}")
         env = {
             "IDLEGRID_AGENT_GPU_SELFTEST_IMAGE": SELFTEST.reference,
-            "IDLEGRID_AGENT_EGRESS_ALLOW": "localhost",
-            "IDLEGRID_AGENT_IMAGE_PULL": "false",  # no registry is reachable: only the images built here run
+            "IDLEGRID_AGENT_EGRESS_ALLOW": ",".join(["localhost", *([registry] if registry else [])]),
+            # Without a registry none is reachable: only the images built here run (each is on the host already).
+            "IDLEGRID_AGENT_IMAGE_PULL": "true" if registry else "false",
             "IDLEGRID_AGENT_DOCKER_NETWORK": CONTAINER_NETNS,
         }
         socket = ("--runtime", "docker", "--docker-socket", str(podman.socket_path))
         grid.start_agent("podman-host", *socket, simulate="a10:1", env=env)
         await asyncio.to_thread(grid.wait_agents_ready, [grid.agent_id("podman-host")], timeout_s=180)
-        made = await _api(
-            operator,
-            "POST",
-            "/api/v1/endpoints",
-            {
-                "account": RENTER,
-                "name": "bench-podman",
-                "image": WORKER.reference,  # its own CMD runs the echo worker
-                "command": [],
-                "replica": {"gpus": 1},
-                "scaling": {"max_workers": 1, "idle_timeout_s": 60},
-            },
-        )
-        key = await _api(operator, "POST", f"/api/v1/endpoints/{made['id']}/keys", {"name": "bench"})
-        endpoint = Endpoint(http, operator, made["id"], key["key"])
-        rows = await _cold_starts(endpoint, operator, starts)
-        await endpoint.update({"max_workers": 0})
-        warm = _phases([r for r in rows if r["warm"]])
-        return {"image_build_s": round(build_s, 2), "starts": rows, "all": _phases(rows), "warm": warm}
+        result: dict[str, Any] = {"image_build_s": round(build_s, 2)}
+        for name, image, count in (("bench-podman", WORKER.reference, starts), ("bench-podman-pull", pulled, pull_starts)):
+            if not image or count <= 0:
+                continue
+            made = await _api(
+                operator,
+                "POST",
+                "/api/v1/endpoints",
+                {
+                    "account": RENTER,
+                    "name": name,
+                    "image": image,  # its own CMD runs the echo worker
+                    "command": [],
+                    "replica": {"gpus": 1},
+                    "scaling": {"max_workers": 1, "idle_timeout_s": 60},
+                },
+            )
+            key = await _api(operator, "POST", f"/api/v1/endpoints/{made['id']}/keys", {"name": "bench"})
+            endpoint = Endpoint(http, operator, made["id"], key["key"])
+            if image == pulled:
+
+                async def off_the_host(image: str = image) -> None:  # every start pulls: the host never had it
+                    # The offline image too: it is the same layer, which the pull would otherwise find and skip.
+                    await asyncio.to_thread(podman.podman, "rmi", "--force", "--ignore", image, WORKER.reference)
+
+                async def pull_ended(after: float, image: str = image) -> float:
+                    return await asyncio.to_thread(_pull_event_at, podman, image, after)
+
+                rows = await _cold_starts(endpoint, operator, count, before_each=off_the_host, pulled_at=pull_ended)
+                for row in rows:
+                    row["warm"] = False  # the image was taken off the host: never a warm one
+                result["pulled"] = {"starts": rows, "all": _phases(rows), "image_bytes": _image_bytes(podman, image)}
+            else:
+                rows = await _cold_starts(endpoint, operator, count)
+                result.update({"starts": rows, "all": _phases(rows), "warm": _phases([r for r in rows if r["warm"]])})
+            await endpoint.update({"max_workers": 0})
+            await endpoint.wait_workers(0, 120, total=0)
+        return result
     finally:
         await asyncio.to_thread(podman.stop_service)
+
+
+def _pull_event_at(podman: PodmanHost, image: str, after: float) -> float:
+    """When the pull of ``image`` for the create placed at ``after`` (Unix seconds) ended: the engine's ``create`` event
+    of the container of that image (its ``pull`` event is written as the pull begins, not as it ends)."""
+    for _ in range(100):  # the event file may trail the create's answer by a moment: 5 s at most
+        done = podman.podman("events", "--stream=false", "--since", f"{after - 1:.3f}", "--format", "json", timeout_s=30)
+        events = [json.loads(line) for line in done.stdout.splitlines()]
+        if not any(e.get("Status") == "pull" and e.get("Name") == image for e in events):
+            raise RuntimeError(f"the engine recorded no pull of {image} after {after}: was the image still on the host?")
+        created = [
+            _podman_time(e["Time"])
+            for e in events
+            if e.get("Type") == "container" and e.get("Status") == "create" and e.get("Image") == image
+        ]
+        if created:
+            return min(created)
+        time.sleep(0.05)
+    raise RuntimeError(f"the engine recorded no container created of {image} after {after}")
+
+
+def _podman_time(stamp: str) -> float:
+    """Podman's event time ("2026-12-07T21:34:50.192605587Z", nanoseconds) as Unix seconds."""
+    whole, _, fraction = stamp.rstrip("Z").partition(".")
+    return datetime.fromisoformat(whole + "+00:00").timestamp() + float(f"0.{fraction or 0}")
+
+
+def _image_bytes(podman: PodmanHost, image: str) -> int | None:
+    done = podman.podman("image", "inspect", "--format", "{{.Size}}", image, check=False)
+    return int(done.stdout.strip()) if done.returncode == 0 and done.stdout.strip().isdigit() else None
 
 
 def run_endpoints_bench(options: EndpointsBenchOptions, work_dir: str = "") -> dict[str, Any]:
@@ -493,13 +585,26 @@ def run_endpoints_bench(options: EndpointsBenchOptions, work_dir: str = "") -> d
             root = Path(tempfile.mkdtemp(prefix="idlegrid-endpoints-bench-", dir=work_dir))
         else:
             root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="idlegrid-endpoints-bench-")))
+        registry, registry_skipped = "", None
+        if options.podman_starts > 0 and options.podman_pull_starts > 0:
+            # Debian's docker-registry on 127.0.0.1, as the pull tests' (tests/support/registry.py)
+            from tests.support.registry import Registry, RegistryUnavailable
+
+            try:
+                registry = stack.enter_context(Registry()).host
+            except RegistryUnavailable as exc:
+                registry_skipped = str(exc)
         grid = LocalGrid(root, heartbeat_s=options.heartbeat_s)
         try:
             config = root / "master.toml"
-            config.write_text(MASTER_TOML)
+            # The Podman host's images built here (their registry part names no host), and the local registry.
+            allowed = ", ".join(f'"{name}"' for name in ["localhost", *([registry] if registry else [])])
+            config.write_text(MASTER_TOML + f"egress_allow = [{allowed}]\n")
             grid.start_master("--config", str(config))
             grid.start_relay("relay-1")
-            result = asyncio.run(_run(grid, options))
+            result = asyncio.run(_run(grid, options, registry))
+            if registry_skipped is not None and isinstance(result.get("podman"), dict):
+                result["podman"]["pulled"] = {"skipped": registry_skipped}
             result["work_dir"] = str(root) if work_dir else None
             return result
         finally:
@@ -563,14 +668,18 @@ def endpoints_table(r: dict[str, Any]) -> str:
     if podman is not None and "skipped" in podman:
         lines.append(f"cold starts on a Podman host: skipped ({podman['skipped']})")
     elif podman is not None:
-        for kind in ("all", "warm"):
-            ph = podman[kind]
-            cells = [
-                f"{ph[p]['p50']}/{ph[p]['p95']}" if ph[p] else "-" for p in ("total", "wake", "placement", "start", "first_ready")
-            ]
-            lines.append(f"{'podman ' + kind:<16} {ph['n']:>3} " + " ".join(f"{c:>15}" for c in cells))
+        phases = ("total", "wake", "placement", "pull", "start", "first_ready")
+        lines.append(f"{'on Podman (s)':<16} {'n':>3} " + " ".join(f"{p:>15}" for p in phases))
+        pulled = podman.get("pulled") or {}
+        for name, ph in (("image on host", podman.get("all")), ("pulled", pulled.get("all"))):
+            if ph:
+                cells = [f"{ph[p]['p50']}/{ph[p]['p95']}" if ph.get(p) else "-" for p in phases]
+                lines.append(f"{name:<16} {ph['n']:>3} " + " ".join(f"{c:>15}" for c in cells))
         lines.append(
-            f"  (a Podman host, the offline worker image on it before the first start: pull none; built in "
-            f"{podman['image_build_s']} s)"
+            f"  (a Podman host; the offline worker image built in {podman['image_build_s']} s, on the host before the "
+            "first start; pulled: the same image taken off the host before each start and pulled from a registry on "
+            f"127.0.0.1, {pulled.get('image_bytes')} bytes; pull: from the placement to the engine's create of the container)"
         )
+        if "skipped" in pulled:
+            lines.append(f"  pulled starts skipped: {pulled['skipped']}")
     return "\n".join(lines)

@@ -4,6 +4,7 @@ figure (speed is not checked here: bench/README.md has the figures beside their 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -42,3 +43,28 @@ def test_the_console_pages_benchmark_visits_each_page_of_a_small_fleet(tmp_path)
     assert (figures["hosts"], figures["gpus"]) == (60, 480)
     assert [p["name"] for p in figures["pages"]] == ["hosts_first_page", "hosts_filtered", "fleet"]
     assert all(0 < p["best_ms"] <= p["max_ms"] for p in figures["pages"])
+
+
+@pytest.mark.e2e
+@pytest.mark.podman  # a Podman host and a local registry: the Podman part of the suite, one at a time
+@pytest.mark.skipif(os.geteuid() != 0, reason="the endpoint bench's process hosts are sandboxed: root only")
+def test_the_endpoints_benchmark_times_cold_starts_on_a_podman_host_with_the_image_there_and_pulled(tmp_path):
+    out = tmp_path / "endpoints.json"
+    done = bench(
+        "endpoints",
+        *("--hosts", "1", "--gpus-per-host", "1", "--workers", "1", "--concurrency", "1", "--single-s", "0.5"),
+        *("--clients", "2", "--load-s", "0.5", "--cmd-rate", "2", "--idle-s", "0.5", "--starts", "1", "--scale-to", "1"),
+        *("--podman-starts", "1", "--podman-pull-starts", "1", "--json", str(out)),
+        timeout_s=420,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    podman = json.loads(out.read_text())["podman"]
+    [on_host] = podman["starts"]
+    assert on_host["pull"] is None  # the offline image is on the host
+    [pulled] = podman["pulled"]["starts"]
+    assert pulled["pull"] > 0 and not pulled["warm"]  # taken off the host first: this start pulled it
+    for s in (on_host, pulled):  # the phases cut the start
+        parts = s["wake"] + s["placement"] + (s["pull"] or 0) + s["start"] + s["first_ready"]
+        assert parts == pytest.approx(s["total"], abs=0.01), s
+    assert podman["pulled"]["image_bytes"] > 1_000_000
+    assert "pulled" in done.stdout and "on Podman (s)" in done.stdout
