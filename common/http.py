@@ -45,6 +45,9 @@ class HeadDeadline(asyncio.Protocol):
         self._on_expired = on_expired
         self._transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
+        # When the head under way must have come (None: no head is awaited). The timer is not moved at every request:
+        # it fires at the deadline it was set for and, when the deadline has moved since, sets itself for the new one.
+        self._deadline: float | None = None
         self._in_request = False
 
     # --- what the application side says (the middleware) ---
@@ -64,7 +67,7 @@ class HeadDeadline(asyncio.Protocol):
         self.inner.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
-        if self._timer is None and not self._in_request:
+        if self._deadline is None and not self._in_request:
             self._arm()
         self.inner.data_received(data)
 
@@ -72,7 +75,7 @@ class HeadDeadline(asyncio.Protocol):
         return self.inner.eof_received()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
+        self._cancel_timer()
         self.inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
@@ -84,15 +87,29 @@ class HeadDeadline(asyncio.Protocol):
     # --- the clock ---
 
     def _arm(self) -> None:
-        self._timer = asyncio.get_running_loop().call_later(self._timeout_s, self._expire)
+        loop = asyncio.get_running_loop()
+        self._deadline = loop.time() + self._timeout_s
+        if self._timer is None:  # one already set fires no later than this deadline, and looks again then
+            self._timer = loop.call_later(self._timeout_s, self._expire)
 
     def _disarm(self) -> None:
+        self._deadline = None  # the timer, if set, finds no deadline when it fires, and lets go
+
+    def _cancel_timer(self) -> None:
+        self._deadline = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
 
     def _expire(self) -> None:
         self._timer = None
+        if self._deadline is None:
+            return
+        left = self._deadline - asyncio.get_running_loop().time()
+        if left > 0:  # the deadline moved (a later head) since this timer was set
+            self._timer = asyncio.get_running_loop().call_later(left, self._expire)
+            return
+        self._deadline = None
         transport = self._transport
         if transport is None or transport.is_closing():
             return

@@ -32,11 +32,18 @@ class ApiMetrics:
             ["method", "route", "status"],
             registry=registry,
         )
+        self._children: dict[tuple[str, str, int], tuple[Histogram, RequestCounter]] = {}
 
     def observe(self, method: str, route: str, status: int, seconds: float) -> None:
-        labels = (method, route, str(status))
-        self.requests.labels(*labels).observe(seconds)
-        self.responses.labels(*labels).inc()
+        key = (method, route, status)
+        if (children := self._children.get(key)) is None:
+            # labels() takes the metric's lock and builds its key at every call: once per method, route and status
+            # (bounded: the methods known, the route patterns, the statuses) is enough, the children never change
+            labels = (method, route, str(status))
+            children = self._children[key] = (self.requests.labels(*labels), self.responses.labels(*labels))
+        latency, count = children
+        latency.observe(seconds)
+        count.inc()
 
     def middleware(self) -> Middleware:
         return timed_requests(self.observe)

@@ -460,7 +460,9 @@ class RequestBook:
 
     @staticmethod
     def _event(events: dict[str, asyncio.Event], key: str) -> asyncio.Event:
-        return events.setdefault(key, asyncio.Event())
+        if (event := events.get(key)) is None:  # not an Event made and thrown away at every look
+            event = events[key] = asyncio.Event()
+        return event
 
     async def _step(self, make: Callable[[RequestQueue, float], Step]) -> Step:
         async with self._lock:
@@ -642,7 +644,8 @@ class RequestBook:
         if found.partials or found.done or wait_s <= 0:
             return found
         try:
-            await asyncio.wait_for(change.wait(), min(wait_s, MAX_TAKE_WAIT_S))
+            async with asyncio.timeout(min(wait_s, MAX_TAKE_WAIT_S)):  # no task of its own, as wait_for makes one
+                await change.wait()
         except TimeoutError:
             return found
         return await self._streamed(request_id, after_seq)

@@ -74,3 +74,35 @@ async def test_a_prompt_request_is_served_as_usual(server):
 def test_a_deadline_that_is_not_positive_is_refused():
     with pytest.raises(ValueError, match="head_timeout_s must be positive"):
         HttpServer(web.Application(), "127.0.0.1", 0, head_timeout_s=0)
+
+
+async def _one_kept_alive(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes:
+    writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    return await asyncio.wait_for(reader.readuntil(b"hello"), 3)
+
+
+async def test_a_kept_alive_connection_serving_requests_past_the_first_deadline_is_not_cut(server):
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    try:
+        answers = []
+        for _ in range(8):  # 8 heads, each whole, across more than two deadlines' length: the clock set at the first
+            answers.append(await _one_kept_alive(reader, writer))  # one looks again when it fires, and finds no head
+            await asyncio.sleep(HEAD_TIMEOUT_S / 4)
+    finally:
+        writer.close()
+    assert all(a.startswith(b"HTTP/1.1 200") for a in answers)
+    assert server.cuts == []
+
+
+async def test_a_later_head_that_stops_halfway_gets_its_own_whole_deadline(server):
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    await _one_kept_alive(reader, writer)  # the connection's clock was set for this head's deadline
+    await asyncio.sleep(HEAD_TIMEOUT_S * 0.6)
+    writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n")  # no blank line: the head never ends
+    started = time.monotonic()
+    answer = await asyncio.wait_for(reader.read(), 3)
+    writer.close()
+
+    assert answer.startswith(b"HTTP/1.1 408 Request Timeout\r\n")
+    assert time.monotonic() - started >= HEAD_TIMEOUT_S * 0.9  # not cut at the first head's deadline, 0.4 s on
+    assert len(server.cuts) == 1
