@@ -677,8 +677,13 @@ def endpoints_table(r: dict[str, Any]) -> str:
                 lines.append(f"{name:<16} {ph['n']:>3} " + " ".join(f"{c:>15}" for c in cells))
         lines.append(
             f"  (a Podman host; the offline worker image built in {podman['image_build_s']} s, on the host before the "
-            "first start; pulled: the same image taken off the host before each start and pulled from a registry on "
-            f"127.0.0.1, {pulled.get('image_bytes')} bytes; pull: from the placement to the engine's create of the container)"
+            "first start"
+            + (
+                "; pulled: the same image taken off the host before each start and pulled from a registry on 127.0.0.1, "
+                f"{pulled['image_bytes']} bytes; pull: from the placement to the engine's create of the container)"
+                if pulled.get("all")
+                else ")"
+            )
         )
         if "skipped" in pulled:
             lines.append(f"  pulled starts skipped: {pulled['skipped']}")
