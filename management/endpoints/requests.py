@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import secrets
 import time
@@ -605,9 +606,25 @@ class RequestBook:
 
     # --- the renters' side ---
 
-    async def submit(self, endpoint_id: str, input: JSON, *, account: str = "", webhook: str = "") -> EndpointRequestRecord:
-        """A new queued request (``webhook``: where its end is POSTed, already judged by the caller)."""
+    async def submit(
+        self,
+        endpoint_id: str,
+        input: JSON,
+        *,
+        account: str = "",
+        webhook: str = "",
+        execution_timeout_s: float | None = None,
+        ttl_s: float | None = None,
+    ) -> EndpointRequestRecord:
+        """A new queued request (``webhook``: where its end is POSTed, already judged by the caller; the bounds, the
+        request's own where its caller gave them: never past the endpoint's)."""
         limits = self._limits_of(endpoint_id)
+        if execution_timeout_s is not None or ttl_s is not None:
+            limits = dataclasses.replace(
+                limits,
+                execution_timeout_s=min(limits.execution_timeout_s, execution_timeout_s or limits.execution_timeout_s),
+                ttl_s=min(limits.ttl_s, ttl_s or limits.ttl_s),
+            )
         request_id = self._new_id()
         async with self._lock:
             await self._resync_if_needed()

@@ -65,6 +65,31 @@ class InvalidEndpointRequest(IdlegridError):
     code = "invalid_endpoint_request"
 
 
+@dataclass(frozen=True)
+class RequestPolicy:
+    """A request's own bounds (RunPod's per-request ``policy``), in seconds: each at most its endpoint's."""
+
+    execution_timeout_s: float | None = None
+    ttl_s: float | None = None
+
+
+def _within(policy: RequestPolicy | None, execution_timeout_s: float, ttl_s: float) -> tuple[float | None, float | None]:
+    """The policy's bounds; InvalidEndpointRequest for one past the endpoint's (its owner's bound on what a request
+    may cost: an invocation key does not widen it)."""
+    if policy is None:
+        return None, None
+    for asked, own, name, field in (
+        (policy.execution_timeout_s, execution_timeout_s, "executionTimeout", "execution_timeout_s"),
+        (policy.ttl_s, ttl_s, "ttl", "ttl_s"),
+    ):
+        if asked is not None and asked > own:
+            raise InvalidEndpointRequest(
+                f"policy.{name} is {asked * 1000:.0f} ms, past this endpoint's {field} ({own:g} s): a request's own "
+                "bound may only be shorter"
+            )
+    return policy.execution_timeout_s, policy.ttl_s
+
+
 @dataclass(frozen=True, slots=True)
 class StreamRead:
     """A stream's answer: the request as it is and the partial outputs after the ones already read."""
@@ -133,10 +158,16 @@ class EndpointRequestsService:
         return rec
 
     async def run(
-        self, endpoint_id: str, input: JSON, *, webhook: str | None = None, account: str | None = None
+        self,
+        endpoint_id: str,
+        input: JSON,
+        *,
+        webhook: str | None = None,
+        account: str | None = None,
+        policy: RequestPolicy | None = None,
     ) -> EndpointRequestRecord:
         """Queue a request; RequestTooLarge past the endpoint's input bound, InvalidEndpointRequest for a webhook the
-        egress rule refuses."""
+        egress rule refuses or a ``policy`` past the endpoint's own bounds."""
         endpoint = await self._endpoint(endpoint_id, account)
         if endpoint.spec.load_balanced:  # no worker would ever take it: its workers serve HTTP at its URL
             raise Conflict(f"endpoint {endpoint.id} is load-balanced: send its requests to {self._endpoints.url_of(endpoint)}")
@@ -144,8 +175,16 @@ class EndpointRequestsService:
             why = self._webhooks.refusal(webhook)
             if why is not None:
                 raise InvalidEndpointRequest(why)
+        execution_timeout_s, ttl_s = _within(policy, endpoint.spec.execution_timeout_s, endpoint.spec.ttl_s)
         self._room_for_one(endpoint.id)
-        return await self._book.submit(endpoint.id, input, account=endpoint.account, webhook=webhook or "")
+        return await self._book.submit(
+            endpoint.id,
+            input,
+            account=endpoint.account,
+            webhook=webhook or "",
+            execution_timeout_s=execution_timeout_s,
+            ttl_s=ttl_s,
+        )
 
     def _room_for_one(self, endpoint_id: str) -> None:
         count, chars = self._book.open_load(endpoint_id)
@@ -163,10 +202,11 @@ class EndpointRequestsService:
         wait_s: float = RUNSYNC_WAIT_S,
         webhook: str | None = None,
         account: str | None = None,
+        policy: RequestPolicy | None = None,
     ) -> EndpointRequestRecord:
         """Queue a request and wait up to ``wait_s`` (at most MAX_RUNSYNC_WAIT_S) for its end; the request as it is
         when it ended or the wait did."""
-        rec = await self.run(endpoint_id, input, webhook=webhook, account=account)
+        rec = await self.run(endpoint_id, input, webhook=webhook, account=account, policy=policy)
         return await self._until_end(rec, min(max(wait_s, 0.0), MAX_RUNSYNC_WAIT_S))
 
     async def _until_end(self, rec: EndpointRequestRecord, wait_s: float) -> EndpointRequestRecord:

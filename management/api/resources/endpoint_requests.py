@@ -18,19 +18,34 @@ from management.http.errors import ApiError, BadRequest, validation_message
 from management.http.keys import SERVICES_KEY
 from management.http.requests import json_response, parse_query
 from management.http.schemas import EmptyQuery
-from management.services.endpoint_requests import MAX_RUNSYNC_WAIT_S, MAX_STREAM_WAIT_S, RUN_BODY_SLACK
+from management.services.endpoint_requests import MAX_RUNSYNC_WAIT_S, MAX_STREAM_WAIT_S, RUN_BODY_SLACK, RequestPolicy
 from management.views.endpoint_requests import endpoint_health_view, request_status_view, request_stream_view
 
 JSON = Any
 READ_CHUNK = 64 << 10
 
 
+class RunPolicy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """RunPod's per-request ``policy``: ``executionTimeout`` and ``ttl`` in ms, each at most the endpoint's own."""
+
+    executionTimeout: Annotated[int, msgspec.Meta(ge=1, le=86_400_000)] | None = None  # noqa: N815 (RunPod's name)
+    ttl: Annotated[int, msgspec.Meta(ge=1, le=7 * 86_400_000)] | None = None
+
+
 class RunRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """POST .../run and .../runsync: the handler's input (any JSON, at most 1 MiB encoded) and, optionally, a URL that
-    gets the request's status answer POSTed once it ends (public addresses only, or hosts the operator allows)."""
+    """POST .../run and .../runsync: the handler's input (any JSON, at most 1 MiB encoded), optionally a URL that
+    gets the request's status answer POSTed once it ends (public addresses only, or hosts the operator allows), and
+    a ``policy`` of the request's own, shorter bounds."""
 
     input: JSON
     webhook: Annotated[str, msgspec.Meta(max_length=2048)] | None = None
+    policy: RunPolicy | None = None
+
+    def request_policy(self) -> RequestPolicy | None:
+        if self.policy is None:
+            return None
+        ms = self.policy.executionTimeout, self.policy.ttl
+        return RequestPolicy(*(v / 1000 if v is not None else None for v in ms))
 
 
 class RunSyncQuery(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -47,7 +62,7 @@ class StreamQuery(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     wait: Annotated[int, msgspec.Meta(ge=0, le=int(MAX_STREAM_WAIT_S * 1000))] = 10_000
 
 
-REQUEST_SCHEMAS: tuple[type[msgspec.Struct], ...] = (RunRequest, RunSyncQuery, StreamQuery)
+REQUEST_SCHEMAS: tuple[type[msgspec.Struct], ...] = (RunPolicy, RunRequest, RunSyncQuery, StreamQuery)
 
 
 async def read_run_body(request: web.Request, limit: int) -> RunRequest:
@@ -86,7 +101,9 @@ async def run(request: web.Request) -> web.Response:
     endpoint_id = request.match_info["endpoint_id"]
     parse_query(request, EmptyQuery)
     body = await read_run_body(request, service.body_limit(endpoint_id))
-    rec = await service.run(endpoint_id, body.input, webhook=body.webhook, account=scope_of(request).owner)
+    rec = await service.run(
+        endpoint_id, body.input, webhook=body.webhook, account=scope_of(request).owner, policy=body.request_policy()
+    )
     return json_response(request_status_view(rec))
 
 
@@ -96,7 +113,12 @@ async def run_sync(request: web.Request) -> web.Response:
     query = parse_query(request, RunSyncQuery)
     body = await read_run_body(request, service.body_limit(endpoint_id))
     rec = await service.run_sync(
-        endpoint_id, body.input, wait_s=query.wait / 1000, webhook=body.webhook, account=scope_of(request).owner
+        endpoint_id,
+        body.input,
+        wait_s=query.wait / 1000,
+        webhook=body.webhook,
+        account=scope_of(request).owner,
+        policy=body.request_policy(),
     )
     return json_response(request_status_view(rec))
 

@@ -451,3 +451,32 @@ async def test_requests_leave_no_audit_event_and_what_changes_an_endpoint_does(g
     routes = [e["data"]["route"] for e in events["items"] if e["kind"] == "audit"]
     assert "/api/v1/endpoints" in routes and "/api/v1/endpoints/{endpoint_id}/keys" in routes
     assert not [r for r in routes if r.endswith(("/run", "/runsync", "/cancel/{request_id}"))], routes
+
+
+async def test_a_requests_own_policy_shortens_its_bounds_and_may_not_widen_the_endpoints(grid: Grid) -> None:
+    """RunPod's per-request ``policy`` (ms): each bound at most the endpoint's, kept on the request, which the sweep
+    reads; past the endpoint's, or of a field RunPod's policy does not have here, a 400 that says which."""
+    endpoint, key = await grid.endpoint(grid.ana, execution_timeout_s=600, ttl_s=3600)
+    run = f"/api/v1/endpoints/{endpoint}/run"
+    status, ran = await grid.call("POST", run, key, json={"input": 1, "policy": {"executionTimeout": 1500, "ttl": 60_000}})
+    assert status == 200, ran
+    rec = await grid.book.status(ran["id"])
+    assert rec is not None and (rec.execution_timeout_s, rec.ttl_s) == (1.5, 60.0)
+    status, ran = await grid.call("POST", run, key, json={"input": 2, "policy": {"ttl": 120_000}})
+    rec = await grid.book.status(ran["id"])
+    assert rec is not None and (rec.execution_timeout_s, rec.ttl_s) == (600.0, 120.0)  # the one not given: the endpoint's
+    status, ran = await grid.call("POST", run, key, json={"input": 3})
+    rec = await grid.book.status(ran["id"])
+    assert rec is not None and (rec.execution_timeout_s, rec.ttl_s) == (600.0, 3600.0)
+
+    for policy, says in [
+        ({"executionTimeout": 601_000}, "policy.executionTimeout is 601000 ms, past this endpoint's execution_timeout_s (600 s)"),
+        ({"ttl": 7_200_000}, "policy.ttl is 7200000 ms, past this endpoint's ttl_s (3600 s)"),
+        ({"executionTimeout": 0}, "executionTimeout"),
+        ({"lowPriority": True}, "lowPriority"),
+    ]:
+        status, refused = await grid.call(
+            "POST", f"/api/v1/endpoints/{endpoint}/runsync", key, json={"input": 4, "policy": policy}
+        )
+        assert status == 400 and says in refused["error"]["message"], (policy, refused)
+    assert grid.book.open_load(endpoint)[0] == 3  # the refused ones queued nothing
