@@ -336,21 +336,24 @@ async def _start_hosts(grid: LocalGrid, options: EndpointsBenchOptions) -> list[
     return agent_ids
 
 
-async def _make_endpoint(http: aiohttp.ClientSession, operator: AsyncApiClient, name: str, scaling: dict[str, Any]) -> Endpoint:
+async def _make_endpoint(
+    http: aiohttp.ClientSession, operator: AsyncApiClient, name: str, scaling: dict[str, Any], image: str = "none"
+) -> Endpoint:
+    """An endpoint of the bench's renter and an invocation key of it: the echo handler on the process runtime, or
+    ``image`` (its own CMD runs the echo worker) on a container host."""
+    runs: dict[str, Any] = {"image": image, "command": []}
+    if image == "none":
+        runs = {
+            "image": "none",
+            "command": [SYSTEM_PYTHON, "-c", HANDLER],
+            "env": {CODE_ENV: worker_zip(echo_worker=False)},
+            "constraints": {"allow_process_runtime": True},
+        }
     made = await _api(
         operator,
         "POST",
         "/api/v1/endpoints",
-        {
-            "account": RENTER,
-            "name": name,
-            "image": "none",
-            "command": [SYSTEM_PYTHON, "-c", HANDLER],
-            "env": {CODE_ENV: worker_zip(echo_worker=False)},
-            "replica": {"gpus": 1},
-            "constraints": {"allow_process_runtime": True},
-            "scaling": scaling,
-        },
+        {"account": RENTER, "name": name, **runs, "replica": {"gpus": 1}, "scaling": scaling},
     )
     key = await _api(operator, "POST", f"/api/v1/endpoints/{made['id']}/keys", {"name": "bench"})
     return Endpoint(http, operator, made["id"], key["key"])
@@ -510,21 +513,7 @@ async def _podman_cold_starts(
         for name, image, count in (("bench-podman", WORKER.reference, starts), ("bench-podman-pull", pulled, pull_starts)):
             if not image or count <= 0:
                 continue
-            made = await _api(
-                operator,
-                "POST",
-                "/api/v1/endpoints",
-                {
-                    "account": RENTER,
-                    "name": name,
-                    "image": image,  # its own CMD runs the echo worker
-                    "command": [],
-                    "replica": {"gpus": 1},
-                    "scaling": {"max_workers": 1, "idle_timeout_s": 60},
-                },
-            )
-            key = await _api(operator, "POST", f"/api/v1/endpoints/{made['id']}/keys", {"name": "bench"})
-            endpoint = Endpoint(http, operator, made["id"], key["key"])
+            endpoint = await _make_endpoint(http, operator, name, {"max_workers": 1, "idle_timeout_s": 60}, image)
             if image == pulled:
 
                 async def off_the_host(image: str = image) -> None:  # every start pulls: the host never had it

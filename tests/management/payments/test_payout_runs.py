@@ -14,6 +14,7 @@ import dataclasses
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -81,14 +82,9 @@ async def connected(api: OperatorApi, fake: FakeConnect, provider: str = "acme")
     return headers
 
 
-def crashing(api: OperatorApi, fake: FakeConnect, at: str) -> PayoutService:
-    """A payout service of this Master whose process dies right after step ``at`` of a payout."""
+def payout_service(api: OperatorApi, fake: FakeConnect, **given: Any) -> PayoutService:
+    """Another payout service over this Master's store and ledger (as a restarted process makes), with ``given``."""
     services = api.app[SERVICES_KEY]
-
-    async def checkpoint(step: str, record: PayoutRecord) -> None:
-        if step == at:
-            raise Crash(step)
-
     return PayoutService(
         api.master,
         StripeProvider("sk_test_payouts", "whsec_payouts", api_base=fake.url),
@@ -96,9 +92,18 @@ def crashing(api: OperatorApi, fake: FakeConnect, at: str) -> PayoutService:
         payout_repo(api.master.store),
         services.market.market.ledger,
         currency=services.payouts.currency,
-        settings=services.payouts.settings,
-        checkpoint=checkpoint,
+        **{"settings": services.payouts.settings, **given},
     )
+
+
+def crashing(api: OperatorApi, fake: FakeConnect, at: str) -> PayoutService:
+    """A payout service of this Master whose process dies right after step ``at`` of a payout."""
+
+    async def checkpoint(step: str, record: PayoutRecord) -> None:
+        if step == at:
+            raise Crash(step)
+
+    return payout_service(api, fake, checkpoint=checkpoint)
 
 
 async def provider_balance(api: OperatorApi, provider: str = "acme") -> int:
@@ -250,15 +255,7 @@ async def test_a_started_master_reconciles_soon_so_a_restart_does_not_hide_a_dif
         services = api.app[SERVICES_KEY]
         assert services.payouts.last_reconciliation is None and services.payouts.unreconciled() == 0
         settings = dataclasses.replace(services.payouts.settings, reconcile_s=DAY, reconcile_first_s=0.2)
-        restarted = PayoutService(
-            api.master,
-            StripeProvider("sk_test_payouts", "whsec_payouts", api_base=fake.url),
-            payout_account_repo(api.master.store),
-            payout_repo(api.master.store),
-            services.market.market.ledger,
-            currency=services.payouts.currency,
-            settings=settings,
-        )
+        restarted = payout_service(api, fake, settings=settings)
         restarted.start()
         try:
             for _ in range(200):  # bounded: 10 s at most
