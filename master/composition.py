@@ -126,6 +126,7 @@ def compose(config: MasterConfig, store: Store, *, link_refusal: Callable[[], st
         refusal=link_refusal,
         lanes=intake_bounds(config),  # intake lanes and report pacing (master/intake.py, master/pacing.py, docs/overload.md)
         pace=pace_settings(config),
+        on_alive=lambda link, agent_id: parts.channel.alive_at_once(link, agent_id),
     )
     box = SecretBox.open(authority.pki_dir)  # beside the CA: backed up and shared with it
     commands = CommandLedger(

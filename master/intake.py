@@ -39,7 +39,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import get_args
 
@@ -148,8 +148,13 @@ class LinkIntake:
         counters: IntakeCounters,
         heard: dict[str, float] | None = None,
         agents: Collection[str] | None = None,
+        *,
+        alive: Callable[[str], bool] | None = None,
     ) -> None:
         self._handle = handle
+        # A fold's alive name handled at once, synchronously, when its agent's turn is free and that is all it asks
+        # (master/agent_channel.py ``alive_at_once``); whether it was. None: every name goes through ``_handle``.
+        self._alive = alive
         # The agents the link speaks for now (its ``AccessLink.agents``): a fold may still name one that left (it was
         # folded before), which is not heard of; None: every agent named is.
         self._agents = agents
@@ -338,8 +343,16 @@ class LinkIntake:
         frame of the agent is handled or a control frame of it waits, so a command's result is never held behind a
         fold, and a fold behind a result holds up only that agent's part of it."""
         handled, counters, began = 0, self._counters, time.perf_counter()
-        for report in itertools.chain((AgentReports(agent_id=agent_id) for agent_id in fold.alive), fold.reports):
-            await self._in_turn(report, control=False)
+        alive, in_hand, control_of = self._alive, self._handling, self._control_of
+        names: Iterable[str | AgentReports] = itertools.chain(fold.alive, fold.reports)
+        for named in names:
+            if isinstance(named, str):
+                # Its turn is free (nothing of it in hand, no control of it waiting) and the name asks only what
+                # ``alive`` does at once: no coroutine, no report object. Else in its turn, as any other.
+                if alive is None or named in in_hand or named in control_of or not alive(named):
+                    await self._in_turn(AgentReports(agent_id=named), control=False)
+            else:
+                await self._in_turn(named, control=False)
             handled += 1
             if handled % HANDLE_SLICE == 0:  # the Master's busy time, not the others' turns in between (pacing)
                 counters.busy_s += time.perf_counter() - began

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import http
 import logging
 import ssl
@@ -100,8 +101,10 @@ class RelayHub:
         refusal: Callable[[], str | None] | None = None,
         lanes: LaneBounds | None = None,
         pace: PaceSettings | None = None,
+        on_alive: Callable[[AccessLink, str], bool] | None = None,
     ) -> None:
         self._ssl = ssl_context
+        self._on_alive = on_alive  # a fold's alive name handled at once, if it can be (master/intake.py ``_unfold``)
         self._on_frame = on_frame
         self._on_close = on_close
         self._on_open = on_open
@@ -198,6 +201,7 @@ class RelayHub:
             self.intake,
             self.heard,
             link.agents,
+            alive=None if self._on_alive is None else functools.partial(self._on_alive, link),
         )
         handler = asyncio.create_task(intake.run(), name=f"intake-{link.relay_id}")
         await self._announce_pace()  # the admission share of every relay changed

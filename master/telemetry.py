@@ -95,8 +95,17 @@ _REASON_SETS = SharedValues(limit=4_096)
 
 
 def _merged_reasons(held: tuple[str, ...], named: tuple[str, ...]) -> tuple[str, ...]:
-    """``held`` with the reasons of ``named`` it lacks, sorted; ``held`` itself when it lacks none (the usual case)."""
-    if all(reason in held for reason in named):
+    """``held`` with the reasons of ``named`` it lacks, sorted; ``held`` itself when it lacks none (the usual case).
+
+    A kept sample's reasons and a minute's are shared tuples (``kept_sample``, ``_REASON_SETS``): a GPU that names the
+    same reasons all minute hands in the very tuple its minute holds, answered without a look at each reason (this
+    was 4 % of a 30,000-agent Master's loop in the hold, bench/HISTORY.md)."""
+    if named is held:
+        return held
+    for reason in named:
+        if reason not in held:
+            break
+    else:
         return held
     return _REASON_SETS.one(tuple(sorted({*held, *(_KNOWN_REASONS.get(reason, reason) for reason in named)})))
 

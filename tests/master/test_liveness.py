@@ -71,3 +71,56 @@ async def test_the_agents_of_a_link_whose_reader_waited_for_room_are_not_swept_f
 
 async def _nothing(*_: object) -> None:
     return None
+
+
+class _CountedScans(dict):
+    """The registry's agents, counting how often the whole fleet is gone through."""
+
+    scans = 0
+
+    def values(self):
+        self.scans += 1
+        return super().values()
+
+
+async def test_the_sweep_goes_through_the_fleet_only_once_an_agent_may_be_silent(tmp_path):
+    master = Master(MasterConfig(state_dir=str(tmp_path), link_port=0, heartbeat_s=1.0, missed_heartbeats=3))
+    await master.start()
+    try:
+        link = relay_link()
+        for agent_id in ("agt-a", "agt-b"):
+            await connect(master, link, agent_id, gpus(1))
+        registry = master.registry
+        registry.agents = counted = _CountedScans(registry.agents)
+        now = time.time()
+
+        assert await registry.sweep(now, 3.0, {}) == []  # one look: the oldest was seen a moment ago
+        assert await registry.sweep(now + 1.0, 3.0, {}) == []
+        assert await registry.sweep(now + 2.5, 3.0, {}) == []
+        assert counted.scans == 1  # no agent could have been silent for 3 s yet: nobody looked
+
+        gone = await registry.sweep(now + 3.5, 3.0, {})
+        assert sorted(gone) == ["agt-a", "agt-b"] and counted.scans == 2
+    finally:
+        await master.stop()
+
+
+async def test_an_agent_judged_again_with_an_old_last_seen_is_swept_at_once(tmp_path):
+    master = Master(MasterConfig(state_dir=str(tmp_path), link_port=0, heartbeat_s=1.0, missed_heartbeats=3))
+    await master.start()
+    try:
+        link = relay_link()
+        for agent_id in ("agt-fresh", "agt-back"):
+            await connect(master, link, agent_id, gpus(1))
+        registry = master.registry
+        now = time.time()
+        back = master.agent("agt-back")
+        await registry.transition(back, "heartbeat_lost", "silent")
+        assert await registry.sweep(now, 3.0, {}) == []  # agt-fresh alone is judged: seen a moment ago
+        back.last_seen = now - 100  # offline, last heard long ago
+        await registry.transition(back, "connected", "back, its heartbeats not yet read")
+
+        assert await registry.sweep(now + 1.0, 3.0, {}) == ["agt-back"]
+        assert master.agent("agt-fresh").state == "ready"
+    finally:
+        await master.stop()

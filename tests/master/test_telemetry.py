@@ -451,3 +451,23 @@ def test_a_gpus_ended_and_open_minutes_and_latest_sample_cost_about_a_kilobyte_w
         tracemalloc.stop()
     assert len(telemetry.latest) == gpus and len(telemetry._ended[MINUTE // 60 + 1]) == gpus
     assert held / gpus < 600
+
+
+def test_a_minute_named_the_same_reasons_holds_the_very_tuple_each_kept_sample_names():
+    """What makes adding a sample's reasons to its minute a single identity test (master/telemetry.py
+    ``_merged_reasons``): a kept sample's reasons and its minute's are one shared tuple."""
+    agg = TelemetryAggregator(store=None)  # type: ignore[arg-type]  # nothing flushed here
+    now = 28_000_000 * 60.0
+    decoded = [
+        msgspec.json.decode(
+            msgspec.json.encode(GpuSample(uuid="GPU-a", ts=now + i, utilization_pct=1.0, throttle_reasons=("gpu_idle",))),
+            type=GpuSample,
+        )
+        for i in range(3)
+    ]
+    kept = [kept_sample(s, "GPU-a") for s in decoded]
+    assert decoded[0].throttle_reasons is not decoded[1].throttle_reasons  # each frame decodes a tuple of its own
+    agg.ingest("agt-a", kept)
+    minute = agg._gpus["GPU-a"].minute_reasons
+    assert minute == ("gpu_idle",)
+    assert all(s.throttle_reasons is minute for s in kept)

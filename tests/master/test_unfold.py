@@ -4,6 +4,8 @@ relay-link handlers (tests/master/linked.py)."""
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import time
 
 from common.inventory import GpuSample
@@ -155,5 +157,68 @@ async def test_an_agent_gone_silent_keeps_no_overlay_paths(tmp_path):
 
         assert gone == ["agt-1"] and master.agent("agt-1").state == "offline"
         assert master.overlay_paths("agt-1", "c1") == {} and "agt-1" not in master.registry.overlay_paths
+    finally:
+        await master.stop()
+
+
+async def test_an_idle_agents_alive_name_is_handled_at_once_and_any_other_in_its_turn(tmp_path):
+    """master/intake.py ``_unfold`` with master/agent_channel.py ``alive_at_once``: the name of an idle agent whose last
+    heartbeat said nothing is all liveness, taken without a trip through the link handler; a busy agent's name (its
+    containers are checked again) goes the whole way."""
+    master = await started(tmp_path)
+    try:
+        link = relay_link()
+        await connect(master, link, "agt-idle", gpus(1))
+        await connect(master, link, "agt-busy", gpus(1, prefix="GPU-b"))
+        now = time.time()
+        said = [
+            AgentReports(agent_id="agt-idle", frames=[Heartbeat(seq=1, ts=now)]),
+            AgentReports(agent_id="agt-busy", frames=[Heartbeat(seq=1, ts=now, running=["c1"])]),
+        ]
+        await master.channel.on_link_frame(link, fold(*said))
+        assert master.agent("agt-busy").state == "busy"
+        idle_seen = master.agent("agt-idle").last_seen
+        handled: list[str] = []
+
+        async def handle(frame: object) -> None:
+            assert isinstance(frame, AgentReports)
+            handled.append(frame.agent_id)
+            await master.channel.on_link_frame(link, frame)
+
+        alive = functools.partial(master.channel.alive_at_once, link)
+        intake = LinkIntake(handle, _nothing, LaneBounds(), IntakeCounters(), {}, link.agents, alive=alive)
+        running = asyncio.create_task(intake.run())
+        await intake.take(encode(fold(alive=("agt-idle", "agt-busy"))))
+        for _ in range(100):
+            if handled:
+                break
+            await asyncio.sleep(0.01)
+        intake.close()
+        await running
+
+        assert handled == ["agt-busy"]
+        assert master.agent("agt-idle").last_seen > idle_seen and master.agent("agt-idle").state == "ready"
+        assert master.agent("agt-busy").state == "busy"  # its heartbeat's running container, checked again
+    finally:
+        await master.stop()
+
+
+async def test_alive_at_once_leaves_every_name_that_asks_more_than_liveness_to_the_whole_handling(tmp_path):
+    master = await started(tmp_path)
+    try:
+        link, other = relay_link("relay-a"), relay_link("relay-b")
+        await connect(master, link, "agt-quiet", gpus(1))
+        await connect(master, other, "agt-elsewhere", gpus(1, prefix="GPU-e"))
+        await connect(master, link, "agt-unfolded", gpus(1, prefix="GPU-u"))
+        now = time.time()
+        for agent_id, via in (("agt-quiet", link), ("agt-elsewhere", other)):
+            await master.channel.on_link_frame(via, fold(AgentReports(agent_id=agent_id, frames=[Heartbeat(seq=1, ts=now)])))
+
+        assert master.channel.alive_at_once(link, "agt-quiet")
+        assert not master.channel.alive_at_once(link, "agt-elsewhere")  # not linked through this relay
+        assert not master.channel.alive_at_once(link, "agt-unfolded")  # no full heartbeat of it in a fold yet
+        assert not master.channel.alive_at_once(link, "agt-unknown")
+        await master.registry.transition(master.agent("agt-quiet"), "workload_started", "for the test")
+        assert not master.channel.alive_at_once(link, "agt-quiet")  # busy: its containers are checked again
     finally:
         await master.stop()
