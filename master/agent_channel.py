@@ -61,7 +61,7 @@ from master.faults import HealthVerdict, Recovered
 from master.link import AccessLink
 from master.records import AgentRecord, CommandRecord, GpuRecord
 from master.renewal import renew_certificate
-from master.session import HELLO_REQUIRED, TAKE, Act, AgentSession, SessionRules, Verdict
+from master.session import ASK_HELLO, HELLO_REQUIRED, TAKE, Act, AgentSession, SessionRules, Verdict
 from master.states import AgentState
 from master.telemetry import SampleWindow, SetAside, kept_sample, plausible_gpu
 from master.worker_calls import (
@@ -329,6 +329,11 @@ class AgentChannel:
         if beat is None:  # its relay believes this Master has its heartbeat, which it has not: liveness alone
             if session.helloed:
                 self._registry.on_heartbeat(agent, now, max_gap_s=self._config.heartbeat_s * self._config.missed_heartbeats)
+            elif session.receive(_SAID_NOTHING, 0, now) is ASK_HELLO:
+                # A Master that never had its hello (it took over, or restarted) while the relay goes on folding the
+                # agent's unchanged heartbeats into names: a name may be all that ever comes. Asked, as a heartbeat
+                # would have it asked (at most once per interval); unasked, it stayed unknown here for good.
+                await self._ask_for_hello(link, agent.id)
             return
         self._metrics.frame_received(beat)
         verdict = session.receive(beat, 0, now)

@@ -113,6 +113,25 @@ async def test_a_fold_takes_nothing_of_an_agent_not_linked_through_it_and_asks_a
         await master.stop()
 
 
+async def test_an_agent_only_named_alive_to_a_master_without_its_hello_is_asked_for_one_once_per_interval(tmp_path):
+    """After a takeover (or a restart) the relay goes on folding an agent's unchanged heartbeats into its ``alive``
+    set: the new Master, which has neither its hello nor a heartbeat of it, must ask for a hello on the name alone, or
+    the agent stays unknown to it (found by ``bench takeover`` in CI: its agents never ready at the new leader)."""
+    master = await started(tmp_path)
+    try:
+        link = relay_link("relay-a")
+        await enrolled(master, "agt-kept")
+        link.agents.add("agt-kept")
+        master.hub.agent_links["agt-kept"] = link
+        await master.channel.on_link_frame(link, fold(alive=("agt-kept",)))
+        told = to_agent(link, "agt-kept")
+        assert [type(f) for f in told] == [Error] and told[0].code == "hello_required"  # type: ignore[union-attr]
+        await master.channel.on_link_frame(link, fold(alive=("agt-kept",)))  # moments later: not asked again
+        assert len(to_agent(link, "agt-kept")) == 1
+    finally:
+        await master.stop()
+
+
 async def _nothing(_: object) -> None:
     return None
 
