@@ -484,8 +484,10 @@ class Agent:
                 self.tunnels.open(frame.ticket, self._relay_link)  # checks it, then serves it in a task of its own
             case RefuseTunnel(ticket_id):
                 log.info("tunnel refused: agent stopping", extra={"ticket": ticket_id})
-            case RelayReported(status, degraded):
+            case RelayReported(status, degraded, hello_again):
                 self._on_relay_status(status, degraded)
+                if hello_again:
+                    await self._send(self._hello())
             case NewDirectory(relays):
                 self._on_relay_directory(relays)
             case RenewalAnswered(response):

@@ -24,7 +24,8 @@ Actions, the closed set ``Action``; each frame kind leads to one:
     result_ack                              ResultAcked(id)              the ledger stops resending that result
     tunnel_open                             OpenTunnel(frame)            the tunnel server checks the ticket
     tunnel_open, while stopping             RefuseTunnel(ticket id)      logged, nothing dialled
-    relay_status                            RelayReported(status, ...)   ``relay_degraded`` set here; logged
+    relay_status                            RelayReported(status, ...)   ``relay_degraded`` set here; logged; up again
+                                                                         before a welcome: the hello again
     relay_directory                         NewDirectory(relays)         the connector ranks it, kept on disk
     config                                  NewKeys(...)                 intervals set here (0 or absent: kept)
     renew_response                          RenewalAnswered(response)    the renewer installs the certificate
@@ -130,6 +131,9 @@ class RefuseTunnel:
 class RelayReported:
     status: RelayStatus
     degraded: bool  # the relay cannot reach the Master: what the agent sends waits in its buffer
+    # The Master is reachable again and has not welcomed this connection: the hello may have died with the Master
+    # that took it (a leader SIGKILLed mid-hello; its successor never heard it), so it goes again.
+    hello_again: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,13 +201,14 @@ SEND_HELLO = SendHello()
 class MasterSession:
     """One per agent process, across its connections: the daemon hands it every message and carries out the action."""
 
-    __slots__ = ("heartbeat_s", "telemetry_s", "relay_degraded", "running", "_stopping", "_ping", "_seq")
+    __slots__ = ("heartbeat_s", "telemetry_s", "relay_degraded", "running", "welcomed", "_stopping", "_ping", "_seq")
 
     def __init__(self, *, heartbeat_s: float = DEFAULT_HEARTBEAT_S, telemetry_s: float = DEFAULT_TELEMETRY_S) -> None:
         self.heartbeat_s = heartbeat_s
         self.telemetry_s = telemetry_s
         self.relay_degraded = False
         self.running: set[str] = set()  # command ids handed to the executor and not ended yet
+        self.welcomed = False  # the Master welcomed the current connection
         self._stopping = False
         self._ping: str | None = None  # the nonce of the last ping, echoed by every heartbeat after it
         self._seq = itertools.count(1)
@@ -219,6 +224,7 @@ class MasterSession:
     def connection_opened(self) -> None:
         """A new relay: it says at once if it cannot reach the Master."""
         self.relay_degraded = False
+        self.welcomed = False
 
     def receive(self, message: str | bytes) -> Action:
         """Decode one message from the relay and judge it. Never raises."""
@@ -236,6 +242,7 @@ class MasterSession:
                 return NOTHING
             case Welcome():
                 self.heartbeat_s, self.telemetry_s = frame.heartbeat_s, frame.telemetry_s
+                self.welcomed = True
                 return Welcomed(frame)
             case Config():
                 # Absent or zero: the interval stays (a config frame about keys names none).
@@ -246,7 +253,8 @@ class MasterSession:
                 return RefuseTunnel(frame.ticket.body.id) if self._stopping else OpenTunnel(frame)
             case RelayStatus():
                 self.relay_degraded = frame.master_link != MASTER_LINK_UP
-                return RelayReported(frame, self.relay_degraded)
+                again = not self.relay_degraded and not self.welcomed and not self._stopping
+                return RelayReported(frame, self.relay_degraded, hello_again=again)
             case RelayDirectory():
                 return NewDirectory(frame.relays)
             case RenewResponse():

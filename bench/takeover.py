@@ -78,7 +78,11 @@ def _one_run(work: Path, server_uri: str, n: int, options: TakeoverBenchOptions)
             str(b.issue_command(targets[k], "create_container", {**spec, "name": f"takeover-{k}"})["id"])
             for k in range(before, options.commands)
         ]
-        wait_for(lambda: all_on(b, agent_ids, "relay-1"), LIVENESS_S, "every agent ready at master-b", interval=0.1)
+        try:
+            wait_for(lambda: all_on(b, agent_ids, "relay-1"), LIVENESS_S, "every agent ready at master-b", interval=0.1)
+        except AssertionError as exc:  # what the new leader saw of each, and its log's end: why they are not ready
+            seen = {a["id"]: (a["state"], a.get("relay")) for a in b.list("/api/v1/agents")}
+            raise AssertionError(f"{exc}\nmaster-b sees {seen}\n{pair.daemons[MASTER_B].tail()}") from None
         agents_ready_s = time.monotonic() - killed_at
         states = [
             wait_for(lambda c=c: (r := b.command(c))["state"] in FINISHED and r["state"], LIVENESS_S, f"command {c}")

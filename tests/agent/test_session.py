@@ -163,11 +163,29 @@ def test_a_relay_that_cannot_reach_the_master_is_degraded_until_it_says_otherwis
     assert session.receive(encode(down)) == RelayReported(down, degraded=True)
     assert session.relay_degraded
     up = RelayStatus(master_link="up")
-    assert session.receive(encode(up)) == RelayReported(up, degraded=False)
+    assert session.receive(encode(up)) == RelayReported(up, degraded=False, hello_again=True)  # not welcomed yet
     assert not session.relay_degraded
     session.receive(encode(down))
     session.connection_opened()
     assert not session.relay_degraded
+
+
+def test_the_master_reachable_again_before_a_welcome_has_the_hello_sent_again_and_after_one_not():
+    """A hello the relay handed to a Master that died before welcoming (an HA leader SIGKILLed mid-hello) is gone: the
+    successor never heard it, and an agent not welcomed sends nothing else (its heartbeats wait for the welcome). So
+    when the relay reaches a Master again and this connection has no welcome, the hello goes again (found by ``bench
+    takeover``: agents never ready at the new leader). A welcomed connection's, or a stopping agent's, does not."""
+    session = MasterSession()
+    down, up = RelayStatus(master_link="down"), RelayStatus(master_link="up")
+    session.receive(encode(down))
+    assert session.receive(encode(up)) == RelayReported(up, degraded=False, hello_again=True)
+    session.receive(encode(welcome()))
+    session.receive(encode(down))
+    assert session.receive(encode(up)) == RelayReported(up, degraded=False, hello_again=False)
+    session.connection_opened()  # a new relay: no welcome on it yet
+    assert session.receive(encode(up)).hello_again  # type: ignore[union-attr]
+    session.stop()
+    assert session.receive(encode(up)) == RelayReported(up, degraded=False, hello_again=False)
 
 
 def test_a_relay_directory_is_passed_on():
