@@ -540,19 +540,21 @@ async def _podman_cold_starts(
 def _pull_event_at(podman: PodmanHost, image: str, after: float) -> float:
     """When the pull of ``image`` for the create placed at ``after`` (Unix seconds) ended: the engine's ``create`` event
     of the container of that image (its ``pull`` event is written as the pull begins, not as it ends)."""
+    pulled = False
     for _ in range(100):  # the event file may trail the create's answer by a moment: 5 s at most
         done = podman.podman("events", "--stream=false", "--since", f"{after - 1:.3f}", "--format", "json", timeout_s=30)
         events = [json.loads(line) for line in done.stdout.splitlines()]
-        if not any(e.get("Status") == "pull" and e.get("Name") == image for e in events):
-            raise RuntimeError(f"the engine recorded no pull of {image} after {after}: was the image still on the host?")
+        pulled = any(e.get("Status") == "pull" and e.get("Name") == image for e in events)
         created = [
             _podman_time(e["Time"])
             for e in events
             if e.get("Type") == "container" and e.get("Status") == "create" and e.get("Image") == image
         ]
-        if created:
+        if pulled and created:
             return min(created)
         time.sleep(0.05)
+    if not pulled:
+        raise RuntimeError(f"the engine recorded no pull of {image} after {after}: was the image still on the host?")
     raise RuntimeError(f"the engine recorded no container created of {image} after {after}")
 
 
