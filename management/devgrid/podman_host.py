@@ -58,6 +58,12 @@ ROOT_DIRS = ("proc", "sys", "dev", "etc", "tmp")
 HOST_PYTHON = "3.11"  # Debian 12's python3, which an image with Python carries (add_python)
 # What of the host's standard library an image leaves out: tests, tools, caches, Tk (about 25 of its 54 MB).
 STDLIB_LEFT_OUT = ("test", "idlelib", "tkinter", "turtledemo", "lib2to3", "ensurepip", "__pycache__", "config-3*", "*_test*.so")
+# What glibc loads at run time, which ``ldd`` cannot see: libgcc_s unwinds a thread that pthread_exit ends, as Python
+# ends a daemon thread still running when the interpreter exits. Without it such an exit aborts (status 139, "libgcc_s.so.1
+# must be installed for pthread_exit to work"): an endpoint worker stopped while a thread still waits on its socket.
+DLOPENED = ("libgcc_s.so.1",)
+# Bumped when what ``add_python`` puts in an image changes, so a kept image of the old layout is built again.
+PYTHON_LAYOUT = "2"
 
 
 class PodmanUnavailable(IdlegridError):
@@ -91,7 +97,9 @@ def _worker_files() -> dict[str, str]:
 WORKER_FILES = _worker_files()
 # An endpoint's worker: the host's Python and the handler library, serving the echo worker. Its tag is its files'
 # digest, so a state directory that kept an image of another version of the library builds this one beside it.
-WORKER_IMAGE = "localhost/idlegrid-worker:" + hashlib.sha256(repr(sorted(WORKER_FILES.items())).encode()).hexdigest()[:12]
+WORKER_IMAGE = (
+    "localhost/idlegrid-worker:" + hashlib.sha256(repr((PYTHON_LAYOUT, sorted(WORKER_FILES.items()))).encode()).hexdigest()[:12]
+)
 WORKER = BusyboxImage(
     WORKER_IMAGE,
     ("ENV PATH=/usr/bin:/bin", "ENV PYTHONPATH=/opt", "ENV PYTHONDONTWRITEBYTECODE=1", 'CMD ["python3", "/app/worker.py"]'),
@@ -321,11 +329,24 @@ def add_python(rootfs: Path) -> None:
     (rootfs / "usr" / "bin" / "python3").symlink_to(interpreter.name)
     shutil.copytree(stdlib, rootfs / stdlib.relative_to("/"), symlinks=True, ignore=shutil.ignore_patterns(*STDLIB_LEFT_OUT))
     linked = [interpreter, *sorted((stdlib / "lib-dynload").glob("*.so"))]
-    for library in sorted({lib for program in linked for lib in _linked_libraries(program)}):
+    loaded = [_library_path(name) for name in DLOPENED]
+    linked += loaded
+    for library in sorted({*loaded, *(lib for program in linked for lib in _linked_libraries(program))}):
         target = rootfs / library.relative_to("/")
         if not target.exists():
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(library, target)  # a link's target's bytes, under the name the loader asks for
+
+
+def _library_path(name: str) -> Path:
+    """Where the loader finds the shared library ``name`` (as ``ldconfig -p`` lists it); PodmanUnavailable if nowhere."""
+    ldconfig = shutil.which("ldconfig") or "/sbin/ldconfig"  # in /sbin, which a user's PATH may lack
+    listed = subprocess.run([ldconfig, "-p"], capture_output=True, text=True, check=False).stdout
+    for line in listed.splitlines():
+        soname, _, path = line.strip().partition(" => ")
+        if soname.split(" ")[0] == name and Path(path).exists():
+            return Path(path)
+    raise PodmanUnavailable(f"an image with Python needs the host's {name} (Debian package libgcc-s1)")
 
 
 def _linked_libraries(program: Path) -> list[Path]:

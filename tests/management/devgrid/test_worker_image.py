@@ -47,3 +47,29 @@ def test_the_worker_image_serves_requests_from_a_socket_bound_into_its_container
             output, _ = worker.communicate(timeout=30)
             standin.stop()
         assert worker.returncode == 0, output
+
+
+# Threads still running when the interpreter exits: Python ends each with pthread_exit, which unwinds through libgcc_s,
+# a library glibc loads by name at that moment (ldd lists it for nothing). Without it in the image the exit aborts
+# with status 139 — what a worker stopped mid-wait did once in CI, at random; four spinning threads make it near sure.
+DAEMON_THREADS_AT_EXIT = """
+import threading, time
+def spin():
+    while True:
+        sum(range(1000))
+for _ in range(4):
+    threading.Thread(target=spin, daemon=True).start()
+time.sleep(0.2)
+print("exiting")
+"""
+
+
+def test_python_in_the_worker_image_exits_cleanly_with_daemon_threads_still_running(podman: PodmanService) -> None:
+    podman.ensure_image(WORKER)
+    for attempt in range(4):
+        run = subprocess.run(
+            ["podman", "run", "--rm", "--network", "none", WORKER_IMAGE, "python3", "-c", DAEMON_THREADS_AT_EXIT],
+            env=podman.env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert (run.returncode, run.stdout.strip()) == (0, "exiting"), (attempt, run.stderr)
+        assert "libgcc_s" not in run.stderr
