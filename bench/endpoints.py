@@ -48,6 +48,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -102,6 +103,10 @@ class EndpointsBenchOptions:
     podman_starts: int = 20  # cold starts on a Podman host (0: none)
     podman_pull_starts: int = 20  # then cold starts there whose image is pulled each time from a local registry (0: none)
     profile_dir: str = ""  # py-spy samples the Master, the relay and the agents during the many-clients phase, here
+    # Who plays the many clients: "wrk" (Debian's wrk, C: a few us of CPU a request, so the grid's processes get the
+    # cores the bench's own Python clients took, about 0.5 ms a request), "python" (aiohttp loops in this process, as
+    # the one client is) or "auto" (wrk where it is installed).
+    load_client: str = "auto"
 
 
 async def _api(client: AsyncApiClient, method: str, path: str, body: Any = None) -> Any:
@@ -211,6 +216,52 @@ async def _clients(endpoint: Endpoint, clients: int, seconds: float) -> tuple[li
     return timings, time.perf_counter() - started
 
 
+WRK_SCRIPT = Path(__file__).with_name("wrk_runsync.lua")
+
+
+async def _wrk_clients(endpoint: Endpoint, base_url: str, clients: int, seconds: float) -> dict[str, Any]:
+    """``clients`` connections of wrk, each a loop of runsync for ``seconds``: its figures as a row of ``_ms``'s shape
+    (ms), with the requests/s of the completed ones and the failures (each in ``endpoint.errors``)."""
+    env = {
+        **os.environ,
+        "IDLEGRID_WRK_KEY": endpoint.headers["Authorization"].removeprefix("Bearer "),
+        "IDLEGRID_WRK_BODY": json.dumps({"input": PAYLOAD}),
+    }
+    url = f"{base_url}/api/v1/endpoints/{endpoint.id}/runsync?wait=30000"
+    command = ["wrk", "-t", str(min(2, clients)), "-c", str(clients), "-d", f"{seconds:g}s", "--timeout", "35s"]
+    wrk = await asyncio.create_subprocess_exec(
+        *command, "-s", str(WRK_SCRIPT), url, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
+    output, _ = await wrk.communicate()
+    text = output.decode(errors="replace")
+    figures = next((json.loads(line) for line in text.splitlines() if line.startswith("{")), None)
+    if wrk.returncode != 0 or figures is None:
+        raise RuntimeError(f"wrk failed ({wrk.returncode}): {text[-2000:]}")
+    if figures["failed"] or figures["socket_errors"]:
+        endpoint.errors.append(
+            f"wrk: {figures['failed']} answers not COMPLETED, {figures['socket_errors']} socket errors; "
+            f"first: {figures['first_failure']}"
+        )
+    took_s = figures["duration_us"] / 1e6
+    return {
+        "n": figures["completed"],
+        **{f"p{q}": round(figures[f"p{q}_us"] / 1000, 2) for q in (50, 95, 99)},
+        "requests_per_s": round(figures["completed"] / took_s, 1),
+        "client": "wrk",
+    }
+
+
+def load_client(choice: str) -> str:
+    """The many clients' player that ``choice`` names ("auto": wrk where it is installed, else python)."""
+    if choice not in ("auto", "wrk", "python"):
+        raise ValueError(f"--load-client is auto, wrk or python, not {choice!r}")
+    if choice == "auto":
+        return "wrk" if shutil.which("wrk") else "python"
+    if choice == "wrk" and shutil.which("wrk") is None:
+        raise RuntimeError("--load-client wrk: wrk is not installed (Debian package wrk; scripts/setup-env --test)")
+    return choice
+
+
 def _cpu_s(grid: LocalGrid) -> dict[str, float]:
     """CPU seconds so far of each part: the Master, the relay, the agents together, the worker processes together (those
     running ``HANDLER``) and this process (the clients)."""
@@ -228,7 +279,7 @@ def _cpu_s(grid: LocalGrid) -> dict[str, float]:
             if WORKER_MARK in (entry / "cmdline").read_bytes():
                 taken["workers"] += read_usage(int(entry.name)).cpu_s
     own = os.times()
-    taken["clients"] = own.user + own.system
+    taken["clients"] = own.user + own.system + own.children_user + own.children_system  # wrk, once waited for
     return taken
 
 
@@ -360,9 +411,10 @@ async def _make_endpoint(
 
 
 async def _run(grid: LocalGrid, options: EndpointsBenchOptions, registry: str = "") -> dict[str, Any]:
+    player = load_client(options.load_client)
     agent_ids = await _start_hosts(grid, options)
     grid.client.create_account(RENTER, "renter")
-    result: dict[str, Any] = {"options": asdict(options)}
+    result: dict[str, Any] = {"options": asdict(options), "load_client": player}
     connector = aiohttp.TCPConnector(limit=options.clients + 8)
     async with (
         AsyncApiClient(grid.api_url, grid.client.api_key) as operator,
@@ -395,24 +447,32 @@ async def _run(grid: LocalGrid, options: EndpointsBenchOptions, registry: str = 
         if profiler is not None:
             profiler.start({d.name: d.pid for d in grid.daemons if d.alive()}, options.load_s)
         cpu_before, load_before = _cpu_s(grid), os.getloadavg()[0]
-        many_task = asyncio.create_task(_clients(serving, options.clients, options.load_s))
+        if player == "wrk":
+            many_task: asyncio.Task[Any] = asyncio.create_task(
+                _wrk_clients(serving, grid.api_url, options.clients, options.load_s)
+            )
+        else:
+            many_task = asyncio.create_task(_clients(serving, options.clients, options.load_s))
         busy_cmds = await _commands(load, options.cmd_rate, many_task, 0)
-        many, many_s = many_task.result()
+        if player == "wrk":
+            many_row = many_task.result()
+        else:
+            many, many_s = many_task.result()
+            many_row = {**_ms(many), "requests_per_s": round(len(many) / many_s, 1), "client": "python"}
         cpu_after = _cpu_s(grid)
         if profiler is not None:
             result["profile"] = await asyncio.to_thread(profiler.finish)
         # Where the requests' CPU went: ms of each part per completed request (the command load's share included),
         # and the load average of the machine (other work on it takes its cores too).
         result["cpu_ms_per_request"] = {
-            part: round((cpu_after[part] - cpu_before[part]) * 1000 / max(1, len(many)), 2) for part in cpu_after
+            part: round((cpu_after[part] - cpu_before[part]) * 1000 / max(1, many_row["n"]), 2) for part in cpu_after
         }
         result["cpu_ms_per_request"]["all"] = round(sum(result["cpu_ms_per_request"].values()), 2)
         result["load_average"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
         direct_s = _ms(direct)
         result["direct_ms"] = direct_s
-        for name, timings, seconds in (("one_client", single, single_s), ("many_clients", many, many_s)):
-            row = _ms(timings)
-            row["requests_per_s"] = round(len(timings) / seconds, 1)
+        single_row = {**_ms(single), "requests_per_s": round(len(single) / single_s, 1), "client": "python"}
+        for name, row in (("one_client", single_row), ("many_clients", many_row)):
             row["overhead_p50_ms"] = round(row["p50"] - direct_s["p50"], 2) if row["p50"] is not None else None
             row["overhead_p99_ms"] = round(row["p99"] - direct_s["p99"], 2) if row["p99"] is not None else None
             result[name] = row
@@ -572,6 +632,7 @@ def _image_bytes(podman: PodmanHost, image: str) -> int | None:
 
 def run_endpoints_bench(options: EndpointsBenchOptions, work_dir: str = "") -> dict[str, Any]:
     """``work_dir``: where the grid's directory is made and kept, with every log (default: a temporary one, removed)."""
+    load_client(options.load_client)  # a wrong or missing client is said before a grid is started
     with contextlib.ExitStack() as stack:
         if work_dir:
             root = Path(tempfile.mkdtemp(prefix="idlegrid-endpoints-bench-", dir=work_dir))
@@ -615,7 +676,7 @@ def endpoints_table(r: dict[str, Any]) -> str:
     lines = [f"{'runsync, 1 KB (ms)':<24} {'n':>6} {'p50':>8} {'p99':>8} {'over p50':>8} {'over p99':>8} {'req/s':>8}"]
     lines.append(_row("handler called directly", r["direct_ms"]))
     lines.append(_row("1 client", r["one_client"]))
-    lines.append(_row(f"{o['clients']} clients", r["many_clients"]))
+    lines.append(_row(f"{o['clients']} clients ({r['load_client']})", r["many_clients"]))
     t = r["targets"]
     lines.append(
         f"overhead p99 < {t['overhead_p99_ms']:g} ms (1 client): {'met' if r['met']['overhead_p99_ms'] else 'MISSED'}"
