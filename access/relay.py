@@ -297,10 +297,6 @@ class AgentConnection:
     outbox: list[bytes] = field(default_factory=list)
     outbox_bytes: int = 0
 
-    async def send(self, data: bytes) -> bool:
-        """Send one frame: ``post``, kept async for its callers."""
-        return self.post(data)
-
     def post(self, data: bytes) -> bool:
         """Queue one frame for this agent; the frames posted within one turn of the event loop are written together,
         in order, as one write (one TLS record, one syscall) at the next turn (``flush``): not a window, so a lone
