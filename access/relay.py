@@ -36,6 +36,7 @@ from cryptography import x509
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
+from websockets.protocol import State
 
 from access.config import AccessConfig
 from access.metrics import RelayMetrics
@@ -73,8 +74,6 @@ log = logging.getLogger(__name__)
 
 
 SWEEP_INTERVAL_S = 5.0
-# Frames from the Master are delivered one at a time on the link's reader; one agent must not hold it long.
-DELIVER_TIMEOUT_S = 2.0
 WELCOME_PREFIX = b'{"type":"welcome"'
 ADMISSION_WAIT_MAX_S = 300.0  # the longest Retry-After an agent honours (its retry_after_max_s)
 # Past this many openings in flight per allowed one (max_handshakes), new TCP connections are reset at accept:
@@ -294,16 +293,39 @@ class AgentConnection:
     def agent_id(self) -> str:
         return self.identity.id
 
-    async def send(self, data: bytes) -> bool:
-        try:
-            await self.connection.send(data, text=True)
-            return True
-        except ConnectionClosed:
+    # Frames posted for this agent in this turn of the event loop and not yet written (``post``, ``flush``).
+    outbox: list[bytes] = field(default_factory=list)
+    outbox_bytes: int = 0
+
+    def post(self, data: bytes) -> bool:
+        """Queue one frame for this agent; the frames posted within one turn of the event loop are written together,
+        in order, as one write (one TLS record, one syscall) at the next turn (``flush``): not a window, so a lone
+        control frame goes at once. False when the connection is no longer open (nothing is written then)."""
+        if self.connection.protocol.state is not State.OPEN:
             return False
+        if not self.outbox:
+            asyncio.get_running_loop().call_soon(self.flush)
+        self.outbox.append(data)
+        self.outbox_bytes += len(data)
+        return True
+
+    def flush(self) -> int:
+        """Write what ``post`` queued as one write; how many frames it wrote (0: none waited, or the connection is
+        no longer open, when they are dropped as a send on a closing connection was)."""
+        frames, self.outbox, self.outbox_bytes = self.outbox, [], 0
+        connection = self.connection
+        if not frames or connection.protocol.state is not State.OPEN or connection.transport.is_closing():
+            return 0
+        protocol = connection.protocol
+        for data in frames:
+            protocol.send_text(data)
+        # websockets writes each frame by itself (``send_data``): joined, they are one TLS record and one syscall.
+        connection.transport.write(b"".join(protocol.data_to_send()))
+        return len(frames)
 
     def backlog(self) -> int:
         transport = self.connection.transport
-        return transport.get_write_buffer_size() if transport is not None else 0
+        return (transport.get_write_buffer_size() if transport is not None else 0) + self.outbox_bytes
 
 
 class AgentGateway:
@@ -479,7 +501,7 @@ class AgentGateway:
         if session is None:
             return
         if not self._link.is_up:  # it would otherwise take the Master's silence for a lost hello
-            await session.send(self._link.status_frame())
+            self._post(session, self._link.status_frame())
         try:
             await self._relay_frames(session)
         except ConnectionClosed:
@@ -627,7 +649,7 @@ class AgentGateway:
         self._metrics.frame_error(exc.code)
         if not quiet:  # rate limiting would log once per dropped frame; the metric says enough
             log.info("bad frame from agent: %s", exc, extra={"agent": session.agent_id, "code": exc.code})
-        await session.send(error_frame(exc))
+        self._post(session, error_frame(exc))
 
     # --- master -> agent ---------------------------------------------------------------------------
 
@@ -636,30 +658,27 @@ class AgentGateway:
         session = self.sessions.get(agent_id)
         if session is None or not session.open:
             return False
-        if session.backlog() + len(frame) > self._max_backlog:
-            self._cut_off_slow(session, session.backlog())
-            return False
-        try:
-            # Below write_limit a send does not wait; the timeout only guards against the unexpected. A timeout
-            # scope, not wait_for: on Python 3.11 wait_for runs the send as a task of its own, so every frame cost
-            # the link's reader a turn of the event loop; in a reconnect storm, with thousands of TLS handshakes
-            # taking a step each turn (100-200 ms a turn), the frames behind (commands, welcomes) waited seconds.
-            async with asyncio.timeout(DELIVER_TIMEOUT_S):
-                sent = await session.send(frame)
-        except TimeoutError:
-            self._cut_off_slow(session, session.backlog())
-            return False
-        if not sent:
+        if not self._post(session, frame):
             return False
         self._metrics.frame_out(frame)
         if frame.startswith(WELCOME_PREFIX):
             session.pace_told = self._pace_epoch
             session.directory_told = self._directory_epoch  # the welcome carries the directory, as new as any news before it
             if self._paced and self._pace_frame is not None:
-                await session.send(self._pace_frame)  # the welcome's intervals are the defaults: the pace overrides them
+                self._post(session, self._pace_frame)  # the welcome's intervals are the defaults: the pace overrides them
         if frame.startswith(RENEW_RESPONSE_PREFIX):
             self._adopt_renewed_certificate(session, frame)
         return True
+
+    def _post(self, session: AgentConnection, frame: bytes) -> bool:
+        """Every frame to an agent goes this way: posted, never awaited, so the frames that the Master's messages of
+        one read bring an agent are written together at the next turn of the loop (``AgentConnection.post``), and a
+        lone one at once. An agent that does not read what it is sent (its unsent bytes past ``_max_backlog``) is cut
+        off rather than let grow the relay's memory."""
+        if session.backlog() + len(frame) > self._max_backlog:
+            self._cut_off_slow(session, session.backlog())
+            return False
+        return session.post(frame)
 
     def _adopt_renewed_certificate(self, session: AgentConnection, frame: bytes) -> None:
         """The Master just renewed this agent's certificate over this session: the session now lives as long as it.
@@ -732,7 +751,7 @@ class AgentGateway:
         Master link's reader (and the commands behind it) for hundreds of milliseconds at every change."""
         session.pace_told = self._pace_epoch
         if self._pace_frame is not None:
-            await session.send(self._pace_frame)
+            self._post(session, self._pace_frame)
 
     async def directory(self, news: DirectoryNews) -> None:
         """The relay directory changed: each agent here is told with its next frame (a heartbeat comes every few
@@ -745,7 +764,7 @@ class AgentGateway:
     async def _tell_directory(self, session: AgentConnection) -> None:
         session.directory_told = self._directory_epoch
         if self._directory_frame is not None:
-            await session.send(self._directory_frame)
+            self._post(session, self._directory_frame)
 
     async def revoke(self, serials: Iterable[str]) -> None:
         """Remember revoked serials and cut off every session and tunnel holding one, at once."""
@@ -833,6 +852,7 @@ class AgentGateway:
     def _close_later(self, session: AgentConnection, code: int, reason: str) -> None:
         """Close without waiting for the closing handshake, so one dead peer holds nobody else up."""
         session.open = False
+        session.flush()  # what was posted before the close goes before it, as it did when each frame was sent at once
         task = asyncio.create_task(session.connection.close(code, reason), name=f"close-{session.agent_id}")
         self._closers.add(task)
         task.add_done_callback(self._closers.discard)

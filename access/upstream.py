@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import msgspec
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+from websockets.exceptions import ConnectionClosed, ConnectionClosedOK, InvalidHandshake, InvalidURI
 
 from access.config import AccessConfig
 from access.fold import ReportFolder
@@ -52,6 +52,7 @@ from common.wire import (
     ErrorCode,
     Heartbeat,
     Hello,
+    LinkFrame,
     Relay,
     RelayStatus,
     ReportFold,
@@ -59,6 +60,7 @@ from common.wire import (
     Revocations,
     Telemetry,
     decode_link_frame,
+    decode_link_message,
     encode,
     error_frame,
     negotiate,
@@ -592,6 +594,7 @@ class MasterLink:
             http_url=self.http_url,
             directory_news=True,
             folds=self.config.fold_interval_s > 0,
+            batches=True,
         )
         await connection.send(encode(hello), text=True)
         welcome = decode_link_frame(await asyncio.wait_for(connection.recv(), WELCOME_TIMEOUT_S))
@@ -654,8 +657,22 @@ class MasterLink:
                     await task
 
     async def _receive_all(self, connection: ClientConnection) -> None:
-        async for message in connection:
-            await self._receive(connection, message)
+        """Each message of the Master's in turn: one frame, or (to a relay whose hello said ``batches``) a JSON array of
+        them, handled in order as if sent one by one; a bad frame in a batch costs only itself. Read as bytes: msgspec
+        decodes UTF-8 itself, so websockets need not decode every message to a str first."""
+        while True:
+            try:
+                message = await connection.recv(decode=False)
+            except ConnectionClosedOK:
+                return
+            if message[:1] != b"[":
+                await self._receive(connection, message)
+                continue
+            for frame in decode_link_message(message):
+                if isinstance(frame, ProtocolError):
+                    await self._refuse_frame(connection, frame)
+                else:
+                    await self._handle(frame)
 
     async def _pump(self, connection: ClientConnection, batches: bool) -> None:
         """Send the buffer in order; an entry leaves it only once the send went through.
@@ -733,9 +750,15 @@ class MasterLink:
         try:
             frame = decode_link_frame(message)
         except ProtocolError as exc:
-            log.warning("bad frame from the Master: %s", exc, extra={"code": exc.code})
-            await connection.send(error_frame(exc), text=True)
+            await self._refuse_frame(connection, exc)
             return
+        await self._handle(frame)
+
+    async def _refuse_frame(self, connection: ClientConnection, exc: ProtocolError) -> None:
+        log.warning("bad frame from the Master: %s", exc, extra={"code": exc.code})
+        await connection.send(error_frame(exc), text=True)
+
+    async def _handle(self, frame: LinkFrame) -> None:
         assert self._agents is not None
         try:
             match frame:

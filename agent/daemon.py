@@ -27,7 +27,7 @@ from typing import Protocol
 
 import msgspec
 from websockets.asyncio.client import ClientConnection
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, ConnectionClosedOK
 from websockets.frames import CloseCode
 
 from agent.benchmark.setup import held_by_containers, open_responder
@@ -389,7 +389,11 @@ class Agent:
             if config.exit_check_s > 0:
                 tasks.append(asyncio.create_task(self._exit_check_loop(ws)))
             try:
-                async for message in ws:
+                while True:
+                    try:
+                        message = await ws.recv(decode=False)  # msgspec reads UTF-8 itself: no str made first
+                    except ConnectionClosedOK:
+                        break
                     await self._on_message(message)
             finally:
                 self._ws, self._relay_link = None, None

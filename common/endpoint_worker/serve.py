@@ -203,6 +203,7 @@ class _Worker:
                 self.settled.notify_all()
 
     def run(self, request: Request) -> None:
+        handed = False  # its result handed to the results sender, which settles the request once it is sent
         try:
             output = self.handler(request)
             output = self.drive(request, output)
@@ -216,11 +217,22 @@ class _Worker:
             if request.cancelled:
                 log.info("request %s was cancelled: its result is dropped", request.id)
             else:
-                self.deliver_result(request.id, output)
+                handed = self.deliver_result(request.id, output)
         finally:
-            with self.lock:
-                self.in_flight.pop(request.id, None)
-                self.settled.notify_all()  # this thread looks for its next turn itself: it may take the room made
+            if not handed:
+                with self.lock:
+                    self.in_flight.pop(request.id, None)
+                    self.settled.notify_all()  # this thread looks for its next turn itself: it may take the room made
+
+    def settle(self, request_ids: list[str]) -> None:
+        """Requests whose results the results sender delivered leave in_flight; a thread waiting for its turn may take
+        the room made (the runners went on without waiting for their results: no thread looks by itself)."""
+        with self.lock:
+            for request_id in request_ids:
+                self.in_flight.pop(request_id, None)
+            self.settled.notify_all()
+            if not self.taking:
+                self.turn.notify()
 
     def drive(self, request: Request, output: Any) -> Any:
         """The handler's final output: a plain value as it is; a coroutine awaited; a generator's (or an async
@@ -254,14 +266,24 @@ class _Worker:
         finally:
             items.close()
 
-    def deliver_result(self, request_id: str, output: Any) -> None:
-        """The result, with the others finished meanwhile in one call (``_ResultSender``); alone, by its request's
-        own path, when it is large or the agent has no results call."""
+    def deliver_result(self, request_id: str, output: Any) -> bool:
+        """The result, with the others finished meanwhile in one call (``_ResultSender``): True when it was handed
+        to the sender, which settles the request once it is sent, while this thread goes on (it waited for its
+        outcome before: a thread's wake for every request, most of the library's CPU under load); alone, by its
+        request's own path, when it is large or the agent has no results call."""
         try:
             encoded = json.dumps(output).encode()
         except (TypeError, ValueError) as exc:
-            return self.deliver_error(request_id, exc)
-        outcome = None if len(encoded) > RESULTS_BATCH_BYTES else self.results.send(request_id, encoded)
+            self.deliver_error(request_id, exc)
+            return False
+        if len(encoded) <= RESULTS_BATCH_BYTES and self.results.hand(request_id, encoded, output):
+            return True
+        self.result_sent(request_id, output, None)
+        return False
+
+    def result_sent(self, request_id: str, output: Any, outcome: int | None) -> None:
+        """What follows a result's outcome: None, it goes alone by its own path (the agent has no results call); 413
+        an error report; 404, 409 dropped."""
         if outcome is None:
             try:
                 self.deliver(request_id, contract.RESULT, {"output": output}, raise_unsendable=True)
@@ -345,18 +367,18 @@ class _Worker:
                         self.in_flight[request_id].cancel()
 
 
-@dataclass
+@dataclass(slots=True)
 class _Result:
     request_id: str
     encoded: bytes
-    done: threading.Event = field(default_factory=threading.Event)
-    outcome: int | None = None
+    output: Any  # sent alone, by its own path, if the agent turns out to have no results call
 
 
 class _ResultSender:
     """Results sent together, in the way of a group commit: a runner whose result finds no call under way sends it,
-    with every result handed over meanwhile, and goes on sending while more wait; the others wait for their outcome.
-    So one request alone costs one call, and requests finishing together share one."""
+    with every result handed over meanwhile, and goes on sending while more wait; the others go on with their next
+    request, and the sender settles theirs (``_Worker.result_sent``, ``_Worker.settle``). So one request alone costs
+    one call, and requests finishing together share one."""
 
     def __init__(self, worker: _Worker) -> None:
         self.worker = worker
@@ -365,18 +387,17 @@ class _ResultSender:
         self.sending = False
         self.unknown = False  # the agent has no results call: every result goes alone
 
-    def send(self, request_id: str, encoded: bytes) -> int | None:
-        """The result's outcome once sent (204, 404, 409, 413); None: send it alone."""
+    def hand(self, request_id: str, encoded: bytes, output: Any) -> bool:
+        """Hand a result over to be sent with the others; False: send it alone (the agent has no results call). The
+        thread that finds no call under way sends, for as long as results wait."""
         if self.unknown:
-            return None
-        mine = _Result(request_id, encoded)
+            return False
         with self.lock:
-            self.pending.append(mine)
+            self.pending.append(_Result(request_id, encoded, output))
             lead, self.sending = not self.sending, True
         if lead:
             self._lead()
-        mine.done.wait()
-        return mine.outcome
+        return True
 
     def _lead(self) -> None:
         while True:
@@ -393,18 +414,19 @@ class _ResultSender:
                     return
             outcomes: list[int | None] = [DROPPED] * len(batch)
             try:
-                if not self.unknown:  # else the agent has no results call: each goes alone, by its runner
+                if not self.unknown:  # else the agent has no results call: each goes alone
                     outcomes = self.worker.deliver_results([(one.request_id, one.encoded) for one in batch])
                 else:
                     outcomes = [None] * len(batch)
+                for one, outcome in zip(batch, outcomes, strict=True):
+                    if outcome != 204:
+                        self.worker.result_sent(one.request_id, one.output, outcome)
             except BaseException:
                 with self.lock:
                     self.sending = False
                 raise
-            finally:  # whatever happened, no runner waits forever for its outcome
-                for one, outcome in zip(batch, outcomes, strict=True):
-                    one.outcome = outcome
-                    one.done.set()
+            finally:  # whatever happened, no request stays in flight for good
+                self.worker.settle([one.request_id for one in batch])
 
 
 def _sync_items(loop: asyncio.AbstractEventLoop, agen: Any) -> Any:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
 import pytest
 
 from access.upstream import FrameBuffer, Outbound, send_delay
-from common.wire import AgentConnected, Relay
+from common.wire import AgentConnected, Error, ErrorCode, Relay, encode
 from tests.access.conftest import heartbeat, result
 from tests.support.prometheus import sample
 
@@ -125,3 +126,23 @@ async def test_an_idle_link_sends_a_frame_at_once(make_relay, master, pki, open_
         await asyncio.sleep(1.1)  # a window's length since the notice went: the link is idle
         await ws.send(heartbeat(1))
         await master.wait_for(lambda: len(master.relayed()) == 1, "the heartbeat, not held for a window", timeout=0.5)
+
+
+async def test_the_relay_takes_batches_from_the_master_in_order_a_bad_frame_costing_only_itself(relay, master, pki, open_agent):
+    one, two = pki.agent(), pki.agent()
+    assert master.hellos[-1].batches  # the hello says so: a Master may then send several frames per message
+    async with open_agent(relay, one) as ws1, open_agent(relay, two) as ws2:
+        await master.wait_for(lambda: len(master.of_type(AgentConnected)) == 2, "both agents announced")
+        pings = [b'{"type":"ping","nonce":"n-%d"}' % n for n in range(4)]
+        envelopes = [
+            encode(Relay(agent_id=one.identity.id, frame=msgspec.Raw(pings[0]))),
+            encode(Relay(agent_id=two.identity.id, frame=msgspec.Raw(pings[1]))),
+            b'{"type":"relay","agent_id":7}',  # not a frame: answered with an error, the others still go
+            encode(Relay(agent_id=one.identity.id, frame=msgspec.Raw(pings[2]))),
+            encode(Relay(agent_id=one.identity.id, frame=msgspec.Raw(pings[3]))),
+        ]
+        await master.links[-1].send(b"[" + b",".join(envelopes) + b"]", text=True)
+        assert [await asyncio.wait_for(ws1.recv(decode=False), 3) for _ in range(3)] == [pings[0], pings[2], pings[3]]
+        assert await asyncio.wait_for(ws2.recv(decode=False), 3) == pings[1]
+        errors = await master.wait_for(lambda: master.of_type(Error), "the bad frame's error")
+        assert errors[0].code == ErrorCode.SCHEMA_VIOLATION.value

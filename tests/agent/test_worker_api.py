@@ -7,6 +7,7 @@ What stands in for the Master is ``MasterStandIn``, which answers the frames the
 from __future__ import annotations
 
 import asyncio
+import math
 import subprocess
 import sys
 import textwrap
@@ -169,6 +170,17 @@ def test_each_report_path_is_its_call_with_the_body_as_payload():
     results = _judge(contract.RESULTS, b'{"results": [{"id": "r1", "output": 1}, {"id": "r/2", "output": null}]}')
     assert isinstance(results, WorkerCall) and results.op == WorkerOp.RESULTS
     assert results.payload == [{"id": "r1", "output": 1}, {"id": "r/2", "output": None}]
+
+
+def test_bodies_that_only_the_standard_librarys_json_reads_are_taken_as_before():
+    """The library writes its bodies with ``json.dumps``: a handler's NaN or infinity becomes a bare NaN / Infinity,
+    and a large integer stays whole; msgspec reads the rest, these are read by ``json.loads`` as before."""
+    nan = _judge(contract.request_path("r1", "result"), b'{"output": [NaN, Infinity, -Infinity]}')
+    assert isinstance(nan, WorkerCall) and nan.payload[1] == math.inf and nan.payload[2] == -math.inf
+    assert math.isnan(nan.payload[0])
+    big = _judge(contract.RESULTS, b'{"results": [{"id": "r1", "output": 123456789012345678901234567890}]}')
+    assert isinstance(big, WorkerCall) and big.payload == [{"id": "r1", "output": 123456789012345678901234567890}]
+    assert isinstance(_judge(contract.TAKE, b'{"wait_s": 1, "max": 2'), Refusal)  # neither reads it: 400 as before
 
 
 @pytest.mark.parametrize(

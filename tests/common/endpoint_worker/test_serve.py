@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from common.endpoint_worker import Request, TokenRefused, serve
-from common.endpoint_worker.client import WorkerAPI
+from common.endpoint_worker.client import TakenRequest, WorkerAPI
 from common.endpoint_worker.contract import ENV_CONCURRENCY, RESULTS, request_path
-from common.endpoint_worker.serve import settings_from_env
+from common.endpoint_worker.serve import _Worker, settings_from_env
 from tests.common.endpoint_worker.agent_standin import WAIT_S, AgentStandIn
 
 
@@ -423,3 +423,40 @@ def test_a_worker_api_on_a_unix_socket_is_served_as_over_tcp(serving, tmp_path):
 def test_a_worker_api_url_other_than_unix_or_http_is_refused(url):
     with pytest.raises(ValueError, match="IDLEGRID_WORKER_API must be"):
         WorkerAPI(url, "t")
+
+
+def test_a_runner_hands_its_result_over_and_goes_on_while_another_sends_and_the_sender_settles_both(agent):
+    """A runner whose result finds a results call under way does not wait for its outcome (a thread's wake for every
+    request): the sending thread settles it, with its own, once the agent answered."""
+    opened = threading.Event()
+    held = agent.answer_results
+
+    def answer_results(results: list[dict[str, Any]]) -> tuple[int, Any]:
+        opened.wait(WAIT_S)  # the first call is held until the test opens it (at most WAIT_S, never forever)
+        return held(results)
+
+    agent.answer_results = answer_results
+    worker = _Worker(
+        lambda request: None,
+        WorkerAPI(agent.url, agent.token),
+        concurrency=2,
+        heartbeat_s=60.0,
+        take_wait_s=0.2,
+        stop=threading.Event(),
+    )
+    for request_id in ("a", "b"):
+        worker.in_flight[request_id] = Request(TakenRequest(request_id, None), worker.api)
+    sender = threading.Thread(target=worker.results.hand, args=("a", b"1", 1), daemon=True)
+    sender.start()
+    agent.wait_for(lambda: worker.results.sending)  # a's call is under way, held by the agent
+
+    assert worker.results.hand("b", b"2", 2)  # handed over: back at once, not after the held call
+    assert not opened.is_set()
+    assert set(worker.in_flight) == {"a", "b"}  # in flight until the sender settles them
+
+    opened.set()
+    agent.wait_for(lambda: agent.results == {"a": 1, "b": 2})
+    sender.join(WAIT_S)
+    assert not sender.is_alive()
+    assert worker.in_flight == {} and not worker.results.sending
+    assert [sorted(ids) for ids in agent.result_calls] == [["a"], ["b"]]
