@@ -48,6 +48,7 @@ from common.errors import Conflict
 from common.http import HttpServer
 from common.loopwatch import watching
 from management.api import ApiSettings, Handler, build_app, error_response
+from management.api.invocation import API_GATE_KEY
 from management.endpoints.pool import BalancedPool
 from management.endpoints.requests import RequestBook
 from management.endpoints.scaler import EndpointScaler
@@ -148,22 +149,27 @@ class ApiGate:
         async def gate(request: web.Request, handler: Handler) -> web.StreamResponse:
             if not request.path.startswith("/api/"):
                 return await handler(request)
-            if not self.open:
-                response = error_response(503, "shutting_down", "the Master is shutting down; retry in a few seconds")
-                response.headers["Retry-After"] = str(RETRY_AFTER_S)
-                return response
-            if request.method in READ_ONLY_METHODS:
-                return await handler(request)
-            self._under_way += 1
-            self._idle.clear()
-            try:
-                return await handler(request)
-            finally:
-                self._under_way -= 1
-                if not self._under_way:
-                    self._idle.set()
+            return await self.serve(request, handler)
 
         return gate
+
+    async def serve(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """An API call let through (a change counted as under way until answered), or 503 once stopping (the
+        invocation path's gate too: management/api/invocation.py)."""
+        if not self.open:
+            response = error_response(503, "shutting_down", "the Master is shutting down; retry in a few seconds")
+            response.headers["Retry-After"] = str(RETRY_AFTER_S)
+            return response
+        if request.method in READ_ONLY_METHODS:
+            return await handler(request)
+        self._under_way += 1
+        self._idle.clear()
+        try:
+            return await handler(request)
+        finally:
+            self._under_way -= 1
+            if not self._under_way:
+                self._idle.set()
 
     async def close(self, timeout_s: float) -> None:
         """Refuse new calls; wait (up to ``timeout_s``) for the changes under way."""
@@ -551,6 +557,7 @@ class MasterServer:
     async def _start_http(self) -> None:
         app = http_app(self.master, self.composition, self.settings)
         app.middlewares.append(self.gate.middleware())  # innermost: a caller is authenticated before it is told 503
+        app[API_GATE_KEY] = self.gate  # the invocation path's gate (it goes past the chain's)
         app.middlewares.insert(0, StandbyGate(self.master).middleware())  # outermost: a standby authenticates no one
         self._http = HttpServer(
             app,

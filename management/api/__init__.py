@@ -17,6 +17,7 @@ from management.api import health, routing
 from management.api.audit import audit_middleware
 from management.api.auth import auth_middleware
 from management.api.health import METRICS_PREPARE_KEY, METRICS_REGISTRY_KEY
+from management.api.invocation import invocation_path
 from management.api.metrics import ApiMetrics
 from management.api.ratelimit import KeyRateLimits
 from management.console import add_console
@@ -67,8 +68,11 @@ def build_app(
         endpoint_burst=settings.endpoint_burst,
     )
     # Links are never served here (docs/links.md): a link's path is redirected to its own origin before anything else.
+    # An endpoint's request routes called with an invocation key go no further than ``invocation_path``, which does
+    # for them what the rest of the chain does (management/api/invocation.py).
     middlewares = [
         link_proxy.not_on_the_console,
+        invocation_path(api_metrics, rate_limits),
         api_metrics.middleware(),
         errors_middleware,
         auth_middleware,

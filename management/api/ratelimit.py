@@ -93,6 +93,14 @@ class KeyRateLimits:
             bucket.allow(now)
         return max(wait, 0.0)
 
+    def endpoint_refusal(self, endpoint_id: str, wait: float) -> web.Response:
+        """The 429 of a call held back by its endpoint's limit (``wait``: how long until it may)."""
+        said = (
+            f"endpoint {endpoint_id}'s invocation keys (all together) made more than {self.endpoint_rate:g} "
+            f"requests a second (bursts of {self.endpoint_burst})"
+        )
+        return _refusal(said, wait)
+
     def middleware(self) -> Middleware:
         @web.middleware
         async def limit(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -106,24 +114,25 @@ class KeyRateLimits:
             else:
                 wait, which = self.verdict(principal.key_hash, principal.account)
             if wait > 0:
-                if which == "endpoint":
-                    said = (
-                        f"endpoint {endpoint_id}'s invocation keys (all together) made more than {self.endpoint_rate:g} "
-                        f"requests a second (bursts of {self.endpoint_burst})"
-                    )
-                elif which == "account":
+                if endpoint_id is not None:
+                    return self.endpoint_refusal(endpoint_id, wait)
+                if which == "account":
                     said = (
                         f"account {principal.account!r} (all its keys together) made more than {self.account_rate:g} "
                         f"requests a second (bursts of {self.account_burst})"
                     )
                 else:
                     said = f"this API key made more than {self.rate:g} requests a second (bursts of {self.burst})"
-                response = error_response(429, "rate_limited", f"{said}; retry in {wait:.2f} s")
-                response.headers["Retry-After"] = str(max(1, math.ceil(wait)))
-                return response
+                return _refusal(said, wait)
             return await handler(request)
 
         return limit
+
+
+def _refusal(said: str, wait: float) -> web.Response:
+    response = error_response(429, "rate_limited", f"{said}; retry in {wait:.2f} s")
+    response.headers["Retry-After"] = str(max(1, math.ceil(wait)))
+    return response
 
 
 def _bucket(buckets: dict[str, TokenBucket], name: str, rate: float, burst: int, now: float) -> TokenBucket:

@@ -76,6 +76,9 @@ PURGE_PAGE = 1_000
 # Requests that ended lately, kept as stored for their status (a runsync's answer, a client's last poll) so that it
 # reads no store; the oldest end forgotten first. An ended request changes only by a retry, through this book.
 ENDED_KEPT = 10_000
+# A status waits for at most this many writes of its request, one after another, before it reads the store instead (a
+# request changed at every write, a stream of partials, does not hold its reader back).
+STATUS_WRITES_AWAITED = 4
 
 
 class RequestTooLarge(IdlegridError):
@@ -646,10 +649,17 @@ class RequestBook:
         return step.changed[0]
 
     async def status(self, request_id: str) -> EndpointRequestRecord | None:
-        if (written := self._unsettled.get(request_id)) is not None:
+        """The request as stored: memory's version once no write of it is under way, else the store's."""
+        for _ in range(STATUS_WRITES_AWAITED):
+            if (written := self._unsettled.get(request_id)) is None:
+                return self._queue.get(request_id) or self._ended.get(request_id) or await self._repo.get(request_id)
+            # Its next change may be staged while this write ends (a worker's result after its take's write): memory
+            # is then ahead of the store again, and the request, ended in memory, is in neither the queue nor the
+            # ended ones yet, so the write after is awaited too, not the store read (under 64 clients, half a store
+            # read a runsync).
             with contextlib.suppress(Exception):  # a failed write: the store's version is the one to read
                 await asyncio.shield(written)
-        return self._queue.get(request_id) or self._ended.get(request_id) or await self._repo.get(request_id)
+        return await self._repo.get(request_id)  # changed at every write it waited for: the store's version
 
     async def stream(self, request_id: str, after_seq: int = -1, *, wait_s: float = 0.0) -> Streamed:
         """The request's partial outputs after ``after_seq``; with ``wait_s``, waits that long for one (or the

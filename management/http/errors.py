@@ -112,19 +112,25 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
     STATUS_OF_CODE maps, or an HTTP error) is logged and answers 500 without details."""
     try:
         return await handler(request)
-    except IdlegridError as exc:
+    except Exception as exc:
+        return error_answer(request, exc)
+
+
+def error_answer(request: web.Request, exc: Exception) -> web.Response:
+    """The JSON error answer to ``exc``, raised while serving ``request`` (called where it is handled); an HTTP
+    answer below 400 (a redirect) is raised again, as it is an answer itself."""
+    if isinstance(exc, IdlegridError):
         status = status_of(exc)
         if status is not None:
             return error_response(status, exc.code, str(exc))
         log_fault(request, f"API handler failed with an error code no table maps ({exc.code!r})")
         return error_response(500, "internal", INTERNAL_MESSAGE)
-    except web.HTTPException as exc:
+    if isinstance(exc, web.HTTPException):
         if exc.status < 400:
-            raise
+            raise exc
         return error_response(exc.status, (exc.reason or "error").lower().replace(" ", "_"), exc.text or exc.reason)
-    except Exception:
-        log_fault(request, "API handler failed")
-        return error_response(500, "internal", INTERNAL_MESSAGE)
+    log_fault(request, "API handler failed")
+    return error_response(500, "internal", INTERNAL_MESSAGE)
 
 
 def log_fault(request: web.Request, what: str) -> None:

@@ -323,3 +323,26 @@ async def test_a_busy_worker_s_take_answers_after_the_handed_request_s_write_wit
     taken = await waiting
     assert [t.input for t in taken] == [0, 1, 2]  # one answer for the three
     assert [r.worker_id for r in await asyncio.gather(*submits)] == ["w1"] * 3
+
+
+async def test_a_status_waiting_for_a_write_waits_for_the_change_staged_meanwhile_and_reads_no_store(store: Store) -> None:
+    repo = CountingRepo(endpoint_request_repo(store))
+    book = RequestBook(repo, limits_of=lambda _: LIMITS)  # type: ignore[arg-type]
+    await book.load()
+    rec = await book.submit("ep-a", "x")
+    assert await book.take(W1, 0) is not None
+    repo.held.clear()
+    progress = asyncio.create_task(book.progress(W1, rec.id, {"at": 1}))  # its write under way, held
+    status = asyncio.create_task(book.status(rec.id))  # waits for that write
+    for _ in range(5):
+        await asyncio.sleep(0)
+    result = asyncio.create_task(book.result(W1, rec.id, "done"))  # staged meanwhile: written after it
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not status.done()
+    repo.held.set()
+    assert await progress == CallOutcome.OK and await result == CallOutcome.OK
+    seen = await status
+    # Memory ran ahead again when the first write ended: the status waited for the second, not read the store (which
+    # answered the version in progress, one write behind).
+    assert seen is not None and seen.state == "completed" and repo.reads == []
