@@ -5,7 +5,9 @@ A real Master on SQLite (a temporary state directory) is told what ``bench fleet
 one relay link, without sockets: each message goes through the link's real intake (master/intake.py ``LinkIntake``,
 hellos handled ``ADMIT_AT_ONCE`` at a time, their store writes joined), as a relay sends it (a JSON array of link
 frames: ``agent_connected`` and the agent's hello, ``--batch`` agents a message). What the Master sends back goes to
-a stand-in connection that counts and drops it (the relay's side and the socket are not measured; see ``--welcomes``).
+a stand-in connection that counts and drops it, or with ``--socket`` through a real WebSocket connection (plain TCP on
+127.0.0.1, no TLS, unlike a real link) to a process that reads and drops it, so that the Master's sends are counted
+too; ``--batches`` has the link join them as a relay that takes batches asks (master/link.py).
 
 Two phases, each timed by CPU, never wall time:
 
@@ -28,6 +30,8 @@ import cProfile
 import functools
 import gc
 import json
+import subprocess
+import sys
 import tempfile
 import time
 from typing import Any
@@ -83,6 +87,51 @@ class _Counting:
         pass
 
 
+class _Counted:
+    """A real connection, its messages counted as ``_Counting`` counts them."""
+
+    def __init__(self, connection: Any) -> None:
+        self.connection = connection
+        self.messages = 0
+        self.bytes = 0
+
+    async def send(self, data: bytes | str, text: bool = False) -> None:
+        self.messages += 1
+        self.bytes += len(data)
+        await self.connection.send(data, text=text)
+
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        await self.connection.close(code, reason)
+
+
+_READER = """
+import asyncio, sys
+from websockets.asyncio.client import connect
+async def read():
+    async with connect(sys.argv[1], max_size=None, compression=None, ping_interval=None) as connection:
+        async for _ in connection:
+            pass
+asyncio.run(read())
+"""
+
+
+async def _socket() -> tuple[Any, subprocess.Popen[bytes], Any]:
+    """A WebSocket server here, a process reading from it and dropping what it reads, and the server's connection."""
+    from websockets.asyncio.server import serve
+
+    loop = asyncio.get_running_loop()
+    linked: asyncio.Future[Any] = loop.create_future()
+
+    async def serve_one(connection: Any) -> None:
+        linked.set_result(connection)
+        await connection.wait_closed()
+
+    server = await serve(serve_one, "127.0.0.1", 0, compression=None, max_size=None, ping_interval=None)
+    port = server.sockets[0].getsockname()[1]
+    reader = subprocess.Popen([sys.executable, "-c", _READER, f"ws://127.0.0.1:{port}"])
+    return server, reader, await asyncio.wait_for(linked, 30)
+
+
 class _Clock:
     """CPU of the loop's thread and of the process, from ``start`` to ``stop``."""
 
@@ -107,8 +156,11 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         master = Master(MasterConfig(state_dir=state_dir, link_port=0, heartbeat_s=3600.0))
         await master.start()
         try:
-            connection = _Counting()
+            socket = await _socket() if args.socket else None
+            connection: _Counting | _Counted = _Counting() if socket is None else _Counted(socket[2])
             link = AccessLink(relay_id="relay-a", region="eu", connection=connection, folds=True)  # type: ignore[arg-type]
+            if args.batches:
+                link.batches = True  # (an attribute of nothing on a Master from before batching: no effect there)
             master.hub.links[link.relay_id] = link
             channel = master.channel
             handled = [0]  # agents' reports handled (the hold's end)
@@ -217,6 +269,10 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             intake.close()
             await handler
             master.hub.links.pop(link.relay_id, None)
+            if socket is not None:
+                await socket[2].close()
+                socket[0].close()
+                socket[1].wait(30)
             result = {
                 "agents": agents,
                 "gpus": len(master.registry.gpus),
@@ -239,6 +295,8 @@ def main() -> None:
     p.add_argument("agents", type=int, nargs="?", default=2_000)
     p.add_argument("--folds", type=int, default=3, help="report folds of every agent's telemetry after the ramp (default 3)")
     p.add_argument("--batch", type=int, default=50, help="agents' hellos a relay message carries (default 50)")
+    p.add_argument("--socket", action="store_true", help="send through a real WebSocket connection to a reader process")
+    p.add_argument("--batches", action="store_true", help="the link joins what it sends as for a relay that takes batches")
     p.add_argument("--profile", default="", help="write a cProfile of one phase to this file")
     p.add_argument("--profile-phase", choices=("ramp", "hold"), default="ramp")
     p.add_argument("--json", default="", help="write the figures here too")

@@ -437,6 +437,9 @@ class AccessHello(_Frame, tag="access_hello"):
     # The relay folds its agents' heartbeats and telemetry into one ``report_fold`` per interval when the Master takes
     # them; an older relay leaves this out and sends each agent frame in its own ``relay`` envelope, as before.
     folds: bool = False
+    # The relay takes a JSON array of link frames from the Master as one message (in order, as if sent one by one); an
+    # older relay leaves this out and gets one frame per message.
+    batches: bool = False
 
 
 class AccessWelcome(_Frame, tag="access_welcome"):
