@@ -64,6 +64,7 @@ from common.wire import (
     Telemetry,
     Welcome,
     decode_link_frame,
+    decode_link_message,
     decode_master_frame,
     encode,
 )
@@ -146,7 +147,12 @@ class SimulatedRelay:
             args.master_url, ssl=context, max_size=HARD_FRAME_BYTES, compression=None, ping_interval=None
         )
         hello = AccessHello(
-            versions=list(PROTOCOL_VERSIONS), relay_id=args.relay_id, region=args.region, directory_news=True, folds=True
+            versions=list(PROTOCOL_VERSIONS),
+            relay_id=args.relay_id,
+            region=args.region,
+            directory_news=True,
+            folds=True,
+            batches=not args.no_batches_down,
         )
         await self.connection.send(encode(hello), text=True)
         welcome = decode_link_frame(await self.connection.recv(decode=False))
@@ -292,19 +298,23 @@ class SimulatedRelay:
     async def _read(self) -> None:
         assert self.connection is not None
         async for message in self.connection:
+            for frame in decode_link_message(message if isinstance(message, bytes) else message.encode()):
+                self._from_master(frame, message)
+
+    def _from_master(self, frame: Any, message: bytes | str) -> None:
+        """One frame of a message from the Master (a message is a frame, or an array of them: this relay takes
+        batches, as its AccessHello says, unless ``--no-batches-down``)."""
+        if isinstance(frame, ProtocolError):  # a frame this simulation does not know: the real relay logs it too
+            log.warning("undecodable frame from the Master: %.200r", message)
+            return
+        if isinstance(frame, Relay):
             try:
-                frame = decode_link_frame(message if isinstance(message, bytes) else message.encode())
-            except ProtocolError:  # a frame this simulation does not know: the real relay logs it too
-                log.warning("undecodable frame from the Master: %.200r", message)
-                continue
-            if isinstance(frame, Relay):
-                try:
-                    self._to_agent(frame)
-                except ProtocolError as exc:  # an agent would answer with an error frame; here it is only logged
-                    log.warning("undecodable frame for agent %s: %s", frame.agent_id, exc)
-            elif isinstance(frame, ReportPace):
-                self.heartbeat_s, self.telemetry_s = frame.heartbeat_s, frame.telemetry_s
-                self.admit_per_s = frame.admit_per_s
+                self._to_agent(frame)
+            except ProtocolError as exc:  # an agent would answer with an error frame; here it is only logged
+                log.warning("undecodable frame for agent %s: %s", frame.agent_id, exc)
+        elif isinstance(frame, ReportPace):
+            self.heartbeat_s, self.telemetry_s = frame.heartbeat_s, frame.telemetry_s
+            self.admit_per_s = frame.admit_per_s
 
     def _to_agent(self, envelope: Relay) -> None:
         agent = self.by_id.get(envelope.agent_id)
@@ -423,6 +433,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--latency-ms", type=float, default=20.0)
     p.add_argument("--jitter-ms", type=float, default=5.0)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--no-batches-down",
+        action="store_true",
+        help="say in the AccessHello that this relay takes one frame per message from the Master (as relays before it)",
+    )
     p.add_argument("--log-level", default="warning")
     args = p.parse_args(argv)
     if not args.control:

@@ -57,9 +57,14 @@ class SharedValues:
         return self._kept.get((type(value), value))  # type: ignore[return-value]  # keyed by its type
 
     def nvlinks(self, links: tuple[NvLink, ...]) -> tuple[NvLink, ...]:
-        """``links`` as one shared tuple of shared links."""
+        """``links`` as one shared tuple of shared links. A layout the pool holds already (each of a fleet's H100s says
+        one of a few) is found by the tuple alone: its links were pooled with it, and looking each up first (18 hashes
+        and lookups, then the tuple's) was most of a GPU's sharing, in a hello's handling."""
         if not links:
             return ()
+        kept = self.known(links)
+        if kept is not None:
+            return kept
         return self.one(tuple(self.one(link) for link in links))
 
     def gpu_info(self, info: GpuInfo) -> GpuInfo:
