@@ -23,7 +23,7 @@ AGENT_IMAGE = "localhost/idlegrid-agent:latest"
 SERVER_IMAGE = "localhost/idlegrid-server:latest"
 AGENT_UID = "10001"  # the images' user (deploy/*/Containerfile)
 INSTALL = REPO / "deploy" / "agent" / "install.sh"
-BUILD_TIMEOUT_S = 600.0  # the first build on a machine: debootstrap, every wheel, every layer
+BUILD_TIMEOUT_S = 1500.0  # a bound for a hung build, not a figure: about 8 minutes from a fresh clone quiet, over 10 at load 10
 
 
 def cache_dir() -> Path:

@@ -19,7 +19,7 @@ import pytest
 
 from agent.runtime.process import BASE_PATH
 from management.devgrid.lighthouse import LIGHTHOUSE_ADDRESS, VETH_PREFIX, lighthouse_unavailable
-from tests.e2e.test_demo import DemoRun, assert_stopped_cleanly, banner_command
+from tests.e2e.test_demo import UP_BOUND_S, DemoRun, assert_stopped_cleanly, banner_command
 from tests.support.grid import free_port, wait_for
 
 # The replicas run as an unprivileged uid with the sandbox's PATH: its python3 serves and fetches.
@@ -52,7 +52,7 @@ def veth_of(endpoint: str) -> list[str]:
 
 def up_with_lighthouse(run: DemoRun, state_dir: Path) -> tuple[str, str]:
     """The banner and the lighthouse's endpoint it names, checked against the Master's config and the machine."""
-    banner = run.wait_up(60)  # a bound on waiting (a loaded machine took over 30 s); `python -m bench demo` times it
+    banner = run.wait_up(UP_BOUND_S)  # a bound on waiting (a loaded machine took over 30 s); `python -m bench demo` times it
     found = ENDPOINT.search(banner)
     assert found, banner
     endpoint = found.group(1)
