@@ -39,8 +39,9 @@ from typing import Any
 import msgspec
 
 from agent.simulate import SimulatedCollector
+from bench.master_memory import AGENTS_PER_FOLD, HOST  # the same host and folds as the memory census
 from common.errors import ProtocolError
-from common.inventory import HostInfo, HostSample, Inventory
+from common.inventory import HostSample, Inventory
 from common.wire import (
     PROTOCOL_VERSIONS,
     AgentConnected,
@@ -57,19 +58,6 @@ from master.intake import LinkIntake
 from master.link import AccessLink
 from master.master import Master
 from master.records import AgentRecord
-
-AGENTS_PER_FOLD = 250  # a real relay's folds are bounded by their bytes (access/fold.py): a few hundred agents' telemetry
-
-HOST = HostInfo(
-    hostname="bench-host",
-    cpu_model="AMD EPYC 9654 96-Core Processor",
-    cpu_cores=192,
-    ram_mib=1_548_000,
-    disk_total_gib=7_000.0,
-    disk_free_gib=6_500.0,
-    os="Ubuntu 22.04.4 LTS",
-    kernel="6.5.0-35-generic",
-)
 
 
 class _Counting:
