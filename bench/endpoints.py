@@ -228,7 +228,8 @@ async def _wrk_clients(endpoint: Endpoint, base_url: str, clients: int, seconds:
         "IDLEGRID_WRK_BODY": json.dumps({"input": PAYLOAD}),
     }
     url = f"{base_url}/api/v1/endpoints/{endpoint.id}/runsync?wait=30000"
-    command = ["wrk", "-t", str(min(2, clients)), "-c", str(clients), "-d", f"{seconds:g}s", "--timeout", "35s"]
+    # wrk takes whole seconds only ("-d 1.5s" is refused); requests/s is reckoned on the duration it reports.
+    command = ["wrk", "-t", str(min(2, clients)), "-c", str(clients), "-d", f"{max(1, round(seconds))}s", "--timeout", "35s"]
     wrk = await asyncio.create_subprocess_exec(
         *command, "-s", str(WRK_SCRIPT), url, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
     )

@@ -133,12 +133,47 @@ def wait_until(probe: Callable[[], T], timeout_s: float, what: str, *, interval_
     raise StartupFailed(f"{what} did not happen within {timeout_s:g} s (last error: {last_error!r})")
 
 
-def kill_processes_under(root: Path) -> None:
-    """Process-runtime containers outlive their agent by design; stopping a grid stops those run under its root, and
-    the slirp4netns of each (a sandboxed container's way out runs from a sandbox root of its own, not from under the
-    grid's, and would otherwise outlive the container it served: ``slirp4netns ... PID tap0``)."""
-    root_text = str(root.resolve())
+def _start_ticks(pid: int) -> int | None:
+    """Field 22 of /proc/<pid>/stat (when the process started, in clock ticks), or None if there is no such process."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(text[text.rindex(")") + 2 :].split()[19])  # the command's name may hold spaces and parentheses
+
+
+def kill_recorded_containers(root: Path) -> set[str]:
+    """SIGKILL each process-runtime container its agents' records under ``root`` name (``agents/*/containers/*.json``:
+    the shim, init of the container's PID namespace, so the kernel ends the rest of it; and its slirp4netns), each
+    only while its pid is still the recorded process (its start time); the pids killed. A sandboxed container (root's
+    agent) runs in a mount namespace of its own, where its working directory reads ``/idlegrid/work``: the sweep by
+    working directory never found it, and each grid stopped left its sandboxed workers running."""
     killed: set[str] = set()
+    for path in sorted(root.glob("agents/*/containers/*.json")):
+        try:
+            record = json.loads(path.read_bytes())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(record, dict):
+            continue
+        for pid_key, ticks_key in (("pid", "start_ticks"), ("slirp_pid", "slirp_start_ticks")):
+            pid, ticks = record.get(pid_key), record.get(ticks_key)
+            if isinstance(pid, int) and pid > 1 and ticks is not None and _start_ticks(pid) == ticks:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.add(str(pid))
+                except OSError:
+                    pass
+    return killed
+
+
+def kill_processes_under(root: Path) -> None:
+    """Process-runtime containers outlive their agent by design; stopping a grid stops those run under its root (by
+    their agents' records, ``kill_recorded_containers``, and by working directory), and the slirp4netns of each (a
+    sandboxed container's way out runs from a sandbox root of its own, not from under the grid's, and would otherwise
+    outlive the container it served: ``slirp4netns ... PID tap0``)."""
+    root_text = str(root.resolve())
+    killed = kill_recorded_containers(root)
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue

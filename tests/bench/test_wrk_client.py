@@ -38,7 +38,7 @@ async def test_wrk_counts_completed_answers_and_reports_the_others() -> None:
     port = runner.addresses[0][1]
     try:
         endpoint = Endpoint(None, None, "ep-1", "igek_secret")  # type: ignore[arg-type]  # no HTTP of its own here
-        row = await _wrk_clients(endpoint, f"http://127.0.0.1:{port}", 4, 1.0)
+        row = await _wrk_clients(endpoint, f"http://127.0.0.1:{port}", 4, 1.4)  # wrk takes whole seconds: 1
     finally:
         await runner.cleanup()
     answered = len(seen)
